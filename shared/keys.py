@@ -1,0 +1,104 @@
+"""The only place that builds Redis key names.
+
+Every key starts with the configured prefix (`ENGRAM_PREFIX`, default `engram:`), so one Redis can
+hold several deployments and every test its own. User-supplied ids never appear raw in a key: a
+document key is the prefix plus a 128-bit BLAKE2b digest of `(namespace, id)`, which makes keys
+immune to ids containing `:`, `{`, `*` or any Unicode (shared/cases C12) and keeps the namespace part of
+the identity (C03).
+
+Projections live under a *generation* (`g1`, `g2`, ...): a replay builds generation n+1 beside the live
+one and swaps the index alias, then drops the old generation. The stream, dead letters, tombstones and
+meta keys are generation-independent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+def digest(*parts: str) -> str:
+    """32 hex chars identifying the tuple `parts` (joined by NUL, which ids cannot contain)."""
+    return hashlib.blake2b("\x00".join(parts).encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names under one prefix. Methods return `str` keys; `gen` is a projection generation."""
+
+    prefix: str = "engram:"
+
+    # --- generation-independent -------------------------------------------------------------
+    @property
+    def stream(self) -> str:
+        """The episode event stream (source of truth)."""
+        return f"{self.prefix}stream:episodes"
+
+    @property
+    def dead_letters(self) -> str:
+        """Entries the consolidator could not process, with reason and original payload."""
+        return f"{self.prefix}stream:dead"
+
+    @property
+    def meta(self) -> str:
+        """Hash: `generation`, and per generation the embedder name/dim the index was built with."""
+        return f"{self.prefix}meta"
+
+    @property
+    def episode_index_alias(self) -> str:
+        """The alias every query uses; FT.ALIASUPDATE points it at the live generation's index."""
+        return f"{self.prefix}idx:episodes"
+
+    @property
+    def facts_index_alias(self) -> str:
+        return f"{self.prefix}idx:facts"
+
+    @property
+    def consolidation_lock_prefix(self) -> str:
+        return f"{self.prefix}lock:consolidate:"
+
+    def tombstone(self, namespace: str, episode_id: str) -> str:
+        """Marks a forgotten episode so late or replayed events never resurrect it."""
+        return f"{self.prefix}tomb:{digest(namespace, episode_id)}"
+
+    def user_tombstone(self, namespace: str, user_id: str) -> str:
+        """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
+        return f"{self.prefix}utomb:{digest(namespace, user_id)}"
+
+    def scope_counter(self, scope_id: str) -> str:
+        """Hash {completed, importance} since the scope's last consolidation (facts trigger)."""
+        return f"{self.prefix}trigger:{scope_id}"
+
+    def consolidation_lock(self, scope_id: str) -> str:
+        return f"{self.consolidation_lock_prefix}{scope_id}"
+
+    # --- per generation -----------------------------------------------------------------------
+    def gen_prefix(self, gen: int) -> str:
+        return f"{self.prefix}g{gen}:"
+
+    def episode_index(self, gen: int) -> str:
+        return f"{self.prefix}idx:episodes:g{gen}"
+
+    def facts_index(self, gen: int) -> str:
+        return f"{self.prefix}idx:facts:g{gen}"
+
+    def episode_doc_prefix(self, gen: int) -> str:
+        return f"{self.gen_prefix(gen)}ep:"
+
+    def episode_doc(self, gen: int, namespace: str, episode_id: str) -> str:
+        """Hash: the episode's indexed fields, its full JSON and its vector."""
+        return f"{self.episode_doc_prefix(gen)}{digest(namespace, episode_id)}"
+
+    def episode_events(self, gen: int, namespace: str, episode_id: str) -> str:
+        """Hash event_id → encoded event: the episode's own log, folded into the document."""
+        return f"{self.gen_prefix(gen)}evs:{digest(namespace, episode_id)}"
+
+    def episode_stream_ids(self, gen: int, namespace: str, episode_id: str) -> str:
+        """Set of stream entry ids that carry this episode's data (deleted on forget)."""
+        return f"{self.gen_prefix(gen)}sids:{digest(namespace, episode_id)}"
+
+    def fact_doc_prefix(self, gen: int) -> str:
+        return f"{self.gen_prefix(gen)}fact:"
+
+    def fact_doc(self, gen: int, fact_id: str) -> str:
+        return f"{self.fact_doc_prefix(gen)}{fact_id}"

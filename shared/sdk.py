@@ -1,0 +1,234 @@
+"""The agent SDK: publish episodes to the Engram stream from Python (asyncio).
+
+    async with EngramClient.connect("redis://localhost:6379/0", namespace="team-a") as client:
+        async with client.episode(task="fix flaky test", category="debugging", agent_id="coder") as ep:
+            await ep.action("run_tests", input="pytest -x", output="1 failed", success=False)
+            await ep.complete(outcome="success", feedback={"reward": 1.0, "tests_passed": 12, "tests_total": 12})
+
+An exception inside the block completes the episode as a `failure` with the error recorded, then
+re-raises. A block left without `complete()` is recorded as `abandoned`. `await client.record({...})`
+publishes an already finished episode in one event.
+
+Publishing is XADD through `shared.streams`. Connection errors are retried with exponential backoff
+until `publish_timeout` seconds have passed; a retried event keeps its `event_id`, so a duplicate the
+retry might create is harmless downstream. When Redis did not accept the event, `PublishError` is
+raised: the SDK never reports success for an event Redis did not acknowledge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+
+from shared import streams
+from shared.codec import encode, episode_to_dict
+from shared.errors import InvalidEpisode, PublishError
+from shared.events import (
+    ActionRecorded,
+    Episode,
+    EpisodeCompleted,
+    EpisodeForgotten,
+    EpisodeStarted,
+    Event,
+    UserForgotten,
+    new_event_id,
+)
+from shared.keys import Keys
+from shared.redis_conn import connect
+from shared.validation import Collector, check_id, parse_action, parse_episode
+
+
+class EngramClient:
+    """Publishes events for one namespace. Shapes: events are `shared.events` dataclasses.
+
+    `publish_timeout` (seconds) bounds how long a publish may hold the agent; `retries` bounds the
+    attempts within it. Use `EngramClient.connect(url, ...)` or pass an existing redis client.
+    """
+
+    def __init__(self, redis: aioredis.Redis, *, namespace: str = "default", prefix: str = "engram:",
+                 publish_timeout: float = 5.0, retries: int = 3, owns_redis: bool = False):
+        errs = Collector()
+        check_id(namespace, "namespace", errs, required=True)
+        errs.raise_if_any()
+        self.redis = redis
+        self.namespace = namespace
+        self.keys = Keys(prefix)
+        self.publish_timeout = publish_timeout
+        self.retries = retries
+        self._owns_redis = owns_redis
+
+    @classmethod
+    def connect(cls, url: str, **kwargs: Any) -> EngramClient:
+        """A client owning its own connection pool to `url` (closed by `close()`)."""
+        # redis-py's own retries are off: this class owns the retry budget and the deadline.
+        return cls(connect(url, retries=0, socket_timeout=kwargs.get("publish_timeout", 5.0)),
+                   owns_redis=True, **kwargs)
+
+    async def close(self) -> None:
+        if self._owns_redis:
+            await self.redis.aclose()
+
+    async def __aenter__(self) -> EngramClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # --- publishing -----------------------------------------------------------------------------
+    async def publish(self, events: Sequence[Event]) -> list[str]:
+        """XADD `events` atomically (all or none); returns their stream ids.
+
+        Raises PublishError after `retries` failed attempts or `publish_timeout` seconds.
+        """
+        payloads = [encode(e) for e in events]
+        deadline = time.monotonic() + self.publish_timeout
+        attempt = 0
+        last: Exception | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                ids = await asyncio.wait_for(streams.publish(self.redis, self.keys.stream, payloads),
+                                             timeout=remaining)
+                return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+            except (ConnectionError, TimeoutError, asyncio.TimeoutError, OSError) as exc:
+                last = exc
+            except ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
+                raise PublishError(f"Redis refused the events: {exc}") from exc
+            attempt += 1
+            if attempt > self.retries:
+                break
+            backoff = min(1.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2)
+            await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+        raise PublishError(
+            f"{len(events)} event(s) not published after {attempt} attempt(s) "
+            f"within {self.publish_timeout:g}s: {type(last).__name__ if last else 'timeout'}: {last}"
+        ) from last
+
+    async def record(self, episode: Episode | Mapping[str, Any]) -> str:
+        """Publish a finished episode as one `EpisodeCompleted`; returns its `episode_id`.
+
+        `episode` is an Episode or a JSON-shaped dict (validated; InvalidEpisode names bad fields).
+        A missing `episode_id` is generated; `completed_at` defaults to now.
+        """
+        if not isinstance(episode, Episode):
+            episode = parse_episode(dict(episode), default_episode_id=new_event_id())
+        if episode.completed_at is None:
+            episode = _replace(episode, completed_at=time.time())
+        if episode.outcome is None:
+            raise InvalidEpisode([("outcome", "is required for a finished episode")])
+        event = EpisodeCompleted(namespace=self.namespace, episode_id=episode.episode_id,
+                                 occurred_at=time.time(), episode=episode)
+        await self.publish([event])
+        return episode.episode_id
+
+    def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
+                complexity: float | None = None, **fields: Any) -> EpisodeRecorder:
+        """Open an episode (publishes `EpisodeStarted` on enter). `fields` are Episode fields."""
+        task_obj: dict[str, Any] = dict(task) if isinstance(task, Mapping) else {"description": task}
+        if category is not None:
+            task_obj["category"] = category
+        if complexity is not None:
+            task_obj["complexity"] = complexity
+        return EpisodeRecorder(self, {"task": task_obj, **fields})
+
+    async def forget_episode(self, episode_id: str) -> str:
+        """Publish `EpisodeForgotten`; returns the event id."""
+        event = EpisodeForgotten(namespace=self.namespace, episode_id=episode_id, occurred_at=time.time())
+        await self.publish([event])
+        return event.event_id
+
+    async def forget_user(self, user_id: str) -> str:
+        """Publish `UserForgotten` for every episode of `user_id` in this namespace."""
+        event = UserForgotten(namespace=self.namespace, user_id=user_id, occurred_at=time.time())
+        await self.publish([event])
+        return event.event_id
+
+
+def _replace(episode: Episode, **changes: Any) -> Episode:
+    import dataclasses
+
+    return dataclasses.replace(episode, **changes)
+
+
+class EpisodeRecorder:
+    """An open episode. Use as `async with client.episode(...) as ep:`; see the module docstring."""
+
+    def __init__(self, client: EngramClient, fields: dict[str, Any]):
+        fields.setdefault("episode_id", new_event_id())
+        fields.setdefault("started_at", time.time())
+        self.client = client
+        self._fields = fields
+        self.start: Episode = parse_episode(fields)
+        self.actions: list[Any] = []
+        self.completed: Episode | None = None
+
+    @property
+    def episode_id(self) -> str:
+        return self.start.episode_id
+
+    async def __aenter__(self) -> EpisodeRecorder:
+        await self.client.publish([EpisodeStarted(namespace=self.client.namespace, episode_id=self.episode_id,
+                                                  occurred_at=time.time(), episode=self.start)])
+        return self
+
+    async def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
+                     success: bool | None = None, error: str | None = None,
+                     timestamp: float | None = None) -> str:
+        """Publish one `ActionRecorded`; returns its event id (also the action's `action_id`)."""
+        event_id = new_event_id()
+        raw = {"action_type": action_type, "input": input, "output": output, "success": success,
+               "error": error, "timestamp": timestamp if timestamp is not None else time.time(),
+               "action_id": event_id}
+        errs = Collector()
+        act = parse_action(raw, "action", errs)
+        errs.raise_if_any()
+        await self.client.publish([ActionRecorded(event_id=event_id, namespace=self.client.namespace,
+                                                  episode_id=self.episode_id, occurred_at=time.time(),
+                                                  action=act)])
+        self.actions.append(act)
+        return event_id
+
+    async def complete(self, outcome: str, **fields: Any) -> Episode:
+        """Publish `EpisodeCompleted` with the full final snapshot; returns it.
+
+        `fields` may set any Episode field (feedback, solution, strategy_used, importance, ...).
+        """
+        if self.completed is not None:
+            raise InvalidEpisode([("outcome", "episode already completed")])
+        data = episode_to_dict(self.start)
+        data.update({k: v for k, v in fields.items() if v is not None})
+        data["outcome"] = outcome
+        data.setdefault("completed_at", time.time())
+        data["actions"] = [episode_to_dict(a) if not isinstance(a, Mapping) else a
+                           for a in [*self.actions]]
+        final = parse_episode(_actions_to_dicts(data))
+        await self.client.publish([EpisodeCompleted(namespace=self.client.namespace, episode_id=self.episode_id,
+                                                    occurred_at=time.time(), episode=final)])
+        self.completed = final
+        return final
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self.completed is not None:
+            return
+        if exc is not None:
+            await self.complete("failure", outcome_details=f"{exc_type.__name__}: {exc}"[:10_000])
+        else:
+            await self.complete("abandoned", outcome_details="episode block exited without complete()")
+
+
+def _actions_to_dicts(data: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    data["actions"] = [
+        {k: v for k, v in dataclasses.asdict(a).items() if v is not None} if dataclasses.is_dataclass(a) else a
+        for a in data.get("actions", [])
+    ]
+    return data

@@ -1,0 +1,209 @@
+"""Configuration, read once from the environment and passed down.
+
+`Settings.from_env(os.environ)` is called in each entry point (`__main__`), never at import time.
+A malformed value raises `ConfigError` naming the variable, e.g.
+`ENGRAM_HALF_LIFE='abc' is not a duration (use 3600, 90s, 30m, 12h, 1d or 1w)`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from shared.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
+
+
+def parse_duration(text: str, *, name: str = "duration") -> float:
+    """Parse `3600`, `90s`, `30m`, `12h`, `1d`, `1w` or `250ms` into seconds (float).
+
+    Raises ConfigError naming `name` when the text is not a positive, finite duration.
+    """
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ConfigError(f"{name}={text!r} is not a duration (use 3600, 90s, 30m, 12h, 1d or 1w)")
+    seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{name}={text!r} must be a positive duration")
+    return seconds
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
+    return value
+
+
+def _duration(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    return default if raw is None or raw == "" else parse_duration(raw, name=name)
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name) or default
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
+def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str]:
+    """Parse `key1=namespace1,key2=namespace2` (commas or newlines) into {key: namespace}.
+
+    Blank lines and `#` comments are ignored (so the same format works for a keys file).
+    Raises ConfigError naming `name` on an entry without `=`, an empty key or namespace, or a
+    key listed twice.
+    """
+    keys: dict[str, str] = {}
+    for raw in re.split(r"[,\n]", text):
+        entry = raw.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        key, sep, namespace = entry.partition("=")
+        key, namespace = key.strip(), namespace.strip()
+        if not sep or not key or not namespace:
+            raise ConfigError(f"{name}: entry {entry[:8]!r}... must look like KEY=NAMESPACE")
+        if key in keys:
+            raise ConfigError(f"{name}: a key is listed twice")
+        keys[key] = namespace
+    return keys
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Every tunable of Engram. Times are seconds; see README 'Configuration' for the table."""
+
+    redis_url: str | None = None
+    """`REDIS_URL`; None means 'start/use the embedded Redis' (dev, tests, make run)."""
+    prefix: str = "engram:"
+    """`ENGRAM_PREFIX`: every key Engram writes starts with it (tests use one per test)."""
+
+    # embedding
+    embedder: str = "auto"
+    embed_dim: int = 384
+    embed_batch_size: int = 64
+    embed_max_chars: int = 2000
+    openai_url: str | None = None
+    openai_model: str = "text-embedding-3-small"
+    openai_api_key: str | None = None
+    openai_timeout: float = 30.0
+
+    # index
+    vector_algorithm: str = "HNSW"
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 200
+    hnsw_ef_runtime: int = 10
+
+    # consolidator
+    consumer_group: str = "consolidator"
+    consumer_name: str | None = None
+    batch_size: int = 64
+    block_ms: int = 1000
+    lease_ms: int = 30_000
+    max_deliveries: int = 5
+    short_term_window: int = 5
+    metrics_port: int = 0
+
+    # recall defaults
+    half_life: float = 86400.0
+    default_top_k: int = 3
+
+    # query service
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: dict[str, str] = field(default_factory=dict)
+    default_namespace: str = "default"
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    # SDK / publishing
+    publish_timeout: float = 5.0
+    publish_retries: int = 3
+
+    # facts (semantic memory)
+    facts_every: int = 20
+    facts_importance_threshold: float = 150.0
+    facts_min_cluster: int = 3
+
+    # backpressure
+    max_lag: int = 100_000
+
+    def with_(self, **changes) -> Settings:
+        """A copy with some fields replaced (tests, per-test prefixes)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Read every `ENGRAM_*` variable (and `REDIS_URL`) once; raise ConfigError naming a bad one."""
+        api_keys: dict[str, str] = {}
+        if env.get("ENGRAM_API_KEYS"):
+            api_keys.update(parse_api_keys(env["ENGRAM_API_KEYS"]))
+        if env.get("ENGRAM_API_KEYS_FILE"):
+            path = env["ENGRAM_API_KEYS_FILE"]
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    api_keys.update(parse_api_keys(fh.read(), name="ENGRAM_API_KEYS_FILE"))
+            except OSError as exc:
+                raise ConfigError(f"ENGRAM_API_KEYS_FILE={path!r} cannot be read: {exc.strerror}") from None
+        prefix = env.get("ENGRAM_PREFIX", "engram:")
+        if not prefix or any(ch.isspace() for ch in prefix):
+            raise ConfigError(f"ENGRAM_PREFIX={prefix!r} must be non-empty and contain no whitespace")
+        return cls(
+            redis_url=env.get("REDIS_URL") or None,
+            prefix=prefix,
+            embedder=_choice(env, "ENGRAM_EMBEDDER", "auto", ("auto", "hashing", "minilm", "openai")),
+            embed_dim=_int(env, "ENGRAM_EMBED_DIM", 384, 8, 8192),
+            embed_batch_size=_int(env, "ENGRAM_EMBED_BATCH_SIZE", 64, 1, 4096),
+            embed_max_chars=_int(env, "ENGRAM_EMBED_MAX_CHARS", 2000, 16, 1_000_000),
+            openai_url=env.get("ENGRAM_OPENAI_URL") or None,
+            openai_model=env.get("ENGRAM_OPENAI_MODEL", "text-embedding-3-small"),
+            openai_api_key=env.get("ENGRAM_OPENAI_API_KEY") or None,
+            openai_timeout=_duration(env, "ENGRAM_OPENAI_TIMEOUT", 30.0),
+            vector_algorithm=_choice(env, "ENGRAM_VECTOR_ALGORITHM", "HNSW", ("HNSW", "FLAT")),
+            hnsw_m=_int(env, "ENGRAM_HNSW_M", 16, 2, 512),
+            hnsw_ef_construction=_int(env, "ENGRAM_HNSW_EF_CONSTRUCTION", 200, 4, 4096),
+            hnsw_ef_runtime=_int(env, "ENGRAM_HNSW_EF_RUNTIME", 10, 1, 4096),
+            consumer_group=env.get("ENGRAM_CONSUMER_GROUP", "consolidator"),
+            consumer_name=env.get("ENGRAM_CONSUMER_NAME") or None,
+            batch_size=_int(env, "ENGRAM_BATCH_SIZE", 64, 1, 10_000),
+            block_ms=_int(env, "ENGRAM_BLOCK_MS", 1000, 1, 60_000),
+            lease_ms=_int(env, "ENGRAM_LEASE_MS", 30_000, 10, 3_600_000),
+            max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", 5, 1, 1000),
+            short_term_window=_int(env, "ENGRAM_SHORT_TERM_WINDOW", 5, 1, 1000),
+            metrics_port=_int(env, "ENGRAM_METRICS_PORT", 0, 0, 65535),
+            half_life=_duration(env, "ENGRAM_HALF_LIFE", 86400.0),
+            default_top_k=_int(env, "ENGRAM_DEFAULT_TOP_K", 3, 1, 100),
+            host=env.get("ENGRAM_HOST", "127.0.0.1"),
+            port=_int(env, "ENGRAM_PORT", 8080, 0, 65535),
+            api_keys=api_keys,
+            default_namespace=env.get("ENGRAM_DEFAULT_NAMESPACE", "default"),
+            max_body_bytes=_int(env, "ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 1 << 30),
+            publish_timeout=_duration(env, "ENGRAM_PUBLISH_TIMEOUT", 5.0),
+            publish_retries=_int(env, "ENGRAM_PUBLISH_RETRIES", 3, 0, 100),
+            facts_every=_int(env, "ENGRAM_FACTS_EVERY", 20, 1, 1_000_000),
+            facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
+            facts_min_cluster=_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),
+            max_lag=_int(env, "ENGRAM_MAX_LAG", 100_000, 1, 1 << 40),
+        )

@@ -1,0 +1,150 @@
+"""The only module that issues stream commands (XADD, XREADGROUP, XAUTOCLAIM, XACK, XDEL, ...).
+
+Entries have one field, `e`, holding the codec envelope (msgpack). Dead letters carry the original
+payload `e`, the original stream id `sid`, a human-readable `reason`, the consumer and the time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+FIELD = b"e"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stream entry: its id (e.g. b"1732900000000-0") and raw payload (None if the field is missing)."""
+
+    stream_id: bytes
+    payload: bytes | None
+    deliveries: int = 1
+
+
+async def publish(r: aioredis.Redis, stream: str, payloads: Sequence[bytes]) -> list[bytes]:
+    """XADD each payload in one pipeline (MULTI, so all or none are accepted); returns stream ids."""
+    async with r.pipeline(transaction=True) as pipe:
+        for payload in payloads:
+            pipe.xadd(stream, {FIELD: payload})
+        return list(await pipe.execute())
+
+
+async def ensure_group(r: aioredis.Redis, stream: str, group: str, start: str = "0") -> None:
+    """Create the consumer group (and the stream) if missing; an existing group is left alone."""
+    try:
+        await r.xgroup_create(stream, group, id=start, mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _entries(raw) -> list[Entry]:
+    out = []
+    for stream_id, fields in raw or []:
+        if fields is None:  # deleted while pending (XDEL after a forget)
+            out.append(Entry(stream_id, None))
+            continue
+        out.append(Entry(stream_id, fields.get(FIELD)))
+    return out
+
+
+async def reclaim(r: aioredis.Redis, stream: str, group: str, consumer: str, *, min_idle_ms: int,
+                  count: int) -> tuple[list[Entry], list[bytes]]:
+    """XAUTOCLAIM entries idle longer than `min_idle_ms` from any consumer.
+
+    Returns (claimed entries, ids of entries that were deleted from the stream while pending).
+    """
+    if count <= 0:
+        return [], []
+    res = await r.xautoclaim(stream, group, consumer, min_idle_time=min_idle_ms, start_id="0-0",
+                             count=count)
+    claimed = _entries(res[1])
+    deleted = list(res[2]) if len(res) > 2 else []
+    return claimed, deleted
+
+
+async def read_new(r: aioredis.Redis, stream: str, group: str, consumer: str, *, count: int,
+                   block_ms: int) -> list[Entry]:
+    """XREADGROUP `>` up to `count` new entries, blocking at most `block_ms`."""
+    if count <= 0:
+        return []
+    res = await r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+    if not res:
+        return []
+    return _entries(res[0][1])
+
+
+async def delivery_counts(r: aioredis.Redis, stream: str, group: str, ids: Sequence[bytes]) -> dict[bytes, int]:
+    """How many times each pending id has been delivered (XPENDING extended form)."""
+    counts: dict[bytes, int] = {}
+    for sid in ids:
+        res = await r.xpending_range(stream, group, min=sid, max=sid, count=1)
+        if res:
+            counts[sid] = int(res[0]["times_delivered"])
+    return counts
+
+
+async def ack(r: aioredis.Redis, stream: str, group: str, ids: Sequence[bytes]) -> int:
+    if not ids:
+        return 0
+    return int(await r.xack(stream, group, *ids))
+
+
+async def delete(r: aioredis.Redis, stream: str, ids: Sequence[bytes]) -> int:
+    """XDEL entries (used by forgetting so the stream no longer holds forgotten data)."""
+    if not ids:
+        return 0
+    return int(await r.xdel(stream, *ids))
+
+
+async def dead_letter(r: aioredis.Redis, dead_stream: str, entry: Entry, reason: str, consumer: str,
+                      *, source_stream: str, group: str) -> bytes:
+    """Copy `entry` to the dead-letter stream with its reason, then XACK the original, atomically."""
+    fields = {
+        b"e": entry.payload or b"",
+        b"sid": entry.stream_id,
+        b"reason": reason.encode()[:2000],
+        b"consumer": consumer.encode(),
+        b"at": repr(time.time()).encode(),
+        b"deliveries": str(entry.deliveries).encode(),
+    }
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.xadd(dead_stream, fields)
+        pipe.xack(source_stream, group, entry.stream_id)
+        res = await pipe.execute()
+    return res[0]
+
+
+async def read_range(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
+                     count: int = 1000) -> list[Entry]:
+    """XRANGE a page of entries (for replay and for the dead-letter listing)."""
+    return _entries(await r.xrange(stream, min=start, max=end, count=count))
+
+
+async def read_range_raw(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
+                         count: int = 1000) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XRANGE returning all fields (dead letters have several)."""
+    return list(await r.xrange(stream, min=start, max=end, count=count))
+
+
+async def group_info(r: aioredis.Redis, stream: str, group: str) -> dict[str, int]:
+    """{pending, lag, consumers} of the group from XINFO GROUPS (zeros if the stream is missing)."""
+    try:
+        groups = await r.xinfo_groups(stream)
+    except ResponseError:
+        return {"pending": 0, "lag": 0, "consumers": 0}
+    for g in groups:
+        name = g.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            lag = g.get("lag")
+            return {"pending": int(g.get("pending") or 0), "lag": int(lag) if lag is not None else 0,
+                    "consumers": int(g.get("consumers") or 0)}
+    return {"pending": 0, "lag": 0, "consumers": 0}
+
+
+async def length(r: aioredis.Redis, stream: str) -> int:
+    return int(await r.xlen(stream))

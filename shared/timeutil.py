@@ -1,0 +1,54 @@
+"""UTC time: parse ISO 8601 (with an offset) or epoch numbers; format as ISO 8601 `Z`.
+
+Inside Engram every instant is a float of UTC epoch seconds. The API accepts either an epoch number or
+an ISO 8601 string that carries an offset (`Z`, `+00:00`, `-07:00`); a string without an offset is
+rejected, because guessing the server's local zone is how memory systems shift events to the previous
+day (shared/cases C04, C05).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+
+
+def now() -> float:
+    """Current UTC epoch seconds."""
+    return time.time()
+
+
+def parse_instant(value: object) -> float:
+    """Return UTC epoch seconds for an epoch number or an ISO 8601 string with an offset.
+
+    Raises ValueError with a reason (the caller adds the field name) for: bool, NaN/inf, a string that
+    is not ISO 8601, a string without a UTC offset, and instants outside years 1..9999.
+    """
+    if isinstance(value, bool):
+        raise ValueError("must be an ISO 8601 string with an offset or epoch seconds, not a boolean")
+    if isinstance(value, int | float):
+        seconds = float(value)
+        if not math.isfinite(seconds):
+            raise ValueError("must be finite")
+        if not -62135596800.0 <= seconds <= 253402300799.0:
+            raise ValueError("is outside years 1..9999")
+        return seconds
+    if not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 string with an offset or epoch seconds")
+    text = value.strip()
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{value[:40]!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError(f"{value[:40]!r} has no UTC offset (append Z or +00:00)")
+    return parsed.timestamp()
+
+
+def format_instant(seconds: float | None) -> str | None:
+    """ISO 8601 in UTC with a `Z` suffix; microseconds only when non-zero. None stays None."""
+    if seconds is None:
+        return None
+    dt = datetime.fromtimestamp(seconds, tz=UTC)
+    text = dt.isoformat(timespec="microseconds" if dt.microsecond else "seconds")
+    return text.replace("+00:00", "Z")

@@ -1,0 +1,303 @@
+"""Untrusted JSON-shaped input → valid domain objects, or InvalidEpisode naming every bad field.
+
+One function per shape; each collects `(path, reason)` pairs instead of stopping at the first error, so
+a client fixes a batch in one round trip. The same builders decode stream entries (shared.codec), so an
+event that passed the HTTP edge and one read back from Redis obey the same rules.
+
+Limits (documented in README 'Episode model'):
+- ids (`episode_id`, `agent_id`, `user_id`, `session_id`, `namespace`): 1..256 characters, any Unicode
+  except control characters (they are TAG values; control characters are reserved as the separator);
+- `category`, `strategy_used`, `outcome`, `action_type`: 1..128 characters, same character rule;
+- each free-text field: at most 1,000,000 characters (stored in full; the embedder sees a truncation);
+- `context` and `metadata`: JSON objects of at most 64 KiB each once encoded;
+- `actions`: at most 1,000 per episode; numbers must be finite; `importance` 1..10; `complexity` 0..1;
+  `reward` -1e6..1e6 (recall clips it to [0, 1]).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from shared.errors import InvalidEpisode
+from shared.events import OUTCOMES, Action, Episode, Feedback, Task
+from shared.timeutil import parse_instant
+
+MAX_ID_CHARS = 256
+MAX_TAG_CHARS = 128
+MAX_TEXT_CHARS = 1_000_000
+MAX_JSON_BYTES = 64 * 1024
+MAX_ACTIONS = 1000
+MAX_VECTOR_DIM = 8192
+
+_EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__) | {"duration_s"}
+_TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
+
+
+class Collector:
+    """Accumulates `(path, reason)` errors; `raise_if_any()` turns them into InvalidEpisode."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+
+    def add(self, path: str, reason: str) -> None:
+        self.errors.append((path or "<root>", reason))
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise InvalidEpisode(self.errors)
+
+
+def _join(base: str, name: str | int) -> str:
+    if isinstance(name, int):
+        return f"{base}[{name}]"
+    return f"{base}.{name}" if base else name
+
+
+def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, required: bool) -> str | None:
+    """A TAG value: a non-empty string of at most `max_chars`, no control characters."""
+    if value is None:
+        if required:
+            errs.add(path, "is required")
+        return None
+    if not isinstance(value, str):
+        errs.add(path, f"must be a string, not {type(value).__name__}")
+        return None
+    if value == "" or value.strip() == "":
+        errs.add(path, "must not be empty or blank")
+        return None
+    if len(value) > max_chars:
+        errs.add(path, f"must be at most {max_chars} characters (got {len(value)})")
+        return None
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        errs.add(path, "must not contain control characters")
+        return None
+    return value
+
+
+def check_id(value: Any, path: str, errs: Collector, *, required: bool = False) -> str | None:
+    return check_tag_value(value, path, errs, max_chars=MAX_ID_CHARS, required=required)
+
+
+def _text(value: Any, path: str, errs: Collector, *, required: bool = False) -> str | None:
+    if value is None:
+        if required:
+            errs.add(path, "is required")
+        return None
+    if not isinstance(value, str):
+        errs.add(path, f"must be a string, not {type(value).__name__}")
+        return None
+    if required and not value.strip():
+        errs.add(path, "must not be empty or blank")
+        return None
+    if len(value) > MAX_TEXT_CHARS:
+        errs.add(path, f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
+        return None
+    return value
+
+
+def _number(value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: bool = False):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        errs.add(path, f"must be a number, not {type(value).__name__}")
+        return None
+    if not math.isfinite(value):
+        errs.add(path, "must be finite (NaN and infinity are rejected)")
+        return None
+    if integer and not float(value).is_integer():
+        errs.add(path, "must be an integer")
+        return None
+    if not lo <= value <= hi:
+        errs.add(path, f"must be between {lo:g} and {hi:g} (got {value:g})")
+        return None
+    return int(value) if integer else float(value)
+
+
+def _instant(value: Any, path: str, errs: Collector) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_instant(value)
+    except ValueError as exc:
+        errs.add(path, str(exc))
+        return None
+
+
+def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        errs.add(path, f"must be a JSON object, not {type(value).__name__}")
+        return None
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        errs.add(path, f"must be JSON-serialisable with finite numbers ({exc})")
+        return None
+    if len(encoded.encode()) > MAX_JSON_BYTES:
+        errs.add(path, f"must be at most {MAX_JSON_BYTES} bytes once encoded")
+        return None
+    return json.loads(encoded)
+
+
+def _bool(value: Any, path: str, errs: Collector) -> bool | None:
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        errs.add(path, f"must be true or false, not {type(value).__name__}")
+        return None
+    return value
+
+
+def _unknown(obj: Mapping[str, Any], allowed: frozenset[str], path: str, errs: Collector) -> None:
+    for key in obj:
+        if key not in allowed:
+            errs.add(_join(path, str(key)), "is not a known field")
+
+
+def parse_task(value: Any, path: str, errs: Collector) -> Task | None:
+    """`task` is an object {description, category, complexity} or a plain description string."""
+    if value is None:
+        errs.add(path, "is required")
+        return None
+    if isinstance(value, str):
+        value = {"description": value}
+    if not isinstance(value, Mapping):
+        errs.add(path, "must be an object with a description, or a string")
+        return None
+    _unknown(value, frozenset({"description", "category", "complexity"}), path, errs)
+    description = _text(value.get("description"), _join(path, "description"), errs, required=True)
+    category = check_tag_value(value.get("category", "unknown"), _join(path, "category"), errs,
+                               max_chars=MAX_TAG_CHARS, required=True)
+    complexity = _number(value.get("complexity"), _join(path, "complexity"), errs, lo=0.0, hi=1.0)
+    if description is None or category is None:
+        return None
+    return Task(description=description, category=category, complexity=complexity)
+
+
+def parse_action(value: Any, path: str, errs: Collector) -> Action | None:
+    if not isinstance(value, Mapping):
+        errs.add(path, "must be an object")
+        return None
+    _unknown(value, frozenset(Action.__dataclass_fields__), path, errs)
+    action_type = check_tag_value(value.get("action_type"), _join(path, "action_type"), errs,
+                                  max_chars=MAX_TAG_CHARS, required=True)
+    action_id = check_id(value.get("action_id"), _join(path, "action_id"), errs)
+    parsed = dict(
+        input=_text(value.get("input"), _join(path, "input"), errs),
+        output=_text(value.get("output"), _join(path, "output"), errs),
+        timestamp=_instant(value.get("timestamp"), _join(path, "timestamp"), errs),
+        success=_bool(value.get("success"), _join(path, "success"), errs),
+        error=_text(value.get("error"), _join(path, "error"), errs),
+    )
+    if action_type is None:
+        return None
+    return Action(action_type=action_type, action_id=action_id, **parsed)
+
+
+def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        errs.add(path, "must be an object")
+        return None
+    _unknown(value, frozenset({"reward", "message", "tests_passed", "tests_total", "pass_rate"}), path, errs)
+    fb = Feedback(
+        reward=_number(value.get("reward"), _join(path, "reward"), errs, lo=-1e6, hi=1e6),
+        message=_text(value.get("message"), _join(path, "message"), errs),
+        tests_passed=_number(value.get("tests_passed"), _join(path, "tests_passed"), errs,
+                             lo=0, hi=1e9, integer=True),
+        tests_total=_number(value.get("tests_total"), _join(path, "tests_total"), errs,
+                            lo=0, hi=1e9, integer=True),
+    )
+    if fb.tests_passed is not None and fb.tests_total is not None and fb.tests_passed > fb.tests_total:
+        errs.add(_join(path, "tests_passed"), "must not exceed tests_total")
+    return fb
+
+
+def parse_vector(value: Any, path: str, errs: Collector) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        errs.add(path, "must be a non-empty list of numbers")
+        return None
+    if len(value) > MAX_VECTOR_DIM:
+        errs.add(path, f"must have at most {MAX_VECTOR_DIM} dimensions")
+        return None
+    out = []
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            errs.add(path, "must contain only finite numbers")
+            return None
+        out.append(float(x))
+    if not any(out):
+        errs.add(path, "must not be the zero vector")
+        return None
+    return tuple(out)
+
+
+def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
+                  require_task: bool = True, default_episode_id: str | None = None) -> Episode | None:
+    """Build an Episode from JSON-shaped input (the HTTP body, or a decoded stream payload).
+
+    Timestamps may be epoch seconds or ISO 8601 with an offset. `duration_s` and
+    `feedback.pass_rate` are derived and ignored on input. With `errs` given, errors are added to it
+    and None returned on failure; without, InvalidEpisode is raised.
+    """
+    own = errs is None
+    errs = errs or Collector()
+    if not isinstance(value, Mapping):
+        errs.add(path, "must be a JSON object")
+        if own:
+            errs.raise_if_any()
+        return None
+    before = len(errs.errors)
+    _unknown(value, _EPISODE_FIELDS, path, errs)
+    episode_id = check_id(value.get("episode_id", default_episode_id), _join(path, "episode_id"), errs,
+                          required=True)
+    ids = {name: check_id(value.get(name), _join(path, name), errs)
+           for name in ("agent_id", "user_id", "session_id")}
+    task = (parse_task(value.get("task"), _join(path, "task"), errs)
+            if require_task or value.get("task") is not None else None)
+    texts = {name: _text(value.get(name), _join(path, name), errs) for name in _TEXT_FIELDS}
+    raw_actions = value.get("actions") or []
+    actions: list[Action] = []
+    if not isinstance(raw_actions, list | tuple):
+        errs.add(_join(path, "actions"), "must be a list")
+    elif len(raw_actions) > MAX_ACTIONS:
+        errs.add(_join(path, "actions"), f"must hold at most {MAX_ACTIONS} actions")
+    else:
+        for i, raw in enumerate(raw_actions):
+            act = parse_action(raw, _join(_join(path, "actions"), i), errs)
+            if act is not None:
+                actions.append(act)
+    outcome = value.get("outcome")
+    if outcome is not None and outcome not in OUTCOMES:
+        errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
+        outcome = None
+    strategy = check_tag_value(value.get("strategy_used"), _join(path, "strategy_used"), errs,
+                               max_chars=MAX_TAG_CHARS, required=False)
+    started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
+    completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
+    if started_at is not None and completed_at is not None and completed_at < started_at:
+        errs.add(_join(path, "completed_at"), "must not be before started_at")
+    episode = dict(
+        context=_json_object(value.get("context"), _join(path, "context"), errs),
+        metadata=_json_object(value.get("metadata"), _join(path, "metadata"), errs),
+        feedback=parse_feedback(value.get("feedback"), _join(path, "feedback"), errs),
+        importance=_number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),
+        iterations=_number(value.get("iterations"), _join(path, "iterations"), errs, lo=0, hi=1e9,
+                           integer=True),
+        vector=parse_vector(value.get("vector"), _join(path, "vector"), errs),
+    )
+    if len(errs.errors) > before:
+        if own:
+            errs.raise_if_any()
+        return None
+    return Episode(episode_id=episode_id, task=task, actions=tuple(actions), outcome=outcome,
+                   strategy_used=strategy, started_at=started_at, completed_at=completed_at,
+                   **ids, **texts, **episode)

@@ -1,0 +1,55 @@
+"""Fixtures: one private embedded Redis per test session; one key prefix per test.
+
+No test depends on a server started by hand. With REDIS_URL set, tests use that server instead
+(still isolated by prefix, never FLUSHALL).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from deploy.embedded_redis import EmbeddedRedis, free_port
+from shared.redis_conn import connect
+from shared.settings import Settings
+
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    if os.environ.get("ENGRAM_TEST_REDIS_URL"):
+        yield os.environ["ENGRAM_TEST_REDIS_URL"]
+        return
+    server = EmbeddedRedis(port=free_port(), data_dir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture
+def settings(redis_url, prefix) -> Settings:
+    """Settings for one test: its own prefix, the hashing embedder, FLAT vectors (fast inserts)."""
+    return Settings(redis_url=redis_url, prefix=prefix, embedder="hashing", embed_dim=256,
+                    vector_algorithm="FLAT", block_ms=50, lease_ms=2000)
+
+
+@pytest.fixture
+async def redis(redis_url, prefix):
+    """A client for the test; deletes every key and index under the test's prefix afterwards."""
+    client = connect(redis_url)
+    yield client
+    for name in await client.execute_command("FT._LIST"):
+        if name.decode().startswith(prefix):
+            await client.execute_command("FT.DROPINDEX", name)
+    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        await client.unlink(key)
+    await client.aclose()

@@ -1,0 +1,108 @@
+"""The SDK publishes real events to the real stream (read back with XRANGE and decoded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import streams
+from shared.codec import decode
+from shared.errors import InvalidEpisode, PublishError
+from shared.events import ActionRecorded, EpisodeCompleted, EpisodeStarted
+from shared.keys import Keys
+from shared.redis_conn import connect
+from shared.sdk import EngramClient
+
+
+async def read_all(redis, prefix):
+    return [decode(e.payload) for e in await streams.read_range(redis, Keys(prefix).stream)]
+
+
+async def test_full_episode_published_and_decoded(redis, prefix):
+    client = EngramClient(redis, namespace="ns-a", prefix=prefix)
+    async with client.episode(task="fix flaky test", category="debugging", complexity=0.4,
+                              agent_id="coder", user_id="u1", session_id="s1",
+                              context={"repo": "engram"}, observation="CI red") as ep:
+        await ep.action("run_tests", input="pytest -x", output="1 failed", success=False, error="AssertionError")
+        await ep.action("edit", input="conftest.py", success=True)
+        await ep.complete("success", feedback={"reward": 1.0, "tests_passed": 12, "tests_total": 12},
+                          solution="pin the clock", strategy_used="iterative", importance=7, iterations=2)
+    events = await read_all(redis, prefix)
+    assert [type(e) for e in events] == [EpisodeStarted, ActionRecorded, ActionRecorded, EpisodeCompleted]
+    assert {e.episode_id for e in events} == {ep.episode_id}
+    done = events[-1].episode
+    assert done.task.description == "fix flaky test" and done.task.category == "debugging"
+    assert done.feedback.pass_rate == 1.0 and done.strategy_used == "iterative" and done.importance == 7
+    assert [a.action_type for a in done.actions] == ["run_tests", "edit"]
+    assert done.actions[0].action_id == events[1].event_id
+    assert done.context == {"repo": "engram"} and done.agent_id == "coder" and done.user_id == "u1"
+    assert done.duration_s is not None and done.duration_s >= 0
+
+
+async def test_exception_completes_as_failure_and_reraises(redis, prefix):
+    client = EngramClient(redis, namespace="ns", prefix=prefix)
+    with pytest.raises(ZeroDivisionError):
+        async with client.episode(task="divide") as ep:
+            1 / 0  # noqa: B018
+    final = (await read_all(redis, prefix))[-1]
+    assert isinstance(final, EpisodeCompleted) and final.episode_id == ep.episode_id
+    assert final.episode.outcome == "failure" and "ZeroDivisionError" in final.episode.outcome_details
+
+
+async def test_record_finished_episode_and_validation(redis, prefix):
+    client = EngramClient(redis, namespace="ns", prefix=prefix)
+    eid = await client.record({"episode_id": "given-id", "task": "t", "outcome": "partial",
+                               "completed_at": "2025-07-25T02:00:00Z"})
+    assert eid == "given-id"
+    (event,) = await read_all(redis, prefix)
+    assert event.episode.completed_at == 1753408800.0
+    with pytest.raises(InvalidEpisode, match="importance"):
+        await client.record({"task": "t", "outcome": "success", "importance": 99})
+    with pytest.raises(InvalidEpisode, match="outcome"):
+        await client.record({"task": "t"})
+    assert len(await read_all(redis, prefix)) == 1
+
+
+async def test_retry_keeps_event_ids(redis, prefix, redis_url):
+    """A connection dropped mid-publish is retried with the same event ids."""
+    client = EngramClient(connect(redis_url, retries=0), namespace="ns", prefix=prefix, retries=3,
+                          owns_redis=True)
+    calls = {"n": 0}
+    original = streams.publish
+
+    async def flaky(r, stream, payloads):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            await original(r, stream, payloads)  # accepted by Redis, but the reply is "lost"
+            raise ConnectionError("reset by peer")
+        return await original(r, stream, payloads)
+
+    streams.publish = flaky
+    try:
+        await client.record({"episode_id": "e", "task": "t", "outcome": "success"})
+    finally:
+        streams.publish = original
+        await client.close()
+    events = await read_all(redis, prefix)
+    assert calls["n"] == 2 and len(events) == 2
+    assert events[0].event_id == events[1].event_id  # a harmless duplicate, deduplicated downstream
+
+
+async def test_unreachable_redis_raises_publish_error_within_timeout(prefix):
+    from deploy.embedded_redis import free_port
+
+    client = EngramClient.connect(f"redis://127.0.0.1:{free_port()}/0", namespace="ns", prefix=prefix,
+                                  publish_timeout=0.5, retries=2)
+    with pytest.raises(PublishError, match="not published"):
+        await client.record({"task": "t", "outcome": "success"})
+    await client.close()
+
+
+async def test_c16_unicode_byte_exact_through_redis(redis, prefix):
+    client = EngramClient(redis, namespace="名前空間", prefix=prefix)
+    texts = ["修复数据库迁移测试", "إصلاح اختبار الترحيل", "🙂🚀", "caf\u00e9", "cafe\u0301"]
+    for t in texts:
+        await client.record({"episode_id": t, "task": {"description": t, "category": t}, "outcome": "success",
+                             "solution": t})
+    events = await read_all(redis, prefix)
+    assert [e.episode.solution.encode() for e in events] == [t.encode() for t in texts]
+    assert all(e.namespace == "名前空間" for e in events)
