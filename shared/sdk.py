@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis import exceptions as redis_errors
 
 from shared import streams
 from shared.codec import encode, episode_to_dict
@@ -98,9 +98,9 @@ class EngramClient:
                 ids = await asyncio.wait_for(streams.publish(self.redis, self.keys.stream, payloads),
                                              timeout=remaining)
                 return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-            except (ConnectionError, TimeoutError, asyncio.TimeoutError, OSError) as exc:
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError) as exc:
                 last = exc
-            except ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
+            except redis_errors.ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
                 raise PublishError(f"Redis refused the events: {exc}") from exc
             attempt += 1
             if attempt > self.retries:

@@ -1,0 +1,338 @@
+"""The only module that knows the RediSearch schemas and builds queries.
+
+Episode documents are HASHes under `Keys.episode_doc_prefix(gen)`; the index of the live generation
+is reached through the alias `Keys.episode_index_alias`, so a replay can build a new generation and
+swap the alias (`FT.ALIASUPDATE`) with no downtime.
+
+Every user-supplied value that enters a query goes through `escape_tag` or `keyword_query`:
+TAG fields are CASESENSITIVE with the separator U+001F (a control character, which validation forbids
+in values), so a value such as `a,b`, `x|y` or `ns:with:colons` is one exact tag (shared/cases C12,
+C18). Escaping backslashes every ASCII character that is not a letter or digit (including `_` and
+space); non-ASCII characters need no escape (measured: escaping them breaks the match).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared.codec import episode_to_dict
+from shared.errors import Conflict
+from shared.events import Episode
+from shared.keys import Keys
+
+TAG_SEPARATOR = "\x1f"
+TAG_FIELDS = ("namespace", "episode_id", "agent_id", "user_id", "session_id", "category", "outcome",
+              "strategy", "status")
+NUMERIC_FIELDS = ("started_at", "completed_at", "reward", "importance", "complexity", "iterations",
+                  "duration_s", "last_accessed", "access_count")
+# (field, BM25 weight). The task is what a new task is matched against, so it counts double.
+TEXT_FIELDS = (("task", 2.0), ("solution", 1.0), ("observation", 1.0), ("thoughts", 1.0),
+               ("action_text", 1.0), ("result", 1.0), ("outcome_details", 1.0),
+               ("feedback_message", 1.0), ("errors", 1.0))
+VECTOR_FIELD = "vector"
+DOC_FIELD = "doc"
+STATUS_DRAFT, STATUS_COMPLETED = "draft", "completed"
+
+
+def escape_tag(value: str) -> str:
+    """Escape a TAG value for use inside `@field:{...}` (DIALECT 2). See module docstring."""
+    return "".join(f"\\{ch}" if ch.isascii() and not ch.isalnum() else ch for ch in value)
+
+
+def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
+    """`@field:{v1 | v2}` with every value escaped; one value or any of several."""
+    if isinstance(values, str):
+        values = [values]
+    escaped = " | ".join(escape_tag(v) for v in values)
+    return f"@{field_name}:{{{escaped}}}"
+
+
+def _num(x: float) -> str:
+    if x == math.inf:
+        return "+inf"
+    if x == -math.inf:
+        return "-inf"
+    return repr(float(x))
+
+
+def numeric_clause(field_name: str, lo: float | None, hi: float | None) -> str:
+    """`@field:[lo hi]`, both bounds inclusive; None is unbounded."""
+    return f"@{field_name}:[{_num(-math.inf if lo is None else lo)} {_num(math.inf if hi is None else hi)}]"
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def keyword_terms(text: str, limit: int = 64) -> list[str]:
+    """Words of `text` (Unicode `\\w+`), lower-cased, de-duplicated in order, at most `limit`."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(text.lower()):
+        if word not in seen:
+            seen[word] = None
+        if len(seen) >= limit:
+            break
+    return list(seen)
+
+
+def keyword_query(text: str) -> str | None:
+    """A BM25 query matching any word of `text` in the text fields, or None if it has no words."""
+    terms = keyword_terms(text)
+    if not terms:
+        return None
+    fields = "|".join(name for name, _ in TEXT_FIELDS)
+    return f"@{fields}:({' | '.join(escape_tag(t) for t in terms)})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scope:
+    """Server-side filters of a recall; every result type honours every key (shared/cases C14).
+
+    `namespace` always comes from the server (API key or SDK), never from a request body (C03).
+    Lists mean "any of". Ranges are inclusive; times are UTC epoch seconds on `completed_at`.
+    """
+
+    namespace: str
+    agent_id: str | None = None
+    user_id: str | None = None
+    session_id: str | None = None
+    category: tuple[str, ...] = ()
+    outcome: tuple[str, ...] = ()
+    strategy: tuple[str, ...] = ()
+    episode_id: tuple[str, ...] = ()
+    reward: tuple[float | None, float | None] = (None, None)
+    importance: tuple[float | None, float | None] = (None, None)
+    since: float | None = None
+    until: float | None = None
+    status: str | None = STATUS_COMPLETED
+
+    def query(self) -> str:
+        """The RediSearch filter expression (DIALECT 2) for this scope."""
+        parts = [tag_clause("namespace", self.namespace)]
+        if self.status:
+            parts.append(tag_clause("status", self.status))
+        for name in ("agent_id", "user_id", "session_id"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(tag_clause(name, value))
+        for name in ("category", "outcome", "strategy", "episode_id"):
+            values = getattr(self, name)
+            if values:
+                parts.append(tag_clause(name, values))
+        for name in ("reward", "importance"):
+            lo, hi = getattr(self, name)
+            if lo is not None or hi is not None:
+                parts.append(numeric_clause(name, lo, hi))
+        if self.since is not None or self.until is not None:
+            parts.append(numeric_clause("completed_at", self.since, self.until))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VectorParams:
+    """Vector index parameters (see docs/benchmarks.md for the measured HNSW vs FLAT trade-off)."""
+
+    dim: int
+    algorithm: str = "HNSW"
+    m: int = 16
+    ef_construction: int = 200
+    ef_runtime: int = 10
+
+    def schema_args(self) -> list[Any]:
+        attrs: list[Any] = ["TYPE", "FLOAT32", "DIM", self.dim, "DISTANCE_METRIC", "COSINE"]
+        if self.algorithm == "HNSW":
+            attrs += ["M", self.m, "EF_CONSTRUCTION", self.ef_construction, "EF_RUNTIME", self.ef_runtime]
+        return [VECTOR_FIELD, "VECTOR", self.algorithm, len(attrs), *attrs]
+
+
+def episode_schema(params: VectorParams) -> list[Any]:
+    args: list[Any] = []
+    for name in TAG_FIELDS:
+        args += [name, "TAG", "SEPARATOR", TAG_SEPARATOR, "CASESENSITIVE"]
+    for name in NUMERIC_FIELDS:
+        args += [name, "NUMERIC", "SORTABLE"]
+    for name, weight in TEXT_FIELDS:
+        args += [name, "TEXT", "WEIGHT", weight]
+    return args + params.schema_args()
+
+
+async def index_exists(r: aioredis.Redis, name: str) -> bool:
+    try:
+        await r.execute_command("FT.INFO", name)
+        return True
+    except ResponseError as exc:
+        if "unknown index name" in str(exc).lower() or "no such index" in str(exc).lower():
+            return False
+        raise
+
+
+async def current_generation(r: aioredis.Redis, keys: Keys) -> int:
+    """The live projection generation (1 when nothing was built yet)."""
+    raw = await r.hget(keys.meta, "generation")
+    return int(raw) if raw else 1
+
+
+async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: VectorParams,
+                               embedder_name: str, *, point_alias: bool = True) -> None:
+    """Create generation `gen`'s episode index if missing and record the embedder it was built with.
+
+    Raises Conflict when the index exists with another embedder name or dimension: mixing vectors of
+    two models would silently ruin recall; `engram reindex` builds a new generation instead.
+    """
+    name = keys.episode_index(gen)
+    recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
+    recorded_dim = await r.hget(keys.meta, f"g{gen}:dim")
+    if recorded_name is not None and (recorded_name.decode() != embedder_name
+                                      or int(recorded_dim or 0) != params.dim):
+        raise Conflict(
+            f"index {name} was built with embedder {recorded_name.decode()!r} (dim {int(recorded_dim or 0)}), "
+            f"but this process uses {embedder_name!r} (dim {params.dim}); start with the same "
+            f"ENGRAM_EMBEDDER, or run `engram reindex` to rebuild the index with the new one")
+    if not await index_exists(r, name):
+        try:
+            await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.episode_doc_prefix(gen),
+                                    "SCHEMA", *episode_schema(params))
+        except ResponseError as exc:
+            if "already exists" not in str(exc).lower():
+                raise
+    await r.hset(keys.meta, mapping={f"g{gen}:embedder": embedder_name, f"g{gen}:dim": params.dim,
+                                     f"g{gen}:algorithm": params.algorithm})
+    await r.hsetnx(keys.meta, "generation", gen)
+    if point_alias:
+        await point_alias_at(r, keys.episode_index_alias, name)
+
+
+async def point_alias_at(r: aioredis.Redis, alias: str, index: str) -> None:
+    """FT.ALIASUPDATE, which creates or atomically moves the alias."""
+    await r.execute_command("FT.ALIASUPDATE", alias, index)
+
+
+def vector_bytes(vector: np.ndarray | Sequence[float]) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None,
+                   last_accessed: float | None = None, access_count: int = 0) -> dict[str, Any]:
+    """The HASH fields of an episode document: indexed fields, the full JSON `doc`, the vector."""
+    task = episode.task
+    fb = episode.feedback
+    fields: dict[str, Any] = {
+        "namespace": namespace, "episode_id": episode.episode_id, "status": status,
+        DOC_FIELD: json.dumps(episode_to_dict(episode, include_vector=False), ensure_ascii=False),
+        "access_count": access_count,
+    }
+    tags = {"agent_id": episode.agent_id, "user_id": episode.user_id, "session_id": episode.session_id,
+            "category": task.category if task else None, "outcome": episode.outcome,
+            "strategy": episode.strategy_used}
+    fields.update({k: v for k, v in tags.items() if v is not None})
+    numbers = {"started_at": episode.started_at, "completed_at": episode.completed_at,
+               "reward": fb.reward if fb else None, "importance": episode.importance,
+               "complexity": task.complexity if task else None, "iterations": episode.iterations,
+               "duration_s": episode.duration_s, "last_accessed": last_accessed}
+    fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
+    texts = {"task": task.description if task else None, "solution": episode.solution,
+             "observation": episode.observation, "thoughts": episode.thoughts,
+             "action_text": " ".join(filter(None, [episode.action] + [
+                 f"{a.action_type} {a.input or ''} {a.output or ''}" for a in episode.actions])) or None,
+             "result": episode.result, "outcome_details": episode.outcome_details,
+             "feedback_message": fb.message if fb else None,
+             "errors": " ".join(a.error for a in episode.actions if a.error) or None}
+    fields.update({k: v for k, v in texts.items() if v})
+    if vector is not None:
+        fields[VECTOR_FIELD] = vector_bytes(vector)
+    return fields
+
+
+def embedding_text(episode: Episode) -> str:
+    """What the embedder sees for an episode: the task first (what recall queries resemble), then
+    the category, strategy, solution and outcome notes. The embedder truncates it to its window."""
+    parts = [episode.task.description if episode.task else "",
+             episode.observation or "", episode.solution or "", episode.result or "",
+             episode.outcome_details or ""]
+    return "\n".join(p for p in parts if p).strip() or (episode.task.description if episode.task else "")
+
+
+@dataclass(slots=True)
+class SearchHit:
+    """One document from FT.SEARCH: its key, returned fields and score/distance if asked for."""
+
+    key: bytes
+    fields: dict[bytes, bytes] = field(default_factory=dict)
+    score: float | None = None
+
+
+def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, list[SearchHit]]:
+    """Parse a RESP2 FT.SEARCH reply: [total, key, (score,) [f, v, ...], ...]."""
+    total = int(reply[0])
+    hits: list[SearchHit] = []
+    i = 1
+    step = 3 if with_scores else 2
+    while i < len(reply):
+        key = reply[i]
+        score = float(reply[i + 1]) if with_scores else None
+        raw = reply[i + step - 1] if i + step - 1 < len(reply) else []
+        fields = {raw[j]: raw[j + 1] for j in range(0, len(raw) - 1, 2)} if isinstance(raw, list) else {}
+        hits.append(SearchHit(key=key, fields=fields, score=score))
+        i += step
+    return total, hits
+
+
+async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,
+                     *, return_fields: Sequence[str], ef_runtime: int | None = None) -> list[SearchHit]:
+    """Pre-filtered KNN: `(scope)=>[KNN k @vector $BLOB AS dist]`, nearest first.
+
+    `hit.score` is the cosine distance (1 - cos). Filters run inside the KNN (RediSearch hybrid
+    query), so a narrow scope still yields k hits when k exist.
+    """
+    ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
+    q = f"({scope.query()})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
+    fields = ["dist", *return_fields]
+    reply = await r.execute_command(
+        "FT.SEARCH", index, q, "PARAMS", 2, "BLOB", vector_bytes(query_vector),
+        "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
+    _, hits = parse_search(reply)
+    for hit in hits:
+        hit.score = float(hit.fields.get(b"dist", b"nan"))
+    return hits
+
+
+async def bm25_search(r: aioredis.Redis, index: str, scope: Scope, text: str, k: int,
+                      *, return_fields: Sequence[str]) -> list[SearchHit]:
+    """BM25 over the TEXT fields within the scope, best first; `hit.score` is the BM25 score."""
+    kw = keyword_query(text)
+    if kw is None:
+        return []
+    q = f"{scope.query()} {kw}"
+    reply = await r.execute_command(
+        "FT.SEARCH", index, q, "SCORER", "BM25", "WITHSCORES", "RETURN", len(return_fields), *return_fields,
+        "LIMIT", 0, int(k), "DIALECT", 2)
+    _, hits = parse_search(reply, with_scores=True)
+    return hits
+
+
+async def filter_search(r: aioredis.Redis, index: str, scope: Scope, *, return_fields: Sequence[str],
+                        sort_by: str | None = None, descending: bool = True, offset: int = 0,
+                        limit: int = 10) -> tuple[int, list[SearchHit]]:
+    """Documents matching the scope (no ranking), optionally sorted by a SORTABLE numeric field."""
+    args: list[Any] = ["FT.SEARCH", index, scope.query()]
+    if return_fields:
+        args += ["RETURN", len(return_fields), *return_fields]
+    else:
+        args += ["NOCONTENT"]
+    if sort_by:
+        args += ["SORTBY", sort_by, "DESC" if descending else "ASC"]
+    args += ["LIMIT", offset, limit, "DIALECT", 2]
+    return parse_search(await r.execute_command(*args))
+
+
+async def count(r: aioredis.Redis, index: str, scope: Scope) -> int:
+    total, _ = await filter_search(r, index, scope, return_fields=(), limit=0)
+    return total

@@ -1,0 +1,112 @@
+"""The schema and query builder against the real RediSearch: exact TAG matches for hostile ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.errors import Conflict
+from shared.events import Episode, Feedback, Task
+from shared.index import (
+    STATUS_COMPLETED,
+    Scope,
+    VectorParams,
+    bm25_search,
+    count,
+    ensure_episode_index,
+    episode_fields,
+    escape_tag,
+    filter_search,
+    knn_search,
+)
+from shared.keys import Keys
+
+C12_IDS = ["f2c59d63-a7a7-b5e6-8000-000000000000", "jira-summary", "a.b@c.d", "ns:with:colons",
+           "path/with\\slash", "main", "_", "x|y", "{curly}", "$dollar", "日本語", "emoji-🙂",
+           "@namespace:{x}", "a b", "-neg", "(paren)", "=>x", "*", "x*", "a,b", "User-A", "user-a", "ma"]
+
+DIM = 8
+
+
+def unit(i: int) -> np.ndarray:
+    v = np.zeros(DIM, dtype=np.float32)
+    v[i % DIM] = 1.0
+    v[(i + 1) % DIM] = 0.1
+    return v / np.linalg.norm(v)
+
+
+async def make_index(redis, prefix):
+    keys = Keys(prefix)
+    await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "test")
+    return keys
+
+
+async def put(redis, keys, ns, ep, vec):
+    await redis.hset(keys.episode_doc(1, ns, ep.episode_id),
+                     mapping=episode_fields(ns, ep, status=STATUS_COMPLETED, vector=vec))
+
+
+async def test_c12_ids_with_query_syntax_match_exactly(redis, prefix):
+    keys = await make_index(redis, prefix)
+    for i, value in enumerate(C12_IDS):
+        ep = Episode(episode_id=value, agent_id=value, user_id=value, session_id=value,
+                     task=Task(description=f"task {i}", category=value), strategy_used=value,
+                     outcome="success", completed_at=1000.0 + i)
+        await put(redis, keys, value, ep, unit(i))
+    for value in C12_IDS:
+        for name in ("agent_id", "user_id", "session_id"):
+            scope = Scope(namespace=value, **{name: value})
+            total, hits = await filter_search(redis, keys.episode_index_alias, scope, return_fields=("episode_id",))
+            assert total == 1 and hits[0].fields[b"episode_id"].decode() == value, (name, value)
+        scope = Scope(namespace=value, category=(value,), strategy=(value,), episode_id=(value,))
+        hits = await knn_search(redis, keys.episode_index_alias, scope, unit(0), 5, return_fields=("episode_id",))
+        assert [h.fields[b"episode_id"].decode() for h in hits] == [value]
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(st.text(min_size=1, max_size=12).filter(lambda s: s.strip() and all(ord(c) >= 32 for c in s)))
+async def test_escape_property_never_breaks_or_widens(redis, prefix, value):
+    keys = Keys(prefix)
+    if not await redis.hget(keys.meta, "g1:dim"):
+        await make_index(redis, prefix)
+    total = await count(redis, keys.episode_index_alias, Scope(namespace=value, agent_id=value))
+    assert total == 0  # nothing stored under these: never a syntax error, never everything
+
+
+async def test_scope_filters_and_bm25(redis, prefix):
+    keys = await make_index(redis, prefix)
+    rows = [("e1", "fix failing database migration", "success", 0.9, "a1"),
+            ("e2", "write release notes", "failure", 0.1, "a1"),
+            ("e3", "database index tuning", "partial", 0.5, "a2")]
+    for i, (eid, text, outcome, reward, agent) in enumerate(rows):
+        await put(redis, keys, "ns", Episode(episode_id=eid, agent_id=agent, task=Task(description=text),
+                                             outcome=outcome, feedback=Feedback(reward=reward),
+                                             completed_at=100.0 * (i + 1)), unit(i))
+    alias = keys.episode_index_alias
+
+    async def ids(scope):
+        _, hits = await filter_search(redis, alias, scope, return_fields=("episode_id",), sort_by="completed_at")
+        return [h.fields[b"episode_id"].decode() for h in hits]
+
+    assert await ids(Scope(namespace="ns", reward=(0.5, None))) == ["e3", "e1"]
+    assert await ids(Scope(namespace="ns", outcome=("success", "partial"))) == ["e3", "e1"]
+    assert await ids(Scope(namespace="ns", since=100.0, until=200.0)) == ["e2", "e1"]
+    assert await ids(Scope(namespace="ns", agent_id="a1")) == ["e2", "e1"]
+    assert await ids(Scope(namespace="other")) == []
+    hits = await bm25_search(redis, alias, Scope(namespace="ns"), "database migration?", 10, return_fields=("episode_id",))
+    assert [h.fields[b"episode_id"].decode() for h in hits][0] == "e1" and len(hits) == 2
+    assert await bm25_search(redis, alias, Scope(namespace="ns"), "  ?? ", 10, return_fields=()) == []
+
+
+async def test_other_embedder_conflicts(redis, prefix):
+    keys = await make_index(redis, prefix)
+    with pytest.raises(Conflict, match="engram reindex"):
+        await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "other")
+
+
+def test_escape_tag_examples():
+    assert escape_tag("a.b@c") == "a\\.b\\@c"
+    assert escape_tag("日本語") == "日本語"
+    assert escape_tag("_ x") == "\\_\\ x"
