@@ -219,15 +219,17 @@ def vector_bytes(vector: np.ndarray | Sequence[float]) -> bytes:
     return np.asarray(vector, dtype=np.float32).tobytes()
 
 
-def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None,
-                   last_accessed: float | None = None, access_count: int = 0) -> dict[str, Any]:
-    """The HASH fields of an episode document: indexed fields, the full JSON `doc`, the vector."""
+def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None) -> dict[str, Any]:
+    """The HASH fields of an episode document: indexed fields, the full JSON `doc`, the vector.
+
+    `last_accessed` and `access_count` are not among them: the query service owns those (recall with
+    `touch`), and re-projecting an episode must not reset them.
+    """
     task = episode.task
     fb = episode.feedback
     fields: dict[str, Any] = {
         "namespace": namespace, "episode_id": episode.episode_id, "status": status,
         DOC_FIELD: json.dumps(episode_to_dict(episode, include_vector=False), ensure_ascii=False),
-        "access_count": access_count,
     }
     tags = {"agent_id": episode.agent_id, "user_id": episode.user_id, "session_id": episode.session_id,
             "category": task.category if task else None, "outcome": episode.outcome,
@@ -236,7 +238,7 @@ def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.
     numbers = {"started_at": episode.started_at, "completed_at": episode.completed_at,
                "reward": fb.reward if fb else None, "importance": episode.importance,
                "complexity": task.complexity if task else None, "iterations": episode.iterations,
-               "duration_s": episode.duration_s, "last_accessed": last_accessed}
+               "duration_s": episode.duration_s}
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
     texts = {"task": task.description if task else None, "solution": episode.solution,
              "observation": episode.observation, "thoughts": episode.thoughts,
