@@ -1,0 +1,460 @@
+"""Prioritized recall: score candidate episodes, fuse rankings, summarise what worked. Pure numpy, no I/O.
+
+The priority of a candidate episode is a weighted sum of five signals, each in [0, 1]:
+
+    priority = w_sim * max(0, cos)                      similarity to the query
+             + w_rec * exp(-ln 2 * age / half_life)     recency (halves every `half_life` seconds)
+             + w_rew * clip(reward, 0, 1)               reward (missing -> 0)
+             + w_out * outcome_score                    success 1, partial 0.5, otherwise 0
+             + w_imp * importance / 10                  importance 1..10 (missing -> 0)
+
+Sources:
+- Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
+  scaling: Park et al. 2023, "Generative Agents: Interactive Simulacra of Human Behavior", section 4.1
+  (retrieval). Their decay is per game hour with factor 0.995; here it is a half-life in seconds.
+- Replaying past experience by priority rather than uniformly or by recency alone: Schaul et al. 2016,
+  "Prioritized Experience Replay"; reward and outcome stand in for their TD-error priority.
+- Fusing keyword and vector rankings: Cormack, Clarke & Buettcher 2009, "Reciprocal Rank Fusion
+  outperforms Condorcet and individual rank learning methods" (`rrf`).
+
+Conventions: every array is 1-D with one entry per candidate (`float64[n]` out; `float32[n]` or
+`float64[n]` in). Instants are UTC epoch seconds; ages and half-lives are seconds. Timestamps should
+be float64: float32 cannot represent today's epoch seconds to better than about two minutes.
+Invalid arguments raise ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+
+Normalize = Literal["none", "minmax"]
+RecencyFrom = Literal["completed", "last_access"]
+
+NORMALIZE_MODES: tuple[str, ...] = ("none", "minmax")
+RECENCY_FROM: tuple[str, ...] = ("completed", "last_access")
+
+OUTCOME_SCORES: dict[str, float] = {"success": 1.0, "partial": 0.5, "failure": 0.0, "abandoned": 0.0}
+"""Outcome -> score; any other value (None, an unknown string) scores 0."""
+
+MINMAX_CONSTANT = 0.5
+"""What `normalize="minmax"` gives a signal that is the same for every candidate (or when n = 1).
+
+Generative Agents' `normalize_dict_floats` maps a zero-range signal to the middle of the target range,
+0.5 for [0, 1]; we do the same. The value is rank-neutral (every candidate gets it), keeps the priority
+within [0, sum(weights)], and never divides by zero (no NaN).
+"""
+
+AUTO_EARLY_BELOW = 50
+"""`auto` picks `early` while the scope holds fewer episodes than this."""
+AUTO_NORMAL_BELOW = 500
+"""`auto` picks `normal` below this many episodes and `late` from here on.
+
+Both thresholds are our choice, not taken from a paper: with few episodes, ages say little and
+similarity is the best signal; once a scope holds hundreds of episodes, many of them similar, the
+recent ones better reflect the agent's current code, tools and habits, so recency weighs more.
+"""
+
+_LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Non-negative weights of the five signals; the priority lies in [0, total] (normalize "none").
+
+    Raises ValueError naming the field for a value that is not a finite number >= 0, and when every
+    weight is zero.
+    """
+
+    similarity: float
+    recency: float
+    reward: float
+    outcome: float
+    importance: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+                raise ValueError(f"weights.{f.name} must be a number, got {value!r}")
+            value = float(value)
+            if not math.isfinite(value) or value < 0.0:
+                raise ValueError(f"weights.{f.name} must be finite and >= 0, got {value!r}")
+            object.__setattr__(self, f.name, value)
+        if self.total == 0.0:
+            raise ValueError("weights: at least one of similarity, recency, reward, outcome, importance must be > 0")
+
+    @property
+    def total(self) -> float:
+        """Sum of the weights, added in the order `score` adds the terms: the largest possible priority."""
+        return self.similarity + self.recency + self.reward + self.outcome + self.importance
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+PRESETS: dict[str, Weights] = {
+    "early": Weights(similarity=0.6, recency=0.1, reward=0.2, outcome=0.1),
+    "normal": Weights(similarity=0.4, recency=0.3, reward=0.2, outcome=0.1),
+    "late": Weights(similarity=0.3, recency=0.4, reward=0.2, outcome=0.1),
+}
+PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
+
+
+def auto_preset(scope_size: int) -> str:
+    """The preset `auto` uses for a scope holding `scope_size` episodes (see AUTO_* thresholds)."""
+    if isinstance(scope_size, bool) or not isinstance(scope_size, int | np.integer) or scope_size < 0:
+        raise ValueError(f"scope_size must be an integer >= 0, got {scope_size!r}")
+    if scope_size < AUTO_EARLY_BELOW:
+        return "early"
+    if scope_size < AUTO_NORMAL_BELOW:
+        return "normal"
+    return "late"
+
+
+def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int) -> tuple[str, Weights]:
+    """The weights to score with and the name to report.
+
+    Explicit `weights` win over any preset: ("custom", weights). Otherwise `preset` (None means "auto")
+    names one of PRESETS, or "auto", which picks by `scope_size` and reports e.g. "auto:normal".
+    Raises ValueError for an unknown preset name or a negative scope size.
+    """
+    if weights is not None:
+        if not isinstance(weights, Weights):
+            raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
+        return "custom", weights
+    name = "auto" if preset is None else preset
+    if name == "auto":
+        chosen = auto_preset(scope_size)
+        return f"auto:{chosen}", PRESETS[chosen]
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {preset!r}")
+    return name, PRESETS[name]
+
+
+def outcome_scores(outcomes: Sequence[str | None]) -> np.ndarray:
+    """float64[n]: 1 for "success", 0.5 for "partial", 0 for anything else (failure, abandoned, None)."""
+    return np.fromiter((OUTCOME_SCORES.get(o, 0.0) if isinstance(o, str) else 0.0 for o in outcomes),
+                       dtype=np.float64, count=len(outcomes))
+
+
+def recency_decay(age: np.ndarray | float, half_life: float) -> np.ndarray:
+    """float64[n]: exp(-ln 2 * age / half_life), 1 at age 0, 0.5 at one half-life.
+
+    `age` and `half_life` are seconds. Negative ages (instants in the future) are clamped to 0, so the
+    value never exceeds 1. Raises ValueError unless half_life is finite and > 0.
+    """
+    _check_half_life(half_life)
+    age = np.maximum(np.asarray(age, dtype=np.float64), 0.0)
+    return np.exp(-_LN2 * age / float(half_life))
+
+
+def _check_half_life(half_life: float) -> None:
+    if isinstance(half_life, bool) or not isinstance(half_life, int | float | np.integer | np.floating) \
+            or not math.isfinite(half_life) or half_life <= 0:
+        raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
+
+
+def _array(name: str, value: Any, n: int | None, *, missing: float | None) -> np.ndarray:
+    """Coerce one Candidates field to float64[n]; None becomes `missing` everywhere (or an error)."""
+    if value is None:
+        if missing is None or n is None:
+            raise ValueError(f"candidates.{name} is required")
+        return np.full(n, missing, dtype=np.float64)
+    arr = np.array(value, dtype=np.float64)  # a copy: callers' arrays are never aliased or mutated
+    if arr.ndim != 1:
+        raise ValueError(f"candidates.{name} must be 1-D, got shape {arr.shape}")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"candidates.{name} has {arr.shape[0]} entries, expected {n}")
+    if np.isinf(arr).any():
+        raise ValueError(f"candidates.{name}[{int(np.flatnonzero(np.isinf(arr))[0])}] is infinite")
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Candidates:
+    """The candidates of one recall, as parallel arrays (each becomes a read-only float64[n] copy).
+
+    - completed_at: UTC epoch seconds; required, finite.
+    - cos: cosine similarity to the query, in [-1, 1]. None -> 0 for all (keyword-only recall: a caller
+      with its own relevance in [0, 1], e.g. a scaled BM25 score, passes that instead). NaN -> 0.
+    - last_accessed: UTC epoch seconds of the last recall that returned the episode; NaN = never.
+    - reward: any finite number, clipped to [0, 1] when scored; NaN (or None for all) = missing -> 0.
+    - outcome_score: in [0, 1], usually from `outcome_scores`; None -> 0 for all.
+    - importance: 1..10 (Generative Agents' poignancy scale); NaN = missing -> 0.
+    Raises ValueError naming the field for a wrong shape, a length mismatch, +-inf, a non-finite
+    completed_at or an outcome_score outside [0, 1].
+    """
+
+    completed_at: np.ndarray
+    cos: np.ndarray | None = None
+    last_accessed: np.ndarray | None = None
+    reward: np.ndarray | None = None
+    outcome_score: np.ndarray | None = None
+    importance: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        completed = _array("completed_at", self.completed_at, None, missing=None)
+        if np.isnan(completed).any():
+            raise ValueError(f"candidates.completed_at[{int(np.flatnonzero(np.isnan(completed))[0])}] is NaN")
+        n = completed.shape[0]
+        object.__setattr__(self, "completed_at", completed)
+        for name, missing in (("cos", 0.0), ("last_accessed", np.nan), ("reward", np.nan),
+                              ("outcome_score", 0.0), ("importance", np.nan)):
+            object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
+        bad = ~((self.outcome_score >= 0.0) & (self.outcome_score <= 1.0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"candidates.outcome_score[{i}] must be in [0, 1], got {self.outcome_score[i]!r}")
+
+    def __len__(self) -> int:
+        return int(self.completed_at.shape[0])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Scored:
+    """Per-candidate signals, weighted terms and priority, each float64[n], plus the ranking.
+
+    Signals are the raw values in [0, 1] (before any min-max scaling): similarity = clip(cos, 0, 1),
+    recency, reward (clipped, missing 0), outcome, importance (/10, missing 0). The `*_term` arrays are
+    weight * signal (after scaling when normalize="minmax") and add up to `priority`. `age` is in
+    seconds, clamped at 0. `order` (int64[n]) lists candidate indices best first.
+    """
+
+    age: np.ndarray
+    similarity: np.ndarray
+    recency: np.ndarray
+    reward: np.ndarray
+    outcome: np.ndarray
+    importance: np.ndarray
+    similarity_term: np.ndarray
+    recency_term: np.ndarray
+    reward_term: np.ndarray
+    outcome_term: np.ndarray
+    importance_term: np.ndarray
+    priority: np.ndarray
+    order: np.ndarray
+    weights: Weights
+    normalize: str
+
+    def __len__(self) -> int:
+        return int(self.priority.shape[0])
+
+    def breakdown(self, i: int) -> dict[str, float]:
+        """Candidate i's priority and the term each signal added (for an API's `score_breakdown`)."""
+        return {
+            "priority": float(self.priority[i]),
+            "similarity": float(self.similarity_term[i]),
+            "recency": float(self.recency_term[i]),
+            "reward": float(self.reward_term[i]),
+            "outcome": float(self.outcome_term[i]),
+            "importance": float(self.importance_term[i]),
+        }
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """float64[n] scaled to [0, 1] over the candidate set: (x - min) / (max - min).
+
+    A constant signal (max == min, including n = 1) becomes MINMAX_CONSTANT everywhere, as in
+    Generative Agents' `normalize_dict_floats`. Expects finite input; never returns NaN.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x.copy()
+    lo, hi = x.min(), x.max()
+    span = hi - lo
+    if not span > 0.0:
+        return np.full_like(x, MINMAX_CONSTANT)
+    return np.clip((x - lo) / span, 0.0, 1.0)
+
+
+def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
+          normalize: Normalize = "none", recency_from: RecencyFrom = "completed") -> Scored:
+    """Score and rank candidates by the priority in the module docstring (vectorised, O(n log n)).
+
+    - half_life: seconds (> 0). as_of: UTC epoch seconds the ages are measured from (a recall's `as_of`).
+    - recency_from "completed": age = as_of - completed_at; "last_access": as_of - last_accessed, falling
+      back to completed_at for candidates never accessed (last_accessed NaN).
+    - Ages are clamped at 0: an instant after `as_of` (clock skew, or recall "as of" a past date) counts
+      as brand new, recency 1, never above 1.
+    - normalize "none": signals are used as they are, priority in [0, weights.total]. "minmax": each signal
+      is min-max scaled over this candidate set first (Park et al. 2023, section 4.1); see `minmax`.
+    - order: priority descending; ties by age ascending (= recency descending, and still exact where the
+      decay underflows to 0), then by index ascending. Deterministic for equal inputs.
+
+    With normalize "none", a candidate's priority never increases as it gets older (case C20).
+    Raises ValueError for a bad half_life, as_of, normalize or recency_from.
+    """
+    if not isinstance(c, Candidates):
+        raise ValueError(f"candidates must be a Candidates, got {type(c).__name__}")
+    if not isinstance(weights, Weights):
+        raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
+    _check_half_life(half_life)
+    if isinstance(as_of, bool) or not isinstance(as_of, int | float | np.integer | np.floating) \
+            or not math.isfinite(as_of):
+        raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
+    if normalize not in NORMALIZE_MODES:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
+    if recency_from not in RECENCY_FROM:
+        raise ValueError(f"recency_from must be one of {', '.join(RECENCY_FROM)}, got {recency_from!r}")
+
+    if recency_from == "last_access":
+        t = np.where(np.isnan(c.last_accessed), c.completed_at, c.last_accessed)
+    else:
+        t = c.completed_at
+    age = np.maximum(float(as_of) - t, 0.0)
+
+    similarity = np.clip(np.nan_to_num(c.cos, nan=0.0), 0.0, 1.0)
+    recency = np.exp(-_LN2 * age / float(half_life))
+    reward = np.clip(np.nan_to_num(c.reward, nan=0.0), 0.0, 1.0)
+    outcome = c.outcome_score.copy()
+    importance = np.clip(np.nan_to_num(c.importance, nan=0.0) / 10.0, 0.0, 1.0)
+
+    signals = (similarity, recency, reward, outcome, importance)
+    if normalize == "minmax":
+        signals = tuple(minmax(s) for s in signals)
+    w = weights
+    terms = tuple(wi * s for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance),
+                                          signals, strict=True))
+    priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
+    index = np.arange(priority.shape[0])
+    order = np.lexsort((index, age, -priority))
+
+    out = Scored(age=age, similarity=similarity, recency=recency, reward=reward, outcome=outcome,
+                 importance=importance, similarity_term=terms[0], recency_term=terms[1],
+                 reward_term=terms[2], outcome_term=terms[3], importance_term=terms[4],
+                 priority=priority, order=order, weights=weights, normalize=normalize)
+    for f in fields(out):
+        value = getattr(out, f.name)
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    return out
+
+
+def rrf(rankings: Sequence[Sequence[Hashable]], k: float = 60,
+        weights: Sequence[float] | None = None) -> list[tuple[Hashable, float]]:
+    """Reciprocal rank fusion: score(d) = sum over rankings r of w_r / (k + rank_r(d)), rank 1-based.
+
+    Cormack, Clarke & Buettcher 2009 (k = 60 there). A key missing from a ranking adds nothing; a key
+    repeated within one ranking counts once, at its best rank. `weights` (one per ranking, default 1)
+    gives the weighted variant. Returns (key, score) best first; equal scores keep the order of first
+    appearance (ranking by ranking, top to bottom). Raises ValueError for k < 0 or bad weights.
+    """
+    if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k < 0:
+        raise ValueError(f"k must be a finite number >= 0, got {k!r}")
+    if weights is None:
+        weights = [1.0] * len(rankings)
+    if len(weights) != len(rankings):
+        raise ValueError(f"weights has {len(weights)} entries for {len(rankings)} rankings")
+    for i, wi in enumerate(weights):
+        if isinstance(wi, bool) or not isinstance(wi, int | float) or not math.isfinite(wi) or wi < 0:
+            raise ValueError(f"weights[{i}] must be finite and >= 0, got {wi!r}")
+    scores: dict[Hashable, float] = {}  # insertion order = first appearance
+    for ranking, wi in zip(rankings, weights, strict=True):
+        seen: set[Hashable] = set()
+        for rank, key in enumerate(ranking, start=1):
+            if key in seen:
+                continue
+            seen.add(key)
+            scores[key] = scores.get(key, 0.0) + wi / (k + rank)
+    first = {key: i for i, key in enumerate(scores)}
+    return sorted(scores.items(), key=lambda item: (-item[1], first[item[0]]))
+
+
+def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:
+    """float64[n] with NaN for missing (None or NaN)."""
+    return np.fromiter((np.nan if r is None else float(r) for r in rewards), dtype=np.float64,
+                       count=len(rewards))
+
+
+def _mean_or_none(values: np.ndarray) -> float | None:
+    present = values[~np.isnan(values)]
+    return float(present.mean()) if present.size else None
+
+
+def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | None],
+                   outcomes: Sequence[str | None], priorities: Sequence[float]) -> dict[str, Any]:
+    """What the recalled episodes say worked: the strategies to replay, best first.
+
+    Inputs are parallel, one entry per recalled episode. Returns
+    `{"episodes": n, "avg_reward": float | None, "success_rate": float | None, "strategies": [...]}`
+    where each strategy entry is `{"strategy", "priority" (the max over its episodes), "episodes",
+    "avg_reward" (missing rewards ignored; None if none), "success_rate" (share with outcome
+    "success")}`. Strategies are distinct, ordered by priority descending, ties by first appearance;
+    episodes without a strategy count in the totals only. Rates are None when there are no episodes.
+    Raises ValueError when the lengths differ.
+    """
+    n = len(strategies)
+    if not len(rewards) == len(outcomes) == len(priorities) == n:
+        raise ValueError(f"replay_context: lengths differ (strategies {n}, rewards {len(rewards)}, "
+                         f"outcomes {len(outcomes)}, priorities {len(priorities)})")
+    reward = _rewards_array(rewards)
+    success = np.array([o == "success" for o in outcomes], dtype=bool)
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(strategies):
+        if s is not None:
+            groups.setdefault(s, []).append(i)
+    entries = []
+    for s, idx in groups.items():
+        entries.append({
+            "strategy": s,
+            "priority": max(float(priorities[i]) for i in idx),
+            "episodes": len(idx),
+            "avg_reward": _mean_or_none(reward[idx]),
+            "success_rate": float(success[idx].mean()),
+        })
+    entries.sort(key=lambda e: -e["priority"])  # stable: ties keep first appearance
+    return {
+        "episodes": n,
+        "avg_reward": _mean_or_none(reward),
+        "success_rate": float(success.mean()) if n else None,
+        "strategies": entries,
+    }
+
+
+def learning_curve(rewards: Sequence[float | None], outcomes: Sequence[str | None],
+                   window: int = 5) -> list[dict[str, Any]]:
+    """Per episode, in the order given (time order, oldest first), how the agent is doing.
+
+    Each point: `{"episode": 1-based position, "reward", "outcome", "cumulative_reward" (sum of the
+    rewards so far, missing ones adding 0), "success_rate" (share of "success" among the last `window`
+    episodes, or all so far while fewer), "avg_reward" (mean of the present rewards among those, None
+    if none)}`. Raises ValueError for window < 1 or lengths that differ.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    n = len(rewards)
+    if len(outcomes) != n:
+        raise ValueError(f"learning_curve: lengths differ (rewards {n}, outcomes {len(outcomes)})")
+    if n == 0:
+        return []
+    reward = _rewards_array(rewards)
+    present = ~np.isnan(reward)
+    value = np.where(present, reward, 0.0)
+    success = np.array([o == "success" for o in outcomes], dtype=np.float64)
+    cumulative = np.cumsum(value)
+
+    def rolling_sum(x: np.ndarray) -> np.ndarray:  # sum over the last `window` entries, exact per window
+        padded = np.concatenate([np.zeros(window - 1), x])
+        return np.lib.stride_tricks.sliding_window_view(padded, window).sum(axis=1)
+
+    seen = np.minimum(np.arange(1, n + 1), window)
+    success_rate = rolling_sum(success) / seen
+    reward_sum = rolling_sum(value)
+    reward_count = rolling_sum(present.astype(np.float64))
+    return [
+        {
+            "episode": i + 1,
+            "reward": float(reward[i]) if present[i] else None,
+            "outcome": outcomes[i],
+            "cumulative_reward": float(cumulative[i]),
+            "success_rate": float(success_rate[i]),
+            "avg_reward": float(reward_sum[i] / reward_count[i]) if reward_count[i] else None,
+        }
+        for i in range(n)
+    ]

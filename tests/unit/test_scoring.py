@@ -1,0 +1,460 @@
+"""Unit tests of shared.scoring: hand-computed values, presets, ordering, properties. No I/O."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared import scoring
+from shared.events import OUTCOMES
+from shared.scoring import (
+    AUTO_EARLY_BELOW,
+    AUTO_NORMAL_BELOW,
+    MINMAX_CONSTANT,
+    PRESETS,
+    Candidates,
+    Weights,
+    learning_curve,
+    minmax,
+    outcome_scores,
+    recency_decay,
+    replay_context,
+    resolve_weights,
+    rrf,
+    score,
+)
+
+HOUR = 3600.0
+DAY = 86400.0
+NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
+ONLY_RECENCY = Weights(similarity=0, recency=1, reward=0, outcome=0)
+
+
+def candidates(n: int = 1, **overrides) -> Candidates:
+    """A factory: n candidates completed at NOW with nothing else known, plus `overrides`."""
+    fields = {"completed_at": np.full(n, NOW)}
+    fields.update(overrides)
+    return Candidates(**fields)
+
+
+# --- recency decay: the seed's hand table (half-life one day) ---------------------------------------
+
+
+@pytest.mark.parametrize(("age", "expected"), [
+    (0.0, 1.0),
+    (12 * HOUR, 0.7071),
+    (DAY, 0.50),
+    (2 * DAY, 0.25),
+    (7 * DAY, 0.0078),
+])
+def test_recency_hand_table(age, expected):
+    assert recency_decay(age, DAY) == pytest.approx(expected, abs=5e-5)
+    scored = score(candidates(completed_at=[NOW - age]), ONLY_RECENCY, half_life=DAY, as_of=NOW)
+    assert scored.recency[0] == pytest.approx(expected, abs=5e-5)
+    assert scored.priority[0] == pytest.approx(expected, abs=5e-5)
+
+
+def test_recency_exact_powers_of_two():
+    ages = np.array([12 * HOUR, DAY, 2 * DAY, 7 * DAY])
+    assert recency_decay(ages, DAY) == pytest.approx([2 ** -0.5, 0.5, 0.25, 2 ** -7], rel=1e-12)
+
+
+@pytest.mark.parametrize("half_life", [0, -1.0, math.inf, math.nan, True, "1d"])
+def test_bad_half_life_is_rejected(half_life):
+    with pytest.raises(ValueError, match="half_life"):
+        score(candidates(), ONLY_RECENCY, half_life=half_life, as_of=NOW)
+
+
+def test_future_timestamps_are_clamped_to_age_zero():
+    c = candidates(2, completed_at=[NOW + DAY, NOW + 10 * DAY])
+    scored = score(c, ONLY_RECENCY, half_life=DAY, as_of=NOW)
+    assert scored.age.tolist() == [0.0, 0.0]
+    assert scored.recency.tolist() == [1.0, 1.0]
+    assert recency_decay(-5.0, DAY) == 1.0
+
+
+def test_as_of_in_the_past_measures_from_that_instant():  # C17: decay from `as_of`, not from now
+    c = candidates(completed_at=[NOW - 2 * DAY])
+    scored = score(c, ONLY_RECENCY, half_life=DAY, as_of=NOW - DAY)
+    assert scored.recency[0] == pytest.approx(0.5)
+
+
+def test_recency_from_last_access_falls_back_to_completed_at():
+    c = candidates(2, completed_at=[NOW - 2 * DAY, NOW - 2 * DAY], last_accessed=[NOW - DAY, np.nan])
+    by_access = score(c, ONLY_RECENCY, half_life=DAY, as_of=NOW, recency_from="last_access")
+    assert by_access.recency == pytest.approx([0.5, 0.25])
+    by_completion = score(c, ONLY_RECENCY, half_life=DAY, as_of=NOW)
+    assert by_completion.recency == pytest.approx([0.25, 0.25])
+
+
+# --- the full priority formula, by hand --------------------------------------------------------------
+
+
+def test_priority_by_hand():
+    w = Weights(similarity=0.4, recency=0.3, reward=0.2, outcome=0.1, importance=0.5)
+    c = candidates(
+        3,
+        cos=[0.8, -0.3, 1.0],
+        completed_at=[NOW - DAY, NOW - 2 * DAY, NOW],
+        reward=[0.6, 1.7, np.nan],
+        outcome_score=outcome_scores(["success", "partial", None]),
+        importance=[7, np.nan, 10],
+    )
+    s = score(c, w, half_life=DAY, as_of=NOW)
+    # 0.4*0.8 + 0.3*0.5 + 0.2*0.6 + 0.1*1 + 0.5*0.7 = 0.32 + 0.15 + 0.12 + 0.10 + 0.35
+    # 0.4*0   + 0.3*0.25 + 0.2*1 + 0.1*0.5 + 0       = 0 + 0.075 + 0.2 + 0.05
+    # 0.4*1   + 0.3*1   + 0      + 0       + 0.5*1   = 0.4 + 0.3 + 0.5
+    assert s.priority == pytest.approx([1.04, 0.325, 1.2])
+    assert s.similarity.tolist() == [pytest.approx(0.8), 0.0, 1.0]
+    assert s.reward == pytest.approx([0.6, 1.0, 0.0])
+    assert s.outcome.tolist() == [1.0, 0.5, 0.0]
+    assert s.importance == pytest.approx([0.7, 0.0, 1.0])
+    assert s.similarity_term == pytest.approx([0.32, 0.0, 0.4])
+    assert s.recency_term == pytest.approx([0.15, 0.075, 0.3])
+    assert s.importance_term == pytest.approx([0.35, 0.0, 0.5])
+    assert s.order.tolist() == [2, 0, 1]
+    assert s.breakdown(0) == pytest.approx(
+        {"priority": 1.04, "similarity": 0.32, "recency": 0.15, "reward": 0.12, "outcome": 0.1, "importance": 0.35})
+
+
+def test_missing_fields_contribute_nothing():
+    w = Weights(similarity=1, recency=0, reward=1, outcome=1, importance=1)
+    s = score(candidates(2), w, half_life=DAY, as_of=NOW)
+    assert s.priority.tolist() == [0.0, 0.0]
+
+
+def test_nan_cos_counts_as_zero_and_float32_input_is_accepted():
+    c = candidates(2, cos=np.array([np.nan, 0.5], dtype=np.float32))
+    s = score(c, Weights(similarity=1, recency=0, reward=0, outcome=0), half_life=DAY, as_of=NOW)
+    assert s.priority.dtype == np.float64
+    assert s.priority.tolist() == [0.0, 0.5]
+
+
+def test_outcome_scores():
+    scores = outcome_scores(["success", "partial", "failure", "abandoned", None, "unknown", "SUCCESS"])
+    assert scores.tolist() == [1.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert scores.dtype == np.float64
+    assert outcome_scores([]).shape == (0,)
+    assert set(OUTCOMES) <= set(scoring.OUTCOME_SCORES)
+
+
+def test_empty_candidate_set():
+    s = score(candidates(0), PRESETS["normal"], half_life=DAY, as_of=NOW, normalize="minmax")
+    assert len(s) == 0 and s.order.tolist() == []
+
+
+def test_results_are_read_only_and_inputs_not_aliased():
+    cos = np.array([0.5, 0.2])
+    c = candidates(2, cos=cos)
+    cos[0] = 0.9
+    assert c.cos[0] == 0.5
+    s = score(c, PRESETS["early"], half_life=DAY, as_of=NOW)
+    with pytest.raises(ValueError):
+        s.priority[0] = 1.0
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"completed_at": [np.nan]}, "completed_at"),
+    ({"completed_at": [[NOW]]}, "completed_at"),
+    ({"cos": [0.1, 0.2]}, "cos"),
+    ({"reward": [math.inf]}, "reward"),
+    ({"outcome_score": [1.5]}, "outcome_score"),
+    ({"outcome_score": [np.nan]}, "outcome_score"),
+    ({"last_accessed": [-math.inf]}, "last_accessed"),
+])
+def test_bad_candidates_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        candidates(**overrides)
+
+
+@pytest.mark.parametrize(("kwargs", "word"), [
+    ({"normalize": "zscore"}, "normalize"),
+    ({"recency_from": "created"}, "recency_from"),
+    ({"as_of": math.nan}, "as_of"),
+])
+def test_bad_score_arguments(kwargs, word):
+    args = {"half_life": DAY, "as_of": NOW} | kwargs
+    with pytest.raises(ValueError, match=word):
+        score(candidates(), PRESETS["normal"], **args)
+
+
+# --- ordering ----------------------------------------------------------------------------------------
+
+
+def test_c20_newer_ranks_higher():
+    c = candidates(2, cos=[0.7, 0.7], completed_at=[NOW - 2 * DAY, NOW - DAY], reward=[0.5, 0.5],
+                   outcome_score=outcome_scores(["success", "success"]))
+    for name, w in PRESETS.items():
+        for normalize in ("none", "minmax"):
+            s = score(c, w, half_life=DAY, as_of=NOW, normalize=normalize)
+            assert s.order.tolist() == [1, 0], (name, normalize)
+            assert s.priority[1] > s.priority[0]
+
+
+def test_order_ties_broken_by_recency_then_index():
+    # equal priority everywhere: recency carries no weight, similarity is the same
+    w = Weights(similarity=1, recency=0, reward=0, outcome=0)
+    c = candidates(4, cos=[0.5] * 4, completed_at=[NOW - DAY, NOW, NOW - DAY, NOW])
+    s = score(c, w, half_life=DAY, as_of=NOW)
+    assert s.order.tolist() == [1, 3, 0, 2]
+
+
+def test_order_tie_break_survives_recency_underflow():
+    # both recencies underflow to 0.0; the younger still ranks first
+    w = Weights(similarity=1, recency=1, reward=0, outcome=0)
+    c = candidates(2, completed_at=[NOW - 5000 * DAY, NOW - 4000 * DAY])
+    s = score(c, w, half_life=1.0, as_of=NOW)
+    assert s.recency.tolist() == [0.0, 0.0]
+    assert s.order.tolist() == [1, 0]
+
+
+# --- min-max normalisation (Generative Agents' variant) ---------------------------------------------
+
+
+def test_minmax_by_hand():
+    assert minmax(np.array([2.0, 4.0, 3.0])).tolist() == [0.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("values", [[0.3, 0.3, 0.3], [0.0], [7.0], [0.0, 0.0]])
+def test_minmax_constant_signal_is_midpoint_not_nan(values):
+    out = minmax(np.array(values))
+    assert not np.isnan(out).any()
+    assert out.tolist() == [MINMAX_CONSTANT] * len(values)
+
+
+def test_score_minmax_with_constant_signals_has_no_nan():
+    w = Weights(similarity=0.4, recency=0.3, reward=0.2, outcome=0.1, importance=0.5)
+    c = candidates(3, cos=[0.4, 0.4, 0.4], reward=[np.nan] * 3)  # all same age, outcome, importance too
+    s = score(c, w, half_life=DAY, as_of=NOW, normalize="minmax")
+    assert not np.isnan(s.priority).any()
+    assert s.priority == pytest.approx([MINMAX_CONSTANT * w.total] * 3)
+    assert s.order.tolist() == [0, 1, 2]
+
+
+def test_score_minmax_by_hand():
+    w = Weights(similarity=1, recency=1, reward=0, outcome=0)
+    c = candidates(3, cos=[0.2, 0.6, 0.4], completed_at=[NOW, NOW - DAY, NOW - 2 * DAY])
+    s = score(c, w, half_life=DAY, as_of=NOW, normalize="minmax")
+    # similarity -> 0, 1, 0.5; recency 1, 0.5, 0.25 -> 1, 1/3, 0
+    assert s.similarity_term == pytest.approx([0.0, 1.0, 0.5])
+    assert s.recency_term == pytest.approx([1.0, 1 / 3, 0.0])
+    assert s.priority == pytest.approx([1.0, 4 / 3, 0.5])
+    assert s.similarity == pytest.approx([0.2, 0.6, 0.4])  # raw signals are reported unscaled
+    assert s.order.tolist() == [1, 0, 2]
+
+
+# --- weights, presets, auto -------------------------------------------------------------------------
+
+
+def test_presets():
+    assert PRESETS["early"] == Weights(similarity=0.6, recency=0.1, reward=0.2, outcome=0.1)
+    assert PRESETS["normal"] == Weights(similarity=0.4, recency=0.3, reward=0.2, outcome=0.1)
+    assert PRESETS["late"] == Weights(similarity=0.3, recency=0.4, reward=0.2, outcome=0.1)
+    for w in PRESETS.values():
+        assert w.importance == 0.0
+        assert w.total == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("size", "name"), [
+    (0, "auto:early"),
+    (AUTO_EARLY_BELOW - 1, "auto:early"),
+    (AUTO_EARLY_BELOW, "auto:normal"),
+    (AUTO_NORMAL_BELOW - 1, "auto:normal"),
+    (AUTO_NORMAL_BELOW, "auto:late"),
+    (10**9, "auto:late"),
+])
+def test_auto_thresholds(size, name):
+    assert (AUTO_EARLY_BELOW, AUTO_NORMAL_BELOW) == (50, 500)
+    for preset in ("auto", None):
+        used, w = resolve_weights(preset, None, size)
+        assert used == name
+        assert w == PRESETS[name.split(":")[1]]
+
+
+def test_resolve_named_and_custom():
+    assert resolve_weights("late", None, 3) == ("late", PRESETS["late"])
+    mine = Weights(similarity=1, recency=0, reward=0, outcome=0, importance=2)
+    assert resolve_weights("early", mine, 3) == ("custom", mine)
+    assert resolve_weights(None, mine, 10_000) == ("custom", mine)
+
+
+@pytest.mark.parametrize(("preset", "size"), [("fast", 3), ("Early", 3), ("auto", -1)])
+def test_resolve_rejects_unknown_preset_and_negative_size(preset, size):
+    with pytest.raises(ValueError, match="preset|scope_size"):
+        resolve_weights(preset, None, size)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"similarity": -0.1}, "similarity"),
+    ({"recency": math.nan}, "recency"),
+    ({"reward": math.inf}, "reward"),
+    ({"outcome": "0.1"}, "outcome"),
+    ({"importance": True}, "importance"),
+])
+def test_invalid_weights_name_the_field(kwargs, field):
+    base = {"similarity": 0.4, "recency": 0.3, "reward": 0.2, "outcome": 0.1}
+    with pytest.raises(ValueError, match=rf"weights\.{field}"):
+        Weights(**(base | kwargs))
+
+
+def test_all_zero_weights_rejected():
+    with pytest.raises(ValueError, match="at least one"):
+        Weights(similarity=0, recency=0, reward=0, outcome=0, importance=0)
+
+
+def test_weights_are_floats_and_frozen():
+    w = Weights(similarity=1, recency=0, reward=0, outcome=0)
+    assert isinstance(w.similarity, float)
+    assert w.as_dict() == {"similarity": 1.0, "recency": 0.0, "reward": 0.0, "outcome": 0.0, "importance": 0.0}
+    with pytest.raises(AttributeError):
+        w.similarity = 2.0  # type: ignore[misc]
+
+
+# --- properties -------------------------------------------------------------------------------------
+
+unit = st.floats(0.0, 1.0)
+weight = st.floats(0.0, 10.0)
+maybe_reward = st.one_of(st.just(math.nan), st.floats(-5.0, 5.0))
+maybe_importance = st.one_of(st.just(math.nan), st.floats(1.0, 10.0))
+outcome_st = st.sampled_from([0.0, 0.5, 1.0])
+age_st = st.floats(-10 * DAY, 3650 * DAY)
+half_life_st = st.floats(1.0, 365 * DAY)
+
+
+weights_st = st.tuples(weight, weight, weight, weight, weight).filter(lambda t: sum(t) > 0).map(
+    lambda t: Weights(*t))
+
+
+@given(w=weights_st, cos=st.floats(-1.0, 1.0), reward=maybe_reward, importance=maybe_importance,
+       outcome=outcome_st, age=age_st, extra=st.floats(0.0, 3650 * DAY), half_life=half_life_st,
+       last_accessed=st.one_of(st.just(math.nan), st.floats(NOW - 3650 * DAY, NOW + DAY)),
+       recency_from=st.sampled_from(["completed", "last_access"]))
+def test_c20_priority_never_increases_with_age(w, cos, reward, importance, outcome, age, extra, half_life,
+                                                last_accessed, recency_from):
+    # candidate 0 is candidate 1 made older by `extra` seconds; a third, unrelated candidate stays put
+    c = candidates(3, cos=[cos, cos, 0.9], completed_at=[NOW - age - extra, NOW - age, NOW - DAY],
+                   reward=[reward, reward, 0.3], importance=[importance, importance, 5],
+                   outcome_score=[outcome, outcome, 1.0], last_accessed=[last_accessed, last_accessed, NOW])
+    s = score(c, w, half_life=half_life, as_of=NOW, recency_from=recency_from)
+    assert s.priority[0] <= s.priority[1]
+    assert s.recency[0] <= s.recency[1]
+    if s.age[0] > s.age[1]:  # really older (not both clamped to 0, not both dated by last access)
+        assert list(s.order).index(0) > list(s.order).index(1)  # the newer ranks first, even on a tie
+
+
+@given(w=weights_st, n=st.integers(1, 30), data=st.data(), half_life=half_life_st,
+       normalize=st.sampled_from(["none", "minmax"]))
+def test_priority_within_bounds_and_order_is_a_ranking(w, n, data, half_life, normalize):
+    c = candidates(
+        n,
+        cos=data.draw(st.lists(st.floats(-1.0, 1.0), min_size=n, max_size=n)),
+        completed_at=[NOW - a for a in data.draw(st.lists(age_st, min_size=n, max_size=n))],
+        reward=data.draw(st.lists(maybe_reward, min_size=n, max_size=n)),
+        outcome_score=data.draw(st.lists(outcome_st, min_size=n, max_size=n)),
+        importance=data.draw(st.lists(maybe_importance, min_size=n, max_size=n)),
+    )
+    s = score(c, w, half_life=half_life, as_of=NOW, normalize=normalize)
+    assert not np.isnan(s.priority).any()
+    assert (s.priority >= 0.0).all()
+    assert (s.priority <= w.total).all()
+    assert sorted(s.order.tolist()) == list(range(n))
+    ranked = s.priority[s.order]
+    assert (np.diff(ranked) <= 0).all()
+    assert s.priority == pytest.approx(s.similarity_term + s.recency_term + s.reward_term
+                                       + s.outcome_term + s.importance_term)
+
+
+@given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30))
+def test_minmax_stays_in_unit_interval(values):
+    out = minmax(np.array(values))
+    assert ((out >= 0.0) & (out <= 1.0)).all()
+
+
+# --- reciprocal rank fusion -------------------------------------------------------------------------
+
+
+def test_rrf_hand_example():
+    fused = rrf([["a", "b", "c"], ["b", "a", "d"]], k=60)
+    # a and b: 1/61 + 1/62 each (tie -> a appeared first); c and d: 1/63 each (tie -> c first)
+    assert [key for key, _ in fused] == ["a", "b", "c", "d"]
+    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 62)
+    assert fused[2][1] == pytest.approx(1 / 63)
+
+
+def test_rrf_with_k_zero_by_hand():
+    fused = rrf([["a", "b"], ["b", "c"]], k=0)
+    assert fused == [("b", pytest.approx(1.5)), ("a", pytest.approx(1.0)), ("c", pytest.approx(0.5))]
+
+
+def test_rrf_weighted_and_duplicates():
+    fused = rrf([["x", "y"], ["y", "x"]], k=0, weights=[1.0, 3.0])
+    assert fused == [("y", pytest.approx(0.5 + 3.0)), ("x", pytest.approx(1.0 + 1.5))]
+    assert rrf([["x", "x", "y"]], k=0) == [("x", 1.0), ("y", pytest.approx(1 / 3))]  # x counted once
+    assert rrf([]) == [] and rrf([[], []]) == []
+
+
+@pytest.mark.parametrize(("kwargs", "word"), [
+    ({"k": -1}, "k"),
+    ({"weights": [1.0]}, "weights"),
+    ({"weights": [1.0, -2.0]}, "weights"),
+])
+def test_rrf_rejects_bad_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        rrf([["a"], ["b"]], **kwargs)
+
+
+# --- replay context and learning curve --------------------------------------------------------------
+
+
+def test_replay_context_hand_example():
+    ctx = replay_context(
+        strategies=["tdd", "print-debug", "tdd", None, "bisect"],
+        rewards=[1.0, None, 0.5, 0.2, math.nan],
+        outcomes=["success", "failure", "partial", "success", "success"],
+        priorities=[0.7, 0.9, 0.8, 0.95, 0.9],
+    )
+    assert ctx["episodes"] == 5
+    assert ctx["avg_reward"] == pytest.approx((1.0 + 0.5 + 0.2) / 3)
+    assert ctx["success_rate"] == pytest.approx(3 / 5)
+    assert ctx["strategies"] == [
+        {"strategy": "print-debug", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 0.0},
+        {"strategy": "bisect", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 1.0},
+        {"strategy": "tdd", "priority": 0.8, "episodes": 2, "avg_reward": 0.75, "success_rate": 0.5},
+    ]
+
+
+def test_replay_context_empty_and_mismatched():
+    assert replay_context([], [], [], []) == {"episodes": 0, "avg_reward": None, "success_rate": None,
+                                              "strategies": []}
+    with pytest.raises(ValueError, match="lengths"):
+        replay_context(["a"], [], ["success"], [1.0])
+
+
+def test_learning_curve_hand_example():
+    curve = learning_curve(rewards=[1.0, None, 0.0, 0.5], outcomes=["success", "failure", "failure", "success"],
+                           window=2)
+    assert [p["episode"] for p in curve] == [1, 2, 3, 4]
+    assert [p["reward"] for p in curve] == [1.0, None, 0.0, 0.5]
+    assert [p["outcome"] for p in curve] == ["success", "failure", "failure", "success"]
+    assert [p["cumulative_reward"] for p in curve] == pytest.approx([1.0, 1.0, 1.0, 1.5])
+    assert [p["success_rate"] for p in curve] == pytest.approx([1.0, 0.5, 0.0, 0.5])
+    assert [p["avg_reward"] for p in curve] == [1.0, 1.0, 0.0, pytest.approx(0.25)]
+
+
+def test_learning_curve_window_larger_than_history_and_missing_rewards():
+    curve = learning_curve([None, None, 0.3], ["partial", "success", "success"])
+    assert [p["success_rate"] for p in curve] == pytest.approx([0.0, 0.5, 2 / 3])
+    assert [p["avg_reward"] for p in curve] == [None, None, pytest.approx(0.3)]
+    assert [p["cumulative_reward"] for p in curve] == pytest.approx([0.0, 0.0, 0.3])
+
+
+def test_learning_curve_bad_arguments():
+    assert learning_curve([], []) == []
+    with pytest.raises(ValueError, match="window"):
+        learning_curve([1.0], ["success"], window=0)
+    with pytest.raises(ValueError, match="lengths"):
+        learning_curve([1.0], [])
