@@ -338,3 +338,40 @@ async def filter_search(r: aioredis.Redis, index: str, scope: Scope, *, return_f
 async def count(r: aioredis.Redis, index: str, scope: Scope) -> int:
     total, _ = await filter_search(r, index, scope, return_fields=(), limit=0)
     return total
+
+
+async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[dict[str, Any]]:
+    """Per category of the scope: {category, episodes, successes, avg_reward, avg_iterations} (FT.AGGREGATE).
+
+    RediSearch's AVG reducer counts a document without the field as 0, so averages are computed as
+    SUM / (number of documents where the field exists), and are None when no document has it.
+    """
+    reply = await r.execute_command(
+        "FT.AGGREGATE", index, scope.query(),
+        "LOAD", 4, "@category", "@outcome", "@reward", "@iterations",
+        "APPLY", '@outcome == "success"', "AS", "is_success",
+        "APPLY", "exists(@reward)", "AS", "has_reward",
+        "APPLY", "exists(@iterations)", "AS", "has_iterations",
+        "GROUPBY", 1, "@category",
+        "REDUCE", "COUNT", 0, "AS", "episodes",
+        "REDUCE", "SUM", 1, "@is_success", "AS", "successes",
+        "REDUCE", "SUM", 1, "@reward", "AS", "sum_reward",
+        "REDUCE", "SUM", 1, "@has_reward", "AS", "n_reward",
+        "REDUCE", "SUM", 1, "@iterations", "AS", "sum_iterations",
+        "REDUCE", "SUM", 1, "@has_iterations", "AS", "n_iterations",
+        "DIALECT", 2)
+    out = []
+    for row in reply[1:]:
+        f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
+        if f.get("category") is None:
+            continue
+        num = {name: float(f.get(name) or 0) for name in (
+            "episodes", "successes", "sum_reward", "n_reward", "sum_iterations", "n_iterations")}.__getitem__
+        out.append({
+            "category": f["category"].decode(),
+            "episodes": int(num("episodes")),
+            "successes": int(num("successes")),
+            "avg_reward": num("sum_reward") / num("n_reward") if num("n_reward") else None,
+            "avg_iterations": num("sum_iterations") / num("n_iterations") if num("n_iterations") else None,
+        })
+    return sorted(out, key=lambda row: row["category"])
