@@ -148,3 +148,12 @@ async def group_info(r: aioredis.Redis, stream: str, group: str) -> dict[str, in
 
 async def length(r: aioredis.Redis, stream: str) -> int:
     return int(await r.xlen(stream))
+
+
+async def requeue(r: aioredis.Redis, stream: str, dead_stream: str, dead_id: bytes | str, payload: bytes) -> bytes:
+    """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream`, atomically."""
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.xadd(stream, {FIELD: payload})
+        pipe.xdel(dead_stream, dead_id)
+        res = await pipe.execute()
+    return res[0]

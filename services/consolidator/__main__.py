@@ -1,0 +1,161 @@
+"""`python -m services.consolidator [run|dead-letters|redrive|replay|reindex]`.
+
+Environment → Settings once, here; everything below receives it. SIGTERM/SIGINT stop the worker
+gracefully (the batch in hand is projected and acked, then exit 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from shared.errors import ConfigError, Conflict
+from shared.settings import Settings
+
+
+def _settings(**overrides) -> Settings:
+    try:
+        settings = Settings.from_env(os.environ)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if settings.redis_url is None:
+        raise click.ClickException("REDIS_URL is not set: start the stack with `make run`, or point "
+                                   "REDIS_URL at a Redis 8 with the Query Engine")
+    return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
+
+
+async def _open(settings: Settings):
+    from shared.embedding import make_embedder
+    from shared.redis_conn import connect
+
+    redis = connect(settings.redis_url)
+    embedder = make_embedder(settings)
+    if hasattr(embedder, "load"):
+        await embedder.load()
+    await embedder.ensure_dim()
+    return redis, embedder
+
+
+async def _run(settings: Settings) -> int:
+    from prometheus_client import start_http_server
+
+    from services.consolidator.metrics import WorkerMetrics
+    from services.consolidator.worker import Worker
+
+    redis, embedder = await _open(settings)
+    metrics = WorkerMetrics()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    worker = Worker(settings, redis, embedder, metrics=metrics)
+    try:
+        await worker.run(stop)
+    except Conflict as exc:
+        logging.getLogger("engram.consolidator").error("%s", exc)
+        return 2
+    finally:
+        await embedder.aclose()
+        await redis.aclose()
+    return 0
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Engram consolidator: projects the episode stream into RediSearch."""
+    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(run)
+
+
+@cli.command()
+def run() -> None:
+    """Consume the stream until SIGTERM/SIGINT (scale out by running more copies)."""
+    sys.exit(asyncio.run(_run(_settings())))
+
+
+@cli.command("dead-letters")
+@click.option("--limit", default=100, show_default=True)
+def dead_letters(limit: int) -> None:
+    """List dead letters as JSON lines (id, original stream id, reason)."""
+    from services.consolidator.deadletters import list_dead_letters
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+
+    async def go():
+        settings = _settings()
+        redis = connect(settings.redis_url)
+        try:
+            for d in await list_dead_letters(redis, Keys(settings.prefix), limit=limit):
+                click.echo(json.dumps({"id": d.dead_id, "stream_id": d.stream_id, "reason": d.reason,
+                                       "consumer": d.consumer, "at": d.at, "bytes": len(d.payload)}))
+        finally:
+            await redis.aclose()
+
+    asyncio.run(go())
+
+
+@cli.command()
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Re-drive every dead letter.")
+def redrive(ids: tuple[str, ...], all_: bool) -> None:
+    """Publish dead letters again (after a fix) and remove them from the dead-letter stream."""
+    from services.consolidator.deadletters import redrive as do_redrive
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+
+    if not ids and not all_:
+        raise click.UsageError("name dead-letter ids or pass --all")
+
+    async def go():
+        settings = _settings()
+        redis = connect(settings.redis_url)
+        try:
+            n = await do_redrive(redis, Keys(settings.prefix), None if all_ else list(ids))
+            click.echo(f"re-driven {n} dead letter(s)")
+        finally:
+            await redis.aclose()
+
+    asyncio.run(go())
+
+
+def _replay(**overrides) -> None:
+    from services.consolidator.replay import replay as do_replay
+
+    async def go():
+        settings = _settings(**overrides)
+        redis, embedder = await _open(settings)
+        try:
+            click.echo(json.dumps(await do_replay(settings, redis, embedder)))
+        finally:
+            await embedder.aclose()
+            await redis.aclose()
+
+    asyncio.run(go())
+
+
+@cli.command()
+def replay() -> None:
+    """Rebuild every projection from the stream into a new generation and swap it in."""
+    _replay()
+
+
+@cli.command()
+@click.option("--embedder", type=click.Choice(["hashing", "minilm", "openai"]), required=True)
+def reindex(embedder: str) -> None:
+    """Re-embed everything with another embedder (a replay into a new index), swapping the alias."""
+    _replay(embedder=embedder)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,86 @@
+"""Rebuild every projection from the stream into a fresh generation and swap it in.
+
+1. generation n+1 gets its own index (with the embedder given, so this is also `reindex`);
+2. the whole stream is projected into it page by page (the same Projector the workers use);
+3. `FT.ALIASUPDATE` points the alias at the new index and `meta.generation` is set: workers switch
+   on their next batch (they re-read the generation every turn);
+4. a catch-up pass projects the entries added since step 2 began (idempotent, so entries a worker
+   also projected are harmless);
+5. the old generation's index and keys are dropped.
+Tombstones are generation-independent, so a replay never resurrects forgotten data (C08).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis.asyncio as aioredis
+
+from services.consolidator.projector import Projector
+from shared import streams
+from shared.index import (
+    current_generation,
+    ensure_episode_index,
+    point_alias_at,
+)
+from shared.keys import Keys
+from shared.settings import Settings
+
+log = logging.getLogger("engram.replay")
+PAGE = 500
+
+
+async def _project_range(projector: Projector, redis: aioredis.Redis, stream: str, start: bytes | str) -> tuple[bytes | None, int]:
+    last: bytes | None = None
+    count = 0
+    cursor: bytes | str = start
+    while True:
+        page = await streams.read_range(redis, stream, cursor, "+", count=PAGE)
+        if last is not None or cursor != "-":
+            page = [e for e in page if e.stream_id != cursor]
+        if not page:
+            return last, count
+        await projector.apply(page)
+        last = page[-1].stream_id
+        cursor = last
+        count += len(page)
+
+
+async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[str, int]:
+    """Build generation n+1 from the stream, swap it in, drop generation n. Returns counts."""
+    from services.consolidator.worker import vector_params
+
+    keys = Keys(settings.prefix)
+    old = await current_generation(redis, keys)
+    new = old + 1
+    await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
+    dim = await embedder.ensure_dim()
+    await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name, point_alias=False)
+    projector = Projector(redis, keys, embedder, new)
+    last, first_pass = await _project_range(projector, redis, keys.stream, "-")
+    await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
+    await redis.hset(keys.meta, "generation", new)
+    _, catch_up = await _project_range(projector, redis, keys.stream, last or "-")
+    dropped = await _drop_generation(redis, keys, old)
+    log.info("replay ◆ generation %d → %d ◆ %d entries ◆ %d caught up ◆ %d old keys dropped",
+             old, new, first_pass, catch_up, dropped)
+    return {"from_generation": old, "generation": new, "entries": first_pass + catch_up, "dropped_keys": dropped}
+
+
+async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
+    for name in (keys.episode_index(gen), keys.facts_index(gen)):
+        try:
+            await redis.execute_command("FT.DROPINDEX", name)
+        except Exception:  # noqa: BLE001 - a missing index is the normal case
+            pass
+    dropped = 0
+    batch: list[bytes] = []
+    async for key in redis.scan_iter(match=f"{keys.gen_prefix(gen)}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            dropped += await redis.unlink(*batch)
+            batch = []
+    if batch:
+        dropped += await redis.unlink(*batch)
+    await redis.hdel(keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm")
+    return dropped

@@ -1,0 +1,181 @@
+"""The consolidator loop: reclaim, read up to capacity, project, ack (or dead-letter).
+
+Each turn (docket's reclaim-then-read):
+1. `XAUTOCLAIM` entries idle longer than the lease from any consumer (a dead worker's batch);
+   entries delivered more than `max_deliveries` times go to the dead-letter stream with the last error;
+2. `XREADGROUP >` up to the free capacity of the batch;
+3. `Projector.apply`, then `XACK` only what was written; poison entries are dead-lettered (and acked)
+   one by one, so one bad entry never blocks its neighbours (shared/cases C11).
+A transport or embedder failure leaves the whole batch pending; the lease brings it back.
+
+Shutdown: `stop` (set by SIGTERM/SIGINT in `__main__`) ends the loop after the batch in hand is
+projected and acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from services.consolidator.metrics import WorkerMetrics
+from services.consolidator.projector import BatchResult, Projector
+from shared import streams
+from shared.errors import Conflict
+from shared.index import VectorParams, current_generation, ensure_episode_index
+from shared.keys import Keys
+from shared.settings import Settings
+
+log = logging.getLogger("engram.consolidator")
+
+
+def vector_params(settings: Settings, dim: int) -> VectorParams:
+    return VectorParams(dim=dim, algorithm=settings.vector_algorithm, m=settings.hnsw_m,
+                        ef_construction=settings.hnsw_ef_construction, ef_runtime=settings.hnsw_ef_runtime)
+
+
+def consumer_name(settings: Settings) -> str:
+    """Unique per process: host, pid and a random suffix (containers may share pids)."""
+    return settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """One consumer of the episode stream's group. `run(stop)` until `stop` is set.
+
+    `on_batch(result)` is an optional async hook (semantic-memory triggers use it).
+    """
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis, embedder, *,
+                 metrics: WorkerMetrics | None = None, name: str | None = None, on_batch=None):
+        self.settings = settings
+        self.redis = redis
+        self.embedder = embedder
+        self.keys = Keys(settings.prefix)
+        self.metrics = metrics or WorkerMetrics()
+        self.name = name or consumer_name(settings)
+        self.on_batch = on_batch
+        self.last_errors: dict[bytes, str] = {}
+        self.projector: Projector | None = None
+        self.processed = 0
+
+    async def setup(self) -> None:
+        """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
+        await streams.ensure_group(self.redis, self.keys.stream, self.settings.consumer_group)
+        await self._projector()
+
+    async def _projector(self) -> Projector:
+        gen = await current_generation(self.redis, self.keys)
+        if self.projector is None or self.projector.gen != gen:
+            await ensure_episode_index(self.redis, self.keys, gen,
+                                       vector_params(self.settings, self.embedder.dim), self.embedder.name,
+                                       point_alias=True)
+            self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics)
+        return self.projector
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.setup()
+        log.info("worker %s ◆ consuming %s as group %s", self.name, self.keys.stream, self.settings.consumer_group)
+        last_info = 0.0
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                await self.turn()
+                backoff = 0.1
+                if time.monotonic() - last_info > 5:
+                    await self.refresh_lag()
+                    last_info = time.monotonic()
+            except Conflict:
+                raise
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+                log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, backoff)
+                await _wait(stop, backoff)
+                backoff = min(backoff * 2, 5.0)
+            except redis_errors.ResponseError as exc:
+                if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
+                    await streams.ensure_group(self.redis, self.keys.stream, self.settings.consumer_group)
+                    continue
+                log.exception("worker %s ◆ redis error", self.name)
+                await _wait(stop, backoff)
+                backoff = min(backoff * 2, 5.0)
+        log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
+
+    async def turn(self) -> int:
+        """One reclaim/read/project/ack cycle; returns how many entries it handled."""
+        s = self.settings
+        projector = await self._projector()
+        claimed, _deleted = await streams.reclaim(self.redis, self.keys.stream, s.consumer_group, self.name,
+                                                  min_idle_ms=s.lease_ms, count=s.batch_size)
+        entries = await self._drop_exhausted(claimed)
+        fresh = await streams.read_new(self.redis, self.keys.stream, s.consumer_group, self.name,
+                                       count=s.batch_size - len(entries),
+                                       block_ms=1 if entries else s.block_ms)
+        entries += fresh
+        if not entries:
+            return 0
+        started = time.perf_counter()
+        try:
+            result = await projector.apply(entries)
+        except Exception as exc:  # leave the batch pending; the lease redelivers it
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            for e in entries:
+                self.last_errors[e.stream_id] = reason
+            if isinstance(exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError):
+                raise
+            log.exception("worker %s ◆ batch of %d failed; left pending", self.name, len(entries))
+            return 0
+        await self._finish(result)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.processed += len(entries)
+        if self.on_batch is not None and result.completed:
+            await self.on_batch(result)
+        return len(entries)
+
+    async def _finish(self, result: BatchResult) -> None:
+        s = self.settings
+        for entry, reason in result.dead:
+            await streams.dead_letter(self.redis, self.keys.dead_letters, entry, reason, self.name,
+                                      source_stream=self.keys.stream, group=s.consumer_group)
+            self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
+            log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
+        await streams.ack(self.redis, self.keys.stream, s.consumer_group, result.ok)
+        for sid in result.ok:
+            self.last_errors.pop(sid, None)
+
+    async def _drop_exhausted(self, claimed: list[streams.Entry]) -> list[streams.Entry]:
+        """Dead-letter claimed entries delivered more than `max_deliveries` times."""
+        if not claimed:
+            return []
+        counts = await streams.delivery_counts(self.redis, self.keys.stream, self.settings.consumer_group,
+                                               [e.stream_id for e in claimed])
+        keep = []
+        for entry in claimed:
+            n = counts.get(entry.stream_id, 1)
+            if n > self.settings.max_deliveries:
+                reason = f"DeliveryLimit: failed {n - 1} deliveries; last error: " \
+                         f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
+                dead = streams.Entry(entry.stream_id, entry.payload, n)
+                await streams.dead_letter(self.redis, self.keys.dead_letters, dead, reason, self.name,
+                                          source_stream=self.keys.stream, group=self.settings.consumer_group)
+                self.metrics.dead_letters.labels("DeliveryLimit").inc()
+            else:
+                keep.append(entry)
+        return keep
+
+    async def refresh_lag(self) -> dict[str, int]:
+        info = await streams.group_info(self.redis, self.keys.stream, self.settings.consumer_group)
+        self.metrics.lag.set(info["lag"])
+        self.metrics.pending.set(info["pending"])
+        return info
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass

@@ -1,0 +1,332 @@
+"""The consolidator against the real Redis: idempotence, ordering, dead letters, forgetting, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from services.consolidator.deadletters import list_dead_letters, redrive
+from services.consolidator.replay import replay
+from services.consolidator.worker import Worker
+from shared import streams
+from shared.codec import encode
+from shared.embedding import HashingEmbedder
+from shared.errors import Conflict
+from shared.events import (
+    Action,
+    ActionRecorded,
+    Episode,
+    EpisodeCompleted,
+    EpisodeStarted,
+    Task,
+)
+from shared.index import Scope, count, filter_search
+from shared.keys import Keys
+from shared.sdk import EngramClient
+from tests.helpers import wait_until
+
+
+def make_worker(settings, redis, name="w1", **kw) -> Worker:
+    return Worker(settings, redis, HashingEmbedder(settings.embed_dim), name=name, **kw)
+
+
+async def drain(*workers: Worker, rounds: int = 200) -> None:
+    """Run turns on every worker until none finds anything to do."""
+    for w in workers:
+        await w.setup()
+    for _ in range(rounds):
+        done = await asyncio.gather(*(w.turn() for w in workers))
+        if not any(done):
+            return
+    raise AssertionError("workers never drained the stream")
+
+
+async def docs(redis, keys: Keys, namespace: str, status: str | None = "completed", **scope):
+    _, hits = await filter_search(redis, keys.episode_index_alias, Scope(namespace=namespace, status=status, **scope),
+                                  return_fields=("episode_id", "doc", "status"), limit=10_000)
+    return {h.fields[b"episode_id"].decode(): h.fields for h in hits}
+
+
+def episode(eid: str, **kw) -> dict:
+    return {"episode_id": eid, "task": {"description": f"task {eid} fix the flaky test", "category": "debugging"},
+            "outcome": "success", "feedback": {"reward": 1.0}, **kw}
+
+
+async def test_c01_duplicate_publish_indexes_once(settings, redis):
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for _ in range(3):
+        await client.record(episode("same-id"))
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    keys = Keys(settings.prefix)
+    assert list(await docs(redis, keys, "ns")) == ["same-id"]
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 1
+
+
+async def test_c02_two_workers_same_duplicates_at_once(settings, redis):
+    keys = Keys(settings.prefix)
+    ev = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=1.0,
+                          episode=Episode(episode_id="e", task=Task(description="t"), outcome="success",
+                                          completed_at=1.0))
+    await streams.publish(redis, keys.stream, [encode(ev)] * 10)
+    w1, w2 = make_worker(settings, redis, "a"), make_worker(settings, redis, "b")
+    w1.settings = w2.settings = settings.with_(batch_size=5)
+    await drain(w1, w2)
+    assert list(await docs(redis, keys, "ns")) == ["e"]
+    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+
+
+async def test_order_tolerant_actions_before_start_completion_first(settings, redis):
+    keys = Keys(settings.prefix)
+    ep = Episode(episode_id="e", agent_id="ag", task=Task(description="migrate db", category="architecture"))
+    start = EpisodeStarted(namespace="ns", episode_id="e", occurred_at=10.0, episode=ep)
+    a1 = ActionRecorded(namespace="ns", episode_id="e", occurred_at=11.0,
+                        action=Action(action_type="plan", timestamp=11.0))
+    a2 = ActionRecorded(namespace="ns", episode_id="e", occurred_at=12.0,
+                        action=Action(action_type="apply", timestamp=12.0, error="lock timeout"))
+    done = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=13.0,
+                            episode=dataclasses.replace(ep, outcome="failure", completed_at=13.0, started_at=10.0))
+    await streams.publish(redis, keys.stream, [encode(e) for e in (done, a2, a1, start, a1)])
+    await drain(make_worker(settings, redis))
+    found = await docs(redis, keys, "ns")
+    import json
+    data = json.loads(found["e"][b"doc"])
+    assert [a["action_type"] for a in data["actions"]] == ["plan", "apply"]
+    assert data["outcome"] == "failure" and data["agent_id"] == "ag"
+
+
+async def test_draft_is_not_recallable_until_completed(settings, redis):
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    rec = client.episode(task="long running job")
+    await rec.__aenter__()
+    await drain(worker)
+    assert await docs(redis, keys, "ns") == {}
+    assert list(await docs(redis, keys, "ns", status="draft")) == [rec.episode_id]
+    await rec.complete("success")
+    await drain(worker)
+    assert list(await docs(redis, keys, "ns")) == [rec.episode_id]
+
+
+async def test_c11_poison_entries_go_to_dead_letters(settings, redis):
+    keys = Keys(settings.prefix)
+    good = [encode(EpisodeCompleted(namespace="ns", episode_id=f"g{i}", occurred_at=1.0,
+                                    episode=Episode(episode_id=f"g{i}", task=Task(description=f"good {i}"),
+                                                    outcome="success", completed_at=1.0))) for i in range(9)]
+    undecodable = b"\x00\xffnot msgpack"
+    unknown_version = msgpack.packb({"type": "EpisodeCompleted", "v": 99, "data": {}})
+    invalid = msgpack.packb({"type": "EpisodeCompleted", "v": 2, "data": {
+        "event_id": "x", "namespace": "ns", "occurred_at": 1.0, "episode_id": "bad",
+        "episode": {"episode_id": "bad", "task": {"description": "t"}, "importance": 99}}})
+    batch = good[:3] + [undecodable] + good[3:6] + [unknown_version] + good[6:] + [invalid]
+    ids = await streams.publish(redis, keys.stream, batch)
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    assert len(await docs(redis, keys, "ns")) == 9
+    dead = await list_dead_letters(redis, keys)
+    assert [d.stream_id for d in dead] == [ids[3].decode(), ids[7].decode(), ids[11].decode()]
+    assert "DecodeError" in dead[0].reason and "UnknownSchemaVersion" in dead[1].reason
+    assert "importance" in dead[2].reason and dead[0].payload == undecodable
+    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    # re-drive after a "fix": the undecodable one fails again and comes back with a new id
+    assert await redrive(redis, keys, [dead[0].dead_id]) == 1
+    await drain(worker)
+    again = await list_dead_letters(redis, keys)
+    assert len(again) == 3 and again[-1].payload == undecodable
+
+
+async def test_vector_dimension_mismatch_is_dead_lettered(settings, redis):
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    await client.record(episode("ok", vector=[1.0] * settings.embed_dim))
+    await client.record(episode("wrong", vector=[1.0, 2.0]))
+    await drain(make_worker(settings, redis))
+    keys = Keys(settings.prefix)
+    assert list(await docs(redis, keys, "ns")) == ["ok"]
+    (dead,) = await list_dead_letters(redis, keys)
+    assert "episode.vector" in dead.reason and "expects 256" in dead.reason
+
+
+async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    long_text = "migrate the schema " * 10_527  # ~200,000 characters
+    cjk = "数据库迁移失败需要重试" * 2000
+    await client.record(episode("long", task={"description": long_text}))
+    await client.record(episode("cjk", task={"description": cjk}))
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    import json
+    found = await docs(redis, Keys(settings.prefix), "ns")
+    assert json.loads(found["long"][b"doc"])["task"]["description"] == long_text
+    assert json.loads(found["cjk"][b"doc"])["task"]["description"] == cjk
+    assert worker.embedder.truncations == 2
+    assert worker.metrics.truncations._value.get() == 2
+
+
+@pytest.mark.parametrize("value", ["a,b", "x|y", "ns:with:colons", "{curly}", "日本語", "emoji-🙂", "_"])
+async def test_c12_c18_hostile_ids_projected_exactly(settings, redis, value):
+    client = EngramClient(redis, namespace=value, prefix=settings.prefix)
+    await client.record(episode(value, agent_id=value, user_id=value, session_id=value, strategy_used=value,
+                                task={"description": "t", "category": value}))
+    await client.record(episode(value + "x", agent_id=value + "x", task={"description": "t", "category": value + "x"}))
+    await drain(make_worker(settings, redis))
+    keys = Keys(settings.prefix)
+    for scope in ({"agent_id": value}, {"user_id": value}, {"session_id": value}, {"category": (value,)},
+                  {"strategy": (value,)}):
+        assert list(await docs(redis, keys, value, **scope)) == [value], scope
+
+
+async def test_c07_forget_user_leaves_other_user_untouched(settings, redis):
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for i in range(4):
+        await client.record(episode(f"a{i}", user_id="user-a"))
+        await client.record(episode(f"b{i}", user_id="user-b"))
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    before_b = await docs(redis, keys, "ns", user_id="user-b")
+    await client.forget_user("user-a")
+    await drain(worker)
+    assert await docs(redis, keys, "ns", user_id="user-a") == {}
+    assert await docs(redis, keys, "ns", user_id="user-b") == before_b
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 4
+
+
+async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    async with client.episode(task="secret task one", user_id="u1") as ep:
+        await ep.action("shell", input="cat secrets.txt")
+        await ep.complete("success")
+    await client.record(episode("keep", user_id="u2"))
+    await client.record(episode("u1-other", user_id="u1"))
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 3
+    await client.forget_episode(ep.episode_id)
+    await drain(worker)
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 2
+    await client.forget_user("u1")
+    await drain(worker)
+    assert list(await docs(redis, keys, "ns")) == ["keep"]
+    # the stream no longer holds the forgotten data
+    raw = b"".join(e.payload or b"" for e in await streams.read_range(redis, keys.stream))
+    assert b"secret task one" not in raw
+    assert b"cat secrets.txt" not in raw
+    assert b"task u1-other" not in raw
+    assert b"task keep" in raw
+    # late duplicate of a forgotten episode's event does not resurrect it
+    await client.record(episode(ep.episode_id, user_id="u1"))
+    await drain(worker)
+    await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert list(await docs(redis, keys, "ns")) == ["keep"]
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns", status=None)) == 1
+
+
+async def test_replay_equals_live_projection(settings, redis):
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for i in range(20):
+        async with client.episode(task=f"task {i % 4} about {'db' if i % 2 else 'ui'}", user_id=f"u{i % 3}") as ep:
+            await ep.action("edit", input=f"file{i}.py", success=i % 2 == 0)
+            await ep.complete(["success", "failure", "partial"][i % 3], feedback={"reward": i / 20})
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    live = await docs(redis, keys, "ns", status=None)
+    live_vectors = {eid: await redis.hget(keys.episode_doc(1, "ns", eid), "vector") for eid in live}
+    result = await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert result["generation"] == 2
+    rebuilt = await docs(redis, keys, "ns", status=None)
+    assert rebuilt == live
+    assert {eid: await redis.hget(keys.episode_doc(2, "ns", eid), "vector") for eid in live} == live_vectors
+    assert not [k async for k in redis.scan_iter(match=f"{keys.gen_prefix(1)}*")]
+    # workers follow the new generation
+    await client.record(episode("after-replay"))
+    await drain(worker)
+    assert "after-replay" in await docs(redis, keys, "ns")
+
+
+async def test_reindex_with_other_embedder_stops_old_workers(settings, redis):
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    await client.record(episode("e1"))
+    worker = make_worker(settings, redis)
+    await drain(worker)
+    other = HashingEmbedder(64)
+    other.name = "hashing-64"
+    await replay(settings, redis, other)
+    assert list(await docs(redis, keys, "ns")) == ["e1"]
+    with pytest.raises(Conflict, match="engram reindex"):
+        await worker.turn()
+
+
+EPISODE_IDS = ["e0", "e1", "e2"]
+
+
+def _events_for(eid: str, n_actions: int) -> list:
+    ep = Episode(episode_id=eid, user_id="u", agent_id="planner", task=Task(description=f"task {eid}"))
+    out = [EpisodeStarted(namespace="ns", episode_id=eid, occurred_at=1.0, episode=ep, event_id=f"{eid}-s")]
+    for j in range(n_actions):
+        out.append(ActionRecorded(namespace="ns", episode_id=eid, occurred_at=2.0 + j, event_id=f"{eid}-a{j}",
+                                  action=Action(action_type=f"step{j}", timestamp=2.0 + j)))
+    out.append(EpisodeCompleted(namespace="ns", episode_id=eid, occurred_at=9.0, event_id=f"{eid}-c",
+                                episode=dataclasses.replace(ep, outcome="partial", completed_at=9.0,
+                                                            agent_id="executor")))
+    return out
+
+
+@hsettings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False), st.integers(2, 3), st.integers(1, 4))
+async def test_property_interleaving_and_duplication_across_workers(settings, redis, rnd: random.Random,
+                                                                    n_workers: int, batch: int):
+    base = [e for eid in EPISODE_IDS for e in _events_for(eid, 3)]
+    # sequential replay = the reference projection
+    ref_settings = settings.with_(prefix=settings.prefix + f"ref{rnd.random()}:")
+    ref_keys = Keys(ref_settings.prefix)
+    await streams.publish(redis, ref_keys.stream, [encode(e) for e in base])
+    await drain(make_worker(ref_settings, redis))
+    expected = await docs(redis, ref_keys, "ns", status=None)
+    # shuffled + duplicated across N concurrent workers
+    shuffled = base + [rnd.choice(base) for _ in range(6)]
+    rnd.shuffle(shuffled)
+    run_settings = settings.with_(prefix=settings.prefix + f"run{rnd.random()}:", batch_size=batch)
+    run_keys = Keys(run_settings.prefix)
+    await streams.publish(redis, run_keys.stream, [encode(e) for e in shuffled])
+    workers = [make_worker(run_settings, redis, f"w{i}") for i in range(n_workers)]
+    await drain(*workers)
+    got = await docs(redis, run_keys, "ns", status=None)
+    assert got == expected
+    assert len(got) == 3 and all(b'"agent_id": "executor"' in d[b"doc"] for d in got.values())
+    for p in (ref_settings.prefix, run_settings.prefix):
+        async for k in redis.scan_iter(match=f"{p}*"):
+            await redis.unlink(k)
+        for name in await redis.execute_command("FT._LIST"):
+            if name.decode().startswith(p):
+                await redis.execute_command("FT.DROPINDEX", name)
+
+
+async def test_worker_run_loop_stops_gracefully(settings, redis):
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    for i in range(5):
+        await client.record(episode(f"r{i}"))
+    keys = Keys(settings.prefix)
+    await wait_until(lambda: count(redis, keys.episode_index_alias, Scope(namespace="ns")), message="projection")
+    await wait_until(lambda: _count_is(redis, keys, 5), message="5 projected")
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+
+
+async def _count_is(redis, keys, n):
+    return await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == n
