@@ -1,0 +1,79 @@
+"""`make run`: the whole stack in the foreground — embedded Redis, the consolidator, the query service.
+
+Ctrl-C (or SIGTERM) stops the services gracefully (SIGTERM, then a grace period), then Redis.
+With `REDIS_URL` set, no embedded Redis is started and that server is used instead.
+
+Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
+6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+
+GRACE_SECONDS = 15.0
+
+
+def main() -> int:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    redis_server = None
+    if not env.get("REDIS_URL"):
+        data_dir = Path(env.get("ENGRAM_DATA_DIR", ".run")) / "redis"
+        redis_server = EmbeddedRedis(port=int(env.get("ENGRAM_REDIS_PORT", "6390")), data_dir=data_dir)
+        try:
+            redis_server.start()
+        except EmbeddedRedisError as exc:
+            print(f"engram: cannot start the embedded Redis: {exc}", file=sys.stderr)
+            return 1
+        env["REDIS_URL"] = redis_server.url
+        print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
+    procs: list[tuple[str, subprocess.Popen]] = []
+    for i in range(int(env.get("ENGRAM_WORKERS", "1"))):
+        procs.append((f"consolidator-{i}", subprocess.Popen([sys.executable, "-m", "services.consolidator"], env=env)))
+    procs.append(("query", subprocess.Popen([sys.executable, "-m", "services.query"], env=env)))
+    host, port = env.get("ENGRAM_HOST", "127.0.0.1"), env.get("ENGRAM_PORT", "8080")
+    print(f"engram ◆ query service on http://{host}:{port} (try GET /readyz) ◆ Ctrl-C stops everything",
+          flush=True)
+    stopping = {"now": False}
+
+    def _stop(*_):
+        stopping["now"] = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    code = 0
+    while not stopping["now"]:
+        for name, proc in procs:
+            if proc.poll() is not None:
+                print(f"engram ◆ {name} exited with {proc.returncode}; stopping the stack", file=sys.stderr)
+                stopping["now"] = True
+                code = proc.returncode or 1
+        time.sleep(0.2)
+    for _, proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for name, proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"engram ◆ {name} did not stop in {GRACE_SECONDS:g}s; killing it", file=sys.stderr)
+            proc.kill()
+            proc.wait()
+    if redis_server is not None:
+        redis_server.stop()
+    print("engram ◆ stopped", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

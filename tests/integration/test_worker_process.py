@@ -1,0 +1,95 @@
+"""The consolidator as a real process: kill -9 mid-batch loses nothing; SIGTERM acks its batch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from shared import streams
+from shared.index import Scope, count
+from shared.keys import Keys
+from shared.sdk import EngramClient
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn_worker(settings, name: str, **env) -> subprocess.Popen:
+    full = {**os.environ, "REDIS_URL": settings.redis_url, "ENGRAM_PREFIX": settings.prefix,
+            "ENGRAM_EMBEDDER": "hashing", "ENGRAM_EMBED_DIM": str(settings.embed_dim),
+            "ENGRAM_VECTOR_ALGORITHM": "FLAT", "ENGRAM_CONSUMER_NAME": name, "ENGRAM_LOG_LEVEL": "WARNING",
+            **env}
+    return subprocess.Popen([sys.executable, "-m", "services.consolidator", "run"], cwd=ROOT, env=full,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def publish_many(redis, settings, n: int) -> None:
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    from shared.events import Episode, EpisodeCompleted, Task
+
+    events = [EpisodeCompleted(namespace="ns", episode_id=f"e{i}", occurred_at=float(i),
+                               episode=Episode(episode_id=f"e{i}", outcome="success", completed_at=float(i),
+                                               task=Task(description=f"episode number {i} " + "text " * 200)))
+              for i in range(n)]
+    for start in range(0, n, 100):
+        await client.publish(events[start:start + 100])
+
+
+async def indexed(redis, keys) -> int:
+    return await count(redis, keys.episode_index_alias, Scope(namespace="ns"))
+
+
+async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
+    keys = Keys(settings.prefix)
+    n = 3000
+    await publish_many(redis, settings, n)
+    first = spawn_worker(settings, "doomed", ENGRAM_BATCH_SIZE="200")
+    try:
+        await wait_until(lambda: _exists_and_positive(redis, keys), timeout=60, message="first worker progress")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        first.stderr.close()
+    done_by_first = await indexed(redis, keys)
+    info = await streams.group_info(redis, keys.stream, settings.consumer_group)
+    assert done_by_first < n and info["pending"] + info["lag"] > 0, "kill came too late to test anything"
+    second = spawn_worker(settings, "rescuer", ENGRAM_LEASE_MS="300", ENGRAM_BATCH_SIZE="200")
+    try:
+        await wait_until(lambda: _indexed_is(redis, keys, n), timeout=90, message=f"{n} episodes indexed")
+        await wait_until(lambda: _pending_zero(redis, keys, settings), timeout=30, message="nothing pending")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0
+        second.stderr.close()
+    assert await indexed(redis, keys) == n  # none lost, none doubled (one document per episode id)
+
+
+async def test_sigterm_finishes_and_acks_batch(settings, redis):
+    keys = Keys(settings.prefix)
+    await publish_many(redis, settings, 1500)
+    worker = spawn_worker(settings, "graceful", ENGRAM_BATCH_SIZE="300")
+    await wait_until(lambda: _exists_and_positive(redis, keys), timeout=60, message="worker progress")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.stderr.read().decode()[-2000:]
+    worker.stderr.close()
+    consumers = await redis.xinfo_consumers(keys.stream, settings.consumer_group)
+    mine = [c for c in consumers if c["name"] in (b"graceful", "graceful")]
+    assert mine and int(mine[0]["pending"]) == 0
+    assert await indexed(redis, keys) > 0
+
+
+async def _exists_and_positive(redis, keys) -> bool:
+    from shared.index import index_exists
+
+    return await index_exists(redis, keys.episode_index_alias) and await indexed(redis, keys) > 0
+
+
+async def _indexed_is(redis, keys, n) -> bool:
+    return await indexed(redis, keys) == n
+
+
+async def _pending_zero(redis, keys, settings) -> bool:
+    return (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
