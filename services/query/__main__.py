@@ -1,0 +1,35 @@
+"""`python -m services.query`: read the environment once, then serve the API."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from aiohttp import web
+
+from services.query.app import make_app
+from services.query.auth import check_bind
+from shared.errors import ConfigError
+from shared.settings import Settings
+
+
+def main() -> int:
+    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = Settings.from_env(os.environ)
+        if not settings.redis_url:
+            raise ConfigError("REDIS_URL is not set; start the whole stack with `make run`, "
+                              "or set REDIS_URL=redis://host:port/0")
+        check_bind(settings.host, settings.api_keys)
+    except (ConfigError, ValueError) as exc:
+        print(f"engram query: {exc}", file=sys.stderr)
+        return 2
+    web.run_app(make_app(settings), host=settings.host, port=settings.port,
+                print=lambda _: print(f"engram query ◆ listening on http://{settings.host}:{settings.port}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The query service application: typed app keys, one cleanup context owning Redis and the embedder.
+
+`make_app(settings)` builds the aiohttp application; `redis=` and `embedder=` inject ready resources
+(tests, benchmarks) which the app then neither creates nor closes. Startup ensures the episode index of
+the live generation exists and was built with this embedder; a mismatch (`Conflict`) fails startup with
+its message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from services.query.auth import auth_middleware
+from services.query.metrics import Metrics
+from services.query.problems import problems_middleware
+from shared.embedding import Embedder, make_embedder
+from shared.index import Scope, VectorParams, current_generation, ensure_episode_index
+from shared.keys import Keys
+from shared.redis_conn import connect
+from shared.settings import Settings
+
+log = logging.getLogger("engram.query")
+
+FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
+
+
+async def no_facts(r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
+    """The facts provider until semantic memory exists: no facts (the `facts` section stays [])."""
+    return []
+
+
+SETTINGS = web.AppKey("settings", Settings)
+KEYS = web.AppKey("keys", Keys)
+REDIS = web.AppKey("redis", aioredis.Redis)
+EMBEDDER = web.AppKey("embedder", Embedder)
+METRICS = web.AppKey("metrics", Metrics)
+FACTS = web.AppKey("facts", FactsProvider)
+
+
+def vector_params(settings: Settings, dim: int) -> VectorParams:
+    return VectorParams(dim=dim, algorithm=settings.vector_algorithm, m=settings.hnsw_m,
+                        ef_construction=settings.hnsw_ef_construction, ef_runtime=settings.hnsw_ef_runtime)
+
+
+def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS]
+        own_redis = redis is None
+        if own_redis and not settings.redis_url:
+            raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
+        r = connect(settings.redis_url) if own_redis else redis
+        own_embedder = embedder is None
+        e = make_embedder(settings) if own_embedder else embedder
+        try:
+            if hasattr(e, "load"):
+                await e.load()
+            dim = await e.ensure_dim()
+            keys = app[KEYS]
+            gen = await current_generation(r, keys)
+            await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name)
+            app[REDIS] = r
+            app[EMBEDDER] = e
+            log.info("query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
+                     settings.prefix, e.name, dim, gen, len(settings.api_keys))
+            yield
+        finally:
+            if own_embedder:
+                await e.aclose()
+            if own_redis:
+                await r.aclose()
+    return ctx
+
+
+def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedder: Embedder | None = None,
+             facts: FactsProvider = no_facts) -> web.Application:
+    """The query service. Startup fails (exception) when Redis is unreachable or the index conflicts."""
+    from services.query.routes import add_routes  # routes import this module's app keys
+
+    metrics = Metrics()
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[metrics.middleware(), problems_middleware,
+                     auth_middleware(settings.api_keys, settings.default_namespace)],
+    )
+    app[SETTINGS] = settings
+    app[KEYS] = Keys(settings.prefix)
+    app[METRICS] = metrics
+    app[FACTS] = facts
+    app.cleanup_ctx.append(_resources(redis, embedder))
+    add_routes(app)
+    return app

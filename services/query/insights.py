@@ -1,0 +1,173 @@
+"""Pure helpers behind /v1/context, /v1/skills, /v1/strategy and /v1/suggest (no I/O, no LLM).
+
+Inputs are already-fetched episodes (`shared.events.Episode`) with their cosine to the task, so every
+rule here is unit-testable with hand-made data.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from shared.events import Episode
+
+STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
+REUSE_SUCCESS_RATE = 0.6
+"""A strategy of similar episodes is reused when its success rate among them is above this."""
+
+
+def _reward(ep: Episode) -> float | None:
+    return ep.feedback.reward if ep.feedback is not None else None
+
+
+def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
+    """Add `success_rate` and `weak` (success rate below `threshold`) to category_stats rows."""
+    out = []
+    for row in rows:
+        rate = row["successes"] / row["episodes"] if row["episodes"] else None
+        out.append({**row, "success_rate": rate, "weak": rate is not None and rate < threshold})
+    return out
+
+
+def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
+                    category_profile: dict[str, Any] | None) -> dict[str, Any]:
+    """Adaptive strategy choice (issue 4), first rule that applies:
+
+    1. reuse the strategy of similar episodes whose success rate among them is above 0.6 (the one with
+       the most successes, then the highest rate);
+    2. `defensive` when the task's category is weak;
+    3. by complexity: > 0.7 `iterative`, < 0.3 `exploratory`, otherwise `iterative`;
+       unknown complexity: `conservative`.
+    """
+    groups: dict[str, list[Episode]] = {}
+    for ep in similar:
+        if ep.strategy_used:
+            groups.setdefault(ep.strategy_used, []).append(ep)
+    ranked = []
+    for name, eps in groups.items():
+        successes = sum(1 for e in eps if e.outcome == "success")
+        rate = successes / len(eps)
+        if successes and rate > REUSE_SUCCESS_RATE:
+            ranked.append((successes, rate, name, len(eps)))
+    if ranked:
+        successes, rate, name, n = max(ranked, key=lambda t: (t[0], t[1]))
+        return {"strategy": name, "rule": "reuse",
+                "reason": f"{successes} of {n} similar episodes using {name!r} succeeded "
+                          f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})",
+                "evidence": {"similar_episodes": len(similar), "episodes": n, "successes": successes}}
+    if category_profile is not None and category_profile.get("weak"):
+        return {"strategy": "defensive", "rule": "weak_category",
+                "reason": f"category {category_profile['category']!r} is weak "
+                          f"(success rate {category_profile['success_rate']:.0%} over "
+                          f"{category_profile['episodes']} episodes)",
+                "evidence": {"similar_episodes": len(similar)}}
+    if complexity is None:
+        return {"strategy": "conservative", "rule": "no_evidence",
+                "reason": "no similar successful strategy, no weak category and no complexity given",
+                "evidence": {"similar_episodes": len(similar)}}
+    if complexity > 0.7:
+        name, why = "iterative", f"complexity {complexity:g} > 0.7"
+    elif complexity < 0.3:
+        name, why = "exploratory", f"complexity {complexity:g} < 0.3"
+    else:
+        name, why = "iterative", f"complexity {complexity:g} is moderate"
+    return {"strategy": name, "rule": "complexity", "reason": why,
+            "evidence": {"similar_episodes": len(similar)}}
+
+
+FAILED = ("failure", "abandoned")
+
+
+def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
+    """Confidence from similar successes vs failures, and what went wrong in the failures.
+
+    confidence: `high` with at least 2 successes and a success share >= 0.7; `medium` with at least one
+    success and a share >= 0.4; otherwise `low` (including no evidence at all).
+    """
+    successes = [e for e in similar if e.outcome == "success"]
+    failures = [e for e in similar if e.outcome in FAILED]
+    decided = len(successes) + len(failures)
+    share = len(successes) / decided if decided else None
+    if share is not None and len(successes) >= 2 and share >= 0.7:
+        confidence = "high"
+    elif share is not None and successes and share >= 0.4:
+        confidence = "medium"
+    else:
+        confidence = "low"
+    messages: Counter[str] = Counter()
+    action_types: Counter[str] = Counter()
+    for ep in failures:
+        texts = {ep.feedback.message if ep.feedback else None, ep.outcome_details,
+                 *(a.error for a in ep.actions)}
+        messages.update(t.strip()[:300] for t in texts if t and t.strip())
+        action_types.update({a.action_type for a in ep.actions if a.success is not True})
+    strategies = Counter(e.strategy_used for e in successes if e.strategy_used)
+    return {
+        "confidence": confidence,
+        "similar": len(similar), "successes": len(successes), "failures": len(failures),
+        "success_share": share,
+        "common_failures": [{"message": m, "count": c} for m, c in messages.most_common(top)],
+        "failed_action_types": [{"action_type": a, "count": c} for a, c in action_types.most_common(top)],
+        "successful_strategies": [{"strategy": s, "count": c} for s, c in strategies.most_common(top)],
+    }
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: max(0, n - 1)] + "…"
+
+
+def prompt_section(task: str, category: str | None, results: Sequence[dict[str, Any]],
+                   replay: dict[str, Any], facts: Sequence[dict[str, Any]], max_chars: int) -> tuple[str, bool]:
+    """A ready prompt section of at most `max_chars` characters; returns (text, truncated).
+
+    Header lines first (task, category, summary, proven strategies), then facts, then one block per
+    recalled episode, best first; a block that does not fit is left out whole. `results` are recall
+    results (`{"episode": {...}, "priority": ...}`).
+    """
+    lines = [f"## Relevant experience for: {_clip(task, 300)}"]
+    if category:
+        lines.append(f"Category: {category}")
+    n = replay.get("episodes", 0)
+    if n:
+        avg = replay.get("avg_reward")
+        rate = replay.get("success_rate")
+        lines.append(f"Experiences: {n} similar episode(s), average reward "
+                     f"{'n/a' if avg is None else f'{avg:.2f}'}, success rate "
+                     f"{'n/a' if rate is None else f'{rate:.0%}'}")
+    else:
+        lines.append("Experiences: none recorded for this kind of task yet")
+    proven = [s for s in replay.get("strategies", []) if s.get("success_rate")]
+    if proven:
+        lines.append("Proven strategies: " + ", ".join(
+            f"{s['strategy']} ({s['episodes']} episode(s), {s['success_rate']:.0%} success)" for s in proven))
+    blocks = ["\n".join(lines)]
+    if facts:
+        blocks.append("Known facts:\n" + "\n".join(f"- {_clip(str(f.get('text', f)), 300)}" for f in facts))
+    for i, r in enumerate(results, start=1):
+        ep = r["episode"]
+        task_obj = ep.get("task") or {}
+        fb = ep.get("feedback") or {}
+        head = f"### Episode {i}: {ep.get('outcome', 'unknown')}"
+        if fb.get("reward") is not None:
+            head += f", reward {fb['reward']:.2f}"
+        head += f", priority {r['priority']:.2f}"
+        body = [head, f"Task: {_clip(task_obj.get('description', ''), 400)}"]
+        for label, key in (("Strategy", "strategy_used"), ("Solution", "solution"),
+                           ("Outcome", "outcome_details")):
+            if ep.get(key):
+                body.append(f"{label}: {_clip(str(ep[key]), 600)}")
+        if fb.get("message"):
+            body.append(f"Feedback: {_clip(fb['message'], 300)}")
+        blocks.append("\n".join(body))
+    text, truncated = "", False
+    for block in blocks:
+        candidate = f"{text}\n\n{block}" if text else block
+        if len(candidate) <= max_chars:
+            text = candidate
+        else:
+            truncated = True
+            if not text:  # even the header is too long: cut it
+                text = block[: max_chars - 1] + "…"
+    return text, truncated

@@ -1,0 +1,300 @@
+"""Request models of the HTTP API (pydantic v2): the single source of validation and of the OpenAPI schemas.
+
+Every model forbids unknown fields (an unknown filter or operator is a 422 naming it, shared/cases C13)
+and validates strictly: `"5"` is not a `top_k`, `true` is not a number. Union-shaped inputs (one value or
+a list, ISO 8601 or epoch, seconds or "12h") use plain validators with explicit JSON schemas, so an error
+names the field once, with one reason, instead of one line per union member.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+
+from shared.errors import ConfigError
+from shared.events import OUTCOMES
+from shared.settings import parse_duration
+from shared.timeutil import parse_instant
+from shared.validation import MAX_ID_CHARS, MAX_TAG_CHARS, Collector, check_tag_value
+
+MAX_TOP_K = 100
+MAX_CANDIDATES = 1000
+MAX_QUERY_CHARS = 10_000
+MAX_LIST_VALUES = 100
+
+
+# --- reusable field types ---------------------------------------------------------------------------
+def _tag(max_chars: int):
+    def validate(value: Any) -> str:
+        errs = Collector()
+        out = check_tag_value(value, "", errs, max_chars=max_chars, required=True)
+        if errs.errors:
+            raise ValueError(errs.errors[0][1])
+        return out  # type: ignore[return-value]
+    return validate
+
+
+IdStr = Annotated[str, PlainValidator(_tag(MAX_ID_CHARS)),
+                  WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS})]
+
+
+def _tag_list(max_chars: int, choices: tuple[str, ...] | None = None):
+    check = _tag(max_chars)
+
+    def validate(value: Any) -> tuple[str, ...]:
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not values:
+            raise ValueError("must be a string or a non-empty list of strings")
+        if len(values) > MAX_LIST_VALUES:
+            raise ValueError(f"must list at most {MAX_LIST_VALUES} values")
+        out = []
+        for v in values:
+            v = check(v)
+            if choices is not None and v not in choices:
+                raise ValueError(f"{v[:40]!r} is not one of {', '.join(choices)}")
+            out.append(v)
+        return tuple(dict.fromkeys(out))
+    return validate
+
+
+def _one_or_list_schema(item: dict[str, Any]) -> dict[str, Any]:
+    return {"oneOf": [item, {"type": "array", "items": item, "minItems": 1, "maxItems": MAX_LIST_VALUES}]}
+
+
+TagList = Annotated[tuple[str, ...], PlainValidator(_tag_list(MAX_TAG_CHARS)),
+                    WithJsonSchema(_one_or_list_schema({"type": "string", "maxLength": MAX_TAG_CHARS}))]
+OutcomeList = Annotated[tuple[str, ...], PlainValidator(_tag_list(MAX_TAG_CHARS, OUTCOMES)),
+                        WithJsonSchema(_one_or_list_schema({"type": "string", "enum": list(OUTCOMES)}))]
+
+
+def _instant(value: Any) -> float:
+    return parse_instant(value)  # ValueError carries the reason
+
+
+Instant = Annotated[float, PlainValidator(_instant), WithJsonSchema(
+    {"oneOf": [{"type": "string", "format": "date-time", "description": "ISO 8601 with an offset"},
+               {"type": "number", "description": "UTC epoch seconds"}]})]
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("must be seconds (a number) or a duration string such as 12h")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError("must be a positive number of seconds")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return parse_duration(value, name="half_life")
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("half_life=")) from None
+    raise ValueError("must be seconds (a number) or a duration string such as 12h")
+
+
+Duration = Annotated[float, PlainValidator(_duration), WithJsonSchema(
+    {"oneOf": [{"type": "number", "exclusiveMinimum": 0},
+               {"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h|d|w)?$"}]})]
+
+
+def int_in(lo: int, hi: int):
+    """An integer field in [lo, hi] whose error states the allowed range (shared/cases C15)."""
+    def validate(value: Any) -> int:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():  # query strings
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ValueError(f"must be an integer between {lo} and {hi}")
+        return value
+    return Annotated[int, PlainValidator(validate),
+                     WithJsonSchema({"type": "integer", "minimum": lo, "maximum": hi})]
+
+
+def float_in(lo: float, hi: float):
+    def validate(value: Any) -> float:
+        if isinstance(value, str):  # query strings
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"must be a number between {lo:g} and {hi:g}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or not lo <= value <= hi:
+            raise ValueError(f"must be a number between {lo:g} and {hi:g}")
+        return float(value)
+    return Annotated[float, PlainValidator(validate),
+                     WithJsonSchema({"type": "number", "minimum": lo, "maximum": hi})]
+
+
+TopK = int_in(1, MAX_TOP_K)
+CandidateCount = int_in(1, MAX_CANDIDATES)
+Finite = float_in(-1e12, 1e12)
+NonNegative = float_in(0.0, 1e6)
+
+
+def _query_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if not value.strip():
+        raise ValueError("must not be empty or blank")
+    if len(value) > MAX_QUERY_CHARS:
+        raise ValueError(f"must be at most {MAX_QUERY_CHARS} characters")
+    return value
+
+
+QueryText = Annotated[str, PlainValidator(_query_text),
+                      WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                                      "description": "non-blank"})]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class NumRange(Model):
+    """An inclusive numeric range: `{"gte": 0.5}`, `{"lte": 0.9}` or both. Other operators are a 422."""
+
+    gte: Finite | None = None
+    lte: Finite | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NumRange:
+        if self.gte is not None and self.lte is not None and self.gte > self.lte:
+            raise ValueError("gte must not be greater than lte")
+        return self
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        return (self.gte, self.lte)
+
+
+class WeightsIn(Model):
+    """Explicit weights of the five signals (missing ones are 0); they win over `preset`."""
+
+    similarity: NonNegative = 0.0
+    recency: NonNegative = 0.0
+    reward: NonNegative = 0.0
+    outcome: NonNegative = 0.0
+    importance: NonNegative = 0.0
+
+    @model_validator(mode="after")
+    def _some(self) -> WeightsIn:
+        if not any((self.similarity, self.recency, self.reward, self.outcome, self.importance)):
+            raise ValueError("at least one weight must be > 0")
+        return self
+
+
+class ScopeIn(Model):
+    """Scope filters shared by every endpoint. The namespace is never here: it comes from the API key."""
+
+    agent_id: IdStr | None = None
+    user_id: IdStr | None = None
+    session_id: IdStr | None = None
+
+
+class FilterIn(ScopeIn):
+    category: TagList | None = None
+    outcome: OutcomeList | None = None
+    strategy: TagList | None = None
+    reward: NumRange | None = None
+    importance: NumRange | None = None
+    since: Instant | None = Field(None, description="inclusive lower bound on completed_at")
+    until: Instant | None = Field(None, description="inclusive upper bound on completed_at")
+
+    @model_validator(mode="after")
+    def _window(self) -> FilterIn:
+        if self.since is not None and self.until is not None and self.since > self.until:
+            raise ValueError("since: must not be later than until")
+        return self
+
+
+class RecallRequest(FilterIn):
+    """`POST /v1/recall`: the experiences worth replaying for `query`."""
+
+    query: QueryText
+    top_k: TopK | None = Field(None, description="1..100; default ENGRAM_DEFAULT_TOP_K")
+    candidates: CandidateCount | None = Field(None, description="how many hits to re-rank; default 2*top_k")
+    mode: Literal["vector", "keyword", "hybrid"] = "vector"
+    weights: WeightsIn | None = None
+    preset: Literal["auto", "early", "normal", "late"] | None = None
+    half_life: Duration | None = Field(None, description="seconds or e.g. '12h'; default ENGRAM_HALF_LIFE")
+    as_of: Instant | None = Field(None, description="the instant decay is measured from; default now")
+    normalize: Literal["none", "minmax"] = "none"
+    recency_from: Literal["completed", "last_access"] = "completed"
+    touch: bool = False
+
+    @model_validator(mode="after")
+    def _candidates(self) -> RecallRequest:
+        if self.candidates is not None and self.top_k is not None and self.candidates < self.top_k:
+            raise ValueError("candidates: must be at least top_k")
+        return self
+
+
+class ContextRequest(ScopeIn):
+    """`POST /v1/context`: working memory for a task, with a prompt section of at most `max_chars`."""
+
+    task: QueryText
+    category: IdStr | None = None
+    top_k: TopK | None = None
+    max_chars: int_in(200, 200_000) = 4000
+    half_life: Duration | None = None
+
+
+class StrategyRequest(ScopeIn):
+    """`POST /v1/strategy`: which strategy to use for a task."""
+
+    task: QueryText
+    category: IdStr | None = None
+    complexity: float_in(0.0, 1.0) | None = None
+    k: int_in(1, 100) = 10
+    min_similarity: float_in(-1.0, 1.0) = 0.3
+
+
+class SuggestRequest(ScopeIn):
+    """`POST /v1/suggest`: how confident past experience is about a task, and what went wrong before."""
+
+    task: QueryText
+    category: IdStr | None = None
+    k: int_in(1, 100) = 10
+    min_similarity: float_in(-1.0, 1.0) = 0.3
+
+
+class SkillsQuery(ScopeIn):
+    """`GET /v1/skills` query parameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    threshold: float_in(0.0, 1.0) = 0.5
+
+
+class LearningCurveQuery(ScopeIn):
+    """`GET /v1/learning-curve` query parameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    category: IdStr | None = None
+    window: int_in(1, 1000) = 5
+    limit: int_in(1, 10_000) = 1000
+
+
+EPISODE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "An episode as agents send it (see README 'Episode model'); validated by "
+                   "shared.validation.parse_episode. `outcome` is required over HTTP.",
+    "required": ["task", "outcome"],
+    "properties": {
+        "episode_id": {"type": "string"}, "agent_id": {"type": "string"}, "user_id": {"type": "string"},
+        "session_id": {"type": "string"},
+        "task": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {
+            "description": {"type": "string"}, "category": {"type": "string"},
+            "complexity": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["description"]}]},
+        "outcome": {"type": "string", "enum": list(OUTCOMES)},
+        "feedback": {"type": "object"}, "actions": {"type": "array", "items": {"type": "object"}},
+        "importance": {"type": "number", "minimum": 1, "maximum": 10},
+        "strategy_used": {"type": "string"}, "iterations": {"type": "integer", "minimum": 0},
+        "started_at": {"type": ["string", "number"]}, "completed_at": {"type": ["string", "number"]},
+    },
+    "additionalProperties": True,
+}
+INGEST_SCHEMA: dict[str, Any] = {"oneOf": [
+    {"type": "object", "required": ["episodes"], "additionalProperties": False,
+     "properties": {"episodes": {"type": "array", "items": EPISODE_SCHEMA, "minItems": 1, "maxItems": 1000}}},
+    EPISODE_SCHEMA,
+]}
+MAX_BATCH = 1000

@@ -1,0 +1,137 @@
+"""RFC 9457 problem details: every error the API returns, mapped in one place.
+
+Views raise domain errors (`shared.errors`), `Invalid` (a 422 with `errors: [{field, reason}]`) or
+aiohttp's HTTP exceptions; `problems_middleware` turns each into `application/problem+json`. Anything
+else is logged with its traceback and answered with a 500 problem: the service keeps running and the
+client never sees internals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from shared.errors import Conflict, InvalidEpisode, NotFound, PublishError
+
+log = logging.getLogger("engram.query")
+
+PROBLEM_TYPE = "application/problem+json"
+_TITLES = {400: "Malformed request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
+           405: "Method not allowed", 409: "Conflict", 413: "Request body too large",
+           422: "Invalid request", 500: "Internal server error", 503: "Service unavailable"}
+
+
+class Invalid(Exception):
+    """A 422: the request is well-formed JSON but violates the API's rules."""
+
+    def __init__(self, errors: Iterable[tuple[str, str]]):
+        self.errors = [(f or "<root>", r) for f, r in errors]
+        super().__init__("; ".join(f"{f}: {r}" for f, r in self.errors))
+
+
+class Problem(Exception):
+    """Any other problem with a status and a detail (401, 404, 503, ...)."""
+
+    def __init__(self, status: int, detail: str, *, headers: dict[str, str] | None = None, **extra: Any):
+        self.status, self.detail, self.headers, self.extra = status, detail, headers, extra
+        super().__init__(detail)
+
+
+def problem(status: int, detail: str | None = None, *, errors: list[tuple[str, str]] | None = None,
+            headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
+    body: dict[str, Any] = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status}
+    if detail:
+        body["detail"] = detail
+    if errors is not None:
+        body["errors"] = [{"field": f, "reason": r} for f, r in errors]
+    body.update(extra)
+    return web.Response(status=status, text=json.dumps(body, ensure_ascii=False), content_type=PROBLEM_TYPE,
+                        headers=headers)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out = f"{out}[{part}]" if isinstance(part, int) else (f"{out}.{part}" if out else str(part))
+    return out
+
+
+def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """(field, reason) pairs: `reward.gt: is not a known field`, `top_k: must be an integer between ...`."""
+    out = []
+    for err in exc.errors(include_url=False):
+        field = _loc(tuple(err.get("loc", ())))
+        reason = str(err.get("msg", "is invalid"))
+        if err.get("type") == "extra_forbidden":
+            reason = "is not a known field"
+        elif err.get("type") == "missing":
+            reason = "is required"
+        reason = reason.removeprefix("Value error, ")
+        head, sep, tail = reason.partition(": ")
+        if sep and head.isidentifier():  # model-level validators name their field as "field: reason"
+            field = f"{field}.{head}" if field else head
+            reason = tail
+        out.append((field or "<root>", reason))
+    return out
+
+
+def validate(model: type[BaseModel], data: Any):
+    """Validate `data` against `model`, raising Invalid (422) naming each bad field."""
+    if not isinstance(data, dict):
+        raise Invalid([("<root>", "must be a JSON object")])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise Invalid(pydantic_errors(exc)) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as JSON: 413 over the size limit (client_max_size), 400 when it is not JSON."""
+    raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+    if not raw.strip():
+        raise Problem(400, "the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise Problem(400, "the request body is not UTF-8") from None
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise Problem(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
+
+
+@web.middleware
+async def problems_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Invalid as exc:
+        return problem(422, "the request has invalid fields", errors=exc.errors)
+    except InvalidEpisode as exc:
+        return problem(422, "the request has invalid fields", errors=exc.errors)
+    except Problem as exc:
+        return problem(exc.status, exc.detail, headers=exc.headers, **exc.extra)
+    except NotFound as exc:
+        return problem(404, str(exc) or "not found")
+    except Conflict as exc:
+        return problem(409, str(exc))
+    except PublishError as exc:
+        log.warning("publish failed ◆ %s", exc)
+        return problem(503, "the event stream did not accept the request; retry later",
+                       headers={"Retry-After": "1"})
+    except web.HTTPRequestEntityTooLarge as exc:
+        return problem(413, f"the request body exceeds {exc.max_size} bytes")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return problem(exc.status, exc.reason, headers={k: v for k, v in exc.headers.items()
+                                                        if k.lower() in ("allow", "www-authenticate")})
+    except Exception:
+        log.exception("unhandled error ◆ %s %s", request.method, request.path)
+        return problem(500, "an unexpected error occurred; it was logged")

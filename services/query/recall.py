@@ -1,0 +1,250 @@
+"""Prioritized recall: fetch candidates from RediSearch, score them with `shared.scoring`, explain the rank.
+
+Pipeline of `POST /v1/recall` (issue 4):
+1. Scope → one pre-filter expression (`shared.index.Scope`), applied *inside* the KNN/BM25 query, so a
+   narrow scope still yields `top_k` results when they exist.
+2. Candidates (`candidates`, default 2 * top_k): `vector` = pre-filtered KNN; `keyword` = BM25;
+   `hybrid` = both lists fused with reciprocal rank fusion (Cormack et al. 2009), cut to `candidates`.
+3. Similarity = cosine to the query vector: 1 - distance for KNN hits; for hits that came only from BM25
+   the stored vector is read (HMGET) and the cosine computed here.
+4. `shared.scoring.score` re-ranks the candidates by priority; the top `top_k` are returned with every
+   signal and weighted term, plus a replay context of the strategies that worked.
+All I/O goes through `shared.index`; this module owns no query syntax.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from shared import scoring
+from shared.codec import episode_to_dict
+from shared.errors import EngramError
+from shared.events import Episode
+from shared.index import VECTOR_FIELD, Scope, SearchHit, bm25_search, count, filter_search, knn_search
+from shared.timeutil import format_instant
+from shared.validation import parse_episode
+
+log = logging.getLogger("engram.query")
+
+RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
+MAX_CANDIDATES = 1000
+
+_TOUCH = """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HINCRBY', key, 'access_count', 1)
+    redis.call('HSET', key, 'last_accessed', ARGV[1])
+  end
+end
+return 0
+"""
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One stored episode fetched for a request: its document key, the episode, and what the index says."""
+
+    key: bytes
+    episode: Episode
+    cos: float = math.nan
+    last_accessed: float = math.nan
+    access_count: int = 0
+
+
+def scope_of(namespace: str, req: Any, *, category: tuple[str, ...] = ()) -> Scope:
+    """The Scope of a request model: the namespace is the server's, every filter the model has is used."""
+    def get(name: str, default: Any = None) -> Any:
+        return getattr(req, name, default)
+
+    def bounds(name: str) -> tuple[float | None, float | None]:
+        r = get(name)
+        return r.bounds() if r is not None else (None, None)
+
+    cat = get("category")
+    if isinstance(cat, str):
+        cat = (cat,)
+    return Scope(namespace=namespace, agent_id=get("agent_id"), user_id=get("user_id"),
+                 session_id=get("session_id"), category=tuple(cat or category), outcome=tuple(get("outcome") or ()),
+                 strategy=tuple(get("strategy") or ()), reward=bounds("reward"),
+                 importance=bounds("importance"), since=get("since"), until=get("until"))
+
+
+def _float(fields: dict[bytes, bytes], name: bytes) -> float:
+    raw = fields.get(name)
+    try:
+        return float(raw) if raw is not None else math.nan
+    except ValueError:
+        return math.nan
+
+
+def decode_hit(hit: SearchHit) -> Candidate | None:
+    """A search hit → Candidate; None (logged) when its stored JSON is unreadable."""
+    raw = hit.fields.get(b"doc")
+    try:
+        episode = parse_episode(json.loads(raw))
+    except (TypeError, ValueError, EngramError) as exc:
+        log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
+        return None
+    count_raw = _float(hit.fields, b"access_count")
+    return Candidate(key=hit.key, episode=episode, last_accessed=_float(hit.fields, b"last_accessed"),
+                     access_count=0 if math.isnan(count_raw) else int(count_raw))
+
+
+def episode_json(episode: Episode) -> dict[str, Any]:
+    """The episode in its ingest shape with ISO 8601 timestamps and derived fields (the response form)."""
+    return episode_to_dict(episode, iso=True, include_vector=False)
+
+
+async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> list[float]:
+    """Cosine between `query` and each document's stored vector (NaN when missing or of another size)."""
+    if not keys:
+        return []
+    async with r.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hget(key, VECTOR_FIELD)
+        blobs = await pipe.execute()
+    qn = float(np.linalg.norm(query))
+    out = []
+    for blob in blobs:
+        if not blob or len(blob) != query.shape[0] * 4:
+            out.append(math.nan)
+            continue
+        v = np.frombuffer(blob, dtype=np.float32)
+        vn = float(np.linalg.norm(v))
+        out.append(float(np.dot(query, v) / (qn * vn)) if qn > 0 and vn > 0 else math.nan)
+    return out
+
+
+async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
+                     *, mode: str, n: int) -> list[Candidate]:
+    """Up to `n` candidates of `mode` (vector | keyword | hybrid), each with its cosine to the query."""
+    knn: list[SearchHit] = []
+    bm25: list[SearchHit] = []
+    if mode in ("vector", "hybrid"):
+        knn = await knn_search(r, index, scope, query_vector, n, return_fields=RETURN_FIELDS)
+    if mode in ("keyword", "hybrid"):
+        bm25 = await bm25_search(r, index, scope, query, n, return_fields=RETURN_FIELDS)
+    if mode == "hybrid":
+        by_key = {h.key: h for h in bm25} | {h.key: h for h in knn}
+        fused = scoring.rrf([[h.key for h in knn], [h.key for h in bm25]])
+        hits = [by_key[key] for key, _ in fused[:n]]
+    else:
+        hits = knn or bm25
+    knn_cos = {h.key: 1.0 - float(h.score) for h in knn if h.score is not None and math.isfinite(h.score)}
+    out = [c for c in (decode_hit(h) for h in hits) if c is not None]
+    missing = [c for c in out if c.key not in knn_cos]
+    for c, cos in zip(missing, await _cosines(r, [c.key for c in missing], query_vector), strict=True):
+        c.cos = cos
+    for c in out:
+        if c.key in knn_cos:
+            c.cos = knn_cos[c.key]
+    return out
+
+
+def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_life: float, as_of: float,
+                     normalize: str = "none", recency_from: str = "completed") -> scoring.Scored:
+    """Vectorised priority of the candidates (see shared.scoring for the formula)."""
+    def num(getter) -> np.ndarray:
+        return np.array([getter(c) for c in cands], dtype=np.float64)
+
+    def completed(c: Candidate) -> float:
+        ep = c.episode
+        t = ep.completed_at if ep.completed_at is not None else ep.started_at
+        return float(t) if t is not None else 0.0
+
+    data = scoring.Candidates(
+        completed_at=num(completed),
+        cos=num(lambda c: c.cos),
+        last_accessed=num(lambda c: c.last_accessed),
+        reward=num(lambda c: c.episode.feedback.reward if c.episode.feedback and
+                   c.episode.feedback.reward is not None else math.nan),
+        outcome_score=scoring.outcome_scores([c.episode.outcome for c in cands]),
+        importance=num(lambda c: c.episode.importance if c.episode.importance is not None else math.nan),
+    )
+    return scoring.score(data, weights, half_life=half_life, as_of=as_of, normalize=normalize,
+                         recency_from=recency_from)
+
+
+async def resolve_weights(r: aioredis.Redis, index: str, scope: Scope, preset: str | None,
+                          weights: dict[str, float] | None) -> tuple[str, scoring.Weights]:
+    """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope."""
+    if weights is not None:
+        return scoring.resolve_weights(None, scoring.Weights(**weights), 0)
+    size = await count(r, index, scope) if preset in (None, "auto") else 0
+    return scoring.resolve_weights(preset, None, size)
+
+
+async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
+    """access_count += 1 and last_accessed = now on each document that still exists (never recreates one)."""
+    if keys:
+        await r.eval(_TOUCH, len(keys), *keys, repr(float(now)))
+
+
+async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
+                 top_k: int, n_candidates: int, mode: str, preset: str | None,
+                 weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
+                 recency_from: str, touch_now: float | None) -> dict[str, Any]:
+    """The `POST /v1/recall` response body (see the module docstring)."""
+    preset_name, w = await resolve_weights(r, index, scope, preset, weights)
+    cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates)
+    results: list[dict[str, Any]] = []
+    chosen: list[Candidate] = []
+    priorities: list[float] = []
+    if cands:
+        scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
+                                  recency_from=recency_from)
+        for i in scored.order[:top_k]:
+            i = int(i)
+            c = cands[i]
+            parts = scored.breakdown(i)
+            priority = parts.pop("priority")
+            chosen.append(c)
+            priorities.append(priority)
+            results.append({
+                "episode": episode_json(c.episode),
+                "similarity": float(scored.similarity[i]),
+                "recency": float(scored.recency[i]),
+                "age_s": float(scored.age[i]),
+                "components": parts,
+                "priority": priority,
+                "access_count": c.access_count,
+                "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
+            })
+    if touch_now is not None:
+        await touch(r, [c.key for c in chosen], touch_now)
+    context = scoring.replay_context(
+        [c.episode.strategy_used for c in chosen],
+        [c.episode.feedback.reward if c.episode.feedback else None for c in chosen],
+        [c.episode.outcome for c in chosen], priorities)
+    return {"results": results, "replay_context": context, "as_of": format_instant(as_of),
+            "weights": w.as_dict(), "preset": preset_name, "mode": mode, "half_life": half_life,
+            "normalize": normalize, "recency_from": recency_from, "candidates": len(cands)}
+
+
+async def similar(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,
+                  min_similarity: float) -> list[Candidate]:
+    """The `k` nearest episodes in the scope whose cosine is at least `min_similarity`."""
+    hits = await knn_search(r, index, scope, query_vector, k, return_fields=RETURN_FIELDS)
+    out = []
+    for h in hits:
+        c = decode_hit(h)
+        if c is not None and h.score is not None:
+            c.cos = 1.0 - float(h.score)
+            if c.cos >= min_similarity:
+                out.append(c)
+    return out
+
+
+async def latest(r: aioredis.Redis, index: str, scope: Scope, n: int, *, oldest_first: bool = False,
+                 offset: int = 0) -> list[Candidate]:
+    """The `n` most recently completed episodes of the scope (or the oldest first)."""
+    _, hits = await filter_search(r, index, scope, return_fields=RETURN_FIELDS, sort_by="completed_at",
+                                  descending=not oldest_first, offset=offset, limit=n)
+    return [c for c in (decode_hit(h) for h in hits) if c is not None]

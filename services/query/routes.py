@@ -1,0 +1,337 @@
+"""Thin views: parse and validate the request, call the domain code, shape the response.
+
+`ROUTES` is the one table of the API: `add_routes` registers it and `services.query.openapi` documents it,
+so the two cannot drift apart (a test checks it anyway). Lists are answered under `results`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from pydantic import BaseModel
+
+from services.query import insights, models
+from services.query import recall as rc
+from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, REDIS, SETTINGS
+from services.query.auth import NAMESPACE
+from services.query.problems import Invalid, Problem, read_json, validate
+from shared.embedding import embed_query
+from shared.errors import NotFound
+from shared.events import EpisodeCompleted, new_event_id
+from shared.index import category_stats, current_generation, index_exists
+from shared.sdk import EngramClient
+from shared.timeutil import format_instant
+from shared.validation import Collector, check_id, parse_episode
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=_dumps)
+
+
+def _dumps(data: Any) -> str:
+    import json
+    return json.dumps(data, ensure_ascii=False, allow_nan=False)
+
+
+def _ns(request: web.Request) -> str:
+    return request[NAMESPACE]
+
+
+def _redis(request: web.Request) -> aioredis.Redis:
+    return request.app[REDIS]
+
+
+def _index(request: web.Request) -> str:
+    return request.app[KEYS].episode_index_alias
+
+
+def _query_params(request: web.Request, model: type[BaseModel]) -> Any:
+    params: dict[str, str] = {}
+    for key in request.query:
+        values = request.query.getall(key)
+        if len(values) > 1:
+            raise Invalid([(key, "must be given once")])
+        params[key] = values[0]
+    return validate(model, params)
+
+
+async def _embed(request: web.Request, text: str):
+    embedder = request.app[EMBEDDER]
+    metrics = request.app[METRICS]
+    start = time.perf_counter()
+    vector = await embed_query(embedder, text)
+    metrics.embed_seconds.observe(time.perf_counter() - start)
+    metrics.embed_truncations.set(embedder.truncations)
+    return vector
+
+
+def _client(request: web.Request) -> EngramClient:
+    s = request.app[SETTINGS]
+    return EngramClient(_redis(request), namespace=_ns(request), prefix=s.prefix,
+                        publish_timeout=s.publish_timeout, retries=s.publish_retries)
+
+
+def _path_id(request: web.Request, name: str) -> str:
+    errs = Collector()
+    value = check_id(request.match_info[name], name, errs, required=True)
+    if errs.errors:
+        raise Invalid(errs.errors)
+    return value  # type: ignore[return-value]
+
+
+# --- recall -----------------------------------------------------------------------------------------
+async def recall(request: web.Request) -> web.Response:
+    req: models.RecallRequest = validate(models.RecallRequest, await read_json(request))
+    s = request.app[SETTINGS]
+    top_k = req.top_k or s.default_top_k
+    n = req.candidates or min(max(2 * top_k, top_k), models.MAX_CANDIDATES)
+    if n < top_k:
+        raise Invalid([("candidates", "must be at least top_k")])
+    now = time.time()
+    start = time.perf_counter()
+    vector = await _embed(request, req.query)
+    body = await rc.recall(
+        _redis(request), _index(request), rc.scope_of(_ns(request), req), req.query, vector,
+        top_k=top_k, n_candidates=n, mode=req.mode, preset=req.preset,
+        weights=req.weights.model_dump() if req.weights else None,
+        half_life=req.half_life or s.half_life, as_of=req.as_of if req.as_of is not None else now,
+        normalize=req.normalize, recency_from=req.recency_from, touch_now=now if req.touch else None)
+    metrics = request.app[METRICS]
+    metrics.recall_seconds.labels(req.mode).observe(time.perf_counter() - start)
+    metrics.recall_candidates.observe(body["candidates"])
+    return _json(body)
+
+
+# --- episodes ---------------------------------------------------------------------------------------
+async def ingest(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    batch = isinstance(body, dict) and "episodes" in body
+    if batch:
+        extra = [k for k in body if k != "episodes"]
+        if extra:
+            raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
+                           for k in extra])
+        items = body["episodes"]
+        if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
+            raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
+    else:
+        items = [body]
+    errs = Collector()
+    episodes = []
+    for i, item in enumerate(items):
+        path = f"episodes[{i}]" if batch else ""
+        ep = parse_episode(item, path, errs, default_episode_id=new_event_id())
+        if isinstance(item, dict) and item.get("outcome") is None:
+            errs.add(f"{path}.outcome" if path else "outcome", "is required for a finished episode")
+            ep = None
+        if ep is not None:
+            episodes.append(ep)
+    errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published
+    now = time.time()
+    events = [EpisodeCompleted(namespace=_ns(request), episode_id=ep.episode_id, occurred_at=now,
+                               episode=ep if ep.completed_at is not None
+                               else dataclasses.replace(ep, completed_at=now))
+              for ep in episodes]
+    await _client(request).publish(events)
+    request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
+    results = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
+    out: dict[str, Any] = {"results": results, "accepted": len(results)}
+    if not batch:
+        out.update(results[0])
+    return _json(out, status=202)
+
+
+async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | None]:
+    r = _redis(request)
+    keys = request.app[KEYS]
+    ns = _ns(request)
+    gen = await current_generation(r, keys)
+    names = ("doc", "status", "namespace", "access_count", "last_accessed")
+    values = await r.hmget(keys.episode_doc(gen, ns, episode_id), names)
+    found = dict(zip((n.encode() for n in names), values, strict=True))
+    if found[b"doc"] is None or found[b"namespace"] != ns.encode() \
+            or await r.exists(keys.tombstone(ns, episode_id)):
+        raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
+    return found
+
+
+async def get_episode(request: web.Request) -> web.Response:
+    episode_id = _path_id(request, "episode_id")
+    found = await _stored(request, episode_id)
+    c = rc.decode_hit(rc.SearchHit(key=b"", fields=found))
+    if c is None:
+        raise Problem(500, "the stored episode is unreadable; it was logged")
+    return _json({"episode": rc.episode_json(c.episode), "status": (found[b"status"] or b"").decode(),
+                  "access_count": c.access_count,
+                  "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None})
+
+
+async def delete_episode(request: web.Request) -> web.Response:
+    episode_id = _path_id(request, "episode_id")
+    await _stored(request, episode_id)
+    event_id = await _client(request).forget_episode(episode_id)
+    request.app[METRICS].published.labels("EpisodeForgotten").inc()
+    return _json({"episode_id": episode_id, "event_id": event_id}, status=202)
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    user_id = _path_id(request, "user_id")
+    event_id = await _client(request).forget_user(user_id)
+    request.app[METRICS].published.labels("UserForgotten").inc()
+    return _json({"user_id": user_id, "event_id": event_id}, status=202)
+
+
+# --- working memory and insights --------------------------------------------------------------------
+async def context(request: web.Request) -> web.Response:
+    req: models.ContextRequest = validate(models.ContextRequest, await read_json(request))
+    s = request.app[SETTINGS]
+    r, index = _redis(request), _index(request)
+    scope = rc.scope_of(_ns(request), req, category=())
+    vector = await _embed(request, req.task)
+    now = time.time()
+    recalled = await rc.recall(r, index, scope, req.task, vector, top_k=req.top_k or s.default_top_k,
+                               n_candidates=min(2 * (req.top_k or s.default_top_k), models.MAX_CANDIDATES),
+                               mode="vector", preset=None, weights=None, half_life=req.half_life or s.half_life,
+                               as_of=now, normalize="none", recency_from="completed", touch_now=None)
+    short_term = await rc.latest(r, index, scope, s.short_term_window)
+    facts = await request.app[FACTS](r, scope, vector, 5)
+    prompt, truncated = insights.prompt_section(req.task, req.category, recalled["results"],
+                                                recalled["replay_context"], facts, req.max_chars)
+    return _json({"task": req.task, "category": req.category, "results": recalled["results"],
+                  "short_term": [rc.episode_json(c.episode) for c in short_term],
+                  "replay_context": recalled["replay_context"], "facts": facts, "prompt": prompt,
+                  "truncated": truncated, "max_chars": req.max_chars, "preset": recalled["preset"]})
+
+
+async def _profiles(request: web.Request, req: Any, threshold: float) -> list[dict[str, Any]]:
+    scope = rc.scope_of(_ns(request), req, category=())
+    rows = await category_stats(_redis(request), _index(request), scope)
+    return insights.skill_profiles(rows, threshold)
+
+
+async def skills(request: web.Request) -> web.Response:
+    req: models.SkillsQuery = _query_params(request, models.SkillsQuery)
+    profiles = await _profiles(request, req, req.threshold)
+    return _json({"results": profiles, "weak": [p["category"] for p in profiles if p["weak"]],
+                  "threshold": req.threshold})
+
+
+async def strategy(request: web.Request) -> web.Response:
+    req: models.StrategyRequest = validate(models.StrategyRequest, await read_json(request))
+    vector = await _embed(request, req.task)
+    similar = await rc.similar(_redis(request), _index(request), rc.scope_of(_ns(request), req, category=()),
+                               vector, req.k, req.min_similarity)
+    profile = None
+    if req.category:
+        profile = next((p for p in await _profiles(request, req, 0.5) if p["category"] == req.category), None)
+    choice = insights.choose_strategy([c.episode for c in similar], complexity=req.complexity,
+                                      category_profile=profile)
+    return _json({**choice, "pool": list(insights.STRATEGY_POOL)})
+
+
+async def suggest(request: web.Request) -> web.Response:
+    req: models.SuggestRequest = validate(models.SuggestRequest, await read_json(request))
+    vector = await _embed(request, req.task)
+    scope = rc.scope_of(_ns(request), req, category=(req.category,) if req.category else ())
+    similar = await rc.similar(_redis(request), _index(request), scope, vector, req.k, req.min_similarity)
+    return _json(insights.suggestion([c.episode for c in similar]))
+
+
+async def learning_curve(request: web.Request) -> web.Response:
+    req: models.LearningCurveQuery = _query_params(request, models.LearningCurveQuery)
+    scope = rc.scope_of(_ns(request), req)
+    eps = [c.episode for c in await rc.latest(_redis(request), _index(request), scope, req.limit,
+                                              oldest_first=True)]
+    points = insights_curve(eps, req.window)
+    return _json({"results": points, "window": req.window})
+
+
+def insights_curve(eps: list[Any], window: int) -> list[dict[str, Any]]:
+    from shared.scoring import learning_curve as curve
+
+    points = curve([e.feedback.reward if e.feedback else None for e in eps], [e.outcome for e in eps], window)
+    for p, e in zip(points, eps, strict=True):
+        p["episode_id"] = e.episode_id
+        p["completed_at"] = format_instant(e.completed_at)
+    return points
+
+
+# --- operations -------------------------------------------------------------------------------------
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks: dict[str, bool] = {}
+    r = request.app.get(REDIS)
+    try:
+        checks["redis"] = bool(r is not None and await r.ping())
+        checks["index"] = bool(r is not None and await index_exists(r, _index(request)))
+    except Exception:  # any failure to reach Redis means "not ready", never a 500
+        checks.setdefault("redis", False)
+        checks["index"] = False
+    embedder = request.app.get(EMBEDDER)
+    checks["embedder"] = embedder is not None and bool(getattr(embedder, "loaded", True))
+    ok = all(checks.values())
+    return _json({"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return await request.app[METRICS].handle(request)
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    from services.query.openapi import document
+    return _json(document())
+
+
+# --- the table --------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: type[BaseModel] | dict[str, Any] | None = None
+    query: type[BaseModel] | None = None
+    status: int = 200
+    public: bool = False
+    tag: str = "memory"
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/recall", recall, "Prioritized recall of the episodes worth replaying",
+          body=models.RecallRequest),
+    Route("POST", "/v1/episodes", ingest, "Ingest one finished episode or a batch {episodes: [...]}",
+          body=models.INGEST_SCHEMA, status=202),
+    Route("GET", "/v1/episodes/{episode_id:.+}", get_episode, "One episode of the caller's namespace"),
+    Route("DELETE", "/v1/episodes/{episode_id:.+}", delete_episode, "Forget one episode", status=202),
+    Route("DELETE", "/v1/users/{user_id:.+}", delete_user, "Forget every episode of a user", status=202),
+    Route("POST", "/v1/context", context, "Working memory and a ready prompt section for a task",
+          body=models.ContextRequest),
+    Route("GET", "/v1/skills", skills, "Per-category skill profiles and weak categories",
+          query=models.SkillsQuery),
+    Route("POST", "/v1/strategy", strategy, "Adaptive strategy choice for a task", body=models.StrategyRequest),
+    Route("POST", "/v1/suggest", suggest, "Confidence and common failures from similar episodes",
+          body=models.SuggestRequest),
+    Route("GET", "/v1/learning-curve", learning_curve, "Cumulative and rolling reward and success rate",
+          query=models.LearningCurveQuery),
+    Route("GET", "/healthz", healthz, "Liveness", public=True, tag="operations"),
+    Route("GET", "/readyz", readyz, "Readiness: Redis, index and embedder", public=True, tag="operations"),
+    Route("GET", "/metrics", metrics, "Prometheus metrics", public=True, tag="operations"),
+    Route("GET", "/openapi.json", openapi_json, "This OpenAPI 3.1 document", public=True, tag="operations"),
+)
+
+
+def add_routes(app: web.Application) -> None:
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)

@@ -1,0 +1,206 @@
+"""POST /v1/recall over HTTP against the real RediSearch: ranking checked against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.integration.test_query_support import DAY, TableEmbedder, at, episode, ids, put, unit
+
+pytest_plugins = ["tests.integration.test_query_support"]  # fixtures: make_client, api, tenants
+
+T = at("2025-07-01T00:00:00Z")
+Q = "how do I fix the flaky migration test"
+
+
+async def seed_abc(redis, prefix):
+    """A: cos 1, 1 day old, reward .2, failure. B: cos .6, age 0, reward 1, success.
+    C: cos 0, 12 h old, reward .5, partial."""
+    await put(redis, prefix, "default", episode("A", completed_at=T - DAY, reward=0.2, outcome="failure",
+                                                  strategy_used="s-a"), unit(1.0))
+    await put(redis, prefix, "default", episode("B", completed_at=T, reward=1.0, outcome="success",
+                                                  strategy_used="s-b"), unit(0.6, 0.8))
+    await put(redis, prefix, "default", episode("C", completed_at=T - DAY / 2, reward=0.5, outcome="partial",
+                                                  strategy_used="s-b"), unit(0.0, 1.0))
+
+
+@pytest.fixture
+async def abc(make_client, redis, prefix):
+    await seed_abc(redis, prefix)
+    return await make_client(TableEmbedder(256, {Q: unit(1.0)}))
+
+
+async def recall(client, **body):
+    resp = await client.post("/v1/recall", json={"query": Q, "top_k": 3, "as_of": T, **body})
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+def by_id(body):
+    return {r["episode"]["episode_id"]: r for r in body["results"]}
+
+
+R12H = 2 ** -0.5  # recency at 12 h with a 1-day half-life
+
+
+@pytest.mark.parametrize("preset,expected", [
+    # hand-computed: w_sim*cos + w_rec*2^(-age/1d) + w_rew*reward + w_out*outcome
+    ("normal", {"A": .4 * 1 + .3 * .5 + .2 * .2, "B": .4 * .6 + .3 + .2 + .1, "C": .3 * R12H + .2 * .5 + .1 * .5}),
+    ("early", {"A": .6 + .1 * .5 + .2 * .2, "B": .6 * .6 + .1 + .2 + .1, "C": .1 * R12H + .2 * .5 + .1 * .5}),
+    ("late", {"A": .3 + .4 * .5 + .2 * .2, "B": .3 * .6 + .4 + .2 + .1, "C": .4 * R12H + .2 * .5 + .1 * .5}),
+])
+async def test_ranking_matches_hand_computed_priorities(abc, preset, expected):
+    body = await recall(abc, preset=preset)
+    assert body["preset"] == preset
+    got = by_id(body)
+    for eid, value in expected.items():
+        assert got[eid]["priority"] == pytest.approx(value, abs=1e-5), eid
+        assert sum(got[eid]["components"].values()) == pytest.approx(value, abs=1e-5)
+    assert ids(body) == sorted(expected, key=lambda k: -expected[k])
+    assert got["A"]["similarity"] == pytest.approx(1.0, abs=1e-5)
+    assert got["B"]["similarity"] == pytest.approx(0.6, abs=1e-5)
+    assert got["A"]["recency"] == pytest.approx(0.5)
+    assert got["C"]["recency"] == pytest.approx(0.7071, abs=1e-4)
+
+
+async def test_explicit_weights_win_and_reorder(abc):
+    sim = await recall(abc, weights={"similarity": 1}, preset="late")
+    assert sim["preset"] == "custom" and ids(sim) == ["A", "B", "C"]
+    assert sim["weights"] == {"similarity": 1.0, "recency": 0.0, "reward": 0.0, "outcome": 0.0, "importance": 0.0}
+    rec = await recall(abc, weights={"recency": 1})
+    assert ids(rec) == ["B", "C", "A"]
+
+
+async def test_auto_preset_counts_the_scope(abc):
+    body = await recall(abc)
+    assert body["preset"] == "auto:early"  # 3 episodes < 50
+    assert body["weights"]["similarity"] == pytest.approx(0.6)
+
+
+async def test_half_life_as_duration_string(abc):
+    body = await recall(abc, half_life="12h", weights={"recency": 1})
+    got = by_id(body)
+    assert got["A"]["recency"] == pytest.approx(0.25)
+    assert got["C"]["recency"] == pytest.approx(0.5)
+    assert body["half_life"] == 43200
+    week = await recall(abc, half_life=DAY, weights={"recency": 1}, as_of=T + 6 * DAY)
+    assert by_id(week)["B"]["recency"] == pytest.approx(2 ** -6)
+
+
+async def test_c17_as_of_is_echoed_and_decay_measured_from_it(make_client, redis, prefix):
+    await put(redis, prefix, "default", episode("old", completed_at="2019-12-31T00:00:00Z"))
+    await put(redis, prefix, "default", episode("older", completed_at="2019-12-29T00:00:00Z"))
+    client = await make_client()
+    resp = await client.post("/v1/recall", json={"query": "a task", "as_of": "2020-01-01T00:00:00Z",
+                                                 "weights": {"recency": 1}})
+    body = await resp.json()
+    assert body["as_of"] == "2020-01-01T00:00:00Z"
+    got = by_id(body)
+    assert got["old"]["recency"] == pytest.approx(0.5)
+    assert got["older"]["recency"] == pytest.approx(0.125)
+    epoch = await (await client.post("/v1/recall", json={"query": "a task", "as_of": 1577836800})).json()
+    assert epoch["as_of"] == "2020-01-01T00:00:00Z"
+
+
+async def test_minmax_normalisation(abc):
+    body = await recall(abc, preset="normal", normalize="minmax")
+    got = by_id(body)
+    # per-signal min-max over A, B, C: sim [1,.6,0], rec [.5,1,.7071]→[0,1,.4142], reward [.2,1,.5]→[0,1,.375]
+    assert got["A"]["priority"] == pytest.approx(0.4, abs=1e-5)
+    assert got["B"]["priority"] == pytest.approx(.4 * .6 + .3 + .2 + .1, abs=1e-5)
+    c = .3 * (R12H - .5) / .5 + .2 * .375 + .1 * .5
+    assert got["C"]["priority"] == pytest.approx(c, abs=1e-5)
+    assert body["normalize"] == "minmax"
+
+
+async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
+    q = "zebra migration"
+    await put(redis, prefix, "default", episode("vec", task="alpha beta"), unit(1.0))
+    await put(redis, prefix, "default", episode("kw", task="zebra migration rollback"), unit(0.6, 0.8))
+    client = await make_client(TableEmbedder(256, {q: unit(1.0)}))
+
+    async def run(mode, k):
+        resp = await client.post("/v1/recall", json={"query": q, "mode": mode, "top_k": k, "candidates": k,
+                                                     "weights": {"similarity": 1}})
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    assert ids(await run("vector", 1)) == ["vec"]
+    kw = await run("keyword", 1)
+    assert ids(kw) == ["kw"] and kw["mode"] == "keyword"
+    assert kw["results"][0]["similarity"] == pytest.approx(0.6, abs=1e-5)  # cosine from the stored vector
+    hybrid = await run("hybrid", 2)
+    assert ids(hybrid) == ["vec", "kw"]  # fused candidates, re-ranked by priority
+    assert by_id(hybrid)["kw"]["similarity"] == pytest.approx(0.6, abs=1e-5)
+
+
+async def test_replay_context_and_response_shape(abc):
+    body = await recall(abc, preset="normal")
+    ctx = body["replay_context"]
+    assert ctx["episodes"] == 3
+    assert [s["strategy"] for s in ctx["strategies"]] == ["s-b", "s-a"]
+    assert ctx["success_rate"] == pytest.approx(1 / 3)
+    assert ctx["avg_reward"] == pytest.approx((0.2 + 1.0 + 0.5) / 3)
+    first = body["results"][0]
+    assert set(first) >= {"episode", "similarity", "recency", "components", "priority"}
+    assert set(first["components"]) == {"similarity", "recency", "reward", "outcome", "importance"}
+    assert first["episode"]["completed_at"] == "2025-07-01T00:00:00Z"
+    assert first["episode"]["task"] == {"description": "a task", "category": "debugging"}
+
+
+async def test_touch_updates_access_statistics(abc, redis, prefix):
+    await recall(abc, preset="normal", top_k=1, touch=True)
+    await recall(abc, preset="normal", top_k=1, touch=True)
+    resp = await abc.get("/v1/episodes/B")
+    body = await resp.json()
+    assert body["access_count"] == 2 and body["last_accessed"] is not None
+    body = await recall(abc, weights={"recency": 1}, recency_from="last_access", as_of=T)
+    # B was accessed "now" (after T): age clamps to 0, recency 1
+    assert by_id(body)["B"]["recency"] == 1.0
+
+
+async def test_importance_weight(make_client, redis, prefix):
+    await put(redis, prefix, "default", episode("lo", importance=2))
+    await put(redis, prefix, "default", episode("hi", importance=9))
+    client = await make_client()
+    body = await (await client.post("/v1/recall", json={"query": "a task", "weights": {"importance": 1}})).json()
+    assert ids(body) == ["hi", "lo"]
+    assert by_id(body)["hi"]["priority"] == pytest.approx(0.9)
+
+
+async def test_c20_older_never_ranks_higher(make_client, redis, prefix):
+    v = unit(1.0, 1.0)
+    await put(redis, prefix, "default", episode("newer", completed_at=T, reward=0.5), v)
+    await put(redis, prefix, "default", episode("older", completed_at=T - DAY, reward=0.5), v)
+    client = await make_client(TableEmbedder(256, {Q: unit(1.0)}))
+    for preset in ("early", "normal", "late"):
+        for normalize in ("none", "minmax"):
+            body = await recall(client, preset=preset, normalize=normalize)
+            assert ids(body) == ["newer", "older"]
+            assert body["results"][0]["priority"] >= body["results"][1]["priority"]
+
+
+async def test_filters_are_prefilters_so_narrow_scope_still_fills_top_k(make_client, redis, prefix):
+    q = "same text everywhere"
+    for i in range(30):
+        await put(redis, prefix, "default", episode(f"noise{i}", task=q, agent_id="noise"), unit(1.0))
+    for i in range(3):
+        await put(redis, prefix, "default", episode(f"mine{i}", task="other", agent_id="me"), unit(0.0, 1.0))
+    client = await make_client(TableEmbedder(256, {q: unit(1.0)}))
+    body = await (await client.post("/v1/recall", json={"query": q, "agent_id": "me", "top_k": 3})).json()
+    assert sorted(ids(body)) == ["mine0", "mine1", "mine2"]
+
+
+async def test_drafts_are_not_recallable(make_client, redis, prefix):
+    await put(redis, prefix, "default", episode("draft"), status="draft")
+    await put(redis, prefix, "default", episode("done"))
+    client = await make_client()
+    body = await (await client.post("/v1/recall", json={"query": "a task", "top_k": 5})).json()
+    assert ids(body) == ["done"]
+
+
+async def test_empty_scope_returns_empty_results(api):
+    body = await (await api.post("/v1/recall", json={"query": "nothing stored"})).json()
+    assert body["results"] == [] and body["replay_context"]["episodes"] == 0
+    assert math.isclose(body["weights"]["similarity"], 0.6)
