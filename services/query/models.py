@@ -98,10 +98,13 @@ Duration = Annotated[float, PlainValidator(_duration), WithJsonSchema(
                {"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h|d|w)?$"}]})]
 
 
-def int_in(lo: int, hi: int):
-    """An integer field in [lo, hi] whose error states the allowed range (shared/cases C15)."""
+def int_in(lo: int, hi: int, *, from_query: bool = False):
+    """An integer field in [lo, hi] whose error states the allowed range (shared/cases C15).
+
+    `from_query`: also accept the decimal string of one (query parameters are strings; JSON bodies are not).
+    """
     def validate(value: Any) -> int:
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():  # query strings
+        if from_query and isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ValueError(f"must be an integer between {lo} and {hi}")
@@ -110,9 +113,9 @@ def int_in(lo: int, hi: int):
                      WithJsonSchema({"type": "integer", "minimum": lo, "maximum": hi})]
 
 
-def float_in(lo: float, hi: float):
+def float_in(lo: float, hi: float, *, from_query: bool = False):
     def validate(value: Any) -> float:
-        if isinstance(value, str):  # query strings
+        if from_query and isinstance(value, str):
             try:
                 value = float(value)
             except ValueError:
@@ -261,7 +264,7 @@ class SkillsQuery(ScopeIn):
     """`GET /v1/skills` query parameters."""
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-    threshold: float_in(0.0, 1.0) = 0.5
+    threshold: float_in(0.0, 1.0, from_query=True) = 0.5
 
 
 class LearningCurveQuery(ScopeIn):
@@ -269,8 +272,8 @@ class LearningCurveQuery(ScopeIn):
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     category: IdStr | None = None
-    window: int_in(1, 1000) = 5
-    limit: int_in(1, 10_000) = 1000
+    window: int_in(1, 1000, from_query=True) = 5
+    limit: int_in(1, 10_000, from_query=True) = 1000
 
 
 EPISODE_SCHEMA: dict[str, Any] = {
