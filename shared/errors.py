@@ -53,3 +53,15 @@ class PublishError(EngramError):
     The event was NOT stored (or its fate is unknown); the agent may retry with the same
     event, whose `event_id` makes the retry harmless downstream.
     """
+
+
+class Backpressure(PublishError):
+    """The consolidator is too far behind (consumer lag above the configured bound).
+
+    Nothing was published. `retry_after` (seconds) is a hint for when to try again; the SDK waits and
+    retries by itself until its publish timeout, HTTP ingest answers 429 with `Retry-After`.
+    """
+
+    def __init__(self, lag: int, max_lag: int, retry_after: float = 1.0):
+        self.lag, self.max_lag, self.retry_after = lag, max_lag, retry_after
+        super().__init__(f"consumer lag {lag} exceeds ENGRAM_MAX_LAG={max_lag}; retry in {retry_after:g}s")

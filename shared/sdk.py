@@ -28,7 +28,7 @@ from redis import exceptions as redis_errors
 
 from shared import streams
 from shared.codec import encode, episode_to_dict
-from shared.errors import InvalidEpisode, PublishError
+from shared.errors import Backpressure, InvalidEpisode, PublishError
 from shared.events import (
     ActionRecorded,
     Episode,
@@ -52,7 +52,9 @@ class EngramClient:
     """
 
     def __init__(self, redis: aioredis.Redis, *, namespace: str = "default", prefix: str = "engram:",
-                 publish_timeout: float = 5.0, retries: int = 3, owns_redis: bool = False):
+                 publish_timeout: float = 5.0, retries: int = 3, owns_redis: bool = False,
+                 max_lag: int | None = None, wait_on_backpressure: bool = True,
+                 consumer_group: str = "consolidator"):
         errs = Collector()
         check_id(namespace, "namespace", errs, required=True)
         errs.raise_if_any()
@@ -62,6 +64,11 @@ class EngramClient:
         self.publish_timeout = publish_timeout
         self.retries = retries
         self._owns_redis = owns_redis
+        self.max_lag = max_lag
+        self.wait_on_backpressure = wait_on_backpressure
+        self.consumer_group = consumer_group
+        self._lag_checked_at = -1e9
+        self._lag = 0
 
     @classmethod
     def connect(cls, url: str, **kwargs: Any) -> EngramClient:
@@ -81,13 +88,40 @@ class EngramClient:
         await self.close()
 
     # --- publishing -----------------------------------------------------------------------------
+    async def _check_backpressure(self, deadline: float) -> None:
+        """With `max_lag` set, wait (or raise Backpressure) while the group lags more than that.
+
+        The lag is read at most every 0.25 s (XINFO GROUPS), so checking costs little per publish.
+        """
+        if self.max_lag is None:
+            return
+        delay = 0.1
+        while True:
+            now = time.monotonic()
+            if now - self._lag_checked_at > 0.25:
+                self._lag = await streams.consumer_lag(self.redis, self.keys.stream, self.consumer_group)
+                self._lag_checked_at = now
+            if self._lag <= self.max_lag:
+                return
+            if not self.wait_on_backpressure or now + delay > deadline:
+                raise Backpressure(self._lag, self.max_lag, retry_after=max(1.0, delay))
+            await asyncio.sleep(delay)
+            self._lag_checked_at = -1e9
+            delay = min(delay * 2, 2.0)
+
     async def publish(self, events: Sequence[Event]) -> list[str]:
         """XADD `events` atomically (all or none); returns their stream ids.
 
-        Raises PublishError after `retries` failed attempts or `publish_timeout` seconds.
+        Raises PublishError after `retries` failed attempts or `publish_timeout` seconds, and its
+        subclass Backpressure when the consolidator lags more than `max_lag` entries for that long
+        (immediately when `wait_on_backpressure` is False). Nothing is published in either case.
         """
         payloads = [encode(e) for e in events]
         deadline = time.monotonic() + self.publish_timeout
+        try:
+            await self._check_backpressure(deadline)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+            pass  # Redis unreachable: the publish loop below retries and reports it
         attempt = 0
         last: Exception | None = None
         while True:

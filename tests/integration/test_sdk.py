@@ -106,3 +106,37 @@ async def test_c16_unicode_byte_exact_through_redis(redis, prefix):
     events = await read_all(redis, prefix)
     assert [e.episode.solution.encode() for e in events] == [t.encode() for t in texts]
     assert all(e.namespace == "名前空間" for e in events)
+
+
+async def test_backpressure_waits_then_publishes_or_raises(redis, prefix, settings):
+    import asyncio
+
+    from services.consolidator.worker import Worker
+    from shared.embedding import HashingEmbedder
+    from shared.errors import Backpressure
+
+    keys = Keys(prefix)
+    await streams.ensure_group(redis, keys.stream, "consolidator")
+    filler = EngramClient(redis, namespace="ns", prefix=prefix)
+    for i in range(30):
+        await filler.record({"episode_id": f"f{i}", "task": "t", "outcome": "success"})
+    assert await streams.consumer_lag(redis, keys.stream, "consolidator") == 30
+    strict = EngramClient(redis, namespace="ns", prefix=prefix, max_lag=10, wait_on_backpressure=False)
+    with pytest.raises(Backpressure) as info:
+        await strict.record({"episode_id": "x", "task": "t", "outcome": "success"})
+    assert info.value.lag == 30 and info.value.retry_after >= 1
+    patient = EngramClient(redis, namespace="ns", prefix=prefix, max_lag=10, publish_timeout=0.4)
+    with pytest.raises(Backpressure):
+        await patient.record({"episode_id": "y", "task": "t", "outcome": "success"})
+    assert len(await read_all(redis, prefix)) == 30  # nothing was published by the refused calls
+    # a worker drains the lag while a patient publisher waits: the publish then goes through
+    patient = EngramClient(redis, namespace="ns", prefix=prefix, max_lag=10, publish_timeout=20)
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="drainer")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await patient.record({"episode_id": "z", "task": "t", "outcome": "success"})
+    finally:
+        stop.set()
+        await task
+    assert len(await read_all(redis, prefix)) == 31
