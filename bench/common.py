@@ -1,0 +1,220 @@
+"""What both benchmarks share: a private Redis, worker and query-service processes, timing statistics,
+tables and result files.
+
+Every benchmark starts its own embedded Redis on a free port in a temporary directory (never a server
+someone else uses) and stops it, and every process it spawns is stopped by its pid in a `finally`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deploy.embedded_redis import EmbeddedRedis, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root (the working directory of spawned services)."""
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@contextlib.contextmanager
+def private_redis(*, appendonly: bool = False) -> Iterator[EmbeddedRedis]:
+    """An embedded Redis on a free port in a temporary directory; stopped and deleted on exit.
+
+    AOF is off by default: both sides of every comparison run against this same server, and the
+    benchmark measures Engram, not the disk.
+    """
+    with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
+        server = EmbeddedRedis(port=free_port(), data_dir=Path(tmp), appendonly=appendonly)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def service_env(redis_url: str, prefix: str, embedder: str, **extra: str) -> dict[str, str]:
+    """The environment of a spawned worker or query service (ENGRAM_* variables, see shared/settings.py)."""
+    return {**os.environ, **OFFLINE_ENV, "REDIS_URL": redis_url, "ENGRAM_PREFIX": prefix,
+            "ENGRAM_EMBEDDER": embedder, "ENGRAM_LOG_LEVEL": "WARNING", **extra}
+
+
+def spawn_workers(n: int, env: dict[str, str], *, name: str = "bench") -> list[subprocess.Popen]:
+    """`n` consolidator processes (`python -m services.consolidator run`), each a unique consumer."""
+    procs = []
+    for i in range(n):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "services.consolidator", "run"], cwd=ROOT,
+            env={**env, "ENGRAM_CONSUMER_NAME": f"{name}-{i}-{os.getpid()}"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    return procs
+
+
+def spawn_query_service(env: dict[str, str], port: int) -> subprocess.Popen:
+    """`python -m services.query` on 127.0.0.1:`port` (wait for it with `wait_http_ready`)."""
+    return subprocess.Popen([sys.executable, "-m", "services.query"], cwd=ROOT,
+                            env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], timeout: float = 30.0) -> list[str]:
+    """SIGTERM each process we started (by pid), wait, SIGKILL stragglers; returns their stderr tails."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    tails = []
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        tail = ""
+        if p.stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                tail = p.stderr.read().decode(errors="replace")[-2000:]
+            p.stderr.close()
+        tails.append(tail)
+    return tails
+
+
+def check_alive(procs: Sequence[subprocess.Popen], what: str) -> None:
+    """Raise RuntimeError with the stderr tail when one of `procs` has exited."""
+    for p in procs:
+        if p.poll() is not None:
+            tail = p.stderr.read().decode(errors="replace")[-3000:] if p.stderr else ""
+            raise RuntimeError(f"{what} exited with {p.returncode}:\n{tail}")
+
+
+async def wait_http_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Poll GET `url` (e.g. /readyz) until 200; raise with the process's stderr if it dies or times out."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            check_alive([proc], "query service")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            await _sleep(0.2)
+    raise RuntimeError(f"{url} not ready within {timeout:.0f}s")
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+# --- statistics ---------------------------------------------------------------------------------------
+def percentile_ms(samples_s: Sequence[float], q: float) -> float:
+    """The q-th percentile of durations given in seconds, in milliseconds (NaN when empty)."""
+    return float(np.percentile(np.asarray(samples_s) * 1000.0, q)) if len(samples_s) else math.nan
+
+
+def bootstrap_ci(values: np.ndarray, *, iterations: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values` (float[n]); (nan, nan) when empty."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, values.size, size=(iterations, values.size))
+    means = values[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+# --- output -------------------------------------------------------------------------------------------
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (also readable in a terminal)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            if math.isnan(v):
+                return "–"
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+
+    text = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(headers)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in text]
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (CPU count, memory, Python, load at the start)."""
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                            "platform": platform.platform()}
+    with contextlib.suppress(OSError):
+        info["loadavg_1m"] = os.getloadavg()[0]
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        info["mem_gib"] = round(int(meminfo[0].split()[1]) / 1024 / 1024, 1)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    return info
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.floating | np.integer):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+class Timer:
+    """`with Timer() as t: ...; t.seconds`."""
+
+    seconds: float = 0.0
+
+    def __enter__(self) -> Timer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+async def poll_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.2,
+                     what: str = "condition", on_tick: Callable[[], Any] | None = None) -> None:
+    """Await `predicate()` (an async callable returning truthy) until true; TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await predicate():
+            return
+        if on_tick is not None:
+            on_tick()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await _sleep(interval)
