@@ -147,8 +147,11 @@ class Settings:
     facts_importance_threshold: float = 150.0
     facts_min_cluster: int = 3
 
-    # backpressure
+    # backpressure and retention
     max_lag: int = 100_000
+    stream_retention: float | None = 7 * 86400.0
+    """`ENGRAM_STREAM_RETENTION`: acked entries older than this are trimmed; `off` keeps everything."""
+    retention_interval: float = 60.0
 
     def with_(self, **changes) -> Settings:
         """A copy with some fields replaced (tests, per-test prefixes)."""
@@ -206,4 +209,7 @@ class Settings:
             facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
             facts_min_cluster=_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),
             max_lag=_int(env, "ENGRAM_MAX_LAG", 100_000, 1, 1 << 40),
+            stream_retention=(None if env.get("ENGRAM_STREAM_RETENTION", "").strip().lower() in ("off", "none")
+                              else _duration(env, "ENGRAM_STREAM_RETENTION", 7 * 86400.0)),
+            retention_interval=_duration(env, "ENGRAM_RETENTION_INTERVAL", 60.0),
         )

@@ -181,3 +181,21 @@ async def consumer_lag(r: aioredis.Redis, stream: str, group: str) -> int:
         read = int(g.get("entries-read") or 0)
         return max(0, added - read)
     return 0
+
+
+async def groups(r: aioredis.Redis, stream: str) -> list[dict]:
+    """XINFO GROUPS (empty when the stream does not exist)."""
+    try:
+        return list(await r.xinfo_groups(stream))
+    except ResponseError:
+        return []
+
+
+async def pending_summary(r: aioredis.Redis, stream: str, group: str | bytes) -> dict:
+    """XPENDING summary: {pending, min, max, consumers}."""
+    return await r.xpending(stream, group)
+
+
+async def trim_before(r: aioredis.Redis, stream: str, min_id: str) -> int:
+    """XTRIM MINID (exact): remove every entry with an id lower than `min_id`; returns the count."""
+    return int(await r.xtrim(stream, minid=min_id, approximate=False))

@@ -242,6 +242,35 @@ class Projector:
                 result.completed.append((ns, f))
         return retry
 
+    async def import_snapshot(self, events: dict[bytes, bytes], stream_ids: set[bytes]) -> tuple[str, str] | None:
+        """Copy one episode's stored events (from another generation's event hash) into this
+        generation, unless the episode is tombstoned; returns its (namespace, episode_id)."""
+        for payload in events.values():
+            try:
+                ev = decode(payload)
+            except EngramError:
+                continue
+            ns, eid = ev.namespace, ev.episode_id
+            if await self.redis.exists(self.keys.tombstone(ns, eid)):
+                return None
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(self.keys.episode_events(self.gen, ns, eid), mapping=events)
+                if stream_ids:
+                    pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
+                await pipe.execute()
+            return ns, eid
+        return None
+
+    async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
+        """Fold and write these episodes from their stored events (replay from the snapshot)."""
+        result = BatchResult()
+        pending = episodes
+        for _attempt in range(MAX_WRITE_ATTEMPTS):
+            if not pending:
+                break
+            pending = await self._fold_and_write(pending, result)
+        return result
+
     # --- forgetting and other events -----------------------------------------------------------
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):

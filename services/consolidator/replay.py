@@ -1,11 +1,16 @@
-"""Rebuild every projection from the stream into a fresh generation and swap it in.
+"""Rebuild every projection into a fresh generation and swap it in.
+
+The events a rebuild re-folds come from two places: each episode's event hash of the live generation
+(the snapshot: raw event payloads, kept so the stream can be trimmed — services.consolidator.retention)
+and the stream itself. Both are raw events and folding is idempotent by `event_id`, so their overlap
+is harmless.
 
 1. generation n+1 gets its own index (with the embedder given, so this is also `reindex`);
-2. the whole stream is projected into it page by page (the same Projector the workers use);
-3. `FT.ALIASUPDATE` points the alias at the new index and `meta.generation` is set: workers switch
-   on their next batch (they re-read the generation every turn);
-4. a catch-up pass projects the entries added since step 2 began (idempotent, so entries a worker
-   also projected are harmless);
+2. the snapshot is copied and re-folded, then the whole stream is projected page by page (the same
+   Projector the workers use);
+3. `FT.ALIASUPDATE` points the alias at the new index and `meta.generation` is set: workers switch on
+   their next batch (they re-read the generation every turn);
+4. a catch-up pass projects the entries added since step 2 began;
 5. the old generation's index and keys are dropped.
 Tombstones are generation-independent, so a replay never resurrects forgotten data (C08).
 """
@@ -30,13 +35,15 @@ log = logging.getLogger("engram.replay")
 PAGE = 500
 
 
-async def _project_range(projector: Projector, redis: aioredis.Redis, stream: str, start: bytes | str) -> tuple[bytes | None, int]:
+async def _project_range(projector: Projector, redis: aioredis.Redis, stream: str,
+                         start: bytes | str) -> tuple[bytes | None, int]:
+    """Project entries after `start` ("-" = from the beginning); returns (last id, count)."""
     last: bytes | None = None
     count = 0
     cursor: bytes | str = start
     while True:
         page = await streams.read_range(redis, stream, cursor, "+", count=PAGE)
-        if last is not None or cursor != "-":
+        if cursor != "-":
             page = [e for e in page if e.stream_id != cursor]
         if not page:
             return last, count
@@ -46,8 +53,30 @@ async def _project_range(projector: Projector, redis: aioredis.Redis, stream: st
         count += len(page)
 
 
+async def _import_snapshot(projector: Projector, redis: aioredis.Redis, keys: Keys, old: int) -> int:
+    """Copy and re-fold every episode event hash of generation `old`; returns episodes imported."""
+    prefix = f"{keys.gen_prefix(old)}evs:"
+    batch: list[tuple[str, str]] = []
+    imported = 0
+    async for key in redis.scan_iter(match=f"{prefix}*", count=500):
+        digest = key.decode()[len(prefix):]
+        events = await redis.hgetall(key)
+        sids = await redis.smembers(f"{keys.gen_prefix(old)}sids:{digest}")
+        ident = await projector.import_snapshot(events, sids)
+        if ident is not None:
+            batch.append(ident)
+        if len(batch) >= PAGE:
+            await projector.refold(batch)
+            imported += len(batch)
+            batch = []
+    if batch:
+        await projector.refold(batch)
+        imported += len(batch)
+    return imported
+
+
 async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[str, int]:
-    """Build generation n+1 from the stream, swap it in, drop generation n. Returns counts."""
+    """Build generation n+1 from the snapshot and the stream, swap it in, drop generation n."""
     from services.consolidator.worker import vector_params
 
     keys = Keys(settings.prefix)
@@ -57,14 +86,16 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     dim = await embedder.ensure_dim()
     await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name, point_alias=False)
     projector = Projector(redis, keys, embedder, new)
+    snapshot = await _import_snapshot(projector, redis, keys, old)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     await redis.hset(keys.meta, "generation", new)
     _, catch_up = await _project_range(projector, redis, keys.stream, last or "-")
     dropped = await _drop_generation(redis, keys, old)
-    log.info("replay ◆ generation %d → %d ◆ %d entries ◆ %d caught up ◆ %d old keys dropped",
-             old, new, first_pass, catch_up, dropped)
-    return {"from_generation": old, "generation": new, "entries": first_pass + catch_up, "dropped_keys": dropped}
+    log.info("replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
+             "%d old keys dropped", old, new, snapshot, first_pass, catch_up, dropped)
+    return {"from_generation": old, "generation": new, "snapshot_episodes": snapshot,
+            "entries": first_pass + catch_up, "dropped_keys": dropped}
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:

@@ -24,6 +24,7 @@ import uuid
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
+from services.consolidator import retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
 from shared import streams
@@ -82,6 +83,7 @@ class Worker:
         await self.setup()
         log.info("worker %s ◆ consuming %s as group %s", self.name, self.keys.stream, self.settings.consumer_group)
         last_info = 0.0
+        last_trim = time.monotonic()
         backoff = 0.1
         while not stop.is_set():
             try:
@@ -90,6 +92,14 @@ class Worker:
                 if time.monotonic() - last_info > 5:
                     await self.refresh_lag()
                     last_info = time.monotonic()
+                if self.settings.stream_retention is not None and \
+                        time.monotonic() - last_trim > self.settings.retention_interval:
+                    last_trim = time.monotonic()
+                    removed = await retention.trim(self.redis, self.keys,
+                                                   retention_seconds=self.settings.stream_retention)
+                    if removed:
+                        log.info("worker %s ◆ trimmed %d projected entries older than %gs", self.name,
+                                 removed, self.settings.stream_retention)
             except Conflict:
                 raise
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:

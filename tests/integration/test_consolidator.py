@@ -316,12 +316,12 @@ async def test_property_interleaving_and_duplication_across_workers(settings, re
 async def test_worker_run_loop_stops_gracefully(settings, redis):
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     worker = make_worker(settings, redis)
+    await worker.setup()
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     for i in range(5):
         await client.record(episode(f"r{i}"))
     keys = Keys(settings.prefix)
-    await wait_until(lambda: count(redis, keys.episode_index_alias, Scope(namespace="ns")), message="projection")
     await wait_until(lambda: _count_is(redis, keys, 5), message="5 projected")
     stop.set()
     await asyncio.wait_for(task, 10)

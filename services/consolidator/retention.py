@@ -1,0 +1,55 @@
+"""Stream retention: trim entries every group has projected and that are older than the window.
+
+The stream is the transport and the recent history; each episode's own event hash (written by the
+projector before it acks) is the durable snapshot of its events. So an entry may go once (a) every
+consumer group has acknowledged it — its projection, including the snapshot, exists — and (b) it is
+older than `ENGRAM_STREAM_RETENTION`. A replay re-folds the snapshot plus the stream tail
+(services.consolidator.replay), so trimming never loses anything a rebuild needs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from shared import streams
+from shared.keys import Keys
+
+
+def _parse_id(raw: bytes | str) -> tuple[int, int]:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | None:
+    """The lowest id some group still needs: its oldest pending entry, else the entry after its
+    last delivered one. None when there is no group (then nothing is provably projected)."""
+    groups = await streams.groups(redis, stream)
+    if not groups:
+        return None
+    needed: list[tuple[int, int]] = []
+    for g in groups:
+        summary = await streams.pending_summary(redis, stream, g["name"])
+        if summary and summary.get("pending"):
+            needed.append(_parse_id(summary["min"]))
+        else:
+            ms, seq = _parse_id(g["last-delivered-id"])
+            needed.append((ms, seq + 1))
+    return min(needed)
+
+
+async def trim(redis: aioredis.Redis, keys: Keys, *, retention_seconds: float, now: float | None = None) -> int:
+    """XTRIM MINID at min(what every group still needs, now - retention). Returns entries removed."""
+    safe = await safe_trim_id(redis, keys.stream)
+    if safe is None:
+        return 0
+    cutoff = (int(((now if now is not None else time.time()) - retention_seconds) * 1000), 0)
+    ms, seq = min(safe, cutoff)
+    if ms <= 0:
+        return 0
+    removed = await streams.trim_before(redis, keys.stream, f"{ms}-{seq}")
+    if removed:
+        await redis.hset(keys.meta, "trimmed_before", f"{ms}-{seq}")
+    return removed
