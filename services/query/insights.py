@@ -98,10 +98,11 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
     messages: Counter[str] = Counter()
     action_types: Counter[str] = Counter()
     for ep in failures:
-        texts = {ep.feedback.message if ep.feedback else None, ep.outcome_details,
-                 *(a.error for a in ep.actions)}
-        messages.update(t.strip()[:300] for t in texts if t and t.strip())
-        action_types.update({a.action_type for a in ep.actions if a.success is not True})
+        texts = [ep.feedback.message if ep.feedback else None, ep.outcome_details,
+                 *(a.error for a in ep.actions)]
+        # once per episode, in a stable order (ties in most_common keep first appearance)
+        messages.update(list(dict.fromkeys(t.strip()[:300] for t in texts if t and t.strip())))
+        action_types.update(list(dict.fromkeys(a.action_type for a in ep.actions if a.success is not True)))
     strategies = Counter(e.strategy_used for e in successes if e.strategy_used)
     return {
         "confidence": confidence,

@@ -107,31 +107,39 @@ async def read_json(request: web.Request) -> Any:
         raise Problem(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
 
+def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
+    if isinstance(exc, Invalid | InvalidEpisode):
+        return problem(422, "the request has invalid fields", errors=exc.errors)
+    if isinstance(exc, Problem):
+        return problem(exc.status, exc.detail, headers=exc.headers, **exc.extra)
+    if isinstance(exc, NotFound):
+        return problem(404, str(exc) or "not found")
+    if isinstance(exc, Conflict):
+        return problem(409, str(exc))
+    if isinstance(exc, PublishError):
+        log.warning("publish failed ◆ %s", exc)
+        return problem(503, "the event stream did not accept the request; retry later",
+                       headers={"Retry-After": "1"})
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return problem(413, exc.text or "the request body is too large")
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        return problem(exc.status, exc.reason, headers={k: v for k, v in exc.headers.items()
+                                                        if k.lower() in ("allow", "www-authenticate")})
+    log.error("unhandled error ◆ %s %s", request.method, request.path, exc_info=exc)
+    return problem(500, "an unexpected error occurred; it was logged")
+
+
 @web.middleware
 async def problems_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except Invalid as exc:
-        return problem(422, "the request has invalid fields", errors=exc.errors)
-    except InvalidEpisode as exc:
-        return problem(422, "the request has invalid fields", errors=exc.errors)
-    except Problem as exc:
-        return problem(exc.status, exc.detail, headers=exc.headers, **exc.extra)
-    except NotFound as exc:
-        return problem(404, str(exc) or "not found")
-    except Conflict as exc:
-        return problem(409, str(exc))
-    except PublishError as exc:
-        log.warning("publish failed ◆ %s", exc)
-        return problem(503, "the event stream did not accept the request; retry later",
-                       headers={"Retry-After": "1"})
-    except web.HTTPRequestEntityTooLarge as exc:
-        return problem(413, f"the request body exceeds {exc.max_size} bytes")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return problem(exc.status, exc.reason, headers={k: v for k, v in exc.headers.items()
-                                                        if k.lower() in ("allow", "www-authenticate")})
-    except Exception:
-        log.exception("unhandled error ◆ %s %s", request.method, request.path)
-        return problem(500, "an unexpected error occurred; it was logged")
+        return _to_problem(request, exc)
+    except Exception as exc:
+        try:
+            return _to_problem(request, exc)
+        except Exception:  # a fault while mapping must still not crash the request
+            log.exception("error while mapping an error ◆ %s %s", request.method, request.path)
+            return problem(500, "an unexpected error occurred; it was logged")

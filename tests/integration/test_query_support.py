@@ -18,6 +18,7 @@ from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keys import Keys
 from shared.timeutil import parse_instant
 from shared.validation import parse_episode
+from tests.helpers import wait_until
 
 DAY = 86400.0
 KEY_A, KEY_B = "key-for-a-0123456789", "key-for-b-9876543210"
@@ -79,13 +80,25 @@ def at(text: str) -> float:
     return parse_instant(text)
 
 
+async def fully_indexed(redis, prefix: str) -> bool:
+    """True once the index has no background scan running (FT.CREATE over existing keys backfills
+    asynchronously: a query right after it may miss documents written before)."""
+    reply = await redis.execute_command("FT.INFO", Keys(prefix).episode_index_alias)
+    info = dict(zip(reply[::2], reply[1::2], strict=False))
+    return info.get(b"indexing") in (b"0", 0) and float(info.get(b"percent_indexed", 1)) >= 1.0
+
+
 @pytest.fixture
 def make_client(aiohttp_client, settings, redis):
-    """Factory: a test client of the app with the given settings overrides and embedder."""
+    """Factory: a test client of the app with the given settings overrides and embedder.
+
+    Waits until the index has indexed documents seeded before the app created it."""
     async def create(embedder: Embedder | None = None, **overrides: Any):
         s = settings.with_(**overrides) if overrides else settings
         app = make_app(s, redis=redis, embedder=embedder or HashingEmbedder(s.embed_dim))
-        return await aiohttp_client(app)
+        client = await aiohttp_client(app)
+        await wait_until(lambda: fully_indexed(redis, s.prefix), message="index backfill")
+        return client
     return create
 
 

@@ -1,0 +1,294 @@
+"""The rest of the HTTP API: ingest, episodes, forgetting, auth, problem details, insights, operations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.query.app import make_app
+from shared import streams
+from shared.codec import decode
+from shared.embedding import Embedder, HashingEmbedder
+from shared.errors import Conflict
+from shared.events import EpisodeCompleted, EpisodeForgotten, UserForgotten
+from shared.keys import Keys
+from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, put
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+PROBLEM = "application/problem+json"
+
+
+async def stream_events(redis, prefix):
+    return [decode(e.payload) for e in await streams.read_range(redis, Keys(prefix).stream)]
+
+
+async def problem(resp, status):
+    assert resp.status == status, await resp.text()
+    assert resp.content_type == PROBLEM
+    body = await resp.json()
+    assert body["status"] == status and body["title"]
+    return body
+
+
+# --- ingest -----------------------------------------------------------------------------------------
+async def test_ingest_single_episode_publishes_one_event(api, redis, prefix):
+    resp = await api.post("/v1/episodes", json={"task": "fix the build", "outcome": "success",
+                                                "completed_at": "2025-07-25T02:00:00+02:00"})
+    assert resp.status == 202
+    body = await resp.json()
+    assert body["accepted"] == 1 and body["episode_id"] and body["event_id"]
+    [event] = await stream_events(redis, prefix)
+    assert isinstance(event, EpisodeCompleted) and event.namespace == "default"
+    assert event.event_id == body["event_id"] and event.episode.episode_id == body["episode_id"]
+    assert event.episode.completed_at == 1753401600.0  # 2025-07-25T00:00:00Z
+
+
+async def test_ingest_batch_defaults_completed_at(api, redis, prefix):
+    resp = await api.post("/v1/episodes", json={"episodes": [episode("e1", completed_at=None),
+                                                             {"episode_id": "e2", "task": "t", "outcome": "failure"}]})
+    assert resp.status == 202
+    body = await resp.json()
+    assert [r["episode_id"] for r in body["results"]] == ["e1", "e2"]
+    events = await stream_events(redis, prefix)
+    assert [e.episode.episode_id for e in events] == ["e1", "e2"]
+    assert all(e.episode.completed_at is not None for e in events)
+
+
+async def test_ingest_invalid_batch_publishes_nothing_and_names_each_field(api, redis, prefix):
+    resp = await api.post("/v1/episodes", json={"episodes": [
+        episode("ok"), {"task": "no outcome"}, episode("bad", outcome="great", importance=11)]})
+    body = await problem(resp, 422)
+    fields = {e["field"] for e in body["errors"]}
+    assert fields == {"episodes[1].outcome", "episodes[2].outcome", "episodes[2].importance"}
+    assert await stream_events(redis, prefix) == []
+    for bad, field in [({"episodes": []}, "episodes"), ({"episodes": [episode("x")], "extra": 1}, "extra"),
+                       ([1, 2], "<root>"), ({"outcome": "success"}, "task")]:
+        body = await problem(await api.post("/v1/episodes", json=bad), 422)
+        assert field in {e["field"] for e in body["errors"]}, (bad, body)
+
+
+# --- episodes and forgetting ------------------------------------------------------------------------
+async def test_get_and_delete_episode(api, redis, prefix):
+    await put(redis, prefix, "default", episode("e1", started_at="2025-01-01T00:00:00Z",
+                                                completed_at="2025-01-01T00:01:30Z",
+                                                feedback={"reward": 1, "tests_passed": 3, "tests_total": 4}))
+    body = await (await api.get("/v1/episodes/e1")).json()
+    assert body["status"] == "completed" and body["access_count"] == 0
+    ep = body["episode"]
+    assert ep["duration_s"] == 90.0 and ep["feedback"]["pass_rate"] == 0.75
+    assert ep["started_at"] == "2025-01-01T00:00:00Z"
+    await problem(await api.get("/v1/episodes/nope"), 404)
+    await problem(await api.delete("/v1/episodes/nope"), 404)
+    resp = await api.delete("/v1/episodes/e1")
+    assert resp.status == 202
+    resp = await api.delete("/v1/users/user-a")
+    assert resp.status == 202
+    events = await stream_events(redis, prefix)
+    assert isinstance(events[0], EpisodeForgotten) and events[0].episode_id == "e1"
+    assert isinstance(events[1], UserForgotten) and events[1].user_id == "user-a"
+    await redis.set(Keys(prefix).tombstone("default", "e1"), 1)  # what the consolidator writes on forget
+    await problem(await api.get("/v1/episodes/e1"), 404)
+
+
+# --- auth and tenancy -------------------------------------------------------------------------------
+async def test_auth_required_and_other_namespaces_are_404(tenants, redis, prefix):
+    await put(redis, prefix, "ns-b", episode("b-only"))
+    body = await problem(await tenants.post("/v1/recall", json={"query": "x"}), 401)
+    assert "Authorization" in body["detail"]
+    await problem(await tenants.post("/v1/recall", json={"query": "x"}, headers=auth("wrong")), 401)
+    await problem(await tenants.get("/v1/skills", headers={"Authorization": f"Basic {KEY_A}"}), 401)
+    resp = await tenants.get("/v1/episodes/b-only", headers=auth(KEY_B))
+    assert resp.status == 200
+    await problem(await tenants.get("/v1/episodes/b-only", headers=auth(KEY_A)), 404)
+    await problem(await tenants.delete("/v1/episodes/b-only", headers=auth(KEY_A)), 404)
+    assert await stream_events(redis, prefix) == []
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert (await tenants.get(path)).status == 200, path
+
+
+async def test_keys_never_appear_in_logs_or_metrics(tenants, caplog):
+    await tenants.post("/v1/recall", json={"query": "x"}, headers=auth(KEY_A))
+    await tenants.post("/v1/recall", json={"query": "x"}, headers=auth(KEY_A + "x"))
+    text = await (await tenants.get("/metrics")).text()
+    assert KEY_A not in text and KEY_A not in caplog.text
+
+
+# --- problem details --------------------------------------------------------------------------------
+async def test_malformed_json_is_400(api):
+    for raw in (b"{not json", b"", b"\xff\xfe", b'{"query": NaN}'):
+        await problem(await api.post("/v1/recall", data=raw, headers={"Content-Type": "application/json"}), 400)
+
+
+async def test_body_over_limit_is_413(make_client):
+    client = await make_client(max_body_bytes=2048)
+    body = await problem(await client.post("/v1/recall", data=json.dumps({"query": "x" * 5000})), 413)
+    assert "2048" in body["detail"]
+
+
+async def test_unknown_route_and_method(api):
+    await problem(await api.get("/v1/nothing"), 404)
+    await problem(await api.put("/v1/recall", json={}), 405)
+
+
+class Exploding(Embedder):
+    def __init__(self):
+        super().__init__(name="exploding", dim=256, max_chars=100, batch_size=8)
+
+    async def _embed_batch(self, texts):
+        raise RuntimeError("model crashed")
+
+
+async def test_unexpected_error_is_500_problem_and_service_survives(make_client, caplog):
+    client = await make_client(Exploding())
+    body = await problem(await client.post("/v1/recall", json={"query": "x"}), 500)
+    assert "crashed" not in json.dumps(body)
+    assert "model crashed" in caplog.text
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_startup_fails_on_embedder_conflict(aiohttp_client, make_client, settings, redis):
+    await make_client()  # records hashing-v1/256 for generation 1
+    app = make_app(settings, redis=redis, embedder=HashingEmbedder(128))
+    with pytest.raises(Conflict, match="reindex"):
+        await aiohttp_client(app)
+
+
+# --- insights ---------------------------------------------------------------------------------------
+async def test_skills_profiles_and_weak_categories(api, redis, prefix):
+    rows = [("d1", "debugging", "success", 1.0, 2), ("d2", "debugging", "failure", None, 6),
+            ("d3", "debugging", "success", 0.5, None), ("t1", "testing", "failure", 0.0, 1),
+            ("t2", "testing", "partial", 0.4, 3)]
+    for eid, cat, outcome, reward, iters in rows:
+        extra = {"iterations": iters} if iters is not None else {}
+        await put(redis, prefix, "default", episode(eid, category=cat, outcome=outcome, reward=reward, **extra))
+    body = await (await api.get("/v1/skills")).json()
+    debugging, testing = body["results"]
+    assert debugging == {"category": "debugging", "episodes": 3, "successes": 2, "success_rate": pytest.approx(2 / 3),
+                         "avg_reward": 0.75, "avg_iterations": 4.0, "weak": False}
+    assert testing["success_rate"] == 0 and testing["avg_reward"] == pytest.approx(0.2) and testing["weak"]
+    assert body["weak"] == ["testing"]
+    body = await (await api.get("/v1/skills", params={"threshold": "0.7"})).json()
+    assert body["weak"] == ["debugging", "testing"]
+    await problem(await api.get("/v1/skills", params={"threshold": "2"}), 422)
+    await problem(await api.get("/v1/skills", params={"colour": "red"}), 422)
+
+
+async def test_strategy_rules(api, redis, prefix):
+    task = "parse the config file"
+    for i, outcome in enumerate(["success", "success", "failure"]):
+        await put(redis, prefix, "default", episode(f"r{i}", task=task, strategy_used="example_driven",
+                                                    outcome=outcome, agent_id="reuse"))
+    for i in range(3):
+        await put(redis, prefix, "default", episode(f"w{i}", task="unrelated", category="weak-cat",
+                                                    outcome="failure", agent_id="weak"))
+
+    async def choose(**body):
+        resp = await api.post("/v1/strategy", json={"task": task, **body})
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    reuse = await choose(agent_id="reuse")
+    assert reuse["strategy"] == "example_driven" and reuse["rule"] == "reuse" and "2 of 3" in reuse["reason"]
+    weak = await choose(agent_id="weak", category="weak-cat", min_similarity=0.99)
+    assert (weak["strategy"], weak["rule"]) == ("defensive", "weak_category")
+    for complexity, expected in ((0.9, "iterative"), (0.1, "exploratory"), (0.5, "iterative")):
+        got = await choose(agent_id="nobody", complexity=complexity)
+        assert got["strategy"] == expected and got["rule"] == "complexity"
+    assert (await choose(agent_id="nobody"))["strategy"] == "conservative"
+
+
+async def test_suggest_confidence_and_common_failures(api, redis, prefix):
+    task = "upgrade the database driver"
+    fail = {"outcome": "failure", "feedback": {"message": "connection pool exhausted"},
+            "actions": [{"action_type": "run_tests", "success": False, "error": "timeout"}]}
+    await put(redis, prefix, "default", episode("s1", task=task, strategy_used="iterative"))
+    await put(redis, prefix, "default", episode("f1", task=task, **fail))
+    await put(redis, prefix, "default", episode("f2", task=task, **fail))
+    body = await (await api.post("/v1/suggest", json={"task": task, "min_similarity": 0.5})).json()
+    assert (body["successes"], body["failures"], body["confidence"]) == (1, 2, "low")
+    assert body["common_failures"][0] == {"message": "connection pool exhausted", "count": 2}
+    assert body["failed_action_types"] == [{"action_type": "run_tests", "count": 2}]
+    assert body["successful_strategies"] == [{"strategy": "iterative", "count": 1}]
+    for i in range(5):
+        await put(redis, prefix, "default", episode(f"s{i + 2}", task=task))
+    body = await (await api.post("/v1/suggest", json={"task": task, "min_similarity": 0.5})).json()
+    assert body["confidence"] == "high"
+
+
+async def test_learning_curve(api, redis, prefix):
+    data = [("e1", "failure", 0.0), ("e2", "success", 1.0), ("e3", "success", 0.5), ("e4", "failure", None)]
+    for i, (eid, outcome, reward) in enumerate(reversed(data)):  # stored out of order
+        await put(redis, prefix, "default", episode(eid, outcome=outcome, reward=reward,
+                                                    completed_at=1_700_000_000 + 10 * (len(data) - i)))
+    body = await (await api.get("/v1/learning-curve", params={"window": "2"})).json()
+    pts = body["results"]
+    assert [p["episode_id"] for p in pts] == ["e1", "e2", "e3", "e4"]
+    assert [p["cumulative_reward"] for p in pts] == [0.0, 1.0, 1.5, 1.5]
+    assert [p["success_rate"] for p in pts] == [0.0, 0.5, 1.0, 0.5]
+    assert [p["avg_reward"] for p in pts] == [0.0, 0.5, 0.75, 0.5]
+    await problem(await api.get("/v1/learning-curve", params={"window": "0"}), 422)
+
+
+async def test_context_prompt_is_bounded(api, redis, prefix):
+    task = "migrate the orders table"
+    for i in range(5):
+        await put(redis, prefix, "default", episode(f"c{i}", task=f"{task} step {i}", solution="x" * 400,
+                                                    strategy_used="iterative", reward=0.8,
+                                                    completed_at=1_700_000_000 + i))
+    body = await (await api.post("/v1/context", json={"task": task, "top_k": 5, "max_chars": 1000,
+                                                      "category": "debugging"})).json()
+    assert len(body["prompt"]) <= 1000 and body["truncated"]
+    assert body["prompt"].startswith(f"## Relevant experience for: {task}")
+    assert "Proven strategies: iterative" in body["prompt"]
+    assert len(body["results"]) == 5 and body["facts"] == []
+    assert [e["episode_id"] for e in body["short_term"]] == ["c4", "c3", "c2", "c1", "c0"]
+    big = await (await api.post("/v1/context", json={"task": task, "top_k": 5, "max_chars": 20000})).json()
+    assert not big["truncated"] and big["prompt"].count("### Episode") == 5
+    assert (await api.post("/v1/context", json={"task": task, "max_chars": 10})).status == 422
+
+
+async def test_facts_provider_plugs_in(aiohttp_client, settings, redis):
+    async def facts(r, scope, vector, k):
+        return [{"text": f"fact for {scope.namespace}"}]
+
+    client = await aiohttp_client(make_app(settings, redis=redis, embedder=HashingEmbedder(256), facts=facts))
+    body = await (await client.post("/v1/context", json={"task": "anything"})).json()
+    assert body["facts"] == [{"text": "fact for default"}]
+    assert "fact for default" in body["prompt"]
+
+
+# --- operations -------------------------------------------------------------------------------------
+async def test_health_ready_metrics(api):
+    assert (await (await api.get("/healthz")).json()) == {"status": "ok"}
+    ready = await api.get("/readyz")
+    assert ready.status == 200 and (await ready.json())["checks"] == {"redis": True, "index": True,
+                                                                      "embedder": True}
+    await api.post("/v1/recall", json={"query": "hello"})
+    text = await (await api.get("/metrics")).text()
+    assert 'engram_http_requests_total{method="POST",route="/v1/recall",status="200"} 1.0' in text
+    assert "engram_recall_seconds_count" in text
+
+
+async def test_readyz_503_without_index(api, redis, prefix):
+    await redis.execute_command("FT.ALIASDEL", Keys(prefix).episode_index_alias)
+    resp = await api.get("/readyz")
+    assert resp.status == 503 and (await resp.json())["checks"]["index"] is False
+
+
+async def test_openapi_documents_exactly_the_routes(api):
+    from services.query.openapi import openapi_path
+
+    doc = await (await api.get("/openapi.json")).json()
+    assert doc["openapi"].startswith("3.1")
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    registered = {(r.method, openapi_path(r.resource.canonical)) for r in api.app.router.routes()
+                  if r.method != "HEAD"}
+    assert documented == registered
+    recall = doc["paths"]["/v1/recall"]["post"]
+    schema = doc["components"]["schemas"][recall["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+                                          .rsplit("/", 1)[1]]
+    assert {"query", "top_k", "since", "until", "mode", "weights", "preset", "as_of"} <= set(schema["properties"])
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["top_k"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 100}
