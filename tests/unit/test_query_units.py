@@ -1,0 +1,128 @@
+"""Pure parts of the query service: request models, auth helpers, insights, OpenAPI paths, entry point."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.query import __main__ as entry
+from services.query.auth import check_bind, is_loopback, namespace_for
+from services.query.insights import choose_strategy, prompt_section, skill_profiles, suggestion
+from services.query.models import RecallRequest
+from services.query.openapi import openapi_path
+from services.query.problems import Invalid, validate
+from shared.events import Action, Episode, Feedback, Task
+
+
+def fields_of(exc: Invalid) -> dict[str, str]:
+    return dict(exc.errors)
+
+
+def test_recall_request_defaults_and_parsing():
+    req = validate(RecallRequest, {"query": "q", "outcome": "success", "category": ["a,b", "x|y"],
+                                   "half_life": "12h", "since": "2025-07-25T00:00:00-07:00", "until": 1.8e9})
+    assert req.outcome == ("success",) and req.category == ("a,b", "x|y")  # C18: one value each
+    assert req.half_life == 43200 and req.since == 1753426800.0 and req.until == 1.8e9
+    assert (req.mode, req.normalize, req.recency_from, req.touch, req.top_k) == ("vector", "none", "completed",
+                                                                                   False, None)
+
+
+@pytest.mark.parametrize("body,field,reason", [
+    ({"query": " "}, "query", "must not be empty or blank"),
+    ({"query": "q", "top_k": 0}, "top_k", "must be an integer between 1 and 100"),
+    ({"query": "q", "top_k": 101}, "top_k", "must be an integer between 1 and 100"),
+    ({"query": "q", "reward": {"between": [0, 1]}}, "reward.between", "is not a known field"),
+    ({"query": "q", "since": 2, "until": 1}, "since", "must not be later than until"),
+    ({"query": "q", "agent_id": ""}, "agent_id", "must not be empty or blank"),
+    ({"query": "q", "agent_id": "a\x00b"}, "agent_id", "must not contain control characters"),
+    ({"query": "q", "half_life": 0}, "half_life", "must be a positive number of seconds"),
+    ({"query": "q", "weights": {}}, "weights", "at least one weight must be > 0"),
+    ({"query": "q", "outcome": []}, "outcome", "must be a string or a non-empty list of strings"),
+])
+def test_recall_request_errors_name_the_field(body, field, reason):
+    with pytest.raises(Invalid) as info:
+        validate(RecallRequest, body)
+    assert fields_of(info.value)[field] == reason
+
+
+def test_namespace_for_bearer_keys():
+    keys = {"k1": "ns-1", "k2": "ns-2"}
+    assert namespace_for(keys, "Bearer k2") == "ns-2"
+    assert namespace_for(keys, "bearer  k1 ") == "ns-1"
+    for header in (None, "", "Bearer", "Bearer k3", "Basic k1", "k1"):
+        assert namespace_for(keys, header) is None
+
+
+def test_bind_rules():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.com")
+    check_bind("127.0.0.1", {})
+    check_bind("0.0.0.0", {"k": "ns"})
+    with pytest.raises(ValueError, match="ENGRAM_API_KEYS"):
+        check_bind("0.0.0.0", {})
+
+
+def test_entry_point_refuses_without_redis_url_or_on_public_host(monkeypatch, capsys):
+    monkeypatch.setattr(entry.os, "environ", {})
+    assert entry.main() == 2
+    assert "make run" in capsys.readouterr().err
+    monkeypatch.setattr(entry.os, "environ", {"REDIS_URL": "redis://127.0.0.1:1/0", "ENGRAM_HOST": "0.0.0.0"})
+    assert entry.main() == 2
+    assert "not a loopback address" in capsys.readouterr().err
+    monkeypatch.setattr(entry.os, "environ", {"REDIS_URL": "redis://x", "ENGRAM_HALF_LIFE": "abc"})
+    assert entry.main() == 2
+    assert "ENGRAM_HALF_LIFE" in capsys.readouterr().err
+
+
+def test_openapi_path():
+    assert openapi_path("/v1/episodes/{episode_id:.+}") == "/v1/episodes/{episode_id}"
+    assert openapi_path("/v1/skills") == "/v1/skills"
+
+
+def ep(i: int, outcome: str, strategy: str | None = None, **kw) -> Episode:
+    return Episode(episode_id=f"e{i}", task=Task(description="t"), outcome=outcome, strategy_used=strategy, **kw)
+
+
+def test_choose_strategy_rules_in_order():
+    similar = [ep(1, "success", "example_driven"), ep(2, "success", "example_driven"), ep(3, "failure", "example_driven"),
+               ep(4, "success", "iterative")]
+    got = choose_strategy(similar, complexity=0.9, category_profile={"weak": True})
+    assert (got["strategy"], got["rule"]) == ("example_driven", "reuse")  # 2 successes beat 1
+    at_rate = [ep(1, "success", "x"), ep(2, "success", "x"), ep(3, "failure", "x"), ep(4, "failure", "x"),
+               ep(5, "success", "x")]  # 3/5 = 0.6 is not above 0.6
+    profile = {"weak": True, "category": "c", "success_rate": 0.2, "episodes": 5}
+    assert choose_strategy(at_rate, complexity=None, category_profile=profile)["strategy"] == "defensive"
+    assert choose_strategy([], complexity=0.71, category_profile=None)["strategy"] == "iterative"
+    assert choose_strategy([], complexity=0.29, category_profile=None)["strategy"] == "exploratory"
+    assert choose_strategy([], complexity=0.5, category_profile={"weak": False})["strategy"] == "iterative"
+    assert choose_strategy([], complexity=None, category_profile=None)["strategy"] == "conservative"
+
+
+def test_suggestion_confidence_levels():
+    assert suggestion([])["confidence"] == "low"
+    assert suggestion([ep(1, "success"), ep(2, "success"), ep(3, "failure")])["confidence"] == "medium"
+    assert suggestion([ep(i, "success") for i in range(7)] + [ep(9, "abandoned")])["confidence"] == "high"
+    got = suggestion([ep(1, "failure", feedback=Feedback(message="boom"), outcome_details="boom",
+                         actions=(Action(action_type="edit", success=False, error="boom"),))])
+    assert got["common_failures"] == [{"message": "boom", "count": 1}]  # counted once per episode
+    assert got["failed_action_types"] == [{"action_type": "edit", "count": 1}]
+
+
+def test_skill_profiles_mark_weak():
+    rows = [{"category": "a", "episodes": 4, "successes": 1, "avg_reward": None, "avg_iterations": None}]
+    assert skill_profiles(rows, 0.5)[0]["weak"] and not skill_profiles(rows, 0.25)[0]["weak"]
+
+
+RESULT = {"episode": {"episode_id": "e", "task": {"description": "d " * 300}, "outcome": "success",
+                      "solution": "s " * 500, "feedback": {"reward": 1.0, "message": "ok"}}, "priority": 0.9}
+REPLAY = {"episodes": 1, "avg_reward": 1.0, "success_rate": 1.0,
+          "strategies": [{"strategy": "x", "episodes": 1, "success_rate": 1.0}]}
+
+
+@given(st.text(min_size=1, max_size=500), st.integers(min_value=1, max_value=5000), st.integers(0, 6))
+def test_prompt_section_never_exceeds_budget(task, max_chars, n):
+    text, truncated = prompt_section(task, "cat", [RESULT] * n, REPLAY, [{"text": "f"}], max_chars)
+    assert len(text) <= max_chars
+    if not truncated:
+        assert text.count("### Episode") == n
