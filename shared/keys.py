@@ -102,3 +102,7 @@ class Keys:
 
     def fact_doc(self, gen: int, fact_id: str) -> str:
         return f"{self.fact_doc_prefix(gen)}{fact_id}"
+
+    def fact_scope(self, gen: int, scope_id: str) -> str:
+        """Hash: the facts projection state of one scope (applied `seq`, fact `ids`, snapshot `sids`)."""
+        return f"{self.gen_prefix(gen)}factscope:{scope_id}"

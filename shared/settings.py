@@ -146,6 +146,13 @@ class Settings:
     facts_every: int = 20
     facts_importance_threshold: float = 150.0
     facts_min_cluster: int = 3
+    facts_distance: float = 0.5
+    facts_max_episodes: int = 2000
+    summarizer_url: str | None = None
+    summarizer_model: str = "gpt-4o-mini"
+    summarizer_api_key: str | None = None
+    summarizer_timeout: float = 20.0
+    summarizer_max_chars: int = 600
 
     # backpressure and retention
     max_lag: int = 100_000
@@ -208,6 +215,13 @@ class Settings:
             facts_every=_int(env, "ENGRAM_FACTS_EVERY", 20, 1, 1_000_000),
             facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
             facts_min_cluster=_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),
+            facts_distance=_float(env, "ENGRAM_FACTS_DISTANCE", 0.5, 0.01, 1.99),
+            facts_max_episodes=_int(env, "ENGRAM_FACTS_MAX_EPISODES", 2000, 10, 100_000),
+            summarizer_url=env.get("ENGRAM_SUMMARIZER_URL") or None,
+            summarizer_model=env.get("ENGRAM_SUMMARIZER_MODEL", "gpt-4o-mini"),
+            summarizer_api_key=env.get("ENGRAM_SUMMARIZER_API_KEY") or None,
+            summarizer_timeout=_duration(env, "ENGRAM_SUMMARIZER_TIMEOUT", 20.0),
+            summarizer_max_chars=_int(env, "ENGRAM_SUMMARIZER_MAX_CHARS", 600, 50, 1000),
             max_lag=_int(env, "ENGRAM_MAX_LAG", 100_000, 1, 1 << 40),
             stream_retention=(None if env.get("ENGRAM_STREAM_RETENTION", "").strip().lower() in ("off", "none")
                               else _duration(env, "ENGRAM_STREAM_RETENTION", 7 * 86400.0)),

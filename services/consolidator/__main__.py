@@ -56,13 +56,20 @@ async def _run(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(settings, redis, embedder, metrics=metrics)
+    from services.consolidator.facts import Consolidator
+    from services.consolidator.summarizer import Summarizer
+
+    summarizer = Summarizer.from_settings(settings)
+    facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer)
+    worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
     try:
         await worker.run(stop)
     except Conflict as exc:
         logging.getLogger("engram.consolidator").error("%s", exc)
         return 2
     finally:
+        if summarizer is not None:
+            await summarizer.aclose()
         await embedder.aclose()
         await redis.aclose()
     return 0

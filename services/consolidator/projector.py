@@ -278,10 +278,12 @@ class Projector:
         elif isinstance(event, UserForgotten):
             await self.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
-            pass  # facts are projected by the semantic-memory consolidation step
+            from services.consolidator.facts import apply_snapshot
+            await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim)
 
-    async def erase_episode(self, namespace: str, episode_id: str) -> None:
-        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection."""
+    async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
+        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
+        (and, unless `facts=False`, rebuild the facts whose evidence named it)."""
         k, g = self.keys, self.gen
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
@@ -289,17 +291,24 @@ class Projector:
         await self.redis.delete(k.episode_events(g, namespace, episode_id),
                                 k.episode_stream_ids(g, namespace, episode_id),
                                 k.episode_doc(g, namespace, episode_id))
+        if facts:
+            await self._forget_facts(namespace, [episode_id])
+
+    async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
+        from services.consolidator.facts import forget_evidence
+        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim)
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode (draft or completed) of `user_id` in `namespace`; returns the count."""
         await self._forget_user(keys=[self.keys.user_tombstone(namespace, user_id)], args=[repr(forgotten_at)])
         index = self.keys.episode_index(self.gen)
-        erased = 0
+        erased: list[str] = []
         while True:
             _, hits = await filter_search(self.redis, index, Scope(namespace=namespace, user_id=user_id, status=None),
                                           return_fields=("episode_id",), limit=500)
             if not hits:
-                return erased
+                await self._forget_facts(namespace, erased)
+                return len(erased)
             for hit in hits:
-                await self.erase_episode(namespace, hit.fields[b"episode_id"].decode())
-                erased += 1
+                erased.append(hit.fields[b"episode_id"].decode())
+                await self.erase_episode(namespace, erased[-1], facts=False)

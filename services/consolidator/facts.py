@@ -1,0 +1,659 @@
+"""Semantic memory: consolidate clusters of a scope's episodes into facts (see shared.facts).
+
+Clustering. `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
+the unit episode vectors (`ENGRAM_FACTS_DISTANCE`, default 0.5 = cosine similarity 0.5). Chosen over
+k-means and HDBSCAN because (1) it needs no k: the number of task families is unknown and changes;
+(2) average linkage with a distance threshold states the guarantee we want directly — two groups are
+merged only when their *average* pairwise cosine distance is below `d`, so unrelated families never
+merge however few of them there are, where k-means with too small a k must merge them; (3) it is fully
+deterministic (no random initialisation, so no seed to carry), which stable fact ids need; (4) it is
+exact on the small sets involved (a scope is capped at its newest `ENGRAM_FACTS_MAX_EPISODES` episodes;
+O(n²) memory). HDBSCAN would need min_cluster_size tuning and labels small families as noise.
+Clusters smaller than `ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
+
+Stable ids and supersession (`plan`, a pure function). Each new cluster is matched to the previous
+*current* fact holding the largest share of its evidence (≥ half of the fact's evidence, greedy,
+one-to-one). A matched cluster keeps the fact's id: when its statistics are unchanged the fact is kept
+byte for byte (no new version, no new `updated_at`); otherwise `version` + 1. When the newest evidence
+contradicts it — the cluster's time-ordered outcomes split into an older part and a newer part (each of
+at least `min_cluster` episodes, the newer one holding new evidence) whose success rates lie on either
+side of 50% and differ by at least 0.5 — a new fact built from the newer part *supersedes* it: the old
+one stays as history (`status=superseded`, `superseded_by`, `superseded_at`) and the new one only
+counts evidence from its regime on (`evidence_since`). Unmatched clusters become new facts; unmatched
+previous facts are removed.
+
+Facts are events. A run publishes one `FactsConsolidated` holding the scope's whole state (current
+facts and history) with a per-scope sequence number, then projects it (`apply_snapshot`, one MULTI per
+scope under WATCH; a snapshot older than the applied one is ignored), and the worker that consumes the
+event projects it again idempotently — so a replay rebuilds facts. Nothing is written before the event
+is published: a crash mid-run leaves the previous facts as they were. A lease (`SET NX PX`) per scope
+lets one process consolidate it at a time.
+
+Triggers (`Consolidator.on_batch`): after every `ENGRAM_FACTS_EVERY` newly completed episodes of a
+scope, or when their summed importance reaches `ENGRAM_FACTS_IMPORTANCE_THRESHOLD` (Generative Agents
+reflect at 150; Park et al. 2023, section 4.2), or on demand (`POST /v1/consolidate`).
+
+Forgetting (`forget_evidence`, called by the projector after it erased episodes): every fact whose
+evidence named a forgotten episode is rebuilt from its remaining evidence (or removed below
+`min_cluster`), with the deterministic text; the scope's previous snapshot events are XDEL'd from the
+stream once the new one is published, so neither the projection nor the stream keeps their ids or text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+from sklearn.cluster import AgglomerativeClustering
+
+from shared import streams
+from shared.codec import encode
+from shared.errors import EngramError, InvalidEpisode
+from shared.events import Episode, FactsConsolidated
+from shared.facts import (
+    CENTROID_FIELD,
+    DOC_FIELD,
+    LEVEL_NAMESPACE,
+    MAX_TEXT_CHARS,
+    STATUS_CURRENT,
+    STATUS_SUPERSEDED,
+    Fact,
+    FactScope,
+    ensure_facts_index,
+    fact_fields,
+    fact_from_doc,
+    facts_with_evidence,
+    superseded,
+)
+from shared.index import STATUS_COMPLETED, Scope, current_generation
+from shared.keys import Keys, digest
+from shared.settings import Settings
+from shared.timeutil import format_instant
+from shared.validation import parse_episode
+
+log = logging.getLogger("engram.facts")
+
+HISTORY_LIMIT = 50  # superseded facts kept per scope (newest first)
+PAGE = 500
+RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One completed episode of a scope with its unit vector."""
+
+    episode: Episode
+    vector: np.ndarray
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
+
+    @property
+    def completed_at(self) -> float:
+        return self.episode.completed_at if self.episode.completed_at is not None else 0.0
+
+
+def _order(rows: Sequence[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
+
+
+def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
+    if not doc or not vector:
+        return None
+    try:
+        episode = parse_episode(json.loads(doc))
+    except (ValueError, EngramError):
+        return None
+    v = np.frombuffer(vector, dtype=np.float32).astype(np.float64)
+    norm = float(np.linalg.norm(v))
+    if not np.isfinite(norm) or norm == 0:
+        return None
+    return Row(episode=episode, vector=v / norm)
+
+
+async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int) -> list[Row]:
+    """The scope's newest `limit` completed episodes with their vectors (FT.SEARCH, paged)."""
+    filters = Scope(namespace=scope.namespace, agent_id=scope.agent_id,
+                    category=(scope.category,) if scope.agent_id is not None and scope.category else (),
+                    status=STATUS_COMPLETED)
+    rows: list[Row] = []
+    offset = 0
+    while offset < limit:
+        n = min(PAGE, limit - offset)
+        reply = await r.execute_command("FT.SEARCH", index, filters.query(), "RETURN", 2, "doc", "vector",
+                                        "SORTBY", "completed_at", "DESC", "LIMIT", offset, n, "DIALECT", 2)
+        page = reply[2::2]
+        for fields in page:
+            f = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}
+            row = _row(f.get(b"doc"), f.get(b"vector"))
+            if row is not None:
+                rows.append(row)
+        offset += n
+        if len(page) < n:
+            break
+    return _order(rows)
+
+
+async def load_rows_by_id(r: aioredis.Redis, keys: Keys, gen: int, namespace: str, ids: Sequence[str]) -> list[Row]:
+    """Completed episodes by id (missing, forgotten or draft ones are skipped)."""
+    async with r.pipeline(transaction=False) as pipe:
+        for eid in ids:
+            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status"])
+        raw = await pipe.execute()
+    rows = []
+    for doc, vec, status in raw:
+        if status == STATUS_COMPLETED.encode():
+            row = _row(doc, vec)
+            if row is not None:
+                rows.append(row)
+    return _order(rows)
+
+
+# --- clustering and statistics (pure) -------------------------------------------------------------
+def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
+    """Row indices grouped by average-linkage agglomerative clustering on cosine distance.
+
+    Groups are ordered by their smallest index; deterministic for a given input order.
+    """
+    n = len(vectors)
+    if n == 0:
+        return []
+    if n == 1:
+        return [[0]]
+    labels = AgglomerativeClustering(n_clusters=None, metric="cosine", linkage="average",
+                                     distance_threshold=distance).fit_predict(vectors)
+    groups: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(int(label), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _rate(rows: Sequence[Row]) -> float:
+    return sum(r.episode.outcome == "success" for r in rows) / len(rows) if rows else 0.0
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def _failure_messages(ep: Episode) -> list[str]:
+    msgs = [a.error for a in ep.actions if a.error]
+    if not msgs and ep.outcome_details:
+        msgs = [ep.outcome_details]
+    if not msgs and ep.feedback is not None and ep.feedback.message:
+        msgs = [ep.feedback.message]
+    return sorted({_clip(m, 200) for m in msgs if m.strip()})
+
+
+def build_fact(scope: FactScope, rows: Sequence[Row], *, fact_id: str, now: float, created_at: float | None = None,
+               version: int = 1, evidence_since: float | None = None, supersedes: str | None = None) -> Fact:
+    """A fact from its evidence rows: statistics, centroid, confidence, kind and deterministic text."""
+    rows = _order(rows)
+    n = len(rows)
+    eps = [r.episode for r in rows]
+    successes = sum(e.outcome == "success" for e in eps)
+    rate = round(successes / n, 4)
+    rewards = [e.feedback.reward for e in eps if e.feedback is not None and e.feedback.reward is not None]
+    avg_reward = round(float(np.mean(rewards)), 4) if rewards else None
+    by_strategy: dict[str, list[Episode]] = {}
+    for e in eps:
+        if e.strategy_used:
+            by_strategy.setdefault(e.strategy_used, []).append(e)
+    strategies = sorted(
+        ({"strategy": s, "episodes": len(v), "successes": sum(x.outcome == "success" for x in v),
+          "success_rate": round(sum(x.outcome == "success" for x in v) / len(v), 4)} for s, v in by_strategy.items()),
+        key=lambda d: (-d["episodes"], -d["successes"], d["strategy"]))[:5]
+    failures = Counter(m for e in eps if e.outcome != "success" for m in _failure_messages(e))
+    common_failures = [{"message": m, "count": c} for m, c in sorted(failures.items(), key=lambda x: (-x[1], x[0]))[:3]]
+    acts: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for e in eps:
+        for a in e.actions:
+            acts[a.action_type] += 1
+            failed[a.action_type] += bool(a.error) or a.success is False
+    action_types = [{"action_type": t, "count": c, "failed": failed[t]}
+                    for t, c in sorted(acts.items(), key=lambda x: (-x[1], x[0]))[:5]]
+    matrix = np.stack([r.vector for r in rows])
+    centroid = matrix.mean(axis=0)
+    centroid = (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+    cos = matrix @ centroid.astype(np.float64)
+    order = sorted(range(n), key=lambda i: (-round(float(cos[i]), 9), rows[i].episode_id))
+    central = tuple(rows[i].episode_id for i in order[:3])
+    cohesion = float(np.clip(np.mean(cos), 0.0, 1.0))
+    confidence = round(cohesion * n / (n + 2), 4)
+    best = next((s for s in sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
+                 if s["episodes"] >= 2), None)
+    if rate >= 0.7:
+        kind = "strategy" if best is not None and best["success_rate"] >= 0.7 else "best_practice"
+    elif rate <= 0.3:
+        kind = "failure_pattern"
+    else:
+        kind = "best_practice"
+    first_at, last_at = rows[0].completed_at, rows[-1].completed_at
+    tasks = [rows[i].episode.task.description for i in order[:3] if rows[i].episode.task]
+    categories = sorted({e.task.category for e in eps if e.task and e.task.category})
+    text = _text(kind, n, successes, avg_reward, strategies, common_failures, action_types, first_at, last_at,
+                 tasks, categories)
+    return Fact(
+        fact_id=fact_id, namespace=scope.namespace, scope_id=scope.scope_id, level=scope.level,
+        agent_id=scope.agent_id, category=scope.category, kind=kind, text=text, base_text=text,
+        support=n, successes=successes, success_rate=rate, avg_reward=avg_reward,
+        top_strategies=tuple(strategies), common_failures=tuple(common_failures), action_types=tuple(action_types),
+        evidence=tuple(sorted(r.episode_id for r in rows)), central=central,
+        agents=tuple(sorted({e.agent_id for e in eps if e.agent_id})),
+        users=tuple(sorted({e.user_id for e in eps if e.user_id})), categories=tuple(categories),
+        first_at=first_at, last_at=last_at, evidence_since=evidence_since,
+        centroid=tuple(float(x) for x in centroid), confidence=confidence, version=version,
+        created_at=now if created_at is None else created_at, updated_at=now, supersedes=supersedes)
+
+
+_HEAD = {"strategy": "What works", "failure_pattern": "What fails", "best_practice": "Mixed results"}
+
+
+def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategies: list[dict[str, Any]],
+          failures: list[dict[str, Any]], actions: list[dict[str, Any]], first_at: float, last_at: float,
+          tasks: list[str], categories: list[str]) -> str:
+    """The deterministic sentence(s) of a fact, at most MAX_TEXT_CHARS."""
+    subject = f'tasks like "{_clip(tasks[0], 100)}"' if tasks else "these tasks"
+    if categories:
+        subject += f" ({', '.join(_clip(c, 40) for c in categories[:3])})"
+    span = (format_instant(first_at) or "")[:10], (format_instant(last_at) or "")[:10]
+    when = f"on {span[0]}" if span[0] == span[1] else f"between {span[0]} and {span[1]}"
+    parts = [f"{_HEAD[kind]}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
+             f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")]
+    if strategies:
+        parts.append("Strategies: " + "; ".join(
+            f"{_clip(s['strategy'], 40)} succeeded {s['successes']} of {s['episodes']}" for s in strategies) + ".")
+    if failures:
+        parts.append("Failures were: " + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in failures) + ".")
+    if actions:
+        parts.append("Common actions: " + ", ".join(f"{_clip(a['action_type'], 30)} ({a['count']})" for a in actions) + ".")
+    return _clip(" ".join(parts), MAX_TEXT_CHARS)
+
+
+def changepoint(rows: Sequence[Row], min_size: int, known: set[str]) -> int | None:
+    """Where time-ordered outcomes flip: the split i maximising |rate(rows[:i]) - rate(rows[i:])| among
+    splits with ≥ min_size rows each side, rates on either side of 50% differing by ≥ 0.5, and at least
+    one row of the newer part not in `known` (new evidence). None when the evidence agrees."""
+    best: tuple[float, int] | None = None
+    for i in range(min_size, len(rows) - min_size + 1):
+        newer = rows[i:]
+        if all(r.episode_id in known for r in newer):
+            continue
+        a, b = _rate(rows[:i]), _rate(newer)
+        if (a >= 0.5) != (b >= 0.5) and abs(a - b) >= 0.5 and (best is None or abs(a - b) > best[0]):
+            best = (abs(a - b), i)
+    return best[1] if best else None
+
+
+def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min_cluster: int, distance: float,
+         now: float) -> tuple[list[Fact], list[str]] | None:
+    """The scope's next facts (current and history) and removed ids; None when nothing changes."""
+    rows = _order(rows)
+    groups = [[rows[i] for i in g] for g in cluster(np.stack([r.vector for r in rows]), distance)] if rows else []
+    groups = [g for g in groups if len(g) >= min_cluster]
+    current = {f.fact_id: f for f in previous if f.status == STATUS_CURRENT}
+    history = [f for f in previous if f.status != STATUS_CURRENT]
+    used_ids = {f.fact_id for f in previous}
+    # greedy one-to-one matching by the share of the fact's evidence found in the cluster
+    pairs = []
+    for gi, g in enumerate(groups):
+        ids = {r.episode_id for r in g}
+        for f in current.values():
+            inter = len(ids & set(f.evidence))
+            if f.evidence and inter / len(f.evidence) >= 0.5:
+                pairs.append((-inter / len(f.evidence), -inter, gi, f.fact_id))
+    match: dict[int, Fact] = {}
+    taken: set[str] = set()
+    for _, _, gi, fid in sorted(pairs):
+        if gi not in match and fid not in taken:
+            match[gi] = current[fid]
+            taken.add(fid)
+    out: list[Fact] = []
+    for gi, g in enumerate(groups):
+        old = match.get(gi)
+        if old is None:
+            fid = _new_id(scope, g[0].episode_id, used_ids)
+            out.append(build_fact(scope, g, fact_id=fid, now=now))
+            continue
+        regime = [r for r in g if old.evidence_since is None or r.completed_at >= old.evidence_since]
+        cut = changepoint(regime, min_cluster, set(old.evidence))
+        if cut is not None:
+            newer = regime[cut:]
+            fid = _new_id(scope, f"{old.fact_id}\x00{newer[0].episode_id}", used_ids)
+            out.append(build_fact(scope, newer, fact_id=fid, now=now, evidence_since=newer[0].completed_at,
+                                  supersedes=old.fact_id))
+            history.append(superseded(old, fid, now))
+            continue
+        if len(regime) < min_cluster:
+            continue
+        fresh = build_fact(scope, regime, fact_id=old.fact_id, now=old.updated_at, created_at=old.created_at,
+                           version=old.version, evidence_since=old.evidence_since, supersedes=old.supersedes)
+        if fresh.content() == old.content():
+            out.append(old)
+        else:
+            out.append(replace(fresh, version=old.version + 1, updated_at=now))
+    history = sorted(history, key=lambda f: (-(f.superseded_at or 0.0), f.fact_id))[:HISTORY_LIMIT]
+    facts = sorted(out, key=lambda f: f.fact_id) + history
+    kept = {f.fact_id for f in facts}
+    removed = sorted(fid for fid in current if fid not in kept)
+    if not removed and sorted(facts, key=lambda f: f.fact_id) == sorted(previous, key=lambda f: f.fact_id):
+        return None
+    return facts, removed
+
+
+def _new_id(scope: FactScope, seed: str, used: set[str]) -> str:
+    fid = digest(scope.scope_id, "fact", seed)
+    k = 0
+    while fid in used:
+        k += 1
+        fid = digest(scope.scope_id, "fact", seed, str(k))
+    used.add(fid)
+    return fid
+
+
+# --- the projection ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ScopeState:
+    seq: int
+    facts: list[Fact]
+    sids: list[str]
+    min_cluster: int | None
+
+
+async def load_state(r: aioredis.Redis, keys: Keys, gen: int, scope_id: str) -> ScopeState:
+    seq, ids, sids, min_cluster = await r.hmget(keys.fact_scope(gen, scope_id), ["seq", "ids", "sids", "min_cluster"])
+    fact_ids = json.loads(ids) if ids else []
+    facts = []
+    if fact_ids:
+        async with r.pipeline(transaction=False) as pipe:
+            for fid in fact_ids:
+                pipe.hmget(keys.fact_doc(gen, fid), [DOC_FIELD, CENTROID_FIELD])
+            for doc, centroid in await pipe.execute():
+                if doc is not None:
+                    facts.append(fact_from_doc(doc, centroid))
+    return ScopeState(seq=int(seq or 0), facts=facts, sids=json.loads(sids) if sids else [],
+                      min_cluster=int(min_cluster) if min_cluster else None)
+
+
+def snapshot_facts(event: FactsConsolidated) -> tuple[FactScope, int, list[Fact]]:
+    """Validate a FactsConsolidated event: its scope, sequence number and facts (InvalidEpisode if bad)."""
+    scope = FactScope.from_data(event.scope)
+    try:
+        seq = int(event.scope.get("seq", "0"))
+    except ValueError:
+        raise InvalidEpisode([("scope.seq", "must be an integer")]) from None
+    facts = [Fact.from_data(f) for f in event.facts]
+    if scope.namespace != event.namespace or scope.scope_id != event.scope.get("scope_id", scope.scope_id) \
+            or any(f.namespace != event.namespace or f.scope_id != scope.scope_id for f in facts):
+        raise InvalidEpisode([("facts", "facts must belong to the event's namespace and scope")])
+    return scope, seq, facts
+
+
+async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsConsolidated,
+                         stream_id: bytes | str | None, dim: int) -> bool:
+    """Project a scope snapshot into generation `gen` atomically; False when an equal or newer one is in."""
+    scope, seq, facts = snapshot_facts(event)
+    await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
+    state_key = keys.fact_scope(gen, scope.scope_id)
+    sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+    async with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                await pipe.watch(state_key)
+                cur_seq, cur_ids, cur_sids = await pipe.hmget(state_key, ["seq", "ids", "sids"])
+                if int(cur_seq or 0) >= seq:
+                    await pipe.unwatch()
+                    return False
+                old_ids = set(json.loads(cur_ids) if cur_ids else [])
+                sids = (json.loads(cur_sids) if cur_sids else []) + ([sid] if sid else [])
+                new_ids = [f.fact_id for f in facts]
+                pipe.multi()
+                for fid in sorted(old_ids - set(new_ids)):
+                    pipe.delete(keys.fact_doc(gen, fid))
+                for f in facts:
+                    pipe.delete(keys.fact_doc(gen, f.fact_id))
+                    pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f))
+                pipe.hset(state_key, mapping={"seq": seq, "ids": json.dumps(new_ids), "sids": json.dumps(sids),
+                                              "namespace": scope.namespace,
+                                              "min_cluster": event.scope.get("min_cluster", "")})
+                await pipe.execute()
+                return True
+            except WatchError:
+                continue
+
+
+# --- the consolidator -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    scope: FactScope
+    status: str  # "published", "unchanged", "busy"
+    facts: int = 0
+    removed: int = 0
+    seq: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scope": {k: v for k, v in self.scope.to_data().items() if k != "scope_id"},
+                "status": self.status, "facts": self.facts, "removed": self.removed}
+
+
+Publisher = Callable[[FactsConsolidated], Awaitable[str]]
+
+
+class Consolidator:
+    """Builds and publishes facts. One per worker process (and one in the query service for on-demand runs).
+
+    `dim` is the embedder's dimension (the facts index's vector size). `publish(event)` XADDs an event
+    and returns its stream id (defaults to `shared.streams.publish`).
+    """
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis, dim: int, *, summarizer=None,
+                 publish: Publisher | None = None):
+        self.settings = settings
+        self.redis = redis
+        self.keys = Keys(settings.prefix)
+        self.dim = dim
+        self.summarizer = summarizer
+        self._publish = publish
+        self._release = redis.register_script(RELEASE_LUA)
+        self.runs = 0
+
+    async def publish(self, event: FactsConsolidated) -> str:
+        if self._publish is not None:
+            return await self._publish(event)
+        (sid,) = await streams.publish(self.redis, self.keys.stream, [encode(event)])
+        return sid.decode() if isinstance(sid, bytes) else str(sid)
+
+    # --- lease ---------------------------------------------------------------------------------
+    async def _acquire(self, scope_id: str, *, wait: float = 0.0) -> str | None:
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + wait
+        while True:
+            if await self.redis.set(self.keys.consolidation_lock(scope_id), token, nx=True,
+                                    px=self.settings.lease_ms):
+                return token
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
+
+    async def _release_lock(self, scope_id: str, token: str) -> None:
+        await self._release(keys=[self.keys.consolidation_lock(scope_id)], args=[token])
+
+    # --- triggers ------------------------------------------------------------------------------
+    async def on_batch(self, result) -> list[RunResult]:
+        """Worker hook: count newly completed episodes per scope; consolidate scopes past a threshold."""
+        touched: dict[str, tuple[FactScope, int, float]] = {}
+        for namespace, folded in result.completed:
+            ep = folded.episode
+            if ep is None:
+                continue
+            scopes = [FactScope(namespace)]
+            if ep.agent_id and ep.task is not None:
+                scopes.append(FactScope(namespace, ep.agent_id, ep.task.category))
+            for s in scopes:
+                _, n, imp = touched.get(s.scope_id, (s, 0, 0.0))
+                touched[s.scope_id] = (s, n + 1, imp + float(ep.importance or 0.0))
+        return await self.count(list(touched.values()))
+
+    async def count(self, increments: list[tuple[FactScope, int, float]]) -> list[RunResult]:
+        if not increments:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for s, n, imp in increments:
+                pipe.hincrby(self.keys.scope_counter(s.scope_id), "completed", n)
+                pipe.hincrbyfloat(self.keys.scope_counter(s.scope_id), "importance", imp)
+            totals = await pipe.execute()
+        out = []
+        for i, (s, _, _) in enumerate(increments):
+            completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
+            if completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold:
+                log.info("facts ◆ trigger %s ◆ %d completed ◆ importance %.1f", s.scope_id[:12], completed, importance)
+                out.append(await self.consolidate(s))
+        return out
+
+    async def scopes_of(self, namespace: str) -> list[FactScope]:
+        """The namespace scope and every (agent_id, category) scope with at least min_cluster episodes."""
+        index = self.keys.episode_index_alias
+        reply = await self.redis.execute_command(
+            "FT.AGGREGATE", index, Scope(namespace=namespace).query(), "LOAD", 2, "@agent_id", "@category",
+            "FILTER", "exists(@agent_id) && exists(@category)",
+            "GROUPBY", 2, "@agent_id", "@category", "REDUCE", "COUNT", 0, "AS", "n", "DIALECT", 2)
+        scopes = [FactScope(namespace)]
+        for row in reply[1:]:
+            f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
+            if f.get("agent_id") and f.get("category") and int(f.get("n") or 0) >= self.settings.facts_min_cluster:
+                scopes.append(FactScope(namespace, f["agent_id"].decode(), f["category"].decode()))
+        return sorted(scopes, key=lambda s: (s.level != LEVEL_NAMESPACE, s.agent_id or "", s.category or ""))
+
+    # --- one run ---------------------------------------------------------------------------------
+    async def consolidate(self, scope: FactScope, *, now: float | None = None) -> RunResult:
+        """Consolidate one scope under its lease; publishes a snapshot when anything changed."""
+        token = await self._acquire(scope.scope_id)
+        if token is None:
+            return RunResult(scope, "busy")
+        try:
+            counter = await self.redis.hgetall(self.keys.scope_counter(scope.scope_id))
+            gen = await current_generation(self.redis, self.keys)
+            state = await load_state(self.redis, self.keys, gen, scope.scope_id)
+            rows = await load_rows(self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes)
+            now = time.time() if now is None else now
+            planned = plan(scope, rows, state.facts, min_cluster=self.settings.facts_min_cluster,
+                           distance=self.settings.facts_distance, now=now)
+            if planned is None:
+                await self._reset(scope, counter)
+                return RunResult(scope, "unchanged", facts=len(state.facts), seq=state.seq)
+            facts, removed = planned
+            facts = await self._summarise(facts, state.facts, rows)
+            event = self._event(scope, state.seq + 1, facts, removed, now)
+            sid = await self.publish(event)  # nothing is written before this succeeds
+            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim)
+            await self._reset(scope, counter)
+            self.runs += 1
+            log.info("facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed", scope.scope_id[:12], state.seq + 1,
+                     len(facts), len(removed))
+            return RunResult(scope, "published", facts=len(facts), removed=len(removed), seq=state.seq + 1)
+        finally:
+            await self._release_lock(scope.scope_id, token)
+
+    def _event(self, scope: FactScope, seq: int, facts: list[Fact], removed: Sequence[str],
+               now: float) -> FactsConsolidated:
+        return FactsConsolidated(namespace=scope.namespace, occurred_at=now,
+                                 scope={**scope.to_data(), "seq": str(seq),
+                                        "min_cluster": str(self.settings.facts_min_cluster)},
+                                 facts=tuple(f.to_data() for f in facts), removed=tuple(removed))
+
+    async def _reset(self, scope: FactScope, counter: dict[bytes, bytes]) -> None:
+        """Subtract what this run consumed (increments made meanwhile still count)."""
+        key = self.keys.scope_counter(scope.scope_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(key, "completed", -int(counter.get(b"completed", b"0")))
+            pipe.hincrbyfloat(key, "importance", -float(counter.get(b"importance", b"0")))
+            await pipe.execute()
+
+    async def _summarise(self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row]) -> list[Fact]:
+        if self.summarizer is None:
+            return facts
+        before = {f.fact_id: f for f in previous}
+        tasks = {r.episode_id: r.episode.task.description for r in rows if r.episode.task}
+        out = []
+        for f in facts:
+            if f.status == STATUS_CURRENT and before.get(f.fact_id) != f:
+                text = await self.summarizer.summarize(f.base_text, [tasks[e] for e in f.central if e in tasks])
+                if text:
+                    f = replace(f, text=text)
+            out.append(f)
+        return out
+
+    # --- forgetting ----------------------------------------------------------------------------
+    async def forget_evidence(self, gen: int, namespace: str, episode_ids: Sequence[str]) -> int:
+        """Rebuild or remove every fact whose evidence named a forgotten episode; returns facts touched."""
+        affected = await facts_with_evidence(self.redis, self.keys.facts_index(gen), namespace, list(episode_ids))
+        by_scope: dict[str, list[Fact]] = {}
+        for f in affected:
+            by_scope.setdefault(f.scope_id, []).append(f)
+        forgotten = set(episode_ids)
+        for scope_id in sorted(by_scope):
+            token = await self._acquire(scope_id, wait=self.settings.lease_ms / 1000)
+            if token is None:
+                raise RuntimeError(f"facts scope {scope_id[:12]} stayed locked; the forget will be retried")
+            try:
+                await self._forget_in_scope(gen, scope_id, forgotten)
+            finally:
+                await self._release_lock(scope_id, token)
+        return len(affected)
+
+    async def _forget_in_scope(self, gen: int, scope_id: str, forgotten: set[str]) -> None:
+        state = await load_state(self.redis, self.keys, gen, scope_id)
+        if not state.facts:
+            return
+        first = state.facts[0]
+        scope = FactScope(first.namespace, first.agent_id, first.category)
+        min_cluster = state.min_cluster or self.settings.facts_min_cluster
+        now = time.time()
+        facts: list[Fact] = []
+        removed: list[str] = []
+        for f in state.facts:
+            if not forgotten & set(f.evidence):
+                facts.append(f)
+                continue
+            keep = [e for e in f.evidence if e not in forgotten]
+            rows = await load_rows_by_id(self.redis, self.keys, gen, f.namespace, keep)
+            rows = [r for r in rows if r.episode_id not in forgotten]
+            if len(rows) < min_cluster:
+                removed.append(f.fact_id)
+                continue
+            rebuilt = build_fact(scope, rows, fact_id=f.fact_id, now=now, created_at=f.created_at,
+                                 version=f.version + 1, evidence_since=f.evidence_since, supersedes=f.supersedes)
+            if f.status == STATUS_SUPERSEDED:
+                rebuilt = replace(rebuilt, status=STATUS_SUPERSEDED, superseded_by=f.superseded_by,
+                                  superseded_at=f.superseded_at)
+            facts.append(rebuilt)
+        event = self._event(scope, state.seq + 1, facts, removed, now)
+        sid = await self.publish(event)
+        await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim)
+        # the older snapshots of this scope still hold the forgotten ids and text: drop them
+        await streams.delete(self.redis, self.keys.stream, [s for s in state.sids if s != sid])
+        await self.redis.hset(self.keys.fact_scope(gen, scope_id), "sids", json.dumps([sid]))
+        log.info("facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed", scope_id[:12], len(facts),
+                 len(removed))
+
+
+async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace: str, episode_ids: Sequence[str],
+                          dim: int) -> int:
+    """The projector's forgetting hook: see `Consolidator.forget_evidence`."""
+    if not episode_ids:
+        return 0
+    return await Consolidator(Settings(prefix=keys.prefix), redis, dim).forget_evidence(gen, namespace, episode_ids)

@@ -1,0 +1,385 @@
+"""Semantic memory: the fact model, the facts index schema and its queries (the one owner of both).
+
+A *fact* condenses a cluster of similar completed episodes of one *scope* (a namespace, or one agent's
+category inside a namespace) into statistics and a sentence: support, success rate, average reward,
+the strategies tried, common failures and action types, the evidence episode ids and their time span,
+the cluster centroid, a confidence, a version and, when newer evidence contradicted an older fact, the
+id of the fact it `supersedes`. `services.consolidator.facts` builds them; they travel in
+`FactsConsolidated` events as plain dicts (`Fact.to_data` / `Fact.from_data`), each event holding the
+full state of one scope (current facts and their superseded history), so the newest event of a scope
+alone rebuilds it.
+
+Fact documents are HASHes under `Keys.fact_doc_prefix(gen)`; the index of the live generation is
+reached through `Keys.facts_index_alias`. TAG values are escaped with `shared.index.escape_tag`, like
+the episode index. Validity in time: a fact is valid from `created_at` until `superseded_at`
+(`OPEN_END` while it is current), which is what `as_of` queries filter on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared.errors import InvalidEpisode
+from shared.index import (
+    TAG_SEPARATOR,
+    SearchHit,
+    index_exists,
+    numeric_clause,
+    parse_search,
+    point_alias_at,
+    tag_clause,
+    vector_bytes,
+)
+from shared.keys import Keys, digest
+
+KINDS = ("strategy", "failure_pattern", "best_practice", "preference")
+STATUS_CURRENT, STATUS_SUPERSEDED = "current", "superseded"
+LEVEL_NAMESPACE, LEVEL_AGENT_CATEGORY = "namespace", "agent_category"
+OPEN_END = 253402300799.0  # 9999-12-31T23:59:59Z: "not superseded" (a missing NUMERIC never matches)
+MAX_TEXT_CHARS = 1000
+
+FACT_TAGS = ("namespace", "fact_id", "scope_id", "level", "kind", "status", "supersedes", "superseded_by",
+             "evidence", "agents", "users", "categories")
+FACT_NUMERICS = ("support", "success_rate", "avg_reward", "confidence", "first_at", "last_at", "created_at",
+                 "updated_at", "superseded_at", "version")
+CENTROID_FIELD = "centroid"
+DOC_FIELD = "doc"
+
+
+# --- scopes ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class FactScope:
+    """Where facts are consolidated: a whole namespace, or one (agent_id, category) inside it."""
+
+    namespace: str
+    agent_id: str | None = None
+    category: str | None = None
+
+    @property
+    def level(self) -> str:
+        return LEVEL_NAMESPACE if self.agent_id is None else LEVEL_AGENT_CATEGORY
+
+    @property
+    def scope_id(self) -> str:
+        if self.agent_id is None:
+            return digest("facts", self.namespace)
+        return digest("facts", self.namespace, self.agent_id, self.category or "")
+
+    def to_data(self) -> dict[str, str]:
+        out = {"namespace": self.namespace, "scope_id": self.scope_id, "level": self.level}
+        if self.agent_id is not None:
+            out["agent_id"] = self.agent_id
+            out["category"] = self.category or ""
+        return out
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> FactScope:
+        if not isinstance(data.get("namespace"), str):
+            raise InvalidEpisode([("scope.namespace", "is required")])
+        agent = data.get("agent_id")
+        return cls(namespace=data["namespace"], agent_id=agent if isinstance(agent, str) else None,
+                   category=(data.get("category") or None) if agent is not None else None)
+
+
+# --- the fact -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fact:
+    """One consolidated fact. Times are UTC epoch seconds; rates in [0, 1]; `centroid` is unit float32."""
+
+    fact_id: str
+    namespace: str
+    scope_id: str
+    level: str
+    agent_id: str | None = None
+    category: str | None = None
+    kind: str
+    text: str
+    base_text: str
+    """The deterministic text (`text` is it, or the optional summariser's rewrite of it)."""
+    support: int
+    successes: int
+    success_rate: float
+    avg_reward: float | None = None
+    top_strategies: tuple[dict[str, Any], ...] = ()
+    """[{strategy, episodes, successes, success_rate}], most used first."""
+    common_failures: tuple[dict[str, Any], ...] = ()
+    """[{message, count}], most frequent first."""
+    action_types: tuple[dict[str, Any], ...] = ()
+    """[{action_type, count, failed}], most frequent first."""
+    evidence: tuple[str, ...] = ()
+    central: tuple[str, ...] = ()
+    """The evidence episodes nearest the centroid (the text quotes their tasks)."""
+    agents: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    first_at: float
+    last_at: float
+    evidence_since: float | None = None
+    """A superseding fact only counts evidence completed at or after this instant (its regime)."""
+    centroid: tuple[float, ...] = ()
+    confidence: float
+    version: int = 1
+    created_at: float
+    updated_at: float
+    supersedes: str | None = None
+    superseded_by: str | None = None
+    superseded_at: float | None = None
+    status: str = STATUS_CURRENT
+
+    def content(self) -> tuple:
+        """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
+        return (self.kind, self.base_text, self.support, self.successes, self.success_rate, self.avg_reward,
+                self.top_strategies, self.common_failures, self.action_types, self.evidence, self.central,
+                self.agents, self.users, self.categories, self.first_at, self.last_at, self.evidence_since,
+                self.centroid_bytes(), self.confidence)
+
+    def centroid_bytes(self) -> bytes:
+        return vector_bytes(self.centroid) if self.centroid else b""
+
+    def centroid_array(self) -> np.ndarray:
+        return np.asarray(self.centroid, dtype=np.float32)
+
+    # stored / event form ------------------------------------------------------------------------
+    def to_data(self) -> dict[str, Any]:
+        """Plain data for the event (msgpack) and the document: the centroid as float32 bytes."""
+        data = asdict(self)
+        data["centroid"] = self.centroid_bytes()
+        for name in ("top_strategies", "common_failures", "action_types", "evidence", "central", "agents",
+                     "users", "categories"):
+            data[name] = [dict(x) if isinstance(x, Mapping) else x for x in data[name]]
+        return {k: v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Fact:
+        """Rebuild a fact from `to_data` output; InvalidEpisode naming the field when malformed."""
+        try:
+            raw = dict(data)
+            centroid = raw.pop("centroid", b"")
+            if isinstance(centroid, bytes | bytearray):
+                vec = tuple(float(x) for x in np.frombuffer(bytes(centroid), dtype=np.float32))
+            else:
+                vec = tuple(float(x) for x in centroid or ())
+            for name in ("top_strategies", "common_failures", "action_types"):
+                raw[name] = tuple(_frozen_row(x) for x in raw.get(name, ()))
+            for name in ("evidence", "central", "agents", "users", "categories"):
+                raw[name] = tuple(str(x) for x in raw.get(name, ()))
+            known = set(cls.__dataclass_fields__)
+            fact = cls(centroid=vec, **{k: v for k, v in raw.items() if k in known})
+        except (TypeError, ValueError) as exc:
+            raise InvalidEpisode([("facts", f"malformed fact: {exc}")]) from None
+        if fact.kind not in KINDS or fact.status not in (STATUS_CURRENT, STATUS_SUPERSEDED):
+            raise InvalidEpisode([("facts", f"fact {fact.fact_id[:40]!r} has an unknown kind or status")])
+        return fact
+
+    def to_json(self, *, iso: bool = True) -> dict[str, Any]:
+        """The HTTP response form: no centroid, ISO 8601 `Z` times."""
+        from shared.timeutil import format_instant
+
+        data = self.to_data()
+        data.pop("centroid", None)
+        data.pop("base_text", None)
+        if iso:
+            for name in ("first_at", "last_at", "evidence_since", "created_at", "updated_at", "superseded_at"):
+                if name in data:
+                    data[name] = format_instant(data[name])
+        return data
+
+
+def _frozen_row(row: Any) -> dict[str, Any]:
+    if not isinstance(row, Mapping):
+        raise ValueError("statistics rows must be maps")
+    return dict(row)
+
+
+def superseded(fact: Fact, by: str, at: float) -> Fact:
+    return replace(fact, status=STATUS_SUPERSEDED, superseded_by=by, superseded_at=at)
+
+
+# --- the index ------------------------------------------------------------------------------------
+def facts_schema(dim: int) -> list[Any]:
+    args: list[Any] = []
+    for name in FACT_TAGS:
+        args += [name, "TAG", "SEPARATOR", TAG_SEPARATOR, "CASESENSITIVE"]
+    for name in FACT_NUMERICS:
+        args += [name, "NUMERIC", "SORTABLE"]
+    args += ["text", "TEXT"]
+    return args + [CENTROID_FIELD, "VECTOR", "FLAT", 6, "TYPE", "FLOAT32", "DIM", dim, "DISTANCE_METRIC", "COSINE"]
+
+
+async def ensure_facts_index(r: aioredis.Redis, keys: Keys, gen: int, dim: int, *, point_alias: bool = True) -> str:
+    """Create generation `gen`'s facts index if missing (FLAT: facts are few); optionally point the alias."""
+    name = keys.facts_index(gen)
+    if not await index_exists(r, name):
+        try:
+            await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.fact_doc_prefix(gen),
+                                    "SCHEMA", *facts_schema(dim))
+        except ResponseError as exc:
+            if "already exists" not in str(exc).lower():
+                raise
+    if point_alias:
+        await point_alias_at(r, keys.facts_index_alias, name)
+    return name
+
+
+def fact_fields(fact: Fact) -> dict[str, Any]:
+    """The HASH fields of a fact document: tags, numerics, text, centroid and the full JSON `doc`."""
+    fields: dict[str, Any] = {
+        "namespace": fact.namespace, "fact_id": fact.fact_id, "scope_id": fact.scope_id, "level": fact.level,
+        "kind": fact.kind, "status": fact.status, "text": fact.text,
+        DOC_FIELD: json.dumps({k: v for k, v in fact.to_data().items() if k != "centroid"}, ensure_ascii=False),
+    }
+    for name in ("supersedes", "superseded_by"):
+        if getattr(fact, name):
+            fields[name] = getattr(fact, name)
+    for name in ("evidence", "agents", "users", "categories"):
+        values = getattr(fact, name)
+        if values:
+            fields[name] = TAG_SEPARATOR.join(values)
+    numbers = {"support": fact.support, "success_rate": fact.success_rate, "avg_reward": fact.avg_reward,
+               "confidence": fact.confidence, "first_at": fact.first_at, "last_at": fact.last_at,
+               "created_at": fact.created_at, "updated_at": fact.updated_at, "version": fact.version,
+               "superseded_at": fact.superseded_at if fact.superseded_at is not None else OPEN_END}
+    fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
+    if fact.centroid:
+        fields[CENTROID_FIELD] = fact.centroid_bytes()
+    return fields
+
+
+def fact_from_doc(raw: bytes | str, centroid: bytes | None = None) -> Fact:
+    data = json.loads(raw)
+    if centroid:
+        data["centroid"] = centroid
+    return Fact.from_data(data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FactQuery:
+    """Filters of a facts search. Lists mean "any of"; agent/user/category match the evidence's.
+
+    `as_of` selects the facts valid at that instant (created before it, superseded after it), which
+    includes facts superseded since; without it only current facts are returned unless
+    `include_superseded`. `since`/`until` keep facts whose evidence time span overlaps the window.
+    """
+
+    namespace: str
+    agent_id: str | None = None
+    user_id: str | None = None
+    category: tuple[str, ...] = ()
+    kind: tuple[str, ...] = ()
+    level: str | None = None
+    scope_id: str | None = None
+    evidence: tuple[str, ...] = ()
+    since: float | None = None
+    until: float | None = None
+    as_of: float | None = None
+    include_superseded: bool = False
+    min_confidence: float | None = None
+
+    def query(self) -> str:
+        parts = [tag_clause("namespace", self.namespace)]
+        if self.as_of is not None:
+            parts.append(numeric_clause("created_at", None, self.as_of))
+            parts.append(f"@superseded_at:[({_num(self.as_of)} +inf]")
+        elif not self.include_superseded:
+            parts.append(tag_clause("status", STATUS_CURRENT))
+        if self.agent_id is not None:
+            parts.append(tag_clause("agents", self.agent_id))
+        if self.user_id is not None:
+            parts.append(tag_clause("users", self.user_id))
+        for name, values in (("categories", self.category), ("kind", self.kind), ("evidence", self.evidence)):
+            if values:
+                parts.append(tag_clause(name, values))
+        if self.level is not None:
+            parts.append(tag_clause("level", self.level))
+        if self.scope_id is not None:
+            parts.append(tag_clause("scope_id", self.scope_id))
+        if self.since is not None:
+            parts.append(numeric_clause("last_at", self.since, None))
+        if self.until is not None:
+            parts.append(numeric_clause("first_at", None, self.until))
+        if self.min_confidence is not None:
+            parts.append(numeric_clause("confidence", self.min_confidence, None))
+        return " ".join(parts)
+
+
+def _num(x: float) -> str:
+    return repr(float(x)) if math.isfinite(x) else ("+inf" if x > 0 else "-inf")
+
+
+@dataclass(slots=True)
+class FactHit:
+    fact: Fact
+    score: float | None = None
+    """Cosine similarity to the query vector (None for a filter-only search)."""
+
+
+def _decode_hits(hits: Sequence[SearchHit]) -> list[FactHit]:
+    out = []
+    for hit in hits:
+        raw = hit.fields.get(DOC_FIELD.encode())
+        if raw is None:
+            continue
+        fact = fact_from_doc(raw, hit.fields.get(CENTROID_FIELD.encode()))
+        dist = hit.fields.get(b"dist")
+        out.append(FactHit(fact=fact, score=1.0 - float(dist) if dist is not None else None))
+    return out
+
+
+async def search_facts(r: aioredis.Redis, index: str, q: FactQuery, *, vector: np.ndarray | None = None,
+                       top_k: int = 10) -> list[FactHit]:
+    """KNN over fact centroids within the filters (nearest first), or without a vector the filtered
+    facts by confidence, then support (descending). A missing index means no facts yet: []."""
+    try:
+        if vector is not None:
+            expr = f"({q.query()})=>[KNN {int(top_k)} @{CENTROID_FIELD} $BLOB AS dist]"
+            reply = await r.execute_command(
+                "FT.SEARCH", index, expr, "PARAMS", 2, "BLOB", vector_bytes(vector), "SORTBY", "dist", "ASC",
+                "RETURN", 3, "dist", DOC_FIELD, CENTROID_FIELD, "LIMIT", 0, int(top_k), "DIALECT", 2)
+            return _decode_hits(parse_search(reply)[1])
+        reply = await r.execute_command(
+            "FT.SEARCH", index, q.query(), "RETURN", 2, DOC_FIELD, CENTROID_FIELD, "SORTBY", "confidence", "DESC",
+            "LIMIT", 0, 10_000, "DIALECT", 2)
+    except ResponseError as exc:
+        if "no such index" in str(exc).lower() or "unknown index" in str(exc).lower():
+            return []
+        raise
+    hits = _decode_hits(parse_search(reply)[1])
+    hits.sort(key=lambda h: (-h.fact.confidence, -h.fact.support, h.fact.fact_id))
+    return hits[:top_k]
+
+
+async def facts_with_evidence(r: aioredis.Redis, index: str, namespace: str, episode_ids: Sequence[str]) -> list[Fact]:
+    """Every fact (current or superseded) of `namespace` whose evidence names one of `episode_ids`."""
+    out: dict[str, Fact] = {}
+    for start in range(0, len(episode_ids), 50):
+        q = FactQuery(namespace=namespace, evidence=tuple(episode_ids[start:start + 50]), include_superseded=True)
+        for hit in await search_facts(r, index, q, top_k=10_000):
+            out[hit.fact.fact_id] = hit.fact
+    return [out[k] for k in sorted(out)]
+
+
+async def live_facts_index(r: aioredis.Redis, keys: Keys) -> str:
+    """The facts index of the live generation (queries name it directly: a replay drops the old one)."""
+    from shared.index import current_generation
+
+    return keys.facts_index(await current_generation(r, keys))
+
+
+async def get_fact(r: aioredis.Redis, keys: Keys, namespace: str, fact_id: str) -> Fact | None:
+    """One fact of `namespace` (current or superseded), None when absent or of another namespace."""
+    from shared.index import current_generation
+
+    gen = await current_generation(r, keys)
+    raw = await r.hget(keys.fact_doc(gen, fact_id), DOC_FIELD)
+    if raw is None:
+        return None
+    fact = fact_from_doc(raw)
+    return fact if fact.namespace == namespace else None

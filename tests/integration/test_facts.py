@@ -1,0 +1,274 @@
+"""Semantic memory against the real Redis: planted task families → facts, stability, supersession,
+forgetting, triggers, crash safety and replay."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.consolidator.facts import Consolidator
+from services.consolidator.replay import replay
+from services.consolidator.worker import Worker
+from shared import streams
+from shared.embedding import HashingEmbedder
+from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
+from shared.keys import Keys
+from shared.sdk import EngramClient
+from tests.integration.test_consolidator import drain
+
+T0 = 1_750_000_000.0  # 2025-06-15T15:06:40Z
+HOUR = 3600.0
+
+FAMILIES = {
+    "mig": "migrate the {} table schema in the postgres database with an alembic migration",
+    "ui": "fix the flaky {} button test in the react login page",
+    "doc": "write markdown api documentation for the {} endpoint of the billing service",
+}
+WORDS = ["orders", "users", "invoices", "payments", "carts", "items", "refunds", "coupons", "plans", "taxes",
+         "alpha", "beta", "gamma", "delta"]
+
+
+def ep(family: str, i: int, *, outcome: str = "success", strategy: str = "iterative", at: float | None = None,
+       user: str = "user-b", agent: str = "coder", error: str | None = None, importance: float | None = None,
+       reward: float | None = None, category: str = "debugging") -> dict:
+    actions = [{"action_type": "run_tests", "success": outcome == "success"}]
+    if error:
+        actions.append({"action_type": "apply", "success": False, "error": error})
+    data = {"episode_id": f"{family}-{i}", "task": {"description": FAMILIES[family].format(WORDS[i % len(WORDS)]),
+                                                    "category": category},
+            "outcome": outcome, "strategy_used": strategy, "completed_at": at if at is not None else T0 + i * HOUR,
+            "user_id": user, "agent_id": agent, "actions": actions,
+            "feedback": {"reward": reward if reward is not None else (1.0 if outcome == "success" else 0.0)}}
+    if importance is not None:
+        data["importance"] = importance
+    return data
+
+
+def make_worker(settings, redis, **kw) -> Worker:
+    return Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="w1", **kw)
+
+
+async def publish(settings, redis, episodes, namespace="ns"):
+    client = EngramClient(redis, namespace=namespace, prefix=settings.prefix)
+    for e in episodes:
+        await client.record(e)
+    return client
+
+
+async def facts(redis, settings, namespace="ns", **kw):
+    keys = Keys(settings.prefix)
+    hits = await search_facts(redis, await live_facts_index(redis, keys), FactQuery(namespace=namespace, **kw),
+                              top_k=100)
+    return sorted((h.fact for h in hits), key=lambda f: f.first_at)
+
+
+def planted():
+    """mig: 8 of 10 succeed with iterative (2 lock timeouts); ui: 2 of 6 (tdd); doc: 0 of 5 (big-bang)."""
+    out = []
+    for i in range(10):
+        out.append(ep("mig", i, outcome="success" if i not in (3, 7) else "failure",
+                      error=None if i not in (3, 7) else "lock timeout", at=T0 + i * HOUR))
+    for i in range(6):
+        out.append(ep("ui", i, outcome="success" if i < 2 else "failure", strategy="tdd",
+                      error=None if i < 2 else "element not found", at=T0 + 100 * HOUR + i * HOUR))
+    for i in range(5):
+        out.append(ep("doc", i, outcome="failure", strategy="big-bang", at=T0 + 200 * HOUR + i * HOUR,
+                      error="missing openapi spec"))
+    return out
+
+
+@pytest.fixture
+async def seeded(settings, redis):
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    await publish(s, redis, planted())
+    worker = make_worker(s, redis)
+    await drain(worker)
+    return s, worker, Consolidator(s, redis, s.embed_dim)
+
+
+async def test_planted_families_yield_one_fact_each(seeded, redis):
+    settings, _worker, cons = seeded
+    result = await cons.consolidate(FactScope("ns"))
+    assert result.status == "published"
+    found = await facts(redis, settings, level="namespace")
+    assert [f.support for f in found] == [10, 6, 5]
+    mig, ui, doc = found
+    # one fact per family, never a mix
+    for fact, family in ((mig, "mig"), (ui, "ui"), (doc, "doc")):
+        assert {e.split("-")[0] for e in fact.evidence} == {family}
+    assert mig.evidence == tuple(sorted(f"mig-{i}" for i in range(10)))
+    assert (mig.successes, mig.success_rate, mig.avg_reward) == (8, 0.8, 0.8)
+    assert mig.top_strategies[0] == {"strategy": "iterative", "episodes": 10, "successes": 8, "success_rate": 0.8}
+    assert mig.common_failures == ({"message": "lock timeout", "count": 2},)
+    assert mig.kind == "strategy"
+    assert (mig.first_at, mig.last_at) == (T0, T0 + 9 * HOUR)
+    assert "8 of 10" in mig.text and "iterative succeeded 8 of 10" in mig.text and "lock timeout" in mig.text
+    assert (ui.successes, ui.success_rate, ui.kind) == (2, 0.3333, "best_practice")
+    assert (ui.first_at, ui.last_at) == (T0 + 100 * HOUR, T0 + 105 * HOUR)
+    assert (doc.successes, doc.kind) == (0, "failure_pattern")
+    assert {a["action_type"] for a in doc.action_types} == {"run_tests", "apply"}
+    assert all(f.version == 1 and f.status == "current" and len(f.centroid) == 256 for f in found)
+    # the (agent, category) scope has enough episodes too
+    per_agent = await cons.consolidate(FactScope("ns", "coder", "debugging"))
+    assert per_agent.status == "published"
+    assert len(await facts(redis, settings, level="agent_category")) == 3
+
+
+async def test_rerun_without_new_episodes_changes_nothing(seeded, redis):
+    settings, _worker, cons = seeded
+    await cons.consolidate(FactScope("ns"))
+    keys = Keys(settings.prefix)
+    before = await facts(redis, settings)
+    stream_len = await streams.length(redis, keys.stream)
+    for _ in range(2):
+        assert (await cons.consolidate(FactScope("ns"), now=T0 + 1e6)).status == "unchanged"
+    assert await facts(redis, settings) == before
+    assert await streams.length(redis, keys.stream) == stream_len
+
+
+async def test_new_evidence_updates_the_same_fact(seeded, redis):
+    settings, worker, cons = seeded
+    await cons.consolidate(FactScope("ns"))
+    (mig,) = [f for f in await facts(redis, settings) if f.support == 10]
+    await publish(settings, redis, [ep("mig", 10, at=T0 + 10 * HOUR)])
+    await drain(worker)
+    await cons.consolidate(FactScope("ns"))
+    (again,) = [f for f in await facts(redis, settings) if "mig-0" in f.evidence]
+    assert again.fact_id == mig.fact_id and again.version == 2 and again.support == 11
+    assert again.successes == 9 and again.updated_at > mig.updated_at and again.created_at == mig.created_at
+
+
+async def test_contradicting_evidence_supersedes(settings, redis):
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    await publish(s, redis, [ep("mig", i) for i in range(6)])
+    worker = make_worker(s, redis)
+    await drain(worker)
+    cons = Consolidator(s, redis, s.embed_dim)
+    await cons.consolidate(FactScope("ns"), now=T0 + 50 * HOUR)
+    (old,) = await facts(redis, s)
+    assert old.kind == "strategy" and old.success_rate == 1.0
+    # the same kind of task now fails with the strategy that used to work
+    await publish(s, redis, [ep("mig", i, outcome="failure", error="lock timeout") for i in range(6, 12)])
+    await drain(worker)
+    await cons.consolidate(FactScope("ns"), now=T0 + 100 * HOUR)
+    (new,) = await facts(redis, s)
+    assert new.supersedes == old.fact_id and new.fact_id != old.fact_id
+    assert new.evidence == tuple(sorted(f"mig-{i}" for i in range(6, 12)))
+    assert new.kind == "failure_pattern" and new.success_rate == 0.0
+    history = await facts(redis, s, include_superseded=True)
+    assert [f.fact_id for f in history] == [old.fact_id, new.fact_id]
+    assert history[0].status == "superseded" and history[0].superseded_by == new.fact_id
+    # as_of: before the change the old fact was the valid one
+    assert [f.fact_id for f in await facts(redis, s, as_of=T0 + 60 * HOUR)] == [old.fact_id]
+    assert [f.fact_id for f in await facts(redis, s, as_of=T0 + 200 * HOUR)] == [new.fact_id]
+    # stable afterwards
+    assert (await cons.consolidate(FactScope("ns"), now=T0 + 300 * HOUR)).status == "unchanged"
+
+
+async def test_c07_c08_forgetting_a_user_removes_their_evidence(settings, redis):
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    keys = Keys(s.prefix)
+    mixed = [ep("mig", i, user="user-a" if i < 3 else "user-b") for i in range(8)]
+    only_a = [ep("doc", i, user="user-a", outcome="failure") for i in range(4)]
+    only_b = [ep("ui", i, user="user-b") for i in range(4)]
+    client = await publish(s, redis, mixed + only_a + only_b)
+    worker = make_worker(s, redis)
+    await drain(worker)
+    await Consolidator(s, redis, s.embed_dim).consolidate(FactScope("ns"))
+    await drain(worker)  # the worker projects the published snapshot again (idempotent)
+    before = {f.evidence[0].split("-")[0]: f for f in await facts(redis, s)}
+    assert set(before) == {"mig", "doc", "ui"} and "user-a" in before["mig"].users
+    await client.forget_user("user-a")
+    await drain(worker)
+    after = {f.evidence[0].split("-")[0]: f for f in await facts(redis, s, include_superseded=True)}
+    assert set(after) == {"mig", "ui"}  # doc had only user-a's evidence: removed
+    assert after["ui"] == before["ui"]  # user-b's own fact untouched
+    mig = after["mig"]
+    assert mig.fact_id == before["mig"].fact_id and mig.users == ("user-b",)
+    assert mig.evidence == tuple(f"mig-{i}" for i in range(3, 8)) and mig.support == 5
+    assert not await facts(redis, s, user_id="user-a", include_superseded=True)
+    # neither the projection nor the stream keeps their ids or text
+    raw = b"".join(e.payload or b"" for e in await streams.read_range(redis, keys.stream))
+    for forgotten in [*(f"mig-{i}" for i in range(3)), *(f"doc-{i}" for i in range(4)), "billing service"]:
+        assert forgotten.encode() not in raw, forgotten
+    docs = [await redis.hget(k, "doc") async for k in redis.scan_iter(match=f"{s.prefix}*fact:*")]
+    assert docs and not any(b"mig-0" in d or b"doc-1" in d or b"user-a" in d for d in docs)
+
+
+async def test_trigger_fires_at_the_completed_count(settings, redis):
+    s = settings.with_(facts_every=5, facts_importance_threshold=1e9)
+    cons = Consolidator(s, redis, s.embed_dim)
+    worker = make_worker(s, redis, on_batch=cons.on_batch)
+    await publish(s, redis, [ep("mig", i, agent="solo") for i in range(4)])
+    await drain(worker)
+    assert cons.runs == 0 and not await facts(redis, s)
+    await publish(s, redis, [ep("mig", 4, agent="solo")])
+    await drain(worker)
+    assert cons.runs == 2  # the namespace scope and the (agent, category) scope both reached 5
+    assert [f.support for f in await facts(redis, s)] == [5, 5]
+    counter = await redis.hgetall(Keys(s.prefix).scope_counter(FactScope("ns").scope_id))
+    assert int(counter[b"completed"]) == 0
+
+
+async def test_trigger_fires_at_the_importance_threshold(settings, redis):
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=20.0)
+    cons = Consolidator(s, redis, s.embed_dim)
+    worker = make_worker(s, redis, on_batch=cons.on_batch)
+    no_agent = [{**ep("mig", i, importance=6), "agent_id": None} for i in range(4)]  # one scope only
+    await publish(s, redis, no_agent[:3])
+    await drain(worker)
+    assert cons.runs == 0  # 18 < 20
+    await publish(s, redis, no_agent[3:])
+    await drain(worker)
+    assert cons.runs == 1
+    assert [f.support for f in await facts(redis, s)] == [4]
+
+
+async def test_crash_mid_consolidation_keeps_old_facts(seeded, redis):
+    settings, worker, cons = seeded
+    await cons.consolidate(FactScope("ns"))
+    before = await facts(redis, settings)
+    stream_len = await streams.length(redis, Keys(settings.prefix).stream)
+    await publish(settings, redis, [ep("mig", 10, at=T0 + 10 * HOUR)])
+    await drain(worker)
+
+    async def crash(event):
+        raise RuntimeError("killed after computing, before publishing")
+
+    cons._publish = crash
+    with pytest.raises(RuntimeError, match="killed"):
+        await cons.consolidate(FactScope("ns"))
+    assert await facts(redis, settings) == before
+    assert await streams.length(redis, Keys(settings.prefix).stream) == stream_len + 1  # only the episode
+    cons._publish = None  # the lease was released: the next run succeeds
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+
+
+async def test_lease_lets_one_consolidator_run_a_scope(seeded, redis):
+    settings, _worker, cons = seeded
+    keys = Keys(settings.prefix)
+    await redis.set(keys.consolidation_lock(FactScope("ns").scope_id), "someone-else", px=60_000)
+    assert (await cons.consolidate(FactScope("ns"))).status == "busy"
+    assert not await facts(redis, settings)
+
+
+async def test_replay_rebuilds_facts(seeded, redis):
+    settings, worker, cons = seeded
+    await cons.consolidate(FactScope("ns"))
+    await drain(worker)
+    before = await facts(redis, settings, include_superseded=True)
+    assert len(before) == 3
+    result = await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert result["generation"] == 2
+    assert await facts(redis, settings, include_superseded=True) == before
+    assert (await cons.consolidate(FactScope("ns"))).status == "unchanged"
+
+
+async def test_c03_namespaces_never_share_facts(settings, redis):
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    await publish(s, redis, [ep("mig", i) for i in range(4)], namespace="ns-a")
+    await publish(s, redis, [ep("mig", i) for i in range(4)], namespace="ns-b")
+    await drain(make_worker(s, redis))
+    cons = Consolidator(s, redis, s.embed_dim)
+    await cons.consolidate(FactScope("ns-a"))
+    assert len(await facts(redis, s, namespace="ns-a")) == 1
+    assert await facts(redis, s, namespace="ns-b") == []
