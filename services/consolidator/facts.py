@@ -428,7 +428,7 @@ async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsCo
                     pipe.delete(keys.fact_doc(gen, f.fact_id))
                     pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f))
                 pipe.hset(state_key, mapping={"seq": seq, "ids": json.dumps(new_ids), "sids": json.dumps(sids),
-                                              "namespace": scope.namespace,
+                                              "namespace": scope.namespace, "event": encode(event),
                                               "min_cluster": event.scope.get("min_cluster", "")})
                 await pipe.execute()
                 return True
@@ -657,3 +657,28 @@ async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace
     if not episode_ids:
         return 0
     return await Consolidator(Settings(prefix=keys.prefix), redis, dim).forget_evidence(gen, namespace, episode_ids)
+
+
+async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int) -> int:
+    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
+
+    The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
+    was built from is kept with its projection state; replaying the stream afterwards applies only newer
+    snapshots (sequence numbers). Returns the number of scopes imported.
+    """
+    from shared.codec import decode
+
+    imported = 0
+    async for key in redis.scan_iter(match=keys.fact_scope(old, "*"), count=500):
+        payload, sids = await redis.hmget(key, ["event", "sids"])
+        if payload is None:
+            continue
+        try:
+            event = decode(payload)
+        except EngramError:
+            log.warning("facts ◆ skipped an unreadable stored snapshot of generation %d", old)
+            continue
+        if isinstance(event, FactsConsolidated) and await apply_snapshot(redis, keys, new, event, None, dim):
+            await redis.hset(keys.fact_scope(new, event.scope.get("scope_id", "")), "sids", sids or b"[]")
+            imported += 1
+    return imported

@@ -21,6 +21,7 @@ import logging
 
 import redis.asyncio as aioredis
 
+from services.consolidator.facts import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import streams
 from shared.index import (
@@ -87,6 +88,7 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name, point_alias=False)
     projector = Projector(redis, keys, embedder, new)
     snapshot = await _import_snapshot(projector, redis, keys, old)
+    await import_fact_snapshots(redis, keys, old, new, dim)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     await redis.hset(keys.meta, "generation", new)

@@ -272,3 +272,17 @@ async def test_c03_namespaces_never_share_facts(settings, redis):
     await cons.consolidate(FactScope("ns-a"))
     assert len(await facts(redis, s, namespace="ns-a")) == 1
     assert await facts(redis, s, namespace="ns-b") == []
+
+
+async def test_replay_rebuilds_facts_after_the_stream_was_trimmed(seeded, redis):
+    settings, worker, cons = seeded
+    keys = Keys(settings.prefix)
+    await cons.consolidate(FactScope("ns"))
+    await drain(worker)
+    before = await facts(redis, settings, include_superseded=True)
+    # retention trimmed every projected entry, including the FactsConsolidated snapshot
+    entries = await streams.read_range(redis, keys.stream, count=10_000)
+    await streams.delete(redis, keys.stream, [e.stream_id for e in entries])
+    await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert await facts(redis, settings, include_superseded=True) == before
+    assert (await cons.consolidate(FactScope("ns"))).status == "unchanged"
