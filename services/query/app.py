@@ -92,6 +92,8 @@ def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedde
     app[KEYS] = Keys(settings.prefix)
     app[METRICS] = metrics
     app[FACTS] = facts
+    from services.query.facts_routes import register as register_facts
+    register_facts(app)
     app.cleanup_ctx.append(_resources(redis, embedder))
     add_routes(app)
     return app

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import BaseModel
 
-from services.query import insights, models
+from services.query import facts_routes, insights, models
 from services.query import recall as rc
 from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, REDIS, SETTINGS
 from services.query.auth import NAMESPACE
@@ -329,7 +329,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/readyz", readyz, "Readiness: Redis, index and embedder", public=True, tag="operations"),
     Route("GET", "/metrics", metrics, "Prometheus metrics", public=True, tag="operations"),
     Route("GET", "/openapi.json", openapi_json, "This OpenAPI 3.1 document", public=True, tag="operations"),
-)
+) + facts_routes.routes(Route)
 
 
 def add_routes(app: web.Application) -> None:

@@ -1,0 +1,173 @@
+"""Semantic memory over HTTP: search facts, read one with its evidence, consolidate on demand.
+
+`routes(Route)` returns this module's rows of the API table (`services.query.routes.ROUTES` includes
+them, so OpenAPI documents them); `register(app)` installs the facts provider `POST /v1/context` uses
+(top facts by centroid similarity, current only, with their own budget of 5 next to the episodes).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import redis.asyncio as aioredis
+from aiohttp import web
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+
+from services.consolidator.facts import Consolidator
+from services.consolidator.summarizer import Summarizer
+from services.query import models
+from services.query.app import EMBEDDER, FACTS, KEYS, REDIS, SETTINGS, no_facts
+from services.query.auth import NAMESPACE
+from services.query.problems import Invalid, read_json, validate
+from shared.embedding import embed_query
+from shared.errors import NotFound
+from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
+from shared.index import Scope as EpisodeScope
+from shared.index import current_generation
+from shared.timeutil import format_instant
+from shared.validation import Collector, check_id
+
+KindList = Annotated[tuple[str, ...], PlainValidator(models._tag_list(32, KINDS)),
+                     WithJsonSchema(models._one_or_list_schema({"type": "string", "enum": list(KINDS)}))]
+
+
+class FactsSearchRequest(models.ScopeIn):
+    """`POST /v1/facts/search`: facts near `query` (or the most confident ones without it)."""
+
+    query: models.QueryText | None = None
+    category: models.TagList | None = None
+    kind: KindList | None = None
+    level: Literal["namespace", "agent_category"] | None = None
+    since: models.Instant | None = Field(None, description="facts whose evidence ends at or after this instant")
+    until: models.Instant | None = Field(None, description="facts whose evidence starts at or before this instant")
+    as_of: models.Instant | None = Field(None, description="the facts valid at this instant (history included)")
+    top_k: models.TopK = 10
+    include_superseded: bool = False
+    min_confidence: models.float_in(0.0, 1.0) | None = None
+
+    @model_validator(mode="after")
+    def _window(self) -> FactsSearchRequest:
+        if self.since is not None and self.until is not None and self.since > self.until:
+            raise ValueError("since: must not be later than until")
+        if self.session_id is not None:
+            raise ValueError("session_id: facts are not kept per session")
+        return self
+
+
+class ConsolidateRequest(models.Model):
+    """`POST /v1/consolidate`: the namespace scope, one (agent_id, category) scope, or all of them."""
+
+    agent_id: models.IdStr | None = None
+    category: models.IdStr | None = None
+    all_scopes: bool = Field(True, description="with no agent_id: also every (agent, category) scope")
+
+    @model_validator(mode="after")
+    def _pair(self) -> ConsolidateRequest:
+        if (self.agent_id is None) != (self.category is None):
+            raise ValueError("agent_id: agent_id and category go together")
+        return self
+
+
+def _fact_json(fact, score: float | None = None) -> dict[str, Any]:
+    out = fact.to_json()
+    if score is not None:
+        out["score"] = round(score, 6)
+    return out
+
+
+async def facts_search(request: web.Request) -> web.Response:
+    req: FactsSearchRequest = validate(FactsSearchRequest, await read_json(request))
+    r: aioredis.Redis = request.app[REDIS]
+    q = FactQuery(namespace=request[NAMESPACE], agent_id=req.agent_id, user_id=req.user_id,
+                  category=req.category or (), kind=req.kind or (), level=req.level, since=req.since,
+                  until=req.until, as_of=req.as_of, include_superseded=req.include_superseded,
+                  min_confidence=req.min_confidence)
+    vector = await embed_query(request.app[EMBEDDER], req.query) if req.query else None
+    hits = await search_facts(r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k)
+    body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
+    if req.as_of is not None:
+        body["as_of"] = format_instant(req.as_of)
+    return web.json_response(body)
+
+
+async def fact_detail(request: web.Request) -> web.Response:
+    errs = Collector()
+    fact_id = check_id(request.match_info["fact_id"], "fact_id", errs, required=True)
+    if errs.errors:
+        raise Invalid(errs.errors)
+    r, keys, ns = request.app[REDIS], request.app[KEYS], request[NAMESPACE]
+    fact = await get_fact(r, keys, ns, fact_id)
+    if fact is None:
+        raise NotFound(f"no fact {fact_id[:80]!r} in this namespace")
+    from services.query import recall as rc
+
+    evidence = []
+    if fact.evidence:
+        from shared.index import filter_search
+
+        _, hits = await filter_search(r, keys.episode_index_alias,
+                                      EpisodeScope(namespace=ns, episode_id=fact.evidence),
+                                      return_fields=("doc",), sort_by="completed_at", descending=False,
+                                      limit=len(fact.evidence))
+        evidence = [rc.episode_json(c.episode) for c in map(rc.decode_hit, hits) if c is not None]
+    history = []
+    seen = {fact.fact_id}
+    cursor = fact.supersedes
+    while cursor and cursor not in seen and len(history) < 50:
+        seen.add(cursor)
+        older = await get_fact(r, keys, ns, cursor)
+        if older is None:
+            break
+        history.append(_fact_json(older))
+        cursor = older.supersedes
+    return web.json_response({"fact": _fact_json(fact), "evidence": evidence, "history": history})
+
+
+async def consolidate(request: web.Request) -> web.Response:
+    req: ConsolidateRequest = validate(ConsolidateRequest, await read_json(request))
+    settings, r, ns = request.app[SETTINGS], request.app[REDIS], request[NAMESPACE]
+    summarizer = Summarizer.from_settings(settings)
+    cons = Consolidator(settings, r, request.app[EMBEDDER].dim, summarizer=summarizer)
+    try:
+        if req.agent_id is not None:
+            scopes = [FactScope(ns, req.agent_id, req.category)]
+        elif req.all_scopes:
+            scopes = await cons.scopes_of(ns)
+        else:
+            scopes = [FactScope(ns)]
+        results = [await cons.consolidate(s) for s in scopes]
+    finally:
+        if summarizer is not None:
+            await summarizer.aclose()
+    return web.json_response({"results": [x.to_json() for x in results],
+                              "generation": await current_generation(r, request.app[KEYS])})
+
+
+def register(app: web.Application) -> None:
+    """Install the facts provider of `/v1/context` (unless the app was given another one)."""
+    if app[FACTS] is not no_facts:
+        return
+    keys = app[KEYS]
+
+    async def provider(r: aioredis.Redis, scope: EpisodeScope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
+        q = FactQuery(namespace=scope.namespace, agent_id=scope.agent_id, user_id=scope.user_id,
+                      category=scope.category)
+        hits = await search_facts(r, await live_facts_index(r, keys), q, vector=query_vector, top_k=k)
+        return [{"fact_id": h.fact.fact_id, "kind": h.fact.kind, "text": h.fact.text, "support": h.fact.support,
+                 "success_rate": h.fact.success_rate, "confidence": h.fact.confidence,
+                 "score": round(h.score, 6) if h.score is not None else None} for h in hits]
+
+    app[FACTS] = provider
+
+
+def routes(route: type) -> tuple[Any, ...]:
+    """This module's rows of `services.query.routes.ROUTES` (`route` is its Route class)."""
+    return (
+        route("POST", "/v1/facts/search", facts_search, "Search consolidated facts (semantic memory)",
+              body=FactsSearchRequest, tag="facts"),
+        route("GET", "/v1/facts/{fact_id:.+}", fact_detail, "One fact with its evidence episodes and history",
+              tag="facts"),
+        route("POST", "/v1/consolidate", consolidate, "Consolidate the namespace's episodes into facts now",
+              body=ConsolidateRequest, tag="facts"),
+    )
