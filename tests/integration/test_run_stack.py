@@ -1,0 +1,55 @@
+"""`make run`'s supervisor: the whole stack comes up on the embedded Redis and Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from deploy.embedded_redis import free_port
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _ready(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
+    port, redis_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(ENGRAM_PORT=str(port), ENGRAM_REDIS_PORT=str(redis_port), ENGRAM_DATA_DIR=str(tmp_path),
+               ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_until(lambda: _ready(url), timeout=90, message="query service ready")
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/v1/episodes", json={"task": "fix the flaky login test", "outcome": "success"}) as r:
+                assert r.status == 202
+
+            async def recalled() -> bool:
+                async with s.post(f"{url}/v1/recall", json={"query": "flaky login test"}) as r:
+                    return r.status == 200 and len((await r.json())["results"]) == 1
+
+            await wait_until(recalled, timeout=30, message="episode projected by the consolidator")
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert "engram ◆ stopped" in output
+    assert (tmp_path / "redis" / "appendonlydir").exists()  # AOF on by default
+    assert not await _ready(url)
