@@ -125,7 +125,14 @@ class Projector:
                 continue
             await self._apply_episode_events(segment, result)
             segment = []
-            await self._apply_other(entry, event)
+            try:
+                await self._apply_other(entry, event)
+            except (EngramError, ValueError, TypeError, KeyError) as exc:
+                # a well-formed envelope whose content this build cannot apply (e.g. a malformed facts
+                # snapshot): dead-letter it alone rather than failing, and retrying, its whole batch
+                result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
+                self.metrics.events.labels(event.TYPE, "dead").inc()
+                continue
             result.ok.append(entry.stream_id)
             self.metrics.events.labels(event.TYPE, "ok").inc()
         await self._apply_episode_events(segment, result)

@@ -330,3 +330,20 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
 
 async def _count_is(redis, keys, n):
     return await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == n
+
+
+async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
+    from shared.events import FactsConsolidated
+
+    keys = Keys(settings.prefix)
+    bad = FactsConsolidated(namespace="ns", occurred_at=1.0, scope={"namespace": "ns"},
+                            facts=({"garbage": True},))
+    good = [EpisodeCompleted(namespace="ns", episode_id=f"g{i}", occurred_at=1.0,
+                             episode=Episode(episode_id=f"g{i}", task=Task(description=f"good {i}"),
+                                             outcome="success", completed_at=1.0)) for i in range(4)]
+    ids = await streams.publish(redis, keys.stream, [encode(e) for e in (good[0], good[1], bad, good[2], good[3])])
+    await drain(make_worker(settings, redis))
+    assert sorted(await docs(redis, keys, "ns")) == ["g0", "g1", "g2", "g3"]
+    dead = await list_dead_letters(redis, keys)
+    assert [d.stream_id for d in dead] == [ids[2].decode()]
+    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
