@@ -129,22 +129,39 @@ class Worker:
         if not entries:
             return 0
         started = time.perf_counter()
+        result = await self._apply(projector, entries)
+        if result is None and len(entries) > 1:
+            # isolate the entry that fails: its neighbours are projected and acked now, and only
+            # the culprit stays pending until it succeeds or reaches the delivery limit
+            results = [await self._apply(projector, [e]) for e in entries]
+            ok = [r for r in results if r is not None]
+            result = BatchResult(ok=[i for r in ok for i in r.ok], dead=[d for r in ok for d in r.dead],
+                                 completed=[c for r in ok for c in r.completed])
+        if result is None:
+            return 0
+        await self._finish(result)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.processed += len(result.ok) + len(result.dead)
+        if self.on_batch is not None and result.completed:
+            await self.on_batch(result)
+        return len(entries)
+
+    async def _apply(self, projector: Projector, entries: list[streams.Entry]) -> BatchResult | None:
+        """Project `entries`; None (entries left pending, error remembered) on a non-transport failure.
+
+        Transport faults and a changed embedder propagate: retrying entry by entry would not help.
+        """
         try:
-            result = await projector.apply(entries)
-        except Exception as exc:  # leave the batch pending; the lease redelivers it
+            return await projector.apply(entries)
+        except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             for e in entries:
                 self.last_errors[e.stream_id] = reason
             if isinstance(exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError):
                 raise
-            log.exception("worker %s ◆ batch of %d failed; left pending", self.name, len(entries))
-            return 0
-        await self._finish(result)
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        self.processed += len(entries)
-        if self.on_batch is not None and result.completed:
-            await self.on_batch(result)
-        return len(entries)
+            log.exception("worker %s ◆ %d entr%s failed; left pending", self.name, len(entries),
+                          "y" if len(entries) == 1 else "ies")
+            return None
 
     async def _finish(self, result: BatchResult) -> None:
         s = self.settings

@@ -347,3 +347,32 @@ async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
     dead = await list_dead_letters(redis, keys)
     assert [d.stream_id for d in dead] == [ids[2].decode()]
     assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+
+
+async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(settings, redis):
+    """An entry that makes the projector fail (here: an embedder that cannot embed one text) does not
+    hold its neighbours back; after max_deliveries it reaches the dead-letter stream with the error."""
+    class PickyEmbedder(HashingEmbedder):
+        async def _embed_batch(self, texts):
+            if any("poison" in t for t in texts):
+                raise RuntimeError("model crashed on this input")
+            return await super()._embed_batch(texts)
+
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for eid in ("a", "b", "poison", "c"):
+        await client.record(episode(eid, task={"description": f"{eid} task text"}))
+    s = settings.with_(lease_ms=10, max_deliveries=2)
+    worker = Worker(s, redis, PickyEmbedder(s.embed_dim), name="w")
+    await drain(worker)
+    assert sorted(await docs(redis, keys, "ns")) == ["a", "b", "c"]
+
+    async def turn_then_count_dead() -> int:
+        await worker.turn()  # the lease (10 ms) hands the culprit back; each turn is one more delivery
+        return len(await list_dead_letters(redis, keys))
+
+    await wait_until(turn_then_count_dead, message="poison dead-lettered", timeout=20)
+    (dead,) = await list_dead_letters(redis, keys)
+    assert "DeliveryLimit" in dead.reason and "model crashed" in dead.reason
+    assert (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 0
+
