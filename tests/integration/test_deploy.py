@@ -102,7 +102,8 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
             pipe.exists(keys.episode_doc(gen, "ns", f"e{i}"))
         assert sum(await pipe.execute()) == N_EPISODES
     assert await redis.xlen(keys.dead_letters) == 0
-    assert await redis.xlen(keys.stream) == N_EPISODES
+    # the stream keeps every published entry (workers may add their own, e.g. FactsConsolidated)
+    assert await redis.xlen(keys.stream) >= N_EPISODES
 
 
 async def test_compose_query_is_ready_and_the_demo_agent_recalls(settings, redis):

@@ -263,3 +263,15 @@ def test_redis_conf_persists_and_never_evicts():
     assert conf["appendonly"] == "yes" and conf["appendfsync"] == "everysec"
     assert conf["maxmemory-policy"] == "noeviction"
     assert conf["dir"] == "/data"
+
+
+def test_readme_documents_compose_after_the_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    sections = [line for line in readme.splitlines() if line.startswith("## ")]
+    assert sections[sections.index("## Two commands") + 1] == "## Run with Docker Compose"
+    body = readme.split("## Run with Docker Compose", 1)[1].split("\n## ", 1)[0]
+    for command in ("docker compose up", "docker compose up -d --scale consolidator=4",
+                    "docker compose --profile demo up demo-agent", "docs/scaling.md"):
+        assert command in body, command
+    for name in load_compose()["x-engram-env"]:
+        assert f"`{name}`" in body, f"{name} missing from the README's compose table"
