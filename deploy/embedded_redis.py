@@ -36,7 +36,7 @@ def _package_dir(name: str) -> Path:
 
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedRedisError(f"package {name!r} is not installed (pip install {name.replace('_', '-')})")
+        raise EmbeddedRedisError(f"package {name!r} is not installed: run `make install` (or pip install -e '.[embedded]')")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
