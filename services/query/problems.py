@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.errors import Conflict, InvalidEpisode, NotFound, PublishError
+from shared.errors import Backpressure, Conflict, InvalidEpisode, NotFound, PublishError
 
 log = logging.getLogger("engram.query")
 
 PROBLEM_TYPE = "application/problem+json"
 _TITLES = {400: "Malformed request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
            405: "Method not allowed", 409: "Conflict", 413: "Request body too large",
-           422: "Invalid request", 500: "Internal server error", 503: "Service unavailable"}
+           422: "Invalid request", 429: "Too many requests", 500: "Internal server error", 503: "Service unavailable"}
 
 
 class Invalid(Exception):
@@ -116,6 +119,13 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
         return problem(404, str(exc) or "not found")
     if isinstance(exc, Conflict):
         return problem(409, str(exc))
+    if isinstance(exc, Backpressure):  # before PublishError, its base class: nothing was published
+        return problem(429, f"the consolidator is {exc.lag} entries behind (limit {exc.max_lag}); "
+                            f"nothing was published, retry later", headers={"Retry-After": str(
+                                max(1, math.ceil(exc.retry_after)))}, lag=exc.lag, max_lag=exc.max_lag)
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):  # an outage, not a bug: no traceback
+        log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, request.path, type(exc).__name__)
+        return problem(503, "the memory store is unavailable; retry later", headers={"Retry-After": "1"})
     if isinstance(exc, PublishError):
         log.warning("publish failed ◆ %s", exc)
         return problem(503, "the event stream did not accept the request; retry later",

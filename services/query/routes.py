@@ -74,10 +74,14 @@ async def _embed(request: web.Request, text: str):
     return vector
 
 
-def _client(request: web.Request) -> EngramClient:
+def _client(request: web.Request, *, backpressure: bool = False) -> EngramClient:
+    """A publisher for the caller's namespace. With `backpressure` (ingest), a consumer lag above
+    ENGRAM_MAX_LAG raises Backpressure at once (→ 429 with Retry-After); forgetting is never held back."""
     s = request.app[SETTINGS]
     return EngramClient(_redis(request), namespace=_ns(request), prefix=s.prefix,
-                        publish_timeout=s.publish_timeout, retries=s.publish_retries)
+                        publish_timeout=s.publish_timeout, retries=s.publish_retries,
+                        max_lag=s.max_lag if backpressure else None, wait_on_backpressure=False,
+                        consumer_group=s.consumer_group)
 
 
 def _path_id(request: web.Request, name: str) -> str:
@@ -141,7 +145,7 @@ async def ingest(request: web.Request) -> web.Response:
                                episode=ep if ep.completed_at is not None
                                else dataclasses.replace(ep, completed_at=now))
               for ep in episodes]
-    await _client(request).publish(events)
+    await _client(request, backpressure=True).publish(events)
     request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
     results = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
     out: dict[str, Any] = {"results": results, "accepted": len(results)}

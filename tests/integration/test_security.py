@@ -1,0 +1,213 @@
+"""Security over HTTP: query injection never widens a scope (extends C12), tenants learn nothing of each
+other on any route, API keys never reach a log, bodies over the limit are 413 on every body route."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from yarl import URL
+
+from services.consolidator.worker import Worker
+from shared.embedding import HashingEmbedder
+from shared.index import Scope, count
+from shared.keys import Keys
+from tests.helpers import wait_until
+from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, fully_indexed, ids, put
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+KEY_C = "key-for-c-empty-5555555555"
+THREE = {KEY_A: "ns-a", KEY_B: "ns-b", KEY_C: "ns-c"}
+
+# Values that are query syntax in RediSearch (tags, text, KNN, parameters) or close to it.
+HOSTILE = ["@namespace:{ns-b}", "x} @namespace:{ns-b", "ns-b} | @namespace:{ns-b", "*", "-ns-a", "-", "(a|b)",
+           "a|b", "|", "=>[KNN 100 @vector $BLOB]", "$BLOB", "$", "@", "ns-b", "{", "}", "\\", "\\*",
+           "a\\|b", '"quoted"', "'", "%fuzzy%", "~opt", "a:b", "[1 2]", "@agent_id:{*}", "*=>[KNN 10 @vector $v]"]
+
+
+async def seed_two_tenants(redis, prefix: str) -> None:
+    """ns-a: one episode per hostile value (id, scope keys and category all equal to it).
+    ns-b: the same ids with B's secret text, plus b-only episodes and a broad decoy set."""
+    for i, value in enumerate(HOSTILE):
+        common = dict(agent_id=value, user_id=value, session_id=value, category=value, strategy_used=value)
+        await put(redis, prefix, "ns-a", episode(value, task=f"shared task of tenant a {i}", **common))
+        await put(redis, prefix, "ns-b", episode(value, task=f"shared task secret of tenant b {i}", **common))
+    for i in range(5):
+        await put(redis, prefix, "ns-b", episode(f"b-only-{i}", task="shared task secret of tenant b",
+                                                 agent_id="ns-a", user_id="b-user", category="debugging"))
+    await wait_until(lambda: fully_indexed(redis, prefix), message="index backfill")
+
+
+async def ok_json(resp, status: int = 200) -> Any:
+    assert resp.status == status, await resp.text()
+    return await resp.json()
+
+
+def enc(path_value: str) -> str:
+    return quote(path_value, safe="")
+
+
+async def test_c12_injection_never_widens_scope_or_breaks_a_query(make_client, redis, prefix):
+    client = await make_client(api_keys=THREE)
+    await seed_two_tenants(redis, prefix)
+    a = auth(KEY_A)
+    for value in HOSTILE:
+        for name in ("agent_id", "user_id", "session_id"):
+            for mode in ("vector", "keyword", "hybrid"):
+                body = await ok_json(await client.post("/v1/recall", json={
+                    "query": "shared task", name: value, "mode": mode, "top_k": 100}, headers=a))
+                assert ids(body) == [value], (name, mode, value)
+                assert all("tenant a" in r["episode"]["task"]["description"] for r in body["results"])
+        for name in ("category", "strategy"):
+            body = await ok_json(await client.post("/v1/recall", json={"query": "shared task", name: [value],
+                                                                         "top_k": 100}, headers=a))
+            assert ids(body) == [value], (name, value)
+        # the hostile text as the query itself: answers (maybe nothing), never B's data, never an error
+        for mode in ("vector", "keyword", "hybrid"):
+            body = await ok_json(await client.post("/v1/recall", json={"query": value, "mode": mode, "top_k": 100},
+                                                   headers=a))
+            assert all("tenant a" in r["episode"]["task"]["description"] for r in body["results"]), (mode, value)
+        got = await ok_json(await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=a))
+        assert got["episode"]["episode_id"] == value and "tenant a" in got["episode"]["task"]["description"]
+        skills = await ok_json(await client.get("/v1/skills", params={"agent_id": value}, headers=a))
+        assert [(s["category"], s["episodes"]) for s in skills["results"]] == [(value, 1)], value
+        curve = await ok_json(await client.get("/v1/learning-curve", params={"user_id": value, "category": value},
+                                               headers=a))
+        assert [p["episode_id"] for p in curve["results"]] == [value]
+        for path in ("/v1/suggest", "/v1/strategy", "/v1/context"):
+            await ok_json(await client.post(path, json={"task": value, "agent_id": value}, headers=a))
+        facts = await ok_json(await client.post("/v1/facts/search", json={"query": value, "agent_id": value,
+                                                                          "category": [value]}, headers=a))
+        assert facts["results"] == []
+    # B's b-only ids and its agent named "ns-a" stay invisible to A whatever the filter says
+    body = await ok_json(await client.post("/v1/recall", json={"query": "secret", "agent_id": "ns-a",
+                                                               "mode": "hybrid", "top_k": 100}, headers=a))
+    assert ids(body) == []
+
+
+async def test_forget_with_hostile_user_id_deletes_exactly_that_user(make_client, settings, redis, prefix):
+    client = await make_client(api_keys=THREE)
+    await seed_two_tenants(redis, prefix)
+    keys = Keys(prefix)
+    before_b = await count(redis, keys.episode_index_alias, Scope(namespace="ns-b"))
+    for value in ("*", "a|b", "@namespace:{ns-b}", "-ns-a"):
+        resp = await client.delete(URL(f"/v1/users/{enc(value)}", encoded=True), headers=auth(KEY_A))
+        assert resp.status == 202
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="security")
+    await worker.setup()
+    while await worker.turn():
+        pass
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns-b")) == before_b
+    remaining = await count(redis, keys.episode_index_alias, Scope(namespace="ns-a"))
+    assert remaining == len(HOSTILE) - 4
+    for value in ("*", "a|b"):
+        assert (await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_A))).status == 404
+        assert (await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_B))).status == 200
+
+
+def _stable(body: Any) -> Any:
+    """A response with the fields that vary per call (instants, ids echoed back) removed."""
+    if isinstance(body, dict):
+        return {k: _stable(v) for k, v in body.items() if k not in ("as_of", "detail", "generation")}
+    if isinstance(body, list):
+        return [_stable(v) for v in body]
+    return body
+
+
+async def test_tenant_a_learns_nothing_of_b_on_any_route(make_client, settings, redis, prefix):
+    """Every read of A over B's data answers exactly what a tenant with no data at all (C) gets."""
+    client = await make_client(api_keys=THREE)
+    for i in range(8):  # a cluster B can consolidate into facts
+        await put(redis, prefix, "ns-b", episode(f"b-{i}", task="rotate the database credentials nightly",
+                                                 agent_id="agent-b", user_id="user-b", category="ops",
+                                                 reward=0.9, strategy_used="iterative"))
+    await wait_until(lambda: fully_indexed(redis, prefix), message="index backfill")
+    made = await ok_json(await client.post("/v1/consolidate", json={}, headers=auth(KEY_B)))
+    assert any(r["status"] == "published" for r in made["results"]), made
+    facts_b = await ok_json(await client.post("/v1/facts/search", json={}, headers=auth(KEY_B)))
+    assert facts_b["results"], "B must have a fact for this test to mean anything"
+    fact_id = facts_b["results"][0]["fact_id"]
+
+    task = {"task": "rotate the database credentials nightly"}
+    reads = [("POST", "/v1/recall", {"query": task["task"], "top_k": 100, "mode": "hybrid"}),
+             ("POST", "/v1/recall", {"query": "rotate", "agent_id": "agent-b", "user_id": "user-b"}),
+             ("POST", "/v1/context", task), ("POST", "/v1/strategy", {**task, "category": "ops"}),
+             ("POST", "/v1/suggest", {**task, "category": "ops"}), ("GET", "/v1/skills", None),
+             ("GET", "/v1/learning-curve", None), ("POST", "/v1/facts/search", {"query": task["task"]}),
+             ("POST", "/v1/facts/search", {}), ("GET", "/v1/episodes/b-0", None), ("GET", "/v1/episodes/b-404", None),
+             ("GET", f"/v1/facts/{fact_id}", None), ("GET", "/v1/facts/no-such-fact", None)]
+    for method, path, body in reads:
+        answers = []
+        for key in (KEY_A, KEY_C):
+            resp = await client.request(method, path, json=body, headers=auth(key))
+            answers.append((resp.status, _stable(await resp.json())))
+        assert answers[0] == answers[1], (method, path, answers)
+        assert "b-0" not in json.dumps(answers[0]) and "agent-b" not in json.dumps(answers[0])
+    b0 = await (await client.get("/v1/episodes/b-0", headers=auth(KEY_A))).json()
+    missing = await (await client.get("/v1/episodes/b-404", headers=auth(KEY_A))).json()
+    assert b0["detail"].replace("b-0", "X") == missing["detail"].replace("b-404", "X")
+
+    # writes by A never touch B: forgetting B's ids or B's user, consolidating A's namespace
+    assert (await client.delete("/v1/episodes/b-0", headers=auth(KEY_A))).status == 404
+    assert (await client.delete("/v1/users/user-b", headers=auth(KEY_A))).status == 202
+    made_a = await ok_json(await client.post("/v1/consolidate", json={}, headers=auth(KEY_A)))
+    assert all(r["status"] != "published" for r in made_a["results"])
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="tenancy")
+    await worker.setup()
+    while await worker.turn():
+        pass
+    assert await count(redis, Keys(prefix).episode_index_alias, Scope(namespace="ns-b")) == 8
+    again = await ok_json(await client.post("/v1/facts/search", json={}, headers=auth(KEY_B)))
+    assert [f["fact_id"] for f in again["results"]] == [f["fact_id"] for f in facts_b["results"]]
+    metrics = await (await client.get("/metrics")).text()
+    assert "ns-b" not in metrics and "user-b" not in metrics and "agent-b" not in metrics
+
+
+async def test_api_keys_never_logged(make_client, redis, prefix, caplog):
+    caplog.set_level(logging.DEBUG)
+    client = await make_client(api_keys=THREE, max_body_bytes=4096)
+    await put(redis, prefix, "ns-a", episode("a-1"))
+    calls = [("POST", "/v1/recall", {"query": "x"}), ("POST", "/v1/recall", {"query": ""}),
+             ("POST", "/v1/episodes", episode("a-2")), ("POST", "/v1/episodes", {"task": "x"}),
+             ("GET", "/v1/episodes/a-1", None), ("GET", "/v1/episodes/none", None),
+             ("DELETE", "/v1/episodes/a-1", None), ("GET", "/v1/skills?threshold=2", None),
+             ("POST", "/v1/context", {"task": "x" * 10_000}), ("GET", "/nowhere", None),
+             ("PATCH", "/v1/recall", None), ("POST", "/v1/consolidate", {})]
+    for key in (KEY_A, KEY_B, KEY_A + "-wrong", f"{KEY_B} trailing", ""):
+        for scheme in ("Bearer", "bearer", "Basic"):
+            for method, path, body in calls:
+                resp = await client.request(method, path, json=body, headers={"Authorization": f"{scheme} {key}"})
+                text = await resp.text()
+                assert resp.status < 500, (method, path, text)
+                if key:
+                    assert key not in text
+    assert caplog.records, "nothing was logged: the assertion below would be vacuous"
+    for key in (KEY_A, KEY_B):
+        assert key not in caplog.text
+        assert all(key not in json.dumps(getattr(r, "__dict__", {}), default=str) for r in caplog.records)
+
+
+BODY_ROUTES = ["/v1/recall", "/v1/episodes", "/v1/context", "/v1/strategy", "/v1/suggest", "/v1/facts/search",
+               "/v1/consolidate"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_bodies_over_the_limit_are_413_on_every_body_route(make_client, redis, prefix, chunked):
+    client = await make_client(api_keys=THREE, max_body_bytes=2048)
+    big = json.dumps({"query": "x" * 5000, "task": "y" * 5000}).encode()
+
+    async def chunks():
+        for i in range(0, len(big), 1000):
+            yield big[i:i + 1000]
+
+    for path in BODY_ROUTES:
+        data = chunks() if chunked else big
+        resp = await client.post(path, data=data, headers={**auth(KEY_A), "Content-Type": "application/json"})
+        assert resp.status == 413, (path, await resp.text())
+        assert resp.content_type == "application/problem+json"
+    # nothing was published by the rejected ingest
+    assert await redis.exists(Keys(prefix).stream) == 0
