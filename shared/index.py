@@ -83,9 +83,20 @@ def keyword_terms(text: str, limit: int = 64) -> list[str]:
     return list(seen)
 
 
+# RediSearch's default stop words (the index is created without STOPWORDS, so these apply). They are
+# dropped from keyword queries: they match nothing anyway, and a union that starts with two of them,
+# e.g. `@task:(is | it | nate)`, crashes redisearch.so 2.x (SIGSEGV in QueryNode_AddChildren), taking the
+# whole Redis down (found by bench/locomo.py: "Is it likely that Nate has friends besides Joanna?").
+STOPWORDS = frozenset((
+    "a", "is", "the", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "it",
+    "no", "not", "of", "on", "or", "such", "that", "their", "then", "there", "these", "they", "this", "to",
+    "was", "will", "with"))
+
+
 def keyword_query(text: str) -> str | None:
-    """A BM25 query matching any word of `text` in the text fields, or None if it has no words."""
-    terms = keyword_terms(text)
+    """A BM25 query matching any word of `text` in the text fields (stop words dropped, see STOPWORDS),
+    or None if it has no such words."""
+    terms = [t for t in keyword_terms(text, limit=64 + len(STOPWORDS)) if t not in STOPWORDS][:64]
     if not terms:
         return None
     fields = "|".join(name for name, _ in TEXT_FIELDS)
