@@ -95,7 +95,8 @@ def _duration(value: Any) -> float:
 
 Duration = Annotated[float, PlainValidator(_duration), WithJsonSchema(
     {"oneOf": [{"type": "number", "exclusiveMinimum": 0},
-               {"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h|d|w)?$"}]})]
+               {"type": "string", "pattern": r"^(0*[1-9][0-9]*(\.[0-9]+)?|0+\.[0-9]*[1-9][0-9]*)(ms|s|m|h|d|w)?$",
+                "description": "a positive duration: 3600, 90s, 30m, 12h, 1d, 1w or 250ms"}]})]
 
 
 def int_in(lo: int, hi: int, *, from_query: bool = False):

@@ -80,6 +80,13 @@ def document() -> dict[str, Any]:
             op["security"] = [{"bearer": []}]
         if route.path == "/readyz":
             responses["503"] = {"description": "not ready"}
+        if route.path == "/metrics":
+            responses["200"] = {"description": "Prometheus text exposition format",
+                                "content": {"text/plain": {"schema": {"type": "string"}}}}
+        if route.status == 202:  # publishing routes
+            responses["503"] = _problem("Redis did not accept the event; nothing was published (Retry-After)")
+        if route.handler.__name__ == "ingest":
+            responses["429"] = _problem("consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
         op["responses"] = responses
         paths.setdefault(path, {})[route.method.lower()] = op
     return {
