@@ -33,7 +33,6 @@ import re
 import sys
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -503,7 +502,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     for a, b, q in zip(direct["knn"], direct["bm25"], questions, strict=True)]
         finally:
             if query is not None:
-                stop_processes([query])
+                qtail = stop_processes([query])[0]
+                if "Traceback" in qtail or "ERROR" in qtail:
+                    print("query service stderr:\n" + qtail, file=sys.stderr)
             tails = stop_processes(workers)
             if any("Traceback" in t for t in tails):
                 print("worker stderr:\n" + "\n".join(tails), file=sys.stderr)

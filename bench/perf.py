@@ -1,4 +1,546 @@
-"""Performance suite placeholder until the benchmark issue lands."""
+"""The performance suite (`make bench`): every figure next to its baseline measured in the same run.
+
+Phases (sizes are options; the defaults finish within 15 minutes on 2 cores):
+
+1. ingest end to end: publish N synthetic episodes through the SDK while K consolidator processes
+   (`python -m services.consolidator run`, ENGRAM_EMBEDDER=hashing|minilm) project them, until every
+   one is recallable; vs the raw Redis write rate = pipelined HSET of the same documents (vectors
+   precomputed) into an index with the same schema. For minilm the embedder's own rate (in process,
+   same thread count) is reported too, since no pipeline can beat it.
+2. index cost: seed 10k then 100k episodes by the fast path (`shared.index.episode_fields` + pipelined
+   HSET; clustered random unit vectors, 384 dims) into an HNSW index and a FLAT index; insert rate,
+   memory per episode (INFO memory, FT.INFO), KNN latency and recall@10 against the exact answer.
+3. recall latency: 16 concurrent clients on `POST /v1/recall` of a query-service process vs 16 concurrent
+   raw `FT.SEARCH` KNN with the same filter, the same k and the same returned fields, vs an exact numpy
+   scan in process; p50/p99 and throughput at 10k and 100k episodes.
+
+Results: a table on stdout and `bench/results.json`. The machine is shared with other work; the load
+average at the start is recorded with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from bench.common import (
+    ROOT,
+    Timer,
+    check_alive,
+    machine,
+    percentile_ms,
+    poll_until,
+    private_redis,
+    ratio,
+    service_env,
+    spawn_query_service,
+    spawn_workers,
+    stop_processes,
+    table,
+    wait_http_ready,
+    write_json,
+)
+
+DIM = 384
+NAMESPACE = "bench"
+_VERBS = ("fix", "refactor", "test", "document", "optimise", "review", "port", "debug", "design", "profile")
+_NOUNS = ("login flow", "payment service", "cache layer", "search index", "CSV importer", "retry policy",
+          "websocket handler", "database migration", "rate limiter", "feature flag", "PDF export",
+          "session store", "email queue", "auth middleware", "metrics exporter", "image resizer")
+_TAILS = ("after the upgrade", "under load", "for the mobile client", "in the nightly job",
+          "behind the proxy", "with flaky tests", "for the new tenant", "on the staging cluster")
+
+
+def synthetic_episode(i: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A plausible agent episode (task ~ 60-120 characters, a solution, reward, outcome)."""
+    verb, noun, tail = _VERBS[i % 10], _NOUNS[rng.integers(16)], _TAILS[rng.integers(8)]
+    return {
+        "episode_id": f"ep-{i}", "agent_id": f"agent-{i % 8}", "user_id": f"user-{i % 32}",
+        "task": {"description": f"{verb} the {noun} {tail} (ticket {i})", "category": "debugging",
+                 "complexity": float(rng.random())},
+        "solution": f"changed the {noun} configuration and added a regression test for case {i}",
+        "outcome": ("success", "partial", "failure")[i % 3], "feedback": {"reward": float(rng.random())},
+        "importance": int(1 + i % 10), "strategy_used": ("iterative", "exploratory")[i % 2],
+        "completed_at": 1_700_000_000.0 + 60.0 * i,
+    }
+
+
+# --- phase 1: ingest -----------------------------------------------------------------------------------
+async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from shared.embedding import make_embedder
+    from shared.settings import Settings
+
+    rows = []
+    for name in args.embedders:
+        n = args.ingest_hashing if name == "hashing" else args.ingest_minilm
+        embedder = make_embedder(Settings(embedder=name, embed_dim=DIM))
+        if hasattr(embedder, "load"):
+            await embedder.load()
+        try:
+            episodes = [synthetic_episode(i, np.random.default_rng(i)) for i in range(n)]
+            raw = await raw_write_rate(url, episodes, embedder)
+        finally:
+            await embedder.aclose()
+        for k in args.workers:
+            e2e = await pipeline_rate(url, episodes, name, k, args)
+            bound = min(raw["rate"], raw["embed_rate"]) if name != "hashing" else raw["rate"]
+            rows.append({"embedder": name, "workers": k, "episodes": n, "e2e_rate": e2e["rate"],
+                         "publish_s": e2e["publish_s"], "raw_hset_rate": raw["rate"],
+                         "embed_rate": raw["embed_rate"], "ratio_vs_raw": ratio(e2e["rate"], raw["rate"]),
+                         "ratio_vs_bound": ratio(e2e["rate"], bound)})
+            print(f"  ingest {name} ×{k}: {e2e['rate']:.0f} ep/s end to end; raw HSET {raw['rate']:.0f} ep/s; "
+                  f"embedder alone {raw['embed_rate']:.0f} texts/s", flush=True)
+    return rows
+
+
+async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> dict[str, float]:
+    """Embedder rate (in process) and pipelined-HSET rate of the same documents into the same schema."""
+    from shared.index import VectorParams, embedding_text, ensure_episode_index, episode_fields
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+    from shared.validation import parse_episode
+
+    parsed = [parse_episode(e) for e in episodes]
+    texts = [embedding_text(e) for e in parsed]
+    with Timer() as t_embed:
+        vectors = await embedder.embed(texts)
+    keys = Keys(f"raw{uuid.uuid4().hex[:6]}:")
+    r = connect(url)
+    try:
+        params = VectorParams(dim=vectors.shape[1])
+        await ensure_episode_index(r, keys, 1, params, embedder.name)
+        docs = [(keys.episode_doc(1, NAMESPACE, e.episode_id),
+                 episode_fields(NAMESPACE, e, status="completed", vector=v)) for e, v in zip(parsed, vectors, strict=True)]
+        with Timer() as t_write:
+            for start in range(0, len(docs), 500):
+                async with r.pipeline(transaction=False) as pipe:
+                    for key, fields in docs[start:start + 500]:
+                        pipe.hset(key, mapping=fields)
+                    await pipe.execute()
+        await _drop(r, keys)
+    finally:
+        await r.aclose()
+    return {"rate": len(docs) / t_write.seconds, "embed_rate": len(texts) / t_embed.seconds}
+
+
+async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str, workers: int,
+                        args: argparse.Namespace) -> dict[str, float]:
+    """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable."""
+    from shared.events import EpisodeCompleted
+    from shared.index import Scope, count, index_exists
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+    from shared.sdk import EngramClient
+    from shared.validation import parse_episode
+
+    prefix = f"e2e{uuid.uuid4().hex[:6]}:"
+    keys = Keys(prefix)
+    env = service_env(url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM), ENGRAM_BATCH_SIZE=str(args.batch_size))
+    procs = spawn_workers(workers, env, name=f"bench-{embedder}")
+    r = connect(url)
+    try:
+        # ready = the index exists (a worker creates it after loading its embedder)
+        async def ready() -> bool:
+            check_alive(procs, "consolidator worker")
+            return await index_exists(r, keys.episode_index_alias)
+        await poll_until(ready, timeout=180, what="worker start")
+        await asyncio.sleep(0.5 if workers == 1 else 2.0)  # let the second worker load its model too
+        client = EngramClient(r, namespace=NAMESPACE, prefix=prefix)
+        events = [EpisodeCompleted(namespace=NAMESPACE, episode_id=e["episode_id"], occurred_at=time.time(),
+                                   episode=parse_episode(e)) for e in episodes]
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(events), desc=f"ingest {embedder} ×{workers}", unit="ep", leave=False)
+        started = time.perf_counter()
+        for start in range(0, len(events), 100):
+            await client.publish(events[start:start + 100])
+        publish_s = time.perf_counter() - started
+
+        async def done() -> bool:
+            check_alive(procs, "consolidator worker")
+            n = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE))
+            bar.update(n - bar.n)
+            return n >= len(events)
+        await poll_until(done, timeout=args.timeout, interval=0.05, what=f"{len(events)} episodes recallable")
+        elapsed = time.perf_counter() - started
+        bar.close()
+    finally:
+        stop_processes(procs)
+        await _drop(r, keys)
+        await r.aclose()
+    return {"rate": len(episodes) / elapsed, "publish_s": publish_s}
+
+
+async def _drop(r, keys) -> None:
+    """Drop the benchmark's index (and its documents) and every other key under its prefix."""
+    from redis.exceptions import ResponseError
+
+    for name in await r.execute_command("FT._LIST"):
+        if name.decode().startswith(keys.prefix):
+            try:
+                await r.execute_command("FT.DROPINDEX", name, "DD")
+            except ResponseError:
+                pass
+    async for key in r.scan_iter(match=f"{keys.prefix}*", count=5000):
+        await r.unlink(key)
+
+
+# --- phase 2 and 3: index cost and recall latency -------------------------------------------------------------
+def clustered_vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:
+    """Unit vectors around random cluster centres (more like text embeddings than uniform noise)."""
+    idx = rng.integers(0, centers.shape[0], size=n)
+    v = centers[idx] + 0.35 * rng.standard_normal((n, DIM)).astype(np.float32) / math.sqrt(DIM) * 4
+    return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+class Seeder:
+    """Writes documents by the fast path into one index (one prefix, one algorithm)."""
+
+    def __init__(self, r, algorithm: str, embedder_name: str, args: argparse.Namespace):
+        from shared.keys import Keys
+
+        self.r = r
+        self.algorithm = algorithm
+        self.embedder_name = embedder_name
+        self.keys = Keys(f"{algorithm.lower()}{uuid.uuid4().hex[:6]}:")
+        self.args = args
+        self.n = 0
+
+    async def create(self) -> None:
+        from shared.index import VectorParams, ensure_episode_index
+
+        params = VectorParams(dim=DIM, algorithm=self.algorithm, m=self.args.hnsw_m,
+                              ef_construction=self.args.hnsw_ef_construction, ef_runtime=self.args.hnsw_ef_runtime)
+        await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name)
+
+    async def add(self, vectors: np.ndarray) -> float:
+        """Insert the next len(vectors) episodes; returns the insert rate (episodes/s, HSET pipelined)."""
+        from tqdm import tqdm
+
+        from shared.index import episode_fields
+        from shared.validation import parse_episode
+
+        rng = np.random.default_rng(self.n)
+        docs = []
+        for j, v in enumerate(vectors):
+            i = self.n + j
+            e = parse_episode(synthetic_episode(i, rng))
+            docs.append((self.keys.episode_doc(1, NAMESPACE, e.episode_id),
+                         episode_fields(NAMESPACE, e, status="completed", vector=v)))
+        bar = tqdm(total=len(docs), desc=f"seed {self.algorithm} to {self.n + len(docs):,}", unit="ep", leave=False)
+        started = time.perf_counter()
+        for start in range(0, len(docs), 1000):
+            async with self.r.pipeline(transaction=False) as pipe:
+                for key, fields in docs[start:start + 1000]:
+                    pipe.hset(key, mapping=fields)
+                await pipe.execute()
+            bar.update(min(1000, len(docs) - start))
+        elapsed = time.perf_counter() - started
+        bar.close()
+        self.n += len(docs)
+        return len(docs) / elapsed
+
+    async def knn_ids(self, q: np.ndarray, k: int, ef: int | None = None) -> list[int]:
+        from shared.index import Scope, knn_search
+
+        hits = await knn_search(self.r, self.keys.episode_index_alias, Scope(namespace=NAMESPACE), q, k,
+                                return_fields=("episode_id",), ef_runtime=ef)
+        return [int(h.fields[b"episode_id"].decode().split("-")[1]) for h in hits]
+
+
+async def used_memory(r) -> int:
+    return int((await r.info("memory"))["used_memory"])
+
+
+async def ft_info_mb(r, index: str) -> dict[str, float]:
+    raw = await r.execute_command("FT.INFO", index)
+    info = {raw[i].decode() if isinstance(raw[i], bytes) else raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
+    out = {}
+    for name in ("vector_index_sz_mb", "inverted_sz_mb", "doc_table_size_mb", "offset_vectors_sz_mb",
+                 "sortable_values_size_mb", "key_table_size_mb", "tag_overhead_sz_mb", "text_overhead_sz_mb",
+                 "total_index_memory_sz_mb"):
+        with_value = info.get(name)
+        if with_value is not None:
+            try:
+                out[name] = float(with_value)
+            except (TypeError, ValueError):
+                pass
+    return out
+
+
+async def concurrent(n_clients: int, n_requests: int, fn) -> tuple[list[float], float]:
+    """Run `await fn(i)` for i < n_requests from n_clients concurrent loops; (latencies s, wall s)."""
+    latencies: list[float] = []
+    counter = iter(range(n_requests))
+
+    async def client() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await fn(i)
+            latencies.append(time.perf_counter() - t0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(n_clients)))
+    return latencies, time.perf_counter() - started
+
+
+def exact_topk(matrix: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    scores = matrix @ q
+    top = np.argpartition(-scores, k)[:k]
+    return top[np.argsort(-scores[top])]
+
+
+async def index_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Seed HNSW and FLAT indexes to each size; measure inserts, memory, KNN quality and recall latency."""
+
+    from shared.embedding import HashingEmbedder
+    from shared.redis_conn import connect
+
+    rng = np.random.default_rng(42)
+    centers = rng.standard_normal((200, DIM)).astype(np.float32)
+    sizes = sorted(args.sizes)
+    all_vectors = clustered_vectors(sizes[-1], rng, centers)
+    hashing = HashingEmbedder(DIM)
+    words = [w for t in (_VERBS + _NOUNS + _TAILS) for w in t.split()]
+    query_texts = [" ".join(rng.choice(words, size=8)) for _ in range(256)]
+    query_vecs = hashing.embed_sync(query_texts)
+    # queries for quality: perturbed stored vectors (a hashing query vector is unrelated to the synthetic ones)
+    quality_q = all_vectors[rng.integers(0, sizes[0], size=args.quality_queries)] + \
+        0.05 * rng.standard_normal((args.quality_queries, DIM)).astype(np.float32)
+    quality_q /= np.linalg.norm(quality_q, axis=1, keepdims=True)
+    t_embed = []
+    for text in query_texts[:100]:
+        t0 = time.perf_counter()
+        await hashing.embed([text])
+        t_embed.append(time.perf_counter() - t0)
+    embed_ms = percentile_ms(t_embed, 50)
+
+    r = connect(url, max_connections=64) if _accepts_max(connect) else connect(url)
+    result: dict[str, Any] = {"sizes": {}, "query_embed_ms_p50": embed_ms}
+    seeders = {alg: Seeder(r, alg, hashing.name, args) for alg in ("HNSW", "FLAT")}
+    for s in seeders.values():
+        await s.create()
+    mem_base = await used_memory(r)
+    holder: dict[str, Any] = {"proc": None, "base": None}
+    try:
+        prev = 0
+        for size in sizes:
+            row: dict[str, Any] = {}
+            for alg, s in seeders.items():
+                before = await used_memory(r)
+                rate = await s.add(all_vectors[prev:size])
+                after = await used_memory(r)
+                info = await ft_info_mb(r, s.keys.episode_index_alias)
+                lat = []
+                recalls = []
+                matrix = all_vectors[:size]
+                for q in quality_q:
+                    t0 = time.perf_counter()
+                    got = await s.knn_ids(q, 10)
+                    lat.append(time.perf_counter() - t0)
+                    exact = set(exact_topk(matrix, q, 10).tolist())
+                    recalls.append(len(exact & set(got)) / 10)
+                row[alg] = {"insert_rate": rate, "bytes_per_episode_added": (after - before) / (size - prev),
+                            "knn10_p50_ms": percentile_ms(lat, 50), "knn10_p99_ms": percentile_ms(lat, 99),
+                            "recall_at_10": float(np.mean(recalls)), "ft_info_mb": info}
+                if alg == "HNSW":
+                    for ef in args.ef_sweep:
+                        recalls, lat = [], []
+                        for q in quality_q:
+                            t0 = time.perf_counter()
+                            got = await s.knn_ids(q, 10, ef=ef)
+                            lat.append(time.perf_counter() - t0)
+                            recalls.append(len(set(exact_topk(matrix, q, 10).tolist()) & set(got)) / 10)
+                        row[alg][f"ef{ef}"] = {"recall_at_10": float(np.mean(recalls)),
+                                               "knn10_p50_ms": percentile_ms(lat, 50)}
+                print(f"  {alg} {size:,}: insert {rate:.0f} ep/s, KNN10 p50 {row[alg]['knn10_p50_ms']:.2f} ms, "
+                      f"recall@10 {row[alg]['recall_at_10']:.3f}", flush=True)
+            row["used_memory_bytes_per_episode"] = (await used_memory(r) - mem_base) / (2 * size)
+            row["latency"] = await latency_at(url, r, seeders["HNSW"], all_vectors[:size], query_texts, query_vecs,
+                                              args, holder)
+            result["sizes"][str(size)] = row
+            prev = size
+    finally:
+        if holder["proc"] is not None:
+            stop_processes([holder["proc"]])
+        for s in seeders.values():
+            await _drop(r, s.keys)
+        await r.aclose()
+    return result
+
+
+def _accepts_max(connect) -> bool:
+    import inspect
+
+    return "max_connections" in inspect.signature(connect).parameters
+
+
+async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_texts: list[str],
+                     query_vecs: np.ndarray, args: argparse.Namespace, holder: dict[str, Any]) -> dict[str, Any]:
+    """16 concurrent clients: POST /v1/recall vs raw FT.SEARCH KNN (same filter, k, fields) vs numpy scan."""
+    import aiohttp
+
+    from services.query.recall import RETURN_FIELDS
+    from shared.index import Scope, knn_search
+
+    if holder["proc"] is None:
+        port = _free_port()
+        env = service_env(url, seeder.keys.prefix, "hashing", ENGRAM_EMBED_DIM=str(DIM),
+                          ENGRAM_VECTOR_ALGORITHM="HNSW")
+        holder["proc"] = spawn_query_service(env, port)
+        holder["base"] = f"http://127.0.0.1:{port}"
+        await wait_http_ready(f"{holder['base']}/readyz", holder["proc"])
+    base = holder["base"]
+    top_k, cand = args.top_k, 2 * args.top_k
+    n_req, clients = args.requests, args.clients
+    out: dict[str, Any] = {"clients": clients, "requests": n_req, "top_k": top_k, "candidates": cand}
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+        async def service(i: int) -> None:
+            body = {"query": query_texts[i % len(query_texts)], "top_k": top_k, "mode": "vector"}
+            async with session.post(f"{base}/v1/recall", json=body) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"/v1/recall → {resp.status}")
+        await concurrent(clients, 32, service)  # warm-up
+        lat, wall = await concurrent(clients, n_req, service)
+    out["service"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
+
+    scope = Scope(namespace=NAMESPACE)
+
+    async def raw(i: int) -> None:
+        await knn_search(r, seeder.keys.episode_index_alias, scope, query_vecs[i % len(query_vecs)], cand,
+                         return_fields=RETURN_FIELDS)
+    await concurrent(clients, 32, raw)
+    lat, wall = await concurrent(clients, n_req, raw)
+    out["raw_ft_search"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
+
+    lat = []
+    started = time.perf_counter()
+    for i in range(min(n_req, 400)):
+        t0 = time.perf_counter()
+        exact_topk(matrix, query_vecs[i % len(query_vecs)], cand)
+        lat.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - started
+    out["numpy_scan"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99),
+                         "qps": len(lat) / wall, "note": "one thread, vectors already in process memory"}
+    print(f"  recall {len(matrix):,}: service p50 {out['service']['p50_ms']:.1f} ms, raw FT.SEARCH p50 "
+          f"{out['raw_ft_search']['p50_ms']:.1f} ms, numpy p50 {out['numpy_scan']['p50_ms']:.2f} ms", flush=True)
+    return out
+
+
+def _free_port() -> int:
+    from deploy.embedded_redis import free_port
+
+    return free_port()
+
+
+# --- output ---------------------------------------------------------------------------------------------------
+def render(res: dict[str, Any]) -> str:
+    parts = []
+    if res.get("ingest"):
+        rows = [[r["embedder"], r["workers"], r["episodes"], r["e2e_rate"], r["raw_hset_rate"], r["ratio_vs_raw"],
+                 r["embed_rate"], r["ratio_vs_bound"]] for r in res["ingest"]]
+        parts.append("Ingest, publish → recallable (episodes/s):\n\n" + table(
+            ["embedder", "workers", "episodes", "end to end", "raw HSET (same index)", "ratio",
+             "embedder alone", "ratio vs min(raw, embedder)"], rows))
+    idx = res.get("index")
+    if idx:
+        rows = []
+        for size, row in idx["sizes"].items():
+            for alg in ("HNSW", "FLAT"):
+                a = row[alg]
+                rows.append([f"{int(size):,}", alg, a["insert_rate"], a["knn10_p50_ms"], a["knn10_p99_ms"],
+                             a["recall_at_10"], a["bytes_per_episode_added"],
+                             a["ft_info_mb"].get("vector_index_sz_mb", math.nan)])
+        parts.append("\nVector index, 384 dims, COSINE (raw FT.SEARCH KNN 10, one client):\n\n" + table(
+            ["episodes", "algorithm", "insert/s", "KNN p50 ms", "KNN p99 ms", "recall@10 vs exact",
+             "bytes/episode (INFO memory)", "vector index MB (FT.INFO)"], rows))
+        ef_rows = []
+        for size, row in idx["sizes"].items():
+            for key, v in row["HNSW"].items():
+                if key.startswith("ef"):
+                    ef_rows.append([f"{int(size):,}", key[2:], v["recall_at_10"], v["knn10_p50_ms"]])
+        if ef_rows:
+            parts.append("\nHNSW EF_RUNTIME sweep:\n\n" + table(["episodes", "EF_RUNTIME", "recall@10", "p50 ms"],
+                                                                ef_rows))
+        rows = []
+        for size, row in idx["sizes"].items():
+            lat = row["latency"]
+            s, raw, npy = lat["service"], lat["raw_ft_search"], lat["numpy_scan"]
+            target = 1.5 * raw["p50_ms"] + idx["query_embed_ms_p50"]
+            rows.append([f"{int(size):,}", s["p50_ms"], s["p99_ms"], s["qps"], raw["p50_ms"], raw["p99_ms"], raw["qps"],
+                         ratio(s["p50_ms"], raw["p50_ms"]), target, "yes" if s["p50_ms"] <= target else "no",
+                         npy["p50_ms"], npy["qps"]])
+        parts.append(f"\nRecall, {lat['clients']} concurrent clients, top_k {lat['top_k']} "
+                     f"(KNN {lat['candidates']}), {lat['requests']} requests; query embedding (hashing) p50 "
+                     f"{idx['query_embed_ms_p50']:.2f} ms:\n\n" + table(
+                         ["episodes", "service p50", "p99", "req/s", "raw FT.SEARCH p50", "p99", "req/s",
+                          "p50 ratio", "target 1.5×raw+embed", "met", "numpy scan p50", "numpy q/s"], rows))
+        mem = [[f"{int(size):,}", row["used_memory_bytes_per_episode"],
+                row["HNSW"]["ft_info_mb"].get("total_index_memory_sz_mb", math.nan),
+                row["FLAT"]["ft_info_mb"].get("total_index_memory_sz_mb", math.nan)]
+               for size, row in idx["sizes"].items()]
+        parts.append("\nMemory:\n\n" + table(["episodes", "bytes/episode (INFO used_memory, avg of both)",
+                                              "HNSW index total MB (FT.INFO)", "FLAT index total MB"], mem))
+    return "\n".join(parts)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.perf", description=__doc__.split("\n\n")[0])
+    p.add_argument("--phases", default="ingest,index", help="comma-separated: ingest, index")
+    p.add_argument("--embedders", default="hashing,minilm", type=lambda s: s.split(","))
+    p.add_argument("--workers", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
+    p.add_argument("--ingest-minilm", type=int, default=2_000, help="episodes per minilm ingest run")
+    p.add_argument("--batch-size", type=int, default=64, help="ENGRAM_BATCH_SIZE of the workers")
+    p.add_argument("--sizes", default="10000,100000", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--requests", type=int, default=1600, help="recall requests per measurement")
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--quality-queries", type=int, default=200, help="queries for HNSW recall@10")
+    p.add_argument("--ef-sweep", default="50,200", type=lambda s: [int(x) for x in s.split(",") if x])
+    p.add_argument("--hnsw-m", type=int, default=16)
+    p.add_argument("--hnsw-ef-construction", type=int, default=200)
+    p.add_argument("--hnsw-ef-runtime", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a projection")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {"machine": machine(), "args": {k: v for k, v in vars(args).items()}}
+    phases = args.phases.split(",")
+    with private_redis() as server:
+        if "ingest" in phases:
+            print("phase: ingest end to end", flush=True)
+            res["ingest"] = await ingest_phase(server.url, args)
+        if "index" in phases:
+            print("phase: index cost and recall latency", flush=True)
+            res["index"] = await index_phase(server.url, args)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pathlib import Path
+
+    args = parse_args(argv)
+    started = time.perf_counter()
+    res = asyncio.run(run(args))
+    res["wall_s"] = time.perf_counter() - started
+    write_json(Path(args.out), res)
+    print()
+    print(render(res))
+    print(f"\nwrote {args.out} ({res['wall_s']:.0f}s; load average at start {res['machine'].get('loadavg_1m')})")
+    return 0
+
 
 if __name__ == "__main__":
-    print("no benchmarks yet")
+    sys.exit(main())
