@@ -46,7 +46,7 @@ load: $(STAMP)
 	$(PY) -m bench.load
 
 fuzz: $(STAMP)
-	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider tests -k "fuzz or schemathesis"
+	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider --timeout 900 tests -k "fuzz or schemathesis"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check services shared tests deploy bench

@@ -104,7 +104,12 @@ def summarize(rate: float, rows: list[tuple[str, float, int]], bound_ms: float, 
         ok = [d for d, s in mine if 200 <= s < 300]
         errors = len(mine) - len(ok)
         p99 = percentile_ms(ok, 99)
-        res[kind] = {"requests": len(mine), "errors": errors, "status_429": sum(1 for _, s in mine if s == 429),
+        statuses: dict[str, int] = {}
+        for _, s in mine:
+            if not 200 <= s < 300:
+                key = str(s) if s else "no response"
+                statuses[key] = statuses.get(key, 0) + 1
+        res[kind] = {"requests": len(mine), "errors": errors, "error_statuses": statuses,
                      "p50_ms": round(percentile_ms(ok, 50), 1), "p99_ms": round(p99, 1)}
         held = held and errors == 0 and (not mine or p99 <= bound_ms)
     res["held"] = held
