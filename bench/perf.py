@@ -196,7 +196,9 @@ async def _drop(r, keys) -> None:
 def clustered_vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:
     """Unit vectors around random cluster centres (more like text embeddings than uniform noise)."""
     idx = rng.integers(0, centers.shape[0], size=n)
-    v = centers[idx] + 0.35 * rng.standard_normal((n, DIM)).astype(np.float32) / math.sqrt(DIM) * 4
+    unit = centers / np.linalg.norm(centers, axis=1, keepdims=True)
+    # noise of norm ~0.8 around a unit centre: members of one cluster have cosine ~0.6 to each other
+    v = unit[idx] + 0.8 * rng.standard_normal((n, DIM)).astype(np.float32) / math.sqrt(DIM)
     return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
 
