@@ -395,7 +395,7 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
     if holder["proc"] is None:
         port = _free_port()
         env = service_env(url, seeder.keys.prefix, "hashing", ENGRAM_EMBED_DIM=str(DIM),
-                          ENGRAM_VECTOR_ALGORITHM="HNSW")
+                          ENGRAM_VECTOR_ALGORITHM="HNSW", ENGRAM_DEFAULT_NAMESPACE=NAMESPACE)
         holder["proc"] = spawn_query_service(env, port)
         holder["base"] = f"http://127.0.0.1:{port}"
         await wait_http_ready(f"{holder['base']}/readyz", holder["proc"])
@@ -408,9 +408,10 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
         async def service(i: int) -> None:
             body = {"query": query_texts[i % len(query_texts)], "top_k": top_k, "mode": "vector"}
             async with session.post(f"{base}/v1/recall", json=body) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"/v1/recall → {resp.status}")
+                payload = await resp.json()
+                if resp.status != 200 or len(payload["results"]) != top_k:
+                    raise RuntimeError(f"/v1/recall → {resp.status} with {len(payload.get('results', []))} "
+                                       f"results, expected {top_k}: the service must see the seeded namespace")
         await concurrent(clients, 32, service)  # warm-up
         lat, wall = await concurrent(clients, n_req, service)
     out["service"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
