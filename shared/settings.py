@@ -147,6 +147,8 @@ class Settings:
     facts_importance_threshold: float = 150.0
     facts_min_cluster: int = 3
     facts_distance: float = 0.5
+    facts_min_interval: float = 10.0
+    """`ENGRAM_FACTS_MIN_INTERVAL`: a worker re-consolidates one scope at most this often (seconds)."""
     facts_max_episodes: int = 2000
     summarizer_url: str | None = None
     summarizer_model: str = "gpt-4o-mini"
@@ -216,6 +218,7 @@ class Settings:
             facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
             facts_min_cluster=_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),
             facts_distance=_float(env, "ENGRAM_FACTS_DISTANCE", 0.5, 0.01, 1.99),
+            facts_min_interval=_duration(env, "ENGRAM_FACTS_MIN_INTERVAL", 10.0),
             facts_max_episodes=_int(env, "ENGRAM_FACTS_MAX_EPISODES", 2000, 10, 100_000),
             summarizer_url=env.get("ENGRAM_SUMMARIZER_URL") or None,
             summarizer_model=env.get("ENGRAM_SUMMARIZER_MODEL", "gpt-4o-mini"),

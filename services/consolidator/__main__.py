@@ -60,7 +60,7 @@ async def _run(settings: Settings) -> int:
     from services.consolidator.summarizer import Summarizer
 
     summarizer = Summarizer.from_settings(settings)
-    facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer)
+    facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True)
     worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
     try:
         await worker.run(stop)
@@ -68,6 +68,7 @@ async def _run(settings: Settings) -> int:
         logging.getLogger("engram.consolidator").error("%s", exc)
         return 2
     finally:
+        await facts.aclose()
         if summarizer is not None:
             await summarizer.aclose()
         await embedder.aclose()

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -287,16 +288,25 @@ def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategie
 def changepoint(rows: Sequence[Row], min_size: int, known: set[str]) -> int | None:
     """Where time-ordered outcomes flip: the split i maximising |rate(rows[:i]) - rate(rows[i:])| among
     splits with ≥ min_size rows each side, rates on either side of 50% differing by ≥ 0.5, and at least
-    one row of the newer part not in `known` (new evidence). None when the evidence agrees."""
-    best: tuple[float, int] | None = None
-    for i in range(min_size, len(rows) - min_size + 1):
-        newer = rows[i:]
-        if all(r.episode_id in known for r in newer):
-            continue
-        a, b = _rate(rows[:i]), _rate(newer)
-        if (a >= 0.5) != (b >= 0.5) and abs(a - b) >= 0.5 and (best is None or abs(a - b) > best[0]):
-            best = (abs(a - b), i)
-    return best[1] if best else None
+    one row of the newer part not in `known` (new evidence). None when the evidence agrees.
+
+    Vectorised with prefix sums (O(n)): it runs on every consolidation of scopes of thousands of episodes.
+    """
+    n = len(rows)
+    if n < 2 * min_size or min_size < 1:
+        return None
+    success = np.fromiter((r.episode.outcome == "success" for r in rows), dtype=np.float64, count=n)
+    csum = np.concatenate([[0.0], np.cumsum(success)])
+    split = np.arange(min_size, n - min_size + 1)
+    older = csum[split] / split
+    newer = (csum[n] - csum[split]) / (n - split)
+    unknown = np.fromiter((r.episode_id not in known for r in rows), dtype=bool, count=n)
+    has_new = np.flip(np.cumsum(np.flip(unknown))) > 0  # has_new[i]: rows[i:] hold new evidence
+    gap = np.abs(older - newer)
+    valid = has_new[split] & ((older >= 0.5) != (newer >= 0.5)) & (gap >= 0.5)
+    if not valid.any():
+        return None
+    return int(split[int(np.argmax(np.where(valid, gap, -1.0)))])
 
 
 def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min_cluster: int, distance: float,
@@ -461,7 +471,15 @@ class Consolidator:
     """
 
     def __init__(self, settings: Settings, redis: aioredis.Redis, dim: int, *, summarizer=None,
-                 publish: Publisher | None = None):
+                 publish: Publisher | None = None, background: bool = False):
+        """With `background=True` (the consolidator process), triggered runs are scheduled as tasks
+        (one at a time per scope, coalescing triggers that arrive meanwhile) so that projecting the
+        stream never waits for clustering; `aclose()` waits for them at shutdown."""
+        self.background = background
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._again: set[str] = set()
+        self._last_run: dict[str, float] = {}
+        self._closing = asyncio.Event()
         self.settings = settings
         self.redis = redis
         self.keys = Keys(settings.prefix)
@@ -521,8 +539,56 @@ class Consolidator:
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
             if completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold:
                 log.info("facts ◆ trigger %s ◆ %d completed ◆ importance %.1f", s.scope_id[:12], completed, importance)
-                out.append(await self.consolidate(s))
+                if self.background:
+                    self._schedule(s)
+                else:
+                    out.append(await self.consolidate(s))
         return out
+
+    def _schedule(self, scope: FactScope) -> None:
+        running = self._tasks.get(scope.scope_id)
+        if running is not None and not running.done():
+            self._again.add(scope.scope_id)  # run once more when the current run ends
+            return
+        self._tasks[scope.scope_id] = asyncio.create_task(self._run_in_background(scope))
+
+    async def _run_in_background(self, scope: FactScope) -> None:
+        """Run the scope's consolidation, at most once per `facts_min_interval` seconds: under a burst
+        of ingest, triggers coalesce into one run per interval instead of re-clustering the scope
+        after every `facts_every` episodes."""
+        sid = scope.scope_id
+        while not self._closing.is_set():
+            wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(self._closing.wait(), wait)
+                    return  # closing: the counter was not reset, so the scope is picked up again later
+                except TimeoutError:
+                    pass
+            self._again.discard(sid)
+            self._last_run[sid] = time.monotonic()
+            try:
+                await self.consolidate(scope)
+            except Exception:  # the counter was not reset: the next trigger retries this scope
+                log.exception("facts ◆ consolidation of %s failed", sid[:12])
+            if sid not in self._again:
+                return
+
+    async def wait_idle(self) -> None:
+        """Wait until no background consolidation is running (tests, shutdown)."""
+        while pending := [t for t in self._tasks.values() if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def aclose(self, grace: float = 20.0) -> None:
+        """Let running consolidations finish within `grace` seconds, then cancel the rest (the lease
+        and the unchanged counter make the next run pick the scope up again)."""
+        self._closing.set()
+        try:
+            await asyncio.wait_for(self.wait_idle(), grace)
+        except TimeoutError:
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     async def scopes_of(self, namespace: str) -> list[FactScope]:
         """The namespace scope and every (agent_id, category) scope with at least min_cluster episodes."""
@@ -550,8 +616,10 @@ class Consolidator:
             state = await load_state(self.redis, self.keys, gen, scope.scope_id)
             rows = await load_rows(self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes)
             now = time.time() if now is None else now
-            planned = plan(scope, rows, state.facts, min_cluster=self.settings.facts_min_cluster,
-                           distance=self.settings.facts_distance, now=now)
+            # clustering is CPU-bound: a thread keeps the event loop (and the projection) responsive
+            planned = await asyncio.to_thread(plan, scope, rows, state.facts,
+                                              min_cluster=self.settings.facts_min_cluster,
+                                              distance=self.settings.facts_distance, now=now)
             if planned is None:
                 await self._reset(scope, counter)
                 return RunResult(scope, "unchanged", facts=len(state.facts), seq=state.seq)

@@ -209,6 +209,20 @@ async def test_trigger_fires_at_the_completed_count(settings, redis):
     assert int(counter[b"completed"]) == 0
 
 
+async def test_background_trigger_does_not_hold_the_projection(settings, redis):
+    """In the consolidator process, triggered runs are background tasks; they still happen, once per
+    scope even when triggers pile up while a run is in progress."""
+    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=0.05)
+    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    worker = make_worker(s, redis, on_batch=cons.on_batch)
+    await publish(s, redis, [ep("mig", i, agent="solo") for i in range(6)])
+    await drain(worker)
+    await cons.wait_idle()
+    assert cons.runs >= 2
+    assert sorted(f.support for f in await facts(redis, s)) == [6, 6]
+    await cons.aclose()
+
+
 async def test_trigger_fires_at_the_importance_threshold(settings, redis):
     s = settings.with_(facts_every=10_000, facts_importance_threshold=20.0)
     cons = Consolidator(s, redis, s.embed_dim)

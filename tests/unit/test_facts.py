@@ -60,3 +60,33 @@ def test_changepoint_needs_new_evidence_and_a_real_flip():
     assert changepoint(rows, 3, {r.episode_id for r in rows}) is None
     mixed = [row(f"m{i}", 0, at=float(i), outcome="success" if i % 2 else "failure") for i in range(8)]
     assert changepoint(mixed, 3, set()) is None
+
+
+def _changepoint_reference(rows, min_size, known):
+    """The definition, written as the plain O(n²) loop the vectorised version must agree with."""
+    def rate(rs):
+        return sum(r.episode.outcome == "success" for r in rs) / len(rs)
+
+    best = None
+    for i in range(min_size, len(rows) - min_size + 1):
+        newer = rows[i:]
+        if all(r.episode_id in known for r in newer):
+            continue
+        a, b = rate(rows[:i]), rate(newer)
+        if (a >= 0.5) != (b >= 0.5) and abs(a - b) >= 0.5 and (best is None or abs(a - b) > best[0]):
+            best = (abs(a - b), i)
+    return best[1] if best else None
+
+
+def test_changepoint_matches_its_definition():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.booleans(), max_size=30), st.integers(1, 5), st.sets(st.integers(0, 29)))
+    def check(outcomes, min_size, known_idx):
+        rows = [row(f"e{i}", 0, outcome="success" if ok else "failure") for i, ok in enumerate(outcomes)]
+        known = {f"e{i}" for i in known_idx}
+        assert changepoint(rows, min_size, known) == _changepoint_reference(rows, min_size, known)
+
+    check()
