@@ -503,7 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
     p.add_argument("--ingest-minilm", type=int, default=2_000, help="episodes per minilm ingest run")
-    p.add_argument("--batch-size", type=int, default=64, help="ENGRAM_BATCH_SIZE of the workers")
+    p.add_argument("--batch-size", type=int, default=256, help="ENGRAM_BATCH_SIZE of the workers")
     p.add_argument("--sizes", default="10000,100000", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=1600, help="recall requests per measurement")

@@ -120,7 +120,7 @@ class Settings:
     # consolidator
     consumer_group: str = "consolidator"
     consumer_name: str | None = None
-    batch_size: int = 64
+    batch_size: int = 256
     block_ms: int = 1000
     lease_ms: int = 30_000
     max_deliveries: int = 5
@@ -199,7 +199,7 @@ class Settings:
             hnsw_ef_runtime=_int(env, "ENGRAM_HNSW_EF_RUNTIME", 10, 1, 4096),
             consumer_group=env.get("ENGRAM_CONSUMER_GROUP", "consolidator"),
             consumer_name=env.get("ENGRAM_CONSUMER_NAME") or None,
-            batch_size=_int(env, "ENGRAM_BATCH_SIZE", 64, 1, 10_000),
+            batch_size=_int(env, "ENGRAM_BATCH_SIZE", 256, 1, 10_000),
             block_ms=_int(env, "ENGRAM_BLOCK_MS", 1000, 1, 60_000),
             lease_ms=_int(env, "ENGRAM_LEASE_MS", 30_000, 10, 3_600_000),
             max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", 5, 1, 1000),

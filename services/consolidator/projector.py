@@ -52,10 +52,10 @@ from shared.keys import Keys
 log = logging.getLogger("engram.consolidator")
 
 RECORD_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
 redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[3])
-return 1
+return {1, redis.call('HLEN', KEYS[2]), redis.call('HGET', KEYS[4], 'embed_hash')}
 """
 
 WRITE_LUA = """
@@ -155,47 +155,68 @@ class Projector:
             for entry, ev in segment:
                 await self._record(keys=[k.tombstone(ev.namespace, ev.episode_id),
                                          k.episode_events(g, ev.namespace, ev.episode_id),
-                                         k.episode_stream_ids(g, ev.namespace, ev.episode_id)],
+                                         k.episode_stream_ids(g, ev.namespace, ev.episode_id),
+                                         k.episode_doc(g, ev.namespace, ev.episode_id)],
                                    args=[ev.event_id, entry.payload, entry.stream_id], client=pipe)
             recorded = await pipe.execute()
-        touched: dict[tuple[str, str], None] = {}
+        # per episode: the events in hand, and what the record step saw of its stored state
+        in_hand: dict[tuple[str, str], dict[str, Event]] = {}
+        stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
         tombstoned: list[bytes] = []
-        for (entry, ev), status in zip(segment, recorded, strict=True):
-            if status == -1:
+        for (entry, ev), reply in zip(segment, recorded, strict=True):
+            if reply[0] == -1:
                 tombstoned.append(entry.stream_id)
                 self.metrics.events.labels(ev.TYPE, "forgotten").inc()
             else:
-                touched[(ev.namespace, ev.episode_id)] = None
+                ident = (ev.namespace, ev.episode_id)
+                in_hand.setdefault(ident, {})[ev.event_id] = ev
+                hlen = int(reply[1])
+                stored[ident] = (max(hlen, stored.get(ident, (0, None))[0]), reply[2])
                 self.metrics.events.labels(ev.TYPE, "ok").inc()
             result.ok.append(entry.stream_id)
         if tombstoned:  # data of a forgotten episode must not stay in the stream
             await streams.delete(self.redis, k.stream, tombstoned)
-        pending = list(touched)
+        # an episode whose stored events are exactly those in hand (the common case: a new episode,
+        # or one whose events arrive in one batch) is folded without reading them back
+        prefetched = {ident: (list(events.values()), stored[ident][0], stored[ident][1])
+                      for ident, events in in_hand.items() if stored[ident][0] == len(events)}
+        pending = list(in_hand)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if not pending:
                 return
-            pending = await self._fold_and_write(pending, result)
+            pending = await self._fold_and_write(pending, result, prefetched)
+            prefetched = {}
             if pending:
                 self.metrics.write_conflicts.inc(len(pending))
         raise RuntimeError(f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts")
 
-    async def _fold_and_write(self, episodes: list[tuple[str, str]], result: BatchResult) -> list[tuple[str, str]]:
+    async def _fold_and_write(self, episodes: list[tuple[str, str]], result: BatchResult,
+                              prefetched: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] | None = None,
+                              ) -> list[tuple[str, str]]:
         k, g = self.keys, self.gen
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for ns, eid in episodes:
-                pipe.hgetall(k.episode_events(g, ns, eid))
-                pipe.hmget(k.episode_doc(g, ns, eid), ["embed_hash", "status"])
-            raw = await pipe.execute()
-        folded: list[tuple[str, str, Folded, int, bytes | None]] = []
-        for i, (ns, eid) in enumerate(episodes):
-            events_raw, (embed_hash, _status) = raw[2 * i], raw[2 * i + 1]
+        prefetched = prefetched or {}
+        to_read = [ident for ident in episodes if ident not in prefetched]
+        raw: list = []
+        if to_read:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for ns, eid in to_read:
+                    pipe.hgetall(k.episode_events(g, ns, eid))
+                    pipe.hget(k.episode_doc(g, ns, eid), "embed_hash")
+                raw = await pipe.execute()
+        loaded: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] = dict(prefetched)
+        for i, ident in enumerate(to_read):
+            events_raw, embed_hash = raw[2 * i], raw[2 * i + 1]
             events = []
             for payload in events_raw.values():
                 try:
                     events.append(decode(payload))
                 except EngramError:  # validated when recorded; a build that cannot read it skips it
                     log.warning("skipping undecodable stored event of an episode")
-            folded.append((ns, eid, fold(events), len(events_raw), embed_hash))
+            loaded[ident] = (events, len(events_raw), embed_hash)
+        folded: list[tuple[str, str, Folded, int, bytes | None]] = []
+        for ns, eid in episodes:
+            events, n, embed_hash = loaded[(ns, eid)]
+            folded.append((ns, eid, fold(events), n, embed_hash))
         # embed completed episodes whose text changed (agent-supplied vectors are used as given)
         to_embed: list[tuple[int, str]] = []
         vectors: dict[int, np.ndarray] = {}
