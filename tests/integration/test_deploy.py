@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import redis as sync_redis
+from redis.exceptions import ResponseError
 
 from deploy.embedded_redis import free_port, locate
 from shared import streams
@@ -73,6 +74,13 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
     keys = Keys(settings.prefix)
     workers = [compose_process("consolidator", settings) for _ in range(N_WORKERS)]
     try:
+        async def joined() -> bool:  # every replica is up and consuming before the workload starts
+            try:
+                return len(await redis.xinfo_consumers(keys.stream, "consolidator")) == N_WORKERS
+            except ResponseError:
+                return False
+
+        await wait_until(joined, timeout=60, message=f"{N_WORKERS} consumers in the group")
         await publish(redis, settings, N_EPISODES)
 
         async def indexed() -> int:
