@@ -458,3 +458,29 @@ def learning_curve(rewards: Sequence[float | None], outcomes: Sequence[str | Non
         }
         for i in range(n)
     ]
+
+
+def competition_ranks(keys: Sequence[Hashable], scores: Sequence[float], *, higher_is_better: bool,
+                      decimals: int = 6) -> dict[Hashable, int]:
+    """1-based "1224" competition ranks: equal scores (to `decimals`) share a rank.
+
+    Used before fusion so that two candidates a list cannot tell apart (e.g. identical vectors) get the
+    same reciprocal-rank score, and recency, reward and outcome decide between them (shared/cases C20).
+    """
+    rounded = [round(float(x), decimals) for x in scores]
+    ranks: dict[Hashable, int] = {}
+    for key, value in zip(keys, rounded, strict=True):
+        better = sum(1 for other in rounded if (other > value if higher_is_better else other < value))
+        ranks.setdefault(key, better + 1)
+    return ranks
+
+
+def rrf_ranked(rank_maps: Sequence[dict[Hashable, int]], k: float = 60.0) -> list[tuple[Hashable, float]]:
+    """Reciprocal rank fusion over precomputed ranks (Cormack, Clarke & Buettcher 2009):
+    score = sum over lists of 1/(k + rank); best first, ties in order of first appearance."""
+    scores: dict[Hashable, float] = {}
+    for ranks in rank_maps:
+        for key, rank in ranks.items():
+            scores[key] = scores.get(key, 0.0) + 1.0 / (k + rank)
+    order = {key: i for i, key in enumerate(scores)}
+    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))

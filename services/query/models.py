@@ -216,7 +216,9 @@ class RecallRequest(FilterIn):
     query: QueryText
     top_k: TopK | None = Field(None, description="1..100; default ENGRAM_DEFAULT_TOP_K")
     candidates: CandidateCount | None = Field(None, description="how many hits to re-rank; default 2*top_k")
-    mode: Literal["vector", "keyword", "hybrid"] = "vector"
+    mode: Literal["vector", "keyword", "hybrid"] | None = Field(
+        None, description="vector (KNN), keyword (BM25) or hybrid (both, fused by RRF); default ENGRAM_RECALL_MODE")
+    rrf_k: float_in(1.0, 1000.0) | None = Field(None, description="RRF constant of hybrid mode; default ENGRAM_RRF_K")
     weights: WeightsIn | None = None
     preset: Literal["auto", "early", "normal", "late"] | None = None
     half_life: Duration | None = Field(None, description="seconds or e.g. '12h'; default ENGRAM_HALF_LIFE")

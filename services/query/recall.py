@@ -54,6 +54,9 @@ class Candidate:
     key: bytes
     episode: Episode
     cos: float = math.nan
+    relevance: float = math.nan
+    """The signal weighted by `w_sim`: the cosine (vector mode), the BM25 score over the best one
+    (keyword), or the reciprocal-rank-fusion score over the best attainable (hybrid); in [0, 1]."""
     last_accessed: float = math.nan
     access_count: int = 0
 
@@ -123,20 +126,36 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
 
 
 async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
-                     *, mode: str, n: int) -> list[Candidate]:
-    """Up to `n` candidates of `mode` (vector | keyword | hybrid), each with its cosine to the query."""
+                     *, mode: str, n: int, rrf_k: float = 60.0) -> list[Candidate]:
+    """Up to `n` candidates of `mode` (vector | keyword | hybrid) with their cosine and relevance.
+
+    Relevance is what the mode ranks by, scaled to [0, 1]: vector → cosine; keyword → BM25 / best BM25
+    of the candidates; hybrid → RRF score (Cormack et al. 2009, `sum 1/(rrf_k + rank)` over the KNN
+    and BM25 lists) / the best attainable score `2/(rrf_k + 1)`, so an episode first in both lists
+    has relevance 1 and one first in a single list 0.5.
+    """
     knn: list[SearchHit] = []
     bm25: list[SearchHit] = []
     if mode in ("vector", "hybrid"):
         knn = await knn_search(r, index, scope, query_vector, n, return_fields=RETURN_FIELDS)
     if mode in ("keyword", "hybrid"):
         bm25 = await bm25_search(r, index, scope, query, n, return_fields=RETURN_FIELDS)
+    relevance: dict[bytes, float] = {}
     if mode == "hybrid":
         by_key = {h.key: h for h in bm25} | {h.key: h for h in knn}
-        fused = scoring.rrf([[h.key for h in knn], [h.key for h in bm25]])
-        hits = [by_key[key] for key, _ in fused[:n]]
+        fused = scoring.rrf_ranked([
+            scoring.competition_ranks([h.key for h in knn], [h.score for h in knn], higher_is_better=False),
+            scoring.competition_ranks([h.key for h in bm25], [h.score for h in bm25], higher_is_better=True),
+        ], k=rrf_k)[:n]
+        best = 2.0 / (rrf_k + 1.0)
+        relevance = {key: min(1.0, score / best) for key, score in fused}
+        hits = [by_key[key] for key, _ in fused]
+    elif mode == "keyword":
+        hits = bm25
+        top = max((h.score for h in bm25 if h.score is not None), default=0.0)
+        relevance = {h.key: (h.score / top if top > 0 and h.score is not None else 0.0) for h in bm25}
     else:
-        hits = knn or bm25
+        hits = knn
     knn_cos = {h.key: 1.0 - float(h.score) for h in knn if h.score is not None and math.isfinite(h.score)}
     out = [c for c in (decode_hit(h) for h in hits) if c is not None]
     missing = [c for c in out if c.key not in knn_cos]
@@ -145,6 +164,7 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
     for c in out:
         if c.key in knn_cos:
             c.cos = knn_cos[c.key]
+        c.relevance = relevance.get(c.key, c.cos)
     return out
 
 
@@ -161,7 +181,7 @@ def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_l
 
     data = scoring.Candidates(
         completed_at=num(completed),
-        cos=num(lambda c: c.cos),
+        cos=num(lambda c: c.relevance if math.isfinite(c.relevance) else c.cos),
         last_accessed=num(lambda c: c.last_accessed),
         reward=num(lambda c: c.episode.feedback.reward if c.episode.feedback and
                    c.episode.feedback.reward is not None else math.nan),
@@ -190,10 +210,10 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
 async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
                  top_k: int, n_candidates: int, mode: str, preset: str | None,
                  weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
-                 recency_from: str, touch_now: float | None) -> dict[str, Any]:
+                 recency_from: str, touch_now: float | None, rrf_k: float = 60.0) -> dict[str, Any]:
     """The `POST /v1/recall` response body (see the module docstring)."""
     preset_name, w = await resolve_weights(r, index, scope, preset, weights)
-    cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates)
+    cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates, rrf_k=rrf_k)
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
     priorities: list[float] = []
@@ -209,7 +229,8 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
             priorities.append(priority)
             results.append({
                 "episode": episode_json(c.episode),
-                "similarity": float(scored.similarity[i]),
+                "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
+                "relevance": float(scored.similarity[i]),
                 "recency": float(scored.recency[i]),
                 "age_s": float(scored.age[i]),
                 "components": parts,
@@ -225,7 +246,8 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
         [c.episode.outcome for c in chosen], priorities)
     return {"results": results, "replay_context": context, "as_of": format_instant(as_of),
             "weights": w.as_dict(), "preset": preset_name, "mode": mode, "half_life": half_life,
-            "normalize": normalize, "recency_from": recency_from, "candidates": len(cands)}
+            "normalize": normalize, "recency_from": recency_from, "candidates": len(cands),
+            **({"rrf_k": rrf_k} if mode == "hybrid" else {})}
 
 
 async def similar(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,

@@ -103,14 +103,15 @@ async def recall(request: web.Request) -> web.Response:
     now = time.time()
     start = time.perf_counter()
     vector = await _embed(request, req.query)
+    mode = req.mode or s.recall_mode
     body = await rc.recall(
         _redis(request), _index(request), rc.scope_of(_ns(request), req), req.query, vector,
-        top_k=top_k, n_candidates=n, mode=req.mode, preset=req.preset,
+        top_k=top_k, n_candidates=n, mode=mode, preset=req.preset, rrf_k=req.rrf_k or s.rrf_k,
         weights=req.weights.model_dump() if req.weights else None,
         half_life=req.half_life or s.half_life, as_of=req.as_of if req.as_of is not None else now,
         normalize=req.normalize, recency_from=req.recency_from, touch_now=now if req.touch else None)
     metrics = request.app[METRICS]
-    metrics.recall_seconds.labels(req.mode).observe(time.perf_counter() - start)
+    metrics.recall_seconds.labels(mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
     return _json(body)
 
@@ -204,7 +205,8 @@ async def context(request: web.Request) -> web.Response:
     now = time.time()
     recalled = await rc.recall(r, index, scope, req.task, vector, top_k=req.top_k or s.default_top_k,
                                n_candidates=min(2 * (req.top_k or s.default_top_k), models.MAX_CANDIDATES),
-                               mode="vector", preset=None, weights=None, half_life=req.half_life or s.half_life,
+                               mode=s.recall_mode, rrf_k=s.rrf_k, preset=None, weights=None,
+                               half_life=req.half_life or s.half_life,
                                as_of=now, normalize="none", recency_from="completed", touch_now=None)
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5)

@@ -32,7 +32,7 @@ async def abc(make_client, redis, prefix):
 
 
 async def recall(client, **body):
-    resp = await client.post("/v1/recall", json={"query": Q, "top_k": 3, "as_of": T, **body})
+    resp = await client.post("/v1/recall", json={"query": Q, "top_k": 3, "as_of": T, "mode": "vector", **body})
     assert resp.status == 200, await resp.text()
     return await resp.json()
 
@@ -131,8 +131,13 @@ async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
     assert ids(kw) == ["kw"] and kw["mode"] == "keyword"
     assert kw["results"][0]["similarity"] == pytest.approx(0.6, abs=1e-5)  # cosine from the stored vector
     hybrid = await run("hybrid", 2)
-    assert ids(hybrid) == ["vec", "kw"]  # fused candidates, re-ranked by priority
-    assert by_id(hybrid)["kw"]["similarity"] == pytest.approx(0.6, abs=1e-5)
+    # kw is 2nd by vector and 1st by BM25; vec is 1st by vector only: fusion puts kw first
+    assert ids(hybrid) == ["kw", "vec"] and hybrid["rrf_k"] == 60
+    got = by_id(hybrid)
+    assert got["kw"]["similarity"] == pytest.approx(0.6, abs=1e-5)  # the cosine, whatever the mode
+    assert got["kw"]["relevance"] == pytest.approx((1 / 62 + 1 / 61) / (2 / 61))
+    assert got["vec"]["relevance"] == pytest.approx(0.5)
+    assert kw["results"][0]["relevance"] == pytest.approx(1.0)  # best BM25 score of the candidates
 
 
 async def test_replay_context_and_response_shape(abc):
@@ -171,14 +176,15 @@ async def test_importance_weight(make_client, redis, prefix):
 
 async def test_c20_older_never_ranks_higher(make_client, redis, prefix):
     v = unit(1.0, 1.0)
-    await put(redis, prefix, "default", episode("newer", completed_at=T, reward=0.5), v)
-    await put(redis, prefix, "default", episode("older", completed_at=T - DAY, reward=0.5), v)
+    await put(redis, prefix, "default", episode("newer", task="flaky migration", completed_at=T, reward=0.5), v)
+    await put(redis, prefix, "default", episode("older", task="flaky migration", completed_at=T - DAY, reward=0.5), v)
     client = await make_client(TableEmbedder(256, {Q: unit(1.0)}))
-    for preset in ("early", "normal", "late"):
-        for normalize in ("none", "minmax"):
-            body = await recall(client, preset=preset, normalize=normalize)
-            assert ids(body) == ["newer", "older"]
-            assert body["results"][0]["priority"] >= body["results"][1]["priority"]
+    for mode in ("vector", "keyword", "hybrid"):
+        for preset in ("early", "normal", "late"):
+            for normalize in ("none", "minmax"):
+                body = await recall(client, preset=preset, normalize=normalize, mode=mode)
+                assert ids(body) == ["newer", "older"], (mode, preset, normalize)
+                assert body["results"][0]["priority"] >= body["results"][1]["priority"]
 
 
 async def test_filters_are_prefilters_so_narrow_scope_still_fills_top_k(make_client, redis, prefix):

@@ -24,7 +24,7 @@ def test_recall_request_defaults_and_parsing():
                                    "half_life": "12h", "since": "2025-07-25T00:00:00-07:00", "until": 1.8e9})
     assert req.outcome == ("success",) and req.category == ("a,b", "x|y")  # C18: one value each
     assert req.half_life == 43200 and req.since == 1753426800.0 and req.until == 1.8e9
-    assert (req.mode, req.normalize, req.recency_from, req.touch, req.top_k) == ("vector", "none", "completed",
+    assert (req.mode, req.normalize, req.recency_from, req.touch, req.top_k) == (None, "none", "completed",
                                                                                    False, None)
 
 
