@@ -130,7 +130,7 @@ class Settings:
     # recall defaults
     recall_mode: str = "hybrid"
     """`ENGRAM_RECALL_MODE`: vector | keyword | hybrid, when a request names none (docs/benchmarks.md)."""
-    rrf_k: float = 60.0
+    rrf_k: float = 5.0
     """`ENGRAM_RRF_K`: the reciprocal-rank-fusion constant of hybrid recall."""
     half_life: float = 86400.0
     default_top_k: int = 3
@@ -210,7 +210,7 @@ class Settings:
             short_term_window=_int(env, "ENGRAM_SHORT_TERM_WINDOW", 5, 1, 1000),
             metrics_port=_int(env, "ENGRAM_METRICS_PORT", 0, 0, 65535),
             recall_mode=_choice(env, "ENGRAM_RECALL_MODE", "hybrid", ("vector", "keyword", "hybrid")),
-            rrf_k=_float(env, "ENGRAM_RRF_K", 60.0, 1.0, 1000.0),
+            rrf_k=_float(env, "ENGRAM_RRF_K", 5.0, 1.0, 1000.0),
             half_life=_duration(env, "ENGRAM_HALF_LIFE", 86400.0),
             default_top_k=_int(env, "ENGRAM_DEFAULT_TOP_K", 3, 1, 100),
             host=env.get("ENGRAM_HOST", "127.0.0.1"),

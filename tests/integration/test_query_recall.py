@@ -132,10 +132,10 @@ async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
     assert kw["results"][0]["similarity"] == pytest.approx(0.6, abs=1e-5)  # cosine from the stored vector
     hybrid = await run("hybrid", 2)
     # kw is 2nd by vector and 1st by BM25; vec is 1st by vector only: fusion puts kw first
-    assert ids(hybrid) == ["kw", "vec"] and hybrid["rrf_k"] == 60
+    assert ids(hybrid) == ["kw", "vec"] and hybrid["rrf_k"] == 5
     got = by_id(hybrid)
     assert got["kw"]["similarity"] == pytest.approx(0.6, abs=1e-5)  # the cosine, whatever the mode
-    assert got["kw"]["relevance"] == pytest.approx((1 / 62 + 1 / 61) / (2 / 61))
+    assert got["kw"]["relevance"] == pytest.approx((1 / 7 + 1 / 6) / (2 / 6))
     assert got["vec"]["relevance"] == pytest.approx(0.5)
     assert kw["results"][0]["relevance"] == pytest.approx(1.0)  # best BM25 score of the candidates
 
