@@ -115,7 +115,7 @@ class Settings:
     vector_algorithm: str = "HNSW"
     hnsw_m: int = 16
     hnsw_ef_construction: int = 200
-    hnsw_ef_runtime: int = 10
+    hnsw_ef_runtime: int = 100
 
     # consolidator
     consumer_group: str = "consolidator"
@@ -200,7 +200,7 @@ class Settings:
             vector_algorithm=_choice(env, "ENGRAM_VECTOR_ALGORITHM", "HNSW", ("HNSW", "FLAT")),
             hnsw_m=_int(env, "ENGRAM_HNSW_M", 16, 2, 512),
             hnsw_ef_construction=_int(env, "ENGRAM_HNSW_EF_CONSTRUCTION", 200, 4, 4096),
-            hnsw_ef_runtime=_int(env, "ENGRAM_HNSW_EF_RUNTIME", 10, 1, 4096),
+            hnsw_ef_runtime=_int(env, "ENGRAM_HNSW_EF_RUNTIME", 100, 1, 4096),
             consumer_group=env.get("ENGRAM_CONSUMER_GROUP", "consolidator"),
             consumer_name=env.get("ENGRAM_CONSUMER_NAME") or None,
             batch_size=_int(env, "ENGRAM_BATCH_SIZE", 256, 1, 10_000),
