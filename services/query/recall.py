@@ -34,6 +34,9 @@ from shared.validation import parse_episode
 log = logging.getLogger("engram.query")
 
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
+# what ranking needs, straight from the index: documents are parsed only for the top_k winners
+SIGNAL_FIELDS = ("episode_id", "completed_at", "started_at", "reward", "outcome", "importance",
+                 "last_accessed", "access_count")
 MAX_CANDIDATES = 1000
 
 _TOUCH = """
@@ -52,7 +55,11 @@ class Candidate:
     """One stored episode fetched for a request: its document key, the episode, and what the index says."""
 
     key: bytes
-    episode: Episode
+    episode: Episode | None = None
+    completed_at: float = math.nan
+    reward: float = math.nan
+    outcome: str | None = None
+    importance: float = math.nan
     cos: float = math.nan
     relevance: float = math.nan
     """The signal weighted by `w_sim`: the cosine (vector mode), the BM25 score over the best one
@@ -96,8 +103,47 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None
     count_raw = _float(hit.fields, b"access_count")
+    t = episode.completed_at if episode.completed_at is not None else episode.started_at
+    reward = episode.feedback.reward if episode.feedback and episode.feedback.reward is not None else math.nan
     return Candidate(key=hit.key, episode=episode, last_accessed=_float(hit.fields, b"last_accessed"),
+                     access_count=0 if math.isnan(count_raw) else int(count_raw),
+                     completed_at=float(t) if t is not None else math.nan, reward=reward, outcome=episode.outcome,
+                     importance=episode.importance if episode.importance is not None else math.nan)
+
+
+def signal_hit(hit: SearchHit) -> Candidate:
+    """A search hit of SIGNAL_FIELDS → Candidate without its episode (loaded later for winners)."""
+    count_raw = _float(hit.fields, b"access_count")
+    completed = _float(hit.fields, b"completed_at")
+    if math.isnan(completed):
+        completed = _float(hit.fields, b"started_at")
+    outcome = hit.fields.get(b"outcome")
+    return Candidate(key=hit.key, completed_at=completed, reward=_float(hit.fields, b"reward"),
+                     outcome=outcome.decode() if outcome else None, importance=_float(hit.fields, b"importance"),
+                     last_accessed=_float(hit.fields, b"last_accessed"),
                      access_count=0 if math.isnan(count_raw) else int(count_raw))
+
+
+async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candidate]:
+    """Fill `episode` of each candidate from its document (one pipeline); drops the ones that vanished
+    or cannot be read (a forget that landed between ranking and loading)."""
+    if not cands:
+        return []
+    async with r.pipeline(transaction=False) as pipe:
+        for c in cands:
+            pipe.hget(c.key, "doc")
+        docs = await pipe.execute()
+    out = []
+    for c, raw in zip(cands, docs, strict=True):
+        if raw is None:
+            continue
+        try:
+            c.episode = parse_episode(json.loads(raw))
+        except (TypeError, ValueError, EngramError) as exc:
+            log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
+            continue
+        out.append(c)
+    return out
 
 
 def episode_json(episode: Episode) -> dict[str, Any]:
@@ -137,9 +183,9 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
     knn: list[SearchHit] = []
     bm25: list[SearchHit] = []
     if mode in ("vector", "hybrid"):
-        knn = await knn_search(r, index, scope, query_vector, n, return_fields=RETURN_FIELDS)
+        knn = await knn_search(r, index, scope, query_vector, n, return_fields=SIGNAL_FIELDS)
     if mode in ("keyword", "hybrid"):
-        bm25 = await bm25_search(r, index, scope, query, n, return_fields=RETURN_FIELDS)
+        bm25 = await bm25_search(r, index, scope, query, n, return_fields=SIGNAL_FIELDS)
     relevance: dict[bytes, float] = {}
     if mode == "hybrid":
         by_key = {h.key: h for h in bm25} | {h.key: h for h in knn}
@@ -157,7 +203,7 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
     else:
         hits = knn
     knn_cos = {h.key: 1.0 - float(h.score) for h in knn if h.score is not None and math.isfinite(h.score)}
-    out = [c for c in (decode_hit(h) for h in hits) if c is not None]
+    out = [signal_hit(h) for h in hits]
     missing = [c for c in out if c.key not in knn_cos]
     for c, cos in zip(missing, await _cosines(r, [c.key for c in missing], query_vector), strict=True):
         c.cos = cos
@@ -174,19 +220,13 @@ def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_l
     def num(getter) -> np.ndarray:
         return np.array([getter(c) for c in cands], dtype=np.float64)
 
-    def completed(c: Candidate) -> float:
-        ep = c.episode
-        t = ep.completed_at if ep.completed_at is not None else ep.started_at
-        return float(t) if t is not None else 0.0
-
     data = scoring.Candidates(
-        completed_at=num(completed),
+        completed_at=num(lambda c: c.completed_at if math.isfinite(c.completed_at) else 0.0),
         cos=num(lambda c: c.relevance if math.isfinite(c.relevance) else c.cos),
         last_accessed=num(lambda c: c.last_accessed),
-        reward=num(lambda c: c.episode.feedback.reward if c.episode.feedback and
-                   c.episode.feedback.reward is not None else math.nan),
-        outcome_score=scoring.outcome_scores([c.episode.outcome for c in cands]),
-        importance=num(lambda c: c.episode.importance if c.episode.importance is not None else math.nan),
+        reward=num(lambda c: c.reward),
+        outcome_score=scoring.outcome_scores([c.outcome for c in cands]),
+        importance=num(lambda c: c.importance),
     )
     return scoring.score(data, weights, half_life=half_life, as_of=as_of, normalize=normalize,
                          recency_from=recency_from)
@@ -220,8 +260,13 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     if cands:
         scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
                                   recency_from=recency_from)
-        for i in scored.order[:top_k]:
-            i = int(i)
+        order = [int(i) for i in scored.order]
+        winners = order[:top_k]
+        loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
+        if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
+            extra = await load_episodes(r, [cands[i] for i in order[top_k:top_k + (len(winners) - len(loaded))]])
+            loaded |= {id(c) for c in extra}
+        for i in [i for i in order if id(cands[i]) in loaded][:top_k]:
             c = cands[i]
             parts = scored.breakdown(i)
             priority = parts.pop("priority")
