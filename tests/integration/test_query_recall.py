@@ -210,3 +210,16 @@ async def test_empty_scope_returns_empty_results(api):
     body = await (await api.post("/v1/recall", json={"query": "nothing stored"})).json()
     assert body["results"] == [] and body["replay_context"]["episodes"] == 0
     assert math.isclose(body["weights"]["similarity"], 0.6)
+
+
+async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, prefix):
+    from services.query.recall import Candidate, load_episodes
+    from shared.keys import Keys
+
+    keys = Keys(prefix)
+    for eid in ("x", "y", "z"):
+        await put(redis, prefix, "default", episode(eid), unit(1.0))
+    docs = [keys.episode_doc(1, "default", eid).encode() for eid in ("x", "y", "z")]
+    await redis.delete(docs[1])  # forgotten between ranking and loading
+    loaded = await load_episodes(redis, [Candidate(key=k) for k in docs])
+    assert [c.episode.episode_id for c in loaded] == ["x", "z"]
