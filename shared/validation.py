@@ -32,6 +32,8 @@ MAX_TEXT_CHARS = 1_000_000
 MAX_JSON_BYTES = 64 * 1024
 MAX_ACTIONS = 1000
 MAX_VECTOR_DIM = 8192
+MAX_JSON_DEPTH = 32
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack (the stored form) can hold
 
 _EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__) | {"duration_s"}
 _TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
@@ -49,6 +51,51 @@ class Collector:
     def raise_if_any(self) -> None:
         if self.errors:
             raise InvalidEpisode(self.errors)
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why `text` cannot be stored as UTF-8 (a lone surrogate such as JSON's "\\ud800"), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"must be valid Unicode text (a lone surrogate at character {exc.start})"
+    return None
+
+
+def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, str] | None:
+    """The first `(relative path, reason)` that makes a JSON value unstorable, or None.
+
+    Checks, without recursion (so no input can exhaust the stack): nesting depth, strings that are not
+    valid Unicode, integers outside 64 bits, non-finite floats, non-string keys, non-JSON types.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > max_depth:
+            return path, f"is nested deeper than {max_depth} levels"
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            problem = unicode_problem(item)
+            if problem:
+                return path, problem
+        elif isinstance(item, int):
+            if not _INT_MIN <= item <= _INT_MAX:
+                return path, "is an integer outside the 64-bit range"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return path, "must be finite (NaN and infinity are rejected)"
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                if not isinstance(key, str) or unicode_problem(key):
+                    return path, "has a key that is not valid Unicode text"
+                stack.append((child, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(item, list | tuple):
+            for i, child in enumerate(item):
+                stack.append((child, f"{path}[{i}]", depth + 1))
+        else:
+            return path, f"has a value of unsupported type {type(item).__name__}"
+    return None
 
 
 def _join(base: str, name: str | int) -> str:
@@ -75,6 +122,10 @@ def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, r
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         errs.add(path, "must not contain control characters")
         return None
+    problem = unicode_problem(value)
+    if problem:
+        errs.add(path, problem)
+        return None
     return value
 
 
@@ -96,6 +147,10 @@ def _text(value: Any, path: str, errs: Collector, *, required: bool = False) -> 
     if len(value) > MAX_TEXT_CHARS:
         errs.add(path, f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
         return None
+    problem = unicode_problem(value)
+    if problem:
+        errs.add(path, problem)
+        return None
     return value
 
 
@@ -104,6 +159,9 @@ def _number(value: Any, path: str, errs: Collector, *, lo: float, hi: float, int
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         errs.add(path, f"must be a number, not {type(value).__name__}")
+        return None
+    if isinstance(value, int) and not -(2**53) <= value <= 2**53:  # beyond exact floats (and float())
+        errs.add(path, f"must be between {lo:g} and {hi:g} (got an integer of {len(str(abs(value)))} digits)")
         return None
     if not math.isfinite(value):
         errs.add(path, "must be finite (NaN and infinity are rejected)")
@@ -132,6 +190,10 @@ def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | Non
         return None
     if not isinstance(value, Mapping):
         errs.add(path, f"must be a JSON object, not {type(value).__name__}")
+        return None
+    problem = json_problem(value)
+    if problem is not None:
+        errs.add(_join(path, problem[0]) if problem[0] else path, problem[1])
         return None
     try:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)

@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import Backpressure, Conflict, InvalidEpisode, NotFound, PublishError
+from shared.validation import json_problem
 
 log = logging.getLogger("engram.query")
 
@@ -103,11 +104,21 @@ async def read_json(request: web.Request) -> Any:
     if not raw.strip():
         raise Problem(400, "the request body is empty; send a JSON object")
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise Problem(400, "the request body is not UTF-8") from None
+    except RecursionError:
+        raise Problem(400, "the request body is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError is a ValueError
+        if "digits" in str(exc):  # int() refuses numbers with thousands of digits
+            raise Problem(400, "the request body has a number with too many digits") from None
         raise Problem(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    # text that is not valid Unicode (a lone "\ud800"), numbers no store can hold, absurd nesting:
+    # rejected here, once, for every route, naming where they are
+    problem = json_problem(body, max_depth=64)
+    if problem is not None:
+        raise Invalid([(problem[0] or "<body>", problem[1])])
+    return body
 
 
 def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:

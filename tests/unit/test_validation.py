@@ -53,7 +53,7 @@ def test_good_episode_parses_with_string_task_and_iso_times():
     ({"started_at": 10, "completed_at": 5}, "completed_at", "before started_at"),
     ({"context": [1]}, "context", "JSON object"),
     ({"metadata": {"x": "y" * MAX_JSON_BYTES}}, "metadata", "at most"),
-    ({"metadata": {"x": math.nan}}, "metadata", "finite"),
+    ({"metadata": {"x": math.nan}}, "metadata.x", "finite"),
     ({"actions": "x"}, "actions", "must be a list"),
     ({"actions": [{}]}, "actions[0].action_type", "is required"),
     ({"actions": [{"action_type": "t", "success": "yes"}]}, "actions[0].success", "true or false"),

@@ -1,0 +1,65 @@
+"""Inputs a new user found that used to give 500s: deep nesting, lone surrogates, huge integers.
+
+Each must be a 4xx naming where the problem is, through HTTP and through the SDK alike.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.errors import InvalidEpisode
+from shared.sdk import EngramClient
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+EP = '{"task": "t", "outcome": "success", %s}'
+NESTED: list = [1]
+for _ in range(40):
+    NESTED = [NESTED]
+
+
+async def post(client, path: str, raw: str):
+    resp = await client.post(path, data=raw.encode(), headers={"Content-Type": "application/json"})
+    return resp.status, await resp.json()
+
+
+def fields(body) -> dict[str, str]:
+    return {e["field"]: e["reason"] for e in body.get("errors", [])}
+
+
+@pytest.mark.parametrize("raw, status, field, reason", [
+    (EP % ('"metadata": ' + '{"a":' * 500 + "1" + "}" * 500), 422, "metadata", "nested deeper"),
+    ("[" * 5000 + "]" * 5000, 400, None, "nested too deeply"),
+    ('{"query": "\\ud800"}', 422, "query", "lone surrogate"),
+    (EP % '"agent_id": "\\udc00"', 422, "agent_id", "lone surrogate"),
+    ('{"task": "bad \\ud800 text", "outcome": "success"}', 422, "task", "lone surrogate"),
+    (EP % '"metadata": {"k": 1000000000000000000000000000000}', 422, "metadata.k", "64-bit"),
+    (EP % ('"importance": ' + "9" * 300), 422, "importance", "64-bit"),
+    (EP % ('"iterations": ' + "9" * 5000), 400, None, "too many digits"),
+])
+async def test_bad_inputs_are_4xx_naming_the_field(make_client, raw, status, field, reason):
+    client = await make_client()
+    path = "/v1/recall" if raw.startswith('{"query"') else "/v1/episodes"
+    got, body = await post(client, path, raw)
+    assert got == status, body
+    if field is None:
+        assert reason in body["detail"]
+    else:
+        found = {k: v for k, v in fields(body).items() if k == field or k.startswith(field + ".")}
+        assert found and all(reason in v for v in found.values()), body
+    ok, _ = await post(client, "/v1/recall", '{"query": "still alive"}')
+    assert ok == 200
+
+
+@pytest.mark.parametrize("episode, field", [
+    ({"task": "bad \ud800 text"}, "task.description"),
+    ({"task": "t", "agent_id": "\udc00"}, "agent_id"),
+    ({"task": "t", "metadata": {"k": 10**30}}, "metadata.k"),
+    ({"task": "t", "context": {"deep": NESTED}}, "context.deep"),
+    ({"task": "t", "importance": 10**400}, "importance"),
+])
+async def test_sdk_raises_invalid_episode_not_a_raw_error(redis, prefix, episode, field):
+    client = EngramClient(redis, namespace="ns", prefix=prefix)
+    with pytest.raises(InvalidEpisode) as info:
+        await client.record({**episode, "outcome": "success"})
+    assert any(path.startswith(field) for path, _ in info.value.errors), info.value.errors
