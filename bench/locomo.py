@@ -72,7 +72,7 @@ ABLATIONS: dict[str, dict[str, float] | None] = {
     "similarity-only": {"similarity": 1.0},
     "+recency": {"similarity": 0.4, "recency": 0.3},
     "+reward/outcome": {"similarity": 0.4, "recency": 0.3, "reward": 0.2, "outcome": 0.1},
-    "full (service default: preset auto)": None,
+    "full (service default preset)": None,
 }
 
 
@@ -421,20 +421,27 @@ async def compare_embedders(names: list[str], convs: list[Conversation]) -> list
 
 # --- the run ----------------------------------------------------------------------------------------------
 def build_configs(which: str) -> list[tuple[str, dict[str, Any]]]:
-    """(row name, request body fields) of the service rows to run."""
+    """(row name, request body fields) of the service rows to run.
+
+    "default" sends only the query, `top_k` and `as_of`: what an agent gets without tuning anything.
+    The ablations run in the default mode; "sweep" adds RRF constants and presets for tuning.
+    """
     sim = {"weights": {"similarity": 1.0}}
-    rows = [("vector · similarity-only", {"mode": "vector", **sim})]
+    rows = [("default (no mode, no weights)", {}),
+            ("vector · similarity-only", {"mode": "vector", **sim}),
+            ("hybrid · similarity-only", {"mode": "hybrid", **sim})]
     if which == "quick":
-        return rows + [("hybrid · similarity-only", {"mode": "hybrid", **sim})]
-    rows += [("keyword · similarity-only", {"mode": "keyword", **sim}),
-             ("hybrid · similarity-only", {"mode": "hybrid", **sim})]
+        return rows
+    rows.append(("keyword · similarity-only", {"mode": "keyword", **sim}))
     for name, weights in ABLATIONS.items():
-        if name == "similarity-only":
+        if name == "similarity-only" or weights is None:
             continue
-        body: dict[str, Any] = {"mode": "vector"}
-        if weights is not None:
-            body["weights"] = weights
-        rows.append((f"vector · {name}", body))
+        rows.append((f"default mode · {name}", {"weights": weights}))
+    if which == "sweep":
+        for k in (2, 5, 10, 20, 60):
+            rows.append((f"hybrid · similarity-only · rrf_k={k}", {"mode": "hybrid", "rrf_k": k, **sim}))
+        for preset in ("early", "normal", "late"):
+            rows.append((f"default mode · preset {preset}", {"preset": preset}))
     return rows
 
 
@@ -481,7 +488,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                            for r, q in zip(ranked, questions, strict=True)]
             out["recall_p50_ms"] = latency
 
-            if args.configs == "full":
+            if args.configs in ("full", "sweep"):
                 from shared.embedding import make_embedder
                 from shared.settings import Settings
 
@@ -570,7 +577,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algorithm", default="HNSW", choices=("HNSW", "FLAT"), help="ENGRAM_VECTOR_ALGORITHM")
     p.add_argument("--conversations", type=int, default=None, help="use only the first N conversations")
     p.add_argument("--questions", type=int, default=None, help="use only the first N questions per conversation")
-    p.add_argument("--configs", choices=("quick", "full"), default="full",
+    p.add_argument("--configs", choices=("quick", "full", "sweep"), default="full",
                    help="quick: vector and hybrid rows only; full: every mode and ablation plus harness fusion")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent recall requests")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")

@@ -512,7 +512,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ef-sweep", default="50,200", type=lambda s: [int(x) for x in s.split(",") if x])
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef-construction", type=int, default=200)
-    p.add_argument("--hnsw-ef-runtime", type=int, default=10)
+    p.add_argument("--hnsw-ef-runtime", type=int, default=100)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a projection")
     p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     return p.parse_args(argv)
