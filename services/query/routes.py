@@ -138,6 +138,12 @@ async def ingest(request: web.Request) -> web.Response:
         if isinstance(item, dict) and item.get("outcome") is None:
             errs.add(f"{path}.outcome" if path else "outcome", "is required for a finished episode")
             ep = None
+        dim = request.app[EMBEDDER].dim
+        if ep is not None and ep.vector is not None and len(ep.vector) != dim:
+            # the consolidator would dead-letter it; the service knows the index's dimension, so say it now
+            errs.add(f"{path}.vector" if path else "vector",
+                     f"has {len(ep.vector)} dimensions; this index expects {dim}")
+            ep = None
         if ep is not None:
             episodes.append(ep)
     errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published

@@ -63,3 +63,13 @@ async def test_sdk_raises_invalid_episode_not_a_raw_error(redis, prefix, episode
     with pytest.raises(InvalidEpisode) as info:
         await client.record({**episode, "outcome": "success"})
     assert any(path.startswith(field) for path, _ in info.value.errors), info.value.errors
+
+
+async def test_own_vector_of_the_wrong_dimension_is_422_at_ingest(make_client, settings):
+    client = await make_client()
+    resp = await client.post("/v1/episodes", json={"episodes": [
+        {"task": "ok", "outcome": "success", "vector": [0.5] * settings.embed_dim},
+        {"task": "bad", "outcome": "success", "vector": [1.0, 2.0, 3.0]}]})
+    body = await resp.json()
+    assert resp.status == 422, body
+    assert fields(body) == {"episodes[1].vector": f"has 3 dimensions; this index expects {settings.embed_dim}"}
