@@ -57,18 +57,42 @@ def spawn_workers(n: int, env: dict[str, str], *, name: str = "bench") -> list[s
     """`n` consolidator processes (`python -m services.consolidator run`), each a unique consumer."""
     procs = []
     for i in range(n):
-        procs.append(subprocess.Popen(
+        procs.append(_Proc(
             [sys.executable, "-m", "services.consolidator", "run"], cwd=ROOT,
             env={**env, "ENGRAM_CONSUMER_NAME": f"{name}-{i}-{os.getpid()}"},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            stdout=subprocess.DEVNULL, stderr=_log_file()))
     return procs
+
+
+def _log_file():
+    """Where a spawned service's stderr goes: a temp file, never a pipe nobody reads (a full pipe
+    blocks the service's next log line, e.g. warnings during a Redis outage)."""
+    return tempfile.TemporaryFile()
+
+
+def _tail(p: subprocess.Popen, n: int = 2000) -> str:
+    log = p.stderr_file if hasattr(p, "stderr_file") else None
+    if log is None:
+        return ""
+    with contextlib.suppress(OSError, ValueError):
+        log.seek(0)
+        return log.read().decode(errors="replace")[-n:]
+    return ""
+
+
+class _Proc(subprocess.Popen):
+    """Popen that keeps the file its stderr goes to, for `_tail`."""
+
+    def __init__(self, args, **kwargs):
+        self.stderr_file = kwargs.get("stderr")
+        super().__init__(args, **kwargs)
 
 
 def spawn_query_service(env: dict[str, str], port: int) -> subprocess.Popen:
     """`python -m services.query` on 127.0.0.1:`port` (wait for it with `wait_http_ready`)."""
-    return subprocess.Popen([sys.executable, "-m", "services.query"], cwd=ROOT,
-                            env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return _Proc([sys.executable, "-m", "services.query"], cwd=ROOT,
+                 env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
+                 stdout=subprocess.DEVNULL, stderr=_log_file())
 
 
 def stop_processes(procs: Sequence[subprocess.Popen], timeout: float = 30.0) -> list[str]:
@@ -83,12 +107,9 @@ def stop_processes(procs: Sequence[subprocess.Popen], timeout: float = 30.0) -> 
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-        tail = ""
-        if p.stderr is not None:
-            with contextlib.suppress(OSError, ValueError):
-                tail = p.stderr.read().decode(errors="replace")[-2000:]
-            p.stderr.close()
-        tails.append(tail)
+        tails.append(_tail(p))
+        if getattr(p, "stderr_file", None) is not None:
+            p.stderr_file.close()
     return tails
 
 
@@ -96,7 +117,7 @@ def check_alive(procs: Sequence[subprocess.Popen], what: str) -> None:
     """Raise RuntimeError with the stderr tail when one of `procs` has exited."""
     for p in procs:
         if p.poll() is not None:
-            tail = p.stderr.read().decode(errors="replace")[-3000:] if p.stderr else ""
+            tail = _tail(p, 3000)
             raise RuntimeError(f"{what} exited with {p.returncode}:\n{tail}")
 
 
