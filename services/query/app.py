@@ -19,6 +19,7 @@ from aiohttp import web
 from services.query.auth import auth_middleware
 from services.query.metrics import Metrics
 from services.query.problems import problems_middleware
+from services.query.recall import ScopeSizes
 from shared.embedding import Embedder, make_embedder
 from shared.index import Scope, VectorParams, current_generation, ensure_episode_index
 from shared.keys import Keys
@@ -41,6 +42,7 @@ REDIS = web.AppKey("redis", aioredis.Redis)
 EMBEDDER = web.AppKey("embedder", Embedder)
 METRICS = web.AppKey("metrics", Metrics)
 FACTS = web.AppKey("facts", FactsProvider)
+SCOPE_SIZES = web.AppKey("scope_sizes", ScopeSizes)
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
@@ -92,6 +94,7 @@ def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedde
     app[KEYS] = Keys(settings.prefix)
     app[METRICS] = metrics
     app[FACTS] = facts
+    app[SCOPE_SIZES] = ScopeSizes()
     from services.query.facts_routes import register as register_facts
     register_facts(app)
     app.cleanup_ctx.append(_resources(redis, embedder))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,12 +233,41 @@ def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_l
                          recency_from=recency_from)
 
 
+class ScopeSizes:
+    """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds.
+
+    `auto` only needs to know which side of 50 and 500 a scope is on, while counting a large scope is a
+    filter query as costly as the KNN itself (measured at 10k episodes), so a few seconds' staleness buys
+    back a Redis query per recall. One per app (services.query.app), bounded to `max_entries` scopes.
+    """
+
+    def __init__(self, ttl: float = 5.0, max_entries: int = 10_000):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._sizes: dict[str, tuple[float, int]] = {}
+
+    async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
+        key = scope.query()
+        now = time.monotonic()
+        hit = self._sizes.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        n = await count(r, index, scope)
+        if len(self._sizes) >= self.max_entries:
+            self._sizes.clear()
+        self._sizes[key] = (now, n)
+        return n
+
+
 async def resolve_weights(r: aioredis.Redis, index: str, scope: Scope, preset: str | None,
-                          weights: dict[str, float] | None) -> tuple[str, scoring.Weights]:
+                          weights: dict[str, float] | None,
+                          sizes: ScopeSizes | None = None) -> tuple[str, scoring.Weights]:
     """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope."""
     if weights is not None:
         return scoring.resolve_weights(None, scoring.Weights(**weights), 0)
-    size = await count(r, index, scope) if preset in (None, "auto") else 0
+    size = 0
+    if preset in (None, "auto"):
+        size = await sizes.size(r, index, scope) if sizes is not None else await count(r, index, scope)
     return scoring.resolve_weights(preset, None, size)
 
 
@@ -250,9 +280,10 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
 async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
                  top_k: int, n_candidates: int, mode: str, preset: str | None,
                  weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
-                 recency_from: str, touch_now: float | None, rrf_k: float = 60.0) -> dict[str, Any]:
+                 recency_from: str, touch_now: float | None, rrf_k: float = 60.0,
+                 sizes: ScopeSizes | None = None) -> dict[str, Any]:
     """The `POST /v1/recall` response body (see the module docstring)."""
-    preset_name, w = await resolve_weights(r, index, scope, preset, weights)
+    preset_name, w = await resolve_weights(r, index, scope, preset, weights, sizes)
     cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates, rrf_k=rrf_k)
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from services.query import facts_routes, insights, models
 from services.query import recall as rc
-from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, REDIS, SETTINGS
+from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, REDIS, SCOPE_SIZES, SETTINGS
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, Problem, read_json, validate
 from shared.embedding import embed_query
@@ -107,6 +107,7 @@ async def recall(request: web.Request) -> web.Response:
     body = await rc.recall(
         _redis(request), _index(request), rc.scope_of(_ns(request), req), req.query, vector,
         top_k=top_k, n_candidates=n, mode=mode, preset=req.preset, rrf_k=req.rrf_k or s.rrf_k,
+        sizes=request.app[SCOPE_SIZES],
         weights=req.weights.model_dump() if req.weights else None,
         half_life=req.half_life or s.half_life, as_of=req.as_of if req.as_of is not None else now,
         normalize=req.normalize, recency_from=req.recency_from, touch_now=now if req.touch else None)

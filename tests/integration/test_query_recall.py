@@ -223,3 +223,19 @@ async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, pref
     await redis.delete(docs[1])  # forgotten between ranking and loading
     loaded = await load_episodes(redis, [Candidate(key=k) for k in docs])
     assert [c.episode.episode_id for c in loaded] == ["x", "z"]
+
+
+async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, make_client):
+    from services.query.recall import ScopeSizes
+    from shared.index import Scope
+    from shared.keys import Keys
+
+    await make_client()  # creates the index
+    index = Keys(prefix).episode_index_alias
+    await put(redis, prefix, "default", episode("one"), unit(1.0))
+    cached, fresh = ScopeSizes(ttl=60), ScopeSizes(ttl=0)
+    scope = Scope(namespace="default")
+    assert await cached.size(redis, index, scope) == 1
+    await put(redis, prefix, "default", episode("two"), unit(1.0))
+    assert await cached.size(redis, index, scope) == 1  # within the ttl: no second count query
+    assert await fresh.size(redis, index, scope) == 2
