@@ -99,6 +99,33 @@ def episode_to_dict(episode: Episode, *, iso: bool = False, include_vector: bool
     return data
 
 
+def stored_to_response(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored episode document (`episode_to_dict(ep)`, epoch floats) in the HTTP response form.
+
+    The same result as `episode_to_dict(parse_episode(stored), iso=True)` for any document the
+    consolidator wrote (property-tested), without re-validating it: recall returns many documents per
+    request and each was validated when it was ingested.
+    """
+    data = dict(stored)
+    started, completed = data.get("started_at"), data.get("completed_at")
+    for key in ("started_at", "completed_at"):
+        if data.get(key) is not None:
+            data[key] = format_instant(data[key])
+    if "actions" in data:
+        data["actions"] = [{**a, "timestamp": format_instant(a["timestamp"])} if a.get("timestamp") is not None
+                           else dict(a) for a in data["actions"]]
+    if started is not None and completed is not None:
+        data["duration_s"] = max(0.0, float(completed) - float(started))
+    feedback = data.get("feedback")
+    if feedback is not None:
+        feedback = dict(feedback)
+        passed, total = feedback.get("tests_passed"), feedback.get("tests_total")
+        if passed is not None and total:
+            feedback["pass_rate"] = passed / total
+        data["feedback"] = feedback
+    return data
+
+
 def event_to_data(event: Event) -> dict[str, Any]:
     """The event's payload as plain data (without type and version)."""
     return _clean(event)

@@ -25,7 +25,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from shared import scoring
-from shared.codec import episode_to_dict
+from shared.codec import episode_to_dict, stored_to_response
 from shared.errors import EngramError
 from shared.events import Episode
 from shared.index import VECTOR_FIELD, Scope, SearchHit, bm25_search, count, filter_search, knn_search
@@ -62,6 +62,8 @@ class Candidate:
     outcome: str | None = None
     importance: float = math.nan
     cos: float = math.nan
+    doc: dict[str, Any] | None = None
+    """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
     relevance: float = math.nan
     """The signal weighted by `w_sim`: the cosine (vector mode), the BM25 score over the best one
     (keyword), or the reciprocal-rank-fusion score over the best attainable (hybrid); in [0, 1]."""
@@ -126,8 +128,9 @@ def signal_hit(hit: SearchHit) -> Candidate:
 
 
 async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candidate]:
-    """Fill `episode` of each candidate from its document (one pipeline); drops the ones that vanished
-    or cannot be read (a forget that landed between ranking and loading)."""
+    """Fill `doc` of each candidate from its stored document (one pipeline); drops the ones that
+    vanished or cannot be read (a forget that landed between ranking and loading). Documents are not
+    re-validated here: the consolidator wrote them from validated events."""
     if not cands:
         return []
     async with r.pipeline(transaction=False) as pipe:
@@ -139,10 +142,14 @@ async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candi
         if raw is None:
             continue
         try:
-            c.episode = parse_episode(json.loads(raw))
-        except (TypeError, ValueError, EngramError) as exc:
+            doc = json.loads(raw)
+        except ValueError as exc:
             log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
             continue
+        if not isinstance(doc, dict) or "episode_id" not in doc:
+            log.error("unreadable episode document ◆ key=%r ◆ not an episode", c.key[:80])
+            continue
+        c.doc = doc
         out.append(c)
     return out
 
@@ -304,7 +311,7 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
             chosen.append(c)
             priorities.append(priority)
             results.append({
-                "episode": episode_json(c.episode),
+                "episode": stored_to_response(c.doc),
                 "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
                 "relevance": float(scored.similarity[i]),
                 "recency": float(scored.recency[i]),
@@ -317,9 +324,9 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     if touch_now is not None:
         await touch(r, [c.key for c in chosen], touch_now)
     context = scoring.replay_context(
-        [c.episode.strategy_used for c in chosen],
-        [c.episode.feedback.reward if c.episode.feedback else None for c in chosen],
-        [c.episode.outcome for c in chosen], priorities)
+        [c.doc.get("strategy_used") for c in chosen],
+        [(c.doc.get("feedback") or {}).get("reward") for c in chosen],
+        [c.doc.get("outcome") for c in chosen], priorities)
     return {"results": results, "replay_context": context, "as_of": format_instant(as_of),
             "weights": w.as_dict(), "preset": preset_name, "mode": mode, "half_life": half_life,
             "normalize": normalize, "recency_from": recency_from, "candidates": len(cands),

@@ -222,7 +222,7 @@ async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, pref
     docs = [keys.episode_doc(1, "default", eid).encode() for eid in ("x", "y", "z")]
     await redis.delete(docs[1])  # forgotten between ranking and loading
     loaded = await load_episodes(redis, [Candidate(key=k) for k in docs])
-    assert [c.episode.episode_id for c in loaded] == ["x", "z"]
+    assert [c.doc["episode_id"] for c in loaded] == ["x", "z"]
 
 
 async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, make_client):

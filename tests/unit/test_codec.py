@@ -141,3 +141,21 @@ def test_episode_to_dict_iso_adds_derived_fields():
     assert data["completed_at"] == "2025-07-25T02:00:30.500000Z"
     assert data["duration_s"] == 30.5
     assert data["feedback"]["pass_rate"] == 0.75
+
+
+@settings(max_examples=FUZZ, suppress_health_check=[HealthCheck.too_slow])
+@given(episodes, st.none() | epoch, st.none() | st.tuples(st.integers(0, 10), st.integers(0, 10)))
+def test_stored_to_response_equals_parse_then_iso(episode, started, tests):
+    import json
+
+    from shared.codec import stored_to_response
+    from shared.validation import parse_episode
+
+    if started is not None and episode.completed_at is not None and started <= episode.completed_at:
+        episode = dataclasses.replace(episode, started_at=started)
+    if tests is not None:
+        passed, total = min(tests), max(tests)
+        episode = dataclasses.replace(episode, feedback=Feedback(reward=0.5, tests_passed=passed, tests_total=total))
+    stored = json.loads(json.dumps(episode_to_dict(episode, include_vector=False)))
+    expected = episode_to_dict(parse_episode(stored), iso=True, include_vector=False)
+    assert stored_to_response(stored) == expected
