@@ -37,7 +37,7 @@ log = logging.getLogger("engram.query")
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 # what ranking needs, straight from the index: documents are parsed only for the top_k winners
 SIGNAL_FIELDS = ("episode_id", "completed_at", "started_at", "reward", "outcome", "importance",
-                 "last_accessed", "access_count")
+                 "last_accessed", "access_count", "doc")
 MAX_CANDIDATES = 1000
 
 _TOUCH = """
@@ -64,6 +64,8 @@ class Candidate:
     cos: float = math.nan
     doc: dict[str, Any] | None = None
     """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
+    raw_doc: bytes | None = None
+    """The document's bytes as the search returned them (decoded only if the candidate wins)."""
     relevance: float = math.nan
     """The signal weighted by `w_sim`: the cosine (vector mode), the BM25 score over the best one
     (keyword), or the reciprocal-rank-fusion score over the best attainable (hybrid); in [0, 1]."""
@@ -121,7 +123,7 @@ def signal_hit(hit: SearchHit) -> Candidate:
     if math.isnan(completed):
         completed = _float(hit.fields, b"started_at")
     outcome = hit.fields.get(b"outcome")
-    return Candidate(key=hit.key, completed_at=completed, reward=_float(hit.fields, b"reward"),
+    return Candidate(key=hit.key, raw_doc=hit.fields.get(b"doc"), completed_at=completed, reward=_float(hit.fields, b"reward"),
                      outcome=outcome.decode() if outcome else None, importance=_float(hit.fields, b"importance"),
                      last_accessed=_float(hit.fields, b"last_accessed"),
                      access_count=0 if math.isnan(count_raw) else int(count_raw))
@@ -133,10 +135,14 @@ async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candi
     re-validated here: the consolidator wrote them from validated events."""
     if not cands:
         return []
-    async with r.pipeline(transaction=False) as pipe:
-        for c in cands:
-            pipe.hget(c.key, "doc")
-        docs = await pipe.execute()
+    missing = [c for c in cands if c.raw_doc is None]
+    if missing:
+        async with r.pipeline(transaction=False) as pipe:
+            for c in missing:
+                pipe.hget(c.key, "doc")
+            for c, raw in zip(missing, await pipe.execute(), strict=True):
+                c.raw_doc = raw
+    docs = [c.raw_doc for c in cands]
     out = []
     for c, raw in zip(cands, docs, strict=True):
         if raw is None:
