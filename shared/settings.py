@@ -189,7 +189,7 @@ class Settings:
         return cls(
             redis_url=env.get("REDIS_URL") or None,
             prefix=prefix,
-            embedder=_choice(env, "ENGRAM_EMBEDDER", "auto", ("auto", "hashing", "minilm", "openai")),
+            embedder=_choice(env, "ENGRAM_EMBEDDER", "auto", ("auto", "hashing", "minilm", "mpnet", "openai")),
             embed_dim=_int(env, "ENGRAM_EMBED_DIM", 384, 8, 8192),
             embed_batch_size=_int(env, "ENGRAM_EMBED_BATCH_SIZE", 64, 1, 4096),
             embed_max_chars=_int(env, "ENGRAM_EMBED_MAX_CHARS", 2000, 16, 1_000_000),

@@ -159,7 +159,7 @@ def replay() -> None:
 
 
 @cli.command()
-@click.option("--embedder", type=click.Choice(["hashing", "minilm", "openai"]), required=True)
+@click.option("--embedder", type=click.Choice(["hashing", "minilm", "mpnet", "openai"]), required=True)
 def reindex(embedder: str) -> None:
     """Re-embed everything with another embedder (a replay into a new index), swapping the alias."""
     _replay(embedder=embedder)

