@@ -11,6 +11,7 @@ from shared.errors import Conflict
 from shared.events import Episode, Feedback, Task
 from shared.index import (
     STATUS_COMPLETED,
+    TEXT_FIELDS,
     Scope,
     VectorParams,
     bm25_search,
@@ -110,3 +111,49 @@ def test_escape_tag_examples():
     assert escape_tag("a.b@c") == "a\\.b\\@c"
     assert escape_tag("日本語") == "日本語"
     assert escape_tag("_ x") == "\\_\\ x"
+
+
+async def test_bm25_ranks_documents_matching_more_words_first_within_the_scope(redis, prefix):
+    """A new user found `scope @fields:(w1|w2|w3)` scoring a one-word match above a three-word one."""
+    keys = await make_index(redis, prefix)
+    texts = {"pp": "write unit tests for the payment parser", "login": "fix the flaky login test",
+             "svc": "rewrite the payment service", "gw": "deploy the api gateway",
+             "uni": "parser errors on unicode input", "rel": "release notes"}
+    solution = "split the tokenizer into a lexer and a recursive descent stage, added property tests " * 3
+    for i, (eid, text) in enumerate(texts.items()):
+        await put(redis, keys, "ns", Episode(episode_id=eid, task=Task(description=text), outcome="success",
+                                             solution=solution if eid == "pp" else None,
+                                             completed_at=1.0), unit(i))
+    await put(redis, keys, "other", Episode(episode_id="x", task=Task(description="payment parser tests " * 5),
+                                            outcome="success", completed_at=1.0), unit(0))
+    hits = await bm25_search(redis, keys.episode_index_alias, Scope(namespace="ns"), "payment parser tests", 10,
+                             return_fields=("episode_id",))
+    ranked = [h.fields[b"episode_id"].decode() for h in hits]
+    assert ranked[0] == "pp" and set(ranked) == {"pp", "login", "svc", "uni"}
+    assert hits[0].score > hits[1].score
+
+
+async def test_scope_does_not_change_the_bm25_order(redis, prefix):
+    """The scope must filter, not score: ranked with or without it, the scope's documents keep their
+    BM25 order (the plain `scope @fields:(...)` form fails this on RediSearch 2.10)."""
+    from shared.index import keyword_query
+
+    index = f"{prefix}bt"
+    await redis.execute_command("FT.CREATE", index, "ON", "HASH", "PREFIX", 1, f"{prefix}bt:", "SCHEMA",
+                                "namespace", "TAG", "status", "TAG", "task", "TEXT", "WEIGHT", 2,
+                                *[x for name, _ in TEXT_FIELDS if name != "task" for x in (name, "TEXT")])
+    docs = {"1": "write unit tests for the payment parser", "2": "fix the flaky login test",
+            "3": "rewrite the payment service", "4": "deploy the api gateway",
+            "5": "parser errors on unicode input", "6": "release notes"}
+    for k, text in docs.items():
+        await redis.hset(f"{prefix}bt:{k}", mapping={"namespace": "a", "status": "completed", "task": text})
+
+    async def order(q):
+        reply = await redis.execute_command("FT.SEARCH", index, q, "SCORER", "BM25STD", "WITHSCORES", "NOCONTENT",
+                                            "DIALECT", 2)
+        return [reply[i].decode().rsplit(":", 1)[1] for i in range(1, len(reply), 2)]
+
+    text = "payment parser tests"
+    unscoped = await order(keyword_query(text))
+    assert unscoped[0] == "1"
+    assert await order(keyword_query(text, Scope(namespace="a").query())) == unscoped
