@@ -738,7 +738,7 @@ class OpenAIEmbedder(Embedder):
             self._dim = size
         elif size != self._dim:
             raise EmbeddingError(f"{self.name}: the server returned vectors of dimension {size}, expected "
-                                 f"{self._dim}; a model change needs a new index (`engram reindex`)")
+                                 f"{self._dim}; a model change needs a new index (`python -m services.consolidator reindex`)")
         return np.stack(rows)
 
     async def aclose(self) -> None:

@@ -206,7 +206,8 @@ async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: 
     """Create generation `gen`'s episode index if missing and record the embedder it was built with.
 
     Raises Conflict when the index exists with another embedder name or dimension: mixing vectors of
-    two models would silently ruin recall; `engram reindex` builds a new generation instead.
+    two models would silently ruin recall; `python -m services.consolidator reindex` builds a new
+    generation instead.
     """
     name = keys.episode_index(gen)
     recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
@@ -216,7 +217,8 @@ async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: 
         raise Conflict(
             f"index {name} was built with embedder {recorded_name.decode()!r} (dim {int(recorded_dim or 0)}), "
             f"but this process uses {embedder_name!r} (dim {params.dim}); start with the same "
-            f"ENGRAM_EMBEDDER, or run `engram reindex` to rebuild the index with the new one")
+            f"ENGRAM_EMBEDDER, or rebuild the index with the new one: "
+            f"`python -m services.consolidator reindex --embedder {embedder_name.split('-')[0].split('/')[0]}`")
     if not await index_exists(r, name):
         try:
             await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.episode_doc_prefix(gen),

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from services.query.app import make_app
 from services.query.auth import check_bind
-from shared.errors import ConfigError
+from shared.errors import ConfigError, Conflict
 from shared.settings import Settings
 
 
@@ -26,8 +26,12 @@ def main() -> int:
     except (ConfigError, ValueError) as exc:
         print(f"engram query: {exc}", file=sys.stderr)
         return 2
-    web.run_app(make_app(settings), host=settings.host, port=settings.port,
-                print=lambda _: print(f"engram query ◆ listening on http://{settings.host}:{settings.port}"))
+    try:
+        web.run_app(make_app(settings), host=settings.host, port=settings.port,
+                    print=lambda _: print(f"engram query ◆ listening on http://{settings.host}:{settings.port}"))
+    except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback
+        print(f"engram query: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -263,7 +263,7 @@ async def test_reindex_with_other_embedder_stops_old_workers(settings, redis):
     other.name = "hashing-64"
     await replay(settings, redis, other)
     assert list(await docs(redis, keys, "ns")) == ["e1"]
-    with pytest.raises(Conflict, match="engram reindex"):
+    with pytest.raises(Conflict, match="services.consolidator reindex"):
         await worker.turn()
 
 
