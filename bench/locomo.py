@@ -431,7 +431,7 @@ def build_configs(which: str) -> list[tuple[str, dict[str, Any]]]:
             ("vector · similarity-only", {"mode": "vector", **sim}),
             ("hybrid · similarity-only", {"mode": "hybrid", **sim})]
     if which == "quick":
-        return rows
+        return rows + [("default mode · preset early", {"preset": "early"})]
     rows.append(("keyword · similarity-only", {"mode": "keyword", **sim}))
     for name, weights in ABLATIONS.items():
         if name == "similarity-only" or weights is None:
