@@ -18,6 +18,7 @@ raised: the SDK never reports success for an event Redis did not acknowledge.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -155,7 +156,7 @@ class EngramClient:
         if not isinstance(episode, Episode):
             episode = parse_episode(dict(episode), default_episode_id=new_event_id())
         if episode.completed_at is None:
-            episode = _replace(episode, completed_at=time.time())
+            episode = dataclasses.replace(episode, completed_at=time.time())
         if episode.outcome is None:
             raise InvalidEpisode([("outcome", "is required for a finished episode")])
         event = EpisodeCompleted(namespace=self.namespace, episode_id=episode.episode_id,
@@ -184,12 +185,6 @@ class EngramClient:
         event = UserForgotten(namespace=self.namespace, user_id=user_id, occurred_at=time.time())
         await self.publish([event])
         return event.event_id
-
-
-def _replace(episode: Episode, **changes: Any) -> Episode:
-    import dataclasses
-
-    return dataclasses.replace(episode, **changes)
 
 
 class EpisodeRecorder:
@@ -241,9 +236,8 @@ class EpisodeRecorder:
         data.update({k: v for k, v in fields.items() if v is not None})
         data["outcome"] = outcome
         data.setdefault("completed_at", time.time())
-        data["actions"] = [episode_to_dict(a) if not isinstance(a, Mapping) else a
-                           for a in [*self.actions]]
-        final = parse_episode(_actions_to_dicts(data))
+        data["actions"] = [episode_to_dict(a) for a in self.actions]
+        final = parse_episode(data)
         await self.client.publish([EpisodeCompleted(namespace=self.client.namespace, episode_id=self.episode_id,
                                                     occurred_at=time.time(), episode=final)])
         self.completed = final
@@ -256,13 +250,3 @@ class EpisodeRecorder:
             await self.complete("failure", outcome_details=f"{exc_type.__name__}: {exc}"[:10_000])
         else:
             await self.complete("abandoned", outcome_details="episode block exited without complete()")
-
-
-def _actions_to_dicts(data: dict[str, Any]) -> dict[str, Any]:
-    import dataclasses
-
-    data["actions"] = [
-        {k: v for k, v in dataclasses.asdict(a).items() if v is not None} if dataclasses.is_dataclass(a) else a
-        for a in data.get("actions", [])
-    ]
-    return data
