@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 import redis.asyncio as aioredis
 
 from shared import scoring
@@ -148,8 +149,8 @@ async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candi
         if raw is None:
             continue
         try:
-            doc = json.loads(raw)
-        except ValueError as exc:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
             continue
         if not isinstance(doc, dict) or "episode_id" not in doc:

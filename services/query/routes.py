@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import BaseModel
@@ -34,12 +35,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=_dumps)
-
-
-def _dumps(data: Any) -> str:
-    import json
-    return json.dumps(data, ensure_ascii=False, allow_nan=False)
+    # orjson: the response encoding was ~10% of a recall's CPU with the stdlib encoder (bench/perf.py)
+    return web.Response(body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status=status,
+                        content_type="application/json")
 
 
 def _ns(request: web.Request) -> str:
