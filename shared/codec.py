@@ -13,6 +13,7 @@ Errors: `DecodeError` (not msgpack / bad envelope), `UnknownEventType`, `Unknown
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,10 +65,20 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
 }
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+
+
 def _clean(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _clean(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if getattr(value, f.name) is not None and getattr(value, f.name) != ()}
+    names = _field_names(type(value))
+    if names is not None:
+        out = {}
+        for name in names:
+            v = getattr(value, name)
+            if v is not None and v != ():
+                out[name] = _clean(v)
+        return out
     if isinstance(value, tuple | list):
         return [_clean(v) for v in value]
     if isinstance(value, Mapping):

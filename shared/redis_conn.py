@@ -3,19 +3,72 @@
 Transport faults (connection refused/reset, timeouts) are retried by redis-py itself with exponential
 backoff, so callers see an error only after the retries are spent. RESP2 is pinned because the
 RediSearch reply parsing in `shared.index` expects its flat arrays.
+
+Commands are packed by hiredis (`hiredis.pack_command`, C) instead of redis-py's asyncio connection,
+which packs in Python: the consolidator's projection writes ~60 arguments per episode, and packing them
+was a fifth of its CPU (bench/perf.py, docs/benchmarks.md). redis-py's synchronous client does the same
+(`redis.connection.HiredisRespSerializer`); the asyncio one has no such switch yet, so it is plugged in
+here through redis-py's own extension point, the pool's `connection_class`.
 """
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+import hiredis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
 
+class _HiredisPacking:
+    """Mixin for redis-py asyncio connections: pack with hiredis, as redis-py's sync client does.
+
+    Arguments hiredis cannot pack, or whose encoding could differ from redis-py's `Encoder` (bools,
+    which redis-py refuses; anything not bytes/str/int/float), take redis-py's own path unchanged.
+    """
+
+    def pack_command(self, *args):
+        if isinstance(args[0], str):
+            args = tuple(args[0].encode().split()) + args[1:]
+        elif b" " in args[0]:
+            args = tuple(args[0].split()) + args[1:]
+        for arg in args:
+            kind = type(arg)
+            if kind is not bytes and kind is not str and kind is not int and kind is not float:
+                return super().pack_command(*args)  # type: ignore[misc]
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:
+            return super().pack_command(*args)  # type: ignore[misc]
+
+
+class HiredisConnection(_HiredisPacking, Connection):
+    """TCP connection packed by hiredis."""
+
+
+class HiredisSSLConnection(_HiredisPacking, SSLConnection):
+    """TLS connection packed by hiredis."""
+
+
+class HiredisUnixConnection(_HiredisPacking, UnixDomainSocketConnection):
+    """Unix-socket connection packed by hiredis."""
+
+
+_CLASSES = {"redis": HiredisConnection, "rediss": HiredisSSLConnection, "unix": HiredisUnixConnection}
+
+
 def connect(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0,
             max_connections: int | None = None) -> aioredis.Redis:
-    """An asyncio Redis client for `url` (bytes replies, RESP2, retried transport errors)."""
+    """An asyncio Redis client for `url` (bytes replies, RESP2, retried transport errors).
+
+    `url`: redis://, rediss:// or unix:// (redis-py's URL syntax). Raises ValueError on another scheme.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in _CLASSES:
+        raise ValueError(f"REDIS_URL must start with redis://, rediss:// or unix://, not {scheme!r}")
     return aioredis.Redis.from_url(
         url,
         protocol=2,
@@ -26,4 +79,5 @@ def connect(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0,
         max_connections=max_connections,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
         retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError],
+        connection_class=_CLASSES[scheme],
     )

@@ -123,6 +123,9 @@ class Settings:
     consumer_group: str = "consolidator"
     consumer_name: str | None = None
     batch_size: int = 256
+    in_flight: int = 4
+    """`ENGRAM_IN_FLIGHT`: batches one worker projects concurrently, so Redis writes one batch while the
+    worker decodes and folds the next (docs/benchmarks.md: the single-lane loop left both idle in turn)."""
     block_ms: int = 1000
     lease_ms: int = 30_000
     max_deliveries: int = 5
@@ -207,6 +210,7 @@ class Settings:
             consumer_group=env.get("ENGRAM_CONSUMER_GROUP", "consolidator"),
             consumer_name=env.get("ENGRAM_CONSUMER_NAME") or None,
             batch_size=_int(env, "ENGRAM_BATCH_SIZE", 256, 1, 10_000),
+            in_flight=_int(env, "ENGRAM_IN_FLIGHT", 4, 1, 16),
             block_ms=_int(env, "ENGRAM_BLOCK_MS", 1000, 1, 60_000),
             lease_ms=_int(env, "ENGRAM_LEASE_MS", 30_000, 10, 3_600_000),
             max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", 5, 1, 1000),

@@ -8,7 +8,9 @@ Each turn (docket's reclaim-then-read):
    one by one, so one bad entry never blocks its neighbours (shared/cases C11).
 A transport or embedder failure leaves the whole batch pending; the lease brings it back.
 
-Shutdown: `stop` (set by SIGTERM/SIGINT in `__main__`) ends the loop after the batch in hand is
+`settings.in_flight` lanes run that loop concurrently in one process (see `Worker.run`).
+
+Shutdown: `stop` (set by SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are
 projected and acked.
 """
 
@@ -80,15 +82,37 @@ class Worker:
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Consume until `stop` is set, with `settings.in_flight` batches in flight.
+
+        Each lane is the reclaim/read/project/ack loop of `turn`; lanes share the consumer name, and
+        each acks only what it projected. Lanes are safe for the same reason N workers are: the
+        projection is idempotent and order-tolerant (module docstring of `projector`). Lane 0 also
+        refreshes the lag gauges and trims the stream. The first lane to fail with a Conflict (another
+        embedder's index) stops the others after their batch in hand.
+        """
         await self.setup()
-        log.info("worker %s ◆ consuming %s as group %s", self.name, self.keys.stream, self.settings.consumer_group)
+        log.info("worker %s ◆ consuming %s as group %s ◆ %d batch(es) in flight", self.name, self.keys.stream,
+                 self.settings.consumer_group, self.settings.in_flight)
+        halt = asyncio.Event()
+        lanes = [asyncio.create_task(self._lane(stop, halt, housekeeping=i == 0))
+                 for i in range(self.settings.in_flight)]
+        try:
+            await asyncio.gather(*lanes)
+        finally:
+            halt.set()
+            await asyncio.gather(*lanes, return_exceptions=True)
+        log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
+
+    async def _lane(self, stop: asyncio.Event, halt: asyncio.Event, *, housekeeping: bool) -> None:
         last_info = 0.0
         last_trim = time.monotonic()
         backoff = 0.1
-        while not stop.is_set():
+        while not stop.is_set() and not halt.is_set():
             try:
                 await self.turn()
                 backoff = 0.1
+                if not housekeeping:
+                    continue
                 if time.monotonic() - last_info > 5:
                     await self.refresh_lag()
                     last_info = time.monotonic()
@@ -101,6 +125,7 @@ class Worker:
                         log.info("worker %s ◆ trimmed %d projected entries older than %gs", self.name,
                                  removed, self.settings.stream_retention)
             except Conflict:
+                halt.set()
                 raise
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
                 log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, backoff)
@@ -113,7 +138,6 @@ class Worker:
                 log.exception("worker %s ◆ redis error", self.name)
                 await _wait(stop, backoff)
                 backoff = min(backoff * 2, 5.0)
-        log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
 
     async def turn(self) -> int:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""

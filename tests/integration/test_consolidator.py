@@ -30,6 +30,7 @@ from shared.events import (
 from shared.index import Scope, count, filter_search
 from shared.keys import Keys
 from shared.sdk import EngramClient
+from shared.validation import parse_episode
 from tests.helpers import wait_until
 
 
@@ -326,6 +327,38 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
     stop.set()
     await asyncio.wait_for(task, 10)
     assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+
+
+async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(settings, redis):
+    """ENGRAM_IN_FLIGHT: one worker projects several batches at once, and still exactly once."""
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    await client.publish([EpisodeCompleted(namespace="ns", episode_id=f"l{i}", occurred_at=1.7e9,
+                                           episode=parse_episode(episode(f"l{i}"))) for i in range(600)])
+    worker = make_worker(dataclasses.replace(settings, in_flight=3, batch_size=40, block_ms=20), redis)
+    live, peak = 0, 0
+    apply = None
+
+    async def counting_apply(entries):
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        try:
+            return await apply(entries)
+        finally:
+            live -= 1
+
+    await worker.setup()
+    apply = worker.projector.apply
+    worker.projector.apply = counting_apply
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    keys = Keys(settings.prefix)
+    await wait_until(lambda: _count_is(redis, keys, 600), message="600 projected", timeout=60)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert peak >= 2, "batches never overlapped"
+    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert len(await docs(redis, keys, "ns")) == 600
 
 
 async def _count_is(redis, keys, n):
