@@ -39,6 +39,8 @@ RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_c
 # what ranking needs, straight from the index: documents are parsed only for the top_k winners
 SIGNAL_FIELDS = ("episode_id", "completed_at", "started_at", "reward", "outcome", "importance",
                  "last_accessed", "access_count", "doc")
+# a fusion deeper than `candidates` fetches the lists without the documents (most hits never win)
+LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
 MAX_CANDIDATES = 1000
 
 _TOUCH = """
@@ -187,8 +189,11 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
 
 
 async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
-                     *, mode: str, n: int, rrf_k: float = 60.0) -> list[Candidate]:
+                     *, mode: str, n: int, rrf_k: float = 60.0, fusion_depth: int = 0) -> list[Candidate]:
     """Up to `n` candidates of `mode` (vector | keyword | hybrid) with their cosine and relevance.
+
+    Hybrid fuses the top `max(n, fusion_depth)` hits of each list, then keeps the best `n`: with lists
+    only `n` deep, an episode both lists rank just below `n` is lost although its fused rank is high.
 
     Relevance is what the mode ranks by, scaled to [0, 1]: vector → cosine; keyword → BM25 / best BM25
     of the candidates; hybrid → RRF score (Cormack et al. 2009, `sum 1/(rrf_k + rank)` over the KNN
@@ -197,10 +202,12 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
     """
     knn: list[SearchHit] = []
     bm25: list[SearchHit] = []
+    depth = max(n, fusion_depth) if mode == "hybrid" else n
+    fields = SIGNAL_FIELDS if depth == n else LIGHT_SIGNAL_FIELDS
     if mode in ("vector", "hybrid"):
-        knn = await knn_search(r, index, scope, query_vector, n, return_fields=SIGNAL_FIELDS)
+        knn = await knn_search(r, index, scope, query_vector, depth, return_fields=fields)
     if mode in ("keyword", "hybrid"):
-        bm25 = await bm25_search(r, index, scope, query, n, return_fields=SIGNAL_FIELDS)
+        bm25 = await bm25_search(r, index, scope, query, depth, return_fields=fields)
     relevance: dict[bytes, float] = {}
     if mode == "hybrid":
         by_key = {h.key: h for h in bm25} | {h.key: h for h in knn}
@@ -294,11 +301,12 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
 async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
                  top_k: int, n_candidates: int, mode: str, preset: str | None,
                  weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
-                 recency_from: str, touch_now: float | None, rrf_k: float = 60.0,
+                 recency_from: str, touch_now: float | None, rrf_k: float = 60.0, fusion_depth: int = 0,
                  sizes: ScopeSizes | None = None) -> dict[str, Any]:
     """The `POST /v1/recall` response body (see the module docstring)."""
     preset_name, w = await resolve_weights(r, index, scope, preset, weights, sizes)
-    cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates, rrf_k=rrf_k)
+    cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates, rrf_k=rrf_k,
+                             fusion_depth=fusion_depth)
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
     priorities: list[float] = []

@@ -105,6 +105,7 @@ async def recall(request: web.Request) -> web.Response:
     body = await rc.recall(
         _redis(request), _index(request), rc.scope_of(_ns(request), req), req.query, vector,
         top_k=top_k, n_candidates=n, mode=mode, preset=req.preset, rrf_k=req.rrf_k or s.rrf_k,
+        fusion_depth=s.fusion_depth,
         sizes=request.app[SCOPE_SIZES],
         weights=req.weights.model_dump() if req.weights else None,
         half_life=req.half_life or s.half_life, as_of=req.as_of if req.as_of is not None else now,
@@ -210,7 +211,8 @@ async def context(request: web.Request) -> web.Response:
     now = time.time()
     recalled = await rc.recall(r, index, scope, req.task, vector, top_k=req.top_k or s.default_top_k,
                                n_candidates=min(2 * (req.top_k or s.default_top_k), models.MAX_CANDIDATES),
-                               mode=s.recall_mode, rrf_k=s.rrf_k, preset=None, weights=None,
+                               mode=s.recall_mode, rrf_k=s.rrf_k, fusion_depth=s.fusion_depth,
+                               preset=None, weights=None,
                                half_life=req.half_life or s.half_life,
                                as_of=now, normalize="none", recency_from="completed", touch_now=None)
     short_term = await rc.latest(r, index, scope, s.short_term_window)

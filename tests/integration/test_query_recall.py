@@ -239,3 +239,27 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
     await put(redis, prefix, "default", episode("two"), unit(1.0))
     assert await cached.size(redis, index, scope) == 1  # within the ttl: no second count query
     assert await fresh.size(redis, index, scope) == 2
+
+
+async def test_hybrid_fuses_deeper_than_the_candidates(make_client, redis, prefix):
+    """ENGRAM_FUSION_DEPTH: an episode third in both lists beats the heads of either list; with lists
+    only `candidates` (2) deep the fusion never sees it."""
+    q = "zebra migration"
+    await put(redis, prefix, "default", episode("vecbest", task="alpha beta"), unit(1.0))
+    await put(redis, prefix, "default", episode("x1", task="gamma delta"), unit(0.95, 0.3122))
+    await put(redis, prefix, "default", episode("both", task="zebra migration rollback plan for the cluster nodes"),
+              unit(0.9, 0.4359))
+    for i in range(6):
+        await put(redis, prefix, "default", episode(f"f{i}", task=f"lorem ipsum {i}"), unit(0.5 - 0.05 * i, 0.0, 1.0))
+    await put(redis, prefix, "default", episode("y1", task="zebra migration rollback plan"), unit(0.0, 0.0, 0.0, 1.0))
+    await put(redis, prefix, "default", episode("kwbest", task="zebra migration"), unit(-1.0))
+    body = {"query": q, "mode": "hybrid", "top_k": 1, "candidates": 2, "weights": {"similarity": 1}}
+
+    deep = await make_client(TableEmbedder(256, {q: unit(1.0)}))
+    resp = await deep.post("/v1/recall", json=body)
+    assert resp.status == 200, await resp.text()
+    assert ids(await resp.json()) == ["both"]
+
+    shallow = await make_client(TableEmbedder(256, {q: unit(1.0)}), fusion_depth=1)
+    resp = await shallow.post("/v1/recall", json=body)
+    assert ids(await resp.json()) in (["vecbest"], ["kwbest"])
