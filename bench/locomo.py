@@ -186,6 +186,16 @@ def question_metrics(ranked: list[str], evidence: list[str]) -> dict[str, float]
 METRIC_NAMES = [f"R@{k}" for k in KS] + ["hit@1", "hit@5", "hit@10", "NDCG@10"]
 
 
+def per_k_metrics(ranked_by_k: dict[int, list[str]], evidence: list[str]) -> dict[str, float]:
+    """Metrics when each cut comes from its own request: R@k and hit@k from the list asked with
+    top_k = k (hit@1 and NDCG@10 from the top_k 10 one)."""
+    m = question_metrics(ranked_by_k[10], evidence)
+    for k, ranked in ranked_by_k.items():
+        m[f"R@{k}"] = question_metrics(ranked, evidence)[f"R@{k}"]
+    m["hit@5"] = question_metrics(ranked_by_k[5], evidence)["hit@5"]
+    return m
+
+
 def summarise(per_question: list[dict[str, float]], categories: list[int], *,
               iterations: int) -> dict[str, Any]:
     """Means and bootstrap 95% intervals, overall and per category."""
@@ -427,7 +437,7 @@ def build_configs(which: str) -> list[tuple[str, dict[str, Any]]]:
     The ablations run in the default mode; "sweep" adds RRF constants and presets for tuning.
     """
     sim = {"weights": {"similarity": 1.0}}
-    rows = [("default (no mode, no weights)", {}),
+    rows = [("default (no mode, no weights), R@k from one top_k 50 list", {}),
             ("vector · similarity-only", {"mode": "vector", **sim}),
             ("hybrid · similarity-only", {"mode": "hybrid", **sim})]
     if which == "quick":
@@ -451,7 +461,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cats = [q.category for q in questions]
     print(f"LoCoMo: {len(convs)} conversations, {sum(len(c.turns) for c in convs)} turns, "
           f"{len(questions)} questions with evidence; embedder {args.embedder}, {args.workers} worker(s)")
-    out: dict[str, Any] = {"machine": machine(), "embedder": args.embedder, "workers": args.workers,
+    from shared.embedding import make_embedder as _make
+    from shared.settings import Settings as _Settings
+
+    resolved = _make(_Settings(embedder=args.embedder)).name  # lazy: loads no model
+    out: dict[str, Any] = {"machine": machine(), "embedder": f"{args.embedder} ({resolved})" if
+                           args.embedder == "auto" else args.embedder, "workers": args.workers,
                            "conversations": len(convs), "questions": len(questions), "rows": {}}
     prefix = f"locomo{uuid.uuid4().hex[:6]}:"
     per_q: dict[str, list[dict[str, float]]] = {}
@@ -486,6 +501,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 latency[name] = p50 * 1000
                 per_q[f"Engram {name}"] = [question_metrics(r, q.evidence)
                                            for r, q in zip(ranked, questions, strict=True)]
+            # what an agent gets when it asks for k memories: R@k from a request with top_k = k (so the
+            # service re-ranks its default 2k candidates), not from the head of one top_k-50 list
+            per_k: dict[int, list[list[str]]] = {}
+            for k in KS:
+                per_k[k], _ = await ask_all(base, tokens_by_conv, convs, {"top_k": k},
+                                            concurrency=args.concurrency, desc=f"default top_k={k}")
+            per_q["Engram default, asked with top_k = k for each R@k"] = [
+                per_k_metrics({k: per_k[k][i] for k in KS}, q.evidence) for i, q in enumerate(questions)]
             out["recall_p50_ms"] = latency
 
             if args.configs in ("full", "sweep"):
@@ -572,7 +595,8 @@ def render(out: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.locomo", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="path of locomo7.json")
-    p.add_argument("--embedder", default="minilm", help="ENGRAM_EMBEDDER of the workers and the service")
+    p.add_argument("--embedder", default="auto",
+                   help="ENGRAM_EMBEDDER of the workers and the service (default: the service's default, auto)")
     p.add_argument("--workers", type=int, default=1, help="consolidator processes")
     p.add_argument("--algorithm", default="HNSW", choices=("HNSW", "FLAT"), help="ENGRAM_VECTOR_ALGORITHM")
     p.add_argument("--conversations", type=int, default=None, help="use only the first N conversations")

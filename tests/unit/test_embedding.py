@@ -342,12 +342,15 @@ def test_make_embedder_minilm_without_packages_names_the_install(monkeypatch):
         make_embedder(Settings(embedder="minilm"))
 
 
-@pytest.mark.parametrize("available, expected", [(True, MiniLMEmbedder), (False, HashingEmbedder)])
-def test_make_embedder_auto(monkeypatch, available, expected):
-    monkeypatch.setattr(embedding, "_installed", fake_installed(available))
+@pytest.mark.parametrize("mpnet, minilm, expected, dim", [(True, True, embedding.MPNetEmbedder, 768),
+                                                          (False, True, MiniLMEmbedder, 384),
+                                                          (False, False, HashingEmbedder, 128)])
+def test_make_embedder_auto_picks_the_best_installed(monkeypatch, mpnet, minilm, expected, dim):
+    monkeypatch.setattr(embedding, "_installed", fake_installed(minilm))
+    monkeypatch.setattr(embedding.MPNetEmbedder, "available", classmethod(lambda cls: mpnet))
     embedder = make_embedder(Settings(embedder="auto", embed_dim=128))
     assert type(embedder) is expected
-    assert embedder.dim == (384 if available else 128)
+    assert embedder.dim == dim
 
 
 def test_installed_does_not_import_the_module():
