@@ -78,6 +78,17 @@ async def read_new(r: aioredis.Redis, stream: str, group: str, consumer: str, *,
     return _entries(res[0][1])
 
 
+async def renew(r: aioredis.Redis, stream: str, group: str, consumer: str, ids: Sequence[bytes], *,
+                min_idle_ms: int) -> int:
+    """Renew `consumer`'s lease on pending `ids`: `XCLAIM ... JUSTID` resets their idle time without
+    counting a delivery. Only entries idle at least `min_idle_ms` are touched, so one that another
+    consumer reclaimed a moment ago stays with it. Returns how many were renewed."""
+    if not ids:
+        return 0
+    return len(await r.xclaim(stream, group, consumer, min_idle_time=min_idle_ms, message_ids=list(ids),
+                              justid=True))
+
+
 async def delivery_counts(r: aioredis.Redis, stream: str, group: str, ids: Sequence[bytes]) -> dict[bytes, int]:
     """How many times each pending id has been delivered (XPENDING extended form)."""
     counts: dict[bytes, int] = {}

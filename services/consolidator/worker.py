@@ -17,7 +17,9 @@ projected and acked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -66,6 +68,8 @@ class Worker:
         self.last_errors: dict[bytes, str] = {}
         self.projector: Projector | None = None
         self.processed = 0
+        # the worker's capacity is `batch_size` entries, shared by its `in_flight` lanes
+        self.lane_batch = max(1, math.ceil(settings.batch_size / settings.in_flight))
 
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
@@ -144,14 +148,35 @@ class Worker:
         s = self.settings
         projector = await self._projector()
         claimed, _deleted = await streams.reclaim(self.redis, self.keys.stream, s.consumer_group, self.name,
-                                                  min_idle_ms=s.lease_ms, count=s.batch_size)
+                                                  min_idle_ms=s.lease_ms, count=self.lane_batch)
         entries = await self._drop_exhausted(claimed)
         fresh = await streams.read_new(self.redis, self.keys.stream, s.consumer_group, self.name,
-                                       count=s.batch_size - len(entries),
+                                       count=self.lane_batch - len(entries),
                                        block_ms=1 if entries else s.block_ms)
         entries += fresh
         if not entries:
             return 0
+        renewal = asyncio.create_task(self._renew_lease([e.stream_id for e in entries]))
+        try:
+            return await self._project(projector, entries)
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+
+    async def _renew_lease(self, ids: list[bytes]) -> None:
+        """While a batch is being projected, renew its lease every third of `lease_ms`, so a batch
+        slower than the lease (a slow embedder, a large batch) is not reclaimed and projected twice."""
+        period = self.settings.lease_ms / 3000.0
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await streams.renew(self.redis, self.keys.stream, self.settings.consumer_group, self.name, ids,
+                                    min_idle_ms=int(self.settings.lease_ms / 3))
+            except Exception as exc:  # the batch's own calls will surface a real outage
+                log.warning("worker %s ◆ lease renewal failed: %s", self.name, exc)
+
+    async def _project(self, projector: Projector, entries: list[streams.Entry]) -> int:
         started = time.perf_counter()
         result = await self._apply(projector, entries)
         if result is None and len(entries) > 1:

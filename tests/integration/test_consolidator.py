@@ -361,6 +361,45 @@ async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(set
     assert len(await docs(redis, keys, "ns")) == 600
 
 
+class SlowEmbedder(HashingEmbedder):
+    """Hashing vectors after a delay; counts the texts it embedded."""
+
+    def __init__(self, dim: int, delay: float):
+        super().__init__(dim)
+        self.delay, self.texts = delay, 0
+
+    async def embed(self, texts):
+        self.texts += len(texts)
+        await asyncio.sleep(self.delay)
+        return await super().embed(texts)
+
+
+async def test_a_batch_slower_than_its_lease_is_renewed_not_reclaimed(settings, redis):
+    """A slow embedder must not make a second worker reclaim, and project again, a batch in hand."""
+    s = dataclasses.replace(settings, lease_ms=1000, block_ms=20)
+    client = EngramClient(redis, namespace="ns", prefix=s.prefix)
+    for i in range(3):
+        await client.record(episode(f"s{i}"))
+    slow = SlowEmbedder(s.embed_dim, delay=3.0)
+    a = Worker(s, redis, slow, name="slow")
+    b = Worker(s, redis, HashingEmbedder(s.embed_dim), name="other")
+    await a.setup()
+    await b.setup()
+    turn_a = asyncio.create_task(a.turn())
+    keys = Keys(s.prefix)
+
+    async def a_holds_the_batch() -> bool:
+        return (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 3
+    await wait_until(a_holds_the_batch, message="the slow worker read the batch")
+    stolen = 0
+    while not turn_a.done():
+        stolen += await b.turn()
+        await asyncio.sleep(0.05)
+    assert await turn_a == 3
+    assert stolen == 0 and slow.texts == 3, "the batch was reclaimed while its worker still held it"
+    assert (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 0
+
+
 async def _count_is(redis, keys, n):
     return await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == n
 
