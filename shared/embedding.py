@@ -45,6 +45,7 @@ import threading
 import time
 import unicodedata
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from hashlib import blake2b
@@ -201,6 +202,38 @@ class Embedder(ABC):
 async def embed_query(embedder: Embedder, text: str) -> np.ndarray:
     """Embed one text → float32[dim] (unit norm). Raises like `Embedder.embed`."""
     return (await embedder.embed([text]))[0]
+
+
+class QueryVectorCache:
+    """The embeddings of the last `size` distinct query texts (least recently used evicted first).
+
+    Agents repeat queries — the same task goes to /v1/context and /v1/recall, a retry sends it again,
+    an evaluation asks the same questions with other settings — and on CPU a model embedding of one
+    query (MiniLM ~9 ms, mpnet ~17 ms on 2 cores) costs more than the rest of a recall. One per query
+    service, for one embedder (the app's). Vectors are returned read-only. `size` 0 disables it.
+    """
+
+    def __init__(self, size: int = 1024):
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    async def embed(self, embedder: Embedder, text: str) -> np.ndarray:
+        """float32[dim] of `text` from the cache, else from `embed_query` (raises like it)."""
+        hit = self._vectors.get(text)
+        if hit is not None:
+            self._vectors.move_to_end(text)
+            self.hits += 1
+            return hit
+        self.misses += 1
+        vector = await embed_query(embedder, text)
+        if self.size > 0:
+            vector.setflags(write=False)
+            self._vectors[text] = vector
+            if len(self._vectors) > self.size:
+                self._vectors.popitem(last=False)
+        return vector
 
 
 # --------------------------------------------------------------------------------------------------

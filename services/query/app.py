@@ -20,7 +20,7 @@ from services.query.auth import auth_middleware
 from services.query.metrics import Metrics
 from services.query.problems import problems_middleware
 from services.query.recall import ScopeSizes
-from shared.embedding import Embedder, make_embedder
+from shared.embedding import Embedder, QueryVectorCache, make_embedder
 from shared.index import Scope, VectorParams, current_generation, ensure_episode_index
 from shared.keys import Keys
 from shared.redis_conn import connect
@@ -43,6 +43,7 @@ EMBEDDER = web.AppKey("embedder", Embedder)
 METRICS = web.AppKey("metrics", Metrics)
 FACTS = web.AppKey("facts", FactsProvider)
 SCOPE_SIZES = web.AppKey("scope_sizes", ScopeSizes)
+QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
@@ -95,6 +96,7 @@ def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedde
     app[METRICS] = metrics
     app[FACTS] = facts
     app[SCOPE_SIZES] = ScopeSizes()
+    app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache)
     from services.query.facts_routes import register as register_facts
     register_facts(app)
     app.cleanup_ctx.append(_resources(redis, embedder))

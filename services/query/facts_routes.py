@@ -17,10 +17,9 @@ from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from services.consolidator.facts import Consolidator
 from services.consolidator.summarizer import Summarizer
 from services.query import models
-from services.query.app import EMBEDDER, FACTS, KEYS, REDIS, SETTINGS, no_facts
+from services.query.app import EMBEDDER, FACTS, KEYS, QUERY_VECTORS, REDIS, SETTINGS, no_facts
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, read_json, validate
-from shared.embedding import embed_query
 from shared.errors import NotFound
 from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
@@ -83,7 +82,7 @@ async def facts_search(request: web.Request) -> web.Response:
                   category=req.category or (), kind=req.kind or (), level=req.level, since=req.since,
                   until=req.until, as_of=req.as_of, include_superseded=req.include_superseded,
                   min_confidence=req.min_confidence)
-    vector = await embed_query(request.app[EMBEDDER], req.query) if req.query else None
+    vector = await request.app[QUERY_VECTORS].embed(request.app[EMBEDDER], req.query) if req.query else None
     hits = await search_facts(r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k)
     body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
     if req.as_of is not None:

@@ -20,10 +20,9 @@ from pydantic import BaseModel
 
 from services.query import facts_routes, insights, models
 from services.query import recall as rc
-from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, REDIS, SCOPE_SIZES, SETTINGS
+from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SCOPE_SIZES, SETTINGS
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, Problem, read_json, validate
-from shared.embedding import embed_query
 from shared.errors import NotFound
 from shared.events import EpisodeCompleted, new_event_id
 from shared.index import category_stats, current_generation, index_exists
@@ -66,7 +65,7 @@ async def _embed(request: web.Request, text: str):
     embedder = request.app[EMBEDDER]
     metrics = request.app[METRICS]
     start = time.perf_counter()
-    vector = await embed_query(embedder, text)
+    vector = await request.app[QUERY_VECTORS].embed(embedder, text)
     metrics.embed_seconds.observe(time.perf_counter() - start)
     metrics.embed_truncations.set(embedder.truncations)
     return vector

