@@ -86,7 +86,8 @@ def cli(ctx: click.Context, url: str, api_key: str | None) -> None:
 @click.option("--category", multiple=True, help="Repeat for any of several.")
 @click.option("--outcome", multiple=True, type=click.Choice(["success", "partial", "failure", "abandoned"]))
 @click.option("--top-k", type=click.IntRange(1, 100))
-@click.option("--mode", type=click.Choice(["vector", "keyword", "hybrid"]), default="vector", show_default=True)
+@click.option("--mode", type=click.Choice(["vector", "keyword", "hybrid"]),
+              help="Default: the service's (ENGRAM_RECALL_MODE, hybrid).")
 @click.option("--preset", type=click.Choice(["auto", "early", "normal", "late"]))
 @click.option("--since", help="ISO 8601 with an offset, or epoch seconds.")
 @click.option("--until", help="ISO 8601 with an offset, or epoch seconds.")

@@ -19,6 +19,8 @@ from pathlib import Path
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 
 GRACE_SECONDS = 15.0
+MAX_REDIS_RESTARTS = 5
+"""Restarts of a dead embedded Redis before the supervisor gives up and stops the stack."""
 
 
 def main() -> int:
@@ -51,7 +53,29 @@ def main() -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     code = 0
+    restarts = 0
     while not stopping["now"]:
+        if redis_server is not None and redis_server.process is not None and redis_server.process.poll() is not None:
+            # The workers and the query service reconnect on their own; the AOF brings the data back.
+            print(f"engram ◆ redis exited with {redis_server.process.returncode}:\n{redis_server.log_tail(5)}",
+                  file=sys.stderr, flush=True)
+            restarts += 1
+            if restarts > MAX_REDIS_RESTARTS:
+                print(f"engram ◆ redis died {restarts} times; stopping the stack", file=sys.stderr, flush=True)
+                stopping["now"] = True
+                code = 1
+                break
+            if redis_server.process.stderr:
+                redis_server.process.stderr.close()
+            try:
+                redis_server.start()
+                print(f"engram ◆ redis restarted on {redis_server.url} (restart {restarts} of at most "
+                      f"{MAX_REDIS_RESTARTS})", file=sys.stderr, flush=True)
+            except EmbeddedRedisError as exc:
+                print(f"engram ◆ cannot restart redis: {exc}; stopping the stack", file=sys.stderr, flush=True)
+                stopping["now"] = True
+                code = 1
+                break
         for name, proc in procs:
             if proc.poll() is not None:
                 print(f"engram ◆ {name} exited with {proc.returncode}; stopping the stack", file=sys.stderr)

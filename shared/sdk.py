@@ -53,7 +53,7 @@ class EngramClient:
     """
 
     def __init__(self, redis: aioredis.Redis, *, namespace: str = "default", prefix: str = "engram:",
-                 publish_timeout: float = 5.0, retries: int = 3, owns_redis: bool = False,
+                 publish_timeout: float = 5.0, retries: int = 8, owns_redis: bool = False,
                  max_lag: int | None = None, wait_on_backpressure: bool = True,
                  consumer_group: str = "consolidator"):
         errs = Collector()
@@ -142,9 +142,9 @@ class EngramClient:
                 break
             backoff = min(1.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2)
             await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+        why = f"{type(last).__name__}: {last}" if last else "the deadline passed before an attempt"
         raise PublishError(
-            f"{len(events)} event(s) not published after {attempt} attempt(s) "
-            f"within {self.publish_timeout:g}s: {type(last).__name__ if last else 'timeout'}: {last}"
+            f"{len(events)} event(s) not published after {attempt} attempt(s) within {self.publish_timeout:g}s: {why}"
         ) from last
 
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:

@@ -17,7 +17,6 @@ projected and acked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -156,20 +155,27 @@ class Worker:
         entries += fresh
         if not entries:
             return 0
-        renewal = asyncio.create_task(self._renew_lease([e.stream_id for e in entries]))
+        done = asyncio.Event()
+        renewal = asyncio.create_task(self._renew_lease([e.stream_id for e in entries], done))
         try:
             return await self._project(projector, entries)
         finally:
-            renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewal
+            # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
+            # in flight, and `await renewal` after cancel() then waited forever (a worker that ignored
+            # SIGTERM, found by a new-user trial). A renewal still in its Redis call finishes on its own.
+            done.set()
+            await asyncio.wait({renewal}, timeout=1.0)
 
-    async def _renew_lease(self, ids: list[bytes]) -> None:
-        """While a batch is being projected, renew its lease every third of `lease_ms`, so a batch
-        slower than the lease (a slow embedder, a large batch) is not reclaimed and projected twice."""
+    async def _renew_lease(self, ids: list[bytes], done: asyncio.Event) -> None:
+        """Until `done` is set, renew the lease of a batch being projected every third of `lease_ms`, so
+        a batch slower than the lease (a slow embedder, a large batch) is not reclaimed and projected twice."""
         period = self.settings.lease_ms / 3000.0
         while True:
-            await asyncio.sleep(period)
+            try:
+                await asyncio.wait_for(done.wait(), period)
+                return
+            except TimeoutError:
+                pass
             try:
                 await streams.renew(self.redis, self.keys.stream, self.settings.consumer_group, self.name, ids,
                                     min_idle_ms=int(self.settings.lease_ms / 3))

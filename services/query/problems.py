@@ -75,6 +75,8 @@ def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
             reason = "is not a known field"
         elif err.get("type") == "missing":
             reason = "is required"
+        elif err.get("type") == "model_type":  # "a valid dictionary or instance of NumRange": no class names
+            reason = "must be a JSON object"
         reason = reason.removeprefix("Value error, ")
         head, sep, tail = reason.partition(": ")
         if sep and head.isidentifier():  # model-level validators name their field as "field: reason"

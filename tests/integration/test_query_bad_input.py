@@ -5,6 +5,8 @@ Each must be a 4xx naming where the problem is, through HTTP and through the SDK
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shared.errors import InvalidEpisode
@@ -73,3 +75,11 @@ async def test_own_vector_of_the_wrong_dimension_is_422_at_ingest(make_client, s
     body = await resp.json()
     assert resp.status == 422, body
     assert fields(body) == {"episodes[1].vector": f"has 3 dimensions; this index expects {settings.embed_dim}"}
+
+
+async def test_a_range_that_is_not_an_object_names_no_internal_class(api):
+    resp = await api.post("/v1/recall", json={"query": "x", "reward": 5})
+    assert resp.status == 422
+    body = await resp.json()
+    assert {"field": "reward", "reason": "must be a JSON object"} in body["errors"]
+    assert "NumRange" not in json.dumps(body)

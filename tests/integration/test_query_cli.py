@@ -30,6 +30,7 @@ async def test_cli_recall_publish_skills_forget(tenants, redis, prefix, tmp_path
     assert "path/with\\slash" in out.output and "success" in out.output
     out = await run(tenants, "recall", "rotate", "--json", key=KEY_A)
     assert json.loads(out.output)["results"][0]["episode"]["episode_id"] == "path/with\\slash"
+    assert json.loads(out.output)["mode"] == "hybrid", "without --mode the CLI uses the service's default"
 
     file = tmp_path / "eps.json"
     file.write_text(json.dumps({"episodes": [episode("new-1"), episode("new-2")]}), encoding="utf-8")

@@ -43,6 +43,13 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
                     return r.status == 200 and len((await r.json())["results"]) == 1
 
             await wait_until(recalled, timeout=30, message="episode projected by the consolidator")
+            # a dead embedded Redis is restarted from its AOF; the services reconnect by themselves
+            import redis as sync_redis
+            client = sync_redis.Redis(port=redis_port)
+            pid = int(client.info("server")["process_id"])
+            client.close()
+            os.kill(pid, signal.SIGKILL)
+            await wait_until(recalled, timeout=60, message="recall answers again after a Redis restart")
         proc.send_signal(signal.SIGINT)
         output = proc.communicate(timeout=60)[0].decode()
     finally:
@@ -51,5 +58,6 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
             proc.wait()
     assert proc.returncode == 0, output[-3000:]
     assert "engram ◆ stopped" in output
+    assert "engram ◆ redis restarted" in output
     assert (tmp_path / "redis" / "appendonlydir").exists()  # AOF on by default
     assert not await _ready(url)

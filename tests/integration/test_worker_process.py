@@ -26,6 +26,18 @@ def spawn_worker(settings, name: str, **env) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def stop_gracefully(proc: subprocess.Popen, timeout: float = 30) -> int:
+    """SIGTERM and wait; a worker that ignores it is killed (never left running) and the test fails."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the worker ignored SIGTERM for {timeout}s: "
+                             f"{proc.stderr.read().decode(errors='replace')[-2000:]}") from None
+
+
 async def publish_many(redis, settings, n: int) -> None:
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     from shared.events import Episode, EpisodeCompleted, Task
@@ -61,9 +73,9 @@ async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
         await wait_until(lambda: _indexed_is(redis, keys, n), timeout=90, message=f"{n} episodes indexed")
         await wait_until(lambda: _pending_zero(redis, keys, settings), timeout=30, message="nothing pending")
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=30) == 0
+        code = stop_gracefully(second)
         second.stderr.close()
+    assert code == 0
     assert await indexed(redis, keys) == n  # none lost, none doubled (one document per episode id)
 
 
@@ -72,8 +84,8 @@ async def test_sigterm_finishes_and_acks_batch(settings, redis):
     await publish_many(redis, settings, 1500)
     worker = spawn_worker(settings, "graceful", ENGRAM_BATCH_SIZE="300")
     await wait_until(lambda: _exists_and_positive(redis, keys), timeout=60, message="worker progress")
-    worker.send_signal(signal.SIGTERM)
-    assert worker.wait(timeout=30) == 0, worker.stderr.read().decode()[-2000:]
+    code = stop_gracefully(worker)
+    assert code == 0, worker.stderr.read().decode()[-2000:]
     worker.stderr.close()
     consumers = await redis.xinfo_consumers(keys.stream, settings.consumer_group)
     mine = [c for c in consumers if c["name"] in (b"graceful", "graceful")]
