@@ -53,7 +53,7 @@ class EngramClient:
     """
 
     def __init__(self, redis: aioredis.Redis, *, namespace: str = "default", prefix: str = "engram:",
-                 publish_timeout: float = 5.0, retries: int = 8, owns_redis: bool = False,
+                 publish_timeout: float = 5.0, retries: int = 100, owns_redis: bool = False,
                  max_lag: int | None = None, wait_on_backpressure: bool = True,
                  consumer_group: str = "consolidator"):
         errs = Collector()
@@ -119,10 +119,10 @@ class EngramClient:
         """
         payloads = [encode(e) for e in events]
         deadline = time.monotonic() + self.publish_timeout
-        try:
-            await self._check_backpressure(deadline)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
-            pass  # Redis unreachable: the publish loop below retries and reports it
+        try:  # bounded by the deadline: a Redis that hangs must not hold the agent past publish_timeout
+            await asyncio.wait_for(self._check_backpressure(deadline), max(0.0, deadline - time.monotonic()))
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError):
+            pass  # Redis unreachable or hanging: the publish loop below retries and reports it
         attempt = 0
         last: Exception | None = None
         while True:

@@ -154,7 +154,7 @@ class Settings:
 
     # SDK / publishing
     publish_timeout: float = 5.0
-    publish_retries: int = 8
+    publish_retries: int = 100
 
     # facts (semantic memory)
     facts_every: int = 20
@@ -233,7 +233,7 @@ class Settings:
             default_namespace=env.get("ENGRAM_DEFAULT_NAMESPACE", "default"),
             max_body_bytes=_int(env, "ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 1 << 30),
             publish_timeout=_duration(env, "ENGRAM_PUBLISH_TIMEOUT", 5.0),
-            publish_retries=_int(env, "ENGRAM_PUBLISH_RETRIES", 8, 0, 100),
+            publish_retries=_int(env, "ENGRAM_PUBLISH_RETRIES", 100, 0, 1000),
             facts_every=_int(env, "ENGRAM_FACTS_EVERY", 20, 1, 1_000_000),
             facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
             facts_min_cluster=_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),

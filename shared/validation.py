@@ -6,7 +6,8 @@ event that passed the HTTP edge and one read back from Redis obey the same rules
 
 Limits (documented in README 'Episode model'):
 - ids (`episode_id`, `agent_id`, `user_id`, `session_id`, `namespace`): 1..256 characters, any Unicode
-  except control characters (they are TAG values; control characters are reserved as the separator);
+  except control characters (they are TAG values; control characters are reserved as the separator),
+  not starting or ending with whitespace (RediSearch trims TAG values);
 - `category`, `strategy_used`, `outcome`, `action_type`: 1..128 characters, same character rule;
 - each free-text field: at most 1,000,000 characters (stored in full; the embedder sees a truncation);
 - `context` and `metadata`: JSON objects of at most 64 KiB each once encoded;
@@ -119,6 +120,11 @@ def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, r
         return None
     if value == "" or value.strip() == "":
         errs.add(path, "must not be empty or blank")
+        return None
+    if value != value.strip():
+        # RediSearch trims TAG values: " lead" would be stored and matched as "lead", so a filter, a
+        # forget or a namespace would reach another id's data (found by a new-user trial)
+        errs.add(path, "must not start or end with whitespace")
         return None
     if len(value) > max_chars:
         errs.add(path, f"must be at most {max_chars} characters (got {len(value)})")

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -102,7 +104,10 @@ def _reject_constant(name: str) -> Any:
 
 async def read_json(request: web.Request) -> Any:
     """The body as JSON: 413 over the size limit (client_max_size), 400 when it is not JSON."""
-    raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+    try:
+        raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+    except (RequestPayloadError, HttpProcessingError) as exc:  # e.g. Content-Encoding: gzip over non-gzip
+        raise Problem(400, f"the request body cannot be read: {exc}") from None
     if not raw.strip():
         raise Problem(400, "the request body is empty; send a JSON object")
     try:

@@ -6,6 +6,7 @@ so the two cannot drift apart (a test checks it anyway). Lists are answered unde
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import time
@@ -285,9 +286,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     checks: dict[str, bool] = {}
     r = request.app.get(REDIS)
-    try:
-        checks["redis"] = bool(r is not None and await r.ping())
-        checks["index"] = bool(r is not None and await index_exists(r, _index(request)))
+    try:  # a probe answers within 2 s: a Redis that hangs (paused, overloaded) is "not ready" too
+        checks["redis"] = bool(r is not None and await asyncio.wait_for(r.ping(), 2.0))
+        checks["index"] = bool(r is not None and await asyncio.wait_for(index_exists(r, _index(request)), 2.0))
     except Exception:  # any failure to reach Redis means "not ready", never a 500
         checks.setdefault("redis", False)
         checks["index"] = False

@@ -83,3 +83,21 @@ async def test_a_range_that_is_not_an_object_names_no_internal_class(api):
     body = await resp.json()
     assert {"field": "reward", "reason": "must be a JSON object"} in body["errors"]
     assert "NumRange" not in json.dumps(body)
+
+
+async def test_ids_with_edge_whitespace_are_refused_everywhere(api):
+    """RediSearch trims TAG values: ' lead' would match 'lead', so a forget could erase another user."""
+    resp = await api.delete("/v1/users/%20lead")
+    assert resp.status == 422 and "whitespace" in json.dumps(await resp.json())
+    resp = await api.post("/v1/recall", json={"query": "x", "agent_id": "trail "})
+    assert resp.status == 422 and "agent_id" in json.dumps(await resp.json())
+    resp = await api.post("/v1/episodes", json={"task": "t", "user_id": " lead"})
+    assert resp.status == 422 and "user_id" in json.dumps(await resp.json())
+
+
+async def test_a_body_that_is_not_what_its_content_encoding_says_is_a_400(api):
+    resp = await api.post("/v1/recall", data=b'{"query": "x"}',
+                          headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert resp.status == 400, await resp.text()
+    assert resp.content_type == "application/problem+json"
+    assert "cannot be read" in (await resp.json())["detail"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shared import streams
@@ -140,3 +142,16 @@ async def test_backpressure_waits_then_publishes_or_raises(redis, prefix, settin
         stop.set()
         await task
     assert len(await read_all(redis, prefix)) == 31
+
+
+async def test_publish_keeps_retrying_until_its_deadline(prefix):
+    """A Redis that is away: the SDK retries until `publish_timeout`, not for a fixed handful of tries."""
+    from deploy.embedded_redis import free_port
+
+    client = EngramClient.connect(f"redis://127.0.0.1:{free_port()}/0", namespace="ns", prefix=prefix,
+                                  publish_timeout=6.0)
+    started = time.monotonic()
+    with pytest.raises(PublishError, match="attempt"):
+        await client.record({"task": "t", "outcome": "success"})
+    assert time.monotonic() - started >= 5.8  # 8 tries with capped backoff gave up after 2.75–5.5 s
+    await client.close()

@@ -26,7 +26,7 @@ from shared.events import (
 )
 
 FUZZ = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "150"))
-ids = st.text(min_size=1, max_size=40).filter(lambda s: s.strip() and all(ord(c) >= 32 and not 127 <= ord(c) < 160 for c in s))
+ids = st.text(min_size=1, max_size=40).filter(lambda s: s.strip() == s and s and all(ord(c) >= 32 and not 127 <= ord(c) < 160 for c in s))
 texts = st.text(max_size=200)
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)
 epoch = st.floats(min_value=0, max_value=4e9, allow_nan=False)

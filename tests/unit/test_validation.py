@@ -31,6 +31,8 @@ def test_good_episode_parses_with_string_task_and_iso_times():
     ({"episode_id": "   "}, "episode_id", "must not be empty"),
     ({"episode_id": "x" * (MAX_ID_CHARS + 1)}, "episode_id", "at most 256"),
     ({"agent_id": "a\nb"}, "agent_id", "control characters"),
+    ({"user_id": " lead"}, "user_id", "start or end with whitespace"),
+    ({"agent_id": "trail "}, "agent_id", "start or end with whitespace"),
     ({"user_id": 5}, "user_id", "must be a string"),
     ({"task": None}, "task", "is required"),
     ({"task": 3}, "task", "must be an object"),
