@@ -273,7 +273,9 @@ def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategie
         subject += f" ({', '.join(_clip(c, 40) for c in categories[:3])})"
     span = (format_instant(first_at) or "")[:10], (format_instant(last_at) or "")[:10]
     when = f"on {span[0]}" if span[0] == span[1] else f"between {span[0]} and {span[1]}"
-    parts = [f"{_HEAD[kind]}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
+    # a best practice with a high success rate but no repeated strategy is not "mixed"
+    head = "What works" if kind == "best_practice" and successes >= 0.7 * n else _HEAD[kind]
+    parts = [f"{head}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
              f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")]
     if strategies:
         parts.append("Strategies: " + "; ".join(

@@ -90,3 +90,11 @@ def test_changepoint_matches_its_definition():
         assert changepoint(rows, min_size, known) == _changepoint_reference(rows, min_size, known)
 
     check()
+
+
+def test_fact_text_never_calls_a_high_success_rate_mixed():
+    from services.consolidator.facts import _text
+
+    text = _text("best_practice", 9, 9, None, [], [], [], 1.7e9, 1.7e9, ["fix the flaky test"], [])
+    assert text.startswith("What works:") and "9 of 9" in text
+    assert _text("best_practice", 10, 5, None, [], [], [], 1.7e9, 1.7e9, [], []).startswith("Mixed results:")
