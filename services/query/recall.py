@@ -209,6 +209,12 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
     if mode in ("keyword", "hybrid"):
         bm25 = await bm25_search(r, index, scope, query, depth, return_fields=fields)
     relevance: dict[bytes, float] = {}
+    # a fusion of one list is that list: with no BM25 hit, ranks would flatten a cosine of 0.54 vs 0.07
+    # to relevance 0.50 vs 0.43, and reward or outcome would decide (found by a new-user trial)
+    if mode == "hybrid" and not bm25:
+        mode = "vector"
+    elif mode == "hybrid" and not knn:
+        mode = "keyword"
     if mode == "hybrid":
         by_key = {h.key: h for h in bm25} | {h.key: h for h in knn}
         fused = scoring.rrf_ranked([
@@ -219,11 +225,11 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
         relevance = {key: min(1.0, score / best) for key, score in fused}
         hits = [by_key[key] for key, _ in fused]
     elif mode == "keyword":
-        hits = bm25
-        top = max((h.score for h in bm25 if h.score is not None), default=0.0)
-        relevance = {h.key: (h.score / top if top > 0 and h.score is not None else 0.0) for h in bm25}
+        hits = bm25[:n]
+        top = max((h.score for h in hits if h.score is not None), default=0.0)
+        relevance = {h.key: (h.score / top if top > 0 and h.score is not None else 0.0) for h in hits}
     else:
-        hits = knn
+        hits = knn[:n]
     knn_cos = {h.key: 1.0 - float(h.score) for h in knn if h.score is not None and math.isfinite(h.score)}
     out = [signal_hit(h) for h in hits]
     missing = [c for c in out if c.key not in knn_cos]

@@ -275,3 +275,18 @@ async def test_a_repeated_query_is_embedded_once(make_client, redis, prefix):
     resp = await client.post("/v1/context", json={"task": "rotate keys"})
     assert resp.status == 200
     assert embedder.calls == 1
+
+
+async def test_hybrid_without_keyword_hits_ranks_by_cosine_not_by_rank(make_client, redis, prefix):
+    """With no BM25 hit, hybrid is the vector list: a cosine of 0.54 vs 0.07 must not shrink to
+    ranks 1 and 2 (relevance 0.50 vs 0.43), where a reward would outweigh the similarity."""
+    q = "check that an e-mail string is well formed"
+    await put(redis, prefix, "default", episode("regex", task="validate addresses with a pattern", reward=0.0),
+              unit(0.54, 0.8417))
+    await put(redis, prefix, "default", episode("login", task="flaky sign-in suite", reward=1.0), unit(0.07, 0.9975))
+    client = await make_client(TableEmbedder(256, {q: unit(1.0)}))
+    resp = await client.post("/v1/recall", json={"query": q, "top_k": 2, "preset": "early"})
+    body = await resp.json()
+    assert resp.status == 200 and body["mode"] == "hybrid"
+    assert ids(body) == ["regex", "login"]
+    assert by_id(body)["regex"]["relevance"] == pytest.approx(0.54, abs=1e-4)
