@@ -213,7 +213,7 @@ class QueryVectorCache:
     service, for one embedder (the app's). Vectors are returned read-only. `size` 0 disables it.
     """
 
-    def __init__(self, size: int = 1024):
+    def __init__(self, size: int = 4096):
         self.size = size
         self.hits = 0
         self.misses = 0

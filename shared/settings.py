@@ -138,7 +138,7 @@ class Settings:
     rrf_k: float = 5.0
     """`ENGRAM_RRF_K`: the reciprocal-rank-fusion constant of hybrid recall."""
     fusion_depth: int = 30
-    query_cache: int = 1024
+    query_cache: int = 4096
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
     """`ENGRAM_FUSION_DEPTH`: hybrid recall fuses at least this many KNN and BM25 hits each before cutting
     to `candidates` (a fusion of two 6-deep lists misses what both rank 7th; docs/benchmarks.md)."""
@@ -224,7 +224,7 @@ class Settings:
             recall_mode=_choice(env, "ENGRAM_RECALL_MODE", "hybrid", ("vector", "keyword", "hybrid")),
             rrf_k=_float(env, "ENGRAM_RRF_K", 5.0, 1.0, 1000.0),
             fusion_depth=_int(env, "ENGRAM_FUSION_DEPTH", 30, 1, 1000),
-            query_cache=_int(env, "ENGRAM_QUERY_CACHE", 1024, 0, 1_000_000),
+            query_cache=_int(env, "ENGRAM_QUERY_CACHE", 4096, 0, 1_000_000),
             half_life=_duration(env, "ENGRAM_HALF_LIFE", 86400.0),
             default_top_k=_int(env, "ENGRAM_DEFAULT_TOP_K", 3, 1, 100),
             host=env.get("ENGRAM_HOST", "127.0.0.1"),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import socket
 import time
@@ -67,8 +66,10 @@ class Worker:
         self.last_errors: dict[bytes, str] = {}
         self.projector: Projector | None = None
         self.processed = 0
-        # the worker's capacity is `batch_size` entries, shared by its `in_flight` lanes
-        self.lane_batch = max(1, math.ceil(settings.batch_size / settings.in_flight))
+        # each lane reads up to a whole batch: model embedders are ~50% faster on 256 texts than on 64
+        # (sentence-transformers sorts a call's texts by length, so less padding); a slow batch keeps its
+        # lease by renewal (`_renew_lease`), not by being small
+        self.lane_batch = settings.batch_size
 
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
