@@ -15,34 +15,28 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.backoff import ExponentialBackoff
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
+_PLAIN = (bytes, str, int, float)
+_HIREDIS = HiredisRespSerializer()
+
 
 class _HiredisPacking:
-    """Mixin for redis-py asyncio connections: pack with hiredis, as redis-py's sync client does.
-
-    Arguments hiredis cannot pack, or whose encoding could differ from redis-py's `Encoder` (bools,
-    which redis-py refuses; anything not bytes/str/int/float), take redis-py's own path unchanged.
+    """Mixin for redis-py asyncio connections: pack with redis-py's own `HiredisRespSerializer`, as its
+    sync client does. Arguments whose encoding could differ from redis-py's `Encoder` (bools, which
+    redis-py refuses; float subclasses such as numpy's; anything not bytes/str/int/float) take
+    redis-py's Python packer unchanged.
     """
 
     def pack_command(self, *args):
-        if isinstance(args[0], str):
-            args = tuple(args[0].encode().split()) + args[1:]
-        elif b" " in args[0]:
-            args = tuple(args[0].split()) + args[1:]
-        for arg in args:
-            kind = type(arg)
-            if kind is not bytes and kind is not str and kind is not int and kind is not float:
-                return super().pack_command(*args)  # type: ignore[misc]
-        try:
-            return [hiredis.pack_command(args)]
-        except TypeError:
-            return super().pack_command(*args)  # type: ignore[misc]
+        if all(type(arg) in _PLAIN for arg in args):
+            return _HIREDIS.pack(*args)
+        return super().pack_command(*args)  # type: ignore[misc]
 
 
 class HiredisConnection(_HiredisPacking, Connection):

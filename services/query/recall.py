@@ -145,13 +145,12 @@ async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candi
                 pipe.hget(c.key, "doc")
             for c, raw in zip(missing, await pipe.execute(), strict=True):
                 c.raw_doc = raw
-    docs = [c.raw_doc for c in cands]
     out = []
-    for c, raw in zip(cands, docs, strict=True):
-        if raw is None:
+    for c in cands:
+        if c.raw_doc is None:
             continue
         try:
-            doc = orjson.loads(raw)
+            doc = orjson.loads(c.raw_doc)
         except orjson.JSONDecodeError as exc:
             log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
             continue
