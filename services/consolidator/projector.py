@@ -1,15 +1,21 @@
 """Apply a batch of stream entries to the projections of one generation.
 
-Phases, each one round trip (pipelined) for the whole batch:
-1. record: every episode event is stored in its episode's own event hash (`HSETNX` by `event_id`,
-   so duplicates are no-ops) and its stream id remembered, unless the episode is tombstoned;
-2. fold: read each touched episode's events, fold them (services.consolidator.projection.fold),
-   embed the completed ones whose text changed, in one embedder call;
-3. write: a Lua script writes the document only if the event hash still holds exactly the events that
-   were folded (`HLEN` check) and no tombstone appeared. If another worker added an event meanwhile,
-   the script refuses and this episode is folded again. The document is a pure function of the event
-   set, so there is no check-then-write window (shared/cases C02).
-Forget events are applied in stream order between episode-event segments.
+Each episode's events are stored in its own event hash (`HSETNX` by `event_id`, so duplicates are
+no-ops) with their stream ids, unless the episode is tombstoned; its document is a pure function of that
+event set (services.consolidator.projection.fold), written only while the hash holds exactly the
+events that were folded. Two ways through, each one pipelined round trip per phase for the whole batch:
+
+- **fast path** (an episode whose events in hand fold to a document, e.g. a whole `EpisodeCompleted`):
+  fold and embed the events in hand first, then one Lua call records them and writes the document if
+  the hash now holds exactly those events (`HLEN` check) and no tombstone applies. It refuses, having
+  recorded them, when the hash held other events (the episode began in an earlier batch, or another
+  worker added one meanwhile); that episode then takes the slow path, reusing the vector when its
+  text did not change.
+- **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN`
+  check (`WRITE_LUA`), folding again when another worker added an event in between.
+
+There is no check-then-write window on either path (shared/cases C02): the check and the write are one
+script. Forget events are applied in stream order between episode-event segments.
 
 Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder
 failures raise, and the caller leaves the batch pending for redelivery.
@@ -69,6 +75,20 @@ if was == 'completed' then return 1 end
 return 2
 """
 
+PROJECT_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+local n, nsids = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 4, 3 + 2 * n, 2 do redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('SADD', KEYS[3], unpack(ARGV, 4 + 2 * n, 3 + 2 * n + nsids))
+if redis.call('HLEN', KEYS[2]) ~= n then return 0 end
+local forgot = redis.call('GET', KEYS[5])
+if forgot and tonumber(forgot) >= tonumber(ARGV[3]) then return -2 end
+local was = redis.call('HGET', KEYS[4], 'status')
+redis.call('HSET', KEYS[4], unpack(ARGV, 4 + 2 * n + nsids))
+if was == 'completed' then return 1 end
+return 2
+"""
+
 FORGET_USER_LUA = """
 local cur = redis.call('GET', KEYS[1])
 if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
@@ -76,6 +96,7 @@ return 1
 """
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
+
 MAX_WRITE_ATTEMPTS = 8
 
 
@@ -103,6 +124,7 @@ class Projector:
         self.metrics = metrics or WorkerMetrics()
         self._record = redis.register_script(RECORD_LUA)
         self._write = redis.register_script(WRITE_LUA)
+        self._project = redis.register_script(PROJECT_LUA)
         self._forget_user = redis.register_script(FORGET_USER_LUA)
 
     # --- entry point ----------------------------------------------------------------------------
@@ -151,48 +173,141 @@ class Projector:
         if not segment:
             return
         k, g = self.keys, self.gen
+        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]] = {}
+        for entry, ev in segment:
+            by_episode.setdefault((ev.namespace, ev.episode_id), []).append((entry, ev))
+        # fast path for every episode whose events in hand already make a document (module docstring)
+        fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]] = []
+        record_only: list[tuple[streams.Entry, Event]] = []
+        for ident, items in by_episode.items():
+            events: dict[str, Event] = {}
+            payloads: dict[str, bytes] = {}
+            for entry, ev in items:
+                events.setdefault(ev.event_id, ev)
+                payloads.setdefault(ev.event_id, entry.payload)
+            folded = fold(events.values())
+            if folded.episode is None:
+                record_only += items
+            else:
+                fast.append((ident, payloads, folded))
+        vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
         async with self.redis.pipeline(transaction=False) as pipe:
-            for entry, ev in segment:
+            for i, ((ns, eid), payloads, f) in enumerate(fast):
+                sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
+                args: list = [len(payloads), len(sids), repr(f.first_occurred_at)]
+                for event_id, payload in payloads.items():
+                    args += [event_id, payload]
+                args += sids
+                args += self._doc_args(ns, f, vectors.get(i), hashes.get(i))
+                await self._project(keys=[k.tombstone(ns, eid), k.episode_events(g, ns, eid),
+                                          k.episode_stream_ids(g, ns, eid), k.episode_doc(g, ns, eid),
+                                          k.user_tombstone(ns, f.episode.user_id or "\x00none")],
+                                    args=args, client=pipe)
+            for entry, ev in record_only:
                 await self._record(keys=[k.tombstone(ev.namespace, ev.episode_id),
                                          k.episode_events(g, ev.namespace, ev.episode_id),
                                          k.episode_stream_ids(g, ev.namespace, ev.episode_id),
                                          k.episode_doc(g, ev.namespace, ev.episode_id)],
                                    args=[ev.event_id, entry.payload, entry.stream_id], client=pipe)
-            recorded = await pipe.execute()
-        # per episode: the events in hand, and what the record step saw of its stored state
+            replies = await pipe.execute()
+        tombstoned: list[bytes] = []
+        pending: list[tuple[str, str]] = []
+        known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
+        for ((ns, eid), _payloads, f), status in zip(fast, replies[:len(fast)], strict=True):
+            items = by_episode[(ns, eid)]
+            outcome = "forgotten" if status == -1 else "ok"
+            for entry, ev in items:
+                self.metrics.events.labels(ev.TYPE, outcome).inc()
+                result.ok.append(entry.stream_id)
+            if status == -1:
+                tombstoned += [entry.stream_id for entry, _ in items]
+            elif status == 0:  # other events were stored: fold the whole stored set
+                pending.append((ns, eid))
+            elif status == -2:  # its user was forgotten after this episode began
+                await self.erase_episode(ns, eid)
+            elif status == 2 and f.status == STATUS_COMPLETED:
+                result.completed.append((ns, f))
+        # slow path, for episodes with only actions in hand: an episode whose stored events are exactly
+        # those in hand (they arrived in one batch) is folded without reading them back
         in_hand: dict[tuple[str, str], dict[str, Event]] = {}
         stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
-        tombstoned: list[bytes] = []
-        for (entry, ev), reply in zip(segment, recorded, strict=True):
+        for (entry, ev), reply in zip(record_only, replies[len(fast):], strict=True):
             if reply[0] == -1:
                 tombstoned.append(entry.stream_id)
                 self.metrics.events.labels(ev.TYPE, "forgotten").inc()
             else:
                 ident = (ev.namespace, ev.episode_id)
                 in_hand.setdefault(ident, {})[ev.event_id] = ev
-                hlen = int(reply[1])
-                stored[ident] = (max(hlen, stored.get(ident, (0, None))[0]), reply[2])
+                stored[ident] = (max(int(reply[1]), stored.get(ident, (0, None))[0]), reply[2])
                 self.metrics.events.labels(ev.TYPE, "ok").inc()
             result.ok.append(entry.stream_id)
         if tombstoned:  # data of a forgotten episode must not stay in the stream
             await streams.delete(self.redis, k.stream, tombstoned)
-        # an episode whose stored events are exactly those in hand (the common case: a new episode,
-        # or one whose events arrive in one batch) is folded without reading them back
         prefetched = {ident: (list(events.values()), stored[ident][0], stored[ident][1])
                       for ident, events in in_hand.items() if stored[ident][0] == len(events)}
-        pending = list(in_hand)
+        pending += list(in_hand)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if not pending:
                 return
-            pending = await self._fold_and_write(pending, result, prefetched)
+            pending = await self._fold_and_write(pending, result, prefetched, known)
             prefetched = {}
             if pending:
                 self.metrics.write_conflicts.inc(len(pending))
         raise RuntimeError(f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts")
 
+    async def _embed(self, folded: Sequence[tuple[Folded, bytes | None]],
+                     known: dict[str, np.ndarray] | None = None) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+        """Vectors and embed hashes of the completed episodes among `folded` ((state, stored embed hash)).
+
+        Agent-supplied vectors are used as given (normalised). Text whose hash equals the stored one is
+        not embedded again (no vector returned: the document keeps its own); `known` maps embed hashes to
+        vectors computed earlier in this batch. Returns ({i: float32[dim]}, {i: embed hash}) by position.
+        """
+        to_embed: list[tuple[int, str]] = []
+        vectors: dict[int, np.ndarray] = {}
+        hashes: dict[int, str] = {}
+        known = known or {}
+        for i, (f, old_hash) in enumerate(folded):
+            if f.episode is None or f.status != STATUS_COMPLETED:
+                continue
+            if f.episode.vector is not None:
+                vectors[i] = np.asarray(f.episode.vector, dtype=np.float32)
+                vectors[i] /= max(float(np.linalg.norm(vectors[i])), 1e-12)
+                hashes[i] = "agent:" + hashlib.blake2b(vectors[i].tobytes(), digest_size=8).hexdigest()
+                continue
+            text = embedding_text(f.episode)
+            h = f"{self.embedder.name}:" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+            hashes[i] = h
+            if old_hash is not None and old_hash.decode() == h:
+                continue
+            if h in known:
+                vectors[i] = known[h]
+            else:
+                to_embed.append((i, text))
+        if to_embed:
+            before = getattr(self.embedder, "truncations", 0)
+            started = time.perf_counter()
+            matrix = await self.embedder.embed([t for _, t in to_embed])
+            self.metrics.embed_seconds.observe(time.perf_counter() - started)
+            self.metrics.truncations.inc(max(0, getattr(self.embedder, "truncations", 0) - before))
+            for (i, _), vec in zip(to_embed, matrix, strict=True):
+                vectors[i] = vec
+        return vectors, hashes
+
+    @staticmethod
+    def _doc_args(namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None) -> list:
+        """The document's fields as a flat [field, value, ...] list for HSET."""
+        fields = episode_fields(namespace, f.episode, status=f.status, vector=vector)
+        if embed_hash is not None:
+            fields["embed_hash"] = embed_hash
+        flat: list = []
+        for key, value in fields.items():
+            flat += [key, value]
+        return flat
+
     async def _fold_and_write(self, episodes: list[tuple[str, str]], result: BatchResult,
                               prefetched: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] | None = None,
-                              ) -> list[tuple[str, str]]:
+                              known: dict[str, np.ndarray] | None = None) -> list[tuple[str, str]]:
         k, g = self.keys, self.gen
         prefetched = prefetched or {}
         to_read = [ident for ident in episodes if ident not in prefetched]
@@ -217,46 +332,17 @@ class Projector:
         for ns, eid in episodes:
             events, n, embed_hash = loaded[(ns, eid)]
             folded.append((ns, eid, fold(events), n, embed_hash))
-        # embed completed episodes whose text changed (agent-supplied vectors are used as given)
-        to_embed: list[tuple[int, str]] = []
-        vectors: dict[int, np.ndarray] = {}
-        hashes: dict[int, str] = {}
-        for i, (_ns, _eid, f, _n, old_hash) in enumerate(folded):
-            if f.episode is None or f.status != STATUS_COMPLETED:
-                continue
-            if f.episode.vector is not None:
-                vectors[i] = np.asarray(f.episode.vector, dtype=np.float32)
-                vectors[i] /= max(float(np.linalg.norm(vectors[i])), 1e-12)
-                hashes[i] = "agent:" + hashlib.blake2b(vectors[i].tobytes(), digest_size=8).hexdigest()
-                continue
-            text = embedding_text(f.episode)
-            h = f"{self.embedder.name}:" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
-            hashes[i] = h
-            if old_hash is None or old_hash.decode() != h:
-                to_embed.append((i, text))
-        if to_embed:
-            before = getattr(self.embedder, "truncations", 0)
-            started = time.perf_counter()
-            matrix = await self.embedder.embed([t for _, t in to_embed])
-            self.metrics.embed_seconds.observe(time.perf_counter() - started)
-            self.metrics.truncations.inc(max(0, getattr(self.embedder, "truncations", 0) - before))
-            for (i, _), vec in zip(to_embed, matrix, strict=True):
-                vectors[i] = vec
+        vectors, hashes = await self._embed([(f, old) for _ns, _eid, f, _n, old in folded], known)
         async with self.redis.pipeline(transaction=False) as pipe:
             writes = []
             for i, (ns, eid, f, n, _old) in enumerate(folded):
                 if f.episode is None:
                     continue
-                fields = episode_fields(ns, f.episode, status=f.status, vector=vectors.get(i))
-                if i in hashes:
-                    fields["embed_hash"] = hashes[i]
-                flat: list = []
-                for key, value in fields.items():
-                    flat += [key, value]
                 await self._write(keys=[k.tombstone(ns, eid), k.episode_events(g, ns, eid),
                                         k.episode_doc(g, ns, eid),
                                         k.user_tombstone(ns, f.episode.user_id or "\x00none")],
-                                  args=[n, repr(f.first_occurred_at), *flat], client=pipe)
+                                  args=[n, repr(f.first_occurred_at),
+                                        *self._doc_args(ns, f, vectors.get(i), hashes.get(i))], client=pipe)
                 writes.append(i)
             outcomes = await pipe.execute()
         retry: list[tuple[str, str]] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 
 import msgpack
@@ -97,10 +98,79 @@ async def test_order_tolerant_actions_before_start_completion_first(settings, re
     await streams.publish(redis, keys.stream, [encode(e) for e in (done, a2, a1, start, a1)])
     await drain(make_worker(settings, redis))
     found = await docs(redis, keys, "ns")
-    import json
     data = json.loads(found["e"][b"doc"])
     assert [a["action_type"] for a in data["actions"]] == ["plan", "apply"]
     assert data["outcome"] == "failure" and data["agent_id"] == "ag"
+
+
+class CountingEmbedder(HashingEmbedder):
+    """The hashing embedder, counting the texts it embeds; `during_embed` runs inside each call."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.texts: list[str] = []
+        self.during_embed = None
+
+    async def embed(self, texts):
+        self.texts += list(texts)
+        if self.during_embed is not None:
+            hook, self.during_embed = self.during_embed, None
+            await hook()
+        return await super().embed(texts)
+
+
+async def test_episode_begun_in_an_earlier_batch_is_folded_whole_and_embedded_once(settings, redis):
+    """The fast path folds only the events in hand; when the episode's start came in an earlier batch
+    its single script refuses, the stored set is folded, and the vector already computed is reused."""
+    keys = Keys(settings.prefix)
+    ep = Episode(episode_id="e", agent_id="ag", task=Task(description="rotate the signing keys", category="ops"))
+    start = EpisodeStarted(namespace="ns", episode_id="e", occurred_at=10.0, episode=ep)
+    act = ActionRecorded(namespace="ns", episode_id="e", occurred_at=11.0,
+                         action=Action(action_type="revoke", timestamp=11.0))
+    done = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=13.0,
+                            episode=Episode(episode_id="e", task=Task(description="rotate the signing keys",
+                                                                      category="ops"),
+                                            outcome="success", completed_at=13.0))
+    embedder = CountingEmbedder(settings.embed_dim)
+    worker = Worker(settings, redis, embedder, name="w1")
+    await streams.publish(redis, keys.stream, [encode(start), encode(act)])
+    await drain(worker)
+    assert (await docs(redis, keys, "ns", status="draft"))["e"][b"status"] == b"draft"
+    conflicts = worker.metrics.write_conflicts._value.get()
+    await streams.publish(redis, keys.stream, [encode(done)])
+    await drain(worker)
+    data = json.loads((await docs(redis, keys, "ns"))["e"][b"doc"])
+    assert data["agent_id"] == "ag" and [a["action_type"] for a in data["actions"]] == ["revoke"]
+    assert embedder.texts == ["rotate the signing keys"]
+    assert worker.metrics.write_conflicts._value.get() == conflicts  # a refusal of the fast path is not a conflict
+
+
+async def test_event_recorded_by_another_worker_during_the_fast_path_is_not_lost(settings, redis):
+    """Worker A folds a whole completion and, while it embeds, worker B records an action of the same
+    episode. A's script must see the extra event and fold again: the document holds the action."""
+    keys = Keys(settings.prefix)
+    ep = Episode(episode_id="e", task=Task(description="upgrade the parser"), outcome="success", completed_at=5.0)
+    done = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=5.0, episode=ep)
+    act = ActionRecorded(namespace="ns", episode_id="e", occurred_at=4.0,
+                         action=Action(action_type="late-step", timestamp=4.0))
+    embedder = CountingEmbedder(settings.embed_dim)
+    worker_a = Worker(settings, redis, embedder, name="a")
+    worker_b = make_worker(settings, redis, "b")
+    await worker_a.setup()
+    await worker_b.setup()
+    await streams.publish(redis, keys.stream, [encode(done)])
+    entries = await streams.read_new(redis, keys.stream, settings.consumer_group, "a", count=10, block_ms=1)
+
+    async def b_records_the_action():
+        await streams.publish(redis, keys.stream, [encode(act)])
+        assert await worker_b.turn() == 1
+
+    embedder.during_embed = b_records_the_action
+    result = await worker_a.projector.apply(entries)
+    assert len(result.ok) == 1 and not result.dead
+    data = json.loads((await docs(redis, keys, "ns"))["e"][b"doc"])
+    assert [a["action_type"] for a in data["actions"]] == ["late-step"]
+    assert embedder.texts == ["upgrade the parser"]
 
 
 async def test_draft_is_not_recallable_until_completed(settings, redis):
