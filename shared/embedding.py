@@ -371,19 +371,23 @@ class HashingEmbedder(Embedder):
         gram_arrays: list[np.ndarray] = []
         gram_rows: list[int] = []
         fallback: list[int] = []
+        # the memo lookups are inlined (bound .get, misses only through the methods): this loop is most
+        # of the consolidator's CPU with the hashing embedder
+        word_get, pair_get, gram_get = self._word_ids.get, self._pair_ids.get, self._gram_ids.get
         for row, text in enumerate(texts):
             norm = unicodedata.normalize("NFKC", text).casefold()
             words = _WORD.findall(norm)
             tokens = _TOKEN.findall(norm)
             if not tokens:  # only punctuation, e.g. "???": the text itself is the one token
                 words = tokens = [norm.strip() or norm]
-            ids = [self._word_id(w) for w in words]
-            ids += [self._pair_id(pair) for pair in zip(words, words[1:], strict=False)]
+            ids = [word_get(w) or self._word_id(w) for w in words]
+            ids += [pair_get(pair) or self._pair_id(pair) for pair in zip(words, words[1:], strict=False)]
             word_ids += ids
             word_rows += [row] * len(ids)
             for token in tokens:
-                gram_arrays.append(self._gram_id_array(token))
-                gram_rows.append(row)
+                grams = gram_get(token)
+                gram_arrays.append(grams if grams is not None else self._gram_id_array(token))
+            gram_rows += [row] * len(tokens)
             fallback.append(ids[0])
         lengths = np.fromiter((a.size for a in gram_arrays), dtype=np.int64, count=len(gram_arrays))
         fids = np.concatenate([np.asarray(word_ids, dtype=np.int64), *gram_arrays])

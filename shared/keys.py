@@ -13,10 +13,12 @@ meta keys are generation-independent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
 
+@functools.lru_cache(maxsize=8192)  # an episode's four keys share one digest; scopes repeat every batch
 def digest(*parts: str) -> str:
     """32 hex chars identifying the tuple `parts` (joined by NUL, which ids cannot contain)."""
     return hashlib.blake2b("\x00".join(parts).encode(), digest_size=16).hexdigest()

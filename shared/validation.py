@@ -17,6 +17,7 @@ Limits (documented in README 'Episode model'):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -103,6 +104,7 @@ def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, s
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # the same few dozen paths, built for every field of every event
 def _join(base: str, name: str | int) -> str:
     if isinstance(name, int):
         return f"{base}[{name}]"

@@ -71,9 +71,10 @@ def fold(events: Iterable[Event]) -> Folded:
                 action = dataclasses.replace(action, action_id=event.event_id)
             actions.setdefault(_action_key(action), action)
     if episode is not None:
-        merged = sorted(actions.values(),
-                        key=lambda a: (a.timestamp if a.timestamp is not None else math.inf, a.action_id or ""))
-        episode = dataclasses.replace(episode, actions=tuple(merged))
+        merged = tuple(sorted(actions.values(),
+                              key=lambda a: (a.timestamp if a.timestamp is not None else math.inf, a.action_id or "")))
+        if merged != episode.actions:  # a whole episode in one event (the common case) needs no copy
+            episode = dataclasses.replace(episode, actions=merged)
         if completed and episode.outcome is None:
             episode = dataclasses.replace(episode, outcome="abandoned")
     return Folded(

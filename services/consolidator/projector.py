@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -213,11 +214,12 @@ class Projector:
         tombstoned: list[bytes] = []
         pending: list[tuple[str, str]] = []
         known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
+        counted: Counter[tuple[str, str]] = Counter()  # labels().inc() per event was ~2% of a worker's CPU
         for ((ns, eid), _payloads, f), status in zip(fast, replies[:len(fast)], strict=True):
             items = by_episode[(ns, eid)]
             outcome = "forgotten" if status == -1 else "ok"
             for entry, ev in items:
-                self.metrics.events.labels(ev.TYPE, outcome).inc()
+                counted[(ev.TYPE, outcome)] += 1
                 result.ok.append(entry.stream_id)
             if status == -1:
                 tombstoned += [entry.stream_id for entry, _ in items]
@@ -234,13 +236,15 @@ class Projector:
         for (entry, ev), reply in zip(record_only, replies[len(fast):], strict=True):
             if reply[0] == -1:
                 tombstoned.append(entry.stream_id)
-                self.metrics.events.labels(ev.TYPE, "forgotten").inc()
+                counted[(ev.TYPE, "forgotten")] += 1
             else:
                 ident = (ev.namespace, ev.episode_id)
                 in_hand.setdefault(ident, {})[ev.event_id] = ev
                 stored[ident] = (max(int(reply[1]), stored.get(ident, (0, None))[0]), reply[2])
-                self.metrics.events.labels(ev.TYPE, "ok").inc()
+                counted[(ev.TYPE, "ok")] += 1
             result.ok.append(entry.stream_id)
+        for (kind, outcome), n in counted.items():
+            self.metrics.events.labels(kind, outcome).inc(n)
         if tombstoned:  # data of a forgotten episode must not stay in the stream
             await streams.delete(self.redis, k.stream, tombstoned)
         prefetched = {ident: (list(events.values()), stored[ident][0], stored[ident][1])

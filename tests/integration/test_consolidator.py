@@ -375,7 +375,7 @@ async def test_property_interleaving_and_duplication_across_workers(settings, re
     await drain(*workers)
     got = await docs(redis, run_keys, "ns", status=None)
     assert got == expected
-    assert len(got) == 3 and all(b'"agent_id": "executor"' in d[b"doc"] for d in got.values())
+    assert len(got) == 3 and all(json.loads(d[b"doc"])["agent_id"] == "executor" for d in got.values())
     for p in (ref_settings.prefix, run_settings.prefix):
         async for k in redis.scan_iter(match=f"{p}*"):
             await redis.unlink(k)
