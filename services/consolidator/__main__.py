@@ -61,8 +61,10 @@ async def _run(settings: Settings) -> int:
     from services.consolidator.summarizer import Summarizer
 
     summarizer = Summarizer.from_settings(settings)
-    facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True)
-    worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
+    worker = Worker(settings, redis, embedder, metrics=metrics)
+    facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True,
+                         backlogged=lambda: worker.backlogged)
+    worker.on_batch = facts.on_batch
     try:
         await worker.run(stop)
     except Conflict as exc:

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
@@ -71,7 +72,7 @@ local forgot = redis.call('GET', KEYS[4])
 if forgot and tonumber(forgot) >= tonumber(ARGV[2]) then return -2 end
 if redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
 local was = redis.call('HGET', KEYS[3], 'status')
-redis.call('HSET', KEYS[3], unpack(ARGV, 3))
+redis.call('HSET', KEYS[3], unpack(cmsgpack.unpack(ARGV[3])))
 if was == 'completed' then return 1 end
 return 2
 """
@@ -85,7 +86,7 @@ if redis.call('HLEN', KEYS[2]) ~= n then return 0 end
 local forgot = redis.call('GET', KEYS[5])
 if forgot and tonumber(forgot) >= tonumber(ARGV[3]) then return -2 end
 local was = redis.call('HGET', KEYS[4], 'status')
-redis.call('HSET', KEYS[4], unpack(ARGV, 4 + 2 * n + nsids))
+redis.call('HSET', KEYS[4], unpack(cmsgpack.unpack(ARGV[4 + 2 * n + nsids])))
 if was == 'completed' then return 1 end
 return 2
 """
@@ -199,7 +200,7 @@ class Projector:
                 for event_id, payload in payloads.items():
                     args += [event_id, payload]
                 args += sids
-                args += self._doc_args(ns, f, vectors.get(i), hashes.get(i))
+                args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
                 await self._project(keys=[k.tombstone(ns, eid), k.episode_events(g, ns, eid),
                                           k.episode_stream_ids(g, ns, eid), k.episode_doc(g, ns, eid),
                                           k.user_tombstone(ns, f.episode.user_id or "\x00none")],
@@ -299,15 +300,18 @@ class Projector:
         return vectors, hashes
 
     @staticmethod
-    def _doc_args(namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None) -> list:
-        """The document's fields as a flat [field, value, ...] list for HSET."""
+    def _doc_fields(namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None) -> bytes:
+        """The document's fields as one msgpack array [field, value, ...] that the scripts unpack
+        (Redis's bundled `cmsgpack`) into HSET. One argument instead of ~50: packing the arguments one
+        by one was ~10% of the worker's CPU, and Redis does no more work for one blob than for 50
+        arguments. `use_bin_type=False`: that cmsgpack predates msgpack's bin type."""
         fields = episode_fields(namespace, f.episode, status=f.status, vector=vector)
         if embed_hash is not None:
             fields["embed_hash"] = embed_hash
         flat: list = []
         for key, value in fields.items():
             flat += [key, value]
-        return flat
+        return msgpack.packb(flat, use_bin_type=False)
 
     async def _fold_and_write(self, episodes: list[tuple[str, str]], result: BatchResult,
                               prefetched: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] | None = None,
@@ -346,7 +350,7 @@ class Projector:
                                         k.episode_doc(g, ns, eid),
                                         k.user_tombstone(ns, f.episode.user_id or "\x00none")],
                                   args=[n, repr(f.first_occurred_at),
-                                        *self._doc_args(ns, f, vectors.get(i), hashes.get(i))], client=pipe)
+                                        self._doc_fields(ns, f, vectors.get(i), hashes.get(i))], client=pipe)
                 writes.append(i)
             outcomes = await pipe.execute()
         retry: list[tuple[str, str]] = []

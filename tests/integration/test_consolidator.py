@@ -517,3 +517,43 @@ async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(setti
     assert "DeliveryLimit" in dead.reason and "model crashed" in dead.reason
     assert (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 0
 
+
+
+async def test_worker_reports_a_backlog_while_its_reads_come_back_full(settings, redis):
+    """`Worker.backlogged` (what background facts runs defer to) follows the size of the last read."""
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for i in range(6):
+        await client.record(episode(f"b{i}"))
+    worker = make_worker(settings.with_(batch_size=4), redis)
+    await worker.setup()
+    assert await worker.turn() == 4 and worker.backlogged
+    assert await worker.turn() == 2 and not worker.backlogged
+
+
+async def test_projected_document_is_byte_exact_episode_fields(settings, redis):
+    """The scripts receive the document as one msgpack blob; what lands in the hash must be exactly
+    `episode_fields` (non-ASCII text, the binary vector, numbers), on both write paths."""
+    from shared.index import embedding_text, episode_fields
+
+    keys = Keys(settings.prefix)
+    data = episode("ü-1", solution="résumé ✓ 日本語 \\ \" '", importance=7, agent_id="ag",
+                   feedback={"reward": 0.125, "message": "ok\u00a0fine"}, started_at=1.7e9,
+                   completed_at=1.7e9 + 42.5)
+    parsed = parse_episode(data)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    await client.record(data)
+    embedder = HashingEmbedder(settings.embed_dim)
+    await drain(Worker(settings, redis, embedder, name="w1"))  # fast path
+    stored = await redis.hgetall(keys.episode_doc(1, "ns", "ü-1"))
+    vector = (await embedder.embed([embedding_text(parsed)]))[0]
+    expected = episode_fields("ns", parsed, status="completed", vector=vector)
+    for name, value in expected.items():
+        want = value if isinstance(value, bytes) else str(value).encode()
+        assert stored[name.encode()] == want, name
+    # slow path: an action recorded later re-folds from the stored events and rewrites the document
+    await client.publish([ActionRecorded(namespace="ns", episode_id="ü-1", occurred_at=1.0,
+                                         action=Action(action_type="ß-step", timestamp=1.0))])
+    await drain(Worker(settings, redis, embedder, name="w1"))
+    stored = await redis.hgetall(keys.episode_doc(1, "ns", "ü-1"))
+    assert json.loads(stored[b"doc"])["actions"][0]["action_type"] == "ß-step"
+    assert stored[b"vector"] == expected["vector"] and stored[b"solution"] == expected["solution"].encode()

@@ -13,6 +13,7 @@ from shared.embedding import HashingEmbedder
 from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
 from shared.keys import Keys
 from shared.sdk import EngramClient
+from tests.helpers import wait_until
 from tests.integration.test_consolidator import drain
 
 T0 = 1_750_000_000.0  # 2025-06-15T15:06:40Z
@@ -220,6 +221,38 @@ async def test_background_trigger_does_not_hold_the_projection(settings, redis):
     await cons.wait_idle()
     assert cons.runs >= 2
     assert sorted(f.support for f in await facts(redis, s)) == [6, 6]
+    await cons.aclose()
+
+
+async def test_background_run_defers_to_the_projection_backlog(settings, redis):
+    """A triggered run waits while the worker reports a backlog, and runs once it clears."""
+    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60)
+    busy, polls = True, 0
+
+    def backlogged() -> bool:
+        nonlocal polls
+        polls += 1
+        return busy
+
+    cons = Consolidator(s, redis, s.embed_dim, background=True, backlogged=backlogged)
+    worker = make_worker(s, redis, on_batch=cons.on_batch)
+    await publish(s, redis, [ep("mig", i, agent="solo") for i in range(6)])
+    await drain(worker)
+    await wait_until(lambda: polls >= 6, message="the triggered runs polled the backlog")
+    assert cons.runs == 0
+    busy = False
+    await wait_until(lambda: cons.runs >= 2, message="the runs once the backlog cleared")
+    await cons.aclose()
+
+
+async def test_background_run_defers_at_most_the_min_interval(settings, redis):
+    """A backlog that never clears delays facts by `facts_min_interval`, not forever."""
+    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=0.3)
+    cons = Consolidator(s, redis, s.embed_dim, background=True, backlogged=lambda: True)
+    worker = make_worker(s, redis, on_batch=cons.on_batch)
+    await publish(s, redis, [ep("mig", i, agent="solo") for i in range(6)])
+    await drain(worker)
+    await wait_until(lambda: cons.runs >= 2, message="runs despite a permanent backlog", timeout=10)
     await cons.aclose()
 
 
