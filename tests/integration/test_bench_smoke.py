@@ -20,7 +20,7 @@ def test_perf_suite_tiny(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "bench.perf", "--embedders", "hashing", "--workers", "1",
-         "--ingest-hashing", "300", "--sizes", "300,600", "--requests", "64", "--clients", "4",
+         "--ingest-hashing", "300", "--repeats", "2", "--sizes", "300,600", "--requests", "64", "--clients", "4",
          "--quality-queries", "10", "--ef-sweep", "50", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -29,6 +29,8 @@ def test_perf_suite_tiny(tmp_path):
     ingest = res["ingest"][0]
     assert ingest["episodes"] == 300 and ingest["e2e_rate"] > 0 and ingest["raw_hset_rate"] > 0
     assert ingest["ratio_vs_raw"] > 0
+    assert ingest["rounds"] == 2 and len(ingest["e2e_rates"]) == len(ingest["raw_hset_rates"]) == 2
+    assert ingest["e2e_rate"] == sum(ingest["e2e_rates"]) / 2  # the median of two rounds
     for size in ("300", "600"):
         row = res["index"]["sizes"][size]
         for alg in ("HNSW", "FLAT"):
