@@ -153,6 +153,7 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
 async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str, workers: int,
                         args: argparse.Namespace) -> dict[str, float]:
     """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable."""
+    from shared import streams
     from shared.events import EpisodeCompleted
     from shared.index import Scope, count, index_exists
     from shared.keys import Keys
@@ -184,9 +185,16 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
         publish_s = time.perf_counter() - started
 
         async def done() -> bool:
+            # XINFO GROUPS first: an FT.SEARCH count of 10k documents costs Redis ~0.8 ms, ~3% of the
+            # Redis time the pipeline is measured by when polled every 50 ms. RediSearch indexes as the
+            # HSET runs, so once the group has nothing undelivered or unacked, the count is final.
             check_alive(procs, "consolidator worker")
+            info = await streams.group_info(r, keys.stream, "consolidator")
+            if info["lag"] or info["pending"]:
+                bar.update(max(0, len(events) - info["lag"] - info["pending"] - bar.n))
+                return False
             n = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE))
-            bar.update(n - bar.n)
+            bar.update(max(0, n - bar.n))
             return n >= len(events)
         await poll_until(done, timeout=args.timeout, interval=0.05, what=f"{len(events)} episodes recallable")
         elapsed = time.perf_counter() - started

@@ -557,3 +557,56 @@ async def test_projected_document_is_byte_exact_episode_fields(settings, redis):
     stored = await redis.hgetall(keys.episode_doc(1, "ns", "ü-1"))
     assert json.loads(stored[b"doc"])["actions"][0]["action_type"] == "ß-step"
     assert stored[b"vector"] == expected["vector"] and stored[b"solution"] == expected["solution"].encode()
+
+
+async def test_fast_path_chunks_with_mixed_outcomes_keep_every_episode_apart(settings, redis):
+    """One batch of 70 episodes (three script calls of up to 32) mixing: a tombstoned episode, one whose
+    start was stored earlier (refused → slow path), one delivered twice in the batch (1 event, 2 stream
+    ids), one with start and completion in hand (2 events). The arguments of each episode are walked by
+    offset inside one call: a mistake there would shift every later episode's document."""
+    from services.consolidator.projector import PROJECT_CHUNK
+
+    keys = Keys(settings.prefix)
+    worker = make_worker(settings.with_(batch_size=200), redis)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+
+    def completed(i: int, **kw) -> EpisodeCompleted:
+        ep = Episode(episode_id=f"m{i}", task=Task(description=f"mixed task number {i}"), outcome="success",
+                     completed_at=100.0 + i, importance=1 + i % 10, **kw)
+        return EpisodeCompleted(namespace="ns", episode_id=f"m{i}", occurred_at=100.0 + i, episode=ep)
+
+    await client.publish([completed(5)])
+    await drain(worker)
+    await client.forget_episode("m5")
+    early = EpisodeStarted(namespace="ns", episode_id="m17", occurred_at=1.0,
+                           episode=Episode(episode_id="m17", agent_id="early-agent",
+                                           task=Task(description="mixed task number 17")))
+    await client.publish([early])
+    await drain(worker)
+    batch = []
+    for i in range(70):
+        if i == 38:
+            batch.append(EpisodeStarted(namespace="ns", episode_id="m38", occurred_at=50.0,
+                                        episode=Episode(episode_id="m38", session_id="s38",
+                                                        task=Task(description="mixed task number 38"))))
+        batch.append(completed(i))
+        if i == 33:
+            batch.append(completed(33))
+    assert len(batch) > 2 * PROJECT_CHUNK
+    await streams.publish(redis, keys.stream, [encode(e) for e in batch])
+    # one apply of the whole batch (drain would hide a failing batch by retrying entry by entry)
+    entries = await streams.read_new(redis, keys.stream, settings.consumer_group, "w1", count=500, block_ms=1)
+    assert len(entries) == len(batch)
+    result = await worker.projector.apply(entries)
+    assert len(result.ok) == len(batch) and not result.dead
+    await streams.ack(redis, keys.stream, settings.consumer_group, result.ok)
+    found = await docs(redis, keys, "ns")
+    assert sorted(found) == sorted(f"m{i}" for i in range(70) if i != 5)
+    for eid, fields in found.items():
+        data = json.loads(fields[b"doc"])
+        i = int(eid[1:])
+        assert data["task"]["description"] == f"mixed task number {i}" and data["importance"] == 1 + i % 10
+    assert json.loads(found["m17"][b"doc"])["agent_id"] == "early-agent"
+    assert json.loads(found["m38"][b"doc"])["session_id"] == "s38"
+    assert await redis.exists(keys.episode_doc(1, "ns", "m5")) == 0
+    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
