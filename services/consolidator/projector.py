@@ -212,7 +212,15 @@ class Projector:
                 record_only += items
             else:
                 fast.append((ident, payloads, folded))
-        vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
+        stored_hashes: list[bytes | None] = [None] * len(fast)
+        if fast and not getattr(self.embedder, "cheap", False):
+            # a model embedding costs far more than this round trip: a redelivered episode, or a
+            # re-published completion whose text did not change, keeps its vector
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for (ns, eid), _payloads, _f in fast:
+                    pipe.hget(k.episode_doc(g, ns, eid), "embed_hash")
+                stored_hashes = await pipe.execute()
+        vectors, hashes = await self._embed([(f, old) for (_, _, f), old in zip(fast, stored_hashes, strict=True)])
         async with self.redis.pipeline(transaction=False) as pipe:
             calls = 0
             chunk_keys: list[str] = []

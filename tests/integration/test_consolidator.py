@@ -26,6 +26,7 @@ from shared.events import (
     Episode,
     EpisodeCompleted,
     EpisodeStarted,
+    Feedback,
     Task,
 )
 from shared.index import Scope, count, filter_search
@@ -610,3 +611,32 @@ async def test_fast_path_chunks_with_mixed_outcomes_keep_every_episode_apart(set
     assert json.loads(found["m38"][b"doc"])["session_id"] == "s38"
     assert await redis.exists(keys.episode_doc(1, "ns", "m5")) == 0
     assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+
+
+async def test_model_embedder_never_embeds_unchanged_text_twice(settings, redis):
+    """With an expensive embedder (`cheap = False`), a redelivered completion and a re-published one
+    whose text did not change (only the reward) keep the stored vector; a changed text is embedded."""
+    keys = Keys(settings.prefix)
+    embedder = CountingEmbedder(settings.embed_dim)
+    embedder.cheap = False
+    worker = Worker(settings, redis, embedder, name="w1")
+    first = EpisodeCompleted(namespace="ns", episode_id="r", occurred_at=10.0, event_id="r-1",
+                             episode=Episode(episode_id="r", task=Task(description="tune the cache"),
+                                             outcome="success", completed_at=10.0))
+    await streams.publish(redis, keys.stream, [encode(first)])
+    await drain(worker)
+    await streams.publish(redis, keys.stream, [encode(first)])  # redelivered / published twice
+    await drain(worker)
+    again = dataclasses.replace(first, event_id="r-2", occurred_at=20.0,
+                                episode=dataclasses.replace(first.episode, feedback=Feedback(reward=0.25)))
+    await streams.publish(redis, keys.stream, [encode(again)])
+    await drain(worker)
+    assert embedder.texts == ["tune the cache"]
+    assert json.loads((await docs(redis, keys, "ns"))["r"][b"doc"])["feedback"]["reward"] == 0.25
+    vector = await redis.hget(keys.episode_doc(1, "ns", "r"), "vector")
+    assert vector == (await HashingEmbedder(settings.embed_dim).embed(["tune the cache"]))[0].tobytes()
+    changed = dataclasses.replace(first, event_id="r-3", occurred_at=30.0,
+                                  episode=dataclasses.replace(first.episode, solution="raised the TTL"))
+    await streams.publish(redis, keys.stream, [encode(changed)])
+    await drain(worker)
+    assert embedder.texts == ["tune the cache", "tune the cache\nraised the TTL"]
