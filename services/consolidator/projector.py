@@ -455,16 +455,43 @@ class Projector:
         await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim)
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
-        """Erase every episode (draft or completed) of `user_id` in `namespace`; returns the count."""
-        await self._forget_user(keys=[self.keys.user_tombstone(namespace, user_id)], args=[repr(forgotten_at)])
+        """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
+        the user's forget time (UTC epoch seconds; the latest forget wins); returns the count.
+
+        An episode whose first event is later than the forget is the user's new activity and is kept,
+        whatever order the forget and the episode are processed in: the write scripts apply the same
+        rule when the episode is written after the forget, and this sweep applies it to documents
+        written before it (found by a new-user trial: a forget processed after a newer episode erased it).
+        """
+        key = self.keys.user_tombstone(namespace, user_id)
+        await self._forget_user(keys=[key], args=[repr(forgotten_at)])
+        stored = await self.redis.get(key)
+        cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
         index = self.keys.episode_index(self.gen)
-        erased: list[str] = []
+        scope = Scope(namespace=namespace, user_id=user_id, status=None)
+        ids: list[str] = []
         while True:
-            _, hits = await filter_search(self.redis, index, Scope(namespace=namespace, user_id=user_id, status=None),
-                                          return_fields=("episode_id",), limit=500)
-            if not hits:
-                await self._forget_facts(namespace, erased)
-                return len(erased)
-            for hit in hits:
-                erased.append(hit.fields[b"episode_id"].decode())
-                await self.erase_episode(namespace, erased[-1], facts=False)
+            total, hits = await filter_search(self.redis, index, scope, return_fields=("episode_id",),
+                                              offset=len(ids), limit=500)
+            ids += [hit.fields[b"episode_id"].decode() for hit in hits]
+            if not hits or len(ids) >= total:
+                break
+        erased: list[str] = []
+        for episode_id in ids:
+            first = await self._first_occurred_at(namespace, episode_id)
+            if first is not None and first > cutoff:
+                continue
+            await self.erase_episode(namespace, episode_id, facts=False)
+            erased.append(episode_id)
+        await self._forget_facts(namespace, erased)
+        return len(erased)
+
+    async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
+        """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""
+        times = []
+        for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id)):
+            try:
+                times.append(decode(payload).occurred_at)
+            except EngramError:
+                continue
+        return min(times) if times else None

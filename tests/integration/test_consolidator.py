@@ -28,6 +28,7 @@ from shared.events import (
     EpisodeStarted,
     Feedback,
     Task,
+    UserForgotten,
 )
 from shared.index import Scope, count, filter_search
 from shared.keys import Keys
@@ -269,6 +270,27 @@ async def test_c07_forget_user_leaves_other_user_untouched(settings, redis):
     assert await docs(redis, keys, "ns", user_id="user-a") == {}
     assert await docs(redis, keys, "ns", user_id="user-b") == before_b
     assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 4
+
+
+async def test_forget_user_processed_after_a_newer_episode_keeps_that_episode(settings, redis):
+    """A forget erases what the user did up to it, in any processing order: an episode that began after
+    the forget survives even when its document was written before the forget was processed (lanes and
+    workers reorder); one that began before is erased."""
+    keys = Keys(settings.prefix)
+    worker = make_worker(settings, redis)
+
+    def completed(eid: str, at: float) -> EpisodeCompleted:
+        return EpisodeCompleted(namespace="ns", episode_id=eid, occurred_at=at,
+                                episode=Episode(episode_id=eid, user_id="u", task=Task(description=f"task {eid}"),
+                                                outcome="success", completed_at=at))
+
+    await streams.publish(redis, keys.stream, [encode(completed("old", 100.0)), encode(completed("new", 300.0))])
+    await drain(worker)
+    forget = UserForgotten(namespace="ns", user_id="u", occurred_at=200.0)
+    await streams.publish(redis, keys.stream, [encode(forget)])
+    await drain(worker)
+    assert list(await docs(redis, keys, "ns", user_id="u")) == ["new"]
+    assert await redis.exists(keys.tombstone("ns", "old")) and not await redis.exists(keys.tombstone("ns", "new"))
 
 
 async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
