@@ -66,18 +66,39 @@ redis.call('SADD', KEYS[3], ARGV[3])
 return {1, redis.call('HLEN', KEYS[2]), redis.call('HGET', KEYS[4], 'embed_hash')}
 """
 
-WRITE_LUA = """
+REPLACE_DOC_LUA = """
+local function replace_doc(key, blob)
+  local doc = cmsgpack.unpack(blob)
+  local old = redis.call('HMGET', key, 'status', 'last_accessed', 'access_count', 'vector')
+  if old[1] then
+    local has_vector = false
+    for i = 1, #doc, 2 do if doc[i] == 'vector' then has_vector = true break end end
+    if old[2] then doc[#doc + 1] = 'last_accessed' doc[#doc + 1] = old[2] end
+    if old[3] then doc[#doc + 1] = 'access_count' doc[#doc + 1] = old[3] end
+    if old[4] and not has_vector then doc[#doc + 1] = 'vector' doc[#doc + 1] = old[4] end
+    redis.call('DEL', key)
+  end
+  redis.call('HSET', key, unpack(doc))
+  return old[1]
+end
+"""
+"""Writes a document whole. An existing one is replaced, not merged: a field the new fold leaves out (a
+text emptied by a re-published completion) must not stay indexed (found by a new-user trial: the old
+solution still matched a keyword recall). What the query service owns (`last_accessed`,
+`access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
+the old status (nil for a new document)."""
+
+WRITE_LUA = REPLACE_DOC_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 local forgot = redis.call('GET', KEYS[4])
 if forgot and tonumber(forgot) >= tonumber(ARGV[2]) then return -2 end
 if redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
-local was = redis.call('HGET', KEYS[3], 'status')
-redis.call('HSET', KEYS[3], unpack(cmsgpack.unpack(ARGV[3])))
+local was = replace_doc(KEYS[3], ARGV[3])
 if was == 'completed' then return 1 end
 return 2
 """
 
-PROJECT_LUA = """
+PROJECT_LUA = REPLACE_DOC_LUA + """
 local out = {}
 local a = 1
 for e = 0, #KEYS / 5 - 1 do
@@ -90,8 +111,7 @@ for e = 0, #KEYS / 5 - 1 do
     if redis.call('HLEN', KEYS[k + 2]) ~= n then status = 0 else
       local forgot = redis.call('GET', KEYS[k + 5])
       if forgot and tonumber(forgot) >= tonumber(ARGV[a + 2]) then status = -2 else
-        local was = redis.call('HGET', KEYS[k + 4], 'status')
-        redis.call('HSET', KEYS[k + 4], unpack(cmsgpack.unpack(ARGV[a + 3 + 2 * n + nsids])))
+        local was = replace_doc(KEYS[k + 4], ARGV[a + 3 + 2 * n + nsids])
         if was == 'completed' then status = 1 else status = 2 end
       end
     end

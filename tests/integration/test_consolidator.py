@@ -662,3 +662,31 @@ async def test_model_embedder_never_embeds_unchanged_text_twice(settings, redis)
     await streams.publish(redis, keys.stream, [encode(changed)])
     await drain(worker)
     assert embedder.texts == ["tune the cache", "tune the cache\nraised the TTL"]
+
+
+async def test_republished_episode_with_emptied_text_is_not_found_by_its_old_words(settings, redis):
+    """A re-published completion that empties a text field replaces the document: the old words leave
+    the BM25 index, while what recall recorded (last_accessed, access_count) and the vector stay."""
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    await client.record(episode("z", thoughts="zebracorn workaround", completed_at=1.7e9,
+                                feedback={"reward": 1.0, "message": "quokkafeedback"}))
+    await drain(worker)
+    doc_key = keys.episode_doc(1, "ns", "z")
+    await redis.hset(doc_key, mapping={"last_accessed": "1700000500.0", "access_count": "3"})  # a recall touched it
+    vector = await redis.hget(doc_key, "vector")
+
+    async def hits(query: str) -> int:
+        return int((await redis.execute_command("FT.SEARCH", keys.episode_index_alias, query, "NOCONTENT"))[0])
+
+    assert await hits("@thoughts:zebracorn") == 1 and await hits("@feedback_message:quokkafeedback") == 1
+    # thoughts and the feedback message are not embedded: the text to embed is unchanged, so the
+    # vector is not re-sent and must be carried over
+    await client.record(episode("z", thoughts="", completed_at=1.7e9 + 1, feedback={"reward": 0.5, "message": ""}))
+    await drain(worker)
+    assert await hits("@thoughts:zebracorn") == 0 and await hits("@feedback_message:quokkafeedback") == 0
+    stored = await redis.hgetall(doc_key)
+    assert stored[b"last_accessed"] == b"1700000500.0" and stored[b"access_count"] == b"3"
+    assert stored[b"vector"] == vector and stored[b"reward"] == b"0.5"
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 1
