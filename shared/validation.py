@@ -29,6 +29,8 @@ from shared.events import OUTCOMES, Action, Episode, Feedback, Task
 from shared.timeutil import parse_instant
 
 MAX_ID_CHARS = 256
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_SMALLEST = 1.401298464324817e-45  # the smallest positive float32 (subnormal)
 MAX_TAG_CHARS = 128
 MAX_TEXT_CHARS = 1_000_000
 MAX_JSON_BYTES = 64 * 1024
@@ -304,11 +306,14 @@ def parse_vector(value: Any, path: str, errs: Collector) -> tuple[float, ...] | 
         return None
     out = []
     for x in value:
-        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        if isinstance(x, bool) or not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
             errs.add(path, "must contain only finite numbers")
             return None
+        if abs(x) > FLOAT32_MAX:  # stored as float32: 1e39 would become inf, and the vector NaN
+            errs.add(path, f"must contain only numbers of magnitude at most {FLOAT32_MAX:.4g} (float32)")
+            return None
         out.append(float(x))
-    if not any(out):
+    if not any(abs(x) >= FLOAT32_SMALLEST for x in out):  # all would round to 0.0 in float32
         errs.add(path, "must not be the zero vector")
         return None
     return tuple(out)

@@ -330,8 +330,8 @@ class Projector:
             if f.episode is None or f.status != STATUS_COMPLETED:
                 continue
             if f.episode.vector is not None:
-                vectors[i] = np.asarray(f.episode.vector, dtype=np.float32)
-                vectors[i] /= max(float(np.linalg.norm(vectors[i])), 1e-12)
+                v = np.asarray(f.episode.vector, dtype=np.float64)  # float32 would overflow the norm
+                vectors[i] = (v / max(float(np.linalg.norm(v)), 1e-300)).astype(np.float32)
                 hashes[i] = "agent:" + hashlib.blake2b(vectors[i].tobytes(), digest_size=8).hexdigest()
                 continue
             text = embedding_text(f.episode)

@@ -690,3 +690,17 @@ async def test_republished_episode_with_emptied_text_is_not_found_by_its_old_wor
     assert stored[b"last_accessed"] == b"1700000500.0" and stored[b"access_count"] == b"3"
     assert stored[b"vector"] == vector and stored[b"reward"] == b"0.5"
     assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 1
+
+
+async def test_agent_vector_near_float32_limits_is_stored_normalised(settings, redis):
+    """An agent-supplied vector of huge (but float32-representable) numbers is normalised in float64:
+    in float32 its norm overflowed and the stored vector came out zero."""
+    import numpy as np
+
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    vector = [3e38 if i % 2 else -1e38 for i in range(settings.embed_dim)]
+    await client.record(episode("big", vector=vector))
+    await drain(make_worker(settings, redis))
+    stored = np.frombuffer(await redis.hget(keys.episode_doc(1, "ns", "big"), "vector"), dtype=np.float32)
+    assert np.all(np.isfinite(stored)) and abs(float(np.linalg.norm(stored)) - 1.0) < 1e-5
