@@ -132,9 +132,18 @@ async def ingest(request: web.Request) -> web.Response:
         items = [body]
     errs = Collector()
     episodes = []
+    first_index: dict[str, int] = {}
     for i, item in enumerate(items):
         path = f"episodes[{i}]" if batch else ""
         ep = parse_episode(item, path, errs, default_episode_id=new_event_id())
+        if ep is not None and ep.episode_id in first_index:
+            # both would carry the same occurred_at, so which one the episode ends up as would be a coin
+            # toss between their random event ids (found by a new-user trial): refuse, naming both
+            errs.add(f"{path}.episode_id", f"repeats episodes[{first_index[ep.episode_id]}].episode_id "
+                     f"({ep.episode_id!r}); send one version of an episode per request")
+            ep = None
+        elif ep is not None:
+            first_index[ep.episode_id] = i
         if isinstance(item, dict) and item.get("outcome") is None:
             errs.add(f"{path}.outcome" if path else "outcome", "is required for a finished episode")
             ep = None

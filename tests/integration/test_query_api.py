@@ -69,6 +69,17 @@ async def test_ingest_invalid_batch_publishes_nothing_and_names_each_field(api, 
         assert field in {e["field"] for e in body["errors"]}, (bad, body)
 
 
+async def test_ingest_batch_refuses_one_episode_id_twice(api, redis, prefix):
+    """Two versions of one episode in a request would share one occurred_at, and a random event id
+    would decide which one wins: the request is refused, naming the repeat and its first position."""
+    resp = await api.post("/v1/episodes", json={"episodes": [
+        episode("x", outcome="failure"), episode("y"), episode("x", outcome="success")]})
+    body = await problem(resp, 422)
+    [error] = body["errors"]
+    assert error["field"] == "episodes[2].episode_id" and "episodes[0]" in error["reason"]
+    assert await stream_events(redis, prefix) == []
+
+
 # --- episodes and forgetting ------------------------------------------------------------------------
 async def test_get_and_delete_episode(api, redis, prefix):
     await put(redis, prefix, "default", episode("e1", started_at="2025-01-01T00:00:00Z",
