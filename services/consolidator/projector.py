@@ -232,15 +232,19 @@ class Projector:
                 record_only += items
             else:
                 fast.append((ident, payloads, folded))
-        stored_hashes: list[bytes | None] = [None] * len(fast)
         if fast and not getattr(self.embedder, "cheap", False):
-            # a model embedding costs far more than this round trip: a redelivered episode, or a
-            # re-published completion whose text did not change, keeps its vector
+            # A model embedding costs far more than this round trip. An episode that already has a
+            # document (a redelivery, a re-published completion, a start in an earlier batch) takes the
+            # slow path, which folds the stored set and embeds only a text that changed: the fast path
+            # would embed the events in hand first, possibly for nothing.
             async with self.redis.pipeline(transaction=False) as pipe:
                 for (ns, eid), _payloads, _f in fast:
-                    pipe.hget(k.episode_doc(g, ns, eid), "embed_hash")
-                stored_hashes = await pipe.execute()
-        vectors, hashes = await self._embed([(f, old) for (_, _, f), old in zip(fast, stored_hashes, strict=True)])
+                    pipe.exists(k.episode_doc(g, ns, eid))
+                exists = await pipe.execute()
+            record_only += [item for (ident, _p, _f), found in zip(fast, exists, strict=True) if found
+                            for item in by_episode[ident]]
+            fast = [episode for episode, found in zip(fast, exists, strict=True) if not found]
+        vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
         async with self.redis.pipeline(transaction=False) as pipe:
             calls = 0
             chunk_keys: list[str] = []

@@ -662,6 +662,18 @@ async def test_model_embedder_never_embeds_unchanged_text_twice(settings, redis)
     await streams.publish(redis, keys.stream, [encode(changed)])
     await drain(worker)
     assert embedder.texts == ["tune the cache", "tune the cache\nraised the TTL"]
+    # a start in an earlier batch: the completion is folded with it and embedded once, whole
+    start = EpisodeStarted(namespace="ns", episode_id="s", occurred_at=40.0,
+                           episode=Episode(episode_id="s", task=Task(description="warm the cache"),
+                                           observation="the cache is cold"))
+    await streams.publish(redis, keys.stream, [encode(start)])
+    await drain(worker)
+    done = EpisodeCompleted(namespace="ns", episode_id="s", occurred_at=50.0,
+                            episode=Episode(episode_id="s", task=Task(description="warm the cache"),
+                                            outcome="success", completed_at=50.0))
+    await streams.publish(redis, keys.stream, [encode(done)])
+    await drain(worker)
+    assert embedder.texts[2:] == ["warm the cache\nthe cache is cold"]
 
 
 async def test_republished_episode_with_emptied_text_is_not_found_by_its_old_words(settings, redis):
