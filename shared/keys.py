@@ -63,6 +63,11 @@ class Keys:
         """Marks a forgotten episode so late or replayed events never resurrect it."""
         return f"{self.prefix}tomb:{digest(namespace, episode_id)}"
 
+    def dead_letter_refs(self, namespace: str, episode_id: str) -> str:
+        """Hash {stream id: dead-letter id} of an episode's dead-lettered events: forgetting the episode
+        deletes both copies of their data."""
+        return f"{self.prefix}deadref:{digest(namespace, episode_id)}"
+
     def user_tombstone(self, namespace: str, user_id: str) -> str:
         """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
         return f"{self.prefix}utomb:{digest(namespace, user_id)}"

@@ -149,6 +149,8 @@ class BatchResult:
     ok: list[bytes] = field(default_factory=list)
     dead: list[tuple[streams.Entry, str]] = field(default_factory=list)
     completed: list[tuple[str, Folded]] = field(default_factory=list)
+    dead_owners: dict[bytes, tuple[str, str]] = field(default_factory=dict)
+    """Stream id → (namespace, episode_id) of dead entries that decoded far enough to name their episode."""
 
 
 class Projector:
@@ -179,10 +181,22 @@ class Projector:
                 continue
             try:
                 event = decode(entry.payload)
-                self._check_vector(event)
             except EngramError as exc:
                 result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
                 self.metrics.events.labels("unknown", "dead").inc()
+                continue
+            try:
+                self._check_vector(event)
+            except EngramError as exc:
+                ident = (event.namespace, event.episode_id)
+                if await self.redis.exists(self.keys.tombstone(*ident)):  # forgotten: delete, don't keep it
+                    await streams.delete(self.redis, self.keys.stream, [entry.stream_id])
+                    result.ok.append(entry.stream_id)
+                    self.metrics.events.labels(event.TYPE, "forgotten").inc()
+                    continue
+                result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
+                result.dead_owners[entry.stream_id] = ident
+                self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
             if isinstance(event, EPISODE_EVENTS):
                 segment.append((entry, event))
@@ -468,9 +482,14 @@ class Projector:
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
         await streams.delete(self.redis, k.stream, sorted(sids))
+        refs = await self.redis.hgetall(k.dead_letter_refs(namespace, episode_id))
+        if refs:  # its dead-lettered events: the stream entry and the dead letter both hold its data
+            await streams.delete(self.redis, k.stream, sorted(refs))
+            await streams.delete(self.redis, k.dead_letters, sorted(refs.values()))
         await self.redis.delete(k.episode_events(g, namespace, episode_id),
                                 k.episode_stream_ids(g, namespace, episode_id),
-                                k.episode_doc(g, namespace, episode_id))
+                                k.episode_doc(g, namespace, episode_id),
+                                k.dead_letter_refs(namespace, episode_id))
         if facts:
             await self._forget_facts(namespace, [episode_id])
 

@@ -195,7 +195,8 @@ class Worker:
             results = [await self._apply(projector, [e]) for e in entries]
             ok = [r for r in results if r is not None]
             result = BatchResult(ok=[i for r in ok for i in r.ok], dead=[d for r in ok for d in r.dead],
-                                 completed=[c for r in ok for c in r.completed])
+                                 completed=[c for r in ok for c in r.completed],
+                                 dead_owners={sid: o for r in ok for sid, o in r.dead_owners.items()})
         if result is None:
             return 0
         await self._finish(result)
@@ -225,8 +226,14 @@ class Worker:
     async def _finish(self, result: BatchResult) -> None:
         s = self.settings
         for entry, reason in result.dead:
-            await streams.dead_letter(self.redis, self.keys.dead_letters, entry, reason, self.name,
-                                      source_stream=self.keys.stream, group=s.consumer_group)
+            dead_id = await streams.dead_letter(self.redis, self.keys.dead_letters, entry, reason, self.name,
+                                                source_stream=self.keys.stream, group=s.consumer_group)
+            owner = result.dead_owners.get(entry.stream_id)
+            if owner is not None:  # so that forgetting the episode deletes this data too
+                await self.redis.hset(self.keys.dead_letter_refs(*owner), entry.stream_id, dead_id)
+                if await self.redis.exists(self.keys.tombstone(*owner)):  # forgotten meanwhile
+                    await streams.delete(self.redis, self.keys.stream, [entry.stream_id])
+                    await streams.delete(self.redis, self.keys.dead_letters, [dead_id])
             self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
         await streams.ack(self.redis, self.keys.stream, s.consumer_group, result.ok)

@@ -227,6 +227,36 @@ async def test_vector_dimension_mismatch_is_dead_lettered(settings, redis):
     assert "episode.vector" in dead.reason and "expects 256" in dead.reason
 
 
+async def test_forgetting_an_episode_deletes_its_dead_lettered_events_too(settings, redis):
+    """A dead-lettered event that names its episode (here: a vector of the wrong dimension) holds the
+    episode's data twice, in the stream and in the dead letters; forgetting the episode deletes both,
+    and a later event of the forgotten episode is deleted rather than dead-lettered."""
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    await client.record(episode("fz", solution="SECRET-Z", vector=[0.1] * 5))
+    await client.record(episode("fz", solution="SECRET-Z"))
+    await drain(worker)
+    assert len(await list_dead_letters(redis, keys)) == 1
+
+    async def secret_anywhere() -> list[str]:
+        found = []
+        for stream in (keys.stream, keys.dead_letters):
+            for _sid, fields in await redis.xrange(stream):
+                if any(b"SECRET-Z" in v for v in fields.values()):
+                    found.append(stream)
+        return found
+
+    assert await secret_anywhere() == [keys.stream, keys.stream, keys.dead_letters]
+    await client.forget_episode("fz")
+    await drain(worker)
+    assert await secret_anywhere() == []
+    assert await list_dead_letters(redis, keys) == []
+    await client.record(episode("fz", solution="SECRET-Z", vector=[0.1] * 5))  # late, and invalid
+    await drain(worker)
+    assert await secret_anywhere() == [] and await list_dead_letters(redis, keys) == []
+
+
 async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     long_text = "migrate the schema " * 10_527  # ~200,000 characters
