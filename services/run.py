@@ -4,7 +4,8 @@ Ctrl-C (or SIGTERM) stops the services gracefully (SIGTERM, then a grace period)
 With `REDIS_URL` set, no embedded Redis is started and that server is used instead.
 
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
-6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1).
+6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
+with `ENGRAM_METRICS_PORT` set, worker i serves its metrics on that port + i).
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ def main() -> int:
         env["REDIS_URL"] = redis_server.url
         print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
     procs: list[tuple[str, subprocess.Popen]] = []
+    metrics_port = int(env.get("ENGRAM_METRICS_PORT") or 0)
     for i in range(int(env.get("ENGRAM_WORKERS", "1"))):
-        procs.append((f"consolidator-{i}", subprocess.Popen([sys.executable, "-m", "services.consolidator"], env=env)))
+        # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
+        # crashed the second, found by a new-user trial)
+        worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
+        procs.append((f"consolidator-{i}", subprocess.Popen([sys.executable, "-m", "services.consolidator"],
+                                                            env=worker_env)))
     procs.append(("query", subprocess.Popen([sys.executable, "-m", "services.query"], env=env)))
     host, port = env.get("ENGRAM_HOST", "127.0.0.1"), env.get("ENGRAM_PORT", "8080")
     print(f"engram ◆ query service on http://{host}:{port} (try GET /readyz) ◆ Ctrl-C stops everything",

@@ -210,3 +210,18 @@ async def pending_summary(r: aioredis.Redis, stream: str, group: str | bytes) ->
 async def trim_before(r: aioredis.Redis, stream: str, min_id: str) -> int:
     """XTRIM MINID (exact): remove every entry with an id lower than `min_id`; returns the count."""
     return int(await r.xtrim(stream, minid=min_id, approximate=False))
+
+
+async def retire_consumer(r: aioredis.Redis, stream: str, group: str, consumer: str) -> bool:
+    """Remove `consumer` from the group if it holds no pending entries (a worker that stopped cleanly);
+    True if removed. One with pending entries stays, so that XAUTOCLAIM can hand them to another."""
+    try:
+        consumers = await r.xinfo_consumers(stream, group)
+    except ResponseError:
+        return False
+    for c in consumers:
+        name = c.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == consumer and not int(c.get("pending") or 0):
+            await r.xgroup_delconsumer(stream, group, consumer)
+            return True
+    return False

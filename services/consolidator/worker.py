@@ -107,6 +107,10 @@ class Worker:
         finally:
             halt.set()
             await asyncio.gather(*lanes, return_exceptions=True)
+        try:  # a worker that stopped cleanly leaves no consumer behind in XINFO CONSUMERS
+            await streams.retire_consumer(self.redis, self.keys.stream, self.settings.consumer_group, self.name)
+        except (redis_errors.RedisError, OSError) as exc:
+            log.warning("worker %s ◆ could not remove its consumer: %s", self.name, exc)
         log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
 
     async def _lane(self, stop: asyncio.Event, halt: asyncio.Event, *, housekeeping: bool) -> None:

@@ -450,6 +450,8 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
     stop.set()
     await asyncio.wait_for(task, 10)
     assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    # it removed itself from the group (restarted workers used to pile up in XINFO CONSUMERS)
+    assert await redis.xinfo_consumers(keys.stream, settings.consumer_group) == []
 
 
 async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(settings, redis):

@@ -25,10 +25,11 @@ async def _ready(url: str) -> bool:
 
 
 async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
-    port, redis_port = free_port(), free_port()
+    port, redis_port, metrics_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env.update(ENGRAM_PORT=str(port), ENGRAM_REDIS_PORT=str(redis_port), ENGRAM_DATA_DIR=str(tmp_path),
-               ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING")
+               ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING", ENGRAM_WORKERS="2",
+               ENGRAM_METRICS_PORT=str(metrics_port))
     proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -43,6 +44,9 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
                     return r.status == 200 and len((await r.json())["results"]) == 1
 
             await wait_until(recalled, timeout=30, message="episode projected by the consolidator")
+            for worker_port in (metrics_port, metrics_port + 1):  # two workers, a metrics port each
+                async with s.get(f"http://127.0.0.1:{worker_port}/metrics") as r:
+                    assert r.status == 200 and "engram_events_processed_total" in await r.text()
             # a dead embedded Redis is restarted from its AOF; the services reconnect by themselves
             import redis as sync_redis
             client = sync_redis.Redis(port=redis_port)
