@@ -10,7 +10,8 @@ events that were folded. Two ways through, each one pipelined round trip per pha
   the hash now holds exactly those events (`HLEN` check) and no tombstone applies. It refuses, having
   recorded them, when the hash held other events (the episode began in an earlier batch, or another
   worker added one meanwhile); that episode then takes the slow path, reusing the vector when its
-  text did not change.
+  text did not change. With a model embedder (`Embedder.cheap` false) an episode that already has a
+  document skips the fast path, so that it is embedded at most once, and only when its text changed.
 - **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN`
   check (`WRITE_LUA`), folding again when another worker added an event in between.
 
