@@ -221,3 +221,26 @@ def decode(payload: bytes) -> Event:
         data = upcaster(data)
         version += 1
     return event_from_data(type_name, data)
+
+
+def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] | None:
+    """(namespace, episode_id, user_id, occurred_at) read from an envelope that may not decode as a
+    valid event (a dead letter), or None when it does not name an episode. Used only to find the data
+    a forget must delete; never raises. Ids that would not pass validation are not returned."""
+    try:
+        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+        data = envelope.get("data") if isinstance(envelope, dict) else None
+        if not isinstance(data, dict):
+            return None
+        errs = Collector()
+        ns = check_id(data.get("namespace"), "namespace", errs, required=True)
+        eid = check_id(data.get("episode_id"), "episode_id", errs, required=True)
+        if ns is None or eid is None:
+            return None
+        episode = data.get("episode")
+        user = check_id(episode.get("user_id"), "user_id", errs) if isinstance(episode, dict) else None
+        at = data.get("occurred_at")
+        occurred = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+        return ns, eid, user, occurred
+    except Exception:  # a dead letter can be any bytes at all
+        return None

@@ -68,6 +68,11 @@ class Keys:
         deletes both copies of their data."""
         return f"{self.prefix}deadref:{digest(namespace, episode_id)}"
 
+    def user_dead_letters(self, namespace: str, user_id: str) -> str:
+        """Set of a user's episode ids that have dead-lettered events (forgetting the user deletes them,
+        even for an episode that never had a document)."""
+        return f"{self.prefix}deaduser:{digest(namespace, user_id)}"
+
     def user_tombstone(self, namespace: str, user_id: str) -> str:
         """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
         return f"{self.prefix}utomb:{digest(namespace, user_id)}"

@@ -161,11 +161,15 @@ async def length(r: aioredis.Redis, stream: str) -> int:
     return int(await r.xlen(stream))
 
 
-async def requeue(r: aioredis.Redis, stream: str, dead_stream: str, dead_id: bytes | str, payload: bytes) -> bytes:
-    """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream`, atomically."""
+async def requeue(r: aioredis.Redis, stream: str, dead_stream: str, dead_id: bytes | str, payload: bytes,
+                  original_id: bytes | str | None = None) -> bytes:
+    """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream` and, when given,
+    its original entry from `stream` (so the data is not held twice), atomically."""
     async with r.pipeline(transaction=True) as pipe:
         pipe.xadd(stream, {FIELD: payload})
         pipe.xdel(dead_stream, dead_id)
+        if original_id:
+            pipe.xdel(stream, original_id)
         res = await pipe.execute()
     return res[0]
 

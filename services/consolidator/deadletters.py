@@ -35,9 +35,11 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
 
 async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None = None) -> int:
     """Publish dead letters' original payloads again (new stream ids) and remove them from the
-    dead-letter stream. `dead_ids=None` re-drives all. Returns how many were re-driven."""
+    dead-letter stream, and their original (acked) entries from the stream. `dead_ids=None` re-drives
+    all. Returns how many were re-driven."""
     letters = await list_dead_letters(redis, keys, limit=1_000_000)
     chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
     for letter in chosen:
-        await streams.requeue(redis, keys.stream, keys.dead_letters, letter.dead_id, letter.payload)
+        await streams.requeue(redis, keys.stream, keys.dead_letters, letter.dead_id, letter.payload,
+                              original_id=letter.stream_id or None)
     return len(chosen)

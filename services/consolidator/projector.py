@@ -150,8 +150,6 @@ class BatchResult:
     ok: list[bytes] = field(default_factory=list)
     dead: list[tuple[streams.Entry, str]] = field(default_factory=list)
     completed: list[tuple[str, Folded]] = field(default_factory=list)
-    dead_owners: dict[bytes, tuple[str, str]] = field(default_factory=dict)
-    """Stream id → (namespace, episode_id) of dead entries that decoded far enough to name their episode."""
 
 
 class Projector:
@@ -196,7 +194,6 @@ class Projector:
                     self.metrics.events.labels(event.TYPE, "forgotten").inc()
                     continue
                 result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
-                result.dead_owners[entry.stream_id] = ident
                 self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
             if isinstance(event, EPISODE_EVENTS):
@@ -483,14 +480,11 @@ class Projector:
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
         await streams.delete(self.redis, k.stream, sorted(sids))
-        refs = await self.redis.hgetall(k.dead_letter_refs(namespace, episode_id))
-        if refs:  # its dead-lettered events: the stream entry and the dead letter both hold its data
-            await streams.delete(self.redis, k.stream, sorted(refs))
-            await streams.delete(self.redis, k.dead_letters, sorted(refs.values()))
+        # its dead-lettered events: the stream entry and the dead letter both hold its data
+        await self._delete_dead_letters(namespace, episode_id)
         await self.redis.delete(k.episode_events(g, namespace, episode_id),
                                 k.episode_stream_ids(g, namespace, episode_id),
-                                k.episode_doc(g, namespace, episode_id),
-                                k.dead_letter_refs(namespace, episode_id))
+                                k.episode_doc(g, namespace, episode_id))
         if facts:
             await self._forget_facts(namespace, [episode_id])
 
@@ -527,8 +521,22 @@ class Projector:
                 continue
             await self.erase_episode(namespace, episode_id, facts=False)
             erased.append(episode_id)
+        # dead letters of the user's episodes, including ones that never had a document
+        dead_key = self.keys.user_dead_letters(namespace, user_id)
+        for episode_id in await self.redis.smembers(dead_key):
+            await self._delete_dead_letters(namespace, episode_id.decode())
+        await self.redis.delete(dead_key)
         await self._forget_facts(namespace, erased)
         return len(erased)
+
+    async def _delete_dead_letters(self, namespace: str, episode_id: str) -> None:
+        """XDEL an episode's dead-lettered events from the stream and from the dead letters."""
+        key = self.keys.dead_letter_refs(namespace, episode_id)
+        refs = await self.redis.hgetall(key)
+        if refs:
+            await streams.delete(self.redis, self.keys.stream, sorted(refs))
+            await streams.delete(self.redis, self.keys.dead_letters, sorted(refs.values()))
+        await self.redis.delete(key)
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
         """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""

@@ -30,6 +30,7 @@ from services.consolidator import retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
 from shared import streams
+from shared.codec import peek_identity
 from shared.errors import Conflict
 from shared.index import VectorParams, current_generation, ensure_episode_index
 from shared.keys import Keys
@@ -199,8 +200,7 @@ class Worker:
             results = [await self._apply(projector, [e]) for e in entries]
             ok = [r for r in results if r is not None]
             result = BatchResult(ok=[i for r in ok for i in r.ok], dead=[d for r in ok for d in r.dead],
-                                 completed=[c for r in ok for c in r.completed],
-                                 dead_owners={sid: o for r in ok for sid, o in r.dead_owners.items()})
+                                 completed=[c for r in ok for c in r.completed])
         if result is None:
             return 0
         await self._finish(result)
@@ -230,19 +230,34 @@ class Worker:
     async def _finish(self, result: BatchResult) -> None:
         s = self.settings
         for entry, reason in result.dead:
-            dead_id = await streams.dead_letter(self.redis, self.keys.dead_letters, entry, reason, self.name,
-                                                source_stream=self.keys.stream, group=s.consumer_group)
-            owner = result.dead_owners.get(entry.stream_id)
-            if owner is not None:  # so that forgetting the episode deletes this data too
-                await self.redis.hset(self.keys.dead_letter_refs(*owner), entry.stream_id, dead_id)
-                if await self.redis.exists(self.keys.tombstone(*owner)):  # forgotten meanwhile
-                    await streams.delete(self.redis, self.keys.stream, [entry.stream_id])
-                    await streams.delete(self.redis, self.keys.dead_letters, [dead_id])
+            await self._dead_letter(entry, reason)
             self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
         await streams.ack(self.redis, self.keys.stream, s.consumer_group, result.ok)
         for sid in result.ok:
             self.last_errors.pop(sid, None)
+
+    async def _dead_letter(self, entry: streams.Entry, reason: str) -> None:
+        """Move `entry` to the dead letters and, when its payload still names an episode, link both
+        copies of its data to the episode (and its user) so that forgetting them deletes the copies
+        (found by new-user trials: dead letters outlived the forget of their episode or user)."""
+        k = self.keys
+        dead_id = await streams.dead_letter(self.redis, k.dead_letters, entry, reason, self.name,
+                                            source_stream=k.stream, group=self.settings.consumer_group)
+        ident = peek_identity(entry.payload) if entry.payload else None
+        if ident is None:
+            return
+        namespace, episode_id, user_id, occurred_at = ident
+        await self.redis.hset(k.dead_letter_refs(namespace, episode_id), entry.stream_id, dead_id)
+        if user_id is not None:
+            await self.redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
+        forgotten = bool(await self.redis.exists(k.tombstone(namespace, episode_id)))
+        if not forgotten and user_id is not None:
+            at = await self.redis.get(k.user_tombstone(namespace, user_id))
+            forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
+        if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
+            await streams.delete(self.redis, k.stream, [entry.stream_id])
+            await streams.delete(self.redis, k.dead_letters, [dead_id])
 
     async def _drop_exhausted(self, claimed: list[streams.Entry]) -> list[streams.Entry]:
         """Dead-letter claimed entries delivered more than `max_deliveries` times."""
@@ -256,9 +271,7 @@ class Worker:
             if n > self.settings.max_deliveries:
                 reason = f"DeliveryLimit: failed {n - 1} deliveries; last error: " \
                          f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
-                dead = streams.Entry(entry.stream_id, entry.payload, n)
-                await streams.dead_letter(self.redis, self.keys.dead_letters, dead, reason, self.name,
-                                          source_stream=self.keys.stream, group=self.settings.consumer_group)
+                await self._dead_letter(streams.Entry(entry.stream_id, entry.payload, n), reason)
                 self.metrics.dead_letters.labels("DeliveryLimit").inc()
             else:
                 keep.append(entry)

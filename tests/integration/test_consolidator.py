@@ -257,6 +257,46 @@ async def test_forgetting_an_episode_deletes_its_dead_lettered_events_too(settin
     assert await secret_anywhere() == [] and await list_dead_letters(redis, keys) == []
 
 
+async def test_forget_deletes_dead_letters_that_failed_decoding_and_of_unprojected_episodes(settings, redis):
+    """Dead letters are linked to their episode and user from the raw envelope, so forgetting deletes
+    them even when the event never decoded (a vector beyond float32 sent around the SDK's validation)
+    and when the episode never had a document (forget_user finds documents through the index)."""
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    valid = EpisodeCompleted(namespace="ns", episode_id="raw", occurred_at=1.0,
+                             episode=parse_episode(episode("raw", solution="SECRET-R", user_id="ur")))
+    envelope = msgpack.unpackb(encode(valid), raw=False)
+    envelope["data"]["episode"]["vector"] = [1e39] * settings.embed_dim  # undecodable: not float32
+    await streams.publish(redis, keys.stream, [msgpack.packb(envelope)])
+    await client.record(episode("never", solution="SECRET-N", user_id="un", vector=[0.1] * 3))
+    await drain(worker)
+    assert len(await list_dead_letters(redis, keys)) == 2
+
+    async def holding(secret: bytes) -> int:
+        n = 0
+        for stream in (keys.stream, keys.dead_letters):
+            n += sum(any(secret in v for v in f.values()) for _sid, f in await redis.xrange(stream))
+        return n
+
+    assert await holding(b"SECRET-R") == 2 and await holding(b"SECRET-N") == 2
+    await client.forget_episode("raw")
+    await client.forget_user("un")
+    await drain(worker)
+    assert await holding(b"SECRET-R") == 0 and await holding(b"SECRET-N") == 0
+    assert await list_dead_letters(redis, keys) == []
+
+
+async def test_redrive_moves_the_entry_instead_of_copying_it(settings, redis):
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    await client.record(episode("rd", solution="ONCE-ONLY", vector=[0.1] * 3))
+    await drain(make_worker(settings, redis))
+    assert await redrive(redis, keys) == 1
+    copies = [sid for sid, f in await redis.xrange(keys.stream) if b"ONCE-ONLY" in f[b"e"]]
+    assert len(copies) == 1 and await list_dead_letters(redis, keys) == []
+
+
 async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     long_text = "migrate the schema " * 10_527  # ~200,000 characters

@@ -159,3 +159,20 @@ def test_stored_to_response_equals_parse_then_iso(episode, started, tests):
     stored = json.loads(json.dumps(episode_to_dict(episode, include_vector=False)))
     expected = episode_to_dict(parse_episode(stored), iso=True, include_vector=False)
     assert stored_to_response(stored) == expected
+
+
+def test_peek_identity_names_the_episode_of_an_undecodable_envelope():
+    import msgpack
+
+    from shared.codec import peek_identity
+    from shared.events import Episode, EpisodeCompleted, Task
+
+    ev = EpisodeCompleted(namespace="ns", episode_id="e1", occurred_at=5.0,
+                          episode=Episode(episode_id="e1", user_id="u1", task=Task(description="t"), outcome="success"))
+    envelope = msgpack.unpackb(encode(ev), raw=False)
+    envelope["data"]["episode"]["vector"] = ["not a number"]
+    assert peek_identity(msgpack.packb(envelope)) == ("ns", "e1", "u1", 5.0)
+    envelope["data"]["episode_id"] = " padded "  # an id validation refuses is not trusted
+    assert peek_identity(msgpack.packb(envelope)) is None
+    for junk in (b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"data": "x"})):
+        assert peek_identity(junk) is None
