@@ -28,6 +28,15 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    metrics_port = int(env.get("ENGRAM_METRICS_PORT") or 0)
+    workers = int(env.get("ENGRAM_WORKERS", "1"))
+    taken = {int(env.get("ENGRAM_PORT", "8080")): "ENGRAM_PORT", int(env.get("ENGRAM_REDIS_PORT", "6390")): "ENGRAM_REDIS_PORT"}
+    for i in range(workers if metrics_port else 0):
+        if metrics_port + i in taken:  # say it now, instead of a traceback from whichever process binds second
+            print(f"engram: worker {i}'s metrics port ENGRAM_METRICS_PORT + {i} = {metrics_port + i} is also "
+                  f"{taken[metrics_port + i]}; choose ENGRAM_METRICS_PORT outside "
+                  f"{metrics_port}..{metrics_port + workers - 1} for the other services", file=sys.stderr)
+            return 2
     redis_server = None
     if not env.get("REDIS_URL"):
         data_dir = Path(env.get("ENGRAM_DATA_DIR", ".run")) / "redis"
@@ -40,8 +49,7 @@ def main() -> int:
         env["REDIS_URL"] = redis_server.url
         print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
     procs: list[tuple[str, subprocess.Popen]] = []
-    metrics_port = int(env.get("ENGRAM_METRICS_PORT") or 0)
-    for i in range(int(env.get("ENGRAM_WORKERS", "1"))):
+    for i in range(workers):
         # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
         # crashed the second, found by a new-user trial)
         worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env

@@ -65,3 +65,11 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
     assert "engram ◆ redis restarted" in output
     assert (tmp_path / "redis" / "appendonlydir").exists()  # AOF on by default
     assert not await _ready(url)
+
+
+def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "ENGRAM_PORT": "18080",
+           "ENGRAM_WORKERS": "2", "ENGRAM_METRICS_PORT": "18079", "ENGRAM_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "18080 is also ENGRAM_PORT" in proc.stderr
