@@ -153,7 +153,11 @@ class EngramClient:
         `episode` is an Episode or a JSON-shaped dict (validated; InvalidEpisode names bad fields).
         A missing `episode_id` is generated; `completed_at` defaults to now.
         """
-        if not isinstance(episode, Episode):
+        if isinstance(episode, Episode):
+            # an Episode built in code skipped validation: a vector of 1e39 or an int beyond 64 bits would
+            # otherwise fail in the encoder or be dead-lettered by the worker, not be named here
+            episode = parse_episode(episode_to_dict(episode))
+        else:
             episode = parse_episode(dict(episode), default_episode_id=new_event_id())
         if episode.completed_at is None:
             episode = dataclasses.replace(episode, completed_at=time.time())

@@ -155,3 +155,18 @@ async def test_publish_keeps_retrying_until_its_deadline(prefix):
         await client.record({"task": "t", "outcome": "success"})
     assert time.monotonic() - started >= 5.8  # 8 tries with capped backoff gave up after 2.75–5.5 s
     await client.close()
+
+
+async def test_record_validates_an_episode_built_in_code(redis, prefix):
+    """An Episode object skips parse_episode; record() validates it anyway, naming the field."""
+    import dataclasses
+
+    from shared.errors import InvalidEpisode
+    from shared.events import Episode, Task
+
+    client = EngramClient(redis, namespace="ns", prefix=prefix)
+    base = Episode(episode_id="code", task=Task(description="t"), outcome="success")
+    for vector in ((1e39, 1.0), (10**30 * 10**30, 1.0)):
+        with pytest.raises(InvalidEpisode, match="vector"):
+            await client.record(dataclasses.replace(base, vector=vector))
+    assert await client.record(dataclasses.replace(base, vector=(0.5, 1.0))) == "code"
