@@ -226,7 +226,7 @@ class Projector:
     async def _apply_episode_events(self, segment: list[tuple[streams.Entry, Event]], result: BatchResult) -> None:
         if not segment:
             return
-        k, g = self.keys, self.gen
+        k = self.keys
         by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]] = {}
         for entry, ev in segment:
             by_episode.setdefault((ev.namespace, ev.episode_id), []).append((entry, ev))
@@ -245,43 +245,10 @@ class Projector:
             else:
                 fast.append((ident, payloads, folded))
         if fast and not getattr(self.embedder, "cheap", False):
-            # A model embedding costs far more than this round trip. An episode that already has a
-            # document (a redelivery, a re-published completion, a start in an earlier batch) takes the
-            # slow path, which folds the stored set and embeds only a text that changed: the fast path
-            # would embed the events in hand first, possibly for nothing.
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for (ns, eid), _payloads, _f in fast:
-                    pipe.exists(k.episode_doc(g, ns, eid))
-                exists = await pipe.execute()
-            record_only += [item for (ident, _p, _f), found in zip(fast, exists, strict=True) if found
-                            for item in by_episode[ident]]
-            fast = [episode for episode, found in zip(fast, exists, strict=True) if not found]
+            fast, moved = await self._without_documents(fast)
+            record_only += [item for ident in moved for item in by_episode[ident]]
         vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
-        async with self.redis.pipeline(transaction=False) as pipe:
-            calls = 0
-            chunk_keys: list[str] = []
-            chunk_args: list = []
-            for i, ((ns, eid), payloads, f) in enumerate(fast):
-                sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
-                chunk_keys += [k.tombstone(ns, eid), k.episode_events(g, ns, eid), k.episode_stream_ids(g, ns, eid),
-                               k.episode_doc(g, ns, eid), k.user_tombstone(ns, f.episode.user_id or "\x00none")]
-                chunk_args += [len(payloads), len(sids), repr(f.first_occurred_at)]
-                for event_id, payload in payloads.items():
-                    chunk_args += [event_id, payload]
-                chunk_args += sids
-                chunk_args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
-                if (i + 1) % PROJECT_CHUNK == 0 or i == len(fast) - 1:
-                    await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
-                    calls += 1
-                    chunk_keys, chunk_args = [], []
-            for entry, ev in record_only:
-                await self._record(keys=[k.tombstone(ev.namespace, ev.episode_id),
-                                         k.episode_events(g, ev.namespace, ev.episode_id),
-                                         k.episode_stream_ids(g, ev.namespace, ev.episode_id),
-                                         k.episode_doc(g, ev.namespace, ev.episode_id)],
-                                   args=[ev.event_id, entry.payload, entry.stream_id], client=pipe)
-            replies = await pipe.execute()
-        statuses = [status for reply in replies[:calls] for status in reply]
+        statuses, record_replies = await self._send(fast, by_episode, vectors, hashes, record_only)
         tombstoned: list[bytes] = []
         pending: list[tuple[str, str]] = []
         known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
@@ -300,11 +267,12 @@ class Projector:
                 await self.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
-        # slow path, for episodes with only actions in hand: an episode whose stored events are exactly
-        # those in hand (they arrived in one batch) is folded without reading them back
+        # slow path (episodes with only actions in hand; with a model embedder, also those that already
+        # had a document): one whose stored events are exactly those in hand is folded without reading
+        # them back
         in_hand: dict[tuple[str, str], dict[str, Event]] = {}
         stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
-        for (entry, ev), reply in zip(record_only, replies[calls:], strict=True):
+        for (entry, ev), reply in zip(record_only, record_replies, strict=True):
             if reply[0] == -1:
                 tombstoned.append(entry.stream_id)
                 counted[(ev.TYPE, "forgotten")] += 1
@@ -329,6 +297,57 @@ class Projector:
             if pending:
                 self.metrics.write_conflicts.inc(len(pending))
         raise RuntimeError(f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts")
+
+    async def _without_documents(self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
+                                 ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[str, str]]]:
+        """Split fast-path candidates into those without a document and the idents of those with one.
+
+        For a model embedder: a model embedding costs far more than this round trip, and an episode that
+        already has a document (a redelivery, a re-published completion, a start in an earlier batch)
+        is better folded from its stored set by the slow path, which embeds only a text that changed;
+        the fast path would embed the events in hand first, possibly for nothing.
+        """
+        k, g = self.keys, self.gen
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for (ns, eid), _payloads, _f in fast:
+                pipe.exists(k.episode_doc(g, ns, eid))
+            exists = await pipe.execute()
+        keep = [episode for episode, found in zip(fast, exists, strict=True) if not found]
+        moved = [ident for (ident, _p, _f), found in zip(fast, exists, strict=True) if found]
+        return keep, moved
+
+    async def _send(self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]],
+                    by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]],
+                    vectors: dict[int, np.ndarray], hashes: dict[int, str],
+                    record_only: list[tuple[streams.Entry, Event]]) -> tuple[list[int], list]:
+        """One pipeline: PROJECT_LUA for the fast episodes (PROJECT_CHUNK per call), RECORD_LUA for each
+        slow-path event. Returns (a status per fast episode, a reply per recorded event)."""
+        k, g = self.keys, self.gen
+        async with self.redis.pipeline(transaction=False) as pipe:
+            calls = 0
+            chunk_keys: list[str] = []
+            chunk_args: list = []
+            for i, ((ns, eid), payloads, f) in enumerate(fast):
+                sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
+                chunk_keys += [k.tombstone(ns, eid), k.episode_events(g, ns, eid), k.episode_stream_ids(g, ns, eid),
+                               k.episode_doc(g, ns, eid), k.user_tombstone(ns, f.episode.user_id or "\x00none")]
+                chunk_args += [len(payloads), len(sids), repr(f.first_occurred_at)]
+                for event_id, payload in payloads.items():
+                    chunk_args += [event_id, payload]
+                chunk_args += sids
+                chunk_args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
+                if (i + 1) % PROJECT_CHUNK == 0 or i == len(fast) - 1:
+                    await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
+                    calls += 1
+                    chunk_keys, chunk_args = [], []
+            for entry, ev in record_only:
+                await self._record(keys=[k.tombstone(ev.namespace, ev.episode_id),
+                                         k.episode_events(g, ev.namespace, ev.episode_id),
+                                         k.episode_stream_ids(g, ev.namespace, ev.episode_id),
+                                         k.episode_doc(g, ev.namespace, ev.episode_id)],
+                                   args=[ev.event_id, entry.payload, entry.stream_id], client=pipe)
+            replies = await pipe.execute()
+        return [status for reply in replies[:calls] for status in reply], replies[calls:]
 
     async def _embed(self, folded: Sequence[tuple[Folded, bytes | None]],
                      known: dict[str, np.ndarray] | None = None) -> tuple[dict[int, np.ndarray], dict[int, str]]:

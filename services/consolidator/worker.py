@@ -67,8 +67,7 @@ class Worker:
         self.last_errors: dict[bytes, str] = {}
         self.projector: Projector | None = None
         self.processed = 0
-        self.backlogged = False
-        """True while the last read came back full: more entries are waiting (facts runs defer to it)."""
+        self.backlogged = False  # the last read came back full: more are waiting (facts runs defer to it)
         # each lane reads up to a whole batch: model embedders are ~50% faster on 256 texts than on 64
         # (sentence-transformers sorts a call's texts by length, so less padding); a slow batch keeps its
         # lease by renewal (`_renew_lease`), not by being small
