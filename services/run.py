@@ -32,10 +32,13 @@ def main() -> int:
     workers = int(env.get("ENGRAM_WORKERS", "1"))
     taken = {int(env.get("ENGRAM_PORT", "8080")): "ENGRAM_PORT", int(env.get("ENGRAM_REDIS_PORT", "6390")): "ENGRAM_REDIS_PORT"}
     for i in range(workers if metrics_port else 0):
-        if metrics_port + i in taken:  # say it now, instead of a traceback from whichever process binds second
-            print(f"engram: worker {i}'s metrics port ENGRAM_METRICS_PORT + {i} = {metrics_port + i} is also "
-                  f"{taken[metrics_port + i]}; choose ENGRAM_METRICS_PORT outside "
-                  f"{metrics_port}..{metrics_port + workers - 1} for the other services", file=sys.stderr)
+        # say it now, instead of a traceback from whichever process binds second
+        clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
+        if clash:
+            print(f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
+                  f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
+                  f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free",
+                  file=sys.stderr)
             return 2
     redis_server = None
     if not env.get("REDIS_URL"):

@@ -233,11 +233,13 @@ def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] |
         if not isinstance(data, dict):
             return None
         errs = Collector()
+        episode = data.get("episode")
         ns = check_id(data.get("namespace"), "namespace", errs, required=True)
-        eid = check_id(data.get("episode_id"), "episode_id", errs, required=True)
+        # the envelope's id, else the episode's own (an envelope that lost its top-level id still names it)
+        raw_id = data.get("episode_id") or (episode.get("episode_id") if isinstance(episode, dict) else None)
+        eid = check_id(raw_id, "episode_id", errs, required=True)
         if ns is None or eid is None:
             return None
-        episode = data.get("episode")
         user = check_id(episode.get("user_id"), "user_id", errs) if isinstance(episode, dict) else None
         at = data.get("occurred_at")
         occurred = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None

@@ -18,7 +18,8 @@ FIELD = b"e"
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One stream entry: its id (e.g. b"1732900000000-0") and raw payload (None if the field is missing)."""
+    """One stream entry: its id (e.g. b"1732900000000-0") and raw payload: None if the entry was deleted
+    while pending (XDEL by a forget), b"" if it exists without the payload field (not ours: dead-lettered)."""
 
     stream_id: bytes
     payload: bytes | None
@@ -48,7 +49,7 @@ def _entries(raw) -> list[Entry]:
         if fields is None:  # deleted while pending (XDEL after a forget)
             out.append(Entry(stream_id, None))
             continue
-        out.append(Entry(stream_id, fields.get(FIELD)))
+        out.append(Entry(stream_id, fields.get(FIELD, b"")))  # b"": present but without our field
     return out
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from shared import streams
+from shared.codec import peek_identity
 from shared.keys import Keys
 
 
@@ -42,4 +43,7 @@ async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None 
     for letter in chosen:
         await streams.requeue(redis, keys.stream, keys.dead_letters, letter.dead_id, letter.payload,
                               original_id=letter.stream_id or None)
+        ident = peek_identity(letter.payload)
+        if ident is not None and letter.stream_id:  # both ids it linked are gone
+            await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
     return len(chosen)

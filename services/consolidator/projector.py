@@ -140,6 +140,9 @@ return 1
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
 
+DEAD_REF_USER = b"@user"
+"""Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
+
 MAX_WRITE_ATTEMPTS = 8
 
 
@@ -177,6 +180,10 @@ class Projector:
         for entry in entries:
             if entry.payload is None:  # deleted from the stream by a forget while pending
                 result.ok.append(entry.stream_id)
+                continue
+            if not entry.payload:
+                result.dead.append((entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}"))
+                self.metrics.events.labels("unknown", "dead").inc()
                 continue
             try:
                 event = decode(entry.payload)
@@ -549,12 +556,16 @@ class Projector:
         return len(erased)
 
     async def _delete_dead_letters(self, namespace: str, episode_id: str) -> None:
-        """XDEL an episode's dead-lettered events from the stream and from the dead letters."""
+        """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
+        the links (its id from its user's set too)."""
         key = self.keys.dead_letter_refs(namespace, episode_id)
         refs = await self.redis.hgetall(key)
+        user = refs.pop(DEAD_REF_USER, None)
         if refs:
             await streams.delete(self.redis, self.keys.stream, sorted(refs))
             await streams.delete(self.redis, self.keys.dead_letters, sorted(refs.values()))
+        if user is not None:
+            await self.redis.srem(self.keys.user_dead_letters(namespace, user.decode()), episode_id)
         await self.redis.delete(key)
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:

@@ -28,7 +28,7 @@ from redis import exceptions as redis_errors
 
 from services.consolidator import retention
 from services.consolidator.metrics import WorkerMetrics
-from services.consolidator.projector import BatchResult, Projector
+from services.consolidator.projector import DEAD_REF_USER, BatchResult, Projector
 from shared import streams
 from shared.codec import peek_identity
 from shared.errors import Conflict
@@ -247,9 +247,11 @@ class Worker:
         if ident is None:
             return
         namespace, episode_id, user_id, occurred_at = ident
-        await self.redis.hset(k.dead_letter_refs(namespace, episode_id), entry.stream_id, dead_id)
+        refs = {entry.stream_id: dead_id}
         if user_id is not None:
+            refs[DEAD_REF_USER] = user_id.encode()
             await self.redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
+        await self.redis.hset(k.dead_letter_refs(namespace, episode_id), mapping=refs)
         forgotten = bool(await self.redis.exists(k.tombstone(namespace, episode_id)))
         if not forgotten and user_id is not None:
             at = await self.redis.get(k.user_tombstone(namespace, user_id))

@@ -197,7 +197,16 @@ async def get_episode(request: web.Request) -> web.Response:
 
 async def delete_episode(request: web.Request) -> web.Response:
     episode_id = _path_id(request, "episode_id")
-    await _stored(request, episode_id)
+    try:
+        await _stored(request, episode_id)
+    except NotFound:
+        # no document, but the namespace may still hold its data: stored events of a draft or of an
+        # episode not yet written, or dead letters (found by a new-user trial: those could not be forgotten)
+        r, keys, ns = _redis(request), request.app[KEYS], _ns(request)
+        gen = await current_generation(r, keys)
+        if await r.exists(keys.tombstone(ns, episode_id)) or not await r.exists(
+                keys.episode_events(gen, ns, episode_id), keys.dead_letter_refs(ns, episode_id)):
+            raise
     event_id = await _client(request).forget_episode(episode_id)
     request.app[METRICS].published.labels("EpisodeForgotten").inc()
     return _json({"episode_id": episode_id, "event_id": event_id}, status=202)

@@ -290,11 +290,33 @@ async def test_forget_deletes_dead_letters_that_failed_decoding_and_of_unproject
 async def test_redrive_moves_the_entry_instead_of_copying_it(settings, redis):
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
-    await client.record(episode("rd", solution="ONCE-ONLY", vector=[0.1] * 3))
+    await client.record(episode("rd", solution="ONCE-ONLY", vector=[0.1] * 3, user_id="ru"))
     await drain(make_worker(settings, redis))
+    (letter,) = await list_dead_letters(redis, keys)
     assert await redrive(redis, keys) == 1
     copies = [sid for sid, f in await redis.xrange(keys.stream) if b"ONCE-ONLY" in f[b"e"]]
     assert len(copies) == 1 and await list_dead_letters(redis, keys) == []
+    assert letter.stream_id.encode() not in await redis.hkeys(keys.dead_letter_refs("ns", "rd"))  # no stale link
+
+
+async def test_dead_letter_links_are_dropped_with_the_episode_and_foreign_entries_are_dead_lettered(
+        settings, redis):
+    """Forgetting an episode drops its id from its user's set of dead-lettered episodes (no ids of
+    forgotten data stay behind), and an entry without Engram's payload field is dead-lettered, not
+    mistaken for one a forget deleted."""
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    await client.record(episode("linked", vector=[0.1] * 3, user_id="lu"))
+    await redis.xadd(keys.stream, {"x": b"not ours"})
+    await drain(worker)
+    reasons = sorted(d.reason for d in await list_dead_letters(redis, keys))
+    assert len(reasons) == 2 and "no payload field 'e'" in reasons[0]
+    assert await redis.smembers(keys.user_dead_letters("ns", "lu")) == {b"linked"}
+    await client.forget_episode("linked")
+    await drain(worker)
+    assert await redis.smembers(keys.user_dead_letters("ns", "lu")) == set()
+    assert not await redis.exists(keys.dead_letter_refs("ns", "linked"))
 
 
 async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):

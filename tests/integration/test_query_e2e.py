@@ -47,3 +47,38 @@ async def test_ingest_project_recall_forget_across_tenants(tenants, settings, re
     assert ids(await recall(KEY_A, mode="keyword")) == ["e2"]
     assert (await tenants.get("/v1/episodes/e0", headers=auth(KEY_A))).status == 404
     assert sorted(ids(await recall(KEY_B))) == ["e0", "e1", "e2", "e3"]  # the other tenant is untouched
+
+
+async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_events(api, settings, redis):
+    """DELETE /v1/episodes/{id} used to need a document: an episode whose only event was dead-lettered,
+    or that has only actions so far, could not be forgotten over HTTP. An id the namespace holds
+    nothing of is still a 404."""
+    from shared import streams as stream_commands
+    from shared.keys import Keys
+
+    keys = Keys(settings.prefix)
+    bad = episode("dl-only", task="rotate the SECRET-D keys")
+    bad["vector"] = [0.5] * 3  # the wrong dimension: dead-lettered by the worker
+    assert (await api.post("/v1/episodes", json=bad)).status == 422  # the service refuses it itself...
+    from shared.codec import encode
+    from shared.events import EpisodeCompleted
+    from shared.validation import parse_episode
+
+    event = EpisodeCompleted(namespace="default", episode_id="dl-only", occurred_at=1.0,
+                             episode=parse_episode({**bad, "completed_at": 1.0}))
+    await stream_commands.publish(redis, keys.stream, [encode(event)])  # ...another client does not
+    await drain(settings, redis)
+    assert (await api.get("/v1/episodes/dl-only")).status == 404
+    assert (await api.delete("/v1/episodes/dl-only")).status == 202
+    await drain(settings, redis)
+    for stream in (keys.stream, keys.dead_letters):
+        assert not [f for _sid, f in await redis.xrange(stream) if any(b"SECRET-D" in v for v in f.values())]
+    assert (await api.delete("/v1/episodes/never-seen")).status == 404
+    from shared.events import Action, ActionRecorded
+
+    action = ActionRecorded(namespace="default", episode_id="act-only", occurred_at=2.0,
+                            action=Action(action_type="probe", input="SECRET-A"))
+    await stream_commands.publish(redis, keys.stream, [encode(action)])
+    await drain(settings, redis)
+    assert (await api.delete("/v1/episodes/act-only")).status == 202
+    assert (await api.delete("/v1/episodes/dl-only")).status == 404  # forgotten: nothing left to forget

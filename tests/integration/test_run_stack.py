@@ -72,4 +72,4 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
            "ENGRAM_WORKERS": "2", "ENGRAM_METRICS_PORT": "18079", "ENGRAM_DATA_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 2 and "18080 is also ENGRAM_PORT" in proc.stderr
+    assert proc.returncode == 2 and "18080, which is also ENGRAM_PORT" in proc.stderr

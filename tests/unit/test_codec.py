@@ -172,6 +172,8 @@ def test_peek_identity_names_the_episode_of_an_undecodable_envelope():
     envelope = msgpack.unpackb(encode(ev), raw=False)
     envelope["data"]["episode"]["vector"] = ["not a number"]
     assert peek_identity(msgpack.packb(envelope)) == ("ns", "e1", "u1", 5.0)
+    del envelope["data"]["episode_id"]  # the envelope lost its id: the episode's own names it
+    assert peek_identity(msgpack.packb(envelope)) == ("ns", "e1", "u1", 5.0)
     envelope["data"]["episode_id"] = " padded "  # an id validation refuses is not trusted
     assert peek_identity(msgpack.packb(envelope)) is None
     for junk in (b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"data": "x"})):
