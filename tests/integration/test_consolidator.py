@@ -468,7 +468,7 @@ def _events_for(eid: str, n_actions: int) -> list:
     return out
 
 
-@hsettings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@hsettings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(st.randoms(use_true_random=False), st.integers(2, 3), st.integers(1, 4))
 async def test_property_interleaving_and_duplication_across_workers(settings, redis, rnd: random.Random,
