@@ -96,7 +96,17 @@ class Worker:
         refreshes the lag gauges and trims the stream. The first lane to fail with a Conflict (another
         embedder's index) stops the others after their batch in hand.
         """
-        await self.setup()
+        backoff = 0.1
+        while True:  # Redis may be down or loading when the worker starts: wait for it, as the lanes do
+            try:
+                await self.setup()
+                break
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+                if stop.is_set():
+                    return
+                log.warning("worker %s ◆ redis unavailable at start (%s); retrying in %.1fs", self.name, exc, backoff)
+                await _wait(stop, backoff)
+                backoff = min(backoff * 2, 5.0)
         log.info("worker %s ◆ consuming %s as group %s ◆ %d batch(es) in flight", self.name, self.keys.stream,
                  self.settings.consumer_group, self.settings.in_flight)
         halt = asyncio.Event()

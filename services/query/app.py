@@ -8,6 +8,7 @@ its message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.query.auth import auth_middleware
 from services.query.metrics import Metrics
@@ -65,8 +68,16 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
                 await e.load()
             dim = await e.ensure_dim()
             keys = app[KEYS]
-            gen = await current_generation(r, keys)
-            await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name)
+            backoff = 0.1
+            while True:  # Redis down or loading at start: wait for it (one exiting service stops `make run`)
+                try:
+                    gen = await current_generation(r, keys)
+                    await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name)
+                    break
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    log.warning("redis unavailable at start (%s); retrying in %.1fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
             app[REDIS] = r
             app[EMBEDDER] = e
             log.info("query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",

@@ -110,6 +110,48 @@ async def test_worker_reconnects_after_redis_restart(settings, private_redis):
         await r.aclose()
 
 
+async def test_worker_started_while_redis_is_down_waits_for_it(settings, private_redis, caplog):
+    """A worker whose Redis is down (or restarting) when it starts retries instead of exiting: under
+    `make run` one exiting worker stops the whole stack (seen when Redis was killed during a second
+    worker's start-up)."""
+    s = settings.with_(redis_url=private_redis.url, stream_retention=None)
+    private_redis.kill()
+    r = connect(s.redis_url)
+    keys = Keys(s.prefix)
+    worker = Worker(s, r, HashingEmbedder(s.embed_dim), name="early")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        caplog.set_level("WARNING", logger="engram.consolidator")
+        # past redis-py's own connection retries: the worker must still be there, retrying
+        await wait_until(lambda: caplog.text.count("redis unavailable at start") >= 3 and not task.done(),
+                         timeout=20, message="worker waiting for Redis")
+        private_redis.start()
+        sdk = EngramClient(r, namespace="ns", prefix=s.prefix, publish_timeout=10)
+        await sdk.record(episode("late"))
+        await wait_until(lambda: _indexed(r, keys, 1), timeout=30, message="projected once Redis is up")
+        assert not task.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await r.aclose()
+
+
+async def test_query_service_started_while_redis_is_down_waits_for_it(aiohttp_client, settings, private_redis,
+                                                                     caplog):
+    from services.query.app import make_app
+
+    s = settings.with_(redis_url=private_redis.url)
+    private_redis.kill()
+    caplog.set_level("WARNING", logger="engram.query")
+    starting = asyncio.create_task(aiohttp_client(make_app(s, embedder=HashingEmbedder(s.embed_dim))))
+    await wait_until(lambda: caplog.text.count("redis unavailable at start") >= 3 and not starting.done(),
+                     timeout=20, message="query service waiting for Redis")
+    private_redis.start()
+    client = await asyncio.wait_for(starting, 30)
+    assert (await client.get("/readyz")).status == 200
+
+
 async def _indexed(r, keys: Keys, n: int) -> bool:
     try:
         return await count(r, keys.episode_index_alias, Scope(namespace="ns")) == n
