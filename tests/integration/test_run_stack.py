@@ -24,8 +24,26 @@ async def _ready(url: str) -> bool:
         return False
 
 
+def _two_free_ports(avoid: set[int]) -> int:
+    """A port p with p and p + 1 free and not in `avoid` (workers 0 and 1 serve metrics on them): ports
+    handed out one after another are often adjacent, and a clash makes `make run` refuse to start."""
+    import socket
+
+    while True:
+        p = free_port()
+        if p + 1 in avoid or p in avoid or p + 1 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+
+
 async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
-    port, redis_port, metrics_port = free_port(), free_port(), free_port()
+    port, redis_port = free_port(), free_port()
+    metrics_port = _two_free_ports(avoid={port, redis_port})
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env.update(ENGRAM_PORT=str(port), ENGRAM_REDIS_PORT=str(redis_port), ENGRAM_DATA_DIR=str(tmp_path),
                ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING", ENGRAM_WORKERS="2",
