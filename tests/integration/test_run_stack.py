@@ -52,7 +52,12 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        await wait_until(lambda: _ready(url), timeout=90, message="query service ready")
+        async def up() -> bool:
+            if proc.poll() is not None:  # the stack exited: say why now, not after the timeout
+                raise AssertionError(f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}")
+            return await _ready(url)
+
+        await wait_until(up, timeout=90, message="query service ready")
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{url}/v1/episodes", json={"task": "fix the flaky login test", "outcome": "success"}) as r:
                 assert r.status == 202
