@@ -159,6 +159,7 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
     from shared.keys import Keys
     from shared.redis_conn import connect
     from shared.sdk import EngramClient
+    from shared.settings import Settings
     from shared.validation import parse_episode
 
     prefix = f"e2e{uuid.uuid4().hex[:6]}:"
@@ -189,7 +190,7 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
             # Redis time the pipeline is measured by when polled every 50 ms. RediSearch indexes as the
             # HSET runs, so once the group has nothing undelivered or unacked, the count is final.
             check_alive(procs, "consolidator worker")
-            info = await streams.group_info(r, keys.stream, "consolidator")
+            info = await streams.group_info(r, keys.stream, Settings().consumer_group)
             if info["lag"] or info["pending"]:
                 bar.update(max(0, len(events) - info["lag"] - info["pending"] - bar.n))
                 return False

@@ -185,23 +185,12 @@ class Projector:
                 result.dead.append((entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}"))
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
-            try:
+            try:  # a dead entry of a forgotten episode is deleted with its dead letter (Worker._dead_letter)
                 event = decode(entry.payload)
+                self._check_vector(event)
             except EngramError as exc:
                 result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
                 self.metrics.events.labels("unknown", "dead").inc()
-                continue
-            try:
-                self._check_vector(event)
-            except EngramError as exc:
-                ident = (event.namespace, event.episode_id)
-                if await self.redis.exists(self.keys.tombstone(*ident)):  # forgotten: delete, don't keep it
-                    await streams.delete(self.redis, self.keys.stream, [entry.stream_id])
-                    result.ok.append(entry.stream_id)
-                    self.metrics.events.labels(event.TYPE, "forgotten").inc()
-                    continue
-                result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
-                self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
             if isinstance(event, EPISODE_EVENTS):
                 segment.append((entry, event))
@@ -507,7 +496,7 @@ class Projector:
         sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
         await streams.delete(self.redis, k.stream, sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
-        await self._delete_dead_letters(namespace, episode_id)
+        await self.delete_dead_letters(namespace, episode_id)
         await self.redis.delete(k.episode_events(g, namespace, episode_id),
                                 k.episode_stream_ids(g, namespace, episode_id),
                                 k.episode_doc(g, namespace, episode_id))
@@ -550,12 +539,12 @@ class Projector:
         # dead letters of the user's episodes, including ones that never had a document
         dead_key = self.keys.user_dead_letters(namespace, user_id)
         for episode_id in await self.redis.smembers(dead_key):
-            await self._delete_dead_letters(namespace, episode_id.decode())
+            await self.delete_dead_letters(namespace, episode_id.decode())
         await self.redis.delete(dead_key)
         await self._forget_facts(namespace, erased)
         return len(erased)
 
-    async def _delete_dead_letters(self, namespace: str, episode_id: str) -> None:
+    async def delete_dead_letters(self, namespace: str, episode_id: str) -> None:
         """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
         the links (its id from its user's set too)."""
         key = self.keys.dead_letter_refs(namespace, episode_id)

@@ -267,8 +267,7 @@ class Worker:
             at = await self.redis.get(k.user_tombstone(namespace, user_id))
             forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
         if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
-            await streams.delete(self.redis, k.stream, [entry.stream_id])
-            await streams.delete(self.redis, k.dead_letters, [dead_id])
+            await (await self._projector()).delete_dead_letters(namespace, episode_id)
 
     async def _drop_exhausted(self, claimed: list[streams.Entry]) -> list[streams.Entry]:
         """Dead-letter claimed entries delivered more than `max_deliveries` times."""

@@ -7,6 +7,7 @@ The long form with processes, kill -9 and fsync modes is `make chaos` (bench/cha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -86,15 +87,27 @@ async def _status(client, path: str, want: int) -> bool:
     return (await client.get(path)).status == want
 
 
-async def test_worker_reconnects_after_redis_restart(settings, private_redis):
-    s = settings.with_(redis_url=private_redis.url, stream_retention=None)
+@contextlib.asynccontextmanager
+async def running_worker(s, name: str):
+    """A Worker running `run(stop)` as a task on its own client: yields (client, worker, task); on exit
+    stops it and waits for a clean end."""
     r = connect(s.redis_url)
-    keys = Keys(s.prefix)
-    worker = Worker(s, r, HashingEmbedder(s.embed_dim), name="survivor")
+    worker = Worker(s, r, HashingEmbedder(s.embed_dim), name=name)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    sdk = EngramClient(r, namespace="ns", prefix=s.prefix, publish_timeout=10)
     try:
+        yield r, worker, task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await r.aclose()
+
+
+async def test_worker_reconnects_after_redis_restart(settings, private_redis):
+    s = settings.with_(redis_url=private_redis.url, stream_retention=None)
+    keys = Keys(s.prefix)
+    async with running_worker(s, "survivor") as (r, _worker, task):
+        sdk = EngramClient(r, namespace="ns", prefix=s.prefix, publish_timeout=10)
         for i in range(20):
             await sdk.record(episode(f"before-{i}"))
         await wait_until(lambda: _indexed(r, keys, 20), timeout=30, message="20 indexed")
@@ -104,10 +117,6 @@ async def test_worker_reconnects_after_redis_restart(settings, private_redis):
             await sdk.record(episode(f"after-{i}"))
         await wait_until(lambda: _indexed(r, keys, 40), timeout=30, message="40 indexed after the restart")
         assert not task.done()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await r.aclose()
 
 
 async def test_worker_started_while_redis_is_down_waits_for_it(settings, private_redis, caplog):
@@ -116,12 +125,8 @@ async def test_worker_started_while_redis_is_down_waits_for_it(settings, private
     worker's start-up)."""
     s = settings.with_(redis_url=private_redis.url, stream_retention=None)
     private_redis.kill()
-    r = connect(s.redis_url)
     keys = Keys(s.prefix)
-    worker = Worker(s, r, HashingEmbedder(s.embed_dim), name="early")
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
+    async with running_worker(s, "early") as (r, _worker, task):
         caplog.set_level("WARNING", logger="engram.consolidator")
         # past redis-py's own connection retries: the worker must still be there, retrying
         await wait_until(lambda: caplog.text.count("redis unavailable at start") >= 3 and not task.done(),
@@ -131,10 +136,6 @@ async def test_worker_started_while_redis_is_down_waits_for_it(settings, private
         await sdk.record(episode("late"))
         await wait_until(lambda: _indexed(r, keys, 1), timeout=30, message="projected once Redis is up")
         assert not task.done()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await r.aclose()
 
 
 async def test_query_service_started_while_redis_is_down_waits_for_it(aiohttp_client, settings, private_redis,
