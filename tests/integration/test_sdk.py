@@ -170,3 +170,30 @@ async def test_record_validates_an_episode_built_in_code(redis, prefix):
         with pytest.raises(InvalidEpisode, match="vector"):
             await client.record(dataclasses.replace(base, vector=vector))
     assert await client.record(dataclasses.replace(base, vector=(0.5, 1.0))) == "code"
+
+
+async def test_publish_is_all_or_none_when_redis_is_out_of_memory(redis, prefix):
+    """streams.publish is one script call: Redis refuses it whole under `maxmemory` (no event of the
+    call is stored), the SDK raises PublishError, and the same call goes through once memory allows."""
+    client = EngramClient(redis, namespace="ns", prefix=prefix, publish_timeout=1.0)
+    await client.record({"episode_id": "before", "task": "t", "outcome": "success"})
+    old = await redis.config_get("maxmemory")
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory", max(1, used // 2))
+    batch = [{"episode_id": f"b{i}", "task": "t", "outcome": "success"} for i in range(5)]
+    try:
+        with pytest.raises(PublishError, match="refused"):
+            await client.publish([await _completed(client, e) for e in batch])
+        assert [e.episode_id for e in await read_all(redis, prefix)] == ["before"]
+    finally:
+        await redis.config_set("maxmemory", old["maxmemory"])
+    await client.publish([await _completed(client, e) for e in batch])
+    assert [e.episode_id for e in await read_all(redis, prefix)] == ["before"] + [f"b{i}" for i in range(5)]
+
+
+async def _completed(client: EngramClient, data: dict):
+    from shared.events import EpisodeCompleted
+    from shared.validation import parse_episode
+
+    return EpisodeCompleted(namespace=client.namespace, episode_id=data["episode_id"], occurred_at=1.0,
+                            episode=parse_episode(data))
