@@ -815,8 +815,9 @@ async def test_agent_vector_near_float32_limits_is_stored_normalised(settings, r
 
 
 async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(settings, redis, monkeypatch):
-    """WRITES_IN_FLIGHT: four lanes' batches queue for two turns instead of being served side by side
-    (which made them finish together and compute together, with Redis idle); all are still projected."""
+    """WRITES_IN_FLIGHT: four lanes' batches, all ready to write, queue for two turns instead of being
+    served side by side (which made them finish together and compute together, with Redis idle); all
+    are still projected."""
     import redis.asyncio.client as redis_client
 
     from services.consolidator.projector import WRITES_IN_FLIGHT
@@ -826,6 +827,15 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
         await client.record(episode(f"w{i}"))
     worker = make_worker(settings.with_(batch_size=10, in_flight=4), redis)
     await worker.setup()
+
+    class Turns(asyncio.Semaphore):
+        arrived = 0
+
+        async def acquire(self):
+            Turns.arrived += 1
+            return await super().acquire()
+
+    worker.projector._write_turns = Turns(WRITES_IN_FLIGHT)
     state = {"now": 0, "most": 0}
     execute = redis_client.Pipeline.execute
 
@@ -834,8 +844,8 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
             return await execute(self, *args, **kwargs)
         state["now"] += 1
         state["most"] = max(state["most"], state["now"])
-        try:
-            await asyncio.sleep(0.02)  # hold the turn long enough for every lane to arrive
+        try:  # hold the turn until every lane has a batch ready to write
+            await wait_until(lambda: Turns.arrived == 4, message="four lanes ready to write")
             return await execute(self, *args, **kwargs)
         finally:
             state["now"] -= 1
