@@ -42,7 +42,7 @@ from shared.events import (
 )
 from shared.keys import Keys
 from shared.redis_conn import connect
-from shared.validation import Collector, check_id, parse_action, parse_episode
+from shared.validation import MAX_ACTIONS, Collector, check_id, parse_action, parse_episode
 
 
 class EngramClient:
@@ -230,9 +230,13 @@ class EpisodeRecorder:
         return event_id
 
     async def complete(self, outcome: str, **fields: Any) -> Episode:
-        """Publish `EpisodeCompleted` with the full final snapshot; returns it.
+        """Publish `EpisodeCompleted` with the final snapshot; returns it (with every action).
 
-        `fields` may set any Episode field (feedback, solution, strategy_used, importance, ...).
+        `fields` may set any Episode field (feedback, solution, strategy_used, importance, ...). The
+        event carries the last MAX_ACTIONS actions (one event's limit): each action was already
+        published on its own, and the consolidator merges them by `action_id`, so an episode of more
+        actions than that still completes whole (found by a new-user trial: the 1,001st action made
+        `complete()` and the automatic failure completion raise, leaving the episode a draft).
         """
         if self.completed is not None:
             raise InvalidEpisode([("outcome", "episode already completed")])
@@ -240,12 +244,12 @@ class EpisodeRecorder:
         data.update({k: v for k, v in fields.items() if v is not None})
         data["outcome"] = outcome
         data.setdefault("completed_at", time.time())
-        data["actions"] = [episode_to_dict(a) for a in self.actions]
-        final = parse_episode(data)
+        data["actions"] = [episode_to_dict(a) for a in self.actions[-MAX_ACTIONS:]]
+        snapshot = parse_episode(data)
         await self.client.publish([EpisodeCompleted(namespace=self.client.namespace, episode_id=self.episode_id,
-                                                    occurred_at=time.time(), episode=final)])
-        self.completed = final
-        return final
+                                                    occurred_at=time.time(), episode=snapshot)])
+        self.completed = dataclasses.replace(snapshot, actions=tuple(self.actions))
+        return self.completed
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         if self.completed is not None:

@@ -320,12 +320,17 @@ def parse_vector(value: Any, path: str, errs: Collector) -> tuple[float, ...] | 
 
 
 def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
-                  require_task: bool = True, default_episode_id: str | None = None) -> Episode | None:
+                  require_task: bool = True, default_episode_id: str | None = None,
+                  max_actions: int | None = MAX_ACTIONS) -> Episode | None:
     """Build an Episode from JSON-shaped input (the HTTP body, or a decoded stream payload).
 
     Timestamps may be epoch seconds or ISO 8601 with an offset. `duration_s` and
     `feedback.pass_rate` are derived and ignored on input. With `errs` given, errors are added to it
     and None returned on failure; without, InvalidEpisode is raised.
+
+    `max_actions` bounds one input (a request, an event). A stored document is read with None: an
+    episode accumulates the actions of all its events, so it may hold more than one input may carry
+    (found by a new-user trial: 1,001 `ActionRecorded` made the episode unreadable).
     """
     own = errs is None
     errs = errs or Collector()
@@ -347,8 +352,8 @@ def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
     actions: list[Action] = []
     if not isinstance(raw_actions, list | tuple):
         errs.add(_join(path, "actions"), "must be a list")
-    elif len(raw_actions) > MAX_ACTIONS:
-        errs.add(_join(path, "actions"), f"must hold at most {MAX_ACTIONS} actions")
+    elif max_actions is not None and len(raw_actions) > max_actions:
+        errs.add(_join(path, "actions"), f"must hold at most {max_actions} actions")
     else:
         for i, raw in enumerate(raw_actions):
             act = parse_action(raw, _join(_join(path, "actions"), i), errs)

@@ -114,7 +114,7 @@ def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
     if not doc or not vector:
         return None
     try:
-        episode = parse_episode(json.loads(doc))
+        episode = parse_episode(json.loads(doc), max_actions=None)
     except (ValueError, EngramError):
         return None
     v = np.frombuffer(vector, dtype=np.float32).astype(np.float64)

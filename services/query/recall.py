@@ -106,7 +106,7 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
     """A search hit → Candidate; None (logged) when its stored JSON is unreadable."""
     raw = hit.fields.get(b"doc")
     try:
-        episode = parse_episode(json.loads(raw))
+        episode = parse_episode(json.loads(raw), max_actions=None)
     except (TypeError, ValueError, EngramError) as exc:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None

@@ -82,3 +82,25 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     await drain(settings, redis)
     assert (await api.delete("/v1/episodes/act-only")).status == 202
     assert (await api.delete("/v1/episodes/dl-only")).status == 404  # forgotten: nothing left to forget
+
+
+async def test_an_episode_of_more_actions_than_one_event_carries_completes_and_reads_back(api, settings, redis):
+    """MAX_ACTIONS bounds one event, not an episode (found by a new-user trial): an SDK episode of
+    1,001 actions completes (the completion carries the last 1,000; the rest were published one by
+    one), is projected whole, and GET and recall read it (the stored document was a 500)."""
+    from shared.sdk import EngramClient
+    from shared.validation import MAX_ACTIONS
+
+    client = EngramClient(redis, namespace="default", prefix=settings.prefix)
+    async with client.episode(task="walk the long corridor", episode_id="long-run") as ep:
+        for i in range(MAX_ACTIONS + 1):
+            await ep.action("step", input=f"door {i}")
+        done = await ep.complete("success", solution="reached the end")
+    assert len(done.actions) == MAX_ACTIONS + 1
+    await drain(settings, redis)
+    resp = await api.get("/v1/episodes/long-run")
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert body["episode"]["outcome"] == "success" and len(body["episode"]["actions"]) == MAX_ACTIONS + 1
+    resp = await api.post("/v1/recall", json={"query": "walk the long corridor", "top_k": 1})
+    assert resp.status == 200 and ids(await resp.json()) == ["long-run"]
