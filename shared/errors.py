@@ -50,9 +50,15 @@ class Conflict(EngramError):
 class PublishError(EngramError):
     """The SDK could not get Redis to accept an event within its timeout and retries.
 
-    The event was NOT stored (or its fate is unknown); the agent may retry with the same
-    event, whose `event_id` makes the retry harmless downstream.
+    `maybe_stored` is False when Redis refused the events or was never reached (nothing was stored),
+    True when an attempt timed out waiting for Redis's reply: the events may have been stored. Either
+    way the agent may retry with the same event objects, whose `event_id`s make a duplicate harmless
+    downstream (a new `record()` without an `episode_id` would be a new episode).
     """
+
+    def __init__(self, message: str, *, maybe_stored: bool = False):
+        super().__init__(message)
+        self.maybe_stored = maybe_stored
 
 
 class Backpressure(PublishError):

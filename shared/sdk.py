@@ -115,7 +115,9 @@ class EngramClient:
 
         Raises PublishError after `retries` failed attempts or `publish_timeout` seconds, and its
         subclass Backpressure when the consolidator lags more than `max_lag` entries for that long
-        (immediately when `wait_on_backpressure` is False). Nothing is published in either case.
+        (immediately when `wait_on_backpressure` is False; nothing is published then). When an
+        attempt timed out waiting for Redis's reply, the events may have been stored all the same
+        (`PublishError.maybe_stored`, and the message says so): retry with the same events.
         """
         payloads = [encode(e) for e in events]
         deadline = time.monotonic() + self.publish_timeout
@@ -125,6 +127,7 @@ class EngramClient:
             pass  # Redis unreachable or hanging: the publish loop below retries and reports it
         attempt = 0
         last: Exception | None = None
+        maybe_stored = False
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -133,7 +136,11 @@ class EngramClient:
                 ids = await asyncio.wait_for(streams.publish(self.redis, self.keys.stream, payloads),
                                              timeout=remaining)
                 return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError) as exc:
+            except (redis_errors.TimeoutError, TimeoutError) as exc:
+                # the call may have reached Redis and run there (found by a new-user trial: a large
+                # publish reported "not published" although every event was in the stream)
+                last, maybe_stored = exc, True
+            except (redis_errors.ConnectionError, OSError) as exc:
                 last = exc
             except redis_errors.ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
                 raise PublishError(f"Redis refused the events: {exc}") from exc
@@ -143,6 +150,11 @@ class EngramClient:
             backoff = min(1.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2)
             await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
         why = f"{type(last).__name__}: {last}" if last else "the deadline passed before an attempt"
+        if maybe_stored:
+            raise PublishError(
+                f"{len(events)} event(s) not confirmed after {attempt} attempt(s) within "
+                f"{self.publish_timeout:g}s ({why}): Redis may have stored them; retrying with the same "
+                f"events is harmless (their event_ids deduplicate)", maybe_stored=True) from last
         raise PublishError(
             f"{len(events)} event(s) not published after {attempt} attempt(s) within {self.publish_timeout:g}s: {why}"
         ) from last

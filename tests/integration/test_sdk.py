@@ -197,3 +197,24 @@ async def _completed(client: EngramClient, data: dict):
 
     return EpisodeCompleted(namespace=client.namespace, episode_id=data["episode_id"], occurred_at=1.0,
                             episode=parse_episode(data))
+
+
+async def test_a_timed_out_publish_says_the_events_may_be_stored(redis, prefix, monkeypatch):
+    """A reply lost to a timeout is not "not published" (found by a new-user trial: a large publish
+    timed out client-side after Redis had stored every event): the error says "not confirmed" and
+    sets maybe_stored; a retry with the same events is then deduplicated downstream by event_id."""
+    from shared import sdk as sdk_module
+
+    real = sdk_module.streams.publish
+
+    async def reply_lost(r, stream, payloads):
+        await real(r, stream, payloads)
+        raise TimeoutError("no reply in time")
+
+    monkeypatch.setattr(sdk_module.streams, "publish", reply_lost)
+    client = EngramClient(redis, namespace="ns", prefix=prefix, retries=0)
+    event = await _completed(client, {"episode_id": "late", "task": "t", "outcome": "success"})
+    with pytest.raises(PublishError, match="not confirmed.*may have stored") as info:
+        await client.publish([event])
+    assert info.value.maybe_stored
+    assert [e.event_id for e in await read_all(redis, prefix)] == [event.event_id]
