@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from shared.errors import ConfigError
+from shared.settings import Settings, env_int
 
 GRACE_SECONDS = 15.0
 MAX_REDIS_RESTARTS = 5
@@ -28,9 +30,15 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    metrics_port = int(env.get("ENGRAM_METRICS_PORT") or 0)
-    workers = int(env.get("ENGRAM_WORKERS", "1"))
-    taken = {int(env.get("ENGRAM_PORT", "8080")): "ENGRAM_PORT", int(env.get("ENGRAM_REDIS_PORT", "6390")): "ENGRAM_REDIS_PORT"}
+    try:  # every process would refuse a bad variable; say it once, before starting any (new-user trial)
+        settings = Settings.from_env(env)
+        workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
+        redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
+    except ConfigError as exc:
+        print(f"engram: {exc}", file=sys.stderr)
+        return 2
+    metrics_port = settings.metrics_port
+    taken = {settings.port: "ENGRAM_PORT", redis_port: "ENGRAM_REDIS_PORT"}
     for i in range(workers if metrics_port else 0):
         # say it now, instead of a traceback from whichever process binds second
         clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
@@ -43,7 +51,7 @@ def main() -> int:
     redis_server = None
     if not env.get("REDIS_URL"):
         data_dir = Path(env.get("ENGRAM_DATA_DIR", ".run")) / "redis"
-        redis_server = EmbeddedRedis(port=int(env.get("ENGRAM_REDIS_PORT", "6390")), data_dir=data_dir)
+        redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir)
         try:
             redis_server.start()
         except EmbeddedRedisError as exc:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from deploy.embedded_redis import free_port
 from tests.helpers import wait_until
@@ -96,3 +97,19 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "18080, which is also ENGRAM_PORT" in proc.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("ENGRAM_WORKERS", "abc", "ENGRAM_WORKERS='abc' is not an integer"),
+    ("ENGRAM_WORKERS", "0", "ENGRAM_WORKERS='0' must be between 1 and 64"),
+    ("ENGRAM_REDIS_PORT", "abc", "ENGRAM_REDIS_PORT='abc' is not an integer"),
+    ("ENGRAM_METRICS_PORT", "x", "ENGRAM_METRICS_PORT='x' is not an integer"),
+])
+def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, name, value, said):
+    """Found by a new-user trial: a traceback from int(), or (workers 0) a stack that never projects."""
+    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "ENGRAM_DATA_DIR": str(tmp_path),
+           name: value}
+    proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "redis").exists()  # nothing was started
