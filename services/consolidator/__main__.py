@@ -103,7 +103,7 @@ def run() -> None:
 
 
 @cli.command("dead-letters")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000))
 def dead_letters(limit: int) -> None:
     """List dead letters as JSON lines (id, original stream id, reason)."""
     from services.consolidator.deadletters import list_dead_letters
@@ -128,6 +128,7 @@ def dead_letters(limit: int) -> None:
 @click.option("--all", "all_", is_flag=True, help="Re-drive every dead letter.")
 def redrive(ids: tuple[str, ...], all_: bool) -> None:
     """Publish dead letters again (after a fix) and remove them from the dead-letter stream."""
+    from services.consolidator.deadletters import list_dead_letters
     from services.consolidator.deadletters import redrive as do_redrive
     from shared.keys import Keys
     from shared.redis_conn import connect
@@ -139,10 +140,16 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
         settings = _settings()
         redis = connect(settings.redis_url)
         try:
+            if not all_:
+                known = {d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix), limit=1_000_000)}
+                unknown = [i for i in ids if i not in known]
             n = await do_redrive(redis, Keys(settings.prefix), None if all_ else list(ids))
             click.echo(f"re-driven {n} dead letter(s)")
         finally:
             await redis.aclose()
+        if not all_ and unknown:  # a typo must not look like success (new-user trial)
+            raise click.ClickException(f"no dead letter has the id(s) {', '.join(unknown)} "
+                                       "(see `dead-letters` for the ids)")
 
     asyncio.run(go())
 

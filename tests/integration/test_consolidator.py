@@ -854,3 +854,28 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
     assert sum(await asyncio.gather(*(worker.turn() for _ in range(4)))) == 40
     assert state["most"] == WRITES_IN_FLIGHT == 2
     assert await count(redis, Keys(settings.prefix).episode_index_alias, Scope(namespace="ns")) == 40
+
+
+async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids(settings, redis, monkeypatch):
+    """Found by a new-user trial: `dead-letters --limit 0` was a traceback, and `redrive 1-1` (no such
+    dead letter) said "re-driven 0" and exited 0."""
+    from click.testing import CliRunner
+
+    from services.consolidator.__main__ import cli
+
+    monkeypatch.setenv("REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("ENGRAM_PREFIX", settings.prefix)
+    await redis.xadd(Keys(settings.prefix).stream, {b"x": b"not ours"})  # dead-lettered: no payload field
+    worker = make_worker(settings, redis)
+    await worker.setup()
+    await worker.turn()
+    dead = await list_dead_letters(redis, Keys(settings.prefix))
+
+    def invoke(*args):
+        return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+    out = await asyncio.to_thread(invoke, "dead-letters", "--limit", "0")
+    assert out.exit_code == 2 and "--limit" in out.output and "Traceback" not in out.output
+    out = await asyncio.to_thread(invoke, "redrive", "1-1", dead[0].dead_id)
+    assert out.exit_code == 1 and "re-driven 1" in out.output and "no dead letter has the id(s) 1-1" in out.output
+    assert dead[0].dead_id not in [d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix))]
