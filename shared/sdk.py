@@ -31,6 +31,7 @@ from shared import streams
 from shared.codec import encode, episode_to_dict
 from shared.errors import Backpressure, InvalidEpisode, PublishError
 from shared.events import (
+    EVENT_TYPES,
     ActionRecorded,
     Episode,
     EpisodeCompleted,
@@ -43,6 +44,8 @@ from shared.events import (
 from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.validation import MAX_ACTIONS, Collector, check_id, parse_action, parse_episode
+
+_EVENT_CLASSES = frozenset(EVENT_TYPES.values())
 
 
 class EngramClient:
@@ -113,12 +116,17 @@ class EngramClient:
     async def publish(self, events: Sequence[Event]) -> list[str]:
         """XADD `events` atomically (all or none); returns their stream ids.
 
-        Raises PublishError after `retries` failed attempts or `publish_timeout` seconds, and its
+        InvalidEpisode names any item that is not an event (nothing is published then). Raises
+        PublishError after `retries` failed attempts or `publish_timeout` seconds, and its
         subclass Backpressure when the consolidator lags more than `max_lag` entries for that long
         (immediately when `wait_on_backpressure` is False; nothing is published then). When an
         attempt timed out waiting for Redis's reply, the events may have been stored all the same
         (`PublishError.maybe_stored`, and the message says so): retry with the same events.
         """
+        wrong = [(f"events[{i}]", f"must be an Engram event ({', '.join(EVENT_TYPES)}), not {type(e).__name__}")
+                 for i, e in enumerate(events) if type(e) not in _EVENT_CLASSES]
+        if wrong:  # was an AttributeError from the encoder (new-user trial); nothing is published
+            raise InvalidEpisode(wrong)
         payloads = [encode(e) for e in events]
         deadline = time.monotonic() + self.publish_timeout
         try:  # bounded by the deadline: a Redis that hangs must not hold the agent past publish_timeout

@@ -218,3 +218,12 @@ async def test_a_timed_out_publish_says_the_events_may_be_stored(redis, prefix, 
         await client.publish([event])
     assert info.value.maybe_stored
     assert [e.event_id for e in await read_all(redis, prefix)] == [event.event_id]
+
+
+async def test_publish_names_an_item_that_is_not_an_event_and_publishes_nothing(redis, prefix):
+    client = EngramClient(redis, namespace="ns", prefix=prefix)
+    good = await _completed(client, {"episode_id": "ok", "task": "t", "outcome": "success"})
+    with pytest.raises(InvalidEpisode) as info:
+        await client.publish([good, {"task": "x"}, None])
+    assert [f for f, _ in info.value.errors] == ["events[1]", "events[2]"]
+    assert "not dict" in str(info.value) and await read_all(redis, prefix) == []
