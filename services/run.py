@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from services.query.auth import check_bind
 from shared.errors import ConfigError
 from shared.settings import Settings, env_int
 
@@ -36,6 +37,14 @@ def main() -> int:
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
     except ConfigError as exc:
         print(f"engram: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_bind(settings.host, settings.api_keys)
+    except ValueError as exc:
+        print(f"engram: {exc}", file=sys.stderr)
+        return 2
+    if not env.get("REDIS_URL") and settings.port == redis_port:
+        print(f"engram: ENGRAM_PORT and ENGRAM_REDIS_PORT are both {redis_port}; choose two ports", file=sys.stderr)
         return 2
     metrics_port = settings.metrics_port
     taken = {settings.port: "ENGRAM_PORT", redis_port: "ENGRAM_REDIS_PORT"}

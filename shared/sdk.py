@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -113,7 +113,7 @@ class EngramClient:
             self._lag_checked_at = -1e9
             delay = min(delay * 2, 2.0)
 
-    async def publish(self, events: Sequence[Event]) -> list[str]:
+    async def publish(self, events: Iterable[Event]) -> list[str]:
         """XADD `events` atomically (all or none); returns their stream ids.
 
         InvalidEpisode names any item that is not an event (nothing is published then). Raises
@@ -123,6 +123,10 @@ class EngramClient:
         attempt timed out waiting for Redis's reply, the events may have been stored all the same
         (`PublishError.maybe_stored`, and the message says so): retry with the same events.
         """
+        if type(events) in _EVENT_CLASSES or isinstance(events, str | bytes | Mapping) \
+                or not isinstance(events, Iterable):
+            raise InvalidEpisode([("events", f"must be a list of Engram events, not {type(events).__name__}")])
+        events = list(events)  # a generator is read once: by the check below it would be gone (new-user trial)
         wrong = [(f"events[{i}]", f"must be an Engram event ({', '.join(EVENT_TYPES)}), not {type(e).__name__}")
                  for i, e in enumerate(events) if type(e) not in _EVENT_CLASSES]
         if wrong:  # was an AttributeError from the encoder (new-user trial); nothing is published

@@ -32,6 +32,28 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
     return seconds
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _check_startup_values(env: Mapping[str, str]) -> None:
+    """Values that were accepted here and failed later, in one process or in every request (new-user
+    trial): a traceback from `logging`/`connect()`, or a stack whose default namespace was empty
+    (every ingest 422, every recall 500)."""
+    level = env.get("ENGRAM_LOG_LEVEL", "INFO")
+    if level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"ENGRAM_LOG_LEVEL={level!r} must be one of {', '.join(LOG_LEVELS)}")
+    url = env.get("REDIS_URL") or ""
+    if url and url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"REDIS_URL={url[:60]!r} must start with redis://, rediss:// or unix://")
+    for name, default in (("ENGRAM_DEFAULT_NAMESPACE", "default"), ("ENGRAM_CONSUMER_GROUP", "consolidator")):
+        value = env.get(name, default)
+        if not value or value != value.strip():
+            raise ConfigError(f"{name}={value!r} must be non-empty, without leading or trailing spaces")
+    if env.get("ENGRAM_EMBEDDER") == "openai" and not env.get("ENGRAM_OPENAI_URL"):
+        raise ConfigError("ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com/v1 or "
+                          "an Ollama/vLLM server's /v1)")
+
+
 def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """`env[name]` as an int in [lo, hi] (`default` when unset or empty); ConfigError naming it otherwise."""
     raw = env.get(name)
@@ -197,6 +219,7 @@ class Settings:
         prefix = env.get("ENGRAM_PREFIX", "engram:")
         if not prefix or any(ch.isspace() for ch in prefix):
             raise ConfigError(f"ENGRAM_PREFIX={prefix!r} must be non-empty and contain no whitespace")
+        _check_startup_values(env)
         return cls(
             redis_url=env.get("REDIS_URL") or None,
             prefix=prefix,

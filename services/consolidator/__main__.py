@@ -89,7 +89,7 @@ async def _run(settings: Settings) -> int:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Engram consolidator: projects the episode stream into RediSearch."""
-    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)

@@ -16,7 +16,7 @@ from shared.settings import Settings
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = Settings.from_env(os.environ)

@@ -104,11 +104,16 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
     ("ENGRAM_WORKERS", "0", "ENGRAM_WORKERS='0' must be between 1 and 64"),
     ("ENGRAM_REDIS_PORT", "abc", "ENGRAM_REDIS_PORT='abc' is not an integer"),
     ("ENGRAM_METRICS_PORT", "x", "ENGRAM_METRICS_PORT='x' is not an integer"),
+    ("ENGRAM_LOG_LEVEL", "bogus", "ENGRAM_LOG_LEVEL='bogus' must be one of"),
+    ("ENGRAM_HOST", "0.0.0.0", "is not a loopback address and no API keys are configured"),
+    ("ENGRAM_PORT", "REDIS", "ENGRAM_PORT and ENGRAM_REDIS_PORT are both 16599"),
 ])
 def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, name, value, said):
     """Found by a new-user trial: a traceback from int(), or (workers 0) a stack that never projects."""
-    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "ENGRAM_DATA_DIR": str(tmp_path),
-           name: value}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS", "ENGRAM_API_KEYS_FILE")},
+           "ENGRAM_DATA_DIR": str(tmp_path), "ENGRAM_REDIS_PORT": "16599", name: value}
+    if value == "REDIS":
+        env[name] = env["ENGRAM_REDIS_PORT"]
     proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr

@@ -227,3 +227,9 @@ async def test_publish_names_an_item_that_is_not_an_event_and_publishes_nothing(
         await client.publish([good, {"task": "x"}, None])
     assert [f for f, _ in info.value.errors] == ["events[1]", "events[2]"]
     assert "not dict" in str(info.value) and await read_all(redis, prefix) == []
+    for not_a_list in (None, good, "events"):
+        with pytest.raises(InvalidEpisode, match="events: must be a list of Engram events"):
+            await client.publish(not_a_list)
+    # a generator is published, not used up by the check (it returned [] and stored nothing)
+    assert len(await client.publish(e for e in [good])) == 1
+    assert [e.event_id for e in await read_all(redis, prefix)] == [good.event_id]

@@ -35,3 +35,19 @@ def test_api_key_errors_do_not_echo_keys():
     with pytest.raises(ConfigError) as info:
         parse_api_keys("supersecretkey")
     assert "supersecretkey" not in str(info.value)
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"ENGRAM_LOG_LEVEL": "bogus"}, "ENGRAM_LOG_LEVEL='bogus' must be one of"),
+    ({"REDIS_URL": "garbage"}, "REDIS_URL='garbage' must start with redis://"),
+    ({"ENGRAM_DEFAULT_NAMESPACE": ""}, "ENGRAM_DEFAULT_NAMESPACE='' must be non-empty"),
+    ({"ENGRAM_DEFAULT_NAMESPACE": " lead"}, "ENGRAM_DEFAULT_NAMESPACE=' lead' must be non-empty"),
+    ({"ENGRAM_CONSUMER_GROUP": ""}, "ENGRAM_CONSUMER_GROUP='' must be non-empty"),
+    ({"ENGRAM_EMBEDDER": "openai"}, "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL"),
+])
+def test_values_that_used_to_fail_later_are_refused_at_start(env, said):
+    """Found by a new-user trial: each was accepted here, then a traceback in a started process, or
+    (empty default namespace) a stack where every ingest was a 422 and every recall a 500."""
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+        Settings.from_env(env)
+    assert Settings.from_env({"ENGRAM_LOG_LEVEL": "debug"})  # any case: the services upper-case it
