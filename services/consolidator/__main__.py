@@ -135,6 +135,8 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
 
     if not ids and not all_:
         raise click.UsageError("name dead-letter ids or pass --all")
+    if ids and all_:  # which one was meant? (--all re-drove everything and ignored the ids)
+        raise click.UsageError("name dead-letter ids or pass --all, not both")
 
     async def go():
         settings = _settings()

@@ -876,6 +876,8 @@ async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids
 
     out = await asyncio.to_thread(invoke, "dead-letters", "--limit", "0")
     assert out.exit_code == 2 and "--limit" in out.output and "Traceback" not in out.output
+    out = await asyncio.to_thread(invoke, "redrive", "--all", "1-1")
+    assert out.exit_code == 2 and "not both" in out.output
     out = await asyncio.to_thread(invoke, "redrive", "1-1", dead[0].dead_id)
     assert out.exit_code == 1 and "re-driven 1" in out.output and "no dead letter has the id(s) 1-1" in out.output
     assert dead[0].dead_id not in [d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix))]
