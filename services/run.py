@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,16 @@ from shared.settings import Settings, env_int
 GRACE_SECONDS = 15.0
 MAX_REDIS_RESTARTS = 5
 """Restarts of a dead embedded Redis before the supervisor gives up and stops the stack."""
+
+
+def _taken_port(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be bound now (e.g. "Address already in use"), or None when it can."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.create_server((host.strip("[]"), port), family=family):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def main() -> int:
@@ -57,14 +68,20 @@ def main() -> int:
                   f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free",
                   file=sys.stderr)
             return 2
+    busy = _taken_port(settings.host, settings.port)
+    if busy:  # the query service would find out after the model loaded, with a traceback (new-user trial)
+        print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
+              file=sys.stderr)
+        return 2
     redis_server = None
     if not env.get("REDIS_URL"):
         data_dir = Path(env.get("ENGRAM_DATA_DIR", ".run")) / "redis"
         redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir)
         try:
             redis_server.start()
-        except EmbeddedRedisError as exc:
-            print(f"engram: cannot start the embedded Redis: {exc}", file=sys.stderr)
+        except (EmbeddedRedisError, OSError) as exc:  # OSError: e.g. ENGRAM_DATA_DIR under a file
+            print(f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_dir.parent}, "
+                  f"ENGRAM_REDIS_PORT={redis_port}): {exc}", file=sys.stderr)
             return 1
         env["REDIS_URL"] = redis_server.url
         print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)

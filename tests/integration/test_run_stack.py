@@ -118,3 +118,24 @@ def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, n
                           text=True, timeout=60)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "redis").exists()  # nothing was started
+
+
+def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_path):
+    """Found by a new-user trial: a taken ENGRAM_PORT failed only after the model loaded, and
+    ENGRAM_DATA_DIR under a file was a NotADirectoryError traceback."""
+    import socket
+
+    base = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "ENGRAM_DATA_DIR": str(tmp_path),
+            "ENGRAM_REDIS_PORT": str(free_port())}
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env={**base, "ENGRAM_PORT": str(port)},
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"ENGRAM_PORT={port} on 127.0.0.1 is not free" in proc.stderr
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT,
+                          env={**base, "ENGRAM_PORT": str(free_port()), "ENGRAM_DATA_DIR": str(afile / "x")},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "cannot start the embedded Redis" in proc.stderr
+    assert "Traceback" not in proc.stderr
