@@ -81,6 +81,11 @@ class Keys:
         """Hash {completed, importance} since the scope's last consolidation (facts trigger)."""
         return f"{self.prefix}trigger:{scope_id}"
 
+    def facts_recent(self, scope_id: str) -> str:
+        """Set (with a TTL of the facts interval) when a worker starts a background run of the scope,
+        so that the other workers' triggers wait for the interval too."""
+        return f"{self.prefix}factsrecent:{scope_id}"
+
     def consolidation_lock(self, scope_id: str) -> str:
         return f"{self.consolidation_lock_prefix}{scope_id}"
 

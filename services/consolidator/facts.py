@@ -566,14 +566,20 @@ class Consolidator:
         of ingest, triggers coalesce into one run per interval instead of re-clustering the scope
         after every `facts_every` episodes."""
         sid = scope.scope_id
+        recent = self.keys.facts_recent(sid)
         while not self._closing.is_set():
             wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
+            # the interval holds across workers: with two processes each ran the scope once per
+            # interval, seconds apart (found by a new-user trial)
+            wait = max(wait, await self.redis.pttl(recent) / 1000.0)
             if wait > 0:
                 try:
                     await asyncio.wait_for(self._closing.wait(), wait)
                     return  # closing: the counter was not reset, so the scope is picked up again later
                 except TimeoutError:
                     pass
+                if not await self._still_triggered(scope):  # the run that made us wait consumed it
+                    return
             deadline = time.monotonic() + self.settings.facts_min_interval
             while self._backlogged() and time.monotonic() < deadline and not self._closing.is_set():
                 try:
@@ -584,12 +590,19 @@ class Consolidator:
                 return
             self._again.discard(sid)
             self._last_run[sid] = time.monotonic()
+            await self.redis.set(recent, b"1", px=max(1, int(self.settings.facts_min_interval * 1000)))
             try:
                 await self.consolidate(scope)
             except Exception:  # the counter was not reset: the next trigger retries this scope
                 log.exception("facts ◆ consolidation of %s failed", sid[:12])
             if sid not in self._again:
                 return
+
+    async def _still_triggered(self, scope: FactScope) -> bool:
+        """The scope's trigger counter is still at a threshold (another run may have consumed it)."""
+        counter = await self.redis.hgetall(self.keys.scope_counter(scope.scope_id))
+        return int(counter.get(b"completed", b"0")) >= self.settings.facts_every or \
+            float(counter.get(b"importance", b"0")) >= self.settings.facts_importance_threshold
 
     async def wait_idle(self) -> None:
         """Wait until no background consolidation is running (tests, shutdown)."""

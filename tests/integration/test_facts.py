@@ -3,6 +3,8 @@ forgetting, triggers, crash safety and replay."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.consolidator.facts import Consolidator
@@ -333,3 +335,43 @@ async def test_replay_rebuilds_facts_after_the_stream_was_trimmed(seeded, redis)
     await replay(settings, redis, HashingEmbedder(settings.embed_dim))
     assert await facts(redis, settings, include_superseded=True) == before
     assert (await cons.consolidate(FactScope("ns"))).status == "unchanged"
+
+
+async def test_background_runs_keep_the_interval_across_workers(settings, redis):
+    """Found by a new-user trial: with two worker processes each ran a scope once per interval, seconds
+    apart. A run marks the scope for the interval in Redis: another worker's trigger waits for it, then
+    runs only if the trigger counter is still at the threshold (the earlier run may have consumed it)."""
+    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=1.0)
+    scope = FactScope("ns")
+    counter = Keys(s.prefix).scope_counter(scope.scope_id)
+    calls: dict[str, list[float]] = {"a": [], "b": []}
+
+    def counting(cons, name):
+        real = cons.consolidate
+
+        async def consolidate(sc, **kw):
+            calls[name].append(time.monotonic())
+            return await real(sc, **kw)
+        cons.consolidate = consolidate
+        return cons
+
+    await make_worker(s, redis).setup()  # the episode index the runs read
+    a = counting(Consolidator(s, redis, s.embed_dim, background=True), "a")
+    b = counting(Consolidator(s, redis, s.embed_dim, background=True), "b")
+    await redis.hincrby(counter, "completed", 2)
+    a._schedule(scope)
+    await a.wait_idle()
+    assert len(calls["a"]) == 1 and int((await redis.hgetall(counter))[b"completed"]) == 0
+    assert 0 < await redis.pttl(Keys(s.prefix).facts_recent(scope.scope_id)) <= 1000
+    b._schedule(scope)  # a trigger that a's run already consumed: waits out the interval, then skips
+    await b.wait_idle()
+    assert calls["b"] == []
+    await redis.hincrby(counter, "completed", 2)  # new episodes: b runs, once a's interval is over
+    a._schedule(scope)
+    b._schedule(scope)
+    await a.wait_idle()
+    await b.wait_idle()
+    runs = sorted(calls["a"][1:] + calls["b"])
+    assert len(runs) == 1 and runs[0] - calls["a"][0] >= 0.9
+    await a.aclose()
+    await b.aclose()
