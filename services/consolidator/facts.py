@@ -547,7 +547,11 @@ class Consolidator:
         for i, (s, _, _) in enumerate(increments):
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
             if completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold:
-                log.info("facts ◆ trigger %s ◆ %d completed ◆ importance %.1f", s.scope_id[:12], completed, importance)
+                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (a new-user
+                # trial saw two INFO lines per episode in a trickle past the threshold)
+                pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
+                log.log(logging.DEBUG if pending else logging.INFO, "facts ◆ trigger %s ◆ %d completed ◆ "
+                        "importance %.1f", s.scope_id[:12], completed, importance)
                 if self.background:
                     self._schedule(s)
                 else:

@@ -375,3 +375,22 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
     assert len(runs) == 1 and runs[0] - calls["a"][0] >= 0.9
     await a.aclose()
     await b.aclose()
+
+
+async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, caplog):
+    """One INFO line per scheduled run, not one per batch past the threshold (new-user trial)."""
+    import logging
+
+    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60, batch_size=1)
+    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    worker = make_worker(s, redis, on_batch=cons.on_batch)
+    await worker.setup()
+    for scope in (FactScope("ns"), FactScope("ns", "solo", "mig")):  # each run waits: keep it pending
+        await redis.set(Keys(s.prefix).facts_recent(scope.scope_id), b"1", px=60_000)
+    await publish(s, redis, [ep("mig", i, agent="solo") for i in range(5)])
+    with caplog.at_level(logging.DEBUG, logger="engram.facts"):
+        await drain(worker)
+    triggers = [r for r in caplog.records if "facts ◆ trigger" in r.getMessage()]
+    assert len(triggers) == 8  # 4 batches reach the threshold, for 2 scopes
+    assert sorted(r.levelno for r in triggers) == [logging.DEBUG] * 6 + [logging.INFO] * 2
+    await cons.aclose()
