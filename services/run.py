@@ -93,7 +93,7 @@ def main() -> int:
         procs.append((f"consolidator-{i}", subprocess.Popen([sys.executable, "-m", "services.consolidator"],
                                                             env=worker_env)))
     procs.append(("query", subprocess.Popen([sys.executable, "-m", "services.query"], env=env)))
-    host, port = env.get("ENGRAM_HOST", "127.0.0.1"), env.get("ENGRAM_PORT", "8080")
+    host, port = settings.host, settings.port
     print(f"engram ◆ query service on http://{host}:{port} (try GET /readyz) ◆ Ctrl-C stops everything",
           flush=True)
     stopping = {"now": False}

@@ -54,15 +54,21 @@ class HiredisUnixConnection(_HiredisPacking, UnixDomainSocketConnection):
 _CLASSES = {"redis": HiredisConnection, "rediss": HiredisSSLConnection, "unix": HiredisUnixConnection}
 
 
+def check_url(url: str) -> str:
+    """The scheme of `url`; ValueError unless it is redis://, rediss:// or unix://."""
+    scheme = urlsplit(url).scheme
+    if scheme not in _CLASSES:
+        raise ValueError(f"REDIS_URL must start with redis://, rediss:// or unix://, not {scheme!r}")
+    return scheme
+
+
 def connect(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0,
             max_connections: int | None = None) -> aioredis.Redis:
     """An asyncio Redis client for `url` (bytes replies, RESP2, retried transport errors).
 
     `url`: redis://, rediss:// or unix:// (redis-py's URL syntax). Raises ValueError on another scheme.
     """
-    scheme = urlsplit(url).scheme
-    if scheme not in _CLASSES:
-        raise ValueError(f"REDIS_URL must start with redis://, rediss:// or unix://, not {scheme!r}")
+    scheme = check_url(url)
     return aioredis.Redis.from_url(
         url,
         protocol=2,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from shared.errors import ConfigError
+from shared.redis_conn import check_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -43,8 +44,11 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
     if level.upper() not in LOG_LEVELS:
         raise ConfigError(f"ENGRAM_LOG_LEVEL={level!r} must be one of {', '.join(LOG_LEVELS)}")
     url = env.get("REDIS_URL") or ""
-    if url and url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"REDIS_URL={url[:60]!r} must start with redis://, rediss:// or unix://")
+    if url:
+        try:
+            check_url(url)
+        except ValueError:
+            raise ConfigError(f"REDIS_URL={url[:60]!r} must start with redis://, rediss:// or unix://") from None
     for name, default in (("ENGRAM_DEFAULT_NAMESPACE", "default"), ("ENGRAM_CONSUMER_GROUP", "consolidator")):
         value = env.get(name, default)
         if not value or value != value.strip():

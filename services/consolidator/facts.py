@@ -546,7 +546,7 @@ class Consolidator:
         out = []
         for i, (s, _, _) in enumerate(increments):
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
-            if completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold:
+            if self._reached(completed, importance):
                 # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (a new-user
                 # trial saw two INFO lines per episode in a trickle past the threshold)
                 pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
@@ -605,8 +605,11 @@ class Consolidator:
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""
         counter = await self.redis.hgetall(self.keys.scope_counter(scope.scope_id))
-        return int(counter.get(b"completed", b"0")) >= self.settings.facts_every or \
-            float(counter.get(b"importance", b"0")) >= self.settings.facts_importance_threshold
+        return self._reached(int(counter.get(b"completed", b"0")), float(counter.get(b"importance", b"0")))
+
+    def _reached(self, completed: int, importance: float) -> bool:
+        """The trigger: `facts_every` completed episodes, or their summed importance at the threshold."""
+        return completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold
 
     async def wait_idle(self) -> None:
         """Wait until no background consolidation is running (tests, shutdown)."""
