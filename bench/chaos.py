@@ -52,8 +52,8 @@ from bench.common import (
     write_json,
 )
 from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic.errors import PublishError
 from shared import streams
-from shared.errors import PublishError
 from shared.index import Scope, count, current_generation
 from shared.keys import Keys
 from shared.redis_conn import connect

@@ -239,10 +239,10 @@ def bm25_rankings(conv: Conversation) -> list[list[str]]:
 # --- ingest through the SDK and the workers --------------------------------------------------------------
 async def publish(redis_url: str, prefix: str, convs: list[Conversation]) -> int:
     """Publish one EpisodeCompleted per turn through the SDK; returns the number of episodes."""
-    from shared.events import EpisodeCompleted
+    from engram_episodic.events import EpisodeCompleted
+    from engram_episodic.validation import parse_episode
     from shared.redis_conn import connect
     from shared.sdk import EngramClient
-    from shared.validation import parse_episode
 
     r = connect(redis_url)
     n = 0

@@ -122,10 +122,10 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
 
 async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> dict[str, float]:
     """Embedder rate (in process) and pipelined-HSET rate of the same documents into the same schema."""
+    from engram_episodic.validation import parse_episode
     from shared.index import VectorParams, embedding_text, ensure_episode_index, episode_fields
     from shared.keys import Keys
     from shared.redis_conn import connect
-    from shared.validation import parse_episode
 
     parsed = [parse_episode(e) for e in episodes]
     texts = [embedding_text(e) for e in parsed]
@@ -153,14 +153,14 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
 async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str, workers: int,
                         args: argparse.Namespace) -> dict[str, float]:
     """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable."""
+    from engram_episodic.events import EpisodeCompleted
+    from engram_episodic.validation import parse_episode
     from shared import streams
-    from shared.events import EpisodeCompleted
     from shared.index import Scope, count, index_exists
     from shared.keys import Keys
     from shared.redis_conn import connect
     from shared.sdk import EngramClient
     from shared.settings import Settings
-    from shared.validation import parse_episode
 
     prefix = f"e2e{uuid.uuid4().hex[:6]}:"
     keys = Keys(prefix)
@@ -256,8 +256,8 @@ class Seeder:
         """Insert the next len(vectors) episodes; returns the insert rate (episodes/s, HSET pipelined)."""
         from tqdm import tqdm
 
+        from engram_episodic.validation import parse_episode
         from shared.index import episode_fields
-        from shared.validation import parse_episode
 
         rng = np.random.default_rng(self.n)
         docs = []

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from shared.errors import ConfigError, PublishError
+from engram_episodic.errors import ConfigError, PublishError
 from shared.sdk import EngramClient
 from shared.settings import Settings, parse_duration
 

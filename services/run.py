@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
-from shared.errors import ConfigError
 from shared.settings import Settings, env_int
 
 GRACE_SECONDS = 15.0

@@ -3,7 +3,7 @@
 Stored form (one stream entry field `e`): msgpack of `{"type": str, "v": int, "data": map}`.
 `data` is the event as plain JSON-shaped values (timestamps as epoch floats). Decoding applies the
 upcasters registered for the type from the stored `v` up to the current version, then rebuilds the
-event through `shared.validation`, so a stored event obeys the same rules as a fresh one.
+event through `engram_episodic.validation`, so a stored event obeys the same rules as a fresh one.
 No pickle: a stream entry is data, never code.
 
 Errors: `DecodeError` (not msgpack / bad envelope), `UnknownEventType`, `UnknownSchemaVersion`,
@@ -12,19 +12,15 @@ Errors: `DecodeError` (not msgpack / bad envelope), `UnknownEventType`, `Unknown
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
 
-from shared.errors import DecodeError, InvalidEpisode, UnknownEventType, UnknownSchemaVersion
-from shared.events import (
+from engram_episodic.errors import DecodeError, InvalidEpisode, UnknownEventType, UnknownSchemaVersion
+from engram_episodic.events import (
     EVENT_TYPES,
     ActionRecorded,
-    Episode,
     EpisodeCompleted,
     EpisodeForgotten,
     EpisodeStarted,
@@ -32,8 +28,9 @@ from shared.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from shared.timeutil import format_instant
-from shared.validation import Collector, check_id, parse_action, parse_episode
+from engram_episodic.shapes import to_plain
+from engram_episodic.timeutil import format_instant
+from engram_episodic.validation import Collector, check_id, parse_action, parse_episode
 
 CURRENT_VERSION: dict[str, int] = {name: 2 if name in ("EpisodeStarted", "EpisodeCompleted") else 1
                                    for name in EVENT_TYPES}
@@ -66,68 +63,6 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
 }
 
 
-@functools.cache
-def _fields_of(cls: type) -> tuple[tuple[str, ...], operator.attrgetter] | None:
-    """A dataclass's field names and one getter for all of them (None for other types)."""
-    if not dataclasses.is_dataclass(cls):
-        return None
-    names = tuple(f.name for f in dataclasses.fields(cls))
-    getter = operator.attrgetter(*names) if len(names) > 1 else (lambda obj, _n=names[0]: (getattr(obj, _n),))
-    return names, getter
-
-
-_SCALARS = frozenset({str, int, float, bool, bytes})
-
-
-def _clean(value: Any) -> Any:
-    """Dataclasses → dicts without None or empty-tuple fields, sequences → lists, recursively.
-
-    Scalars are tested first and inline (most fields are scalars): this runs for every event the SDK
-    publishes and every document the worker writes, and the generic checks per value were most of the
-    publisher's CPU."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    fields = _fields_of(kind)
-    if fields is not None:
-        names, getter = fields
-        out = {}
-        for name, v in zip(names, getter(value), strict=True):
-            if v is None or v == ():
-                continue
-            out[name] = v if type(v) in _SCALARS else _clean(v)
-        return out
-    if kind is list or kind is tuple or isinstance(value, tuple | list):
-        return [v if type(v) in _SCALARS else _clean(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: v if type(v) in _SCALARS else _clean(v) for k, v in value.items()}
-    return value
-
-
-def episode_to_dict(episode: Episode, *, iso: bool = False, include_vector: bool = True) -> dict[str, Any]:
-    """The episode as JSON-shaped data in the shape agents send it, plus derived fields.
-
-    With `iso=True` timestamps become ISO 8601 `Z` strings (the HTTP response form) and the derived
-    `duration_s` and `feedback.pass_rate` are added; otherwise timestamps stay epoch floats (the
-    stored form). None-valued fields are omitted.
-    """
-    data = _clean(episode)
-    if not include_vector:
-        data.pop("vector", None)
-    if iso:
-        for key in ("started_at", "completed_at"):
-            if key in data:
-                data[key] = format_instant(data[key])
-        for action in data.get("actions", []):
-            if "timestamp" in action:
-                action["timestamp"] = format_instant(action["timestamp"])
-        if episode.duration_s is not None:
-            data["duration_s"] = episode.duration_s
-        if episode.feedback is not None and episode.feedback.pass_rate is not None:
-            data["feedback"]["pass_rate"] = episode.feedback.pass_rate
-    return data
-
-
 def stored_to_response(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored episode document (`episode_to_dict(ep)`, epoch floats) in the HTTP response form.
 
@@ -157,7 +92,7 @@ def stored_to_response(stored: dict[str, Any]) -> dict[str, Any]:
 
 def event_to_data(event: Event) -> dict[str, Any]:
     """The event's payload as plain data (without type and version)."""
-    return _clean(event)
+    return to_plain(event)
 
 
 def encode(event: Event) -> bytes:

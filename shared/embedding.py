@@ -54,7 +54,7 @@ from typing import Any, Self
 import aiohttp
 import numpy as np
 
-from shared.errors import ConfigError, EngramError
+from engram_episodic.errors import ConfigError, EngramError
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")

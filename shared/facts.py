@@ -27,7 +27,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.errors import InvalidEpisode
+from engram_episodic.errors import InvalidEpisode
 from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
@@ -181,7 +181,7 @@ class Fact:
 
     def to_json(self, *, iso: bool = True) -> dict[str, Any]:
         """The HTTP response form: no centroid, ISO 8601 `Z` times."""
-        from shared.timeutil import format_instant
+        from engram_episodic.timeutil import format_instant
 
         data = self.to_data()
         data.pop("centroid", None)

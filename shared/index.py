@@ -24,9 +24,9 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.codec import episode_to_dict
-from shared.errors import Conflict
-from shared.events import Episode
+from engram_episodic.errors import Conflict
+from engram_episodic.events import Episode
+from engram_episodic.shapes import episode_to_dict
 from shared.keys import Keys
 
 TAG_SEPARATOR = "\x1f"

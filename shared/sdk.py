@@ -27,10 +27,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from shared import streams
-from shared.codec import encode, episode_to_dict
-from shared.errors import Backpressure, InvalidEpisode, PublishError
-from shared.events import (
+from engram_episodic.errors import Backpressure, InvalidEpisode, PublishError
+from engram_episodic.events import (
     EVENT_TYPES,
     ActionRecorded,
     Episode,
@@ -41,15 +39,18 @@ from shared.events import (
     UserForgotten,
     new_event_id,
 )
+from engram_episodic.shapes import episode_to_dict
+from engram_episodic.validation import MAX_ACTIONS, Collector, check_id, parse_action, parse_episode
+from shared import streams
+from shared.codec import encode
 from shared.keys import Keys
 from shared.redis_conn import connect
-from shared.validation import MAX_ACTIONS, Collector, check_id, parse_action, parse_episode
 
 _EVENT_CLASSES = frozenset(EVENT_TYPES.values())
 
 
 class EngramClient:
-    """Publishes events for one namespace. Shapes: events are `shared.events` dataclasses.
+    """Publishes events for one namespace. Shapes: events are `engram_episodic.events` dataclasses.
 
     `publish_timeout` (seconds) bounds how long a publish may hold the agent; `retries` bounds the
     attempts within it. Use `EngramClient.connect(url, ...)` or pass an existing redis client.

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from shared.errors import ConfigError
+from engram_episodic.errors import ConfigError
 from shared.redis_conn import check_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")

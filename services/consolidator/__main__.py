@@ -17,7 +17,7 @@ import sys
 import click
 import uvloop
 
-from shared.errors import ConfigError, Conflict
+from engram_episodic.errors import ConfigError, Conflict
 from shared.settings import Settings
 
 

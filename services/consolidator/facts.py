@@ -57,10 +57,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 from sklearn.cluster import AgglomerativeClustering
 
+from engram_episodic.errors import EngramError, InvalidEpisode
+from engram_episodic.events import Episode, FactsConsolidated
+from engram_episodic.timeutil import format_instant
+from engram_episodic.validation import parse_episode
 from shared import streams
 from shared.codec import encode
-from shared.errors import EngramError, InvalidEpisode
-from shared.events import Episode, FactsConsolidated
 from shared.facts import (
     CENTROID_FIELD,
     DOC_FIELD,
@@ -79,8 +81,6 @@ from shared.facts import (
 from shared.index import STATUS_COMPLETED, Scope, current_generation
 from shared.keys import Keys, digest
 from shared.settings import Settings
-from shared.timeutil import format_instant
-from shared.validation import parse_episode
 
 log = logging.getLogger("engram.facts")
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared.events import Action, ActionRecorded, Episode, EpisodeCompleted, EpisodeStarted, Event
+from engram_episodic.events import Action, ActionRecorded, Episode, EpisodeCompleted, EpisodeStarted, Event
 from shared.index import STATUS_COMPLETED, STATUS_DRAFT
 
 _KIND_ORDER = {EpisodeStarted: 0, ActionRecorded: 1, EpisodeCompleted: 2}

@@ -36,12 +36,8 @@ import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
-from services.consolidator.metrics import WorkerMetrics
-from services.consolidator.projection import Folded, fold
-from shared import streams
-from shared.codec import decode
-from shared.errors import EngramError
-from shared.events import (
+from engram_episodic.errors import EngramError
+from engram_episodic.events import (
     ActionRecorded,
     EpisodeCompleted,
     EpisodeForgotten,
@@ -50,6 +46,10 @@ from shared.events import (
     FactsConsolidated,
     UserForgotten,
 )
+from services.consolidator.metrics import WorkerMetrics
+from services.consolidator.projection import Folded, fold
+from shared import streams
+from shared.codec import decode
 from shared.index import (
     STATUS_COMPLETED,
     Scope,
@@ -223,7 +223,7 @@ class Projector:
     def _check_vector(self, event: Event) -> None:
         episode = getattr(event, "episode", None)
         if episode is not None and episode.vector is not None and len(episode.vector) != self.embedder.dim:
-            from shared.errors import InvalidEpisode
+            from engram_episodic.errors import InvalidEpisode
 
             raise InvalidEpisode([("episode.vector", f"has {len(episode.vector)} dimensions; the index "
                                    f"({self.embedder.name}) expects {self.embedder.dim}")])

@@ -26,12 +26,12 @@ import uuid
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
+from engram_episodic.errors import Conflict
 from services.consolidator import retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import DEAD_REF_USER, BatchResult, Projector
 from shared import streams
 from shared.codec import peek_identity
-from shared.errors import Conflict
 from shared.index import VectorParams, current_generation, ensure_episode_index
 from shared.keys import Keys
 from shared.settings import Settings

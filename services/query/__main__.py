@@ -9,9 +9,9 @@ import sys
 import uvloop
 from aiohttp import web
 
+from engram_episodic.errors import ConfigError, Conflict
 from services.query.app import make_app
 from services.query.auth import check_bind
-from shared.errors import ConfigError, Conflict
 from shared.settings import Settings
 
 

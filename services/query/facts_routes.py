@@ -14,18 +14,18 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
+from engram_episodic.errors import NotFound
+from engram_episodic.timeutil import format_instant
+from engram_episodic.validation import Collector, check_id
 from services.consolidator.facts import Consolidator
 from services.consolidator.summarizer import Summarizer
 from services.query import models
 from services.query.app import EMBEDDER, FACTS, KEYS, QUERY_VECTORS, REDIS, SETTINGS, no_facts
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, read_json, validate
-from shared.errors import NotFound
 from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
 from shared.index import current_generation
-from shared.timeutil import format_instant
-from shared.validation import Collector, check_id
 
 KindList = Annotated[tuple[str, ...], PlainValidator(models._tag_list(32, KINDS)),
                      WithJsonSchema(models._one_or_list_schema({"type": "string", "enum": list(KINDS)}))]

@@ -1,6 +1,6 @@
 """Pure helpers behind /v1/context, /v1/skills, /v1/strategy and /v1/suggest (no I/O, no LLM).
 
-Inputs are already-fetched episodes (`shared.events.Episode`) with their cosine to the task, so every
+Inputs are already-fetched episodes (`engram_episodic.events.Episode`) with their cosine to the task, so every
 rule here is unit-testable with hand-made data.
 """
 
@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from shared.events import Episode
+from engram_episodic.events import Episode
 
 STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 REUSE_SUCCESS_RATE = 0.6

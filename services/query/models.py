@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
-from shared.errors import ConfigError
-from shared.events import OUTCOMES
+from engram_episodic.errors import ConfigError
+from engram_episodic.events import OUTCOMES
+from engram_episodic.timeutil import parse_instant
+from engram_episodic.validation import MAX_ID_CHARS, MAX_TAG_CHARS, Collector, check_tag_value
 from shared.settings import parse_duration
-from shared.timeutil import parse_instant
-from shared.validation import MAX_ID_CHARS, MAX_TAG_CHARS, Collector, check_tag_value
 
 MAX_TOP_K = 100
 MAX_CANDIDATES = 1000
@@ -282,7 +282,7 @@ class LearningCurveQuery(ScopeIn):
 EPISODE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "An episode as agents send it (see README 'Episode model'); validated by "
-                   "shared.validation.parse_episode. `outcome` is required over HTTP.",
+                   "engram_episodic.validation.parse_episode. `outcome` is required over HTTP.",
     "required": ["task", "outcome"],
     "properties": {
         "episode_id": {"type": "string"}, "agent_id": {"type": "string"}, "user_id": {"type": "string"},

@@ -1,6 +1,6 @@
 """RFC 9457 problem details: every error the API returns, mapped in one place.
 
-Views raise domain errors (`shared.errors`), `Invalid` (a 422 with `errors: [{field, reason}]`) or
+Views raise domain errors (`engram_episodic.errors`), `Invalid` (a 422 with `errors: [{field, reason}]`) or
 aiohttp's HTTP exceptions; `problems_middleware` turns each into `application/problem+json`. Anything
 else is logged with its traceback and answered with a 500 problem: the service keeps running and the
 client never sees internals.
@@ -21,8 +21,8 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.errors import Backpressure, Conflict, InvalidEpisode, NotFound, PublishError
-from shared.validation import json_problem
+from engram_episodic.errors import Backpressure, Conflict, InvalidEpisode, NotFound, PublishError
+from engram_episodic.validation import json_problem
 
 log = logging.getLogger("engram.query")
 

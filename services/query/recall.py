@@ -25,13 +25,14 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 
+from engram_episodic.errors import EngramError
+from engram_episodic.events import Episode
+from engram_episodic.shapes import episode_to_dict
+from engram_episodic.timeutil import format_instant
+from engram_episodic.validation import parse_episode
 from shared import scoring
-from shared.codec import episode_to_dict, stored_to_response
-from shared.errors import EngramError
-from shared.events import Episode
+from shared.codec import stored_to_response
 from shared.index import VECTOR_FIELD, Scope, SearchHit, bm25_search, count, filter_search, knn_search
-from shared.timeutil import format_instant
-from shared.validation import parse_episode
 
 log = logging.getLogger("engram.query")
 

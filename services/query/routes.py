@@ -19,17 +19,17 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import BaseModel
 
+from engram_episodic.errors import NotFound
+from engram_episodic.events import EpisodeCompleted, new_event_id
+from engram_episodic.timeutil import format_instant
+from engram_episodic.validation import Collector, check_id, parse_episode
 from services.query import facts_routes, insights, models
 from services.query import recall as rc
 from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SCOPE_SIZES, SETTINGS
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, Problem, read_json, validate
-from shared.errors import NotFound
-from shared.events import EpisodeCompleted, new_event_id
 from shared.index import category_stats, current_generation, index_exists
 from shared.sdk import EngramClient
-from shared.timeutil import format_instant
-from shared.validation import Collector, check_id, parse_episode
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -13,14 +13,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from services.consolidator.deadletters import list_dead_letters, redrive
-from services.consolidator.replay import replay
-from services.consolidator.worker import Worker
-from shared import streams
-from shared.codec import encode
-from shared.embedding import HashingEmbedder
-from shared.errors import Conflict
-from shared.events import (
+from engram_episodic.errors import Conflict
+from engram_episodic.events import (
     Action,
     ActionRecorded,
     Episode,
@@ -30,10 +24,16 @@ from shared.events import (
     Task,
     UserForgotten,
 )
+from engram_episodic.validation import parse_episode
+from services.consolidator.deadletters import list_dead_letters, redrive
+from services.consolidator.replay import replay
+from services.consolidator.worker import Worker
+from shared import streams
+from shared.codec import encode
+from shared.embedding import HashingEmbedder
 from shared.index import Scope, count, filter_search
 from shared.keys import Keys
 from shared.sdk import EngramClient
-from shared.validation import parse_episode
 from tests.helpers import wait_until
 
 
@@ -591,7 +591,7 @@ async def _count_is(redis, keys, n):
 
 
 async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
-    from shared.events import FactsConsolidated
+    from engram_episodic.events import FactsConsolidated
 
     keys = Keys(settings.prefix)
     bad = FactsConsolidated(namespace="ns", occurred_at=1.0, scope={"namespace": "ns"},

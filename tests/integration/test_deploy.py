@@ -21,8 +21,8 @@ import redis as sync_redis
 from redis.exceptions import ResponseError
 
 from deploy.embedded_redis import free_port, locate
+from engram_episodic.events import Episode, EpisodeCompleted, Task
 from shared import streams
-from shared.events import Episode, EpisodeCompleted, Task
 from shared.index import Scope, count, index_exists
 from shared.keys import Keys
 from shared.sdk import EngramClient

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.errors import Conflict
-from shared.events import Episode, Feedback, Task
+from engram_episodic.errors import Conflict
+from engram_episodic.events import Episode, Feedback, Task
 from shared.index import (
     STATUS_COMPLETED,
     TEXT_FIELDS,

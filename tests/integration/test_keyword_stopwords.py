@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engram_episodic.validation import parse_episode
 from shared.index import (
     STOPWORDS,
     Scope,
@@ -18,7 +19,6 @@ from shared.index import (
     keyword_query,
 )
 from shared.keys import Keys
-from shared.validation import parse_episode
 
 
 def test_keyword_query_drops_stop_words():

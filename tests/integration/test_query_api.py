@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from engram_episodic.errors import Conflict
+from engram_episodic.events import EpisodeCompleted, EpisodeForgotten, UserForgotten
 from services.query.app import make_app
 from shared import streams
 from shared.codec import decode
 from shared.embedding import Embedder, HashingEmbedder
-from shared.errors import Conflict
-from shared.events import EpisodeCompleted, EpisodeForgotten, UserForgotten
 from shared.keys import Keys
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, put
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from shared.errors import InvalidEpisode
+from engram_episodic.errors import InvalidEpisode
 from shared.sdk import EngramClient
 
 pytest_plugins = ["tests.integration.test_query_support"]

@@ -60,9 +60,9 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     bad = episode("dl-only", task="rotate the SECRET-D keys")
     bad["vector"] = [0.5] * 3  # the wrong dimension: dead-lettered by the worker
     assert (await api.post("/v1/episodes", json=bad)).status == 422  # the service refuses it itself...
+    from engram_episodic.events import EpisodeCompleted
+    from engram_episodic.validation import parse_episode
     from shared.codec import encode
-    from shared.events import EpisodeCompleted
-    from shared.validation import parse_episode
 
     event = EpisodeCompleted(namespace="default", episode_id="dl-only", occurred_at=1.0,
                              episode=parse_episode({**bad, "completed_at": 1.0}))
@@ -74,7 +74,7 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     for stream in (keys.stream, keys.dead_letters):
         assert not [f for _sid, f in await redis.xrange(stream) if any(b"SECRET-D" in v for v in f.values())]
     assert (await api.delete("/v1/episodes/never-seen")).status == 404
-    from shared.events import Action, ActionRecorded
+    from engram_episodic.events import Action, ActionRecorded
 
     action = ActionRecorded(namespace="default", episode_id="act-only", occurred_at=2.0,
                             action=Action(action_type="probe", input="SECRET-A"))
@@ -88,8 +88,8 @@ async def test_an_episode_of_more_actions_than_one_event_carries_completes_and_r
     """MAX_ACTIONS bounds one event, not an episode (found by a new-user trial): an SDK episode of
     1,001 actions completes (the completion carries the last 1,000; the rest were published one by
     one), is projected whole, and GET and recall read it (the stored document was a 500)."""
+    from engram_episodic.validation import MAX_ACTIONS
     from shared.sdk import EngramClient
-    from shared.validation import MAX_ACTIONS
 
     client = EngramClient(redis, namespace="default", prefix=settings.prefix)
     async with client.episode(task="walk the long corridor", episode_id="long-run") as ep:

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engram_episodic.timeutil import parse_instant
+from engram_episodic.validation import parse_episode
 from services.query.app import make_app
 from shared.embedding import Embedder, HashingEmbedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keys import Keys
-from shared.timeutil import parse_instant
-from shared.validation import parse_episode
 from tests.helpers import wait_until
 
 DAY = 86400.0

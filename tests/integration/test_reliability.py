@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic.errors import PublishError
 from services.consolidator.worker import Worker
 from shared import streams
 from shared.embedding import HashingEmbedder
-from shared.errors import PublishError
 from shared.index import Scope, count
 from shared.keys import Keys
 from shared.redis_conn import connect

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+from engram_episodic.errors import InvalidEpisode, PublishError
+from engram_episodic.events import ActionRecorded, EpisodeCompleted, EpisodeStarted
 from shared import streams
 from shared.codec import decode
-from shared.errors import InvalidEpisode, PublishError
-from shared.events import ActionRecorded, EpisodeCompleted, EpisodeStarted
 from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
@@ -113,9 +113,9 @@ async def test_c16_unicode_byte_exact_through_redis(redis, prefix):
 async def test_backpressure_waits_then_publishes_or_raises(redis, prefix, settings):
     import asyncio
 
+    from engram_episodic.errors import Backpressure
     from services.consolidator.worker import Worker
     from shared.embedding import HashingEmbedder
-    from shared.errors import Backpressure
 
     keys = Keys(prefix)
     await streams.ensure_group(redis, keys.stream, "consolidator")
@@ -161,8 +161,8 @@ async def test_record_validates_an_episode_built_in_code(redis, prefix):
     """An Episode object skips parse_episode; record() validates it anyway, naming the field."""
     import dataclasses
 
-    from shared.errors import InvalidEpisode
-    from shared.events import Episode, Task
+    from engram_episodic.errors import InvalidEpisode
+    from engram_episodic.events import Episode, Task
 
     client = EngramClient(redis, namespace="ns", prefix=prefix)
     base = Episode(episode_id="code", task=Task(description="t"), outcome="success")
@@ -192,8 +192,8 @@ async def test_publish_is_all_or_none_when_redis_is_out_of_memory(redis, prefix)
 
 
 async def _completed(client: EngramClient, data: dict):
-    from shared.events import EpisodeCompleted
-    from shared.validation import parse_episode
+    from engram_episodic.events import EpisodeCompleted
+    from engram_episodic.validation import parse_episode
 
     return EpisodeCompleted(namespace=client.namespace, episode_id=data["episode_id"], occurred_at=1.0,
                             episode=parse_episode(data))

@@ -40,7 +40,7 @@ def stop_gracefully(proc: subprocess.Popen, timeout: float = 30) -> int:
 
 async def publish_many(redis, settings, n: int) -> None:
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
-    from shared.events import Episode, EpisodeCompleted, Task
+    from engram_episodic.events import Episode, EpisodeCompleted, Task
 
     events = [EpisodeCompleted(namespace="ns", episode_id=f"e{i}", occurred_at=float(i),
                                episode=Episode(episode_id=f"e{i}", outcome="success", completed_at=float(i),

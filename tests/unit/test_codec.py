@@ -10,9 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.codec import CURRENT_VERSION, decode, encode, episode_to_dict
-from shared.errors import DecodeError, EngramError, InvalidEpisode, UnknownEventType, UnknownSchemaVersion
-from shared.events import (
+from engram_episodic.errors import (
+    DecodeError,
+    EngramError,
+    InvalidEpisode,
+    UnknownEventType,
+    UnknownSchemaVersion,
+)
+from engram_episodic.events import (
     OUTCOMES,
     Action,
     ActionRecorded,
@@ -24,6 +29,8 @@ from shared.events import (
     Task,
     UserForgotten,
 )
+from engram_episodic.shapes import episode_to_dict
+from shared.codec import CURRENT_VERSION, decode, encode
 
 FUZZ = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "150"))
 ids = st.text(min_size=1, max_size=40).filter(lambda s: s.strip() == s and s and all(ord(c) >= 32 and not 127 <= ord(c) < 160 for c in s))
@@ -148,8 +155,8 @@ def test_episode_to_dict_iso_adds_derived_fields():
 def test_stored_to_response_equals_parse_then_iso(episode, started, tests):
     import json
 
+    from engram_episodic.validation import parse_episode
     from shared.codec import stored_to_response
-    from shared.validation import parse_episode
 
     if started is not None and episode.completed_at is not None and started <= episode.completed_at:
         episode = dataclasses.replace(episode, started_at=started)
@@ -164,8 +171,8 @@ def test_stored_to_response_equals_parse_then_iso(episode, started, tests):
 def test_peek_identity_names_the_episode_of_an_undecodable_envelope():
     import msgpack
 
+    from engram_episodic.events import Episode, EpisodeCompleted, Task
     from shared.codec import peek_identity
-    from shared.events import Episode, EpisodeCompleted, Task
 
     ev = EpisodeCompleted(namespace="ns", episode_id="e1", occurred_at=5.0,
                           episode=Episode(episode_id="e1", user_id="u1", task=Task(description="t"), outcome="success"))

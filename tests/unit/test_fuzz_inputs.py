@@ -17,13 +17,13 @@ import msgpack
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from engram_episodic.errors import EngramError, InvalidEpisode
+from engram_episodic.events import Episode, EpisodeCompleted, Feedback, Task, UserForgotten
+from engram_episodic.validation import parse_episode
 from services.query import models
 from services.query.facts_routes import ConsolidateRequest, FactsSearchRequest
 from services.query.problems import Invalid, validate
 from shared.codec import decode, encode
-from shared.errors import EngramError, InvalidEpisode
-from shared.events import Episode, EpisodeCompleted, Feedback, Task, UserForgotten
-from shared.validation import parse_episode
 
 FUZZ = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "100"))
 FUZZ_SETTINGS = settings(max_examples=FUZZ, deadline=None, suppress_health_check=[HealthCheck.too_slow])

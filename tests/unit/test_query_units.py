@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engram_episodic.events import Action, Episode, Feedback, Task
 from services.query import __main__ as entry
 from services.query.auth import check_bind, is_loopback, namespace_for
 from services.query.insights import choose_strategy, prompt_section, skill_profiles, suggestion
 from services.query.models import RecallRequest
 from services.query.openapi import openapi_path
 from services.query.problems import Invalid, validate
-from shared.events import Action, Episode, Feedback, Task
 
 
 def fields_of(exc: Invalid) -> dict[str, str]:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engram_episodic.events import OUTCOMES
 from shared import scoring
-from shared.events import OUTCOMES
 from shared.scoring import (
     AUTO_EARLY_BELOW,
     AUTO_NORMAL_BELOW,

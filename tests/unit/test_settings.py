@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import ConfigError
+from engram_episodic.errors import ConfigError
 from shared.settings import Settings, parse_api_keys, parse_duration
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from shared.errors import InvalidEpisode
-from shared.validation import MAX_ACTIONS, MAX_ID_CHARS, MAX_JSON_BYTES, MAX_TAG_CHARS, parse_episode
+from engram_episodic.errors import InvalidEpisode
+from engram_episodic.validation import MAX_ACTIONS, MAX_ID_CHARS, MAX_JSON_BYTES, MAX_TAG_CHARS, parse_episode
 
 GOOD = {"episode_id": "e1", "task": {"description": "fix the test", "category": "debugging"}, "outcome": "success"}
 

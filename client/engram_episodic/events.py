@@ -7,7 +7,7 @@ The episode model holds the fields of the published episode designs Engram follo
 - Generative Agents' 1..10 importance score (Park et al. 2023, section 4.1).
 
 All timestamps are UTC epoch seconds (float). Text is kept byte-exact (no normalisation).
-These classes carry no validation: `shared.validation` builds them from untrusted input and
+These classes carry no validation: `engram_episodic.validation` builds them from untrusted input and
 `shared.codec` serialises them; a dataclass here is always already valid.
 """
 

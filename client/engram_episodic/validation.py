@@ -24,9 +24,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from shared.errors import InvalidEpisode
-from shared.events import OUTCOMES, Action, Episode, Feedback, Task
-from shared.timeutil import parse_instant
+from engram_episodic.errors import InvalidEpisode
+from engram_episodic.events import OUTCOMES, Action, Episode, Feedback, Task
+from engram_episodic.timeutil import parse_instant
 
 MAX_ID_CHARS = 256
 FLOAT32_MAX = 3.4028234663852886e38
