@@ -12,6 +12,13 @@ import math
 import time
 from datetime import UTC, datetime
 
+# The instants `format_instant` can write: datetime stops at 0001-01-01 and 9999-12-31, and
+# `fromtimestamp` rounds to microseconds, so the largest float it accepts is 30 µs short of year 10000
+# (tests/unit/test_timeutil.py pins both ends against datetime).
+MIN_SECONDS = -62135596800.0  # 0001-01-01T00:00:00Z
+MAX_SECONDS = 253402300799.99997  # 9999-12-31T23:59:59.999969Z
+_RANGE = "0001-01-01T00:00:00Z..9999-12-31T23:59:59.999969Z"
+
 
 def now() -> float:
     """Current UTC epoch seconds."""
@@ -22,16 +29,22 @@ def parse_instant(value: object) -> float:
     """Return UTC epoch seconds for an epoch number or an ISO 8601 string with an offset.
 
     Raises ValueError with a reason (the caller adds the field name) for: bool, NaN/inf, a string that
-    is not ISO 8601, a string without a UTC offset, and instants outside years 1..9999.
+    is not ISO 8601, a string without a UTC offset, and instants outside years 1..9999 in UTC (an
+    offset can carry 9999-12-31T23:59:59-14:00 past the end): whatever this accepts, `format_instant`
+    can write back.
     """
     if isinstance(value, bool):
         raise ValueError("must be an ISO 8601 string with an offset or epoch seconds, not a boolean")
     if isinstance(value, int | float):
-        seconds = float(value)
+        outside = f"is outside years 1..9999 (epoch seconds {MIN_SECONDS:.0f}..{MAX_SECONDS})"
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int no float holds (10**400, from the SDK): out of range, not a crash
+            raise ValueError(outside) from None
         if not math.isfinite(seconds):
             raise ValueError("must be finite")
-        if not -62135596800.0 <= seconds <= 253402300799.0:
-            raise ValueError("is outside years 1..9999")
+        if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+            raise ValueError(outside)
         return seconds
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 string with an offset or epoch seconds")
@@ -42,7 +55,10 @@ def parse_instant(value: object) -> float:
         raise ValueError(f"{value[:40]!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)") from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValueError(f"{value[:40]!r} has no UTC offset (append Z or +00:00)")
-    return parsed.timestamp()
+    seconds = parsed.timestamp()
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise ValueError(f"{value[:40]!r} is outside years 1..9999 once converted to UTC ({_RANGE})")
+    return seconds
 
 
 def format_instant(seconds: float | None) -> str | None:

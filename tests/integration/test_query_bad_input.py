@@ -101,3 +101,37 @@ async def test_a_body_that_is_not_what_its_content_encoding_says_is_a_400(api):
     assert resp.status == 400, await resp.text()
     assert resp.content_type == "application/problem+json"
     assert "cannot be read" in (await resp.json())["detail"]
+
+
+# instants an offset carries past the calendar once in UTC: they used to be a 500 on recall and facts
+# search (formatting `as_of` back), and accepted on ingest only to be dead-lettered by the consolidator
+PAST_THE_CALENDAR = ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", 253402300800]
+
+
+@pytest.mark.parametrize("instant", PAST_THE_CALENDAR)
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/recall", {"query": "x"}, "as_of"), ("/v1/recall", {"query": "x"}, "since"),
+    ("/v1/recall", {"query": "x"}, "until"), ("/v1/facts/search", {}, "as_of"),
+    ("/v1/facts/search", {}, "since"), ("/v1/facts/search", {}, "until"),
+])
+async def test_instants_outside_the_calendar_are_422_on_queries(api, path, body, field, instant):
+    resp = await api.post(path, json={**body, field: instant})
+    got = await resp.json()
+    assert resp.status == 422, got
+    assert field in fields(got) and "outside years 1..9999" in fields(got)[field], got
+
+
+@pytest.mark.parametrize("instant", PAST_THE_CALENDAR)
+async def test_instants_outside_the_calendar_are_422_on_ingest(api, redis, prefix, instant):
+    from shared.keys import Keys
+
+    resp = await api.post("/v1/episodes", json={"episodes": [
+        {"task": "t", "outcome": "success", "completed_at": instant},
+        {"task": "t", "outcome": "success", "started_at": instant},
+        {"task": "t", "outcome": "success", "actions": [{"action_type": "edit", "timestamp": instant}]}]})
+    got = await resp.json()
+    assert resp.status == 422, got
+    assert set(fields(got)) == {"episodes[0].completed_at", "episodes[1].started_at",
+                                "episodes[2].actions[0].timestamp"}, got
+    assert all("outside years 1..9999" in reason for reason in fields(got).values())
+    assert await redis.exists(Keys(prefix).stream) == 0  # nothing published, nothing to dead-letter
