@@ -18,7 +18,6 @@ raised: the SDK never reports success for an event Redis did not acknowledge.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -27,9 +26,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
+from engram_episodic.drafts import EpisodeDraft, finished_episode
 from engram_episodic.errors import Backpressure, InvalidEpisode, PublishError
 from engram_episodic.events import (
     EVENT_TYPES,
+    Action,
     ActionRecorded,
     Episode,
     EpisodeCompleted,
@@ -37,10 +38,8 @@ from engram_episodic.events import (
     EpisodeStarted,
     Event,
     UserForgotten,
-    new_event_id,
 )
-from engram_episodic.shapes import episode_to_dict
-from engram_episodic.validation import MAX_ACTIONS, Collector, check_id, parse_action, parse_episode
+from engram_episodic.validation import Collector, check_id
 from shared import streams
 from shared.codec import encode
 from shared.keys import Keys
@@ -175,19 +174,11 @@ class EngramClient:
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:
         """Publish a finished episode as one `EpisodeCompleted`; returns its `episode_id`.
 
-        `episode` is an Episode or a JSON-shaped dict (validated; InvalidEpisode names bad fields).
-        A missing `episode_id` is generated; `completed_at` defaults to now.
+        `episode` is an Episode or a JSON-shaped dict, made ready by `engram_episodic.drafts.finished_episode`
+        (validated, InvalidEpisode naming bad fields; a missing `episode_id` generated; `completed_at`
+        defaults to now), the same preparation as the HTTP client's.
         """
-        if isinstance(episode, Episode):
-            # an Episode built in code skipped validation: a vector of 1e39 or an int beyond 64 bits would
-            # otherwise fail in the encoder or be dead-lettered by the worker, not be named here
-            episode = parse_episode(episode_to_dict(episode))
-        else:
-            episode = parse_episode(dict(episode), default_episode_id=new_event_id())
-        if episode.completed_at is None:
-            episode = dataclasses.replace(episode, completed_at=time.time())
-        if episode.outcome is None:
-            raise InvalidEpisode([("outcome", "is required for a finished episode")])
+        episode = finished_episode(episode)
         event = EpisodeCompleted(namespace=self.namespace, episode_id=episode.episode_id,
                                  occurred_at=time.time(), episode=episode)
         await self.publish([event])
@@ -196,12 +187,7 @@ class EngramClient:
     def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
                 complexity: float | None = None, **fields: Any) -> EpisodeRecorder:
         """Open an episode (publishes `EpisodeStarted` on enter). `fields` are Episode fields."""
-        task_obj: dict[str, Any] = dict(task) if isinstance(task, Mapping) else {"description": task}
-        if category is not None:
-            task_obj["category"] = category
-        if complexity is not None:
-            task_obj["complexity"] = complexity
-        return EpisodeRecorder(self, {"task": task_obj, **fields})
+        return EpisodeRecorder(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
     async def forget_episode(self, episode_id: str) -> str:
         """Publish `EpisodeForgotten`; returns the event id."""
@@ -217,20 +203,31 @@ class EngramClient:
 
 
 class EpisodeRecorder:
-    """An open episode. Use as `async with client.episode(...) as ep:`; see the module docstring."""
+    """An open episode. Use as `async with client.episode(...) as ep:`; see the module docstring.
 
-    def __init__(self, client: EngramClient, fields: dict[str, Any]):
-        fields.setdefault("episode_id", new_event_id())
-        fields.setdefault("started_at", time.time())
+    The episode itself is an `engram_episodic.drafts.EpisodeDraft` (shared with the HTTP client); this
+    class publishes its start, each action as it happens, and its completion.
+    """
+
+    def __init__(self, client: EngramClient, draft: EpisodeDraft):
         self.client = client
-        self._fields = fields
-        self.start: Episode = parse_episode(fields)
-        self.actions: list[Any] = []
-        self.completed: Episode | None = None
+        self.draft = draft
 
     @property
     def episode_id(self) -> str:
-        return self.start.episode_id
+        return self.draft.episode_id
+
+    @property
+    def start(self) -> Episode:
+        return self.draft.start
+
+    @property
+    def actions(self) -> list[Action]:
+        return self.draft.actions
+
+    @property
+    def completed(self) -> Episode | None:
+        return self.draft.completed
 
     async def __aenter__(self) -> EpisodeRecorder:
         await self.client.publish([EpisodeStarted(namespace=self.client.namespace, episode_id=self.episode_id,
@@ -240,19 +237,19 @@ class EpisodeRecorder:
     async def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
                      success: bool | None = None, error: str | None = None,
                      timestamp: float | None = None) -> str:
-        """Publish one `ActionRecorded`; returns its event id (also the action's `action_id`)."""
-        event_id = new_event_id()
-        raw = {"action_type": action_type, "input": input, "output": output, "success": success,
-               "error": error, "timestamp": timestamp if timestamp is not None else time.time(),
-               "action_id": event_id}
-        errs = Collector()
-        act = parse_action(raw, "action", errs)
-        errs.raise_if_any()
-        await self.client.publish([ActionRecorded(event_id=event_id, namespace=self.client.namespace,
-                                                  episode_id=self.episode_id, occurred_at=time.time(),
-                                                  action=act)])
-        self.actions.append(act)
-        return event_id
+        """Publish one `ActionRecorded`; returns its event id (also the action's `action_id`).
+
+        The action is kept by the draft only once Redis took it, so a failed publish can be retried."""
+        act = self.draft.action(action_type, input=input, output=output, success=success, error=error,
+                                timestamp=timestamp)
+        try:
+            await self.client.publish([ActionRecorded(event_id=act.action_id, namespace=self.client.namespace,
+                                                      episode_id=self.episode_id, occurred_at=time.time(),
+                                                      action=act)])
+        except BaseException:
+            self.draft.actions.remove(act)
+            raise
+        return act.action_id  # type: ignore[return-value]
 
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """Publish `EpisodeCompleted` with the final snapshot; returns it (with every action).
@@ -260,26 +257,15 @@ class EpisodeRecorder:
         `fields` may set any Episode field (feedback, solution, strategy_used, importance, ...). The
         event carries the last MAX_ACTIONS actions (one event's limit): each action was already
         published on its own, and the consolidator merges them by `action_id`, so an episode of more
-        actions than that still completes whole (found by a new-user trial: the 1,001st action made
-        `complete()` and the automatic failure completion raise, leaving the episode a draft).
+        actions than that still completes whole.
         """
-        if self.completed is not None:
-            raise InvalidEpisode([("outcome", "episode already completed")])
-        data = episode_to_dict(self.start)
-        data.update({k: v for k, v in fields.items() if v is not None})
-        data["outcome"] = outcome
-        data.setdefault("completed_at", time.time())
-        data["actions"] = [episode_to_dict(a) for a in self.actions[-MAX_ACTIONS:]]
-        snapshot = parse_episode(data)
+        snapshot = self.draft.completion(outcome, **fields)
         await self.client.publish([EpisodeCompleted(namespace=self.client.namespace, episode_id=self.episode_id,
                                                     occurred_at=time.time(), episode=snapshot)])
-        self.completed = dataclasses.replace(snapshot, actions=tuple(self.actions))
-        return self.completed
+        return self.draft.completed_with(snapshot)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         if self.completed is not None:
             return
-        if exc is not None:
-            await self.complete("failure", outcome_details=f"{exc_type.__name__}: {exc}"[:10_000])
-        else:
-            await self.complete("abandoned", outcome_details="episode block exited without complete()")
+        outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
+        await self.complete(outcome, **fields)

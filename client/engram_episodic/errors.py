@@ -71,3 +71,75 @@ class Backpressure(PublishError):
     def __init__(self, lag: int, max_lag: int, retry_after: float = 1.0):
         self.lag, self.max_lag, self.retry_after = lag, max_lag, retry_after
         super().__init__(f"consumer lag {lag} exceeds ENGRAM_MAX_LAG={max_lag}; retry in {retry_after:g}s")
+
+
+# --- the HTTP client's errors -----------------------------------------------------------------------
+class ConnectionFailed(EngramError):
+    """The query service could not be reached, or did not answer in time.
+
+    `maybe_applied` is False when the request never reached the service (refused connection, DNS,
+    connect timeout) and True when it was sent and the answer was lost (read timeout, dropped
+    connection): a write may then have taken effect. The client retries only calls that are
+    idempotent in effect, so this reaches the caller after its retries, or at once for the others.
+    """
+
+    def __init__(self, message: str, *, maybe_applied: bool = False):
+        super().__init__(message)
+        self.maybe_applied = maybe_applied
+
+
+class ApiError(EngramError):
+    """The query service answered with an RFC 9457 problem (any status >= 400).
+
+    `status` (int), `title`, `detail` (the service's sentence), `errors` (tuple of `(field, reason)`
+    pairs for 422; empty otherwise), `retry_after` (seconds, from the `Retry-After` header, or None)
+    and `body` (the problem document as a dict; a non-JSON answer is kept as `{"detail": text}`).
+    """
+
+    def __init__(self, status: int, body: dict, *, retry_after: float | None = None):
+        self.status = status
+        self.body = body
+        self.title = str(body.get("title") or "error")
+        self.detail = str(body.get("detail") or "")
+        raw_errors = body.get("errors") if isinstance(body.get("errors"), list) else []
+        self.errors = tuple((str(e.get("field", "")), str(e.get("reason", ""))) for e in raw_errors
+                            if isinstance(e, dict))
+        self.retry_after = retry_after
+        lines = [f"{status} {self.title}" + (f": {self.detail}" if self.detail else "")]
+        lines += [f"{field}: {reason}" for field, reason in self.errors]
+        super().__init__("; ".join(lines))
+
+
+class BadRequest(ApiError):
+    """400 (malformed JSON), 413 (body too large) or 422 (invalid fields, listed in `errors`)."""
+
+
+class Unauthorized(ApiError):
+    """401: the API key is missing or unknown."""
+
+
+class ResourceNotFound(ApiError, NotFound):
+    """404: no such episode or fact in the caller's namespace (another namespace's ids look the same)."""
+
+
+class RateLimited(ApiError):
+    """429: the consolidator lags past ENGRAM_MAX_LAG; nothing was published. See `retry_after`."""
+
+
+class ServiceUnavailable(ApiError):
+    """503: the memory store is unavailable (Redis down or the stream refused the write)."""
+
+
+class ServerError(ApiError):
+    """Any other 5xx answer."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {400: BadRequest, 401: Unauthorized, 404: ResourceNotFound,
+                                         413: BadRequest, 422: BadRequest, 429: RateLimited,
+                                         503: ServiceUnavailable}
+
+
+def api_error(status: int, body: dict, *, retry_after: float | None = None) -> ApiError:
+    """The ApiError subclass for `status` (ServerError for other 5xx, ApiError otherwise)."""
+    cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
+    return cls(status, body, retry_after=retry_after)

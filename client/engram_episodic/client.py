@@ -1,0 +1,726 @@
+"""Typed HTTP clients of the Engram query service: `Engram` (sync) and `AsyncEngram` (asyncio), on httpx.
+
+    from engram_episodic import Engram
+
+    with Engram("http://127.0.0.1:8080", api_key="...") as memory:
+        memory.record(task="fix the flaky login test", outcome="success", solution="freeze the clock",
+                      feedback={"reward": 1.0}, agent_id="coder-1")
+        for hit in memory.recall("the login test fails at night", top_k=3):
+            print(f"{hit.priority:.2f}", hit.episode.outcome, hit.episode.task.description)
+
+Both clients have the same methods with the same arguments; the async ones are coroutines. Every call
+is one request to one route of the API (README, "Recall and the HTTP API"); results are the frozen
+dataclasses of `engram_episodic.types`; errors are `engram_episodic.errors.ApiError` subclasses carrying
+`status`, `detail` and the per-field `errors` of the service's RFC 9457 problem, or `ConnectionFailed`.
+
+Retries. 429 and 503 answers (the service says nothing was applied) are retried after their
+`Retry-After`, as are requests that never reached the service (refused connection, connect
+timeout). A request whose answer was lost (read timeout, dropped connection) is retried only when the
+call is idempotent in effect: reads, forgets, consolidation, and `record`/`publish`, whose episodes get
+their `episode_id` and `completed_at` here before the first attempt, so a repeat is the same episode,
+never a copy. A recall with `touch=True` (it counts accesses) is not retried then: it raises
+`ConnectionFailed` with `maybe_applied=True`. At most `max_retries` retries, each wait capped by
+`max_retry_wait` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack
+from urllib.parse import quote
+
+import httpx
+
+from engram_episodic import __version__
+from engram_episodic.drafts import EpisodeDraft, finished_episode
+from engram_episodic.errors import (
+    ApiError,
+    ConnectionFailed,
+    EngramError,
+    InvalidEpisode,
+    ResourceNotFound,
+    api_error,
+)
+from engram_episodic.events import Action, Episode
+from engram_episodic.shapes import episode_to_dict
+from engram_episodic.timeutil import format_instant
+from engram_episodic.types import (
+    Consolidation,
+    Context,
+    Fact,
+    FactDetail,
+    Forgetting,
+    IngestResult,
+    LearningCurve,
+    Recall,
+    Skills,
+    StoredEpisode,
+    StrategyChoice,
+    Suggestion,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+T = TypeVar("T")
+Instant = str | float | int | datetime
+Duration = str | float | int | timedelta
+
+
+class WaitTimeout(EngramError, TimeoutError):
+    """`wait_until_recallable` gave up: the episode was not projected within the timeout."""
+
+
+# --- arguments ----------------------------------------------------------------------------------------
+class Scope(TypedDict, total=False):
+    """Scope keys every read accepts; the namespace comes from the API key, never from here."""
+
+    agent_id: str
+    user_id: str
+    session_id: str
+
+
+class NumRange(TypedDict, total=False):
+    gte: float
+    lte: float
+
+
+class Weights(TypedDict, total=False):
+    similarity: float
+    recency: float
+    reward: float
+    outcome: float
+    importance: float
+
+
+class RecallOptions(Scope, total=False):
+    """`POST /v1/recall` options (README, "decay-weighted prioritized recall")."""
+
+    top_k: int
+    category: str | list[str]
+    outcome: str | list[str]
+    strategy: str | list[str]
+    reward: NumRange
+    importance: NumRange
+    since: Instant
+    until: Instant
+    mode: Literal["vector", "keyword", "hybrid"]
+    weights: Weights
+    preset: Literal["auto", "early", "normal", "late"]
+    half_life: Duration
+    as_of: Instant
+    normalize: Literal["none", "minmax"]
+    recency_from: Literal["completed", "last_access"]
+    touch: bool
+    candidates: int
+    rrf_k: float
+
+
+class ContextOptions(Scope, total=False):
+    category: str
+    top_k: int
+    max_chars: int
+    half_life: Duration
+
+
+class StrategyOptions(Scope, total=False):
+    category: str
+    complexity: float
+    k: int
+    min_similarity: float
+
+
+class SuggestOptions(Scope, total=False):
+    category: str
+    k: int
+    min_similarity: float
+
+
+class SkillsOptions(Scope, total=False):
+    threshold: float
+
+
+class CurveOptions(Scope, total=False):
+    category: str
+    window: int
+    limit: int
+
+
+class FactSearchOptions(TypedDict, total=False):
+    agent_id: str
+    user_id: str
+    category: str | list[str]
+    kind: str | list[str]
+    level: Literal["namespace", "agent_category"]
+    since: Instant
+    until: Instant
+    as_of: Instant
+    top_k: int
+    include_superseded: bool
+    min_confidence: float
+
+
+def _wire(value: Any, name: str) -> Any:
+    """A Python argument in its JSON form: datetimes as ISO 8601 with their offset, timedeltas as seconds."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidEpisode([(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")])
+        return format_instant(value.timestamp())
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _body(options: Mapping[str, Any], **required: Any) -> dict[str, Any]:
+    out = {k: _wire(v, k) for k, v in required.items()}
+    out.update({k: _wire(v, k) for k, v in options.items() if v is not None})
+    return out
+
+
+def _params(options: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+def _path(value: str, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidEpisode([(name, "must be a non-empty string")])
+    return quote(value, safe="")
+
+
+# --- one request, described once for both clients -------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One API request and how to read its answer. `idempotent`: safe to repeat after a lost answer."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    body: Any = None
+    params: Mapping[str, str] | None = None
+    idempotent: bool = True
+
+
+def _ingest(episodes: list[Episode], batch: bool) -> Call[IngestResult]:
+    if batch:
+        body: Any = {"episodes": [episode_to_dict(e) for e in episodes]}
+    else:
+        body = episode_to_dict(episodes[0])
+    return Call("POST", "/v1/episodes", IngestResult.from_json, body=body)
+
+
+class Calls:
+    """The API's requests as values (no I/O): what `Engram` and `AsyncEngram` send."""
+
+    @staticmethod
+    def recall(query: str, options: RecallOptions) -> Call[Recall]:
+        return Call("POST", "/v1/recall", Recall.from_json, body=_body(options, query=query),
+                    idempotent=not options.get("touch"))
+
+    @staticmethod
+    def context(task: str, options: ContextOptions) -> Call[Context]:
+        return Call("POST", "/v1/context", Context.from_json, body=_body(options, task=task))
+
+    @staticmethod
+    def strategy(task: str, options: StrategyOptions) -> Call[StrategyChoice]:
+        return Call("POST", "/v1/strategy", StrategyChoice.from_json, body=_body(options, task=task))
+
+    @staticmethod
+    def suggest(task: str, options: SuggestOptions) -> Call[Suggestion]:
+        return Call("POST", "/v1/suggest", Suggestion.from_json, body=_body(options, task=task))
+
+    @staticmethod
+    def skills(options: SkillsOptions) -> Call[Skills]:
+        return Call("GET", "/v1/skills", Skills.from_json, params=_params(options))
+
+    @staticmethod
+    def learning_curve(options: CurveOptions) -> Call[LearningCurve]:
+        return Call("GET", "/v1/learning-curve", LearningCurve.from_json, params=_params(options))
+
+    @staticmethod
+    def search_facts(query: str | None, options: FactSearchOptions) -> Call[list[Fact]]:
+        body = _body(options, **({"query": query} if query is not None else {}))
+        return Call("POST", "/v1/facts/search", lambda d: [Fact.from_json(f) for f in d["results"]], body=body)
+
+    @staticmethod
+    def get_fact(fact_id: str) -> Call[FactDetail]:
+        return Call("GET", f"/v1/facts/{_path(fact_id, 'fact_id')}", FactDetail.from_json)
+
+    @staticmethod
+    def consolidate(agent_id: str | None, category: str | None, all_scopes: bool) -> Call[Consolidation]:
+        body: dict[str, Any] = {"all_scopes": all_scopes}
+        if agent_id is not None or category is not None:
+            body = {"agent_id": agent_id, "category": category}
+        return Call("POST", "/v1/consolidate", Consolidation.from_json, body=body)
+
+    @staticmethod
+    def record(episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> tuple[Episode, Call[IngestResult]]:
+        prepared = finished_episode(episode, **fields)
+        return prepared, _ingest([prepared], batch=False)
+
+    @staticmethod
+    def publish(episodes: Iterable[Episode | Mapping[str, Any]]) -> tuple[list[Episode], Call[IngestResult]]:
+        if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
+            raise InvalidEpisode([("episodes", "must be a list of episodes")])
+        prepared, errors = [], []
+        for i, item in enumerate(episodes):
+            try:
+                prepared.append(finished_episode(item))
+            except InvalidEpisode as exc:  # every bad field of every episode at once, as the service does
+                errors += [(f"episodes[{i}].{path}" if path else f"episodes[{i}]", why) for path, why in exc.errors]
+        if errors:
+            raise InvalidEpisode(errors)
+        if not prepared:
+            raise InvalidEpisode([("episodes", "must hold at least one episode")])
+        return prepared, _ingest(prepared, batch=True)
+
+    @staticmethod
+    def get_episode(episode_id: str) -> Call[StoredEpisode]:
+        return Call("GET", f"/v1/episodes/{_path(episode_id, 'episode_id')}", StoredEpisode.from_json)
+
+    @staticmethod
+    def forget_episode(episode_id: str) -> Call[Forgetting]:
+        return Call("DELETE", f"/v1/episodes/{_path(episode_id, 'episode_id')}", Forgetting.from_json)
+
+    @staticmethod
+    def forget_user(user_id: str) -> Call[Forgetting]:
+        return Call("DELETE", f"/v1/users/{_path(user_id, 'user_id')}", Forgetting.from_json)
+
+    @staticmethod
+    def ready() -> Call[dict[str, Any]]:
+        return Call("GET", "/readyz", dict)
+
+
+# --- the retry rule, shared ------------------------------------------------------------------------------
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_LOST = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def _problem(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {"detail": response.text[:500]}
+    return api_error(response.status_code, body, retry_after=_retry_after(response))
+
+
+class _Base:
+    """What both clients share: configuration, the request, the answer, the retry decision."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float = 30.0,
+                 max_retries: int = 3, max_retry_wait: float = 30.0, headers: Mapping[str, str] | None = None):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, not {base_url[:40]!r}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_retry_wait = max_retry_wait
+        self._headers = {"User-Agent": f"engram-episodic/{__version__}", **(headers or {})}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    @classmethod
+    def _env(cls, env: Mapping[str, str] | None) -> dict[str, Any]:
+        env = os.environ if env is None else env
+        port = env.get("ENGRAM_PORT") or "8080"
+        return {"base_url": env.get("ENGRAM_URL") or f"http://127.0.0.1:{port}",
+                "api_key": env.get("ENGRAM_API_KEY") or None}
+
+    def _request_args(self, call: Call[Any]) -> dict[str, Any]:
+        args: dict[str, Any] = {"method": call.method, "url": self.base_url + call.path}
+        if call.body is not None:
+            args["json"] = call.body
+        if call.params:
+            args["params"] = call.params
+        return args
+
+    def _read(self, call: Call[T], response: httpx.Response) -> T:
+        if response.status_code >= 400:
+            raise _problem(response)
+        try:
+            data = response.json()
+        except ValueError:
+            raise ApiError(response.status_code, {"detail": "the answer is not JSON"}) from None
+        return call.parse(data)
+
+    def _wait(self, attempt: int, response: httpx.Response | None = None) -> float:
+        hinted = _retry_after(response) if response is not None else None
+        backoff = min(self.max_retry_wait, 0.25 * 2 ** attempt) * (0.5 + random.random() / 2)
+        return min(self.max_retry_wait, hinted if hinted is not None else backoff)
+
+    def _decide(self, call: Call[Any], attempt: int, response: httpx.Response | None,
+                exc: Exception | None) -> float | None:
+        """Seconds to wait before another attempt, or None to stop (then the caller raises or reads)."""
+        if attempt >= self.max_retries:
+            return None
+        if response is not None:
+            return self._wait(attempt, response) if response.status_code in (429, 503) else None
+        if isinstance(exc, _NOT_SENT) or (isinstance(exc, _LOST) and call.idempotent):
+            return self._wait(attempt)
+        return None
+
+    def _failed(self, exc: Exception) -> ConnectionFailed:
+        sent = not isinstance(exc, _NOT_SENT)
+        what = "no answer from" if sent else "cannot reach"
+        return ConnectionFailed(f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": "),
+                                maybe_applied=sent)
+
+
+# --- sync --------------------------------------------------------------------------------------------
+class Engram(_Base):
+    """The synchronous client. Arguments: `base_url` (default http://127.0.0.1:8080), `api_key` (sent as
+    a Bearer token), `timeout` (seconds per request), `max_retries`, `max_retry_wait` (seconds), extra
+    `headers`, or an `http_client` (an httpx.Client you configured; it is not closed by `close()`).
+    Use as a context manager, or call `close()`."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float = 30.0,
+                 max_retries: int = 3, max_retry_wait: float = 30.0, headers: Mapping[str, str] | None = None,
+                 http_client: httpx.Client | None = None):
+        super().__init__(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
+                         max_retry_wait=max_retry_wait, headers=headers)
+        self._owns = http_client is None
+        self._http = http_client or httpx.Client(timeout=timeout)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Engram:
+        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080) and ENGRAM_API_KEY."""
+        return cls(**{**cls._env(env), **kwargs})
+
+    def close(self) -> None:
+        if self._owns:
+            self._http.close()
+
+    def __enter__(self) -> Engram:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, call: Call[T]) -> T:
+        """Send one request (with the retry rule of the module docstring) and read its answer."""
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(**self._request_args(call), headers=self._headers)
+            except httpx.TransportError as exc:
+                delay = self._decide(call, attempt, None, exc)
+                if delay is None:
+                    raise self._failed(exc) from exc
+            else:
+                delay = self._decide(call, attempt, response, None)
+                if delay is None:
+                    return self._read(call, response)
+            time.sleep(delay)
+            attempt += 1
+
+    # memory ------------------------------------------------------------------------------------------
+    def recall(self, query: str, **options: Unpack[RecallOptions]) -> Recall:
+        """The episodes worth replaying for `query`, best first (`POST /v1/recall`)."""
+        return self.call(Calls.recall(query, options))
+
+    def context(self, task: str, **options: Unpack[ContextOptions]) -> Context:
+        """Working memory for `task`: recalled episodes, the short-term window, facts and a ready `prompt`."""
+        return self.call(Calls.context(task, options))
+
+    def strategy(self, task: str, **options: Unpack[StrategyOptions]) -> StrategyChoice:
+        """Which strategy to use for `task`, with the rule and the reason (`POST /v1/strategy`)."""
+        return self.call(Calls.strategy(task, options))
+
+    def suggest(self, task: str, **options: Unpack[SuggestOptions]) -> Suggestion:
+        """How confident past experience is about `task`, and what failed before (`POST /v1/suggest`)."""
+        return self.call(Calls.suggest(task, options))
+
+    def skills(self, **options: Unpack[SkillsOptions]) -> Skills:
+        """Per-category skill profiles and the weak categories (`GET /v1/skills`)."""
+        return self.call(Calls.skills(options))
+
+    def learning_curve(self, **options: Unpack[CurveOptions]) -> LearningCurve:
+        """Rolling success rate and reward per episode, oldest first (`GET /v1/learning-curve`)."""
+        return self.call(Calls.learning_curve(options))
+
+    def search_facts(self, query: str | None = None, **options: Unpack[FactSearchOptions]) -> list[Fact]:
+        """Facts near `query` (the most confident without one), current only unless asked (`POST /v1/facts/search`)."""
+        return self.call(Calls.search_facts(query, options))
+
+    def get_fact(self, fact_id: str) -> FactDetail:
+        """One fact with its evidence episodes and the facts it superseded; ResourceNotFound (404) if none."""
+        return self.call(Calls.get_fact(fact_id))
+
+    def consolidate(self, *, agent_id: str | None = None, category: str | None = None,
+                    all_scopes: bool = True) -> Consolidation:
+        """Consolidate episodes into facts now: every scope, the namespace scope, or one (agent, category)."""
+        return self.call(Calls.consolidate(agent_id, category, all_scopes))
+
+    # episodes ----------------------------------------------------------------------------------------
+    def record(self, episode: Episode | Mapping[str, Any] | None = None, /, **fields: Any) -> str:
+        """Publish one finished episode (an Episode, a dict, or keyword fields); returns its `episode_id`.
+
+        Validated here first (InvalidEpisode names every bad field; nothing is sent), then accepted by the
+        service (202): it becomes recallable once the consolidator projected it (`wait_until_recallable`).
+        """
+        prepared, call = Calls.record(episode, fields)
+        self.call(call)
+        return prepared.episode_id
+
+    def publish(self, episodes: Iterable[Episode | Mapping[str, Any]]) -> IngestResult:
+        """Publish up to 1,000 finished episodes atomically (all or none) in one request."""
+        return self.call(Calls.publish(episodes)[1])
+
+    def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
+                complexity: float | None = None, **fields: Any) -> HttpEpisode:
+        """Record an episode as it happens: `with memory.episode("task") as ep: ep.action(...); ep.complete(...)`.
+
+        Over HTTP the episode is published once, when it completes (the stream SDK also publishes its
+        start and each action as they happen). Leaving the block on an exception records a `failure`
+        with the error and re-raises; leaving it without `complete()` records `abandoned`.
+        """
+        return HttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
+
+    def get_episode(self, episode_id: str) -> StoredEpisode:
+        """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
+        return self.call(Calls.get_episode(episode_id))
+
+    def wait_until_recallable(self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1) -> StoredEpisode:
+        """Poll until the episode is projected and completed (recallable); WaitTimeout after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = self.get_episode(episode_id)
+                if found.status == "completed":
+                    return found
+            except ResourceNotFound:
+                pass
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
+            time.sleep(interval)
+
+    def forget_episode(self, episode_id: str) -> Forgetting:
+        """Forget one episode (202; the consolidator erases it); ResourceNotFound if the namespace has none."""
+        return self.call(Calls.forget_episode(episode_id))
+
+    def forget_user(self, user_id: str) -> Forgetting:
+        """Forget every episode of `user_id` in the caller's namespace (202)."""
+        return self.call(Calls.forget_user(user_id))
+
+    def ready(self) -> dict[str, Any]:
+        """`GET /readyz`: `{"status": "ready", "checks": {...}}`; ServiceUnavailable (503) while not ready."""
+        return self.call(Calls.ready())
+
+
+class HttpEpisode:
+    """An open episode recorded over HTTP (see `Engram.episode`); actions are kept until completion."""
+
+    def __init__(self, client: Engram, draft: EpisodeDraft):
+        self.client = client
+        self.draft = draft
+
+    @property
+    def episode_id(self) -> str:
+        return self.draft.episode_id
+
+    def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
+               success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
+        """Record one action (validated now; InvalidEpisode names a bad field)."""
+        return self.draft.action(action_type, input=input, output=output, success=success, error=error,
+                                 timestamp=timestamp)
+
+    def complete(self, outcome: str, **fields: Any) -> Episode:
+        """Publish the finished episode; returns it. `fields`: any Episode field (feedback, solution, ...)."""
+        snapshot = self.draft.completion(outcome, **fields)
+        self.client.call(_ingest([snapshot], batch=False))
+        return self.draft.completed_with(snapshot)
+
+    def __enter__(self) -> HttpEpisode:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self.draft.completed is None:
+            outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
+            self.complete(outcome, **fields)
+
+
+# --- async -------------------------------------------------------------------------------------------
+class AsyncEngram(_Base):
+    """The asyncio client: the methods of `Engram` as coroutines (`http_client`: an httpx.AsyncClient).
+    Use as `async with AsyncEngram(...) as memory:`, or `await memory.aclose()`."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float = 30.0,
+                 max_retries: int = 3, max_retry_wait: float = 30.0, headers: Mapping[str, str] | None = None,
+                 http_client: httpx.AsyncClient | None = None):
+        super().__init__(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
+                         max_retry_wait=max_retry_wait, headers=headers)
+        self._owns = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> AsyncEngram:
+        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080) and ENGRAM_API_KEY."""
+        return cls(**{**cls._env(env), **kwargs})
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncEngram:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def call(self, call: Call[T]) -> T:
+        """Send one request (with the retry rule of the module docstring) and read its answer."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(**self._request_args(call), headers=self._headers)
+            except httpx.TransportError as exc:
+                delay = self._decide(call, attempt, None, exc)
+                if delay is None:
+                    raise self._failed(exc) from exc
+            else:
+                delay = self._decide(call, attempt, response, None)
+                if delay is None:
+                    return self._read(call, response)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def recall(self, query: str, **options: Unpack[RecallOptions]) -> Recall:
+        """See `Engram.recall`."""
+        return await self.call(Calls.recall(query, options))
+
+    async def context(self, task: str, **options: Unpack[ContextOptions]) -> Context:
+        """See `Engram.context`."""
+        return await self.call(Calls.context(task, options))
+
+    async def strategy(self, task: str, **options: Unpack[StrategyOptions]) -> StrategyChoice:
+        """See `Engram.strategy`."""
+        return await self.call(Calls.strategy(task, options))
+
+    async def suggest(self, task: str, **options: Unpack[SuggestOptions]) -> Suggestion:
+        """See `Engram.suggest`."""
+        return await self.call(Calls.suggest(task, options))
+
+    async def skills(self, **options: Unpack[SkillsOptions]) -> Skills:
+        """See `Engram.skills`."""
+        return await self.call(Calls.skills(options))
+
+    async def learning_curve(self, **options: Unpack[CurveOptions]) -> LearningCurve:
+        """See `Engram.learning_curve`."""
+        return await self.call(Calls.learning_curve(options))
+
+    async def search_facts(self, query: str | None = None, **options: Unpack[FactSearchOptions]) -> list[Fact]:
+        """See `Engram.search_facts`."""
+        return await self.call(Calls.search_facts(query, options))
+
+    async def get_fact(self, fact_id: str) -> FactDetail:
+        """See `Engram.get_fact`."""
+        return await self.call(Calls.get_fact(fact_id))
+
+    async def consolidate(self, *, agent_id: str | None = None, category: str | None = None,
+                          all_scopes: bool = True) -> Consolidation:
+        """See `Engram.consolidate`."""
+        return await self.call(Calls.consolidate(agent_id, category, all_scopes))
+
+    async def record(self, episode: Episode | Mapping[str, Any] | None = None, /, **fields: Any) -> str:
+        """See `Engram.record`."""
+        prepared, call = Calls.record(episode, fields)
+        await self.call(call)
+        return prepared.episode_id
+
+    async def publish(self, episodes: Iterable[Episode | Mapping[str, Any]]) -> IngestResult:
+        """See `Engram.publish`."""
+        return await self.call(Calls.publish(episodes)[1])
+
+    def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
+                complexity: float | None = None, **fields: Any) -> AsyncHttpEpisode:
+        """See `Engram.episode`; use as `async with memory.episode(...) as ep:`."""
+        return AsyncHttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
+
+    async def get_episode(self, episode_id: str) -> StoredEpisode:
+        """See `Engram.get_episode`."""
+        return await self.call(Calls.get_episode(episode_id))
+
+    async def wait_until_recallable(self, episode_id: str, *, timeout: float = 30.0,
+                                    interval: float = 0.1) -> StoredEpisode:
+        """See `Engram.wait_until_recallable`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = await self.get_episode(episode_id)
+                if found.status == "completed":
+                    return found
+            except ResourceNotFound:
+                pass
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
+            await asyncio.sleep(interval)
+
+    async def forget_episode(self, episode_id: str) -> Forgetting:
+        """See `Engram.forget_episode`."""
+        return await self.call(Calls.forget_episode(episode_id))
+
+    async def forget_user(self, user_id: str) -> Forgetting:
+        """See `Engram.forget_user`."""
+        return await self.call(Calls.forget_user(user_id))
+
+    async def ready(self) -> dict[str, Any]:
+        """See `Engram.ready`."""
+        return await self.call(Calls.ready())
+
+
+class AsyncHttpEpisode:
+    """An open episode recorded over HTTP with `AsyncEngram` (see `Engram.episode`)."""
+
+    def __init__(self, client: AsyncEngram, draft: EpisodeDraft):
+        self.client = client
+        self.draft = draft
+
+    @property
+    def episode_id(self) -> str:
+        return self.draft.episode_id
+
+    def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
+               success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
+        """Record one action (kept until completion; nothing is sent)."""
+        return self.draft.action(action_type, input=input, output=output, success=success, error=error,
+                                 timestamp=timestamp)
+
+    async def complete(self, outcome: str, **fields: Any) -> Episode:
+        """See `HttpEpisode.complete`."""
+        snapshot = self.draft.completion(outcome, **fields)
+        await self.client.call(_ingest([snapshot], batch=False))
+        return self.draft.completed_with(snapshot)
+
+    async def __aenter__(self) -> AsyncHttpEpisode:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self.draft.completed is None:
+            outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
+            await self.complete(outcome, **fields)

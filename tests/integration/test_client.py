@@ -1,0 +1,224 @@
+"""The typed HTTP client (engram_episodic.Engram / AsyncEngram) against a real query service and Redis.
+
+The service runs in the test's loop (aiohttp test server on a real port); the consolidator is driven
+in-process (`drain`). The sync client runs in a worker thread so the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from aiohttp import web
+
+from engram_episodic import (
+    AsyncEngram,
+    BadRequest,
+    ConnectionFailed,
+    Engram,
+    Episode,
+    InvalidEpisode,
+    RateLimited,
+    ResourceNotFound,
+    Task,
+    Unauthorized,
+)
+from engram_episodic.events import Feedback
+from engram_episodic.types import Recall, RecallHit
+from shared import streams
+from shared.keys import Keys
+from tests.integration.test_query_e2e import drain
+from tests.integration.test_query_support import KEY_A, KEY_B
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+
+def url(server) -> str:
+    return str(server.make_url("")).rstrip("/")
+
+
+async def test_async_client_reads_and_writes_every_route(tenants, settings, redis):
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        first = await memory.record(task="rotate the tls certificate of the api gateway", outcome="success",
+                                    solution="certbot renew, then reload nginx", agent_id="ops", user_id="ann",
+                                    strategy_used="iterative", feedback={"reward": 1.0}, importance=6)
+        batch = await memory.publish([
+            {"task": {"description": f"rotate the tls certificate of service {i}", "category": "ops"},
+             "outcome": "failure" if i == 2 else "success", "agent_id": "ops", "user_id": "bob",
+             "feedback": {"reward": 0.0 if i == 2 else 0.9, "message": "certbot rate limit" if i == 2 else None},
+             "strategy_used": "iterative"} for i in range(3)])
+        assert batch.accepted == 3 and len({a.episode_id for a in batch.results}) == 3
+        async with memory.episode("rotate the tls certificate by hand", category="ops", agent_id="ops") as ep:
+            ep.action("run", input="openssl x509 -noout -dates", output="notAfter=...", success=True)
+            await ep.complete("partial", feedback={"reward": 0.5})
+        await drain(settings, redis)
+        stored = await memory.wait_until_recallable(first, timeout=10)
+        assert stored.status == "completed" and stored.episode.solution == "certbot renew, then reload nginx"
+        assert stored.episode.task == Task(description="rotate the tls certificate of the api gateway")
+
+        recall = await memory.recall("renew the tls certificate", top_k=5, agent_id="ops")
+        assert isinstance(recall, Recall) and all(isinstance(h, RecallHit) for h in recall)
+        assert len(recall) == 5 and {h.episode.episode_id for h in recall} >= {first, ep.episode_id}
+        assert [h.priority for h in recall] == sorted((h.priority for h in recall), reverse=True)
+        hand = next(h.episode for h in recall if h.episode.episode_id == ep.episode_id)
+        assert [a.action_type for a in hand.actions] == ["run"] and hand.outcome == "partial"
+        assert recall.replay_context.strategies[0].strategy == "iterative"
+
+        only_bob = await memory.recall("tls certificate", user_id="bob", outcome=["failure"])
+        assert [h.episode.feedback.message for h in only_bob] == ["certbot rate limit"]
+
+        context = await memory.context("renew the tls certificate", agent_id="ops", max_chars=2000)
+        assert "tls certificate" in context.prompt and len(context.prompt) <= 2000 and context.results
+        assert context.short_term and isinstance(context.short_term[0], Episode)
+        choice = await memory.strategy("renew the tls certificate", agent_id="ops", min_similarity=0.0)
+        assert choice.strategy == "iterative" and choice.rule == "reuse" and "iterative" in choice.reason
+        suggestion = await memory.suggest("renew the tls certificate", min_similarity=0.0)
+        assert suggestion.failures == 1 and suggestion.common_failures[0] == ("certbot rate limit", 1)
+        skills = await memory.skills(agent_id="ops")
+        assert {p.category for p in skills} == {"unknown", "ops"}
+        curve = await memory.learning_curve(agent_id="ops")
+        assert len(curve.results) == 5 and curve.results[-1].cumulative_reward == pytest.approx(3.3)
+
+        run = await memory.consolidate()
+        assert run.results and {r.status for r in run.results} <= {"published", "unchanged", "busy"}
+        await drain(settings, redis)
+        facts = await memory.search_facts("tls certificate")
+        assert facts and facts[0].support >= 3 and facts[0].status == "current"
+        detail = await memory.get_fact(facts[0].fact_id)
+        assert detail.fact.fact_id == facts[0].fact_id and all(isinstance(e, Episode) for e in detail.evidence)
+
+        forgot = await memory.forget_episode(first)
+        assert forgot.episode_id == first and forgot.event_id
+        assert (await memory.forget_user("bob")).user_id == "bob"
+        await drain(settings, redis)
+        with pytest.raises(ResourceNotFound) as missing:
+            await memory.get_episode(first)
+        assert missing.value.status == 404
+        left = await memory.recall("tls certificate", top_k=10)
+        assert [h.episode.episode_id for h in left] == [ep.episode_id]
+
+    async with AsyncEngram(url(tenants), api_key=KEY_B) as other:  # tenancy is the server's
+        assert len(await other.recall("tls certificate", top_k=10)) == 0
+        with pytest.raises(ResourceNotFound):
+            await other.get_episode(ep.episode_id)
+
+
+async def test_sync_client_and_typed_errors(tenants, settings, redis):
+    keys = Keys(settings.prefix)
+
+    def scenario() -> dict:
+        out: dict = {}
+        with Engram(url(tenants), api_key=KEY_A) as memory:
+            out["id"] = memory.record({"task": "bump the api version", "outcome": "success", "agent_id": "a"})
+            with pytest.raises(RuntimeError), memory.episode("migrate the orders table", agent_id="a") as ep:
+                ep.action("sql", input="ALTER TABLE orders ...", success=False, error="lock timeout")
+                out["failed"] = ep.episode_id
+                raise RuntimeError("deadlock detected")  # recorded as a failure with the error, re-raised
+            with pytest.raises(BadRequest) as bad:
+                memory.recall("x", top_k=0)
+            out["bad"] = bad.value
+            with pytest.raises(InvalidEpisode) as invalid:  # refused here: nothing is sent
+                memory.record(task="t", outcome="maybe", feedback={"reward": float("nan")})
+            out["invalid"] = invalid.value
+        with Engram(url(tenants)) as anonymous, pytest.raises(Unauthorized) as denied:
+            anonymous.recall("anything")
+        out["denied"] = denied.value
+        return out
+
+    before = await redis.xlen(keys.stream)
+    out = await asyncio.to_thread(scenario)
+    assert await redis.xlen(keys.stream) == before + 2, "two episodes published; the invalid one never left"
+    assert out["bad"].status == 422 and ("top_k", "must be an integer between 1 and 100") in out["bad"].errors
+    assert {f for f, _ in out["invalid"].errors} == {"outcome", "feedback.reward"}
+    assert out["denied"].status == 401 and "API key" in out["denied"].detail
+    await drain(settings, redis)
+
+    def read() -> tuple:
+        with Engram(url(tenants), api_key=KEY_A) as memory:
+            return memory.get_episode(out["failed"]), memory.recall("migrate the orders table", top_k=1)
+    failed, recall = await asyncio.to_thread(read)
+    assert failed.episode.outcome == "failure" and failed.episode.actions[0].error == "lock timeout"
+    assert failed.episode.outcome_details == "RuntimeError: deadlock detected"
+    assert recall.results[0].episode.episode_id == out["failed"]
+
+
+async def test_an_episode_built_once_goes_over_http_or_the_stream(tenants, settings, redis):
+    """The same Episode object is published by the HTTP client and read back equal, field by field."""
+    built = Episode(episode_id="both-ways", agent_id="a", task=Task(description="index the audit log", category="ops"),
+                    solution="a partial index on created_at", outcome="success", importance=4.0,
+                    feedback=Feedback(reward=0.75, tests_passed=3, tests_total=4),
+                    started_at=1_700_000_000.0, completed_at=1_700_000_090.5)
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        assert await memory.record(built) == "both-ways"
+        await drain(settings, redis)
+        back = (await memory.wait_until_recallable("both-ways", timeout=10)).episode
+    assert back == built
+    stored = [e for e in await streams.read_range(redis, Keys(settings.prefix).stream)]
+    assert len(stored) == 1
+
+
+# --- retries -----------------------------------------------------------------------------------------
+@pytest.fixture
+async def flaky(aiohttp_server):
+    """A stand-in service: answers each route from a script of statuses; counts requests."""
+    state = {"count": 0, "script": []}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state["count"] += 1
+        step = state["script"].pop(0) if state["script"] else 200
+        if step == "hang":
+            await asyncio.sleep(5)
+        if step in (429, 503):
+            return web.json_response({"title": "busy", "detail": "retry later", "status": step}, status=step,
+                                     headers={"Retry-After": "0"}, content_type="application/problem+json")
+        return web.json_response(_RECALL_BODY)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = await aiohttp_server(app)
+    return server, state
+
+
+_RECALL_BODY = {"results": [], "replay_context": {}, "as_of": "2026-12-01T00:00:00Z", "weights": {},
+                "preset": "early", "mode": "hybrid", "candidates": 0}
+
+
+async def test_retries_429_and_503_after_retry_after_then_gives_up(flaky):
+    server, state = flaky
+    async with AsyncEngram(url(server), max_retries=3) as memory:
+        state["script"] = [429, 503]
+        assert (await memory.recall("x")).mode == "hybrid"
+        assert state["count"] == 3
+        state["count"], state["script"] = 0, [429] * 10
+        with pytest.raises(RateLimited) as limited:
+            await memory.recall("x")
+        assert state["count"] == 4 and limited.value.retry_after == 0.0
+
+
+async def test_a_lost_answer_is_retried_only_when_repeating_is_harmless(flaky):
+    server, state = flaky
+    async with AsyncEngram(url(server), timeout=0.3, max_retries=2, max_retry_wait=0.01) as memory:
+        state["script"] = ["hang"]
+        assert (await memory.recall("x")).results == ()  # a read: repeated after the read timeout
+        assert state["count"] == 2
+        state["count"], state["script"] = 0, ["hang"]
+        with pytest.raises(ConnectionFailed) as lost:
+            await memory.recall("x", touch=True)  # counts accesses: a repeat would count twice
+        assert lost.value.maybe_applied and state["count"] == 1
+
+
+async def test_an_unreachable_service_is_a_connection_error_that_was_never_applied(unused_tcp_port):
+    async with AsyncEngram(f"http://127.0.0.1:{unused_tcp_port}", max_retries=1, max_retry_wait=0.01) as memory:
+        with pytest.raises(ConnectionFailed) as down:
+            await memory.record(task="t", outcome="success")
+    assert not down.value.maybe_applied and "cannot reach" in str(down.value)
+
+
+def test_from_env_reads_only_the_documented_variables():
+    memory = Engram.from_env({"ENGRAM_PORT": "9123", "ENGRAM_API_KEY": "k"})
+    assert memory.base_url == "http://127.0.0.1:9123" and memory._headers["Authorization"] == "Bearer k"
+    assert Engram.from_env({"ENGRAM_URL": "https://mem.example/"}).base_url == "https://mem.example"
+    with pytest.raises(ValueError, match="base_url"):
+        Engram("localhost:8080")
+    assert dataclasses.is_dataclass(Recall)
