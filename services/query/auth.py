@@ -18,19 +18,35 @@ NAMESPACE = web.RequestKey("namespace", str)  # request[NAMESPACE]: the caller's
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
+# RFC 9110 §11.4: `credentials = auth-scheme [ 1*SP token68 ]`, the scheme case-insensitive; tabs are
+# tolerated as aiohttp's parser does for OWS. Only these ASCII blanks separate or pad: `str.split()` and
+# `strip()` would also eat U+00A0 or U+2003, and a key padded with them must not match.
+_BLANKS = " \t"
+
+
 def namespace_for(api_keys: dict[str, str], header: str | None) -> str | None:
-    """The namespace of the Bearer key in `header`, or None for a missing, malformed or unknown key."""
-    if not header:
+    """The namespace of the Bearer key in `header`, or None for a missing, malformed or unknown key.
+
+    The token is compared byte for byte with each configured key: a header byte that is not UTF-8
+    (aiohttp hands it over as a lone surrogate) simply does not match.
+    """
+    if not header or not header[:6].isascii() or header[:6].lower() != "bearer":
         return None
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    rest = header[6:]
+    token = rest.lstrip(_BLANKS)
+    if token == rest:  # no separator ("Bearerkey", "Bearer\u2003key")
         return None
-    found = None
-    for key, namespace in api_keys.items():  # no early exit: constant time over the key set
-        if hmac.compare_digest(key.encode(), token.encode()):
-            found = namespace
-    return found
+    token = token.rstrip(_BLANKS)
+    if not token:
+        return None
+    # surrogateescape gives back the bytes as they came off the wire (b"key\xa0" from "key\udca0"); a plain
+    # encode() raised UnicodeEncodeError there: a 500 with a traceback for any unauthenticated caller
+    raw = token.encode("utf-8", "surrogateescape")
+    namespace = None
+    for key, ns in api_keys.items():  # no early exit: constant time over the key set
+        if hmac.compare_digest(key.encode("utf-8", "surrogateescape"), raw):
+            namespace = ns
+    return namespace
 
 
 def auth_middleware(api_keys: dict[str, str], default_namespace: str):

@@ -3,6 +3,7 @@ other on any route, API keys never reach a log, bodies over the limit are 413 on
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -211,3 +212,43 @@ async def test_bodies_over_the_limit_are_413_on_every_body_route(make_client, re
         assert resp.content_type == "application/problem+json"
     # nothing was published by the rejected ingest
     assert await redis.exists(Keys(prefix).stream) == 0
+
+
+async def raw_http(client, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as raw bytes (aiohttp's client refuses some hostile headers) and read the answer."""
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        raw = await reader.read()  # the requests say Connection: close; error answers close anyway
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def get_with_auth(value: bytes, path: bytes = b"/v1/skills") -> bytes:
+    return (b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + value
+            + b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("value", [
+    b"Bearer " + KEY_A.encode() + b"\xa0",  # a lone non-UTF-8 byte: a 500 with a traceback before
+    b"Bearer \xa0" + KEY_A.encode(), b"Bearer " + KEY_A.encode() + b"\xff\xfe",
+    b"Bearer \xe2\x80\x83" + KEY_A.encode() + b"\xe2\x80\x83",  # U+2003 padding, stripped and accepted before
+    b"Bearer " + KEY_A.encode() + b"\xc2\xa0",  # U+00A0
+    b"Bearer\xe2\x80\x83" + KEY_A.encode(), b"Bearer\xc2\xa0" + KEY_A.encode(),  # not an ASCII separator
+], ids=["xa0", "lead-xa0", "xff", "em-space-pad", "nbsp", "em-space-sep", "nbsp-sep"])
+async def test_keys_with_non_ascii_bytes_or_unicode_padding_are_401_without_a_traceback(make_client, caplog, value):
+    caplog.set_level(logging.DEBUG)
+    client = await make_client(api_keys=THREE)
+    status, headers, body = await raw_http(client, get_with_auth(value))
+    assert status == 401, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert json.loads(body)["detail"] == "invalid API key"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+    # the same key, sent as configured, still works; ASCII blanks separate and pad it as before
+    for ok in (b"Bearer " + KEY_A.encode(), b"bearer\t" + KEY_A.encode() + b" \t", b"BEARER   " + KEY_A.encode()):
+        assert (await raw_http(client, get_with_auth(ok)))[0] == 200, ok

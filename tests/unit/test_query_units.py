@@ -50,8 +50,15 @@ def test_namespace_for_bearer_keys():
     keys = {"k1": "ns-1", "k2": "ns-2"}
     assert namespace_for(keys, "Bearer k2") == "ns-2"
     assert namespace_for(keys, "bearer  k1 ") == "ns-1"
-    for header in (None, "", "Bearer", "Bearer k3", "Basic k1", "k1"):
+    assert namespace_for(keys, "BEARER\tk1\t") == "ns-1"
+    for header in (None, "", "Bearer", "Bearer k3", "Basic k1", "k1", "Bearerk1", "Bearer  ", "Bearer k1 k2"):
         assert namespace_for(keys, header) is None
+    # only ASCII blanks separate or pad: a key with Unicode spaces around it is another key
+    for header in ("Bearer \u2003k1\u2003", "Bearer k1\u00a0", "Bearer\u00a0k1", "Bearer\u2003k1", "Bearer k1\udca0",
+                   "B\u0130arer k1", "Bearer \ufeffk1"):
+        assert namespace_for(keys, header) is None, repr(header)
+    # a non-UTF-8 byte arrives as a lone surrogate; it is compared as the byte it was, nothing raises
+    assert namespace_for({"k\udca0": "ns-raw"}, "Bearer k\udca0") == "ns-raw"
 
 
 def test_bind_rules():
