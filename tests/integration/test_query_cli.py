@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from services.cli import cli
+from engram_episodic.cli import cli
 from shared import streams
 from shared.codec import decode
 from shared.keys import Keys
@@ -62,3 +62,25 @@ async def test_cli_errors(tenants, tmp_path):
     file.write_text(json.dumps({"task": "t"}), encoding="utf-8")
     out = await run(tenants, "publish", str(file), key=KEY_A)
     assert out.exit_code == 1 and "outcome" in out.output
+
+
+async def test_cli_context_facts_curve_and_the_default_url(tenants, redis, prefix, monkeypatch):
+    for i, outcome in enumerate(["success", "failure", "success"]):
+        await put(redis, prefix, "ns-a", episode(f"c{i}", task=f"upgrade the postgres cluster {i}", agent_id="ops",
+                                                 outcome=outcome, reward=1.0 if outcome == "success" else 0.0,
+                                                 completed_at=1_700_000_000.0 + i))
+    out = await run(tenants, "context", "upgrade the postgres cluster", "--agent-id", "ops", key=KEY_A)
+    assert out.exit_code == 0 and "upgrade the postgres cluster" in out.output, out.output
+    out = await run(tenants, "curve", "--agent-id", "ops", key=KEY_A)
+    assert out.exit_code == 0 and [line.split()[0] for line in out.output.splitlines()] == ["1", "2", "3"]
+    assert "cumulative 2.00" in out.output.splitlines()[-1]
+    out = await run(tenants, "curve", "--agent-id", "ops", "--json", key=KEY_A)
+    assert [p["episode_id"] for p in json.loads(out.output)["results"]] == ["c0", "c1", "c2"]
+    out = await run(tenants, "facts", "postgres", key=KEY_A)
+    assert out.exit_code == 0 and "no facts in this scope" in out.output  # none consolidated yet
+
+    port = tenants.make_url("").port
+    monkeypatch.setenv("ENGRAM_PORT", str(port))  # no --url: the default follows ENGRAM_PORT
+    monkeypatch.setenv("ENGRAM_API_KEY", KEY_A)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["skills"], catch_exceptions=False)
+    assert result.exit_code == 0 and result.output.startswith("debugging  "), result.output

@@ -1,0 +1,241 @@
+"""`engram`: the command line of Engram's query service, on the typed client (`engram_episodic.Engram`).
+
+    engram recall "fix the flaky migration test" --agent-id coder --top-k 5
+    engram context "fix the flaky migration test"      # the prompt section an agent would get
+    engram publish episodes.json                       # one episode, or {"episodes": [...]}
+    engram facts "migrations"                          # semantic memory
+    engram skills --agent-id coder
+    engram curve --agent-id coder
+    engram forget --episode EPISODE_ID                 # or --user USER_ID
+    engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
+
+`--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
+select the service. Human output by default, `--json` for scripts. Errors are the service's problem
+details on stderr with exit status 1 (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from engram_episodic.client import Engram
+from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
+
+
+def _default_url() -> str:
+    return f"http://127.0.0.1:{os.environ.get('ENGRAM_PORT') or '8080'}"
+
+
+def _client(ctx: click.Context) -> Engram:
+    return Engram(ctx.obj["url"], api_key=ctx.obj["api_key"], timeout=60.0)
+
+
+def _run(ctx: click.Context, fn: Any) -> Any:
+    """Run `fn(client)`; every error of the client becomes a one-screen message and exit status 1."""
+    try:
+        with _client(ctx) as client:
+            return fn(client)
+    except ApiError as exc:
+        lines = [f"{exc.status} {exc.title}" + (f": {exc.detail}" if exc.detail else "")]
+        lines += [f"  {field}: {reason}" for field, reason in exc.errors]
+        raise click.ClickException("\n".join(lines)) from None
+    except InvalidEpisode as exc:
+        raise click.ClickException("invalid:\n" + "\n".join(f"  {f}: {r}" for f, r in exc.errors)) from None
+    except ConnectionFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    except EngramError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, indent=2))
+
+
+def _scope(**options: Any) -> dict[str, Any]:
+    out = {k: v for k, v in options.items() if v not in (None, ())}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@click.group()
+@click.version_option(package_name="engram-episodic", prog_name="engram")
+@click.option("--url", envvar="ENGRAM_URL", default=_default_url, show_default="http://127.0.0.1:$ENGRAM_PORT",
+              help="Base URL of the query service (env ENGRAM_URL).")
+@click.option("--api-key", envvar="ENGRAM_API_KEY", default=None,
+              help="API key, sent as a Bearer token (env ENGRAM_API_KEY).")
+@click.pass_context
+def cli(ctx: click.Context, url: str, api_key: str | None) -> None:
+    """Engram: episodic memory for LLM agents."""
+    ctx.obj = {"url": url, "api_key": api_key}
+
+
+_scope_options = [
+    click.option("--agent-id"), click.option("--user-id"), click.option("--session-id"),
+]
+
+
+def scoped(fn: Any) -> Any:
+    for option in reversed(_scope_options):
+        fn = option(fn)
+    return fn
+
+
+@cli.command()
+@click.argument("query")
+@scoped
+@click.option("--category", multiple=True, help="Repeat for any of several.")
+@click.option("--outcome", multiple=True, type=click.Choice(["success", "partial", "failure", "abandoned"]))
+@click.option("--top-k", type=click.IntRange(1, 100))
+@click.option("--mode", type=click.Choice(["vector", "keyword", "hybrid"]),
+              help="Default: the service's (ENGRAM_RECALL_MODE, hybrid).")
+@click.option("--preset", type=click.Choice(["auto", "early", "normal", "late"]))
+@click.option("--since", help="ISO 8601 with an offset, or epoch seconds.")
+@click.option("--until", help="ISO 8601 with an offset, or epoch seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full JSON response.")
+@click.pass_context
+def recall(ctx: click.Context, query: str, as_json: bool, **options: Any) -> None:
+    """Recall the episodes worth replaying for QUERY, best first."""
+    found = _run(ctx, lambda c: c.recall(query, **_scope(**options)))
+    if as_json:
+        _emit(found.raw)
+        return
+    for hit in found:
+        ep = hit.episode
+        task = ep.task.description if ep.task else ""
+        click.echo(f"{hit.priority:.3f}  {ep.outcome or '-':9}  {ep.episode_id}  {task[:80]}")
+    if not found.results:
+        click.echo("no episodes in this scope", err=True)
+
+
+@cli.command()
+@click.argument("task")
+@scoped
+@click.option("--category")
+@click.option("--top-k", type=click.IntRange(1, 100))
+@click.option("--max-chars", type=click.IntRange(200, 200_000))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def context(ctx: click.Context, task: str, as_json: bool, **options: Any) -> None:
+    """The working-memory prompt section for TASK (recalled episodes, recent ones, facts)."""
+    found = _run(ctx, lambda c: c.context(task, **_scope(**options)))
+    if as_json:
+        _emit(found.raw)
+    else:
+        click.echo(found.prompt)
+
+
+@cli.command()
+@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.pass_context
+def publish(ctx: click.Context, file: Any) -> None:
+    """Publish FILE: one episode (JSON object) or {"episodes": [...]}. "-" reads stdin."""
+    try:
+        body = json.load(file)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"{file.name} is not JSON: {exc}") from None
+    episodes = body["episodes"] if isinstance(body, dict) and set(body) == {"episodes"} else [body]
+    result = _run(ctx, lambda c: c.publish(episodes))
+    for accepted in result.results:
+        click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id})")
+
+
+@cli.command()
+@click.argument("query", required=False)
+@click.option("--agent-id")
+@click.option("--user-id")
+@click.option("--category", multiple=True)
+@click.option("--kind", multiple=True, type=click.Choice(["strategy", "failure_pattern", "best_practice", "preference"]))
+@click.option("--top-k", type=click.IntRange(1, 100))
+@click.option("--include-superseded", is_flag=True, default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def facts(ctx: click.Context, query: str | None, as_json: bool, **options: Any) -> None:
+    """Facts (semantic memory) near QUERY, or the most confident ones without it."""
+    found = _run(ctx, lambda c: c.search_facts(query, **_scope(**options)))
+    if as_json:
+        _emit([f.raw for f in found])
+        return
+    for fact in found:
+        click.echo(f"{fact.kind:16} support {fact.support:4}  {fact.fact_id}  {fact.text[:100]}")
+    if not found:
+        click.echo("no facts in this scope", err=True)
+
+
+@cli.command()
+@scoped
+@click.option("--threshold", type=click.FloatRange(0, 1), help="Weak below this success rate (default 0.5).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def skills(ctx: click.Context, as_json: bool, **options: Any) -> None:
+    """Per-category skill profiles; weak categories are marked."""
+    found = _run(ctx, lambda c: c.skills(**_scope(**options)))
+    if as_json:
+        _emit(found.raw)
+        return
+    for p in found:
+        click.echo(f"{p.category:24} {p.episodes:6} episodes  success {_fmt(p.success_rate, '.0%'):>5}  "
+                   f"reward {_fmt(p.avg_reward, '.2f'):>5}{'  WEAK' if p.weak else ''}")
+
+
+@cli.command()
+@scoped
+@click.option("--category")
+@click.option("--window", type=click.IntRange(1, 1000))
+@click.option("--limit", type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def curve(ctx: click.Context, as_json: bool, **options: Any) -> None:
+    """The learning curve: per episode, rolling success rate and reward, cumulative reward."""
+    found = _run(ctx, lambda c: c.learning_curve(**_scope(**options)))
+    if as_json:
+        _emit(found.raw)
+        return
+    for p in found:
+        click.echo(f"{p.episode:5}  {p.outcome or '-':9} reward {_fmt(p.reward, '.2f'):>5}  "
+                   f"success {p.success_rate:.0%}  cumulative {p.cumulative_reward:.2f}  {p.episode_id}")
+
+
+@cli.command()
+@click.option("--episode", "episode_id", help="Forget one episode.")
+@click.option("--user", "user_id", help="Forget every episode of a user.")
+@click.pass_context
+def forget(ctx: click.Context, episode_id: str | None, user_id: str | None) -> None:
+    """Forget one episode (--episode) or a whole user (--user)."""
+    if (episode_id is None) == (user_id is None):
+        raise click.UsageError("give exactly one of --episode or --user")
+    if episode_id is not None:
+        done = _run(ctx, lambda c: c.forget_episode(episode_id))
+        click.echo(f"forgetting episode {done.episode_id} (event {done.event_id})")
+    else:
+        done = _run(ctx, lambda c: c.forget_user(user_id))
+        click.echo(f"forgetting user {done.user_id} (event {done.event_id})")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@click.pass_context
+def mcp(ctx: click.Context) -> None:
+    """An MCP server over stdio (default) or streamable HTTP; `engram mcp --help` lists its options."""
+    try:
+        from engram_episodic import mcp_server
+    except ImportError as exc:
+        raise click.ClickException(f"the MCP server needs the mcp extra: pip install 'engram-episodic[mcp]' ({exc})") \
+            from None
+    env = {"ENGRAM_URL": ctx.obj["url"], **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {})}
+    os.environ.update(env)
+    sys.exit(mcp_server.main(list(ctx.args)))
+
+
+def main() -> None:
+    cli(prog_name="engram")
+
+
+if __name__ == "__main__":
+    main()
