@@ -1,0 +1,93 @@
+"""The client distribution as a user gets it: a wheel of its own, installed alone into an empty venv.
+
+Builds `client/` into a wheel, checks what it ships (one import name, py.typed, no server package, no
+server dependency), installs it into a fresh virtualenv (pip fetches only httpx and click and their
+dependencies), and runs the README's five lines there against a running query service with an API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from services.consolidator.worker import Worker
+from shared.embedding import HashingEmbedder
+from tests.integration.test_query_support import KEY_A
+
+pytest_plugins = ["tests.integration.test_query_support"]
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ONLY = ("torch", "scikit-learn", "uvloop", "prometheus-client", "redis", "aiohttp", "numpy", "sentence-transformers")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(out), str(ROOT / "client")], check=True)
+    (built,) = out.glob("engram_episodic-*.whl")
+    return built
+
+
+def test_the_wheel_ships_one_import_name_typed_without_server_dependencies(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"engram_episodic"}, f"only the client's import name is top-level, not {top}"
+    assert "engram_episodic/py.typed" in names
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    required = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    core = [r for r in required if "extra ==" not in r]
+    assert sorted(re.split(r"[<>=;\[ ]", r)[0].lower() for r in core) == ["click", "httpx"]
+    assert not any(r.lower().startswith(SERVER_ONLY) for r in core)
+    assert "Name: engram-episodic" in metadata
+
+
+def _readme_lines() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Use Engram from an agent (Python client)", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    assert len(code.strip().splitlines()) == 5, "the README promises five lines"
+    return code
+
+
+async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(wheel, tmp_path, tenants, settings, redis):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    install = await asyncio.create_subprocess_exec(str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                                   str(wheel), stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(install.communicate(), 300)
+    assert install.returncode == 0, out.decode()[-2000:]
+    probe = subprocess.run([str(py), "-c", "import importlib.util as u; print([m for m in ('shared', 'services', "
+                            "'deploy', 'torch', 'redis', 'aiohttp') if u.find_spec(m)])"],
+                           capture_output=True, text=True, check=True, cwd=tmp_path)  # not the checkout
+    assert probe.stdout.strip() == "[]", f"the client venv holds server modules: {probe.stdout}"
+
+    code = _readme_lines().replace("http://127.0.0.1:8080", str(tenants.make_url("")).rstrip("/"))
+    code = code.replace('"dev-key"', repr(KEY_A))
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="readme")
+    await worker.setup()
+    stop = asyncio.Event()
+
+    async def consolidate() -> None:  # the stack's consolidator, projecting while the snippet waits
+        while not stop.is_set():
+            if not await worker.turn():
+                await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(consolidate())
+    try:
+        proc = await asyncio.create_subprocess_exec(str(py), "-c", code, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, cwd=tmp_path)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        stop.set()
+        await task
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    lines = stdout.decode().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("success fix the flaky login test"), lines
