@@ -26,6 +26,7 @@ never a copy. A recall with `touch=True` (it counts accesses) is not retried the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import os
 import random
@@ -210,6 +211,14 @@ class Call(Generic[T]):
     body: Any = None
     params: Mapping[str, str] | None = None
     idempotent: bool = True
+
+    def as_json(self) -> Call[Any]:
+        """The same request answering the service's JSON as it came (dicts and lists), unparsed."""
+        return dataclasses.replace(self, parse=_as_is)
+
+
+def _as_is(data: Any) -> Any:
+    return data
 
 
 def _ingest(episodes: list[Episode], batch: bool) -> Call[IngestResult]:

@@ -222,3 +222,12 @@ def test_from_env_reads_only_the_documented_variables():
     with pytest.raises(ValueError, match="base_url"):
         Engram("localhost:8080")
     assert dataclasses.is_dataclass(Recall)
+
+
+async def test_any_call_can_answer_the_raw_json(flaky):
+    from engram_episodic.client import Calls
+
+    server, _ = flaky
+    async with AsyncEngram(url(server)) as memory:
+        raw = await memory.call(Calls.recall("x", {"top_k": 2}).as_json())
+    assert raw == _RECALL_BODY
