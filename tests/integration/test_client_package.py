@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -28,8 +29,10 @@ SERVER_ONLY = ("torch", "scikit-learn", "uvloop", "prometheus-client", "redis", 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "client"  # a copy: setuptools writes build/ and egg-info next to the sources
+    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(out), str(ROOT / "client")], check=True)
+                    "--disable-pip-version-check", "-w", str(out), str(source)], check=True)
     (built,) = out.glob("engram_episodic-*.whl")
     return built
 
