@@ -280,8 +280,9 @@ async def suggest(request: web.Request) -> web.Response:
 async def learning_curve(request: web.Request) -> web.Response:
     req: models.LearningCurveQuery = _query_params(request, models.LearningCurveQuery)
     scope = rc.scope_of(_ns(request), req)
-    eps = [c.episode for c in await rc.latest(_redis(request), _index(request), scope, req.limit,
-                                              oldest_first=True)]
+    # the newest `limit` episodes, drawn in time order (oldest first) as the curve reads
+    newest = await rc.latest(_redis(request), _index(request), scope, req.limit)
+    eps = [c.episode for c in reversed(newest)]
     points = insights_curve(eps, req.window)
     return _json({"results": points, "window": req.window})
 

@@ -239,6 +239,9 @@ async def test_learning_curve(api, redis, prefix):
     assert [p["cumulative_reward"] for p in pts] == [0.0, 1.0, 1.5, 1.5]
     assert [p["success_rate"] for p in pts] == [0.0, 0.5, 1.0, 0.5]
     assert [p["avg_reward"] for p in pts] == [0.0, 0.5, 0.75, 0.5]
+    newest = (await (await api.get("/v1/learning-curve", params={"window": "2", "limit": "2"})).json())["results"]
+    assert [p["episode_id"] for p in newest] == ["e3", "e4"], "limit keeps the newest episodes, in time order"
+    assert [p["cumulative_reward"] for p in newest] == [0.5, 0.5]
     await problem(await api.get("/v1/learning-curve", params={"window": "0"}), 422)
 
 
