@@ -152,10 +152,19 @@ def register(app: web.Application) -> None:
     async def provider(r: aioredis.Redis, scope: EpisodeScope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
         q = FactQuery(namespace=scope.namespace, agent_id=scope.agent_id, user_id=scope.user_id,
                       category=scope.category)
-        hits = await search_facts(r, await live_facts_index(r, keys), q, vector=query_vector, top_k=k)
-        return [{"fact_id": h.fact.fact_id, "kind": h.fact.kind, "text": h.fact.text, "support": h.fact.support,
-                 "success_rate": h.fact.success_rate, "confidence": h.fact.confidence,
-                 "score": round(h.score, 6) if h.score is not None else None} for h in hits]
+        # the namespace scope and an (agent, category) scope holding the same episodes give the same
+        # fact twice (same text): read twice as deep, keep each text once (the better-scored), then cut
+        hits = await search_facts(r, await live_facts_index(r, keys), q, vector=query_vector, top_k=2 * k)
+        seen: set[str] = set()
+        out = []
+        for h in hits:
+            if h.fact.text in seen:
+                continue
+            seen.add(h.fact.text)
+            out.append({"fact_id": h.fact.fact_id, "kind": h.fact.kind, "text": h.fact.text,
+                        "support": h.fact.support, "success_rate": h.fact.success_rate,
+                        "confidence": h.fact.confidence, "score": round(h.score, 6) if h.score is not None else None})
+        return out[:k]
 
     app[FACTS] = provider
 

@@ -69,6 +69,9 @@ async def test_context_includes_top_facts(api, settings, redis):
     body = await resp.json()
     assert len(body["results"]) == 2 and 1 <= len(body["facts"]) <= 5
     assert body["facts"][0]["support"] == 10 and "Known facts" in body["prompt"]
+    texts = [f["text"] for f in body["facts"]]
+    assert len(texts) == len(set(texts)), "the namespace's and the (agent, category) scope's same fact once"
+    assert sum(body["prompt"].count(t[:60]) for t in texts) == len(texts)
 
 
 async def test_validation_and_not_found(api):
