@@ -208,32 +208,37 @@ async def embed_query(embedder: Embedder, text: str) -> np.ndarray:
 
 
 class QueryVectorCache:
-    """The embeddings of the last `size` distinct query texts (least recently used evicted first).
+    """The embeddings of the last `size` distinct (namespace, query text) pairs, least recently used
+    evicted first.
 
     Agents repeat queries — the same task goes to /v1/context and /v1/recall, a retry sends it again,
     an evaluation asks the same questions with other settings — and on CPU a model embedding of one
     query (MiniLM ~9 ms, mpnet ~17 ms on 2 cores) costs more than the rest of a recall. One per query
     service, for one embedder (the app's). Vectors are returned read-only. `size` 0 disables it.
+
+    Entries are per namespace: shared across tenants, a hit is milliseconds faster than a miss, so one
+    tenant could time its own request to learn whether another recently asked exactly that text.
     """
 
     def __init__(self, size: int = 4096):
         self.size = size
         self.hits = 0
         self.misses = 0
-        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
 
-    async def embed(self, embedder: Embedder, text: str) -> np.ndarray:
-        """float32[dim] of `text` from the cache, else from `embed_query` (raises like it)."""
-        hit = self._vectors.get(text)
+    async def embed(self, embedder: Embedder, text: str, *, namespace: str) -> np.ndarray:
+        """float32[dim] of `text` from `namespace`'s entries, else from `embed_query` (raises like it)."""
+        key = (namespace, text)
+        hit = self._vectors.get(key)
         if hit is not None:
-            self._vectors.move_to_end(text)
+            self._vectors.move_to_end(key)
             self.hits += 1
             return hit
         self.misses += 1
         vector = await embed_query(embedder, text)
         if self.size > 0:
             vector.setflags(write=False)
-            self._vectors[text] = vector
+            self._vectors[key] = vector
             if len(self._vectors) > self.size:
                 self._vectors.popitem(last=False)
         return vector

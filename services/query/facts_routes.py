@@ -82,7 +82,8 @@ async def facts_search(request: web.Request) -> web.Response:
                   category=req.category or (), kind=req.kind or (), level=req.level, since=req.since,
                   until=req.until, as_of=req.as_of, include_superseded=req.include_superseded,
                   min_confidence=req.min_confidence)
-    vector = await request.app[QUERY_VECTORS].embed(request.app[EMBEDDER], req.query) if req.query else None
+    vector = (await request.app[QUERY_VECTORS].embed(request.app[EMBEDDER], req.query, namespace=q.namespace)
+              if req.query else None)
     hits = await search_facts(r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k)
     body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
     if req.as_of is not None:

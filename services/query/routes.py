@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from engram_episodic.errors import NotFound
 from engram_episodic.events import EpisodeCompleted, new_event_id
@@ -28,10 +28,16 @@ from services.query import recall as rc
 from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SCOPE_SIZES, SETTINGS
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, Problem, read_json, validate
+from shared import streams
+from shared.codec import peek_identity
 from shared.index import category_stats, current_generation, index_exists
 from shared.sdk import EngramClient
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
+PENDING_SCAN = 10_000  # unacked entries a GET of an unknown id looks through (bounds its cost)
+MAX_INGEST_WAIT = 30.0  # seconds POST /v1/episodes?wait= may hold a request
+INGEST_WAIT_POLL = 0.02
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -66,7 +72,7 @@ async def _embed(request: web.Request, text: str):
     embedder = request.app[EMBEDDER]
     metrics = request.app[METRICS]
     start = time.perf_counter()
-    vector = await request.app[QUERY_VECTORS].embed(embedder, text)
+    vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=_ns(request))
     metrics.embed_seconds.observe(time.perf_counter() - start)
     metrics.embed_truncations.set(embedder.truncations)
     return vector
@@ -79,7 +85,13 @@ def _client(request: web.Request, *, backpressure: bool = False) -> EngramClient
     return EngramClient(_redis(request), namespace=_ns(request), prefix=s.prefix,
                         publish_timeout=s.publish_timeout, retries=s.publish_retries,
                         max_lag=s.max_lag if backpressure else None, wait_on_backpressure=False,
-                        consumer_group=s.consumer_group)
+                        consumer_group=s.consumer_group, master_key=s.master_key)
+
+
+def _no_query(request: web.Request) -> None:
+    """Refuse query parameters on a route that takes none (other GET routes refuse unknown ones too)."""
+    if request.query:
+        raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
 
 
 def _path_id(request: web.Request, name: str) -> str:
@@ -117,7 +129,35 @@ async def recall(request: web.Request) -> web.Response:
 
 
 # --- episodes ---------------------------------------------------------------------------------------
+class IngestQuery(models.Model):
+    """`POST /v1/episodes` query parameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    wait: models.float_in(0.0, MAX_INGEST_WAIT, from_query=True) = Field(
+        0.0, description="seconds to wait until every episode is projected (recallable); the answer says "
+                         "which are (`projected`); 0 answers at once")
+
+
+async def _projected(request: web.Request, events: list[EpisodeCompleted], wait: float) -> list[bool]:
+    """Poll until the consolidator recorded each event (its episode's event hash holds it), up to `wait` s."""
+    r, keys = _redis(request), request.app[KEYS]
+    deadline = time.monotonic() + wait
+    done = [False] * len(events)
+    while True:
+        gen = await current_generation(r, keys)
+        todo = [i for i, d in enumerate(done) if not d]
+        async with r.pipeline(transaction=False) as pipe:
+            for i in todo:
+                pipe.hexists(keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id)
+            for i, found in zip(todo, await pipe.execute(), strict=True):
+                done[i] = bool(found)
+        if all(done) or time.monotonic() >= deadline:
+            return done
+        await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
+
+
 async def ingest(request: web.Request) -> web.Response:
+    query: IngestQuery = _query_params(request, IngestQuery)
     body = await read_json(request)
     batch = isinstance(body, dict) and "episodes" in body
     if batch:
@@ -165,6 +205,11 @@ async def ingest(request: web.Request) -> web.Response:
     request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
     results = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
     out: dict[str, Any] = {"results": results, "accepted": len(results)}
+    if query.wait > 0:
+        done = await _projected(request, events, query.wait)
+        for result, projected in zip(results, done, strict=True):
+            result["projected"] = projected
+        out["projected"] = all(done)
     if not batch:
         out.update(results[0])
     return _json(out, status=202)
@@ -184,9 +229,28 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     return found
 
 
+async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
+    """True when the stream holds an event of this episode that the consolidator has not acked yet."""
+    s, keys, ns = request.app[SETTINGS], request.app[KEYS], _ns(request)
+    for payload in await streams.unprojected(_redis(request), keys.stream, s.consumer_group, limit=PENDING_SCAN):
+        identity = peek_identity(payload)
+        if identity is not None and identity[0] == ns and identity[1] == episode_id:
+            return True
+    return False
+
+
 async def get_episode(request: web.Request) -> web.Response:
     episode_id = _path_id(request, "episode_id")
-    found = await _stored(request, episode_id)
+    _no_query(request)
+    try:
+        found = await _stored(request, episode_id)
+    except NotFound:
+        # read-your-writes: accepted (202) but not yet projected is not "never existed"
+        r, keys, ns = _redis(request), request.app[KEYS], _ns(request)
+        if not await r.exists(keys.tombstone(ns, episode_id)) and await _accepted_not_projected(request, episode_id):
+            return _json({"episode": None, "episode_id": episode_id, "status": STATUS_PENDING,
+                          "access_count": 0, "last_accessed": None})
+        raise
     c = rc.decode_hit(rc.SearchHit(key=b"", fields=found))
     if c is None:
         raise Problem(500, "the stored episode is unreadable; it was logged")
@@ -344,7 +408,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/recall", recall, "Prioritized recall of the episodes worth replaying",
           body=models.RecallRequest),
     Route("POST", "/v1/episodes", ingest, "Ingest one finished episode or a batch {episodes: [...]}",
-          body=models.INGEST_SCHEMA, status=202),
+          body=models.INGEST_SCHEMA, query=IngestQuery, status=202),
     Route("GET", "/v1/episodes/{episode_id:.+}", get_episode, "One episode of the caller's namespace"),
     Route("DELETE", "/v1/episodes/{episode_id:.+}", delete_episode, "Forget one episode", status=202),
     Route("DELETE", "/v1/users/{user_id:.+}", delete_user, "Forget every episode of a user", status=202),

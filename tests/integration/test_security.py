@@ -17,7 +17,16 @@ from shared.embedding import HashingEmbedder
 from shared.index import Scope, count
 from shared.keys import Keys
 from tests.helpers import wait_until
-from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, fully_indexed, ids, put
+from tests.integration.test_query_support import (
+    KEY_A,
+    KEY_B,
+    TableEmbedder,
+    auth,
+    episode,
+    fully_indexed,
+    ids,
+    put,
+)
 
 pytest_plugins = ["tests.integration.test_query_support"]
 
@@ -252,3 +261,21 @@ async def test_keys_with_non_ascii_bytes_or_unicode_padding_are_401_without_a_tr
     # the same key, sent as configured, still works; ASCII blanks separate and pad it as before
     for ok in (b"Bearer " + KEY_A.encode(), b"bearer\t" + KEY_A.encode() + b" \t", b"BEARER   " + KEY_A.encode()):
         assert (await raw_http(client, get_with_auth(ok)))[0] == 200, ok
+
+
+async def test_query_embeddings_are_cached_per_tenant(make_client, settings):
+    """A cache hit is faster than embedding: shared across tenants, it would tell A whether B recently
+    asked exactly this text. Counted on the embedder, not timed."""
+    embedder = TableEmbedder(settings.embed_dim)
+    client = await make_client(embedder=embedder, api_keys=THREE)
+    for i, (path, field) in enumerate((("/v1/recall", "query"), ("/v1/facts/search", "query"),
+                                       ("/v1/context", "task"))):
+        body = {field: f"rotate the database credentials of payments service {i}"}
+        before = embedder.calls
+        await ok_json(await client.post(path, json=body, headers=auth(KEY_B)))
+        assert embedder.calls == before + 1, path
+        await ok_json(await client.post(path, json=body, headers=auth(KEY_A)))  # B's entry is not A's
+        assert embedder.calls == before + 2, path
+        await ok_json(await client.post(path, json=body, headers=auth(KEY_A)))  # A's own entry: a hit
+        await ok_json(await client.post(path, json=body, headers=auth(KEY_B)))
+        assert embedder.calls == before + 2, path

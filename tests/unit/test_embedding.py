@@ -427,14 +427,31 @@ async def test_query_vector_cache_remembers_the_last_texts_and_evicts_the_oldest
 
     embedder = HashingEmbedder(64)
     cache = QueryVectorCache(size=2)
-    a = await cache.embed(embedder, "fix the flaky login test")
-    assert await cache.embed(embedder, "fix the flaky login test") is a and (cache.hits, cache.misses) == (1, 1)
+    a = await cache.embed(embedder, "fix the flaky login test", namespace="ns")
+    assert await cache.embed(embedder, "fix the flaky login test", namespace="ns") is a
+    assert (cache.hits, cache.misses) == (1, 1)
     np.testing.assert_array_equal(a, embedder.embed_sync(["fix the flaky login test"])[0])
     assert not a.flags.writeable, "a cached vector must not be changed by one request for the next"
-    await cache.embed(embedder, "b")
-    await cache.embed(embedder, "c")  # evicts the least recently used: the first text
-    assert await cache.embed(embedder, "fix the flaky login test") is not a and cache.misses == 4
+    await cache.embed(embedder, "b", namespace="ns")
+    await cache.embed(embedder, "c", namespace="ns")  # evicts the least recently used: the first text
+    assert await cache.embed(embedder, "fix the flaky login test", namespace="ns") is not a and cache.misses == 4
     off = QueryVectorCache(size=0)
-    await off.embed(embedder, "x")
-    await off.embed(embedder, "x")
+    await off.embed(embedder, "x", namespace="ns")
+    await off.embed(embedder, "x", namespace="ns")
     assert (off.hits, off.misses) == (0, 2)
+
+
+async def test_query_vector_cache_is_per_namespace():
+    """A text cached for one tenant is a miss for another: a hit is faster, so a shared entry would let a
+    tenant time its request to learn that another recently asked exactly that text."""
+    from shared.embedding import QueryVectorCache
+
+    embedder = HashingEmbedder(64)
+    cache = QueryVectorCache(size=8)
+    a = await cache.embed(embedder, "rotate the production credentials", namespace="ns-a")
+    b = await cache.embed(embedder, "rotate the production credentials", namespace="ns-b")
+    assert (cache.hits, cache.misses) == (0, 2) and b is not a
+    np.testing.assert_array_equal(a, b)
+    assert await cache.embed(embedder, "rotate the production credentials", namespace="ns-a") is a
+    assert await cache.embed(embedder, "rotate the production credentials", namespace="ns-b") is b
+    assert (cache.hits, cache.misses) == (2, 2)
