@@ -240,3 +240,28 @@ async def retire_consumer(r: aioredis.Redis, stream: str, group: str, consumer: 
             await r.xgroup_delconsumer(stream, group, consumer)
             return True
     return False
+
+
+async def unprojected(r: aioredis.Redis, stream: str, group: str, *, limit: int) -> list[bytes]:
+    """Payloads the group has not acked yet: its pending entries and those not yet delivered.
+
+    At most `limit` of each: the oldest pending ones and the newest undelivered ones (a just-published
+    entry is at the end of a long backlog); the whole stream counts as undelivered while the group does
+    not exist yet (no consumer ever started). This is how a read tells "accepted, not yet projected"
+    from "never seen" without a write on the ingest path; its cost is bounded by `limit`.
+    """
+    last: bytes | None = None
+    exists = False
+    for g in await groups(r, stream):
+        name = g.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            exists = True
+            value = g.get("last-delivered-id")
+            last = value if isinstance(value, bytes) else str(value).encode()
+    rows = await r.xpending_range(stream, group, min="-", max="+", count=limit) if exists else []
+    async with r.pipeline(transaction=False) as pipe:
+        for row in rows:
+            pipe.xrange(stream, min=row["message_id"], max=row["message_id"], count=1)
+        pipe.xrevrange(stream, max="+", min=b"(" + last if last else "-", count=limit)
+        replies = await pipe.execute()
+    return [fields[FIELD] for reply in replies for _, fields in reply if FIELD in fields]

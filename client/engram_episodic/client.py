@@ -221,12 +221,20 @@ def _as_is(data: Any) -> Any:
     return data
 
 
-def _ingest(episodes: list[Episode], batch: bool) -> Call[IngestResult]:
+def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> Call[IngestResult]:
     if batch:
         body: Any = {"episodes": [episode_to_dict(e) for e in episodes]}
     else:
         body = episode_to_dict(episodes[0])
-    return Call("POST", "/v1/episodes", IngestResult.from_json, body=body)
+    return Call("POST", "/v1/episodes", IngestResult.from_json, body=body,
+                params={"wait": repr(float(wait))} if wait else None)
+
+
+def _waited(result: IngestResult, wait: float | None) -> IngestResult:
+    if wait and result.projected is False:
+        missing = [a.episode_id for a in result.results if a.projected is False]
+        raise WaitTimeout(f"accepted, but not projected within {wait:g}s: {', '.join(missing[:10])}")
+    return result
 
 
 class Calls:
@@ -274,12 +282,14 @@ class Calls:
         return Call("POST", "/v1/consolidate", Consolidation.from_json, body=body)
 
     @staticmethod
-    def record(episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> tuple[Episode, Call[IngestResult]]:
+    def record(episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any],
+               wait: float | None = None) -> tuple[Episode, Call[IngestResult]]:
         prepared = finished_episode(episode, **fields)
-        return prepared, _ingest([prepared], batch=False)
+        return prepared, _ingest([prepared], batch=False, wait=wait)
 
     @staticmethod
-    def publish(episodes: Iterable[Episode | Mapping[str, Any]]) -> tuple[list[Episode], Call[IngestResult]]:
+    def publish(episodes: Iterable[Episode | Mapping[str, Any]],
+                wait: float | None = None) -> tuple[list[Episode], Call[IngestResult]]:
         if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
             raise InvalidEpisode([("episodes", "must be a list of episodes")])
         prepared, errors = [], []
@@ -292,7 +302,7 @@ class Calls:
             raise InvalidEpisode(errors)
         if not prepared:
             raise InvalidEpisode([("episodes", "must hold at least one episode")])
-        return prepared, _ingest(prepared, batch=True)
+        return prepared, _ingest(prepared, batch=True, wait=wait)
 
     @staticmethod
     def get_episode(episode_id: str) -> Call[StoredEpisode]:
@@ -487,19 +497,22 @@ class Engram(_Base):
         return self.call(Calls.consolidate(agent_id, category, all_scopes))
 
     # episodes ----------------------------------------------------------------------------------------
-    def record(self, episode: Episode | Mapping[str, Any] | None = None, /, **fields: Any) -> str:
+    def record(self, episode: Episode | Mapping[str, Any] | None = None, /, *, wait: float | None = None,
+               **fields: Any) -> str:
         """Publish one finished episode (an Episode, a dict, or keyword fields); returns its `episode_id`.
 
         Validated here first (InvalidEpisode names every bad field; nothing is sent), then accepted by the
-        service (202): it becomes recallable once the consolidator projected it (`wait_until_recallable`).
+        service (202): it becomes recallable once the consolidator projected it. With `wait` (seconds, at
+        most 30) the service answers once it is projected (read-your-writes), and WaitTimeout says it was
+        accepted but not projected in time.
         """
-        prepared, call = Calls.record(episode, fields)
-        self.call(call)
+        prepared, call = Calls.record(episode, fields, wait)
+        _waited(self.call(call), wait)
         return prepared.episode_id
 
-    def publish(self, episodes: Iterable[Episode | Mapping[str, Any]]) -> IngestResult:
-        """Publish up to 1,000 finished episodes atomically (all or none) in one request."""
-        return self.call(Calls.publish(episodes)[1])
+    def publish(self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None) -> IngestResult:
+        """Publish up to 1,000 finished episodes atomically (all or none) in one request (`wait`: as `record`)."""
+        return _waited(self.call(Calls.publish(episodes, wait)[1]), wait)
 
     def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
                 complexity: float | None = None, **fields: Any) -> HttpEpisode:
@@ -516,7 +529,10 @@ class Engram(_Base):
         return self.call(Calls.get_episode(episode_id))
 
     def wait_until_recallable(self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1) -> StoredEpisode:
-        """Poll until the episode is projected and completed (recallable); WaitTimeout after `timeout` s."""
+        """Poll until the episode is projected and completed (recallable); WaitTimeout after `timeout` s.
+
+        For an id published again, the previous version counts: use `record(..., wait=S)` to wait for
+        the new one."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -656,15 +672,17 @@ class AsyncEngram(_Base):
         """See `Engram.consolidate`."""
         return await self.call(Calls.consolidate(agent_id, category, all_scopes))
 
-    async def record(self, episode: Episode | Mapping[str, Any] | None = None, /, **fields: Any) -> str:
+    async def record(self, episode: Episode | Mapping[str, Any] | None = None, /, *, wait: float | None = None,
+                     **fields: Any) -> str:
         """See `Engram.record`."""
-        prepared, call = Calls.record(episode, fields)
-        await self.call(call)
+        prepared, call = Calls.record(episode, fields, wait)
+        _waited(await self.call(call), wait)
         return prepared.episode_id
 
-    async def publish(self, episodes: Iterable[Episode | Mapping[str, Any]]) -> IngestResult:
+    async def publish(self, episodes: Iterable[Episode | Mapping[str, Any]], *,
+                      wait: float | None = None) -> IngestResult:
         """See `Engram.publish`."""
-        return await self.call(Calls.publish(episodes)[1])
+        return _waited(await self.call(Calls.publish(episodes, wait)[1]), wait)
 
     def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
                 complexity: float | None = None, **fields: Any) -> AsyncHttpEpisode:

@@ -50,10 +50,11 @@ class Accepted:
 
     episode_id: str
     event_id: str
+    projected: bool | None = None  # with `wait`: whether the consolidator projected it in time
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Accepted:
-        return cls(episode_id=data["episode_id"], event_id=data["event_id"])
+        return cls(episode_id=data["episode_id"], event_id=data["event_id"], projected=data.get("projected"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,12 +63,13 @@ class IngestResult:
 
     accepted: int
     results: tuple[Accepted, ...]
+    projected: bool | None = None  # with `wait`: every episode projected (recallable) in time
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> IngestResult:
         return cls(accepted=int(data["accepted"]), results=tuple(map(Accepted.from_json, data["results"])),
-                   raw=data)
+                   projected=data.get("projected"), raw=data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -418,9 +420,13 @@ class Consolidation:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredEpisode:
-    """`GET /v1/episodes/{id}`: a projected episode, its status and its recall counters."""
+    """`GET /v1/episodes/{id}`: a projected episode, its status and its recall counters.
 
-    episode: Episode
+    `status` is `completed`, `draft` (started, not finished) or `pending` (accepted into the stream, not
+    yet projected: `episode` is None then).
+    """
+
+    episode: Episode | None
     status: str
     access_count: int
     last_accessed: float | None
@@ -428,7 +434,8 @@ class StoredEpisode:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredEpisode:
-        return cls(episode=episode_from_json(data["episode"]), status=data.get("status", ""),
+        return cls(episode=episode_from_json(data["episode"]) if data.get("episode") is not None else None,
+                   status=data.get("status", ""),
                    access_count=int(data.get("access_count") or 0),
                    last_accessed=_instant(data.get("last_accessed")), raw=data)
 

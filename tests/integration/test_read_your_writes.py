@@ -1,0 +1,102 @@
+"""Read-your-writes over HTTP: an accepted episode is `pending` until projected, and ingest can wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.consolidator.worker import Worker
+from shared.embedding import HashingEmbedder
+from tests.integration.test_query_e2e import drain
+from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+
+async def test_accepted_but_not_projected_is_pending_not_404(tenants, settings, redis):
+    resp = await tenants.post("/v1/episodes", json=episode("ryw-1", task="rotate the keys"), headers=auth(KEY_A))
+    assert resp.status == 202
+    got = await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))
+    assert got.status == 200, await got.text()
+    body = await got.json()
+    assert body["status"] == "pending" and body["episode"] is None and body["episode_id"] == "ryw-1"
+    assert (await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_B))).status == 404, "not across tenants"
+    assert (await tenants.get("/v1/episodes/never-sent", headers=auth(KEY_A))).status == 404
+    await drain(settings, redis)
+    body = await (await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))).json()
+    assert body["status"] == "completed" and body["episode"]["task"]["description"] == "rotate the keys"
+    await tenants.post("/v1/episodes", json=episode("ryw-1", task="rotate the keys again"), headers=auth(KEY_A))
+    await tenants.delete("/v1/episodes/ryw-1", headers=auth(KEY_A))
+    await drain(settings, redis)
+    assert (await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))).status == 404, "forgotten, not pending"
+
+
+async def test_get_episode_refuses_query_parameters(tenants):
+    resp = await tenants.get("/v1/episodes/x", params={"include": "vector"}, headers=auth(KEY_A))
+    assert resp.status == 422
+    assert (await resp.json())["errors"] == [{"field": "include", "reason": "is not a known query parameter"}]
+
+
+async def test_ingest_waits_until_projected_when_asked(tenants, settings, redis):
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="ryw")
+    await worker.setup()
+    stop = asyncio.Event()
+
+    async def consolidate() -> None:
+        while not stop.is_set():
+            if not await worker.turn():
+                await asyncio.sleep(0.01)
+
+    batch = {"episodes": [episode(f"w{i}", task=f"upgrade the kernel {i}") for i in range(3)]}
+    task = asyncio.create_task(consolidate())
+    try:
+        resp = await tenants.post("/v1/episodes", params={"wait": "10"}, json=batch, headers=auth(KEY_A))
+        body = await resp.json()
+    finally:
+        stop.set()
+        await task
+    assert resp.status == 202 and body["projected"] is True and all(r["projected"] for r in body["results"])
+    recall = await (await tenants.post("/v1/recall", json={"query": "upgrade the kernel", "top_k": 5},
+                                       headers=auth(KEY_A))).json()
+    assert sorted(r["episode"]["episode_id"] for r in recall["results"]) == ["w0", "w1", "w2"]
+
+    # nobody consolidates now: the wait ends at its bound and says so
+    resp = await tenants.post("/v1/episodes", params={"wait": "0.2"}, json=episode("w9"), headers=auth(KEY_A))
+    body = await resp.json()
+    assert resp.status == 202 and body["projected"] is False and body["results"][0]["projected"] is False
+    for bad in ("31", "-1", "soon"):
+        resp = await tenants.post("/v1/episodes", params={"wait": bad}, json=episode("w10"), headers=auth(KEY_A))
+        assert resp.status == 422 and (await resp.json())["errors"][0]["field"] == "wait"
+
+
+async def test_the_client_reads_its_writes(tenants, settings, redis):
+    from engram_episodic import AsyncEngram, WaitTimeout
+
+    base = str(tenants.make_url("")).rstrip("/")
+    async with AsyncEngram(base, api_key=KEY_A) as memory:
+        eid = await memory.record(task="renew the dns zone", outcome="success")
+        pending = await memory.get_episode(eid)
+        assert pending.status == "pending" and pending.episode is None
+        try:
+            await memory.record(task="renew the dns zone again", outcome="success", wait=0.2)
+        except WaitTimeout as exc:
+            assert "accepted, but not projected within 0.2s" in str(exc)
+        else:
+            raise AssertionError("nobody consolidates: the wait must time out")
+        worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="ryw-client")
+        await worker.setup()
+        stop = asyncio.Event()
+
+        async def consolidate() -> None:
+            while not stop.is_set():
+                if not await worker.turn():
+                    await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(consolidate())
+        try:
+            again = await memory.record(episode_id=eid, task="renew the dns zone (v2)", outcome="failure", wait=10)
+        finally:
+            stop.set()
+            await task
+        assert again == eid
+        stored = await memory.get_episode(eid)
+    assert stored.status == "completed" and stored.episode.outcome == "failure", "the new version, not the old"
