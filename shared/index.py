@@ -70,12 +70,38 @@ def numeric_clause(field_name: str, lo: float | None, hi: float | None) -> str:
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+# Han, Hiragana, Katakana (and their compatibility and extension blocks): scripts written without
+# spaces, which RediSearch's tokenizer would index as one token per clause
+_CJK_RUN = re.compile("[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]+")
+# CJK and fullwidth punctuation, which RediSearch does not treat as separators
+_CJK_PUNCT = re.compile("[\u3000-\u303f\uff00-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]")
+
+
+def _bigrams(match: re.Match[str]) -> str:
+    run = match.group(0)
+    return f" {run} " if len(run) == 1 else " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " "
+
+
+def fold_for_search(text: str) -> str:
+    """The form of a text the BM25 index holds and a keyword query is built from.
+
+    Unicode case folding (`str.casefold`): RediSearch 2.10 lower-cases only ASCII, so `Москву`, `Über`,
+    `École` were indexed with their capitals while queries were lower-cased, and never matched. And
+    character bigrams for runs of Han and kana (Lucene's CJKAnalyzer approach): without spaces between
+    words a whole clause was one token, so no word inside it could match. Applied at index time
+    (`episode_fields`) and at query time (`keyword_terms`), so both sides agree.
+    """
+    folded = text.casefold()
+    if _CJK_RUN.search(folded) is None:
+        return folded
+    return _CJK_RUN.sub(_bigrams, _CJK_PUNCT.sub(" ", folded))
 
 
 def keyword_terms(text: str, limit: int = 64) -> list[str]:
-    """Words of `text` (Unicode `\\w+`), lower-cased, de-duplicated in order, at most `limit`."""
+    """Words of `text` as the index holds them (`fold_for_search`, then Unicode `\\w+`), de-duplicated
+    in order, at most `limit`."""
     seen: dict[str, None] = {}
-    for word in _WORD.findall(text.lower()):
+    for word in _WORD.findall(fold_for_search(text)):
         if word not in seen:
             seen[word] = None
         if len(seen) >= limit:
@@ -271,7 +297,7 @@ def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.
              "result": episode.result, "outcome_details": episode.outcome_details,
              "feedback_message": fb.message if fb else None,
              "errors": " ".join(a.error for a in episode.actions if a.error) or None}
-    fields.update({k: v for k, v in texts.items() if v})
+    fields.update({k: fold_for_search(v) for k, v in texts.items() if v})
     if vector is not None:
         fields[VECTOR_FIELD] = vector_bytes(vector)
     return fields

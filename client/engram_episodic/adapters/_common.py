@@ -1,0 +1,79 @@
+"""What the adapters share: a sync/async client pair and the default scope (no framework imports)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from engram_episodic.client import AsyncEngram, Engram
+
+T = TypeVar("T")
+SCOPE_KEYS = ("agent_id", "user_id", "session_id")
+
+
+def check_scope(scope: Mapping[str, Any], where: str) -> dict[str, str]:
+    """The default scope keyword arguments, checked: only agent_id / user_id / session_id, as strings.
+
+    None values are dropped (an unset default). Raises TypeError naming an unknown key or a bad value.
+    """
+    unknown = sorted(set(scope) - set(SCOPE_KEYS))
+    if unknown:
+        raise TypeError(f"{where}: unknown scope argument(s) {', '.join(unknown)}; "
+                        f"the default scope is {', '.join(SCOPE_KEYS)}")
+    out = {}
+    for key, value in scope.items():
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{where}: {key} must be a non-empty string, not {value!r}")
+        out[key] = value
+    return out
+
+
+class Clients:
+    """An `Engram` and/or an `AsyncEngram`: sync calls use the first, async calls the second.
+
+    With only an `Engram`, async calls run it in a worker thread; with only an `AsyncEngram`, a sync
+    call is a TypeError that says what to do (there is no safe way to drive an asyncio client from a
+    sync call that may itself run inside an event loop).
+    """
+
+    def __init__(self, client: Engram | AsyncEngram, async_client: AsyncEngram | None = None, *, where: str):
+        self.where = where
+        self.sync: Engram | None = None
+        self.aio: AsyncEngram | None = None
+        if isinstance(client, Engram):
+            self.sync = client
+        elif isinstance(client, AsyncEngram):
+            self.aio = client
+        else:
+            raise TypeError(f"{where}: client must be an engram_episodic.Engram or AsyncEngram, "
+                            f"not {type(client).__name__}")
+        if async_client is not None:
+            if not isinstance(async_client, AsyncEngram):
+                raise TypeError(f"{where}: async_client must be an engram_episodic.AsyncEngram, "
+                                f"not {type(async_client).__name__}")
+            if self.aio is not None:
+                raise TypeError(f"{where}: client is already an AsyncEngram; pass an Engram as client "
+                                "and the AsyncEngram as async_client")
+            self.aio = async_client
+
+    def need_sync(self) -> Engram:
+        """The sync client, or a TypeError explaining how to run this adapter without one."""
+        if self.sync is None:
+            raise TypeError(f"{self.where} was built with an AsyncEngram only: run it asynchronously "
+                            "(ainvoke / astream), or pass an Engram as client and the AsyncEngram as "
+                            "async_client")
+        return self.sync
+
+    def run(self, fn: Callable[[Engram], T]) -> T:
+        """Call `fn` with the sync client."""
+        return fn(self.need_sync())
+
+    async def arun(self, afn: Callable[[AsyncEngram], Awaitable[T]], fn: Callable[[Engram], T]) -> T:
+        """Await `afn` with the async client, or run `fn` with the sync one in a worker thread."""
+        if self.aio is not None:
+            return await afn(self.aio)
+        sync = self.need_sync()
+        return await asyncio.to_thread(fn, sync)

@@ -1,0 +1,95 @@
+"""Engram's tool set as LangChain tools (`StructuredTool`), sync and async.
+
+    from engram_episodic import Engram
+    from engram_episodic.adapters.langchain import engram_tools
+
+    memory = Engram("http://127.0.0.1:8080", api_key="...")
+    tools = engram_tools(memory, agent_id="coder-1", user_id="alice")
+    model_with_tools = chat_model.bind_tools(tools)          # any LangChain chat model
+    message = tools[0].invoke({"query": "the login test fails at night"})   # or from a model's tool call
+
+One tool per entry of `engram_episodic.tools.TOOLS`, with its name, description and JSON Schema as
+`args_schema` (LangChain passes a JSON-Schema `args_schema` through to the model unchanged), executed
+by `engram_episodic.tools.dispatch` / `adispatch`: the arguments are checked against the schema there,
+and the result is `(text, data)` with `response_format="content_and_artifact"`, so a `ToolMessage`
+carries the compact text for the model as `content` and the full JSON answer as `artifact`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+try:
+    from langchain_core.tools import BaseTool, StructuredTool, ToolException
+except ImportError as exc:  # pragma: no cover - depends on what is installed
+    raise ImportError("engram_episodic.adapters.langchain needs langchain-core: "
+                      "pip install 'engram-episodic[langchain]'") from exc
+
+from engram_episodic.adapters._common import Clients, check_scope
+from engram_episodic.client import AsyncEngram, Engram
+from engram_episodic.errors import EngramError
+from engram_episodic.tools import ToolResult, Toolset, ToolSpec, adispatch, dispatch, error_result
+
+__all__ = ["engram_tools"]
+
+
+def _tool(spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Literal["result", "raise"]) -> StructuredTool:
+    def failed(exc: EngramError) -> ToolException:
+        # handle_tool_error=True turns a ToolException into the tool's output (status="error")
+        return ToolException(error_result(exc).text)
+
+    def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
+        try:
+            result: ToolResult = clients.run(lambda c: dispatch(c, spec.name, arguments, **scope))
+        except EngramError as exc:
+            if errors == "raise":
+                raise
+            raise failed(exc) from exc
+        return result.text, result.data
+
+    async def arun(**arguments: Any) -> tuple[str, dict[str, Any]]:
+        try:
+            result = await clients.arun(lambda c: adispatch(c, spec.name, arguments, **scope),
+                                        lambda c: dispatch(c, spec.name, arguments, **scope))
+        except EngramError as exc:
+            if errors == "raise":
+                raise
+            raise failed(exc) from exc
+        return result.text, result.data
+
+    return StructuredTool(
+        name=spec.name,
+        description=spec.description,
+        args_schema=dict(spec.parameters),
+        func=run,
+        coroutine=arun,
+        response_format="content_and_artifact",
+        handle_tool_error=errors == "result",
+        metadata={"engram": True, "read_only": spec.read_only, "destructive": spec.destructive,
+                  "idempotent": spec.idempotent},
+    )
+
+
+def engram_tools(client: Engram | AsyncEngram, *, async_client: AsyncEngram | None = None,
+                 names: Iterable[str] | None = None, errors: Literal["result", "raise"] = "result",
+                 **default_scope: str) -> list[BaseTool]:
+    """LangChain tools for Engram's tool set (all of `engram_episodic.tools.TOOLS`, or `names`).
+
+    `client` is an `Engram` (sync `invoke`; `ainvoke` runs it in a worker thread) or an `AsyncEngram`
+    (`ainvoke` only); pass both as `client=Engram(...)`, `async_client=AsyncEngram(...)` for native
+    sync and async. `default_scope` binds `agent_id`, `user_id` and `session_id` as `Toolset` does:
+    used whenever the model passes none (a bound `session_id` only stamps recorded episodes).
+
+    Each tool returns `(text, data)` (`response_format="content_and_artifact"`): invoked with a model's
+    tool call it gives a `ToolMessage` whose `content` is the text and `artifact` the JSON; invoked
+    with a plain dict it gives the text. With `errors="result"` (default) an Engram error (bad
+    arguments, service refused or unreachable) becomes the tool's output, a `ToolMessage` with
+    `status="error"` telling the model what to fix; `errors="raise"` raises it instead
+    (`engram_episodic.tools.ToolArgumentError`, `ConnectionFailed`, ...).
+    """
+    if errors not in ("result", "raise"):
+        raise ValueError(f"errors must be 'result' or 'raise', not {errors!r}")
+    clients = Clients(client, async_client, where="engram_tools")
+    toolset = Toolset(client, names=names, **check_scope(default_scope, "engram_tools"))  # checks ids, names
+    return [_tool(spec, clients, toolset.scope, errors) for spec in toolset.tools]
