@@ -74,6 +74,9 @@ class EmbeddedRedis:
     appendfsync: str = "everysec"
     start_timeout: float = 20.0
     extra_args: list[str] = field(default_factory=list)
+    pass_fds: tuple[int, ...] = ()
+    """Descriptors the server inherits (`make run` passes its data-directory lock, so an orphaned server
+    keeps the directory locked)."""
     process: subprocess.Popen | None = None
 
     @property
@@ -94,7 +97,7 @@ class EmbeddedRedis:
         self.data_dir = Path(self.data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        start_new_session=True)
+                                        start_new_session=True, pass_fds=self.pass_fds)
         self.wait_ready()
         return self
 

@@ -3,29 +3,58 @@
 Ctrl-C (or SIGTERM) stops the services gracefully (SIGTERM, then a grace period), then Redis.
 With `REDIS_URL` set, no embedded Redis is started and that server is used instead.
 
+One `make run` per data directory: it holds an exclusive lock (`fcntl.flock`) on
+`ENGRAM_DATA_DIR/run.lock` while it runs (the embedded Redis inherits it, so an orphaned Redis keeps it
+too), and a second one is refused with exit code 3 before it starts anything.
+
+A process that dies is restarted (see `Supervisor`): a worker or the query service after an exponential
+backoff, the embedded Redis at once (from its append-only file). The stack stops only when one of them
+dies `ENGRAM_RESTART_LIMIT` times within `ENGRAM_RESTART_WINDOW` (exit code 1), when a service exits
+with code 2 (a configuration error, e.g. an embedder other than the index's: restarting cannot fix it;
+`make run` exits 2 with the service's message), or when a service exits with code 0 on its own (stopped
+by hand; exit code 1).
+
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
 6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
-with `ENGRAM_METRICS_PORT` set, worker i serves its metrics on that port + i).
+with `ENGRAM_METRICS_PORT` set, worker i serves its metrics on that port + i), `ENGRAM_RESTART_LIMIT`
+(default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
-from shared.settings import Settings, env_int
+from shared.settings import Settings, env_int, parse_duration
 
 GRACE_SECONDS = 15.0
-MAX_REDIS_RESTARTS = 5
-"""Restarts of a dead embedded Redis before the supervisor gives up and stops the stack."""
+RESTART_LIMIT = 5
+"""Deaths of one process within `RESTART_WINDOW` that stop the stack (`ENGRAM_RESTART_LIMIT`)."""
+RESTART_WINDOW = 60.0
+"""Seconds over which deaths are counted (`ENGRAM_RESTART_WINDOW`): a process that stayed up that long
+has its whole budget again (the embedded Redis too)."""
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 10.0
+"""A dead worker or query service is restarted after BACKOFF_FIRST * 2^(deaths in the window - 1)
+seconds, at most BACKOFF_MAX."""
+EXIT_CONFIG = 2
+"""The exit code of a configuration error (any process of the stack): never restarted."""
+EXIT_LOCKED = 3
+"""`make run`'s exit code when another `make run` holds the data directory."""
+LOCK_FILE = "run.lock"
+TAIL_BYTES = 8192
 
 
 def _taken_port(host: str, port: int) -> str | None:
@@ -38,6 +67,244 @@ def _taken_port(host: str, port: int) -> str | None:
         return exc.strerror or str(exc)
 
 
+class DataDirBusy(Exception):
+    """Another `make run` holds the lock of the data directory."""
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Create `data_dir` and take the exclusive lock of `data_dir/run.lock`; returns its descriptor (kept
+    open, and so locked, for as long as the process — or a child it is passed to — lives).
+
+    Raises DataDirBusy naming the holder's pid, OSError when the directory cannot be created."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        raise DataDirBusy(holder) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _busy_message(data_dir: Path, holder: str) -> str:
+    alive = False
+    if holder.isdigit():
+        try:
+            os.kill(int(holder), 0)
+            alive = True
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            alive = True
+    who = f"another `make run` (pid {holder})" if alive else \
+        f"a Redis server left by a `make run` that is gone (pid {holder or '?'})"
+    return (f"engram: ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
+            f"{data_dir / 'redis'}. Stop it first, or give this one its own ENGRAM_DATA_DIR (and ports)")
+
+
+def describe_exit(code: int) -> str:
+    """`exit code 1`, `killed by SIGKILL`."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class CrashBudget:
+    """Deaths of one process in the last `window` seconds; `exhausted` at `limit` of them."""
+
+    def __init__(self, limit: int, window: float):
+        self.limit, self.window = limit, window
+        self.deaths: deque[float] = deque()
+
+    def record(self, now: float) -> int:
+        """Count a death at `now`; returns the deaths within the window (this one included)."""
+        self.deaths.append(now)
+        while self.deaths and self.deaths[0] <= now - self.window:
+            self.deaths.popleft()
+        return len(self.deaths)
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.deaths) >= self.limit
+
+    def backoff(self) -> float:
+        """Seconds to wait before the next restart: doubles with each death in the window."""
+        return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, len(self.deaths) - 1))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class StderrRelay:
+    """Copies a child's stderr to ours as it comes and keeps its last bytes, so the supervisor can repeat
+    the child's last words when it exits. A thread always reads: a pipe nobody reads freezes the child
+    once it fills (docs/reliability.md)."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+        self._tail = bytearray()
+        self._thread = threading.Thread(target=self._run, name="stderr-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        fd = self._pipe.fileno()
+        try:
+            while chunk := os.read(fd, 65536):
+                self._tail += chunk
+                del self._tail[:-TAIL_BYTES]
+                with contextlib.suppress(OSError):  # our stderr closed: keep draining the child's
+                    _write_all(2, chunk)
+        except OSError:
+            pass
+        finally:
+            self._pipe.close()
+
+    def last_line(self, timeout: float = 1.0) -> str:
+        """The child's last non-blank stderr line (after it exited: waits up to `timeout` for the rest)."""
+        self._thread.join(timeout)
+        for line in reversed(bytes(self._tail).decode(errors="replace").splitlines()):
+            if line.strip():
+                return line.strip()[:500]
+        return ""
+
+
+class Service:
+    """A worker or the query service: its command, environment, process and crash budget."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], budget: CrashBudget):
+        self.name, self.argv, self.env, self.budget = name, argv, env, budget
+        self.proc: subprocess.Popen | None = None
+        self.relay: StderrRelay | None = None
+        self.restarts = 0
+        self.restart_at: float | None = None  # set while it waits out its backoff
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
+        self.relay = StderrRelay(self.proc.stderr)
+        self.restart_at = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.restart_at is None and self.proc.poll() is None
+
+
+def _say(message: str) -> None:
+    print(f"engram ◆ {message}", file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    """Watches the embedded Redis and the services until `stop()`; returns the stack's exit code.
+
+    A worker or the query service that dies is restarted after `CrashBudget.backoff()`; the embedded
+    Redis is restarted at once. Each death is logged with its cause (exit code or signal), the restart
+    number and the deaths in the window. See the module docstring for what stops the stack.
+    """
+
+    def __init__(self, services: list[Service], redis_server: EmbeddedRedis | None, redis_budget: CrashBudget):
+        self.services, self.redis_server, self.redis_budget = services, redis_server, redis_budget
+        self.stopping = False
+        self.redis_restarts = 0
+
+    def stop(self, *_) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        while not self.stopping:
+            code = self._check_redis()
+            for service in self.services:
+                if code is None and not self.stopping:
+                    code = self._check(service)
+            if code is not None:
+                return code
+            time.sleep(0.2)
+        return 0
+
+    def _check_redis(self) -> int | None:
+        server = self.redis_server
+        if server is None or server.process is None or server.process.poll() is None:
+            return None
+        # The workers and the query service reconnect on their own; the AOF brings the data back.
+        _say(f"redis {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
+        deaths = self.redis_budget.record(time.monotonic())
+        if self.redis_budget.exhausted:
+            _say(f"redis died {deaths} times within {self.redis_budget.window:g}s; stopping the stack")
+            return 1
+        if server.process.stderr:
+            server.process.stderr.close()
+        try:
+            server.start()
+        except EmbeddedRedisError as exc:
+            _say(f"cannot restart redis: {exc}; stopping the stack")
+            return 1
+        self.redis_restarts += 1
+        _say(f"redis restarted on {server.url} (restart {self.redis_restarts}; {deaths} death(s) in the last "
+             f"{self.redis_budget.window:g}s, the stack stops at {self.redis_budget.limit})")
+        return None
+
+    def _check(self, service: Service) -> int | None:
+        now = time.monotonic()
+        if service.restart_at is not None:
+            if now >= service.restart_at:
+                service.start()
+                service.restarts += 1
+                _say(f"{service.name} restarted (pid {service.proc.pid}, restart {service.restarts})")
+            return None
+        proc = service.proc
+        code = proc.poll()
+        if code is None:
+            return None
+        # a process that exited by itself usually said why last (a traceback's last line, a message);
+        # one killed by a signal did not
+        last = service.relay.last_line() if service.relay and code > 0 else ""
+        said = f": {last}" if last else ""
+        if code == EXIT_CONFIG:
+            _say(f"{service.name} exited with code 2, a configuration error{said} — not restarting it; "
+                 f"stopping the stack")
+            return EXIT_CONFIG
+        if code == 0:
+            _say(f"{service.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
+            return 1
+        deaths = service.budget.record(now)
+        if service.budget.exhausted:
+            _say(f"{service.name} died {deaths} times within {service.budget.window:g}s (last: "
+                 f"{describe_exit(code)}{said}); stopping the stack")
+            return 1
+        delay = service.budget.backoff()
+        service.restart_at = now + delay
+        _say(f"{service.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {service.restarts + 1} "
+             f"in {delay:g}s ({deaths} death(s) in the last {service.budget.window:g}s; the stack stops at "
+             f"{service.budget.limit})")
+        return None
+
+    def shutdown(self) -> None:
+        """SIGTERM every running service, wait up to GRACE_SECONDS, then SIGKILL; then stop Redis."""
+        running = [s for s in self.services if s.running]
+        for service in running:
+            service.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        for service in running:
+            try:
+                service.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _say(f"{service.name} did not stop in {GRACE_SECONDS:g}s; killing it")
+                service.proc.kill()
+                service.proc.wait()
+        for service in self.services:
+            if service.relay is not None:
+                service.relay.last_line(timeout=1.0)  # let the last words through before ours
+        if self.redis_server is not None:
+            self.redis_server.stop()
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,6 +313,9 @@ def main() -> int:
         settings = Settings.from_env(env)
         workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
+        restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
+        raw_window = env.get("ENGRAM_RESTART_WINDOW")
+        restart_window = parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
     except ConfigError as exc:
         print(f"engram: {exc}", file=sys.stderr)
         return 2
@@ -68,6 +338,19 @@ def main() -> int:
                   f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free",
                   file=sys.stderr)
             return 2
+    data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
+    try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
+        lock_fd = lock_data_dir(data_root)
+    except DataDirBusy as exc:
+        print(_busy_message(data_root, str(exc)), file=sys.stderr)
+        return EXIT_LOCKED
+    except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
+        print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):  # the stream is always sealed
+        from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten (issue 15)
+        env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
+        print(f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", flush=True)
     busy = _taken_port(settings.host, settings.port)
     if busy:  # the query service would find out after the model loaded, with a traceback (new-user trial)
         print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
@@ -75,77 +358,38 @@ def main() -> int:
         return 2
     redis_server = None
     if not env.get("REDIS_URL"):
-        data_dir = Path(env.get("ENGRAM_DATA_DIR", ".run")) / "redis"
-        redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir)
+        data_dir = data_root / "redis"
+        redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
         try:
             redis_server.start()
-        except (EmbeddedRedisError, OSError) as exc:  # OSError: e.g. ENGRAM_DATA_DIR under a file
-            print(f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_dir.parent}, "
+        except (EmbeddedRedisError, OSError) as exc:
+            print(f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
                   f"ENGRAM_REDIS_PORT={redis_port}): {exc}", file=sys.stderr)
             return 1
         env["REDIS_URL"] = redis_server.url
         print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
-    procs: list[tuple[str, subprocess.Popen]] = []
+    services: list[Service] = []
     for i in range(workers):
         # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
         # crashed the second, found by a new-user trial)
         worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
-        procs.append((f"consolidator-{i}", subprocess.Popen([sys.executable, "-m", "services.consolidator"],
-                                                            env=worker_env)))
-    procs.append(("query", subprocess.Popen([sys.executable, "-m", "services.query"], env=env)))
-    host, port = settings.host, settings.port
-    print(f"engram ◆ query service on http://{host}:{port} (try GET /readyz) ◆ Ctrl-C stops everything",
-          flush=True)
-    stopping = {"now": False}
-
-    def _stop(*_):
-        stopping["now"] = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+        services.append(Service(f"consolidator-{i}", [sys.executable, "-m", "services.consolidator"], worker_env,
+                                CrashBudget(restart_limit, restart_window)))
+    services.append(Service("query", [sys.executable, "-m", "services.query"], env,
+                            CrashBudget(restart_limit, restart_window)))
+    supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
+    signal.signal(signal.SIGINT, supervisor.stop)
+    signal.signal(signal.SIGTERM, supervisor.stop)
     code = 0
-    restarts = 0
-    while not stopping["now"]:
-        if redis_server is not None and redis_server.process is not None and redis_server.process.poll() is not None:
-            # The workers and the query service reconnect on their own; the AOF brings the data back.
-            print(f"engram ◆ redis exited with {redis_server.process.returncode}:\n{redis_server.log_tail(5)}",
-                  file=sys.stderr, flush=True)
-            restarts += 1
-            if restarts > MAX_REDIS_RESTARTS:
-                print(f"engram ◆ redis died {restarts} times; stopping the stack", file=sys.stderr, flush=True)
-                stopping["now"] = True
-                code = 1
-                break
-            if redis_server.process.stderr:
-                redis_server.process.stderr.close()
-            try:
-                redis_server.start()
-                print(f"engram ◆ redis restarted on {redis_server.url} (restart {restarts} of at most "
-                      f"{MAX_REDIS_RESTARTS})", file=sys.stderr, flush=True)
-            except EmbeddedRedisError as exc:
-                print(f"engram ◆ cannot restart redis: {exc}; stopping the stack", file=sys.stderr, flush=True)
-                stopping["now"] = True
-                code = 1
-                break
-        for name, proc in procs:
-            if proc.poll() is not None:
-                print(f"engram ◆ {name} exited with {proc.returncode}; stopping the stack", file=sys.stderr)
-                stopping["now"] = True
-                code = proc.returncode or 1
-        time.sleep(0.2)
-    for _, proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    for name, proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"engram ◆ {name} did not stop in {GRACE_SECONDS:g}s; killing it", file=sys.stderr)
-            proc.kill()
-            proc.wait()
-    if redis_server is not None:
-        redis_server.stop()
+    try:
+        for service in services:
+            service.start()
+        host, port = settings.host, settings.port
+        print(f"engram ◆ query service on http://{host}:{port} (try GET /readyz) ◆ Ctrl-C stops everything",
+              flush=True)
+        code = supervisor.run()
+    finally:
+        supervisor.shutdown()
     print("engram ◆ stopped", flush=True)
     return code
 

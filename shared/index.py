@@ -91,6 +91,8 @@ def fold_for_search(text: str) -> str:
     words a whole clause was one token, so no word inside it could match. Applied at index time
     (`episode_fields`) and at query time (`keyword_terms`), so both sides agree.
     """
+    if text.isascii():  # the common case, ~30x cheaper (measured: 3 vs 100 us for 2,000 characters)
+        return text.lower()
     folded = text.casefold()
     if _CJK_RUN.search(folded) is None:
         return folded

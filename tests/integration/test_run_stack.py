@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -137,5 +138,157 @@ def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_pat
     proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT,
                           env={**base, "ENGRAM_PORT": str(free_port()), "ENGRAM_DATA_DIR": str(afile / "x")},
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "cannot start the embedded Redis" in proc.stderr
+    assert proc.returncode == 1 and f"cannot use ENGRAM_DATA_DIR={afile / 'x'}: Not a directory" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --- issue 15 §3: `make run` survives one crashed process -------------------------------------------
+class Stack:
+    """`python -m services.run` on private ports and `data_dir`, its output in a file (a pipe nobody reads
+    would freeze it), with helpers to find its children and wait for its messages."""
+
+    def __init__(self, data_dir: Path, **extra: str):
+        self.port, self.redis_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data_dir.parent / f"{data_dir.name}-run.log"
+        self.env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS",
+                                                                     "ENGRAM_API_KEYS_FILE")}
+        self.env.update(ENGRAM_PORT=str(self.port), ENGRAM_REDIS_PORT=str(self.redis_port),
+                        ENGRAM_DATA_DIR=str(data_dir), ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING",
+                        ENGRAM_METRICS_PORT="0", ENGRAM_LEASE_MS="2000", ENGRAM_BLOCK_MS="200", **extra)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Stack:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=self.env,
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def children(self, module: str) -> list[int]:
+        """Pids of the supervisor's children running `python -m <module>`."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.proc.pid and module.encode() in cmdline:
+                found.append(int(stat.parent.name))
+        return found
+
+    async def ready(self) -> bool:
+        if self.proc.poll() is not None:  # the stack exited: say why now, not after the timeout
+            raise AssertionError(f"make run exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        return await _ready(self.url)
+
+    async def said(self, text: str, timeout: float = 30) -> None:
+        await wait_until(lambda: text in self.output(), timeout=timeout, interval=0.1,
+                         message=f"{text!r} in the output of make run")
+
+    def stop(self) -> int:
+        """Ctrl-C (SIGINT to the supervisor); its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=60)
+
+    def kill(self) -> None:
+        """After a failed test: kill the supervisor's process group and its embedded Redis (which runs
+        in a session of its own)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            import redis as sync_redis
+
+            with contextlib.suppress(Exception):
+                sync_redis.Redis(port=self.redis_port, socket_timeout=2).shutdown(nosave=True)
+
+
+async def _one_new_pid(stack: Stack, module: str, old: set[int]) -> int:
+    async def new() -> int | None:
+        pids = set(stack.children(module)) - old
+        return next(iter(pids)) if len(pids) == 1 and not set(stack.children(module)) & old else None
+
+    return await wait_until(new, timeout=20, interval=0.05, message=f"a new {module} process")
+
+
+async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_answering(tmp_path):
+    stack = Stack(tmp_path / "data").start()
+    try:
+        await wait_until(stack.ready, timeout=60, message="query service ready")
+        # a second `make run` of the same data directory is refused before it starts anything
+        second = Stack(tmp_path / "data")
+        refused = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=second.env,
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 3, refused.stderr
+        assert f"is in use by another `make run` (pid {stack.proc.pid})" in refused.stderr
+        assert not await _ready(second.url)
+
+        [worker] = stack.children("services.consolidator")
+        os.kill(worker, signal.SIGKILL)
+        assert await _ready(stack.url)  # the API does not notice
+        new_worker = await _one_new_pid(stack, "services.consolidator", {worker})
+        await stack.said(f"consolidator-0 (pid {worker}) died, killed by SIGKILL — restart 1 in 0.5s")
+        await stack.said(f"consolidator-0 restarted (pid {new_worker}, restart 1)")
+        assert await _ready(stack.url)
+        async with aiohttp.ClientSession() as s:  # the new worker projects
+            async with s.post(f"{stack.url}/v1/episodes", json={"task": "rotate the api keys",
+                                                                "outcome": "success"}) as r:
+                assert r.status == 202
+
+            async def recalled() -> bool:
+                async with s.post(f"{stack.url}/v1/recall", json={"query": "rotate api keys"}) as r:
+                    return r.status == 200 and len((await r.json())["results"]) == 1
+
+            await wait_until(recalled, timeout=30, message="episode projected by the restarted worker")
+
+        [query] = stack.children("services.query")
+        os.kill(query, signal.SIGKILL)
+        await _one_new_pid(stack, "services.query", {query})
+        await wait_until(stack.ready, timeout=30, message="query service ready again")
+        assert stack.proc.poll() is None
+        assert stack.stop() == 0
+    finally:
+        stack.kill()
+    output = stack.output()
+    assert "engram ◆ query (pid" in output and "died, killed by SIGKILL" in output
+    assert output.rstrip().endswith("engram ◆ stopped")
+
+
+async def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path):
+    stack = Stack(tmp_path / "data", ENGRAM_RESTART_LIMIT="3").start()
+    try:
+        await wait_until(stack.ready, timeout=60, message="query service ready")
+        seen: set[int] = set()
+        for _ in range(3):  # three deaths within ENGRAM_RESTART_WINDOW (60 s)
+            pid = await _one_new_pid(stack, "services.consolidator", seen)
+            seen.add(pid)
+            os.kill(pid, signal.SIGKILL)
+        code = stack.proc.wait(timeout=60)
+    finally:
+        stack.kill()
+    output = stack.output()
+    assert code == 1, output[-3000:]
+    assert "restart 2 in 1s (2 death(s) in the last 60s; the stack stops at 3)" in output
+    assert "consolidator-0 died 3 times within 60s (last: killed by SIGKILL); stopping the stack" in output
+    assert output.rstrip().endswith("engram ◆ stopped")
+    assert not await _ready(stack.url)  # the query service was stopped with it
+    assert not stack.children("services.")
+
+
+def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(tmp_path):
+    from services.run import lock_data_dir
+
+    fd = lock_data_dir(tmp_path)  # as a running `make run` holds it
+    try:
+        stack = Stack(tmp_path)
+        proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=stack.env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
+    assert f"ENGRAM_DATA_DIR={tmp_path} is in use by another `make run` (pid {os.getpid()})" in proc.stderr
+    assert not (tmp_path / "redis").exists()  # nothing was started

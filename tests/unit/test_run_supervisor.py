@@ -1,0 +1,36 @@
+"""`make run`'s restart policy (services/run.py): deaths counted over a window, exponential backoff."""
+
+from __future__ import annotations
+
+import signal
+
+from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, describe_exit
+
+
+def test_the_budget_counts_deaths_within_the_window_only():
+    budget = CrashBudget(limit=3, window=60)
+    assert budget.record(0.0) == 1 and budget.record(10.0) == 2 and not budget.exhausted
+    assert budget.record(65.0) == 2  # the death at 0 s left the window
+    assert budget.record(69.0) == 3 and budget.exhausted
+    budget = CrashBudget(limit=3, window=60)
+    for t in (0.0, 100.0, 200.0, 300.0, 400.0):  # one death a while, forever: never exhausted
+        budget.record(t)
+        assert not budget.exhausted
+
+
+def test_the_backoff_doubles_with_each_death_in_the_window_up_to_its_cap():
+    budget = CrashBudget(limit=100, window=60)
+    delays = []
+    for t in range(8):
+        budget.record(float(t))
+        delays.append(budget.backoff())
+    assert delays[:3] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST]
+    assert max(delays) == BACKOFF_MAX and delays == sorted(delays)
+    budget.record(200.0)  # after a healthy window the backoff starts over
+    assert budget.backoff() == BACKOFF_FIRST
+
+
+def test_an_exit_is_described_by_its_code_or_signal():
+    assert describe_exit(1) == "exit code 1"
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(-200) == "killed by signal 200"
