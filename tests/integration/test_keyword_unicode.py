@@ -43,7 +43,7 @@ async def test_keyword_recall_matches_across_case_and_cjk(api, redis, prefix):
         got = await (await api.get(f"/v1/episodes/{expected}")).json()
         assert got["episode"]["task"]["description"] == TEXTS[expected], "the stored text stays byte-exact"
     mixed = await (await api.post("/v1/recall", json={"query": "汇率换算 E1234", "mode": "keyword", "top_k": 5})).json()
-    assert [r["episode"]["episode_id"] for r in mixed["results"]] == ["mixed"]
+    assert mixed["results"][0]["episode"]["episode_id"] == "mixed", "both the Han and the Latin part match"
 
 
 @settings(max_examples=200, deadline=None)
