@@ -199,6 +199,8 @@ class Settings:
 
     # backpressure and retention
     max_lag: int = 100_000
+    max_clock_skew: float = 300.0
+    """`ENGRAM_MAX_CLOCK_SKEW`: how far in the future an ingested instant may lie (seconds; HTTP edge)."""
     stream_retention: float | None = 7 * 86400.0
     """`ENGRAM_STREAM_RETENTION`: acked entries older than this are trimmed; `off` keeps everything."""
     retention_interval: float = 60.0
@@ -274,6 +276,7 @@ class Settings:
             summarizer_timeout=_duration(env, "ENGRAM_SUMMARIZER_TIMEOUT", 20.0),
             summarizer_max_chars=env_int(env, "ENGRAM_SUMMARIZER_MAX_CHARS", 600, 50, 1000),
             max_lag=env_int(env, "ENGRAM_MAX_LAG", 100_000, 1, 1 << 40),
+            max_clock_skew=_duration(env, "ENGRAM_MAX_CLOCK_SKEW", 300.0),
             stream_retention=(None if env.get("ENGRAM_STREAM_RETENTION", "").strip().lower() in ("off", "none")
                               else _duration(env, "ENGRAM_STREAM_RETENTION", 7 * 86400.0)),
             retention_interval=_duration(env, "ENGRAM_RETENTION_INTERVAL", 60.0),

@@ -156,8 +156,26 @@ async def _projected(request: web.Request, events: list[EpisodeCompleted], wait:
         await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
 
 
+def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bool:
+    """Name every instant of `ep` later than `limit` (UTC epoch s); True if there was one.
+
+    An instant hours ahead (a skewed agent clock) would pin recency at 1 until then, head the short-term
+    window and put learning-curve points in the future; a small skew (ENGRAM_MAX_CLOCK_SKEW) is normal.
+    """
+    def name(field: str) -> str:
+        return f"{path}.{field}" if path else field
+    found = [(name(f), getattr(ep, f)) for f in ("started_at", "completed_at") if (getattr(ep, f) or 0) > limit]
+    found += [(name(f"actions[{i}].timestamp"), a.timestamp) for i, a in enumerate(ep.actions)
+              if (a.timestamp or 0) > limit]
+    for field, value in found:
+        errs.add(field, f"is {value - now:,.0f} s in the future (more than ENGRAM_MAX_CLOCK_SKEW = "
+                        f"{limit - now:g} s ahead of the service's clock)")
+    return bool(found)
+
+
 async def ingest(request: web.Request) -> web.Response:
     query: IngestQuery = _query_params(request, IngestQuery)
+    received = time.time()
     body = await read_json(request)
     batch = isinstance(body, dict) and "episodes" in body
     if batch:
@@ -192,6 +210,8 @@ async def ingest(request: web.Request) -> web.Response:
             # the consolidator would dead-letter it; the service knows the index's dimension, so say it now
             errs.add(f"{path}.vector" if path else "vector",
                      f"has {len(ep.vector)} dimensions; this index expects {dim}")
+            ep = None
+        if ep is not None and _future(ep, path, errs, received + request.app[SETTINGS].max_clock_skew, received):
             ep = None
         if ep is not None:
             episodes.append(ep)
