@@ -229,24 +229,46 @@ async def current_generation(r: aioredis.Redis, keys: Keys) -> int:
     return int(raw) if raw else 1
 
 
+def embedder_setting(name: str, dim: int) -> str:
+    """The environment that selects the embedder recorded as `name` with `dim` dimensions, for messages:
+    `ENGRAM_EMBEDDER=mpnet`, `ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128`."""
+    if name.startswith("openai/"):
+        return f"ENGRAM_EMBEDDER=openai ENGRAM_OPENAI_MODEL={name[len('openai/'):]}"
+    kind = name.split("-")[0].split("/")[0]
+    return f"ENGRAM_EMBEDDER={kind}" + (f" ENGRAM_EMBED_DIM={dim}" if kind == "hashing" else "")
+
+
+class EmbedderMismatch(Conflict):
+    """A generation's index was built with another embedder (name or dimension) than this process's.
+
+    At start it is a configuration error; in a running process it means the index was rebuilt under
+    it (`reindex`). `gen`, `index_embedder`, `index_dim`, `embedder`, `dim` name both sides.
+    """
+
+    def __init__(self, index: str, gen: int, index_embedder: str, index_dim: int, embedder: str, dim: int):
+        self.gen, self.index_embedder, self.index_dim, self.embedder, self.dim = \
+            gen, index_embedder, index_dim, embedder, dim
+        super().__init__(
+            f"index {index} was built with embedder {index_embedder!r} (dim {index_dim}), but this process "
+            f"uses {embedder!r} (dim {dim}); start it with {embedder_setting(index_embedder, index_dim)}, "
+            f"or rebuild the index with this one: `python -m services.consolidator reindex --embedder "
+            f"{embedder.split('-')[0].split('/')[0]}`")
+
+
 async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: VectorParams,
                                embedder_name: str, *, point_alias: bool = True) -> None:
     """Create generation `gen`'s episode index if missing and record the embedder it was built with.
 
-    Raises Conflict when the index exists with another embedder name or dimension: mixing vectors of
-    two models would silently ruin recall; `python -m services.consolidator reindex` builds a new
-    generation instead.
+    Raises EmbedderMismatch (a Conflict) when the index exists with another embedder name or
+    dimension: mixing vectors of two models would silently ruin recall;
+    `python -m services.consolidator reindex` builds a new generation instead.
     """
     name = keys.episode_index(gen)
     recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
     recorded_dim = await r.hget(keys.meta, f"g{gen}:dim")
     if recorded_name is not None and (recorded_name.decode() != embedder_name
                                       or int(recorded_dim or 0) != params.dim):
-        raise Conflict(
-            f"index {name} was built with embedder {recorded_name.decode()!r} (dim {int(recorded_dim or 0)}), "
-            f"but this process uses {embedder_name!r} (dim {params.dim}); start with the same "
-            f"ENGRAM_EMBEDDER, or rebuild the index with the new one: "
-            f"`python -m services.consolidator reindex --embedder {embedder_name.split('-')[0].split('/')[0]}`")
+        raise EmbedderMismatch(name, gen, recorded_name.decode(), int(recorded_dim or 0), embedder_name, params.dim)
     if not await index_exists(r, name):
         try:
             await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.episode_doc_prefix(gen),
@@ -345,13 +367,24 @@ async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: 
 
     `hit.score` is the cosine distance (1 - cos). Filters run inside the KNN (RediSearch hybrid
     query), so a narrow scope still yields k hits when k exist.
+    Raises Conflict when the index holds vectors of another size than `query_vector`: it was rebuilt
+    with another embedder (`reindex`) under a running process, which must be restarted with that one.
     """
     ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
     q = f"({scope.query()})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
     fields = ["dist", *return_fields]
-    reply = await r.execute_command(
-        "FT.SEARCH", index, q, "PARAMS", 2, "BLOB", vector_bytes(query_vector),
-        "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
+    blob = vector_bytes(query_vector)
+    try:
+        reply = await r.execute_command(
+            "FT.SEARCH", index, q, "PARAMS", 2, "BLOB", blob,
+            "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
+    except ResponseError as exc:  # a 500 and a traceback per request before (issue 15)
+        expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
+        if expected is None:
+            raise
+        raise Conflict(f"the index {index} now holds vectors of {int(expected.group(2)) // 4} dimensions "
+                       f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
+                       f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER") from None
     _, hits = parse_search(reply)
     for hit in hits:
         hit.score = float(hit.fields.get(b"dist", b"nan"))

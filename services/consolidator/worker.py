@@ -12,6 +12,12 @@ A transport or embedder failure leaves the whole batch pending; the lease brings
 
 Shutdown: `stop` (set by SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are
 projected and acked.
+
+Another embedder's index: at start (`setup`) it is a configuration error (`EmbedderMismatch`, the
+process exits 2). When the live index is rebuilt with another embedder while the worker runs
+(`reindex`), the worker pauses instead: it reads nothing more, leaves its pending entries pending, says
+why every `MISMATCH_LOG_SECONDS` (naming the setting to restart with) and re-checks the index every
+`MISMATCH_CHECK_SECONDS`, resuming if it matches this worker's embedder again.
 """
 
 from __future__ import annotations
@@ -32,11 +38,21 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import DEAD_REF_USER, BatchResult, Projector
 from shared import streams
 from shared.codec import peek_identity
-from shared.index import VectorParams, current_generation, ensure_episode_index
+from shared.index import (
+    EmbedderMismatch,
+    VectorParams,
+    current_generation,
+    embedder_setting,
+    ensure_episode_index,
+)
 from shared.keys import Keys
 from shared.settings import Settings
 
 log = logging.getLogger("engram.consolidator")
+MISMATCH_LOG_SECONDS = 30.0
+"""How often a worker paused by another embedder's index repeats why."""
+MISMATCH_CHECK_SECONDS = 2.0
+"""How often a paused worker re-reads the live index's embedder."""
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
@@ -75,6 +91,9 @@ class Worker:
         # (sentence-transformers sorts a call's texts by length, so less padding); a slow batch keeps its
         # lease by renewal (`_renew_lease`), not by being small
         self.lane_batch = settings.batch_size
+        # set while the live index uses another embedder than this worker's (see the module docstring)
+        self.paused_by: EmbedderMismatch | None = None
+        self._paused_said = 0.0
 
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
@@ -96,8 +115,9 @@ class Worker:
         Each lane is the reclaim/read/project/ack loop of `turn`; lanes share the consumer name, and
         each acks only what it projected. Lanes are safe for the same reason N workers are: the
         projection is idempotent and order-tolerant (module docstring of `projector`). Lane 0 also
-        refreshes the lag gauges and trims the stream. The first lane to fail with a Conflict (another
-        embedder's index) stops the others after their batch in hand.
+        refreshes the lag gauges and trims the stream. Another embedder's index met at start raises
+        EmbedderMismatch; met later, it pauses the lanes (`_pause`). Any other Conflict in a lane stops
+        the others after their batch in hand.
         """
         backoff = 0.1
         while True:  # Redis may be down or loading when the worker starts: wait for it, as the lanes do
@@ -134,6 +154,10 @@ class Worker:
             try:
                 await self.turn()
                 backoff = 0.1
+                if self.paused_by is not None:
+                    log.warning("worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; "
+                                "resuming", self.name, self.embedder.name, self.embedder.dim)
+                    self.paused_by = None
                 if not housekeeping:
                     continue
                 if time.monotonic() - last_info > 5:
@@ -147,6 +171,9 @@ class Worker:
                     if removed:
                         log.info("worker %s ◆ trimmed %d projected entries older than %gs", self.name,
                                  removed, self.settings.stream_retention)
+            except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (issue 15)
+                self._pause(exc)
+                await _wait(stop, MISMATCH_CHECK_SECONDS)
             except Conflict:
                 halt.set()
                 raise
@@ -161,6 +188,21 @@ class Worker:
                 log.exception("worker %s ◆ redis error", self.name)
                 await _wait(stop, backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _pause(self, exc: EmbedderMismatch) -> None:
+        """Note that the live index uses another embedder; say so now and every MISMATCH_LOG_SECONDS
+        (once for all lanes). Nothing is read while paused: entries stay in the stream, pending ones
+        pending (another worker reclaims them after the lease)."""
+        first = self.paused_by is None
+        self.paused_by = exc
+        now = time.monotonic()
+        if not first and now - self._paused_said < MISMATCH_LOG_SECONDS:
+            return
+        self._paused_said = now
+        log.error("worker %s ◆ paused: index generation %d now uses embedder %r (dim %d), this worker %r "
+                  "(dim %d); nothing is projected until it is restarted with %s (the stream keeps the "
+                  "entries)", self.name, exc.gen, exc.index_embedder, exc.index_dim, exc.embedder, exc.dim,
+                  embedder_setting(exc.index_embedder, exc.index_dim))
 
     async def turn(self) -> int:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""

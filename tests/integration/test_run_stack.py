@@ -292,3 +292,80 @@ def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(t
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
     assert f"ENGRAM_DATA_DIR={tmp_path} is in use by another `make run` (pid {os.getpid()})" in proc.stderr
     assert not (tmp_path / "redis").exists()  # nothing was started
+
+
+async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps_the_stack_up(tmp_path):
+    """README, Replay: running workers never exit the stack on a reindex; they pause, keep the entries,
+    and say which setting to restart with. Hashing at 64 vs 128 dimensions makes the mismatch quickly."""
+    import redis as sync_redis
+
+    data = tmp_path / "data"
+    stack = Stack(data, ENGRAM_EMBED_DIM="64").start()
+    try:
+        await wait_until(stack.ready, timeout=60, message="query service ready")
+        async with aiohttp.ClientSession() as s:
+            async def recall(text: str, mode: str = "vector") -> tuple[int, dict]:
+                async with s.post(f"{stack.url}/v1/recall", json={"query": text, "mode": mode}) as r:
+                    return r.status, await r.json()
+
+            async def publish(task: str) -> None:
+                async with s.post(f"{stack.url}/v1/episodes", json={"task": task, "outcome": "success"}) as r:
+                    assert r.status == 202
+
+            await publish("fix the flaky login test")
+            await wait_until(lambda: _found(recall("flaky login test")), timeout=30, message="first episode")
+
+            env = {**stack.env, "REDIS_URL": f"redis://127.0.0.1:{stack.redis_port}/0", "ENGRAM_EMBED_DIM": "128"}
+            if (data / "master.key").exists():  # the key `make run` generated for its stream, if any
+                env["ENGRAM_MASTER_KEY_FILE"] = str(data / "master.key")
+            reindex = subprocess.run([sys.executable, "-m", "services.consolidator", "reindex", "--embedder",
+                                      "hashing"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+            assert reindex.returncode == 0, reindex.stderr[-3000:]
+            advice = "restarted with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128"
+            await stack.said(f"paused: index generation 2 now uses embedder 'hashing-v1' (dim 128), this worker "
+                             f"'hashing-v1' (dim 64); nothing is projected until it is {advice}")
+            await publish("rotate the api keys")  # accepted, and left in the stream by the paused worker
+            client = sync_redis.Redis(port=stack.redis_port)
+            try:
+                await wait_until(lambda: client.xinfo_groups("engram:stream:episodes")[0]["lag"] == 1, timeout=10,
+                                 message="the new entry waiting in the stream")
+            finally:
+                client.close()
+            assert stack.proc.poll() is None and await _ready(stack.url)  # the stack is up
+            status, body = await recall("flaky login test")  # a query vector of 64 dimensions, an index of 128
+            assert status == 409 and "rebuilt with another embedder" in body["detail"], body
+            status, body = await recall("flaky login test", mode="keyword")  # the new index has the episode
+            assert status == 200 and len(body["results"]) == 1
+
+        # a worker started now with the old embedder is a configuration error: not restarted in a loop
+        [worker] = stack.children("services.consolidator")
+        os.kill(worker, signal.SIGKILL)
+        code = stack.proc.wait(timeout=60)
+    finally:
+        stack.kill()
+    output = stack.output()
+    assert code == 2, output[-3000:]
+    assert output.count("consolidator-0 restarted") == 1
+    assert "consolidator-0 exited with code 2, a configuration error: " in output
+    assert "start it with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128" in output.split("exited with code 2")[1]
+
+    # restarted as advised, the stack projects what waited in the stream
+    stack = Stack(data, ENGRAM_EMBED_DIM="128").start()
+    try:
+        await wait_until(stack.ready, timeout=60, message="query service ready with the new embedder")
+        async with aiohttp.ClientSession() as s:
+            async def found() -> bool:
+                async with s.post(f"{stack.url}/v1/recall", json={"query": "rotate api keys", "mode": "vector",
+                                                                 "top_k": 5}) as r:
+                    body = await r.json()
+                    return r.status == 200 and len(body["results"]) == 2
+
+            await wait_until(found, timeout=30, message="both episodes recalled with the new embedder")
+        assert stack.stop() == 0
+    finally:
+        stack.kill()
+
+
+async def _found(response) -> bool:
+    status, body = await response
+    return status == 200 and len(body["results"]) == 1
