@@ -86,7 +86,8 @@ def engram_tools(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
     with a plain dict it gives the text. With `errors="result"` (default) an Engram error (bad
     arguments, service refused or unreachable) becomes the tool's output, a `ToolMessage` with
     `status="error"` telling the model what to fix; `errors="raise"` raises it instead
-    (`engram_episodic.tools.ToolArgumentError`, `ConnectionFailed`, ...).
+    (`engram_episodic.tools.ToolArgumentError`, `ConnectionFailed`, ...). Raises TypeError for a bad
+    client or scope key, ValueError for a bad scope id, `UnknownTool` for a name that is not a tool.
     """
     if errors not in ("result", "raise"):
         raise ValueError(f"errors must be 'result' or 'raise', not {errors!r}")
