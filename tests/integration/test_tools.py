@@ -8,9 +8,18 @@ in-process (`drain`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import os
+import re
+import sys
+import types
+from pathlib import Path
 
+import httpx
 import pytest
+from aiohttp import web
 
 from engram_episodic import AsyncEngram, ConnectionFailed, Engram
 from engram_episodic.tools import TOOL_NAMES, ToolArgumentError, Toolset, UnknownTool, adispatch, dispatch
@@ -116,3 +125,144 @@ async def test_an_unreachable_service_is_an_error_result_for_the_model(unused_tc
         result = await adispatch(memory, "get_skills", {}, errors="result")
     assert result.is_error and result.data == {"error": "unreachable", "maybe_applied": False}
     assert "unreachable" in result.text and len(TOOL_NAMES) == 8
+
+
+# --- the function-calling examples of docs/integrations.md, run against a stand-in model endpoint ---------
+DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
+
+
+def doc_example(importing: str) -> str:
+    """The python block of the "Plain function calling" section that contains `importing`."""
+    text = DOC.read_text()
+    start = text.index("\n## Plain function calling (OpenAI / Anthropic)")
+    section = text[start:text.find("\n## ", start + 1)]
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if importing in b]
+    return block
+
+
+def run_example(code: str) -> str:
+    """Execute a documented example (in a worker thread: the service answers in the test's loop)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, str(DOC), "exec"), {"__name__": "docs_example"})
+    return out.getvalue()
+
+
+async def seed(tenants, settings, redis) -> str:
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        episode_id = await memory.record(task="the login test fails at night", outcome="success",
+                                         solution="freeze the clock with a fixture", agent_id="coder-1",
+                                         user_id="alice", feedback={"reward": 1.0})
+        await drain(settings, redis)
+        await memory.wait_until_recallable(episode_id, timeout=10)
+    return episode_id
+
+
+def pointed_at(code: str, tenants) -> str:
+    assert code.count('"http://127.0.0.1:8080"') == 1 and code.count('"dev-key"') == 1
+    return code.replace('"http://127.0.0.1:8080"', repr(url(tenants))).replace('"dev-key"', repr(KEY_A))
+
+
+async def test_the_openai_example_runs_its_tool_loop(tenants, settings, redis, aiohttp_server, monkeypatch):
+    """The documented loop with the real openai SDK against an OpenAI-compatible stand-in that asks for
+    recall_experiences once, then answers with what the tool returned."""
+    episode_id = await seed(tenants, settings, redis)
+    seen: list[dict] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        assert [t["function"]["name"] for t in body["tools"]] == list(TOOL_NAMES)
+        assert all(set(t) == {"type", "function"} for t in body["tools"])
+        if len(seen) == 1:
+            message = {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "recall_experiences", "arguments": '{"query": "login test fails at night"}'}}]}
+            reason = "tool_calls"
+        else:
+            tool_message = body["messages"][-1]
+            assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
+            assert body["messages"][-2]["tool_calls"][0]["id"] == "call_1"
+            message, reason = {"role": "assistant", "content": "From memory: " + tool_message["content"]}, "stop"
+        return web.json_response({"id": f"c{len(seen)}", "object": "chat.completion", "created": 0,
+                                  "model": body["model"],
+                                  "choices": [{"index": 0, "message": message, "finish_reason": reason}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    fake = await aiohttp_server(app)
+    monkeypatch.setenv("OPENAI_BASE_URL", url(fake) + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    printed = await asyncio.to_thread(run_example, pointed_at(doc_example("from openai import OpenAI"), tenants))
+    assert len(seen) == 2 and "freeze the clock with a fixture" in printed and episode_id in printed
+
+
+def fake_anthropic_module(base_url: str) -> types.ModuleType:
+    """A stand-in for the anthropic SDK (not a dependency): `Anthropic().messages.create(**kw)` POSTs the
+    Messages API request to `base_url` as the SDK would and answers attribute objects as the SDK does."""
+    def plain(value):
+        if isinstance(value, types.SimpleNamespace):
+            value = vars(value)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    def obj(value):  # as the SDK's models: a tool_use block's `input` stays a dict
+        if isinstance(value, dict):
+            return types.SimpleNamespace(**{k: v if k == "input" else obj(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return [obj(v) for v in value]
+        return value
+
+    class Messages:
+        def create(self, **kwargs):
+            response = httpx.post(base_url + "/v1/messages", json=plain(kwargs),
+                                  headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"],
+                                           "anthropic-version": "2023-06-01"})
+            response.raise_for_status()
+            return obj(response.json())
+
+    class Anthropic:
+        def __init__(self):
+            self.messages = Messages()
+
+    module = types.ModuleType("anthropic")
+    module.Anthropic = Anthropic
+    return module
+
+
+async def test_the_anthropic_example_runs_its_tool_loop(tenants, settings, redis, aiohttp_server, monkeypatch):
+    episode_id = await seed(tenants, settings, redis)
+    seen: list[dict] = []
+
+    async def messages(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        assert request.headers["x-api-key"] == "sk-ant-test" and body["max_tokens"] == 1024
+        assert [set(t) for t in body["tools"]] == [{"name", "description", "input_schema"}] * len(TOOL_NAMES)
+        assert all(t["input_schema"]["type"] == "object" for t in body["tools"])
+        if len(seen) == 1:
+            content = [{"type": "text", "text": "Let me check memory."},
+                       {"type": "tool_use", "id": "toolu_1", "name": "recall_experiences",
+                        "input": {"query": "login test fails at night"}},
+                       {"type": "tool_use", "id": "toolu_2", "name": "recall_experiences", "input": {"top_k": 0}}]
+            reason = "tool_use"
+        else:
+            assistant, user = body["messages"][-2:]
+            assert [b["type"] for b in assistant["content"]] == ["text", "tool_use", "tool_use"]
+            ok, bad = user["content"]
+            assert (ok["type"], ok["tool_use_id"], ok["is_error"]) == ("tool_result", "toolu_1", False)
+            assert bad["is_error"] is True and "query: is required" in bad["content"]  # told what to fix
+            content, reason = [{"type": "text", "text": "From memory: " + ok["content"]}], "end_turn"
+        return web.json_response({"id": f"msg_{len(seen)}", "type": "message", "role": "assistant",
+                                  "model": body["model"], "content": content, "stop_reason": reason})
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", messages)
+    fake = await aiohttp_server(app)
+    monkeypatch.setitem(sys.modules, "anthropic", fake_anthropic_module(url(fake)))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    printed = await asyncio.to_thread(run_example, pointed_at(doc_example("import anthropic"), tenants))
+    assert len(seen) == 2 and "freeze the clock with a fixture" in printed and episode_id in printed
