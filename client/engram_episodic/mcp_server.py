@@ -120,7 +120,7 @@ def build_server(toolset: Toolset) -> Server:
             raise MCPError(INVALID_PARAMS, str(exc), {"tool": exc.name, "available": list(exc.available)}) from exc
         except EngramError as exc:
             result = error_result(exc)
-            log.info("tool %s failed: %s", params.name, result.data.get("error"))
+            log.info("tool %r failed: %s", params.name, result.data.get("error"))
         return call_result(result)
 
     served = {uri: v for uri, v in RESOURCES.items() if v[0] in toolset.names}

@@ -617,7 +617,7 @@ def _check(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) ->
             errs.add(path, f"must hold at most {schema['maxItems']} items")
             return None
         items = [_check(schema.get("items", {}), v, _join(path, i), errs) for i, v in enumerate(value)]
-        if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True) for v in value}) < len(value):
+        if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(value):
             errs.add(path, "must not repeat a value")
             return None
         return items
