@@ -347,6 +347,10 @@ def main() -> int:
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):  # the stream is always sealed
+        from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten (issue 15)
+        env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
+        print(f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", flush=True)
     busy = _taken_port(settings.host, settings.port)
     if busy:  # the query service would find out after the model loaded, with a traceback (new-user trial)
         print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",

@@ -8,6 +8,18 @@ No pickle: a stream entry is data, never code.
 
 Errors: `DecodeError` (not msgpack / bad envelope), `UnknownEventType`, `UnknownSchemaVersion`,
 `InvalidEpisode` (the payload violates the schema). All are subclasses of `EngramError`.
+
+Sealed entries (crypto-shredding, `shared.crypto`): with a master key configured, the personal content
+of an event — `episode` of EpisodeStarted/EpisodeCompleted, `action` of ActionRecorded, `user_id` of
+UserForgotten — is moved out of `data` into `x: {r: key ref (16 bytes), k: key id (16), c: sealed}`,
+where `c` is AES-256-GCM of the msgpack of those fields under the data key of (namespace, user) and its
+associated data binds it to the clear fields (type, v, namespace, episode_id, event_id, occurred_at,
+r, k). `data` keeps in clear only what routing and idempotency need: `event_id`, `namespace`,
+`occurred_at`, `schema_version` and `episode_id`. The key `x` is what tells a sealed envelope from a
+plaintext one (written before encryption, or with it off); both decode. Decoding a sealed envelope needs
+a key lookup `(ref, kid) -> DataKey | None`: None means the key was destroyed (`KeyDestroyed`: the
+user was forgotten); no lookup at all is `SealedEntry`; a payload that fails authentication is
+`Unreadable` (a DecodeError).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from engram_episodic.events import (
 from engram_episodic.shapes import to_plain
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id, parse_action, parse_episode
+from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
 CURRENT_VERSION: dict[str, int] = {name: 2 if name in ("EpisodeStarted", "EpisodeCompleted") else 1
                                    for name in EVENT_TYPES}
@@ -101,6 +114,37 @@ def encode(event: Event) -> bytes:
     return msgpack.packb(envelope, use_bin_type=True)
 
 
+SEALED_FIELDS: dict[str, tuple[str, ...]] = {
+    "EpisodeStarted": ("episode",), "EpisodeCompleted": ("episode",), "ActionRecorded": ("action",),
+    "UserForgotten": ("user_id",),
+}
+"""The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
+the episode id (clear, as everywhere); FactsConsolidated stays plaintext (docs/reliability.md, Erasure)."""
+
+KeyLookup = Callable[[bytes, bytes], DataKey | None]
+
+
+def sealable(event: Event) -> bool:
+    return event.TYPE in SEALED_FIELDS
+
+
+def _seal_ad(type_name: str, version: int, data: Mapping[str, Any], ref: bytes, kid: bytes) -> bytes:
+    """The associated data of a sealed envelope: every clear field, so none can be altered or the
+    ciphertext moved to another entry (another episode, event, namespace or time)."""
+    return msgpack.packb(["engram/event/v1", type_name, version, data.get("namespace"), data.get("episode_id"),
+                          data.get("event_id"), data.get("occurred_at"), ref, kid], use_bin_type=True)
+
+
+def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
+    """The sealed envelope of `event` (module docstring) under data key `key`, referenced by `ref`."""
+    data = event_to_data(event)
+    secret = {name: data.pop(name) for name in SEALED_FIELDS[event.TYPE] if name in data}
+    version = CURRENT_VERSION[event.TYPE]
+    sealed = key.seal(msgpack.packb(secret, use_bin_type=True), _seal_ad(event.TYPE, version, data, ref, key.kid))
+    return msgpack.packb({"type": event.TYPE, "v": version, "data": data,
+                          "x": {"r": ref, "k": key.kid, "c": sealed}}, use_bin_type=True)
+
+
 def _base(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["event_id"] = check_id(data.get("event_id"), "event_id", errs, required=True)
@@ -145,17 +189,60 @@ def event_from_data(type_name: str, data: Mapping[str, Any]) -> Event:
     return cls(**base, schema_version=CURRENT_VERSION[type_name], **fields)
 
 
-def decode(payload: bytes) -> Event:
-    """Stored envelope bytes → current-version event (upcasting older versions in order).
-
-    Raises DecodeError, UnknownEventType, UnknownSchemaVersion or InvalidEpisode; never anything else
-    for any input bytes (fuzzed in tests/unit/test_codec.py).
-    """
+def unpack(payload: bytes) -> dict[str, Any]:
+    """The envelope map of stored bytes (not yet checked beyond being a map); DecodeError otherwise."""
     try:
         envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises a zoo of types for garbage; all mean "undecodable"
         raise DecodeError(f"not a msgpack envelope: {type(exc).__name__}") from None
-    if not isinstance(envelope, dict) or not {"type", "v", "data"} <= envelope.keys():
+    if not isinstance(envelope, dict):
+        raise DecodeError("envelope must be a map with type, v and data")
+    return envelope
+
+
+def sealed_ref(envelope: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """(key ref, key id) of a sealed envelope, None for a plaintext one; DecodeError if malformed."""
+    x = envelope.get("x")
+    if x is None:
+        return None
+    if not isinstance(x, dict) or not isinstance(x.get("r"), bytes) or not isinstance(x.get("k"), bytes) \
+            or not isinstance(x.get("c"), bytes) or len(x["r"]) != REF_BYTES or len(x["k"]) != KID_BYTES:
+        raise DecodeError("sealed envelope must hold x: {r: 16 bytes, k: 16 bytes, c: bytes}")
+    return x["r"], x["k"]
+
+
+def payload_ref(payload: bytes) -> tuple[bytes, bytes] | None:
+    """`sealed_ref` of stored bytes; None for plaintext or undecodable bytes (never raises)."""
+    try:
+        return sealed_ref(unpack(payload))
+    except DecodeError:
+        return None
+
+
+def occurred_at(payload: bytes) -> float | None:
+    """The clear `occurred_at` of stored bytes, sealed or not (None if unreadable); never raises."""
+    try:
+        data = unpack(payload).get("data")
+        at = data.get("occurred_at") if isinstance(data, dict) else None
+    except DecodeError:
+        return None
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+
+
+def decode(payload: bytes, keys: KeyLookup | None = None) -> Event:
+    """Stored envelope bytes → current-version event (upcasting older versions in order).
+
+    Raises DecodeError (Unreadable for a sealed payload that fails authentication), UnknownEventType,
+    UnknownSchemaVersion or InvalidEpisode; for a sealed envelope also KeyDestroyed (its data key is
+    gone) or SealedEntry (no `keys`). Never anything else for any input bytes (fuzzed in
+    tests/unit/test_codec.py).
+    """
+    return decode_envelope(unpack(payload), keys)
+
+
+def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> Event:
+    """`decode` of an already unpacked envelope (the projector unpacks once to collect key refs)."""
+    if not {"type", "v", "data"} <= envelope.keys():
         raise DecodeError("envelope must be a map with type, v and data")
     type_name, version, data = envelope["type"], envelope["v"], envelope["data"]
     if not isinstance(type_name, str) or type_name not in EVENT_TYPES:
@@ -167,6 +254,9 @@ def decode(payload: bytes) -> Event:
         raise UnknownSchemaVersion(f"{type_name} v{version} is not supported (this build reads v1..v{current})")
     if not isinstance(data, dict):
         raise DecodeError("envelope data must be a map")
+    ref = sealed_ref(envelope)
+    if ref is not None:
+        data = _open(type_name, version, data, envelope["x"], keys)
     while version < current:
         upcaster = UPCASTERS.get((type_name, version))
         if upcaster is None:
@@ -174,6 +264,29 @@ def decode(payload: bytes) -> Event:
         data = upcaster(data)
         version += 1
     return event_from_data(type_name, data)
+
+
+def _open(type_name: str, version: int, data: dict[str, Any], x: dict[str, Any], keys: KeyLookup | None) -> dict:
+    if type_name not in SEALED_FIELDS:
+        raise DecodeError(f"{type_name} is never sealed")
+    if keys is None:
+        raise SealedEntry("the entry is encrypted and this process has no master key "
+                          "(set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)")
+    key = keys(x["r"], x["k"])
+    if key is None:
+        raise KeyDestroyed("the entry's data key was destroyed (its user or episode was forgotten)")
+    plain = key.open(x["c"], _seal_ad(type_name, version, data, x["r"], x["k"]))
+    try:
+        secret = msgpack.unpackb(plain, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise DecodeError(f"sealed part is not msgpack: {type(exc).__name__}") from None
+    if not isinstance(secret, dict):
+        raise DecodeError("sealed part must be a map")
+    opened = dict(data)
+    for name in SEALED_FIELDS[type_name]:  # only the sealed fields: the clear ones are authenticated as AD
+        if name in secret:
+            opened[name] = secret[name]
+    return opened
 
 
 def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] | None:

@@ -37,6 +37,11 @@ class Keys:
         return f"{self.prefix}stream:episodes"
 
     @property
+    def stream_compaction(self) -> str:
+        """The stream's copy while `erasure.compact` rewrites it (RENAMEd over the stream at the end)."""
+        return f"{self.prefix}stream:episodes:compacting"
+
+    @property
     def dead_letters(self) -> str:
         """Entries the consolidator could not process, with reason and original payload."""
         return f"{self.prefix}stream:dead"
@@ -76,6 +81,25 @@ class Keys:
     def user_tombstone(self, namespace: str, user_id: str) -> str:
         """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
         return f"{self.prefix}utomb:{digest(namespace, user_id)}"
+
+    @property
+    def deployment_key(self) -> str:
+        """Hash {k, w, t}: the deployment secret wrapped by the master key (shared.crypto)."""
+        return f"{self.prefix}keys:deployment"
+
+    @property
+    def data_key_prefix(self) -> str:
+        return f"{self.prefix}dek:"
+
+    @property
+    def erasure_lock(self) -> str:
+        """Held (SET NX PX) by the worker running the erasure housekeeping after forgets."""
+        return f"{self.prefix}lock:erasure"
+
+    def data_key(self, ref: bytes) -> str:
+        """Hash {k: key id, w: the data key wrapped by the master key, t: creation time, ms} of the key
+        reference `ref` (an HMAC of (namespace, user), shared.crypto): deleting it shreds the user."""
+        return f"{self.data_key_prefix}{ref.hex()}"
 
     def scope_counter(self, scope_id: str) -> str:
         """Hash {completed, importance} since the scope's last consolidation (facts trigger)."""

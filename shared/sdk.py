@@ -42,6 +42,7 @@ from engram_episodic.events import (
 from engram_episodic.validation import Collector, check_id
 from shared import streams
 from shared.codec import encode
+from shared.keyring import shared_ring
 from shared.keys import Keys
 from shared.redis_conn import connect
 
@@ -58,7 +59,7 @@ class EngramClient:
     def __init__(self, redis: aioredis.Redis, *, namespace: str = "default", prefix: str = "engram:",
                  publish_timeout: float = 5.0, retries: int = 100, owns_redis: bool = False,
                  max_lag: int | None = None, wait_on_backpressure: bool = True,
-                 consumer_group: str = "consolidator"):
+                 consumer_group: str = "consolidator", master_key: bytes | None = None):
         errs = Collector()
         check_id(namespace, "namespace", errs, required=True)
         errs.raise_if_any()
@@ -71,6 +72,8 @@ class EngramClient:
         self.max_lag = max_lag
         self.wait_on_backpressure = wait_on_backpressure
         self.consumer_group = consumer_group
+        # with a master key, events are sealed per user (shared.keyring; issue 15, crypto-shredding)
+        self._ring = shared_ring(self.keys, master_key) if master_key is not None else None
         self._lag_checked_at = -1e9
         self._lag = 0
 
@@ -131,7 +134,7 @@ class EngramClient:
                  for i, e in enumerate(events) if type(e) not in _EVENT_CLASSES]
         if wrong:  # was an AttributeError from the encoder (new-user trial); nothing is published
             raise InvalidEpisode(wrong)
-        payloads = [encode(e) for e in events]
+        payloads = [encode(e) for e in events] if self._ring is None else []
         deadline = time.monotonic() + self.publish_timeout
         try:  # bounded by the deadline: a Redis that hangs must not hold the agent past publish_timeout
             await asyncio.wait_for(self._check_backpressure(deadline), max(0.0, deadline - time.monotonic()))
@@ -145,7 +148,7 @@ class EngramClient:
             if remaining <= 0:
                 break
             try:
-                ids = await asyncio.wait_for(streams.publish(self.redis, self.keys.stream, payloads),
+                ids = await asyncio.wait_for(self._store(events, payloads),
                                              timeout=remaining)
                 return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
             except (redis_errors.TimeoutError, TimeoutError) as exc:
@@ -170,6 +173,11 @@ class EngramClient:
         raise PublishError(
             f"{len(events)} event(s) not published after {attempt} attempt(s) within {self.publish_timeout:g}s: {why}"
         ) from last
+
+    async def _store(self, events: list[Event], payloads: list[bytes]) -> list:
+        if self._ring is None:
+            return await streams.publish(self.redis, self.keys.stream, payloads)
+        return await self._ring.publish(self.redis, self.keys.stream, events)
 
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:
         """Publish a finished episode as one `EpisodeCompleted`; returns its `episode_id`.

@@ -58,6 +58,19 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
                           "an Ollama/vLLM server's /v1)")
 
 
+def _master_key(env: Mapping[str, str]) -> bytes | None:
+    from shared.crypto import parse_master_key, read_master_key_file
+
+    text, path = env.get("ENGRAM_MASTER_KEY") or "", env.get("ENGRAM_MASTER_KEY_FILE") or ""
+    if text and path:
+        raise ConfigError("ENGRAM_MASTER_KEY and ENGRAM_MASTER_KEY_FILE are both set; set one of them")
+    if text:
+        return parse_master_key(text, name="ENGRAM_MASTER_KEY")
+    if path:
+        return read_master_key_file(path, name="ENGRAM_MASTER_KEY_FILE")
+    return None
+
+
 def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """`env[name]` as an int in [lo, hi] (`default` when unset or empty); ConfigError naming it otherwise."""
     raw = env.get(name)
@@ -205,6 +218,16 @@ class Settings:
     """`ENGRAM_STREAM_RETENTION`: acked entries older than this are trimmed; `off` keeps everything."""
     retention_interval: float = 60.0
 
+    # erasure (docs/reliability.md, "Erasure")
+    master_key: bytes | None = field(default=None, repr=False)
+    """`ENGRAM_MASTER_KEY` (base64 of 32 bytes) or `ENGRAM_MASTER_KEY_FILE` (a file holding that text):
+    with a key, stream payloads are sealed per user (shared.crypto); None = plaintext (tests' default).
+    Never logged, never sent to Redis."""
+    erasure_interval: float | None = 600.0
+    """`ENGRAM_ERASURE_INTERVAL`: after forgets, the stream is compacted and the AOF rewritten
+    (services.consolidator.erasure) at most this often; `off` never (then run `python -m
+    services.consolidator erase-now`)."""
+
     def with_(self, **changes) -> Settings:
         """A copy with some fields replaced (tests, per-test prefixes)."""
         return replace(self, **changes)
@@ -226,7 +249,9 @@ class Settings:
         if not prefix or any(ch.isspace() for ch in prefix):
             raise ConfigError(f"ENGRAM_PREFIX={prefix!r} must be non-empty and contain no whitespace")
         _check_startup_values(env)
+        master_key = _master_key(env)
         return cls(
+            master_key=master_key,
             redis_url=env.get("REDIS_URL") or None,
             prefix=prefix,
             embedder=_choice(env, "ENGRAM_EMBEDDER", "auto", ("auto", "hashing", "minilm", "mpnet", "openai")),
@@ -280,4 +305,6 @@ class Settings:
             stream_retention=(None if env.get("ENGRAM_STREAM_RETENTION", "").strip().lower() in ("off", "none")
                               else _duration(env, "ENGRAM_STREAM_RETENTION", 7 * 86400.0)),
             retention_interval=_duration(env, "ENGRAM_RETENTION_INTERVAL", 60.0),
+            erasure_interval=(None if env.get("ENGRAM_ERASURE_INTERVAL", "").strip().lower() in ("off", "none")
+                              else _duration(env, "ENGRAM_ERASURE_INTERVAL", 600.0)),
         )

@@ -44,6 +44,46 @@ async def publish(r: aioredis.Redis, stream: str, payloads: Sequence[bytes]) -> 
     return list(await r.register_script(PUBLISH_LUA)(keys=[stream], args=list(payloads)))
 
 
+PUBLISH_SEALED_LUA = f"""#!lua
+local m, d = tonumber(ARGV[1]), tonumber(ARGV[2])
+for j = 1, m do
+  local cur = redis.call('HGET', KEYS[1 + j], 'k')
+  if cur then
+    if cur ~= ARGV[1 + 2 * j] then return {{0, j, redis.call('HGET', KEYS[1 + j], 'w')}} end
+  elseif ARGV[2 + 2 * j] == '' then return {{0, j, false}} end
+end
+for j = 1, m do
+  if ARGV[2 + 2 * j] ~= '' and redis.call('EXISTS', KEYS[1 + j]) == 0 then
+    local t = redis.call('TIME')
+    redis.call('HSET', KEYS[1 + j], 'k', ARGV[1 + 2 * j], 'w', ARGV[2 + 2 * j],
+               't', t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
+  end
+end
+for j = 1, d do redis.call('DEL', KEYS[1 + m + j]) end
+local out = {{1}}
+for i = 3 + 2 * m, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
+return out
+"""
+"""PUBLISH_LUA for sealed entries: the XADDs happen only if every data key the payloads were sealed with
+is the one stored (same key id) — a key that does not exist yet is created from the wrapped proposal the
+publisher sent (first publisher wins, atomically with its events) — and the call's `destroy` keys are
+deleted in the same step (a UserForgotten shreds its user as it enters the stream). A destroyed key is
+never re-created from a publisher's memory: only a fresh proposal creates a key. Returns {1, ids...},
+or {0, j, stored wrapped key or nil} for the first key check j that failed (nothing was written)."""
+
+
+async def publish_sealed(r: aioredis.Redis, stream: str, payloads: Sequence[bytes],
+                         checks: Sequence[tuple[str, bytes, bytes]], destroy: Sequence[str] = ()) -> list:
+    """XADD sealed `payloads` in one script call if every `(data key hash, kid, proposal)` check holds
+    (proposal b"" = the key must exist with that kid), deleting the `destroy` keys in the same step.
+    Returns the script's reply (PUBLISH_SEALED_LUA)."""
+    args: list = [len(checks), len(destroy)]
+    for _key, kid, proposal in checks:
+        args += [kid, proposal]
+    return list(await r.register_script(PUBLISH_SEALED_LUA)(
+        keys=[stream, *(key for key, _, _ in checks), *destroy], args=args + list(payloads)))
+
+
 async def ensure_group(r: aioredis.Redis, stream: str, group: str, start: str = "0") -> None:
     """Create the consumer group (and the stream) if missing; an existing group is left alone."""
     try:

@@ -1,4 +1,4 @@
-"""`python -m services.consolidator [run|dead-letters|redrive|replay|reindex]`.
+"""`python -m services.consolidator [run|dead-letters|redrive|replay|reindex|rotate-master-key|erase-now]`.
 
 Environment → Settings once, here; everything below receives it. SIGTERM/SIGINT stop the worker
 gracefully (the batch in hand is projected and acked, then exit 0).
@@ -73,7 +73,7 @@ async def _run(settings: Settings) -> int:
     gc.freeze()
     try:
         await worker.run(stop)
-    except Conflict as exc:
+    except (Conflict, ConfigError) as exc:  # another embedder's index, another master key, no master key
         logging.getLogger("engram.consolidator").error("%s", exc)
         return 2
     finally:
@@ -182,6 +182,63 @@ def replay() -> None:
 def reindex(embedder: str) -> None:
     """Re-embed everything with another embedder (a replay into a new index), swapping the alias."""
     _replay(embedder=embedder)
+
+
+@cli.command("rotate-master-key")
+@click.option("--new-key-file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="File holding the new master key (base64 of 32 bytes).")
+def rotate_master_key(new_key_file: str) -> None:
+    """Re-wrap every data key (and the deployment secret) from the current master key
+    (ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE) to the one in --new-key-file. Then restart every
+    process with the new key and destroy the old one: backups taken before are unreadable from then on."""
+    from shared.crypto import MasterKey, read_master_key_file
+    from shared.keyring import KeyRing
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+
+    settings = _settings()
+    if settings.master_key is None:
+        raise click.ClickException("set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the current master key")
+    try:
+        new = MasterKey(read_master_key_file(new_key_file, name="--new-key-file"))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    old = MasterKey(settings.master_key)
+    if new.id == old.id:
+        raise click.ClickException("--new-key-file holds the current master key")
+
+    async def go():
+        redis = connect(settings.redis_url)
+        try:
+            counts = await KeyRing(Keys(settings.prefix), old).rotate(redis, new)
+        finally:
+            await redis.aclose()
+        click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
+
+    try:
+        asyncio.run(go())
+    except Conflict as exc:  # a key wrapped by a third master key
+        raise click.ClickException(str(exc)) from None
+
+
+@cli.command("erase-now")
+def erase_now() -> None:
+    """Run the erasure housekeeping now (it runs by itself after forgets, at most every
+    ENGRAM_ERASURE_INTERVAL): compact the stream, then rewrite the AOF, so that the bytes of forgotten
+    entries leave Redis's memory and files. Prints what it did, with timings, as JSON."""
+    from services.consolidator import erasure
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+
+    async def go():
+        settings = _settings()
+        redis = connect(settings.redis_url)
+        try:
+            click.echo(json.dumps(await erasure.run(redis, Keys(settings.prefix))))
+        finally:
+            await redis.aclose()
+
+    asyncio.run(go())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ events that were folded. Two ways through, each one pipelined round trip per pha
 There is no check-then-write window on either path (shared/cases C02): the check and the write are one
 script. Forget events are applied in stream order between episode-event segments.
 
+Sealed entries (a master key configured, `shared.crypto`): the keys a batch names are fetched in one
+pipeline (`KeyRing.prefetch`) and the events opened with them; the event hashes keep the sealed bytes,
+so only the documents hold plaintext. An entry whose data key is gone (its user was forgotten) is
+acked, deleted from the stream and counted as `shredded`; nothing of it is logged or dead-lettered.
+The reason of a sealed entry that is dead-lettered names fields, never their values.
+
 Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder
 failures raise, and the caller leaves the batch pending for redelivery.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -36,7 +43,7 @@ import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
-from engram_episodic.errors import EngramError
+from engram_episodic.errors import DecodeError, EngramError
 from engram_episodic.events import (
     ActionRecorded,
     EpisodeCompleted,
@@ -46,10 +53,12 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
+from services.consolidator import erasure
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from shared import streams
-from shared.codec import decode
+from shared.codec import decode, decode_envelope, occurred_at, payload_ref, sealed_ref, unpack
+from shared.crypto import KeyDestroyed
 from shared.index import (
     STATUS_COMPLETED,
     Scope,
@@ -57,6 +66,7 @@ from shared.index import (
     episode_fields,
     filter_search,
 )
+from shared.keyring import KeyRing
 from shared.keys import Keys
 
 log = logging.getLogger("engram.consolidator")
@@ -154,6 +164,14 @@ DEAD_REF_USER = b"@user"
 
 MAX_WRITE_ATTEMPTS = 8
 
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def withhold_values(reason: str) -> str:
+    """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
+    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext."""
+    return _QUOTED.sub("'…'", reason)
+
 
 @dataclass(slots=True)
 class BatchResult:
@@ -171,8 +189,9 @@ class Projector:
     """
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int,
-                 metrics: WorkerMetrics | None = None):
+                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None):
         self.redis = redis
+        self.keyring = keyring
         self.keys = keys
         self.embedder = embedder
         self.gen = gen
@@ -187,7 +206,9 @@ class Projector:
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:
         result = BatchResult()
         segment: list[tuple[streams.Entry, Event]] = []
-        for entry in entries:
+        envelopes = await self._open_envelopes([e.payload for e in entries])
+        shredded: list[bytes] = []
+        for entry, envelope in zip(entries, envelopes, strict=True):
             if entry.payload is None:  # deleted from the stream by a forget while pending
                 result.ok.append(entry.stream_id)
                 continue
@@ -196,10 +217,16 @@ class Projector:
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
             try:  # a dead entry of a forgotten episode is deleted with its dead letter (Worker._dead_letter)
-                event = decode(entry.payload)
+                event = self._decode(entry.payload, envelope)
                 self._check_vector(event)
+            except KeyDestroyed:  # its user was forgotten: unreadable by design, and nothing to keep
+                shredded.append(entry.stream_id)
+                result.ok.append(entry.stream_id)
+                self.metrics.events.labels(str((envelope or {}).get("type"))[:32], "shredded").inc()
+                continue
             except EngramError as exc:
-                result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
+                reason = f"{type(exc).__name__}: {exc}"
+                result.dead.append((entry, withhold_values(reason) if envelope and "x" in envelope else reason))
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
             if isinstance(event, EPISODE_EVENTS):
@@ -218,7 +245,48 @@ class Projector:
             result.ok.append(entry.stream_id)
             self.metrics.events.labels(event.TYPE, "ok").inc()
         await self._apply_episode_events(segment, result)
+        if shredded:
+            await streams.delete(self.redis, self.keys.stream, shredded)
         return result
+
+    async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
+        """With a key ring: each payload's envelope (None if it does not unpack), after fetching every
+        data key they name in one round trip. Without one: Nones (the payloads are decoded directly)."""
+        if self.keyring is None:
+            return [None] * len(payloads)
+        envelopes: list[dict | None] = []
+        wanted: set[tuple[bytes, bytes]] = set()
+        for payload in payloads:
+            envelope = None
+            if payload:
+                try:
+                    envelope = unpack(payload)
+                    ref = sealed_ref(envelope)
+                except DecodeError:
+                    envelope, ref = None, None
+                if ref is not None:
+                    wanted.add(ref)
+            envelopes.append(envelope)
+        if wanted:
+            await self.keyring.prefetch(self.redis, wanted)
+        return envelopes
+
+    def _decode(self, payload: bytes, envelope: dict | None) -> Event:
+        lookup = self.keyring.lookup if self.keyring is not None else None
+        return decode_envelope(envelope, lookup) if envelope is not None else decode(payload, lookup)
+
+    async def _decode_stored(self, payloads: Sequence[bytes]) -> list[Event]:
+        """An episode's stored events (its event hash) that can be read: shredded ones (their key was
+        destroyed) are skipped silently, undecodable ones with a warning that names no content."""
+        out = []
+        for payload, envelope in zip(payloads, await self._open_envelopes(payloads), strict=True):
+            try:
+                out.append(self._decode(payload, envelope))
+            except KeyDestroyed:
+                continue
+            except EngramError:  # validated when recorded; a build that cannot read it skips it
+                log.warning("skipping undecodable stored event of an episode")
+        return out
 
     def _check_vector(self, event: Event) -> None:
         episode = getattr(event, "episode", None)
@@ -426,13 +494,7 @@ class Projector:
         loaded: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] = dict(prefetched)
         for i, ident in enumerate(to_read):
             events_raw, embed_hash = raw[2 * i], raw[2 * i + 1]
-            events = []
-            for payload in events_raw.values():
-                try:
-                    events.append(decode(payload))
-                except EngramError:  # validated when recorded; a build that cannot read it skips it
-                    log.warning("skipping undecodable stored event of an episode")
-            loaded[ident] = (events, len(events_raw), embed_hash)
+            loaded[ident] = (await self._decode_stored(list(events_raw.values())), len(events_raw), embed_hash)
         folded: list[tuple[str, str, Folded, int, bytes | None]] = []
         for ns, eid in episodes:
             events, n, embed_hash = loaded[(ns, eid)]
@@ -463,15 +525,21 @@ class Projector:
 
     async def import_snapshot(self, events: dict[bytes, bytes], stream_ids: set[bytes]) -> tuple[str, str] | None:
         """Copy one episode's stored events (from another generation's event hash) into this
-        generation, unless the episode is tombstoned; returns its (namespace, episode_id)."""
+        generation, unless the episode is tombstoned; returns its (namespace, episode_id). The identity
+        is read from the clear fields, so an episode some of whose events are shredded is still found
+        (the fold skips what it cannot open)."""
         for payload in events.values():
             try:
-                ev = decode(payload)
-            except EngramError:
+                data = unpack(payload).get("data")
+                ns, eid = data["namespace"], data["episode_id"]
+                if not isinstance(ns, str) or not isinstance(eid, str):
+                    continue
+            except (DecodeError, AttributeError, KeyError, TypeError):
                 continue
-            ns, eid = ev.namespace, ev.episode_id
             if await self.redis.exists(self.keys.tombstone(ns, eid)):
                 return None
+            if self.keyring is not None:
+                events = await self._reseal_plaintext(events)
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self.keys.episode_events(self.gen, ns, eid), mapping=events)
                 if stream_ids:
@@ -479,6 +547,24 @@ class Projector:
                 await pipe.execute()
             return ns, eid
         return None
+
+    async def _reseal_plaintext(self, events: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        """The migration of a replay with a master key: stored events written before encryption
+        (plaintext envelopes) are sealed with their user's key, so the new generation's event hashes
+        hold no plaintext. Starts and completions first, so that actions find their episode's user."""
+        out = dict(events)
+        plain: list[tuple[bytes, Event]] = []
+        for event_id, payload in events.items():
+            try:
+                if sealed_ref(unpack(payload)) is None:
+                    plain.append((event_id, decode(payload)))
+            except EngramError:
+                continue
+        plain.sort(key=lambda item: isinstance(item[1], ActionRecorded))
+        for event_id, event in plain:
+            if isinstance(event, EPISODE_EVENTS):
+                out[event_id] = await self.keyring.reseal(self.redis, event)
+        return out
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""
@@ -505,6 +591,7 @@ class Projector:
         (and, unless `facts=False`, rebuild the facts whose evidence named it)."""
         k, g = self.keys, self.gen
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
+        await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
         sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
         await streams.delete(self.redis, k.stream, sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
@@ -527,7 +614,14 @@ class Projector:
         whatever order the forget and the episode are processed in: the write scripts apply the same
         rule when the episode is written after the forget, and this sweep applies it to documents
         written before it (found by a new-user trial: a forget processed after a newer episode erased it).
+
+        With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
+        created after the forget: new activity), so that every copy of the user's sealed events is
+        unreadable from that moment, whatever happens to the rest of this sweep.
         """
+        if self.keyring is not None:
+            await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
+        await erasure.mark_pending(self.redis, self.keys)
         key = self.keys.user_tombstone(namespace, user_id)
         await self._forget_user(keys=[key], args=[repr(forgotten_at)])
         stored = await self.redis.get(key)
@@ -553,8 +647,29 @@ class Projector:
         for episode_id in await self.redis.smembers(dead_key):
             await self.delete_dead_letters(namespace, episode_id.decode())
         await self.redis.delete(dead_key)
+        if self.keyring is not None:
+            await self._delete_sealed_dead_letters(self.keyring.ref(namespace, user_id))
         await self._forget_facts(namespace, erased)
         return len(erased)
+
+    async def _delete_sealed_dead_letters(self, ref: bytes) -> int:
+        """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
+        the ciphertext, so they are found by the key reference) and their original entries."""
+        gone = 0
+        cursor: bytes | str = "-"
+        while True:
+            page = await streams.read_range_raw(self.redis, self.keys.dead_letters, cursor, "+", count=500)
+            if cursor != "-":
+                page = [row for row in page if row[0] != cursor]
+            if not page:
+                return gone
+            hits = [(dead_id, f.get(b"sid")) for dead_id, f in page
+                    if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
+            if hits:
+                await streams.delete(self.redis, self.keys.dead_letters, [d for d, _ in hits])
+                await streams.delete(self.redis, self.keys.stream, [s for _, s in hits if s])
+                gone += len(hits)
+            cursor = page[-1][0]
 
     async def delete_dead_letters(self, namespace: str, episode_id: str) -> None:
         """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
@@ -571,10 +686,6 @@ class Projector:
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
         """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""
-        times = []
-        for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id)):
-            try:
-                times.append(decode(payload).occurred_at)
-            except EngramError:
-                continue
+        times = [at for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
+                 if (at := occurred_at(payload)) is not None]  # clear in sealed entries too
         return min(times) if times else None

@@ -29,6 +29,7 @@ from shared.index import (
     ensure_episode_index,
     point_alias_at,
 )
+from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.settings import Settings
 
@@ -86,7 +87,8 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
     dim = await embedder.ensure_dim()
     await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name, point_alias=False)
-    projector = Projector(redis, keys, embedder, new)
+    # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
+    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings))
     snapshot = await _import_snapshot(projector, redis, keys, old)
     await import_fact_snapshots(redis, keys, old, new, dim)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")

@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from engram_episodic.errors import Conflict
-from services.consolidator import retention
+from services.consolidator import erasure, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import DEAD_REF_USER, BatchResult, Projector
 from shared import streams
@@ -45,6 +45,7 @@ from shared.index import (
     embedder_setting,
     ensure_episode_index,
 )
+from shared.keyring import KeyRing, require_plaintext_deployment
 from shared.keys import Keys
 from shared.settings import Settings
 
@@ -91,6 +92,9 @@ class Worker:
         # (sentence-transformers sorts a call's texts by length, so less padding); a slow batch keeps its
         # lease by renewal (`_renew_lease`), not by being small
         self.lane_batch = settings.batch_size
+        self.keyring = KeyRing.from_settings(settings)  # None: no master key, plaintext stream
+        self._erasure: asyncio.Task | None = None  # the AOF rewrite after forgets, off the lanes
+        self._erasure_checked = 0.0
         # set while the live index uses another embedder than this worker's (see the module docstring)
         self.paused_by: EmbedderMismatch | None = None
         self._paused_said = 0.0
@@ -98,6 +102,10 @@ class Worker:
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
         await streams.ensure_group(self.redis, self.keys.stream, self.settings.consumer_group)
+        if self.keyring is not None:  # MasterKeyMismatch (a Conflict) when another master key wrapped the keys
+            await self.keyring.load(self.redis)
+        else:  # an encrypted deployment's worker without the master key would dead-letter everything
+            await require_plaintext_deployment(self.redis, self.keys)
         await self._projector()
 
     async def _projector(self) -> Projector:
@@ -106,7 +114,7 @@ class Worker:
             await ensure_episode_index(self.redis, self.keys, gen,
                                        vector_params(self.settings, self.embedder.dim), self.embedder.name,
                                        point_alias=True)
-            self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics)
+            self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics, keyring=self.keyring)
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -140,6 +148,8 @@ class Worker:
         finally:
             halt.set()
             await asyncio.gather(*lanes, return_exceptions=True)
+            if self._erasure is not None:  # a rewrite in progress goes on in Redis; the mark stays pending
+                self._erasure.cancel()
         try:  # a worker that stopped cleanly leaves no consumer behind in XINFO CONSUMERS
             await streams.retire_consumer(self.redis, self.keys.stream, self.settings.consumer_group, self.name)
         except (redis_errors.RedisError, OSError) as exc:
@@ -171,6 +181,7 @@ class Worker:
                     if removed:
                         log.info("worker %s ◆ trimmed %d projected entries older than %gs", self.name,
                                  removed, self.settings.stream_retention)
+                self._erasure_housekeeping()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (issue 15)
                 self._pause(exc)
                 await _wait(stop, MISMATCH_CHECK_SECONDS)
@@ -203,6 +214,21 @@ class Worker:
                   "(dim %d); nothing is projected until it is restarted with %s (the stream keeps the "
                   "entries)", self.name, exc.gen, exc.index_embedder, exc.index_dim, exc.embedder, exc.dim,
                   embedder_setting(exc.index_embedder, exc.index_dim))
+
+    def _erasure_housekeeping(self) -> None:
+        """Every 5 s, in the background: after forgets, rewrite the AOF (services.consolidator.erasure)."""
+        interval = self.settings.erasure_interval
+        if interval is None or time.monotonic() - self._erasure_checked < 5 or \
+                (self._erasure is not None and not self._erasure.done()):
+            return
+        self._erasure_checked = time.monotonic()
+        self._erasure = asyncio.create_task(self._erase(interval))
+
+    async def _erase(self, interval: float) -> None:
+        try:
+            await erasure.housekeep(self.redis, self.keys, interval=interval, lease_ms=self.settings.lease_ms)
+        except (redis_errors.RedisError, OSError, TimeoutError) as exc:  # retried on the next check
+            log.warning("worker %s ◆ erasure housekeeping failed: %s", self.name, exc)
 
     async def turn(self) -> int:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""

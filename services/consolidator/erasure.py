@@ -1,0 +1,187 @@
+"""Erasure housekeeping: after forgets, make the forgotten bytes leave Redis's files.
+
+Forgetting deletes documents, event hashes and stream entries (and, with a master key, destroys the
+user's data key: `shared.keyring`). Two copies outlive those deletions until this runs:
+
+- the **AOF**: its incremental file holds every command since the last rewrite, including the writes
+  of the documents that were just deleted (plaintext: the projection is what the index searches);
+  `BGREWRITEAOF` replaces base and increments with a snapshot of the data as it is now;
+- the **stream's memory**: `XDEL` only flags an entry, its bytes stay in the listpack node and so in
+  every later RDB and AOF base. With encryption those bytes are ciphertext under a destroyed key;
+  without it (or for entries written before it, and for facts snapshots, which are not sealed) they
+  are plaintext until `compact` rewrites the stream (docs/reliability.md, "Erasure").
+
+`mark_pending` is called by the projector for every erased episode and user; lane 0 of a worker calls
+`housekeep`, which runs `compact` then the AOF rewrite at most once per `ENGRAM_ERASURE_INTERVAL`
+while forgets are pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared.keys import Keys
+
+log = logging.getLogger("engram.erasure")
+
+PENDING_FIELD = "erasure_pending"
+DONE_FIELD = "erasure_done"
+
+CLEAR_PENDING_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+return 1
+"""
+
+
+SWAP_LUA = """
+local src, dst = KEYS[1], KEYS[2]
+if redis.call('EXISTS', src) == 0 then redis.call('DEL', dst) return {0, 'no stream'} end
+local function field(list, name)
+  for i = 1, #list, 2 do if list[i] == name then return list[i + 1] end end
+end
+for _, row in ipairs(redis.call('XRANGE', src, '(' .. ARGV[1], '+')) do
+  redis.call('XADD', dst, row[1], unpack(row[2]))
+end
+local first = redis.call('XRANGE', src, '-', '+', 'COUNT', 1)
+if #first > 0 then redis.call('XTRIM', dst, 'MINID', first[1][1]) else redis.call('DEL', dst) end
+if redis.call('XLEN', dst) ~= redis.call('XLEN', src) then redis.call('DEL', dst) return {0, 'changed'} end
+local info = redis.call('XINFO', 'STREAM', src)
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', src)) do
+  local name, read = field(g, 'name'), field(g, 'entries-read')
+  if read then
+    redis.call('XGROUP', 'CREATE', dst, name, field(g, 'last-delivered-id'), 'MKSTREAM', 'ENTRIESREAD', read)
+  else
+    redis.call('XGROUP', 'CREATE', dst, name, field(g, 'last-delivered-id'), 'MKSTREAM')
+  end
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', src, name)) do
+    redis.call('XGROUP', 'CREATECONSUMER', dst, name, field(c, 'name'))
+  end
+  local start = '-'
+  while true do
+    local page = redis.call('XPENDING', src, name, start, '+', 1000)
+    if #page == 0 then break end
+    for _, p in ipairs(page) do
+      redis.call('XCLAIM', dst, name, p[2], 0, p[1], 'IDLE', p[3], 'RETRYCOUNT', p[4], 'FORCE', 'JUSTID')
+    end
+    start = '(' .. page[#page][1]
+  end
+end
+if redis.call('EXISTS', dst) == 0 then return {0, 'empty'} end
+redis.call('XSETID', dst, field(info, 'last-generated-id'), 'ENTRIESADDED', field(info, 'entries-added'),
+           'MAXDELETEDID', field(info, 'max-deleted-entry-id'))
+redis.call('RENAME', dst, src)
+return {1, redis.call('XLEN', src)}
+"""
+"""The last, atomic step of `compact`: copy the entries added since the copy began, drop those the
+source trimmed meanwhile, give up if an entry was deleted meanwhile (the copy would hold it: the lengths
+differ), rebuild every consumer group exactly — last-delivered id, entries-read, consumers, and each
+pending entry with its consumer, idle time and delivery count (`XCLAIM ... FORCE`; a pending entry
+that was deleted is dropped, as an ack would) — restore the stream's last id, entries-added and
+max-deleted id (`XSETID`, so new ids stay above every id ever delivered), and RENAME over the source."""
+
+
+async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attempts: int = 3) -> dict:
+    """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
+    only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
+    then holds. The live entries are copied, ids unchanged, into a new key page by page (the
+    stream keeps taking entries meanwhile), then SWAP_LUA finishes atomically. Costs a second copy of
+    the stream while it runs. Returns {compacted, entries, seconds, bytes_before, bytes_after}."""
+    stream, tmp = keys.stream, keys.stream_compaction
+    started = time.perf_counter()
+    before = int(await redis.memory_usage(stream, samples=0) or 0)
+    swap = redis.register_script(SWAP_LUA)
+    why = "no attempt"
+    for _attempt in range(attempts):
+        await redis.delete(tmp)
+        last = "0-0"
+        while True:
+            rows = await redis.xrange(stream, min=f"({last}", max="+", count=page)
+            if not rows:
+                break
+            async with redis.pipeline(transaction=False) as pipe:
+                for sid, fields in rows:
+                    pipe.xadd(tmp, fields, id=sid)
+                await pipe.execute()
+            last = (rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0])
+            if len(rows) < page:
+                break
+        done, detail = await swap(keys=[stream, tmp], args=[last])
+        if int(done) == 1:
+            after = int(await redis.memory_usage(stream, samples=0) or 0)
+            return {"compacted": True, "entries": int(detail), "seconds": round(time.perf_counter() - started, 3),
+                    "bytes_before": before, "bytes_after": after}
+        why = detail.decode() if isinstance(detail, bytes) else str(detail)
+        if why in ("no stream", "empty"):
+            break
+    await redis.delete(tmp)
+    return {"compacted": False, "reason": why, "seconds": round(time.perf_counter() - started, 3),
+            "bytes_before": before}
+
+
+async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
+    """Note that something was forgotten (the time of the latest forget)."""
+    await redis.hset(keys.meta, PENDING_FIELD, repr(time.time()))
+
+
+async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
+    """BGREWRITEAOF and wait for a rewrite that *started after this call* to finish (one already
+    running forked before the forget and would keep its data). False when AOF is off (nothing to do)
+    or the rewrite failed; TimeoutError past `timeout` seconds."""
+    info = await redis.info("persistence")
+    if not int(info.get("aof_enabled", 0)):
+        return False
+    deadline = time.monotonic() + timeout
+    while True:
+        before = int((await redis.info("persistence")).get("aof_rewrites", 0))
+        try:
+            await redis.bgrewriteaof()
+            break
+        except ResponseError as exc:
+            if "already in progress" not in str(exc):
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError("an AOF rewrite stayed in progress")
+        await asyncio.sleep(0.05)
+    while True:
+        info = await redis.info("persistence")
+        if int(info.get("aof_rewrites", 0)) > before and not int(info.get("aof_rewrite_in_progress", 0)) \
+                and not int(info.get("aof_rewrite_scheduled", 0)):
+            return info.get("aof_last_bgrewrite_status") == "ok"
+        if time.monotonic() > deadline:
+            raise TimeoutError("the AOF rewrite did not finish")
+        await asyncio.sleep(0.05)
+
+
+async def run(redis: aioredis.Redis, keys: Keys) -> dict:
+    """One erasure pass now: compact the stream, then rewrite the AOF (whose new base is then taken
+    from the compacted stream). Returns what it did and how long each step took."""
+    started = time.perf_counter()
+    compaction = await compact(redis, keys)
+    rewritten = await rewrite_aof(redis)
+    return {"compaction": compaction, "aof_rewritten": rewritten, "seconds": round(time.perf_counter() - started, 3)}
+
+
+async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int) -> dict | None:
+    """If forgets are pending and the last erasure pass is older than `interval` seconds, run one
+    (one worker at a time: a lease) and clear the mark unless a forget came meanwhile. Returns its
+    report, or None when nothing was due."""
+    pending, done = await redis.hmget(keys.meta, [PENDING_FIELD, DONE_FIELD])
+    if pending is None or (done is not None and time.time() - float(done) < interval):
+        return None
+    lock = keys.erasure_lock
+    if not await redis.set(lock, "1", nx=True, px=max(lease_ms, 600_000)):
+        return None
+    try:
+        report = await run(redis, keys)
+        await redis.register_script(CLEAR_PENDING_LUA)(keys=[keys.meta],
+                                                       args=[PENDING_FIELD, pending, DONE_FIELD, repr(time.time())])
+        log.info("erasure ◆ after forgets: %s", report)
+        return report
+    finally:
+        await redis.delete(lock)

@@ -1,0 +1,296 @@
+"""The data keys of one deployment in Redis: created race-free, cached, destroyed, re-wrapped.
+
+`shared.crypto` makes and wraps keys; this module stores them (hashes `Keys.data_key(ref)` = {k: key
+id, w: wrapped key, t: creation time in ms, Redis's clock} and `Keys.deployment_key`) and gives the
+codec its key lookup. The master key itself never reaches Redis.
+
+- **Publishers** (`KeyRing.publish`, used by the SDK and so by HTTP ingest) seal each event with the
+  key of its (namespace, user) and send, with the events, a check per key: the stored key must still
+  have the id they used, or — for a key that does not exist yet — their freshly generated, wrapped
+  proposal is stored (first publisher wins; a loser gets the winner's key back and seals again). The
+  check and the XADDs are one script (`streams.PUBLISH_SEALED_LUA`), so no event is ever written with a
+  key that was destroyed before it; a `UserForgotten` deletes its user's key in that same step.
+- **Consumers** (`prefetch` then `lookup`) fetch the keys a batch names in one pipeline and cache
+  them for `ttl` seconds; a key that is gone, or replaced by a new one, answers None (the entry was
+  shredded). A key destroyed by another process can stay in this cache up to `ttl`: the events it
+  opens are older than their user's forget and the projector's tombstones drop them all the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import redis.asyncio as aioredis
+
+from engram_episodic.errors import ConfigError, PublishError
+from engram_episodic.events import ActionRecorded, EpisodeCompleted, EpisodeStarted, Event, UserForgotten
+from shared import streams
+from shared.codec import encode, seal, sealable
+from shared.crypto import (
+    DEPLOYMENT_SLOT,
+    DataKey,
+    Deployment,
+    MasterKey,
+    new_data_key,
+    wrapped_master_id,
+)
+from shared.keys import Keys
+
+CREATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'k', ARGV[1], 'w', ARGV[2],
+             't', t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
+end
+return redis.call('HGET', KEYS[1], 'w')
+"""
+"""Create a key hash unless it exists (the deployment secret); returns the stored wrapped key."""
+
+DESTROY_LUA = """
+local key = redis.call('HMGET', KEYS[1], 't', 'k')
+if key[1] and tonumber(key[1]) <= tonumber(ARGV[1]) then redis.call('DEL', KEYS[1]) return key[2] end
+return false
+"""
+"""Delete a data key created no later than ARGV[1] (ms) and return its id: a forget shreds what its user
+had, never the key of activity that began after it."""
+
+REWRAP_LUA = """
+if redis.call('HGET', KEYS[1], 'w') == ARGV[1] then redis.call('HSET', KEYS[1], 'w', ARGV[2]) return 1 end
+return 0
+"""
+
+MAX_KEY_ATTEMPTS = 6
+EPISODE_USERS = 100_000
+"""Episodes whose user this process remembers, so that its ActionRecorded events (which carry no
+user_id) are sealed with the user's key, as the EpisodeStarted before them was."""
+
+
+class KeyRing:
+    """The keys of one deployment (`keys.prefix`) as one process holds them. See the module docstring.
+
+    `ttl` (seconds) bounds how long a consumer trusts a cached key without asking Redis again.
+    """
+
+    def __init__(self, keys: Keys, master: MasterKey, *, ttl: float = 30.0):
+        self.keys = keys
+        self.master = master
+        self.ttl = ttl
+        self.deployment: Deployment | None = None
+        self._known: dict[bytes, tuple[DataKey, float]] = {}
+        self._gone: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        self._episode_users: OrderedDict[tuple[str, str], str | None] = OrderedDict()
+
+    @classmethod
+    def from_settings(cls, settings) -> KeyRing | None:
+        """A ring for `settings.master_key`, or None when encryption is off (no master key)."""
+        if settings.master_key is None:
+            return None
+        return cls(Keys(settings.prefix), MasterKey(settings.master_key))
+
+    # --- the deployment secret --------------------------------------------------------------------
+    async def load(self, redis: aioredis.Redis) -> Deployment:
+        """The deployment (its reference key), creating its secret on first use. MasterKeyMismatch
+        when the stored secret was wrapped by another master key."""
+        if self.deployment is None:
+            kid, secret = new_data_key()
+            proposal = self.master.wrap(DEPLOYMENT_SLOT, kid, secret)
+            stored = await redis.register_script(CREATE_LUA)(keys=[self.keys.deployment_key], args=[kid, proposal])
+            _kid, key = self.master.unwrap(DEPLOYMENT_SLOT, stored)
+            self.deployment = Deployment(key)
+        return self.deployment
+
+    def ref(self, namespace: str, user_id: str | None) -> bytes:
+        assert self.deployment is not None, "load() first"
+        return self.deployment.ref(namespace, user_id)
+
+    # --- publishing ------------------------------------------------------------------------------
+    def _user_for(self, event: Event) -> str | None:
+        if isinstance(event, EpisodeStarted | EpisodeCompleted):
+            ident = (event.namespace, event.episode_id)
+            self._episode_users[ident] = event.episode.user_id
+            self._episode_users.move_to_end(ident)
+            if len(self._episode_users) > EPISODE_USERS:
+                self._episode_users.popitem(last=False)
+            return event.episode.user_id
+        if isinstance(event, ActionRecorded):
+            return self._episode_users.get((event.namespace, event.episode_id))
+        return None
+
+    async def publish(self, redis: aioredis.Redis, stream: str, events: Sequence[Event]) -> list[bytes]:
+        """Seal and XADD `events` atomically (all or none), with the key checks of the module docstring;
+        returns their stream ids. A key check that fails (another publisher created the key first, or
+        the key was destroyed) is resolved and the call sealed again, at most MAX_KEY_ATTEMPTS times."""
+        deployment = await self.load(redis)
+        users = [self._user_for(e) for e in events]
+        fresh: dict[bytes, tuple[DataKey, bytes]] = {}
+        for _attempt in range(MAX_KEY_ATTEMPTS):
+            used: dict[bytes, tuple[DataKey, bytes]] = {}
+            payloads: list[bytes] = []
+            destroy: list[tuple[bytes, str]] = []
+            for event, user in zip(events, users, strict=True):
+                if not sealable(event):
+                    payloads.append(encode(event))
+                    continue
+                ref = deployment.ref(event.namespace, user)
+                if ref not in used:
+                    known = self._known.get(ref)
+                    if known is not None:
+                        used[ref] = (known[0], b"")
+                    else:
+                        if ref not in fresh:
+                            kid, key = new_data_key()
+                            fresh[ref] = (DataKey.from_bytes(kid, key), self.master.wrap(ref, kid, key))
+                        used[ref] = fresh[ref]
+                payloads.append(seal(event, ref, used[ref][0]))
+                if isinstance(event, UserForgotten):
+                    gone = deployment.ref(event.namespace, event.user_id)
+                    destroy.append((gone, self.keys.data_key(gone)))
+            refs = list(used)
+            reply = await streams.publish_sealed(
+                redis, stream, payloads, [(self.keys.data_key(ref), used[ref][0].kid, used[ref][1]) for ref in refs],
+                [key for _, key in destroy])
+            if int(reply[0]) == 1:
+                now = time.monotonic()
+                for ref in refs:
+                    self._known[ref] = (used[ref][0], now)
+                    fresh.pop(ref, None)
+                for gone, _ in destroy:
+                    self.forget(gone)
+                return reply[1:]
+            ref, stored = refs[int(reply[1]) - 1], reply[2]
+            self._known.pop(ref, None)
+            if stored:  # another publisher's key won (or the key was re-created): seal with it
+                self._known[ref] = (self.master.open_key(ref, stored), time.monotonic())
+                fresh.pop(ref, None)
+            # else: the key was destroyed: the next attempt proposes a fresh one
+        raise PublishError(f"the data keys of {len(events)} event(s) kept changing during {MAX_KEY_ATTEMPTS} "
+                           "attempts (concurrent forgets?); nothing was published")
+
+    async def key_for(self, redis: aioredis.Redis, ref: bytes) -> DataKey:
+        """The live data key of `ref`, created (race-free) if it does not exist: for re-sealing entries
+        written before encryption (replay's migration), outside the publish script."""
+        known = self._known.get(ref)
+        if known is not None and time.monotonic() - known[1] <= self.ttl:
+            return known[0]
+        kid, key = new_data_key()
+        stored = await redis.register_script(CREATE_LUA)(keys=[self.keys.data_key(ref)],
+                                                         args=[kid, self.master.wrap(ref, kid, key)])
+        opened = self.master.open_key(ref, stored)
+        self._known[ref] = (opened, time.monotonic())
+        return opened
+
+    async def reseal(self, redis: aioredis.Redis, event: Event) -> bytes:
+        """`event` sealed with its user's (or namespace's) current key, as a publisher would seal it."""
+        ref = (await self.load(redis)).ref(event.namespace, self._user_for(event))
+        return seal(event, ref, await self.key_for(redis, ref))
+
+    # --- consuming -------------------------------------------------------------------------------
+    async def prefetch(self, redis: aioredis.Redis, wanted: Iterable[tuple[bytes, bytes]]) -> None:
+        """Make `lookup` answer for every (ref, kid) in `wanted`: one pipeline for those not cached."""
+        now = time.monotonic()
+        need: list[bytes] = []
+        for ref, kid in wanted:
+            if (ref, kid) in self._gone or ref in need:
+                continue
+            known = self._known.get(ref)
+            if known is None or known[0].kid != kid or now - known[1] > self.ttl:
+                need.append(ref)
+        if not need:
+            return
+        if self.deployment is None:
+            await self.load(redis)
+        async with redis.pipeline(transaction=False) as pipe:
+            for ref in need:
+                pipe.hget(self.keys.data_key(ref), "w")
+            stored = await pipe.execute()
+        now = time.monotonic()
+        for ref, blob in zip(need, stored, strict=True):
+            if blob is None:
+                self._known.pop(ref, None)
+                continue
+            self._known[ref] = (self.master.open_key(ref, blob), now)
+
+    def lookup(self, ref: bytes, kid: bytes) -> DataKey | None:
+        """The data key (ref, kid) after `prefetch`; None when it was destroyed (remembered as gone)."""
+        known = self._known.get(ref)
+        if known is not None and known[0].kid == kid:
+            return known[0]
+        self._gone[(ref, kid)] = None
+        if len(self._gone) > 100_000:
+            self._gone.popitem(last=False)
+        return None
+
+    def forget(self, ref: bytes) -> None:
+        """Drop a destroyed key from this process's memory."""
+        known = self._known.pop(ref, None)
+        if known is not None:
+            self._gone[(ref, known[0].kid)] = None
+
+    async def destroy_user(self, redis: aioredis.Redis, namespace: str, user_id: str, before: float) -> bool:
+        """Delete the data key of (namespace, user_id) if it was created no later than `before` (epoch
+        seconds, the forget's time); True if deleted. The SDK's forget already deleted it as the
+        UserForgotten entered the stream: this covers forgets published any other way."""
+        ref = (await self.load(redis)).ref(namespace, user_id)
+        kid = await redis.register_script(DESTROY_LUA)(keys=[self.keys.data_key(ref)], args=[int(before * 1000)])
+        if kid is None:
+            return False
+        known = self._known.get(ref)
+        if known is not None and known[0].kid == kid:
+            self.forget(ref)
+        self._gone[(ref, kid)] = None
+        return True
+
+    # --- rotation --------------------------------------------------------------------------------
+    async def rotate(self, redis: aioredis.Redis, new: MasterKey) -> dict[str, int]:
+        """Re-wrap the deployment secret and every data key from this ring's master key to `new` (same
+        key ids, so entries stay readable and publishers' cached keys stay valid). Keys already wrapped
+        by `new` are counted, not touched; one wrapped by a third key is a MasterKeyMismatch. Passes
+        repeat until one finds nothing left under the old key (keys created meanwhile)."""
+        counts = {"rewrapped": 0, "already": 0, "vanished": 0}
+        rewrap = redis.register_script(REWRAP_LUA)
+        for _pass in range(10):
+            moved = 0
+            names = [self.keys.deployment_key]
+            async for name in redis.scan_iter(match=f"{self.keys.data_key_prefix}*", count=1000):
+                names.append(name.decode() if isinstance(name, bytes) else name)
+            for name in names:
+                blob = await redis.hget(name, "w")
+                if blob is None:
+                    counts["vanished"] += 1
+                    continue
+                if wrapped_master_id(blob) == new.id:
+                    counts["already"] += 1 if _pass == 0 else 0
+                    continue
+                slot = DEPLOYMENT_SLOT if name == self.keys.deployment_key \
+                    else bytes.fromhex(name[len(self.keys.data_key_prefix):])
+                kid, key = self.master.unwrap(slot, blob)
+                if await rewrap(keys=[name], args=[blob, new.wrap(slot, kid, key)]):
+                    counts["rewrapped"] += 1
+                    moved += 1
+            if not moved:
+                break
+        return counts
+
+
+async def require_plaintext_deployment(redis: aioredis.Redis, keys: Keys) -> None:
+    """For a process without a master key: ConfigError if this deployment's stream is encrypted."""
+    blob = await redis.hget(keys.deployment_key, "w")
+    if blob is not None:
+        raise ConfigError(f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) encrypts its stream with master key "
+                          f"{wrapped_master_id(blob)}: set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE")
+
+
+_RINGS: dict[tuple[str, bytes], KeyRing] = {}
+
+
+def shared_ring(keys: Keys, master_key: bytes) -> KeyRing:
+    """The process's one KeyRing of (prefix, master key), so that publishers made per request (the
+    query service's ingest) share one key cache."""
+    ring = _RINGS.get((keys.prefix, master_key))
+    if ring is None:
+        if len(_RINGS) > 64:  # tests make one deployment per test
+            _RINGS.clear()
+        ring = _RINGS[(keys.prefix, master_key)] = KeyRing(keys, MasterKey(master_key))
+    return ring

@@ -1,0 +1,382 @@
+"""Crypto-shredding against the real Redis: sealed stream entries, forgetting destroys the user's data
+key, nothing forgotten stays on disk (RDB, AOF), replay and dead letters, key races and rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic.errors import ConfigError
+from engram_episodic.events import EpisodeCompleted, UserForgotten
+from engram_episodic.validation import parse_episode
+from services.consolidator.deadletters import list_dead_letters
+from services.consolidator.replay import replay
+from shared import streams
+from shared.codec import encode
+from shared.crypto import MasterKey, MasterKeyMismatch
+from shared.embedding import HashingEmbedder
+from shared.index import Scope, count
+from shared.keyring import KeyRing
+from shared.keys import Keys
+from shared.redis_conn import connect
+from shared.sdk import EngramClient
+from tests.integration.test_consolidator import docs, drain, episode, make_worker
+
+
+@pytest.fixture
+def master_key() -> bytes:
+    return os.urandom(32)
+
+
+@pytest.fixture
+def sealed(settings, master_key):
+    """Settings with encryption on (a master key)."""
+    return settings.with_(master_key=master_key)
+
+
+def client_for(settings, redis, **kw) -> EngramClient:
+    return EngramClient(redis, namespace="ns", prefix=settings.prefix, master_key=settings.master_key, **kw)
+
+
+async def stream_bytes(redis, keys: Keys) -> bytes:
+    out = b""
+    for stream in (keys.stream, keys.dead_letters):
+        for _sid, fields in await redis.xrange(stream):
+            out += b"".join(fields.values())
+    return out
+
+
+async def test_sealed_entries_hold_no_personal_text_and_project_as_before(sealed, redis):
+    keys = Keys(sealed.prefix)
+    client = client_for(sealed, redis)
+    async with client.episode(task="SEAL-TASK fix the login test", user_id="SEAL-USER", agent_id="a1") as ep:
+        await ep.action("shell", input="SEAL-INPUT pytest", output="SEAL-OUTPUT 1 failed")
+        await ep.complete("success", solution="SEAL-SOLUTION freeze the clock")
+    await client.record(episode("anon", solution="SEAL-ANON"))
+    raw = await stream_bytes(redis, keys)
+    for secret in (b"SEAL-TASK", b"SEAL-USER", b"SEAL-INPUT", b"SEAL-OUTPUT", b"SEAL-SOLUTION", b"SEAL-ANON"):
+        assert secret not in raw
+    assert ep.episode_id.encode() in raw  # routing stays clear
+    assert len(await redis.keys(f"{sealed.prefix}dek:*")) == 2  # (ns, SEAL-USER) and the namespace's own
+    await drain(make_worker(sealed, redis))
+    found = await docs(redis, keys, "ns")
+    assert set(found) == {ep.episode_id, "anon"}
+    assert b"SEAL-SOLUTION" in found[ep.episode_id][b"doc"] and b"SEAL-INPUT" in found[ep.episode_id][b"doc"]
+    # the episode's own event log (the replay snapshot) keeps the sealed bytes, not plaintext
+    held = b"".join(await redis.hvals(keys.episode_events(1, "ns", ep.episode_id)))
+    assert b"SEAL-" not in held and len(held) > 0
+
+
+async def test_forgetting_a_user_destroys_the_key_and_shreds_what_was_not_consumed_yet(sealed, redis):
+    """A forget published by the SDK deletes the user's data key in the same step as the forget enters
+    the stream: events still waiting for the consolidator are then unreadable, and are acked, deleted
+    and counted as shredded — never dead-lettered, never projected; a replay finds nothing of them."""
+    keys = Keys(sealed.prefix)
+    client = client_for(sealed, redis)
+    async with client.episode(task="early task", user_id="gone") as ep:
+        await ep.action("step", input="SHRED-ME")
+        await ep.complete("success")
+    await client.record(episode("stays", user_id="other"))
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await ring.load(redis)
+    slot = keys.data_key(ring.ref("ns", "gone"))
+    assert await redis.exists(slot)
+    await client.forget_user("gone")
+    assert not await redis.exists(slot)  # destroyed as the forget entered the stream
+    assert await redis.exists(keys.data_key(ring.ref("ns", None)))  # the namespace's key sealed the forget
+    worker = make_worker(sealed, redis)
+    await drain(worker)
+    assert list(await docs(redis, keys, "ns", status=None)) == ["stays"]
+    assert await list_dead_letters(redis, keys) == []
+    assert worker.metrics.events.labels("ActionRecorded", "shredded")._value.get() == 1
+    assert worker.metrics.events.labels("EpisodeStarted", "shredded")._value.get() == 1
+    remaining = [f[b"e"] for _sid, f in await redis.xrange(keys.stream)]
+    assert len(remaining) == 2  # "stays" and the forget itself: the shredded entries were deleted
+    await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
+    assert list(await docs(redis, keys, "ns", status=None)) == ["stays"]
+    # the user's new activity gets a new key and survives
+    await client.record(episode("new-life", user_id="gone"))
+    await drain(worker)
+    assert set(await docs(redis, keys, "ns")) == {"stays", "new-life"}
+
+
+async def test_a_forget_published_without_the_sdk_destroys_the_key_when_consolidated(sealed, redis):
+    """A UserForgotten that did not delete the key itself (published by hand, or by an older
+    publisher) has the consolidator destroy it first; a key created after the forget is the user's
+    new activity and is kept."""
+    keys = Keys(sealed.prefix)
+    client = client_for(sealed, redis)
+    await client.record(episode("old", user_id="u"))
+    worker = make_worker(sealed, redis)
+    await drain(worker)
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await ring.load(redis)
+    slot = keys.data_key(ring.ref("ns", "u"))
+    assert await redis.exists(slot)
+    await streams.publish(redis, keys.stream, [encode(UserForgotten(namespace="ns", user_id="u",
+                                                                    occurred_at=time.time()))])
+    await drain(worker)
+    assert not await redis.exists(slot) and await docs(redis, keys, "ns") == {}
+    await client.record(episode("newer", user_id="u"))  # a new key, created after that forget...
+    await streams.publish(redis, keys.stream, [encode(UserForgotten(namespace="ns", user_id="u",
+                                                                    occurred_at=time.time() - 3600))])
+    await drain(worker)  # ...which an older forget (processed later) does not destroy
+    assert await redis.exists(slot) and list(await docs(redis, keys, "ns")) == ["newer"]
+
+
+def _files_under(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != "redis.log"}
+
+
+async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
+    """The issue's test: a user holding distinctive strings is forgotten; after the erasure rewrite of
+    the AOF and a SAVE, neither the RDB nor any AOF file (base with its RDB preamble, incremental)
+    holds any of them in plaintext — while another user's strings are found there (the scan works:
+    rdbcompression is off so that LZF would not hide a string)."""
+    from services.consolidator import erasure
+    from shared.settings import Settings
+
+    data_dir = tmp_path / "redis"
+    server = EmbeddedRedis(port=free_port(), data_dir=data_dir, extra_args=["--rdbcompression", "no"])
+    server.start()
+    redis = connect(server.url)
+    try:
+        settings = Settings(redis_url=server.url, prefix="disk:", embedder="hashing", embed_dim=64,
+                            vector_algorithm="FLAT", block_ms=50, lease_ms=2000, master_key=master_key)
+        tag = uuid.uuid4().hex[:8]
+        secrets = [f"FORGET-{tag}-{what}".encode() for what in ("task", "input", "output", "solution", "user")]
+        kept = [f"KEEP-{tag}-{what}".encode() for what in ("task", "solution")]
+        client = EngramClient(redis, namespace="ns", prefix=settings.prefix, master_key=master_key)
+        async with client.episode(task=secrets[0].decode(), user_id=secrets[4].decode()) as ep:
+            await ep.action("shell", input=secrets[1].decode(), output=secrets[2].decode())
+            await ep.complete("success", solution=secrets[3].decode(), feedback={"message": secrets[3].decode()})
+        await client.record(episode("kept", task={"description": kept[0].decode()}, solution=kept[1].decode(),
+                                    user_id="someone-else"))
+        worker = make_worker(settings, redis)
+        await drain(worker)
+        await redis.save()
+        on_disk = b"".join(_files_under(data_dir).values())
+        assert all(s in on_disk for s in secrets[:4])  # the projection held them, so the test can see them
+        await client.forget_user(secrets[4].decode())
+        await drain(worker)
+        await erasure.rewrite_aof(redis)  # what the erasure housekeeping runs after forgets
+        await redis.save()
+        files = _files_under(data_dir)
+        assert "dump.rdb" in files and any(name.startswith("appendonlydir/") for name in files)
+        for name, content in files.items():
+            for secret in secrets:
+                assert secret not in content, (name, secret)
+        assert all(k in files["dump.rdb"] for k in kept)
+        assert all(any(k in c for n, c in files.items() if n.startswith("appendonlydir/")) for k in kept)
+    finally:
+        await redis.aclose()
+        server.stop()
+
+
+async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_their_user(sealed, redis):
+    keys = Keys(sealed.prefix)
+    client = client_for(sealed, redis)
+    await client.record(episode("dim", user_id="dl-user", solution="DL-SECRET", vector=[0.1] * 3))
+    bad = EpisodeCompleted(namespace="ns", episode_id="late", occurred_at=time.time(),
+                           episode=parse_episode(episode("late", user_id="dl-user", solution="DL-SECRET")))
+    worker = make_worker(sealed, redis)
+    ring = worker.keyring
+    await ring.load(redis)
+    payload = msgpack.unpackb((await _sealed_payload(ring, redis, bad)), raw=False)
+    payload["data"]["occurred_at"] = 1.0  # the clear part no longer matches the sealed part
+    await streams.publish(redis, keys.stream, [msgpack.packb(payload)])
+    await drain(worker)
+    letters = await list_dead_letters(redis, keys)
+    assert sorted(d.reason.split(":")[0] for d in letters) == ["InvalidEpisode", "Unreadable"]
+    assert b"DL-SECRET" not in await stream_bytes(redis, keys)
+    assert all("DL-SECRET" not in d.reason and "dl-user" not in d.reason for d in letters)
+    await client.forget_user("dl-user")
+    await drain(worker)
+    assert await list_dead_letters(redis, keys) == []
+    assert len(await redis.xrange(keys.stream)) == 1  # the forget alone
+
+
+async def _sealed_payload(ring: KeyRing, redis, event) -> bytes:
+    """The payload the SDK would publish for `event`, read back from a scratch stream."""
+    scratch = f"{ring.keys.prefix}scratch"
+    (sid,) = await ring.publish(redis, scratch, [event])
+    ((_, fields),) = await redis.xrange(scratch, sid, sid)
+    await redis.delete(scratch)
+    return fields[b"e"]
+
+
+async def test_publishers_racing_for_a_new_users_key_agree_on_one(sealed, redis):
+    keys = Keys(sealed.prefix)
+    rings = [KeyRing(keys, MasterKey(sealed.master_key)) for _ in range(4)]
+    clients = [client_for(sealed, redis) for _ in rings]
+    for client, ring in zip(clients, rings, strict=True):
+        client._ring = ring  # separate processes: no shared cache
+    await asyncio.gather(*(c.record(episode(f"race{i}", user_id="racer")) for i, c in enumerate(clients)))
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await ring.load(redis)
+    assert len(await redis.keys(f"{sealed.prefix}dek:*")) == 1
+    await drain(make_worker(sealed, redis))
+    assert len(await docs(redis, keys, "ns", user_id="racer")) == 4
+
+
+async def test_a_publishers_cached_key_of_a_forgotten_user_is_never_used_again(sealed, redis):
+    """Publisher A holds the user's key in memory; publisher B forgets the user. A's next event for
+    that user is refused by the key check (nothing written with the destroyed key) and sealed with a
+    new key, so it is readable."""
+    keys = Keys(sealed.prefix)
+    a, b = client_for(sealed, redis), client_for(sealed, redis)
+    a._ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await a.record(episode("first", user_id="u"))
+    await b.forget_user("u")
+    await a.record(episode("second", user_id="u"))
+    worker = make_worker(sealed, redis)
+    await drain(worker)
+    assert list(await docs(redis, keys, "ns")) == ["second"]
+    assert worker.metrics.events.labels("EpisodeCompleted", "shredded")._value.get() == 1
+
+
+async def test_plaintext_entries_from_before_encryption_still_project(settings, sealed, redis):
+    """The upgrade path: entries written before a master key was configured decode next to sealed
+    ones; a worker started without the master key on an encrypted deployment refuses to start."""
+    keys = Keys(settings.prefix)
+    await EngramClient(redis, namespace="ns", prefix=settings.prefix).record(episode("plain", user_id="u"))
+    await client_for(sealed, redis).record(episode("sealed", user_id="u"))
+    await drain(make_worker(sealed, redis))
+    assert set(await docs(redis, keys, "ns")) == {"plain", "sealed"}
+    with pytest.raises(ConfigError, match="ENGRAM_MASTER_KEY"):
+        await make_worker(settings, redis).setup()
+
+
+async def test_rotate_master_key_rewraps_every_key_and_keeps_the_data_readable(sealed, redis):
+    keys = Keys(sealed.prefix)
+    client = client_for(sealed, redis)
+    for i in range(3):
+        await client.record(episode(f"r{i}", user_id=f"user{i}"))
+    new_key = os.urandom(32)
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    counts = await ring.rotate(redis, MasterKey(new_key))
+    assert counts["rewrapped"] == 1 + 3  # the deployment secret and three data keys
+    assert (await KeyRing(keys, MasterKey(sealed.master_key)).rotate(redis, MasterKey(new_key)))["already"] == 4
+    with pytest.raises(MasterKeyMismatch):  # the old key opens nothing any more
+        await make_worker(sealed, redis).setup()
+    rotated = sealed.with_(master_key=new_key)
+    await drain(make_worker(rotated, redis))
+    assert len(await docs(redis, keys, "ns")) == 3
+    await client_for(rotated, redis).record(episode("after", user_id="user0"))  # same key, new wrapping
+    await drain(make_worker(rotated, redis))
+    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 4
+
+
+async def test_erasure_housekeeping_runs_after_forgets_at_most_once_per_interval(sealed, redis):
+    from services.consolidator import erasure
+
+    keys = Keys(sealed.prefix)
+    assert await erasure.housekeep(redis, keys, interval=600, lease_ms=2000) is None  # nothing forgotten
+    client = client_for(sealed, redis)
+    await client.record(episode("e1", user_id="u"))
+    await client.forget_episode("e1")
+    await drain(make_worker(sealed, redis))
+    report = await erasure.housekeep(redis, keys, interval=600, lease_ms=2000)
+    assert report is not None and report["aof_rewritten"] is True
+    assert await redis.hget(keys.meta, erasure.PENDING_FIELD) is None
+    await client.record(episode("e2", user_id="u"))
+    await client.forget_user("u")
+    await drain(make_worker(sealed, redis))
+    assert await redis.hget(keys.meta, erasure.PENDING_FIELD) is not None
+    assert await erasure.housekeep(redis, keys, interval=600, lease_ms=2000) is None  # not due yet
+    assert await erasure.housekeep(redis, keys, interval=0.001, lease_ms=2000) is not None
+
+
+async def test_replay_with_a_master_key_reseals_the_snapshot_written_before_encryption(settings, sealed, redis):
+    """The migration: a deployment that ran without a master key replays with one; the new generation's
+    event hashes hold sealed bytes only (under each user's key, actions under their episode's user) and
+    the documents are unchanged."""
+    keys = Keys(settings.prefix)
+    plain = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    async with plain.episode(task="MIGRATE-TASK", user_id="mu") as ep:
+        await ep.action("shell", input="MIGRATE-INPUT")
+        await ep.complete("success", solution="MIGRATE-SOLUTION")
+    await plain.record(episode("other", user_id="ou", solution="MIGRATE-OTHER"))
+    await drain(make_worker(settings, redis))
+    before = await docs(redis, keys, "ns")
+    old_events = b"".join(await redis.hvals(keys.episode_events(1, "ns", ep.episode_id)))
+    assert b"MIGRATE-INPUT" in old_events
+    report = await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
+    assert report["generation"] == 2
+    after = await docs(redis, keys, "ns")
+    assert {k: v[b"doc"] for k, v in after.items()} == {k: v[b"doc"] for k, v in before.items()}
+    for eid in (ep.episode_id, "other"):
+        held = await redis.hvals(keys.episode_events(2, "ns", eid))
+        assert held and not any(b"MIGRATE-" in p for p in held)
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await ring.load(redis)
+    assert await redis.exists(keys.data_key(ring.ref("ns", "mu")), keys.data_key(ring.ref("ns", "ou"))) == 2
+
+
+async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp_path):
+    """Without encryption (or for entries from before it) XDEL leaves a forgotten entry's bytes in the
+    stream's listpack, so in every RDB: compaction rewrites the stream with the same ids, and the
+    consumer group comes back exactly (last-delivered id, pending entries with their consumer and
+    delivery count), so nothing is lost or delivered twice; the worker goes on consuming."""
+    from services.consolidator import erasure
+    from shared.settings import Settings
+
+    server = EmbeddedRedis(port=free_port(), data_dir=tmp_path / "redis", extra_args=["--rdbcompression", "no"])
+    server.start()
+    redis = connect(server.url)
+    try:
+        settings = Settings(redis_url=server.url, prefix="cmp:", embedder="hashing", embed_dim=64,
+                            vector_algorithm="FLAT", block_ms=50, lease_ms=60_000)
+        keys = Keys(settings.prefix)
+        client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+        secret = f"PLAIN-{uuid.uuid4().hex[:8]}".encode()
+        for i in range(300):
+            await client.record(episode(f"k{i}", user_id="keep", solution=f"keep {i}"))
+        await client.record(episode("gone", user_id="gone", solution=secret.decode()))
+        worker = make_worker(settings, redis)
+        await drain(worker)
+        await client.forget_user("gone")
+        await drain(worker)
+        for i in range(5):  # delivered to a consumer that has not acked them yet
+            await client.record(episode(f"p{i}", user_id="keep"))
+        await redis.xreadgroup(settings.consumer_group, "slow", {keys.stream: ">"}, count=3)
+        await redis.xclaim(keys.stream, settings.consumer_group, "slow", 0,
+                           [sid for sid, _ in await redis.xrange(keys.stream, count=1000)][-5:-3])  # 2nd delivery
+        await redis.save()
+        assert secret in (tmp_path / "redis" / "dump.rdb").read_bytes()  # XDEL left the bytes
+        stream_before = await redis.xrange(keys.stream)
+        pending_before = await redis.xpending_range(keys.stream, settings.consumer_group, "-", "+", 100)
+        group_before = (await redis.xinfo_groups(keys.stream))[0]
+        info_before = await redis.xinfo_stream(keys.stream)
+        report = await erasure.compact(redis, keys, page=100)
+        assert report["compacted"] and report["entries"] == len(stream_before)
+        assert await redis.xrange(keys.stream) == stream_before
+        pending_after = await redis.xpending_range(keys.stream, settings.consumer_group, "-", "+", 100)
+        assert [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_after] == \
+            [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_before]
+        group_after = (await redis.xinfo_groups(keys.stream))[0]
+        for field in ("last-delivered-id", "entries-read", "pending"):
+            assert group_after[field] == group_before[field], field
+        info_after = await redis.xinfo_stream(keys.stream)
+        for field in ("last-generated-id", "entries-added", "max-deleted-entry-id", "length"):
+            assert info_after[field] == info_before[field], field
+        await redis.save()
+        assert secret not in (tmp_path / "redis" / "dump.rdb").read_bytes()
+        await client.record(episode("after", user_id="keep"))
+        new_id = (await redis.xrange(keys.stream))[-1][0]
+        assert new_id > info_before["last-generated-id"]
+        worker.settings = worker.settings.with_(lease_ms=10)  # take over "slow"'s pending entries too
+        await drain(worker)
+        assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 300 + 5 + 1
+        assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    finally:
+        await redis.aclose()
+        server.stop()
