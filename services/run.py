@@ -356,6 +356,15 @@ def main() -> int:
         print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
               file=sys.stderr)
         return 2
+    # Ctrl-C from here on stops cleanly: during the embedded Redis's start it was a traceback that left
+    # the server running (it has a session of its own, so the terminal's SIGINT does not reach it)
+    stop_requested = {"now": False}
+
+    def _early_stop(*_):
+        stop_requested["now"] = True
+
+    signal.signal(signal.SIGINT, _early_stop)
+    signal.signal(signal.SIGTERM, _early_stop)
     redis_server = None
     if not env.get("REDIS_URL"):
         data_dir = data_root / "redis"
@@ -363,6 +372,7 @@ def main() -> int:
         try:
             redis_server.start()
         except (EmbeddedRedisError, OSError) as exc:
+            redis_server.stop()  # one that did not answer in time is still running
             print(f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
                   f"ENGRAM_REDIS_PORT={redis_port}): {exc}", file=sys.stderr)
             return 1
@@ -378,15 +388,17 @@ def main() -> int:
     services.append(Service("query", [sys.executable, "-m", "services.query"], env,
                             CrashBudget(restart_limit, restart_window)))
     supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
+    supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
     code = 0
     try:
         for service in services:
-            service.start()
-        host, port = settings.host, settings.port
-        print(f"engram ◆ query service on http://{host}:{port} (try GET /readyz) ◆ Ctrl-C stops everything",
-              flush=True)
+            if not supervisor.stopping:
+                service.start()
+        if not supervisor.stopping:
+            print(f"engram ◆ query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
+                  f"Ctrl-C stops everything", flush=True)
         code = supervisor.run()
     finally:
         supervisor.shutdown()
