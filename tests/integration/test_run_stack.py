@@ -168,7 +168,7 @@ class Stack:
         return self.log.read_text(errors="replace")
 
     def children(self, module: str) -> list[int]:
-        """Pids of the supervisor's children running `python -m <module>`."""
+        """Pids of the supervisor's children running `python -m <module>` (or the program named `<module>`)."""
         found = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -176,7 +176,7 @@ class Stack:
                 cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == self.proc.pid and module.encode() in cmdline:
+            if ppid == self.proc.pid and (module.encode() in cmdline or stat.read_text().split()[1] == f"({module})"):
                 found.append(int(stat.parent.name))
         return found
 
@@ -277,6 +277,23 @@ async def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path):
     assert output.rstrip().endswith("engram ◆ stopped")
     assert not await _ready(stack.url)  # the query service was stopped with it
     assert not stack.children("services.")
+
+
+async def test_ctrl_c_while_the_embedded_redis_starts_stops_cleanly(tmp_path):
+    """It was a KeyboardInterrupt traceback that left the server running (in a session of its own)."""
+    import redis as sync_redis
+
+    stack = Stack(tmp_path / "data").start()
+    try:
+        await wait_until(lambda: stack.children("redis-server"), timeout=30, message="redis-server started")
+        code = stack.stop()
+    finally:
+        stack.kill()
+    output = stack.output()
+    assert code == 0 and "Traceback" not in output, output[-3000:]
+    assert output.rstrip().endswith("engram ◆ stopped")
+    with pytest.raises(sync_redis.exceptions.ConnectionError):
+        sync_redis.Redis(port=stack.redis_port, socket_connect_timeout=1).ping()
 
 
 def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(tmp_path):
