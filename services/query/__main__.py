@@ -7,11 +7,11 @@ import os
 import sys
 
 import uvloop
-from aiohttp import web
 
 from engram_episodic.errors import ConfigError, Conflict
 from services.query.app import make_app
 from services.query.auth import check_bind
+from services.query.server import serve
 from shared.settings import Settings
 
 
@@ -28,9 +28,11 @@ def main() -> int:
         print(f"engram query: {exc}", file=sys.stderr)
         return 2
     try:
-        # uvloop: libuv's loop cuts the per-request overhead of aiohttp and redis-py (bench/perf.py)
-        web.run_app(make_app(settings), host=settings.host, port=settings.port, loop=uvloop.new_event_loop(),
-                    print=lambda _: print(f"engram query ◆ listening on http://{settings.host}:{settings.port}"))
+        # uvloop: libuv's loop cuts the per-request overhead of aiohttp and redis-py (bench/perf.py);
+        # serve(), not web.run_app: its runner answers unparseable requests without quoting them
+        serve(make_app(settings), host=settings.host, port=settings.port, loop=uvloop.new_event_loop(),
+              on_ready=lambda: print(f"engram query ◆ listening on http://{settings.host}:{settings.port}",
+                                     flush=True))
     except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback
         print(f"engram query: {exc}", file=sys.stderr)
         return 2

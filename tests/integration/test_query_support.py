@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiohttp.test_utils import TestServer
 
 from engram_episodic.timeutil import parse_instant
 from engram_episodic.validation import parse_episode
 from services.query.app import make_app
+from services.query.server import AppRunner
 from shared.embedding import Embedder, HashingEmbedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keys import Keys
@@ -88,6 +90,14 @@ async def fully_indexed(redis, prefix: str) -> bool:
     return info.get(b"indexing") in (b"0", 0) and float(info.get(b"percent_indexed", 1)) >= 1.0
 
 
+class ServiceTestServer(TestServer):
+    """aiohttp's test server with the runner `python -m services.query` serves with (its own answers to
+    unparseable requests, credentials redacted from aiohttp's logs)."""
+
+    async def _make_runner(self, **kwargs: Any) -> AppRunner:
+        return AppRunner(self.app, **kwargs)
+
+
 @pytest.fixture
 def make_client(aiohttp_client, settings, redis):
     """Factory: a test client of the app with the given settings overrides and embedder.
@@ -96,7 +106,7 @@ def make_client(aiohttp_client, settings, redis):
     async def create(embedder: Embedder | None = None, **overrides: Any):
         s = settings.with_(**overrides) if overrides else settings
         app = make_app(s, redis=redis, embedder=embedder or HashingEmbedder(s.embed_dim))
-        client = await aiohttp_client(app)
+        client = await aiohttp_client(ServiceTestServer(app))
         await wait_until(lambda: fully_indexed(redis, s.prefix), message="index backfill")
         return client
     return create

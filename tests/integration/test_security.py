@@ -6,12 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from yarl import URL
 
+from deploy.embedded_redis import free_port
 from services.consolidator.worker import Worker
 from shared.embedding import HashingEmbedder
 from shared.index import Scope, count
@@ -29,6 +36,8 @@ from tests.integration.test_query_support import (
 )
 
 pytest_plugins = ["tests.integration.test_query_support"]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 KEY_C = "key-for-c-empty-5555555555"
 THREE = {KEY_A: "ns-a", KEY_B: "ns-b", KEY_C: "ns-c"}
@@ -279,3 +288,89 @@ async def test_query_embeddings_are_cached_per_tenant(make_client, settings):
         await ok_json(await client.post(path, json=body, headers=auth(KEY_A)))  # A's own entry: a hit
         await ok_json(await client.post(path, json=body, headers=auth(KEY_B)))
         assert embedder.calls == before + 2, path
+
+
+KEY_LINE = b"Authorization: Bearer " + KEY_A.encode()
+UNPARSEABLE = {
+    # a control character in the key's own header, or in another one next to it: aiohttp's parser quoted
+    # the raw line (the key) in an ERROR traceback and in the text/plain answer
+    "nul-in-key": b"GET /v1/skills HTTP/1.1\r\nHost: x\r\n" + KEY_LINE + b"\x00\r\n\r\n",
+    "vt-in-key": b"GET /v1/skills HTTP/1.1\r\nHost: x\r\n" + KEY_LINE + b"\x0b\r\n\r\n",
+    "nul-next-to-key": b"GET /v1/skills HTTP/1.1\r\nHost: x\r\n" + KEY_LINE + b"\r\nX-Note: a\x00b\r\n\r\n",
+    "vt-before-key": b"GET /v1/skills HTTP/1.1\r\nX-Note: a\x0bb\r\n" + KEY_LINE + b"\r\n\r\n",
+    "url-too-long": b"GET /v1/skills?agent_id=" + b"a" * 9000 + b" HTTP/1.1\r\n" + KEY_LINE + b"\r\n\r\n",
+    "header-too-long": b"GET /v1/skills HTTP/1.1\r\n" + KEY_LINE + b"\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+    "key-too-long": b"GET /v1/skills HTTP/1.1\r\n" + KEY_LINE + b"c" * 9000 + b"\r\n\r\n",
+    "bad-request-line": b"GARBAGE " + KEY_A.encode() + b"\r\n" + KEY_LINE + b"\r\n\r\n",
+    "bad-version": b"GET /v1/skills HTTP/9.Z\r\n" + KEY_LINE + b"\r\n\r\n",
+    "tls-hello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + KEY_A.encode(),
+    "bad-header-name": b"GET /v1/skills HTTP/1.1\r\n" + KEY_LINE + b"\r\nBad Name: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("raw", UNPARSEABLE.values(), ids=UNPARSEABLE.keys())
+async def test_unparseable_requests_get_a_terse_problem_and_never_log_the_key(make_client, caplog, raw):
+    caplog.set_level(logging.DEBUG)
+    client = await make_client(api_keys=THREE)
+    status, headers, body = await raw_http(client, raw)
+    assert status == 400, body
+    assert headers["content-type"].startswith("application/problem+json"), headers
+    answer = json.loads(body)
+    assert answer["status"] == 400 and answer["title"] == "Malformed request", answer
+    for leak in (KEY_A.encode(), b"aiohttp", b"\\x", b"bytearray", b"^"):
+        assert leak not in body, (leak, body)
+    records = [json.dumps(r.__dict__, default=str) for r in caplog.records]
+    assert all(KEY_A not in r for r in records) and KEY_A not in caplog.text, caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+    assert (await client.get("/v1/skills", headers=auth(KEY_A))).status == 200  # the service carries on
+
+
+def test_credentials_are_redacted_from_whatever_aiohttp_still_logs(caplog):
+    """Defence in depth: a line or traceback an aiohttp logger writes that quotes a request."""
+    from services.query.server import install_log_redaction
+
+    install_log_redaction()
+    caplog.set_level(logging.DEBUG)
+    try:
+        raise ValueError(f"Invalid header value char: b'Authorization: Bearer {KEY_A}\\x00'")
+    except ValueError:
+        logging.getLogger("aiohttp.server").exception("Error handling %s", f"Bearer {KEY_B}")
+    logging.getLogger("aiohttp.access").info("got %s", f"authorization:\t{KEY_A}")
+    assert KEY_A not in caplog.text and KEY_B not in caplog.text, caplog.text
+    assert "[redacted]" in caplog.text and "Error handling" in caplog.text
+
+
+async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, prefix, tmp_path):
+    """`python -m services.query` itself (serve(), not the test server), logging at DEBUG."""
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "ENGRAM_PREFIX": prefix, "ENGRAM_EMBEDDER": "hashing",
+           "ENGRAM_EMBED_DIM": "64", "ENGRAM_PORT": str(port), "ENGRAM_API_KEYS": f"{KEY_A}=ns-a",
+           "ENGRAM_LOG_LEVEL": "DEBUG"}
+    log_path = tmp_path / "query.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        server = SimpleNamespace(host="127.0.0.1", port=port)
+
+        async def ready() -> bool:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                return (await raw_http(SimpleNamespace(server=server), b"GET /readyz HTTP/1.1\r\nHost: x\r\n"
+                                       b"Connection: close\r\n\r\n"))[0] == 200
+            except OSError:
+                return False
+
+        await wait_until(ready, timeout=60, message="query service ready")
+        client = SimpleNamespace(server=server)
+        for raw in UNPARSEABLE.values():
+            assert (await raw_http(client, raw))[0] == 400
+        assert (await raw_http(client, get_with_auth(b"Bearer " + KEY_A.encode() + b"\xa0")))[0] == 401
+        assert (await raw_http(client, get_with_auth(b"Bearer " + KEY_A.encode())))[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    text = log_path.read_text(errors="replace")
+    assert code == 0, text
+    assert "listening on" in text and "aiohttp.access" in text, text  # it did log, at DEBUG
+    assert KEY_A not in text and "Traceback" not in text, text

@@ -1,0 +1,159 @@
+"""The HTTP server around the app: aiohttp's connection handler with Engram's answers to what it cannot parse.
+
+aiohttp answers a request it cannot parse (a control character in a header, a request line or header
+past 8 KiB, bytes that are not HTTP) before any middleware runs, from `RequestHandler.handle_error`: a
+`text/plain` body quoting the offending bytes, and an ERROR line with a traceback whose message holds
+the raw header line — a valid API key included when the bad byte sits in `Authorization`. aiohttp has
+no hook for these answers (aio-libs/aiohttp#3287), so:
+
+- `ProblemRequestHandler.handle_error` answers an RFC 9457 problem with a fixed, terse detail per kind of
+  error and logs one DEBUG line naming only the kind (the access log records the 400 as usual);
+- `AppRunner` (use it instead of `aiohttp.web.AppRunner`) makes its server build that handler;
+- `serve()` runs an app with it, as `web.run_app` would (which always builds aiohttp's own runner);
+- `RedactCredentials` strips credentials from whatever aiohttp's loggers still write (defence in depth:
+  a traceback or debug line that quotes a request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, BadStatusLine, HttpProcessingError, LineTooLong
+
+from services.query.problems import problem
+
+log = logging.getLogger("engram.query")
+
+AIOHTTP_LOGGERS = ("aiohttp.server", "aiohttp.access", "aiohttp.web", "aiohttp.internal")
+# a scheme then its credentials, as text or inside the repr() of raw bytes (which escapes \x00 etc.)
+_CREDENTIALS = re.compile(r"(?i)\b(bearer|basic|token)([ \t]+|\\t)[^\s'\"\\,;]+")
+_AUTH_HEADER = re.compile(r"(?i)(authorization[ \t]*:[ \t]*)[^\r\n'\"]*")
+
+
+def redact(text: str) -> str:
+    """`text` with every `Authorization:` value and Bearer/Basic credential replaced by `[redacted]`."""
+    text = _AUTH_HEADER.sub(r"\1[redacted]", text)
+    return _CREDENTIALS.sub(r"\1 [redacted]", text)
+
+
+class RedactCredentials(logging.Filter):
+    """Rewrites a record's message and traceback without credentials (installed on aiohttp's loggers)."""
+
+    _format = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info:
+            # formatted once here, redacted, and the exception dropped: a handler formatting exc_info
+            # itself would print the raw message again
+            record.exc_text = redact(record.exc_text or self._format.formatException(record.exc_info))
+            record.exc_info = None
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+def install_log_redaction() -> None:
+    """Add `RedactCredentials` to aiohttp's loggers, once per process."""
+    for name in AIOHTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactCredentials) for f in logger.filters):
+            logger.addFilter(RedactCredentials())
+
+
+def _detail(exc: BaseException | None) -> str:
+    # fixed texts: the parser's own messages quote the request's bytes (a key in Authorization)
+    if isinstance(exc, LineTooLong):
+        return "the request line or a header is longer than this server accepts"
+    if isinstance(exc, BadHttpMethod | BadStatusLine):
+        return "the request line is not HTTP/1.x"
+    return "the request is not valid HTTP (a header name or value has a forbidden character, or the framing is wrong)"
+
+
+class ProblemRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering its own errors as problem+json that quote nothing."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A problem response for a request aiohttp failed to parse (400) or to handle (500, 504)."""
+        if isinstance(exc, HttpProcessingError):
+            log.debug("unparseable request from %s ◆ %s", request.remote, type(exc).__name__)
+            resp = problem(status, _detail(exc))
+        elif status >= 500 and status != 504:
+            log.error("unhandled error outside the middlewares ◆ %s", type(exc).__name__ if exc else "-",
+                      exc_info=exc)
+            resp = problem(500, "an unexpected error occurred; it was logged")
+        else:
+            resp = problem(status, "the request could not be handled in time" if status == 504 else None)
+        if request.writer.output_size > 0:  # as aiohttp: a response already began, the connection is broken
+            raise ConnectionError("Response is sent already, cannot send another response with the error message")
+        resp.force_close()
+        return resp
+
+
+class ProblemServer(web.Server):
+    """`web.Server` whose connections are served by `ProblemRequestHandler`."""
+
+    def __call__(self) -> web.RequestHandler:
+        # aiohttp's Server.__call__ names RequestHandler itself; the keyword arguments are the same
+        return ProblemRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class AppRunner(web.AppRunner):
+    """`web.AppRunner` serving with `ProblemRequestHandler`, and with credentials redacted from aiohttp's logs."""
+
+    async def _make_server(self) -> web.Server:
+        install_log_redaction()
+        server = await super()._make_server()
+        return ProblemServer(server.request_handler, request_factory=server.request_factory,
+                             handler_cancellation=server.handler_cancellation, loop=server._loop,
+                             **server._kwargs)
+
+
+def serve(app: web.Application, *, host: str, port: int, loop: asyncio.AbstractEventLoop,
+          on_ready: Callable[[], None] | None = None) -> None:
+    """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`.
+
+    Startup errors (e.g. `Conflict` from the app's cleanup context) propagate to the caller.
+    """
+    async def main() -> None:
+        runner = AppRunner(app, handle_signals=True, keepalive_timeout=75.0)  # run_app's keep-alive
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            if on_ready is not None:
+                on_ready()
+            await asyncio.Event().wait()  # until a signal raises GracefulExit
+        finally:
+            await runner.cleanup()
+
+    asyncio.set_event_loop(loop)
+    task = loop.create_task(main())
+    try:
+        loop.run_until_complete(task)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            if not task.done():
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    loop.run_until_complete(task)
+            rest = asyncio.all_tasks(loop)
+            for other in rest:
+                other.cancel()
+            loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
