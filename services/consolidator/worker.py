@@ -244,6 +244,11 @@ class Worker:
         self.backlogged = bool(entries)
         if not entries:
             return 0
+        # Again after the read, which may have waited `block_ms`: a replay may have swapped its generation in
+        # meanwhile, and entries added after its catch-up pass reach the new generation only through the
+        # workers (projected into the old one, they were lost). Another embedder's generation raises
+        # EmbedderMismatch here: these entries stay pending, for whoever projects next.
+        projector = await self._projector()
         done = asyncio.Event()
         renewal = asyncio.create_task(self._renew_lease([e.stream_id for e in entries], done))
         try:

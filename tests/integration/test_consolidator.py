@@ -439,7 +439,7 @@ async def test_replay_equals_live_projection(settings, redis):
     assert "after-replay" in await docs(redis, keys, "ns")
 
 
-async def test_reindex_with_other_embedder_stops_old_workers(settings, redis):
+async def test_reindex_with_other_embedder_is_a_conflict_for_an_old_workers_turn(settings, redis):
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     await client.record(episode("e1"))
@@ -451,6 +451,53 @@ async def test_reindex_with_other_embedder_stops_old_workers(settings, redis):
     assert list(await docs(redis, keys, "ns")) == ["e1"]
     with pytest.raises(Conflict, match="services.consolidator reindex"):
         await worker.turn()
+
+
+async def test_a_running_worker_pauses_on_another_embedders_index_and_resumes_when_it_returns(settings, redis,
+                                                                                          caplog):
+    """Issue 15: a reindex under a running worker made it exit 2, which stopped `make run`."""
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await client.record(episode("e1"))
+        await wait_until(lambda: _has(redis, keys, "e1"), message="e1 projected")
+        await replay(settings, redis, HashingEmbedder(64))  # the index now has 64 dimensions, the worker 256
+        await wait_until(lambda: worker.paused_by is not None, message="the worker paused")
+        assert "paused: index generation 2 now uses embedder 'hashing-v1' (dim 64)" in caplog.text
+        assert "restarted with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=64" in caplog.text
+        await client.record(episode("e2"))
+        group = settings.consumer_group
+        await wait_until(lambda: _unprojected(redis, keys.stream, group, 1), message="e2 left in the stream")
+        assert not running.done() and "e2" not in await docs(redis, keys, "ns")
+        await replay(settings, redis, worker.embedder)  # back to the worker's embedder (generation 3)
+        await wait_until(lambda: worker.paused_by is None, message="the worker resumed")
+        assert "resuming" in caplog.text
+        await client.record(episode("e3"))
+        await wait_until(lambda: _has(redis, keys, "e3"), message="e3 projected by the resumed worker")
+        # e2, left pending if a lane had read it, is reclaimed after the lease and acked
+        await wait_until(lambda: _unprojected(redis, keys.stream, group, 0), timeout=20, message="all acked")
+        assert {"e1", "e2", "e3"} == set(await docs(redis, keys, "ns"))
+    finally:
+        stop.set()
+        await running
+
+
+async def _has(redis, keys: Keys, episode_id: str) -> bool:
+    from redis.exceptions import ResponseError
+
+    try:
+        return episode_id in await docs(redis, keys, "ns")
+    except ResponseError:  # no index yet: the worker is still starting
+        return False
+
+
+async def _unprojected(redis, stream: str, group: str, n: int) -> bool:
+    """The group has `n` entries not acked: never read (lag) or read and left pending."""
+    info = await streams.group_info(redis, stream, group)
+    return info["lag"] + info["pending"] == n
 
 
 EPISODE_IDS = ["e0", "e1", "e2"]
