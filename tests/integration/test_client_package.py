@@ -8,6 +8,7 @@ dependencies), and runs the README's five lines there against a running query se
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -60,16 +61,17 @@ def _readme_lines() -> str:
 
 async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(wheel, tmp_path, tenants, settings, redis):
     venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of ours
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     install = await asyncio.create_subprocess_exec(str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                                                    str(wheel), stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+                                                   stderr=asyncio.subprocess.STDOUT, env=env)
     out, _ = await asyncio.wait_for(install.communicate(), 300)
     assert install.returncode == 0, out.decode()[-2000:]
     probe = subprocess.run([str(py), "-c", "import importlib.util as u; print([m for m in ('shared', 'services', "
                             "'deploy', 'torch', 'redis', 'aiohttp') if u.find_spec(m)])"],
-                           capture_output=True, text=True, check=True, cwd=tmp_path)  # not the checkout
+                           capture_output=True, text=True, check=True, cwd=tmp_path, env=env)  # not the checkout
     assert probe.stdout.strip() == "[]", f"the client venv holds server modules: {probe.stdout}"
 
     code = _readme_lines().replace("http://127.0.0.1:8080", str(tenants.make_url("")).rstrip("/"))
@@ -86,7 +88,7 @@ async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(wheel,
     task = asyncio.create_task(consolidate())
     try:
         proc = await asyncio.create_subprocess_exec(str(py), "-c", code, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, cwd=tmp_path)
+                                                    stderr=asyncio.subprocess.PIPE, cwd=tmp_path, env=env)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
     finally:
         stop.set()
