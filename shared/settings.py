@@ -71,6 +71,23 @@ def _master_key(env: Mapping[str, str]) -> bytes | None:
     return None
 
 
+def _metrics_key(env: Mapping[str, str], api_keys: dict[str, str]) -> str | None:
+    """`ENGRAM_METRICS_KEY`: the one key that reads the query service's /metrics when API keys are set.
+
+    A tenant's key must not be it (a tenant would read every namespace's traffic); it must be sendable as
+    a Bearer token (visible ASCII, no spaces), and its value is never echoed in the error.
+    """
+    key = env.get("ENGRAM_METRICS_KEY") or None
+    if key is None:
+        return None
+    if not all("!" <= ch <= "~" for ch in key):
+        raise ConfigError("ENGRAM_METRICS_KEY must be visible ASCII without spaces (it is sent as a Bearer token)")
+    if key in api_keys:
+        raise ConfigError("ENGRAM_METRICS_KEY is also an API key in ENGRAM_API_KEYS[_FILE]; give metrics a key "
+                          "of their own")
+    return key
+
+
 def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """`env[name]` as an int in [lo, hi] (`default` when unset or empty); ConfigError naming it otherwise."""
     raw = env.get(name)
@@ -189,6 +206,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: dict[str, str] = field(default_factory=dict)
+    metrics_key: str | None = None
+    """`ENGRAM_METRICS_KEY`: with API keys set, the only key that reads /metrics (tenant keys get 403)."""
     default_namespace: str = "default"
     max_body_bytes: int = 4 * 1024 * 1024
 
@@ -285,6 +304,7 @@ class Settings:
             host=env.get("ENGRAM_HOST", "127.0.0.1"),
             port=env_int(env, "ENGRAM_PORT", 8080, 0, 65535),
             api_keys=api_keys,
+            metrics_key=_metrics_key(env, api_keys),
             default_namespace=env.get("ENGRAM_DEFAULT_NAMESPACE", "default"),
             max_body_bytes=env_int(env, "ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 1 << 30),
             publish_timeout=_duration(env, "ENGRAM_PUBLISH_TIMEOUT", 5.0),

@@ -100,7 +100,7 @@ def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedde
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[metrics.middleware(), problems_middleware,
-                     auth_middleware(settings.api_keys, settings.default_namespace)],
+                     auth_middleware(settings.api_keys, settings.default_namespace, settings.metrics_key)],
     )
     app[SETTINGS] = settings
     app[KEYS] = Keys(settings.prefix)

@@ -15,7 +15,8 @@ from aiohttp import web
 from services.query.problems import Problem
 
 NAMESPACE = web.RequestKey("namespace", str)  # request[NAMESPACE]: the caller's namespace
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+METRICS_PATH = "/metrics"  # every namespace's traffic: with API keys, only ENGRAM_METRICS_KEY reads it
 
 
 # RFC 9110 §11.4: `credentials = auth-scheme [ 1*SP token68 ]`, the scheme case-insensitive; tabs are
@@ -49,7 +50,9 @@ def namespace_for(api_keys: dict[str, str], header: str | None) -> str | None:
     return namespace
 
 
-def auth_middleware(api_keys: dict[str, str], default_namespace: str):
+def auth_middleware(api_keys: dict[str, str], default_namespace: str, metrics_key: str | None = None):
+    """Sets request[NAMESPACE] from the Bearer key (401 without a known one), or the default namespace
+    in dev mode. With API keys, `/metrics` takes `metrics_key` only: its totals span every namespace."""
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
         if request.path in PUBLIC_PATHS:
@@ -57,7 +60,14 @@ def auth_middleware(api_keys: dict[str, str], default_namespace: str):
         if not api_keys:
             request[NAMESPACE] = default_namespace
             return await handler(request)
-        namespace = namespace_for(api_keys, request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if request.path == METRICS_PATH:
+            if metrics_key is not None and namespace_for({metrics_key: ""}, header) is not None:
+                return await handler(request)
+            if namespace_for(api_keys, header) is not None:
+                raise Problem(403, "an API key does not read /metrics (its totals span every namespace); "
+                                   "scrape it with ENGRAM_METRICS_KEY")
+        namespace = namespace_for(api_keys, header)
         if namespace is None:
             detail = ("missing API key: send 'Authorization: Bearer <key>'"
                       if "Authorization" not in request.headers else "invalid API key")

@@ -83,6 +83,8 @@ def document() -> dict[str, Any]:
         if route.path == "/metrics":
             responses["200"] = {"description": "Prometheus text exposition format",
                                 "content": {"text/plain": {"schema": {"type": "string"}}}}
+            responses["401"] = _problem("with API keys configured: missing or invalid ENGRAM_METRICS_KEY")
+            responses["403"] = _problem("a tenant's API key: metrics span every namespace")
         if route.status == 202:  # publishing routes
             responses["503"] = _problem("Redis did not accept the event; nothing was published (Retry-After)")
         if route.handler.__name__ == "ingest":

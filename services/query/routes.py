@@ -443,7 +443,8 @@ ROUTES: tuple[Route, ...] = (
           query=models.LearningCurveQuery),
     Route("GET", "/healthz", healthz, "Liveness", public=True, tag="operations"),
     Route("GET", "/readyz", readyz, "Readiness: Redis, index and embedder", public=True, tag="operations"),
-    Route("GET", "/metrics", metrics, "Prometheus metrics", public=True, tag="operations"),
+    Route("GET", "/metrics", metrics, "Prometheus metrics (ENGRAM_METRICS_KEY when API keys are set)",
+          tag="operations"),
     Route("GET", "/openapi.json", openapi_json, "This OpenAPI 3.1 document", public=True, tag="operations"),
 ) + facts_routes.routes(Route)
 

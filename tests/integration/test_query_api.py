@@ -13,7 +13,7 @@ from shared import streams
 from shared.codec import decode
 from shared.embedding import Embedder, HashingEmbedder
 from shared.keys import Keys
-from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, put
+from tests.integration.test_query_support import KEY_A, KEY_B, METRICS_KEY, auth, episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]
 
@@ -115,15 +115,19 @@ async def test_auth_required_and_other_namespaces_are_404(tenants, redis, prefix
     await problem(await tenants.get("/v1/episodes/b-only", headers=auth(KEY_A)), 404)
     await problem(await tenants.delete("/v1/episodes/b-only", headers=auth(KEY_A)), 404)
     assert await stream_events(redis, prefix) == []
-    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+    for path in ("/healthz", "/readyz", "/openapi.json"):
         assert (await tenants.get(path)).status == 200, path
+    await problem(await tenants.get("/metrics"), 401)  # every namespace's totals: ENGRAM_METRICS_KEY only
 
 
-async def test_keys_never_appear_in_logs_or_metrics(tenants, caplog):
+async def test_keys_never_appear_in_logs_or_metrics(make_client, caplog):
+    tenants = await make_client(api_keys={KEY_A: "ns-a", KEY_B: "ns-b"}, metrics_key=METRICS_KEY)
     await tenants.post("/v1/recall", json={"query": "x"}, headers=auth(KEY_A))
     await tenants.post("/v1/recall", json={"query": "x"}, headers=auth(KEY_A + "x"))
-    text = await (await tenants.get("/metrics")).text()
-    assert KEY_A not in text and KEY_A not in caplog.text
+    resp = await tenants.get("/metrics", headers=auth(METRICS_KEY))
+    text = await resp.text()
+    assert resp.status == 200 and "engram_http_requests_total" in text
+    assert KEY_A not in text and KEY_A not in caplog.text and METRICS_KEY not in caplog.text
 
 
 # --- problem details --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from tests.helpers import wait_until
 
 DAY = 86400.0
 KEY_A, KEY_B = "key-for-a-0123456789", "key-for-b-9876543210"
+METRICS_KEY = "key-for-metrics-5555555555"
 
 
 def unit(*xs: float, dim: int = 256) -> np.ndarray:

@@ -27,6 +27,7 @@ from tests.helpers import wait_until
 from tests.integration.test_query_support import (
     KEY_A,
     KEY_B,
+    METRICS_KEY,
     TableEmbedder,
     auth,
     episode,
@@ -64,6 +65,12 @@ async def seed_two_tenants(redis, prefix: str) -> None:
 async def ok_json(resp, status: int = 200) -> Any:
     assert resp.status == status, await resp.text()
     return await resp.json()
+
+
+async def ok_json_text(resp, status: int = 200) -> str:
+    text = await resp.text()
+    assert resp.status == status, text
+    return text
 
 
 def enc(path_value: str) -> str:
@@ -139,7 +146,7 @@ def _stable(body: Any) -> Any:
 
 async def test_tenant_a_learns_nothing_of_b_on_any_route(make_client, settings, redis, prefix):
     """Every read of A over B's data answers exactly what a tenant with no data at all (C) gets."""
-    client = await make_client(api_keys=THREE)
+    client = await make_client(api_keys=THREE, metrics_key=METRICS_KEY)
     for i in range(8):  # a cluster B can consolidate into facts
         await put(redis, prefix, "ns-b", episode(f"b-{i}", task="rotate the database credentials nightly",
                                                  agent_id="agent-b", user_id="user-b", category="ops",
@@ -182,7 +189,7 @@ async def test_tenant_a_learns_nothing_of_b_on_any_route(make_client, settings, 
     assert await count(redis, Keys(prefix).episode_index_alias, Scope(namespace="ns-b")) == 8
     again = await ok_json(await client.post("/v1/facts/search", json={}, headers=auth(KEY_B)))
     assert [f["fact_id"] for f in again["results"]] == [f["fact_id"] for f in facts_b["results"]]
-    metrics = await (await client.get("/metrics")).text()
+    metrics = await ok_json_text(await client.get("/metrics", headers=auth(METRICS_KEY)))
     assert "ns-b" not in metrics and "user-b" not in metrics and "agent-b" not in metrics
 
 
@@ -374,3 +381,25 @@ async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, p
     assert code == 0, text
     assert "listening on" in text and "aiohttp.access" in text, text  # it did log, at DEBUG
     assert KEY_A not in text and "Traceback" not in text, text
+
+
+async def test_metrics_need_the_metrics_key_when_api_keys_are_set(make_client):
+    """/metrics counts every namespace's traffic: a tenant's key must not read it (it was public)."""
+    client = await make_client(api_keys=THREE, metrics_key=METRICS_KEY)
+    await ok_json(await client.post("/v1/recall", json={"query": "x"}, headers=auth(KEY_B)))
+    text = await ok_json_text(await client.get("/metrics", headers=auth(METRICS_KEY)))
+    assert 'route="/v1/recall",status="200"} 1.0' in text
+    for headers, status in (({}, 401), (auth(KEY_A), 403), (auth(KEY_B), 403), (auth(METRICS_KEY + "x"), 401),
+                            (auth(f"\u2003{METRICS_KEY}"), 401), ({"Authorization": f"Basic {METRICS_KEY}"}, 401)):
+        resp = await client.get("/metrics", headers=headers)
+        body = await resp.json()
+        assert (resp.status, resp.content_type) == (status, "application/problem+json"), (headers, body)
+        assert "engram_http" not in json.dumps(body)
+    # the metrics key is no API key: it reads no namespace
+    assert (await client.post("/v1/recall", json={"query": "x"}, headers=auth(METRICS_KEY))).status == 401
+    # without a metrics key configured nobody reads them; single-tenant dev mode keeps them open
+    closed = await make_client(api_keys=THREE)
+    assert (await closed.get("/metrics", headers=auth(KEY_A))).status == 403
+    assert (await closed.get("/metrics")).status == 401
+    dev = await make_client()
+    assert "engram_http_requests_total" in await ok_json_text(await dev.get("/metrics"))

@@ -37,6 +37,16 @@ def test_api_key_errors_do_not_echo_keys():
     assert "supersecretkey" not in str(info.value)
 
 
+def test_the_metrics_key_is_nobody_s_api_key_and_sendable_as_a_bearer_token():
+    s = Settings.from_env({"ENGRAM_API_KEYS": "k1=ns-a", "ENGRAM_METRICS_KEY": "metrics-only-key"})
+    assert s.metrics_key == "metrics-only-key" and Settings.from_env({}).metrics_key is None
+    for key, said in (("k1", "is also an API key"), ("has space", "visible ASCII"), ("tab\tkey", "visible ASCII"),
+                      ("k\u00e9y", "visible ASCII")):
+        with pytest.raises(ConfigError, match=said) as info:
+            Settings.from_env({"ENGRAM_API_KEYS": "k1=ns-a", "ENGRAM_METRICS_KEY": key})
+        assert key not in str(info.value)
+
+
 @pytest.mark.parametrize(("env", "said"), [
     ({"ENGRAM_LOG_LEVEL": "bogus"}, "ENGRAM_LOG_LEVEL='bogus' must be one of"),
     ({"REDIS_URL": "garbage"}, "REDIS_URL='garbage' must start with redis://"),
