@@ -9,6 +9,7 @@ names the field once, with one reason, instead of one line per union member.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
@@ -99,13 +100,21 @@ Duration = Annotated[float, PlainValidator(_duration), WithJsonSchema(
                 "description": "a positive duration: 3600, 90s, 30m, 12h, 1d, 1w or 250ms"}]})]
 
 
+# A number in a query string, spelled as JSON spells one (plus a leading "." or zeros): int() and
+# float() also take surrounding whitespace, "1_000", and any script's digits ("１", "١٠"), and int()
+# failed on "²" with a message naming Python; the documented schema is a number, nothing else. At most
+# 20 characters for an int: int() refuses thousands of digits, again with Python's message.
+_QUERY_INT = re.compile(r"-?[0-9]+", re.ASCII)
+_QUERY_NUMBER = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def int_in(lo: int, hi: int, *, from_query: bool = False):
     """An integer field in [lo, hi] whose error states the allowed range (shared/cases C15).
 
     `from_query`: also accept the decimal string of one (query parameters are strings; JSON bodies are not).
     """
     def validate(value: Any) -> int:
-        if from_query and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if from_query and isinstance(value, str) and len(value) <= 20 and _QUERY_INT.fullmatch(value):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ValueError(f"must be an integer between {lo} and {hi}")
@@ -117,10 +126,9 @@ def int_in(lo: int, hi: int, *, from_query: bool = False):
 def float_in(lo: float, hi: float, *, from_query: bool = False):
     def validate(value: Any) -> float:
         if from_query and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f"must be a number between {lo:g} and {hi:g}") from None
+            if not _QUERY_NUMBER.fullmatch(value):
+                raise ValueError(f"must be a number between {lo:g} and {hi:g}")
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                 or not lo <= value <= hi:
             raise ValueError(f"must be a number between {lo:g} and {hi:g}")

@@ -61,6 +61,8 @@ def _index(request: web.Request) -> str:
 def _query_params(request: web.Request, model: type[BaseModel]) -> Any:
     params: dict[str, str] = {}
     for key in request.query:
+        if not key:  # "?=x": pydantic would name it "<root>", as if the whole query were wrong
+            raise Invalid([("<query>", "has a parameter without a name")])
         values = request.query.getall(key)
         if len(values) > 1:
             raise Invalid([(key, "must be given once")])

@@ -135,3 +135,29 @@ async def test_instants_outside_the_calendar_are_422_on_ingest(api, redis, prefi
                                 "episodes[2].actions[0].timestamp"}, got
     assert all("outside years 1..9999" in reason for reason in fields(got).values())
     assert await redis.exists(Keys(prefix).stream) == 0  # nothing published, nothing to dead-letter
+
+
+# query-string numbers: int() and float() took whitespace and any script's digits ("１" was a threshold
+# of 1.0, "١٠" a window of 10) and int() failed on "²" with Python's own message
+@pytest.mark.parametrize("path, field", [
+    ("/v1/skills?threshold=%EF%BC%91", "threshold"), ("/v1/skills?threshold=%200.5", "threshold"),
+    ("/v1/skills?threshold=0.5%20", "threshold"), ("/v1/skills?threshold=NaN", "threshold"),
+    ("/v1/skills?threshold=", "threshold"), ("/v1/skills?threshold=1e999", "threshold"),
+    ("/v1/skills?threshold=0_5", "threshold"), ("/v1/learning-curve?window=%D9%A1%D9%A0", "window"),
+    ("/v1/learning-curve?window=%205", "window"), ("/v1/learning-curve?limit=%C2%B2", "limit"),
+    ("/v1/learning-curve?limit=" + "9" * 5000, "limit"), ("/v1/skills?=x", "<query>"),
+    ("/v1/skills?threshold=0.5&threshold=0.6", "threshold"),
+])
+async def test_query_parameters_are_ascii_numbers_or_a_422_naming_them(api, path, field):
+    resp = await api.get(path)
+    got = await resp.json()
+    assert resp.status == 422, got
+    assert list(fields(got)) == [field], got
+    assert "int()" not in json.dumps(got) and "literal" not in json.dumps(got)
+
+
+@pytest.mark.parametrize("query, threshold", [("threshold=1e-5", 1e-5), ("threshold=.5", 0.5), ("threshold=1", 1.0),
+                                              ("threshold=0.25", 0.25), ("threshold=0E0", 0.0)])
+async def test_query_numbers_spelled_as_numbers_are_accepted(api, query, threshold):
+    resp = await api.get(f"/v1/skills?{query}")
+    assert resp.status == 200 and (await resp.json())["threshold"] == threshold
