@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import sys
 import time
 import uuid
@@ -95,28 +96,51 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
         episodes = [synthetic_episode(i, np.random.default_rng(i)) for i in range(n)]
         raw_rates: list[float] = []
         embed_rates: list[float] = []
-        e2e: dict[int, list[dict[str, float]]] = {k: [] for k in args.workers}
+        # --encryption: the pipeline without and/or with a master key (sealed stream), interleaved per round
+        sealed_modes = {"off": [False], "on": [True], "both": [False, True]}[args.encryption]
+        e2e: dict[tuple[int, bool], list[dict[str, float]]] = {(k, m): [] for k in args.workers for m in sealed_modes}
         try:
             for _ in range(rounds):
                 raw = await raw_write_rate(url, episodes, embedder)
                 raw_rates.append(raw["rate"])
                 embed_rates.append(raw["embed_rate"])
                 for k in args.workers:
-                    e2e[k].append(await pipeline_rate(url, episodes, name, k, args))
+                    for sealed in sealed_modes:
+                        e2e[(k, sealed)].append(await pipeline_rate(url, episodes, name, k, args,
+                                                                    master_key=os.urandom(32) if sealed else None))
         finally:
             await embedder.aclose()
         raw_rate, embed_rate = float(np.median(raw_rates)), float(np.median(embed_rates))
-        for k in args.workers:
-            rates = [r["rate"] for r in e2e[k]]
+        for (k, sealed), runs in e2e.items():
+            rates = [r["rate"] for r in runs]
             rate = float(np.median(rates))
             bound = min(raw_rate, embed_rate) if name != "hashing" else raw_rate
-            rows.append({"embedder": name, "workers": k, "episodes": n, "rounds": rounds, "e2e_rate": rate,
-                         "e2e_rates": rates, "publish_s": float(np.median([r["publish_s"] for r in e2e[k]])),
-                         "raw_hset_rate": raw_rate, "raw_hset_rates": raw_rates, "embed_rate": embed_rate,
-                         "ratio_vs_raw": ratio(rate, raw_rate), "ratio_vs_bound": ratio(rate, bound),
-                         "round_ratios": [ratio(e, r) for e, r in zip(rates, raw_rates, strict=True)]})
-            print(f"  ingest {name} ×{k}: {rate:.0f} ep/s end to end (median of {rounds}); raw HSET {raw_rate:.0f} "
-                  f"ep/s; embedder alone {embed_rate:.0f} texts/s", flush=True)
+            cpu = {side: float(np.median([r["cpu_us_per_episode"][side] for r in runs]))
+                   for side in ("publisher", "workers", "redis")}
+            row = {"embedder": name, "workers": k, "sealed": sealed, "episodes": n, "rounds": rounds, "e2e_rate": rate,
+                   "cpu_us_per_episode": cpu,
+                   "e2e_rates": rates, "publish_s": float(np.median([r["publish_s"] for r in runs])),
+                   "publish_rates": [n / r["publish_s"] for r in runs],
+                   "raw_hset_rate": raw_rate, "raw_hset_rates": raw_rates, "embed_rate": embed_rate,
+                   "ratio_vs_raw": ratio(rate, raw_rate), "ratio_vs_bound": ratio(rate, bound),
+                   "round_ratios": [ratio(e, r) for e, r in zip(rates, raw_rates, strict=True)]}
+            if sealed and (k, False) in e2e:  # the cost of encryption: sealed over plain, round by round
+                plain = [r["rate"] for r in e2e[(k, False)]]
+                row["ratio_vs_plain"] = ratio(rate, float(np.median(plain)))
+                row["round_ratios_vs_plain"] = [ratio(e, p) for e, p in zip(rates, plain, strict=True)]
+                row["publish_ratio_vs_plain"] = ratio(float(np.median([r["publish_s"] for r in e2e[(k, False)]])),
+                                                      row["publish_s"])
+                plain_cpu = {side: float(np.median([r["cpu_us_per_episode"][side] for r in e2e[(k, False)]]))
+                             for side in cpu}
+                row["cpu_ratio_vs_plain"] = {side: ratio(cpu[side], plain_cpu[side]) for side in cpu}
+                row["cpu_ratio_vs_plain"]["total"] = ratio(sum(cpu.values()), sum(plain_cpu.values()))
+            rows.append(row)
+            print(f"  ingest {name} ×{k}{' sealed' if sealed else ''}: {rate:.0f} ep/s end to end (median of "
+                  f"{rounds}); raw HSET {raw_rate:.0f} ep/s; embedder alone {embed_rate:.0f} texts/s"
+                  + (f"; {row['ratio_vs_plain']:.2f} of plain" if "ratio_vs_plain" in row else "")
+                  + "; CPU µs/episode " + ", ".join(f"{side} {v:.0f}" for side, v in cpu.items())
+                  + (f" (× {row['cpu_ratio_vs_plain']['total']:.2f} of plain in total)" if sealed and "cpu_ratio_vs_plain"
+                     in row else ""), flush=True)
     return rows
 
 
@@ -151,8 +175,11 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
 
 
 async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str, workers: int,
-                        args: argparse.Namespace) -> dict[str, float]:
-    """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable."""
+                        args: argparse.Namespace, master_key: bytes | None = None) -> dict[str, float]:
+    """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable.
+    With `master_key`, the SDK seals the events and the workers open them (shared/crypto.py)."""
+    import base64
+
     from engram_episodic.events import EpisodeCompleted
     from engram_episodic.validation import parse_episode
     from shared import streams
@@ -165,6 +192,10 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
     prefix = f"e2e{uuid.uuid4().hex[:6]}:"
     keys = Keys(prefix)
     env = service_env(url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM), ENGRAM_BATCH_SIZE=str(args.batch_size))
+    env.pop("ENGRAM_MASTER_KEY_FILE", None)
+    env.pop("ENGRAM_MASTER_KEY", None)
+    if master_key is not None:
+        env["ENGRAM_MASTER_KEY"] = base64.b64encode(master_key).decode()
     procs = spawn_workers(workers, env, name=f"bench-{embedder}")
     r = connect(url)
     try:
@@ -174,16 +205,18 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
             return await index_exists(r, keys.episode_index_alias)
         await poll_until(ready, timeout=180, what="worker start")
         await asyncio.sleep(0.5 if workers == 1 else 2.0)  # let the second worker load its model too
-        client = EngramClient(r, namespace=NAMESPACE, prefix=prefix)
+        client = EngramClient(r, namespace=NAMESPACE, prefix=prefix, master_key=master_key)
         events = [EpisodeCompleted(namespace=NAMESPACE, episode_id=e["episode_id"], occurred_at=time.time(),
                                    episode=parse_episode(e)) for e in episodes]
         from tqdm import tqdm
 
         bar = tqdm(total=len(events), desc=f"ingest {embedder} ×{workers}", unit="ep", leave=False)
+        cpu_before = (time.process_time(), _proc_cpu(procs), await _redis_cpu(r))
         started = time.perf_counter()
         for start in range(0, len(events), 100):
             await client.publish(events[start:start + 100])
         publish_s = time.perf_counter() - started
+        publisher_cpu = time.process_time() - cpu_before[0]
 
         async def done() -> bool:
             # XINFO GROUPS first: an FT.SEARCH count of 10k documents costs Redis ~0.8 ms, ~3% of the
@@ -200,12 +233,35 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
         # every 10 ms: the end is overshot by half the interval on average, ~1.5% of a 2 s round at 50 ms
         await poll_until(done, timeout=args.timeout, interval=0.01, what=f"{len(events)} episodes recallable")
         elapsed = time.perf_counter() - started
+        # CPU seconds per episode of each side: unlike the rates, barely moved by other load on the machine
+        # (Redis's includes the 10 ms polls, the same for both sides of a comparison)
+        cpu = {"publisher": publisher_cpu, "workers": _proc_cpu(procs) - cpu_before[1],
+               "redis": await _redis_cpu(r) - cpu_before[2]}
         bar.close()
     finally:
         stop_processes(procs)
         await _drop(r, keys)
         await r.aclose()
-    return {"rate": len(episodes) / elapsed, "publish_s": publish_s}
+    return {"rate": len(episodes) / elapsed, "publish_s": publish_s,
+            "cpu_us_per_episode": {k: 1e6 * v / len(episodes) for k, v in cpu.items()}}
+
+
+def _proc_cpu(procs) -> float:
+    """User + system CPU seconds of `procs` so far (Linux /proc; 0 where unreadable)."""
+    total = 0.0
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+async def _redis_cpu(r) -> float:
+    info = await r.info("cpu")
+    return float(info.get("used_cpu_user", 0)) + float(info.get("used_cpu_sys", 0))
 
 
 async def _drop(r, keys) -> None:
@@ -486,12 +542,13 @@ def _span(values: list[float] | None) -> str:
 def render(res: dict[str, Any]) -> str:
     parts = []
     if res.get("ingest"):
-        rows = [[r["embedder"], r["workers"], r["episodes"], r.get("rounds", 1), r["e2e_rate"], r["raw_hset_rate"],
-                 r["ratio_vs_raw"], _span(r.get("round_ratios")), r["embed_rate"], r["ratio_vs_bound"]]
+        rows = [[r["embedder"], r["workers"], "yes" if r.get("sealed") else "no", r["episodes"], r.get("rounds", 1),
+                 r["e2e_rate"], r["raw_hset_rate"], r["ratio_vs_raw"], _span(r.get("round_ratios")), r["embed_rate"],
+                 r["ratio_vs_bound"], r.get("ratio_vs_plain", math.nan)]
                 for r in res["ingest"]]
         parts.append("Ingest, publish → recallable (episodes/s; medians of interleaved rounds):\n\n" + table(
-            ["embedder", "workers", "episodes", "rounds", "end to end", "raw HSET (same index)", "ratio",
-             "ratio per round", "embedder alone", "ratio vs min(raw, embedder)"], rows))
+            ["embedder", "workers", "sealed", "episodes", "rounds", "end to end", "raw HSET (same index)", "ratio",
+             "ratio per round", "embedder alone", "ratio vs min(raw, embedder)", "sealed / plain"], rows))
     idx = res.get("index")
     if idx:
         rows = []
@@ -542,6 +599,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
     p.add_argument("--ingest-minilm", type=int, default=2_000, help="episodes per minilm ingest run")
     p.add_argument("--batch-size", type=int, default=256, help="ENGRAM_BATCH_SIZE of the workers")
+    p.add_argument("--encryption", choices=("off", "on", "both"), default="off",
+                   help="ingest without a master key, with one (sealed stream), or both interleaved per round")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved rounds of raw HSET and pipeline with the hashing embedder (medians)")
     p.add_argument("--sizes", default="10000,100000", type=lambda s: [int(x) for x in s.split(",")])

@@ -75,6 +75,7 @@ end
 if redis.call('EXISTS', dst) == 0 then return {0, 'empty'} end
 redis.call('XSETID', dst, field(info, 'last-generated-id'), 'ENTRIESADDED', field(info, 'entries-added'),
            'MAXDELETEDID', field(info, 'max-deleted-entry-id'))
+redis.call('PERSIST', dst)
 redis.call('RENAME', dst, src)
 return {1, redis.call('XLEN', src)}
 """
@@ -86,12 +87,17 @@ that was deleted is dropped, as an ack would) — restore the stream's last id, 
 max-deleted id (`XSETID`, so new ids stay above every id ever delivered), and RENAME over the source."""
 
 
+COPY_TTL = 3600
+"""Seconds a copy abandoned by a crashed compaction lives (the next compaction deletes it sooner)."""
+
+
 async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attempts: int = 3) -> dict:
     """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
     only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
     then holds. The live entries are copied, ids unchanged, into a new key page by page (the
     stream keeps taking entries meanwhile), then SWAP_LUA finishes atomically. Costs a second copy of
-    the stream while it runs. Returns {compacted, entries, seconds, bytes_before, bytes_after}."""
+    the stream while it runs. Returns {compacted, entries, seconds, swap_ms (the atomic step, during
+    which Redis serves nobody else), bytes_before, bytes_after}."""
     stream, tmp = keys.stream, keys.stream_compaction
     started = time.perf_counter()
     before = int(await redis.memory_usage(stream, samples=0) or 0)
@@ -107,15 +113,18 @@ async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attemp
             async with redis.pipeline(transaction=False) as pipe:
                 for sid, fields in rows:
                     pipe.xadd(tmp, fields, id=sid)
+                pipe.expire(tmp, COPY_TTL)  # a copy left by a crash must not outlive a forget for long
                 await pipe.execute()
             last = (rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0])
             if len(rows) < page:
                 break
+        swap_started = time.perf_counter()
         done, detail = await swap(keys=[stream, tmp], args=[last])
+        swap_ms = round(1000 * (time.perf_counter() - swap_started), 2)  # Redis is blocked this long (at most)
         if int(done) == 1:
             after = int(await redis.memory_usage(stream, samples=0) or 0)
             return {"compacted": True, "entries": int(detail), "seconds": round(time.perf_counter() - started, 3),
-                    "bytes_before": before, "bytes_after": after}
+                    "swap_ms": swap_ms, "bytes_before": before, "bytes_after": after}
         why = detail.decode() if isinstance(detail, bytes) else str(detail)
         if why in ("no stream", "empty"):
             break
