@@ -20,7 +20,7 @@ from services.consolidator.deadletters import list_dead_letters
 from services.consolidator.replay import replay
 from shared import streams
 from shared.codec import encode
-from shared.crypto import MasterKey, MasterKeyMismatch
+from shared.crypto import MasterKey, MasterKeyMismatch, read_master_key_file
 from shared.embedding import HashingEmbedder
 from shared.index import Scope, count
 from shared.keyring import KeyRing
@@ -467,3 +467,63 @@ def test_settings_read_the_master_key_once_and_never_show_it(tmp_path):
             Settings.from_env(env)
     assert Settings.from_env({"ENGRAM_ERASURE_INTERVAL": "off"}).erasure_interval is None
     assert Settings.from_env({"ENGRAM_ERASURE_INTERVAL": "5m"}).erasure_interval == 300.0
+
+
+async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tmp_path):
+    """`make run` (services.run) without ENGRAM_MASTER_KEY[_FILE]: it writes ENGRAM_DATA_DIR/master.key
+    (0600) on its first start and passes it down, so HTTP ingest seals (the text is not in the stream)
+    and DELETE /v1/users/{id} destroys the user's key at once."""
+    import signal
+    import stat
+    import subprocess
+    import sys
+
+    import aiohttp
+
+    from tests.integration.test_run_stack import ROOT, _ready
+
+    port, redis_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "ENGRAM_MASTER_KEY", "ENGRAM_MASTER_KEY_FILE")}
+    env.update(ENGRAM_PORT=str(port), ENGRAM_REDIS_PORT=str(redis_port), ENGRAM_DATA_DIR=str(tmp_path),
+               ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    redis = connect(f"redis://127.0.0.1:{redis_port}/0")
+    try:
+        async def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}")
+            return await _ready(url)
+
+        await wait_until(up, timeout=90, message="query service ready")
+        key_file = tmp_path / "master.key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        keys = Keys("engram:")
+        async with aiohttp.ClientSession() as s:
+            body = {"task": "RUN-SECRET flaky login", "outcome": "success", "user_id": "run-user"}
+            async with s.post(f"{url}/v1/episodes", json=body) as r:
+                assert r.status == 202
+
+            async def recalled() -> bool:
+                async with s.post(f"{url}/v1/recall", json={"query": "flaky login"}) as r:
+                    return r.status == 200 and len((await r.json())["results"]) == 1
+
+            await wait_until(recalled, timeout=30, message="episode projected")
+            assert b"RUN-SECRET" not in await stream_bytes(redis, keys)
+            ring = KeyRing(keys, MasterKey(read_master_key_file(key_file)))
+            await ring.load(redis)
+            slot = keys.data_key(ring.ref("default", "run-user"))
+            assert await redis.exists(slot)
+            async with s.delete(f"{url}/v1/users/run-user") as r:
+                assert r.status == 202
+            assert not await redis.exists(slot)  # destroyed as the forget was accepted
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        await redis.aclose()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0
