@@ -39,19 +39,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench.common import (
     ROOT,
     machine,
     percentile_ms,
     service_env,
+    status_of,
     stop_processes,
     table,
     wait_http_ready,
     write_json,
 )
 from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic import AsyncEngram
+from engram_episodic.client import Calls
 from engram_episodic.errors import PublishError
 from shared import streams
 from shared.index import Scope, count, current_generation
@@ -114,27 +115,22 @@ async def publisher(url: str, p: int, ids: list[int], rate: float, run: Run, giv
 
 
 async def recaller(base: str, stop: asyncio.Event, run: Run, rate: float) -> None:
-    timeout = aiohttp.ClientTimeout(total=5)
+    """POST /v1/recall at `rate` per second; ok = 200 within 5 s, each request sent once (no retry)."""
     rng = random.Random(os.getpid())
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with AsyncEngram(base, max_retries=0, timeout=5.0) as memory:
         while not stop.is_set():
             t0 = time.monotonic()
-            ok = False
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with session.post(f"{base}/v1/recall", json={"query": rng.choice(TOPICS), "top_k": 5}) as r:
-                    await r.read()
-                    ok = r.status == 200
+            call = Calls.recall(rng.choice(TOPICS), {"top_k": 5}).as_json()
+            ok = await status_of(memory, call, 200, timeout=5.0) == 200
             run.recalls.append((t0, time.monotonic() - t0, ok))
             await asyncio.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))
 
 
 async def ready_monitor(base: str, stop: asyncio.Event, run: Run) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+    """GET /readyz every 0.2 s; ok = 200 within 1 s (a 503 'not ready' or no answer is not ready)."""
+    async with AsyncEngram(base, max_retries=0, timeout=1.0) as memory:
         while not stop.is_set():
-            ok = False
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with session.get(f"{base}/readyz") as r:
-                    ok = r.status == 200
+            ok = await status_of(memory, Calls.ready(), 200, timeout=1.0) == 200
             run.ready.append((time.monotonic(), ok))
             await asyncio.sleep(0.2)
 
@@ -185,7 +181,7 @@ class Stack:
         self.query = self._logged([sys.executable, "-m", "services.query"],
                                   {**self.env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(self.port)},
                                   f"query-{self.generation}")
-        await wait_http_ready(f"{self.base}/readyz", self.query, timeout=60)
+        await wait_http_ready(self.base, self.query, timeout=60)
 
     def log_tail(self, chars: int = 3000) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"

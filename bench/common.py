@@ -7,23 +7,30 @@ someone else uses) and stops it, and every process it spawns is stopped by its p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
 import os
 import platform
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import numpy as np
 
 from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic import ApiError, AsyncEngram, ConnectionFailed
+from engram_episodic.client import Call
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root (the working directory of spawned services)."""
@@ -121,25 +128,89 @@ def check_alive(procs: Sequence[subprocess.Popen], what: str) -> None:
             raise RuntimeError(f"{what} exited with {p.returncode}:\n{tail}")
 
 
-async def wait_http_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Poll GET `url` (e.g. /readyz) until 200; raise with the process's stderr if it dies or times out."""
-    import aiohttp
-
+async def wait_http_ready(base_url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Poll `GET /readyz` of the service at `base_url` until it answers 200; raise with the process's
+    stderr if it dies or is not ready within `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as session:
+    # one probe per attempt (the loop is the retry), each bounded as the aiohttp session's was (300 s)
+    async with AsyncEngram(base_url, max_retries=0, timeout=300.0) as memory:
         while time.monotonic() < deadline:
             check_alive([proc], "query service")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
+            with contextlib.suppress(ApiError, ConnectionFailed):
+                await memory.ready()
+                return
             await _sleep(0.2)
-    raise RuntimeError(f"{url} not ready within {timeout:.0f}s")
+    raise RuntimeError(f"{base_url}/readyz not ready within {timeout:.0f}s")
+
+
+async def status_of(memory: AsyncEngram | ClientPool, call: Call[Any], ok: int, timeout: float) -> int:
+    """Send `call` once (the client has max_retries=0) and answer the HTTP status as the aiohttp harnesses
+    recorded it: `ok` (the route's one success status: 200, or 202 for ingest) when it succeeded, the
+    problem's `ApiError.status`, or 0 for no answer (refused, dropped, or not done within `timeout`
+    seconds in all, waiting for a free connection included, as aiohttp's ClientTimeout(total=...))."""
+    try:
+        async with asyncio.timeout(timeout):
+            await memory.call(call)
+    except ApiError as exc:
+        return exc.status
+    except (ConnectionFailed, TimeoutError, OSError):
+        return 0
+    return ok
+
+
+def http_pool(max_connections: int, timeout: float, **kwargs: Any) -> httpx.AsyncClient:
+    """The httpx.AsyncClient a harness hands to `AsyncEngram(http_client=...)`: at most `max_connections`
+    connections, every one of them kept alive between requests (like the aiohttp TCPConnector the harnesses
+    used before, which kept them all for 15 s; httpx keeps only 20, for 5 s, unless told), and `timeout`
+    seconds per connect, write, read and wait for a pooled connection. HTTP/1.1, as the service speaks.
+
+    The client's own `timeout=` is not applied to a client passed in: this one's is. Fine for a few
+    connections; for more, or many requests at once, use `ClientPool` (httpcore's pool gets slow).
+    """
+    return httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=15.0),
+        **kwargs)
+
+
+class ClientPool:
+    """At most `size` requests in flight on at most `size` keep-alive connections, as one aiohttp
+    TCPConnector(limit=size) gave: `size` AsyncEngram clients, each on its own one-connection
+    httpx.AsyncClient, lent to one request at a time (the most recently used first; a request waits while
+    all are busy). `await pool.call(call)` is `AsyncEngram.call`.
+
+    Why not one httpx.AsyncClient with max_connections=size: httpcore 1.0's pool re-checks every pooled
+    connection (an is_idle scan per connection, socket polls included) whenever a request starts or ends,
+    so the client's CPU per request grows with the pool, about twice that of one pool per connection at 16
+    connections and worse beyond, with a long latency tail; a benchmark whose client shares the cores with
+    the service must not spend them there. `kwargs` go to every AsyncEngram (api_key, max_retries, ...).
+    """
+
+    def __init__(self, base_url: str, size: int, timeout: float, **kwargs: Any):
+        tls = ssl.create_default_context()  # built once: httpx would load the CA bundle per client (~70 ms)
+        self._https = [http_pool(1, timeout, verify=tls) for _ in range(size)]
+        self._idle = [AsyncEngram(base_url, http_client=h, timeout=timeout, **kwargs) for h in self._https]
+        self._free = asyncio.Semaphore(size)
+
+    async def call(self, call: Call[T]) -> T:
+        async with self._free:
+            memory = self._idle.pop()
+            try:
+                return await memory.call(call)
+            finally:
+                self._idle.append(memory)
+
+    async def aclose(self) -> None:
+        for h in self._https:
+            await h.aclose()
+
+    async def __aenter__(self) -> ClientPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 async def _sleep(seconds: float) -> None:
-    import asyncio
-
     await asyncio.sleep(seconds)
 
 

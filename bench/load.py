@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
 import subprocess
 import sys
@@ -28,19 +27,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench.common import (
     ROOT,
+    ClientPool,
     machine,
     percentile_ms,
     service_env,
+    status_of,
     stop_processes,
     table,
     wait_http_ready,
     write_json,
 )
 from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic import AsyncEngram
+from engram_episodic.client import Call, Calls, RecallOptions
 from shared import streams
 from shared.keys import Keys
 from shared.redis_conn import connect
@@ -58,40 +59,41 @@ def episode(i: int) -> dict[str, Any]:
             "importance": 1 + i % 10, "solution": f"what worked in case {i}"}
 
 
-async def one(session: aiohttp.ClientSession, base: str, kind: str, i: int, rng: random.Random,
-              scheduled: float, out: list[tuple[str, float, int]]) -> None:
-    status = 0
-    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-        if kind == "ingest":
-            async with session.post(f"{base}/v1/episodes", json=episode(i)) as resp:
-                await resp.read()
-                status = resp.status
-        else:
-            body = {"query": rng.choice(TOPICS), "top_k": 5, "agent_id": f"agent-{rng.randrange(8)}"}
-            async with session.post(f"{base}/v1/recall", json=body) as resp:
-                await resp.read()
-                status = resp.status
+def request(kind: str, i: int, rng: random.Random) -> Call[Any]:
+    """The request of one scheduled slot, built (the episode validated client-side) before its instant."""
+    if kind == "ingest":
+        return Calls.record(episode(i), {})[1]
+    options: RecallOptions = {"top_k": 5, "agent_id": f"agent-{rng.randrange(8)}"}
+    return Calls.recall(rng.choice(TOPICS), options).as_json()  # the answer is read, never parsed into types
+
+
+async def one(memory: ClientPool, kind: str, call: Call[Any], scheduled: float, timeout: float,
+              out: list[tuple[str, float, int]]) -> None:
+    status = await status_of(memory, call, 202 if kind == "ingest" else 200, timeout)
     out.append((kind, time.monotonic() - scheduled, status))
 
 
 async def step(base: str, rate: float, seconds: float, ingest_share: float, next_id: list[int],
                timeout: float) -> list[tuple[str, float, int]]:
-    """Offer `rate` requests per second for `seconds`; returns (kind, latency from schedule, status)."""
+    """Offer `rate` requests per second for `seconds`; returns (kind, latency from schedule, status).
+
+    Each request is sent once (max_retries=0: a 429 or a timeout is an error of the step, never hidden by
+    a retry), over at most 512 connections, within `timeout` seconds in all."""
     out: list[tuple[str, float, int]] = []
     rng = random.Random(int(rate))
-    conn = aiohttp.TCPConnector(limit=512)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+    async with ClientPool(base, 512, timeout, max_retries=0) as memory:
         tasks = []
         t0 = time.monotonic()
         n = int(rate * seconds)
         for k in range(n):
             scheduled = t0 + k / rate
+            kind = "ingest" if rng.random() < ingest_share else "recall"
+            next_id[0] += 1
+            call = request(kind, next_id[0], rng)
             delay = scheduled - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            kind = "ingest" if rng.random() < ingest_share else "recall"
-            next_id[0] += 1
-            tasks.append(asyncio.create_task(one(session, base, kind, next_id[0], rng, scheduled, out)))
+            tasks.append(asyncio.create_task(one(memory, kind, call, scheduled, timeout, out)))
         await asyncio.gather(*tasks)
     return out
 
@@ -138,14 +140,13 @@ async def main_async(args: argparse.Namespace) -> int:
                                          stdout=subprocess.DEVNULL, stderr=log)
             procs.append(query)
             base = f"http://127.0.0.1:{port}"
-            await wait_http_ready(f"{base}/readyz", query, timeout=120)
+            await wait_http_ready(base, query, timeout=120)
             r = connect(server.url)
             keys = Keys(PREFIX)
-            async with aiohttp.ClientSession() as session:
+            # seeding is no measurement: 429s (backpressure) are waited out, anything else raises ApiError
+            async with AsyncEngram(base, timeout=300.0) as memory:
                 for start in range(0, args.seed, 500):
-                    batch = {"episodes": [episode(i) for i in range(start, min(args.seed, start + 500))]}
-                    async with session.post(f"{base}/v1/episodes", json=batch) as resp:
-                        assert resp.status == 202, await resp.text()
+                    await memory.publish([episode(i) for i in range(start, min(args.seed, start + 500))])
             while await streams.consumer_lag(r, keys.stream, "consolidator") or \
                     (await streams.group_info(r, keys.stream, "consolidator"))["pending"]:
                 await asyncio.sleep(0.2)

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from bench.common import (
     ROOT,
     bootstrap_ci,
     check_alive,
+    http_pool,
     machine,
     poll_until,
     private_redis,
@@ -55,6 +56,8 @@ from bench.common import (
     wait_http_ready,
     write_json,
 )
+from engram_episodic import AsyncEngram
+from engram_episodic.client import Calls, RecallOptions
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -300,8 +303,10 @@ async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation],
 # --- asking the service ----------------------------------------------------------------------------------
 async def ask_all(base_url: str, tokens_by_conv: dict[str, str], convs: list[Conversation],
                   body_extra: dict[str, Any], *, concurrency: int, desc: str) -> tuple[list[list[str]], float]:
-    """POST /v1/recall for every question; returns ranked episode ids per question and the p50 latency (s)."""
-    import aiohttp
+    """POST /v1/recall for every question; returns ranked episode ids per question and the p50 latency (s).
+
+    One AsyncEngram per conversation (its API key), all over one pool of `concurrency` keep-alive
+    connections; each request is sent once (a retry would count in the latency) and read as JSON."""
     from tqdm import tqdm
 
     jobs = [(c, q) for c in convs for q in c.questions]
@@ -310,22 +315,22 @@ async def ask_all(base_url: str, tokens_by_conv: dict[str, str], convs: list[Con
     sem = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(jobs), desc=desc, unit="q", leave=False)
 
-    async def one(i: int, conv: Conversation, q: Question, session: aiohttp.ClientSession) -> None:
-        body = {"query": q.text, "top_k": TOP_K, "as_of": conv.as_of, **body_extra}
-        headers = {"Authorization": f"Bearer {tokens_by_conv[conv.sample_id]}"}
+    async def one(i: int, conv: Conversation, q: Question, memory: AsyncEngram) -> None:
+        options = cast(RecallOptions, {"top_k": TOP_K, "as_of": conv.as_of, **body_extra})
+        call = Calls.recall(q.text, options).as_json()  # only the ids are read: no per-hit parsing
         async with sem:
             t0 = time.perf_counter()
-            async with session.post(f"{base_url}/v1/recall", json=body, headers=headers) as resp:
-                payload = await resp.json()
-                if resp.status != 200:
-                    raise RuntimeError(f"POST /v1/recall → {resp.status}: {payload}")
+            payload = await memory.call(call)  # ApiError (status, problem) on anything but 200
             latencies.append(time.perf_counter() - t0)
         results[i] = [item["episode"]["episode_id"] for item in payload["results"]]
         bar.update(1)
 
     try:
-        async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(one(i, c, q, session) for i, (c, q) in enumerate(jobs)))
+        # the aiohttp session this replaces allowed 300 s per request and at most 100 connections
+        async with http_pool(max(1, min(concurrency, 100)), 300.0) as http:
+            clients = {sid: AsyncEngram(base_url, api_key=token, max_retries=0, http_client=http)
+                       for sid, token in tokens_by_conv.items()}
+            await asyncio.gather(*(one(i, c, q, clients[c.sample_id]) for i, (c, q) in enumerate(jobs)))
     finally:
         bar.close()
     return results, float(np.median(latencies)) if latencies else math.nan
@@ -448,8 +453,8 @@ def build_configs(which: str) -> list[tuple[str, dict[str, Any]]]:
             continue
         rows.append((f"default mode · {name}", {"weights": weights}))
     if which == "sweep":
-        for k in (2, 5, 10, 20, 60):
-            rows.append((f"hybrid · similarity-only · rrf_k={k}", {"mode": "hybrid", "rrf_k": k, **sim}))
+        for depth in (20, 50, 200):
+            rows.append((f"default · candidates={depth}", {"candidates": depth}))
         for preset in ("early", "normal", "late"):
             rows.append((f"default mode · preset {preset}", {"preset": preset}))
     return rows
@@ -493,7 +498,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             query = spawn_query_service({**env, "ENGRAM_API_KEYS": ",".join(
                 f"{tok}={c.namespace}" for c in convs for tok in [tokens_by_conv[c.sample_id]])}, port)
             base = f"http://127.0.0.1:{port}"
-            await wait_http_ready(f"{base}/readyz", query)
+            await wait_http_ready(base, query)
             latency: dict[str, float] = {}
             for name, body in build_configs(args.configs):
                 ranked, p50 = await ask_all(base, tokens_by_conv, convs, body, concurrency=args.concurrency,
@@ -501,14 +506,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 latency[name] = p50 * 1000
                 per_q[f"Engram {name}"] = [question_metrics(r, q.evidence)
                                            for r, q in zip(ranked, questions, strict=True)]
-            # what an agent gets when it asks for k memories: R@k from a request with top_k = k (so the
-            # service re-ranks its default 2k candidates), not from the head of one top_k-50 list
+            # what an agent gets when it asks for k memories: R@k from a request with top_k = k; recall
+            # is prefix-stable in top_k (issue 17 §1), so this row equals the one-list default row
             per_k: dict[int, list[list[str]]] = {}
-            for k in KS:
+            for k in (KS if args.per_k else ()):
                 per_k[k], _ = await ask_all(base, tokens_by_conv, convs, {"top_k": k},
                                             concurrency=args.concurrency, desc=f"default top_k={k}")
-            per_q["Engram default, asked with top_k = k for each R@k"] = [
-                per_k_metrics({k: per_k[k][i] for k in KS}, q.evidence) for i, q in enumerate(questions)]
+            if per_k:
+                per_q["Engram default, asked with top_k = k for each R@k"] = [
+                    per_k_metrics({k: per_k[k][i] for k in KS}, q.evidence) for i, q in enumerate(questions)]
             out["recall_p50_ms"] = latency
 
             if args.configs in ("full", "sweep"):
@@ -607,6 +613,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the projection")
     p.add_argument("--compare-embedders", default="", help="comma-separated ENGRAM_EMBEDDER names to compare")
+    p.add_argument("--no-per-k", dest="per_k", action="store_false",
+                   help="skip the default rows asked with top_k = k for each cut (R@k then comes only from "
+                        "one top_k 50 recall per question, which recall's prefix stability makes the same)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results-locomo.json", help="result file")
     return p.parse_args(argv)
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from bench.common import (
     ROOT,
+    ClientPool,
     Timer,
     check_alive,
     machine,
@@ -473,8 +474,8 @@ def _accepts_max(connect) -> bool:
 async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_texts: list[str],
                      query_vecs: np.ndarray, args: argparse.Namespace, holder: dict[str, Any]) -> dict[str, Any]:
     """16 concurrent clients: POST /v1/recall vs raw FT.SEARCH KNN (same filter, k, fields) vs numpy scan."""
-    import aiohttp
-
+    from engram_episodic import ApiError
+    from engram_episodic.client import Calls
     from services.query.recall import RETURN_FIELDS
     from shared.index import Scope, knn_search
 
@@ -484,20 +485,24 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
                           ENGRAM_VECTOR_ALGORITHM="HNSW", ENGRAM_DEFAULT_NAMESPACE=NAMESPACE)
         holder["proc"] = spawn_query_service(env, port)
         holder["base"] = f"http://127.0.0.1:{port}"
-        await wait_http_ready(f"{holder['base']}/readyz", holder["proc"])
+        await wait_http_ready(holder["base"], holder["proc"])
     base = holder["base"]
     top_k, cand = args.top_k, 2 * args.top_k
     n_req, clients = args.requests, args.clients
     out: dict[str, Any] = {"clients": clients, "requests": n_req, "top_k": top_k, "candidates": cand}
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+    # `clients` keep-alive connections; each request sent once (a retry would hide an error in the
+    # latencies), within the 300 s the aiohttp session allowed
+    async with ClientPool(base, clients, 300.0, max_retries=0) as memory:
         async def service(i: int) -> None:
-            body = {"query": query_texts[i % len(query_texts)], "top_k": top_k, "mode": "vector"}
-            async with session.post(f"{base}/v1/recall", json=body) as resp:
-                payload = await resp.json()
-                if resp.status != 200 or len(payload["results"]) != top_k:
-                    raise RuntimeError(f"/v1/recall → {resp.status} with {len(payload.get('results', []))} "
-                                       f"results, expected {top_k}: the service must see the seeded namespace")
+            call = Calls.recall(query_texts[i % len(query_texts)], {"top_k": top_k, "mode": "vector"})
+            try:
+                payload = await memory.call(call.as_json())  # the JSON as it came: no per-hit parsing
+            except ApiError as exc:
+                raise RuntimeError(f"/v1/recall → {exc}: the service must see the seeded namespace") from exc
+            if len(payload["results"]) != top_k:
+                raise RuntimeError(f"/v1/recall → {len(payload['results'])} results, expected {top_k}: "
+                                   f"the service must see the seeded namespace")
         await concurrent(clients, 32, service)  # warm-up
         lat, wall = await concurrent(clients, n_req, service)
     out["service"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
