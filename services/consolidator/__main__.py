@@ -225,8 +225,10 @@ def rotate_master_key(new_key_file: str) -> None:
 def erase_now() -> None:
     """Run the erasure housekeeping now (it runs by itself after forgets, at most every
     ENGRAM_ERASURE_INTERVAL): compact the stream, then rewrite the AOF, so that the bytes of forgotten
-    entries leave Redis's memory and files. Prints what it did, with timings, as JSON."""
+    entries leave Redis's memory and files; with the master key, entries written before encryption are
+    sealed on the way. Prints what it did, with timings, as JSON."""
     from services.consolidator import erasure
+    from shared.keyring import KeyRing
     from shared.keys import Keys
     from shared.redis_conn import connect
 
@@ -234,7 +236,7 @@ def erase_now() -> None:
         settings = _settings()
         redis = connect(settings.redis_url)
         try:
-            click.echo(json.dumps(await erasure.run(redis, Keys(settings.prefix))))
+            click.echo(json.dumps(await erasure.run(redis, Keys(settings.prefix), KeyRing.from_settings(settings))))
         finally:
             await redis.aclose()
 

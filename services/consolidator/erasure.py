@@ -25,6 +25,10 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from engram_episodic.errors import EngramError
+from shared import streams
+from shared.codec import decode, sealable, sealed_ref, unpack
+from shared.keyring import KeyRing
 from shared.keys import Keys
 
 log = logging.getLogger("engram.erasure")
@@ -91,13 +95,16 @@ COPY_TTL = 3600
 """Seconds a copy abandoned by a crashed compaction lives (the next compaction deletes it sooner)."""
 
 
-async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attempts: int = 3) -> dict:
+async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attempts: int = 3,
+                  keyring: KeyRing | None = None) -> dict:
     """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
     only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
     then holds. The live entries are copied, ids unchanged, into a new key page by page (the
     stream keeps taking entries meanwhile), then SWAP_LUA finishes atomically. Costs a second copy of
-    the stream while it runs. Returns {compacted, entries, seconds, swap_ms (the atomic step, during
-    which Redis serves nobody else), bytes_before, bytes_after}."""
+    the stream while it runs. With `keyring` (a master key), episode events written before encryption
+    are sealed as they are copied (the migration of a plaintext deployment). Returns {compacted,
+    entries, resealed, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
+    bytes_before, bytes_after}."""
     stream, tmp = keys.stream, keys.stream_compaction
     started = time.perf_counter()
     before = int(await redis.memory_usage(stream, samples=0) or 0)
@@ -106,10 +113,14 @@ async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attemp
     for _attempt in range(attempts):
         await redis.delete(tmp)
         last = "0-0"
+        resealed = 0
         while True:
             rows = await redis.xrange(stream, min=f"({last}", max="+", count=page)
             if not rows:
                 break
+            if keyring is not None:
+                rows, n = await _reseal_rows(redis, keyring, rows)
+                resealed += n
             async with redis.pipeline(transaction=False) as pipe:
                 for sid, fields in rows:
                     pipe.xadd(tmp, fields, id=sid)
@@ -123,7 +134,8 @@ async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attemp
         swap_ms = round(1000 * (time.perf_counter() - swap_started), 2)  # Redis is blocked this long (at most)
         if int(done) == 1:
             after = int(await redis.memory_usage(stream, samples=0) or 0)
-            return {"compacted": True, "entries": int(detail), "seconds": round(time.perf_counter() - started, 3),
+            return {"compacted": True, "entries": int(detail), "resealed": resealed,
+                    "seconds": round(time.perf_counter() - started, 3),
                     "swap_ms": swap_ms, "bytes_before": before, "bytes_after": after}
         why = detail.decode() if isinstance(detail, bytes) else str(detail)
         if why in ("no stream", "empty"):
@@ -131,6 +143,26 @@ async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attemp
     await redis.delete(tmp)
     return {"compacted": False, "reason": why, "seconds": round(time.perf_counter() - started, 3),
             "bytes_before": before}
+
+
+async def _reseal_rows(redis: aioredis.Redis, keyring: KeyRing, rows: list) -> tuple[list, int]:
+    """`rows` with each plaintext episode event (EpisodeStarted, ActionRecorded, EpisodeCompleted,
+    UserForgotten) sealed as a publisher with the master key would have sealed it; anything else
+    (sealed already, facts, undecodable) is copied as it is."""
+    out, n = [], 0
+    for sid, fields in rows:
+        payload = fields.get(streams.FIELD)
+        if payload:
+            try:
+                if sealed_ref(unpack(payload)) is None:
+                    event = decode(payload)
+                    if sealable(event):
+                        fields = {**fields, streams.FIELD: await keyring.reseal(redis, event)}
+                        n += 1
+            except EngramError:
+                pass
+        out.append((sid, fields))
+    return out, n
 
 
 async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
@@ -167,16 +199,18 @@ async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
         await asyncio.sleep(0.05)
 
 
-async def run(redis: aioredis.Redis, keys: Keys) -> dict:
-    """One erasure pass now: compact the stream, then rewrite the AOF (whose new base is then taken
-    from the compacted stream). Returns what it did and how long each step took."""
+async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:
+    """One erasure pass now: compact the stream (sealing plaintext entries on the way when `keyring`
+    is given), then rewrite the AOF (whose new base is then taken from the compacted stream). Returns
+    what it did and how long each step took."""
     started = time.perf_counter()
-    compaction = await compact(redis, keys)
+    compaction = await compact(redis, keys, keyring=keyring)
     rewritten = await rewrite_aof(redis)
     return {"compaction": compaction, "aof_rewritten": rewritten, "seconds": round(time.perf_counter() - started, 3)}
 
 
-async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int) -> dict | None:
+async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int,
+                    keyring: KeyRing | None = None) -> dict | None:
     """If forgets are pending and the last erasure pass is older than `interval` seconds, run one
     (one worker at a time: a lease) and clear the mark unless a forget came meanwhile. Returns its
     report, or None when nothing was due."""
@@ -187,7 +221,7 @@ async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease
     if not await redis.set(lock, "1", nx=True, px=max(lease_ms, 600_000)):
         return None
     try:
-        report = await run(redis, keys)
+        report = await run(redis, keys, keyring)
         await redis.register_script(CLEAR_PENDING_LUA)(keys=[keys.meta],
                                                        args=[PENDING_FIELD, pending, DONE_FIELD, repr(time.time())])
         log.info("erasure ◆ after forgets: %s", report)

@@ -226,7 +226,8 @@ class Worker:
 
     async def _erase(self, interval: float) -> None:
         try:
-            await erasure.housekeep(self.redis, self.keys, interval=interval, lease_ms=self.settings.lease_ms)
+            await erasure.housekeep(self.redis, self.keys, interval=interval, lease_ms=self.settings.lease_ms,
+                                    keyring=self.keyring)
         except (redis_errors.RedisError, OSError, TimeoutError) as exc:  # retried on the next check
             log.warning("worker %s ◆ erasure housekeeping failed: %s", self.name, exc)
 

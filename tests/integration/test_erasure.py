@@ -527,3 +527,29 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0
+
+
+async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_in_the_stream(settings, sealed, redis):
+    """The stream half of the migration: a compaction with the key ring seals every plaintext episode
+    event it copies (same ids, same events), so after `erase-now` the stream holds no plaintext; a
+    replay then rebuilds the same documents from it."""
+    from services.consolidator import erasure
+
+    keys = Keys(settings.prefix)
+    plain = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    async with plain.episode(task="STREAM-MIGRATE task", user_id="su") as ep:
+        await ep.action("shell", input="STREAM-MIGRATE input")
+        await ep.complete("success")
+    await plain.record(episode("solo", solution="STREAM-MIGRATE solo"))
+    await drain(make_worker(settings, redis))
+    before = {k: v[b"doc"] for k, v in (await docs(redis, keys, "ns")).items()}
+    ids = [sid for sid, _ in await redis.xrange(keys.stream)]
+    assert b"STREAM-MIGRATE" in await stream_bytes(redis, keys)
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    report = await erasure.run(redis, keys, ring)
+    assert report["compaction"]["resealed"] == 4 and report["aof_rewritten"] is True
+    assert [sid for sid, _ in await redis.xrange(keys.stream)] == ids
+    assert b"STREAM-MIGRATE" not in await stream_bytes(redis, keys)
+    await redis.delete(*[k async for k in redis.scan_iter(match=f"{settings.prefix}g1:evs:*")])  # only the stream
+    await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
+    assert {k: v[b"doc"] for k, v in (await docs(redis, keys, "ns")).items()} == before

@@ -381,7 +381,10 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
     """One INFO line per scheduled run, not one per batch past the threshold (new-user trial)."""
     import logging
 
-    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60, batch_size=1)
+    # one lane: with four, two batches could count before one of them checks, merging two triggers
+    # (7 instead of 8 under load)
+    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60, batch_size=1,
+                       in_flight=1)
     cons = Consolidator(s, redis, s.embed_dim, background=True)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await worker.setup()
