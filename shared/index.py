@@ -420,6 +420,19 @@ async def filter_search(r: aioredis.Redis, index: str, scope: Scope, *, return_f
     return parse_search(await r.execute_command(*args))
 
 
+async def term_counts(r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]) -> list[int]:
+    """How many documents of `scope` each word matches in the text fields (RediSearch's stemmed
+    match, as in `bm25_search`); one pipelined count per word. Keyword relevance weighs a query word
+    by this (`shared.relevance`): documents without the word never change it."""
+    queries = [keyword_query(w, scope.query()) for w in words]
+    async with r.pipeline(transaction=False) as pipe:
+        for q in queries:
+            if q is not None:
+                pipe.execute_command("FT.SEARCH", index, q, "LIMIT", 0, 0, "DIALECT", 2)
+        replies = iter(await pipe.execute())
+    return [int(next(replies)[0]) if q is not None else 0 for q in queries]
+
+
 async def count(r: aioredis.Redis, index: str, scope: Scope) -> int:
     total, _ = await filter_search(r, index, scope, return_fields=(), limit=0)
     return total

@@ -96,12 +96,33 @@ class Weights:
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def normalized(self) -> Weights:
+        """The same weights divided by their total: a priority in [0, 1], the same ranking."""
+        total = self.total
+        if total == 1.0:
+            return self
+        return Weights(**{f.name: getattr(self, f.name) / total for f in fields(self)})
+
 
 PRESETS: dict[str, Weights] = {
-    "early": Weights(similarity=0.6, recency=0.1, reward=0.2, outcome=0.1),
-    "normal": Weights(similarity=0.4, recency=0.3, reward=0.2, outcome=0.1),
-    "late": Weights(similarity=0.3, recency=0.4, reward=0.2, outcome=0.1),
+    "early": Weights(similarity=0.95, recency=0.01, reward=0.03, outcome=0.01),
+    "normal": Weights(similarity=0.90, recency=0.05, reward=0.03, outcome=0.02),
+    "late": Weights(similarity=0.85, recency=0.09, reward=0.04, outcome=0.02),
 }
+"""The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so together they can lift an
+episode over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes
+about the same thing (recent, rewarded, successful ones first) and cannot lift a weakly similar one
+over a clearly more relevant one (issue 17 §1). The earlier 0.6/0.1/0.2/0.1, 0.4/0.3/0.2/0.1, 0.3/0.4/0.2/0.1 had reaches of
+0.67 to 2.3 — more than the whole spread of cosines — so re-ranking a deeper pool promoted weakly
+similar recent episodes (LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50).
+Recency grows from early to late as before: the more a scope holds, the more its recent episodes
+reflect the agent's current code, tools and habits."""
+
+
+def reach(weights: Weights) -> float:
+    """The largest relevance gap the non-similarity terms can close: (total - w_sim) / w_sim
+    (inf when similarity has no weight: then those terms alone decide)."""
+    return (weights.total - weights.similarity) / weights.similarity if weights.similarity > 0 else math.inf
 PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
 
 
@@ -119,14 +140,15 @@ def auto_preset(scope_size: int) -> str:
 def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int) -> tuple[str, Weights]:
     """The weights to score with and the name to report.
 
-    Explicit `weights` win over any preset: ("custom", weights). Otherwise `preset` (None means "auto")
+    Explicit `weights` win over any preset: ("custom", weights divided by their total, so that every
+    priority lies in [0, 1] whatever scale the caller used). Otherwise `preset` (None means "auto")
     names one of PRESETS, or "auto", which picks by `scope_size` and reports e.g. "auto:normal".
     Raises ValueError for an unknown preset name or a negative scope size.
     """
     if weights is not None:
         if not isinstance(weights, Weights):
             raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
-        return "custom", weights
+        return "custom", weights.normalized()
     name = "auto" if preset is None else preset
     if name == "auto":
         chosen = auto_preset(scope_size)

@@ -192,13 +192,12 @@ class Settings:
     # recall defaults
     recall_mode: str = "hybrid"
     """`ENGRAM_RECALL_MODE`: vector | keyword | hybrid, when a request names none (docs/benchmarks.md)."""
-    rrf_k: float = 5.0
-    """`ENGRAM_RRF_K`: the reciprocal-rank-fusion constant of hybrid recall."""
-    fusion_depth: int = 30
+    recall_candidates: int = 100
+    """`ENGRAM_RECALL_CANDIDATES`: hits each candidate list (KNN, BM25, and the recency / reward /
+    importance lists when those carry weight) contributes to the pool a recall re-ranks. Independent
+    of `top_k`, so a larger `top_k` only extends the same ranking (issue 17 §1)."""
     query_cache: int = 4096
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
-    """`ENGRAM_FUSION_DEPTH`: hybrid recall fuses at least this many KNN and BM25 hits each before cutting
-    to `candidates` (a fusion of two 6-deep lists misses what both rank 7th; docs/benchmarks.md)."""
     half_life: float = 86400.0
     default_top_k: int = 3
 
@@ -219,7 +218,9 @@ class Settings:
     facts_every: int = 20
     facts_importance_threshold: float = 150.0
     facts_min_cluster: int = 3
-    facts_distance: float = 0.5
+    facts_distance: float | None = None
+    """`ENGRAM_FACTS_DISTANCE`: the clustering threshold; None (unset) = the default calibrated for the
+    index's embedder (`services.consolidator.facts.DEFAULT_DISTANCE`)."""
     facts_min_interval: float = 10.0
     """`ENGRAM_FACTS_MIN_INTERVAL`: a worker re-consolidates one scope at most this often (seconds)."""
     facts_max_episodes: int = 2000
@@ -296,8 +297,7 @@ class Settings:
             short_term_window=env_int(env, "ENGRAM_SHORT_TERM_WINDOW", 5, 1, 1000),
             metrics_port=env_int(env, "ENGRAM_METRICS_PORT", 0, 0, 65535),
             recall_mode=_choice(env, "ENGRAM_RECALL_MODE", "hybrid", ("vector", "keyword", "hybrid")),
-            rrf_k=_float(env, "ENGRAM_RRF_K", 5.0, 1.0, 1000.0),
-            fusion_depth=env_int(env, "ENGRAM_FUSION_DEPTH", 30, 1, 1000),
+            recall_candidates=env_int(env, "ENGRAM_RECALL_CANDIDATES", 100, 1, 1000),
             query_cache=env_int(env, "ENGRAM_QUERY_CACHE", 4096, 0, 1_000_000),
             half_life=_duration(env, "ENGRAM_HALF_LIFE", 86400.0),
             default_top_k=env_int(env, "ENGRAM_DEFAULT_TOP_K", 3, 1, 100),
@@ -312,7 +312,7 @@ class Settings:
             facts_every=env_int(env, "ENGRAM_FACTS_EVERY", 20, 1, 1_000_000),
             facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
             facts_min_cluster=env_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),
-            facts_distance=_float(env, "ENGRAM_FACTS_DISTANCE", 0.5, 0.01, 1.99),
+            facts_distance=_float(env, "ENGRAM_FACTS_DISTANCE", None, 0.01, 1.99),  # None: per embedder
             facts_min_interval=_duration(env, "ENGRAM_FACTS_MIN_INTERVAL", 10.0),
             facts_max_episodes=env_int(env, "ENGRAM_FACTS_MAX_EPISODES", 2000, 10, 100_000),
             summarizer_url=env.get("ENGRAM_SUMMARIZER_URL") or None,

@@ -119,7 +119,8 @@ class RecallOptions(Scope, total=False):
     recency_from: Literal["completed", "last_access"]
     touch: bool
     candidates: int
-    rrf_k: float
+    min_relevance: float
+    min_priority: float
 
 
 class ContextOptions(Scope, total=False):
@@ -127,6 +128,8 @@ class ContextOptions(Scope, total=False):
     top_k: int
     max_chars: int
     half_life: Duration
+    min_relevance: float
+    min_priority: float
 
 
 class StrategyOptions(Scope, total=False):

@@ -138,6 +138,7 @@ def float_in(lo: float, hi: float, *, from_query: bool = False):
 
 
 TopK = int_in(1, MAX_TOP_K)
+Relevance = float_in(0.0, 1.0)
 CandidateCount = int_in(1, MAX_CANDIDATES)
 Finite = float_in(-1e12, 1e12)
 NonNegative = float_in(0.0, 1e6)
@@ -223,10 +224,14 @@ class RecallRequest(FilterIn):
 
     query: QueryText
     top_k: TopK | None = Field(None, description="1..100; default ENGRAM_DEFAULT_TOP_K")
-    candidates: CandidateCount | None = Field(None, description="how many hits to re-rank; default 2*top_k")
+    candidates: CandidateCount | None = Field(
+        None, description="hits each candidate list contributes to the re-ranked pool, at least top_k; "
+                          "default ENGRAM_RECALL_CANDIDATES (100), independent of top_k")
     mode: Literal["vector", "keyword", "hybrid"] | None = Field(
-        None, description="vector (KNN), keyword (BM25) or hybrid (both, fused by RRF); default ENGRAM_RECALL_MODE")
-    rrf_k: float_in(1.0, 1000.0) | None = Field(None, description="RRF constant of hybrid mode; default ENGRAM_RRF_K")
+        None, description="vector (cosine), keyword (BM25-shaped keyword relevance) or hybrid (both, "
+                          "combined); default ENGRAM_RECALL_MODE")
+    min_relevance: Relevance = Field(0.0, description="drop results whose relevance is below this (0..1)")
+    min_priority: Relevance = Field(0.0, description="drop results whose priority is below this (0..1)")
     weights: WeightsIn | None = None
     preset: Literal["auto", "early", "normal", "late"] | None = None
     half_life: Duration | None = Field(None, description="seconds or e.g. '12h'; default ENGRAM_HALF_LIFE")
@@ -250,6 +255,8 @@ class ContextRequest(ScopeIn):
     top_k: TopK | None = None
     max_chars: int_in(200, 200_000) = 4000
     half_life: Duration | None = None
+    min_relevance: Relevance = Field(0.0, description="recall only episodes at least this relevant (0..1)")
+    min_priority: Relevance = Field(0.0, description="recall only episodes of at least this priority (0..1)")
 
 
 class StrategyRequest(ScopeIn):

@@ -1,19 +1,25 @@
 """Prioritized recall: fetch candidates from RediSearch, score them with `shared.scoring`, explain the rank.
 
-Pipeline of `POST /v1/recall` (issue 4):
-1. Scope → one pre-filter expression (`shared.index.Scope`), applied *inside* the KNN/BM25 query, so a
-   narrow scope still yields `top_k` results when they exist.
-2. Candidates (`candidates`, default 2 * top_k): `vector` = pre-filtered KNN; `keyword` = BM25;
-   `hybrid` = both lists fused with reciprocal rank fusion (Cormack et al. 2009), cut to `candidates`.
-3. Similarity = cosine to the query vector: 1 - distance for KNN hits; for hits that came only from BM25
-   the stored vector is read (HMGET) and the cosine computed here.
-4. `shared.scoring.score` re-ranks the candidates by priority; the top `top_k` are returned with every
-   signal and weighted term, plus a replay context of the strategies that worked.
+Pipeline of `POST /v1/recall` (issue 4, issue 17):
+1. Scope → one pre-filter expression (`shared.index.Scope`), applied *inside* every candidate query, so
+   a narrow scope still yields `top_k` results when they exist.
+2. Candidates (`candidates`): the pool is the union of fixed-depth lists of the scope — `vector`:
+   KNN; `keyword`: BM25; `hybrid`: both; plus, for each of recency, reward and importance that carries
+   weight, the scope's top episodes by that signal (`arms`). The depth (default
+   ENGRAM_RECALL_CANDIDATES, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
+   K recall are the `top_k` k recall.
+3. Relevance (`shared.relevance`): the cosine, an absolute keyword relevance from the episode's text,
+   or their convex combination — a function of the query and the episode alone. Similarity in the
+   response is always the cosine; for hits without one from the KNN the stored vector is read.
+4. `shared.scoring.score` ranks the pool by priority; `min_relevance` / `min_priority` drop what is
+   below them; the top `top_k` are returned with every signal and weighted term, plus a replay context
+   of the strategies that worked.
 All I/O goes through `shared.index`; this module owns no query syntax.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -30,9 +36,19 @@ from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import parse_episode
-from shared import scoring
+from shared import relevance, scoring
 from shared.codec import stored_to_response
-from shared.index import VECTOR_FIELD, Scope, SearchHit, bm25_search, count, filter_search, knn_search
+from shared.index import (
+    TEXT_FIELDS,
+    VECTOR_FIELD,
+    Scope,
+    SearchHit,
+    bm25_search,
+    count,
+    filter_search,
+    knn_search,
+    term_counts,
+)
 
 log = logging.getLogger("engram.query")
 
@@ -40,8 +56,10 @@ RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_c
 # what ranking needs, straight from the index: documents are parsed only for the top_k winners
 SIGNAL_FIELDS = ("episode_id", "completed_at", "started_at", "reward", "outcome", "importance",
                  "last_accessed", "access_count", "doc")
-# a fusion deeper than `candidates` fetches the lists without the documents (most hits never win)
+# the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
 LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
+# ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
+POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
 MAX_CANDIDATES = 1000
 
 _TOUCH = """
@@ -71,8 +89,10 @@ class Candidate:
     raw_doc: bytes | None = None
     """The document's bytes as the search returned them (decoded only if the candidate wins)."""
     relevance: float = math.nan
-    """The signal weighted by `w_sim`: the cosine (vector mode), the BM25 score over the best one
-    (keyword), or the reciprocal-rank-fusion score over the best attainable (hybrid); in [0, 1]."""
+    """The signal weighted by `w_sim`, in [0, 1]: `shared.relevance.relevance` of the mode, a function of
+    the query and this episode alone."""
+    keyword: float = 0.0
+    """Keyword relevance (`shared.relevance.keyword_relevance`); 0 in vector mode."""
     last_accessed: float = math.nan
     access_count: int = 0
 
@@ -188,57 +208,85 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
     return out
 
 
-async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
-                     *, mode: str, n: int, rrf_k: float = 60.0, fusion_depth: int = 0) -> list[Candidate]:
-    """Up to `n` candidates of `mode` (vector | keyword | hybrid) with their cosine and relevance.
+def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
+    """The candidate lists a recall draws from, in the order they are merged.
 
-    Hybrid fuses the top `max(n, fusion_depth)` hits of each list, then keeps the best `n`: with lists
-    only `n` deep, an episode both lists rank just below `n` is lost although its fused rank is high.
-
-    Relevance is what the mode ranks by, scaled to [0, 1]: vector → cosine; keyword → BM25 / best BM25
-    of the candidates; hybrid → RRF score (Cormack et al. 2009, `sum 1/(rrf_k + rank)` over the KNN
-    and BM25 lists) / the best attainable score `2/(rrf_k + 1)`, so an episode first in both lists
-    has relevance 1 and one first in a single list 0.5.
+    The similarity arms of the mode (`knn`, `bm25`), then, for each non-similarity signal that carries
+    weight, the scope's top episodes by it (issue 17 §2): without them a recall weighted on recency
+    re-ranked only the most similar episodes and could miss the newest one of the scope.
+    `completed_at` (and `last_accessed` with recency_from "last_access": never-accessed episodes fall
+    back to completed_at) for recency, `reward`, `importance`. Outcome has no arm: it is a category,
+    and its ties are broken by recency.
     """
-    knn: list[SearchHit] = []
-    bm25: list[SearchHit] = []
-    depth = max(n, fusion_depth) if mode == "hybrid" else n
-    fields = SIGNAL_FIELDS if depth == n else LIGHT_SIGNAL_FIELDS
+    out = []
     if mode in ("vector", "hybrid"):
-        knn = await knn_search(r, index, scope, query_vector, depth, return_fields=fields)
+        out.append("knn")
     if mode in ("keyword", "hybrid"):
-        bm25 = await bm25_search(r, index, scope, query, depth, return_fields=fields)
-    relevance: dict[bytes, float] = {}
-    # a fusion of one list is that list: with no BM25 hit, ranks would flatten a cosine of 0.54 vs 0.07
-    # to relevance 0.50 vs 0.43, and reward or outcome would decide (found by a new-user trial)
-    if mode == "hybrid" and not bm25:
+        out.append("bm25")
+    if weights.recency > 0:
+        out.append("completed_at")
+        if recency_from == "last_access":
+            out.append("last_accessed")
+    if weights.reward > 0:
+        out.append("reward")
+    if weights.importance > 0:
+        out.append("importance")
+    return out
+
+
+async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
+                     *, mode: str, depth: int, weights: scoring.Weights,
+                     recency_from: str = "completed") -> list[Candidate]:
+    """The candidate pool of a recall with each member's cosine and absolute relevance.
+
+    Each arm of `arms` contributes its top `depth` hits of the scope (pre-filtered); the pool is their
+    union, in arm order. `depth` does not depend on `top_k` (issue 17 §1), so the first k results of
+    a `top_k` K recall are the `top_k` k recall. Relevance is `shared.relevance.relevance` of the
+    mode: a function of the query and the episode alone (cosine, keyword relevance from the episode's
+    text fields, or their convex combination), never rescaled over the pool (issue 17 §4).
+    """
+    names = arms(mode, weights, recency_from)
+    fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
+
+    async def arm(name: str) -> list[SearchHit]:
+        if name == "knn":
+            return await knn_search(r, index, scope, query_vector, depth, return_fields=fields)
+        if name == "bm25":
+            return await bm25_search(r, index, scope, query, depth, return_fields=fields)
+        _, hits = await filter_search(r, index, scope, return_fields=fields, sort_by=name, descending=True,
+                                      limit=depth)
+        return hits
+
+    lists = await asyncio.gather(*(arm(name) for name in names))
+    knn_cos: dict[bytes, float] = {}
+    pool: dict[bytes, SearchHit] = {}
+    for name, hits in zip(names, lists, strict=True):
+        for h in hits:
+            if name == "knn" and h.score is not None and math.isfinite(h.score):
+                knn_cos[h.key] = 1.0 - float(h.score)
+            pool.setdefault(h.key, h)
+    out = [signal_hit(h) for h in pool.values()]
+    if mode != "keyword":
+        missing = [h.fields[b"episode_id"].decode() for h in pool.values()
+                   if h.key not in knn_cos and b"episode_id" in h.fields]
+        if missing:  # one KNN restricted to those episodes: Redis computes the cosines, no vectors move
+            restricted = Scope(namespace=scope.namespace, episode_id=tuple(missing))
+            for h in await knn_search(r, index, restricted, query_vector, len(missing), return_fields=()):
+                if h.score is not None and math.isfinite(h.score):
+                    knn_cos[h.key] = 1.0 - float(h.score)
+        for c in out:
+            c.cos = knn_cos.get(c.key, math.nan)
+    words = relevance.query_words(query) if mode != "vector" else {}
+    if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
-    elif mode == "hybrid" and not knn:
-        mode = "keyword"
-    if mode == "hybrid":
-        by_key = {h.key: h for h in bm25} | {h.key: h for h in knn}
-        fused = scoring.rrf_ranked([
-            scoring.competition_ranks([h.key for h in knn], [h.score for h in knn], higher_is_better=False),
-            scoring.competition_ranks([h.key for h in bm25], [h.score for h in bm25], higher_is_better=True),
-        ], k=rrf_k)[:n]
-        best = 2.0 / (rrf_k + 1.0)
-        relevance = {key: min(1.0, score / best) for key, score in fused}
-        hits = [by_key[key] for key, _ in fused]
-    elif mode == "keyword":
-        hits = bm25[:n]
-        top = max((h.score for h in hits if h.score is not None), default=0.0)
-        relevance = {h.key: (h.score / top if top > 0 and h.score is not None else 0.0) for h in hits}
-    else:
-        hits = knn[:n]
-    knn_cos = {h.key: 1.0 - float(h.score) for h in knn if h.score is not None and math.isfinite(h.score)}
-    out = [signal_hit(h) for h in hits]
-    missing = [c for c in out if c.key not in knn_cos]
-    for c, cos in zip(missing, await _cosines(r, [c.key for c in missing], query_vector), strict=True):
-        c.cos = cos
-    for c in out:
-        if c.key in knn_cos:
-            c.cos = knn_cos[c.key]
-        c.relevance = relevance.get(c.key, c.cos)
+    terms: dict[str, float] = {}
+    if words and out:  # idf from the namespace's counts: never the request's filters, nor other tenants
+        counts = await term_counts(r, index, Scope(namespace=scope.namespace), list(words.values()))
+        terms = relevance.query_terms(words, counts)
+    for c, h in zip(out, pool.values(), strict=True):
+        kw = relevance.keyword_relevance(terms, *relevance.episode_terms(h.fields)) if terms else 0.0
+        c.keyword = kw
+        c.relevance = relevance.relevance(mode, c.cos, kw)
     return out
 
 
@@ -305,27 +353,37 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
 
 
 async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
-                 top_k: int, n_candidates: int, mode: str, preset: str | None,
+                 top_k: int, depth: int, mode: str, preset: str | None,
                  weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
-                 recency_from: str, touch_now: float | None, rrf_k: float = 60.0, fusion_depth: int = 0,
-                 sizes: ScopeSizes | None = None) -> dict[str, Any]:
-    """The `POST /v1/recall` response body (see the module docstring)."""
+                 recency_from: str, touch_now: float | None, min_relevance: float = 0.0,
+                 min_priority: float = 0.0, sizes: ScopeSizes | None = None) -> dict[str, Any]:
+    """The `POST /v1/recall` response body (see the module docstring).
+
+    The ranking does not depend on `top_k`, which only cuts it: the pool (`candidates`, `depth` hits
+    per arm) and every score are the same for any `top_k` <= depth. `min_relevance` and
+    `min_priority` drop candidates below them before the cut.
+    """
     preset_name, w = await resolve_weights(r, index, scope, preset, weights, sizes)
-    cands = await candidates(r, index, scope, query, query_vector, mode=mode, n=n_candidates, rrf_k=rrf_k,
-                             fusion_depth=fusion_depth)
+    cands = await candidates(r, index, scope, query, query_vector, mode=mode, depth=max(depth, top_k),
+                             weights=w, recency_from=recency_from)
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
     priorities: list[float] = []
     if cands:
         scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
                                   recency_from=recency_from)
-        order = [int(i) for i in scored.order]
+        order = [int(i) for i in scored.order
+                 if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
         winners = order[:top_k]
         loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
             extra = await load_episodes(r, [cands[i] for i in order[top_k:top_k + (len(winners) - len(loaded))]])
             loaded |= {id(c) for c in extra}
-        for i in [i for i in order if id(cands[i]) in loaded][:top_k]:
+        picked = [i for i in order if id(cands[i]) in loaded][:top_k]
+        no_cos = [cands[i] for i in picked if not math.isfinite(cands[i].cos)]  # keyword mode
+        for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], query_vector), strict=True):
+            c.cos = cos
+        for i in picked:
             c = cands[i]
             parts = scored.breakdown(i)
             priority = parts.pop("priority")
@@ -351,7 +409,7 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     return {"results": results, "replay_context": context, "as_of": format_instant(as_of),
             "weights": w.as_dict(), "preset": preset_name, "mode": mode, "half_life": half_life,
             "normalize": normalize, "recency_from": recency_from, "candidates": len(cands),
-            **({"rrf_k": rrf_k} if mode == "hybrid" else {})}
+            "min_relevance": min_relevance, "min_priority": min_priority}
 
 
 async def similar(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,

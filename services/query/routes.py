@@ -109,8 +109,8 @@ async def recall(request: web.Request) -> web.Response:
     req: models.RecallRequest = validate(models.RecallRequest, await read_json(request))
     s = request.app[SETTINGS]
     top_k = req.top_k or s.default_top_k
-    n = req.candidates or min(max(2 * top_k, top_k), models.MAX_CANDIDATES)
-    if n < top_k:
+    depth = req.candidates or max(s.recall_candidates, top_k)  # never from top_k alone: top_k only cuts
+    if depth < top_k:
         raise Invalid([("candidates", "must be at least top_k")])
     now = time.time()
     start = time.perf_counter()
@@ -118,9 +118,8 @@ async def recall(request: web.Request) -> web.Response:
     mode = req.mode or s.recall_mode
     body = await rc.recall(
         _redis(request), _index(request), rc.scope_of(_ns(request), req), req.query, vector,
-        top_k=top_k, n_candidates=n, mode=mode, preset=req.preset, rrf_k=req.rrf_k or s.rrf_k,
-        fusion_depth=s.fusion_depth,
-        sizes=request.app[SCOPE_SIZES],
+        top_k=top_k, depth=depth, mode=mode, preset=req.preset,
+        min_relevance=req.min_relevance, min_priority=req.min_priority, sizes=request.app[SCOPE_SIZES],
         weights=req.weights.model_dump() if req.weights else None,
         half_life=req.half_life or s.half_life, as_of=req.as_of if req.as_of is not None else now,
         normalize=req.normalize, recency_from=req.recency_from, touch_now=now if req.touch else None)
@@ -313,10 +312,11 @@ async def context(request: web.Request) -> web.Response:
     scope = rc.scope_of(_ns(request), req, category=())
     vector = await _embed(request, req.task)
     now = time.time()
-    recalled = await rc.recall(r, index, scope, req.task, vector, top_k=req.top_k or s.default_top_k,
-                               n_candidates=min(2 * (req.top_k or s.default_top_k), models.MAX_CANDIDATES),
-                               mode=s.recall_mode, rrf_k=s.rrf_k, fusion_depth=s.fusion_depth,
-                               preset=None, weights=None,
+    top_k = req.top_k or s.default_top_k
+    recalled = await rc.recall(r, index, scope, req.task, vector, top_k=top_k,
+                               depth=max(s.recall_candidates, top_k), mode=s.recall_mode,
+                               min_relevance=req.min_relevance, min_priority=req.min_priority,
+                               preset=None, weights=None, sizes=request.app[SCOPE_SIZES],
                                half_life=req.half_life or s.half_life,
                                as_of=now, normalize="none", recency_from="completed", touch_now=None)
     short_term = await rc.latest(r, index, scope, s.short_term_window)

@@ -44,11 +44,17 @@ def by_id(body):
 R12H = 2 ** -0.5  # recency at 12 h with a 1-day half-life
 
 
+def hand(s, rec, rew, out):
+    """w_sim*cos + w_rec*2^(-age/1d) + w_rew*reward + w_out*outcome for A, B and C."""
+    return {"A": s * 1 + rec * .5 + rew * .2, "B": s * .6 + rec + rew + out,
+            "C": rec * R12H + rew * .5 + out * .5}
+
+
 @pytest.mark.parametrize("preset,expected", [
-    # hand-computed: w_sim*cos + w_rec*2^(-age/1d) + w_rew*reward + w_out*outcome
-    ("normal", {"A": .4 * 1 + .3 * .5 + .2 * .2, "B": .4 * .6 + .3 + .2 + .1, "C": .3 * R12H + .2 * .5 + .1 * .5}),
-    ("early", {"A": .6 + .1 * .5 + .2 * .2, "B": .6 * .6 + .1 + .2 + .1, "C": .1 * R12H + .2 * .5 + .1 * .5}),
-    ("late", {"A": .3 + .4 * .5 + .2 * .2, "B": .3 * .6 + .4 + .2 + .1, "C": .4 * R12H + .2 * .5 + .1 * .5}),
+    # hand-computed with the presets' weights (similarity/recency/reward/outcome)
+    ("normal", hand(.90, .05, .03, .02)),
+    ("early", hand(.95, .01, .03, .01)),
+    ("late", hand(.85, .09, .04, .02)),
 ])
 async def test_ranking_matches_hand_computed_priorities(abc, preset, expected):
     body = await recall(abc, preset=preset)
@@ -75,7 +81,7 @@ async def test_explicit_weights_win_and_reorder(abc):
 async def test_auto_preset_counts_the_scope(abc):
     body = await recall(abc)
     assert body["preset"] == "auto:early"  # 3 episodes < 50
-    assert body["weights"]["similarity"] == pytest.approx(0.6)
+    assert body["weights"]["similarity"] == pytest.approx(0.95)
 
 
 async def test_half_life_as_duration_string(abc):
@@ -107,11 +113,20 @@ async def test_minmax_normalisation(abc):
     body = await recall(abc, preset="normal", normalize="minmax")
     got = by_id(body)
     # per-signal min-max over A, B, C: sim [1,.6,0], rec [.5,1,.7071]→[0,1,.4142], reward [.2,1,.5]→[0,1,.375]
-    assert got["A"]["priority"] == pytest.approx(0.4, abs=1e-5)
-    assert got["B"]["priority"] == pytest.approx(.4 * .6 + .3 + .2 + .1, abs=1e-5)
-    c = .3 * (R12H - .5) / .5 + .2 * .375 + .1 * .5
+    assert got["A"]["priority"] == pytest.approx(0.9, abs=1e-5)
+    assert got["B"]["priority"] == pytest.approx(.9 * .6 + .05 + .03 + .02, abs=1e-5)
+    c = .05 * (R12H - .5) / .5 + .03 * .375 + .02 * .5
     assert got["C"]["priority"] == pytest.approx(c, abs=1e-5)
     assert body["normalize"] == "minmax"
+
+
+def keyword_rel(query: str, task: str, counts: dict[str, int]) -> float:
+    """shared.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
+    from shared.relevance import episode_terms, keyword_relevance, query_terms, query_words
+
+    words = query_words(query)
+    return keyword_relevance(query_terms(words, [counts[w] for w in words.values()]),
+                             *episode_terms({"task": task}))
 
 
 async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
@@ -120,8 +135,8 @@ async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
     await put(redis, prefix, "default", episode("kw", task="zebra migration rollback"), unit(0.6, 0.8))
     client = await make_client(TableEmbedder(256, {q: unit(1.0)}))
 
-    async def run(mode, k):
-        resp = await client.post("/v1/recall", json={"query": q, "mode": mode, "top_k": k, "candidates": k,
+    async def run(mode, k, query=q):
+        resp = await client.post("/v1/recall", json={"query": query, "mode": mode, "top_k": k, "candidates": k,
                                                      "weights": {"similarity": 1}})
         assert resp.status == 200, await resp.text()
         return await resp.json()
@@ -130,33 +145,42 @@ async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
     kw = await run("keyword", 1)
     assert ids(kw) == ["kw"] and kw["mode"] == "keyword"
     assert kw["results"][0]["similarity"] == pytest.approx(0.6, abs=1e-5)  # cosine from the stored vector
+    # absolute: BM25 with fixed constants and the namespace's counts (each word in 1 episode), s/(s+20)
+    expected = keyword_rel(q, "zebra migration rollback", {"zebra": 1, "migration": 1})
+    assert kw["results"][0]["relevance"] == pytest.approx(expected, abs=1e-9)
+    assert 0.3 < expected < 0.6  # not the 1.0 the best of a result set used to get
     hybrid = await run("hybrid", 2)
-    # kw is 2nd by vector and 1st by BM25; vec is 1st by vector only: fusion puts kw first
-    assert ids(hybrid) == ["kw", "vec"] and hybrid["rrf_k"] == 5
+    # hybrid = (cos + keyword) / 2: kw (.6 + .43) / 2 beats vec (1 + 0) / 2
+    assert ids(hybrid) == ["kw", "vec"] and "rrf_k" not in hybrid
     got = by_id(hybrid)
     assert got["kw"]["similarity"] == pytest.approx(0.6, abs=1e-5)  # the cosine, whatever the mode
-    assert got["kw"]["relevance"] == pytest.approx((1 / 7 + 1 / 6) / (2 / 6))
-    assert got["vec"]["relevance"] == pytest.approx(0.5)
-    assert kw["results"][0]["relevance"] == pytest.approx(1.0)  # best BM25 score of the candidates
+    assert got["kw"]["relevance"] == pytest.approx((0.6 + expected) / 2, abs=1e-6)
+    assert got["vec"]["relevance"] == pytest.approx(0.5, abs=1e-6)
+    # an off-topic query sharing one word is weakly relevant, not 1.0
+    one = await run("keyword", 1, query="zebra crossing etiquette")
+    assert ids(one) == ["kw"]
+    assert one["results"][0]["relevance"] == pytest.approx(
+        keyword_rel("zebra crossing etiquette", "zebra migration rollback", {"zebra": 1, "crossing": 0, "etiquette": 0}))
+    assert one["results"][0]["relevance"] < expected < 1.0
 
 
 async def test_replay_context_and_response_shape(abc):
     body = await recall(abc, preset="normal")
     ctx = body["replay_context"]
     assert ctx["episodes"] == 3
-    assert [s["strategy"] for s in ctx["strategies"]] == ["s-b", "s-a"]
+    assert [s["strategy"] for s in ctx["strategies"]] == ["s-a", "s-b"]  # A first (most similar)
     assert ctx["success_rate"] == pytest.approx(1 / 3)
     assert ctx["avg_reward"] == pytest.approx((0.2 + 1.0 + 0.5) / 3)
     first = body["results"][0]
     assert set(first) >= {"episode", "similarity", "recency", "components", "priority"}
     assert set(first["components"]) == {"similarity", "recency", "reward", "outcome", "importance"}
-    assert first["episode"]["completed_at"] == "2025-07-01T00:00:00Z"
+    assert first["episode"]["completed_at"] == "2025-06-30T00:00:00Z"
     assert first["episode"]["task"] == {"description": "a task", "category": "debugging"}
 
 
 async def test_touch_updates_access_statistics(abc, redis, prefix):
-    await recall(abc, preset="normal", top_k=1, touch=True)
-    await recall(abc, preset="normal", top_k=1, touch=True)
+    await recall(abc, weights={"recency": 1}, top_k=1, touch=True)
+    await recall(abc, weights={"recency": 1}, top_k=1, touch=True)
     resp = await abc.get("/v1/episodes/B")
     body = await resp.json()
     assert body["access_count"] == 2 and body["last_accessed"] is not None
@@ -209,7 +233,7 @@ async def test_drafts_are_not_recallable(make_client, redis, prefix):
 async def test_empty_scope_returns_empty_results(api):
     body = await (await api.post("/v1/recall", json={"query": "nothing stored"})).json()
     assert body["results"] == [] and body["replay_context"]["episodes"] == 0
-    assert math.isclose(body["weights"]["similarity"], 0.6)
+    assert math.isclose(body["weights"]["similarity"], 0.95)
 
 
 async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, prefix):
@@ -241,9 +265,9 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
     assert await fresh.size(redis, index, scope) == 2
 
 
-async def test_hybrid_fuses_deeper_than_the_candidates(make_client, redis, prefix):
-    """ENGRAM_FUSION_DEPTH: an episode third in both lists beats the heads of either list; with lists
-    only `candidates` (2) deep the fusion never sees it."""
+async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
+    """ENGRAM_RECALL_CANDIDATES: an episode third in both lists beats the heads of either list at
+    top_k 1; with lists 1 deep (the pool of the old `2 * top_k` was shallow too) it is never seen."""
     q = "zebra migration"
     await put(redis, prefix, "default", episode("vecbest", task="alpha beta"), unit(1.0))
     await put(redis, prefix, "default", episode("x1", task="gamma delta"), unit(0.95, 0.3122))
@@ -253,16 +277,19 @@ async def test_hybrid_fuses_deeper_than_the_candidates(make_client, redis, prefi
         await put(redis, prefix, "default", episode(f"f{i}", task=f"lorem ipsum {i}"), unit(0.5 - 0.05 * i, 0.0, 1.0))
     await put(redis, prefix, "default", episode("y1", task="zebra migration rollback plan"), unit(0.0, 0.0, 0.0, 1.0))
     await put(redis, prefix, "default", episode("kwbest", task="zebra migration"), unit(-1.0))
-    body = {"query": q, "mode": "hybrid", "top_k": 1, "candidates": 2, "weights": {"similarity": 1}}
+    body = {"query": q, "mode": "hybrid", "top_k": 1, "weights": {"similarity": 1}}
 
     deep = await make_client(TableEmbedder(256, {q: unit(1.0)}))
     resp = await deep.post("/v1/recall", json=body)
     assert resp.status == 200, await resp.text()
-    assert ids(await resp.json()) == ["both"]
+    answer = await resp.json()
+    assert ids(answer) == ["both"] and answer["candidates"] == 11  # every episode: 100 per list by default
 
-    shallow = await make_client(TableEmbedder(256, {q: unit(1.0)}), fusion_depth=1)
+    shallow = await make_client(TableEmbedder(256, {q: unit(1.0)}), recall_candidates=1)
     resp = await shallow.post("/v1/recall", json=body)
     assert ids(await resp.json()) in (["vecbest"], ["kwbest"])
+    resp = await shallow.post("/v1/recall", json={**body, "candidates": 3})  # per request
+    assert ids(await resp.json()) == ["both"]
 
 
 async def test_a_repeated_query_is_embedded_once(make_client, redis, prefix):
@@ -278,8 +305,8 @@ async def test_a_repeated_query_is_embedded_once(make_client, redis, prefix):
 
 
 async def test_hybrid_without_keyword_hits_ranks_by_cosine_not_by_rank(make_client, redis, prefix):
-    """With no BM25 hit, hybrid is the vector list: a cosine of 0.54 vs 0.07 must not shrink to
-    ranks 1 and 2 (relevance 0.50 vs 0.43), where a reward would outweigh the similarity."""
+    """With no keyword match, hybrid relevance is half the cosine (absolute, no rank flattening: a
+    cosine of 0.54 vs 0.07 once became relevance 0.50 vs 0.43, where a reward outweighed it)."""
     q = "check that an e-mail string is well formed"
     await put(redis, prefix, "default", episode("regex", task="validate addresses with a pattern", reward=0.0),
               unit(0.54, 0.8417))
@@ -289,4 +316,10 @@ async def test_hybrid_without_keyword_hits_ranks_by_cosine_not_by_rank(make_clie
     body = await resp.json()
     assert resp.status == 200 and body["mode"] == "hybrid"
     assert ids(body) == ["regex", "login"]
-    assert by_id(body)["regex"]["relevance"] == pytest.approx(0.54, abs=1e-4)
+    assert by_id(body)["regex"]["relevance"] == pytest.approx(0.27, abs=1e-4)
+    assert by_id(body)["login"]["relevance"] == pytest.approx(0.035, abs=1e-4)
+    # a query of stop words only has no keyword arm: hybrid is the cosine
+    only_stop = await (await client.post("/v1/recall", json={"query": "is it the", "top_k": 2, "mode": "hybrid",
+                                                             "weights": {"similarity": 1}})).json()
+    assert only_stop["results"][0]["relevance"] == pytest.approx(
+        only_stop["results"][0]["similarity"], abs=1e-6)

@@ -21,6 +21,7 @@ from shared.scoring import (
     learning_curve,
     minmax,
     outcome_scores,
+    reach,
     recency_decay,
     replay_context,
     resolve_weights,
@@ -251,12 +252,15 @@ def test_score_minmax_by_hand():
 
 
 def test_presets():
-    assert PRESETS["early"] == Weights(similarity=0.6, recency=0.1, reward=0.2, outcome=0.1)
-    assert PRESETS["normal"] == Weights(similarity=0.4, recency=0.3, reward=0.2, outcome=0.1)
-    assert PRESETS["late"] == Weights(similarity=0.3, recency=0.4, reward=0.2, outcome=0.1)
+    assert PRESETS["early"] == Weights(similarity=0.95, recency=0.01, reward=0.03, outcome=0.01)
+    assert PRESETS["normal"] == Weights(similarity=0.90, recency=0.05, reward=0.03, outcome=0.02)
+    assert PRESETS["late"] == Weights(similarity=0.85, recency=0.09, reward=0.04, outcome=0.02)
     for w in PRESETS.values():
         assert w.importance == 0.0
         assert w.total == pytest.approx(1.0)
+    # issue 17 §1: recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
+    assert [round(reach(PRESETS[p]), 3) for p in ("early", "normal", "late")] == [0.053, 0.111, 0.176]
+    assert reach(Weights(similarity=0, recency=1, reward=0, outcome=0)) == math.inf
 
 
 @pytest.mark.parametrize(("size", "name"), [
@@ -278,8 +282,10 @@ def test_auto_thresholds(size, name):
 def test_resolve_named_and_custom():
     assert resolve_weights("late", None, 3) == ("late", PRESETS["late"])
     mine = Weights(similarity=1, recency=0, reward=0, outcome=0, importance=2)
-    assert resolve_weights("early", mine, 3) == ("custom", mine)
-    assert resolve_weights(None, mine, 10_000) == ("custom", mine)
+    share = Weights(similarity=1 / 3, recency=0, reward=0, outcome=0, importance=2 / 3)
+    assert resolve_weights("early", mine, 3) == ("custom", share)  # divided by the total: priority in [0, 1]
+    assert resolve_weights(None, mine, 10_000) == ("custom", share)
+    assert resolve_weights(None, share, 3)[1] == share
 
 
 @pytest.mark.parametrize(("preset", "size"), [("fast", 3), ("Early", 3), ("auto", -1)])

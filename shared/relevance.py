@@ -1,0 +1,157 @@
+"""Absolute relevance of one episode to one query (issue 17 §4).
+
+Recall ranks by a weighted sum whose similarity signal is `relevance` in [0, 1]. It used to be rescaled
+per result set (BM25 over the best BM25 of the candidates, a reciprocal-rank-fusion score over the best
+attainable), so an off-topic query sharing one word got relevance 1.0, and storing unrelated episodes
+(or another tenant storing anything: RediSearch's BM25 statistics are index-wide) changed an episode's
+score for the same query. Now each arm is a fixed function:
+
+- vector: `max(0, cos)`, the cosine between the query's and the episode's embeddings.
+- keyword: `s / (s + KEYWORD_HALF)`, a saturating transform of a BM25 score (Robertson & Zaragoza
+  2009, BM25F field weights of `shared.index.TEXT_FIELDS`) computed here with fixed constants:
+
+      s = sum over the query's distinct terms t of
+          idf(t) * tf(t)·(K1+1) / (tf(t) + K1·(1 - B + B·len/LEN_REF))
+      idf(t) = ln(1 + REFERENCE_EPISODES / (n(t) + 0.5))
+
+  `tf` and `len` are the episode's own (weighted) term frequency and length; LEN_REF is a fixed
+  reference length instead of the index's average; `n(t)` is how many episodes *of the caller's
+  namespace* contain the term (`shared.index.term_counts`), against a fixed reference collection of
+  REFERENCE_EPISODES instead of the index's size. So an episode's keyword relevance depends on the
+  query, the episode and how common each query word is among the namespace's episodes: storing
+  episodes that do not contain the query's words changes nothing, nor does anything another
+  namespace stores.
+- hybrid: `HYBRID_VECTOR_WEIGHT · max(0, cos) + (1 - HYBRID_VECTOR_WEIGHT) · keyword`, a convex
+  combination of the two absolute values (a query with no word left after stop words is vector-only).
+
+Terms: Unicode words, case-folded, RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
+English stemmer, the algorithm RediSearch stems with), so "groups" matches "group" as in the index.
+The constants were calibrated on LoCoMo (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from types import MappingProxyType
+
+from shared.index import STOPWORDS, TEXT_FIELDS
+
+K1 = 1.2
+"""Term-frequency saturation (BM25's k1)."""
+B = 0.75
+"""Length normalisation (BM25's b), against LEN_REF instead of the average length."""
+LEN_REF = 40.0
+"""Reference length in weighted terms: a 20-word task (the task field weighs 2)."""
+REFERENCE_EPISODES = 100.0
+"""The collection size idf is measured against: a word in half of 100 episodes weighs ln 3 ≈ 1.1,
+one in a single episode ln 68 ≈ 4.2, one in 10,000 episodes ≈ 0.01."""
+KEYWORD_HALF = 20.0
+"""The BM25 score `s` at which keyword relevance is 0.5 (`s / (s + KEYWORD_HALF)`)."""
+HYBRID_VECTOR_WEIGHT = 0.5
+"""Share of the cosine in hybrid relevance; the rest is keyword relevance."""
+MAX_TERMS = 64
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_FIELD_KEYS = tuple((name, name.encode(), weight) for name, weight in TEXT_FIELDS)
+
+
+@lru_cache(maxsize=1)
+def _stemmer():
+    import Stemmer  # PyStemmer: Snowball in C
+
+    return Stemmer.Stemmer("english", 100_000)
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.casefold()) if w not in STOPWORDS]
+
+
+def query_words(text: str, limit: int = MAX_TERMS) -> dict[str, str]:
+    """The query's distinct stems (at most `limit`), each with the first word that gave it."""
+    words = _words(text)
+    out: dict[str, str] = {}
+    for word, stem in zip(words, _stemmer().stemWords(words), strict=True):
+        if stem not in out:
+            out[stem] = word
+            if len(out) >= limit:
+                break
+    return out
+
+
+def idf(n: int) -> float:
+    """ln(1 + REFERENCE_EPISODES / (n + 0.5)) for a term `n` episodes of the namespace contain."""
+    return math.log1p(REFERENCE_EPISODES / (max(0, n) + 0.5))
+
+
+def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, float]:
+    """{stem: idf} from `query_words` and the namespace's document count of each (same order)."""
+    return {stem: idf(n) for stem, n in zip(words, counts, strict=True)}
+
+
+def episode_terms(fields: Mapping[str | bytes, str | bytes | None]) -> tuple[Mapping[str, float], float]:
+    """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
+    weighted length (stop words not counted). `fields` maps field names (str, or bytes as a search
+    reply has them) to texts (str or UTF-8 bytes); missing ones count 0. Remembered per distinct
+    texts (the last TERMS_CACHE episodes): a recall scores every candidate, mostly the same ones."""
+    texts = []
+    for name, bname, _ in _FIELD_KEYS:
+        text = fields.get(name)
+        if text is None:
+            text = fields.get(bname)
+        texts.append(text.encode() if isinstance(text, str) else text)
+    return _terms(tuple(texts))
+
+
+TERMS_CACHE = 50_000
+
+
+@lru_cache(maxsize=TERMS_CACHE)
+def _terms(texts: tuple[bytes | None, ...]) -> tuple[Mapping[str, float], float]:
+    tf: dict[str, float] = {}
+    length = 0.0
+    stem = _stemmer().stemWords
+    for text, (_, _, weight) in zip(texts, _FIELD_KEYS, strict=True):
+        if not text:
+            continue
+        counts = Counter(_WORD.findall(text.decode("utf-8", "replace").casefold()))
+        for word in STOPWORDS.intersection(counts):
+            del counts[word]
+        length += weight * counts.total()
+        for s, n in zip(stem(list(counts)), counts.values(), strict=True):
+            tf[s] = tf.get(s, 0.0) + weight * n
+    return MappingProxyType(tf), length
+
+
+def keyword_score(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
+    """The BM25 score `s` of the module docstring (0 when no query term occurs)."""
+    norm = K1 * (1.0 - B + B * length / LEN_REF)
+    s = 0.0
+    for term, weight in terms.items():
+        f = tf.get(term)
+        if f:
+            s += weight * f * (K1 + 1.0) / (f + norm)
+    return s
+
+
+def keyword_relevance(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
+    """keyword_score mapped into [0, 1): s / (s + KEYWORD_HALF)."""
+    s = keyword_score(terms, tf, length)
+    return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
+
+
+def cosine_relevance(cos: float) -> float:
+    """max(0, cos); NaN (no vector) is 0."""
+    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
+
+
+def relevance(mode: str, cos: float, keyword: float) -> float:
+    """The similarity signal of `mode` (vector | keyword | hybrid) for one episode, in [0, 1]."""
+    if mode == "vector":
+        return cosine_relevance(cos)
+    if mode == "keyword":
+        return keyword
+    return HYBRID_VECTOR_WEIGHT * cosine_relevance(cos) + (1.0 - HYBRID_VECTOR_WEIGHT) * keyword

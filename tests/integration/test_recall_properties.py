@@ -1,0 +1,192 @@
+"""Properties of POST /v1/recall and the recall part of POST /v1/context, against the real service and
+RediSearch (issue 17 §1, §2, §4), on documents seeded as the consolidator writes them (`put`).
+
+- Prefix stability: for any K >= k, the first k results of a `top_k` K recall are the `top_k` k recall
+  with the same other inputs (the pool never depends on `top_k`).
+- Absolute relevance: storing unrelated episodes changes no existing episode's relevance or priority
+  for a query, in every mode.
+- `min_relevance` / `min_priority` only drop results below them.
+- Time-aware candidates: all weight on recency (importance, reward) returns the exact order of the
+  whole scope, even when the similarity lists hold none of those episodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.integration.test_query_support import DAY, episode, ids, put
+
+pytest_plugins = ["tests.integration.test_query_support"]  # fixtures: make_client, redis, prefix
+
+WORDS = ("login", "flaky", "migration", "database", "timeout", "cache", "deploy", "retry", "schema", "token")
+OTHER = ("banana", "violin", "glacier", "saffron", "tundra", "walrus", "quartz", "meadow")
+NOW = 1_760_000_000.0
+KEYS = {f"prop-key-{i:04d}-0123456789": f"prop{i}" for i in range(400)}
+_counter = itertools.count()
+DEPTH = 6  # ENGRAM_RECALL_CANDIDATES of these tests: smaller than the scopes, so the pool is a choice
+
+texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=5).map(" ".join)
+episodes_st = st.lists(st.fixed_dictionaries({
+    "task": texts,
+    "age_h": st.integers(0, 24 * 14),
+    "reward": st.none() | st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 3)),
+    "outcome": st.sampled_from(("success", "partial", "failure")),
+    "importance": st.none() | st.integers(1, 10),
+}), min_size=1, max_size=14)
+weights_st = st.one_of(
+    st.just(None),
+    st.sampled_from(("early", "normal", "late")).map(lambda p: {"preset": p}),
+    st.fixed_dictionaries({}, optional={
+        "similarity": st.sampled_from((0.0, 0.5, 1.0)), "recency": st.sampled_from((0.0, 0.3, 1.0)),
+        "reward": st.sampled_from((0.0, 0.2, 1.0)), "outcome": st.sampled_from((0.0, 0.1)),
+        "importance": st.sampled_from((0.0, 0.5)),
+    }).filter(lambda w: any(w.values())).map(lambda w: {"weights": w}),
+)
+modes = st.sampled_from(("vector", "keyword", "hybrid"))
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def fresh_tenant() -> tuple[str, str]:
+    key = list(KEYS)[next(_counter) % len(KEYS)]
+    return key, KEYS[key]
+
+
+async def seed(redis, prefix, namespace, items, *, base: float = NOW, tag: str = "e") -> list[str]:
+    out = []
+    for i, it in enumerate(items):
+        extra = {"importance": it["importance"]} if it.get("importance") is not None else {}
+        out.append(await put(redis, prefix, namespace, episode(
+            f"{tag}{i}", task=it["task"], completed_at=base - 3600.0 * it["age_h"], reward=it.get("reward"),
+            outcome=it["outcome"], **extra)))
+    return out
+
+
+@pytest.fixture
+async def client(make_client):
+    return await make_client(api_keys=KEYS, recall_candidates=DEPTH)
+
+
+async def post(client, path, key, **body):
+    resp = await client.post(path, json=body, headers=auth(key))
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+def summary(body):
+    return [(r["episode"]["episode_id"], round(r["priority"], 12), round(r["relevance"], 12))
+            for r in body["results"]]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=episodes_st, query=texts, mode=modes, choice=weights_st, data=st.data())
+async def test_recall_is_prefix_stable_in_top_k(client, redis, prefix, items, query, mode, choice, data):
+    key, ns = fresh_tenant()
+    await seed(redis, prefix, ns, items)
+    big = data.draw(st.integers(1, DEPTH), label="K")
+    small = data.draw(st.integers(1, big), label="k")
+    body = {"query": query, "mode": mode, "as_of": NOW, **(choice or {})}
+    full = await post(client, "/v1/recall", key, top_k=big, **body)
+    head = await post(client, "/v1/recall", key, top_k=small, **body)
+    assert summary(full)[:small] == summary(head)
+    assert full["candidates"] == head["candidates"]
+    # an explicit pool as deep as the scope extends the same ranking up to top_k 100
+    deep = await post(client, "/v1/recall", key, top_k=100, candidates=100, **body)
+    assert summary(deep)[:small] == summary(await post(client, "/v1/recall", key, top_k=small, candidates=100,
+                                                       **body))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=episodes_st, query=texts, data=st.data())
+async def test_context_recall_is_prefix_stable_in_top_k(client, redis, prefix, items, query, data):
+    key, ns = fresh_tenant()
+    await seed(redis, prefix, ns, items, base=time.time())
+    big = data.draw(st.integers(1, DEPTH), label="K")
+    small = data.draw(st.integers(1, big), label="k")
+    full = await post(client, "/v1/context", key, task=query, top_k=big)
+    head = await post(client, "/v1/context", key, task=query, top_k=small)
+    assert [r["episode"]["episode_id"] for r in full["results"]][:small] == \
+        [r["episode"]["episode_id"] for r in head["results"]]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=episodes_st, unrelated=episodes_st, query=texts, mode=modes,
+       choice=weights_st.filter(lambda c: c is not None))
+async def test_unrelated_episodes_change_no_relevance_or_priority(client, redis, prefix, items, unrelated, query,
+                                                                   mode, choice):
+    """`auto` is left out: it picks its preset by the scope's size, which adding episodes changes."""
+    key, ns = fresh_tenant()
+    await seed(redis, prefix, ns, items)
+    body = {"query": query, "mode": mode, "as_of": NOW, "top_k": 100, "candidates": 100, **choice}
+    before = {r["episode"]["episode_id"]: r for r in (await post(client, "/v1/recall", key, **body))["results"]}
+    off_topic = [{**u, "task": " ".join(OTHER[(len(u["task"]) + j) % len(OTHER)] for j in range(3))}
+                 for u in unrelated]
+    await seed(redis, prefix, ns, off_topic, tag="u")
+    # and another tenant's episodes on the very same words
+    other_key, other_ns = fresh_tenant()
+    await seed(redis, prefix, other_ns, items + items)
+    after = {r["episode"]["episode_id"]: r for r in (await post(client, "/v1/recall", key, **body))["results"]}
+    for eid, r in before.items():
+        assert eid in after
+        assert after[eid]["relevance"] == pytest.approx(r["relevance"], abs=1e-9), eid
+        assert after[eid]["priority"] == pytest.approx(r["priority"], abs=1e-9), eid
+        assert after[eid]["components"] == pytest.approx(r["components"], abs=1e-9), eid
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=episodes_st, query=texts, mode=modes, choice=weights_st,
+       floor=st.tuples(st.sampled_from((0.0, 0.1, 0.3, 0.6)), st.sampled_from((0.0, 0.2, 0.5, 0.8))))
+async def test_min_relevance_and_min_priority_only_drop_results_below_them(client, redis, prefix, items, query,
+                                                                           mode, choice, floor):
+    key, ns = fresh_tenant()
+    await seed(redis, prefix, ns, items)
+    body = {"query": query, "mode": mode, "as_of": NOW, "top_k": 100, "candidates": 100, **(choice or {})}
+    every = (await post(client, "/v1/recall", key, **body))["results"]
+    kept = await post(client, "/v1/recall", key, min_relevance=floor[0], min_priority=floor[1], **body)
+    expected = [r["episode"]["episode_id"] for r in every
+                if r["relevance"] >= floor[0] and r["priority"] >= floor[1]]
+    assert ids(kept) == expected
+    assert kept["min_relevance"] == floor[0] and kept["min_priority"] == floor[1]
+
+
+@pytest.mark.parametrize("signal", ["recency", "importance", "reward"])
+async def test_all_weight_on_one_signal_orders_the_whole_scope(client, redis, prefix, signal):
+    """Issue 17 §2: twelve episodes, the pool holds 6 per list. The most similar ones are the oldest,
+    least important and least rewarded; the similarity lists alone would miss the right answer."""
+    key, ns = fresh_tenant()
+    query = "flaky login migration"
+    for i in range(12):
+        # i = 0 matches the query best and is the oldest, least important, least rewarded
+        words = " ".join(WORDS[:3]) if i < 6 else "schema token"
+        await put(redis, prefix, ns, episode(f"e{i}", task=words + f" case {i}", completed_at=NOW - (12 - i) * 5 * 3600,
+                                             reward=i / 11, importance=1 + (i * 9) // 11))
+    for mode in ("vector", "keyword", "hybrid"):
+        body = await post(client, "/v1/recall", key, query=query, mode=mode, as_of=NOW, top_k=3,
+                          weights={signal: 1})
+        assert ids(body) == ["e11", "e10", "e9"], (mode, ids(body))
+    if signal == "recency":
+        # 17 h vs 5 h old (the report of issue 17): the newest one is returned at top_k 1
+        body = await post(client, "/v1/recall", key, query=query, mode="hybrid", as_of=NOW, top_k=1,
+                          weights={"recency": 1})
+        assert ids(body) == ["e11"] and body["results"][0]["age_s"] == pytest.approx(5 * 3600)
+
+
+async def test_recency_from_last_access_orders_by_the_last_recall(client, redis, prefix):
+    key, ns = fresh_tenant()
+    for i in range(10):
+        await put(redis, prefix, ns, episode(f"e{i}", task=f"deploy cache case {i}" if i < 7 else "walrus",
+                                             completed_at=NOW - DAY - i * 3600))
+    touched = await post(client, "/v1/recall", key, query="walrus", mode="keyword", top_k=1, touch=True,
+                         weights={"similarity": 1})
+    assert ids(touched) == ["e7"]  # the newest of the three equally relevant ones
+    body = await post(client, "/v1/recall", key, query="deploy cache", mode="hybrid", top_k=2,
+                      weights={"recency": 1}, recency_from="last_access")
+    # accessed just now: the most recent by last access (the arm sorted by last_accessed)
+    assert ids(body) == ["e7", "e0"]
