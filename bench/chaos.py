@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import os
 import random
@@ -91,9 +92,11 @@ def episode(i: int, publisher: int) -> dict[str, Any]:
 
 # --- workload -----------------------------------------------------------------------------------------
 async def publisher(url: str, p: int, ids: list[int], rate: float, run: Run, give_up_at: float,
-                    prefix: str = PREFIX) -> None:
-    """Publish `ids` at `rate` per second; a PublishError is counted and retried (same episode_id)."""
-    async with EngramClient.connect(url, namespace=NAMESPACE, prefix=prefix, publish_timeout=5.0) as client:
+                    prefix: str = PREFIX, master_key: bytes | None = None) -> None:
+    """Publish `ids` at `rate` per second; a PublishError is counted and retried (same episode_id).
+    With `master_key` the events are sealed (crypto-shredding, docs/reliability.md "Erasure")."""
+    async with EngramClient.connect(url, namespace=NAMESPACE, prefix=prefix, publish_timeout=5.0,
+                                    master_key=master_key) as client:
         start = time.monotonic()
         for k, i in enumerate(ids):
             if rate > 0:
@@ -137,8 +140,9 @@ async def ready_monitor(base: str, stop: asyncio.Event, run: Run) -> None:
 
 # --- the stack and its faults -------------------------------------------------------------------------
 class Stack:
-    def __init__(self, mode: str, data_dir: Path, workers: int):
+    def __init__(self, mode: str, data_dir: Path, workers: int, master_key: bytes | None = None):
         self.redis = EmbeddedRedis(port=free_port(), data_dir=data_dir / "redis", appendfsync=mode)
+        self.master_key = master_key
         self.log_dir = data_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env: dict[str, str] = {}
@@ -159,6 +163,8 @@ class Stack:
                                ENGRAM_BLOCK_MS="200", ENGRAM_STREAM_RETENTION="20s",
                                ENGRAM_RETENTION_INTERVAL="5s", ENGRAM_FACTS_EVERY="1000000",
                                ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9")
+        if self.master_key is not None:
+            self.env["ENGRAM_MASTER_KEY"] = base64.b64encode(self.master_key).decode()
         self.workers = self.spawn_workers(self.n_workers)
         await self.start_query()
 
@@ -352,7 +358,7 @@ def readiness_figures(run: Run) -> list[dict[str, Any]]:
 
 
 # --- one mode -----------------------------------------------------------------------------------------
-async def probe(mode: str, n: int, publishers: int) -> dict[str, float]:
+async def probe(mode: str, n: int, publishers: int, master_key: bytes | None = None) -> dict[str, float]:
     """Episodes per second the SDK gets accepted with this fsync mode, by 1 and by `publishers`
     concurrent publishers (no workers, no faults). One publisher waits for every fsync in turn; several
     share one (Redis fsyncs once per event-loop turn)."""
@@ -365,10 +371,11 @@ async def probe(mode: str, n: int, publishers: int) -> dict[str, float]:
                 run = Run()
                 warm = Run()
                 await publisher(server.url, 0, list(range(n, n + 50)), 0, warm, time.monotonic() + 60,
-                                prefix="warmup:")
+                                prefix="warmup:", master_key=master_key)
                 t0 = time.monotonic()
                 await asyncio.gather(*(publisher(server.url, p, list(range(p, count_, conc)), 0, run,
-                                                 time.monotonic() + 60, prefix=f"probe{conc}:")
+                                                 time.monotonic() + 60, prefix=f"probe{conc}:",
+                                                 master_key=master_key)
                                        for p in range(conc)))
                 out[f"publishers_{conc}"] = round(len(run.published) / (time.monotonic() - t0), 1)
             return out
@@ -377,11 +384,12 @@ async def probe(mode: str, n: int, publishers: int) -> dict[str, float]:
 
 
 async def one_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    rates = await probe(mode, args.probe, args.publishers)
+    master_key = os.urandom(32) if args.encryption == "on" else None
+    rates = await probe(mode, args.probe, args.publishers, master_key)
     print(f"chaos ◆ {mode}: probe " + " ◆ ".join(f"{v:,.0f} episodes/s with {k.replace('_', ' ')}"
                                                 for k, v in rates.items()), flush=True)
     with tempfile.TemporaryDirectory(prefix=f"engram-chaos-{mode}-") as tmp:
-        stack = Stack(mode, Path(tmp), args.workers)
+        stack = Stack(mode, Path(tmp), args.workers, master_key)
         run = Run()
         stop = asyncio.Event()
         try:
@@ -391,7 +399,8 @@ async def one_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             per = args.episodes / args.publishers / args.seconds
             give_up = t0 + args.seconds + 60
             pubs = [asyncio.create_task(publisher(stack.redis.url, p, list(range(p, args.episodes, args.publishers)),
-                                                  per, run, give_up)) for p in range(args.publishers)]
+                                                  per, run, give_up, master_key=master_key))
+                    for p in range(args.publishers)]
             bg = [asyncio.create_task(recaller(stack.base, stop, run, args.recall_rate))
                   for _ in range(args.recallers)]
             bg.append(asyncio.create_task(ready_monitor(stack.base, stop, run)))
@@ -414,7 +423,7 @@ async def one_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     spans = [(t0 + f["at_s"], t0 + f["at_s"] + f["lasted_s"] + SPAN_GRACE) for f in run.faults]
     for f, (a, b) in zip(run.faults, spans, strict=True):
         f["recall"] = _latency([(d, ok) for t, d, ok in run.recalls if a <= t <= b])
-    return {"mode": mode, "probe_episodes_per_s": rates, "publish_seconds": round(publish_s, 1),
+    return {"mode": mode, "encryption": args.encryption, "probe_episodes_per_s": rates, "publish_seconds": round(publish_s, 1),
             "drain_seconds_after_publish": round(drain_s, 1), **counts,
             "workers_dead_at_end": dead_workers, "recall": recall_figures(run, spans),
             "readiness": readiness_figures(run), "faults": run.faults,
@@ -483,6 +492,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=120.0)
     p.add_argument("--modes", nargs="+", choices=("always", "everysec"), default=["always", "everysec"])
     p.add_argument("--verbose", action="store_true", help="print the tail of every service log")
+    p.add_argument("--encryption", choices=("off", "on"), default="off",
+                   help="on: every process gets a fresh master key, so the stream is sealed (crypto-shredding)")
     p.add_argument("--out", default=str(ROOT / "bench" / "chaos-results.json"))
     return p.parse_args(argv)
 
