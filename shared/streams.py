@@ -239,14 +239,25 @@ async def consumer_lag(r: aioredis.Redis, stream: str, group: str) -> int:
         name = g.get("name")
         if (name.decode() if isinstance(name, bytes) else name) != group:
             continue
-        if g.get("lag") is not None:
-            return int(g["lag"])
         info = await r.execute_command("XINFO", "STREAM", stream)
         fields = dict(zip(info[::2], info[1::2], strict=False))
-        added = int(fields.get(b"entries-added") or 0)
-        read = int(g.get("entries-read") or 0)
-        return max(0, added - read)
+        # entries deleted before the group read them stay counted in entries-added, so Redis's lag can
+        # stay above zero for good on an idle stream (seen after forgets and compaction: every publish
+        # a 429): nothing after the last delivered id is no lag, and the lag is at most the length
+        if _stream_id(g.get("last-delivered-id")) >= _stream_id(fields.get(b"last-generated-id")):
+            return 0
+        if g.get("lag") is not None:
+            lag = int(g["lag"])
+        else:
+            lag = int(fields.get(b"entries-added") or 0) - int(g.get("entries-read") or 0)
+        return max(0, min(lag, int(fields.get(b"length") or 0)))
     return 0
+
+
+def _stream_id(value: bytes | str | None) -> tuple[int, int]:
+    text = value.decode() if isinstance(value, bytes) else str(value or "0-0")
+    ms, _, seq = text.partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 async def groups(r: aioredis.Redis, stream: str) -> list[dict]:

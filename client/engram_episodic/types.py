@@ -444,10 +444,12 @@ class StoredEpisode:
 class Forgetting:
     """A forget accepted (202): the consolidator erases the episode, or every episode of the user."""
 
-    event_id: str
+    event_id: str | None
     episode_id: str | None = None
     user_id: str | None = None
+    already_forgotten: bool = False  # the episode was forgotten before (no new event)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Forgetting:
-        return cls(event_id=data["event_id"], episode_id=data.get("episode_id"), user_id=data.get("user_id"))
+        return cls(event_id=data.get("event_id"), episode_id=data.get("episode_id"), user_id=data.get("user_id"),
+                   already_forgotten=bool(data.get("already_forgotten")))

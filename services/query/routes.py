@@ -288,9 +288,13 @@ async def delete_episode(request: web.Request) -> web.Response:
         # no document, but the namespace may still hold its data: stored events of a draft or of an
         # episode not yet written, or dead letters (found by a new-user trial: those could not be forgotten)
         r, keys, ns = _redis(request), request.app[KEYS], _ns(request)
+        if await r.exists(keys.tombstone(ns, episode_id)):
+            # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
+            return _json({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
         gen = await current_generation(r, keys)
-        if await r.exists(keys.tombstone(ns, episode_id)) or not await r.exists(
-                keys.episode_events(gen, ns, episode_id), keys.dead_letter_refs(ns, episode_id)):
+        # accepted but not yet projected counts too: it would be projected after a refused forget
+        if not await r.exists(keys.episode_events(gen, ns, episode_id), keys.dead_letter_refs(ns, episode_id)) \
+                and not await _accepted_not_projected(request, episode_id):
             raise
     event_id = await _client(request).forget_episode(episode_id)
     request.app[METRICS].published.labels("EpisodeForgotten").inc()

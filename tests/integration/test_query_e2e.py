@@ -81,7 +81,10 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     await stream_commands.publish(redis, keys.stream, [encode(action)])
     await drain(settings, redis)
     assert (await api.delete("/v1/episodes/act-only")).status == 202
-    assert (await api.delete("/v1/episodes/dl-only")).status == 404  # forgotten: nothing left to forget
+    before = await redis.xlen(keys.stream)
+    again = await api.delete("/v1/episodes/dl-only")  # forgotten: a repeat is the same forget, no new event
+    assert again.status == 202 and (await again.json())["already_forgotten"] is True
+    assert await redis.xlen(keys.stream) == before
 
 
 async def test_an_episode_of_more_actions_than_one_event_carries_completes_and_reads_back(api, settings, redis):

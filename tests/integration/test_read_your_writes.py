@@ -100,3 +100,16 @@ async def test_the_client_reads_its_writes(tenants, settings, redis):
         assert again == eid
         stored = await memory.get_episode(eid)
     assert stored.status == "completed" and stored.episode.outcome == "failure", "the new version, not the old"
+
+
+async def test_an_accepted_episode_can_be_forgotten_before_it_is_projected(tenants, settings, redis):
+    """DELETE of a pending episode was a 404 and the episode was projected afterwards (new-user trial)."""
+    await tenants.post("/v1/episodes", json=episode("early", task="SECRET-EARLY plans"), headers=auth(KEY_A))
+    assert (await tenants.delete("/v1/episodes/early", headers=auth(KEY_B))).status == 404, "not another tenant's"
+    resp = await tenants.delete("/v1/episodes/early", headers=auth(KEY_A))
+    assert resp.status == 202, await resp.text()
+    await drain(settings, redis)
+    assert (await tenants.get("/v1/episodes/early", headers=auth(KEY_A))).status == 404
+    recall = await (await tenants.post("/v1/recall", json={"query": "SECRET-EARLY plans", "top_k": 5},
+                                       headers=auth(KEY_A))).json()
+    assert recall["results"] == []
