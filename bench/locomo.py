@@ -611,7 +611,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="quick: vector and hybrid rows only; full: every mode and ablation plus harness fusion")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent recall requests")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the projection")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds to wait for the projection (mpnet on 2 busy cores: 4-20 turns/s)")
     p.add_argument("--compare-embedders", default="", help="comma-separated ENGRAM_EMBEDDER names to compare")
     p.add_argument("--no-per-k", dest="per_k", action="store_false",
                    help="skip the default rows asked with top_k = k for each cut (R@k then comes only from "
