@@ -220,6 +220,7 @@ class EpisodeRecorder:
     def __init__(self, client: EngramClient, draft: EpisodeDraft):
         self.client = client
         self.draft = draft
+        self._sent = False
 
     @property
     def episode_id(self) -> str:
@@ -268,12 +269,13 @@ class EpisodeRecorder:
         actions than that still completes whole.
         """
         snapshot = self.draft.completion(outcome, **fields)
+        self._sent = True  # a completion Redis may have stored is never overwritten by the block's exit
         await self.client.publish([EpisodeCompleted(namespace=self.client.namespace, episode_id=self.episode_id,
                                                     occurred_at=time.time(), episode=snapshot)])
         return self.draft.completed_with(snapshot)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        if self.completed is not None:
+        if self.completed is not None or self._sent:
             return
         outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
         await self.complete(outcome, **fields)

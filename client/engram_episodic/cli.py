@@ -50,6 +50,8 @@ def _run(ctx: click.Context, fn: Any) -> Any:
         raise click.ClickException(str(exc)) from None
     except EngramError as exc:
         raise click.ClickException(str(exc)) from None
+    except ValueError as exc:  # the client's own argument checks (a URL without a scheme, a padded key)
+        raise click.ClickException(str(exc)) from None
 
 
 def _emit(data: Any) -> None:
@@ -226,7 +228,7 @@ def mcp(ctx: click.Context) -> None:
     try:
         from engram_episodic import mcp_server
     except ImportError as exc:
-        raise click.ClickException(f"the MCP server needs the mcp extra: pip install 'engram-episodic[mcp]' ({exc})") \
+        raise click.ClickException(f"the MCP server needs the mcp extra: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) ({exc})") \
             from None
     env = {"ENGRAM_URL": ctx.obj["url"], **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {})}
     os.environ.update(env)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import email.utils
+import math
 import os
 import random
 import time
@@ -74,7 +75,16 @@ Duration = str | float | int | timedelta
 
 
 class WaitTimeout(EngramError, TimeoutError):
-    """`wait_until_recallable` gave up: the episode was not projected within the timeout."""
+    """A wait gave up: the episode was not projected within the timeout (it was accepted all the same;
+    `episode_ids` names the episodes)."""
+
+    episode_ids: tuple[str, ...] = ()
+
+
+def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
+    """Name on a failed record/publish the episode ids it used: retrying with them is harmless."""
+    if isinstance(exc, EngramError):
+        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
 
 
 # --- arguments ----------------------------------------------------------------------------------------
@@ -170,15 +180,21 @@ class FactSearchOptions(TypedDict, total=False):
 
 
 def _wire(value: Any, name: str) -> Any:
-    """A Python argument in its JSON form: datetimes as ISO 8601 with their offset, timedeltas as seconds."""
+    """A Python argument in its JSON form: datetimes as ISO 8601 with their offset, timedeltas as seconds.
+
+    Raises InvalidEpisode naming the argument for what JSON cannot carry (a naive datetime, NaN)."""
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidEpisode([(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")])
         return format_instant(value.timestamp())
     if isinstance(value, timedelta):
         return value.total_seconds()
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidEpisode([(name, "must be finite (NaN and infinity are not JSON)")])
+    if isinstance(value, Mapping):
+        return {k: _wire(v, f"{name}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wire(v, f"{name}[{i}]") for i, v in enumerate(value)]
     return value
 
 
@@ -236,7 +252,9 @@ def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> 
 def _waited(result: IngestResult, wait: float | None) -> IngestResult:
     if wait and result.projected is False:
         missing = [a.episode_id for a in result.results if a.projected is False]
-        raise WaitTimeout(f"accepted, but not projected within {wait:g}s: {', '.join(missing[:10])}")
+        timeout = WaitTimeout(f"accepted, but not projected within {wait:g}s: {', '.join(missing[:10])}")
+        timeout.episode_ids = tuple(missing)
+        raise timeout
     return result
 
 
@@ -365,6 +383,10 @@ class _Base:
         self.max_retry_wait = max_retry_wait
         self._headers = {"User-Agent": f"engram-episodic/{__version__}", **(headers or {})}
         if api_key:
+            # the service compares keys exactly: padding or a non-ASCII byte would only ever be a 401
+            # (or fail in the HTTP layer as a lost answer), so say it here
+            if not api_key.isascii() or not api_key.isprintable() or api_key != api_key.strip():
+                raise ValueError("api_key must be printable ASCII without leading or trailing whitespace")
             self._headers["Authorization"] = f"Bearer {api_key}"
 
     @classmethod
@@ -382,9 +404,9 @@ class _Base:
             args["params"] = call.params
         return args
 
-    def _read(self, call: Call[T], response: httpx.Response) -> T:
+    def _read(self, call: Call[T], response: httpx.Response, earlier_lost: bool = False) -> T:
         if response.status_code >= 400:
-            raise _problem(response)
+            raise self._answered(_problem(response), earlier_lost)
         try:
             data = response.json()
         except ValueError:
@@ -407,11 +429,23 @@ class _Base:
             return self._wait(attempt)
         return None
 
-    def _failed(self, exc: Exception) -> ConnectionFailed:
+    def _failed(self, exc: Exception, earlier_lost: bool) -> ConnectionFailed:
         sent = not isinstance(exc, _NOT_SENT)
         what = "no answer from" if sent else "cannot reach"
-        return ConnectionFailed(f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": "),
-                                maybe_applied=sent)
+        note = "; an earlier attempt's answer was lost, so it may have been applied" if earlier_lost and not sent else ""
+        return ConnectionFailed(f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ") + note,
+                                maybe_applied=sent or earlier_lost)
+
+    @staticmethod
+    def _answered(error: ApiError, earlier_lost: bool) -> ApiError:
+        if earlier_lost:  # the final answer speaks for its own attempt only
+            error.maybe_applied = True
+        return error
+
+    @staticmethod
+    def _bad_request(exc: Exception) -> InvalidEpisode:
+        # an argument httpx cannot put on the wire (a 100k-character id in the URL, a lone surrogate)
+        return InvalidEpisode([("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")])
 
 
 # --- sync --------------------------------------------------------------------------------------------
@@ -447,17 +481,22 @@ class Engram(_Base):
     def call(self, call: Call[T]) -> T:
         """Send one request (with the retry rule of the module docstring) and read its answer."""
         attempt = 0
+        lost = False  # an attempt was sent and its answer lost: it may have been applied
         while True:
             try:
-                response = self._http.request(**self._request_args(call), headers=self._headers)
+                response = self._http.request(**self._request_args(call), headers=self._headers,
+                                                 timeout=self.timeout)
             except httpx.TransportError as exc:
                 delay = self._decide(call, attempt, None, exc)
                 if delay is None:
-                    raise self._failed(exc) from exc
+                    raise self._failed(exc, lost) from exc
+                lost = lost or not isinstance(exc, _NOT_SENT)
+            except (httpx.InvalidURL, UnicodeEncodeError) as exc:
+                raise self._bad_request(exc) from exc
             else:
                 delay = self._decide(call, attempt, response, None)
                 if delay is None:
-                    return self._read(call, response)
+                    return self._read(call, response, lost)
             time.sleep(delay)
             attempt += 1
 
@@ -507,15 +546,27 @@ class Engram(_Base):
         Validated here first (InvalidEpisode names every bad field; nothing is sent), then accepted by the
         service (202): it becomes recallable once the consolidator projected it. With `wait` (seconds, at
         most 30) the service answers once it is projected (read-your-writes), and WaitTimeout says it was
-        accepted but not projected in time.
+        accepted but not projected in time. Any failure names the id it used (`exc.episode_ids`):
+        `record(episode_id=that, ...)` again is the same episode, never a copy.
         """
         prepared, call = Calls.record(episode, fields, wait)
-        _waited(self.call(call), wait)
+        try:
+            _waited(self.call(call), wait)
+        except EngramError as exc:
+            _with_ids(exc, [prepared])
+            raise
         return prepared.episode_id
 
     def publish(self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None) -> IngestResult:
-        """Publish up to 1,000 finished episodes atomically (all or none) in one request (`wait`: as `record`)."""
-        return _waited(self.call(Calls.publish(episodes, wait)[1]), wait)
+        """Publish up to 1,000 finished episodes atomically (all or none) in one request (`wait`: as `record`).
+
+        A failure names the ids it used (`exc.episode_ids`): publish those episodes again with them."""
+        prepared, call = Calls.publish(episodes, wait)
+        try:
+            return _waited(self.call(call), wait)
+        except EngramError as exc:
+            _with_ids(exc, prepared)
+            raise
 
     def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
                 complexity: float | None = None, **fields: Any) -> HttpEpisode:
@@ -567,6 +618,7 @@ class HttpEpisode:
     def __init__(self, client: Engram, draft: EpisodeDraft):
         self.client = client
         self.draft = draft
+        self.sent = False  # a completion was sent (perhaps applied): never overwrite it on exit
 
     @property
     def episode_id(self) -> str:
@@ -579,16 +631,25 @@ class HttpEpisode:
                                  timestamp=timestamp)
 
     def complete(self, outcome: str, **fields: Any) -> Episode:
-        """Publish the finished episode; returns it. `fields`: any Episode field (feedback, solution, ...)."""
+        """Publish the finished episode; returns it. `fields`: any Episode field (feedback, solution, ...).
+
+        If publishing fails, the error says whether it may have been applied, and leaving the block does
+        not publish a `failure` over it (found by a new-user trial: a success whose answer was lost was
+        rewritten as a failure); call `complete` again with the same outcome to retry."""
         snapshot = self.draft.completion(outcome, **fields)
-        self.client.call(_ingest([snapshot], batch=False))
+        self.sent = True
+        try:
+            self.client.call(_ingest([snapshot], batch=False))
+        except EngramError as exc:
+            _with_ids(exc, [snapshot])
+            raise
         return self.draft.completed_with(snapshot)
 
     def __enter__(self) -> HttpEpisode:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self.draft.completed is None:
+        if self.draft.completed is None and not self.sent:
             outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
             self.complete(outcome, **fields)
 
@@ -624,17 +685,22 @@ class AsyncEngram(_Base):
     async def call(self, call: Call[T]) -> T:
         """Send one request (with the retry rule of the module docstring) and read its answer."""
         attempt = 0
+        lost = False  # an attempt was sent and its answer lost: it may have been applied
         while True:
             try:
-                response = await self._http.request(**self._request_args(call), headers=self._headers)
+                response = await self._http.request(**self._request_args(call), headers=self._headers,
+                                                 timeout=self.timeout)
             except httpx.TransportError as exc:
                 delay = self._decide(call, attempt, None, exc)
                 if delay is None:
-                    raise self._failed(exc) from exc
+                    raise self._failed(exc, lost) from exc
+                lost = lost or not isinstance(exc, _NOT_SENT)
+            except (httpx.InvalidURL, UnicodeEncodeError) as exc:
+                raise self._bad_request(exc) from exc
             else:
                 delay = self._decide(call, attempt, response, None)
                 if delay is None:
-                    return self._read(call, response)
+                    return self._read(call, response, lost)
             await asyncio.sleep(delay)
             attempt += 1
 
@@ -679,13 +745,22 @@ class AsyncEngram(_Base):
                      **fields: Any) -> str:
         """See `Engram.record`."""
         prepared, call = Calls.record(episode, fields, wait)
-        _waited(await self.call(call), wait)
+        try:
+            _waited(await self.call(call), wait)
+        except EngramError as exc:
+            _with_ids(exc, [prepared])
+            raise
         return prepared.episode_id
 
     async def publish(self, episodes: Iterable[Episode | Mapping[str, Any]], *,
                       wait: float | None = None) -> IngestResult:
         """See `Engram.publish`."""
-        return _waited(await self.call(Calls.publish(episodes, wait)[1]), wait)
+        prepared, call = Calls.publish(episodes, wait)
+        try:
+            return _waited(await self.call(call), wait)
+        except EngramError as exc:
+            _with_ids(exc, prepared)
+            raise
 
     def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
                 complexity: float | None = None, **fields: Any) -> AsyncHttpEpisode:
@@ -730,6 +805,7 @@ class AsyncHttpEpisode:
     def __init__(self, client: AsyncEngram, draft: EpisodeDraft):
         self.client = client
         self.draft = draft
+        self.sent = False
 
     @property
     def episode_id(self) -> str:
@@ -744,13 +820,18 @@ class AsyncHttpEpisode:
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""
         snapshot = self.draft.completion(outcome, **fields)
-        await self.client.call(_ingest([snapshot], batch=False))
+        self.sent = True
+        try:
+            await self.client.call(_ingest([snapshot], batch=False))
+        except EngramError as exc:
+            _with_ids(exc, [snapshot])
+            raise
         return self.draft.completed_with(snapshot)
 
     async def __aenter__(self) -> AsyncHttpEpisode:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self.draft.completed is None:
+        if self.draft.completed is None and not self.sent:
             outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
             await self.complete(outcome, **fields)

@@ -73,7 +73,11 @@ class EpisodeDraft:
 
     def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
                success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
-        """Validate one action (its `action_id` is fresh, `timestamp` defaults to now); keep it; return it."""
+        """Validate one action (its `action_id` is fresh, `timestamp` defaults to now); keep it; return it.
+
+        Raises InvalidEpisode for a bad field, and after the episode was completed (it would be dropped)."""
+        if self.completed is not None:
+            raise InvalidEpisode([("action", "the episode is already completed; record actions before complete()")])
         raw = {"action_type": action_type, "input": input, "output": output, "success": success,
                "error": error, "timestamp": timestamp if timestamp is not None else time.time(),
                "action_id": new_event_id()}

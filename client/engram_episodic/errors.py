@@ -86,6 +86,7 @@ class ConnectionFailed(EngramError):
     def __init__(self, message: str, *, maybe_applied: bool = False):
         super().__init__(message)
         self.maybe_applied = maybe_applied
+        self.episode_ids: tuple[str, ...] = ()  # record/publish: the ids to retry with (no duplicates)
 
 
 class ApiError(EngramError):
@@ -105,6 +106,8 @@ class ApiError(EngramError):
         self.errors = tuple((str(e.get("field", "")), str(e.get("reason", ""))) for e in raw_errors
                             if isinstance(e, dict))
         self.retry_after = retry_after
+        self.maybe_applied = False  # True when an earlier attempt of this call was sent and its answer lost
+        self.episode_ids: tuple[str, ...] = ()  # record/publish: the ids to retry with (no duplicates)
         lines = [f"{status} {self.title}" + (f": {self.detail}" if self.detail else "")]
         lines += [f"{field}: {reason}" for field, reason in self.errors]
         super().__init__("; ".join(lines))

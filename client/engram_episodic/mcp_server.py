@@ -20,7 +20,7 @@ scope `--agent-id` / ENGRAM_AGENT_ID, `--user-id` / ENGRAM_USER_ID, `--session-i
 The streamable-http transport binds 127.0.0.1 (`--host`, `--port` 8765, `--path` /mcp) and refuses any
 other address without `--allow-remote`: whoever reaches the endpoint uses the API key.
 
-Needs the `mcp` package (`pip install 'engram-episodic[mcp]'`); it is built on its low-level
+Needs the `mcp` package (`pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)`); it is built on its low-level
 `mcp.server.Server`, since the tool schemas are given (the high-level MCPServer derives them from
 Python signatures).
 """
@@ -78,7 +78,7 @@ INTERNAL_ERROR = -32603
 
 def _need_mcp() -> None:
     if _MISSING is not None:
-        raise ImportError("the Engram MCP server needs the mcp package: pip install 'engram-episodic[mcp]' "
+        raise ImportError("the Engram MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) "
                           f"({_MISSING})") from _MISSING
 
 
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = "engram mcp",
     cli = parser(prog)
     args = cli.parse_args(argv)
     if _MISSING is not None:
-        print(f"{cli.prog}: the MCP server needs the mcp package: pip install 'engram-episodic[mcp]'",
+        print(f"{cli.prog}: the MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)",
               file=sys.stderr)
         return 2
     settings = _settings(args, os.environ if env is None else env)

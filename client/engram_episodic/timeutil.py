@@ -35,6 +35,10 @@ def parse_instant(value: object) -> float:
     """
     if isinstance(value, bool):
         raise ValueError("must be an ISO 8601 string with an offset or epoch seconds, not a boolean")
+    if isinstance(value, datetime):  # from Python callers (the client); JSON never carries one
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("is a datetime without a UTC offset (tzinfo); naive times are ambiguous")
+        value = value.isoformat()
     if isinstance(value, int | float):
         outside = f"is outside years 1..9999 (epoch seconds {MIN_SECONDS:.0f}..{MAX_SECONDS})"
         try:

@@ -971,7 +971,10 @@ def render_facts(facts: Sequence[Fact], query: str | None) -> ToolResult:
 
 
 def render_forgotten(forgetting: Forgetting) -> ToolResult:
-    """forget_episode: the erase was accepted."""
+    """forget_episode: the erase was accepted (or had been: forgetting is idempotent)."""
+    if forgetting.already_forgotten:
+        return ToolResult(f"Episode {forgetting.episode_id} was already forgotten.",
+                          {"episode_id": forgetting.episode_id, "event_id": None, "status": "already_forgotten"})
     data = {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "accepted"}
     return ToolResult(f"Episode {forgetting.episode_id} will be erased from memory (and from the facts "
                       "built on it) within seconds.", data)

@@ -61,7 +61,7 @@ for module, extra in (("langchain", "langchain"), ("langgraph", "langgraph"), ("
     try:
         __import__("engram_episodic.adapters." + module)
     except ImportError as exc:
-        assert f"pip install 'engram-episodic[{extra}]'" in str(exc), exc
+        assert f"pip install './client[{extra}]'" in str(exc), exc
     else:
         raise AssertionError(module + " imported without its framework")
 print("ok")

@@ -231,3 +231,55 @@ async def test_any_call_can_answer_the_raw_json(flaky):
     async with AsyncEngram(url(server)) as memory:
         raw = await memory.call(Calls.recall("x", {"top_k": 2}).as_json())
     assert raw == _RECALL_BODY
+
+
+async def test_aware_datetimes_go_wherever_an_instant_does(tenants, settings, redis):
+    from datetime import UTC, datetime, timedelta, timezone
+
+    done = datetime(2026, 11, 30, 12, 0, tzinfo=timezone(timedelta(hours=2)))
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        eid = await memory.record(task="tz", outcome="success", started_at=done - timedelta(minutes=5),
+                                  completed_at=done)
+        async with memory.episode("tz block", started_at=datetime(2026, 11, 30, 9, 0, tzinfo=UTC)) as ep:
+            ep.action("run", timestamp=datetime(2026, 11, 30, 9, 1, tzinfo=UTC))
+            await ep.complete("success", completed_at=datetime(2026, 11, 30, 9, 2, tzinfo=UTC))
+        with pytest.raises(InvalidEpisode) as naive:
+            await memory.record(task="tz", outcome="success", completed_at=datetime(2026, 11, 30, 12, 0))
+        assert naive.value.errors[0][0] == "completed_at" and "UTC offset" in naive.value.errors[0][1]
+        with pytest.raises(InvalidEpisode) as nan:
+            await memory.recall("x", reward={"gte": float("nan")})
+        assert nan.value.errors[0][0] == "reward.gte"
+        with pytest.raises(InvalidEpisode):
+            ep.action("late")  # after complete(): it would be dropped
+        await drain(settings, redis)
+        stored = (await memory.wait_until_recallable(eid, timeout=10)).episode
+        block = (await memory.wait_until_recallable(ep.episode_id, timeout=10)).episode
+    assert stored.completed_at == done.timestamp() and stored.duration_s == 300
+    assert block.actions[0].timestamp == datetime(2026, 11, 30, 9, 1, tzinfo=UTC).timestamp()
+
+
+def test_an_api_key_the_service_could_never_accept_is_refused_at_construction():
+    for bad in ("key ", " key", "ke\ny", "kéy"):
+        with pytest.raises(ValueError, match="api_key"):
+            Engram(api_key=bad)
+
+
+async def test_a_completion_whose_answer_was_lost_is_not_rewritten_as_a_failure(flaky):
+    """A success sent, its answer lost: the block's exit used to publish a `failure` over it."""
+    server, state = flaky
+    state["script"] = ["hang", "hang"]
+    async with AsyncEngram(url(server), timeout=0.3, max_retries=1, max_retry_wait=0.01) as memory:
+        with pytest.raises(ConnectionFailed) as lost:
+            async with memory.episode("deploy", agent_id="a") as ep:
+                await ep.complete("success", feedback={"reward": 1.0})
+    assert lost.value.maybe_applied and lost.value.episode_ids == (ep.episode_id,)
+    assert state["count"] == 2, "two attempts of the completion, and no failure published after them"
+
+
+async def test_the_final_error_says_an_earlier_attempt_may_have_been_applied(flaky):
+    server, state = flaky
+    state["script"] = ["hang", 429, 429]
+    async with AsyncEngram(url(server), timeout=0.3, max_retries=2, max_retry_wait=0.01) as memory:
+        with pytest.raises(RateLimited) as limited:
+            await memory.record(task="t", outcome="success", episode_id="fixed-id")
+    assert limited.value.maybe_applied and limited.value.episode_ids == ("fixed-id",)

@@ -119,8 +119,10 @@ async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(t
                 await memory.get_episode(episode_id)
             again = await session.call_tool("recall_experiences", {"query": "the login test fails at random"})
             assert again.structured_content["results"] == [] and "No past episodes" in text(again)
-            gone = await session.call_tool("forget_episode", {"episode_id": episode_id})
-            assert gone.is_error and gone.structured_content["errors"][0]["field"] == "episode_id"
+            gone = await session.call_tool("forget_episode", {"episode_id": episode_id})  # forgetting is idempotent
+            assert not gone.is_error and gone.structured_content["status"] == "already_forgotten"
+            unknown = await session.call_tool("forget_episode", {"episode_id": "never-recorded"})
+            assert unknown.is_error and unknown.structured_content["errors"][0]["field"] == "episode_id"
 
 
 async def test_a_wrong_api_key_is_a_tool_error_not_a_crash(tenants, tmp_path):

@@ -79,8 +79,10 @@ async def test_every_tool_through_adispatch_with_a_bound_scope(tenants, settings
         forgot = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})
         assert forgot.data["episode_id"] == recorded[2] and forgot.data["event_id"]
         await drain(settings, redis)
+        again = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})  # idempotent
+        assert again.data["status"] == "already_forgotten" and "already forgotten" in again.text
         with pytest.raises(ToolArgumentError) as missing:
-            await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})
+            await toolset.adispatch("forget_episode", {"episode_id": "never-recorded"})
         assert missing.value.field == "episode_id" and "no episode" in missing.value.errors[0][1]
 
         with pytest.raises(ToolArgumentError) as blank:  # the service's 422, named as the tool's argument

@@ -24,7 +24,7 @@ try:
     from langchain_core.tools import BaseTool, StructuredTool, ToolException
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError("engram_episodic.adapters.langchain needs langchain-core: "
-                      "pip install 'engram-episodic[langchain]'") from exc
+                      "pip install './client[langchain]' (engram-episodic's langchain extra, from an Engram checkout)") from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram

@@ -45,7 +45,7 @@ try:
     from langgraph.graph.message import REMOVE_ALL_MESSAGES  # langgraph >= 0.3.23
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError("engram_episodic.adapters.langgraph needs LangGraph: "
-                      "pip install 'engram-episodic[langgraph]'") from exc
+                      "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)") from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram

@@ -34,7 +34,7 @@ try:
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError("engram_episodic.adapters.openai_agents needs the OpenAI Agents SDK: "
-                      "pip install 'engram-episodic[openai-agents]'") from exc
+                      "pip install './client[openai-agents]' (engram-episodic's openai-agents extra, from an Engram checkout)") from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram
