@@ -42,6 +42,8 @@ from shared.keys import Keys, digest
 
 KINDS = ("strategy", "failure_pattern", "best_practice", "preference")
 STATUS_CURRENT, STATUS_SUPERSEDED = "current", "superseded"
+SUMMARY_LLM, SUMMARY_FALLBACK = "llm", "fallback"
+SUMMARIES = (None, SUMMARY_LLM, SUMMARY_FALLBACK)
 LEVEL_NAMESPACE, LEVEL_AGENT_CATEGORY = "namespace", "agent_category"
 OPEN_END = 253402300799.0  # 9999-12-31T23:59:59Z: "not superseded" (a missing NUMERIC never matches)
 MAX_TEXT_CHARS = 1000
@@ -133,6 +135,10 @@ class Fact:
     superseded_by: str | None = None
     superseded_at: float | None = None
     status: str = STATUS_CURRENT
+    summary: str | None = None
+    """How `text` was written: None — the deterministic text (no summariser); "llm" — the summariser's
+    rewrite; "fallback" — the summariser failed and `text` is the deterministic text until a later run's
+    retry succeeds."""
 
     def content(self) -> tuple:
         """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
@@ -175,8 +181,9 @@ class Fact:
             fact = cls(centroid=vec, **{k: v for k, v in raw.items() if k in known})
         except (TypeError, ValueError) as exc:
             raise InvalidEpisode([("facts", f"malformed fact: {exc}")]) from None
-        if fact.kind not in KINDS or fact.status not in (STATUS_CURRENT, STATUS_SUPERSEDED):
-            raise InvalidEpisode([("facts", f"fact {fact.fact_id[:40]!r} has an unknown kind or status")])
+        if fact.kind not in KINDS or fact.status not in (STATUS_CURRENT, STATUS_SUPERSEDED) \
+                or fact.summary not in SUMMARIES:
+            raise InvalidEpisode([("facts", f"fact {fact.fact_id[:40]!r} has an unknown kind, status or summary")])
         return fact
 
     def to_json(self, *, iso: bool = True) -> dict[str, Any]:

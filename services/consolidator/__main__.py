@@ -61,7 +61,7 @@ async def _run(settings: Settings) -> int:
     from services.consolidator.facts import Consolidator
     from services.consolidator.summarizer import Summarizer
 
-    summarizer = Summarizer.from_settings(settings)
+    summarizer = Summarizer.from_settings(settings, failures_metric=metrics.summarizer_failures)
     worker = Worker(settings, redis, embedder, metrics=metrics)
     facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True,
                          backlogged=lambda: worker.backlogged)

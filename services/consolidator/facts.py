@@ -1,26 +1,33 @@
 """Semantic memory: consolidate clusters of a scope's episodes into facts (see shared.facts).
 
 Clustering. `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
-the unit episode vectors (`ENGRAM_FACTS_DISTANCE`, default 0.5 = cosine similarity 0.5). Chosen over
-k-means and HDBSCAN because (1) it needs no k: the number of task families is unknown and changes;
-(2) average linkage with a distance threshold states the guarantee we want directly — two groups are
-merged only when their *average* pairwise cosine distance is below `d`, so unrelated families never
-merge however few of them there are, where k-means with too small a k must merge them; (3) it is fully
-deterministic (no random initialisation, so no seed to carry), which stable fact ids need; (4) it is
-exact on the small sets involved (a scope is capped at its newest `ENGRAM_FACTS_MAX_EPISODES` episodes;
-O(n²) memory). HDBSCAN would need min_cluster_size tuning and labels small families as noise.
-Clusters smaller than `ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
+the unit episode vectors. `d` is `ENGRAM_FACTS_DISTANCE`, or when unset the default calibrated for the
+embedder the live index was built with (`DEFAULT_DISTANCE`, measured by
+`services.consolidator.calibration` on labelled task families). Chosen over k-means and HDBSCAN because
+(1) it needs no k: the number of task families is unknown and changes; (2) average linkage with a
+distance threshold states the guarantee we want directly — two groups are merged only when their
+*average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
+close episodes, where k-means with too small a k must merge them; (3) it is fully deterministic (no
+random initialisation), so the same episodes always give the same clusters; (4) it is exact on the small
+sets involved (a scope is capped at its newest `ENGRAM_FACTS_MAX_EPISODES` episodes; O(n²) memory).
+HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
+`ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
 
-Stable ids and supersession (`plan`, a pure function). Each new cluster is matched to the previous
-*current* fact holding the largest share of its evidence (≥ half of the fact's evidence, greedy,
-one-to-one). A matched cluster keeps the fact's id: when its statistics are unchanged the fact is kept
-byte for byte (no new version, no new `updated_at`); otherwise `version` + 1. When the newest evidence
-contradicts it — the cluster's time-ordered outcomes split into an older part and a newer part (each of
-at least `min_cluster` episodes, the newer one holding new evidence) whose success rates lie on either
-side of 50% and differ by at least 0.5 — a new fact built from the newer part *supersedes* it: the old
-one stays as history (`status=superseded`, `superseded_by`, `superseded_at`) and the new one only
-counts evidence from its regime on (`evidence_since`). Unmatched clusters become new facts; unmatched
-previous facts are removed.
+Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
+regimes where its outcomes, or one strategy's outcomes, flip (`shared.regimes`: success rates on either
+side of 50%, 0.5 apart, each side >= min_cluster episodes, Fisher p <= 0.05). The newest regime is the
+cluster's current fact, each older one a fact it superseded (`status=superseded`, `superseded_by`; the
+newer one `supersedes` it and counts evidence from `evidence_since`). Nothing in this depends on the
+previous facts or on when consolidation ran: any interleaving of publishes and runs ends in the facts
+one run over the same episodes gives (property-tested), and every episode of a large enough cluster is
+in exactly one fact.
+
+Stable ids (`plan`). The previous facts only lend identities: each derived fact takes the id of the
+previous fact (current or superseded) holding the largest share (>= half) of that fact's evidence,
+greedily one to one, and with it `created_at` and `version`. An unchanged fact is kept byte for byte
+(no new version or `updated_at`); a changed one is `version` + 1; the summariser's rewrite stays while
+the deterministic text is the same. Previous superseded facts whose evidence has left the scope's window
+stay as history (at most HISTORY_LIMIT); any other previous fact no derived fact took is removed.
 
 Facts are events. A run publishes one `FactsConsolidated` holding the scope's whole state (current
 facts and history) with a per-scope sequence number, then projects it (`apply_snapshot`, one MULTI per
@@ -32,6 +39,10 @@ lets one process consolidate it at a time.
 Triggers (`Consolidator.on_batch`): after every `ENGRAM_FACTS_EVERY` newly completed episodes of a
 scope, or when their summed importance reaches `ENGRAM_FACTS_IMPORTANCE_THRESHOLD` (Generative Agents
 reflect at 150; Park et al. 2023, section 4.2), or on demand (`POST /v1/consolidate`).
+
+The optional summariser (`services.consolidator.summarizer`) rewrites the text of current facts it has
+not rewritten yet; a failure keeps the deterministic text marked `summary="fallback"`, is counted
+(`RunResult.summarizer_failures`, `engram_summarizer_failures_total`) and is retried on the next run.
 
 Forgetting (`forget_evidence`, called by the projector after it erased episodes): every fact whose
 evidence named a forgotten episode is rebuilt from its remaining evidence (or removed below
@@ -70,6 +81,8 @@ from shared.facts import (
     MAX_TEXT_CHARS,
     STATUS_CURRENT,
     STATUS_SUPERSEDED,
+    SUMMARY_FALLBACK,
+    SUMMARY_LLM,
     Fact,
     FactScope,
     ensure_facts_index,
@@ -80,11 +93,24 @@ from shared.facts import (
 )
 from shared.index import STATUS_COMPLETED, Scope, current_generation
 from shared.keys import Keys, digest
+from shared.regimes import segments
 from shared.settings import Settings
 
 log = logging.getLogger("engram.facts")
 
 HISTORY_LIMIT = 50  # superseded facts kept per scope (newest first)
+DEFAULT_DISTANCE = {"mpnet-base-v2": 0.70, "minilm-l6-v2": 0.69, "hashing-v1": 0.59}
+"""The clustering threshold per embedder when ENGRAM_FACTS_DISTANCE is unset, calibrated on labelled task
+families (`services.consolidator.calibration`; figures in README "Semantic memory"): the largest
+threshold at which at most 1% of random scopes of 5 unrelated families hold a fact mixing two of them."""
+FALLBACK_DISTANCE = 0.5
+"""Embedders not calibrated (`openai/...`): measure with `python -m services.consolidator.calibration
+--embedder openai` and set ENGRAM_FACTS_DISTANCE."""
+
+
+def default_distance(embedder: str | None) -> float:
+    """The calibrated threshold of the embedder the index was built with (FALLBACK_DISTANCE if unknown)."""
+    return DEFAULT_DISTANCE.get(embedder or "", FALLBACK_DISTANCE)
 PAGE = 500
 RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -277,9 +303,10 @@ def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategie
     head = "What works" if kind == "best_practice" and successes >= 0.7 * n else _HEAD[kind]
     parts = [f"{head}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
              f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")]
-    if strategies:
+    if strategies:  # the one that works best first: the text is what an agent follows
+        ranked = sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
         parts.append("Strategies: " + "; ".join(
-            f"{_clip(s['strategy'], 40)} succeeded {s['successes']} of {s['episodes']}" for s in strategies) + ".")
+            f"{_clip(s['strategy'], 40)} succeeded {s['successes']} of {s['episodes']}" for s in ranked) + ".")
     if failures:
         parts.append("Failures were: " + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in failures) + ".")
     if actions:
@@ -287,81 +314,92 @@ def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategie
     return _clip(" ".join(parts), MAX_TEXT_CHARS)
 
 
-def changepoint(rows: Sequence[Row], min_size: int, known: set[str]) -> int | None:
-    """Where time-ordered outcomes flip: the split i maximising |rate(rows[:i]) - rate(rows[i:])| among
-    splits with ≥ min_size rows each side, rates on either side of 50% differing by ≥ 0.5, and at least
-    one row of the newer part not in `known` (new evidence). None when the evidence agrees.
+def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
+    """A cluster's time-ordered evidence cut where outcomes or a strategy's outcomes flip
+    (`shared.regimes.segments`), oldest first; every regime has at least `min_size` rows."""
+    rows = _order(rows)
+    success = [r.episode.outcome == "success" for r in rows]
+    strategies = [r.episode.strategy_used for r in rows]
+    return [rows[a:b] for a, b in segments(success, strategies, min_size)]
 
-    Vectorised with prefix sums (O(n)): it runs on every consolidation of scopes of thousands of episodes.
-    """
-    n = len(rows)
-    if n < 2 * min_size or min_size < 1:
-        return None
-    success = np.fromiter((r.episode.outcome == "success" for r in rows), dtype=np.float64, count=n)
-    csum = np.concatenate([[0.0], np.cumsum(success)])
-    split = np.arange(min_size, n - min_size + 1)
-    older = csum[split] / split
-    newer = (csum[n] - csum[split]) / (n - split)
-    unknown = np.fromiter((r.episode_id not in known for r in rows), dtype=bool, count=n)
-    has_new = np.flip(np.cumsum(np.flip(unknown))) > 0  # has_new[i]: rows[i:] hold new evidence
-    gap = np.abs(older - newer)
-    valid = has_new[split] & ((older >= 0.5) != (newer >= 0.5)) & (gap >= 0.5)
-    if not valid.any():
-        return None
-    return int(split[int(np.argmax(np.where(valid, gap, -1.0)))])
+
+def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[list[list[Row]]]:
+    """The scope's fact state as a function of its episodes alone: per cluster of at least `min_cluster`
+    episodes (in the order of their oldest episode), its regimes oldest first. The newest regime is the
+    current fact; each older one is a fact it superseded. No previous state, no clock: the same episodes
+    give the same regimes however (and however often) they were consolidated before."""
+    rows = _order(rows)
+    if not rows:
+        return []
+    groups = [[rows[i] for i in g] for g in cluster(np.stack([r.vector for r in rows]), distance)]
+    return [regimes(g, min_cluster) for g in groups if len(g) >= min_cluster]
 
 
 def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min_cluster: int, distance: float,
          now: float) -> tuple[list[Fact], list[str]] | None:
-    """The scope's next facts (current and history) and removed ids; None when nothing changes."""
-    rows = _order(rows)
-    groups = [[rows[i] for i in g] for g in cluster(np.stack([r.vector for r in rows]), distance)] if rows else []
-    groups = [g for g in groups if len(g) >= min_cluster]
-    current = {f.fact_id: f for f in previous if f.status == STATUS_CURRENT}
-    history = [f for f in previous if f.status != STATUS_CURRENT]
-    used_ids = {f.fact_id for f in previous}
-    # greedy one-to-one matching by the share of the fact's evidence found in the cluster
+    """The scope's next facts (current and history) and removed ids; None when nothing changes.
+
+    What the facts say (evidence, statistics, kind, text, which one is current) is `derive(rows)`; the
+    previous facts only lend their ids, versions, creation times and summarised texts: each derived fact
+    takes the id of the previous fact (current or superseded) holding the largest share (>= half) of
+    that fact's evidence, greedily one to one; unchanged facts are kept byte for byte. Previous
+    superseded facts whose evidence left the scope's window entirely stay as history; every other
+    previous fact that no derived fact took is removed.
+    """
+    derived = derive(rows, min_cluster=min_cluster, distance=distance)
+    items = [(gi, k, part) for gi, parts in enumerate(derived) for k, part in enumerate(parts)]
+    last = {gi: len(parts) - 1 for gi, parts in enumerate(derived)}
+    prev = {f.fact_id: f for f in previous}
+    # greedy one-to-one matching by the share of the previous fact's evidence found in the derived fact
+    evidence = {fid: set(f.evidence) for fid, f in prev.items() if f.evidence}
     pairs = []
-    for gi, g in enumerate(groups):
-        ids = {r.episode_id for r in g}
-        for f in current.values():
-            inter = len(ids & set(f.evidence))
-            if f.evidence and inter / len(f.evidence) >= 0.5:
-                pairs.append((-inter / len(f.evidence), -inter, gi, f.fact_id))
+    for n, (gi, k, part) in enumerate(items):
+        ids = {r.episode_id for r in part}
+        is_current = k == last[gi]
+        for fid, ev in evidence.items():
+            inter = len(ids & ev)
+            if inter / len(ev) >= 0.5:  # ties: the same status (current with current), then order
+                pairs.append((-inter / len(ev), -inter, (prev[fid].status == STATUS_CURRENT) != is_current, n, fid))
     match: dict[int, Fact] = {}
     taken: set[str] = set()
-    for _, _, gi, fid in sorted(pairs):
-        if gi not in match and fid not in taken:
-            match[gi] = current[fid]
+    for *_, n, fid in sorted(pairs):
+        if n not in match and fid not in taken:
+            match[n] = prev[fid]
             taken.add(fid)
+    used = set(prev)
+    ids_of: dict[tuple[int, int], str] = {}
+    for n, (gi, k, part) in enumerate(items):
+        ids_of[gi, k] = match[n].fact_id if n in match else _new_id(scope, part[0].episode_id, used)
     out: list[Fact] = []
-    for gi, g in enumerate(groups):
-        old = match.get(gi)
+    for n, (gi, k, part) in enumerate(items):
+        fid = ids_of[gi, k]
+        is_current = k == last[gi]
+        since = part[0].completed_at if k > 0 else None
+        supersedes = ids_of[gi, k - 1] if k > 0 else None
+        old = match.get(n)
         if old is None:
-            fid = _new_id(scope, g[0].episode_id, used_ids)
-            out.append(build_fact(scope, g, fact_id=fid, now=now))
+            fresh = build_fact(scope, part, fact_id=fid, now=now, evidence_since=since, supersedes=supersedes)
+            if not is_current:
+                fresh = superseded(fresh, ids_of[gi, k + 1], now)
+            out.append(fresh)
             continue
-        regime = [r for r in g if old.evidence_since is None or r.completed_at >= old.evidence_since]
-        cut = changepoint(regime, min_cluster, set(old.evidence))
-        if cut is not None:
-            newer = regime[cut:]
-            fid = _new_id(scope, f"{old.fact_id}\x00{newer[0].episode_id}", used_ids)
-            out.append(build_fact(scope, newer, fact_id=fid, now=now, evidence_since=newer[0].completed_at,
-                                  supersedes=old.fact_id))
-            history.append(superseded(old, fid, now))
-            continue
-        if len(regime) < min_cluster:
-            continue
-        fresh = build_fact(scope, regime, fact_id=old.fact_id, now=old.updated_at, created_at=old.created_at,
-                           version=old.version, evidence_since=old.evidence_since, supersedes=old.supersedes)
-        if fresh.content() == old.content():
-            out.append(old)
-        else:
-            out.append(replace(fresh, version=old.version + 1, updated_at=now))
-    history = sorted(history, key=lambda f: (-(f.superseded_at or 0.0), f.fact_id))[:HISTORY_LIMIT]
-    facts = sorted(out, key=lambda f: f.fact_id) + history
+        fresh = build_fact(scope, part, fact_id=fid, now=old.updated_at, created_at=old.created_at,
+                           version=old.version, evidence_since=since, supersedes=supersedes)
+        if fresh.base_text == old.base_text:  # the summariser's rewrite of the same text stays
+            fresh = replace(fresh, text=old.text, summary=old.summary)
+        if not is_current:
+            at = old.superseded_at if old.status == STATUS_SUPERSEDED and old.superseded_at is not None else now
+            fresh = superseded(fresh, ids_of[gi, k + 1], at)
+        out.append(old if fresh == old else replace(fresh, version=old.version + 1, updated_at=now))
+    window = {r.episode_id for r in rows}
+    aged = [f for f in previous if f.status == STATUS_SUPERSEDED and f.fact_id not in taken
+            and not window & set(f.evidence)]
+    current = [f for f in out if f.status == STATUS_CURRENT]
+    history = sorted([f for f in out if f.status != STATUS_CURRENT] + aged,
+                     key=lambda f: (-(f.superseded_at or 0.0), f.fact_id))[:HISTORY_LIMIT]
+    facts = sorted(current, key=lambda f: f.fact_id) + history
     kept = {f.fact_id for f in facts}
-    removed = sorted(fid for fid in current if fid not in kept)
+    removed = sorted(fid for fid in prev if fid not in kept)
     if not removed and sorted(facts, key=lambda f: f.fact_id) == sorted(previous, key=lambda f: f.fact_id):
         return None
     return facts, removed
@@ -456,10 +494,13 @@ class RunResult:
     facts: int = 0
     removed: int = 0
     seq: int = 0
+    summarizer_failures: int = 0
+    """Facts whose summary failed in this run (they keep the deterministic text, retried next run)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"scope": {k: v for k, v in self.scope.to_data().items() if k != "scope_id"},
-                "status": self.status, "facts": self.facts, "removed": self.removed}
+                "status": self.status, "facts": self.facts, "removed": self.removed,
+                "summarizer_failures": self.summarizer_failures}
 
 
 Publisher = Callable[[FactsConsolidated], Awaitable[str]]
@@ -497,6 +538,7 @@ class Consolidator:
         self._publish = publish
         self._release = redis.register_script(RELEASE_LUA)
         self.runs = 0
+        self.summarizer_failures = 0
 
     async def publish(self, event: FactsConsolidated) -> str:
         if self._publish is not None:
@@ -653,15 +695,18 @@ class Consolidator:
             state = await load_state(self.redis, self.keys, gen, scope.scope_id)
             rows = await load_rows(self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes)
             now = time.time() if now is None else now
+            distance = await self.distance(gen)
             # clustering is CPU-bound: a thread keeps the event loop (and the projection) responsive
             planned = await asyncio.to_thread(plan, scope, rows, state.facts,
                                               min_cluster=self.settings.facts_min_cluster,
-                                              distance=self.settings.facts_distance, now=now)
-            if planned is None:
+                                              distance=distance, now=now)
+            facts, removed = planned if planned is not None else (list(state.facts), [])
+            # new and changed facts, and those whose summary fell back on an earlier run
+            facts, failures = await self._summarise(facts, state.facts, rows, now)
+            if planned is None and facts == list(state.facts):
                 await self._reset(scope, counter)
-                return RunResult(scope, "unchanged", facts=len(state.facts), seq=state.seq)
-            facts, removed = planned
-            facts = await self._summarise(facts, state.facts, rows)
+                return RunResult(scope, "unchanged", facts=len(state.facts), seq=state.seq,
+                                 summarizer_failures=failures)
             event = self._event(scope, state.seq + 1, facts, removed, now)
             sid = await self.publish(event)  # nothing is written before this succeeds
             await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim)
@@ -669,7 +714,8 @@ class Consolidator:
             self.runs += 1
             log.info("facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed", scope.scope_id[:12], state.seq + 1,
                      len(facts), len(removed))
-            return RunResult(scope, "published", facts=len(facts), removed=len(removed), seq=state.seq + 1)
+            return RunResult(scope, "published", facts=len(facts), removed=len(removed), seq=state.seq + 1,
+                             summarizer_failures=failures)
         finally:
             await self._release_lock(scope.scope_id, token)
 
@@ -688,19 +734,45 @@ class Consolidator:
             pipe.hincrbyfloat(key, "importance", -float(counter.get(b"importance", b"0")))
             await pipe.execute()
 
-    async def _summarise(self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row]) -> list[Fact]:
+    async def distance(self, gen: int) -> float:
+        """The clustering threshold: ENGRAM_FACTS_DISTANCE, else the default calibrated for the embedder
+        the live index was built with (`default_distance`)."""
+        if self.settings.facts_distance is not None:
+            return self.settings.facts_distance
+        name = await self.redis.hget(self.keys.meta, f"g{gen}:embedder")
+        return default_distance(name.decode() if name else None)
+
+    async def _summarise(self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row],
+                         now: float) -> tuple[list[Fact], int]:
+        """Rewrite the text of every current fact the summariser has not rewritten yet (new or changed
+        facts, and those that fell back on an earlier run); returns the facts and the failures. A
+        failure keeps the deterministic text, marked `summary="fallback"`, so a later run retries it;
+        a successful retry of an otherwise unchanged fact is a new version."""
         if self.summarizer is None:
-            return facts
+            return facts, 0
         before = {f.fact_id: f for f in previous}
         tasks = {r.episode_id: r.episode.task.description for r in rows if r.episode.task}
-        out = []
+        out, failures = [], 0
         for f in facts:
-            if f.status == STATUS_CURRENT and before.get(f.fact_id) != f:
+            if f.status == STATUS_CURRENT and f.summary != SUMMARY_LLM:
                 text = await self.summarizer.summarize(f.base_text, [tasks[e] for e in f.central if e in tasks])
+                unchanged = before.get(f.fact_id) == f
                 if text:
-                    f = replace(f, text=text)
+                    f = replace(f, text=text, summary=SUMMARY_LLM)
+                    if unchanged:
+                        f = replace(f, version=f.version + 1, updated_at=now)
+                else:
+                    failures += 1
+                    if f.summary != SUMMARY_FALLBACK:
+                        f = replace(f, text=f.base_text, summary=SUMMARY_FALLBACK)
+                        if unchanged:
+                            f = replace(f, version=f.version + 1, updated_at=now)
             out.append(f)
-        return out
+        if failures:
+            self.summarizer_failures += failures
+            log.warning("facts ◆ summariser failed for %d fact(s); they keep the deterministic text "
+                        "(summary=fallback) and are retried on the next run", failures)
+        return out, failures
 
     # --- forgetting ----------------------------------------------------------------------------
     async def forget_evidence(self, gen: int, namespace: str, episode_ids: Sequence[str]) -> int:

@@ -30,3 +30,12 @@ class WorkerMetrics:
         self.write_conflicts = Counter("engram_projection_conflicts_total",
                                        "Projection writes retried because another worker added an event",
                                        registry=r)
+        self.summarizer_failures = summarizer_failures(r)
+
+
+def summarizer_failures(registry: CollectorRegistry) -> Counter:
+    """`engram_summarizer_failures_total{reason}`: fact texts the optional summariser failed to rewrite
+    (they keep the deterministic text, marked summary=fallback, and are retried on the next run). The
+    consolidator process and the query service (on-demand runs) each register it in their registry."""
+    return Counter("engram_summarizer_failures_total", "Fact summaries that failed and fell back to the "
+                   "deterministic text", ["reason"], registry=registry)

@@ -6,13 +6,20 @@ whatever the server sends, so a misbehaving model cannot bloat a fact. Any failu
 malformed JSON, empty answer) keeps the deterministic text: the summariser can only make text nicer,
 never block or break consolidation. It sees the fact's statistics text and the tasks of its most
 central episodes, nothing else.
+
+Failures are not silent: each one is logged, counted in `failures` and, when the process gave one, in
+the Prometheus counter `engram_summarizer_failures_total{reason}` (reason: `http` non-2xx, `timeout`,
+`connection`, `malformed` body, `empty` answer); the consolidator marks the fact `summary="fallback"`,
+reports the count in its run result and retries the fact on its next run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 import aiohttp
+from prometheus_client import Counter
 
 from shared.settings import Settings
 
@@ -34,8 +41,10 @@ class Summarizer:
     """`await summarize(text, examples)` → the rewritten text (≤ max_chars) or None to keep `text`."""
 
     def __init__(self, url: str, *, model: str, api_key: str | None = None, timeout: float = 20.0,
-                 max_chars: int = 600):
+                 max_chars: int = 600, failures_metric: Counter | None = None):
+        """`failures_metric`: a Prometheus Counter with a `reason` label, incremented per failure."""
         self.url = _endpoint(url)
+        self.failures_metric = failures_metric
         self.model = model
         self.api_key = api_key
         self.timeout = timeout
@@ -44,11 +53,12 @@ class Summarizer:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Summarizer | None:
+    def from_settings(cls, settings: Settings, *, failures_metric: Counter | None = None) -> Summarizer | None:
         if not settings.summarizer_url:
             return None
         return cls(settings.summarizer_url, model=settings.summarizer_model, api_key=settings.summarizer_api_key,
-                   timeout=settings.summarizer_timeout, max_chars=settings.summarizer_max_chars)
+                   timeout=settings.summarizer_timeout, max_chars=settings.summarizer_max_chars,
+                   failures_metric=failures_metric)
 
     async def summarize(self, text: str, examples: list[str]) -> str | None:
         if self._session is None:
@@ -57,21 +67,28 @@ class Summarizer:
         body = {"model": self.model, "temperature": 0, "max_tokens": max(16, self.max_chars // 3),
                 "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]}
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        reason = "connection"
         try:
             async with self._session.post(self.url, json=body, headers=headers) as resp:
                 if resp.status // 100 != 2:
+                    reason = "http"
                     raise ValueError(f"HTTP {resp.status}")
                 # read at most a bounded body: a chat answer is small
                 raw = await resp.content.read(64 * 1024)
-                import json
-
+                reason = "malformed"
                 data = json.loads(raw)
                 answer = data["choices"][0]["message"]["content"]
             if not isinstance(answer, str) or not answer.strip():
+                reason = "malformed" if not isinstance(answer, str) else "empty"
                 raise ValueError("empty answer")
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
+            if isinstance(exc, TimeoutError):
+                reason = "timeout"
             self.failures += 1
-            log.warning("summariser ◆ kept the deterministic text ◆ %s: %s", type(exc).__name__, str(exc)[:200])
+            if self.failures_metric is not None:
+                self.failures_metric.labels(reason).inc()
+            log.warning("summariser ◆ kept the deterministic text ◆ %s ◆ %s: %s", reason, type(exc).__name__,
+                        str(exc)[:200])
             return None
         answer = " ".join(answer.split())
         return answer if len(answer) <= self.max_chars else answer[: self.max_chars - 1].rstrip() + "…"

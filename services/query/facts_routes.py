@@ -20,7 +20,7 @@ from engram_episodic.validation import Collector, check_id
 from services.consolidator.facts import Consolidator
 from services.consolidator.summarizer import Summarizer
 from services.query import models
-from services.query.app import EMBEDDER, FACTS, KEYS, QUERY_VECTORS, REDIS, SETTINGS, no_facts
+from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SETTINGS, no_facts
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, read_json, validate
 from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
@@ -127,7 +127,7 @@ async def fact_detail(request: web.Request) -> web.Response:
 async def consolidate(request: web.Request) -> web.Response:
     req: ConsolidateRequest = validate(ConsolidateRequest, await read_json(request))
     settings, r, ns = request.app[SETTINGS], request.app[REDIS], request[NAMESPACE]
-    summarizer = Summarizer.from_settings(settings)
+    summarizer = Summarizer.from_settings(settings, failures_metric=request.app[METRICS].summarizer_failures)
     cons = Consolidator(settings, r, request.app[EMBEDDER].dim, summarizer=summarizer)
     try:
         if req.agent_id is not None:
@@ -141,6 +141,7 @@ async def consolidate(request: web.Request) -> web.Response:
         if summarizer is not None:
             await summarizer.aclose()
     return web.json_response({"results": [x.to_json() for x in results],
+                              "summarizer_failures": sum(x.summarizer_failures for x in results),
                               "generation": await current_generation(r, request.app[KEYS])})
 
 

@@ -2,6 +2,12 @@
 
 Inputs are already-fetched episodes (`engram_episodic.events.Episode`) with their cosine to the task, so every
 rule here is unit-testable with hand-made data.
+
+Strategy advice follows the truth as facts do (`shared.regimes`): per strategy, the similar episodes are
+put in time order and only its newest regime counts — when a strategy's outcomes flipped (it used to
+succeed and now fails, each side at least REGIME_MIN episodes), its older episodes no longer vouch for
+it (`current_evidence`; `changed` reports what was left out). Otherwise a strategy with ten old
+successes and five recent failures would outrank the one that now works.
 """
 
 from __future__ import annotations
@@ -11,10 +17,44 @@ from collections.abc import Sequence
 from typing import Any
 
 from engram_episodic.events import Episode
+from engram_episodic.timeutil import format_instant
+from shared.regimes import last_regime
 
 STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 REUSE_SUCCESS_RATE = 0.6
 """A strategy of similar episodes is reused when its success rate among them is above this."""
+REGIME_MIN = 3
+"""Episodes each side of a flip of one strategy's outcomes (as ENGRAM_FACTS_MIN_CLUSTER's default)."""
+
+
+def _when(ep: Episode) -> tuple[float, str]:
+    at = ep.completed_at if ep.completed_at is not None else ep.started_at
+    return (at if at is not None else 0.0, ep.episode_id)
+
+
+def current_evidence(similar: Sequence[Episode], *, min_size: int = REGIME_MIN
+                     ) -> tuple[list[Episode], list[dict[str, Any]]]:
+    """The similar episodes that still count (input order kept) and what changed: per strategy (episodes
+    without one form their own group), its decided episodes in time order are cut at their last flip
+    (`shared.regimes.last_regime`) and the older ones are dropped. `changed` has one row per strategy
+    whose outcomes flipped: `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
+    groups: dict[str | None, list[Episode]] = {}
+    for ep in similar:
+        if ep.outcome is not None:
+            groups.setdefault(ep.strategy_used, []).append(ep)
+    dropped: set[str] = set()
+    changed = []
+    for name in sorted(groups, key=lambda s: (s is None, s or "")):
+        eps = sorted(groups[name], key=_when)
+        start = last_regime([e.outcome == "success" for e in eps], None, min_size)
+        if start == 0:
+            continue
+        older, newer = eps[:start], eps[start:]
+        dropped.update(e.episode_id for e in older)
+        changed.append({"strategy": name, "since": format_instant(_when(newer[0])[0]),
+                        "episodes": len(newer), "successes": sum(e.outcome == "success" for e in newer),
+                        "earlier_episodes": len(older), "earlier_successes": sum(e.outcome == "success" for e in older)})
+    return [e for e in similar if e.episode_id not in dropped], changed
 
 
 def _reward(ep: Episode) -> float | None:
@@ -35,11 +75,15 @@ def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
     """Adaptive strategy choice (issue 4), first rule that applies:
 
     1. reuse the strategy of similar episodes whose success rate among them is above 0.6 (the one with
-       the most successes, then the highest rate);
+       the most successes, then the highest rate), counting each strategy's newest regime only
+       (`current_evidence`: a strategy that stopped working is not recommended on its old successes);
     2. `defensive` when the task's category is weak;
     3. by complexity: > 0.7 `iterative`, < 0.3 `exploratory`, otherwise `iterative`;
        unknown complexity: `conservative`.
     """
+    everything = similar
+    similar, changed = current_evidence(similar)
+    extra = {"changed": changed} if changed else {}
     groups: dict[str, list[Episode]] = {}
     for ep in similar:
         if ep.strategy_used:
@@ -55,17 +99,17 @@ def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
         return {"strategy": name, "rule": "reuse",
                 "reason": f"{successes} of {n} similar episodes using {name!r} succeeded "
                           f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})",
-                "evidence": {"similar_episodes": len(similar), "episodes": n, "successes": successes}}
+                "evidence": {"similar_episodes": len(everything), "episodes": n, "successes": successes, **extra}}
     if category_profile is not None and category_profile.get("weak"):
         return {"strategy": "defensive", "rule": "weak_category",
                 "reason": f"category {category_profile['category']!r} is weak "
                           f"(success rate {category_profile['success_rate']:.0%} over "
                           f"{category_profile['episodes']} episodes)",
-                "evidence": {"similar_episodes": len(similar)}}
+                "evidence": {"similar_episodes": len(everything), **extra}}
     if complexity is None:
         return {"strategy": "conservative", "rule": "no_evidence",
                 "reason": "no similar successful strategy, no weak category and no complexity given",
-                "evidence": {"similar_episodes": len(similar)}}
+                "evidence": {"similar_episodes": len(everything), **extra}}
     if complexity > 0.7:
         name, why = "iterative", f"complexity {complexity:g} > 0.7"
     elif complexity < 0.3:
@@ -73,7 +117,7 @@ def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
     else:
         name, why = "iterative", f"complexity {complexity:g} is moderate"
     return {"strategy": name, "rule": "complexity", "reason": why,
-            "evidence": {"similar_episodes": len(similar)}}
+            "evidence": {"similar_episodes": len(everything), **extra}}
 
 
 FAILED = ("failure", "abandoned")
@@ -83,10 +127,13 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
     """Confidence from similar successes vs failures, and what went wrong in the failures.
 
     confidence: `high` with at least 2 successes and a success share >= 0.7; `medium` with at least one
-    success and a share >= 0.4; otherwise `low` (including no evidence at all).
+    success and a share >= 0.4; otherwise `low` (including no evidence at all). Successes, failures and
+    strategies count each strategy's newest regime (`current_evidence`); `changed` lists the strategies
+    whose outcomes flipped, with what was left out.
     """
-    successes = [e for e in similar if e.outcome == "success"]
-    failures = [e for e in similar if e.outcome in FAILED]
+    current, changed = current_evidence(similar)
+    successes = [e for e in current if e.outcome == "success"]
+    failures = [e for e in current if e.outcome in FAILED]
     decided = len(successes) + len(failures)
     share = len(successes) / decided if decided else None
     if share is not None and len(successes) >= 2 and share >= 0.7:
@@ -111,6 +158,7 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
         "common_failures": [{"message": m, "count": c} for m, c in messages.most_common(top)],
         "failed_action_types": [{"action_type": a, "count": c} for a, c in action_types.most_common(top)],
         "successful_strategies": [{"strategy": s, "count": c} for s, c in strategies.most_common(top)],
+        "changed": changed,
     }
 
 

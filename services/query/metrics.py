@@ -8,6 +8,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from services.consolidator.metrics import summarizer_failures
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -29,6 +31,7 @@ class Metrics:
                                  ("type",), registry=self.registry)
         self.embed_truncations = Gauge("engram_query_embed_truncations", "Query texts cut to the embedder window",
                                        registry=self.registry)
+        self.summarizer_failures = summarizer_failures(self.registry)  # on-demand POST /v1/consolidate
 
     def middleware(self):
         @web.middleware

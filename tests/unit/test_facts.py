@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from engram_episodic.events import Action, Episode, Feedback, Task
-from services.consolidator.facts import Row, build_fact, changepoint, cluster, plan
+from services.consolidator.facts import Row, build_fact, cluster, plan
 from shared.facts import Fact, FactScope
 
 SCOPE = FactScope("ns")
 
 
-def row(eid: str, direction: int, *, outcome: str = "success", at: float = 0.0, strategy: str = "s",
+def row(eid: str, direction: int, *, outcome: str = "success", at: float = 0.0, strategy: str | None = "s",
         noise: float = 0.05) -> Row:
     rng = np.random.default_rng([ord(ch) for ch in eid])
     v = np.zeros(16)
@@ -54,40 +54,109 @@ def test_plan_is_stable_and_supersedes_on_a_flip():
     assert plan(SCOPE, flipped, new, min_cluster=3, distance=0.5, now=400.0) is None
 
 
-def test_changepoint_needs_new_evidence_and_a_real_flip():
-    rows = [row(f"a{i}", 0, at=float(i), outcome="success" if i < 4 else "failure") for i in range(8)]
-    assert changepoint(rows, 3, set()) == 4
-    assert changepoint(rows, 3, {r.episode_id for r in rows}) is None
-    mixed = [row(f"m{i}", 0, at=float(i), outcome="success" if i % 2 else "failure") for i in range(8)]
-    assert changepoint(mixed, 3, set()) is None
+def test_a_flip_of_one_strategy_supersedes_even_when_the_overall_rate_holds():
+    """Week 1: X succeeds 5 times; week 2: X fails 5 times and Y succeeds 5 times. Overall 100% then 50%
+    (no outcome flip), but X went from 5/5 to 0/5: the current fact is week 2's, Y first in its text."""
+    week1 = [row(f"w1-{i}", 0, at=float(i), strategy="X") for i in range(5)]
+    week2 = [row(f"w2-{i}", 0, at=10.0 + i, strategy="X" if i % 2 == 0 else "Y",
+                 outcome="failure" if i % 2 == 0 else "success") for i in range(10)]
+    facts, _ = plan(SCOPE, week1 + week2, [], min_cluster=3, distance=0.5, now=100.0)
+    (current,) = [f for f in facts if f.status == "current"]
+    (old,) = [f for f in facts if f.status == "superseded"]
+    assert set(current.evidence) == {r.episode_id for r in week2} and current.supersedes == old.fact_id
+    assert set(old.evidence) == {r.episode_id for r in week1} and old.superseded_by == current.fact_id
+    assert "Strategies: Y succeeded 5 of 5; X succeeded 0 of 5." in current.text
+    assert current.evidence_since == 10.0 and old.evidence_since is None
 
 
-def _changepoint_reference(rows, min_size, known):
-    """The definition, written as the plain O(n²) loop the vectorised version must agree with."""
-    def rate(rs):
-        return sum(r.episode.outcome == "success" for r in rs) / len(rs)
+def test_the_same_episodes_give_the_same_facts_whenever_consolidation_ran():
+    """30 successes then 20 failures: one run over all 50, or runs after 10, 30 and 40 of them, end in
+    the same two facts (the 30 successes superseded by the 20 failures); no episode is left out."""
+    rows = [row(f"e{i:02d}", 0, at=float(i), outcome="success" if i < 30 else "failure") for i in range(50)]
+    once, _ = plan(SCOPE, rows, [], min_cluster=3, distance=0.5, now=1000.0)
+    state: list[Fact] = []
+    for n in (10, 30, 40, 50):
+        out = plan(SCOPE, rows[:n], state, min_cluster=3, distance=0.5, now=1000.0 + n)
+        state = out[0] if out is not None else state
 
-    best = None
-    for i in range(min_size, len(rows) - min_size + 1):
-        newer = rows[i:]
-        if all(r.episode_id in known for r in newer):
-            continue
-        a, b = rate(rows[:i]), rate(newer)
-        if (a >= 0.5) != (b >= 0.5) and abs(a - b) >= 0.5 and (best is None or abs(a - b) > best[0]):
-            best = (abs(a - b), i)
-    return best[1] if best else None
+    def view(facts):
+        return sorted((f.status, f.evidence, f.kind, f.text) for f in facts)
+    assert view(state) == view(once)
+    assert [len(f.evidence) for f in once] == [20, 30] and {e for f in once for e in f.evidence} == {
+        r.episode_id for r in rows}
+    # ids stay: the fact the run after 10 episodes created is the one that was superseded
+    first = plan(SCOPE, rows[:10], [], min_cluster=3, distance=0.5, now=0.0)[0][0]
+    assert [f.fact_id for f in state if f.status == "superseded"] == [first.fact_id]
 
 
-def test_changepoint_matches_its_definition():
-    from hypothesis import given, settings
+def test_works_again_after_a_failing_stretch_is_current_again():
+    rows = [row(f"e{i:02d}", 0, at=float(i), outcome="failure" if 10 <= i < 20 else "success") for i in range(25)]
+    facts, _ = plan(SCOPE, rows, [], min_cluster=3, distance=0.5, now=1.0)
+    current = [f for f in facts if f.status == "current"]
+    assert [f.evidence for f in current] == [tuple(f"e{i:02d}" for i in range(20, 25))]
+    assert len(facts) == 3 and current[0].kind != "failure_pattern"
+
+
+def test_a_run_of_bad_luck_is_not_a_flip():
+    rows = [row(f"e{i}", 0, at=float(i), outcome="success" if i < 2 else "failure") for i in range(6)]
+    facts, _ = plan(SCOPE, rows, [], min_cluster=3, distance=0.5, now=1.0)
+    assert [(f.status, f.support) for f in facts] == [("current", 6)]  # 2 of 3 then 0 of 3: p = 0.2
+
+
+STRATEGIES = ("X", "Y", None)
+
+
+def _interleavings():
+    """(episodes, arrival order, runs): per (family, strategy) a world flips its outcome at some time
+    (or never), each outcome inverted one time in ten; episodes arrive in any order and consolidation
+    runs after any subset of arrivals."""
     from hypothesis import strategies as st
 
-    @settings(max_examples=300, deadline=None)
-    @given(st.lists(st.booleans(), max_size=30), st.integers(1, 5), st.sets(st.integers(0, 29)))
-    def check(outcomes, min_size, known_idx):
-        rows = [row(f"e{i}", 0, outcome="success" if ok else "failure") for i, ok in enumerate(outcomes)]
-        known = {f"e{i}" for i in known_idx}
-        assert changepoint(rows, min_size, known) == _changepoint_reference(rows, min_size, known)
+    world = st.lists(st.tuples(st.integers(0, 31), st.booleans()), min_size=6, max_size=6)
+    episode = st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(0, 30), st.integers(0, 9))
+
+    def case(w_eps):
+        w, eps = w_eps
+        out = []
+        for fam, strat, t, noise in eps:
+            flip_at, before = w[3 * fam + strat]
+            ok = before if t < flip_at else not before
+            out.append((fam, ok != (noise == 0), STRATEGIES[strat], t))
+        return st.tuples(st.just(out), st.permutations(range(len(out))),
+                         st.sets(st.integers(1, max(1, len(out))), max_size=6))
+
+    return st.tuples(world, st.lists(episode, min_size=12, max_size=40)).flatmap(case)
+
+
+def test_property_any_interleaving_of_publishes_and_consolidations_gives_the_single_run_facts():
+    """Episodes arrive in any order (concurrent publishers), consolidation runs after any of them; the
+    facts in the end are those of one run over all the episodes: the same current and superseded facts
+    (evidence, kind, text), every episode of a large enough cluster in exactly one of them."""
+    from hypothesis import given, settings
+
+    @settings(max_examples=200, deadline=None)
+    @given(_interleavings())
+    def check(case):
+        eps, arrival, runs = case
+        rows = [row(f"e{i:02d}", fam, at=float(t), outcome="success" if ok else "failure", strategy=s)
+                for i, (fam, ok, s, t) in enumerate(eps)]
+        seen: list[Row] = []
+        state: list[Fact] = []
+        for k, i in enumerate(arrival, start=1):
+            seen.append(rows[i])
+            if k in runs:
+                out = plan(SCOPE, seen, state, min_cluster=3, distance=0.5, now=float(k))
+                state = out[0] if out is not None else state
+        out = plan(SCOPE, rows, state, min_cluster=3, distance=0.5, now=1000.0)
+        state = out[0] if out is not None else state
+        once = plan(SCOPE, rows, [], min_cluster=3, distance=0.5, now=2000.0)
+        once = once[0] if once is not None else []
+
+        def view(facts):
+            return sorted((f.status, f.evidence, f.kind, f.text) for f in facts)
+        assert view(state) == view(once)
+        covered = [e for f in once for e in f.evidence]
+        assert len(covered) == len(set(covered))
 
     check()
 

@@ -116,6 +116,27 @@ def test_suggestion_confidence_levels():
     assert got["failed_action_types"] == [{"action_type": "edit", "count": 1}]
 
 
+def test_a_strategy_that_stopped_working_is_not_recommended():
+    """X succeeded 10 times, then failed 5 times while Y succeeded 5 times. Counting everything, X has
+    the most successes (10 of 15 = 67% > 60%) and was reused; its newest regime is 0 of 5."""
+    old = [ep(i, "success", "X", completed_at=1000.0 + i) for i in range(10)]
+    new = [ep(20 + i, "failure" if i % 2 == 0 else "success", "X" if i % 2 == 0 else "Y",
+              completed_at=2000.0 + i) for i in range(10)]
+    similar = new + old  # nearest first: any order
+    got = choose_strategy(similar, complexity=None, category_profile=None)
+    assert (got["strategy"], got["rule"]) == ("Y", "reuse")
+    assert got["evidence"]["changed"] == [{"strategy": "X", "since": "1970-01-01T00:33:20Z", "episodes": 5,
+                                           "successes": 0, "earlier_episodes": 10, "earlier_successes": 10}]
+    assert got["evidence"]["similar_episodes"] == 20
+    tip = suggestion(similar)
+    assert tip["successful_strategies"] == [{"strategy": "Y", "count": 5}]
+    assert (tip["successes"], tip["failures"], tip["confidence"]) == (5, 5, "medium")
+    assert tip["changed"][0]["strategy"] == "X"
+    # without a flip nothing changes: the old rules on all the evidence
+    steady = [ep(i, "success" if i % 3 else "failure", "X", completed_at=float(i)) for i in range(9)]
+    assert suggestion(steady)["changed"] == [] and suggestion(steady)["successes"] == 6
+
+
 def test_skill_profiles_mark_weak():
     rows = [{"category": "a", "episodes": 4, "successes": 1, "avg_reward": None, "avg_iterations": None}]
     assert skill_profiles(rows, 0.5)[0]["weak"] and not skill_profiles(rows, 0.25)[0]["weak"]

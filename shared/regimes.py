@@ -1,0 +1,183 @@
+"""Regimes: where time-ordered outcomes change, decided by the episodes alone (pure, no I/O).
+
+Facts (`services.consolidator.facts`) and the strategy advice of `/v1/strategy` and `/v1/suggest`
+(`services.query.insights`) both need to know when what used to work stopped working. Two adjacent
+runs of time-ordered episodes, `older` then `newer`, are a *flip* when
+
+- their **outcomes** flip: each run has at least `min_size` episodes, their success rates lie on either
+  side of 50% (one >= 0.5, the other < 0.5) and differ by at least 0.5; or
+- **one strategy's** outcomes flip: the same for the episodes of that strategy (each run holds at least
+  `min_size` of them) — the strategy that used to work now fails, or the reverse, while the overall
+  rate may hardly move because another strategy took over (week 1: X succeeds 5 times; week 2: X fails
+  5 times and Y succeeds 5 times: 100% then 50% overall, no outcome flip, but X went from 5/5 to 0/5);
+
+and in both cases the difference is unlikely by chance: a one-sided Fisher exact test of the two runs'
+success counts gives p <= ALPHA (0.05). 2 of 3 then 0 of 3 is p = 0.2, a run of bad luck; 3 of 3 then
+0 of 3 is p = 0.05; 5 of 5 then 0 of 5 is p = 0.004.
+
+`segments` cuts a sequence into regimes so that every two adjacent regimes are a flip:
+
+1. candidates, by binary segmentation: cut where the outcomes, or one strategy's outcomes, differ most
+   significantly (lowest p <= ALPHA, then largest difference, then earliest: the newer part starts
+   right after the last episode of the older one), each part at least `min_size` (of that strategy),
+   and cut both parts again, until no significant cut is left;
+2. merging: while two adjacent candidates are not a flip, merge the pair with the weakest evidence
+   (highest p, then smallest difference, then the oldest) — a change from 90% to 60% is a real change
+   but not one that makes the older advice wrong.
+
+So works -> fails -> works again gives three regimes, and every regime has at least `min_size`
+episodes. The result depends only on the sequence, never on when anyone looked at it: the same episodes
+give the same regimes however they were consolidated before. Vectorised with prefix sums (O(n) per
+strategy with at least 2 * min_size episodes, per cut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+from scipy.stats import hypergeom
+
+FLIP_GAP = 0.5
+"""Two runs' success rates must differ by at least this much (and lie on either side of 50%)."""
+ALPHA = 0.05
+"""...and the difference must be unlikely by chance: one-sided Fisher exact test, p <= ALPHA."""
+SCAN_ALPHA = 0.1
+"""A candidate cut is the best of many splits tried: its p times the number tried must be <= SCAN_ALPHA
+(Bonferroni), or a long run of 50% outcomes would be cut wherever luck ran out for a while."""
+_EPS = 1e-12
+
+
+def _splits(success: np.ndarray, member: np.ndarray | None, min_size: int
+            ) -> tuple[np.ndarray, np.ndarray, int]:
+    """For every split i = 0..n of the rows selected by `member` (all when None; split i puts rows [:i]
+    in the older part): the one-sided Fisher p-value in the observed direction (2.0 where a part has
+    fewer than `min_size` selected rows), the rates' difference, and how many distinct splits of the
+    selected rows were tested (for the scan's correction)."""
+    n = len(success)
+    sel = np.ones(n, dtype=bool) if member is None else member
+    count = np.concatenate([[0], np.cumsum(sel)])
+    wins = np.concatenate([[0], np.cumsum(success & sel)])
+    total, total_wins = int(count[-1]), int(wins[-1])
+    before, after = count, total - count
+    older = wins / np.maximum(before, 1)
+    newer = (total_wins - wins) / np.maximum(after, 1)
+    gap = np.abs(older - newer)
+    sized = (before >= min_size) & (after >= min_size)
+    p = np.full(n + 1, 2.0)
+    i = np.flatnonzero(sized & (gap > _EPS))
+    if len(i):
+        p[i] = _fisher(wins[i], before[i], total, total_wins, older[i] > newer[i])
+    return p, gap, max(0, total - 2 * min_size + 1)
+
+
+def _fisher(k, m, total: int, total_wins: int, down) -> np.ndarray:
+    """One-sided Fisher exact p: of `total` rows with `total_wins` successes, `m` fall in the older part,
+    `k` of them successes; the chance of at least that many (`down`: the rate fell) or at most."""
+    return np.where(down, hypergeom.sf(np.asarray(k) - 1, total, total_wins, m), hypergeom.cdf(k, total, total_wins, m))
+
+
+def _members(strategies: Sequence[Hashable | None] | None, n: int, min_size: int) -> list[np.ndarray | None]:
+    """Row selections to test: all rows, then each strategy with at least 2 * min_size rows (except one
+    that covers every row: that is the first selection again)."""
+    out: list[np.ndarray | None] = [None]
+    if strategies is None:
+        return out
+    labels: dict[Hashable, list[int]] = {}
+    for i, s in enumerate(strategies):
+        if s is not None:
+            labels.setdefault(s, []).append(i)
+    for s in sorted(labels, key=str):
+        if 2 * min_size <= len(labels[s]) < n:
+            member = np.zeros(n, dtype=bool)
+            member[labels[s]] = True
+            out.append(member)
+    return out
+
+
+def best_split(success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int) -> int | None:
+    """The candidate cut (older = [:i]) of step 1: the most significant difference of the outcomes or of
+    one strategy's outcomes, Bonferroni-corrected for the splits tried (p x tests <= SCAN_ALPHA), the
+    largest difference then the earliest on ties; None if no cut is significant."""
+    n = len(success)
+    if min_size < 1 or n < 2 * min_size:
+        return None
+    ok = np.asarray(success, dtype=bool)
+    best_p, best_gap = np.full(n + 1, 2.0), np.zeros(n + 1)
+    tests = 0
+    for member in _members(strategies, n, min_size):
+        p, gap, t = _splits(ok, member, min_size)
+        tests += t
+        better = (p < best_p) | ((p == best_p) & (gap > best_gap))
+        best_p, best_gap = np.where(better, p, best_p), np.where(better, gap, best_gap)
+    if best_p.min() * max(1, tests) > SCAN_ALPHA + _EPS:
+        return None
+    return int(np.lexsort((np.arange(n + 1), -best_gap, best_p))[0])
+
+
+def flip(older: Sequence[bool], newer: Sequence[bool], older_strategies: Sequence[Hashable | None] | None,
+         newer_strategies: Sequence[Hashable | None] | None, min_size: int) -> tuple[bool, float, float]:
+    """Whether `older` then `newer` is a flip (see the module), with the lowest p and its difference."""
+    groups: list[tuple[list[bool], list[bool]]] = [(list(older), list(newer))]
+    if older_strategies is not None and newer_strategies is not None:
+        by: dict[Hashable, tuple[list[bool], list[bool]]] = {}
+        for ok, s in zip(older, older_strategies, strict=True):
+            if s is not None:
+                by.setdefault(s, ([], []))[0].append(ok)
+        for ok, s in zip(newer, newer_strategies, strict=True):
+            if s is not None:
+                by.setdefault(s, ([], []))[1].append(ok)
+        groups += [by[s] for s in sorted(by, key=str)]
+    found, best_p, best_gap = False, 2.0, 0.0
+    for a, b in groups:
+        if len(a) < min_size or len(b) < min_size:
+            continue
+        ra, rb = sum(a) / len(a), sum(b) / len(b)
+        gap = abs(ra - rb)
+        p = float(_fisher(sum(a), len(a), len(a) + len(b), sum(a) + sum(b), ra > rb)) if gap > _EPS else 1.0
+        found |= (ra >= 0.5) != (rb >= 0.5) and gap >= FLIP_GAP - _EPS and p <= ALPHA + _EPS
+        if p < best_p or (p == best_p and gap > best_gap):
+            best_p, best_gap = p, gap
+    return found, best_p, best_gap
+
+
+def segments(success: Sequence[bool], strategies: Sequence[Hashable | None] | None,
+             min_size: int) -> list[tuple[int, int]]:
+    """The regimes of a time-ordered sequence as `[start, end)` ranges, oldest first, covering it.
+    `strategies[i]` is row i's strategy (None: none); `strategies=None` considers outcomes only."""
+    n = len(success)
+    if n == 0:
+        return []
+    ok = list(map(bool, success))
+    strat = None if strategies is None else list(strategies)
+
+    def part(a: int, b: int):
+        return ok[a:b], None if strat is None else strat[a:b]
+
+    cuts: list[int] = []
+    stack = [(0, n)]
+    while stack:
+        a, b = stack.pop()
+        cut = best_split(*part(a, b), min_size)
+        if cut is not None:
+            cuts.append(a + cut)
+            stack += [(a, a + cut), (a + cut, b)]
+    bounds = [0, *sorted(cuts), n]
+    while len(bounds) > 2:
+        weakest = None
+        for j in range(1, len(bounds) - 1):
+            a, c, b = bounds[j - 1], bounds[j], bounds[j + 1]
+            (oa, sa), (ob, sb) = part(a, c), part(c, b)
+            is_flip, p, gap = flip(oa, ob, sa, sb, min_size)
+            if not is_flip and (weakest is None or (-p, gap, j) < weakest[0]):
+                weakest = ((-p, gap, j), j)
+        if weakest is None:
+            break
+        del bounds[weakest[1]]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def last_regime(success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int) -> int:
+    """Where the newest regime starts (0 when the sequence has one regime)."""
+    parts = segments(success, strategies, min_size)
+    return parts[-1][0] if parts else 0

@@ -1,0 +1,58 @@
+"""Regimes of time-ordered outcomes (shared.regimes): flips of the outcomes or of one strategy's."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.regimes import flip, last_regime, segments
+
+S, F = True, False
+
+
+def test_outcome_flips_and_bad_luck():
+    assert segments([S] * 5 + [F] * 5, None, 3) == [(0, 5), (5, 10)]
+    assert segments([S] * 30 + [F] * 20, None, 3) == [(0, 30), (30, 50)]
+    assert segments([S] * 3 + [F] * 3, None, 3) == [(0, 3), (3, 6)]  # p = 0.05
+    assert segments([S, S, F, F, F, F], None, 3) == [(0, 6)]  # 2 of 3 then 0 of 3: p = 0.2
+    assert segments([S] * 10 + [F] * 10 + [S] * 5, None, 3) == [(0, 10), (10, 20), (20, 25)]
+    assert segments([], None, 3) == [] and segments([S, F], None, 3) == [(0, 2)]
+    # a real change that does not make the old advice wrong (90% -> 60%) is no flip
+    assert len(segments([S] * 9 + [F] + [S, S, F, S, F] * 4, None, 3)) == 1
+
+
+def test_a_strategy_flip_while_the_overall_rate_holds():
+    """X: 5 successes, then 5 failures while Y succeeds 5 times (100% then 50% overall)."""
+    ok = [S] * 5 + [F, S] * 5
+    strategies = ["X"] * 5 + ["X", "Y"] * 5
+    assert segments(ok, None, 3) == [(0, 15)]  # outcomes alone: no flip
+    assert segments(ok, strategies, 3) == [(0, 5), (5, 15)]
+    assert last_regime(ok, strategies, 3) == 5
+    assert flip(ok[:5], ok[5:], strategies[:5], strategies[5:], 3)[0]
+
+
+def test_long_runs_of_chance_are_rarely_cut():
+    rng = random.Random(7)
+    cut = sum(len(segments([rng.random() < 0.5 for _ in range(60)], None, 3)) > 1 for _ in range(200))
+    assert cut <= 10  # measured 1-2%: the scan is Bonferroni-corrected
+    long = [rng.random() < 0.9 for _ in range(1000)] + [F] * 6  # a tool broke after 1000 episodes
+    assert 995 <= last_regime(long, None, 3) <= 1000  # (where chance ended the 90% run just before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["X", "Y", None])), max_size=40), st.integers(1, 5))
+def test_property_regimes_cover_the_sequence_and_neighbours_are_flips(rows, min_size):
+    ok = [o for o, _ in rows]
+    strategies = [s for _, s in rows]
+    parts = segments(ok, strategies, min_size)
+    assert parts == segments(ok, strategies, min_size)
+    if not rows:
+        return
+    assert parts[0][0] == 0 and parts[-1][1] == len(rows)
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
+    if len(parts) > 1:
+        assert all(b - a >= min_size for a, b in parts)
+        for (a, c), (_, b) in zip(parts, parts[1:], strict=False):
+            assert flip(ok[a:c], ok[c:b], strategies[a:c], strategies[c:b], min_size)[0]
