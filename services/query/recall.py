@@ -257,7 +257,12 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
                                       limit=depth)
         return hits
 
-    lists = await asyncio.gather(*(arm(name) for name in names))
+    words = relevance.query_words(query) if mode != "vector" else {}
+
+    async def counts() -> list[int]:  # idf from the namespace's counts: never the request's filters or other tenants
+        return await term_counts(r, index, Scope(namespace=scope.namespace), list(words.values())) if words else []
+
+    *lists, n_docs = await asyncio.gather(*(arm(name) for name in names), counts())
     knn_cos: dict[bytes, float] = {}
     pool: dict[bytes, SearchHit] = {}
     for name, hits in zip(names, lists, strict=True):
@@ -276,13 +281,9 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
                     knn_cos[h.key] = 1.0 - float(h.score)
         for c in out:
             c.cos = knn_cos.get(c.key, math.nan)
-    words = relevance.query_words(query) if mode != "vector" else {}
     if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
-    terms: dict[str, float] = {}
-    if words and out:  # idf from the namespace's counts: never the request's filters, nor other tenants
-        counts = await term_counts(r, index, Scope(namespace=scope.namespace), list(words.values()))
-        terms = relevance.query_terms(words, counts)
+    terms = relevance.query_terms(words, n_docs) if words else {}
     for c, h in zip(out, pool.values(), strict=True):
         kw = relevance.keyword_relevance(terms, *relevance.episode_terms(h.fields)) if terms else 0.0
         c.keyword = kw
