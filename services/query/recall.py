@@ -20,6 +20,7 @@ All I/O goes through `shared.index`; this module owns no query syntax.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -208,6 +209,55 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
     return out
 
 
+_FLOORS: dict[tuple[str, str, str, int], tuple[float, float]] = {}
+FLOOR_TTL = 30.0
+"""Seconds `top_by` trusts a remembered floor (the value of the (depth + 1)-th episode of a scope)."""
+
+
+def _at_least(scope: Scope, name: str, floor: float) -> Scope | None:
+    """`scope` narrowed to episodes whose `name` is at least `floor` (None when that leaves none)."""
+    if name == "completed_at":
+        if scope.until is not None and floor > scope.until:
+            return None
+        return dataclasses.replace(scope, since=max(floor, scope.since) if scope.since is not None else floor)
+    lo, hi = getattr(scope, name)
+    if hi is not None and floor > hi:
+        return None
+    return dataclasses.replace(scope, **{name: (max(floor, lo) if lo is not None else floor, hi)})
+
+
+async def top_by(r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int,
+                 fields: tuple[str, ...]) -> list[SearchHit]:
+    """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
+    importance), best first: the recency / reward / importance candidate lists (issue 17 §2).
+
+    Sorting a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over 10k
+    episodes, measured), so the value of the (depth + 1)-th episode is remembered for FLOOR_TTL
+    seconds per (scope, field) and the next query asks only for episodes at or above it (1.2 ms).
+    Exact: the narrowed answer is used only when it holds depth + 1 episodes with no tie between the
+    depth-th and the next (then no episode below the floor can belong to the top depth, and the top
+    depth is unique); otherwise, as after forgets, the whole scope is sorted again.
+    """
+    key = (index, scope.query(), name, depth)
+    field = name.encode()
+    now = time.monotonic()
+    cached = _FLOORS.get(key)
+    if cached is not None and now - cached[0] < FLOOR_TTL and name != "last_accessed":
+        narrowed = _at_least(scope, name, cached[1])
+        if narrowed is not None:
+            _, hits = await filter_search(r, index, narrowed, return_fields=fields, sort_by=name, descending=True,
+                                          limit=depth + 1)
+            if len(hits) == depth + 1 and _float(hits[depth - 1].fields, field) > _float(hits[depth].fields, field):
+                return hits[:depth]
+    _, hits = await filter_search(r, index, scope, return_fields=fields, sort_by=name, descending=True,
+                                  limit=depth + 1)
+    if len(hits) == depth + 1 and math.isfinite(floor := _float(hits[depth].fields, field)):
+        if len(_FLOORS) >= 10_000:
+            _FLOORS.clear()
+        _FLOORS[key] = (now, floor)
+    return hits[:depth]
+
+
 def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
     """The candidate lists a recall draws from, in the order they are merged.
 
@@ -253,9 +303,7 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
             return await knn_search(r, index, scope, query_vector, depth, return_fields=fields)
         if name == "bm25":
             return await bm25_search(r, index, scope, query, depth, return_fields=fields)
-        _, hits = await filter_search(r, index, scope, return_fields=fields, sort_by=name, descending=True,
-                                      limit=depth)
-        return hits
+        return await top_by(r, index, scope, name, depth, fields)
 
     words = relevance.query_words(query) if mode != "vector" else {}
 

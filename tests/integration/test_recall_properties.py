@@ -190,3 +190,46 @@ async def test_recency_from_last_access_orders_by_the_last_recall(client, redis,
                       weights={"recency": 1}, recency_from="last_access")
     # accessed just now: the most recent by last access (the arm sorted by last_accessed)
     assert ids(body) == ["e7", "e0"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ages=st.lists(st.integers(0, 30), min_size=1, max_size=20), rewards=st.lists(
+    st.none() | st.sampled_from((0.0, 0.25, 0.5, 1.0)), min_size=20, max_size=20),
+    forget=st.sets(st.integers(0, 19), max_size=5), later=st.lists(st.integers(0, 30), max_size=4))
+async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, redis, prefix, ages, rewards, forget,
+                                                                      later):
+    """top_by narrows the recency / reward lists to episodes above the last (depth + 1)-th value: the
+    answer is the full sort's, including ties at the boundary, forgets and new episodes since."""
+    from services.query import recall as rc
+    from shared.index import Scope, filter_search
+    from shared.keys import Keys
+
+    key, ns = fresh_tenant()
+    index, scope = Keys(prefix).episode_index_alias, Scope(namespace=ns)
+
+    async def put_at(eid, age, reward):
+        await put(redis, prefix, ns, episode(eid, task="cache deploy", completed_at=NOW - 3600.0 * age,
+                                             reward=reward))
+
+    for i, age in enumerate(ages):
+        await put_at(f"e{i}", age, rewards[i])
+
+    async def check():
+        for name in ("completed_at", "reward"):
+            got = [h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+            _, full = await filter_search(redis, index, scope, return_fields=(name,), sort_by=name, limit=1000)
+            have = {h.key: float(h.fields.get(name.encode(), "-inf")) for h in full}  # no reward: sorted last
+            values = [have[h.key] for h in full]
+            want = values[:DEPTH]
+            assert sorted((have[k] for k in got), reverse=True) == want  # the same top values
+            if len(values) > DEPTH and values[DEPTH - 1] > values[DEPTH]:  # and, without a tie, the same set
+                assert set(got) == {h.key for h in full[:DEPTH]}
+
+    await check()
+    await check()  # now from the remembered floor
+    for i in forget:
+        if i < len(ages):
+            await redis.delete(Keys(prefix).episode_doc(1, ns, f"e{i}"))
+    for j, age in enumerate(later):
+        await put_at(f"n{j}", age, 1.0)
+    await check()
