@@ -143,6 +143,12 @@ def keyword_relevance(terms: Mapping[str, float], tf: Mapping[str, float], lengt
     return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
 
 
+def max_keyword_relevance(terms: Mapping[str, float]) -> float:
+    """An upper bound of keyword_relevance for any episode: every term saturated (s < (K1+1)·sum idf)."""
+    s = (K1 + 1.0) * sum(terms.values())
+    return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
+
+
 def cosine_relevance(cos: float) -> float:
     """max(0, cos); NaN (no vector) is 0."""
     return max(0.0, float(cos)) if math.isfinite(cos) else 0.0

@@ -284,26 +284,50 @@ def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
     return out
 
 
+SIMILARITY_ARMS = ("knn", "bm25")
+
+
+@dataclass(slots=True)
+class Pool:
+    """Candidates of a recall and what bounds the relevance of every episode not among them."""
+
+    cands: list[Candidate]
+    terms: dict[str, float]
+    mode: str
+    """The mode relevance is computed in (hybrid becomes vector for a query of stop words only)."""
+    outside: float = 1.0
+    """An upper bound of the relevance of any scope episode outside the similarity lists: the last
+    KNN cosine when the KNN list is full (0 when it holds the whole scope), and the query's largest
+    possible keyword relevance when the BM25 list is full (0 when it holds every episode matching a
+    query word)."""
+
+
 async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
                      *, mode: str, depth: int, weights: scoring.Weights,
                      recency_from: str = "completed") -> list[Candidate]:
-    """The candidate pool of a recall with each member's cosine and absolute relevance.
+    """The whole candidate pool of a recall (every arm of `arms`) with cosines and absolute relevance."""
+    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
+    return pool.cands + await extra_candidates(r, index, scope, query_vector, pool,
+                                               arms(mode, weights, recency_from), depth=depth)
 
-    Each arm of `arms` contributes its top `depth` hits of the scope (pre-filtered); the pool is their
-    union, in arm order. `depth` does not depend on `top_k` (issue 17 §1), so the first k results of
-    a `top_k` K recall are the `top_k` k recall. Relevance is `shared.relevance.relevance` of the
-    mode: a function of the query and the episode alone (cosine, keyword relevance from the episode's
-    text fields, or their convex combination), never rescaled over the pool (issue 17 §4).
+
+async def similarity_pool(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
+                          *, mode: str, depth: int) -> Pool:
+    """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
+    merged in that order, with each member's cosine and relevance.
+
+    `depth` does not depend on `top_k` (issue 17 §1), so the first k results of a `top_k` K recall are
+    the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
+    query and the episode alone (cosine, keyword relevance from the episode's text fields, or their
+    convex combination), never rescaled over the pool (issue 17 §4).
     """
-    names = arms(mode, weights, recency_from)
+    names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
 
     async def arm(name: str) -> list[SearchHit]:
         if name == "knn":
             return await knn_search(r, index, scope, query_vector, depth, return_fields=fields)
-        if name == "bm25":
-            return await bm25_search(r, index, scope, query, depth, return_fields=fields)
-        return await top_by(r, index, scope, name, depth, fields)
+        return await bm25_search(r, index, scope, query, depth, return_fields=fields)
 
     words = relevance.query_words(query) if mode != "vector" else {}
 
@@ -311,31 +335,59 @@ async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, qu
         return await term_counts(r, index, Scope(namespace=scope.namespace), list(words.values())) if words else []
 
     *lists, n_docs = await asyncio.gather(*(arm(name) for name in names), counts())
-    knn_cos: dict[bytes, float] = {}
-    pool: dict[bytes, SearchHit] = {}
-    for name, hits in zip(names, lists, strict=True):
-        for h in hits:
-            if name == "knn" and h.score is not None and math.isfinite(h.score):
-                knn_cos[h.key] = 1.0 - float(h.score)
-            pool.setdefault(h.key, h)
-    out = [signal_hit(h) for h in pool.values()]
-    if mode != "keyword":
-        missing = [h.fields[b"episode_id"].decode() for h in pool.values()
-                   if h.key not in knn_cos and b"episode_id" in h.fields]
+    found = dict(zip(names, lists, strict=True))
+    if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
+        mode = "vector"
+    pool = Pool(cands=[], terms=relevance.query_terms(words, n_docs) if words else {}, mode=mode)
+    knn = found.get("knn", [])
+    cos_out = (1.0 - float(knn[-1].score)) if len(knn) >= depth and knn[-1].score is not None else 0.0
+    kw_out = relevance.max_keyword_relevance(pool.terms) if len(found.get("bm25", [])) >= depth else 0.0
+    pool.outside = relevance.relevance(mode, cos_out, kw_out)
+    pool.cands = await _complete(r, index, scope, query_vector, pool, lists, set())
+    return pool
+
+
+_NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
+
+
+async def extra_candidates(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, pool: Pool,
+                           names: list[str], *, depth: int) -> list[Candidate]:
+    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds."""
+    names = [n for n in names if n not in SIMILARITY_ARMS]
+    if not names:
+        return []
+    fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
+    lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
+    return await _complete(r, index, scope, query_vector, pool, lists, {c.key for c in pool.cands})
+
+
+async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, pool: Pool,
+                    lists: list[list[SearchHit]], known: set[bytes]) -> list[Candidate]:
+    """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance."""
+    cos: dict[bytes, float] = {}
+    hits: dict[bytes, SearchHit] = {}
+    for found in lists:
+        for h in found:
+            if h.key in known:
+                continue
+            if b"dist" in h.fields and h.score is not None and math.isfinite(h.score):  # a KNN hit
+                cos.setdefault(h.key, 1.0 - float(h.score))
+            hits.setdefault(h.key, h)
+    if pool.mode != "keyword":
+        missing = [h.fields[b"episode_id"].decode() for h in hits.values()
+                   if h.key not in cos and b"episode_id" in h.fields]
         if missing:  # one KNN restricted to those episodes: Redis computes the cosines, no vectors move
             restricted = Scope(namespace=scope.namespace, episode_id=tuple(missing))
             for h in await knn_search(r, index, restricted, query_vector, len(missing), return_fields=()):
                 if h.score is not None and math.isfinite(h.score):
-                    knn_cos[h.key] = 1.0 - float(h.score)
-        for c in out:
-            c.cos = knn_cos.get(c.key, math.nan)
-    if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
-        mode = "vector"
-    terms = relevance.query_terms(words, n_docs) if words else {}
-    for c, h in zip(out, pool.values(), strict=True):
-        kw = relevance.keyword_relevance(terms, *relevance.episode_terms(h.fields)) if terms else 0.0
-        c.keyword = kw
-        c.relevance = relevance.relevance(mode, c.cos, kw)
+                    cos[h.key] = 1.0 - float(h.score)
+    out = []
+    for h in hits.values():
+        c = signal_hit(h)
+        c.cos = cos.get(c.key, math.nan)
+        c.keyword = relevance.keyword_relevance(pool.terms, *relevance.episode_terms(h.fields)) if pool.terms else 0.0
+        c.relevance = relevance.relevance(pool.mode, c.cos, c.keyword)
+        out.append(c)
     return out
 
 
@@ -413,14 +465,32 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     `min_priority` drop candidates below them before the cut.
     """
     preset_name, w = await resolve_weights(r, index, scope, preset, weights, sizes)
-    cands = await candidates(r, index, scope, query, query_vector, mode=mode, depth=max(depth, top_k),
-                             weights=w, recency_from=recency_from)
+    depth = max(depth, top_k)
+    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
+    cands = pool.cands
+    extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
+    scored = None
+    if extra and cands and normalize == "none":
+        # the recency / reward / importance lists can only matter if an episode outside the similarity
+        # lists could still make the top_k: its priority is at most w_sim * pool.outside + (1 - w_sim)
+        scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
+                                  recency_from=recency_from)
+        passing = [float(scored.priority[i]) for i in scored.order
+                   if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
+        kth = passing[top_k - 1] if len(passing) >= top_k else -math.inf
+        best_outside = w.similarity * pool.outside + (w.total - w.similarity)
+        if best_outside < max(kth, min_priority) or pool.outside < min_relevance:
+            extra = []  # none can: the answer is the same without fetching them
+    if extra:
+        cands = cands + await extra_candidates(r, index, scope, query_vector, pool, extra, depth=depth)
+        scored = None
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
     priorities: list[float] = []
     if cands:
-        scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
-                                  recency_from=recency_from)
+        if scored is None:
+            scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
+                                      recency_from=recency_from)
         order = [int(i) for i in scored.order
                  if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
         winners = order[:top_k]

@@ -96,7 +96,6 @@ async def test_recall_is_prefix_stable_in_top_k(client, redis, prefix, items, qu
     full = await post(client, "/v1/recall", key, top_k=big, **body)
     head = await post(client, "/v1/recall", key, top_k=small, **body)
     assert summary(full)[:small] == summary(head)
-    assert full["candidates"] == head["candidates"]
     # an explicit pool as deep as the scope extends the same ranking up to top_k 100
     deep = await post(client, "/v1/recall", key, top_k=100, candidates=100, **body)
     assert summary(deep)[:small] == summary(await post(client, "/v1/recall", key, top_k=small, candidates=100,
