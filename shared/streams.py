@@ -316,3 +316,21 @@ async def unprojected(r: aioredis.Redis, stream: str, group: str, *, limit: int)
         pipe.xrevrange(stream, max="+", min=b"(" + last if last else "-", count=limit)
         replies = await pipe.execute()
     return [fields[FIELD] for reply in replies for _, fields in reply if FIELD in fields]
+
+
+async def acked(r: aioredis.Redis, stream: str, group: str, ids: Sequence[str]) -> list[bool]:
+    """For each entry id: delivered to the group (at or before its last delivered id) and no longer
+    pending, i.e. acknowledged. False for all while the group does not exist."""
+    last = None
+    for g in await groups(r, stream):
+        name = g.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            last = _stream_id(g.get("last-delivered-id"))
+    if last is None or not ids:
+        return [False] * len(ids)
+    async with r.pipeline(transaction=False) as pipe:
+        for entry in ids:
+            pipe.xpending_range(stream, group, min=entry, max=entry, count=1)
+        pending = await pipe.execute()
+    return [_stream_id(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
+

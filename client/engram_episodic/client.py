@@ -822,9 +822,11 @@ class AsyncHttpEpisode:
     def episode_id(self) -> str:
         return self.draft.episode_id
 
-    def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
-               success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
-        """Record one action (kept until completion; nothing is sent)."""
+    async def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
+                     success: bool | None = None, error: str | None = None,
+                     timestamp: float | None = None) -> Action:
+        """Record one action (kept until completion; nothing is sent). A coroutine, as every method of
+        the async client and of the stream SDK's episode is: `await ep.action(...)`."""
         return self.draft.action(action_type, input=input, output=output, success=success, error=error,
                                  timestamp=timestamp)
 

@@ -461,7 +461,7 @@ FACTS = ToolSpec(
 # forget_episode -------------------------------------------------------------------------------------------
 def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
     return Plan("forget_episode", (Calls.forget_episode(args["episode_id"]),), lambda r: render_forgotten(r[0]),
-                missing=("episode_id", "no episode with this id in this memory (it may be forgotten already)"))
+                missing=("episode_id", "no episode with this id in this memory (a forgotten one would answer already forgotten)"))
 
 
 FORGET = ToolSpec(

@@ -139,19 +139,25 @@ class IngestQuery(models.Model):
                          "which are (`projected`); 0 answers at once")
 
 
-async def _projected(request: web.Request, events: list[EpisodeCompleted], wait: float) -> list[bool]:
-    """Poll until the consolidator recorded each event (its episode's event hash holds it), up to `wait` s."""
-    r, keys = _redis(request), request.app[KEYS]
+async def _projected(request: web.Request, events: list[EpisodeCompleted], stream_ids: list[str],
+                     wait: float) -> list[bool]:
+    """Poll until each event is projected, up to `wait` s: the group acked its entry (a worker acks only
+    after the document write committed) and its episode's event hash holds it (a dead-lettered event is
+    acked but never recorded). The event hash alone was not enough: for an episode that already had
+    events the worker records the new one first and rewrites the document a step later, so a read right
+    after the wait could still see the previous version (found by a new-user trial)."""
+    r, keys, s = _redis(request), request.app[KEYS], request.app[SETTINGS]
     deadline = time.monotonic() + wait
     done = [False] * len(events)
     while True:
-        gen = await current_generation(r, keys)
         todo = [i for i, d in enumerate(done) if not d]
+        acked = await streams.acked(r, keys.stream, s.consumer_group, [stream_ids[i] for i in todo])
+        gen = await current_generation(r, keys)
         async with r.pipeline(transaction=False) as pipe:
             for i in todo:
                 pipe.hexists(keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id)
-            for i, found in zip(todo, await pipe.execute(), strict=True):
-                done[i] = bool(found)
+            for i, ok, found in zip(todo, acked, await pipe.execute(), strict=True):
+                done[i] = ok and bool(found)
         if all(done) or time.monotonic() >= deadline:
             return done
         await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
@@ -222,12 +228,12 @@ async def ingest(request: web.Request) -> web.Response:
                                episode=ep if ep.completed_at is not None
                                else dataclasses.replace(ep, completed_at=now))
               for ep in episodes]
-    await _client(request, backpressure=True).publish(events)
+    stream_ids = await _client(request, backpressure=True).publish(events)
     request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
     results = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
     out: dict[str, Any] = {"results": results, "accepted": len(results)}
     if query.wait > 0:
-        done = await _projected(request, events, query.wait)
+        done = await _projected(request, events, stream_ids, query.wait)
         for result, projected in zip(results, done, strict=True):
             result["projected"] = projected
         out["projected"] = all(done)

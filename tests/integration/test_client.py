@@ -50,7 +50,7 @@ async def test_async_client_reads_and_writes_every_route(tenants, settings, redi
              "strategy_used": "iterative"} for i in range(3)])
         assert batch.accepted == 3 and len({a.episode_id for a in batch.results}) == 3
         async with memory.episode("rotate the tls certificate by hand", category="ops", agent_id="ops") as ep:
-            ep.action("run", input="openssl x509 -noout -dates", output="notAfter=...", success=True)
+            await ep.action("run", input="openssl x509 -noout -dates", output="notAfter=...", success=True)
             await ep.complete("partial", feedback={"reward": 0.5})
         await drain(settings, redis)
         stored = await memory.wait_until_recallable(first, timeout=10)
@@ -241,7 +241,7 @@ async def test_aware_datetimes_go_wherever_an_instant_does(tenants, settings, re
         eid = await memory.record(task="tz", outcome="success", started_at=done - timedelta(minutes=5),
                                   completed_at=done)
         async with memory.episode("tz block", started_at=datetime(2026, 11, 30, 9, 0, tzinfo=UTC)) as ep:
-            ep.action("run", timestamp=datetime(2026, 11, 30, 9, 1, tzinfo=UTC))
+            await ep.action("run", timestamp=datetime(2026, 11, 30, 9, 1, tzinfo=UTC))
             await ep.complete("success", completed_at=datetime(2026, 11, 30, 9, 2, tzinfo=UTC))
         with pytest.raises(InvalidEpisode) as naive:
             await memory.record(task="tz", outcome="success", completed_at=datetime(2026, 11, 30, 12, 0))
@@ -250,7 +250,7 @@ async def test_aware_datetimes_go_wherever_an_instant_does(tenants, settings, re
             await memory.recall("x", reward={"gte": float("nan")})
         assert nan.value.errors[0][0] == "reward.gte"
         with pytest.raises(InvalidEpisode):
-            ep.action("late")  # after complete(): it would be dropped
+            await ep.action("late")  # after complete(): it would be dropped
         await drain(settings, redis)
         stored = (await memory.wait_until_recallable(eid, timeout=10)).episode
         block = (await memory.wait_until_recallable(ep.episode_id, timeout=10)).episode

@@ -113,3 +113,28 @@ async def test_an_accepted_episode_can_be_forgotten_before_it_is_projected(tenan
     recall = await (await tenants.post("/v1/recall", json={"query": "SECRET-EARLY plans", "top_k": 5},
                                        headers=auth(KEY_A))).json()
     assert recall["results"] == []
+
+
+async def test_a_wait_on_an_update_sees_the_new_version(tenants, settings, redis):
+    """For an episode that already had events, the worker records the new event before it rewrites the
+    document: a wait that watched the event hash alone returned while GET still showed the old version."""
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="ryw-update")
+    await worker.setup()
+    stop = asyncio.Event()
+
+    async def consolidate() -> None:
+        while not stop.is_set():
+            if not await worker.turn():
+                await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(consolidate())
+    try:
+        for i in range(15):
+            body = episode("upd", task="patch the api gateway", solution=f"v{i}")
+            resp = await tenants.post("/v1/episodes", params={"wait": "10"}, json=body, headers=auth(KEY_A))
+            assert (await resp.json())["projected"] is True
+            got = await (await tenants.get("/v1/episodes/upd", headers=auth(KEY_A))).json()
+            assert got["episode"]["solution"] == f"v{i}", f"version {i}: read {got['episode']['solution']}"
+    finally:
+        stop.set()
+        await task
