@@ -171,12 +171,13 @@ class Stack:
         """Pids of the supervisor's children running `python -m <module>` (or the program named `<module>`)."""
         found = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            try:  # read once: a process may exit between two reads (a crash loop kills them on purpose)
+                text = stat.read_text()
+                ppid = int(text.rsplit(")", 1)[1].split()[1])
                 cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == self.proc.pid and (module.encode() in cmdline or stat.read_text().split()[1] == f"({module})"):
+            if ppid == self.proc.pid and (module.encode() in cmdline or text.split()[1] == f"({module})"):
                 found.append(int(stat.parent.name))
         return found
 
