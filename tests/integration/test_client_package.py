@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from services.consolidator.worker import Worker
-from shared.embedding import HashingEmbedder
+from tests.integration.test_query_e2e import consolidating
 from tests.integration.test_query_support import KEY_A
 
 pytest_plugins = ["tests.integration.test_query_support"]
@@ -76,23 +75,10 @@ async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(wheel,
 
     code = _readme_lines().replace("http://127.0.0.1:8080", str(tenants.make_url("")).rstrip("/"))
     code = code.replace('"dev-key"', repr(KEY_A))
-    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="readme")
-    await worker.setup()
-    stop = asyncio.Event()
-
-    async def consolidate() -> None:  # the stack's consolidator, projecting while the snippet waits
-        while not stop.is_set():
-            if not await worker.turn():
-                await asyncio.sleep(0.02)
-
-    task = asyncio.create_task(consolidate())
-    try:
+    async with consolidating(settings, redis, "readme"):  # the stack's consolidator, while the snippet waits
         proc = await asyncio.create_subprocess_exec(str(py), "-c", code, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE, cwd=tmp_path, env=env)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        stop.set()
-        await task
     assert proc.returncode == 0, stderr.decode()[-2000:]
     lines = stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].endswith("success fix the flaky login test"), lines

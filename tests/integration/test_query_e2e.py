@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from services.consolidator.worker import Worker
 from shared.embedding import HashingEmbedder
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, ids
 
 pytest_plugins = ["tests.integration.test_query_support"]
+
+
+@contextlib.asynccontextmanager
+async def consolidating(settings, redis, name: str = "bg"):
+    """A consolidator projecting in the background of the test's loop (as the stack's would) until the
+    block ends; yields the worker."""
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name=name)
+    await worker.setup()
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        while not stop.is_set():
+            if not await worker.turn():
+                await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(run())
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await task
 
 
 async def drain(settings, redis) -> None:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from services.consolidator.worker import Worker
-from shared.embedding import HashingEmbedder
-from tests.integration.test_query_e2e import drain
+from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode
 
 pytest_plugins = ["tests.integration.test_query_support"]
@@ -37,23 +33,10 @@ async def test_get_episode_refuses_query_parameters(tenants):
 
 
 async def test_ingest_waits_until_projected_when_asked(tenants, settings, redis):
-    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="ryw")
-    await worker.setup()
-    stop = asyncio.Event()
-
-    async def consolidate() -> None:
-        while not stop.is_set():
-            if not await worker.turn():
-                await asyncio.sleep(0.01)
-
     batch = {"episodes": [episode(f"w{i}", task=f"upgrade the kernel {i}") for i in range(3)]}
-    task = asyncio.create_task(consolidate())
-    try:
+    async with consolidating(settings, redis, "ryw"):
         resp = await tenants.post("/v1/episodes", params={"wait": "10"}, json=batch, headers=auth(KEY_A))
         body = await resp.json()
-    finally:
-        stop.set()
-        await task
     assert resp.status == 202 and body["projected"] is True and all(r["projected"] for r in body["results"])
     recall = await (await tenants.post("/v1/recall", json={"query": "upgrade the kernel", "top_k": 5},
                                        headers=auth(KEY_A))).json()
@@ -82,21 +65,8 @@ async def test_the_client_reads_its_writes(tenants, settings, redis):
             assert "accepted, but not projected within 0.2s" in str(exc)
         else:
             raise AssertionError("nobody consolidates: the wait must time out")
-        worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="ryw-client")
-        await worker.setup()
-        stop = asyncio.Event()
-
-        async def consolidate() -> None:
-            while not stop.is_set():
-                if not await worker.turn():
-                    await asyncio.sleep(0.01)
-
-        task = asyncio.create_task(consolidate())
-        try:
+        async with consolidating(settings, redis, "ryw-client"):
             again = await memory.record(episode_id=eid, task="renew the dns zone (v2)", outcome="failure", wait=10)
-        finally:
-            stop.set()
-            await task
         assert again == eid
         stored = await memory.get_episode(eid)
     assert stored.status == "completed" and stored.episode.outcome == "failure", "the new version, not the old"
@@ -118,23 +88,10 @@ async def test_an_accepted_episode_can_be_forgotten_before_it_is_projected(tenan
 async def test_a_wait_on_an_update_sees_the_new_version(tenants, settings, redis):
     """For an episode that already had events, the worker records the new event before it rewrites the
     document: a wait that watched the event hash alone returned while GET still showed the old version."""
-    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="ryw-update")
-    await worker.setup()
-    stop = asyncio.Event()
-
-    async def consolidate() -> None:
-        while not stop.is_set():
-            if not await worker.turn():
-                await asyncio.sleep(0.005)
-
-    task = asyncio.create_task(consolidate())
-    try:
+    async with consolidating(settings, redis, "ryw-update"):
         for i in range(15):
             body = episode("upd", task="patch the api gateway", solution=f"v{i}")
             resp = await tenants.post("/v1/episodes", params={"wait": "10"}, json=body, headers=auth(KEY_A))
             assert (await resp.json())["projected"] is True
             got = await (await tenants.get("/v1/episodes/upd", headers=auth(KEY_A))).json()
             assert got["episode"]["solution"] == f"v{i}", f"version {i}: read {got['episode']['solution']}"
-    finally:
-        stop.set()
-        await task
