@@ -24,7 +24,8 @@ score for the same query. Now each arm is a fixed function:
 - hybrid: `HYBRID_VECTOR_WEIGHT · max(0, cos) + (1 - HYBRID_VECTOR_WEIGHT) · keyword`, a convex
   combination of the two absolute values (a query with no word left after stop words is vector-only).
 
-Terms: Unicode words, case-folded, RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
+Terms: Unicode words as the index holds them (`shared.index.fold_for_search`: case-folded, Han and
+kana as character bigrams), RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
 English stemmer, the algorithm RediSearch stems with), so "groups" matches "group" as in the index.
 The constants were calibrated on LoCoMo (docs/benchmarks.md).
 """
@@ -38,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from types import MappingProxyType
 
-from shared.index import STOPWORDS, TEXT_FIELDS
+from shared.index import STOPWORDS, TEXT_FIELDS, fold_for_search
 
 K1 = 1.2
 """Term-frequency saturation (BM25's k1)."""
@@ -67,7 +68,8 @@ def _stemmer():
 
 
 def _words(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text.casefold()) if w not in STOPWORDS]
+    """Terms as the index holds them (`fold_for_search`: case folding, CJK bigrams), stop words dropped."""
+    return [w for w in _WORD.findall(fold_for_search(text)) if w not in STOPWORDS]
 
 
 def query_words(text: str, limit: int = MAX_TERMS) -> dict[str, str]:
@@ -117,7 +119,7 @@ def _terms(texts: tuple[bytes | None, ...]) -> tuple[Mapping[str, float], float]
     for text, (_, _, weight) in zip(texts, _FIELD_KEYS, strict=True):
         if not text:
             continue
-        counts = Counter(_WORD.findall(text.decode("utf-8", "replace").casefold()))
+        counts = Counter(_WORD.findall(fold_for_search(text.decode("utf-8", "replace"))))
         for word in STOPWORDS.intersection(counts):
             del counts[word]
         length += weight * counts.total()

@@ -7,7 +7,8 @@ Pipeline of `POST /v1/recall` (issue 4, issue 17):
    KNN; `keyword`: BM25; `hybrid`: both; plus, for each of recency, reward and importance that carries
    weight, the scope's top episodes by that signal (`arms`). The depth (default
    ENGRAM_RECALL_CANDIDATES, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
-   K recall are the `top_k` k recall.
+   K recall are the `top_k` k recall. The non-similarity lists are fetched only when an episode
+   outside the similarity lists could still reach the top_k (`Pool.outside` bounds its relevance).
 3. Relevance (`shared.relevance`): the cosine, an absolute keyword relevance from the episode's text,
    or their convex combination — a function of the query and the episode alone. Similarity in the
    response is always the cosine; for hits without one from the KNN the stored vector is read.

@@ -232,3 +232,16 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, re
     for j, age in enumerate(later):
         await put_at(f"n{j}", age, 1.0)
     await check()
+
+
+async def test_keyword_relevance_sees_the_words_the_index_holds(client, redis, prefix):
+    """Case folding and CJK bigrams as at index time (fold_for_search): a match BM25 finds has keyword
+    relevance > 0, and the same words in another case or script run weigh the same."""
+    key, ns = fresh_tenant()
+    await put(redis, prefix, ns, episode("ja", task="東京タワーの修理"))
+    await put(redis, prefix, ns, episode("de", task="Über die Straße"))
+    await put(redis, prefix, ns, episode("x", task="nothing in common"))
+    ja = await post(client, "/v1/recall", key, query="東京の修理", mode="keyword", top_k=3, weights={"similarity": 1})
+    assert ids(ja)[0] == "ja" and ja["results"][0]["relevance"] > 0.2
+    de = await post(client, "/v1/recall", key, query="ÜBER STRASSE", mode="keyword", top_k=3, weights={"similarity": 1})
+    assert ids(de)[0] == "de" and de["results"][0]["relevance"] > 0.2
