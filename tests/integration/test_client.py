@@ -161,14 +161,16 @@ async def test_an_episode_built_once_goes_over_http_or_the_stream(tenants, setti
 # --- retries -----------------------------------------------------------------------------------------
 @pytest.fixture
 async def flaky(aiohttp_server):
-    """A stand-in service: answers each route from a script of statuses; counts requests."""
+    """A stand-in service: answers each route from a script of statuses; counts requests. A "hang"
+    holds its answer until the test ends (the client's read timeout is what ends the attempt)."""
     state = {"count": 0, "script": []}
+    release = asyncio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:
         state["count"] += 1
         step = state["script"].pop(0) if state["script"] else 200
         if step == "hang":
-            await asyncio.sleep(5)
+            await release.wait()
         if step in (429, 503):
             return web.json_response({"title": "busy", "detail": "retry later", "status": step}, status=step,
                                      headers={"Retry-After": "0"}, content_type="application/problem+json")
@@ -177,7 +179,8 @@ async def flaky(aiohttp_server):
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     server = await aiohttp_server(app)
-    return server, state
+    yield server, state
+    release.set()
 
 
 _RECALL_BODY = {"results": [], "replay_context": {}, "as_of": "2026-12-01T00:00:00Z", "weights": {},

@@ -22,8 +22,7 @@ async def consolidating(settings, redis, name: str = "bg"):
 
     async def run() -> None:
         while not stop.is_set():
-            if not await worker.turn():
-                await asyncio.sleep(0.005)
+            await worker.turn()  # an idle turn blocks in XREADGROUP for ENGRAM_BLOCK_MS
 
     task = asyncio.create_task(run())
     try:
