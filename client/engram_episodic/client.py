@@ -623,34 +623,55 @@ class Engram(_Base):
         return self.call(Calls.ready())
 
 
-class HttpEpisode:
-    """An open episode recorded over HTTP (see `Engram.episode`); actions are kept until completion."""
+class _OpenEpisode:
+    """What the sync and async HTTP episodes share: the draft, and the rule that a completion once sent
+    (perhaps applied) is never overwritten by the block's exit (a new-user trial saw a success whose
+    answer was lost rewritten as a failure)."""
 
-    def __init__(self, client: Engram, draft: EpisodeDraft):
-        self.client = client
+    def __init__(self, draft: EpisodeDraft):
         self.draft = draft
-        self.sent = False  # a completion was sent (perhaps applied): never overwrite it on exit
+        self.sent = False
 
     @property
     def episode_id(self) -> str:
         return self.draft.episode_id
 
+    def _action(self, action_type: str, **fields: Any) -> Action:
+        return self.draft.action(action_type, **fields)
+
+    def _send(self, outcome: str, fields: Mapping[str, Any]) -> tuple[Episode, Call[IngestResult]]:
+        snapshot = self.draft.completion(outcome, **fields)
+        self.sent = True
+        return snapshot, _ingest([snapshot], batch=False)
+
+    def _on_exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> tuple[str, dict] | None:
+        """The completion the block's exit should publish, or None."""
+        if self.draft.completed is None and not self.sent:
+            return EpisodeDraft.exit_fields(exc_type, exc)
+        return None
+
+
+class HttpEpisode(_OpenEpisode):
+    """An open episode recorded over HTTP (see `Engram.episode`); actions are kept until completion."""
+
+    def __init__(self, client: Engram, draft: EpisodeDraft):
+        super().__init__(draft)
+        self.client = client
+
     def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
                success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
         """Record one action (validated now; InvalidEpisode names a bad field)."""
-        return self.draft.action(action_type, input=input, output=output, success=success, error=error,
-                                 timestamp=timestamp)
+        return self._action(action_type, input=input, output=output, success=success, error=error,
+                            timestamp=timestamp)
 
     def complete(self, outcome: str, **fields: Any) -> Episode:
         """Publish the finished episode; returns it. `fields`: any Episode field (feedback, solution, ...).
 
-        If publishing fails, the error says whether it may have been applied, and leaving the block does
-        not publish a `failure` over it (found by a new-user trial: a success whose answer was lost was
-        rewritten as a failure); call `complete` again with the same outcome to retry."""
-        snapshot = self.draft.completion(outcome, **fields)
-        self.sent = True
+        If publishing fails, the error says whether it may have been applied (and names the id), and
+        leaving the block does not publish a `failure` over it; call `complete` again to retry."""
+        snapshot, call = self._send(outcome, fields)
         try:
-            self.client.call(_ingest([snapshot], batch=False))
+            self.client.call(call)
         except EngramError as exc:
             _with_ids(exc, [snapshot])
             raise
@@ -660,9 +681,9 @@ class HttpEpisode:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self.draft.completed is None and not self.sent:
-            outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
-            self.complete(outcome, **fields)
+        pending = self._on_exit(exc_type, exc)
+        if pending is not None:
+            self.complete(pending[0], **pending[1])
 
 
 # --- async -------------------------------------------------------------------------------------------
@@ -810,32 +831,26 @@ class AsyncEngram(_Base):
         return await self.call(Calls.ready())
 
 
-class AsyncHttpEpisode:
+class AsyncHttpEpisode(_OpenEpisode):
     """An open episode recorded over HTTP with `AsyncEngram` (see `Engram.episode`)."""
 
     def __init__(self, client: AsyncEngram, draft: EpisodeDraft):
+        super().__init__(draft)
         self.client = client
-        self.draft = draft
-        self.sent = False
-
-    @property
-    def episode_id(self) -> str:
-        return self.draft.episode_id
 
     async def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
                      success: bool | None = None, error: str | None = None,
                      timestamp: float | None = None) -> Action:
         """Record one action (kept until completion; nothing is sent). A coroutine, as every method of
         the async client and of the stream SDK's episode is: `await ep.action(...)`."""
-        return self.draft.action(action_type, input=input, output=output, success=success, error=error,
-                                 timestamp=timestamp)
+        return self._action(action_type, input=input, output=output, success=success, error=error,
+                            timestamp=timestamp)
 
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""
-        snapshot = self.draft.completion(outcome, **fields)
-        self.sent = True
+        snapshot, call = self._send(outcome, fields)
         try:
-            await self.client.call(_ingest([snapshot], batch=False))
+            await self.client.call(call)
         except EngramError as exc:
             _with_ids(exc, [snapshot])
             raise
@@ -845,6 +860,6 @@ class AsyncHttpEpisode:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self.draft.completed is None and not self.sent:
-            outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
-            await self.complete(outcome, **fields)
+        pending = self._on_exit(exc_type, exc)
+        if pending is not None:
+            await self.complete(pending[0], **pending[1])
