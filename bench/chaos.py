@@ -60,6 +60,7 @@ from shared.index import Scope, count, current_generation
 from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
+from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
 NAMESPACE = "chaos"
 PREFIX = "chaos:"
@@ -302,7 +303,7 @@ async def tally(url: str, run: Run, n: int) -> dict[str, Any]:
             for ep_id in all_ids:
                 pipe.exists(keys.episode_doc(gen, NAMESPACE, ep_id))
             present = {ep_id for ep_id, e in zip(all_ids, await pipe.execute(), strict=True) if e}
-        indexed = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE))
+        indexed = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE, tags=BLAKE2B))
         missing = sorted(run.published - present)
         return {
             "reported_published": len(run.published),

@@ -277,6 +277,7 @@ async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation],
     from shared.index import Scope, count, index_exists
     from shared.keys import Keys
     from shared.redis_conn import connect
+    from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
     keys = Keys(prefix)
     total = sum(len(c.turns) for c in convs)
@@ -290,7 +291,7 @@ async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation],
                 return False
             n = 0
             for c in convs:
-                n += await count(r, keys.episode_index_alias, Scope(namespace=c.namespace))
+                n += await count(r, keys.episode_index_alias, Scope(namespace=c.namespace, tags=BLAKE2B))
             bar.update(n - bar.n)
             return n >= total
         await poll_until(done, timeout=timeout, interval=0.25, what=f"{total} episodes projected")
@@ -339,24 +340,27 @@ async def ask_all(base_url: str, tokens_by_conv: dict[str, str], convs: list[Con
 # --- harness-side fusion (what the service would return with RRF ordering) -----------------------------
 async def direct_rankings(redis_url: str, prefix: str, convs: list[Conversation], embedder) -> dict[str, list]:
     """Per question, the raw FT.SEARCH KNN and BM25 orders (ids, top 100) against the service's index."""
+    import orjson
+
     from shared.embedding import embed_query
     from shared.index import Scope, bm25_search, knn_search
     from shared.keys import Keys
     from shared.redis_conn import connect
+    from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
     keys = Keys(prefix)
     r = connect(redis_url)
     knn_all, bm25_all = [], []
     try:
         for conv in convs:
-            scope = Scope(namespace=conv.namespace)
+            scope = Scope(namespace=conv.namespace, tags=BLAKE2B)
             vectors = await embedder.embed([q.text for q in conv.questions]) if conv.questions else []
             for q, vec in zip(conv.questions, vectors, strict=True):
-                knn = await knn_search(r, keys.episode_index_alias, scope, vec, 100, return_fields=("episode_id",))
-                kw = await bm25_search(r, keys.episode_index_alias, scope, q.text, 100,
-                                       return_fields=("episode_id",))
-                knn_all.append([h.fields[b"episode_id"].decode() for h in knn])
-                bm25_all.append([h.fields[b"episode_id"].decode() for h in kw])
+                # ids from the documents: the episode_id TAG field holds digests (shared.tags)
+                knn = await knn_search(r, keys.episode_index_alias, scope, vec, 100, return_fields=("doc",))
+                kw = await bm25_search(r, keys.episode_index_alias, scope, q.text, 100, return_fields=("doc",))
+                knn_all.append([orjson.loads(h.fields[b"doc"])["episode_id"] for h in knn])
+                bm25_all.append([orjson.loads(h.fields[b"doc"])["episode_id"] for h in kw])
         _ = embed_query  # the service embeds one query at a time; batching here gives the same vectors
     finally:
         await r.aclose()

@@ -160,9 +160,10 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
     r = connect(url)
     try:
         params = VectorParams(dim=vectors.shape[1])
-        await ensure_episode_index(r, keys, 1, params, embedder.name)
+        tags = await ensure_episode_index(r, keys, 1, params, embedder.name, tag_key=None)
         docs = [(keys.episode_doc(1, NAMESPACE, e.episode_id),
-                 episode_fields(NAMESPACE, e, status="completed", vector=v)) for e, v in zip(parsed, vectors, strict=True)]
+                 episode_fields(NAMESPACE, e, status="completed", vector=v, tags=tags))
+                for e, v in zip(parsed, vectors, strict=True)]
         with Timer() as t_write:
             for start in range(0, len(docs), 500):
                 async with r.pipeline(transaction=False) as pipe:
@@ -189,6 +190,7 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
     from shared.redis_conn import connect
     from shared.sdk import EngramClient
     from shared.settings import Settings
+    from shared.tags import BLAKE2B  # a namespace-only scope digests nothing: any generation's mode fits
 
     prefix = f"e2e{uuid.uuid4().hex[:6]}:"
     keys = Keys(prefix)
@@ -228,7 +230,7 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
             if info["lag"] or info["pending"]:
                 bar.update(max(0, len(events) - info["lag"] - info["pending"] - bar.n))
                 return False
-            n = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE))
+            n = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE, tags=BLAKE2B))
             bar.update(max(0, n - bar.n))
             return n >= len(events)
         # every 10 ms: the end is overshot by half the interval on average, ~1.5% of a 2 s round at 50 ms
@@ -307,7 +309,7 @@ class Seeder:
 
         params = VectorParams(dim=DIM, algorithm=self.algorithm, m=self.args.hnsw_m,
                               ef_construction=self.args.hnsw_ef_construction, ef_runtime=self.args.hnsw_ef_runtime)
-        await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name)
+        self.tags = await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name, tag_key=None)
 
     async def add(self, vectors: np.ndarray) -> float:
         """Insert the next len(vectors) episodes; returns the insert rate (episodes/s, HSET pipelined)."""
@@ -322,7 +324,7 @@ class Seeder:
             i = self.n + j
             e = parse_episode(synthetic_episode(i, rng))
             docs.append((self.keys.episode_doc(1, NAMESPACE, e.episode_id),
-                         episode_fields(NAMESPACE, e, status="completed", vector=v)))
+                         episode_fields(NAMESPACE, e, status="completed", vector=v, tags=self.tags)))
         bar = tqdm(total=len(docs), desc=f"seed {self.algorithm} to {self.n + len(docs):,}", unit="ep", leave=False)
         started = time.perf_counter()
         for start in range(0, len(docs), 1000):
@@ -337,11 +339,14 @@ class Seeder:
         return len(docs) / elapsed
 
     async def knn_ids(self, q: np.ndarray, k: int, ef: int | None = None) -> list[int]:
+        import orjson
+
         from shared.index import Scope, knn_search
 
-        hits = await knn_search(self.r, self.keys.episode_index_alias, Scope(namespace=NAMESPACE), q, k,
-                                return_fields=("episode_id",), ef_runtime=ef)
-        return [int(h.fields[b"episode_id"].decode().split("-")[1]) for h in hits]
+        # the ids from the documents: the episode_id TAG field holds their digests (shared.tags)
+        hits = await knn_search(self.r, self.keys.episode_index_alias, Scope(namespace=NAMESPACE, tags=self.tags), q, k,
+                                return_fields=("doc",), ef_runtime=ef)
+        return [int(orjson.loads(h.fields[b"doc"])["episode_id"].split("-")[1]) for h in hits]
 
 
 async def used_memory(r) -> int:
@@ -507,7 +512,7 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
         lat, wall = await concurrent(clients, n_req, service)
     out["service"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
 
-    scope = Scope(namespace=NAMESPACE)
+    scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
 
     async def raw(i: int) -> None:
         await knn_search(r, seeder.keys.episode_index_alias, scope, query_vecs[i % len(query_vecs)], cand,

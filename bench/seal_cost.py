@@ -42,14 +42,15 @@ async def one_side(url: str, events: list, master_key: bytes | None) -> dict[str
     r = connect(url)
     try:
         embedder = HashingEmbedder(DIM)
-        await ensure_episode_index(r, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), embedder.name)
+        tags = await ensure_episode_index(r, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), embedder.name,
+                                          tag_key=None)
         client = EngramClient(r, namespace=NAMESPACE, prefix=keys.prefix, master_key=master_key)
         cpu = time.process_time()
         for start in range(0, len(events), 100):
             await client.publish(events[start:start + 100])
         publish = time.process_time() - cpu
         ring = KeyRing(keys, client._ring.master) if master_key is not None else None
-        projector = Projector(r, keys, embedder, 1, keyring=ring)
+        projector = Projector(r, keys, embedder, 1, keyring=ring, tags=tags)
         entries = await streams.read_range(r, keys.stream, count=len(events) + 10)
         cpu = time.process_time()
         for start in range(0, len(entries), 256):

@@ -70,6 +70,8 @@ async def _consolidated(memory: AsyncEngram, episode_id: str, run: str) -> bool:
         stored = await memory.get_episode(episode_id)
     except ResourceNotFound:
         return False
+    if stored.episode is None:  # accepted, not projected yet (`status: pending`)
+        return False
     return (stored.episode.metadata or {}).get("demo_run") == run
 
 

@@ -221,12 +221,14 @@ def wrapped_kid(blob: bytes) -> bytes:
 class Deployment:
     """What the deployment secret derives: key references (and, for the TAG index, keyed digests)."""
 
-    __slots__ = ("_ref_key", "_cache")
+    __slots__ = ("_ref_key", "_cache", "tag_key")
 
     def __init__(self, secret: bytes):
         if len(secret) != KEY_BYTES:
             raise ValueError("a deployment secret is 32 bytes")
         self._ref_key = _hmac(secret, b"engram/ref/v1")
+        self.tag_key = _hmac(secret, b"engram/tags/v1")
+        """32 bytes: the HMAC key of the TAG fields' digests of ids (`shared.tags`, mode hmac-v1)."""
         self._cache: dict[tuple[str, str | None], bytes] = {}
 
     def ref(self, namespace: str, user_id: str | None) -> bytes:

@@ -39,6 +39,7 @@ from shared.index import (
     vector_bytes,
 )
 from shared.keys import Keys, digest
+from shared.tags import TagCodec
 
 KINDS = ("strategy", "failure_pattern", "best_practice", "preference")
 STATUS_CURRENT, STATUS_SUPERSEDED = "current", "superseded"
@@ -236,8 +237,9 @@ async def ensure_facts_index(r: aioredis.Redis, keys: Keys, gen: int, dim: int, 
     return name
 
 
-def fact_fields(fact: Fact) -> dict[str, Any]:
-    """The HASH fields of a fact document: tags, numerics, text, centroid and the full JSON `doc`."""
+def fact_fields(fact: Fact, tags: TagCodec) -> dict[str, Any]:
+    """The HASH fields of a fact document: tags (`evidence` and `users` digested with `tags`, as the
+    episode index's ids are: `shared.tags`), numerics, text, centroid and the full JSON `doc`."""
     fields: dict[str, Any] = {
         "namespace": fact.namespace, "fact_id": fact.fact_id, "scope_id": fact.scope_id, "level": fact.level,
         "kind": fact.kind, "status": fact.status, "text": fact.text,
@@ -246,8 +248,9 @@ def fact_fields(fact: Fact) -> dict[str, Any]:
     for name in ("supersedes", "superseded_by"):
         if getattr(fact, name):
             fields[name] = getattr(fact, name)
-    for name in ("evidence", "agents", "users", "categories"):
-        values = getattr(fact, name)
+    digested = {"evidence": tags.episodes(fact.namespace, fact.evidence), "users": tags.users(fact.namespace, fact.users),
+                "agents": fact.agents, "categories": fact.categories}
+    for name, values in digested.items():
         if values:
             fields[name] = TAG_SEPARATOR.join(values)
     numbers = {"support": fact.support, "success_rate": fact.success_rate, "avg_reward": fact.avg_reward,
@@ -274,9 +277,11 @@ class FactQuery:
     `as_of` selects the facts valid at that instant (created before it, superseded after it), which
     includes facts superseded since; without it only current facts are returned unless
     `include_superseded`. `since`/`until` keep facts whose evidence time span overlaps the window.
+    `tags` digests user and episode ids as the generation's index holds them (`shared.tags`).
     """
 
     namespace: str
+    tags: TagCodec
     agent_id: str | None = None
     user_id: str | None = None
     category: tuple[str, ...] = ()
@@ -300,8 +305,9 @@ class FactQuery:
         if self.agent_id is not None:
             parts.append(tag_clause("agents", self.agent_id))
         if self.user_id is not None:
-            parts.append(tag_clause("users", self.user_id))
-        for name, values in (("categories", self.category), ("kind", self.kind), ("evidence", self.evidence)):
+            parts.append(tag_clause("users", self.tags.user(self.namespace, self.user_id)))
+        evidence = self.tags.episodes(self.namespace, self.evidence)
+        for name, values in (("categories", self.category), ("kind", self.kind), ("evidence", evidence)):
             if values:
                 parts.append(tag_clause(name, values))
         if self.level is not None:
@@ -363,11 +369,13 @@ async def search_facts(r: aioredis.Redis, index: str, q: FactQuery, *, vector: n
     return hits[:top_k]
 
 
-async def facts_with_evidence(r: aioredis.Redis, index: str, namespace: str, episode_ids: Sequence[str]) -> list[Fact]:
+async def facts_with_evidence(r: aioredis.Redis, index: str, namespace: str, episode_ids: Sequence[str],
+                              tags: TagCodec) -> list[Fact]:
     """Every fact (current or superseded) of `namespace` whose evidence names one of `episode_ids`."""
     out: dict[str, Fact] = {}
     for start in range(0, len(episode_ids), 50):
-        q = FactQuery(namespace=namespace, evidence=tuple(episode_ids[start:start + 50]), include_superseded=True)
+        q = FactQuery(namespace=namespace, tags=tags, evidence=tuple(episode_ids[start:start + 50]),
+                      include_superseded=True)
         for hit in await search_facts(r, index, q, top_k=10_000):
             out[hit.fact.fact_id] = hit.fact
     return [out[k] for k in sorted(out)]

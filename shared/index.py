@@ -9,6 +9,10 @@ TAG fields are CASESENSITIVE with the separator U+001F (a control character, whi
 in values), so a value such as `a,b`, `x|y` or `ns:with:colons` is one exact tag (shared/cases C12,
 C18). Escaping backslashes every ASCII character that is not a letter or digit (including `_` and
 space); non-ASCII characters need no escape (measured: escaping them breaks the match).
+
+The TAG fields `episode_id`, `user_id` and `session_id` hold keyed digests of the ids, not the ids
+(`shared.tags`; `Scope.tags` digests a query's values the same way), so a forgotten user's ids do not
+linger in `FT.TAGVALS`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
 from shared.keys import Keys
+from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 
 TAG_SEPARATOR = "\x1f"
 TAG_FIELDS = ("namespace", "episode_id", "agent_id", "user_id", "session_id", "category", "outcome",
@@ -147,9 +152,13 @@ class Scope:
 
     `namespace` always comes from the server (API key or SDK), never from a request body (C03).
     Lists mean "any of". Ranges are inclusive; times are UTC epoch seconds on `completed_at`.
+    `tags` is the digest function of the index queried (its generation's, `shared.tags`): user,
+    session and episode ids are digested with it. `episode_tags` are values as the index holds them
+    (digests read back from hits), matched as they are.
     """
 
     namespace: str
+    tags: TagCodec
     agent_id: str | None = None
     user_id: str | None = None
     session_id: str | None = None
@@ -159,23 +168,29 @@ class Scope:
     episode_id: tuple[str, ...] = ()
     reward: tuple[float | None, float | None] = (None, None)
     importance: tuple[float | None, float | None] = (None, None)
+    episode_tags: tuple[str, ...] = ()
     since: float | None = None
     until: float | None = None
     status: str | None = STATUS_COMPLETED
 
     def query(self) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope."""
-        parts = [tag_clause("namespace", self.namespace)]
+        ns, tags = self.namespace, self.tags
+        parts = [tag_clause("namespace", ns)]
         if self.status:
             parts.append(tag_clause("status", self.status))
-        for name in ("agent_id", "user_id", "session_id"):
-            value = getattr(self, name)
-            if value is not None:
-                parts.append(tag_clause(name, value))
-        for name in ("category", "outcome", "strategy", "episode_id"):
+        if self.agent_id is not None:
+            parts.append(tag_clause("agent_id", self.agent_id))
+        if self.user_id is not None:
+            parts.append(tag_clause("user_id", tags.user(ns, self.user_id)))
+        if self.session_id is not None:
+            parts.append(tag_clause("session_id", tags.session(ns, self.session_id)))
+        for name in ("category", "outcome", "strategy"):
             values = getattr(self, name)
             if values:
                 parts.append(tag_clause(name, values))
+        if self.episode_id or self.episode_tags:
+            parts.append(tag_clause("episode_id", tags.episodes(ns, self.episode_id) + self.episode_tags))
         for name in ("reward", "importance"):
             lo, hi = getattr(self, name)
             if lo is not None or hi is not None:
@@ -256,12 +271,16 @@ class EmbedderMismatch(Conflict):
 
 
 async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: VectorParams,
-                               embedder_name: str, *, point_alias: bool = True) -> None:
-    """Create generation `gen`'s episode index if missing and record the embedder it was built with.
+                               embedder_name: str, *, tag_key: bytes | None, point_alias: bool = True) -> TagCodec:
+    """Create generation `gen`'s episode index if missing, record the embedder it was built with, and
+    return the digest function of its TAG fields (`shared.tags`).
 
+    `tag_key` is the deployment's (`Deployment.tag_key`, None without a master key): a generation
+    created here gets the mode it selects; one created before digests existed keeps `plain`.
     Raises EmbedderMismatch (a Conflict) when the index exists with another embedder name or
     dimension: mixing vectors of two models would silently ruin recall;
-    `python -m services.consolidator reindex` builds a new generation instead.
+    `python -m services.consolidator reindex` builds a new generation instead. ConfigError when the
+    generation holds keyed digests and `tag_key` is None.
     """
     name = keys.episode_index(gen)
     recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
@@ -270,17 +289,29 @@ async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: 
                                       or int(recorded_dim or 0) != params.dim):
         raise EmbedderMismatch(name, gen, recorded_name.decode(), int(recorded_dim or 0), embedder_name, params.dim)
     if not await index_exists(r, name):
+        # recorded before the index exists, so a process that finds the index also finds its mode
+        await r.hsetnx(keys.meta, f"g{gen}:tags", mode_for(tag_key))
         try:
             await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.episode_doc_prefix(gen),
                                     "SCHEMA", *episode_schema(params))
         except ResponseError as exc:
             if "already exists" not in str(exc).lower():
                 raise
+    else:  # built before TAG digests: its fields hold the ids as given
+        await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
     await r.hset(keys.meta, mapping={f"g{gen}:embedder": embedder_name, f"g{gen}:dim": params.dim,
                                      f"g{gen}:algorithm": params.algorithm})
     await r.hsetnx(keys.meta, "generation", gen)
     if point_alias:
         await point_alias_at(r, keys.episode_index_alias, name)
+    return await generation_tags(r, keys, gen, tag_key)
+
+
+async def generation_tags(r: aioredis.Redis, keys: Keys, gen: int, tag_key: bytes | None) -> TagCodec:
+    """The digest function of generation `gen`'s TAG fields, as recorded in the meta hash (`plain` when
+    nothing is recorded: a generation older than digests). ConfigError as in `shared.tags.codec`."""
+    raw = await r.hget(keys.meta, f"g{gen}:tags")
+    return codec(raw.decode() if raw else MODE_PLAIN, tag_key, prefix=keys.prefix)
 
 
 async def point_alias_at(r: aioredis.Redis, alias: str, index: str) -> None:
@@ -292,8 +323,38 @@ def vector_bytes(vector: np.ndarray | Sequence[float]) -> bytes:
     return np.asarray(vector, dtype=np.float32).tobytes()
 
 
-def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None) -> dict[str, Any]:
-    """The HASH fields of an episode document: indexed fields, the full JSON `doc`, the vector.
+class LiveTags:
+    """The live generation's TAG digest function for a long-running reader (the query service).
+
+    The generation is re-read at most every `ttl` seconds (one HGET), so a `replay`, which may change the
+    digest mode (`shared.tags`), is followed within `ttl` of its swap; each generation's mode is read
+    once. `tag_key` is the deployment's (None without a master key).
+    """
+
+    def __init__(self, keys: Keys, tag_key: bytes | None, *, ttl: float = 1.0):
+        import time
+
+        self._clock = time.monotonic
+        self.keys, self.tag_key, self.ttl = keys, tag_key, ttl
+        self._by_gen: dict[int, TagCodec] = {}
+        self._live: tuple[float, TagCodec] | None = None
+
+    async def get(self, r: aioredis.Redis) -> TagCodec:
+        now = self._clock()
+        if self._live is not None and now - self._live[0] < self.ttl:
+            return self._live[1]
+        gen = await current_generation(r, self.keys)
+        tags = self._by_gen.get(gen)
+        if tags is None:
+            tags = self._by_gen[gen] = await generation_tags(r, self.keys, gen, self.tag_key)
+        self._live = (now, tags)
+        return tags
+
+
+def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None,
+                   tags: TagCodec) -> dict[str, Any]:
+    """The HASH fields of an episode document: indexed fields (ids digested with `tags`), the full
+    JSON `doc`, the vector.
 
     `last_accessed` and `access_count` are not among them: the query service owns those (recall with
     `touch`), and re-projecting an episode must not reset them.
@@ -301,14 +362,15 @@ def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.
     task = episode.task
     fb = episode.feedback
     fields: dict[str, Any] = {
-        "namespace": namespace, "episode_id": episode.episode_id, "status": status,
+        "namespace": namespace, "episode_id": tags.episode(namespace, episode.episode_id), "status": status,
         # orjson: UTF-8 bytes, ~5x faster than json.dumps on the consolidator's hot path
         DOC_FIELD: orjson.dumps(episode_to_dict(episode, include_vector=False)),
     }
-    tags = {"agent_id": episode.agent_id, "user_id": episode.user_id, "session_id": episode.session_id,
-            "category": task.category if task else None, "outcome": episode.outcome,
-            "strategy": episode.strategy_used}
-    fields.update({k: v for k, v in tags.items() if v is not None})
+    clear = {"agent_id": episode.agent_id, "category": task.category if task else None,
+             "outcome": episode.outcome, "strategy": episode.strategy_used,
+             "user_id": tags.user(namespace, episode.user_id) if episode.user_id is not None else None,
+             "session_id": tags.session(namespace, episode.session_id) if episode.session_id is not None else None}
+    fields.update({k: v for k, v in clear.items() if v is not None})
     numbers = {"started_at": episode.started_at, "completed_at": episode.completed_at,
                "reward": fb.reward if fb else None, "importance": episode.importance,
                "complexity": task.complexity if task else None, "iterations": episode.iterations,

@@ -294,3 +294,11 @@ def shared_ring(keys: Keys, master_key: bytes) -> KeyRing:
             _RINGS.clear()
         ring = _RINGS[(keys.prefix, master_key)] = KeyRing(keys, MasterKey(master_key))
     return ring
+
+
+async def deployment_tag_key(redis: aioredis.Redis, keys: Keys, master_key: bytes | None) -> bytes | None:
+    """The key of the TAG fields' digests of ids (`shared.tags`): derived from the deployment secret,
+    so None without a master key (digests are then unkeyed). MasterKeyMismatch as in `KeyRing.load`."""
+    if master_key is None:
+        return None
+    return (await shared_ring(keys, master_key).load(redis)).tag_key

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from engram_episodic.drafts import EpisodeDraft, finished_episode
-from engram_episodic.errors import Backpressure, InvalidEpisode, PublishError
+from engram_episodic.errors import Backpressure, ConfigError, InvalidEpisode, PublishError
 from engram_episodic.events import (
     EVENT_TYPES,
     Action,
@@ -158,6 +158,11 @@ class EngramClient:
             except (redis_errors.ConnectionError, OSError) as exc:
                 last = exc
             except redis_errors.ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
+                if streams.is_encrypted_refusal(exc):  # plaintext into an encrypted log would escape shredding
+                    raise ConfigError(
+                        f"this deployment (prefix {self.keys.prefix!r}) encrypts its stream: nothing was published; "
+                        f"give the client its master key (master_key=, or ENGRAM_MASTER_KEY / "
+                        f"ENGRAM_MASTER_KEY_FILE for the services)") from None
                 raise PublishError(f"Redis refused the events: {exc}") from exc
             attempt += 1
             if attempt > self.retries:
@@ -176,7 +181,7 @@ class EngramClient:
 
     async def _store(self, events: list[Event], payloads: list[bytes]) -> list:
         if self._ring is None:
-            return await streams.publish(self.redis, self.keys.stream, payloads)
+            return await streams.publish(self.redis, self.keys.stream, payloads, unless_exists=self.keys.deployment_key)
         return await self._ring.publish(self.redis, self.keys.stream, events)
 
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:

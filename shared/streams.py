@@ -37,11 +37,32 @@ event. The `#!lua` line (no flags, so no `allow-oom`) makes Redis refuse the who
 of memory, before any XADD, as it refused the whole MULTI."""
 
 
-async def publish(r: aioredis.Redis, stream: str, payloads: Sequence[bytes]) -> list[bytes]:
-    """XADD each payload, all in one script call (atomic: all or none are accepted); returns stream ids."""
+PUBLISH_PLAIN_LUA = f"""#!lua
+if redis.call('EXISTS', KEYS[2]) == 1 then return redis.error_reply('ENCRYPTED the stream is encrypted') end
+local ids = {{}}
+for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
+return ids
+"""
+"""PUBLISH_LUA, refused (before any XADD) when the key KEYS[2] exists: a plaintext publisher's check that
+the deployment does not encrypt its stream (its deployment secret exists), in the same atomic step."""
+
+
+async def publish(r: aioredis.Redis, stream: str, payloads: Sequence[bytes], *,
+                  unless_exists: str | None = None) -> list[bytes]:
+    """XADD each payload, all in one script call (atomic: all or none are accepted); returns stream ids.
+
+    With `unless_exists`, nothing is added if that key exists: redis-py's ResponseError starting with
+    `ENCRYPTED` (see `is_encrypted_refusal`)."""
     if not payloads:
         return []
+    if unless_exists is not None:
+        return list(await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads)))
     return list(await r.register_script(PUBLISH_LUA)(keys=[stream], args=list(payloads)))
+
+
+def is_encrypted_refusal(exc: Exception) -> bool:
+    """Whether `exc` is PUBLISH_PLAIN_LUA's refusal."""
+    return str(exc).startswith("ENCRYPTED")
 
 
 PUBLISH_SEALED_LUA = f"""#!lua

@@ -27,3 +27,11 @@ async def wait_until(predicate: Callable[[], Any], *, timeout: float = 15.0, int
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}; last value: {last!r}")
         await asyncio.sleep(interval)
+
+
+def hit_id(hit: Any) -> str:
+    """The episode id of a search hit returned with its `doc` field: the `episode_id` TAG field holds a
+    digest (shared.tags), so ids are read from the stored document, as the service does."""
+    import orjson
+
+    return orjson.loads(hit.fields[b"doc"])["episode_id"]

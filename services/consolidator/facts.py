@@ -91,10 +91,12 @@ from shared.facts import (
     facts_with_evidence,
     superseded,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation
+from shared.index import STATUS_COMPLETED, Scope, current_generation, generation_tags
+from shared.keyring import deployment_tag_key
 from shared.keys import Keys, digest
 from shared.regimes import segments
 from shared.settings import Settings
+from shared.tags import TagCodec
 
 log = logging.getLogger("engram.facts")
 
@@ -150,9 +152,9 @@ def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
     return Row(episode=episode, vector=v / norm)
 
 
-async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int) -> list[Row]:
+async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec) -> list[Row]:
     """The scope's newest `limit` completed episodes with their vectors (FT.SEARCH, paged)."""
-    filters = Scope(namespace=scope.namespace, agent_id=scope.agent_id,
+    filters = Scope(namespace=scope.namespace, tags=tags, agent_id=scope.agent_id,
                     category=(scope.category,) if scope.agent_id is not None and scope.category else (),
                     status=STATUS_COMPLETED)
     rows: list[Row] = []
@@ -454,8 +456,9 @@ def snapshot_facts(event: FactsConsolidated) -> tuple[FactScope, int, list[Fact]
 
 
 async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsConsolidated,
-                         stream_id: bytes | str | None, dim: int) -> bool:
-    """Project a scope snapshot into generation `gen` atomically; False when an equal or newer one is in."""
+                         stream_id: bytes | str | None, dim: int, tags: TagCodec) -> bool:
+    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
+    when an equal or newer one is in."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     state_key = keys.fact_scope(gen, scope.scope_id)
@@ -476,7 +479,7 @@ async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsCo
                     pipe.delete(keys.fact_doc(gen, fid))
                 for f in facts:
                     pipe.delete(keys.fact_doc(gen, f.fact_id))
-                    pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f))
+                    pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f, tags))
                 pipe.hset(state_key, mapping={"seq": seq, "ids": json.dumps(new_ids), "sids": json.dumps(sids),
                                               "namespace": scope.namespace, "event": encode(event),
                                               "min_cluster": event.scope.get("min_cluster", "")})
@@ -539,6 +542,15 @@ class Consolidator:
         self._release = redis.register_script(RELEASE_LUA)
         self.runs = 0
         self.summarizer_failures = 0
+        self._tags: dict[int, TagCodec] = {}
+
+    async def tags(self, gen: int) -> TagCodec:
+        """The TAG digest function of generation `gen` (`shared.tags`), read once per generation."""
+        got = self._tags.get(gen)
+        if got is None:
+            tag_key = await deployment_tag_key(self.redis, self.keys, self.settings.master_key)
+            got = self._tags[gen] = await generation_tags(self.redis, self.keys, gen, tag_key)
+        return got
 
     async def publish(self, event: FactsConsolidated) -> str:
         if self._publish is not None:
@@ -672,8 +684,9 @@ class Consolidator:
     async def scopes_of(self, namespace: str) -> list[FactScope]:
         """The namespace scope and every (agent_id, category) scope with at least min_cluster episodes."""
         index = self.keys.episode_index_alias
+        tags = await self.tags(await current_generation(self.redis, self.keys))
         reply = await self.redis.execute_command(
-            "FT.AGGREGATE", index, Scope(namespace=namespace).query(), "LOAD", 2, "@agent_id", "@category",
+            "FT.AGGREGATE", index, Scope(namespace=namespace, tags=tags).query(), "LOAD", 2, "@agent_id", "@category",
             "FILTER", "exists(@agent_id) && exists(@category)",
             "GROUPBY", 2, "@agent_id", "@category", "REDUCE", "COUNT", 0, "AS", "n", "DIALECT", 2)
         scopes = [FactScope(namespace)]
@@ -693,7 +706,9 @@ class Consolidator:
             counter = await self.redis.hgetall(self.keys.scope_counter(scope.scope_id))
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.scope_id)
-            rows = await load_rows(self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes)
+            tags = await self.tags(gen)
+            rows = await load_rows(self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes,
+                                   tags)
             now = time.time() if now is None else now
             distance = await self.distance(gen)
             # clustering is CPU-bound: a thread keeps the event loop (and the projection) responsive
@@ -709,7 +724,7 @@ class Consolidator:
                                  summarizer_failures=failures)
             event = self._event(scope, state.seq + 1, facts, removed, now)
             sid = await self.publish(event)  # nothing is written before this succeeds
-            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim)
+            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags)
             await self._reset(scope, counter)
             self.runs += 1
             log.info("facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed", scope.scope_id[:12], state.seq + 1,
@@ -777,7 +792,8 @@ class Consolidator:
     # --- forgetting ----------------------------------------------------------------------------
     async def forget_evidence(self, gen: int, namespace: str, episode_ids: Sequence[str]) -> int:
         """Rebuild or remove every fact whose evidence named a forgotten episode; returns facts touched."""
-        affected = await facts_with_evidence(self.redis, self.keys.facts_index(gen), namespace, list(episode_ids))
+        affected = await facts_with_evidence(self.redis, self.keys.facts_index(gen), namespace, list(episode_ids),
+                                             await self.tags(gen))
         by_scope: dict[str, list[Fact]] = {}
         for f in affected:
             by_scope.setdefault(f.scope_id, []).append(f)
@@ -820,7 +836,7 @@ class Consolidator:
             facts.append(rebuilt)
         event = self._event(scope, state.seq + 1, facts, removed, now)
         sid = await self.publish(event)
-        await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim)
+        await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, await self.tags(gen))
         # the older snapshots of this scope still hold the forgotten ids and text: drop them
         await streams.delete(self.redis, self.keys.stream, [s for s in state.sids if s != sid])
         await self.redis.hset(self.keys.fact_scope(gen, scope_id), "sids", json.dumps([sid]))
@@ -829,14 +845,17 @@ class Consolidator:
 
 
 async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace: str, episode_ids: Sequence[str],
-                          dim: int) -> int:
-    """The projector's forgetting hook: see `Consolidator.forget_evidence`."""
+                          dim: int, tags: TagCodec) -> int:
+    """The projector's forgetting hook: see `Consolidator.forget_evidence`; `tags` are generation
+    `gen`'s TAG digests."""
     if not episode_ids:
         return 0
-    return await Consolidator(Settings(prefix=keys.prefix), redis, dim).forget_evidence(gen, namespace, episode_ids)
+    consolidator = Consolidator(Settings(prefix=keys.prefix), redis, dim)
+    consolidator._tags[gen] = tags
+    return await consolidator.forget_evidence(gen, namespace, episode_ids)
 
 
-async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int) -> int:
+async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int, tags: TagCodec) -> int:
     """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
 
     The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
@@ -855,7 +874,7 @@ async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int
         except EngramError:
             log.warning("facts ◆ skipped an unreadable stored snapshot of generation %d", old)
             continue
-        if isinstance(event, FactsConsolidated) and await apply_snapshot(redis, keys, new, event, None, dim):
+        if isinstance(event, FactsConsolidated) and await apply_snapshot(redis, keys, new, event, None, dim, tags):
             await redis.hset(keys.fact_scope(new, event.scope.get("scope_id", "")), "sids", sids or b"[]")
             imported += 1
     return imported

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
+import orjson
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import DecodeError, EngramError
@@ -60,6 +61,7 @@ from shared import streams
 from shared.codec import decode, decode_envelope, occurred_at, payload_ref, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
+    DOC_FIELD,
     STATUS_COMPLETED,
     Scope,
     embedding_text,
@@ -68,8 +70,18 @@ from shared.index import (
 )
 from shared.keyring import KeyRing
 from shared.keys import Keys
+from shared.tags import TagCodec
 
 log = logging.getLogger("engram.consolidator")
+
+
+def _doc_episode_id(raw: bytes | None) -> str | None:
+    """The episode id of a stored document (the projector wrote it; a broken one is skipped)."""
+    try:
+        eid = orjson.loads(raw).get("episode_id") if raw else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return eid if isinstance(eid, str) else None
 
 RECORD_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
@@ -185,12 +197,14 @@ class BatchResult:
 class Projector:
     """Projects entries into generation `gen` (see module docstring). One per worker process.
 
-    `embedder` has `name`, `dim`, `async embed(texts) -> float32[n, dim]` and `truncations`.
+    `embedder` has `name`, `dim`, `async embed(texts) -> float32[n, dim]` and `truncations`; `tags` is
+    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`).
     """
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int,
-                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None):
+                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None, *, tags: TagCodec):
         self.redis = redis
+        self.tags = tags
         self.keyring = keyring
         self.keys = keys
         self.embedder = embedder
@@ -464,13 +478,12 @@ class Projector:
                 vectors[i] = vec
         return vectors, hashes
 
-    @staticmethod
-    def _doc_fields(namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None) -> bytes:
+    def _doc_fields(self, namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None) -> bytes:
         """The document's fields as one msgpack array [field, value, ...] that the scripts unpack
         (Redis's bundled `cmsgpack`) into HSET. One argument instead of ~50: packing the arguments one
         by one was ~10% of the worker's CPU, and Redis does no more work for one blob than for 50
         arguments. `use_bin_type=False`: that cmsgpack predates msgpack's bin type."""
-        fields = episode_fields(namespace, f.episode, status=f.status, vector=vector)
+        fields = episode_fields(namespace, f.episode, status=f.status, vector=vector, tags=self.tags)
         if embed_hash is not None:
             fields["embed_hash"] = embed_hash
         flat: list = []
@@ -584,7 +597,7 @@ class Projector:
             await self.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
             from services.consolidator.facts import apply_snapshot
-            await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim)
+            await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags)
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
         """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
@@ -604,7 +617,7 @@ class Projector:
 
     async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
         from services.consolidator.facts import forget_evidence
-        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim)
+        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags)
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
@@ -627,13 +640,15 @@ class Projector:
         stored = await self.redis.get(key)
         cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
         index = self.keys.episode_index(self.gen)
-        scope = Scope(namespace=namespace, user_id=user_id, status=None)
+        scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
         ids: list[str] = []
-        while True:
-            total, hits = await filter_search(self.redis, index, scope, return_fields=("episode_id",),
-                                              offset=len(ids), limit=500)
-            ids += [hit.fields[b"episode_id"].decode() for hit in hits]
-            if not hits or len(ids) >= total:
+        seen = 0
+        while True:  # the ids come from the documents: the TAG field holds their digests
+            total, hits = await filter_search(self.redis, index, scope, return_fields=(DOC_FIELD,),
+                                              offset=seen, limit=500)
+            seen += len(hits)
+            ids += [eid for hit in hits if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None]
+            if not hits or seen >= total:
                 break
         erased: list[str] = []
         for episode_id in ids:

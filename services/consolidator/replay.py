@@ -29,7 +29,7 @@ from shared.index import (
     ensure_episode_index,
     point_alias_at,
 )
-from shared.keyring import KeyRing
+from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
 from shared.settings import Settings
 
@@ -86,11 +86,14 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     new = old + 1
     await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
     dim = await embedder.ensure_dim()
-    await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name, point_alias=False)
+    # a new generation: its TAG fields get the current digest mode (`shared.tags`), whatever the old one had
+    tags = await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name,
+                                      tag_key=await deployment_tag_key(redis, keys, settings.master_key),
+                                      point_alias=False)
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
-    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings))
+    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags)
     snapshot = await _import_snapshot(projector, redis, keys, old)
-    await import_fact_snapshots(redis, keys, old, new, dim)
+    await import_fact_snapshots(redis, keys, old, new, dim, tags)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     await redis.hset(keys.meta, "generation", new)
@@ -117,5 +120,5 @@ async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
             batch = []
     if batch:
         dropped += await redis.unlink(*batch)
-    await redis.hdel(keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm")
+    await redis.hdel(keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm", f"g{gen}:tags")
     return dropped

@@ -111,10 +111,12 @@ class Worker:
     async def _projector(self) -> Projector:
         gen = await current_generation(self.redis, self.keys)
         if self.projector is None or self.projector.gen != gen:
-            await ensure_episode_index(self.redis, self.keys, gen,
-                                       vector_params(self.settings, self.embedder.dim), self.embedder.name,
-                                       point_alias=True)
-            self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics, keyring=self.keyring)
+            tag_key = (await self.keyring.load(self.redis)).tag_key if self.keyring is not None else None
+            tags = await ensure_episode_index(self.redis, self.keys, gen,
+                                              vector_params(self.settings, self.embedder.dim), self.embedder.name,
+                                              tag_key=tag_key, point_alias=True)
+            self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics, keyring=self.keyring,
+                                       tags=tags)
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:

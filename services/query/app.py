@@ -24,7 +24,8 @@ from services.query.metrics import Metrics
 from services.query.problems import problems_middleware
 from services.query.recall import ScopeSizes
 from shared.embedding import Embedder, QueryVectorCache, make_embedder
-from shared.index import Scope, VectorParams, current_generation, ensure_episode_index
+from shared.index import LiveTags, Scope, VectorParams, current_generation, ensure_episode_index
+from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.settings import Settings
@@ -47,6 +48,7 @@ METRICS = web.AppKey("metrics", Metrics)
 FACTS = web.AppKey("facts", FactsProvider)
 SCOPE_SIZES = web.AppKey("scope_sizes", ScopeSizes)
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
+TAGS = web.AppKey("tags", LiveTags)
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
@@ -72,7 +74,8 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
             while True:  # Redis down or loading at start: wait for it (one exiting service stops `make run`)
                 try:
                     gen = await current_generation(r, keys)
-                    await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name)
+                    tag_key = await deployment_tag_key(r, keys, settings.master_key)
+                    await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key)
                     break
                 except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                     log.warning("redis unavailable at start (%s); retrying in %.1fs", exc, backoff)
@@ -80,6 +83,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
                     backoff = min(backoff * 2, 5.0)
             app[REDIS] = r
             app[EMBEDDER] = e
+            app[TAGS] = LiveTags(keys, tag_key)
             log.info("query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
                      settings.prefix, e.name, dim, gen, len(settings.api_keys))
             yield

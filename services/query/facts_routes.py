@@ -20,7 +20,7 @@ from engram_episodic.validation import Collector, check_id
 from services.consolidator.facts import Consolidator
 from services.consolidator.summarizer import Summarizer
 from services.query import models
-from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SETTINGS, no_facts
+from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SETTINGS, TAGS, no_facts
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, read_json, validate
 from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
@@ -78,7 +78,8 @@ def _fact_json(fact, score: float | None = None) -> dict[str, Any]:
 async def facts_search(request: web.Request) -> web.Response:
     req: FactsSearchRequest = validate(FactsSearchRequest, await read_json(request))
     r: aioredis.Redis = request.app[REDIS]
-    q = FactQuery(namespace=request[NAMESPACE], agent_id=req.agent_id, user_id=req.user_id,
+    q = FactQuery(namespace=request[NAMESPACE], tags=await request.app[TAGS].get(r), agent_id=req.agent_id,
+                  user_id=req.user_id,
                   category=req.category or (), kind=req.kind or (), level=req.level, since=req.since,
                   until=req.until, as_of=req.as_of, include_superseded=req.include_superseded,
                   min_confidence=req.min_confidence)
@@ -107,7 +108,8 @@ async def fact_detail(request: web.Request) -> web.Response:
         from shared.index import filter_search
 
         _, hits = await filter_search(r, keys.episode_index_alias,
-                                      EpisodeScope(namespace=ns, episode_id=fact.evidence),
+                                      EpisodeScope(namespace=ns, tags=await request.app[TAGS].get(r),
+                                                   episode_id=fact.evidence),
                                       return_fields=("doc",), sort_by="completed_at", descending=False,
                                       limit=len(fact.evidence))
         evidence = [rc.episode_json(c.episode) for c in map(rc.decode_hit, hits) if c is not None]
@@ -152,7 +154,7 @@ def register(app: web.Application) -> None:
     keys = app[KEYS]
 
     async def provider(r: aioredis.Redis, scope: EpisodeScope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
-        q = FactQuery(namespace=scope.namespace, agent_id=scope.agent_id, user_id=scope.user_id,
+        q = FactQuery(namespace=scope.namespace, tags=scope.tags, agent_id=scope.agent_id, user_id=scope.user_id,
                       category=scope.category)
         # the namespace scope and an (agent, category) scope holding the same episodes give the same
         # fact twice (same text): read twice as deep, keep each text once (the better-scored), then cut

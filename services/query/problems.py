@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engram_episodic.errors import Backpressure, Conflict, InvalidEpisode, NotFound, PublishError
+from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_problem
 
 log = logging.getLogger("engram.query")
@@ -144,6 +144,9 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):  # an outage, not a bug: no traceback
         log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, request.path, type(exc).__name__)
         return problem(503, "the memory store is unavailable; retry later", headers={"Retry-After": "1"})
+    if isinstance(exc, ConfigError):  # the deployment's, not the request's: say so, and how to fix it in the log
+        log.error("misconfigured ◆ %s %s ◆ %s", request.method, request.path, exc)
+        return problem(503, "the service is misconfigured; its log says how to fix it", headers={"Retry-After": "5"})
     if isinstance(exc, PublishError):
         log.warning("publish failed ◆ %s", exc)
         return problem(503, "the event stream did not accept the request; retry later",

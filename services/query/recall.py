@@ -51,6 +51,7 @@ from shared.index import (
     knn_search,
     term_counts,
 )
+from shared.tags import TagCodec
 
 log = logging.getLogger("engram.query")
 
@@ -99,8 +100,9 @@ class Candidate:
     access_count: int = 0
 
 
-def scope_of(namespace: str, req: Any, *, category: tuple[str, ...] = ()) -> Scope:
-    """The Scope of a request model: the namespace is the server's, every filter the model has is used."""
+def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, ...] = ()) -> Scope:
+    """The Scope of a request model: the namespace is the server's, every filter the model has is used;
+    `tags` is the live generation's digest function (`shared.tags`)."""
     def get(name: str, default: Any = None) -> Any:
         return getattr(req, name, default)
 
@@ -111,7 +113,7 @@ def scope_of(namespace: str, req: Any, *, category: tuple[str, ...] = ()) -> Sco
     cat = get("category")
     if isinstance(cat, str):
         cat = (cat,)
-    return Scope(namespace=namespace, agent_id=get("agent_id"), user_id=get("user_id"),
+    return Scope(namespace=namespace, tags=tags, agent_id=get("agent_id"), user_id=get("user_id"),
                  session_id=get("session_id"), category=tuple(cat or category), outcome=tuple(get("outcome") or ()),
                  strategy=tuple(get("strategy") or ()), reward=bounds("reward"),
                  importance=bounds("importance"), since=get("since"), until=get("until"))
@@ -333,7 +335,7 @@ async def similarity_pool(r: aioredis.Redis, index: str, scope: Scope, query: st
     words = relevance.query_words(query) if mode != "vector" else {}
 
     async def counts() -> list[int]:  # idf from the namespace's counts: never the request's filters or other tenants
-        return await term_counts(r, index, Scope(namespace=scope.namespace), list(words.values())) if words else []
+        return await term_counts(r, index, Scope(namespace=scope.namespace, tags=scope.tags), list(words.values())) if words else []
 
     *lists, n_docs = await asyncio.gather(*(arm(name) for name in names), counts())
     found = dict(zip(names, lists, strict=True))
@@ -375,10 +377,11 @@ async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: n
                 cos.setdefault(h.key, 1.0 - float(h.score))
             hits.setdefault(h.key, h)
     if pool.mode != "keyword":
+        # the TAG values as the index holds them (digests of the ids)
         missing = [h.fields[b"episode_id"].decode() for h in hits.values()
                    if h.key not in cos and b"episode_id" in h.fields]
         if missing:  # one KNN restricted to those episodes: Redis computes the cosines, no vectors move
-            restricted = Scope(namespace=scope.namespace, episode_id=tuple(missing))
+            restricted = Scope(namespace=scope.namespace, tags=scope.tags, episode_tags=tuple(missing))
             for h in await knn_search(r, index, restricted, query_vector, len(missing), return_fields=()):
                 if h.score is not None and math.isfinite(h.score):
                     cos[h.key] = 1.0 - float(h.score)

@@ -25,13 +25,24 @@ from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id, parse_episode
 from services.query import facts_routes, insights, models
 from services.query import recall as rc
-from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SCOPE_SIZES, SETTINGS
+from services.query.app import (
+    EMBEDDER,
+    FACTS,
+    KEYS,
+    METRICS,
+    QUERY_VECTORS,
+    REDIS,
+    SCOPE_SIZES,
+    SETTINGS,
+    TAGS,
+)
 from services.query.auth import NAMESPACE
 from services.query.problems import Invalid, Problem, read_json, validate
 from shared import streams
 from shared.codec import peek_identity
 from shared.index import category_stats, current_generation, index_exists
 from shared.sdk import EngramClient
+from shared.tags import TagCodec
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
@@ -56,6 +67,11 @@ def _redis(request: web.Request) -> aioredis.Redis:
 
 def _index(request: web.Request) -> str:
     return request.app[KEYS].episode_index_alias
+
+
+async def _tags(request: web.Request) -> TagCodec:
+    """The live generation's TAG digests (`shared.tags`), for the Scope of this request."""
+    return await request.app[TAGS].get(request.app[REDIS])
 
 
 def _query_params(request: web.Request, model: type[BaseModel]) -> Any:
@@ -117,7 +133,7 @@ async def recall(request: web.Request) -> web.Response:
     vector = await _embed(request, req.query)
     mode = req.mode or s.recall_mode
     body = await rc.recall(
-        _redis(request), _index(request), rc.scope_of(_ns(request), req), req.query, vector,
+        _redis(request), _index(request), rc.scope_of(_ns(request), req, await _tags(request)), req.query, vector,
         top_k=top_k, depth=depth, mode=mode, preset=req.preset,
         min_relevance=req.min_relevance, min_priority=req.min_priority, sizes=request.app[SCOPE_SIZES],
         weights=req.weights.model_dump() if req.weights else None,
@@ -319,7 +335,7 @@ async def context(request: web.Request) -> web.Response:
     req: models.ContextRequest = validate(models.ContextRequest, await read_json(request))
     s = request.app[SETTINGS]
     r, index = _redis(request), _index(request)
-    scope = rc.scope_of(_ns(request), req, category=())
+    scope = rc.scope_of(_ns(request), req, await _tags(request), category=())
     vector = await _embed(request, req.task)
     now = time.time()
     top_k = req.top_k or s.default_top_k
@@ -340,7 +356,7 @@ async def context(request: web.Request) -> web.Response:
 
 
 async def _profiles(request: web.Request, req: Any, threshold: float) -> list[dict[str, Any]]:
-    scope = rc.scope_of(_ns(request), req, category=())
+    scope = rc.scope_of(_ns(request), req, await _tags(request), category=())
     rows = await category_stats(_redis(request), _index(request), scope)
     return insights.skill_profiles(rows, threshold)
 
@@ -355,7 +371,7 @@ async def skills(request: web.Request) -> web.Response:
 async def strategy(request: web.Request) -> web.Response:
     req: models.StrategyRequest = validate(models.StrategyRequest, await read_json(request))
     vector = await _embed(request, req.task)
-    similar = await rc.similar(_redis(request), _index(request), rc.scope_of(_ns(request), req, category=()),
+    similar = await rc.similar(_redis(request), _index(request), rc.scope_of(_ns(request), req, await _tags(request), category=()),
                                vector, req.k, req.min_similarity)
     profile = None
     if req.category:
@@ -368,14 +384,14 @@ async def strategy(request: web.Request) -> web.Response:
 async def suggest(request: web.Request) -> web.Response:
     req: models.SuggestRequest = validate(models.SuggestRequest, await read_json(request))
     vector = await _embed(request, req.task)
-    scope = rc.scope_of(_ns(request), req, category=(req.category,) if req.category else ())
+    scope = rc.scope_of(_ns(request), req, await _tags(request), category=(req.category,) if req.category else ())
     similar = await rc.similar(_redis(request), _index(request), scope, vector, req.k, req.min_similarity)
     return _json(insights.suggestion([c.episode for c in similar]))
 
 
 async def learning_curve(request: web.Request) -> web.Response:
     req: models.LearningCurveQuery = _query_params(request, models.LearningCurveQuery)
-    scope = rc.scope_of(_ns(request), req)
+    scope = rc.scope_of(_ns(request), req, await _tags(request))
     # the newest `limit` episodes, drawn in time order (oldest first) as the curve reads
     newest = await rc.latest(_redis(request), _index(request), scope, req.limit)
     eps = [c.episode for c in reversed(newest)]

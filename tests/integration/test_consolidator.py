@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from engram_episodic.errors import Conflict
+from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.events import (
     Action,
     ActionRecorded,
@@ -31,10 +31,12 @@ from services.consolidator.worker import Worker
 from shared import streams
 from shared.codec import encode
 from shared.embedding import HashingEmbedder
-from shared.index import Scope, count, filter_search
+from shared.index import Scope, count, current_generation, filter_search, generation_tags
+from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.sdk import EngramClient
-from tests.helpers import wait_until
+from shared.tags import BLAKE2B
+from tests.helpers import hit_id, wait_until
 
 
 def make_worker(settings, redis, name="w1", **kw) -> Worker:
@@ -52,10 +54,21 @@ async def drain(*workers: Worker, rounds: int = 200) -> None:
     raise AssertionError("workers never drained the stream")
 
 
-async def docs(redis, keys: Keys, namespace: str, status: str | None = "completed", **scope):
-    _, hits = await filter_search(redis, keys.episode_index_alias, Scope(namespace=namespace, status=status, **scope),
-                                  return_fields=("episode_id", "doc", "status"), limit=10_000)
-    return {h.fields[b"episode_id"].decode(): h.fields for h in hits}
+async def docs(redis, keys: Keys, namespace: str, status: str | None = "completed", *,
+               master_key: bytes | None = None, **scope):
+    """The live generation's documents of `namespace` by episode id (ids digested as that generation's
+    TAG fields hold them: pass the deployment's `master_key` when it has one)."""
+    try:
+        tags = await generation_tags(redis, keys, await current_generation(redis, keys),
+                                     await deployment_tag_key(redis, keys, master_key))
+    except ConfigError:  # keyed digests and no key: fine while no id is filtered on
+        if {"user_id", "session_id", "episode_id"} & set(scope):
+            raise
+        tags = BLAKE2B
+    _, hits = await filter_search(redis, keys.episode_index_alias,
+                                  Scope(tags=tags, namespace=namespace, status=status, **scope),
+                                  return_fields=("doc", "status"), limit=10_000)
+    return {hit_id(h): h.fields for h in hits}
 
 
 def episode(eid: str, **kw) -> dict:
@@ -71,7 +84,7 @@ async def test_c01_duplicate_publish_indexes_once(settings, redis):
     await drain(worker)
     keys = Keys(settings.prefix)
     assert list(await docs(redis, keys, "ns")) == ["same-id"]
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 1
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 1
 
 
 async def test_c02_two_workers_same_duplicates_at_once(settings, redis):
@@ -361,7 +374,7 @@ async def test_c07_forget_user_leaves_other_user_untouched(settings, redis):
     await drain(worker)
     assert await docs(redis, keys, "ns", user_id="user-a") == {}
     assert await docs(redis, keys, "ns", user_id="user-b") == before_b
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 4
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 4
 
 
 async def test_forget_user_processed_after_a_newer_episode_keeps_that_episode(settings, redis):
@@ -395,10 +408,10 @@ async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
     await client.record(episode("u1-other", user_id="u1"))
     worker = make_worker(settings, redis)
     await drain(worker)
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 3
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 3
     await client.forget_episode(ep.episode_id)
     await drain(worker)
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 2
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 2
     await client.forget_user("u1")
     await drain(worker)
     assert list(await docs(redis, keys, "ns")) == ["keep"]
@@ -413,7 +426,7 @@ async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
     await drain(worker)
     await replay(settings, redis, HashingEmbedder(settings.embed_dim))
     assert list(await docs(redis, keys, "ns")) == ["keep"]
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns", status=None)) == 1
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns", status=None)) == 1
 
 
 async def test_replay_equals_live_projection(settings, redis):
@@ -634,7 +647,7 @@ async def test_a_batch_slower_than_its_lease_is_renewed_not_reclaimed(settings, 
 
 
 async def _count_is(redis, keys, n):
-    return await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == n
+    return await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == n
 
 
 async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
@@ -712,7 +725,7 @@ async def test_projected_document_is_byte_exact_episode_fields(settings, redis):
     await drain(Worker(settings, redis, embedder, name="w1"))  # fast path
     stored = await redis.hgetall(keys.episode_doc(1, "ns", "ü-1"))
     vector = (await embedder.embed([embedding_text(parsed)]))[0]
-    expected = episode_fields("ns", parsed, status="completed", vector=vector)
+    expected = episode_fields("ns", parsed, status="completed", vector=vector, tags=BLAKE2B)
     for name, value in expected.items():
         want = value if isinstance(value, bytes) else str(value).encode()
         assert stored[name.encode()] == want, name
@@ -844,7 +857,7 @@ async def test_republished_episode_with_emptied_text_is_not_found_by_its_old_wor
     stored = await redis.hgetall(doc_key)
     assert stored[b"last_accessed"] == b"1700000500.0" and stored[b"access_count"] == b"3"
     assert stored[b"vector"] == vector and stored[b"reward"] == b"0.5"
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 1
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 1
 
 
 async def test_agent_vector_near_float32_limits_is_stored_normalised(settings, redis):
@@ -900,7 +913,7 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
     monkeypatch.setattr(redis_client.Pipeline, "execute", counted)
     assert sum(await asyncio.gather(*(worker.turn() for _ in range(4)))) == 40
     assert state["most"] == WRITES_IN_FLIGHT == 2
-    assert await count(redis, Keys(settings.prefix).episode_index_alias, Scope(namespace="ns")) == 40
+    assert await count(redis, Keys(settings.prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 40
 
 
 async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids(settings, redis, monkeypatch):

@@ -26,6 +26,7 @@ from shared import streams
 from shared.index import Scope, count, index_exists
 from shared.keys import Keys
 from shared.sdk import EngramClient
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.unit.test_compose import REDIS_CONF, service_argv, service_env
 
@@ -86,7 +87,7 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
         async def indexed() -> int:
             if not await index_exists(redis, keys.episode_index_alias):
                 return 0
-            return await count(redis, keys.episode_index_alias, Scope(namespace="ns"))
+            return await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns"))
 
         async def all_done() -> bool:
             for w in workers:
@@ -103,7 +104,7 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
         codes = [stop(w) for w in workers]
     assert codes == [0] * N_WORKERS, "graceful stop within the compose stop_grace_period"
     # once, no loss: one document per episode id, every id present, nothing dead-lettered
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == N_EPISODES
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == N_EPISODES
     gen = int((await redis.hget(keys.meta, "generation")) or 1)
     async with redis.pipeline(transaction=False) as pipe:
         for i in range(N_EPISODES):

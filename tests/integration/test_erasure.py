@@ -27,6 +27,7 @@ from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_consolidator import docs, drain, episode, make_worker
 
@@ -225,7 +226,7 @@ async def test_publishers_racing_for_a_new_users_key_agree_on_one(sealed, redis)
     await ring.load(redis)
     assert len(await redis.keys(f"{sealed.prefix}dek:*")) == 1
     await drain(make_worker(sealed, redis))
-    assert len(await docs(redis, keys, "ns", user_id="racer")) == 4
+    assert len(await docs(redis, keys, "ns", user_id="racer", master_key=sealed.master_key)) == 4
 
 
 async def test_a_publishers_cached_key_of_a_forgotten_user_is_never_used_again(sealed, redis):
@@ -273,7 +274,7 @@ async def test_rotate_master_key_rewraps_every_key_and_keeps_the_data_readable(s
     assert len(await docs(redis, keys, "ns")) == 3
     await client_for(rotated, redis).record(episode("after", user_id="user0"))  # same key, new wrapping
     await drain(make_worker(rotated, redis))
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 4
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 4
 
 
 async def test_erasure_housekeeping_runs_after_forgets_at_most_once_per_interval(sealed, redis):
@@ -380,7 +381,7 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         assert new_id > info_before["last-generated-id"]
         worker.settings = worker.settings.with_(lease_ms=10)  # take over "slow"'s pending entries too
         await drain(worker)
-        assert await count(redis, keys.episode_index_alias, Scope(namespace="ns")) == 300 + 5 + 1
+        assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 300 + 5 + 1
         assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
     finally:
         await redis.aclose()
@@ -556,3 +557,19 @@ async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_i
     await redis.delete(*[k async for k in redis.scan_iter(match=f"{settings.prefix}g1:evs:*")])  # only the stream
     await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
     assert {k: v[b"doc"] for k, v in (await docs(redis, keys, "ns")).items()} == before
+
+
+async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an_encrypted_deployment(sealed, redis):
+    """Plaintext entries in an encrypted log would escape shredding: the publish script refuses them in
+    the same atomic step as the XADD, so nothing is written, and the error says what to configure."""
+    keys = Keys(sealed.prefix)
+    await client_for(sealed, redis).record(episode("sealed-one"))  # the deployment secret now exists
+    before = await redis.xlen(keys.stream)
+    plain = EngramClient(redis, namespace="ns", prefix=sealed.prefix)
+    with pytest.raises(ConfigError, match="encrypts its stream: nothing was published"):
+        await plain.record(episode("plain-one", user_id="u"))
+    assert await redis.xlen(keys.stream) == before
+    # a deployment without encryption takes plaintext publishers as before
+    other = EngramClient(redis, namespace="ns", prefix=sealed.prefix + "plain:")
+    await other.record(episode("plain-two"))
+    assert await redis.xlen(Keys(sealed.prefix + "plain:").stream) == 1

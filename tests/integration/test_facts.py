@@ -15,6 +15,7 @@ from shared.embedding import HashingEmbedder
 from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
 from shared.keys import Keys
 from shared.sdk import EngramClient
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_consolidator import drain
 
@@ -59,7 +60,7 @@ async def publish(settings, redis, episodes, namespace="ns"):
 
 async def facts(redis, settings, namespace="ns", **kw):
     keys = Keys(settings.prefix)
-    hits = await search_facts(redis, await live_facts_index(redis, keys), FactQuery(namespace=namespace, **kw),
+    hits = await search_facts(redis, await live_facts_index(redis, keys), FactQuery(tags=BLAKE2B, namespace=namespace, **kw),
                               top_k=100)
     return sorted((h.fact for h in hits), key=lambda f: f.first_at)
 

@@ -23,6 +23,8 @@ from shared.index import (
     knn_search,
 )
 from shared.keys import Keys
+from shared.tags import BLAKE2B
+from tests.helpers import hit_id
 
 C12_IDS = ["f2c59d63-a7a7-b5e6-8000-000000000000", "jira-summary", "a.b@c.d", "ns:with:colons",
            "path/with\\slash", "main", "_", "x|y", "{curly}", "$dollar", "日本語", "emoji-🙂",
@@ -40,13 +42,13 @@ def unit(i: int) -> np.ndarray:
 
 async def make_index(redis, prefix):
     keys = Keys(prefix)
-    await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "test")
+    await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "test", tag_key=None)
     return keys
 
 
 async def put(redis, keys, ns, ep, vec):
     await redis.hset(keys.episode_doc(1, ns, ep.episode_id),
-                     mapping=episode_fields(ns, ep, status=STATUS_COMPLETED, vector=vec))
+                     mapping=episode_fields(ns, ep, status=STATUS_COMPLETED, vector=vec, tags=BLAKE2B))
 
 
 async def test_c12_ids_with_query_syntax_match_exactly(redis, prefix):
@@ -58,12 +60,12 @@ async def test_c12_ids_with_query_syntax_match_exactly(redis, prefix):
         await put(redis, keys, value, ep, unit(i))
     for value in C12_IDS:
         for name in ("agent_id", "user_id", "session_id"):
-            scope = Scope(namespace=value, **{name: value})
-            total, hits = await filter_search(redis, keys.episode_index_alias, scope, return_fields=("episode_id",))
-            assert total == 1 and hits[0].fields[b"episode_id"].decode() == value, (name, value)
-        scope = Scope(namespace=value, category=(value,), strategy=(value,), episode_id=(value,))
-        hits = await knn_search(redis, keys.episode_index_alias, scope, unit(0), 5, return_fields=("episode_id",))
-        assert [h.fields[b"episode_id"].decode() for h in hits] == [value]
+            scope = Scope(tags=BLAKE2B, namespace=value, **{name: value})
+            total, hits = await filter_search(redis, keys.episode_index_alias, scope, return_fields=("doc",))
+            assert total == 1 and hit_id(hits[0]) == value, (name, value)
+        scope = Scope(tags=BLAKE2B, namespace=value, category=(value,), strategy=(value,), episode_id=(value,))
+        hits = await knn_search(redis, keys.episode_index_alias, scope, unit(0), 5, return_fields=("doc",))
+        assert [hit_id(h) for h in hits] == [value]
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
@@ -72,7 +74,7 @@ async def test_escape_property_never_breaks_or_widens(redis, prefix, value):
     keys = Keys(prefix)
     if not await redis.hget(keys.meta, "g1:dim"):
         await make_index(redis, prefix)
-    total = await count(redis, keys.episode_index_alias, Scope(namespace=value, agent_id=value))
+    total = await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace=value, agent_id=value))
     assert total == 0  # nothing stored under these: never a syntax error, never everything
 
 
@@ -88,23 +90,23 @@ async def test_scope_filters_and_bm25(redis, prefix):
     alias = keys.episode_index_alias
 
     async def ids(scope):
-        _, hits = await filter_search(redis, alias, scope, return_fields=("episode_id",), sort_by="completed_at")
-        return [h.fields[b"episode_id"].decode() for h in hits]
+        _, hits = await filter_search(redis, alias, scope, return_fields=("doc",), sort_by="completed_at")
+        return [hit_id(h) for h in hits]
 
-    assert await ids(Scope(namespace="ns", reward=(0.5, None))) == ["e3", "e1"]
-    assert await ids(Scope(namespace="ns", outcome=("success", "partial"))) == ["e3", "e1"]
-    assert await ids(Scope(namespace="ns", since=100.0, until=200.0)) == ["e2", "e1"]
-    assert await ids(Scope(namespace="ns", agent_id="a1")) == ["e2", "e1"]
-    assert await ids(Scope(namespace="other")) == []
-    hits = await bm25_search(redis, alias, Scope(namespace="ns"), "database migration?", 10, return_fields=("episode_id",))
-    assert [h.fields[b"episode_id"].decode() for h in hits][0] == "e1" and len(hits) == 2
-    assert await bm25_search(redis, alias, Scope(namespace="ns"), "  ?? ", 10, return_fields=()) == []
+    assert await ids(Scope(tags=BLAKE2B, namespace="ns", reward=(0.5, None))) == ["e3", "e1"]
+    assert await ids(Scope(tags=BLAKE2B, namespace="ns", outcome=("success", "partial"))) == ["e3", "e1"]
+    assert await ids(Scope(tags=BLAKE2B, namespace="ns", since=100.0, until=200.0)) == ["e2", "e1"]
+    assert await ids(Scope(tags=BLAKE2B, namespace="ns", agent_id="a1")) == ["e2", "e1"]
+    assert await ids(Scope(tags=BLAKE2B, namespace="other")) == []
+    hits = await bm25_search(redis, alias, Scope(tags=BLAKE2B, namespace="ns"), "database migration?", 10, return_fields=("doc",))
+    assert [hit_id(h) for h in hits][0] == "e1" and len(hits) == 2
+    assert await bm25_search(redis, alias, Scope(tags=BLAKE2B, namespace="ns"), "  ?? ", 10, return_fields=()) == []
 
 
 async def test_other_embedder_conflicts(redis, prefix):
     keys = await make_index(redis, prefix)
     with pytest.raises(Conflict, match="services.consolidator reindex"):
-        await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "other")
+        await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "other", tag_key=None)
 
 
 def test_escape_tag_examples():
@@ -126,9 +128,9 @@ async def test_bm25_ranks_documents_matching_more_words_first_within_the_scope(r
                                              completed_at=1.0), unit(i))
     await put(redis, keys, "other", Episode(episode_id="x", task=Task(description="payment parser tests " * 5),
                                             outcome="success", completed_at=1.0), unit(0))
-    hits = await bm25_search(redis, keys.episode_index_alias, Scope(namespace="ns"), "payment parser tests", 10,
-                             return_fields=("episode_id",))
-    ranked = [h.fields[b"episode_id"].decode() for h in hits]
+    hits = await bm25_search(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns"), "payment parser tests", 10,
+                             return_fields=("doc",))
+    ranked = [hit_id(h) for h in hits]
     assert ranked[0] == "pp" and set(ranked) == {"pp", "login", "svc", "uni"}
     assert hits[0].score > hits[1].score
 
@@ -156,4 +158,4 @@ async def test_scope_does_not_change_the_bm25_order(redis, prefix):
     text = "payment parser tests"
     unscoped = await order(keyword_query(text))
     assert unscoped[0] == "1"
-    assert await order(keyword_query(text, Scope(namespace="a").query())) == unscoped
+    assert await order(keyword_query(text, Scope(tags=BLAKE2B, namespace="a").query())) == unscoped

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from shared.tags import BLAKE2B
 from tests.integration.test_query_support import DAY, TableEmbedder, at, episode, ids, put, unit
 
 pytest_plugins = ["tests.integration.test_query_support"]  # fixtures: make_client, api, tenants
@@ -258,7 +259,7 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
     index = Keys(prefix).episode_index_alias
     await put(redis, prefix, "default", episode("one"), unit(1.0))
     cached, fresh = ScopeSizes(ttl=60), ScopeSizes(ttl=0)
-    scope = Scope(namespace="default")
+    scope = Scope(tags=BLAKE2B, namespace="default")
     assert await cached.size(redis, index, scope) == 1
     await put(redis, prefix, "default", episode("two"), unit(1.0))
     assert await cached.size(redis, index, scope) == 1  # within the ttl: no second count query

@@ -20,6 +20,7 @@ from services.query.server import AppRunner
 from shared.embedding import Embedder, HashingEmbedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keys import Keys
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 
 DAY = 86400.0
@@ -66,7 +67,7 @@ async def put(redis, prefix: str, namespace: str, data: dict[str, Any], vector: 
         vector = HashingEmbedder(dim).embed_sync([embedding_text(ep)])[0]
     keys = Keys(prefix)
     await redis.hset(keys.episode_doc(1, namespace, ep.episode_id),
-                     mapping=episode_fields(namespace, ep, status=status, vector=vector))
+                     mapping=episode_fields(namespace, ep, status=status, vector=vector, tags=BLAKE2B))
     return ep.episode_id
 
 

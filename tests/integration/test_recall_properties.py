@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.tags import BLAKE2B
 from tests.integration.test_query_support import DAY, episode, ids, put
 
 pytest_plugins = ["tests.integration.test_query_support"]  # fixtures: make_client, redis, prefix
@@ -204,7 +205,7 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, re
     from shared.keys import Keys
 
     key, ns = fresh_tenant()
-    index, scope = Keys(prefix).episode_index_alias, Scope(namespace=ns)
+    index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
 
     async def put_at(eid, age, reward):
         await put(redis, prefix, ns, episode(eid, task="cache deploy", completed_at=NOW - 3600.0 * age,

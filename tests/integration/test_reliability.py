@@ -23,6 +23,7 @@ from shared.index import Scope, count
 from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import episode
 
@@ -155,7 +156,7 @@ async def test_query_service_started_while_redis_is_down_waits_for_it(aiohttp_cl
 
 async def _indexed(r, keys: Keys, n: int) -> bool:
     try:
-        return await count(r, keys.episode_index_alias, Scope(namespace="ns")) == n
+        return await count(r, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == n
     except Exception:  # noqa: BLE001 (Redis restarting or index loading: not yet)
         return False
 

@@ -71,12 +71,12 @@ async def test_retry_keeps_event_ids(redis, prefix, redis_url):
     calls = {"n": 0}
     original = streams.publish
 
-    async def flaky(r, stream, payloads):
+    async def flaky(r, stream, payloads, **kw):
         calls["n"] += 1
         if calls["n"] == 1:
-            await original(r, stream, payloads)  # accepted by Redis, but the reply is "lost"
+            await original(r, stream, payloads, **kw)  # accepted by Redis, but the reply is "lost"
             raise ConnectionError("reset by peer")
-        return await original(r, stream, payloads)
+        return await original(r, stream, payloads, **kw)
 
     streams.publish = flaky
     try:
@@ -207,8 +207,8 @@ async def test_a_timed_out_publish_says_the_events_may_be_stored(redis, prefix, 
 
     real = sdk_module.streams.publish
 
-    async def reply_lost(r, stream, payloads):
-        await real(r, stream, payloads)
+    async def reply_lost(r, stream, payloads, **kw):
+        await real(r, stream, payloads, **kw)
         raise TimeoutError("no reply in time")
 
     monkeypatch.setattr(sdk_module.streams, "publish", reply_lost)

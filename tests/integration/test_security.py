@@ -23,6 +23,7 @@ from services.consolidator.worker import Worker
 from shared.embedding import HashingEmbedder
 from shared.index import Scope, count
 from shared.keys import Keys
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import (
     KEY_A,
@@ -119,7 +120,7 @@ async def test_forget_with_hostile_user_id_deletes_exactly_that_user(make_client
     client = await make_client(api_keys=THREE)
     await seed_two_tenants(redis, prefix)
     keys = Keys(prefix)
-    before_b = await count(redis, keys.episode_index_alias, Scope(namespace="ns-b"))
+    before_b = await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns-b"))
     for value in ("*", "a|b", "@namespace:{ns-b}", "-ns-a"):
         resp = await client.delete(URL(f"/v1/users/{enc(value)}", encoded=True), headers=auth(KEY_A))
         assert resp.status == 202
@@ -127,8 +128,8 @@ async def test_forget_with_hostile_user_id_deletes_exactly_that_user(make_client
     await worker.setup()
     while await worker.turn():
         pass
-    assert await count(redis, keys.episode_index_alias, Scope(namespace="ns-b")) == before_b
-    remaining = await count(redis, keys.episode_index_alias, Scope(namespace="ns-a"))
+    assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns-b")) == before_b
+    remaining = await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns-a"))
     assert remaining == len(HOSTILE) - 4
     for value in ("*", "a|b"):
         assert (await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_A))).status == 404
@@ -186,7 +187,7 @@ async def test_tenant_a_learns_nothing_of_b_on_any_route(make_client, settings, 
     await worker.setup()
     while await worker.turn():
         pass
-    assert await count(redis, Keys(prefix).episode_index_alias, Scope(namespace="ns-b")) == 8
+    assert await count(redis, Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace="ns-b")) == 8
     again = await ok_json(await client.post("/v1/facts/search", json={}, headers=auth(KEY_B)))
     assert [f["fact_id"] for f in again["results"]] == [f["fact_id"] for f in facts_b["results"]]
     metrics = await ok_json_text(await client.get("/metrics", headers=auth(METRICS_KEY)))

@@ -12,6 +12,7 @@ from shared import streams
 from shared.index import Scope, count
 from shared.keys import Keys
 from shared.sdk import EngramClient
+from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ async def publish_many(redis, settings, n: int) -> None:
 
 
 async def indexed(redis, keys) -> int:
-    return await count(redis, keys.episode_index_alias, Scope(namespace="ns"))
+    return await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns"))
 
 
 async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
