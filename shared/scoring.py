@@ -400,21 +400,32 @@ def _mean_or_none(values: np.ndarray) -> float | None:
 
 
 def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | None],
-                   outcomes: Sequence[str | None], priorities: Sequence[float]) -> dict[str, Any]:
+                   outcomes: Sequence[str | None], priorities: Sequence[float],
+                   times: Sequence[float | None] | None = None, *, min_size: int = 3) -> dict[str, Any]:
     """What the recalled episodes say worked: the strategies to replay, best first.
 
-    Inputs are parallel, one entry per recalled episode. Returns
-    `{"episodes": n, "avg_reward": float | None, "success_rate": float | None, "strategies": [...]}`
+    Inputs are parallel, one entry per recalled episode (`times`: completion times, UTC epoch seconds).
+    Returns `{"episodes": n, "avg_reward": float | None, "success_rate": float | None, "strategies": [...]}`
     where each strategy entry is `{"strategy", "priority" (the max over its episodes), "episodes",
     "avg_reward" (missing rewards ignored; None if none), "success_rate" (share with outcome
-    "success")}`. Strategies are distinct, ordered by priority descending, ties by first appearance;
-    episodes without a strategy count in the totals only. Rates are None when there are no episodes.
+    "success"), "changed_at", "earlier_episodes", "earlier_success_rate"}`. Strategies are distinct,
+    ordered by priority descending, ties by first appearance; episodes without a strategy count in the
+    totals only. Rates are None when there are no episodes.
+
+    With `times`, a strategy counts its newest regime only, as facts and `/v1/strategy` do
+    (`shared.regimes.last_regime` over its episodes with an outcome, in time order, at least `min_size`
+    each side of a flip): when it used to work and now fails (or the reverse), its entry describes the
+    recent episodes, `changed_at` is when the newest regime began and `earlier_*` describe what was
+    dropped (None / 0 when nothing changed). Totals always cover every recalled episode.
     Raises ValueError when the lengths differ.
     """
+    from shared.regimes import last_regime
+
     n = len(strategies)
-    if not len(rewards) == len(outcomes) == len(priorities) == n:
+    if not len(rewards) == len(outcomes) == len(priorities) == n or (times is not None and len(times) != n):
         raise ValueError(f"replay_context: lengths differ (strategies {n}, rewards {len(rewards)}, "
-                         f"outcomes {len(outcomes)}, priorities {len(priorities)})")
+                         f"outcomes {len(outcomes)}, priorities {len(priorities)}"
+                         + (f", times {len(times)})" if times is not None else ")"))
     reward = _rewards_array(rewards)
     success = np.array([o == "success" for o in outcomes], dtype=bool)
     groups: dict[str, list[int]] = {}
@@ -423,12 +434,25 @@ def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | N
             groups.setdefault(s, []).append(i)
     entries = []
     for s, idx in groups.items():
+        earlier: list[int] = []
+        changed_at = None
+        if times is not None:
+            decided = sorted((i for i in idx if outcomes[i] is not None),
+                             key=lambda i: (times[i] if times[i] is not None else -math.inf, i))
+            start = last_regime([bool(success[i]) for i in decided], None, min_size) if decided else 0
+            if start:
+                earlier = decided[:start]
+                changed_at = times[decided[start]]
+                idx = [i for i in idx if i not in set(earlier)]
         entries.append({
             "strategy": s,
             "priority": max(float(priorities[i]) for i in idx),
             "episodes": len(idx),
             "avg_reward": _mean_or_none(reward[idx]),
             "success_rate": float(success[idx].mean()),
+            "changed_at": changed_at,
+            "earlier_episodes": len(earlier),
+            "earlier_success_rate": float(success[earlier].mean()) if earlier else None,
         })
     entries.sort(key=lambda e: -e["priority"])  # stable: ties keep first appearance
     return {

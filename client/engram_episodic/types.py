@@ -103,19 +103,27 @@ class RecallHit:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayStrategy:
-    """A strategy the recalled episodes used: its best priority, count, average reward, success rate."""
+    """A strategy the recalled episodes used: its best priority, count, average reward, success rate —
+    of its newest regime: when its outcomes flipped, `changed_at` (UTC epoch seconds) is when, and
+    `earlier_episodes` / `earlier_success_rate` describe the older episodes left out."""
 
     strategy: str
     priority: float
     episodes: int
     avg_reward: float | None
     success_rate: float | None
+    changed_at: float | None = None
+    earlier_episodes: int = 0
+    earlier_success_rate: float | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReplayStrategy:
         return cls(strategy=data["strategy"], priority=float(data["priority"]), episodes=int(data["episodes"]),
                    avg_reward=_opt_float(data.get("avg_reward")),
-                   success_rate=_opt_float(data.get("success_rate")))
+                   success_rate=_opt_float(data.get("success_rate")),
+                   changed_at=_instant(data.get("changed_at")),
+                   earlier_episodes=int(data.get("earlier_episodes") or 0),
+                   earlier_success_rate=_opt_float(data.get("earlier_success_rate")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

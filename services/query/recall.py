@@ -528,7 +528,11 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     context = scoring.replay_context(
         [c.doc.get("strategy_used") for c in chosen],
         [(c.doc.get("feedback") or {}).get("reward") for c in chosen],
-        [c.doc.get("outcome") for c in chosen], priorities)
+        [c.doc.get("outcome") for c in chosen], priorities,
+        [c.completed_at if math.isfinite(c.completed_at) else None for c in chosen])
+    for entry in context["strategies"]:
+        if entry["changed_at"] is not None:
+            entry["changed_at"] = format_instant(entry["changed_at"])
     return {"results": results, "replay_context": context, "as_of": format_instant(as_of),
             "weights": w.as_dict(), "preset": preset_name, "mode": mode, "half_life": half_life,
             "normalize": normalize, "recency_from": recency_from, "candidates": len(cands),

@@ -324,3 +324,24 @@ async def test_hybrid_without_keyword_hits_ranks_by_cosine_not_by_rank(make_clie
                                                              "weights": {"similarity": 1}})).json()
     assert only_stop["results"][0]["relevance"] == pytest.approx(
         only_stop["results"][0]["similarity"], abs=1e-6)
+
+
+async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_newest_regime(make_client, redis, prefix):
+    """X succeeded five times, then failed five times a week later while Y succeeded: the recall's
+    replay context must not average X to 50% (issue 17 §5's family, as facts and /v1/strategy do)."""
+    week = 7 * DAY
+    for i in range(5):
+        await put(redis, prefix, "default", episode(f"x-old-{i}", completed_at=T - 2 * week + i, reward=1.0,
+                                                      outcome="success", strategy_used="X"), unit(1.0))
+        await put(redis, prefix, "default", episode(f"x-new-{i}", completed_at=T - week + i, reward=0.0,
+                                                      outcome="failure", strategy_used="X"), unit(1.0))
+        await put(redis, prefix, "default", episode(f"y-{i}", completed_at=T - week + 60 + i, reward=1.0,
+                                                      outcome="success", strategy_used="Y"), unit(0.9, 0.1))
+    client = await make_client(TableEmbedder(256, {Q: unit(1.0)}))
+    body = await recall(client, top_k=15)
+    strategies = {s["strategy"]: s for s in body["replay_context"]["strategies"]}
+    x, y = strategies["X"], strategies["Y"]
+    assert (x["episodes"], x["success_rate"], x["earlier_episodes"], x["earlier_success_rate"]) == (5, 0.0, 5, 1.0)
+    assert x["changed_at"] == "2025-06-24T00:00:00Z"
+    assert (y["episodes"], y["success_rate"], y["changed_at"]) == (5, 1.0, None)
+    assert body["replay_context"]["episodes"] == 15

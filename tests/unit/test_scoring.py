@@ -426,11 +426,37 @@ def test_replay_context_hand_example():
     assert ctx["episodes"] == 5
     assert ctx["avg_reward"] == pytest.approx((1.0 + 0.5 + 0.2) / 3)
     assert ctx["success_rate"] == pytest.approx(3 / 5)
+    same = {"changed_at": None, "earlier_episodes": 0, "earlier_success_rate": None}
     assert ctx["strategies"] == [
-        {"strategy": "print-debug", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 0.0},
-        {"strategy": "bisect", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 1.0},
-        {"strategy": "tdd", "priority": 0.8, "episodes": 2, "avg_reward": 0.75, "success_rate": 0.5},
+        {"strategy": "print-debug", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 0.0, **same},
+        {"strategy": "bisect", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 1.0, **same},
+        {"strategy": "tdd", "priority": 0.8, "episodes": 2, "avg_reward": 0.75, "success_rate": 0.5, **same},
     ]
+
+
+def test_replay_context_counts_each_strategys_newest_regime():
+    """Issue 17 §5's family: X worked five times in week 1 and failed five times in week 2, Y succeeded in
+    week 2. Averaged, X looked 50/50 and could head the list on priority; by regime it is 0/5 since
+    week 2, and the entry says what changed. The input order (recall's) does not matter."""
+    week = 7 * 86400.0
+    rows = [("X", "success", 1.0, i * 3600.0) for i in range(5)]
+    rows += [("X", "failure", 0.0, week + i * 3600.0) for i in range(5)]
+    rows += [("Y", "success", 1.0, week + i * 3600.0 + 60) for i in range(5)]
+    for order in (rows, rows[::-1], rows[5:] + rows[:5]):
+        ctx = replay_context([r[0] for r in order], [r[2] for r in order], [r[1] for r in order],
+                             [0.9 if r[0] == "X" else 0.5 for r in order], [r[3] for r in order])
+        x = next(e for e in ctx["strategies"] if e["strategy"] == "X")
+        assert (x["episodes"], x["success_rate"], x["avg_reward"]) == (5, 0.0, 0.0)
+        assert (x["earlier_episodes"], x["earlier_success_rate"], x["changed_at"]) == (5, 1.0, week)
+        y = next(e for e in ctx["strategies"] if e["strategy"] == "Y")
+        assert (y["episodes"], y["success_rate"], y["changed_at"]) == (5, 1.0, None)
+        assert ctx["episodes"] == 15 and ctx["success_rate"] == pytest.approx(10 / 15)  # totals: everything
+    # too few episodes to call it a change (2 then 2): nothing is dropped
+    ctx = replay_context(["X"] * 4, [1, 1, 0, 0], ["success", "success", "failure", "failure"], [1.0] * 4,
+                         [1.0, 2.0, 3.0, 4.0])
+    assert ctx["strategies"][0]["episodes"] == 4 and ctx["strategies"][0]["changed_at"] is None
+    with pytest.raises(ValueError, match="times 2"):
+        replay_context(["X"], [1.0], ["success"], [1.0], [1.0, 3.0])
 
 
 def test_replay_context_empty_and_mismatched():
