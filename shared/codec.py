@@ -2,8 +2,8 @@
 
 Stored form (one stream entry field `e`): msgpack of `{"type": str, "v": int, "data": map}`.
 `data` is the event as plain JSON-shaped values (timestamps as epoch floats). Decoding applies the
-upcasters registered for the type from the stored `v` up to the current version, then rebuilds the
-event through `engram_episodic.validation`, so a stored event obeys the same rules as a fresh one.
+event class's upcasters (`Event.UPCASTERS`) from the stored `v` up to its `VERSION`, then rebuilds the
+event through `engram_episodic.validation` (one field reader per class, `_FIELDS`), so a stored event obeys the same rules as a fresh one.
 No pickle: a stream entry is data, never code.
 
 Errors: `DecodeError` (not msgpack / bad envelope), `UnknownEventType`, `UnknownSchemaVersion`,
@@ -15,7 +15,8 @@ UserForgotten — is moved out of `data` into `x: {r: key ref (16 bytes), k: key
 where `c` is AES-256-GCM of the msgpack of those fields under the data key of (namespace, user) and its
 associated data binds it to the clear fields (type, v, namespace, episode_id, event_id, occurred_at,
 r, k). `data` keeps in clear only what routing and idempotency need: `event_id`, `namespace`,
-`occurred_at`, `schema_version` and `episode_id`. The key `x` is what tells a sealed envelope from a
+`occurred_at` and `episode_id` (entries written before events lost their `schema_version` field
+also hold it in clear; it is ignored). The key `x` is what tells a sealed envelope from a
 plaintext one (written before encryption, or with it off); both decode. Decoding a sealed envelope needs
 a key lookup `(ref, kid) -> DataKey | None`: None means the key was destroyed (`KeyDestroyed`: the
 user was forgotten); no lookup at all is `SealedEntry`; a payload that fails authentication is
@@ -41,66 +42,11 @@ from engram_episodic.events import (
     UserForgotten,
 )
 from engram_episodic.shapes import to_plain
-from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id, parse_action, parse_episode
 from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
-CURRENT_VERSION: dict[str, int] = {name: 2 if name in ("EpisodeStarted", "EpisodeCompleted") else 1
-                                   for name in EVENT_TYPES}
-
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def _upcast_episode_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """v1 (the prototype's flat shape) → v2.
-
-    v1 episodes had `task` as a plain string with a sibling `category`, and a top-level `reward`;
-    v2 nests them as `task: {description, category}` and `feedback: {reward}`.
-    """
-    data = dict(data)
-    episode = dict(data.get("episode") or {})
-    if isinstance(episode.get("task"), str):
-        episode["task"] = {"description": episode.pop("task"),
-                           "category": episode.pop("category", "unknown")}
-    if "reward" in episode:
-        feedback = dict(episode.get("feedback") or {})
-        feedback.setdefault("reward", episode.pop("reward"))
-        episode["feedback"] = feedback
-    data["episode"] = episode
-    return data
-
-
-UPCASTERS: dict[tuple[str, int], Upcaster] = {
-    ("EpisodeStarted", 1): _upcast_episode_v1,
-    ("EpisodeCompleted", 1): _upcast_episode_v1,
-}
-
-
-def stored_to_response(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored episode document (`episode_to_dict(ep)`, epoch floats) in the HTTP response form.
-
-    The same result as `episode_to_dict(parse_episode(stored), iso=True)` for any document the
-    consolidator wrote (property-tested), without re-validating it: recall returns many documents per
-    request and each was validated when it was ingested.
-    """
-    data = dict(stored)
-    started, completed = data.get("started_at"), data.get("completed_at")
-    for key in ("started_at", "completed_at"):
-        if data.get(key) is not None:
-            data[key] = format_instant(data[key])
-    if "actions" in data:
-        data["actions"] = [{**a, "timestamp": format_instant(a["timestamp"])} if a.get("timestamp") is not None
-                           else dict(a) for a in data["actions"]]
-    if started is not None and completed is not None:
-        data["duration_s"] = max(0.0, float(completed) - float(started))
-    feedback = data.get("feedback")
-    if feedback is not None:
-        feedback = dict(feedback)
-        passed, total = feedback.get("tests_passed"), feedback.get("tests_total")
-        if passed is not None and total:
-            feedback["pass_rate"] = passed / total
-        data["feedback"] = feedback
-    return data
+CURRENT_VERSION: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPES.items()}
+"""Each event type's `VERSION` (its class owns it, with its `UPCASTERS`)."""
 
 
 def event_to_data(event: Event) -> dict[str, Any]:
@@ -156,6 +102,44 @@ def _base(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     return out
 
 
+def _episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
+    fields = {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
+              "episode": parse_episode(data.get("episode"), "episode", errs, require_task=True)}
+    if fields["episode"] is not None and fields["episode"].episode_id != fields["episode_id"]:
+        errs.add("episode.episode_id", "must equal the event's episode_id")
+    return fields
+
+
+def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
+    return {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
+            "action": parse_action(data.get("action"), "action", errs)}
+
+
+def _forgotten_episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
+    return {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True)}
+
+
+def _forgotten_user_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
+    return {"user_id": check_id(data.get("user_id"), "user_id", errs, required=True)}
+
+
+def _facts_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
+    scope, facts, removed = data.get("scope"), data.get("facts", []), data.get("removed", [])
+    if not isinstance(scope, Mapping) or not isinstance(facts, list | tuple) or not isinstance(removed, list | tuple):
+        errs.add("facts", "scope must be a map and facts/removed lists")
+        return {}
+    return {"scope": dict(scope), "facts": tuple(dict(f) for f in facts if isinstance(f, Mapping)),
+            "removed": tuple(str(r) for r in removed)}
+
+
+_FIELDS: dict[type[Event], Callable[[Mapping[str, Any], Collector], dict[str, Any]]] = {
+    EpisodeStarted: _episode_fields, EpisodeCompleted: _episode_fields, ActionRecorded: _action_fields,
+    EpisodeForgotten: _forgotten_episode_fields, UserForgotten: _forgotten_user_fields,
+    FactsConsolidated: _facts_fields,
+}
+"""Per event class, the reader of its own fields from (untrusted, already upcast) plain data."""
+
+
 def event_from_data(type_name: str, data: Mapping[str, Any]) -> Event:
     """Rebuild a current-version event from its (already upcast) plain data; InvalidEpisode if bad."""
     if not isinstance(data, Mapping):
@@ -163,30 +147,9 @@ def event_from_data(type_name: str, data: Mapping[str, Any]) -> Event:
     errs = Collector()
     base = _base(data, errs)
     cls = EVENT_TYPES[type_name]
-    fields: dict[str, Any] = {}
-    if cls in (EpisodeStarted, EpisodeCompleted):
-        fields["episode_id"] = check_id(data.get("episode_id"), "episode_id", errs, required=True)
-        fields["episode"] = parse_episode(data.get("episode"), "episode", errs,
-                                          require_task=True)
-        if fields["episode"] is not None and fields["episode"].episode_id != fields["episode_id"]:
-            errs.add("episode.episode_id", "must equal the event's episode_id")
-    elif cls is ActionRecorded:
-        fields["episode_id"] = check_id(data.get("episode_id"), "episode_id", errs, required=True)
-        fields["action"] = parse_action(data.get("action"), "action", errs)
-    elif cls is EpisodeForgotten:
-        fields["episode_id"] = check_id(data.get("episode_id"), "episode_id", errs, required=True)
-    elif cls is UserForgotten:
-        fields["user_id"] = check_id(data.get("user_id"), "user_id", errs, required=True)
-    elif cls is FactsConsolidated:
-        scope, facts, removed = data.get("scope"), data.get("facts", []), data.get("removed", [])
-        if not isinstance(scope, Mapping) or not isinstance(facts, list | tuple) \
-                or not isinstance(removed, list | tuple):
-            errs.add("facts", "scope must be a map and facts/removed lists")
-        else:
-            fields.update(scope=dict(scope), facts=tuple(dict(f) for f in facts if isinstance(f, Mapping)),
-                          removed=tuple(str(r) for r in removed))
+    fields = _FIELDS[cls](data, errs)
     errs.raise_if_any()
-    return cls(**base, schema_version=CURRENT_VERSION[type_name], **fields)
+    return cls(**base, **fields)
 
 
 def unpack(payload: bytes) -> dict[str, Any]:
@@ -257,8 +220,9 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
     ref = sealed_ref(envelope)
     if ref is not None:
         data = _open(type_name, version, data, envelope["x"], keys)
+    upcasters = EVENT_TYPES[type_name].UPCASTERS
     while version < current:
-        upcaster = UPCASTERS.get((type_name, version))
+        upcaster = upcasters.get(version)
         if upcaster is None:
             raise UnknownSchemaVersion(f"no upcaster for {type_name} v{version}")
         data = upcaster(data)

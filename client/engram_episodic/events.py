@@ -14,6 +14,7 @@ These classes carry no validation: `engram_episodic.validation` builds them from
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -112,50 +113,77 @@ class Episode:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
-    """Fields every event carries. `occurred_at` is UTC epoch seconds; `namespace` is the tenant."""
+    """Fields every event carries. `occurred_at` is UTC epoch seconds; `namespace` is the tenant.
+
+    `VERSION` is the class's current schema version, the one `encode` writes; `UPCASTERS[v]` turns the
+    stored data of version `v` into that of `v + 1` (eventsourcing's upcasting, next to the class whose
+    shape changed), so a stored event of any version decodes to the current class.
+    """
 
     TYPE: ClassVar[str] = "Event"
     VERSION: ClassVar[int] = 1
+    UPCASTERS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
 
     event_id: str = field(default_factory=new_event_id)
     namespace: str
     occurred_at: float
-    schema_version: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EpisodeStarted(Event):
+class EpisodeEvent(Event):
+    """An event about one episode: what routing, idempotency and forgetting read first."""
+
+    episode_id: str
+
+
+def _episode_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 (the prototype's flat shape) → v2: `task` was a plain string with a sibling `category`, and
+    `reward` was top-level; v2 nests them as `task: {description, category}` and `feedback: {reward}`."""
+    data = dict(data)
+    episode = dict(data.get("episode") or {})
+    if isinstance(episode.get("task"), str):
+        episode["task"] = {"description": episode.pop("task"), "category": episode.pop("category", "unknown")}
+    if "reward" in episode:
+        feedback = dict(episode.get("feedback") or {})
+        feedback.setdefault("reward", episode.pop("reward"))
+        episode["feedback"] = feedback
+    data["episode"] = episode
+    return data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeStarted(EpisodeEvent):
     """An agent began a task. `episode` holds what is known at the start (no outcome)."""
 
     TYPE: ClassVar[str] = "EpisodeStarted"
-    episode_id: str
+    VERSION: ClassVar[int] = 2
+    UPCASTERS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {1: _episode_v1_to_v2}
     episode: Episode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ActionRecorded(Event):
+class ActionRecorded(EpisodeEvent):
     """One step happened inside an open episode."""
 
     TYPE: ClassVar[str] = "ActionRecorded"
-    episode_id: str
     action: Action
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EpisodeCompleted(Event):
+class EpisodeCompleted(EpisodeEvent):
     """An episode finished. `episode` is the full final snapshot; it may arrive before its start."""
 
     TYPE: ClassVar[str] = "EpisodeCompleted"
-    episode_id: str
+    VERSION: ClassVar[int] = 2
+    UPCASTERS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {1: _episode_v1_to_v2}
     episode: Episode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EpisodeForgotten(Event):
+class EpisodeForgotten(EpisodeEvent):
     """The episode must be erased from every projection and from the stream."""
 
     TYPE: ClassVar[str] = "EpisodeForgotten"
-    episode_id: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -70,8 +70,8 @@ from sklearn.cluster import AgglomerativeClustering
 
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import Episode, FactsConsolidated
+from engram_episodic.shapes import episode_from_stored
 from engram_episodic.timeutil import format_instant
-from engram_episodic.validation import parse_episode
 from shared import streams
 from shared.codec import encode
 from shared.facts import (
@@ -142,8 +142,8 @@ def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
     if not doc or not vector:
         return None
     try:
-        episode = parse_episode(json.loads(doc), max_actions=None)
-    except (ValueError, EngramError):
+        episode = episode_from_stored(json.loads(doc))
+    except (TypeError, ValueError, KeyError, AttributeError, EngramError):
         return None
     v = np.frombuffer(vector, dtype=np.float32).astype(np.float64)
     norm = float(np.linalg.norm(v))

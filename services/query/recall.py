@@ -35,11 +35,9 @@ import redis.asyncio as aioredis
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
-from engram_episodic.shapes import episode_to_dict
+from engram_episodic.shapes import episode_from_stored, episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
-from engram_episodic.validation import parse_episode
 from shared import relevance, scoring
-from shared.codec import stored_to_response
 from shared.index import (
     TEXT_FIELDS,
     VECTOR_FIELD,
@@ -131,8 +129,8 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
     """A search hit → Candidate; None (logged) when its stored JSON is unreadable."""
     raw = hit.fields.get(b"doc")
     try:
-        episode = parse_episode(json.loads(raw), max_actions=None)
-    except (TypeError, ValueError, EngramError) as exc:
+        episode = episode_from_stored(json.loads(raw))
+    except (TypeError, ValueError, KeyError, AttributeError, EngramError) as exc:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None
     count_raw = _float(hit.fields, b"access_count")
@@ -513,7 +511,7 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
             chosen.append(c)
             priorities.append(priority)
             results.append({
-                "episode": stored_to_response(c.doc),
+                "episode": response_shape(c.doc),
                 "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
                 "relevance": float(scored.similarity[i]),
                 "recency": float(scored.recency[i]),

@@ -77,7 +77,8 @@ def _events():
 def test_round_trip_every_event_type(event):
     decoded = decode(encode(event))
     assert type(decoded) is type(event)
-    assert decoded == dataclasses.replace(event, schema_version=CURRENT_VERSION[event.TYPE])
+    assert decoded == event
+    assert msgpack.unpackb(encode(event))["v"] == CURRENT_VERSION[event.TYPE] == type(event).VERSION
 
 
 def test_upcast_v1_flat_episode():
@@ -86,7 +87,7 @@ def test_upcast_v1_flat_episode():
         "episode": {"episode_id": "ep1", "task": "migrate schema", "category": "architecture",
                     "reward": 0.8, "outcome": "success", "completed_at": 10.0}}}
     event = decode(msgpack.packb(v1))
-    assert event.schema_version == CURRENT_VERSION["EpisodeCompleted"] == 2
+    assert type(event).VERSION == CURRENT_VERSION["EpisodeCompleted"] == 2
     assert event.episode.task == Task(description="migrate schema", category="architecture")
     assert event.episode.feedback.reward == 0.8
 
@@ -152,11 +153,14 @@ def test_episode_to_dict_iso_adds_derived_fields():
 
 @settings(max_examples=FUZZ, suppress_health_check=[HealthCheck.too_slow])
 @given(episodes, st.none() | epoch, st.none() | st.tuples(st.integers(0, 10), st.integers(0, 10)))
-def test_stored_to_response_equals_parse_then_iso(episode, started, tests):
+def test_the_trusted_reader_of_stored_documents_agrees_with_the_validator(episode, started, tests):
+    """Stored documents are read without re-validation (`episode_from_stored`): for every document the
+    consolidator writes it yields what `parse_episode` does, and the one response shaper gives the same
+    response from the document as from the episode."""
     import json
 
+    from engram_episodic.shapes import episode_from_stored, response_shape
     from engram_episodic.validation import parse_episode
-    from shared.codec import stored_to_response
 
     if started is not None and episode.completed_at is not None and started <= episode.completed_at:
         episode = dataclasses.replace(episode, started_at=started)
@@ -164,8 +168,10 @@ def test_stored_to_response_equals_parse_then_iso(episode, started, tests):
         passed, total = min(tests), max(tests)
         episode = dataclasses.replace(episode, feedback=Feedback(reward=0.5, tests_passed=passed, tests_total=total))
     stored = json.loads(json.dumps(episode_to_dict(episode, include_vector=False)))
-    expected = episode_to_dict(parse_episode(stored), iso=True, include_vector=False)
-    assert stored_to_response(stored) == expected
+    assert episode_from_stored(stored) == parse_episode(stored, max_actions=None)
+    assert response_shape(stored) == episode_to_dict(parse_episode(stored), iso=True, include_vector=False)
+    with_vector = json.loads(json.dumps(episode_to_dict(dataclasses.replace(episode, vector=(0.5, -1.0)))))
+    assert episode_from_stored(with_vector) == parse_episode(with_vector, max_actions=None)
 
 
 def test_peek_identity_names_the_episode_of_an_undecodable_envelope():
@@ -185,3 +191,19 @@ def test_peek_identity_names_the_episode_of_an_undecodable_envelope():
     assert peek_identity(msgpack.packb(envelope)) is None
     for junk in (b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"data": "x"})):
         assert peek_identity(junk) is None
+
+
+def test_one_version_per_event_and_old_entries_with_a_schema_version_field_still_decode():
+    """The version lived in three places that disagreed (a fresh event said 1, its envelope 2); now only
+    the class holds it. Entries written while events carried `schema_version` still decode."""
+    from engram_episodic.events import EVENT_TYPES, EpisodeEvent
+
+    for name, cls in EVENT_TYPES.items():
+        assert CURRENT_VERSION[name] == cls.VERSION and set(cls.UPCASTERS) == set(range(1, cls.VERSION))
+        assert "schema_version" not in {f.name for f in dataclasses.fields(cls)}
+    assert all(issubclass(EVENT_TYPES[n], EpisodeEvent)
+               for n in ("EpisodeStarted", "ActionRecorded", "EpisodeCompleted", "EpisodeForgotten"))
+    old = {"type": "EpisodeForgotten", "v": 1, "data": {"event_id": "e1", "namespace": "ns", "occurred_at": 1.0,
+                                                        "schema_version": 1, "episode_id": "ep1"}}
+    assert decode(msgpack.packb(old)) == EpisodeForgotten(event_id="e1", namespace="ns", occurred_at=1.0,
+                                                          episode_id="ep1")
