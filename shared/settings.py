@@ -151,7 +151,7 @@ def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    """Every tunable of Engram. Times are seconds; see README 'Configuration' for the table."""
+    """Every tunable of Engram. Times are seconds; see docs/configuration.md for the table."""
 
     redis_url: str | None = None
     """`REDIS_URL`; None means 'start/use the embedded Redis' (dev, tests, make run)."""

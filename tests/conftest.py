@@ -1,6 +1,6 @@
 """Fixtures: one private embedded Redis per test session; one key prefix per test.
 
-No test depends on a server started by hand. With REDIS_URL set, tests use that server instead
+No test depends on a server started by hand. With ENGRAM_TEST_REDIS_URL set, tests use that server instead
 (still isolated by prefix, never FLUSHALL).
 """
 

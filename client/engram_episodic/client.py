@@ -9,7 +9,7 @@
             print(f"{hit.priority:.2f}", hit.episode.outcome, hit.episode.task.description)
 
 Both clients have the same methods with the same arguments; the async ones are coroutines. Every call
-is one request to one route of the API (README, "Recall and the HTTP API"); results are the frozen
+is one request to one route of the API (docs/api.md); results are the frozen
 dataclasses of `engram_episodic.types`; errors are `engram_episodic.errors.ApiError` subclasses carrying
 `status`, `detail` and the per-field `errors` of the service's RFC 9457 problem, or `ConnectionFailed`.
 
@@ -112,7 +112,7 @@ class Weights(TypedDict, total=False):
 
 
 class RecallOptions(Scope, total=False):
-    """`POST /v1/recall` options (README, "decay-weighted prioritized recall")."""
+    """`POST /v1/recall` options (docs/api.md, "POST /v1/recall")."""
 
     top_k: int
     category: str | list[str]

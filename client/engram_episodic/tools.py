@@ -12,8 +12,8 @@
 
 Each tool (`TOOLS`) has a `name`, a `description` written for a model (when to call it, what it
 returns) and `parameters`, a JSON Schema of its arguments: an object with `additionalProperties: false`,
-its required fields, enums for outcome/mode/kind and the bounds the query service enforces (README,
-"Recall and the HTTP API"; `services/query/models.py`; `engram_episodic.validation`). `tools(format)`
+its required fields, enums for outcome/mode/kind and the bounds the query service enforces (docs/api.md;
+`services/query/models.py`; `engram_episodic.validation`). `tools(format)`
 renders them for OpenAI Chat Completions, the OpenAI Responses API or Anthropic tool use; the MCP server
 (`engram_episodic.mcp_server`) serves the same names, descriptions and schemas.
 

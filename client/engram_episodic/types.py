@@ -74,7 +74,7 @@ class IngestResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecallHit:
-    """One recalled episode with the signals of its priority (README, "decay-weighted prioritized recall").
+    """One recalled episode with the signals of its priority (docs/api.md, "POST /v1/recall").
 
     `similarity` is the cosine clipped at 0; `relevance` the similarity signal of the mode in [0, 1];
     `recency` exp(-ln2 * age / half_life); `age_s` seconds from `completed_at` (or `last_accessed`) to
@@ -342,7 +342,7 @@ class LearningCurve:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fact:
-    """A semantic-memory fact (README, "Semantic memory"); `score` is set by search with a query."""
+    """A semantic-memory fact (docs/architecture.md, "Facts"); `score` is set by search with a query."""
 
     fact_id: str
     kind: str

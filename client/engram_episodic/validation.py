@@ -4,7 +4,7 @@ One function per shape; each collects `(path, reason)` pairs instead of stopping
 a client fixes a batch in one round trip. The same builders decode stream entries (shared.codec), so an
 event that passed the HTTP edge and one read back from Redis obey the same rules.
 
-Limits (documented in README 'Episode model'):
+Limits (documented in docs/api.md, 'The episode model'):
 - ids (`episode_id`, `agent_id`, `user_id`, `session_id`, `namespace`): 1..256 characters, any Unicode
   except control characters (they are TAG values; control characters are reserved as the separator),
   not starting or ending with whitespace (RediSearch trims TAG values);

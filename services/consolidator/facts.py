@@ -103,7 +103,7 @@ log = logging.getLogger("engram.facts")
 HISTORY_LIMIT = 50  # superseded facts kept per scope (newest first)
 DEFAULT_DISTANCE = {"mpnet-base-v2": 0.70, "minilm-l6-v2": 0.69, "hashing-v1": 0.59}
 """The clustering threshold per embedder when ENGRAM_FACTS_DISTANCE is unset, calibrated on labelled task
-families (`services.consolidator.calibration`; figures in README "Semantic memory"): the largest
+families (`services.consolidator.calibration`; figures in docs/architecture.md "Facts"): the largest
 threshold at which at most 1% of random scopes of 5 unrelated families hold a fact mixing two of them."""
 FALLBACK_DISTANCE = 0.5
 """Embedders not calibrated (`openai/...`): measure with `python -m services.consolidator.calibration

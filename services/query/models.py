@@ -296,7 +296,7 @@ class LearningCurveQuery(ScopeIn):
 
 EPISODE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "description": "An episode as agents send it (see README 'Episode model'); validated by "
+    "description": "An episode as agents send it (see docs/api.md, 'The episode model'); validated by "
                    "engram_episodic.validation.parse_episode. `outcome` is required over HTTP.",
     "required": ["task", "outcome"],
     "properties": {

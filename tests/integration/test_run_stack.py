@@ -313,7 +313,7 @@ def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(t
 
 
 async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps_the_stack_up(tmp_path):
-    """README, Replay: running workers never exit the stack on a reindex; they pause, keep the entries,
+    """docs/architecture.md, replay: running workers never exit the stack on a reindex; they pause, keep the entries,
     and say which setting to restart with. Hashing at 64 vs 128 dimensions makes the mismatch quickly."""
     import redis as sync_redis
 

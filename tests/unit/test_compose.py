@@ -277,5 +277,17 @@ def test_readme_documents_compose_after_the_two_commands():
     for command in ("docker compose up", "docker compose up -d --scale consolidator=4",
                     "docker compose --profile demo up demo-agent", "docs/scaling.md"):
         assert command in body, command
-    for name in load_compose()["x-engram-env"]:
-        assert f"`{name}`" in body, f"{name} missing from the README's compose table"
+    assert "docs/configuration.md#docker-compose" in body
+
+
+def test_configuration_docs_list_every_compose_variable():
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    body = docs.split("\n## Docker Compose\n", 1)[1].split("\n## ", 1)[0]
+    compose = load_compose()
+    names = set(compose["x-engram-env"])
+    for service in compose["services"].values():
+        names |= set(service.get("environment") or ())
+    lines = [line for line in COMPOSE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    names |= set(re.findall(r"\$\{(\w+)", "\n".join(lines)))  # ${VAR:-default}, e.g. the image tag
+    for name in sorted(names):
+        assert f"`{name}`" in body, f"{name} missing from the compose table of docs/configuration.md"

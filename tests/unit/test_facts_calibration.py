@@ -53,7 +53,7 @@ def minilm():
 
 
 def test_minilm_default_on_held_out_families(minilm):
-    """Measured (README): at 0.5, 5 unrelated families of 3..6 episodes got a fact for about half of
+    """Measured (docs/architecture.md, Facts): at 0.5, 5 unrelated families of 3..6 episodes got a fact for about half of
     them; at the default about nine in ten, and facts mixing two unrelated families stay rare."""
     vectors, labels = asyncio.run(embed_corpus(minilm, seed=2))
     v = np.asarray(vectors, dtype=np.float64)
