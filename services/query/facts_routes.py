@@ -43,7 +43,7 @@ class FactsSearchRequest(models.ScopeIn):
     as_of: models.Instant | None = Field(None, description="the facts valid at this instant (history included)")
     top_k: models.TopK = 10
     include_superseded: bool = False
-    min_confidence: models.float_in(0.0, 1.0) | None = None
+    min_confidence: Annotated[float, models.FloatIn(0.0, 1.0)] | None = None
 
     @model_validator(mode="after")
     def _window(self) -> FactsSearchRequest:

@@ -10,9 +10,20 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import core_schema
 
 from engram_episodic.errors import ConfigError
 from engram_episodic.events import OUTCOMES
@@ -108,40 +119,61 @@ _QUERY_INT = re.compile(r"-?[0-9]+", re.ASCII)
 _QUERY_NUMBER = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
-def int_in(lo: int, hi: int, *, from_query: bool = False):
-    """An integer field in [lo, hi] whose error states the allowed range (shared/cases C15).
+@dataclass(frozen=True, slots=True)
+class IntIn:
+    """`Annotated[int, IntIn(lo, hi)]`: an integer field in [lo, hi] whose error states the allowed
+    range (shared/cases C15). `from_query`: also accept the decimal string of one (query parameters are
+    strings; JSON bodies are not). Pydantic metadata (a validator and its JSON schema)."""
 
-    `from_query`: also accept the decimal string of one (query parameters are strings; JSON bodies are not).
-    """
-    def validate(value: Any) -> int:
-        if from_query and isinstance(value, str) and len(value) <= 20 and _QUERY_INT.fullmatch(value):
+    lo: int
+    hi: int
+    from_query: bool = False
+
+    def validate(self, value: Any) -> int:
+        if self.from_query and isinstance(value, str) and len(value) <= 20 and _QUERY_INT.fullmatch(value):
             value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise ValueError(f"must be an integer between {lo} and {hi}")
+        if isinstance(value, bool) or not isinstance(value, int) or not self.lo <= value <= self.hi:
+            raise ValueError(f"must be an integer between {self.lo} and {self.hi}")
         return value
-    return Annotated[int, PlainValidator(validate),
-                     WithJsonSchema({"type": "integer", "minimum": lo, "maximum": hi})]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.validate)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.lo, "maximum": self.hi}
 
 
-def float_in(lo: float, hi: float, *, from_query: bool = False):
-    def validate(value: Any) -> float:
-        if from_query and isinstance(value, str):
+@dataclass(frozen=True, slots=True)
+class FloatIn:
+    """`Annotated[float, FloatIn(lo, hi)]`: a finite number in [lo, hi] (ints accepted, booleans not);
+    `from_query` as for IntIn."""
+
+    lo: float
+    hi: float
+    from_query: bool = False
+
+    def validate(self, value: Any) -> float:
+        if self.from_query and isinstance(value, str):
             if not _QUERY_NUMBER.fullmatch(value):
-                raise ValueError(f"must be a number between {lo:g} and {hi:g}")
+                raise ValueError(f"must be a number between {self.lo:g} and {self.hi:g}")
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                or not lo <= value <= hi:
-            raise ValueError(f"must be a number between {lo:g} and {hi:g}")
+                or not self.lo <= value <= self.hi:
+            raise ValueError(f"must be a number between {self.lo:g} and {self.hi:g}")
         return float(value)
-    return Annotated[float, PlainValidator(validate),
-                     WithJsonSchema({"type": "number", "minimum": lo, "maximum": hi})]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.validate)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {"type": "number", "minimum": self.lo, "maximum": self.hi}
 
 
-TopK = int_in(1, MAX_TOP_K)
-Relevance = float_in(0.0, 1.0)
-CandidateCount = int_in(1, MAX_CANDIDATES)
-Finite = float_in(-1e12, 1e12)
-NonNegative = float_in(0.0, 1e6)
+TopK = Annotated[int, IntIn(1, MAX_TOP_K)]
+Relevance = Annotated[float, FloatIn(0.0, 1.0)]
+CandidateCount = Annotated[int, IntIn(1, MAX_CANDIDATES)]
+Finite = Annotated[float, FloatIn(-1e12, 1e12)]
+NonNegative = Annotated[float, FloatIn(0.0, 1e6)]
 
 
 def _query_text(value: Any) -> str:
@@ -253,7 +285,7 @@ class ContextRequest(ScopeIn):
     task: QueryText
     category: IdStr | None = None
     top_k: TopK | None = None
-    max_chars: int_in(200, 200_000) = 4000
+    max_chars: Annotated[int, IntIn(200, 200_000)] = 4000
     half_life: Duration | None = None
     min_relevance: Relevance = Field(0.0, description="recall only episodes at least this relevant (0..1)")
     min_priority: Relevance = Field(0.0, description="recall only episodes of at least this priority (0..1)")
@@ -264,9 +296,9 @@ class StrategyRequest(ScopeIn):
 
     task: QueryText
     category: IdStr | None = None
-    complexity: float_in(0.0, 1.0) | None = None
-    k: int_in(1, 100) = 10
-    min_similarity: float_in(-1.0, 1.0) = 0.3
+    complexity: Annotated[float, FloatIn(0.0, 1.0)] | None = None
+    k: Annotated[int, IntIn(1, 100)] = 10
+    min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
 
 
 class SuggestRequest(ScopeIn):
@@ -274,15 +306,15 @@ class SuggestRequest(ScopeIn):
 
     task: QueryText
     category: IdStr | None = None
-    k: int_in(1, 100) = 10
-    min_similarity: float_in(-1.0, 1.0) = 0.3
+    k: Annotated[int, IntIn(1, 100)] = 10
+    min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
 
 
 class SkillsQuery(ScopeIn):
     """`GET /v1/skills` query parameters."""
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-    threshold: float_in(0.0, 1.0, from_query=True) = 0.5
+    threshold: Annotated[float, FloatIn(0.0, 1.0, from_query=True)] = 0.5
 
 
 class LearningCurveQuery(ScopeIn):
@@ -290,8 +322,8 @@ class LearningCurveQuery(ScopeIn):
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     category: IdStr | None = None
-    window: int_in(1, 1000, from_query=True) = 5
-    limit: int_in(1, 10_000, from_query=True) = 1000
+    window: Annotated[int, IntIn(1, 1000, from_query=True)] = 5
+    limit: Annotated[int, IntIn(1, 10_000, from_query=True)] = 1000
 
 
 EPISODE_SCHEMA: dict[str, Any] = {

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -150,7 +150,7 @@ class IngestQuery(models.Model):
     """`POST /v1/episodes` query parameters."""
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-    wait: models.float_in(0.0, MAX_INGEST_WAIT, from_query=True) = Field(
+    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
         0.0, description="seconds to wait until every episode is projected (recallable); the answer says "
                          "which are (`projected`); 0 answers at once")
 
