@@ -162,12 +162,139 @@ class EmbeddedRedis:
         self.stop()
 
 
+CLUSTER_SLOTS = 16384
+MAX_CLUSTER_PORT = 65535 - 10000
+"""A cluster node's bus listens on port + 10000, so node ports stop here."""
+
+
+def free_cluster_ports(n: int) -> list[int]:
+    """`n` distinct ports that were free a moment ago, each with its bus port (port + 10000) free too."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port > MAX_CLUSTER_PORT or port in ports:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def slot_ranges(primaries: int) -> list[tuple[int, int]]:
+    """The 16,384 hash slots split into `primaries` contiguous inclusive ranges, as redis-cli does."""
+    if not 1 <= primaries <= CLUSTER_SLOTS:
+        raise ValueError(f"primaries must be 1..{CLUSTER_SLOTS}")
+    bounds = [round(i * CLUSTER_SLOTS / primaries) for i in range(primaries + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(primaries)]
+
+
+@dataclass
+class EmbeddedCluster:
+    """A local Redis Cluster from the same wheels: `primaries` nodes owning the slots evenly, each with
+    `replicas` replicas, on private ports, RediSearch loaded on every node. `start()` returns once every
+    node reports `cluster_state:ok` and knows every other node.
+
+    The embedded RediSearch is shard-local (no coordinator): `FT.CREATE` and `FT.SEARCH` act on one
+    node's keys only, so callers create indexes on every primary and route queries to the node owning a
+    namespace's slot (issue 16). `url` is `redis+cluster://host:port` of the first primary, the form
+    `shared.redis_conn.connect` turns into a cluster client. Errors: EmbeddedRedisError.
+    """
+
+    data_dir: Path
+    primaries: int = 3
+    replicas: int = 0
+    ports: list[int] = field(default_factory=list)
+    node_timeout_ms: int = 2000
+    start_timeout: float = 30.0
+    nodes: list[EmbeddedRedis] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    @property
+    def primary_nodes(self) -> list[EmbeddedRedis]:
+        return self.nodes[:self.primaries]
+
+    def start(self) -> EmbeddedCluster:
+        total = self.primaries * (1 + self.replicas)
+        if not self.ports:
+            self.ports = free_cluster_ports(total)
+        if len(self.ports) != total or max(self.ports) > MAX_CLUSTER_PORT:
+            raise EmbeddedRedisError(f"a cluster of {total} nodes needs {total} ports <= {MAX_CLUSTER_PORT}")
+        self.data_dir = Path(self.data_dir).resolve()
+        try:
+            for port in self.ports:
+                node = EmbeddedRedis(port=port, data_dir=self.data_dir / str(port), start_timeout=self.start_timeout,
+                                     extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                                 "--cluster-node-timeout", str(self.node_timeout_ms)])
+                self.nodes.append(node.start())
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _client(self, node: EmbeddedRedis) -> redis.Redis:
+        return redis.Redis(port=node.port, socket_connect_timeout=2, socket_timeout=5, protocol=2)
+
+    def _form(self) -> None:
+        clients = [self._client(n) for n in self.nodes]
+        try:
+            first = clients[0]
+            for c in clients[1:]:
+                first.execute_command("CLUSTER", "MEET", "127.0.0.1", c.connection_pool.connection_kwargs["port"])
+            for c, (lo, hi) in zip(clients, slot_ranges(self.primaries), strict=False):
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            self._wait(clients, lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients),
+                       "every node knows every other")
+            ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients[:self.primaries]]
+            for i, c in enumerate(clients[self.primaries:]):
+                c.execute_command("CLUSTER", "REPLICATE", ids[i % self.primaries])
+            self._wait(clients, lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
+                       "cluster_state:ok on every node")
+            if self.replicas:
+                self._wait(clients[:self.primaries],
+                           lambda c: c.info("replication").get("connected_slaves", 0) >= self.replicas,
+                           "every primary has its replicas")
+        finally:
+            for c in clients:
+                c.close()
+
+    def _wait(self, clients: list[redis.Redis], check, what: str) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if all(check(c) for c in clients):
+                return
+            time.sleep(0.05)
+        raise EmbeddedRedisError(f"the local cluster did not reach {what} within {self.start_timeout}s:\n"
+                                 + "\n".join(n.log_tail(5) for n in self.nodes))
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=6379)
     parser.add_argument("--dir", type=Path, default=Path(".run/redis"))
     parser.add_argument("--appendfsync", choices=("everysec", "always", "no"), default="everysec")
+    parser.add_argument("--cluster", type=int, default=0, metavar="N",
+                        help="start a local Redis Cluster of N primaries (ports --port .. --port + N - 1)")
+    parser.add_argument("--replicas", type=int, default=0, help="replicas per primary (with --cluster)")
     args = parser.parse_args(argv)
+    if args.cluster:
+        return _run_cluster(args)
     server = EmbeddedRedis(port=args.port, data_dir=args.dir, appendfsync=args.appendfsync)
     try:
         server.start()
@@ -186,6 +313,30 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     server.stop()
     print("embedded redis stopped", flush=True)
+    return 0
+
+
+def _run_cluster(args) -> int:
+    cluster = EmbeddedCluster(data_dir=args.dir, primaries=args.cluster, replicas=args.replicas,
+                              ports=list(range(args.port, args.port + args.cluster * (1 + args.replicas))))
+    try:
+        cluster.start()
+    except EmbeddedRedisError as exc:
+        print(f"embedded redis cluster: {exc}", file=sys.stderr)
+        return 1
+    print(f"embedded redis cluster ready at {cluster.url} ({args.cluster} primaries, {args.replicas} replica(s) "
+          f"each; data in {cluster.data_dir})", flush=True)
+    stop = {"now": False}
+
+    def _stop(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop["now"] and all(n.process is not None and n.process.poll() is None for n in cluster.nodes):
+        time.sleep(0.2)
+    cluster.stop()
+    print("embedded redis cluster stopped", flush=True)
     return 0
 
 
