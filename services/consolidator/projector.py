@@ -596,7 +596,7 @@ class Projector:
         elif isinstance(event, UserForgotten):
             await self.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
-            from services.consolidator.facts import apply_snapshot
+            from services.consolidator.facts_store import apply_snapshot
             await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags)
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
@@ -616,7 +616,7 @@ class Projector:
             await self._forget_facts(namespace, [episode_id])
 
     async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        from services.consolidator.facts import forget_evidence
+        from services.consolidator.facts_forget import forget_evidence
         await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags)
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:

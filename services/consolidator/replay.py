@@ -21,7 +21,7 @@ import logging
 
 import redis.asyncio as aioredis
 
-from services.consolidator.facts import import_snapshots as import_fact_snapshots
+from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import streams
 from shared.index import (
