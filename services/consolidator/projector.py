@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
-import orjson
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import DecodeError, EngramError
@@ -54,20 +53,17 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from services.consolidator import erasure
+from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
-from services.consolidator.scripts import FORGET_USER_LUA, PROJECT_LUA, RECORD_LUA, WRITE_LUA
+from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import streams
-from shared.codec import decode, decode_envelope, occurred_at, payload_ref, sealed_ref, unpack
+from shared.codec import decode, decode_envelope, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
-    DOC_FIELD,
     STATUS_COMPLETED,
-    Scope,
     embedding_text,
     episode_fields,
-    filter_search,
 )
 from shared.keyring import KeyRing
 from shared.keys import Keys
@@ -75,14 +71,6 @@ from shared.tags import TagCodec
 
 log = logging.getLogger("engram.consolidator")
 
-
-def _doc_episode_id(raw: bytes | None) -> str | None:
-    """The episode id of a stored document (the projector wrote it; a broken one is skipped)."""
-    try:
-        eid = orjson.loads(raw).get("episode_id") if raw else None
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return eid if isinstance(eid, str) else None
 
 PROJECT_CHUNK = 32
 """Episodes per fast-path call: one call instead of 32 amortises the script's fixed cost on both sides,
@@ -98,8 +86,6 @@ while the event loop was busy with another lane's batch; two keep Redis fed (mak
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
 
-DEAD_REF_USER = b"@user"
-"""Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
 
 MAX_WRITE_ATTEMPTS = 8
 
@@ -140,7 +126,7 @@ class Projector:
         self._record = redis.register_script(RECORD_LUA)
         self._write = redis.register_script(WRITE_LUA)
         self._project = redis.register_script(PROJECT_LUA)
-        self._forget_user = redis.register_script(FORGET_USER_LUA)
+        self.forgetting = Forgetting(redis, keys, embedder, gen, tags=tags, keyring=keyring)
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
     # --- entry point ----------------------------------------------------------------------------
@@ -279,7 +265,7 @@ class Projector:
             elif status == 0:  # other events were stored: fold the whole stored set
                 pending.append((ns, eid))
             elif status == -2:  # its user was forgotten after this episode began
-                await self.erase_episode(ns, eid)
+                await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
         # slow path (episodes with only actions in hand; with a model embedder, also those that already
@@ -458,7 +444,7 @@ class Projector:
             if status == 0:
                 retry.append((ns, eid))
             elif status == -2:  # its user was forgotten after this episode began
-                await self.erase_episode(ns, eid)
+                await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
         return retry
@@ -519,115 +505,9 @@ class Projector:
     # --- forgetting and other events -----------------------------------------------------------
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
-            await self.erase_episode(event.namespace, event.episode_id)
+            await self.forgetting.erase_episode(event.namespace, event.episode_id)
         elif isinstance(event, UserForgotten):
-            await self.erase_user(event.namespace, event.user_id, event.occurred_at)
+            await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
             from services.consolidator.facts_store import apply_snapshot
             await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags)
-
-    async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
-        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
-        (and, unless `facts=False`, rebuild the facts whose evidence named it)."""
-        k, g = self.keys, self.gen
-        await self.redis.set(k.tombstone(namespace, episode_id), 1)
-        await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
-        sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
-        await streams.delete(self.redis, k.stream, sorted(sids))
-        # its dead-lettered events: the stream entry and the dead letter both hold its data
-        await self.delete_dead_letters(namespace, episode_id)
-        await self.redis.delete(k.episode_events(g, namespace, episode_id),
-                                k.episode_stream_ids(g, namespace, episode_id),
-                                k.episode_doc(g, namespace, episode_id))
-        if facts:
-            await self._forget_facts(namespace, [episode_id])
-
-    async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        from services.consolidator.facts_forget import forget_evidence
-        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags)
-
-    async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
-        """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
-        the user's forget time (UTC epoch seconds; the latest forget wins); returns the count.
-
-        An episode whose first event is later than the forget is the user's new activity and is kept,
-        whatever order the forget and the episode are processed in: the write scripts apply the same
-        rule when the episode is written after the forget, and this sweep applies it to documents
-        written before it (found by a new-user trial: a forget processed after a newer episode erased it).
-
-        With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
-        created after the forget: new activity), so that every copy of the user's sealed events is
-        unreadable from that moment, whatever happens to the rest of this sweep.
-        """
-        if self.keyring is not None:
-            await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
-        await erasure.mark_pending(self.redis, self.keys)
-        key = self.keys.user_tombstone(namespace, user_id)
-        await self._forget_user(keys=[key], args=[repr(forgotten_at)])
-        stored = await self.redis.get(key)
-        cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
-        index = self.keys.episode_index(self.gen)
-        scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
-        ids: list[str] = []
-        seen = 0
-        while True:  # the ids come from the documents: the TAG field holds their digests
-            total, hits = await filter_search(self.redis, index, scope, return_fields=(DOC_FIELD,),
-                                              offset=seen, limit=500)
-            seen += len(hits)
-            ids += [eid for hit in hits if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None]
-            if not hits or seen >= total:
-                break
-        erased: list[str] = []
-        for episode_id in ids:
-            first = await self._first_occurred_at(namespace, episode_id)
-            if first is not None and first > cutoff:
-                continue
-            await self.erase_episode(namespace, episode_id, facts=False)
-            erased.append(episode_id)
-        # dead letters of the user's episodes, including ones that never had a document
-        dead_key = self.keys.user_dead_letters(namespace, user_id)
-        for episode_id in await self.redis.smembers(dead_key):
-            await self.delete_dead_letters(namespace, episode_id.decode())
-        await self.redis.delete(dead_key)
-        if self.keyring is not None:
-            await self._delete_sealed_dead_letters(self.keyring.ref(namespace, user_id))
-        await self._forget_facts(namespace, erased)
-        return len(erased)
-
-    async def _delete_sealed_dead_letters(self, ref: bytes) -> int:
-        """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
-        the ciphertext, so they are found by the key reference) and their original entries."""
-        gone = 0
-        cursor: bytes | str = "-"
-        while True:
-            page = await streams.read_range_raw(self.redis, self.keys.dead_letters, cursor, "+", count=500)
-            if cursor != "-":
-                page = [row for row in page if row[0] != cursor]
-            if not page:
-                return gone
-            hits = [(dead_id, f.get(b"sid")) for dead_id, f in page
-                    if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
-            if hits:
-                await streams.delete(self.redis, self.keys.dead_letters, [d for d, _ in hits])
-                await streams.delete(self.redis, self.keys.stream, [s for _, s in hits if s])
-                gone += len(hits)
-            cursor = page[-1][0]
-
-    async def delete_dead_letters(self, namespace: str, episode_id: str) -> None:
-        """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
-        the links (its id from its user's set too)."""
-        key = self.keys.dead_letter_refs(namespace, episode_id)
-        refs = await self.redis.hgetall(key)
-        user = refs.pop(DEAD_REF_USER, None)
-        if refs:
-            await streams.delete(self.redis, self.keys.stream, sorted(refs))
-            await streams.delete(self.redis, self.keys.dead_letters, sorted(refs.values()))
-        if user is not None:
-            await self.redis.srem(self.keys.user_dead_letters(namespace, user.decode()), episode_id)
-        await self.redis.delete(key)
-
-    async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
-        """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""
-        times = [at for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
-                 if (at := occurred_at(payload)) is not None]  # clear in sealed entries too
-        return min(times) if times else None

@@ -34,8 +34,9 @@ from redis import exceptions as redis_errors
 
 from engram_episodic.errors import Conflict
 from services.consolidator import erasure, retention
+from services.consolidator.forgetting import DEAD_REF_USER
 from services.consolidator.metrics import WorkerMetrics
-from services.consolidator.projector import DEAD_REF_USER, BatchResult, Projector
+from services.consolidator.projector import BatchResult, Projector
 from shared import streams
 from shared.codec import peek_identity
 from shared.index import (
@@ -346,7 +347,7 @@ class Worker:
             at = await self.redis.get(k.user_tombstone(namespace, user_id))
             forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
         if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
-            await (await self._projector()).delete_dead_letters(namespace, episode_id)
+            await (await self._projector()).forgetting.delete_dead_letters(namespace, episode_id)
 
     async def _drop_exhausted(self, claimed: list[streams.Entry]) -> list[streams.Entry]:
         """Dead-letter claimed entries delivered more than `max_deliveries` times."""
