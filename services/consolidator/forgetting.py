@@ -16,17 +16,14 @@ from __future__ import annotations
 import orjson
 import redis.asyncio as aioredis
 
-from services.consolidator import erasure
+from services.consolidator import deadletters, erasure
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import streams
-from shared.codec import occurred_at, payload_ref
+from shared.codec import occurred_at
 from shared.index import DOC_FIELD, Scope, filter_search
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.tags import TagCodec
-
-DEAD_REF_USER = b"@user"
-"""Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
 
 
 def _doc_episode_id(raw: bytes | None) -> str | None:
@@ -61,7 +58,7 @@ class Forgetting:
         sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
         await streams.delete(self.redis, k.stream, sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
-        await self.delete_dead_letters(namespace, episode_id)
+        await deadletters.delete_dead_letters(self.redis, self.keys, namespace, episode_id)
         await self.redis.delete(k.episode_events(g, namespace, episode_id),
                                 k.episode_stream_ids(g, namespace, episode_id),
                                 k.episode_doc(g, namespace, episode_id))
@@ -111,46 +108,11 @@ class Forgetting:
             await self.erase_episode(namespace, episode_id, facts=False)
             erased.append(episode_id)
         # dead letters of the user's episodes, including ones that never had a document
-        dead_key = self.keys.user_dead_letters(namespace, user_id)
-        for episode_id in await self.redis.smembers(dead_key):
-            await self.delete_dead_letters(namespace, episode_id.decode())
-        await self.redis.delete(dead_key)
-        if self.keyring is not None:
-            await self._delete_sealed_dead_letters(self.keyring.ref(namespace, user_id))
+        await deadletters.delete_user_dead_letters(
+            self.redis, self.keys, namespace, user_id,
+            sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None)
         await self._forget_facts(namespace, erased)
         return len(erased)
-
-    async def _delete_sealed_dead_letters(self, ref: bytes) -> int:
-        """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
-        the ciphertext, so they are found by the key reference) and their original entries."""
-        gone = 0
-        cursor: bytes | str = "-"
-        while True:
-            page = await streams.read_range_raw(self.redis, self.keys.dead_letters, cursor, "+", count=500)
-            if cursor != "-":
-                page = [row for row in page if row[0] != cursor]
-            if not page:
-                return gone
-            hits = [(dead_id, f.get(b"sid")) for dead_id, f in page
-                    if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
-            if hits:
-                await streams.delete(self.redis, self.keys.dead_letters, [d for d, _ in hits])
-                await streams.delete(self.redis, self.keys.stream, [s for _, s in hits if s])
-                gone += len(hits)
-            cursor = page[-1][0]
-
-    async def delete_dead_letters(self, namespace: str, episode_id: str) -> None:
-        """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
-        the links (its id from its user's set too)."""
-        key = self.keys.dead_letter_refs(namespace, episode_id)
-        refs = await self.redis.hgetall(key)
-        user = refs.pop(DEAD_REF_USER, None)
-        if refs:
-            await streams.delete(self.redis, self.keys.stream, sorted(refs))
-            await streams.delete(self.redis, self.keys.dead_letters, sorted(refs.values()))
-        if user is not None:
-            await self.redis.srem(self.keys.user_dead_letters(namespace, user.decode()), episode_id)
-        await self.redis.delete(key)
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
         """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""

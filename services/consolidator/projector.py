@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -53,6 +52,7 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
+from services.consolidator.deadletters import withhold_values
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
@@ -88,15 +88,6 @@ EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
 
 
 MAX_WRITE_ATTEMPTS = 8
-
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-
-
-def withhold_values(reason: str) -> str:
-    """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
-    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext."""
-    return _QUOTED.sub("'…'", reason)
-
 
 @dataclass(slots=True)
 class BatchResult:
@@ -143,7 +134,7 @@ class Projector:
                 result.dead.append((entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}"))
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
-            try:  # a dead entry of a forgotten episode is deleted with its dead letter (Worker._dead_letter)
+            try:  # a dead entry of a forgotten episode is deleted with its dead letter (deadletters.dead_letter)
                 event = self._decode(entry.payload, envelope)
                 self._check_vector(event)
             except KeyDestroyed:  # its user was forgotten: unreadable by design, and nothing to keep
