@@ -47,7 +47,7 @@ from shared.facts import (
     Fact,
     FactScope,
 )
-from shared.index import Scope, current_generation, generation_tags
+from shared.index import Scope, agent_category_counts, current_generation, generation_tags
 from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.settings import Settings
@@ -254,15 +254,11 @@ class Consolidator:
         """The namespace scope and every (agent_id, category) scope with at least min_cluster episodes."""
         index = self.keys.episode_index_alias
         tags = await self.tags(await current_generation(self.redis, self.keys))
-        reply = await self.redis.execute_command(
-            "FT.AGGREGATE", index, Scope(namespace=namespace, tags=tags).query(), "LOAD", 2, "@agent_id", "@category",
-            "FILTER", "exists(@agent_id) && exists(@category)",
-            "GROUPBY", 2, "@agent_id", "@category", "REDUCE", "COUNT", 0, "AS", "n", "DIALECT", 2)
         scopes = [FactScope(namespace)]
-        for row in reply[1:]:
-            f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
-            if f.get("agent_id") and f.get("category") and int(f.get("n") or 0) >= self.settings.facts_min_cluster:
-                scopes.append(FactScope(namespace, f["agent_id"].decode(), f["category"].decode()))
+        for agent_id, category, n in await agent_category_counts(self.redis, index,
+                                                                 Scope(namespace=namespace, tags=tags)):
+            if n >= self.settings.facts_min_cluster:
+                scopes.append(FactScope(namespace, agent_id, category))
         return sorted(scopes, key=lambda s: (s.level != LEVEL_NAMESPACE, s.agent_id or "", s.category or ""))
 
     # --- one run ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation
+from shared.index import STATUS_COMPLETED, Scope, current_generation, filter_search
 from shared.keys import Keys
 from shared.tags import TagCodec
 
@@ -65,12 +65,10 @@ async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int,
     offset = 0
     while offset < limit:
         n = min(PAGE, limit - offset)
-        reply = await r.execute_command("FT.SEARCH", index, filters.query(), "RETURN", 2, "doc", "vector",
-                                        "SORTBY", "completed_at", "DESC", "LIMIT", offset, n, "DIALECT", 2)
-        page = reply[2::2]
-        for fields in page:
-            f = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}
-            row = _row(f.get(b"doc"), f.get(b"vector"))
+        _total, page = await filter_search(r, index, filters, return_fields=("doc", "vector"),
+                                           sort_by="completed_at", descending=True, offset=offset, limit=n)
+        for hit in page:
+            row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"))
             if row is not None:
                 rows.append(row)
         offset += n

@@ -26,6 +26,7 @@ from services.consolidator.projector import Projector
 from shared import streams
 from shared.index import (
     current_generation,
+    drop_index,
     ensure_episode_index,
     point_alias_at,
 )
@@ -108,7 +109,7 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
     for name in (keys.episode_index(gen), keys.facts_index(gen)):
         try:
-            await redis.execute_command("FT.DROPINDEX", name)
+            await drop_index(redis, name)
         except Exception:  # noqa: BLE001 - a missing index is the normal case
             pass
     dropped = 0
