@@ -32,12 +32,15 @@ log = logging.getLogger("engram.facts")
 
 
 async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace: str, episode_ids: Sequence[str],
-                          dim: int, tags: TagCodec) -> int:
+                          dim: int, tags: TagCodec, *, settings: Settings) -> int:
     """The projector's forgetting hook: see `forget_with`; `tags` are generation
-    `gen`'s TAG digests."""
+    `gen`'s TAG digests. `settings` are the process's: the rebuild takes the scope's lease for
+    ENGRAM_LEASE_MS (defaults here took it for 30 s whatever the deployment's lease, issue 18 §5)."""
     if not episode_ids:
         return 0
-    consolidator = Consolidator(Settings(prefix=keys.prefix), redis, dim)
+    if settings.prefix != keys.prefix:
+        raise ValueError(f"settings are for prefix {settings.prefix!r}, keys for {keys.prefix!r}")
+    consolidator = Consolidator(settings, redis, dim)
     consolidator._tags[gen] = tags
     return await forget_with(consolidator, gen, namespace, episode_ids)
 

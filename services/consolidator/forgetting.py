@@ -23,6 +23,7 @@ from shared.codec import occurred_at
 from shared.index import DOC_FIELD, Scope, filter_search
 from shared.keyring import KeyRing
 from shared.keys import Keys
+from shared.settings import Settings
 from shared.tags import TagCodec
 
 
@@ -37,11 +38,13 @@ def _doc_episode_id(raw: bytes | None) -> str | None:
 
 class Forgetting:
     """Erases episodes and users from generation `gen` (one per Projector). `embedder` gives the
-    dimension of the facts index that a forget rebuilds; `tags` are the generation's TAG digests."""
+    dimension of the facts index that a forget rebuilds; `tags` are the generation's TAG digests;
+    `settings` the process's, which the rebuild of facts uses (its lease, facts_min_cluster)."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int, *, tags: TagCodec,
-                 keyring: KeyRing | None):
+                 keyring: KeyRing | None, settings: Settings):
         self.redis = redis
+        self.settings = settings
         self.keys = keys
         self.embedder = embedder
         self.gen = gen
@@ -67,7 +70,8 @@ class Forgetting:
 
     async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
         from services.consolidator.facts_forget import forget_evidence
-        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags)
+        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags,
+                              settings=self.settings)
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than

@@ -67,6 +67,7 @@ from shared.index import (
 )
 from shared.keyring import KeyRing
 from shared.keys import Keys
+from shared.settings import Settings
 from shared.tags import TagCodec
 
 log = logging.getLogger("engram.consolidator")
@@ -102,11 +103,14 @@ class Projector:
     """Projects entries into generation `gen` (see module docstring). One per worker process.
 
     `embedder` has `name`, `dim`, `async embed(texts) -> float32[n, dim]` and `truncations`; `tags` is
-    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`).
+    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`); `settings`
+    are the process's (a forget's rebuild of facts takes the scope lease with `lease_ms` and falls back
+    on `facts_min_cluster`).
     """
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int,
-                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None, *, tags: TagCodec):
+                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None, *, tags: TagCodec,
+                 settings: Settings):
         self.redis = redis
         self.tags = tags
         self.keyring = keyring
@@ -117,7 +121,7 @@ class Projector:
         self._record = redis.register_script(RECORD_LUA)
         self._write = redis.register_script(WRITE_LUA)
         self._project = redis.register_script(PROJECT_LUA)
-        self.forgetting = Forgetting(redis, keys, embedder, gen, tags=tags, keyring=keyring)
+        self.forgetting = Forgetting(redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings)
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
     # --- entry point ----------------------------------------------------------------------------

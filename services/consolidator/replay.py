@@ -92,7 +92,8 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
                                       tag_key=await deployment_tag_key(redis, keys, settings.master_key),
                                       point_alias=False)
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
-    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags)
+    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags,
+                          settings=settings)
     snapshot = await _import_snapshot(projector, redis, keys, old)
     await import_fact_snapshots(redis, keys, old, new, dim, tags)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")

@@ -115,7 +115,7 @@ class Worker:
                                               vector_params(self.settings, self.embedder.dim), self.embedder.name,
                                               tag_key=tag_key, point_alias=True)
             self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics, keyring=self.keyring,
-                                       tags=tags)
+                                       tags=tags, settings=self.settings)
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
