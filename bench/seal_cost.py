@@ -37,6 +37,7 @@ async def one_side(url: str, events: list, master_key: bytes | None) -> dict[str
     from shared.keys import Keys
     from shared.redis_conn import connect
     from shared.sdk import EngramClient
+    from shared.settings import Settings
 
     keys = Keys(f"seal{uuid.uuid4().hex[:6]}:")
     r = connect(url)
@@ -50,7 +51,8 @@ async def one_side(url: str, events: list, master_key: bytes | None) -> dict[str
             await client.publish(events[start:start + 100])
         publish = time.process_time() - cpu
         ring = KeyRing(keys, client._ring.master) if master_key is not None else None
-        projector = Projector(r, keys, embedder, 1, keyring=ring, tags=tags)
+        # nothing here is forgotten: the default settings (for this prefix) are never read
+        projector = Projector(r, keys, embedder, 1, keyring=ring, tags=tags, settings=Settings(prefix=keys.prefix))
         entries = await streams.read_range(r, keys.stream, count=len(events) + 10)
         cpu = time.process_time()
         for start in range(0, len(entries), 256):

@@ -535,3 +535,30 @@ async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[di
             "avg_iterations": num("sum_iterations") / num("n_iterations") if num("n_iterations") else None,
         })
     return sorted(out, key=lambda row: row["category"])
+
+
+async def agent_category_counts(r: aioredis.Redis, index: str, scope: Scope) -> list[tuple[str, str, int]]:
+    """(agent_id, category, episodes) of every pair present in the scope's documents (FT.AGGREGATE);
+    documents without an agent or a category are not counted. Facts are consolidated per pair."""
+    reply = await r.execute_command(
+        "FT.AGGREGATE", index, scope.query(), "LOAD", 2, "@agent_id", "@category",
+        "FILTER", "exists(@agent_id) && exists(@category)",
+        "GROUPBY", 2, "@agent_id", "@category", "REDUCE", "COUNT", 0, "AS", "n", "DIALECT", 2)
+    out = []
+    for row in reply[1:]:
+        f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
+        if f.get("agent_id") and f.get("category"):
+            out.append((f["agent_id"].decode(), f["category"].decode(), int(f.get("n") or 0)))
+    return out
+
+
+async def drop_index(r: aioredis.Redis, name: str) -> bool:
+    """FT.DROPINDEX `name`, keeping its documents (replay deletes a generation's keys itself); False when
+    there was no such index."""
+    try:
+        await r.execute_command("FT.DROPINDEX", name)
+        return True
+    except ResponseError as exc:
+        if "unknown index name" in str(exc).lower() or "no such index" in str(exc).lower():
+            return False
+        raise

@@ -1,6 +1,6 @@
 """Regimes: where time-ordered outcomes change, decided by the episodes alone (pure, no I/O).
 
-Facts (`services.consolidator.facts`) and the strategy advice of `/v1/strategy` and `/v1/suggest`
+Facts (`services.consolidator.facts_plan`) and the strategy advice of `/v1/strategy` and `/v1/suggest`
 (`services.query.insights`) both need to know when what used to work stopped working. Two adjacent
 runs of time-ordered episodes, `older` then `newer`, are a *flip* when
 

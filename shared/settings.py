@@ -220,7 +220,7 @@ class Settings:
     facts_min_cluster: int = 3
     facts_distance: float | None = None
     """`ENGRAM_FACTS_DISTANCE`: the clustering threshold; None (unset) = the default calibrated for the
-    index's embedder (`services.consolidator.facts.DEFAULT_DISTANCE`)."""
+    index's embedder (`services.consolidator.facts_plan.DEFAULT_DISTANCE`)."""
     facts_min_interval: float = 10.0
     """`ENGRAM_FACTS_MIN_INTERVAL`: a worker re-consolidates one scope at most this often (seconds)."""
     facts_max_episodes: int = 2000

@@ -27,7 +27,7 @@ The distributions overlap (a broad family's join height exceeds two related fami
 threshold is right everywhere. The rule: the largest threshold at which at most MAX_CHAINED (1%) of the
 unrelated scenes hold a mixed fact — as many families whole as possible, unrelated ones not chained.
 It is then checked on a third draw of the corpus (other task/note pairings, other scenes). The chosen
-defaults live in `services.consolidator.facts.DEFAULT_DISTANCE`; docs/architecture.md "Facts" records the
+defaults live in `services.consolidator.facts_plan.DEFAULT_DISTANCE`; docs/architecture.md "Facts" records the
 figures.
 """
 
@@ -450,7 +450,7 @@ class Score:
 
 def score(vectors: np.ndarray, labels: Sequence[str], scenes: Sequence[Sequence[int]], threshold: float,
           min_cluster: int = 3) -> Score:
-    from services.consolidator.facts import cluster
+    from services.consolidator.facts_plan import cluster
 
     right = whole = one_fact = chained = families = 0
     for rows in scenes:

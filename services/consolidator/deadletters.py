@@ -1,14 +1,36 @@
-"""List and re-drive dead letters (entries the consolidator could not project)."""
+"""Dead letters (entries the consolidator could not project): the one owner of their writes, reads,
+re-drives and deletes.
+
+A dead letter is a copy of the stream entry with its reason (`shared.streams.dead_letter`, which XACKs
+the original atomically). When its payload still names an episode, both copies of its data are linked
+to the episode (`Keys.dead_letter_refs`: stream id -> dead-letter id, and its user under DEAD_REF_USER)
+and the episode to its user (`Keys.user_dead_letters`), so that forgetting the episode or the user
+deletes them. Those of a forgotten user whose payloads are sealed are found by their key reference.
+The reason of a sealed entry names fields, never their values (`withhold_values`). The stream commands
+themselves stay in `shared.streams`.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from shared import streams
-from shared.codec import peek_identity
+from shared.codec import payload_ref, peek_identity
 from shared.keys import Keys
+
+DEAD_REF_USER = b"@user"
+"""Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def withhold_values(reason: str) -> str:
+    """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
+    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext."""
+    return _QUOTED.sub("'…'", reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +69,79 @@ async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None 
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
     return len(chosen)
+
+
+async def dead_letter(redis: aioredis.Redis, keys: Keys, entry: streams.Entry, reason: str, *, consumer: str,
+                      group: str) -> None:
+    """Move `entry` to the dead letters and, when its payload still names an episode, link both
+    copies of its data to the episode (and its user) so that forgetting them deletes the copies
+    (found by new-user trials: dead letters outlived the forget of their episode or user)."""
+    k = keys
+    dead_id = await streams.dead_letter(redis, k.dead_letters, entry, reason, consumer,
+                                        source_stream=k.stream, group=group)
+    ident = peek_identity(entry.payload) if entry.payload else None
+    if ident is None:
+        return
+    namespace, episode_id, user_id, occurred_at = ident
+    refs = {entry.stream_id: dead_id}
+    if user_id is not None:
+        refs[DEAD_REF_USER] = user_id.encode()
+        await redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
+    await redis.hset(k.dead_letter_refs(namespace, episode_id), mapping=refs)
+    forgotten = bool(await redis.exists(k.tombstone(namespace, episode_id)))
+    if not forgotten and user_id is not None:
+        at = await redis.get(k.user_tombstone(namespace, user_id))
+        forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
+    if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
+        await delete_dead_letters(redis, keys, namespace, episode_id)
+
+
+async def has_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, episode_id: str) -> bool:
+    """Whether some of the episode's events are dead-lettered (linked to it)."""
+    return bool(await redis.exists(keys.dead_letter_refs(namespace, episode_id)))
+
+
+async def delete_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, episode_id: str) -> None:
+    """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
+    the links (its id from its user's set too)."""
+    key = keys.dead_letter_refs(namespace, episode_id)
+    refs = await redis.hgetall(key)
+    user = refs.pop(DEAD_REF_USER, None)
+    if refs:
+        await streams.delete(redis, keys.stream, sorted(refs))
+        await streams.delete(redis, keys.dead_letters, sorted(refs.values()))
+    if user is not None:
+        await redis.srem(keys.user_dead_letters(namespace, user.decode()), episode_id)
+    await redis.delete(key)
+
+
+async def delete_user_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, user_id: str,
+                                   *, sealed_ref: bytes | None) -> None:
+    """Delete the dead letters of a forgotten user's episodes, including ones that never had a document,
+    and, with `sealed_ref` (the user's data-key reference), every dead letter sealed with that key."""
+    dead_key = keys.user_dead_letters(namespace, user_id)
+    for episode_id in await redis.smembers(dead_key):
+        await delete_dead_letters(redis, keys, namespace, episode_id.decode())
+    await redis.delete(dead_key)
+    if sealed_ref is not None:
+        await delete_sealed_dead_letters(redis, keys, sealed_ref)
+
+
+async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: bytes) -> int:
+    """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
+    the ciphertext, so they are found by the key reference) and their original entries."""
+    gone = 0
+    cursor: bytes | str = "-"
+    while True:
+        page = await streams.read_range_raw(redis, keys.dead_letters, cursor, "+", count=500)
+        if cursor != "-":
+            page = [row for row in page if row[0] != cursor]
+        if not page:
+            return gone
+        hits = [(dead_id, f.get(b"sid")) for dead_id, f in page
+                if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
+        if hits:
+            await streams.delete(redis, keys.dead_letters, [d for d, _ in hits])
+            await streams.delete(redis, keys.stream, [s for _, s in hits if s])
+            gone += len(hits)
+        cursor = page[-1][0]

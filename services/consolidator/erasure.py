@@ -11,9 +11,9 @@ user's data key: `shared.keyring`). Two copies outlive those deletions until thi
   without it (or for entries written before it, and for facts snapshots, which are not sealed) they
   are plaintext until `compact` rewrites the stream (docs/reliability.md, "Erasure").
 
-`mark_pending` is called by the projector for every erased episode and user; lane 0 of a worker calls
-`housekeep`, which runs `compact` then the AOF rewrite at most once per `ENGRAM_ERASURE_INTERVAL`
-while forgets are pending.
+`mark_pending` is called for every erased episode and user (`services.consolidator.forgetting`); lane 0
+of a worker calls `housekeep`, which runs `compact` then the AOF rewrite at most once per
+`ENGRAM_ERASURE_INTERVAL` while forgets are pending.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,7 +40,6 @@ from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
-import orjson
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import DecodeError, EngramError
@@ -54,102 +52,26 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from services.consolidator import erasure
+from services.consolidator.deadletters import withhold_values
+from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
+from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import streams
-from shared.codec import decode, decode_envelope, occurred_at, payload_ref, sealed_ref, unpack
+from shared.codec import decode, decode_envelope, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
-    DOC_FIELD,
     STATUS_COMPLETED,
-    Scope,
     embedding_text,
     episode_fields,
-    filter_search,
 )
 from shared.keyring import KeyRing
 from shared.keys import Keys
+from shared.settings import Settings
 from shared.tags import TagCodec
 
 log = logging.getLogger("engram.consolidator")
 
-
-def _doc_episode_id(raw: bytes | None) -> str | None:
-    """The episode id of a stored document (the projector wrote it; a broken one is skipped)."""
-    try:
-        eid = orjson.loads(raw).get("episode_id") if raw else None
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return eid if isinstance(eid, str) else None
-
-RECORD_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
-redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[3])
-return {1, redis.call('HLEN', KEYS[2]), redis.call('HGET', KEYS[4], 'embed_hash')}
-"""
-
-REPLACE_DOC_LUA = """
-local function replace_doc(key, blob)
-  local doc = cmsgpack.unpack(blob)
-  local old = redis.call('HMGET', key, 'status', 'last_accessed', 'access_count', 'vector')
-  if old[1] then
-    local has_vector = false
-    for i = 1, #doc, 2 do if doc[i] == 'vector' then has_vector = true break end end
-    if old[2] then doc[#doc + 1] = 'last_accessed' doc[#doc + 1] = old[2] end
-    if old[3] then doc[#doc + 1] = 'access_count' doc[#doc + 1] = old[3] end
-    if old[4] and not has_vector then doc[#doc + 1] = 'vector' doc[#doc + 1] = old[4] end
-    redis.call('DEL', key)
-  end
-  redis.call('HSET', key, unpack(doc))
-  return old[1]
-end
-"""
-"""Writes a document whole. An existing one is replaced, not merged: a field the new fold leaves out (a
-text emptied by a re-published completion) must not stay indexed (found by a new-user trial: the old
-solution still matched a keyword recall). What the query service owns (`last_accessed`,
-`access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
-the old status (nil for a new document)."""
-
-WRITE_LUA = REPLACE_DOC_LUA + """
-if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
-local forgot = redis.call('GET', KEYS[4])
-if forgot and tonumber(forgot) >= tonumber(ARGV[2]) then return -2 end
-if redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
-local was = replace_doc(KEYS[3], ARGV[3])
-if was == 'completed' then return 1 end
-return 2
-"""
-
-PROJECT_LUA = REPLACE_DOC_LUA + """
-local out = {}
-local a = 1
-for e = 0, #KEYS / 5 - 1 do
-  local k = e * 5
-  local n, nsids = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local status
-  if redis.call('EXISTS', KEYS[k + 1]) == 1 then status = -1 else
-    for i = a + 3, a + 2 + 2 * n, 2 do redis.call('HSETNX', KEYS[k + 2], ARGV[i], ARGV[i + 1]) end
-    redis.call('SADD', KEYS[k + 3], unpack(ARGV, a + 3 + 2 * n, a + 2 + 2 * n + nsids))
-    if redis.call('HLEN', KEYS[k + 2]) ~= n then status = 0 else
-      local forgot = redis.call('GET', KEYS[k + 5])
-      if forgot and tonumber(forgot) >= tonumber(ARGV[a + 2]) then status = -2 else
-        local was = replace_doc(KEYS[k + 4], ARGV[a + 3 + 2 * n + nsids])
-        if was == 'completed' then status = 1 else status = 2 end
-      end
-    end
-  end
-  out[e + 1] = status
-  a = a + 4 + 2 * n + nsids
-end
-return out
-"""
-"""The fast path for up to PROJECT_CHUNK episodes. Per episode, KEYS: tombstone, event hash, stream-id
-set, document, user tombstone; ARGV: n events, n stream ids, first occurred_at, (event_id, payload) x n,
-stream ids, the document as one msgpack blob. Per episode it returns -1 (tombstoned: nothing recorded),
-0 (recorded, but the hash holds other events too: fold the stored set), -2 (recorded; its user was
-forgotten after it began), 1 (document rewritten) or 2 (document new, or newly completed)."""
 
 PROJECT_CHUNK = 32
 """Episodes per fast-path call: one call instead of 32 amortises the script's fixed cost on both sides,
@@ -163,27 +85,10 @@ together and then all computed together while Redis sat idle: ~15% of a backlog 
 while the event loop was busy with another lane's batch; two keep Redis fed (make bench, ingest:
 +8-10%)."""
 
-FORGET_USER_LUA = """
-local cur = redis.call('GET', KEYS[1])
-if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
-return 1
-"""
-
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
 
-DEAD_REF_USER = b"@user"
-"""Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
 
 MAX_WRITE_ATTEMPTS = 8
-
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-
-
-def withhold_values(reason: str) -> str:
-    """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
-    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext."""
-    return _QUOTED.sub("'…'", reason)
-
 
 @dataclass(slots=True)
 class BatchResult:
@@ -198,11 +103,14 @@ class Projector:
     """Projects entries into generation `gen` (see module docstring). One per worker process.
 
     `embedder` has `name`, `dim`, `async embed(texts) -> float32[n, dim]` and `truncations`; `tags` is
-    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`).
+    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`); `settings`
+    are the process's (a forget's rebuild of facts takes the scope lease with `lease_ms` and falls back
+    on `facts_min_cluster`).
     """
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int,
-                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None, *, tags: TagCodec):
+                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None, *, tags: TagCodec,
+                 settings: Settings):
         self.redis = redis
         self.tags = tags
         self.keyring = keyring
@@ -213,7 +121,7 @@ class Projector:
         self._record = redis.register_script(RECORD_LUA)
         self._write = redis.register_script(WRITE_LUA)
         self._project = redis.register_script(PROJECT_LUA)
-        self._forget_user = redis.register_script(FORGET_USER_LUA)
+        self.forgetting = Forgetting(redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings)
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
     # --- entry point ----------------------------------------------------------------------------
@@ -230,7 +138,7 @@ class Projector:
                 result.dead.append((entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}"))
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
-            try:  # a dead entry of a forgotten episode is deleted with its dead letter (Worker._dead_letter)
+            try:  # a dead entry of a forgotten episode is deleted with its dead letter (deadletters.dead_letter)
                 event = self._decode(entry.payload, envelope)
                 self._check_vector(event)
             except KeyDestroyed:  # its user was forgotten: unreadable by design, and nothing to keep
@@ -352,7 +260,7 @@ class Projector:
             elif status == 0:  # other events were stored: fold the whole stored set
                 pending.append((ns, eid))
             elif status == -2:  # its user was forgotten after this episode began
-                await self.erase_episode(ns, eid)
+                await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
         # slow path (episodes with only actions in hand; with a model embedder, also those that already
@@ -531,7 +439,7 @@ class Projector:
             if status == 0:
                 retry.append((ns, eid))
             elif status == -2:  # its user was forgotten after this episode began
-                await self.erase_episode(ns, eid)
+                await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
         return retry
@@ -592,115 +500,9 @@ class Projector:
     # --- forgetting and other events -----------------------------------------------------------
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
-            await self.erase_episode(event.namespace, event.episode_id)
+            await self.forgetting.erase_episode(event.namespace, event.episode_id)
         elif isinstance(event, UserForgotten):
-            await self.erase_user(event.namespace, event.user_id, event.occurred_at)
+            await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
-            from services.consolidator.facts import apply_snapshot
+            from services.consolidator.facts_store import apply_snapshot
             await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags)
-
-    async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
-        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
-        (and, unless `facts=False`, rebuild the facts whose evidence named it)."""
-        k, g = self.keys, self.gen
-        await self.redis.set(k.tombstone(namespace, episode_id), 1)
-        await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
-        sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
-        await streams.delete(self.redis, k.stream, sorted(sids))
-        # its dead-lettered events: the stream entry and the dead letter both hold its data
-        await self.delete_dead_letters(namespace, episode_id)
-        await self.redis.delete(k.episode_events(g, namespace, episode_id),
-                                k.episode_stream_ids(g, namespace, episode_id),
-                                k.episode_doc(g, namespace, episode_id))
-        if facts:
-            await self._forget_facts(namespace, [episode_id])
-
-    async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        from services.consolidator.facts import forget_evidence
-        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags)
-
-    async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
-        """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
-        the user's forget time (UTC epoch seconds; the latest forget wins); returns the count.
-
-        An episode whose first event is later than the forget is the user's new activity and is kept,
-        whatever order the forget and the episode are processed in: the write scripts apply the same
-        rule when the episode is written after the forget, and this sweep applies it to documents
-        written before it (found by a new-user trial: a forget processed after a newer episode erased it).
-
-        With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
-        created after the forget: new activity), so that every copy of the user's sealed events is
-        unreadable from that moment, whatever happens to the rest of this sweep.
-        """
-        if self.keyring is not None:
-            await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
-        await erasure.mark_pending(self.redis, self.keys)
-        key = self.keys.user_tombstone(namespace, user_id)
-        await self._forget_user(keys=[key], args=[repr(forgotten_at)])
-        stored = await self.redis.get(key)
-        cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
-        index = self.keys.episode_index(self.gen)
-        scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
-        ids: list[str] = []
-        seen = 0
-        while True:  # the ids come from the documents: the TAG field holds their digests
-            total, hits = await filter_search(self.redis, index, scope, return_fields=(DOC_FIELD,),
-                                              offset=seen, limit=500)
-            seen += len(hits)
-            ids += [eid for hit in hits if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None]
-            if not hits or seen >= total:
-                break
-        erased: list[str] = []
-        for episode_id in ids:
-            first = await self._first_occurred_at(namespace, episode_id)
-            if first is not None and first > cutoff:
-                continue
-            await self.erase_episode(namespace, episode_id, facts=False)
-            erased.append(episode_id)
-        # dead letters of the user's episodes, including ones that never had a document
-        dead_key = self.keys.user_dead_letters(namespace, user_id)
-        for episode_id in await self.redis.smembers(dead_key):
-            await self.delete_dead_letters(namespace, episode_id.decode())
-        await self.redis.delete(dead_key)
-        if self.keyring is not None:
-            await self._delete_sealed_dead_letters(self.keyring.ref(namespace, user_id))
-        await self._forget_facts(namespace, erased)
-        return len(erased)
-
-    async def _delete_sealed_dead_letters(self, ref: bytes) -> int:
-        """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
-        the ciphertext, so they are found by the key reference) and their original entries."""
-        gone = 0
-        cursor: bytes | str = "-"
-        while True:
-            page = await streams.read_range_raw(self.redis, self.keys.dead_letters, cursor, "+", count=500)
-            if cursor != "-":
-                page = [row for row in page if row[0] != cursor]
-            if not page:
-                return gone
-            hits = [(dead_id, f.get(b"sid")) for dead_id, f in page
-                    if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
-            if hits:
-                await streams.delete(self.redis, self.keys.dead_letters, [d for d, _ in hits])
-                await streams.delete(self.redis, self.keys.stream, [s for _, s in hits if s])
-                gone += len(hits)
-            cursor = page[-1][0]
-
-    async def delete_dead_letters(self, namespace: str, episode_id: str) -> None:
-        """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
-        the links (its id from its user's set too)."""
-        key = self.keys.dead_letter_refs(namespace, episode_id)
-        refs = await self.redis.hgetall(key)
-        user = refs.pop(DEAD_REF_USER, None)
-        if refs:
-            await streams.delete(self.redis, self.keys.stream, sorted(refs))
-            await streams.delete(self.redis, self.keys.dead_letters, sorted(refs.values()))
-        if user is not None:
-            await self.redis.srem(self.keys.user_dead_letters(namespace, user.decode()), episode_id)
-        await self.redis.delete(key)
-
-    async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
-        """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""
-        times = [at for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
-                 if (at := occurred_at(payload)) is not None]  # clear in sealed entries too
-        return min(times) if times else None

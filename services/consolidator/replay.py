@@ -21,11 +21,12 @@ import logging
 
 import redis.asyncio as aioredis
 
-from services.consolidator.facts import import_snapshots as import_fact_snapshots
+from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import streams
 from shared.index import (
     current_generation,
+    drop_index,
     ensure_episode_index,
     point_alias_at,
 )
@@ -91,7 +92,8 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
                                       tag_key=await deployment_tag_key(redis, keys, settings.master_key),
                                       point_alias=False)
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
-    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags)
+    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags,
+                          settings=settings)
     snapshot = await _import_snapshot(projector, redis, keys, old)
     await import_fact_snapshots(redis, keys, old, new, dim, tags)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")
@@ -108,7 +110,7 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
     for name in (keys.episode_index(gen), keys.facts_index(gen)):
         try:
-            await redis.execute_command("FT.DROPINDEX", name)
+            await drop_index(redis, name)
         except Exception:  # noqa: BLE001 - a missing index is the normal case
             pass
     dropped = 0

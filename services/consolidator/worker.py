@@ -33,11 +33,10 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from engram_episodic.errors import Conflict
-from services.consolidator import erasure, retention
+from services.consolidator import deadletters, erasure, retention
 from services.consolidator.metrics import WorkerMetrics
-from services.consolidator.projector import DEAD_REF_USER, BatchResult, Projector
+from services.consolidator.projector import BatchResult, Projector
 from shared import streams
-from shared.codec import peek_identity
 from shared.index import (
     EmbedderMismatch,
     VectorParams,
@@ -116,7 +115,7 @@ class Worker:
                                               vector_params(self.settings, self.embedder.dim), self.embedder.name,
                                               tag_key=tag_key, point_alias=True)
             self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics, keyring=self.keyring,
-                                       tags=tags)
+                                       tags=tags, settings=self.settings)
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -318,35 +317,13 @@ class Worker:
     async def _finish(self, result: BatchResult) -> None:
         s = self.settings
         for entry, reason in result.dead:
-            await self._dead_letter(entry, reason)
+            await deadletters.dead_letter(self.redis, self.keys, entry, reason, consumer=self.name,
+                                          group=s.consumer_group)
             self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
         await streams.ack(self.redis, self.keys.stream, s.consumer_group, result.ok)
         for sid in result.ok:
             self.last_errors.pop(sid, None)
-
-    async def _dead_letter(self, entry: streams.Entry, reason: str) -> None:
-        """Move `entry` to the dead letters and, when its payload still names an episode, link both
-        copies of its data to the episode (and its user) so that forgetting them deletes the copies
-        (found by new-user trials: dead letters outlived the forget of their episode or user)."""
-        k = self.keys
-        dead_id = await streams.dead_letter(self.redis, k.dead_letters, entry, reason, self.name,
-                                            source_stream=k.stream, group=self.settings.consumer_group)
-        ident = peek_identity(entry.payload) if entry.payload else None
-        if ident is None:
-            return
-        namespace, episode_id, user_id, occurred_at = ident
-        refs = {entry.stream_id: dead_id}
-        if user_id is not None:
-            refs[DEAD_REF_USER] = user_id.encode()
-            await self.redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
-        await self.redis.hset(k.dead_letter_refs(namespace, episode_id), mapping=refs)
-        forgotten = bool(await self.redis.exists(k.tombstone(namespace, episode_id)))
-        if not forgotten and user_id is not None:
-            at = await self.redis.get(k.user_tombstone(namespace, user_id))
-            forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
-        if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
-            await (await self._projector()).delete_dead_letters(namespace, episode_id)
 
     async def _drop_exhausted(self, claimed: list[streams.Entry]) -> list[streams.Entry]:
         """Dead-letter claimed entries delivered more than `max_deliveries` times."""
@@ -360,7 +337,8 @@ class Worker:
             if n > self.settings.max_deliveries:
                 reason = f"DeliveryLimit: failed {n - 1} deliveries; last error: " \
                          f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
-                await self._dead_letter(streams.Entry(entry.stream_id, entry.payload, n), reason)
+                await deadletters.dead_letter(self.redis, self.keys, streams.Entry(entry.stream_id, entry.payload, n),
+                                              reason, consumer=self.name, group=self.settings.consumer_group)
                 self.metrics.dead_letters.labels("DeliveryLimit").inc()
             else:
                 keep.append(entry)

@@ -23,6 +23,7 @@ from engram_episodic.errors import NotFound
 from engram_episodic.events import EpisodeCompleted, new_event_id
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id, parse_episode
+from services.consolidator import deadletters
 from services.query import facts_routes, insights, models
 from services.query import recall as rc
 from services.query.app import (
@@ -315,7 +316,8 @@ async def delete_episode(request: web.Request) -> web.Response:
             return _json({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
         gen = await current_generation(r, keys)
         # accepted but not yet projected counts too: it would be projected after a refused forget
-        if not await r.exists(keys.episode_events(gen, ns, episode_id), keys.dead_letter_refs(ns, episode_id)) \
+        if not await r.exists(keys.episode_events(gen, ns, episode_id)) \
+                and not await deadletters.has_dead_letters(r, keys, ns, episode_id) \
                 and not await _accepted_not_projected(request, episode_id):
             raise
     event_id = await _client(request).forget_episode(episode_id)

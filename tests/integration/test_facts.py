@@ -15,6 +15,7 @@ from shared.embedding import HashingEmbedder
 from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
 from shared.keys import Keys
 from shared.sdk import EngramClient
+from shared.settings import Settings
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_consolidator import drain
@@ -398,3 +399,31 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
     assert len(triggers) == 8  # 4 batches reach the threshold, for 2 scopes
     assert sorted(r.levelno for r in triggers) == [logging.DEBUG] * 6 + [logging.INFO] * 2
     await cons.aclose()
+
+
+async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis, monkeypatch):
+    """The projector's forget hook built its Consolidator from default Settings, so a forget-triggered
+    rebuild held the scope's lock for the default 30 s lease whatever ENGRAM_LEASE_MS said (issue 18 §5):
+    while the rebuild runs, the lock's PTTL is within the configured lease (2 s in these tests)."""
+    from services.consolidator import facts_forget
+
+    settings, worker, cons = seeded
+    assert settings.lease_ms < Settings().lease_ms
+    await cons.consolidate(FactScope("ns"))
+    await drain(worker)
+    (mig,) = [f for f in await facts(redis, settings) if "mig-0" in f.evidence]
+    keys = Keys(settings.prefix)
+    held: list[tuple[str, int]] = []
+    rebuild = facts_forget._forget_in_scope
+
+    async def spy(consolidator, gen, scope_id, forgotten):
+        held.append((scope_id, await redis.pttl(keys.consolidation_lock(scope_id))))
+        return await rebuild(consolidator, gen, scope_id, forgotten)
+
+    monkeypatch.setattr(facts_forget, "_forget_in_scope", spy)
+    await EngramClient(redis, namespace="ns", prefix=settings.prefix).forget_episode("mig-0")
+    await drain(worker)
+    assert [scope_id for scope_id, _ in held] == [FactScope("ns").scope_id]
+    assert all(0 < pttl <= settings.lease_ms for _, pttl in held), held
+    (again,) = [f for f in await facts(redis, settings) if "mig-1" in f.evidence]
+    assert again.fact_id == mig.fact_id and "mig-0" not in again.evidence and again.support == 9

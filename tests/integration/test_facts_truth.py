@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from services.consolidator.facts import DEFAULT_DISTANCE, Consolidator
+from services.consolidator.facts import Consolidator
+from services.consolidator.facts_plan import DEFAULT_DISTANCE
 from shared.facts import FactScope
 from shared.keys import Keys
 from shared.redis_conn import connect

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engram_episodic.events import Action, Episode, Feedback, Task
-from services.consolidator.facts import Row, build_fact, cluster, plan
+from services.consolidator.facts_plan import Row, build_fact, cluster, plan
 from shared.facts import Fact, FactScope
 
 SCOPE = FactScope("ns")
@@ -162,8 +162,22 @@ def test_property_any_interleaving_of_publishes_and_consolidations_gives_the_sin
 
 
 def test_fact_text_never_calls_a_high_success_rate_mixed():
-    from services.consolidator.facts import _text
+    from services.consolidator.facts_plan import _text
 
     text = _text("best_practice", 9, 9, None, [], [], [], 1.7e9, 1.7e9, ["fix the flaky test"], [])
     assert text.startswith("What works:") and "9 of 9" in text
     assert _text("best_practice", 10, 5, None, [], [], [], 1.7e9, 1.7e9, [], []).startswith("Mixed results:")
+
+
+def test_the_planner_imports_neither_redis_nor_asyncio():
+    """facts_plan is the pure part of consolidation (issue 18): Redis I/O is facts_store's, scheduling the
+    Consolidator's, so planning runs (and is tested) without a server or an event loop."""
+    import ast
+    from pathlib import Path
+
+    from services.consolidator import facts_plan
+
+    tree = ast.parse(Path(facts_plan.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & {"redis", "asyncio"}

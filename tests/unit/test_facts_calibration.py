@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from services.consolidator.calibration import corpus, embed_corpus, scenes, score
-from services.consolidator.facts import DEFAULT_DISTANCE, FALLBACK_DISTANCE, default_distance
+from services.consolidator.facts_plan import DEFAULT_DISTANCE, FALLBACK_DISTANCE, default_distance
 from shared.embedding import HashingEmbedder
 from shared.settings import Settings
 

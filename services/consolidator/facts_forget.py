@@ -1,0 +1,100 @@
+"""Semantic memory: forgetting the evidence of erased episodes.
+
+Forgetting (`forget_evidence`, called by the projector after it erased episodes): every fact whose
+evidence named a forgotten episode is rebuilt from its remaining evidence (or removed below
+`min_cluster`), with the deterministic text; the scope's previous snapshot events are XDEL'd from the
+stream once the new one is published, so neither the projection nor the stream keeps their ids or text.
+
+The rebuild of a scope runs under its lease (the Consolidator's), waiting up to `ENGRAM_LEASE_MS` for a
+consolidation in progress to finish.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import redis.asyncio as aioredis
+
+from services.consolidator.facts import Consolidator
+from services.consolidator.facts_plan import build_fact
+from services.consolidator.facts_store import apply_snapshot, load_rows_by_id, load_state
+from shared import streams
+from shared.facts import STATUS_SUPERSEDED, Fact, FactScope, facts_with_evidence
+from shared.keys import Keys
+from shared.settings import Settings
+from shared.tags import TagCodec
+
+log = logging.getLogger("engram.facts")
+
+
+async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace: str, episode_ids: Sequence[str],
+                          dim: int, tags: TagCodec, *, settings: Settings) -> int:
+    """The projector's forgetting hook: see `forget_with`; `tags` are generation
+    `gen`'s TAG digests. `settings` are the process's: the rebuild takes the scope's lease for
+    ENGRAM_LEASE_MS (defaults here took it for 30 s whatever the deployment's lease, issue 18 §5)."""
+    if not episode_ids:
+        return 0
+    if settings.prefix != keys.prefix:
+        raise ValueError(f"settings are for prefix {settings.prefix!r}, keys for {keys.prefix!r}")
+    consolidator = Consolidator(settings, redis, dim)
+    consolidator._tags[gen] = tags
+    return await forget_with(consolidator, gen, namespace, episode_ids)
+
+
+async def forget_with(cons: Consolidator, gen: int, namespace: str, episode_ids: Sequence[str]) -> int:
+    """Rebuild or remove every fact whose evidence named a forgotten episode; returns facts touched."""
+    affected = await facts_with_evidence(cons.redis, cons.keys.facts_index(gen), namespace, list(episode_ids),
+                                         await cons.tags(gen))
+    by_scope: dict[str, list[Fact]] = {}
+    for f in affected:
+        by_scope.setdefault(f.scope_id, []).append(f)
+    forgotten = set(episode_ids)
+    for scope_id in sorted(by_scope):
+        token = await cons._acquire(scope_id, wait=cons.settings.lease_ms / 1000)
+        if token is None:
+            raise RuntimeError(f"facts scope {scope_id[:12]} stayed locked; the forget will be retried")
+        try:
+            await _forget_in_scope(cons, gen, scope_id, forgotten)
+        finally:
+            await cons._release_lock(scope_id, token)
+    return len(affected)
+
+
+async def _forget_in_scope(cons: Consolidator, gen: int, scope_id: str, forgotten: set[str]) -> None:
+    state = await load_state(cons.redis, cons.keys, gen, scope_id)
+    if not state.facts:
+        return
+    first = state.facts[0]
+    scope = FactScope(first.namespace, first.agent_id, first.category)
+    min_cluster = state.min_cluster or cons.settings.facts_min_cluster
+    now = time.time()
+    facts: list[Fact] = []
+    removed: list[str] = []
+    for f in state.facts:
+        if not forgotten & set(f.evidence):
+            facts.append(f)
+            continue
+        keep = [e for e in f.evidence if e not in forgotten]
+        rows = await load_rows_by_id(cons.redis, cons.keys, gen, f.namespace, keep)
+        rows = [r for r in rows if r.episode_id not in forgotten]
+        if len(rows) < min_cluster:
+            removed.append(f.fact_id)
+            continue
+        rebuilt = build_fact(scope, rows, fact_id=f.fact_id, now=now, created_at=f.created_at,
+                             version=f.version + 1, evidence_since=f.evidence_since, supersedes=f.supersedes)
+        if f.status == STATUS_SUPERSEDED:
+            rebuilt = replace(rebuilt, status=STATUS_SUPERSEDED, superseded_by=f.superseded_by,
+                              superseded_at=f.superseded_at)
+        facts.append(rebuilt)
+    event = cons._event(scope, state.seq + 1, facts, removed, now)
+    sid = await cons.publish(event)
+    await apply_snapshot(cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen))
+    # the older snapshots of this scope still hold the forgotten ids and text: drop them
+    await streams.delete(cons.redis, cons.keys.stream, [s for s in state.sids if s != sid])
+    await cons.redis.hset(cons.keys.fact_scope(gen, scope_id), "sids", json.dumps([sid]))
+    log.info("facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed", scope_id[:12], len(facts),
+             len(removed))

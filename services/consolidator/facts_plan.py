@@ -1,0 +1,319 @@
+"""Semantic memory, the pure part: cluster a scope's episodes and plan its facts (see shared.facts).
+
+Clustering. `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
+the unit episode vectors. `d` is `ENGRAM_FACTS_DISTANCE`, or when unset the default calibrated for the
+embedder the live index was built with (`DEFAULT_DISTANCE`, measured by
+`services.consolidator.calibration` on labelled task families). Chosen over k-means and HDBSCAN because
+(1) it needs no k: the number of task families is unknown and changes; (2) average linkage with a
+distance threshold states the guarantee we want directly — two groups are merged only when their
+*average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
+close episodes, where k-means with too small a k must merge them; (3) it is fully deterministic (no
+random initialisation), so the same episodes always give the same clusters; (4) it is exact on the small
+sets involved (a scope is capped at its newest `ENGRAM_FACTS_MAX_EPISODES` episodes; O(n²) memory).
+HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
+`ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
+
+Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
+regimes where its outcomes, or one strategy's outcomes, flip (`shared.regimes`: success rates on either
+side of 50%, 0.5 apart, each side >= min_cluster episodes, Fisher p <= 0.05). The newest regime is the
+cluster's current fact, each older one a fact it superseded (`status=superseded`, `superseded_by`; the
+newer one `supersedes` it and counts evidence from `evidence_since`). Nothing in this depends on the
+previous facts or on when consolidation ran: any interleaving of publishes and runs ends in the facts
+one run over the same episodes gives (property-tested), and every episode of a large enough cluster is
+in exactly one fact.
+
+Stable ids (`plan`). The previous facts only lend identities: each derived fact takes the id of the
+previous fact (current or superseded) holding the largest share (>= half) of that fact's evidence,
+greedily one to one, and with it `created_at` and `version`. An unchanged fact is kept byte for byte
+(no new version or `updated_at`); a changed one is `version` + 1; the summariser's rewrite stays while
+the deterministic text is the same. Previous superseded facts whose evidence has left the scope's window
+stay as history (at most HISTORY_LIMIT); any other previous fact no derived fact took is removed.
+
+No Redis and no event loop here: the rows come from `services.consolidator.facts_store`, and the
+Consolidator (`services.consolidator.facts`) runs `plan` in a thread.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from sklearn.cluster import AgglomerativeClustering
+
+from engram_episodic.events import Episode
+from engram_episodic.timeutil import format_instant
+from shared.facts import (
+    MAX_TEXT_CHARS,
+    STATUS_CURRENT,
+    STATUS_SUPERSEDED,
+    Fact,
+    FactScope,
+    superseded,
+)
+from shared.keys import digest
+from shared.regimes import segments
+
+HISTORY_LIMIT = 50  # superseded facts kept per scope (newest first)
+DEFAULT_DISTANCE = {"mpnet-base-v2": 0.70, "minilm-l6-v2": 0.69, "hashing-v1": 0.59}
+"""The clustering threshold per embedder when ENGRAM_FACTS_DISTANCE is unset, calibrated on labelled task
+families (`services.consolidator.calibration`; figures in docs/architecture.md "Facts"): the largest
+threshold at which at most 1% of random scopes of 5 unrelated families hold a fact mixing two of them."""
+FALLBACK_DISTANCE = 0.5
+"""Embedders not calibrated (`openai/...`): measure with `python -m services.consolidator.calibration
+--embedder openai` and set ENGRAM_FACTS_DISTANCE."""
+
+
+def default_distance(embedder: str | None) -> float:
+    """The calibrated threshold of the embedder the index was built with (FALLBACK_DISTANCE if unknown)."""
+    return DEFAULT_DISTANCE.get(embedder or "", FALLBACK_DISTANCE)
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One completed episode of a scope with its unit vector."""
+
+    episode: Episode
+    vector: np.ndarray
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
+
+    @property
+    def completed_at(self) -> float:
+        return self.episode.completed_at if self.episode.completed_at is not None else 0.0
+
+
+def _order(rows: Sequence[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
+
+
+# --- clustering and statistics (pure) -------------------------------------------------------------
+def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
+    """Row indices grouped by average-linkage agglomerative clustering on cosine distance.
+
+    Groups are ordered by their smallest index; deterministic for a given input order.
+    """
+    n = len(vectors)
+    if n == 0:
+        return []
+    if n == 1:
+        return [[0]]
+    labels = AgglomerativeClustering(n_clusters=None, metric="cosine", linkage="average",
+                                     distance_threshold=distance).fit_predict(vectors)
+    groups: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(int(label), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _rate(rows: Sequence[Row]) -> float:
+    return sum(r.episode.outcome == "success" for r in rows) / len(rows) if rows else 0.0
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def _failure_messages(ep: Episode) -> list[str]:
+    msgs = [a.error for a in ep.actions if a.error]
+    if not msgs and ep.outcome_details:
+        msgs = [ep.outcome_details]
+    if not msgs and ep.feedback is not None and ep.feedback.message:
+        msgs = [ep.feedback.message]
+    return sorted({_clip(m, 200) for m in msgs if m.strip()})
+
+
+def build_fact(scope: FactScope, rows: Sequence[Row], *, fact_id: str, now: float, created_at: float | None = None,
+               version: int = 1, evidence_since: float | None = None, supersedes: str | None = None) -> Fact:
+    """A fact from its evidence rows: statistics, centroid, confidence, kind and deterministic text."""
+    rows = _order(rows)
+    n = len(rows)
+    eps = [r.episode for r in rows]
+    successes = sum(e.outcome == "success" for e in eps)
+    rate = round(successes / n, 4)
+    rewards = [e.feedback.reward for e in eps if e.feedback is not None and e.feedback.reward is not None]
+    avg_reward = round(float(np.mean(rewards)), 4) if rewards else None
+    by_strategy: dict[str, list[Episode]] = {}
+    for e in eps:
+        if e.strategy_used:
+            by_strategy.setdefault(e.strategy_used, []).append(e)
+    strategies = sorted(
+        ({"strategy": s, "episodes": len(v), "successes": sum(x.outcome == "success" for x in v),
+          "success_rate": round(sum(x.outcome == "success" for x in v) / len(v), 4)} for s, v in by_strategy.items()),
+        key=lambda d: (-d["episodes"], -d["successes"], d["strategy"]))[:5]
+    failures = Counter(m for e in eps if e.outcome != "success" for m in _failure_messages(e))
+    common_failures = [{"message": m, "count": c} for m, c in sorted(failures.items(), key=lambda x: (-x[1], x[0]))[:3]]
+    acts: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for e in eps:
+        for a in e.actions:
+            acts[a.action_type] += 1
+            failed[a.action_type] += bool(a.error) or a.success is False
+    action_types = [{"action_type": t, "count": c, "failed": failed[t]}
+                    for t, c in sorted(acts.items(), key=lambda x: (-x[1], x[0]))[:5]]
+    matrix = np.stack([r.vector for r in rows])
+    centroid = matrix.mean(axis=0)
+    centroid = (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+    cos = matrix @ centroid.astype(np.float64)
+    order = sorted(range(n), key=lambda i: (-round(float(cos[i]), 9), rows[i].episode_id))
+    central = tuple(rows[i].episode_id for i in order[:3])
+    cohesion = float(np.clip(np.mean(cos), 0.0, 1.0))
+    confidence = round(cohesion * n / (n + 2), 4)
+    best = next((s for s in sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
+                 if s["episodes"] >= 2), None)
+    if rate >= 0.7:
+        kind = "strategy" if best is not None and best["success_rate"] >= 0.7 else "best_practice"
+    elif rate <= 0.3:
+        kind = "failure_pattern"
+    else:
+        kind = "best_practice"
+    first_at, last_at = rows[0].completed_at, rows[-1].completed_at
+    tasks = [rows[i].episode.task.description for i in order[:3] if rows[i].episode.task]
+    categories = sorted({e.task.category for e in eps if e.task and e.task.category})
+    text = _text(kind, n, successes, avg_reward, strategies, common_failures, action_types, first_at, last_at,
+                 tasks, categories)
+    return Fact(
+        fact_id=fact_id, namespace=scope.namespace, scope_id=scope.scope_id, level=scope.level,
+        agent_id=scope.agent_id, category=scope.category, kind=kind, text=text, base_text=text,
+        support=n, successes=successes, success_rate=rate, avg_reward=avg_reward,
+        top_strategies=tuple(strategies), common_failures=tuple(common_failures), action_types=tuple(action_types),
+        evidence=tuple(sorted(r.episode_id for r in rows)), central=central,
+        agents=tuple(sorted({e.agent_id for e in eps if e.agent_id})),
+        users=tuple(sorted({e.user_id for e in eps if e.user_id})), categories=tuple(categories),
+        first_at=first_at, last_at=last_at, evidence_since=evidence_since,
+        centroid=tuple(float(x) for x in centroid), confidence=confidence, version=version,
+        created_at=now if created_at is None else created_at, updated_at=now, supersedes=supersedes)
+
+
+_HEAD = {"strategy": "What works", "failure_pattern": "What fails", "best_practice": "Mixed results"}
+
+
+def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategies: list[dict[str, Any]],
+          failures: list[dict[str, Any]], actions: list[dict[str, Any]], first_at: float, last_at: float,
+          tasks: list[str], categories: list[str]) -> str:
+    """The deterministic sentence(s) of a fact, at most MAX_TEXT_CHARS."""
+    subject = f'tasks like "{_clip(tasks[0], 100)}"' if tasks else "these tasks"
+    if categories:
+        subject += f" ({', '.join(_clip(c, 40) for c in categories[:3])})"
+    span = (format_instant(first_at) or "")[:10], (format_instant(last_at) or "")[:10]
+    when = f"on {span[0]}" if span[0] == span[1] else f"between {span[0]} and {span[1]}"
+    # a best practice with a high success rate but no repeated strategy is not "mixed"
+    head = "What works" if kind == "best_practice" and successes >= 0.7 * n else _HEAD[kind]
+    parts = [f"{head}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
+             f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")]
+    if strategies:  # the one that works best first: the text is what an agent follows
+        ranked = sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
+        parts.append("Strategies: " + "; ".join(
+            f"{_clip(s['strategy'], 40)} succeeded {s['successes']} of {s['episodes']}" for s in ranked) + ".")
+    if failures:
+        parts.append("Failures were: " + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in failures) + ".")
+    if actions:
+        parts.append("Common actions: " + ", ".join(f"{_clip(a['action_type'], 30)} ({a['count']})" for a in actions) + ".")
+    return _clip(" ".join(parts), MAX_TEXT_CHARS)
+
+
+def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
+    """A cluster's time-ordered evidence cut where outcomes or a strategy's outcomes flip
+    (`shared.regimes.segments`), oldest first; every regime has at least `min_size` rows."""
+    rows = _order(rows)
+    success = [r.episode.outcome == "success" for r in rows]
+    strategies = [r.episode.strategy_used for r in rows]
+    return [rows[a:b] for a, b in segments(success, strategies, min_size)]
+
+
+def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[list[list[Row]]]:
+    """The scope's fact state as a function of its episodes alone: per cluster of at least `min_cluster`
+    episodes (in the order of their oldest episode), its regimes oldest first. The newest regime is the
+    current fact; each older one is a fact it superseded. No previous state, no clock: the same episodes
+    give the same regimes however (and however often) they were consolidated before."""
+    rows = _order(rows)
+    if not rows:
+        return []
+    groups = [[rows[i] for i in g] for g in cluster(np.stack([r.vector for r in rows]), distance)]
+    return [regimes(g, min_cluster) for g in groups if len(g) >= min_cluster]
+
+
+def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min_cluster: int, distance: float,
+         now: float) -> tuple[list[Fact], list[str]] | None:
+    """The scope's next facts (current and history) and removed ids; None when nothing changes.
+
+    What the facts say (evidence, statistics, kind, text, which one is current) is `derive(rows)`; the
+    previous facts only lend their ids, versions, creation times and summarised texts: each derived fact
+    takes the id of the previous fact (current or superseded) holding the largest share (>= half) of
+    that fact's evidence, greedily one to one; unchanged facts are kept byte for byte. Previous
+    superseded facts whose evidence left the scope's window entirely stay as history; every other
+    previous fact that no derived fact took is removed.
+    """
+    derived = derive(rows, min_cluster=min_cluster, distance=distance)
+    items = [(gi, k, part) for gi, parts in enumerate(derived) for k, part in enumerate(parts)]
+    last = {gi: len(parts) - 1 for gi, parts in enumerate(derived)}
+    prev = {f.fact_id: f for f in previous}
+    # greedy one-to-one matching by the share of the previous fact's evidence found in the derived fact
+    evidence = {fid: set(f.evidence) for fid, f in prev.items() if f.evidence}
+    pairs = []
+    for n, (gi, k, part) in enumerate(items):
+        ids = {r.episode_id for r in part}
+        is_current = k == last[gi]
+        for fid, ev in evidence.items():
+            inter = len(ids & ev)
+            if inter / len(ev) >= 0.5:  # ties: the same status (current with current), then order
+                pairs.append((-inter / len(ev), -inter, (prev[fid].status == STATUS_CURRENT) != is_current, n, fid))
+    match: dict[int, Fact] = {}
+    taken: set[str] = set()
+    for *_, n, fid in sorted(pairs):
+        if n not in match and fid not in taken:
+            match[n] = prev[fid]
+            taken.add(fid)
+    used = set(prev)
+    ids_of: dict[tuple[int, int], str] = {}
+    for n, (gi, k, part) in enumerate(items):
+        ids_of[gi, k] = match[n].fact_id if n in match else _new_id(scope, part[0].episode_id, used)
+    out: list[Fact] = []
+    for n, (gi, k, part) in enumerate(items):
+        fid = ids_of[gi, k]
+        is_current = k == last[gi]
+        since = part[0].completed_at if k > 0 else None
+        supersedes = ids_of[gi, k - 1] if k > 0 else None
+        old = match.get(n)
+        if old is None:
+            fresh = build_fact(scope, part, fact_id=fid, now=now, evidence_since=since, supersedes=supersedes)
+            if not is_current:
+                fresh = superseded(fresh, ids_of[gi, k + 1], now)
+            out.append(fresh)
+            continue
+        fresh = build_fact(scope, part, fact_id=fid, now=old.updated_at, created_at=old.created_at,
+                           version=old.version, evidence_since=since, supersedes=supersedes)
+        if fresh.base_text == old.base_text:  # the summariser's rewrite of the same text stays
+            fresh = replace(fresh, text=old.text, summary=old.summary)
+        if not is_current:
+            at = old.superseded_at if old.status == STATUS_SUPERSEDED and old.superseded_at is not None else now
+            fresh = superseded(fresh, ids_of[gi, k + 1], at)
+        out.append(old if fresh == old else replace(fresh, version=old.version + 1, updated_at=now))
+    window = {r.episode_id for r in rows}
+    aged = [f for f in previous if f.status == STATUS_SUPERSEDED and f.fact_id not in taken
+            and not window & set(f.evidence)]
+    current = [f for f in out if f.status == STATUS_CURRENT]
+    history = sorted([f for f in out if f.status != STATUS_CURRENT] + aged,
+                     key=lambda f: (-(f.superseded_at or 0.0), f.fact_id))[:HISTORY_LIMIT]
+    facts = sorted(current, key=lambda f: f.fact_id) + history
+    kept = {f.fact_id for f in facts}
+    removed = sorted(fid for fid in prev if fid not in kept)
+    if not removed and sorted(facts, key=lambda f: f.fact_id) == sorted(previous, key=lambda f: f.fact_id):
+        return None
+    return facts, removed
+
+
+def _new_id(scope: FactScope, seed: str, used: set[str]) -> str:
+    fid = digest(scope.scope_id, "fact", seed)
+    k = 0
+    while fid in used:
+        k += 1
+        fid = digest(scope.scope_id, "fact", seed, str(k))
+    used.add(fid)
+    return fid

@@ -1,0 +1,190 @@
+"""Semantic memory in Redis: the episode rows facts are built from, and the projection of the facts.
+
+Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index),
+`load_rows_by_id` (the episodes a fact names, which forgetting rebuilds from), `load_state` (a scope's
+applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
+a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
+ignored), both when a run publishes it and when the worker consumes it, so a replay rebuilds facts;
+`import_snapshots` carries every scope's last applied snapshot into a new generation (replay).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from engram_episodic.errors import EngramError, InvalidEpisode
+from engram_episodic.events import FactsConsolidated
+from engram_episodic.shapes import episode_from_stored
+from services.consolidator.facts_plan import Row, _order
+from shared.codec import encode
+from shared.facts import (
+    CENTROID_FIELD,
+    DOC_FIELD,
+    Fact,
+    FactScope,
+    ensure_facts_index,
+    fact_fields,
+    fact_from_doc,
+)
+from shared.index import STATUS_COMPLETED, Scope, current_generation, filter_search
+from shared.keys import Keys
+from shared.tags import TagCodec
+
+log = logging.getLogger("engram.facts")
+
+PAGE = 500
+
+
+def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
+    if not doc or not vector:
+        return None
+    try:
+        episode = episode_from_stored(json.loads(doc))
+    except (TypeError, ValueError, KeyError, AttributeError, EngramError):
+        return None
+    v = np.frombuffer(vector, dtype=np.float32).astype(np.float64)
+    norm = float(np.linalg.norm(v))
+    if not np.isfinite(norm) or norm == 0:
+        return None
+    return Row(episode=episode, vector=v / norm)
+
+
+async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec) -> list[Row]:
+    """The scope's newest `limit` completed episodes with their vectors (FT.SEARCH, paged)."""
+    filters = Scope(namespace=scope.namespace, tags=tags, agent_id=scope.agent_id,
+                    category=(scope.category,) if scope.agent_id is not None and scope.category else (),
+                    status=STATUS_COMPLETED)
+    rows: list[Row] = []
+    offset = 0
+    while offset < limit:
+        n = min(PAGE, limit - offset)
+        _total, page = await filter_search(r, index, filters, return_fields=("doc", "vector"),
+                                           sort_by="completed_at", descending=True, offset=offset, limit=n)
+        for hit in page:
+            row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"))
+            if row is not None:
+                rows.append(row)
+        offset += n
+        if len(page) < n:
+            break
+    return _order(rows)
+
+
+async def load_rows_by_id(r: aioredis.Redis, keys: Keys, gen: int, namespace: str, ids: Sequence[str]) -> list[Row]:
+    """Completed episodes by id (missing, forgotten or draft ones are skipped)."""
+    async with r.pipeline(transaction=False) as pipe:
+        for eid in ids:
+            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status"])
+        raw = await pipe.execute()
+    rows = []
+    for doc, vec, status in raw:
+        if status == STATUS_COMPLETED.encode():
+            row = _row(doc, vec)
+            if row is not None:
+                rows.append(row)
+    return _order(rows)
+
+
+# --- the projection ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ScopeState:
+    seq: int
+    facts: list[Fact]
+    sids: list[str]
+    min_cluster: int | None
+
+
+async def load_state(r: aioredis.Redis, keys: Keys, gen: int, scope_id: str) -> ScopeState:
+    seq, ids, sids, min_cluster = await r.hmget(keys.fact_scope(gen, scope_id), ["seq", "ids", "sids", "min_cluster"])
+    fact_ids = json.loads(ids) if ids else []
+    facts = []
+    if fact_ids:
+        async with r.pipeline(transaction=False) as pipe:
+            for fid in fact_ids:
+                pipe.hmget(keys.fact_doc(gen, fid), [DOC_FIELD, CENTROID_FIELD])
+            for doc, centroid in await pipe.execute():
+                if doc is not None:
+                    facts.append(fact_from_doc(doc, centroid))
+    return ScopeState(seq=int(seq or 0), facts=facts, sids=json.loads(sids) if sids else [],
+                      min_cluster=int(min_cluster) if min_cluster else None)
+
+
+def snapshot_facts(event: FactsConsolidated) -> tuple[FactScope, int, list[Fact]]:
+    """Validate a FactsConsolidated event: its scope, sequence number and facts (InvalidEpisode if bad)."""
+    scope = FactScope.from_data(event.scope)
+    try:
+        seq = int(event.scope.get("seq", "0"))
+    except ValueError:
+        raise InvalidEpisode([("scope.seq", "must be an integer")]) from None
+    facts = [Fact.from_data(f) for f in event.facts]
+    if scope.namespace != event.namespace or scope.scope_id != event.scope.get("scope_id", scope.scope_id) \
+            or any(f.namespace != event.namespace or f.scope_id != scope.scope_id for f in facts):
+        raise InvalidEpisode([("facts", "facts must belong to the event's namespace and scope")])
+    return scope, seq, facts
+
+
+async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsConsolidated,
+                         stream_id: bytes | str | None, dim: int, tags: TagCodec) -> bool:
+    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
+    when an equal or newer one is in."""
+    scope, seq, facts = snapshot_facts(event)
+    await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
+    state_key = keys.fact_scope(gen, scope.scope_id)
+    sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+    async with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                await pipe.watch(state_key)
+                cur_seq, cur_ids, cur_sids = await pipe.hmget(state_key, ["seq", "ids", "sids"])
+                if int(cur_seq or 0) >= seq:
+                    await pipe.unwatch()
+                    return False
+                old_ids = set(json.loads(cur_ids) if cur_ids else [])
+                sids = (json.loads(cur_sids) if cur_sids else []) + ([sid] if sid else [])
+                new_ids = [f.fact_id for f in facts]
+                pipe.multi()
+                for fid in sorted(old_ids - set(new_ids)):
+                    pipe.delete(keys.fact_doc(gen, fid))
+                for f in facts:
+                    pipe.delete(keys.fact_doc(gen, f.fact_id))
+                    pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f, tags))
+                pipe.hset(state_key, mapping={"seq": seq, "ids": json.dumps(new_ids), "sids": json.dumps(sids),
+                                              "namespace": scope.namespace, "event": encode(event),
+                                              "min_cluster": event.scope.get("min_cluster", "")})
+                await pipe.execute()
+                return True
+            except WatchError:
+                continue
+
+
+
+async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int, tags: TagCodec) -> int:
+    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
+
+    The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
+    was built from is kept with its projection state; replaying the stream afterwards applies only newer
+    snapshots (sequence numbers). Returns the number of scopes imported.
+    """
+    from shared.codec import decode
+
+    imported = 0
+    async for key in redis.scan_iter(match=keys.fact_scope(old, "*"), count=500):
+        payload, sids = await redis.hmget(key, ["event", "sids"])
+        if payload is None:
+            continue
+        try:
+            event = decode(payload)
+        except EngramError:
+            log.warning("facts ◆ skipped an unreadable stored snapshot of generation %d", old)
+            continue
+        if isinstance(event, FactsConsolidated) and await apply_snapshot(redis, keys, new, event, None, dim, tags):
+            await redis.hset(keys.fact_scope(new, event.scope.get("scope_id", "")), "sids", sids or b"[]")
+            imported += 1
+    return imported

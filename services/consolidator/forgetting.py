@@ -1,0 +1,125 @@
+"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation.
+
+The projector applies `EpisodeForgotten` and `UserForgotten` events in stream order between its
+episode-event segments, and erases an episode written after its user's forget time (the write scripts
+report it) through the `Forgetting` of its generation. Erasing an episode tombstones it, XDELs the stream
+entries and the dead letters holding its data, deletes its projection, and rebuilds the facts whose
+evidence named it (`services.consolidator.facts_forget`). Erasing a user destroys their data key first
+(with a master key), then erases every episode of theirs that began no later than the forget.
+
+What remains in Redis's files afterwards (the AOF, the stream's listpack nodes) is the housekeeping of
+`services.consolidator.erasure`, which this marks pending.
+"""
+
+from __future__ import annotations
+
+import orjson
+import redis.asyncio as aioredis
+
+from services.consolidator import deadletters, erasure
+from services.consolidator.scripts import FORGET_USER_LUA
+from shared import streams
+from shared.codec import occurred_at
+from shared.index import DOC_FIELD, Scope, filter_search
+from shared.keyring import KeyRing
+from shared.keys import Keys
+from shared.settings import Settings
+from shared.tags import TagCodec
+
+
+def _doc_episode_id(raw: bytes | None) -> str | None:
+    """The episode id of a stored document (the projector wrote it; a broken one is skipped)."""
+    try:
+        eid = orjson.loads(raw).get("episode_id") if raw else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return eid if isinstance(eid, str) else None
+
+
+class Forgetting:
+    """Erases episodes and users from generation `gen` (one per Projector). `embedder` gives the
+    dimension of the facts index that a forget rebuilds; `tags` are the generation's TAG digests;
+    `settings` the process's, which the rebuild of facts uses (its lease, facts_min_cluster)."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int, *, tags: TagCodec,
+                 keyring: KeyRing | None, settings: Settings):
+        self.redis = redis
+        self.settings = settings
+        self.keys = keys
+        self.embedder = embedder
+        self.gen = gen
+        self.tags = tags
+        self.keyring = keyring
+        self._forget_user = redis.register_script(FORGET_USER_LUA)
+
+    async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
+        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
+        (and, unless `facts=False`, rebuild the facts whose evidence named it)."""
+        k, g = self.keys, self.gen
+        await self.redis.set(k.tombstone(namespace, episode_id), 1)
+        await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
+        sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
+        await streams.delete(self.redis, k.stream, sorted(sids))
+        # its dead-lettered events: the stream entry and the dead letter both hold its data
+        await deadletters.delete_dead_letters(self.redis, self.keys, namespace, episode_id)
+        await self.redis.delete(k.episode_events(g, namespace, episode_id),
+                                k.episode_stream_ids(g, namespace, episode_id),
+                                k.episode_doc(g, namespace, episode_id))
+        if facts:
+            await self._forget_facts(namespace, [episode_id])
+
+    async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
+        from services.consolidator.facts_forget import forget_evidence
+        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags,
+                              settings=self.settings)
+
+    async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
+        """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
+        the user's forget time (UTC epoch seconds; the latest forget wins); returns the count.
+
+        An episode whose first event is later than the forget is the user's new activity and is kept,
+        whatever order the forget and the episode are processed in: the write scripts apply the same
+        rule when the episode is written after the forget, and this sweep applies it to documents
+        written before it (found by a new-user trial: a forget processed after a newer episode erased it).
+
+        With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
+        created after the forget: new activity), so that every copy of the user's sealed events is
+        unreadable from that moment, whatever happens to the rest of this sweep.
+        """
+        if self.keyring is not None:
+            await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
+        await erasure.mark_pending(self.redis, self.keys)
+        key = self.keys.user_tombstone(namespace, user_id)
+        await self._forget_user(keys=[key], args=[repr(forgotten_at)])
+        stored = await self.redis.get(key)
+        cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
+        index = self.keys.episode_index(self.gen)
+        scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
+        ids: list[str] = []
+        seen = 0
+        while True:  # the ids come from the documents: the TAG field holds their digests
+            total, hits = await filter_search(self.redis, index, scope, return_fields=(DOC_FIELD,),
+                                              offset=seen, limit=500)
+            seen += len(hits)
+            ids += [eid for hit in hits if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None]
+            if not hits or seen >= total:
+                break
+        erased: list[str] = []
+        for episode_id in ids:
+            first = await self._first_occurred_at(namespace, episode_id)
+            if first is not None and first > cutoff:
+                continue
+            await self.erase_episode(namespace, episode_id, facts=False)
+            erased.append(episode_id)
+        # dead letters of the user's episodes, including ones that never had a document
+        await deadletters.delete_user_dead_letters(
+            self.redis, self.keys, namespace, user_id,
+            sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None)
+        await self._forget_facts(namespace, erased)
+        return len(erased)
+
+    async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
+        """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""
+        times = [at for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
+                 if (at := occurred_at(payload)) is not None]  # clear in sealed entries too
+        return min(times) if times else None

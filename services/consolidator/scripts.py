@@ -1,0 +1,81 @@
+"""The Lua scripts of the projection (services.consolidator.projector) and of forgetting a user.
+
+Each is one atomic step that a check-then-write from Python would split (shared/cases C02): recording
+an episode's events and writing its document only while its event hash holds exactly the events that
+were folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, which share
+`REPLACE_DOC_LUA`), and raising a user's forget time (`FORGET_USER_LUA`).
+"""
+
+RECORD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
+redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+return {1, redis.call('HLEN', KEYS[2]), redis.call('HGET', KEYS[4], 'embed_hash')}
+"""
+
+REPLACE_DOC_LUA = """
+local function replace_doc(key, blob)
+  local doc = cmsgpack.unpack(blob)
+  local old = redis.call('HMGET', key, 'status', 'last_accessed', 'access_count', 'vector')
+  if old[1] then
+    local has_vector = false
+    for i = 1, #doc, 2 do if doc[i] == 'vector' then has_vector = true break end end
+    if old[2] then doc[#doc + 1] = 'last_accessed' doc[#doc + 1] = old[2] end
+    if old[3] then doc[#doc + 1] = 'access_count' doc[#doc + 1] = old[3] end
+    if old[4] and not has_vector then doc[#doc + 1] = 'vector' doc[#doc + 1] = old[4] end
+    redis.call('DEL', key)
+  end
+  redis.call('HSET', key, unpack(doc))
+  return old[1]
+end
+"""
+"""Writes a document whole. An existing one is replaced, not merged: a field the new fold leaves out (a
+text emptied by a re-published completion) must not stay indexed (found by a new-user trial: the old
+solution still matched a keyword recall). What the query service owns (`last_accessed`,
+`access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
+the old status (nil for a new document)."""
+
+WRITE_LUA = REPLACE_DOC_LUA + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+local forgot = redis.call('GET', KEYS[4])
+if forgot and tonumber(forgot) >= tonumber(ARGV[2]) then return -2 end
+if redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
+local was = replace_doc(KEYS[3], ARGV[3])
+if was == 'completed' then return 1 end
+return 2
+"""
+
+PROJECT_LUA = REPLACE_DOC_LUA + """
+local out = {}
+local a = 1
+for e = 0, #KEYS / 5 - 1 do
+  local k = e * 5
+  local n, nsids = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local status
+  if redis.call('EXISTS', KEYS[k + 1]) == 1 then status = -1 else
+    for i = a + 3, a + 2 + 2 * n, 2 do redis.call('HSETNX', KEYS[k + 2], ARGV[i], ARGV[i + 1]) end
+    redis.call('SADD', KEYS[k + 3], unpack(ARGV, a + 3 + 2 * n, a + 2 + 2 * n + nsids))
+    if redis.call('HLEN', KEYS[k + 2]) ~= n then status = 0 else
+      local forgot = redis.call('GET', KEYS[k + 5])
+      if forgot and tonumber(forgot) >= tonumber(ARGV[a + 2]) then status = -2 else
+        local was = replace_doc(KEYS[k + 4], ARGV[a + 3 + 2 * n + nsids])
+        if was == 'completed' then status = 1 else status = 2 end
+      end
+    end
+  end
+  out[e + 1] = status
+  a = a + 4 + 2 * n + nsids
+end
+return out
+"""
+"""The fast path for up to PROJECT_CHUNK episodes. Per episode, KEYS: tombstone, event hash, stream-id
+set, document, user tombstone; ARGV: n events, n stream ids, first occurred_at, (event_id, payload) x n,
+stream ids, the document as one msgpack blob. Per episode it returns -1 (tombstoned: nothing recorded),
+0 (recorded, but the hash holds other events too: fold the stored set), -2 (recorded; its user was
+forgotten after it began), 1 (document rewritten) or 2 (document new, or newly completed)."""
+
+FORGET_USER_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
