@@ -18,13 +18,13 @@ raised: the SDK never reports success for an event Redis did not acknowledge.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.backoff import EqualJitterBackoff
 
 from engram_episodic.drafts import EpisodeDraft, finished_episode
 from engram_episodic.errors import Backpressure, ConfigError, InvalidEpisode, PublishError
@@ -45,6 +45,7 @@ from shared.codec import encode
 from shared.keyring import shared_ring
 from shared.keys import Keys
 from shared.redis_conn import connect
+from shared.retry import Backoff
 
 _EVENT_CLASSES = frozenset(EVENT_TYPES.values())
 
@@ -141,6 +142,7 @@ class EngramClient:
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError):
             pass  # Redis unreachable or hanging: the publish loop below retries and reports it
         attempt = 0
+        backoff = Backoff(EqualJitterBackoff(cap=1.0, base=0.05))  # 50-100 ms, doubling up to 0.5-1 s
         last: Exception | None = None
         maybe_stored = False
         while True:
@@ -167,8 +169,7 @@ class EngramClient:
             attempt += 1
             if attempt > self.retries:
                 break
-            backoff = min(1.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2)
-            await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
         why = f"{type(last).__name__}: {last}" if last else "the deadline passed before an attempt"
         if maybe_stored:
             raise PublishError(

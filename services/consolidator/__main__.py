@@ -7,14 +7,17 @@ gracefully (the batch in hand is projected and acked, then exit 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 
 import click
+import redis.asyncio as aioredis
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
@@ -32,12 +35,24 @@ def _settings(**overrides) -> Settings:
     return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
 
 
-async def _open(settings: Settings):
-    from shared.embedding import make_embedder
+@contextlib.asynccontextmanager
+async def _redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     from shared.redis_conn import connect
 
     redis = connect(settings.redis_url)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+async def _open(stack: contextlib.AsyncExitStack, settings: Settings):
+    """Redis and the loaded embedder, each closed by `stack` (also when a later step of start-up fails)."""
+    from shared.embedding import make_embedder
+
+    redis = await stack.enter_async_context(_redis(settings))
     embedder = make_embedder(settings)
+    stack.push_async_callback(embedder.aclose)
     if hasattr(embedder, "load"):
         await embedder.load()
     await embedder.ensure_dim()
@@ -47,41 +62,39 @@ async def _open(settings: Settings):
 async def _run(settings: Settings) -> int:
     from prometheus_client import start_http_server
 
+    from services.consolidator.facts import Consolidator
     from services.consolidator.metrics import WorkerMetrics
+    from services.consolidator.summarizer import Summarizer
     from services.consolidator.worker import Worker
 
-    redis, embedder = await _open(settings)
-    metrics = WorkerMetrics()
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    from services.consolidator.facts import Consolidator
-    from services.consolidator.summarizer import Summarizer
-
-    summarizer = Summarizer.from_settings(settings, failures_metric=metrics.summarizer_failures)
-    worker = Worker(settings, redis, embedder, metrics=metrics)
-    facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True,
-                         backlogged=lambda: worker.backlogged)
-    worker.on_batch = facts.on_batch
-    # Everything loaded so far (modules, the model, clients) lives as long as the process: freezing it
-    # keeps the collector's full passes off it. Those passes took 40-75 ms each on this worker's heap,
-    # with the event loop stopped and Redis left idle (seen as gaps in `make bench`'s ingest); frozen,
-    # 3-5 ms.
-    gc.freeze()
-    try:
-        await worker.run(stop)
-    except (Conflict, ConfigError) as exc:  # another embedder's index, another master key, no master key
-        logging.getLogger("engram.consolidator").error("%s", exc)
-        return 2
-    finally:
-        await facts.aclose()
+    # one exit stack owns every resource of the process, closed in reverse order however start-up ends
+    async with contextlib.AsyncExitStack() as stack:
+        redis, embedder = await _open(stack, settings)
+        metrics = WorkerMetrics()
+        if settings.metrics_port:
+            start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        summarizer = Summarizer.from_settings(settings, failures_metric=metrics.summarizer_failures)
         if summarizer is not None:
-            await summarizer.aclose()
-        await embedder.aclose()
-        await redis.aclose()
+            stack.push_async_callback(summarizer.aclose)
+        worker: Worker | None = None
+        facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True,
+                             backlogged=lambda: worker is not None and worker.backlogged)
+        stack.push_async_callback(facts.aclose)
+        worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
+        # Everything loaded so far (modules, the model, clients) lives as long as the process: freezing it
+        # keeps the collector's full passes off it. Those passes took 40-75 ms each on this worker's heap,
+        # with the event loop stopped and Redis left idle (seen as gaps in `make bench`'s ingest); frozen,
+        # 3-5 ms.
+        gc.freeze()
+        try:
+            await worker.run(stop)
+        except (Conflict, ConfigError) as exc:  # another embedder's index, another master key, no master key
+            logging.getLogger("engram.consolidator").error("%s", exc)
+            return 2
     return 0
 
 
@@ -108,17 +121,13 @@ def dead_letters(limit: int) -> None:
     """List dead letters as JSON lines (id, original stream id, reason)."""
     from services.consolidator.deadletters import list_dead_letters
     from shared.keys import Keys
-    from shared.redis_conn import connect
 
     async def go():
         settings = _settings()
-        redis = connect(settings.redis_url)
-        try:
+        async with _redis(settings) as redis:
             for d in await list_dead_letters(redis, Keys(settings.prefix), limit=limit):
                 click.echo(json.dumps({"id": d.dead_id, "stream_id": d.stream_id, "reason": d.reason,
                                        "consumer": d.consumer, "at": d.at, "bytes": len(d.payload)}))
-        finally:
-            await redis.aclose()
 
     asyncio.run(go())
 
@@ -131,7 +140,6 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
     from services.consolidator.deadletters import list_dead_letters
     from services.consolidator.deadletters import redrive as do_redrive
     from shared.keys import Keys
-    from shared.redis_conn import connect
 
     if not ids and not all_:
         raise click.UsageError("name dead-letter ids or pass --all")
@@ -140,15 +148,12 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
 
     async def go():
         settings = _settings()
-        redis = connect(settings.redis_url)
-        try:
+        async with _redis(settings) as redis:
             if not all_:
                 known = {d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix), limit=1_000_000)}
                 unknown = [i for i in ids if i not in known]
             n = await do_redrive(redis, Keys(settings.prefix), None if all_ else list(ids))
             click.echo(f"re-driven {n} dead letter(s)")
-        finally:
-            await redis.aclose()
         if not all_ and unknown:  # a typo must not look like success (new-user trial)
             raise click.ClickException(f"no dead letter has the id(s) {', '.join(unknown)} "
                                        "(see `dead-letters` for the ids)")
@@ -161,12 +166,9 @@ def _replay(**overrides) -> None:
 
     async def go():
         settings = _settings(**overrides)
-        redis, embedder = await _open(settings)
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            redis, embedder = await _open(stack, settings)
             click.echo(json.dumps(await do_replay(settings, redis, embedder)))
-        finally:
-            await embedder.aclose()
-            await redis.aclose()
 
     asyncio.run(go())
 
@@ -194,7 +196,6 @@ def rotate_master_key(new_key_file: str) -> None:
     from shared.crypto import MasterKey, read_master_key_file
     from shared.keyring import KeyRing
     from shared.keys import Keys
-    from shared.redis_conn import connect
 
     settings = _settings()
     if settings.master_key is None:
@@ -208,11 +209,8 @@ def rotate_master_key(new_key_file: str) -> None:
         raise click.ClickException("--new-key-file holds the current master key")
 
     async def go():
-        redis = connect(settings.redis_url)
-        try:
+        async with _redis(settings) as redis:
             counts = await KeyRing(Keys(settings.prefix), old).rotate(redis, new)
-        finally:
-            await redis.aclose()
         click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
 
     try:
@@ -230,15 +228,11 @@ def erase_now() -> None:
     from services.consolidator import erasure
     from shared.keyring import KeyRing
     from shared.keys import Keys
-    from shared.redis_conn import connect
 
     async def go():
         settings = _settings()
-        redis = connect(settings.redis_url)
-        try:
+        async with _redis(settings) as redis:
             click.echo(json.dumps(await erasure.run(redis, Keys(settings.prefix), KeyRing.from_settings(settings))))
-        finally:
-            await redis.aclose()
 
     asyncio.run(go())
 

@@ -46,6 +46,7 @@ from shared.index import (
 )
 from shared.keyring import KeyRing, require_plaintext_deployment
 from shared.keys import Keys
+from shared.retry import TRANSIENT, Backoff, until_available, wait_or_stop
 from shared.settings import Settings
 
 log = logging.getLogger("engram.consolidator")
@@ -128,43 +129,43 @@ class Worker:
         EmbedderMismatch; met later, it pauses the lanes (`_pause`). Any other Conflict in a lane stops
         the others after their batch in hand.
         """
-        backoff = 0.1
-        while True:  # Redis may be down or loading when the worker starts: wait for it, as the lanes do
-            try:
-                await self.setup()
-                break
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-                if stop.is_set():
-                    return
-                log.warning("worker %s ◆ redis unavailable at start (%s); retrying in %.1fs", self.name, exc, backoff)
-                await _wait(stop, backoff)
-                backoff = min(backoff * 2, 5.0)
+        # Redis may be down or loading when the worker starts: wait for it, as the lanes do
+        if await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop) is None:
+            return
         log.info("worker %s ◆ consuming %s as group %s ◆ %d batch(es) in flight", self.name, self.keys.stream,
                  self.settings.consumer_group, self.settings.in_flight)
         halt = asyncio.Event()
-        lanes = [asyncio.create_task(self._lane(stop, halt, housekeeping=i == 0))
-                 for i in range(self.settings.in_flight)]
+        conflicts: list[Conflict] = []
         try:
-            await asyncio.gather(*lanes)
+            # a lane never raises out of the group: a Conflict halts the others after their batch in hand
+            # (cancelling one mid-batch is unsafe: redis-py can swallow a cancellation), then re-raises here
+            async with asyncio.TaskGroup() as lanes:
+                for i in range(self.settings.in_flight):
+                    lanes.create_task(self._lane(stop, halt, conflicts, housekeeping=i == 0), name=f"lane-{i}")
         finally:
-            halt.set()
-            await asyncio.gather(*lanes, return_exceptions=True)
             if self._erasure is not None:  # a rewrite in progress goes on in Redis; the mark stays pending
                 self._erasure.cancel()
+        if conflicts:
+            raise conflicts[0]
         try:  # a worker that stopped cleanly leaves no consumer behind in XINFO CONSUMERS
             await streams.retire_consumer(self.redis, self.keys.stream, self.settings.consumer_group, self.name)
         except (redis_errors.RedisError, OSError) as exc:
             log.warning("worker %s ◆ could not remove its consumer: %s", self.name, exc)
         log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
 
-    async def _lane(self, stop: asyncio.Event, halt: asyncio.Event, *, housekeeping: bool) -> None:
+    async def _setup_done(self) -> bool:
+        await self.setup()
+        return True
+
+    async def _lane(self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *,
+                    housekeeping: bool) -> None:
         last_info = 0.0
         last_trim = time.monotonic()
-        backoff = 0.1
+        backoff = Backoff()
         while not stop.is_set() and not halt.is_set():
             try:
                 await self.turn()
-                backoff = 0.1
+                backoff.reset()
                 if self.paused_by is not None:
                     log.warning("worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; "
                                 "resuming", self.name, self.embedder.name, self.embedder.dim)
@@ -185,21 +186,21 @@ class Worker:
                 self._erasure_housekeeping()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (issue 15)
                 self._pause(exc)
-                await _wait(stop, MISMATCH_CHECK_SECONDS)
-            except Conflict:
+                await wait_or_stop(stop, MISMATCH_CHECK_SECONDS)
+            except Conflict as exc:
+                conflicts.append(exc)
                 halt.set()
-                raise
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-                log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, backoff)
-                await _wait(stop, backoff)
-                backoff = min(backoff * 2, 5.0)
+                return
+            except TRANSIENT as exc:
+                delay = backoff.next()
+                log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
+                await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
                     await streams.ensure_group(self.redis, self.keys.stream, self.settings.consumer_group)
                     continue
                 log.exception("worker %s ◆ redis error", self.name)
-                await _wait(stop, backoff)
-                backoff = min(backoff * 2, 5.0)
+                await wait_or_stop(stop, backoff.next())
 
     def _pause(self, exc: EmbedderMismatch) -> None:
         """Note that the live index uses another embedder; say so now and every MISMATCH_LOG_SECONDS
@@ -349,10 +350,3 @@ class Worker:
         self.metrics.lag.set(info["lag"])
         self.metrics.pending.set(info["pending"])
         return info
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass

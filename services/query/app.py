@@ -8,7 +8,7 @@ its message.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.query.auth import auth_middleware
 from services.query.metrics import Metrics
@@ -28,6 +26,7 @@ from shared.index import LiveTags, Scope, VectorParams, current_generation, ensu
 from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.redis_conn import connect
+from shared.retry import until_available
 from shared.settings import Settings
 
 log = logging.getLogger("engram.query")
@@ -59,39 +58,40 @@ def vector_params(settings: Settings, dim: int) -> VectorParams:
 def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        own_redis = redis is None
-        if own_redis and not settings.redis_url:
+        if redis is None and not settings.redis_url:
             raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
-        r = connect(settings.redis_url) if own_redis else redis
-        own_embedder = embedder is None
-        e = make_embedder(settings) if own_embedder else embedder
-        try:
+        # what this context opens, it closes (in reverse order), however start-up ends; injected resources
+        # belong to the caller
+        async with contextlib.AsyncExitStack() as stack:
+            r = redis
+            if r is None:
+                r = connect(settings.redis_url)
+                stack.push_async_callback(r.aclose)
+            e = embedder
+            if e is None:
+                e = make_embedder(settings)
+                stack.push_async_callback(e.aclose)
             if hasattr(e, "load"):
                 await e.load()
             dim = await e.ensure_dim()
             keys = app[KEYS]
-            backoff = 0.1
-            while True:  # Redis down or loading at start: wait for it (one exiting service stops `make run`)
-                try:
-                    gen = await current_generation(r, keys)
-                    tag_key = await deployment_tag_key(r, keys, settings.master_key)
-                    await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key)
-                    break
-                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                    log.warning("redis unavailable at start (%s); retrying in %.1fs", exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+
+            async def open_index() -> tuple[int, bytes | None]:
+                gen = await current_generation(r, keys)
+                tag_key = await deployment_tag_key(r, keys, settings.master_key)
+                await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key)
+                return gen, tag_key
+
+            # Redis down or loading at start: wait for it (one exiting service stops `make run`)
+            opened = await until_available(open_index, what="start of the query service", log=log)
+            assert opened is not None  # no stop event: it returns only once Redis answered
+            gen, tag_key = opened
             app[REDIS] = r
             app[EMBEDDER] = e
             app[TAGS] = LiveTags(keys, tag_key)
             log.info("query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
                      settings.prefix, e.name, dim, gen, len(settings.api_keys))
             yield
-        finally:
-            if own_embedder:
-                await e.aclose()
-            if own_redis:
-                await r.aclose()
     return ctx
 
 
