@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import orjson
 
 from bench.common import (
     http_pool,
@@ -96,10 +97,11 @@ async def stored_vectors(redis_url: str, prefix: str, convs: list[Conversation])
         async for key in r.scan_iter(match=f"{prefix}*", count=1000):
             if await r.type(key) != b"hash":
                 continue
-            ns, eid, vec = await r.hmget(key, "namespace", "episode_id", "vector")
-            if ns is None or eid is None or vec is None or ns.decode() not in wanted:
+            # the id from the document: the episode_id TAG field holds a digest (shared.tags)
+            ns, doc, vec = await r.hmget(key, "namespace", "doc", "vector")
+            if ns is None or doc is None or vec is None or ns.decode() not in wanted:
                 continue
-            out[ns.decode()][eid.decode()] = np.frombuffer(vec, dtype=np.float32).copy()
+            out[ns.decode()][orjson.loads(doc)["episode_id"]] = np.frombuffer(vec, dtype=np.float32).copy()
     finally:
         await r.aclose()
     return out
