@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from engram_episodic.errors import ConfigError
 from shared.redis_conn import check_url
@@ -149,101 +150,155 @@ def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str
     return keys
 
 
+# --- declaring a setting ---------------------------------------------------------------------------
+Parse = Callable[[str, str], Any]
+"""(raw text, variable name) -> value; raw is never empty (unset or empty means the default)."""
+
+
+def integer(lo: int, hi: int) -> Parse:
+    def parse(raw: str, name: str) -> int:
+        return env_int({name: raw}, name, 0, lo, hi)
+    return parse
+
+
+def number(lo: float, hi: float) -> Parse:
+    def parse(raw: str, name: str) -> float:
+        return _float({name: raw}, name, 0.0, lo, hi)
+    return parse
+
+
+def duration(raw: str, name: str) -> float:
+    return parse_duration(raw, name=name)
+
+
+def duration_or_off(raw: str, name: str) -> float | None:
+    """A duration, or None for `off` / `none`."""
+    return None if raw.strip().lower() in ("off", "none") else parse_duration(raw, name=name)
+
+
+def choice(*choices: str) -> Parse:
+    def parse(raw: str, name: str) -> str:
+        return _choice({name: raw}, name, "", choices)
+    return parse
+
+
+def text(raw: str, name: str) -> str:
+    return raw
+
+
+def prefix_text(raw: str, name: str) -> str:
+    if any(ch.isspace() for ch in raw):
+        raise ConfigError(f"{name}={raw!r} must be non-empty and contain no whitespace")
+    return raw
+
+
+def env(variable: str, default: Any, parse: Parse = text) -> Any:
+    """A Settings field read from `variable`, declared once (its default, its parser, its name) and read
+    by `Settings.from_env` (unset or empty: the default). docs/configuration.md lists every variable
+    (tests/unit/test_docs_configuration.py keeps it complete)."""
+    return field(default=default, metadata={"env": variable, "parse": parse})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    """Every tunable of Engram. Times are seconds; see docs/configuration.md for the table."""
+    """Every tunable of Engram. Times are seconds; see docs/configuration.md for the table.
 
-    redis_url: str | None = None
+    Each field read from the environment is declared once, with `env(VARIABLE, default, parser)`;
+    `from_env` reads them all. The API keys, the master key and the metrics key are read by hand (files,
+    mutual exclusion, secrets never echoed)."""
+
+    redis_url: str | None = env("REDIS_URL", None)
     """`REDIS_URL`; None means 'start/use the embedded Redis' (dev, tests, make run)."""
-    prefix: str = "engram:"
+    prefix: str = env("ENGRAM_PREFIX", "engram:", prefix_text)
     """`ENGRAM_PREFIX`: every key Engram writes starts with it (tests use one per test)."""
 
     # embedding
-    embedder: str = "auto"
-    embed_dim: int = 384
-    embed_batch_size: int = 64
-    embed_max_chars: int = 2000
-    model_cache: str | None = None
+    embedder: str = env("ENGRAM_EMBEDDER", "auto", choice("auto", "hashing", "minilm", "mpnet", "openai"))
+    embed_dim: int = env("ENGRAM_EMBED_DIM", 384, integer(8, 8192))
+    embed_batch_size: int = env("ENGRAM_EMBED_BATCH_SIZE", 64, integer(1, 4096))
+    embed_max_chars: int = env("ENGRAM_EMBED_MAX_CHARS", 2000, integer(16, 1_000_000))
+    model_cache: str | None = env("ENGRAM_MODEL_CACHE", None)
     """`ENGRAM_MODEL_CACHE`: where models shipped as archives (mpnet) are unpacked; None = ~/.cache/engram."""
-    openai_url: str | None = None
-    openai_model: str = "text-embedding-3-small"
-    openai_api_key: str | None = None
-    openai_timeout: float = 30.0
+    openai_url: str | None = env("ENGRAM_OPENAI_URL", None)
+    openai_model: str = env("ENGRAM_OPENAI_MODEL", "text-embedding-3-small")
+    openai_api_key: str | None = env("ENGRAM_OPENAI_API_KEY", None)
+    openai_timeout: float = env("ENGRAM_OPENAI_TIMEOUT", 30.0, duration)
 
     # index
-    vector_algorithm: str = "HNSW"
-    hnsw_m: int = 16
-    hnsw_ef_construction: int = 200
-    hnsw_ef_runtime: int = 100
+    vector_algorithm: str = env("ENGRAM_VECTOR_ALGORITHM", "HNSW", choice("HNSW", "FLAT"))
+    hnsw_m: int = env("ENGRAM_HNSW_M", 16, integer(2, 512))
+    hnsw_ef_construction: int = env("ENGRAM_HNSW_EF_CONSTRUCTION", 200, integer(4, 4096))
+    hnsw_ef_runtime: int = env("ENGRAM_HNSW_EF_RUNTIME", 100, integer(1, 4096))
 
     # consolidator
-    consumer_group: str = "consolidator"
-    consumer_name: str | None = None
-    batch_size: int = 256
-    in_flight: int = 4
+    consumer_group: str = env("ENGRAM_CONSUMER_GROUP", "consolidator")
+    consumer_name: str | None = env("ENGRAM_CONSUMER_NAME", None)
+    batch_size: int = env("ENGRAM_BATCH_SIZE", 256, integer(1, 10_000))
+    in_flight: int = env("ENGRAM_IN_FLIGHT", 4, integer(1, 16))
     """`ENGRAM_IN_FLIGHT`: batches one worker projects concurrently, so Redis writes one batch while the
     worker decodes and folds the next (docs/benchmarks.md: the single-lane loop left both idle in turn)."""
-    block_ms: int = 1000
-    lease_ms: int = 30_000
-    max_deliveries: int = 5
-    short_term_window: int = 5
-    metrics_port: int = 0
+    block_ms: int = env("ENGRAM_BLOCK_MS", 1000, integer(1, 60_000))
+    lease_ms: int = env("ENGRAM_LEASE_MS", 30_000, integer(10, 3_600_000))
+    max_deliveries: int = env("ENGRAM_MAX_DELIVERIES", 5, integer(1, 1000))
+    short_term_window: int = env("ENGRAM_SHORT_TERM_WINDOW", 5, integer(1, 1000))
+    metrics_port: int = env("ENGRAM_METRICS_PORT", 0, integer(0, 65535))
 
     # recall defaults
-    recall_mode: str = "hybrid"
+    recall_mode: str = env("ENGRAM_RECALL_MODE", "hybrid", choice("vector", "keyword", "hybrid"))
     """`ENGRAM_RECALL_MODE`: vector | keyword | hybrid, when a request names none (docs/benchmarks.md)."""
-    recall_candidates: int = 100
+    recall_candidates: int = env("ENGRAM_RECALL_CANDIDATES", 100, integer(1, 1000))
     """`ENGRAM_RECALL_CANDIDATES`: hits each candidate list (KNN, BM25, and the recency / reward /
     importance lists when those carry weight) contributes to the pool a recall re-ranks. Independent
     of `top_k`, so a larger `top_k` only extends the same ranking (issue 17 §1)."""
-    query_cache: int = 4096
+    query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
-    half_life: float = 86400.0
-    default_top_k: int = 3
+    half_life: float = env("ENGRAM_HALF_LIFE", 86400.0, duration)
+    default_top_k: int = env("ENGRAM_DEFAULT_TOP_K", 3, integer(1, 100))
 
     # query service
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = env("ENGRAM_HOST", "127.0.0.1")
+    port: int = env("ENGRAM_PORT", 8080, integer(0, 65535))
     api_keys: dict[str, str] = field(default_factory=dict)
+    """`ENGRAM_API_KEYS` and `ENGRAM_API_KEYS_FILE` (read by `from_env`): {key: namespace}."""
     metrics_key: str | None = None
     """`ENGRAM_METRICS_KEY`: with API keys set, the only key that reads /metrics (tenant keys get 403)."""
-    default_namespace: str = "default"
-    max_body_bytes: int = 4 * 1024 * 1024
+    default_namespace: str = env("ENGRAM_DEFAULT_NAMESPACE", "default")
+    max_body_bytes: int = env("ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, integer(1024, 1 << 30))
 
     # SDK / publishing
-    publish_timeout: float = 5.0
-    publish_retries: int = 100
+    publish_timeout: float = env("ENGRAM_PUBLISH_TIMEOUT", 5.0, duration)
+    publish_retries: int = env("ENGRAM_PUBLISH_RETRIES", 100, integer(0, 1000))
 
     # facts (semantic memory)
-    facts_every: int = 20
-    facts_importance_threshold: float = 150.0
-    facts_min_cluster: int = 3
-    facts_distance: float | None = None
+    facts_every: int = env("ENGRAM_FACTS_EVERY", 20, integer(1, 1_000_000))
+    facts_importance_threshold: float = env("ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, number(1.0, 1e9))
+    facts_min_cluster: int = env("ENGRAM_FACTS_MIN_CLUSTER", 3, integer(2, 10_000))
+    facts_distance: float | None = env("ENGRAM_FACTS_DISTANCE", None, number(0.01, 1.99))
     """`ENGRAM_FACTS_DISTANCE`: the clustering threshold; None (unset) = the default calibrated for the
     index's embedder (`services.consolidator.facts_plan.DEFAULT_DISTANCE`)."""
-    facts_min_interval: float = 10.0
+    facts_min_interval: float = env("ENGRAM_FACTS_MIN_INTERVAL", 10.0, duration)
     """`ENGRAM_FACTS_MIN_INTERVAL`: a worker re-consolidates one scope at most this often (seconds)."""
-    facts_max_episodes: int = 2000
-    summarizer_url: str | None = None
-    summarizer_model: str = "gpt-4o-mini"
-    summarizer_api_key: str | None = None
-    summarizer_timeout: float = 20.0
-    summarizer_max_chars: int = 600
+    facts_max_episodes: int = env("ENGRAM_FACTS_MAX_EPISODES", 2000, integer(10, 100_000))
+    summarizer_url: str | None = env("ENGRAM_SUMMARIZER_URL", None)
+    summarizer_model: str = env("ENGRAM_SUMMARIZER_MODEL", "gpt-4o-mini")
+    summarizer_api_key: str | None = env("ENGRAM_SUMMARIZER_API_KEY", None)
+    summarizer_timeout: float = env("ENGRAM_SUMMARIZER_TIMEOUT", 20.0, duration)
+    summarizer_max_chars: int = env("ENGRAM_SUMMARIZER_MAX_CHARS", 600, integer(50, 1000))
 
     # backpressure and retention
-    max_lag: int = 100_000
-    max_clock_skew: float = 300.0
+    max_lag: int = env("ENGRAM_MAX_LAG", 100_000, integer(1, 1 << 40))
+    max_clock_skew: float = env("ENGRAM_MAX_CLOCK_SKEW", 300.0, duration)
     """`ENGRAM_MAX_CLOCK_SKEW`: how far in the future an ingested instant may lie (seconds; HTTP edge)."""
-    stream_retention: float | None = 7 * 86400.0
+    stream_retention: float | None = env("ENGRAM_STREAM_RETENTION", 7 * 86400.0, duration_or_off)
     """`ENGRAM_STREAM_RETENTION`: acked entries older than this are trimmed; `off` keeps everything."""
-    retention_interval: float = 60.0
+    retention_interval: float = env("ENGRAM_RETENTION_INTERVAL", 60.0, duration)
 
     # erasure (docs/reliability.md, "Erasure")
     master_key: bytes | None = field(default=None, repr=False)
     """`ENGRAM_MASTER_KEY` (base64 of 32 bytes) or `ENGRAM_MASTER_KEY_FILE` (a file holding that text):
     with a key, stream payloads are sealed per user (shared.crypto); None = plaintext (tests' default).
     Never logged, never sent to Redis."""
-    erasure_interval: float | None = 600.0
+    erasure_interval: float | None = env("ENGRAM_ERASURE_INTERVAL", 600.0, duration_or_off)
     """`ENGRAM_ERASURE_INTERVAL`: after forgets, the stream is compacted and the AOF rewritten
     (services.consolidator.erasure) at most this often; `off` never (then run `python -m
     services.consolidator erase-now`)."""
@@ -265,66 +320,14 @@ class Settings:
                     api_keys.update(parse_api_keys(fh.read(), name="ENGRAM_API_KEYS_FILE"))
             except OSError as exc:
                 raise ConfigError(f"ENGRAM_API_KEYS_FILE={path!r} cannot be read: {exc.strerror}") from None
-        prefix = env.get("ENGRAM_PREFIX", "engram:")
-        if not prefix or any(ch.isspace() for ch in prefix):
-            raise ConfigError(f"ENGRAM_PREFIX={prefix!r} must be non-empty and contain no whitespace")
+        if env.get("ENGRAM_PREFIX") == "":
+            raise ConfigError("ENGRAM_PREFIX='' must be non-empty and contain no whitespace")
         _check_startup_values(env)
-        master_key = _master_key(env)
-        return cls(
-            master_key=master_key,
-            redis_url=env.get("REDIS_URL") or None,
-            prefix=prefix,
-            embedder=_choice(env, "ENGRAM_EMBEDDER", "auto", ("auto", "hashing", "minilm", "mpnet", "openai")),
-            embed_dim=env_int(env, "ENGRAM_EMBED_DIM", 384, 8, 8192),
-            embed_batch_size=env_int(env, "ENGRAM_EMBED_BATCH_SIZE", 64, 1, 4096),
-            embed_max_chars=env_int(env, "ENGRAM_EMBED_MAX_CHARS", 2000, 16, 1_000_000),
-            model_cache=env.get("ENGRAM_MODEL_CACHE") or None,
-            openai_url=env.get("ENGRAM_OPENAI_URL") or None,
-            openai_model=env.get("ENGRAM_OPENAI_MODEL", "text-embedding-3-small"),
-            openai_api_key=env.get("ENGRAM_OPENAI_API_KEY") or None,
-            openai_timeout=_duration(env, "ENGRAM_OPENAI_TIMEOUT", 30.0),
-            vector_algorithm=_choice(env, "ENGRAM_VECTOR_ALGORITHM", "HNSW", ("HNSW", "FLAT")),
-            hnsw_m=env_int(env, "ENGRAM_HNSW_M", 16, 2, 512),
-            hnsw_ef_construction=env_int(env, "ENGRAM_HNSW_EF_CONSTRUCTION", 200, 4, 4096),
-            hnsw_ef_runtime=env_int(env, "ENGRAM_HNSW_EF_RUNTIME", 100, 1, 4096),
-            consumer_group=env.get("ENGRAM_CONSUMER_GROUP", "consolidator"),
-            consumer_name=env.get("ENGRAM_CONSUMER_NAME") or None,
-            batch_size=env_int(env, "ENGRAM_BATCH_SIZE", 256, 1, 10_000),
-            in_flight=env_int(env, "ENGRAM_IN_FLIGHT", 4, 1, 16),
-            block_ms=env_int(env, "ENGRAM_BLOCK_MS", 1000, 1, 60_000),
-            lease_ms=env_int(env, "ENGRAM_LEASE_MS", 30_000, 10, 3_600_000),
-            max_deliveries=env_int(env, "ENGRAM_MAX_DELIVERIES", 5, 1, 1000),
-            short_term_window=env_int(env, "ENGRAM_SHORT_TERM_WINDOW", 5, 1, 1000),
-            metrics_port=env_int(env, "ENGRAM_METRICS_PORT", 0, 0, 65535),
-            recall_mode=_choice(env, "ENGRAM_RECALL_MODE", "hybrid", ("vector", "keyword", "hybrid")),
-            recall_candidates=env_int(env, "ENGRAM_RECALL_CANDIDATES", 100, 1, 1000),
-            query_cache=env_int(env, "ENGRAM_QUERY_CACHE", 4096, 0, 1_000_000),
-            half_life=_duration(env, "ENGRAM_HALF_LIFE", 86400.0),
-            default_top_k=env_int(env, "ENGRAM_DEFAULT_TOP_K", 3, 1, 100),
-            host=env.get("ENGRAM_HOST", "127.0.0.1"),
-            port=env_int(env, "ENGRAM_PORT", 8080, 0, 65535),
-            api_keys=api_keys,
-            metrics_key=_metrics_key(env, api_keys),
-            default_namespace=env.get("ENGRAM_DEFAULT_NAMESPACE", "default"),
-            max_body_bytes=env_int(env, "ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 1 << 30),
-            publish_timeout=_duration(env, "ENGRAM_PUBLISH_TIMEOUT", 5.0),
-            publish_retries=env_int(env, "ENGRAM_PUBLISH_RETRIES", 100, 0, 1000),
-            facts_every=env_int(env, "ENGRAM_FACTS_EVERY", 20, 1, 1_000_000),
-            facts_importance_threshold=_float(env, "ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, 1.0, 1e9),
-            facts_min_cluster=env_int(env, "ENGRAM_FACTS_MIN_CLUSTER", 3, 2, 10_000),
-            facts_distance=_float(env, "ENGRAM_FACTS_DISTANCE", None, 0.01, 1.99),  # None: per embedder
-            facts_min_interval=_duration(env, "ENGRAM_FACTS_MIN_INTERVAL", 10.0),
-            facts_max_episodes=env_int(env, "ENGRAM_FACTS_MAX_EPISODES", 2000, 10, 100_000),
-            summarizer_url=env.get("ENGRAM_SUMMARIZER_URL") or None,
-            summarizer_model=env.get("ENGRAM_SUMMARIZER_MODEL", "gpt-4o-mini"),
-            summarizer_api_key=env.get("ENGRAM_SUMMARIZER_API_KEY") or None,
-            summarizer_timeout=_duration(env, "ENGRAM_SUMMARIZER_TIMEOUT", 20.0),
-            summarizer_max_chars=env_int(env, "ENGRAM_SUMMARIZER_MAX_CHARS", 600, 50, 1000),
-            max_lag=env_int(env, "ENGRAM_MAX_LAG", 100_000, 1, 1 << 40),
-            max_clock_skew=_duration(env, "ENGRAM_MAX_CLOCK_SKEW", 300.0),
-            stream_retention=(None if env.get("ENGRAM_STREAM_RETENTION", "").strip().lower() in ("off", "none")
-                              else _duration(env, "ENGRAM_STREAM_RETENTION", 7 * 86400.0)),
-            retention_interval=_duration(env, "ENGRAM_RETENTION_INTERVAL", 60.0),
-            erasure_interval=(None if env.get("ENGRAM_ERASURE_INTERVAL", "").strip().lower() in ("off", "none")
-                              else _duration(env, "ENGRAM_ERASURE_INTERVAL", 600.0)),
-        )
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            variable = f.metadata.get("env")
+            raw = env.get(variable) if variable else None
+            if raw is not None and raw != "":
+                values[f.name] = f.metadata["parse"](raw, variable)
+        return cls(**values, api_keys=api_keys, metrics_key=_metrics_key(env, api_keys),
+                   master_key=_master_key(env))

@@ -61,3 +61,19 @@ def test_values_that_used_to_fail_later_are_refused_at_start(env, said):
     with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
         Settings.from_env(env)
     assert Settings.from_env({"ENGRAM_LOG_LEVEL": "debug"})  # any case: the services upper-case it
+
+
+def test_every_setting_is_declared_once_and_an_empty_environment_gives_the_defaults():
+    """Issue 18 §4: a default was written twice (the field and from_env) and could drift; now a field
+    names its variable, default and parser once, and from_env reads exactly those."""
+    import dataclasses
+
+    from shared.settings import Settings
+
+    declared = [f.metadata["env"] for f in dataclasses.fields(Settings) if "env" in f.metadata]
+    assert len(declared) == len(set(declared)) and len(declared) > 40
+    assert Settings.from_env({}) == Settings()
+    # empty means unset (a compose file passes `VAR=` for unset ones), except where empty is refused
+    refused = {"ENGRAM_PREFIX", "ENGRAM_DEFAULT_NAMESPACE", "ENGRAM_CONSUMER_GROUP"}
+    assert Settings.from_env({name: "" for name in declared if name not in refused}) == Settings()
+    assert Settings.from_env({"ENGRAM_STREAM_RETENTION": "off", "ENGRAM_HNSW_M": "32"}).stream_retention is None
