@@ -216,8 +216,13 @@ def _params(options: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _path(value: str, name: str) -> str:
+    """`value` as one URL path segment. `.` and `..` are valid ids but dot segments, which URL
+    normalisation removes (`/v1/users/..` became `/v1`: a 404 for a forget, found by a new-user trial),
+    so their dots are percent-encoded (the server decodes `%2E` back to `.`)."""
     if not isinstance(value, str) or not value:
         raise InvalidEpisode([(name, "must be a non-empty string")])
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 

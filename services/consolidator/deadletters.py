@@ -138,10 +138,15 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
             page = [row for row in page if row[0] != cursor]
         if not page:
             return gone
-        hits = [(dead_id, f.get(b"sid")) for dead_id, f in page
+        hits = [(dead_id, f.get(b"sid"), f.get(b"e") or b"") for dead_id, f in page
                 if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
         if hits:
-            await streams.delete(redis, keys.dead_letters, [d for d, _ in hits])
-            await streams.delete(redis, keys.stream, [s for _, s in hits if s])
+            await streams.delete(redis, keys.dead_letters, [d for d, _, _ in hits])
+            await streams.delete(redis, keys.stream, [s for _, s, _ in hits if s])
+            # and the episode's link to them (named in clear by the envelope), which outlived them
+            links = {keys.dead_letter_refs(ident[0], ident[1]) for _, _, payload in hits
+                     if (ident := peek_identity(payload)) is not None}
+            if links:
+                await redis.delete(*links)
             gone += len(hits)
         cursor = page[-1][0]

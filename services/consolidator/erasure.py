@@ -104,7 +104,7 @@ COPY_TTL = 3600
 
 
 async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attempts: int = 3,
-                  keyring: KeyRing | None = None) -> dict:
+                  keyring: KeyRing | None = None, stream: str | None = None) -> dict:
     """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
     only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
     then holds. The live entries are copied, ids unchanged, into a new key page by page (the
@@ -112,8 +112,10 @@ async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attemp
     the stream while it runs. With `keyring` (a master key), episode events written before encryption
     are sealed as they are copied (the migration of a plaintext deployment). Returns {compacted,
     entries, resealed, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
-    bytes_before, bytes_after}."""
-    stream, tmp = keys.stream, keys.stream_compaction
+    bytes_before, bytes_after}. `stream` is the episode stream by default; the dead-letter stream is
+    compacted the same way (its deleted entries held forgotten payloads too)."""
+    stream = stream or keys.stream
+    tmp = keys.stream_compaction if stream == keys.stream else f"{stream}:compacting"
     started = time.perf_counter()
     before = int(await redis.memory_usage(stream, samples=0) or 0)
     swap = redis.register_script(SWAP_LUA)
@@ -207,14 +209,87 @@ async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
         await asyncio.sleep(0.05)
 
 
+FORGET_TYPES = frozenset({"UserForgotten", "EpisodeForgotten"})
+
+
+def _sid(value: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (value.decode() if isinstance(value, bytes) else value).partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int = 1000) -> int:
+    """XDEL the forget events every consumer group has applied and acked: a `UserForgotten` names its
+    user, sealed under the namespace's key, which is never destroyed (found by a new-user trial: the
+    master key still opened it after the erasure pass), and an `EpisodeForgotten` names its episode.
+    Once applied they are not needed: the tombstones they left (`Keys.user_tombstone`,
+    `Keys.tombstone`) are what keeps a replay, or a late event, from bringing the data back. Skipped
+    while a replay builds a new generation (its catch-up pass may still have to read them). Returns
+    how many were dropped; the compaction that follows removes their bytes."""
+    from shared.index import current_generation
+
+    gen = await current_generation(redis, keys)
+    if await redis.hexists(keys.meta, f"g{gen + 1}:embedder"):
+        return 0
+    try:
+        groups = await redis.xinfo_groups(keys.stream)
+    except ResponseError:
+        return 0
+    if not groups:
+        return 0
+    horizon = min(_sid(g["last-delivered-id"]) for g in groups)
+    pending: set[bytes] = set()
+    for g in groups:
+        start = "-"
+        while True:
+            rows = await redis.xpending_range(keys.stream, g["name"], min=start, max="+", count=page)
+            if not rows:
+                break
+            pending.update(r["message_id"] if isinstance(r["message_id"], bytes) else r["message_id"].encode()
+                           for r in rows)
+            start = "(" + (rows[-1]["message_id"].decode() if isinstance(rows[-1]["message_id"], bytes)
+                           else rows[-1]["message_id"])
+    dropped, last = 0, "-"
+    while True:
+        rows = await redis.xrange(keys.stream, min=last, max="+", count=page)
+        if last != "-":
+            rows = rows[1:]
+        if not rows:
+            return dropped
+        gone = []
+        for sid, fields in rows:
+            if _sid(sid) > horizon:
+                break
+            if sid in pending:
+                continue
+            try:
+                kind = unpack(fields.get(streams.FIELD) or b"").get("type")
+            except EngramError:
+                continue
+            if kind in FORGET_TYPES:
+                gone.append(sid)
+        if gone:
+            await streams.delete(redis, keys.stream, gone)
+            dropped += len(gone)
+        if _sid(rows[-1][0]) > horizon:
+            return dropped
+        last = rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0]
+
+
 async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:
     """One erasure pass now: compact the stream (sealing plaintext entries on the way when `keyring`
     is given), then rewrite the AOF (whose new base is then taken from the compacted stream). Returns
     what it did and how long each step took."""
     started = time.perf_counter()
+    forgets = await drop_applied_forgets(redis, keys)
     compaction = await compact(redis, keys, keyring=keyring)
+    # dead letters hold the payload of the entry they failed on (found by a new-user trial: a forgotten
+    # user's dead letter was still in the RDB and the AOF base after the pass); no resealing: a dead
+    # letter keeps its bytes as they were for redrive
+    dead = await compact(redis, keys, stream=keys.dead_letters)
     rewritten = await rewrite_aof(redis)
-    return {"compaction": compaction, "aof_rewritten": rewritten, "seconds": round(time.perf_counter() - started, 3)}
+    return {"forget_events_dropped": forgets, "compaction": compaction, "dead_letters_compaction": dead,
+            "aof_rewritten": rewritten,
+            "seconds": round(time.perf_counter() - started, 3)}
 
 
 async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int,

@@ -286,3 +286,19 @@ async def test_the_final_error_says_an_earlier_attempt_may_have_been_applied(fla
         with pytest.raises(RateLimited) as limited:
             await memory.record(task="t", outcome="success", episode_id="fixed-id")
     assert limited.value.maybe_applied and limited.value.episode_ids == ("fixed-id",)
+
+
+@pytest.mark.parametrize("odd_id", [".", "..", "a/b", "%2E", "x?y#z"])
+async def test_ids_that_are_dot_segments_or_url_syntax_reach_their_route(tenants, settings, redis, odd_id):
+    """`.` and `..` are valid ids but URL dot segments: normalisation turned `/v1/users/..` into `/v1`
+    (a 404 on a forget that never answers 404, found by a new-user trial of erasure)."""
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        await memory.record(task="an episode with an odd id", outcome="success", episode_id=odd_id, user_id=odd_id)
+        await drain(settings, redis)
+        stored = await memory.get_episode(odd_id)
+        assert stored.episode.episode_id == odd_id and stored.episode.user_id == odd_id
+        assert (await memory.forget_user(odd_id)).user_id == odd_id
+        await drain(settings, redis)
+        with pytest.raises(ResourceNotFound):
+            await memory.get_episode(odd_id)
+        assert (await memory.forget_episode(odd_id)).episode_id == odd_id  # already forgotten, not a 404

@@ -4,6 +4,7 @@ key, nothing forgotten stays on disk (RDB, AOF), replay and dead letters, key ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -13,13 +14,13 @@ import msgpack
 import pytest
 
 from deploy.embedded_redis import EmbeddedRedis, free_port
-from engram_episodic.errors import ConfigError
+from engram_episodic.errors import ConfigError, EngramError
 from engram_episodic.events import EpisodeCompleted, UserForgotten
 from engram_episodic.validation import parse_episode
 from services.consolidator.deadletters import list_dead_letters
 from services.consolidator.replay import replay
 from shared import streams
-from shared.codec import encode
+from shared.codec import decode, encode, payload_ref
 from shared.crypto import MasterKey, MasterKeyMismatch, read_master_key_file
 from shared.embedding import HashingEmbedder
 from shared.index import Scope, count
@@ -167,15 +168,32 @@ async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
         await redis.save()
         on_disk = b"".join(_files_under(data_dir).values())
         assert all(s in on_disk for s in secrets[:4])  # the projection held them, so the test can see them
+        # and a dead letter of the user's, next to one of someone else's
+        await client.record(episode("dead-forgotten", task={"description": secrets[0].decode()},
+                                    user_id=secrets[4].decode(), vector=[0.5] * 3))
+        await client.record(episode("dead-kept", task={"description": kept[0].decode()}, user_id="someone-else",
+                                    vector=[0.5] * 3))
+        await drain(worker)
         await client.forget_user(secrets[4].decode())
         await drain(worker)
-        await erasure.rewrite_aof(redis)  # what the erasure housekeeping runs after forgets
+        await erasure.run(redis, Keys(settings.prefix), worker.keyring)  # what the housekeeping runs after forgets
         await redis.save()
+        ring = KeyRing(Keys(settings.prefix), MasterKey(master_key))
+        await ring.load(redis)
+        rows = await redis.xrange(Keys(settings.prefix).stream)
+        await ring.prefetch(redis, [ref for _, f in rows if (ref := payload_ref(f[b"e"])) is not None])
+        opened = []
+        for _, f in rows:
+            with contextlib.suppress(EngramError):  # shredded entries do not open: that is the point
+                opened.append(decode(f[b"e"], ring.lookup))
+        # not even the master key opens an event naming the forgotten user (the applied forget is dropped)
+        assert opened and not any(getattr(e, "user_id", None) == secrets[4].decode() for e in opened)
         files = _files_under(data_dir)
         assert "dump.rdb" in files and any(name.startswith("appendonlydir/") for name in files)
         for name, content in files.items():
-            for secret in secrets:
+            for secret in [*secrets, b"dead-forgotten"]:  # the dead letter's episode id was in clear
                 assert secret not in content, (name, secret)
+        assert b"dead-kept" in files["dump.rdb"]
         assert all(k in files["dump.rdb"] for k in kept)
         assert all(any(k in c for n, c in files.items() if n.startswith("appendonlydir/")) for k in kept)
     finally:
@@ -204,6 +222,15 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     await drain(worker)
     assert await list_dead_letters(redis, keys) == []
     assert len(await redis.xrange(keys.stream)) == 1  # the forget alone
+    # no link of the forgotten episodes to their dead letters is left (a new-user trial found them)
+    assert not await redis.exists(keys.dead_letter_refs("ns", "dim"), keys.dead_letter_refs("ns", "late"))
+    # the erasure pass drops the applied forget (its user id was readable with the master key) and
+    # compacts both streams
+    from services.consolidator import erasure
+
+    report = await erasure.run(redis, keys, worker.keyring)
+    assert report["forget_events_dropped"] == 1 and report["dead_letters_compaction"]["compacted"] in (True, False)
+    assert await redis.xrange(keys.stream) == []
 
 
 async def _sealed_payload(ring: KeyRing, redis, event) -> bytes:

@@ -375,6 +375,13 @@ async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, p
             assert (await raw_http(client, raw))[0] == 400
         assert (await raw_http(client, get_with_auth(b"Bearer " + KEY_A.encode() + b"\xa0")))[0] == 401
         assert (await raw_http(client, get_with_auth(b"Bearer " + KEY_A.encode())))[0] == 200
+        # ids in paths and query strings never reach the access log (a forgotten user's id did)
+        for request in (b"DELETE /v1/users/SECRET-USER-path HTTP/1.1\r\n",
+                        b"GET /v1/learning-curve?user_id=SECRET-USER-query HTTP/1.1\r\n",
+                        b"GET /v1/episodes/SECRET-EPISODE HTTP/1.1\r\n", b"GET /no/SECRET-ROUTE HTTP/1.1\r\n"):
+            status = (await raw_http(client, request + b"Host: x\r\nAuthorization: Bearer " + KEY_A.encode()
+                                     + b"\r\nConnection: close\r\n\r\n"))[0]
+            assert status in (200, 202, 404), (request, status)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
@@ -382,6 +389,9 @@ async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, p
     assert code == 0, text
     assert "listening on" in text and "aiohttp.access" in text, text  # it did log, at DEBUG
     assert KEY_A not in text and "Traceback" not in text, text
+    assert "SECRET-" not in text, text
+    assert '"DELETE /v1/users/{user_id}" 202' in text and '"GET /v1/learning-curve" 200' in text, text
+    assert '"GET <no route>" 404' in text, text
 
 
 async def test_metrics_need_the_metrics_key_when_api_keys_are_set(make_client):
