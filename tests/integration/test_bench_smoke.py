@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

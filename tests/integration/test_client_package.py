@@ -21,6 +21,8 @@ import pytest
 from tests.integration.test_query_e2e import consolidating
 from tests.integration.test_query_support import KEY_A
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 pytest_plugins = ["tests.integration.test_query_support"]
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("torch", "scikit-learn", "uvloop", "prometheus-client", "redis", "aiohttp", "numpy", "sentence-transformers")

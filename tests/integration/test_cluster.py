@@ -20,6 +20,8 @@ from deploy.embedded_redis import (
 from shared.redis_conn import connect_cluster
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

@@ -30,6 +30,8 @@ from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.unit.test_compose import REDIS_CONF, service_argv, service_env
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 N_EPISODES = 1500
 N_WORKERS = 3

@@ -13,6 +13,8 @@ import pytest
 
 from bench.locomo import DEFAULT_DATA, load, normalise_evidence, question_metrics
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

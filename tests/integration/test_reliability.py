@@ -27,6 +27,8 @@ from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import episode
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 pytest_plugins = ["tests.integration.test_query_support"]
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from bench.locomo import DEFAULT_DATA
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

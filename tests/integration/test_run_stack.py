@@ -15,6 +15,8 @@ import pytest
 from deploy.embedded_redis import free_port
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

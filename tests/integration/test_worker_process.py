@@ -8,12 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from shared import streams
 from shared.index import Scope, count
 from shared.keys import Keys
 from shared.sdk import EngramClient
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
 ROOT = Path(__file__).resolve().parents[2]
 
