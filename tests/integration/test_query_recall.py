@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -286,9 +287,20 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     answer = await resp.json()
     assert ids(answer) == ["both"] and answer["candidates"] == 11  # every episode: 100 per list by default
 
+    # With lists 1 deep the pool is the two lists' heads. RediSearch's BM25 scores of these documents vary
+    # from one Redis process to the next (measured: 'kwbest' 3.63 or 4.99 for the same data), so which
+    # document heads the keyword list is read from Redis rather than assumed (a flake before).
+    from shared.index import Scope, bm25_search
+    from shared.keys import Keys
+
+    heads = {"vecbest"}  # cosine 1: the KNN head, whatever BM25 does
+    keyword_head = await bm25_search(redis, Keys(prefix).episode_index_alias, Scope(namespace="default", tags=BLAKE2B),
+                                     q, 1, return_fields=("doc",))
+    heads |= {json.loads(h.fields[b"doc"])["episode_id"] for h in keyword_head}
     shallow = await make_client(TableEmbedder(256, {q: unit(1.0)}), recall_candidates=1)
     resp = await shallow.post("/v1/recall", json=body)
-    assert ids(await resp.json()) in (["vecbest"], ["kwbest"])
+    answer = await resp.json()
+    assert answer["candidates"] == len(heads) and ids(answer)[0] in heads
     resp = await shallow.post("/v1/recall", json={**body, "candidates": 3})  # per request
     assert ids(await resp.json()) == ["both"]
 
