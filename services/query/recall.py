@@ -57,8 +57,8 @@ log = logging.getLogger("engram.query")
 
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 # what ranking needs, straight from the index: documents are parsed only for the top_k winners
-SIGNAL_FIELDS = ("episode_id", "completed_at", "started_at", "reward", "outcome", "importance",
-                 "last_accessed", "access_count", "doc")
+SIGNAL_FIELDS = ("completed_at", "started_at", "reward", "outcome", "importance",
+                 "last_accessed", "access_count", "doc")  # no episode_id: the restricted KNN names keys (INKEYS)
 # the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
 LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
@@ -516,6 +516,12 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
         await r.eval(_TOUCH, len(keys), *keys, repr(float(now)))
 
 
+def _passing(scored: scoring.Scored, min_relevance: float, min_priority: float) -> np.ndarray:
+    """`scored.order` without the candidates below `min_relevance` or `min_priority` (vectorised)."""
+    keep = (scored.similarity >= min_relevance) & (scored.priority >= min_priority)
+    return scored.order[keep[scored.order]]
+
+
 async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
                  top_k: int, depth: int, mode: str, preset: str | None,
                  weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
@@ -538,9 +544,8 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
         # lists could still make the top_k: its priority is at most w_sim * pool.outside + (1 - w_sim)
         scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
                                   recency_from=recency_from)
-        passing = [float(scored.priority[i]) for i in scored.order
-                   if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
-        kth = passing[top_k - 1] if len(passing) >= top_k else -math.inf
+        passing = scored.priority[_passing(scored, min_relevance, min_priority)]
+        kth = float(passing[top_k - 1]) if len(passing) >= top_k else -math.inf
         best_outside = w.similarity * pool.outside + (w.total - w.similarity)
         if best_outside < max(kth, min_priority) or pool.outside < min_relevance:
             extra = []  # none can: the answer is the same without fetching them
@@ -554,8 +559,7 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
         if scored is None:
             scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
                                       recency_from=recency_from)
-        order = [int(i) for i in scored.order
-                 if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
+        order = _passing(scored, min_relevance, min_priority).tolist()
         winners = order[:top_k]
         loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
