@@ -48,7 +48,7 @@ _TAG_ESCAPES = {code: f"\\{chr(code)}" for code in range(128) if not chr(code).i
 
 def escape_tag(value: str) -> str:
     """Escape a TAG value for use inside `@field:{...}` (DIALECT 2). See module docstring."""
-    return value.translate(_TAG_ESCAPES)  # one C pass (a generator per character was ~10% of a recall's CPU)
+    return value.translate(_TAG_ESCAPES)  # one C pass (a generator per character: ~3% of the query service's samples)
 
 
 def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
