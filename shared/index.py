@@ -48,9 +48,12 @@ DOC_FIELD = "doc"
 STATUS_DRAFT, STATUS_COMPLETED = "draft", "completed"
 
 
+_TAG_ESCAPES = {code: f"\\{chr(code)}" for code in range(128) if not chr(code).isalnum()}
+
+
 def escape_tag(value: str) -> str:
     """Escape a TAG value for use inside `@field:{...}` (DIALECT 2). See module docstring."""
-    return "".join(f"\\{ch}" if ch.isascii() and not ch.isalnum() else ch for ch in value)
+    return value.translate(_TAG_ESCAPES)  # one C pass (a generator per character: ~3% of the query service's samples)
 
 
 def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
@@ -417,18 +420,22 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
         key = reply[i]
         score = float(reply[i + 1]) if with_scores else None
         raw = reply[i + step - 1] if i + step - 1 < len(reply) else []
-        fields = {raw[j]: raw[j + 1] for j in range(0, len(raw) - 1, 2)} if isinstance(raw, list) else {}
+        pairs = iter(raw) if isinstance(raw, list) else iter(())
+        fields = dict(zip(pairs, pairs, strict=False))  # [f1, v1, f2, v2, ...] → {f1: v1, ...}; an odd last item is dropped
         hits.append(SearchHit(key=key, fields=fields, score=score))
         i += step
     return total, hits
 
 
 async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,
-                     *, return_fields: Sequence[str], ef_runtime: int | None = None) -> list[SearchHit]:
+                     *, return_fields: Sequence[str], ef_runtime: int | None = None,
+                     in_keys: Sequence[bytes | str] = ()) -> list[SearchHit]:
     """Pre-filtered KNN: `(scope)=>[KNN k @vector $BLOB AS dist]`, nearest first.
 
     `hit.score` is the cosine distance (1 - cos). Filters run inside the KNN (RediSearch hybrid
-    query), so a narrow scope still yields k hits when k exist.
+    query), so a narrow scope still yields k hits when k exist. `in_keys` restricts the search to those
+    documents as well (`INKEYS`; the scope still applies): the distances of known documents, computed
+    by Redis as for any KNN hit, without a tag union of their ids to build and parse.
     Raises Conflict when the index holds vectors of another size than `query_vector`: it was rebuilt
     with another embedder (`reindex`) under a running process, which must be restarted with that one.
     """
@@ -436,9 +443,10 @@ async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: 
     q = f"({scope.query()})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
     fields = ["dist", *return_fields]
     blob = vector_bytes(query_vector)
+    restrict = ["INKEYS", len(in_keys), *in_keys] if in_keys else []
     try:
         reply = await r.execute_command(
-            "FT.SEARCH", index, q, "PARAMS", 2, "BLOB", blob,
+            "FT.SEARCH", index, q, *restrict, "PARAMS", 2, "BLOB", blob,
             "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
     except ResponseError as exc:  # a 500 and a traceback per request before (issue 15)
         expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
@@ -451,6 +459,28 @@ async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: 
     for hit in hits:
         hit.score = float(hit.fields.get(b"dist", b"nan"))
     return hits
+
+
+async def knn_union(r: aioredis.Redis, index: str, scopes: Sequence[Scope], query_vector: np.ndarray, k: int,
+                    *, return_fields: Sequence[str]) -> tuple[int, list[SearchHit]]:
+    """The documents of any of `scopes`, nearest first, with their cosine distance (`hit.score`), and
+    how many documents those scopes hold, both read in one transaction (MULTI, so no write falls between).
+
+    `(s1) | (s2) | ...` counted (`LIMIT 0 0`) and as a pre-filtered KNN of `k`: when the count is below
+    `k` and equals the number of hits, every document of the union came back (each has a vector).
+    """
+    union = " | ".join(f"({s.query()})" for s in scopes)
+    q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
+    fields = ["dist", *return_fields]
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.execute_command("FT.SEARCH", index, union, "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2)
+        pipe.execute_command("FT.SEARCH", index, q, "PARAMS", 2, "BLOB", vector_bytes(query_vector),
+                             "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
+        counted, reply = await pipe.execute()
+    _, hits = parse_search(reply)
+    for hit in hits:
+        hit.score = float(hit.fields.get(b"dist", b"nan"))
+    return int(counted[0]), hits
 
 
 async def bm25_search(r: aioredis.Redis, index: str, scope: Scope, text: str, k: int,

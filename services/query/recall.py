@@ -47,6 +47,7 @@ from shared.index import (
     count,
     filter_search,
     knn_search,
+    knn_union,
     term_counts,
 )
 from shared.tags import TagCodec
@@ -55,8 +56,8 @@ log = logging.getLogger("engram.query")
 
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 # what ranking needs, straight from the index: documents are parsed only for the top_k winners
-SIGNAL_FIELDS = ("episode_id", "completed_at", "started_at", "reward", "outcome", "importance",
-                 "last_accessed", "access_count", "doc")
+SIGNAL_FIELDS = ("completed_at", "started_at", "reward", "outcome", "importance",
+                 "last_accessed", "access_count", "doc")  # no episode_id: the restricted KNN names keys (INKEYS)
 # the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
 LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
@@ -142,16 +143,27 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
                      importance=episode.importance if episode.importance is not None else math.nan)
 
 
+def _number(raw: bytes | None) -> float:
+    """`_float` of a value already looked up (a recall parses ~300 hits: one call per field less)."""
+    if raw is None:
+        return math.nan
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
+
+
 def signal_hit(hit: SearchHit) -> Candidate:
     """A search hit of SIGNAL_FIELDS → Candidate without its episode (loaded later for winners)."""
-    count_raw = _float(hit.fields, b"access_count")
-    completed = _float(hit.fields, b"completed_at")
+    get = hit.fields.get
+    count_raw = _number(get(b"access_count"))
+    completed = _number(get(b"completed_at"))
     if math.isnan(completed):
-        completed = _float(hit.fields, b"started_at")
-    outcome = hit.fields.get(b"outcome")
-    return Candidate(key=hit.key, raw_doc=hit.fields.get(b"doc"), completed_at=completed, reward=_float(hit.fields, b"reward"),
-                     outcome=outcome.decode() if outcome else None, importance=_float(hit.fields, b"importance"),
-                     last_accessed=_float(hit.fields, b"last_accessed"),
+        completed = _number(get(b"started_at"))
+    outcome = get(b"outcome")
+    return Candidate(key=hit.key, raw_doc=get(b"doc"), completed_at=completed, reward=_number(get(b"reward")),
+                     outcome=outcome.decode() if outcome else None, importance=_number(get(b"importance")),
+                     last_accessed=_number(get(b"last_accessed")),
                      access_count=0 if math.isnan(count_raw) else int(count_raw))
 
 
@@ -213,6 +225,8 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
 _FLOORS: dict[tuple[str, str, str, int], tuple[float, float]] = {}
 FLOOR_TTL = 30.0
 """Seconds `top_by` trusts a remembered floor (the value of the (depth + 1)-th episode of a scope)."""
+FLOOR_SLACK = 1e-11
+"""Relative margin below the remembered floor: more than the rounding of a 12-significant-digit reply."""
 
 
 def _at_least(scope: Scope, name: str, floor: float) -> Scope | None:
@@ -255,8 +269,52 @@ async def top_by(r: aioredis.Redis, index: str, scope: Scope, name: str, depth: 
     if len(hits) == depth + 1 and math.isfinite(floor := _float(hits[depth].fields, field)):
         if len(_FLOORS) >= 10_000:
             _FLOORS.clear()
-        _FLOORS[key] = (now, floor)
+        # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"), so the stored value
+        # may lie just below the printed one: 0.989890409263 for 0.98989040926299..., and a floor of the
+        # printed value dropped that episode, so every narrowed `reward` query came back one short and
+        # the whole scope was sorted again (measured: 2.7 ms of Redis per recall at 10k). A floor a
+        # little lower is as exact (see above: the narrowed answer is checked, not trusted)
+        _FLOORS[key] = (now, floor - abs(floor) * FLOOR_SLACK)
     return hits[:depth]
+
+
+async def remembered_lists(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, names: list[str],
+                           depth: int, fields: tuple[str, ...]) -> list[list[SearchHit]] | None:
+    """`top_by` of each of `names` from the remembered floors, all in one query that also returns each
+    episode's cosine distance (so `_complete` needs no restricted KNN for them); None when a floor is
+    not remembered (or is stale, or is `last_accessed`'s) or the answer cannot be proven exact.
+
+    One KNN over the union of the narrowed scopes (`shared.index.knn_union`) returns every member of
+    the union when it holds fewer than its k and as many as the union's count. Each list is then its
+    members sorted by the value as the index returned it, under the same rule as `top_by`: at least
+    depth + 1 members and no tie between the depth-th and the next. Members whose values print the same
+    may come in another order than Redis's SORTBY would give them; they are equal in everything scoring
+    reads. The distances are Redis's own, the same as a KNN hit's or the restricted KNN's (measured).
+    """
+    now = time.monotonic()
+    narrowed = []
+    for name in names:
+        cached = _FLOORS.get((index, scope.query(), name, depth))
+        if name == "last_accessed" or cached is None or now - cached[0] >= FLOOR_TTL:
+            return None
+        sub = _at_least(scope, name, cached[1])
+        if sub is None:
+            return None
+        narrowed.append((name, name.encode(), cached[1], sub))
+    k = 2 * len(names) * (depth + 1)
+    total, hits = await knn_union(r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields)
+    if total >= k or total != len(hits):
+        return None
+    lists = []
+    for _, field, floor, _ in narrowed:
+        valued = [(v, h) for h in hits if (v := _float(h.fields, field)) >= floor]
+        if len(valued) < depth + 1:
+            return None
+        valued.sort(key=lambda vh: vh[0], reverse=True)  # stable: equal values keep the KNN order
+        if not valued[depth - 1][0] > valued[depth][0]:
+            return None
+        lists.append([h for _, h in valued[:depth]])
+    return lists
 
 
 def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
@@ -358,7 +416,10 @@ async def extra_candidates(r: aioredis.Redis, index: str, scope: Scope, query_ve
     if not names:
         return []
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
-    lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
+    lists = await remembered_lists(r, index, scope, query_vector, names, depth, fields) \
+        if pool.mode != "keyword" else None  # keyword mode needs no cosines (nor that every episode has a vector)
+    if lists is None:
+        lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
     return await _complete(r, index, scope, query_vector, pool, lists, {c.key for c in pool.cands})
 
 
@@ -375,20 +436,20 @@ async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: n
                 cos.setdefault(h.key, 1.0 - float(h.score))
             hits.setdefault(h.key, h)
     if pool.mode != "keyword":
-        # the TAG values as the index holds them (digests of the ids)
-        missing = [h.fields[b"episode_id"].decode() for h in hits.values()
-                   if h.key not in cos and b"episode_id" in h.fields]
-        if missing:  # one KNN restricted to those episodes: Redis computes the cosines, no vectors move
-            restricted = Scope(namespace=scope.namespace, tags=scope.tags, episode_tags=tuple(missing))
-            for h in await knn_search(r, index, restricted, query_vector, len(missing), return_fields=()):
+        missing = [key for key in hits if key not in cos]
+        if missing:  # one KNN restricted to those documents (INKEYS): Redis computes the cosines, no vectors move
+            restricted = Scope(namespace=scope.namespace, tags=scope.tags)
+            for h in await knn_search(r, index, restricted, query_vector, len(missing), return_fields=(),
+                                      in_keys=missing):
                 if h.score is not None and math.isfinite(h.score):
                     cos[h.key] = 1.0 - float(h.score)
     out = []
+    nan, mode, terms = math.nan, pool.mode, pool.terms
     for h in hits.values():
         c = signal_hit(h)
-        c.cos = cos.get(c.key, math.nan)
-        c.keyword = relevance.keyword_relevance(pool.terms, *relevance.episode_terms(h.fields)) if pool.terms else 0.0
-        c.relevance = relevance.relevance(pool.mode, c.cos, c.keyword)
+        c.cos = cos.get(c.key, nan)
+        c.keyword = relevance.keyword_relevance(terms, *relevance.episode_terms(h.fields)) if terms else 0.0
+        c.relevance = relevance.relevance(mode, c.cos, c.keyword)
         out.append(c)
     return out
 
@@ -396,16 +457,16 @@ async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: n
 def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_life: float, as_of: float,
                      normalize: str = "none", recency_from: str = "completed") -> scoring.Scored:
     """Vectorised priority of the candidates (see shared.scoring for the formula)."""
-    def num(getter) -> np.ndarray:
-        return np.array([getter(c) for c in cands], dtype=np.float64)
-
+    # one pass over the candidates, columns: completed_at, relevance, cos, last_accessed, reward, importance
+    cols = np.array([(c.completed_at, c.relevance, c.cos, c.last_accessed, c.reward, c.importance) for c in cands],
+                    dtype=np.float64).reshape(len(cands), 6).T
     data = scoring.Candidates(
-        completed_at=num(lambda c: c.completed_at if math.isfinite(c.completed_at) else 0.0),
-        cos=num(lambda c: c.relevance if math.isfinite(c.relevance) else c.cos),
-        last_accessed=num(lambda c: c.last_accessed),
-        reward=num(lambda c: c.reward),
+        completed_at=np.where(np.isfinite(cols[0]), cols[0], 0.0),
+        cos=np.where(np.isfinite(cols[1]), cols[1], cols[2]),
+        last_accessed=cols[3],
+        reward=cols[4],
         outcome_score=scoring.outcome_scores([c.outcome for c in cands]),
-        importance=num(lambda c: c.importance),
+        importance=cols[5],
     )
     return scoring.score(data, weights, half_life=half_life, as_of=as_of, normalize=normalize,
                          recency_from=recency_from)
@@ -455,6 +516,12 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
         await r.eval(_TOUCH, len(keys), *keys, repr(float(now)))
 
 
+def _passing(scored: scoring.Scored, min_relevance: float, min_priority: float) -> np.ndarray:
+    """`scored.order` without the candidates below `min_relevance` or `min_priority` (vectorised)."""
+    keep = (scored.similarity >= min_relevance) & (scored.priority >= min_priority)
+    return scored.order[keep[scored.order]]
+
+
 async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
                  top_k: int, depth: int, mode: str, preset: str | None,
                  weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
@@ -477,9 +544,8 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
         # lists could still make the top_k: its priority is at most w_sim * pool.outside + (1 - w_sim)
         scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
                                   recency_from=recency_from)
-        passing = [float(scored.priority[i]) for i in scored.order
-                   if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
-        kth = passing[top_k - 1] if len(passing) >= top_k else -math.inf
+        passing = scored.priority[_passing(scored, min_relevance, min_priority)]
+        kth = float(passing[top_k - 1]) if len(passing) >= top_k else -math.inf
         best_outside = w.similarity * pool.outside + (w.total - w.similarity)
         if best_outside < max(kth, min_priority) or pool.outside < min_relevance:
             extra = []  # none can: the answer is the same without fetching them
@@ -493,8 +559,7 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
         if scored is None:
             scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
                                       recency_from=recency_from)
-        order = [int(i) for i in scored.order
-                 if scored.similarity[i] >= min_relevance and scored.priority[i] >= min_priority]
+        order = _passing(scored, min_relevance, min_priority).tolist()
         winners = order[:top_k]
         loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones

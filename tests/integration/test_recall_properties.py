@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.keys import Keys
 from shared.tags import BLAKE2B
 from tests.integration.test_query_support import DAY, episode, ids, put
 
@@ -233,6 +234,68 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, re
     for j, age in enumerate(later):
         await put_at(f"n{j}", age, 1.0)
     await check()
+
+
+async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(client, redis, prefix, monkeypatch):
+    """A SORTABLE value comes back with 12 significant digits: a reward of 0.5010000000006 as
+    0.501000000001, above the stored value. The floor must still narrow (from the second call on, one
+    sorted query per list, not a narrowed one that misses the floor's episode and then a full sort)
+    and give the full sort's answer."""
+    from services.query import recall as rc
+    from shared.index import Scope, filter_search
+
+    key, ns = fresh_tenant()
+    index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
+    for i in range(3 * DEPTH):
+        await put(redis, prefix, ns, episode(f"r{i}", task="cache deploy", completed_at=NOW - 3600.0 * i,
+                                             reward=0.5 + i / 1000 + 6e-13))
+    _, full = await filter_search(redis, index, scope, return_fields=("reward",), sort_by="reward", limit=DEPTH)
+    queries = []
+
+    async def counted(*args, **kwargs):
+        queries.append(kwargs.get("sort_by"))
+        return await filter_search(*args, **kwargs)
+
+    monkeypatch.setattr(rc, "filter_search", counted)  # the real query, counted
+    first = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    queries.clear()
+    again = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    assert first == again == [h.key for h in full]
+    assert queries == ["reward"]  # the narrowed query alone answered
+
+
+async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, redis, prefix):
+    """`remembered_lists` (one KNN over the narrowed scopes) gives `top_by`'s lists, each hit with the
+    distance a KNN restricted to it gives; it declines (None) when no floor is remembered, and when the
+    union holds an episode without a vector, which a KNN cannot return."""
+    from engram_episodic.validation import parse_episode
+    from services.query import recall as rc
+    from shared.embedding import HashingEmbedder
+    from shared.index import Scope, episode_fields, knn_search
+
+    key, ns = fresh_tenant()
+    index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
+    for i in range(4 * DEPTH):  # distinct times and rewards: each list is one order
+        await put(redis, prefix, ns, episode(f"u{i}", task=f"{WORDS[i % len(WORDS)]} deploy",
+                                             completed_at=NOW - 3600.0 * i, reward=(i * 7 % 24) / 23))
+    names = ["completed_at", "reward"]
+    query = HashingEmbedder(256).embed_sync(["cache deploy"])[0]
+    assert await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS) is None
+    want = [await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS) for name in names]
+    got = await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+    assert got is not None
+    assert [[h.key for h in g] for g in got] == [[h.key for h in w] for w in want]
+    assert [[h.fields[b"reward"] for h in g] for g in got] == [[h.fields[b"reward"] for h in w] for w in want]
+    keys = list({h.key for g in got for h in g})
+    restricted = await knn_search(redis, index, scope, query, len(keys), return_fields=(), in_keys=keys)
+    assert {h.key: h.score for g in got for h in g} == {h.key: h.score for h in restricted}
+
+    ep = parse_episode(episode("novector", task="cache deploy", completed_at=NOW + 60.0))
+    await redis.hset(Keys(prefix).episode_doc(1, ns, ep.episode_id),
+                     mapping=episode_fields(ns, ep, status="completed", vector=None, tags=BLAKE2B))
+    assert await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS) is None
+    newest = await rc.top_by(redis, index, scope, "completed_at", DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+    assert newest[0].key == Keys(prefix).episode_doc(1, ns, "novector").encode()
 
 
 async def test_keyword_relevance_sees_the_words_the_index_holds(client, redis, prefix):
