@@ -41,9 +41,21 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from engram_episodic.client import AsyncEngram, Call, Calls, Engram
+from engram_episodic.client import (
+    AsyncEngram,
+    Call,
+    Calls,
+    ContextOptions,
+    CurveOptions,
+    Engram,
+    FactSearchOptions,
+    RecallOptions,
+    SkillsOptions,
+    StrategyOptions,
+    SuggestOptions,
+)
 from engram_episodic.errors import (
     ApiError,
     ConnectionFailed,
@@ -257,6 +269,8 @@ def _scoped(args: dict[str, Any], scope: Scope, keys: Sequence[str]) -> dict[str
 
 
 def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The named arguments that are set. The plans pick names of the `Calls` options TypedDicts, and the
+    values were checked against the tool's JSON schema, so each plan casts the result to its options type."""
     return {n: args[n] for n in names if args.get(n) is not None}
 
 
@@ -267,7 +281,7 @@ def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
                     "agent_id", "user_id", "session_id")
     if args.get("min_reward") is not None:
         options["reward"] = {"gte": args["min_reward"]}
-    return Plan("recall_experiences", (Calls.recall(args["query"], options),),
+    return Plan("recall_experiences", (Calls.recall(args["query"], cast(RecallOptions, options)),),
                 lambda r: render_recall(r[0], args["query"]), fields={"reward.gte": "min_reward", "reward": "min_reward"})
 
 
@@ -307,7 +321,7 @@ RECALL = ToolSpec(
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "top_k", "max_chars", "agent_id", "user_id", "session_id")
-    return Plan("get_context", (Calls.context(args["task"], options),), lambda r: render_context(r[0]))
+    return Plan("get_context", (Calls.context(args["task"], cast(ContextOptions, options)),), lambda r: render_context(r[0]))
 
 
 CONTEXT = ToolSpec(
@@ -402,7 +416,8 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     common = _pick(args, "category", "agent_id", "user_id", "session_id")
     strategy = {**common, **_pick(args, "complexity")}
-    calls = (Calls.suggest(args["task"], common), Calls.strategy(args["task"], strategy))
+    calls = (Calls.suggest(args["task"], cast(SuggestOptions, common)),
+             Calls.strategy(args["task"], cast(StrategyOptions, strategy)))
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
 
@@ -429,7 +444,7 @@ def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id",
                     "user_id")
-    return Plan("search_facts", (Calls.search_facts(args.get("query"), options),),
+    return Plan("search_facts", (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
                 lambda r: render_facts(r[0], args.get("query")))
 
 
@@ -481,7 +496,7 @@ FORGET = ToolSpec(
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "threshold", "agent_id", "user_id", "session_id")
-    return Plan("get_skills", (Calls.skills(options),), lambda r: render_skills(r[0]))
+    return Plan("get_skills", (Calls.skills(cast(SkillsOptions, options)),), lambda r: render_skills(r[0]))
 
 
 SKILLS = ToolSpec(
@@ -502,7 +517,7 @@ SKILLS = ToolSpec(
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "window", "limit", "agent_id", "user_id", "session_id")
-    return Plan("get_learning_curve", (Calls.learning_curve(options),), lambda r: render_curve(r[0]))
+    return Plan("get_learning_curve", (Calls.learning_curve(cast(CurveOptions, options)),), lambda r: render_curve(r[0]))
 
 
 CURVE = ToolSpec(

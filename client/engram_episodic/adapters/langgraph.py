@@ -30,7 +30,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 try:
     from langchain_core.messages import (
@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
                       "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)") from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
-from engram_episodic.client import AsyncEngram, Engram
+from engram_episodic.client import AsyncEngram, ContextOptions, Engram
 from engram_episodic.errors import EngramError
 from engram_episodic.validation import MAX_ACTIONS
 
@@ -191,9 +191,10 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
     """
     clients = Clients(client, async_client, where="context_node")
     scope = check_scope(default_scope, "context_node")
-    options: dict[str, Any] = {k: v for k, v in (("category", category), ("top_k", top_k),
-                                                  ("max_chars", max_chars), ("half_life", half_life))
-                               if v is not None}
+    # the default scope (only agent_id, user_id, session_id: check_scope) and this function's typed options
+    options = cast(ContextOptions, {**scope, **{k: v for k, v in (
+        ("category", category), ("top_k", top_k), ("max_chars", max_chars), ("half_life", half_life))
+        if v is not None}})
 
     def update(state: Any, prompt: str) -> dict[str, Any]:
         new = SystemMessage(content=prompt, id=message_id)
@@ -210,7 +211,7 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
         if text is None:
             return {}
         try:
-            ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **scope, **options))
+            ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **options))
         except EngramError as exc:
             return failed(exc)
         return update(state, ctx.prompt)
@@ -220,8 +221,8 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
         if text is None:
             return {}
         try:
-            ctx = await clients.arun(lambda c: c.context(text[:MAX_TASK_CHARS], **scope, **options),
-                                     lambda c: c.context(text[:MAX_TASK_CHARS], **scope, **options))
+            ctx = await clients.arun(lambda c: c.context(text[:MAX_TASK_CHARS], **options),
+                                     lambda c: c.context(text[:MAX_TASK_CHARS], **options))
         except EngramError as exc:
             return failed(exc)
         return update(state, ctx.prompt)
