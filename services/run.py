@@ -187,10 +187,11 @@ class Service:
         self.restarts = 0
         self.restart_at: float | None = None  # set while it waits out its backoff
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
-        self.relay = StderrRelay(self.proc.stderr)
+    def start(self) -> subprocess.Popen:
+        self.proc = proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
+        self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
+        return proc
 
     @property
     def running(self) -> bool:
@@ -254,11 +255,13 @@ class Supervisor:
         now = time.monotonic()
         if service.restart_at is not None:
             if now >= service.restart_at:
-                service.start()
+                restarted = service.start()
                 service.restarts += 1
-                _say(f"{service.name} restarted (pid {service.proc.pid}, restart {service.restarts})")
+                _say(f"{service.name} restarted (pid {restarted.pid}, restart {service.restarts})")
             return None
         proc = service.proc
+        if proc is None:  # never started (a stop came first): nothing to watch
+            return None
         code = proc.poll()
         if code is None:
             return None
@@ -287,17 +290,17 @@ class Supervisor:
 
     def shutdown(self) -> None:
         """SIGTERM every running service, wait up to GRACE_SECONDS, then SIGKILL; then stop Redis."""
-        running = [s for s in self.services if s.running]
-        for service in running:
-            service.proc.send_signal(signal.SIGTERM)
+        running = [(s, s.proc) for s in self.services if s.proc is not None and s.running]
+        for _, proc in running:
+            proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + GRACE_SECONDS
-        for service in running:
+        for service, proc in running:
             try:
-                service.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _say(f"{service.name} did not stop in {GRACE_SECONDS:g}s; killing it")
-                service.proc.kill()
-                service.proc.wait()
+                proc.kill()
+                proc.wait()
         for service in self.services:
             if service.relay is not None:
                 service.relay.last_line(timeout=1.0)  # let the last words through before ours

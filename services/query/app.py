@@ -45,7 +45,7 @@ KEYS = web.AppKey("keys", Keys)
 REDIS = web.AppKey("redis", aioredis.Redis)
 EMBEDDER = web.AppKey("embedder", Embedder)
 METRICS = web.AppKey("metrics", Metrics)
-FACTS = web.AppKey("facts", FactsProvider)
+FACTS: web.AppKey[FactsProvider] = web.AppKey("facts")  # a Callable alias is no class to pass as the type
 SCOPE_SIZES = web.AppKey("scope_sizes", ScopeSizes)
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
@@ -60,11 +60,14 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         own_redis = redis is None
-        if own_redis and not settings.redis_url:
-            raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
-        r = connect(settings.redis_url) if own_redis else redis
+        if redis is None:
+            if not settings.redis_url:
+                raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
+            r = connect(settings.redis_url)
+        else:
+            r = redis
         own_embedder = embedder is None
-        e = make_embedder(settings) if own_embedder else embedder
+        e = make_embedder(settings) if embedder is None else embedder
         try:
             if hasattr(e, "load"):
                 await e.load()
@@ -91,7 +94,8 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
             if own_embedder:
                 await e.aclose()
             if own_redis:
-                await r.aclose()
+                # aclose is redis >= 5; the stale types-redis 4.6 stubs, where installed, lack it
+                await r.aclose()  # type: ignore[attr-defined, unused-ignore]
     return ctx
 
 
