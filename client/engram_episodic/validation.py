@@ -81,18 +81,10 @@ def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, s
         item, path, depth = stack.pop()
         if depth > max_depth:
             return path, f"is nested deeper than {max_depth} levels"
-        if item is None or isinstance(item, bool):
-            continue
-        if isinstance(item, str):
-            problem = unicode_problem(item)
+        if item is None or isinstance(item, bool | str | int | float):
+            problem = _scalar_problem(item)
             if problem:
                 return path, problem
-        elif isinstance(item, int):
-            if not _INT_MIN <= item <= _INT_MAX:
-                return path, "is an integer outside the 64-bit range"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return path, "must be finite (NaN and infinity are rejected)"
         elif isinstance(item, Mapping):
             for key, child in item.items():
                 if not isinstance(key, str) or unicode_problem(key):
@@ -104,6 +96,17 @@ def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, s
         else:
             return path, f"has a value of unsupported type {type(item).__name__}"
     return None
+
+
+def _scalar_problem(item: None | bool | str | int | float) -> str | None:
+    """Why a JSON scalar is unstorable (json_problem), or None."""
+    if item is None or isinstance(item, bool):
+        return None
+    if isinstance(item, str):
+        return unicode_problem(item)
+    if isinstance(item, int):
+        return None if _INT_MIN <= item <= _INT_MAX else "is an integer outside the 64-bit range"
+    return None if math.isfinite(item) else "must be finite (NaN and infinity are rejected)"
 
 
 @functools.lru_cache(maxsize=4096)  # the same few dozen paths, built for every field of every event

@@ -196,21 +196,24 @@ def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bo
     return bool(found)
 
 
+def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
+    """Whether an ingest body is a batch (`{"episodes": [...]}`), and its episodes; Invalid for a bad batch."""
+    if not (isinstance(body, dict) and "episodes" in body):
+        return False, [body]
+    extra = [k for k in body if k != "episodes"]
+    if extra:
+        raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
+                       for k in extra])
+    items = body["episodes"]
+    if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
+        raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
+    return True, items
+
+
 async def ingest(request: web.Request) -> web.Response:
     query: IngestQuery = _query_params(request, IngestQuery)
     received = time.time()
-    body = await read_json(request)
-    batch = isinstance(body, dict) and "episodes" in body
-    if batch:
-        extra = [k for k in body if k != "episodes"]
-        if extra:
-            raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
-                           for k in extra])
-        items = body["episodes"]
-        if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
-            raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
-    else:
-        items = [body]
+    batch, items = _ingest_items(await read_json(request))
     errs = Collector()
     episodes = []
     first_index: dict[str, int] = {}
