@@ -48,8 +48,10 @@ load: $(STAMP)
 fuzz: $(STAMP)
 	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider --timeout 900 tests -k "fuzz or schemathesis"
 
+## make lint: ruff (style, imports, bugbear, complexity) and mypy (the [tool.mypy] files of pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check client services shared tests deploy bench
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .run

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -103,7 +104,9 @@ class EmbeddedRedis:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=2, protocol=2)
+        # protocol= is redis >= 5; the stale types-redis 4.6 stubs, where installed, lack it
+        client = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=2,  # type: ignore[call-overload, unused-ignore]
+                             protocol=2)
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
@@ -309,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    while not stop["now"] and server.process.poll() is None:
+    process = cast(subprocess.Popen, server.process)  # set by the start() that succeeded
+    while not stop["now"] and process.poll() is None:
         time.sleep(0.2)
     server.stop()
     print("embedded redis stopped", flush=True)

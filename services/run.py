@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
@@ -187,10 +188,11 @@ class Service:
         self.restarts = 0
         self.restart_at: float | None = None  # set while it waits out its backoff
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
-        self.relay = StderrRelay(self.proc.stderr)
+    def start(self) -> subprocess.Popen:
+        self.proc = proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
+        self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
+        return proc
 
     @property
     def running(self) -> bool:
@@ -254,11 +256,13 @@ class Supervisor:
         now = time.monotonic()
         if service.restart_at is not None:
             if now >= service.restart_at:
-                service.start()
+                restarted = service.start()
                 service.restarts += 1
-                _say(f"{service.name} restarted (pid {service.proc.pid}, restart {service.restarts})")
+                _say(f"{service.name} restarted (pid {restarted.pid}, restart {service.restarts})")
             return None
         proc = service.proc
+        if proc is None:  # never started (a stop came first): nothing to watch
+            return None
         code = proc.poll()
         if code is None:
             return None
@@ -287,22 +291,60 @@ class Supervisor:
 
     def shutdown(self) -> None:
         """SIGTERM every running service, wait up to GRACE_SECONDS, then SIGKILL; then stop Redis."""
-        running = [s for s in self.services if s.running]
-        for service in running:
-            service.proc.send_signal(signal.SIGTERM)
+        running = [(s, s.proc) for s in self.services if s.proc is not None and s.running]
+        for _, proc in running:
+            proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + GRACE_SECONDS
-        for service in running:
+        for service, proc in running:
             try:
-                service.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _say(f"{service.name} did not stop in {GRACE_SECONDS:g}s; killing it")
-                service.proc.kill()
-                service.proc.wait()
+                proc.kill()
+                proc.wait()
         for service in self.services:
             if service.relay is not None:
                 service.relay.last_line(timeout=1.0)  # let the last words through before ours
         if self.redis_server is not None:
             self.redis_server.stop()
+
+
+def _bind_problem(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
+    """Why the stack cannot listen where it is configured to (the message), or None."""
+    try:
+        check_bind(settings.host, settings.api_keys)
+    except ValueError as exc:
+        return f"engram: {exc}"
+    if not env.get("REDIS_URL") and settings.port == redis_port:
+        return f"engram: ENGRAM_PORT and ENGRAM_REDIS_PORT are both {redis_port}; choose two ports"
+    return _metrics_port_clash(settings, redis_port, workers)
+
+
+def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> str | None:
+    """Why a worker cannot serve metrics on ENGRAM_METRICS_PORT + its index (the message), or None."""
+    metrics_port = settings.metrics_port
+    taken = {settings.port: "ENGRAM_PORT", redis_port: "ENGRAM_REDIS_PORT"}
+    for i in range(workers if metrics_port else 0):
+        # say it now, instead of a traceback from whichever process binds second
+        clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
+        if clash:
+            return (f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
+                    f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
+                    f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free")
+    return None
+
+
+def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
+    """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always sealed)."""
+    if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
+        from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten (issue 15)
+        env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
+        print(f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", flush=True)
+
+
+def _restart_window(env: Mapping[str, str]) -> float:
+    raw_window = env.get("ENGRAM_RESTART_WINDOW")
+    return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
 
 
 def main() -> int:
@@ -314,30 +356,15 @@ def main() -> int:
         workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
         restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
-        raw_window = env.get("ENGRAM_RESTART_WINDOW")
-        restart_window = parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
+        restart_window = _restart_window(env)
     except ConfigError as exc:
         print(f"engram: {exc}", file=sys.stderr)
         return 2
-    try:
-        check_bind(settings.host, settings.api_keys)
-    except ValueError as exc:
-        print(f"engram: {exc}", file=sys.stderr)
-        return 2
-    if not env.get("REDIS_URL") and settings.port == redis_port:
-        print(f"engram: ENGRAM_PORT and ENGRAM_REDIS_PORT are both {redis_port}; choose two ports", file=sys.stderr)
+    problem = _bind_problem(settings, env, redis_port, workers)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     metrics_port = settings.metrics_port
-    taken = {settings.port: "ENGRAM_PORT", redis_port: "ENGRAM_REDIS_PORT"}
-    for i in range(workers if metrics_port else 0):
-        # say it now, instead of a traceback from whichever process binds second
-        clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
-        if clash:
-            print(f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
-                  f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
-                  f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free",
-                  file=sys.stderr)
-            return 2
     data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
@@ -347,10 +374,7 @@ def main() -> int:
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):  # the stream is always sealed
-        from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten (issue 15)
-        env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
-        print(f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", flush=True)
+    _ensure_master_key(env, data_root)
     busy = _taken_port(settings.host, settings.port)
     if busy:  # the query service would find out after the model loaded, with a traceback (new-user trial)
         print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",

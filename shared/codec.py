@@ -103,11 +103,11 @@ def _base(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
 
 
 def _episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    fields = {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
-              "episode": parse_episode(data.get("episode"), "episode", errs, require_task=True)}
-    if fields["episode"] is not None and fields["episode"].episode_id != fields["episode_id"]:
+    episode_id = check_id(data.get("episode_id"), "episode_id", errs, required=True)
+    episode = parse_episode(data.get("episode"), "episode", errs, require_task=True)
+    if episode is not None and episode.episode_id != episode_id:
         errs.add("episode.episode_id", "must equal the event's episode_id")
-    return fields
+    return {"episode_id": episode_id, "episode": episode}
 
 
 def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:

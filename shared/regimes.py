@@ -151,7 +151,7 @@ def segments(success: Sequence[bool], strategies: Sequence[Hashable | None] | No
     ok = list(map(bool, success))
     strat = None if strategies is None else list(strategies)
 
-    def part(a: int, b: int):
+    def part(a: int, b: int) -> tuple[list[bool], list[Hashable | None] | None]:
         return ok[a:b], None if strat is None else strat[a:b]
 
     cuts: list[int] = []

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -229,13 +229,20 @@ class Candidates:
         for name, missing in (("cos", 0.0), ("last_accessed", np.nan), ("reward", np.nan),
                               ("outcome_score", 0.0), ("importance", np.nan)):
             object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
-        bad = ~((self.outcome_score >= 0.0) & (self.outcome_score <= 1.0))
+        outcome_score = _filled(self.outcome_score)
+        bad = ~((outcome_score >= 0.0) & (outcome_score <= 1.0))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"candidates.outcome_score[{i}] must be in [0, 1], got {self.outcome_score[i]!r}")
+            raise ValueError(f"candidates.outcome_score[{i}] must be in [0, 1], got {outcome_score[i]!r}")
 
     def __len__(self) -> int:
         return int(self.completed_at.shape[0])
+
+
+def _filled(signal: np.ndarray | None) -> np.ndarray:
+    """A Candidates signal once built: __post_init__ replaced every None by a float64[n] array (the
+    fields are Optional for the constructor's sake only)."""
+    return cast(np.ndarray, signal)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -326,18 +333,19 @@ def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
         raise ValueError(f"recency_from must be one of {', '.join(RECENCY_FROM)}, got {recency_from!r}")
 
     if recency_from == "last_access":
-        t = np.where(np.isnan(c.last_accessed), c.completed_at, c.last_accessed)
+        last_accessed = _filled(c.last_accessed)
+        t = np.where(np.isnan(last_accessed), c.completed_at, last_accessed)
     else:
         t = c.completed_at
     age = np.maximum(float(as_of) - t, 0.0)
 
-    similarity = np.clip(np.nan_to_num(c.cos, nan=0.0), 0.0, 1.0)
+    similarity = np.clip(np.nan_to_num(_filled(c.cos), nan=0.0), 0.0, 1.0)
     recency = np.exp(-_LN2 * age / float(half_life))
-    reward = np.clip(np.nan_to_num(c.reward, nan=0.0), 0.0, 1.0)
-    outcome = c.outcome_score.copy()
-    importance = np.clip(np.nan_to_num(c.importance, nan=0.0) / 10.0, 0.0, 1.0)
+    reward = np.clip(np.nan_to_num(_filled(c.reward), nan=0.0), 0.0, 1.0)
+    outcome = _filled(c.outcome_score).copy()
+    importance = np.clip(np.nan_to_num(_filled(c.importance), nan=0.0) / 10.0, 0.0, 1.0)
 
-    signals = (similarity, recency, reward, outcome, importance)
+    signals: tuple[np.ndarray, ...] = (similarity, recency, reward, outcome, importance)
     if normalize == "minmax":
         signals = tuple(minmax(s) for s in signals)
     w = weights
@@ -432,7 +440,7 @@ def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | N
     for i, s in enumerate(strategies):
         if s is not None:
             groups.setdefault(s, []).append(i)
-    entries = []
+    entries: list[dict[str, Any]] = []
     for s, idx in groups.items():
         earlier: list[int] = []
         changed_at = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -87,7 +87,8 @@ class EngramClient:
 
     async def close(self) -> None:
         if self._owns_redis:
-            await self.redis.aclose()
+            # aclose is redis >= 5; the stale types-redis 4.6 stubs, where installed, lack it
+            await self.redis.aclose()  # type: ignore[attr-defined, unused-ignore]
 
     async def __aenter__(self) -> EngramClient:
         return self
@@ -258,7 +259,9 @@ class EpisodeRecorder:
         act = self.draft.action(action_type, input=input, output=output, success=success, error=error,
                                 timestamp=timestamp)
         try:
-            await self.client.publish([ActionRecorded(event_id=act.action_id, namespace=self.client.namespace,
+            # draft.action always sets action_id (a fresh event id); Action types it optional
+            event_id = cast(str, act.action_id)
+            await self.client.publish([ActionRecorded(event_id=event_id, namespace=self.client.namespace,
                                                       episode_id=self.episode_id, occurred_at=time.time(),
                                                       action=act)])
         except BaseException:

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, overload
 
 from engram_episodic.errors import ConfigError
 from shared.redis_conn import check_url
@@ -103,7 +103,11 @@ def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+@overload
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float: ...
+@overload
+def _float(env: Mapping[str, str], name: str, default: None, lo: float, hi: float) -> float | None: ...
+def _float(env: Mapping[str, str], name: str, default: float | None, lo: float, hi: float) -> float | None:
     raw = env.get(name)
     if raw is None or raw == "":
         return default

@@ -9,9 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT, FieldT
 
 FIELD = b"e"
 
@@ -144,7 +146,8 @@ async def read_new(r: aioredis.Redis, stream: str, group: str, consumer: str, *,
     """XREADGROUP `>` up to `count` new entries, blocking at most `block_ms`."""
     if count <= 0:
         return []
-    res = await r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+    # RESP2 (pinned by shared.redis_conn): [[stream, entries]]; redis-py annotates the RESP3 dict
+    res = cast(list[Any], await r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms))
     if not res:
         return []
     return _entries(res[0][1])
@@ -187,7 +190,7 @@ async def delete(r: aioredis.Redis, stream: str, ids: Sequence[bytes]) -> int:
 async def dead_letter(r: aioredis.Redis, dead_stream: str, entry: Entry, reason: str, consumer: str,
                       *, source_stream: str, group: str) -> bytes:
     """Copy `entry` to the dead-letter stream with its reason, then XACK the original, atomically."""
-    fields = {
+    fields: dict[FieldT, EncodableT] = {
         b"e": entry.payload or b"",
         b"sid": entry.stream_id,
         b"reason": reason.encode()[:2000],
@@ -205,13 +208,17 @@ async def dead_letter(r: aioredis.Redis, dead_stream: str, entry: Entry, reason:
 async def read_range(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
                      count: int = 1000) -> list[Entry]:
     """XRANGE a page of entries (for replay and for the dead-letter listing)."""
-    return _entries(await r.xrange(stream, min=start, max=end, count=count))
+    # ids may be bytes (redis-py takes them); the stale types-redis 4.6 stubs, where installed, say str
+    return _entries(await r.xrange(stream, min=start, max=end, count=count))  # type: ignore[arg-type, unused-ignore]
 
 
 async def read_range_raw(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
                          count: int = 1000) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """XRANGE returning all fields (dead letters have several)."""
-    return list(await r.xrange(stream, min=start, max=end, count=count))
+    # bytes replies (decode_responses=False); redis-py annotates bytes | str and an optional reply
+    raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
+               await r.xrange(stream, min=start, max=end, count=count))  # type: ignore[arg-type, unused-ignore]
+    return list(raw)
 
 
 async def group_info(r: aioredis.Redis, stream: str, group: str) -> dict[str, int]:
@@ -334,7 +341,8 @@ async def unprojected(r: aioredis.Redis, stream: str, group: str, *, limit: int)
     async with r.pipeline(transaction=False) as pipe:
         for row in rows:
             pipe.xrange(stream, min=row["message_id"], max=row["message_id"], count=1)
-        pipe.xrevrange(stream, max="+", min=b"(" + last if last else "-", count=limit)
+        # an exclusive bytes id; the stale types-redis 4.6 stubs, where installed, take str ids only
+        pipe.xrevrange(stream, max="+", min=b"(" + last if last else "-", count=limit)  # type: ignore[arg-type, unused-ignore]
         replies = await pipe.execute()
     return [fields[FIELD] for reply in replies for _, fields in reply if FIELD in fields]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import Action, Episode, new_event_id
-from engram_episodic.shapes import episode_to_dict
+from engram_episodic.shapes import episode_to_dict, to_plain
 from engram_episodic.validation import MAX_ACTIONS, Collector, parse_action, parse_episode
 
 
@@ -102,7 +102,7 @@ class EpisodeDraft:
         data.update({k: v for k, v in fields.items() if v is not None})
         data["outcome"] = outcome
         data.setdefault("completed_at", time.time())
-        data["actions"] = [episode_to_dict(a) for a in self.actions[-MAX_ACTIONS:]]
+        data["actions"] = [to_plain(a) for a in self.actions[-MAX_ACTIONS:]]
         snapshot = parse_episode(data)
         assert snapshot is not None
         return snapshot

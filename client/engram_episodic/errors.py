@@ -102,7 +102,8 @@ class ApiError(EngramError):
         self.body = body
         self.title = str(body.get("title") or "error")
         self.detail = str(body.get("detail") or "")
-        raw_errors = body.get("errors") if isinstance(body.get("errors"), list) else []
+        listed = body.get("errors")
+        raw_errors = listed if isinstance(listed, list) else []
         self.errors = tuple((str(e.get("field", "")), str(e.get("reason", ""))) for e in raw_errors
                             if isinstance(e, dict))
         self.retry_after = retry_after

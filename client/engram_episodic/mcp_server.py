@@ -192,8 +192,8 @@ def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
             "names": names}
 
 
-async def _serve(args: argparse.Namespace, toolset: Toolset, url: str) -> None:
-    async with toolset.client:
+async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset, url: str) -> None:
+    async with client:  # toolset.client, typed as the AsyncEngram it is here
         server = build_server(toolset)
         scope = ", ".join(f"{k}={v}" for k, v in toolset.scope.items() if v) or "no default scope"
         if args.transport == "stdio":
@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = "engram mcp",
         for noisy in ("mcp", "httpx", "uvicorn"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(_serve, args, toolset, settings["url"])
+        anyio.run(_serve, args, client, toolset, settings["url"])
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from engram_episodic.events import Action, Episode, Feedback, Task
@@ -17,13 +17,18 @@ from engram_episodic.timeutil import format_instant
 
 
 @functools.cache
-def _fields_of(cls: type) -> tuple[tuple[str, ...], operator.attrgetter] | None:
+def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None:
     """A dataclass's field names and one getter for all of them (None for other types)."""
     if not dataclasses.is_dataclass(cls):
         return None
     names = tuple(f.name for f in dataclasses.fields(cls))
-    getter = operator.attrgetter(*names) if len(names) > 1 else (lambda obj, _n=names[0]: (getattr(obj, _n),))
+    getter = operator.attrgetter(*names) if len(names) > 1 else _one_field(names[0])
     return names, getter
+
+
+def _one_field(name: str) -> Callable[[Any], tuple[Any, ...]]:
+    """A getter of one field as a 1-tuple (attrgetter of one name returns the bare value)."""
+    return lambda obj: (getattr(obj, name),)
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes})
@@ -35,7 +40,7 @@ def to_plain(value: Any) -> Any:
     Scalars are tested first and inline (most fields are scalars): this runs for every event the SDK
     publishes and every document the worker writes, and the generic checks per value were most of the
     publisher's CPU."""
-    kind = type(value)
+    kind: type = type(value)  # annotated: mypy does not see type[Any] as Hashable (for the cache)
     if kind in _SCALARS:
         return value
     fields = _fields_of(kind)

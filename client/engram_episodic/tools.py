@@ -41,9 +41,21 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from engram_episodic.client import AsyncEngram, Call, Calls, Engram
+from engram_episodic.client import (
+    AsyncEngram,
+    Call,
+    Calls,
+    ContextOptions,
+    CurveOptions,
+    Engram,
+    FactSearchOptions,
+    RecallOptions,
+    SkillsOptions,
+    StrategyOptions,
+    SuggestOptions,
+)
 from engram_episodic.errors import (
     ApiError,
     ConnectionFailed,
@@ -257,6 +269,8 @@ def _scoped(args: dict[str, Any], scope: Scope, keys: Sequence[str]) -> dict[str
 
 
 def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The named arguments that are set. The plans pick names of the `Calls` options TypedDicts, and the
+    values were checked against the tool's JSON schema, so each plan casts the result to its options type."""
     return {n: args[n] for n in names if args.get(n) is not None}
 
 
@@ -267,7 +281,7 @@ def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
                     "agent_id", "user_id", "session_id")
     if args.get("min_reward") is not None:
         options["reward"] = {"gte": args["min_reward"]}
-    return Plan("recall_experiences", (Calls.recall(args["query"], options),),
+    return Plan("recall_experiences", (Calls.recall(args["query"], cast(RecallOptions, options)),),
                 lambda r: render_recall(r[0], args["query"]), fields={"reward.gte": "min_reward", "reward": "min_reward"})
 
 
@@ -307,7 +321,7 @@ RECALL = ToolSpec(
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "top_k", "max_chars", "agent_id", "user_id", "session_id")
-    return Plan("get_context", (Calls.context(args["task"], options),), lambda r: render_context(r[0]))
+    return Plan("get_context", (Calls.context(args["task"], cast(ContextOptions, options)),), lambda r: render_context(r[0]))
 
 
 CONTEXT = ToolSpec(
@@ -402,7 +416,8 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     common = _pick(args, "category", "agent_id", "user_id", "session_id")
     strategy = {**common, **_pick(args, "complexity")}
-    calls = (Calls.suggest(args["task"], common), Calls.strategy(args["task"], strategy))
+    calls = (Calls.suggest(args["task"], cast(SuggestOptions, common)),
+             Calls.strategy(args["task"], cast(StrategyOptions, strategy)))
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
 
@@ -429,7 +444,7 @@ def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id",
                     "user_id")
-    return Plan("search_facts", (Calls.search_facts(args.get("query"), options),),
+    return Plan("search_facts", (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
                 lambda r: render_facts(r[0], args.get("query")))
 
 
@@ -481,7 +496,7 @@ FORGET = ToolSpec(
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "threshold", "agent_id", "user_id", "session_id")
-    return Plan("get_skills", (Calls.skills(options),), lambda r: render_skills(r[0]))
+    return Plan("get_skills", (Calls.skills(cast(SkillsOptions, options)),), lambda r: render_skills(r[0]))
 
 
 SKILLS = ToolSpec(
@@ -502,7 +517,7 @@ SKILLS = ToolSpec(
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "window", "limit", "agent_id", "user_id", "session_id")
-    return Plan("get_learning_curve", (Calls.learning_curve(options),), lambda r: render_curve(r[0]))
+    return Plan("get_learning_curve", (Calls.learning_curve(cast(CurveOptions, options)),), lambda r: render_curve(r[0]))
 
 
 CURVE = ToolSpec(
@@ -590,74 +605,91 @@ def _check(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) ->
         errs.add(path, "must be one of " + ", ".join(map(str, schema["enum"])))
         return None
     if kind == "object":
-        if not isinstance(value, Mapping):
-            errs.add(path, f"must be an object, not {_json_type(value)}")
-            return None
-        props: Mapping[str, Any] = schema.get("properties", {})
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if key not in props:
-                errs.add(_join(path, str(key)), "is not a known field")
-            elif item is not None:  # null for an optional argument means "not given"
-                checked = _check(props[key], item, _join(path, key), errs)
-                if checked is not None:
-                    out[key] = checked
-        for key in schema.get("required", ()):
-            if value.get(key) is None:
-                errs.add(_join(path, key), "is required")
-        return out
+        return _check_object(schema, value, path, errs)
     if kind == "array":
-        if not isinstance(value, list | tuple):
-            errs.add(path, f"must be a list, not {_json_type(value)}")
-            return None
-        if len(value) < schema.get("minItems", 0):
-            errs.add(path, f"must hold at least {schema['minItems']} item(s)")
-            return None
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errs.add(path, f"must hold at most {schema['maxItems']} items")
-            return None
-        items = [_check(schema.get("items", {}), v, _join(path, i), errs) for i, v in enumerate(value)]
-        if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(value):
-            errs.add(path, "must not repeat a value")
-            return None
-        return items
+        return _check_array(schema, value, path, errs)
     if kind == "string":
-        if not isinstance(value, str):
-            errs.add(path, f"must be a string, not {_json_type(value)}")
-            return None
-        if len(value) < schema.get("minLength", 0):
-            errs.add(path, "must not be empty")
-            return None
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errs.add(path, f"must be at most {schema['maxLength']} characters (got {len(value)})")
-            return None
-        if schema.get("format") == "date-time":
-            try:
-                parse_instant(value)
-            except ValueError as exc:
-                errs.add(path, str(exc))
-                return None
-        return value
+        return _check_string(schema, value, path, errs)
     if kind in ("integer", "number"):
-        lo, hi = schema.get("minimum", -math.inf), schema.get("maximum", math.inf)
-        what = "an integer" if kind == "integer" else "a number"
-        bounds = f" between {_fmt(lo)} and {_fmt(hi)}" if math.isfinite(lo) and math.isfinite(hi) else ""
-        ok = not isinstance(value, bool) and isinstance(value, int | float)
-        if ok and kind == "integer" and isinstance(value, float):
-            ok = math.isfinite(value) and value.is_integer()
-        if ok and not math.isfinite(value):
-            errs.add(path, "must be finite (NaN and infinity are rejected)")
-            return None
-        if not ok or not lo <= value <= hi:
-            errs.add(path, f"must be {what}{bounds}" + ("" if ok else f", not {_json_type(value)}"))
-            return None
-        return int(value) if kind == "integer" else value
+        return _check_number(schema, value, path, errs, integer=kind == "integer")
     if kind == "boolean":
         if not isinstance(value, bool):
             errs.add(path, f"must be true or false, not {_json_type(value)}")
             return None
         return value
     return value
+
+
+def _check_object(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> dict[str, Any] | None:
+    if not isinstance(value, Mapping):
+        errs.add(path, f"must be an object, not {_json_type(value)}")
+        return None
+    props: Mapping[str, Any] = schema.get("properties", {})
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in props:
+            errs.add(_join(path, str(key)), "is not a known field")
+        elif item is not None:  # null for an optional argument means "not given"
+            checked = _check(props[key], item, _join(path, key), errs)
+            if checked is not None:
+                out[key] = checked
+    for key in schema.get("required", ()):
+        if value.get(key) is None:
+            errs.add(_join(path, key), "is required")
+    return out
+
+
+def _check_array(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> list[Any] | None:
+    if not isinstance(value, list | tuple):
+        errs.add(path, f"must be a list, not {_json_type(value)}")
+        return None
+    if len(value) < schema.get("minItems", 0):
+        errs.add(path, f"must hold at least {schema['minItems']} item(s)")
+        return None
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        errs.add(path, f"must hold at most {schema['maxItems']} items")
+        return None
+    items = [_check(schema.get("items", {}), v, _join(path, i), errs) for i, v in enumerate(value)]
+    if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(value):
+        errs.add(path, "must not repeat a value")
+        return None
+    return items
+
+
+def _check_string(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> str | None:
+    if not isinstance(value, str):
+        errs.add(path, f"must be a string, not {_json_type(value)}")
+        return None
+    if len(value) < schema.get("minLength", 0):
+        errs.add(path, "must not be empty")
+        return None
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        errs.add(path, f"must be at most {schema['maxLength']} characters (got {len(value)})")
+        return None
+    if schema.get("format") == "date-time":
+        try:
+            parse_instant(value)
+        except ValueError as exc:
+            errs.add(path, str(exc))
+            return None
+    return value
+
+
+def _check_number(schema: Mapping[str, Any], value: Any, path: str, errs: Collector, *,
+                  integer: bool) -> int | float | None:
+    lo, hi = schema.get("minimum", -math.inf), schema.get("maximum", math.inf)
+    what = "an integer" if integer else "a number"
+    bounds = f" between {_fmt(lo)} and {_fmt(hi)}" if math.isfinite(lo) and math.isfinite(hi) else ""
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if ok and integer and isinstance(value, float):
+        ok = math.isfinite(value) and value.is_integer()
+    if ok and not math.isfinite(value):
+        errs.add(path, "must be finite (NaN and infinity are rejected)")
+        return None
+    if not ok or not lo <= value <= hi:
+        errs.add(path, f"must be {what}{bounds}" + ("" if ok else f", not {_json_type(value)}"))
+        return None
+    return int(value) if integer else value
 
 
 def _json_type(value: Any) -> str:

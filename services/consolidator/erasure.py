@@ -217,6 +217,31 @@ def _sid(value: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+async def _applied_horizon(redis: aioredis.Redis, keys: Keys, page: int) -> tuple[tuple[int, int], set[bytes]] | None:
+    """(the oldest last-delivered id of all groups, every pending id), or None without groups."""
+    try:
+        groups = await redis.xinfo_groups(keys.stream)
+    except ResponseError:
+        return None
+    if not groups:
+        return None
+    pending: set[bytes] = set()
+    for g in groups:
+        start = "-"
+        while rows := await redis.xpending_range(keys.stream, g["name"], min=start, max="+", count=page):
+            ids = [r["message_id"] if isinstance(r["message_id"], bytes) else r["message_id"].encode() for r in rows]
+            pending.update(ids)
+            start = "(" + ids[-1].decode()
+    return min(_sid(g["last-delivered-id"]) for g in groups), pending
+
+
+def _is_forget(fields: dict) -> bool:
+    try:
+        return unpack(fields.get(streams.FIELD) or b"").get("type") in FORGET_TYPES
+    except EngramError:
+        return False
+
+
 async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int = 1000) -> int:
     """XDEL the forget events every consumer group has applied and acked: a `UserForgotten` names its
     user, sealed under the namespace's key, which is never destroyed (found by a new-user trial: the
@@ -230,47 +255,20 @@ async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int =
     gen = await current_generation(redis, keys)
     if await redis.hexists(keys.meta, f"g{gen + 1}:embedder"):
         return 0
-    try:
-        groups = await redis.xinfo_groups(keys.stream)
-    except ResponseError:
+    applied = await _applied_horizon(redis, keys, page)
+    if applied is None:
         return 0
-    if not groups:
-        return 0
-    horizon = min(_sid(g["last-delivered-id"]) for g in groups)
-    pending: set[bytes] = set()
-    for g in groups:
-        start = "-"
-        while True:
-            rows = await redis.xpending_range(keys.stream, g["name"], min=start, max="+", count=page)
-            if not rows:
-                break
-            pending.update(r["message_id"] if isinstance(r["message_id"], bytes) else r["message_id"].encode()
-                           for r in rows)
-            start = "(" + (rows[-1]["message_id"].decode() if isinstance(rows[-1]["message_id"], bytes)
-                           else rows[-1]["message_id"])
+    horizon, pending = applied
     dropped, last = 0, "-"
     while True:
         rows = await redis.xrange(keys.stream, min=last, max="+", count=page)
-        if last != "-":
-            rows = rows[1:]
-        if not rows:
-            return dropped
-        gone = []
-        for sid, fields in rows:
-            if _sid(sid) > horizon:
-                break
-            if sid in pending:
-                continue
-            try:
-                kind = unpack(fields.get(streams.FIELD) or b"").get("type")
-            except EngramError:
-                continue
-            if kind in FORGET_TYPES:
-                gone.append(sid)
+        rows = rows[1:] if last != "-" else rows
+        within = [(sid, f) for sid, f in rows if _sid(sid) <= horizon]
+        gone = [sid for sid, f in within if sid not in pending and _is_forget(f)]
         if gone:
             await streams.delete(redis, keys.stream, gone)
             dropped += len(gone)
-        if _sid(rows[-1][0]) > horizon:
+        if not rows or len(within) < len(rows):
             return dropped
         last = rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0]
 

@@ -44,7 +44,7 @@ KEYS = web.AppKey("keys", Keys)
 REDIS = web.AppKey("redis", aioredis.Redis)
 EMBEDDER = web.AppKey("embedder", Embedder)
 METRICS = web.AppKey("metrics", Metrics)
-FACTS = web.AppKey("facts", FactsProvider)
+FACTS: web.AppKey[FactsProvider] = web.AppKey("facts")  # a Callable alias is no class to pass as the type
 SCOPE_SIZES = web.AppKey("scope_sizes", ScopeSizes)
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
@@ -58,13 +58,13 @@ def vector_params(settings: Settings, dim: int) -> VectorParams:
 def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        if redis is None and not settings.redis_url:
-            raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
         # what this context opens, it closes (in reverse order), however start-up ends; injected resources
         # belong to the caller
         async with contextlib.AsyncExitStack() as stack:
             r = redis
             if r is None:
+                if not settings.redis_url:
+                    raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
                 r = connect(settings.redis_url)
                 stack.push_async_callback(r.aclose)
             e = embedder

@@ -7,7 +7,7 @@ them, so OpenAPI documents them); `register(app)` installs the facts provider `P
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
 from engram_episodic.errors import NotFound
+from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id
 from services.consolidator.facts import Consolidator
@@ -95,7 +96,7 @@ async def facts_search(request: web.Request) -> web.Response:
 async def fact_detail(request: web.Request) -> web.Response:
     errs = Collector()
     fact_id = check_id(request.match_info["fact_id"], "fact_id", errs, required=True)
-    if errs.errors:
+    if errs.errors or fact_id is None:  # None only with an error (required)
         raise Invalid(errs.errors)
     r, keys, ns = request.app[REDIS], request.app[KEYS], request[NAMESPACE]
     fact = await get_fact(r, keys, ns, fact_id)
@@ -112,8 +113,9 @@ async def fact_detail(request: web.Request) -> web.Response:
                                                    episode_id=fact.evidence),
                                       return_fields=("doc",), sort_by="completed_at", descending=False,
                                       limit=len(fact.evidence))
-        evidence = [rc.episode_json(c.episode) for c in map(rc.decode_hit, hits) if c is not None]
-    history = []
+        # decode_hit always sets the episode (Candidate.episode is optional for recall's signal-only ones)
+        evidence = [rc.episode_json(cast(Episode, c.episode)) for c in map(rc.decode_hit, hits) if c is not None]
+    history: list[dict[str, Any]] = []
     seen = {fact.fact_id}
     cursor = fact.supersedes
     while cursor and cursor not in seen and len(history) < 50:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from services.query.auth import PUBLIC_PATHS
+
+if TYPE_CHECKING:  # routes imports this module
+    from services.query.routes import Route
 
 _PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 
@@ -43,6 +46,33 @@ def _problem(description: str) -> dict[str, Any]:
         "schema": {"$ref": "#/components/schemas/Problem"}}}}
 
 
+def _responses(route: Route, *, has_params: bool) -> dict[str, Any]:
+    """The documented responses of one route."""
+    responses: dict[str, Any] = {str(route.status): {"description": "OK", "content": {
+        "application/json": {"schema": {"type": "object"}}}}}
+    if route.body is not None:
+        responses["400"] = _problem("malformed JSON")
+        responses["413"] = _problem("body too large")
+    if route.body is not None or route.query is not None or has_params:
+        responses["422"] = _problem("invalid fields, each named in `errors`")
+    if "{" in route.path:
+        responses["404"] = _problem("not in the caller's namespace")
+    if route.path not in PUBLIC_PATHS:
+        responses["401"] = _problem("missing or invalid API key")
+    if route.path == "/readyz":
+        responses["503"] = {"description": "not ready"}
+    if route.path == "/metrics":
+        responses["200"] = {"description": "Prometheus text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}}}
+        responses["401"] = _problem("with API keys configured: missing or invalid ENGRAM_METRICS_KEY")
+        responses["403"] = _problem("a tenant's API key: metrics span every namespace")
+    if route.status == 202:  # publishing routes
+        responses["503"] = _problem("Redis did not accept the event; nothing was published (Retry-After)")
+    if route.handler.__name__ == "ingest":
+        responses["429"] = _problem("consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
+    return responses
+
+
 @functools.cache
 def document() -> dict[str, Any]:
     from services.query.routes import ROUTES
@@ -66,29 +96,9 @@ def document() -> dict[str, Any]:
             body_schema = (_schema(route.body, components) if isinstance(route.body, type)
                            else route.body)
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_schema}}}
-        responses: dict[str, Any] = {str(route.status): {"description": "OK", "content": {
-            "application/json": {"schema": {"type": "object"}}}}}
-        if route.body is not None:
-            responses["400"] = _problem("malformed JSON")
-            responses["413"] = _problem("body too large")
-        if route.body is not None or route.query is not None or params:
-            responses["422"] = _problem("invalid fields, each named in `errors`")
-        if "{" in route.path:
-            responses["404"] = _problem("not in the caller's namespace")
+        responses = _responses(route, has_params=bool(params))
         if route.path not in PUBLIC_PATHS:
-            responses["401"] = _problem("missing or invalid API key")
             op["security"] = [{"bearer": []}]
-        if route.path == "/readyz":
-            responses["503"] = {"description": "not ready"}
-        if route.path == "/metrics":
-            responses["200"] = {"description": "Prometheus text exposition format",
-                                "content": {"text/plain": {"schema": {"type": "string"}}}}
-            responses["401"] = _problem("with API keys configured: missing or invalid ENGRAM_METRICS_KEY")
-            responses["403"] = _problem("a tenant's API key: metrics span every namespace")
-        if route.status == 202:  # publishing routes
-            responses["503"] = _problem("Redis did not accept the event; nothing was published (Retry-After)")
-        if route.handler.__name__ == "ingest":
-            responses["429"] = _problem("consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
         op["responses"] = responses
         paths.setdefault(path, {})[route.method.lower()] = op
     return {

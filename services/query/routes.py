@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import orjson
 import redis.asyncio as aioredis
@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import EpisodeCompleted, new_event_id
+from engram_episodic.events import Episode, EpisodeCompleted, new_event_id
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id, parse_episode
 from services.consolidator import deadletters
@@ -197,21 +197,24 @@ def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bo
     return bool(found)
 
 
+def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
+    """Whether an ingest body is a batch (`{"episodes": [...]}`), and its episodes; Invalid for a bad batch."""
+    if not (isinstance(body, dict) and "episodes" in body):
+        return False, [body]
+    extra = [k for k in body if k != "episodes"]
+    if extra:
+        raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
+                       for k in extra])
+    items = body["episodes"]
+    if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
+        raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
+    return True, items
+
+
 async def ingest(request: web.Request) -> web.Response:
     query: IngestQuery = _query_params(request, IngestQuery)
     received = time.time()
-    body = await read_json(request)
-    batch = isinstance(body, dict) and "episodes" in body
-    if batch:
-        extra = [k for k in body if k != "episodes"]
-        if extra:
-            raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
-                           for k in extra])
-        items = body["episodes"]
-        if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
-            raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
-    else:
-        items = [body]
+    batch, items = _ingest_items(await read_json(request))
     errs = Collector()
     episodes = []
     first_index: dict[str, int] = {}
@@ -247,7 +250,7 @@ async def ingest(request: web.Request) -> web.Response:
               for ep in episodes]
     stream_ids = await _client(request, backpressure=True).publish(events)
     request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
-    results = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
+    results: list[dict[str, Any]] = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
     out: dict[str, Any] = {"results": results, "accepted": len(results)}
     if query.wait > 0:
         done = await _projected(request, events, stream_ids, query.wait)
@@ -259,13 +262,20 @@ async def ingest(request: web.Request) -> web.Response:
     return _json(out, status=202)
 
 
+def _episode_of(c: rc.Candidate) -> Episode:
+    """The episode of a candidate built by `decode_hit` (get_episode, `rc.latest`, `rc.similar`), which
+    always sets it; `Candidate.episode` is optional for recall's signal-only candidates."""
+    return cast(Episode, c.episode)
+
+
 async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | None]:
     r = _redis(request)
     keys = request.app[KEYS]
     ns = _ns(request)
     gen = await current_generation(r, keys)
     names = ("doc", "status", "namespace", "access_count", "last_accessed")
-    values = await r.hmget(keys.episode_doc(gen, ns, episode_id), names)
+    # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
+    values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
     found = dict(zip((n.encode() for n in names), values, strict=True))
     if found[b"doc"] is None or found[b"namespace"] != ns.encode() \
             or await r.exists(keys.tombstone(ns, episode_id)):
@@ -295,10 +305,11 @@ async def get_episode(request: web.Request) -> web.Response:
             return _json({"episode": None, "episode_id": episode_id, "status": STATUS_PENDING,
                           "access_count": 0, "last_accessed": None})
         raise
-    c = rc.decode_hit(rc.SearchHit(key=b"", fields=found))
+    # a search hit has no None fields: the ones this document lacks are left out (read as missing alike)
+    c = rc.decode_hit(rc.SearchHit(key=b"", fields={k: v for k, v in found.items() if v is not None}))
     if c is None:
         raise Problem(500, "the stored episode is unreadable; it was logged")
-    return _json({"episode": rc.episode_json(c.episode), "status": (found[b"status"] or b"").decode(),
+    return _json({"episode": rc.episode_json(_episode_of(c)), "status": (found[b"status"] or b"").decode(),
                   "access_count": c.access_count,
                   "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None})
 
@@ -352,7 +363,7 @@ async def context(request: web.Request) -> web.Response:
     prompt, truncated = insights.prompt_section(req.task, req.category, recalled["results"],
                                                 recalled["replay_context"], facts, req.max_chars)
     return _json({"task": req.task, "category": req.category, "results": recalled["results"],
-                  "short_term": [rc.episode_json(c.episode) for c in short_term],
+                  "short_term": [rc.episode_json(_episode_of(c)) for c in short_term],
                   "replay_context": recalled["replay_context"], "facts": facts, "prompt": prompt,
                   "truncated": truncated, "max_chars": req.max_chars, "preset": recalled["preset"]})
 
@@ -378,7 +389,7 @@ async def strategy(request: web.Request) -> web.Response:
     profile = None
     if req.category:
         profile = next((p for p in await _profiles(request, req, 0.5) if p["category"] == req.category), None)
-    choice = insights.choose_strategy([c.episode for c in similar], complexity=req.complexity,
+    choice = insights.choose_strategy([_episode_of(c) for c in similar], complexity=req.complexity,
                                       category_profile=profile)
     return _json({**choice, "pool": list(insights.STRATEGY_POOL)})
 
@@ -388,7 +399,7 @@ async def suggest(request: web.Request) -> web.Response:
     vector = await _embed(request, req.task)
     scope = rc.scope_of(_ns(request), req, await _tags(request), category=(req.category,) if req.category else ())
     similar = await rc.similar(_redis(request), _index(request), scope, vector, req.k, req.min_similarity)
-    return _json(insights.suggestion([c.episode for c in similar]))
+    return _json(insights.suggestion([_episode_of(c) for c in similar]))
 
 
 async def learning_curve(request: web.Request) -> web.Response:

@@ -30,7 +30,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 try:
     from langchain_core.messages import (
@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
                       "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)") from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
-from engram_episodic.client import AsyncEngram, Engram
+from engram_episodic.client import AsyncEngram, ContextOptions, Engram
 from engram_episodic.errors import EngramError
 from engram_episodic.validation import MAX_ACTIONS
 
@@ -191,9 +191,10 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
     """
     clients = Clients(client, async_client, where="context_node")
     scope = check_scope(default_scope, "context_node")
-    options: dict[str, Any] = {k: v for k, v in (("category", category), ("top_k", top_k),
-                                                  ("max_chars", max_chars), ("half_life", half_life))
-                               if v is not None}
+    # the default scope (only agent_id, user_id, session_id: check_scope) and this function's typed options
+    options = cast(ContextOptions, {**scope, **{k: v for k, v in (
+        ("category", category), ("top_k", top_k), ("max_chars", max_chars), ("half_life", half_life))
+        if v is not None}})
 
     def update(state: Any, prompt: str) -> dict[str, Any]:
         new = SystemMessage(content=prompt, id=message_id)
@@ -210,7 +211,7 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
         if text is None:
             return {}
         try:
-            ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **scope, **options))
+            ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **options))
         except EngramError as exc:
             return failed(exc)
         return update(state, ctx.prompt)
@@ -220,13 +221,45 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
         if text is None:
             return {}
         try:
-            ctx = await clients.arun(lambda c: c.context(text[:MAX_TASK_CHARS], **scope, **options),
-                                     lambda c: c.context(text[:MAX_TASK_CHARS], **scope, **options))
+            ctx = await clients.arun(lambda c: c.context(text[:MAX_TASK_CHARS], **options),
+                                     lambda c: c.context(text[:MAX_TASK_CHARS], **options))
         except EngramError as exc:
             return failed(exc)
         return update(state, ctx.prompt)
 
     return RunnableLambda(run, afunc=arun, name=name)
+
+
+def _feedback_of(state: Any, feedback_key: str, reward_key: str, reward: StateValue) -> dict[str, Any]:
+    """The state's `feedback_key` (a dict) with `reward` from `reward_key`, else from `reward`."""
+    feedback = dict(_get(state, feedback_key) or {})
+    score = _get(state, reward_key)
+    score = score if score is not None else _value(reward, state)
+    if score is not None:
+        feedback["reward"] = score
+    return feedback
+
+
+def _task_fields(description: str, category: Any) -> dict[str, Any]:
+    return {"description": description, **({"category": category} if category is not None else {})}
+
+
+def _thread_fields(thread: str | None, session_from_thread: bool) -> dict[str, Any]:
+    """A turn's `session_id` (the thread, if `session_from_thread` and there is one) and `metadata`."""
+    out: dict[str, Any] = {}
+    if session_from_thread and thread:
+        out["session_id"] = thread[:256]
+    out["metadata"] = {"integration": "langgraph", **({"thread_id": thread} if thread else {})}
+    return out
+
+
+def _turn_episode_id(messages: Sequence[BaseMessage], thread: str | None) -> str | None:
+    """The episode id of a turn, from the thread and its message ids (None when they have none)."""
+    human = _last_human(messages)
+    if human is not None and messages[human].id and messages[-1].id:
+        key = f"{thread or ''}\x00{messages[human].id}\x00{messages[-1].id}"
+        return uuid.uuid5(_IDS, key).hex
+    return None
 
 
 def record_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | None = None,
@@ -259,25 +292,15 @@ def record_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | Non
             return None
         messages = _messages(state, messages_key)
         thread = _thread_id(config)
-        data: dict[str, Any] = {"task": {"description": text}, **turn_of(messages), **scope}
-        cat = _value(category, state)
-        if cat is not None:
-            data["task"]["category"] = cat
+        data: dict[str, Any] = {"task": _task_fields(text, _value(category, state)), **turn_of(messages), **scope}
         data["outcome"] = _get(state, outcome_key) or _value(outcome, state)
-        feedback = dict(_get(state, feedback_key) or {})
-        score = _get(state, reward_key)
-        score = score if score is not None else _value(reward, state)
-        if score is not None:
-            feedback["reward"] = score
+        feedback = _feedback_of(state, feedback_key, reward_key, reward)
         if feedback:
             data["feedback"] = feedback
-        if session_from_thread and thread and "session_id" not in scope:
-            data["session_id"] = thread[:256]
-        data["metadata"] = {"integration": "langgraph", **({"thread_id": thread} if thread else {})}
-        human = _last_human(messages)
-        if human is not None and messages[human].id and messages[-1].id:
-            key = f"{thread or ''}\x00{messages[human].id}\x00{messages[-1].id}"
-            data["episode_id"] = uuid.uuid5(_IDS, key).hex
+        data.update(_thread_fields(thread, session_from_thread and "session_id" not in scope))
+        episode_id = _turn_episode_id(messages, thread)
+        if episode_id is not None:
+            data["episode_id"] = episode_id
         data.update(_value(fields, state) or {})
         return {k: v for k, v in data.items() if v is not None}
 

@@ -59,7 +59,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
         return {**schema, "type": [kind, "null"]}
     if isinstance(kind, list) and "enum" not in schema:
         return schema if "null" in kind else {**schema, "type": [*kind, "null"]}
-    outer = {k: schema[k] for k in ("description", "title") if k in schema}
+    outer: dict[str, Any] = {k: schema[k] for k in ("description", "title") if k in schema}
     inner = {k: v for k, v in schema.items() if k not in outer}
     return {**outer, "anyOf": [inner, {"type": "null"}]}
 
