@@ -263,8 +263,9 @@ async def faults(stack: Stack, run: Run, seconds: float, pause: float) -> None:
 
 # --- counting -----------------------------------------------------------------------------------------
 async def drained(r, keys: Keys, group: str) -> bool:
-    info = await streams.group_info(r, keys.stream, group)
-    if info["pending"] or await streams.consumer_lag(r, keys.stream, group):
+    consumers = streams.StreamGroup(r, keys.stream, group)
+    info = await consumers.info()
+    if info["pending"] or await consumers.lag():
         return False
     reply = await r.execute_command("FT.INFO", keys.episode_index_alias)
     fields = dict(zip(reply[::2], reply[1::2], strict=False))

@@ -143,12 +143,12 @@ async def main_async(args: argparse.Namespace) -> int:
             await wait_http_ready(base, query, timeout=120)
             r = connect(server.url)
             keys = Keys(PREFIX)
+            group = streams.StreamGroup(r, keys.stream, "consolidator")
             # seeding is no measurement: 429s (backpressure) are waited out, anything else raises ApiError
             async with AsyncEngram(base, timeout=300.0) as memory:
                 for start in range(0, args.seed, 500):
                     await memory.publish([episode(i) for i in range(start, min(args.seed, start + 500))])
-            while await streams.consumer_lag(r, keys.stream, "consolidator") or \
-                    (await streams.group_info(r, keys.stream, "consolidator"))["pending"]:
+            while await group.lag() or (await group.info())["pending"]:
                 await asyncio.sleep(0.2)
             mem_start = int((await r.info("memory"))["used_memory"])
             print(f"load ◆ seeded {args.seed} episodes ◆ p99 bound {args.p99_ms:g} ms ◆ "
@@ -156,7 +156,7 @@ async def main_async(args: argparse.Namespace) -> int:
             next_id = [args.seed]
             for rate in args.rates:
                 rows = await step(base, rate, args.step_seconds, args.ingest_share, next_id, args.timeout)
-                lag = await streams.consumer_lag(r, keys.stream, "consolidator")
+                lag = await group.lag()
                 res = summarize(rate, rows, args.p99_ms, lag)
                 results.append(res)
                 print(f"load ◆ {rate:g} req/s ◆ recall p99 {res['recall']['p99_ms']} ms ◆ ingest p99 "

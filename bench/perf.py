@@ -226,7 +226,7 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
             # Redis time the pipeline is measured by when polled every 50 ms. RediSearch indexes as the
             # HSET runs, so once the group has nothing undelivered or unacked, the count is final.
             check_alive(procs, "consolidator worker")
-            info = await streams.group_info(r, keys.stream, Settings().consumer_group)
+            info = await streams.StreamGroup(r, keys.stream, Settings().consumer_group).info()
             if info["lag"] or info["pending"]:
                 bar.update(max(0, len(events) - info["lag"] - info["pending"] - bar.n))
                 return False

@@ -108,7 +108,8 @@ class EngramClient:
         while True:
             now = time.monotonic()
             if now - self._lag_checked_at > 0.25:
-                self._lag = await streams.consumer_lag(self.redis, self.keys.stream, self.consumer_group)
+                group = streams.StreamGroup(self.redis, self.keys.stream, self.consumer_group)
+                self._lag = await group.lag()
                 self._lag_checked_at = now
             if self._lag <= self.max_lag:
                 return

@@ -2,6 +2,9 @@
 
 Entries have one field, `e`, holding the codec envelope (msgpack). Dead letters carry the original
 payload `e`, the original stream id `sid`, a human-readable `reason`, the consumer and the time.
+
+Commands on the stream alone (publish, delete, read_range, trim_before, ...) are module functions taking
+(redis, stream); those bound to a consumer group are methods of `StreamGroup(redis, stream, group)`.
 """
 
 from __future__ import annotations
@@ -107,15 +110,6 @@ async def publish_sealed(r: aioredis.Redis, stream: str, payloads: Sequence[byte
         keys=[stream, *(key for key, _, _ in checks), *destroy], args=args + list(payloads)))
 
 
-async def ensure_group(r: aioredis.Redis, stream: str, group: str, start: str = "0") -> None:
-    """Create the consumer group (and the stream) if missing; an existing group is left alone."""
-    try:
-        await r.xgroup_create(stream, group, id=start, mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
 def _entries(raw) -> list[Entry]:
     out = []
     for stream_id, fields in raw or []:
@@ -126,83 +120,11 @@ def _entries(raw) -> list[Entry]:
     return out
 
 
-async def reclaim(r: aioredis.Redis, stream: str, group: str, consumer: str, *, min_idle_ms: int,
-                  count: int) -> tuple[list[Entry], list[bytes]]:
-    """XAUTOCLAIM entries idle longer than `min_idle_ms` from any consumer.
-
-    Returns (claimed entries, ids of entries that were deleted from the stream while pending).
-    """
-    if count <= 0:
-        return [], []
-    res = await r.xautoclaim(stream, group, consumer, min_idle_time=min_idle_ms, start_id="0-0",
-                             count=count)
-    claimed = _entries(res[1])
-    deleted = list(res[2]) if len(res) > 2 else []
-    return claimed, deleted
-
-
-async def read_new(r: aioredis.Redis, stream: str, group: str, consumer: str, *, count: int,
-                   block_ms: int) -> list[Entry]:
-    """XREADGROUP `>` up to `count` new entries, blocking at most `block_ms`."""
-    if count <= 0:
-        return []
-    # RESP2 (pinned by shared.redis_conn): [[stream, entries]]; redis-py annotates the RESP3 dict
-    res = cast(list[Any], await r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms))
-    if not res:
-        return []
-    return _entries(res[0][1])
-
-
-async def renew(r: aioredis.Redis, stream: str, group: str, consumer: str, ids: Sequence[bytes], *,
-                min_idle_ms: int) -> int:
-    """Renew `consumer`'s lease on pending `ids`: `XCLAIM ... JUSTID` resets their idle time without
-    counting a delivery. Only entries idle at least `min_idle_ms` are touched, so one that another
-    consumer reclaimed a moment ago stays with it. Returns how many were renewed."""
-    if not ids:
-        return 0
-    return len(await r.xclaim(stream, group, consumer, min_idle_time=min_idle_ms, message_ids=list(ids),
-                              justid=True))
-
-
-async def delivery_counts(r: aioredis.Redis, stream: str, group: str, ids: Sequence[bytes]) -> dict[bytes, int]:
-    """How many times each pending id has been delivered (XPENDING extended form)."""
-    counts: dict[bytes, int] = {}
-    for sid in ids:
-        res = await r.xpending_range(stream, group, min=sid, max=sid, count=1)
-        if res:
-            counts[sid] = int(res[0]["times_delivered"])
-    return counts
-
-
-async def ack(r: aioredis.Redis, stream: str, group: str, ids: Sequence[bytes]) -> int:
-    if not ids:
-        return 0
-    return int(await r.xack(stream, group, *ids))
-
-
 async def delete(r: aioredis.Redis, stream: str, ids: Sequence[bytes]) -> int:
     """XDEL entries (used by forgetting so the stream no longer holds forgotten data)."""
     if not ids:
         return 0
     return int(await r.xdel(stream, *ids))
-
-
-async def dead_letter(r: aioredis.Redis, dead_stream: str, entry: Entry, reason: str, consumer: str,
-                      *, source_stream: str, group: str) -> bytes:
-    """Copy `entry` to the dead-letter stream with its reason, then XACK the original, atomically."""
-    fields: dict[FieldT, EncodableT] = {
-        b"e": entry.payload or b"",
-        b"sid": entry.stream_id,
-        b"reason": reason.encode()[:2000],
-        b"consumer": consumer.encode(),
-        b"at": repr(time.time()).encode(),
-        b"deliveries": str(entry.deliveries).encode(),
-    }
-    async with r.pipeline(transaction=True) as pipe:
-        pipe.xadd(dead_stream, fields)
-        pipe.xack(source_stream, group, entry.stream_id)
-        res = await pipe.execute()
-    return res[0]
 
 
 async def read_range(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
@@ -219,21 +141,6 @@ async def read_range_raw(r: aioredis.Redis, stream: str, start: bytes | str = "-
     raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
                await r.xrange(stream, min=start, max=end, count=count))  # type: ignore[arg-type, unused-ignore]
     return list(raw)
-
-
-async def group_info(r: aioredis.Redis, stream: str, group: str) -> dict[str, int]:
-    """{pending, lag, consumers} of the group from XINFO GROUPS (zeros if the stream is missing)."""
-    try:
-        groups = await r.xinfo_groups(stream)
-    except ResponseError:
-        return {"pending": 0, "lag": 0, "consumers": 0}
-    for g in groups:
-        name = g.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) == group:
-            lag = g.get("lag")
-            return {"pending": int(g.get("pending") or 0), "lag": int(lag) if lag is not None else 0,
-                    "consumers": int(g.get("consumers") or 0)}
-    return {"pending": 0, "lag": 0, "consumers": 0}
 
 
 async def length(r: aioredis.Redis, stream: str) -> int:
@@ -253,35 +160,6 @@ async def requeue(r: aioredis.Redis, stream: str, dead_stream: str, dead_id: byt
     return res[0]
 
 
-async def consumer_lag(r: aioredis.Redis, stream: str, group: str) -> int:
-    """Entries published but not yet delivered to `group` (0 when the stream or group is missing).
-
-    XINFO GROUPS reports `lag` directly, but answers nil after some deletions (forgetting XDELs
-    entries); then the lag is estimated as `entries-added - entries-read` from XINFO STREAM.
-    """
-    try:
-        groups = await r.xinfo_groups(stream)
-    except ResponseError:
-        return 0
-    for g in groups:
-        name = g.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) != group:
-            continue
-        info = await r.execute_command("XINFO", "STREAM", stream)
-        fields = dict(zip(info[::2], info[1::2], strict=False))
-        # entries deleted before the group read them stay counted in entries-added, so Redis's lag can
-        # stay above zero for good on an idle stream (seen after forgets and compaction: every publish
-        # a 429): nothing after the last delivered id is no lag, and the lag is at most the length
-        if _stream_id(g.get("last-delivered-id")) >= _stream_id(fields.get(b"last-generated-id")):
-            return 0
-        if g.get("lag") is not None:
-            lag = int(g["lag"])
-        else:
-            lag = int(fields.get(b"entries-added") or 0) - int(g.get("entries-read") or 0)
-        return max(0, min(lag, int(fields.get(b"length") or 0)))
-    return 0
-
-
 def _stream_id(value: bytes | str | None) -> tuple[int, int]:
     text = value.decode() if isinstance(value, bytes) else str(value or "0-0")
     ms, _, seq = text.partition("-")
@@ -296,70 +174,202 @@ async def groups(r: aioredis.Redis, stream: str) -> list[dict]:
         return []
 
 
-async def pending_summary(r: aioredis.Redis, stream: str, group: str | bytes) -> dict:
-    """XPENDING summary: {pending, min, max, consumers}."""
-    return await r.xpending(stream, group)
-
-
 async def trim_before(r: aioredis.Redis, stream: str, min_id: str) -> int:
     """XTRIM MINID (exact): remove every entry with an id lower than `min_id`; returns the count."""
     return int(await r.xtrim(stream, minid=min_id, approximate=False))
 
 
-async def retire_consumer(r: aioredis.Redis, stream: str, group: str, consumer: str) -> bool:
-    """Remove `consumer` from the group if it holds no pending entries (a worker that stopped cleanly);
-    True if removed. One with pending entries stays, so that XAUTOCLAIM can hand them to another."""
-    try:
-        consumers = await r.xinfo_consumers(stream, group)
-    except ResponseError:
-        return False
-    for c in consumers:
-        name = c.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) == consumer and not int(c.get("pending") or 0):
-            await r.xgroup_delconsumer(stream, group, consumer)
-            return True
-    return False
+def _name(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
-async def unprojected(r: aioredis.Redis, stream: str, group: str, *, limit: int) -> list[bytes]:
-    """Payloads the group has not acked yet: its pending entries and those not yet delivered.
+@dataclass(frozen=True, slots=True)
+class StreamGroup:
+    """The consumer group `group` on `stream`: every command bound to a group (XGROUP, XREADGROUP,
+    XAUTOCLAIM, XCLAIM, XACK, XPENDING, XINFO GROUPS/CONSUMERS) goes through one of these.
 
-    At most `limit` of each: the oldest pending ones and the newest undelivered ones (a just-published
-    entry is at the end of a long backlog); the whole stream counts as undelivered while the group does
-    not exist yet (no consumer ever started). This is how a read tells "accepted, not yet projected"
-    from "never seen" without a write on the ingest path; its cost is bounded by `limit`.
+    Cheap to build (it holds no connection of its own: `redis` is the caller's client), so a caller may
+    keep one or make one per call. Methods that act for a consumer take its name first. Unless a method
+    says otherwise, redis-py's errors propagate: ResponseError `NOGROUP` when the stream or the group
+    does not exist (the worker re-creates them, `ensure`), ConnectionError/TimeoutError on transport faults.
     """
-    last: bytes | None = None
-    exists = False
-    for g in await groups(r, stream):
-        name = g.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) == group:
-            exists = True
+
+    redis: aioredis.Redis
+    stream: str
+    group: str
+
+    async def ensure(self, start: str = "0") -> None:
+        """Create the group (and the stream) if missing, reading from id `start` ("0": the whole stream,
+        "$": only new entries); an existing group is left alone. Raises ResponseError other than
+        BUSYGROUP (e.g. WRONGTYPE when the key is not a stream)."""
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id=start, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read_new(self, consumer: str, *, count: int, block_ms: int) -> list[Entry]:
+        """XREADGROUP `>` for `consumer`: up to `count` entries never delivered to the group, waiting at
+        most `block_ms` milliseconds when there is none. [] when `count` <= 0 (no command sent)."""
+        if count <= 0:
+            return []
+        # RESP2 (pinned by shared.redis_conn): [[stream, entries]]; redis-py annotates the RESP3 dict
+        res = cast(list[Any], await self.redis.xreadgroup(self.group, consumer, {self.stream: ">"},
+                                                          count=count, block=block_ms))
+        if not res:
+            return []
+        return _entries(res[0][1])
+
+    async def reclaim(self, consumer: str, *, min_idle_ms: int,
+                      count: int) -> tuple[list[Entry], list[bytes]]:
+        """XAUTOCLAIM for `consumer` up to `count` pending entries idle longer than `min_idle_ms`
+        milliseconds, whichever consumer held them (each claim counts a delivery).
+
+        Returns (claimed entries, ids of entries that were deleted from the stream while pending).
+        ([], []) when `count` <= 0 (no command sent).
+        """
+        if count <= 0:
+            return [], []
+        res = await self.redis.xautoclaim(self.stream, self.group, consumer, min_idle_time=min_idle_ms,
+                                          start_id="0-0", count=count)
+        claimed = _entries(res[1])
+        deleted = list(res[2]) if len(res) > 2 else []
+        return claimed, deleted
+
+    async def renew(self, consumer: str, ids: Sequence[bytes], *, min_idle_ms: int) -> int:
+        """Renew `consumer`'s lease on pending `ids`: `XCLAIM ... JUSTID` resets their idle time without
+        counting a delivery. Only entries idle at least `min_idle_ms` milliseconds are touched, so one
+        that another consumer reclaimed a moment ago stays with it. Returns how many were renewed (0 for
+        no ids)."""
+        if not ids:
+            return 0
+        return len(await self.redis.xclaim(self.stream, self.group, consumer, min_idle_time=min_idle_ms,
+                                           message_ids=list(ids), justid=True))
+
+    async def delivery_counts(self, ids: Sequence[bytes]) -> dict[bytes, int]:
+        """How many times each pending id has been delivered (XPENDING extended form, one call per id);
+        ids no longer pending are absent from the result."""
+        counts: dict[bytes, int] = {}
+        for sid in ids:
+            res = await self.redis.xpending_range(self.stream, self.group, min=sid, max=sid, count=1)
+            if res:
+                counts[sid] = int(res[0]["times_delivered"])
+        return counts
+
+    async def ack(self, ids: Sequence[bytes]) -> int:
+        """XACK `ids`; returns how many were pending and are now acknowledged (0 for no ids)."""
+        if not ids:
+            return 0
+        return int(await self.redis.xack(self.stream, self.group, *ids))
+
+    async def dead_letter(self, dead_stream: str, entry: Entry, reason: str, consumer: str) -> bytes:
+        """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch
+        seconds) and delivery count, and XACK the original, atomically (MULTI/EXEC). Returns the dead
+        letter's id."""
+        fields: dict[FieldT, EncodableT] = {
+            b"e": entry.payload or b"",
+            b"sid": entry.stream_id,
+            b"reason": reason.encode()[:2000],
+            b"consumer": consumer.encode(),
+            b"at": repr(time.time()).encode(),
+            b"deliveries": str(entry.deliveries).encode(),
+        }
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(dead_stream, fields)
+            pipe.xack(self.stream, self.group, entry.stream_id)
+            res = await pipe.execute()
+        return res[0]
+
+    async def _row(self) -> dict | None:
+        """This group's XINFO GROUPS row; None when the stream or the group does not exist."""
+        for g in await groups(self.redis, self.stream):
+            if _name(g.get("name")) == self.group:
+                return g
+        return None
+
+    async def info(self) -> dict[str, int]:
+        """{pending, lag, consumers} counts from XINFO GROUPS (zeros when the stream or group is missing;
+        lag 0 when Redis cannot tell it, see `lag`)."""
+        g = await self._row()
+        if g is None:
+            return {"pending": 0, "lag": 0, "consumers": 0}
+        lag = g.get("lag")
+        return {"pending": int(g.get("pending") or 0), "lag": int(lag) if lag is not None else 0,
+                "consumers": int(g.get("consumers") or 0)}
+
+    async def lag(self) -> int:
+        """Entries published but not yet delivered to the group, a count (0 when the stream or group is
+        missing).
+
+        XINFO GROUPS reports `lag` directly, but answers nil after some deletions (forgetting XDELs
+        entries); then the lag is estimated as `entries-added - entries-read` from XINFO STREAM.
+        """
+        g = await self._row()
+        if g is None:
+            return 0
+        info = await self.redis.execute_command("XINFO", "STREAM", self.stream)
+        fields = dict(zip(info[::2], info[1::2], strict=False))
+        # entries deleted before the group read them stay counted in entries-added, so Redis's lag can
+        # stay above zero for good on an idle stream (seen after forgets and compaction: every publish
+        # a 429): nothing after the last delivered id is no lag, and the lag is at most the length
+        if _stream_id(g.get("last-delivered-id")) >= _stream_id(fields.get(b"last-generated-id")):
+            return 0
+        if g.get("lag") is not None:
+            lag = int(g["lag"])
+        else:
+            lag = int(fields.get(b"entries-added") or 0) - int(g.get("entries-read") or 0)
+        return max(0, min(lag, int(fields.get(b"length") or 0)))
+
+    async def pending_summary(self) -> dict:
+        """XPENDING summary: {pending (a count), min and max (ids), consumers}."""
+        return await self.redis.xpending(self.stream, self.group)
+
+    async def retire_consumer(self, consumer: str) -> bool:
+        """Remove `consumer` from the group if it holds no pending entries (a worker that stopped cleanly);
+        True if removed, False otherwise (also when the stream or group is missing). One with pending
+        entries stays, so that XAUTOCLAIM can hand them to another."""
+        try:
+            consumers = await self.redis.xinfo_consumers(self.stream, self.group)
+        except ResponseError:
+            return False
+        for c in consumers:
+            if _name(c.get("name")) == consumer and not int(c.get("pending") or 0):
+                await self.redis.xgroup_delconsumer(self.stream, self.group, consumer)
+                return True
+        return False
+
+    async def unprojected(self, *, limit: int) -> list[bytes]:
+        """Payloads the group has not acked yet: its pending entries and those not yet delivered.
+
+        At most `limit` of each: the oldest pending ones and the newest undelivered ones (a just-published
+        entry is at the end of a long backlog); the whole stream counts as undelivered while the group does
+        not exist yet (no consumer ever started). This is how a read tells "accepted, not yet projected"
+        from "never seen" without a write on the ingest path; its cost is bounded by `limit`.
+        """
+        g = await self._row()
+        last: bytes | None = None
+        if g is not None:
             value = g.get("last-delivered-id")
             last = value if isinstance(value, bytes) else str(value).encode()
-    rows = await r.xpending_range(stream, group, min="-", max="+", count=limit) if exists else []
-    async with r.pipeline(transaction=False) as pipe:
-        for row in rows:
-            pipe.xrange(stream, min=row["message_id"], max=row["message_id"], count=1)
-        # an exclusive bytes id; the stale types-redis 4.6 stubs, where installed, take str ids only
-        pipe.xrevrange(stream, max="+", min=b"(" + last if last else "-", count=limit)  # type: ignore[arg-type, unused-ignore]
-        replies = await pipe.execute()
-    return [fields[FIELD] for reply in replies for _, fields in reply if FIELD in fields]
+        r, stream = self.redis, self.stream
+        rows = [] if g is None else await r.xpending_range(stream, self.group, min="-", max="+", count=limit)
+        async with r.pipeline(transaction=False) as pipe:
+            for row in rows:
+                pipe.xrange(stream, min=row["message_id"], max=row["message_id"], count=1)
+            # an exclusive bytes id; the stale types-redis 4.6 stubs, where installed, take str ids only
+            pipe.xrevrange(stream, max="+", min=b"(" + last if last else "-", count=limit)  # type: ignore[arg-type, unused-ignore]
+            replies = await pipe.execute()
+        return [fields[FIELD] for reply in replies for _, fields in reply if FIELD in fields]
 
-
-async def acked(r: aioredis.Redis, stream: str, group: str, ids: Sequence[str]) -> list[bool]:
-    """For each entry id: delivered to the group (at or before its last delivered id) and no longer
-    pending, i.e. acknowledged. False for all while the group does not exist."""
-    last = None
-    for g in await groups(r, stream):
-        name = g.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) == group:
-            last = _stream_id(g.get("last-delivered-id"))
-    if last is None or not ids:
-        return [False] * len(ids)
-    async with r.pipeline(transaction=False) as pipe:
-        for entry in ids:
-            pipe.xpending_range(stream, group, min=entry, max=entry, count=1)
-        pending = await pipe.execute()
-    return [_stream_id(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
-
+    async def acked(self, ids: Sequence[str]) -> list[bool]:
+        """For each entry id: delivered to the group (at or before its last delivered id) and no longer
+        pending, i.e. acknowledged. False for all while the group does not exist."""
+        g = await self._row()
+        if g is None or not ids:
+            return [False] * len(ids)
+        last = _stream_id(g.get("last-delivered-id"))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry in ids:
+                pipe.xpending_range(self.stream, self.group, min=entry, max=entry, count=1)
+            pending = await pipe.execute()
+        return [_stream_id(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]

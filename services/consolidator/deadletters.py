@@ -1,11 +1,11 @@
 """Dead letters (entries the consolidator could not project): the one owner of their writes, reads,
 re-drives and deletes.
 
-A dead letter is a copy of the stream entry with its reason (`shared.streams.dead_letter`, which XACKs
-the original atomically). When its payload still names an episode, both copies of its data are linked
-to the episode (`Keys.dead_letter_refs`: stream id -> dead-letter id, and its user under DEAD_REF_USER)
-and the episode to its user (`Keys.user_dead_letters`), so that forgetting the episode or the user
-deletes them. Those of a forgotten user whose payloads are sealed are found by their key reference.
+A dead letter is a copy of the stream entry with its reason (`shared.streams.StreamGroup.dead_letter`,
+which XACKs the original atomically). When its payload still names an episode, both copies of its data
+are linked to the episode (`Keys.dead_letter_refs`: stream id -> dead-letter id, and its user under
+DEAD_REF_USER) and the episode to its user (`Keys.user_dead_letters`), so that forgetting the episode or
+the user deletes them. Those of a forgotten user whose payloads are sealed are found by their key reference.
 The reason of a sealed entry names fields, never their values (`withhold_values`). The stream commands
 themselves stay in `shared.streams`.
 """
@@ -71,14 +71,14 @@ async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None 
     return len(chosen)
 
 
-async def dead_letter(redis: aioredis.Redis, keys: Keys, entry: streams.Entry, reason: str, *, consumer: str,
-                      group: str) -> None:
-    """Move `entry` to the dead letters and, when its payload still names an episode, link both
-    copies of its data to the episode (and its user) so that forgetting them deletes the copies
-    (found by new-user trials: dead letters outlived the forget of their episode or user)."""
-    k = keys
-    dead_id = await streams.dead_letter(redis, k.dead_letters, entry, reason, consumer,
-                                        source_stream=k.stream, group=group)
+async def dead_letter(group: streams.StreamGroup, keys: Keys, entry: streams.Entry, reason: str, *,
+                      consumer: str) -> None:
+    """Move `entry` from `group`'s stream to the dead letters (acking it) and, when its payload still
+    names an episode, link both copies of its data to the episode (and its user) so that forgetting
+    them deletes the copies (found by new-user trials: dead letters outlived the forget of their
+    episode or user)."""
+    k, redis = keys, group.redis
+    dead_id = await group.dead_letter(k.dead_letters, entry, reason, consumer)
     ident = peek_identity(entry.payload) if entry.payload else None
     if ident is None:
         return

@@ -31,7 +31,9 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
         return None
     needed: list[tuple[int, int]] = []
     for g in groups:
-        summary = await streams.pending_summary(redis, stream, g["name"])
+        name = g["name"]
+        summary = await streams.StreamGroup(redis, stream, name.decode() if isinstance(name, bytes) else name
+                                            ).pending_summary()
         if summary and summary.get("pending"):
             needed.append(_parse_id(summary["min"]))
         else:

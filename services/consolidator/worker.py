@@ -78,6 +78,7 @@ class Worker:
         self.redis = redis
         self.embedder = embedder
         self.keys = Keys(settings.prefix)
+        self.group = streams.StreamGroup(redis, self.keys.stream, settings.consumer_group)
         self.metrics = metrics or WorkerMetrics()
         self.name = name or consumer_name(settings)
         self.on_batch = on_batch
@@ -101,7 +102,7 @@ class Worker:
 
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
-        await streams.ensure_group(self.redis, self.keys.stream, self.settings.consumer_group)
+        await self.group.ensure()
         if self.keyring is not None:  # MasterKeyMismatch (a Conflict) when another master key wrapped the keys
             await self.keyring.load(self.redis)
         else:  # an encrypted deployment's worker without the master key would dead-letter everything
@@ -148,7 +149,7 @@ class Worker:
         if conflicts:
             raise conflicts[0]
         try:  # a worker that stopped cleanly leaves no consumer behind in XINFO CONSUMERS
-            await streams.retire_consumer(self.redis, self.keys.stream, self.settings.consumer_group, self.name)
+            await self.group.retire_consumer(self.name)
         except (redis_errors.RedisError, OSError) as exc:
             log.warning("worker %s ◆ could not remove its consumer: %s", self.name, exc)
         log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
@@ -197,7 +198,7 @@ class Worker:
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
-                    await streams.ensure_group(self.redis, self.keys.stream, self.settings.consumer_group)
+                    await self.group.ensure()
                     continue
                 log.exception("worker %s ◆ redis error", self.name)
                 await wait_or_stop(stop, backoff.next())
@@ -237,12 +238,10 @@ class Worker:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""
         s = self.settings
         projector = await self._projector()
-        claimed, _deleted = await streams.reclaim(self.redis, self.keys.stream, s.consumer_group, self.name,
-                                                  min_idle_ms=s.lease_ms, count=self.lane_batch)
+        claimed, _deleted = await self.group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
         entries = await self._drop_exhausted(claimed)
-        fresh = await streams.read_new(self.redis, self.keys.stream, s.consumer_group, self.name,
-                                       count=self.lane_batch - len(entries),
-                                       block_ms=1 if entries else s.block_ms)
+        fresh = await self.group.read_new(self.name, count=self.lane_batch - len(entries),
+                                          block_ms=1 if entries else s.block_ms)
         entries += fresh
         self.backlogged = bool(entries)
         if not entries:
@@ -274,8 +273,7 @@ class Worker:
             except TimeoutError:
                 pass
             try:
-                await streams.renew(self.redis, self.keys.stream, self.settings.consumer_group, self.name, ids,
-                                    min_idle_ms=int(self.settings.lease_ms / 3))
+                await self.group.renew(self.name, ids, min_idle_ms=int(self.settings.lease_ms / 3))
             except Exception as exc:  # the batch's own calls will surface a real outage
                 log.warning("worker %s ◆ lease renewal failed: %s", self.name, exc)
 
@@ -316,13 +314,11 @@ class Worker:
             return None
 
     async def _finish(self, result: BatchResult) -> None:
-        s = self.settings
         for entry, reason in result.dead:
-            await deadletters.dead_letter(self.redis, self.keys, entry, reason, consumer=self.name,
-                                          group=s.consumer_group)
+            await deadletters.dead_letter(self.group, self.keys, entry, reason, consumer=self.name)
             self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
-        await streams.ack(self.redis, self.keys.stream, s.consumer_group, result.ok)
+        await self.group.ack(result.ok)
         for sid in result.ok:
             self.last_errors.pop(sid, None)
 
@@ -330,23 +326,22 @@ class Worker:
         """Dead-letter claimed entries delivered more than `max_deliveries` times."""
         if not claimed:
             return []
-        counts = await streams.delivery_counts(self.redis, self.keys.stream, self.settings.consumer_group,
-                                               [e.stream_id for e in claimed])
+        counts = await self.group.delivery_counts([e.stream_id for e in claimed])
         keep = []
         for entry in claimed:
             n = counts.get(entry.stream_id, 1)
             if n > self.settings.max_deliveries:
                 reason = f"DeliveryLimit: failed {n - 1} deliveries; last error: " \
                          f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
-                await deadletters.dead_letter(self.redis, self.keys, streams.Entry(entry.stream_id, entry.payload, n),
-                                              reason, consumer=self.name, group=self.settings.consumer_group)
+                exhausted = streams.Entry(entry.stream_id, entry.payload, n)
+                await deadletters.dead_letter(self.group, self.keys, exhausted, reason, consumer=self.name)
                 self.metrics.dead_letters.labels("DeliveryLimit").inc()
             else:
                 keep.append(entry)
         return keep
 
     async def refresh_lag(self) -> dict[str, int]:
-        info = await streams.group_info(self.redis, self.keys.stream, self.settings.consumer_group)
+        info = await self.group.info()
         self.metrics.lag.set(info["lag"])
         self.metrics.pending.set(info["pending"])
         return info

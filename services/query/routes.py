@@ -168,7 +168,8 @@ async def _projected(request: web.Request, events: list[EpisodeCompleted], strea
     done = [False] * len(events)
     while True:
         todo = [i for i, d in enumerate(done) if not d]
-        acked = await streams.acked(r, keys.stream, s.consumer_group, [stream_ids[i] for i in todo])
+        acked = await streams.StreamGroup(r, keys.stream, s.consumer_group).acked(
+            [stream_ids[i] for i in todo])
         gen = await current_generation(r, keys)
         async with r.pipeline(transaction=False) as pipe:
             for i in todo:
@@ -286,7 +287,8 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
 async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
     """True when the stream holds an event of this episode that the consolidator has not acked yet."""
     s, keys, ns = request.app[SETTINGS], request.app[KEYS], _ns(request)
-    for payload in await streams.unprojected(_redis(request), keys.stream, s.consumer_group, limit=PENDING_SCAN):
+    for payload in await streams.StreamGroup(_redis(request), keys.stream, s.consumer_group).unprojected(
+            limit=PENDING_SCAN):
         identity = peek_identity(payload)
         if identity is not None and identity[0] == ns and identity[1] == episode_id:
             return True

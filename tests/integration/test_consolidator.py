@@ -97,7 +97,7 @@ async def test_c02_two_workers_same_duplicates_at_once(settings, redis):
     w1.settings = w2.settings = settings.with_(batch_size=5)
     await drain(w1, w2)
     assert list(await docs(redis, keys, "ns")) == ["e"]
-    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
 
 
 async def test_order_tolerant_actions_before_start_completion_first(settings, redis):
@@ -174,7 +174,8 @@ async def test_event_recorded_by_another_worker_during_the_fast_path_is_not_lost
     await worker_a.setup()
     await worker_b.setup()
     await streams.publish(redis, keys.stream, [encode(done)])
-    entries = await streams.read_new(redis, keys.stream, settings.consumer_group, "a", count=10, block_ms=1)
+    group = streams.StreamGroup(redis, keys.stream, settings.consumer_group)
+    entries = await group.read_new("a", count=10, block_ms=1)
 
     async def b_records_the_action():
         await streams.publish(redis, keys.stream, [encode(act)])
@@ -221,7 +222,7 @@ async def test_c11_poison_entries_go_to_dead_letters(settings, redis):
     assert [d.stream_id for d in dead] == [ids[3].decode(), ids[7].decode(), ids[11].decode()]
     assert "DecodeError" in dead[0].reason and "UnknownSchemaVersion" in dead[1].reason
     assert "importance" in dead[2].reason and dead[0].payload == undecodable
-    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
     # re-drive after a "fix": the undecodable one fails again and comes back with a new id
     assert await redrive(redis, keys, [dead[0].dead_id]) == 1
     await drain(worker)
@@ -509,7 +510,7 @@ async def _has(redis, keys: Keys, episode_id: str) -> bool:
 
 async def _unprojected(redis, stream: str, group: str, n: int) -> bool:
     """The group has `n` entries not acked: never read (lag) or read and left pending."""
-    info = await streams.group_info(redis, stream, group)
+    info = await streams.StreamGroup(redis, stream, group).info()
     return info["lag"] + info["pending"] == n
 
 
@@ -571,7 +572,7 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
     await wait_until(lambda: _count_is(redis, keys, 5), message="5 projected")
     stop.set()
     await asyncio.wait_for(task, 10)
-    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
     # it removed itself from the group (restarted workers used to pile up in XINFO CONSUMERS)
     assert await redis.xinfo_consumers(keys.stream, settings.consumer_group) == []
 
@@ -604,7 +605,7 @@ async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(set
     stop.set()
     await asyncio.wait_for(task, 10)
     assert peak >= 2, "batches never overlapped"
-    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
     assert len(await docs(redis, keys, "ns")) == 600
 
 
@@ -636,14 +637,14 @@ async def test_a_batch_slower_than_its_lease_is_renewed_not_reclaimed(settings, 
     keys = Keys(s.prefix)
 
     async def a_holds_the_batch() -> bool:
-        return (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 3
+        return (await streams.StreamGroup(redis, keys.stream, s.consumer_group).info())["pending"] == 3
     await wait_until(a_holds_the_batch, message="the slow worker read the batch")
     stolen = 0
     while not turn_a.done():  # b's turn blocks up to block_ms (20 ms) when it finds nothing to reclaim
         stolen += await b.turn()
     assert await turn_a == 3
     assert stolen == 0 and slow.texts == 3, "the batch was reclaimed while its worker still held it"
-    assert (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, s.consumer_group).info())["pending"] == 0
 
 
 async def _count_is(redis, keys, n):
@@ -664,7 +665,7 @@ async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
     assert sorted(await docs(redis, keys, "ns")) == ["g0", "g1", "g2", "g3"]
     dead = await list_dead_letters(redis, keys)
     assert [d.stream_id for d in dead] == [ids[2].decode()]
-    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
 
 
 async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(settings, redis):
@@ -692,7 +693,7 @@ async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(setti
     await wait_until(turn_then_count_dead, message="poison dead-lettered", timeout=20)
     (dead,) = await list_dead_letters(redis, keys)
     assert "DeliveryLimit" in dead.reason and "model crashed" in dead.reason
-    assert (await streams.group_info(redis, keys.stream, s.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, s.consumer_group).info())["pending"] == 0
 
 
 
@@ -774,11 +775,12 @@ async def test_fast_path_chunks_with_mixed_outcomes_keep_every_episode_apart(set
     assert len(batch) > 2 * PROJECT_CHUNK
     await streams.publish(redis, keys.stream, [encode(e) for e in batch])
     # one apply of the whole batch (drain would hide a failing batch by retrying entry by entry)
-    entries = await streams.read_new(redis, keys.stream, settings.consumer_group, "w1", count=500, block_ms=1)
+    group = streams.StreamGroup(redis, keys.stream, settings.consumer_group)
+    entries = await group.read_new("w1", count=500, block_ms=1)
     assert len(entries) == len(batch)
     result = await worker.projector.apply(entries)
     assert len(result.ok) == len(batch) and not result.dead
-    await streams.ack(redis, keys.stream, settings.consumer_group, result.ok)
+    await group.ack(result.ok)
     found = await docs(redis, keys, "ns")
     assert sorted(found) == sorted(f"m{i}" for i in range(70) if i != 5)
     for eid, fields in found.items():
@@ -788,7 +790,7 @@ async def test_fast_path_chunks_with_mixed_outcomes_keep_every_episode_apart(set
     assert json.loads(found["m17"][b"doc"])["agent_id"] == "early-agent"
     assert json.loads(found["m38"][b"doc"])["session_id"] == "s38"
     assert await redis.exists(keys.episode_doc(1, "ns", "m5")) == 0
-    assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
 
 
 async def test_model_embedder_never_embeds_unchanged_text_twice(settings, redis):

@@ -96,7 +96,7 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
                 assert w.poll() is None, w.stderr.read().decode()[-2000:]
             if await indexed() != N_EPISODES:
                 return False
-            info = await streams.group_info(redis, keys.stream, "consolidator")
+            info = await streams.StreamGroup(redis, keys.stream, "consolidator").info()
             return info["pending"] == 0 and info["lag"] == 0
 
         await wait_until(all_done, timeout=90, message=f"{N_EPISODES} episodes indexed, nothing pending")

@@ -397,7 +397,8 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
             assert group_after[field] == group_before[field], field
         # the lag is what the group has left to read (p3, p4), not counts of entries deleted before it
         # read them (a phantom lag that held every publish at 429 on an idle stack; new-user trial)
-        assert group_after["lag"] == 2 and await streams.consumer_lag(redis, keys.stream, settings.consumer_group) == 2
+        group = streams.StreamGroup(redis, keys.stream, settings.consumer_group)
+        assert group_after["lag"] == 2 and await group.lag() == 2
         info_after = await redis.xinfo_stream(keys.stream)
         for field in ("last-generated-id", "entries-added", "max-deleted-entry-id", "length"):
             assert info_after[field] == info_before[field], field
@@ -409,7 +410,7 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         worker.settings = worker.settings.with_(lease_ms=10)  # take over "slow"'s pending entries too
         await drain(worker)
         assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 300 + 5 + 1
-        assert (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+        assert (await group.info())["pending"] == 0
     finally:
         await redis.aclose()
         server.stop()

@@ -35,7 +35,8 @@ pytest_plugins = ["tests.integration.test_query_support"]
 async def test_backpressure_is_429_with_retry_after_and_publishes_nothing(make_client, settings, redis):
     keys = Keys(settings.prefix)
     client = await make_client(max_lag=5)
-    await streams.ensure_group(redis, keys.stream, settings.consumer_group)  # a group that reads nothing
+    # a group that reads nothing
+    await streams.StreamGroup(redis, keys.stream, settings.consumer_group).ensure()
     for i in range(6):  # lag 0..5 before each: accepted
         resp = await client.post("/v1/episodes", json=episode(f"e{i}"))
         assert resp.status == 202, await resp.text()

@@ -118,11 +118,11 @@ async def test_backpressure_waits_then_publishes_or_raises(redis, prefix, settin
     from shared.embedding import HashingEmbedder
 
     keys = Keys(prefix)
-    await streams.ensure_group(redis, keys.stream, "consolidator")
+    await streams.StreamGroup(redis, keys.stream, "consolidator").ensure()
     filler = EngramClient(redis, namespace="ns", prefix=prefix)
     for i in range(30):
         await filler.record({"episode_id": f"f{i}", "task": "t", "outcome": "success"})
-    assert await streams.consumer_lag(redis, keys.stream, "consolidator") == 30
+    assert await streams.StreamGroup(redis, keys.stream, "consolidator").lag() == 30
     strict = EngramClient(redis, namespace="ns", prefix=prefix, max_lag=10, wait_on_backpressure=False)
     with pytest.raises(Backpressure) as info:
         await strict.record({"episode_id": "x", "task": "t", "outcome": "success"})

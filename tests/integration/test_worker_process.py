@@ -71,7 +71,7 @@ async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
         first.wait()
         first.stderr.close()
     done_by_first = await indexed(redis, keys)
-    info = await streams.group_info(redis, keys.stream, settings.consumer_group)
+    info = await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info()
     assert done_by_first < n and info["pending"] + info["lag"] > 0, "kill came too late to test anything"
     second = spawn_worker(settings, "rescuer", ENGRAM_LEASE_MS="300", ENGRAM_BATCH_SIZE="200")
     try:
@@ -95,7 +95,8 @@ async def test_sigterm_finishes_and_acks_batch(settings, redis):
     consumers = await redis.xinfo_consumers(keys.stream, settings.consumer_group)
     mine = [c for c in consumers if c["name"] in (b"graceful", "graceful")]
     # it acked its batch in hand (nothing pending) and, holding nothing, removed itself from the group
-    assert mine == [] and (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    group = streams.StreamGroup(redis, keys.stream, settings.consumer_group)
+    assert mine == [] and (await group.info())["pending"] == 0
     assert await indexed(redis, keys) > 0
 
 
@@ -110,4 +111,4 @@ async def _indexed_is(redis, keys, n) -> bool:
 
 
 async def _pending_zero(redis, keys, settings) -> bool:
-    return (await streams.group_info(redis, keys.stream, settings.consumer_group))["pending"] == 0
+    return (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
