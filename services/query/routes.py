@@ -43,6 +43,7 @@ from shared import streams
 from shared.codec import peek_identity
 from shared.index import category_stats, current_generation, index_exists
 from shared.sdk import EngramClient
+from shared.settings import Settings
 from shared.tags import TagCodec
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -122,26 +123,39 @@ def _path_id(request: web.Request, name: str) -> str:
 
 
 # --- recall -----------------------------------------------------------------------------------------
-async def recall(request: web.Request) -> web.Response:
-    req: models.RecallRequest = validate(models.RecallRequest, await read_json(request))
-    s = request.app[SETTINGS]
+def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.RecallParams:
+    """`POST /v1/recall`: the request's choices, the settings' defaults for the rest."""
     top_k = req.top_k or s.default_top_k
     depth = req.candidates or max(s.recall_candidates, top_k)  # never from top_k alone: top_k only cuts
     if depth < top_k:
         raise Invalid([("candidates", "must be at least top_k")])
-    now = time.time()
+    return rc.RecallParams(
+        top_k=top_k, depth=depth, mode=req.mode or s.recall_mode, preset=req.preset,
+        weights=req.weights.model_dump() if req.weights else None, half_life=req.half_life or s.half_life,
+        as_of=req.as_of if req.as_of is not None else now, normalize=req.normalize,
+        recency_from=req.recency_from, touch_now=now if req.touch else None,
+        min_relevance=req.min_relevance, min_priority=req.min_priority)
+
+
+def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.RecallParams:
+    """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing."""
+    top_k = req.top_k or s.default_top_k
+    return rc.RecallParams(
+        top_k=top_k, depth=max(s.recall_candidates, top_k), mode=s.recall_mode, preset=None, weights=None,
+        half_life=req.half_life or s.half_life, as_of=now, normalize="none", recency_from="completed",
+        touch_now=None, min_relevance=req.min_relevance, min_priority=req.min_priority)
+
+
+async def recall(request: web.Request) -> web.Response:
+    req: models.RecallRequest = validate(models.RecallRequest, await read_json(request))
+    params = recall_params(req, request.app[SETTINGS], time.time())
     start = time.perf_counter()
     vector = await _embed(request, req.query)
-    mode = req.mode or s.recall_mode
-    body = await rc.recall(
-        _redis(request), _index(request), rc.scope_of(_ns(request), req, await _tags(request)), req.query, vector,
-        top_k=top_k, depth=depth, mode=mode, preset=req.preset,
-        min_relevance=req.min_relevance, min_priority=req.min_priority, sizes=request.app[SCOPE_SIZES],
-        weights=req.weights.model_dump() if req.weights else None,
-        half_life=req.half_life or s.half_life, as_of=req.as_of if req.as_of is not None else now,
-        normalize=req.normalize, recency_from=req.recency_from, touch_now=now if req.touch else None)
+    body = await rc.recall(_redis(request), _index(request),
+                           rc.scope_of(_ns(request), req, await _tags(request)), req.query, vector, params,
+                           sizes=request.app[SCOPE_SIZES])
     metrics = request.app[METRICS]
-    metrics.recall_seconds.labels(mode).observe(time.perf_counter() - start)
+    metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
     return _json(body)
 
@@ -350,14 +364,8 @@ async def context(request: web.Request) -> web.Response:
     r, index = _redis(request), _index(request)
     scope = rc.scope_of(_ns(request), req, await _tags(request), category=())
     vector = await _embed(request, req.task)
-    now = time.time()
-    top_k = req.top_k or s.default_top_k
-    recalled = await rc.recall(r, index, scope, req.task, vector, top_k=top_k,
-                               depth=max(s.recall_candidates, top_k), mode=s.recall_mode,
-                               min_relevance=req.min_relevance, min_priority=req.min_priority,
-                               preset=None, weights=None, sizes=request.app[SCOPE_SIZES],
-                               half_life=req.half_life or s.half_life,
-                               as_of=now, normalize="none", recency_from="completed", touch_now=None)
+    recalled = await rc.recall(r, index, scope, req.task, vector, context_params(req, s, time.time()),
+                               sizes=request.app[SCOPE_SIZES])
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5)
     prompt, truncated = insights.prompt_section(req.task, req.category, recalled["results"],
