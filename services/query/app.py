@@ -1,28 +1,51 @@
-"""The query service application: typed app keys, one cleanup context owning Redis and the embedder.
+"""The query service application: the route table wired to its middlewares, the injected dependencies,
+one cleanup context owning Redis and the embedder.
 
 `make_app(settings)` builds the aiohttp application; `redis=` and `embedder=` inject ready resources
-(tests, benchmarks) which the app then neither creates nor closes. Startup ensures the episode index of
-the live generation exists and was built with this embedder; a mismatch (`Conflict`) fails startup with
-its message.
+(tests, benchmarks) which the app then neither creates nor closes; `facts=` and `consolidate=` replace
+the facts provider of `POST /v1/context` and the consolidation of `POST /v1/consolidate`
+(`services.query.providers` builds the real ones). The imports run one way: app → routes → views →
+domain modules, and everything reads its state through `services.query.appkeys`.
+
+Startup ensures the episode index of the live generation exists and was built with this embedder; a
+mismatch (`Conflict`) fails startup with its message.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
-import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.query.appkeys import (
+    CONSOLIDATE,
+    EMBEDDER,
+    FACTS,
+    KEYS,
+    METRICS,
+    OPENAPI,
+    QUERY_VECTORS,
+    REDIS,
+    SCOPE_SIZES,
+    SETTINGS,
+    TAGS,
+    Consolidate,
+    FactsProvider,
+    OpenAPIDocument,
+)
 from services.query.auth import auth_middleware
 from services.query.metrics import Metrics
+from services.query.openapi import document
 from services.query.problems import problems_middleware
+from services.query.providers import consolidation, facts_provider
 from services.query.recall import ScopeSizes
+from services.query.routes import ROUTES, add_routes
 from shared.embedding import Embedder, QueryVectorCache, make_embedder
-from shared.index import LiveTags, Scope, VectorParams, current_generation, ensure_episode_index
+from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.redis_conn import connect
@@ -31,23 +54,8 @@ from shared.settings import Settings
 
 log = logging.getLogger("engram.query")
 
-FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
-
-
-async def no_facts(r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
-    """The facts provider until semantic memory exists: no facts (the `facts` section stays [])."""
-    return []
-
-
-SETTINGS = web.AppKey("settings", Settings)
-KEYS = web.AppKey("keys", Keys)
-REDIS = web.AppKey("redis", aioredis.Redis)
-EMBEDDER = web.AppKey("embedder", Embedder)
-METRICS = web.AppKey("metrics", Metrics)
-FACTS: web.AppKey[FactsProvider] = web.AppKey("facts")  # a Callable alias is no class to pass as the type
-SCOPE_SIZES = web.AppKey("scope_sizes", ScopeSizes)
-QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
-TAGS = web.AppKey("tags", LiveTags)
+# the document of the table, built on the first GET /openapi.json and kept for the process
+openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, ROUTES))
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
@@ -96,24 +104,24 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
 
 
 def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedder: Embedder | None = None,
-             facts: FactsProvider = no_facts) -> web.Application:
+             facts: FactsProvider | None = None, consolidate: Consolidate | None = None) -> web.Application:
     """The query service. Startup fails (exception) when Redis is unreachable or the index conflicts."""
-    from services.query.routes import add_routes  # routes import this module's app keys
-
     metrics = Metrics()
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[metrics.middleware(), problems_middleware,
-                     auth_middleware(settings.api_keys, settings.default_namespace, settings.metrics_key)],
+                     auth_middleware(settings.api_keys, settings.default_namespace, settings.metrics_key,
+                                     routes=ROUTES)],
     )
+    keys = Keys(settings.prefix)
     app[SETTINGS] = settings
-    app[KEYS] = Keys(settings.prefix)
+    app[KEYS] = keys
     app[METRICS] = metrics
-    app[FACTS] = facts
+    app[FACTS] = facts if facts is not None else facts_provider(keys)
+    app[CONSOLIDATE] = consolidate if consolidate is not None else consolidation(settings, metrics)
+    app[OPENAPI] = openapi_document
     app[SCOPE_SIZES] = ScopeSizes()
     app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache)
-    from services.query.facts_routes import register as register_facts
-    register_facts(app)
     app.cleanup_ctx.append(_resources(redis, embedder))
     add_routes(app)
     return app

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from services.query.appkeys import NAMESPACE
 from services.query.problems import Problem
 
-NAMESPACE = web.RequestKey("namespace", str)  # request[NAMESPACE]: the caller's namespace
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+if TYPE_CHECKING:  # the type only: make_app hands the table over
+    from services.query.routes import Route
+
 METRICS_PATH = "/metrics"  # every namespace's traffic: with API keys, only ENGRAM_METRICS_KEY reads it
 
 
@@ -50,12 +54,27 @@ def namespace_for(api_keys: dict[str, str], header: str | None) -> str | None:
     return namespace
 
 
-def auth_middleware(api_keys: dict[str, str], default_namespace: str, metrics_key: str | None = None):
+def public_paths(routes: Iterable[Route]) -> frozenset[str]:
+    """The paths of the routes marked `public`. A public route has a fixed path (ValueError otherwise):
+    the request's path then matches it exactly, whatever the method (a wrong one still answers 405
+    without a key)."""
+    paths = {r.path for r in routes if r.public}
+    templated = sorted(p for p in paths if "{" in p)
+    if templated:
+        raise ValueError(f"a public route needs a fixed path: {templated}")
+    return frozenset(paths)
+
+
+def auth_middleware(api_keys: dict[str, str], default_namespace: str, metrics_key: str | None = None, *,
+                    routes: Iterable[Route]):
     """Sets request[NAMESPACE] from the Bearer key (401 without a known one), or the default namespace
-    in dev mode. With API keys, `/metrics` takes `metrics_key` only: its totals span every namespace."""
+    in dev mode; a request for a public route of `routes` passes without either. With API keys,
+    `/metrics` takes `metrics_key` only: its totals span every namespace."""
+    public = public_paths(routes)
+
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
-        if request.path in PUBLIC_PATHS:
+        if request.path in public:
             return await handler(request)
         if not api_keys:
             request[NAMESPACE] = default_namespace

@@ -1,16 +1,15 @@
-"""The OpenAPI 3.1 document, built from `routes.ROUTES` and the pydantic models' JSON schemas."""
+"""The OpenAPI 3.1 document of a route table (`services.query.routes.ROUTES`, handed over by `make_app`)
+and the pydantic models' JSON schemas: each route's statuses, security and models come from its Route."""
 
 from __future__ import annotations
 
-import functools
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from services.query.auth import PUBLIC_PATHS
-
-if TYPE_CHECKING:  # routes imports this module
+if TYPE_CHECKING:  # the type only: the table is handed over, never imported
     from services.query.routes import Route
 
 _PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
@@ -46,40 +45,20 @@ def _problem(description: str) -> dict[str, Any]:
         "schema": {"$ref": "#/components/schemas/Problem"}}}}
 
 
-def _responses(route: Route, *, has_params: bool) -> dict[str, Any]:
-    """The documented responses of one route."""
-    responses: dict[str, Any] = {str(route.status): {"description": "OK", "content": {
+def _responses(route: Route) -> dict[str, Any]:
+    """The documented responses of one route: its success status, then its error statuses."""
+    responses: dict[str, Any] = {str(route.status): route.response or {"description": "OK", "content": {
         "application/json": {"schema": {"type": "object"}}}}}
-    if route.body is not None:
-        responses["400"] = _problem("malformed JSON")
-        responses["413"] = _problem("body too large")
-    if route.body is not None or route.query is not None or has_params:
-        responses["422"] = _problem("invalid fields, each named in `errors`")
-    if "{" in route.path:
-        responses["404"] = _problem("not in the caller's namespace")
-    if route.path not in PUBLIC_PATHS:
-        responses["401"] = _problem("missing or invalid API key")
-    if route.path == "/readyz":
-        responses["503"] = {"description": "not ready"}
-    if route.path == "/metrics":
-        responses["200"] = {"description": "Prometheus text exposition format",
-                            "content": {"text/plain": {"schema": {"type": "string"}}}}
-        responses["401"] = _problem("with API keys configured: missing or invalid ENGRAM_METRICS_KEY")
-        responses["403"] = _problem("a tenant's API key: metrics span every namespace")
-    if route.status == 202:  # publishing routes
-        responses["503"] = _problem("Redis did not accept the event; nothing was published (Retry-After)")
-    if route.handler.__name__ == "ingest":
-        responses["429"] = _problem("consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
+    for s in route.errors:
+        responses[str(s.code)] = _problem(s.description) if s.problem else {"description": s.description}
     return responses
 
 
-@functools.cache
-def document() -> dict[str, Any]:
-    from services.query.routes import ROUTES
-
+def document(routes: Iterable[Route]) -> dict[str, Any]:
+    """The document of `routes` (make_app builds it once, on the first GET /openapi.json)."""
     components: dict[str, Any] = {"Problem": PROBLEM_SCHEMA}
     paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
+    for route in routes:
         path = openapi_path(route.path)
         op: dict[str, Any] = {"summary": route.summary, "operationId": route.handler.__name__,
                               "tags": [route.tag]}
@@ -96,8 +75,8 @@ def document() -> dict[str, Any]:
             body_schema = (_schema(route.body, components) if isinstance(route.body, type)
                            else route.body)
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_schema}}}
-        responses = _responses(route, has_params=bool(params))
-        if route.path not in PUBLIC_PATHS:
+        responses = _responses(route)
+        if not route.public:
             op["security"] = [{"bearer": []}]
         op["responses"] = responses
         paths.setdefault(path, {})[route.method.lower()] = op

@@ -522,19 +522,41 @@ def _passing(scored: scoring.Scored, min_relevance: float, min_priority: float) 
     return scored.order[keep[scored.order]]
 
 
-async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray, *,
-                 top_k: int, depth: int, mode: str, preset: str | None,
-                 weights: dict[str, float] | None, half_life: float, as_of: float, normalize: str,
-                 recency_from: str, touch_now: float | None, min_relevance: float = 0.0,
-                 min_priority: float = 0.0, sizes: ScopeSizes | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RecallParams:
+    """One recall's choices, built once per request (`services.query.views.recall`) from its model and
+    the settings: `top_k` cuts the ranking of a pool of `depth` hits per arm, found by `mode`; the weights
+    are `weights` or the `preset`'s; `half_life`, `as_of`, `normalize` and `recency_from` shape the
+    scores; `touch_now` (or None) stamps the answered episodes; `min_relevance` and `min_priority`
+    drop candidates before the cut."""
+
+    top_k: int
+    depth: int
+    mode: str
+    preset: str | None
+    weights: dict[str, float] | None
+    half_life: float
+    as_of: float
+    normalize: str
+    recency_from: str
+    touch_now: float | None
+    min_relevance: float = 0.0
+    min_priority: float = 0.0
+
+
+async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
+                 params: RecallParams, *, sizes: ScopeSizes | None = None) -> dict[str, Any]:
     """The `POST /v1/recall` response body (see the module docstring).
 
-    The ranking does not depend on `top_k`, which only cuts it: the pool (`candidates`, `depth` hits
+    The ranking does not depend on `params.top_k`, which only cuts it: the pool (`candidates`, `depth` hits
     per arm) and every score are the same for any `top_k` <= depth. `min_relevance` and
     `min_priority` drop candidates below them before the cut.
     """
-    preset_name, w = await resolve_weights(r, index, scope, preset, weights, sizes)
-    depth = max(depth, top_k)
+    p = params
+    top_k, mode, half_life, as_of, normalize = p.top_k, p.mode, p.half_life, p.as_of, p.normalize
+    recency_from, min_relevance, min_priority = p.recency_from, p.min_relevance, p.min_priority
+    preset_name, w = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
+    depth = max(p.depth, top_k)
     pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
@@ -586,8 +608,8 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
                 "access_count": c.access_count,
                 "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
             })
-    if touch_now is not None:
-        await touch(r, [c.key for c in chosen], touch_now)
+    if p.touch_now is not None:
+        await touch(r, [c.key for c in chosen], p.touch_now)
     context = scoring.replay_context(
         [c.doc.get("strategy_used") for c in chosen],
         [(c.doc.get("feedback") or {}).get("reward") for c in chosen],

@@ -23,8 +23,7 @@ from schemathesis.checks import allow_header_conformance, positive_data_acceptan
 from schemathesis.config import SchemathesisConfig
 
 from deploy.embedded_redis import free_port
-from services.query.app import make_app
-from services.query.openapi import document
+from services.query.app import make_app, openapi_document
 from services.query.server import AppRunner
 from shared.embedding import HashingEmbedder
 from shared.settings import Settings
@@ -38,7 +37,7 @@ KEY = "schemathesis-key-000000000000"
 # wire form (an unnamed one holding []), a valid request answered 200 failed "schema-violating request
 # accepted" (GET /v1/skills, about 1 run in 3 of `make fuzz`). Now those cases really go without the key
 # and get the 401 they should. 413 is a rejection too: `episodes` past maxItems is also past the body limit.
-schema = schemathesis.openapi.from_dict(document(), config=SchemathesisConfig.from_dict({
+schema = schemathesis.openapi.from_dict(openapi_document(), config=SchemathesisConfig.from_dict({
     "auth": {"openapi": {"bearer": {"bearer": KEY}}},
     "checks": {"negative_data_rejection": {"expected-statuses": [
         400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, "5xx"]}},

@@ -21,8 +21,8 @@ from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import Episode, EpisodeCompleted, Feedback, Task, UserForgotten
 from engram_episodic.validation import parse_episode
 from services.query import models
-from services.query.facts_routes import ConsolidateRequest, FactsSearchRequest
 from services.query.problems import Invalid, validate
+from services.query.views.facts import ConsolidateRequest, FactsSearchRequest
 from shared.codec import decode, encode
 
 FUZZ = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "100"))

@@ -154,3 +154,13 @@ def test_prompt_section_never_exceeds_budget(task, max_chars, n):
     assert len(text) <= max_chars
     if not truncated:
         assert text.count("### Episode") == n
+
+
+def test_the_public_routes_are_the_probes_and_the_document():
+    from services.query.auth import public_paths
+    from services.query.routes import ROUTES, route
+    from services.query.views import operations
+
+    assert public_paths(ROUTES) == {"/healthz", "/readyz", "/openapi.json"}
+    with pytest.raises(ValueError, match="fixed path"):
+        public_paths([route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])

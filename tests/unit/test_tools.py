@@ -41,7 +41,7 @@ from engram_episodic.tools import (
 )
 from engram_episodic.validation import MAX_ACTIONS, MAX_TEXT_CHARS
 from services.query import models
-from services.query.facts_routes import FactsSearchRequest
+from services.query.views.facts import FactsSearchRequest
 from shared.facts import KINDS
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

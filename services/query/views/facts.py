@@ -1,15 +1,15 @@
 """Semantic memory over HTTP: search facts, read one with its evidence, consolidate on demand.
 
-`routes(Route)` returns this module's rows of the API table (`services.query.routes.ROUTES` includes
-them, so OpenAPI documents them); `register(app)` installs the facts provider `POST /v1/context` uses
-(top facts by centroid similarity, current only, with their own budget of 5 next to the episodes).
+`POST /v1/consolidate` runs the function `make_app` installed under `CONSOLIDATE`
+(`services.query.providers.consolidation`: a Consolidator with the optional summarizer, built from the
+settings): this module neither imports nor builds the consolidator. Likewise the facts of
+`POST /v1/context` come from the provider under `FACTS` (`services.query.providers.facts_provider`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
@@ -18,15 +18,13 @@ from engram_episodic.errors import NotFound
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id
-from services.consolidator.facts import Consolidator
-from services.consolidator.summarizer import Summarizer
 from services.query import models
-from services.query.app import EMBEDDER, FACTS, KEYS, METRICS, QUERY_VECTORS, REDIS, SETTINGS, TAGS, no_facts
-from services.query.auth import NAMESPACE
+from services.query import recall as rc
+from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS, NAMESPACE, QUERY_VECTORS, REDIS, TAGS
 from services.query.problems import Invalid, read_json, validate
-from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
+from shared.facts import KINDS, FactQuery, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
-from shared.index import current_generation
+from shared.index import current_generation, filter_search
 
 KindList = Annotated[tuple[str, ...], PlainValidator(models._tag_list(32, KINDS)),
                      WithJsonSchema(models._one_or_list_schema({"type": "string", "enum": list(KINDS)}))]
@@ -102,12 +100,8 @@ async def fact_detail(request: web.Request) -> web.Response:
     fact = await get_fact(r, keys, ns, fact_id)
     if fact is None:
         raise NotFound(f"no fact {fact_id[:80]!r} in this namespace")
-    from services.query import recall as rc
-
     evidence = []
     if fact.evidence:
-        from shared.index import filter_search
-
         _, hits = await filter_search(r, keys.episode_index_alias,
                                       EpisodeScope(namespace=ns, tags=await request.app[TAGS].get(r),
                                                    episode_id=fact.evidence),
@@ -130,58 +124,9 @@ async def fact_detail(request: web.Request) -> web.Response:
 
 async def consolidate(request: web.Request) -> web.Response:
     req: ConsolidateRequest = validate(ConsolidateRequest, await read_json(request))
-    settings, r, ns = request.app[SETTINGS], request.app[REDIS], request[NAMESPACE]
-    summarizer = Summarizer.from_settings(settings, failures_metric=request.app[METRICS].summarizer_failures)
-    cons = Consolidator(settings, r, request.app[EMBEDDER].dim, summarizer=summarizer)
-    try:
-        if req.agent_id is not None:
-            scopes = [FactScope(ns, req.agent_id, req.category)]
-        elif req.all_scopes:
-            scopes = await cons.scopes_of(ns)
-        else:
-            scopes = [FactScope(ns)]
-        results = [await cons.consolidate(s) for s in scopes]
-    finally:
-        if summarizer is not None:
-            await summarizer.aclose()
+    r = request.app[REDIS]
+    results = await request.app[CONSOLIDATE](r, request.app[EMBEDDER].dim, request[NAMESPACE], req.agent_id,
+                                             req.category, req.all_scopes)
     return web.json_response({"results": [x.to_json() for x in results],
                               "summarizer_failures": sum(x.summarizer_failures for x in results),
                               "generation": await current_generation(r, request.app[KEYS])})
-
-
-def register(app: web.Application) -> None:
-    """Install the facts provider of `/v1/context` (unless the app was given another one)."""
-    if app[FACTS] is not no_facts:
-        return
-    keys = app[KEYS]
-
-    async def provider(r: aioredis.Redis, scope: EpisodeScope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
-        q = FactQuery(namespace=scope.namespace, tags=scope.tags, agent_id=scope.agent_id, user_id=scope.user_id,
-                      category=scope.category)
-        # the namespace scope and an (agent, category) scope holding the same episodes give the same
-        # fact twice (same text): read twice as deep, keep each text once (the better-scored), then cut
-        hits = await search_facts(r, await live_facts_index(r, keys), q, vector=query_vector, top_k=2 * k)
-        seen: set[str] = set()
-        out = []
-        for h in hits:
-            if h.fact.text in seen:
-                continue
-            seen.add(h.fact.text)
-            out.append({"fact_id": h.fact.fact_id, "kind": h.fact.kind, "text": h.fact.text,
-                        "support": h.fact.support, "success_rate": h.fact.success_rate,
-                        "confidence": h.fact.confidence, "score": round(h.score, 6) if h.score is not None else None})
-        return out[:k]
-
-    app[FACTS] = provider
-
-
-def routes(route: type) -> tuple[Any, ...]:
-    """This module's rows of `services.query.routes.ROUTES` (`route` is its Route class)."""
-    return (
-        route("POST", "/v1/facts/search", facts_search, "Search consolidated facts (semantic memory)",
-              body=FactsSearchRequest, tag="facts"),
-        route("GET", "/v1/facts/{fact_id:.+}", fact_detail, "One fact with its evidence episodes and history",
-              tag="facts"),
-        route("POST", "/v1/consolidate", consolidate, "Consolidate the namespace's episodes into facts now",
-              body=ConsolidateRequest, tag="facts"),
-    )

@@ -1,0 +1,47 @@
+"""The typed keys of the query service's application and requests: a leaf module.
+
+It imports nothing from `services.query` at run time (a unit test parses the imports and checks it), so
+every other module of the service can import it: the views read `request.app[REDIS]`, `make_app` sets
+it. The classes behind `METRICS` and `SCOPE_SIZES` are named for the type checker only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from shared.embedding import Embedder, QueryVectorCache
+from shared.index import LiveTags, Scope
+from shared.keys import Keys
+from shared.settings import Settings
+
+if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
+    from services.consolidator.facts import RunResult
+    from services.query.metrics import Metrics
+    from services.query.recall import ScopeSizes
+
+# (redis, episode scope, query vector, k) → the top facts of `POST /v1/context`
+FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
+# (redis, embedding dimension, namespace, agent_id, category, all_scopes) → one result per scope run,
+# for `POST /v1/consolidate`
+Consolidate = Callable[[aioredis.Redis, int, str, str | None, str | None, bool], Awaitable[Sequence["RunResult"]]]
+OpenAPIDocument = Callable[[], dict[str, Any]]
+
+SETTINGS = web.AppKey("settings", Settings)
+KEYS = web.AppKey("keys", Keys)
+REDIS = web.AppKey("redis", aioredis.Redis)
+EMBEDDER = web.AppKey("embedder", Embedder)
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+# a Callable alias is no class to pass as the type
+FACTS: web.AppKey[FactsProvider] = web.AppKey("facts")
+CONSOLIDATE: web.AppKey[Consolidate] = web.AppKey("consolidate")
+OPENAPI: web.AppKey[OpenAPIDocument] = web.AppKey("openapi")
+SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
+QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
+TAGS = web.AppKey("tags", LiveTags)
+
+NAMESPACE = web.RequestKey("namespace", str)  # request[NAMESPACE]: the caller's namespace (services.query.auth)

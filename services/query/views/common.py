@@ -1,0 +1,97 @@
+"""What every view shares: the JSON reply, the caller's namespace, Redis, the index, query parameters,
+the query embedding and the stream publisher."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+from aiohttp import web
+from pydantic import BaseModel
+
+from engram_episodic.events import Episode
+from engram_episodic.validation import Collector, check_id
+from services.query import recall as rc
+from services.query.appkeys import EMBEDDER, KEYS, METRICS, NAMESPACE, QUERY_VECTORS, REDIS, SETTINGS, TAGS
+from services.query.problems import Invalid, validate
+from shared.sdk import EngramClient
+from shared.tags import TagCodec
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    # orjson: the response encoding was ~10% of a recall's CPU with the stdlib encoder (bench/perf.py)
+    return web.Response(body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status=status,
+                        content_type="application/json")
+
+
+def ns_of(request: web.Request) -> str:
+    return request[NAMESPACE]
+
+
+def redis_of(request: web.Request) -> aioredis.Redis:
+    return request.app[REDIS]
+
+
+def index_of(request: web.Request) -> str:
+    return request.app[KEYS].episode_index_alias
+
+
+async def tags_of(request: web.Request) -> TagCodec:
+    """The live generation's TAG digests (`shared.tags`), for the Scope of this request."""
+    return await request.app[TAGS].get(request.app[REDIS])
+
+
+def query_params(request: web.Request, model: type[BaseModel]) -> Any:
+    params: dict[str, str] = {}
+    for key in request.query:
+        if not key:  # "?=x": pydantic would name it "<root>", as if the whole query were wrong
+            raise Invalid([("<query>", "has a parameter without a name")])
+        values = request.query.getall(key)
+        if len(values) > 1:
+            raise Invalid([(key, "must be given once")])
+        params[key] = values[0]
+    return validate(model, params)
+
+
+async def embed(request: web.Request, text: str):
+    embedder = request.app[EMBEDDER]
+    metrics = request.app[METRICS]
+    start = time.perf_counter()
+    vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
+    metrics.embed_seconds.observe(time.perf_counter() - start)
+    metrics.embed_truncations.set(embedder.truncations)
+    return vector
+
+
+def publisher(request: web.Request, *, backpressure: bool = False) -> EngramClient:
+    """A publisher for the caller's namespace. With `backpressure` (ingest), a consumer lag above
+    ENGRAM_MAX_LAG raises Backpressure at once (→ 429 with Retry-After); forgetting is never held back."""
+    s = request.app[SETTINGS]
+    return EngramClient(redis_of(request), namespace=ns_of(request), prefix=s.prefix,
+                        publish_timeout=s.publish_timeout, retries=s.publish_retries,
+                        max_lag=s.max_lag if backpressure else None, wait_on_backpressure=False,
+                        consumer_group=s.consumer_group, master_key=s.master_key)
+
+
+def no_query(request: web.Request) -> None:
+    """Refuse query parameters on a route that takes none (other GET routes refuse unknown ones too)."""
+    if request.query:
+        raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
+
+
+def path_id(request: web.Request, name: str) -> str:
+    errs = Collector()
+    value = check_id(request.match_info[name], name, errs, required=True)
+    if errs.errors:
+        raise Invalid(errs.errors)
+    return value  # type: ignore[return-value]
+
+
+
+def episode_of(c: rc.Candidate) -> Episode:
+    """The episode of a candidate built by `decode_hit` (get_episode, `rc.latest`, `rc.similar`), which
+    always sets it; `Candidate.episode` is optional for recall's signal-only candidates."""
+    return cast(Episode, c.episode)
+

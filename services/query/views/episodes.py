@@ -1,0 +1,233 @@
+"""`POST /v1/episodes` (ingest, optionally waiting until projected), `GET` and `DELETE
+/v1/episodes/{id}`, `DELETE /v1/users/{id}`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from typing import Annotated, Any, cast
+
+from aiohttp import web
+from pydantic import ConfigDict, Field
+
+from engram_episodic.errors import NotFound
+from engram_episodic.events import EpisodeCompleted, new_event_id
+from engram_episodic.timeutil import format_instant
+from engram_episodic.validation import Collector, parse_episode
+from services.consolidator import deadletters
+from services.query import models
+from services.query import recall as rc
+from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
+from services.query.problems import Invalid, Problem, read_json
+from services.query.views.common import (
+    episode_of,
+    no_query,
+    ns_of,
+    path_id,
+    publisher,
+    query_params,
+    redis_of,
+    reply,
+)
+from shared import streams
+from shared.codec import peek_identity
+from shared.index import current_generation
+
+STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
+PENDING_SCAN = 10_000  # unacked entries a GET of an unknown id looks through (bounds its cost)
+MAX_INGEST_WAIT = 30.0  # seconds POST /v1/episodes?wait= may hold a request
+INGEST_WAIT_POLL = 0.02
+
+
+class IngestQuery(models.Model):
+    """`POST /v1/episodes` query parameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
+        0.0, description="seconds to wait until every episode is projected (recallable); the answer says "
+                         "which are (`projected`); 0 answers at once")
+
+
+async def _projected(request: web.Request, events: list[EpisodeCompleted], stream_ids: list[str],
+                     wait: float) -> list[bool]:
+    """Poll until each event is projected, up to `wait` s: the group acked its entry (a worker acks only
+    after the document write committed) and its episode's event hash holds it (a dead-lettered event is
+    acked but never recorded). The event hash alone was not enough: for an episode that already had
+    events the worker records the new one first and rewrites the document a step later, so a read right
+    after the wait could still see the previous version (found by a new-user trial)."""
+    r, keys, s = redis_of(request), request.app[KEYS], request.app[SETTINGS]
+    deadline = time.monotonic() + wait
+    done = [False] * len(events)
+    while True:
+        todo = [i for i, d in enumerate(done) if not d]
+        acked = await streams.StreamGroup(r, keys.stream, s.consumer_group).acked([stream_ids[i] for i in todo])
+        gen = await current_generation(r, keys)
+        async with r.pipeline(transaction=False) as pipe:
+            for i in todo:
+                pipe.hexists(keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id)
+            for i, ok, found in zip(todo, acked, await pipe.execute(), strict=True):
+                done[i] = ok and bool(found)
+        if all(done) or time.monotonic() >= deadline:
+            return done
+        await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
+
+
+def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bool:
+    """Name every instant of `ep` later than `limit` (UTC epoch s); True if there was one.
+
+    An instant hours ahead (a skewed agent clock) would pin recency at 1 until then, head the short-term
+    window and put learning-curve points in the future; a small skew (ENGRAM_MAX_CLOCK_SKEW) is normal.
+    """
+    def name(field: str) -> str:
+        return f"{path}.{field}" if path else field
+    found = [(name(f), getattr(ep, f)) for f in ("started_at", "completed_at") if (getattr(ep, f) or 0) > limit]
+    found += [(name(f"actions[{i}].timestamp"), a.timestamp) for i, a in enumerate(ep.actions)
+              if (a.timestamp or 0) > limit]
+    for field, value in found:
+        errs.add(field, f"is {value - now:,.0f} s in the future (more than ENGRAM_MAX_CLOCK_SKEW = "
+                        f"{limit - now:g} s ahead of the service's clock)")
+    return bool(found)
+
+
+def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
+    """Whether an ingest body is a batch (`{"episodes": [...]}`), and its episodes; Invalid for a bad batch."""
+    if not (isinstance(body, dict) and "episodes" in body):
+        return False, [body]
+    extra = [k for k in body if k != "episodes"]
+    if extra:
+        raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
+                       for k in extra])
+    items = body["episodes"]
+    if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
+        raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
+    return True, items
+
+
+async def ingest(request: web.Request) -> web.Response:
+    query: IngestQuery = query_params(request, IngestQuery)
+    received = time.time()
+    batch, items = _ingest_items(await read_json(request))
+    errs = Collector()
+    episodes = []
+    first_index: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = f"episodes[{i}]" if batch else ""
+        ep = parse_episode(item, path, errs, default_episode_id=new_event_id())
+        if ep is not None and ep.episode_id in first_index:
+            # both would carry the same occurred_at, so which one the episode ends up as would be a coin
+            # toss between their random event ids (found by a new-user trial): refuse, naming both
+            errs.add(f"{path}.episode_id", f"repeats episodes[{first_index[ep.episode_id]}].episode_id "
+                     f"({ep.episode_id!r}); send one version of an episode per request")
+            ep = None
+        elif ep is not None:
+            first_index[ep.episode_id] = i
+        if isinstance(item, dict) and item.get("outcome") is None:
+            errs.add(f"{path}.outcome" if path else "outcome", "is required for a finished episode")
+            ep = None
+        dim = request.app[EMBEDDER].dim
+        if ep is not None and ep.vector is not None and len(ep.vector) != dim:
+            # the consolidator would dead-letter it; the service knows the index's dimension, so say it now
+            errs.add(f"{path}.vector" if path else "vector",
+                     f"has {len(ep.vector)} dimensions; this index expects {dim}")
+            ep = None
+        if ep is not None and _future(ep, path, errs, received + request.app[SETTINGS].max_clock_skew, received):
+            ep = None
+        if ep is not None:
+            episodes.append(ep)
+    errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published
+    now = time.time()
+    events = [EpisodeCompleted(namespace=ns_of(request), episode_id=ep.episode_id, occurred_at=now,
+                               episode=ep if ep.completed_at is not None
+                               else dataclasses.replace(ep, completed_at=now))
+              for ep in episodes]
+    stream_ids = await publisher(request, backpressure=True).publish(events)
+    request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
+    results: list[dict[str, Any]] = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
+    out: dict[str, Any] = {"results": results, "accepted": len(results)}
+    if query.wait > 0:
+        done = await _projected(request, events, stream_ids, query.wait)
+        for result, projected in zip(results, done, strict=True):
+            result["projected"] = projected
+        out["projected"] = all(done)
+    if not batch:
+        out.update(results[0])
+    return reply(out, status=202)
+
+
+async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | None]:
+    r = redis_of(request)
+    keys = request.app[KEYS]
+    ns = ns_of(request)
+    gen = await current_generation(r, keys)
+    names = ("doc", "status", "namespace", "access_count", "last_accessed")
+    # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
+    values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
+    found = dict(zip((n.encode() for n in names), values, strict=True))
+    if found[b"doc"] is None or found[b"namespace"] != ns.encode() \
+            or await r.exists(keys.tombstone(ns, episode_id)):
+        raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
+    return found
+
+
+async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
+    """True when the stream holds an event of this episode that the consolidator has not acked yet."""
+    s, keys, ns = request.app[SETTINGS], request.app[KEYS], ns_of(request)
+    group = streams.StreamGroup(redis_of(request), keys.stream, s.consumer_group)
+    for payload in await group.unprojected(limit=PENDING_SCAN):
+        identity = peek_identity(payload)
+        if identity is not None and identity[0] == ns and identity[1] == episode_id:
+            return True
+    return False
+
+
+async def get_episode(request: web.Request) -> web.Response:
+    episode_id = path_id(request, "episode_id")
+    no_query(request)
+    try:
+        found = await _stored(request, episode_id)
+    except NotFound:
+        # read-your-writes: accepted (202) but not yet projected is not "never existed"
+        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+        if not await r.exists(keys.tombstone(ns, episode_id)) and await _accepted_not_projected(request, episode_id):
+            return reply({"episode": None, "episode_id": episode_id, "status": STATUS_PENDING,
+                          "access_count": 0, "last_accessed": None})
+        raise
+    # a search hit has no None fields: the ones this document lacks are left out (read as missing alike)
+    c = rc.decode_hit(rc.SearchHit(key=b"", fields={k: v for k, v in found.items() if v is not None}))
+    if c is None:
+        raise Problem(500, "the stored episode is unreadable; it was logged")
+    return reply({"episode": rc.episode_json(episode_of(c)), "status": (found[b"status"] or b"").decode(),
+                  "access_count": c.access_count,
+                  "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None})
+
+
+async def delete_episode(request: web.Request) -> web.Response:
+    episode_id = path_id(request, "episode_id")
+    try:
+        await _stored(request, episode_id)
+    except NotFound:
+        # no document, but the namespace may still hold its data: stored events of a draft or of an
+        # episode not yet written, or dead letters (found by a new-user trial: those could not be forgotten)
+        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+        if await r.exists(keys.tombstone(ns, episode_id)):
+            # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
+            return reply({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
+        gen = await current_generation(r, keys)
+        # accepted but not yet projected counts too: it would be projected after a refused forget
+        if not await r.exists(keys.episode_events(gen, ns, episode_id)) \
+                and not await deadletters.has_dead_letters(r, keys, ns, episode_id) \
+                and not await _accepted_not_projected(request, episode_id):
+            raise
+    event_id = await publisher(request).forget_episode(episode_id)
+    request.app[METRICS].published.labels("EpisodeForgotten").inc()
+    return reply({"episode_id": episode_id, "event_id": event_id}, status=202)
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    user_id = path_id(request, "user_id")
+    event_id = await publisher(request).forget_user(user_id)
+    request.app[METRICS].published.labels("UserForgotten").inc()
+    return reply({"user_id": user_id, "event_id": event_id}, status=202)
+

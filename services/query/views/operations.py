@@ -1,0 +1,39 @@
+"""`/healthz`, `/readyz`, `/metrics`, `/openapi.json` (the document `make_app` installed under OPENAPI)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS
+from services.query.views.common import index_of, reply
+from shared.index import index_exists
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return reply({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks: dict[str, bool] = {}
+    r = request.app.get(REDIS)
+    try:  # a probe answers within 2 s: a Redis that hangs (paused, overloaded) is "not ready" too
+        checks["redis"] = bool(r is not None and await asyncio.wait_for(r.ping(), 2.0))
+        checks["index"] = bool(r is not None and await asyncio.wait_for(index_exists(r, index_of(request)), 2.0))
+    except Exception:  # any failure to reach Redis means "not ready", never a 500
+        checks.setdefault("redis", False)
+        checks["index"] = False
+    embedder = request.app.get(EMBEDDER)
+    checks["embedder"] = embedder is not None and bool(getattr(embedder, "loaded", True))
+    ok = all(checks.values())
+    return reply({"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return await request.app[METRICS].handle(request)
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return reply(request.app[OPENAPI]())
+
