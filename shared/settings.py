@@ -256,6 +256,9 @@ class Settings:
     of `top_k`, so a larger `top_k` only extends the same ranking (issue 17 §1)."""
     query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
+    query_batch: int = env("ENGRAM_QUERY_BATCH", 32, integer(1, 1024))
+    """`ENGRAM_QUERY_BATCH`: concurrent query embeddings share one forward pass, up to this many texts
+    (`shared.embedding.QueryBatcher`: no waiting window); 1 = each query alone."""
     half_life: float = env("ENGRAM_HALF_LIFE", 86400.0, duration)
     default_top_k: int = env("ENGRAM_DEFAULT_TOP_K", 3, integer(1, 100))
 

@@ -121,7 +121,7 @@ def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedde
     app[CONSOLIDATE] = consolidate if consolidate is not None else consolidation(settings, metrics)
     app[OPENAPI] = openapi_document
     app[SCOPE_SIZES] = ScopeSizes()
-    app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache)
+    app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache, batch=settings.query_batch)
     app.cleanup_ctx.append(_resources(redis, embedder))
     add_routes(app)
     return app

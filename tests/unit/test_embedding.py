@@ -455,3 +455,47 @@ async def test_query_vector_cache_is_per_namespace():
     assert await cache.embed(embedder, "rotate the production credentials", namespace="ns-a") is a
     assert await cache.embed(embedder, "rotate the production credentials", namespace="ns-b") is b
     assert (cache.hits, cache.misses) == (2, 2)
+
+
+async def test_concurrent_queries_share_forward_passes_and_get_the_vectors_of_their_own_text():
+    """QueryBatcher: while a pass runs, arriving texts wait and the next pass embeds them together; a
+    lone query starts at once; a text asked twice in one namespace is embedded once, across namespaces
+    twice; every caller gets exactly its text's vector; a failing pass fails its callers only."""
+    import asyncio
+
+    import numpy as np
+
+    from shared.embedding import HashingEmbedder, QueryBatcher, QueryVectorCache
+
+    class Counting(HashingEmbedder):
+        def __init__(self):
+            super().__init__(64)
+            self.calls: list[list[str]] = []
+
+        async def embed(self, texts):
+            self.calls.append(list(texts))
+            await asyncio.sleep(0)  # a pass takes time: let the other requests arrive meanwhile
+            if "boom" in texts:
+                raise ValueError("model failed")
+            return await super().embed(texts)
+
+    e = Counting()
+    b = QueryBatcher(e, max_batch=4)
+    lone = await b.embed("alone")
+    assert e.calls == [["alone"]] and np.allclose(lone, (await HashingEmbedder(64).embed(["alone"]))[0])
+    e.calls.clear()
+    texts = [f"query {i}" for i in range(7)]
+    got = await asyncio.gather(*(b.embed(t) for t in texts), b.embed("query 1"), b.embed("query 1", scope="other"))
+    want = await HashingEmbedder(64).embed(texts)
+    assert all(np.allclose(g, w) for g, w in zip(got[:7], want, strict=True))
+    assert np.allclose(got[7], want[1]) and np.allclose(got[8], want[1])
+    assert e.calls[0][0] == "query 0"  # arrivals in one loop turn share the first pass
+    assert [len(c) for c in e.calls] == [4, 4]  # 9 requests, 8 (namespace, text) pairs, 4 per pass
+    assert sum(c.count("query 1") for c in e.calls) == 2  # once per namespace
+    results = await asyncio.gather(b.embed("fine"), b.embed("boom"), b.embed("fine too"), return_exceptions=True)
+    assert isinstance(results[1], ValueError)  # the failing text fails, alone
+    assert all(not isinstance(r, Exception) for r in (results[0], results[2]))
+    cache = QueryVectorCache(8, batch=4)
+    first = await cache.embed(e, "cached", namespace="n")
+    assert not first.flags.writeable and cache.misses == 1
+    assert (await cache.embed(e, "cached", namespace="n")) is first and cache.hits == 1
