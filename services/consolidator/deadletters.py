@@ -75,7 +75,7 @@ async def dead_letter(redis: aioredis.Redis, keys: Keys, entry: streams.Entry, r
                       group: str) -> None:
     """Move `entry` to the dead letters and, when its payload still names an episode, link both
     copies of its data to the episode (and its user) so that forgetting them deletes the copies
-    (found by new-user trials: dead letters outlived the forget of their episode or user)."""
+    (a dead letter must not outlive the forget of its episode or user)."""
     k = keys
     dead_id = await streams.dead_letter(redis, k.dead_letters, entry, reason, consumer,
                                         source_stream=k.stream, group=group)
