@@ -68,7 +68,7 @@ _EVIDENCE_SPLIT = re.compile(r"[;,\s]+")
 _EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
 _WORD = re.compile(r"\w+", re.UNICODE)
 
-# Weights of the ablation rows (the names of issue 6). Reward and outcome carry no information in
+# Weights of the ablation rows, each named after the terms it adds to similarity. Reward and outcome carry no information in
 # LoCoMo (every turn is a "success" without reward), so "+reward/outcome" measures what the constant
 # terms cost when they are present; "full" sends no weights at all: the service's default preset.
 ABLATIONS: dict[str, dict[str, float] | None] = {
@@ -511,7 +511,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 per_q[f"Engram {name}"] = [question_metrics(r, q.evidence)
                                            for r, q in zip(ranked, questions, strict=True)]
             # what an agent gets when it asks for k memories: R@k from a request with top_k = k; recall
-            # is prefix-stable in top_k (issue 17 §1), so this row equals the one-list default row
+            # is prefix-stable in top_k (ENGRAM_RECALL_CANDIDATES is independent of it), so this row equals the one-list default row
             per_k: dict[int, list[list[str]]] = {}
             for k in (KS if args.per_k else ()):
                 per_k[k], _ = await ask_all(base, tokens_by_conv, convs, {"top_k": k},

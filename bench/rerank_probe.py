@@ -1,4 +1,4 @@
-"""Re-ranking probe on LoCoMo (issue 17 §6): ingest once, cache the service's candidates, re-rank offline.
+"""Re-ranking probe on LoCoMo: ingest once, cache the service's candidates, re-rank offline.
 
 Two phases, so that a re-ranker variant costs only its own model time:
 

@@ -202,7 +202,7 @@ class EmbeddedCluster:
 
     The embedded RediSearch is shard-local (no coordinator): `FT.CREATE` and `FT.SEARCH` act on one
     node's keys only, so callers create indexes on every primary and route queries to the node owning a
-    namespace's slot (issue 16). `url` is `redis+cluster://host:port` of the first primary, the form
+    namespace's slot. `url` is `redis+cluster://host:port` of the first primary, the form
     `shared.redis_conn.connect` turns into a cluster client. Errors: EmbeddedRedisError.
     """
 

@@ -337,7 +337,7 @@ def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> st
 def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
     """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always sealed)."""
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
-        from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten (issue 15)
+        from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
         env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
         print(f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", flush=True)
 
@@ -351,7 +351,7 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:  # every process would refuse a bad variable; say it once, before starting any (new-user trial)
+    try:  # every process would refuse a bad variable; say it once, before starting any
         settings = Settings.from_env(env)
         workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
@@ -376,12 +376,13 @@ def main() -> int:
         return 1
     _ensure_master_key(env, data_root)
     busy = _taken_port(settings.host, settings.port)
-    if busy:  # the query service would find out after the model loaded, with a traceback (new-user trial)
+    if busy:  # the query service would find out after the model loaded, with a traceback
         print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
               file=sys.stderr)
         return 2
-    # Ctrl-C from here on stops cleanly: during the embedded Redis's start it was a traceback that left
-    # the server running (it has a session of its own, so the terminal's SIGINT does not reach it)
+    # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
+    # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
+    # not reach it)
     stop_requested = {"now": False}
 
     def _early_stop(*_):
@@ -405,7 +406,7 @@ def main() -> int:
     services: list[Service] = []
     for i in range(workers):
         # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
-        # crashed the second, found by a new-user trial)
+        # crash the second)
         worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
         services.append(Service(f"consolidator-{i}", [sys.executable, "-m", "services.consolidator"], worker_env,
                                 CrashBudget(restart_limit, restart_window)))

@@ -6,8 +6,8 @@ swap the alias (`FT.ALIASUPDATE`) with no downtime.
 
 Every user-supplied value that enters a query goes through `escape_tag` or `keyword_query`:
 TAG fields are CASESENSITIVE with the separator U+001F (a control character, which validation forbids
-in values), so a value such as `a,b`, `x|y` or `ns:with:colons` is one exact tag (shared/cases C12,
-C18). Escaping backslashes every ASCII character that is not a letter or digit (including `_` and
+in values), so a value such as `a,b`, `x|y` or `ns:with:colons` is one exact tag, never query syntax
+or a list. Escaping backslashes every ASCII character that is not a letter or digit (including `_` and
 space); non-ASCII characters need no escape (measured: escaping them breaks the match).
 
 The TAG fields `episode_id`, `user_id` and `session_id` hold keyed digests of the ids, not the ids
@@ -94,9 +94,9 @@ def fold_for_search(text: str) -> str:
     """The form of a text the BM25 index holds and a keyword query is built from.
 
     Unicode case folding (`str.casefold`): RediSearch 2.10 lower-cases only ASCII, so `Москву`, `Über`,
-    `École` were indexed with their capitals while queries were lower-cased, and never matched. And
+    `École` would be indexed with their capitals while queries are lower-cased, and never match. And
     character bigrams for runs of Han and kana (Lucene's CJKAnalyzer approach): without spaces between
-    words a whole clause was one token, so no word inside it could match. Applied at index time
+    words a whole clause would be one token, so no word inside it could match. Applied at index time
     (`episode_fields`) and at query time (`keyword_terms`), so both sides agree.
     """
     if text.isascii():  # the common case, ~30x cheaper (measured: 3 vs 100 us for 2,000 characters)
@@ -122,7 +122,7 @@ def keyword_terms(text: str, limit: int = 64) -> list[str]:
 # RediSearch's default stop words (the index is created without STOPWORDS, so these apply). They are
 # dropped from keyword queries: they match nothing anyway, and a union that starts with two of them,
 # e.g. `@task:(is | it | nate)`, crashes redisearch.so 2.x (SIGSEGV in QueryNode_AddChildren), taking the
-# whole Redis down (found by bench/locomo.py: "Is it likely that Nate has friends besides Joanna?").
+# whole Redis down (e.g. the LoCoMo question "Is it likely that Nate has friends besides Joanna?").
 STOPWORDS = frozenset((
     "a", "is", "the", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "it",
     "no", "not", "of", "on", "or", "such", "that", "their", "then", "there", "these", "they", "this", "to",
@@ -151,9 +151,11 @@ def keyword_query(text: str, scope_query: str | None = None) -> str | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scope:
-    """Server-side filters of a recall; every result type honours every key (shared/cases C14).
+    """Server-side filters of a recall; every result type honours every key (a filter that one result type ignored would leak
+    other scopes' data).
 
-    `namespace` always comes from the server (API key or SDK), never from a request body (C03).
+    `namespace` always comes from the server (API key or SDK), never from a request body, so a caller
+    cannot read another tenant's data.
     Lists mean "any of". Ranges are inclusive; times are UTC epoch seconds on `completed_at`.
     `tags` is the digest function of the index queried (its generation's, `shared.tags`): user,
     session and episode ids are digested with it. `episode_tags` are values as the index holds them
@@ -448,7 +450,7 @@ async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: 
         reply = await r.execute_command(
             "FT.SEARCH", index, q, *restrict, "PARAMS", 2, "BLOB", blob,
             "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
-    except ResponseError as exc:  # a 500 and a traceback per request before (issue 15)
+    except ResponseError as exc:  # an index rebuilt with another embedder: say so, not a 500 per request
         expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
         if expected is None:
             raise

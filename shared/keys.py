@@ -3,8 +3,8 @@
 Every key starts with the configured prefix (`ENGRAM_PREFIX`, default `engram:`), so one Redis can
 hold several deployments and every test its own. User-supplied ids never appear raw in a key: a
 document key is the prefix plus a 128-bit BLAKE2b digest of `(namespace, id)`, which makes keys
-immune to ids containing `:`, `{`, `*` or any Unicode (shared/cases C12) and keeps the namespace part of
-the identity (C03).
+immune to ids containing `:`, `{`, `*` or any Unicode (no id can name another's key) and keeps the
+namespace part of the identity (the same id in two namespaces is two documents).
 
 Projections live under a *generation* (`g1`, `g2`, ...): a replay builds generation n+1 beside the live
 one and swaps the index alias, then drops the old generation. The stream, dead letters, tombstones and

@@ -93,7 +93,7 @@ def connect_cluster(url: str, *, retries: int = 3, socket_timeout: float | None 
     `redis+cluster://host:port` (or `rediss+cluster://`): any one node; the others are discovered.
     Bytes replies, RESP2, retried transport errors, as `connect`. Raises ValueError on another scheme.
 
-    The services do not run on a cluster yet (issue 16: keys gain a per-namespace hash tag first), so
+    The services do not run on a cluster yet (keys need a per-namespace hash tag first), so
     `REDIS_URL` still refuses this scheme; the embedded cluster (`deploy.embedded_redis.EmbeddedCluster`)
     and its tests use this client."""
     parts = urlsplit(url)

@@ -1,10 +1,10 @@
-"""Absolute relevance of one episode to one query (issue 17 §4).
+"""Absolute relevance of one episode to one query.
 
-Recall ranks by a weighted sum whose similarity signal is `relevance` in [0, 1]. It used to be rescaled
+Recall ranks by a weighted sum whose similarity signal is `relevance` in [0, 1]. It is not rescaled
 per result set (BM25 over the best BM25 of the candidates, a reciprocal-rank-fusion score over the best
-attainable), so an off-topic query sharing one word got relevance 1.0, and storing unrelated episodes
-(or another tenant storing anything: RediSearch's BM25 statistics are index-wide) changed an episode's
-score for the same query. Now each arm is a fixed function:
+attainable): that would give an off-topic query sharing one word relevance 1.0, and storing unrelated
+episodes (or another tenant storing anything: RediSearch's BM25 statistics are index-wide) would change
+an episode's score for the same query. Each arm is a fixed function:
 
 - vector: `max(0, cos)`, the cosine between the query's and the episode's embeddings.
 - keyword: `s / (s + KEYWORD_HALF)`, a saturating transform of a BM25 score (Robertson & Zaragoza

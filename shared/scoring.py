@@ -112,10 +112,10 @@ PRESETS: dict[str, Weights] = {
 """The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so together they can lift an
 episode over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes
 about the same thing (recent, rewarded, successful ones first) and cannot lift a weakly similar one
-over a clearly more relevant one (issue 17 §1). The earlier 0.6/0.1/0.2/0.1, 0.4/0.3/0.2/0.1, 0.3/0.4/0.2/0.1 had reaches of
-0.67 to 2.3 — more than the whole spread of cosines — so re-ranking a deeper pool promoted weakly
-similar recent episodes (LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50).
-Recency grows from early to late as before: the more a scope holds, the more its recent episodes
+over a clearly more relevant one. Weights such as 0.6/0.1/0.2/0.1, 0.4/0.3/0.2/0.1 or 0.3/0.4/0.2/0.1 have
+reaches of 0.67 to 2.3 — more than the whole spread of cosines — so re-ranking a deeper pool promotes
+weakly similar recent episodes (LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50).
+Recency grows from early to late: the more a scope holds, the more its recent episodes
 reflect the agent's current code, tools and habits."""
 
 
@@ -316,7 +316,7 @@ def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
     - order: priority descending; ties by age ascending (= recency descending, and still exact where the
       decay underflows to 0), then by index ascending. Deterministic for equal inputs.
 
-    With normalize "none", a candidate's priority never increases as it gets older (case C20).
+    With normalize "none", a candidate's priority never increases as it gets older.
     Raises ValueError for a bad half_life, as_of, normalize or recency_from.
     """
     if not isinstance(c, Candidates):
@@ -519,7 +519,7 @@ def competition_ranks(keys: Sequence[Hashable], scores: Sequence[float], *, high
     """1-based "1224" competition ranks: equal scores (to `decimals`) share a rank.
 
     Used before fusion so that two candidates a list cannot tell apart (e.g. identical vectors) get the
-    same reciprocal-rank score, and recency, reward and outcome decide between them (shared/cases C20).
+    same reciprocal-rank score, and recency, reward and outcome decide between them.
     """
     rounded = [round(float(x), decimals) for x in scores]
     ranks: dict[Hashable, int] = {}

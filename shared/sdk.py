@@ -73,7 +73,7 @@ class EngramClient:
         self.max_lag = max_lag
         self.wait_on_backpressure = wait_on_backpressure
         self.consumer_group = consumer_group
-        # with a master key, events are sealed per user (shared.keyring; issue 15, crypto-shredding)
+        # with a master key, events are sealed per user (shared.keyring): destroying a user's key shreds them
         self._ring = shared_ring(self.keys, master_key) if master_key is not None else None
         self._lag_checked_at = -1e9
         self._lag = 0
@@ -132,10 +132,10 @@ class EngramClient:
         if type(events) in _EVENT_CLASSES or isinstance(events, str | bytes | Mapping) \
                 or not isinstance(events, Iterable):
             raise InvalidEpisode([("events", f"must be a list of Engram events, not {type(events).__name__}")])
-        events = list(events)  # a generator is read once: by the check below it would be gone (new-user trial)
+        events = list(events)  # a generator is read once: by the check below it would be gone
         wrong = [(f"events[{i}]", f"must be an Engram event ({', '.join(EVENT_TYPES)}), not {type(e).__name__}")
                  for i, e in enumerate(events) if type(e) not in _EVENT_CLASSES]
-        if wrong:  # was an AttributeError from the encoder (new-user trial); nothing is published
+        if wrong:  # a clear error here, not an AttributeError from the encoder; nothing is published
             raise InvalidEpisode(wrong)
         payloads = [encode(e) for e in events] if self._ring is None else []
         deadline = time.monotonic() + self.publish_timeout
@@ -156,8 +156,8 @@ class EngramClient:
                                              timeout=remaining)
                 return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
             except (redis_errors.TimeoutError, TimeoutError) as exc:
-                # the call may have reached Redis and run there (found by a new-user trial: a large
-                # publish reported "not published" although every event was in the stream)
+                # the call may have reached Redis and run there (a large publish can time out here
+                # although every event is in the stream: it must not be reported "not published")
                 last, maybe_stored = exc, True
             except (redis_errors.ConnectionError, OSError) as exc:
                 last = exc

@@ -38,9 +38,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _check_startup_values(env: Mapping[str, str]) -> None:
-    """Values that were accepted here and failed later, in one process or in every request (new-user
-    trial): a traceback from `logging`/`connect()`, or a stack whose default namespace was empty
-    (every ingest 422, every recall 500)."""
+    """Values that, accepted here, would fail later, in one process or in every request: a traceback
+    from `logging`/`connect()`, or a stack whose default namespace is empty (every ingest 422, every
+    recall 500)."""
     level = env.get("ENGRAM_LOG_LEVEL", "INFO")
     if level.upper() not in LOG_LEVELS:
         raise ConfigError(f"ENGRAM_LOG_LEVEL={level!r} must be one of {', '.join(LOG_LEVELS)}")
@@ -253,12 +253,12 @@ class Settings:
     recall_candidates: int = env("ENGRAM_RECALL_CANDIDATES", 100, integer(1, 1000))
     """`ENGRAM_RECALL_CANDIDATES`: hits each candidate list (KNN, BM25, and the recency / reward /
     importance lists when those carry weight) contributes to the pool a recall re-ranks. Independent
-    of `top_k`, so a larger `top_k` only extends the same ranking (issue 17 §1)."""
+    of `top_k`, so a larger `top_k` only extends the same ranking (recall is prefix-stable in `top_k`)."""
     query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
     query_batch: int = env("ENGRAM_QUERY_BATCH", 32, integer(1, 1024))
     """`ENGRAM_QUERY_BATCH`: concurrent query embeddings share one forward pass, up to this many texts
-    (`shared.embedding.QueryBatcher`: no waiting window); 1 = each query alone."""
+    (`shared.query_vectors.QueryBatcher`: no waiting window); 1 = each query alone."""
     half_life: float = env("ENGRAM_HALF_LIFE", 86400.0, duration)
     default_top_k: int = env("ENGRAM_DEFAULT_TOP_K", 3, integer(1, 100))
 

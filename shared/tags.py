@@ -2,7 +2,7 @@
 
 RediSearch keeps every value a TAG field ever held in the field's value list (`FT.TAGVALS`) until the
 index is rebuilt: deleting the documents, and `FT.DEBUG GC_FORCEINVOKE`, leave it there (measured on
-2.10, issue 15). So a forgotten user's id and episode ids stayed readable in a live index. The TAG
+RediSearch 2.10). Raw ids would leave a forgotten user's id and episode ids readable in a live index. The TAG
 fields that hold ids of people or of what they did — `episode_id`, `user_id` and `session_id` of an
 episode, `evidence` (episode ids) and `users` of a fact — therefore hold a digest of the id instead,
 scoped by namespace and by kind of id; queries digest the values they filter on the same way. Results

@@ -217,7 +217,7 @@ def _params(options: Mapping[str, Any]) -> dict[str, str]:
 
 def _path(value: str, name: str) -> str:
     """`value` as one URL path segment. `.` and `..` are valid ids but dot segments, which URL
-    normalisation removes (`/v1/users/..` became `/v1`: a 404 for a forget, found by a new-user trial),
+    normalisation removes (`/v1/users/..` would become `/v1`, and a forget of user `..` a 404),
     so their dots are percent-encoded (the server decodes `%2E` back to `.`)."""
     if not isinstance(value, str) or not value:
         raise InvalidEpisode([(name, "must be a non-empty string")])
@@ -630,8 +630,8 @@ class Engram(_Base):
 
 class _OpenEpisode:
     """What the sync and async HTTP episodes share: the draft, and the rule that a completion once sent
-    (perhaps applied) is never overwritten by the block's exit (a new-user trial saw a success whose
-    answer was lost rewritten as a failure)."""
+    (perhaps applied) is never overwritten by the block's exit (a success whose answer was lost must not
+    be rewritten as a failure)."""
 
     def __init__(self, draft: EpisodeDraft):
         self.draft = draft

@@ -3,7 +3,7 @@
 Inside Engram every instant is a float of UTC epoch seconds. The API accepts either an epoch number or
 an ISO 8601 string that carries an offset (`Z`, `+00:00`, `-07:00`); a string without an offset is
 rejected, because guessing the server's local zone is how memory systems shift events to the previous
-day (shared/cases C04, C05).
+day (or the next).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, r
         return None
     if value != value.strip():
         # RediSearch trims TAG values: " lead" would be stored and matched as "lead", so a filter, a
-        # forget or a namespace would reach another id's data (found by a new-user trial)
+        # forget or a namespace would reach another id's data
         errs.add(path, "must not start or end with whitespace")
         return None
     if len(value) > max_chars:
@@ -339,7 +339,7 @@ def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
 
     `max_actions` bounds one input (a request, an event). A stored document is read with None: an
     episode accumulates the actions of all its events, so it may hold more than one input may carry
-    (found by a new-user trial: 1,001 `ActionRecorded` made the episode unreadable).
+    (a bound on stored documents would make an episode of 1,001 `ActionRecorded` unreadable).
     """
     own = errs is None
     errs = errs or Collector()

@@ -154,7 +154,7 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
                 unknown = [i for i in ids if i not in known]
             n = await do_redrive(redis, Keys(settings.prefix), None if all_ else list(ids))
             click.echo(f"re-driven {n} dead letter(s)")
-        if not all_ and unknown:  # a typo must not look like success (new-user trial)
+        if not all_ and unknown:  # a typo must not look like success
             raise click.ClickException(f"no dead letter has the id(s) {', '.join(unknown)} "
                                        "(see `dead-letters` for the ids)")
 

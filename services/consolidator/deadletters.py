@@ -75,8 +75,7 @@ async def dead_letter(group: streams.StreamGroup, keys: Keys, entry: streams.Ent
                       consumer: str) -> None:
     """Move `entry` from `group`'s stream to the dead letters (acking it) and, when its payload still
     names an episode, link both copies of its data to the episode (and its user) so that forgetting
-    them deletes the copies (found by new-user trials: dead letters outlived the forget of their
-    episode or user)."""
+    them deletes the copies (a dead letter must not outlive the forget of its episode or user)."""
     k, redis = keys, group.redis
     dead_id = await group.dead_letter(k.dead_letters, entry, reason, consumer)
     ident = peek_identity(entry.payload) if entry.payload else None

@@ -244,8 +244,8 @@ def _is_forget(fields: dict) -> bool:
 
 async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int = 1000) -> int:
     """XDEL the forget events every consumer group has applied and acked: a `UserForgotten` names its
-    user, sealed under the namespace's key, which is never destroyed (found by a new-user trial: the
-    master key still opened it after the erasure pass), and an `EpisodeForgotten` names its episode.
+    user, sealed under the namespace's key, which is never destroyed (the
+    master key would still open it after the erasure pass), and an `EpisodeForgotten` names its episode.
     Once applied they are not needed: the tombstones they left (`Keys.user_tombstone`,
     `Keys.tombstone`) are what keeps a replay, or a late event, from bringing the data back. Skipped
     while a replay builds a new generation (its catch-up pass may still have to read them). Returns
@@ -280,8 +280,8 @@ async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None)
     started = time.perf_counter()
     forgets = await drop_applied_forgets(redis, keys)
     compaction = await compact(redis, keys, keyring=keyring)
-    # dead letters hold the payload of the entry they failed on (found by a new-user trial: a forgotten
-    # user's dead letter was still in the RDB and the AOF base after the pass); no resealing: a dead
+    # dead letters hold the payload of the entry they failed on (uncompacted, a forgotten user's dead
+    # letter would stay in the RDB and the AOF base after the pass); no resealing: a dead
     # letter keeps its bytes as they were for redrive
     dead = await compact(redis, keys, stream=keys.dead_letters)
     rewritten = await rewrite_aof(redis)

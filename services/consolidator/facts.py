@@ -170,8 +170,8 @@ class Consolidator:
         for i, (s, _, _) in enumerate(increments):
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
             if self._reached(completed, importance):
-                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (a new-user
-                # trial saw two INFO lines per episode in a trickle past the threshold)
+                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (else a
+                # trickle of episodes past the threshold logs two INFO lines per episode)
                 pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
                 log.log(logging.DEBUG if pending else logging.INFO, "facts ◆ trigger %s ◆ %d completed ◆ "
                         "importance %.1f", s.scope_id[:12], completed, importance)
@@ -196,8 +196,8 @@ class Consolidator:
         recent = self.keys.facts_recent(sid)
         while not self._closing.is_set():
             wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
-            # the interval holds across workers: with two processes each ran the scope once per
-            # interval, seconds apart (found by a new-user trial)
+            # the interval holds across workers: a per-process clock alone would let two processes
+            # each run the scope once per interval, seconds apart
             wait = max(wait, await self.redis.pttl(recent) / 1000.0)
             if wait > 0:
                 try:

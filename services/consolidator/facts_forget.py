@@ -35,7 +35,7 @@ async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace
                           dim: int, tags: TagCodec, *, settings: Settings) -> int:
     """The projector's forgetting hook: see `forget_with`; `tags` are generation
     `gen`'s TAG digests. `settings` are the process's: the rebuild takes the scope's lease for
-    ENGRAM_LEASE_MS (defaults here took it for 30 s whatever the deployment's lease, issue 18 §5)."""
+    ENGRAM_LEASE_MS (not a default of 30 s whatever the deployment's lease)."""
     if not episode_ids:
         return 0
     if settings.prefix != keys.prefix:

@@ -80,7 +80,7 @@ class Forgetting:
         An episode whose first event is later than the forget is the user's new activity and is kept,
         whatever order the forget and the episode are processed in: the write scripts apply the same
         rule when the episode is written after the forget, and this sweep applies it to documents
-        written before it (found by a new-user trial: a forget processed after a newer episode erased it).
+        written before it (a forget processed after a newer episode must not erase it).
 
         With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
         created after the forget: new activity), so that every copy of the user's sealed events is

@@ -2,7 +2,7 @@
 
 Deterministic in the *set* of events: events are de-duplicated by `event_id` and sorted by
 `(occurred_at, kind, event_id)` before merging, so N workers folding interleaved, duplicated
-deliveries reach the same document as a sequential replay (shared/cases C01, C02). Later snapshots
+deliveries reach the same document as a sequential replay. Later snapshots
 override earlier ones field by field (a None never erases a value); actions are the union of every
 snapshot's actions and every `ActionRecorded`, de-duplicated by `action_id` and ordered by time.
 """

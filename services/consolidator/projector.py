@@ -15,8 +15,8 @@ events that were folded. Two ways through, each one pipelined round trip per pha
 - **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN`
   check (`WRITE_LUA`), folding again when another worker added an event in between.
 
-There is no check-then-write window on either path (shared/cases C02): the check and the write are one
-script. Forget events are applied in stream order between episode-event segments.
+There is no check-then-write window on either path (concurrent workers cannot interleave): the check
+and the write are one script. Forget events are applied in stream order between episode-event segments.
 
 Sealed entries (a master key configured, `shared.crypto`): the keys a batch names are fetched in one
 pipeline (`KeyRing.prefetch`) and the events opened with them; the event hashes keep the sealed bytes,

@@ -12,7 +12,7 @@ is harmless.
    their next batch (they re-read the generation every turn);
 4. a catch-up pass projects the entries added since step 2 began;
 5. the old generation's index and keys are dropped.
-Tombstones are generation-independent, so a replay never resurrects forgotten data (C08).
+Tombstones are generation-independent, so a replay never resurrects forgotten data.
 """
 
 from __future__ import annotations

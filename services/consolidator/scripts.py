@@ -1,6 +1,7 @@
 """The Lua scripts of the projection (services.consolidator.projector) and of forgetting a user.
 
-Each is one atomic step that a check-then-write from Python would split (shared/cases C02): recording
+Each is one atomic step that a check-then-write from Python would split (concurrent workers
+would interleave between the check and the write): recording
 an episode's events and writing its document only while its event hash holds exactly the events that
 were folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, which share
 `REPLACE_DOC_LUA`), and raising a user's forget time (`FORGET_USER_LUA`).
@@ -30,8 +31,8 @@ local function replace_doc(key, blob)
 end
 """
 """Writes a document whole. An existing one is replaced, not merged: a field the new fold leaves out (a
-text emptied by a re-published completion) must not stay indexed (found by a new-user trial: the old
-solution still matched a keyword recall). What the query service owns (`last_accessed`,
+text emptied by a re-published completion) must not stay indexed (the old
+solution would still match a keyword recall). What the query service owns (`last_accessed`,
 `access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
 the old status (nil for a new document)."""
 

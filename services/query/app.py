@@ -44,10 +44,11 @@ from services.query.problems import problems_middleware
 from services.query.providers import consolidation, facts_provider
 from services.query.recall import ScopeSizes
 from services.query.routes import ROUTES, add_routes
-from shared.embedding import Embedder, QueryVectorCache, make_embedder
+from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
 from shared.keys import Keys
+from shared.query_vectors import QueryVectorCache
 from shared.redis_conn import connect
 from shared.retry import until_available
 from shared.settings import Settings

@@ -14,9 +14,10 @@ import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from shared.embedding import Embedder, QueryVectorCache
+from shared.embedding import Embedder
 from shared.index import LiveTags, Scope
 from shared.keys import Keys
+from shared.query_vectors import QueryVectorCache
 from shared.settings import Settings
 
 if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` s
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(300)  # the whole perf suite at a tiny size, its services spawned: 25 s measured
 def test_perf_suite_tiny(tmp_path):
     out = tmp_path / "results.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -77,6 +77,7 @@ def tag_in(lo: int, hi: int) -> str:
     return next(f"n{i}" for i in range(100_000) if lo <= key_slot(f"n{i}".encode()) <= hi)
 
 
+@pytest.mark.timeout(120)  # the module's six-node cluster stops in this test's teardown: 27 s measured
 async def test_the_cluster_client_spreads_keys_and_the_embedded_search_is_shard_local(cluster):
     """Measured facts the routing must respect (docs/scaling.md): the embedded RediSearch 2.10 in cluster
     mode treats an index name as a key — `FT.CREATE` / `FT.SEARCH` of a name are MOVED to the node owning

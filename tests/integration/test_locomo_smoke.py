@@ -33,7 +33,7 @@ def test_evidence_quirks():
 
 
 @pytest.mark.skipif(not DEFAULT_DATA.exists(), reason="LoCoMo data not present")
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240)  # the LoCoMo harness spawns the workers and query service and ingests: 21 s measured
 def test_locomo_harness_end_to_end(tmp_path):
     out = tmp_path / "locomo.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
