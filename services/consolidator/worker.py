@@ -5,7 +5,7 @@ Each turn (docket's reclaim-then-read):
    entries delivered more than `max_deliveries` times go to the dead-letter stream with the last error;
 2. `XREADGROUP >` up to the free capacity of the batch;
 3. `Projector.apply`, then `XACK` only what was written; poison entries are dead-lettered (and acked)
-   one by one, so one bad entry never blocks its neighbours (shared/cases C11).
+   one by one, so one bad entry never blocks its neighbours.
 A transport or embedder failure leaves the whole batch pending; the lease brings it back.
 
 `settings.in_flight` lanes run that loop concurrently in one process (see `Worker.run`).
@@ -185,7 +185,7 @@ class Worker:
                         log.info("worker %s ◆ trimmed %d projected entries older than %gs", self.name,
                                  removed, self.settings.stream_retention)
                 self._erasure_housekeeping()
-            except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (issue 15)
+            except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)
                 await wait_or_stop(stop, MISMATCH_CHECK_SECONDS)
             except Conflict as exc:
@@ -257,8 +257,8 @@ class Worker:
             return await self._project(projector, entries)
         finally:
             # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
-            # in flight, and `await renewal` after cancel() then waited forever (a worker that ignored
-            # SIGTERM, found by a new-user trial). A renewal still in its Redis call finishes on its own.
+            # in flight, and `await renewal` after cancel() then waited forever (the worker then
+            # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
             done.set()
             await asyncio.wait({renewal}, timeout=1.0)
 

@@ -1,4 +1,4 @@
-"""API keys → namespace. The namespace of a request comes from its key, never from its body (C03).
+"""API keys → namespace. The namespace of a request comes from its key, never from its body: a body cannot choose another tenant.
 
 With `settings.api_keys` empty the service is single-tenant (dev mode): every request gets
 `settings.default_namespace`, and `__main__` refuses to bind to a non-loopback address. Keys are compared

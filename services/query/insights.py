@@ -72,7 +72,7 @@ def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[st
 
 def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
                     category_profile: dict[str, Any] | None) -> dict[str, Any]:
-    """Adaptive strategy choice (issue 4), first rule that applies:
+    """Adaptive strategy choice, first rule that applies:
 
     1. reuse the strategy of similar episodes whose success rate among them is above 0.6 (the one with
        the most successes, then the highest rate), counting each strategy's newest regime only

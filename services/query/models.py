@@ -1,6 +1,6 @@
 """Request models of the HTTP API (pydantic v2): the single source of validation and of the OpenAPI schemas.
 
-Every model forbids unknown fields (an unknown filter or operator is a 422 naming it, shared/cases C13)
+Every model forbids unknown fields (an unknown filter or operator is a 422 naming it, never silently ignored)
 and validates strictly: `"5"` is not a `top_k`, `true` is not a number. Union-shaped inputs (one value or
 a list, ISO 8601 or epoch, seconds or "12h") use plain validators with explicit JSON schemas, so an error
 names the field once, with one reason, instead of one line per union member.
@@ -122,7 +122,7 @@ _QUERY_NUMBER = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", 
 @dataclass(frozen=True, slots=True)
 class IntIn:
     """`Annotated[int, IntIn(lo, hi)]`: an integer field in [lo, hi] whose error states the allowed
-    range (shared/cases C15). `from_query`: also accept the decimal string of one (query parameters are
+    range, so a caller knows what to send. `from_query`: also accept the decimal string of one (query parameters are
     strings; JSON bodies are not). Pydantic metadata (a validator and its JSON schema)."""
 
     lo: int

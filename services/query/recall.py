@@ -1,6 +1,6 @@
 """Prioritized recall: fetch candidates from RediSearch, score them with `shared.scoring`, explain the rank.
 
-Pipeline of `POST /v1/recall` (issue 4, issue 17):
+Pipeline of `POST /v1/recall`:
 1. Scope → one pre-filter expression (`shared.index.Scope`), applied *inside* every candidate query, so
    a narrow scope still yields `top_k` results when they exist.
 2. Candidates (`candidates`): the pool is the union of fixed-depth lists of the scope — `vector`:
@@ -244,7 +244,7 @@ def _at_least(scope: Scope, name: str, floor: float) -> Scope | None:
 async def top_by(r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int,
                  fields: tuple[str, ...]) -> list[SearchHit]:
     """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
-    importance), best first: the recency / reward / importance candidate lists (issue 17 §2).
+    importance), best first: the recency / reward / importance candidate lists (so all-recency weights return exact recency order over the scope).
 
     Sorting a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over 10k
     episodes, measured), so the value of the (depth + 1)-th episode is remembered for FLOOR_TTL
@@ -321,7 +321,7 @@ def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
     """The candidate lists a recall draws from, in the order they are merged.
 
     The similarity arms of the mode (`knn`, `bm25`), then, for each non-similarity signal that carries
-    weight, the scope's top episodes by it (issue 17 §2): without them a recall weighted on recency
+    weight, the scope's top episodes by it: without them a recall weighted on recency
     re-ranked only the most similar episodes and could miss the newest one of the scope.
     `completed_at` (and `last_accessed` with recency_from "last_access": never-accessed episodes fall
     back to completed_at) for recency, `reward`, `importance`. Outcome has no arm: it is a category,
@@ -375,10 +375,10 @@ async def similarity_pool(r: aioredis.Redis, index: str, scope: Scope, query: st
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance.
 
-    `depth` does not depend on `top_k` (issue 17 §1), so the first k results of a `top_k` K recall are
+    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
     the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
     query and the episode alone (cosine, keyword relevance from the episode's text fields, or their
-    convex combination), never rescaled over the pool (issue 17 §4).
+    convex combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
     """
     names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS

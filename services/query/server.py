@@ -115,7 +115,7 @@ class RouteAccessLogger(AbstractAccessLogger):
     """The access log line of a request with its route's template instead of its path, and no query
     string: ids live in paths and queries (`DELETE /v1/users/{user_id}`, `GET
     /v1/learning-curve?user_id=...`), and aiohttp's default format wrote every forgotten user's id
-    into the log (found by a new-user trial of erasure). A request that matched no route is logged as
+    into the log, where erasure cannot reach. A request that matched no route is logged as
     `<no route>`. Format: `remote "METHOD /route/{template}" status bytes duration_ms`."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:

@@ -56,7 +56,7 @@ async def _projected(request: web.Request, events: list[EpisodeCompleted], strea
     after the document write committed) and its episode's event hash holds it (a dead-lettered event is
     acked but never recorded). The event hash alone was not enough: for an episode that already had
     events the worker records the new one first and rewrites the document a step later, so a read right
-    after the wait could still see the previous version (found by a new-user trial)."""
+    after the wait could still see the previous version."""
     r, keys, s = redis_of(request), request.app[KEYS], request.app[SETTINGS]
     deadline = time.monotonic() + wait
     done = [False] * len(events)
@@ -117,7 +117,7 @@ async def ingest(request: web.Request) -> web.Response:
         ep = parse_episode(item, path, errs, default_episode_id=new_event_id())
         if ep is not None and ep.episode_id in first_index:
             # both would carry the same occurred_at, so which one the episode ends up as would be a coin
-            # toss between their random event ids (found by a new-user trial): refuse, naming both
+            # toss between their random event ids: refuse, naming both
             errs.add(f"{path}.episode_id", f"repeats episodes[{first_index[ep.episode_id]}].episode_id "
                      f"({ep.episode_id!r}); send one version of an episode per request")
             ep = None
@@ -209,7 +209,7 @@ async def delete_episode(request: web.Request) -> web.Response:
         await _stored(request, episode_id)
     except NotFound:
         # no document, but the namespace may still hold its data: stored events of a draft or of an
-        # episode not yet written, or dead letters (found by a new-user trial: those could not be forgotten)
+        # episode not yet written, or dead letters, which a forget must reach too
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
         if await r.exists(keys.tombstone(ns, episode_id)):
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
