@@ -43,3 +43,15 @@ def test_perf_suite_tiny(tmp_path):
         for side in ("service", "raw_ft_search", "numpy_scan"):
             assert lat[side]["p50_ms"] > 0 and lat[side]["qps"] > 0
         assert row["used_memory_bytes_per_episode"] > 0
+
+
+@pytest.mark.timeout(180)  # three services spawned and a private Redis: ~15 s measured
+def test_query_batch_bench_tiny():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.query_batch", "--embedder", "hashing", "--episodes", "20", "--requests", "8",
+         "--rounds", "2", "--clients", "2", "--timeout", "120"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ENGRAM_QUERY_BATCH=1" in proc.stdout and "ENGRAM_QUERY_BATCH=32" in proc.stdout
+    assert "recalls/s x" in proc.stdout
