@@ -32,6 +32,7 @@ from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
     index_exists,
+    is_missing_index,
     numeric_clause,
     parse_search,
     point_alias_at,
@@ -361,7 +362,7 @@ async def search_facts(r: aioredis.Redis, index: str, q: FactQuery, *, vector: n
             "FT.SEARCH", index, q.query(), "RETURN", 2, DOC_FIELD, CENTROID_FIELD, "SORTBY", "confidence", "DESC",
             "LIMIT", 0, 10_000, "DIALECT", 2)
     except ResponseError as exc:
-        if "no such index" in str(exc).lower() or "unknown index" in str(exc).lower():
+        if is_missing_index(exc):
             return []
         raise
     hits = _decode_hits(parse_search(reply)[1])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,12 +234,17 @@ def episode_schema(params: VectorParams) -> list[Any]:
     return args + params.schema_args()
 
 
+def is_missing_index(exc: ResponseError) -> bool:
+    """Whether RediSearch refused a command because the index does not exist (2.x and 8.x wordings)."""
+    return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
+
+
 async def index_exists(r: aioredis.Redis, name: str) -> bool:
     try:
         await r.execute_command("FT.INFO", name)
         return True
     except ResponseError as exc:
-        if "unknown index name" in str(exc).lower() or "no such index" in str(exc).lower():
+        if is_missing_index(exc):
             return False
         raise
 
@@ -337,8 +343,6 @@ class LiveTags:
     """
 
     def __init__(self, keys: Keys, tag_key: bytes | None, *, ttl: float = 1.0):
-        import time
-
         self._clock = time.monotonic
         self.keys, self.tag_key, self.ttl = keys, tag_key, ttl
         self._by_gen: dict[int, TagCodec] = {}
@@ -591,6 +595,6 @@ async def drop_index(r: aioredis.Redis, name: str) -> bool:
         await r.execute_command("FT.DROPINDEX", name)
         return True
     except ResponseError as exc:
-        if "unknown index name" in str(exc).lower() or "no such index" in str(exc).lower():
+        if is_missing_index(exc):
             return False
         raise

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, overload
+from typing import Any
 
 from engram_episodic.errors import ConfigError
 from shared.redis_conn import check_url
@@ -92,44 +92,7 @@ def _metrics_key(env: Mapping[str, str], api_keys: dict[str, str]) -> str | None
 def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """`env[name]` as an int in [lo, hi] (`default` when unset or empty); ConfigError naming it otherwise."""
     raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
-    return value
-
-
-@overload
-def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float: ...
-@overload
-def _float(env: Mapping[str, str], name: str, default: None, lo: float, hi: float) -> float | None: ...
-def _float(env: Mapping[str, str], name: str, default: float | None, lo: float, hi: float) -> float | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
-    return value
-
-
-def _duration(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    return default if raw is None or raw == "" else parse_duration(raw, name=name)
-
-
-def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    raw = env.get(name) or default
-    if raw not in choices:
-        raise ConfigError(f"{name}={raw!r} must be one of {', '.join(choices)}")
-    return raw
+    return default if raw is None or raw == "" else integer(lo, hi)(raw, name)
 
 
 def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str]:
@@ -160,14 +123,28 @@ Parse = Callable[[str, str], Any]
 
 
 def integer(lo: int, hi: int) -> Parse:
+    """An int in [lo, hi]; ConfigError naming the variable otherwise."""
     def parse(raw: str, name: str) -> int:
-        return env_int({name: raw}, name, 0, lo, hi)
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
+        return value
     return parse
 
 
 def number(lo: float, hi: float) -> Parse:
+    """A finite float in [lo, hi]; ConfigError naming the variable otherwise."""
     def parse(raw: str, name: str) -> float:
-        return _float({name: raw}, name, 0.0, lo, hi)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
+        return value
     return parse
 
 
@@ -181,8 +158,11 @@ def duration_or_off(raw: str, name: str) -> float | None:
 
 
 def choice(*choices: str) -> Parse:
+    """One of `choices`; ConfigError naming the variable and the choices otherwise."""
     def parse(raw: str, name: str) -> str:
-        return _choice({name: raw}, name, "", choices)
+        if raw not in choices:
+            raise ConfigError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+        return raw
     return parse
 
 

@@ -26,8 +26,8 @@ async def stand_in(aiohttp_server, state: dict):
         state["peak"] = max(state["peak"], state["in_flight"])
         try:
             step = state["script"].pop(0) if state["script"] else 200
-            if step == "hang":
-                await asyncio.sleep(3)
+            if step == "hang":  # until the test releases it (or the server's teardown cancels it)
+                await state.setdefault("released", asyncio.Event()).wait()
             elif step != 200:
                 return web.json_response({"title": "no", "status": step}, status=step, headers={"Retry-After": "0"},
                                          content_type="application/problem+json")
@@ -67,6 +67,7 @@ async def test_status_of_records_each_outcome_once(aiohttp_server):
             assert state["count"] == 1
         state["script"] = ["hang"]
         assert await status_of(pool, recall, 200, 0.3) == 0  # not answered within the total timeout
+        state["released"].set()
     nobody = f"http://127.0.0.1:{free_port()}"
     async with AsyncEngram(nobody, max_retries=0) as memory:
         assert await status_of(memory, recall, 200, 5.0) == 0  # refused

@@ -1,7 +1,7 @@
 """docs/configuration.md lists exactly the environment variables the code reads (pure: reads source files only).
 
 The names the code reads are the string constants that are a whole variable name (`"ENGRAM_..."` or
-`"REDIS_URL"`): `Settings.from_env` passes each to `env.get` / `env_int` / `_duration` / `_choice`, and the
+`"REDIS_URL"`): `Settings.from_env` passes each to `env(...)` field declarations / `env.get` / `env_int`, and the
 other entry points (`services/run.py`, the client, the MCP server, the demo agent, the test fixtures) to
 `env.get` / `os.environ.get`. A message that merely mentions a name is not a whole-string constant, so it
 does not count. docker-compose.yml adds `${NAME:-default}` interpolations (the image tag, the host port)
