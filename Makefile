@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: all install run test test-fast bench bench-locomo lint chaos fuzz load clean
+.PHONY: all install run test test-fast bench bench-locomo lint format chaos fuzz load clean
 
 all: lint test
 
@@ -48,10 +48,15 @@ load: $(STAMP)
 fuzz: $(STAMP)
 	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider --timeout 900 tests -k "fuzz or schemathesis"
 
-## make lint: ruff (style, imports, bugbear, complexity) and mypy (the [tool.mypy] files of pyproject.toml).
+## make lint: ruff format --check, ruff (style, imports, bugbear, complexity) and mypy (the [tool.mypy] files of pyproject.toml).
 lint: $(STAMP)
+	$(VENV)/bin/ruff format --check client services shared tests deploy bench
 	$(VENV)/bin/ruff check client services shared tests deploy bench
 	$(VENV)/bin/mypy
+
+## make format: rewrite the code in ruff's format (what `make lint` checks).
+format: $(STAMP)
+	$(VENV)/bin/ruff format client services shared tests deploy bench
 
 clean:
 	rm -rf $(VENV) .run

@@ -56,18 +56,30 @@ def private_redis(*, appendonly: bool = False) -> Iterator[EmbeddedRedis]:
 
 def service_env(redis_url: str, prefix: str, embedder: str, **extra: str) -> dict[str, str]:
     """The environment of a spawned worker or query service (ENGRAM_* variables, see shared/settings.py)."""
-    return {**os.environ, **OFFLINE_ENV, "REDIS_URL": redis_url, "ENGRAM_PREFIX": prefix,
-            "ENGRAM_EMBEDDER": embedder, "ENGRAM_LOG_LEVEL": "WARNING", **extra}
+    return {
+        **os.environ,
+        **OFFLINE_ENV,
+        "REDIS_URL": redis_url,
+        "ENGRAM_PREFIX": prefix,
+        "ENGRAM_EMBEDDER": embedder,
+        "ENGRAM_LOG_LEVEL": "WARNING",
+        **extra,
+    }
 
 
 def spawn_workers(n: int, env: dict[str, str], *, name: str = "bench") -> list[subprocess.Popen]:
     """`n` consolidator processes (`python -m services.consolidator run`), each a unique consumer."""
     procs = []
     for i in range(n):
-        procs.append(_Proc(
-            [sys.executable, "-m", "services.consolidator", "run"], cwd=ROOT,
-            env={**env, "ENGRAM_CONSUMER_NAME": f"{name}-{i}-{os.getpid()}"},
-            stdout=subprocess.DEVNULL, stderr=_log_file()))
+        procs.append(
+            _Proc(
+                [sys.executable, "-m", "services.consolidator", "run"],
+                cwd=ROOT,
+                env={**env, "ENGRAM_CONSUMER_NAME": f"{name}-{i}-{os.getpid()}"},
+                stdout=subprocess.DEVNULL,
+                stderr=_log_file(),
+            )
+        )
     return procs
 
 
@@ -97,9 +109,13 @@ class _Proc(subprocess.Popen):
 
 def spawn_query_service(env: dict[str, str], port: int) -> subprocess.Popen:
     """`python -m services.query` on 127.0.0.1:`port` (wait for it with `wait_http_ready`)."""
-    return _Proc([sys.executable, "-m", "services.query"], cwd=ROOT,
-                 env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
-                 stdout=subprocess.DEVNULL, stderr=_log_file())
+    return _Proc(
+        [sys.executable, "-m", "services.query"],
+        cwd=ROOT,
+        env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=_log_file(),
+    )
 
 
 def stop_processes(procs: Sequence[subprocess.Popen], timeout: float = 30.0) -> list[str]:
@@ -167,9 +183,13 @@ def http_pool(max_connections: int, timeout: float, **kwargs: Any) -> httpx.Asyn
     The client's own `timeout=` is not applied to a client passed in: this one's is. Fine for a few
     connections; for more, or many requests at once, use `ClientPool` (httpcore's pool gets slow).
     """
-    return httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
-        max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=15.0),
-        **kwargs)
+    return httpx.AsyncClient(
+        timeout=timeout,
+        limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=15.0
+        ),
+        **kwargs,
+    )
 
 
 class ClientPool:
@@ -220,8 +240,9 @@ def percentile_ms(samples_s: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples_s) * 1000.0, q)) if len(samples_s) else math.nan
 
 
-def bootstrap_ci(values: np.ndarray, *, iterations: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(
+    values: np.ndarray, *, iterations: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values` (float[n]); (nan, nan) when empty."""
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0:
@@ -240,6 +261,7 @@ def ratio(a: float, b: float) -> float:
 # --- output -------------------------------------------------------------------------------------------
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table (also readable in a terminal)."""
+
     def cell(v: Any) -> str:
         if isinstance(v, float):
             if math.isnan(v):
@@ -249,16 +271,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
     text = [[cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(headers)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in text]
     return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on (CPU count, memory, Python, load at the start)."""
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform()}
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     with contextlib.suppress(OSError):
         info["loadavg_1m"] = os.getloadavg()[0]
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -298,8 +325,14 @@ class Timer:
         self.seconds = time.perf_counter() - self._start
 
 
-async def poll_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.2,
-                     what: str = "condition", on_tick: Callable[[], Any] | None = None) -> None:
+async def poll_until(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.2,
+    what: str = "condition",
+    on_tick: Callable[[], Any] | None = None,
+) -> None:
     """Await `predicate()` (an async callable returning truthy) until true; TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout
     while True:

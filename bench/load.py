@@ -47,16 +47,29 @@ from shared.keys import Keys
 from shared.redis_conn import connect
 
 PREFIX = "load:"
-TOPICS = ["renew the tls certificate", "fix the flaky login test", "migrate the orders table",
-          "tune the cache eviction policy", "rotate the api keys", "upgrade the postgres cluster",
-          "profile the slow checkout endpoint", "bump the api version"]
+TOPICS = [
+    "renew the tls certificate",
+    "fix the flaky login test",
+    "migrate the orders table",
+    "tune the cache eviction policy",
+    "rotate the api keys",
+    "upgrade the postgres cluster",
+    "profile the slow checkout endpoint",
+    "bump the api version",
+]
 
 
 def episode(i: int) -> dict[str, Any]:
-    return {"episode_id": f"load-{i}", "agent_id": f"agent-{i % 8}", "user_id": f"user-{i % 31}",
-            "task": {"description": f"{TOPICS[i % len(TOPICS)]} (case {i})", "category": "ops"},
-            "outcome": "success" if i % 4 else "failure", "feedback": {"reward": (i % 10) / 10},
-            "importance": 1 + i % 10, "solution": f"what worked in case {i}"}
+    return {
+        "episode_id": f"load-{i}",
+        "agent_id": f"agent-{i % 8}",
+        "user_id": f"user-{i % 31}",
+        "task": {"description": f"{TOPICS[i % len(TOPICS)]} (case {i})", "category": "ops"},
+        "outcome": "success" if i % 4 else "failure",
+        "feedback": {"reward": (i % 10) / 10},
+        "importance": 1 + i % 10,
+        "solution": f"what worked in case {i}",
+    }
 
 
 def request(kind: str, i: int, rng: random.Random) -> Call[Any]:
@@ -67,14 +80,21 @@ def request(kind: str, i: int, rng: random.Random) -> Call[Any]:
     return Calls.recall(rng.choice(TOPICS), options).as_json()  # the answer is read, never parsed into types
 
 
-async def one(memory: ClientPool, kind: str, call: Call[Any], scheduled: float, timeout: float,
-              out: list[tuple[str, float, int]]) -> None:
+async def one(
+    memory: ClientPool,
+    kind: str,
+    call: Call[Any],
+    scheduled: float,
+    timeout: float,
+    out: list[tuple[str, float, int]],
+) -> None:
     status = await status_of(memory, call, 202 if kind == "ingest" else 200, timeout)
     out.append((kind, time.monotonic() - scheduled, status))
 
 
-async def step(base: str, rate: float, seconds: float, ingest_share: float, next_id: list[int],
-               timeout: float) -> list[tuple[str, float, int]]:
+async def step(
+    base: str, rate: float, seconds: float, ingest_share: float, next_id: list[int], timeout: float
+) -> list[tuple[str, float, int]]:
     """Offer `rate` requests per second for `seconds`; returns (kind, latency from schedule, status).
 
     Each request is sent once (max_retries=0: a 429 or a timeout is an error of the step, never hidden by
@@ -111,8 +131,13 @@ def summarize(rate: float, rows: list[tuple[str, float, int]], bound_ms: float, 
             if not 200 <= s < 300:
                 key = str(s) if s else "no response"
                 statuses[key] = statuses.get(key, 0) + 1
-        res[kind] = {"requests": len(mine), "errors": errors, "error_statuses": statuses,
-                     "p50_ms": round(percentile_ms(ok, 50), 1), "p99_ms": round(p99, 1)}
+        res[kind] = {
+            "requests": len(mine),
+            "errors": errors,
+            "error_statuses": statuses,
+            "p50_ms": round(percentile_ms(ok, 50), 1),
+            "p99_ms": round(p99, 1),
+        }
         held = held and errors == 0 and (not mine or p99 <= bound_ms)
     res["held"] = held
     return res
@@ -126,18 +151,34 @@ async def main_async(args: argparse.Namespace) -> int:
         server.start()
         logs = Path(tmp)
         try:
-            env = service_env(server.url, PREFIX, args.embedder, ENGRAM_EMBED_DIM="384",
-                              ENGRAM_FACTS_EVERY="1000000", ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9")
+            env = service_env(
+                server.url,
+                PREFIX,
+                args.embedder,
+                ENGRAM_EMBED_DIM="384",
+                ENGRAM_FACTS_EVERY="1000000",
+                ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9",
+            )
             for i in range(args.workers):
                 with open(logs / f"worker-{i}.log", "wb") as log:
-                    procs.append(subprocess.Popen([sys.executable, "-m", "services.consolidator", "run"], cwd=ROOT,
-                                                  env={**env, "ENGRAM_CONSUMER_NAME": f"load-{i}"},
-                                                  stdout=subprocess.DEVNULL, stderr=log))
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "services.consolidator", "run"],
+                            cwd=ROOT,
+                            env={**env, "ENGRAM_CONSUMER_NAME": f"load-{i}"},
+                            stdout=subprocess.DEVNULL,
+                            stderr=log,
+                        )
+                    )
             port = free_port()
             with open(logs / "query.log", "wb") as log:
-                query = subprocess.Popen([sys.executable, "-m", "services.query"], cwd=ROOT,
-                                         env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
-                                         stdout=subprocess.DEVNULL, stderr=log)
+                query = subprocess.Popen(
+                    [sys.executable, "-m", "services.query"],
+                    cwd=ROOT,
+                    env={**env, "ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(port)},
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
             procs.append(query)
             base = f"http://127.0.0.1:{port}"
             await wait_http_ready(base, query, timeout=120)
@@ -151,17 +192,23 @@ async def main_async(args: argparse.Namespace) -> int:
             while await group.lag() or (await group.info())["pending"]:
                 await asyncio.sleep(0.2)
             mem_start = int((await r.info("memory"))["used_memory"])
-            print(f"load ◆ seeded {args.seed} episodes ◆ p99 bound {args.p99_ms:g} ms ◆ "
-                  f"{args.ingest_share:.0%} ingest ◆ embedder {args.embedder}", flush=True)
+            print(
+                f"load ◆ seeded {args.seed} episodes ◆ p99 bound {args.p99_ms:g} ms ◆ "
+                f"{args.ingest_share:.0%} ingest ◆ embedder {args.embedder}",
+                flush=True,
+            )
             next_id = [args.seed]
             for rate in args.rates:
                 rows = await step(base, rate, args.step_seconds, args.ingest_share, next_id, args.timeout)
                 lag = await group.lag()
                 res = summarize(rate, rows, args.p99_ms, lag)
                 results.append(res)
-                print(f"load ◆ {rate:g} req/s ◆ recall p99 {res['recall']['p99_ms']} ms ◆ ingest p99 "
-                      f"{res['ingest']['p99_ms']} ms ◆ errors {res['recall']['errors'] + res['ingest']['errors']} ◆ "
-                      f"lag {lag} ◆ {'held' if res['held'] else 'NOT held'}", flush=True)
+                print(
+                    f"load ◆ {rate:g} req/s ◆ recall p99 {res['recall']['p99_ms']} ms ◆ ingest p99 "
+                    f"{res['ingest']['p99_ms']} ms ◆ errors {res['recall']['errors'] + res['ingest']['errors']} ◆ "
+                    f"lag {lag} ◆ {'held' if res['held'] else 'NOT held'}",
+                    flush=True,
+                )
                 if not res["held"]:
                     break
             mem_end = int((await r.info("memory"))["used_memory"])
@@ -172,16 +219,48 @@ async def main_async(args: argparse.Namespace) -> int:
     held = [x["offered_rps"] for x in results if x["held"]]
     best = max(held) if held else None
     print()
-    print(table(["offered req/s", "recall p50 ms", "recall p99 ms", "ingest p50 ms", "ingest p99 ms", "errors",
-                 "lag after", "held"],
-                [[x["offered_rps"], x["recall"]["p50_ms"], x["recall"]["p99_ms"], x["ingest"]["p50_ms"],
-                  x["ingest"]["p99_ms"], x["recall"]["errors"] + x["ingest"]["errors"], x["consumer_lag_after"],
-                  "yes" if x["held"] else "no"] for x in results]))
-    print(f"\nhighest rate held with p99 <= {args.p99_ms:g} ms and zero errors: "
-          f"{best if best is not None else 'none'} req/s ({args.ingest_share:.0%} ingest)")
-    write_json(Path(args.out), {"machine": machine(), "args": vars(args), "highest_rate_held_rps": best,
-                                "redis_used_memory_mb": [round(mem_start / 2**20, 1), round(mem_end / 2**20, 1)],
-                                "steps": results, "generated_at": time.time()})
+    print(
+        table(
+            [
+                "offered req/s",
+                "recall p50 ms",
+                "recall p99 ms",
+                "ingest p50 ms",
+                "ingest p99 ms",
+                "errors",
+                "lag after",
+                "held",
+            ],
+            [
+                [
+                    x["offered_rps"],
+                    x["recall"]["p50_ms"],
+                    x["recall"]["p99_ms"],
+                    x["ingest"]["p50_ms"],
+                    x["ingest"]["p99_ms"],
+                    x["recall"]["errors"] + x["ingest"]["errors"],
+                    x["consumer_lag_after"],
+                    "yes" if x["held"] else "no",
+                ]
+                for x in results
+            ],
+        )
+    )
+    print(
+        f"\nhighest rate held with p99 <= {args.p99_ms:g} ms and zero errors: "
+        f"{best if best is not None else 'none'} req/s ({args.ingest_share:.0%} ingest)"
+    )
+    write_json(
+        Path(args.out),
+        {
+            "machine": machine(),
+            "args": vars(args),
+            "highest_rate_held_rps": best,
+            "redis_used_memory_mb": [round(mem_start / 2**20, 1), round(mem_end / 2**20, 1)],
+            "steps": results,
+            "generated_at": time.time(),
+        },
+    )
     print(f"results written to {args.out}")
     return 0
 

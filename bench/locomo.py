@@ -156,14 +156,27 @@ def load(path: Path, *, conversations: int | None = None, questions: int | None 
                 continue
             start = parse_session_time(when)
             for i, turn in enumerate(turns):
-                conv.turns.append(Turn(dia_id=turn["dia_id"], session=n, speaker=turn["speaker"],
-                                       text=turn_text(turn), ts=start + 30.0 * i))
+                conv.turns.append(
+                    Turn(
+                        dia_id=turn["dia_id"],
+                        session=n,
+                        speaker=turn["speaker"],
+                        text=turn_text(turn),
+                        ts=start + 30.0 * i,
+                    )
+                )
         known = {t.dia_id for t in conv.turns}
         for qa in sample["qa"]:
             evidence = normalise_evidence(qa.get("evidence", []), known)
             if evidence:
-                conv.questions.append(Question(conv=conv.sample_id, text=str(qa["question"]),
-                                               category=int(qa["category"]), evidence=evidence))
+                conv.questions.append(
+                    Question(
+                        conv=conv.sample_id,
+                        text=str(qa["question"]),
+                        category=int(qa["category"]),
+                        evidence=evidence,
+                    )
+                )
         if questions is not None:
             conv.questions = conv.questions[:questions]
         out.append(conv)
@@ -199,9 +212,11 @@ def per_k_metrics(ranked_by_k: dict[int, list[str]], evidence: list[str]) -> dic
     return m
 
 
-def summarise(per_question: list[dict[str, float]], categories: list[int], *,
-              iterations: int) -> dict[str, Any]:
+def summarise(
+    per_question: list[dict[str, float]], categories: list[int], *, iterations: int
+) -> dict[str, Any]:
     """Means and bootstrap 95% intervals, overall and per category."""
+
     def block(rows: list[dict[str, float]]) -> dict[str, Any]:
         out: dict[str, Any] = {"n": len(rows)}
         for name in METRIC_NAMES:
@@ -254,23 +269,34 @@ async def publish(redis_url: str, prefix: str, convs: list[Conversation]) -> int
             client = EngramClient(r, namespace=conv.namespace, prefix=prefix)
             events = []
             for t in conv.turns:
-                episode = parse_episode({
-                    "episode_id": t.dia_id, "task": t.text, "outcome": "success",
-                    "session_id": f"session_{t.session}", "agent_id": t.speaker,
-                    "started_at": t.ts, "completed_at": t.ts,
-                    "metadata": {"dia_id": t.dia_id, "session": t.session, "speaker": t.speaker}})
-                events.append(EpisodeCompleted(namespace=conv.namespace, episode_id=t.dia_id,
-                                               occurred_at=t.ts, episode=episode))
+                episode = parse_episode(
+                    {
+                        "episode_id": t.dia_id,
+                        "task": t.text,
+                        "outcome": "success",
+                        "session_id": f"session_{t.session}",
+                        "agent_id": t.speaker,
+                        "started_at": t.ts,
+                        "completed_at": t.ts,
+                        "metadata": {"dia_id": t.dia_id, "session": t.session, "speaker": t.speaker},
+                    }
+                )
+                events.append(
+                    EpisodeCompleted(
+                        namespace=conv.namespace, episode_id=t.dia_id, occurred_at=t.ts, episode=episode
+                    )
+                )
             for start in range(0, len(events), 200):
-                await client.publish(events[start:start + 200])
+                await client.publish(events[start : start + 200])
             n += len(events)
     finally:
         await r.aclose()
     return n
 
 
-async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation], workers, *,
-                         timeout: float) -> float:
+async def wait_projected(
+    redis_url: str, prefix: str, convs: list[Conversation], workers, *, timeout: float
+) -> float:
     """Wait until every turn of every conversation is recallable; returns the seconds it took."""
     from tqdm import tqdm
 
@@ -285,6 +311,7 @@ async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation],
     started = time.perf_counter()
     bar = tqdm(total=total, desc="project (workers)", unit="ep", leave=False)
     try:
+
         async def done() -> bool:
             check_alive(workers, "consolidator worker")
             if not await index_exists(r, keys.episode_index_alias):
@@ -294,6 +321,7 @@ async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation],
                 n += await count(r, keys.episode_index_alias, Scope(namespace=c.namespace, tags=BLAKE2B))
             bar.update(n - bar.n)
             return n >= total
+
         await poll_until(done, timeout=timeout, interval=0.25, what=f"{total} episodes projected")
     finally:
         bar.close()
@@ -302,8 +330,15 @@ async def wait_projected(redis_url: str, prefix: str, convs: list[Conversation],
 
 
 # --- asking the service ----------------------------------------------------------------------------------
-async def ask_all(base_url: str, tokens_by_conv: dict[str, str], convs: list[Conversation],
-                  body_extra: dict[str, Any], *, concurrency: int, desc: str) -> tuple[list[list[str]], float]:
+async def ask_all(
+    base_url: str,
+    tokens_by_conv: dict[str, str],
+    convs: list[Conversation],
+    body_extra: dict[str, Any],
+    *,
+    concurrency: int,
+    desc: str,
+) -> tuple[list[list[str]], float]:
     """POST /v1/recall for every question; returns ranked episode ids per question and the p50 latency (s).
 
     One AsyncEngram per conversation (its API key), all over one pool of `concurrency` keep-alive
@@ -329,8 +364,10 @@ async def ask_all(base_url: str, tokens_by_conv: dict[str, str], convs: list[Con
     try:
         # the aiohttp session this replaces allowed 300 s per request and at most 100 connections
         async with http_pool(max(1, min(concurrency, 100)), 300.0) as http:
-            clients = {sid: AsyncEngram(base_url, api_key=token, max_retries=0, http_client=http)
-                       for sid, token in tokens_by_conv.items()}
+            clients = {
+                sid: AsyncEngram(base_url, api_key=token, max_retries=0, http_client=http)
+                for sid, token in tokens_by_conv.items()
+            }
             await asyncio.gather(*(one(i, c, q, clients[c.sample_id]) for i, (c, q) in enumerate(jobs)))
     finally:
         bar.close()
@@ -338,7 +375,9 @@ async def ask_all(base_url: str, tokens_by_conv: dict[str, str], convs: list[Con
 
 
 # --- harness-side fusion (what the service would return with RRF ordering) -----------------------------
-async def direct_rankings(redis_url: str, prefix: str, convs: list[Conversation], embedder) -> dict[str, list]:
+async def direct_rankings(
+    redis_url: str, prefix: str, convs: list[Conversation], embedder
+) -> dict[str, list]:
     """Per question, the raw FT.SEARCH KNN and BM25 orders (ids, top 100) against the service's index."""
     import orjson
 
@@ -358,7 +397,9 @@ async def direct_rankings(redis_url: str, prefix: str, convs: list[Conversation]
             for q, vec in zip(conv.questions, vectors, strict=True):
                 # ids from the documents: the episode_id TAG field holds digests (shared.tags)
                 knn = await knn_search(r, keys.episode_index_alias, scope, vec, 100, return_fields=("doc",))
-                kw = await bm25_search(r, keys.episode_index_alias, scope, q.text, 100, return_fields=("doc",))
+                kw = await bm25_search(
+                    r, keys.episode_index_alias, scope, q.text, 100, return_fields=("doc",)
+                )
                 knn_all.append([orjson.loads(h.fields[b"doc"])["episode_id"] for h in knn])
                 bm25_all.append([orjson.loads(h.fields[b"doc"])["episode_id"] for h in kw])
         _ = embed_query  # the service embeds one query at a time; batching here gives the same vectors
@@ -373,7 +414,9 @@ def rrf_rank(rankings: list[list[str]], k: float, weights: list[float]) -> list[
     return [key for key, _ in rrf(rankings, k=k, weights=weights)][:TOP_K]
 
 
-def tune_rrf(knn: list[list[str]], bm25: list[list[str]], questions: list[Question]) -> tuple[float, float, float]:
+def tune_rrf(
+    knn: list[list[str]], bm25: list[list[str]], questions: list[Question]
+) -> tuple[float, float, float]:
     """Grid search of RRF k and the BM25 list's weight for mean R@5+R@10; returns (k, w_bm25, score)."""
     best = (60.0, 1.0, -1.0)
     for k in (1, 5, 10, 20, 40, 60, 100):
@@ -420,7 +463,7 @@ async def compare_embedders(names: list[str], convs: list[Conversation]) -> list
             per_q: list[dict[str, float]] = []
             offset = 0
             for c in convs:
-                tv = turn_vecs[offset:offset + len(c.turns)]
+                tv = turn_vecs[offset : offset + len(c.turns)]
                 offset += len(c.turns)
                 if not c.questions:
                     continue
@@ -430,9 +473,16 @@ async def compare_embedders(names: list[str], convs: list[Conversation]) -> list
                 for q, row in zip(c.questions, sims, strict=True):
                     top = np.argsort(-row, kind="stable")[:TOP_K]
                     per_q.append(question_metrics([ids[i] for i in top], q.evidence))
-            rows.append({"embedder": embedder.name, "dim": embedder.dim, "load_s": load_s,
-                         "turns_per_s": rate, "query_ms": query_ms,
-                         **{m: float(np.mean([r[m] for r in per_q])) for m in ("R@5", "R@10", "R@25", "R@50")}})
+            rows.append(
+                {
+                    "embedder": embedder.name,
+                    "dim": embedder.dim,
+                    "load_s": load_s,
+                    "turns_per_s": rate,
+                    "query_ms": query_ms,
+                    **{m: float(np.mean([r[m] for r in per_q])) for m in ("R@5", "R@10", "R@25", "R@50")},
+                }
+            )
         finally:
             await embedder.aclose()
     return rows
@@ -446,9 +496,11 @@ def build_configs(which: str) -> list[tuple[str, dict[str, Any]]]:
     The ablations run in the default mode; "sweep" adds RRF constants and presets for tuning.
     """
     sim = {"weights": {"similarity": 1.0}}
-    rows = [("default (no mode, no weights), R@k from one top_k 50 list", {}),
-            ("vector · similarity-only", {"mode": "vector", **sim}),
-            ("hybrid · similarity-only", {"mode": "hybrid", **sim})]
+    rows = [
+        ("default (no mode, no weights), R@k from one top_k 50 list", {}),
+        ("vector · similarity-only", {"mode": "vector", **sim}),
+        ("hybrid · similarity-only", {"mode": "hybrid", **sim}),
+    ]
     if which == "quick":
         return rows + [("default mode · preset early", {"preset": "early"})]
     rows.append(("keyword · similarity-only", {"mode": "keyword", **sim}))
@@ -468,21 +520,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     convs = load(args.data, conversations=args.conversations, questions=args.questions)
     questions = [q for c in convs for q in c.questions]
     cats = [q.category for q in questions]
-    print(f"LoCoMo: {len(convs)} conversations, {sum(len(c.turns) for c in convs)} turns, "
-          f"{len(questions)} questions with evidence; embedder {args.embedder}, {args.workers} worker(s)")
+    print(
+        f"LoCoMo: {len(convs)} conversations, {sum(len(c.turns) for c in convs)} turns, "
+        f"{len(questions)} questions with evidence; embedder {args.embedder}, {args.workers} worker(s)"
+    )
     from shared.embedding import make_embedder as _make
     from shared.settings import Settings as _Settings
 
     resolved = _make(_Settings(embedder=args.embedder)).name  # lazy: loads no model
-    out: dict[str, Any] = {"machine": machine(), "embedder": f"{args.embedder} ({resolved})" if
-                           args.embedder == "auto" else args.embedder, "workers": args.workers,
-                           "conversations": len(convs), "questions": len(questions), "rows": {}}
+    out: dict[str, Any] = {
+        "machine": machine(),
+        "embedder": f"{args.embedder} ({resolved})" if args.embedder == "auto" else args.embedder,
+        "workers": args.workers,
+        "conversations": len(convs),
+        "questions": len(questions),
+        "rows": {},
+    }
     prefix = f"locomo{uuid.uuid4().hex[:6]}:"
     per_q: dict[str, list[dict[str, float]]] = {}
 
     per_q["BM25 (rank_bm25, harness)"] = [
         question_metrics(ranked, q.evidence)
-        for c in convs for ranked, q in zip(bm25_rankings(c), c.questions, strict=True)]
+        for c in convs
+        for ranked, q in zip(bm25_rankings(c), c.questions, strict=True)
+    ]
 
     with private_redis() as server:
         env = service_env(server.url, prefix, args.embedder, ENGRAM_VECTOR_ALGORITHM=args.algorithm)
@@ -493,32 +554,54 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             n = await publish(server.url, prefix, convs)
             publish_s = time.perf_counter() - t0
             project_s = await wait_projected(server.url, prefix, convs, workers, timeout=args.timeout)
-            out["ingest"] = {"episodes": n, "publish_s": publish_s, "publish_to_queryable_s": project_s,
-                             "episodes_per_s": n / max(1e-9, project_s)}
-            print(f"ingest: {n} episodes published in {publish_s:.1f}s, all queryable after "
-                  f"{project_s:.1f}s ({n / max(1e-9, project_s):.0f} episodes/s)")
+            out["ingest"] = {
+                "episodes": n,
+                "publish_s": publish_s,
+                "publish_to_queryable_s": project_s,
+                "episodes_per_s": n / max(1e-9, project_s),
+            }
+            print(
+                f"ingest: {n} episodes published in {publish_s:.1f}s, all queryable after "
+                f"{project_s:.1f}s ({n / max(1e-9, project_s):.0f} episodes/s)"
+            )
             tokens_by_conv = {c.sample_id: f"bench{i}{uuid.uuid4().hex[:8]}" for i, c in enumerate(convs)}
             port = _free_port()
-            query = spawn_query_service({**env, "ENGRAM_API_KEYS": ",".join(
-                f"{tok}={c.namespace}" for c in convs for tok in [tokens_by_conv[c.sample_id]])}, port)
+            query = spawn_query_service(
+                {
+                    **env,
+                    "ENGRAM_API_KEYS": ",".join(
+                        f"{tok}={c.namespace}" for c in convs for tok in [tokens_by_conv[c.sample_id]]
+                    ),
+                },
+                port,
+            )
             base = f"http://127.0.0.1:{port}"
             await wait_http_ready(base, query)
             latency: dict[str, float] = {}
             for name, body in build_configs(args.configs):
-                ranked, p50 = await ask_all(base, tokens_by_conv, convs, body, concurrency=args.concurrency,
-                                            desc=name)
+                ranked, p50 = await ask_all(
+                    base, tokens_by_conv, convs, body, concurrency=args.concurrency, desc=name
+                )
                 latency[name] = p50 * 1000
-                per_q[f"Engram {name}"] = [question_metrics(r, q.evidence)
-                                           for r, q in zip(ranked, questions, strict=True)]
+                per_q[f"Engram {name}"] = [
+                    question_metrics(r, q.evidence) for r, q in zip(ranked, questions, strict=True)
+                ]
             # what an agent gets when it asks for k memories: R@k from a request with top_k = k; recall
             # is prefix-stable in top_k (ENGRAM_RECALL_CANDIDATES is independent of it), so this row equals the one-list default row
             per_k: dict[int, list[list[str]]] = {}
-            for k in (KS if args.per_k else ()):
-                per_k[k], _ = await ask_all(base, tokens_by_conv, convs, {"top_k": k},
-                                            concurrency=args.concurrency, desc=f"default top_k={k}")
+            for k in KS if args.per_k else ():
+                per_k[k], _ = await ask_all(
+                    base,
+                    tokens_by_conv,
+                    convs,
+                    {"top_k": k},
+                    concurrency=args.concurrency,
+                    desc=f"default top_k={k}",
+                )
             if per_k:
                 per_q["Engram default, asked with top_k = k for each R@k"] = [
-                    per_k_metrics({k: per_k[k][i] for k in KS}, q.evidence) for i, q in enumerate(questions)]
+                    per_k_metrics({k: per_k[k][i] for k in KS}, q.evidence) for i, q in enumerate(questions)
+                ]
             out["recall_p50_ms"] = latency
 
             if args.configs in ("full", "sweep"):
@@ -531,15 +614,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 finally:
                     await embedder.aclose()
                 per_q["FT.SEARCH BM25 order (harness)"] = [
-                    question_metrics(r, q.evidence) for r, q in zip(direct["bm25"], questions, strict=True)]
+                    question_metrics(r, q.evidence) for r, q in zip(direct["bm25"], questions, strict=True)
+                ]
                 per_q["RRF(KNN, BM25) k=60 (harness)"] = [
                     question_metrics(rrf_rank([a, b], 60, [1.0, 1.0]), q.evidence)
-                    for a, b, q in zip(direct["knn"], direct["bm25"], questions, strict=True)]
+                    for a, b, q in zip(direct["knn"], direct["bm25"], questions, strict=True)
+                ]
                 k, w, _ = tune_rrf(direct["knn"], direct["bm25"], questions)
                 out["rrf_tuned"] = {"k": k, "bm25_weight": w, "knn_weight": 1.0}
                 per_q[f"RRF(KNN, BM25) k={k:g} w_bm25={w:g}, tuned on LoCoMo (harness)"] = [
                     question_metrics(rrf_rank([a, b], k, [1.0, w]), q.evidence)
-                    for a, b, q in zip(direct["knn"], direct["bm25"], questions, strict=True)]
+                    for a, b, q in zip(direct["knn"], direct["bm25"], questions, strict=True)
+                ]
         finally:
             if query is not None:
                 qtail = stop_processes([query])[0]
@@ -566,15 +652,29 @@ def render(out: dict[str, Any]) -> str:
     """The quality tables (Markdown)."""
     lines = []
     headers = ["retriever", "R@5 [95% CI]", "R@10", "R@25", "R@50", "hit@1", "hit@5", "hit@10", "NDCG@10"]
-    rows: list[list[Any]] = [["DRAGON (LoCoMo paper, Table 3)", f"{DRAGON['R@5']:.1f}", DRAGON["R@10"],
-                              DRAGON["R@25"], DRAGON["R@50"], math.nan, math.nan, math.nan, math.nan]]
+    rows: list[list[Any]] = [
+        [
+            "DRAGON (LoCoMo paper, Table 3)",
+            f"{DRAGON['R@5']:.1f}",
+            DRAGON["R@10"],
+            DRAGON["R@25"],
+            DRAGON["R@50"],
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+        ]
+    ]
     for name, s in out["rows"].items():
         o = s["overall"]
         lo, hi = o["R@5"]["ci95"]
-        rows.append([name, f"{o['R@5']['mean']:.1f} [{lo:.1f}, {hi:.1f}]",
-                     *(o[m]["mean"] for m in METRIC_NAMES[1:])])
-    lines.append(f"All categories ({out['questions']} questions, {out['conversations']} conversations, "
-                 f"embedder {out['embedder']}):\n")
+        rows.append(
+            [name, f"{o['R@5']['mean']:.1f} [{lo:.1f}, {hi:.1f}]", *(o[m]["mean"] for m in METRIC_NAMES[1:])]
+        )
+    lines.append(
+        f"All categories ({out['questions']} questions, {out['conversations']} conversations, "
+        f"embedder {out['embedder']}):\n"
+    )
     lines.append(table(headers, rows))
     cat_names = [f"{c} {n}" for c, n in CATEGORIES.items()]
     cat_rows = []
@@ -587,8 +687,10 @@ def render(out: dict[str, Any]) -> str:
     lines.append("\nBy category, R@5 / R@10:\n")
     lines.append(table(["retriever", *cat_names], cat_rows))
     if out.get("recall_p50_ms"):
-        lines.append("\nService latency, p50 per request (top_k 50): " + ", ".join(
-            f"{k} {v:.1f} ms" for k, v in out["recall_p50_ms"].items()))
+        lines.append(
+            "\nService latency, p50 per request (top_k 50): "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in out["recall_p50_ms"].items())
+        )
     if out.get("embedders"):
         lines.append("\nEmbedders (exact cosine over each conversation's turns, in process):\n")
         erows = []
@@ -596,8 +698,9 @@ def render(out: dict[str, Any]) -> str:
             if "error" in e:
                 erows.append([e["embedder"], "not available: " + e["error"], "", "", "", "", ""])
             else:
-                erows.append([e["embedder"], e["dim"], e["R@5"], e["R@10"], e["R@50"], e["turns_per_s"],
-                              e["query_ms"]])
+                erows.append(
+                    [e["embedder"], e["dim"], e["R@5"], e["R@10"], e["R@50"], e["turns_per_s"], e["query_ms"]]
+                )
         lines.append(table(["embedder", "dim", "R@5", "R@10", "R@50", "turns/s", "query ms"], erows))
     return "\n".join(lines)
 
@@ -605,22 +708,39 @@ def render(out: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.locomo", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="path of locomo7.json")
-    p.add_argument("--embedder", default="auto",
-                   help="ENGRAM_EMBEDDER of the workers and the service (default: the service's default, auto)")
+    p.add_argument(
+        "--embedder",
+        default="auto",
+        help="ENGRAM_EMBEDDER of the workers and the service (default: the service's default, auto)",
+    )
     p.add_argument("--workers", type=int, default=1, help="consolidator processes")
     p.add_argument("--algorithm", default="HNSW", choices=("HNSW", "FLAT"), help="ENGRAM_VECTOR_ALGORITHM")
     p.add_argument("--conversations", type=int, default=None, help="use only the first N conversations")
-    p.add_argument("--questions", type=int, default=None, help="use only the first N questions per conversation")
-    p.add_argument("--configs", choices=("quick", "full", "sweep"), default="full",
-                   help="quick: vector and hybrid rows only; full: every mode and ablation plus harness fusion")
+    p.add_argument(
+        "--questions", type=int, default=None, help="use only the first N questions per conversation"
+    )
+    p.add_argument(
+        "--configs",
+        choices=("quick", "full", "sweep"),
+        default="full",
+        help="quick: vector and hybrid rows only; full: every mode and ablation plus harness fusion",
+    )
     p.add_argument("--concurrency", type=int, default=4, help="concurrent recall requests")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
-    p.add_argument("--timeout", type=float, default=3600.0,
-                   help="seconds to wait for the projection (mpnet on 2 busy cores: 4-20 turns/s)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds to wait for the projection (mpnet on 2 busy cores: 4-20 turns/s)",
+    )
     p.add_argument("--compare-embedders", default="", help="comma-separated ENGRAM_EMBEDDER names to compare")
-    p.add_argument("--no-per-k", dest="per_k", action="store_false",
-                   help="skip the default rows asked with top_k = k for each cut (R@k then comes only from "
-                        "one top_k 50 recall per question, which recall's prefix stability makes the same)")
+    p.add_argument(
+        "--no-per-k",
+        dest="per_k",
+        action="store_false",
+        help="skip the default rows asked with top_k = k for each cut (R@k then comes only from "
+        "one top_k 50 recall per question, which recall's prefix stability makes the same)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results-locomo.json", help="result file")
     return p.parse_args(argv)
 

@@ -54,23 +54,53 @@ from bench.common import (
 DIM = 384
 NAMESPACE = "bench"
 _VERBS = ("fix", "refactor", "test", "document", "optimise", "review", "port", "debug", "design", "profile")
-_NOUNS = ("login flow", "payment service", "cache layer", "search index", "CSV importer", "retry policy",
-          "websocket handler", "database migration", "rate limiter", "feature flag", "PDF export",
-          "session store", "email queue", "auth middleware", "metrics exporter", "image resizer")
-_TAILS = ("after the upgrade", "under load", "for the mobile client", "in the nightly job",
-          "behind the proxy", "with flaky tests", "for the new tenant", "on the staging cluster")
+_NOUNS = (
+    "login flow",
+    "payment service",
+    "cache layer",
+    "search index",
+    "CSV importer",
+    "retry policy",
+    "websocket handler",
+    "database migration",
+    "rate limiter",
+    "feature flag",
+    "PDF export",
+    "session store",
+    "email queue",
+    "auth middleware",
+    "metrics exporter",
+    "image resizer",
+)
+_TAILS = (
+    "after the upgrade",
+    "under load",
+    "for the mobile client",
+    "in the nightly job",
+    "behind the proxy",
+    "with flaky tests",
+    "for the new tenant",
+    "on the staging cluster",
+)
 
 
 def synthetic_episode(i: int, rng: np.random.Generator) -> dict[str, Any]:
     """A plausible agent episode (task ~ 60-120 characters, a solution, reward, outcome)."""
     verb, noun, tail = _VERBS[i % 10], _NOUNS[rng.integers(16)], _TAILS[rng.integers(8)]
     return {
-        "episode_id": f"ep-{i}", "agent_id": f"agent-{i % 8}", "user_id": f"user-{i % 32}",
-        "task": {"description": f"{verb} the {noun} {tail} (ticket {i})", "category": "debugging",
-                 "complexity": float(rng.random())},
+        "episode_id": f"ep-{i}",
+        "agent_id": f"agent-{i % 8}",
+        "user_id": f"user-{i % 32}",
+        "task": {
+            "description": f"{verb} the {noun} {tail} (ticket {i})",
+            "category": "debugging",
+            "complexity": float(rng.random()),
+        },
         "solution": f"changed the {noun} configuration and added a regression test for case {i}",
-        "outcome": ("success", "partial", "failure")[i % 3], "feedback": {"reward": float(rng.random())},
-        "importance": int(1 + i % 10), "strategy_used": ("iterative", "exploratory")[i % 2],
+        "outcome": ("success", "partial", "failure")[i % 3],
+        "feedback": {"reward": float(rng.random())},
+        "importance": int(1 + i % 10),
+        "strategy_used": ("iterative", "exploratory")[i % 2],
         "completed_at": 1_700_000_000.0 + 60.0 * i,
     }
 
@@ -99,7 +129,9 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
         embed_rates: list[float] = []
         # --encryption: the pipeline without and/or with a master key (sealed stream), interleaved per round
         sealed_modes = {"off": [False], "on": [True], "both": [False, True]}[args.encryption]
-        e2e: dict[tuple[int, bool], list[dict[str, float]]] = {(k, m): [] for k in args.workers for m in sealed_modes}
+        e2e: dict[tuple[int, bool], list[dict[str, float]]] = {
+            (k, m): [] for k in args.workers for m in sealed_modes
+        }
         try:
             for _ in range(rounds):
                 raw = await raw_write_rate(url, episodes, embedder)
@@ -107,8 +139,11 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
                 embed_rates.append(raw["embed_rate"])
                 for k in args.workers:
                     for sealed in sealed_modes:
-                        e2e[(k, sealed)].append(await pipeline_rate(url, episodes, name, k, args,
-                                                                    master_key=os.urandom(32) if sealed else None))
+                        e2e[(k, sealed)].append(
+                            await pipeline_rate(
+                                url, episodes, name, k, args, master_key=os.urandom(32) if sealed else None
+                            )
+                        )
         finally:
             await embedder.aclose()
         raw_rate, embed_rate = float(np.median(raw_rates)), float(np.median(embed_rates))
@@ -116,32 +151,55 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
             rates = [r["rate"] for r in runs]
             rate = float(np.median(rates))
             bound = min(raw_rate, embed_rate) if name != "hashing" else raw_rate
-            cpu = {side: float(np.median([r["cpu_us_per_episode"][side] for r in runs]))
-                   for side in ("publisher", "workers", "redis")}
-            row = {"embedder": name, "workers": k, "sealed": sealed, "episodes": n, "rounds": rounds, "e2e_rate": rate,
-                   "cpu_us_per_episode": cpu,
-                   "e2e_rates": rates, "publish_s": float(np.median([r["publish_s"] for r in runs])),
-                   "publish_rates": [n / r["publish_s"] for r in runs],
-                   "raw_hset_rate": raw_rate, "raw_hset_rates": raw_rates, "embed_rate": embed_rate,
-                   "ratio_vs_raw": ratio(rate, raw_rate), "ratio_vs_bound": ratio(rate, bound),
-                   "round_ratios": [ratio(e, r) for e, r in zip(rates, raw_rates, strict=True)]}
+            cpu = {
+                side: float(np.median([r["cpu_us_per_episode"][side] for r in runs]))
+                for side in ("publisher", "workers", "redis")
+            }
+            row = {
+                "embedder": name,
+                "workers": k,
+                "sealed": sealed,
+                "episodes": n,
+                "rounds": rounds,
+                "e2e_rate": rate,
+                "cpu_us_per_episode": cpu,
+                "e2e_rates": rates,
+                "publish_s": float(np.median([r["publish_s"] for r in runs])),
+                "publish_rates": [n / r["publish_s"] for r in runs],
+                "raw_hset_rate": raw_rate,
+                "raw_hset_rates": raw_rates,
+                "embed_rate": embed_rate,
+                "ratio_vs_raw": ratio(rate, raw_rate),
+                "ratio_vs_bound": ratio(rate, bound),
+                "round_ratios": [ratio(e, r) for e, r in zip(rates, raw_rates, strict=True)],
+            }
             if sealed and (k, False) in e2e:  # the cost of encryption: sealed over plain, round by round
                 plain = [r["rate"] for r in e2e[(k, False)]]
                 row["ratio_vs_plain"] = ratio(rate, float(np.median(plain)))
                 row["round_ratios_vs_plain"] = [ratio(e, p) for e, p in zip(rates, plain, strict=True)]
-                row["publish_ratio_vs_plain"] = ratio(float(np.median([r["publish_s"] for r in e2e[(k, False)]])),
-                                                      row["publish_s"])
-                plain_cpu = {side: float(np.median([r["cpu_us_per_episode"][side] for r in e2e[(k, False)]]))
-                             for side in cpu}
+                row["publish_ratio_vs_plain"] = ratio(
+                    float(np.median([r["publish_s"] for r in e2e[(k, False)]])), row["publish_s"]
+                )
+                plain_cpu = {
+                    side: float(np.median([r["cpu_us_per_episode"][side] for r in e2e[(k, False)]]))
+                    for side in cpu
+                }
                 row["cpu_ratio_vs_plain"] = {side: ratio(cpu[side], plain_cpu[side]) for side in cpu}
                 row["cpu_ratio_vs_plain"]["total"] = ratio(sum(cpu.values()), sum(plain_cpu.values()))
             rows.append(row)
-            print(f"  ingest {name} ×{k}{' sealed' if sealed else ''}: {rate:.0f} ep/s end to end (median of "
-                  f"{rounds}); raw HSET {raw_rate:.0f} ep/s; embedder alone {embed_rate:.0f} texts/s"
-                  + (f"; {row['ratio_vs_plain']:.2f} of plain" if "ratio_vs_plain" in row else "")
-                  + "; CPU µs/episode " + ", ".join(f"{side} {v:.0f}" for side, v in cpu.items())
-                  + (f" (× {row['cpu_ratio_vs_plain']['total']:.2f} of plain in total)" if sealed and "cpu_ratio_vs_plain"
-                     in row else ""), flush=True)
+            print(
+                f"  ingest {name} ×{k}{' sealed' if sealed else ''}: {rate:.0f} ep/s end to end (median of "
+                f"{rounds}); raw HSET {raw_rate:.0f} ep/s; embedder alone {embed_rate:.0f} texts/s"
+                + (f"; {row['ratio_vs_plain']:.2f} of plain" if "ratio_vs_plain" in row else "")
+                + "; CPU µs/episode "
+                + ", ".join(f"{side} {v:.0f}" for side, v in cpu.items())
+                + (
+                    f" (× {row['cpu_ratio_vs_plain']['total']:.2f} of plain in total)"
+                    if sealed and "cpu_ratio_vs_plain" in row
+                    else ""
+                ),
+                flush=True,
+            )
     return rows
 
 
@@ -161,13 +219,17 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
     try:
         params = VectorParams(dim=vectors.shape[1])
         tags = await ensure_episode_index(r, keys, 1, params, embedder.name, tag_key=None)
-        docs = [(keys.episode_doc(1, NAMESPACE, e.episode_id),
-                 episode_fields(NAMESPACE, e, status="completed", vector=v, tags=tags))
-                for e, v in zip(parsed, vectors, strict=True)]
+        docs = [
+            (
+                keys.episode_doc(1, NAMESPACE, e.episode_id),
+                episode_fields(NAMESPACE, e, status="completed", vector=v, tags=tags),
+            )
+            for e, v in zip(parsed, vectors, strict=True)
+        ]
         with Timer() as t_write:
             for start in range(0, len(docs), 500):
                 async with r.pipeline(transaction=False) as pipe:
-                    for key, fields in docs[start:start + 500]:
+                    for key, fields in docs[start : start + 500]:
                         pipe.hset(key, mapping=fields)
                     await pipe.execute()
         await _drop(r, keys)
@@ -176,8 +238,14 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
     return {"rate": len(docs) / t_write.seconds, "embed_rate": len(texts) / t_embed.seconds}
 
 
-async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str, workers: int,
-                        args: argparse.Namespace, master_key: bytes | None = None) -> dict[str, float]:
+async def pipeline_rate(
+    url: str,
+    episodes: list[dict[str, Any]],
+    embedder: str,
+    workers: int,
+    args: argparse.Namespace,
+    master_key: bytes | None = None,
+) -> dict[str, float]:
     """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable.
     With `master_key`, the SDK seals the events and the workers open them (shared/crypto.py)."""
     import base64
@@ -194,7 +262,9 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
 
     prefix = f"e2e{uuid.uuid4().hex[:6]}:"
     keys = Keys(prefix)
-    env = service_env(url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM), ENGRAM_BATCH_SIZE=str(args.batch_size))
+    env = service_env(
+        url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM), ENGRAM_BATCH_SIZE=str(args.batch_size)
+    )
     env.pop("ENGRAM_MASTER_KEY_FILE", None)
     env.pop("ENGRAM_MASTER_KEY", None)
     if master_key is not None:
@@ -206,18 +276,26 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
         async def ready() -> bool:
             check_alive(procs, "consolidator worker")
             return await index_exists(r, keys.episode_index_alias)
+
         await poll_until(ready, timeout=180, what="worker start")
         await asyncio.sleep(0.5 if workers == 1 else 2.0)  # let the second worker load its model too
         client = EngramClient(r, namespace=NAMESPACE, prefix=prefix, master_key=master_key)
-        events = [EpisodeCompleted(namespace=NAMESPACE, episode_id=e["episode_id"], occurred_at=time.time(),
-                                   episode=parse_episode(e)) for e in episodes]
+        events = [
+            EpisodeCompleted(
+                namespace=NAMESPACE,
+                episode_id=e["episode_id"],
+                occurred_at=time.time(),
+                episode=parse_episode(e),
+            )
+            for e in episodes
+        ]
         from tqdm import tqdm
 
         bar = tqdm(total=len(events), desc=f"ingest {embedder} ×{workers}", unit="ep", leave=False)
         cpu_before = (time.process_time(), _proc_cpu(procs), await _redis_cpu(r))
         started = time.perf_counter()
         for start in range(0, len(events), 100):
-            await client.publish(events[start:start + 100])
+            await client.publish(events[start : start + 100])
         publish_s = time.perf_counter() - started
         publisher_cpu = time.process_time() - cpu_before[0]
 
@@ -233,20 +311,27 @@ async def pipeline_rate(url: str, episodes: list[dict[str, Any]], embedder: str,
             n = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE, tags=BLAKE2B))
             bar.update(max(0, n - bar.n))
             return n >= len(events)
+
         # every 10 ms: the end is overshot by half the interval on average, ~1.5% of a 2 s round at 50 ms
         await poll_until(done, timeout=args.timeout, interval=0.01, what=f"{len(events)} episodes recallable")
         elapsed = time.perf_counter() - started
         # CPU seconds per episode of each side: unlike the rates, barely moved by other load on the machine
         # (Redis's includes the 10 ms polls, the same for both sides of a comparison)
-        cpu = {"publisher": publisher_cpu, "workers": _proc_cpu(procs) - cpu_before[1],
-               "redis": await _redis_cpu(r) - cpu_before[2]}
+        cpu = {
+            "publisher": publisher_cpu,
+            "workers": _proc_cpu(procs) - cpu_before[1],
+            "redis": await _redis_cpu(r) - cpu_before[2],
+        }
         bar.close()
     finally:
         stop_processes(procs)
         await _drop(r, keys)
         await r.aclose()
-    return {"rate": len(episodes) / elapsed, "publish_s": publish_s,
-            "cpu_us_per_episode": {k: 1e6 * v / len(episodes) for k, v in cpu.items()}}
+    return {
+        "rate": len(episodes) / elapsed,
+        "publish_s": publish_s,
+        "cpu_us_per_episode": {k: 1e6 * v / len(episodes) for k, v in cpu.items()},
+    }
 
 
 def _proc_cpu(procs) -> float:
@@ -307,8 +392,13 @@ class Seeder:
     async def create(self) -> None:
         from shared.index import VectorParams, ensure_episode_index
 
-        params = VectorParams(dim=DIM, algorithm=self.algorithm, m=self.args.hnsw_m,
-                              ef_construction=self.args.hnsw_ef_construction, ef_runtime=self.args.hnsw_ef_runtime)
+        params = VectorParams(
+            dim=DIM,
+            algorithm=self.algorithm,
+            m=self.args.hnsw_m,
+            ef_construction=self.args.hnsw_ef_construction,
+            ef_runtime=self.args.hnsw_ef_runtime,
+        )
         self.tags = await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name, tag_key=None)
 
     async def add(self, vectors: np.ndarray) -> float:
@@ -323,13 +413,19 @@ class Seeder:
         for j, v in enumerate(vectors):
             i = self.n + j
             e = parse_episode(synthetic_episode(i, rng))
-            docs.append((self.keys.episode_doc(1, NAMESPACE, e.episode_id),
-                         episode_fields(NAMESPACE, e, status="completed", vector=v, tags=self.tags)))
-        bar = tqdm(total=len(docs), desc=f"seed {self.algorithm} to {self.n + len(docs):,}", unit="ep", leave=False)
+            docs.append(
+                (
+                    self.keys.episode_doc(1, NAMESPACE, e.episode_id),
+                    episode_fields(NAMESPACE, e, status="completed", vector=v, tags=self.tags),
+                )
+            )
+        bar = tqdm(
+            total=len(docs), desc=f"seed {self.algorithm} to {self.n + len(docs):,}", unit="ep", leave=False
+        )
         started = time.perf_counter()
         for start in range(0, len(docs), 1000):
             async with self.r.pipeline(transaction=False) as pipe:
-                for key, fields in docs[start:start + 1000]:
+                for key, fields in docs[start : start + 1000]:
                     pipe.hset(key, mapping=fields)
                 await pipe.execute()
             bar.update(min(1000, len(docs) - start))
@@ -344,8 +440,15 @@ class Seeder:
         from shared.index import Scope, knn_search
 
         # the ids from the documents: the episode_id TAG field holds their digests (shared.tags)
-        hits = await knn_search(self.r, self.keys.episode_index_alias, Scope(namespace=NAMESPACE, tags=self.tags), q, k,
-                                return_fields=("doc",), ef_runtime=ef)
+        hits = await knn_search(
+            self.r,
+            self.keys.episode_index_alias,
+            Scope(namespace=NAMESPACE, tags=self.tags),
+            q,
+            k,
+            return_fields=("doc",),
+            ef_runtime=ef,
+        )
         return [int(orjson.loads(h.fields[b"doc"])["episode_id"].split("-")[1]) for h in hits]
 
 
@@ -355,11 +458,22 @@ async def used_memory(r) -> int:
 
 async def ft_info_mb(r, index: str) -> dict[str, float]:
     raw = await r.execute_command("FT.INFO", index)
-    info = {raw[i].decode() if isinstance(raw[i], bytes) else raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
+    info = {
+        raw[i].decode() if isinstance(raw[i], bytes) else raw[i]: raw[i + 1]
+        for i in range(0, len(raw) - 1, 2)
+    }
     out = {}
-    for name in ("vector_index_sz_mb", "inverted_sz_mb", "doc_table_size_mb", "offset_vectors_sz_mb",
-                 "sortable_values_size_mb", "key_table_size_mb", "tag_overhead_sz_mb", "text_overhead_sz_mb",
-                 "total_index_memory_sz_mb"):
+    for name in (
+        "vector_index_sz_mb",
+        "inverted_sz_mb",
+        "doc_table_size_mb",
+        "offset_vectors_sz_mb",
+        "sortable_values_size_mb",
+        "key_table_size_mb",
+        "tag_overhead_sz_mb",
+        "text_overhead_sz_mb",
+        "total_index_memory_sz_mb",
+    ):
         with_value = info.get(name)
         if with_value is not None:
             try:
@@ -406,8 +520,9 @@ async def index_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     query_texts = [" ".join(rng.choice(words, size=8)) for _ in range(256)]
     query_vecs = hashing.embed_sync(query_texts)
     # queries for quality: perturbed stored vectors (a hashing query vector is unrelated to the synthetic ones)
-    quality_q = all_vectors[rng.integers(0, sizes[0], size=args.quality_queries)] + \
-        0.05 * rng.standard_normal((args.quality_queries, DIM)).astype(np.float32)
+    quality_q = all_vectors[
+        rng.integers(0, sizes[0], size=args.quality_queries)
+    ] + 0.05 * rng.standard_normal((args.quality_queries, DIM)).astype(np.float32)
     quality_q /= np.linalg.norm(quality_q, axis=1, keepdims=True)
     t_embed = []
     for text in query_texts[:100]:
@@ -441,9 +556,14 @@ async def index_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     lat.append(time.perf_counter() - t0)
                     exact = set(exact_topk(matrix, q, 10).tolist())
                     recalls.append(len(exact & set(got)) / 10)
-                row[alg] = {"insert_rate": rate, "bytes_per_episode_added": (after - before) / (size - prev),
-                            "knn10_p50_ms": percentile_ms(lat, 50), "knn10_p99_ms": percentile_ms(lat, 99),
-                            "recall_at_10": float(np.mean(recalls)), "ft_info_mb": info}
+                row[alg] = {
+                    "insert_rate": rate,
+                    "bytes_per_episode_added": (after - before) / (size - prev),
+                    "knn10_p50_ms": percentile_ms(lat, 50),
+                    "knn10_p99_ms": percentile_ms(lat, 99),
+                    "recall_at_10": float(np.mean(recalls)),
+                    "ft_info_mb": info,
+                }
                 if alg == "HNSW":
                     for ef in args.ef_sweep:
                         recalls, lat = [], []
@@ -452,13 +572,19 @@ async def index_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
                             got = await s.knn_ids(q, 10, ef=ef)
                             lat.append(time.perf_counter() - t0)
                             recalls.append(len(set(exact_topk(matrix, q, 10).tolist()) & set(got)) / 10)
-                        row[alg][f"ef{ef}"] = {"recall_at_10": float(np.mean(recalls)),
-                                               "knn10_p50_ms": percentile_ms(lat, 50)}
-                print(f"  {alg} {size:,}: insert {rate:.0f} ep/s, KNN10 p50 {row[alg]['knn10_p50_ms']:.2f} ms, "
-                      f"recall@10 {row[alg]['recall_at_10']:.3f}", flush=True)
+                        row[alg][f"ef{ef}"] = {
+                            "recall_at_10": float(np.mean(recalls)),
+                            "knn10_p50_ms": percentile_ms(lat, 50),
+                        }
+                print(
+                    f"  {alg} {size:,}: insert {rate:.0f} ep/s, KNN10 p50 {row[alg]['knn10_p50_ms']:.2f} ms, "
+                    f"recall@10 {row[alg]['recall_at_10']:.3f}",
+                    flush=True,
+                )
             row["used_memory_bytes_per_episode"] = (await used_memory(r) - mem_base) / (2 * size)
-            row["latency"] = await latency_at(url, r, seeders["HNSW"], all_vectors[:size], query_texts, query_vecs,
-                                              args, holder)
+            row["latency"] = await latency_at(
+                url, r, seeders["HNSW"], all_vectors[:size], query_texts, query_vecs, args, holder
+            )
             result["sizes"][str(size)] = row
             prev = size
     finally:
@@ -476,8 +602,16 @@ def _accepts_max(connect) -> bool:
     return "max_connections" in inspect.signature(connect).parameters
 
 
-async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_texts: list[str],
-                     query_vecs: np.ndarray, args: argparse.Namespace, holder: dict[str, Any]) -> dict[str, Any]:
+async def latency_at(
+    url: str,
+    r,
+    seeder: Seeder,
+    matrix: np.ndarray,
+    query_texts: list[str],
+    query_vecs: np.ndarray,
+    args: argparse.Namespace,
+    holder: dict[str, Any],
+) -> dict[str, Any]:
     """16 concurrent clients: POST /v1/recall vs raw FT.SEARCH KNN (same filter, k, fields) vs numpy scan."""
     from engram_episodic import ApiError
     from engram_episodic.client import Calls
@@ -486,8 +620,14 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
 
     if holder["proc"] is None:
         port = _free_port()
-        env = service_env(url, seeder.keys.prefix, "hashing", ENGRAM_EMBED_DIM=str(DIM),
-                          ENGRAM_VECTOR_ALGORITHM="HNSW", ENGRAM_DEFAULT_NAMESPACE=NAMESPACE)
+        env = service_env(
+            url,
+            seeder.keys.prefix,
+            "hashing",
+            ENGRAM_EMBED_DIM=str(DIM),
+            ENGRAM_VECTOR_ALGORITHM="HNSW",
+            ENGRAM_DEFAULT_NAMESPACE=NAMESPACE,
+        )
         holder["proc"] = spawn_query_service(env, port)
         holder["base"] = f"http://127.0.0.1:{port}"
         await wait_http_ready(holder["base"], holder["proc"])
@@ -499,6 +639,7 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
     # `clients` keep-alive connections; each request sent once (a retry would hide an error in the
     # latencies), within the 300 s the aiohttp session allowed
     async with ClientPool(base, clients, 300.0, max_retries=0) as memory:
+
         async def service(i: int) -> None:
             call = Calls.recall(query_texts[i % len(query_texts)], {"top_k": top_k, "mode": "vector"})
             try:
@@ -506,8 +647,11 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
             except ApiError as exc:
                 raise RuntimeError(f"/v1/recall → {exc}: the service must see the seeded namespace") from exc
             if len(payload["results"]) != top_k:
-                raise RuntimeError(f"/v1/recall → {len(payload['results'])} results, expected {top_k}: "
-                                   f"the service must see the seeded namespace")
+                raise RuntimeError(
+                    f"/v1/recall → {len(payload['results'])} results, expected {top_k}: "
+                    f"the service must see the seeded namespace"
+                )
+
         await concurrent(clients, 32, service)  # warm-up
         lat, wall = await concurrent(clients, n_req, service)
     out["service"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
@@ -515,11 +659,22 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
     scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
 
     async def raw(i: int) -> None:
-        await knn_search(r, seeder.keys.episode_index_alias, scope, query_vecs[i % len(query_vecs)], cand,
-                         return_fields=RETURN_FIELDS)
+        await knn_search(
+            r,
+            seeder.keys.episode_index_alias,
+            scope,
+            query_vecs[i % len(query_vecs)],
+            cand,
+            return_fields=RETURN_FIELDS,
+        )
+
     await concurrent(clients, 32, raw)
     lat, wall = await concurrent(clients, n_req, raw)
-    out["raw_ft_search"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99), "qps": n_req / wall}
+    out["raw_ft_search"] = {
+        "p50_ms": percentile_ms(lat, 50),
+        "p99_ms": percentile_ms(lat, 99),
+        "qps": n_req / wall,
+    }
 
     lat = []
     started = time.perf_counter()
@@ -528,10 +683,17 @@ async def latency_at(url: str, r, seeder: Seeder, matrix: np.ndarray, query_text
         exact_topk(matrix, query_vecs[i % len(query_vecs)], cand)
         lat.append(time.perf_counter() - t0)
     wall = time.perf_counter() - started
-    out["numpy_scan"] = {"p50_ms": percentile_ms(lat, 50), "p99_ms": percentile_ms(lat, 99),
-                         "qps": len(lat) / wall, "note": "one thread, vectors already in process memory"}
-    print(f"  recall {len(matrix):,}: service p50 {out['service']['p50_ms']:.1f} ms, raw FT.SEARCH p50 "
-          f"{out['raw_ft_search']['p50_ms']:.1f} ms, numpy p50 {out['numpy_scan']['p50_ms']:.2f} ms", flush=True)
+    out["numpy_scan"] = {
+        "p50_ms": percentile_ms(lat, 50),
+        "p99_ms": percentile_ms(lat, 99),
+        "qps": len(lat) / wall,
+        "note": "one thread, vectors already in process memory",
+    }
+    print(
+        f"  recall {len(matrix):,}: service p50 {out['service']['p50_ms']:.1f} ms, raw FT.SEARCH p50 "
+        f"{out['raw_ft_search']['p50_ms']:.1f} ms, numpy p50 {out['numpy_scan']['p50_ms']:.2f} ms",
+        flush=True,
+    )
     return out
 
 
@@ -552,52 +714,151 @@ def _span(values: list[float] | None) -> str:
 def render(res: dict[str, Any]) -> str:
     parts = []
     if res.get("ingest"):
-        rows = [[r["embedder"], r["workers"], "yes" if r.get("sealed") else "no", r["episodes"], r.get("rounds", 1),
-                 r["e2e_rate"], r["raw_hset_rate"], r["ratio_vs_raw"], _span(r.get("round_ratios")), r["embed_rate"],
-                 r["ratio_vs_bound"], r.get("ratio_vs_plain", math.nan)]
-                for r in res["ingest"]]
-        parts.append("Ingest, publish → recallable (episodes/s; medians of interleaved rounds):\n\n" + table(
-            ["embedder", "workers", "sealed", "episodes", "rounds", "end to end", "raw HSET (same index)", "ratio",
-             "ratio per round", "embedder alone", "ratio vs min(raw, embedder)", "sealed / plain"], rows))
+        rows = [
+            [
+                r["embedder"],
+                r["workers"],
+                "yes" if r.get("sealed") else "no",
+                r["episodes"],
+                r.get("rounds", 1),
+                r["e2e_rate"],
+                r["raw_hset_rate"],
+                r["ratio_vs_raw"],
+                _span(r.get("round_ratios")),
+                r["embed_rate"],
+                r["ratio_vs_bound"],
+                r.get("ratio_vs_plain", math.nan),
+            ]
+            for r in res["ingest"]
+        ]
+        parts.append(
+            "Ingest, publish → recallable (episodes/s; medians of interleaved rounds):\n\n"
+            + table(
+                [
+                    "embedder",
+                    "workers",
+                    "sealed",
+                    "episodes",
+                    "rounds",
+                    "end to end",
+                    "raw HSET (same index)",
+                    "ratio",
+                    "ratio per round",
+                    "embedder alone",
+                    "ratio vs min(raw, embedder)",
+                    "sealed / plain",
+                ],
+                rows,
+            )
+        )
     idx = res.get("index")
     if idx:
         rows = []
         for size, row in idx["sizes"].items():
             for alg in ("HNSW", "FLAT"):
                 a = row[alg]
-                rows.append([f"{int(size):,}", alg, a["insert_rate"], a["knn10_p50_ms"], a["knn10_p99_ms"],
-                             a["recall_at_10"], a["bytes_per_episode_added"],
-                             a["ft_info_mb"].get("vector_index_sz_mb", math.nan)])
-        parts.append("\nVector index, 384 dims, COSINE (raw FT.SEARCH KNN 10, one client):\n\n" + table(
-            ["episodes", "algorithm", "insert/s", "KNN p50 ms", "KNN p99 ms", "recall@10 vs exact",
-             "bytes/episode (INFO memory)", "vector index MB (FT.INFO)"], rows))
+                rows.append(
+                    [
+                        f"{int(size):,}",
+                        alg,
+                        a["insert_rate"],
+                        a["knn10_p50_ms"],
+                        a["knn10_p99_ms"],
+                        a["recall_at_10"],
+                        a["bytes_per_episode_added"],
+                        a["ft_info_mb"].get("vector_index_sz_mb", math.nan),
+                    ]
+                )
+        parts.append(
+            "\nVector index, 384 dims, COSINE (raw FT.SEARCH KNN 10, one client):\n\n"
+            + table(
+                [
+                    "episodes",
+                    "algorithm",
+                    "insert/s",
+                    "KNN p50 ms",
+                    "KNN p99 ms",
+                    "recall@10 vs exact",
+                    "bytes/episode (INFO memory)",
+                    "vector index MB (FT.INFO)",
+                ],
+                rows,
+            )
+        )
         ef_rows = []
         for size, row in idx["sizes"].items():
             for key, v in row["HNSW"].items():
                 if key.startswith("ef"):
                     ef_rows.append([f"{int(size):,}", key[2:], v["recall_at_10"], v["knn10_p50_ms"]])
         if ef_rows:
-            parts.append("\nHNSW EF_RUNTIME sweep:\n\n" + table(["episodes", "EF_RUNTIME", "recall@10", "p50 ms"],
-                                                                ef_rows))
+            parts.append(
+                "\nHNSW EF_RUNTIME sweep:\n\n"
+                + table(["episodes", "EF_RUNTIME", "recall@10", "p50 ms"], ef_rows)
+            )
         rows = []
         for size, row in idx["sizes"].items():
             lat = row["latency"]
             s, raw, npy = lat["service"], lat["raw_ft_search"], lat["numpy_scan"]
             target = 1.5 * raw["p50_ms"] + idx["query_embed_ms_p50"]
-            rows.append([f"{int(size):,}", s["p50_ms"], s["p99_ms"], s["qps"], raw["p50_ms"], raw["p99_ms"], raw["qps"],
-                         ratio(s["p50_ms"], raw["p50_ms"]), target, "yes" if s["p50_ms"] <= target else "no",
-                         npy["p50_ms"], npy["qps"]])
-        parts.append(f"\nRecall, {lat['clients']} concurrent clients, top_k {lat['top_k']} "
-                     f"(KNN {lat['candidates']}), {lat['requests']} requests; query embedding (hashing) p50 "
-                     f"{idx['query_embed_ms_p50']:.2f} ms:\n\n" + table(
-                         ["episodes", "service p50", "p99", "req/s", "raw FT.SEARCH p50", "p99", "req/s",
-                          "p50 ratio", "target 1.5×raw+embed", "met", "numpy scan p50", "numpy q/s"], rows))
-        mem = [[f"{int(size):,}", row["used_memory_bytes_per_episode"],
+            rows.append(
+                [
+                    f"{int(size):,}",
+                    s["p50_ms"],
+                    s["p99_ms"],
+                    s["qps"],
+                    raw["p50_ms"],
+                    raw["p99_ms"],
+                    raw["qps"],
+                    ratio(s["p50_ms"], raw["p50_ms"]),
+                    target,
+                    "yes" if s["p50_ms"] <= target else "no",
+                    npy["p50_ms"],
+                    npy["qps"],
+                ]
+            )
+        parts.append(
+            f"\nRecall, {lat['clients']} concurrent clients, top_k {lat['top_k']} "
+            f"(KNN {lat['candidates']}), {lat['requests']} requests; query embedding (hashing) p50 "
+            f"{idx['query_embed_ms_p50']:.2f} ms:\n\n"
+            + table(
+                [
+                    "episodes",
+                    "service p50",
+                    "p99",
+                    "req/s",
+                    "raw FT.SEARCH p50",
+                    "p99",
+                    "req/s",
+                    "p50 ratio",
+                    "target 1.5×raw+embed",
+                    "met",
+                    "numpy scan p50",
+                    "numpy q/s",
+                ],
+                rows,
+            )
+        )
+        mem = [
+            [
+                f"{int(size):,}",
+                row["used_memory_bytes_per_episode"],
                 row["HNSW"]["ft_info_mb"].get("total_index_memory_sz_mb", math.nan),
-                row["FLAT"]["ft_info_mb"].get("total_index_memory_sz_mb", math.nan)]
-               for size, row in idx["sizes"].items()]
-        parts.append("\nMemory:\n\n" + table(["episodes", "bytes/episode (INFO used_memory, avg of both)",
-                                              "HNSW index total MB (FT.INFO)", "FLAT index total MB"], mem))
+                row["FLAT"]["ft_info_mb"].get("total_index_memory_sz_mb", math.nan),
+            ]
+            for size, row in idx["sizes"].items()
+        ]
+        parts.append(
+            "\nMemory:\n\n"
+            + table(
+                [
+                    "episodes",
+                    "bytes/episode (INFO used_memory, avg of both)",
+                    "HNSW index total MB (FT.INFO)",
+                    "FLAT index total MB",
+                ],
+                mem,
+            )
+        )
     return "\n".join(parts)
 
 
@@ -609,10 +870,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
     p.add_argument("--ingest-minilm", type=int, default=2_000, help="episodes per minilm ingest run")
     p.add_argument("--batch-size", type=int, default=256, help="ENGRAM_BATCH_SIZE of the workers")
-    p.add_argument("--encryption", choices=("off", "on", "both"), default="off",
-                   help="ingest without a master key, with one (sealed stream), or both interleaved per round")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="interleaved rounds of raw HSET and pipeline with the hashing embedder (medians)")
+    p.add_argument(
+        "--encryption",
+        choices=("off", "on", "both"),
+        default="off",
+        help="ingest without a master key, with one (sealed stream), or both interleaved per round",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved rounds of raw HSET and pipeline with the hashing embedder (medians)",
+    )
     p.add_argument("--sizes", default="10000,100000", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=1600, help="recall requests per measurement")
@@ -650,7 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(Path(args.out), res)
     print()
     print(render(res))
-    print(f"\nwrote {args.out} ({res['wall_s']:.0f}s; load average at start {res['machine'].get('loadavg_1m')})")
+    print(
+        f"\nwrote {args.out} ({res['wall_s']:.0f}s; load average at start {res['machine'].get('loadavg_1m')})"
+    )
     return 0
 
 

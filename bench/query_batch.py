@@ -35,8 +35,18 @@ from bench.common import (
 from engram_episodic.client import Calls
 from shared.redis_conn import connect
 
-TOPICS = ["payment parser", "login page", "billing export", "search index", "image resizer", "audit log",
-          "rate limiter", "email digest", "cache warmup", "feature flag"]
+TOPICS = [
+    "payment parser",
+    "login page",
+    "billing export",
+    "search index",
+    "image resizer",
+    "audit log",
+    "rate limiter",
+    "email digest",
+    "cache warmup",
+    "feature flag",
+]
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -54,8 +64,13 @@ async def run(args: argparse.Namespace) -> None:
         try:
             sdk = EngramClient(r, namespace="default", prefix=prefix)
             for i in range(args.episodes):
-                await sdk.record({"task": f"fix the flaky {TOPICS[i % len(TOPICS)]} test number {i}",
-                                  "outcome": "success" if i % 3 else "failure", "solution": f"step {i}"})
+                await sdk.record(
+                    {
+                        "task": f"fix the flaky {TOPICS[i % len(TOPICS)]} test number {i}",
+                        "outcome": "success" if i % 3 else "failure",
+                        "solution": f"step {i}",
+                    }
+                )
             keys = Keys(prefix)
 
             async def projected() -> bool:
@@ -65,6 +80,7 @@ async def run(args: argparse.Namespace) -> None:
                 except ResponseError:  # the worker has not created the index yet
                     return False
                 return n >= args.episodes
+
             await poll_until(projected, timeout=args.timeout)
             ports = (free_port(), free_port())
             services = {}
@@ -77,19 +93,22 @@ async def run(args: argparse.Namespace) -> None:
             results: dict[int, list[tuple[list[float], float]]] = {1: [], 32: []}
             n = 0
             for rnd in range(args.rounds):
-                for batch in ((1, 32) if rnd % 2 == 0 else (32, 1)):
+                for batch in (1, 32) if rnd % 2 == 0 else (32, 1):
                     base, _ = services[batch]
                     async with ClientPool(base, args.clients, timeout=120.0) as pool:
                         lat: list[float] = []
                         todo = list(range(n, n + args.requests))
 
-                        async def client(pool: ClientPool = pool, lat: list[float] = lat, todo: list[int] = todo) -> None:
+                        async def client(
+                            pool: ClientPool = pool, lat: list[float] = lat, todo: list[int] = todo
+                        ) -> None:
                             while todo:  # closed loop: each client sends its next query when answered
                                 i = todo.pop()
                                 query = f"how did we fix the {TOPICS[i % len(TOPICS)]} problem, take {uuid.uuid4().hex}"
                                 started = time.perf_counter()
                                 await pool.call(Calls.recall(query, {"top_k": 5}))
                                 lat.append(time.perf_counter() - started)
+
                         started = time.perf_counter()
                         await asyncio.gather(*(client() for _ in range(args.clients)))
                         results[batch].append((lat, time.perf_counter() - started))
@@ -100,13 +119,23 @@ async def run(args: argparse.Namespace) -> None:
                 all_lat = [x for lat, _ in runs for x in lat]
                 rate = statistics.median(args.requests / wall for _, wall in runs)
                 summary[batch] = (percentile_ms(all_lat, 50), percentile_ms(all_lat, 95), rate)
-                rows.append([f"ENGRAM_QUERY_BATCH={batch}", f"{summary[batch][0]:.0f}", f"{summary[batch][1]:.0f}",
-                             f"{rate:.1f}"])
-            print(f"{args.embedder}, {args.episodes} episodes, {args.clients} clients, "
-                  f"{args.rounds} rounds x {args.requests} requests per variant")
+                rows.append(
+                    [
+                        f"ENGRAM_QUERY_BATCH={batch}",
+                        f"{summary[batch][0]:.0f}",
+                        f"{summary[batch][1]:.0f}",
+                        f"{rate:.1f}",
+                    ]
+                )
+            print(
+                f"{args.embedder}, {args.episodes} episodes, {args.clients} clients, "
+                f"{args.rounds} rounds x {args.requests} requests per variant"
+            )
             print(table(["variant", "p50 ms", "p95 ms", "recalls/s"], rows))
-            print(f"shared passes / one by one: p50 x{summary[32][0] / summary[1][0]:.2f}, "
-                  f"recalls/s x{summary[32][2] / summary[1][2]:.2f}")
+            print(
+                f"shared passes / one by one: p50 x{summary[32][0] / summary[1][0]:.2f}, "
+                f"recalls/s x{summary[32][2] / summary[1][2]:.2f}"
+            )
         finally:
             await r.aclose()
             stop_processes(procs)

@@ -57,8 +57,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 # --- phase 1: the service ---------------------------------------------------------------------------------
-async def ask(base: str, tokens: dict[str, str], convs: list[Conversation], body: dict[str, Any], *,
-              concurrency: int) -> tuple[list[dict[str, Any]], list[float]]:
+async def ask(
+    base: str, tokens: dict[str, str], convs: list[Conversation], body: dict[str, Any], *, concurrency: int
+) -> tuple[list[dict[str, Any]], list[float]]:
     """One recall per question; per question the ranked ids and scores, and every request's latency (s)."""
     from engram_episodic import AsyncEngram
     from engram_episodic.client import Calls, RecallOptions
@@ -68,7 +69,10 @@ async def ask(base: str, tokens: dict[str, str], convs: list[Conversation], body
     lat: list[float] = []
     sem = asyncio.Semaphore(concurrency)
     async with http_pool(max(1, concurrency), 300.0) as http:
-        clients = {sid: AsyncEngram(base, api_key=tok, max_retries=0, http_client=http) for sid, tok in tokens.items()}
+        clients = {
+            sid: AsyncEngram(base, api_key=tok, max_retries=0, http_client=http)
+            for sid, tok in tokens.items()
+        }
 
         async def one(i: int, conv: Conversation, q: Any) -> None:
             options = cast(RecallOptions, {"top_k": 50, "as_of": conv.as_of, **body})
@@ -78,15 +82,20 @@ async def ask(base: str, tokens: dict[str, str], convs: list[Conversation], body
                 payload = await clients[conv.sample_id].call(call)
                 lat.append(time.perf_counter() - t0)
             res = payload["results"]
-            out[i] = {"ids": [r["episode"]["episode_id"] for r in res],
-                      "relevance": [r["relevance"] for r in res], "similarity": [r["similarity"] for r in res],
-                      "priority": [r["priority"] for r in res]}
+            out[i] = {
+                "ids": [r["episode"]["episode_id"] for r in res],
+                "relevance": [r["relevance"] for r in res],
+                "similarity": [r["similarity"] for r in res],
+                "priority": [r["priority"] for r in res],
+            }
 
         await asyncio.gather(*(one(i, c, q) for i, (c, q) in enumerate(jobs)))
     return out, lat
 
 
-async def stored_vectors(redis_url: str, prefix: str, convs: list[Conversation]) -> dict[str, dict[str, np.ndarray]]:
+async def stored_vectors(
+    redis_url: str, prefix: str, convs: list[Conversation]
+) -> dict[str, dict[str, np.ndarray]]:
     """namespace → episode_id → the vector the consolidator stored (float32)."""
     from shared.redis_conn import connect
 
@@ -123,21 +132,32 @@ async def collect(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             n = await publish(server.url, prefix, convs)
             project_s = await wait_projected(server.url, prefix, convs, workers, timeout=3600)
-            print(f"ingest: {n} episodes queryable after {project_s:.0f}s ({time.perf_counter() - t0:.0f}s)", flush=True)
+            print(
+                f"ingest: {n} episodes queryable after {project_s:.0f}s ({time.perf_counter() - t0:.0f}s)",
+                flush=True,
+            )
             tokens = {c.sample_id: f"rr{i}{uuid.uuid4().hex[:8]}" for i, c in enumerate(convs)}
             port = free_port()
-            query = spawn_query_service({**env, "ENGRAM_API_KEYS": ",".join(
-                f"{tokens[c.sample_id]}={c.namespace}" for c in convs)}, port)
+            query = spawn_query_service(
+                {**env, "ENGRAM_API_KEYS": ",".join(f"{tokens[c.sample_id]}={c.namespace}" for c in convs)},
+                port,
+            )
             base = f"http://127.0.0.1:{port}"
             await wait_http_ready(base, query)
             await ask(base, tokens, convs, {}, concurrency=4)  # warms the query-vector cache
             for name, body in VARIANTS.items():
                 ranked, lat = await ask(base, tokens, convs, body, concurrency=1)
                 result["variants"][name] = ranked
-                result["latency_ms"][name] = {"p50": 1000 * float(np.median(lat)),
-                                              "p90": 1000 * float(np.percentile(lat, 90))}
-                r5 = np.mean([question_metrics(r["ids"], q.evidence)["R@5"]
-                              for r, q in zip(ranked, [q for c in convs for q in c.questions], strict=True)])
+                result["latency_ms"][name] = {
+                    "p50": 1000 * float(np.median(lat)),
+                    "p90": 1000 * float(np.percentile(lat, 90)),
+                }
+                r5 = np.mean(
+                    [
+                        question_metrics(r["ids"], q.evidence)["R@5"]
+                        for r, q in zip(ranked, [q for c in convs for q in c.questions], strict=True)
+                    ]
+                )
                 print(f"{name:32s} R@5 {r5:5.1f}  p50 {result['latency_ms'][name]['p50']:.1f} ms", flush=True)
             vectors = await stored_vectors(server.url, prefix, convs)
         finally:
@@ -181,15 +201,23 @@ class Data:
 
 
 def metrics(data: Data, ranked: list[list[str]], subset: str) -> dict[str, float]:
-    rows = [question_metrics(r, q.evidence) for r, q, ci in zip(ranked, data.questions, data.conv_of, strict=True)
-            if subset == "all" or (ci in data.tune) == (subset == "tune")]
+    rows = [
+        question_metrics(r, q.evidence)
+        for r, q, ci in zip(ranked, data.questions, data.conv_of, strict=True)
+        if subset == "all" or (ci in data.tune) == (subset == "tune")
+    ]
     return {m: float(np.mean([r[m] for r in rows])) for m in ("R@5", "R@10")} | {"n": len(rows)}
 
 
 def held_delta(data: Data, ranked: list[list[str]], base: list[list[str]], metric: str = "R@5") -> str:
     """Held-out mean difference against `base` with a paired percentile-bootstrap 95% interval."""
-    d = np.array([question_metrics(a, q.evidence)[metric] - question_metrics(b, q.evidence)[metric]
-                  for a, b, q, ci in zip(ranked, base, data.questions, data.conv_of, strict=True) if ci not in data.tune])
+    d = np.array(
+        [
+            question_metrics(a, q.evidence)[metric] - question_metrics(b, q.evidence)[metric]
+            for a, b, q, ci in zip(ranked, base, data.questions, data.conv_of, strict=True)
+            if ci not in data.tune
+        ]
+    )
     rng = np.random.default_rng(0)
     boots = [float(d[rng.integers(0, len(d), len(d))].mean()) for _ in range(1000)]
     return f"{d.mean():+.1f} [{np.percentile(boots, 2.5):+.1f}, {np.percentile(boots, 97.5):+.1f}]"
@@ -200,8 +228,11 @@ def by_category(data: Data, ranked: list[list[str]]) -> str:
 
     parts = []
     for cat, name in CATEGORIES.items():
-        rows = [question_metrics(r, q.evidence)["R@5"] for r, q in zip(ranked, data.questions, strict=True)
-                if q.category == cat]
+        rows = [
+            question_metrics(r, q.evidence)["R@5"]
+            for r, q in zip(ranked, data.questions, strict=True)
+            if q.category == cat
+        ]
         parts.append(f"{name} {np.mean(rows):.1f}")
     return ", ".join(parts)
 
@@ -219,7 +250,9 @@ def rerank_neighbours(data: Data, depth: int, beta: float, base: list[dict[str, 
             for nb in (f"D{s}:{int(t) - 1}", f"D{s}:{int(t) + 1}"):
                 row = data.row.get(f"{ns}|{nb}")
                 if row is not None:
-                    best = max(best, float(data.tvec[row] @ q) / (np.linalg.norm(data.tvec[row]) * np.linalg.norm(q)))
+                    best = max(
+                        best, float(data.tvec[row] @ q) / (np.linalg.norm(data.tvec[row]) * np.linalg.norm(q))
+                    )
             scores.append(p + beta * best)
         order = np.argsort(-np.asarray(scores), kind="stable")
         out.append([head[j] for j in order] + res["ids"][depth:])
@@ -247,7 +280,9 @@ def second_opinion(data: Data, args: argparse.Namespace) -> tuple[np.ndarray, np
                 np.savez(path, turns=turns, questions=qs)
             lat = []
             for i in range(20):
-                head = [data.text[f"{data.ns[i]}|{e}"] for e in data.variants["default"][i]["ids"][:args.depth]]
+                head = [
+                    data.text[f"{data.ns[i]}|{e}"] for e in data.variants["default"][i]["ids"][: args.depth]
+                ]
                 t0 = time.perf_counter()
                 await embedder.embed([data.questions[i].text, *head])
                 lat.append(time.perf_counter() - t0)
@@ -260,8 +295,9 @@ def second_opinion(data: Data, args: argparse.Namespace) -> tuple[np.ndarray, np
     return norm(turns), norm(qs), ms
 
 
-def rerank_second(data: Data, depth: int, gamma: float, base: list[dict[str, Any]], turns: np.ndarray,
-                  qs: np.ndarray) -> list[list[str]]:
+def rerank_second(
+    data: Data, depth: int, gamma: float, base: list[dict[str, Any]], turns: np.ndarray, qs: np.ndarray
+) -> list[list[str]]:
     """priority + gamma * the second embedder's cosine (a bi-encoder as the re-ranker)."""
     keys = [f"{c.namespace}|{t.dia_id}" for c in data.convs for t in c.turns]
     row = {k: i for i, k in enumerate(keys)}
@@ -293,31 +329,63 @@ def evaluate(args: argparse.Namespace) -> None:
     for name, ranked in data.variants.items():
         ids = [r["ids"] for r in ranked]
         lat = data.latency[name]
-        rows.append((f"service: {name}", metrics(data, ids, "all"), metrics(data, ids, "tune"),
-                     metrics(data, ids, "held"), f"p50 {lat['p50']:.1f} ms"))
+        rows.append(
+            (
+                f"service: {name}",
+                metrics(data, ids, "all"),
+                metrics(data, ids, "tune"),
+                metrics(data, ids, "held"),
+                f"p50 {lat['p50']:.1f} ms",
+            )
+        )
     base = data.variants["default"]
-    beta, ranked = tuned(data, (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5),
-                         lambda b: rerank_neighbours(data, args.depth, b, base), "neighbours beta")
-    rows.append((f"re-rank top {args.depth}: neighbour-turn context, beta {beta} (tuned)", metrics(data, ranked, "all"),
-                 metrics(data, ranked, "tune"), metrics(data, ranked, "held"), "stored vectors only"))
+    beta, ranked = tuned(
+        data,
+        (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5),
+        lambda b: rerank_neighbours(data, args.depth, b, base),
+        "neighbours beta",
+    )
+    rows.append(
+        (
+            f"re-rank top {args.depth}: neighbour-turn context, beta {beta} (tuned)",
+            metrics(data, ranked, "all"),
+            metrics(data, ranked, "tune"),
+            metrics(data, ranked, "held"),
+            "stored vectors only",
+        )
+    )
     default_ids = [r["ids"] for r in base]
-    print(f"neighbour context, held-out R@5 - default: {held_delta(data, ranked, default_ids)}, "
-          f"R@10: {held_delta(data, ranked, default_ids, 'R@10')}")
+    print(
+        f"neighbour context, held-out R@5 - default: {held_delta(data, ranked, default_ids)}, "
+        f"R@10: {held_delta(data, ranked, default_ids, 'R@10')}"
+    )
     print(f"R@5 by category, default: {by_category(data, default_ids)}")
     print(f"R@5 by category, neighbour context: {by_category(data, ranked)}")
     if args.second:
         turns, qs, ms = second_opinion(data, args)
-        gamma, ranked = tuned(data, (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0),
-                              lambda g: rerank_second(data, args.depth, g, base, turns, qs), f"{args.second} gamma")
-        rows.append((f"re-rank top {args.depth}: + gamma {gamma} x {args.second} cosine (tuned)",
-                     metrics(data, ranked, "all"), metrics(data, ranked, "tune"), metrics(data, ranked, "held"),
-                     f"+{ms:.0f} ms p50 to embed query + {args.depth} turns"))
+        gamma, ranked = tuned(
+            data,
+            (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0),
+            lambda g: rerank_second(data, args.depth, g, base, turns, qs),
+            f"{args.second} gamma",
+        )
+        rows.append(
+            (
+                f"re-rank top {args.depth}: + gamma {gamma} x {args.second} cosine (tuned)",
+                metrics(data, ranked, "all"),
+                metrics(data, ranked, "tune"),
+                metrics(data, ranked, "held"),
+                f"+{ms:.0f} ms p50 to embed query + {args.depth} turns",
+            )
+        )
     print(f"\ntune = conversations {sorted(data.tune)} of {len(data.convs)}; held-out = the rest\n")
     print("| variant | R@5 all | R@10 all | R@5 tune | R@10 tune | R@5 held-out | R@10 held-out | latency |")
     print("|---|---|---|---|---|---|---|---|")
     for name, a, t, h, lat in rows:
-        print(f"| {name} | {a['R@5']:.1f} | {a['R@10']:.1f} | {t['R@5']:.1f} | {t['R@10']:.1f} | "
-              f"{h['R@5']:.1f} | {h['R@10']:.1f} | {lat} |")
+        print(
+            f"| {name} | {a['R@5']:.1f} | {a['R@10']:.1f} | {t['R@5']:.1f} | {t['R@10']:.1f} | "
+            f"{h['R@5']:.1f} | {h['R@10']:.1f} | {lat} |"
+        )
     print(f"(questions: all {rows[0][1]['n']}, tune {rows[0][2]['n']}, held-out {rows[0][3]['n']})")
 
 
@@ -327,12 +395,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--embedder", default="auto")
     p.add_argument("--cache", type=Path, default=CACHE)
-    p.add_argument("--tune", type=int, default=4, help="the first N conversations tune, the rest are held out")
+    p.add_argument(
+        "--tune", type=int, default=4, help="the first N conversations tune, the rest are held out"
+    )
     p.add_argument("--conversations", type=int, default=None, help="only the first N (smoke runs)")
     p.add_argument("--questions", type=int, default=None, help="only the first N questions each (smoke runs)")
-    p.add_argument("--second", default="", help="a second ENGRAM_EMBEDDER as a bi-encoder re-ranker (e.g. minilm)")
-    p.add_argument("--split", choices=("first", "last"), default="first",
-                   help="whether the tune conversations are the first or the last --tune of the file")
+    p.add_argument(
+        "--second", default="", help="a second ENGRAM_EMBEDDER as a bi-encoder re-ranker (e.g. minilm)"
+    )
+    p.add_argument(
+        "--split",
+        choices=("first", "last"),
+        default="first",
+        help="whether the tune conversations are the first or the last --tune of the file",
+    )
     p.add_argument("--depth", type=int, default=50, help="candidates re-ranked per question")
     args = p.parse_args(argv)
     if not args.data.exists():

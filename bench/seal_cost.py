@@ -43,20 +43,23 @@ async def one_side(url: str, events: list, master_key: bytes | None) -> dict[str
     r = connect(url)
     try:
         embedder = HashingEmbedder(DIM)
-        tags = await ensure_episode_index(r, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), embedder.name,
-                                          tag_key=None)
+        tags = await ensure_episode_index(
+            r, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), embedder.name, tag_key=None
+        )
         client = EngramClient(r, namespace=NAMESPACE, prefix=keys.prefix, master_key=master_key)
         cpu = time.process_time()
         for start in range(0, len(events), 100):
-            await client.publish(events[start:start + 100])
+            await client.publish(events[start : start + 100])
         publish = time.process_time() - cpu
         ring = KeyRing(keys, client._ring.master) if master_key is not None else None
         # nothing here is forgotten: the default settings (for this prefix) are never read
-        projector = Projector(r, keys, embedder, 1, keyring=ring, tags=tags, settings=Settings(prefix=keys.prefix))
+        projector = Projector(
+            r, keys, embedder, 1, keyring=ring, tags=tags, settings=Settings(prefix=keys.prefix)
+        )
         entries = await streams.read_range(r, keys.stream, count=len(events) + 10)
         cpu = time.process_time()
         for start in range(0, len(entries), 256):
-            result = await projector.apply(entries[start:start + 256])
+            result = await projector.apply(entries[start : start + 256])
             assert not result.dead, result.dead[:1]
         project = time.process_time() - cpu
         n = len(events)
@@ -72,9 +75,12 @@ async def run(args: argparse.Namespace) -> dict:
     from engram_episodic.events import EpisodeCompleted
     from engram_episodic.validation import parse_episode
 
-    events = [EpisodeCompleted(namespace=NAMESPACE, episode_id=e["episode_id"], occurred_at=time.time(),
-                               episode=parse_episode(e))
-              for e in (synthetic_episode(i, np.random.default_rng(i)) for i in range(args.episodes))]
+    events = [
+        EpisodeCompleted(
+            namespace=NAMESPACE, episode_id=e["episode_id"], occurred_at=time.time(), episode=parse_episode(e)
+        )
+        for e in (synthetic_episode(i, np.random.default_rng(i)) for i in range(args.episodes))
+    ]
     sides: dict[str, list[dict[str, float]]] = {"plain": [], "sealed": []}
     with private_redis() as server:
         for _ in range(args.rounds):
@@ -98,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(res, indent=2))
     for step in ("publish_us", "project_us"):
         v = res[step]
-        print(f"{step[:-3]:>8}: plain {v['plain']:.1f} µs/episode, sealed {v['sealed']:.1f} µs/episode, "
-              f"ratio {v['ratio']:.3f} (CPU of this process, medians of {args.rounds} interleaved rounds)")
+        print(
+            f"{step[:-3]:>8}: plain {v['plain']:.1f} µs/episode, sealed {v['sealed']:.1f} µs/episode, "
+            f"ratio {v['ratio']:.3f} (CPU of this process, medians of {args.rounds} interleaved rounds)"
+        )
     print(f"load average at start {res['machine'].get('loadavg_1m')}; wrote {args.out}")
     return 0
 

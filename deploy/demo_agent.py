@@ -31,27 +31,66 @@ from engram_episodic.errors import ConfigError
 from shared.settings import parse_duration
 
 EPISODES: tuple[dict[str, Any], ...] = (
-    {"task": {"description": "fix the flaky login test that fails with 401 after midnight",
-              "category": "debugging", "complexity": 0.4},
-     "solution": "freeze the clock with a fixture; the token expiry used wall time",
-     "outcome": "success", "importance": 7, "strategy_used": "iterative",
-     "feedback": {"reward": 1.0, "tests_passed": 42, "tests_total": 42}},
-    {"task": {"description": "add pagination to the /orders endpoint", "category": "code_generation",
-              "complexity": 0.5},
-     "solution": "cursor pagination on (created_at, id)", "outcome": "success", "importance": 5,
-     "strategy_used": "test_first", "feedback": {"reward": 0.9}},
-    {"task": {"description": "speed up the nightly report query", "category": "refactoring",
-              "complexity": 0.7},
-     "solution": "a covering index; the ORM was loading every column", "outcome": "partial",
-     "importance": 6, "strategy_used": "profile_first", "feedback": {"reward": 0.5}},
-    {"task": {"description": "write tests for the payment retry logic", "category": "testing",
-              "complexity": 0.3},
-     "solution": "a fake clock and a scripted gateway", "outcome": "success", "importance": 4,
-     "strategy_used": "test_first", "feedback": {"reward": 1.0, "tests_passed": 12, "tests_total": 12}},
-    {"task": {"description": "debug the intermittent timeout in the login service", "category": "debugging",
-              "complexity": 0.8},
-     "solution": "connection pool exhausted; raised the pool size and added a timeout",
-     "outcome": "failure", "importance": 8, "strategy_used": "bisect", "feedback": {"reward": 0.0}},
+    {
+        "task": {
+            "description": "fix the flaky login test that fails with 401 after midnight",
+            "category": "debugging",
+            "complexity": 0.4,
+        },
+        "solution": "freeze the clock with a fixture; the token expiry used wall time",
+        "outcome": "success",
+        "importance": 7,
+        "strategy_used": "iterative",
+        "feedback": {"reward": 1.0, "tests_passed": 42, "tests_total": 42},
+    },
+    {
+        "task": {
+            "description": "add pagination to the /orders endpoint",
+            "category": "code_generation",
+            "complexity": 0.5,
+        },
+        "solution": "cursor pagination on (created_at, id)",
+        "outcome": "success",
+        "importance": 5,
+        "strategy_used": "test_first",
+        "feedback": {"reward": 0.9},
+    },
+    {
+        "task": {
+            "description": "speed up the nightly report query",
+            "category": "refactoring",
+            "complexity": 0.7,
+        },
+        "solution": "a covering index; the ORM was loading every column",
+        "outcome": "partial",
+        "importance": 6,
+        "strategy_used": "profile_first",
+        "feedback": {"reward": 0.5},
+    },
+    {
+        "task": {
+            "description": "write tests for the payment retry logic",
+            "category": "testing",
+            "complexity": 0.3,
+        },
+        "solution": "a fake clock and a scripted gateway",
+        "outcome": "success",
+        "importance": 4,
+        "strategy_used": "test_first",
+        "feedback": {"reward": 1.0, "tests_passed": 12, "tests_total": 12},
+    },
+    {
+        "task": {
+            "description": "debug the intermittent timeout in the login service",
+            "category": "debugging",
+            "complexity": 0.8,
+        },
+        "solution": "connection pool exhausted; raised the pool size and added a timeout",
+        "outcome": "failure",
+        "importance": 8,
+        "strategy_used": "bisect",
+        "feedback": {"reward": 0.0},
+    },
 )
 QUESTION = "the login test fails only at night"
 
@@ -91,17 +130,23 @@ async def main(env: Mapping[str, str]) -> int:
 
 
 async def _demo(memory: AsyncEngram, run: str, timeout: float) -> int:
-    ids = [await memory.record({**episode, "episode_id": f"demo-{i}", "agent_id": "demo-agent",
-                                "metadata": {"demo_run": run}})
-           for i, episode in enumerate(EPISODES, start=1)]
+    ids = [
+        await memory.record(
+            {**episode, "episode_id": f"demo-{i}", "agent_id": "demo-agent", "metadata": {"demo_run": run}}
+        )
+        for i, episode in enumerate(EPISODES, start=1)
+    ]
     print(f"demo-agent ◆ recorded {len(ids)} episodes (run {run})", flush=True)
     deadline = time.monotonic() + timeout
     waiting = list(ids)
     while waiting:
         waiting = [i for i in waiting if not await _consolidated(memory, i, run)]
         if waiting and time.monotonic() > deadline:
-            print(f"demo-agent: {len(waiting)} episode(s) not consolidated after {timeout:g}s: "
-                  f"{', '.join(waiting)}", file=sys.stderr)
+            print(
+                f"demo-agent: {len(waiting)} episode(s) not consolidated after {timeout:g}s: "
+                f"{', '.join(waiting)}",
+                file=sys.stderr,
+            )
             return 1
         if waiting:
             await asyncio.sleep(0.25)
@@ -110,12 +155,17 @@ async def _demo(memory: AsyncEngram, run: str, timeout: float) -> int:
     print(f"demo-agent ◆ recall {QUESTION!r} → {len(found)} experience(s)", flush=True)
     for hit in found:
         ep = hit.episode
-        print(f"  {ep.episode_id}: {ep.task.description if ep.task else ''} [{ep.outcome}] "
-              f"priority={hit.priority:.3f}", flush=True)
+        print(
+            f"  {ep.episode_id}: {ep.task.description if ep.task else ''} [{ep.outcome}] "
+            f"priority={hit.priority:.3f}",
+            flush=True,
+        )
     return 0 if found.results else 1
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     sys.exit(asyncio.run(main(os.environ)))

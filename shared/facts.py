@@ -50,10 +50,32 @@ LEVEL_NAMESPACE, LEVEL_AGENT_CATEGORY = "namespace", "agent_category"
 OPEN_END = 253402300799.0  # 9999-12-31T23:59:59Z: "not superseded" (a missing NUMERIC never matches)
 MAX_TEXT_CHARS = 1000
 
-FACT_TAGS = ("namespace", "fact_id", "scope_id", "level", "kind", "status", "supersedes", "superseded_by",
-             "evidence", "agents", "users", "categories")
-FACT_NUMERICS = ("support", "success_rate", "avg_reward", "confidence", "first_at", "last_at", "created_at",
-                 "updated_at", "superseded_at", "version")
+FACT_TAGS = (
+    "namespace",
+    "fact_id",
+    "scope_id",
+    "level",
+    "kind",
+    "status",
+    "supersedes",
+    "superseded_by",
+    "evidence",
+    "agents",
+    "users",
+    "categories",
+)
+FACT_NUMERICS = (
+    "support",
+    "success_rate",
+    "avg_reward",
+    "confidence",
+    "first_at",
+    "last_at",
+    "created_at",
+    "updated_at",
+    "superseded_at",
+    "version",
+)
 CENTROID_FIELD = "centroid"
 DOC_FIELD = "doc"
 
@@ -89,8 +111,11 @@ class FactScope:
         if not isinstance(data.get("namespace"), str):
             raise InvalidEpisode([("scope.namespace", "is required")])
         agent = data.get("agent_id")
-        return cls(namespace=data["namespace"], agent_id=agent if isinstance(agent, str) else None,
-                   category=(data.get("category") or None) if agent is not None else None)
+        return cls(
+            namespace=data["namespace"],
+            agent_id=agent if isinstance(agent, str) else None,
+            category=(data.get("category") or None) if agent is not None else None,
+        )
 
 
 # --- the fact -------------------------------------------------------------------------------------
@@ -144,10 +169,27 @@ class Fact:
 
     def content(self) -> tuple:
         """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
-        return (self.kind, self.base_text, self.support, self.successes, self.success_rate, self.avg_reward,
-                self.top_strategies, self.common_failures, self.action_types, self.evidence, self.central,
-                self.agents, self.users, self.categories, self.first_at, self.last_at, self.evidence_since,
-                self.centroid_bytes(), self.confidence)
+        return (
+            self.kind,
+            self.base_text,
+            self.support,
+            self.successes,
+            self.success_rate,
+            self.avg_reward,
+            self.top_strategies,
+            self.common_failures,
+            self.action_types,
+            self.evidence,
+            self.central,
+            self.agents,
+            self.users,
+            self.categories,
+            self.first_at,
+            self.last_at,
+            self.evidence_since,
+            self.centroid_bytes(),
+            self.confidence,
+        )
 
     def centroid_bytes(self) -> bytes:
         return vector_bytes(self.centroid) if self.centroid else b""
@@ -160,8 +202,16 @@ class Fact:
         """Plain data for the event (msgpack) and the document: the centroid as float32 bytes."""
         data = asdict(self)
         data["centroid"] = self.centroid_bytes()
-        for name in ("top_strategies", "common_failures", "action_types", "evidence", "central", "agents",
-                     "users", "categories"):
+        for name in (
+            "top_strategies",
+            "common_failures",
+            "action_types",
+            "evidence",
+            "central",
+            "agents",
+            "users",
+            "categories",
+        ):
             data[name] = [dict(x) if isinstance(x, Mapping) else x for x in data[name]]
         return {k: v for k, v in data.items() if v is not None}
 
@@ -183,9 +233,14 @@ class Fact:
             fact = cls(centroid=vec, **{k: v for k, v in raw.items() if k in known})
         except (TypeError, ValueError) as exc:
             raise InvalidEpisode([("facts", f"malformed fact: {exc}")]) from None
-        if fact.kind not in KINDS or fact.status not in (STATUS_CURRENT, STATUS_SUPERSEDED) \
-                or fact.summary not in SUMMARIES:
-            raise InvalidEpisode([("facts", f"fact {fact.fact_id[:40]!r} has an unknown kind, status or summary")])
+        if (
+            fact.kind not in KINDS
+            or fact.status not in (STATUS_CURRENT, STATUS_SUPERSEDED)
+            or fact.summary not in SUMMARIES
+        ):
+            raise InvalidEpisode(
+                [("facts", f"fact {fact.fact_id[:40]!r} has an unknown kind, status or summary")]
+            )
         return fact
 
     def to_json(self, *, iso: bool = True) -> dict[str, Any]:
@@ -196,7 +251,14 @@ class Fact:
         data.pop("centroid", None)
         data.pop("base_text", None)
         if iso:
-            for name in ("first_at", "last_at", "evidence_since", "created_at", "updated_at", "superseded_at"):
+            for name in (
+                "first_at",
+                "last_at",
+                "evidence_since",
+                "created_at",
+                "updated_at",
+                "superseded_at",
+            ):
                 if name in data:
                     data[name] = format_instant(data[name])
         return data
@@ -220,16 +282,38 @@ def facts_schema(dim: int) -> list[Any]:
     for name in FACT_NUMERICS:
         args += [name, "NUMERIC", "SORTABLE"]
     args += ["text", "TEXT"]
-    return args + [CENTROID_FIELD, "VECTOR", "FLAT", 6, "TYPE", "FLOAT32", "DIM", dim, "DISTANCE_METRIC", "COSINE"]
+    return args + [
+        CENTROID_FIELD,
+        "VECTOR",
+        "FLAT",
+        6,
+        "TYPE",
+        "FLOAT32",
+        "DIM",
+        dim,
+        "DISTANCE_METRIC",
+        "COSINE",
+    ]
 
 
-async def ensure_facts_index(r: aioredis.Redis, keys: Keys, gen: int, dim: int, *, point_alias: bool = True) -> str:
+async def ensure_facts_index(
+    r: aioredis.Redis, keys: Keys, gen: int, dim: int, *, point_alias: bool = True
+) -> str:
     """Create generation `gen`'s facts index if missing (FLAT: facts are few); optionally point the alias."""
     name = keys.facts_index(gen)
     if not await index_exists(r, name):
         try:
-            await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.fact_doc_prefix(gen),
-                                    "SCHEMA", *facts_schema(dim))
+            await r.execute_command(
+                "FT.CREATE",
+                name,
+                "ON",
+                "HASH",
+                "PREFIX",
+                1,
+                keys.fact_doc_prefix(gen),
+                "SCHEMA",
+                *facts_schema(dim),
+            )
         except ResponseError as exc:
             if "already exists" not in str(exc).lower():
                 raise
@@ -242,22 +326,41 @@ def fact_fields(fact: Fact, tags: TagCodec) -> dict[str, Any]:
     """The HASH fields of a fact document: tags (`evidence` and `users` digested with `tags`, as the
     episode index's ids are: `shared.tags`), numerics, text, centroid and the full JSON `doc`."""
     fields: dict[str, Any] = {
-        "namespace": fact.namespace, "fact_id": fact.fact_id, "scope_id": fact.scope_id, "level": fact.level,
-        "kind": fact.kind, "status": fact.status, "text": fact.text,
-        DOC_FIELD: json.dumps({k: v for k, v in fact.to_data().items() if k != "centroid"}, ensure_ascii=False),
+        "namespace": fact.namespace,
+        "fact_id": fact.fact_id,
+        "scope_id": fact.scope_id,
+        "level": fact.level,
+        "kind": fact.kind,
+        "status": fact.status,
+        "text": fact.text,
+        DOC_FIELD: json.dumps(
+            {k: v for k, v in fact.to_data().items() if k != "centroid"}, ensure_ascii=False
+        ),
     }
     for name in ("supersedes", "superseded_by"):
         if getattr(fact, name):
             fields[name] = getattr(fact, name)
-    digested = {"evidence": tags.episodes(fact.namespace, fact.evidence), "users": tags.users(fact.namespace, fact.users),
-                "agents": fact.agents, "categories": fact.categories}
+    digested = {
+        "evidence": tags.episodes(fact.namespace, fact.evidence),
+        "users": tags.users(fact.namespace, fact.users),
+        "agents": fact.agents,
+        "categories": fact.categories,
+    }
     for name, values in digested.items():
         if values:
             fields[name] = TAG_SEPARATOR.join(values)
-    numbers = {"support": fact.support, "success_rate": fact.success_rate, "avg_reward": fact.avg_reward,
-               "confidence": fact.confidence, "first_at": fact.first_at, "last_at": fact.last_at,
-               "created_at": fact.created_at, "updated_at": fact.updated_at, "version": fact.version,
-               "superseded_at": fact.superseded_at if fact.superseded_at is not None else OPEN_END}
+    numbers = {
+        "support": fact.support,
+        "success_rate": fact.success_rate,
+        "avg_reward": fact.avg_reward,
+        "confidence": fact.confidence,
+        "first_at": fact.first_at,
+        "last_at": fact.last_at,
+        "created_at": fact.created_at,
+        "updated_at": fact.updated_at,
+        "version": fact.version,
+        "superseded_at": fact.superseded_at if fact.superseded_at is not None else OPEN_END,
+    }
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
     if fact.centroid:
         fields[CENTROID_FIELD] = fact.centroid_bytes()
@@ -347,20 +450,54 @@ def _decode_hits(hits: Sequence[SearchHit]) -> list[FactHit]:
     return out
 
 
-async def search_facts(r: aioredis.Redis, index: str, q: FactQuery, *, vector: np.ndarray | None = None,
-                       top_k: int = 10) -> list[FactHit]:
+async def search_facts(
+    r: aioredis.Redis, index: str, q: FactQuery, *, vector: np.ndarray | None = None, top_k: int = 10
+) -> list[FactHit]:
     """KNN over fact centroids within the filters (nearest first), or without a vector the filtered
     facts by confidence, then support (descending). A missing index means no facts yet: []."""
     try:
         if vector is not None:
             expr = f"({q.query()})=>[KNN {int(top_k)} @{CENTROID_FIELD} $BLOB AS dist]"
             reply = await r.execute_command(
-                "FT.SEARCH", index, expr, "PARAMS", 2, "BLOB", vector_bytes(vector), "SORTBY", "dist", "ASC",
-                "RETURN", 3, "dist", DOC_FIELD, CENTROID_FIELD, "LIMIT", 0, int(top_k), "DIALECT", 2)
+                "FT.SEARCH",
+                index,
+                expr,
+                "PARAMS",
+                2,
+                "BLOB",
+                vector_bytes(vector),
+                "SORTBY",
+                "dist",
+                "ASC",
+                "RETURN",
+                3,
+                "dist",
+                DOC_FIELD,
+                CENTROID_FIELD,
+                "LIMIT",
+                0,
+                int(top_k),
+                "DIALECT",
+                2,
+            )
             return _decode_hits(parse_search(reply)[1])
         reply = await r.execute_command(
-            "FT.SEARCH", index, q.query(), "RETURN", 2, DOC_FIELD, CENTROID_FIELD, "SORTBY", "confidence", "DESC",
-            "LIMIT", 0, 10_000, "DIALECT", 2)
+            "FT.SEARCH",
+            index,
+            q.query(),
+            "RETURN",
+            2,
+            DOC_FIELD,
+            CENTROID_FIELD,
+            "SORTBY",
+            "confidence",
+            "DESC",
+            "LIMIT",
+            0,
+            10_000,
+            "DIALECT",
+            2,
+        )
     except ResponseError as exc:
         if is_missing_index(exc):
             return []
@@ -370,13 +507,18 @@ async def search_facts(r: aioredis.Redis, index: str, q: FactQuery, *, vector: n
     return hits[:top_k]
 
 
-async def facts_with_evidence(r: aioredis.Redis, index: str, namespace: str, episode_ids: Sequence[str],
-                              tags: TagCodec) -> list[Fact]:
+async def facts_with_evidence(
+    r: aioredis.Redis, index: str, namespace: str, episode_ids: Sequence[str], tags: TagCodec
+) -> list[Fact]:
     """Every fact (current or superseded) of `namespace` whose evidence names one of `episode_ids`."""
     out: dict[str, Fact] = {}
     for start in range(0, len(episode_ids), 50):
-        q = FactQuery(namespace=namespace, tags=tags, evidence=tuple(episode_ids[start:start + 50]),
-                      include_superseded=True)
+        q = FactQuery(
+            namespace=namespace,
+            tags=tags,
+            evidence=tuple(episode_ids[start : start + 50]),
+            include_superseded=True,
+        )
         for hit in await search_facts(r, index, q, top_k=10_000):
             out[hit.fact.fact_id] = hit.fact
     return [out[k] for k in sorted(out)]

@@ -36,14 +36,40 @@ from shared.keys import Keys
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 
 TAG_SEPARATOR = "\x1f"
-TAG_FIELDS = ("namespace", "episode_id", "agent_id", "user_id", "session_id", "category", "outcome",
-              "strategy", "status")
-NUMERIC_FIELDS = ("started_at", "completed_at", "reward", "importance", "complexity", "iterations",
-                  "duration_s", "last_accessed", "access_count")
+TAG_FIELDS = (
+    "namespace",
+    "episode_id",
+    "agent_id",
+    "user_id",
+    "session_id",
+    "category",
+    "outcome",
+    "strategy",
+    "status",
+)
+NUMERIC_FIELDS = (
+    "started_at",
+    "completed_at",
+    "reward",
+    "importance",
+    "complexity",
+    "iterations",
+    "duration_s",
+    "last_accessed",
+    "access_count",
+)
 # (field, BM25 weight). The task is what a new task is matched against, so it counts double.
-TEXT_FIELDS = (("task", 2.0), ("solution", 1.0), ("observation", 1.0), ("thoughts", 1.0),
-               ("action_text", 1.0), ("result", 1.0), ("outcome_details", 1.0),
-               ("feedback_message", 1.0), ("errors", 1.0))
+TEXT_FIELDS = (
+    ("task", 2.0),
+    ("solution", 1.0),
+    ("observation", 1.0),
+    ("thoughts", 1.0),
+    ("action_text", 1.0),
+    ("result", 1.0),
+    ("outcome_details", 1.0),
+    ("feedback_message", 1.0),
+    ("errors", 1.0),
+)
 VECTOR_FIELD = "vector"
 DOC_FIELD = "doc"
 STATUS_DRAFT, STATUS_COMPLETED = "draft", "completed"
@@ -54,7 +80,9 @@ _TAG_ESCAPES = {code: f"\\{chr(code)}" for code in range(128) if not chr(code).i
 
 def escape_tag(value: str) -> str:
     """Escape a TAG value for use inside `@field:{...}` (DIALECT 2). See module docstring."""
-    return value.translate(_TAG_ESCAPES)  # one C pass (a generator per character: ~3% of the query service's samples)
+    return value.translate(
+        _TAG_ESCAPES
+    )  # one C pass (a generator per character: ~3% of the query service's samples)
 
 
 def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
@@ -81,14 +109,16 @@ def numeric_clause(field_name: str, lo: float | None, hi: float | None) -> str:
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Han, Hiragana, Katakana (and their compatibility and extension blocks): scripts written without
 # spaces, which RediSearch's tokenizer would index as one token per clause
-_CJK_RUN = re.compile("[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]+")
+_CJK_RUN = re.compile(
+    "[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]+"
+)
 # CJK and fullwidth punctuation, which RediSearch does not treat as separators
 _CJK_PUNCT = re.compile("[\u3000-\u303f\uff00-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]")
 
 
 def _bigrams(match: re.Match[str]) -> str:
     run = match.group(0)
-    return f" {run} " if len(run) == 1 else " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " "
+    return f" {run} " if len(run) == 1 else " " + " ".join(run[i : i + 2] for i in range(len(run) - 1)) + " "
 
 
 def fold_for_search(text: str) -> str:
@@ -124,10 +154,43 @@ def keyword_terms(text: str, limit: int = 64) -> list[str]:
 # dropped from keyword queries: they match nothing anyway, and a union that starts with two of them,
 # e.g. `@task:(is | it | nate)`, crashes redisearch.so 2.x (SIGSEGV in QueryNode_AddChildren), taking the
 # whole Redis down (e.g. the LoCoMo question "Is it likely that Nate has friends besides Joanna?").
-STOPWORDS = frozenset((
-    "a", "is", "the", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "it",
-    "no", "not", "of", "on", "or", "such", "that", "their", "then", "there", "these", "they", "this", "to",
-    "was", "will", "with"))
+STOPWORDS = frozenset(
+    (
+        "a",
+        "is",
+        "the",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "if",
+        "in",
+        "into",
+        "it",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "such",
+        "that",
+        "their",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "was",
+        "will",
+        "with",
+    )
+)
 
 
 def keyword_query(text: str, scope_query: str | None = None) -> str | None:
@@ -259,7 +322,7 @@ def embedder_setting(name: str, dim: int) -> str:
     """The environment that selects the embedder recorded as `name` with `dim` dimensions, for messages:
     `ENGRAM_EMBEDDER=mpnet`, `ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128`."""
     if name.startswith("openai/"):
-        return f"ENGRAM_EMBEDDER=openai ENGRAM_OPENAI_MODEL={name[len('openai/'):]}"
+        return f"ENGRAM_EMBEDDER=openai ENGRAM_OPENAI_MODEL={name[len('openai/') :]}"
     kind = name.split("-")[0].split("/")[0]
     return f"ENGRAM_EMBEDDER={kind}" + (f" ENGRAM_EMBED_DIM={dim}" if kind == "hashing" else "")
 
@@ -272,17 +335,31 @@ class EmbedderMismatch(Conflict):
     """
 
     def __init__(self, index: str, gen: int, index_embedder: str, index_dim: int, embedder: str, dim: int):
-        self.gen, self.index_embedder, self.index_dim, self.embedder, self.dim = \
-            gen, index_embedder, index_dim, embedder, dim
+        self.gen, self.index_embedder, self.index_dim, self.embedder, self.dim = (
+            gen,
+            index_embedder,
+            index_dim,
+            embedder,
+            dim,
+        )
         super().__init__(
             f"index {index} was built with embedder {index_embedder!r} (dim {index_dim}), but this process "
             f"uses {embedder!r} (dim {dim}); start it with {embedder_setting(index_embedder, index_dim)}, "
             f"or rebuild the index with this one: `python -m services.consolidator reindex --embedder "
-            f"{embedder.split('-')[0].split('/')[0]}`")
+            f"{embedder.split('-')[0].split('/')[0]}`"
+        )
 
 
-async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: VectorParams,
-                               embedder_name: str, *, tag_key: bytes | None, point_alias: bool = True) -> TagCodec:
+async def ensure_episode_index(
+    r: aioredis.Redis,
+    keys: Keys,
+    gen: int,
+    params: VectorParams,
+    embedder_name: str,
+    *,
+    tag_key: bytes | None,
+    point_alias: bool = True,
+) -> TagCodec:
     """Create generation `gen`'s episode index if missing, record the embedder it was built with, and
     return the digest function of its TAG fields (`shared.tags`).
 
@@ -296,22 +373,40 @@ async def ensure_episode_index(r: aioredis.Redis, keys: Keys, gen: int, params: 
     name = keys.episode_index(gen)
     recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
     recorded_dim = await r.hget(keys.meta, f"g{gen}:dim")
-    if recorded_name is not None and (recorded_name.decode() != embedder_name
-                                      or int(recorded_dim or 0) != params.dim):
-        raise EmbedderMismatch(name, gen, recorded_name.decode(), int(recorded_dim or 0), embedder_name, params.dim)
+    if recorded_name is not None and (
+        recorded_name.decode() != embedder_name or int(recorded_dim or 0) != params.dim
+    ):
+        raise EmbedderMismatch(
+            name, gen, recorded_name.decode(), int(recorded_dim or 0), embedder_name, params.dim
+        )
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode
         await r.hsetnx(keys.meta, f"g{gen}:tags", mode_for(tag_key))
         try:
-            await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, keys.episode_doc_prefix(gen),
-                                    "SCHEMA", *episode_schema(params))
+            await r.execute_command(
+                "FT.CREATE",
+                name,
+                "ON",
+                "HASH",
+                "PREFIX",
+                1,
+                keys.episode_doc_prefix(gen),
+                "SCHEMA",
+                *episode_schema(params),
+            )
         except ResponseError as exc:
             if "already exists" not in str(exc).lower():
                 raise
     else:  # built before TAG digests: its fields hold the ids as given
         await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
-    await r.hset(keys.meta, mapping={f"g{gen}:embedder": embedder_name, f"g{gen}:dim": params.dim,
-                                     f"g{gen}:algorithm": params.algorithm})
+    await r.hset(
+        keys.meta,
+        mapping={
+            f"g{gen}:embedder": embedder_name,
+            f"g{gen}:dim": params.dim,
+            f"g{gen}:algorithm": params.algorithm,
+        },
+    )
     await r.hsetnx(keys.meta, "generation", gen)
     if point_alias:
         await point_alias_at(r, keys.episode_index_alias, name)
@@ -360,8 +455,9 @@ class LiveTags:
         return tags
 
 
-def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None,
-                   tags: TagCodec) -> dict[str, Any]:
+def episode_fields(
+    namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None, tags: TagCodec
+) -> dict[str, Any]:
     """The HASH fields of an episode document: indexed fields (ids digested with `tags`), the full
     JSON `doc`, the vector.
 
@@ -371,27 +467,49 @@ def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.
     task = episode.task
     fb = episode.feedback
     fields: dict[str, Any] = {
-        "namespace": namespace, "episode_id": tags.episode(namespace, episode.episode_id), "status": status,
+        "namespace": namespace,
+        "episode_id": tags.episode(namespace, episode.episode_id),
+        "status": status,
         # orjson: UTF-8 bytes, ~5x faster than json.dumps on the consolidator's hot path
         DOC_FIELD: orjson.dumps(episode_to_dict(episode, include_vector=False)),
     }
-    clear = {"agent_id": episode.agent_id, "category": task.category if task else None,
-             "outcome": episode.outcome, "strategy": episode.strategy_used,
-             "user_id": tags.user(namespace, episode.user_id) if episode.user_id is not None else None,
-             "session_id": tags.session(namespace, episode.session_id) if episode.session_id is not None else None}
+    clear = {
+        "agent_id": episode.agent_id,
+        "category": task.category if task else None,
+        "outcome": episode.outcome,
+        "strategy": episode.strategy_used,
+        "user_id": tags.user(namespace, episode.user_id) if episode.user_id is not None else None,
+        "session_id": tags.session(namespace, episode.session_id) if episode.session_id is not None else None,
+    }
     fields.update({k: v for k, v in clear.items() if v is not None})
-    numbers = {"started_at": episode.started_at, "completed_at": episode.completed_at,
-               "reward": fb.reward if fb else None, "importance": episode.importance,
-               "complexity": task.complexity if task else None, "iterations": episode.iterations,
-               "duration_s": episode.duration_s}
+    numbers = {
+        "started_at": episode.started_at,
+        "completed_at": episode.completed_at,
+        "reward": fb.reward if fb else None,
+        "importance": episode.importance,
+        "complexity": task.complexity if task else None,
+        "iterations": episode.iterations,
+        "duration_s": episode.duration_s,
+    }
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
-    texts = {"task": task.description if task else None, "solution": episode.solution,
-             "observation": episode.observation, "thoughts": episode.thoughts,
-             "action_text": " ".join(filter(None, [episode.action] + [
-                 f"{a.action_type} {a.input or ''} {a.output or ''}" for a in episode.actions])) or None,
-             "result": episode.result, "outcome_details": episode.outcome_details,
-             "feedback_message": fb.message if fb else None,
-             "errors": " ".join(a.error for a in episode.actions if a.error) or None}
+    texts = {
+        "task": task.description if task else None,
+        "solution": episode.solution,
+        "observation": episode.observation,
+        "thoughts": episode.thoughts,
+        "action_text": " ".join(
+            filter(
+                None,
+                [episode.action]
+                + [f"{a.action_type} {a.input or ''} {a.output or ''}" for a in episode.actions],
+            )
+        )
+        or None,
+        "result": episode.result,
+        "outcome_details": episode.outcome_details,
+        "feedback_message": fb.message if fb else None,
+        "errors": " ".join(a.error for a in episode.actions if a.error) or None,
+    }
     fields.update({k: fold_for_search(v) for k, v in texts.items() if v})
     if vector is not None:
         fields[VECTOR_FIELD] = vector_bytes(vector)
@@ -401,9 +519,13 @@ def episode_fields(namespace: str, episode: Episode, *, status: str, vector: np.
 def embedding_text(episode: Episode) -> str:
     """What the embedder sees for an episode: the task first (what recall queries resemble), then
     the category, strategy, solution and outcome notes. The embedder truncates it to its window."""
-    parts = [episode.task.description if episode.task else "",
-             episode.observation or "", episode.solution or "", episode.result or "",
-             episode.outcome_details or ""]
+    parts = [
+        episode.task.description if episode.task else "",
+        episode.observation or "",
+        episode.solution or "",
+        episode.result or "",
+        episode.outcome_details or "",
+    ]
     return "\n".join(p for p in parts if p).strip() or (episode.task.description if episode.task else "")
 
 
@@ -427,15 +549,25 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
         score = float(reply[i + 1]) if with_scores else None
         raw = reply[i + step - 1] if i + step - 1 < len(reply) else []
         pairs = iter(raw) if isinstance(raw, list) else iter(())
-        fields = dict(zip(pairs, pairs, strict=False))  # [f1, v1, f2, v2, ...] → {f1: v1, ...}; an odd last item is dropped
+        fields = dict(
+            zip(pairs, pairs, strict=False)
+        )  # [f1, v1, f2, v2, ...] → {f1: v1, ...}; an odd last item is dropped
         hits.append(SearchHit(key=key, fields=fields, score=score))
         i += step
     return total, hits
 
 
-async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,
-                     *, return_fields: Sequence[str], ef_runtime: int | None = None,
-                     in_keys: Sequence[bytes | str] = ()) -> list[SearchHit]:
+async def knn_search(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    k: int,
+    *,
+    return_fields: Sequence[str],
+    ef_runtime: int | None = None,
+    in_keys: Sequence[bytes | str] = (),
+) -> list[SearchHit]:
     """Pre-filtered KNN: `(scope)=>[KNN k @vector $BLOB AS dist]`, nearest first.
 
     `hit.score` is the cosine distance (1 - cos). Filters run inside the KNN (RediSearch hybrid
@@ -452,23 +584,50 @@ async def knn_search(r: aioredis.Redis, index: str, scope: Scope, query_vector: 
     restrict = ["INKEYS", len(in_keys), *in_keys] if in_keys else []
     try:
         reply = await r.execute_command(
-            "FT.SEARCH", index, q, *restrict, "PARAMS", 2, "BLOB", blob,
-            "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
+            "FT.SEARCH",
+            index,
+            q,
+            *restrict,
+            "PARAMS",
+            2,
+            "BLOB",
+            blob,
+            "SORTBY",
+            "dist",
+            "ASC",
+            "RETURN",
+            len(fields),
+            *fields,
+            "LIMIT",
+            0,
+            int(k),
+            "DIALECT",
+            2,
+        )
     except ResponseError as exc:  # an index rebuilt with another embedder: say so, not a 500 per request
         expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
         if expected is None:
             raise
-        raise Conflict(f"the index {index} now holds vectors of {int(expected.group(2)) // 4} dimensions "
-                       f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
-                       f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER") from None
+        raise Conflict(
+            f"the index {index} now holds vectors of {int(expected.group(2)) // 4} dimensions "
+            f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
+            f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER"
+        ) from None
     _, hits = parse_search(reply)
     for hit in hits:
         hit.score = float(hit.fields.get(b"dist", b"nan"))
     return hits
 
 
-async def knn_union(r: aioredis.Redis, index: str, scopes: Sequence[Scope], query_vector: np.ndarray, k: int,
-                    *, return_fields: Sequence[str]) -> tuple[int, list[SearchHit]]:
+async def knn_union(
+    r: aioredis.Redis,
+    index: str,
+    scopes: Sequence[Scope],
+    query_vector: np.ndarray,
+    k: int,
+    *,
+    return_fields: Sequence[str],
+) -> tuple[int, list[SearchHit]]:
     """The documents of any of `scopes`, nearest first, with their cosine distance (`hit.score`), and
     how many documents those scopes hold, both read in one transaction (MULTI, so no write falls between).
 
@@ -480,8 +639,26 @@ async def knn_union(r: aioredis.Redis, index: str, scopes: Sequence[Scope], quer
     fields = ["dist", *return_fields]
     async with r.pipeline(transaction=True) as pipe:
         pipe.execute_command("FT.SEARCH", index, union, "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2)
-        pipe.execute_command("FT.SEARCH", index, q, "PARAMS", 2, "BLOB", vector_bytes(query_vector),
-                             "SORTBY", "dist", "ASC", "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2)
+        pipe.execute_command(
+            "FT.SEARCH",
+            index,
+            q,
+            "PARAMS",
+            2,
+            "BLOB",
+            vector_bytes(query_vector),
+            "SORTBY",
+            "dist",
+            "ASC",
+            "RETURN",
+            len(fields),
+            *fields,
+            "LIMIT",
+            0,
+            int(k),
+            "DIALECT",
+            2,
+        )
         counted, reply = await pipe.execute()
     _, hits = parse_search(reply)
     for hit in hits:
@@ -489,23 +666,45 @@ async def knn_union(r: aioredis.Redis, index: str, scopes: Sequence[Scope], quer
     return int(counted[0]), hits
 
 
-async def bm25_search(r: aioredis.Redis, index: str, scope: Scope, text: str, k: int,
-                      *, return_fields: Sequence[str]) -> list[SearchHit]:
+async def bm25_search(
+    r: aioredis.Redis, index: str, scope: Scope, text: str, k: int, *, return_fields: Sequence[str]
+) -> list[SearchHit]:
     """BM25 (RediSearch's BM25STD) over the TEXT fields within the scope, best first; `hit.score` is the
     BM25 score. See `keyword_query` for why the scope sits inside each word's clause."""
     q = keyword_query(text, scope.query())
     if q is None:
         return []
     reply = await r.execute_command(
-        "FT.SEARCH", index, q, "SCORER", "BM25STD", "WITHSCORES", "RETURN", len(return_fields), *return_fields,
-        "LIMIT", 0, int(k), "DIALECT", 2)
+        "FT.SEARCH",
+        index,
+        q,
+        "SCORER",
+        "BM25STD",
+        "WITHSCORES",
+        "RETURN",
+        len(return_fields),
+        *return_fields,
+        "LIMIT",
+        0,
+        int(k),
+        "DIALECT",
+        2,
+    )
     _, hits = parse_search(reply, with_scores=True)
     return hits
 
 
-async def filter_search(r: aioredis.Redis, index: str, scope: Scope, *, return_fields: Sequence[str],
-                        sort_by: str | None = None, descending: bool = True, offset: int = 0,
-                        limit: int = 10) -> tuple[int, list[SearchHit]]:
+async def filter_search(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    *,
+    return_fields: Sequence[str],
+    sort_by: str | None = None,
+    descending: bool = True,
+    offset: int = 0,
+    limit: int = 10,
+) -> tuple[int, list[SearchHit]]:
     """Documents matching the scope (no ranking), optionally sorted by a SORTABLE numeric field."""
     args: list[Any] = ["FT.SEARCH", index, scope.query()]
     if return_fields:
@@ -543,33 +742,88 @@ async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[di
     SUM / (number of documents where the field exists), and are None when no document has it.
     """
     reply = await r.execute_command(
-        "FT.AGGREGATE", index, scope.query(),
-        "LOAD", 4, "@category", "@outcome", "@reward", "@iterations",
-        "APPLY", '@outcome == "success"', "AS", "is_success",
-        "APPLY", "exists(@reward)", "AS", "has_reward",
-        "APPLY", "exists(@iterations)", "AS", "has_iterations",
-        "GROUPBY", 1, "@category",
-        "REDUCE", "COUNT", 0, "AS", "episodes",
-        "REDUCE", "SUM", 1, "@is_success", "AS", "successes",
-        "REDUCE", "SUM", 1, "@reward", "AS", "sum_reward",
-        "REDUCE", "SUM", 1, "@has_reward", "AS", "n_reward",
-        "REDUCE", "SUM", 1, "@iterations", "AS", "sum_iterations",
-        "REDUCE", "SUM", 1, "@has_iterations", "AS", "n_iterations",
-        "DIALECT", 2)
+        "FT.AGGREGATE",
+        index,
+        scope.query(),
+        "LOAD",
+        4,
+        "@category",
+        "@outcome",
+        "@reward",
+        "@iterations",
+        "APPLY",
+        '@outcome == "success"',
+        "AS",
+        "is_success",
+        "APPLY",
+        "exists(@reward)",
+        "AS",
+        "has_reward",
+        "APPLY",
+        "exists(@iterations)",
+        "AS",
+        "has_iterations",
+        "GROUPBY",
+        1,
+        "@category",
+        "REDUCE",
+        "COUNT",
+        0,
+        "AS",
+        "episodes",
+        "REDUCE",
+        "SUM",
+        1,
+        "@is_success",
+        "AS",
+        "successes",
+        "REDUCE",
+        "SUM",
+        1,
+        "@reward",
+        "AS",
+        "sum_reward",
+        "REDUCE",
+        "SUM",
+        1,
+        "@has_reward",
+        "AS",
+        "n_reward",
+        "REDUCE",
+        "SUM",
+        1,
+        "@iterations",
+        "AS",
+        "sum_iterations",
+        "REDUCE",
+        "SUM",
+        1,
+        "@has_iterations",
+        "AS",
+        "n_iterations",
+        "DIALECT",
+        2,
+    )
     out = []
     for row in reply[1:]:
         f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
         if f.get("category") is None:
             continue
-        num = {name: float(f.get(name) or 0) for name in (
-            "episodes", "successes", "sum_reward", "n_reward", "sum_iterations", "n_iterations")}.__getitem__
-        out.append({
-            "category": f["category"].decode(),
-            "episodes": int(num("episodes")),
-            "successes": int(num("successes")),
-            "avg_reward": num("sum_reward") / num("n_reward") if num("n_reward") else None,
-            "avg_iterations": num("sum_iterations") / num("n_iterations") if num("n_iterations") else None,
-        })
+        num = {
+            name: float(f.get(name) or 0)
+            for name in ("episodes", "successes", "sum_reward", "n_reward", "sum_iterations", "n_iterations")
+        }.__getitem__
+        out.append(
+            {
+                "category": f["category"].decode(),
+                "episodes": int(num("episodes")),
+                "successes": int(num("successes")),
+                "avg_reward": num("sum_reward") / num("n_reward") if num("n_reward") else None,
+                "avg_iterations": num("sum_iterations") / num("n_iterations")
+                if num("n_iterations")
+                else None,
+            }
+        )
     return sorted(out, key=lambda row: row["category"])
 
 
@@ -577,9 +831,27 @@ async def agent_category_counts(r: aioredis.Redis, index: str, scope: Scope) -> 
     """(agent_id, category, episodes) of every pair present in the scope's documents (FT.AGGREGATE);
     documents without an agent or a category are not counted. Facts are consolidated per pair."""
     reply = await r.execute_command(
-        "FT.AGGREGATE", index, scope.query(), "LOAD", 2, "@agent_id", "@category",
-        "FILTER", "exists(@agent_id) && exists(@category)",
-        "GROUPBY", 2, "@agent_id", "@category", "REDUCE", "COUNT", 0, "AS", "n", "DIALECT", 2)
+        "FT.AGGREGATE",
+        index,
+        scope.query(),
+        "LOAD",
+        2,
+        "@agent_id",
+        "@category",
+        "FILTER",
+        "exists(@agent_id) && exists(@category)",
+        "GROUPBY",
+        2,
+        "@agent_id",
+        "@category",
+        "REDUCE",
+        "COUNT",
+        0,
+        "AS",
+        "n",
+        "DIALECT",
+        2,
+    )
     out = []
     for row in reply[1:]:
         f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}

@@ -97,7 +97,9 @@ class KeyRing:
         if self.deployment is None:
             kid, secret = new_data_key()
             proposal = self.master.wrap(DEPLOYMENT_SLOT, kid, secret)
-            stored = await redis.register_script(CREATE_LUA)(keys=[self.keys.deployment_key], args=[kid, proposal])
+            stored = await redis.register_script(CREATE_LUA)(
+                keys=[self.keys.deployment_key], args=[kid, proposal]
+            )
             _kid, key = self.master.unwrap(DEPLOYMENT_SLOT, stored)
             self.deployment = Deployment(key)
         return self.deployment
@@ -150,8 +152,12 @@ class KeyRing:
                     destroy.append((gone, self.keys.data_key(gone)))
             refs = list(used)
             reply = await streams.publish_sealed(
-                redis, stream, payloads, [(self.keys.data_key(ref), used[ref][0].kid, used[ref][1]) for ref in refs],
-                [key for _, key in destroy])
+                redis,
+                stream,
+                payloads,
+                [(self.keys.data_key(ref), used[ref][0].kid, used[ref][1]) for ref in refs],
+                [key for _, key in destroy],
+            )
             if int(reply[0]) == 1:
                 now = time.monotonic()
                 for ref in refs:
@@ -166,8 +172,10 @@ class KeyRing:
                 self._known[ref] = (self.master.open_key(ref, stored), time.monotonic())
                 fresh.pop(ref, None)
             # else: the key was destroyed: the next attempt proposes a fresh one
-        raise PublishError(f"the data keys of {len(events)} event(s) kept changing during {MAX_KEY_ATTEMPTS} "
-                           "attempts (concurrent forgets?); nothing was published")
+        raise PublishError(
+            f"the data keys of {len(events)} event(s) kept changing during {MAX_KEY_ATTEMPTS} "
+            "attempts (concurrent forgets?); nothing was published"
+        )
 
     async def key_for(self, redis: aioredis.Redis, ref: bytes) -> DataKey:
         """The live data key of `ref`, created (race-free) if it does not exist: for re-sealing entries
@@ -176,8 +184,9 @@ class KeyRing:
         if known is not None and time.monotonic() - known[1] <= self.ttl:
             return known[0]
         kid, key = new_data_key()
-        stored = await redis.register_script(CREATE_LUA)(keys=[self.keys.data_key(ref)],
-                                                         args=[kid, self.master.wrap(ref, kid, key)])
+        stored = await redis.register_script(CREATE_LUA)(
+            keys=[self.keys.data_key(ref)], args=[kid, self.master.wrap(ref, kid, key)]
+        )
         opened = self.master.open_key(ref, stored)
         self._known[ref] = (opened, time.monotonic())
         return opened
@@ -234,7 +243,9 @@ class KeyRing:
         seconds, the forget's time); True if deleted. The SDK's forget already deleted it as the
         UserForgotten entered the stream: this covers forgets published any other way."""
         ref = (await self.load(redis)).ref(namespace, user_id)
-        kid = await redis.register_script(DESTROY_LUA)(keys=[self.keys.data_key(ref)], args=[int(before * 1000)])
+        kid = await redis.register_script(DESTROY_LUA)(
+            keys=[self.keys.data_key(ref)], args=[int(before * 1000)]
+        )
         if kid is None:
             return False
         known = self._known.get(ref)
@@ -264,8 +275,11 @@ class KeyRing:
                 if wrapped_master_id(blob) == new.id:
                     counts["already"] += 1 if _pass == 0 else 0
                     continue
-                slot = DEPLOYMENT_SLOT if name == self.keys.deployment_key \
-                    else bytes.fromhex(name[len(self.keys.data_key_prefix):])
+                slot = (
+                    DEPLOYMENT_SLOT
+                    if name == self.keys.deployment_key
+                    else bytes.fromhex(name[len(self.keys.data_key_prefix) :])
+                )
                 kid, key = self.master.unwrap(slot, blob)
                 if await rewrap(keys=[name], args=[blob, new.wrap(slot, kid, key)]):
                     counts["rewrapped"] += 1
@@ -279,8 +293,10 @@ async def require_plaintext_deployment(redis: aioredis.Redis, keys: Keys) -> Non
     """For a process without a master key: ConfigError if this deployment's stream is encrypted."""
     blob = cast(bytes | None, await redis.hget(keys.deployment_key, "w"))  # bytes replies (shared.redis_conn)
     if blob is not None:
-        raise ConfigError(f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) encrypts its stream with master key "
-                          f"{wrapped_master_id(blob)}: set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE")
+        raise ConfigError(
+            f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) encrypts its stream with master key "
+            f"{wrapped_master_id(blob)}: set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE"
+        )
 
 
 _RINGS: dict[tuple[str, bytes], KeyRing] = {}

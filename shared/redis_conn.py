@@ -63,8 +63,9 @@ def check_url(url: str) -> str:
     return scheme
 
 
-def connect(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0,
-            max_connections: int | None = None) -> aioredis.Redis:
+def connect(
+    url: str, *, retries: int = 3, socket_timeout: float | None = 10.0, max_connections: int | None = None
+) -> aioredis.Redis:
     """An asyncio Redis client for `url` (bytes replies, RESP2, retried transport errors).
 
     `url`: redis://, rediss:// or unix:// (redis-py's URL syntax). Raises ValueError on another scheme.
@@ -99,7 +100,9 @@ def connect_cluster(url: str, *, retries: int = 3, socket_timeout: float | None 
     parts = urlsplit(url)
     base = CLUSTER_SCHEMES.get(parts.scheme)
     if base is None:
-        raise ValueError(f"a cluster URL starts with redis+cluster:// or rediss+cluster://, not {parts.scheme!r}://")
+        raise ValueError(
+            f"a cluster URL starts with redis+cluster:// or rediss+cluster://, not {parts.scheme!r}://"
+        )
     return RedisCluster.from_url(
         parts._replace(scheme=base).geturl(),
         protocol=2,

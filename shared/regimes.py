@@ -48,8 +48,9 @@ SCAN_ALPHA = 0.1
 _EPS = 1e-12
 
 
-def _splits(success: np.ndarray, member: np.ndarray | None, min_size: int
-            ) -> tuple[np.ndarray, np.ndarray, int]:
+def _splits(
+    success: np.ndarray, member: np.ndarray | None, min_size: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """For every split i = 0..n of the rows selected by `member` (all when None; split i puts rows [:i]
     in the older part): the one-sided Fisher p-value in the observed direction (2.0 where a part has
     fewer than `min_size` selected rows), the rates' difference, and how many distinct splits of the
@@ -74,7 +75,9 @@ def _splits(success: np.ndarray, member: np.ndarray | None, min_size: int
 def _fisher(k, m, total: int, total_wins: int, down) -> np.ndarray:
     """One-sided Fisher exact p: of `total` rows with `total_wins` successes, `m` fall in the older part,
     `k` of them successes; the chance of at least that many (`down`: the rate fell) or at most."""
-    return np.where(down, hypergeom.sf(np.asarray(k) - 1, total, total_wins, m), hypergeom.cdf(k, total, total_wins, m))
+    return np.where(
+        down, hypergeom.sf(np.asarray(k) - 1, total, total_wins, m), hypergeom.cdf(k, total, total_wins, m)
+    )
 
 
 def _members(strategies: Sequence[Hashable | None] | None, n: int, min_size: int) -> list[np.ndarray | None]:
@@ -95,7 +98,9 @@ def _members(strategies: Sequence[Hashable | None] | None, n: int, min_size: int
     return out
 
 
-def best_split(success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int) -> int | None:
+def best_split(
+    success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int
+) -> int | None:
     """The candidate cut (older = [:i]) of step 1: the most significant difference of the outcomes or of
     one strategy's outcomes, Bonferroni-corrected for the splits tried (p x tests <= SCAN_ALPHA), the
     largest difference then the earliest on ties; None if no cut is significant."""
@@ -115,8 +120,13 @@ def best_split(success: Sequence[bool], strategies: Sequence[Hashable | None] | 
     return int(np.lexsort((np.arange(n + 1), -best_gap, best_p))[0])
 
 
-def flip(older: Sequence[bool], newer: Sequence[bool], older_strategies: Sequence[Hashable | None] | None,
-         newer_strategies: Sequence[Hashable | None] | None, min_size: int) -> tuple[bool, float, float]:
+def flip(
+    older: Sequence[bool],
+    newer: Sequence[bool],
+    older_strategies: Sequence[Hashable | None] | None,
+    newer_strategies: Sequence[Hashable | None] | None,
+    min_size: int,
+) -> tuple[bool, float, float]:
     """Whether `older` then `newer` is a flip (see the module), with the lowest p and its difference."""
     groups: list[tuple[list[bool], list[bool]]] = [(list(older), list(newer))]
     if older_strategies is not None and newer_strategies is not None:
@@ -141,8 +151,9 @@ def flip(older: Sequence[bool], newer: Sequence[bool], older_strategies: Sequenc
     return found, best_p, best_gap
 
 
-def segments(success: Sequence[bool], strategies: Sequence[Hashable | None] | None,
-             min_size: int) -> list[tuple[int, int]]:
+def segments(
+    success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int
+) -> list[tuple[int, int]]:
     """The regimes of a time-ordered sequence as `[start, end)` ranges, oldest first, covering it.
     `strategies[i]` is row i's strategy (None: none); `strategies=None` considers outcomes only."""
     n = len(success)

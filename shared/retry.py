@@ -18,7 +18,11 @@ from redis.backoff import AbstractBackoff, ExponentialBackoff
 
 T = TypeVar("T")
 
-TRANSIENT: tuple[type[BaseException], ...] = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+TRANSIENT: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    OSError,
+)
 """Faults that pass (Redis down, restarting, loading its AOF: BusyLoadingError is a ConnectionError)."""
 
 
@@ -50,8 +54,14 @@ async def wait_or_stop(stop: asyncio.Event | None, seconds: float) -> bool:
     return True
 
 
-async def until_available(op: Callable[[], Awaitable[T]], *, what: str, log: logging.Logger,
-                          stop: asyncio.Event | None = None, backoff: Backoff | None = None) -> T | None:
+async def until_available(
+    op: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    log: logging.Logger,
+    stop: asyncio.Event | None = None,
+    backoff: Backoff | None = None,
+) -> T | None:
     """`await op()` until it raises no TRANSIENT fault, logging one warning per retry ("redis unavailable
     at <what>", e.g. `what="start of worker w1"`); returns its result, or None when `stop` is set first.
     Other exceptions propagate."""

@@ -86,7 +86,9 @@ class Weights:
                 raise ValueError(f"weights.{f.name} must be finite and >= 0, got {value!r}")
             object.__setattr__(self, f.name, value)
         if self.total == 0.0:
-            raise ValueError("weights: at least one of similarity, recency, reward, outcome, importance must be > 0")
+            raise ValueError(
+                "weights: at least one of similarity, recency, reward, outcome, importance must be > 0"
+            )
 
     @property
     def total(self) -> float:
@@ -123,6 +125,8 @@ def reach(weights: Weights) -> float:
     """The largest relevance gap the non-similarity terms can close: (total - w_sim) / w_sim
     (inf when similarity has no weight: then those terms alone decide)."""
     return (weights.total - weights.similarity) / weights.similarity if weights.similarity > 0 else math.inf
+
+
 PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
 
 
@@ -160,8 +164,11 @@ def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int
 
 def outcome_scores(outcomes: Sequence[str | None]) -> np.ndarray:
     """float64[n]: 1 for "success", 0.5 for "partial", 0 for anything else (failure, abandoned, None)."""
-    return np.fromiter((OUTCOME_SCORES.get(o, 0.0) if isinstance(o, str) else 0.0 for o in outcomes),
-                       dtype=np.float64, count=len(outcomes))
+    return np.fromiter(
+        (OUTCOME_SCORES.get(o, 0.0) if isinstance(o, str) else 0.0 for o in outcomes),
+        dtype=np.float64,
+        count=len(outcomes),
+    )
 
 
 def recency_decay(age: np.ndarray | float, half_life: float) -> np.ndarray:
@@ -176,8 +183,12 @@ def recency_decay(age: np.ndarray | float, half_life: float) -> np.ndarray:
 
 
 def _check_half_life(half_life: float) -> None:
-    if isinstance(half_life, bool) or not isinstance(half_life, int | float | np.integer | np.floating) \
-            or not math.isfinite(half_life) or half_life <= 0:
+    if (
+        isinstance(half_life, bool)
+        or not isinstance(half_life, int | float | np.integer | np.floating)
+        or not math.isfinite(half_life)
+        or half_life <= 0
+    ):
         raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
 
 
@@ -226,8 +237,13 @@ class Candidates:
             raise ValueError(f"candidates.completed_at[{int(np.flatnonzero(np.isnan(completed))[0])}] is NaN")
         n = completed.shape[0]
         object.__setattr__(self, "completed_at", completed)
-        for name, missing in (("cos", 0.0), ("last_accessed", np.nan), ("reward", np.nan),
-                              ("outcome_score", 0.0), ("importance", np.nan)):
+        for name, missing in (
+            ("cos", 0.0),
+            ("last_accessed", np.nan),
+            ("reward", np.nan),
+            ("outcome_score", 0.0),
+            ("importance", np.nan),
+        ):
             object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
         outcome_score = _filled(self.outcome_score)
         bad = ~((outcome_score >= 0.0) & (outcome_score <= 1.0))
@@ -302,8 +318,15 @@ def minmax(x: np.ndarray) -> np.ndarray:
     return np.clip((x - lo) / span, 0.0, 1.0)
 
 
-def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
-          normalize: Normalize = "none", recency_from: RecencyFrom = "completed") -> Scored:
+def score(
+    c: Candidates,
+    weights: Weights,
+    *,
+    half_life: float,
+    as_of: float,
+    normalize: Normalize = "none",
+    recency_from: RecencyFrom = "completed",
+) -> Scored:
     """Score and rank candidates by the priority in the module docstring (vectorised, O(n log n)).
 
     - half_life: seconds (> 0). as_of: UTC epoch seconds the ages are measured from (a recall's `as_of`).
@@ -324,8 +347,11 @@ def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
     if not isinstance(weights, Weights):
         raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
     _check_half_life(half_life)
-    if isinstance(as_of, bool) or not isinstance(as_of, int | float | np.integer | np.floating) \
-            or not math.isfinite(as_of):
+    if (
+        isinstance(as_of, bool)
+        or not isinstance(as_of, int | float | np.integer | np.floating)
+        or not math.isfinite(as_of)
+    ):
         raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
@@ -349,16 +375,31 @@ def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
     if normalize == "minmax":
         signals = tuple(minmax(s) for s in signals)
     w = weights
-    terms = tuple(wi * s for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance),
-                                          signals, strict=True))
+    terms = tuple(
+        wi * s
+        for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance), signals, strict=True)
+    )
     priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
     index = np.arange(priority.shape[0])
     order = np.lexsort((index, age, -priority))
 
-    out = Scored(age=age, similarity=similarity, recency=recency, reward=reward, outcome=outcome,
-                 importance=importance, similarity_term=terms[0], recency_term=terms[1],
-                 reward_term=terms[2], outcome_term=terms[3], importance_term=terms[4],
-                 priority=priority, order=order, weights=weights, normalize=normalize)
+    out = Scored(
+        age=age,
+        similarity=similarity,
+        recency=recency,
+        reward=reward,
+        outcome=outcome,
+        importance=importance,
+        similarity_term=terms[0],
+        recency_term=terms[1],
+        reward_term=terms[2],
+        outcome_term=terms[3],
+        importance_term=terms[4],
+        priority=priority,
+        order=order,
+        weights=weights,
+        normalize=normalize,
+    )
     for f in fields(out):
         value = getattr(out, f.name)
         if isinstance(value, np.ndarray):
@@ -366,8 +407,9 @@ def score(c: Candidates, weights: Weights, *, half_life: float, as_of: float,
     return out
 
 
-def rrf(rankings: Sequence[Sequence[Hashable]], k: float = 60,
-        weights: Sequence[float] | None = None) -> list[tuple[Hashable, float]]:
+def rrf(
+    rankings: Sequence[Sequence[Hashable]], k: float = 60, weights: Sequence[float] | None = None
+) -> list[tuple[Hashable, float]]:
     """Reciprocal rank fusion: score(d) = sum over rankings r of w_r / (k + rank_r(d)), rank 1-based.
 
     Cormack, Clarke & Buettcher 2009 (k = 60 there). A key missing from a ranking adds nothing; a key
@@ -398,8 +440,9 @@ def rrf(rankings: Sequence[Sequence[Hashable]], k: float = 60,
 
 def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:
     """float64[n] with NaN for missing (None or NaN)."""
-    return np.fromiter((np.nan if r is None else float(r) for r in rewards), dtype=np.float64,
-                       count=len(rewards))
+    return np.fromiter(
+        (np.nan if r is None else float(r) for r in rewards), dtype=np.float64, count=len(rewards)
+    )
 
 
 def _mean_or_none(values: np.ndarray) -> float | None:
@@ -407,9 +450,15 @@ def _mean_or_none(values: np.ndarray) -> float | None:
     return float(present.mean()) if present.size else None
 
 
-def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | None],
-                   outcomes: Sequence[str | None], priorities: Sequence[float],
-                   times: Sequence[float | None] | None = None, *, min_size: int = 3) -> dict[str, Any]:
+def replay_context(
+    strategies: Sequence[str | None],
+    rewards: Sequence[float | None],
+    outcomes: Sequence[str | None],
+    priorities: Sequence[float],
+    times: Sequence[float | None] | None = None,
+    *,
+    min_size: int = 3,
+) -> dict[str, Any]:
     """What the recalled episodes say worked: the strategies to replay, best first.
 
     Inputs are parallel, one entry per recalled episode (`times`: completion times, UTC epoch seconds).
@@ -431,9 +480,11 @@ def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | N
 
     n = len(strategies)
     if not len(rewards) == len(outcomes) == len(priorities) == n or (times is not None and len(times) != n):
-        raise ValueError(f"replay_context: lengths differ (strategies {n}, rewards {len(rewards)}, "
-                         f"outcomes {len(outcomes)}, priorities {len(priorities)}"
-                         + (f", times {len(times)})" if times is not None else ")"))
+        raise ValueError(
+            f"replay_context: lengths differ (strategies {n}, rewards {len(rewards)}, "
+            f"outcomes {len(outcomes)}, priorities {len(priorities)}"
+            + (f", times {len(times)})" if times is not None else ")")
+        )
     reward = _rewards_array(rewards)
     success = np.array([o == "success" for o in outcomes], dtype=bool)
     groups: dict[str, list[int]] = {}
@@ -445,23 +496,27 @@ def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | N
         earlier: list[int] = []
         changed_at = None
         if times is not None:
-            decided = sorted((i for i in idx if outcomes[i] is not None),
-                             key=lambda i: (times[i] if times[i] is not None else -math.inf, i))
+            decided = sorted(
+                (i for i in idx if outcomes[i] is not None),
+                key=lambda i: (times[i] if times[i] is not None else -math.inf, i),
+            )
             start = last_regime([bool(success[i]) for i in decided], None, min_size) if decided else 0
             if start:
                 earlier = decided[:start]
                 changed_at = times[decided[start]]
                 idx = [i for i in idx if i not in set(earlier)]
-        entries.append({
-            "strategy": s,
-            "priority": max(float(priorities[i]) for i in idx),
-            "episodes": len(idx),
-            "avg_reward": _mean_or_none(reward[idx]),
-            "success_rate": float(success[idx].mean()),
-            "changed_at": changed_at,
-            "earlier_episodes": len(earlier),
-            "earlier_success_rate": float(success[earlier].mean()) if earlier else None,
-        })
+        entries.append(
+            {
+                "strategy": s,
+                "priority": max(float(priorities[i]) for i in idx),
+                "episodes": len(idx),
+                "avg_reward": _mean_or_none(reward[idx]),
+                "success_rate": float(success[idx].mean()),
+                "changed_at": changed_at,
+                "earlier_episodes": len(earlier),
+                "earlier_success_rate": float(success[earlier].mean()) if earlier else None,
+            }
+        )
     entries.sort(key=lambda e: -e["priority"])  # stable: ties keep first appearance
     return {
         "episodes": n,
@@ -471,8 +526,9 @@ def replay_context(strategies: Sequence[str | None], rewards: Sequence[float | N
     }
 
 
-def learning_curve(rewards: Sequence[float | None], outcomes: Sequence[str | None],
-                   window: int = 5) -> list[dict[str, Any]]:
+def learning_curve(
+    rewards: Sequence[float | None], outcomes: Sequence[str | None], window: int = 5
+) -> list[dict[str, Any]]:
     """Per episode, in the order given (time order, oldest first), how the agent is doing.
 
     Each point: `{"episode": 1-based position, "reward", "outcome", "cumulative_reward" (sum of the
@@ -514,8 +570,9 @@ def learning_curve(rewards: Sequence[float | None], outcomes: Sequence[str | Non
     ]
 
 
-def competition_ranks(keys: Sequence[Hashable], scores: Sequence[float], *, higher_is_better: bool,
-                      decimals: int = 6) -> dict[Hashable, int]:
+def competition_ranks(
+    keys: Sequence[Hashable], scores: Sequence[float], *, higher_is_better: bool, decimals: int = 6
+) -> dict[Hashable, int]:
     """1-based "1224" competition ranks: equal scores (to `decimals`) share a rank.
 
     Used before fusion so that two candidates a list cannot tell apart (e.g. identical vectors) get the

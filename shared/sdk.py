@@ -57,10 +57,20 @@ class EngramClient:
     attempts within it. Use `EngramClient.connect(url, ...)` or pass an existing redis client.
     """
 
-    def __init__(self, redis: aioredis.Redis, *, namespace: str = "default", prefix: str = "engram:",
-                 publish_timeout: float = 5.0, retries: int = 100, owns_redis: bool = False,
-                 max_lag: int | None = None, wait_on_backpressure: bool = True,
-                 consumer_group: str = "consolidator", master_key: bytes | None = None):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        namespace: str = "default",
+        prefix: str = "engram:",
+        publish_timeout: float = 5.0,
+        retries: int = 100,
+        owns_redis: bool = False,
+        max_lag: int | None = None,
+        wait_on_backpressure: bool = True,
+        consumer_group: str = "consolidator",
+        master_key: bytes | None = None,
+    ):
         errs = Collector()
         check_id(namespace, "namespace", errs, required=True)
         errs.raise_if_any()
@@ -82,8 +92,11 @@ class EngramClient:
     def connect(cls, url: str, **kwargs: Any) -> EngramClient:
         """A client owning its own connection pool to `url` (closed by `close()`)."""
         # redis-py's own retries are off: this class owns the retry budget and the deadline.
-        return cls(connect(url, retries=0, socket_timeout=kwargs.get("publish_timeout", 5.0)),
-                   owns_redis=True, **kwargs)
+        return cls(
+            connect(url, retries=0, socket_timeout=kwargs.get("publish_timeout", 5.0)),
+            owns_redis=True,
+            **kwargs,
+        )
 
     async def close(self) -> None:
         if self._owns_redis:
@@ -129,12 +142,20 @@ class EngramClient:
         attempt timed out waiting for Redis's reply, the events may have been stored all the same
         (`PublishError.maybe_stored`, and the message says so): retry with the same events.
         """
-        if type(events) in _EVENT_CLASSES or isinstance(events, str | bytes | Mapping) \
-                or not isinstance(events, Iterable):
-            raise InvalidEpisode([("events", f"must be a list of Engram events, not {type(events).__name__}")])
+        if (
+            type(events) in _EVENT_CLASSES
+            or isinstance(events, str | bytes | Mapping)
+            or not isinstance(events, Iterable)
+        ):
+            raise InvalidEpisode(
+                [("events", f"must be a list of Engram events, not {type(events).__name__}")]
+            )
         events = list(events)  # a generator is read once: by the check below it would be gone
-        wrong = [(f"events[{i}]", f"must be an Engram event ({', '.join(EVENT_TYPES)}), not {type(e).__name__}")
-                 for i, e in enumerate(events) if type(e) not in _EVENT_CLASSES]
+        wrong = [
+            (f"events[{i}]", f"must be an Engram event ({', '.join(EVENT_TYPES)}), not {type(e).__name__}")
+            for i, e in enumerate(events)
+            if type(e) not in _EVENT_CLASSES
+        ]
         if wrong:  # a clear error here, not an AttributeError from the encoder; nothing is published
             raise InvalidEpisode(wrong)
         payloads = [encode(e) for e in events] if self._ring is None else []
@@ -152,8 +173,7 @@ class EngramClient:
             if remaining <= 0:
                 break
             try:
-                ids = await asyncio.wait_for(self._store(events, payloads),
-                                             timeout=remaining)
+                ids = await asyncio.wait_for(self._store(events, payloads), timeout=remaining)
                 return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
             except (redis_errors.TimeoutError, TimeoutError) as exc:
                 # the call may have reached Redis and run there (a large publish can time out here
@@ -162,11 +182,14 @@ class EngramClient:
             except (redis_errors.ConnectionError, OSError) as exc:
                 last = exc
             except redis_errors.ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
-                if streams.is_encrypted_refusal(exc):  # plaintext into an encrypted log would escape shredding
+                if streams.is_encrypted_refusal(
+                    exc
+                ):  # plaintext into an encrypted log would escape shredding
                     raise ConfigError(
                         f"this deployment (prefix {self.keys.prefix!r}) encrypts its stream: nothing was published; "
                         f"give the client its master key (master_key=, or ENGRAM_MASTER_KEY / "
-                        f"ENGRAM_MASTER_KEY_FILE for the services)") from None
+                        f"ENGRAM_MASTER_KEY_FILE for the services)"
+                    ) from None
                 raise PublishError(f"Redis refused the events: {exc}") from exc
             attempt += 1
             if attempt > self.retries:
@@ -177,14 +200,18 @@ class EngramClient:
             raise PublishError(
                 f"{len(events)} event(s) not confirmed after {attempt} attempt(s) within "
                 f"{self.publish_timeout:g}s ({why}): Redis may have stored them; retrying with the same "
-                f"events is harmless (their event_ids deduplicate)", maybe_stored=True) from last
+                f"events is harmless (their event_ids deduplicate)",
+                maybe_stored=True,
+            ) from last
         raise PublishError(
             f"{len(events)} event(s) not published after {attempt} attempt(s) within {self.publish_timeout:g}s: {why}"
         ) from last
 
     async def _store(self, events: list[Event], payloads: list[bytes]) -> list:
         if self._ring is None:
-            return await streams.publish(self.redis, self.keys.stream, payloads, unless_exists=self.keys.deployment_key)
+            return await streams.publish(
+                self.redis, self.keys.stream, payloads, unless_exists=self.keys.deployment_key
+            )
         return await self._ring.publish(self.redis, self.keys.stream, events)
 
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:
@@ -195,13 +222,20 @@ class EngramClient:
         defaults to now), the same preparation as the HTTP client's.
         """
         episode = finished_episode(episode)
-        event = EpisodeCompleted(namespace=self.namespace, episode_id=episode.episode_id,
-                                 occurred_at=time.time(), episode=episode)
+        event = EpisodeCompleted(
+            namespace=self.namespace, episode_id=episode.episode_id, occurred_at=time.time(), episode=episode
+        )
         await self.publish([event])
         return episode.episode_id
 
-    def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
-                complexity: float | None = None, **fields: Any) -> EpisodeRecorder:
+    def episode(
+        self,
+        task: str | Mapping[str, Any],
+        *,
+        category: str | None = None,
+        complexity: float | None = None,
+        **fields: Any,
+    ) -> EpisodeRecorder:
         """Open an episode (publishes `EpisodeStarted` on enter). `fields` are Episode fields."""
         return EpisodeRecorder(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
@@ -247,24 +281,48 @@ class EpisodeRecorder:
         return self.draft.completed
 
     async def __aenter__(self) -> EpisodeRecorder:
-        await self.client.publish([EpisodeStarted(namespace=self.client.namespace, episode_id=self.episode_id,
-                                                  occurred_at=time.time(), episode=self.start)])
+        await self.client.publish(
+            [
+                EpisodeStarted(
+                    namespace=self.client.namespace,
+                    episode_id=self.episode_id,
+                    occurred_at=time.time(),
+                    episode=self.start,
+                )
+            ]
+        )
         return self
 
-    async def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
-                     success: bool | None = None, error: str | None = None,
-                     timestamp: float | None = None) -> str:
+    async def action(
+        self,
+        action_type: str,
+        *,
+        input: str | None = None,
+        output: str | None = None,
+        success: bool | None = None,
+        error: str | None = None,
+        timestamp: float | None = None,
+    ) -> str:
         """Publish one `ActionRecorded`; returns its event id (also the action's `action_id`).
 
         The action is kept by the draft only once Redis took it, so a failed publish can be retried."""
-        act = self.draft.action(action_type, input=input, output=output, success=success, error=error,
-                                timestamp=timestamp)
+        act = self.draft.action(
+            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
+        )
         try:
             # draft.action always sets action_id (a fresh event id); Action types it optional
             event_id = cast(str, act.action_id)
-            await self.client.publish([ActionRecorded(event_id=event_id, namespace=self.client.namespace,
-                                                      episode_id=self.episode_id, occurred_at=time.time(),
-                                                      action=act)])
+            await self.client.publish(
+                [
+                    ActionRecorded(
+                        event_id=event_id,
+                        namespace=self.client.namespace,
+                        episode_id=self.episode_id,
+                        occurred_at=time.time(),
+                        action=act,
+                    )
+                ]
+            )
         except BaseException:
             self.draft.actions.remove(act)
             raise
@@ -280,8 +338,16 @@ class EpisodeRecorder:
         """
         snapshot = self.draft.completion(outcome, **fields)
         self._sent = True  # a completion Redis may have stored is never overwritten by the block's exit
-        await self.client.publish([EpisodeCompleted(namespace=self.client.namespace, episode_id=self.episode_id,
-                                                    occurred_at=time.time(), episode=snapshot)])
+        await self.client.publish(
+            [
+                EpisodeCompleted(
+                    namespace=self.client.namespace,
+                    episode_id=self.episode_id,
+                    occurred_at=time.time(),
+                    episode=snapshot,
+                )
+            ]
+        )
         return self.draft.completed_with(snapshot)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

@@ -49,14 +49,18 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
         try:
             check_url(url)
         except ValueError:
-            raise ConfigError(f"REDIS_URL={url[:60]!r} must start with redis://, rediss:// or unix://") from None
+            raise ConfigError(
+                f"REDIS_URL={url[:60]!r} must start with redis://, rediss:// or unix://"
+            ) from None
     for name, default in (("ENGRAM_DEFAULT_NAMESPACE", "default"), ("ENGRAM_CONSUMER_GROUP", "consolidator")):
         value = env.get(name, default)
         if not value or value != value.strip():
             raise ConfigError(f"{name}={value!r} must be non-empty, without leading or trailing spaces")
     if env.get("ENGRAM_EMBEDDER") == "openai" and not env.get("ENGRAM_OPENAI_URL"):
-        raise ConfigError("ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com/v1 or "
-                          "an Ollama/vLLM server's /v1)")
+        raise ConfigError(
+            "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com/v1 or "
+            "an Ollama/vLLM server's /v1)"
+        )
 
 
 def _master_key(env: Mapping[str, str]) -> bytes | None:
@@ -82,10 +86,13 @@ def _metrics_key(env: Mapping[str, str], api_keys: dict[str, str]) -> str | None
     if key is None:
         return None
     if not all("!" <= ch <= "~" for ch in key):
-        raise ConfigError("ENGRAM_METRICS_KEY must be visible ASCII without spaces (it is sent as a Bearer token)")
+        raise ConfigError(
+            "ENGRAM_METRICS_KEY must be visible ASCII without spaces (it is sent as a Bearer token)"
+        )
     if key in api_keys:
-        raise ConfigError("ENGRAM_METRICS_KEY is also an API key in ENGRAM_API_KEYS[_FILE]; give metrics a key "
-                          "of their own")
+        raise ConfigError(
+            "ENGRAM_METRICS_KEY is also an API key in ENGRAM_API_KEYS[_FILE]; give metrics a key of their own"
+        )
     return key
 
 
@@ -124,6 +131,7 @@ Parse = Callable[[str, str], Any]
 
 def integer(lo: int, hi: int) -> Parse:
     """An int in [lo, hi]; ConfigError naming the variable otherwise."""
+
     def parse(raw: str, name: str) -> int:
         try:
             value = int(raw)
@@ -132,11 +140,13 @@ def integer(lo: int, hi: int) -> Parse:
         if not lo <= value <= hi:
             raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
         return value
+
     return parse
 
 
 def number(lo: float, hi: float) -> Parse:
     """A finite float in [lo, hi]; ConfigError naming the variable otherwise."""
+
     def parse(raw: str, name: str) -> float:
         try:
             value = float(raw)
@@ -145,6 +155,7 @@ def number(lo: float, hi: float) -> Parse:
         if not (math.isfinite(value) and lo <= value <= hi):
             raise ConfigError(f"{name}={raw!r} must be between {lo} and {hi}")
         return value
+
     return parse
 
 
@@ -159,10 +170,12 @@ def duration_or_off(raw: str, name: str) -> float | None:
 
 def choice(*choices: str) -> Parse:
     """One of `choices`; ConfigError naming the variable and the choices otherwise."""
+
     def parse(raw: str, name: str) -> str:
         if raw not in choices:
             raise ConfigError(f"{name}={raw!r} must be one of {', '.join(choices)}")
         return raw
+
     return parse
 
 
@@ -316,5 +329,6 @@ class Settings:
             raw = env.get(variable) if variable else None
             if raw is not None and raw != "":
                 values[f.name] = f.metadata["parse"](raw, variable)
-        return cls(**values, api_keys=api_keys, metrics_key=_metrics_key(env, api_keys),
-                   master_key=_master_key(env))
+        return cls(
+            **values, api_keys=api_keys, metrics_key=_metrics_key(env, api_keys), master_key=_master_key(env)
+        )

@@ -52,8 +52,9 @@ return ids
 the deployment does not encrypt its stream (its deployment secret exists), in the same atomic step."""
 
 
-async def publish(r: aioredis.Redis, stream: str, payloads: Sequence[bytes], *,
-                  unless_exists: str | None = None) -> list[bytes]:
+async def publish(
+    r: aioredis.Redis, stream: str, payloads: Sequence[bytes], *, unless_exists: str | None = None
+) -> list[bytes]:
     """XADD each payload, all in one script call (atomic: all or none are accepted); returns stream ids.
 
     With `unless_exists`, nothing is added if that key exists: redis-py's ResponseError starting with
@@ -61,7 +62,9 @@ async def publish(r: aioredis.Redis, stream: str, payloads: Sequence[bytes], *,
     if not payloads:
         return []
     if unless_exists is not None:
-        return list(await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads)))
+        return list(
+            await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads))
+        )
     return list(await r.register_script(PUBLISH_LUA)(keys=[stream], args=list(payloads)))
 
 
@@ -98,16 +101,24 @@ never re-created from a publisher's memory: only a fresh proposal creates a key.
 or {0, j, stored wrapped key or nil} for the first key check j that failed (nothing was written)."""
 
 
-async def publish_sealed(r: aioredis.Redis, stream: str, payloads: Sequence[bytes],
-                         checks: Sequence[tuple[str, bytes, bytes]], destroy: Sequence[str] = ()) -> list:
+async def publish_sealed(
+    r: aioredis.Redis,
+    stream: str,
+    payloads: Sequence[bytes],
+    checks: Sequence[tuple[str, bytes, bytes]],
+    destroy: Sequence[str] = (),
+) -> list:
     """XADD sealed `payloads` in one script call if every `(data key hash, kid, proposal)` check holds
     (proposal b"" = the key must exist with that kid), deleting the `destroy` keys in the same step.
     Returns the script's reply (PUBLISH_SEALED_LUA)."""
     args: list = [len(checks), len(destroy)]
     for _key, kid, proposal in checks:
         args += [kid, proposal]
-    return list(await r.register_script(PUBLISH_SEALED_LUA)(
-        keys=[stream, *(key for key, _, _ in checks), *destroy], args=args + list(payloads)))
+    return list(
+        await r.register_script(PUBLISH_SEALED_LUA)(
+            keys=[stream, *(key for key, _, _ in checks), *destroy], args=args + list(payloads)
+        )
+    )
 
 
 def _entries(raw) -> list[Entry]:
@@ -127,19 +138,22 @@ async def delete(r: aioredis.Redis, stream: str, ids: Sequence[bytes]) -> int:
     return int(await r.xdel(stream, *ids))
 
 
-async def read_range(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
-                     count: int = 1000) -> list[Entry]:
+async def read_range(
+    r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+", count: int = 1000
+) -> list[Entry]:
     """XRANGE a page of entries (for replay and for the dead-letter listing)."""
     # ids may be bytes (redis-py takes them); the stale types-redis 4.6 stubs, where installed, say str
     return _entries(await r.xrange(stream, min=start, max=end, count=count))  # type: ignore[arg-type, unused-ignore]
 
 
-async def read_range_raw(r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+",
-                         count: int = 1000) -> list[tuple[bytes, dict[bytes, bytes]]]:
+async def read_range_raw(
+    r: aioredis.Redis, stream: str, start: bytes | str = "-", end: bytes | str = "+", count: int = 1000
+) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """XRANGE returning all fields (dead letters have several)."""
     # bytes replies (decode_responses=False); redis-py annotates bytes | str and an optional reply
-    raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
-               await r.xrange(stream, min=start, max=end, count=count))  # type: ignore[arg-type, unused-ignore]
+    raw = cast(
+        list[tuple[bytes, dict[bytes, bytes]]], await r.xrange(stream, min=start, max=end, count=count)
+    )  # type: ignore[arg-type, unused-ignore]
     return list(raw)
 
 
@@ -147,8 +161,14 @@ async def length(r: aioredis.Redis, stream: str) -> int:
     return int(await r.xlen(stream))
 
 
-async def requeue(r: aioredis.Redis, stream: str, dead_stream: str, dead_id: bytes | str, payload: bytes,
-                  original_id: bytes | str | None = None) -> bytes:
+async def requeue(
+    r: aioredis.Redis,
+    stream: str,
+    dead_stream: str,
+    dead_id: bytes | str,
+    payload: bytes,
+    original_id: bytes | str | None = None,
+) -> bytes:
     """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream` and, when given,
     its original entry from `stream` (so the data is not held twice), atomically."""
     async with r.pipeline(transaction=True) as pipe:
@@ -214,14 +234,19 @@ class StreamGroup:
         if count <= 0:
             return []
         # RESP2 (pinned by shared.redis_conn): [[stream, entries]]; redis-py annotates the RESP3 dict
-        res = cast(list[Any], await self.redis.xreadgroup(self.group, consumer, {self.stream: ">"},
-                                                          count=count, block=block_ms))
+        res = cast(
+            list[Any],
+            await self.redis.xreadgroup(
+                self.group, consumer, {self.stream: ">"}, count=count, block=block_ms
+            ),
+        )
         if not res:
             return []
         return _entries(res[0][1])
 
-    async def reclaim(self, consumer: str, *, min_idle_ms: int,
-                      count: int) -> tuple[list[Entry], list[bytes]]:
+    async def reclaim(
+        self, consumer: str, *, min_idle_ms: int, count: int
+    ) -> tuple[list[Entry], list[bytes]]:
         """XAUTOCLAIM for `consumer` up to `count` pending entries idle longer than `min_idle_ms`
         milliseconds, whichever consumer held them (each claim counts a delivery).
 
@@ -230,8 +255,9 @@ class StreamGroup:
         """
         if count <= 0:
             return [], []
-        res = await self.redis.xautoclaim(self.stream, self.group, consumer, min_idle_time=min_idle_ms,
-                                          start_id="0-0", count=count)
+        res = await self.redis.xautoclaim(
+            self.stream, self.group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
+        )
         claimed = _entries(res[1])
         deleted = list(res[2]) if len(res) > 2 else []
         return claimed, deleted
@@ -243,8 +269,16 @@ class StreamGroup:
         no ids)."""
         if not ids:
             return 0
-        return len(await self.redis.xclaim(self.stream, self.group, consumer, min_idle_time=min_idle_ms,
-                                           message_ids=list(ids), justid=True))
+        return len(
+            await self.redis.xclaim(
+                self.stream,
+                self.group,
+                consumer,
+                min_idle_time=min_idle_ms,
+                message_ids=list(ids),
+                justid=True,
+            )
+        )
 
     async def delivery_counts(self, ids: Sequence[bytes]) -> dict[bytes, int]:
         """How many times each pending id has been delivered (XPENDING extended form, one call per id);
@@ -294,8 +328,11 @@ class StreamGroup:
         if g is None:
             return {"pending": 0, "lag": 0, "consumers": 0}
         lag = g.get("lag")
-        return {"pending": int(g.get("pending") or 0), "lag": int(lag) if lag is not None else 0,
-                "consumers": int(g.get("consumers") or 0)}
+        return {
+            "pending": int(g.get("pending") or 0),
+            "lag": int(lag) if lag is not None else 0,
+            "consumers": int(g.get("consumers") or 0),
+        }
 
     async def lag(self) -> int:
         """Entries published but not yet delivered to the group, a count (0 when the stream or group is

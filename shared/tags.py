@@ -98,7 +98,9 @@ def codec(mode: str, tag_key: bytes | None, *, prefix: str = "") -> TagCodec:
     master key). ConfigError when the generation holds keyed digests and the process has no key."""
     if mode == MODE_HMAC:
         if tag_key is None:
-            raise ConfigError(f"the index of this deployment (ENGRAM_PREFIX={prefix!r}) holds keyed digests of ids: "
-                              f"set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE")
+            raise ConfigError(
+                f"the index of this deployment (ENGRAM_PREFIX={prefix!r}) holds keyed digests of ids: "
+                f"set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE"
+            )
         return TagCodec(MODE_HMAC, tag_key)
     return PLAIN if mode == MODE_PLAIN else BLAKE2B

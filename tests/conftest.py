@@ -38,8 +38,15 @@ def prefix() -> str:
 @pytest.fixture
 def settings(redis_url, prefix) -> Settings:
     """Settings for one test: its own prefix, the hashing embedder, FLAT vectors (fast inserts)."""
-    return Settings(redis_url=redis_url, prefix=prefix, embedder="hashing", embed_dim=256,
-                    vector_algorithm="FLAT", block_ms=50, lease_ms=2000)
+    return Settings(
+        redis_url=redis_url,
+        prefix=prefix,
+        embedder="hashing",
+        embed_dim=256,
+        vector_algorithm="FLAT",
+        block_ms=50,
+        lease_ms=2000,
+    )
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-async def wait_until(predicate: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.02,
-                     message: str = "condition") -> Any:
+async def wait_until(
+    predicate: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.02, message: str = "condition"
+) -> Any:
     """Poll `predicate` (sync or async) until it returns a truthy value; return that value.
 
     Raises AssertionError naming `message` (and the last value) after `timeout` seconds. This is the

@@ -30,6 +30,23 @@ from engram_episodic.errors import (  # noqa: E402
 )
 from engram_episodic.events import Action, Episode, Feedback, Task  # noqa: E402
 
-__all__ = ["Action", "ApiError", "AsyncEngram", "BadRequest", "ConnectionFailed", "Engram", "EngramError",
-           "Episode", "Feedback", "InvalidEpisode", "RateLimited", "ResourceNotFound", "ServerError",
-           "ServiceUnavailable", "Task", "Unauthorized", "WaitTimeout", "__version__"]
+__all__ = [
+    "Action",
+    "ApiError",
+    "AsyncEngram",
+    "BadRequest",
+    "ConnectionFailed",
+    "Engram",
+    "EngramError",
+    "Episode",
+    "Feedback",
+    "InvalidEpisode",
+    "RateLimited",
+    "ResourceNotFound",
+    "ServerError",
+    "ServiceUnavailable",
+    "Task",
+    "Unauthorized",
+    "WaitTimeout",
+    "__version__",
+]

@@ -69,10 +69,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 @click.group()
 @click.version_option(package_name="engram-episodic", prog_name="engram")
-@click.option("--url", envvar="ENGRAM_URL", default=_default_url, show_default="http://127.0.0.1:$ENGRAM_PORT",
-              help="Base URL of the query service (env ENGRAM_URL).")
-@click.option("--api-key", envvar="ENGRAM_API_KEY", default=None,
-              help="API key, sent as a Bearer token (env ENGRAM_API_KEY).")
+@click.option(
+    "--url",
+    envvar="ENGRAM_URL",
+    default=_default_url,
+    show_default="http://127.0.0.1:$ENGRAM_PORT",
+    help="Base URL of the query service (env ENGRAM_URL).",
+)
+@click.option(
+    "--api-key",
+    envvar="ENGRAM_API_KEY",
+    default=None,
+    help="API key, sent as a Bearer token (env ENGRAM_API_KEY).",
+)
 @click.pass_context
 def cli(ctx: click.Context, url: str, api_key: str | None) -> None:
     """Engram: episodic memory for LLM agents."""
@@ -80,7 +89,9 @@ def cli(ctx: click.Context, url: str, api_key: str | None) -> None:
 
 
 _scope_options = [
-    click.option("--agent-id"), click.option("--user-id"), click.option("--session-id"),
+    click.option("--agent-id"),
+    click.option("--user-id"),
+    click.option("--session-id"),
 ]
 
 
@@ -96,8 +107,11 @@ def scoped(fn: Any) -> Any:
 @click.option("--category", multiple=True, help="Repeat for any of several.")
 @click.option("--outcome", multiple=True, type=click.Choice(["success", "partial", "failure", "abandoned"]))
 @click.option("--top-k", type=click.IntRange(1, 100))
-@click.option("--mode", type=click.Choice(["vector", "keyword", "hybrid"]),
-              help="Default: the service's (ENGRAM_RECALL_MODE, hybrid).")
+@click.option(
+    "--mode",
+    type=click.Choice(["vector", "keyword", "hybrid"]),
+    help="Default: the service's (ENGRAM_RECALL_MODE, hybrid).",
+)
 @click.option("--preset", type=click.Choice(["auto", "early", "normal", "late"]))
 @click.option("--since", help="ISO 8601 with an offset, or epoch seconds.")
 @click.option("--until", help="ISO 8601 with an offset, or epoch seconds.")
@@ -154,7 +168,9 @@ def publish(ctx: click.Context, file: Any) -> None:
 @click.option("--agent-id")
 @click.option("--user-id")
 @click.option("--category", multiple=True)
-@click.option("--kind", multiple=True, type=click.Choice(["strategy", "failure_pattern", "best_practice", "preference"]))
+@click.option(
+    "--kind", multiple=True, type=click.Choice(["strategy", "failure_pattern", "best_practice", "preference"])
+)
 @click.option("--top-k", type=click.IntRange(1, 100))
 @click.option("--include-superseded", is_flag=True, default=None)
 @click.option("--json", "as_json", is_flag=True)
@@ -183,8 +199,10 @@ def skills(ctx: click.Context, as_json: bool, **options: Any) -> None:
         _emit(found.raw)
         return
     for p in found:
-        click.echo(f"{p.category:24} {p.episodes:6} episodes  success {_fmt(p.success_rate, '.0%'):>5}  "
-                   f"reward {_fmt(p.avg_reward, '.2f'):>5}{'  WEAK' if p.weak else ''}")
+        click.echo(
+            f"{p.category:24} {p.episodes:6} episodes  success {_fmt(p.success_rate, '.0%'):>5}  "
+            f"reward {_fmt(p.avg_reward, '.2f'):>5}{'  WEAK' if p.weak else ''}"
+        )
 
 
 @cli.command()
@@ -201,8 +219,10 @@ def curve(ctx: click.Context, as_json: bool, **options: Any) -> None:
         _emit(found.raw)
         return
     for p in found:
-        click.echo(f"{p.episode:5}  {p.outcome or '-':9} reward {_fmt(p.reward, '.2f'):>5}  "
-                   f"success {p.success_rate:.0%}  cumulative {p.cumulative_reward:.2f}  {p.episode_id}")
+        click.echo(
+            f"{p.episode:5}  {p.outcome or '-':9} reward {_fmt(p.reward, '.2f'):>5}  "
+            f"success {p.success_rate:.0%}  cumulative {p.cumulative_reward:.2f}  {p.episode_id}"
+        )
 
 
 @cli.command()
@@ -221,16 +241,22 @@ def forget(ctx: click.Context, episode_id: str | None, user_id: str | None) -> N
         click.echo(f"forgetting user {done.user_id} (event {done.event_id})")
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False
+)
 @click.pass_context
 def mcp(ctx: click.Context) -> None:
     """An MCP server over stdio (default) or streamable HTTP; `engram mcp --help` lists its options."""
     try:
         from engram_episodic import mcp_server
     except ImportError as exc:
-        raise click.ClickException(f"the MCP server needs the mcp extra: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) ({exc})") \
-            from None
-    env = {"ENGRAM_URL": ctx.obj["url"], **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {})}
+        raise click.ClickException(
+            f"the MCP server needs the mcp extra: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) ({exc})"
+        ) from None
+    env = {
+        "ENGRAM_URL": ctx.obj["url"],
+        **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {}),
+    }
     os.environ.update(env)
     sys.exit(mcp_server.main(list(ctx.args)))
 

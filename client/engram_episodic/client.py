@@ -187,7 +187,9 @@ def _wire(value: Any, name: str) -> Any:
     Raises InvalidEpisode naming the argument for what JSON cannot carry (a naive datetime, NaN)."""
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidEpisode([(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")])
+            raise InvalidEpisode(
+                [(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")]
+            )
         return format_instant(value.timestamp())
     if isinstance(value, timedelta):
         return value.total_seconds()
@@ -252,8 +254,13 @@ def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> 
         body: Any = {"episodes": [episode_to_dict(e) for e in episodes]}
     else:
         body = episode_to_dict(episodes[0])
-    return Call("POST", "/v1/episodes", IngestResult.from_json, body=body,
-                params={"wait": repr(float(wait))} if wait else None)
+    return Call(
+        "POST",
+        "/v1/episodes",
+        IngestResult.from_json,
+        body=body,
+        params={"wait": repr(float(wait))} if wait else None,
+    )
 
 
 def _waited(result: IngestResult, wait: float | None) -> IngestResult:
@@ -270,8 +277,13 @@ class Calls:
 
     @staticmethod
     def recall(query: str, options: RecallOptions) -> Call[Recall]:
-        return Call("POST", "/v1/recall", Recall.from_json, body=_body(options, query=query),
-                    idempotent=not options.get("touch"))
+        return Call(
+            "POST",
+            "/v1/recall",
+            Recall.from_json,
+            body=_body(options, query=query),
+            idempotent=not options.get("touch"),
+        )
 
     @staticmethod
     def context(task: str, options: ContextOptions) -> Call[Context]:
@@ -296,7 +308,9 @@ class Calls:
     @staticmethod
     def search_facts(query: str | None, options: FactSearchOptions) -> Call[list[Fact]]:
         body = _body(options, **({"query": query} if query is not None else {}))
-        return Call("POST", "/v1/facts/search", lambda d: [Fact.from_json(f) for f in d["results"]], body=body)
+        return Call(
+            "POST", "/v1/facts/search", lambda d: [Fact.from_json(f) for f in d["results"]], body=body
+        )
 
     @staticmethod
     def get_fact(fact_id: str) -> Call[FactDetail]:
@@ -310,14 +324,16 @@ class Calls:
         return Call("POST", "/v1/consolidate", Consolidation.from_json, body=body)
 
     @staticmethod
-    def record(episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any],
-               wait: float | None = None) -> tuple[Episode, Call[IngestResult]]:
+    def record(
+        episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None = None
+    ) -> tuple[Episode, Call[IngestResult]]:
         prepared = finished_episode(episode, **fields)
         return prepared, _ingest([prepared], batch=False, wait=wait)
 
     @staticmethod
-    def publish(episodes: Iterable[Episode | Mapping[str, Any]],
-                wait: float | None = None) -> tuple[list[Episode], Call[IngestResult]]:
+    def publish(
+        episodes: Iterable[Episode | Mapping[str, Any]], wait: float | None = None
+    ) -> tuple[list[Episode], Call[IngestResult]]:
         if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
             raise InvalidEpisode([("episodes", "must be a list of episodes")])
         prepared, errors = [], []
@@ -325,7 +341,9 @@ class Calls:
             try:
                 prepared.append(finished_episode(item))
             except InvalidEpisode as exc:  # every bad field of every episode at once, as the service does
-                errors += [(f"episodes[{i}].{path}" if path else f"episodes[{i}]", why) for path, why in exc.errors]
+                errors += [
+                    (f"episodes[{i}].{path}" if path else f"episodes[{i}]", why) for path, why in exc.errors
+                ]
         if errors:
             raise InvalidEpisode(errors)
         if not prepared:
@@ -389,8 +407,16 @@ def _tls() -> ssl.SSLContext:
 class _Base:
     """What both clients share: configuration, the request, the answer, the retry decision."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float = 30.0,
-                 max_retries: int = 3, max_retry_wait: float = 30.0, headers: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_retry_wait: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+    ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, not {base_url[:40]!r}")
         self.base_url = base_url.rstrip("/")
@@ -409,8 +435,10 @@ class _Base:
     def _env(cls, env: Mapping[str, str] | None) -> dict[str, Any]:
         env = os.environ if env is None else env
         port = env.get("ENGRAM_PORT") or "8080"
-        return {"base_url": env.get("ENGRAM_URL") or f"http://127.0.0.1:{port}",
-                "api_key": env.get("ENGRAM_API_KEY") or None}
+        return {
+            "base_url": env.get("ENGRAM_URL") or f"http://127.0.0.1:{port}",
+            "api_key": env.get("ENGRAM_API_KEY") or None,
+        }
 
     def _request_args(self, call: Call[Any]) -> dict[str, Any]:
         args: dict[str, Any] = {"method": call.method, "url": self.base_url + call.path}
@@ -431,11 +459,12 @@ class _Base:
 
     def _wait(self, attempt: int, response: httpx.Response | None = None) -> float:
         hinted = _retry_after(response) if response is not None else None
-        backoff = min(self.max_retry_wait, 0.25 * 2 ** attempt) * (0.5 + random.random() / 2)
+        backoff = min(self.max_retry_wait, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
         return min(self.max_retry_wait, hinted if hinted is not None else backoff)
 
-    def _decide(self, call: Call[Any], attempt: int, response: httpx.Response | None,
-                exc: Exception | None) -> float | None:
+    def _decide(
+        self, call: Call[Any], attempt: int, response: httpx.Response | None, exc: Exception | None
+    ) -> float | None:
         """Seconds to wait before another attempt, or None to stop (then the caller raises or reads)."""
         if attempt >= self.max_retries:
             return None
@@ -448,9 +477,15 @@ class _Base:
     def _failed(self, exc: Exception, earlier_lost: bool) -> ConnectionFailed:
         sent = not isinstance(exc, _NOT_SENT)
         what = "no answer from" if sent else "cannot reach"
-        note = "; an earlier attempt's answer was lost, so it may have been applied" if earlier_lost and not sent else ""
-        return ConnectionFailed(f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ") + note,
-                                maybe_applied=sent or earlier_lost)
+        note = (
+            "; an earlier attempt's answer was lost, so it may have been applied"
+            if earlier_lost and not sent
+            else ""
+        )
+        return ConnectionFailed(
+            f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ") + note,
+            maybe_applied=sent or earlier_lost,
+        )
 
     @staticmethod
     def _answered(error: ApiError, earlier_lost: bool) -> ApiError:
@@ -471,11 +506,25 @@ class Engram(_Base):
     `headers`, or an `http_client` (an httpx.Client you configured; it is not closed by `close()`).
     Use as a context manager, or call `close()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float = 30.0,
-                 max_retries: int = 3, max_retry_wait: float = 30.0, headers: Mapping[str, str] | None = None,
-                 http_client: httpx.Client | None = None):
-        super().__init__(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
-                         max_retry_wait=max_retry_wait, headers=headers)
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_retry_wait: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+        http_client: httpx.Client | None = None,
+    ):
+        super().__init__(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            max_retry_wait=max_retry_wait,
+            headers=headers,
+        )
         self._owns = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout, verify=_tls())
 
@@ -500,8 +549,9 @@ class Engram(_Base):
         lost = False  # an attempt was sent and its answer lost: it may have been applied
         while True:
             try:
-                response = self._http.request(**self._request_args(call), headers=self._headers,
-                                                 timeout=self.timeout)
+                response = self._http.request(
+                    **self._request_args(call), headers=self._headers, timeout=self.timeout
+                )
             except httpx.TransportError as exc:
                 delay = self._decide(call, attempt, None, exc)
                 if delay is None:
@@ -549,14 +599,21 @@ class Engram(_Base):
         """One fact with its evidence episodes and the facts it superseded; ResourceNotFound (404) if none."""
         return self.call(Calls.get_fact(fact_id))
 
-    def consolidate(self, *, agent_id: str | None = None, category: str | None = None,
-                    all_scopes: bool = True) -> Consolidation:
+    def consolidate(
+        self, *, agent_id: str | None = None, category: str | None = None, all_scopes: bool = True
+    ) -> Consolidation:
         """Consolidate episodes into facts now: every scope, the namespace scope, or one (agent, category)."""
         return self.call(Calls.consolidate(agent_id, category, all_scopes))
 
     # episodes ----------------------------------------------------------------------------------------
-    def record(self, episode: Episode | Mapping[str, Any] | None = None, /, *, wait: float | None = None,
-               **fields: Any) -> str:
+    def record(
+        self,
+        episode: Episode | Mapping[str, Any] | None = None,
+        /,
+        *,
+        wait: float | None = None,
+        **fields: Any,
+    ) -> str:
         """Publish one finished episode (an Episode, a dict, or keyword fields); returns its `episode_id`.
 
         Validated here first (InvalidEpisode names every bad field; nothing is sent), then accepted by the
@@ -573,7 +630,9 @@ class Engram(_Base):
             raise
         return prepared.episode_id
 
-    def publish(self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None) -> IngestResult:
+    def publish(
+        self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
+    ) -> IngestResult:
         """Publish up to 1,000 finished episodes atomically (all or none) in one request (`wait`: as `record`).
 
         A failure names the ids it used (`exc.episode_ids`): publish those episodes again with them."""
@@ -584,8 +643,14 @@ class Engram(_Base):
             _with_ids(exc, prepared)
             raise
 
-    def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
-                complexity: float | None = None, **fields: Any) -> HttpEpisode:
+    def episode(
+        self,
+        task: str | Mapping[str, Any],
+        *,
+        category: str | None = None,
+        complexity: float | None = None,
+        **fields: Any,
+    ) -> HttpEpisode:
         """Record an episode as it happens: `with memory.episode("task") as ep: ep.action(...); ep.complete(...)`.
 
         Over HTTP the episode is published once, when it completes (the stream SDK also publishes its
@@ -598,7 +663,9 @@ class Engram(_Base):
         """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
         return self.call(Calls.get_episode(episode_id))
 
-    def wait_until_recallable(self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1) -> StoredEpisode:
+    def wait_until_recallable(
+        self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1
+    ) -> StoredEpisode:
         """Poll until the episode is projected and completed (recallable); WaitTimeout after `timeout` s.
 
         For an id published again, the previous version counts: use `record(..., wait=S)` to wait for
@@ -649,7 +716,9 @@ class _OpenEpisode:
         self.sent = True
         return snapshot, _ingest([snapshot], batch=False)
 
-    def _on_exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> tuple[str, dict] | None:
+    def _on_exit(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None
+    ) -> tuple[str, dict] | None:
         """The completion the block's exit should publish, or None."""
         if self.draft.completed is None and not self.sent:
             return EpisodeDraft.exit_fields(exc_type, exc)
@@ -663,11 +732,20 @@ class HttpEpisode(_OpenEpisode):
         super().__init__(draft)
         self.client = client
 
-    def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
-               success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
+    def action(
+        self,
+        action_type: str,
+        *,
+        input: str | None = None,
+        output: str | None = None,
+        success: bool | None = None,
+        error: str | None = None,
+        timestamp: float | None = None,
+    ) -> Action:
         """Record one action (validated now; InvalidEpisode names a bad field)."""
-        return self._action(action_type, input=input, output=output, success=success, error=error,
-                            timestamp=timestamp)
+        return self._action(
+            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
+        )
 
     def complete(self, outcome: str, **fields: Any) -> Episode:
         """Publish the finished episode; returns it. `fields`: any Episode field (feedback, solution, ...).
@@ -696,11 +774,25 @@ class AsyncEngram(_Base):
     """The asyncio client: the methods of `Engram` as coroutines (`http_client`: an httpx.AsyncClient).
     Use as `async with AsyncEngram(...) as memory:`, or `await memory.aclose()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float = 30.0,
-                 max_retries: int = 3, max_retry_wait: float = 30.0, headers: Mapping[str, str] | None = None,
-                 http_client: httpx.AsyncClient | None = None):
-        super().__init__(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
-                         max_retry_wait=max_retry_wait, headers=headers)
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_retry_wait: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ):
+        super().__init__(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            max_retry_wait=max_retry_wait,
+            headers=headers,
+        )
         self._owns = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout, verify=_tls())
 
@@ -725,8 +817,9 @@ class AsyncEngram(_Base):
         lost = False  # an attempt was sent and its answer lost: it may have been applied
         while True:
             try:
-                response = await self._http.request(**self._request_args(call), headers=self._headers,
-                                                 timeout=self.timeout)
+                response = await self._http.request(
+                    **self._request_args(call), headers=self._headers, timeout=self.timeout
+                )
             except httpx.TransportError as exc:
                 delay = self._decide(call, attempt, None, exc)
                 if delay is None:
@@ -765,7 +858,9 @@ class AsyncEngram(_Base):
         """See `Engram.learning_curve`."""
         return await self.call(Calls.learning_curve(options))
 
-    async def search_facts(self, query: str | None = None, **options: Unpack[FactSearchOptions]) -> list[Fact]:
+    async def search_facts(
+        self, query: str | None = None, **options: Unpack[FactSearchOptions]
+    ) -> list[Fact]:
         """See `Engram.search_facts`."""
         return await self.call(Calls.search_facts(query, options))
 
@@ -773,13 +868,20 @@ class AsyncEngram(_Base):
         """See `Engram.get_fact`."""
         return await self.call(Calls.get_fact(fact_id))
 
-    async def consolidate(self, *, agent_id: str | None = None, category: str | None = None,
-                          all_scopes: bool = True) -> Consolidation:
+    async def consolidate(
+        self, *, agent_id: str | None = None, category: str | None = None, all_scopes: bool = True
+    ) -> Consolidation:
         """See `Engram.consolidate`."""
         return await self.call(Calls.consolidate(agent_id, category, all_scopes))
 
-    async def record(self, episode: Episode | Mapping[str, Any] | None = None, /, *, wait: float | None = None,
-                     **fields: Any) -> str:
+    async def record(
+        self,
+        episode: Episode | Mapping[str, Any] | None = None,
+        /,
+        *,
+        wait: float | None = None,
+        **fields: Any,
+    ) -> str:
         """See `Engram.record`."""
         prepared, call = Calls.record(episode, fields, wait)
         try:
@@ -789,8 +891,9 @@ class AsyncEngram(_Base):
             raise
         return prepared.episode_id
 
-    async def publish(self, episodes: Iterable[Episode | Mapping[str, Any]], *,
-                      wait: float | None = None) -> IngestResult:
+    async def publish(
+        self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
+    ) -> IngestResult:
         """See `Engram.publish`."""
         prepared, call = Calls.publish(episodes, wait)
         try:
@@ -799,8 +902,14 @@ class AsyncEngram(_Base):
             _with_ids(exc, prepared)
             raise
 
-    def episode(self, task: str | Mapping[str, Any], *, category: str | None = None,
-                complexity: float | None = None, **fields: Any) -> AsyncHttpEpisode:
+    def episode(
+        self,
+        task: str | Mapping[str, Any],
+        *,
+        category: str | None = None,
+        complexity: float | None = None,
+        **fields: Any,
+    ) -> AsyncHttpEpisode:
         """See `Engram.episode`; use as `async with memory.episode(...) as ep:`."""
         return AsyncHttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
@@ -808,8 +917,9 @@ class AsyncEngram(_Base):
         """See `Engram.get_episode`."""
         return await self.call(Calls.get_episode(episode_id))
 
-    async def wait_until_recallable(self, episode_id: str, *, timeout: float = 30.0,
-                                    interval: float = 0.1) -> StoredEpisode:
+    async def wait_until_recallable(
+        self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1
+    ) -> StoredEpisode:
         """See `Engram.wait_until_recallable`."""
         deadline = time.monotonic() + timeout
         while True:
@@ -843,13 +953,21 @@ class AsyncHttpEpisode(_OpenEpisode):
         super().__init__(draft)
         self.client = client
 
-    async def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
-                     success: bool | None = None, error: str | None = None,
-                     timestamp: float | None = None) -> Action:
+    async def action(
+        self,
+        action_type: str,
+        *,
+        input: str | None = None,
+        output: str | None = None,
+        success: bool | None = None,
+        error: str | None = None,
+        timestamp: float | None = None,
+    ) -> Action:
         """Record one action (kept until completion; nothing is sent). A coroutine, as every method of
         the async client and of the stream SDK's episode is: `await ep.action(...)`."""
-        return self._action(action_type, input=input, output=output, success=success, error=error,
-                            timestamp=timestamp)
+        return self._action(
+            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
+        )
 
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""
@@ -864,7 +982,9 @@ class AsyncHttpEpisode(_OpenEpisode):
     async def __aenter__(self) -> AsyncHttpEpisode:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         pending = self._on_exit(exc_type, exc)
         if pending is not None:
             await self.complete(pending[0], **pending[1])

@@ -33,7 +33,9 @@ def finished_episode(episode: Episode | Mapping[str, Any] | None = None, /, **fi
     elif isinstance(episode, Mapping):
         data = dict(episode)
     else:
-        raise InvalidEpisode([("episode", f"must be an Episode or a JSON object, not {type(episode).__name__}")])
+        raise InvalidEpisode(
+            [("episode", f"must be an Episode or a JSON object, not {type(episode).__name__}")]
+        )
     data.update(fields)
     parsed = parse_episode(data, default_episode_id=new_event_id())
     assert parsed is not None  # parse_episode raises without a collector
@@ -51,8 +53,14 @@ class EpisodeDraft:
     `fields` are any Episode fields (agent_id, user_id, context, ...). Raises InvalidEpisode.
     """
 
-    def __init__(self, task: str | Mapping[str, Any], *, category: str | None = None,
-                 complexity: float | None = None, **fields: Any):
+    def __init__(
+        self,
+        task: str | Mapping[str, Any],
+        *,
+        category: str | None = None,
+        complexity: float | None = None,
+        **fields: Any,
+    ):
         task_obj: dict[str, Any] = dict(task) if isinstance(task, Mapping) else {"description": task}
         if category is not None:
             task_obj["category"] = category
@@ -71,16 +79,32 @@ class EpisodeDraft:
     def episode_id(self) -> str:
         return self.start.episode_id
 
-    def action(self, action_type: str, *, input: str | None = None, output: str | None = None,
-               success: bool | None = None, error: str | None = None, timestamp: float | None = None) -> Action:
+    def action(
+        self,
+        action_type: str,
+        *,
+        input: str | None = None,
+        output: str | None = None,
+        success: bool | None = None,
+        error: str | None = None,
+        timestamp: float | None = None,
+    ) -> Action:
         """Validate one action (its `action_id` is fresh, `timestamp` defaults to now); keep it; return it.
 
         Raises InvalidEpisode for a bad field, and after the episode was completed (it would be dropped)."""
         if self.completed is not None:
-            raise InvalidEpisode([("action", "the episode is already completed; record actions before complete()")])
-        raw = {"action_type": action_type, "input": input, "output": output, "success": success,
-               "error": error, "timestamp": timestamp if timestamp is not None else time.time(),
-               "action_id": new_event_id()}
+            raise InvalidEpisode(
+                [("action", "the episode is already completed; record actions before complete()")]
+            )
+        raw = {
+            "action_type": action_type,
+            "input": input,
+            "output": output,
+            "success": success,
+            "error": error,
+            "timestamp": timestamp if timestamp is not None else time.time(),
+            "action_id": new_event_id(),
+        }
         errs = Collector()
         act = parse_action(raw, "action", errs)
         errs.raise_if_any()
@@ -113,7 +137,9 @@ class EpisodeDraft:
         return self.completed
 
     @staticmethod
-    def exit_fields(exc_type: type[BaseException] | None, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
+    def exit_fields(
+        exc_type: type[BaseException] | None, exc: BaseException | None
+    ) -> tuple[str, dict[str, Any]]:
         """The outcome and fields for a block left without `complete()`: failure with the error, or abandoned."""
         if exc is not None and exc_type is not None:
             return "failure", {"outcome_details": f"{exc_type.__name__}: {exc}"[:10_000]}

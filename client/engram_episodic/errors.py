@@ -104,8 +104,9 @@ class ApiError(EngramError):
         self.detail = str(body.get("detail") or "")
         listed = body.get("errors")
         raw_errors = listed if isinstance(listed, list) else []
-        self.errors = tuple((str(e.get("field", "")), str(e.get("reason", ""))) for e in raw_errors
-                            if isinstance(e, dict))
+        self.errors = tuple(
+            (str(e.get("field", "")), str(e.get("reason", ""))) for e in raw_errors if isinstance(e, dict)
+        )
         self.retry_after = retry_after
         self.maybe_applied = False  # True when an earlier attempt of this call was sent and its answer lost
         self.episode_ids: tuple[str, ...] = ()  # record/publish: the ids to retry with (no duplicates)
@@ -138,9 +139,15 @@ class ServerError(ApiError):
     """Any other 5xx answer."""
 
 
-_BY_STATUS: dict[int, type[ApiError]] = {400: BadRequest, 401: Unauthorized, 404: ResourceNotFound,
-                                         413: BadRequest, 422: BadRequest, 429: RateLimited,
-                                         503: ServiceUnavailable}
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: ResourceNotFound,
+    413: BadRequest,
+    422: BadRequest,
+    429: RateLimited,
+    503: ServiceUnavailable,
+}
 
 
 def api_error(status: int, body: dict, *, retry_after: float | None = None) -> ApiError:

@@ -20,7 +20,12 @@ from typing import Any, ClassVar
 
 OUTCOMES: tuple[str, ...] = ("success", "partial", "failure", "abandoned")
 DEFAULT_CATEGORIES: tuple[str, ...] = (
-    "code_generation", "debugging", "refactoring", "testing", "architecture", "unknown",
+    "code_generation",
+    "debugging",
+    "refactoring",
+    "testing",
+    "architecture",
+    "unknown",
 )
 
 
@@ -206,6 +211,12 @@ class FactsConsolidated(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
-    for cls in (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeForgotten, UserForgotten,
-                FactsConsolidated)
+    for cls in (
+        EpisodeStarted,
+        ActionRecorded,
+        EpisodeCompleted,
+        EpisodeForgotten,
+        UserForgotten,
+        FactsConsolidated,
+    )
 }

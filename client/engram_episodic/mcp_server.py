@@ -64,13 +64,21 @@ INSTRUCTIONS = (
     "recall_experiences for a ranked list of past episodes. When a task ends, successful or not, call "
     "record_episode once with the outcome, a reward from 0 to 1, the solution or the error, and the main "
     "actions. search_facts gives lessons distilled from many episodes; get_skills and get_learning_curve "
-    "show the track record.")
+    "show the track record."
+)
 # uri → (tool whose answer it serves, name, description)
 RESOURCES: dict[str, tuple[str, str, str]] = {
-    "engram://skills": ("get_skills", "skills", "Skill profile per task category (episodes, success rate, "
-                        "average reward and iterations) and the weak categories, as JSON."),
-    "engram://learning-curve": ("get_learning_curve", "learning-curve", "Rolling success rate and average "
-                                "reward per completed episode, oldest first, as JSON."),
+    "engram://skills": (
+        "get_skills",
+        "skills",
+        "Skill profile per task category (episodes, success rate, "
+        "average reward and iterations) and the weak categories, as JSON.",
+    ),
+    "engram://learning-curve": (
+        "get_learning_curve",
+        "learning-curve",
+        "Rolling success rate and average reward per completed episode, oldest first, as JSON.",
+    ),
 }
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -78,24 +86,37 @@ INTERNAL_ERROR = -32603
 
 def _need_mcp() -> None:
     if _MISSING is not None:
-        raise ImportError("the Engram MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) "
-                          f"({_MISSING})") from _MISSING
+        raise ImportError(
+            "the Engram MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) "
+            f"({_MISSING})"
+        ) from _MISSING
 
 
 def mcp_tool(spec: ToolSpec) -> mt.Tool:
     """The MCP form of one tool: the same name, description and input schema, with behaviour hints."""
     _need_mcp()
-    return mt.Tool(name=spec.name, title=spec.name.replace("_", " ").capitalize(), description=spec.description,
-                   input_schema=json.loads(json.dumps(spec.parameters)),
-                   annotations=mt.ToolAnnotations(read_only_hint=spec.read_only, destructive_hint=spec.destructive,
-                                                  idempotent_hint=spec.idempotent, open_world_hint=False))
+    return mt.Tool(
+        name=spec.name,
+        title=spec.name.replace("_", " ").capitalize(),
+        description=spec.description,
+        input_schema=json.loads(json.dumps(spec.parameters)),
+        annotations=mt.ToolAnnotations(
+            read_only_hint=spec.read_only,
+            destructive_hint=spec.destructive,
+            idempotent_hint=spec.idempotent,
+            open_world_hint=False,
+        ),
+    )
 
 
 def call_result(result: ToolResult) -> mt.CallToolResult:
     """A ToolResult as an MCP tool result: its text as text content, its data as structured content."""
     _need_mcp()
-    return mt.CallToolResult(content=[mt.TextContent(type="text", text=result.text)],
-                             structured_content=result.data, is_error=result.is_error)
+    return mt.CallToolResult(
+        content=[mt.TextContent(type="text", text=result.text)],
+        structured_content=result.data,
+        is_error=result.is_error,
+    )
 
 
 def build_server(toolset: Toolset) -> Server:
@@ -117,7 +138,9 @@ def build_server(toolset: Toolset) -> Server:
         try:
             result = await toolset.adispatch(params.name, params.arguments or {})
         except UnknownTool as exc:
-            raise MCPError(INVALID_PARAMS, str(exc), {"tool": exc.name, "available": list(exc.available)}) from exc
+            raise MCPError(
+                INVALID_PARAMS, str(exc), {"tool": exc.name, "available": list(exc.available)}
+            ) from exc
         except EngramError as exc:
             result = error_result(exc)
             log.info("tool %r failed: %s", params.name, result.data.get("error"))
@@ -126,48 +149,81 @@ def build_server(toolset: Toolset) -> Server:
     served = {uri: v for uri, v in RESOURCES.items() if v[0] in toolset.names}
 
     async def list_resources(ctx: Any, params: Any) -> mt.ListResourcesResult:
-        return mt.ListResourcesResult(resources=[
-            mt.Resource(uri=uri, name=name, description=text, mime_type="application/json")
-            for uri, (_, name, text) in served.items()])
+        return mt.ListResourcesResult(
+            resources=[
+                mt.Resource(uri=uri, name=name, description=text, mime_type="application/json")
+                for uri, (_, name, text) in served.items()
+            ]
+        )
 
     async def read_resource(ctx: Any, params: mt.ReadResourceRequestParams) -> mt.ReadResourceResult:
         uri = str(params.uri)
         if uri not in served:
-            raise MCPError(INVALID_PARAMS, f"unknown resource {uri[:200]!r}; available: {', '.join(served)}",
-                           {"uri": uri})
+            raise MCPError(
+                INVALID_PARAMS,
+                f"unknown resource {uri[:200]!r}; available: {', '.join(served)}",
+                {"uri": uri},
+            )
         try:
             result = await toolset.adispatch(served[uri][0], {})
         except EngramError as exc:
             raise MCPError(INTERNAL_ERROR, error_result(exc).text, {"uri": uri}) from exc
-        return mt.ReadResourceResult(contents=[mt.TextResourceContents(
-            uri=uri, mime_type="application/json", text=json.dumps(result.data, ensure_ascii=False))])
+        return mt.ReadResourceResult(
+            contents=[
+                mt.TextResourceContents(
+                    uri=uri, mime_type="application/json", text=json.dumps(result.data, ensure_ascii=False)
+                )
+            ]
+        )
 
-    return Server(SERVER_NAME, version=__version__, title="Engram episodic memory", instructions=INSTRUCTIONS,
-                  on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
-                  on_read_resource=read_resource)
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        title="Engram episodic memory",
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
 
 
 # --- running it ---------------------------------------------------------------------------------------
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line of `engram mcp` / `python -m engram_episodic.mcp_server`."""
-    p = argparse.ArgumentParser(prog=prog, description="Serve Engram's memory tools over MCP (stdio by "
-                                "default). Talks to the query service over HTTP with an API key.")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve Engram's memory tools over MCP (stdio by "
+        "default). Talks to the query service over HTTP with an API key.",
+    )
     p.add_argument("--url", help=f"query service URL (ENGRAM_URL; default {DEFAULT_URL})")
     p.add_argument("--api-key", help="API key of the query service (ENGRAM_API_KEY)")
     p.add_argument("--agent-id", help="default agent_id when the model passes none (ENGRAM_AGENT_ID)")
     p.add_argument("--user-id", help="default user_id when the model passes none (ENGRAM_USER_ID)")
     p.add_argument("--session-id", help="session_id stamped on recorded episodes (ENGRAM_SESSION_ID)")
-    p.add_argument("--tools", help="comma-separated subset of the tools to serve (default: all of "
-                   + ", ".join(TOOL_NAMES) + ")")
+    p.add_argument(
+        "--tools",
+        help="comma-separated subset of the tools to serve (default: all of " + ", ".join(TOOL_NAMES) + ")",
+    )
     p.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     p.add_argument("--host", default="127.0.0.1", help="streamable-http bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT,
-                   help=f"streamable-http port (default {DEFAULT_HTTP_PORT})")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        help=f"streamable-http port (default {DEFAULT_HTTP_PORT})",
+    )
     p.add_argument("--path", default="/mcp", help="streamable-http endpoint path (default /mcp)")
-    p.add_argument("--allow-remote", action="store_true",
-                   help="allow a streamable-http bind address other than loopback")
-    p.add_argument("--log-level", default="INFO", type=str.upper,
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level (stderr; default INFO)")
+    p.add_argument(
+        "--allow-remote", action="store_true", help="allow a streamable-http bind address other than loopback"
+    )
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (stderr; default INFO)",
+    )
     return p
 
 
@@ -185,11 +241,16 @@ def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
         return flag if flag is not None else (env.get(var) or None)
 
     names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
-    return {"url": pick(args.url, "ENGRAM_URL") or DEFAULT_URL, "api_key": pick(args.api_key, "ENGRAM_API_KEY"),
-            "scope": {"agent_id": pick(args.agent_id, "ENGRAM_AGENT_ID"),
-                      "user_id": pick(args.user_id, "ENGRAM_USER_ID"),
-                      "session_id": pick(args.session_id, "ENGRAM_SESSION_ID")},
-            "names": names}
+    return {
+        "url": pick(args.url, "ENGRAM_URL") or DEFAULT_URL,
+        "api_key": pick(args.api_key, "ENGRAM_API_KEY"),
+        "scope": {
+            "agent_id": pick(args.agent_id, "ENGRAM_AGENT_ID"),
+            "user_id": pick(args.user_id, "ENGRAM_USER_ID"),
+            "session_id": pick(args.session_id, "ENGRAM_SESSION_ID"),
+        },
+        "names": names,
+    }
 
 
 async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset, url: str) -> None:
@@ -205,13 +266,24 @@ async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset
 
         app = server.streamable_http_app(streamable_http_path=args.path, host=args.host)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on")
-        log.info("Engram MCP server on http://%s:%d%s -> %s (%s; %d tools)", args.host, args.port, args.path,
-                 url, scope, len(toolset.tools))
+        log.info(
+            "Engram MCP server on http://%s:%d%s -> %s (%s; %d tools)",
+            args.host,
+            args.port,
+            args.path,
+            url,
+            scope,
+            len(toolset.tools),
+        )
         await uvicorn.Server(config).serve()
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str | None = "engram mcp",
-         env: Mapping[str, str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = "engram mcp",
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Run the MCP server until its client disconnects (stdio) or it is interrupted (streamable-http).
 
     `argv` are the arguments after the command (`["--transport", "streamable-http"]`); `env` defaults
@@ -221,15 +293,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = "engram mcp",
     cli = parser(prog)
     args = cli.parse_args(argv)
     if _MISSING is not None:
-        print(f"{cli.prog}: the MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)",
-              file=sys.stderr)
+        print(
+            f"{cli.prog}: the MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)",
+            file=sys.stderr,
+        )
         return 2
     settings = _settings(args, os.environ if env is None else env)
     if args.transport == "streamable-http":
         if not _is_loopback(args.host) and not args.allow_remote:
             cli.print_usage(sys.stderr)
-            print(f"{cli.prog}: --host {args.host} is not loopback: anyone who reaches the endpoint uses the "
-                  "API key; pass --allow-remote to bind it anyway", file=sys.stderr)
+            print(
+                f"{cli.prog}: --host {args.host} is not loopback: anyone who reaches the endpoint uses the "
+                "API key; pass --allow-remote to bind it anyway",
+                file=sys.stderr,
+            )
             return 2
         if not 0 < args.port < 65536:
             print(f"{cli.prog}: --port must be 1..65535, not {args.port}", file=sys.stderr)
@@ -240,8 +317,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = "engram mcp",
     except (ValueError, UnknownTool) as exc:
         print(f"{cli.prog}: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     log.setLevel(args.log_level)
     if args.log_level != "DEBUG":
         for noisy in ("mcp", "httpx", "uvicorn"):

@@ -83,8 +83,10 @@ def response_shape(stored: Mapping[str, Any]) -> dict[str, Any]:
         if data.get(key) is not None:
             data[key] = format_instant(data[key])
     if "actions" in data:
-        data["actions"] = [{**a, "timestamp": format_instant(a["timestamp"])} if a.get("timestamp") is not None
-                           else dict(a) for a in data["actions"]]
+        data["actions"] = [
+            {**a, "timestamp": format_instant(a["timestamp"])} if a.get("timestamp") is not None else dict(a)
+            for a in data["actions"]
+        ]
     if started is not None and completed is not None:
         data["duration_s"] = max(0.0, float(completed) - float(started))
     feedback = data.get("feedback")

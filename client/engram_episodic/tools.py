@@ -176,7 +176,7 @@ def _tool_field(path: str, fields: Mapping[str, str]) -> str:
     """`feedback.reward` → `reward`; `actions[3].input` stays; unknown names are kept as the service said."""
     for server, tool in sorted(fields.items(), key=lambda kv: -len(kv[0])):
         if path == server or path.startswith(server + ".") or path.startswith(server + "["):
-            return tool + path[len(server):] if server != tool else path
+            return tool + path[len(server) :] if server != tool else path
     return path
 
 
@@ -198,38 +198,53 @@ def _number(description: str, lo: float, hi: float) -> dict[str, Any]:
 
 
 def _instant(description: str) -> dict[str, Any]:
-    return {"type": "string", "format": "date-time",
-            "description": description + " ISO 8601 with an offset, e.g. 2026-01-31T00:00:00Z."}
+    return {
+        "type": "string",
+        "format": "date-time",
+        "description": description + " ISO 8601 with an offset, e.g. 2026-01-31T00:00:00Z.",
+    }
 
 
 def _object(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
-    return {"type": "object", "properties": dict(properties), "required": list(required),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": dict(properties),
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 def _ids(*names: str, reads: bool = True) -> dict[str, Any]:
     text = {
         "agent_id": "Only episodes of this agent. Omit to use the agent this tool is bound to, if any."
-                    if reads else "The agent that did the task. Omit to use the bound agent, if any.",
+        if reads
+        else "The agent that did the task. Omit to use the bound agent, if any.",
         "user_id": "Only episodes for this user. Omit to use the bound user, if any."
-                   if reads else "The user the task was done for. Omit to use the bound user, if any.",
+        if reads
+        else "The user the task was done for. Omit to use the bound user, if any.",
         "session_id": "Only episodes of this session (conversation)."
-                      if reads else "The session (conversation) it happened in. Omit to use the bound session.",
+        if reads
+        else "The session (conversation) it happened in. Omit to use the bound session.",
     }
     return {n: _string(text[n], max_length=MAX_ID_CHARS) for n in names}
 
 
 # Arguments checked with the service's TAG rule (no control characters, no padding) besides the schema.
-_TAG_ARGS = frozenset({"agent_id", "user_id", "session_id", "episode_id", "category", "strategy", "action_type"})
+_TAG_ARGS = frozenset(
+    {"agent_id", "user_id", "session_id", "episode_id", "category", "strategy", "action_type"}
+)
 
 _OUTCOME = {"type": "string", "enum": list(OUTCOMES)}
-_ACTION = _object({
-    "action_type": _tag("What kind of step: run_tests, edit, search, shell, api_call, ..."),
-    "input": _string("What the step was given (a command, a query, a diff)."),
-    "output": _string("What it produced (shortened)."),
-    "success": {"type": "boolean", "description": "Whether the step worked."},
-    "error": _string("The error it raised, if any."),
-}, required=["action_type"])
+_ACTION = _object(
+    {
+        "action_type": _tag("What kind of step: run_tests, edit, search, shell, api_call, ..."),
+        "input": _string("What the step was given (a command, a query, a diff)."),
+        "output": _string("What it produced (shortened)."),
+        "success": {"type": "boolean", "description": "Whether the step worked."},
+        "error": _string("The error it raised, if any."),
+    },
+    required=["action_type"],
+)
 
 
 # --- the tools -------------------------------------------------------------------------------------------
@@ -250,11 +265,18 @@ class ToolSpec:
         """This tool for one API (see `tools`); a fresh copy each call."""
         params = copy.deepcopy(dict(self.parameters))
         if format == "openai":
-            return {"type": "function",
-                    "function": {"name": self.name, "description": self.description, "parameters": params}}
+            return {
+                "type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": params},
+            }
         if format == "openai-responses":
-            return {"type": "function", "name": self.name, "description": self.description,
-                    "parameters": params, "strict": False}
+            return {
+                "type": "function",
+                "name": self.name,
+                "description": self.description,
+                "parameters": params,
+                "strict": False,
+            }
         if format == "anthropic":
             return {"name": self.name, "description": self.description, "input_schema": params}
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
@@ -277,12 +299,27 @@ def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
 # recall_experiences ----------------------------------------------------------------------------------------
 def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "top_k", "category", "outcome", "strategy", "since", "until", "mode",
-                    "agent_id", "user_id", "session_id")
+    options = _pick(
+        args,
+        "top_k",
+        "category",
+        "outcome",
+        "strategy",
+        "since",
+        "until",
+        "mode",
+        "agent_id",
+        "user_id",
+        "session_id",
+    )
     if args.get("min_reward") is not None:
         options["reward"] = {"gte": args["min_reward"]}
-    return Plan("recall_experiences", (Calls.recall(args["query"], cast(RecallOptions, options)),),
-                lambda r: render_recall(r[0], args["query"]), fields={"reward.gte": "min_reward", "reward": "min_reward"})
+    return Plan(
+        "recall_experiences",
+        (Calls.recall(args["query"], cast(RecallOptions, options)),),
+        lambda r: render_recall(r[0], args["query"]),
+        fields={"reward.gte": "min_reward", "reward": "min_reward"},
+    )
 
 
 RECALL = ToolSpec(
@@ -293,26 +330,45 @@ RECALL = ToolSpec(
         "Returns up to top_k past episodes, best first (ranked by similarity, recency, reward and "
         "outcome), each with its outcome, reward, when it happened, the strategy used, a snippet of its "
         "solution and feedback, and its episode_id; then the strategies that worked. An empty list means "
-        "nothing similar is stored yet."),
-    parameters=_object({
-        "query": _string("The task or problem to find experiences for, in plain words.", max_length=MAX_QUERY_CHARS),
-        "top_k": _integer("How many episodes to return (default 3).", 1, MAX_TOP_K),
-        "outcome": {"type": "array", "items": _OUTCOME, "minItems": 1, "maxItems": len(OUTCOMES),
-                    "uniqueItems": True,
-                    "description": 'Only these outcomes, e.g. ["success"] for worked examples or ["failure"] '
-                                   "for pitfalls."},
-        "min_reward": _number("Only episodes whose reward is at least this (rewards are usually 0..1).",
-                              -MAX_RANGE, MAX_RANGE),
-        "category": _tag("Only this task category: code_generation, debugging, refactoring, testing, "
-                         "architecture, or a custom one."),
-        "strategy": _tag("Only episodes that used this strategy."),
-        "since": _instant("Only episodes completed at or after this instant."),
-        "until": _instant("Only episodes completed at or before this instant."),
-        "mode": {"type": "string", "enum": list(RECALL_MODES),
-                 "description": "hybrid (default: meaning and keywords), vector (meaning only) or keyword "
-                                "(exact words, e.g. error messages or identifiers)."},
-        **_ids("agent_id", "user_id", "session_id"),
-    }, required=["query"]),
+        "nothing similar is stored yet."
+    ),
+    parameters=_object(
+        {
+            "query": _string(
+                "The task or problem to find experiences for, in plain words.", max_length=MAX_QUERY_CHARS
+            ),
+            "top_k": _integer("How many episodes to return (default 3).", 1, MAX_TOP_K),
+            "outcome": {
+                "type": "array",
+                "items": _OUTCOME,
+                "minItems": 1,
+                "maxItems": len(OUTCOMES),
+                "uniqueItems": True,
+                "description": 'Only these outcomes, e.g. ["success"] for worked examples or ["failure"] '
+                "for pitfalls.",
+            },
+            "min_reward": _number(
+                "Only episodes whose reward is at least this (rewards are usually 0..1).",
+                -MAX_RANGE,
+                MAX_RANGE,
+            ),
+            "category": _tag(
+                "Only this task category: code_generation, debugging, refactoring, testing, "
+                "architecture, or a custom one."
+            ),
+            "strategy": _tag("Only episodes that used this strategy."),
+            "since": _instant("Only episodes completed at or after this instant."),
+            "until": _instant("Only episodes completed at or before this instant."),
+            "mode": {
+                "type": "string",
+                "enum": list(RECALL_MODES),
+                "description": "hybrid (default: meaning and keywords), vector (meaning only) or keyword "
+                "(exact words, e.g. error messages or identifiers).",
+            },
+            **_ids("agent_id", "user_id", "session_id"),
+        },
+        required=["query"],
+    ),
     plan=_plan_recall,
 )
 
@@ -321,7 +377,11 @@ RECALL = ToolSpec(
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "top_k", "max_chars", "agent_id", "user_id", "session_id")
-    return Plan("get_context", (Calls.context(args["task"], cast(ContextOptions, options)),), lambda r: render_context(r[0]))
+    return Plan(
+        "get_context",
+        (Calls.context(args["task"], cast(ContextOptions, options)),),
+        lambda r: render_context(r[0]),
+    )
 
 
 CONTEXT = ToolSpec(
@@ -330,36 +390,66 @@ CONTEXT = ToolSpec(
         "Get a ready-made working-memory briefing for the task you are starting: the most relevant past "
         "episodes, the latest episodes of this agent, the strategies that worked and distilled facts, as "
         "one text section (at most max_chars characters) to read before you plan. Call it once at the "
-        "start of a task; use recall_experiences instead for a ranked list you want to inspect."),
-    parameters=_object({
-        "task": _string("The task you are about to do, in plain words.", max_length=MAX_QUERY_CHARS),
-        "category": _tag("The task's category, if known (code_generation, debugging, refactoring, testing, "
-                         "architecture or a custom one)."),
-        "top_k": _integer("How many past episodes to include (default 3).", 1, MAX_TOP_K),
-        "max_chars": _integer("The longest briefing you want, in characters (default 4000).", *CONTEXT_CHARS),
-        **_ids("agent_id", "user_id", "session_id"),
-    }, required=["task"]),
+        "start of a task; use recall_experiences instead for a ranked list you want to inspect."
+    ),
+    parameters=_object(
+        {
+            "task": _string("The task you are about to do, in plain words.", max_length=MAX_QUERY_CHARS),
+            "category": _tag(
+                "The task's category, if known (code_generation, debugging, refactoring, testing, "
+                "architecture or a custom one)."
+            ),
+            "top_k": _integer("How many past episodes to include (default 3).", 1, MAX_TOP_K),
+            "max_chars": _integer(
+                "The longest briefing you want, in characters (default 4000).", *CONTEXT_CHARS
+            ),
+            **_ids("agent_id", "user_id", "session_id"),
+        },
+        required=["task"],
+    ),
     plan=_plan_context,
 )
 
 
 # record_episode --------------------------------------------------------------------------------------------
-_RECORD_FIELDS = {"task.description": "task", "task.category": "category", "task.complexity": "complexity",
-                  "task": "task", "feedback.reward": "reward", "feedback.message": "feedback",
-                  "feedback.tests_passed": "tests_passed", "feedback.tests_total": "tests_total",
-                  "strategy_used": "strategy"}
+_RECORD_FIELDS = {
+    "task.description": "task",
+    "task.category": "category",
+    "task.complexity": "complexity",
+    "task": "task",
+    "feedback.reward": "reward",
+    "feedback.message": "feedback",
+    "feedback.tests_passed": "tests_passed",
+    "feedback.tests_total": "tests_total",
+    "strategy_used": "strategy",
+}
 
 
 def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id", "session_id"))
     task = {"description": args["task"], **_pick(args, "category", "complexity")}
-    fields: dict[str, Any] = {"task": task, "outcome": args["outcome"],
-                              **_pick(args, "solution", "importance", "iterations", "outcome_details",
-                                      "agent_id", "user_id", "session_id")}
+    fields: dict[str, Any] = {
+        "task": task,
+        "outcome": args["outcome"],
+        **_pick(
+            args,
+            "solution",
+            "importance",
+            "iterations",
+            "outcome_details",
+            "agent_id",
+            "user_id",
+            "session_id",
+        ),
+    }
     if args.get("strategy") is not None:
         fields["strategy_used"] = args["strategy"]
-    feedback = {"reward": args.get("reward"), "message": args.get("feedback"),
-                "tests_passed": args.get("tests_passed"), "tests_total": args.get("tests_total")}
+    feedback = {
+        "reward": args.get("reward"),
+        "message": args.get("feedback"),
+        "tests_passed": args.get("tests_passed"),
+        "tests_total": args.get("tests_total"),
+    }
     if any(v is not None for v in feedback.values()):
         fields["feedback"] = {k: v for k, v in feedback.items() if v is not None}
     if args.get("actions"):
@@ -367,10 +457,15 @@ def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     try:
         episode, call = Calls.record(None, fields)
     except InvalidEpisode as exc:
-        raise ToolArgumentError("record_episode", [(_tool_field(f, _RECORD_FIELDS), why)
-                                                   for f, why in exc.errors]) from exc
-    return Plan("record_episode", (call,), lambda r: render_recorded(r[0], episode.episode_id, episode.outcome),
-                fields=_RECORD_FIELDS)
+        raise ToolArgumentError(
+            "record_episode", [(_tool_field(f, _RECORD_FIELDS), why) for f, why in exc.errors]
+        ) from exc
+    return Plan(
+        "record_episode",
+        (call,),
+        lambda r: render_recorded(r[0], episode.episode_id, episode.outcome),
+        fields=_RECORD_FIELDS,
+    )
 
 
 RECORD = ToolSpec(
@@ -381,33 +476,54 @@ RECORD = ToolSpec(
         "did: the solution, the strategy, a reward from 0 (useless) to 1 (fully solved), the main actions "
         "with their results and errors, and any feedback you got. Failures are as valuable as successes: "
         "record them with the error. Returns the new episode_id; the episode is recallable within "
-        "seconds."),
-    parameters=_object({
-        "task": _string("What you were asked to do, in plain words."),
-        "outcome": {**_OUTCOME, "description": "success (solved), partial (part of it), failure (tried, did "
-                                               "not work) or abandoned (stopped before the end)."},
-        "solution": _string("What solved it, or the final approach: the key change, command or answer."),
-        "reward": _number("How well it went, from 0 (useless) to 1 (fully solved); a test pass rate or a "
-                          "user rating fits.", -MAX_REWARD, MAX_REWARD),
-        "feedback": _string("Feedback you received: a user's comment, a reviewer's note, a test failure "
-                            "message."),
-        "strategy": _tag("How you approached it: " + ", ".join(STRATEGIES) + ", or your own word."),
-        "actions": {"type": "array", "items": _ACTION, "maxItems": MAX_ACTIONS,
-                    "description": "The main steps you took, in order, with what each gave."},
-        "importance": _number("How much this episode matters for the future, 1 (routine) to 10 (critical "
-                              "lesson).", 1, 10),
-        "category": _tag("The task's category: code_generation, debugging, refactoring, testing, "
-                         "architecture, or a custom one."),
-        "complexity": _number("How hard the task was, 0 (trivial) to 1 (very hard).", 0, 1),
-        "outcome_details": _string("Why it ended this way, in a sentence or two (the blocking error for a "
-                                   "failure)."),
-        "iterations": _integer("How many attempts or rounds it took.", 0, MAX_COUNT),
-        "tests_passed": _integer("Tests passing at the end.", 0, MAX_COUNT),
-        "tests_total": _integer("Tests run at the end.", 0, MAX_COUNT),
-        **_ids("agent_id", "user_id", "session_id", reads=False),
-    }, required=["task", "outcome"]),
+        "seconds."
+    ),
+    parameters=_object(
+        {
+            "task": _string("What you were asked to do, in plain words."),
+            "outcome": {
+                **_OUTCOME,
+                "description": "success (solved), partial (part of it), failure (tried, did "
+                "not work) or abandoned (stopped before the end).",
+            },
+            "solution": _string("What solved it, or the final approach: the key change, command or answer."),
+            "reward": _number(
+                "How well it went, from 0 (useless) to 1 (fully solved); a test pass rate or a "
+                "user rating fits.",
+                -MAX_REWARD,
+                MAX_REWARD,
+            ),
+            "feedback": _string(
+                "Feedback you received: a user's comment, a reviewer's note, a test failure message."
+            ),
+            "strategy": _tag("How you approached it: " + ", ".join(STRATEGIES) + ", or your own word."),
+            "actions": {
+                "type": "array",
+                "items": _ACTION,
+                "maxItems": MAX_ACTIONS,
+                "description": "The main steps you took, in order, with what each gave.",
+            },
+            "importance": _number(
+                "How much this episode matters for the future, 1 (routine) to 10 (critical lesson).", 1, 10
+            ),
+            "category": _tag(
+                "The task's category: code_generation, debugging, refactoring, testing, "
+                "architecture, or a custom one."
+            ),
+            "complexity": _number("How hard the task was, 0 (trivial) to 1 (very hard).", 0, 1),
+            "outcome_details": _string(
+                "Why it ended this way, in a sentence or two (the blocking error for a failure)."
+            ),
+            "iterations": _integer("How many attempts or rounds it took.", 0, MAX_COUNT),
+            "tests_passed": _integer("Tests passing at the end.", 0, MAX_COUNT),
+            "tests_total": _integer("Tests run at the end.", 0, MAX_COUNT),
+            **_ids("agent_id", "user_id", "session_id", reads=False),
+        },
+        required=["task", "outcome"],
+    ),
     plan=_plan_record,
-    read_only=False, idempotent=False,
+    read_only=False,
+    idempotent=False,
 )
 
 
@@ -416,8 +532,10 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     common = _pick(args, "category", "agent_id", "user_id", "session_id")
     strategy = {**common, **_pick(args, "complexity")}
-    calls = (Calls.suggest(args["task"], cast(SuggestOptions, common)),
-             Calls.strategy(args["task"], cast(StrategyOptions, strategy)))
+    calls = (
+        Calls.suggest(args["task"], cast(SuggestOptions, common)),
+        Calls.strategy(args["task"], cast(StrategyOptions, strategy)),
+    )
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
 
@@ -427,14 +545,22 @@ SUGGEST = ToolSpec(
         "Before starting a task, ask memory how similar past tasks went and how to approach this one. "
         "Returns a confidence (high, medium or low, from similar successes versus failures), a recommended "
         "strategy (" + ", ".join(STRATEGIES) + ") with the reason, the strategies that succeeded, and the "
-        "failure messages and action types that went wrong before, so you can avoid them."),
-    parameters=_object({
-        "task": _string("The task you are about to do, in plain words.", max_length=MAX_QUERY_CHARS),
-        "category": _tag("The task's category, if known."),
-        "complexity": _number("How hard the task looks, 0 (trivial) to 1 (very hard); used when memory has "
-                              "no similar successes.", 0, 1),
-        **_ids("agent_id", "user_id", "session_id"),
-    }, required=["task"]),
+        "failure messages and action types that went wrong before, so you can avoid them."
+    ),
+    parameters=_object(
+        {
+            "task": _string("The task you are about to do, in plain words.", max_length=MAX_QUERY_CHARS),
+            "category": _tag("The task's category, if known."),
+            "complexity": _number(
+                "How hard the task looks, 0 (trivial) to 1 (very hard); used when memory has "
+                "no similar successes.",
+                0,
+                1,
+            ),
+            **_ids("agent_id", "user_id", "session_id"),
+        },
+        required=["task"],
+    ),
     plan=_plan_suggest,
 )
 
@@ -442,10 +568,14 @@ SUGGEST = ToolSpec(
 # search_facts ---------------------------------------------------------------------------------------------
 def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id",
-                    "user_id")
-    return Plan("search_facts", (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
-                lambda r: render_facts(r[0], args.get("query")))
+    options = _pick(
+        args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id", "user_id"
+    )
+    return Plan(
+        "search_facts",
+        (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
+        lambda r: render_facts(r[0], args.get("query")),
+    )
 
 
 FACTS = ToolSpec(
@@ -454,29 +584,48 @@ FACTS = ToolSpec(
         "Search semantic memory: durable lessons distilled from many episodes (strategies that work, "
         "recurring failure patterns, best practices), each with its confidence, its success rate and how "
         "many episodes support it. Call it without a query for the most confident facts. Use it for "
-        "general lessons; use recall_experiences for specific past episodes."),
-    parameters=_object({
-        "query": _string("What the facts should be about. Omit for the most confident facts.",
-                         max_length=MAX_QUERY_CHARS),
-        "kind": {"type": "array", "items": {"type": "string", "enum": list(FACT_KINDS)}, "minItems": 1,
-                 "maxItems": len(FACT_KINDS), "uniqueItems": True,
-                 "description": "Only these kinds: strategy (what works), failure_pattern (what keeps "
-                                "failing), best_practice (mixed results), preference."},
-        "category": _tag("Only facts about this task category."),
-        "top_k": _integer("How many facts to return (default 10).", 1, MAX_TOP_K),
-        "min_confidence": _number("Only facts at least this confident (0..1).", 0, 1),
-        "include_superseded": {"type": "boolean",
-                               "description": "Also facts that newer evidence replaced (history)."},
-        **_ids("agent_id", "user_id"),
-    }),
+        "general lessons; use recall_experiences for specific past episodes."
+    ),
+    parameters=_object(
+        {
+            "query": _string(
+                "What the facts should be about. Omit for the most confident facts.",
+                max_length=MAX_QUERY_CHARS,
+            ),
+            "kind": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(FACT_KINDS)},
+                "minItems": 1,
+                "maxItems": len(FACT_KINDS),
+                "uniqueItems": True,
+                "description": "Only these kinds: strategy (what works), failure_pattern (what keeps "
+                "failing), best_practice (mixed results), preference.",
+            },
+            "category": _tag("Only facts about this task category."),
+            "top_k": _integer("How many facts to return (default 10).", 1, MAX_TOP_K),
+            "min_confidence": _number("Only facts at least this confident (0..1).", 0, 1),
+            "include_superseded": {
+                "type": "boolean",
+                "description": "Also facts that newer evidence replaced (history).",
+            },
+            **_ids("agent_id", "user_id"),
+        }
+    ),
     plan=_plan_facts,
 )
 
 
 # forget_episode -------------------------------------------------------------------------------------------
 def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
-    return Plan("forget_episode", (Calls.forget_episode(args["episode_id"]),), lambda r: render_forgotten(r[0]),
-                missing=("episode_id", "no episode with this id in this memory (a forgotten one would answer already forgotten)"))
+    return Plan(
+        "forget_episode",
+        (Calls.forget_episode(args["episode_id"]),),
+        lambda r: render_forgotten(r[0]),
+        missing=(
+            "episode_id",
+            "no episode with this id in this memory (a forgotten one would answer already forgotten)",
+        ),
+    )
 
 
 FORGET = ToolSpec(
@@ -484,11 +633,16 @@ FORGET = ToolSpec(
     description=(
         "Permanently erase one episode from memory by its episode_id (as returned by recall_experiences or "
         "record_episode): when it holds wrong or harmful information, or the user asks to forget it. The "
-        "facts built from it are rebuilt without it. This cannot be undone."),
-    parameters=_object({"episode_id": _string("The id of the episode to erase.", max_length=MAX_ID_CHARS)},
-                       required=["episode_id"]),
+        "facts built from it are rebuilt without it. This cannot be undone."
+    ),
+    parameters=_object(
+        {"episode_id": _string("The id of the episode to erase.", max_length=MAX_ID_CHARS)},
+        required=["episode_id"],
+    ),
     plan=_plan_forget,
-    read_only=False, destructive=True, idempotent=True,
+    read_only=False,
+    destructive=True,
+    idempotent=True,
 )
 
 
@@ -504,11 +658,14 @@ SKILLS = ToolSpec(
     description=(
         "Show the track record per task category: how many episodes, the success rate, the average reward "
         "and iterations, and which categories are weak (success rate below threshold). Use it to decide "
-        "where to be careful, test more or ask for help."),
-    parameters=_object({
-        "threshold": _number("Success rate below which a category counts as weak (default 0.5).", 0, 1),
-        **_ids("agent_id", "user_id", "session_id"),
-    }),
+        "where to be careful, test more or ask for help."
+    ),
+    parameters=_object(
+        {
+            "threshold": _number("Success rate below which a category counts as weak (default 0.5).", 0, 1),
+            **_ids("agent_id", "user_id", "session_id"),
+        }
+    ),
     plan=_plan_skills,
 )
 
@@ -517,7 +674,11 @@ SKILLS = ToolSpec(
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _pick(args, "category", "window", "limit", "agent_id", "user_id", "session_id")
-    return Plan("get_learning_curve", (Calls.learning_curve(cast(CurveOptions, options)),), lambda r: render_curve(r[0]))
+    return Plan(
+        "get_learning_curve",
+        (Calls.learning_curve(cast(CurveOptions, options)),),
+        lambda r: render_curve(r[0]),
+    )
 
 
 CURVE = ToolSpec(
@@ -525,13 +686,16 @@ CURVE = ToolSpec(
     description=(
         "Show whether performance is improving: over the completed episodes in time order, the rolling "
         "success rate and average reward. Returns the first and the latest rolling success rate and "
-        "reward, the trend (improving, steady or declining), the total reward and the last few episodes."),
-    parameters=_object({
-        "category": _tag("Only this task category."),
-        "window": _integer("Episodes per rolling window (default 5).", *CURVE_WINDOW),
-        "limit": _integer("How many of the newest episodes to include (default 1000).", *CURVE_LIMIT),
-        **_ids("agent_id", "user_id", "session_id"),
-    }),
+        "reward, the trend (improving, steady or declining), the total reward and the last few episodes."
+    ),
+    parameters=_object(
+        {
+            "category": _tag("Only this task category."),
+            "window": _integer("Episodes per rolling window (default 5).", *CURVE_WINDOW),
+            "limit": _integer("How many of the newest episodes to include (default 1000).", *CURVE_LIMIT),
+            **_ids("agent_id", "user_id", "session_id"),
+        }
+    ),
     plan=_plan_curve,
 )
 
@@ -583,7 +747,9 @@ def parse_arguments(tool: str, arguments: Mapping[str, Any] | str | bytes | None
         except ValueError as exc:
             raise ToolArgumentError(tool, [("arguments", f"are not valid JSON ({exc})")]) from None
     if not isinstance(arguments, Mapping):
-        raise ToolArgumentError(tool, [("arguments", f"must be a JSON object, not {type(arguments).__name__}")])
+        raise ToolArgumentError(
+            tool, [("arguments", f"must be a JSON object, not {type(arguments).__name__}")]
+        )
     return dict(arguments)
 
 
@@ -650,7 +816,9 @@ def _check_array(schema: Mapping[str, Any], value: Any, path: str, errs: Collect
         errs.add(path, f"must hold at most {schema['maxItems']} items")
         return None
     items = [_check(schema.get("items", {}), v, _join(path, i), errs) for i, v in enumerate(value)]
-    if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(value):
+    if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(
+        value
+    ):
         errs.add(path, "must not repeat a value")
         return None
     return items
@@ -675,8 +843,9 @@ def _check_string(schema: Mapping[str, Any], value: Any, path: str, errs: Collec
     return value
 
 
-def _check_number(schema: Mapping[str, Any], value: Any, path: str, errs: Collector, *,
-                  integer: bool) -> int | float | None:
+def _check_number(
+    schema: Mapping[str, Any], value: Any, path: str, errs: Collector, *, integer: bool
+) -> int | float | None:
     lo, hi = schema.get("minimum", -math.inf), schema.get("maximum", math.inf)
     what = "an integer" if integer else "a number"
     bounds = f" between {_fmt(lo)} and {_fmt(hi)}" if math.isfinite(lo) and math.isfinite(hi) else ""
@@ -712,8 +881,13 @@ def _check_tags(args: Mapping[str, Any], path: str, errs: Collector) -> None:
     for key, value in args.items():
         here = _join(path, key)
         if key in _TAG_ARGS and isinstance(value, str):
-            check_tag_value(value, here, errs, max_chars=MAX_ID_CHARS if key.endswith("_id") else MAX_TAG_CHARS,
-                            required=True)
+            check_tag_value(
+                value,
+                here,
+                errs,
+                max_chars=MAX_ID_CHARS if key.endswith("_id") else MAX_TAG_CHARS,
+                required=True,
+            )
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 if isinstance(item, Mapping):
@@ -747,8 +921,14 @@ def _scope(agent_id: str | None, user_id: str | None, session_id: str | None) ->
     return {"agent_id": agent_id, "user_id": user_id, "session_id": session_id}
 
 
-def prepare(name: str, arguments: Mapping[str, Any] | str | bytes | None, *, agent_id: str | None = None,
-            user_id: str | None = None, session_id: str | None = None) -> Plan:
+def prepare(
+    name: str,
+    arguments: Mapping[str, Any] | str | bytes | None,
+    *,
+    agent_id: str | None = None,
+    user_id: str | None = None,
+    session_id: str | None = None,
+) -> Plan:
     """A model's tool call as a `Plan` (requests not yet sent): UnknownTool or ToolArgumentError if it
     cannot be made. `agent_id` / `user_id` / `session_id` are the bound scope (see the module docstring)."""
     spec = get_tool(name)
@@ -780,9 +960,16 @@ async def aexecute(client: AsyncEngram, plan: Plan) -> ToolResult:
     return plan.render(answers)
 
 
-def dispatch(client: Engram, name: str, arguments: Mapping[str, Any] | str | bytes | None = None, *,
-             agent_id: str | None = None, user_id: str | None = None, session_id: str | None = None,
-             errors: Literal["raise", "result"] = "raise") -> ToolResult:
+def dispatch(
+    client: Engram,
+    name: str,
+    arguments: Mapping[str, Any] | str | bytes | None = None,
+    *,
+    agent_id: str | None = None,
+    user_id: str | None = None,
+    session_id: str | None = None,
+    errors: Literal["raise", "result"] = "raise",
+) -> ToolResult:
     """Execute a model's call of tool `name` with the sync client; returns a ToolResult.
 
     `arguments` is a dict or its JSON string (as models send them). Raises UnknownTool,
@@ -791,21 +978,30 @@ def dispatch(client: Engram, name: str, arguments: Mapping[str, Any] | str | byt
     With `errors="result"` any EngramError is returned as `error_result(exc)` instead (is_error=True).
     """
     try:
-        return execute(client, prepare(name, arguments, agent_id=agent_id, user_id=user_id,
-                                       session_id=session_id))
+        return execute(
+            client, prepare(name, arguments, agent_id=agent_id, user_id=user_id, session_id=session_id)
+        )
     except EngramError as exc:
         if errors == "result":
             return error_result(exc)
         raise
 
 
-async def adispatch(client: AsyncEngram, name: str, arguments: Mapping[str, Any] | str | bytes | None = None,
-                    *, agent_id: str | None = None, user_id: str | None = None, session_id: str | None = None,
-                    errors: Literal["raise", "result"] = "raise") -> ToolResult:
+async def adispatch(
+    client: AsyncEngram,
+    name: str,
+    arguments: Mapping[str, Any] | str | bytes | None = None,
+    *,
+    agent_id: str | None = None,
+    user_id: str | None = None,
+    session_id: str | None = None,
+    errors: Literal["raise", "result"] = "raise",
+) -> ToolResult:
     """`dispatch` with the async client (suggest_approach's two requests run concurrently)."""
     try:
-        return await aexecute(client, prepare(name, arguments, agent_id=agent_id, user_id=user_id,
-                                              session_id=session_id))
+        return await aexecute(
+            client, prepare(name, arguments, agent_id=agent_id, user_id=user_id, session_id=session_id)
+        )
     except EngramError as exc:
         if errors == "result":
             return error_result(exc)
@@ -821,8 +1017,15 @@ class Toolset:
     Raises ValueError for a bad scope id, UnknownTool for a bad name.
     """
 
-    def __init__(self, client: Engram | AsyncEngram, *, agent_id: str | None = None, user_id: str | None = None,
-                 session_id: str | None = None, names: Iterable[str] | None = None):
+    def __init__(
+        self,
+        client: Engram | AsyncEngram,
+        *,
+        agent_id: str | None = None,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        names: Iterable[str] | None = None,
+    ):
         self.client = client
         self.scope = _scope(agent_id, user_id, session_id)
         self.tools: tuple[ToolSpec, ...] = TOOLS if names is None else tuple(get_tool(n) for n in names)
@@ -843,8 +1046,13 @@ class Toolset:
         self.get(name)
         return prepare(name, arguments, **self.scope)
 
-    def dispatch(self, name: str, arguments: Mapping[str, Any] | str | bytes | None = None, *,
-                 errors: Literal["raise", "result"] = "raise") -> ToolResult:
+    def dispatch(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | bytes | None = None,
+        *,
+        errors: Literal["raise", "result"] = "raise",
+    ) -> ToolResult:
         """Execute a tool call with the sync client (see the module-level `dispatch`)."""
         if not isinstance(self.client, Engram):
             raise TypeError("dispatch needs an Engram client; use adispatch with an AsyncEngram")
@@ -855,8 +1063,13 @@ class Toolset:
                 return error_result(exc)
             raise
 
-    async def adispatch(self, name: str, arguments: Mapping[str, Any] | str | bytes | None = None, *,
-                        errors: Literal["raise", "result"] = "raise") -> ToolResult:
+    async def adispatch(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | bytes | None = None,
+        *,
+        errors: Literal["raise", "result"] = "raise",
+    ) -> ToolResult:
         """Execute a tool call with the async client (see `adispatch`)."""
         if not isinstance(self.client, AsyncEngram):
             raise TypeError("adispatch needs an AsyncEngram client; use dispatch with an Engram")
@@ -875,27 +1088,46 @@ def error_result(exc: BaseException) -> ToolResult:
     service_error or internal."""
     if isinstance(exc, ToolArgumentError):
         lines = "; ".join(f"{f}: {why}" for f, why in exc.errors)
-        return ToolResult(f"Invalid arguments for {exc.tool}: {lines}. Fix them and call again.",
-                          {"error": "invalid_arguments", "tool": exc.tool,
-                           "errors": [{"field": f, "reason": why} for f, why in exc.errors]}, is_error=True)
+        return ToolResult(
+            f"Invalid arguments for {exc.tool}: {lines}. Fix them and call again.",
+            {
+                "error": "invalid_arguments",
+                "tool": exc.tool,
+                "errors": [{"field": f, "reason": why} for f, why in exc.errors],
+            },
+            is_error=True,
+        )
     if isinstance(exc, UnknownTool):
-        return ToolResult(f"Unknown tool {str(exc.name)[:80]!r}; available: {', '.join(exc.available)}.",
-                          {"error": "unknown_tool", "tool": exc.name, "available": list(exc.available)},
-                          is_error=True)
+        return ToolResult(
+            f"Unknown tool {str(exc.name)[:80]!r}; available: {', '.join(exc.available)}.",
+            {"error": "unknown_tool", "tool": exc.name, "available": list(exc.available)},
+            is_error=True,
+        )
     if isinstance(exc, Unauthorized):
-        return ToolResult("The memory service refused this client's API key; memory is unavailable until it "
-                          "is fixed.", {"error": "unauthorized", "status": exc.status}, is_error=True)
+        return ToolResult(
+            "The memory service refused this client's API key; memory is unavailable until it is fixed.",
+            {"error": "unauthorized", "status": exc.status},
+            is_error=True,
+        )
     if isinstance(exc, RateLimited | ServiceUnavailable):
         after = f" in {exc.retry_after:g} s" if exc.retry_after is not None else " later"
-        return ToolResult(f"Memory is busy or unavailable right now ({exc.status}); try again{after}.",
-                          {"error": "unavailable", "status": exc.status, "retry_after": exc.retry_after},
-                          is_error=True)
+        return ToolResult(
+            f"Memory is busy or unavailable right now ({exc.status}); try again{after}.",
+            {"error": "unavailable", "status": exc.status, "retry_after": exc.retry_after},
+            is_error=True,
+        )
     if isinstance(exc, ApiError):
-        return ToolResult(f"The memory service refused the call: {exc}",
-                          {"error": "service_error", "status": exc.status, "detail": exc.detail}, is_error=True)
+        return ToolResult(
+            f"The memory service refused the call: {exc}",
+            {"error": "service_error", "status": exc.status, "detail": exc.detail},
+            is_error=True,
+        )
     if isinstance(exc, ConnectionFailed):
-        return ToolResult(f"The memory service is unreachable: {exc}. Continue without memory.",
-                          {"error": "unreachable", "maybe_applied": exc.maybe_applied}, is_error=True)
+        return ToolResult(
+            f"The memory service is unreachable: {exc}. Continue without memory.",
+            {"error": "unreachable", "maybe_applied": exc.maybe_applied},
+            is_error=True,
+        )
     return ToolResult(f"Memory failed: {type(exc).__name__}: {exc}", {"error": "internal"}, is_error=True)
 
 
@@ -935,8 +1167,11 @@ def render_recall(recall: Recall, query: str) -> ToolResult:
     for i, hit in enumerate(recall.results, 1):
         ep = hit.episode
         reward = ep.feedback.reward if ep.feedback else None
-        head = [ep.outcome or "unfinished", f"reward {_num(reward)}",
-                f"{_when(ep.completed_at)} ({_ago(hit.age_s)})"]
+        head = [
+            ep.outcome or "unfinished",
+            f"reward {_num(reward)}",
+            f"{_when(ep.completed_at)} ({_ago(hit.age_s)})",
+        ]
         if ep.strategy_used:
             head.append(f"strategy {ep.strategy_used}")
         lines.append(f"{i}. [{' | '.join(head)}] {_clip(ep.task.description if ep.task else '', 160)}")
@@ -949,9 +1184,14 @@ def render_recall(recall: Recall, query: str) -> ToolResult:
         lines.append(f"   episode_id: {ep.episode_id}")
     worked = [s for s in recall.replay_context.strategies if (s.success_rate or 0) > 0]
     if worked:
-        lines.append("Strategies that worked: " + "; ".join(
-            f"{s.strategy} ({s.episodes} episode(s), success {_pct(s.success_rate)}, avg reward "
-            f"{_num(s.avg_reward)})" for s in worked[:3]))
+        lines.append(
+            "Strategies that worked: "
+            + "; ".join(
+                f"{s.strategy} ({s.episodes} episode(s), success {_pct(s.success_rate)}, avg reward "
+                f"{_num(s.avg_reward)})"
+                for s in worked[:3]
+            )
+        )
     return ToolResult("\n".join(lines), dict(recall.raw))
 
 
@@ -963,27 +1203,44 @@ def render_context(context: Context) -> ToolResult:
 def render_recorded(result: IngestResult, episode_id: str, outcome: str | None) -> ToolResult:
     """record_episode: the new episode's id."""
     accepted = result.results[0] if result.results else None
-    data = {"episode_id": episode_id, "event_id": accepted.event_id if accepted else None,
-            "outcome": outcome, "accepted": result.accepted}
-    return ToolResult(f"Recorded episode {episode_id} ({outcome}). It will be recallable within seconds.", data)
+    data = {
+        "episode_id": episode_id,
+        "event_id": accepted.event_id if accepted else None,
+        "outcome": outcome,
+        "accepted": result.accepted,
+    }
+    return ToolResult(
+        f"Recorded episode {episode_id} ({outcome}). It will be recallable within seconds.", data
+    )
 
 
 def render_suggestion(suggestion: Suggestion, choice: StrategyChoice) -> ToolResult:
     """suggest_approach: confidence, the strategy and its reason, what failed before."""
     if suggestion.similar:
-        basis = (f"{suggestion.successes} success(es) and {suggestion.failures} failure(s) among "
-                 f"{suggestion.similar} similar past episode(s)")
+        basis = (
+            f"{suggestion.successes} success(es) and {suggestion.failures} failure(s) among "
+            f"{suggestion.similar} similar past episode(s)"
+        )
     else:
         basis = "no similar past episodes"
-    lines = [f"Confidence: {suggestion.confidence} ({basis}).",
-             f"Recommended strategy: {choice.strategy} ({choice.reason})."]
+    lines = [
+        f"Confidence: {suggestion.confidence} ({basis}).",
+        f"Recommended strategy: {choice.strategy} ({choice.reason}).",
+    ]
     if suggestion.successful_strategies:
-        lines.append("Strategies that succeeded: " + ", ".join(f"{s} ({n}x)" for s, n in suggestion.successful_strategies))
+        lines.append(
+            "Strategies that succeeded: "
+            + ", ".join(f"{s} ({n}x)" for s, n in suggestion.successful_strategies)
+        )
     if suggestion.common_failures:
-        lines.append("Common failures to avoid: " + "; ".join(
-            f"{_clip(m, 160)!r} ({n}x)" for m, n in suggestion.common_failures))
+        lines.append(
+            "Common failures to avoid: "
+            + "; ".join(f"{_clip(m, 160)!r} ({n}x)" for m, n in suggestion.common_failures)
+        )
     if suggestion.failed_action_types:
-        lines.append("Steps that failed before: " + ", ".join(f"{a} ({n}x)" for a, n in suggestion.failed_action_types))
+        lines.append(
+            "Steps that failed before: " + ", ".join(f"{a} ({n}x)" for a, n in suggestion.failed_action_types)
+        )
     return ToolResult("\n".join(lines), {"suggestion": dict(suggestion.raw), "strategy": dict(choice.raw)})
 
 
@@ -992,24 +1249,33 @@ def render_facts(facts: Sequence[Fact], query: str | None) -> ToolResult:
     data = {"results": [dict(f.raw) for f in facts]}
     if not facts:
         about = f" about {_clip(query, 80)!r}" if query else ""
-        return ToolResult(f"No facts{about} yet (facts are distilled once enough similar episodes exist).", data)
+        return ToolResult(
+            f"No facts{about} yet (facts are distilled once enough similar episodes exist).", data
+        )
     lines = [f"{len(facts)} fact(s), best first:"]
     for i, f in enumerate(facts, 1):
         tail = "" if f.status in ("", "current") else f", {f.status}"
         scope = f"agent {f.agent_id}" if f.agent_id else "all agents"
-        lines.append(f"{i}. [{f.kind} | {scope} | confidence {_num(f.confidence)} | {f.support} episode(s), "
-                     f"success {_pct(f.success_rate)}{tail}] {_clip(f.text, 500)} (fact_id {f.fact_id})")
+        lines.append(
+            f"{i}. [{f.kind} | {scope} | confidence {_num(f.confidence)} | {f.support} episode(s), "
+            f"success {_pct(f.success_rate)}{tail}] {_clip(f.text, 500)} (fact_id {f.fact_id})"
+        )
     return ToolResult("\n".join(lines), data)
 
 
 def render_forgotten(forgetting: Forgetting) -> ToolResult:
     """forget_episode: the erase was accepted (or had been: forgetting is idempotent)."""
     if forgetting.already_forgotten:
-        return ToolResult(f"Episode {forgetting.episode_id} was already forgotten.",
-                          {"episode_id": forgetting.episode_id, "event_id": None, "status": "already_forgotten"})
+        return ToolResult(
+            f"Episode {forgetting.episode_id} was already forgotten.",
+            {"episode_id": forgetting.episode_id, "event_id": None, "status": "already_forgotten"},
+        )
     data = {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "accepted"}
-    return ToolResult(f"Episode {forgetting.episode_id} will be erased from memory (and from the facts "
-                      "built on it) within seconds.", data)
+    return ToolResult(
+        f"Episode {forgetting.episode_id} will be erased from memory (and from the facts "
+        "built on it) within seconds.",
+        data,
+    )
 
 
 def render_skills(skills: Skills) -> ToolResult:
@@ -1020,8 +1286,11 @@ def render_skills(skills: Skills) -> ToolResult:
     lines = [f"Skills by category (weak: success rate below {skills.threshold:.0%}):"]
     for p in sorted(skills.results, key=lambda p: -p.episodes):
         iters = f", avg iterations {p.avg_iterations:.1f}" if p.avg_iterations is not None else ""
-        lines.append(f"- {p.category}: {p.episodes} episode(s), {p.successes} success(es) "
-                     f"({_pct(p.success_rate)}), avg reward {_num(p.avg_reward)}{iters}" + (" - WEAK" if p.weak else ""))
+        lines.append(
+            f"- {p.category}: {p.episodes} episode(s), {p.successes} success(es) "
+            f"({_pct(p.success_rate)}), avg reward {_num(p.avg_reward)}{iters}"
+            + (" - WEAK" if p.weak else "")
+        )
     if skills.weak:
         lines.append("Weak categories: " + ", ".join(skills.weak) + ".")
     return ToolResult("\n".join(lines), data)
@@ -1036,13 +1305,36 @@ def render_curve(curve: LearningCurve) -> ToolResult:
     first, last = points[min(len(points), curve.window) - 1], points[-1]
     delta = last.success_rate - first.success_rate
     trend = "improving" if delta > 0.1 else "declining" if delta < -0.1 else "steady"
-    lines = [f"Learning curve over {len(points)} episode(s) (rolling window {curve.window}): success rate "
-             f"{_pct(first.success_rate)} -> {_pct(last.success_rate)} ({trend}); avg reward "
-             f"{_num(first.avg_reward)} -> {_num(last.avg_reward)}; total reward {last.cumulative_reward:.2f}.",
-             "Latest: " + ", ".join(f"#{p.episode} {p.outcome or '?'} {_num(p.reward)}" for p in points[-5:]) + "."]
+    lines = [
+        f"Learning curve over {len(points)} episode(s) (rolling window {curve.window}): success rate "
+        f"{_pct(first.success_rate)} -> {_pct(last.success_rate)} ({trend}); avg reward "
+        f"{_num(first.avg_reward)} -> {_num(last.avg_reward)}; total reward {last.cumulative_reward:.2f}.",
+        "Latest: "
+        + ", ".join(f"#{p.episode} {p.outcome or '?'} {_num(p.reward)}" for p in points[-5:])
+        + ".",
+    ]
     return ToolResult("\n".join(lines), data)
 
 
-__all__ = ["FORMATS", "TOOLS", "TOOL_NAMES", "Plan", "ToolArgumentError", "ToolError", "ToolResult", "ToolSpec",
-           "Toolset", "UnknownTool", "adispatch", "aexecute", "check_arguments", "dispatch", "error_result",
-           "execute", "get_tool", "parse_arguments", "prepare", "tools"]
+__all__ = [
+    "FORMATS",
+    "TOOLS",
+    "TOOL_NAMES",
+    "Plan",
+    "ToolArgumentError",
+    "ToolError",
+    "ToolResult",
+    "ToolSpec",
+    "Toolset",
+    "UnknownTool",
+    "adispatch",
+    "aexecute",
+    "check_arguments",
+    "dispatch",
+    "error_result",
+    "execute",
+    "get_tool",
+    "parse_arguments",
+    "prepare",
+    "tools",
+]

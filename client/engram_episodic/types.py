@@ -68,8 +68,12 @@ class IngestResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> IngestResult:
-        return cls(accepted=int(data["accepted"]), results=tuple(map(Accepted.from_json, data["results"])),
-                   projected=data.get("projected"), raw=data)
+        return cls(
+            accepted=int(data["accepted"]),
+            results=tuple(map(Accepted.from_json, data["results"])),
+            projected=data.get("projected"),
+            raw=data,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,12 +97,17 @@ class RecallHit:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecallHit:
-        return cls(episode=episode_from_json(data["episode"]), priority=float(data["priority"]),
-                   similarity=float(data["similarity"]), relevance=float(data["relevance"]),
-                   recency=float(data["recency"]), age_s=float(data["age_s"]),
-                   components={k: float(v) for k, v in (data.get("components") or {}).items()},
-                   access_count=int(data.get("access_count") or 0),
-                   last_accessed=_instant(data.get("last_accessed")))
+        return cls(
+            episode=episode_from_json(data["episode"]),
+            priority=float(data["priority"]),
+            similarity=float(data["similarity"]),
+            relevance=float(data["relevance"]),
+            recency=float(data["recency"]),
+            age_s=float(data["age_s"]),
+            components={k: float(v) for k, v in (data.get("components") or {}).items()},
+            access_count=int(data.get("access_count") or 0),
+            last_accessed=_instant(data.get("last_accessed")),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,12 +127,16 @@ class ReplayStrategy:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReplayStrategy:
-        return cls(strategy=data["strategy"], priority=float(data["priority"]), episodes=int(data["episodes"]),
-                   avg_reward=_opt_float(data.get("avg_reward")),
-                   success_rate=_opt_float(data.get("success_rate")),
-                   changed_at=_instant(data.get("changed_at")),
-                   earlier_episodes=int(data.get("earlier_episodes") or 0),
-                   earlier_success_rate=_opt_float(data.get("earlier_success_rate")))
+        return cls(
+            strategy=data["strategy"],
+            priority=float(data["priority"]),
+            episodes=int(data["episodes"]),
+            avg_reward=_opt_float(data.get("avg_reward")),
+            success_rate=_opt_float(data.get("success_rate")),
+            changed_at=_instant(data.get("changed_at")),
+            earlier_episodes=int(data.get("earlier_episodes") or 0),
+            earlier_success_rate=_opt_float(data.get("earlier_success_rate")),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,9 +150,12 @@ class ReplayContext:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReplayContext:
-        return cls(episodes=int(data.get("episodes") or 0), avg_reward=_opt_float(data.get("avg_reward")),
-                   success_rate=_opt_float(data.get("success_rate")),
-                   strategies=tuple(map(ReplayStrategy.from_json, data.get("strategies") or ())))
+        return cls(
+            episodes=int(data.get("episodes") or 0),
+            avg_reward=_opt_float(data.get("avg_reward")),
+            success_rate=_opt_float(data.get("success_rate")),
+            strategies=tuple(map(ReplayStrategy.from_json, data.get("strategies") or ())),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,11 +173,16 @@ class Recall:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Recall:
-        return cls(results=tuple(map(RecallHit.from_json, data["results"])),
-                   replay_context=ReplayContext.from_json(data.get("replay_context") or {}),
-                   as_of=parse_instant(data["as_of"]), weights=dict(data.get("weights") or {}),
-                   preset=data.get("preset"), mode=data.get("mode", ""),
-                   candidates=int(data.get("candidates") or 0), raw=data)
+        return cls(
+            results=tuple(map(RecallHit.from_json, data["results"])),
+            replay_context=ReplayContext.from_json(data.get("replay_context") or {}),
+            as_of=parse_instant(data["as_of"]),
+            weights=dict(data.get("weights") or {}),
+            preset=data.get("preset"),
+            mode=data.get("mode", ""),
+            candidates=int(data.get("candidates") or 0),
+            raw=data,
+        )
 
     def __iter__(self) -> Iterator[RecallHit]:
         return iter(self.results)
@@ -188,9 +209,15 @@ class ContextFact:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ContextFact:
-        return cls(fact_id=data["fact_id"], kind=data["kind"], text=data["text"], support=int(data["support"]),
-                   success_rate=_opt_float(data.get("success_rate")),
-                   confidence=_opt_float(data.get("confidence")), score=_opt_float(data.get("score")))
+        return cls(
+            fact_id=data["fact_id"],
+            kind=data["kind"],
+            text=data["text"],
+            support=int(data["support"]),
+            success_rate=_opt_float(data.get("success_rate")),
+            confidence=_opt_float(data.get("confidence")),
+            score=_opt_float(data.get("score")),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -211,13 +238,19 @@ class Context:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Context:
-        return cls(task=data["task"], category=data.get("category"), prompt=data["prompt"],
-                   truncated=bool(data.get("truncated")), max_chars=int(data["max_chars"]),
-                   results=tuple(map(RecallHit.from_json, data.get("results") or ())),
-                   short_term=tuple(map(episode_from_json, data.get("short_term") or ())),
-                   replay_context=ReplayContext.from_json(data.get("replay_context") or {}),
-                   facts=tuple(map(ContextFact.from_json, data.get("facts") or ())),
-                   preset=data.get("preset"), raw=data)
+        return cls(
+            task=data["task"],
+            category=data.get("category"),
+            prompt=data["prompt"],
+            truncated=bool(data.get("truncated")),
+            max_chars=int(data["max_chars"]),
+            results=tuple(map(RecallHit.from_json, data.get("results") or ())),
+            short_term=tuple(map(episode_from_json, data.get("short_term") or ())),
+            replay_context=ReplayContext.from_json(data.get("replay_context") or {}),
+            facts=tuple(map(ContextFact.from_json, data.get("facts") or ())),
+            preset=data.get("preset"),
+            raw=data,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,8 +266,14 @@ class StrategyChoice:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StrategyChoice:
-        return cls(strategy=data["strategy"], rule=data["rule"], reason=data["reason"],
-                   evidence=dict(data.get("evidence") or {}), pool=tuple(data.get("pool") or ()), raw=data)
+        return cls(
+            strategy=data["strategy"],
+            rule=data["rule"],
+            reason=data["reason"],
+            evidence=dict(data.get("evidence") or {}),
+            pool=tuple(data.get("pool") or ()),
+            raw=data,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,11 +298,18 @@ class Suggestion:
     def from_json(cls, data: Mapping[str, Any]) -> Suggestion:
         def pairs(name: str, key: str) -> tuple[tuple[str, int], ...]:
             return tuple((row[key], int(row["count"])) for row in data.get(name) or ())
-        return cls(confidence=data["confidence"], similar=int(data["similar"]), successes=int(data["successes"]),
-                   failures=int(data["failures"]), success_share=_opt_float(data.get("success_share")),
-                   common_failures=pairs("common_failures", "message"),
-                   failed_action_types=pairs("failed_action_types", "action_type"),
-                   successful_strategies=pairs("successful_strategies", "strategy"), raw=data)
+
+        return cls(
+            confidence=data["confidence"],
+            similar=int(data["similar"]),
+            successes=int(data["successes"]),
+            failures=int(data["failures"]),
+            success_share=_opt_float(data.get("success_share")),
+            common_failures=pairs("common_failures", "message"),
+            failed_action_types=pairs("failed_action_types", "action_type"),
+            successful_strategies=pairs("successful_strategies", "strategy"),
+            raw=data,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,9 +326,15 @@ class SkillProfile:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SkillProfile:
-        return cls(category=data["category"], episodes=int(data["episodes"]), successes=int(data["successes"]),
-                   success_rate=_opt_float(data.get("success_rate")), avg_reward=_opt_float(data.get("avg_reward")),
-                   avg_iterations=_opt_float(data.get("avg_iterations")), weak=bool(data.get("weak")))
+        return cls(
+            category=data["category"],
+            episodes=int(data["episodes"]),
+            successes=int(data["successes"]),
+            success_rate=_opt_float(data.get("success_rate")),
+            avg_reward=_opt_float(data.get("avg_reward")),
+            avg_iterations=_opt_float(data.get("avg_iterations")),
+            weak=bool(data.get("weak")),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,8 +348,12 @@ class Skills:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Skills:
-        return cls(results=tuple(map(SkillProfile.from_json, data["results"])), weak=tuple(data.get("weak") or ()),
-                   threshold=float(data["threshold"]), raw=data)
+        return cls(
+            results=tuple(map(SkillProfile.from_json, data["results"])),
+            weak=tuple(data.get("weak") or ()),
+            threshold=float(data["threshold"]),
+            raw=data,
+        )
 
     def __iter__(self) -> Iterator[SkillProfile]:
         return iter(self.results)
@@ -318,10 +374,16 @@ class CurvePoint:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CurvePoint:
-        return cls(episode=int(data["episode"]), episode_id=data["episode_id"],
-                   completed_at=parse_instant(data["completed_at"]), reward=_opt_float(data.get("reward")),
-                   outcome=data.get("outcome"), cumulative_reward=float(data["cumulative_reward"]),
-                   success_rate=float(data["success_rate"]), avg_reward=_opt_float(data.get("avg_reward")))
+        return cls(
+            episode=int(data["episode"]),
+            episode_id=data["episode_id"],
+            completed_at=parse_instant(data["completed_at"]),
+            reward=_opt_float(data.get("reward")),
+            outcome=data.get("outcome"),
+            cumulative_reward=float(data["cumulative_reward"]),
+            success_rate=float(data["success_rate"]),
+            avg_reward=_opt_float(data.get("avg_reward")),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,7 +396,9 @@ class LearningCurve:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LearningCurve:
-        return cls(results=tuple(map(CurvePoint.from_json, data["results"])), window=int(data["window"]), raw=data)
+        return cls(
+            results=tuple(map(CurvePoint.from_json, data["results"])), window=int(data["window"]), raw=data
+        )
 
     def __iter__(self) -> Iterator[CurvePoint]:
         return iter(self.results)
@@ -371,18 +435,32 @@ class Fact:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Fact:
-        return cls(fact_id=data["fact_id"], kind=data["kind"], text=data["text"], level=data.get("level", ""),
-                   status=data.get("status", ""), support=int(data.get("support") or 0),
-                   successes=int(data.get("successes") or 0), success_rate=_opt_float(data.get("success_rate")),
-                   avg_reward=_opt_float(data.get("avg_reward")), confidence=_opt_float(data.get("confidence")),
-                   version=int(data.get("version") or 0), agent_id=data.get("agent_id") or None,
-                   category=data.get("category") or None, evidence=tuple(data.get("evidence") or ()),
-                   top_strategies=tuple(data.get("top_strategies") or ()),
-                   common_failures=tuple(data.get("common_failures") or ()),
-                   first_at=_instant(data.get("first_at")), last_at=_instant(data.get("last_at")),
-                   created_at=_instant(data.get("created_at")), updated_at=_instant(data.get("updated_at")),
-                   supersedes=data.get("supersedes") or None, superseded_by=data.get("superseded_by") or None,
-                   score=_opt_float(data.get("score")), raw=data)
+        return cls(
+            fact_id=data["fact_id"],
+            kind=data["kind"],
+            text=data["text"],
+            level=data.get("level", ""),
+            status=data.get("status", ""),
+            support=int(data.get("support") or 0),
+            successes=int(data.get("successes") or 0),
+            success_rate=_opt_float(data.get("success_rate")),
+            avg_reward=_opt_float(data.get("avg_reward")),
+            confidence=_opt_float(data.get("confidence")),
+            version=int(data.get("version") or 0),
+            agent_id=data.get("agent_id") or None,
+            category=data.get("category") or None,
+            evidence=tuple(data.get("evidence") or ()),
+            top_strategies=tuple(data.get("top_strategies") or ()),
+            common_failures=tuple(data.get("common_failures") or ()),
+            first_at=_instant(data.get("first_at")),
+            last_at=_instant(data.get("last_at")),
+            created_at=_instant(data.get("created_at")),
+            updated_at=_instant(data.get("updated_at")),
+            supersedes=data.get("supersedes") or None,
+            superseded_by=data.get("superseded_by") or None,
+            score=_opt_float(data.get("score")),
+            raw=data,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -395,8 +473,11 @@ class FactDetail:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FactDetail:
-        return cls(fact=Fact.from_json(data["fact"]), evidence=tuple(map(episode_from_json, data.get("evidence") or ())),
-                   history=tuple(map(Fact.from_json, data.get("history") or ())))
+        return cls(
+            fact=Fact.from_json(data["fact"]),
+            evidence=tuple(map(episode_from_json, data.get("evidence") or ())),
+            history=tuple(map(Fact.from_json, data.get("history") or ())),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -410,8 +491,12 @@ class ScopeConsolidation:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScopeConsolidation:
-        return cls(scope=dict(data.get("scope") or {}), status=data.get("status", ""),
-                   facts=int(data.get("facts") or 0), removed=int(data.get("removed") or 0))
+        return cls(
+            scope=dict(data.get("scope") or {}),
+            status=data.get("status", ""),
+            facts=int(data.get("facts") or 0),
+            removed=int(data.get("removed") or 0),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -442,10 +527,13 @@ class StoredEpisode:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredEpisode:
-        return cls(episode=episode_from_json(data["episode"]) if data.get("episode") is not None else None,
-                   status=data.get("status", ""),
-                   access_count=int(data.get("access_count") or 0),
-                   last_accessed=_instant(data.get("last_accessed")), raw=data)
+        return cls(
+            episode=episode_from_json(data["episode"]) if data.get("episode") is not None else None,
+            status=data.get("status", ""),
+            access_count=int(data.get("access_count") or 0),
+            last_accessed=_instant(data.get("last_accessed")),
+            raw=data,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -459,5 +547,9 @@ class Forgetting:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Forgetting:
-        return cls(event_id=data.get("event_id"), episode_id=data.get("episode_id"), user_id=data.get("user_id"),
-                   already_forgotten=bool(data.get("already_forgotten")))
+        return cls(
+            event_id=data.get("event_id"),
+            episode_id=data.get("episode_id"),
+            user_id=data.get("user_id"),
+            already_forgotten=bool(data.get("already_forgotten")),
+        )

@@ -172,13 +172,16 @@ def _text(value: Any, path: str, errs: Collector, *, required: bool = False) -> 
 
 
 @overload
-def _number(value: Any, path: str, errs: Collector, *, lo: float, hi: float,
-            integer: Literal[False] = False) -> float | None: ...
+def _number(
+    value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: Literal[False] = False
+) -> float | None: ...
 @overload
-def _number(value: Any, path: str, errs: Collector, *, lo: float, hi: float,
-            integer: Literal[True]) -> int | None: ...
-def _number(value: Any, path: str, errs: Collector, *, lo: float, hi: float,
-            integer: bool = False) -> float | None:
+def _number(
+    value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: Literal[True]
+) -> int | None: ...
+def _number(
+    value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: bool = False
+) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -257,8 +260,13 @@ def parse_task(value: Any, path: str, errs: Collector) -> Task | None:
         return None
     _unknown(value, frozenset({"description", "category", "complexity"}), path, errs)
     description = _text(value.get("description"), _join(path, "description"), errs, required=True)
-    category = check_tag_value(value.get("category", "unknown"), _join(path, "category"), errs,
-                               max_chars=MAX_TAG_CHARS, required=True)
+    category = check_tag_value(
+        value.get("category", "unknown"),
+        _join(path, "category"),
+        errs,
+        max_chars=MAX_TAG_CHARS,
+        required=True,
+    )
     complexity = _number(value.get("complexity"), _join(path, "complexity"), errs, lo=0.0, hi=1.0)
     if description is None or category is None:
         return None
@@ -270,8 +278,9 @@ def parse_action(value: Any, path: str, errs: Collector) -> Action | None:
         errs.add(path, "must be an object")
         return None
     _unknown(value, frozenset(Action.__dataclass_fields__), path, errs)
-    action_type = check_tag_value(value.get("action_type"), _join(path, "action_type"), errs,
-                                  max_chars=MAX_TAG_CHARS, required=True)
+    action_type = check_tag_value(
+        value.get("action_type"), _join(path, "action_type"), errs, max_chars=MAX_TAG_CHARS, required=True
+    )
     action_id = check_id(value.get("action_id"), _join(path, "action_id"), errs)
     action_input = _text(value.get("input"), _join(path, "input"), errs)
     output = _text(value.get("output"), _join(path, "output"), errs)
@@ -280,8 +289,15 @@ def parse_action(value: Any, path: str, errs: Collector) -> Action | None:
     error = _text(value.get("error"), _join(path, "error"), errs)
     if action_type is None:
         return None
-    return Action(action_type=action_type, action_id=action_id, input=action_input, output=output,
-                  timestamp=timestamp, success=success, error=error)
+    return Action(
+        action_type=action_type,
+        action_id=action_id,
+        input=action_input,
+        output=output,
+        timestamp=timestamp,
+        success=success,
+        error=error,
+    )
 
 
 def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
@@ -294,10 +310,12 @@ def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
     fb = Feedback(
         reward=_number(value.get("reward"), _join(path, "reward"), errs, lo=-1e6, hi=1e6),
         message=_text(value.get("message"), _join(path, "message"), errs),
-        tests_passed=_number(value.get("tests_passed"), _join(path, "tests_passed"), errs,
-                             lo=0, hi=1e9, integer=True),
-        tests_total=_number(value.get("tests_total"), _join(path, "tests_total"), errs,
-                            lo=0, hi=1e9, integer=True),
+        tests_passed=_number(
+            value.get("tests_passed"), _join(path, "tests_passed"), errs, lo=0, hi=1e9, integer=True
+        ),
+        tests_total=_number(
+            value.get("tests_total"), _join(path, "tests_total"), errs, lo=0, hi=1e9, integer=True
+        ),
     )
     if fb.tests_passed is not None and fb.tests_total is not None and fb.tests_passed > fb.tests_total:
         errs.add(_join(path, "tests_passed"), "must not exceed tests_total")
@@ -315,7 +333,11 @@ def parse_vector(value: Any, path: str, errs: Collector) -> tuple[float, ...] | 
         return None
     out = []
     for x in value:
-        if isinstance(x, bool) or not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
+        if (
+            isinstance(x, bool)
+            or not isinstance(x, int | float)
+            or (isinstance(x, float) and not math.isfinite(x))
+        ):
             errs.add(path, "must contain only finite numbers")
             return None
         if abs(x) > FLOAT32_MAX:  # stored as float32: 1e39 would become inf, and the vector NaN
@@ -328,9 +350,15 @@ def parse_vector(value: Any, path: str, errs: Collector) -> tuple[float, ...] | 
     return tuple(out)
 
 
-def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
-                  require_task: bool = True, default_episode_id: str | None = None,
-                  max_actions: int | None = MAX_ACTIONS) -> Episode | None:
+def parse_episode(
+    value: Any,
+    path: str = "",
+    errs: Collector | None = None,
+    *,
+    require_task: bool = True,
+    default_episode_id: str | None = None,
+    max_actions: int | None = MAX_ACTIONS,
+) -> Episode | None:
     """Build an Episode from JSON-shaped input (the HTTP body, or a decoded stream payload).
 
     Timestamps may be epoch seconds or ISO 8601 with an offset. `duration_s` and
@@ -350,12 +378,18 @@ def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
         return None
     before = len(errs.errors)
     _unknown(value, _EPISODE_FIELDS, path, errs)
-    episode_id = check_id(value.get("episode_id", default_episode_id), _join(path, "episode_id"), errs,
-                          required=True)
-    ids = {name: check_id(value.get(name), _join(path, name), errs)
-           for name in ("agent_id", "user_id", "session_id")}
-    task = (parse_task(value.get("task"), _join(path, "task"), errs)
-            if require_task or value.get("task") is not None else None)
+    episode_id = check_id(
+        value.get("episode_id", default_episode_id), _join(path, "episode_id"), errs, required=True
+    )
+    ids = {
+        name: check_id(value.get(name), _join(path, name), errs)
+        for name in ("agent_id", "user_id", "session_id")
+    }
+    task = (
+        parse_task(value.get("task"), _join(path, "task"), errs)
+        if require_task or value.get("task") is not None
+        else None
+    )
     texts = {name: _text(value.get(name), _join(path, name), errs) for name in _TEXT_FIELDS}
     raw_actions = value.get("actions") or []
     actions: list[Action] = []
@@ -372,8 +406,13 @@ def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
     if outcome is not None and outcome not in OUTCOMES:
         errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
         outcome = None
-    strategy = check_tag_value(value.get("strategy_used"), _join(path, "strategy_used"), errs,
-                               max_chars=MAX_TAG_CHARS, required=False)
+    strategy = check_tag_value(
+        value.get("strategy_used"),
+        _join(path, "strategy_used"),
+        errs,
+        max_chars=MAX_TAG_CHARS,
+        required=False,
+    )
     started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
     completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
     if started_at is not None and completed_at is not None and completed_at < started_at:
@@ -382,19 +421,35 @@ def parse_episode(value: Any, path: str = "", errs: Collector | None = None, *,
     metadata = _json_object(value.get("metadata"), _join(path, "metadata"), errs)
     feedback = parse_feedback(value.get("feedback"), _join(path, "feedback"), errs)
     importance = _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10)
-    iterations = _number(value.get("iterations"), _join(path, "iterations"), errs, lo=0, hi=1e9,
-                         integer=True)
+    iterations = _number(value.get("iterations"), _join(path, "iterations"), errs, lo=0, hi=1e9, integer=True)
     vector = parse_vector(value.get("vector"), _join(path, "vector"), errs)
     # episode_id is None only with an error added (it is required); the test narrows it for the checker
     if len(errs.errors) > before or episode_id is None:
         if own:
             errs.raise_if_any()
         return None
-    return Episode(episode_id=episode_id, task=task, actions=tuple(actions), outcome=outcome,
-                   strategy_used=strategy, started_at=started_at, completed_at=completed_at,
-                   agent_id=ids["agent_id"], user_id=ids["user_id"], session_id=ids["session_id"],
-                   observation=texts["observation"], thoughts=texts["thoughts"], action=texts["action"],
-                   result=texts["result"], solution=texts["solution"],
-                   outcome_details=texts["outcome_details"], source=texts["source"],
-                   context=context, metadata=metadata, feedback=feedback, importance=importance,
-                   iterations=iterations, vector=vector)
+    return Episode(
+        episode_id=episode_id,
+        task=task,
+        actions=tuple(actions),
+        outcome=outcome,
+        strategy_used=strategy,
+        started_at=started_at,
+        completed_at=completed_at,
+        agent_id=ids["agent_id"],
+        user_id=ids["user_id"],
+        session_id=ids["session_id"],
+        observation=texts["observation"],
+        thoughts=texts["thoughts"],
+        action=texts["action"],
+        result=texts["result"],
+        solution=texts["solution"],
+        outcome_details=texts["outcome_details"],
+        source=texts["source"],
+        context=context,
+        metadata=metadata,
+        feedback=feedback,
+        importance=importance,
+        iterations=iterations,
+        vector=vector,
+    )

@@ -30,8 +30,10 @@ def _settings(**overrides) -> Settings:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if settings.redis_url is None:
-        raise click.ClickException("REDIS_URL is not set: start the stack with `make run`, or point "
-                                   "REDIS_URL at a Redis 8 with the Query Engine")
+        raise click.ClickException(
+            "REDIS_URL is not set: start the stack with `make run`, or point "
+            "REDIS_URL at a Redis 8 with the Query Engine"
+        )
     return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -81,8 +83,14 @@ async def _run(settings: Settings) -> int:
         if summarizer is not None:
             stack.push_async_callback(summarizer.aclose)
         worker: Worker | None = None
-        facts = Consolidator(settings, redis, embedder.dim, summarizer=summarizer, background=True,
-                             backlogged=lambda: worker is not None and worker.backlogged)
+        facts = Consolidator(
+            settings,
+            redis,
+            embedder.dim,
+            summarizer=summarizer,
+            background=True,
+            backlogged=lambda: worker is not None and worker.backlogged,
+        )
         stack.push_async_callback(facts.aclose)
         worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
         # Everything loaded so far (modules, the model, clients) lives as long as the process: freezing it
@@ -102,8 +110,10 @@ async def _run(settings: Settings) -> int:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Engram consolidator: projects the episode stream into RediSearch."""
-    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
 
@@ -126,8 +136,18 @@ def dead_letters(limit: int) -> None:
         settings = _settings()
         async with _redis(settings) as redis:
             for d in await list_dead_letters(redis, Keys(settings.prefix), limit=limit):
-                click.echo(json.dumps({"id": d.dead_id, "stream_id": d.stream_id, "reason": d.reason,
-                                       "consumer": d.consumer, "at": d.at, "bytes": len(d.payload)}))
+                click.echo(
+                    json.dumps(
+                        {
+                            "id": d.dead_id,
+                            "stream_id": d.stream_id,
+                            "reason": d.reason,
+                            "consumer": d.consumer,
+                            "at": d.at,
+                            "bytes": len(d.payload),
+                        }
+                    )
+                )
 
     asyncio.run(go())
 
@@ -150,13 +170,16 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
         settings = _settings()
         async with _redis(settings) as redis:
             if not all_:
-                known = {d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix), limit=1_000_000)}
+                known = {
+                    d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix), limit=1_000_000)
+                }
                 unknown = [i for i in ids if i not in known]
             n = await do_redrive(redis, Keys(settings.prefix), None if all_ else list(ids))
             click.echo(f"re-driven {n} dead letter(s)")
         if not all_ and unknown:  # a typo must not look like success
-            raise click.ClickException(f"no dead letter has the id(s) {', '.join(unknown)} "
-                                       "(see `dead-letters` for the ids)")
+            raise click.ClickException(
+                f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"
+            )
 
     asyncio.run(go())
 
@@ -187,8 +210,12 @@ def reindex(embedder: str) -> None:
 
 
 @cli.command("rotate-master-key")
-@click.option("--new-key-file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="File holding the new master key (base64 of 32 bytes).")
+@click.option(
+    "--new-key-file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="File holding the new master key (base64 of 32 bytes).",
+)
 def rotate_master_key(new_key_file: str) -> None:
     """Re-wrap every data key (and the deployment secret) from the current master key
     (ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE) to the one in --new-key-file. Then restart every
@@ -199,7 +226,9 @@ def rotate_master_key(new_key_file: str) -> None:
 
     settings = _settings()
     if settings.master_key is None:
-        raise click.ClickException("set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the current master key")
+        raise click.ClickException(
+            "set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the current master key"
+        )
     try:
         new = MasterKey(read_master_key_file(new_key_file, name="--new-key-file"))
     except ConfigError as exc:
@@ -232,7 +261,9 @@ def erase_now() -> None:
     async def go():
         settings = _settings()
         async with _redis(settings) as redis:
-            click.echo(json.dumps(await erasure.run(redis, Keys(settings.prefix), KeyRing.from_settings(settings))))
+            click.echo(
+                json.dumps(await erasure.run(redis, Keys(settings.prefix), KeyRing.from_settings(settings)))
+            )
 
     asyncio.run(go())
 

@@ -386,7 +386,11 @@ DOMAINS: dict[str, tuple[str, ...]] = {
 }
 MAX_CHAINED = 0.01
 """The share of scenes of unrelated families allowed to hold a fact mixing two of them."""
-NEAR_PAIRS = (("pg_migration", "pg_slow_query"), ("docker_ci", "k8s_deploy"), ("flight_booking", "refund_support"))
+NEAR_PAIRS = (
+    ("pg_migration", "pg_slow_query"),
+    ("docker_ci", "k8s_deploy"),
+    ("flight_booking", "refund_support"),
+)
 
 
 def episodes(family: str, n: int, *, seed: int = 0) -> list[Episode]:
@@ -400,11 +404,13 @@ def episodes(family: str, n: int, *, seed: int = 0) -> list[Episode]:
     for i in range(n):
         ok = rng.random() < 0.6
         notes = spec["solutions"] if ok else spec["failures"]
-        ep = Episode(episode_id=f"{family}-{seed}-{i}", task=Task(description=tasks[i % len(tasks)],
-                                                                  category=spec["category"]),
-                     outcome="success" if ok else "failure",
-                     solution=rng.choice(notes) if ok else None,
-                     outcome_details=None if ok else rng.choice(notes))
+        ep = Episode(
+            episode_id=f"{family}-{seed}-{i}",
+            task=Task(description=tasks[i % len(tasks)], category=spec["category"]),
+            outcome="success" if ok else "failure",
+            solution=rng.choice(notes) if ok else None,
+            outcome_details=None if ok else rng.choice(notes),
+        )
         out.append(ep)
     return out
 
@@ -448,8 +454,13 @@ class Score:
     """scenes with a cluster of >= min_cluster episodes mixing families (a fact about two families)"""
 
 
-def score(vectors: np.ndarray, labels: Sequence[str], scenes: Sequence[Sequence[int]], threshold: float,
-          min_cluster: int = 3) -> Score:
+def score(
+    vectors: np.ndarray,
+    labels: Sequence[str],
+    scenes: Sequence[Sequence[int]],
+    threshold: float,
+    min_cluster: int = 3,
+) -> Score:
     from services.consolidator.facts_plan import cluster
 
     right = whole = one_fact = chained = families = 0
@@ -472,8 +483,15 @@ def score(vectors: np.ndarray, labels: Sequence[str], scenes: Sequence[Sequence[
     return Score(right / n, whole / max(1, families), one_fact / max(1, families), chained / n)
 
 
-def scenes(labels: Sequence[str], n: int, *, unrelated: bool, seed: int = 1, families: int = 5,
-           sizes: tuple[int, int] = (3, 6)) -> list[list[int]]:
+def scenes(
+    labels: Sequence[str],
+    n: int,
+    *,
+    unrelated: bool,
+    seed: int = 1,
+    families: int = 5,
+    sizes: tuple[int, int] = (3, 6),
+) -> list[list[int]]:
     """Random scopes of `families` families with `sizes` episodes each (row indices into the corpus);
     `unrelated` takes at most one family per domain."""
     rng = random.Random(f"{seed}:{unrelated}")
@@ -509,25 +527,44 @@ class Measurement:
 
     def summary(self) -> dict[str, Any]:
         def q(xs):
-            return {"min": round(min(xs), 3), "median": round(float(np.median(xs)), 3), "max": round(max(xs), 3)}
+            return {
+                "min": round(min(xs), 3),
+                "median": round(float(np.median(xs)), 3),
+                "max": round(max(xs), 3),
+            }
 
         def sc(x: Score) -> dict[str, float]:
             return {k: round(v, 3) for k, v in vars(x).items()}
+
         u, m = self.at(self.best)
         u5, m5 = self.at(0.5)
-        return {"embedder": self.embedder, "episodes": len(self.labels), "families": len(set(self.labels)),
-                "family_join_height": q(self.intra_join),
-                "family_pair_mean_distance": q(self.inter_mean),
-                "pairwise_intra_p5_p50_p95": [round(x, 3) for x in self.pair_intra],
-                "pairwise_inter_p5_p50_p95": [round(x, 3) for x in self.pair_inter],
-                "near_pairs_mean_distance": {k: round(v, 3) for k, v in self.near_inter.items()},
-                "threshold": round(self.best, 3), "unchained_range": [round(x, 2) for x in self.best_range],
-                "unrelated_scenes_at_threshold": sc(u), "any_scenes_at_threshold": sc(m),
-                "unrelated_scenes_at_0.5": sc(u5), "any_scenes_at_0.5": sc(m5)}
+        return {
+            "embedder": self.embedder,
+            "episodes": len(self.labels),
+            "families": len(set(self.labels)),
+            "family_join_height": q(self.intra_join),
+            "family_pair_mean_distance": q(self.inter_mean),
+            "pairwise_intra_p5_p50_p95": [round(x, 3) for x in self.pair_intra],
+            "pairwise_inter_p5_p50_p95": [round(x, 3) for x in self.pair_inter],
+            "near_pairs_mean_distance": {k: round(v, 3) for k, v in self.near_inter.items()},
+            "threshold": round(self.best, 3),
+            "unchained_range": [round(x, 2) for x in self.best_range],
+            "unrelated_scenes_at_threshold": sc(u),
+            "any_scenes_at_threshold": sc(m),
+            "unrelated_scenes_at_0.5": sc(u5),
+            "any_scenes_at_0.5": sc(m5),
+        }
 
 
-def measure(name: str, vectors: np.ndarray, labels: Sequence[str], *, n_scenes: int = 300, seed: int = 1,
-            grid: Sequence[float] | None = None) -> Measurement:
+def measure(
+    name: str,
+    vectors: np.ndarray,
+    labels: Sequence[str],
+    *,
+    n_scenes: int = 300,
+    seed: int = 1,
+    grid: Sequence[float] | None = None,
+) -> Measurement:
     """Intra/inter figures, and per threshold how random 5-family scenes cluster. The threshold is the
     largest grid point at which at most MAX_CHAINED of the scenes of unrelated families hold a fact that
     mixes two families (as many families as possible come out whole, and unrelated ones are not chained)."""
@@ -551,9 +588,19 @@ def measure(name: str, vectors: np.ndarray, labels: Sequence[str], *, n_scenes: 
     allowed = [t for t, s in unrelated if s.chained <= MAX_CHAINED]
     best = max(allowed) if allowed else grid[0]
     best_range = (min(allowed) if allowed else grid[0], best)
-    return Measurement(name, labels, intra_join, inter_mean, tuple(float(np.percentile(pi, p)) for p in (5, 50, 95)),
-                       tuple(float(np.percentile(pe, p)) for p in (5, 50, 95)), near, unrelated, mixed, best,
-                       best_range)
+    return Measurement(
+        name,
+        labels,
+        intra_join,
+        inter_mean,
+        tuple(float(np.percentile(pi, p)) for p in (5, 50, 95)),
+        tuple(float(np.percentile(pe, p)) for p in (5, 50, 95)),
+        near,
+        unrelated,
+        mixed,
+        best,
+        best_range,
+    )
 
 
 async def embed_corpus(embedder, per_family: int = 8, *, seed: int = 0) -> tuple[np.ndarray, list[str]]:
@@ -573,13 +620,19 @@ def _make(name: str, dim: int):
         return MiniLMEmbedder()
     if name == "mpnet":
         return MPNetEmbedder()
-    return make_embedder(Settings.from_env().with_(embedder="openai"))  # ENGRAM_OPENAI_URL / _MODEL / _API_KEY
+    return make_embedder(
+        Settings.from_env().with_(embedder="openai")
+    )  # ENGRAM_OPENAI_URL / _MODEL / _API_KEY
 
 
-def held_out(vectors: np.ndarray, labels: Sequence[str], threshold: float, n_scenes: int) -> tuple[Score, Score]:
+def held_out(
+    vectors: np.ndarray, labels: Sequence[str], threshold: float, n_scenes: int
+) -> tuple[Score, Score]:
     """Scores at `threshold` on a draw of the corpus not calibrated on (other task/note pairings, scenes)."""
-    return (score(vectors, labels, scenes(labels, n_scenes, unrelated=True, seed=7), threshold),
-            score(vectors, labels, scenes(labels, n_scenes, unrelated=False, seed=7), threshold))
+    return (
+        score(vectors, labels, scenes(labels, n_scenes, unrelated=True, seed=7), threshold),
+        score(vectors, labels, scenes(labels, n_scenes, unrelated=False, seed=7), threshold),
+    )
 
 
 async def _main(names: Sequence[str], n_scenes: int, dim: int, verbose: bool) -> None:
@@ -595,14 +648,18 @@ async def _main(names: Sequence[str], n_scenes: int, dim: int, verbose: bool) ->
         m = measure(embedder.name, np.asarray(vectors, dtype=np.float64), labels, n_scenes=n_scenes)
         out = m.summary()
         u, a = held_out(np.asarray(other, dtype=np.float64), other_labels, m.best, n_scenes)
-        out["held_out_at_threshold"] = {"unrelated": {k: round(v, 3) for k, v in vars(u).items()},
-                                        "any": {k: round(v, 3) for k, v in vars(a).items()}}
+        out["held_out_at_threshold"] = {
+            "unrelated": {k: round(v, 3) for k, v in vars(u).items()},
+            "any": {k: round(v, 3) for k, v in vars(a).items()},
+        }
         print(json.dumps(out))
         if verbose:
             for (t, u), (_, a) in zip(m.unrelated, m.mixed, strict=True):
-                print(f"  {t:.2f}  unrelated: right {u.right:.2f} whole {u.whole:.2f} one fact {u.one_fact:.2f} "
-                      f"chained {u.chained:.2f}  |  any: right {a.right:.2f} whole {a.whole:.2f} "
-                      f"one fact {a.one_fact:.2f} chained {a.chained:.2f}")
+                print(
+                    f"  {t:.2f}  unrelated: right {u.right:.2f} whole {u.whole:.2f} one fact {u.one_fact:.2f} "
+                    f"chained {u.chained:.2f}  |  any: right {a.right:.2f} whole {a.whole:.2f} "
+                    f"one fact {a.one_fact:.2f} chained {a.chained:.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,16 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
     rows = await streams.read_range_raw(redis, keys.dead_letters, "-", "+", count=limit)
     out = []
     for dead_id, f in rows:
-        out.append(DeadLetter(dead_id=dead_id.decode(), stream_id=f.get(b"sid", b"").decode(),
-                              reason=f.get(b"reason", b"").decode(errors="replace"),
-                              consumer=f.get(b"consumer", b"").decode(errors="replace"),
-                              at=float(f.get(b"at", b"0") or 0), payload=f.get(b"e", b"")))
+        out.append(
+            DeadLetter(
+                dead_id=dead_id.decode(),
+                stream_id=f.get(b"sid", b"").decode(),
+                reason=f.get(b"reason", b"").decode(errors="replace"),
+                consumer=f.get(b"consumer", b"").decode(errors="replace"),
+                at=float(f.get(b"at", b"0") or 0),
+                payload=f.get(b"e", b""),
+            )
+        )
     return out
 
 
@@ -63,16 +69,23 @@ async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None 
     letters = await list_dead_letters(redis, keys, limit=1_000_000)
     chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
     for letter in chosen:
-        await streams.requeue(redis, keys.stream, keys.dead_letters, letter.dead_id, letter.payload,
-                              original_id=letter.stream_id or None)
+        await streams.requeue(
+            redis,
+            keys.stream,
+            keys.dead_letters,
+            letter.dead_id,
+            letter.payload,
+            original_id=letter.stream_id or None,
+        )
         ident = peek_identity(letter.payload)
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
     return len(chosen)
 
 
-async def dead_letter(group: streams.StreamGroup, keys: Keys, entry: streams.Entry, reason: str, *,
-                      consumer: str) -> None:
+async def dead_letter(
+    group: streams.StreamGroup, keys: Keys, entry: streams.Entry, reason: str, *, consumer: str
+) -> None:
     """Move `entry` from `group`'s stream to the dead letters (acking it) and, when its payload still
     names an episode, link both copies of its data to the episode (and its user) so that forgetting
     them deletes the copies (a dead letter must not outlive the forget of its episode or user)."""
@@ -114,8 +127,9 @@ async def delete_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str,
     await redis.delete(key)
 
 
-async def delete_user_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, user_id: str,
-                                   *, sealed_ref: bytes | None) -> None:
+async def delete_user_dead_letters(
+    redis: aioredis.Redis, keys: Keys, namespace: str, user_id: str, *, sealed_ref: bytes | None
+) -> None:
     """Delete the dead letters of a forgotten user's episodes, including ones that never had a document,
     and, with `sealed_ref` (the user's data-key reference), every dead letter sealed with that key."""
     dead_key = keys.user_dead_letters(namespace, user_id)
@@ -137,14 +151,20 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
             page = [row for row in page if row[0] != cursor]
         if not page:
             return gone
-        hits = [(dead_id, f.get(b"sid"), f.get(b"e") or b"") for dead_id, f in page
-                if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref]
+        hits = [
+            (dead_id, f.get(b"sid"), f.get(b"e") or b"")
+            for dead_id, f in page
+            if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref
+        ]
         if hits:
             await streams.delete(redis, keys.dead_letters, [d for d, _, _ in hits])
             await streams.delete(redis, keys.stream, [s for _, s, _ in hits if s])
             # and the episode's link to them (named in clear by the envelope), which outlived them
-            links = {keys.dead_letter_refs(ident[0], ident[1]) for _, _, payload in hits
-                     if (ident := peek_identity(payload)) is not None}
+            links = {
+                keys.dead_letter_refs(ident[0], ident[1])
+                for _, _, payload in hits
+                if (ident := peek_identity(payload)) is not None
+            }
             if links:
                 await redis.delete(*links)
             gone += len(hits)

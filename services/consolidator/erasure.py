@@ -103,8 +103,15 @@ COPY_TTL = 3600
 """Seconds a copy abandoned by a crashed compaction lives (the next compaction deletes it sooner)."""
 
 
-async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attempts: int = 3,
-                  keyring: KeyRing | None = None, stream: str | None = None) -> dict:
+async def compact(
+    redis: aioredis.Redis,
+    keys: Keys,
+    *,
+    page: int = 1000,
+    attempts: int = 3,
+    keyring: KeyRing | None = None,
+    stream: str | None = None,
+) -> dict:
     """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
     only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
     then holds. The live entries are copied, ids unchanged, into a new key page by page (the
@@ -136,23 +143,35 @@ async def compact(redis: aioredis.Redis, keys: Keys, *, page: int = 1000, attemp
                     pipe.xadd(tmp, fields, id=sid)
                 pipe.expire(tmp, COPY_TTL)  # a copy left by a crash must not outlive a forget for long
                 await pipe.execute()
-            last = (rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0])
+            last = rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0]
             if len(rows) < page:
                 break
         swap_started = time.perf_counter()
         done, detail = await swap(keys=[stream, tmp], args=[last])
-        swap_ms = round(1000 * (time.perf_counter() - swap_started), 2)  # Redis is blocked this long (at most)
+        swap_ms = round(
+            1000 * (time.perf_counter() - swap_started), 2
+        )  # Redis is blocked this long (at most)
         if int(done) == 1:
             after = int(await redis.memory_usage(stream, samples=0) or 0)
-            return {"compacted": True, "entries": int(detail), "resealed": resealed,
-                    "seconds": round(time.perf_counter() - started, 3),
-                    "swap_ms": swap_ms, "bytes_before": before, "bytes_after": after}
+            return {
+                "compacted": True,
+                "entries": int(detail),
+                "resealed": resealed,
+                "seconds": round(time.perf_counter() - started, 3),
+                "swap_ms": swap_ms,
+                "bytes_before": before,
+                "bytes_after": after,
+            }
         why = detail.decode() if isinstance(detail, bytes) else str(detail)
         if why in ("no stream", "empty"):
             break
     await redis.delete(tmp)
-    return {"compacted": False, "reason": why, "seconds": round(time.perf_counter() - started, 3),
-            "bytes_before": before}
+    return {
+        "compacted": False,
+        "reason": why,
+        "seconds": round(time.perf_counter() - started, 3),
+        "bytes_before": before,
+    }
 
 
 async def _reseal_rows(redis: aioredis.Redis, keyring: KeyRing, rows: list) -> tuple[list, int]:
@@ -201,8 +220,11 @@ async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
         await asyncio.sleep(0.05)
     while True:
         info = await redis.info("persistence")
-        if int(info.get("aof_rewrites", 0)) > before and not int(info.get("aof_rewrite_in_progress", 0)) \
-                and not int(info.get("aof_rewrite_scheduled", 0)):
+        if (
+            int(info.get("aof_rewrites", 0)) > before
+            and not int(info.get("aof_rewrite_in_progress", 0))
+            and not int(info.get("aof_rewrite_scheduled", 0))
+        ):
             return info.get("aof_last_bgrewrite_status") == "ok"
         if time.monotonic() > deadline:
             raise TimeoutError("the AOF rewrite did not finish")
@@ -217,7 +239,9 @@ def _sid(value: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-async def _applied_horizon(redis: aioredis.Redis, keys: Keys, page: int) -> tuple[tuple[int, int], set[bytes]] | None:
+async def _applied_horizon(
+    redis: aioredis.Redis, keys: Keys, page: int
+) -> tuple[tuple[int, int], set[bytes]] | None:
     """(the oldest last-delivered id of all groups, every pending id), or None without groups."""
     try:
         groups = await redis.xinfo_groups(keys.stream)
@@ -229,7 +253,10 @@ async def _applied_horizon(redis: aioredis.Redis, keys: Keys, page: int) -> tupl
     for g in groups:
         start = "-"
         while rows := await redis.xpending_range(keys.stream, g["name"], min=start, max="+", count=page):
-            ids = [r["message_id"] if isinstance(r["message_id"], bytes) else r["message_id"].encode() for r in rows]
+            ids = [
+                r["message_id"] if isinstance(r["message_id"], bytes) else r["message_id"].encode()
+                for r in rows
+            ]
             pending.update(ids)
             start = "(" + ids[-1].decode()
     return min(_sid(g["last-delivered-id"]) for g in groups), pending
@@ -285,13 +312,18 @@ async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None)
     # letter keeps its bytes as they were for redrive
     dead = await compact(redis, keys, stream=keys.dead_letters)
     rewritten = await rewrite_aof(redis)
-    return {"forget_events_dropped": forgets, "compaction": compaction, "dead_letters_compaction": dead,
-            "aof_rewritten": rewritten,
-            "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "forget_events_dropped": forgets,
+        "compaction": compaction,
+        "dead_letters_compaction": dead,
+        "aof_rewritten": rewritten,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
-async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int,
-                    keyring: KeyRing | None = None) -> dict | None:
+async def housekeep(
+    redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int, keyring: KeyRing | None = None
+) -> dict | None:
     """If forgets are pending and the last erasure pass is older than `interval` seconds, run one
     (one worker at a time: a lease) and clear the mark unless a forget came meanwhile. Returns its
     report, or None when nothing was due."""
@@ -303,8 +335,9 @@ async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease
         return None
     try:
         report = await run(redis, keys, keyring)
-        await redis.register_script(CLEAR_PENDING_LUA)(keys=[keys.meta],
-                                                       args=[PENDING_FIELD, pending, DONE_FIELD, repr(time.time())])
+        await redis.register_script(CLEAR_PENDING_LUA)(
+            keys=[keys.meta], args=[PENDING_FIELD, pending, DONE_FIELD, repr(time.time())]
+        )
         log.info("erasure ◆ after forgets: %s", report)
         return report
     finally:

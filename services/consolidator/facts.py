@@ -70,9 +70,13 @@ class RunResult:
     """Facts whose summary failed in this run (they keep the deterministic text, retried next run)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"scope": {k: v for k, v in self.scope.to_data().items() if k != "scope_id"},
-                "status": self.status, "facts": self.facts, "removed": self.removed,
-                "summarizer_failures": self.summarizer_failures}
+        return {
+            "scope": {k: v for k, v in self.scope.to_data().items() if k != "scope_id"},
+            "status": self.status,
+            "facts": self.facts,
+            "removed": self.removed,
+            "summarizer_failures": self.summarizer_failures,
+        }
 
 
 Publisher = Callable[[FactsConsolidated], Awaitable[str]]
@@ -85,9 +89,17 @@ class Consolidator:
     and returns its stream id (defaults to `shared.streams.publish`).
     """
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis, dim: int, *, summarizer=None,
-                 publish: Publisher | None = None, background: bool = False,
-                 backlogged: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        dim: int,
+        *,
+        summarizer=None,
+        publish: Publisher | None = None,
+        background: bool = False,
+        backlogged: Callable[[], bool] | None = None,
+    ):
         """With `background=True` (the consolidator process), triggered runs are scheduled as tasks
         (one at a time per scope, coalescing triggers that arrive meanwhile) so that projecting the
         stream never waits for clustering; `aclose()` waits for them at shutdown.
@@ -132,8 +144,9 @@ class Consolidator:
         token = uuid.uuid4().hex
         deadline = time.monotonic() + wait
         while True:
-            if await self.redis.set(self.keys.consolidation_lock(scope_id), token, nx=True,
-                                    px=self.settings.lease_ms):
+            if await self.redis.set(
+                self.keys.consolidation_lock(scope_id), token, nx=True, px=self.settings.lease_ms
+            ):
                 return token
             if time.monotonic() >= deadline:
                 return None
@@ -173,8 +186,13 @@ class Consolidator:
                 # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (else a
                 # trickle of episodes past the threshold logs two INFO lines per episode)
                 pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
-                log.log(logging.DEBUG if pending else logging.INFO, "facts ◆ trigger %s ◆ %d completed ◆ "
-                        "importance %.1f", s.scope_id[:12], completed, importance)
+                log.log(
+                    logging.DEBUG if pending else logging.INFO,
+                    "facts ◆ trigger %s ◆ %d completed ◆ importance %.1f",
+                    s.scope_id[:12],
+                    completed,
+                    importance,
+                )
                 if self.background:
                     self._schedule(s)
                 else:
@@ -232,7 +250,9 @@ class Consolidator:
 
     def _reached(self, completed: int, importance: float) -> bool:
         """The trigger: `facts_every` completed episodes, or their summed importance at the threshold."""
-        return completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold
+        return (
+            completed >= self.settings.facts_every or importance >= self.settings.facts_importance_threshold
+        )
 
     async def wait_idle(self) -> None:
         """Wait until no background consolidation is running (tests, shutdown)."""
@@ -255,8 +275,9 @@ class Consolidator:
         index = self.keys.episode_index_alias
         tags = await self.tags(await current_generation(self.redis, self.keys))
         scopes = [FactScope(namespace)]
-        for agent_id, category, n in await agent_category_counts(self.redis, index,
-                                                                 Scope(namespace=namespace, tags=tags)):
+        for agent_id, category, n in await agent_category_counts(
+            self.redis, index, Scope(namespace=namespace, tags=tags)
+        ):
             if n >= self.settings.facts_min_cluster:
                 scopes.append(FactScope(namespace, agent_id, category))
         return sorted(scopes, key=lambda s: (s.level != LEVEL_NAMESPACE, s.agent_id or "", s.category or ""))
@@ -272,39 +293,62 @@ class Consolidator:
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.scope_id)
             tags = await self.tags(gen)
-            rows = await load_rows(self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes,
-                                   tags)
+            rows = await load_rows(
+                self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
+            )
             now = time.time() if now is None else now
             distance = await self.distance(gen)
             # clustering is CPU-bound: a thread keeps the event loop (and the projection) responsive
-            planned = await asyncio.to_thread(plan, scope, rows, state.facts,
-                                              min_cluster=self.settings.facts_min_cluster,
-                                              distance=distance, now=now)
+            planned = await asyncio.to_thread(
+                plan,
+                scope,
+                rows,
+                state.facts,
+                min_cluster=self.settings.facts_min_cluster,
+                distance=distance,
+                now=now,
+            )
             facts, removed = planned if planned is not None else (list(state.facts), [])
             # new and changed facts, and those whose summary fell back on an earlier run
             facts, failures = await self._summarise(facts, state.facts, rows, now)
             if planned is None and facts == list(state.facts):
                 await self._reset(scope, counter)
-                return RunResult(scope, "unchanged", facts=len(state.facts), seq=state.seq,
-                                 summarizer_failures=failures)
+                return RunResult(
+                    scope, "unchanged", facts=len(state.facts), seq=state.seq, summarizer_failures=failures
+                )
             event = self._event(scope, state.seq + 1, facts, removed, now)
             sid = await self.publish(event)  # nothing is written before this succeeds
             await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags)
             await self._reset(scope, counter)
             self.runs += 1
-            log.info("facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed", scope.scope_id[:12], state.seq + 1,
-                     len(facts), len(removed))
-            return RunResult(scope, "published", facts=len(facts), removed=len(removed), seq=state.seq + 1,
-                             summarizer_failures=failures)
+            log.info(
+                "facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed",
+                scope.scope_id[:12],
+                state.seq + 1,
+                len(facts),
+                len(removed),
+            )
+            return RunResult(
+                scope,
+                "published",
+                facts=len(facts),
+                removed=len(removed),
+                seq=state.seq + 1,
+                summarizer_failures=failures,
+            )
         finally:
             await self._release_lock(scope.scope_id, token)
 
-    def _event(self, scope: FactScope, seq: int, facts: list[Fact], removed: Sequence[str],
-               now: float) -> FactsConsolidated:
-        return FactsConsolidated(namespace=scope.namespace, occurred_at=now,
-                                 scope={**scope.to_data(), "seq": str(seq),
-                                        "min_cluster": str(self.settings.facts_min_cluster)},
-                                 facts=tuple(f.to_data() for f in facts), removed=tuple(removed))
+    def _event(
+        self, scope: FactScope, seq: int, facts: list[Fact], removed: Sequence[str], now: float
+    ) -> FactsConsolidated:
+        return FactsConsolidated(
+            namespace=scope.namespace,
+            occurred_at=now,
+            scope={**scope.to_data(), "seq": str(seq), "min_cluster": str(self.settings.facts_min_cluster)},
+            facts=tuple(f.to_data() for f in facts),
+            removed=tuple(removed),
+        )
 
     async def _reset(self, scope: FactScope, counter: dict[bytes, bytes]) -> None:
         """Subtract what this run consumed (increments made meanwhile still count)."""
@@ -322,8 +366,9 @@ class Consolidator:
         name = await self.redis.hget(self.keys.meta, f"g{gen}:embedder")
         return default_distance(name.decode() if name else None)
 
-    async def _summarise(self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row],
-                         now: float) -> tuple[list[Fact], int]:
+    async def _summarise(
+        self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row], now: float
+    ) -> tuple[list[Fact], int]:
         """Rewrite the text of every current fact the summariser has not rewritten yet (new or changed
         facts, and those that fell back on an earlier run); returns the facts and the failures. A
         failure keeps the deterministic text, marked `summary="fallback"`, so a later run retries it;
@@ -335,7 +380,9 @@ class Consolidator:
         out, failures = [], 0
         for f in facts:
             if f.status == STATUS_CURRENT and f.summary != SUMMARY_LLM:
-                text = await self.summarizer.summarize(f.base_text, [tasks[e] for e in f.central if e in tasks])
+                text = await self.summarizer.summarize(
+                    f.base_text, [tasks[e] for e in f.central if e in tasks]
+                )
                 unchanged = before.get(f.fact_id) == f
                 if text:
                     f = replace(f, text=text, summary=SUMMARY_LLM)
@@ -350,6 +397,9 @@ class Consolidator:
             out.append(f)
         if failures:
             self.summarizer_failures += failures
-            log.warning("facts ◆ summariser failed for %d fact(s); they keep the deterministic text "
-                        "(summary=fallback) and are retried on the next run", failures)
+            log.warning(
+                "facts ◆ summariser failed for %d fact(s); they keep the deterministic text "
+                "(summary=fallback) and are retried on the next run",
+                failures,
+            )
         return out, failures

@@ -31,8 +31,17 @@ from shared.tags import TagCodec
 log = logging.getLogger("engram.facts")
 
 
-async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace: str, episode_ids: Sequence[str],
-                          dim: int, tags: TagCodec, *, settings: Settings) -> int:
+async def forget_evidence(
+    redis: aioredis.Redis,
+    keys: Keys,
+    gen: int,
+    namespace: str,
+    episode_ids: Sequence[str],
+    dim: int,
+    tags: TagCodec,
+    *,
+    settings: Settings,
+) -> int:
     """The projector's forgetting hook: see `forget_with`; `tags` are generation
     `gen`'s TAG digests. `settings` are the process's: the rebuild takes the scope's lease for
     ENGRAM_LEASE_MS (not a default of 30 s whatever the deployment's lease)."""
@@ -47,8 +56,9 @@ async def forget_evidence(redis: aioredis.Redis, keys: Keys, gen: int, namespace
 
 async def forget_with(cons: Consolidator, gen: int, namespace: str, episode_ids: Sequence[str]) -> int:
     """Rebuild or remove every fact whose evidence named a forgotten episode; returns facts touched."""
-    affected = await facts_with_evidence(cons.redis, cons.keys.facts_index(gen), namespace, list(episode_ids),
-                                         await cons.tags(gen))
+    affected = await facts_with_evidence(
+        cons.redis, cons.keys.facts_index(gen), namespace, list(episode_ids), await cons.tags(gen)
+    )
     by_scope: dict[str, list[Fact]] = {}
     for f in affected:
         by_scope.setdefault(f.scope_id, []).append(f)
@@ -84,11 +94,23 @@ async def _forget_in_scope(cons: Consolidator, gen: int, scope_id: str, forgotte
         if len(rows) < min_cluster:
             removed.append(f.fact_id)
             continue
-        rebuilt = build_fact(scope, rows, fact_id=f.fact_id, now=now, created_at=f.created_at,
-                             version=f.version + 1, evidence_since=f.evidence_since, supersedes=f.supersedes)
+        rebuilt = build_fact(
+            scope,
+            rows,
+            fact_id=f.fact_id,
+            now=now,
+            created_at=f.created_at,
+            version=f.version + 1,
+            evidence_since=f.evidence_since,
+            supersedes=f.supersedes,
+        )
         if f.status == STATUS_SUPERSEDED:
-            rebuilt = replace(rebuilt, status=STATUS_SUPERSEDED, superseded_by=f.superseded_by,
-                              superseded_at=f.superseded_at)
+            rebuilt = replace(
+                rebuilt,
+                status=STATUS_SUPERSEDED,
+                superseded_by=f.superseded_by,
+                superseded_at=f.superseded_at,
+            )
         facts.append(rebuilt)
     event = cons._event(scope, state.seq + 1, facts, removed, now)
     sid = await cons.publish(event)
@@ -96,5 +118,9 @@ async def _forget_in_scope(cons: Consolidator, gen: int, scope_id: str, forgotte
     # the older snapshots of this scope still hold the forgotten ids and text: drop them
     await streams.delete(cons.redis, cons.keys.stream, [s for s in state.sids if s != sid])
     await cons.redis.hset(cons.keys.fact_scope(gen, scope_id), "sids", json.dumps([sid]))
-    log.info("facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed", scope_id[:12], len(facts),
-             len(removed))
+    log.info(
+        "facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed",
+        scope_id[:12],
+        len(facts),
+        len(removed),
+    )

@@ -103,8 +103,9 @@ def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
         return []
     if n == 1:
         return [[0]]
-    labels = AgglomerativeClustering(n_clusters=None, metric="cosine", linkage="average",
-                                     distance_threshold=distance).fit_predict(vectors)
+    labels = AgglomerativeClustering(
+        n_clusters=None, metric="cosine", linkage="average", distance_threshold=distance
+    ).fit_predict(vectors)
     groups: dict[int, list[int]] = {}
     for i, label in enumerate(labels):
         groups.setdefault(int(label), []).append(i)
@@ -129,8 +130,17 @@ def _failure_messages(ep: Episode) -> list[str]:
     return sorted({_clip(m, 200) for m in msgs if m.strip()})
 
 
-def build_fact(scope: FactScope, rows: Sequence[Row], *, fact_id: str, now: float, created_at: float | None = None,
-               version: int = 1, evidence_since: float | None = None, supersedes: str | None = None) -> Fact:
+def build_fact(
+    scope: FactScope,
+    rows: Sequence[Row],
+    *,
+    fact_id: str,
+    now: float,
+    created_at: float | None = None,
+    version: int = 1,
+    evidence_since: float | None = None,
+    supersedes: str | None = None,
+) -> Fact:
     """A fact from its evidence rows: statistics, centroid, confidence, kind and deterministic text."""
     rows = _order(rows)
     n = len(rows)
@@ -144,19 +154,31 @@ def build_fact(scope: FactScope, rows: Sequence[Row], *, fact_id: str, now: floa
         if e.strategy_used:
             by_strategy.setdefault(e.strategy_used, []).append(e)
     strategies = sorted(
-        ({"strategy": s, "episodes": len(v), "successes": sum(x.outcome == "success" for x in v),
-          "success_rate": round(sum(x.outcome == "success" for x in v) / len(v), 4)} for s, v in by_strategy.items()),
-        key=lambda d: (-d["episodes"], -d["successes"], d["strategy"]))[:5]
+        (
+            {
+                "strategy": s,
+                "episodes": len(v),
+                "successes": sum(x.outcome == "success" for x in v),
+                "success_rate": round(sum(x.outcome == "success" for x in v) / len(v), 4),
+            }
+            for s, v in by_strategy.items()
+        ),
+        key=lambda d: (-d["episodes"], -d["successes"], d["strategy"]),
+    )[:5]
     failures = Counter(m for e in eps if e.outcome != "success" for m in _failure_messages(e))
-    common_failures = [{"message": m, "count": c} for m, c in sorted(failures.items(), key=lambda x: (-x[1], x[0]))[:3]]
+    common_failures = [
+        {"message": m, "count": c} for m, c in sorted(failures.items(), key=lambda x: (-x[1], x[0]))[:3]
+    ]
     acts: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     for e in eps:
         for a in e.actions:
             acts[a.action_type] += 1
             failed[a.action_type] += bool(a.error) or a.success is False
-    action_types = [{"action_type": t, "count": c, "failed": failed[t]}
-                    for t, c in sorted(acts.items(), key=lambda x: (-x[1], x[0]))[:5]]
+    action_types = [
+        {"action_type": t, "count": c, "failed": failed[t]}
+        for t, c in sorted(acts.items(), key=lambda x: (-x[1], x[0]))[:5]
+    ]
     matrix = np.stack([r.vector for r in rows])
     centroid = matrix.mean(axis=0)
     centroid = (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
@@ -165,8 +187,14 @@ def build_fact(scope: FactScope, rows: Sequence[Row], *, fact_id: str, now: floa
     central = tuple(rows[i].episode_id for i in order[:3])
     cohesion = float(np.clip(np.mean(cos), 0.0, 1.0))
     confidence = round(cohesion * n / (n + 2), 4)
-    best = next((s for s in sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
-                 if s["episodes"] >= 2), None)
+    best = next(
+        (
+            s
+            for s in sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
+            if s["episodes"] >= 2
+        ),
+        None,
+    )
     if rate >= 0.7:
         kind = "strategy" if best is not None and best["success_rate"] >= 0.7 else "best_practice"
     elif rate <= 0.3:
@@ -176,27 +204,69 @@ def build_fact(scope: FactScope, rows: Sequence[Row], *, fact_id: str, now: floa
     first_at, last_at = rows[0].completed_at, rows[-1].completed_at
     tasks = [rows[i].episode.task.description for i in order[:3] if rows[i].episode.task]
     categories = sorted({e.task.category for e in eps if e.task and e.task.category})
-    text = _text(kind, n, successes, avg_reward, strategies, common_failures, action_types, first_at, last_at,
-                 tasks, categories)
+    text = _text(
+        kind,
+        n,
+        successes,
+        avg_reward,
+        strategies,
+        common_failures,
+        action_types,
+        first_at,
+        last_at,
+        tasks,
+        categories,
+    )
     return Fact(
-        fact_id=fact_id, namespace=scope.namespace, scope_id=scope.scope_id, level=scope.level,
-        agent_id=scope.agent_id, category=scope.category, kind=kind, text=text, base_text=text,
-        support=n, successes=successes, success_rate=rate, avg_reward=avg_reward,
-        top_strategies=tuple(strategies), common_failures=tuple(common_failures), action_types=tuple(action_types),
-        evidence=tuple(sorted(r.episode_id for r in rows)), central=central,
+        fact_id=fact_id,
+        namespace=scope.namespace,
+        scope_id=scope.scope_id,
+        level=scope.level,
+        agent_id=scope.agent_id,
+        category=scope.category,
+        kind=kind,
+        text=text,
+        base_text=text,
+        support=n,
+        successes=successes,
+        success_rate=rate,
+        avg_reward=avg_reward,
+        top_strategies=tuple(strategies),
+        common_failures=tuple(common_failures),
+        action_types=tuple(action_types),
+        evidence=tuple(sorted(r.episode_id for r in rows)),
+        central=central,
         agents=tuple(sorted({e.agent_id for e in eps if e.agent_id})),
-        users=tuple(sorted({e.user_id for e in eps if e.user_id})), categories=tuple(categories),
-        first_at=first_at, last_at=last_at, evidence_since=evidence_since,
-        centroid=tuple(float(x) for x in centroid), confidence=confidence, version=version,
-        created_at=now if created_at is None else created_at, updated_at=now, supersedes=supersedes)
+        users=tuple(sorted({e.user_id for e in eps if e.user_id})),
+        categories=tuple(categories),
+        first_at=first_at,
+        last_at=last_at,
+        evidence_since=evidence_since,
+        centroid=tuple(float(x) for x in centroid),
+        confidence=confidence,
+        version=version,
+        created_at=now if created_at is None else created_at,
+        updated_at=now,
+        supersedes=supersedes,
+    )
 
 
 _HEAD = {"strategy": "What works", "failure_pattern": "What fails", "best_practice": "Mixed results"}
 
 
-def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategies: list[dict[str, Any]],
-          failures: list[dict[str, Any]], actions: list[dict[str, Any]], first_at: float, last_at: float,
-          tasks: list[str], categories: list[str]) -> str:
+def _text(
+    kind: str,
+    n: int,
+    successes: int,
+    avg_reward: float | None,
+    strategies: list[dict[str, Any]],
+    failures: list[dict[str, Any]],
+    actions: list[dict[str, Any]],
+    first_at: float,
+    last_at: float,
+    tasks: list[str],
+    categories: list[str],
+) -> str:
     """The deterministic sentence(s) of a fact, at most MAX_TEXT_CHARS."""
     subject = f'tasks like "{_clip(tasks[0], 100)}"' if tasks else "these tasks"
     if categories:
@@ -205,16 +275,31 @@ def _text(kind: str, n: int, successes: int, avg_reward: float | None, strategie
     when = f"on {span[0]}" if span[0] == span[1] else f"between {span[0]} and {span[1]}"
     # a best practice with a high success rate but no repeated strategy is not "mixed"
     head = "What works" if kind == "best_practice" and successes >= 0.7 * n else _HEAD[kind]
-    parts = [f"{head}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
-             f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")]
+    parts = [
+        f"{head}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
+        f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")
+    ]
     if strategies:  # the one that works best first: the text is what an agent follows
         ranked = sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
-        parts.append("Strategies: " + "; ".join(
-            f"{_clip(s['strategy'], 40)} succeeded {s['successes']} of {s['episodes']}" for s in ranked) + ".")
+        parts.append(
+            "Strategies: "
+            + "; ".join(
+                f"{_clip(s['strategy'], 40)} succeeded {s['successes']} of {s['episodes']}" for s in ranked
+            )
+            + "."
+        )
     if failures:
-        parts.append("Failures were: " + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in failures) + ".")
+        parts.append(
+            "Failures were: "
+            + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in failures)
+            + "."
+        )
     if actions:
-        parts.append("Common actions: " + ", ".join(f"{_clip(a['action_type'], 30)} ({a['count']})" for a in actions) + ".")
+        parts.append(
+            "Common actions: "
+            + ", ".join(f"{_clip(a['action_type'], 30)} ({a['count']})" for a in actions)
+            + "."
+        )
     return _clip(" ".join(parts), MAX_TEXT_CHARS)
 
 
@@ -239,8 +324,15 @@ def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[li
     return [regimes(g, min_cluster) for g in groups if len(g) >= min_cluster]
 
 
-def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min_cluster: int, distance: float,
-         now: float) -> tuple[list[Fact], list[str]] | None:
+def plan(
+    scope: FactScope,
+    rows: Sequence[Row],
+    previous: Sequence[Fact],
+    *,
+    min_cluster: int,
+    distance: float,
+    now: float,
+) -> tuple[list[Fact], list[str]] | None:
     """The scope's next facts (current and history) and removed ids; None when nothing changes.
 
     What the facts say (evidence, statistics, kind, text, which one is current) is `derive(rows)`; the
@@ -263,7 +355,9 @@ def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min
         for fid, ev in evidence.items():
             inter = len(ids & ev)
             if inter / len(ev) >= 0.5:  # ties: the same status (current with current), then order
-                pairs.append((-inter / len(ev), -inter, (prev[fid].status == STATUS_CURRENT) != is_current, n, fid))
+                pairs.append(
+                    (-inter / len(ev), -inter, (prev[fid].status == STATUS_CURRENT) != is_current, n, fid)
+                )
     match: dict[int, Fact] = {}
     taken: set[str] = set()
     for *_, n, fid in sorted(pairs):
@@ -287,20 +381,37 @@ def plan(scope: FactScope, rows: Sequence[Row], previous: Sequence[Fact], *, min
                 fresh = superseded(fresh, ids_of[gi, k + 1], now)
             out.append(fresh)
             continue
-        fresh = build_fact(scope, part, fact_id=fid, now=old.updated_at, created_at=old.created_at,
-                           version=old.version, evidence_since=since, supersedes=supersedes)
+        fresh = build_fact(
+            scope,
+            part,
+            fact_id=fid,
+            now=old.updated_at,
+            created_at=old.created_at,
+            version=old.version,
+            evidence_since=since,
+            supersedes=supersedes,
+        )
         if fresh.base_text == old.base_text:  # the summariser's rewrite of the same text stays
             fresh = replace(fresh, text=old.text, summary=old.summary)
         if not is_current:
-            at = old.superseded_at if old.status == STATUS_SUPERSEDED and old.superseded_at is not None else now
+            at = (
+                old.superseded_at
+                if old.status == STATUS_SUPERSEDED and old.superseded_at is not None
+                else now
+            )
             fresh = superseded(fresh, ids_of[gi, k + 1], at)
         out.append(old if fresh == old else replace(fresh, version=old.version + 1, updated_at=now))
     window = {r.episode_id for r in rows}
-    aged = [f for f in previous if f.status == STATUS_SUPERSEDED and f.fact_id not in taken
-            and not window & set(f.evidence)]
+    aged = [
+        f
+        for f in previous
+        if f.status == STATUS_SUPERSEDED and f.fact_id not in taken and not window & set(f.evidence)
+    ]
     current = [f for f in out if f.status == STATUS_CURRENT]
-    history = sorted([f for f in out if f.status != STATUS_CURRENT] + aged,
-                     key=lambda f: (-(f.superseded_at or 0.0), f.fact_id))[:HISTORY_LIMIT]
+    history = sorted(
+        [f for f in out if f.status != STATUS_CURRENT] + aged,
+        key=lambda f: (-(f.superseded_at or 0.0), f.fact_id),
+    )[:HISTORY_LIMIT]
     facts = sorted(current, key=lambda f: f.fact_id) + history
     kept = {f.fact_id for f in facts}
     removed = sorted(fid for fid in prev if fid not in kept)

@@ -58,15 +58,27 @@ def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
 
 async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec) -> list[Row]:
     """The scope's newest `limit` completed episodes with their vectors (FT.SEARCH, paged)."""
-    filters = Scope(namespace=scope.namespace, tags=tags, agent_id=scope.agent_id,
-                    category=(scope.category,) if scope.agent_id is not None and scope.category else (),
-                    status=STATUS_COMPLETED)
+    filters = Scope(
+        namespace=scope.namespace,
+        tags=tags,
+        agent_id=scope.agent_id,
+        category=(scope.category,) if scope.agent_id is not None and scope.category else (),
+        status=STATUS_COMPLETED,
+    )
     rows: list[Row] = []
     offset = 0
     while offset < limit:
         n = min(PAGE, limit - offset)
-        _total, page = await filter_search(r, index, filters, return_fields=("doc", "vector"),
-                                           sort_by="completed_at", descending=True, offset=offset, limit=n)
+        _total, page = await filter_search(
+            r,
+            index,
+            filters,
+            return_fields=("doc", "vector"),
+            sort_by="completed_at",
+            descending=True,
+            offset=offset,
+            limit=n,
+        )
         for hit in page:
             row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"))
             if row is not None:
@@ -77,7 +89,9 @@ async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int,
     return _order(rows)
 
 
-async def load_rows_by_id(r: aioredis.Redis, keys: Keys, gen: int, namespace: str, ids: Sequence[str]) -> list[Row]:
+async def load_rows_by_id(
+    r: aioredis.Redis, keys: Keys, gen: int, namespace: str, ids: Sequence[str]
+) -> list[Row]:
     """Completed episodes by id (missing, forgotten or draft ones are skipped)."""
     async with r.pipeline(transaction=False) as pipe:
         for eid in ids:
@@ -102,7 +116,9 @@ class ScopeState:
 
 
 async def load_state(r: aioredis.Redis, keys: Keys, gen: int, scope_id: str) -> ScopeState:
-    seq, ids, sids, min_cluster = await r.hmget(keys.fact_scope(gen, scope_id), ["seq", "ids", "sids", "min_cluster"])
+    seq, ids, sids, min_cluster = await r.hmget(
+        keys.fact_scope(gen, scope_id), ["seq", "ids", "sids", "min_cluster"]
+    )
     fact_ids = json.loads(ids) if ids else []
     facts = []
     if fact_ids:
@@ -112,8 +128,12 @@ async def load_state(r: aioredis.Redis, keys: Keys, gen: int, scope_id: str) -> 
             for doc, centroid in await pipe.execute():
                 if doc is not None:
                     facts.append(fact_from_doc(doc, centroid))
-    return ScopeState(seq=int(seq or 0), facts=facts, sids=json.loads(sids) if sids else [],
-                      min_cluster=int(min_cluster) if min_cluster else None)
+    return ScopeState(
+        seq=int(seq or 0),
+        facts=facts,
+        sids=json.loads(sids) if sids else [],
+        min_cluster=int(min_cluster) if min_cluster else None,
+    )
 
 
 def snapshot_facts(event: FactsConsolidated) -> tuple[FactScope, int, list[Fact]]:
@@ -124,14 +144,24 @@ def snapshot_facts(event: FactsConsolidated) -> tuple[FactScope, int, list[Fact]
     except ValueError:
         raise InvalidEpisode([("scope.seq", "must be an integer")]) from None
     facts = [Fact.from_data(f) for f in event.facts]
-    if scope.namespace != event.namespace or scope.scope_id != event.scope.get("scope_id", scope.scope_id) \
-            or any(f.namespace != event.namespace or f.scope_id != scope.scope_id for f in facts):
+    if (
+        scope.namespace != event.namespace
+        or scope.scope_id != event.scope.get("scope_id", scope.scope_id)
+        or any(f.namespace != event.namespace or f.scope_id != scope.scope_id for f in facts)
+    ):
         raise InvalidEpisode([("facts", "facts must belong to the event's namespace and scope")])
     return scope, seq, facts
 
 
-async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsConsolidated,
-                         stream_id: bytes | str | None, dim: int, tags: TagCodec) -> bool:
+async def apply_snapshot(
+    r: aioredis.Redis,
+    keys: Keys,
+    gen: int,
+    event: FactsConsolidated,
+    stream_id: bytes | str | None,
+    dim: int,
+    tags: TagCodec,
+) -> bool:
     """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
     when an equal or newer one is in."""
     scope, seq, facts = snapshot_facts(event)
@@ -155,17 +185,26 @@ async def apply_snapshot(r: aioredis.Redis, keys: Keys, gen: int, event: FactsCo
                 for f in facts:
                     pipe.delete(keys.fact_doc(gen, f.fact_id))
                     pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f, tags))
-                pipe.hset(state_key, mapping={"seq": seq, "ids": json.dumps(new_ids), "sids": json.dumps(sids),
-                                              "namespace": scope.namespace, "event": encode(event),
-                                              "min_cluster": event.scope.get("min_cluster", "")})
+                pipe.hset(
+                    state_key,
+                    mapping={
+                        "seq": seq,
+                        "ids": json.dumps(new_ids),
+                        "sids": json.dumps(sids),
+                        "namespace": scope.namespace,
+                        "event": encode(event),
+                        "min_cluster": event.scope.get("min_cluster", ""),
+                    },
+                )
                 await pipe.execute()
                 return True
             except WatchError:
                 continue
 
 
-
-async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int, tags: TagCodec) -> int:
+async def import_snapshots(
+    redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int, tags: TagCodec
+) -> int:
     """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
 
     The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
@@ -184,7 +223,9 @@ async def import_snapshots(redis: aioredis.Redis, keys: Keys, old: int, new: int
         except EngramError:
             log.warning("facts ◆ skipped an unreadable stored snapshot of generation %d", old)
             continue
-        if isinstance(event, FactsConsolidated) and await apply_snapshot(redis, keys, new, event, None, dim, tags):
+        if isinstance(event, FactsConsolidated) and await apply_snapshot(
+            redis, keys, new, event, None, dim, tags
+        ):
             await redis.hset(keys.fact_scope(new, event.scope.get("scope_id", "")), "sids", sids or b"[]")
             imported += 1
     return imported

@@ -41,8 +41,17 @@ class Forgetting:
     dimension of the facts index that a forget rebuilds; `tags` are the generation's TAG digests;
     `settings` the process's, which the rebuild of facts uses (its lease, facts_min_cluster)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int, *, tags: TagCodec,
-                 keyring: KeyRing | None, settings: Settings):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        embedder,
+        gen: int,
+        *,
+        tags: TagCodec,
+        keyring: KeyRing | None,
+        settings: Settings,
+    ):
         self.redis = redis
         self.settings = settings
         self.keys = keys
@@ -62,16 +71,27 @@ class Forgetting:
         await streams.delete(self.redis, k.stream, sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
         await deadletters.delete_dead_letters(self.redis, self.keys, namespace, episode_id)
-        await self.redis.delete(k.episode_events(g, namespace, episode_id),
-                                k.episode_stream_ids(g, namespace, episode_id),
-                                k.episode_doc(g, namespace, episode_id))
+        await self.redis.delete(
+            k.episode_events(g, namespace, episode_id),
+            k.episode_stream_ids(g, namespace, episode_id),
+            k.episode_doc(g, namespace, episode_id),
+        )
         if facts:
             await self._forget_facts(namespace, [episode_id])
 
     async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
         from services.consolidator.facts_forget import forget_evidence
-        await forget_evidence(self.redis, self.keys, self.gen, namespace, episode_ids, self.embedder.dim, self.tags,
-                              settings=self.settings)
+
+        await forget_evidence(
+            self.redis,
+            self.keys,
+            self.gen,
+            namespace,
+            episode_ids,
+            self.embedder.dim,
+            self.tags,
+            settings=self.settings,
+        )
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
@@ -98,10 +118,15 @@ class Forgetting:
         ids: list[str] = []
         seen = 0
         while True:  # the ids come from the documents: the TAG field holds their digests
-            total, hits = await filter_search(self.redis, index, scope, return_fields=(DOC_FIELD,),
-                                              offset=seen, limit=500)
+            total, hits = await filter_search(
+                self.redis, index, scope, return_fields=(DOC_FIELD,), offset=seen, limit=500
+            )
             seen += len(hits)
-            ids += [eid for hit in hits if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None]
+            ids += [
+                eid
+                for hit in hits
+                if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None
+            ]
             if not hits or seen >= total:
                 break
         erased: list[str] = []
@@ -113,13 +138,20 @@ class Forgetting:
             erased.append(episode_id)
         # dead letters of the user's episodes, including ones that never had a document
         await deadletters.delete_user_dead_letters(
-            self.redis, self.keys, namespace, user_id,
-            sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None)
+            self.redis,
+            self.keys,
+            namespace,
+            user_id,
+            sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None,
+        )
         await self._forget_facts(namespace, erased)
         return len(erased)
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
         """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""
-        times = [at for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
-                 if (at := occurred_at(payload)) is not None]  # clear in sealed entries too
+        times = [
+            at
+            for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
+            if (at := occurred_at(payload)) is not None
+        ]  # clear in sealed entries too
         return min(times) if times else None

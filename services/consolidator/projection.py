@@ -71,8 +71,12 @@ def fold(events: Iterable[Event]) -> Folded:
                 action = dataclasses.replace(action, action_id=event.event_id)
             actions.setdefault(_action_key(action), action)
     if episode is not None:
-        merged = tuple(sorted(actions.values(),
-                              key=lambda a: (a.timestamp if a.timestamp is not None else math.inf, a.action_id or "")))
+        merged = tuple(
+            sorted(
+                actions.values(),
+                key=lambda a: (a.timestamp if a.timestamp is not None else math.inf, a.action_id or ""),
+            )
+        )
         if merged != episode.actions:  # a whole episode in one event (the common case) needs no copy
             episode = dataclasses.replace(episode, actions=merged)
         if completed and episode.outcome is None:

@@ -90,6 +90,7 @@ EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
 
 MAX_WRITE_ATTEMPTS = 8
 
+
 @dataclass(slots=True)
 class BatchResult:
     """Stream ids to ack, entries to dead-letter `(entry, reason)`, newly completed episodes."""
@@ -108,9 +109,18 @@ class Projector:
     on `facts_min_cluster`).
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, embedder, gen: int,
-                 metrics: WorkerMetrics | None = None, keyring: KeyRing | None = None, *, tags: TagCodec,
-                 settings: Settings):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        embedder,
+        gen: int,
+        metrics: WorkerMetrics | None = None,
+        keyring: KeyRing | None = None,
+        *,
+        tags: TagCodec,
+        settings: Settings,
+    ):
         self.redis = redis
         self.tags = tags
         self.keyring = keyring
@@ -121,7 +131,9 @@ class Projector:
         self._record = redis.register_script(RECORD_LUA)
         self._write = redis.register_script(WRITE_LUA)
         self._project = redis.register_script(PROJECT_LUA)
-        self.forgetting = Forgetting(redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings)
+        self.forgetting = Forgetting(
+            redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
+        )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
     # --- entry point ----------------------------------------------------------------------------
@@ -135,7 +147,9 @@ class Projector:
                 result.ok.append(entry.stream_id)
                 continue
             if not entry.payload:
-                result.dead.append((entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}"))
+                result.dead.append(
+                    (entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}")
+                )
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
             try:  # a dead entry of a forgotten episode is deleted with its dead letter (deadletters.dead_letter)
@@ -148,7 +162,9 @@ class Projector:
                 continue
             except EngramError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-                result.dead.append((entry, withhold_values(reason) if envelope and "x" in envelope else reason))
+                result.dead.append(
+                    (entry, withhold_values(reason) if envelope and "x" in envelope else reason)
+                )
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
             if isinstance(event, EPISODE_EVENTS):
@@ -215,11 +231,20 @@ class Projector:
         if episode is not None and episode.vector is not None and len(episode.vector) != self.embedder.dim:
             from engram_episodic.errors import InvalidEpisode
 
-            raise InvalidEpisode([("episode.vector", f"has {len(episode.vector)} dimensions; the index "
-                                   f"({self.embedder.name}) expects {self.embedder.dim}")])
+            raise InvalidEpisode(
+                [
+                    (
+                        "episode.vector",
+                        f"has {len(episode.vector)} dimensions; the index "
+                        f"({self.embedder.name}) expects {self.embedder.dim}",
+                    )
+                ]
+            )
 
     # --- episode events -------------------------------------------------------------------------
-    async def _apply_episode_events(self, segment: list[tuple[streams.Entry, Event]], result: BatchResult) -> None:
+    async def _apply_episode_events(
+        self, segment: list[tuple[streams.Entry, Event]], result: BatchResult
+    ) -> None:
         if not segment:
             return
         k = self.keys
@@ -282,8 +307,11 @@ class Projector:
             self.metrics.events.labels(kind, outcome).inc(n)
         if tombstoned:  # data of a forgotten episode must not stay in the stream
             await streams.delete(self.redis, k.stream, tombstoned)
-        prefetched = {ident: (list(events.values()), stored[ident][0], stored[ident][1])
-                      for ident, events in in_hand.items() if stored[ident][0] == len(events)}
+        prefetched = {
+            ident: (list(events.values()), stored[ident][0], stored[ident][1])
+            for ident, events in in_hand.items()
+            if stored[ident][0] == len(events)
+        }
         pending += list(in_hand)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if not pending:
@@ -292,10 +320,13 @@ class Projector:
             prefetched = {}
             if pending:
                 self.metrics.write_conflicts.inc(len(pending))
-        raise RuntimeError(f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts")
+        raise RuntimeError(
+            f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts"
+        )
 
-    async def _without_documents(self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
-                                 ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[str, str]]]:
+    async def _without_documents(
+        self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
+    ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[str, str]]]:
         """Split fast-path candidates into those without a document and the idents of those with one.
 
         For a model embedder: a model embedding costs far more than this round trip, and an episode that
@@ -312,10 +343,14 @@ class Projector:
         moved = [ident for (ident, _p, _f), found in zip(fast, exists, strict=True) if found]
         return keep, moved
 
-    async def _send(self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]],
-                    by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]],
-                    vectors: dict[int, np.ndarray], hashes: dict[int, str],
-                    record_only: list[tuple[streams.Entry, Event]]) -> tuple[list[int], list]:
+    async def _send(
+        self,
+        fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]],
+        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]],
+        vectors: dict[int, np.ndarray],
+        hashes: dict[int, str],
+        record_only: list[tuple[streams.Entry, Event]],
+    ) -> tuple[list[int], list]:
         """One pipeline: PROJECT_LUA for the fast episodes (PROJECT_CHUNK per call), RECORD_LUA for each
         slow-path event, sent when one of the process's WRITES_IN_FLIGHT turns is free. Returns (a
         status per fast episode, a reply per recorded event)."""
@@ -326,8 +361,13 @@ class Projector:
             chunk_args: list = []
             for i, ((ns, eid), payloads, f) in enumerate(fast):
                 sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
-                chunk_keys += [k.tombstone(ns, eid), k.episode_events(g, ns, eid), k.episode_stream_ids(g, ns, eid),
-                               k.episode_doc(g, ns, eid), k.user_tombstone(ns, f.episode.user_id or "\x00none")]
+                chunk_keys += [
+                    k.tombstone(ns, eid),
+                    k.episode_events(g, ns, eid),
+                    k.episode_stream_ids(g, ns, eid),
+                    k.episode_doc(g, ns, eid),
+                    k.user_tombstone(ns, f.episode.user_id or "\x00none"),
+                ]
                 chunk_args += [len(payloads), len(sids), repr(f.first_occurred_at)]
                 for event_id, payload in payloads.items():
                     chunk_args += [event_id, payload]
@@ -338,17 +378,23 @@ class Projector:
                     calls += 1
                     chunk_keys, chunk_args = [], []
             for entry, ev in record_only:
-                await self._record(keys=[k.tombstone(ev.namespace, ev.episode_id),
-                                         k.episode_events(g, ev.namespace, ev.episode_id),
-                                         k.episode_stream_ids(g, ev.namespace, ev.episode_id),
-                                         k.episode_doc(g, ev.namespace, ev.episode_id)],
-                                   args=[ev.event_id, entry.payload, entry.stream_id], client=pipe)
+                await self._record(
+                    keys=[
+                        k.tombstone(ev.namespace, ev.episode_id),
+                        k.episode_events(g, ev.namespace, ev.episode_id),
+                        k.episode_stream_ids(g, ev.namespace, ev.episode_id),
+                        k.episode_doc(g, ev.namespace, ev.episode_id),
+                    ],
+                    args=[ev.event_id, entry.payload, entry.stream_id],
+                    client=pipe,
+                )
             async with self._write_turns:
                 replies = await pipe.execute()
         return [status for reply in replies[:calls] for status in reply], replies[calls:]
 
-    async def _embed(self, folded: Sequence[tuple[Folded, bytes | None]],
-                     known: dict[str, np.ndarray] | None = None) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    async def _embed(
+        self, folded: Sequence[tuple[Folded, bytes | None]], known: dict[str, np.ndarray] | None = None
+    ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
         """Vectors and embed hashes of the completed episodes among `folded` ((state, stored embed hash)).
 
         Agent-supplied vectors are used as given (normalised). Text whose hash equals the stored one is
@@ -386,7 +432,9 @@ class Projector:
                 vectors[i] = vec
         return vectors, hashes
 
-    def _doc_fields(self, namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None) -> bytes:
+    def _doc_fields(
+        self, namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None
+    ) -> bytes:
         """The document's fields as one msgpack array [field, value, ...] that the scripts unpack
         (Redis's bundled `cmsgpack`) into HSET. One argument instead of ~50: packing the arguments one
         by one was ~10% of the worker's CPU, and Redis does no more work for one blob than for 50
@@ -399,9 +447,13 @@ class Projector:
             flat += [key, value]
         return msgpack.packb(flat, use_bin_type=False)
 
-    async def _fold_and_write(self, episodes: list[tuple[str, str]], result: BatchResult,
-                              prefetched: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] | None = None,
-                              known: dict[str, np.ndarray] | None = None) -> list[tuple[str, str]]:
+    async def _fold_and_write(
+        self,
+        episodes: list[tuple[str, str]],
+        result: BatchResult,
+        prefetched: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] | None = None,
+        known: dict[str, np.ndarray] | None = None,
+    ) -> list[tuple[str, str]]:
         k, g = self.keys, self.gen
         prefetched = prefetched or {}
         to_read = [ident for ident in episodes if ident not in prefetched]
@@ -415,7 +467,11 @@ class Projector:
         loaded: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] = dict(prefetched)
         for i, ident in enumerate(to_read):
             events_raw, embed_hash = raw[2 * i], raw[2 * i + 1]
-            loaded[ident] = (await self._decode_stored(list(events_raw.values())), len(events_raw), embed_hash)
+            loaded[ident] = (
+                await self._decode_stored(list(events_raw.values())),
+                len(events_raw),
+                embed_hash,
+            )
         folded: list[tuple[str, str, Folded, int, bytes | None]] = []
         for ns, eid in episodes:
             events, n, embed_hash = loaded[(ns, eid)]
@@ -426,11 +482,20 @@ class Projector:
             for i, (ns, eid, f, n, _old) in enumerate(folded):
                 if f.episode is None:
                     continue
-                await self._write(keys=[k.tombstone(ns, eid), k.episode_events(g, ns, eid),
-                                        k.episode_doc(g, ns, eid),
-                                        k.user_tombstone(ns, f.episode.user_id or "\x00none")],
-                                  args=[n, repr(f.first_occurred_at),
-                                        self._doc_fields(ns, f, vectors.get(i), hashes.get(i))], client=pipe)
+                await self._write(
+                    keys=[
+                        k.tombstone(ns, eid),
+                        k.episode_events(g, ns, eid),
+                        k.episode_doc(g, ns, eid),
+                        k.user_tombstone(ns, f.episode.user_id or "\x00none"),
+                    ],
+                    args=[
+                        n,
+                        repr(f.first_occurred_at),
+                        self._doc_fields(ns, f, vectors.get(i), hashes.get(i)),
+                    ],
+                    client=pipe,
+                )
                 writes.append(i)
             outcomes = await pipe.execute()
         retry: list[tuple[str, str]] = []
@@ -444,7 +509,9 @@ class Projector:
                 result.completed.append((ns, f))
         return retry
 
-    async def import_snapshot(self, events: dict[bytes, bytes], stream_ids: set[bytes]) -> tuple[str, str] | None:
+    async def import_snapshot(
+        self, events: dict[bytes, bytes], stream_ids: set[bytes]
+    ) -> tuple[str, str] | None:
         """Copy one episode's stored events (from another generation's event hash) into this
         generation, unless the episode is tombstoned; returns its (namespace, episode_id). The identity
         is read from the clear fields, so an episode some of whose events are shredded is still found
@@ -505,4 +572,7 @@ class Projector:
             await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
             from services.consolidator.facts_store import apply_snapshot
-            await apply_snapshot(self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags)
+
+            await apply_snapshot(
+                self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags
+            )

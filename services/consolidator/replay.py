@@ -38,8 +38,9 @@ log = logging.getLogger("engram.replay")
 PAGE = 500
 
 
-async def _project_range(projector: Projector, redis: aioredis.Redis, stream: str,
-                         start: bytes | str) -> tuple[bytes | None, int]:
+async def _project_range(
+    projector: Projector, redis: aioredis.Redis, stream: str, start: bytes | str
+) -> tuple[bytes | None, int]:
     """Project entries after `start` ("-" = from the beginning); returns (last id, count)."""
     last: bytes | None = None
     count = 0
@@ -62,7 +63,7 @@ async def _import_snapshot(projector: Projector, redis: aioredis.Redis, keys: Ke
     batch: list[tuple[str, str]] = []
     imported = 0
     async for key in redis.scan_iter(match=f"{prefix}*", count=500):
-        digest = key.decode()[len(prefix):]
+        digest = key.decode()[len(prefix) :]
         events = await redis.hgetall(key)
         sids = await redis.smembers(f"{keys.gen_prefix(old)}sids:{digest}")
         ident = await projector.import_snapshot(events, sids)
@@ -88,12 +89,19 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
     dim = await embedder.ensure_dim()
     # a new generation: its TAG fields get the current digest mode (`shared.tags`), whatever the old one had
-    tags = await ensure_episode_index(redis, keys, new, vector_params(settings, dim), embedder.name,
-                                      tag_key=await deployment_tag_key(redis, keys, settings.master_key),
-                                      point_alias=False)
+    tags = await ensure_episode_index(
+        redis,
+        keys,
+        new,
+        vector_params(settings, dim),
+        embedder.name,
+        tag_key=await deployment_tag_key(redis, keys, settings.master_key),
+        point_alias=False,
+    )
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
-    projector = Projector(redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags,
-                          settings=settings)
+    projector = Projector(
+        redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags, settings=settings
+    )
     snapshot = await _import_snapshot(projector, redis, keys, old)
     await import_fact_snapshots(redis, keys, old, new, dim, tags)
     last, first_pass = await _project_range(projector, redis, keys.stream, "-")
@@ -101,10 +109,23 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     await redis.hset(keys.meta, "generation", new)
     _, catch_up = await _project_range(projector, redis, keys.stream, last or "-")
     dropped = await _drop_generation(redis, keys, old)
-    log.info("replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
-             "%d old keys dropped", old, new, snapshot, first_pass, catch_up, dropped)
-    return {"from_generation": old, "generation": new, "snapshot_episodes": snapshot,
-            "entries": first_pass + catch_up, "dropped_keys": dropped}
+    log.info(
+        "replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
+        "%d old keys dropped",
+        old,
+        new,
+        snapshot,
+        first_pass,
+        catch_up,
+        dropped,
+    )
+    return {
+        "from_generation": old,
+        "generation": new,
+        "snapshot_episodes": snapshot,
+        "entries": first_pass + catch_up,
+        "dropped_keys": dropped,
+    }
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:

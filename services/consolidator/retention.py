@@ -32,8 +32,9 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
     needed: list[tuple[int, int]] = []
     for g in groups:
         name = g["name"]
-        summary = await streams.StreamGroup(redis, stream, name.decode() if isinstance(name, bytes) else name
-                                            ).pending_summary()
+        summary = await streams.StreamGroup(
+            redis, stream, name.decode() if isinstance(name, bytes) else name
+        ).pending_summary()
         if summary and summary.get("pending"):
             needed.append(_parse_id(summary["min"]))
         else:
@@ -42,7 +43,9 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
     return min(needed)
 
 
-async def trim(redis: aioredis.Redis, keys: Keys, *, retention_seconds: float, now: float | None = None) -> int:
+async def trim(
+    redis: aioredis.Redis, keys: Keys, *, retention_seconds: float, now: float | None = None
+) -> int:
     """XTRIM MINID at min(what every group still needs, now - retention). Returns entries removed."""
     safe = await safe_trim_id(redis, keys.stream)
     if safe is None:

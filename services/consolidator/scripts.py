@@ -36,7 +36,9 @@ solution would still match a keyword recall). What the query service owns (`last
 `access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
 the old status (nil for a new document)."""
 
-WRITE_LUA = REPLACE_DOC_LUA + """
+WRITE_LUA = (
+    REPLACE_DOC_LUA
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 local forgot = redis.call('GET', KEYS[4])
 if forgot and tonumber(forgot) >= tonumber(ARGV[2]) then return -2 end
@@ -45,8 +47,11 @@ local was = replace_doc(KEYS[3], ARGV[3])
 if was == 'completed' then return 1 end
 return 2
 """
+)
 
-PROJECT_LUA = REPLACE_DOC_LUA + """
+PROJECT_LUA = (
+    REPLACE_DOC_LUA
+    + """
 local out = {}
 local a = 1
 for e = 0, #KEYS / 5 - 1 do
@@ -69,6 +74,7 @@ for e = 0, #KEYS / 5 - 1 do
 end
 return out
 """
+)
 """The fast path for up to PROJECT_CHUNK episodes. Per episode, KEYS: tombstone, event hash, stream-id
 set, document, user tombstone; ARGV: n events, n stream ids, first occurred_at, (event_id, payload) x n,
 stream ids, the document as one msgpack blob. Per episode it returns -1 (tombstoned: nothing recorded),

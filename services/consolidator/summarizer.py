@@ -25,9 +25,11 @@ from shared.settings import Settings
 
 log = logging.getLogger("engram.facts")
 
-SYSTEM_PROMPT = ("You rewrite statistics about an AI agent's past task attempts into one short, factual piece "
-                 "of advice for the agent. Keep every number. Do not invent anything. Answer with the "
-                 "advice only, at most three sentences.")
+SYSTEM_PROMPT = (
+    "You rewrite statistics about an AI agent's past task attempts into one short, factual piece "
+    "of advice for the agent. Keep every number. Do not invent anything. Answer with the "
+    "advice only, at most three sentences."
+)
 
 
 def _endpoint(url: str) -> str:
@@ -40,8 +42,16 @@ def _endpoint(url: str) -> str:
 class Summarizer:
     """`await summarize(text, examples)` → the rewritten text (≤ max_chars) or None to keep `text`."""
 
-    def __init__(self, url: str, *, model: str, api_key: str | None = None, timeout: float = 20.0,
-                 max_chars: int = 600, failures_metric: Counter | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 20.0,
+        max_chars: int = 600,
+        failures_metric: Counter | None = None,
+    ):
         """`failures_metric`: a Prometheus Counter with a `reason` label, incremented per failure."""
         self.url = _endpoint(url)
         self.failures_metric = failures_metric
@@ -53,19 +63,32 @@ class Summarizer:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, failures_metric: Counter | None = None) -> Summarizer | None:
+    def from_settings(
+        cls, settings: Settings, *, failures_metric: Counter | None = None
+    ) -> Summarizer | None:
         if not settings.summarizer_url:
             return None
-        return cls(settings.summarizer_url, model=settings.summarizer_model, api_key=settings.summarizer_api_key,
-                   timeout=settings.summarizer_timeout, max_chars=settings.summarizer_max_chars,
-                   failures_metric=failures_metric)
+        return cls(
+            settings.summarizer_url,
+            model=settings.summarizer_model,
+            api_key=settings.summarizer_api_key,
+            timeout=settings.summarizer_timeout,
+            max_chars=settings.summarizer_max_chars,
+            failures_metric=failures_metric,
+        )
 
     async def summarize(self, text: str, examples: list[str]) -> str | None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        user = text + ("\nExample tasks:\n" + "\n".join(f"- {e[:200]}" for e in examples[:3]) if examples else "")
-        body = {"model": self.model, "temperature": 0, "max_tokens": max(16, self.max_chars // 3),
-                "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]}
+        user = text + (
+            "\nExample tasks:\n" + "\n".join(f"- {e[:200]}" for e in examples[:3]) if examples else ""
+        )
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": max(16, self.max_chars // 3),
+            "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+        }
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         reason = "connection"
         try:
@@ -87,8 +110,12 @@ class Summarizer:
             self.failures += 1
             if self.failures_metric is not None:
                 self.failures_metric.labels(reason).inc()
-            log.warning("summariser ◆ kept the deterministic text ◆ %s ◆ %s: %s", reason, type(exc).__name__,
-                        str(exc)[:200])
+            log.warning(
+                "summariser ◆ kept the deterministic text ◆ %s ◆ %s: %s",
+                reason,
+                type(exc).__name__,
+                str(exc)[:200],
+            )
             return None
         answer = " ".join(answer.split())
         return answer if len(answer) <= self.max_chars else answer[: self.max_chars - 1].rstrip() + "…"

@@ -57,8 +57,13 @@ MISMATCH_CHECK_SECONDS = 2.0
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
-    return VectorParams(dim=dim, algorithm=settings.vector_algorithm, m=settings.hnsw_m,
-                        ef_construction=settings.hnsw_ef_construction, ef_runtime=settings.hnsw_ef_runtime)
+    return VectorParams(
+        dim=dim,
+        algorithm=settings.vector_algorithm,
+        m=settings.hnsw_m,
+        ef_construction=settings.hnsw_ef_construction,
+        ef_runtime=settings.hnsw_ef_runtime,
+    )
 
 
 def consumer_name(settings: Settings) -> str:
@@ -72,8 +77,16 @@ class Worker:
     `on_batch(result)` is an optional async hook (semantic-memory triggers use it).
     """
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis, embedder, *,
-                 metrics: WorkerMetrics | None = None, name: str | None = None, on_batch=None):
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        embedder,
+        *,
+        metrics: WorkerMetrics | None = None,
+        name: str | None = None,
+        on_batch=None,
+    ):
         self.settings = settings
         self.redis = redis
         self.embedder = embedder
@@ -103,7 +116,9 @@ class Worker:
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
         await self.group.ensure()
-        if self.keyring is not None:  # MasterKeyMismatch (a Conflict) when another master key wrapped the keys
+        if (
+            self.keyring is not None
+        ):  # MasterKeyMismatch (a Conflict) when another master key wrapped the keys
             await self.keyring.load(self.redis)
         else:  # an encrypted deployment's worker without the master key would dead-letter everything
             await require_plaintext_deployment(self.redis, self.keys)
@@ -113,11 +128,25 @@ class Worker:
         gen = await current_generation(self.redis, self.keys)
         if self.projector is None or self.projector.gen != gen:
             tag_key = (await self.keyring.load(self.redis)).tag_key if self.keyring is not None else None
-            tags = await ensure_episode_index(self.redis, self.keys, gen,
-                                              vector_params(self.settings, self.embedder.dim), self.embedder.name,
-                                              tag_key=tag_key, point_alias=True)
-            self.projector = Projector(self.redis, self.keys, self.embedder, gen, self.metrics, keyring=self.keyring,
-                                       tags=tags, settings=self.settings)
+            tags = await ensure_episode_index(
+                self.redis,
+                self.keys,
+                gen,
+                vector_params(self.settings, self.embedder.dim),
+                self.embedder.name,
+                tag_key=tag_key,
+                point_alias=True,
+            )
+            self.projector = Projector(
+                self.redis,
+                self.keys,
+                self.embedder,
+                gen,
+                self.metrics,
+                keyring=self.keyring,
+                tags=tags,
+                settings=self.settings,
+            )
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -131,10 +160,18 @@ class Worker:
         the others after their batch in hand.
         """
         # Redis may be down or loading when the worker starts: wait for it, as the lanes do
-        if await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop) is None:
+        if (
+            await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop)
+            is None
+        ):
             return
-        log.info("worker %s ◆ consuming %s as group %s ◆ %d batch(es) in flight", self.name, self.keys.stream,
-                 self.settings.consumer_group, self.settings.in_flight)
+        log.info(
+            "worker %s ◆ consuming %s as group %s ◆ %d batch(es) in flight",
+            self.name,
+            self.keys.stream,
+            self.settings.consumer_group,
+            self.settings.in_flight,
+        )
         halt = asyncio.Event()
         conflicts: list[Conflict] = []
         try:
@@ -142,7 +179,9 @@ class Worker:
             # (cancelling one mid-batch is unsafe: redis-py can swallow a cancellation), then re-raises here
             async with asyncio.TaskGroup() as lanes:
                 for i in range(self.settings.in_flight):
-                    lanes.create_task(self._lane(stop, halt, conflicts, housekeeping=i == 0), name=f"lane-{i}")
+                    lanes.create_task(
+                        self._lane(stop, halt, conflicts, housekeeping=i == 0), name=f"lane-{i}"
+                    )
         finally:
             if self._erasure is not None:  # a rewrite in progress goes on in Redis; the mark stays pending
                 self._erasure.cancel()
@@ -158,8 +197,9 @@ class Worker:
         await self.setup()
         return True
 
-    async def _lane(self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *,
-                    housekeeping: bool) -> None:
+    async def _lane(
+        self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, housekeeping: bool
+    ) -> None:
         last_info = 0.0
         last_trim = time.monotonic()
         backoff = Backoff()
@@ -168,22 +208,33 @@ class Worker:
                 await self.turn()
                 backoff.reset()
                 if self.paused_by is not None:
-                    log.warning("worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; "
-                                "resuming", self.name, self.embedder.name, self.embedder.dim)
+                    log.warning(
+                        "worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; resuming",
+                        self.name,
+                        self.embedder.name,
+                        self.embedder.dim,
+                    )
                     self.paused_by = None
                 if not housekeeping:
                     continue
                 if time.monotonic() - last_info > 5:
                     await self.refresh_lag()
                     last_info = time.monotonic()
-                if self.settings.stream_retention is not None and \
-                        time.monotonic() - last_trim > self.settings.retention_interval:
+                if (
+                    self.settings.stream_retention is not None
+                    and time.monotonic() - last_trim > self.settings.retention_interval
+                ):
                     last_trim = time.monotonic()
-                    removed = await retention.trim(self.redis, self.keys,
-                                                   retention_seconds=self.settings.stream_retention)
+                    removed = await retention.trim(
+                        self.redis, self.keys, retention_seconds=self.settings.stream_retention
+                    )
                     if removed:
-                        log.info("worker %s ◆ trimmed %d projected entries older than %gs", self.name,
-                                 removed, self.settings.stream_retention)
+                        log.info(
+                            "worker %s ◆ trimmed %d projected entries older than %gs",
+                            self.name,
+                            removed,
+                            self.settings.stream_retention,
+                        )
                 self._erasure_housekeeping()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)
@@ -213,24 +264,40 @@ class Worker:
         if not first and now - self._paused_said < MISMATCH_LOG_SECONDS:
             return
         self._paused_said = now
-        log.error("worker %s ◆ paused: index generation %d now uses embedder %r (dim %d), this worker %r "
-                  "(dim %d); nothing is projected until it is restarted with %s (the stream keeps the "
-                  "entries)", self.name, exc.gen, exc.index_embedder, exc.index_dim, exc.embedder, exc.dim,
-                  embedder_setting(exc.index_embedder, exc.index_dim))
+        log.error(
+            "worker %s ◆ paused: index generation %d now uses embedder %r (dim %d), this worker %r "
+            "(dim %d); nothing is projected until it is restarted with %s (the stream keeps the "
+            "entries)",
+            self.name,
+            exc.gen,
+            exc.index_embedder,
+            exc.index_dim,
+            exc.embedder,
+            exc.dim,
+            embedder_setting(exc.index_embedder, exc.index_dim),
+        )
 
     def _erasure_housekeeping(self) -> None:
         """Every 5 s, in the background: after forgets, rewrite the AOF (services.consolidator.erasure)."""
         interval = self.settings.erasure_interval
-        if interval is None or time.monotonic() - self._erasure_checked < 5 or \
-                (self._erasure is not None and not self._erasure.done()):
+        if (
+            interval is None
+            or time.monotonic() - self._erasure_checked < 5
+            or (self._erasure is not None and not self._erasure.done())
+        ):
             return
         self._erasure_checked = time.monotonic()
         self._erasure = asyncio.create_task(self._erase(interval))
 
     async def _erase(self, interval: float) -> None:
         try:
-            await erasure.housekeep(self.redis, self.keys, interval=interval, lease_ms=self.settings.lease_ms,
-                                    keyring=self.keyring)
+            await erasure.housekeep(
+                self.redis,
+                self.keys,
+                interval=interval,
+                lease_ms=self.settings.lease_ms,
+                keyring=self.keyring,
+            )
         except (redis_errors.RedisError, OSError, TimeoutError) as exc:  # retried on the next check
             log.warning("worker %s ◆ erasure housekeeping failed: %s", self.name, exc)
 
@@ -240,8 +307,9 @@ class Worker:
         projector = await self._projector()
         claimed, _deleted = await self.group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
         entries = await self._drop_exhausted(claimed)
-        fresh = await self.group.read_new(self.name, count=self.lane_batch - len(entries),
-                                          block_ms=1 if entries else s.block_ms)
+        fresh = await self.group.read_new(
+            self.name, count=self.lane_batch - len(entries), block_ms=1 if entries else s.block_ms
+        )
         entries += fresh
         self.backlogged = bool(entries)
         if not entries:
@@ -285,8 +353,11 @@ class Worker:
             # the culprit stays pending until it succeeds or reaches the delivery limit
             results = [await self._apply(projector, [e]) for e in entries]
             ok = [r for r in results if r is not None]
-            result = BatchResult(ok=[i for r in ok for i in r.ok], dead=[d for r in ok for d in r.dead],
-                                 completed=[c for r in ok for c in r.completed])
+            result = BatchResult(
+                ok=[i for r in ok for i in r.ok],
+                dead=[d for r in ok for d in r.dead],
+                completed=[c for r in ok for c in r.completed],
+            )
         if result is None:
             return 0
         await self._finish(result)
@@ -309,15 +380,21 @@ class Worker:
                 self.last_errors[e.stream_id] = reason
             if isinstance(exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError):
                 raise
-            log.exception("worker %s ◆ %d entr%s failed; left pending", self.name, len(entries),
-                          "y" if len(entries) == 1 else "ies")
+            log.exception(
+                "worker %s ◆ %d entr%s failed; left pending",
+                self.name,
+                len(entries),
+                "y" if len(entries) == 1 else "ies",
+            )
             return None
 
     async def _finish(self, result: BatchResult) -> None:
         for entry, reason in result.dead:
             await deadletters.dead_letter(self.group, self.keys, entry, reason, consumer=self.name)
             self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
-            log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
+            log.warning(
+                "worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200]
+            )
         await self.group.ack(result.ok)
         for sid in result.ok:
             self.last_errors.pop(sid, None)
@@ -331,8 +408,10 @@ class Worker:
         for entry in claimed:
             n = counts.get(entry.stream_id, 1)
             if n > self.settings.max_deliveries:
-                reason = f"DeliveryLimit: failed {n - 1} deliveries; last error: " \
-                         f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
+                reason = (
+                    f"DeliveryLimit: failed {n - 1} deliveries; last error: "
+                    f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
+                )
                 exhausted = streams.Entry(entry.stream_id, entry.payload, n)
                 await deadletters.dead_letter(self.group, self.keys, exhausted, reason, consumer=self.name)
                 self.metrics.dead_letters.labels("DeliveryLimit").inc()

@@ -16,13 +16,17 @@ from shared.settings import Settings
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     try:
         settings = Settings.from_env(os.environ)
         if not settings.redis_url:
-            raise ConfigError("REDIS_URL is not set; start the whole stack with `make run`, "
-                              "or set REDIS_URL=redis://host:port/0")
+            raise ConfigError(
+                "REDIS_URL is not set; start the whole stack with `make run`, "
+                "or set REDIS_URL=redis://host:port/0"
+            )
         check_bind(settings.host, settings.api_keys)
     except (ConfigError, ValueError) as exc:
         print(f"engram query: {exc}", file=sys.stderr)
@@ -30,9 +34,15 @@ def main() -> int:
     try:
         # uvloop: libuv's loop cuts the per-request overhead of aiohttp and redis-py (bench/perf.py);
         # serve(), not web.run_app: its runner answers unparseable requests without quoting them
-        serve(make_app(settings), host=settings.host, port=settings.port, loop=uvloop.new_event_loop(),
-              on_ready=lambda: print(f"engram query ◆ listening on http://{settings.host}:{settings.port}",
-                                     flush=True))
+        serve(
+            make_app(settings),
+            host=settings.host,
+            port=settings.port,
+            loop=uvloop.new_event_loop(),
+            on_ready=lambda: print(
+                f"engram query ◆ listening on http://{settings.host}:{settings.port}", flush=True
+            ),
+        )
     except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback
         print(f"engram query: {exc}", file=sys.stderr)
         return 2

@@ -60,8 +60,13 @@ openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, 
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
-    return VectorParams(dim=dim, algorithm=settings.vector_algorithm, m=settings.hnsw_m,
-                        ef_construction=settings.hnsw_ef_construction, ef_runtime=settings.hnsw_ef_runtime)
+    return VectorParams(
+        dim=dim,
+        algorithm=settings.vector_algorithm,
+        m=settings.hnsw_m,
+        ef_construction=settings.hnsw_ef_construction,
+        ef_runtime=settings.hnsw_ef_runtime,
+    )
 
 
 def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
@@ -73,7 +78,9 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
             r = redis
             if r is None:
                 if not settings.redis_url:
-                    raise RuntimeError("REDIS_URL is not set; start the stack with `make run` or set REDIS_URL")
+                    raise RuntimeError(
+                        "REDIS_URL is not set; start the stack with `make run` or set REDIS_URL"
+                    )
                 r = connect(settings.redis_url)
                 stack.push_async_callback(r.aclose)
             e = embedder
@@ -88,7 +95,9 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
             async def open_index() -> tuple[int, bytes | None]:
                 gen = await current_generation(r, keys)
                 tag_key = await deployment_tag_key(r, keys, settings.master_key)
-                await ensure_episode_index(r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key)
+                await ensure_episode_index(
+                    r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key
+                )
                 return gen, tag_key
 
             # Redis down or loading at start: wait for it (one exiting service stops `make run`)
@@ -98,21 +107,38 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
             app[REDIS] = r
             app[EMBEDDER] = e
             app[TAGS] = LiveTags(keys, tag_key)
-            log.info("query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
-                     settings.prefix, e.name, dim, gen, len(settings.api_keys))
+            log.info(
+                "query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
+                settings.prefix,
+                e.name,
+                dim,
+                gen,
+                len(settings.api_keys),
+            )
             yield
+
     return ctx
 
 
-def make_app(settings: Settings, *, redis: aioredis.Redis | None = None, embedder: Embedder | None = None,
-             facts: FactsProvider | None = None, consolidate: Consolidate | None = None) -> web.Application:
+def make_app(
+    settings: Settings,
+    *,
+    redis: aioredis.Redis | None = None,
+    embedder: Embedder | None = None,
+    facts: FactsProvider | None = None,
+    consolidate: Consolidate | None = None,
+) -> web.Application:
     """The query service. Startup fails (exception) when Redis is unreachable or the index conflicts."""
     metrics = Metrics()
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[metrics.middleware(), problems_middleware,
-                     auth_middleware(settings.api_keys, settings.default_namespace, settings.metrics_key,
-                                     routes=ROUTES)],
+        middlewares=[
+            metrics.middleware(),
+            problems_middleware,
+            auth_middleware(
+                settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
+            ),
+        ],
     )
     keys = Keys(settings.prefix)
     app[SETTINGS] = settings

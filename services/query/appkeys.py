@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
 FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
 # (redis, embedding dimension, namespace, agent_id, category, all_scopes) → one result per scope run,
 # for `POST /v1/consolidate`
-Consolidate = Callable[[aioredis.Redis, int, str, str | None, str | None, bool], Awaitable[Sequence["RunResult"]]]
+Consolidate = Callable[
+    [aioredis.Redis, int, str, str | None, str | None, bool], Awaitable[Sequence["RunResult"]]
+]
 OpenAPIDocument = Callable[[], dict[str, Any]]
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -45,4 +47,6 @@ SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
 
-NAMESPACE = web.RequestKey("namespace", str)  # request[NAMESPACE]: the caller's namespace (services.query.auth)
+NAMESPACE = web.RequestKey(
+    "namespace", str
+)  # request[NAMESPACE]: the caller's namespace (services.query.auth)

@@ -65,8 +65,13 @@ def public_paths(routes: Iterable[Route]) -> frozenset[str]:
     return frozenset(paths)
 
 
-def auth_middleware(api_keys: dict[str, str], default_namespace: str, metrics_key: str | None = None, *,
-                    routes: Iterable[Route]):
+def auth_middleware(
+    api_keys: dict[str, str],
+    default_namespace: str,
+    metrics_key: str | None = None,
+    *,
+    routes: Iterable[Route],
+):
     """Sets request[NAMESPACE] from the Bearer key (401 without a known one), or the default namespace
     in dev mode; a request for a public route of `routes` passes without either. With API keys,
     `/metrics` takes `metrics_key` only: its totals span every namespace."""
@@ -84,15 +89,22 @@ def auth_middleware(api_keys: dict[str, str], default_namespace: str, metrics_ke
             if metrics_key is not None and namespace_for({metrics_key: ""}, header) is not None:
                 return await handler(request)
             if namespace_for(api_keys, header) is not None:
-                raise Problem(403, "an API key does not read /metrics (its totals span every namespace); "
-                                   "scrape it with ENGRAM_METRICS_KEY")
+                raise Problem(
+                    403,
+                    "an API key does not read /metrics (its totals span every namespace); "
+                    "scrape it with ENGRAM_METRICS_KEY",
+                )
         namespace = namespace_for(api_keys, header)
         if namespace is None:
-            detail = ("missing API key: send 'Authorization: Bearer <key>'"
-                      if "Authorization" not in request.headers else "invalid API key")
+            detail = (
+                "missing API key: send 'Authorization: Bearer <key>'"
+                if "Authorization" not in request.headers
+                else "invalid API key"
+            )
             raise Problem(401, detail, headers={"WWW-Authenticate": 'Bearer realm="engram"'})
         request[NAMESPACE] = namespace
         return await handler(request)
+
     return middleware
 
 
@@ -109,6 +121,8 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, api_keys: dict[str, str]) -> None:
     """Raise ValueError when dev mode (no keys) would listen beyond this machine."""
     if not api_keys and not is_loopback(host):
-        raise ValueError(f"ENGRAM_HOST={host!r} is not a loopback address and no API keys are configured; "
-                         f"set ENGRAM_API_KEYS (key=namespace,...) or ENGRAM_API_KEYS_FILE, "
-                         f"or bind to 127.0.0.1")
+        raise ValueError(
+            f"ENGRAM_HOST={host!r} is not a loopback address and no API keys are configured; "
+            f"set ENGRAM_API_KEYS (key=namespace,...) or ENGRAM_API_KEYS_FILE, "
+            f"or bind to 127.0.0.1"
+        )

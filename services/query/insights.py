@@ -32,8 +32,9 @@ def _when(ep: Episode) -> tuple[float, str]:
     return (at if at is not None else 0.0, ep.episode_id)
 
 
-def current_evidence(similar: Sequence[Episode], *, min_size: int = REGIME_MIN
-                     ) -> tuple[list[Episode], list[dict[str, Any]]]:
+def current_evidence(
+    similar: Sequence[Episode], *, min_size: int = REGIME_MIN
+) -> tuple[list[Episode], list[dict[str, Any]]]:
     """The similar episodes that still count (input order kept) and what changed: per strategy (episodes
     without one form their own group), its decided episodes in time order are cut at their last flip
     (`shared.regimes.last_regime`) and the older ones are dropped. `changed` has one row per strategy
@@ -51,9 +52,16 @@ def current_evidence(similar: Sequence[Episode], *, min_size: int = REGIME_MIN
             continue
         older, newer = eps[:start], eps[start:]
         dropped.update(e.episode_id for e in older)
-        changed.append({"strategy": name, "since": format_instant(_when(newer[0])[0]),
-                        "episodes": len(newer), "successes": sum(e.outcome == "success" for e in newer),
-                        "earlier_episodes": len(older), "earlier_successes": sum(e.outcome == "success" for e in older)})
+        changed.append(
+            {
+                "strategy": name,
+                "since": format_instant(_when(newer[0])[0]),
+                "episodes": len(newer),
+                "successes": sum(e.outcome == "success" for e in newer),
+                "earlier_episodes": len(older),
+                "earlier_successes": sum(e.outcome == "success" for e in older),
+            }
+        )
     return [e for e in similar if e.episode_id not in dropped], changed
 
 
@@ -70,8 +78,9 @@ def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[st
     return out
 
 
-def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
-                    category_profile: dict[str, Any] | None) -> dict[str, Any]:
+def choose_strategy(
+    similar: Sequence[Episode], *, complexity: float | None, category_profile: dict[str, Any] | None
+) -> dict[str, Any]:
     """Adaptive strategy choice, first rule that applies:
 
     1. reuse the strategy of similar episodes whose success rate among them is above 0.6 (the one with
@@ -96,28 +105,41 @@ def choose_strategy(similar: Sequence[Episode], *, complexity: float | None,
             ranked.append((successes, rate, name, len(eps)))
     if ranked:
         successes, rate, name, n = max(ranked, key=lambda t: (t[0], t[1]))
-        return {"strategy": name, "rule": "reuse",
-                "reason": f"{successes} of {n} similar episodes using {name!r} succeeded "
-                          f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})",
-                "evidence": {"similar_episodes": len(everything), "episodes": n, "successes": successes, **extra}}
+        return {
+            "strategy": name,
+            "rule": "reuse",
+            "reason": f"{successes} of {n} similar episodes using {name!r} succeeded "
+            f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})",
+            "evidence": {"similar_episodes": len(everything), "episodes": n, "successes": successes, **extra},
+        }
     if category_profile is not None and category_profile.get("weak"):
-        return {"strategy": "defensive", "rule": "weak_category",
-                "reason": f"category {category_profile['category']!r} is weak "
-                          f"(success rate {category_profile['success_rate']:.0%} over "
-                          f"{category_profile['episodes']} episodes)",
-                "evidence": {"similar_episodes": len(everything), **extra}}
+        return {
+            "strategy": "defensive",
+            "rule": "weak_category",
+            "reason": f"category {category_profile['category']!r} is weak "
+            f"(success rate {category_profile['success_rate']:.0%} over "
+            f"{category_profile['episodes']} episodes)",
+            "evidence": {"similar_episodes": len(everything), **extra},
+        }
     if complexity is None:
-        return {"strategy": "conservative", "rule": "no_evidence",
-                "reason": "no similar successful strategy, no weak category and no complexity given",
-                "evidence": {"similar_episodes": len(everything), **extra}}
+        return {
+            "strategy": "conservative",
+            "rule": "no_evidence",
+            "reason": "no similar successful strategy, no weak category and no complexity given",
+            "evidence": {"similar_episodes": len(everything), **extra},
+        }
     if complexity > 0.7:
         name, why = "iterative", f"complexity {complexity:g} > 0.7"
     elif complexity < 0.3:
         name, why = "exploratory", f"complexity {complexity:g} < 0.3"
     else:
         name, why = "iterative", f"complexity {complexity:g} is moderate"
-    return {"strategy": name, "rule": "complexity", "reason": why,
-            "evidence": {"similar_episodes": len(everything), **extra}}
+    return {
+        "strategy": name,
+        "rule": "complexity",
+        "reason": why,
+        "evidence": {"similar_episodes": len(everything), **extra},
+    }
 
 
 FAILED = ("failure", "abandoned")
@@ -145,15 +167,20 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
     messages: Counter[str] = Counter()
     action_types: Counter[str] = Counter()
     for ep in failures:
-        texts = [ep.feedback.message if ep.feedback else None, ep.outcome_details,
-                 *(a.error for a in ep.actions)]
+        texts = [
+            ep.feedback.message if ep.feedback else None,
+            ep.outcome_details,
+            *(a.error for a in ep.actions),
+        ]
         # once per episode, in a stable order (ties in most_common keep first appearance)
         messages.update(list(dict.fromkeys(t.strip()[:300] for t in texts if t and t.strip())))
         action_types.update(list(dict.fromkeys(a.action_type for a in ep.actions if a.success is not True)))
     strategies = Counter(e.strategy_used for e in successes if e.strategy_used)
     return {
         "confidence": confidence,
-        "similar": len(similar), "successes": len(successes), "failures": len(failures),
+        "similar": len(similar),
+        "successes": len(successes),
+        "failures": len(failures),
         "success_share": share,
         "common_failures": [{"message": m, "count": c} for m, c in messages.most_common(top)],
         "failed_action_types": [{"action_type": a, "count": c} for a, c in action_types.most_common(top)],
@@ -167,8 +194,14 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: max(0, n - 1)] + "…"
 
 
-def prompt_section(task: str, category: str | None, results: Sequence[dict[str, Any]],
-                   replay: dict[str, Any], facts: Sequence[dict[str, Any]], max_chars: int) -> tuple[str, bool]:
+def prompt_section(
+    task: str,
+    category: str | None,
+    results: Sequence[dict[str, Any]],
+    replay: dict[str, Any],
+    facts: Sequence[dict[str, Any]],
+    max_chars: int,
+) -> tuple[str, bool]:
     """A ready prompt section of at most `max_chars` characters; returns (text, truncated).
 
     Header lines first (task, category, summary, proven strategies), then facts, then one block per
@@ -182,15 +215,22 @@ def prompt_section(task: str, category: str | None, results: Sequence[dict[str, 
     if n:
         avg = replay.get("avg_reward")
         rate = replay.get("success_rate")
-        lines.append(f"Experiences: {n} similar episode(s), average reward "
-                     f"{'n/a' if avg is None else f'{avg:.2f}'}, success rate "
-                     f"{'n/a' if rate is None else f'{rate:.0%}'}")
+        lines.append(
+            f"Experiences: {n} similar episode(s), average reward "
+            f"{'n/a' if avg is None else f'{avg:.2f}'}, success rate "
+            f"{'n/a' if rate is None else f'{rate:.0%}'}"
+        )
     else:
         lines.append("Experiences: none recorded for this kind of task yet")
     proven = [s for s in replay.get("strategies", []) if s.get("success_rate")]
     if proven:
-        lines.append("Proven strategies: " + ", ".join(
-            f"{s['strategy']} ({s['episodes']} episode(s), {s['success_rate']:.0%} success)" for s in proven))
+        lines.append(
+            "Proven strategies: "
+            + ", ".join(
+                f"{s['strategy']} ({s['episodes']} episode(s), {s['success_rate']:.0%} success)"
+                for s in proven
+            )
+        )
     blocks = ["\n".join(lines)]
     if facts:
         blocks.append("Known facts:\n" + "\n".join(f"- {_clip(str(f.get('text', f)), 300)}" for f in facts))
@@ -203,8 +243,11 @@ def prompt_section(task: str, category: str | None, results: Sequence[dict[str, 
             head += f", reward {fb['reward']:.2f}"
         head += f", priority {r['priority']:.2f}"
         body = [head, f"Task: {_clip(task_obj.get('description', ''), 400)}"]
-        for label, key in (("Strategy", "strategy_used"), ("Solution", "solution"),
-                           ("Outcome", "outcome_details")):
+        for label, key in (
+            ("Strategy", "strategy_used"),
+            ("Solution", "solution"),
+            ("Outcome", "outcome_details"),
+        ):
             if ep.get(key):
                 body.append(f"{label}: {_clip(str(ep[key]), 600)}")
         if fb.get("message"):

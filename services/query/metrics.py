@@ -16,21 +16,47 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("engram_http_requests_total", "HTTP requests by route, method and status",
-                                ("route", "method", "status"), registry=self.registry)
-        self.request_seconds = Histogram("engram_http_request_seconds", "HTTP request latency by route",
-                                         ("route",), buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.recall_seconds = Histogram("engram_recall_seconds", "Recall latency (embedding + search + scoring)",
-                                        ("mode",), buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.embed_seconds = Histogram("engram_query_embed_seconds", "Query embedding latency",
-                                       buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.recall_candidates = Histogram("engram_recall_candidates", "Candidates re-ranked per recall",
-                                           buckets=(0, 1, 3, 6, 10, 20, 50, 100, 200, 500, 1000),
-                                           registry=self.registry)
-        self.published = Counter("engram_http_published_events_total", "Events published over HTTP",
-                                 ("type",), registry=self.registry)
-        self.embed_truncations = Gauge("engram_query_embed_truncations", "Query texts cut to the embedder window",
-                                       registry=self.registry)
+        self.requests = Counter(
+            "engram_http_requests_total",
+            "HTTP requests by route, method and status",
+            ("route", "method", "status"),
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "engram_http_request_seconds",
+            "HTTP request latency by route",
+            ("route",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.recall_seconds = Histogram(
+            "engram_recall_seconds",
+            "Recall latency (embedding + search + scoring)",
+            ("mode",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.embed_seconds = Histogram(
+            "engram_query_embed_seconds",
+            "Query embedding latency",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.recall_candidates = Histogram(
+            "engram_recall_candidates",
+            "Candidates re-ranked per recall",
+            buckets=(0, 1, 3, 6, 10, 20, 50, 100, 200, 500, 1000),
+            registry=self.registry,
+        )
+        self.published = Counter(
+            "engram_http_published_events_total",
+            "Events published over HTTP",
+            ("type",),
+            registry=self.registry,
+        )
+        self.embed_truncations = Gauge(
+            "engram_query_embed_truncations", "Query texts cut to the embedder window", registry=self.registry
+        )
         self.summarizer_failures = summarizer_failures(self.registry)  # on-demand POST /v1/consolidate
 
     def middleware(self):
@@ -50,6 +76,7 @@ class Metrics:
             finally:
                 self.requests.labels(route, request.method, str(status)).inc()
                 self.request_seconds.labels(route).observe(time.perf_counter() - start)
+
         return middleware
 
     async def handle(self, request: web.Request) -> web.Response:

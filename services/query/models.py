@@ -45,11 +45,15 @@ def _tag(max_chars: int):
         if errs.errors:
             raise ValueError(errs.errors[0][1])
         return out  # type: ignore[return-value]
+
     return validate
 
 
-IdStr = Annotated[str, PlainValidator(_tag(MAX_ID_CHARS)),
-                  WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS})]
+IdStr = Annotated[
+    str,
+    PlainValidator(_tag(MAX_ID_CHARS)),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS}),
+]
 
 
 def _tag_list(max_chars: int, choices: tuple[str, ...] | None = None):
@@ -68,6 +72,7 @@ def _tag_list(max_chars: int, choices: tuple[str, ...] | None = None):
                 raise ValueError(f"{v[:40]!r} is not one of {', '.join(choices)}")
             out.append(v)
         return tuple(dict.fromkeys(out))
+
     return validate
 
 
@@ -75,19 +80,34 @@ def _one_or_list_schema(item: dict[str, Any]) -> dict[str, Any]:
     return {"oneOf": [item, {"type": "array", "items": item, "minItems": 1, "maxItems": MAX_LIST_VALUES}]}
 
 
-TagList = Annotated[tuple[str, ...], PlainValidator(_tag_list(MAX_TAG_CHARS)),
-                    WithJsonSchema(_one_or_list_schema({"type": "string", "maxLength": MAX_TAG_CHARS}))]
-OutcomeList = Annotated[tuple[str, ...], PlainValidator(_tag_list(MAX_TAG_CHARS, OUTCOMES)),
-                        WithJsonSchema(_one_or_list_schema({"type": "string", "enum": list(OUTCOMES)}))]
+TagList = Annotated[
+    tuple[str, ...],
+    PlainValidator(_tag_list(MAX_TAG_CHARS)),
+    WithJsonSchema(_one_or_list_schema({"type": "string", "maxLength": MAX_TAG_CHARS})),
+]
+OutcomeList = Annotated[
+    tuple[str, ...],
+    PlainValidator(_tag_list(MAX_TAG_CHARS, OUTCOMES)),
+    WithJsonSchema(_one_or_list_schema({"type": "string", "enum": list(OUTCOMES)})),
+]
 
 
 def _instant(value: Any) -> float:
     return parse_instant(value)  # ValueError carries the reason
 
 
-Instant = Annotated[float, PlainValidator(_instant), WithJsonSchema(
-    {"oneOf": [{"type": "string", "format": "date-time", "description": "ISO 8601 with an offset"},
-               {"type": "number", "description": "UTC epoch seconds"}]})]
+Instant = Annotated[
+    float,
+    PlainValidator(_instant),
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {"type": "string", "format": "date-time", "description": "ISO 8601 with an offset"},
+                {"type": "number", "description": "UTC epoch seconds"},
+            ]
+        }
+    ),
+]
 
 
 def _duration(value: Any) -> float:
@@ -105,10 +125,22 @@ def _duration(value: Any) -> float:
     raise ValueError("must be seconds (a number) or a duration string such as 12h")
 
 
-Duration = Annotated[float, PlainValidator(_duration), WithJsonSchema(
-    {"oneOf": [{"type": "number", "exclusiveMinimum": 0},
-               {"type": "string", "pattern": r"^(0*[1-9][0-9]*(\.[0-9]+)?|0+\.[0-9]*[1-9][0-9]*)(ms|s|m|h|d|w)?$",
-                "description": "a positive duration: 3600, 90s, 30m, 12h, 1d, 1w or 250ms"}]})]
+Duration = Annotated[
+    float,
+    PlainValidator(_duration),
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {
+                    "type": "string",
+                    "pattern": r"^(0*[1-9][0-9]*(\.[0-9]+)?|0+\.[0-9]*[1-9][0-9]*)(ms|s|m|h|d|w)?$",
+                    "description": "a positive duration: 3600, 90s, 30m, 12h, 1d, 1w or 250ms",
+                },
+            ]
+        }
+    ),
+]
 
 
 # A number in a query string, spelled as JSON spells one (plus a leading "." or zeros): int() and
@@ -136,7 +168,9 @@ class IntIn:
             raise ValueError(f"must be an integer between {self.lo} and {self.hi}")
         return value
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
         return core_schema.no_info_plain_validator_function(self.validate)
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
@@ -157,12 +191,18 @@ class FloatIn:
             if not _QUERY_NUMBER.fullmatch(value):
                 raise ValueError(f"must be a number between {self.lo:g} and {self.hi:g}")
             value = float(value)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                or not self.lo <= value <= self.hi:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or not self.lo <= value <= self.hi
+        ):
             raise ValueError(f"must be a number between {self.lo:g} and {self.hi:g}")
         return float(value)
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
         return core_schema.no_info_plain_validator_function(self.validate)
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
@@ -186,9 +226,13 @@ def _query_text(value: Any) -> str:
     return value
 
 
-QueryText = Annotated[str, PlainValidator(_query_text),
-                      WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                                      "description": "non-blank"})]
+QueryText = Annotated[
+    str,
+    PlainValidator(_query_text),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "non-blank"}
+    ),
+]
 
 
 class Model(BaseModel):
@@ -257,11 +301,15 @@ class RecallRequest(FilterIn):
     query: QueryText
     top_k: TopK | None = Field(None, description="1..100; default ENGRAM_DEFAULT_TOP_K")
     candidates: CandidateCount | None = Field(
-        None, description="hits each candidate list contributes to the re-ranked pool, at least top_k; "
-                          "default ENGRAM_RECALL_CANDIDATES (100), independent of top_k")
+        None,
+        description="hits each candidate list contributes to the re-ranked pool, at least top_k; "
+        "default ENGRAM_RECALL_CANDIDATES (100), independent of top_k",
+    )
     mode: Literal["vector", "keyword", "hybrid"] | None = Field(
-        None, description="vector (cosine), keyword (BM25-shaped keyword relevance) or hybrid (both, "
-                          "combined); default ENGRAM_RECALL_MODE")
+        None,
+        description="vector (cosine), keyword (BM25-shaped keyword relevance) or hybrid (both, "
+        "combined); default ENGRAM_RECALL_MODE",
+    )
     min_relevance: Relevance = Field(0.0, description="drop results whose relevance is below this (0..1)")
     min_priority: Relevance = Field(0.0, description="drop results whose priority is below this (0..1)")
     weights: WeightsIn | None = None
@@ -329,25 +377,49 @@ class LearningCurveQuery(ScopeIn):
 EPISODE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "An episode as agents send it (see docs/api.md, 'The episode model'); validated by "
-                   "engram_episodic.validation.parse_episode. `outcome` is required over HTTP.",
+    "engram_episodic.validation.parse_episode. `outcome` is required over HTTP.",
     "required": ["task", "outcome"],
     "properties": {
-        "episode_id": {"type": "string"}, "agent_id": {"type": "string"}, "user_id": {"type": "string"},
+        "episode_id": {"type": "string"},
+        "agent_id": {"type": "string"},
+        "user_id": {"type": "string"},
         "session_id": {"type": "string"},
-        "task": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {
-            "description": {"type": "string"}, "category": {"type": "string"},
-            "complexity": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["description"]}]},
+        "task": {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "description": {"type": "string"},
+                        "category": {"type": "string"},
+                        "complexity": {"type": "number", "minimum": 0, "maximum": 1},
+                    },
+                    "required": ["description"],
+                },
+            ]
+        },
         "outcome": {"type": "string", "enum": list(OUTCOMES)},
-        "feedback": {"type": "object"}, "actions": {"type": "array", "items": {"type": "object"}},
+        "feedback": {"type": "object"},
+        "actions": {"type": "array", "items": {"type": "object"}},
         "importance": {"type": "number", "minimum": 1, "maximum": 10},
-        "strategy_used": {"type": "string"}, "iterations": {"type": "integer", "minimum": 0},
-        "started_at": {"type": ["string", "number"]}, "completed_at": {"type": ["string", "number"]},
+        "strategy_used": {"type": "string"},
+        "iterations": {"type": "integer", "minimum": 0},
+        "started_at": {"type": ["string", "number"]},
+        "completed_at": {"type": ["string", "number"]},
     },
     "additionalProperties": True,
 }
-INGEST_SCHEMA: dict[str, Any] = {"oneOf": [
-    {"type": "object", "required": ["episodes"], "additionalProperties": False,
-     "properties": {"episodes": {"type": "array", "items": EPISODE_SCHEMA, "minItems": 1, "maxItems": 1000}}},
-    EPISODE_SCHEMA,
-]}
+INGEST_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["episodes"],
+            "additionalProperties": False,
+            "properties": {
+                "episodes": {"type": "array", "items": EPISODE_SCHEMA, "minItems": 1, "maxItems": 1000}
+            },
+        },
+        EPISODE_SCHEMA,
+    ]
+}
 MAX_BATCH = 1000

@@ -18,10 +18,18 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "RFC 9457 problem details",
     "properties": {
-        "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
         "detail": {"type": "string"},
-        "errors": {"type": "array", "items": {"type": "object", "properties": {
-            "field": {"type": "string"}, "reason": {"type": "string"}}, "required": ["field", "reason"]}},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"field": {"type": "string"}, "reason": {"type": "string"}},
+                "required": ["field", "reason"],
+            },
+        },
     },
     "required": ["type", "title", "status"],
 }
@@ -41,14 +49,18 @@ def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any
 
 
 def _problem(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/problem+json": {
-        "schema": {"$ref": "#/components/schemas/Problem"}}}}
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
 
 
 def _responses(route: Route) -> dict[str, Any]:
     """The documented responses of one route: its success status, then its error statuses."""
-    responses: dict[str, Any] = {str(route.status): route.response or {"description": "OK", "content": {
-        "application/json": {"schema": {"type": "object"}}}}}
+    responses: dict[str, Any] = {
+        str(route.status): route.response
+        or {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+    }
     for s in route.errors:
         responses[str(s.code)] = _problem(s.description) if s.problem else {"description": s.description}
     return responses
@@ -60,20 +72,30 @@ def document(routes: Iterable[Route]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         path = openapi_path(route.path)
-        op: dict[str, Any] = {"summary": route.summary, "operationId": route.handler.__name__,
-                              "tags": [route.tag]}
-        params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-                  for name in _PARAM.findall(route.path)]
+        op: dict[str, Any] = {
+            "summary": route.summary,
+            "operationId": route.handler.__name__,
+            "tags": [route.tag],
+        }
+        params = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _PARAM.findall(route.path)
+        ]
         if route.query is not None:
             schema = route.query.model_json_schema()
             for name, prop in schema.get("properties", {}).items():
-                params.append({"name": name, "in": "query", "required": name in schema.get("required", []),
-                               "schema": prop})
+                params.append(
+                    {
+                        "name": name,
+                        "in": "query",
+                        "required": name in schema.get("required", []),
+                        "schema": prop,
+                    }
+                )
         if params:
             op["parameters"] = params
         if route.body is not None:
-            body_schema = (_schema(route.body, components) if isinstance(route.body, type)
-                           else route.body)
+            body_schema = _schema(route.body, components) if isinstance(route.body, type) else route.body
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_schema}}}
         responses = _responses(route)
         if not route.public:
@@ -82,9 +104,14 @@ def document(routes: Iterable[Route]) -> dict[str, Any]:
         paths.setdefault(path, {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Engram query service", "version": "1",
-                 "description": "Episodic memory for LLM agents: prioritized recall and the HTTP API."},
+        "info": {
+            "title": "Engram query service",
+            "version": "1",
+            "description": "Episodic memory for LLM agents: prioritized recall and the HTTP API.",
+        },
         "paths": paths,
-        "components": {"schemas": components,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
     }

@@ -27,9 +27,19 @@ from engram_episodic.validation import json_problem
 log = logging.getLogger("engram.query")
 
 PROBLEM_TYPE = "application/problem+json"
-_TITLES = {400: "Malformed request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-           405: "Method not allowed", 409: "Conflict", 413: "Request body too large",
-           422: "Invalid request", 429: "Too many requests", 500: "Internal server error", 503: "Service unavailable"}
+_TITLES = {
+    400: "Malformed request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Request body too large",
+    422: "Invalid request",
+    429: "Too many requests",
+    500: "Internal server error",
+    503: "Service unavailable",
+}
 
 
 class Invalid(Exception):
@@ -48,16 +58,23 @@ class Problem(Exception):
         super().__init__(detail)
 
 
-def problem(status: int, detail: str | None = None, *, errors: list[tuple[str, str]] | None = None,
-            headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
+def problem(
+    status: int,
+    detail: str | None = None,
+    *,
+    errors: list[tuple[str, str]] | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> web.Response:
     body: dict[str, Any] = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status}
     if detail:
         body["detail"] = detail
     if errors is not None:
         body["errors"] = [{"field": f, "reason": r} for f, r in errors]
     body.update(extra)
-    return web.Response(status=status, text=json.dumps(body, ensure_ascii=False), content_type=PROBLEM_TYPE,
-                        headers=headers)
+    return web.Response(
+        status=status, text=json.dumps(body, ensure_ascii=False), content_type=PROBLEM_TYPE, headers=headers
+    )
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -138,24 +155,37 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
     if isinstance(exc, Conflict):
         return problem(409, str(exc))
     if isinstance(exc, Backpressure):  # before PublishError, its base class: nothing was published
-        return problem(429, f"the consolidator is {exc.lag} entries behind (limit {exc.max_lag}); "
-                            f"nothing was published, retry later", headers={"Retry-After": str(
-                                max(1, math.ceil(exc.retry_after)))}, lag=exc.lag, max_lag=exc.max_lag)
+        return problem(
+            429,
+            f"the consolidator is {exc.lag} entries behind (limit {exc.max_lag}); "
+            f"nothing was published, retry later",
+            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))},
+            lag=exc.lag,
+            max_lag=exc.max_lag,
+        )
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):  # an outage, not a bug: no traceback
         log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, request.path, type(exc).__name__)
         return problem(503, "the memory store is unavailable; retry later", headers={"Retry-After": "1"})
-    if isinstance(exc, ConfigError):  # the deployment's, not the request's: say so, and how to fix it in the log
+    if isinstance(
+        exc, ConfigError
+    ):  # the deployment's, not the request's: say so, and how to fix it in the log
         log.error("misconfigured ◆ %s %s ◆ %s", request.method, request.path, exc)
-        return problem(503, "the service is misconfigured; its log says how to fix it", headers={"Retry-After": "5"})
+        return problem(
+            503, "the service is misconfigured; its log says how to fix it", headers={"Retry-After": "5"}
+        )
     if isinstance(exc, PublishError):
         log.warning("publish failed ◆ %s", exc)
-        return problem(503, "the event stream did not accept the request; retry later",
-                       headers={"Retry-After": "1"})
+        return problem(
+            503, "the event stream did not accept the request; retry later", headers={"Retry-After": "1"}
+        )
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return problem(413, exc.text or "the request body is too large")
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
-        return problem(exc.status, exc.reason, headers={k: v for k, v in exc.headers.items()
-                                                        if k.lower() in ("allow", "www-authenticate")})
+        return problem(
+            exc.status,
+            exc.reason,
+            headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")},
+        )
     log.error("unhandled error ◆ %s %s", request.method, request.path, exc_info=exc)
     return problem(500, "an unexpected error occurred; it was logged")
 

@@ -27,9 +27,17 @@ from shared.settings import Settings
 
 def facts_provider(keys: Keys) -> FactsProvider:
     """The facts of `/v1/context`: current only, each text once."""
-    async def provider(r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int) -> list[dict[str, Any]]:
-        q = FactQuery(namespace=scope.namespace, tags=scope.tags, agent_id=scope.agent_id, user_id=scope.user_id,
-                      category=scope.category)
+
+    async def provider(
+        r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int
+    ) -> list[dict[str, Any]]:
+        q = FactQuery(
+            namespace=scope.namespace,
+            tags=scope.tags,
+            agent_id=scope.agent_id,
+            user_id=scope.user_id,
+            category=scope.category,
+        )
         # the namespace scope and an (agent, category) scope holding the same episodes give the same
         # fact twice (same text): read twice as deep, keep each text once (the better-scored), then cut
         hits = await search_facts(r, await live_facts_index(r, keys), q, vector=query_vector, top_k=2 * k)
@@ -39,9 +47,17 @@ def facts_provider(keys: Keys) -> FactsProvider:
             if h.fact.text in seen:
                 continue
             seen.add(h.fact.text)
-            out.append({"fact_id": h.fact.fact_id, "kind": h.fact.kind, "text": h.fact.text,
-                        "support": h.fact.support, "success_rate": h.fact.success_rate,
-                        "confidence": h.fact.confidence, "score": round(h.score, 6) if h.score is not None else None})
+            out.append(
+                {
+                    "fact_id": h.fact.fact_id,
+                    "kind": h.fact.kind,
+                    "text": h.fact.text,
+                    "support": h.fact.support,
+                    "success_rate": h.fact.success_rate,
+                    "confidence": h.fact.confidence,
+                    "score": round(h.score, 6) if h.score is not None else None,
+                }
+            )
         return out[:k]
 
     return provider
@@ -51,8 +67,15 @@ def consolidation(settings: Settings, metrics: Metrics) -> Consolidate:
     """Consolidate on demand: one (agent_id, category) scope, or the namespace scope and, with
     `all_scopes`, every (agent, category) scope of the namespace. A summarizer (when configured) lives
     for one call."""
-    async def consolidate(r: aioredis.Redis, dim: int, namespace: str, agent_id: str | None,
-                          category: str | None, all_scopes: bool) -> Sequence[RunResult]:
+
+    async def consolidate(
+        r: aioredis.Redis,
+        dim: int,
+        namespace: str,
+        agent_id: str | None,
+        category: str | None,
+        all_scopes: bool,
+    ) -> Sequence[RunResult]:
         summarizer = Summarizer.from_settings(settings, failures_metric=metrics.summarizer_failures)
         cons = Consolidator(settings, r, dim, summarizer=summarizer)
         try:

@@ -56,8 +56,16 @@ log = logging.getLogger("engram.query")
 
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 # what ranking needs, straight from the index: documents are parsed only for the top_k winners
-SIGNAL_FIELDS = ("completed_at", "started_at", "reward", "outcome", "importance",
-                 "last_accessed", "access_count", "doc")  # no episode_id: the restricted KNN names keys (INKEYS)
+SIGNAL_FIELDS = (
+    "completed_at",
+    "started_at",
+    "reward",
+    "outcome",
+    "importance",
+    "last_accessed",
+    "access_count",
+    "doc",
+)  # no episode_id: the restricted KNN names keys (INKEYS)
 # the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
 LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
@@ -102,6 +110,7 @@ class Candidate:
 def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, ...] = ()) -> Scope:
     """The Scope of a request model: the namespace is the server's, every filter the model has is used;
     `tags` is the live generation's digest function (`shared.tags`)."""
+
     def get(name: str, default: Any = None) -> Any:
         return getattr(req, name, default)
 
@@ -112,10 +121,20 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
     cat = get("category")
     if isinstance(cat, str):
         cat = (cat,)
-    return Scope(namespace=namespace, tags=tags, agent_id=get("agent_id"), user_id=get("user_id"),
-                 session_id=get("session_id"), category=tuple(cat or category), outcome=tuple(get("outcome") or ()),
-                 strategy=tuple(get("strategy") or ()), reward=bounds("reward"),
-                 importance=bounds("importance"), since=get("since"), until=get("until"))
+    return Scope(
+        namespace=namespace,
+        tags=tags,
+        agent_id=get("agent_id"),
+        user_id=get("user_id"),
+        session_id=get("session_id"),
+        category=tuple(cat or category),
+        outcome=tuple(get("outcome") or ()),
+        strategy=tuple(get("strategy") or ()),
+        reward=bounds("reward"),
+        importance=bounds("importance"),
+        since=get("since"),
+        until=get("until"),
+    )
 
 
 def _float(fields: dict[bytes, bytes], name: bytes) -> float:
@@ -137,10 +156,16 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
     count_raw = _float(hit.fields, b"access_count")
     t = episode.completed_at if episode.completed_at is not None else episode.started_at
     reward = episode.feedback.reward if episode.feedback and episode.feedback.reward is not None else math.nan
-    return Candidate(key=hit.key, episode=episode, last_accessed=_float(hit.fields, b"last_accessed"),
-                     access_count=0 if math.isnan(count_raw) else int(count_raw),
-                     completed_at=float(t) if t is not None else math.nan, reward=reward, outcome=episode.outcome,
-                     importance=episode.importance if episode.importance is not None else math.nan)
+    return Candidate(
+        key=hit.key,
+        episode=episode,
+        last_accessed=_float(hit.fields, b"last_accessed"),
+        access_count=0 if math.isnan(count_raw) else int(count_raw),
+        completed_at=float(t) if t is not None else math.nan,
+        reward=reward,
+        outcome=episode.outcome,
+        importance=episode.importance if episode.importance is not None else math.nan,
+    )
 
 
 def _number(raw: bytes | None) -> float:
@@ -161,10 +186,16 @@ def signal_hit(hit: SearchHit) -> Candidate:
     if math.isnan(completed):
         completed = _number(get(b"started_at"))
     outcome = get(b"outcome")
-    return Candidate(key=hit.key, raw_doc=get(b"doc"), completed_at=completed, reward=_number(get(b"reward")),
-                     outcome=outcome.decode() if outcome else None, importance=_number(get(b"importance")),
-                     last_accessed=_number(get(b"last_accessed")),
-                     access_count=0 if math.isnan(count_raw) else int(count_raw))
+    return Candidate(
+        key=hit.key,
+        raw_doc=get(b"doc"),
+        completed_at=completed,
+        reward=_number(get(b"reward")),
+        outcome=outcome.decode() if outcome else None,
+        importance=_number(get(b"importance")),
+        last_accessed=_number(get(b"last_accessed")),
+        access_count=0 if math.isnan(count_raw) else int(count_raw),
+    )
 
 
 async def load_episodes(r: aioredis.Redis, cands: list[Candidate]) -> list[Candidate]:
@@ -241,8 +272,9 @@ def _at_least(scope: Scope, name: str, floor: float) -> Scope | None:
     return dataclasses.replace(scope, **{name: (max(floor, lo) if lo is not None else floor, hi)})
 
 
-async def top_by(r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int,
-                 fields: tuple[str, ...]) -> list[SearchHit]:
+async def top_by(
+    r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int, fields: tuple[str, ...]
+) -> list[SearchHit]:
     """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
     importance), best first: the recency / reward / importance candidate lists (so all-recency weights return exact recency order over the scope).
 
@@ -260,12 +292,16 @@ async def top_by(r: aioredis.Redis, index: str, scope: Scope, name: str, depth: 
     if cached is not None and now - cached[0] < FLOOR_TTL and name != "last_accessed":
         narrowed = _at_least(scope, name, cached[1])
         if narrowed is not None:
-            _, hits = await filter_search(r, index, narrowed, return_fields=fields, sort_by=name, descending=True,
-                                          limit=depth + 1)
-            if len(hits) == depth + 1 and _float(hits[depth - 1].fields, field) > _float(hits[depth].fields, field):
+            _, hits = await filter_search(
+                r, index, narrowed, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
+            )
+            if len(hits) == depth + 1 and _float(hits[depth - 1].fields, field) > _float(
+                hits[depth].fields, field
+            ):
                 return hits[:depth]
-    _, hits = await filter_search(r, index, scope, return_fields=fields, sort_by=name, descending=True,
-                                  limit=depth + 1)
+    _, hits = await filter_search(
+        r, index, scope, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
+    )
     if len(hits) == depth + 1 and math.isfinite(floor := _float(hits[depth].fields, field)):
         if len(_FLOORS) >= 10_000:
             _FLOORS.clear()
@@ -278,8 +314,15 @@ async def top_by(r: aioredis.Redis, index: str, scope: Scope, name: str, depth: 
     return hits[:depth]
 
 
-async def remembered_lists(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, names: list[str],
-                           depth: int, fields: tuple[str, ...]) -> list[list[SearchHit]] | None:
+async def remembered_lists(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    names: list[str],
+    depth: int,
+    fields: tuple[str, ...],
+) -> list[list[SearchHit]] | None:
     """`top_by` of each of `names` from the remembered floors, all in one query that also returns each
     episode's cosine distance (so `_complete` needs no restricted KNN for them); None when a floor is
     not remembered (or is stale, or is `last_accessed`'s) or the answer cannot be proven exact.
@@ -302,7 +345,9 @@ async def remembered_lists(r: aioredis.Redis, index: str, scope: Scope, query_ve
             return None
         narrowed.append((name, name.encode(), cached[1], sub))
     k = 2 * len(names) * (depth + 1)
-    total, hits = await knn_union(r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields)
+    total, hits = await knn_union(
+        r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields
+    )
     if total >= k or total != len(hits):
         return None
     lists = []
@@ -361,17 +406,35 @@ class Pool:
     query word)."""
 
 
-async def candidates(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
-                     *, mode: str, depth: int, weights: scoring.Weights,
-                     recency_from: str = "completed") -> list[Candidate]:
+async def candidates(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query: str,
+    query_vector: np.ndarray,
+    *,
+    mode: str,
+    depth: int,
+    weights: scoring.Weights,
+    recency_from: str = "completed",
+) -> list[Candidate]:
     """The whole candidate pool of a recall (every arm of `arms`) with cosines and absolute relevance."""
     pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
-    return pool.cands + await extra_candidates(r, index, scope, query_vector, pool,
-                                               arms(mode, weights, recency_from), depth=depth)
+    return pool.cands + await extra_candidates(
+        r, index, scope, query_vector, pool, arms(mode, weights, recency_from), depth=depth
+    )
 
 
-async def similarity_pool(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
-                          *, mode: str, depth: int) -> Pool:
+async def similarity_pool(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query: str,
+    query_vector: np.ndarray,
+    *,
+    mode: str,
+    depth: int,
+) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance.
 
@@ -390,8 +453,16 @@ async def similarity_pool(r: aioredis.Redis, index: str, scope: Scope, query: st
 
     words = relevance.query_words(query) if mode != "vector" else {}
 
-    async def counts() -> list[int]:  # idf from the namespace's counts: never the request's filters or other tenants
-        return await term_counts(r, index, Scope(namespace=scope.namespace, tags=scope.tags), list(words.values())) if words else []
+    async def counts() -> list[
+        int
+    ]:  # idf from the namespace's counts: never the request's filters or other tenants
+        return (
+            await term_counts(
+                r, index, Scope(namespace=scope.namespace, tags=scope.tags), list(words.values())
+            )
+            if words
+            else []
+        )
 
     *lists, n_docs = await asyncio.gather(*(arm(name) for name in names), counts())
     found = dict(zip(names, lists, strict=True))
@@ -409,22 +480,40 @@ async def similarity_pool(r: aioredis.Redis, index: str, scope: Scope, query: st
 _NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
 
 
-async def extra_candidates(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, pool: Pool,
-                           names: list[str], *, depth: int) -> list[Candidate]:
+async def extra_candidates(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    pool: Pool,
+    names: list[str],
+    *,
+    depth: int,
+) -> list[Candidate]:
     """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds."""
     names = [n for n in names if n not in SIMILARITY_ARMS]
     if not names:
         return []
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
-    lists = await remembered_lists(r, index, scope, query_vector, names, depth, fields) \
-        if pool.mode != "keyword" else None  # keyword mode needs no cosines (nor that every episode has a vector)
+    lists = (
+        await remembered_lists(r, index, scope, query_vector, names, depth, fields)
+        if pool.mode != "keyword"
+        else None
+    )  # keyword mode needs no cosines (nor that every episode has a vector)
     if lists is None:
         lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
     return await _complete(r, index, scope, query_vector, pool, lists, {c.key for c in pool.cands})
 
 
-async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, pool: Pool,
-                    lists: list[list[SearchHit]], known: set[bytes]) -> list[Candidate]:
+async def _complete(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    pool: Pool,
+    lists: list[list[SearchHit]],
+    known: set[bytes],
+) -> list[Candidate]:
     """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance."""
     cos: dict[bytes, float] = {}
     hits: dict[bytes, SearchHit] = {}
@@ -437,10 +526,13 @@ async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: n
             hits.setdefault(h.key, h)
     if pool.mode != "keyword":
         missing = [key for key in hits if key not in cos]
-        if missing:  # one KNN restricted to those documents (INKEYS): Redis computes the cosines, no vectors move
+        if (
+            missing
+        ):  # one KNN restricted to those documents (INKEYS): Redis computes the cosines, no vectors move
             restricted = Scope(namespace=scope.namespace, tags=scope.tags)
-            for h in await knn_search(r, index, restricted, query_vector, len(missing), return_fields=(),
-                                      in_keys=missing):
+            for h in await knn_search(
+                r, index, restricted, query_vector, len(missing), return_fields=(), in_keys=missing
+            ):
                 if h.score is not None and math.isfinite(h.score):
                     cos[h.key] = 1.0 - float(h.score)
     out = []
@@ -454,12 +546,25 @@ async def _complete(r: aioredis.Redis, index: str, scope: Scope, query_vector: n
     return out
 
 
-def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_life: float, as_of: float,
-                     normalize: str = "none", recency_from: str = "completed") -> scoring.Scored:
+def score_candidates(
+    cands: list[Candidate],
+    weights: scoring.Weights,
+    *,
+    half_life: float,
+    as_of: float,
+    normalize: str = "none",
+    recency_from: str = "completed",
+) -> scoring.Scored:
     """Vectorised priority of the candidates (see shared.scoring for the formula)."""
     # one pass over the candidates, columns: completed_at, relevance, cos, last_accessed, reward, importance
-    cols = np.array([(c.completed_at, c.relevance, c.cos, c.last_accessed, c.reward, c.importance) for c in cands],
-                    dtype=np.float64).reshape(len(cands), 6).T
+    cols = (
+        np.array(
+            [(c.completed_at, c.relevance, c.cos, c.last_accessed, c.reward, c.importance) for c in cands],
+            dtype=np.float64,
+        )
+        .reshape(len(cands), 6)
+        .T
+    )
     data = scoring.Candidates(
         completed_at=np.where(np.isfinite(cols[0]), cols[0], 0.0),
         cos=np.where(np.isfinite(cols[1]), cols[1], cols[2]),
@@ -468,8 +573,9 @@ def score_candidates(cands: list[Candidate], weights: scoring.Weights, *, half_l
         outcome_score=scoring.outcome_scores([c.outcome for c in cands]),
         importance=cols[5],
     )
-    return scoring.score(data, weights, half_life=half_life, as_of=as_of, normalize=normalize,
-                         recency_from=recency_from)
+    return scoring.score(
+        data, weights, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
+    )
 
 
 class ScopeSizes:
@@ -498,9 +604,14 @@ class ScopeSizes:
         return n
 
 
-async def resolve_weights(r: aioredis.Redis, index: str, scope: Scope, preset: str | None,
-                          weights: dict[str, float] | None,
-                          sizes: ScopeSizes | None = None) -> tuple[str, scoring.Weights]:
+async def resolve_weights(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    preset: str | None,
+    weights: dict[str, float] | None,
+    sizes: ScopeSizes | None = None,
+) -> tuple[str, scoring.Weights]:
     """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope."""
     if weights is not None:
         return scoring.resolve_weights(None, scoring.Weights(**weights), 0)
@@ -544,8 +655,16 @@ class RecallParams:
     min_priority: float = 0.0
 
 
-async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_vector: np.ndarray,
-                 params: RecallParams, *, sizes: ScopeSizes | None = None) -> dict[str, Any]:
+async def recall(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query: str,
+    query_vector: np.ndarray,
+    params: RecallParams,
+    *,
+    sizes: ScopeSizes | None = None,
+) -> dict[str, Any]:
     """The `POST /v1/recall` response body (see the module docstring).
 
     The ranking does not depend on `params.top_k`, which only cuts it: the pool (`candidates`, `depth` hits
@@ -564,8 +683,9 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     if extra and cands and normalize == "none":
         # the recency / reward / importance lists can only matter if an episode outside the similarity
         # lists could still make the top_k: its priority is at most w_sim * pool.outside + (1 - w_sim)
-        scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
-                                  recency_from=recency_from)
+        scored = score_candidates(
+            cands, w, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
+        )
         passing = scored.priority[_passing(scored, min_relevance, min_priority)]
         kth = float(passing[top_k - 1]) if len(passing) >= top_k else -math.inf
         best_outside = w.similarity * pool.outside + (w.total - w.similarity)
@@ -579,13 +699,16 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
     priorities: list[float] = []
     if cands:
         if scored is None:
-            scored = score_candidates(cands, w, half_life=half_life, as_of=as_of, normalize=normalize,
-                                      recency_from=recency_from)
+            scored = score_candidates(
+                cands, w, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
+            )
         order = _passing(scored, min_relevance, min_priority).tolist()
         winners = order[:top_k]
         loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
-            extra = await load_episodes(r, [cands[i] for i in order[top_k:top_k + (len(winners) - len(loaded))]])
+            extra = await load_episodes(
+                r, [cands[i] for i in order[top_k : top_k + (len(winners) - len(loaded))]]
+            )
             loaded |= {id(c) for c in extra}
         picked = [i for i in order if id(cands[i]) in loaded][:top_k]
         no_cos = [cands[i] for i in picked if not math.isfinite(cands[i].cos)]  # keyword mode
@@ -597,35 +720,52 @@ async def recall(r: aioredis.Redis, index: str, scope: Scope, query: str, query_
             priority = parts.pop("priority")
             chosen.append(c)
             priorities.append(priority)
-            results.append({
-                "episode": response_shape(c.doc),
-                "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
-                "relevance": float(scored.similarity[i]),
-                "recency": float(scored.recency[i]),
-                "age_s": float(scored.age[i]),
-                "components": parts,
-                "priority": priority,
-                "access_count": c.access_count,
-                "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
-            })
+            results.append(
+                {
+                    "episode": response_shape(c.doc),
+                    "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
+                    "relevance": float(scored.similarity[i]),
+                    "recency": float(scored.recency[i]),
+                    "age_s": float(scored.age[i]),
+                    "components": parts,
+                    "priority": priority,
+                    "access_count": c.access_count,
+                    "last_accessed": format_instant(c.last_accessed)
+                    if math.isfinite(c.last_accessed)
+                    else None,
+                }
+            )
     if p.touch_now is not None:
         await touch(r, [c.key for c in chosen], p.touch_now)
     context = scoring.replay_context(
         [c.doc.get("strategy_used") for c in chosen],
         [(c.doc.get("feedback") or {}).get("reward") for c in chosen],
-        [c.doc.get("outcome") for c in chosen], priorities,
-        [c.completed_at if math.isfinite(c.completed_at) else None for c in chosen])
+        [c.doc.get("outcome") for c in chosen],
+        priorities,
+        [c.completed_at if math.isfinite(c.completed_at) else None for c in chosen],
+    )
     for entry in context["strategies"]:
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
-    return {"results": results, "replay_context": context, "as_of": format_instant(as_of),
-            "weights": w.as_dict(), "preset": preset_name, "mode": mode, "half_life": half_life,
-            "normalize": normalize, "recency_from": recency_from, "candidates": len(cands),
-            "min_relevance": min_relevance, "min_priority": min_priority}
+    return {
+        "results": results,
+        "replay_context": context,
+        "as_of": format_instant(as_of),
+        "weights": w.as_dict(),
+        "preset": preset_name,
+        "mode": mode,
+        "half_life": half_life,
+        "normalize": normalize,
+        "recency_from": recency_from,
+        "candidates": len(cands),
+        "min_relevance": min_relevance,
+        "min_priority": min_priority,
+    }
 
 
-async def similar(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int,
-                  min_similarity: float) -> list[Candidate]:
+async def similar(
+    r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int, min_similarity: float
+) -> list[Candidate]:
     """The `k` nearest episodes in the scope whose cosine is at least `min_similarity`."""
     hits = await knn_search(r, index, scope, query_vector, k, return_fields=RETURN_FIELDS)
     out = []
@@ -638,9 +778,18 @@ async def similar(r: aioredis.Redis, index: str, scope: Scope, query_vector: np.
     return out
 
 
-async def latest(r: aioredis.Redis, index: str, scope: Scope, n: int, *, oldest_first: bool = False,
-                 offset: int = 0) -> list[Candidate]:
+async def latest(
+    r: aioredis.Redis, index: str, scope: Scope, n: int, *, oldest_first: bool = False, offset: int = 0
+) -> list[Candidate]:
     """The `n` most recently completed episodes of the scope (or the oldest first)."""
-    _, hits = await filter_search(r, index, scope, return_fields=RETURN_FIELDS, sort_by="completed_at",
-                                  descending=not oldest_first, offset=offset, limit=n)
+    _, hits = await filter_search(
+        r,
+        index,
+        scope,
+        return_fields=RETURN_FIELDS,
+        sort_by="completed_at",
+        descending=not oldest_first,
+        offset=offset,
+        limit=n,
+    )
     return [c for c in (decode_hit(h) for h in hits) if c is not None]

@@ -85,20 +85,26 @@ class ProblemRequestHandler(web.RequestHandler):
 
     __slots__ = ()
 
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         """A problem response for a request aiohttp failed to parse (400) or to handle (500, 504)."""
         if isinstance(exc, HttpProcessingError):
             log.debug("unparseable request from %s ◆ %s", request.remote, type(exc).__name__)
             resp = problem(status, _detail(exc))
         elif status >= 500 and status != 504:
-            log.error("unhandled error outside the middlewares ◆ %s", type(exc).__name__ if exc else "-",
-                      exc_info=exc)
+            log.error(
+                "unhandled error outside the middlewares ◆ %s",
+                type(exc).__name__ if exc else "-",
+                exc_info=exc,
+            )
             resp = problem(500, "an unexpected error occurred; it was logged")
         else:
             resp = problem(status, "the request could not be handled in time" if status == 504 else None)
         if request.writer.output_size > 0:  # as aiohttp: a response already began, the connection is broken
-            raise ConnectionError("Response is sent already, cannot send another response with the error message")
+            raise ConnectionError(
+                "Response is sent already, cannot send another response with the error message"
+            )
         resp.force_close()
         return resp
 
@@ -127,8 +133,15 @@ class RouteAccessLogger(AbstractAccessLogger):
                 resource = None
             if resource is not None:
                 route = resource.canonical
-        self.logger.info('%s "%s %s" %d %d %.1fms', request.remote, request.method, route, response.status,
-                         response.body_length, time * 1000)
+        self.logger.info(
+            '%s "%s %s" %d %d %.1fms',
+            request.remote,
+            request.method,
+            route,
+            response.status,
+            response.body_length,
+            time * 1000,
+        )
 
 
 class AppRunner(web.AppRunner):
@@ -137,20 +150,35 @@ class AppRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         install_log_redaction()
         server = await super()._make_server()
-        return ProblemServer(server.request_handler, request_factory=server.request_factory,
-                             handler_cancellation=server.handler_cancellation, loop=server._loop,
-                             **server._kwargs)
+        return ProblemServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            **server._kwargs,
+        )
 
 
-def serve(app: web.Application, *, host: str, port: int, loop: asyncio.AbstractEventLoop,
-          on_ready: Callable[[], None] | None = None) -> None:
+def serve(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    loop: asyncio.AbstractEventLoop,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
     """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`.
 
     Startup errors (e.g. `Conflict` from the app's cleanup context) propagate to the caller.
     """
+
     async def main() -> None:
-        runner = AppRunner(app, handle_signals=True, keepalive_timeout=75.0,  # run_app's keep-alive
-                           access_log_class=RouteAccessLogger)
+        runner = AppRunner(
+            app,
+            handle_signals=True,
+            keepalive_timeout=75.0,  # run_app's keep-alive
+            access_log_class=RouteAccessLogger,
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

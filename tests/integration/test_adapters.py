@@ -43,9 +43,14 @@ def url(server) -> str:
 
 async def seed(server, settings, redis) -> str:
     async with AsyncEngram(url(server), api_key=KEY_A) as memory:
-        first = await memory.record(task="rotate the tls certificate of the api gateway", outcome="success",
-                                    solution="certbot renew, then reload nginx", agent_id="ops",
-                                    strategy_used="iterative", feedback={"reward": 1.0})
+        first = await memory.record(
+            task="rotate the tls certificate of the api gateway",
+            outcome="success",
+            solution="certbot renew, then reload nginx",
+            agent_id="ops",
+            strategy_used="iterative",
+            feedback={"reward": 1.0},
+        )
     await drain(settings, redis)
     return first
 
@@ -101,14 +106,22 @@ async def test_langgraph_context_reaches_the_model_and_the_turn_is_recorded(tena
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
         graph = graph_of(memory, model)
         config = {"configurable": {"thread_id": "thread-1"}}
-        out = await graph.ainvoke({"messages": [SystemMessage("You are an ops agent."),
-                                                HumanMessage("renew the tls certificate of the api gateway")]},
-                                  config)
+        out = await graph.ainvoke(
+            {
+                "messages": [
+                    SystemMessage("You are an ops agent."),
+                    HumanMessage("renew the tls certificate of the api gateway"),
+                ]
+            },
+            config,
+        )
         seen = model.inputs[0]
         assert [type(m) for m in seen] == [SystemMessage, SystemMessage, HumanMessage]
         assert seen[0].content == "You are an ops agent."  # the user's system prompt stays first
         assert seen[1].id == CONTEXT_MESSAGE_ID
-        assert "Relevant experience" in seen[1].content and "certbot renew, then reload nginx" in seen[1].content
+        assert (
+            "Relevant experience" in seen[1].content and "certbot renew, then reload nginx" in seen[1].content
+        )
         assert isinstance(out["messages"][-1], AIMessage)
 
         # a second turn: the context message is replaced where it is, never stacked
@@ -122,7 +135,9 @@ async def test_langgraph_context_reaches_the_model_and_the_turn_is_recorded(tena
         recall = await memory.recall("renew the tls certificate of the api gateway", agent_id="ops", top_k=5)
         recorded = [h.episode for h in recall if h.episode.episode_id != first]
         assert len(recorded) == 2
-        turn = next(e for e in recorded if e.task.description == "renew the tls certificate of the api gateway")
+        turn = next(
+            e for e in recorded if e.task.description == "renew the tls certificate of the api gateway"
+        )
         assert turn.solution == "renewed it with certbot and reloaded nginx" and turn.outcome == "success"
         assert turn.session_id == "thread-1" and turn.agent_id == "ops"
         assert turn.metadata == {"integration": "langgraph", "thread_id": "thread-1"}
@@ -144,16 +159,23 @@ async def test_langgraph_sync_graph_with_outcome_and_reward_from_the_state(tenan
     def model(state: Graded) -> dict[str, Any]:
         assert "certbot renew" in state["engram_context"]  # a state that declares the key gets the text
         call = {"name": "run_shell", "args": {"cmd": "certbot renew"}, "id": "call-1"}
-        return {"messages": [AIMessage("", tool_calls=[call]),
-                             ToolMessage("rate limit hit", tool_call_id="call-1", status="error"),
-                             AIMessage("could not renew: certbot rate limit")],
-                "outcome": "failure", "reward": 0.1}
+        return {
+            "messages": [
+                AIMessage("", tool_calls=[call]),
+                ToolMessage("rate limit hit", tool_call_id="call-1", status="error"),
+                AIMessage("could not renew: certbot rate limit"),
+            ],
+            "outcome": "failure",
+            "reward": 0.1,
+        }
 
     def run() -> dict[str, Any]:
         with Engram(url(tenants), api_key=KEY_A) as memory:
             graph = graph_of(memory, model, state=Graded, fields={"strategy_used": "defensive"})
-            return graph.invoke({"messages": [HumanMessage("renew the tls certificate of the mail server")]},
-                                {"configurable": {"thread_id": "t-sync"}})
+            return graph.invoke(
+                {"messages": [HumanMessage("renew the tls certificate of the mail server")]},
+                {"configurable": {"thread_id": "t-sync"}},
+            )
 
     out = await asyncio.to_thread(run)
     episode_id = out["engram_episode_id"]
@@ -164,19 +186,29 @@ async def test_langgraph_sync_graph_with_outcome_and_reward_from_the_state(tenan
     assert stored.strategy_used == "defensive" and stored.solution == "could not renew: certbot rate limit"
     [action] = stored.actions
     assert (action.action_type, action.input, action.success, action.error) == (
-        "run_shell", '{"cmd": "certbot renew"}', False, "rate limit hit")
+        "run_shell",
+        '{"cmd": "certbot renew"}',
+        False,
+        "rate limit hit",
+    )
 
     # the same turn recorded again (a retried node) is the same episode, not a copy
     def record_again() -> dict[str, Any]:
         with Engram(url(tenants), api_key=KEY_A) as memory:
             return record_node(memory, agent_id="ops").invoke(out, {"configurable": {"thread_id": "t-sync"}})
+
     assert (await asyncio.to_thread(record_again))["engram_episode_id"] == episode_id
 
 
 def test_turn_of_reads_the_last_turn_only():
-    messages = [HumanMessage("old", id="h0"), AIMessage("old answer", id="a0"),
-                HumanMessage("new", id="h1"), AIMessage("", tool_calls=[{"name": "grep", "args": {}, "id": "c"}]),
-                ToolMessage("3 hits", tool_call_id="c"), AIMessage([{"type": "text", "text": "done"}])]
+    messages = [
+        HumanMessage("old", id="h0"),
+        AIMessage("old answer", id="a0"),
+        HumanMessage("new", id="h1"),
+        AIMessage("", tool_calls=[{"name": "grep", "args": {}, "id": "c"}]),
+        ToolMessage("3 hits", tool_call_id="c"),
+        AIMessage([{"type": "text", "text": "done"}]),
+    ]
     turn = turn_of(messages)
     assert turn["solution"] == "done"
     assert turn["actions"] == [{"action_type": "grep", "input": "{}", "output": "3 hits", "success": True}]
@@ -208,26 +240,44 @@ async def test_langchain_tools_record_then_recall_sync_and_async(tenants, settin
             for spec in TOOLS:  # the definitions of engram_episodic.tools, unchanged
                 assert convert_to_openai_tool(tools[spec.name]) == spec.definition("openai")
 
-            recorded = await tools["record_episode"].ainvoke(tool_call("record_episode", {
-                "task": "rotate the tls certificate of the api gateway", "outcome": "success",
-                "solution": "certbot renew, then reload nginx", "reward": 1.0, "strategy": "iterative",
-                "actions": [{"action_type": "shell", "input": "certbot renew", "success": True}]}))
+            recorded = await tools["record_episode"].ainvoke(
+                tool_call(
+                    "record_episode",
+                    {
+                        "task": "rotate the tls certificate of the api gateway",
+                        "outcome": "success",
+                        "solution": "certbot renew, then reload nginx",
+                        "reward": 1.0,
+                        "strategy": "iterative",
+                        "actions": [{"action_type": "shell", "input": "certbot renew", "success": True}],
+                    },
+                )
+            )
             assert isinstance(recorded, ToolMessage) and recorded.status == "success"
             episode_id = recorded.artifact["episode_id"]
             assert recorded.content.startswith(f"Recorded episode {episode_id}")
             await drain(settings, redis)
 
-            text = await asyncio.to_thread(tools["recall_experiences"].invoke, {"query": "renew the tls certificate"})
+            text = await asyncio.to_thread(
+                tools["recall_experiences"].invoke, {"query": "renew the tls certificate"}
+            )
             assert isinstance(text, str) and "certbot renew, then reload nginx" in text and episode_id in text
-            message = await tools["recall_experiences"].ainvoke(tool_call("recall_experiences",
-                                                                           {"query": "tls certificate"}))
+            message = await tools["recall_experiences"].ainvoke(
+                tool_call("recall_experiences", {"query": "tls certificate"})
+            )
             [hit] = message.artifact["results"]
-            assert hit["episode"]["episode_id"] == episode_id and hit["episode"]["agent_id"] == "lc"  # bound scope
+            assert (
+                hit["episode"]["episode_id"] == episode_id and hit["episode"]["agent_id"] == "lc"
+            )  # bound scope
             context = await tools["get_context"].ainvoke({"task": "renew the tls certificate"})
             assert "Relevant experience" in context
 
-            refused = await tools["record_episode"].ainvoke(tool_call("record_episode", {"task": "t", "outcome": "maybe"}))
-            assert refused.status == "error" and refused.content.startswith("Invalid arguments for record_episode")
+            refused = await tools["record_episode"].ainvoke(
+                tool_call("record_episode", {"task": "t", "outcome": "maybe"})
+            )
+            assert refused.status == "error" and refused.content.startswith(
+                "Invalid arguments for record_episode"
+            )
             assert "outcome: must be one of success" in refused.content
 
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
@@ -264,25 +314,47 @@ async def test_openai_agents_function_tools_through_on_invoke_tool(tenants, sett
             tool = tools[spec.name]
             assert tool.strict_json_schema and tool.description == spec.description
             schema = tool.params_json_schema
-            assert schema == strict_schema(spec.parameters) == ensure_strict_json_schema(copy.deepcopy(schema))
+            assert (
+                schema == strict_schema(spec.parameters) == ensure_strict_json_schema(copy.deepcopy(schema))
+            )
             assert set(schema["required"]) == set(schema["properties"]) == set(spec.parameters["properties"])
 
-        text = await invoke(tools["record_episode"], nulls(
-            tools["record_episode"], task="migrate the orders table", outcome="failure",
-            outcome_details="lock timeout on ALTER TABLE", reward=0.0,
-            actions=[{"action_type": "sql", "input": "ALTER TABLE orders ...", "output": None, "success": False,
-                      "error": "lock timeout"}]))
+        text = await invoke(
+            tools["record_episode"],
+            nulls(
+                tools["record_episode"],
+                task="migrate the orders table",
+                outcome="failure",
+                outcome_details="lock timeout on ALTER TABLE",
+                reward=0.0,
+                actions=[
+                    {
+                        "action_type": "sql",
+                        "input": "ALTER TABLE orders ...",
+                        "output": None,
+                        "success": False,
+                        "error": "lock timeout",
+                    }
+                ],
+            ),
+        )
         episode_id = text.split()[2]
         await drain(settings, redis)
-        found = await invoke(tools["recall_experiences"], nulls(tools["recall_experiences"], query="orders table migration"))
+        found = await invoke(
+            tools["recall_experiences"], nulls(tools["recall_experiences"], query="orders table migration")
+        )
         assert episode_id in found and "lock timeout" in found
         stored = (await memory.get_episode(episode_id)).episode
         assert stored.agent_id == "oa" and stored.actions[0].error == "lock timeout"
 
-        advice = await invoke(tools["suggest_approach"], {"task": "migrate the orders table"})  # non-strict call too
+        advice = await invoke(
+            tools["suggest_approach"], {"task": "migrate the orders table"}
+        )  # non-strict call too
         assert advice.startswith("Confidence: ")
         bad = await invoke(tools["get_learning_curve"], {"window": 0})
-        assert bad.startswith("Invalid arguments for get_learning_curve: window: must be an integer between 1")
+        assert bad.startswith(
+            "Invalid arguments for get_learning_curve: window: must be an integer between 1"
+        )
 
         loose = {t.name: t for t in engram_function_tools(memory, strict=False, names=["get_skills"])}
         assert loose["get_skills"].strict_json_schema is False
@@ -295,8 +367,12 @@ async def test_openai_agents_runner_with_a_scripted_model(tenants, settings, red
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
         tools = engram_function_tools(memory, agent_id="ops")
         context_args = nulls(tools[1], task="renew the tls certificate of the api gateway")
-        model = ScriptedModel([[function_call("get_context", context_args, call_id="c1")],
-                               [assistant_message("renew with certbot, then reload nginx")]])
+        model = ScriptedModel(
+            [
+                [function_call("get_context", context_args, call_id="c1")],
+                [assistant_message("renew with certbot, then reload nginx")],
+            ]
+        )
         agent = Agent(name="ops", instructions="Use memory first.", model=model, tools=tools)
         result = await Runner.run(agent, "renew the tls certificate of the api gateway")
     assert result.final_output == "renew with certbot, then reload nginx"
@@ -312,8 +388,8 @@ def example(heading: str, url_: str) -> str:
     """The first python block under `heading` in docs/integrations.md, pointed at the test service."""
     text = DOC.read_text()
     start = text.index(f"\n{heading}\n")
-    block = text[text.index("```python\n", start) + len("```python\n"):]
-    code = block[:block.index("\n```")]
+    block = text[text.index("```python\n", start) + len("```python\n") :]
+    code = block[: block.index("\n```")]
     assert '"http://127.0.0.1:8080"' in code and '"dev-key"' in code
     return code.replace('"http://127.0.0.1:8080"', repr(url_)).replace('"dev-key"', repr(KEY_A))
 
@@ -347,9 +423,14 @@ class StubChat:
 
 async def seed_login(server, settings, redis) -> str:
     async with AsyncEngram(url(server), api_key=KEY_A) as memory:
-        first = await memory.record(task="fix the flaky login test", outcome="success", agent_id="coder-1",
-                                    user_id="alice", solution="freeze the clock in conftest.py",
-                                    feedback={"reward": 1.0})
+        first = await memory.record(
+            task="fix the flaky login test",
+            outcome="success",
+            agent_id="coder-1",
+            user_id="alice",
+            solution="freeze the clock in conftest.py",
+            feedback={"reward": 1.0},
+        )
     await drain(settings, redis)
     return first
 
@@ -357,7 +438,9 @@ async def seed_login(server, settings, redis) -> str:
 async def test_doc_langchain_example(tenants, settings, redis):
     await seed_login(tenants, settings, redis)
     call = {"name": "recall_experiences", "args": {"query": "login test fails at night"}, "id": "c1"}
-    chat = StubChat(AIMessage("", tool_calls=[call]), lambda messages: AIMessage(f"memory says: {messages[-1].content}"))
+    chat = StubChat(
+        AIMessage("", tool_calls=[call]), lambda messages: AIMessage(f"memory says: {messages[-1].content}")
+    )
     code = without(example("### LangChain tools", url(tenants)), "from langchain_openai import ChatOpenAI")
     scope = {"ChatOpenAI": chat}
     await asyncio.to_thread(exec, code, scope)
@@ -386,8 +469,12 @@ async def test_doc_langgraph_example(tenants, settings, redis):
 async def test_doc_openai_agents_example(tenants, settings, redis):
     set_tracing_disabled(True)
     await seed_login(tenants, settings, redis)
-    record = {"task": "fix the flaky login test at night", "outcome": "success", "reward": 1.0,
-              "solution": "froze the clock with a fixture"}
+    record = {
+        "task": "fix the flaky login test at night",
+        "outcome": "success",
+        "reward": 1.0,
+        "solution": "froze the clock with a fixture",
+    }
 
     def briefing_then_record(call):
         [output] = [i for i in call.input if i.get("type") == "function_call_output"]
@@ -395,13 +482,27 @@ async def test_doc_openai_agents_example(tenants, settings, redis):
         properties = TOOLS[2].parameters["properties"]
         return [function_call("record_episode", {k: record.get(k) for k in properties}, call_id="c2")]
 
-    model = ScriptedModel([
-        [function_call("get_context", {"task": "The login test fails at night.", "category": None, "top_k": None,
-                                       "max_chars": None, "agent_id": None, "user_id": None, "session_id": None},
-                       call_id="c1")],
-        ModelStep.respond(briefing_then_record),
-        [assistant_message("fixed: froze the clock")],
-    ])
+    model = ScriptedModel(
+        [
+            [
+                function_call(
+                    "get_context",
+                    {
+                        "task": "The login test fails at night.",
+                        "category": None,
+                        "top_k": None,
+                        "max_chars": None,
+                        "agent_id": None,
+                        "user_id": None,
+                        "session_id": None,
+                    },
+                    call_id="c1",
+                )
+            ],
+            ModelStep.respond(briefing_then_record),
+            [assistant_message("fixed: froze the clock")],
+        ]
+    )
     code = example("## OpenAI Agents SDK", url(tenants))
     assert 'model="gpt-5-mini",' in code
     await asyncio.to_thread(exec, code.replace('model="gpt-5-mini",', "model=scripted,"), {"scripted": model})

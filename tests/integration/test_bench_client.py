@@ -12,8 +12,15 @@ from deploy.embedded_redis import free_port
 from engram_episodic import AsyncEngram
 from engram_episodic.client import Calls
 
-RECALL = {"results": [], "replay_context": {}, "as_of": "2026-12-01T00:00:00Z", "weights": {},
-          "preset": "early", "mode": "hybrid", "candidates": 0}
+RECALL = {
+    "results": [],
+    "replay_context": {},
+    "as_of": "2026-12-01T00:00:00Z",
+    "weights": {},
+    "preset": "early",
+    "mode": "hybrid",
+    "candidates": 0,
+}
 
 
 async def stand_in(aiohttp_server, state: dict):
@@ -29,8 +36,12 @@ async def stand_in(aiohttp_server, state: dict):
             if step == "hang":  # until the test releases it (or the server's teardown cancels it)
                 await state.setdefault("released", asyncio.Event()).wait()
             elif step != 200:
-                return web.json_response({"title": "no", "status": step}, status=step, headers={"Retry-After": "0"},
-                                         content_type="application/problem+json")
+                return web.json_response(
+                    {"title": "no", "status": step},
+                    status=step,
+                    headers={"Retry-After": "0"},
+                    content_type="application/problem+json",
+                )
             await asyncio.sleep(state.get("delay", 0))
             return web.json_response(RECALL)
         finally:
@@ -38,13 +49,22 @@ async def stand_in(aiohttp_server, state: dict):
 
     async def ingest(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        return web.json_response({"accepted": 1, "results": [{"episode_id": body["episode_id"], "event_id": "e"}],
-                                  "episode_id": body["episode_id"], "event_id": "e"}, status=202)
+        return web.json_response(
+            {
+                "accepted": 1,
+                "results": [{"episode_id": body["episode_id"], "event_id": "e"}],
+                "episode_id": body["episode_id"],
+                "event_id": "e",
+            },
+            status=202,
+        )
 
     async def readyz(request: web.Request) -> web.StreamResponse:
         state["probes"] = state.get("probes", 0) + 1
         ok = state["probes"] > 2
-        return web.json_response({"status": "ready" if ok else "not ready", "checks": {}}, status=200 if ok else 503)
+        return web.json_response(
+            {"status": "ready" if ok else "not ready", "checks": {}}, status=200 if ok else 503
+        )
 
     app = web.Application()
     app.router.add_post("/v1/recall", recall)
@@ -60,7 +80,9 @@ async def test_status_of_records_each_outcome_once(aiohttp_server):
     recall = Calls.recall("q", {"top_k": 5}).as_json()
     async with ClientPool(base, 4, 10.0, max_retries=0) as pool:
         assert await status_of(pool, recall, 200, 5.0) == 200
-        assert await status_of(pool, Calls.record({"task": "t", "outcome": "success"}, {})[1], 202, 5.0) == 202
+        assert (
+            await status_of(pool, Calls.record({"task": "t", "outcome": "success"}, {})[1], 202, 5.0) == 202
+        )
         for status in (429, 503, 422):  # a 429/503 is an error of the step: recorded, not retried
             state["count"], state["script"] = 0, [status]
             assert await status_of(pool, recall, 200, 5.0) == status

@@ -21,10 +21,37 @@ def test_perf_suite_tiny(tmp_path):
     out = tmp_path / "results.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.perf", "--embedders", "hashing", "--workers", "1",
-         "--ingest-hashing", "300", "--repeats", "2", "--sizes", "300,600", "--requests", "64", "--clients", "4",
-         "--quality-queries", "10", "--ef-sweep", "50", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+        [
+            sys.executable,
+            "-m",
+            "bench.perf",
+            "--embedders",
+            "hashing",
+            "--workers",
+            "1",
+            "--ingest-hashing",
+            "300",
+            "--repeats",
+            "2",
+            "--sizes",
+            "300,600",
+            "--requests",
+            "64",
+            "--clients",
+            "4",
+            "--quality-queries",
+            "10",
+            "--ef-sweep",
+            "50",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Ingest" in proc.stdout and "Recall" in proc.stdout
     res = json.loads(out.read_text())
@@ -49,9 +76,29 @@ def test_perf_suite_tiny(tmp_path):
 def test_query_batch_bench_tiny():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.query_batch", "--embedder", "hashing", "--episodes", "20", "--requests", "8",
-         "--rounds", "2", "--clients", "2", "--timeout", "120"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+        [
+            sys.executable,
+            "-m",
+            "bench.query_batch",
+            "--embedder",
+            "hashing",
+            "--episodes",
+            "20",
+            "--requests",
+            "8",
+            "--rounds",
+            "2",
+            "--clients",
+            "2",
+            "--timeout",
+            "120",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ENGRAM_QUERY_BATCH=1" in proc.stdout and "ENGRAM_QUERY_BATCH=32" in proc.stdout
     assert "recalls/s x" in proc.stdout

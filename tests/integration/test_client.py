@@ -40,14 +40,32 @@ def url(server) -> str:
 
 async def test_async_client_reads_and_writes_every_route(tenants, settings, redis):
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
-        first = await memory.record(task="rotate the tls certificate of the api gateway", outcome="success",
-                                    solution="certbot renew, then reload nginx", agent_id="ops", user_id="ann",
-                                    strategy_used="iterative", feedback={"reward": 1.0}, importance=6)
-        batch = await memory.publish([
-            {"task": {"description": f"rotate the tls certificate of service {i}", "category": "ops"},
-             "outcome": "failure" if i == 2 else "success", "agent_id": "ops", "user_id": "bob",
-             "feedback": {"reward": 0.0 if i == 2 else 0.9, "message": "certbot rate limit" if i == 2 else None},
-             "strategy_used": "iterative"} for i in range(3)])
+        first = await memory.record(
+            task="rotate the tls certificate of the api gateway",
+            outcome="success",
+            solution="certbot renew, then reload nginx",
+            agent_id="ops",
+            user_id="ann",
+            strategy_used="iterative",
+            feedback={"reward": 1.0},
+            importance=6,
+        )
+        batch = await memory.publish(
+            [
+                {
+                    "task": {"description": f"rotate the tls certificate of service {i}", "category": "ops"},
+                    "outcome": "failure" if i == 2 else "success",
+                    "agent_id": "ops",
+                    "user_id": "bob",
+                    "feedback": {
+                        "reward": 0.0 if i == 2 else 0.9,
+                        "message": "certbot rate limit" if i == 2 else None,
+                    },
+                    "strategy_used": "iterative",
+                }
+                for i in range(3)
+            ]
+        )
         assert batch.accepted == 3 and len({a.episode_id for a in batch.results}) == 3
         async with memory.episode("rotate the tls certificate by hand", category="ops", agent_id="ops") as ep:
             await ep.action("run", input="openssl x509 -noout -dates", output="notAfter=...", success=True)
@@ -86,7 +104,9 @@ async def test_async_client_reads_and_writes_every_route(tenants, settings, redi
         facts = await memory.search_facts("tls certificate")
         assert facts and facts[0].support >= 3 and facts[0].status == "current"
         detail = await memory.get_fact(facts[0].fact_id)
-        assert detail.fact.fact_id == facts[0].fact_id and all(isinstance(e, Episode) for e in detail.evidence)
+        assert detail.fact.fact_id == facts[0].fact_id and all(
+            isinstance(e, Episode) for e in detail.evidence
+        )
 
         forgot = await memory.forget_episode(first)
         assert forgot.episode_id == first and forgot.event_id
@@ -137,6 +157,7 @@ async def test_sync_client_and_typed_errors(tenants, settings, redis):
     def read() -> tuple:
         with Engram(url(tenants), api_key=KEY_A) as memory:
             return memory.get_episode(out["failed"]), memory.recall("migrate the orders table", top_k=1)
+
     failed, recall = await asyncio.to_thread(read)
     assert failed.episode.outcome == "failure" and failed.episode.actions[0].error == "lock timeout"
     assert failed.episode.outcome_details == "RuntimeError: deadlock detected"
@@ -145,10 +166,17 @@ async def test_sync_client_and_typed_errors(tenants, settings, redis):
 
 async def test_an_episode_built_once_goes_over_http_or_the_stream(tenants, settings, redis):
     """The same Episode object is published by the HTTP client and read back equal, field by field."""
-    built = Episode(episode_id="both-ways", agent_id="a", task=Task(description="index the audit log", category="ops"),
-                    solution="a partial index on created_at", outcome="success", importance=4.0,
-                    feedback=Feedback(reward=0.75, tests_passed=3, tests_total=4),
-                    started_at=1_700_000_000.0, completed_at=1_700_000_090.5)
+    built = Episode(
+        episode_id="both-ways",
+        agent_id="a",
+        task=Task(description="index the audit log", category="ops"),
+        solution="a partial index on created_at",
+        outcome="success",
+        importance=4.0,
+        feedback=Feedback(reward=0.75, tests_passed=3, tests_total=4),
+        started_at=1_700_000_000.0,
+        completed_at=1_700_000_090.5,
+    )
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
         assert await memory.record(built) == "both-ways"
         await drain(settings, redis)
@@ -172,8 +200,12 @@ async def flaky(aiohttp_server):
         if step == "hang":
             await release.wait()
         if step in (429, 503):
-            return web.json_response({"title": "busy", "detail": "retry later", "status": step}, status=step,
-                                     headers={"Retry-After": "0"}, content_type="application/problem+json")
+            return web.json_response(
+                {"title": "busy", "detail": "retry later", "status": step},
+                status=step,
+                headers={"Retry-After": "0"},
+                content_type="application/problem+json",
+            )
         return web.json_response(_RECALL_BODY)
 
     app = web.Application()
@@ -183,8 +215,15 @@ async def flaky(aiohttp_server):
     release.set()
 
 
-_RECALL_BODY = {"results": [], "replay_context": {}, "as_of": "2026-12-01T00:00:00Z", "weights": {},
-                "preset": "early", "mode": "hybrid", "candidates": 0}
+_RECALL_BODY = {
+    "results": [],
+    "replay_context": {},
+    "as_of": "2026-12-01T00:00:00Z",
+    "weights": {},
+    "preset": "early",
+    "mode": "hybrid",
+    "candidates": 0,
+}
 
 
 async def test_retries_429_and_503_after_retry_after_then_gives_up(flaky):
@@ -212,7 +251,9 @@ async def test_a_lost_answer_is_retried_only_when_repeating_is_harmless(flaky):
 
 
 async def test_an_unreachable_service_is_a_connection_error_that_was_never_applied(unused_tcp_port):
-    async with AsyncEngram(f"http://127.0.0.1:{unused_tcp_port}", max_retries=1, max_retry_wait=0.01) as memory:
+    async with AsyncEngram(
+        f"http://127.0.0.1:{unused_tcp_port}", max_retries=1, max_retry_wait=0.01
+    ) as memory:
         with pytest.raises(ConnectionFailed) as down:
             await memory.record(task="t", outcome="success")
     assert not down.value.maybe_applied and "cannot reach" in str(down.value)
@@ -241,8 +282,9 @@ async def test_aware_datetimes_go_wherever_an_instant_does(tenants, settings, re
 
     done = datetime(2026, 11, 30, 12, 0, tzinfo=timezone(timedelta(hours=2)))
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
-        eid = await memory.record(task="tz", outcome="success", started_at=done - timedelta(minutes=5),
-                                  completed_at=done)
+        eid = await memory.record(
+            task="tz", outcome="success", started_at=done - timedelta(minutes=5), completed_at=done
+        )
         async with memory.episode("tz block", started_at=datetime(2026, 11, 30, 9, 0, tzinfo=UTC)) as ep:
             await ep.action("run", timestamp=datetime(2026, 11, 30, 9, 1, tzinfo=UTC))
             await ep.complete("success", completed_at=datetime(2026, 11, 30, 9, 2, tzinfo=UTC))
@@ -293,7 +335,9 @@ async def test_ids_that_are_dot_segments_or_url_syntax_reach_their_route(tenants
     """`.` and `..` are valid ids but URL dot segments: normalisation turned `/v1/users/..` into `/v1`
     (a 404 on a forget that never answers 404, found by a new-user trial of erasure)."""
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
-        await memory.record(task="an episode with an odd id", outcome="success", episode_id=odd_id, user_id=odd_id)
+        await memory.record(
+            task="an episode with an odd id", outcome="success", episode_id=odd_id, user_id=odd_id
+        )
         await drain(settings, redis)
         stored = await memory.get_episode(odd_id)
         assert stored.episode.episode_id == odd_id and stored.episode.user_id == odd_id

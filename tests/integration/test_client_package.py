@@ -25,16 +25,41 @@ pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` s
 
 pytest_plugins = ["tests.integration.test_query_support"]
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_ONLY = ("torch", "scikit-learn", "uvloop", "prometheus-client", "redis", "aiohttp", "numpy", "sentence-transformers")
+SERVER_ONLY = (
+    "torch",
+    "scikit-learn",
+    "uvloop",
+    "prometheus-client",
+    "redis",
+    "aiohttp",
+    "numpy",
+    "sentence-transformers",
+)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     source = out / "client"  # a copy: setuptools writes build/ and egg-info next to the sources
-    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(out), str(source)], check=True)
+    shutil.copytree(
+        ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        check=True,
+    )
     (built,) = out.glob("engram_episodic-*.whl")
     return built
 
@@ -45,7 +70,9 @@ def test_the_wheel_ships_one_import_name_typed_without_server_dependencies(wheel
     assert top == {"engram_episodic"}, f"only the client's import name is top-level, not {top}"
     assert "engram_episodic/py.typed" in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
-    required = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    required = [
+        line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
     core = [r for r in required if "extra ==" not in r]
     assert sorted(re.split(r"[<>=;\[ ]", r)[0].lower() for r in core) == ["click", "httpx"]
     assert not any(r.lower().startswith(SERVER_ONLY) for r in core)
@@ -60,26 +87,54 @@ def _readme_lines() -> str:
     return code
 
 
-async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(wheel, tmp_path, tenants, settings, redis):
+async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(
+    wheel, tmp_path, tenants, settings, redis
+):
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of ours
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    install = await asyncio.create_subprocess_exec(str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                                   str(wheel), stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT, env=env)
+    install = await asyncio.create_subprocess_exec(
+        str(py),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        str(wheel),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
     out, _ = await asyncio.wait_for(install.communicate(), 300)
     assert install.returncode == 0, out.decode()[-2000:]
-    probe = subprocess.run([str(py), "-c", "import importlib.util as u; print([m for m in ('shared', 'services', "
-                            "'deploy', 'torch', 'redis', 'aiohttp') if u.find_spec(m)])"],
-                           capture_output=True, text=True, check=True, cwd=tmp_path, env=env)  # not the checkout
+    probe = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "import importlib.util as u; print([m for m in ('shared', 'services', "
+            "'deploy', 'torch', 'redis', 'aiohttp') if u.find_spec(m)])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env=env,
+    )  # not the checkout
     assert probe.stdout.strip() == "[]", f"the client venv holds server modules: {probe.stdout}"
 
     code = _readme_lines().replace("http://127.0.0.1:8080", str(tenants.make_url("")).rstrip("/"))
     code = code.replace('"dev-key"', repr(KEY_A))
     async with consolidating(settings, redis, "readme"):  # the stack's consolidator, while the snippet waits
-        proc = await asyncio.create_subprocess_exec(str(py), "-c", code, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, cwd=tmp_path, env=env)
+        proc = await asyncio.create_subprocess_exec(
+            str(py),
+            "-c",
+            code,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, stderr.decode()[-2000:]
     lines = stdout.decode().splitlines()

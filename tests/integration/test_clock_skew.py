@@ -17,10 +17,22 @@ async def test_future_instants_beyond_the_skew_are_refused_naming_the_field(api)
     far = await api.post("/v1/episodes", json=episode("far", completed_at=format_instant(now + 3 * 3600)))
     assert far.status == 422
     [err] = (await far.json())["errors"]
-    assert err["field"] == "completed_at" and "in the future" in err["reason"] and "ENGRAM_MAX_CLOCK_SKEW" in err["reason"]
-    batch = {"episodes": [episode("b0", completed_at=now),
-                          episode("b1", completed_at=now, started_at=now - 5,
-                                  actions=[{"action_type": "run", "timestamp": now + 7200}])]}
+    assert (
+        err["field"] == "completed_at"
+        and "in the future" in err["reason"]
+        and "ENGRAM_MAX_CLOCK_SKEW" in err["reason"]
+    )
+    batch = {
+        "episodes": [
+            episode("b0", completed_at=now),
+            episode(
+                "b1",
+                completed_at=now,
+                started_at=now - 5,
+                actions=[{"action_type": "run", "timestamp": now + 7200}],
+            ),
+        ]
+    }
     resp = await api.post("/v1/episodes", json=batch)
     assert resp.status == 422
     assert [e["field"] for e in (await resp.json())["errors"]] == ["episodes[1].actions[0].timestamp"]

@@ -98,8 +98,20 @@ async def test_the_cluster_client_spreads_keys_and_the_embedded_search_is_shard_
             names.append(name)
             c = node_client(node)
             try:
-                c.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, f"{prefix}doc:",
-                                  "SCHEMA", "ns", "TAG", "n", "NUMERIC")
+                c.execute_command(
+                    "FT.CREATE",
+                    name,
+                    "ON",
+                    "HASH",
+                    "PREFIX",
+                    1,
+                    f"{prefix}doc:",
+                    "SCHEMA",
+                    "ns",
+                    "TAG",
+                    "n",
+                    "NUMERIC",
+                )
             finally:
                 c.close()
 

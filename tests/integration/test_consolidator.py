@@ -54,26 +54,46 @@ async def drain(*workers: Worker, rounds: int = 200) -> None:
     raise AssertionError("workers never drained the stream")
 
 
-async def docs(redis, keys: Keys, namespace: str, status: str | None = "completed", *,
-               master_key: bytes | None = None, **scope):
+async def docs(
+    redis,
+    keys: Keys,
+    namespace: str,
+    status: str | None = "completed",
+    *,
+    master_key: bytes | None = None,
+    **scope,
+):
     """The live generation's documents of `namespace` by episode id (ids digested as that generation's
     TAG fields hold them: pass the deployment's `master_key` when it has one)."""
     try:
-        tags = await generation_tags(redis, keys, await current_generation(redis, keys),
-                                     await deployment_tag_key(redis, keys, master_key))
+        tags = await generation_tags(
+            redis,
+            keys,
+            await current_generation(redis, keys),
+            await deployment_tag_key(redis, keys, master_key),
+        )
     except ConfigError:  # keyed digests and no key: fine while no id is filtered on
         if {"user_id", "session_id", "episode_id"} & set(scope):
             raise
         tags = BLAKE2B
-    _, hits = await filter_search(redis, keys.episode_index_alias,
-                                  Scope(tags=tags, namespace=namespace, status=status, **scope),
-                                  return_fields=("doc", "status"), limit=10_000)
+    _, hits = await filter_search(
+        redis,
+        keys.episode_index_alias,
+        Scope(tags=tags, namespace=namespace, status=status, **scope),
+        return_fields=("doc", "status"),
+        limit=10_000,
+    )
     return {hit_id(h): h.fields for h in hits}
 
 
 def episode(eid: str, **kw) -> dict:
-    return {"episode_id": eid, "task": {"description": f"task {eid} fix the flaky test", "category": "debugging"},
-            "outcome": "success", "feedback": {"reward": 1.0}, **kw}
+    return {
+        "episode_id": eid,
+        "task": {"description": f"task {eid} fix the flaky test", "category": "debugging"},
+        "outcome": "success",
+        "feedback": {"reward": 1.0},
+        **kw,
+    }
 
 
 async def test_c01_duplicate_publish_indexes_once(settings, redis):
@@ -89,9 +109,12 @@ async def test_c01_duplicate_publish_indexes_once(settings, redis):
 
 async def test_c02_two_workers_same_duplicates_at_once(settings, redis):
     keys = Keys(settings.prefix)
-    ev = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=1.0,
-                          episode=Episode(episode_id="e", task=Task(description="t"), outcome="success",
-                                          completed_at=1.0))
+    ev = EpisodeCompleted(
+        namespace="ns",
+        episode_id="e",
+        occurred_at=1.0,
+        episode=Episode(episode_id="e", task=Task(description="t"), outcome="success", completed_at=1.0),
+    )
     await streams.publish(redis, keys.stream, [encode(ev)] * 10)
     w1, w2 = make_worker(settings, redis, "a"), make_worker(settings, redis, "b")
     w1.settings = w2.settings = settings.with_(batch_size=5)
@@ -104,12 +127,21 @@ async def test_order_tolerant_actions_before_start_completion_first(settings, re
     keys = Keys(settings.prefix)
     ep = Episode(episode_id="e", agent_id="ag", task=Task(description="migrate db", category="architecture"))
     start = EpisodeStarted(namespace="ns", episode_id="e", occurred_at=10.0, episode=ep)
-    a1 = ActionRecorded(namespace="ns", episode_id="e", occurred_at=11.0,
-                        action=Action(action_type="plan", timestamp=11.0))
-    a2 = ActionRecorded(namespace="ns", episode_id="e", occurred_at=12.0,
-                        action=Action(action_type="apply", timestamp=12.0, error="lock timeout"))
-    done = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=13.0,
-                            episode=dataclasses.replace(ep, outcome="failure", completed_at=13.0, started_at=10.0))
+    a1 = ActionRecorded(
+        namespace="ns", episode_id="e", occurred_at=11.0, action=Action(action_type="plan", timestamp=11.0)
+    )
+    a2 = ActionRecorded(
+        namespace="ns",
+        episode_id="e",
+        occurred_at=12.0,
+        action=Action(action_type="apply", timestamp=12.0, error="lock timeout"),
+    )
+    done = EpisodeCompleted(
+        namespace="ns",
+        episode_id="e",
+        occurred_at=13.0,
+        episode=dataclasses.replace(ep, outcome="failure", completed_at=13.0, started_at=10.0),
+    )
     await streams.publish(redis, keys.stream, [encode(e) for e in (done, a2, a1, start, a1)])
     await drain(make_worker(settings, redis))
     found = await docs(redis, keys, "ns")
@@ -138,14 +170,24 @@ async def test_episode_begun_in_an_earlier_batch_is_folded_whole_and_embedded_on
     """The fast path folds only the events in hand; when the episode's start came in an earlier batch
     its single script refuses, the stored set is folded, and the vector already computed is reused."""
     keys = Keys(settings.prefix)
-    ep = Episode(episode_id="e", agent_id="ag", task=Task(description="rotate the signing keys", category="ops"))
+    ep = Episode(
+        episode_id="e", agent_id="ag", task=Task(description="rotate the signing keys", category="ops")
+    )
     start = EpisodeStarted(namespace="ns", episode_id="e", occurred_at=10.0, episode=ep)
-    act = ActionRecorded(namespace="ns", episode_id="e", occurred_at=11.0,
-                         action=Action(action_type="revoke", timestamp=11.0))
-    done = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=13.0,
-                            episode=Episode(episode_id="e", task=Task(description="rotate the signing keys",
-                                                                      category="ops"),
-                                            outcome="success", completed_at=13.0))
+    act = ActionRecorded(
+        namespace="ns", episode_id="e", occurred_at=11.0, action=Action(action_type="revoke", timestamp=11.0)
+    )
+    done = EpisodeCompleted(
+        namespace="ns",
+        episode_id="e",
+        occurred_at=13.0,
+        episode=Episode(
+            episode_id="e",
+            task=Task(description="rotate the signing keys", category="ops"),
+            outcome="success",
+            completed_at=13.0,
+        ),
+    )
     embedder = CountingEmbedder(settings.embed_dim)
     worker = Worker(settings, redis, embedder, name="w1")
     await streams.publish(redis, keys.stream, [encode(start), encode(act)])
@@ -157,17 +199,22 @@ async def test_episode_begun_in_an_earlier_batch_is_folded_whole_and_embedded_on
     data = json.loads((await docs(redis, keys, "ns"))["e"][b"doc"])
     assert data["agent_id"] == "ag" and [a["action_type"] for a in data["actions"]] == ["revoke"]
     assert embedder.texts == ["rotate the signing keys"]
-    assert worker.metrics.write_conflicts._value.get() == conflicts  # a refusal of the fast path is not a conflict
+    assert (
+        worker.metrics.write_conflicts._value.get() == conflicts
+    )  # a refusal of the fast path is not a conflict
 
 
 async def test_event_recorded_by_another_worker_during_the_fast_path_is_not_lost(settings, redis):
     """Worker A folds a whole completion and, while it embeds, worker B records an action of the same
     episode. A's script must see the extra event and fold again: the document holds the action."""
     keys = Keys(settings.prefix)
-    ep = Episode(episode_id="e", task=Task(description="upgrade the parser"), outcome="success", completed_at=5.0)
+    ep = Episode(
+        episode_id="e", task=Task(description="upgrade the parser"), outcome="success", completed_at=5.0
+    )
     done = EpisodeCompleted(namespace="ns", episode_id="e", occurred_at=5.0, episode=ep)
-    act = ActionRecorded(namespace="ns", episode_id="e", occurred_at=4.0,
-                         action=Action(action_type="late-step", timestamp=4.0))
+    act = ActionRecorded(
+        namespace="ns", episode_id="e", occurred_at=4.0, action=Action(action_type="late-step", timestamp=4.0)
+    )
     embedder = CountingEmbedder(settings.embed_dim)
     worker_a = Worker(settings, redis, embedder, name="a")
     worker_b = make_worker(settings, redis, "b")
@@ -205,14 +252,37 @@ async def test_draft_is_not_recallable_until_completed(settings, redis):
 
 async def test_c11_poison_entries_go_to_dead_letters(settings, redis):
     keys = Keys(settings.prefix)
-    good = [encode(EpisodeCompleted(namespace="ns", episode_id=f"g{i}", occurred_at=1.0,
-                                    episode=Episode(episode_id=f"g{i}", task=Task(description=f"good {i}"),
-                                                    outcome="success", completed_at=1.0))) for i in range(9)]
+    good = [
+        encode(
+            EpisodeCompleted(
+                namespace="ns",
+                episode_id=f"g{i}",
+                occurred_at=1.0,
+                episode=Episode(
+                    episode_id=f"g{i}",
+                    task=Task(description=f"good {i}"),
+                    outcome="success",
+                    completed_at=1.0,
+                ),
+            )
+        )
+        for i in range(9)
+    ]
     undecodable = b"\x00\xffnot msgpack"
     unknown_version = msgpack.packb({"type": "EpisodeCompleted", "v": 99, "data": {}})
-    invalid = msgpack.packb({"type": "EpisodeCompleted", "v": 2, "data": {
-        "event_id": "x", "namespace": "ns", "occurred_at": 1.0, "episode_id": "bad",
-        "episode": {"episode_id": "bad", "task": {"description": "t"}, "importance": 99}}})
+    invalid = msgpack.packb(
+        {
+            "type": "EpisodeCompleted",
+            "v": 2,
+            "data": {
+                "event_id": "x",
+                "namespace": "ns",
+                "occurred_at": 1.0,
+                "episode_id": "bad",
+                "episode": {"episode_id": "bad", "task": {"description": "t"}, "importance": 99},
+            },
+        }
+    )
     batch = good[:3] + [undecodable] + good[3:6] + [unknown_version] + good[6:] + [invalid]
     ids = await streams.publish(redis, keys.stream, batch)
     worker = make_worker(settings, redis)
@@ -278,8 +348,12 @@ async def test_forget_deletes_dead_letters_that_failed_decoding_and_of_unproject
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     worker = make_worker(settings, redis)
-    valid = EpisodeCompleted(namespace="ns", episode_id="raw", occurred_at=1.0,
-                             episode=parse_episode(episode("raw", solution="SECRET-R", user_id="ur")))
+    valid = EpisodeCompleted(
+        namespace="ns",
+        episode_id="raw",
+        occurred_at=1.0,
+        episode=parse_episode(episode("raw", solution="SECRET-R", user_id="ur")),
+    )
     envelope = msgpack.unpackb(encode(valid), raw=False)
     envelope["data"]["episode"]["vector"] = [1e39] * settings.embed_dim  # undecodable: not float32
     await streams.publish(redis, keys.stream, [msgpack.packb(envelope)])
@@ -310,11 +384,14 @@ async def test_redrive_moves_the_entry_instead_of_copying_it(settings, redis):
     assert await redrive(redis, keys) == 1
     copies = [sid for sid, f in await redis.xrange(keys.stream) if b"ONCE-ONLY" in f[b"e"]]
     assert len(copies) == 1 and await list_dead_letters(redis, keys) == []
-    assert letter.stream_id.encode() not in await redis.hkeys(keys.dead_letter_refs("ns", "rd"))  # no stale link
+    assert letter.stream_id.encode() not in await redis.hkeys(
+        keys.dead_letter_refs("ns", "rd")
+    )  # no stale link
 
 
 async def test_dead_letter_links_are_dropped_with_the_episode_and_foreign_entries_are_dead_lettered(
-        settings, redis):
+    settings, redis
+):
     """Forgetting an episode drops its id from its user's set of dead-lettered episodes (no ids of
     forgotten data stay behind), and an entry without Engram's payload field is dead-lettered, not
     mistaken for one a forget deleted."""
@@ -342,6 +419,7 @@ async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
     worker = make_worker(settings, redis)
     await drain(worker)
     import json
+
     found = await docs(redis, Keys(settings.prefix), "ns")
     assert json.loads(found["long"][b"doc"])["task"]["description"] == long_text
     assert json.loads(found["cjk"][b"doc"])["task"]["description"] == cjk
@@ -352,13 +430,28 @@ async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
 @pytest.mark.parametrize("value", ["a,b", "x|y", "ns:with:colons", "{curly}", "日本語", "emoji-🙂", "_"])
 async def test_c12_c18_hostile_ids_projected_exactly(settings, redis, value):
     client = EngramClient(redis, namespace=value, prefix=settings.prefix)
-    await client.record(episode(value, agent_id=value, user_id=value, session_id=value, strategy_used=value,
-                                task={"description": "t", "category": value}))
-    await client.record(episode(value + "x", agent_id=value + "x", task={"description": "t", "category": value + "x"}))
+    await client.record(
+        episode(
+            value,
+            agent_id=value,
+            user_id=value,
+            session_id=value,
+            strategy_used=value,
+            task={"description": "t", "category": value},
+        )
+    )
+    await client.record(
+        episode(value + "x", agent_id=value + "x", task={"description": "t", "category": value + "x"})
+    )
     await drain(make_worker(settings, redis))
     keys = Keys(settings.prefix)
-    for scope in ({"agent_id": value}, {"user_id": value}, {"session_id": value}, {"category": (value,)},
-                  {"strategy": (value,)}):
+    for scope in (
+        {"agent_id": value},
+        {"user_id": value},
+        {"session_id": value},
+        {"category": (value,)},
+        {"strategy": (value,)},
+    ):
         assert list(await docs(redis, keys, value, **scope)) == [value], scope
 
 
@@ -386,17 +479,30 @@ async def test_forget_user_processed_after_a_newer_episode_keeps_that_episode(se
     worker = make_worker(settings, redis)
 
     def completed(eid: str, at: float) -> EpisodeCompleted:
-        return EpisodeCompleted(namespace="ns", episode_id=eid, occurred_at=at,
-                                episode=Episode(episode_id=eid, user_id="u", task=Task(description=f"task {eid}"),
-                                                outcome="success", completed_at=at))
+        return EpisodeCompleted(
+            namespace="ns",
+            episode_id=eid,
+            occurred_at=at,
+            episode=Episode(
+                episode_id=eid,
+                user_id="u",
+                task=Task(description=f"task {eid}"),
+                outcome="success",
+                completed_at=at,
+            ),
+        )
 
-    await streams.publish(redis, keys.stream, [encode(completed("old", 100.0)), encode(completed("new", 300.0))])
+    await streams.publish(
+        redis, keys.stream, [encode(completed("old", 100.0)), encode(completed("new", 300.0))]
+    )
     await drain(worker)
     forget = UserForgotten(namespace="ns", user_id="u", occurred_at=200.0)
     await streams.publish(redis, keys.stream, [encode(forget)])
     await drain(worker)
     assert list(await docs(redis, keys, "ns", user_id="u")) == ["new"]
-    assert await redis.exists(keys.tombstone("ns", "old")) and not await redis.exists(keys.tombstone("ns", "new"))
+    assert await redis.exists(keys.tombstone("ns", "old")) and not await redis.exists(
+        keys.tombstone("ns", "new")
+    )
 
 
 async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
@@ -434,7 +540,9 @@ async def test_replay_equals_live_projection(settings, redis):
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     for i in range(20):
-        async with client.episode(task=f"task {i % 4} about {'db' if i % 2 else 'ui'}", user_id=f"u{i % 3}") as ep:
+        async with client.episode(
+            task=f"task {i % 4} about {'db' if i % 2 else 'ui'}", user_id=f"u{i % 3}"
+        ) as ep:
             await ep.action("edit", input=f"file{i}.py", success=i % 2 == 0)
             await ep.complete(["success", "failure", "partial"][i % 3], feedback={"reward": i / 20})
     worker = make_worker(settings, redis)
@@ -467,8 +575,9 @@ async def test_reindex_with_other_embedder_is_a_conflict_for_an_old_workers_turn
         await worker.turn()
 
 
-async def test_a_running_worker_pauses_on_another_embedders_index_and_resumes_when_it_returns(settings, redis,
-                                                                                          caplog):
+async def test_a_running_worker_pauses_on_another_embedders_index_and_resumes_when_it_returns(
+    settings, redis, caplog
+):
     """Issue 15: a reindex under a running worker made it exit 2, which stopped `make run`."""
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
@@ -521,19 +630,36 @@ def _events_for(eid: str, n_actions: int) -> list:
     ep = Episode(episode_id=eid, user_id="u", agent_id="planner", task=Task(description=f"task {eid}"))
     out = [EpisodeStarted(namespace="ns", episode_id=eid, occurred_at=1.0, episode=ep, event_id=f"{eid}-s")]
     for j in range(n_actions):
-        out.append(ActionRecorded(namespace="ns", episode_id=eid, occurred_at=2.0 + j, event_id=f"{eid}-a{j}",
-                                  action=Action(action_type=f"step{j}", timestamp=2.0 + j)))
-    out.append(EpisodeCompleted(namespace="ns", episode_id=eid, occurred_at=9.0, event_id=f"{eid}-c",
-                                episode=dataclasses.replace(ep, outcome="partial", completed_at=9.0,
-                                                            agent_id="executor")))
+        out.append(
+            ActionRecorded(
+                namespace="ns",
+                episode_id=eid,
+                occurred_at=2.0 + j,
+                event_id=f"{eid}-a{j}",
+                action=Action(action_type=f"step{j}", timestamp=2.0 + j),
+            )
+        )
+    out.append(
+        EpisodeCompleted(
+            namespace="ns",
+            episode_id=eid,
+            occurred_at=9.0,
+            event_id=f"{eid}-c",
+            episode=dataclasses.replace(ep, outcome="partial", completed_at=9.0, agent_id="executor"),
+        )
+    )
     return out
 
 
-@hsettings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@hsettings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(st.randoms(use_true_random=False), st.integers(2, 3), st.integers(1, 4))
-async def test_property_interleaving_and_duplication_across_workers(settings, redis, rnd: random.Random,
-                                                                    n_workers: int, batch: int):
+async def test_property_interleaving_and_duplication_across_workers(
+    settings, redis, rnd: random.Random, n_workers: int, batch: int
+):
     base = [e for eid in EPISODE_IDS for e in _events_for(eid, 3)]
     # sequential replay = the reference projection
     ref_settings = settings.with_(prefix=settings.prefix + f"ref{rnd.random()}:")
@@ -580,8 +706,14 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
 async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(settings, redis):
     """ENGRAM_IN_FLIGHT: one worker projects several batches at once, and still exactly once."""
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
-    await client.publish([EpisodeCompleted(namespace="ns", episode_id=f"l{i}", occurred_at=1.7e9,
-                                           episode=parse_episode(episode(f"l{i}"))) for i in range(600)])
+    await client.publish(
+        [
+            EpisodeCompleted(
+                namespace="ns", episode_id=f"l{i}", occurred_at=1.7e9, episode=parse_episode(episode(f"l{i}"))
+            )
+            for i in range(600)
+        ]
+    )
     worker = make_worker(dataclasses.replace(settings, in_flight=3, batch_size=40, block_ms=20), redis)
     live, peak = 0, 0
     apply = None
@@ -638,6 +770,7 @@ async def test_a_batch_slower_than_its_lease_is_renewed_not_reclaimed(settings, 
 
     async def a_holds_the_batch() -> bool:
         return (await streams.StreamGroup(redis, keys.stream, s.consumer_group).info())["pending"] == 3
+
     await wait_until(a_holds_the_batch, message="the slow worker read the batch")
     stolen = 0
     while not turn_a.done():  # b's turn blocks up to block_ms (20 ms) when it finds nothing to reclaim
@@ -655,12 +788,23 @@ async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
     from engram_episodic.events import FactsConsolidated
 
     keys = Keys(settings.prefix)
-    bad = FactsConsolidated(namespace="ns", occurred_at=1.0, scope={"namespace": "ns"},
-                            facts=({"garbage": True},))
-    good = [EpisodeCompleted(namespace="ns", episode_id=f"g{i}", occurred_at=1.0,
-                             episode=Episode(episode_id=f"g{i}", task=Task(description=f"good {i}"),
-                                             outcome="success", completed_at=1.0)) for i in range(4)]
-    ids = await streams.publish(redis, keys.stream, [encode(e) for e in (good[0], good[1], bad, good[2], good[3])])
+    bad = FactsConsolidated(
+        namespace="ns", occurred_at=1.0, scope={"namespace": "ns"}, facts=({"garbage": True},)
+    )
+    good = [
+        EpisodeCompleted(
+            namespace="ns",
+            episode_id=f"g{i}",
+            occurred_at=1.0,
+            episode=Episode(
+                episode_id=f"g{i}", task=Task(description=f"good {i}"), outcome="success", completed_at=1.0
+            ),
+        )
+        for i in range(4)
+    ]
+    ids = await streams.publish(
+        redis, keys.stream, [encode(e) for e in (good[0], good[1], bad, good[2], good[3])]
+    )
     await drain(make_worker(settings, redis))
     assert sorted(await docs(redis, keys, "ns")) == ["g0", "g1", "g2", "g3"]
     dead = await list_dead_letters(redis, keys)
@@ -671,6 +815,7 @@ async def test_malformed_facts_snapshot_is_dead_lettered_alone(settings, redis):
 async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(settings, redis):
     """An entry that makes the projector fail (here: an embedder that cannot embed one text) does not
     hold its neighbours back; after max_deliveries it reaches the dead-letter stream with the error."""
+
     class PickyEmbedder(HashingEmbedder):
         async def _embed_batch(self, texts):
             if any("poison" in t for t in texts):
@@ -696,7 +841,6 @@ async def test_unexpected_failure_isolated_to_its_entry_then_dead_lettered(setti
     assert (await streams.StreamGroup(redis, keys.stream, s.consumer_group).info())["pending"] == 0
 
 
-
 async def test_worker_reports_a_backlog_until_a_read_comes_back_empty(settings, redis):
     """`Worker.backlogged` (what background facts runs defer to) holds while reads return entries,
     full or not (the first reads of a burst are partial), and clears on an empty read."""
@@ -716,9 +860,15 @@ async def test_projected_document_is_byte_exact_episode_fields(settings, redis):
     from shared.index import embedding_text, episode_fields
 
     keys = Keys(settings.prefix)
-    data = episode("ü-1", solution="résumé ✓ 日本語 \\ \" '", importance=7, agent_id="ag",
-                   feedback={"reward": 0.125, "message": "ok\u00a0fine"}, started_at=1.7e9,
-                   completed_at=1.7e9 + 42.5)
+    data = episode(
+        "ü-1",
+        solution="résumé ✓ 日本語 \\ \" '",
+        importance=7,
+        agent_id="ag",
+        feedback={"reward": 0.125, "message": "ok\u00a0fine"},
+        started_at=1.7e9,
+        completed_at=1.7e9 + 42.5,
+    )
     parsed = parse_episode(data)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     await client.record(data)
@@ -731,8 +881,16 @@ async def test_projected_document_is_byte_exact_episode_fields(settings, redis):
         want = value if isinstance(value, bytes) else str(value).encode()
         assert stored[name.encode()] == want, name
     # slow path: an action recorded later re-folds from the stored events and rewrites the document
-    await client.publish([ActionRecorded(namespace="ns", episode_id="ü-1", occurred_at=1.0,
-                                         action=Action(action_type="ß-step", timestamp=1.0))])
+    await client.publish(
+        [
+            ActionRecorded(
+                namespace="ns",
+                episode_id="ü-1",
+                occurred_at=1.0,
+                action=Action(action_type="ß-step", timestamp=1.0),
+            )
+        ]
+    )
     await drain(Worker(settings, redis, embedder, name="w1"))
     stored = await redis.hgetall(keys.episode_doc(1, "ns", "ü-1"))
     assert json.loads(stored[b"doc"])["actions"][0]["action_type"] == "ß-step"
@@ -751,24 +909,42 @@ async def test_fast_path_chunks_with_mixed_outcomes_keep_every_episode_apart(set
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
 
     def completed(i: int, **kw) -> EpisodeCompleted:
-        ep = Episode(episode_id=f"m{i}", task=Task(description=f"mixed task number {i}"), outcome="success",
-                     completed_at=100.0 + i, importance=1 + i % 10, **kw)
+        ep = Episode(
+            episode_id=f"m{i}",
+            task=Task(description=f"mixed task number {i}"),
+            outcome="success",
+            completed_at=100.0 + i,
+            importance=1 + i % 10,
+            **kw,
+        )
         return EpisodeCompleted(namespace="ns", episode_id=f"m{i}", occurred_at=100.0 + i, episode=ep)
 
     await client.publish([completed(5)])
     await drain(worker)
     await client.forget_episode("m5")
-    early = EpisodeStarted(namespace="ns", episode_id="m17", occurred_at=1.0,
-                           episode=Episode(episode_id="m17", agent_id="early-agent",
-                                           task=Task(description="mixed task number 17")))
+    early = EpisodeStarted(
+        namespace="ns",
+        episode_id="m17",
+        occurred_at=1.0,
+        episode=Episode(
+            episode_id="m17", agent_id="early-agent", task=Task(description="mixed task number 17")
+        ),
+    )
     await client.publish([early])
     await drain(worker)
     batch = []
     for i in range(70):
         if i == 38:
-            batch.append(EpisodeStarted(namespace="ns", episode_id="m38", occurred_at=50.0,
-                                        episode=Episode(episode_id="m38", session_id="s38",
-                                                        task=Task(description="mixed task number 38"))))
+            batch.append(
+                EpisodeStarted(
+                    namespace="ns",
+                    episode_id="m38",
+                    occurred_at=50.0,
+                    episode=Episode(
+                        episode_id="m38", session_id="s38", task=Task(description="mixed task number 38")
+                    ),
+                )
+            )
         batch.append(completed(i))
         if i == 33:
             batch.append(completed(33))
@@ -800,35 +976,59 @@ async def test_model_embedder_never_embeds_unchanged_text_twice(settings, redis)
     embedder = CountingEmbedder(settings.embed_dim)
     embedder.cheap = False
     worker = Worker(settings, redis, embedder, name="w1")
-    first = EpisodeCompleted(namespace="ns", episode_id="r", occurred_at=10.0, event_id="r-1",
-                             episode=Episode(episode_id="r", task=Task(description="tune the cache"),
-                                             outcome="success", completed_at=10.0))
+    first = EpisodeCompleted(
+        namespace="ns",
+        episode_id="r",
+        occurred_at=10.0,
+        event_id="r-1",
+        episode=Episode(
+            episode_id="r", task=Task(description="tune the cache"), outcome="success", completed_at=10.0
+        ),
+    )
     await streams.publish(redis, keys.stream, [encode(first)])
     await drain(worker)
     await streams.publish(redis, keys.stream, [encode(first)])  # redelivered / published twice
     await drain(worker)
-    again = dataclasses.replace(first, event_id="r-2", occurred_at=20.0,
-                                episode=dataclasses.replace(first.episode, feedback=Feedback(reward=0.25)))
+    again = dataclasses.replace(
+        first,
+        event_id="r-2",
+        occurred_at=20.0,
+        episode=dataclasses.replace(first.episode, feedback=Feedback(reward=0.25)),
+    )
     await streams.publish(redis, keys.stream, [encode(again)])
     await drain(worker)
     assert embedder.texts == ["tune the cache"]
     assert json.loads((await docs(redis, keys, "ns"))["r"][b"doc"])["feedback"]["reward"] == 0.25
     vector = await redis.hget(keys.episode_doc(1, "ns", "r"), "vector")
     assert vector == (await HashingEmbedder(settings.embed_dim).embed(["tune the cache"]))[0].tobytes()
-    changed = dataclasses.replace(first, event_id="r-3", occurred_at=30.0,
-                                  episode=dataclasses.replace(first.episode, solution="raised the TTL"))
+    changed = dataclasses.replace(
+        first,
+        event_id="r-3",
+        occurred_at=30.0,
+        episode=dataclasses.replace(first.episode, solution="raised the TTL"),
+    )
     await streams.publish(redis, keys.stream, [encode(changed)])
     await drain(worker)
     assert embedder.texts == ["tune the cache", "tune the cache\nraised the TTL"]
     # a start in an earlier batch: the completion is folded with it and embedded once, whole
-    start = EpisodeStarted(namespace="ns", episode_id="s", occurred_at=40.0,
-                           episode=Episode(episode_id="s", task=Task(description="warm the cache"),
-                                           observation="the cache is cold"))
+    start = EpisodeStarted(
+        namespace="ns",
+        episode_id="s",
+        occurred_at=40.0,
+        episode=Episode(
+            episode_id="s", task=Task(description="warm the cache"), observation="the cache is cold"
+        ),
+    )
     await streams.publish(redis, keys.stream, [encode(start)])
     await drain(worker)
-    done = EpisodeCompleted(namespace="ns", episode_id="s", occurred_at=50.0,
-                            episode=Episode(episode_id="s", task=Task(description="warm the cache"),
-                                            outcome="success", completed_at=50.0))
+    done = EpisodeCompleted(
+        namespace="ns",
+        episode_id="s",
+        occurred_at=50.0,
+        episode=Episode(
+            episode_id="s", task=Task(description="warm the cache"), outcome="success", completed_at=50.0
+        ),
+    )
     await streams.publish(redis, keys.stream, [encode(done)])
     await drain(worker)
     assert embedder.texts[2:] == ["warm the cache\nthe cache is cold"]
@@ -840,20 +1040,32 @@ async def test_republished_episode_with_emptied_text_is_not_found_by_its_old_wor
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     worker = make_worker(settings, redis)
-    await client.record(episode("z", thoughts="zebracorn workaround", completed_at=1.7e9,
-                                feedback={"reward": 1.0, "message": "quokkafeedback"}))
+    await client.record(
+        episode(
+            "z",
+            thoughts="zebracorn workaround",
+            completed_at=1.7e9,
+            feedback={"reward": 1.0, "message": "quokkafeedback"},
+        )
+    )
     await drain(worker)
     doc_key = keys.episode_doc(1, "ns", "z")
-    await redis.hset(doc_key, mapping={"last_accessed": "1700000500.0", "access_count": "3"})  # a recall touched it
+    await redis.hset(
+        doc_key, mapping={"last_accessed": "1700000500.0", "access_count": "3"}
+    )  # a recall touched it
     vector = await redis.hget(doc_key, "vector")
 
     async def hits(query: str) -> int:
-        return int((await redis.execute_command("FT.SEARCH", keys.episode_index_alias, query, "NOCONTENT"))[0])
+        return int(
+            (await redis.execute_command("FT.SEARCH", keys.episode_index_alias, query, "NOCONTENT"))[0]
+        )
 
     assert await hits("@thoughts:zebracorn") == 1 and await hits("@feedback_message:quokkafeedback") == 1
     # thoughts and the feedback message are not embedded: the text to embed is unchanged, so the
     # vector is not re-sent and must be carried over
-    await client.record(episode("z", thoughts="", completed_at=1.7e9 + 1, feedback={"reward": 0.5, "message": ""}))
+    await client.record(
+        episode("z", thoughts="", completed_at=1.7e9 + 1, feedback={"reward": 0.5, "message": ""})
+    )
     await drain(worker)
     assert await hits("@thoughts:zebracorn") == 0 and await hits("@feedback_message:quokkafeedback") == 0
     stored = await redis.hgetall(doc_key)
@@ -915,10 +1127,15 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
     monkeypatch.setattr(redis_client.Pipeline, "execute", counted)
     assert sum(await asyncio.gather(*(worker.turn() for _ in range(4)))) == 40
     assert state["most"] == WRITES_IN_FLIGHT == 2
-    assert await count(redis, Keys(settings.prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 40
+    assert (
+        await count(redis, Keys(settings.prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace="ns"))
+        == 40
+    )
 
 
-async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids(settings, redis, monkeypatch):
+async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids(
+    settings, redis, monkeypatch
+):
     """Found by a new-user trial: `dead-letters --limit 0` was a traceback, and `redrive 1-1` (no such
     dead letter) said "re-driven 0" and exited 0."""
     from click.testing import CliRunner
@@ -941,5 +1158,9 @@ async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids
     out = await asyncio.to_thread(invoke, "redrive", "--all", "1-1")
     assert out.exit_code == 2 and "not both" in out.output
     out = await asyncio.to_thread(invoke, "redrive", "1-1", dead[0].dead_id)
-    assert out.exit_code == 1 and "re-driven 1" in out.output and "no dead letter has the id(s) 1-1" in out.output
+    assert (
+        out.exit_code == 1
+        and "re-driven 1" in out.output
+        and "no dead letter has the id(s) 1-1" in out.output
+    )
     assert dead[0].dead_id not in [d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix))]

@@ -41,11 +41,18 @@ def compose_process(service: str, settings, **overrides: str) -> subprocess.Pope
     """Start `service` with its compose command and environment, pointed at the test Redis."""
     argv = service_argv(service)
     assert argv[0] == "python"
-    env = {**os.environ, **service_env(service), "REDIS_URL": settings.redis_url,
-           "ENGRAM_PREFIX": settings.prefix, "ENGRAM_EMBEDDER": "hashing", "ENGRAM_LOG_LEVEL": "WARNING",
-           **overrides}
-    return subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        **service_env(service),
+        "REDIS_URL": settings.redis_url,
+        "ENGRAM_PREFIX": settings.prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_LOG_LEVEL": "WARNING",
+        **overrides,
+    }
+    return subprocess.Popen(
+        [sys.executable, *argv[1:]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def stop(proc: subprocess.Popen, grace: float = 30.0) -> int:
@@ -65,18 +72,29 @@ def stop(proc: subprocess.Popen, grace: float = 30.0) -> int:
 
 async def publish(redis, settings, n: int, namespace: str = "ns") -> None:
     client = EngramClient(redis, namespace=namespace, prefix=settings.prefix)
-    events = [EpisodeCompleted(namespace=namespace, episode_id=f"e{i}", occurred_at=float(i + 1),
-                               episode=Episode(episode_id=f"e{i}", outcome="success", completed_at=float(i + 1),
-                                               task=Task(description=f"deploy check episode {i} about topic {i % 17}")))
-              for i in range(n)]
+    events = [
+        EpisodeCompleted(
+            namespace=namespace,
+            episode_id=f"e{i}",
+            occurred_at=float(i + 1),
+            episode=Episode(
+                episode_id=f"e{i}",
+                outcome="success",
+                completed_at=float(i + 1),
+                task=Task(description=f"deploy check episode {i} about topic {i % 17}"),
+            ),
+        )
+        for i in range(n)
+    ]
     for start in range(0, n, 100):
-        await client.publish(events[start:start + 100])
+        await client.publish(events[start : start + 100])
 
 
 async def test_compose_consolidators_x3_process_a_workload_once(settings, redis):
     keys = Keys(settings.prefix)
     workers = [compose_process("consolidator", settings) for _ in range(N_WORKERS)]
     try:
+
         async def joined() -> bool:  # every replica is up and consuming before the workload starts
             try:
                 return len(await redis.xinfo_consumers(keys.stream, "consolidator")) == N_WORKERS
@@ -124,6 +142,7 @@ async def test_compose_query_is_ready_and_the_demo_agent_recalls(settings, redis
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
+
             async def ready() -> bool:
                 assert query.poll() is None, query.stderr.read().decode()[-2000:]
                 try:

@@ -123,20 +123,27 @@ async def test_a_forget_published_without_the_sdk_destroys_the_key_when_consolid
     await ring.load(redis)
     slot = keys.data_key(ring.ref("ns", "u"))
     assert await redis.exists(slot)
-    await streams.publish(redis, keys.stream, [encode(UserForgotten(namespace="ns", user_id="u",
-                                                                    occurred_at=time.time()))])
+    await streams.publish(
+        redis, keys.stream, [encode(UserForgotten(namespace="ns", user_id="u", occurred_at=time.time()))]
+    )
     await drain(worker)
     assert not await redis.exists(slot) and await docs(redis, keys, "ns") == {}
     await client.record(episode("newer", user_id="u"))  # a new key, created after that forget...
-    await streams.publish(redis, keys.stream, [encode(UserForgotten(namespace="ns", user_id="u",
-                                                                    occurred_at=time.time() - 3600))])
+    await streams.publish(
+        redis,
+        keys.stream,
+        [encode(UserForgotten(namespace="ns", user_id="u", occurred_at=time.time() - 3600))],
+    )
     await drain(worker)  # ...which an older forget (processed later) does not destroy
     assert await redis.exists(slot) and list(await docs(redis, keys, "ns")) == ["newer"]
 
 
 def _files_under(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != "redis.log"}
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != "redis.log"
+    }
 
 
 async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
@@ -152,31 +159,60 @@ async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
     server.start()
     redis = connect(server.url)
     try:
-        settings = Settings(redis_url=server.url, prefix="disk:", embedder="hashing", embed_dim=64,
-                            vector_algorithm="FLAT", block_ms=50, lease_ms=2000, master_key=master_key)
+        settings = Settings(
+            redis_url=server.url,
+            prefix="disk:",
+            embedder="hashing",
+            embed_dim=64,
+            vector_algorithm="FLAT",
+            block_ms=50,
+            lease_ms=2000,
+            master_key=master_key,
+        )
         tag = uuid.uuid4().hex[:8]
-        secrets = [f"FORGET-{tag}-{what}".encode() for what in ("task", "input", "output", "solution", "user")]
+        secrets = [
+            f"FORGET-{tag}-{what}".encode() for what in ("task", "input", "output", "solution", "user")
+        ]
         kept = [f"KEEP-{tag}-{what}".encode() for what in ("task", "solution")]
         client = EngramClient(redis, namespace="ns", prefix=settings.prefix, master_key=master_key)
         async with client.episode(task=secrets[0].decode(), user_id=secrets[4].decode()) as ep:
             await ep.action("shell", input=secrets[1].decode(), output=secrets[2].decode())
-            await ep.complete("success", solution=secrets[3].decode(), feedback={"message": secrets[3].decode()})
-        await client.record(episode("kept", task={"description": kept[0].decode()}, solution=kept[1].decode(),
-                                    user_id="someone-else"))
+            await ep.complete(
+                "success", solution=secrets[3].decode(), feedback={"message": secrets[3].decode()}
+            )
+        await client.record(
+            episode(
+                "kept",
+                task={"description": kept[0].decode()},
+                solution=kept[1].decode(),
+                user_id="someone-else",
+            )
+        )
         worker = make_worker(settings, redis)
         await drain(worker)
         await redis.save()
         on_disk = b"".join(_files_under(data_dir).values())
         assert all(s in on_disk for s in secrets[:4])  # the projection held them, so the test can see them
         # and a dead letter of the user's, next to one of someone else's
-        await client.record(episode("dead-forgotten", task={"description": secrets[0].decode()},
-                                    user_id=secrets[4].decode(), vector=[0.5] * 3))
-        await client.record(episode("dead-kept", task={"description": kept[0].decode()}, user_id="someone-else",
-                                    vector=[0.5] * 3))
+        await client.record(
+            episode(
+                "dead-forgotten",
+                task={"description": secrets[0].decode()},
+                user_id=secrets[4].decode(),
+                vector=[0.5] * 3,
+            )
+        )
+        await client.record(
+            episode(
+                "dead-kept", task={"description": kept[0].decode()}, user_id="someone-else", vector=[0.5] * 3
+            )
+        )
         await drain(worker)
         await client.forget_user(secrets[4].decode())
         await drain(worker)
-        await erasure.run(redis, Keys(settings.prefix), worker.keyring)  # what the housekeeping runs after forgets
+        await erasure.run(
+            redis, Keys(settings.prefix), worker.keyring
+        )  # what the housekeeping runs after forgets
         await redis.save()
         ring = KeyRing(Keys(settings.prefix), MasterKey(master_key))
         await ring.load(redis)
@@ -205,8 +241,12 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     keys = Keys(sealed.prefix)
     client = client_for(sealed, redis)
     await client.record(episode("dim", user_id="dl-user", solution="DL-SECRET", vector=[0.1] * 3))
-    bad = EpisodeCompleted(namespace="ns", episode_id="late", occurred_at=time.time(),
-                           episode=parse_episode(episode("late", user_id="dl-user", solution="DL-SECRET")))
+    bad = EpisodeCompleted(
+        namespace="ns",
+        episode_id="late",
+        occurred_at=time.time(),
+        episode=parse_episode(episode("late", user_id="dl-user", solution="DL-SECRET")),
+    )
     worker = make_worker(sealed, redis)
     ring = worker.keyring
     await ring.load(redis)
@@ -229,7 +269,10 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     from services.consolidator import erasure
 
     report = await erasure.run(redis, keys, worker.keyring)
-    assert report["forget_events_dropped"] == 1 and report["dead_letters_compaction"]["compacted"] in (True, False)
+    assert report["forget_events_dropped"] == 1 and report["dead_letters_compaction"]["compacted"] in (
+        True,
+        False,
+    )
     assert await redis.xrange(keys.stream) == []
 
 
@@ -293,7 +336,9 @@ async def test_rotate_master_key_rewraps_every_key_and_keeps_the_data_readable(s
     ring = KeyRing(keys, MasterKey(sealed.master_key))
     counts = await ring.rotate(redis, MasterKey(new_key))
     assert counts["rewrapped"] == 1 + 3  # the deployment secret and three data keys
-    assert (await KeyRing(keys, MasterKey(sealed.master_key)).rotate(redis, MasterKey(new_key)))["already"] == 4
+    assert (await KeyRing(keys, MasterKey(sealed.master_key)).rotate(redis, MasterKey(new_key)))[
+        "already"
+    ] == 4
     with pytest.raises(MasterKeyMismatch):  # the old key opens nothing any more
         await make_worker(sealed, redis).setup()
     rotated = sealed.with_(master_key=new_key)
@@ -324,7 +369,9 @@ async def test_erasure_housekeeping_runs_after_forgets_at_most_once_per_interval
     assert await erasure.housekeep(redis, keys, interval=0.001, lease_ms=2000) is not None
 
 
-async def test_replay_with_a_master_key_reseals_the_snapshot_written_before_encryption(settings, sealed, redis):
+async def test_replay_with_a_master_key_reseals_the_snapshot_written_before_encryption(
+    settings, sealed, redis
+):
     """The migration: a deployment that ran without a master key replays with one; the new generation's
     event hashes hold sealed bytes only (under each user's key, actions under their episode's user) and
     the documents are unchanged."""
@@ -358,12 +405,21 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
     from services.consolidator import erasure
     from shared.settings import Settings
 
-    server = EmbeddedRedis(port=free_port(), data_dir=tmp_path / "redis", extra_args=["--rdbcompression", "no"])
+    server = EmbeddedRedis(
+        port=free_port(), data_dir=tmp_path / "redis", extra_args=["--rdbcompression", "no"]
+    )
     server.start()
     redis = connect(server.url)
     try:
-        settings = Settings(redis_url=server.url, prefix="cmp:", embedder="hashing", embed_dim=64,
-                            vector_algorithm="FLAT", block_ms=50, lease_ms=60_000)
+        settings = Settings(
+            redis_url=server.url,
+            prefix="cmp:",
+            embedder="hashing",
+            embed_dim=64,
+            vector_algorithm="FLAT",
+            block_ms=50,
+            lease_ms=60_000,
+        )
         keys = Keys(settings.prefix)
         client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
         secret = f"PLAIN-{uuid.uuid4().hex[:8]}".encode()
@@ -377,8 +433,13 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         for i in range(5):  # delivered to a consumer that has not acked them yet
             await client.record(episode(f"p{i}", user_id="keep"))
         await redis.xreadgroup(settings.consumer_group, "slow", {keys.stream: ">"}, count=3)
-        await redis.xclaim(keys.stream, settings.consumer_group, "slow", 0,
-                           [sid for sid, _ in await redis.xrange(keys.stream, count=1000)][-5:-3])  # 2nd delivery
+        await redis.xclaim(
+            keys.stream,
+            settings.consumer_group,
+            "slow",
+            0,
+            [sid for sid, _ in await redis.xrange(keys.stream, count=1000)][-5:-3],
+        )  # 2nd delivery
         await redis.save()
         assert secret in (tmp_path / "redis" / "dump.rdb").read_bytes()  # XDEL left the bytes
         stream_before = await redis.xrange(keys.stream)
@@ -390,8 +451,9 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         assert await redis.ttl(keys.stream) == -1 and not await redis.exists(keys.stream_compaction)
         assert await redis.xrange(keys.stream) == stream_before
         pending_after = await redis.xpending_range(keys.stream, settings.consumer_group, "-", "+", 100)
-        assert [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_after] == \
-            [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_before]
+        assert [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_after] == [
+            (p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_before
+        ]
         group_after = (await redis.xinfo_groups(keys.stream))[0]
         for field in ("last-delivered-id", "pending"):
             assert group_after[field] == group_before[field], field
@@ -409,7 +471,9 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         assert new_id > info_before["last-generated-id"]
         worker.settings = worker.settings.with_(lease_ms=10)  # take over "slow"'s pending entries too
         await drain(worker)
-        assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 300 + 5 + 1
+        assert (
+            await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 300 + 5 + 1
+        )
         assert (await group.info())["pending"] == 0
     finally:
         await redis.aclose()
@@ -431,6 +495,7 @@ async def test_a_running_worker_runs_the_erasure_pass_after_a_forget(sealed, red
         async def erased() -> bool:
             pending, done = await redis.hmget(keys.meta, [erasure.PENDING_FIELD, erasure.DONE_FIELD])
             return pending is None and done is not None
+
         await wait_until(erased, timeout=30, message="the erasure pass after the forget")
         assert await docs(redis, keys, "ns", status=None) == {}
     finally:
@@ -492,9 +557,11 @@ def test_settings_read_the_master_key_once_and_never_show_it(tmp_path):
     settings = Settings.from_env({"ENGRAM_MASTER_KEY": base64.b64encode(key).decode()})
     assert settings.master_key == key and base64.b64encode(key).decode() not in repr(settings)
     assert Settings.from_env({}).master_key is None
-    for env, message in (({"ENGRAM_MASTER_KEY": "x" * 7}, "ENGRAM_MASTER_KEY is not base64"),
-                         ({"ENGRAM_MASTER_KEY_FILE": str(tmp_path / "none")}, "ENGRAM_MASTER_KEY_FILE="),
-                         ({"ENGRAM_MASTER_KEY": "a", "ENGRAM_MASTER_KEY_FILE": "b"}, "both set")):
+    for env, message in (
+        ({"ENGRAM_MASTER_KEY": "x" * 7}, "ENGRAM_MASTER_KEY is not base64"),
+        ({"ENGRAM_MASTER_KEY_FILE": str(tmp_path / "none")}, "ENGRAM_MASTER_KEY_FILE="),
+        ({"ENGRAM_MASTER_KEY": "a", "ENGRAM_MASTER_KEY_FILE": "b"}, "both set"),
+    ):
         with pytest.raises(ConfigError, match=message):
             Settings.from_env(env)
     assert Settings.from_env({"ENGRAM_ERASURE_INTERVAL": "off"}).erasure_interval is None
@@ -515,18 +582,35 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
     from tests.integration.test_run_stack import ROOT, _ready
 
     port, redis_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "ENGRAM_MASTER_KEY", "ENGRAM_MASTER_KEY_FILE")}
-    env.update(ENGRAM_PORT=str(port), ENGRAM_REDIS_PORT=str(redis_port), ENGRAM_DATA_DIR=str(tmp_path),
-               ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING")
-    proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "ENGRAM_MASTER_KEY", "ENGRAM_MASTER_KEY_FILE")
+    }
+    env.update(
+        ENGRAM_PORT=str(port),
+        ENGRAM_REDIS_PORT=str(redis_port),
+        ENGRAM_DATA_DIR=str(tmp_path),
+        ENGRAM_EMBEDDER="hashing",
+        ENGRAM_LOG_LEVEL="WARNING",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.run"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     redis = connect(f"redis://127.0.0.1:{redis_port}/0")
     try:
+
         async def up() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}")
+                raise AssertionError(
+                    f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}"
+                )
             return await _ready(url)
 
         await wait_until(up, timeout=90, message="query service ready")
@@ -561,7 +645,9 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
     assert proc.returncode == 0
 
 
-async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_in_the_stream(settings, sealed, redis):
+async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_in_the_stream(
+    settings, sealed, redis
+):
     """The stream half of the migration: a compaction with the key ring seals every plaintext episode
     event it copies (same ids, same events), so after `erase-now` the stream holds no plaintext; a
     replay then rebuilds the same documents from it."""
@@ -582,12 +668,16 @@ async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_i
     assert report["compaction"]["resealed"] == 4 and report["aof_rewritten"] is True
     assert [sid for sid, _ in await redis.xrange(keys.stream)] == ids
     assert b"STREAM-MIGRATE" not in await stream_bytes(redis, keys)
-    await redis.delete(*[k async for k in redis.scan_iter(match=f"{settings.prefix}g1:evs:*")])  # only the stream
+    await redis.delete(
+        *[k async for k in redis.scan_iter(match=f"{settings.prefix}g1:evs:*")]
+    )  # only the stream
     await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
     assert {k: v[b"doc"] for k, v in (await docs(redis, keys, "ns")).items()} == before
 
 
-async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an_encrypted_deployment(sealed, redis):
+async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an_encrypted_deployment(
+    sealed, redis
+):
     """Plaintext entries in an encrypted log would escape shredding: the publish script refuses them in
     the same atomic step as the XADD, so nothing is written, and the error says what to configure."""
     keys = Keys(sealed.prefix)

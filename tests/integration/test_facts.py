@@ -28,21 +28,52 @@ FAMILIES = {
     "ui": "fix the flaky {} button test in the react login page",
     "doc": "write markdown api documentation for the {} endpoint of the billing service",
 }
-WORDS = ["orders", "users", "invoices", "payments", "carts", "items", "refunds", "coupons", "plans", "taxes",
-         "alpha", "beta", "gamma", "delta"]
+WORDS = [
+    "orders",
+    "users",
+    "invoices",
+    "payments",
+    "carts",
+    "items",
+    "refunds",
+    "coupons",
+    "plans",
+    "taxes",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+]
 
 
-def ep(family: str, i: int, *, outcome: str = "success", strategy: str = "iterative", at: float | None = None,
-       user: str = "user-b", agent: str = "coder", error: str | None = None, importance: float | None = None,
-       reward: float | None = None, category: str = "debugging") -> dict:
+def ep(
+    family: str,
+    i: int,
+    *,
+    outcome: str = "success",
+    strategy: str = "iterative",
+    at: float | None = None,
+    user: str = "user-b",
+    agent: str = "coder",
+    error: str | None = None,
+    importance: float | None = None,
+    reward: float | None = None,
+    category: str = "debugging",
+) -> dict:
     actions = [{"action_type": "run_tests", "success": outcome == "success"}]
     if error:
         actions.append({"action_type": "apply", "success": False, "error": error})
-    data = {"episode_id": f"{family}-{i}", "task": {"description": FAMILIES[family].format(WORDS[i % len(WORDS)]),
-                                                    "category": category},
-            "outcome": outcome, "strategy_used": strategy, "completed_at": at if at is not None else T0 + i * HOUR,
-            "user_id": user, "agent_id": agent, "actions": actions,
-            "feedback": {"reward": reward if reward is not None else (1.0 if outcome == "success" else 0.0)}}
+    data = {
+        "episode_id": f"{family}-{i}",
+        "task": {"description": FAMILIES[family].format(WORDS[i % len(WORDS)]), "category": category},
+        "outcome": outcome,
+        "strategy_used": strategy,
+        "completed_at": at if at is not None else T0 + i * HOUR,
+        "user_id": user,
+        "agent_id": agent,
+        "actions": actions,
+        "feedback": {"reward": reward if reward is not None else (1.0 if outcome == "success" else 0.0)},
+    }
     if importance is not None:
         data["importance"] = importance
     return data
@@ -61,8 +92,12 @@ async def publish(settings, redis, episodes, namespace="ns"):
 
 async def facts(redis, settings, namespace="ns", **kw):
     keys = Keys(settings.prefix)
-    hits = await search_facts(redis, await live_facts_index(redis, keys), FactQuery(tags=BLAKE2B, namespace=namespace, **kw),
-                              top_k=100)
+    hits = await search_facts(
+        redis,
+        await live_facts_index(redis, keys),
+        FactQuery(tags=BLAKE2B, namespace=namespace, **kw),
+        top_k=100,
+    )
     return sorted((h.fact for h in hits), key=lambda f: f.first_at)
 
 
@@ -70,14 +105,37 @@ def planted():
     """mig: 8 of 10 succeed with iterative (2 lock timeouts); ui: 2 of 6 (tdd); doc: 0 of 5 (big-bang)."""
     out = []
     for i in range(10):
-        out.append(ep("mig", i, outcome="success" if i not in (3, 7) else "failure",
-                      error=None if i not in (3, 7) else "lock timeout", at=T0 + i * HOUR))
+        out.append(
+            ep(
+                "mig",
+                i,
+                outcome="success" if i not in (3, 7) else "failure",
+                error=None if i not in (3, 7) else "lock timeout",
+                at=T0 + i * HOUR,
+            )
+        )
     for i in range(6):
-        out.append(ep("ui", i, outcome="success" if i < 2 else "failure", strategy="tdd",
-                      error=None if i < 2 else "element not found", at=T0 + 100 * HOUR + i * HOUR))
+        out.append(
+            ep(
+                "ui",
+                i,
+                outcome="success" if i < 2 else "failure",
+                strategy="tdd",
+                error=None if i < 2 else "element not found",
+                at=T0 + 100 * HOUR + i * HOUR,
+            )
+        )
     for i in range(5):
-        out.append(ep("doc", i, outcome="failure", strategy="big-bang", at=T0 + 200 * HOUR + i * HOUR,
-                      error="missing openapi spec"))
+        out.append(
+            ep(
+                "doc",
+                i,
+                outcome="failure",
+                strategy="big-bang",
+                at=T0 + 200 * HOUR + i * HOUR,
+                error="missing openapi spec",
+            )
+        )
     return out
 
 
@@ -102,7 +160,12 @@ async def test_planted_families_yield_one_fact_each(seeded, redis):
         assert {e.split("-")[0] for e in fact.evidence} == {family}
     assert mig.evidence == tuple(sorted(f"mig-{i}" for i in range(10)))
     assert (mig.successes, mig.success_rate, mig.avg_reward) == (8, 0.8, 0.8)
-    assert mig.top_strategies[0] == {"strategy": "iterative", "episodes": 10, "successes": 8, "success_rate": 0.8}
+    assert mig.top_strategies[0] == {
+        "strategy": "iterative",
+        "episodes": 10,
+        "successes": 8,
+        "success_rate": 0.8,
+    }
     assert mig.common_failures == ({"message": "lock timeout", "count": 2},)
     assert mig.kind == "strategy"
     assert (mig.first_at, mig.last_at) == (T0, T0 + 9 * HOUR)
@@ -354,6 +417,7 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
         async def consolidate(sc, **kw):
             calls[name].append(time.monotonic())
             return await real(sc, **kw)
+
         cons.consolidate = consolidate
         return cons
 
@@ -385,8 +449,9 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
 
     # one lane: with four, two batches could count before one of them checks, merging two triggers
     # (7 instead of 8 under load)
-    s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60, batch_size=1,
-                       in_flight=1)
+    s = settings.with_(
+        facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60, batch_size=1, in_flight=1
+    )
     cons = Consolidator(s, redis, s.embed_dim, background=True)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await worker.setup()

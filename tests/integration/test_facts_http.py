@@ -27,8 +27,10 @@ async def test_consolidate_then_search_and_get(api, settings, redis):
     assert resp.status == 200, await resp.text()
     body = await resp.json()
     assert [r["status"] for r in body["results"]] == ["published", "published"]  # namespace + coder/debugging
-    resp = await api.post("/v1/facts/search", json={"query": "migrate the refunds table schema with alembic",
-                                                    "level": "namespace", "top_k": 1})
+    resp = await api.post(
+        "/v1/facts/search",
+        json={"query": "migrate the refunds table schema with alembic", "level": "namespace", "top_k": 1},
+    )
     assert resp.status == 200, await resp.text()
     (top,) = (await resp.json())["results"]
     assert top["support"] == 10 and top["success_rate"] == 0.8 and "centroid" not in top
@@ -37,11 +39,15 @@ async def test_consolidate_then_search_and_get(api, settings, redis):
     assert [e["episode_id"] for e in detail["evidence"]] == [f"mig-{i}" for i in range(10)]
     assert detail["history"] == []
     # filters: kind, user, time window; a second run changes nothing
-    kinds = await (await api.post("/v1/facts/search", json={"kind": "failure_pattern", "level": "namespace"})).json()
+    kinds = await (
+        await api.post("/v1/facts/search", json={"kind": "failure_pattern", "level": "namespace"})
+    ).json()
     assert [f["support"] for f in kinds["results"]] == [5]
     none = await (await api.post("/v1/facts/search", json={"user_id": "nobody"})).json()
     assert none["results"] == []
-    window = await (await api.post("/v1/facts/search", json={"until": T0 + 50 * 3600, "level": "namespace"})).json()
+    window = await (
+        await api.post("/v1/facts/search", json={"until": T0 + 50 * 3600, "level": "namespace"})
+    ).json()
     assert [f["support"] for f in window["results"]] == [10]
     again = await (await api.post("/v1/consolidate", json={"all_scopes": False})).json()
     assert [r["status"] for r in again["results"]] == ["unchanged"]
@@ -63,8 +69,9 @@ async def test_superseded_history_over_http(api, settings, redis):
 async def test_context_includes_top_facts(api, settings, redis):
     await seed(settings, redis)
     await api.post("/v1/consolidate", json={})
-    resp = await api.post("/v1/context", json={"task": "migrate the refunds table schema in postgres",
-                                               "top_k": 2})
+    resp = await api.post(
+        "/v1/context", json={"task": "migrate the refunds table schema in postgres", "top_k": 2}
+    )
     assert resp.status == 200, await resp.text()
     body = await resp.json()
     assert len(body["results"]) == 2 and 1 <= len(body["facts"]) <= 5
@@ -75,9 +82,13 @@ async def test_context_includes_top_facts(api, settings, redis):
 
 
 async def test_validation_and_not_found(api):
-    for body, field in (({"top_k": 0}, "top_k"), ({"kind": "nonsense"}, "kind"), ({"query": "  "}, "query"),
-                        ({"since": "2025-07-02T00:00:00Z", "until": "2025-07-01T00:00:00Z"}, "since"),
-                        ({"bogus": 1}, "bogus")):
+    for body, field in (
+        ({"top_k": 0}, "top_k"),
+        ({"kind": "nonsense"}, "kind"),
+        ({"query": "  "}, "query"),
+        ({"since": "2025-07-02T00:00:00Z", "until": "2025-07-01T00:00:00Z"}, "since"),
+        ({"bogus": 1}, "bogus"),
+    ):
         resp = await api.post("/v1/facts/search", json=body)
         assert resp.status == 422, body
         assert field in {e["field"] for e in (await resp.json())["errors"]}

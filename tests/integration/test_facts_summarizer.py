@@ -68,13 +68,16 @@ async def test_summary_replaces_text_bounded_and_only_when_changed(settings, red
     assert fact.base_text.startswith("What works:") and fact.summary == "llm"
 
 
-async def test_a_failing_summariser_is_counted_reported_and_retried_when_it_recovers(settings, redis,
-                                                                                     aiohttp_server):
+async def test_a_failing_summariser_is_counted_reported_and_retried_when_it_recovers(
+    settings, redis, aiohttp_server
+):
     s = await seeded(settings, redis)
     chat = ChatServer("Iterative migrations work: 4 of 4 succeeded.", mode="500")
     server = await aiohttp_server(chat.app, host="127.0.0.1")
     registry = CollectorRegistry()
-    summarizer = Summarizer(str(server.make_url("/v1")), model="m", failures_metric=summarizer_failures(registry))
+    summarizer = Summarizer(
+        str(server.make_url("/v1")), model="m", failures_metric=summarizer_failures(registry)
+    )
     cons = Consolidator(s, redis, s.embed_dim, summarizer=summarizer)
     scope = FactScope("ns")
     try:
@@ -98,7 +101,9 @@ async def test_a_failing_summariser_is_counted_reported_and_retried_when_it_reco
         assert (healed.status, healed.summarizer_failures) == ("published", 0)
         (fact2,) = await facts(redis, s)
         assert fact2.fact_id == fact.fact_id and fact2.summary == "llm" and fact2.version == 2
-        assert fact2.text == "Iterative migrations work: 4 of 4 succeeded." and fact2.base_text == fact.base_text
+        assert (
+            fact2.text == "Iterative migrations work: 4 of 4 succeeded." and fact2.base_text == fact.base_text
+        )
         # and then it is left alone
         calls = len(chat.calls)
         assert (await cons.consolidate(scope)).status == "unchanged" and len(chat.calls) == calls == 5
@@ -107,13 +112,18 @@ async def test_a_failing_summariser_is_counted_reported_and_retried_when_it_reco
     assert cons.summarizer_failures == 4 and summarizer.failures == 4
 
 
-async def test_consolidate_over_http_reports_summariser_failures(make_client, settings, redis,  # noqa: F811
-                                                                 aiohttp_server):
+async def test_consolidate_over_http_reports_summariser_failures(
+    make_client,  # noqa: F811
+    settings,
+    redis,
+    aiohttp_server,
+):
     await seeded(settings, redis, namespace="default")
     chat = ChatServer("Use iterative migrations.", mode="500")
     server = await aiohttp_server(chat.app, host="127.0.0.1")
-    api = await make_client(summarizer_url=str(server.make_url("/v1")), facts_every=10_000,
-                            facts_importance_threshold=1e9)
+    api = await make_client(
+        summarizer_url=str(server.make_url("/v1")), facts_every=10_000, facts_importance_threshold=1e9
+    )
     body = await (await api.post("/v1/consolidate", json={"all_scopes": False})).json()
     assert body["summarizer_failures"] == 1
     assert [(r["status"], r["summarizer_failures"]) for r in body["results"]] == [("published", 1)]
@@ -130,5 +140,7 @@ async def test_consolidate_over_http_reports_summariser_failures(make_client, se
 
 def test_disabled_unless_configured(settings):
     assert Summarizer.from_settings(settings) is None
-    assert Summarizer.from_settings(settings.with_(summarizer_url="http://127.0.0.1:1/v1")).url \
+    assert (
+        Summarizer.from_settings(settings.with_(summarizer_url="http://127.0.0.1:1/v1")).url
         == "http://127.0.0.1:1/v1/chat/completions"
+    )

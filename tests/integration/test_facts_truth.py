@@ -42,8 +42,16 @@ async def test_concurrent_publishes_with_consolidation_meanwhile_give_the_single
     and consolidates every few episodes. It left 30 episodes in no fact at all; now the facts are
     those one run over the same 50 gives: the 30 successes, superseded by the 20 failures."""
     s = settings.with_(facts_every=4, facts_importance_threshold=1e9, facts_min_interval=0.02, batch_size=3)
-    episodes = [ep("mig", i, outcome="success" if i < 30 else "failure", at=T0 + i * MINUTE,
-                   error=None if i < 30 else "lock timeout") for i in range(50)]
+    episodes = [
+        ep(
+            "mig",
+            i,
+            outcome="success" if i < 30 else "failure",
+            at=T0 + i * MINUTE,
+            error=None if i < 30 else "lock timeout",
+        )
+        for i in range(50)
+    ]
     cons = Consolidator(s, redis, s.embed_dim, background=True)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await worker.setup()
@@ -80,26 +88,40 @@ def week_episodes(week1: int = 5) -> list[dict]:
     out = [ep("mig", i, strategy="X", at=T0 + i * MINUTE) for i in range(week1)]
     for j in range(10):
         x = j % 2 == 0
-        out.append(ep("mig", 100 + j, strategy="X" if x else "Y", outcome="failure" if x else "success",
-                      error="X: connection refused" if x else None, at=T0 + 7 * 86400 + j * MINUTE))
+        out.append(
+            ep(
+                "mig",
+                100 + j,
+                strategy="X" if x else "Y",
+                outcome="failure" if x else "success",
+                error="X: connection refused" if x else None,
+                at=T0 + 7 * 86400 + j * MINUTE,
+            )
+        )
     return out
 
 
-async def test_a_strategy_that_stopped_working_is_superseded_and_not_recommended(make_client, settings,  # noqa: F811
-                                                                                 redis):
+async def test_a_strategy_that_stopped_working_is_superseded_and_not_recommended(
+    make_client,  # noqa: F811
+    settings,
+    redis,
+):
     s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
     api = await make_client(facts_every=10_000, facts_importance_threshold=1e9)
     await publish(s, redis, week_episodes(), namespace="default")
     await drain(make_worker(s, redis))
     body = await (await api.post("/v1/consolidate", json={"all_scopes": False})).json()
     assert body["results"][0]["status"] == "published"
-    (current,) = (await (await api.post("/v1/facts/search", json={"query": "migrate the orders table"})).json()
-                  )["results"]
+    (current,) = (
+        await (await api.post("/v1/facts/search", json={"query": "migrate the orders table"})).json()
+    )["results"]
     assert sorted(current["evidence"]) == sorted(f"mig-{100 + j}" for j in range(10))
     assert "Strategies: Y succeeded 5 of 5; X succeeded 0 of 5." in current["text"]
     both = (await (await api.post("/v1/facts/search", json={"include_superseded": True})).json())["results"]
     (old,) = [f for f in both if f["status"] == "superseded"]
-    assert old["superseded_by"] == current["fact_id"] and sorted(old["evidence"]) == [f"mig-{i}" for i in range(5)]
+    assert old["superseded_by"] == current["fact_id"] and sorted(old["evidence"]) == [
+        f"mig-{i}" for i in range(5)
+    ]
     task = FAMILIES["mig"].format("orders")
     tip = await (await api.post("/v1/suggest", json={"task": task, "k": 30})).json()
     assert tip["successful_strategies"] == [{"strategy": "Y", "count": 5}]
@@ -108,15 +130,20 @@ async def test_a_strategy_that_stopped_working_is_superseded_and_not_recommended
     assert (choice["strategy"], choice["rule"]) == ("Y", "reuse")
 
 
-async def test_strategy_follows_the_newest_regime_even_after_a_long_good_run(make_client, settings,  # noqa: F811
-                                                                           redis):
+async def test_strategy_follows_the_newest_regime_even_after_a_long_good_run(
+    make_client,  # noqa: F811
+    settings,
+    redis,
+):
     """Ten old successes of X outnumber Y's five recent ones (X: 10 of 15 = 67% > 60%): counted together
     X was recommended; X's newest regime is 0 of 5."""
     s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
     api = await make_client()
     await publish(s, redis, week_episodes(week1=10), namespace="default")
     await drain(make_worker(s, redis))
-    choice = await (await api.post("/v1/strategy", json={"task": FAMILIES["mig"].format("orders"), "k": 30})).json()
+    choice = await (
+        await api.post("/v1/strategy", json={"task": FAMILIES["mig"].format("orders"), "k": 30})
+    ).json()
     assert (choice["strategy"], choice["rule"]) == ("Y", "reuse")
     (changed,) = choice["evidence"]["changed"]
     assert (changed["strategy"], changed["earlier_successes"], changed["successes"]) == ("X", 10, 0)
@@ -129,13 +156,23 @@ def test_property_any_schedule_of_publishes_and_runs_gives_the_single_run_facts(
     episode = st.tuples(st.sampled_from(["mig", "ui"]), st.integers(0, 40), st.sampled_from(["X", "Y"]))
 
     @hsettings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(st.lists(episode, min_size=6, max_size=24), st.randoms(use_true_random=False),
-           st.lists(st.booleans(), min_size=24, max_size=24))
+    @given(
+        st.lists(episode, min_size=6, max_size=24),
+        st.randoms(use_true_random=False),
+        st.lists(st.booleans(), min_size=24, max_size=24),
+    )
     def check(eps, rng, runs):
         flip = {"mig": 20, "ui": 30}  # X stops working at t=20 (mig) / t=30 (ui); Y always works
-        episodes = [ep(fam, i, strategy=strat, at=T0 + t * MINUTE,
-                       outcome="success" if strat == "Y" or t < flip[fam] else "failure")
-                    for i, (fam, t, strat) in enumerate(eps)]
+        episodes = [
+            ep(
+                fam,
+                i,
+                strategy=strat,
+                at=T0 + t * MINUTE,
+                outcome="success" if strat == "Y" or t < flip[fam] else "failure",
+            )
+            for i, (fam, t, strat) in enumerate(eps)
+        ]
         order = list(range(len(episodes)))
         rng.shuffle(order)
         asyncio.run(_schedule(settings, [episodes[i] for i in order], runs))
@@ -157,7 +194,7 @@ async def _schedule(settings, episodes, runs) -> None:
         client = EngramClient(redis, namespace=live, prefix=s.prefix)
         chunk = 1 + len(episodes) // 4
         for k in range(0, len(episodes), chunk):
-            await asyncio.gather(*(client.record(e) for e in episodes[k:k + chunk]))
+            await asyncio.gather(*(client.record(e) for e in episodes[k : k + chunk]))
             await drain(worker)
             if runs[k // chunk]:
                 await cons.consolidate(FactScope(live))
@@ -183,22 +220,43 @@ async def _drop_prefix(url: str, prefix: str) -> None:
 
 TOPICS = {
     # five unrelated topics, four episodes each: the task varies in a word, the notes by outcome
-    "migration": ("migrate the {} table schema in the postgres database with an alembic migration",
-                  ["orders", "users", "invoices", "payments"],
-                  ["added the column as nullable, backfilled it, then set not null",
-                   "the migration timed out waiting for a table lock"]),
-    "flaky": ("fix the flaky {} button test in the react login page", ["submit", "reset", "cancel", "signup"],
-              ["waited for the network request instead of sleeping; 100 runs green",
-               "still flaky: element not found after 4 seconds"]),
-    "docs": ("write markdown api documentation for the {} endpoint of the billing service",
-             ["invoices", "refunds", "plans", "taxes"],
-             ["documented every field with an example request and response",
-              "reviewers rejected it: the examples use the v1 endpoints"]),
-    "flight": ("book a flight from berlin to {} for the conference next month", ["lisbon", "madrid", "vienna", "oslo"],
-               ["booked the cheapest direct flight and sent the e-ticket", "the card was declined at payment"]),
-    "refund": ("answer the customer asking for a refund of the damaged {}", ["blender", "kettle", "toaster", "lamp"],
-               ["apologised and issued a full refund with a return label",
-                "the order is too old for a refund by the payment provider"]),
+    "migration": (
+        "migrate the {} table schema in the postgres database with an alembic migration",
+        ["orders", "users", "invoices", "payments"],
+        [
+            "added the column as nullable, backfilled it, then set not null",
+            "the migration timed out waiting for a table lock",
+        ],
+    ),
+    "flaky": (
+        "fix the flaky {} button test in the react login page",
+        ["submit", "reset", "cancel", "signup"],
+        [
+            "waited for the network request instead of sleeping; 100 runs green",
+            "still flaky: element not found after 4 seconds",
+        ],
+    ),
+    "docs": (
+        "write markdown api documentation for the {} endpoint of the billing service",
+        ["invoices", "refunds", "plans", "taxes"],
+        [
+            "documented every field with an example request and response",
+            "reviewers rejected it: the examples use the v1 endpoints",
+        ],
+    ),
+    "flight": (
+        "book a flight from berlin to {} for the conference next month",
+        ["lisbon", "madrid", "vienna", "oslo"],
+        ["booked the cheapest direct flight and sent the e-ticket", "the card was declined at payment"],
+    ),
+    "refund": (
+        "answer the customer asking for a refund of the damaged {}",
+        ["blender", "kettle", "toaster", "lamp"],
+        [
+            "apologised and issued a full refund with a return label",
+            "the order is too old for a refund by the payment provider",
+        ],
+    ),
 }
 
 
@@ -212,10 +270,16 @@ async def test_distinct_topics_give_one_fact_each_at_the_default_distance(settin
     for topic, (template, words, notes) in TOPICS.items():
         for k, word in enumerate(words):
             ok = k % 2 == 0
-            batch.append({"episode_id": f"{topic}-{k}", "agent_id": "coder", "completed_at": T0 + k * MINUTE,
-                          "task": {"description": template.format(word), "category": "misc"},
-                          "outcome": "success" if ok else "failure",
-                          "solution" if ok else "outcome_details": notes[k % 2]})
+            batch.append(
+                {
+                    "episode_id": f"{topic}-{k}",
+                    "agent_id": "coder",
+                    "completed_at": T0 + k * MINUTE,
+                    "task": {"description": template.format(word), "category": "misc"},
+                    "outcome": "success" if ok else "failure",
+                    "solution" if ok else "outcome_details": notes[k % 2],
+                }
+            )
     for namespace in ("fixed", "calibrated"):
         await publish(s, redis, batch, namespace=namespace)
     await drain(make_worker(s, redis))
@@ -226,5 +290,6 @@ async def test_distinct_topics_give_one_fact_each_at_the_default_distance(settin
 
     def topics(found):
         return sorted(tuple(sorted({e.split("-")[0] for e in f.evidence})) for f in found)
+
     assert topics(await facts(redis, s, namespace="calibrated")) == [(t,) for t in sorted(TOPICS)]
     assert ("flaky",) not in topics(await facts(redis, s, namespace="fixed"))

@@ -26,9 +26,31 @@ from shared.keys import Keys
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 
-C12_IDS = ["f2c59d63-a7a7-b5e6-8000-000000000000", "jira-summary", "a.b@c.d", "ns:with:colons",
-           "path/with\\slash", "main", "_", "x|y", "{curly}", "$dollar", "日本語", "emoji-🙂",
-           "@namespace:{x}", "a b", "-neg", "(paren)", "=>x", "*", "x*", "a,b", "User-A", "user-a", "ma"]
+C12_IDS = [
+    "f2c59d63-a7a7-b5e6-8000-000000000000",
+    "jira-summary",
+    "a.b@c.d",
+    "ns:with:colons",
+    "path/with\\slash",
+    "main",
+    "_",
+    "x|y",
+    "{curly}",
+    "$dollar",
+    "日本語",
+    "emoji-🙂",
+    "@namespace:{x}",
+    "a b",
+    "-neg",
+    "(paren)",
+    "=>x",
+    "*",
+    "x*",
+    "a,b",
+    "User-A",
+    "user-a",
+    "ma",
+]
 
 DIM = 8
 
@@ -47,23 +69,34 @@ async def make_index(redis, prefix):
 
 
 async def put(redis, keys, ns, ep, vec):
-    await redis.hset(keys.episode_doc(1, ns, ep.episode_id),
-                     mapping=episode_fields(ns, ep, status=STATUS_COMPLETED, vector=vec, tags=BLAKE2B))
+    await redis.hset(
+        keys.episode_doc(1, ns, ep.episode_id),
+        mapping=episode_fields(ns, ep, status=STATUS_COMPLETED, vector=vec, tags=BLAKE2B),
+    )
 
 
 async def test_c12_ids_with_query_syntax_match_exactly(redis, prefix):
     keys = await make_index(redis, prefix)
     for i, value in enumerate(C12_IDS):
-        ep = Episode(episode_id=value, agent_id=value, user_id=value, session_id=value,
-                     task=Task(description=f"task {i}", category=value), strategy_used=value,
-                     outcome="success", completed_at=1000.0 + i)
+        ep = Episode(
+            episode_id=value,
+            agent_id=value,
+            user_id=value,
+            session_id=value,
+            task=Task(description=f"task {i}", category=value),
+            strategy_used=value,
+            outcome="success",
+            completed_at=1000.0 + i,
+        )
         await put(redis, keys, value, ep, unit(i))
     for value in C12_IDS:
         for name in ("agent_id", "user_id", "session_id"):
             scope = Scope(tags=BLAKE2B, namespace=value, **{name: value})
             total, hits = await filter_search(redis, keys.episode_index_alias, scope, return_fields=("doc",))
             assert total == 1 and hit_id(hits[0]) == value, (name, value)
-        scope = Scope(tags=BLAKE2B, namespace=value, category=(value,), strategy=(value,), episode_id=(value,))
+        scope = Scope(
+            tags=BLAKE2B, namespace=value, category=(value,), strategy=(value,), episode_id=(value,)
+        )
         hits = await knn_search(redis, keys.episode_index_alias, scope, unit(0), 5, return_fields=("doc",))
         assert [hit_id(h) for h in hits] == [value]
 
@@ -80,13 +113,26 @@ async def test_escape_property_never_breaks_or_widens(redis, prefix, value):
 
 async def test_scope_filters_and_bm25(redis, prefix):
     keys = await make_index(redis, prefix)
-    rows = [("e1", "fix failing database migration", "success", 0.9, "a1"),
-            ("e2", "write release notes", "failure", 0.1, "a1"),
-            ("e3", "database index tuning", "partial", 0.5, "a2")]
+    rows = [
+        ("e1", "fix failing database migration", "success", 0.9, "a1"),
+        ("e2", "write release notes", "failure", 0.1, "a1"),
+        ("e3", "database index tuning", "partial", 0.5, "a2"),
+    ]
     for i, (eid, text, outcome, reward, agent) in enumerate(rows):
-        await put(redis, keys, "ns", Episode(episode_id=eid, agent_id=agent, task=Task(description=text),
-                                             outcome=outcome, feedback=Feedback(reward=reward),
-                                             completed_at=100.0 * (i + 1)), unit(i))
+        await put(
+            redis,
+            keys,
+            "ns",
+            Episode(
+                episode_id=eid,
+                agent_id=agent,
+                task=Task(description=text),
+                outcome=outcome,
+                feedback=Feedback(reward=reward),
+                completed_at=100.0 * (i + 1),
+            ),
+            unit(i),
+        )
     alias = keys.episode_index_alias
 
     async def ids(scope):
@@ -98,15 +144,22 @@ async def test_scope_filters_and_bm25(redis, prefix):
     assert await ids(Scope(tags=BLAKE2B, namespace="ns", since=100.0, until=200.0)) == ["e2", "e1"]
     assert await ids(Scope(tags=BLAKE2B, namespace="ns", agent_id="a1")) == ["e2", "e1"]
     assert await ids(Scope(tags=BLAKE2B, namespace="other")) == []
-    hits = await bm25_search(redis, alias, Scope(tags=BLAKE2B, namespace="ns"), "database migration?", 10, return_fields=("doc",))
+    hits = await bm25_search(
+        redis, alias, Scope(tags=BLAKE2B, namespace="ns"), "database migration?", 10, return_fields=("doc",)
+    )
     assert [hit_id(h) for h in hits][0] == "e1" and len(hits) == 2
-    assert await bm25_search(redis, alias, Scope(tags=BLAKE2B, namespace="ns"), "  ?? ", 10, return_fields=()) == []
+    assert (
+        await bm25_search(redis, alias, Scope(tags=BLAKE2B, namespace="ns"), "  ?? ", 10, return_fields=())
+        == []
+    )
 
 
 async def test_other_embedder_conflicts(redis, prefix):
     keys = await make_index(redis, prefix)
     with pytest.raises(Conflict, match="services.consolidator reindex"):
-        await ensure_episode_index(redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "other", tag_key=None)
+        await ensure_episode_index(
+            redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "other", tag_key=None
+        )
 
 
 def test_escape_tag_examples():
@@ -118,18 +171,49 @@ def test_escape_tag_examples():
 async def test_bm25_ranks_documents_matching_more_words_first_within_the_scope(redis, prefix):
     """A new user found `scope @fields:(w1|w2|w3)` scoring a one-word match above a three-word one."""
     keys = await make_index(redis, prefix)
-    texts = {"pp": "write unit tests for the payment parser", "login": "fix the flaky login test",
-             "svc": "rewrite the payment service", "gw": "deploy the api gateway",
-             "uni": "parser errors on unicode input", "rel": "release notes"}
+    texts = {
+        "pp": "write unit tests for the payment parser",
+        "login": "fix the flaky login test",
+        "svc": "rewrite the payment service",
+        "gw": "deploy the api gateway",
+        "uni": "parser errors on unicode input",
+        "rel": "release notes",
+    }
     solution = "split the tokenizer into a lexer and a recursive descent stage, added property tests " * 3
     for i, (eid, text) in enumerate(texts.items()):
-        await put(redis, keys, "ns", Episode(episode_id=eid, task=Task(description=text), outcome="success",
-                                             solution=solution if eid == "pp" else None,
-                                             completed_at=1.0), unit(i))
-    await put(redis, keys, "other", Episode(episode_id="x", task=Task(description="payment parser tests " * 5),
-                                            outcome="success", completed_at=1.0), unit(0))
-    hits = await bm25_search(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns"), "payment parser tests", 10,
-                             return_fields=("doc",))
+        await put(
+            redis,
+            keys,
+            "ns",
+            Episode(
+                episode_id=eid,
+                task=Task(description=text),
+                outcome="success",
+                solution=solution if eid == "pp" else None,
+                completed_at=1.0,
+            ),
+            unit(i),
+        )
+    await put(
+        redis,
+        keys,
+        "other",
+        Episode(
+            episode_id="x",
+            task=Task(description="payment parser tests " * 5),
+            outcome="success",
+            completed_at=1.0,
+        ),
+        unit(0),
+    )
+    hits = await bm25_search(
+        redis,
+        keys.episode_index_alias,
+        Scope(tags=BLAKE2B, namespace="ns"),
+        "payment parser tests",
+        10,
+        return_fields=("doc",),
+    )
     ranked = [hit_id(h) for h in hits]
     assert ranked[0] == "pp" and set(ranked) == {"pp", "login", "svc", "uni"}
     assert hits[0].score > hits[1].score
@@ -141,18 +225,40 @@ async def test_scope_does_not_change_the_bm25_order(redis, prefix):
     from shared.index import keyword_query
 
     index = f"{prefix}bt"
-    await redis.execute_command("FT.CREATE", index, "ON", "HASH", "PREFIX", 1, f"{prefix}bt:", "SCHEMA",
-                                "namespace", "TAG", "status", "TAG", "task", "TEXT", "WEIGHT", 2,
-                                *[x for name, _ in TEXT_FIELDS if name != "task" for x in (name, "TEXT")])
-    docs = {"1": "write unit tests for the payment parser", "2": "fix the flaky login test",
-            "3": "rewrite the payment service", "4": "deploy the api gateway",
-            "5": "parser errors on unicode input", "6": "release notes"}
+    await redis.execute_command(
+        "FT.CREATE",
+        index,
+        "ON",
+        "HASH",
+        "PREFIX",
+        1,
+        f"{prefix}bt:",
+        "SCHEMA",
+        "namespace",
+        "TAG",
+        "status",
+        "TAG",
+        "task",
+        "TEXT",
+        "WEIGHT",
+        2,
+        *[x for name, _ in TEXT_FIELDS if name != "task" for x in (name, "TEXT")],
+    )
+    docs = {
+        "1": "write unit tests for the payment parser",
+        "2": "fix the flaky login test",
+        "3": "rewrite the payment service",
+        "4": "deploy the api gateway",
+        "5": "parser errors on unicode input",
+        "6": "release notes",
+    }
     for k, text in docs.items():
         await redis.hset(f"{prefix}bt:{k}", mapping={"namespace": "a", "status": "completed", "task": text})
 
     async def order(q):
-        reply = await redis.execute_command("FT.SEARCH", index, q, "SCORER", "BM25STD", "WITHSCORES", "NOCONTENT",
-                                            "DIALECT", 2)
+        reply = await redis.execute_command(
+            "FT.SEARCH", index, q, "SCORER", "BM25STD", "WITHSCORES", "NOCONTENT", "DIALECT", 2
+        )
         return [reply[i].decode().rsplit(":", 1)[1] for i in range(1, len(reply), 2)]
 
     text = "payment parser tests"

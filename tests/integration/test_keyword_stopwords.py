@@ -35,10 +35,22 @@ def test_keyword_query_drops_stop_words():
 async def test_stop_words_first_does_not_crash_redis(settings, redis):
     keys = Keys(settings.prefix)
     await ensure_episode_index(redis, keys, 1, VectorParams(dim=8, algorithm="FLAT"), "test", tag_key=None)
-    ep = parse_episode({"episode_id": "e1", "task": "Nate has friends", "outcome": "success", "completed_at": 1.0})
-    await redis.hset(keys.episode_doc(1, "ns", "e1"),
-                     mapping=episode_fields("ns", ep, status="completed", vector=np.ones(8, dtype=np.float32), tags=BLAKE2B))
-    hits = await bm25_search(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns"),
-                             "Is it likely that Nate has friends besides Joanna?", 10, return_fields=("doc",))
+    ep = parse_episode(
+        {"episode_id": "e1", "task": "Nate has friends", "outcome": "success", "completed_at": 1.0}
+    )
+    await redis.hset(
+        keys.episode_doc(1, "ns", "e1"),
+        mapping=episode_fields(
+            "ns", ep, status="completed", vector=np.ones(8, dtype=np.float32), tags=BLAKE2B
+        ),
+    )
+    hits = await bm25_search(
+        redis,
+        keys.episode_index_alias,
+        Scope(tags=BLAKE2B, namespace="ns"),
+        "Is it likely that Nate has friends besides Joanna?",
+        10,
+        return_fields=("doc",),
+    )
     assert [hit_id(h) for h in hits] == ["e1"]
     assert await redis.ping()

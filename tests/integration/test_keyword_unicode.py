@@ -26,9 +26,24 @@ TEXTS = {
     "mixed": "汇率换算 E1234 失败",
 }
 QUERIES = [  # (query, expected episode)
-    ("москву", "ru"), ("МОСКВУ", "ru"), ("Москву", "ru"), ("über", "de"), ("ÜBER", "de"), ("STRASSE", "de"),
-    ("straße", "de"), ("école", "fr"), ("ÉCOLE", "fr"), ("genève", "fr"), ("σοφια", "el"), ("Σοφια", "el"),
-    ("成语接龙", "zh"), ("赢了", "zh"), ("新幹線", "ja"), ("きっぷ", "ja"), ("汇率换算", "mixed"), ("e1234", "mixed"),
+    ("москву", "ru"),
+    ("МОСКВУ", "ru"),
+    ("Москву", "ru"),
+    ("über", "de"),
+    ("ÜBER", "de"),
+    ("STRASSE", "de"),
+    ("straße", "de"),
+    ("école", "fr"),
+    ("ÉCOLE", "fr"),
+    ("genève", "fr"),
+    ("σοφια", "el"),
+    ("Σοφια", "el"),
+    ("成语接龙", "zh"),
+    ("赢了", "zh"),
+    ("新幹線", "ja"),
+    ("きっぷ", "ja"),
+    ("汇率换算", "mixed"),
+    ("e1234", "mixed"),
 ]
 
 
@@ -42,7 +57,9 @@ async def test_keyword_recall_matches_across_case_and_cjk(api, redis, prefix):
         assert found[:1] == [expected], f"{query!r} → {found}"
         got = await (await api.get(f"/v1/episodes/{expected}")).json()
         assert got["episode"]["task"]["description"] == TEXTS[expected], "the stored text stays byte-exact"
-    mixed = await (await api.post("/v1/recall", json={"query": "汇率换算 E1234", "mode": "keyword", "top_k": 5})).json()
+    mixed = await (
+        await api.post("/v1/recall", json={"query": "汇率换算 E1234", "mode": "keyword", "top_k": 5})
+    ).json()
     assert mixed["results"][0]["episode"]["episode_id"] == "mixed", "both the Han and the Latin part match"
 
 

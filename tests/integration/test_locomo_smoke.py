@@ -33,14 +33,36 @@ def test_evidence_quirks():
 
 
 @pytest.mark.skipif(not DEFAULT_DATA.exists(), reason="LoCoMo data not present")
-@pytest.mark.timeout(240)  # the LoCoMo harness spawns the workers and query service and ingests: 21 s measured
+@pytest.mark.timeout(
+    240
+)  # the LoCoMo harness spawns the workers and query service and ingests: 21 s measured
 def test_locomo_harness_end_to_end(tmp_path):
     out = tmp_path / "locomo.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.locomo", "--conversations", "1", "--questions", "40", "--embedder", "hashing",
-         "--configs", "quick", "--bootstrap", "100", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=220)
+        [
+            sys.executable,
+            "-m",
+            "bench.locomo",
+            "--conversations",
+            "1",
+            "--questions",
+            "40",
+            "--embedder",
+            "hashing",
+            "--configs",
+            "quick",
+            "--bootstrap",
+            "100",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DRAGON" in proc.stdout and "R@5" in proc.stdout
     res = json.loads(out.read_text())
@@ -61,6 +83,11 @@ def test_locomo_harness_end_to_end(tmp_path):
 
 
 def test_missing_data_exits_zero(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.locomo", "--data", str(tmp_path / "nope.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.locomo", "--data", str(tmp_path / "nope.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and "not found" in proc.stdout

@@ -44,7 +44,7 @@ def doc_blocks(heading: str, lang: str) -> list[str]:
     text = DOC.read_text()
     start = text.index("\n" + heading)
     end = text.find("\n## ", start + 1)
-    return re.findall(rf"```{lang}\n(.*?)```", text[start:end if end > 0 else None], re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", text[start : end if end > 0 else None], re.S)
 
 
 @asynccontextmanager
@@ -54,7 +54,10 @@ async def stdio_session(env: dict[str, str], *args: str, log: Path, command: lis
     command = command or [sys.executable, "-m", "engram_episodic.mcp_server"]
     params = StdioServerParameters(command=command[0], args=[*command[1:], *args], env=env)
     with log.open("w") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
             yield session, await session.initialize()
 
 
@@ -62,7 +65,9 @@ def text(result) -> str:
     return "\n".join(block.text for block in result.content)
 
 
-async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(tenants, settings, redis, tmp_path):
+async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(
+    tenants, settings, redis, tmp_path
+):
     env = {"ENGRAM_URL": url(tenants), "ENGRAM_API_KEY": KEY_A, "ENGRAM_USER_ID": "ann"}
     async with stdio_session(env, "--agent-id", "desktop", log=tmp_path / "mcp.log") as (session, init):
         assert init.server_info.name == "engram" and "record_episode" in init.instructions
@@ -73,11 +78,25 @@ async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(t
             assert tool.annotations.read_only_hint is spec.read_only
         assert listed.tools[TOOL_NAMES.index("forget_episode")].annotations.destructive_hint is True
 
-        recorded = await session.call_tool("record_episode", {
-            "task": "fix the flaky login test", "outcome": "success", "reward": 1.0, "strategy": "iterative",
-            "solution": "freeze the clock with a fixture", "category": "debugging",
-            "actions": [{"action_type": "run_tests", "input": "pytest tests/test_login.py", "success": False,
-                         "error": "AssertionError: 401 != 200"}]})
+        recorded = await session.call_tool(
+            "record_episode",
+            {
+                "task": "fix the flaky login test",
+                "outcome": "success",
+                "reward": 1.0,
+                "strategy": "iterative",
+                "solution": "freeze the clock with a fixture",
+                "category": "debugging",
+                "actions": [
+                    {
+                        "action_type": "run_tests",
+                        "input": "pytest tests/test_login.py",
+                        "success": False,
+                        "error": "AssertionError: 401 != 200",
+                    }
+                ],
+            },
+        )
         assert not recorded.is_error, text(recorded)
         episode_id = recorded.structured_content["episode_id"]
         assert episode_id in text(recorded)
@@ -87,21 +106,26 @@ async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(t
             stored = await memory.wait_until_recallable(episode_id, timeout=10)
             assert (stored.episode.agent_id, stored.episode.user_id) == ("desktop", "ann")  # the bound scope
 
-            recall = await session.call_tool("recall_experiences", {"query": "the login test fails at random",
-                                                                    "top_k": 3})
+            recall = await session.call_tool(
+                "recall_experiences", {"query": "the login test fails at random", "top_k": 3}
+            )
             assert not recall.is_error, text(recall)
             assert [r["episode"]["episode_id"] for r in recall.structured_content["results"]] == [episode_id]
-            assert "freeze the clock with a fixture" in text(recall) and "success | reward 1.00" in text(recall)
+            assert "freeze the clock with a fixture" in text(recall) and "success | reward 1.00" in text(
+                recall
+            )
 
-            bad = await session.call_tool("record_episode", {"task": "t", "outcome": "won", "importance": 11,
-                                                             "colour": "red"})
+            bad = await session.call_tool(
+                "record_episode", {"task": "t", "outcome": "won", "importance": 11, "colour": "red"}
+            )
             assert bad.is_error and bad.structured_content["error"] == "invalid_arguments"
             fields = {e["field"] for e in bad.structured_content["errors"]}
             assert fields == {"outcome", "importance", "colour"}
             assert all(f in text(bad) for f in fields) and "must be one of success" in text(bad)
             blank = await session.call_tool("recall_experiences", {"query": "  "})  # refused by the service
             assert blank.is_error and blank.structured_content["errors"] == [
-                {"field": "query", "reason": "must not be empty or blank"}]
+                {"field": "query", "reason": "must not be empty or blank"}
+            ]
             with pytest.raises(MCPError) as unknown:
                 await session.call_tool("drop_database", {})
             assert unknown.value.code == -32602 and "drop_database" in unknown.value.message
@@ -119,7 +143,9 @@ async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(t
                 await memory.get_episode(episode_id)
             again = await session.call_tool("recall_experiences", {"query": "the login test fails at random"})
             assert again.structured_content["results"] == [] and "No past episodes" in text(again)
-            gone = await session.call_tool("forget_episode", {"episode_id": episode_id})  # forgetting is idempotent
+            gone = await session.call_tool(
+                "forget_episode", {"episode_id": episode_id}
+            )  # forgetting is idempotent
             assert not gone.is_error and gone.structured_content["status"] == "already_forgotten"
             unknown = await session.call_tool("forget_episode", {"episode_id": "never-recorded"})
             assert unknown.is_error and unknown.structured_content["errors"][0]["field"] == "episode_id"
@@ -128,7 +154,9 @@ async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(t
 async def test_a_wrong_api_key_is_a_tool_error_not_a_crash(tenants, tmp_path):
     env = {"ENGRAM_URL": url(tenants), "ENGRAM_API_KEY": "not-a-key"}
     async with stdio_session(env, "--tools", "get_skills,recall_experiences", log=tmp_path / "mcp.log") as (
-            session, _):
+        session,
+        _,
+    ):
         assert [t.name for t in (await session.list_tools()).tools] == ["get_skills", "recall_experiences"]
         denied = await session.call_tool("get_skills", {})
         assert denied.is_error and denied.structured_content == {"error": "unauthorized", "status": 401}
@@ -139,13 +167,21 @@ async def test_a_wrong_api_key_is_a_tool_error_not_a_crash(tenants, tmp_path):
 
 async def test_streamable_http_transport(tenants, unused_tcp_port, tmp_path):
     """The documented command line (`engram mcp --transport streamable-http --port N`) on another port."""
-    documented = next(line.split("#")[0].split() for line in doc_blocks("## MCP", "bash")[0].splitlines()
-                      if "streamable-http" in line)
+    documented = next(
+        line.split("#")[0].split()
+        for line in doc_blocks("## MCP", "bash")[0].splitlines()
+        if "streamable-http" in line
+    )
     assert documented == ["engram", "mcp", "--transport", "streamable-http", "--port", "8765"]
     log = (tmp_path / "mcp.log").open("w")
     proc = await asyncio.create_subprocess_exec(
-        ENGRAM_SCRIPT, *documented[1:-1], str(unused_tcp_port), stdout=log, stderr=log,
-        env={**os.environ, "ENGRAM_URL": url(tenants), "ENGRAM_API_KEY": KEY_A})
+        ENGRAM_SCRIPT,
+        *documented[1:-1],
+        str(unused_tcp_port),
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "ENGRAM_URL": url(tenants), "ENGRAM_API_KEY": KEY_A},
+    )
 
     async def listening() -> bool:
         try:
@@ -159,8 +195,10 @@ async def test_streamable_http_transport(tenants, unused_tcp_port, tmp_path):
 
     try:
         await wait_until(listening, timeout=30, message="the MCP server's port")
-        async with streamable_http_client(f"http://127.0.0.1:{unused_tcp_port}/mcp") as (read, write), \
-                ClientSession(read, write) as session:
+        async with (
+            streamable_http_client(f"http://127.0.0.1:{unused_tcp_port}/mcp") as (read, write),
+            ClientSession(read, write) as session,
+        ):
             await session.initialize()
             assert [t.name for t in (await session.list_tools()).tools] == list(TOOL_NAMES)
             skills = await session.call_tool("get_skills", {"threshold": 0.5})
@@ -194,15 +232,24 @@ async def test_the_documented_desktop_configs_start_a_working_server(tenants, se
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
         for i, config in enumerate(configs):
             entry = config["mcpServers"]["engram"]
-            assert set(entry) == {"command", "args", "env"} and {"ENGRAM_URL", "ENGRAM_API_KEY"} <= set(entry["env"])
-            assert set(entry["env"]) <= {"ENGRAM_URL", "ENGRAM_API_KEY", "ENGRAM_AGENT_ID", "ENGRAM_USER_ID",
-                                         "ENGRAM_SESSION_ID"}
+            assert set(entry) == {"command", "args", "env"} and {"ENGRAM_URL", "ENGRAM_API_KEY"} <= set(
+                entry["env"]
+            )
+            assert set(entry["env"]) <= {
+                "ENGRAM_URL",
+                "ENGRAM_API_KEY",
+                "ENGRAM_AGENT_ID",
+                "ENGRAM_USER_ID",
+                "ENGRAM_SESSION_ID",
+            }
             env = {**entry["env"], "ENGRAM_URL": url(tenants), "ENGRAM_API_KEY": KEY_A}
             command = [commands[entry["command"]], *entry["args"]]
             async with stdio_session(env, log=tmp_path / f"mcp{i}.log", command=command) as (session, init):
                 assert init.server_info.name == "engram"
                 assert [t.name for t in (await session.list_tools()).tools] == list(TOOL_NAMES)
-                recorded = await session.call_tool("record_episode", {"task": f"config {i}", "outcome": "success"})
+                recorded = await session.call_tool(
+                    "record_episode", {"task": f"config {i}", "outcome": "success"}
+                )
                 assert not recorded.is_error, text(recorded)
             await drain(settings, redis)
             stored = await memory.wait_until_recallable(recorded.structured_content["episode_id"], timeout=10)
@@ -211,12 +258,26 @@ async def test_the_documented_desktop_configs_start_a_working_server(tenants, se
 
 
 async def test_the_documented_module_command_prints_its_options():
-    line = next(line.split("#")[0].split() for line in doc_blocks("## MCP", "bash")[0].splitlines()
-                if "engram_episodic.mcp_server" in line)
+    line = next(
+        line.split("#")[0].split()
+        for line in doc_blocks("## MCP", "bash")[0].splitlines()
+        if "engram_episodic.mcp_server" in line
+    )
     assert line == ["python", "-m", "engram_episodic.mcp_server", "--help"]
     proc = await asyncio.create_subprocess_exec(sys.executable, *line[1:], stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     assert proc.returncode == 0
-    for flag in ("--url", "--api-key", "--agent-id", "--user-id", "--session-id", "--tools", "--transport",
-                 "--host", "--port", "--path", "--allow-remote"):
+    for flag in (
+        "--url",
+        "--api-key",
+        "--agent-id",
+        "--user-id",
+        "--session-id",
+        "--tools",
+        "--transport",
+        "--host",
+        "--port",
+        "--path",
+        "--allow-remote",
+    ):
         assert flag in out.decode()

@@ -46,8 +46,9 @@ class FakeServer:
         if action == "503":
             return web.json_response({"error": {"message": "overloaded"}}, status=503)
         if action == "429":
-            return web.json_response({"error": {"message": "rate limited"}}, status=429,
-                                     headers={"Retry-After": "0"})
+            return web.json_response(
+                {"error": {"message": "rate limited"}}, status=429, headers={"Retry-After": "0"}
+            )
         if action == "401":
             return web.json_response({"error": {"message": "invalid api key"}}, status=401)
         if action == "hang":
@@ -80,8 +81,15 @@ async def make_client(server):
     clients: list[OpenAIEmbedder] = []
 
     def create(**overrides) -> OpenAIEmbedder:
-        options = {"url": server.url, "model": MODEL, "api_key": API_KEY, "timeout": 5.0, "batch_size": 4,
-                   "retries": 3, "backoff": 0.0}
+        options = {
+            "url": server.url,
+            "model": MODEL,
+            "api_key": API_KEY,
+            "timeout": 5.0,
+            "batch_size": 4,
+            "retries": 3,
+            "backoff": 0.0,
+        }
         options.update(overrides)
         client = OpenAIEmbedder(**options)
         clients.append(client)

@@ -34,8 +34,10 @@ async def problem(resp, status):
 
 # --- ingest -----------------------------------------------------------------------------------------
 async def test_ingest_single_episode_publishes_one_event(api, redis, prefix):
-    resp = await api.post("/v1/episodes", json={"task": "fix the build", "outcome": "success",
-                                                "completed_at": "2025-07-25T02:00:00+02:00"})
+    resp = await api.post(
+        "/v1/episodes",
+        json={"task": "fix the build", "outcome": "success", "completed_at": "2025-07-25T02:00:00+02:00"},
+    )
     assert resp.status == 202
     body = await resp.json()
     assert body["accepted"] == 1 and body["episode_id"] and body["event_id"]
@@ -46,8 +48,15 @@ async def test_ingest_single_episode_publishes_one_event(api, redis, prefix):
 
 
 async def test_ingest_batch_defaults_completed_at(api, redis, prefix):
-    resp = await api.post("/v1/episodes", json={"episodes": [episode("e1", completed_at=None),
-                                                             {"episode_id": "e2", "task": "t", "outcome": "failure"}]})
+    resp = await api.post(
+        "/v1/episodes",
+        json={
+            "episodes": [
+                episode("e1", completed_at=None),
+                {"episode_id": "e2", "task": "t", "outcome": "failure"},
+            ]
+        },
+    )
     assert resp.status == 202
     body = await resp.json()
     assert [r["episode_id"] for r in body["results"]] == ["e1", "e2"]
@@ -57,14 +66,26 @@ async def test_ingest_batch_defaults_completed_at(api, redis, prefix):
 
 
 async def test_ingest_invalid_batch_publishes_nothing_and_names_each_field(api, redis, prefix):
-    resp = await api.post("/v1/episodes", json={"episodes": [
-        episode("ok"), {"task": "no outcome"}, episode("bad", outcome="great", importance=11)]})
+    resp = await api.post(
+        "/v1/episodes",
+        json={
+            "episodes": [
+                episode("ok"),
+                {"task": "no outcome"},
+                episode("bad", outcome="great", importance=11),
+            ]
+        },
+    )
     body = await problem(resp, 422)
     fields = {e["field"] for e in body["errors"]}
     assert fields == {"episodes[1].outcome", "episodes[2].outcome", "episodes[2].importance"}
     assert await stream_events(redis, prefix) == []
-    for bad, field in [({"episodes": []}, "episodes"), ({"episodes": [episode("x")], "extra": 1}, "extra"),
-                       ([1, 2], "<root>"), ({"outcome": "success"}, "task")]:
+    for bad, field in [
+        ({"episodes": []}, "episodes"),
+        ({"episodes": [episode("x")], "extra": 1}, "extra"),
+        ([1, 2], "<root>"),
+        ({"outcome": "success"}, "task"),
+    ]:
         body = await problem(await api.post("/v1/episodes", json=bad), 422)
         assert field in {e["field"] for e in body["errors"]}, (bad, body)
 
@@ -72,8 +93,10 @@ async def test_ingest_invalid_batch_publishes_nothing_and_names_each_field(api, 
 async def test_ingest_batch_refuses_one_episode_id_twice(api, redis, prefix):
     """Two versions of one episode in a request would share one occurred_at, and a random event id
     would decide which one wins: the request is refused, naming the repeat and its first position."""
-    resp = await api.post("/v1/episodes", json={"episodes": [
-        episode("x", outcome="failure"), episode("y"), episode("x", outcome="success")]})
+    resp = await api.post(
+        "/v1/episodes",
+        json={"episodes": [episode("x", outcome="failure"), episode("y"), episode("x", outcome="success")]},
+    )
     body = await problem(resp, 422)
     [error] = body["errors"]
     assert error["field"] == "episodes[2].episode_id" and "episodes[0]" in error["reason"]
@@ -82,9 +105,17 @@ async def test_ingest_batch_refuses_one_episode_id_twice(api, redis, prefix):
 
 # --- episodes and forgetting ------------------------------------------------------------------------
 async def test_get_and_delete_episode(api, redis, prefix):
-    await put(redis, prefix, "default", episode("e1", started_at="2025-01-01T00:00:00Z",
-                                                completed_at="2025-01-01T00:01:30Z",
-                                                feedback={"reward": 1, "tests_passed": 3, "tests_total": 4}))
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode(
+            "e1",
+            started_at="2025-01-01T00:00:00Z",
+            completed_at="2025-01-01T00:01:30Z",
+            feedback={"reward": 1, "tests_passed": 3, "tests_total": 4},
+        ),
+    )
     body = await (await api.get("/v1/episodes/e1")).json()
     assert body["status"] == "completed" and body["access_count"] == 0
     ep = body["episode"]
@@ -133,7 +164,9 @@ async def test_keys_never_appear_in_logs_or_metrics(make_client, caplog):
 # --- problem details --------------------------------------------------------------------------------
 async def test_malformed_json_is_400(api):
     for raw in (b"{not json", b"", b"\xff\xfe", b'{"query": NaN}'):
-        await problem(await api.post("/v1/recall", data=raw, headers={"Content-Type": "application/json"}), 400)
+        await problem(
+            await api.post("/v1/recall", data=raw, headers={"Content-Type": "application/json"}), 400
+        )
 
 
 async def test_body_over_limit_is_413(make_client):
@@ -172,16 +205,29 @@ async def test_startup_fails_on_embedder_conflict(aiohttp_client, make_client, s
 
 # --- insights ---------------------------------------------------------------------------------------
 async def test_skills_profiles_and_weak_categories(api, redis, prefix):
-    rows = [("d1", "debugging", "success", 1.0, 2), ("d2", "debugging", "failure", None, 6),
-            ("d3", "debugging", "success", 0.5, None), ("t1", "testing", "failure", 0.0, 1),
-            ("t2", "testing", "partial", 0.4, 3)]
+    rows = [
+        ("d1", "debugging", "success", 1.0, 2),
+        ("d2", "debugging", "failure", None, 6),
+        ("d3", "debugging", "success", 0.5, None),
+        ("t1", "testing", "failure", 0.0, 1),
+        ("t2", "testing", "partial", 0.4, 3),
+    ]
     for eid, cat, outcome, reward, iters in rows:
         extra = {"iterations": iters} if iters is not None else {}
-        await put(redis, prefix, "default", episode(eid, category=cat, outcome=outcome, reward=reward, **extra))
+        await put(
+            redis, prefix, "default", episode(eid, category=cat, outcome=outcome, reward=reward, **extra)
+        )
     body = await (await api.get("/v1/skills")).json()
     debugging, testing = body["results"]
-    assert debugging == {"category": "debugging", "episodes": 3, "successes": 2, "success_rate": pytest.approx(2 / 3),
-                         "avg_reward": 0.75, "avg_iterations": 4.0, "weak": False}
+    assert debugging == {
+        "category": "debugging",
+        "episodes": 3,
+        "successes": 2,
+        "success_rate": pytest.approx(2 / 3),
+        "avg_reward": 0.75,
+        "avg_iterations": 4.0,
+        "weak": False,
+    }
     assert testing["success_rate"] == 0 and testing["avg_reward"] == pytest.approx(0.2) and testing["weak"]
     assert body["weak"] == ["testing"]
     body = await (await api.get("/v1/skills", params={"threshold": "0.7"})).json()
@@ -193,11 +239,19 @@ async def test_skills_profiles_and_weak_categories(api, redis, prefix):
 async def test_strategy_rules(api, redis, prefix):
     task = "parse the config file"
     for i, outcome in enumerate(["success", "success", "failure"]):
-        await put(redis, prefix, "default", episode(f"r{i}", task=task, strategy_used="example_driven",
-                                                    outcome=outcome, agent_id="reuse"))
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(f"r{i}", task=task, strategy_used="example_driven", outcome=outcome, agent_id="reuse"),
+        )
     for i in range(3):
-        await put(redis, prefix, "default", episode(f"w{i}", task="unrelated", category="weak-cat",
-                                                    outcome="failure", agent_id="weak"))
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(f"w{i}", task="unrelated", category="weak-cat", outcome="failure", agent_id="weak"),
+        )
 
     async def choose(**body):
         resp = await api.post("/v1/strategy", json={"task": task, **body})
@@ -216,8 +270,11 @@ async def test_strategy_rules(api, redis, prefix):
 
 async def test_suggest_confidence_and_common_failures(api, redis, prefix):
     task = "upgrade the database driver"
-    fail = {"outcome": "failure", "feedback": {"message": "connection pool exhausted"},
-            "actions": [{"action_type": "run_tests", "success": False, "error": "timeout"}]}
+    fail = {
+        "outcome": "failure",
+        "feedback": {"message": "connection pool exhausted"},
+        "actions": [{"action_type": "run_tests", "success": False, "error": "timeout"}],
+    }
     await put(redis, prefix, "default", episode("s1", task=task, strategy_used="iterative"))
     await put(redis, prefix, "default", episode("f1", task=task, **fail))
     await put(redis, prefix, "default", episode("f2", task=task, **fail))
@@ -235,15 +292,21 @@ async def test_suggest_confidence_and_common_failures(api, redis, prefix):
 async def test_learning_curve(api, redis, prefix):
     data = [("e1", "failure", 0.0), ("e2", "success", 1.0), ("e3", "success", 0.5), ("e4", "failure", None)]
     for i, (eid, outcome, reward) in enumerate(reversed(data)):  # stored out of order
-        await put(redis, prefix, "default", episode(eid, outcome=outcome, reward=reward,
-                                                    completed_at=1_700_000_000 + 10 * (len(data) - i)))
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(eid, outcome=outcome, reward=reward, completed_at=1_700_000_000 + 10 * (len(data) - i)),
+        )
     body = await (await api.get("/v1/learning-curve", params={"window": "2"})).json()
     pts = body["results"]
     assert [p["episode_id"] for p in pts] == ["e1", "e2", "e3", "e4"]
     assert [p["cumulative_reward"] for p in pts] == [0.0, 1.0, 1.5, 1.5]
     assert [p["success_rate"] for p in pts] == [0.0, 0.5, 1.0, 0.5]
     assert [p["avg_reward"] for p in pts] == [0.0, 0.5, 0.75, 0.5]
-    newest = (await (await api.get("/v1/learning-curve", params={"window": "2", "limit": "2"})).json())["results"]
+    newest = (await (await api.get("/v1/learning-curve", params={"window": "2", "limit": "2"})).json())[
+        "results"
+    ]
     assert [p["episode_id"] for p in newest] == ["e3", "e4"], "limit keeps the newest episodes, in time order"
     assert [p["cumulative_reward"] for p in newest] == [0.5, 0.5]
     await problem(await api.get("/v1/learning-curve", params={"window": "0"}), 422)
@@ -252,11 +315,24 @@ async def test_learning_curve(api, redis, prefix):
 async def test_context_prompt_is_bounded(api, redis, prefix):
     task = "migrate the orders table"
     for i in range(5):
-        await put(redis, prefix, "default", episode(f"c{i}", task=f"{task} step {i}", solution="x" * 400,
-                                                    strategy_used="iterative", reward=0.8,
-                                                    completed_at=1_700_000_000 + i))
-    body = await (await api.post("/v1/context", json={"task": task, "top_k": 5, "max_chars": 1000,
-                                                      "category": "debugging"})).json()
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(
+                f"c{i}",
+                task=f"{task} step {i}",
+                solution="x" * 400,
+                strategy_used="iterative",
+                reward=0.8,
+                completed_at=1_700_000_000 + i,
+            ),
+        )
+    body = await (
+        await api.post(
+            "/v1/context", json={"task": task, "top_k": 5, "max_chars": 1000, "category": "debugging"}
+        )
+    ).json()
     assert len(body["prompt"]) <= 1000 and body["truncated"]
     assert body["prompt"].startswith(f"## Relevant experience for: {task}")
     assert "Proven strategies: iterative" in body["prompt"]
@@ -281,8 +357,11 @@ async def test_facts_provider_plugs_in(aiohttp_client, settings, redis):
 async def test_health_ready_metrics(api):
     assert (await (await api.get("/healthz")).json()) == {"status": "ok"}
     ready = await api.get("/readyz")
-    assert ready.status == 200 and (await ready.json())["checks"] == {"redis": True, "index": True,
-                                                                      "embedder": True}
+    assert ready.status == 200 and (await ready.json())["checks"] == {
+        "redis": True,
+        "index": True,
+        "embedder": True,
+    }
     await api.post("/v1/recall", json={"query": "hello"})
     text = await (await api.get("/metrics")).text()
     assert 'engram_http_requests_total{method="POST",route="/v1/recall",status="200"} 1.0' in text
@@ -301,12 +380,16 @@ async def test_openapi_documents_exactly_the_routes(api):
     doc = await (await api.get("/openapi.json")).json()
     assert doc["openapi"].startswith("3.1")
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
-    registered = {(r.method, openapi_path(r.resource.canonical)) for r in api.app.router.routes()
-                  if r.method != "HEAD"}
+    registered = {
+        (r.method, openapi_path(r.resource.canonical)) for r in api.app.router.routes() if r.method != "HEAD"
+    }
     assert documented == registered
     recall = doc["paths"]["/v1/recall"]["post"]
-    schema = doc["components"]["schemas"][recall["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-                                          .rsplit("/", 1)[1]]
-    assert {"query", "top_k", "since", "until", "mode", "weights", "preset", "as_of"} <= set(schema["properties"])
+    schema = doc["components"]["schemas"][
+        recall["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    ]
+    assert {"query", "top_k", "since", "until", "mode", "weights", "preset", "as_of"} <= set(
+        schema["properties"]
+    )
     assert schema["additionalProperties"] is False
     assert schema["properties"]["top_k"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 100}

@@ -29,16 +29,19 @@ def fields(body) -> dict[str, str]:
     return {e["field"]: e["reason"] for e in body.get("errors", [])}
 
 
-@pytest.mark.parametrize("raw, status, field, reason", [
-    (EP % ('"metadata": ' + '{"a":' * 500 + "1" + "}" * 500), 422, "metadata", "nested deeper"),
-    ("[" * 5000 + "]" * 5000, 400, None, "nested too deeply"),
-    ('{"query": "\\ud800"}', 422, "query", "lone surrogate"),
-    (EP % '"agent_id": "\\udc00"', 422, "agent_id", "lone surrogate"),
-    ('{"task": "bad \\ud800 text", "outcome": "success"}', 422, "task", "lone surrogate"),
-    (EP % '"metadata": {"k": 1000000000000000000000000000000}', 422, "metadata.k", "64-bit"),
-    (EP % ('"importance": ' + "9" * 300), 422, "importance", "64-bit"),
-    (EP % ('"iterations": ' + "9" * 5000), 400, None, "too many digits"),
-])
+@pytest.mark.parametrize(
+    "raw, status, field, reason",
+    [
+        (EP % ('"metadata": ' + '{"a":' * 500 + "1" + "}" * 500), 422, "metadata", "nested deeper"),
+        ("[" * 5000 + "]" * 5000, 400, None, "nested too deeply"),
+        ('{"query": "\\ud800"}', 422, "query", "lone surrogate"),
+        (EP % '"agent_id": "\\udc00"', 422, "agent_id", "lone surrogate"),
+        ('{"task": "bad \\ud800 text", "outcome": "success"}', 422, "task", "lone surrogate"),
+        (EP % '"metadata": {"k": 1000000000000000000000000000000}', 422, "metadata.k", "64-bit"),
+        (EP % ('"importance": ' + "9" * 300), 422, "importance", "64-bit"),
+        (EP % ('"iterations": ' + "9" * 5000), 400, None, "too many digits"),
+    ],
+)
 async def test_bad_inputs_are_4xx_naming_the_field(make_client, raw, status, field, reason):
     client = await make_client()
     path = "/v1/recall" if raw.startswith('{"query"') else "/v1/episodes"
@@ -53,13 +56,16 @@ async def test_bad_inputs_are_4xx_naming_the_field(make_client, raw, status, fie
     assert ok == 200
 
 
-@pytest.mark.parametrize("episode, field", [
-    ({"task": "bad \ud800 text"}, "task.description"),
-    ({"task": "t", "agent_id": "\udc00"}, "agent_id"),
-    ({"task": "t", "metadata": {"k": 10**30}}, "metadata.k"),
-    ({"task": "t", "context": {"deep": NESTED}}, "context.deep"),
-    ({"task": "t", "importance": 10**400}, "importance"),
-])
+@pytest.mark.parametrize(
+    "episode, field",
+    [
+        ({"task": "bad \ud800 text"}, "task.description"),
+        ({"task": "t", "agent_id": "\udc00"}, "agent_id"),
+        ({"task": "t", "metadata": {"k": 10**30}}, "metadata.k"),
+        ({"task": "t", "context": {"deep": NESTED}}, "context.deep"),
+        ({"task": "t", "importance": 10**400}, "importance"),
+    ],
+)
 async def test_sdk_raises_invalid_episode_not_a_raw_error(redis, prefix, episode, field):
     client = EngramClient(redis, namespace="ns", prefix=prefix)
     with pytest.raises(InvalidEpisode) as info:
@@ -69,12 +75,20 @@ async def test_sdk_raises_invalid_episode_not_a_raw_error(redis, prefix, episode
 
 async def test_own_vector_of_the_wrong_dimension_is_422_at_ingest(make_client, settings):
     client = await make_client()
-    resp = await client.post("/v1/episodes", json={"episodes": [
-        {"task": "ok", "outcome": "success", "vector": [0.5] * settings.embed_dim},
-        {"task": "bad", "outcome": "success", "vector": [1.0, 2.0, 3.0]}]})
+    resp = await client.post(
+        "/v1/episodes",
+        json={
+            "episodes": [
+                {"task": "ok", "outcome": "success", "vector": [0.5] * settings.embed_dim},
+                {"task": "bad", "outcome": "success", "vector": [1.0, 2.0, 3.0]},
+            ]
+        },
+    )
     body = await resp.json()
     assert resp.status == 422, body
-    assert fields(body) == {"episodes[1].vector": f"has 3 dimensions; this index expects {settings.embed_dim}"}
+    assert fields(body) == {
+        "episodes[1].vector": f"has 3 dimensions; this index expects {settings.embed_dim}"
+    }
 
 
 async def test_a_range_that_is_not_an_object_names_no_internal_class(api):
@@ -96,8 +110,11 @@ async def test_ids_with_edge_whitespace_are_refused_everywhere(api):
 
 
 async def test_a_body_that_is_not_what_its_content_encoding_says_is_a_400(api):
-    resp = await api.post("/v1/recall", data=b'{"query": "x"}',
-                          headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    resp = await api.post(
+        "/v1/recall",
+        data=b'{"query": "x"}',
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert resp.status == 400, await resp.text()
     assert resp.content_type == "application/problem+json"
     assert "cannot be read" in (await resp.json())["detail"]
@@ -109,11 +126,17 @@ PAST_THE_CALENDAR = ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", 2
 
 
 @pytest.mark.parametrize("instant", PAST_THE_CALENDAR)
-@pytest.mark.parametrize("path, body, field", [
-    ("/v1/recall", {"query": "x"}, "as_of"), ("/v1/recall", {"query": "x"}, "since"),
-    ("/v1/recall", {"query": "x"}, "until"), ("/v1/facts/search", {}, "as_of"),
-    ("/v1/facts/search", {}, "since"), ("/v1/facts/search", {}, "until"),
-])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/v1/recall", {"query": "x"}, "as_of"),
+        ("/v1/recall", {"query": "x"}, "since"),
+        ("/v1/recall", {"query": "x"}, "until"),
+        ("/v1/facts/search", {}, "as_of"),
+        ("/v1/facts/search", {}, "since"),
+        ("/v1/facts/search", {}, "until"),
+    ],
+)
 async def test_instants_outside_the_calendar_are_422_on_queries(api, path, body, field, instant):
     resp = await api.post(path, json={**body, field: instant})
     got = await resp.json()
@@ -125,29 +148,51 @@ async def test_instants_outside_the_calendar_are_422_on_queries(api, path, body,
 async def test_instants_outside_the_calendar_are_422_on_ingest(api, redis, prefix, instant):
     from shared.keys import Keys
 
-    resp = await api.post("/v1/episodes", json={"episodes": [
-        {"task": "t", "outcome": "success", "completed_at": instant},
-        {"task": "t", "outcome": "success", "started_at": instant},
-        {"task": "t", "outcome": "success", "actions": [{"action_type": "edit", "timestamp": instant}]}]})
+    resp = await api.post(
+        "/v1/episodes",
+        json={
+            "episodes": [
+                {"task": "t", "outcome": "success", "completed_at": instant},
+                {"task": "t", "outcome": "success", "started_at": instant},
+                {
+                    "task": "t",
+                    "outcome": "success",
+                    "actions": [{"action_type": "edit", "timestamp": instant}],
+                },
+            ]
+        },
+    )
     got = await resp.json()
     assert resp.status == 422, got
-    assert set(fields(got)) == {"episodes[0].completed_at", "episodes[1].started_at",
-                                "episodes[2].actions[0].timestamp"}, got
+    assert set(fields(got)) == {
+        "episodes[0].completed_at",
+        "episodes[1].started_at",
+        "episodes[2].actions[0].timestamp",
+    }, got
     assert all("outside years 1..9999" in reason for reason in fields(got).values())
     assert await redis.exists(Keys(prefix).stream) == 0  # nothing published, nothing to dead-letter
 
 
 # query-string numbers: int() and float() took whitespace and any script's digits ("１" was a threshold
 # of 1.0, "١٠" a window of 10) and int() failed on "²" with Python's own message
-@pytest.mark.parametrize("path, field", [
-    ("/v1/skills?threshold=%EF%BC%91", "threshold"), ("/v1/skills?threshold=%200.5", "threshold"),
-    ("/v1/skills?threshold=0.5%20", "threshold"), ("/v1/skills?threshold=NaN", "threshold"),
-    ("/v1/skills?threshold=", "threshold"), ("/v1/skills?threshold=1e999", "threshold"),
-    ("/v1/skills?threshold=0_5", "threshold"), ("/v1/learning-curve?window=%D9%A1%D9%A0", "window"),
-    ("/v1/learning-curve?window=%205", "window"), ("/v1/learning-curve?limit=%C2%B2", "limit"),
-    ("/v1/learning-curve?limit=" + "9" * 5000, "limit"), ("/v1/skills?=x", "<query>"),
-    ("/v1/skills?threshold=0.5&threshold=0.6", "threshold"),
-])
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("/v1/skills?threshold=%EF%BC%91", "threshold"),
+        ("/v1/skills?threshold=%200.5", "threshold"),
+        ("/v1/skills?threshold=0.5%20", "threshold"),
+        ("/v1/skills?threshold=NaN", "threshold"),
+        ("/v1/skills?threshold=", "threshold"),
+        ("/v1/skills?threshold=1e999", "threshold"),
+        ("/v1/skills?threshold=0_5", "threshold"),
+        ("/v1/learning-curve?window=%D9%A1%D9%A0", "window"),
+        ("/v1/learning-curve?window=%205", "window"),
+        ("/v1/learning-curve?limit=%C2%B2", "limit"),
+        ("/v1/learning-curve?limit=" + "9" * 5000, "limit"),
+        ("/v1/skills?=x", "<query>"),
+        ("/v1/skills?threshold=0.5&threshold=0.6", "threshold"),
+    ],
+)
 async def test_query_parameters_are_ascii_numbers_or_a_422_naming_them(api, path, field):
     resp = await api.get(path)
     got = await resp.json()
@@ -156,8 +201,16 @@ async def test_query_parameters_are_ascii_numbers_or_a_422_naming_them(api, path
     assert "int()" not in json.dumps(got) and "literal" not in json.dumps(got)
 
 
-@pytest.mark.parametrize("query, threshold", [("threshold=1e-5", 1e-5), ("threshold=.5", 0.5), ("threshold=1", 1.0),
-                                              ("threshold=0.25", 0.25), ("threshold=0E0", 0.0)])
+@pytest.mark.parametrize(
+    "query, threshold",
+    [
+        ("threshold=1e-5", 1e-5),
+        ("threshold=.5", 0.5),
+        ("threshold=1", 1.0),
+        ("threshold=0.25", 0.25),
+        ("threshold=0E0", 0.0),
+    ],
+)
 async def test_query_numbers_spelled_as_numbers_are_accepted(api, query, threshold):
     resp = await api.get(f"/v1/skills?{query}")
     assert resp.status == 200 and (await resp.json())["threshold"] == threshold

@@ -34,14 +34,27 @@ async def test_c03_concurrent_namespaces_zero_leakage(tenants, redis, prefix):
 
     async def write(ns):
         for i, eid in enumerate(shared_ids):
-            await put(redis, prefix, ns, episode(eid, task=f"deploy service {ns} {i}", agent_id="agent",
-                                                 user_id="user", category=f"cat-{ns}", reward=0.5,
-                                                 strategy_used=f"strat-{ns}"))
+            await put(
+                redis,
+                prefix,
+                ns,
+                episode(
+                    eid,
+                    task=f"deploy service {ns} {i}",
+                    agent_id="agent",
+                    user_id="user",
+                    category=f"cat-{ns}",
+                    reward=0.5,
+                    strategy_used=f"strat-{ns}",
+                ),
+            )
+
     await asyncio.gather(write("ns-a"), write("ns-b"))
     # HTTP ingest for both namespaces at once: each event carries its key's namespace
     bodies = [{"episodes": [episode(f"http-{i}", task="deploy")]} for i in range(2)]
-    await asyncio.gather(*(post(tenants, "/v1/episodes", b, 202, auth(k))
-                           for b, k in zip(bodies, (KEY_A, KEY_B), strict=True)))
+    await asyncio.gather(
+        *(post(tenants, "/v1/episodes", b, 202, auth(k)) for b, k in zip(bodies, (KEY_A, KEY_B), strict=True))
+    )
     entries = await streams.read_range(redis, Keys(prefix).stream)
     namespaces = {decode(e.payload).episode.episode_id: decode(e.payload).namespace for e in entries}
     assert namespaces == {"http-0": "ns-a", "http-1": "ns-b"}
@@ -49,8 +62,9 @@ async def test_c03_concurrent_namespaces_zero_leakage(tenants, redis, prefix):
     for key, mine, other in ((KEY_A, "ns-a", "ns-b"), (KEY_B, "ns-b", "ns-a")):
         h = auth(key)
         for mode in ("vector", "keyword", "hybrid"):
-            body = await post(tenants, "/v1/recall", {"query": "deploy service", "top_k": 100, "mode": mode},
-                              headers=h)
+            body = await post(
+                tenants, "/v1/recall", {"query": "deploy service", "top_k": 100, "mode": mode}, headers=h
+            )
             assert len(body["results"]) == 5
             assert all(r["episode"]["task"]["category"] == f"cat-{mine}" for r in body["results"])
         got = await (await tenants.get("/v1/episodes/ep-0", headers=h)).json()
@@ -64,7 +78,9 @@ async def test_c03_concurrent_namespaces_zero_leakage(tenants, redis, prefix):
         assert all(e["task"]["category"] == f"cat-{mine}" for e in ctx["short_term"])
         assert f"cat-{other}" not in str(ctx) and f"strat-{other}" not in str(ctx)
         assert ctx["facts"] == []
-        strat = await post(tenants, "/v1/strategy", {"task": "deploy service", "min_similarity": -1}, headers=h)
+        strat = await post(
+            tenants, "/v1/strategy", {"task": "deploy service", "min_similarity": -1}, headers=h
+        )
         assert strat["strategy"] == f"strat-{mine}"
         sug = await post(tenants, "/v1/suggest", {"task": "deploy service", "min_similarity": -1}, headers=h)
         assert sug["similar"] == 5
@@ -80,28 +96,37 @@ async def test_c03_namespace_in_body_is_rejected_not_obeyed(tenants):
 # --- C04-C06: time windows --------------------------------------------------------------------------
 async def test_c04_utc_day_window_finds_early_morning_episode(api, redis, prefix):
     await put(redis, prefix, "default", episode("e", completed_at="2025-07-25T02:00:00Z"))
-    body = await post(api, "/v1/recall", {"query": "a task", "since": "2025-07-25T00:00:00Z",
-                                          "until": "2025-07-25T23:59:59Z"})
+    body = await post(
+        api,
+        "/v1/recall",
+        {"query": "a task", "since": "2025-07-25T00:00:00Z", "until": "2025-07-25T23:59:59Z"},
+    )
     assert ids(body) == ["e"]
     assert body["results"][0]["episode"]["completed_at"] == "2025-07-25T02:00:00Z"
     got = await (await api.get("/v1/episodes/e")).json()
     assert got["episode"]["completed_at"] == "2025-07-25T02:00:00Z"
 
 
-@pytest.mark.parametrize("since,until", [
-    ("2015-03-01T12:00:00Z", "2015-03-01T12:00:00Z"),
-    ("2015-03-01T12:00:00+00:00", "2015-03-01T12:00:00+00:00"),
-    ("2015-03-01T05:00:00-07:00", "2015-03-01T05:00:00-07:00"),
-    (1425211200, 1425211200.0),
-])
+@pytest.mark.parametrize(
+    "since,until",
+    [
+        ("2015-03-01T12:00:00Z", "2015-03-01T12:00:00Z"),
+        ("2015-03-01T12:00:00+00:00", "2015-03-01T12:00:00+00:00"),
+        ("2015-03-01T05:00:00-07:00", "2015-03-01T05:00:00-07:00"),
+        (1425211200, 1425211200.0),
+    ],
+)
 async def test_c05_equivalent_offsets_identical_and_bounds_inclusive(api, redis, prefix, since, until):
     await put(redis, prefix, "default", episode("backdated", completed_at="2015-03-01T12:00:00Z"))
     await put(redis, prefix, "default", episode("june15", completed_at="2025-06-15T12:00:00Z"))
     await put(redis, prefix, "default", episode("a-second-later", completed_at="2015-03-01T12:00:01Z"))
     body = await post(api, "/v1/recall", {"query": "a task", "since": since, "until": until, "top_k": 10})
     assert ids(body) == ["backdated"]
-    body = await post(api, "/v1/recall", {"query": "a task", "since": "2025-06-18T00:00:00Z",
-                                          "until": "2025-06-25T23:59:59Z", "top_k": 10})
+    body = await post(
+        api,
+        "/v1/recall",
+        {"query": "a task", "since": "2025-06-18T00:00:00Z", "until": "2025-06-25T23:59:59Z", "top_k": 10},
+    )
     assert ids(body) == []
 
 
@@ -117,13 +142,16 @@ async def test_c06_open_and_closed_windows(api, redis, prefix):
     assert await window(since="2025-01-05T00:00:00Z", until="2025-01-15T00:00:00Z") == ["d10"]
 
 
-@pytest.mark.parametrize("window,field", [
-    ({"since": "2025-01-20T00:00:00Z", "until": "2025-01-10T00:00:00Z"}, "since"),
-    ({"since": "last tuesday"}, "since"),
-    ({"until": "2025-13-45"}, "until"),
-    ({"since": "2025-01-10T00:00:00"}, "since"),  # no offset: never guessed
-    ({"until": True}, "until"),
-])
+@pytest.mark.parametrize(
+    "window,field",
+    [
+        ({"since": "2025-01-20T00:00:00Z", "until": "2025-01-10T00:00:00Z"}, "since"),
+        ({"since": "last tuesday"}, "since"),
+        ({"until": "2025-13-45"}, "until"),
+        ({"since": "2025-01-10T00:00:00"}, "since"),  # no offset: never guessed
+        ({"until": True}, "until"),
+    ],
+)
 async def test_c06_bad_windows_are_422_naming_the_field(api, window, field):
     body = await post(api, "/v1/recall", {"query": "a task", **window}, 422)
     assert field in errors(body), body
@@ -145,16 +173,43 @@ async def test_c09_blank_query_is_422_and_embedder_not_called(make_client, redis
 
 
 # --- C12: hostile ids -------------------------------------------------------------------------------
-C12_IDS = ["f2c59d63-a7a7-b5e6-8000-000000000000", "jira-summary", "a.b@c.d", "ns:with:colons",
-           "path/with\\slash", "main", "_", "x|y", "{curly}", "$dollar", "日本語", "emoji-🙂",
-           "a b", "*", "-neg", "(paren)", "@agent_id:{x}"]
+C12_IDS = [
+    "f2c59d63-a7a7-b5e6-8000-000000000000",
+    "jira-summary",
+    "a.b@c.d",
+    "ns:with:colons",
+    "path/with\\slash",
+    "main",
+    "_",
+    "x|y",
+    "{curly}",
+    "$dollar",
+    "日本語",
+    "emoji-🙂",
+    "a b",
+    "*",
+    "-neg",
+    "(paren)",
+    "@agent_id:{x}",
+]
 DECOYS = ["mai", "mainly", "jira", "ns", "User", "x", "y", "curly", "a", "b", "日本", "emoji"]
 
 
 async def test_c12_hostile_ids_over_http(api, redis, prefix):
     for value in C12_IDS + DECOYS:
-        await put(redis, prefix, "default", episode(value, task=f"shared task {value}", agent_id=value,
-                                                    user_id=value, session_id=value, category=value))
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(
+                value,
+                task=f"shared task {value}",
+                agent_id=value,
+                user_id=value,
+                session_id=value,
+                category=value,
+            ),
+        )
     for value in C12_IDS:
         for name in ("agent_id", "user_id", "session_id"):
             body = await post(api, "/v1/recall", {"query": "shared task", name: value, "top_k": 100})
@@ -169,19 +224,26 @@ async def test_c12_hostile_ids_over_http(api, redis, prefix):
         curve = await (await api.get("/v1/learning-curve", params={"session_id": value})).json()
         assert [p["episode_id"] for p in curve["results"]] == [value]
     # ingest and forget with the same ids: accepted verbatim
-    data = await post(api, "/v1/episodes", {"episodes": [episode(v, agent_id=v, user_id=v) for v in C12_IDS]}, 202)
+    data = await post(
+        api, "/v1/episodes", {"episodes": [episode(v, agent_id=v, user_id=v) for v in C12_IDS]}, 202
+    )
     assert [r["episode_id"] for r in data["results"]] == C12_IDS
     for value in C12_IDS:
         resp = await api.delete(URL(f"/v1/users/{quote(value, safe='')}", encoded=True))
         assert resp.status == 202 and (await resp.json())["user_id"] == value
     entries = await streams.read_range(redis, Keys(prefix).stream)
-    assert [decode(e.payload).user_id for e in entries[len(C12_IDS):]] == C12_IDS
+    assert [decode(e.payload).user_id for e in entries[len(C12_IDS) :]] == C12_IDS
 
 
 # --- C13: filters -----------------------------------------------------------------------------------
 async def test_c13_filters_and_unknown_operators(api, redis, prefix):
-    rows = [("s9", "success", 0.9), ("p6", "partial", 0.6), ("f8", "failure", 0.8), ("s2", "success", 0.2),
-            ("a5", "abandoned", 0.5)]
+    rows = [
+        ("s9", "success", 0.9),
+        ("p6", "partial", 0.6),
+        ("f8", "failure", 0.8),
+        ("s2", "success", 0.2),
+        ("a5", "abandoned", 0.5),
+    ]
     for eid, outcome, reward in rows:
         await put(redis, prefix, "default", episode(eid, outcome=outcome, reward=reward))
 
@@ -192,13 +254,22 @@ async def test_c13_filters_and_unknown_operators(api, redis, prefix):
     assert await q(outcome=["success", "partial"]) == ["p6", "s2", "s9"]
     assert await q(outcome="failure") == ["f8"]
     assert await q(reward={"gte": 0.5, "lte": 0.8}, outcome=["success", "partial", "failure"]) == ["f8", "p6"]
-    for body, field in [({"reward": {"gt": 0.5}}, "reward.gt"), ({"reward": {"$gte": 0.5}}, "reward.$gte"),
-                        ({"colour": "red"}, "colour"), ({"outcome": ["success", "great"]}, "outcome"),
-                        ({"reward": {"gte": "high"}}, "reward.gte"), ({"reward": 0.5}, "reward"),
-                        ({"reward": {"gte": 0.9, "lte": 0.1}}, "reward"), ({"mode": "magic"}, "mode"),
-                        ({"preset": "sometimes"}, "preset"), ({"weights": {"similarity": -1}}, "weights.similarity"),
-                        ({"weights": {"novelty": 1}}, "weights.novelty"), ({"half_life": "soon"}, "half_life"),
-                        ({"normalize": "zscore"}, "normalize"), ({"touch": "yes"}, "touch")]:
+    for body, field in [
+        ({"reward": {"gt": 0.5}}, "reward.gt"),
+        ({"reward": {"$gte": 0.5}}, "reward.$gte"),
+        ({"colour": "red"}, "colour"),
+        ({"outcome": ["success", "great"]}, "outcome"),
+        ({"reward": {"gte": "high"}}, "reward.gte"),
+        ({"reward": 0.5}, "reward"),
+        ({"reward": {"gte": 0.9, "lte": 0.1}}, "reward"),
+        ({"mode": "magic"}, "mode"),
+        ({"preset": "sometimes"}, "preset"),
+        ({"weights": {"similarity": -1}}, "weights.similarity"),
+        ({"weights": {"novelty": 1}}, "weights.novelty"),
+        ({"half_life": "soon"}, "half_life"),
+        ({"normalize": "zscore"}, "normalize"),
+        ({"touch": "yes"}, "touch"),
+    ]:
         data = await post(api, "/v1/recall", {"query": "a task", **body}, 422)
         assert field in errors(data), (body, data)
 
@@ -208,10 +279,21 @@ async def test_c14_agent_and_user_together_everywhere(api, redis, prefix):
     for a in ("a1", "a2"):
         for u in ("u1", "u2"):
             for i in range(2):
-                await put(redis, prefix, "default", episode(f"{a}-{u}-{i}", task="refactor the parser",
-                                                            agent_id=a, user_id=u, category=f"c-{a}-{u}",
-                                                            strategy_used=f"s-{a}-{u}", reward=0.7,
-                                                            completed_at=1_700_000_000 + i))
+                await put(
+                    redis,
+                    prefix,
+                    "default",
+                    episode(
+                        f"{a}-{u}-{i}",
+                        task="refactor the parser",
+                        agent_id=a,
+                        user_id=u,
+                        category=f"c-{a}-{u}",
+                        strategy_used=f"s-{a}-{u}",
+                        reward=0.7,
+                        completed_at=1_700_000_000 + i,
+                    ),
+                )
     scope = {"agent_id": "a1", "user_id": "u1"}
     body = await post(api, "/v1/recall", {"query": "refactor the parser", "top_k": 100, **scope})
     assert sorted(ids(body)) == ["a1-u1-0", "a1-u1-1"]
@@ -251,8 +333,13 @@ async def test_c16_unicode_byte_exact_and_recallable(api, redis, prefix):
     nfc = unicodedata.normalize("NFC", "café résumé naïve")
     nfd = unicodedata.normalize("NFD", nfc)
     assert nfc != nfd
-    texts = {"zh": "修复数据库迁移中的死锁问题", "ar": "إصلاح خطأ في قاعدة البيانات عند الترحيل",
-             "emoji": "deploy 🚀 rocket launch 🔥 hotfix", "nfc": nfc, "nfd": nfd}
+    texts = {
+        "zh": "修复数据库迁移中的死锁问题",
+        "ar": "إصلاح خطأ في قاعدة البيانات عند الترحيل",
+        "emoji": "deploy 🚀 rocket launch 🔥 hotfix",
+        "nfc": nfc,
+        "nfd": nfd,
+    }
     for name, text in texts.items():
         await put(redis, prefix, "default", episode(name, task=text, solution=text))
     for name, text in texts.items():

@@ -23,8 +23,14 @@ async def run(client, *args: str, key: str | None = None):
 
 
 async def test_cli_recall_publish_skills_forget(tenants, redis, prefix, tmp_path):
-    await put(redis, prefix, "ns-a", episode("path/with\\slash", task="rotate the api keys", agent_id="ops",
-                                             category="security", reward=1.0))
+    await put(
+        redis,
+        prefix,
+        "ns-a",
+        episode(
+            "path/with\\slash", task="rotate the api keys", agent_id="ops", category="security", reward=1.0
+        ),
+    )
     out = await run(tenants, "recall", "rotate the api keys", "--agent-id", "ops", "--top-k", "2", key=KEY_A)
     assert out.exit_code == 0, out.output
     assert "path/with\\slash" in out.output and "success" in out.output
@@ -45,8 +51,12 @@ async def test_cli_recall_publish_skills_forget(tenants, redis, prefix, tmp_path
     out = await run(tenants, "forget", "--user", "u:1", key=KEY_A)
     assert out.exit_code == 0, out.output
     events = [decode(e.payload) for e in await streams.read_range(redis, Keys(prefix).stream)]
-    assert [type(e).__name__ for e in events] == ["EpisodeCompleted", "EpisodeCompleted", "EpisodeForgotten",
-                                                 "UserForgotten"]
+    assert [type(e).__name__ for e in events] == [
+        "EpisodeCompleted",
+        "EpisodeCompleted",
+        "EpisodeForgotten",
+        "UserForgotten",
+    ]
     assert events[2].episode_id == "path/with\\slash" and events[3].user_id == "u:1"
     assert {e.namespace for e in events} == {"ns-a"}
 
@@ -66,9 +76,19 @@ async def test_cli_errors(tenants, tmp_path):
 
 async def test_cli_context_facts_curve_and_the_default_url(tenants, redis, prefix, monkeypatch):
     for i, outcome in enumerate(["success", "failure", "success"]):
-        await put(redis, prefix, "ns-a", episode(f"c{i}", task=f"upgrade the postgres cluster {i}", agent_id="ops",
-                                                 outcome=outcome, reward=1.0 if outcome == "success" else 0.0,
-                                                 completed_at=1_700_000_000.0 + i))
+        await put(
+            redis,
+            prefix,
+            "ns-a",
+            episode(
+                f"c{i}",
+                task=f"upgrade the postgres cluster {i}",
+                agent_id="ops",
+                outcome=outcome,
+                reward=1.0 if outcome == "success" else 0.0,
+                completed_at=1_700_000_000.0 + i,
+            ),
+        )
     out = await run(tenants, "context", "upgrade the postgres cluster", "--agent-id", "ops", key=KEY_A)
     assert out.exit_code == 0 and "upgrade the postgres cluster" in out.output, out.output
     out = await run(tenants, "curve", "--agent-id", "ops", key=KEY_A)

@@ -42,15 +42,26 @@ async def drain(settings, redis) -> None:
 
 
 async def test_ingest_project_recall_forget_across_tenants(tenants, settings, redis):
-    batch = {"episodes": [episode(f"e{i}", task=f"renew the tls certificate {i}", user_id=f"u{i % 2}",
-                                  category="ops", reward=0.5 + i / 10) for i in range(4)]}
+    batch = {
+        "episodes": [
+            episode(
+                f"e{i}",
+                task=f"renew the tls certificate {i}",
+                user_id=f"u{i % 2}",
+                category="ops",
+                reward=0.5 + i / 10,
+            )
+            for i in range(4)
+        ]
+    }
     await asyncio.gather(*(tenants.post("/v1/episodes", json=batch, headers=auth(k)) for k in (KEY_A, KEY_B)))
     await tenants.post("/v1/episodes", json=batch["episodes"][0], headers=auth(KEY_A))  # C01: a client retry
     await drain(settings, redis)
 
     async def recall(key, **body):
-        resp = await tenants.post("/v1/recall", json={"query": "renew the tls certificate", "top_k": 10, **body},
-                                  headers=auth(key))
+        resp = await tenants.post(
+            "/v1/recall", json={"query": "renew the tls certificate", "top_k": 10, **body}, headers=auth(key)
+        )
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
@@ -85,8 +96,12 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     from engram_episodic.validation import parse_episode
     from shared.codec import encode
 
-    event = EpisodeCompleted(namespace="default", episode_id="dl-only", occurred_at=1.0,
-                             episode=parse_episode({**bad, "completed_at": 1.0}))
+    event = EpisodeCompleted(
+        namespace="default",
+        episode_id="dl-only",
+        occurred_at=1.0,
+        episode=parse_episode({**bad, "completed_at": 1.0}),
+    )
     await stream_commands.publish(redis, keys.stream, [encode(event)])  # ...another client does not
     await drain(settings, redis)
     assert (await api.get("/v1/episodes/dl-only")).status == 404
@@ -97,8 +112,12 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     assert (await api.delete("/v1/episodes/never-seen")).status == 404
     from engram_episodic.events import Action, ActionRecorded
 
-    action = ActionRecorded(namespace="default", episode_id="act-only", occurred_at=2.0,
-                            action=Action(action_type="probe", input="SECRET-A"))
+    action = ActionRecorded(
+        namespace="default",
+        episode_id="act-only",
+        occurred_at=2.0,
+        action=Action(action_type="probe", input="SECRET-A"),
+    )
     await stream_commands.publish(redis, keys.stream, [encode(action)])
     await drain(settings, redis)
     assert (await api.delete("/v1/episodes/act-only")).status == 202
@@ -108,7 +127,9 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     assert await redis.xlen(keys.stream) == before
 
 
-async def test_an_episode_of_more_actions_than_one_event_carries_completes_and_reads_back(api, settings, redis):
+async def test_an_episode_of_more_actions_than_one_event_carries_completes_and_reads_back(
+    api, settings, redis
+):
     """MAX_ACTIONS bounds one event, not an episode (found by a new-user trial): an SDK episode of
     1,001 actions completes (the completion carries the last 1,000; the rest were published one by
     one), is projected whole, and GET and recall read it (the stored document was a 500)."""

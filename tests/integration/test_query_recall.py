@@ -19,12 +19,27 @@ Q = "how do I fix the flaky migration test"
 async def seed_abc(redis, prefix):
     """A: cos 1, 1 day old, reward .2, failure. B: cos .6, age 0, reward 1, success.
     C: cos 0, 12 h old, reward .5, partial."""
-    await put(redis, prefix, "default", episode("A", completed_at=T - DAY, reward=0.2, outcome="failure",
-                                                  strategy_used="s-a"), unit(1.0))
-    await put(redis, prefix, "default", episode("B", completed_at=T, reward=1.0, outcome="success",
-                                                  strategy_used="s-b"), unit(0.6, 0.8))
-    await put(redis, prefix, "default", episode("C", completed_at=T - DAY / 2, reward=0.5, outcome="partial",
-                                                  strategy_used="s-b"), unit(0.0, 1.0))
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("A", completed_at=T - DAY, reward=0.2, outcome="failure", strategy_used="s-a"),
+        unit(1.0),
+    )
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("B", completed_at=T, reward=1.0, outcome="success", strategy_used="s-b"),
+        unit(0.6, 0.8),
+    )
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("C", completed_at=T - DAY / 2, reward=0.5, outcome="partial", strategy_used="s-b"),
+        unit(0.0, 1.0),
+    )
 
 
 @pytest.fixture
@@ -34,7 +49,9 @@ async def abc(make_client, redis, prefix):
 
 
 async def recall(client, **body):
-    resp = await client.post("/v1/recall", json={"query": Q, "top_k": 3, "as_of": T, "mode": "vector", **body})
+    resp = await client.post(
+        "/v1/recall", json={"query": Q, "top_k": 3, "as_of": T, "mode": "vector", **body}
+    )
     assert resp.status == 200, await resp.text()
     return await resp.json()
 
@@ -43,21 +60,27 @@ def by_id(body):
     return {r["episode"]["episode_id"]: r for r in body["results"]}
 
 
-R12H = 2 ** -0.5  # recency at 12 h with a 1-day half-life
+R12H = 2**-0.5  # recency at 12 h with a 1-day half-life
 
 
 def hand(s, rec, rew, out):
     """w_sim*cos + w_rec*2^(-age/1d) + w_rew*reward + w_out*outcome for A, B and C."""
-    return {"A": s * 1 + rec * .5 + rew * .2, "B": s * .6 + rec + rew + out,
-            "C": rec * R12H + rew * .5 + out * .5}
+    return {
+        "A": s * 1 + rec * 0.5 + rew * 0.2,
+        "B": s * 0.6 + rec + rew + out,
+        "C": rec * R12H + rew * 0.5 + out * 0.5,
+    }
 
 
-@pytest.mark.parametrize("preset,expected", [
-    # hand-computed with the presets' weights (similarity/recency/reward/outcome)
-    ("normal", hand(.90, .05, .03, .02)),
-    ("early", hand(.95, .01, .03, .01)),
-    ("late", hand(.85, .09, .04, .02)),
-])
+@pytest.mark.parametrize(
+    "preset,expected",
+    [
+        # hand-computed with the presets' weights (similarity/recency/reward/outcome)
+        ("normal", hand(0.90, 0.05, 0.03, 0.02)),
+        ("early", hand(0.95, 0.01, 0.03, 0.01)),
+        ("late", hand(0.85, 0.09, 0.04, 0.02)),
+    ],
+)
 async def test_ranking_matches_hand_computed_priorities(abc, preset, expected):
     body = await recall(abc, preset=preset)
     assert body["preset"] == preset
@@ -75,7 +98,13 @@ async def test_ranking_matches_hand_computed_priorities(abc, preset, expected):
 async def test_explicit_weights_win_and_reorder(abc):
     sim = await recall(abc, weights={"similarity": 1}, preset="late")
     assert sim["preset"] == "custom" and ids(sim) == ["A", "B", "C"]
-    assert sim["weights"] == {"similarity": 1.0, "recency": 0.0, "reward": 0.0, "outcome": 0.0, "importance": 0.0}
+    assert sim["weights"] == {
+        "similarity": 1.0,
+        "recency": 0.0,
+        "reward": 0.0,
+        "outcome": 0.0,
+        "importance": 0.0,
+    }
     rec = await recall(abc, weights={"recency": 1})
     assert ids(rec) == ["B", "C", "A"]
 
@@ -93,15 +122,16 @@ async def test_half_life_as_duration_string(abc):
     assert got["C"]["recency"] == pytest.approx(0.5)
     assert body["half_life"] == 43200
     week = await recall(abc, half_life=DAY, weights={"recency": 1}, as_of=T + 6 * DAY)
-    assert by_id(week)["B"]["recency"] == pytest.approx(2 ** -6)
+    assert by_id(week)["B"]["recency"] == pytest.approx(2**-6)
 
 
 async def test_c17_as_of_is_echoed_and_decay_measured_from_it(make_client, redis, prefix):
     await put(redis, prefix, "default", episode("old", completed_at="2019-12-31T00:00:00Z"))
     await put(redis, prefix, "default", episode("older", completed_at="2019-12-29T00:00:00Z"))
     client = await make_client()
-    resp = await client.post("/v1/recall", json={"query": "a task", "as_of": "2020-01-01T00:00:00Z",
-                                                 "weights": {"recency": 1}})
+    resp = await client.post(
+        "/v1/recall", json={"query": "a task", "as_of": "2020-01-01T00:00:00Z", "weights": {"recency": 1}}
+    )
     body = await resp.json()
     assert body["as_of"] == "2020-01-01T00:00:00Z"
     got = by_id(body)
@@ -116,8 +146,8 @@ async def test_minmax_normalisation(abc):
     got = by_id(body)
     # per-signal min-max over A, B, C: sim [1,.6,0], rec [.5,1,.7071]→[0,1,.4142], reward [.2,1,.5]→[0,1,.375]
     assert got["A"]["priority"] == pytest.approx(0.9, abs=1e-5)
-    assert got["B"]["priority"] == pytest.approx(.9 * .6 + .05 + .03 + .02, abs=1e-5)
-    c = .05 * (R12H - .5) / .5 + .03 * .375 + .02 * .5
+    assert got["B"]["priority"] == pytest.approx(0.9 * 0.6 + 0.05 + 0.03 + 0.02, abs=1e-5)
+    c = 0.05 * (R12H - 0.5) / 0.5 + 0.03 * 0.375 + 0.02 * 0.5
     assert got["C"]["priority"] == pytest.approx(c, abs=1e-5)
     assert body["normalize"] == "minmax"
 
@@ -127,8 +157,9 @@ def keyword_rel(query: str, task: str, counts: dict[str, int]) -> float:
     from shared.relevance import episode_terms, keyword_relevance, query_terms, query_words
 
     words = query_words(query)
-    return keyword_relevance(query_terms(words, [counts[w] for w in words.values()]),
-                             *episode_terms({"task": task}))
+    return keyword_relevance(
+        query_terms(words, [counts[w] for w in words.values()]), *episode_terms({"task": task})
+    )
 
 
 async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
@@ -138,8 +169,10 @@ async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
     client = await make_client(TableEmbedder(256, {q: unit(1.0)}))
 
     async def run(mode, k, query=q):
-        resp = await client.post("/v1/recall", json={"query": query, "mode": mode, "top_k": k, "candidates": k,
-                                                     "weights": {"similarity": 1}})
+        resp = await client.post(
+            "/v1/recall",
+            json={"query": query, "mode": mode, "top_k": k, "candidates": k, "weights": {"similarity": 1}},
+        )
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
@@ -162,7 +195,12 @@ async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
     one = await run("keyword", 1, query="zebra crossing etiquette")
     assert ids(one) == ["kw"]
     assert one["results"][0]["relevance"] == pytest.approx(
-        keyword_rel("zebra crossing etiquette", "zebra migration rollback", {"zebra": 1, "crossing": 0, "etiquette": 0}))
+        keyword_rel(
+            "zebra crossing etiquette",
+            "zebra migration rollback",
+            {"zebra": 1, "crossing": 0, "etiquette": 0},
+        )
+    )
     assert one["results"][0]["relevance"] < expected < 1.0
 
 
@@ -195,15 +233,25 @@ async def test_importance_weight(make_client, redis, prefix):
     await put(redis, prefix, "default", episode("lo", importance=2))
     await put(redis, prefix, "default", episode("hi", importance=9))
     client = await make_client()
-    body = await (await client.post("/v1/recall", json={"query": "a task", "weights": {"importance": 1}})).json()
+    body = await (
+        await client.post("/v1/recall", json={"query": "a task", "weights": {"importance": 1}})
+    ).json()
     assert ids(body) == ["hi", "lo"]
     assert by_id(body)["hi"]["priority"] == pytest.approx(0.9)
 
 
 async def test_c20_older_never_ranks_higher(make_client, redis, prefix):
     v = unit(1.0, 1.0)
-    await put(redis, prefix, "default", episode("newer", task="flaky migration", completed_at=T, reward=0.5), v)
-    await put(redis, prefix, "default", episode("older", task="flaky migration", completed_at=T - DAY, reward=0.5), v)
+    await put(
+        redis, prefix, "default", episode("newer", task="flaky migration", completed_at=T, reward=0.5), v
+    )
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("older", task="flaky migration", completed_at=T - DAY, reward=0.5),
+        v,
+    )
     client = await make_client(TableEmbedder(256, {Q: unit(1.0)}))
     for mode in ("vector", "keyword", "hybrid"):
         for preset in ("early", "normal", "late"):
@@ -273,11 +321,28 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     q = "zebra migration"
     await put(redis, prefix, "default", episode("vecbest", task="alpha beta"), unit(1.0))
     await put(redis, prefix, "default", episode("x1", task="gamma delta"), unit(0.95, 0.3122))
-    await put(redis, prefix, "default", episode("both", task="zebra migration rollback plan for the cluster nodes"),
-              unit(0.9, 0.4359))
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("both", task="zebra migration rollback plan for the cluster nodes"),
+        unit(0.9, 0.4359),
+    )
     for i in range(6):
-        await put(redis, prefix, "default", episode(f"f{i}", task=f"lorem ipsum {i}"), unit(0.5 - 0.05 * i, 0.0, 1.0))
-    await put(redis, prefix, "default", episode("y1", task="zebra migration rollback plan"), unit(0.0, 0.0, 0.0, 1.0))
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(f"f{i}", task=f"lorem ipsum {i}"),
+            unit(0.5 - 0.05 * i, 0.0, 1.0),
+        )
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("y1", task="zebra migration rollback plan"),
+        unit(0.0, 0.0, 0.0, 1.0),
+    )
     await put(redis, prefix, "default", episode("kwbest", task="zebra migration"), unit(-1.0))
     body = {"query": q, "mode": "hybrid", "top_k": 1, "weights": {"similarity": 1}}
 
@@ -294,8 +359,14 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     from shared.keys import Keys
 
     heads = {"vecbest"}  # cosine 1: the KNN head, whatever BM25 does
-    keyword_head = await bm25_search(redis, Keys(prefix).episode_index_alias, Scope(namespace="default", tags=BLAKE2B),
-                                     q, 1, return_fields=("doc",))
+    keyword_head = await bm25_search(
+        redis,
+        Keys(prefix).episode_index_alias,
+        Scope(namespace="default", tags=BLAKE2B),
+        q,
+        1,
+        return_fields=("doc",),
+    )
     heads |= {json.loads(h.fields[b"doc"])["episode_id"] for h in keyword_head}
     shallow = await make_client(TableEmbedder(256, {q: unit(1.0)}), recall_candidates=1)
     resp = await shallow.post("/v1/recall", json=body)
@@ -321,9 +392,16 @@ async def test_hybrid_without_keyword_hits_ranks_by_cosine_not_by_rank(make_clie
     """With no keyword match, hybrid relevance is half the cosine (absolute, no rank flattening: a
     cosine of 0.54 vs 0.07 once became relevance 0.50 vs 0.43, where a reward outweighed it)."""
     q = "check that an e-mail string is well formed"
-    await put(redis, prefix, "default", episode("regex", task="validate addresses with a pattern", reward=0.0),
-              unit(0.54, 0.8417))
-    await put(redis, prefix, "default", episode("login", task="flaky sign-in suite", reward=1.0), unit(0.07, 0.9975))
+    await put(
+        redis,
+        prefix,
+        "default",
+        episode("regex", task="validate addresses with a pattern", reward=0.0),
+        unit(0.54, 0.8417),
+    )
+    await put(
+        redis, prefix, "default", episode("login", task="flaky sign-in suite", reward=1.0), unit(0.07, 0.9975)
+    )
     client = await make_client(TableEmbedder(256, {q: unit(1.0)}))
     resp = await client.post("/v1/recall", json={"query": q, "top_k": 2, "preset": "early"})
     body = await resp.json()
@@ -332,28 +410,61 @@ async def test_hybrid_without_keyword_hits_ranks_by_cosine_not_by_rank(make_clie
     assert by_id(body)["regex"]["relevance"] == pytest.approx(0.27, abs=1e-4)
     assert by_id(body)["login"]["relevance"] == pytest.approx(0.035, abs=1e-4)
     # a query of stop words only has no keyword arm: hybrid is the cosine
-    only_stop = await (await client.post("/v1/recall", json={"query": "is it the", "top_k": 2, "mode": "hybrid",
-                                                             "weights": {"similarity": 1}})).json()
+    only_stop = await (
+        await client.post(
+            "/v1/recall",
+            json={"query": "is it the", "top_k": 2, "mode": "hybrid", "weights": {"similarity": 1}},
+        )
+    ).json()
     assert only_stop["results"][0]["relevance"] == pytest.approx(
-        only_stop["results"][0]["similarity"], abs=1e-6)
+        only_stop["results"][0]["similarity"], abs=1e-6
+    )
 
 
-async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_newest_regime(make_client, redis, prefix):
+async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_newest_regime(
+    make_client, redis, prefix
+):
     """X succeeded five times, then failed five times a week later while Y succeeded: the recall's
     replay context must not average X to 50% (issue 17 §5's family, as facts and /v1/strategy do)."""
     week = 7 * DAY
     for i in range(5):
-        await put(redis, prefix, "default", episode(f"x-old-{i}", completed_at=T - 2 * week + i, reward=1.0,
-                                                      outcome="success", strategy_used="X"), unit(1.0))
-        await put(redis, prefix, "default", episode(f"x-new-{i}", completed_at=T - week + i, reward=0.0,
-                                                      outcome="failure", strategy_used="X"), unit(1.0))
-        await put(redis, prefix, "default", episode(f"y-{i}", completed_at=T - week + 60 + i, reward=1.0,
-                                                      outcome="success", strategy_used="Y"), unit(0.9, 0.1))
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(
+                f"x-old-{i}", completed_at=T - 2 * week + i, reward=1.0, outcome="success", strategy_used="X"
+            ),
+            unit(1.0),
+        )
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(
+                f"x-new-{i}", completed_at=T - week + i, reward=0.0, outcome="failure", strategy_used="X"
+            ),
+            unit(1.0),
+        )
+        await put(
+            redis,
+            prefix,
+            "default",
+            episode(
+                f"y-{i}", completed_at=T - week + 60 + i, reward=1.0, outcome="success", strategy_used="Y"
+            ),
+            unit(0.9, 0.1),
+        )
     client = await make_client(TableEmbedder(256, {Q: unit(1.0)}))
     body = await recall(client, top_k=15)
     strategies = {s["strategy"]: s for s in body["replay_context"]["strategies"]}
     x, y = strategies["X"], strategies["Y"]
-    assert (x["episodes"], x["success_rate"], x["earlier_episodes"], x["earlier_success_rate"]) == (5, 0.0, 5, 1.0)
+    assert (x["episodes"], x["success_rate"], x["earlier_episodes"], x["earlier_success_rate"]) == (
+        5,
+        0.0,
+        5,
+        1.0,
+    )
     assert x["changed_at"] == "2025-06-24T00:00:00Z"
     assert (y["episodes"], y["success_rate"], y["changed_at"]) == (5, 1.0, None)
     assert body["replay_context"]["episodes"] == 15

@@ -49,25 +49,47 @@ class TableEmbedder(Embedder):
         return np.stack(rows), [False] * len(texts)
 
 
-def episode(episode_id: str, *, task: str = "a task", category: str = "debugging", outcome: str = "success",
-            completed_at: float | str = 1_700_000_000.0, reward: float | None = None, **extra: Any
-            ) -> dict[str, Any]:
-    data: dict[str, Any] = {"episode_id": episode_id, "task": {"description": task, "category": category},
-                            "outcome": outcome, "completed_at": completed_at, **extra}
+def episode(
+    episode_id: str,
+    *,
+    task: str = "a task",
+    category: str = "debugging",
+    outcome: str = "success",
+    completed_at: float | str = 1_700_000_000.0,
+    reward: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "episode_id": episode_id,
+        "task": {"description": task, "category": category},
+        "outcome": outcome,
+        "completed_at": completed_at,
+        **extra,
+    }
     if reward is not None:
         data.setdefault("feedback", {})["reward"] = reward
     return data
 
 
-async def put(redis, prefix: str, namespace: str, data: dict[str, Any], vector: np.ndarray | None = None,
-              *, status: str = STATUS_COMPLETED, dim: int = 256) -> str:
+async def put(
+    redis,
+    prefix: str,
+    namespace: str,
+    data: dict[str, Any],
+    vector: np.ndarray | None = None,
+    *,
+    status: str = STATUS_COMPLETED,
+    dim: int = 256,
+) -> str:
     """Write one episode document as the consolidator would; the vector defaults to its hashing embedding."""
     ep = parse_episode(data)
     if vector is None:
         vector = HashingEmbedder(dim).embed_sync([embedding_text(ep)])[0]
     keys = Keys(prefix)
-    await redis.hset(keys.episode_doc(1, namespace, ep.episode_id),
-                     mapping=episode_fields(namespace, ep, status=status, vector=vector, tags=BLAKE2B))
+    await redis.hset(
+        keys.episode_doc(1, namespace, ep.episode_id),
+        mapping=episode_fields(namespace, ep, status=status, vector=vector, tags=BLAKE2B),
+    )
     return ep.episode_id
 
 
@@ -105,12 +127,14 @@ def make_client(aiohttp_client, settings, redis):
     """Factory: a test client of the app with the given settings overrides and embedder.
 
     Waits until the index has indexed documents seeded before the app created it."""
+
     async def create(embedder: Embedder | None = None, **overrides: Any):
         s = settings.with_(**overrides) if overrides else settings
         app = make_app(s, redis=redis, embedder=embedder or HashingEmbedder(s.embed_dim))
         client = await aiohttp_client(ServiceTestServer(app))
         await wait_until(lambda: fully_indexed(redis, s.prefix), message="index backfill")
         return client
+
     return create
 
 

@@ -9,7 +9,9 @@ pytest_plugins = ["tests.integration.test_query_support"]
 
 
 async def test_accepted_but_not_projected_is_pending_not_404(tenants, settings, redis):
-    resp = await tenants.post("/v1/episodes", json=episode("ryw-1", task="rotate the keys"), headers=auth(KEY_A))
+    resp = await tenants.post(
+        "/v1/episodes", json=episode("ryw-1", task="rotate the keys"), headers=auth(KEY_A)
+    )
     assert resp.status == 202
     got = await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))
     assert got.status == 200, await got.text()
@@ -20,10 +22,14 @@ async def test_accepted_but_not_projected_is_pending_not_404(tenants, settings, 
     await drain(settings, redis)
     body = await (await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))).json()
     assert body["status"] == "completed" and body["episode"]["task"]["description"] == "rotate the keys"
-    await tenants.post("/v1/episodes", json=episode("ryw-1", task="rotate the keys again"), headers=auth(KEY_A))
+    await tenants.post(
+        "/v1/episodes", json=episode("ryw-1", task="rotate the keys again"), headers=auth(KEY_A)
+    )
     await tenants.delete("/v1/episodes/ryw-1", headers=auth(KEY_A))
     await drain(settings, redis)
-    assert (await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))).status == 404, "forgotten, not pending"
+    assert (await tenants.get("/v1/episodes/ryw-1", headers=auth(KEY_A))).status == 404, (
+        "forgotten, not pending"
+    )
 
 
 async def test_get_episode_refuses_query_parameters(tenants):
@@ -38,8 +44,11 @@ async def test_ingest_waits_until_projected_when_asked(tenants, settings, redis)
         resp = await tenants.post("/v1/episodes", params={"wait": "10"}, json=batch, headers=auth(KEY_A))
         body = await resp.json()
     assert resp.status == 202 and body["projected"] is True and all(r["projected"] for r in body["results"])
-    recall = await (await tenants.post("/v1/recall", json={"query": "upgrade the kernel", "top_k": 5},
-                                       headers=auth(KEY_A))).json()
+    recall = await (
+        await tenants.post(
+            "/v1/recall", json={"query": "upgrade the kernel", "top_k": 5}, headers=auth(KEY_A)
+        )
+    ).json()
     assert sorted(r["episode"]["episode_id"] for r in recall["results"]) == ["w0", "w1", "w2"]
 
     # nobody consolidates now: the wait ends at its bound and says so
@@ -47,7 +56,9 @@ async def test_ingest_waits_until_projected_when_asked(tenants, settings, redis)
     body = await resp.json()
     assert resp.status == 202 and body["projected"] is False and body["results"][0]["projected"] is False
     for bad in ("31", "-1", "soon"):
-        resp = await tenants.post("/v1/episodes", params={"wait": bad}, json=episode("w10"), headers=auth(KEY_A))
+        resp = await tenants.post(
+            "/v1/episodes", params={"wait": bad}, json=episode("w10"), headers=auth(KEY_A)
+        )
         assert resp.status == 422 and (await resp.json())["errors"][0]["field"] == "wait"
 
 
@@ -66,22 +77,31 @@ async def test_the_client_reads_its_writes(tenants, settings, redis):
         else:
             raise AssertionError("nobody consolidates: the wait must time out")
         async with consolidating(settings, redis, "ryw-client"):
-            again = await memory.record(episode_id=eid, task="renew the dns zone (v2)", outcome="failure", wait=10)
+            again = await memory.record(
+                episode_id=eid, task="renew the dns zone (v2)", outcome="failure", wait=10
+            )
         assert again == eid
         stored = await memory.get_episode(eid)
-    assert stored.status == "completed" and stored.episode.outcome == "failure", "the new version, not the old"
+    assert stored.status == "completed" and stored.episode.outcome == "failure", (
+        "the new version, not the old"
+    )
 
 
 async def test_an_accepted_episode_can_be_forgotten_before_it_is_projected(tenants, settings, redis):
     """DELETE of a pending episode was a 404 and the episode was projected afterwards (new-user trial)."""
     await tenants.post("/v1/episodes", json=episode("early", task="SECRET-EARLY plans"), headers=auth(KEY_A))
-    assert (await tenants.delete("/v1/episodes/early", headers=auth(KEY_B))).status == 404, "not another tenant's"
+    assert (await tenants.delete("/v1/episodes/early", headers=auth(KEY_B))).status == 404, (
+        "not another tenant's"
+    )
     resp = await tenants.delete("/v1/episodes/early", headers=auth(KEY_A))
     assert resp.status == 202, await resp.text()
     await drain(settings, redis)
     assert (await tenants.get("/v1/episodes/early", headers=auth(KEY_A))).status == 404
-    recall = await (await tenants.post("/v1/recall", json={"query": "SECRET-EARLY plans", "top_k": 5},
-                                       headers=auth(KEY_A))).json()
+    recall = await (
+        await tenants.post(
+            "/v1/recall", json={"query": "SECRET-EARLY plans", "top_k": 5}, headers=auth(KEY_A)
+        )
+    ).json()
     assert recall["results"] == []
 
 

@@ -33,21 +33,34 @@ _counter = itertools.count()
 DEPTH = 6  # ENGRAM_RECALL_CANDIDATES of these tests: smaller than the scopes, so the pool is a choice
 
 texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=5).map(" ".join)
-episodes_st = st.lists(st.fixed_dictionaries({
-    "task": texts,
-    "age_h": st.integers(0, 24 * 14),
-    "reward": st.none() | st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 3)),
-    "outcome": st.sampled_from(("success", "partial", "failure")),
-    "importance": st.none() | st.integers(1, 10),
-}), min_size=1, max_size=14)
+episodes_st = st.lists(
+    st.fixed_dictionaries(
+        {
+            "task": texts,
+            "age_h": st.integers(0, 24 * 14),
+            "reward": st.none() | st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 3)),
+            "outcome": st.sampled_from(("success", "partial", "failure")),
+            "importance": st.none() | st.integers(1, 10),
+        }
+    ),
+    min_size=1,
+    max_size=14,
+)
 weights_st = st.one_of(
     st.just(None),
     st.sampled_from(("early", "normal", "late")).map(lambda p: {"preset": p}),
-    st.fixed_dictionaries({}, optional={
-        "similarity": st.sampled_from((0.0, 0.5, 1.0)), "recency": st.sampled_from((0.0, 0.3, 1.0)),
-        "reward": st.sampled_from((0.0, 0.2, 1.0)), "outcome": st.sampled_from((0.0, 0.1)),
-        "importance": st.sampled_from((0.0, 0.5)),
-    }).filter(lambda w: any(w.values())).map(lambda w: {"weights": w}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "similarity": st.sampled_from((0.0, 0.5, 1.0)),
+            "recency": st.sampled_from((0.0, 0.3, 1.0)),
+            "reward": st.sampled_from((0.0, 0.2, 1.0)),
+            "outcome": st.sampled_from((0.0, 0.1)),
+            "importance": st.sampled_from((0.0, 0.5)),
+        },
+    )
+    .filter(lambda w: any(w.values()))
+    .map(lambda w: {"weights": w}),
 )
 modes = st.sampled_from(("vector", "keyword", "hybrid"))
 
@@ -65,9 +78,21 @@ async def seed(redis, prefix, namespace, items, *, base: float = NOW, tag: str =
     out = []
     for i, it in enumerate(items):
         extra = {"importance": it["importance"]} if it.get("importance") is not None else {}
-        out.append(await put(redis, prefix, namespace, episode(
-            f"{tag}{i}", task=it["task"], completed_at=base - 3600.0 * it["age_h"], reward=it.get("reward"),
-            outcome=it["outcome"], **extra)))
+        out.append(
+            await put(
+                redis,
+                prefix,
+                namespace,
+                episode(
+                    f"{tag}{i}",
+                    task=it["task"],
+                    completed_at=base - 3600.0 * it["age_h"],
+                    reward=it.get("reward"),
+                    outcome=it["outcome"],
+                    **extra,
+                ),
+            )
+        )
     return out
 
 
@@ -83,8 +108,10 @@ async def post(client, path, key, **body):
 
 
 def summary(body):
-    return [(r["episode"]["episode_id"], round(r["priority"], 12), round(r["relevance"], 12))
-            for r in body["results"]]
+    return [
+        (r["episode"]["episode_id"], round(r["priority"], 12), round(r["relevance"], 12))
+        for r in body["results"]
+    ]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -100,8 +127,9 @@ async def test_recall_is_prefix_stable_in_top_k(client, redis, prefix, items, qu
     assert summary(full)[:small] == summary(head)
     # an explicit pool as deep as the scope extends the same ranking up to top_k 100
     deep = await post(client, "/v1/recall", key, top_k=100, candidates=100, **body)
-    assert summary(deep)[:small] == summary(await post(client, "/v1/recall", key, top_k=small, candidates=100,
-                                                       **body))
+    assert summary(deep)[:small] == summary(
+        await post(client, "/v1/recall", key, top_k=small, candidates=100, **body)
+    )
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -113,27 +141,39 @@ async def test_context_recall_is_prefix_stable_in_top_k(client, redis, prefix, i
     small = data.draw(st.integers(1, big), label="k")
     full = await post(client, "/v1/context", key, task=query, top_k=big)
     head = await post(client, "/v1/context", key, task=query, top_k=small)
-    assert [r["episode"]["episode_id"] for r in full["results"]][:small] == \
-        [r["episode"]["episode_id"] for r in head["results"]]
+    assert [r["episode"]["episode_id"] for r in full["results"]][:small] == [
+        r["episode"]["episode_id"] for r in head["results"]
+    ]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(items=episodes_st, unrelated=episodes_st, query=texts, mode=modes,
-       choice=weights_st.filter(lambda c: c is not None))
-async def test_unrelated_episodes_change_no_relevance_or_priority(client, redis, prefix, items, unrelated, query,
-                                                                   mode, choice):
+@given(
+    items=episodes_st,
+    unrelated=episodes_st,
+    query=texts,
+    mode=modes,
+    choice=weights_st.filter(lambda c: c is not None),
+)
+async def test_unrelated_episodes_change_no_relevance_or_priority(
+    client, redis, prefix, items, unrelated, query, mode, choice
+):
     """`auto` is left out: it picks its preset by the scope's size, which adding episodes changes."""
     key, ns = fresh_tenant()
     await seed(redis, prefix, ns, items)
     body = {"query": query, "mode": mode, "as_of": NOW, "top_k": 100, "candidates": 100, **choice}
-    before = {r["episode"]["episode_id"]: r for r in (await post(client, "/v1/recall", key, **body))["results"]}
-    off_topic = [{**u, "task": " ".join(OTHER[(len(u["task"]) + j) % len(OTHER)] for j in range(3))}
-                 for u in unrelated]
+    before = {
+        r["episode"]["episode_id"]: r for r in (await post(client, "/v1/recall", key, **body))["results"]
+    }
+    off_topic = [
+        {**u, "task": " ".join(OTHER[(len(u["task"]) + j) % len(OTHER)] for j in range(3))} for u in unrelated
+    ]
     await seed(redis, prefix, ns, off_topic, tag="u")
     # and another tenant's episodes on the very same words
     other_key, other_ns = fresh_tenant()
     await seed(redis, prefix, other_ns, items + items)
-    after = {r["episode"]["episode_id"]: r for r in (await post(client, "/v1/recall", key, **body))["results"]}
+    after = {
+        r["episode"]["episode_id"]: r for r in (await post(client, "/v1/recall", key, **body))["results"]
+    }
     for eid, r in before.items():
         assert eid in after
         assert after[eid]["relevance"] == pytest.approx(r["relevance"], abs=1e-9), eid
@@ -142,17 +182,24 @@ async def test_unrelated_episodes_change_no_relevance_or_priority(client, redis,
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(items=episodes_st, query=texts, mode=modes, choice=weights_st,
-       floor=st.tuples(st.sampled_from((0.0, 0.1, 0.3, 0.6)), st.sampled_from((0.0, 0.2, 0.5, 0.8))))
-async def test_min_relevance_and_min_priority_only_drop_results_below_them(client, redis, prefix, items, query,
-                                                                           mode, choice, floor):
+@given(
+    items=episodes_st,
+    query=texts,
+    mode=modes,
+    choice=weights_st,
+    floor=st.tuples(st.sampled_from((0.0, 0.1, 0.3, 0.6)), st.sampled_from((0.0, 0.2, 0.5, 0.8))),
+)
+async def test_min_relevance_and_min_priority_only_drop_results_below_them(
+    client, redis, prefix, items, query, mode, choice, floor
+):
     key, ns = fresh_tenant()
     await seed(redis, prefix, ns, items)
     body = {"query": query, "mode": mode, "as_of": NOW, "top_k": 100, "candidates": 100, **(choice or {})}
     every = (await post(client, "/v1/recall", key, **body))["results"]
     kept = await post(client, "/v1/recall", key, min_relevance=floor[0], min_priority=floor[1], **body)
-    expected = [r["episode"]["episode_id"] for r in every
-                if r["relevance"] >= floor[0] and r["priority"] >= floor[1]]
+    expected = [
+        r["episode"]["episode_id"] for r in every if r["relevance"] >= floor[0] and r["priority"] >= floor[1]
+    ]
     assert ids(kept) == expected
     assert kept["min_relevance"] == floor[0] and kept["min_priority"] == floor[1]
 
@@ -166,39 +213,79 @@ async def test_all_weight_on_one_signal_orders_the_whole_scope(client, redis, pr
     for i in range(12):
         # i = 0 matches the query best and is the oldest, least important, least rewarded
         words = " ".join(WORDS[:3]) if i < 6 else "schema token"
-        await put(redis, prefix, ns, episode(f"e{i}", task=words + f" case {i}", completed_at=NOW - (12 - i) * 5 * 3600,
-                                             reward=i / 11, importance=1 + (i * 9) // 11))
+        await put(
+            redis,
+            prefix,
+            ns,
+            episode(
+                f"e{i}",
+                task=words + f" case {i}",
+                completed_at=NOW - (12 - i) * 5 * 3600,
+                reward=i / 11,
+                importance=1 + (i * 9) // 11,
+            ),
+        )
     for mode in ("vector", "keyword", "hybrid"):
-        body = await post(client, "/v1/recall", key, query=query, mode=mode, as_of=NOW, top_k=3,
-                          weights={signal: 1})
+        body = await post(
+            client, "/v1/recall", key, query=query, mode=mode, as_of=NOW, top_k=3, weights={signal: 1}
+        )
         assert ids(body) == ["e11", "e10", "e9"], (mode, ids(body))
     if signal == "recency":
         # 17 h vs 5 h old (the report of issue 17): the newest one is returned at top_k 1
-        body = await post(client, "/v1/recall", key, query=query, mode="hybrid", as_of=NOW, top_k=1,
-                          weights={"recency": 1})
+        body = await post(
+            client, "/v1/recall", key, query=query, mode="hybrid", as_of=NOW, top_k=1, weights={"recency": 1}
+        )
         assert ids(body) == ["e11"] and body["results"][0]["age_s"] == pytest.approx(5 * 3600)
 
 
 async def test_recency_from_last_access_orders_by_the_last_recall(client, redis, prefix):
     key, ns = fresh_tenant()
     for i in range(10):
-        await put(redis, prefix, ns, episode(f"e{i}", task=f"deploy cache case {i}" if i < 7 else "walrus",
-                                             completed_at=NOW - DAY - i * 3600))
-    touched = await post(client, "/v1/recall", key, query="walrus", mode="keyword", top_k=1, touch=True,
-                         weights={"similarity": 1})
+        await put(
+            redis,
+            prefix,
+            ns,
+            episode(
+                f"e{i}",
+                task=f"deploy cache case {i}" if i < 7 else "walrus",
+                completed_at=NOW - DAY - i * 3600,
+            ),
+        )
+    touched = await post(
+        client,
+        "/v1/recall",
+        key,
+        query="walrus",
+        mode="keyword",
+        top_k=1,
+        touch=True,
+        weights={"similarity": 1},
+    )
     assert ids(touched) == ["e7"]  # the newest of the three equally relevant ones
-    body = await post(client, "/v1/recall", key, query="deploy cache", mode="hybrid", top_k=2,
-                      weights={"recency": 1}, recency_from="last_access")
+    body = await post(
+        client,
+        "/v1/recall",
+        key,
+        query="deploy cache",
+        mode="hybrid",
+        top_k=2,
+        weights={"recency": 1},
+        recency_from="last_access",
+    )
     # accessed just now: the most recent by last access (the arm sorted by last_accessed)
     assert ids(body) == ["e7", "e0"]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ages=st.lists(st.integers(0, 30), min_size=1, max_size=20), rewards=st.lists(
-    st.none() | st.sampled_from((0.0, 0.25, 0.5, 1.0)), min_size=20, max_size=20),
-    forget=st.sets(st.integers(0, 19), max_size=5), later=st.lists(st.integers(0, 30), max_size=4))
-async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, redis, prefix, ages, rewards, forget,
-                                                                      later):
+@given(
+    ages=st.lists(st.integers(0, 30), min_size=1, max_size=20),
+    rewards=st.lists(st.none() | st.sampled_from((0.0, 0.25, 0.5, 1.0)), min_size=20, max_size=20),
+    forget=st.sets(st.integers(0, 19), max_size=5),
+    later=st.lists(st.integers(0, 30), max_size=4),
+)
+async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
+    client, redis, prefix, ages, rewards, forget, later
+):
     """top_by narrows the recency / reward lists to episodes above the last (depth + 1)-th value: the
     answer is the full sort's, including ties at the boundary, forgets and new episodes since."""
     from services.query import recall as rc
@@ -209,8 +296,12 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, re
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
 
     async def put_at(eid, age, reward):
-        await put(redis, prefix, ns, episode(eid, task="cache deploy", completed_at=NOW - 3600.0 * age,
-                                             reward=reward))
+        await put(
+            redis,
+            prefix,
+            ns,
+            episode(eid, task="cache deploy", completed_at=NOW - 3600.0 * age, reward=reward),
+        )
 
     for i, age in enumerate(ages):
         await put_at(f"e{i}", age, rewards[i])
@@ -218,7 +309,9 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, re
     async def check():
         for name in ("completed_at", "reward"):
             got = [h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
-            _, full = await filter_search(redis, index, scope, return_fields=(name,), sort_by=name, limit=1000)
+            _, full = await filter_search(
+                redis, index, scope, return_fields=(name,), sort_by=name, limit=1000
+            )
             have = {h.key: float(h.fields.get(name.encode(), "-inf")) for h in full}  # no reward: sorted last
             values = [have[h.key] for h in full]
             want = values[:DEPTH]
@@ -236,7 +329,9 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(client, re
     await check()
 
 
-async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(client, redis, prefix, monkeypatch):
+async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(
+    client, redis, prefix, monkeypatch
+):
     """A SORTABLE value comes back with 12 significant digits: a reward of 0.5010000000006 as
     0.501000000001, above the stored value. The floor must still narrow (from the second call on, one
     sorted query per list, not a narrowed one that misses the floor's episode and then a full sort)
@@ -247,9 +342,17 @@ async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(clien
     key, ns = fresh_tenant()
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     for i in range(3 * DEPTH):
-        await put(redis, prefix, ns, episode(f"r{i}", task="cache deploy", completed_at=NOW - 3600.0 * i,
-                                             reward=0.5 + i / 1000 + 6e-13))
-    _, full = await filter_search(redis, index, scope, return_fields=("reward",), sort_by="reward", limit=DEPTH)
+        await put(
+            redis,
+            prefix,
+            ns,
+            episode(
+                f"r{i}", task="cache deploy", completed_at=NOW - 3600.0 * i, reward=0.5 + i / 1000 + 6e-13
+            ),
+        )
+    _, full = await filter_search(
+        redis, index, scope, return_fields=("reward",), sort_by="reward", limit=DEPTH
+    )
     queries = []
 
     async def counted(*args, **kwargs):
@@ -276,8 +379,17 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
     key, ns = fresh_tenant()
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     for i in range(4 * DEPTH):  # distinct times and rewards: each list is one order
-        await put(redis, prefix, ns, episode(f"u{i}", task=f"{WORDS[i % len(WORDS)]} deploy",
-                                             completed_at=NOW - 3600.0 * i, reward=(i * 7 % 24) / 23))
+        await put(
+            redis,
+            prefix,
+            ns,
+            episode(
+                f"u{i}",
+                task=f"{WORDS[i % len(WORDS)]} deploy",
+                completed_at=NOW - 3600.0 * i,
+                reward=(i * 7 % 24) / 23,
+            ),
+        )
     names = ["completed_at", "reward"]
     query = HashingEmbedder(256).embed_sync(["cache deploy"])[0]
     assert await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS) is None
@@ -291,8 +403,10 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
     assert {h.key: h.score for g in got for h in g} == {h.key: h.score for h in restricted}
 
     ep = parse_episode(episode("novector", task="cache deploy", completed_at=NOW + 60.0))
-    await redis.hset(Keys(prefix).episode_doc(1, ns, ep.episode_id),
-                     mapping=episode_fields(ns, ep, status="completed", vector=None, tags=BLAKE2B))
+    await redis.hset(
+        Keys(prefix).episode_doc(1, ns, ep.episode_id),
+        mapping=episode_fields(ns, ep, status="completed", vector=None, tags=BLAKE2B),
+    )
     assert await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS) is None
     newest = await rc.top_by(redis, index, scope, "completed_at", DEPTH, rc.LIGHT_SIGNAL_FIELDS)
     assert newest[0].key == Keys(prefix).episode_doc(1, ns, "novector").encode()
@@ -305,7 +419,11 @@ async def test_keyword_relevance_sees_the_words_the_index_holds(client, redis, p
     await put(redis, prefix, ns, episode("ja", task="東京タワーの修理"))
     await put(redis, prefix, ns, episode("de", task="Über die Straße"))
     await put(redis, prefix, ns, episode("x", task="nothing in common"))
-    ja = await post(client, "/v1/recall", key, query="東京の修理", mode="keyword", top_k=3, weights={"similarity": 1})
+    ja = await post(
+        client, "/v1/recall", key, query="東京の修理", mode="keyword", top_k=3, weights={"similarity": 1}
+    )
     assert ids(ja)[0] == "ja" and ja["results"][0]["relevance"] > 0.2
-    de = await post(client, "/v1/recall", key, query="ÜBER STRASSE", mode="keyword", top_k=3, weights={"similarity": 1})
+    de = await post(
+        client, "/v1/recall", key, query="ÜBER STRASSE", mode="keyword", top_k=3, weights={"similarity": 1}
+    )
     assert ids(de)[0] == "de" and de["results"][0]["relevance"] > 0.2

@@ -133,8 +133,11 @@ async def test_worker_started_while_redis_is_down_waits_for_it(settings, private
     async with running_worker(s, "early") as (r, _worker, task):
         caplog.set_level("WARNING", logger="engram.consolidator")
         # past redis-py's own connection retries: the worker must still be there, retrying
-        await wait_until(lambda: caplog.text.count("redis unavailable at start") >= 3 and not task.done(),
-                         timeout=20, message="worker waiting for Redis")
+        await wait_until(
+            lambda: caplog.text.count("redis unavailable at start") >= 3 and not task.done(),
+            timeout=20,
+            message="worker waiting for Redis",
+        )
         private_redis.start()
         sdk = EngramClient(r, namespace="ns", prefix=s.prefix, publish_timeout=10)
         await sdk.record(episode("late"))
@@ -142,16 +145,20 @@ async def test_worker_started_while_redis_is_down_waits_for_it(settings, private
         assert not task.done()
 
 
-async def test_query_service_started_while_redis_is_down_waits_for_it(aiohttp_client, settings, private_redis,
-                                                                     caplog):
+async def test_query_service_started_while_redis_is_down_waits_for_it(
+    aiohttp_client, settings, private_redis, caplog
+):
     from services.query.app import make_app
 
     s = settings.with_(redis_url=private_redis.url)
     private_redis.kill()
     caplog.set_level("WARNING", logger="engram.query")
     starting = asyncio.create_task(aiohttp_client(make_app(s, embedder=HashingEmbedder(s.embed_dim))))
-    await wait_until(lambda: caplog.text.count("redis unavailable at start") >= 3 and not starting.done(),
-                     timeout=20, message="query service waiting for Redis")
+    await wait_until(
+        lambda: caplog.text.count("redis unavailable at start") >= 3 and not starting.done(),
+        timeout=20,
+        message="query service waiting for Redis",
+    )
     private_redis.start()
     client = await asyncio.wait_for(starting, 30)
     assert (await client.get("/readyz")).status == 200
@@ -165,8 +172,9 @@ async def _indexed(r, keys: Keys, n: int) -> bool:
 
 
 async def test_sdk_surfaces_a_publish_into_a_paused_redis(settings, private_redis):
-    sdk = EngramClient.connect(private_redis.url, namespace="ns", prefix=settings.prefix, publish_timeout=0.5,
-                               retries=2)
+    sdk = EngramClient.connect(
+        private_redis.url, namespace="ns", prefix=settings.prefix, publish_timeout=0.5, retries=2
+    )
     try:
         await sdk.record(episode("first"))
         os.kill(private_redis.process.pid, signal.SIGSTOP)

@@ -25,22 +25,46 @@ def test_rerank_probe_end_to_end(tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     small = ["--conversations", "2", "--questions", "6", "--cache", str(cache)]
-    proc = subprocess.run([sys.executable, "-m", "bench.rerank_probe", "collect", "--embedder", "hashing", *small],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.rerank_probe", "collect", "--embedder", "hashing", *small],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     raw = json.loads(cache.with_suffix(".json").read_text())
     default = raw["variants"]["default"]
     assert len(default) == 12 and all(len(r["ids"]) == 50 for r in default)
     # prefix stability: the top_k 100 list starts with the top_k 50 one
-    assert all(a["ids"] == b["ids"][:50] for a, b in zip(default, raw["variants"]["default, top_k 100"], strict=True))
+    assert all(
+        a["ids"] == b["ids"][:50] for a, b in zip(default, raw["variants"]["default, top_k 100"], strict=True)
+    )
 
     from bench.rerank_probe import Data, rerank_neighbours
 
-    args = type("Args", (), {"data": DEFAULT_DATA, "cache": cache, "conversations": 2, "questions": 6,
-                             "tune": 1, "split": "first"})()
+    args = type(
+        "Args",
+        (),
+        {
+            "data": DEFAULT_DATA,
+            "cache": cache,
+            "conversations": 2,
+            "questions": 6,
+            "tune": 1,
+            "split": "first",
+        },
+    )()
     data = Data(args)
     assert rerank_neighbours(data, 50, 0.0, default) == [r["ids"] for r in default]
-    proc = subprocess.run([sys.executable, "-m", "bench.rerank_probe", "evaluate", "--tune", "1", *small],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.rerank_probe", "evaluate", "--tune", "1", *small],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "neighbour-turn context" in proc.stdout and "| service: default |" in proc.stdout

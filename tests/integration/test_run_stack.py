@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def _ready(url: str) -> bool:
     try:
-        async with aiohttp.ClientSession() as s, s.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        ):
             return r.status == 200
     except aiohttp.ClientError:
         return False
@@ -52,21 +55,38 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
     port, redis_port = free_port(), free_port()
     metrics_port = _two_free_ports(avoid={port, redis_port})
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(ENGRAM_PORT=str(port), ENGRAM_REDIS_PORT=str(redis_port), ENGRAM_DATA_DIR=str(tmp_path),
-               ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING", ENGRAM_WORKERS="2",
-               ENGRAM_METRICS_PORT=str(metrics_port))
-    proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env.update(
+        ENGRAM_PORT=str(port),
+        ENGRAM_REDIS_PORT=str(redis_port),
+        ENGRAM_DATA_DIR=str(tmp_path),
+        ENGRAM_EMBEDDER="hashing",
+        ENGRAM_LOG_LEVEL="WARNING",
+        ENGRAM_WORKERS="2",
+        ENGRAM_METRICS_PORT=str(metrics_port),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.run"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
+
         async def up() -> bool:
             if proc.poll() is not None:  # the stack exited: say why now, not after the timeout
-                raise AssertionError(f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}")
+                raise AssertionError(
+                    f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}"
+                )
             return await _ready(url)
 
         await wait_until(up, timeout=90, message="query service ready")
         async with aiohttp.ClientSession() as s:
-            async with s.post(f"{url}/v1/episodes", json={"task": "fix the flaky login test", "outcome": "success"}) as r:
+            async with s.post(
+                f"{url}/v1/episodes", json={"task": "fix the flaky login test", "outcome": "success"}
+            ) as r:
                 assert r.status == 202
 
             async def recalled() -> bool:
@@ -79,6 +99,7 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
                     assert r.status == 200 and "engram_events_processed_total" in await r.text()
             # a dead embedded Redis is restarted from its AOF; the services reconnect by themselves
             import redis as sync_redis
+
             client = sync_redis.Redis(port=redis_port)
             pid = int(client.info("server")["process_id"])
             client.close()
@@ -98,30 +119,48 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
 
 
 def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path):
-    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "ENGRAM_PORT": "18080",
-           "ENGRAM_WORKERS": "2", "ENGRAM_METRICS_PORT": "18079", "ENGRAM_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+        "ENGRAM_PORT": "18080",
+        "ENGRAM_WORKERS": "2",
+        "ENGRAM_METRICS_PORT": "18079",
+        "ENGRAM_DATA_DIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "18080, which is also ENGRAM_PORT" in proc.stderr
 
 
-@pytest.mark.parametrize(("name", "value", "said"), [
-    ("ENGRAM_WORKERS", "abc", "ENGRAM_WORKERS='abc' is not an integer"),
-    ("ENGRAM_WORKERS", "0", "ENGRAM_WORKERS='0' must be between 1 and 64"),
-    ("ENGRAM_REDIS_PORT", "abc", "ENGRAM_REDIS_PORT='abc' is not an integer"),
-    ("ENGRAM_METRICS_PORT", "x", "ENGRAM_METRICS_PORT='x' is not an integer"),
-    ("ENGRAM_LOG_LEVEL", "bogus", "ENGRAM_LOG_LEVEL='bogus' must be one of"),
-    ("ENGRAM_HOST", "0.0.0.0", "is not a loopback address and no API keys are configured"),
-    ("ENGRAM_PORT", "REDIS", "ENGRAM_PORT and ENGRAM_REDIS_PORT are both 16599"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("ENGRAM_WORKERS", "abc", "ENGRAM_WORKERS='abc' is not an integer"),
+        ("ENGRAM_WORKERS", "0", "ENGRAM_WORKERS='0' must be between 1 and 64"),
+        ("ENGRAM_REDIS_PORT", "abc", "ENGRAM_REDIS_PORT='abc' is not an integer"),
+        ("ENGRAM_METRICS_PORT", "x", "ENGRAM_METRICS_PORT='x' is not an integer"),
+        ("ENGRAM_LOG_LEVEL", "bogus", "ENGRAM_LOG_LEVEL='bogus' must be one of"),
+        ("ENGRAM_HOST", "0.0.0.0", "is not a loopback address and no API keys are configured"),
+        ("ENGRAM_PORT", "REDIS", "ENGRAM_PORT and ENGRAM_REDIS_PORT are both 16599"),
+    ],
+)
 def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, name, value, said):
     """Found by a new-user trial: a traceback from int(), or (workers 0) a stack that never projects."""
-    env = {**{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS", "ENGRAM_API_KEYS_FILE")},
-           "ENGRAM_DATA_DIR": str(tmp_path), "ENGRAM_REDIS_PORT": "16599", name: value}
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("REDIS_URL", "ENGRAM_API_KEYS", "ENGRAM_API_KEYS_FILE")
+        },
+        "ENGRAM_DATA_DIR": str(tmp_path),
+        "ENGRAM_REDIS_PORT": "16599",
+        name: value,
+    }
     if value == "REDIS":
         env[name] = env["ENGRAM_REDIS_PORT"]
-    proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "redis").exists()  # nothing was started
 
@@ -131,19 +170,35 @@ def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_pat
     ENGRAM_DATA_DIR under a file was a NotADirectoryError traceback."""
     import socket
 
-    base = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "ENGRAM_DATA_DIR": str(tmp_path),
-            "ENGRAM_REDIS_PORT": str(free_port())}
+    base = {
+        **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+        "ENGRAM_DATA_DIR": str(tmp_path),
+        "ENGRAM_REDIS_PORT": str(free_port()),
+    }
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env={**base, "ENGRAM_PORT": str(port)},
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.run"],
+            cwd=ROOT,
+            env={**base, "ENGRAM_PORT": str(port)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 2 and f"ENGRAM_PORT={port} on 127.0.0.1 is not free" in proc.stderr
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT,
-                          env={**base, "ENGRAM_PORT": str(free_port()), "ENGRAM_DATA_DIR": str(afile / "x")},
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and f"cannot use ENGRAM_DATA_DIR={afile / 'x'}: Not a directory" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.run"],
+        cwd=ROOT,
+        env={**base, "ENGRAM_PORT": str(free_port()), "ENGRAM_DATA_DIR": str(afile / "x")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        proc.returncode == 1 and f"cannot use ENGRAM_DATA_DIR={afile / 'x'}: Not a directory" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr
 
 
@@ -156,17 +211,34 @@ class Stack:
         self.port, self.redis_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir.parent / f"{data_dir.name}-run.log"
-        self.env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS",
-                                                                     "ENGRAM_API_KEYS_FILE")}
-        self.env.update(ENGRAM_PORT=str(self.port), ENGRAM_REDIS_PORT=str(self.redis_port),
-                        ENGRAM_DATA_DIR=str(data_dir), ENGRAM_EMBEDDER="hashing", ENGRAM_LOG_LEVEL="WARNING",
-                        ENGRAM_METRICS_PORT="0", ENGRAM_LEASE_MS="2000", ENGRAM_BLOCK_MS="200", **extra)
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("REDIS_URL", "ENGRAM_API_KEYS", "ENGRAM_API_KEYS_FILE")
+        }
+        self.env.update(
+            ENGRAM_PORT=str(self.port),
+            ENGRAM_REDIS_PORT=str(self.redis_port),
+            ENGRAM_DATA_DIR=str(data_dir),
+            ENGRAM_EMBEDDER="hashing",
+            ENGRAM_LOG_LEVEL="WARNING",
+            ENGRAM_METRICS_PORT="0",
+            ENGRAM_LEASE_MS="2000",
+            ENGRAM_BLOCK_MS="200",
+            **extra,
+        )
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Stack:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.run"], cwd=ROOT, env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.run"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self
 
     def output(self) -> str:
@@ -192,8 +264,12 @@ class Stack:
         return await _ready(self.url)
 
     async def said(self, text: str, timeout: float = 30) -> None:
-        await wait_until(lambda: text in self.output(), timeout=timeout, interval=0.1,
-                         message=f"{text!r} in the output of make run")
+        await wait_until(
+            lambda: text in self.output(),
+            timeout=timeout,
+            interval=0.1,
+            message=f"{text!r} in the output of make run",
+        )
 
     def stop(self) -> int:
         """Ctrl-C (SIGINT to the supervisor); its exit code."""
@@ -230,8 +306,14 @@ async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_a
         await wait_until(stack.ready, timeout=60, message="query service ready")
         # a second `make run` of the same data directory is refused before it starts anything
         second = Stack(tmp_path / "data")
-        refused = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=second.env,
-                                 capture_output=True, text=True, timeout=60)
+        refused = subprocess.run(
+            [sys.executable, "-m", "services.run"],
+            cwd=ROOT,
+            env=second.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert refused.returncode == 3, refused.stderr
         assert f"is in use by another `make run` (pid {stack.proc.pid})" in refused.stderr
         assert not await _ready(second.url)
@@ -244,8 +326,9 @@ async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_a
         await stack.said(f"consolidator-0 restarted (pid {new_worker}, restart 1)")
         assert await _ready(stack.url)
         async with aiohttp.ClientSession() as s:  # the new worker projects
-            async with s.post(f"{stack.url}/v1/episodes", json={"task": "rotate the api keys",
-                                                                "outcome": "success"}) as r:
+            async with s.post(
+                f"{stack.url}/v1/episodes", json={"task": "rotate the api keys", "outcome": "success"}
+            ) as r:
                 assert r.status == 202
 
             async def recalled() -> bool:
@@ -311,8 +394,14 @@ def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(t
     fd = lock_data_dir(tmp_path)  # as a running `make run` holds it
     try:
         stack = Stack(tmp_path)
-        proc = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=stack.env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.run"],
+            cwd=ROOT,
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(fd)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
@@ -333,6 +422,7 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
     try:
         await wait_until(stack.ready, timeout=60, message="query service ready")
         async with aiohttp.ClientSession() as s:
+
             async def recall(text: str, mode: str = "vector") -> tuple[int, dict]:
                 async with s.post(f"{stack.url}/v1/recall", json={"query": text, "mode": mode}) as r:
                     return r.status, await r.json()
@@ -344,27 +434,44 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
             await publish("fix the flaky login test")
             await wait_until(lambda: _found(recall("flaky login test")), timeout=30, message="first episode")
 
-            env = {**stack.env, "REDIS_URL": f"redis://127.0.0.1:{stack.redis_port}/0", "ENGRAM_EMBED_DIM": "128"}
+            env = {
+                **stack.env,
+                "REDIS_URL": f"redis://127.0.0.1:{stack.redis_port}/0",
+                "ENGRAM_EMBED_DIM": "128",
+            }
             if (data / "master.key").exists():  # the key `make run` generated for its stream, if any
                 env["ENGRAM_MASTER_KEY_FILE"] = str(data / "master.key")
-            reindex = subprocess.run([sys.executable, "-m", "services.consolidator", "reindex", "--embedder",
-                                      "hashing"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+            reindex = subprocess.run(
+                [sys.executable, "-m", "services.consolidator", "reindex", "--embedder", "hashing"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert reindex.returncode == 0, reindex.stderr[-3000:]
             advice = "restarted with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128"
-            await stack.said(f"paused: index generation 2 now uses embedder 'hashing-v1' (dim 128), this worker "
-                             f"'hashing-v1' (dim 64); nothing is projected until it is {advice}")
+            await stack.said(
+                f"paused: index generation 2 now uses embedder 'hashing-v1' (dim 128), this worker "
+                f"'hashing-v1' (dim 64); nothing is projected until it is {advice}"
+            )
             await publish("rotate the api keys")  # accepted, and left in the stream by the paused worker
             client = sync_redis.Redis(port=stack.redis_port)
             try:
+
                 def unprojected() -> int:  # never read (lag), or read by a lane and left pending
                     group = client.xinfo_groups("engram:stream:episodes")[0]
                     return group["lag"] + group["pending"]
 
-                await wait_until(lambda: unprojected() == 1, timeout=10, message="the new entry left in the stream")
+                await wait_until(
+                    lambda: unprojected() == 1, timeout=10, message="the new entry left in the stream"
+                )
             finally:
                 client.close()
             assert stack.proc.poll() is None and await _ready(stack.url)  # the stack is up
-            status, body = await recall("flaky login test")  # a query vector of 64 dimensions, an index of 128
+            status, body = await recall(
+                "flaky login test"
+            )  # a query vector of 64 dimensions, an index of 128
             assert status == 409 and "rebuilt with another embedder" in body["detail"], body
             status, body = await recall("flaky login test", mode="keyword")  # the new index has the episode
             assert status == 200 and len(body["results"]) == 1
@@ -379,16 +486,20 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
     assert code == 2, output[-3000:]
     assert output.count("consolidator-0 restarted") == 1
     assert "consolidator-0 exited with code 2, a configuration error: " in output
-    assert "start it with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128" in output.split("exited with code 2")[1]
+    assert (
+        "start it with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128" in output.split("exited with code 2")[1]
+    )
 
     # restarted as advised, the stack projects what waited in the stream
     stack = Stack(data, ENGRAM_EMBED_DIM="128").start()
     try:
         await wait_until(stack.ready, timeout=60, message="query service ready with the new embedder")
         async with aiohttp.ClientSession() as s:
+
             async def found() -> bool:
-                async with s.post(f"{stack.url}/v1/recall", json={"query": "rotate api keys", "mode": "vector",
-                                                                 "top_k": 5}) as r:
+                async with s.post(
+                    f"{stack.url}/v1/recall", json={"query": "rotate api keys", "mode": "vector", "top_k": 5}
+                ) as r:
                     body = await r.json()
                     return r.status == 200 and len(body["results"]) == 2
 

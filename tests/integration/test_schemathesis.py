@@ -37,11 +37,19 @@ KEY = "schemathesis-key-000000000000"
 # wire form (an unnamed one holding []), a valid request answered 200 failed "schema-violating request
 # accepted" (GET /v1/skills, about 1 run in 3 of `make fuzz`). Now those cases really go without the key
 # and get the 401 they should. 413 is a rejection too: `episodes` past maxItems is also past the body limit.
-schema = schemathesis.openapi.from_dict(openapi_document(), config=SchemathesisConfig.from_dict({
-    "auth": {"openapi": {"bearer": {"bearer": KEY}}},
-    "checks": {"negative_data_rejection": {"expected-statuses": [
-        400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, "5xx"]}},
-}))
+schema = schemathesis.openapi.from_dict(
+    openapi_document(),
+    config=SchemathesisConfig.from_dict(
+        {
+            "auth": {"openapi": {"bearer": {"bearer": KEY}}},
+            "checks": {
+                "negative_data_rejection": {
+                    "expected-statuses": [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, "5xx"]
+                }
+            },
+        }
+    ),
+)
 
 
 class LiveApp:
@@ -79,8 +87,15 @@ class LiveApp:
 @pytest.fixture(scope="module")
 def live_api(redis_url) -> Iterator[str]:
     prefix = f"st{uuid.uuid4().hex[:8]}:"
-    s = Settings(redis_url=redis_url, prefix=prefix, embedder="hashing", embed_dim=64, vector_algorithm="FLAT",
-                 api_keys={KEY: "ns-schema"}, max_body_bytes=256 * 1024)
+    s = Settings(
+        redis_url=redis_url,
+        prefix=prefix,
+        embedder="hashing",
+        embed_dim=64,
+        vector_algorithm="FLAT",
+        api_keys={KEY: "ns-schema"},
+        max_body_bytes=256 * 1024,
+    )
     app = LiveApp(s)
     app.start()
     try:
@@ -97,9 +112,16 @@ def live_api(redis_url) -> Iterator[str]:
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 def test_schemathesis_openapi_contract(case, live_api):
     # positive_data_acceptance is off: the schema is a documented superset of the rules (no control
     # characters in ids, at least one weight > 0, agent_id with category, ...); a request that breaks one

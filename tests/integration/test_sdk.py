@@ -21,13 +21,28 @@ async def read_all(redis, prefix):
 
 async def test_full_episode_published_and_decoded(redis, prefix):
     client = EngramClient(redis, namespace="ns-a", prefix=prefix)
-    async with client.episode(task="fix flaky test", category="debugging", complexity=0.4,
-                              agent_id="coder", user_id="u1", session_id="s1",
-                              context={"repo": "engram"}, observation="CI red") as ep:
-        await ep.action("run_tests", input="pytest -x", output="1 failed", success=False, error="AssertionError")
+    async with client.episode(
+        task="fix flaky test",
+        category="debugging",
+        complexity=0.4,
+        agent_id="coder",
+        user_id="u1",
+        session_id="s1",
+        context={"repo": "engram"},
+        observation="CI red",
+    ) as ep:
+        await ep.action(
+            "run_tests", input="pytest -x", output="1 failed", success=False, error="AssertionError"
+        )
         await ep.action("edit", input="conftest.py", success=True)
-        await ep.complete("success", feedback={"reward": 1.0, "tests_passed": 12, "tests_total": 12},
-                          solution="pin the clock", strategy_used="iterative", importance=7, iterations=2)
+        await ep.complete(
+            "success",
+            feedback={"reward": 1.0, "tests_passed": 12, "tests_total": 12},
+            solution="pin the clock",
+            strategy_used="iterative",
+            importance=7,
+            iterations=2,
+        )
     events = await read_all(redis, prefix)
     assert [type(e) for e in events] == [EpisodeStarted, ActionRecorded, ActionRecorded, EpisodeCompleted]
     assert {e.episode_id for e in events} == {ep.episode_id}
@@ -52,8 +67,9 @@ async def test_exception_completes_as_failure_and_reraises(redis, prefix):
 
 async def test_record_finished_episode_and_validation(redis, prefix):
     client = EngramClient(redis, namespace="ns", prefix=prefix)
-    eid = await client.record({"episode_id": "given-id", "task": "t", "outcome": "partial",
-                               "completed_at": "2025-07-25T02:00:00Z"})
+    eid = await client.record(
+        {"episode_id": "given-id", "task": "t", "outcome": "partial", "completed_at": "2025-07-25T02:00:00Z"}
+    )
     assert eid == "given-id"
     (event,) = await read_all(redis, prefix)
     assert event.episode.completed_at == 1753408800.0
@@ -66,8 +82,9 @@ async def test_record_finished_episode_and_validation(redis, prefix):
 
 async def test_retry_keeps_event_ids(redis, prefix, redis_url):
     """A connection dropped mid-publish is retried with the same event ids."""
-    client = EngramClient(connect(redis_url, retries=0), namespace="ns", prefix=prefix, retries=3,
-                          owns_redis=True)
+    client = EngramClient(
+        connect(redis_url, retries=0), namespace="ns", prefix=prefix, retries=3, owns_redis=True
+    )
     calls = {"n": 0}
     original = streams.publish
 
@@ -92,8 +109,9 @@ async def test_retry_keeps_event_ids(redis, prefix, redis_url):
 async def test_unreachable_redis_raises_publish_error_within_timeout(prefix):
     from deploy.embedded_redis import free_port
 
-    client = EngramClient.connect(f"redis://127.0.0.1:{free_port()}/0", namespace="ns", prefix=prefix,
-                                  publish_timeout=0.5, retries=2)
+    client = EngramClient.connect(
+        f"redis://127.0.0.1:{free_port()}/0", namespace="ns", prefix=prefix, publish_timeout=0.5, retries=2
+    )
     with pytest.raises(PublishError, match="not published"):
         await client.record({"task": "t", "outcome": "success"})
     await client.close()
@@ -103,8 +121,9 @@ async def test_c16_unicode_byte_exact_through_redis(redis, prefix):
     client = EngramClient(redis, namespace="名前空間", prefix=prefix)
     texts = ["修复数据库迁移测试", "إصلاح اختبار الترحيل", "🙂🚀", "caf\u00e9", "cafe\u0301"]
     for t in texts:
-        await client.record({"episode_id": t, "task": {"description": t, "category": t}, "outcome": "success",
-                             "solution": t})
+        await client.record(
+            {"episode_id": t, "task": {"description": t, "category": t}, "outcome": "success", "solution": t}
+        )
     events = await read_all(redis, prefix)
     assert [e.episode.solution.encode() for e in events] == [t.encode() for t in texts]
     assert all(e.namespace == "名前空間" for e in events)
@@ -148,8 +167,9 @@ async def test_publish_keeps_retrying_until_its_deadline(prefix):
     """A Redis that is away: the SDK retries until `publish_timeout`, not for a fixed handful of tries."""
     from deploy.embedded_redis import free_port
 
-    client = EngramClient.connect(f"redis://127.0.0.1:{free_port()}/0", namespace="ns", prefix=prefix,
-                                  publish_timeout=6.0)
+    client = EngramClient.connect(
+        f"redis://127.0.0.1:{free_port()}/0", namespace="ns", prefix=prefix, publish_timeout=6.0
+    )
     started = time.monotonic()
     with pytest.raises(PublishError, match="attempt"):
         await client.record({"task": "t", "outcome": "success"})
@@ -195,8 +215,12 @@ async def _completed(client: EngramClient, data: dict):
     from engram_episodic.events import EpisodeCompleted
     from engram_episodic.validation import parse_episode
 
-    return EpisodeCompleted(namespace=client.namespace, episode_id=data["episode_id"], occurred_at=1.0,
-                            episode=parse_episode(data))
+    return EpisodeCompleted(
+        namespace=client.namespace,
+        episode_id=data["episode_id"],
+        occurred_at=1.0,
+        episode=parse_episode(data),
+    )
 
 
 async def test_a_timed_out_publish_says_the_events_may_be_stored(redis, prefix, monkeypatch):

@@ -45,9 +45,35 @@ KEY_C = "key-for-c-empty-5555555555"
 THREE = {KEY_A: "ns-a", KEY_B: "ns-b", KEY_C: "ns-c"}
 
 # Values that are query syntax in RediSearch (tags, text, KNN, parameters) or close to it.
-HOSTILE = ["@namespace:{ns-b}", "x} @namespace:{ns-b", "ns-b} | @namespace:{ns-b", "*", "-ns-a", "-", "(a|b)",
-           "a|b", "|", "=>[KNN 100 @vector $BLOB]", "$BLOB", "$", "@", "ns-b", "{", "}", "\\", "\\*",
-           "a\\|b", '"quoted"', "'", "%fuzzy%", "~opt", "a:b", "[1 2]", "@agent_id:{*}", "*=>[KNN 10 @vector $v]"]
+HOSTILE = [
+    "@namespace:{ns-b}",
+    "x} @namespace:{ns-b",
+    "ns-b} | @namespace:{ns-b",
+    "*",
+    "-ns-a",
+    "-",
+    "(a|b)",
+    "a|b",
+    "|",
+    "=>[KNN 100 @vector $BLOB]",
+    "$BLOB",
+    "$",
+    "@",
+    "ns-b",
+    "{",
+    "}",
+    "\\",
+    "\\*",
+    "a\\|b",
+    '"quoted"',
+    "'",
+    "%fuzzy%",
+    "~opt",
+    "a:b",
+    "[1 2]",
+    "@agent_id:{*}",
+    "*=>[KNN 10 @vector $v]",
+]
 
 
 async def seed_two_tenants(redis, prefix: str) -> None:
@@ -58,8 +84,18 @@ async def seed_two_tenants(redis, prefix: str) -> None:
         await put(redis, prefix, "ns-a", episode(value, task=f"shared task of tenant a {i}", **common))
         await put(redis, prefix, "ns-b", episode(value, task=f"shared task secret of tenant b {i}", **common))
     for i in range(5):
-        await put(redis, prefix, "ns-b", episode(f"b-only-{i}", task="shared task secret of tenant b",
-                                                 agent_id="ns-a", user_id="b-user", category="debugging"))
+        await put(
+            redis,
+            prefix,
+            "ns-b",
+            episode(
+                f"b-only-{i}",
+                task="shared task secret of tenant b",
+                agent_id="ns-a",
+                user_id="b-user",
+                category="debugging",
+            ),
+        )
     await wait_until(lambda: fully_indexed(redis, prefix), message="index backfill")
 
 
@@ -85,34 +121,55 @@ async def test_c12_injection_never_widens_scope_or_breaks_a_query(make_client, r
     for value in HOSTILE:
         for name in ("agent_id", "user_id", "session_id"):
             for mode in ("vector", "keyword", "hybrid"):
-                body = await ok_json(await client.post("/v1/recall", json={
-                    "query": "shared task", name: value, "mode": mode, "top_k": 100}, headers=a))
+                body = await ok_json(
+                    await client.post(
+                        "/v1/recall",
+                        json={"query": "shared task", name: value, "mode": mode, "top_k": 100},
+                        headers=a,
+                    )
+                )
                 assert ids(body) == [value], (name, mode, value)
                 assert all("tenant a" in r["episode"]["task"]["description"] for r in body["results"])
         for name in ("category", "strategy"):
-            body = await ok_json(await client.post("/v1/recall", json={"query": "shared task", name: [value],
-                                                                         "top_k": 100}, headers=a))
+            body = await ok_json(
+                await client.post(
+                    "/v1/recall", json={"query": "shared task", name: [value], "top_k": 100}, headers=a
+                )
+            )
             assert ids(body) == [value], (name, value)
         # the hostile text as the query itself: answers (maybe nothing), never B's data, never an error
         for mode in ("vector", "keyword", "hybrid"):
-            body = await ok_json(await client.post("/v1/recall", json={"query": value, "mode": mode, "top_k": 100},
-                                                   headers=a))
-            assert all("tenant a" in r["episode"]["task"]["description"] for r in body["results"]), (mode, value)
+            body = await ok_json(
+                await client.post("/v1/recall", json={"query": value, "mode": mode, "top_k": 100}, headers=a)
+            )
+            assert all("tenant a" in r["episode"]["task"]["description"] for r in body["results"]), (
+                mode,
+                value,
+            )
         got = await ok_json(await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=a))
         assert got["episode"]["episode_id"] == value and "tenant a" in got["episode"]["task"]["description"]
         skills = await ok_json(await client.get("/v1/skills", params={"agent_id": value}, headers=a))
         assert [(s["category"], s["episodes"]) for s in skills["results"]] == [(value, 1)], value
-        curve = await ok_json(await client.get("/v1/learning-curve", params={"user_id": value, "category": value},
-                                               headers=a))
+        curve = await ok_json(
+            await client.get("/v1/learning-curve", params={"user_id": value, "category": value}, headers=a)
+        )
         assert [p["episode_id"] for p in curve["results"]] == [value]
         for path in ("/v1/suggest", "/v1/strategy", "/v1/context"):
             await ok_json(await client.post(path, json={"task": value, "agent_id": value}, headers=a))
-        facts = await ok_json(await client.post("/v1/facts/search", json={"query": value, "agent_id": value,
-                                                                          "category": [value]}, headers=a))
+        facts = await ok_json(
+            await client.post(
+                "/v1/facts/search", json={"query": value, "agent_id": value, "category": [value]}, headers=a
+            )
+        )
         assert facts["results"] == []
     # B's b-only ids and its agent named "ns-a" stay invisible to A whatever the filter says
-    body = await ok_json(await client.post("/v1/recall", json={"query": "secret", "agent_id": "ns-a",
-                                                               "mode": "hybrid", "top_k": 100}, headers=a))
+    body = await ok_json(
+        await client.post(
+            "/v1/recall",
+            json={"query": "secret", "agent_id": "ns-a", "mode": "hybrid", "top_k": 100},
+            headers=a,
+        )
+    )
     assert ids(body) == []
 
 
@@ -132,8 +189,12 @@ async def test_forget_with_hostile_user_id_deletes_exactly_that_user(make_client
     remaining = await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns-a"))
     assert remaining == len(HOSTILE) - 4
     for value in ("*", "a|b"):
-        assert (await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_A))).status == 404
-        assert (await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_B))).status == 200
+        assert (
+            await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_A))
+        ).status == 404
+        assert (
+            await client.get(URL(f"/v1/episodes/{enc(value)}", encoded=True), headers=auth(KEY_B))
+        ).status == 200
 
 
 def _stable(body: Any) -> Any:
@@ -149,9 +210,20 @@ async def test_tenant_a_learns_nothing_of_b_on_any_route(make_client, settings, 
     """Every read of A over B's data answers exactly what a tenant with no data at all (C) gets."""
     client = await make_client(api_keys=THREE, metrics_key=METRICS_KEY)
     for i in range(8):  # a cluster B can consolidate into facts
-        await put(redis, prefix, "ns-b", episode(f"b-{i}", task="rotate the database credentials nightly",
-                                                 agent_id="agent-b", user_id="user-b", category="ops",
-                                                 reward=0.9, strategy_used="iterative"))
+        await put(
+            redis,
+            prefix,
+            "ns-b",
+            episode(
+                f"b-{i}",
+                task="rotate the database credentials nightly",
+                agent_id="agent-b",
+                user_id="user-b",
+                category="ops",
+                reward=0.9,
+                strategy_used="iterative",
+            ),
+        )
     await wait_until(lambda: fully_indexed(redis, prefix), message="index backfill")
     made = await ok_json(await client.post("/v1/consolidate", json={}, headers=auth(KEY_B)))
     assert any(r["status"] == "published" for r in made["results"]), made
@@ -160,13 +232,21 @@ async def test_tenant_a_learns_nothing_of_b_on_any_route(make_client, settings, 
     fact_id = facts_b["results"][0]["fact_id"]
 
     task = {"task": "rotate the database credentials nightly"}
-    reads = [("POST", "/v1/recall", {"query": task["task"], "top_k": 100, "mode": "hybrid"}),
-             ("POST", "/v1/recall", {"query": "rotate", "agent_id": "agent-b", "user_id": "user-b"}),
-             ("POST", "/v1/context", task), ("POST", "/v1/strategy", {**task, "category": "ops"}),
-             ("POST", "/v1/suggest", {**task, "category": "ops"}), ("GET", "/v1/skills", None),
-             ("GET", "/v1/learning-curve", None), ("POST", "/v1/facts/search", {"query": task["task"]}),
-             ("POST", "/v1/facts/search", {}), ("GET", "/v1/episodes/b-0", None), ("GET", "/v1/episodes/b-404", None),
-             ("GET", f"/v1/facts/{fact_id}", None), ("GET", "/v1/facts/no-such-fact", None)]
+    reads = [
+        ("POST", "/v1/recall", {"query": task["task"], "top_k": 100, "mode": "hybrid"}),
+        ("POST", "/v1/recall", {"query": "rotate", "agent_id": "agent-b", "user_id": "user-b"}),
+        ("POST", "/v1/context", task),
+        ("POST", "/v1/strategy", {**task, "category": "ops"}),
+        ("POST", "/v1/suggest", {**task, "category": "ops"}),
+        ("GET", "/v1/skills", None),
+        ("GET", "/v1/learning-curve", None),
+        ("POST", "/v1/facts/search", {"query": task["task"]}),
+        ("POST", "/v1/facts/search", {}),
+        ("GET", "/v1/episodes/b-0", None),
+        ("GET", "/v1/episodes/b-404", None),
+        ("GET", f"/v1/facts/{fact_id}", None),
+        ("GET", "/v1/facts/no-such-fact", None),
+    ]
     for method, path, body in reads:
         answers = []
         for key in (KEY_A, KEY_C):
@@ -198,16 +278,26 @@ async def test_api_keys_never_logged(make_client, redis, prefix, caplog):
     caplog.set_level(logging.DEBUG)
     client = await make_client(api_keys=THREE, max_body_bytes=4096)
     await put(redis, prefix, "ns-a", episode("a-1"))
-    calls = [("POST", "/v1/recall", {"query": "x"}), ("POST", "/v1/recall", {"query": ""}),
-             ("POST", "/v1/episodes", episode("a-2")), ("POST", "/v1/episodes", {"task": "x"}),
-             ("GET", "/v1/episodes/a-1", None), ("GET", "/v1/episodes/none", None),
-             ("DELETE", "/v1/episodes/a-1", None), ("GET", "/v1/skills?threshold=2", None),
-             ("POST", "/v1/context", {"task": "x" * 10_000}), ("GET", "/nowhere", None),
-             ("PATCH", "/v1/recall", None), ("POST", "/v1/consolidate", {})]
+    calls = [
+        ("POST", "/v1/recall", {"query": "x"}),
+        ("POST", "/v1/recall", {"query": ""}),
+        ("POST", "/v1/episodes", episode("a-2")),
+        ("POST", "/v1/episodes", {"task": "x"}),
+        ("GET", "/v1/episodes/a-1", None),
+        ("GET", "/v1/episodes/none", None),
+        ("DELETE", "/v1/episodes/a-1", None),
+        ("GET", "/v1/skills?threshold=2", None),
+        ("POST", "/v1/context", {"task": "x" * 10_000}),
+        ("GET", "/nowhere", None),
+        ("PATCH", "/v1/recall", None),
+        ("POST", "/v1/consolidate", {}),
+    ]
     for key in (KEY_A, KEY_B, KEY_A + "-wrong", f"{KEY_B} trailing", ""):
         for scheme in ("Bearer", "bearer", "Basic"):
             for method, path, body in calls:
-                resp = await client.request(method, path, json=body, headers={"Authorization": f"{scheme} {key}"})
+                resp = await client.request(
+                    method, path, json=body, headers={"Authorization": f"{scheme} {key}"}
+                )
                 text = await resp.text()
                 assert resp.status < 500, (method, path, text)
                 if key:
@@ -218,8 +308,15 @@ async def test_api_keys_never_logged(make_client, redis, prefix, caplog):
         assert all(key not in json.dumps(getattr(r, "__dict__", {}), default=str) for r in caplog.records)
 
 
-BODY_ROUTES = ["/v1/recall", "/v1/episodes", "/v1/context", "/v1/strategy", "/v1/suggest", "/v1/facts/search",
-               "/v1/consolidate"]
+BODY_ROUTES = [
+    "/v1/recall",
+    "/v1/episodes",
+    "/v1/context",
+    "/v1/strategy",
+    "/v1/suggest",
+    "/v1/facts/search",
+    "/v1/consolidate",
+]
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
@@ -229,7 +326,7 @@ async def test_bodies_over_the_limit_are_413_on_every_body_route(make_client, re
 
     async def chunks():
         for i in range(0, len(big), 1000):
-            yield big[i:i + 1000]
+            yield big[i : i + 1000]
 
     for path in BODY_ROUTES:
         data = chunks() if chunked else big
@@ -256,18 +353,29 @@ async def raw_http(client, request: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def get_with_auth(value: bytes, path: bytes = b"/v1/skills") -> bytes:
-    return (b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + value
-            + b"\r\n\r\n")
+    return (
+        b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + value + b"\r\n\r\n"
+    )
 
 
-@pytest.mark.parametrize("value", [
-    b"Bearer " + KEY_A.encode() + b"\xa0",  # a lone non-UTF-8 byte: a 500 with a traceback before
-    b"Bearer \xa0" + KEY_A.encode(), b"Bearer " + KEY_A.encode() + b"\xff\xfe",
-    b"Bearer \xe2\x80\x83" + KEY_A.encode() + b"\xe2\x80\x83",  # U+2003 padding, stripped and accepted before
-    b"Bearer " + KEY_A.encode() + b"\xc2\xa0",  # U+00A0
-    b"Bearer\xe2\x80\x83" + KEY_A.encode(), b"Bearer\xc2\xa0" + KEY_A.encode(),  # not an ASCII separator
-], ids=["xa0", "lead-xa0", "xff", "em-space-pad", "nbsp", "em-space-sep", "nbsp-sep"])
-async def test_keys_with_non_ascii_bytes_or_unicode_padding_are_401_without_a_traceback(make_client, caplog, value):
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"Bearer " + KEY_A.encode() + b"\xa0",  # a lone non-UTF-8 byte: a 500 with a traceback before
+        b"Bearer \xa0" + KEY_A.encode(),
+        b"Bearer " + KEY_A.encode() + b"\xff\xfe",
+        b"Bearer \xe2\x80\x83"
+        + KEY_A.encode()
+        + b"\xe2\x80\x83",  # U+2003 padding, stripped and accepted before
+        b"Bearer " + KEY_A.encode() + b"\xc2\xa0",  # U+00A0
+        b"Bearer\xe2\x80\x83" + KEY_A.encode(),
+        b"Bearer\xc2\xa0" + KEY_A.encode(),  # not an ASCII separator
+    ],
+    ids=["xa0", "lead-xa0", "xff", "em-space-pad", "nbsp", "em-space-sep", "nbsp-sep"],
+)
+async def test_keys_with_non_ascii_bytes_or_unicode_padding_are_401_without_a_traceback(
+    make_client, caplog, value
+):
     caplog.set_level(logging.DEBUG)
     client = await make_client(api_keys=THREE)
     status, headers, body = await raw_http(client, get_with_auth(value))
@@ -276,7 +384,11 @@ async def test_keys_with_non_ascii_bytes_or_unicode_padding_are_401_without_a_tr
     assert json.loads(body)["detail"] == "invalid API key"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
     # the same key, sent as configured, still works; ASCII blanks separate and pad it as before
-    for ok in (b"Bearer " + KEY_A.encode(), b"bearer\t" + KEY_A.encode() + b" \t", b"BEARER   " + KEY_A.encode()):
+    for ok in (
+        b"Bearer " + KEY_A.encode(),
+        b"bearer\t" + KEY_A.encode() + b" \t",
+        b"BEARER   " + KEY_A.encode(),
+    ):
         assert (await raw_http(client, get_with_auth(ok)))[0] == 200, ok
 
 
@@ -285,8 +397,9 @@ async def test_query_embeddings_are_cached_per_tenant(make_client, settings):
     asked exactly this text. Counted on the embedder, not timed."""
     embedder = TableEmbedder(settings.embed_dim)
     client = await make_client(embedder=embedder, api_keys=THREE)
-    for i, (path, field) in enumerate((("/v1/recall", "query"), ("/v1/facts/search", "query"),
-                                       ("/v1/context", "task"))):
+    for i, (path, field) in enumerate(
+        (("/v1/recall", "query"), ("/v1/facts/search", "query"), ("/v1/context", "task"))
+    ):
         body = {field: f"rotate the database credentials of payments service {i}"}
         before = embedder.calls
         await ok_json(await client.post(path, json=body, headers=auth(KEY_B)))
@@ -351,21 +464,33 @@ def test_credentials_are_redacted_from_whatever_aiohttp_still_logs(caplog):
 async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, prefix, tmp_path):
     """`python -m services.query` itself (serve(), not the test server), logging at DEBUG."""
     port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "ENGRAM_PREFIX": prefix, "ENGRAM_EMBEDDER": "hashing",
-           "ENGRAM_EMBED_DIM": "64", "ENGRAM_PORT": str(port), "ENGRAM_API_KEYS": f"{KEY_A}=ns-a",
-           "ENGRAM_LOG_LEVEL": "DEBUG"}
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "ENGRAM_PREFIX": prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_EMBED_DIM": "64",
+        "ENGRAM_PORT": str(port),
+        "ENGRAM_API_KEYS": f"{KEY_A}=ns-a",
+        "ENGRAM_LOG_LEVEL": "DEBUG",
+    }
     log_path = tmp_path / "query.log"
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         server = SimpleNamespace(host="127.0.0.1", port=port)
 
         async def ready() -> bool:
             assert proc.poll() is None, log_path.read_text()
             try:
-                return (await raw_http(SimpleNamespace(server=server), b"GET /readyz HTTP/1.1\r\nHost: x\r\n"
-                                       b"Connection: close\r\n\r\n"))[0] == 200
+                return (
+                    await raw_http(
+                        SimpleNamespace(server=server),
+                        b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    )
+                )[0] == 200
             except OSError:
                 return False
 
@@ -376,11 +501,21 @@ async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, p
         assert (await raw_http(client, get_with_auth(b"Bearer " + KEY_A.encode() + b"\xa0")))[0] == 401
         assert (await raw_http(client, get_with_auth(b"Bearer " + KEY_A.encode())))[0] == 200
         # ids in paths and query strings never reach the access log (a forgotten user's id did)
-        for request in (b"DELETE /v1/users/SECRET-USER-path HTTP/1.1\r\n",
-                        b"GET /v1/learning-curve?user_id=SECRET-USER-query HTTP/1.1\r\n",
-                        b"GET /v1/episodes/SECRET-EPISODE HTTP/1.1\r\n", b"GET /no/SECRET-ROUTE HTTP/1.1\r\n"):
-            status = (await raw_http(client, request + b"Host: x\r\nAuthorization: Bearer " + KEY_A.encode()
-                                     + b"\r\nConnection: close\r\n\r\n"))[0]
+        for request in (
+            b"DELETE /v1/users/SECRET-USER-path HTTP/1.1\r\n",
+            b"GET /v1/learning-curve?user_id=SECRET-USER-query HTTP/1.1\r\n",
+            b"GET /v1/episodes/SECRET-EPISODE HTTP/1.1\r\n",
+            b"GET /no/SECRET-ROUTE HTTP/1.1\r\n",
+        ):
+            status = (
+                await raw_http(
+                    client,
+                    request
+                    + b"Host: x\r\nAuthorization: Bearer "
+                    + KEY_A.encode()
+                    + b"\r\nConnection: close\r\n\r\n",
+                )
+            )[0]
             assert status in (200, 202, 404), (request, status)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -400,8 +535,14 @@ async def test_metrics_need_the_metrics_key_when_api_keys_are_set(make_client):
     await ok_json(await client.post("/v1/recall", json={"query": "x"}, headers=auth(KEY_B)))
     text = await ok_json_text(await client.get("/metrics", headers=auth(METRICS_KEY)))
     assert 'route="/v1/recall",status="200"} 1.0' in text
-    for headers, status in (({}, 401), (auth(KEY_A), 403), (auth(KEY_B), 403), (auth(METRICS_KEY + "x"), 401),
-                            (auth(f"\u2003{METRICS_KEY}"), 401), ({"Authorization": f"Basic {METRICS_KEY}"}, 401)):
+    for headers, status in (
+        ({}, 401),
+        (auth(KEY_A), 403),
+        (auth(KEY_B), 403),
+        (auth(METRICS_KEY + "x"), 401),
+        (auth(f"\u2003{METRICS_KEY}"), 401),
+        ({"Authorization": f"Basic {METRICS_KEY}"}, 401),
+    ):
         resp = await client.get("/metrics", headers=headers)
         body = await resp.json()
         assert (resp.status, resp.content_type) == (status, "application/problem+json"), (headers, body)

@@ -49,14 +49,17 @@ def family(user: str, session: str, tag: str) -> list[dict]:
 
 @pytest.mark.parametrize("encrypted", [True, False], ids=["master-key", "no-master-key"])
 async def test_tagvals_never_list_a_users_ids_before_or_after_the_forget(settings, redis, encrypted):
-    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9,
-                       master_key=os.urandom(32) if encrypted else None)
+    s = settings.with_(
+        facts_every=10_000, facts_importance_threshold=1e9, master_key=os.urandom(32) if encrypted else None
+    )
     keys = Keys(s.prefix)
     tag = uuid.uuid4().hex[:8]
     user, session = f"USER-{tag}@example.com", f"SESSION-{tag}"
     gone = family(user, session, tag)
-    kept = [{**e, "episode_id": f"KEPT-{tag}-{i}", "user_id": f"OTHER-{tag}", "session_id": f"OTHER-S-{tag}"}
-            for i, e in enumerate(family("x", "y", tag))]
+    kept = [
+        {**e, "episode_id": f"KEPT-{tag}-{i}", "user_id": f"OTHER-{tag}", "session_id": f"OTHER-S-{tag}"}
+        for i, e in enumerate(family("x", "y", tag))
+    ]
     client = EngramClient(redis, namespace="ns", prefix=s.prefix, master_key=s.master_key)
     for e in gone + kept:
         await client.record(e)
@@ -76,7 +79,12 @@ async def test_tagvals_never_list_a_users_ids_before_or_after_the_forget(setting
     index = keys.episode_index_alias
     assert await count(redis, index, Scope(namespace="ns", tags=tags, user_id=user)) == 5
     assert await count(redis, index, Scope(namespace="ns", tags=tags, session_id=session)) == 5
-    assert await count(redis, index, Scope(namespace="ns", tags=tags, episode_id=(f"EP-{tag}-1", f"KEPT-{tag}-2"))) == 2
+    assert (
+        await count(
+            redis, index, Scope(namespace="ns", tags=tags, episode_id=(f"EP-{tag}-1", f"KEPT-{tag}-2"))
+        )
+        == 2
+    )
     assert await count(redis, index, Scope(namespace="other", tags=tags, user_id=user)) == 0
 
     await client.forget_user(user)

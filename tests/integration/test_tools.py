@@ -38,23 +38,42 @@ async def test_every_tool_through_adispatch_with_a_bound_scope(tenants, settings
         toolset = Toolset(memory, agent_id="ops", user_id="ann", session_id="s-1")
         recorded = []
         for i, outcome in enumerate(["success", "success", "failure", "success"]):
-            result = await toolset.adispatch("record_episode", {
-                "task": f"rotate the tls certificate of service {i}", "outcome": outcome, "category": "ops",
-                "solution": "certbot renew, then reload nginx", "strategy": "iterative",
-                "reward": 0.0 if outcome == "failure" else 0.9, "importance": 6,
-                "feedback": "certbot rate limit" if outcome == "failure" else None,
-                "actions": [{"action_type": "shell", "input": "certbot renew", "success": outcome != "failure",
-                             "error": "too many certificates" if outcome == "failure" else None}]})
+            result = await toolset.adispatch(
+                "record_episode",
+                {
+                    "task": f"rotate the tls certificate of service {i}",
+                    "outcome": outcome,
+                    "category": "ops",
+                    "solution": "certbot renew, then reload nginx",
+                    "strategy": "iterative",
+                    "reward": 0.0 if outcome == "failure" else 0.9,
+                    "importance": 6,
+                    "feedback": "certbot rate limit" if outcome == "failure" else None,
+                    "actions": [
+                        {
+                            "action_type": "shell",
+                            "input": "certbot renew",
+                            "success": outcome != "failure",
+                            "error": "too many certificates" if outcome == "failure" else None,
+                        }
+                    ],
+                },
+            )
             assert result.data["episode_id"] in result.text and not result.is_error
             recorded.append(result.data["episode_id"])
         await drain(settings, redis)
         stored = await memory.wait_until_recallable(recorded[0], timeout=10)
-        assert (stored.episode.agent_id, stored.episode.user_id, stored.episode.session_id) == ("ops", "ann", "s-1")
+        assert (stored.episode.agent_id, stored.episode.user_id, stored.episode.session_id) == (
+            "ops",
+            "ann",
+            "s-1",
+        )
         assert stored.episode.feedback.reward == 0.9 and stored.episode.strategy_used == "iterative"
         assert stored.episode.task.category == "ops" and stored.episode.actions[0].input == "certbot renew"
 
-        recall = await toolset.adispatch("recall_experiences", json.dumps({"query": "renew the tls certificate",
-                                                                           "top_k": 4}))
+        recall = await toolset.adispatch(
+            "recall_experiences", json.dumps({"query": "renew the tls certificate", "top_k": 4})
+        )
         assert len(recall.data["results"]) == 4 and all(i in recall.text for i in recorded)
         assert "success | reward 0.90" in recall.text and "strategy iterative" in recall.text
         assert "certbot renew, then reload nginx" in recall.text and "certbot rate limit" in recall.text
@@ -63,7 +82,9 @@ async def test_every_tool_through_adispatch_with_a_bound_scope(tenants, settings
         other_agent = await toolset.adispatch("recall_experiences", {"query": "tls", "agent_id": "nobody"})
         assert other_agent.data["results"] == [] and "No past episodes" in other_agent.text
 
-        context = await toolset.adispatch("get_context", {"task": "renew the tls certificate", "max_chars": 1500})
+        context = await toolset.adispatch(
+            "get_context", {"task": "renew the tls certificate", "max_chars": 1500}
+        )
         assert context.text == context.data["prompt"] and "tls certificate" in context.text
         assert len(context.text) <= 1500
         suggestion = await toolset.adispatch("suggest_approach", {"task": "renew the tls certificate"})
@@ -89,8 +110,9 @@ async def test_every_tool_through_adispatch_with_a_bound_scope(tenants, settings
             await toolset.adispatch("recall_experiences", {"query": "   "})
         assert blank.value.errors == (("query", "must not be empty or blank"),)
         as_result = await toolset.adispatch("recall_experiences", {"query": "x", "top_k": 0}, errors="result")
-        assert as_result.is_error and as_result.data["errors"] == [{"field": "top_k", "reason":
-                                                                    "must be an integer between 1 and 100"}]
+        assert as_result.is_error and as_result.data["errors"] == [
+            {"field": "top_k", "reason": "must be an integer between 1 and 100"}
+        ]
         with pytest.raises(UnknownTool):
             await adispatch(memory, "drop_database", {})
 
@@ -105,8 +127,12 @@ async def test_dispatch_with_the_sync_client(tenants, settings, redis):
             with pytest.raises(ToolArgumentError) as bad:  # refused before anything is sent
                 dispatch(memory, "record_episode", '{"task": "t", "outcome": "won", "reward": 2e6}')
             assert {f for f, _ in bad.value.errors} == {"outcome", "reward"}
-            return dispatch(memory, "record_episode", {"task": "bump the api version", "outcome": "partial",
-                                                       "reward": 0.5}, agent_id="a").data["episode_id"]
+            return dispatch(
+                memory,
+                "record_episode",
+                {"task": "bump the api version", "outcome": "partial", "reward": 0.5},
+                agent_id="a",
+            ).data["episode_id"]
 
     episode_id = await asyncio.to_thread(record)
     await drain(settings, redis)
@@ -137,7 +163,7 @@ def doc_example(importing: str) -> str:
     """The python block of the "Plain function calling" section that contains `importing`."""
     text = DOC.read_text()
     start = text.index("\n## Plain function calling (OpenAI / Anthropic)")
-    section = text[start:text.find("\n## ", start + 1)]
+    section = text[start : text.find("\n## ", start + 1)]
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if importing in b]
     return block
 
@@ -152,9 +178,14 @@ def run_example(code: str) -> str:
 
 async def seed(tenants, settings, redis) -> str:
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
-        episode_id = await memory.record(task="the login test fails at night", outcome="success",
-                                         solution="freeze the clock with a fixture", agent_id="coder-1",
-                                         user_id="alice", feedback={"reward": 1.0})
+        episode_id = await memory.record(
+            task="the login test fails at night",
+            outcome="success",
+            solution="freeze the clock with a fixture",
+            agent_id="coder-1",
+            user_id="alice",
+            feedback={"reward": 1.0},
+        )
         await drain(settings, redis)
         await memory.wait_until_recallable(episode_id, timeout=10)
     return episode_id
@@ -177,31 +208,54 @@ async def test_the_openai_example_runs_its_tool_loop(tenants, settings, redis, a
         assert [t["function"]["name"] for t in body["tools"]] == list(TOOL_NAMES)
         assert all(set(t) == {"type", "function"} for t in body["tools"])
         if len(seen) == 1:
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": "call_1", "type": "function",
-                "function": {"name": "recall_experiences", "arguments": '{"query": "login test fails at night"}'}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {
+                            "name": "recall_experiences",
+                            "arguments": '{"query": "login test fails at night"}',
+                        },
+                    }
+                ],
+            }
             reason = "tool_calls"
         else:
             tool_message = body["messages"][-1]
             assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
             assert body["messages"][-2]["tool_calls"][0]["id"] == "call_1"
-            message, reason = {"role": "assistant", "content": "From memory: " + tool_message["content"]}, "stop"
-        return web.json_response({"id": f"c{len(seen)}", "object": "chat.completion", "created": 0,
-                                  "model": body["model"],
-                                  "choices": [{"index": 0, "message": message, "finish_reason": reason}]})
+            message, reason = (
+                {"role": "assistant", "content": "From memory: " + tool_message["content"]},
+                "stop",
+            )
+        return web.json_response(
+            {
+                "id": f"c{len(seen)}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": reason}],
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", completions)
     fake = await aiohttp_server(app)
     monkeypatch.setenv("OPENAI_BASE_URL", url(fake) + "/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    printed = await asyncio.to_thread(run_example, pointed_at(doc_example("from openai import OpenAI"), tenants))
+    printed = await asyncio.to_thread(
+        run_example, pointed_at(doc_example("from openai import OpenAI"), tenants)
+    )
     assert len(seen) == 2 and "freeze the clock with a fixture" in printed and episode_id in printed
 
 
 def fake_anthropic_module(base_url: str) -> types.ModuleType:
     """A stand-in for the anthropic SDK (not a dependency): `Anthropic().messages.create(**kw)` POSTs the
     Messages API request to `base_url` as the SDK would and answers attribute objects as the SDK does."""
+
     def plain(value):
         if isinstance(value, types.SimpleNamespace):
             value = vars(value)
@@ -220,9 +274,11 @@ def fake_anthropic_module(base_url: str) -> types.ModuleType:
 
     class Messages:
         def create(self, **kwargs):
-            response = httpx.post(base_url + "/v1/messages", json=plain(kwargs),
-                                  headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"],
-                                           "anthropic-version": "2023-06-01"})
+            response = httpx.post(
+                base_url + "/v1/messages",
+                json=plain(kwargs),
+                headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"], "anthropic-version": "2023-06-01"},
+            )
             response.raise_for_status()
             return obj(response.json())
 
@@ -235,7 +291,9 @@ def fake_anthropic_module(base_url: str) -> types.ModuleType:
     return module
 
 
-async def test_the_anthropic_example_runs_its_tool_loop(tenants, settings, redis, aiohttp_server, monkeypatch):
+async def test_the_anthropic_example_runs_its_tool_loop(
+    tenants, settings, redis, aiohttp_server, monkeypatch
+):
     episode_id = await seed(tenants, settings, redis)
     seen: list[dict] = []
 
@@ -246,10 +304,16 @@ async def test_the_anthropic_example_runs_its_tool_loop(tenants, settings, redis
         assert [set(t) for t in body["tools"]] == [{"name", "description", "input_schema"}] * len(TOOL_NAMES)
         assert all(t["input_schema"]["type"] == "object" for t in body["tools"])
         if len(seen) == 1:
-            content = [{"type": "text", "text": "Let me check memory."},
-                       {"type": "tool_use", "id": "toolu_1", "name": "recall_experiences",
-                        "input": {"query": "login test fails at night"}},
-                       {"type": "tool_use", "id": "toolu_2", "name": "recall_experiences", "input": {"top_k": 0}}]
+            content = [
+                {"type": "text", "text": "Let me check memory."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "recall_experiences",
+                    "input": {"query": "login test fails at night"},
+                },
+                {"type": "tool_use", "id": "toolu_2", "name": "recall_experiences", "input": {"top_k": 0}},
+            ]
             reason = "tool_use"
         else:
             assistant, user = body["messages"][-2:]
@@ -258,8 +322,16 @@ async def test_the_anthropic_example_runs_its_tool_loop(tenants, settings, redis
             assert (ok["type"], ok["tool_use_id"], ok["is_error"]) == ("tool_result", "toolu_1", False)
             assert bad["is_error"] is True and "query: is required" in bad["content"]  # told what to fix
             content, reason = [{"type": "text", "text": "From memory: " + ok["content"]}], "end_turn"
-        return web.json_response({"id": f"msg_{len(seen)}", "type": "message", "role": "assistant",
-                                  "model": body["model"], "content": content, "stop_reason": reason})
+        return web.json_response(
+            {
+                "id": f"msg_{len(seen)}",
+                "type": "message",
+                "role": "assistant",
+                "model": body["model"],
+                "content": content,
+                "stop_reason": reason,
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/messages", messages)

@@ -23,12 +23,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn_worker(settings, name: str, **env) -> subprocess.Popen:
-    full = {**os.environ, "REDIS_URL": settings.redis_url, "ENGRAM_PREFIX": settings.prefix,
-            "ENGRAM_EMBEDDER": "hashing", "ENGRAM_EMBED_DIM": str(settings.embed_dim),
-            "ENGRAM_VECTOR_ALGORITHM": "FLAT", "ENGRAM_CONSUMER_NAME": name, "ENGRAM_LOG_LEVEL": "WARNING",
-            **env}
-    return subprocess.Popen([sys.executable, "-m", "services.consolidator", "run"], cwd=ROOT, env=full,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    full = {
+        **os.environ,
+        "REDIS_URL": settings.redis_url,
+        "ENGRAM_PREFIX": settings.prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_EMBED_DIM": str(settings.embed_dim),
+        "ENGRAM_VECTOR_ALGORITHM": "FLAT",
+        "ENGRAM_CONSUMER_NAME": name,
+        "ENGRAM_LOG_LEVEL": "WARNING",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.consolidator", "run"],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def stop_gracefully(proc: subprocess.Popen, timeout: float = 30) -> int:
@@ -39,20 +51,32 @@ def stop_gracefully(proc: subprocess.Popen, timeout: float = 30) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"the worker ignored SIGTERM for {timeout}s: "
-                             f"{proc.stderr.read().decode(errors='replace')[-2000:]}") from None
+        raise AssertionError(
+            f"the worker ignored SIGTERM for {timeout}s: "
+            f"{proc.stderr.read().decode(errors='replace')[-2000:]}"
+        ) from None
 
 
 async def publish_many(redis, settings, n: int) -> None:
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     from engram_episodic.events import Episode, EpisodeCompleted, Task
 
-    events = [EpisodeCompleted(namespace="ns", episode_id=f"e{i}", occurred_at=float(i),
-                               episode=Episode(episode_id=f"e{i}", outcome="success", completed_at=float(i),
-                                               task=Task(description=f"episode number {i} " + "text " * 200)))
-              for i in range(n)]
+    events = [
+        EpisodeCompleted(
+            namespace="ns",
+            episode_id=f"e{i}",
+            occurred_at=float(i),
+            episode=Episode(
+                episode_id=f"e{i}",
+                outcome="success",
+                completed_at=float(i),
+                task=Task(description=f"episode number {i} " + "text " * 200),
+            ),
+        )
+        for i in range(n)
+    ]
     for start in range(0, n, 100):
-        await client.publish(events[start:start + 100])
+        await client.publish(events[start : start + 100])
 
 
 async def indexed(redis, keys) -> int:
@@ -65,7 +89,9 @@ async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
     await publish_many(redis, settings, n)
     first = spawn_worker(settings, "doomed", ENGRAM_BATCH_SIZE="200")
     try:
-        await wait_until(lambda: _exists_and_positive(redis, keys), timeout=60, message="first worker progress")
+        await wait_until(
+            lambda: _exists_and_positive(redis, keys), timeout=60, message="first worker progress"
+        )
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()

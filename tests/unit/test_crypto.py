@@ -45,9 +45,14 @@ REF = b"r" * 16
 
 
 def completed(eid: str = "e1", user: str | None = "alice", text: str = "SECRET-TEXT") -> EpisodeCompleted:
-    return EpisodeCompleted(namespace="ns", episode_id=eid, occurred_at=1700000000.5,
-                            episode=Episode(episode_id=eid, user_id=user, task=Task(description=text),
-                                            solution=text, outcome="success"))
+    return EpisodeCompleted(
+        namespace="ns",
+        episode_id=eid,
+        occurred_at=1700000000.5,
+        episode=Episode(
+            episode_id=eid, user_id=user, task=Task(description=text), solution=text, outcome="success"
+        ),
+    )
 
 
 def key() -> DataKey:
@@ -98,14 +103,25 @@ def test_seal_open_wrong_ad_and_wrong_key_fail():
     assert k.seal(b"plaintext", b"ad-1") != sealed  # a fresh nonce each time
 
 
-@pytest.mark.parametrize("event", [
-    completed(),
-    EpisodeStarted(namespace="ns", episode_id="e1", occurred_at=5.0,
-                   episode=Episode(episode_id="e1", user_id="alice", task=Task(description="SECRET-TEXT"))),
-    ActionRecorded(namespace="ns", episode_id="e1", occurred_at=6.0,
-                   action=Action(action_type="shell", input="SECRET-TEXT", action_id="a1")),
-    UserForgotten(namespace="ns", user_id="SECRET-TEXT", occurred_at=7.0),
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        completed(),
+        EpisodeStarted(
+            namespace="ns",
+            episode_id="e1",
+            occurred_at=5.0,
+            episode=Episode(episode_id="e1", user_id="alice", task=Task(description="SECRET-TEXT")),
+        ),
+        ActionRecorded(
+            namespace="ns",
+            episode_id="e1",
+            occurred_at=6.0,
+            action=Action(action_type="shell", input="SECRET-TEXT", action_id="a1"),
+        ),
+        UserForgotten(namespace="ns", user_id="SECRET-TEXT", occurred_at=7.0),
+    ],
+)
 def test_sealed_envelope_round_trip_keeps_only_routing_fields_clear(event):
     k = key()
     payload = codec.seal(event, REF, k)
@@ -168,7 +184,9 @@ def test_rotation_rewrap_keeps_sealed_data_readable():
     payload = codec.seal(completed(), REF, DataKey.from_bytes(kid, raw))
     rewrapped = new.wrap(REF, *old.unwrap(REF, old.wrap(REF, kid, raw)))
     opened = new.open_key(REF, rewrapped)
-    assert opened.kid == kid and codec.decode(payload, lambda ref, k: opened).episode.solution == "SECRET-TEXT"
+    assert (
+        opened.kid == kid and codec.decode(payload, lambda ref, k: opened).episode.solution == "SECRET-TEXT"
+    )
     with pytest.raises(MasterKeyMismatch):
         old.unwrap(REF, rewrapped)
 
@@ -177,7 +195,13 @@ def test_key_references_are_keyed_and_distinct():
     secret = os.urandom(32)
     d, again, other = Deployment(secret), Deployment(secret), Deployment(os.urandom(32))
     assert d.ref("ns", "alice") == again.ref("ns", "alice") != other.ref("ns", "alice")
-    refs = {d.ref("ns", "alice"), d.ref("ns", None), d.ref("ns2", "alice"), d.ref("ns", "bob"), d.ref("ns\x00", "")}
+    refs = {
+        d.ref("ns", "alice"),
+        d.ref("ns", None),
+        d.ref("ns2", "alice"),
+        d.ref("ns", "bob"),
+        d.ref("ns\x00", ""),
+    }
     assert len(refs) == 5 and all(len(r) == 16 for r in refs)
 
 

@@ -26,8 +26,11 @@ PY_DIRS = ("client", "services", "shared", "deploy", "tests")
 
 def names_in_python(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    return {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.match(node.value)}
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.match(node.value)
+    }
 
 
 def settings_names() -> set[str]:
@@ -74,13 +77,21 @@ def documented_names(text: str) -> set[str]:
 def test_settings_reads_names_this_test_can_see():
     names = settings_names()
     # a sanity check of the parsing: these are read by Settings.from_env in three different ways
-    assert {"REDIS_URL", "ENGRAM_HALF_LIFE", "ENGRAM_BATCH_SIZE", "ENGRAM_EMBEDDER", "ENGRAM_MASTER_KEY_FILE"} <= names
+    assert {
+        "REDIS_URL",
+        "ENGRAM_HALF_LIFE",
+        "ENGRAM_BATCH_SIZE",
+        "ENGRAM_EMBEDDER",
+        "ENGRAM_MASTER_KEY_FILE",
+    } <= names
     assert len(names) >= 50
 
 
 def test_every_settings_variable_is_in_the_table():
     missing = settings_names() - documented_names(DOC.read_text())
-    assert not missing, f"read by shared/settings.py but missing from docs/configuration.md's tables: {sorted(missing)}"
+    assert not missing, (
+        f"read by shared/settings.py but missing from docs/configuration.md's tables: {sorted(missing)}"
+    )
 
 
 def test_every_variable_the_code_reads_is_in_the_table():
@@ -102,6 +113,8 @@ def test_every_variable_the_page_mentions_exists():
 
 
 def test_documented_names_reads_first_cells_only():
-    text = ("| variable | default |\n|---|---|\n| `ENGRAM_A`, `ENGRAM_B` | `ENGRAM_C` |\n"
-            "```\n| `ENGRAM_D` | x |\n```\n`ENGRAM_E` in prose\n")
+    text = (
+        "| variable | default |\n|---|---|\n| `ENGRAM_A`, `ENGRAM_B` | `ENGRAM_C` |\n"
+        "```\n| `ENGRAM_D` | x |\n```\n`ENGRAM_E` in prose\n"
+    )
     assert documented_names(text) == {"ENGRAM_A", "ENGRAM_B"}

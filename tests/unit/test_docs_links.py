@@ -95,7 +95,10 @@ def test_every_relative_link_resolves(path):
 
 
 def test_slugs_follow_githubs_rules():
-    assert slug("`POST /v1/recall` — decay-weighted prioritized recall") == "post-v1recall--decay-weighted-prioritized-recall"
+    assert (
+        slug("`POST /v1/recall` — decay-weighted prioritized recall")
+        == "post-v1recall--decay-weighted-prioritized-recall"
+    )
     assert slug("`GET /v1/episodes/{episode_id}`") == "get-v1episodesepisode_id"
     assert slug("MCP (Claude Desktop / any MCP client)") == "mcp-claude-desktop--any-mcp-client"
     assert slug("Processes: `make run`") == "processes-make-run"
@@ -104,8 +107,16 @@ def test_slugs_follow_githubs_rules():
 
 def test_links_skip_code_and_find_anchors(tmp_path):
     page = tmp_path / "a.md"
-    page.write_text("# Title\n## Part\n## Part\n[ok](#part-1) `[no](#nope)`\n```\n[no](missing.md)\n```\n"
-                    "[bad](#nope) [gone](missing.md) [web](https://example.com/x#y) [wrapped\ntext](#title)\n", encoding="utf-8")
+    page.write_text(
+        "# Title\n## Part\n## Part\n[ok](#part-1) `[no](#nope)`\n```\n[no](missing.md)\n```\n"
+        "[bad](#nope) [gone](missing.md) [web](https://example.com/x#y) [wrapped\ntext](#title)\n",
+        encoding="utf-8",
+    )
     assert anchors(page) == {"title", "part", "part-1"}
-    assert [target for _, target in links(page)] == ["#part-1", "#nope", "missing.md", "https://example.com/x#y",
-                                                  "#title"]
+    assert [target for _, target in links(page)] == [
+        "#part-1",
+        "#nope",
+        "missing.md",
+        "https://example.com/x#y",
+        "#title",
+    ]

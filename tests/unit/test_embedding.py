@@ -38,11 +38,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Realistic agent-task texts: two paraphrases and one unrelated text per language.
 SIMILAR_UNRELATED = {
-    "en": ("fix failing database migration test", "repair the broken DB migration test",
-           "write a poem about autumn"),
-    "en2": ("deploy the payments service to the staging kubernetes cluster",
-            "payments service deployment to staging cluster on kubernetes",
-            "summarise the quarterly sales report for the board"),
+    "en": (
+        "fix failing database migration test",
+        "repair the broken DB migration test",
+        "write a poem about autumn",
+    ),
+    "en2": (
+        "deploy the payments service to the staging kubernetes cluster",
+        "payments service deployment to staging cluster on kubernetes",
+        "summarise the quarterly sales report for the board",
+    ),
     "zh": ("修复失败的数据库迁移测试", "数据库迁移测试失败了，需要修复", "写一首关于秋天的诗"),
     "ar": ("إصلاح اختبار ترحيل قاعدة البيانات", "اختبار ترحيل قاعدة البيانات فشل", "اكتب قصيدة عن الخريف"),
 }
@@ -87,12 +92,21 @@ def test_hashing_is_stable_across_processes():
     """blake2b, not Python's salted hash(): another interpreter with another hash seed agrees."""
     texts = ["fix failing database migration test", "日本語のテキスト", "emoji-🙂"]
     here = HashingEmbedder(dim=128).embed_sync(texts)
-    code = ("import json, sys; from shared.embedding import HashingEmbedder; "
-            "print(json.dumps(HashingEmbedder(dim=128).embed_sync(json.loads(sys.argv[1])).tolist()))")
+    code = (
+        "import json, sys; from shared.embedding import HashingEmbedder; "
+        "print(json.dumps(HashingEmbedder(dim=128).embed_sync(json.loads(sys.argv[1])).tolist()))"
+    )
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(texts)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, check=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(texts)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
         np.testing.assert_array_equal(np.asarray(json.loads(out.stdout), dtype=np.float32), here)
 
 
@@ -104,9 +118,27 @@ async def test_hashing_similar_scores_higher_than_unrelated(language):
     assert cos(va, vb) > cos(vb, vu) + 0.1
 
 
-@pytest.mark.parametrize("text", ["数据库迁移", "日本語のテキストを検索する", "مرحبا بالعالم",
-                                  "🙂", "🙂🎉🚀", "emoji-🙂", "ns:with:colons", "{curly}", "x|y", "_",
-                                  "???", "…", "\u200b", "한국어 텍스트", "हिन्दी पाठ", "a\u0301"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "数据库迁移",
+        "日本語のテキストを検索する",
+        "مرحبا بالعالم",
+        "🙂",
+        "🙂🎉🚀",
+        "emoji-🙂",
+        "ns:with:colons",
+        "{curly}",
+        "x|y",
+        "_",
+        "???",
+        "…",
+        "\u200b",
+        "한국어 텍스트",
+        "हिन्दी पाठ",
+        "a\u0301",
+    ],
+)
 async def test_hashing_embeds_any_unicode(text):
     embedder = HashingEmbedder(dim=128)
     vector = await embed_query(embedder, text)
@@ -116,12 +148,21 @@ async def test_hashing_embeds_any_unicode(text):
 
 async def test_hashing_same_language_recall_for_cjk_and_arabic():
     """C16: a query in the same language ranks its document first among mixed-language documents."""
-    docs = ["修复失败的数据库迁移测试", "إصلاح اختبار ترحيل قاعدة البيانات", "fix failing database migration test",
-            "写一首关于秋天的诗", "🙂 emoji status update"]
+    docs = [
+        "修复失败的数据库迁移测试",
+        "إصلاح اختبار ترحيل قاعدة البيانات",
+        "fix failing database migration test",
+        "写一首关于秋天的诗",
+        "🙂 emoji status update",
+    ]
     embedder = HashingEmbedder()
     doc_vectors = await embedder.embed(docs)
-    for query, expected in [("数据库迁移测试", 0), ("ترحيل قاعدة البيانات", 1), ("migration test", 2),
-                            ("秋天的诗", 3)]:
+    for query, expected in [
+        ("数据库迁移测试", 0),
+        ("ترحيل قاعدة البيانات", 1),
+        ("migration test", 2),
+        ("秋天的诗", 3),
+    ]:
         scores = doc_vectors @ await embed_query(embedder, query)
         assert int(np.argmax(scores)) == expected, (query, scores)
 
@@ -263,16 +304,21 @@ async def test_minilm_similar_scores_higher_than_unrelated(minilm, language):
 
 
 async def test_minilm_batches_preserve_input_order(minilm):
-    texts = [("short " if i % 2 else "a much longer text about database migrations and deploys " * 3) + str(i)
-             for i in range(70)]
+    texts = [
+        ("short " if i % 2 else "a much longer text about database migrations and deploys " * 3) + str(i)
+        for i in range(70)
+    ]
     together = await minilm.embed(texts)  # 3 batches of 32, grouped by length
     alone = np.stack([await embed_query(minilm, t) for t in texts[:6]])
     np.testing.assert_allclose(together[:6], alone, atol=1e-4)
 
 
 async def test_minilm_does_not_block_the_event_loop(minilm, monkeypatch):
-    texts = [f"episode {i}: the agent retried the flaky integration test and then fixed the race in the "
-             f"connection pool by adding a lock around checkout" for i in range(128)]
+    texts = [
+        f"episode {i}: the agent retried the flaky integration test and then fixed the race in the "
+        f"connection pool by adding a lock around checkout"
+        for i in range(128)
+    ]
     monkeypatch.setattr(minilm, "batch_size", len(texts))  # one model call: no yields between batches
     ticks = 0
 
@@ -320,8 +366,14 @@ def fake_installed(available: bool):
 
 
 def test_make_embedder_hashing_uses_settings():
-    settings_ = Settings.from_env({"ENGRAM_EMBEDDER": "hashing", "ENGRAM_EMBED_DIM": "96",
-                                   "ENGRAM_EMBED_BATCH_SIZE": "7", "ENGRAM_EMBED_MAX_CHARS": "500"})
+    settings_ = Settings.from_env(
+        {
+            "ENGRAM_EMBEDDER": "hashing",
+            "ENGRAM_EMBED_DIM": "96",
+            "ENGRAM_EMBED_BATCH_SIZE": "7",
+            "ENGRAM_EMBED_MAX_CHARS": "500",
+        }
+    )
     embedder = make_embedder(settings_)
     assert isinstance(embedder, HashingEmbedder)
     assert (embedder.dim, embedder.batch_size, embedder.max_chars) == (96, 7, 500)
@@ -342,9 +394,14 @@ def test_make_embedder_minilm_without_packages_names_the_install(monkeypatch):
         make_embedder(Settings(embedder="minilm"))
 
 
-@pytest.mark.parametrize("mpnet, minilm, expected, dim", [(True, True, embedding.MPNetEmbedder, 768),
-                                                          (False, True, MiniLMEmbedder, 384),
-                                                          (False, False, HashingEmbedder, 128)])
+@pytest.mark.parametrize(
+    "mpnet, minilm, expected, dim",
+    [
+        (True, True, embedding.MPNetEmbedder, 768),
+        (False, True, MiniLMEmbedder, 384),
+        (False, False, HashingEmbedder, 128),
+    ],
+)
 def test_make_embedder_auto_picks_the_best_installed(monkeypatch, mpnet, minilm, expected, dim):
     monkeypatch.setattr(embedding, "_installed", fake_installed(minilm))
     monkeypatch.setattr(embedding.MPNetEmbedder, "available", classmethod(lambda cls: mpnet))
@@ -367,9 +424,16 @@ def test_make_embedder_openai_needs_url():
 
 
 def test_make_embedder_openai_uses_settings():
-    settings_ = Settings.from_env({"ENGRAM_EMBEDDER": "openai", "ENGRAM_OPENAI_URL": "http://127.0.0.1:9/v1/",
-                                   "ENGRAM_OPENAI_MODEL": "nomic-embed", "ENGRAM_OPENAI_API_KEY": "sk-secret",
-                                   "ENGRAM_OPENAI_TIMEOUT": "5s", "ENGRAM_EMBED_BATCH_SIZE": "16"})
+    settings_ = Settings.from_env(
+        {
+            "ENGRAM_EMBEDDER": "openai",
+            "ENGRAM_OPENAI_URL": "http://127.0.0.1:9/v1/",
+            "ENGRAM_OPENAI_MODEL": "nomic-embed",
+            "ENGRAM_OPENAI_API_KEY": "sk-secret",
+            "ENGRAM_OPENAI_TIMEOUT": "5s",
+            "ENGRAM_EMBED_BATCH_SIZE": "16",
+        }
+    )
     embedder = make_embedder(settings_)
     assert isinstance(embedder, OpenAIEmbedder)
     assert embedder.endpoint == "http://127.0.0.1:9/v1/embeddings"
@@ -395,10 +459,17 @@ async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, m
     stamp = (tmp_path / "all-mpnet-base-v2" / "modules.json").stat().st_mtime_ns
     second = MPNetEmbedder(cache_dir=str(tmp_path))
     assert second.model_path() == path
-    assert (tmp_path / "all-mpnet-base-v2" / "modules.json").stat().st_mtime_ns == stamp  # not extracted again
+    assert (
+        tmp_path / "all-mpnet-base-v2" / "modules.json"
+    ).stat().st_mtime_ns == stamp  # not extracted again
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mpnet-")]  # no leftovers
-    vectors = await second.embed(["fix the failing database migration test",
-                                  "repair the broken DB migration test", "write a poem about autumn"])
+    vectors = await second.embed(
+        [
+            "fix the failing database migration test",
+            "repair the broken DB migration test",
+            "write a poem about autumn",
+        ]
+    )
     assert vectors.shape == (3, 768) and second.name == "mpnet-base-v2"
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
@@ -434,7 +505,9 @@ async def test_query_vector_cache_remembers_the_last_texts_and_evicts_the_oldest
     assert not a.flags.writeable, "a cached vector must not be changed by one request for the next"
     await cache.embed(embedder, "b", namespace="ns")
     await cache.embed(embedder, "c", namespace="ns")  # evicts the least recently used: the first text
-    assert await cache.embed(embedder, "fix the flaky login test", namespace="ns") is not a and cache.misses == 4
+    assert (
+        await cache.embed(embedder, "fix the flaky login test", namespace="ns") is not a and cache.misses == 4
+    )
     off = QueryVectorCache(size=0)
     await off.embed(embedder, "x", namespace="ns")
     await off.embed(embedder, "x", namespace="ns")
@@ -486,14 +559,18 @@ async def test_concurrent_queries_share_forward_passes_and_get_the_vectors_of_th
     assert e.calls == [["alone"]] and np.allclose(lone, (await HashingEmbedder(64).embed(["alone"]))[0])
     e.calls.clear()
     texts = [f"query {i}" for i in range(7)]
-    got = await asyncio.gather(*(b.embed(t) for t in texts), b.embed("query 1"), b.embed("query 1", scope="other"))
+    got = await asyncio.gather(
+        *(b.embed(t) for t in texts), b.embed("query 1"), b.embed("query 1", scope="other")
+    )
     want = await HashingEmbedder(64).embed(texts)
     assert all(np.allclose(g, w) for g, w in zip(got[:7], want, strict=True))
     assert np.allclose(got[7], want[1]) and np.allclose(got[8], want[1])
     assert e.calls[0][0] == "query 0"  # arrivals in one loop turn share the first pass
     assert [len(c) for c in e.calls] == [4, 4]  # 9 requests, 8 (namespace, text) pairs, 4 per pass
     assert sum(c.count("query 1") for c in e.calls) == 2  # once per namespace
-    results = await asyncio.gather(b.embed("fine"), b.embed("boom"), b.embed("fine too"), return_exceptions=True)
+    results = await asyncio.gather(
+        b.embed("fine"), b.embed("boom"), b.embed("fine too"), return_exceptions=True
+    )
     assert isinstance(results[1], ValueError)  # the failing text fails, alone
     assert all(not isinstance(r, Exception) for r in (results[0], results[2]))
     cache = QueryVectorCache(8, batch=4)

@@ -11,15 +11,28 @@ from shared.facts import Fact, FactScope
 SCOPE = FactScope("ns")
 
 
-def row(eid: str, direction: int, *, outcome: str = "success", at: float = 0.0, strategy: str | None = "s",
-        noise: float = 0.05) -> Row:
+def row(
+    eid: str,
+    direction: int,
+    *,
+    outcome: str = "success",
+    at: float = 0.0,
+    strategy: str | None = "s",
+    noise: float = 0.05,
+) -> Row:
     rng = np.random.default_rng([ord(ch) for ch in eid])
     v = np.zeros(16)
     v[direction] = 1.0
     v += rng.normal(0, noise, 16)
-    ep = Episode(episode_id=eid, task=Task(description=f"task {direction}", category="c"), outcome=outcome,
-                 completed_at=at, strategy_used=strategy, feedback=Feedback(reward=1.0 if outcome == "success" else 0.0),
-                 actions=(Action(action_type="edit", error=None if outcome == "success" else "boom"),))
+    ep = Episode(
+        episode_id=eid,
+        task=Task(description=f"task {direction}", category="c"),
+        outcome=outcome,
+        completed_at=at,
+        strategy_used=strategy,
+        feedback=Feedback(reward=1.0 if outcome == "success" else 0.0),
+        actions=(Action(action_type="edit", error=None if outcome == "success" else "boom"),),
+    )
     return Row(episode=ep, vector=v / np.linalg.norm(v))
 
 
@@ -58,8 +71,16 @@ def test_a_flip_of_one_strategy_supersedes_even_when_the_overall_rate_holds():
     """Week 1: X succeeds 5 times; week 2: X fails 5 times and Y succeeds 5 times. Overall 100% then 50%
     (no outcome flip), but X went from 5/5 to 0/5: the current fact is week 2's, Y first in its text."""
     week1 = [row(f"w1-{i}", 0, at=float(i), strategy="X") for i in range(5)]
-    week2 = [row(f"w2-{i}", 0, at=10.0 + i, strategy="X" if i % 2 == 0 else "Y",
-                 outcome="failure" if i % 2 == 0 else "success") for i in range(10)]
+    week2 = [
+        row(
+            f"w2-{i}",
+            0,
+            at=10.0 + i,
+            strategy="X" if i % 2 == 0 else "Y",
+            outcome="failure" if i % 2 == 0 else "success",
+        )
+        for i in range(10)
+    ]
     facts, _ = plan(SCOPE, week1 + week2, [], min_cluster=3, distance=0.5, now=100.0)
     (current,) = [f for f in facts if f.status == "current"]
     (old,) = [f for f in facts if f.status == "superseded"]
@@ -81,16 +102,20 @@ def test_the_same_episodes_give_the_same_facts_whenever_consolidation_ran():
 
     def view(facts):
         return sorted((f.status, f.evidence, f.kind, f.text) for f in facts)
+
     assert view(state) == view(once)
     assert [len(f.evidence) for f in once] == [20, 30] and {e for f in once for e in f.evidence} == {
-        r.episode_id for r in rows}
+        r.episode_id for r in rows
+    }
     # ids stay: the fact the run after 10 episodes created is the one that was superseded
     first = plan(SCOPE, rows[:10], [], min_cluster=3, distance=0.5, now=0.0)[0][0]
     assert [f.fact_id for f in state if f.status == "superseded"] == [first.fact_id]
 
 
 def test_works_again_after_a_failing_stretch_is_current_again():
-    rows = [row(f"e{i:02d}", 0, at=float(i), outcome="failure" if 10 <= i < 20 else "success") for i in range(25)]
+    rows = [
+        row(f"e{i:02d}", 0, at=float(i), outcome="failure" if 10 <= i < 20 else "success") for i in range(25)
+    ]
     facts, _ = plan(SCOPE, rows, [], min_cluster=3, distance=0.5, now=1.0)
     current = [f for f in facts if f.status == "current"]
     assert [f.evidence for f in current] == [tuple(f"e{i:02d}" for i in range(20, 25))]
@@ -122,8 +147,11 @@ def _interleavings():
             flip_at, before = w[3 * fam + strat]
             ok = before if t < flip_at else not before
             out.append((fam, ok != (noise == 0), STRATEGIES[strat], t))
-        return st.tuples(st.just(out), st.permutations(range(len(out))),
-                         st.sets(st.integers(1, max(1, len(out))), max_size=6))
+        return st.tuples(
+            st.just(out),
+            st.permutations(range(len(out))),
+            st.sets(st.integers(1, max(1, len(out))), max_size=6),
+        )
 
     return st.tuples(world, st.lists(episode, min_size=12, max_size=40)).flatmap(case)
 
@@ -138,8 +166,10 @@ def test_property_any_interleaving_of_publishes_and_consolidations_gives_the_sin
     @given(_interleavings())
     def check(case):
         eps, arrival, runs = case
-        rows = [row(f"e{i:02d}", fam, at=float(t), outcome="success" if ok else "failure", strategy=s)
-                for i, (fam, ok, s, t) in enumerate(eps)]
+        rows = [
+            row(f"e{i:02d}", fam, at=float(t), outcome="success" if ok else "failure", strategy=s)
+            for i, (fam, ok, s, t) in enumerate(eps)
+        ]
         seen: list[Row] = []
         state: list[Fact] = []
         for k, i in enumerate(arrival, start=1):
@@ -154,6 +184,7 @@ def test_property_any_interleaving_of_publishes_and_consolidations_gives_the_sin
 
         def view(facts):
             return sorted((f.status, f.evidence, f.kind, f.text) for f in facts)
+
         assert view(state) == view(once)
         covered = [e for f in once for e in f.evidence]
         assert len(covered) == len(set(covered))

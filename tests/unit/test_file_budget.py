@@ -12,20 +12,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("client/engram_episodic", "shared", "services", "deploy")
-BUDGET = 600
+# Counted on ruff-formatted code (`make lint` checks the format): the formatter puts one argument per
+# line, so the same module is ~15-35% longer than in the hanging-indent style the budget of 600 was set in.
+BUDGET = 700
 
 # module → (max lines, why it is still one module)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     "client/engram_episodic/tools.py": (
-        1080, "8 tool definitions with their JSON schemas, checker and plans; split planned"),
+        1370,
+        "8 tool definitions with their JSON schemas, checker and plans; split planned",
+    ),
     "client/engram_episodic/client.py": (
-        900, "sync Engram and AsyncEngram share one Calls table; the option TypedDicts could move out"),
+        1020,
+        "sync Engram and AsyncEngram share one Calls table; the option TypedDicts could move out",
+    ),
     "shared/embedding.py": (
-        880, "the Embedder contract and its four implementations (hashing, MiniLM, MPNet, OpenAI); split planned"),
+        900,
+        "the Embedder contract and its four implementations (hashing, MiniLM, MPNet, OpenAI); split planned",
+    ),
+    "shared/index.py": (
+        900,
+        "episode and fact index schemas, generations and every FT.* query builder; split planned",
+    ),
     "services/query/recall.py": (
-        650, "the recall pipeline (candidates, scoring, explanation) under restructuring on another branch"),
-    "services/consolidator/calibration.py": (
-        640, "mostly its labelled corpus of 14 task families, which is data; the corpus could move to a data file"),
+        820,
+        "the recall pipeline (candidates, scoring, explanation); split planned",
+    ),
 }
 
 
@@ -34,16 +46,24 @@ def _lines(path: Path) -> int:
 
 
 def _modules() -> dict[str, int]:
-    return {p.relative_to(ROOT).as_posix(): _lines(p)
-            for top in PRODUCTION for p in sorted((ROOT / top).rglob("*.py"))
-            if "build" not in p.relative_to(ROOT).parts}
+    return {
+        p.relative_to(ROOT).as_posix(): _lines(p)
+        for top in PRODUCTION
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if "build" not in p.relative_to(ROOT).parts
+    }
 
 
 def test_every_production_module_is_within_its_budget():
-    over = {name: (n, EXCEPTIONS.get(name, (BUDGET, ""))[0]) for name, n in _modules().items()
-            if n > EXCEPTIONS.get(name, (BUDGET, ""))[0]}
-    assert not over, "modules over their line budget (split them, or raise a ceiling with a reason): " + \
-        ", ".join(f"{name} {n} > {limit}" for name, (n, limit) in sorted(over.items()))
+    over = {
+        name: (n, EXCEPTIONS.get(name, (BUDGET, ""))[0])
+        for name, n in _modules().items()
+        if n > EXCEPTIONS.get(name, (BUDGET, ""))[0]
+    }
+    assert not over, (
+        "modules over their line budget (split them, or raise a ceiling with a reason): "
+        + ", ".join(f"{name} {n} > {limit}" for name, (n, limit) in sorted(over.items()))
+    )
 
 
 def test_the_exceptions_are_current():

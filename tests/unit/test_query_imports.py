@@ -23,7 +23,8 @@ def _modules() -> dict[str, Path]:
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(path: Path, modules: set[str], *, typing: bool) -> set[str]:
@@ -51,7 +52,9 @@ def _imports(path: Path, modules: set[str], *, typing: bool) -> set[str]:
                     name = name.rsplit(".", 1)[0]
                 if name in modules:
                     found.add(name)
-    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), f"{path}: relative import"
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), (
+        f"{path}: relative import"
+    )
     return found
 
 
@@ -61,7 +64,9 @@ def _graph(*, typing: bool) -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         # a package's own `__init__` is no edge: importing services.query.views.x runs it first anyway
-        graph[name] = {m for m in _imports(path, known, typing=typing) if m != name and not name.startswith(m + ".")}
+        graph[name] = {
+            m for m in _imports(path, known, typing=typing) if m != name and not name.startswith(m + ".")
+        }
     return graph
 
 
@@ -74,7 +79,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)) is not None:
                 return found
         path.pop()
@@ -100,8 +105,9 @@ def test_the_app_keys_module_imports_nothing_from_the_query_service():
 def test_the_app_imports_the_route_table_and_no_module_imports_inside_a_function():
     graph = _graph(typing=False)
     assert "services.query.routes" in graph["services.query.app"]
-    assert "services.query.app" not in set().union(*(deps for name, deps in graph.items()
-                                                     if name != "services.query.__main__"))
+    assert "services.query.app" not in set().union(
+        *(deps for name, deps in graph.items() if name != "services.query.__main__")
+    )
     for name, path in _modules().items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for fn in ast.walk(tree):

@@ -20,26 +20,43 @@ def fields_of(exc: Invalid) -> dict[str, str]:
 
 
 def test_recall_request_defaults_and_parsing():
-    req = validate(RecallRequest, {"query": "q", "outcome": "success", "category": ["a,b", "x|y"],
-                                   "half_life": "12h", "since": "2025-07-25T00:00:00-07:00", "until": 1.8e9})
+    req = validate(
+        RecallRequest,
+        {
+            "query": "q",
+            "outcome": "success",
+            "category": ["a,b", "x|y"],
+            "half_life": "12h",
+            "since": "2025-07-25T00:00:00-07:00",
+            "until": 1.8e9,
+        },
+    )
     assert req.outcome == ("success",) and req.category == ("a,b", "x|y")  # C18: one value each
     assert req.half_life == 43200 and req.since == 1753426800.0 and req.until == 1.8e9
-    assert (req.mode, req.normalize, req.recency_from, req.touch, req.top_k) == (None, "none", "completed",
-                                                                                   False, None)
+    assert (req.mode, req.normalize, req.recency_from, req.touch, req.top_k) == (
+        None,
+        "none",
+        "completed",
+        False,
+        None,
+    )
 
 
-@pytest.mark.parametrize("body,field,reason", [
-    ({"query": " "}, "query", "must not be empty or blank"),
-    ({"query": "q", "top_k": 0}, "top_k", "must be an integer between 1 and 100"),
-    ({"query": "q", "top_k": 101}, "top_k", "must be an integer between 1 and 100"),
-    ({"query": "q", "reward": {"between": [0, 1]}}, "reward.between", "is not a known field"),
-    ({"query": "q", "since": 2, "until": 1}, "since", "must not be later than until"),
-    ({"query": "q", "agent_id": ""}, "agent_id", "must not be empty or blank"),
-    ({"query": "q", "agent_id": "a\x00b"}, "agent_id", "must not contain control characters"),
-    ({"query": "q", "half_life": 0}, "half_life", "must be a positive number of seconds"),
-    ({"query": "q", "weights": {}}, "weights", "at least one weight must be > 0"),
-    ({"query": "q", "outcome": []}, "outcome", "must be a string or a non-empty list of strings"),
-])
+@pytest.mark.parametrize(
+    "body,field,reason",
+    [
+        ({"query": " "}, "query", "must not be empty or blank"),
+        ({"query": "q", "top_k": 0}, "top_k", "must be an integer between 1 and 100"),
+        ({"query": "q", "top_k": 101}, "top_k", "must be an integer between 1 and 100"),
+        ({"query": "q", "reward": {"between": [0, 1]}}, "reward.between", "is not a known field"),
+        ({"query": "q", "since": 2, "until": 1}, "since", "must not be later than until"),
+        ({"query": "q", "agent_id": ""}, "agent_id", "must not be empty or blank"),
+        ({"query": "q", "agent_id": "a\x00b"}, "agent_id", "must not contain control characters"),
+        ({"query": "q", "half_life": 0}, "half_life", "must be a positive number of seconds"),
+        ({"query": "q", "weights": {}}, "weights", "at least one weight must be > 0"),
+        ({"query": "q", "outcome": []}, "outcome", "must be a string or a non-empty list of strings"),
+    ],
+)
 def test_recall_request_errors_name_the_field(body, field, reason):
     with pytest.raises(Invalid) as info:
         validate(RecallRequest, body)
@@ -54,8 +71,15 @@ def test_namespace_for_bearer_keys():
     for header in (None, "", "Bearer", "Bearer k3", "Basic k1", "k1", "Bearerk1", "Bearer  ", "Bearer k1 k2"):
         assert namespace_for(keys, header) is None
     # only ASCII blanks separate or pad: a key with Unicode spaces around it is another key
-    for header in ("Bearer \u2003k1\u2003", "Bearer k1\u00a0", "Bearer\u00a0k1", "Bearer\u2003k1", "Bearer k1\udca0",
-                   "B\u0130arer k1", "Bearer \ufeffk1"):
+    for header in (
+        "Bearer \u2003k1\u2003",
+        "Bearer k1\u00a0",
+        "Bearer\u00a0k1",
+        "Bearer\u2003k1",
+        "Bearer k1\udca0",
+        "B\u0130arer k1",
+        "Bearer \ufeffk1",
+    ):
         assert namespace_for(keys, header) is None, repr(header)
     # a non-UTF-8 byte arrives as a lone surrogate; it is compared as the byte it was, nothing raises
     assert namespace_for({"k\udca0": "ns-raw"}, "Bearer k\udca0") == "ns-raw"
@@ -88,16 +112,27 @@ def test_openapi_path():
 
 
 def ep(i: int, outcome: str, strategy: str | None = None, **kw) -> Episode:
-    return Episode(episode_id=f"e{i}", task=Task(description="t"), outcome=outcome, strategy_used=strategy, **kw)
+    return Episode(
+        episode_id=f"e{i}", task=Task(description="t"), outcome=outcome, strategy_used=strategy, **kw
+    )
 
 
 def test_choose_strategy_rules_in_order():
-    similar = [ep(1, "success", "example_driven"), ep(2, "success", "example_driven"), ep(3, "failure", "example_driven"),
-               ep(4, "success", "iterative")]
+    similar = [
+        ep(1, "success", "example_driven"),
+        ep(2, "success", "example_driven"),
+        ep(3, "failure", "example_driven"),
+        ep(4, "success", "iterative"),
+    ]
     got = choose_strategy(similar, complexity=0.9, category_profile={"weak": True})
     assert (got["strategy"], got["rule"]) == ("example_driven", "reuse")  # 2 successes beat 1
-    at_rate = [ep(1, "success", "x"), ep(2, "success", "x"), ep(3, "failure", "x"), ep(4, "failure", "x"),
-               ep(5, "success", "x")]  # 3/5 = 0.6 is not above 0.6
+    at_rate = [
+        ep(1, "success", "x"),
+        ep(2, "success", "x"),
+        ep(3, "failure", "x"),
+        ep(4, "failure", "x"),
+        ep(5, "success", "x"),
+    ]  # 3/5 = 0.6 is not above 0.6
     profile = {"weak": True, "category": "c", "success_rate": 0.2, "episodes": 5}
     assert choose_strategy(at_rate, complexity=None, category_profile=profile)["strategy"] == "defensive"
     assert choose_strategy([], complexity=0.71, category_profile=None)["strategy"] == "iterative"
@@ -110,8 +145,17 @@ def test_suggestion_confidence_levels():
     assert suggestion([])["confidence"] == "low"
     assert suggestion([ep(1, "success"), ep(2, "success"), ep(3, "failure")])["confidence"] == "medium"
     assert suggestion([ep(i, "success") for i in range(7)] + [ep(9, "abandoned")])["confidence"] == "high"
-    got = suggestion([ep(1, "failure", feedback=Feedback(message="boom"), outcome_details="boom",
-                         actions=(Action(action_type="edit", success=False, error="boom"),))])
+    got = suggestion(
+        [
+            ep(
+                1,
+                "failure",
+                feedback=Feedback(message="boom"),
+                outcome_details="boom",
+                actions=(Action(action_type="edit", success=False, error="boom"),),
+            )
+        ]
+    )
     assert got["common_failures"] == [{"message": "boom", "count": 1}]  # counted once per episode
     assert got["failed_action_types"] == [{"action_type": "edit", "count": 1}]
 
@@ -120,13 +164,28 @@ def test_a_strategy_that_stopped_working_is_not_recommended():
     """X succeeded 10 times, then failed 5 times while Y succeeded 5 times. Counting everything, X has
     the most successes (10 of 15 = 67% > 60%) and was reused; its newest regime is 0 of 5."""
     old = [ep(i, "success", "X", completed_at=1000.0 + i) for i in range(10)]
-    new = [ep(20 + i, "failure" if i % 2 == 0 else "success", "X" if i % 2 == 0 else "Y",
-              completed_at=2000.0 + i) for i in range(10)]
+    new = [
+        ep(
+            20 + i,
+            "failure" if i % 2 == 0 else "success",
+            "X" if i % 2 == 0 else "Y",
+            completed_at=2000.0 + i,
+        )
+        for i in range(10)
+    ]
     similar = new + old  # nearest first: any order
     got = choose_strategy(similar, complexity=None, category_profile=None)
     assert (got["strategy"], got["rule"]) == ("Y", "reuse")
-    assert got["evidence"]["changed"] == [{"strategy": "X", "since": "1970-01-01T00:33:20Z", "episodes": 5,
-                                           "successes": 0, "earlier_episodes": 10, "earlier_successes": 10}]
+    assert got["evidence"]["changed"] == [
+        {
+            "strategy": "X",
+            "since": "1970-01-01T00:33:20Z",
+            "episodes": 5,
+            "successes": 0,
+            "earlier_episodes": 10,
+            "earlier_successes": 10,
+        }
+    ]
     assert got["evidence"]["similar_episodes"] == 20
     tip = suggestion(similar)
     assert tip["successful_strategies"] == [{"strategy": "Y", "count": 5}]
@@ -142,10 +201,22 @@ def test_skill_profiles_mark_weak():
     assert skill_profiles(rows, 0.5)[0]["weak"] and not skill_profiles(rows, 0.25)[0]["weak"]
 
 
-RESULT = {"episode": {"episode_id": "e", "task": {"description": "d " * 300}, "outcome": "success",
-                      "solution": "s " * 500, "feedback": {"reward": 1.0, "message": "ok"}}, "priority": 0.9}
-REPLAY = {"episodes": 1, "avg_reward": 1.0, "success_rate": 1.0,
-          "strategies": [{"strategy": "x", "episodes": 1, "success_rate": 1.0}]}
+RESULT = {
+    "episode": {
+        "episode_id": "e",
+        "task": {"description": "d " * 300},
+        "outcome": "success",
+        "solution": "s " * 500,
+        "feedback": {"reward": 1.0, "message": "ok"},
+    },
+    "priority": 0.9,
+}
+REPLAY = {
+    "episodes": 1,
+    "avg_reward": 1.0,
+    "success_rate": 1.0,
+    "strategies": [{"strategy": "x", "episodes": 1, "success_rate": 1.0}],
+}
 
 
 @given(st.text(min_size=1, max_size=500), st.integers(min_value=1, max_value=5000), st.integers(0, 6))

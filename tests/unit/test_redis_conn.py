@@ -10,8 +10,12 @@ from redis.exceptions import DataError
 
 from shared.redis_conn import HiredisConnection, connect
 
-ARG = st.one_of(st.binary(max_size=64), st.text(max_size=32),
-                st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=False))
+ARG = st.one_of(
+    st.binary(max_size=64),
+    st.text(max_size=32),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+)
 
 
 def _wire(conn, *args) -> bytes:
@@ -25,7 +29,9 @@ def test_packs_exactly_as_redis_py(args):
 
 
 def test_multi_word_command_names_are_split_like_redis_py():
-    assert _wire(HiredisConnection(), "CONFIG GET", "maxmemory") == _wire(Connection(), "CONFIG GET", "maxmemory")
+    assert _wire(HiredisConnection(), "CONFIG GET", "maxmemory") == _wire(
+        Connection(), "CONFIG GET", "maxmemory"
+    )
     assert _wire(HiredisConnection(), b"CONFIG GET", "x") == _wire(Connection(), b"CONFIG GET", "x")
 
 

@@ -45,13 +45,16 @@ def candidates(n: int = 1, **overrides) -> Candidates:
 # --- recency decay: the seed's hand table (half-life one day) ---------------------------------------
 
 
-@pytest.mark.parametrize(("age", "expected"), [
-    (0.0, 1.0),
-    (12 * HOUR, 0.7071),
-    (DAY, 0.50),
-    (2 * DAY, 0.25),
-    (7 * DAY, 0.0078),
-])
+@pytest.mark.parametrize(
+    ("age", "expected"),
+    [
+        (0.0, 1.0),
+        (12 * HOUR, 0.7071),
+        (DAY, 0.50),
+        (2 * DAY, 0.25),
+        (7 * DAY, 0.0078),
+    ],
+)
 def test_recency_hand_table(age, expected):
     assert recency_decay(age, DAY) == pytest.approx(expected, abs=5e-5)
     scored = score(candidates(completed_at=[NOW - age]), ONLY_RECENCY, half_life=DAY, as_of=NOW)
@@ -61,7 +64,7 @@ def test_recency_hand_table(age, expected):
 
 def test_recency_exact_powers_of_two():
     ages = np.array([12 * HOUR, DAY, 2 * DAY, 7 * DAY])
-    assert recency_decay(ages, DAY) == pytest.approx([2 ** -0.5, 0.5, 0.25, 2 ** -7], rel=1e-12)
+    assert recency_decay(ages, DAY) == pytest.approx([2**-0.5, 0.5, 0.25, 2**-7], rel=1e-12)
 
 
 @pytest.mark.parametrize("half_life", [0, -1.0, math.inf, math.nan, True, "1d"])
@@ -119,7 +122,15 @@ def test_priority_by_hand():
     assert s.importance_term == pytest.approx([0.35, 0.0, 0.5])
     assert s.order.tolist() == [2, 0, 1]
     assert s.breakdown(0) == pytest.approx(
-        {"priority": 1.04, "similarity": 0.32, "recency": 0.15, "reward": 0.12, "outcome": 0.1, "importance": 0.35})
+        {
+            "priority": 1.04,
+            "similarity": 0.32,
+            "recency": 0.15,
+            "reward": 0.12,
+            "outcome": 0.1,
+            "importance": 0.35,
+        }
+    )
 
 
 def test_missing_fields_contribute_nothing():
@@ -158,25 +169,31 @@ def test_results_are_read_only_and_inputs_not_aliased():
         s.priority[0] = 1.0
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    ({"completed_at": [np.nan]}, "completed_at"),
-    ({"completed_at": [[NOW]]}, "completed_at"),
-    ({"cos": [0.1, 0.2]}, "cos"),
-    ({"reward": [math.inf]}, "reward"),
-    ({"outcome_score": [1.5]}, "outcome_score"),
-    ({"outcome_score": [np.nan]}, "outcome_score"),
-    ({"last_accessed": [-math.inf]}, "last_accessed"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"completed_at": [np.nan]}, "completed_at"),
+        ({"completed_at": [[NOW]]}, "completed_at"),
+        ({"cos": [0.1, 0.2]}, "cos"),
+        ({"reward": [math.inf]}, "reward"),
+        ({"outcome_score": [1.5]}, "outcome_score"),
+        ({"outcome_score": [np.nan]}, "outcome_score"),
+        ({"last_accessed": [-math.inf]}, "last_accessed"),
+    ],
+)
 def test_bad_candidates_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         candidates(**overrides)
 
 
-@pytest.mark.parametrize(("kwargs", "word"), [
-    ({"normalize": "zscore"}, "normalize"),
-    ({"recency_from": "created"}, "recency_from"),
-    ({"as_of": math.nan}, "as_of"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"normalize": "zscore"}, "normalize"),
+        ({"recency_from": "created"}, "recency_from"),
+        ({"as_of": math.nan}, "as_of"),
+    ],
+)
 def test_bad_score_arguments(kwargs, word):
     args = {"half_life": DAY, "as_of": NOW} | kwargs
     with pytest.raises(ValueError, match=word):
@@ -187,8 +204,13 @@ def test_bad_score_arguments(kwargs, word):
 
 
 def test_c20_newer_ranks_higher():
-    c = candidates(2, cos=[0.7, 0.7], completed_at=[NOW - 2 * DAY, NOW - DAY], reward=[0.5, 0.5],
-                   outcome_score=outcome_scores(["success", "success"]))
+    c = candidates(
+        2,
+        cos=[0.7, 0.7],
+        completed_at=[NOW - 2 * DAY, NOW - DAY],
+        reward=[0.5, 0.5],
+        outcome_score=outcome_scores(["success", "success"]),
+    )
     for name, w in PRESETS.items():
         for normalize in ("none", "minmax"):
             s = score(c, w, half_life=DAY, as_of=NOW, normalize=normalize)
@@ -263,14 +285,17 @@ def test_presets():
     assert reach(Weights(similarity=0, recency=1, reward=0, outcome=0)) == math.inf
 
 
-@pytest.mark.parametrize(("size", "name"), [
-    (0, "auto:early"),
-    (AUTO_EARLY_BELOW - 1, "auto:early"),
-    (AUTO_EARLY_BELOW, "auto:normal"),
-    (AUTO_NORMAL_BELOW - 1, "auto:normal"),
-    (AUTO_NORMAL_BELOW, "auto:late"),
-    (10**9, "auto:late"),
-])
+@pytest.mark.parametrize(
+    ("size", "name"),
+    [
+        (0, "auto:early"),
+        (AUTO_EARLY_BELOW - 1, "auto:early"),
+        (AUTO_EARLY_BELOW, "auto:normal"),
+        (AUTO_NORMAL_BELOW - 1, "auto:normal"),
+        (AUTO_NORMAL_BELOW, "auto:late"),
+        (10**9, "auto:late"),
+    ],
+)
 def test_auto_thresholds(size, name):
     assert (AUTO_EARLY_BELOW, AUTO_NORMAL_BELOW) == (50, 500)
     for preset in ("auto", None):
@@ -294,13 +319,16 @@ def test_resolve_rejects_unknown_preset_and_negative_size(preset, size):
         resolve_weights(preset, None, size)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"similarity": -0.1}, "similarity"),
-    ({"recency": math.nan}, "recency"),
-    ({"reward": math.inf}, "reward"),
-    ({"outcome": "0.1"}, "outcome"),
-    ({"importance": True}, "importance"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"similarity": -0.1}, "similarity"),
+        ({"recency": math.nan}, "recency"),
+        ({"reward": math.inf}, "reward"),
+        ({"outcome": "0.1"}, "outcome"),
+        ({"importance": True}, "importance"),
+    ],
+)
 def test_invalid_weights_name_the_field(kwargs, field):
     base = {"similarity": 0.4, "recency": 0.3, "reward": 0.2, "outcome": 0.1}
     with pytest.raises(ValueError, match=rf"weights\.{field}"):
@@ -315,7 +343,13 @@ def test_all_zero_weights_rejected():
 def test_weights_are_floats_and_frozen():
     w = Weights(similarity=1, recency=0, reward=0, outcome=0)
     assert isinstance(w.similarity, float)
-    assert w.as_dict() == {"similarity": 1.0, "recency": 0.0, "reward": 0.0, "outcome": 0.0, "importance": 0.0}
+    assert w.as_dict() == {
+        "similarity": 1.0,
+        "recency": 0.0,
+        "reward": 0.0,
+        "outcome": 0.0,
+        "importance": 0.0,
+    }
     with pytest.raises(AttributeError):
         w.similarity = 2.0  # type: ignore[misc]
 
@@ -331,20 +365,36 @@ age_st = st.floats(-10 * DAY, 3650 * DAY)
 half_life_st = st.floats(1.0, 365 * DAY)
 
 
-weights_st = st.tuples(weight, weight, weight, weight, weight).filter(lambda t: sum(t) > 0).map(
-    lambda t: Weights(*t))
+weights_st = (
+    st.tuples(weight, weight, weight, weight, weight).filter(lambda t: sum(t) > 0).map(lambda t: Weights(*t))
+)
 
 
-@given(w=weights_st, cos=st.floats(-1.0, 1.0), reward=maybe_reward, importance=maybe_importance,
-       outcome=outcome_st, age=age_st, extra=st.floats(0.0, 3650 * DAY), half_life=half_life_st,
-       last_accessed=st.one_of(st.just(math.nan), st.floats(NOW - 3650 * DAY, NOW + DAY)),
-       recency_from=st.sampled_from(["completed", "last_access"]))
-def test_c20_priority_never_increases_with_age(w, cos, reward, importance, outcome, age, extra, half_life,
-                                                last_accessed, recency_from):
+@given(
+    w=weights_st,
+    cos=st.floats(-1.0, 1.0),
+    reward=maybe_reward,
+    importance=maybe_importance,
+    outcome=outcome_st,
+    age=age_st,
+    extra=st.floats(0.0, 3650 * DAY),
+    half_life=half_life_st,
+    last_accessed=st.one_of(st.just(math.nan), st.floats(NOW - 3650 * DAY, NOW + DAY)),
+    recency_from=st.sampled_from(["completed", "last_access"]),
+)
+def test_c20_priority_never_increases_with_age(
+    w, cos, reward, importance, outcome, age, extra, half_life, last_accessed, recency_from
+):
     # candidate 0 is candidate 1 made older by `extra` seconds; a third, unrelated candidate stays put
-    c = candidates(3, cos=[cos, cos, 0.9], completed_at=[NOW - age - extra, NOW - age, NOW - DAY],
-                   reward=[reward, reward, 0.3], importance=[importance, importance, 5],
-                   outcome_score=[outcome, outcome, 1.0], last_accessed=[last_accessed, last_accessed, NOW])
+    c = candidates(
+        3,
+        cos=[cos, cos, 0.9],
+        completed_at=[NOW - age - extra, NOW - age, NOW - DAY],
+        reward=[reward, reward, 0.3],
+        importance=[importance, importance, 5],
+        outcome_score=[outcome, outcome, 1.0],
+        last_accessed=[last_accessed, last_accessed, NOW],
+    )
     s = score(c, w, half_life=half_life, as_of=NOW, recency_from=recency_from)
     assert s.priority[0] <= s.priority[1]
     assert s.recency[0] <= s.recency[1]
@@ -352,8 +402,13 @@ def test_c20_priority_never_increases_with_age(w, cos, reward, importance, outco
         assert list(s.order).index(0) > list(s.order).index(1)  # the newer ranks first, even on a tie
 
 
-@given(w=weights_st, n=st.integers(1, 30), data=st.data(), half_life=half_life_st,
-       normalize=st.sampled_from(["none", "minmax"]))
+@given(
+    w=weights_st,
+    n=st.integers(1, 30),
+    data=st.data(),
+    half_life=half_life_st,
+    normalize=st.sampled_from(["none", "minmax"]),
+)
 def test_priority_within_bounds_and_order_is_a_ranking(w, n, data, half_life, normalize):
     c = candidates(
         n,
@@ -370,8 +425,9 @@ def test_priority_within_bounds_and_order_is_a_ranking(w, n, data, half_life, no
     assert sorted(s.order.tolist()) == list(range(n))
     ranked = s.priority[s.order]
     assert (np.diff(ranked) <= 0).all()
-    assert s.priority == pytest.approx(s.similarity_term + s.recency_term + s.reward_term
-                                       + s.outcome_term + s.importance_term)
+    assert s.priority == pytest.approx(
+        s.similarity_term + s.recency_term + s.reward_term + s.outcome_term + s.importance_term
+    )
 
 
 @given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30))
@@ -403,11 +459,14 @@ def test_rrf_weighted_and_duplicates():
     assert rrf([]) == [] and rrf([[], []]) == []
 
 
-@pytest.mark.parametrize(("kwargs", "word"), [
-    ({"k": -1}, "k"),
-    ({"weights": [1.0]}, "weights"),
-    ({"weights": [1.0, -2.0]}, "weights"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"k": -1}, "k"),
+        ({"weights": [1.0]}, "weights"),
+        ({"weights": [1.0, -2.0]}, "weights"),
+    ],
+)
 def test_rrf_rejects_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
         rrf([["a"], ["b"]], **kwargs)
@@ -428,8 +487,22 @@ def test_replay_context_hand_example():
     assert ctx["success_rate"] == pytest.approx(3 / 5)
     same = {"changed_at": None, "earlier_episodes": 0, "earlier_success_rate": None}
     assert ctx["strategies"] == [
-        {"strategy": "print-debug", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 0.0, **same},
-        {"strategy": "bisect", "priority": 0.9, "episodes": 1, "avg_reward": None, "success_rate": 1.0, **same},
+        {
+            "strategy": "print-debug",
+            "priority": 0.9,
+            "episodes": 1,
+            "avg_reward": None,
+            "success_rate": 0.0,
+            **same,
+        },
+        {
+            "strategy": "bisect",
+            "priority": 0.9,
+            "episodes": 1,
+            "avg_reward": None,
+            "success_rate": 1.0,
+            **same,
+        },
         {"strategy": "tdd", "priority": 0.8, "episodes": 2, "avg_reward": 0.75, "success_rate": 0.5, **same},
     ]
 
@@ -443,8 +516,13 @@ def test_replay_context_counts_each_strategys_newest_regime():
     rows += [("X", "failure", 0.0, week + i * 3600.0) for i in range(5)]
     rows += [("Y", "success", 1.0, week + i * 3600.0 + 60) for i in range(5)]
     for order in (rows, rows[::-1], rows[5:] + rows[:5]):
-        ctx = replay_context([r[0] for r in order], [r[2] for r in order], [r[1] for r in order],
-                             [0.9 if r[0] == "X" else 0.5 for r in order], [r[3] for r in order])
+        ctx = replay_context(
+            [r[0] for r in order],
+            [r[2] for r in order],
+            [r[1] for r in order],
+            [0.9 if r[0] == "X" else 0.5 for r in order],
+            [r[3] for r in order],
+        )
         x = next(e for e in ctx["strategies"] if e["strategy"] == "X")
         assert (x["episodes"], x["success_rate"], x["avg_reward"]) == (5, 0.0, 0.0)
         assert (x["earlier_episodes"], x["earlier_success_rate"], x["changed_at"]) == (5, 1.0, week)
@@ -452,23 +530,29 @@ def test_replay_context_counts_each_strategys_newest_regime():
         assert (y["episodes"], y["success_rate"], y["changed_at"]) == (5, 1.0, None)
         assert ctx["episodes"] == 15 and ctx["success_rate"] == pytest.approx(10 / 15)  # totals: everything
     # too few episodes to call it a change (2 then 2): nothing is dropped
-    ctx = replay_context(["X"] * 4, [1, 1, 0, 0], ["success", "success", "failure", "failure"], [1.0] * 4,
-                         [1.0, 2.0, 3.0, 4.0])
+    ctx = replay_context(
+        ["X"] * 4, [1, 1, 0, 0], ["success", "success", "failure", "failure"], [1.0] * 4, [1.0, 2.0, 3.0, 4.0]
+    )
     assert ctx["strategies"][0]["episodes"] == 4 and ctx["strategies"][0]["changed_at"] is None
     with pytest.raises(ValueError, match="times 2"):
         replay_context(["X"], [1.0], ["success"], [1.0], [1.0, 3.0])
 
 
 def test_replay_context_empty_and_mismatched():
-    assert replay_context([], [], [], []) == {"episodes": 0, "avg_reward": None, "success_rate": None,
-                                              "strategies": []}
+    assert replay_context([], [], [], []) == {
+        "episodes": 0,
+        "avg_reward": None,
+        "success_rate": None,
+        "strategies": [],
+    }
     with pytest.raises(ValueError, match="lengths"):
         replay_context(["a"], [], ["success"], [1.0])
 
 
 def test_learning_curve_hand_example():
-    curve = learning_curve(rewards=[1.0, None, 0.0, 0.5], outcomes=["success", "failure", "failure", "success"],
-                           window=2)
+    curve = learning_curve(
+        rewards=[1.0, None, 0.0, 0.5], outcomes=["success", "failure", "failure", "success"], window=2
+    )
     assert [p["episode"] for p in curve] == [1, 2, 3, 4]
     assert [p["reward"] for p in curve] == [1.0, None, 0.0, 0.5]
     assert [p["outcome"] for p in curve] == ["success", "failure", "failure", "success"]

@@ -6,8 +6,18 @@ from engram_episodic.errors import ConfigError
 from shared.settings import Settings, parse_api_keys, parse_duration
 
 
-@pytest.mark.parametrize("text, seconds", [("3600", 3600), ("90s", 90), ("30m", 1800), ("12h", 43200),
-                                           ("1d", 86400), ("1w", 604800), ("250ms", 0.25)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("3600", 3600),
+        ("90s", 90),
+        ("30m", 1800),
+        ("12h", 43200),
+        ("1d", 86400),
+        ("1w", 604800),
+        ("250ms", 0.25),
+    ],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -24,8 +34,14 @@ def test_bad_values_name_the_variable():
 def test_defaults_and_overrides(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("# comment\nk1=ns-a\nk2=ns-b\n")
-    s = Settings.from_env({"REDIS_URL": "redis://x:1/0", "ENGRAM_API_KEYS_FILE": str(keys),
-                           "ENGRAM_API_KEYS": "k3=ns-c", "ENGRAM_HALF_LIFE": "12h"})
+    s = Settings.from_env(
+        {
+            "REDIS_URL": "redis://x:1/0",
+            "ENGRAM_API_KEYS_FILE": str(keys),
+            "ENGRAM_API_KEYS": "k3=ns-c",
+            "ENGRAM_HALF_LIFE": "12h",
+        }
+    )
     assert s.redis_url == "redis://x:1/0" and s.half_life == 43200
     assert s.api_keys == {"k1": "ns-a", "k2": "ns-b", "k3": "ns-c"}
     assert Settings.from_env({}).redis_url is None
@@ -40,21 +56,28 @@ def test_api_key_errors_do_not_echo_keys():
 def test_the_metrics_key_is_nobody_s_api_key_and_sendable_as_a_bearer_token():
     s = Settings.from_env({"ENGRAM_API_KEYS": "k1=ns-a", "ENGRAM_METRICS_KEY": "metrics-only-key"})
     assert s.metrics_key == "metrics-only-key" and Settings.from_env({}).metrics_key is None
-    for key, said in (("k1", "is also an API key"), ("has space", "visible ASCII"), ("tab\tkey", "visible ASCII"),
-                      ("k\u00e9y", "visible ASCII")):
+    for key, said in (
+        ("k1", "is also an API key"),
+        ("has space", "visible ASCII"),
+        ("tab\tkey", "visible ASCII"),
+        ("k\u00e9y", "visible ASCII"),
+    ):
         with pytest.raises(ConfigError, match=said) as info:
             Settings.from_env({"ENGRAM_API_KEYS": "k1=ns-a", "ENGRAM_METRICS_KEY": key})
         assert key not in str(info.value)
 
 
-@pytest.mark.parametrize(("env", "said"), [
-    ({"ENGRAM_LOG_LEVEL": "bogus"}, "ENGRAM_LOG_LEVEL='bogus' must be one of"),
-    ({"REDIS_URL": "garbage"}, "REDIS_URL='garbage' must start with redis://"),
-    ({"ENGRAM_DEFAULT_NAMESPACE": ""}, "ENGRAM_DEFAULT_NAMESPACE='' must be non-empty"),
-    ({"ENGRAM_DEFAULT_NAMESPACE": " lead"}, "ENGRAM_DEFAULT_NAMESPACE=' lead' must be non-empty"),
-    ({"ENGRAM_CONSUMER_GROUP": ""}, "ENGRAM_CONSUMER_GROUP='' must be non-empty"),
-    ({"ENGRAM_EMBEDDER": "openai"}, "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL"),
-])
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"ENGRAM_LOG_LEVEL": "bogus"}, "ENGRAM_LOG_LEVEL='bogus' must be one of"),
+        ({"REDIS_URL": "garbage"}, "REDIS_URL='garbage' must start with redis://"),
+        ({"ENGRAM_DEFAULT_NAMESPACE": ""}, "ENGRAM_DEFAULT_NAMESPACE='' must be non-empty"),
+        ({"ENGRAM_DEFAULT_NAMESPACE": " lead"}, "ENGRAM_DEFAULT_NAMESPACE=' lead' must be non-empty"),
+        ({"ENGRAM_CONSUMER_GROUP": ""}, "ENGRAM_CONSUMER_GROUP='' must be non-empty"),
+        ({"ENGRAM_EMBEDDER": "openai"}, "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL"),
+    ],
+)
 def test_values_that_used_to_fail_later_are_refused_at_start(env, said):
     """Found by a new-user trial: each was accepted here, then a traceback in a started process, or
     (empty default namespace) a stack where every ingest was a 422 and every recall a 500."""
@@ -76,4 +99,6 @@ def test_every_setting_is_declared_once_and_an_empty_environment_gives_the_defau
     # empty means unset (a compose file passes `VAR=` for unset ones), except where empty is refused
     refused = {"ENGRAM_PREFIX", "ENGRAM_DEFAULT_NAMESPACE", "ENGRAM_CONSUMER_GROUP"}
     assert Settings.from_env({name: "" for name in declared if name not in refused}) == Settings()
-    assert Settings.from_env({"ENGRAM_STREAM_RETENTION": "off", "ENGRAM_HNSW_M": "32"}).stream_retention is None
+    assert (
+        Settings.from_env({"ENGRAM_STREAM_RETENTION": "off", "ENGRAM_HNSW_M": "32"}).stream_retention is None
+    )

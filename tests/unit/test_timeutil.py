@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from engram_episodic.timeutil import MAX_SECONDS, MIN_SECONDS, format_instant, parse_instant
 
 FUZZ = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "100"))
-FUZZ_SETTINGS = settings(max_examples=max(FUZZ, 200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ_SETTINGS = settings(
+    max_examples=max(FUZZ, 200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 EPOCH = datetime(1970, 1, 1)
 US = timedelta(microseconds=1)
@@ -50,15 +52,25 @@ def test_the_bounds_are_the_ends_of_what_datetime_formats():
             parse_instant(beyond)
 
 
-@pytest.mark.parametrize("text", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00",
-                                  "9999-12-31T23:59:59.999999Z", "0001-01-01T00:00:00.000001+00:01"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9999-12-31T23:59:59-14:00",
+        "0001-01-01T00:00:00+14:00",
+        "9999-12-31T23:59:59.999999Z",
+        "0001-01-01T00:00:00.000001+00:01",
+    ],
+)
 def test_iso_past_the_calendar_once_in_utc_is_refused(text):
     with pytest.raises(ValueError, match="outside years 1..9999 once converted to UTC"):
         parse_instant(text)
 
 
-@pytest.mark.parametrize("value", [10**400, -(10**400), 253402300800, -62135596801],
-                         ids=["10**400", "-10**400", "year 10000", "year 0"])
+@pytest.mark.parametrize(
+    "value",
+    [10**400, -(10**400), 253402300800, -62135596801],
+    ids=["10**400", "-10**400", "year 10000", "year 0"],
+)
 def test_epoch_numbers_past_the_calendar_are_refused(value):
     with pytest.raises(ValueError, match="outside years 1..9999"):
         parse_instant(value)
@@ -86,9 +98,14 @@ def test_iso_with_any_offset_is_refused_exactly_when_utc_leaves_the_calendar(nai
 
 
 @FUZZ_SETTINGS
-@given(seconds=st.one_of(st.floats(MIN_SECONDS, MAX_SECONDS),
-                         st.floats(MIN_SECONDS, MIN_SECONDS + 1), st.floats(MAX_SECONDS - 1, MAX_SECONDS),
-                         st.integers(math.ceil(MIN_SECONDS), math.floor(MAX_SECONDS))))
+@given(
+    seconds=st.one_of(
+        st.floats(MIN_SECONDS, MAX_SECONDS),
+        st.floats(MIN_SECONDS, MIN_SECONDS + 1),
+        st.floats(MAX_SECONDS - 1, MAX_SECONDS),
+        st.integers(math.ceil(MIN_SECONDS), math.floor(MAX_SECONDS)),
+    )
+)
 def test_every_accepted_epoch_number_round_trips_through_format_instant(seconds):
     parsed = parse_instant(seconds)
     written = format_instant(parsed)
@@ -96,8 +113,12 @@ def test_every_accepted_epoch_number_round_trips_through_format_instant(seconds)
 
 
 @FUZZ_SETTINGS
-@given(seconds=st.one_of(st.floats(max_value=math.nextafter(MIN_SECONDS, -math.inf), allow_infinity=False),
-                         st.floats(min_value=math.nextafter(MAX_SECONDS, math.inf), allow_infinity=False)))
+@given(
+    seconds=st.one_of(
+        st.floats(max_value=math.nextafter(MIN_SECONDS, -math.inf), allow_infinity=False),
+        st.floats(min_value=math.nextafter(MAX_SECONDS, math.inf), allow_infinity=False),
+    )
+)
 def test_epoch_numbers_outside_are_a_value_error(seconds):
     with pytest.raises(ValueError, match="outside years 1..9999"):
         parse_instant(seconds)

@@ -9,7 +9,11 @@ import pytest
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.validation import MAX_ACTIONS, MAX_ID_CHARS, MAX_JSON_BYTES, MAX_TAG_CHARS, parse_episode
 
-GOOD = {"episode_id": "e1", "task": {"description": "fix the test", "category": "debugging"}, "outcome": "success"}
+GOOD = {
+    "episode_id": "e1",
+    "task": {"description": "fix the test", "category": "debugging"},
+    "outcome": "success",
+}
 
 
 def errors_of(data) -> dict[str, str]:
@@ -19,57 +23,70 @@ def errors_of(data) -> dict[str, str]:
 
 
 def test_good_episode_parses_with_string_task_and_iso_times():
-    ep = parse_episode({**GOOD, "task": "plain description", "started_at": "2025-07-25T02:00:00+02:00",
-                        "completed_at": 1753401600})
+    ep = parse_episode(
+        {
+            **GOOD,
+            "task": "plain description",
+            "started_at": "2025-07-25T02:00:00+02:00",
+            "completed_at": 1753401600,
+        }
+    )
     assert ep.task.description == "plain description" and ep.task.category == "unknown"
     assert ep.started_at == 1753401600.0 and ep.duration_s == 0.0
 
 
-@pytest.mark.parametrize("patch, path, reason", [
-    ({"episode_id": None}, "episode_id", "is required"),
-    ({"episode_id": ""}, "episode_id", "must not be empty"),
-    ({"episode_id": "   "}, "episode_id", "must not be empty"),
-    ({"episode_id": "x" * (MAX_ID_CHARS + 1)}, "episode_id", "at most 256"),
-    ({"agent_id": "a\nb"}, "agent_id", "control characters"),
-    ({"user_id": " lead"}, "user_id", "start or end with whitespace"),
-    ({"agent_id": "trail "}, "agent_id", "start or end with whitespace"),
-    ({"user_id": 5}, "user_id", "must be a string"),
-    ({"task": None}, "task", "is required"),
-    ({"task": 3}, "task", "must be an object"),
-    ({"task": {"description": ""}}, "task.description", "must not be empty"),
-    ({"task": {"description": "d", "category": "c" * (MAX_TAG_CHARS + 1)}}, "task.category", "at most 128"),
-    ({"task": {"description": "d", "complexity": 1.5}}, "task.complexity", "between 0 and 1"),
-    ({"task": {"description": "d", "complexity": math.nan}}, "task.complexity", "finite"),
-    ({"task": {"description": "d", "bogus": 1}}, "task.bogus", "not a known field"),
-    ({"outcome": "won"}, "outcome", "must be one of"),
-    ({"importance": 11}, "importance", "between 1 and 10"),
-    ({"importance": math.inf}, "importance", "finite"),
-    ({"iterations": 1.5}, "iterations", "integer"),
-    ({"feedback": {"reward": math.nan}}, "feedback.reward", "finite"),
-    ({"feedback": {"reward": "high"}}, "feedback.reward", "must be a number"),
-    ({"feedback": {"tests_passed": 5, "tests_total": 3}}, "feedback.tests_passed", "must not exceed"),
-    ({"feedback": []}, "feedback", "must be an object"),
-    ({"started_at": "2025-07-25T02:00:00"}, "started_at", "no UTC offset"),
-    ({"started_at": "yesterday"}, "started_at", "not ISO 8601"),
-    ({"started_at": True}, "started_at", "boolean"),
-    ({"started_at": 10, "completed_at": 5}, "completed_at", "before started_at"),
-    ({"context": [1]}, "context", "JSON object"),
-    ({"metadata": {"x": "y" * MAX_JSON_BYTES}}, "metadata", "at most"),
-    ({"metadata": {"x": math.nan}}, "metadata.x", "finite"),
-    ({"actions": "x"}, "actions", "must be a list"),
-    ({"actions": [{}]}, "actions[0].action_type", "is required"),
-    ({"actions": [{"action_type": "t", "success": "yes"}]}, "actions[0].success", "true or false"),
-    ({"actions": [{"action_type": "t"}] * (MAX_ACTIONS + 1)}, "actions", "at most"),
-    ({"strategy_used": "a\x1fb"}, "strategy_used", "control characters"),
-    ({"vector": []}, "vector", "non-empty"),
-    ({"vector": [0, 0]}, "vector", "zero vector"),
-    ({"vector": [1e39, 1.0]}, "vector", "float32"),
-    ({"vector": [10**400, 1.0]}, "vector", "float32"),
-    ({"vector": [1e-50, -1e-50]}, "vector", "zero vector"),
-    ({"vector": [1, math.nan]}, "vector", "finite"),
-    ({"solution": 7}, "solution", "must be a string"),
-    ({"surprise": 1}, "surprise", "not a known field"),
-])
+@pytest.mark.parametrize(
+    "patch, path, reason",
+    [
+        ({"episode_id": None}, "episode_id", "is required"),
+        ({"episode_id": ""}, "episode_id", "must not be empty"),
+        ({"episode_id": "   "}, "episode_id", "must not be empty"),
+        ({"episode_id": "x" * (MAX_ID_CHARS + 1)}, "episode_id", "at most 256"),
+        ({"agent_id": "a\nb"}, "agent_id", "control characters"),
+        ({"user_id": " lead"}, "user_id", "start or end with whitespace"),
+        ({"agent_id": "trail "}, "agent_id", "start or end with whitespace"),
+        ({"user_id": 5}, "user_id", "must be a string"),
+        ({"task": None}, "task", "is required"),
+        ({"task": 3}, "task", "must be an object"),
+        ({"task": {"description": ""}}, "task.description", "must not be empty"),
+        (
+            {"task": {"description": "d", "category": "c" * (MAX_TAG_CHARS + 1)}},
+            "task.category",
+            "at most 128",
+        ),
+        ({"task": {"description": "d", "complexity": 1.5}}, "task.complexity", "between 0 and 1"),
+        ({"task": {"description": "d", "complexity": math.nan}}, "task.complexity", "finite"),
+        ({"task": {"description": "d", "bogus": 1}}, "task.bogus", "not a known field"),
+        ({"outcome": "won"}, "outcome", "must be one of"),
+        ({"importance": 11}, "importance", "between 1 and 10"),
+        ({"importance": math.inf}, "importance", "finite"),
+        ({"iterations": 1.5}, "iterations", "integer"),
+        ({"feedback": {"reward": math.nan}}, "feedback.reward", "finite"),
+        ({"feedback": {"reward": "high"}}, "feedback.reward", "must be a number"),
+        ({"feedback": {"tests_passed": 5, "tests_total": 3}}, "feedback.tests_passed", "must not exceed"),
+        ({"feedback": []}, "feedback", "must be an object"),
+        ({"started_at": "2025-07-25T02:00:00"}, "started_at", "no UTC offset"),
+        ({"started_at": "yesterday"}, "started_at", "not ISO 8601"),
+        ({"started_at": True}, "started_at", "boolean"),
+        ({"started_at": 10, "completed_at": 5}, "completed_at", "before started_at"),
+        ({"context": [1]}, "context", "JSON object"),
+        ({"metadata": {"x": "y" * MAX_JSON_BYTES}}, "metadata", "at most"),
+        ({"metadata": {"x": math.nan}}, "metadata.x", "finite"),
+        ({"actions": "x"}, "actions", "must be a list"),
+        ({"actions": [{}]}, "actions[0].action_type", "is required"),
+        ({"actions": [{"action_type": "t", "success": "yes"}]}, "actions[0].success", "true or false"),
+        ({"actions": [{"action_type": "t"}] * (MAX_ACTIONS + 1)}, "actions", "at most"),
+        ({"strategy_used": "a\x1fb"}, "strategy_used", "control characters"),
+        ({"vector": []}, "vector", "non-empty"),
+        ({"vector": [0, 0]}, "vector", "zero vector"),
+        ({"vector": [1e39, 1.0]}, "vector", "float32"),
+        ({"vector": [10**400, 1.0]}, "vector", "float32"),
+        ({"vector": [1e-50, -1e-50]}, "vector", "zero vector"),
+        ({"vector": [1, math.nan]}, "vector", "finite"),
+        ({"solution": 7}, "solution", "must be a string"),
+        ({"surprise": 1}, "surprise", "not a known field"),
+    ],
+)
 def test_each_error_names_field_and_reason(patch, path, reason):
     errs = errors_of({**GOOD, **patch})
     assert path in errs, errs

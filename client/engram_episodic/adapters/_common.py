@@ -19,8 +19,10 @@ def check_scope(scope: Mapping[str, Any], where: str) -> dict[str, str]:
     """
     unknown = sorted(set(scope) - set(SCOPE_KEYS))
     if unknown:
-        raise TypeError(f"{where}: unknown scope argument(s) {', '.join(unknown)}; "
-                        f"the default scope is {', '.join(SCOPE_KEYS)}")
+        raise TypeError(
+            f"{where}: unknown scope argument(s) {', '.join(unknown)}; "
+            f"the default scope is {', '.join(SCOPE_KEYS)}"
+        )
     out = {}
     for key, value in scope.items():
         if value is None:
@@ -48,23 +50,31 @@ class Clients:
         elif isinstance(client, AsyncEngram):
             self.aio = client
         else:
-            raise TypeError(f"{where}: client must be an engram_episodic.Engram or AsyncEngram, "
-                            f"not {type(client).__name__}")
+            raise TypeError(
+                f"{where}: client must be an engram_episodic.Engram or AsyncEngram, "
+                f"not {type(client).__name__}"
+            )
         if async_client is not None:
             if not isinstance(async_client, AsyncEngram):
-                raise TypeError(f"{where}: async_client must be an engram_episodic.AsyncEngram, "
-                                f"not {type(async_client).__name__}")
+                raise TypeError(
+                    f"{where}: async_client must be an engram_episodic.AsyncEngram, "
+                    f"not {type(async_client).__name__}"
+                )
             if self.aio is not None:
-                raise TypeError(f"{where}: client is already an AsyncEngram; pass an Engram as client "
-                                "and the AsyncEngram as async_client")
+                raise TypeError(
+                    f"{where}: client is already an AsyncEngram; pass an Engram as client "
+                    "and the AsyncEngram as async_client"
+                )
             self.aio = async_client
 
     def need_sync(self) -> Engram:
         """The sync client, or a TypeError explaining how to run this adapter without one."""
         if self.sync is None:
-            raise TypeError(f"{self.where} was built with an AsyncEngram only: run it asynchronously "
-                            "(ainvoke / astream), or pass an Engram as client and the AsyncEngram as "
-                            "async_client")
+            raise TypeError(
+                f"{self.where} was built with an AsyncEngram only: run it asynchronously "
+                "(ainvoke / astream), or pass an Engram as client and the AsyncEngram as "
+                "async_client"
+            )
         return self.sync
 
     def run(self, fn: Callable[[Engram], T]) -> T:

@@ -23,8 +23,10 @@ from typing import Any, Literal
 try:
     from langchain_core.tools import BaseTool, StructuredTool, ToolException
 except ImportError as exc:  # pragma: no cover - depends on what is installed
-    raise ImportError("engram_episodic.adapters.langchain needs langchain-core: "
-                      "pip install './client[langchain]' (engram-episodic's langchain extra, from an Engram checkout)") from exc
+    raise ImportError(
+        "engram_episodic.adapters.langchain needs langchain-core: "
+        "pip install './client[langchain]' (engram-episodic's langchain extra, from an Engram checkout)"
+    ) from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram
@@ -34,7 +36,9 @@ from engram_episodic.tools import ToolResult, Toolset, ToolSpec, adispatch, disp
 __all__ = ["engram_tools"]
 
 
-def _tool(spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Literal["result", "raise"]) -> StructuredTool:
+def _tool(
+    spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Literal["result", "raise"]
+) -> StructuredTool:
     def failed(exc: EngramError) -> ToolException:
         # handle_tool_error=True turns a ToolException into the tool's output (status="error")
         return ToolException(error_result(exc).text)
@@ -50,8 +54,10 @@ def _tool(spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Liter
 
     async def arun(**arguments: Any) -> tuple[str, dict[str, Any]]:
         try:
-            result = await clients.arun(lambda c: adispatch(c, spec.name, arguments, **scope),
-                                        lambda c: dispatch(c, spec.name, arguments, **scope))
+            result = await clients.arun(
+                lambda c: adispatch(c, spec.name, arguments, **scope),
+                lambda c: dispatch(c, spec.name, arguments, **scope),
+            )
         except EngramError as exc:
             if errors == "raise":
                 raise
@@ -66,14 +72,23 @@ def _tool(spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Liter
         coroutine=arun,
         response_format="content_and_artifact",
         handle_tool_error=errors == "result",
-        metadata={"engram": True, "read_only": spec.read_only, "destructive": spec.destructive,
-                  "idempotent": spec.idempotent},
+        metadata={
+            "engram": True,
+            "read_only": spec.read_only,
+            "destructive": spec.destructive,
+            "idempotent": spec.idempotent,
+        },
     )
 
 
-def engram_tools(client: Engram | AsyncEngram, *, async_client: AsyncEngram | None = None,
-                 names: Iterable[str] | None = None, errors: Literal["result", "raise"] = "result",
-                 **default_scope: str) -> list[BaseTool]:
+def engram_tools(
+    client: Engram | AsyncEngram,
+    *,
+    async_client: AsyncEngram | None = None,
+    names: Iterable[str] | None = None,
+    errors: Literal["result", "raise"] = "result",
+    **default_scope: str,
+) -> list[BaseTool]:
     """LangChain tools for Engram's tool set (all of `engram_episodic.tools.TOOLS`, or `names`).
 
     `client` is an `Engram` (sync `invoke`; `ainvoke` runs it in a worker thread) or an `AsyncEngram`

@@ -44,8 +44,10 @@ try:
     from langchain_core.runnables import RunnableConfig, RunnableLambda
     from langgraph.graph.message import REMOVE_ALL_MESSAGES  # langgraph >= 0.3.23
 except ImportError as exc:  # pragma: no cover - depends on what is installed
-    raise ImportError("engram_episodic.adapters.langgraph needs LangGraph: "
-                      "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)") from exc
+    raise ImportError(
+        "engram_episodic.adapters.langgraph needs LangGraph: "
+        "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)"
+    ) from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, ContextOptions, Engram
@@ -84,7 +86,9 @@ def _text(message: BaseMessage) -> str:
     for block in content or ():
         if isinstance(block, str):
             parts.append(block)
-        elif isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str):
+        elif (
+            isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str)
+        ):
             parts.append(block["text"])
     return "".join(parts)
 
@@ -130,7 +134,7 @@ def turn_of(messages: Sequence[BaseMessage]) -> dict[str, Any]:
     status "error"). The last MAX_ACTIONS actions are kept. Pure; exposed for custom record nodes.
     """
     start = _last_human(messages)
-    turn = list(messages[start + 1:]) if start is not None else list(messages)
+    turn = list(messages[start + 1 :]) if start is not None else list(messages)
     results = {m.tool_call_id: m for m in turn if isinstance(m, ToolMessage)}
     actions: list[dict[str, Any]] = []
     solution = None
@@ -141,8 +145,10 @@ def turn_of(messages: Sequence[BaseMessage]) -> dict[str, Any]:
         if text:
             solution = text
         for call in message.tool_calls or ():
-            action: dict[str, Any] = {"action_type": str(call.get("name") or "tool")[:128],
-                                      "input": json.dumps(call.get("args") or {}, ensure_ascii=False, default=str)}
+            action: dict[str, Any] = {
+                "action_type": str(call.get("name") or "tool")[:128],
+                "input": json.dumps(call.get("args") or {}, ensure_ascii=False, default=str),
+            }
             result = results.get(call.get("id") or "")
             if result is not None:
                 failed = getattr(result, "status", "success") == "error"
@@ -172,12 +178,22 @@ def _placed(messages: Sequence[BaseMessage], new: SystemMessage, message_id: str
 
 
 # --- the nodes -------------------------------------------------------------------------------------------
-def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | None = None,
-                 task: str | Callable[[Any], Any] | None = None, category: str | None = None,
-                 top_k: int | None = None, max_chars: int | None = None, half_life: str | float | None = None,
-                 messages_key: str = "messages", context_key: str = "engram_context",
-                 message_id: str = CONTEXT_MESSAGE_ID, on_error: Literal["raise", "skip"] = "raise",
-                 name: str = "engram_context", **default_scope: str) -> RunnableLambda:
+def context_node(
+    client: Engram | AsyncEngram,
+    *,
+    async_client: AsyncEngram | None = None,
+    task: str | Callable[[Any], Any] | None = None,
+    category: str | None = None,
+    top_k: int | None = None,
+    max_chars: int | None = None,
+    half_life: str | float | None = None,
+    messages_key: str = "messages",
+    context_key: str = "engram_context",
+    message_id: str = CONTEXT_MESSAGE_ID,
+    on_error: Literal["raise", "skip"] = "raise",
+    name: str = "engram_context",
+    **default_scope: str,
+) -> RunnableLambda:
     """A node that puts Engram's context for the current task into the state before the model call.
 
     The task is the last human message (or `task`: a state key, or a function of the state); without
@@ -192,9 +208,22 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
     clients = Clients(client, async_client, where="context_node")
     scope = check_scope(default_scope, "context_node")
     # the default scope (only agent_id, user_id, session_id: check_scope) and this function's typed options
-    options = cast(ContextOptions, {**scope, **{k: v for k, v in (
-        ("category", category), ("top_k", top_k), ("max_chars", max_chars), ("half_life", half_life))
-        if v is not None}})
+    options = cast(
+        ContextOptions,
+        {
+            **scope,
+            **{
+                k: v
+                for k, v in (
+                    ("category", category),
+                    ("top_k", top_k),
+                    ("max_chars", max_chars),
+                    ("half_life", half_life),
+                )
+                if v is not None
+            },
+        },
+    )
 
     def update(state: Any, prompt: str) -> dict[str, Any]:
         new = SystemMessage(content=prompt, id=message_id)
@@ -221,8 +250,10 @@ def context_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | No
         if text is None:
             return {}
         try:
-            ctx = await clients.arun(lambda c: c.context(text[:MAX_TASK_CHARS], **options),
-                                     lambda c: c.context(text[:MAX_TASK_CHARS], **options))
+            ctx = await clients.arun(
+                lambda c: c.context(text[:MAX_TASK_CHARS], **options),
+                lambda c: c.context(text[:MAX_TASK_CHARS], **options),
+            )
         except EngramError as exc:
             return failed(exc)
         return update(state, ctx.prompt)
@@ -262,13 +293,25 @@ def _turn_episode_id(messages: Sequence[BaseMessage], thread: str | None) -> str
     return None
 
 
-def record_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | None = None,
-                task: str | Callable[[Any], Any] | None = None, outcome: StateValue = "success",
-                reward: StateValue = None, category: StateValue = None, fields: StateValue = None,
-                outcome_key: str = "outcome", reward_key: str = "reward", feedback_key: str = "feedback",
-                messages_key: str = "messages", episode_key: str = "engram_episode_id",
-                session_from_thread: bool = True, on_error: Literal["raise", "skip"] = "raise",
-                name: str = "engram_record", **default_scope: str) -> RunnableLambda:
+def record_node(
+    client: Engram | AsyncEngram,
+    *,
+    async_client: AsyncEngram | None = None,
+    task: str | Callable[[Any], Any] | None = None,
+    outcome: StateValue = "success",
+    reward: StateValue = None,
+    category: StateValue = None,
+    fields: StateValue = None,
+    outcome_key: str = "outcome",
+    reward_key: str = "reward",
+    feedback_key: str = "feedback",
+    messages_key: str = "messages",
+    episode_key: str = "engram_episode_id",
+    session_from_thread: bool = True,
+    on_error: Literal["raise", "skip"] = "raise",
+    name: str = "engram_record",
+    **default_scope: str,
+) -> RunnableLambda:
     """A node that records the turn that just ended as one finished Engram episode.
 
     Episode fields: `task` the last human message (or `task`: a state key or a function of the state;
@@ -292,7 +335,11 @@ def record_node(client: Engram | AsyncEngram, *, async_client: AsyncEngram | Non
             return None
         messages = _messages(state, messages_key)
         thread = _thread_id(config)
-        data: dict[str, Any] = {"task": _task_fields(text, _value(category, state)), **turn_of(messages), **scope}
+        data: dict[str, Any] = {
+            "task": _task_fields(text, _value(category, state)),
+            **turn_of(messages),
+            **scope,
+        }
         data["outcome"] = _get(state, outcome_key) or _value(outcome, state)
         feedback = _feedback_of(state, feedback_key, reward_key, reward)
         if feedback:

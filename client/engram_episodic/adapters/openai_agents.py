@@ -33,8 +33,10 @@ try:
     from agents import FunctionTool
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - depends on what is installed
-    raise ImportError("engram_episodic.adapters.openai_agents needs the OpenAI Agents SDK: "
-                      "pip install './client[openai-agents]' (engram-episodic's openai-agents extra, from an Engram checkout)") from exc
+    raise ImportError(
+        "engram_episodic.adapters.openai_agents needs the OpenAI Agents SDK: "
+        "pip install './client[openai-agents]' (engram-episodic's openai-agents extra, from an Engram checkout)"
+    ) from exc
 
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram
@@ -45,12 +47,34 @@ __all__ = ["engram_function_tools", "strict_schema"]
 
 # What OpenAI's strict mode accepts in a schema node (Structured Outputs, "supported schemas"); any
 # other keyword is dropped by strict_schema. Formats outside STRICT_FORMATS are dropped too.
-STRICT_KEYWORDS = frozenset({
-    "type", "description", "title", "properties", "required", "additionalProperties", "items", "enum",
-    "const", "anyOf", "$ref", "$defs", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
-})
-STRICT_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
+STRICT_KEYWORDS = frozenset(
+    {
+        "type",
+        "description",
+        "title",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "enum",
+        "const",
+        "anyOf",
+        "$ref",
+        "$defs",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minItems",
+        "maxItems",
+    }
+)
+STRICT_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -75,9 +99,13 @@ def _strict(schema: Mapping[str, Any], path: str) -> dict[str, Any]:
         properties = out.get("properties") or {}
         required = set(out.get("required") or ())
         out["properties"] = {
-            name: (_strict(prop, f"{path}.{name}".lstrip(".")) if name in required
-                   else _nullable(_strict(prop, f"{path}.{name}".lstrip("."))))
-            for name, prop in properties.items()}
+            name: (
+                _strict(prop, f"{path}.{name}".lstrip("."))
+                if name in required
+                else _nullable(_strict(prop, f"{path}.{name}".lstrip(".")))
+            )
+            for name, prop in properties.items()
+        }
         out["required"] = list(properties)
         out["additionalProperties"] = False
     if isinstance(out.get("items"), Mapping):
@@ -98,12 +126,19 @@ def strict_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return _strict(parameters, "")
 
 
-def _function_tool(spec: ToolSpec, clients: Clients, scope: Mapping[str, Any], strict: bool,
-                   errors: Literal["result", "raise"]) -> FunctionTool:
+def _function_tool(
+    spec: ToolSpec,
+    clients: Clients,
+    scope: Mapping[str, Any],
+    strict: bool,
+    errors: Literal["result", "raise"],
+) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
         try:
-            result = await clients.arun(lambda c: adispatch(c, spec.name, arguments, **scope),
-                                        lambda c: dispatch(c, spec.name, arguments, **scope))
+            result = await clients.arun(
+                lambda c: adispatch(c, spec.name, arguments, **scope),
+                lambda c: dispatch(c, spec.name, arguments, **scope),
+            )
         except EngramError as exc:
             if errors == "raise":
                 raise
@@ -111,14 +146,24 @@ def _function_tool(spec: ToolSpec, clients: Clients, scope: Mapping[str, Any], s
         return result.text
 
     params = strict_schema(spec.parameters) if strict else copy.deepcopy(dict(spec.parameters))
-    return FunctionTool(name=spec.name, description=spec.description, params_json_schema=params,
-                        on_invoke_tool=on_invoke_tool, strict_json_schema=strict)
+    return FunctionTool(
+        name=spec.name,
+        description=spec.description,
+        params_json_schema=params,
+        on_invoke_tool=on_invoke_tool,
+        strict_json_schema=strict,
+    )
 
 
-def engram_function_tools(client: Engram | AsyncEngram, *, async_client: AsyncEngram | None = None,
-                          names: Iterable[str] | None = None, strict: bool = True,
-                          errors: Literal["result", "raise"] = "result",
-                          **default_scope: str) -> list[FunctionTool]:
+def engram_function_tools(
+    client: Engram | AsyncEngram,
+    *,
+    async_client: AsyncEngram | None = None,
+    names: Iterable[str] | None = None,
+    strict: bool = True,
+    errors: Literal["result", "raise"] = "result",
+    **default_scope: str,
+) -> list[FunctionTool]:
     """OpenAI Agents SDK function tools for Engram's tool set (all of `engram_episodic.tools.TOOLS`, or `names`).
 
     `client` is an `AsyncEngram` (native) or an `Engram` (run in a worker thread; `async_client` adds an

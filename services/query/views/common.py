@@ -22,8 +22,11 @@ from shared.tags import TagCodec
 
 def reply(data: Any, status: int = 200) -> web.Response:
     # orjson: the response encoding was ~10% of a recall's CPU with the stdlib encoder (bench/perf.py)
-    return web.Response(body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status=status,
-                        content_type="application/json")
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY),
+        status=status,
+        content_type="application/json",
+    )
 
 
 def ns_of(request: web.Request) -> str:
@@ -69,10 +72,17 @@ def publisher(request: web.Request, *, backpressure: bool = False) -> EngramClie
     """A publisher for the caller's namespace. With `backpressure` (ingest), a consumer lag above
     ENGRAM_MAX_LAG raises Backpressure at once (→ 429 with Retry-After); forgetting is never held back."""
     s = request.app[SETTINGS]
-    return EngramClient(redis_of(request), namespace=ns_of(request), prefix=s.prefix,
-                        publish_timeout=s.publish_timeout, retries=s.publish_retries,
-                        max_lag=s.max_lag if backpressure else None, wait_on_backpressure=False,
-                        consumer_group=s.consumer_group, master_key=s.master_key)
+    return EngramClient(
+        redis_of(request),
+        namespace=ns_of(request),
+        prefix=s.prefix,
+        publish_timeout=s.publish_timeout,
+        retries=s.publish_retries,
+        max_lag=s.max_lag if backpressure else None,
+        wait_on_backpressure=False,
+        consumer_group=s.consumer_group,
+        master_key=s.master_key,
+    )
 
 
 def no_query(request: web.Request) -> None:
@@ -89,9 +99,7 @@ def path_id(request: web.Request, name: str) -> str:
     return value  # type: ignore[return-value]
 
 
-
 def episode_of(c: rc.Candidate) -> Episode:
     """The episode of a candidate built by `decode_hit` (get_episode, `rc.latest`, `rc.similar`), which
     always sets it; `Candidate.episode` is optional for recall's signal-only candidates."""
     return cast(Episode, c.episode)
-

@@ -46,12 +46,15 @@ class IngestQuery(models.Model):
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
-        0.0, description="seconds to wait until every episode is projected (recallable); the answer says "
-                         "which are (`projected`); 0 answers at once")
+        0.0,
+        description="seconds to wait until every episode is projected (recallable); the answer says "
+        "which are (`projected`); 0 answers at once",
+    )
 
 
-async def _projected(request: web.Request, events: list[EpisodeCompleted], stream_ids: list[str],
-                     wait: float) -> list[bool]:
+async def _projected(
+    request: web.Request, events: list[EpisodeCompleted], stream_ids: list[str], wait: float
+) -> list[bool]:
     """Poll until each event is projected, up to `wait` s: the group acked its entry (a worker acks only
     after the document write committed) and its episode's event hash holds it (a dead-lettered event is
     acked but never recorded). The event hash alone was not enough: for an episode that already had
@@ -62,11 +65,15 @@ async def _projected(request: web.Request, events: list[EpisodeCompleted], strea
     done = [False] * len(events)
     while True:
         todo = [i for i, d in enumerate(done) if not d]
-        acked = await streams.StreamGroup(r, keys.stream, s.consumer_group).acked([stream_ids[i] for i in todo])
+        acked = await streams.StreamGroup(r, keys.stream, s.consumer_group).acked(
+            [stream_ids[i] for i in todo]
+        )
         gen = await current_generation(r, keys)
         async with r.pipeline(transaction=False) as pipe:
             for i in todo:
-                pipe.hexists(keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id)
+                pipe.hexists(
+                    keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id
+                )
             for i, ok, found in zip(todo, acked, await pipe.execute(), strict=True):
                 done[i] = ok and bool(found)
         if all(done) or time.monotonic() >= deadline:
@@ -80,14 +87,24 @@ def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bo
     An instant hours ahead (a skewed agent clock) would pin recency at 1 until then, head the short-term
     window and put learning-curve points in the future; a small skew (ENGRAM_MAX_CLOCK_SKEW) is normal.
     """
+
     def name(field: str) -> str:
         return f"{path}.{field}" if path else field
-    found = [(name(f), getattr(ep, f)) for f in ("started_at", "completed_at") if (getattr(ep, f) or 0) > limit]
-    found += [(name(f"actions[{i}].timestamp"), a.timestamp) for i, a in enumerate(ep.actions)
-              if (a.timestamp or 0) > limit]
+
+    found = [
+        (name(f), getattr(ep, f)) for f in ("started_at", "completed_at") if (getattr(ep, f) or 0) > limit
+    ]
+    found += [
+        (name(f"actions[{i}].timestamp"), a.timestamp)
+        for i, a in enumerate(ep.actions)
+        if (a.timestamp or 0) > limit
+    ]
     for field, value in found:
-        errs.add(field, f"is {value - now:,.0f} s in the future (more than ENGRAM_MAX_CLOCK_SKEW = "
-                        f"{limit - now:g} s ahead of the service's clock)")
+        errs.add(
+            field,
+            f"is {value - now:,.0f} s in the future (more than ENGRAM_MAX_CLOCK_SKEW = "
+            f"{limit - now:g} s ahead of the service's clock)",
+        )
     return bool(found)
 
 
@@ -97,8 +114,7 @@ def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
         return False, [body]
     extra = [k for k in body if k != "episodes"]
     if extra:
-        raise Invalid([(k, "is not a known field (send one episode, or {\"episodes\": [...]})")
-                       for k in extra])
+        raise Invalid([(k, 'is not a known field (send one episode, or {"episodes": [...]})') for k in extra])
     items = body["episodes"]
     if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
         raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
@@ -118,8 +134,11 @@ async def ingest(request: web.Request) -> web.Response:
         if ep is not None and ep.episode_id in first_index:
             # both would carry the same occurred_at, so which one the episode ends up as would be a coin
             # toss between their random event ids: refuse, naming both
-            errs.add(f"{path}.episode_id", f"repeats episodes[{first_index[ep.episode_id]}].episode_id "
-                     f"({ep.episode_id!r}); send one version of an episode per request")
+            errs.add(
+                f"{path}.episode_id",
+                f"repeats episodes[{first_index[ep.episode_id]}].episode_id "
+                f"({ep.episode_id!r}); send one version of an episode per request",
+            )
             ep = None
         elif ep is not None:
             first_index[ep.episode_id] = i
@@ -129,19 +148,28 @@ async def ingest(request: web.Request) -> web.Response:
         dim = request.app[EMBEDDER].dim
         if ep is not None and ep.vector is not None and len(ep.vector) != dim:
             # the consolidator would dead-letter it; the service knows the index's dimension, so say it now
-            errs.add(f"{path}.vector" if path else "vector",
-                     f"has {len(ep.vector)} dimensions; this index expects {dim}")
+            errs.add(
+                f"{path}.vector" if path else "vector",
+                f"has {len(ep.vector)} dimensions; this index expects {dim}",
+            )
             ep = None
-        if ep is not None and _future(ep, path, errs, received + request.app[SETTINGS].max_clock_skew, received):
+        if ep is not None and _future(
+            ep, path, errs, received + request.app[SETTINGS].max_clock_skew, received
+        ):
             ep = None
         if ep is not None:
             episodes.append(ep)
     errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published
     now = time.time()
-    events = [EpisodeCompleted(namespace=ns_of(request), episode_id=ep.episode_id, occurred_at=now,
-                               episode=ep if ep.completed_at is not None
-                               else dataclasses.replace(ep, completed_at=now))
-              for ep in episodes]
+    events = [
+        EpisodeCompleted(
+            namespace=ns_of(request),
+            episode_id=ep.episode_id,
+            occurred_at=now,
+            episode=ep if ep.completed_at is not None else dataclasses.replace(ep, completed_at=now),
+        )
+        for ep in episodes
+    ]
     stream_ids = await publisher(request, backpressure=True).publish(events)
     request.app[METRICS].published.labels("EpisodeCompleted").inc(len(events))
     results: list[dict[str, Any]] = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
@@ -165,8 +193,11 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
     values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
     found = dict(zip((n.encode() for n in names), values, strict=True))
-    if found[b"doc"] is None or found[b"namespace"] != ns.encode() \
-            or await r.exists(keys.tombstone(ns, episode_id)):
+    if (
+        found[b"doc"] is None
+        or found[b"namespace"] != ns.encode()
+        or await r.exists(keys.tombstone(ns, episode_id))
+    ):
         raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
     return found
 
@@ -190,17 +221,31 @@ async def get_episode(request: web.Request) -> web.Response:
     except NotFound:
         # read-your-writes: accepted (202) but not yet projected is not "never existed"
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if not await r.exists(keys.tombstone(ns, episode_id)) and await _accepted_not_projected(request, episode_id):
-            return reply({"episode": None, "episode_id": episode_id, "status": STATUS_PENDING,
-                          "access_count": 0, "last_accessed": None})
+        if not await r.exists(keys.tombstone(ns, episode_id)) and await _accepted_not_projected(
+            request, episode_id
+        ):
+            return reply(
+                {
+                    "episode": None,
+                    "episode_id": episode_id,
+                    "status": STATUS_PENDING,
+                    "access_count": 0,
+                    "last_accessed": None,
+                }
+            )
         raise
     # a search hit has no None fields: the ones this document lacks are left out (read as missing alike)
     c = rc.decode_hit(rc.SearchHit(key=b"", fields={k: v for k, v in found.items() if v is not None}))
     if c is None:
         raise Problem(500, "the stored episode is unreadable; it was logged")
-    return reply({"episode": rc.episode_json(episode_of(c)), "status": (found[b"status"] or b"").decode(),
-                  "access_count": c.access_count,
-                  "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None})
+    return reply(
+        {
+            "episode": rc.episode_json(episode_of(c)),
+            "status": (found[b"status"] or b"").decode(),
+            "access_count": c.access_count,
+            "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
+        }
+    )
 
 
 async def delete_episode(request: web.Request) -> web.Response:
@@ -216,9 +261,11 @@ async def delete_episode(request: web.Request) -> web.Response:
             return reply({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
         gen = await current_generation(r, keys)
         # accepted but not yet projected counts too: it would be projected after a refused forget
-        if not await r.exists(keys.episode_events(gen, ns, episode_id)) \
-                and not await deadletters.has_dead_letters(r, keys, ns, episode_id) \
-                and not await _accepted_not_projected(request, episode_id):
+        if (
+            not await r.exists(keys.episode_events(gen, ns, episode_id))
+            and not await deadletters.has_dead_letters(r, keys, ns, episode_id)
+            and not await _accepted_not_projected(request, episode_id)
+        ):
             raise
     event_id = await publisher(request).forget_episode(episode_id)
     request.app[METRICS].published.labels("EpisodeForgotten").inc()
@@ -230,4 +277,3 @@ async def delete_user(request: web.Request) -> web.Response:
     event_id = await publisher(request).forget_user(user_id)
     request.app[METRICS].published.labels("UserForgotten").inc()
     return reply({"user_id": user_id, "event_id": event_id}, status=202)
-

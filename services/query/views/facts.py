@@ -26,8 +26,11 @@ from shared.facts import KINDS, FactQuery, get_fact, live_facts_index, search_fa
 from shared.index import Scope as EpisodeScope
 from shared.index import current_generation, filter_search
 
-KindList = Annotated[tuple[str, ...], PlainValidator(models._tag_list(32, KINDS)),
-                     WithJsonSchema(models._one_or_list_schema({"type": "string", "enum": list(KINDS)}))]
+KindList = Annotated[
+    tuple[str, ...],
+    PlainValidator(models._tag_list(32, KINDS)),
+    WithJsonSchema(models._one_or_list_schema({"type": "string", "enum": list(KINDS)})),
+]
 
 
 class FactsSearchRequest(models.ScopeIn):
@@ -37,9 +40,15 @@ class FactsSearchRequest(models.ScopeIn):
     category: models.TagList | None = None
     kind: KindList | None = None
     level: Literal["namespace", "agent_category"] | None = None
-    since: models.Instant | None = Field(None, description="facts whose evidence ends at or after this instant")
-    until: models.Instant | None = Field(None, description="facts whose evidence starts at or before this instant")
-    as_of: models.Instant | None = Field(None, description="the facts valid at this instant (history included)")
+    since: models.Instant | None = Field(
+        None, description="facts whose evidence ends at or after this instant"
+    )
+    until: models.Instant | None = Field(
+        None, description="facts whose evidence starts at or before this instant"
+    )
+    as_of: models.Instant | None = Field(
+        None, description="the facts valid at this instant (history included)"
+    )
     top_k: models.TopK = 10
     include_superseded: bool = False
     min_confidence: Annotated[float, models.FloatIn(0.0, 1.0)] | None = None
@@ -77,14 +86,28 @@ def _fact_json(fact, score: float | None = None) -> dict[str, Any]:
 async def facts_search(request: web.Request) -> web.Response:
     req: FactsSearchRequest = validate(FactsSearchRequest, await read_json(request))
     r: aioredis.Redis = request.app[REDIS]
-    q = FactQuery(namespace=request[NAMESPACE], tags=await request.app[TAGS].get(r), agent_id=req.agent_id,
-                  user_id=req.user_id,
-                  category=req.category or (), kind=req.kind or (), level=req.level, since=req.since,
-                  until=req.until, as_of=req.as_of, include_superseded=req.include_superseded,
-                  min_confidence=req.min_confidence)
-    vector = (await request.app[QUERY_VECTORS].embed(request.app[EMBEDDER], req.query, namespace=q.namespace)
-              if req.query else None)
-    hits = await search_facts(r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k)
+    q = FactQuery(
+        namespace=request[NAMESPACE],
+        tags=await request.app[TAGS].get(r),
+        agent_id=req.agent_id,
+        user_id=req.user_id,
+        category=req.category or (),
+        kind=req.kind or (),
+        level=req.level,
+        since=req.since,
+        until=req.until,
+        as_of=req.as_of,
+        include_superseded=req.include_superseded,
+        min_confidence=req.min_confidence,
+    )
+    vector = (
+        await request.app[QUERY_VECTORS].embed(request.app[EMBEDDER], req.query, namespace=q.namespace)
+        if req.query
+        else None
+    )
+    hits = await search_facts(
+        r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k
+    )
     body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
     if req.as_of is not None:
         body["as_of"] = format_instant(req.as_of)
@@ -102,13 +125,19 @@ async def fact_detail(request: web.Request) -> web.Response:
         raise NotFound(f"no fact {fact_id[:80]!r} in this namespace")
     evidence = []
     if fact.evidence:
-        _, hits = await filter_search(r, keys.episode_index_alias,
-                                      EpisodeScope(namespace=ns, tags=await request.app[TAGS].get(r),
-                                                   episode_id=fact.evidence),
-                                      return_fields=("doc",), sort_by="completed_at", descending=False,
-                                      limit=len(fact.evidence))
+        _, hits = await filter_search(
+            r,
+            keys.episode_index_alias,
+            EpisodeScope(namespace=ns, tags=await request.app[TAGS].get(r), episode_id=fact.evidence),
+            return_fields=("doc",),
+            sort_by="completed_at",
+            descending=False,
+            limit=len(fact.evidence),
+        )
         # decode_hit always sets the episode (Candidate.episode is optional for recall's signal-only ones)
-        evidence = [rc.episode_json(cast(Episode, c.episode)) for c in map(rc.decode_hit, hits) if c is not None]
+        evidence = [
+            rc.episode_json(cast(Episode, c.episode)) for c in map(rc.decode_hit, hits) if c is not None
+        ]
     history: list[dict[str, Any]] = []
     seen = {fact.fact_id}
     cursor = fact.supersedes
@@ -125,8 +154,13 @@ async def fact_detail(request: web.Request) -> web.Response:
 async def consolidate(request: web.Request) -> web.Response:
     req: ConsolidateRequest = validate(ConsolidateRequest, await read_json(request))
     r = request.app[REDIS]
-    results = await request.app[CONSOLIDATE](r, request.app[EMBEDDER].dim, request[NAMESPACE], req.agent_id,
-                                             req.category, req.all_scopes)
-    return web.json_response({"results": [x.to_json() for x in results],
-                              "summarizer_failures": sum(x.summarizer_failures for x in results),
-                              "generation": await current_generation(r, request.app[KEYS])})
+    results = await request.app[CONSOLIDATE](
+        r, request.app[EMBEDDER].dim, request[NAMESPACE], req.agent_id, req.category, req.all_scopes
+    )
+    return web.json_response(
+        {
+            "results": [x.to_json() for x in results],
+            "summarizer_failures": sum(x.summarizer_failures for x in results),
+            "generation": await current_generation(r, request.app[KEYS]),
+        }
+    )

@@ -33,27 +33,41 @@ async def _profiles(request: web.Request, req: Any, threshold: float) -> list[di
 async def skills(request: web.Request) -> web.Response:
     req: models.SkillsQuery = query_params(request, models.SkillsQuery)
     profiles = await _profiles(request, req, req.threshold)
-    return reply({"results": profiles, "weak": [p["category"] for p in profiles if p["weak"]],
-                  "threshold": req.threshold})
+    return reply(
+        {
+            "results": profiles,
+            "weak": [p["category"] for p in profiles if p["weak"]],
+            "threshold": req.threshold,
+        }
+    )
 
 
 async def strategy(request: web.Request) -> web.Response:
     req: models.StrategyRequest = validate(models.StrategyRequest, await read_json(request))
     vector = await embed(request, req.task)
-    similar = await rc.similar(redis_of(request), index_of(request), rc.scope_of(ns_of(request), req, await tags_of(request), category=()),
-                               vector, req.k, req.min_similarity)
+    similar = await rc.similar(
+        redis_of(request),
+        index_of(request),
+        rc.scope_of(ns_of(request), req, await tags_of(request), category=()),
+        vector,
+        req.k,
+        req.min_similarity,
+    )
     profile = None
     if req.category:
         profile = next((p for p in await _profiles(request, req, 0.5) if p["category"] == req.category), None)
-    choice = insights.choose_strategy([episode_of(c) for c in similar], complexity=req.complexity,
-                                      category_profile=profile)
+    choice = insights.choose_strategy(
+        [episode_of(c) for c in similar], complexity=req.complexity, category_profile=profile
+    )
     return reply({**choice, "pool": list(insights.STRATEGY_POOL)})
 
 
 async def suggest(request: web.Request) -> web.Response:
     req: models.SuggestRequest = validate(models.SuggestRequest, await read_json(request))
     vector = await embed(request, req.task)
-    scope = rc.scope_of(ns_of(request), req, await tags_of(request), category=(req.category,) if req.category else ())
+    scope = rc.scope_of(
+        ns_of(request), req, await tags_of(request), category=(req.category,) if req.category else ()
+    )
     similar = await rc.similar(redis_of(request), index_of(request), scope, vector, req.k, req.min_similarity)
     return reply(insights.suggestion([episode_of(c) for c in similar]))
 
@@ -74,4 +88,3 @@ def insights_curve(eps: list[Any], window: int) -> list[dict[str, Any]]:
         p["episode_id"] = e.episode_id
         p["completed_at"] = format_instant(e.completed_at)
     return points
-

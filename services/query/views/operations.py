@@ -20,7 +20,9 @@ async def readyz(request: web.Request) -> web.Response:
     r = request.app.get(REDIS)
     try:  # a probe answers within 2 s: a Redis that hangs (paused, overloaded) is "not ready" too
         checks["redis"] = bool(r is not None and await asyncio.wait_for(r.ping(), 2.0))
-        checks["index"] = bool(r is not None and await asyncio.wait_for(index_exists(r, index_of(request)), 2.0))
+        checks["index"] = bool(
+            r is not None and await asyncio.wait_for(index_exists(r, index_of(request)), 2.0)
+        )
     except Exception:  # any failure to reach Redis means "not ready", never a 500
         checks.setdefault("redis", False)
         checks["index"] = False
@@ -36,4 +38,3 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def openapi_json(request: web.Request) -> web.Response:
     return reply(request.app[OPENAPI]())
-

@@ -22,20 +22,38 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
     if depth < top_k:
         raise Invalid([("candidates", "must be at least top_k")])
     return rc.RecallParams(
-        top_k=top_k, depth=depth, mode=req.mode or s.recall_mode, preset=req.preset,
-        weights=req.weights.model_dump() if req.weights else None, half_life=req.half_life or s.half_life,
-        as_of=req.as_of if req.as_of is not None else now, normalize=req.normalize,
-        recency_from=req.recency_from, touch_now=now if req.touch else None,
-        min_relevance=req.min_relevance, min_priority=req.min_priority)
+        top_k=top_k,
+        depth=depth,
+        mode=req.mode or s.recall_mode,
+        preset=req.preset,
+        weights=req.weights.model_dump() if req.weights else None,
+        half_life=req.half_life or s.half_life,
+        as_of=req.as_of if req.as_of is not None else now,
+        normalize=req.normalize,
+        recency_from=req.recency_from,
+        touch_now=now if req.touch else None,
+        min_relevance=req.min_relevance,
+        min_priority=req.min_priority,
+    )
 
 
 def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.RecallParams:
     """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing."""
     top_k = req.top_k or s.default_top_k
     return rc.RecallParams(
-        top_k=top_k, depth=max(s.recall_candidates, top_k), mode=s.recall_mode, preset=None, weights=None,
-        half_life=req.half_life or s.half_life, as_of=now, normalize="none", recency_from="completed",
-        touch_now=None, min_relevance=req.min_relevance, min_priority=req.min_priority)
+        top_k=top_k,
+        depth=max(s.recall_candidates, top_k),
+        mode=s.recall_mode,
+        preset=None,
+        weights=None,
+        half_life=req.half_life or s.half_life,
+        as_of=now,
+        normalize="none",
+        recency_from="completed",
+        touch_now=None,
+        min_relevance=req.min_relevance,
+        min_priority=req.min_priority,
+    )
 
 
 async def recall(request: web.Request) -> web.Response:
@@ -43,9 +61,15 @@ async def recall(request: web.Request) -> web.Response:
     params = recall_params(req, request.app[SETTINGS], time.time())
     start = time.perf_counter()
     vector = await embed(request, req.query)
-    body = await rc.recall(redis_of(request), index_of(request),
-                           rc.scope_of(ns_of(request), req, await tags_of(request)), req.query, vector, params,
-                           sizes=request.app[SCOPE_SIZES])
+    body = await rc.recall(
+        redis_of(request),
+        index_of(request),
+        rc.scope_of(ns_of(request), req, await tags_of(request)),
+        req.query,
+        vector,
+        params,
+        sizes=request.app[SCOPE_SIZES],
+    )
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
@@ -58,14 +82,25 @@ async def context(request: web.Request) -> web.Response:
     r, index = redis_of(request), index_of(request)
     scope = rc.scope_of(ns_of(request), req, await tags_of(request), category=())
     vector = await embed(request, req.task)
-    recalled = await rc.recall(r, index, scope, req.task, vector, context_params(req, s, time.time()),
-                               sizes=request.app[SCOPE_SIZES])
+    recalled = await rc.recall(
+        r, index, scope, req.task, vector, context_params(req, s, time.time()), sizes=request.app[SCOPE_SIZES]
+    )
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5)
-    prompt, truncated = insights.prompt_section(req.task, req.category, recalled["results"],
-                                                recalled["replay_context"], facts, req.max_chars)
-    return reply({"task": req.task, "category": req.category, "results": recalled["results"],
-                  "short_term": [rc.episode_json(episode_of(c)) for c in short_term],
-                  "replay_context": recalled["replay_context"], "facts": facts, "prompt": prompt,
-                  "truncated": truncated, "max_chars": req.max_chars, "preset": recalled["preset"]})
-
+    prompt, truncated = insights.prompt_section(
+        req.task, req.category, recalled["results"], recalled["replay_context"], facts, req.max_chars
+    )
+    return reply(
+        {
+            "task": req.task,
+            "category": req.category,
+            "results": recalled["results"],
+            "short_term": [rc.episode_json(episode_of(c)) for c in short_term],
+            "replay_context": recalled["replay_context"],
+            "facts": facts,
+            "prompt": prompt,
+            "truncated": truncated,
+            "max_chars": req.max_chars,
+            "preset": recalled["preset"],
+        }
+    )
