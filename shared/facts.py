@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT
 
 from engram_episodic.errors import InvalidEpisode
 from shared.index import (
@@ -322,10 +323,10 @@ async def ensure_facts_index(
     return name
 
 
-def fact_fields(fact: Fact, tags: TagCodec) -> dict[str, Any]:
+def fact_fields(fact: Fact, tags: TagCodec) -> dict[EncodableT, EncodableT]:
     """The HASH fields of a fact document: tags (`evidence` and `users` digested with `tags`, as the
     episode index's ids are: `shared.tags`), numerics, text, centroid and the full JSON `doc`."""
-    fields: dict[str, Any] = {
+    fields: dict[EncodableT, EncodableT] = {
         "namespace": fact.namespace,
         "fact_id": fact.fact_id,
         "scope_id": fact.scope_id,

@@ -33,6 +33,7 @@ from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
 from shared.keys import Keys
+from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 
 TAG_SEPARATOR = "\x1f"
@@ -374,10 +375,10 @@ async def ensure_episode_index(
     recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
     recorded_dim = await r.hget(keys.meta, f"g{gen}:dim")
     if recorded_name is not None and (
-        recorded_name.decode() != embedder_name or int(recorded_dim or 0) != params.dim
+        as_text(recorded_name) != embedder_name or int(recorded_dim or 0) != params.dim
     ):
         raise EmbedderMismatch(
-            name, gen, recorded_name.decode(), int(recorded_dim or 0), embedder_name, params.dim
+            name, gen, as_text(recorded_name), int(recorded_dim or 0), embedder_name, params.dim
         )
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode
@@ -417,7 +418,7 @@ async def generation_tags(r: aioredis.Redis, keys: Keys, gen: int, tag_key: byte
     """The digest function of generation `gen`'s TAG fields, as recorded in the meta hash (`plain` when
     nothing is recorded: a generation older than digests). ConfigError as in `shared.tags.codec`."""
     raw = await r.hget(keys.meta, f"g{gen}:tags")
-    return codec(raw.decode() if raw else MODE_PLAIN, tag_key, prefix=keys.prefix)
+    return codec(as_text(raw) if raw else MODE_PLAIN, tag_key, prefix=keys.prefix)
 
 
 async def point_alias_at(r: aioredis.Redis, alias: str, index: str) -> None:

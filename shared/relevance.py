@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from types import MappingProxyType
+from typing import Any
 
 from shared.index import STOPWORDS, TEXT_FIELDS, fold_for_search
 
@@ -94,7 +95,7 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
     return {stem: idf(n) for stem, n in zip(words, counts, strict=True)}
 
 
-def episode_terms(fields: Mapping[str | bytes, str | bytes | None]) -> tuple[Mapping[str, float], float]:
+def episode_terms(fields: Mapping[Any, str | bytes | None]) -> tuple[Mapping[str, float], float]:
     """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
     weighted length (stop words not counted). `fields` maps field names (str, or bytes as a search
     reply has them) to texts (str or UTF-8 bytes); missing ones count 0. Remembered per distinct

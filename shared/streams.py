@@ -131,7 +131,7 @@ def _entries(raw) -> list[Entry]:
     return out
 
 
-async def delete(r: aioredis.Redis, stream: str, ids: Sequence[bytes]) -> int:
+async def delete(r: aioredis.Redis, stream: str, ids: Sequence[bytes | str]) -> int:
     """XDEL entries (used by forgetting so the stream no longer holds forgotten data)."""
     if not ids:
         return 0

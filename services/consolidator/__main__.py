@@ -41,6 +41,8 @@ def _settings(**overrides) -> Settings:
 async def _redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     from shared.redis_conn import connect
 
+    if settings.redis_url is None:  # `_settings` refuses it; a caller passing its own Settings may not
+        raise click.ClickException("REDIS_URL is not set")
     redis = connect(settings.redis_url)
     try:
         yield redis

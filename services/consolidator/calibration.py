@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -621,7 +622,7 @@ def _make(name: str, dim: int):
     if name == "mpnet":
         return MPNetEmbedder()
     return make_embedder(
-        Settings.from_env().with_(embedder="openai")
+        Settings.from_env(os.environ).with_(embedder="openai")
     )  # ENGRAM_OPENAI_URL / _MODEL / _API_KEY
 
 

@@ -16,10 +16,12 @@ import re
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT
 
 from shared import streams
 from shared.codec import payload_ref, peek_identity
 from shared.keys import Keys
+from shared.replies import as_text, bytes_map
 
 DEAD_REF_USER = b"@user"
 """Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
@@ -95,7 +97,7 @@ async def dead_letter(
     if ident is None:
         return
     namespace, episode_id, user_id, occurred_at = ident
-    refs = {entry.stream_id: dead_id}
+    refs: dict[EncodableT, EncodableT] = {entry.stream_id: dead_id}
     if user_id is not None:
         refs[DEAD_REF_USER] = user_id.encode()
         await redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
@@ -117,7 +119,7 @@ async def delete_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str,
     """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
     the links (its id from its user's set too)."""
     key = keys.dead_letter_refs(namespace, episode_id)
-    refs = await redis.hgetall(key)
+    refs = bytes_map(await redis.hgetall(key))
     user = refs.pop(DEAD_REF_USER, None)
     if refs:
         await streams.delete(redis, keys.stream, sorted(refs))
@@ -134,7 +136,7 @@ async def delete_user_dead_letters(
     and, with `sealed_ref` (the user's data-key reference), every dead letter sealed with that key."""
     dead_key = keys.user_dead_letters(namespace, user_id)
     for episode_id in await redis.smembers(dead_key):
-        await delete_dead_letters(redis, keys, namespace, episode_id.decode())
+        await delete_dead_letters(redis, keys, namespace, as_text(episode_id))
     await redis.delete(dead_key)
     if sealed_ref is not None:
         await delete_sealed_dead_letters(redis, keys, sealed_ref)

@@ -21,15 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT, FieldT
 
 from engram_episodic.errors import EngramError
 from shared import streams
 from shared.codec import decode, sealable, sealed_ref, unpack
 from shared.keyring import KeyRing
 from shared.keys import Keys
+from shared.replies import as_bytes
 
 log = logging.getLogger("engram.erasure")
 
@@ -132,7 +135,7 @@ async def compact(
         last = "0-0"
         resealed = 0
         while True:
-            rows = await redis.xrange(stream, min=f"({last}", max="+", count=page)
+            rows = await streams.read_range_raw(redis, stream, f"({last}", count=page)
             if not rows:
                 break
             if keyring is not None:
@@ -140,10 +143,10 @@ async def compact(
                 resealed += n
             async with redis.pipeline(transaction=False) as pipe:
                 for sid, fields in rows:
-                    pipe.xadd(tmp, fields, id=sid)
+                    pipe.xadd(tmp, cast("dict[FieldT, EncodableT]", fields), id=sid)  # Dict is invariant
                 pipe.expire(tmp, COPY_TTL)  # a copy left by a crash must not outlive a forget for long
                 await pipe.execute()
-            last = rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0]
+            last = rows[-1][0].decode()
             if len(rows) < page:
                 break
         swap_started = time.perf_counter()
@@ -253,10 +256,8 @@ async def _applied_horizon(
     for g in groups:
         start = "-"
         while rows := await redis.xpending_range(keys.stream, g["name"], min=start, max="+", count=page):
-            ids = [
-                r["message_id"] if isinstance(r["message_id"], bytes) else r["message_id"].encode()
-                for r in rows
-            ]
+            # redis-py annotates the id `str | int`; it is the id's bytes (or str when decoding)
+            ids = [as_bytes(cast("bytes | str", r["message_id"])) for r in rows]
             pending.update(ids)
             start = "(" + ids[-1].decode()
     return min(_sid(g["last-delivered-id"]) for g in groups), pending
@@ -288,7 +289,7 @@ async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int =
     horizon, pending = applied
     dropped, last = 0, "-"
     while True:
-        rows = await redis.xrange(keys.stream, min=last, max="+", count=page)
+        rows = await streams.read_range_raw(redis, keys.stream, last, count=page)
         rows = rows[1:] if last != "-" else rows
         within = [(sid, f) for sid, f in rows if _sid(sid) <= horizon]
         gone = [sid for sid, f in within if sid not in pending and _is_forget(f)]
@@ -297,7 +298,7 @@ async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int =
             dropped += len(gone)
         if not rows or len(within) < len(rows):
             return dropped
-        last = rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0]
+        last = rows[-1][0].decode()
 
 
 async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:

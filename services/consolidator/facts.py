@@ -50,6 +50,7 @@ from shared.facts import (
 from shared.index import Scope, agent_category_counts, current_generation, generation_tags
 from shared.keyring import deployment_tag_key
 from shared.keys import Keys
+from shared.replies import as_text, bytes_map
 from shared.settings import Settings
 from shared.tags import TagCodec
 
@@ -245,7 +246,7 @@ class Consolidator:
 
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""
-        counter = await self.redis.hgetall(self.keys.scope_counter(scope.scope_id))
+        counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.scope_id)))
         return self._reached(int(counter.get(b"completed", b"0")), float(counter.get(b"importance", b"0")))
 
     def _reached(self, completed: int, importance: float) -> bool:
@@ -289,7 +290,7 @@ class Consolidator:
         if token is None:
             return RunResult(scope, "busy")
         try:
-            counter = await self.redis.hgetall(self.keys.scope_counter(scope.scope_id))
+            counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.scope_id)))
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.scope_id)
             tags = await self.tags(gen)
@@ -364,7 +365,7 @@ class Consolidator:
         if self.settings.facts_distance is not None:
             return self.settings.facts_distance
         name = await self.redis.hget(self.keys.meta, f"g{gen}:embedder")
-        return default_distance(name.decode() if name else None)
+        return default_distance(as_text(name) if name else None)
 
     async def _summarise(
         self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row], now: float

@@ -153,18 +153,16 @@ def build_fact(
     for e in eps:
         if e.strategy_used:
             by_strategy.setdefault(e.strategy_used, []).append(e)
-    strategies = sorted(
-        (
-            {
-                "strategy": s,
-                "episodes": len(v),
-                "successes": sum(x.outcome == "success" for x in v),
-                "success_rate": round(sum(x.outcome == "success" for x in v) / len(v), 4),
-            }
-            for s, v in by_strategy.items()
-        ),
-        key=lambda d: (-d["episodes"], -d["successes"], d["strategy"]),
-    )[:5]
+    stats: list[dict[str, Any]] = [
+        {
+            "strategy": s,
+            "episodes": len(v),
+            "successes": sum(x.outcome == "success" for x in v),
+            "success_rate": round(sum(x.outcome == "success" for x in v) / len(v), 4),
+        }
+        for s, v in by_strategy.items()
+    ]
+    strategies = sorted(stats, key=lambda d: (-d["episodes"], -d["successes"], d["strategy"]))[:5]
     failures = Counter(m for e in eps if e.outcome != "success" for m in _failure_messages(e))
     common_failures = [
         {"message": m, "count": c} for m, c in sorted(failures.items(), key=lambda x: (-x[1], x[0]))[:3]
@@ -202,7 +200,7 @@ def build_fact(
     else:
         kind = "best_practice"
     first_at, last_at = rows[0].completed_at, rows[-1].completed_at
-    tasks = [rows[i].episode.task.description for i in order[:3] if rows[i].episode.task]
+    tasks = [t.description for t in (rows[i].episode.task for i in order[:3]) if t]
     categories = sorted({e.task.category for e in eps if e.task and e.task.category})
     text = _text(
         kind,

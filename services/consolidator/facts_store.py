@@ -35,6 +35,7 @@ from shared.facts import (
 )
 from shared.index import STATUS_COMPLETED, Scope, current_generation, filter_search
 from shared.keys import Keys
+from shared.replies import as_bytes
 from shared.tags import TagCodec
 
 log = logging.getLogger("engram.facts")
@@ -219,7 +220,7 @@ async def import_snapshots(
         if payload is None:
             continue
         try:
-            event = decode(payload)
+            event = decode(as_bytes(payload))
         except EngramError:
             log.warning("facts ◆ skipped an unreadable stored snapshot of generation %d", old)
             continue

@@ -23,6 +23,7 @@ from shared.codec import occurred_at
 from shared.index import DOC_FIELD, Scope, filter_search
 from shared.keyring import KeyRing
 from shared.keys import Keys
+from shared.replies import as_bytes, bytes_list
 from shared.settings import Settings
 from shared.tags import TagCodec
 
@@ -67,7 +68,7 @@ class Forgetting:
         k, g = self.keys, self.gen
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
-        sids = await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id))
+        sids = bytes_list(await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id)))
         await streams.delete(self.redis, k.stream, sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
         await deadletters.delete_dead_letters(self.redis, self.keys, namespace, episode_id)
@@ -152,6 +153,6 @@ class Forgetting:
         times = [
             at
             for payload in await self.redis.hvals(self.keys.episode_events(self.gen, namespace, episode_id))
-            if (at := occurred_at(payload)) is not None
+            if (at := occurred_at(as_bytes(payload))) is not None
         ]  # clear in sealed entries too
         return min(times) if times else None

@@ -35,17 +35,20 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgpack
 import numpy as np
 import redis.asyncio as aioredis
+from redis.typing import EncodableT
 
 from engram_episodic.errors import DecodeError, EngramError
 from engram_episodic.events import (
     ActionRecorded,
     EpisodeCompleted,
+    EpisodeEvent,
     EpisodeForgotten,
     EpisodeStarted,
     Event,
@@ -89,6 +92,33 @@ EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
 
 
 MAX_WRITE_ATTEMPTS = 8
+
+
+def _payload(entry: streams.Entry) -> bytes:
+    """The payload of an entry in an episode-event segment: `apply` never puts an entry without one
+    (deleted while pending, or not ours) there."""
+    return cast(bytes, entry.payload)
+
+
+def _split_paths(
+    by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
+) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[streams.Entry, EpisodeEvent]]]:
+    """Episodes whose events in hand already make a document (the fast path: their fold, and payloads by
+    event id, first copy of a redelivered event kept) and the events of the others (recorded only)."""
+    fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]] = []
+    record_only: list[tuple[streams.Entry, EpisodeEvent]] = []
+    for ident, items in by_episode.items():
+        events: dict[str, EpisodeEvent] = {}
+        payloads: dict[str, bytes] = {}
+        for entry, ev in items:
+            events.setdefault(ev.event_id, ev)
+            payloads.setdefault(ev.event_id, _payload(entry))
+        folded = fold(events.values())
+        if folded.episode is None:
+            record_only += items
+        else:
+            fast.append((ident, payloads, folded))
+    return fast, record_only
 
 
 @dataclass(slots=True)
@@ -139,7 +169,7 @@ class Projector:
     # --- entry point ----------------------------------------------------------------------------
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:
         result = BatchResult()
-        segment: list[tuple[streams.Entry, Event]] = []
+        segment: list[tuple[streams.Entry, EpisodeEvent]] = []
         envelopes = await self._open_envelopes([e.payload for e in entries])
         shredded: list[bytes] = []
         for entry, envelope in zip(entries, envelopes, strict=True):
@@ -243,55 +273,26 @@ class Projector:
 
     # --- episode events -------------------------------------------------------------------------
     async def _apply_episode_events(
-        self, segment: list[tuple[streams.Entry, Event]], result: BatchResult
+        self, segment: list[tuple[streams.Entry, EpisodeEvent]], result: BatchResult
     ) -> None:
         if not segment:
             return
-        k = self.keys
-        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]] = {}
+        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]] = {}
         for entry, ev in segment:
             by_episode.setdefault((ev.namespace, ev.episode_id), []).append((entry, ev))
-        # fast path for every episode whose events in hand already make a document (module docstring)
-        fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]] = []
-        record_only: list[tuple[streams.Entry, Event]] = []
-        for ident, items in by_episode.items():
-            events: dict[str, Event] = {}
-            payloads: dict[str, bytes] = {}
-            for entry, ev in items:
-                events.setdefault(ev.event_id, ev)
-                payloads.setdefault(ev.event_id, entry.payload)
-            folded = fold(events.values())
-            if folded.episode is None:
-                record_only += items
-            else:
-                fast.append((ident, payloads, folded))
+        fast, record_only = _split_paths(by_episode)
         if fast and not getattr(self.embedder, "cheap", False):
             fast, moved = await self._without_documents(fast)
             record_only += [item for ident in moved for item in by_episode[ident]]
         vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
         statuses, record_replies = await self._send(fast, by_episode, vectors, hashes, record_only)
         tombstoned: list[bytes] = []
-        pending: list[tuple[str, str]] = []
-        known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
         counted: Counter[tuple[str, str]] = Counter()  # labels().inc() per event was ~2% of a worker's CPU
-        for ((ns, eid), _payloads, f), status in zip(fast, statuses, strict=True):
-            items = by_episode[(ns, eid)]
-            outcome = "forgotten" if status == -1 else "ok"
-            for entry, ev in items:
-                counted[(ev.TYPE, outcome)] += 1
-                result.ok.append(entry.stream_id)
-            if status == -1:
-                tombstoned += [entry.stream_id for entry, _ in items]
-            elif status == 0:  # other events were stored: fold the whole stored set
-                pending.append((ns, eid))
-            elif status == -2:  # its user was forgotten after this episode began
-                await self.forgetting.erase_episode(ns, eid)
-            elif status == 2 and f.status == STATUS_COMPLETED:
-                result.completed.append((ns, f))
+        pending = await self._settle_fast(fast, statuses, by_episode, result, counted, tombstoned)
         # slow path (episodes with only actions in hand; with a model embedder, also those that already
         # had a document): one whose stored events are exactly those in hand is folded without reading
         # them back
-        in_hand: dict[tuple[str, str], dict[str, Event]] = {}
+        in_hand: dict[tuple[str, str], dict[str, EpisodeEvent]] = {}
         stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
         for (entry, ev), reply in zip(record_only, record_replies, strict=True):
             if reply[0] == -1:
@@ -306,13 +307,53 @@ class Projector:
         for (kind, outcome), n in counted.items():
             self.metrics.events.labels(kind, outcome).inc(n)
         if tombstoned:  # data of a forgotten episode must not stay in the stream
-            await streams.delete(self.redis, k.stream, tombstoned)
+            await streams.delete(self.redis, self.keys.stream, tombstoned)
         prefetched = {
             ident: (list(events.values()), stored[ident][0], stored[ident][1])
             for ident, events in in_hand.items()
             if stored[ident][0] == len(events)
         }
-        pending += list(in_hand)
+        known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
+        await self._write_until_settled(pending + list(in_hand), result, prefetched, known)
+
+    async def _settle_fast(
+        self,
+        fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]],
+        statuses: list[int],
+        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
+        result: BatchResult,
+        counted: Counter[tuple[str, str]],
+        tombstoned: list[bytes],
+    ) -> list[tuple[str, str]]:
+        """Act on PROJECT_LUA's status per fast-path episode (see `scripts`): -1 tombstoned, 0 other
+        events were stored (returned: fold the whole stored set), -2 its user was forgotten after it
+        began (erased now), 2 written (completions are reported to `result`)."""
+        pending: list[tuple[str, str]] = []
+        for ((ns, eid), _payloads, f), status in zip(fast, statuses, strict=True):
+            items = by_episode[(ns, eid)]
+            outcome = "forgotten" if status == -1 else "ok"
+            for entry, ev in items:
+                counted[(ev.TYPE, outcome)] += 1
+                result.ok.append(entry.stream_id)
+            if status == -1:
+                tombstoned += [entry.stream_id for entry, _ in items]
+            elif status == 0:
+                pending.append((ns, eid))
+            elif status == -2:
+                await self.forgetting.erase_episode(ns, eid)
+            elif status == 2 and f.status == STATUS_COMPLETED:
+                result.completed.append((ns, f))
+        return pending
+
+    async def _write_until_settled(
+        self,
+        pending: list[tuple[str, str]],
+        result: BatchResult,
+        prefetched: Mapping[tuple[str, str], tuple[Sequence[Event], int, bytes | None]],
+        known: dict[str, np.ndarray],
+    ) -> None:
+        """Fold and write `pending` episodes, again for those whose stored events changed meanwhile
+        (the check-and-set failed), up to MAX_WRITE_ATTEMPTS; RuntimeError past that."""
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if not pending:
                 return
@@ -320,9 +361,10 @@ class Projector:
             prefetched = {}
             if pending:
                 self.metrics.write_conflicts.inc(len(pending))
-        raise RuntimeError(
-            f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts"
-        )
+        if pending:
+            raise RuntimeError(
+                f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts"
+            )
 
     async def _without_documents(
         self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
@@ -346,10 +388,10 @@ class Projector:
     async def _send(
         self,
         fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]],
-        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, Event]]],
+        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
         vectors: dict[int, np.ndarray],
         hashes: dict[int, str],
-        record_only: list[tuple[streams.Entry, Event]],
+        record_only: list[tuple[streams.Entry, EpisodeEvent]],
     ) -> tuple[list[int], list]:
         """One pipeline: PROJECT_LUA for the fast episodes (PROJECT_CHUNK per call), RECORD_LUA for each
         slow-path event, sent when one of the process's WRITES_IN_FLIGHT turns is free. Returns (a
@@ -360,6 +402,7 @@ class Projector:
             chunk_keys: list[str] = []
             chunk_args: list = []
             for i, ((ns, eid), payloads, f) in enumerate(fast):
+                assert f.episode is not None, "the fast path holds folds that make a document"
                 sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
                 chunk_keys += [
                     k.tombstone(ns, eid),
@@ -385,7 +428,7 @@ class Projector:
                         k.episode_stream_ids(g, ev.namespace, ev.episode_id),
                         k.episode_doc(g, ev.namespace, ev.episode_id),
                     ],
-                    args=[ev.event_id, entry.payload, entry.stream_id],
+                    args=[ev.event_id, _payload(entry), entry.stream_id],
                     client=pipe,
                 )
             async with self._write_turns:
@@ -439,6 +482,7 @@ class Projector:
         (Redis's bundled `cmsgpack`) into HSET. One argument instead of ~50: packing the arguments one
         by one was ~10% of the worker's CPU, and Redis does no more work for one blob than for 50
         arguments. `use_bin_type=False`: that cmsgpack predates msgpack's bin type."""
+        assert f.episode is not None, "only folds that make a document are written"
         fields = episode_fields(namespace, f.episode, status=f.status, vector=vector, tags=self.tags)
         if embed_hash is not None:
             fields["embed_hash"] = embed_hash
@@ -451,7 +495,7 @@ class Projector:
         self,
         episodes: list[tuple[str, str]],
         result: BatchResult,
-        prefetched: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] | None = None,
+        prefetched: Mapping[tuple[str, str], tuple[Sequence[Event], int, bytes | None]] | None = None,
         known: dict[str, np.ndarray] | None = None,
     ) -> list[tuple[str, str]]:
         k, g = self.keys, self.gen
@@ -464,7 +508,7 @@ class Projector:
                     pipe.hgetall(k.episode_events(g, ns, eid))
                     pipe.hget(k.episode_doc(g, ns, eid), "embed_hash")
                 raw = await pipe.execute()
-        loaded: dict[tuple[str, str], tuple[list[Event], int, bytes | None]] = dict(prefetched)
+        loaded: dict[tuple[str, str], tuple[Sequence[Event], int, bytes | None]] = dict(prefetched)
         for i, ident in enumerate(to_read):
             events_raw, embed_hash = raw[2 * i], raw[2 * i + 1]
             loaded[ident] = (
@@ -518,7 +562,7 @@ class Projector:
         (the fold skips what it cannot open)."""
         for payload in events.values():
             try:
-                data = unpack(payload).get("data")
+                data = unpack(payload).get("data") or {}
                 ns, eid = data["namespace"], data["episode_id"]
                 if not isinstance(ns, str) or not isinstance(eid, str):
                     continue
@@ -527,16 +571,19 @@ class Projector:
             if await self.redis.exists(self.keys.tombstone(ns, eid)):
                 return None
             if self.keyring is not None:
-                events = await self._reseal_plaintext(events)
+                events = await self._reseal_plaintext(self.keyring, events)
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self.keys.episode_events(self.gen, ns, eid), mapping=events)
+                pipe.hset(
+                    self.keys.episode_events(self.gen, ns, eid),
+                    mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
+                )
                 if stream_ids:
                     pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
                 await pipe.execute()
             return ns, eid
         return None
 
-    async def _reseal_plaintext(self, events: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    async def _reseal_plaintext(self, keyring: KeyRing, events: dict[bytes, bytes]) -> dict[bytes, bytes]:
         """The migration of a replay with a master key: stored events written before encryption
         (plaintext envelopes) are sealed with their user's key, so the new generation's event hashes
         hold no plaintext. Starts and completions first, so that actions find their episode's user."""
@@ -551,7 +598,7 @@ class Projector:
         plain.sort(key=lambda item: isinstance(item[1], ActionRecorded))
         for event_id, event in plain:
             if isinstance(event, EPISODE_EVENTS):
-                out[event_id] = await self.keyring.reseal(self.redis, event)
+                out[event_id] = await keyring.reseal(self.redis, event)
         return out
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:

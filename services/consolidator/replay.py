@@ -32,6 +32,7 @@ from shared.index import (
 )
 from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
+from shared.replies import bytes_list, bytes_map
 from shared.settings import Settings
 
 log = logging.getLogger("engram.replay")
@@ -64,8 +65,8 @@ async def _import_snapshot(projector: Projector, redis: aioredis.Redis, keys: Ke
     imported = 0
     async for key in redis.scan_iter(match=f"{prefix}*", count=500):
         digest = key.decode()[len(prefix) :]
-        events = await redis.hgetall(key)
-        sids = await redis.smembers(f"{keys.gen_prefix(old)}sids:{digest}")
+        events = bytes_map(await redis.hgetall(key))
+        sids = set(bytes_list(await redis.smembers(f"{keys.gen_prefix(old)}sids:{digest}")))
         ident = await projector.import_snapshot(events, sids)
         if ident is not None:
             batch.append(ident)

@@ -149,7 +149,7 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
     """A search hit → Candidate; None (logged) when its stored JSON is unreadable."""
     raw = hit.fields.get(b"doc")
     try:
-        episode = episode_from_stored(json.loads(raw))
+        episode = episode_from_stored(json.loads(raw or b""))
     except (TypeError, ValueError, KeyError, AttributeError, EngramError) as exc:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None
@@ -269,7 +269,12 @@ def _at_least(scope: Scope, name: str, floor: float) -> Scope | None:
     lo, hi = getattr(scope, name)
     if hi is not None and floor > hi:
         return None
-    return dataclasses.replace(scope, **{name: (max(floor, lo) if lo is not None else floor, hi)})
+    narrowed: tuple[float | None, float | None] = (max(floor, lo) if lo is not None else floor, hi)
+    if name == "reward":
+        return dataclasses.replace(scope, reward=narrowed)
+    if name == "importance":
+        return dataclasses.replace(scope, importance=narrowed)
+    raise ValueError(f"no floor on {name!r}")
 
 
 async def top_by(
@@ -453,9 +458,8 @@ async def similarity_pool(
 
     words = relevance.query_words(query) if mode != "vector" else {}
 
-    async def counts() -> list[
-        int
-    ]:  # idf from the namespace's counts: never the request's filters or other tenants
+    # idf from the namespace's counts: never the request's filters or other tenants
+    async def counts() -> list[int]:
         return (
             await term_counts(
                 r, index, Scope(namespace=scope.namespace, tags=scope.tags), list(words.values())
@@ -464,7 +468,7 @@ async def similarity_pool(
             else []
         )
 
-    *lists, n_docs = await asyncio.gather(*(arm(name) for name in names), counts())
+    lists, n_docs = await asyncio.gather(asyncio.gather(*(arm(name) for name in names)), counts())
     found = dict(zip(names, lists, strict=True))
     if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
@@ -552,8 +556,8 @@ def score_candidates(
     *,
     half_life: float,
     as_of: float,
-    normalize: str = "none",
-    recency_from: str = "completed",
+    normalize: scoring.Normalize = "none",
+    recency_from: scoring.RecencyFrom = "completed",
 ) -> scoring.Scored:
     """Vectorised priority of the candidates (see shared.scoring for the formula)."""
     # one pass over the candidates, columns: completed_at, relevance, cos, last_accessed, reward, importance
@@ -648,8 +652,8 @@ class RecallParams:
     weights: dict[str, float] | None
     half_life: float
     as_of: float
-    normalize: str
-    recency_from: str
+    normalize: scoring.Normalize
+    recency_from: scoring.RecencyFrom
     touch_now: float | None
     min_relevance: float = 0.0
     min_priority: float = 0.0
@@ -696,6 +700,7 @@ async def recall(
         scored = None
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
+    docs: list[dict[str, Any]] = []
     priorities: list[float] = []
     if cands:
         if scored is None:
@@ -706,16 +711,19 @@ async def recall(
         winners = order[:top_k]
         loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
-            extra = await load_episodes(
+            refill = await load_episodes(
                 r, [cands[i] for i in order[top_k : top_k + (len(winners) - len(loaded))]]
             )
-            loaded |= {id(c) for c in extra}
+            loaded |= {id(c) for c in refill}
         picked = [i for i in order if id(cands[i]) in loaded][:top_k]
         no_cos = [cands[i] for i in picked if not math.isfinite(cands[i].cos)]  # keyword mode
         for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], query_vector), strict=True):
             c.cos = cos
         for i in picked:
             c = cands[i]
+            if c.doc is None:  # not in `loaded`, which `picked` is drawn from
+                continue
+            docs.append(c.doc)
             parts = scored.breakdown(i)
             priority = parts.pop("priority")
             chosen.append(c)
@@ -738,9 +746,9 @@ async def recall(
     if p.touch_now is not None:
         await touch(r, [c.key for c in chosen], p.touch_now)
     context = scoring.replay_context(
-        [c.doc.get("strategy_used") for c in chosen],
-        [(c.doc.get("feedback") or {}).get("reward") for c in chosen],
-        [c.doc.get("outcome") for c in chosen],
+        [d.get("strategy_used") for d in docs],
+        [(d.get("feedback") or {}).get("reward") for d in docs],
+        [d.get("outcome") for d in docs],
         priorities,
         [c.completed_at if math.isfinite(c.completed_at) else None for c in chosen],
     )
