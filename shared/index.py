@@ -32,6 +32,7 @@ from redis.exceptions import ResponseError
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
+from shared.hybrid import HYBRID_POLICIES
 from shared.keys import Keys
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
@@ -558,6 +559,13 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
     return total, hits
 
 
+async def index_size(r: aioredis.Redis, index: str) -> int:
+    """Documents in `index` (`FT.INFO` num_docs)."""
+    raw = await r.execute_command("FT.INFO", index)
+    info = dict(zip(raw[::2], raw[1::2], strict=False))
+    return int(float(info.get(b"num_docs", info.get("num_docs", 0)) or 0))
+
+
 async def knn_search(
     r: aioredis.Redis,
     index: str,
@@ -568,8 +576,12 @@ async def knn_search(
     return_fields: Sequence[str],
     ef_runtime: int | None = None,
     in_keys: Sequence[bytes | str] = (),
+    policy: str | None = None,
 ) -> list[SearchHit]:
     """Pre-filtered KNN: `(scope)=>[KNN k @vector $BLOB AS dist]`, nearest first.
+
+    `policy` is RediSearch's `HYBRID_POLICY` (`BATCHES` or `ADHOC_BF`; None lets the module choose):
+    see `shared.hybrid.hybrid_policy`.
 
     `hit.score` is the cosine distance (1 - cos). Filters run inside the KNN (RediSearch hybrid
     query), so a narrow scope still yields k hits when k exist. `in_keys` restricts the search to those
@@ -579,6 +591,10 @@ async def knn_search(
     with another embedder (`reindex`) under a running process, which must be restarted with that one.
     """
     ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
+    if policy is not None:
+        if policy not in HYBRID_POLICIES:
+            raise ValueError(f"policy must be one of {sorted(HYBRID_POLICIES)}, not {policy!r}")
+        ef += f" HYBRID_POLICY {policy}"
     q = f"({scope.query()})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
     fields = ["dist", *return_fields]
     blob = vector_bytes(query_vector)

@@ -42,8 +42,8 @@ from services.query.metrics import Metrics
 from services.query.openapi import document
 from services.query.problems import problems_middleware
 from services.query.providers import consolidation, facts_provider
-from services.query.recall import ScopeSizes
 from services.query.routes import ROUTES, add_routes
+from services.query.sizes import ScopeSizes
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key

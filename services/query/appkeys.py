@@ -23,7 +23,7 @@ from shared.settings import Settings
 if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
     from services.consolidator.facts import RunResult
     from services.query.metrics import Metrics
-    from services.query.recall import ScopeSizes
+    from services.query.sizes import ScopeSizes
 
 # (redis, episode scope, query vector, k) → the top facts of `POST /v1/context`
 FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]

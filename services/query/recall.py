@@ -37,7 +37,9 @@ from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored, episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
+from services.query.sizes import ScopeSizes
 from shared import relevance, scoring
+from shared.hybrid import hybrid_policy
 from shared.index import (
     TEXT_FIELDS,
     VECTOR_FIELD,
@@ -439,9 +441,11 @@ async def similarity_pool(
     *,
     mode: str,
     depth: int,
+    policy: str | None = None,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
-    merged in that order, with each member's cosine and relevance.
+    merged in that order, with each member's cosine and relevance. `policy` is the KNN's
+    `HYBRID_POLICY` (`shared.index.hybrid_policy`).
 
     `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
     the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
@@ -453,7 +457,7 @@ async def similarity_pool(
 
     async def arm(name: str) -> list[SearchHit]:
         if name == "knn":
-            return await knn_search(r, index, scope, query_vector, depth, return_fields=fields)
+            return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
         return await bm25_search(r, index, scope, query, depth, return_fields=fields)
 
     words = relevance.query_words(query) if mode != "vector" else {}
@@ -582,32 +586,6 @@ def score_candidates(
     )
 
 
-class ScopeSizes:
-    """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds.
-
-    `auto` only needs to know which side of 50 and 500 a scope is on, while counting a large scope is a
-    filter query as costly as the KNN itself (measured at 10k episodes), so a few seconds' staleness buys
-    back a Redis query per recall. One per app (services.query.app), bounded to `max_entries` scopes.
-    """
-
-    def __init__(self, ttl: float = 5.0, max_entries: int = 10_000):
-        self.ttl = ttl
-        self.max_entries = max_entries
-        self._sizes: dict[str, tuple[float, int]] = {}
-
-    async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
-        key = scope.query()
-        now = time.monotonic()
-        hit = self._sizes.get(key)
-        if hit is not None and now - hit[0] < self.ttl:
-            return hit[1]
-        n = await count(r, index, scope)
-        if len(self._sizes) >= self.max_entries:
-            self._sizes.clear()
-        self._sizes[key] = (now, n)
-        return n
-
-
 async def resolve_weights(
     r: aioredis.Redis,
     index: str,
@@ -615,14 +593,15 @@ async def resolve_weights(
     preset: str | None,
     weights: dict[str, float] | None,
     sizes: ScopeSizes | None = None,
-) -> tuple[str, scoring.Weights]:
-    """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope."""
+) -> tuple[str, scoring.Weights, int | None]:
+    """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope.
+    Returns (the preset's name or "custom", the weights, the scope's episode count when it was counted)."""
     if weights is not None:
-        return scoring.resolve_weights(None, scoring.Weights(**weights), 0)
-    size = 0
-    if preset in (None, "auto"):
-        size = await sizes.size(r, index, scope) if sizes is not None else await count(r, index, scope)
-    return scoring.resolve_weights(preset, None, size)
+        return (*scoring.resolve_weights(None, scoring.Weights(**weights), 0), None)
+    if preset not in (None, "auto"):
+        return (*scoring.resolve_weights(preset, None, 0), None)
+    size = await sizes.size(r, index, scope) if sizes is not None else await count(r, index, scope)
+    return (*scoring.resolve_weights(preset, None, size), size)
 
 
 async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
@@ -657,6 +636,19 @@ class RecallParams:
     touch_now: float | None
     min_relevance: float = 0.0
     min_priority: float = 0.0
+    graph_index: bool = True
+    """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
+
+
+async def _knn_policy(
+    r: aioredis.Redis, index: str, size: int | None, sizes: ScopeSizes | None, *, graph: bool
+) -> str | None:
+    """The similarity KNN's `HYBRID_POLICY` (`shared.hybrid`). It needs the scope's size, known only
+    where the `auto` preset counted it: a count is a filter query as costly as an ad-hoc KNN, so it is
+    never made for the policy alone."""
+    if sizes is None or not size or not graph:
+        return None
+    return hybrid_policy(size, await sizes.indexed(r, index), graph=graph)
 
 
 async def recall(
@@ -678,9 +670,10 @@ async def recall(
     p = params
     top_k, mode, half_life, as_of, normalize = p.top_k, p.mode, p.half_life, p.as_of, p.normalize
     recency_from, min_relevance, min_priority = p.recency_from, p.min_relevance, p.min_priority
-    preset_name, w = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
+    preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
-    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
+    policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
+    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy)
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None

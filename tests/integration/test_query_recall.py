@@ -300,7 +300,7 @@ async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, pref
 
 
 async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, make_client):
-    from services.query.recall import ScopeSizes
+    from services.query.sizes import ScopeSizes
     from shared.index import Scope
     from shared.keys import Keys
 

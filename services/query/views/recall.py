@@ -34,6 +34,7 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
         touch_now=now if req.touch else None,
         min_relevance=req.min_relevance,
         min_priority=req.min_priority,
+        graph_index=s.vector_algorithm == "HNSW",
     )
 
 
@@ -53,6 +54,7 @@ def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.Re
         touch_now=None,
         min_relevance=req.min_relevance,
         min_priority=req.min_priority,
+        graph_index=s.vector_algorithm == "HNSW",
     )
 
 

@@ -1,0 +1,72 @@
+"""A broad filter's KNN runs in batches (shared.hybrid) and answers as the ad-hoc one does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engram_episodic.validation import parse_episode
+from services.query.recall import _knn_policy
+from services.query.sizes import ScopeSizes
+from shared.index import STATUS_COMPLETED, Scope, episode_fields, knn_search
+from shared.keys import Keys
+from shared.tags import BLAKE2B
+from tests.helpers import wait_until
+from tests.integration.test_query_support import episode, fully_indexed, make_client  # noqa: F401  (fixture)
+
+DIM = 256
+
+
+async def _seed(redis, prefix: str, namespace: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    vectors = rng.standard_normal((n, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = Keys(prefix)
+    async with redis.pipeline(transaction=False) as pipe:
+        for i, v in enumerate(vectors):
+            ep = parse_episode(episode(f"{namespace}-{i}", task=f"task {i}"))
+            pipe.hset(
+                keys.episode_doc(1, namespace, ep.episode_id),
+                mapping=episode_fields(namespace, ep, status=STATUS_COMPLETED, vector=v, tags=BLAKE2B),
+            )
+        await pipe.execute()
+    return vectors
+
+
+@pytest.mark.timeout(120)  # 2,200 documents through the HNSW graph on a shared machine
+async def test_a_big_namespace_runs_its_knn_in_batches_with_the_same_answer(redis, prefix, make_client):  # noqa: F811
+    await make_client()  # creates the index
+    index = Keys(prefix).episode_index_alias
+    rng = np.random.default_rng(7)
+    big = await _seed(redis, prefix, "big", 2_100, rng)
+    await _seed(redis, prefix, "small", 100, rng)
+    await wait_until(lambda: fully_indexed(redis, prefix), timeout=60)
+    sizes = ScopeSizes(ttl=60)
+    big_scope, small_scope = Scope(namespace="big", tags=BLAKE2B), Scope(namespace="small", tags=BLAKE2B)
+    big_size = await sizes.size(redis, index, big_scope)
+    small_size = await sizes.size(redis, index, small_scope)
+    assert (big_size, small_size) == (2_100, 100)
+    assert await _knn_policy(redis, index, big_size, sizes, graph=True) == "BATCHES"
+    assert await _knn_policy(redis, index, small_size, sizes, graph=True) is None
+    assert await _knn_policy(redis, index, big_size, sizes, graph=False) is None
+    big_keys = {Keys(prefix).episode_doc(1, "big", f"big-{i}").encode() for i in range(len(big))}
+    for q in big[:20]:
+        batches = await knn_search(redis, index, big_scope, q, 5, return_fields=(), policy="BATCHES")
+        adhoc = await knn_search(redis, index, big_scope, q, 5, return_fields=(), policy="ADHOC_BF")
+        assert batches[0].key == adhoc[0].key  # the stored vector itself, found either way
+        assert {h.key for h in batches} <= big_keys  # the scope holds in batches too
+        assert len(batches) == 5
+
+
+async def test_an_unknown_policy_is_refused(redis, prefix, make_client):  # noqa: F811
+    await make_client()
+    index = Keys(prefix).episode_index_alias
+    with pytest.raises(ValueError, match="policy"):
+        await knn_search(
+            redis,
+            index,
+            Scope(namespace="x", tags=BLAKE2B),
+            np.ones(DIM, np.float32),
+            1,
+            return_fields=(),
+            policy="BATCHES) | (@namespace:{other}",
+        )
