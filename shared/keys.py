@@ -88,6 +88,11 @@ class Keys:
         return f"{self.prefix}keys:deployment"
 
     @property
+    def cursor_secret(self) -> str:
+        """String: the 32 random bytes that sign the listing routes' page cursors (services.query.cursors)."""
+        return f"{self.prefix}keys:cursors"
+
+    @property
     def data_key_prefix(self) -> str:
         return f"{self.prefix}dek:"
 

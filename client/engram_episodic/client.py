@@ -34,10 +34,10 @@ import os
 import random
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack
+from typing import Any, Generic, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -53,13 +53,57 @@ from engram_episodic.errors import (
     api_error,
 )
 from engram_episodic.events import Action, Episode
+from engram_episodic.options import (  # re-exported (`as`): callers import them from here
+    ContextOptions as ContextOptions,
+)
+from engram_episodic.options import (
+    CurveOptions as CurveOptions,
+)
+from engram_episodic.options import (
+    Duration as Duration,
+)
+from engram_episodic.options import (
+    EpisodeListOptions as EpisodeListOptions,
+)
+from engram_episodic.options import (
+    FactListOptions as FactListOptions,
+)
+from engram_episodic.options import (
+    FactSearchOptions as FactSearchOptions,
+)
+from engram_episodic.options import (
+    Instant as Instant,
+)
+from engram_episodic.options import (
+    NumRange as NumRange,
+)
+from engram_episodic.options import (
+    RecallOptions as RecallOptions,
+)
+from engram_episodic.options import (
+    Scope as Scope,
+)
+from engram_episodic.options import (
+    SkillsOptions as SkillsOptions,
+)
+from engram_episodic.options import (
+    StrategyOptions as StrategyOptions,
+)
+from engram_episodic.options import (
+    SuggestOptions as SuggestOptions,
+)
+from engram_episodic.options import (
+    Weights as Weights,
+)
 from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from engram_episodic.types import (
     Consolidation,
     Context,
+    EpisodePage,
     Fact,
     FactDetail,
+    FactPage,
     Forgetting,
     IngestResult,
     LearningCurve,
@@ -72,8 +116,6 @@ from engram_episodic.types import (
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
-Instant = str | float | int | datetime
-Duration = str | float | int | timedelta
 
 
 class WaitTimeout(EngramError, TimeoutError):
@@ -87,98 +129,6 @@ def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
     """Name on a failed record/publish the episode ids it used: retrying with them is harmless."""
     if isinstance(exc, EngramError):
         exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
-
-
-# --- arguments ----------------------------------------------------------------------------------------
-class Scope(TypedDict, total=False):
-    """Scope keys every read accepts; the namespace comes from the API key, never from here."""
-
-    agent_id: str
-    user_id: str
-    session_id: str
-
-
-class NumRange(TypedDict, total=False):
-    gte: float
-    lte: float
-
-
-class Weights(TypedDict, total=False):
-    similarity: float
-    recency: float
-    reward: float
-    outcome: float
-    importance: float
-
-
-class RecallOptions(Scope, total=False):
-    """`POST /v1/recall` options (docs/api.md, "POST /v1/recall")."""
-
-    top_k: int
-    category: str | list[str]
-    outcome: str | list[str]
-    strategy: str | list[str]
-    reward: NumRange
-    importance: NumRange
-    since: Instant
-    until: Instant
-    mode: Literal["vector", "keyword", "hybrid"]
-    weights: Weights
-    preset: Literal["auto", "early", "normal", "late"]
-    half_life: Duration
-    as_of: Instant
-    normalize: Literal["none", "minmax"]
-    recency_from: Literal["completed", "last_access"]
-    touch: bool
-    candidates: int
-    min_relevance: float
-    min_priority: float
-
-
-class ContextOptions(Scope, total=False):
-    category: str
-    top_k: int
-    max_chars: int
-    half_life: Duration
-    min_relevance: float
-    min_priority: float
-
-
-class StrategyOptions(Scope, total=False):
-    category: str
-    complexity: float
-    k: int
-    min_similarity: float
-
-
-class SuggestOptions(Scope, total=False):
-    category: str
-    k: int
-    min_similarity: float
-
-
-class SkillsOptions(Scope, total=False):
-    threshold: float
-
-
-class CurveOptions(Scope, total=False):
-    category: str
-    window: int
-    limit: int
-
-
-class FactSearchOptions(TypedDict, total=False):
-    agent_id: str
-    user_id: str
-    category: str | list[str]
-    kind: str | list[str]
-    level: Literal["namespace", "agent_category"]
-    since: Instant
-    until: Instant
-    as_of: Instant
-    top_k: int
-    include_superseded: bool
-    min_confidence: float
 
 
 def _wire(value: Any, name: str) -> Any:
@@ -349,6 +299,14 @@ class Calls:
         if not prepared:
             raise InvalidEpisode([("episodes", "must hold at least one episode")])
         return prepared, _ingest(prepared, batch=True, wait=wait)
+
+    @staticmethod
+    def list_episodes(options: EpisodeListOptions) -> Call[EpisodePage]:
+        return Call("GET", "/v1/episodes", EpisodePage.from_json, params=_params(_body(options)))
+
+    @staticmethod
+    def list_facts(options: FactListOptions) -> Call[FactPage]:
+        return Call("GET", "/v1/facts", FactPage.from_json, params=_params(_body(options)))
 
     @staticmethod
     def get_episode(episode_id: str) -> Call[StoredEpisode]:
@@ -659,6 +617,23 @@ class Engram(_Base):
         """
         return HttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
+    def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
+        """One page of `GET /v1/episodes` (newest first unless `order="asc"`); see `iter_episodes`."""
+        return self.call(Calls.list_episodes(options))
+
+    def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> Iterator[Episode]:
+        """Every episode of the scope, page after page (`limit` per request), following the cursors."""
+        while True:
+            page = self.list_episodes(**options)
+            yield from page.episodes
+            if page.next_cursor is None:
+                return
+            options["cursor"] = page.next_cursor
+
+    def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
+        """One page of `GET /v1/facts` (newest first unless `order="asc"`)."""
+        return self.call(Calls.list_facts(options))
+
     def get_episode(self, episode_id: str) -> StoredEpisode:
         """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
         return self.call(Calls.get_episode(episode_id))
@@ -912,6 +887,24 @@ class AsyncEngram(_Base):
     ) -> AsyncHttpEpisode:
         """See `Engram.episode`; use as `async with memory.episode(...) as ep:`."""
         return AsyncHttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
+
+    async def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
+        """See `Engram.list_episodes`."""
+        return await self.call(Calls.list_episodes(options))
+
+    async def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> AsyncIterator[Episode]:
+        """See `Engram.iter_episodes` (an async iterator)."""
+        while True:
+            page = await self.list_episodes(**options)
+            for episode in page.episodes:
+                yield episode
+            if page.next_cursor is None:
+                return
+            options["cursor"] = page.next_cursor
+
+    async def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
+        """See `Engram.list_facts`."""
+        return await self.call(Calls.list_facts(options))
 
     async def get_episode(self, episode_id: str) -> StoredEpisode:
         """See `Engram.get_episode`."""

@@ -553,3 +553,49 @@ class Forgetting:
             user_id=data.get("user_id"),
             already_forgotten=bool(data.get("already_forgotten")),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodePage:
+    """One page of `GET /v1/episodes`: `episodes` in the order asked for; `next_cursor` None on the last."""
+
+    episodes: tuple[Episode, ...]
+    next_cursor: str | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return iter(self.episodes)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EpisodePage:
+        return cls(
+            episodes=tuple(episode_from_json(e) for e in data["results"]),
+            next_cursor=data.get("next_cursor"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FactPage:
+    """One page of `GET /v1/facts`; `next_cursor` None on the last."""
+
+    facts: tuple[Fact, ...]
+    next_cursor: str | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Fact]:
+        return iter(self.facts)
+
+    def __len__(self) -> int:
+        return len(self.facts)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FactPage:
+        return cls(
+            facts=tuple(Fact.from_json(f) for f in data["results"]),
+            next_cursor=data.get("next_cursor"),
+            raw=data,
+        )

@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import models
-from services.query.views import episodes, facts, insights, operations, recall
+from services.query.views import episodes, facts, insights, listing, operations, recall
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -116,6 +116,13 @@ ROUTES: tuple[Route, ...] = (
         errors=(NOT_PUBLISHED, LAGGING),
     ),
     route(
+        "GET",
+        "/v1/episodes",
+        listing.list_episodes,
+        "Every episode of a scope, newest first, page by page (opaque cursor)",
+        query=listing.EpisodeListQuery,
+    ),
+    route(
         "GET", "/v1/episodes/{episode_id:.+}", episodes.get_episode, "One episode of the caller's namespace"
     ),
     route(
@@ -208,6 +215,14 @@ ROUTES: tuple[Route, ...] = (
         facts.facts_search,
         "Search consolidated facts (semantic memory)",
         body=facts.FactsSearchRequest,
+        tag="facts",
+    ),
+    route(
+        "GET",
+        "/v1/facts",
+        listing.list_facts,
+        "Every fact of a scope, newest first, page by page (opaque cursor)",
+        query=listing.FactListQuery,
         tag="facts",
     ),
     route(
