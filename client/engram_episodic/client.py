@@ -63,6 +63,9 @@ from engram_episodic.options import (
     Duration as Duration,
 )
 from engram_episodic.options import (
+    EpisodeChanges as EpisodeChanges,
+)
+from engram_episodic.options import (
     EpisodeListOptions as EpisodeListOptions,
 )
 from engram_episodic.options import (
@@ -112,7 +115,9 @@ from engram_episodic.types import (
     StoredEpisode,
     StrategyChoice,
     Suggestion,
+    Updated,
 )
+from engram_episodic.validation import parse_update
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
@@ -311,6 +316,19 @@ class Calls:
     @staticmethod
     def get_episode(episode_id: str) -> Call[StoredEpisode]:
         return Call("GET", f"/v1/episodes/{_path(episode_id, 'episode_id')}", StoredEpisode.from_json)
+
+    @staticmethod
+    def update_episode(episode_id: str, changes: EpisodeChanges, wait: float | None = None) -> Call[Updated]:
+        # validated here as the service does (InvalidEpisode names every bad field); a repeat after a
+        # lost answer folds the same change again (merging is idempotent)
+        parse_update(_body(changes))
+        return Call(
+            "PATCH",
+            f"/v1/episodes/{_path(episode_id, 'episode_id')}",
+            Updated.from_json,
+            body=_body(changes),
+            params={"wait": repr(float(wait))} if wait else None,
+        )
 
     @staticmethod
     def forget_episode(episode_id: str) -> Call[Forgetting]:
@@ -657,6 +675,15 @@ class Engram(_Base):
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             time.sleep(interval)
 
+    def update_episode(
+        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
+    ) -> Updated:
+        """Change an episode after the fact (`PATCH /v1/episodes/{id}`): `feedback` merges field by
+        field (a reward that arrives later), `metadata` key by key, `outcome`, `outcome_details` and
+        `importance` replace. With `wait`, returns once projected (`Updated.projected`). Raises
+        InvalidEpisode for bad fields (nothing sent), ResourceNotFound for an id the namespace lacks."""
+        return self.call(Calls.update_episode(episode_id, changes, wait))
+
     def forget_episode(self, episode_id: str) -> Forgetting:
         """Forget one episode (202; the consolidator erases it); ResourceNotFound if the namespace has none."""
         return self.call(Calls.forget_episode(episode_id))
@@ -925,6 +952,12 @@ class AsyncEngram(_Base):
             if time.monotonic() > deadline:
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             await asyncio.sleep(interval)
+
+    async def update_episode(
+        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
+    ) -> Updated:
+        """See `Engram.update_episode`."""
+        return await self.call(Calls.update_episode(episode_id, changes, wait))
 
     async def forget_episode(self, episode_id: str) -> Forgetting:
         """See `Engram.forget_episode`."""

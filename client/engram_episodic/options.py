@@ -7,7 +7,7 @@ offset, epoch seconds or aware datetimes, durations seconds, strings such as "12
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 Instant = str | float | int | datetime
 Duration = str | float | int | timedelta
@@ -132,3 +132,14 @@ class FactListOptions(PageOptions, total=False):
     since: Instant
     until: Instant
     include_superseded: bool
+
+
+class EpisodeChanges(TypedDict, total=False):
+    """`PATCH /v1/episodes/{id}` (docs/api.md): `feedback` merges field by field into the episode's
+    (`{"reward": 0.9}` keeps its message), `metadata` key by key (None removes a key), the rest replace."""
+
+    feedback: dict[str, Any]
+    outcome: Literal["success", "partial", "failure", "abandoned"]
+    outcome_details: str
+    importance: float
+    metadata: dict[str, Any]

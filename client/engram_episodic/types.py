@@ -599,3 +599,16 @@ class FactPage:
             next_cursor=data.get("next_cursor"),
             raw=data,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Updated:
+    """A change accepted (202): its `EpisodeUpdated` event is on the stream; `projected` with `wait`."""
+
+    episode_id: str
+    event_id: str
+    projected: bool | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Updated:
+        return cls(episode_id=data["episode_id"], event_id=data["event_id"], projected=data.get("projected"))

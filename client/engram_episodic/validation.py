@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, overload
 
 from engram_episodic.errors import InvalidEpisode
-from engram_episodic.events import OUTCOMES, Action, Episode, Feedback, Task
+from engram_episodic.events import OUTCOMES, UPDATABLE, Action, Episode, Feedback, Task
 from engram_episodic.timeutil import parse_instant
 
 MAX_ID_CHARS = 256
@@ -453,3 +453,35 @@ def parse_episode(
         iterations=iterations,
         vector=vector,
     )
+
+
+def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> dict[str, Any] | None:
+    """The changes of a partial update (`PATCH /v1/episodes/{id}`, an `EpisodeUpdated`): a JSON object
+    of `engram_episodic.events.UPDATABLE` fields, at least one, each checked as in an episode;
+    `feedback` may be partial and `metadata` may map keys to None (removed). Returns the keyword
+    arguments of `EpisodeUpdated` for those fields, or None (errors added; raised without `errs`)."""
+    own = errs is None
+    errs = errs or Collector()
+    before = len(errs.errors)
+    out: dict[str, Any] = {}
+    if not isinstance(value, Mapping):
+        errs.add(path, "must be a JSON object")
+    else:
+        _unknown(value, frozenset(UPDATABLE), path, errs)
+        if not any(value.get(name) is not None for name in UPDATABLE):
+            errs.add(path, f"must change at least one of {', '.join(UPDATABLE)}")
+        outcome = value.get("outcome")
+        if outcome is not None and outcome not in OUTCOMES:
+            errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
+        out = {
+            "feedback": parse_feedback(value.get("feedback"), _join(path, "feedback"), errs),
+            "outcome": outcome,
+            "outcome_details": _text(value.get("outcome_details"), _join(path, "outcome_details"), errs),
+            "importance": _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),
+            "metadata": _json_object(value.get("metadata"), _join(path, "metadata"), errs),
+        }
+    if len(errs.errors) > before:
+        if own:
+            errs.raise_if_any()
+        return None
+    return {k: v for k, v in out.items() if v is not None}

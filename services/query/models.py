@@ -423,3 +423,18 @@ INGEST_SCHEMA: dict[str, Any] = {
     ]
 }
 MAX_BATCH = 1000
+UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The fields to change (at least one), validated by "
+    "engram_episodic.validation.parse_update: `feedback` merges field by field, `metadata` key by key "
+    "(null removes a key), the others replace.",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        "feedback": EPISODE_SCHEMA["properties"]["feedback"],
+        "outcome": EPISODE_SCHEMA["properties"]["outcome"],
+        "outcome_details": {"type": "string"},
+        "importance": EPISODE_SCHEMA["properties"]["importance"],
+        "metadata": {"type": "object"},
+    },
+}

@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import models
-from services.query.views import episodes, facts, insights, listing, operations, recall
+from services.query.views import episodes, facts, insights, listing, operations, recall, updates
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,6 +124,16 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET", "/v1/episodes/{episode_id:.+}", episodes.get_episode, "One episode of the caller's namespace"
+    ),
+    route(
+        "PATCH",
+        "/v1/episodes/{episode_id:.+}",
+        updates.update_episode,
+        "Change an episode's feedback, outcome, importance or metadata after the fact",
+        body=models.UPDATE_SCHEMA,
+        query=episodes.IngestQuery,
+        status=202,
+        errors=(NOT_PUBLISHED,),
     ),
     route(
         "DELETE",

@@ -7,13 +7,14 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, cast
 
 from aiohttp import web
 from pydantic import ConfigDict, Field
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import EpisodeCompleted, new_event_id
+from engram_episodic.events import EpisodeCompleted, EpisodeEvent, new_event_id
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.consolidator import deadletters
@@ -53,7 +54,7 @@ class IngestQuery(models.Model):
 
 
 async def _projected(
-    request: web.Request, events: list[EpisodeCompleted], stream_ids: list[str], wait: float
+    request: web.Request, events: Sequence[EpisodeEvent], stream_ids: list[str], wait: float
 ) -> list[bool]:
     """Poll until each event is projected, up to `wait` s: the group acked its entry (a worker acks only
     after the document write committed) and its episode's event hash holds it (a dead-lettered event is
