@@ -119,3 +119,26 @@ async def page(
             last = rows[-1]
             rows[-1] = Row(key=last.key, position=Position(float(exact), last.position.suffix))
     return rows, more
+
+
+async def every_key(r: aioredis.Redis, index: str, query: str, *, batch: int = 1000) -> list[bytes]:
+    """The key of every document of `query` (`FT.AGGREGATE ... WITHCURSOR`, `batch` per read), in no
+    particular order; a document without any SORTABLE field (a draft) is found too. A missing index
+    holds none."""
+    try:
+        reply, cursor = await r.execute_command(
+            "FT.AGGREGATE", index, query, "LOAD", 1, "@__key", "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2
+        )
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return []
+        raise
+    keys: list[bytes] = []
+    while True:
+        for raw in reply[1:]:
+            f = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
+            if f.get(b"__key") is not None:
+                keys.append(f[b"__key"])
+        if not int(cursor):
+            return keys
+        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", int(batch))

@@ -612,3 +612,36 @@ class Updated:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Updated:
         return cls(episode_id=data["episode_id"], event_id=data["event_id"], projected=data.get("projected"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetJob:
+    """A bulk forget (`DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget`) and its
+    status (`GET /v1/forget/{job_id}`): `episodes` it erases, `forgotten` so far, `done` once all are.
+    `unknown` / `already_forgotten`: ids of a by-id forget that were not published."""
+
+    job_id: str
+    kind: str
+    done: bool
+    episodes: int
+    forgotten: int
+    created_at: float
+    expires_at: float
+    unknown: tuple[str, ...] = ()
+    already_forgotten: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ForgetJob:
+        return cls(
+            job_id=data["job_id"],
+            kind=data["kind"],
+            done=data["status"] == "done",
+            episodes=int(data["episodes"]),
+            forgotten=int(data["forgotten"]),
+            created_at=parse_instant(data["created_at"]),
+            expires_at=parse_instant(data["expires_at"]),
+            unknown=tuple(data.get("unknown") or ()),
+            already_forgotten=tuple(data.get("already_forgotten") or ()),
+            raw=data,
+        )
