@@ -106,6 +106,11 @@ class Keys:
         return f"{self.prefix}dek:"
 
     @property
+    def expiry_lock(self) -> str:
+        """Held (SET NX PX, one expiry interval) by the worker sweeping expired episodes."""
+        return f"{self.prefix}lock:expiry"
+
+    @property
     def erasure_lock(self) -> str:
         """Held (SET NX PX) by the worker running the erasure housekeeping after forgets."""
         return f"{self.prefix}lock:erasure"

@@ -82,7 +82,8 @@ class Episode:
 
     `episode_id` is the idempotency key (client-supplied or generated). `vector`, when present,
     is the agent's own embedding (float32[dim] as a tuple) and is used instead of the embedder's
-    when its dimension matches the index. `duration_s` is derived from the two timestamps.
+    when its dimension matches the index. `duration_s` is derived from the two timestamps. Past
+    `expires_at` the episode is hidden from every read and then erased (docs/api.md, Expiry).
     """
 
     episode_id: str
@@ -105,6 +106,7 @@ class Episode:
     iterations: int | None = None
     started_at: float | None = None
     completed_at: float | None = None
+    expires_at: float | None = None
     source: str | None = None
     metadata: dict[str, Any] | None = None
     vector: tuple[float, ...] | None = None
@@ -204,9 +206,17 @@ class EpisodeUpdated(EpisodeEvent):
     outcome_details: str | None = None
     importance: float | None = None
     metadata: dict[str, Any] | None = None
+    expires_at: float | None = None
 
 
-UPDATABLE: tuple[str, ...] = ("feedback", "outcome", "outcome_details", "importance", "metadata")
+UPDATABLE: tuple[str, ...] = (
+    "feedback",
+    "outcome",
+    "outcome_details",
+    "importance",
+    "metadata",
+    "expires_at",
+)
 """The episode fields an `EpisodeUpdated` may change."""
 
 

@@ -143,3 +143,5 @@ class EpisodeChanges(TypedDict, total=False):
     outcome_details: str
     importance: float
     metadata: dict[str, Any]
+    expires_at: Instant
+    ttl: Duration

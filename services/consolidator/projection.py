@@ -73,7 +73,7 @@ def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
             else:
                 merged[key] = value
         changes["metadata"] = merged or None
-    for name in ("outcome", "outcome_details", "importance"):
+    for name in ("outcome", "outcome_details", "importance", "expires_at"):
         if getattr(update, name) is not None:
             changes[name] = getattr(update, name)
     return dataclasses.replace(base, **changes)

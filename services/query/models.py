@@ -406,6 +406,11 @@ EPISODE_SCHEMA: dict[str, Any] = {
         "iterations": {"type": "integer", "minimum": 0},
         "started_at": {"type": ["string", "number"]},
         "completed_at": {"type": ["string", "number"]},
+        "expires_at": {
+            "type": ["string", "number"],
+            "description": "hidden from every read after it, then erased",
+        },
+        "ttl": {"type": ["string", "number"], "description": "expires_at as a duration after completed_at"},
     },
     "additionalProperties": True,
 }
@@ -436,5 +441,10 @@ UPDATE_SCHEMA: dict[str, Any] = {
         "outcome_details": {"type": "string"},
         "importance": EPISODE_SCHEMA["properties"]["importance"],
         "metadata": {"type": "object"},
+        "expires_at": {
+            "type": ["string", "number"],
+            "description": "an instant: hidden, then erased, after it",
+        },
+        "ttl": {"type": ["string", "number"], "description": "a duration from now (instead of expires_at)"},
     },
 }

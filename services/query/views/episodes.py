@@ -190,7 +190,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     keys = request.app[KEYS]
     ns = ns_of(request)
     gen = await current_generation(r, keys)
-    names = ("doc", "status", "namespace", "access_count", "last_accessed")
+    names = ("doc", "status", "namespace", "access_count", "last_accessed", "expires_at")
     # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
     values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
     found = dict(zip((n.encode() for n in names), values, strict=True))
@@ -200,6 +200,8 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
         or await r.exists(keys.tombstone(ns, episode_id))
     ):
         raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
+    if found[b"expires_at"] is not None and float(found[b"expires_at"]) <= time.time():
+        raise NotFound(f"episode {episode_id[:80]!r} expired")  # hidden as from every read
     return found
 
 
