@@ -33,16 +33,18 @@ import msgpack
 from engram_episodic.errors import DecodeError, InvalidEpisode, UnknownEventType, UnknownSchemaVersion
 from engram_episodic.events import (
     EVENT_TYPES,
+    UPDATABLE,
     ActionRecorded,
     EpisodeCompleted,
     EpisodeForgotten,
     EpisodeStarted,
+    EpisodeUpdated,
     Event,
     FactsConsolidated,
     UserForgotten,
 )
 from engram_episodic.shapes import to_plain
-from engram_episodic.validation import Collector, check_id, parse_action, parse_episode
+from engram_episodic.validation import Collector, check_id, parse_action, parse_episode, parse_update
 from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
 CURRENT_VERSION: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPES.items()}
@@ -64,6 +66,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "EpisodeStarted": ("episode",),
     "EpisodeCompleted": ("episode",),
     "ActionRecorded": ("action",),
+    "EpisodeUpdated": ("user_id", *UPDATABLE),
     "UserForgotten": ("user_id",),
 }
 """The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
@@ -135,6 +138,15 @@ def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     }
 
 
+def _updated_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
+    changes = parse_update({k: data[k] for k in UPDATABLE if data.get(k) is not None}, "", errs)
+    return {
+        "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
+        "user_id": check_id(data.get("user_id"), "user_id", errs),
+        **(changes or {}),
+    }
+
+
 def _forgotten_episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     return {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True)}
 
@@ -163,6 +175,7 @@ _FIELDS: dict[type[Event], Callable[[Mapping[str, Any], Collector], dict[str, An
     EpisodeStarted: _episode_fields,
     EpisodeCompleted: _episode_fields,
     ActionRecorded: _action_fields,
+    EpisodeUpdated: _updated_fields,
     EpisodeForgotten: _forgotten_episode_fields,
     UserForgotten: _forgotten_user_fields,
     FactsConsolidated: _facts_fields,

@@ -59,6 +59,7 @@ NUMERIC_FIELDS = (
     "duration_s",
     "last_accessed",
     "access_count",
+    "expires_at",
 )
 # (field, BM25 weight). The task is what a new task is matched against, so it counts double.
 TEXT_FIELDS = (
@@ -243,6 +244,7 @@ class Scope:
     since: float | None = None
     until: float | None = None
     status: str | None = STATUS_COMPLETED
+    live_at: float | None = None  # hide the episodes whose expires_at is at or before this instant
 
     def query(self) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope."""
@@ -268,6 +270,8 @@ class Scope:
                 parts.append(numeric_clause(name, lo, hi))
         if self.since is not None or self.until is not None:
             parts.append(numeric_clause("completed_at", self.since, self.until))
+        if self.live_at is not None:  # a missing expires_at matches no range: those never expire
+            parts.append("-" + numeric_clause("expires_at", None, self.live_at))
         return " ".join(parts)
 
 
@@ -401,6 +405,7 @@ async def ensure_episode_index(
                 raise
     else:  # built before TAG digests: its fields hold the ids as given
         await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
+        await _add_missing_numerics(r, name)
     await r.hset(
         keys.meta,
         mapping={
@@ -413,6 +418,20 @@ async def ensure_episode_index(
     if point_alias:
         await point_alias_at(r, keys.episode_index_alias, name)
     return await generation_tags(r, keys, gen, tag_key)
+
+
+async def _add_missing_numerics(r: aioredis.Redis, name: str) -> None:
+    """FT.ALTER an index built before a NUMERIC field existed (`expires_at`), so queries naming it work."""
+    info = await r.execute_command("FT.INFO", name)
+    attrs = dict(zip(info[::2], info[1::2], strict=False)).get(b"attributes") or []
+    have = {a[a.index(b"attribute") + 1] for a in attrs if b"attribute" in a}
+    for field_name in NUMERIC_FIELDS:
+        if field_name.encode() not in have:
+            try:
+                await r.execute_command("FT.ALTER", name, "SCHEMA", "ADD", field_name, "NUMERIC", "SORTABLE")
+            except ResponseError as exc:  # another process added it first
+                if "duplicate" not in str(exc).lower():
+                    raise
 
 
 async def generation_tags(r: aioredis.Redis, keys: Keys, gen: int, tag_key: bytes | None) -> TagCodec:
@@ -492,6 +511,7 @@ def episode_fields(
         "complexity": task.complexity if task else None,
         "iterations": episode.iterations,
         "duration_s": episode.duration_s,
+        "expires_at": episode.expires_at,
     }
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
     texts = {

@@ -26,7 +26,14 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import ConfigError, PublishError
-from engram_episodic.events import ActionRecorded, EpisodeCompleted, EpisodeStarted, Event, UserForgotten
+from engram_episodic.events import (
+    ActionRecorded,
+    EpisodeCompleted,
+    EpisodeStarted,
+    EpisodeUpdated,
+    Event,
+    UserForgotten,
+)
 from shared import streams
 from shared.codec import encode, seal, sealable
 from shared.crypto import (
@@ -119,6 +126,8 @@ class KeyRing:
             return event.episode.user_id
         if isinstance(event, ActionRecorded):
             return self._episode_users.get((event.namespace, event.episode_id))
+        if isinstance(event, EpisodeUpdated):
+            return event.user_id
         return None
 
     async def publish(self, redis: aioredis.Redis, stream: str, events: Sequence[Event]) -> list[bytes]:

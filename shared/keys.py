@@ -66,7 +66,12 @@ class Keys:
 
     def tombstone(self, namespace: str, episode_id: str) -> str:
         """Marks a forgotten episode so late or replayed events never resurrect it."""
-        return f"{self.prefix}tomb:{digest(namespace, episode_id)}"
+        return self.tombstone_of(digest(namespace, episode_id))
+
+    def tombstone_of(self, episode_digest: str) -> str:
+        """`tombstone` of an episode known by its `digest(namespace, episode_id)` only (a bulk forget's
+        job record keeps digests, not ids)."""
+        return f"{self.prefix}tomb:{episode_digest}"
 
     def dead_letter_refs(self, namespace: str, episode_id: str) -> str:
         """Hash {stream id: dead-letter id} of an episode's dead-lettered events: forgetting the episode
@@ -87,9 +92,23 @@ class Keys:
         """Hash {k, w, t}: the deployment secret wrapped by the master key (shared.crypto)."""
         return f"{self.prefix}keys:deployment"
 
+    def forget_job(self, job_id: str) -> str:
+        """Hash (with a TTL): a bulk forget's status record (services.query.views.forgetting)."""
+        return f"{self.prefix}forgetjob:{job_id}"
+
+    @property
+    def cursor_secret(self) -> str:
+        """String: the 32 random bytes that sign the listing routes' page cursors (services.query.cursors)."""
+        return f"{self.prefix}keys:cursors"
+
     @property
     def data_key_prefix(self) -> str:
         return f"{self.prefix}dek:"
+
+    @property
+    def expiry_lock(self) -> str:
+        """Held (SET NX PX, one expiry interval) by the worker sweeping expired episodes."""
+        return f"{self.prefix}lock:expiry"
 
     @property
     def erasure_lock(self) -> str:

@@ -292,6 +292,9 @@ class Settings:
     stream_retention: float | None = env("ENGRAM_STREAM_RETENTION", 7 * 86400.0, duration_or_off)
     """`ENGRAM_STREAM_RETENTION`: acked entries older than this are trimmed; `off` keeps everything."""
     retention_interval: float = env("ENGRAM_RETENTION_INTERVAL", 60.0, duration)
+    expiry_interval: float = env("ENGRAM_EXPIRY_INTERVAL", 60.0, duration)
+    """`ENGRAM_EXPIRY_INTERVAL`: how often one worker erases the episodes past their `expires_at`
+    (reads hide them at once; services.consolidator.expiry)."""
 
     # erasure (docs/reliability.md, "Erasure")
     master_key: bytes | None = field(default=None, repr=False)

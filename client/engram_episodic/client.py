@@ -26,24 +26,23 @@ never a copy. A recall with `touch=True` (it counts accesses) is not retried the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import email.utils
 import functools
-import math
 import os
 import random
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack
-from urllib.parse import quote
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
 from engram_episodic import __version__
-from engram_episodic.drafts import EpisodeDraft, finished_episode
+from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
+from engram_episodic.calls import Calls as Calls
+from engram_episodic.calls import WaitTimeout as WaitTimeout
+from engram_episodic.calls import _ingest, _waited, _with_ids
+from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
     ConnectionFailed,
@@ -53,13 +52,59 @@ from engram_episodic.errors import (
     api_error,
 )
 from engram_episodic.events import Action, Episode
-from engram_episodic.shapes import episode_to_dict
-from engram_episodic.timeutil import format_instant
+from engram_episodic.options import (  # re-exported (`as`): callers import them from here
+    ContextOptions as ContextOptions,
+)
+from engram_episodic.options import (
+    CurveOptions as CurveOptions,
+)
+from engram_episodic.options import (
+    Duration as Duration,
+)
+from engram_episodic.options import (
+    EpisodeChanges as EpisodeChanges,
+)
+from engram_episodic.options import (
+    EpisodeListOptions as EpisodeListOptions,
+)
+from engram_episodic.options import (
+    FactListOptions as FactListOptions,
+)
+from engram_episodic.options import (
+    FactSearchOptions as FactSearchOptions,
+)
+from engram_episodic.options import (
+    Instant as Instant,
+)
+from engram_episodic.options import (
+    NumRange as NumRange,
+)
+from engram_episodic.options import (
+    RecallOptions as RecallOptions,
+)
+from engram_episodic.options import (
+    Scope as Scope,
+)
+from engram_episodic.options import (
+    SkillsOptions as SkillsOptions,
+)
+from engram_episodic.options import (
+    StrategyOptions as StrategyOptions,
+)
+from engram_episodic.options import (
+    SuggestOptions as SuggestOptions,
+)
+from engram_episodic.options import (
+    Weights as Weights,
+)
 from engram_episodic.types import (
     Consolidation,
     Context,
+    EpisodePage,
     Fact,
     FactDetail,
+    FactPage,
+    ForgetJob,
     Forgetting,
     IngestResult,
     LearningCurve,
@@ -68,303 +113,11 @@ from engram_episodic.types import (
     StoredEpisode,
     StrategyChoice,
     Suggestion,
+    Updated,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
-Instant = str | float | int | datetime
-Duration = str | float | int | timedelta
-
-
-class WaitTimeout(EngramError, TimeoutError):
-    """A wait gave up: the episode was not projected within the timeout (it was accepted all the same;
-    `episode_ids` names the episodes)."""
-
-    episode_ids: tuple[str, ...] = ()
-
-
-def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
-    """Name on a failed record/publish the episode ids it used: retrying with them is harmless."""
-    if isinstance(exc, EngramError):
-        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
-
-
-# --- arguments ----------------------------------------------------------------------------------------
-class Scope(TypedDict, total=False):
-    """Scope keys every read accepts; the namespace comes from the API key, never from here."""
-
-    agent_id: str
-    user_id: str
-    session_id: str
-
-
-class NumRange(TypedDict, total=False):
-    gte: float
-    lte: float
-
-
-class Weights(TypedDict, total=False):
-    similarity: float
-    recency: float
-    reward: float
-    outcome: float
-    importance: float
-
-
-class RecallOptions(Scope, total=False):
-    """`POST /v1/recall` options (docs/api.md, "POST /v1/recall")."""
-
-    top_k: int
-    category: str | list[str]
-    outcome: str | list[str]
-    strategy: str | list[str]
-    reward: NumRange
-    importance: NumRange
-    since: Instant
-    until: Instant
-    mode: Literal["vector", "keyword", "hybrid"]
-    weights: Weights
-    preset: Literal["auto", "early", "normal", "late"]
-    half_life: Duration
-    as_of: Instant
-    normalize: Literal["none", "minmax"]
-    recency_from: Literal["completed", "last_access"]
-    touch: bool
-    candidates: int
-    min_relevance: float
-    min_priority: float
-
-
-class ContextOptions(Scope, total=False):
-    category: str
-    top_k: int
-    max_chars: int
-    half_life: Duration
-    min_relevance: float
-    min_priority: float
-
-
-class StrategyOptions(Scope, total=False):
-    category: str
-    complexity: float
-    k: int
-    min_similarity: float
-
-
-class SuggestOptions(Scope, total=False):
-    category: str
-    k: int
-    min_similarity: float
-
-
-class SkillsOptions(Scope, total=False):
-    threshold: float
-
-
-class CurveOptions(Scope, total=False):
-    category: str
-    window: int
-    limit: int
-
-
-class FactSearchOptions(TypedDict, total=False):
-    agent_id: str
-    user_id: str
-    category: str | list[str]
-    kind: str | list[str]
-    level: Literal["namespace", "agent_category"]
-    since: Instant
-    until: Instant
-    as_of: Instant
-    top_k: int
-    include_superseded: bool
-    min_confidence: float
-
-
-def _wire(value: Any, name: str) -> Any:
-    """A Python argument in its JSON form: datetimes as ISO 8601 with their offset, timedeltas as seconds.
-
-    Raises InvalidEpisode naming the argument for what JSON cannot carry (a naive datetime, NaN)."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidEpisode(
-                [(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")]
-            )
-        return format_instant(value.timestamp())
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidEpisode([(name, "must be finite (NaN and infinity are not JSON)")])
-    if isinstance(value, Mapping):
-        return {k: _wire(v, f"{name}.{k}") for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_wire(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    return value
-
-
-def _body(options: Mapping[str, Any], **required: Any) -> dict[str, Any]:
-    out = {k: _wire(v, k) for k, v in required.items()}
-    out.update({k: _wire(v, k) for k, v in options.items() if v is not None})
-    return out
-
-
-def _params(options: Mapping[str, Any]) -> dict[str, str]:
-    out = {}
-    for key, value in options.items():
-        if value is None:
-            continue
-        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    return out
-
-
-def _path(value: str, name: str) -> str:
-    """`value` as one URL path segment. `.` and `..` are valid ids but dot segments, which URL
-    normalisation removes (`/v1/users/..` would become `/v1`, and a forget of user `..` a 404),
-    so their dots are percent-encoded (the server decodes `%2E` back to `.`)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidEpisode([(name, "must be a non-empty string")])
-    if value in (".", ".."):
-        return value.replace(".", "%2E")
-    return quote(value, safe="")
-
-
-# --- one request, described once for both clients -------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Call(Generic[T]):
-    """One API request and how to read its answer. `idempotent`: safe to repeat after a lost answer."""
-
-    method: str
-    path: str
-    parse: Callable[[Any], T]
-    body: Any = None
-    params: Mapping[str, str] | None = None
-    idempotent: bool = True
-
-    def as_json(self) -> Call[Any]:
-        """The same request answering the service's JSON as it came (dicts and lists), unparsed."""
-        return dataclasses.replace(self, parse=_as_is)
-
-
-def _as_is(data: Any) -> Any:
-    return data
-
-
-def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> Call[IngestResult]:
-    if batch:
-        body: Any = {"episodes": [episode_to_dict(e) for e in episodes]}
-    else:
-        body = episode_to_dict(episodes[0])
-    return Call(
-        "POST",
-        "/v1/episodes",
-        IngestResult.from_json,
-        body=body,
-        params={"wait": repr(float(wait))} if wait else None,
-    )
-
-
-def _waited(result: IngestResult, wait: float | None) -> IngestResult:
-    if wait and result.projected is False:
-        missing = [a.episode_id for a in result.results if a.projected is False]
-        timeout = WaitTimeout(f"accepted, but not projected within {wait:g}s: {', '.join(missing[:10])}")
-        timeout.episode_ids = tuple(missing)
-        raise timeout
-    return result
-
-
-class Calls:
-    """The API's requests as values (no I/O): what `Engram` and `AsyncEngram` send."""
-
-    @staticmethod
-    def recall(query: str, options: RecallOptions) -> Call[Recall]:
-        return Call(
-            "POST",
-            "/v1/recall",
-            Recall.from_json,
-            body=_body(options, query=query),
-            idempotent=not options.get("touch"),
-        )
-
-    @staticmethod
-    def context(task: str, options: ContextOptions) -> Call[Context]:
-        return Call("POST", "/v1/context", Context.from_json, body=_body(options, task=task))
-
-    @staticmethod
-    def strategy(task: str, options: StrategyOptions) -> Call[StrategyChoice]:
-        return Call("POST", "/v1/strategy", StrategyChoice.from_json, body=_body(options, task=task))
-
-    @staticmethod
-    def suggest(task: str, options: SuggestOptions) -> Call[Suggestion]:
-        return Call("POST", "/v1/suggest", Suggestion.from_json, body=_body(options, task=task))
-
-    @staticmethod
-    def skills(options: SkillsOptions) -> Call[Skills]:
-        return Call("GET", "/v1/skills", Skills.from_json, params=_params(options))
-
-    @staticmethod
-    def learning_curve(options: CurveOptions) -> Call[LearningCurve]:
-        return Call("GET", "/v1/learning-curve", LearningCurve.from_json, params=_params(options))
-
-    @staticmethod
-    def search_facts(query: str | None, options: FactSearchOptions) -> Call[list[Fact]]:
-        body = _body(options, **({"query": query} if query is not None else {}))
-        return Call(
-            "POST", "/v1/facts/search", lambda d: [Fact.from_json(f) for f in d["results"]], body=body
-        )
-
-    @staticmethod
-    def get_fact(fact_id: str) -> Call[FactDetail]:
-        return Call("GET", f"/v1/facts/{_path(fact_id, 'fact_id')}", FactDetail.from_json)
-
-    @staticmethod
-    def consolidate(agent_id: str | None, category: str | None, all_scopes: bool) -> Call[Consolidation]:
-        body: dict[str, Any] = {"all_scopes": all_scopes}
-        if agent_id is not None or category is not None:
-            body = {"agent_id": agent_id, "category": category}
-        return Call("POST", "/v1/consolidate", Consolidation.from_json, body=body)
-
-    @staticmethod
-    def record(
-        episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None = None
-    ) -> tuple[Episode, Call[IngestResult]]:
-        prepared = finished_episode(episode, **fields)
-        return prepared, _ingest([prepared], batch=False, wait=wait)
-
-    @staticmethod
-    def publish(
-        episodes: Iterable[Episode | Mapping[str, Any]], wait: float | None = None
-    ) -> tuple[list[Episode], Call[IngestResult]]:
-        if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
-            raise InvalidEpisode([("episodes", "must be a list of episodes")])
-        prepared, errors = [], []
-        for i, item in enumerate(episodes):
-            try:
-                prepared.append(finished_episode(item))
-            except InvalidEpisode as exc:  # every bad field of every episode at once, as the service does
-                errors += [
-                    (f"episodes[{i}].{path}" if path else f"episodes[{i}]", why) for path, why in exc.errors
-                ]
-        if errors:
-            raise InvalidEpisode(errors)
-        if not prepared:
-            raise InvalidEpisode([("episodes", "must hold at least one episode")])
-        return prepared, _ingest(prepared, batch=True, wait=wait)
-
-    @staticmethod
-    def get_episode(episode_id: str) -> Call[StoredEpisode]:
-        return Call("GET", f"/v1/episodes/{_path(episode_id, 'episode_id')}", StoredEpisode.from_json)
-
-    @staticmethod
-    def forget_episode(episode_id: str) -> Call[Forgetting]:
-        return Call("DELETE", f"/v1/episodes/{_path(episode_id, 'episode_id')}", Forgetting.from_json)
-
-    @staticmethod
-    def forget_user(user_id: str) -> Call[Forgetting]:
-        return Call("DELETE", f"/v1/users/{_path(user_id, 'user_id')}", Forgetting.from_json)
-
-    @staticmethod
-    def ready() -> Call[dict[str, Any]]:
-        return Call("GET", "/readyz", dict)
 
 
 # --- the retry rule, shared ------------------------------------------------------------------------------
@@ -659,6 +412,23 @@ class Engram(_Base):
         """
         return HttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
+    def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
+        """One page of `GET /v1/episodes` (newest first unless `order="asc"`); see `iter_episodes`."""
+        return self.call(Calls.list_episodes(options))
+
+    def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> Iterator[Episode]:
+        """Every episode of the scope, page after page (`limit` per request), following the cursors."""
+        while True:
+            page = self.list_episodes(**options)
+            yield from page.episodes
+            if page.next_cursor is None:
+                return
+            options["cursor"] = page.next_cursor
+
+    def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
+        """One page of `GET /v1/facts` (newest first unless `order="asc"`)."""
+        return self.call(Calls.list_facts(options))
+
     def get_episode(self, episode_id: str) -> StoredEpisode:
         """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
         return self.call(Calls.get_episode(episode_id))
@@ -682,6 +452,15 @@ class Engram(_Base):
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             time.sleep(interval)
 
+    def update_episode(
+        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
+    ) -> Updated:
+        """Change an episode after the fact (`PATCH /v1/episodes/{id}`): `feedback` merges field by
+        field (a reward that arrives later), `metadata` key by key, `outcome`, `outcome_details` and
+        `importance` replace. With `wait`, returns once projected (`Updated.projected`). Raises
+        InvalidEpisode for bad fields (nothing sent), ResourceNotFound for an id the namespace lacks."""
+        return self.call(Calls.update_episode(episode_id, changes, wait))
+
     def forget_episode(self, episode_id: str) -> Forgetting:
         """Forget one episode (202; the consolidator erases it); ResourceNotFound if the namespace has none."""
         return self.call(Calls.forget_episode(episode_id))
@@ -689,6 +468,22 @@ class Engram(_Base):
     def forget_user(self, user_id: str) -> Forgetting:
         """Forget every episode of `user_id` in the caller's namespace (202)."""
         return self.call(Calls.forget_user(user_id))
+
+    def forget_agent(self, agent_id: str) -> ForgetJob:
+        """Forget every episode of an agent; the job says how many, `forget_job` when it is done."""
+        return self.call(Calls.forget_agent(agent_id))
+
+    def forget_session(self, session_id: str) -> ForgetJob:
+        """Forget every episode of a session (as `forget_agent`)."""
+        return self.call(Calls.forget_session(session_id))
+
+    def forget_episodes(self, episode_ids: Iterable[str]) -> ForgetJob:
+        """Forget up to 1,000 episodes by id; ids the namespace lacks come back in `unknown`."""
+        return self.call(Calls.forget_episodes(episode_ids))
+
+    def forget_job(self, job_id: str) -> ForgetJob:
+        """The status of a bulk forget (`done` once every episode is erased)."""
+        return self.call(Calls.forget_job(job_id))
 
     def ready(self) -> dict[str, Any]:
         """`GET /readyz`: `{"status": "ready", "checks": {...}}`; ServiceUnavailable (503) while not ready."""
@@ -913,6 +708,24 @@ class AsyncEngram(_Base):
         """See `Engram.episode`; use as `async with memory.episode(...) as ep:`."""
         return AsyncHttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
+    async def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
+        """See `Engram.list_episodes`."""
+        return await self.call(Calls.list_episodes(options))
+
+    async def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> AsyncIterator[Episode]:
+        """See `Engram.iter_episodes` (an async iterator)."""
+        while True:
+            page = await self.list_episodes(**options)
+            for episode in page.episodes:
+                yield episode
+            if page.next_cursor is None:
+                return
+            options["cursor"] = page.next_cursor
+
+    async def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
+        """See `Engram.list_facts`."""
+        return await self.call(Calls.list_facts(options))
+
     async def get_episode(self, episode_id: str) -> StoredEpisode:
         """See `Engram.get_episode`."""
         return await self.call(Calls.get_episode(episode_id))
@@ -933,6 +746,12 @@ class AsyncEngram(_Base):
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             await asyncio.sleep(interval)
 
+    async def update_episode(
+        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
+    ) -> Updated:
+        """See `Engram.update_episode`."""
+        return await self.call(Calls.update_episode(episode_id, changes, wait))
+
     async def forget_episode(self, episode_id: str) -> Forgetting:
         """See `Engram.forget_episode`."""
         return await self.call(Calls.forget_episode(episode_id))
@@ -940,6 +759,22 @@ class AsyncEngram(_Base):
     async def forget_user(self, user_id: str) -> Forgetting:
         """See `Engram.forget_user`."""
         return await self.call(Calls.forget_user(user_id))
+
+    async def forget_agent(self, agent_id: str) -> ForgetJob:
+        """See `Engram.forget_agent`."""
+        return await self.call(Calls.forget_agent(agent_id))
+
+    async def forget_session(self, session_id: str) -> ForgetJob:
+        """See `Engram.forget_session`."""
+        return await self.call(Calls.forget_session(session_id))
+
+    async def forget_episodes(self, episode_ids: Iterable[str]) -> ForgetJob:
+        """See `Engram.forget_episodes`."""
+        return await self.call(Calls.forget_episodes(episode_ids))
+
+    async def forget_job(self, job_id: str) -> ForgetJob:
+        """See `Engram.forget_job`."""
+        return await self.call(Calls.forget_job(job_id))
 
     async def ready(self) -> dict[str, Any]:
         """See `Engram.ready`."""

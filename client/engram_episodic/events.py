@@ -82,7 +82,8 @@ class Episode:
 
     `episode_id` is the idempotency key (client-supplied or generated). `vector`, when present,
     is the agent's own embedding (float32[dim] as a tuple) and is used instead of the embedder's
-    when its dimension matches the index. `duration_s` is derived from the two timestamps.
+    when its dimension matches the index. `duration_s` is derived from the two timestamps. Past
+    `expires_at` the episode is hidden from every read and then erased (docs/api.md, Expiry).
     """
 
     episode_id: str
@@ -105,6 +106,7 @@ class Episode:
     iterations: int | None = None
     started_at: float | None = None
     completed_at: float | None = None
+    expires_at: float | None = None
     source: str | None = None
     metadata: dict[str, Any] | None = None
     vector: tuple[float, ...] | None = None
@@ -185,6 +187,40 @@ class EpisodeCompleted(EpisodeEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeUpdated(EpisodeEvent):
+    """Fields of an episode changed after the fact (`PATCH /v1/episodes/{id}`): a reward that arrived
+    later, a corrected outcome, more importance, metadata.
+
+    Folded after the episode's earlier events: `feedback` merges field by field into the episode's
+    (fields left None keep their values), `metadata` key by key (a key whose value is None is removed,
+    as RFC 7396 merges), the others replace. `user_id` is the episode's user, carried only so that a
+    sealed event is sealed under that user's data key (`shared.keyring`); it changes nothing.
+    """
+
+    TYPE: ClassVar[str] = "EpisodeUpdated"
+    VERSION: ClassVar[int] = 1
+    UPCASTERS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
+    user_id: str | None = None
+    feedback: Feedback | None = None
+    outcome: str | None = None
+    outcome_details: str | None = None
+    importance: float | None = None
+    metadata: dict[str, Any] | None = None
+    expires_at: float | None = None
+
+
+UPDATABLE: tuple[str, ...] = (
+    "feedback",
+    "outcome",
+    "outcome_details",
+    "importance",
+    "metadata",
+    "expires_at",
+)
+"""The episode fields an `EpisodeUpdated` may change."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EpisodeForgotten(EpisodeEvent):
     """The episode must be erased from every projection and from the stream."""
 
@@ -215,6 +251,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         EpisodeStarted,
         ActionRecorded,
         EpisodeCompleted,
+        EpisodeUpdated,
         EpisodeForgotten,
         UserForgotten,
         FactsConsolidated,

@@ -79,7 +79,7 @@ def response_shape(stored: Mapping[str, Any]) -> dict[str, Any]:
     many per request)."""
     data = dict(stored)
     started, completed = data.get("started_at"), data.get("completed_at")
-    for key in ("started_at", "completed_at"):
+    for key in ("started_at", "completed_at", "expires_at"):
         if data.get(key) is not None:
             data[key] = format_instant(data[key])
     if "actions" in data:

@@ -553,3 +553,95 @@ class Forgetting:
             user_id=data.get("user_id"),
             already_forgotten=bool(data.get("already_forgotten")),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodePage:
+    """One page of `GET /v1/episodes`: `episodes` in the order asked for; `next_cursor` None on the last."""
+
+    episodes: tuple[Episode, ...]
+    next_cursor: str | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return iter(self.episodes)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EpisodePage:
+        return cls(
+            episodes=tuple(episode_from_json(e) for e in data["results"]),
+            next_cursor=data.get("next_cursor"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FactPage:
+    """One page of `GET /v1/facts`; `next_cursor` None on the last."""
+
+    facts: tuple[Fact, ...]
+    next_cursor: str | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Fact]:
+        return iter(self.facts)
+
+    def __len__(self) -> int:
+        return len(self.facts)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FactPage:
+        return cls(
+            facts=tuple(Fact.from_json(f) for f in data["results"]),
+            next_cursor=data.get("next_cursor"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Updated:
+    """A change accepted (202): its `EpisodeUpdated` event is on the stream; `projected` with `wait`."""
+
+    episode_id: str
+    event_id: str
+    projected: bool | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Updated:
+        return cls(episode_id=data["episode_id"], event_id=data["event_id"], projected=data.get("projected"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetJob:
+    """A bulk forget (`DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget`) and its
+    status (`GET /v1/forget/{job_id}`): `episodes` it erases, `forgotten` so far, `done` once all are.
+    `unknown` / `already_forgotten`: ids of a by-id forget that were not published."""
+
+    job_id: str
+    kind: str
+    done: bool
+    episodes: int
+    forgotten: int
+    created_at: float
+    expires_at: float
+    unknown: tuple[str, ...] = ()
+    already_forgotten: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ForgetJob:
+        return cls(
+            job_id=data["job_id"],
+            kind=data["kind"],
+            done=data["status"] == "done",
+            episodes=int(data["episodes"]),
+            forgotten=int(data["forgotten"]),
+            created_at=parse_instant(data["created_at"]),
+            expires_at=parse_instant(data["expires_at"]),
+            unknown=tuple(data.get("unknown") or ()),
+            already_forgotten=tuple(data.get("already_forgotten") or ()),
+            raw=data,
+        )

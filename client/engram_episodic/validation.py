@@ -21,11 +21,12 @@ import functools
 import json
 import math
 import re
+import time
 from collections.abc import Mapping
 from typing import Any, Literal, overload
 
 from engram_episodic.errors import InvalidEpisode
-from engram_episodic.events import OUTCOMES, Action, Episode, Feedback, Task
+from engram_episodic.events import OUTCOMES, UPDATABLE, Action, Episode, Feedback, Task
 from engram_episodic.timeutil import parse_instant
 
 MAX_ID_CHARS = 256
@@ -39,7 +40,41 @@ MAX_VECTOR_DIM = 8192
 MAX_JSON_DEPTH = 32
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack (the stored form) can hold
 
-_EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__) | {"duration_s"}
+_EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__) | {"duration_s", "ttl"}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
+MAX_TTL = 100 * 365 * 86400.0  # a century: anything longer is no expiry
+
+
+def _ttl(value: Any, path: str, errs: Collector) -> float | None:
+    """A positive duration (seconds, or `90s`, `30m`, `12h`, `1d`, `1w`, `250ms`) in seconds."""
+    if value is None:
+        return None
+    seconds = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    if seconds is None or not math.isfinite(seconds) or not 0 < seconds <= MAX_TTL:
+        errs.add(
+            path, "must be a positive duration of at most 100 years: seconds, or e.g. 90s, 30m, 12h, 1d, 1w"
+        )
+        return None
+    return seconds
+
+
+def _expiry(value: Mapping[str, Any], path: str, errs: Collector, base: float | None) -> float | None:
+    """`expires_at` (an instant) or `ttl` (a duration from `base`, else from now), not both."""
+    expires_at = _instant(value.get("expires_at"), _join(path, "expires_at"), errs)
+    ttl = _ttl(value.get("ttl"), _join(path, "ttl"), errs)
+    if value.get("expires_at") is not None and value.get("ttl") is not None:
+        errs.add(_join(path, "ttl"), "give expires_at or ttl, not both")
+        return None
+    if ttl is not None:
+        return (base if base is not None else time.time()) + ttl
+    return expires_at
+
+
 _TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
 
 
@@ -417,6 +452,10 @@ def parse_episode(
     completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
     if started_at is not None and completed_at is not None and completed_at < started_at:
         errs.add(_join(path, "completed_at"), "must not be before started_at")
+    expires_at = _expiry(value, path, errs, completed_at if completed_at is not None else started_at)
+    latest = max((t for t in (started_at, completed_at) if t is not None), default=None)
+    if expires_at is not None and latest is not None and expires_at <= latest:
+        errs.add(_join(path, "expires_at"), "must be after the episode's started_at and completed_at")
     context = _json_object(value.get("context"), _join(path, "context"), errs)
     metadata = _json_object(value.get("metadata"), _join(path, "metadata"), errs)
     feedback = parse_feedback(value.get("feedback"), _join(path, "feedback"), errs)
@@ -436,6 +475,7 @@ def parse_episode(
         strategy_used=strategy,
         started_at=started_at,
         completed_at=completed_at,
+        expires_at=expires_at,
         agent_id=ids["agent_id"],
         user_id=ids["user_id"],
         session_id=ids["session_id"],
@@ -453,3 +493,36 @@ def parse_episode(
         iterations=iterations,
         vector=vector,
     )
+
+
+def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> dict[str, Any] | None:
+    """The changes of a partial update (`PATCH /v1/episodes/{id}`, an `EpisodeUpdated`): a JSON object
+    of `engram_episodic.events.UPDATABLE` fields, at least one, each checked as in an episode;
+    `feedback` may be partial and `metadata` may map keys to None (removed). Returns the keyword
+    arguments of `EpisodeUpdated` for those fields, or None (errors added; raised without `errs`)."""
+    own = errs is None
+    errs = errs or Collector()
+    before = len(errs.errors)
+    out: dict[str, Any] = {}
+    if not isinstance(value, Mapping):
+        errs.add(path, "must be a JSON object")
+    else:
+        _unknown(value, frozenset(UPDATABLE) | {"ttl"}, path, errs)
+        if not any(value.get(name) is not None for name in (*UPDATABLE, "ttl")):
+            errs.add(path, f"must change at least one of {', '.join(UPDATABLE)} (or ttl)")
+        outcome = value.get("outcome")
+        if outcome is not None and outcome not in OUTCOMES:
+            errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
+        out = {
+            "feedback": parse_feedback(value.get("feedback"), _join(path, "feedback"), errs),
+            "outcome": outcome,
+            "outcome_details": _text(value.get("outcome_details"), _join(path, "outcome_details"), errs),
+            "importance": _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),
+            "metadata": _json_object(value.get("metadata"), _join(path, "metadata"), errs),
+            "expires_at": _expiry(value, path, errs, None),  # a ttl counts from now
+        }
+    if len(errs.errors) > before:
+        if own:
+            errs.raise_if_any()
+        return None
+    return {k: v for k, v in out.items() if v is not None}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int,
         agent_id=scope.agent_id,
         category=(scope.category,) if scope.agent_id is not None and scope.category else (),
         status=STATUS_COMPLETED,
+        live_at=time.time(),  # facts are not built from expired episodes
     )
     rows: list[Row] = []
     offset = 0

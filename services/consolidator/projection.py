@@ -14,10 +14,20 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engram_episodic.events import Action, ActionRecorded, Episode, EpisodeCompleted, EpisodeStarted, Event
+from engram_episodic.events import (
+    Action,
+    ActionRecorded,
+    Episode,
+    EpisodeCompleted,
+    EpisodeStarted,
+    EpisodeUpdated,
+    Event,
+    Feedback,
+)
 from shared.index import STATUS_COMPLETED, STATUS_DRAFT
 
-_KIND_ORDER = {EpisodeStarted: 0, ActionRecorded: 1, EpisodeCompleted: 2}
+# an update at the same instant as a snapshot applies after it (it changes what the snapshot set)
+_KIND_ORDER = {EpisodeStarted: 0, ActionRecorded: 1, EpisodeCompleted: 2, EpisodeUpdated: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +55,37 @@ def _merge(base: Episode | None, update: Episode) -> Episode:
     return dataclasses.replace(base, **changes)
 
 
+def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
+    """`base` with an update's changes (events.EpisodeUpdated); None stays None: an update of an
+    episode whose snapshot has not arrived waits for it (it sorts after it by time, folded again then)."""
+    if base is None:
+        return None
+    changes: dict[str, object] = {}
+    if update.feedback is not None:
+        old = base.feedback or Feedback()
+        given = {f.name: getattr(update.feedback, f.name) for f in dataclasses.fields(Feedback)}
+        changes["feedback"] = dataclasses.replace(old, **{k: v for k, v in given.items() if v is not None})
+    if update.metadata is not None:
+        merged = dict(base.metadata or {})
+        for key, value in update.metadata.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        changes["metadata"] = merged or None
+    for name in ("outcome", "outcome_details", "importance", "expires_at"):
+        if getattr(update, name) is not None:
+            changes[name] = getattr(update, name)
+    return dataclasses.replace(base, **changes)
+
+
 def _action_key(action: Action) -> tuple:
     return (action.action_id,) if action.action_id else ("anon", action)
 
 
 def fold(events: Iterable[Event]) -> Folded:
-    """Fold one episode's episode-events (Started, ActionRecorded, Completed) into a Folded state."""
+    """Fold one episode's episode-events (Started, ActionRecorded, Completed, Updated) into a Folded
+    state."""
     unique: dict[str, Event] = {}
     for event in events:
         if type(event) in _KIND_ORDER:
@@ -70,6 +105,8 @@ def fold(events: Iterable[Event]) -> Folded:
             if action.action_id is None:
                 action = dataclasses.replace(action, action_id=event.event_id)
             actions.setdefault(_action_key(action), action)
+        elif isinstance(event, EpisodeUpdated):
+            episode = _updated(episode, event)
     if episode is not None:
         merged = tuple(
             sorted(

@@ -51,6 +51,7 @@ from engram_episodic.events import (
     EpisodeEvent,
     EpisodeForgotten,
     EpisodeStarted,
+    EpisodeUpdated,
     Event,
     FactsConsolidated,
     UserForgotten,
@@ -88,7 +89,7 @@ together and then all computed together while Redis sat idle: ~15% of a backlog 
 while the event loop was busy with another lane's batch; two keep Redis fed (make bench, ingest:
 +8-10%)."""
 
-EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted)
+EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeUpdated)
 
 
 MAX_WRITE_ATTEMPTS = 8

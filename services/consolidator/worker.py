@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from engram_episodic.errors import Conflict
-from services.consolidator import deadletters, erasure, retention
+from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
 from shared import streams
@@ -201,7 +201,7 @@ class Worker:
         self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, housekeeping: bool
     ) -> None:
         last_info = 0.0
-        last_trim = time.monotonic()
+        last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
         while not stop.is_set() and not halt.is_set():
             try:
@@ -235,6 +235,9 @@ class Worker:
                             removed,
                             self.settings.stream_retention,
                         )
+                if time.monotonic() - last_expiry > self.settings.expiry_interval:
+                    last_expiry = time.monotonic()
+                    await expiry.sweep(self.redis, self.settings)
                 self._erasure_housekeeping()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)

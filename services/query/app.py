@@ -23,6 +23,7 @@ from aiohttp import web
 
 from services.query.appkeys import (
     CONSOLIDATE,
+    CURSORS,
     EMBEDDER,
     FACTS,
     KEYS,
@@ -38,6 +39,7 @@ from services.query.appkeys import (
     OpenAPIDocument,
 )
 from services.query.auth import auth_middleware
+from services.query.cursors import Cursors
 from services.query.metrics import Metrics
 from services.query.openapi import document
 from services.query.problems import problems_middleware
@@ -148,6 +150,7 @@ def make_app(
     app[CONSOLIDATE] = consolidate if consolidate is not None else consolidation(settings, metrics)
     app[OPENAPI] = openapi_document
     app[SCOPE_SIZES] = ScopeSizes()
+    app[CURSORS] = Cursors(keys)
     app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache, batch=settings.query_batch)
     app.cleanup_ctx.append(_resources(redis, embedder))
     add_routes(app)

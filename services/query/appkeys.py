@@ -22,6 +22,7 @@ from shared.settings import Settings
 
 if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
     from services.consolidator.facts import RunResult
+    from services.query.cursors import Cursors
     from services.query.metrics import Metrics
     from services.query.sizes import ScopeSizes
 
@@ -46,6 +47,7 @@ OPENAPI: web.AppKey[OpenAPIDocument] = web.AppKey("openapi")
 SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
+CURSORS: web.AppKey[Cursors] = web.AppKey("cursors")
 
 NAMESPACE = web.RequestKey(
     "namespace", str

@@ -406,6 +406,11 @@ EPISODE_SCHEMA: dict[str, Any] = {
         "iterations": {"type": "integer", "minimum": 0},
         "started_at": {"type": ["string", "number"]},
         "completed_at": {"type": ["string", "number"]},
+        "expires_at": {
+            "type": ["string", "number"],
+            "description": "hidden from every read after it, then erased",
+        },
+        "ttl": {"type": ["string", "number"], "description": "expires_at as a duration after completed_at"},
     },
     "additionalProperties": True,
 }
@@ -423,3 +428,23 @@ INGEST_SCHEMA: dict[str, Any] = {
     ]
 }
 MAX_BATCH = 1000
+UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The fields to change (at least one), validated by "
+    "engram_episodic.validation.parse_update: `feedback` merges field by field, `metadata` key by key "
+    "(null removes a key), the others replace.",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        "feedback": EPISODE_SCHEMA["properties"]["feedback"],
+        "outcome": EPISODE_SCHEMA["properties"]["outcome"],
+        "outcome_details": {"type": "string"},
+        "importance": EPISODE_SCHEMA["properties"]["importance"],
+        "metadata": {"type": "object"},
+        "expires_at": {
+            "type": ["string", "number"],
+            "description": "an instant: hidden, then erased, after it",
+        },
+        "ttl": {"type": ["string", "number"], "description": "a duration from now (instead of expires_at)"},
+    },
+}

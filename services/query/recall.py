@@ -136,6 +136,7 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
         importance=bounds("importance"),
         since=get("since"),
         until=get("until"),
+        live_at=time.time(),  # expired episodes are hidden from every read, before the sweep erases them
     )
 
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import models
-from services.query.views import episodes, facts, insights, operations, recall
+from services.query.views import episodes, facts, forgetting, insights, listing, operations, recall, updates
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -116,7 +116,24 @@ ROUTES: tuple[Route, ...] = (
         errors=(NOT_PUBLISHED, LAGGING),
     ),
     route(
+        "GET",
+        "/v1/episodes",
+        listing.list_episodes,
+        "Every episode of a scope, newest first, page by page (opaque cursor)",
+        query=listing.EpisodeListQuery,
+    ),
+    route(
         "GET", "/v1/episodes/{episode_id:.+}", episodes.get_episode, "One episode of the caller's namespace"
+    ),
+    route(
+        "PATCH",
+        "/v1/episodes/{episode_id:.+}",
+        updates.update_episode,
+        "Change an episode's feedback, outcome, importance or metadata after the fact",
+        body=models.UPDATE_SCHEMA,
+        query=episodes.IngestQuery,
+        status=202,
+        errors=(NOT_PUBLISHED,),
     ),
     route(
         "DELETE",
@@ -133,6 +150,37 @@ ROUTES: tuple[Route, ...] = (
         "Forget every episode of a user",
         status=202,
         errors=(NOT_PUBLISHED,),
+    ),
+    route(
+        "DELETE",
+        "/v1/agents/{agent_id:.+}",
+        forgetting.forget_agent,
+        "Forget every episode of an agent (a job: how many, and when done)",
+        status=202,
+        errors=(NOT_PUBLISHED,),
+    ),
+    route(
+        "DELETE",
+        "/v1/sessions/{session_id:.+}",
+        forgetting.forget_session,
+        "Forget every episode of a session (a job: how many, and when done)",
+        status=202,
+        errors=(NOT_PUBLISHED,),
+    ),
+    route(
+        "POST",
+        "/v1/forget",
+        forgetting.forget_episodes,
+        "Forget a list of episodes by id (a job: how many, and when done)",
+        body=forgetting.ForgetRequest,
+        status=202,
+        errors=(Status(404, "none of the ids is in the caller's namespace"), NOT_PUBLISHED),
+    ),
+    route(
+        "GET",
+        "/v1/forget/{job_id:.+}",
+        forgetting.forget_job,
+        "The status of a bulk forget: pending or done, and how many episodes are erased",
     ),
     route(
         "POST",
@@ -208,6 +256,14 @@ ROUTES: tuple[Route, ...] = (
         facts.facts_search,
         "Search consolidated facts (semantic memory)",
         body=facts.FactsSearchRequest,
+        tag="facts",
+    ),
+    route(
+        "GET",
+        "/v1/facts",
+        listing.list_facts,
+        "Every fact of a scope, newest first, page by page (opaque cursor)",
+        query=listing.FactListQuery,
         tag="facts",
     ),
     route(

@@ -25,6 +25,7 @@ from engram_episodic.events import (
     EpisodeCompleted,
     EpisodeForgotten,
     EpisodeStarted,
+    EpisodeUpdated,
     Feedback,
     Task,
     UserForgotten,
@@ -107,6 +108,15 @@ def _events():
         st.builds(ActionRecorded, episode_id=ids, action=actions, **base),
         st.builds(EpisodeForgotten, episode_id=ids, **base),
         st.builds(UserForgotten, user_id=ids, **base),
+        st.builds(
+            EpisodeUpdated,
+            episode_id=ids,
+            user_id=st.none() | ids,
+            outcome=st.sampled_from(OUTCOMES),
+            importance=st.none() | st.floats(1, 10),
+            metadata=st.none() | st.dictionaries(ids, st.none() | st.integers(-5, 5), max_size=3),
+            **base,
+        ),
     )
 
 

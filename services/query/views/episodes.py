@@ -7,13 +7,14 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, cast
 
 from aiohttp import web
 from pydantic import ConfigDict, Field
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import EpisodeCompleted, new_event_id
+from engram_episodic.events import EpisodeCompleted, EpisodeEvent, new_event_id
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.consolidator import deadletters
@@ -53,7 +54,7 @@ class IngestQuery(models.Model):
 
 
 async def _projected(
-    request: web.Request, events: list[EpisodeCompleted], stream_ids: list[str], wait: float
+    request: web.Request, events: Sequence[EpisodeEvent], stream_ids: list[str], wait: float
 ) -> list[bool]:
     """Poll until each event is projected, up to `wait` s: the group acked its entry (a worker acks only
     after the document write committed) and its episode's event hash holds it (a dead-lettered event is
@@ -189,7 +190,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     keys = request.app[KEYS]
     ns = ns_of(request)
     gen = await current_generation(r, keys)
-    names = ("doc", "status", "namespace", "access_count", "last_accessed")
+    names = ("doc", "status", "namespace", "access_count", "last_accessed", "expires_at")
     # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
     values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
     found = dict(zip((n.encode() for n in names), values, strict=True))
@@ -199,6 +200,8 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
         or await r.exists(keys.tombstone(ns, episode_id))
     ):
         raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
+    if found[b"expires_at"] is not None and float(found[b"expires_at"]) <= time.time():
+        raise NotFound(f"episode {episode_id[:80]!r} expired")  # hidden as from every read
     return found
 
 

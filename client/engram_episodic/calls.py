@@ -1,0 +1,295 @@
+"""The API's requests as values, described once for both clients (`Engram`, `AsyncEngram`): no I/O.
+
+`Calls.<route>(...)` returns a `Call` (method, path, body, query parameters, how to read the answer and
+whether a repeat after a lost answer is harmless); `engram_episodic.client` sends it. Split out of
+client.py (its size budget); `engram_episodic.client` re-exports `Call`, `Calls` and `WaitTimeout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from engram_episodic.drafts import finished_episode
+from engram_episodic.errors import (
+    EngramError,
+    InvalidEpisode,
+)
+from engram_episodic.events import Episode
+from engram_episodic.options import (
+    ContextOptions,
+    CurveOptions,
+    EpisodeChanges,
+    EpisodeListOptions,
+    FactListOptions,
+    FactSearchOptions,
+    RecallOptions,
+    SkillsOptions,
+    StrategyOptions,
+    SuggestOptions,
+)
+from engram_episodic.shapes import episode_to_dict
+from engram_episodic.timeutil import format_instant
+from engram_episodic.types import (
+    Consolidation,
+    Context,
+    EpisodePage,
+    Fact,
+    FactDetail,
+    FactPage,
+    ForgetJob,
+    Forgetting,
+    IngestResult,
+    LearningCurve,
+    Recall,
+    Skills,
+    StoredEpisode,
+    StrategyChoice,
+    Suggestion,
+    Updated,
+)
+from engram_episodic.validation import parse_update
+
+T = TypeVar("T")
+
+
+class WaitTimeout(EngramError, TimeoutError):
+    """A wait gave up: the episode was not projected within the timeout (it was accepted all the same;
+    `episode_ids` names the episodes)."""
+
+    episode_ids: tuple[str, ...] = ()
+
+
+def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
+    """Name on a failed record/publish the episode ids it used: retrying with them is harmless."""
+    if isinstance(exc, EngramError):
+        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
+
+
+def _wire(value: Any, name: str) -> Any:
+    """A Python argument in its JSON form: datetimes as ISO 8601 with their offset, timedeltas as seconds.
+
+    Raises InvalidEpisode naming the argument for what JSON cannot carry (a naive datetime, NaN)."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidEpisode(
+                [(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")]
+            )
+        return format_instant(value.timestamp())
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidEpisode([(name, "must be finite (NaN and infinity are not JSON)")])
+    if isinstance(value, Mapping):
+        return {k: _wire(v, f"{name}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wire(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _body(options: Mapping[str, Any], **required: Any) -> dict[str, Any]:
+    out = {k: _wire(v, k) for k, v in required.items()}
+    out.update({k: _wire(v, k) for k, v in options.items() if v is not None})
+    return out
+
+
+def _params(options: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+def _path(value: str, name: str) -> str:
+    """`value` as one URL path segment. `.` and `..` are valid ids but dot segments, which URL
+    normalisation removes (`/v1/users/..` would become `/v1`, and a forget of user `..` a 404),
+    so their dots are percent-encoded (the server decodes `%2E` back to `.`)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidEpisode([(name, "must be a non-empty string")])
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+# --- one request, described once for both clients -------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One API request and how to read its answer. `idempotent`: safe to repeat after a lost answer."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    body: Any = None
+    params: Mapping[str, str] | None = None
+    idempotent: bool = True
+
+    def as_json(self) -> Call[Any]:
+        """The same request answering the service's JSON as it came (dicts and lists), unparsed."""
+        return dataclasses.replace(self, parse=_as_is)
+
+
+def _as_is(data: Any) -> Any:
+    return data
+
+
+def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> Call[IngestResult]:
+    if batch:
+        body: Any = {"episodes": [episode_to_dict(e) for e in episodes]}
+    else:
+        body = episode_to_dict(episodes[0])
+    return Call(
+        "POST",
+        "/v1/episodes",
+        IngestResult.from_json,
+        body=body,
+        params={"wait": repr(float(wait))} if wait else None,
+    )
+
+
+def _waited(result: IngestResult, wait: float | None) -> IngestResult:
+    if wait and result.projected is False:
+        missing = [a.episode_id for a in result.results if a.projected is False]
+        timeout = WaitTimeout(f"accepted, but not projected within {wait:g}s: {', '.join(missing[:10])}")
+        timeout.episode_ids = tuple(missing)
+        raise timeout
+    return result
+
+
+class Calls:
+    """The API's requests as values (no I/O): what `Engram` and `AsyncEngram` send."""
+
+    @staticmethod
+    def recall(query: str, options: RecallOptions) -> Call[Recall]:
+        return Call(
+            "POST",
+            "/v1/recall",
+            Recall.from_json,
+            body=_body(options, query=query),
+            idempotent=not options.get("touch"),
+        )
+
+    @staticmethod
+    def context(task: str, options: ContextOptions) -> Call[Context]:
+        return Call("POST", "/v1/context", Context.from_json, body=_body(options, task=task))
+
+    @staticmethod
+    def strategy(task: str, options: StrategyOptions) -> Call[StrategyChoice]:
+        return Call("POST", "/v1/strategy", StrategyChoice.from_json, body=_body(options, task=task))
+
+    @staticmethod
+    def suggest(task: str, options: SuggestOptions) -> Call[Suggestion]:
+        return Call("POST", "/v1/suggest", Suggestion.from_json, body=_body(options, task=task))
+
+    @staticmethod
+    def skills(options: SkillsOptions) -> Call[Skills]:
+        return Call("GET", "/v1/skills", Skills.from_json, params=_params(options))
+
+    @staticmethod
+    def learning_curve(options: CurveOptions) -> Call[LearningCurve]:
+        return Call("GET", "/v1/learning-curve", LearningCurve.from_json, params=_params(options))
+
+    @staticmethod
+    def search_facts(query: str | None, options: FactSearchOptions) -> Call[list[Fact]]:
+        body = _body(options, **({"query": query} if query is not None else {}))
+        return Call(
+            "POST", "/v1/facts/search", lambda d: [Fact.from_json(f) for f in d["results"]], body=body
+        )
+
+    @staticmethod
+    def get_fact(fact_id: str) -> Call[FactDetail]:
+        return Call("GET", f"/v1/facts/{_path(fact_id, 'fact_id')}", FactDetail.from_json)
+
+    @staticmethod
+    def consolidate(agent_id: str | None, category: str | None, all_scopes: bool) -> Call[Consolidation]:
+        body: dict[str, Any] = {"all_scopes": all_scopes}
+        if agent_id is not None or category is not None:
+            body = {"agent_id": agent_id, "category": category}
+        return Call("POST", "/v1/consolidate", Consolidation.from_json, body=body)
+
+    @staticmethod
+    def record(
+        episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None = None
+    ) -> tuple[Episode, Call[IngestResult]]:
+        prepared = finished_episode(episode, **fields)
+        return prepared, _ingest([prepared], batch=False, wait=wait)
+
+    @staticmethod
+    def publish(
+        episodes: Iterable[Episode | Mapping[str, Any]], wait: float | None = None
+    ) -> tuple[list[Episode], Call[IngestResult]]:
+        if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
+            raise InvalidEpisode([("episodes", "must be a list of episodes")])
+        prepared, errors = [], []
+        for i, item in enumerate(episodes):
+            try:
+                prepared.append(finished_episode(item))
+            except InvalidEpisode as exc:  # every bad field of every episode at once, as the service does
+                errors += [
+                    (f"episodes[{i}].{path}" if path else f"episodes[{i}]", why) for path, why in exc.errors
+                ]
+        if errors:
+            raise InvalidEpisode(errors)
+        if not prepared:
+            raise InvalidEpisode([("episodes", "must hold at least one episode")])
+        return prepared, _ingest(prepared, batch=True, wait=wait)
+
+    @staticmethod
+    def list_episodes(options: EpisodeListOptions) -> Call[EpisodePage]:
+        return Call("GET", "/v1/episodes", EpisodePage.from_json, params=_params(_body(options)))
+
+    @staticmethod
+    def list_facts(options: FactListOptions) -> Call[FactPage]:
+        return Call("GET", "/v1/facts", FactPage.from_json, params=_params(_body(options)))
+
+    @staticmethod
+    def get_episode(episode_id: str) -> Call[StoredEpisode]:
+        return Call("GET", f"/v1/episodes/{_path(episode_id, 'episode_id')}", StoredEpisode.from_json)
+
+    @staticmethod
+    def update_episode(episode_id: str, changes: EpisodeChanges, wait: float | None = None) -> Call[Updated]:
+        # validated here as the service does (InvalidEpisode names every bad field); a repeat after a
+        # lost answer folds the same change again (merging is idempotent)
+        parse_update(_body(changes))
+        return Call(
+            "PATCH",
+            f"/v1/episodes/{_path(episode_id, 'episode_id')}",
+            Updated.from_json,
+            body=_body(changes),
+            params={"wait": repr(float(wait))} if wait else None,
+        )
+
+    @staticmethod
+    def forget_episode(episode_id: str) -> Call[Forgetting]:
+        return Call("DELETE", f"/v1/episodes/{_path(episode_id, 'episode_id')}", Forgetting.from_json)
+
+    @staticmethod
+    def forget_user(user_id: str) -> Call[Forgetting]:
+        return Call("DELETE", f"/v1/users/{_path(user_id, 'user_id')}", Forgetting.from_json)
+
+    @staticmethod
+    def forget_agent(agent_id: str) -> Call[ForgetJob]:
+        return Call("DELETE", f"/v1/agents/{_path(agent_id, 'agent_id')}", ForgetJob.from_json)
+
+    @staticmethod
+    def forget_session(session_id: str) -> Call[ForgetJob]:
+        return Call("DELETE", f"/v1/sessions/{_path(session_id, 'session_id')}", ForgetJob.from_json)
+
+    @staticmethod
+    def forget_episodes(episode_ids: Iterable[str]) -> Call[ForgetJob]:
+        body = {"episode_ids": list(episode_ids)}
+        return Call("POST", "/v1/forget", ForgetJob.from_json, body=body)
+
+    @staticmethod
+    def forget_job(job_id: str) -> Call[ForgetJob]:
+        return Call("GET", f"/v1/forget/{_path(job_id, 'job_id')}", ForgetJob.from_json)
+
+    @staticmethod
+    def ready() -> Call[dict[str, Any]]:
+        return Call("GET", "/readyz", dict)

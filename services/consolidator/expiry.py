@@ -1,0 +1,76 @@
+"""Erasing expired episodes: past `expires_at`, an episode is forgotten like `DELETE /v1/episodes/{id}`.
+
+Reads hide an expired episode from the instant it expires (the `expires_at` NUMERIC filter of every
+`shared.index.Scope` the services build), so this sweep only has to erase it, not to be on time: every
+`ENGRAM_EXPIRY_INTERVAL` one worker (a lease, `Keys.expiry_lock`) finds the expired documents of every
+namespace and publishes one `EpisodeForgotten` each; the projection then erases them as any forget
+(documents, vectors, events, stream entries, dead letters, facts evidence; a tombstone stays). So an
+expired episode is erased within about one interval plus the consumer lag.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import orjson
+import redis.asyncio as aioredis
+
+from engram_episodic.events import EpisodeForgotten
+from shared.index import numeric_clause
+from shared.index_pages import every_key
+from shared.keys import Keys
+from shared.sdk import EngramClient
+from shared.settings import Settings
+
+log = logging.getLogger("engram.consolidator")
+
+MAX_PER_SWEEP = 10_000  # forgets one sweep publishes; the rest wait for the next
+
+
+async def expired(r: aioredis.Redis, keys: Keys, now: float) -> dict[str, list[str]]:
+    """{namespace: [episode_id, ...]} of the documents whose `expires_at` is at or before `now`."""
+    found = await every_key(r, keys.episode_index_alias, numeric_clause("expires_at", None, now))
+    out: dict[str, list[str]] = defaultdict(list)
+    for start in range(0, min(len(found), MAX_PER_SWEEP), 1000):
+        async with r.pipeline(transaction=False) as pipe:
+            for key in found[start : start + 1000]:
+                pipe.hmget(key, ["namespace", "doc"])
+            rows = await pipe.execute()
+        for ns, doc in rows:
+            if ns is None or doc is None:
+                continue  # erased meanwhile
+            eid = orjson.loads(doc).get("episode_id")
+            if isinstance(eid, str):
+                out[ns.decode()].append(eid)
+    return dict(out)
+
+
+async def sweep(r: aioredis.Redis, settings: Settings, *, now: float | None = None) -> int:
+    """One sweep if no other worker holds the lease: publish the forgets of every expired episode.
+    Returns how many were published (0 when another worker is sweeping)."""
+    keys = Keys(settings.prefix)
+    if not await r.set(keys.expiry_lock, "1", nx=True, px=int(settings.expiry_interval * 1000)):
+        return 0
+    total = 0
+    for ns, ids in (await expired(r, keys, time.time() if now is None else now)).items():
+        client = EngramClient(
+            r,
+            namespace=ns,
+            prefix=settings.prefix,
+            publish_timeout=settings.publish_timeout,
+            retries=settings.publish_retries,
+            consumer_group=settings.consumer_group,
+            master_key=settings.master_key,
+        )
+        at = time.time()
+        for start in range(0, len(ids), 1000):  # one atomic XADD script per chunk
+            chunk = ids[start : start + 1000]
+            await client.publish(
+                [EpisodeForgotten(namespace=ns, episode_id=e, occurred_at=at) for e in chunk]
+            )
+        total += len(ids)
+    if total:
+        log.info("expiry ◆ %d expired episodes forgotten", total)
+    return total

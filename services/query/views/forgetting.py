@@ -1,0 +1,178 @@
+"""Bulk forgetting: `DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget` (a list of
+episode ids), each a job whose status `GET /v1/forget/{job_id}` reads.
+
+Each publishes one `EpisodeForgotten` per episode, the forget of `DELETE /v1/episodes/{id}`: the
+consolidator erases each episode's documents, vectors, events, stream entries and dead letters and
+leaves its tombstone (`Keys.tombstone`). The job is done when every one of its episodes is tombstoned.
+The job record (`Keys.forget_job`, a hash that expires after JOB_TTL) holds the namespace, counts and the
+tombstone keys' digests — never the ids, so it keeps nothing of what it erases.
+
+An agent's or a session's episodes are those the index holds at the time of the call (drafts
+included); episodes accepted but not yet projected then are not among them (forget them by id, or call
+again once they are projected).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, cast
+
+import orjson
+from aiohttp import web
+from pydantic import Field
+
+from engram_episodic.errors import NotFound
+from engram_episodic.events import EpisodeForgotten
+from engram_episodic.timeutil import format_instant
+from services.query import models
+from services.query.appkeys import KEYS, METRICS, SETTINGS
+from services.query.problems import Invalid, read_json, validate
+from services.query.views.common import index_of, ns_of, path_id, publisher, redis_of, reply, tags_of
+from shared import streams
+from shared.codec import peek_identity
+from shared.index import Scope, current_generation
+from shared.index_pages import every_key
+from shared.keys import Keys, digest
+
+JOB_TTL = 7 * 86400.0  # seconds a job's status stays readable after it started
+MAX_IDS = 1000  # episode ids per POST /v1/forget
+PUBLISH_CHUNK = 1000  # EpisodeForgotten events per XADD call (one atomic script each)
+PENDING_SCAN = 10_000  # unacked entries looked through for ids accepted but not yet projected
+
+
+class ForgetRequest(models.Model):
+    """`POST /v1/forget`: the episodes to forget, by id."""
+
+    episode_ids: Annotated[list[models.IdStr], Field(min_length=1, max_length=MAX_IDS)]
+
+
+async def _ids_of_scope(request: web.Request, scope: Scope) -> list[str]:
+    """The ids of every episode document of the scope (drafts too), read from the stored JSON (the
+    index holds digests of ids, `shared.tags`)."""
+    r = redis_of(request)
+    keys = await every_key(r, index_of(request), scope.query())
+    ids: dict[str, None] = {}
+    async with r.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hget(key, "doc")
+        raws = await pipe.execute()
+    for raw in raws:
+        if raw is None:
+            continue  # forgotten meanwhile
+        eid = orjson.loads(raw).get("episode_id")
+        if isinstance(eid, str):
+            ids[eid] = None
+    return list(ids)
+
+
+async def _start(request: web.Request, kind: str, episode_ids: list[str], **extra: Any) -> web.Response:
+    """Publish the forgets of `episode_ids`, record the job, answer 202 with its status."""
+    r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+    now = time.time()
+    pub = publisher(request)
+    for start in range(0, len(episode_ids), PUBLISH_CHUNK):
+        chunk = episode_ids[start : start + PUBLISH_CHUNK]
+        await pub.publish([EpisodeForgotten(namespace=ns, episode_id=e, occurred_at=now) for e in chunk])
+    request.app[METRICS].published.labels("EpisodeForgotten").inc(len(episode_ids))
+    job_id = uuid.uuid4().hex
+    tombs = "".join(digest(ns, e) for e in episode_ids)  # what Keys.tombstone_of takes
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.hset(
+            keys.forget_job(job_id),
+            mapping={
+                "namespace": ns,
+                "kind": kind,
+                "episodes": len(episode_ids),
+                "created_at": repr(now),
+                "tombs": tombs,
+            },
+        )
+        pipe.expire(keys.forget_job(job_id), int(JOB_TTL))
+        await pipe.execute()
+    status = await _status(r, keys, job_id, ns)
+    return reply({**status, **extra}, status=202)
+
+
+async def _status(r: Any, keys: Keys, job_id: str, ns: str) -> dict[str, Any]:
+    raw = cast(dict[bytes, bytes], await r.hgetall(keys.forget_job(job_id)))
+    if not raw or raw.get(b"namespace") != ns.encode():
+        raise NotFound(f"no forget job {job_id[:80]!r} in this namespace")
+    tombs = raw.get(b"tombs", b"").decode()
+    digests = [tombs[i : i + 32] for i in range(0, len(tombs), 32)]
+    done = 0
+    for start in range(0, len(digests), 1000):
+        part = digests[start : start + 1000]
+        async with r.pipeline(transaction=False) as pipe:
+            for d in part:
+                pipe.exists(keys.tombstone_of(d))
+            done += sum(int(x) for x in await pipe.execute())
+    total = int(raw[b"episodes"])
+    created = float(raw[b"created_at"])
+    return {
+        "job_id": job_id,
+        "kind": raw[b"kind"].decode(),
+        "status": "done" if done >= total else "pending",
+        "episodes": total,
+        "forgotten": done,
+        "created_at": format_instant(created),
+        "expires_at": format_instant(created + JOB_TTL),
+        "job": f"/v1/forget/{job_id}",
+    }
+
+
+async def forget_agent(request: web.Request) -> web.Response:
+    agent_id = path_id(request, "agent_id")
+    scope = Scope(namespace=ns_of(request), tags=await tags_of(request), agent_id=agent_id, status=None)
+    return await _start(request, "agent", await _ids_of_scope(request, scope), agent_id=agent_id)
+
+
+async def forget_session(request: web.Request) -> web.Response:
+    session_id = path_id(request, "session_id")
+    scope = Scope(namespace=ns_of(request), tags=await tags_of(request), session_id=session_id, status=None)
+    return await _start(request, "session", await _ids_of_scope(request, scope), session_id=session_id)
+
+
+async def forget_episodes(request: web.Request) -> web.Response:
+    """The ids the namespace holds (a document, stored events, dead letters, or accepted and not yet
+    projected) are forgotten; those it never had are listed in `unknown`, those forgotten before in
+    `already_forgotten` (neither is published)."""
+    req: ForgetRequest = validate(ForgetRequest, await read_json(request))
+    r, keys, ns, s = redis_of(request), request.app[KEYS], ns_of(request), request.app[SETTINGS]
+    wanted = list(dict.fromkeys(req.episode_ids))
+    gen = await current_generation(r, keys)
+    async with r.pipeline(transaction=False) as pipe:
+        for e in wanted:
+            pipe.exists(keys.tombstone(ns, e))
+            pipe.hget(keys.episode_doc(gen, ns, e), "namespace")
+            pipe.exists(keys.episode_events(gen, ns, e))
+            pipe.exists(keys.dead_letter_refs(ns, e))
+        flags = await pipe.execute()
+    gone, held, unsure = [], [], []
+    for i, e in enumerate(wanted):
+        tomb, doc_ns, events, dead = flags[4 * i : 4 * i + 4]
+        if tomb:
+            gone.append(e)
+        elif doc_ns == ns.encode() or events or dead:
+            held.append(e)
+        else:
+            unsure.append(e)
+    if unsure:
+        group = streams.StreamGroup(r, keys.stream, s.consumer_group)
+        pending = {
+            identity[:2]
+            for p in await group.unprojected(limit=PENDING_SCAN)
+            if (identity := peek_identity(p))
+        }
+        held += [e for e in unsure if (ns, e) in pending]
+        unsure = [e for e in unsure if (ns, e) not in pending]
+    if not held and not gone:
+        raise NotFound("none of these episodes is in this namespace")
+    return await _start(request, "episodes", held, unknown=unsure, already_forgotten=gone)
+
+
+async def forget_job(request: web.Request) -> web.Response:
+    job_id = path_id(request, "job_id")
+    if request.query:
+        raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
+    return reply(await _status(redis_of(request), request.app[KEYS], job_id, ns_of(request)))

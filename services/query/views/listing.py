@@ -1,0 +1,182 @@
+"""`GET /v1/episodes` and `GET /v1/facts`: every episode or fact of a scope, page by page.
+
+Pages are keysets (`shared.index_pages`): stable while others publish, no duplicates or gaps. The
+cursor of the next page is opaque and signed (`services.query.cursors`); it is valid only with the same
+filters and order it was issued for.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, Any, Literal
+
+import orjson
+from aiohttp import web
+from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+
+from engram_episodic.shapes import response_shape
+from engram_episodic.timeutil import parse_instant
+from services.query import models
+from services.query import recall as rc
+from services.query.appkeys import CURSORS, KEYS
+from services.query.cursors import filters_digest
+from services.query.views.common import index_of, ns_of, query_params, redis_of, reply, tags_of
+from shared.facts import DOC_FIELD as FACT_DOC
+from shared.facts import Fact, FactQuery, live_facts_index
+from shared.index import current_generation
+from shared.index_pages import Row, page
+
+log = logging.getLogger("engram.query")
+
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+_EPOCH = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+
+
+def _query_instant(value: Any) -> float:
+    """An instant in a query string: ISO 8601 with an offset, or UTC epoch seconds as a decimal."""
+    if isinstance(value, str) and len(value) <= 32 and _EPOCH.fullmatch(value):
+        return parse_instant(float(value))
+    return parse_instant(value)
+
+
+QueryInstant = Annotated[
+    float,
+    PlainValidator(_query_instant),
+    WithJsonSchema(
+        {"type": "string", "description": "ISO 8601 with an offset (e.g. 2026-01-01T00:00:00Z) or epoch s"}
+    ),
+]
+Kind = Literal["strategy", "failure_pattern", "best_practice", "preference"]  # shared.facts.KINDS
+
+
+class _Page(models.Model):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    order: Literal["desc", "asc"] = Field(
+        "desc", description="desc: newest first (default); asc: oldest first"
+    )
+    limit: Annotated[int, models.IntIn(1, MAX_LIMIT, from_query=True)] = Field(
+        DEFAULT_LIMIT, description=f"results per page, 1..{MAX_LIMIT}"
+    )
+    cursor: str | None = Field(None, description="`next_cursor` of the previous page (same filters, order)")
+
+    def filters(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"cursor", "limit"}, exclude_none=True)
+
+    @model_validator(mode="after")
+    def _window(self) -> Any:
+        since, until = getattr(self, "since", None), getattr(self, "until", None)
+        if since is not None and until is not None and since > until:
+            raise ValueError("since: must not be later than until")
+        return self
+
+
+class EpisodeListQuery(_Page):
+    """`GET /v1/episodes` query parameters: recall's scope filters, one value each."""
+
+    agent_id: models.IdStr | None = None
+    user_id: models.IdStr | None = None
+    session_id: models.IdStr | None = None
+    category: models.TagList | None = None
+    outcome: models.OutcomeList | None = None
+    since: QueryInstant | None = Field(None, description="inclusive lower bound on completed_at")
+    until: QueryInstant | None = Field(None, description="inclusive upper bound on completed_at")
+
+
+class FactListQuery(_Page):
+    """`GET /v1/facts` query parameters (facts are not kept per session: `session_id` is a 422)."""
+
+    agent_id: models.IdStr | None = None
+    user_id: models.IdStr | None = None
+    category: models.IdStr | None = None
+    kind: Kind | None = None
+    since: QueryInstant | None = Field(None, description="facts whose evidence ends at or after this")
+    until: QueryInstant | None = Field(None, description="facts whose evidence starts at or before this")
+    include_superseded: bool = False
+
+
+async def _page(
+    request: web.Request,
+    route: str,
+    q: _Page,
+    index: str,
+    query: str,
+    sort_field: str,
+    key_prefix: str,
+) -> tuple[list[Row], str | None]:
+    r, cursors = redis_of(request), request.app[CURSORS]
+    filters = filters_digest(route, q.filters())
+    after = await cursors.decode(r, q.cursor, q.order, filters) if q.cursor is not None else None
+    rows, more = await page(
+        r,
+        index,
+        query,
+        sort_field=sort_field,
+        key_prefix=key_prefix,
+        descending=q.order == "desc",
+        after=after,
+        limit=q.limit,
+    )
+    nxt = await cursors.encode(r, q.order, filters, rows[-1].position) if more else None
+    return rows, nxt
+
+
+async def _docs(request: web.Request, rows: list[Row], field: str) -> list[tuple[Row, dict[str, Any]]]:
+    """Each row's stored JSON (one pipeline); rows deleted since the page query are left out."""
+    async with redis_of(request).pipeline(transaction=False) as pipe:
+        for row in rows:
+            pipe.hget(row.key, field)
+        raws = await pipe.execute()
+    out = []
+    for row, raw in zip(rows, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            out.append((row, orjson.loads(raw)))
+        except orjson.JSONDecodeError:
+            log.error("unreadable document ◆ key=%r", row.key[:80])
+    return out
+
+
+def _answer(results: list[Any], q: _Page, nxt: str | None) -> web.Response:
+    return reply({"results": results, "next_cursor": nxt, "order": q.order, "limit": q.limit})
+
+
+async def list_episodes(request: web.Request) -> web.Response:
+    q: EpisodeListQuery = query_params(request, EpisodeListQuery)
+    r, keys = redis_of(request), request.app[KEYS]
+    scope = rc.scope_of(ns_of(request), q, await tags_of(request))
+    gen = await current_generation(r, keys)
+    rows, nxt = await _page(
+        request,
+        "episodes",
+        q,
+        index_of(request),
+        scope.query(),
+        "completed_at",
+        keys.episode_doc_prefix(gen),
+    )
+    docs = await _docs(request, rows, "doc")
+    return _answer([response_shape(doc) for _, doc in docs], q, nxt)
+
+
+async def list_facts(request: web.Request) -> web.Response:
+    q: FactListQuery = query_params(request, FactListQuery)
+    r, keys = redis_of(request), request.app[KEYS]
+    fq = FactQuery(
+        namespace=ns_of(request),
+        tags=await tags_of(request),
+        agent_id=q.agent_id,
+        user_id=q.user_id,
+        category=(q.category,) if q.category else (),
+        kind=(q.kind,) if q.kind else (),
+        since=q.since,
+        until=q.until,
+        include_superseded=q.include_superseded,
+    )
+    gen = await current_generation(r, keys)
+    index = await live_facts_index(r, keys)
+    rows, nxt = await _page(request, "facts", q, index, fq.query(), "created_at", keys.fact_doc_prefix(gen))
+    docs = await _docs(request, rows, FACT_DOC)
+    return _answer([Fact.from_data(doc).to_json() for _, doc in docs], q, nxt)

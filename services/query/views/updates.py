@@ -1,0 +1,58 @@
+"""`PATCH /v1/episodes/{id}`: change an episode's feedback, outcome, importance or metadata after the fact.
+
+The change is an `EpisodeUpdated` event on the stream like every other write; the consolidator folds it
+into the document (`services.consolidator.projection`), and a replay rebuilds it from the events.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from engram_episodic.errors import NotFound
+from engram_episodic.events import EpisodeUpdated
+from engram_episodic.validation import Collector, parse_update
+from services.query.appkeys import KEYS, METRICS
+from services.query.problems import read_json
+from services.query.views.common import ns_of, path_id, publisher, query_params, redis_of, reply
+from services.query.views.episodes import IngestQuery, _accepted_not_projected, _projected, _stored
+
+
+async def _user_of(request: web.Request, episode_id: str) -> str | None:
+    """The episode's user (its sealed events' data key); NotFound for an id the namespace does not
+    hold (never had, forgot, or another namespace's). An episode accepted but not projected yet may be
+    updated too: the update sorts after its snapshot and is folded with it."""
+    try:
+        found = await _stored(request, episode_id)
+    except NotFound:
+        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+        if await r.exists(keys.tombstone(ns, episode_id)) or not await _accepted_not_projected(
+            request, episode_id
+        ):
+            raise
+        return None
+    doc: dict[str, Any] = orjson.loads(found[b"doc"] or b"{}")
+    user = doc.get("user_id")
+    return user if isinstance(user, str) else None
+
+
+async def update_episode(request: web.Request) -> web.Response:
+    episode_id = path_id(request, "episode_id")
+    query: IngestQuery = query_params(request, IngestQuery)
+    errs = Collector()
+    changes = parse_update(await read_json(request), "", errs)
+    errs.raise_if_any()  # 422 naming every bad field; nothing is published
+    assert changes is not None
+    user = await _user_of(request, episode_id)
+    event = EpisodeUpdated(
+        namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time(), user_id=user, **changes
+    )
+    [stream_id] = await publisher(request).publish([event])
+    request.app[METRICS].published.labels("EpisodeUpdated").inc()
+    out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
+    if query.wait > 0:
+        [out["projected"]] = await _projected(request, [event], [stream_id], query.wait)
+    return reply(out, status=202)

@@ -1,0 +1,144 @@
+"""Keyset pages over a RediSearch index: the listing routes' one query (`GET /v1/episodes`, `GET /v1/facts`).
+
+Split out of `shared.index` (its size budget); like it, the only place that builds these queries.
+
+A page is ordered by a SORTABLE numeric field (an episode's `completed_at`, a fact's `created_at`) and
+then by the document key's digest suffix, a total order on values that do not change while a document
+lives. The next page starts strictly after the last row of the previous one (a *keyset*, not an offset),
+so documents written, re-projected or deleted meanwhile never shift the others: a listing that pages
+through while others publish sees every document that existed throughout exactly once. Documents whose
+sort value is moved meanwhile (an episode re-published with another `completed_at`) are seen once or not
+at all, at their old or new place, never twice.
+
+`FT.AGGREGATE` rather than `FT.SEARCH`, because only it sorts by two keys (`SORTBY 4 @t DESC @k ASC`)
+and compares strings (`FILTER @k > "..."`). The numeric bound is also in the query itself, so the engine
+skips everything before the cursor by its numeric index; the FILTER only settles ties of equal values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared.index import is_missing_index, numeric_clause
+
+SUFFIX = re.compile(r"[0-9a-f]{32}")  # the digest every document key ends with (shared.keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a page ends: the last row's sort value (UTC epoch seconds) and its key's digest suffix."""
+
+    value: float
+    suffix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    key: bytes
+    position: Position
+
+
+def _literal(x: float) -> str:
+    return repr(float(x)) if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+async def page(
+    r: aioredis.Redis,
+    index: str,
+    query: str,
+    *,
+    sort_field: str,
+    key_prefix: str,
+    descending: bool,
+    after: Position | None,
+    limit: int,
+) -> tuple[list[Row], bool]:
+    """At most `limit` documents of `query` in (`sort_field`, key suffix) order — descending values
+    with ascending suffixes, or both ascending — strictly after `after` (None: from the start).
+
+    `key_prefix` is what every key of the index starts with (the generation's document prefix); the
+    rest of the key is a 32-hex digest. A document without `sort_field` is never listed (a missing
+    NUMERIC matches no range), and whether more follow. A missing index is an empty page. Raises ValueError for a suffix that is
+    not a digest (callers validate cursors before).
+    """
+    expr = query
+    tie = ""
+    if after is not None:
+        if not SUFFIX.fullmatch(after.suffix):
+            raise ValueError("a position's suffix must be 32 lower-case hex characters")
+        lo, hi = (None, after.value) if descending else (after.value, None)
+        expr = f"{query} {numeric_clause(sort_field, lo, hi)}"
+        beyond = "<" if descending else ">"
+        v = _literal(after.value)
+        tie = f'@{sort_field} {beyond} {v} || (@{sort_field} == {v} && @k > "{after.suffix}")'
+    args: list[Any] = [
+        "FT.AGGREGATE",
+        index,
+        expr,
+        "LOAD",
+        2,
+        "@__key",
+        f"@{sort_field}",
+        "APPLY",
+        f"substr(@__key, {len(key_prefix.encode())}, 32)",
+        "AS",
+        "k",
+    ]
+    if tie:
+        args += ["FILTER", tie]
+    args += ["SORTBY", 4, f"@{sort_field}", "DESC" if descending else "ASC", "@k", "ASC"]
+    # one row more than asked: whether there is a next page, without an empty last page to fetch
+    args += ["MAX", int(limit) + 1, "DIALECT", 2]
+    try:
+        reply = await r.execute_command(*args)
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return [], False
+        raise
+    rows = []
+    for raw in reply[1:]:
+        f = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
+        key, value, suffix = f.get(b"__key"), f.get(sort_field.encode()), f.get(b"k")
+        if key is None or value is None or suffix is None:
+            continue  # deleted between the index's match and the load
+        rows.append(Row(key=key, position=Position(float(value), suffix.decode())))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if rows:
+        # FT.AGGREGATE prints a SORTABLE number with ~12 significant digits (1764605454.899795 came
+        # back as 1764605454.9), and a cursor rounded up would start the next page at the same row:
+        # the last row's value, the only one a cursor holds, is read exactly from its hash
+        exact = await r.hget(rows[-1].key, sort_field)
+        if exact is not None:
+            last = rows[-1]
+            rows[-1] = Row(key=last.key, position=Position(float(exact), last.position.suffix))
+    return rows, more
+
+
+async def every_key(r: aioredis.Redis, index: str, query: str, *, batch: int = 1000) -> list[bytes]:
+    """The key of every document of `query` (`FT.AGGREGATE ... WITHCURSOR`, `batch` per read), in no
+    particular order; a document without any SORTABLE field (a draft) is found too. A missing index
+    holds none."""
+    try:
+        reply, cursor = await r.execute_command(
+            "FT.AGGREGATE", index, query, "LOAD", 1, "@__key", "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2
+        )
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return []
+        raise
+    keys: list[bytes] = []
+    while True:
+        for raw in reply[1:]:
+            f = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
+            if f.get(b"__key") is not None:
+                keys.append(f[b"__key"])
+        if not int(cursor):
+            return keys
+        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", int(batch))

@@ -1,0 +1,107 @@
+"""Bulk forgetting: by agent, by session, by ids; each a job that says how many and when it is done."""
+
+from __future__ import annotations
+
+import asyncio
+
+from engram_episodic import AsyncEngram, Engram
+from shared.keys import Keys, digest
+from tests.helpers import wait_until
+from tests.integration.test_query_e2e import consolidating, drain
+from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+
+async def listed(api, headers=None, **params):
+    body = await (
+        await api.get("/v1/episodes", params={"limit": 1000, **params}, headers=headers or {})
+    ).json()
+    return sorted(r["episode_id"] for r in body["results"])
+
+
+async def test_forget_an_agent_and_a_session_as_jobs(api, settings, redis):
+    items = [
+        episode(f"e{i}", agent_id="a" if i < 4 else "b", session_id="s1" if i % 2 else "s2") for i in range(8)
+    ]
+    async with consolidating(settings, redis):
+        await api.post("/v1/episodes", json={"episodes": items}, params={"wait": 10})
+        # a draft of agent a is found too (the index holds it; listing shows only completed ones)
+        await api.post("/v1/episodes", json=episode("d0", agent_id="a"), params={"wait": 10})
+        resp = await api.delete("/v1/agents/a")
+        assert resp.status == 202, await resp.text()
+        job = await resp.json()
+        assert job["episodes"] == 5 and job["kind"] == "agent" and job["agent_id"] == "a"
+        assert job["job"] == f"/v1/forget/{job['job_id']}"
+
+        async def status():
+            return await (await api.get(job["job"])).json()
+
+        done = await wait_until(lambda: _done(status), message="the agent's forget")
+        assert done["forgotten"] == 5 and done["status"] == "done"
+        assert await listed(api) == ["e4", "e5", "e6", "e7"]
+        for i in range(4):
+            assert (await api.get(f"/v1/episodes/e{i}")).status == 404
+
+        job = await (await api.delete("/v1/sessions/s1")).json()
+        assert job["episodes"] == 2 and job["kind"] == "session"  # e5, e7 (e1, e3 went with agent a)
+        await wait_until(lambda: _done(lambda: api.get(job["job"])), message="the session's forget")
+        assert await listed(api) == ["e4", "e6"]
+        # nothing left to forget: a job of zero, done at once
+        empty = await (await api.delete("/v1/agents/a")).json()
+        assert empty["episodes"] == 0 and empty["status"] == "done"
+
+
+async def _done(status):
+    body = await status()
+    if not isinstance(body, dict):
+        body = await body.json()
+    return body if body.get("status") == "done" else None
+
+
+async def test_forget_by_ids_reports_unknown_and_already_forgotten(api, settings, redis):
+    await api.post("/v1/episodes", json={"episodes": [episode(f"e{i}") for i in range(4)]})
+    await drain(settings, redis)
+    await api.delete("/v1/episodes/e0")
+    await drain(settings, redis)
+    await api.post("/v1/episodes", json=episode("late"))  # accepted, not projected yet: still forgettable
+    resp = await api.post("/v1/forget", json={"episode_ids": ["e0", "e1", "e2", "nope", "e1", "late"]})
+    assert resp.status == 202, await resp.text()
+    job = await resp.json()
+    assert job["episodes"] == 3 and job["unknown"] == ["nope"] and job["already_forgotten"] == ["e0"]
+    assert job["status"] == "pending"
+    await drain(settings, redis)
+    assert (await (await api.get(job["job"])).json())["status"] == "done"
+    assert await listed(api) == ["e3"]
+    assert (await api.post("/v1/forget", json={"episode_ids": ["nope"]})).status == 404
+    for bad in ({"episode_ids": []}, {"episode_ids": [""]}, {"ids": ["e3"]}, {"episode_ids": ["x"] * 1001}):
+        resp = await api.post("/v1/forget", json=bad)
+        assert resp.status == 422, bad
+    assert (await api.get("/v1/forget/0123")).status == 404
+
+
+async def test_jobs_are_per_tenant_and_hold_no_ids(tenants, settings, redis, prefix):
+    for key in (KEY_A, KEY_B):
+        await tenants.post("/v1/episodes", json=episode("x", agent_id="bot"), headers=auth(key))
+    await drain(settings, redis)
+    base = str(tenants.make_url("")).rstrip("/")
+    async with AsyncEngram(base, api_key=KEY_A) as memory:
+        job = await memory.forget_agent("bot")
+        assert job.episodes == 1 and not job.done
+        assert (await tenants.get(f"/v1/forget/{job.job_id}", headers=auth(KEY_B))).status == 404
+        await drain(settings, redis)
+        assert (await memory.forget_job(job.job_id)).done
+    assert await listed(tenants, headers=auth(KEY_B)) == ["x"]  # the other tenant's agent "bot" is intact
+    record = await redis.hgetall(Keys(prefix).forget_job(job.job_id))
+    assert record[b"tombs"] == digest("ns-a", "x").encode()  # digests of the ids, never the ids
+    assert b"bot" not in b"".join(record.values())
+    assert 0 < await redis.ttl(Keys(prefix).forget_job(job.job_id)) <= 7 * 86400
+
+    def sync():
+        with Engram(base, api_key=KEY_B) as m:
+            by_session = m.forget_session("none")
+            by_ids = m.forget_episodes(["x"])
+            return by_session, by_ids
+
+    by_session, by_ids = await asyncio.to_thread(sync)
+    assert by_session.episodes == 0 and by_session.done and by_ids.episodes == 1

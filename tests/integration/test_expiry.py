@@ -1,0 +1,141 @@
+"""Expiry: `expires_at` / `ttl` hide an episode from every read at once (a NUMERIC filter in the query),
+then the consolidator's sweep erases it like a forget."""
+
+from __future__ import annotations
+
+import time
+
+from services.consolidator import expiry
+from shared import streams
+from shared.codec import decode
+from shared.index import NUMERIC_FIELDS, VectorParams, ensure_episode_index, episode_schema
+from shared.keys import Keys
+from tests.helpers import wait_until
+from tests.integration.test_query_e2e import consolidating, drain
+from tests.integration.test_query_support import episode
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+
+def ids(body):
+    return sorted(r["episode"]["episode_id"] if "episode" in r else r["episode_id"] for r in body["results"])
+
+
+async def test_expired_episodes_are_hidden_everywhere_then_erased(api, settings, redis, prefix):
+    now = time.time()
+    common = dict(task="renew the tls certificate", category="ops", agent_id="ops")
+    items = [
+        episode("live", completed_at=now - 300, **common),
+        episode("later", completed_at=now - 300, ttl="1d", **common),
+        # an episode sent after its expiry (a late import) is hidden from the start
+        episode("gone", completed_at=now - 300, expires_at=now - 60, outcome="failure", **common),
+    ]
+    resp = await api.post("/v1/episodes", json={"episodes": items})
+    assert resp.status == 202, await resp.text()
+    await drain(settings, redis)
+    later = await (await api.get("/v1/episodes/later")).json()
+    assert later["episode"]["expires_at"].endswith("Z")
+    assert (await api.get("/v1/episodes/gone")).status == 404
+
+    recall = await (
+        await api.post("/v1/recall", json={"query": "renew the tls certificate", "top_k": 10})
+    ).json()
+    assert ids(recall) == ["later", "live"]
+    context = await (await api.post("/v1/context", json={"task": "renew the tls certificate"})).json()
+    assert "gone" not in ids(context) and "gone" not in [e["episode_id"] for e in context["short_term"]]
+    skills = await (await api.get("/v1/skills")).json()
+    assert skills["results"][0]["episodes"] == 2 and skills["results"][0]["successes"] == 2
+    curve = await (await api.get("/v1/learning-curve")).json()
+    assert sorted(p["episode_id"] for p in curve["results"]) == ["later", "live"]
+    listed = await (await api.get("/v1/episodes")).json()
+    assert ids(listed) == ["later", "live"]
+    suggest = await (await api.post("/v1/suggest", json={"task": "renew the tls certificate"})).json()
+    assert suggest["failures"] == 0
+    assert (await api.patch("/v1/episodes/gone", json={"importance": 3})).status == 404
+
+    # the sweep erases it as a forget: document, events, stream entries; a tombstone stays
+    keys = Keys(prefix)
+    assert await expiry.sweep(redis, settings) == 1
+    assert await expiry.sweep(redis, settings) == 0  # the lease: one sweep per interval across workers
+    await drain(settings, redis)
+    assert await redis.exists(keys.tombstone("default", "gone"))
+    assert not await redis.exists(keys.episode_doc(1, "default", "gone"))
+    left = [decode(e.payload) for e in await streams.read_range(redis, keys.stream)]
+    assert [type(e).__name__ for e in left if getattr(e, "episode_id", None) == "gone"] == [
+        "EpisodeForgotten"
+    ]
+
+
+async def test_an_expiry_set_later_hides_the_episode_when_it_passes(api, settings, redis):
+    await api.post("/v1/episodes", json=episode("e1"))
+    await drain(settings, redis)
+    async with consolidating(settings, redis):
+        resp = await api.patch("/v1/episodes/e1", json={"ttl": "1s"}, params={"wait": 10})
+        assert (await resp.json())["projected"]
+        assert (await api.get("/v1/episodes/e1")).status == 200
+        # no sweep runs here: the query alone hides it once the instant passes
+        await wait_until(
+            lambda: _status(api, "/v1/episodes/e1", 404), timeout=10, message="the episode to expire"
+        )
+        body = await (await api.post("/v1/recall", json={"query": "a task"})).json()
+        assert body["results"] == []
+
+
+async def _status(api, path, status):
+    return (await api.get(path)).status == status
+
+
+async def test_bad_expiries_are_422_naming_the_field(api):
+    cases = [
+        (episode("a", ttl="soon"), "ttl"),
+        (episode("b", ttl=-5), "ttl"),
+        (episode("c", ttl="1d", expires_at="2030-01-01T00:00:00Z"), "ttl"),
+        (episode("d", completed_at=1_700_000_000.0, expires_at=1_600_000_000.0), "expires_at"),
+        (episode("e", expires_at="tomorrow"), "expires_at"),
+    ]
+    for body, field in cases:
+        resp = await api.post("/v1/episodes", json=body)
+        assert resp.status == 422, (body, await resp.text())
+        assert field in {e["field"] for e in (await resp.json())["errors"]}, body
+
+
+async def test_an_index_built_before_expiry_gets_the_field(redis, prefix):
+    keys = Keys(prefix)
+    params = VectorParams(dim=8, algorithm="FLAT")
+    old = episode_schema(params)
+    i = old.index("expires_at")
+    del old[i : i + 3]  # name, NUMERIC, SORTABLE
+    await redis.execute_command(
+        "FT.CREATE",
+        keys.episode_index(1),
+        "ON",
+        "HASH",
+        "PREFIX",
+        1,
+        keys.episode_doc_prefix(1),
+        "SCHEMA",
+        *old,
+    )
+    await ensure_episode_index(redis, keys, 1, params, "hashing-8", tag_key=None)
+    info = await redis.execute_command("FT.INFO", keys.episode_index(1))
+    attrs = dict(zip(info[::2], info[1::2], strict=False))[b"attributes"]
+    names = {a[a.index(b"attribute") + 1].decode() for a in attrs}
+    assert set(NUMERIC_FIELDS) <= names
+    await redis.execute_command(
+        "FT.SEARCH", keys.episode_index(1), "-@expires_at:[-inf 1]", "LIMIT", 0, 0, "DIALECT", 2
+    )
+
+
+async def test_facts_are_built_without_expired_episodes(api, settings, redis):
+    now = time.time()
+    common = dict(task="rotate the api gateway tls certificate", category="ops", agent_id="ops")
+    live = [episode(f"l{i}", completed_at=now - 300 + i, **common) for i in range(4)]
+    gone = [episode(f"g{i}", completed_at=now - 300 + i, expires_at=now - 10, **common) for i in range(4)]
+    await api.post("/v1/episodes", json={"episodes": live + gone})
+    await drain(settings, redis)
+    assert (await api.post("/v1/consolidate", json={})).status == 200
+    facts = (await (await api.post("/v1/facts/search", json={"top_k": 100})).json())["results"]
+    assert facts, "four live episodes of one task make a fact"
+    evidence = {e for f in facts for e in f["evidence"]}
+    assert evidence and not any(e.startswith("g") for e in evidence)
+    assert all(f["support"] <= 4 for f in facts)
