@@ -40,7 +40,8 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from shared.index import STOPWORDS, TEXT_FIELDS, fold_for_search
+from shared.index import TEXT_FIELDS
+from shared.keywords import STOPWORDS, fold_for_search
 
 K1 = 1.2
 """Term-frequency saturation (BM25's k1)."""

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from engram_episodic.events import (
     Action,
@@ -60,7 +61,7 @@ def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
     episode whose snapshot has not arrived waits for it (it sorts after it by time, folded again then)."""
     if base is None:
         return None
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}  # field name → new value
     if update.feedback is not None:
         old = base.feedback or Feedback()
         given = {f.name: getattr(update.feedback, f.name) for f in dataclasses.fields(Feedback)}

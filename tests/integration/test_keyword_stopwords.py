@@ -10,7 +10,6 @@ import numpy as np
 
 from engram_episodic.validation import parse_episode
 from shared.index import (
-    STOPWORDS,
     Scope,
     VectorParams,
     bm25_search,
@@ -19,6 +18,7 @@ from shared.index import (
     keyword_query,
 )
 from shared.keys import Keys
+from shared.keywords import STOPWORDS
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from shared.index import fold_for_search, keyword_terms
+from shared.keywords import fold_for_search, keyword_terms
 from tests.integration.test_query_support import episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]
