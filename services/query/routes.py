@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import models
-from services.query.views import episodes, facts, insights, operations, recall
+from services.query.views import docs, episodes, facts, insights, operations, recall
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -52,6 +52,18 @@ NOT_FOUND = Status(404, "not in the caller's namespace")
 UNAUTHORIZED = Status(401, "missing or invalid API key")
 NOT_PUBLISHED = Status(503, "Redis did not accept the event; nothing was published (Retry-After)")
 LAGGING = Status(429, "consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
+
+
+def _file(description: str, content_type: str) -> dict[str, Any]:
+    schema = (
+        {"type": "string"}
+        if content_type.startswith("text/") or "javascript" in content_type
+        else {
+            "type": "string",
+            "contentEncoding": "binary",
+        }
+    )
+    return {"description": description, "content": {content_type: {"schema": schema}}}
 
 
 def route(
@@ -201,6 +213,37 @@ ROUTES: tuple[Route, ...] = (
         "This OpenAPI 3.1 document",
         public=True,
         tag="operations",
+    ),
+    route(
+        "GET",
+        "/docs",
+        docs.docs_page,
+        "An interactive page of this document (Swagger UI, served offline)",
+        public=True,
+        tag="operations",
+        response=_file("an HTML page that loads only this service's own files", "text/html"),
+    ),
+    route(
+        "GET",
+        "/docs/init.js",
+        docs.docs_init,
+        "The docs page's script",
+        public=True,
+        tag="operations",
+        response=_file("JavaScript", "application/javascript"),
+    ),
+    *(
+        route(
+            "GET",
+            f"/docs/{name}",
+            docs.asset_handler(name),
+            f"A file of the docs page ({name}, from swagger-ui-py)",
+            public=True,
+            tag="operations",
+            response=_file("a static file", content_type),
+            errors=(Status(503, "the swagger-ui-py package is not installed"),),
+        )
+        for name, (_, content_type) in docs.ASSETS.items()
     ),
     route(
         "POST",

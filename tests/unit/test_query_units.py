@@ -232,6 +232,15 @@ def test_the_public_routes_are_the_probes_and_the_document():
     from services.query.routes import ROUTES, route
     from services.query.views import operations
 
-    assert public_paths(ROUTES) == {"/healthz", "/readyz", "/openapi.json"}
+    assert public_paths(ROUTES) == {
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+        "/docs",
+        "/docs/init.js",
+        "/docs/swagger-ui.css",
+        "/docs/swagger-ui-bundle.js",
+        "/docs/favicon-32x32.png",
+    }
     with pytest.raises(ValueError, match="fixed path"):
         public_paths([route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])
