@@ -374,41 +374,8 @@ class LearningCurveQuery(ScopeIn):
     limit: Annotated[int, IntIn(1, 10_000, from_query=True)] = 1000
 
 
-EPISODE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "An episode as agents send it (see docs/api.md, 'The episode model'); validated by "
-    "engram_episodic.validation.parse_episode. `outcome` is required over HTTP.",
-    "required": ["task", "outcome"],
-    "properties": {
-        "episode_id": {"type": "string"},
-        "agent_id": {"type": "string"},
-        "user_id": {"type": "string"},
-        "session_id": {"type": "string"},
-        "task": {
-            "oneOf": [
-                {"type": "string"},
-                {
-                    "type": "object",
-                    "properties": {
-                        "description": {"type": "string"},
-                        "category": {"type": "string"},
-                        "complexity": {"type": "number", "minimum": 0, "maximum": 1},
-                    },
-                    "required": ["description"],
-                },
-            ]
-        },
-        "outcome": {"type": "string", "enum": list(OUTCOMES)},
-        "feedback": {"type": "object"},
-        "actions": {"type": "array", "items": {"type": "object"}},
-        "importance": {"type": "number", "minimum": 1, "maximum": 10},
-        "strategy_used": {"type": "string"},
-        "iterations": {"type": "integer", "minimum": 0},
-        "started_at": {"type": ["string", "number"]},
-        "completed_at": {"type": ["string", "number"]},
-    },
-    "additionalProperties": True,
-}
+MAX_BATCH = 1000
+_EPISODE_REF = {"$ref": "#/components/schemas/Episode"}  # engram_episodic.episode_schema, in the document
 INGEST_SCHEMA: dict[str, Any] = {
     "oneOf": [
         {
@@ -416,10 +383,9 @@ INGEST_SCHEMA: dict[str, Any] = {
             "required": ["episodes"],
             "additionalProperties": False,
             "properties": {
-                "episodes": {"type": "array", "items": EPISODE_SCHEMA, "minItems": 1, "maxItems": 1000}
+                "episodes": {"type": "array", "items": _EPISODE_REF, "minItems": 1, "maxItems": MAX_BATCH}
             },
         },
-        EPISODE_SCHEMA,
+        _EPISODE_REF,
     ]
 }
-MAX_BATCH = 1000

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from services.query import models
+from services.query import answers, models
 from services.query.views import docs, episodes, facts, insights, operations, recall
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -43,6 +43,7 @@ class Route:
     tag: str = "memory"
     errors: tuple[Status, ...] = ()  # in the order the document lists them
     response: dict[str, Any] | None = None  # the success response's OpenAPI object, if not a JSON object
+    answer: type[BaseModel] | None = None  # the success body's model (services.query.answers), if JSON
 
 
 MALFORMED = Status(400, "malformed JSON")
@@ -79,10 +80,14 @@ def route(
     tag: str = "memory",
     errors: tuple[Status, ...] = (),
     response: dict[str, Any] | None = None,
+    answer: type[BaseModel] | None = None,
 ) -> Route:
     """A Route with the error statuses its shape implies, then `errors` (which replace one of the same
     code in place): a body → 400, 413; a body, query model or path parameter → 422; a path parameter →
-    404; not public → 401."""
+    404; not public → 401. A JSON route names its success body's model (`answer`); any other its
+    OpenAPI response object (`response`): the document has a schema for every answer (ValueError)."""
+    if (answer is None) == (response is None):
+        raise ValueError(f"{method} {path}: give exactly one of answer= (a JSON body) or response=")
     implied: list[Status] = []
     if body is not None:
         implied += [MALFORMED, TOO_LARGE]
@@ -106,6 +111,7 @@ def route(
         tag=tag,
         errors=tuple(by_code.values()),
         response=response,
+        answer=answer,
     )
 
 
@@ -116,6 +122,7 @@ ROUTES: tuple[Route, ...] = (
         recall.recall,
         "Prioritized recall of the episodes worth replaying",
         body=models.RecallRequest,
+        answer=answers.RecallAnswer,
     ),
     route(
         "POST",
@@ -126,9 +133,14 @@ ROUTES: tuple[Route, ...] = (
         query=episodes.IngestQuery,
         status=202,
         errors=(NOT_PUBLISHED, LAGGING),
+        answer=answers.IngestAnswer,
     ),
     route(
-        "GET", "/v1/episodes/{episode_id:.+}", episodes.get_episode, "One episode of the caller's namespace"
+        "GET",
+        "/v1/episodes/{episode_id:.+}",
+        episodes.get_episode,
+        "One episode of the caller's namespace",
+        answer=answers.EpisodeAnswer,
     ),
     route(
         "DELETE",
@@ -137,6 +149,7 @@ ROUTES: tuple[Route, ...] = (
         "Forget one episode",
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.EpisodeForgotten,
     ),
     route(
         "DELETE",
@@ -145,6 +158,7 @@ ROUTES: tuple[Route, ...] = (
         "Forget every episode of a user",
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.UserForgotten,
     ),
     route(
         "POST",
@@ -152,6 +166,7 @@ ROUTES: tuple[Route, ...] = (
         recall.context,
         "Working memory and a ready prompt section for a task",
         body=models.ContextRequest,
+        answer=answers.ContextAnswer,
     ),
     route(
         "GET",
@@ -159,6 +174,7 @@ ROUTES: tuple[Route, ...] = (
         insights.skills,
         "Per-category skill profiles and weak categories",
         query=models.SkillsQuery,
+        answer=answers.SkillsAnswer,
     ),
     route(
         "POST",
@@ -166,6 +182,7 @@ ROUTES: tuple[Route, ...] = (
         insights.strategy,
         "Adaptive strategy choice for a task",
         body=models.StrategyRequest,
+        answer=answers.StrategyAnswer,
     ),
     route(
         "POST",
@@ -173,6 +190,7 @@ ROUTES: tuple[Route, ...] = (
         insights.suggest,
         "Confidence and common failures from similar episodes",
         body=models.SuggestRequest,
+        answer=answers.SuggestAnswer,
     ),
     route(
         "GET",
@@ -180,8 +198,17 @@ ROUTES: tuple[Route, ...] = (
         insights.learning_curve,
         "Cumulative and rolling reward and success rate",
         query=models.LearningCurveQuery,
+        answer=answers.LearningCurveAnswer,
     ),
-    route("GET", "/healthz", operations.healthz, "Liveness", public=True, tag="operations"),
+    route(
+        "GET",
+        "/healthz",
+        operations.healthz,
+        "Liveness",
+        public=True,
+        tag="operations",
+        answer=answers.Health,
+    ),
     route(
         "GET",
         "/readyz",
@@ -190,6 +217,7 @@ ROUTES: tuple[Route, ...] = (
         public=True,
         tag="operations",
         errors=(Status(503, "not ready", problem=False),),
+        answer=answers.Readiness,
     ),
     route(
         "GET",
@@ -213,6 +241,7 @@ ROUTES: tuple[Route, ...] = (
         "This OpenAPI 3.1 document",
         public=True,
         tag="operations",
+        answer=answers.OpenAPIDocument,
     ),
     route(
         "GET",
@@ -252,6 +281,7 @@ ROUTES: tuple[Route, ...] = (
         "Search consolidated facts (semantic memory)",
         body=facts.FactsSearchRequest,
         tag="facts",
+        answer=answers.FactsAnswer,
     ),
     route(
         "GET",
@@ -259,6 +289,7 @@ ROUTES: tuple[Route, ...] = (
         facts.fact_detail,
         "One fact with its evidence episodes and history",
         tag="facts",
+        answer=answers.FactDetail,
     ),
     route(
         "POST",
@@ -267,6 +298,7 @@ ROUTES: tuple[Route, ...] = (
         "Consolidate the namespace's episodes into facts now",
         body=facts.ConsolidateRequest,
         tag="facts",
+        answer=answers.ConsolidateAnswer,
     ),
 )
 

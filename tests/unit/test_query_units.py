@@ -228,6 +228,7 @@ def test_prompt_section_never_exceeds_budget(task, max_chars, n):
 
 
 def test_the_public_routes_are_the_probes_and_the_document():
+    from services.query import answers
     from services.query.auth import public_paths
     from services.query.routes import ROUTES, route
     from services.query.views import operations
@@ -243,4 +244,6 @@ def test_the_public_routes_are_the_probes_and_the_document():
         "/docs/favicon-32x32.png",
     }
     with pytest.raises(ValueError, match="fixed path"):
-        public_paths([route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])
+        public_paths(
+            [route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True, answer=answers.Health)]
+        )
