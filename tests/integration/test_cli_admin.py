@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 
@@ -99,3 +100,20 @@ def test_the_admin_defaults_follow_engram_run(tmp_path):
     )
     given = {"REDIS_URL": "redis://elsewhere:1/0", "ENGRAM_MASTER_KEY": "k", "ENGRAM_DATA_DIR": str(tmp_path)}
     assert server_env(given) == given  # what is set wins
+
+
+async def test_run_starts_the_stack_as_make_run_does(monkeypatch):
+    import services.run
+
+    seen: dict[str, str | None] = {}
+
+    def fake_main() -> int:  # the supervisor itself is tested in test_run_stack.py
+        seen.update({k: os.environ.get(k) for k in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE")})
+        return 3
+
+    monkeypatch.setattr(services.run, "main", fake_main)
+    for name in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    out = await invoke("run", "--workers", "2", "--port", "8099")
+    assert out.exit_code == 3  # the stack's exit status is the command's
+    assert seen == {"ENGRAM_WORKERS": "2", "ENGRAM_PORT": "8099", "HF_HUB_OFFLINE": "1"}
