@@ -60,10 +60,12 @@ def _schema(
     components: dict[str, Any],
     mode: Literal["validation", "serialization"] = "validation",
 ) -> dict[str, Any]:
+    """Put `model`'s schema and those it refers to into `components`; returns its `$ref`. Two different
+    schemas of one name (two models called `Fact`) are a ValueError, not one silently replacing the other."""
     schema = _link(model.model_json_schema(ref_template="#/components/schemas/{model}", mode=mode))
-    for name, sub in schema.pop("$defs", {}).items():
-        components[name] = sub
-    components[model.__name__] = schema
+    for name, sub in [*schema.pop("$defs", {}).items(), (model.__name__, schema)]:
+        if components.setdefault(name, sub) != sub:
+            raise ValueError(f"two different schemas are named {name!r} in the OpenAPI document")
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
@@ -85,8 +87,8 @@ def _responses(route: Route, components: dict[str, Any]) -> dict[str, Any]:
         }
     elif route.response is not None:
         success = route.response
-    else:
-        raise ValueError(f"{route.method} {route.path}: no answer model and no response object")
+    else:  # untyped: tests/unit/test_query_units.py fails on it, the service still documents the route
+        success = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
     responses: dict[str, Any] = {str(route.status): success}
     for s in route.errors:
         responses[str(s.code)] = _problem(s.description) if s.problem else {"description": s.description}
