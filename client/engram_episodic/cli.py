@@ -1,28 +1,35 @@
 """`engram`: the command line of Engram's query service, on the typed client (`engram_episodic.Engram`).
 
+    engram run                                         # the stack, as `make run` (server installed)
     engram recall "fix the flaky migration test" --agent-id coder --top-k 5
     engram context "fix the flaky migration test"      # the prompt section an agent would get
+    engram record "fix the flaky migration test" --outcome success --reward 0.9
     engram publish episodes.json                       # one episode, or {"episodes": [...]}
     engram facts "migrations"                          # semantic memory
-    engram skills --agent-id coder
-    engram curve --agent-id coder
+    engram skills --agent-id coder [--plot [--out skills.png]]
+    engram curve --agent-id coder [--plot [--out curve.png]]
     engram forget --episode EPISODE_ID                 # or --user USER_ID
+    engram replay | reindex --embedder E | dead-letters | redrive --all   # on Redis (server installed)
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
 
 `--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
 select the service. Human output by default, `--json` for scripts. Errors are the service's problem
-details on stderr with exit status 1 (2 for usage errors).
+details on stderr with exit status 1 (2 for usage errors). The commands that run server code are in
+`engram_episodic.cli_admin`, the plots in `engram_episodic.cli_plot`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
+from engram_episodic import cli_admin
 from engram_episodic.client import Engram
 from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
 
@@ -101,6 +108,15 @@ def scoped(fn: Any) -> Any:
     return fn
 
 
+def _plot_options(fn: Any) -> Any:
+    fn = click.option(
+        "--out",
+        type=click.Path(dir_okay=False, writable=True, path_type=Path),
+        help="Write the plot to this PNG (matplotlib) instead of the terminal.",
+    )(fn)
+    return click.option("--plot", is_flag=True, help="Draw it (terminal: plotext; extra: [plot]).")(fn)
+
+
 @cli.command()
 @click.argument("query")
 @scoped
@@ -148,19 +164,72 @@ def context(ctx: click.Context, task: str, as_json: bool, **options: Any) -> Non
         click.echo(found.prompt)
 
 
+def _accepted(result: Any, as_json: bool) -> None:
+    if as_json:
+        _emit(result.raw)
+        return
+    for accepted in result.results:
+        state = (
+            ""
+            if accepted.projected is None
+            else (" projected" if accepted.projected else " not yet projected")
+        )
+        click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id}){state}")
+
+
+_wait_option = click.option(
+    "--wait", type=click.FloatRange(0, 30), help="Seconds to wait until recallable (read-your-writes)."
+)
+
+
 @cli.command()
 @click.argument("file", type=click.File("r", encoding="utf-8"))
+@_wait_option
+@click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def publish(ctx: click.Context, file: Any) -> None:
+def publish(ctx: click.Context, file: Any, wait: float | None, as_json: bool) -> None:
     """Publish FILE: one episode (JSON object) or {"episodes": [...]}. "-" reads stdin."""
     try:
         body = json.load(file)
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"{file.name} is not JSON: {exc}") from None
     episodes = body["episodes"] if isinstance(body, dict) and set(body) == {"episodes"} else [body]
-    result = _run(ctx, lambda c: c.publish(episodes))
-    for accepted in result.results:
-        click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id})")
+    _accepted(_run(ctx, lambda c: c.publish(episodes, wait=wait)), as_json)
+
+
+@cli.command()
+@click.argument("task")
+@click.option("--outcome", required=True, type=click.Choice(["success", "partial", "failure", "abandoned"]))
+@scoped
+@click.option("--category", help="Task category (default unknown).")
+@click.option("--solution")
+@click.option("--reward", type=float, help="Feedback reward (recall clips it to [0, 1]).")
+@click.option("--message", help="Feedback message (what went wrong or right).")
+@click.option("--strategy", "strategy_used")
+@click.option("--importance", type=click.FloatRange(1, 10))
+@click.option("--episode-id", help="Default: a new id (publishing the same id again replaces it).")
+@_wait_option
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def record(
+    ctx: click.Context,
+    task: str,
+    category: str | None,
+    reward: float | None,
+    message: str | None,
+    wait: float | None,
+    as_json: bool,
+    **fields: Any,
+) -> None:
+    """Record one finished episode of TASK from options (`publish` takes JSON files)."""
+    episode: dict[str, Any] = {
+        "task": {"description": task, **({"category": category} if category else {})},
+        **{k: v for k, v in fields.items() if v is not None},
+    }
+    feedback = {k: v for k, v in (("reward", reward), ("message", message)) if v is not None}
+    if feedback:
+        episode["feedback"] = feedback
+    _accepted(_run(ctx, lambda c: c.publish([episode], wait=wait)), as_json)
 
 
 @cli.command()
@@ -191,12 +260,23 @@ def facts(ctx: click.Context, query: str | None, as_json: bool, **options: Any) 
 @scoped
 @click.option("--threshold", type=click.FloatRange(0, 1), help="Weak below this success rate (default 0.5).")
 @click.option("--json", "as_json", is_flag=True)
+@_plot_options
 @click.pass_context
-def skills(ctx: click.Context, as_json: bool, **options: Any) -> None:
-    """Per-category skill profiles; weak categories are marked."""
+def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **options: Any) -> None:
+    """Per-category skill profiles; weak categories are marked (`--plot`: a bar chart)."""
     found = _run(ctx, lambda c: c.skills(**_scope(**options)))
     if as_json:
         _emit(found.raw)
+        return
+    if plot or out is not None:
+        from engram_episodic import cli_plot
+
+        if not found.results:
+            raise click.ClickException("no episodes in this scope: nothing to plot")
+        if out is not None:
+            click.echo(f"wrote {cli_plot.skills_png(found.results, found.threshold, out)}")
+        else:
+            click.echo(cli_plot.skills_terminal(found.results, found.threshold))
         return
     for p in found:
         click.echo(
@@ -211,12 +291,24 @@ def skills(ctx: click.Context, as_json: bool, **options: Any) -> None:
 @click.option("--window", type=click.IntRange(1, 1000))
 @click.option("--limit", type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True)
+@_plot_options
 @click.pass_context
-def curve(ctx: click.Context, as_json: bool, **options: Any) -> None:
-    """The learning curve: per episode, rolling success rate and reward, cumulative reward."""
+def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **options: Any) -> None:
+    """The learning curve: per episode, rolling success rate and reward, cumulative reward (`--plot`:
+    drawn)."""
     found = _run(ctx, lambda c: c.learning_curve(**_scope(**options)))
     if as_json:
         _emit(found.raw)
+        return
+    if plot or out is not None:
+        from engram_episodic import cli_plot
+
+        if not found.results:
+            raise click.ClickException("no episodes in this scope: nothing to plot")
+        if out is not None:
+            click.echo(f"wrote {cli_plot.curve_png(found.results, found.window, out)}")
+        else:
+            click.echo(cli_plot.curve_terminal(found.results, found.window))
         return
     for p in found:
         click.echo(
@@ -228,17 +320,22 @@ def curve(ctx: click.Context, as_json: bool, **options: Any) -> None:
 @cli.command()
 @click.option("--episode", "episode_id", help="Forget one episode.")
 @click.option("--user", "user_id", help="Forget every episode of a user.")
+@click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def forget(ctx: click.Context, episode_id: str | None, user_id: str | None) -> None:
+def forget(ctx: click.Context, episode_id: str | None, user_id: str | None, as_json: bool) -> None:
     """Forget one episode (--episode) or a whole user (--user)."""
     if (episode_id is None) == (user_id is None):
         raise click.UsageError("give exactly one of --episode or --user")
     if episode_id is not None:
         done = _run(ctx, lambda c: c.forget_episode(episode_id))
-        click.echo(f"forgetting episode {done.episode_id} (event {done.event_id})")
+        what = f"episode {done.episode_id}"
     else:
         done = _run(ctx, lambda c: c.forget_user(user_id))
-        click.echo(f"forgetting user {done.user_id} (event {done.event_id})")
+        what = f"user {done.user_id}"
+    if as_json:
+        _emit(dataclasses.asdict(done))
+    else:
+        click.echo(f"forgetting {what} (event {done.event_id})")
 
 
 @cli.command(
@@ -259,6 +356,10 @@ def mcp(ctx: click.Context) -> None:
     }
     os.environ.update(env)
     sys.exit(mcp_server.main(list(ctx.args)))
+
+
+for _command in cli_admin.COMMANDS:
+    cli.add_command(_command)
 
 
 def main() -> None:

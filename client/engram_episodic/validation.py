@@ -41,7 +41,8 @@ MAX_JSON_DEPTH = 32
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack (the stored form) can hold
 
 _EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__) | {"duration_s", "ttl"}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
+DURATION_PATTERN = r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$"
+_DURATION = re.compile(DURATION_PATTERN)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
 MAX_TTL = 100 * 365 * 86400.0  # a century: anything longer is no expiry
 

@@ -14,10 +14,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 
 import click
-import redis.asyncio as aioredis
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
@@ -37,30 +35,16 @@ def _settings(**overrides) -> Settings:
     return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
 
 
-@contextlib.asynccontextmanager
-async def _redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    from shared.redis_conn import connect
+def _redis(settings: Settings):
+    from services.consolidator.admin import redis_of
 
-    if settings.redis_url is None:  # `_settings` refuses it; a caller passing its own Settings may not
-        raise click.ClickException("REDIS_URL is not set")
-    redis = connect(settings.redis_url)
-    try:
-        yield redis
-    finally:
-        await redis.aclose()
+    return redis_of(settings)
 
 
 async def _open(stack: contextlib.AsyncExitStack, settings: Settings):
-    """Redis and the loaded embedder, each closed by `stack` (also when a later step of start-up fails)."""
-    from shared.embedding import make_embedder
+    from services.consolidator.admin import open_stack
 
-    redis = await stack.enter_async_context(_redis(settings))
-    embedder = make_embedder(settings)
-    stack.push_async_callback(embedder.aclose)
-    if hasattr(embedder, "load"):
-        await embedder.load()
-    await embedder.ensure_dim()
-    return redis, embedder
+    return await open_stack(stack, settings)
 
 
 async def _run(settings: Settings) -> int:
@@ -130,77 +114,43 @@ def run() -> None:
 @cli.command("dead-letters")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000))
 def dead_letters(limit: int) -> None:
-    """List dead letters as JSON lines (id, original stream id, reason)."""
-    from services.consolidator.deadletters import list_dead_letters
-    from shared.keys import Keys
+    """List dead letters as JSON lines (id, original stream id, reason). Also `engram dead-letters`."""
+    from services.consolidator import admin
 
-    async def go():
-        settings = _settings()
-        async with _redis(settings) as redis:
-            for d in await list_dead_letters(redis, Keys(settings.prefix), limit=limit):
-                click.echo(
-                    json.dumps(
-                        {
-                            "id": d.dead_id,
-                            "stream_id": d.stream_id,
-                            "reason": d.reason,
-                            "consumer": d.consumer,
-                            "at": d.at,
-                            "bytes": len(d.payload),
-                        }
-                    )
-                )
-
-    asyncio.run(go())
+    for row in asyncio.run(admin.dead_letters(_settings(), limit)):
+        click.echo(json.dumps(row))
 
 
 @cli.command()
 @click.argument("ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Re-drive every dead letter.")
 def redrive(ids: tuple[str, ...], all_: bool) -> None:
-    """Publish dead letters again (after a fix) and remove them from the dead-letter stream."""
-    from services.consolidator.deadletters import list_dead_letters
-    from services.consolidator.deadletters import redrive as do_redrive
-    from shared.keys import Keys
+    """Publish dead letters again (after a fix) and remove them from the dead-letter stream. Also
+    `engram redrive`, with a progress bar."""
+    from services.consolidator import admin
 
     if not ids and not all_:
         raise click.UsageError("name dead-letter ids or pass --all")
     if ids and all_:  # which one was meant? (--all re-drove everything and ignored the ids)
         raise click.UsageError("name dead-letter ids or pass --all, not both")
-
-    async def go():
-        settings = _settings()
-        async with _redis(settings) as redis:
-            if not all_:
-                known = {
-                    d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix), limit=1_000_000)
-                }
-                unknown = [i for i in ids if i not in known]
-            n = await do_redrive(redis, Keys(settings.prefix), None if all_ else list(ids))
-            click.echo(f"re-driven {n} dead letter(s)")
-        if not all_ and unknown:  # a typo must not look like success
-            raise click.ClickException(
-                f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"
-            )
-
-    asyncio.run(go())
+    n, unknown = asyncio.run(admin.redrive(_settings(), None if all_ else list(ids)))
+    click.echo(f"re-driven {n} dead letter(s)")
+    if unknown:  # a typo must not look like success
+        raise click.ClickException(
+            f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"
+        )
 
 
 def _replay(**overrides) -> None:
-    from services.consolidator.replay import replay as do_replay
+    from services.consolidator import admin
 
-    async def go():
-        settings = _settings(**overrides)
-        async with contextlib.AsyncExitStack() as stack:
-            redis, embedder = await _open(stack, settings)
-            click.echo(json.dumps(await do_replay(settings, redis, embedder)))
-
-    asyncio.run(go())
+    click.echo(json.dumps(asyncio.run(admin.replay(_settings(**overrides)))))
 
 
 @cli.command()
 def replay() -> None:
-    """Rebuild every projection from the stream into a new generation and swap it in."""
+    """Rebuild every projection from the stream into a new generation and swap it in. Also `engram
+    replay`, with a progress bar."""
     _replay()
 
 

@@ -13,6 +13,7 @@ themselves stay in `shared.streams`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -64,12 +65,21 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
     return out
 
 
-async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None = None) -> int:
+async def redrive(
+    redis: aioredis.Redis,
+    keys: Keys,
+    dead_ids: list[str] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_each: Callable[[], None] | None = None,
+) -> int:
     """Publish dead letters' original payloads again (new stream ids) and remove them from the
     dead-letter stream, and their original (acked) entries from the stream. `dead_ids=None` re-drives
-    all. Returns how many were re-driven."""
+    all. `on_start(n)` hears how many will be, `on_each()` each one done (a progress bar). Returns how
+    many were re-driven."""
     letters = await list_dead_letters(redis, keys, limit=1_000_000)
     chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
+    if on_start is not None:
+        on_start(len(chosen))
     for letter in chosen:
         await streams.requeue(
             redis,
@@ -82,6 +92,8 @@ async def redrive(redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None 
         ident = peek_identity(letter.payload)
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
+        if on_each is not None:
+            on_each()
     return len(chosen)
 
 

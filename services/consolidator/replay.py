@@ -18,6 +18,7 @@ Tombstones are generation-independent, so a replay never resurrects forgotten da
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import redis.asyncio as aioredis
 
@@ -39,8 +40,26 @@ log = logging.getLogger("engram.replay")
 PAGE = 500
 
 
+class Progress(Protocol):
+    """Where a long run reports how far it is (the `engram` command line draws a bar from it)."""
+
+    def phase(self, name: str, total: int | None) -> None:
+        """A new phase begins, of about `total` units (None: unknown)."""
+
+    def advance(self, n: int) -> None:
+        """`n` more units of the current phase are done."""
+
+
+class NoProgress:
+    def phase(self, name: str, total: int | None) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+
 async def _project_range(
-    projector: Projector, redis: aioredis.Redis, stream: str, start: bytes | str
+    projector: Projector, redis: aioredis.Redis, stream: str, start: bytes | str, progress: Progress
 ) -> tuple[bytes | None, int]:
     """Project entries after `start` ("-" = from the beginning); returns (last id, count)."""
     last: bytes | None = None
@@ -56,9 +75,12 @@ async def _project_range(
         last = page[-1].stream_id
         cursor = last
         count += len(page)
+        progress.advance(len(page))
 
 
-async def _import_snapshot(projector: Projector, redis: aioredis.Redis, keys: Keys, old: int) -> int:
+async def _import_snapshot(
+    projector: Projector, redis: aioredis.Redis, keys: Keys, old: int, progress: Progress
+) -> int:
     """Copy and re-fold every episode event hash of generation `old`; returns episodes imported."""
     prefix = f"{keys.gen_prefix(old)}evs:"
     batch: list[tuple[str, str]] = []
@@ -73,15 +95,24 @@ async def _import_snapshot(projector: Projector, redis: aioredis.Redis, keys: Ke
         if len(batch) >= PAGE:
             await projector.refold(batch)
             imported += len(batch)
+            progress.advance(len(batch))
             batch = []
     if batch:
         await projector.refold(batch)
         imported += len(batch)
+        progress.advance(len(batch))
     return imported
 
 
-async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[str, int]:
-    """Build generation n+1 from the snapshot and the stream, swap it in, drop generation n."""
+async def replay(
+    settings: Settings, redis: aioredis.Redis, embedder, progress: Progress | None = None
+) -> dict[str, int]:
+    """Build generation n+1 from the snapshot and the stream, swap it in, drop generation n.
+
+    `progress` hears three phases: `snapshot` (episodes re-folded, of about as many as generation n
+    holds documents), `stream` (entries projected, of the stream's length) and `catch-up`. Returns
+    counts: from_generation, generation, snapshot_episodes, entries, dropped_keys."""
+    progress = progress or NoProgress()
     from services.consolidator.worker import vector_params
 
     keys = Keys(settings.prefix)
@@ -103,12 +134,15 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
     projector = Projector(
         redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags, settings=settings
     )
-    snapshot = await _import_snapshot(projector, redis, keys, old)
+    progress.phase("snapshot", await _episode_count(redis, keys, old))
+    snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(redis, keys, old, new, dim, tags)
-    last, first_pass = await _project_range(projector, redis, keys.stream, "-")
+    progress.phase("stream", int(await redis.xlen(keys.stream)))
+    last, first_pass = await _project_range(projector, redis, keys.stream, "-", progress)
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     await redis.hset(keys.meta, "generation", new)
-    _, catch_up = await _project_range(projector, redis, keys.stream, last or "-")
+    progress.phase("catch-up", None)
+    _, catch_up = await _project_range(projector, redis, keys.stream, last or "-", progress)
     dropped = await _drop_generation(redis, keys, old)
     log.info(
         "replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
@@ -127,6 +161,17 @@ async def replay(settings: Settings, redis: aioredis.Redis, embedder) -> dict[st
         "entries": first_pass + catch_up,
         "dropped_keys": dropped,
     }
+
+
+async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
+    """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None."""
+    try:
+        info = await redis.execute_command("FT.INFO", keys.episode_index(gen))
+    except Exception:  # noqa: BLE001 - no index yet (a first replay): the size is unknown, not an error
+        return None
+    fields = dict(zip(info[::2], info[1::2], strict=False))
+    raw = fields.get(b"num_docs", fields.get("num_docs"))
+    return int(float(raw)) if raw is not None else None
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.query.answers import SCHEMAS
 from services.query.appkeys import (
     CONSOLIDATE,
     CURSORS,
@@ -58,7 +59,7 @@ from shared.settings import Settings
 log = logging.getLogger("engram.query")
 
 # the document of the table, built on the first GET /openapi.json and kept for the process
-openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, ROUTES))
+openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, ROUTES, SCHEMAS))
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:

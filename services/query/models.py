@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
+from engram_episodic.episode_schema import episode_schema, ttl_schema
 from engram_episodic.errors import ConfigError
 from engram_episodic.events import OUTCOMES
 from engram_episodic.timeutil import parse_instant
@@ -374,46 +375,8 @@ class LearningCurveQuery(ScopeIn):
     limit: Annotated[int, IntIn(1, 10_000, from_query=True)] = 1000
 
 
-EPISODE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "An episode as agents send it (see docs/api.md, 'The episode model'); validated by "
-    "engram_episodic.validation.parse_episode. `outcome` is required over HTTP.",
-    "required": ["task", "outcome"],
-    "properties": {
-        "episode_id": {"type": "string"},
-        "agent_id": {"type": "string"},
-        "user_id": {"type": "string"},
-        "session_id": {"type": "string"},
-        "task": {
-            "oneOf": [
-                {"type": "string"},
-                {
-                    "type": "object",
-                    "properties": {
-                        "description": {"type": "string"},
-                        "category": {"type": "string"},
-                        "complexity": {"type": "number", "minimum": 0, "maximum": 1},
-                    },
-                    "required": ["description"],
-                },
-            ]
-        },
-        "outcome": {"type": "string", "enum": list(OUTCOMES)},
-        "feedback": {"type": "object"},
-        "actions": {"type": "array", "items": {"type": "object"}},
-        "importance": {"type": "number", "minimum": 1, "maximum": 10},
-        "strategy_used": {"type": "string"},
-        "iterations": {"type": "integer", "minimum": 0},
-        "started_at": {"type": ["string", "number"]},
-        "completed_at": {"type": ["string", "number"]},
-        "expires_at": {
-            "type": ["string", "number"],
-            "description": "hidden from every read after it, then erased",
-        },
-        "ttl": {"type": ["string", "number"], "description": "expires_at as a duration after completed_at"},
-    },
-    "additionalProperties": True,
-}
+MAX_BATCH = 1000
+_EPISODE_REF = {"$ref": "#/components/schemas/Episode"}  # engram_episodic.episode_schema, in the document
 INGEST_SCHEMA: dict[str, Any] = {
     "oneOf": [
         {
@@ -421,13 +384,13 @@ INGEST_SCHEMA: dict[str, Any] = {
             "required": ["episodes"],
             "additionalProperties": False,
             "properties": {
-                "episodes": {"type": "array", "items": EPISODE_SCHEMA, "minItems": 1, "maxItems": 1000}
+                "episodes": {"type": "array", "items": _EPISODE_REF, "minItems": 1, "maxItems": MAX_BATCH}
             },
         },
-        EPISODE_SCHEMA,
+        _EPISODE_REF,
     ]
 }
-MAX_BATCH = 1000
+_EPISODE_IN = episode_schema()["properties"]  # sub-schemas inlined
 UPDATE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "The fields to change (at least one), validated by "
@@ -436,15 +399,12 @@ UPDATE_SCHEMA: dict[str, Any] = {
     "minProperties": 1,
     "additionalProperties": False,
     "properties": {
-        "feedback": EPISODE_SCHEMA["properties"]["feedback"],
-        "outcome": EPISODE_SCHEMA["properties"]["outcome"],
-        "outcome_details": {"type": "string"},
-        "importance": EPISODE_SCHEMA["properties"]["importance"],
-        "metadata": {"type": "object"},
-        "expires_at": {
-            "type": ["string", "number"],
-            "description": "an instant: hidden, then erased, after it",
-        },
-        "ttl": {"type": ["string", "number"], "description": "a duration from now (instead of expires_at)"},
+        "feedback": _EPISODE_IN["feedback"],
+        "outcome": _EPISODE_IN["outcome"],
+        "outcome_details": _EPISODE_IN["outcome_details"],
+        "importance": _EPISODE_IN["importance"],
+        "metadata": {"type": "object", "description": "keys to set; a null value removes the key"},
+        "expires_at": _EPISODE_IN["expires_at"],
+        "ttl": ttl_schema("a duration from now"),
     },
 }

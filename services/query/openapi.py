@@ -4,10 +4,12 @@ and the pydantic models' JSON schemas: each route's statuses, security and model
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
+
+from services.query.answers import NAMED
 
 if TYPE_CHECKING:  # the type only: the table is handed over, never imported
     from services.query.routes import Route
@@ -40,11 +42,30 @@ def openapi_path(path: str) -> str:
     return _PARAM.sub(r"{\1}", path)
 
 
-def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, sub in schema.pop("$defs", {}).items():
-        components[name] = sub
-    components[model.__name__] = schema
+def _link(schema: Any) -> Any:
+    """`schema` with each `answers.named(...)` marker replaced by its `$ref` (2020-12 allows siblings of
+    $ref)."""
+    if isinstance(schema, dict):
+        out = {k: _link(v) for k, v in schema.items() if k != NAMED}
+        if NAMED in schema:
+            out["$ref"] = f"#/components/schemas/{schema[NAMED]}"
+        return out
+    if isinstance(schema, list):
+        return [_link(v) for v in schema]
+    return schema
+
+
+def _schema(
+    model: type[BaseModel],
+    components: dict[str, Any],
+    mode: Literal["validation", "serialization"] = "validation",
+) -> dict[str, Any]:
+    """Put `model`'s schema and those it refers to into `components`; returns its `$ref`. Two different
+    schemas of one name (two models called `Fact`) are a ValueError, not one silently replacing the other."""
+    schema = _link(model.model_json_schema(ref_template="#/components/schemas/{model}", mode=mode))
+    for name, sub in [*schema.pop("$defs", {}).items(), (model.__name__, schema)]:
+        if components.setdefault(name, sub) != sub:
+            raise ValueError(f"two different schemas are named {name!r} in the OpenAPI document")
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
@@ -55,20 +76,29 @@ def _problem(description: str) -> dict[str, Any]:
     }
 
 
-def _responses(route: Route) -> dict[str, Any]:
+def _responses(route: Route, components: dict[str, Any]) -> dict[str, Any]:
     """The documented responses of one route: its success status, then its error statuses."""
-    responses: dict[str, Any] = {
-        str(route.status): route.response
-        or {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
-    }
+    if route.answer is not None:
+        success = {
+            "description": (route.answer.__doc__ or "OK").split("\n\n")[0],
+            "content": {
+                "application/json": {"schema": _schema(route.answer, components, mode="serialization")}
+            },
+        }
+    elif route.response is not None:
+        success = route.response
+    else:  # untyped: tests/unit/test_query_units.py fails on it, the service still documents the route
+        success = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+    responses: dict[str, Any] = {str(route.status): success}
     for s in route.errors:
         responses[str(s.code)] = _problem(s.description) if s.problem else {"description": s.description}
     return responses
 
 
-def document(routes: Iterable[Route]) -> dict[str, Any]:
-    """The document of `routes` (make_app builds it once, on the first GET /openapi.json)."""
-    components: dict[str, Any] = {"Problem": PROBLEM_SCHEMA}
+def document(routes: Iterable[Route], schemas: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The document of `routes` (make_app builds it once, on the first GET /openapi.json); `schemas` are
+    named components the routes' models refer to (`services.query.answers.SCHEMAS`: the episode)."""
+    components: dict[str, Any] = {"Problem": PROBLEM_SCHEMA, **(schemas or {})}
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         path = openapi_path(route.path)
@@ -97,7 +127,7 @@ def document(routes: Iterable[Route]) -> dict[str, Any]:
         if route.body is not None:
             body_schema = _schema(route.body, components) if isinstance(route.body, type) else route.body
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_schema}}}
-        responses = _responses(route)
+        responses = _responses(route, components)
         if not route.public:
             op["security"] = [{"bearer": []}]
         op["responses"] = responses

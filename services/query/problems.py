@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -127,8 +128,36 @@ async def read_json(request: web.Request) -> Any:
         raise Problem(400, f"the request body cannot be read: {exc}") from None
     if not raw.strip():
         raise Problem(400, "the request body is empty; send a JSON object")
+    body = _parse(raw)
+    # text that is not valid Unicode (a lone "\ud800"), numbers no store can hold, absurd nesting:
+    # rejected here, once, for every route, naming where they are
+    problem = json_problem(body, max_depth=64)
+    if problem is not None:
+        raise Invalid([(problem[0] or "<body>", problem[1])])
+    return body
+
+
+# orjson turns an integer beyond 64 bits (and one below -2**63, 19 digits) into a float, which would
+# hide it from json_problem's range check: a body with a run of 19+ digits takes the stdlib's path, which
+# keeps it an int (the run is found by mapping digits to "0" and searching, ~25x faster than a regex over
+# a 600 KB body). So does a body orjson refuses: the stdlib names the problem as before (a lone surrogate
+# stays a 422 naming its field; NaN, 1e400, thousands of digits and deep nesting keep their messages).
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def _parse(raw: bytes) -> Any:
+    """The JSON value of a request body, as the stdlib reads it; Problem 400 when it is not JSON.
+
+    orjson when its reading is the stdlib's: 50 episodes with 768-dim vectors (780 KB) 14.5 → 2.5 ms,
+    50 small episodes 0.032 → 0.018 ms, 50 text-heavy ones (610 KB) 2.7 → 2.6 ms."""
+    if raw.translate(_DIGITS_AS_ZERO).find(_LONG_RUN) < 0:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise Problem(400, "the request body is not UTF-8") from None
     except RecursionError:
@@ -137,12 +166,6 @@ async def read_json(request: web.Request) -> Any:
         if "digits" in str(exc):  # int() refuses numbers with thousands of digits
             raise Problem(400, "the request body has a number with too many digits") from None
         raise Problem(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
-    # text that is not valid Unicode (a lone "\ud800"), numbers no store can hold, absurd nesting:
-    # rejected here, once, for every route, naming where they are
-    problem = json_problem(body, max_depth=64)
-    if problem is not None:
-        raise Invalid([(problem[0] or "<body>", problem[1])])
-    return body
 
 
 def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:

@@ -15,8 +15,18 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from services.query import models
-from services.query.views import episodes, facts, forgetting, insights, listing, operations, recall, updates
+from services.query import answers, models
+from services.query.views import (
+    docs,
+    episodes,
+    facts,
+    forgetting,
+    insights,
+    listing,
+    operations,
+    recall,
+    updates,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -43,15 +53,23 @@ class Route:
     tag: str = "memory"
     errors: tuple[Status, ...] = ()  # in the order the document lists them
     response: dict[str, Any] | None = None  # the success response's OpenAPI object, if not a JSON object
+    answer: type[BaseModel] | None = None  # the success body's model (services.query.answers), if JSON
 
 
-MALFORMED = Status(400, "malformed JSON")
+MALFORMED = Status(400, "malformed JSON, or a request line or header longer than the server accepts")
 TOO_LARGE = Status(413, "body too large")
 INVALID = Status(422, "invalid fields, each named in `errors`")
 NOT_FOUND = Status(404, "not in the caller's namespace")
 UNAUTHORIZED = Status(401, "missing or invalid API key")
 NOT_PUBLISHED = Status(503, "Redis did not accept the event; nothing was published (Retry-After)")
 LAGGING = Status(429, "consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
+
+
+def _file(description: str, content_type: str) -> dict[str, Any]:
+    """The OpenAPI response object of a non-JSON success answer (a page, a script, an image)."""
+    text = content_type.startswith("text/") or content_type.endswith("javascript")
+    schema: dict[str, Any] = {"type": "string"} if text else {"type": "string", "contentEncoding": "binary"}
+    return {"description": description, "content": {content_type: {"schema": schema}}}
 
 
 def route(
@@ -67,13 +85,18 @@ def route(
     tag: str = "memory",
     errors: tuple[Status, ...] = (),
     response: dict[str, Any] | None = None,
+    answer: type[BaseModel] | None = None,
 ) -> Route:
     """A Route with the error statuses its shape implies, then `errors` (which replace one of the same
-    code in place): a body → 400, 413; a body, query model or path parameter → 422; a path parameter →
-    404; not public → 401."""
+    code in place): a body or query model → 400; a body → 413; a body, query model or path parameter → 422; a path parameter →
+    404; not public → 401. A JSON route names its success body's model (`answer`), any other its
+    OpenAPI response object (`response`), so the document has a schema for every answer (a unit test
+    checks each route of the table gives one)."""
     implied: list[Status] = []
+    if body is not None or query is not None:  # a long query string is refused before any handler
+        implied.append(MALFORMED)
     if body is not None:
-        implied += [MALFORMED, TOO_LARGE]
+        implied.append(TOO_LARGE)
     if body is not None or query is not None or "{" in path:
         implied.append(INVALID)
     if "{" in path:
@@ -94,6 +117,7 @@ def route(
         tag=tag,
         errors=tuple(by_code.values()),
         response=response,
+        answer=answer,
     )
 
 
@@ -104,6 +128,7 @@ ROUTES: tuple[Route, ...] = (
         recall.recall,
         "Prioritized recall of the episodes worth replaying",
         body=models.RecallRequest,
+        answer=answers.RecallAnswer,
     ),
     route(
         "POST",
@@ -114,6 +139,7 @@ ROUTES: tuple[Route, ...] = (
         query=episodes.IngestQuery,
         status=202,
         errors=(NOT_PUBLISHED, LAGGING),
+        answer=answers.IngestAnswer,
     ),
     route(
         "GET",
@@ -121,9 +147,14 @@ ROUTES: tuple[Route, ...] = (
         listing.list_episodes,
         "Every episode of a scope, newest first, page by page (opaque cursor)",
         query=listing.EpisodeListQuery,
+        answer=answers.EpisodePage,
     ),
     route(
-        "GET", "/v1/episodes/{episode_id:.+}", episodes.get_episode, "One episode of the caller's namespace"
+        "GET",
+        "/v1/episodes/{episode_id:.+}",
+        episodes.get_episode,
+        "One episode of the caller's namespace",
+        answer=answers.EpisodeAnswer,
     ),
     route(
         "PATCH",
@@ -134,6 +165,7 @@ ROUTES: tuple[Route, ...] = (
         query=episodes.IngestQuery,
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.EpisodeUpdateAccepted,
     ),
     route(
         "DELETE",
@@ -142,6 +174,7 @@ ROUTES: tuple[Route, ...] = (
         "Forget one episode",
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.EpisodeForgotten,
     ),
     route(
         "DELETE",
@@ -150,6 +183,7 @@ ROUTES: tuple[Route, ...] = (
         "Forget every episode of a user",
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.UserForgotten,
     ),
     route(
         "DELETE",
@@ -158,6 +192,7 @@ ROUTES: tuple[Route, ...] = (
         "Forget every episode of an agent (a job: how many, and when done)",
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.ForgetJob,
     ),
     route(
         "DELETE",
@@ -166,6 +201,7 @@ ROUTES: tuple[Route, ...] = (
         "Forget every episode of a session (a job: how many, and when done)",
         status=202,
         errors=(NOT_PUBLISHED,),
+        answer=answers.ForgetJob,
     ),
     route(
         "POST",
@@ -175,12 +211,14 @@ ROUTES: tuple[Route, ...] = (
         body=forgetting.ForgetRequest,
         status=202,
         errors=(Status(404, "none of the ids is in the caller's namespace"), NOT_PUBLISHED),
+        answer=answers.ForgetJob,
     ),
     route(
         "GET",
         "/v1/forget/{job_id:.+}",
         forgetting.forget_job,
         "The status of a bulk forget: pending or done, and how many episodes are erased",
+        answer=answers.ForgetJob,
     ),
     route(
         "POST",
@@ -188,6 +226,7 @@ ROUTES: tuple[Route, ...] = (
         recall.context,
         "Working memory and a ready prompt section for a task",
         body=models.ContextRequest,
+        answer=answers.ContextAnswer,
     ),
     route(
         "GET",
@@ -195,6 +234,7 @@ ROUTES: tuple[Route, ...] = (
         insights.skills,
         "Per-category skill profiles and weak categories",
         query=models.SkillsQuery,
+        answer=answers.SkillsAnswer,
     ),
     route(
         "POST",
@@ -202,6 +242,7 @@ ROUTES: tuple[Route, ...] = (
         insights.strategy,
         "Adaptive strategy choice for a task",
         body=models.StrategyRequest,
+        answer=answers.StrategyAnswer,
     ),
     route(
         "POST",
@@ -209,6 +250,7 @@ ROUTES: tuple[Route, ...] = (
         insights.suggest,
         "Confidence and common failures from similar episodes",
         body=models.SuggestRequest,
+        answer=answers.SuggestAnswer,
     ),
     route(
         "GET",
@@ -216,8 +258,17 @@ ROUTES: tuple[Route, ...] = (
         insights.learning_curve,
         "Cumulative and rolling reward and success rate",
         query=models.LearningCurveQuery,
+        answer=answers.LearningCurveAnswer,
     ),
-    route("GET", "/healthz", operations.healthz, "Liveness", public=True, tag="operations"),
+    route(
+        "GET",
+        "/healthz",
+        operations.healthz,
+        "Liveness",
+        public=True,
+        tag="operations",
+        answer=answers.Health,
+    ),
     route(
         "GET",
         "/readyz",
@@ -226,6 +277,7 @@ ROUTES: tuple[Route, ...] = (
         public=True,
         tag="operations",
         errors=(Status(503, "not ready", problem=False),),
+        answer=answers.Readiness,
     ),
     route(
         "GET",
@@ -249,6 +301,38 @@ ROUTES: tuple[Route, ...] = (
         "This OpenAPI 3.1 document",
         public=True,
         tag="operations",
+        answer=answers.OpenAPIDocument,
+    ),
+    route(
+        "GET",
+        "/docs",
+        docs.docs_page,
+        "An interactive page of this document (Swagger UI, served offline)",
+        public=True,
+        tag="operations",
+        response=_file("an HTML page that loads only this service's own files", "text/html"),
+    ),
+    route(
+        "GET",
+        "/docs/init.js",
+        docs.docs_init,
+        "The docs page's script",
+        public=True,
+        tag="operations",
+        response=_file("JavaScript", "application/javascript"),
+    ),
+    *(
+        route(
+            "GET",
+            f"/docs/{name}",
+            docs.asset_handler(name),
+            f"A file of the docs page ({name}, from swagger-ui-py)",
+            public=True,
+            tag="operations",
+            response=_file("a static file", content_type),
+            errors=(Status(503, "the swagger-ui-py package is not installed"),),
+        )
+        for name, (_, content_type) in docs.ASSETS.items()
     ),
     route(
         "POST",
@@ -257,6 +341,7 @@ ROUTES: tuple[Route, ...] = (
         "Search consolidated facts (semantic memory)",
         body=facts.FactsSearchRequest,
         tag="facts",
+        answer=answers.FactsAnswer,
     ),
     route(
         "GET",
@@ -265,6 +350,7 @@ ROUTES: tuple[Route, ...] = (
         "Every fact of a scope, newest first, page by page (opaque cursor)",
         query=listing.FactListQuery,
         tag="facts",
+        answer=answers.FactPage,
     ),
     route(
         "GET",
@@ -272,6 +358,7 @@ ROUTES: tuple[Route, ...] = (
         facts.fact_detail,
         "One fact with its evidence episodes and history",
         tag="facts",
+        answer=answers.FactDetail,
     ),
     route(
         "POST",
@@ -280,6 +367,7 @@ ROUTES: tuple[Route, ...] = (
         "Consolidate the namespace's episodes into facts now",
         body=facts.ConsolidateRequest,
         tag="facts",
+        answer=answers.ConsolidateAnswer,
     ),
 )
 

@@ -232,6 +232,29 @@ def test_the_public_routes_are_the_probes_and_the_document():
     from services.query.routes import ROUTES, route
     from services.query.views import operations
 
-    assert public_paths(ROUTES) == {"/healthz", "/readyz", "/openapi.json"}
+    assert public_paths(ROUTES) == {
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+        "/docs",
+        "/docs/init.js",
+        "/docs/swagger-ui.css",
+        "/docs/swagger-ui-bundle.js",
+        "/docs/favicon-32x32.png",
+    }
     with pytest.raises(ValueError, match="fixed path"):
         public_paths([route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])
+
+
+def test_every_route_documents_its_success_answer():
+    from services.query.app import openapi_document
+    from services.query.routes import ROUTES
+
+    untyped = [f"{r.method} {r.path}" for r in ROUTES if r.answer is None and r.response is None]
+    assert untyped == [], "give these routes answer=<a model of services.query.answers> (or response=)"
+    for path, ops in openapi_document()["paths"].items():
+        for method, op in ops.items():
+            ((status, success),) = [(s, r) for s, r in op["responses"].items() if s.startswith("2")]
+            for media in success["content"].values():
+                assert media["schema"] != {"type": "object"}, (method, path)
+                assert "$ref" in media["schema"] or media["schema"].get("type") == "string", (method, path)

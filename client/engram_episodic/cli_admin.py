@@ -1,0 +1,233 @@
+"""`engram run`, `replay`, `reindex`, `dead-letters`, `redrive`: the commands that run the server's own
+code (the stack, or a task on its Redis) rather than call the HTTP API.
+
+The client distribution has no server code: these import it when they run (a checkout's `make install`,
+or `pip install -e .` beside `./client`) and say so when it is absent. They read the server's
+environment (`shared.settings.Settings`) with the defaults of `engram run`: `REDIS_URL` defaults to its
+embedded Redis (`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390) and, with no master key set, the
+key it keeps in `$ENGRAM_DATA_DIR/master.key` (`.run/`) is used when it exists (without it sealed events
+cannot be opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with
+`--progress`) with its rate and ETA, then a summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import click
+
+NO_SERVER = (
+    "`engram {command}` runs Engram's server code, which is not installed here ({error}). From an Engram "
+    "checkout: `make install` (or `pip install -e .` beside `pip install -e ./client`)."
+)
+EMBEDDERS = ("hashing", "minilm", "mpnet", "openai")
+
+
+def server_module(command: str, name: str) -> ModuleType:
+    """Import the server module `name` for `command`, or a ClickException saying how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise click.ClickException(NO_SERVER.format(command=command, error=exc)) from None
+
+
+def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the admin commands read, with `engram run`'s defaults filled in."""
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("REDIS_URL", f"redis://127.0.0.1:{env.get('ENGRAM_REDIS_PORT') or 6390}/0")
+    key = Path(env.get("ENGRAM_DATA_DIR") or ".run") / "master.key"
+    if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE") and key.is_file():
+        env["ENGRAM_MASTER_KEY_FILE"] = str(key)
+    return env
+
+
+def _settings(command: str, **overrides: Any) -> Any:
+    settings_mod = server_module(command, "shared.settings")
+    errors = server_module(command, "engram_episodic.errors")
+    try:
+        settings = settings_mod.Settings.from_env(server_env())
+    except errors.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _run(command: str, coro: Any) -> Any:
+    """Run an admin coroutine; Redis being away is a one-line error, not a traceback."""
+    redis_exc = server_module(command, "redis.exceptions")
+    try:
+        return asyncio.run(coro)
+    except (redis_exc.ConnectionError, redis_exc.TimeoutError) as exc:
+        url = server_env().get("REDIS_URL")
+        raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
+
+
+class Bars:
+    """`services.consolidator.replay.Progress` drawn with tqdm: one bar per phase, rate and ETA."""
+
+    def __init__(self, *, enabled: bool | None, units: dict[str, str] | None = None):
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.enabled = enabled
+        self.units = units or {}
+        self.bar: Any = None
+        self.counts: dict[str, int] = {}
+        self._phase = ""
+
+    def phase(self, name: str, total: int | None) -> None:
+        self.close()
+        self._phase = name
+        self.counts[name] = 0
+        self.bar = self._tqdm(
+            total=total,
+            desc=name,
+            unit=self.units.get(name, "it"),
+            file=sys.stderr,
+            disable=None if self.enabled is None else not self.enabled,  # None: only on a terminal
+            dynamic_ncols=True,
+            mininterval=0.2,
+        )
+
+    def advance(self, n: int) -> None:
+        self.counts[self._phase] = self.counts.get(self._phase, 0) + n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+progress_option = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Draw a progress bar on stderr (default: when stderr is a terminal).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+
+
+@click.command()
+@click.option("--workers", type=click.IntRange(1, 64), help="Consolidator processes (ENGRAM_WORKERS, 1).")
+@click.option("--port", type=click.IntRange(1, 65535), help="The query service's port (ENGRAM_PORT, 8080).")
+def run(workers: int | None, port: int | None) -> None:
+    """Start the stack in the foreground, as `make run` does: the embedded Redis (unless REDIS_URL is
+    set), the consolidator(s) and the query service; Ctrl-C stops everything."""
+    stack = server_module("run", "services.run")
+    if workers is not None:
+        os.environ["ENGRAM_WORKERS"] = str(workers)
+    if port is not None:
+        os.environ["ENGRAM_PORT"] = str(port)
+    for name, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
+        os.environ.setdefault(name, value)  # as the Makefile exports them: models load from disk only
+    sys.exit(stack.main())
+
+
+def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any) -> None:
+    admin = server_module(command, "services.consolidator.admin")
+    settings = _settings(command, **overrides)
+    bars = Bars(enabled=progress, units={"snapshot": "episode", "stream": "entry", "catch-up": "entry"})
+    start = time.perf_counter()
+    try:
+        counts = _run(command, admin.replay(settings, bars))
+    finally:
+        bars.close()
+    seconds = time.perf_counter() - start
+    done = counts["snapshot_episodes"] + counts["entries"]
+    if as_json:
+        click.echo(json.dumps({**counts, "embedder": settings.embedder, "seconds": round(seconds, 3)}))
+        return
+    click.echo(
+        f"{command}: generation {counts['from_generation']} → {counts['generation']} "
+        f"({settings.embedder}): {counts['snapshot_episodes']} episodes from the snapshot, "
+        f"{counts['entries']} stream entries, {counts['dropped_keys']} old keys dropped, "
+        f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s)"
+    )
+
+
+@click.command()
+@progress_option
+@json_option
+def replay(progress: bool | None, as_json: bool) -> None:
+    """Rebuild every projection from the stream into a new generation and swap it in (REDIS_URL)."""
+    _replay("replay", progress, as_json)
+
+
+@click.command()
+@click.option("--embedder", type=click.Choice(EMBEDDERS), required=True)
+@progress_option
+@json_option
+def reindex(embedder: str, progress: bool | None, as_json: bool) -> None:
+    """Re-embed every episode with another embedder (a replay into a new index), then swap it in. Restart
+    the stack with the same ENGRAM_EMBEDDER afterwards."""
+    _replay("reindex", progress, as_json, embedder=embedder)
+
+
+@click.command("dead-letters")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000))
+@json_option
+def dead_letters(limit: int, as_json: bool) -> None:
+    """List dead letters, oldest first: the events the consolidator gave up on, with the reason."""
+    admin = server_module("dead-letters", "services.consolidator.admin")
+    rows = _run("dead-letters", admin.dead_letters(_settings("dead-letters"), limit))
+    if as_json:
+        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        return
+    from engram_episodic.timeutil import format_instant
+
+    for row in rows:
+        click.echo(f"{row['id']:22} {format_instant(row['at'])}  {row['bytes']:7} B  {row['reason'][:100]}")
+    click.echo(f"{len(rows)} dead letter(s)", err=True)
+
+
+@click.command()
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Re-drive every dead letter.")
+@progress_option
+@json_option
+def redrive(ids: tuple[str, ...], all_: bool, progress: bool | None, as_json: bool) -> None:
+    """Publish dead letters again (after a fix) and remove them from the dead-letter stream."""
+    if not ids and not all_:
+        raise click.UsageError("name dead-letter ids or pass --all")
+    if ids and all_:
+        raise click.UsageError("name dead-letter ids or pass --all, not both")
+    admin = server_module("redrive", "services.consolidator.admin")
+    bars = Bars(enabled=progress, units={"redrive": "letter"})
+    start = time.perf_counter()
+    try:
+        n, unknown = _run(
+            "redrive",
+            admin.redrive(
+                _settings("redrive"),
+                None if all_ else list(ids),
+                on_start=lambda total: bars.phase("redrive", total),
+                on_each=lambda: bars.advance(1),
+            ),
+        )
+    finally:
+        bars.close()
+    seconds = time.perf_counter() - start
+    if as_json:
+        click.echo(json.dumps({"redriven": n, "unknown": unknown, "seconds": round(seconds, 3)}))
+    else:
+        click.echo(f"re-driven {n} dead letter(s) in {seconds:.1f} s")
+    if unknown:  # a typo must not look like success
+        raise click.ClickException(
+            f"no dead letter has the id(s) {', '.join(unknown)} (see `engram dead-letters` for the ids)"
+        )
+
+
+COMMANDS = (run, replay, reindex, dead_letters, redrive)

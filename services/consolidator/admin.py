@@ -1,0 +1,92 @@
+"""Operator tasks on a deployment's Redis, shared by the `engram` command line (its front door:
+`engram replay`, `reindex`, `dead-letters`, `redrive`) and `python -m services.consolidator`.
+
+Each takes the Settings (read once by the caller) and opens what it needs, closing it however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from services.consolidator.replay import Progress
+from shared.keys import Keys
+from shared.settings import Settings
+
+
+@contextlib.asynccontextmanager
+async def redis_of(settings: Settings) -> AsyncIterator[aioredis.Redis]:
+    from shared.redis_conn import connect
+
+    if settings.redis_url is None:
+        raise ValueError("REDIS_URL is not set")
+    redis = connect(settings.redis_url)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+async def open_stack(stack: contextlib.AsyncExitStack, settings: Settings) -> tuple[aioredis.Redis, Any]:
+    """Redis and the loaded embedder, each closed by `stack` (also when a later step of start-up fails)."""
+    from shared.embedding import make_embedder
+
+    redis = await stack.enter_async_context(redis_of(settings))
+    embedder = make_embedder(settings)
+    stack.push_async_callback(embedder.aclose)
+    if hasattr(embedder, "load"):
+        await embedder.load()
+    await embedder.ensure_dim()
+    return redis, embedder
+
+
+async def replay(settings: Settings, progress: Progress | None = None) -> dict[str, int]:
+    """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
+    another embedder); `services.consolidator.replay.replay`'s counts."""
+    from services.consolidator.replay import replay as do_replay
+
+    async with contextlib.AsyncExitStack() as stack:
+        redis, embedder = await open_stack(stack, settings)
+        return await do_replay(settings, redis, embedder, progress)
+
+
+async def dead_letters(settings: Settings, limit: int) -> list[dict[str, Any]]:
+    """The oldest `limit` dead letters: `{id, stream_id, reason, consumer, at (UTC epoch s), bytes}`."""
+    from services.consolidator.deadletters import list_dead_letters
+
+    async with redis_of(settings) as redis:
+        return [
+            {
+                "id": d.dead_id,
+                "stream_id": d.stream_id,
+                "reason": d.reason,
+                "consumer": d.consumer,
+                "at": d.at,
+                "bytes": len(d.payload),
+            }
+            for d in await list_dead_letters(redis, Keys(settings.prefix), limit=limit)
+        ]
+
+
+async def redrive(
+    settings: Settings,
+    ids: list[str] | None,
+    on_start: Callable[[int], None] | None = None,
+    on_each: Callable[[], None] | None = None,
+) -> tuple[int, list[str]]:
+    """Re-drive the dead letters `ids` (None: all); returns (how many were re-driven, the ids that name
+    no dead letter). `on_start`/`on_each` as for `deadletters.redrive`."""
+    from services.consolidator.deadletters import list_dead_letters
+    from services.consolidator.deadletters import redrive as do_redrive
+
+    keys = Keys(settings.prefix)
+    async with redis_of(settings) as redis:
+        unknown: list[str] = []
+        if ids is not None:
+            known = {d.dead_id for d in await list_dead_letters(redis, keys, limit=1_000_000)}
+            unknown = [i for i in ids if i not in known]
+        n = await do_redrive(redis, keys, ids, on_start=on_start, on_each=on_each)
+    return n, unknown

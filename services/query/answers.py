@@ -1,0 +1,322 @@
+"""The success bodies of the HTTP API, as OpenAPI schemas (pydantic models used for their JSON schema only:
+the views build plain dicts, encoded by orjson). Each Route names its answer (`services.query.routes`);
+schemathesis checks every answer it provokes against these, so a drift fails `make test`.
+
+A field that is always there is required; one that some answers omit has a default. Unknown fields are
+allowed (a client must ignore what it does not know: a field added later is not a breaking change).
+Episodes refer to `EpisodeOut`, the response form of `engram_episodic.episode_schema`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from engram_episodic.episode_schema import action_schema, episode_schema, feedback_schema, task_schema
+from engram_episodic.events import OUTCOMES
+
+_REF = "#/components/schemas/{}"
+EPISODE_REFS = {name: _REF.format(name) for name in ("Task", "Action", "Feedback")}
+EPISODE_OUT_REFS = {name: _REF.format(name + "Out") for name in ("Task", "Action", "Feedback")}
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "Episode": episode_schema(refs=EPISODE_REFS),
+    "Task": task_schema(),
+    "Action": action_schema(),
+    "Feedback": feedback_schema(),
+    "EpisodeOut": episode_schema(response=True, refs=EPISODE_OUT_REFS),
+    "TaskOut": task_schema(response=True),
+    "ActionOut": action_schema(response=True),
+    "FeedbackOut": feedback_schema(response=True),
+}
+"""Named schemas of the document that no pydantic model produces (the episode, in and out)."""
+
+NAMED = "x-engram-named"
+
+
+def named(name: str) -> dict[str, Any]:
+    """The JSON schema of a pydantic field that is the document's component `name` (one of `SCHEMAS`):
+    `Annotated[dict[str, Any], WithJsonSchema(named("EpisodeOut"))]`. (A `$ref` there would be looked up
+    among pydantic's own definitions, a KeyError; `services.query.openapi` turns the marker into the
+    `$ref`.)"""
+    return {NAMED: name}
+
+
+EpisodeOut = Annotated[dict[str, Any], WithJsonSchema(named("EpisodeOut"))]
+Instant = Annotated[str, Field(description="ISO 8601, UTC (`Z`)"), WithJsonSchema({"type": "string"})]
+Outcome = Literal[OUTCOMES]  # type: ignore[valid-type]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --- episodes ---------------------------------------------------------------------------------------
+class Accepted(Answer):
+    episode_id: str
+    event_id: str
+    projected: bool | None = Field(None, description="with ?wait=: projected (recallable) in time")
+
+
+class IngestAnswer(Answer):
+    """Every episode was published to the stream; a single episode's ids are repeated on top."""
+
+    results: list[Accepted]
+    accepted: int
+    projected: bool | None = Field(None, description="with ?wait=: every episode projected in time")
+    episode_id: str | None = Field(None, description="one episode sent: its id")
+    event_id: str | None = Field(None, description="one episode sent: its event's id")
+
+
+class EpisodeAnswer(Answer):
+    episode: EpisodeOut | None = Field(description="null while `status` is pending")
+    episode_id: str | None = Field(None, description="present while pending")
+    status: str = Field(description="`pending` (accepted, not yet projected), `completed`, ...")
+    access_count: int
+    last_accessed: Instant | None
+
+
+class EpisodeForgotten(Answer):
+    episode_id: str
+    event_id: str | None = Field(description="null when it was forgotten already")
+    already_forgotten: bool | None = None
+
+
+class UserForgotten(Answer):
+    user_id: str
+    event_id: str
+
+
+class EpisodeUpdateAccepted(Answer):
+    """`PATCH /v1/episodes/{id}`: the `EpisodeUpdated` event was published."""
+
+    episode_id: str
+    event_id: str
+    projected: bool | None = Field(None, description="with ?wait=: folded into the episode in time")
+
+
+class ForgetJob(Answer):
+    """A bulk forget (by agent, session or ids) and how far it got."""
+
+    job_id: str
+    kind: Literal["agent", "session", "episodes"]
+    status: Literal["pending", "done"]
+    episodes: int = Field(description="episodes it erases")
+    forgotten: int = Field(description="episodes erased so far (tombstoned)")
+    created_at: Instant
+    expires_at: Instant = Field(description="when this status record is dropped")
+    job: str = Field(description="the status resource, GET it until `status` is done")
+    agent_id: str | None = None
+    session_id: str | None = None
+    unknown: list[str] | None = Field(None, description="ids the namespace never had (not published)")
+    already_forgotten: list[str] | None = Field(None, description="ids forgotten before (not published)")
+
+
+class EpisodePage(Answer):
+    """One page of `GET /v1/episodes`."""
+
+    results: list[EpisodeOut]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
+    order: Literal["asc", "desc"]
+    limit: int
+
+
+# --- recall and working memory ----------------------------------------------------------------------
+class Components(Answer):
+    similarity: float
+    recency: float
+    reward: float
+    outcome: float
+    importance: float
+
+
+class RecallHit(Answer):
+    episode: EpisodeOut
+    similarity: float = Field(description="cosine to the query, at least 0")
+    relevance: float = Field(description="the relevance recall ranked by (0..1)")
+    recency: float = Field(description="decay factor 0..1")
+    age_s: float = Field(description="seconds between completed_at (or last access) and as_of")
+    components: Components = Field(description="each signal times its weight")
+    priority: float
+    access_count: int
+    last_accessed: Instant | None
+
+
+class StrategyInReplay(Answer):
+    strategy: str | None
+    priority: float
+    episodes: int
+    avg_reward: float | None
+    success_rate: float | None
+    changed_at: Instant | None = None
+
+
+class ReplayContext(Answer):
+    episodes: int
+    avg_reward: float | None
+    success_rate: float | None
+    strategies: list[StrategyInReplay]
+
+
+class RecallAnswer(Answer):
+    results: list[RecallHit]
+    replay_context: ReplayContext
+    as_of: Instant
+    weights: Components
+    preset: str | None
+    mode: Literal["vector", "keyword", "hybrid"]
+    half_life: float = Field(description="seconds")
+    normalize: str
+    recency_from: str
+    candidates: int = Field(description="size of the re-ranked pool")
+    min_relevance: float
+    min_priority: float
+
+
+class FactBrief(Answer):
+    fact_id: str
+    kind: str
+    text: str
+    support: int
+    success_rate: float | None = None
+    confidence: float | None = None
+    score: float | None = None
+
+
+class ContextAnswer(Answer):
+    task: str
+    category: str | None
+    results: list[RecallHit]
+    short_term: list[EpisodeOut] = Field(description="the latest episodes of the scope, newest first")
+    replay_context: ReplayContext
+    facts: list[FactBrief]
+    prompt: str = Field(description="a markdown section ready for a system prompt, at most max_chars")
+    truncated: bool
+    max_chars: int
+    preset: str | None
+
+
+# --- insights ---------------------------------------------------------------------------------------
+class SkillProfile(Answer):
+    category: str
+    episodes: int
+    successes: int
+    avg_reward: float | None
+    avg_iterations: float | None
+    success_rate: float | None
+    weak: bool
+
+
+class SkillsAnswer(Answer):
+    results: list[SkillProfile]
+    weak: list[str]
+    threshold: float
+
+
+class StrategyAnswer(Answer):
+    strategy: str
+    rule: Literal["reuse", "weak_category", "no_evidence", "complexity"]
+    reason: str
+    evidence: dict[str, Any] = Field(description="`similar_episodes`, and what the rule counted")
+    pool: list[str] | None = None
+
+
+class Count(Answer):
+    count: int
+
+
+class SuggestAnswer(Answer):
+    confidence: str
+    similar: int
+    successes: int
+    failures: int
+    success_share: float | None
+    common_failures: list[dict[str, Any]] = Field(description="`{message, count}`, most frequent first")
+    failed_action_types: list[dict[str, Any]] = Field(description="`{action_type, count}`")
+    successful_strategies: list[dict[str, Any]] = Field(description="`{strategy, count}`")
+    changed: list[dict[str, Any]] = Field(description="strategies whose outcomes flipped")
+
+
+class CurvePoint(Answer):
+    episode: int = Field(description="1-based position, oldest first")
+    reward: float | None
+    outcome: Outcome | None
+    cumulative_reward: float
+    success_rate: float = Field(description="over the last `window` episodes")
+    avg_reward: float | None = Field(description="over the last `window` episodes")
+    episode_id: str
+    completed_at: Instant | None
+
+
+class LearningCurveAnswer(Answer):
+    results: list[CurvePoint]
+    window: int
+
+
+# --- facts ------------------------------------------------------------------------------------------
+class Fact(Answer):
+    fact_id: str
+    namespace: str
+    level: str
+    kind: Literal["strategy", "failure_pattern", "best_practice", "preference"]
+    text: str
+    support: int
+    successes: int | None = None
+    success_rate: float | None = None
+    avg_reward: float | None = None
+    evidence: list[str] = Field(default_factory=list, description="episode ids")
+    first_at: Instant | None = None
+    last_at: Instant | None = None
+    confidence: float | None = None
+    version: int | None = None
+    status: str | None = Field(None, description="`current` or `superseded`")
+    score: float | None = Field(None, description="search answers only")
+
+
+class FactsAnswer(Answer):
+    results: list[Fact]
+
+
+class FactPage(Answer):
+    """One page of `GET /v1/facts`."""
+
+    results: list[Fact]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
+    order: Literal["asc", "desc"]
+    limit: int
+
+
+class FactDetail(Answer):
+    fact: Fact
+    evidence: list[EpisodeOut]
+    history: list[dict[str, Any]] = Field(description="earlier versions of the fact")
+
+
+class ConsolidationRun(Answer):
+    scope: dict[str, Any]
+    status: str
+    facts: int | None = None
+    removed: int | None = None
+
+
+class ConsolidateAnswer(Answer):
+    results: list[ConsolidationRun]
+    generation: int
+
+
+# --- operations -------------------------------------------------------------------------------------
+class Health(Answer):
+    status: Literal["ok"]
+
+
+class Readiness(Answer):
+    status: Literal["ready", "not ready"]
+    checks: dict[str, bool] = Field(description="redis, index, embedder")
+
+
+class OpenAPIDocument(Answer):
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
+    components: dict[str, Any]

@@ -1,0 +1,119 @@
+"""`engram replay`, `reindex`, `dead-letters`, `redrive` on a real Redis: the server's tasks through the
+client's command line, with a progress bar (rate, ETA) and a summary; and a clear error without the
+server installed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+
+from click.testing import CliRunner
+
+from engram_episodic.cli import cli
+from engram_episodic.cli_admin import server_env
+from shared.index import current_generation
+from shared.keys import Keys
+from tests.integration.test_consolidator import drain, make_worker
+from tests.integration.test_facts import publish
+from tests.integration.test_query_support import episode
+
+# tqdm's bar: "stream: 100%|███| 12/12 [00:00<00:00, 480.1ep/s]" (elapsed<remaining, rate)
+BAR = re.compile(r"(\d+)/(\d+) \[[0-9:]+<[0-9:?]+, +[0-9.?]+ ?\w*/s\]")
+
+
+def env_for(monkeypatch, settings) -> None:
+    monkeypatch.setenv("REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("ENGRAM_PREFIX", settings.prefix)
+    monkeypatch.setenv("ENGRAM_EMBEDDER", "hashing")
+    monkeypatch.setenv("ENGRAM_EMBED_DIM", str(settings.embed_dim))
+    monkeypatch.setenv("ENGRAM_VECTOR_ALGORITHM", "FLAT")
+
+
+async def invoke(*args: str):
+    return await asyncio.to_thread(CliRunner().invoke, cli, list(args), catch_exceptions=False)
+
+
+async def test_replay_and_reindex_draw_progress_and_summarize(settings, redis, monkeypatch):
+    await publish(settings, redis, [episode(f"r{i}", task=f"rotate key {i}") for i in range(12)])
+    await drain(make_worker(settings, redis))
+    env_for(monkeypatch, settings)
+    keys = Keys(settings.prefix)
+    before = await current_generation(redis, keys)
+
+    out = await invoke("replay", "--progress", "--json")
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.stdout)
+    assert summary["from_generation"] == before and summary["generation"] == before + 1
+    assert summary["snapshot_episodes"] == 12 and summary["entries"] == 12 and summary["seconds"] > 0
+    bars = {m.group(0) for m in BAR.finditer(out.stderr)}
+    assert any(m.group(1) == m.group(2) == "12" for m in BAR.finditer(out.stderr)), out.stderr
+    assert "snapshot" in out.stderr and "stream" in out.stderr and bars
+
+    out = await invoke("reindex", "--embedder", "hashing", "--no-progress")
+    assert out.exit_code == 0, out.output
+    assert re.search(r"reindex: generation \d+ → \d+ \(hashing\): 12 episodes from the snapshot", out.stdout)
+    assert out.stderr == ""  # --no-progress: no bar
+    assert await current_generation(redis, keys) == before + 2
+
+
+async def test_dead_letters_and_redrive(settings, redis, monkeypatch):
+    await publish(settings, redis, [{**episode("bad-vector"), "vector": [0.5, 0.25, 1.0]}])  # 3 dims, not 256
+    await drain(make_worker(settings, redis))
+    env_for(monkeypatch, settings)
+
+    out = await invoke("dead-letters", "--json")
+    assert out.exit_code == 0, out.output
+    (letter,) = json.loads(out.stdout)
+    assert "dimension" in letter["reason"] or "dim" in letter["reason"], letter
+    human = await invoke("dead-letters")
+    assert letter["id"] in human.stdout and "1 dead letter(s)" in human.stderr
+
+    out = await invoke("redrive", "nope-0", "--json")
+    assert out.exit_code == 1 and "no dead letter has the id(s) nope-0" in out.output
+    out = await invoke("redrive", "--all", "--progress", "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["redriven"] == 1
+    assert any(m.group(1) == m.group(2) == "1" for m in BAR.finditer(out.stderr)), out.stderr
+    assert json.loads((await invoke("dead-letters", "--json")).stdout) == []
+    out = await invoke("redrive")
+    assert out.exit_code == 2  # neither ids nor --all
+
+
+async def test_admin_commands_say_how_to_install_the_server(monkeypatch):
+    for name in ("services.consolidator.admin", "services.run"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if the server package were absent
+    for args in (["replay"], ["dead-letters"], ["run"]):
+        out = await invoke(*args)
+        assert out.exit_code == 1 and "server code, which is not installed" in out.output, out.output
+        assert "make install" in out.output
+
+
+def test_the_admin_defaults_follow_engram_run(tmp_path):
+    env = server_env({"ENGRAM_REDIS_PORT": "6400", "ENGRAM_DATA_DIR": str(tmp_path)})
+    assert env["REDIS_URL"] == "redis://127.0.0.1:6400/0" and "ENGRAM_MASTER_KEY_FILE" not in env
+    (tmp_path / "master.key").write_text("x")
+    assert server_env({"ENGRAM_DATA_DIR": str(tmp_path)})["ENGRAM_MASTER_KEY_FILE"] == str(
+        tmp_path / "master.key"
+    )
+    given = {"REDIS_URL": "redis://elsewhere:1/0", "ENGRAM_MASTER_KEY": "k", "ENGRAM_DATA_DIR": str(tmp_path)}
+    assert server_env(given) == given  # what is set wins
+
+
+async def test_run_starts_the_stack_as_make_run_does(monkeypatch):
+    import services.run
+
+    seen: dict[str, str | None] = {}
+
+    def fake_main() -> int:  # the supervisor itself is tested in test_run_stack.py
+        seen.update({k: os.environ.get(k) for k in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE")})
+        return 3
+
+    monkeypatch.setattr(services.run, "main", fake_main)
+    for name in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    out = await invoke("run", "--workers", "2", "--port", "8099")
+    assert out.exit_code == 3  # the stack's exit status is the command's
+    assert seen == {"ENGRAM_WORKERS": "2", "ENGRAM_PORT": "8099", "HF_HUB_OFFLINE": "1"}
