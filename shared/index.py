@@ -33,6 +33,7 @@ from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
 from shared.keys import Keys
+from shared.legacy import check_layout
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 
 TAG_SEPARATOR = "\x1f"
@@ -382,6 +383,7 @@ async def ensure_episode_index(
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode
         await r.hsetnx(keys.meta, f"g{gen}:tags", mode_for(tag_key))
+        await check_layout(r, keys, gen, created=True)
         try:
             await r.execute_command(
                 "FT.CREATE",
@@ -399,6 +401,7 @@ async def ensure_episode_index(
                 raise
     else:  # built before TAG digests: its fields hold the ids as given
         await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
+        await check_layout(r, keys, gen, created=False)
     await r.hset(
         keys.meta,
         mapping={

@@ -41,7 +41,7 @@ def _settings(**overrides) -> Settings:
 async def _redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     from shared.redis_conn import connect
 
-    redis = connect(settings.redis_url)
+    redis = connect(settings.redis_url, prefix=settings.prefix, cluster_search=settings.cluster_search)
     try:
         yield redis
     finally:
