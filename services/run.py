@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +36,7 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
 from shared.settings import Settings, env_int, parse_duration
@@ -351,8 +352,11 @@ def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> st
     return None
 
 
-def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
-    """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always sealed)."""
+def _ensure_master_key(env: dict[str, str], data_root: Path, *, cluster: bool = False) -> None:
+    """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always
+    sealed), except on an embedded cluster (`cluster`): a master key is not supported there yet."""
+    if cluster and not env.get("REDIS_URL"):
+        return
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
         from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
 
@@ -368,6 +372,53 @@ def _restart_window(env: Mapping[str, str]) -> float:
     return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
 
 
+def _start_cluster(data_root: Path, size: int, port: int) -> EmbeddedCluster | None:
+    """`ENGRAM_REDIS_CLUSTER=N`: an embedded cluster of N primaries on ports `port`..., for development:
+    a fresh one at each start (an earlier one's nodes.conf would refuse the slot assignment). None when
+    it did not start (said on stderr)."""
+    shutil.rmtree(data_root / "cluster", ignore_errors=True)
+    cluster = EmbeddedCluster(
+        data_dir=data_root / "cluster", primaries=size, ports=list(range(port, port + size))
+    )
+    try:
+        cluster.start()
+    except (EmbeddedRedisError, OSError) as exc:
+        print(f"engram: cannot start the embedded cluster (ENGRAM_REDIS_PORT={port}): {exc}", file=sys.stderr)
+        return None
+    print(f"engram ◆ redis cluster {cluster.url} ({size} primaries, empty at each start)", flush=True)
+    return cluster
+
+
+def _start_redis(
+    env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
+) -> tuple[EmbeddedRedis | None, EmbeddedCluster | None] | None:
+    """The embedded Redis (or, with `cluster_size`, cluster) unless REDIS_URL is set, which it then
+    sets; None when it did not start (said on stderr)."""
+    if env.get("REDIS_URL"):
+        return None, None
+    if cluster_size:
+        cluster = _start_cluster(data_root, cluster_size, redis_port)
+        if cluster is None:
+            return None
+        env["REDIS_URL"] = cluster.url
+        return None, cluster
+    data_dir = data_root / "redis"
+    redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
+    try:
+        redis_server.start()
+    except (EmbeddedRedisError, OSError) as exc:
+        redis_server.stop()  # one that did not answer in time is still running
+        print(
+            f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
+            f"ENGRAM_REDIS_PORT={redis_port}): {exc}",
+            file=sys.stderr,
+        )
+        return None
+    env["REDIS_URL"] = redis_server.url
+    print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
+    return redis_server, None
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -378,6 +429,7 @@ def main() -> int:
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
         restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
         restart_window = _restart_window(env)
+        cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
     except ConfigError as exc:
         print(f"engram: {exc}", file=sys.stderr)
         return 2
@@ -395,7 +447,7 @@ def main() -> int:
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    _ensure_master_key(env, data_root)
+    _ensure_master_key(env, data_root, cluster=bool(cluster_size))
     busy = _taken_port(settings.host, settings.port)
     if busy:  # the query service would find out after the model loaded, with a traceback
         print(
@@ -413,22 +465,10 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, _early_stop)
     signal.signal(signal.SIGTERM, _early_stop)
-    redis_server = None
-    if not env.get("REDIS_URL"):
-        data_dir = data_root / "redis"
-        redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
-        try:
-            redis_server.start()
-        except (EmbeddedRedisError, OSError) as exc:
-            redis_server.stop()  # one that did not answer in time is still running
-            print(
-                f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
-                f"ENGRAM_REDIS_PORT={redis_port}): {exc}",
-                file=sys.stderr,
-            )
-            return 1
-        env["REDIS_URL"] = redis_server.url
-        print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
+    started = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
+    if started is None:
+        return 1
+    redis_server, cluster = started
     services: list[Service] = []
     for i in range(workers):
         # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
@@ -465,6 +505,8 @@ def main() -> int:
         code = supervisor.run()
     finally:
         supervisor.shutdown()
+        if cluster is not None:
+            cluster.stop()
     print("engram ◆ stopped", flush=True)
     return code
 

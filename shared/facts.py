@@ -537,7 +537,7 @@ async def get_fact(r: aioredis.Redis, keys: Keys, namespace: str, fact_id: str) 
     from shared.index import current_generation
 
     gen = await current_generation(r, keys)
-    raw = await r.hget(keys.fact_doc(gen, fact_id), DOC_FIELD)
+    raw = await r.hget(keys.fact_doc(gen, namespace, fact_id), DOC_FIELD)
     if raw is None:
         return None
     fact = fact_from_doc(raw)

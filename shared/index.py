@@ -36,6 +36,7 @@ from shared.hybrid import HYBRID_POLICIES
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.replies import as_text
+from shared.legacy import check_layout
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 
 TAG_SEPARATOR = "\x1f"
@@ -302,6 +303,7 @@ async def ensure_episode_index(
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode
         await r.hsetnx(keys.meta, f"g{gen}:tags", mode_for(tag_key))
+        await check_layout(r, keys, gen, created=True)
         try:
             await r.execute_command(
                 "FT.CREATE",
@@ -320,6 +322,7 @@ async def ensure_episode_index(
     else:  # built before TAG digests: its fields hold the ids as given
         await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
         await _add_missing_numerics(r, name)
+        await check_layout(r, keys, gen, created=False)
     await r.hset(
         keys.meta,
         mapping={

@@ -9,6 +9,16 @@ namespace part of the identity (the same id in two namespaces is two documents).
 Projections live under a *generation* (`g1`, `g2`, ...): a replay builds generation n+1 beside the live
 one and swaps the index alias, then drops the old generation. The stream, dead letters, tombstones and
 meta keys are generation-independent.
+
+**Cluster-ready.** Every key that belongs to one namespace carries the namespace's hash tag
+(`ns_tag`: `{` + 12 hex chars of a digest of the namespace + `}`), so on a Redis Cluster an episode's
+event hash, document and stream-id set, its tombstone, its user's tombstone and dead-letter refs, and
+the facts and scope counters of the namespace hash to one slot: every script of the projection,
+forgetting and facts is single-slot (tests/integration/test_key_slots.py checks each call). The tag
+sits after the kind of key (`<prefix>g1:ep:{tag}:<digest>`), so the index prefixes (`<prefix>g1:ep:`,
+`<prefix>g1:fact:`) still match. The few global keys (stream, dead letters, meta, aliases, the
+deployment key) carry no namespace tag. The keys of the layout before the tags, which a replay
+migrates from, are built by `LegacyKeys`.
 """
 
 from __future__ import annotations
@@ -22,6 +32,13 @@ from dataclasses import dataclass
 def digest(*parts: str) -> str:
     """32 hex chars identifying the tuple `parts` (joined by NUL, which ids cannot contain)."""
     return hashlib.blake2b("\x00".join(parts).encode(), digest_size=16).hexdigest()
+
+
+@functools.lru_cache(maxsize=8192)
+def ns_tag(namespace: str) -> str:
+    """The hash tag of `namespace`'s keys: `{` + 12 hex chars + `}` (a digest, so that any namespace
+    string, braces included, is safe inside the tag; two namespaces sharing a tag only share a slot)."""
+    return "{" + digest("slot", namespace)[:12] + "}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,26 +83,26 @@ class Keys:
 
     def tombstone(self, namespace: str, episode_id: str) -> str:
         """Marks a forgotten episode so late or replayed events never resurrect it."""
-        return self.tombstone_of(digest(namespace, episode_id))
+        return self.tombstone_of(namespace, digest(namespace, episode_id))
 
-    def tombstone_of(self, episode_digest: str) -> str:
+    def tombstone_of(self, namespace: str, episode_digest: str) -> str:
         """`tombstone` of an episode known by its `digest(namespace, episode_id)` only (a bulk forget's
         job record keeps digests, not ids)."""
-        return f"{self.prefix}tomb:{episode_digest}"
+        return f"{self.prefix}tomb:{ns_tag(namespace)}:{episode_digest}"
 
     def dead_letter_refs(self, namespace: str, episode_id: str) -> str:
         """Hash {stream id: dead-letter id} of an episode's dead-lettered events: forgetting the episode
         deletes both copies of their data."""
-        return f"{self.prefix}deadref:{digest(namespace, episode_id)}"
+        return f"{self.prefix}deadref:{ns_tag(namespace)}:{digest(namespace, episode_id)}"
 
     def user_dead_letters(self, namespace: str, user_id: str) -> str:
         """Set of a user's episode ids that have dead-lettered events (forgetting the user deletes them,
         even for an episode that never had a document)."""
-        return f"{self.prefix}deaduser:{digest(namespace, user_id)}"
+        return f"{self.prefix}deaduser:{ns_tag(namespace)}:{digest(namespace, user_id)}"
 
     def user_tombstone(self, namespace: str, user_id: str) -> str:
         """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
-        return f"{self.prefix}utomb:{digest(namespace, user_id)}"
+        return f"{self.prefix}utomb:{ns_tag(namespace)}:{digest(namespace, user_id)}"
 
     @property
     def deployment_key(self) -> str:
@@ -120,17 +137,17 @@ class Keys:
         reference `ref` (an HMAC of (namespace, user), shared.crypto): deleting it shreds the user."""
         return f"{self.data_key_prefix}{ref.hex()}"
 
-    def scope_counter(self, scope_id: str) -> str:
+    def scope_counter(self, namespace: str, scope_id: str) -> str:
         """Hash {completed, importance} since the scope's last consolidation (facts trigger)."""
-        return f"{self.prefix}trigger:{scope_id}"
+        return f"{self.prefix}trigger:{ns_tag(namespace)}:{scope_id}"
 
-    def facts_recent(self, scope_id: str) -> str:
+    def facts_recent(self, namespace: str, scope_id: str) -> str:
         """Set (with a TTL of the facts interval) when a worker starts a background run of the scope,
         so that the other workers' triggers wait for the interval too."""
-        return f"{self.prefix}factsrecent:{scope_id}"
+        return f"{self.prefix}factsrecent:{ns_tag(namespace)}:{scope_id}"
 
-    def consolidation_lock(self, scope_id: str) -> str:
-        return f"{self.consolidation_lock_prefix}{scope_id}"
+    def consolidation_lock(self, namespace: str, scope_id: str) -> str:
+        return f"{self.consolidation_lock_prefix}{ns_tag(namespace)}:{scope_id}"
 
     # --- per generation -----------------------------------------------------------------------
     def gen_prefix(self, gen: int) -> str:
@@ -147,22 +164,51 @@ class Keys:
 
     def episode_doc(self, gen: int, namespace: str, episode_id: str) -> str:
         """Hash: the episode's indexed fields, its full JSON and its vector."""
-        return f"{self.episode_doc_prefix(gen)}{digest(namespace, episode_id)}"
+        return f"{self.episode_doc_prefix(gen)}{ns_tag(namespace)}:{digest(namespace, episode_id)}"
 
     def episode_events(self, gen: int, namespace: str, episode_id: str) -> str:
         """Hash event_id → encoded event: the episode's own log, folded into the document."""
-        return f"{self.gen_prefix(gen)}evs:{digest(namespace, episode_id)}"
+        return f"{self.gen_prefix(gen)}evs:{ns_tag(namespace)}:{digest(namespace, episode_id)}"
 
     def episode_stream_ids(self, gen: int, namespace: str, episode_id: str) -> str:
         """Set of stream entry ids that carry this episode's data (deleted on forget)."""
-        return f"{self.gen_prefix(gen)}sids:{digest(namespace, episode_id)}"
+        return f"{self.gen_prefix(gen)}sids:{ns_tag(namespace)}:{digest(namespace, episode_id)}"
 
     def fact_doc_prefix(self, gen: int) -> str:
         return f"{self.gen_prefix(gen)}fact:"
 
-    def fact_doc(self, gen: int, fact_id: str) -> str:
-        return f"{self.fact_doc_prefix(gen)}{fact_id}"
+    def fact_doc(self, gen: int, namespace: str, fact_id: str) -> str:
+        return f"{self.fact_doc_prefix(gen)}{ns_tag(namespace)}:{fact_id}"
 
-    def fact_scope(self, gen: int, scope_id: str) -> str:
+    def fact_scope(self, gen: int, namespace: str, scope_id: str) -> str:
         """Hash: the facts projection state of one scope (applied `seq`, fact `ids`, snapshot `sids`)."""
-        return f"{self.gen_prefix(gen)}factscope:{scope_id}"
+        return f"{self.gen_prefix(gen)}factscope:{ns_tag(namespace)}:{scope_id}"
+
+    def fact_scope_pattern(self, gen: int) -> str:
+        """SCAN pattern of every scope state of generation `gen`, in either layout (`LegacyKeys`)."""
+        return f"{self.gen_prefix(gen)}factscope:*"
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyKeys:
+    """The names of the per-namespace keys before they carried a hash tag (the layout of a deployment
+    that predates it). A replay migrates the projections (it reads the old generation's event hashes
+    and scope states by pattern); tombstones cannot be renamed (their name holds only a digest of
+    (namespace, id)), so they are *read in both layouts*: forgetting writes only the new names, and the
+    checks that a forgotten episode or user stays forgotten also look here while the deployment's meta
+    says that legacy tombstones exist (`shared.legacy`)."""
+
+    prefix: str = "engram:"
+
+    def tombstone(self, namespace: str, episode_id: str) -> str:
+        return f"{self.prefix}tomb:{digest(namespace, episode_id)}"
+
+    def user_tombstone(self, namespace: str, user_id: str) -> str:
+        return f"{self.prefix}utomb:{digest(namespace, user_id)}"
+
+    def tombstone_pattern(self) -> str:
+        """SCAN pattern of the legacy episode tombstones (a tagged one has `{` after `tomb:`)."""
+        return f"{self.prefix}tomb:[0-9a-f]*"
+
+    def user_tombstone_pattern(self) -> str:
+        return f"{self.prefix}utomb:[0-9a-f]*"

@@ -13,15 +13,18 @@ here through redis-py's own extension point, the pool's `connection_class`.
 
 from __future__ import annotations
 
+from typing import cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined, unused-ignore]  # stale types-redis 4.6 lacks it
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
+
+from shared.cluster import SEARCH_SHARD, EngramCluster
+from shared.keys import Keys
 
 _PLAIN = (bytes, str, int, float)
 _HIREDIS = HiredisRespSerializer()
@@ -56,21 +59,41 @@ _CLASSES = {"redis": HiredisConnection, "rediss": HiredisSSLConnection, "unix": 
 
 
 def check_url(url: str) -> str:
-    """The scheme of `url`; ValueError unless it is redis://, rediss:// or unix://."""
+    """The scheme of `url`; ValueError unless it is redis://, rediss://, unix://, redis+cluster:// or
+    rediss+cluster://."""
     scheme = urlsplit(url).scheme
-    if scheme not in _CLASSES:
-        raise ValueError(f"REDIS_URL must start with redis://, rediss:// or unix://, not {scheme!r}")
+    if scheme not in _CLASSES and scheme not in CLUSTER_SCHEMES:
+        raise ValueError(
+            "REDIS_URL must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://, "
+            f"not {scheme!r}"
+        )
     return scheme
 
 
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
 def connect(
-    url: str, *, retries: int = 3, socket_timeout: float | None = 10.0, max_connections: int | None = None
+    url: str,
+    *,
+    retries: int = 3,
+    socket_timeout: float | None = 10.0,
+    max_connections: int | None = None,
+    prefix: str = "engram:",
+    cluster_search: str = SEARCH_SHARD,
 ) -> aioredis.Redis:
     """An asyncio Redis client for `url` (bytes replies, RESP2, retried transport errors).
 
-    `url`: redis://, rediss:// or unix:// (redis-py's URL syntax). Raises ValueError on another scheme.
+    `url`: redis://, rediss:// or unix:// (redis-py's URL syntax), or redis+cluster:// /
+    rediss+cluster:// for a Redis Cluster (`connect_cluster`; `prefix` and `cluster_search` are used
+    only there). Raises ValueError on another scheme.
     """
     scheme = check_url(url)
+    if scheme in CLUSTER_SCHEMES:
+        cluster = connect_cluster(url, retries=retries, socket_timeout=socket_timeout)
+        cluster.search, cluster.meta = cluster_search, Keys(prefix).meta
+        return cast(aioredis.Redis, cluster)  # the commands Engram uses exist on both
     # types-redis 4.6 (stale stubs, where installed) has neither protocol= nor connection_class=
     return aioredis.Redis.from_url(  # type: ignore[call-overload, unused-ignore]
         url,
@@ -89,21 +112,18 @@ def connect(
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-def connect_cluster(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0) -> RedisCluster:
-    """An asyncio Redis Cluster client (redis-py's `RedisCluster`: slot map, MOVED/ASK redirects) for
-    `redis+cluster://host:port` (or `rediss+cluster://`): any one node; the others are discovered.
-    Bytes replies, RESP2, retried transport errors, as `connect`. Raises ValueError on another scheme.
-
-    The services do not run on a cluster yet (keys need a per-namespace hash tag first), so
-    `REDIS_URL` still refuses this scheme; the embedded cluster (`deploy.embedded_redis.EmbeddedCluster`)
-    and its tests use this client."""
+def connect_cluster(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0) -> EngramCluster:
+    """An asyncio Redis Cluster client (redis-py's `RedisCluster`: slot map, MOVED/ASK redirects, with
+    the search routing of `shared.cluster.EngramCluster`) for `redis+cluster://host:port` (or
+    `rediss+cluster://`): any one node; the others are discovered. Bytes replies, RESP2, retried
+    transport errors, as `connect`. Raises ValueError on another scheme."""
     parts = urlsplit(url)
     base = CLUSTER_SCHEMES.get(parts.scheme)
     if base is None:
         raise ValueError(
             f"a cluster URL starts with redis+cluster:// or rediss+cluster://, not {parts.scheme!r}://"
         )
-    return RedisCluster.from_url(
+    return EngramCluster.from_url(  # type: ignore[return-value]  # from_url is typed as the base class
         parts._replace(scheme=base).geturl(),
         protocol=2,
         decode_responses=False,

@@ -93,7 +93,12 @@ class EngramClient:
         """A client owning its own connection pool to `url` (closed by `close()`)."""
         # redis-py's own retries are off: this class owns the retry budget and the deadline.
         return cls(
-            connect(url, retries=0, socket_timeout=kwargs.get("publish_timeout", 5.0)),
+            connect(
+                url,
+                retries=0,
+                socket_timeout=kwargs.get("publish_timeout", 5.0),
+                prefix=kwargs.get("prefix", "engram:"),
+            ),
             owns_redis=True,
             **kwargs,
         )

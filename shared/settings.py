@@ -50,8 +50,17 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
             check_url(url)
         except ValueError:
             raise ConfigError(
-                f"REDIS_URL={url[:60]!r} must start with redis://, rediss:// or unix://"
+                f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// "
+                "or rediss+cluster://"
             ) from None
+    if url.startswith(("redis+cluster://", "rediss+cluster://")) and (
+        env.get("ENGRAM_MASTER_KEY") or env.get("ENGRAM_MASTER_KEY_FILE")
+    ):
+        # a sealed publish checks the user's data key in the script that XADDs: two slots on a cluster
+        raise ConfigError(
+            "a master key (ENGRAM_MASTER_KEY[_FILE]) is not supported on a Redis Cluster yet "
+            "(docs/scaling.md, Running on a cluster)"
+        )
     for name, default in (("ENGRAM_DEFAULT_NAMESPACE", "default"), ("ENGRAM_CONSUMER_GROUP", "consolidator")):
         value = env.get(name, default)
         if not value or value != value.strip():
@@ -186,6 +195,8 @@ def text(raw: str, name: str) -> str:
 def prefix_text(raw: str, name: str) -> str:
     if any(ch.isspace() for ch in raw):
         raise ConfigError(f"{name}={raw!r} must be non-empty and contain no whitespace")
+    if "{" in raw or "}" in raw:  # the first braces of a key name are its hash tag (shared.keys)
+        raise ConfigError(f"{name}={raw!r} must not contain braces")
     return raw
 
 
@@ -208,6 +219,10 @@ class Settings:
     """`REDIS_URL`; None means 'start/use the embedded Redis' (dev, tests, make run)."""
     prefix: str = env("ENGRAM_PREFIX", "engram:", prefix_text)
     """`ENGRAM_PREFIX`: every key Engram writes starts with it (tests use one per test)."""
+    cluster_search: str = env("ENGRAM_CLUSTER_SEARCH", "shard", choice("shard", "coordinator"))
+    """`ENGRAM_CLUSTER_SEARCH`, with a `redis+cluster://` REDIS_URL: `shard` (an index per primary,
+    queries routed to the namespace's primary) or `coordinator` (Redis 8's FT.SEARCH fans out);
+    `shared.cluster`."""
 
     # embedding
     embedder: str = env("ENGRAM_EMBEDDER", "auto", choice("auto", "hashing", "minilm", "mpnet", "openai"))

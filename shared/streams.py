@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
@@ -61,6 +62,12 @@ async def publish(
     `ENCRYPTED` (see `is_encrypted_refusal`)."""
     if not payloads:
         return []
+    if unless_exists is not None and isinstance(r, RedisCluster):
+        # the deployment key and the stream hash to different slots: check it apart (a deployment
+        # turning encrypted between the check and the XADD is the window this leaves)
+        if await r.exists(unless_exists):
+            raise ResponseError("ENCRYPTED the stream is encrypted")
+        unless_exists = None
     if unless_exists is not None:
         return list(
             await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads))

@@ -60,3 +60,44 @@ async def redis(redis_url, prefix):
     async for key in client.scan_iter(match=f"{prefix}*", count=1000):
         await client.unlink(key)
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def cluster_url(tmp_path_factory) -> str:
+    """A local Redis Cluster of 3 primaries for the session (`redis+cluster://`), from the same wheels."""
+    from deploy.embedded_redis import EmbeddedCluster
+
+    cluster = EmbeddedCluster(data_dir=tmp_path_factory.mktemp("session-cluster"), primaries=3)
+    cluster.start()
+    yield cluster.url
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_settings(cluster_url, prefix) -> Settings:
+    """`settings` on the session's cluster."""
+    return Settings(
+        redis_url=cluster_url,
+        prefix=prefix,
+        embedder="hashing",
+        embed_dim=256,
+        vector_algorithm="FLAT",
+        block_ms=50,
+        lease_ms=2000,
+    )
+
+
+@pytest.fixture
+async def cluster_redis(cluster_url, prefix):
+    """A cluster client for the test (search routed per shard); deletes the test's keys and indexes."""
+    client = connect(cluster_url, prefix=prefix)
+    yield client
+    for name in await client.execute_command("FT._LIST"):
+        if name.decode().startswith(prefix):
+            try:
+                await client.execute_command("FT.DROPINDEX", name)
+            except Exception:  # noqa: BLE001 - an alias, or already dropped
+                pass
+    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        await client.unlink(key)
+    await client.aclose()

@@ -23,7 +23,7 @@ async def redis_of(settings: Settings) -> AsyncIterator[aioredis.Redis]:
 
     if settings.redis_url is None:
         raise ValueError("REDIS_URL is not set")
-    redis = connect(settings.redis_url)
+    redis = connect(settings.redis_url, prefix=settings.prefix, cluster_search=settings.cluster_search)
     try:
         yield redis
     finally:

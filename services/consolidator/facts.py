@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from engram_episodic.events import FactsConsolidated
 from services.consolidator.facts_plan import Row, default_distance, plan
 from services.consolidator.facts_store import apply_snapshot, load_rows, load_state
-from shared import streams
+from shared import cluster, streams
 from shared.codec import encode
 from shared.facts import (
     LEVEL_NAMESPACE,
@@ -141,20 +141,20 @@ class Consolidator:
         return sid.decode() if isinstance(sid, bytes) else str(sid)
 
     # --- lease ---------------------------------------------------------------------------------
-    async def _acquire(self, scope_id: str, *, wait: float = 0.0) -> str | None:
+    async def _acquire(self, namespace: str, scope_id: str, *, wait: float = 0.0) -> str | None:
         token = uuid.uuid4().hex
         deadline = time.monotonic() + wait
         while True:
             if await self.redis.set(
-                self.keys.consolidation_lock(scope_id), token, nx=True, px=self.settings.lease_ms
+                self.keys.consolidation_lock(namespace, scope_id), token, nx=True, px=self.settings.lease_ms
             ):
                 return token
             if time.monotonic() >= deadline:
                 return None
             await asyncio.sleep(0.05)
 
-    async def _release_lock(self, scope_id: str, token: str) -> None:
-        await self._release(keys=[self.keys.consolidation_lock(scope_id)], args=[token])
+    async def _release_lock(self, namespace: str, scope_id: str, token: str) -> None:
+        await self._release(keys=[self.keys.consolidation_lock(namespace, scope_id)], args=[token])
 
     # --- triggers ------------------------------------------------------------------------------
     async def on_batch(self, result) -> list[RunResult]:
@@ -177,8 +177,8 @@ class Consolidator:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for s, n, imp in increments:
-                pipe.hincrby(self.keys.scope_counter(s.scope_id), "completed", n)
-                pipe.hincrbyfloat(self.keys.scope_counter(s.scope_id), "importance", imp)
+                pipe.hincrby(self.keys.scope_counter(s.namespace, s.scope_id), "completed", n)
+                pipe.hincrbyfloat(self.keys.scope_counter(s.namespace, s.scope_id), "importance", imp)
             totals = await pipe.execute()
         out = []
         for i, (s, _, _) in enumerate(increments):
@@ -212,7 +212,7 @@ class Consolidator:
         of ingest, triggers coalesce into one run per interval instead of re-clustering the scope
         after every `facts_every` episodes."""
         sid = scope.scope_id
-        recent = self.keys.facts_recent(sid)
+        recent = self.keys.facts_recent(scope.namespace, sid)
         while not self._closing.is_set():
             wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
             # the interval holds across workers: a per-process clock alone would let two processes
@@ -246,7 +246,7 @@ class Consolidator:
 
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""
-        counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.scope_id)))
+        counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id)))
         return self._reached(int(counter.get(b"completed", b"0")), float(counter.get(b"importance", b"0")))
 
     def _reached(self, completed: int, importance: float) -> bool:
@@ -286,13 +286,17 @@ class Consolidator:
     # --- one run ---------------------------------------------------------------------------------
     async def consolidate(self, scope: FactScope, *, now: float | None = None) -> RunResult:
         """Consolidate one scope under its lease; publishes a snapshot when anything changed."""
-        token = await self._acquire(scope.scope_id)
+        with cluster.route(scope.namespace):  # on a cluster, its searches go to the namespace's primary
+            return await self._consolidate(scope, now=now)
+
+    async def _consolidate(self, scope: FactScope, *, now: float | None = None) -> RunResult:
+        token = await self._acquire(scope.namespace, scope.scope_id)
         if token is None:
             return RunResult(scope, "busy")
         try:
-            counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.scope_id)))
+            counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id)))
             gen = await current_generation(self.redis, self.keys)
-            state = await load_state(self.redis, self.keys, gen, scope.scope_id)
+            state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
             tags = await self.tags(gen)
             rows = await load_rows(
                 self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
@@ -338,7 +342,7 @@ class Consolidator:
                 summarizer_failures=failures,
             )
         finally:
-            await self._release_lock(scope.scope_id, token)
+            await self._release_lock(scope.namespace, scope.scope_id, token)
 
     def _event(
         self, scope: FactScope, seq: int, facts: list[Fact], removed: Sequence[str], now: float
@@ -353,7 +357,7 @@ class Consolidator:
 
     async def _reset(self, scope: FactScope, counter: dict[bytes, bytes]) -> None:
         """Subtract what this run consumed (increments made meanwhile still count)."""
-        key = self.keys.scope_counter(scope.scope_id)
+        key = self.keys.scope_counter(scope.namespace, scope.scope_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hincrby(key, "completed", -int(counter.get(b"completed", b"0")))
             pipe.hincrbyfloat(key, "importance", -float(counter.get(b"importance", b"0")))

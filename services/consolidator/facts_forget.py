@@ -64,18 +64,20 @@ async def forget_with(cons: Consolidator, gen: int, namespace: str, episode_ids:
         by_scope.setdefault(f.scope_id, []).append(f)
     forgotten = set(episode_ids)
     for scope_id in sorted(by_scope):
-        token = await cons._acquire(scope_id, wait=cons.settings.lease_ms / 1000)
+        token = await cons._acquire(namespace, scope_id, wait=cons.settings.lease_ms / 1000)
         if token is None:
             raise RuntimeError(f"facts scope {scope_id[:12]} stayed locked; the forget will be retried")
         try:
-            await _forget_in_scope(cons, gen, scope_id, forgotten)
+            await _forget_in_scope(cons, gen, namespace, scope_id, forgotten)
         finally:
-            await cons._release_lock(scope_id, token)
+            await cons._release_lock(namespace, scope_id, token)
     return len(affected)
 
 
-async def _forget_in_scope(cons: Consolidator, gen: int, scope_id: str, forgotten: set[str]) -> None:
-    state = await load_state(cons.redis, cons.keys, gen, scope_id)
+async def _forget_in_scope(
+    cons: Consolidator, gen: int, namespace: str, scope_id: str, forgotten: set[str]
+) -> None:
+    state = await load_state(cons.redis, cons.keys, gen, namespace, scope_id)
     if not state.facts:
         return
     first = state.facts[0]
@@ -117,7 +119,7 @@ async def _forget_in_scope(cons: Consolidator, gen: int, scope_id: str, forgotte
     await apply_snapshot(cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen))
     # the older snapshots of this scope still hold the forgotten ids and text: drop them
     await streams.delete(cons.redis, cons.keys.stream, [s for s in state.sids if s != sid])
-    await cons.redis.hset(cons.keys.fact_scope(gen, scope_id), "sids", json.dumps([sid]))
+    await cons.redis.hset(cons.keys.fact_scope(gen, namespace, scope_id), "sids", json.dumps([sid]))
     log.info(
         "facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed",
         scope_id[:12],

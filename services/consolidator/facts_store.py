@@ -24,6 +24,7 @@ from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
 from services.consolidator.facts_plan import Row, _order
+from shared import cluster
 from shared.codec import encode
 from shared.facts import (
     CENTROID_FIELD,
@@ -118,16 +119,16 @@ class ScopeState:
     min_cluster: int | None
 
 
-async def load_state(r: aioredis.Redis, keys: Keys, gen: int, scope_id: str) -> ScopeState:
+async def load_state(r: aioredis.Redis, keys: Keys, gen: int, namespace: str, scope_id: str) -> ScopeState:
     seq, ids, sids, min_cluster = await r.hmget(
-        keys.fact_scope(gen, scope_id), ["seq", "ids", "sids", "min_cluster"]
+        keys.fact_scope(gen, namespace, scope_id), ["seq", "ids", "sids", "min_cluster"]
     )
     fact_ids = json.loads(ids) if ids else []
     facts = []
     if fact_ids:
         async with r.pipeline(transaction=False) as pipe:
             for fid in fact_ids:
-                pipe.hmget(keys.fact_doc(gen, fid), [DOC_FIELD, CENTROID_FIELD])
+                pipe.hmget(keys.fact_doc(gen, namespace, fid), [DOC_FIELD, CENTROID_FIELD])
             for doc, centroid in await pipe.execute():
                 if doc is not None:
                     facts.append(fact_from_doc(doc, centroid))
@@ -169,7 +170,8 @@ async def apply_snapshot(
     when an equal or newer one is in."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
-    state_key = keys.fact_scope(gen, scope.scope_id)
+    await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
+    state_key = keys.fact_scope(gen, scope.namespace, scope.scope_id)
     sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
     async with r.pipeline(transaction=True) as pipe:
         while True:
@@ -184,10 +186,10 @@ async def apply_snapshot(
                 new_ids = [f.fact_id for f in facts]
                 pipe.multi()
                 for fid in sorted(old_ids - set(new_ids)):
-                    pipe.delete(keys.fact_doc(gen, fid))
+                    pipe.delete(keys.fact_doc(gen, scope.namespace, fid))
                 for f in facts:
-                    pipe.delete(keys.fact_doc(gen, f.fact_id))
-                    pipe.hset(keys.fact_doc(gen, f.fact_id), mapping=fact_fields(f, tags))
+                    pipe.delete(keys.fact_doc(gen, scope.namespace, f.fact_id))
+                    pipe.hset(keys.fact_doc(gen, scope.namespace, f.fact_id), mapping=fact_fields(f, tags))
                 pipe.hset(
                     state_key,
                     mapping={
@@ -217,7 +219,7 @@ async def import_snapshots(
     from shared.codec import decode
 
     imported = 0
-    async for key in redis.scan_iter(match=keys.fact_scope(old, "*"), count=500):
+    async for key in redis.scan_iter(match=keys.fact_scope_pattern(old), count=500):
         payload, sids = await redis.hmget(key, ["event", "sids"])
         if payload is None:
             continue
@@ -229,6 +231,8 @@ async def import_snapshots(
         if isinstance(event, FactsConsolidated) and await apply_snapshot(
             redis, keys, new, event, None, dim, tags
         ):
-            await redis.hset(keys.fact_scope(new, event.scope.get("scope_id", "")), "sids", sids or b"[]")
+            await redis.hset(
+                keys.fact_scope(new, event.namespace, event.scope.get("scope_id", "")), "sids", sids or b"[]"
+            )
             imported += 1
     return imported

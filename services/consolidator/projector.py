@@ -61,7 +61,7 @@ from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
-from shared import streams
+from shared import cluster, legacy, streams
 from shared.codec import decode, decode_envelope, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
@@ -166,6 +166,7 @@ class Projector:
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
         )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        self._legacy: bool | None = None  # legacy tombstones to read too (shared.legacy), read once
 
     # --- entry point ----------------------------------------------------------------------------
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:
@@ -281,7 +282,17 @@ class Projector:
         by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]] = {}
         for entry, ev in segment:
             by_episode.setdefault((ev.namespace, ev.episode_id), []).append((entry, ev))
+        if self._legacy is None:
+            self._legacy = await legacy.enabled(self.redis, self.keys)
+        if self._legacy:
+            await self._drop_legacy_forgotten(by_episode, result)
+        # a shard-local cluster: each namespace's index exists before its first document is written
+        await cluster.ensure_shards(
+            self.redis, [self.keys.episode_index(self.gen)], {ns for ns, _ in by_episode}
+        )
         fast, record_only = _split_paths(by_episode)
+        # one script call touches the keys of one namespace only (one hash slot on a Redis Cluster)
+        fast.sort(key=lambda item: item[0][0])
         if fast and not getattr(self.embedder, "cheap", False):
             fast, moved = await self._without_documents(fast)
             record_only += [item for ident in moved for item in by_episode[ident]]
@@ -367,6 +378,26 @@ class Projector:
                 f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts"
             )
 
+    async def _drop_legacy_forgotten(
+        self, by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]], result: BatchResult
+    ) -> None:
+        """Ack, and delete from the stream, the events in hand of episodes that a tombstone of the
+        layout before hash tags forgets (shared.legacy): the scripts check only the current names."""
+        probes = []
+        for (ns, eid), items in by_episode.items():
+            users = [ev.episode.user_id for _, ev in items if getattr(ev, "episode", None) is not None]
+            first = min(ev.occurred_at for _, ev in items)
+            probes.append((ns, eid, next((u for u in users if u), None), first))
+        gone = await legacy.forgotten(self.redis, self.keys, probes)
+        dropped: list[bytes] = []
+        for ident in gone:
+            for entry, ev in by_episode.pop(ident):
+                result.ok.append(entry.stream_id)
+                dropped.append(entry.stream_id)
+                self.metrics.events.labels(ev.TYPE, "forgotten").inc()
+        if dropped:
+            await streams.delete(self.redis, self.keys.stream, dropped)
+
     async def _without_documents(
         self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
     ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[str, str]]]:
@@ -394,7 +425,8 @@ class Projector:
         hashes: dict[int, str],
         record_only: list[tuple[streams.Entry, EpisodeEvent]],
     ) -> tuple[list[int], list]:
-        """One pipeline: PROJECT_LUA for the fast episodes (PROJECT_CHUNK per call), RECORD_LUA for each
+        """One pipeline: PROJECT_LUA for the fast episodes (up to PROJECT_CHUNK of one namespace per call:
+        `fast` is sorted by namespace), RECORD_LUA for each
         slow-path event, sent when one of the process's WRITES_IN_FLIGHT turns is free. Returns (a
         status per fast episode, a reply per recorded event)."""
         k, g = self.keys, self.gen
@@ -417,7 +449,7 @@ class Projector:
                     chunk_args += [event_id, payload]
                 chunk_args += sids
                 chunk_args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
-                if (i + 1) % PROJECT_CHUNK == 0 or i == len(fast) - 1:
+                if len(chunk_keys) == 5 * PROJECT_CHUNK or i == len(fast) - 1 or fast[i + 1][0][0] != ns:
                     await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
                     calls += 1
                     chunk_keys, chunk_args = [], []
@@ -569,7 +601,7 @@ class Projector:
                     continue
             except (DecodeError, AttributeError, KeyError, TypeError):
                 continue
-            if await self.redis.exists(self.keys.tombstone(ns, eid)):
+            if await self.redis.exists(*legacy.tombstones(self.keys, ns, eid)):
                 return None
             if self.keyring is not None:
                 events = await self._reseal_plaintext(self.keyring, events)
@@ -614,6 +646,10 @@ class Projector:
 
     # --- forgetting and other events -----------------------------------------------------------
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
+        with cluster.route(event.namespace):  # on a cluster, its searches go to the namespace's primary
+            await self._apply_other_event(entry, event)
+
+    async def _apply_other_event(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
             await self.forgetting.erase_episode(event.namespace, event.episode_id)
         elif isinstance(event, UserForgotten):

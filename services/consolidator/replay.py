@@ -13,6 +13,12 @@ is harmless.
 4. a catch-up pass projects the entries added since step 2 began;
 5. the old generation's index and keys are dropped.
 Tombstones are generation-independent, so a replay never resurrects forgotten data.
+
+**Layout migration.** A generation built before the keys carried a namespace hash tag
+(`shared.keys`; its meta has no `g<n>:layout`) is read by pattern like any other (its event hashes and
+facts scope states), and the new generation is written in the tagged layout. The legacy tombstones
+stay where they are and are read beside the new ones from then on (`shared.legacy.mark`); dead letters
+are linked again under the new names (`deadletters.relink`). Scope trigger counters start afresh.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
-from shared import streams
+from shared import legacy, streams
 from shared.index import (
     current_generation,
     drop_index,
@@ -134,6 +141,16 @@ async def replay(
     projector = Projector(
         redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags, settings=settings
     )
+    if await redis.hget(keys.meta, f"g{old}:layout") != legacy.LAYOUT.encode():
+        tombstones = await legacy.mark(redis, keys)
+        relinked = await deadletters.relink(redis, keys)
+        log.info(
+            "replay ◆ migrating generation %d to the hash-tagged key layout ◆ %d legacy tombstones read "
+            "from now on ◆ %d dead letters relinked",
+            old,
+            tombstones,
+            relinked,
+        )
     progress.phase("snapshot", await _episode_count(redis, keys, old))
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(redis, keys, old, new, dim, tags)
@@ -189,5 +206,7 @@ async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
             batch = []
     if batch:
         dropped += await redis.unlink(*batch)
-    await redis.hdel(keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm", f"g{gen}:tags")
+    await redis.hdel(
+        keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm", f"g{gen}:tags", f"g{gen}:layout"
+    )
     return dropped

@@ -84,7 +84,9 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
                     raise RuntimeError(
                         "REDIS_URL is not set; start the stack with `make run` or set REDIS_URL"
                     )
-                r = connect(settings.redis_url)
+                r = connect(
+                    settings.redis_url, prefix=settings.prefix, cluster_search=settings.cluster_search
+                )
                 stack.push_async_callback(r.aclose)
             e = embedder
             if e is None:

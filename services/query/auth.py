@@ -16,6 +16,7 @@ from aiohttp import web
 
 from services.query.appkeys import NAMESPACE
 from services.query.problems import Problem
+from shared import cluster
 
 if TYPE_CHECKING:  # the type only: make_app hands the table over
     from services.query.routes import Route
@@ -83,6 +84,7 @@ def auth_middleware(
             return await handler(request)
         if not api_keys:
             request[NAMESPACE] = default_namespace
+            cluster.set_route(default_namespace)  # a cluster's search commands go to its primary
             return await handler(request)
         header = request.headers.get("Authorization")
         if request.path == METRICS_PATH:
@@ -103,6 +105,7 @@ def auth_middleware(
             )
             raise Problem(401, detail, headers={"WWW-Authenticate": 'Bearer realm="engram"'})
         request[NAMESPACE] = namespace
+        cluster.set_route(namespace)
         return await handler(request)
 
     return middleware

@@ -273,7 +273,7 @@ async def test_trigger_fires_at_the_completed_count(settings, redis):
     await drain(worker)
     assert cons.runs == 2  # the namespace scope and the (agent, category) scope both reached 5
     assert [f.support for f in await facts(redis, s)] == [5, 5]
-    counter = await redis.hgetall(Keys(s.prefix).scope_counter(FactScope("ns").scope_id))
+    counter = await redis.hgetall(Keys(s.prefix).scope_counter("ns", FactScope("ns").scope_id))
     assert int(counter[b"completed"]) == 0
 
 
@@ -360,7 +360,7 @@ async def test_crash_mid_consolidation_keeps_old_facts(seeded, redis):
 async def test_lease_lets_one_consolidator_run_a_scope(seeded, redis):
     settings, _worker, cons = seeded
     keys = Keys(settings.prefix)
-    await redis.set(keys.consolidation_lock(FactScope("ns").scope_id), "someone-else", px=60_000)
+    await redis.set(keys.consolidation_lock("ns", FactScope("ns").scope_id), "someone-else", px=60_000)
     assert (await cons.consolidate(FactScope("ns"))).status == "busy"
     assert not await facts(redis, settings)
 
@@ -408,7 +408,7 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
     runs only if the trigger counter is still at the threshold (the earlier run may have consumed it)."""
     s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=1.0)
     scope = FactScope("ns")
-    counter = Keys(s.prefix).scope_counter(scope.scope_id)
+    counter = Keys(s.prefix).scope_counter(scope.namespace, scope.scope_id)
     calls: dict[str, list[float]] = {"a": [], "b": []}
 
     def counting(cons, name):
@@ -428,7 +428,7 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
     a._schedule(scope)
     await a.wait_idle()
     assert len(calls["a"]) == 1 and int((await redis.hgetall(counter))[b"completed"]) == 0
-    assert 0 < await redis.pttl(Keys(s.prefix).facts_recent(scope.scope_id)) <= 1000
+    assert 0 < await redis.pttl(Keys(s.prefix).facts_recent(scope.namespace, scope.scope_id)) <= 1000
     b._schedule(scope)  # a trigger that a's run already consumed: waits out the interval, then skips
     await b.wait_idle()
     assert calls["b"] == []
@@ -456,7 +456,7 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await worker.setup()
     for scope in (FactScope("ns"), FactScope("ns", "solo", "mig")):  # each run waits: keep it pending
-        await redis.set(Keys(s.prefix).facts_recent(scope.scope_id), b"1", px=60_000)
+        await redis.set(Keys(s.prefix).facts_recent(scope.namespace, scope.scope_id), b"1", px=60_000)
     await publish(s, redis, [ep("mig", i, agent="solo") for i in range(5)])
     with caplog.at_level(logging.DEBUG, logger="engram.facts"):
         await drain(worker)
@@ -481,9 +481,9 @@ async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis,
     held: list[tuple[str, int]] = []
     rebuild = facts_forget._forget_in_scope
 
-    async def spy(consolidator, gen, scope_id, forgotten):
-        held.append((scope_id, await redis.pttl(keys.consolidation_lock(scope_id))))
-        return await rebuild(consolidator, gen, scope_id, forgotten)
+    async def spy(consolidator, gen, namespace, scope_id, forgotten):
+        held.append((scope_id, await redis.pttl(keys.consolidation_lock(namespace, scope_id))))
+        return await rebuild(consolidator, gen, namespace, scope_id, forgotten)
 
     monkeypatch.setattr(facts_forget, "_forget_in_scope", spy)
     await EngramClient(redis, namespace="ns", prefix=settings.prefix).forget_episode("mig-0")

@@ -512,3 +512,82 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
 async def _found(response) -> bool:
     status, body = await response
     return status == 200 and len(body["results"]) == 1
+
+
+# a 3-primary cluster starts and stops inside (~25 s measured) besides the stack
+@pytest.mark.timeout(240)
+async def test_run_on_an_embedded_cluster_publishes_recalls_and_forgets(tmp_path):
+    """`ENGRAM_REDIS_CLUSTER=3 make run`, black-box: publish, recall, forget a user, Ctrl-C."""
+    port, redis_port = free_port(), _cluster_base_port(3)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(
+        ENGRAM_PORT=str(port),
+        ENGRAM_REDIS_PORT=str(redis_port),
+        ENGRAM_REDIS_CLUSTER="3",
+        ENGRAM_DATA_DIR=str(tmp_path),
+        ENGRAM_EMBEDDER="hashing",
+        ENGRAM_LOG_LEVEL="WARNING",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.run"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        async def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}"
+                )
+            return await _ready(url)
+
+        await wait_until(up, timeout=120, message="query service ready on the cluster")
+        async with aiohttp.ClientSession() as s:
+            body = {"task": "fix the flaky login test", "outcome": "success", "user_id": "alice"}
+            async with s.post(f"{url}/v1/episodes", json=body) as r:
+                assert r.status == 202
+
+            async def hits() -> int:
+                async with s.post(f"{url}/v1/recall", json={"query": "flaky login test"}) as r:
+                    return len((await r.json())["results"]) if r.status == 200 else -1
+
+            await wait_until(lambda: _is(hits(), 1), timeout=30, message="episode projected on the cluster")
+            async with s.delete(f"{url}/v1/users/alice") as r:
+                assert r.status == 202
+            await wait_until(lambda: _is(hits(), 0), timeout=30, message="user forgotten on the cluster")
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=90)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert "engram ◆ redis cluster redis+cluster://" in output and "engram ◆ stopped" in output
+
+
+async def _is(value, want) -> bool:
+    return await value == want
+
+
+def _cluster_base_port(n: int) -> int:
+    """A port p <= 55535 with p .. p + n - 1 and their cluster bus ports (+ 10000) free."""
+    import socket
+
+    from deploy.embedded_redis import MAX_CLUSTER_PORT
+
+    while True:
+        p = free_port()
+        if p + n - 1 > MAX_CLUSTER_PORT:
+            continue
+        try:
+            for q in [*range(p, p + n), *range(p + 10000, p + n + 10000)]:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        return p

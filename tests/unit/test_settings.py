@@ -102,3 +102,17 @@ def test_every_setting_is_declared_once_and_an_empty_environment_gives_the_defau
     assert (
         Settings.from_env({"ENGRAM_STREAM_RETENTION": "off", "ENGRAM_HNSW_M": "32"}).stream_retention is None
     )
+
+
+def test_a_cluster_url_is_accepted_and_its_search_mode_checked():
+    s = Settings.from_env(
+        {"REDIS_URL": "redis+cluster://127.0.0.1:7000", "ENGRAM_CLUSTER_SEARCH": "coordinator"}
+    )
+    assert s.redis_url == "redis+cluster://127.0.0.1:7000" and s.cluster_search == "coordinator"
+    assert Settings.from_env({}).cluster_search == "shard"
+    with pytest.raises(ConfigError, match="ENGRAM_CLUSTER_SEARCH='fanout' must be one of shard, coordinator"):
+        Settings.from_env({"ENGRAM_CLUSTER_SEARCH": "fanout"})
+    with pytest.raises(ConfigError, match="not supported on a Redis Cluster yet"):
+        Settings.from_env({"REDIS_URL": "redis+cluster://h:7000", "ENGRAM_MASTER_KEY": "x" * 44})
+    with pytest.raises(ConfigError, match="ENGRAM_PREFIX='a{b}:' must not contain braces"):
+        Settings.from_env({"ENGRAM_PREFIX": "a{b}:"})

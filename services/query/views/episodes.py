@@ -32,7 +32,7 @@ from services.query.views.common import (
     redis_of,
     reply,
 )
-from shared import streams
+from shared import legacy, streams
 from shared.codec import peek_identity
 from shared.index import current_generation
 
@@ -197,7 +197,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     if (
         found[b"doc"] is None
         or found[b"namespace"] != ns.encode()
-        or await r.exists(keys.tombstone(ns, episode_id))
+        or await r.exists(*legacy.tombstones(keys, ns, episode_id))
     ):
         raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
     if found[b"expires_at"] is not None and float(found[b"expires_at"]) <= time.time():
@@ -224,7 +224,7 @@ async def get_episode(request: web.Request) -> web.Response:
     except NotFound:
         # read-your-writes: accepted (202) but not yet projected is not "never existed"
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if not await r.exists(keys.tombstone(ns, episode_id)) and await _accepted_not_projected(
+        if not await r.exists(*legacy.tombstones(keys, ns, episode_id)) and await _accepted_not_projected(
             request, episode_id
         ):
             return reply(
@@ -259,7 +259,7 @@ async def delete_episode(request: web.Request) -> web.Response:
         # no document, but the namespace may still hold its data: stored events of a draft or of an
         # episode not yet written, or dead letters, which a forget must reach too
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(keys.tombstone(ns, episode_id)):
+        if await r.exists(*legacy.tombstones(keys, ns, episode_id)):
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
             return reply({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
         gen = await current_generation(r, keys)

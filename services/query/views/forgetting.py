@@ -105,7 +105,7 @@ async def _status(r: Any, keys: Keys, job_id: str, ns: str) -> dict[str, Any]:
         part = digests[start : start + 1000]
         async with r.pipeline(transaction=False) as pipe:
             for d in part:
-                pipe.exists(keys.tombstone_of(d))
+                pipe.exists(keys.tombstone_of(ns, d))
             done += sum(int(x) for x in await pipe.execute())
     total = int(raw[b"episodes"])
     created = float(raw[b"created_at"])
