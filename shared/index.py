@@ -35,8 +35,8 @@ from engram_episodic.shapes import episode_to_dict
 from shared.hybrid import HYBRID_POLICIES
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
-from shared.replies import as_text
 from shared.legacy import check_layout
+from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 
 TAG_SEPARATOR = "\x1f"
@@ -341,6 +341,8 @@ async def _add_missing_numerics(r: aioredis.Redis, name: str) -> None:
     """FT.ALTER an index built before a NUMERIC field existed (`expires_at`), so queries naming it work."""
     info = await r.execute_command("FT.INFO", name)
     attrs = dict(zip(info[::2], info[1::2], strict=False)).get(b"attributes") or []
+    if not attrs:  # a shard-local cluster's template (shared.cluster): its shards get the current schema
+        return
     have = {a[a.index(b"attribute") + 1] for a in attrs if b"attribute" in a}
     for field_name in NUMERIC_FIELDS:
         if field_name.encode() not in have:

@@ -86,7 +86,7 @@ async def page(
         "@__key",
         f"@{sort_field}",
         "APPLY",
-        f"substr(@__key, {len(key_prefix.encode())}, 32)",
+        "substr(@__key, strlen(@__key) - 32, 32)",  # keys end with the digest (after a hash tag)
         "AS",
         "k",
     ]

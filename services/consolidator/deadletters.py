@@ -195,7 +195,7 @@ async def relink(redis: aioredis.Redis, keys: Keys) -> int:
         if ident is None or not letter.stream_id:
             continue
         namespace, episode_id, user_id, _at = ident
-        refs: dict[bytes, bytes] = {letter.stream_id.encode(): letter.dead_id.encode()}
+        refs: dict[EncodableT, EncodableT] = {letter.stream_id.encode(): letter.dead_id.encode()}
         if user_id is not None:
             refs[DEAD_REF_USER] = user_id.encode()
             await redis.sadd(keys.user_dead_letters(namespace, user_id), episode_id)

@@ -246,7 +246,9 @@ class Consolidator:
 
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""
-        counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id)))
+        counter = bytes_map(
+            await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id))
+        )
         return self._reached(int(counter.get(b"completed", b"0")), float(counter.get(b"importance", b"0")))
 
     def _reached(self, completed: int, importance: float) -> bool:
@@ -294,7 +296,9 @@ class Consolidator:
         if token is None:
             return RunResult(scope, "busy")
         try:
-            counter = bytes_map(await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id)))
+            counter = bytes_map(
+                await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id))
+            )
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
             tags = await self.tags(gen)

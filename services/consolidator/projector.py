@@ -385,7 +385,11 @@ class Projector:
         layout before hash tags forgets (shared.legacy): the scripts check only the current names."""
         probes = []
         for (ns, eid), items in by_episode.items():
-            users = [ev.episode.user_id for _, ev in items if getattr(ev, "episode", None) is not None]
+            users = [
+                episode.user_id
+                for _, ev in items
+                if (episode := getattr(ev, "episode", None)) is not None  # starts and completions
+            ]
             first = min(ev.occurred_at for _, ev in items)
             probes.append((ns, eid, next((u for u in users if u), None), first))
         gone = await legacy.forgotten(self.redis, self.keys, probes)
