@@ -7,6 +7,7 @@
     engram skills --agent-id coder
     engram curve --agent-id coder
     engram forget --episode EPISODE_ID                 # or --user USER_ID
+    engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
 
 `--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
@@ -23,6 +24,7 @@ from typing import Any
 
 import click
 
+from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.client import Engram
 from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
 
@@ -259,6 +261,10 @@ def mcp(ctx: click.Context) -> None:
     }
     os.environ.update(env)
     sys.exit(mcp_server.main(list(ctx.args)))
+
+
+cli.add_command(export_command)
+cli.add_command(import_command)
 
 
 def main() -> None:
