@@ -286,7 +286,7 @@ async def top_by(
     depth-th and the next (then no episode below the floor can belong to the top depth, and the top
     depth is unique); otherwise, as after forgets, the whole scope is sorted again.
     """
-    key = (index, scope.query(), name, depth)
+    key = (index, scope.cache_key(), name, depth)
     field = name.encode()
     now = time.monotonic()
     cached = _FLOORS.get(key)
@@ -338,7 +338,7 @@ async def remembered_lists(
     now = time.monotonic()
     narrowed = []
     for name in names:
-        cached = _FLOORS.get((index, scope.query(), name, depth))
+        cached = _FLOORS.get((index, scope.cache_key(), name, depth))
         if name == "last_accessed" or cached is None or now - cached[0] >= FLOOR_TTL:
             return None
         sub = _at_least(scope, name, cached[1])
@@ -593,7 +593,7 @@ class ScopeSizes:
         self._sizes: dict[str, tuple[float, int]] = {}
 
     async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
-        key = scope.query()
+        key = scope.cache_key()
         now = time.monotonic()
         hit = self._sizes.get(key)
         if hit is not None and now - hit[0] < self.ttl:
