@@ -6,7 +6,7 @@
     engram facts "migrations"                          # semantic memory
     engram skills --agent-id coder
     engram curve --agent-id coder
-    engram forget --episode EPISODE_ID                 # or --user USER_ID
+    engram forget --episode EPISODE_ID                 # or --user, --agent, --session
     engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
 
@@ -230,17 +230,33 @@ def curve(ctx: click.Context, as_json: bool, **options: Any) -> None:
 @cli.command()
 @click.option("--episode", "episode_id", help="Forget one episode.")
 @click.option("--user", "user_id", help="Forget every episode of a user.")
+@click.option("--agent", "agent_id", help="Forget every episode of an agent (a job).")
+@click.option("--session", "session_id", help="Forget every episode of a session (a job).")
 @click.pass_context
-def forget(ctx: click.Context, episode_id: str | None, user_id: str | None) -> None:
-    """Forget one episode (--episode) or a whole user (--user)."""
-    if (episode_id is None) == (user_id is None):
-        raise click.UsageError("give exactly one of --episode or --user")
+def forget(
+    ctx: click.Context,
+    episode_id: str | None,
+    user_id: str | None,
+    agent_id: str | None,
+    session_id: str | None,
+) -> None:
+    """Forget one episode (--episode), a user (--user), an agent (--agent) or a session (--session)."""
+    given = [v for v in (episode_id, user_id, agent_id, session_id) if v is not None]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --episode, --user, --agent or --session")
     if episode_id is not None:
         done = _run(ctx, lambda c: c.forget_episode(episode_id))
         click.echo(f"forgetting episode {done.episode_id} (event {done.event_id})")
-    else:
+    elif user_id is not None:
         done = _run(ctx, lambda c: c.forget_user(user_id))
         click.echo(f"forgetting user {done.user_id} (event {done.event_id})")
+    else:
+        job = _run(
+            ctx, lambda c: c.forget_agent(agent_id) if agent_id is not None else c.forget_session(session_id)
+        )
+        click.echo(
+            f"forgetting {job.episodes} episodes of the {job.kind} (job {job.job_id}: GET {job.raw['job']})"
+        )
 
 
 @cli.command(
