@@ -21,7 +21,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -188,6 +188,11 @@ class Scope:
         if self.live_at is not None:  # a missing expires_at matches no range: those never expire
             parts.append("-" + numeric_clause("expires_at", None, self.live_at))
         return " ".join(parts)
+
+    def cache_key(self) -> str:
+        """`query()` without the expiry clause, whose instant changes every call: what caches of
+        answers about a scope that are re-checked or allowed to be seconds stale key on."""
+        return Scope.query(replace(self, live_at=None))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -54,7 +54,6 @@ async def page(
     query: str,
     *,
     sort_field: str,
-    key_prefix: str,
     descending: bool,
     after: Position | None,
     limit: int,
@@ -62,10 +61,10 @@ async def page(
     """At most `limit` documents of `query` in (`sort_field`, key suffix) order — descending values
     with ascending suffixes, or both ascending — strictly after `after` (None: from the start).
 
-    `key_prefix` is what every key of the index starts with (the generation's document prefix); the
-    rest of the key is a 32-hex digest. A document without `sort_field` is never listed (a missing
-    NUMERIC matches no range), and whether more follow. A missing index is an empty page. Raises ValueError for a suffix that is
-    not a digest (callers validate cursors before).
+    Every key of the index ends with a 32-hex digest (`shared.keys`; after the namespace's hash tag).
+    Returns the rows and whether more follow. A document without `sort_field` is never listed (a
+    missing NUMERIC matches no range). A missing index is an empty page. Raises ValueError for a suffix
+    that is not a digest (callers validate cursors before).
     """
     expr = query
     tie = ""

@@ -8,7 +8,8 @@
     engram facts "migrations"                          # semantic memory
     engram skills --agent-id coder [--plot [--out skills.png]]
     engram curve --agent-id coder [--plot [--out curve.png]]
-    engram forget --episode EPISODE_ID                 # or --user USER_ID
+    engram forget --episode EPISODE_ID                 # or --user, --agent, --session
+    engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
     engram replay | reindex --embedder E | dead-letters | redrive --all   # on Redis (server installed)
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
 
@@ -30,6 +31,7 @@ from typing import Any
 import click
 
 from engram_episodic import cli_admin
+from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.client import Engram
 from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
 
@@ -320,22 +322,43 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
 @cli.command()
 @click.option("--episode", "episode_id", help="Forget one episode.")
 @click.option("--user", "user_id", help="Forget every episode of a user.")
+@click.option("--agent", "agent_id", help="Forget every episode of an agent (a job).")
+@click.option("--session", "session_id", help="Forget every episode of a session (a job).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def forget(ctx: click.Context, episode_id: str | None, user_id: str | None, as_json: bool) -> None:
-    """Forget one episode (--episode) or a whole user (--user)."""
-    if (episode_id is None) == (user_id is None):
-        raise click.UsageError("give exactly one of --episode or --user")
-    if episode_id is not None:
-        done = _run(ctx, lambda c: c.forget_episode(episode_id))
-        what = f"episode {done.episode_id}"
-    else:
-        done = _run(ctx, lambda c: c.forget_user(user_id))
-        what = f"user {done.user_id}"
+def forget(
+    ctx: click.Context,
+    episode_id: str | None,
+    user_id: str | None,
+    agent_id: str | None,
+    session_id: str | None,
+    as_json: bool,
+) -> None:
+    """Forget one episode (--episode), a user (--user), an agent (--agent) or a session (--session)."""
+    given = [v for v in (episode_id, user_id, agent_id, session_id) if v is not None]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --episode, --user, --agent or --session")
+    if episode_id is not None or user_id is not None:
+        if episode_id is not None:
+            done = _run(ctx, lambda c: c.forget_episode(episode_id))
+            what = f"episode {done.episode_id}"
+        else:
+            done = _run(ctx, lambda c: c.forget_user(user_id))
+            what = f"user {done.user_id}"
+        if as_json:
+            _emit(dataclasses.asdict(done))
+        else:
+            click.echo(f"forgetting {what} (event {done.event_id})")
+        return
+    job = _run(
+        ctx, lambda c: c.forget_agent(agent_id) if agent_id is not None else c.forget_session(session_id)
+    )
     if as_json:
-        _emit(dataclasses.asdict(done))
+        _emit(job.raw)
     else:
-        click.echo(f"forgetting {what} (event {done.event_id})")
+        click.echo(
+            f"forgetting {job.episodes} episodes of the {job.kind} (job {job.job_id}: GET {job.raw['job']})"
+        )
 
 
 @cli.command(
@@ -360,6 +383,8 @@ def mcp(ctx: click.Context) -> None:
 
 for _command in cli_admin.COMMANDS:
     cli.add_command(_command)
+cli.add_command(export_command)
+cli.add_command(import_command)
 
 
 def main() -> None:

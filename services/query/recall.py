@@ -293,7 +293,7 @@ async def top_by(
     depth-th and the next (then no episode below the floor can belong to the top depth, and the top
     depth is unique); otherwise, as after forgets, the whole scope is sorted again.
     """
-    key = (index, scope.query(), name, depth)
+    key = (index, scope.cache_key(), name, depth)
     field = name.encode()
     now = time.monotonic()
     cached = _FLOORS.get(key)
@@ -345,7 +345,7 @@ async def remembered_lists(
     now = time.monotonic()
     narrowed = []
     for name in names:
-        cached = _FLOORS.get((index, scope.query(), name, depth))
+        cached = _FLOORS.get((index, scope.cache_key(), name, depth))
         if name == "last_accessed" or cached is None or now - cached[0] >= FLOOR_TTL:
             return None
         sub = _at_least(scope, name, cached[1])

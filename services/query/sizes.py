@@ -34,7 +34,7 @@ class ScopeSizes:
         return n
 
     async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
-        key = scope.query()
+        key = scope.cache_key()
         now = time.monotonic()
         hit = self._sizes.get(key)
         if hit is not None and now - hit[0] < self.ttl:

@@ -105,3 +105,16 @@ async def test_jobs_are_per_tenant_and_hold_no_ids(tenants, settings, redis, pre
 
     by_session, by_ids = await asyncio.to_thread(sync)
     assert by_session.episodes == 0 and by_session.done and by_ids.episodes == 1
+
+
+async def test_the_cli_forgets_an_agent(api, settings, redis):
+    from tests.integration.test_query_cli import run
+
+    await api.post("/v1/episodes", json={"episodes": [episode(f"e{i}", agent_id="bot") for i in range(3)]})
+    await drain(settings, redis)
+    out = await run(api, "forget", "--agent", "bot")
+    assert out.exit_code == 0 and "forgetting 3 episodes of the agent" in out.output, out.output
+    out = await run(api, "forget", "--agent", "bot", "--user", "u")
+    assert out.exit_code == 2
+    await drain(settings, redis)
+    assert await listed(api) == []

@@ -139,3 +139,23 @@ async def test_facts_are_built_without_expired_episodes(api, settings, redis):
     evidence = {e for f in facts for e in f["evidence"]}
     assert evidence and not any(e.startswith("g") for e in evidence)
     assert all(f["support"] <= 4 for f in facts)
+
+
+async def test_a_facts_evidence_hides_an_episode_that_expired_since(api, settings, redis):
+    now = time.time()
+    common = dict(task="rotate the api gateway tls certificate", category="ops", agent_id="ops")
+    await api.post(
+        "/v1/episodes",
+        json={"episodes": [episode(f"l{i}", completed_at=now - 300 + i, **common) for i in range(5)]},
+    )
+    await drain(settings, redis)
+    assert (await api.post("/v1/consolidate", json={})).status == 200
+    [fact, *_] = (await (await api.post("/v1/facts/search", json={"top_k": 100})).json())["results"]
+    assert "l0" in fact["evidence"]
+    async with consolidating(settings, redis):
+        resp = await api.patch("/v1/episodes/l0", json={"ttl": "1s"}, params={"wait": 10})
+        assert (await resp.json())["projected"]
+    await wait_until(lambda: _status(api, "/v1/episodes/l0", 404), timeout=10, message="l0 to expire")
+    detail = await (await api.get(f"/v1/facts/{fact['fact_id']}")).json()
+    shown = [e["episode_id"] for e in detail["evidence"]]
+    assert shown and "l0" not in shown

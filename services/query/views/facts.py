@@ -8,6 +8,7 @@ settings): this module neither imports nor builds the consolidator. Likewise the
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal, cast
 
 import redis.asyncio as aioredis
@@ -128,7 +129,12 @@ async def fact_detail(request: web.Request) -> web.Response:
         _, hits = await filter_search(
             r,
             keys.episode_index_alias,
-            EpisodeScope(namespace=ns, tags=await request.app[TAGS].get(r), episode_id=fact.evidence),
+            EpisodeScope(
+                namespace=ns,
+                tags=await request.app[TAGS].get(r),
+                episode_id=fact.evidence,
+                live_at=time.time(),  # an expired episode is not shown, though the fact still counts it until erased
+            ),
             return_fields=("doc",),
             sort_by="completed_at",
             descending=False,

@@ -24,7 +24,6 @@ from services.query.cursors import filters_digest
 from services.query.views.common import index_of, ns_of, query_params, redis_of, reply, tags_of
 from shared.facts import DOC_FIELD as FACT_DOC
 from shared.facts import Fact, FactQuery, live_facts_index
-from shared.index import current_generation
 from shared.index_pages import Row, page
 
 log = logging.getLogger("engram.query")
@@ -103,7 +102,6 @@ async def _page(
     index: str,
     query: str,
     sort_field: str,
-    key_prefix: str,
 ) -> tuple[list[Row], str | None]:
     r, cursors = redis_of(request), request.app[CURSORS]
     filters = filters_digest(route, q.filters())
@@ -113,7 +111,6 @@ async def _page(
         index,
         query,
         sort_field=sort_field,
-        key_prefix=key_prefix,
         descending=q.order == "desc",
         after=after,
         limit=q.limit,
@@ -147,7 +144,6 @@ async def list_episodes(request: web.Request) -> web.Response:
     q: EpisodeListQuery = query_params(request, EpisodeListQuery)
     r, keys = redis_of(request), request.app[KEYS]
     scope = rc.scope_of(ns_of(request), q, await tags_of(request))
-    gen = await current_generation(r, keys)
     rows, nxt = await _page(
         request,
         "episodes",
@@ -155,7 +151,6 @@ async def list_episodes(request: web.Request) -> web.Response:
         index_of(request),
         scope.query(),
         "completed_at",
-        keys.episode_doc_prefix(gen),
     )
     docs = await _docs(request, rows, "doc")
     return _answer([response_shape(doc) for _, doc in docs], q, nxt)
@@ -175,8 +170,7 @@ async def list_facts(request: web.Request) -> web.Response:
         until=q.until,
         include_superseded=q.include_superseded,
     )
-    gen = await current_generation(r, keys)
     index = await live_facts_index(r, keys)
-    rows, nxt = await _page(request, "facts", q, index, fq.query(), "created_at", keys.fact_doc_prefix(gen))
+    rows, nxt = await _page(request, "facts", q, index, fq.query(), "created_at")
     docs = await _docs(request, rows, FACT_DOC)
     return _answer([Fact.from_data(doc).to_json() for _, doc in docs], q, nxt)

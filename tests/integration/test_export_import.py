@@ -1,0 +1,113 @@
+"""`engram export` / `engram import`: a namespace through JSONL into a fresh stack recalls the same."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from shared import streams
+from shared.keys import Keys
+from tests.integration.test_query_cli import run
+from tests.integration.test_query_e2e import drain
+from tests.integration.test_query_support import KEY_A, KEY_B, auth
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+AS_OF = "2026-06-01T00:00:00Z"
+QUERIES = ["renew the tls certificate", "migrate the orders table", "flaky login test"]
+
+
+def batch() -> list[dict]:
+    tasks = [
+        ("renew the tls certificate of host {i}", "ops", "success"),
+        ("migrate the orders table shard {i}", "db", "failure"),
+        ("fix the flaky login test number {i}", "testing", "partial"),
+    ]
+    out = []
+    for i in range(12):
+        text, category, outcome = tasks[i % 3]
+        out.append(
+            {
+                "episode_id": f"ep-{i}",
+                "task": {"description": text.format(i=i), "category": category},
+                "outcome": outcome,
+                "agent_id": f"agent-{i % 2}",
+                "user_id": f"user-{i % 4}",
+                "session_id": f"s-{i % 3}",
+                "started_at": 1_770_000_000 + 3600 * i,
+                "completed_at": 1_770_000_000 + 3600 * i + 120,
+                "feedback": {
+                    "reward": (i % 5) / 4,
+                    "message": f"note {i}",
+                    "tests_passed": i,
+                    "tests_total": 12,
+                },
+                "importance": 1 + i % 10,
+                "metadata": {"n": i, "tags": ["a", "b"]},
+                "actions": [
+                    {"action_type": "run", "input": f"cmd {i}", "timestamp": 1_770_000_000 + 3600 * i + 60},
+                ],
+                "solution": f"solution {i}",
+            }
+        )
+    return out
+
+
+async def recalls(api, key):
+    out = []
+    for q in QUERIES:
+        body = {"query": q, "top_k": 10, "as_of": AS_OF}
+        resp = await api.post("/v1/recall", json=body, headers=auth(key))
+        assert resp.status == 200, await resp.text()
+        out.append([(r["episode"], round(r["priority"], 9)) for r in (await resp.json())["results"]])
+    return out
+
+
+async def test_export_then_import_into_a_fresh_stack_recalls_the_same(make_client, settings, redis, tmp_path):
+    source = await make_client(api_keys={KEY_A: "team-a"})
+    await source.post("/v1/episodes", json={"episodes": batch()}, headers=auth(KEY_A))
+    await drain(settings, redis)
+    before = await recalls(source, KEY_A)
+    assert all(before)
+
+    file = tmp_path / "memory.jsonl"
+    out = await run(source, "export", "--out", str(file), key=KEY_A)
+    assert out.exit_code == 0, out.output
+    lines = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines()]
+    assert [e["episode_id"] for e in lines] == [f"ep-{i}" for i in range(12)]  # oldest first
+    assert lines[3]["actions"][0]["timestamp"] == 1_770_000_000 + 3600 * 3 + 60  # epoch s, exact
+    assert lines[3]["completed_at"] == 1_770_000_000 + 3600 * 3 + 120
+    one_user = await run(source, "export", "--user-id", "user-1", key=KEY_A)
+    assert [json.loads(x)["episode_id"] for x in one_user.stdout.splitlines()] == ["ep-1", "ep-5", "ep-9"]
+
+    # a fresh stack: another prefix (its own stream, index, documents), another namespace
+    fresh = settings.with_(prefix=f"t{uuid.uuid4().hex[:10]}:")
+    try:
+        target = await make_client(prefix=fresh.prefix, api_keys={KEY_B: "team-b"})
+        for _ in range(2):  # importing twice changes nothing
+            out = await run(target, "import", str(file), key=KEY_B)
+            assert out.exit_code == 0, out.output
+            await drain(fresh, redis)
+        assert "imported 12 episodes" in out.output
+        after = await recalls(target, KEY_B)
+        assert after == before
+        listed = await (await target.get("/v1/episodes", params={"limit": 100}, headers=auth(KEY_B))).json()
+        assert len(listed["results"]) == 12
+        assert await redis.xlen(Keys(fresh.prefix).stream) == 24  # two imports, one event per episode each
+        assert len(await streams.read_range(redis, Keys(fresh.prefix).stream)) == 24
+    finally:
+        for name in await redis.execute_command("FT._LIST"):
+            if name.decode().startswith(fresh.prefix):
+                await redis.execute_command("FT.DROPINDEX", name)
+        async for key in redis.scan_iter(match=f"{fresh.prefix}*", count=1000):
+            await redis.unlink(key)
+
+
+async def test_import_names_a_bad_line(api, tmp_path):
+    file = tmp_path / "bad.jsonl"
+    file.write_text('{"task": "ok", "outcome": "success"}\nnot json\n', encoding="utf-8")
+    out = await run(api, "import", str(file))
+    assert out.exit_code == 1 and "bad.jsonl:2 is not JSON" in out.output
+    file.write_text('{"task": "ok", "outcome": "great"}\n', encoding="utf-8")
+    out = await run(api, "import", str(file))
+    assert out.exit_code == 1 and "outcome" in out.output
