@@ -142,7 +142,6 @@ def _answer(results: list[Any], q: _Page, nxt: str | None) -> web.Response:
 
 async def list_episodes(request: web.Request) -> web.Response:
     q: EpisodeListQuery = query_params(request, EpisodeListQuery)
-    r, keys = redis_of(request), request.app[KEYS]
     scope = rc.scope_of(ns_of(request), q, await tags_of(request))
     rows, nxt = await _page(
         request,
