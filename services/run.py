@@ -16,8 +16,8 @@ by hand; exit code 1).
 
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
 6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
-with `ENGRAM_METRICS_PORT` set, worker i serves its metrics on that port + i), `ENGRAM_RESTART_LIMIT`
-(default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`).
+worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
+(default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`). Every port is checked before anything starts.
 """
 
 from __future__ import annotations
@@ -351,6 +351,33 @@ def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> st
     return None
 
 
+def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
+    """Why a port the stack is about to listen on is not free (the message), or None.
+
+    Said up front: otherwise the query service found out after its model loaded (a traceback), the
+    embedded Redis after 50 lines of its own log and six restarts, a worker after its model loaded."""
+    busy = _taken_port(settings.host, settings.port)
+    if busy:
+        return f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another"
+    if not env.get("REDIS_URL"):
+        busy = _taken_port("127.0.0.1", redis_port)
+        if busy:
+            return (
+                f"engram: ENGRAM_REDIS_PORT={redis_port} on 127.0.0.1 is not free ({busy}); choose another, "
+                f"or set REDIS_URL to use a Redis that is already running"
+            )
+    for i in range(workers if settings.metrics_port else 0):
+        port = settings.metrics_port + i
+        busy = _taken_port(settings.host, port)
+        if busy:
+            which = "ENGRAM_METRICS_PORT" + (f" + {i}" if i else "")
+            return (
+                f"engram: {which}={port} on {settings.host} is not free ({busy}); it is consolidator-{i}'s "
+                f"/healthz and /metrics: choose another, or 0 for none"
+            )
+    return None
+
+
 def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
     """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always sealed)."""
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
@@ -396,12 +423,9 @@ def main() -> int:
         print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     _ensure_master_key(env, data_root)
-    busy = _taken_port(settings.host, settings.port)
-    if busy:  # the query service would find out after the model loaded, with a traceback
-        print(
-            f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
-            file=sys.stderr,
-        )
+    taken = _taken_ports(settings, env, redis_port, workers)
+    if taken:
+        print(taken, file=sys.stderr)
         return 2
     # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
     # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does

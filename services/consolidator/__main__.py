@@ -62,19 +62,34 @@ async def _open(stack: contextlib.AsyncExitStack, settings: Settings):
 
 
 async def _run(settings: Settings) -> int:
-    from prometheus_client import start_http_server
-
     from services.consolidator.facts import Consolidator
+    from services.consolidator.health import Health, start_operations
     from services.consolidator.metrics import WorkerMetrics
     from services.consolidator.summarizer import Summarizer
     from services.consolidator.worker import Worker
 
+    log = logging.getLogger("engram.consolidator")
     # one exit stack owns every resource of the process, closed in reverse order however start-up ends
     async with contextlib.AsyncExitStack() as stack:
-        redis, embedder = await _open(stack, settings)
         metrics = WorkerMetrics()
-        if settings.metrics_port:
-            start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+        health = Health(stall=settings.health_stall)
+        if settings.metrics_port:  # first: /healthz says "starting" while the model loads
+            try:
+                runner = await start_operations(
+                    health, metrics.registry, host=settings.host, port=settings.metrics_port
+                )
+            except OSError as exc:
+                log.error(
+                    "ENGRAM_METRICS_PORT=%d on %s is not free (%s): give each consolidator process a port "
+                    "of its own, or 0 for none",
+                    settings.metrics_port,
+                    settings.host,
+                    exc.strerror or exc,
+                )
+                return 2
+            stack.push_async_callback(runner.cleanup)
+            log.info("health and metrics on http://%s:%d/healthz", settings.host, settings.metrics_port)
+        redis, embedder = await _open(stack, settings)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -93,6 +108,7 @@ async def _run(settings: Settings) -> int:
         )
         stack.push_async_callback(facts.aclose)
         worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
+        health.worker = worker
         # Everything loaded so far (modules, the model, clients) lives as long as the process: freezing it
         # keeps the collector's full passes off it. Those passes took 40-75 ms each on this worker's heap,
         # with the event loop stopped and Redis left idle (seen as gaps in `make bench`'s ingest); frozen,
@@ -101,7 +117,7 @@ async def _run(settings: Settings) -> int:
         try:
             await worker.run(stop)
         except (Conflict, ConfigError) as exc:  # another embedder's index, another master key, no master key
-            logging.getLogger("engram.consolidator").error("%s", exc)
+            log.error("%s", exc)
             return 2
     return 0
 

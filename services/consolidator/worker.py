@@ -112,6 +112,10 @@ class Worker:
         # set while the live index uses another embedder than this worker's (see the module docstring)
         self.paused_by: EmbedderMismatch | None = None
         self._paused_said = 0.0
+        # for /healthz (services.consolidator.health): when each lane last came round its loop, and
+        # when a batch was last projected and acked (time.monotonic())
+        self.lane_beats: dict[int, float] = {}
+        self.last_batch_at: float | None = None
 
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
@@ -179,9 +183,7 @@ class Worker:
             # (cancelling one mid-batch is unsafe: redis-py can swallow a cancellation), then re-raises here
             async with asyncio.TaskGroup() as lanes:
                 for i in range(self.settings.in_flight):
-                    lanes.create_task(
-                        self._lane(stop, halt, conflicts, housekeeping=i == 0), name=f"lane-{i}"
-                    )
+                    lanes.create_task(self._lane(stop, halt, conflicts, lane=i), name=f"lane-{i}")
         finally:
             if self._erasure is not None:  # a rewrite in progress goes on in Redis; the mark stays pending
                 self._erasure.cancel()
@@ -198,12 +200,14 @@ class Worker:
         return True
 
     async def _lane(
-        self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, housekeeping: bool
+        self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, lane: int
     ) -> None:
+        housekeeping = lane == 0
         last_info = 0.0
         last_trim = time.monotonic()
         backoff = Backoff()
         while not stop.is_set() and not halt.is_set():
+            self.lane_beats[lane] = time.monotonic()
             try:
                 await self.turn()
                 backoff.reset()
@@ -361,6 +365,7 @@ class Worker:
         if result is None:
             return 0
         await self._finish(result)
+        self.last_batch_at = time.monotonic()
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self.processed += len(result.ok) + len(result.dead)
         if self.on_batch is not None and result.completed:

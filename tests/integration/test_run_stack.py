@@ -202,6 +202,34 @@ def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_pat
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("which", ["ENGRAM_REDIS_PORT", "ENGRAM_METRICS_PORT"])
+def test_run_refuses_a_taken_redis_or_metrics_port_before_starting_anything(tmp_path, which):
+    """Found by a new-user trial: a taken ENGRAM_REDIS_PORT gave 50 lines of Redis log, then "redis died
+    6 times"; a taken metrics port would stop a worker after its model loaded."""
+    import socket
+
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS")},
+        "ENGRAM_DATA_DIR": str(tmp_path),
+        "ENGRAM_PORT": str(free_port()),
+        "ENGRAM_REDIS_PORT": str(free_port()),
+        "ENGRAM_METRICS_PORT": str(free_port()),
+        "ENGRAM_EMBEDDER": "hashing",
+    }
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.run"],
+            cwd=ROOT,
+            env={**env, which: str(port)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2 and f"{which}={port} on 127.0.0.1 is not free" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "redis").exists()  # nothing was started
+
+
 # --- issue 15 §3: `make run` survives one crashed process -------------------------------------------
 class Stack:
     """`python -m services.run` on private ports and `data_dir`, its output in a file (a pipe nobody reads
