@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ from pathlib import Path
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
+from shared import logs
 from shared.settings import Settings, env_int, parse_duration
 
 GRACE_SECONDS = 15.0
@@ -204,8 +206,28 @@ class Service:
         return self.proc is not None and self.restart_at is None and self.proc.poll() is None
 
 
-def _say(message: str) -> None:
-    print(f"engram ◆ {message}", file=sys.stderr, flush=True)
+LOG = {"format": "text"}
+"""`ENGRAM_LOG_FORMAT` of this process, set once by `main()`: how `_say` and `_refuse` write."""
+
+
+def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
+    """One line of the supervisor's own: `engram ◆ message`, or with ENGRAM_LOG_FORMAT=json the JSON
+    object a logger `engram.run` would write (so a log pipeline reads every line of the stack)."""
+    text = (
+        f"engram ◆ {message}"
+        if LOG["format"] == "text"
+        else logs.line("json", message, logger="engram.run", level=level)
+    )
+    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _refuse(message: str) -> None:
+    """Why the stack does not start (`engram: ...`, on stderr), in the same format as `_say`."""
+    if LOG["format"] == "json":
+        message = logs.line(
+            "json", message.removeprefix("engram: "), logger="engram.run", level=logging.ERROR
+        )
+    print(message, file=sys.stderr, flush=True)
 
 
 class Supervisor:
@@ -384,10 +406,7 @@ def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
         from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
 
         env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
-        print(
-            f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)",
-            flush=True,
-        )
+        _say(f"master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", err=False)
 
 
 def _restart_window(env: Mapping[str, str]) -> float:
@@ -399,6 +418,7 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    LOG["format"] = logs.log_format(env)
     try:  # every process would refuse a bad variable; say it once, before starting any
         settings = Settings.from_env(env)
         workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
@@ -406,26 +426,26 @@ def main() -> int:
         restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
         restart_window = _restart_window(env)
     except ConfigError as exc:
-        print(f"engram: {exc}", file=sys.stderr)
+        _refuse(f"engram: {exc}")
         return 2
     problem = _bind_problem(settings, env, redis_port, workers)
     if problem:
-        print(problem, file=sys.stderr)
+        _refuse(problem)
         return 2
     metrics_port = settings.metrics_port
     data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
     except DataDirBusy as exc:
-        print(_busy_message(data_root, str(exc)), file=sys.stderr)
+        _refuse(_busy_message(data_root, str(exc)))
         return EXIT_LOCKED
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
-        print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
+        _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
         return 1
     _ensure_master_key(env, data_root)
     taken = _taken_ports(settings, env, redis_port, workers)
     if taken:
-        print(taken, file=sys.stderr)
+        _refuse(taken)
         return 2
     # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
     # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
@@ -445,14 +465,13 @@ def main() -> int:
             redis_server.start()
         except (EmbeddedRedisError, OSError) as exc:
             redis_server.stop()  # one that did not answer in time is still running
-            print(
+            _refuse(
                 f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
-                f"ENGRAM_REDIS_PORT={redis_port}): {exc}",
-                file=sys.stderr,
+                f"ENGRAM_REDIS_PORT={redis_port}): {exc}"
             )
             return 1
         env["REDIS_URL"] = redis_server.url
-        print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
+        _say(f"redis {redis_server.url} (data in {redis_server.data_dir})", err=False)
     services: list[Service] = []
     for i in range(workers):
         # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
@@ -481,15 +500,15 @@ def main() -> int:
             if not supervisor.stopping:
                 service.start()
         if not supervisor.stopping:
-            print(
-                f"engram ◆ query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
+            _say(
+                f"query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
                 f"Ctrl-C stops everything",
-                flush=True,
+                err=False,
             )
         code = supervisor.run()
     finally:
         supervisor.shutdown()
-    print("engram ◆ stopped", flush=True)
+    _say("stopped", err=False)
     return code
 
 

@@ -35,6 +35,8 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+"""`ENGRAM_LOG_FORMAT` (shared.logs)."""
 
 
 def _check_startup_values(env: Mapping[str, str]) -> None:
@@ -44,6 +46,9 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
     level = env.get("ENGRAM_LOG_LEVEL", "INFO")
     if level.upper() not in LOG_LEVELS:
         raise ConfigError(f"ENGRAM_LOG_LEVEL={level!r} must be one of {', '.join(LOG_LEVELS)}")
+    log_format = env.get("ENGRAM_LOG_FORMAT") or "text"
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"ENGRAM_LOG_FORMAT={log_format!r} must be one of {', '.join(LOG_FORMATS)}")
     url = env.get("REDIS_URL") or ""
     if url:
         try:

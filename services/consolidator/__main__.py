@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
+from shared.logs import configure
 from shared.settings import Settings
 
 
@@ -126,10 +127,7 @@ async def _run(settings: Settings) -> int:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Engram consolidator: projects the episode stream into RediSearch."""
-    logging.basicConfig(
-        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure(os.environ)
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
 

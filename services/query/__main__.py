@@ -12,14 +12,14 @@ from engram_episodic.errors import ConfigError, Conflict
 from services.query.app import make_app
 from services.query.auth import check_bind
 from services.query.server import serve
+from shared.logs import configure, line
 from shared.settings import Settings
+
+log = logging.getLogger("engram.query")
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    fmt = configure(os.environ)
     try:
         settings = Settings.from_env(os.environ)
         if not settings.redis_url:
@@ -40,7 +40,12 @@ def main() -> int:
             port=settings.port,
             loop=uvloop.new_event_loop(),
             on_ready=lambda: print(
-                f"engram query ◆ listening on http://{settings.host}:{settings.port}", flush=True
+                line(
+                    fmt,
+                    f"engram query ◆ listening on http://{settings.host}:{settings.port}",
+                    logger=log.name,
+                ),
+                flush=True,
             ),
         )
     except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -228,6 +229,21 @@ def test_run_refuses_a_taken_redis_or_metrics_port_before_starting_anything(tmp_
         )
     assert proc.returncode == 2 and f"{which}={port} on 127.0.0.1 is not free" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "redis").exists()  # nothing was started
+
+
+def test_run_writes_its_own_lines_as_json_with_engram_log_format_json(tmp_path):
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS")},
+        "ENGRAM_DATA_DIR": str(tmp_path),
+        "ENGRAM_LOG_FORMAT": "json",
+        "ENGRAM_WORKERS": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    [record] = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert proc.returncode == 2 and (record["logger"], record["level"]) == ("engram.run", "ERROR")
+    assert record["message"] == "ENGRAM_WORKERS='0' must be between 1 and 64", record
 
 
 # --- issue 15 §3: `make run` survives one crashed process -------------------------------------------
