@@ -10,6 +10,7 @@ import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
 from services.query.app import make_app
+from services.query.appkeys import STARTUP
 from services.query.auth import check_bind
 from services.query.server import serve
 from shared.logs import configure, line
@@ -29,13 +30,14 @@ def main() -> int:
             )
         check_bind(settings.host, settings.api_keys)
     except (ConfigError, ValueError) as exc:
-        print(f"engram query: {exc}", file=sys.stderr)
+        print(line(fmt, f"engram query: {exc}", logger=log.name, level=logging.ERROR), file=sys.stderr)
         return 2
     try:
         # uvloop: libuv's loop cuts the per-request overhead of aiohttp and redis-py (bench/perf.py);
         # serve(), not web.run_app: its runner answers unparseable requests without quoting them
+        app = make_app(settings, background_start=True)  # the port opens before the model loads
         serve(
-            make_app(settings),
+            app,
             host=settings.host,
             port=settings.port,
             loop=uvloop.new_event_loop(),
@@ -47,9 +49,10 @@ def main() -> int:
                 ),
                 flush=True,
             ),
+            watch=app[STARTUP].wait,
         )
     except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback
-        print(f"engram query: {exc}", file=sys.stderr)
+        print(line(fmt, f"engram query: {exc}", logger=log.name, level=logging.ERROR), file=sys.stderr)
         return 2
     return 0
 

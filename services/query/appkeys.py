@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
     from services.consolidator.facts import RunResult
     from services.query.metrics import Metrics
     from services.query.recall import ScopeSizes
+    from services.query.startup import Startup
 
 # (redis, episode scope, query vector, k) → the top facts of `POST /v1/context`
 FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
@@ -46,6 +47,7 @@ OPENAPI: web.AppKey[OpenAPIDocument] = web.AppKey("openapi")
 SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
+STARTUP: web.AppKey[Startup] = web.AppKey("startup")
 
 NAMESPACE = web.RequestKey(
     "namespace", str

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
 
@@ -148,10 +148,13 @@ def serve(
     port: int,
     loop: asyncio.AbstractEventLoop,
     on_ready: Callable[[], None] | None = None,
+    watch: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`.
 
-    Startup errors (e.g. `Conflict` from the app's cleanup context) propagate to the caller.
+    `on_ready()` is called once the port listens. Startup errors (e.g. `Conflict` from the app's cleanup
+    context) propagate to the caller, and so does whatever `await watch()` raises while serving (a
+    start-up that runs behind the open port: `services.query.startup.Startup.wait`).
     """
 
     async def main() -> None:
@@ -166,6 +169,8 @@ def serve(
             await web.TCPSite(runner, host, port).start()
             if on_ready is not None:
                 on_ready()
+            if watch is not None:
+                await watch()
             await asyncio.Event().wait()  # until a signal raises GracefulExit
         finally:
             await runner.cleanup()
