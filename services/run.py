@@ -230,6 +230,70 @@ def _refuse(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _probe_url(host: str, port: int, path: str) -> str:
+    """The URL to probe a local service bound to `host` (a wildcard bind is probed on loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+def _probe(url: str) -> tuple[int, dict] | None:
+    """(status, JSON body) of GET `url`, or None when nothing answers yet."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:  # 503 while loading: its body says what is pending
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {}
+    except (OSError, ValueError):
+        return None
+
+
+class Progress(threading.Thread):
+    """Says, a line per step, when each service first answers, what it still loads, and when it is
+    ready, in seconds since `make run` started (`started`, time.monotonic()); then that the stack is.
+
+    `probes` maps a service's name to its readiness URL (the query service's `/readyz`, a worker's
+    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`)."""
+
+    def __init__(self, started: float, probes: dict[str, str]):
+        super().__init__(name="progress", daemon=True)
+        self.started, self.probes = started, dict(probes)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        waiting, said = dict(self.probes), dict[str, list]()
+        while waiting and not self.done.is_set():
+            for name, url in list(waiting.items()):
+                got = _probe(url)
+                if got is None:
+                    continue
+                status, body = got
+                elapsed = time.monotonic() - self.started
+                if status == 200:
+                    _say(f"{name} ready in {elapsed:.1f}s", err=False)
+                    del waiting[name]
+                    continue
+                pending = body.get("pending") or [body.get("status", f"HTTP {status}")]
+                if said.get(name) != pending:
+                    said[name] = pending
+                    _say(
+                        f"{name} answering at {elapsed:.1f}s; loading {', '.join(map(str, pending))}",
+                        err=False,
+                    )
+            self.done.wait(0.25)
+        if not waiting and not self.done.is_set():
+            _say(
+                f"stack ready in {time.monotonic() - self.started:.1f}s ◆ Ctrl-C stops everything",
+                err=False,
+            )
+
+
 class Supervisor:
     """Watches the embedded Redis and the services until `stop()`; returns the stack's exit code.
 
@@ -414,7 +478,41 @@ def _restart_window(env: Mapping[str, str]) -> float:
     return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
 
 
+def _services(
+    env: dict[str, str], workers: int, metrics_port: int, restart_limit: int, restart_window: float
+) -> list[Service]:
+    """The consolidators, then the query service, each with a crash budget of its own."""
+    services: list[Service] = []
+    for i in range(workers):
+        # one operations port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
+        # stop the second)
+        worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
+        services.append(
+            Service(
+                f"consolidator-{i}",
+                [sys.executable, "-m", "services.consolidator"],
+                worker_env,
+                CrashBudget(restart_limit, restart_window),
+            )
+        )
+    services.append(
+        Service(
+            "query", [sys.executable, "-m", "services.query"], env, CrashBudget(restart_limit, restart_window)
+        )
+    )
+    return services
+
+
+def _probes(settings: Settings, workers: int) -> dict[str, str]:
+    """What `Progress` polls: the query service's /readyz, each worker's /healthz (when it has a port)."""
+    probes = {"query service": _probe_url(settings.host, settings.port, "/readyz")}
+    for i in range(workers if settings.metrics_port else 0):
+        probes[f"consolidator-{i}"] = _probe_url(settings.host, settings.metrics_port + i, "/healthz")
+    return probes
+
+
 def main() -> int:
+    started = time.monotonic()
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -461,6 +559,7 @@ def main() -> int:
     if not env.get("REDIS_URL"):
         data_dir = data_root / "redis"
         redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
+        _say(f"starting redis on port {redis_port} (data in {data_dir})", err=False)
         try:
             redis_server.start()
         except (EmbeddedRedisError, OSError) as exc:
@@ -471,29 +570,13 @@ def main() -> int:
             )
             return 1
         env["REDIS_URL"] = redis_server.url
-        _say(f"redis {redis_server.url} (data in {redis_server.data_dir})", err=False)
-    services: list[Service] = []
-    for i in range(workers):
-        # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
-        # crash the second)
-        worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
-        services.append(
-            Service(
-                f"consolidator-{i}",
-                [sys.executable, "-m", "services.consolidator"],
-                worker_env,
-                CrashBudget(restart_limit, restart_window),
-            )
-        )
-    services.append(
-        Service(
-            "query", [sys.executable, "-m", "services.query"], env, CrashBudget(restart_limit, restart_window)
-        )
-    )
+        _say(f"redis {redis_server.url} ready in {time.monotonic() - started:.1f}s", err=False)
+    services = _services(env, workers, metrics_port, restart_limit, restart_window)
     supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
+    progress = Progress(started, _probes(settings, workers))
     code = 0
     try:
         for service in services:
@@ -501,12 +584,15 @@ def main() -> int:
                 service.start()
         if not supervisor.stopping:
             _say(
-                f"query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
-                f"Ctrl-C stops everything",
+                f"started {workers} consolidator(s) and the query service on "
+                f"http://{settings.host}:{settings.port} (GET /readyz says what is still loading; the first "
+                f"start unpacks the embedding model); Ctrl-C stops everything",
                 err=False,
             )
+            progress.start()
         code = supervisor.run()
     finally:
+        progress.done.set()
         supervisor.shutdown()
     _say("stopped", err=False)
     return code

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -115,6 +116,15 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "engram ◆ stopped" in output
     assert "engram ◆ redis restarted" in output
+    # a line per step of the start, each with the seconds since `make run` began (issue 20)
+    for step in (
+        "redis redis://127.0.0.1:\\d+/0",
+        "consolidator-0",
+        "consolidator-1",
+        "query service",
+        "stack",
+    ):
+        assert re.search(f"engram ◆ {step} ready in \\d+\\.\\ds", output), (step, output[-3000:])
     assert (tmp_path / "redis" / "appendonlydir").exists()  # AOF on by default
     assert not await _ready(url)
 
