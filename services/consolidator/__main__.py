@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
+from shared import tracing
 from shared.logs import configure
 from shared.settings import Settings
 
@@ -136,7 +137,15 @@ def cli(ctx: click.Context) -> None:
 def run() -> None:
     """Consume the stream until SIGTERM/SIGINT (scale out by running more copies)."""
     # uvloop: the worker is Python-bound per event; libuv's loop trims the I/O share (bench/perf.py)
-    sys.exit(uvloop.run(_run(_settings())))
+    settings = _settings()
+    tracing.configure(
+        "engram-consolidator", os.environ
+    )  # on with OTEL_EXPORTER_OTLP_ENDPOINT and the otel extra
+    try:
+        code = uvloop.run(_run(settings))
+    finally:
+        tracing.shutdown()  # the spans still in the exporter's batch
+    sys.exit(code)
 
 
 @cli.command("dead-letters")

@@ -36,7 +36,8 @@ from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
-from shared import streams
+from shared import streams, tracing
+from shared.codec import trace_of
 from shared.index import (
     EmbedderMismatch,
     VectorParams,
@@ -351,6 +352,24 @@ class Worker:
 
     async def _project(self, projector: Projector, entries: list[streams.Entry]) -> int:
         started = time.perf_counter()
+        links = self._delivered(entries) if tracing.enabled() else []
+        with tracing.span("engram.consolidator.batch", links=links, entries=len(entries), consumer=self.name):
+            return await self._project_batch(projector, entries, started)
+
+    def _delivered(self, entries: list[streams.Entry]) -> list[str]:
+        """A `engram.stream.deliver` span per entry that carries its publisher's trace (shared.tracing),
+        in that trace; returns their traceparents, for the batch span to link to."""
+        out = []
+        for entry in entries:
+            tp = trace_of(entry.payload)
+            if tp is not None:
+                with tracing.span(
+                    "engram.stream.deliver", kind="consumer", parent=tp, stream_id=entry.stream_id.decode()
+                ):
+                    out.append(tp)
+        return out
+
+    async def _project_batch(self, projector: Projector, entries: list[streams.Entry], started: float) -> int:
         result = await self._apply(projector, entries)
         if result is None and len(entries) > 1:
             # isolate the entry that fails: its neighbours are projected and acked now, and only

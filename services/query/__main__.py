@@ -13,6 +13,7 @@ from services.query.app import make_app
 from services.query.appkeys import STARTUP
 from services.query.auth import check_bind
 from services.query.server import serve
+from shared import tracing
 from shared.logs import configure, line
 from shared.settings import Settings
 
@@ -32,6 +33,7 @@ def main() -> int:
     except (ConfigError, ValueError) as exc:
         print(line(fmt, f"engram query: {exc}", logger=log.name, level=logging.ERROR), file=sys.stderr)
         return 2
+    tracing.configure("engram-query", os.environ)  # on with OTEL_EXPORTER_OTLP_ENDPOINT and the otel extra
     try:
         # uvloop: libuv's loop cuts the per-request overhead of aiohttp and redis-py (bench/perf.py);
         # serve(), not web.run_app: its runner answers unparseable requests without quoting them
@@ -54,6 +56,8 @@ def main() -> int:
     except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback
         print(line(fmt, f"engram query: {exc}", logger=log.name, level=logging.ERROR), file=sys.stderr)
         return 2
+    finally:
+        tracing.shutdown()  # the spans still in the exporter's batch
     return 0
 
 

@@ -48,6 +48,7 @@ from services.query.providers import consolidation, facts_provider
 from services.query.recall import ScopeSizes
 from services.query.routes import ROUTES, add_routes
 from services.query.startup import Startup, startup_gate
+from shared import tracing
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
@@ -137,6 +138,28 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
     return ctx
 
 
+@web.middleware
+async def traced(request: web.Request, handler) -> web.StreamResponse:
+    """A server span per request when tracing is on (shared.tracing), named by the route's template (ids
+    live in paths: never the path itself)."""
+    if not tracing.enabled():
+        return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "<no route>"
+    with tracing.span(
+        f"{request.method} {route}",
+        kind="server",
+        **{"http.request.method": request.method, "http.route": route},
+    ) as current:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            current.set_attribute("http.response.status_code", exc.status)
+            raise
+        current.set_attribute("http.response.status_code", response.status)
+        return response
+
+
 def make_app(
     settings: Settings,
     *,
@@ -157,6 +180,7 @@ def make_app(
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
+            traced,
             metrics.middleware(),
             problems_middleware,
             auth_middleware(
