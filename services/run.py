@@ -16,14 +16,15 @@ by hand; exit code 1).
 
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
 6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
-with `ENGRAM_METRICS_PORT` set, worker i serves its metrics on that port + i), `ENGRAM_RESTART_LIMIT`
-(default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`).
+worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
+(default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`). Every port is checked before anything starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import signal
@@ -39,6 +40,7 @@ from pathlib import Path
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
+from shared import logs
 from shared.settings import Settings, env_int, parse_duration
 
 GRACE_SECONDS = 15.0
@@ -205,8 +207,92 @@ class Service:
         return self.proc is not None and self.restart_at is None and self.proc.poll() is None
 
 
-def _say(message: str) -> None:
-    print(f"engram ◆ {message}", file=sys.stderr, flush=True)
+LOG = {"format": "text"}
+"""`ENGRAM_LOG_FORMAT` of this process, set once by `main()`: how `_say` and `_refuse` write."""
+
+
+def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
+    """One line of the supervisor's own: `engram ◆ message`, or with ENGRAM_LOG_FORMAT=json the JSON
+    object a logger `engram.run` would write (so a log pipeline reads every line of the stack)."""
+    text = (
+        f"engram ◆ {message}"
+        if LOG["format"] == "text"
+        else logs.line("json", message, logger="engram.run", level=level)
+    )
+    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _refuse(message: str) -> None:
+    """Why the stack does not start (`engram: ...`, on stderr), in the same format as `_say`."""
+    if LOG["format"] == "json":
+        message = logs.line(
+            "json", message.removeprefix("engram: "), logger="engram.run", level=logging.ERROR
+        )
+    print(message, file=sys.stderr, flush=True)
+
+
+def _probe_url(host: str, port: int, path: str) -> str:
+    """The URL to probe a local service bound to `host` (a wildcard bind is probed on loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+def _probe(url: str) -> tuple[int, dict] | None:
+    """(status, JSON body) of GET `url`, or None when nothing answers yet."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:  # 503 while loading: its body says what is pending
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {}
+    except (OSError, ValueError):
+        return None
+
+
+class Progress(threading.Thread):
+    """Says, a line per step, when each service first answers, what it still loads, and when it is
+    ready, in seconds since `make run` started (`started`, time.monotonic()); then that the stack is.
+
+    `probes` maps a service's name to its readiness URL (the query service's `/readyz`, a worker's
+    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`)."""
+
+    def __init__(self, started: float, probes: dict[str, str]):
+        super().__init__(name="progress", daemon=True)
+        self.started, self.probes = started, dict(probes)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        waiting, said = dict(self.probes), dict[str, list]()
+        while waiting and not self.done.is_set():
+            for name, url in list(waiting.items()):
+                got = _probe(url)
+                if got is None:
+                    continue
+                status, body = got
+                elapsed = time.monotonic() - self.started
+                if status == 200:
+                    _say(f"{name} ready in {elapsed:.1f}s", err=False)
+                    del waiting[name]
+                    continue
+                pending = body.get("pending") or [body.get("status", f"HTTP {status}")]
+                if said.get(name) != pending:
+                    said[name] = pending
+                    _say(
+                        f"{name} answering at {elapsed:.1f}s; loading {', '.join(map(str, pending))}",
+                        err=False,
+                    )
+            self.done.wait(0.25)
+        if not waiting and not self.done.is_set():
+            _say(
+                f"stack ready in {time.monotonic() - self.started:.1f}s ◆ Ctrl-C stops everything",
+                err=False,
+            )
 
 
 class Supervisor:
@@ -352,6 +438,33 @@ def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> st
     return None
 
 
+def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
+    """Why a port the stack is about to listen on is not free (the message), or None.
+
+    Said up front: otherwise the query service found out after its model loaded (a traceback), the
+    embedded Redis after 50 lines of its own log and six restarts, a worker after its model loaded."""
+    busy = _taken_port(settings.host, settings.port)
+    if busy:
+        return f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another"
+    if not env.get("REDIS_URL"):
+        busy = _taken_port("127.0.0.1", redis_port)
+        if busy:
+            return (
+                f"engram: ENGRAM_REDIS_PORT={redis_port} on 127.0.0.1 is not free ({busy}); choose another, "
+                f"or set REDIS_URL to use a Redis that is already running"
+            )
+    for i in range(workers if settings.metrics_port else 0):
+        port = settings.metrics_port + i
+        busy = _taken_port(settings.host, port)
+        if busy:
+            which = "ENGRAM_METRICS_PORT" + (f" + {i}" if i else "")
+            return (
+                f"engram: {which}={port} on {settings.host} is not free ({busy}); it is consolidator-{i}'s "
+                f"/healthz and /metrics: choose another, or 0 for none"
+            )
+    return None
+
+
 def _ensure_master_key(env: dict[str, str], data_root: Path, *, cluster: bool = False) -> None:
     """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always
     sealed), except on an embedded cluster (`cluster`): a master key is not supported there yet."""
@@ -361,10 +474,7 @@ def _ensure_master_key(env: dict[str, str], data_root: Path, *, cluster: bool = 
         from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
 
         env["ENGRAM_MASTER_KEY_FILE"] = str(generate_master_key_file(data_root / "master.key").resolve())
-        print(
-            f"engram ◆ master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)",
-            flush=True,
-        )
+        _say(f"master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", err=False)
 
 
 def _restart_window(env: Mapping[str, str]) -> float:
@@ -383,9 +493,9 @@ def _start_cluster(data_root: Path, size: int, port: int) -> EmbeddedCluster | N
     try:
         cluster.start()
     except (EmbeddedRedisError, OSError) as exc:
-        print(f"engram: cannot start the embedded cluster (ENGRAM_REDIS_PORT={port}): {exc}", file=sys.stderr)
+        _refuse(f"engram: cannot start the embedded cluster (ENGRAM_REDIS_PORT={port}): {exc}")
         return None
-    print(f"engram ◆ redis cluster {cluster.url} ({size} primaries, empty at each start)", flush=True)
+    _say(f"redis cluster {cluster.url} ({size} primaries, empty at each start)", err=False)
     return cluster
 
 
@@ -404,75 +514,30 @@ def _start_redis(
         return None, cluster
     data_dir = data_root / "redis"
     redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
+    _say(f"starting redis on port {redis_port} (data in {data_dir})", err=False)
+    started = time.monotonic()
     try:
         redis_server.start()
     except (EmbeddedRedisError, OSError) as exc:
         redis_server.stop()  # one that did not answer in time is still running
-        print(
+        _refuse(
             f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
-            f"ENGRAM_REDIS_PORT={redis_port}): {exc}",
-            file=sys.stderr,
+            f"ENGRAM_REDIS_PORT={redis_port}): {exc}"
         )
         return None
     env["REDIS_URL"] = redis_server.url
-    print(f"engram ◆ redis {redis_server.url} (data in {redis_server.data_dir})", flush=True)
+    _say(f"redis {redis_server.url} ready in {time.monotonic() - started:.1f}s", err=False)
     return redis_server, None
 
 
-def main() -> int:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:  # every process would refuse a bad variable; say it once, before starting any
-        settings = Settings.from_env(env)
-        workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
-        redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
-        restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
-        restart_window = _restart_window(env)
-        cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
-    except ConfigError as exc:
-        print(f"engram: {exc}", file=sys.stderr)
-        return 2
-    problem = _bind_problem(settings, env, redis_port, workers)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    metrics_port = settings.metrics_port
-    data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
-    try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
-        lock_fd = lock_data_dir(data_root)
-    except DataDirBusy as exc:
-        print(_busy_message(data_root, str(exc)), file=sys.stderr)
-        return EXIT_LOCKED
-    except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
-        print(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    _ensure_master_key(env, data_root, cluster=bool(cluster_size))
-    busy = _taken_port(settings.host, settings.port)
-    if busy:  # the query service would find out after the model loaded, with a traceback
-        print(
-            f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another",
-            file=sys.stderr,
-        )
-        return 2
-    # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
-    # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
-    # not reach it)
-    stop_requested = {"now": False}
-
-    def _early_stop(*_):
-        stop_requested["now"] = True
-
-    signal.signal(signal.SIGINT, _early_stop)
-    signal.signal(signal.SIGTERM, _early_stop)
-    started = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
-    if started is None:
-        return 1
-    redis_server, cluster = started
+def _services(
+    env: dict[str, str], workers: int, metrics_port: int, restart_limit: int, restart_window: float
+) -> list[Service]:
+    """The consolidators, then the query service, each with a crash budget of its own."""
     services: list[Service] = []
     for i in range(workers):
-        # one Prometheus port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
-        # crash the second)
+        # one operations port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
+        # stop the second)
         worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
         services.append(
             Service(
@@ -487,27 +552,92 @@ def main() -> int:
             "query", [sys.executable, "-m", "services.query"], env, CrashBudget(restart_limit, restart_window)
         )
     )
+    return services
+
+
+def _probes(settings: Settings, workers: int) -> dict[str, str]:
+    """What `Progress` polls: the query service's /readyz, each worker's /healthz (when it has a port)."""
+    probes = {"query service": _probe_url(settings.host, settings.port, "/readyz")}
+    for i in range(workers if settings.metrics_port else 0):
+        probes[f"consolidator-{i}"] = _probe_url(settings.host, settings.metrics_port + i, "/healthz")
+    return probes
+
+
+def main() -> int:
+    started = time.monotonic()
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    LOG["format"] = logs.log_format(env)
+    try:  # every process would refuse a bad variable; say it once, before starting any
+        settings = Settings.from_env(env)
+        workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
+        redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
+        restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
+        restart_window = _restart_window(env)
+        cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
+    except ConfigError as exc:
+        _refuse(f"engram: {exc}")
+        return 2
+    problem = _bind_problem(settings, env, redis_port, workers)
+    if problem:
+        _refuse(problem)
+        return 2
+    metrics_port = settings.metrics_port
+    data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
+    try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
+        lock_fd = lock_data_dir(data_root)
+    except DataDirBusy as exc:
+        _refuse(_busy_message(data_root, str(exc)))
+        return EXIT_LOCKED
+    except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
+        _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
+        return 1
+    _ensure_master_key(env, data_root, cluster=bool(cluster_size))
+    taken = _taken_ports(settings, env, redis_port, workers)
+    if taken:
+        _refuse(taken)
+        return 2
+    # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
+    # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
+    # not reach it)
+    stop_requested = {"now": False}
+
+    def _early_stop(*_):
+        stop_requested["now"] = True
+
+    signal.signal(signal.SIGINT, _early_stop)
+    signal.signal(signal.SIGTERM, _early_stop)
+    redis_up = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
+    if redis_up is None:
+        return 1
+    redis_server, cluster = redis_up
+    services = _services(env, workers, metrics_port, restart_limit, restart_window)
     supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
+    progress = Progress(started, _probes(settings, workers))
     code = 0
     try:
         for service in services:
             if not supervisor.stopping:
                 service.start()
         if not supervisor.stopping:
-            print(
-                f"engram ◆ query service on http://{settings.host}:{settings.port} (try GET /readyz) ◆ "
-                f"Ctrl-C stops everything",
-                flush=True,
+            _say(
+                f"started {workers} consolidator(s) and the query service on "
+                f"http://{settings.host}:{settings.port} (GET /readyz says what is still loading; the first "
+                f"start unpacks the embedding model); Ctrl-C stops everything",
+                err=False,
             )
+            progress.start()
         code = supervisor.run()
     finally:
+        progress.done.set()
         supervisor.shutdown()
         if cluster is not None:
             cluster.stop()
-    print("engram ◆ stopped", flush=True)
+    _say("stopped", err=False)
     return code
 
 

@@ -45,6 +45,7 @@ from engram_episodic.events import (
 )
 from engram_episodic.shapes import to_plain
 from engram_episodic.validation import Collector, check_id, parse_action, parse_episode, parse_update
+from shared import tracing
 from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
 CURRENT_VERSION: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPES.items()}
@@ -59,7 +60,26 @@ def event_to_data(event: Event) -> dict[str, Any]:
 def encode(event: Event) -> bytes:
     """Serialise an event to its stored envelope (msgpack bytes)."""
     envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": event_to_data(event)}
-    return msgpack.packb(envelope, use_bin_type=True)
+    return msgpack.packb(_traced(envelope), use_bin_type=True)
+
+
+def _traced(envelope: dict[str, Any]) -> dict[str, Any]:
+    """`envelope` with the current span's W3C traceparent under `tp` when tracing is on (shared.tracing:
+    the consolidator's spans continue the publisher's trace). `tp` is outside a sealed entry's associated
+    data: it is not personal, and a changed one only mislinks a trace."""
+    tp = tracing.traceparent()
+    if tp is not None:
+        envelope["tp"] = tp
+    return envelope
+
+
+def trace_of(payload: bytes | None) -> str | None:
+    """The `tp` (traceparent) a stored envelope carries, or None; never raises."""
+    try:
+        tp = unpack(payload).get("tp") if payload else None
+    except DecodeError:
+        return None
+    return tp if isinstance(tp, str) else None
 
 
 SEALED_FIELDS: dict[str, tuple[str, ...]] = {
@@ -107,7 +127,7 @@ def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
         msgpack.packb(secret, use_bin_type=True), _seal_ad(event.TYPE, version, data, ref, key.kid)
     )
     return msgpack.packb(
-        {"type": event.TYPE, "v": version, "data": data, "x": {"r": ref, "k": key.kid, "c": sealed}},
+        _traced({"type": event.TYPE, "v": version, "data": data, "x": {"r": ref, "k": key.kid, "c": sealed}}),
         use_bin_type=True,
     )
 

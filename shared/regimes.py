@@ -36,7 +36,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import numpy as np
-from scipy.stats import hypergeom
 
 FLIP_GAP = 0.5
 """Two runs' success rates must differ by at least this much (and lie on either side of 50%)."""
@@ -75,6 +74,9 @@ def _splits(
 def _fisher(k, m, total: int, total_wins: int, down) -> np.ndarray:
     """One-sided Fisher exact p: of `total` rows with `total_wins` successes, `m` fall in the older part,
     `k` of them successes; the chance of at least that many (`down`: the rate fell) or at most."""
+    # imported here: scipy.stats was ~2 s of every process's start (-X importtime), before the port opened
+    from scipy.stats import hypergeom
+
     return np.where(
         down, hypergeom.sf(np.asarray(k) - 1, total, total_wins, m), hypergeom.cdf(k, total, total_wins, m)
     )

@@ -35,6 +35,8 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+"""`ENGRAM_LOG_FORMAT` (shared.logs)."""
 
 
 def _check_startup_values(env: Mapping[str, str]) -> None:
@@ -44,6 +46,9 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
     level = env.get("ENGRAM_LOG_LEVEL", "INFO")
     if level.upper() not in LOG_LEVELS:
         raise ConfigError(f"ENGRAM_LOG_LEVEL={level!r} must be one of {', '.join(LOG_LEVELS)}")
+    log_format = env.get("ENGRAM_LOG_FORMAT") or "text"
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"ENGRAM_LOG_FORMAT={log_format!r} must be one of {', '.join(LOG_FORMATS)}")
     url = env.get("REDIS_URL") or ""
     if url:
         try:
@@ -253,7 +258,12 @@ class Settings:
     lease_ms: int = env("ENGRAM_LEASE_MS", 30_000, integer(10, 3_600_000))
     max_deliveries: int = env("ENGRAM_MAX_DELIVERIES", 5, integer(1, 1000))
     short_term_window: int = env("ENGRAM_SHORT_TERM_WINDOW", 5, integer(1, 1000))
-    metrics_port: int = env("ENGRAM_METRICS_PORT", 0, integer(0, 65535))
+    metrics_port: int = env("ENGRAM_METRICS_PORT", 9191, integer(0, 65535))
+    """`ENGRAM_METRICS_PORT`: the consolidator's `/healthz` and `/metrics` (services.consolidator.health);
+    0 = none. One port per process (`make run` gives worker i this port + i)."""
+    health_stall: float = env("ENGRAM_HEALTH_STALL", 120.0, duration)
+    """`ENGRAM_HEALTH_STALL`: a consolidator lane that has not come round its loop for longer than this
+    (seconds) makes `/healthz` answer 503 `stuck`."""
 
     # recall defaults
     recall_mode: str = env("ENGRAM_RECALL_MODE", "hybrid", choice("vector", "keyword", "hybrid"))

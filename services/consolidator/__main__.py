@@ -19,6 +19,8 @@ import click
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
+from shared import tracing
+from shared.logs import configure
 from shared.settings import Settings
 
 
@@ -48,19 +50,34 @@ async def _open(stack: contextlib.AsyncExitStack, settings: Settings):
 
 
 async def _run(settings: Settings) -> int:
-    from prometheus_client import start_http_server
-
     from services.consolidator.facts import Consolidator
+    from services.consolidator.health import Health, start_operations
     from services.consolidator.metrics import WorkerMetrics
     from services.consolidator.summarizer import Summarizer
     from services.consolidator.worker import Worker
 
+    log = logging.getLogger("engram.consolidator")
     # one exit stack owns every resource of the process, closed in reverse order however start-up ends
     async with contextlib.AsyncExitStack() as stack:
-        redis, embedder = await _open(stack, settings)
         metrics = WorkerMetrics()
-        if settings.metrics_port:
-            start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+        health = Health(stall=settings.health_stall)
+        if settings.metrics_port:  # first: /healthz says "starting" while the model loads
+            try:
+                runner = await start_operations(
+                    health, metrics.registry, host=settings.host, port=settings.metrics_port
+                )
+            except OSError as exc:
+                log.error(
+                    "ENGRAM_METRICS_PORT=%d on %s is not free (%s): give each consolidator process a port "
+                    "of its own, or 0 for none",
+                    settings.metrics_port,
+                    settings.host,
+                    exc.strerror or exc,
+                )
+                return 2
+            stack.push_async_callback(runner.cleanup)
+            log.info("health and metrics on http://%s:%d/healthz", settings.host, settings.metrics_port)
+        redis, embedder = await _open(stack, settings)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,6 +96,7 @@ async def _run(settings: Settings) -> int:
         )
         stack.push_async_callback(facts.aclose)
         worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
+        health.worker = worker
         # Everything loaded so far (modules, the model, clients) lives as long as the process: freezing it
         # keeps the collector's full passes off it. Those passes took 40-75 ms each on this worker's heap,
         # with the event loop stopped and Redis left idle (seen as gaps in `make bench`'s ingest); frozen,
@@ -87,7 +105,7 @@ async def _run(settings: Settings) -> int:
         try:
             await worker.run(stop)
         except (Conflict, ConfigError) as exc:  # another embedder's index, another master key, no master key
-            logging.getLogger("engram.consolidator").error("%s", exc)
+            log.error("%s", exc)
             return 2
     return 0
 
@@ -96,10 +114,7 @@ async def _run(settings: Settings) -> int:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Engram consolidator: projects the episode stream into RediSearch."""
-    logging.basicConfig(
-        level=os.environ.get("ENGRAM_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure(os.environ)
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
 
@@ -108,7 +123,15 @@ def cli(ctx: click.Context) -> None:
 def run() -> None:
     """Consume the stream until SIGTERM/SIGINT (scale out by running more copies)."""
     # uvloop: the worker is Python-bound per event; libuv's loop trims the I/O share (bench/perf.py)
-    sys.exit(uvloop.run(_run(_settings())))
+    settings = _settings()
+    tracing.configure(
+        "engram-consolidator", os.environ
+    )  # on with OTEL_EXPORTER_OTLP_ENDPOINT and the otel extra
+    try:
+        code = uvloop.run(_run(settings))
+    finally:
+        tracing.shutdown()  # the spans still in the exporter's batch
+    sys.exit(code)
 
 
 @cli.command("dead-letters")

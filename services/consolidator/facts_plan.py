@@ -41,7 +41,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from sklearn.cluster import AgglomerativeClustering
 
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
@@ -103,6 +102,10 @@ def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
         return []
     if n == 1:
         return [[0]]
+    # imported here: scikit-learn was 2.7 s of every process's start (measured with -X importtime; the
+    # query service opened its port that much later) and a process may never cluster
+    from sklearn.cluster import AgglomerativeClustering
+
     labels = AgglomerativeClustering(
         n_clusters=None, metric="cosine", linkage="average", distance_threshold=distance
     ).fit_predict(vectors)

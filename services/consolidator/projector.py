@@ -61,7 +61,7 @@ from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
-from shared import cluster, legacy, streams
+from shared import cluster, legacy, streams, tracing
 from shared.codec import decode, decode_envelope, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
@@ -469,7 +469,8 @@ class Projector:
                     client=pipe,
                 )
             async with self._write_turns:
-                replies = await pipe.execute()
+                with tracing.span("engram.index.write", episodes=len(fast), events=len(record_only)):
+                    replies = await pipe.execute()
         return [status for reply in replies[:calls] for status in reply], replies[calls:]
 
     async def _embed(
@@ -505,7 +506,8 @@ class Projector:
         if to_embed:
             before = getattr(self.embedder, "truncations", 0)
             started = time.perf_counter()
-            matrix = await self.embedder.embed([t for _, t in to_embed])
+            with tracing.span("engram.embed", texts=len(to_embed), embedder=self.embedder.name):
+                matrix = await self.embedder.embed([t for _, t in to_embed])
             self.metrics.embed_seconds.observe(time.perf_counter() - started)
             self.metrics.truncations.inc(max(0, getattr(self.embedder, "truncations", 0) - before))
             for (i, _), vec in zip(to_embed, matrix, strict=True):

@@ -36,7 +36,8 @@ from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
-from shared import streams
+from shared import streams, tracing
+from shared.codec import trace_of
 from shared.index import (
     EmbedderMismatch,
     VectorParams,
@@ -112,6 +113,10 @@ class Worker:
         # set while the live index uses another embedder than this worker's (see the module docstring)
         self.paused_by: EmbedderMismatch | None = None
         self._paused_said = 0.0
+        # for /healthz (services.consolidator.health): when each lane last came round its loop, and
+        # when a batch was last projected and acked (time.monotonic())
+        self.lane_beats: dict[int, float] = {}
+        self.last_batch_at: float | None = None
 
     async def setup(self) -> None:
         """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
@@ -179,9 +184,7 @@ class Worker:
             # (cancelling one mid-batch is unsafe: redis-py can swallow a cancellation), then re-raises here
             async with asyncio.TaskGroup() as lanes:
                 for i in range(self.settings.in_flight):
-                    lanes.create_task(
-                        self._lane(stop, halt, conflicts, housekeeping=i == 0), name=f"lane-{i}"
-                    )
+                    lanes.create_task(self._lane(stop, halt, conflicts, lane=i), name=f"lane-{i}")
         finally:
             if self._erasure is not None:  # a rewrite in progress goes on in Redis; the mark stays pending
                 self._erasure.cancel()
@@ -198,12 +201,14 @@ class Worker:
         return True
 
     async def _lane(
-        self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, housekeeping: bool
+        self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, lane: int
     ) -> None:
+        housekeeping = lane == 0
         last_info = 0.0
         last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
         while not stop.is_set() and not halt.is_set():
+            self.lane_beats[lane] = time.monotonic()
             try:
                 await self.turn()
                 backoff.reset()
@@ -350,6 +355,24 @@ class Worker:
 
     async def _project(self, projector: Projector, entries: list[streams.Entry]) -> int:
         started = time.perf_counter()
+        links = self._delivered(entries) if tracing.enabled() else []
+        with tracing.span("engram.consolidator.batch", links=links, entries=len(entries), consumer=self.name):
+            return await self._project_batch(projector, entries, started)
+
+    def _delivered(self, entries: list[streams.Entry]) -> list[str]:
+        """A `engram.stream.deliver` span per entry that carries its publisher's trace (shared.tracing),
+        in that trace; returns their traceparents, for the batch span to link to."""
+        out = []
+        for entry in entries:
+            tp = trace_of(entry.payload)
+            if tp is not None:
+                with tracing.span(
+                    "engram.stream.deliver", kind="consumer", parent=tp, stream_id=entry.stream_id.decode()
+                ):
+                    out.append(tp)
+        return out
+
+    async def _project_batch(self, projector: Projector, entries: list[streams.Entry], started: float) -> int:
         result = await self._apply(projector, entries)
         if result is None and len(entries) > 1:
             # isolate the entry that fails: its neighbours are projected and acked now, and only
@@ -364,6 +387,7 @@ class Worker:
         if result is None:
             return 0
         await self._finish(result)
+        self.last_batch_at = time.monotonic()
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self.processed += len(result.ok) + len(result.dead)
         if self.on_batch is not None and result.completed:

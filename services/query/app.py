@@ -7,8 +7,9 @@ the facts provider of `POST /v1/context` and the consolidation of `POST /v1/cons
 (`services.query.providers` builds the real ones). The imports run one way: app → routes → views →
 domain modules, and everything reads its state through `services.query.appkeys`.
 
-Startup ensures the episode index of the live generation exists and was built with this embedder; a
-mismatch (`Conflict`) fails startup with its message.
+Startup loads the embedder and ensures the episode index of the live generation exists and was built with
+this embedder; a mismatch (`Conflict`) fails startup with its message. With `background_start` that
+happens behind an open port (`services.query.startup`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
@@ -34,6 +36,7 @@ from services.query.appkeys import (
     REDIS,
     SCOPE_SIZES,
     SETTINGS,
+    STARTUP,
     TAGS,
     Consolidate,
     FactsProvider,
@@ -47,6 +50,8 @@ from services.query.problems import problems_middleware
 from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes
 from services.query.sizes import ScopeSizes
+from services.query.startup import Startup, startup_gate
+from shared import tracing
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
@@ -72,9 +77,10 @@ def vector_params(settings: Settings, dim: int) -> VectorParams:
     )
 
 
-def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
+def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, background: bool):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
+        startup = app[STARTUP]
         # what this context opens, it closes (in reverse order), however start-up ends; injected resources
         # belong to the caller
         async with contextlib.AsyncExitStack() as stack:
@@ -86,43 +92,77 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None):
                     )
                 r = connect(
                     settings.redis_url, prefix=settings.prefix, cluster_search=settings.cluster_search
-                )
+                )  # connects on its first command
                 stack.push_async_callback(r.aclose)
             e = embedder
             if e is None:
-                e = make_embedder(settings)
+                e = make_embedder(settings)  # constructed, not loaded
                 stack.push_async_callback(e.aclose)
-            if hasattr(e, "load"):
-                await e.load()
-            dim = await e.ensure_dim()
             keys = app[KEYS]
-
-            async def open_index() -> tuple[int, bytes | None]:
-                gen = await current_generation(r, keys)
-                tag_key = await deployment_tag_key(r, keys, settings.master_key)
-                await ensure_episode_index(
-                    r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key
-                )
-                return gen, tag_key
-
-            # Redis down or loading at start: wait for it (one exiting service stops `make run`)
-            opened = await until_available(open_index, what="start of the query service", log=log)
-            assert opened is not None  # no stop event: it returns only once Redis answered
-            gen, tag_key = opened
+            tags = LiveTags(keys, None)
             app[REDIS] = r
             app[EMBEDDER] = e
-            app[TAGS] = LiveTags(keys, tag_key)
-            log.info(
-                "query service ready ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
-                settings.prefix,
-                e.name,
-                dim,
-                gen,
-                len(settings.api_keys),
-            )
+            app[TAGS] = tags
+
+            async def load() -> None:
+                if hasattr(e, "load"):
+                    await e.load()
+                startup.done("embedder")
+                dim = await e.ensure_dim()
+
+                async def open_index() -> tuple[int, bytes | None]:
+                    gen = await current_generation(r, keys)
+                    tag_key = await deployment_tag_key(r, keys, settings.master_key)
+                    await ensure_episode_index(
+                        r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key
+                    )
+                    return gen, tag_key
+
+                # Redis down or loading at start: wait for it (one exiting service stops `make run`)
+                opened = await until_available(open_index, what="start of the query service", log=log)
+                assert opened is not None  # no stop event: it returns only once Redis answered
+                gen, tags.tag_key = opened
+                startup.done("index")
+                log.info(
+                    "query service ready ◆ %.1fs ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
+                    time.monotonic() - startup.started,
+                    settings.prefix,
+                    e.name,
+                    dim,
+                    gen,
+                    len(settings.api_keys),
+                )
+
+            if background:
+                startup.run(load)
+                stack.push_async_callback(startup.stop)
+            else:
+                await load()
             yield
 
     return ctx
+
+
+@web.middleware
+async def traced(request: web.Request, handler) -> web.StreamResponse:
+    """A server span per request when tracing is on (shared.tracing), named by the route's template (ids
+    live in paths: never the path itself)."""
+    if not tracing.enabled():
+        return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "<no route>"
+    with tracing.span(
+        f"{request.method} {route}",
+        kind="server",
+        **{"http.request.method": request.method, "http.route": route},
+    ) as current:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            current.set_attribute("http.response.status_code", exc.status)
+            raise
+        current.set_attribute("http.response.status_code", response.status)
+        return response
 
 
 def make_app(
@@ -132,21 +172,31 @@ def make_app(
     embedder: Embedder | None = None,
     facts: FactsProvider | None = None,
     consolidate: Consolidate | None = None,
+    background_start: bool = False,
 ) -> web.Application:
-    """The query service. Startup fails (exception) when Redis is unreachable or the index conflicts."""
+    """The query service. Startup fails (exception) when the index conflicts; it waits for Redis.
+
+    With `background_start` (`python -m services.query`) the app serves at once and loads the embedder
+    and the index in a task (`services.query.startup`): `/readyz` lists what is pending and the API
+    answers 503 until it is done; `app[STARTUP].wait()` re-raises a failed start-up. Without it (tests,
+    benchmarks) start-up completes before the first request."""
     metrics = Metrics()
+    startup = Startup()
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
+            traced,
             metrics.middleware(),
             problems_middleware,
             auth_middleware(
                 settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
             ),
+            startup_gate(startup, frozenset(r.path for r in ROUTES if r.tag == "operations")),
         ],
     )
     keys = Keys(settings.prefix)
     app[SETTINGS] = settings
+    app[STARTUP] = startup
     app[KEYS] = keys
     app[METRICS] = metrics
     app[FACTS] = facts if facts is not None else facts_provider(keys)
@@ -155,6 +205,6 @@ def make_app(
     app[SCOPE_SIZES] = ScopeSizes()
     app[CURSORS] = Cursors(keys)
     app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache, batch=settings.query_batch)
-    app.cleanup_ctx.append(_resources(redis, embedder))
+    app.cleanup_ctx.append(_resources(redis, embedder, background=background_start))
     add_routes(app)
     return app

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
     from services.query.cursors import Cursors
     from services.query.metrics import Metrics
     from services.query.sizes import ScopeSizes
+    from services.query.startup import Startup
 
 # (redis, episode scope, query vector, k) → the top facts of `POST /v1/context`
 FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
@@ -48,6 +49,7 @@ SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
 CURSORS: web.AppKey[Cursors] = web.AppKey("cursors")
+STARTUP: web.AppKey[Startup] = web.AppKey("startup")
 
 NAMESPACE = web.RequestKey(
     "namespace", str

@@ -38,7 +38,7 @@ from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored, episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
 from services.query.sizes import ScopeSizes
-from shared import relevance, scoring
+from shared import relevance, scoring, tracing
 from shared.hybrid import hybrid_policy
 from shared.index import (
     TEXT_FIELDS,
@@ -457,9 +457,12 @@ async def similarity_pool(
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
 
     async def arm(name: str) -> list[SearchHit]:
-        if name == "knn":
-            return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
-        return await bm25_search(r, index, scope, query, depth, return_fields=fields)
+        with tracing.span(f"engram.recall.{name}", depth=depth):
+            if name == "knn":
+                return await knn_search(
+                    r, index, scope, query_vector, depth, return_fields=fields, policy=policy
+                )
+            return await bm25_search(r, index, scope, query, depth, return_fields=fields)
 
     words = relevance.query_words(query) if mode != "vector" else {}
 
@@ -582,9 +585,10 @@ def score_candidates(
         outcome_score=scoring.outcome_scores([c.outcome for c in cands]),
         importance=cols[5],
     )
-    return scoring.score(
-        data, weights, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
-    )
+    with tracing.span("engram.recall.score", candidates=len(cands)):
+        return scoring.score(
+            data, weights, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
+        )
 
 
 async def resolve_weights(

@@ -10,16 +10,15 @@ no hook for these answers (aio-libs/aiohttp#3287), so:
   error and logs one DEBUG line naming only the kind (the access log records the 400 as usual);
 - `AppRunner` (use it instead of `aiohttp.web.AppRunner`) makes its server build that handler;
 - `serve()` runs an app with it, as `web.run_app` would (which always builds aiohttp's own runner);
-- `RedactCredentials` strips credentials from whatever aiohttp's loggers still write (defence in depth:
-  a traceback or debug line that quotes a request).
+- `RedactCredentials` (shared.logs) strips credentials from whatever aiohttp's loggers still write
+  (defence in depth: a traceback or debug line that quotes a request).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
 
@@ -28,39 +27,13 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import BadHttpMethod, BadStatusLine, HttpProcessingError, LineTooLong
 
 from services.query.problems import problem
+from shared.logs import RedactCredentials, redact
+
+__all__ = ["AppRunner", "RedactCredentials", "RouteAccessLogger", "install_log_redaction", "redact", "serve"]
 
 log = logging.getLogger("engram.query")
 
 AIOHTTP_LOGGERS = ("aiohttp.server", "aiohttp.access", "aiohttp.web", "aiohttp.internal")
-# a scheme then its credentials, as text or inside the repr() of raw bytes (which escapes \x00 etc.)
-_CREDENTIALS = re.compile(r"(?i)\b(bearer|basic|token)([ \t]+|\\t)[^\s'\"\\,;]+")
-_AUTH_HEADER = re.compile(r"(?i)(authorization[ \t]*:[ \t]*)[^\r\n'\"]*")
-
-
-def redact(text: str) -> str:
-    """`text` with every `Authorization:` value and Bearer/Basic credential replaced by `[redacted]`."""
-    text = _AUTH_HEADER.sub(r"\1[redacted]", text)
-    return _CREDENTIALS.sub(r"\1 [redacted]", text)
-
-
-class RedactCredentials(logging.Filter):
-    """Rewrites a record's message and traceback without credentials (installed on aiohttp's loggers)."""
-
-    _format = logging.Formatter()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info:
-            # formatted once here, redacted, and the exception dropped: a handler formatting exc_info
-            # itself would print the raw message again
-            record.exc_text = redact(record.exc_text or self._format.formatException(record.exc_info))
-            record.exc_info = None
-        elif record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        return True
 
 
 def install_log_redaction() -> None:
@@ -117,6 +90,10 @@ class ProblemServer(web.Server):
         return ProblemRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+PROBES = frozenset({"/healthz", "/readyz"})
+"""Routes whose answers (a 500 aside) the access log writes at DEBUG (see RouteAccessLogger)."""
+
+
 class RouteAccessLogger(AbstractAccessLogger):
     """The access log line of a request with its route's template instead of its path, and no query
     string: ids live in paths and queries (`DELETE /v1/users/{user_id}`, `GET
@@ -133,7 +110,9 @@ class RouteAccessLogger(AbstractAccessLogger):
                 resource = None
             if resource is not None:
                 route = resource.canonical
-        self.logger.info(
+        # probes (a supervisor, a load balancer, `make run` itself) poll every few hundred ms: at DEBUG
+        log = self.logger.debug if route in PROBES and response.status != 500 else self.logger.info
+        log(
             '%s "%s %s" %d %d %.1fms',
             request.remote,
             request.method,
@@ -141,6 +120,15 @@ class RouteAccessLogger(AbstractAccessLogger):
             response.status,
             response.body_length,
             time * 1000,
+            # the same facts as fields of their own for ENGRAM_LOG_FORMAT=json (the text format drops them)
+            extra={
+                "remote": request.remote,
+                "method": request.method,
+                "route": route,
+                "status": response.status,
+                "bytes": response.body_length,
+                "duration_ms": round(time * 1000, 1),
+            },
         )
 
 
@@ -166,10 +154,13 @@ def serve(
     port: int,
     loop: asyncio.AbstractEventLoop,
     on_ready: Callable[[], None] | None = None,
+    watch: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`.
 
-    Startup errors (e.g. `Conflict` from the app's cleanup context) propagate to the caller.
+    `on_ready()` is called once the port listens. Startup errors (e.g. `Conflict` from the app's cleanup
+    context) propagate to the caller, and so does whatever `await watch()` raises while serving (a
+    start-up that runs behind the open port: `services.query.startup.Startup.wait`).
     """
 
     async def main() -> None:
@@ -184,6 +175,8 @@ def serve(
             await web.TCPSite(runner, host, port).start()
             if on_ready is not None:
                 on_ready()
+            if watch is not None:
+                await watch()
             await asyncio.Event().wait()  # until a signal raises GracefulExit
         finally:
             await runner.cleanup()

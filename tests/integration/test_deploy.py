@@ -28,7 +28,7 @@ from shared.keys import Keys
 from shared.sdk import EngramClient
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
-from tests.unit.test_compose import REDIS_CONF, service_argv, service_env
+from tests.unit.test_compose import REDIS_CONF, load_compose, service_argv, service_env
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
@@ -92,7 +92,9 @@ async def publish(redis, settings, n: int, namespace: str = "ns") -> None:
 
 async def test_compose_consolidators_x3_process_a_workload_once(settings, redis):
     keys = Keys(settings.prefix)
-    workers = [compose_process("consolidator", settings) for _ in range(N_WORKERS)]
+    # each replica has a network namespace of its own under compose; here they share the host: a port each
+    ports = [free_port() for _ in range(N_WORKERS)]
+    workers = [compose_process("consolidator", settings, ENGRAM_METRICS_PORT=str(p)) for p in ports]
     try:
 
         async def joined() -> bool:  # every replica is up and consuming before the workload starts
@@ -120,6 +122,11 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
         await wait_until(all_done, timeout=90, message=f"{N_EPISODES} episodes indexed, nothing pending")
         consumers = await redis.xinfo_consumers(keys.stream, "consolidator")
         assert len(consumers) == N_WORKERS, "each replica joins the one group under its own name"
+        probe = load_compose()["services"]["consolidator"]["healthcheck"]["test"]
+        assert probe[:3] == ["CMD", "python", "-c"] and ":9191/healthz" in probe[3]
+        for p in ports:  # compose's own healthcheck command, run against each replica
+            check = subprocess.run([sys.executable, "-c", probe[3].replace(":9191/", f":{p}/")], timeout=30)
+            assert check.returncode == 0, f"the healthcheck of the replica on port {p} failed"
     finally:
         codes = [stop(w) for w in workers]
     assert codes == [0] * N_WORKERS, "graceful stop within the compose stop_grace_period"
@@ -137,7 +144,7 @@ async def test_compose_consolidators_x3_process_a_workload_once(settings, redis)
 
 async def test_compose_query_is_ready_and_the_demo_agent_recalls(settings, redis):
     port = free_port()
-    worker = compose_process("consolidator", settings)
+    worker = compose_process("consolidator", settings, ENGRAM_METRICS_PORT=str(free_port()))
     query = compose_process("query", settings, ENGRAM_PORT=str(port))
     url = f"http://127.0.0.1:{port}"
     try:

@@ -593,6 +593,7 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
         ENGRAM_DATA_DIR=str(tmp_path),
         ENGRAM_EMBEDDER="hashing",
         ENGRAM_LOG_LEVEL="WARNING",
+        ENGRAM_METRICS_PORT="0",
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.run"],

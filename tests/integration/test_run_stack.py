@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,6 +204,49 @@ def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_pat
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("which", ["ENGRAM_REDIS_PORT", "ENGRAM_METRICS_PORT"])
+def test_run_refuses_a_taken_redis_or_metrics_port_before_starting_anything(tmp_path, which):
+    """Found by a new-user trial: a taken ENGRAM_REDIS_PORT gave 50 lines of Redis log, then "redis died
+    6 times"; a taken metrics port would stop a worker after its model loaded."""
+    import socket
+
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS")},
+        "ENGRAM_DATA_DIR": str(tmp_path),
+        "ENGRAM_PORT": str(free_port()),
+        "ENGRAM_REDIS_PORT": str(free_port()),
+        "ENGRAM_METRICS_PORT": str(free_port()),
+        "ENGRAM_EMBEDDER": "hashing",
+    }
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.run"],
+            cwd=ROOT,
+            env={**env, which: str(port)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2 and f"{which}={port} on 127.0.0.1 is not free" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "redis").exists()  # nothing was started
+
+
+def test_run_writes_its_own_lines_as_json_with_engram_log_format_json(tmp_path):
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ENGRAM_API_KEYS")},
+        "ENGRAM_DATA_DIR": str(tmp_path),
+        "ENGRAM_LOG_FORMAT": "json",
+        "ENGRAM_WORKERS": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    [record] = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert proc.returncode == 2 and (record["logger"], record["level"]) == ("engram.run", "ERROR")
+    assert record["message"] == "ENGRAM_WORKERS='0' must be between 1 and 64", record
+
+
 # --- issue 15 §3: `make run` survives one crashed process -------------------------------------------
 class Stack:
     """`python -m services.run` on private ports and `data_dir`, its output in a file (a pipe nobody reads
@@ -300,6 +345,30 @@ async def _one_new_pid(stack: Stack, module: str, old: set[int]) -> int:
 # a whole `make run` stack (Redis, workers, query service) starts, and its readiness wait
 # alone allows 60-90 s; 22 s measured (two processes are killed and restarted)
 @pytest.mark.timeout(180)
+async def test_the_start_says_a_line_per_step_with_its_time(tmp_path):
+    """Found by a new-user trial (issue 20): a first start was minutes of near silence."""
+    stack = Stack(tmp_path / "data", ENGRAM_WORKERS="2")
+    # Stack turns them off; here the two workers are probed on two free ports in a row
+    stack.env["ENGRAM_METRICS_PORT"] = str(_two_free_ports(avoid={stack.port, stack.redis_port}))
+    stack.start()
+    try:
+        await stack.said("engram ◆ stack ready in", timeout=90)
+        output = stack.output()
+    finally:
+        code = stack.stop()
+    assert code == 0, output[-3000:]
+    # each with the seconds since `make run` began
+    for step in (
+        "redis redis://127.0.0.1:\\d+/0",
+        "consolidator-0",
+        "consolidator-1",
+        "query service",
+        "stack",
+    ):
+        assert re.search(f"engram ◆ {step} ready in \\d+\\.\\ds", output), (step, output[-3000:])
+    assert output.index("engram ◆ redis redis://") < output.index("engram ◆ stack ready in")
+
+
 async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_answering(tmp_path):
     stack = Stack(tmp_path / "data").start()
     try:

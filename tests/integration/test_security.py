@@ -461,8 +461,10 @@ def test_credentials_are_redacted_from_whatever_aiohttp_still_logs(caplog):
     assert "[redacted]" in caplog.text and "Error handling" in caplog.text
 
 
-async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, prefix, tmp_path):
-    """`python -m services.query` itself (serve(), not the test server), logging at DEBUG."""
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, prefix, tmp_path, log_format):
+    """`python -m services.query` itself (serve(), not the test server), logging at DEBUG, in either
+    ENGRAM_LOG_FORMAT: with `json` every line is one JSON object and the same redactions hold."""
     port = free_port()
     env = {
         **os.environ,
@@ -473,6 +475,7 @@ async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, p
         "ENGRAM_PORT": str(port),
         "ENGRAM_API_KEYS": f"{KEY_A}=ns-a",
         "ENGRAM_LOG_LEVEL": "DEBUG",
+        "ENGRAM_LOG_FORMAT": log_format,
     }
     log_path = tmp_path / "query.log"
     with open(log_path, "wb") as out:
@@ -522,6 +525,16 @@ async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, p
         code = proc.wait(timeout=30)
     text = log_path.read_text(errors="replace")
     assert code == 0, text
+    assert KEY_A not in text and "Traceback" not in text and "SECRET-" not in text, text
+    if log_format == "json":
+        records = [json.loads(line) for line in text.splitlines()]  # every line is one JSON object
+        for r in records:
+            assert {"time", "level", "logger", "message"} <= set(r), r
+            assert r["time"].endswith("+00:00") and "T" in r["time"], r  # UTC ISO 8601
+        access = [r for r in records if r["logger"] == "aiohttp.access"]
+        assert {"/v1/users/{user_id}", "/v1/learning-curve", "<no route>"} <= {r["route"] for r in access}
+        assert all(set(r) >= {"remote", "method", "status", "bytes", "duration_ms"} for r in access)
+        text = "\n".join(f"{r['logger']} {r['message']}" for r in records)  # the text checks below
     assert "listening on" in text and "aiohttp.access" in text, text  # it did log, at DEBUG
     assert KEY_A not in text and "Traceback" not in text, text
     assert "SECRET-" not in text, text

@@ -32,6 +32,7 @@ def spawn_worker(settings, name: str, **env) -> subprocess.Popen:
         "ENGRAM_VECTOR_ALGORITHM": "FLAT",
         "ENGRAM_CONSUMER_NAME": name,
         "ENGRAM_LOG_LEVEL": "WARNING",
+        "ENGRAM_METRICS_PORT": "0",
         **env,
     }
     return subprocess.Popen(

@@ -172,6 +172,15 @@ def test_consolidator_scales():
     assert _seconds(spec["stop_grace_period"]) >= 10
 
 
+def test_consolidator_checks_its_healthz_on_its_metrics_port():
+    spec = load_compose()["services"]["consolidator"]
+    settings = Settings.from_env(service_env("consolidator"))
+    assert settings.metrics_port, "the health port is on"
+    probe = " ".join(spec["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{settings.metrics_port}/healthz" in probe
+    assert _seconds(spec["healthcheck"]["start_period"]) >= 30, "the model loads first"
+
+
 def test_query_publishes_a_port_checks_readyz_and_has_keys():
     from services.query.auth import check_bind
 

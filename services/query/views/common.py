@@ -16,6 +16,7 @@ from engram_episodic.validation import Collector, check_id
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, NAMESPACE, QUERY_VECTORS, REDIS, SETTINGS, TAGS
 from services.query.problems import Invalid, validate
+from shared import tracing
 from shared.sdk import EngramClient
 from shared.tags import TagCodec
 
@@ -62,7 +63,8 @@ async def embed(request: web.Request, text: str):
     embedder = request.app[EMBEDDER]
     metrics = request.app[METRICS]
     start = time.perf_counter()
-    vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
+    with tracing.span("engram.recall.embed", embedder=embedder.name):
+        vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
     metrics.embed_seconds.observe(time.perf_counter() - start)
     metrics.embed_truncations.set(embedder.truncations)
     return vector

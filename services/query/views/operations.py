@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS
+from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS, STARTUP
 from services.query.views.common import index_of, reply
 from shared.index import index_exists
 
@@ -28,6 +28,9 @@ async def readyz(request: web.Request) -> web.Response:
         checks["index"] = False
     embedder = request.app.get(EMBEDDER)
     checks["embedder"] = embedder is not None and bool(getattr(embedder, "loaded", True))
+    startup = request.app[STARTUP]
+    if not startup.ready:  # loading behind an open port (services.query.startup)
+        return reply({"status": "starting", "pending": list(startup.pending), "checks": checks}, status=503)
     ok = all(checks.values())
     return reply({"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503)
 

@@ -1,0 +1,117 @@
+"""The consolidator's operations port: `GET /healthz` and `GET /metrics` on `ENGRAM_METRICS_PORT`.
+
+Served by aiohttp in the worker's own event loop, so a loop that stops turning (a blocking call, a
+deadlock) stops answering too: a probe's timeout then reads as unhealthy, like a 503.
+
+`/healthz` answers 200 only when the worker is consuming: every lane turned within `stall` seconds
+(`ENGRAM_HEALTH_STALL`) and Redis answered a PING within `PING_TIMEOUT`. Otherwise 503, with
+`status` one of `starting` (loading the embedder, or waiting for Redis at start), `stuck` (a lane
+has not come round for longer than `stall`), `paused` (the live index uses another embedder;
+`reindex`), `redis unreachable`. The body (JSON) always carries `checks` and the ages, e.g.::
+
+    {"status": "ok", "checks": {"loop": true, "redis": true}, "consumer": "host-12-ab12cd",
+     "lanes": 4, "loop_age_seconds": 0.4, "last_batch_age_seconds": 12.9, "processed": 812}
+
+`loop_age_seconds` is the age of the lane that turned least recently; `last_batch_age_seconds` the age
+of the last batch projected and acked (null before the first: an idle worker is healthy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+if TYPE_CHECKING:
+    from services.consolidator.worker import Worker
+
+PING_TIMEOUT = 2.0
+"""Seconds a health probe waits for Redis's PING: a paused or overloaded Redis counts as unreachable."""
+
+
+class Health:
+    """What `/healthz` reports of one consolidator process. `worker` is set once the worker exists
+    (before it, the process is loading its embedder). Times are `clock()` seconds (monotonic)."""
+
+    def __init__(self, *, stall: float, clock: Callable[[], float] = time.monotonic):
+        self.stall, self.clock = stall, clock
+        self.worker: Worker | None = None
+
+    def report(self, redis_ok: bool) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) for the worker's state now and a PING result (see the module docstring)."""
+        now = self.clock()
+        w = self.worker
+        beats = list(w.lane_beats.values()) if w is not None else []
+        loop_age = round(now - min(beats), 3) if beats else None
+        last_batch = round(now - w.last_batch_at, 3) if w is not None and w.last_batch_at else None
+        loop_ok = loop_age is not None and loop_age <= self.stall
+        if not beats:
+            status = "starting"
+        elif not redis_ok:
+            status = "redis unreachable"
+        elif not loop_ok:
+            status = "stuck"
+        elif w is not None and w.paused_by is not None:
+            status = "paused"
+        else:
+            status = "ok"
+        body: dict[str, Any] = {
+            "status": status,
+            "checks": {"loop": loop_ok, "redis": redis_ok},
+            "consumer": w.name if w is not None else None,
+            "lanes": len(beats),
+            "loop_age_seconds": loop_age,
+            "last_batch_age_seconds": last_batch,
+            "processed": w.processed if w is not None else 0,
+        }
+        if status == "starting":
+            body["pending"] = ["embedder"] if w is None else ["redis"]
+        if status == "stuck":
+            body["stall_seconds"] = self.stall
+        return (200 if status == "ok" else 503), body
+
+    async def ping(self) -> bool:
+        """Whether the worker's Redis answers PING within PING_TIMEOUT (False before the worker exists)."""
+        if self.worker is None:
+            return False
+        try:
+            return bool(await asyncio.wait_for(self.worker.redis.ping(), PING_TIMEOUT))
+        except Exception:  # any failure to reach Redis is "unreachable", never a 500
+            return False
+
+
+def operations_app(health: Health, registry: CollectorRegistry) -> web.Application:
+    """The aiohttp app of the operations port: `/healthz` (see the module docstring), `/metrics`."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        status, body = health.report(await health.ping())
+        return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_operations(
+    health: Health, registry: CollectorRegistry, *, host: str, port: int
+) -> web.AppRunner:
+    """Serve `operations_app` on host:port; returns the runner (`await runner.cleanup()` stops it).
+
+    Raises OSError when the port cannot be bound (e.g. taken by another process)."""
+    runner = web.AppRunner(operations_app(health, registry), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner

@@ -1,0 +1,119 @@
+"""The query service opens its port at once and loads behind it (services.query.startup): /readyz 503
+with what is pending, the API 503 problem+json, then ready; a failed start-up still fails the process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from deploy.embedded_redis import EmbeddedRedis, free_port
+from engram_episodic.errors import Conflict
+from services.query.app import make_app
+from services.query.appkeys import STARTUP
+from shared.embedding import HashingEmbedder
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class SlowModel(HashingEmbedder):
+    """An embedder whose `load()` (a model's unpack and load) lasts until the test sets `release`."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.release = asyncio.Event()
+        self._loaded = False
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    async def load(self) -> None:
+        await self.release.wait()
+        self._loaded = True
+
+
+async def test_the_api_answers_503_with_what_is_pending_until_the_model_is_loaded(
+    aiohttp_client, settings, redis
+):
+    model = SlowModel(settings.embed_dim)
+    app = make_app(settings, redis=redis, embedder=model, background_start=True)
+    client = await aiohttp_client(app)  # serves although the model is still loading
+    resp = await client.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 503 and body["status"] == "starting", body
+    assert body["pending"] == ["embedder", "index"] and body["checks"]["embedder"] is False
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/openapi.json")).status == 200
+    resp = await client.post("/v1/recall", json={"query": "flaky login test"})
+    assert resp.status == 503 and resp.content_type == "application/problem+json"
+    assert resp.headers["Retry-After"] == "2"
+    problem = await resp.json()
+    assert problem["pending"] == ["embedder", "index"] and "starting" in problem["detail"]
+    model.release.set()
+
+    async def ready():
+        return (await client.get("/readyz")).status == 200
+
+    await wait_until(ready, timeout=15, message="/readyz 200 once loaded")
+    resp = await client.post("/v1/recall", json={"query": "flaky login test"})
+    assert resp.status == 200, await resp.text()
+
+
+async def test_a_background_start_up_that_conflicts_is_raised_by_wait(aiohttp_client, settings, redis):
+    first = make_app(settings, redis=redis, embedder=HashingEmbedder(settings.embed_dim))
+    await aiohttp_client(first)  # records hashing/256 for generation 1
+    app = make_app(settings, redis=redis, embedder=HashingEmbedder(128), background_start=True)
+    await aiohttp_client(app)
+    with pytest.raises(Conflict, match="reindex"):
+        await asyncio.wait_for(app[STARTUP].wait(), 15)
+
+
+@pytest.mark.slow
+async def test_the_process_listens_before_redis_answers_and_turns_ready_after(settings, tmp_path):
+    server = EmbeddedRedis(port=free_port(), data_dir=tmp_path / "redis")
+    port = free_port()
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,  # nothing listens there yet
+        "ENGRAM_PREFIX": settings.prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_PORT": str(port),
+        "ENGRAM_LOG_LEVEL": "WARNING",
+    }
+    log = tmp_path / "query.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    async def readyz():
+        assert proc.poll() is None, log.read_text()
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"{url}/readyz") as r:
+                return r.status, await r.json()
+        except aiohttp.ClientConnectionError:
+            return None
+
+    try:
+        status, body = await wait_until(readyz, timeout=60, message="the port answers")
+        assert status == 503 and body["status"] == "starting" and body["pending"] == ["index"], body
+        server.start()
+
+        async def ready():
+            got = await readyz()
+            return got is not None and got[0] == 200
+
+        await wait_until(ready, timeout=60, message="/readyz 200 once Redis is up")
+    finally:
+        proc.terminate()
+        code = proc.wait(timeout=30)
+        server.kill()
+    assert code == 0, log.read_text()
