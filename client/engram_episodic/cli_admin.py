@@ -23,6 +23,8 @@ from typing import Any
 
 import click
 
+from engram_episodic.cli_progress import Bars, progress_option
+
 NO_SERVER = (
     "`engram {command}` runs Engram's server code, which is not installed here ({error}). From an Engram "
     "checkout: `make install` (or `pip install -e .` beside `pip install -e ./client`)."
@@ -70,49 +72,6 @@ def _run(command: str, coro: Any) -> Any:
         raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
 
 
-class Bars:
-    """`services.consolidator.replay.Progress` drawn with tqdm: one bar per phase, rate and ETA."""
-
-    def __init__(self, *, enabled: bool | None, units: dict[str, str] | None = None):
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self.enabled = enabled
-        self.units = units or {}
-        self.bar: Any = None
-        self.counts: dict[str, int] = {}
-        self._phase = ""
-
-    def phase(self, name: str, total: int | None) -> None:
-        self.close()
-        self._phase = name
-        self.counts[name] = 0
-        self.bar = self._tqdm(
-            total=total,
-            desc=name,
-            unit=self.units.get(name, "it"),
-            file=sys.stderr,
-            disable=None if self.enabled is None else not self.enabled,  # None: only on a terminal
-            dynamic_ncols=True,
-            mininterval=0.2,
-        )
-
-    def advance(self, n: int) -> None:
-        self.counts[self._phase] = self.counts.get(self._phase, 0) + n
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-progress_option = click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Draw a progress bar on stderr (default: when stderr is a terminal).",
-)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 
 

@@ -17,11 +17,11 @@ the importing stack records new events for the same episodes.
 from __future__ import annotations
 
 import json
-import sys
 from typing import IO, Any
 
 import click
 
+from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.shapes import episode_to_dict
 
 IMPORT_BATCH = 500  # episodes per publish request (the service takes at most 1,000)
@@ -67,22 +67,27 @@ def _episodes(file: IO[str]) -> list[dict[str, Any]]:
 @click.command("import")
 @click.argument("file", type=click.File("r", encoding="utf-8"))
 @click.option("--wait", type=click.FloatRange(0, 30), help="Seconds to wait until each batch is recallable.")
+@progress_option
 @click.pass_context
-def import_command(ctx: click.Context, file: IO[str], wait: float | None) -> None:
+def import_command(ctx: click.Context, file: IO[str], wait: float | None, progress: bool | None) -> None:
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
     from engram_episodic.cli import _run
 
     episodes = _episodes(file)
+    bars = Bars(enabled=progress, units={"import": "episode"})
 
     def publish(client: Any) -> int:
+        bars.phase("import", len(episodes))
         done = 0
-        for start in range(0, len(episodes), IMPORT_BATCH):
-            batch = episodes[start : start + IMPORT_BATCH]
-            client.publish(batch, wait=wait)
-            done += len(batch)
-            if sys.stderr.isatty():
-                click.echo(f"\rimported {done}/{len(episodes)}", err=True, nl=False)
+        try:
+            for start in range(0, len(episodes), IMPORT_BATCH):
+                batch = episodes[start : start + IMPORT_BATCH]
+                client.publish(batch, wait=wait)
+                done += len(batch)
+                bars.advance(len(batch))
+        finally:
+            bars.close()
         return done
 
     n = _run(ctx, publish)
-    click.echo(("\r" if sys.stderr.isatty() else "") + f"imported {n} episodes", err=True)
+    click.echo(f"imported {n} episodes", err=True)

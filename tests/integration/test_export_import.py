@@ -7,6 +7,7 @@ import uuid
 
 from shared import streams
 from shared.keys import Keys
+from tests.integration.test_cli_admin import BAR
 from tests.integration.test_query_cli import run
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth
@@ -84,10 +85,12 @@ async def test_export_then_import_into_a_fresh_stack_recalls_the_same(make_clien
     fresh = settings.with_(prefix=f"t{uuid.uuid4().hex[:10]}:")
     try:
         target = await make_client(prefix=fresh.prefix, api_keys={KEY_B: "team-b"})
-        for _ in range(2):  # importing twice changes nothing
-            out = await run(target, "import", str(file), key=KEY_B)
+        for flag in ("--progress", "--no-progress"):  # importing twice changes nothing
+            out = await run(target, "import", str(file), flag, key=KEY_B)
             assert out.exit_code == 0, out.output
             await drain(fresh, redis)
+            bars = [m.groups() for m in BAR.finditer(out.stderr)]
+            assert (("12", "12") in bars) == (flag == "--progress"), out.stderr  # rate and ETA drawn
         assert "imported 12 episodes" in out.output
         after = await recalls(target, KEY_B)
         assert after == before

@@ -1,0 +1,54 @@
+"""Progress bars of the long commands (`replay`, `reindex`, `redrive`, `import`): tqdm on stderr, with
+the rate and the ETA; drawn on a terminal, or wherever `--progress` asks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+
+class Bars:
+    """`services.consolidator.replay.Progress` drawn with tqdm: one bar per phase, rate and ETA."""
+
+    def __init__(self, *, enabled: bool | None, units: dict[str, str] | None = None):
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.enabled = enabled
+        self.units = units or {}
+        self.bar: Any = None
+        self.counts: dict[str, int] = {}
+        self._phase = ""
+
+    def phase(self, name: str, total: int | None) -> None:
+        self.close()
+        self._phase = name
+        self.counts[name] = 0
+        self.bar = self._tqdm(
+            total=total,
+            desc=name,
+            unit=self.units.get(name, "it"),
+            file=sys.stderr,
+            disable=None if self.enabled is None else not self.enabled,  # None: only on a terminal
+            dynamic_ncols=True,
+            mininterval=0.2,
+        )
+
+    def advance(self, n: int) -> None:
+        self.counts[self._phase] = self.counts.get(self._phase, 0) + n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+progress_option = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Draw a progress bar on stderr (default: when stderr is a terminal).",
+)
