@@ -39,7 +39,6 @@ import json
 import logging
 import math
 import os
-import random
 import re
 import threading
 import time
@@ -52,8 +51,10 @@ from typing import Any, Self, cast
 
 import aiohttp
 import numpy as np
+from redis.backoff import EqualJitterBackoff
 
 from engram_episodic.errors import ConfigError, EngramError
+from shared.retry import Backoff
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
@@ -736,6 +737,8 @@ class OpenAIEmbedder(Embedder):
     async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
         payload = {"model": self.model, "input": texts}
         attempt = 0
+        # jittered doubling from `backoff` up to `max_backoff` (redis-py's policy counts from 1)
+        jitter = Backoff(EqualJitterBackoff(cap=self.max_backoff, base=self.backoff / 2))
         while True:
             try:
                 body = await self._post(payload)
@@ -748,7 +751,7 @@ class OpenAIEmbedder(Embedder):
                 if exc.retry_after is not None:
                     delay = min(exc.retry_after, self.max_retry_after)
                 else:
-                    delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
+                    delay = jitter.next()
                 log.warning(
                     "embedding retry ◆ %s ◆ attempt %d/%d ◆ waiting %.2fs",
                     exc,

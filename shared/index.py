@@ -1,4 +1,9 @@
-"""The only module that knows the RediSearch schemas and builds queries.
+"""The episode index: its schema, its generations, and the queries over it (KNN, BM25, filters, counts).
+
+The RediSearch commands of Engram live here and in three owners of their own: `shared.facts` (the facts
+index, same pattern), `shared.index_pages` (keyset pages for listing, FT.AGGREGATE with cursors) and
+`shared.cluster` (routing FT.* to a namespace's shard on a Redis Cluster); nothing else in services/ or
+shared/ sends FT.* (deploy/embedded_redis.py only asks FT._LIST whether the module loaded).
 
 Episode documents are HASHes under `Keys.episode_doc_prefix(gen)`; the index of the live generation
 is reached through the alias `Keys.episode_index_alias`, so a replay can build a new generation and

@@ -89,19 +89,33 @@ def formatter(fmt: str) -> logging.Formatter:
     return EngramJsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record is emitted, as logging's own last-resort
+    handler does: a command line run inside a test runner (click's CliRunner) swaps stderr per call,
+    and a handler bound to an earlier one writes to a closed file."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> str:
     """Send the root logger's records to `stream` (default stderr) at `ENGRAM_LOG_LEVEL` in
     `ENGRAM_LOG_FORMAT`, with credentials redacted; replaces handlers an earlier call installed.
     Returns the format in force."""
     fmt = log_format(env)
     level = (env.get("ENGRAM_LOG_LEVEL") or "INFO").upper()
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else _CurrentStderr()
     handler.setFormatter(formatter(fmt))
     handler.addFilter(RedactCredentials())
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "engram", False)]:
         root.removeHandler(old)
-    handler.engram = True  # type: ignore[attr-defined]
+    handler.engram = True  # type: ignore[attr-defined]  # ours: replaced by the next call
     root.addHandler(handler)
     root.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
     return fmt

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
-from redis.backoff import EqualJitterBackoff
+from redis.backoff import EqualJitterBackoff, ExponentialBackoff
 
 from engram_episodic.drafts import EpisodeDraft, finished_episode
 from engram_episodic.errors import Backpressure, ConfigError, InvalidEpisode, PublishError
@@ -122,7 +122,8 @@ class EngramClient:
         """
         if self.max_lag is None:
             return
-        delay = 0.1
+        backoff = Backoff(ExponentialBackoff(cap=2.0, base=0.05))  # 0.1, 0.2, ... 2 s
+        delay = backoff.next()
         while True:
             now = time.monotonic()
             if now - self._lag_checked_at > 0.25:
@@ -135,7 +136,7 @@ class EngramClient:
                 raise Backpressure(self._lag, self.max_lag, retry_after=max(1.0, delay))
             await asyncio.sleep(delay)
             self._lag_checked_at = -1e9
-            delay = min(delay * 2, 2.0)
+            delay = backoff.next()
 
     async def publish(self, events: Iterable[Event]) -> list[str]:
         """XADD `events` atomically (all or none); returns their stream ids.

@@ -27,6 +27,7 @@ import logging
 from typing import Protocol
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
@@ -36,6 +37,7 @@ from shared.index import (
     current_generation,
     drop_index,
     ensure_episode_index,
+    index_size,
     point_alias_at,
 )
 from shared.keyring import KeyRing, deployment_tag_key
@@ -183,12 +185,10 @@ async def replay(
 async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
     """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None."""
     try:
-        info = await redis.execute_command("FT.INFO", keys.episode_index(gen))
-    except Exception:  # noqa: BLE001 - no index yet (a first replay): the size is unknown, not an error
+        n = await index_size(redis, keys.episode_index(gen))
+    except ResponseError:  # no index yet (a first replay): the size is unknown, not an error
         return None
-    fields = dict(zip(info[::2], info[1::2], strict=False))
-    raw = fields.get(b"num_docs", fields.get("num_docs"))
-    return int(float(raw)) if raw is not None else None
+    return n or None  # 0: empty, or a shard-local cluster's template (sizes live on the shards)
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:

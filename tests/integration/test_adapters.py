@@ -55,6 +55,7 @@ async def seed(server, settings, redis) -> str:
     return first
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_package_imports_without_any_framework():
     """engram_episodic (and .adapters, .tools) import with no framework; an adapter names its extra."""
     probe = """

@@ -1,7 +1,7 @@
 """The client distribution as a user gets it: a wheel of its own, installed alone into an empty venv.
 
 Builds `client/` into a wheel, checks what it ships (one import name, py.typed, no server package, no
-server dependency), installs it into a fresh virtualenv (pip fetches only httpx and click and their
+server dependency), installs it into a fresh virtualenv (pip fetches only httpx, click and tqdm and their
 dependencies), and runs the README's five lines there against a running query service with an API key.
 """
 
@@ -74,7 +74,7 @@ def test_the_wheel_ships_one_import_name_typed_without_server_dependencies(wheel
         line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
     ]
     core = [r for r in required if "extra ==" not in r]
-    assert sorted(re.split(r"[<>=;\[ ]", r)[0].lower() for r in core) == ["click", "httpx"]
+    assert sorted(re.split(r"[<>=;\[ ]", r)[0].lower() for r in core) == ["click", "httpx", "tqdm"]
     assert not any(r.lower().startswith(SERVER_ONLY) for r in core)
     assert "Name: engram-episodic" in metadata
 

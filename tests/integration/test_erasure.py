@@ -568,6 +568,7 @@ def test_settings_read_the_master_key_once_and_never_show_it(tmp_path):
     assert Settings.from_env({"ENGRAM_ERASURE_INTERVAL": "5m"}).erasure_interval == 300.0
 
 
+@pytest.mark.slow  # a whole `make run` stack
 async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tmp_path):
     """`make run` (services.run) without ENGRAM_MASTER_KEY[_FILE]: it writes ENGRAM_DATA_DIR/master.key
     (0600) on its first start and passes it down, so HTTP ingest seals (the text is not in the stream)

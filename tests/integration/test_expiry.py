@@ -10,6 +10,7 @@ from shared import streams
 from shared.codec import decode
 from shared.index import NUMERIC_FIELDS, VectorParams, ensure_episode_index, episode_schema
 from shared.keys import Keys
+from shared.legacy import LAYOUT
 from tests.helpers import wait_until
 from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import episode
@@ -116,6 +117,9 @@ async def test_an_index_built_before_expiry_gets_the_field(redis, prefix):
         "SCHEMA",
         *old,
     )
+    await redis.hset(
+        keys.meta, "g1:layout", LAYOUT
+    )  # built by an Engram with hash-tagged keys, before expiry
     await ensure_episode_index(redis, keys, 1, params, "hashing-8", tag_key=None)
     info = await redis.execute_command("FT.INFO", keys.episode_index(1))
     attrs = dict(zip(info[::2], info[1::2], strict=False))[b"attributes"]

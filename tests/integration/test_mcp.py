@@ -28,6 +28,8 @@ from tests.helpers import wait_until
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A
 
+pytestmark = pytest.mark.slow  # each test runs the MCP server as a process (stdio or HTTP)
+
 pytest_plugins = ["tests.integration.test_query_support"]
 
 

@@ -461,6 +461,7 @@ def test_credentials_are_redacted_from_whatever_aiohttp_still_logs(caplog):
     assert "[redacted]" in caplog.text and "Error handling" in caplog.text
 
 
+@pytest.mark.slow  # the service as a process
 @pytest.mark.parametrize("log_format", ["text", "json"])
 async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, prefix, tmp_path, log_format):
     """`python -m services.query` itself (serve(), not the test server), logging at DEBUG, in either

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted([*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md")])
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
+# a closing fence is the fence alone on its line (CommonMark): "``` text" would leave the block open
+CLOSING = re.compile(r"^\s*(```|~~~)\s*$")
 EXTERNAL = ("http://", "https://", "mailto:")
 
 
@@ -120,3 +122,16 @@ def test_links_skip_code_and_find_anchors(tmp_path):
         "https://example.com/x#y",
         "#title",
     ]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_code_block_closes_with_a_bare_fence(path):
+    """A closing fence with text after it ("``` more prose") does not close the block: everything after
+    it renders as code, links included."""
+    in_code = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            if in_code:
+                assert CLOSING.match(line), f"{path.name}:{number}: text after a closing fence"
+            in_code = not in_code
+    assert not in_code, f"{path.name}: a code block is never closed"

@@ -20,7 +20,7 @@ BUDGET = 700
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     "client/engram_episodic/tools.py": (
         1370,
-        "8 tool definitions with their JSON schemas, checker and plans; split planned",
+        "8 tool definitions, each its model-facing text, strict JSON Schema and plan in one place (so a tool is read and changed whole); the three provider formats share them",
     ),
     "client/engram_episodic/client.py": (
         860,
@@ -29,15 +29,15 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     ),
     "shared/embedding.py": (
         900,
-        "the Embedder contract and its four implementations (hashing, MiniLM, MPNet, OpenAI); split planned",
+        "the Embedder contract and its four implementations (hashing, MiniLM, MPNet, OpenAI), which share token truncation, batching and the model cache; the ONNX backend is its own module",
     ),
     "shared/index.py": (
         850,
-        "episode and fact index schemas, generations and every FT.* query builder; split planned",
+        "the episode index schema, generations and its FT.* query builders, which share Scope, escaping and reply parsing; text folding moved to keywords.py, listing to index_pages.py",
     ),
     "services/query/recall.py": (
         820,
-        "the recall pipeline (candidates, scoring, explanation); split planned",
+        "the recall pipeline: candidate lists, their completion, scoring and the answer, one ranking read top to bottom; sizes.py and hybrid.py took what stands alone",
     ),
 }
 
