@@ -142,6 +142,40 @@ def force(embedder: Any, variant: str, threads: int) -> None:
     embedder.runs_on = f"{variant} (forced past the gate)"
 
 
+async def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """LoCoMo evidence recall (R@5, R@10 by exact cosine of each question against its conversation's
+    turns, as `bench.locomo --compare-embedders`) per backend, on the first `--quality` conversations."""
+    from bench.locomo import TOP_K, load, question_metrics
+    from shared.embedding import MiniLMEmbedder, MPNetEmbedder
+
+    model = {"minilm": MiniLMEmbedder, "mpnet": MPNetEmbedder}[args.embedder]
+    convs = load(args.data, conversations=args.quality)
+    rows = []
+    for backend in args.backends:
+        embedder = model(backend=backend, threads=max(args.threads), cache_dir=args.cache, batch_size=64)
+        await embedder.load()
+        if backend.startswith("onnx") and embedder.runs_on != backend and args.force:
+            force(embedder, backend, max(args.threads))
+        per_q: list[dict[str, float]] = []
+        for c in convs:
+            turn_vecs = await embedder.embed([t.text for t in c.turns])
+            sims = (await embedder.embed([q.text for q in c.questions])) @ turn_vecs.T
+            ids = [t.dia_id for t in c.turns]
+            for q, row in zip(c.questions, sims, strict=True):
+                ranked = [ids[i] for i in np.argsort(-row, kind="stable")[:TOP_K]]
+                per_q.append(question_metrics(ranked, q.evidence))
+        rows.append(
+            {
+                "backend": embedder.runs_on,
+                "questions": len(per_q),
+                **{m: float(np.mean([r[m] for r in per_q])) for m in ("R@5", "R@10")},
+            }
+        )
+        print(rows[-1], flush=True)
+        await embedder.aclose()
+    return rows
+
+
 def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     base = {r["threads"]: r for r in rows if r["backend"] == "torch"}
     out = []
@@ -189,7 +223,19 @@ def main() -> None:
     p.add_argument("--cache", default=None, help="ENGRAM_MODEL_CACHE (default ~/.cache/engram)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--force", action="store_true", help="run an ONNX variant the agreement gate refuses")
+    p.add_argument(
+        "--quality", type=int, default=0, help="LoCoMo R@5/R@10 on the first N conversations instead"
+    )
     args = p.parse_args()
+    if args.quality:
+        rows = asyncio.run(quality(args))
+        print(
+            table(
+                ["backend", "questions", "R@5", "R@10"],
+                [[r["backend"], r["questions"], f"{r['R@5']:.1f}", f"{r['R@10']:.1f}"] for r in rows],
+            )
+        )
+        return
     print(render(asyncio.run(run(args)), args))
 
 
