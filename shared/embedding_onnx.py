@@ -306,20 +306,21 @@ def ensure_export(
     model_dir: Path, cache_dir: Path, name: str, *, threads: int
 ) -> tuple[Path, dict[str, Any]]:
     """The export directory of `name` and its manifest, exporting first when it is missing or stale.
-    One process exports at a time (file lock, waits up to 15 minutes); the others then read its result.
-    Raises what `export` raises, and filelock.Timeout."""
+    A current export is read without the lock, so a read-only cache (an image's, exported at build) works.
+    Otherwise one process exports at a time (file lock, waits up to 15 minutes) and the others then read
+    its result. Raises what `export` raises, filelock.Timeout, and OSError for an unwritable cache."""
     from filelock import FileLock
 
     target = cache_dir / f"{name}-onnx"
     want = fingerprint(model_dir)
+    manifest = _current_manifest(target, want)
+    if manifest is not None:
+        return target, manifest
     cache_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache_dir / f"{name}-onnx.lock"), timeout=900):
-        try:
-            manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
-            if manifest.get("fingerprint") == want:
-                return target, manifest
-        except (OSError, ValueError):
-            pass
+        manifest = _current_manifest(target, want)  # another process may have exported while we waited
+        if manifest is not None:
+            return target, manifest
         log.info("%s ◆ exporting to ONNX once for every process (torch → onnx → int8) ◆ %s", name, target)
         manifest = export(model_dir, target, threads=threads)
         log.info(
@@ -330,6 +331,14 @@ def ensure_export(
             manifest["onnx-int8"]["mean"],
         )
         return target, manifest
+
+
+def _current_manifest(target: Path, fingerprint: str) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint else None
 
 
 def load_onnx(

@@ -116,6 +116,17 @@ def fake_export(cache: Path, model_dir: Path, name: str, *, int8_mean: float) ->
     (target / "manifest.json").write_text(json.dumps(manifest))
 
 
+def test_a_current_export_is_read_without_taking_the_lock(tmp_path):
+    """An image exports at build time into a cache its runtime user cannot write: reading a current
+    export must not need the lock file (nor any write)."""
+    pytest.importorskip("onnxruntime")
+    model_dir = write_model_dir(tmp_path / "model", pooling="mean_tokens")
+    fake_export(tmp_path / "cache", model_dir, "toy", int8_mean=0.995)
+    target, manifest = eo.ensure_export(model_dir, tmp_path / "cache", "toy", threads=1)
+    assert target == tmp_path / "cache" / "toy-onnx" and manifest["onnx-int8"]["mean"] == 0.995
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["toy-onnx"]  # no lock file
+
+
 def test_a_variant_that_fails_the_gate_falls_back_to_torch_with_the_reason(tmp_path, caplog):
     model_dir = minilm_dir()
     fake_export(tmp_path, model_dir, MiniLMEmbedder.NAME, int8_mean=0.68)
