@@ -1,11 +1,13 @@
-"""Recall through the service with the default embedder, query embeddings one by one vs shared passes.
+"""Recall through the service with the default embedder, two query services side by side.
 
     python -m bench.query_batch [--embedder mpnet] [--episodes 300] [--clients 8] [--requests 64] [--rounds 4]
+        [--compare batch|backend]
 
 One private Redis, one consolidator projecting `--episodes` short episodes, and two query services on
-it that differ only in `ENGRAM_QUERY_BATCH` (1: each query embedded alone; 32: concurrent queries share
-forward passes, `shared.query_vectors.QueryBatcher`), both with the query cache off so every request
-embeds. Rounds alternate the two services; every request has a query text never sent before. Reports
+it that differ only in `ENGRAM_QUERY_BATCH` (`--compare batch`, the default; 1: each query embedded
+alone; 32: concurrent queries share forward passes, `shared.query_vectors.QueryBatcher`) or in
+`ENGRAM_EMBED_BACKEND` (`--compare backend`: torch vs auto, i.e. ONNX Runtime), both with the query
+cache off so every request embeds. Rounds alternate the two services; every request has a query text never sent before. Reports
 p50 / p95 latency and recalls/s per variant and their ratios (same run, same machine).
 """
 
@@ -49,6 +51,19 @@ TOPICS = [
 ]
 
 
+# the two query services of a run: label → the environment they differ in
+VARIANTS = {
+    "batch": {
+        "ENGRAM_QUERY_BATCH=1": {"ENGRAM_QUERY_BATCH": "1"},
+        "ENGRAM_QUERY_BATCH=32": {"ENGRAM_QUERY_BATCH": "32"},
+    },
+    "backend": {
+        "ENGRAM_EMBED_BACKEND=torch": {"ENGRAM_EMBED_BACKEND": "torch"},
+        "ENGRAM_EMBED_BACKEND=auto": {"ENGRAM_EMBED_BACKEND": "auto"},
+    },
+}
+
+
 async def run(args: argparse.Namespace) -> None:
     from deploy.embedded_redis import free_port
     from shared.index import Scope, count
@@ -82,18 +97,20 @@ async def run(args: argparse.Namespace) -> None:
                 return n >= args.episodes
 
             await poll_until(projected, timeout=args.timeout)
-            ports = (free_port(), free_port())
+            variants = VARIANTS[args.compare]
             services = {}
-            for batch, port in zip((1, 32), ports, strict=True):
-                proc = spawn_query_service({**env, "ENGRAM_QUERY_BATCH": str(batch)}, port)
+            for label, overrides in variants.items():
+                port = free_port()
+                proc = spawn_query_service({**env, **overrides}, port)
                 procs.append(proc)
-                services[batch] = (f"http://127.0.0.1:{port}", proc)
+                services[label] = (f"http://127.0.0.1:{port}", proc)
             for base, proc in services.values():
                 await wait_http_ready(base, proc, timeout=args.timeout)
-            results: dict[int, list[tuple[list[float], float]]] = {1: [], 32: []}
+            results: dict[str, list[tuple[list[float], float]]] = {label: [] for label in variants}
+            labels = list(variants)
             n = 0
             for rnd in range(args.rounds):
-                for batch in (1, 32) if rnd % 2 == 0 else (32, 1):
+                for batch in labels if rnd % 2 == 0 else labels[::-1]:
                     base, _ = services[batch]
                     async with ClientPool(base, args.clients, timeout=120.0) as pool:
                         lat: list[float] = []
@@ -121,7 +138,7 @@ async def run(args: argparse.Namespace) -> None:
                 summary[batch] = (percentile_ms(all_lat, 50), percentile_ms(all_lat, 95), rate)
                 rows.append(
                     [
-                        f"ENGRAM_QUERY_BATCH={batch}",
+                        batch,
                         f"{summary[batch][0]:.0f}",
                         f"{summary[batch][1]:.0f}",
                         f"{rate:.1f}",
@@ -132,9 +149,11 @@ async def run(args: argparse.Namespace) -> None:
                 f"{args.rounds} rounds x {args.requests} requests per variant"
             )
             print(table(["variant", "p50 ms", "p95 ms", "recalls/s"], rows))
+            first, second = labels
             print(
-                f"shared passes / one by one: p50 x{summary[32][0] / summary[1][0]:.2f}, "
-                f"recalls/s x{summary[32][2] / summary[1][2]:.2f}"
+                f"{second} / {first}: p50 x{summary[second][0] / summary[first][0]:.2f}, "
+                f"p95 x{summary[second][1] / summary[first][1]:.2f}, "
+                f"recalls/s x{summary[second][2] / summary[first][2]:.2f}"
             )
         finally:
             await r.aclose()
@@ -149,6 +168,12 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64, help="requests per round and variant")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--compare",
+        choices=tuple(VARIANTS),
+        default="batch",
+        help="batch: ENGRAM_QUERY_BATCH 1 vs 32; backend: ENGRAM_EMBED_BACKEND torch vs auto (ONNX)",
+    )
     asyncio.run(run(p.parse_args()))
 
 

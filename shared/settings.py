@@ -234,6 +234,11 @@ class Settings:
     embed_dim: int = env("ENGRAM_EMBED_DIM", 384, integer(8, 8192))
     embed_batch_size: int = env("ENGRAM_EMBED_BATCH_SIZE", 64, integer(1, 4096))
     embed_max_chars: int = env("ENGRAM_EMBED_MAX_CHARS", 2000, integer(16, 1_000_000))
+    embed_backend: str = env("ENGRAM_EMBED_BACKEND", "auto", choice("auto", "torch", "onnx", "onnx-int8"))
+    """`ENGRAM_EMBED_BACKEND`: how minilm/mpnet run (shared/embedding_onnx.py): auto = int8 ONNX Runtime when
+    it passes the agreement gate, else float ONNX, else torch."""
+    embed_threads: int = env("ENGRAM_EMBED_THREADS", 2, integer(1, 256))
+    """`ENGRAM_EMBED_THREADS`: intra-op threads of the model (torch or ONNX Runtime), per process."""
     model_cache: str | None = env("ENGRAM_MODEL_CACHE", None)
     """`ENGRAM_MODEL_CACHE`: where models shipped as archives (mpnet) are unpacked; None = ~/.cache/engram."""
     openai_url: str | None = env("ENGRAM_OPENAI_URL", None)

@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from shared.embedding import EmbeddingError, HashingEmbedder, OpenAIEmbedder, embed_query, retry_after_seconds
+from shared.embedding import EmbeddingError, HashingEmbedder, embed_query
+from shared.embedding_openai import OpenAIEmbedder, retry_after_seconds
 
 DIM = 32
 MODEL = "fake-embed-1"

@@ -28,10 +28,10 @@ from shared.embedding import (
     Embedder,
     HashingEmbedder,
     MiniLMEmbedder,
-    OpenAIEmbedder,
     embed_query,
     make_embedder,
 )
+from shared.embedding_openai import OpenAIEmbedder
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,396 @@
+"""ONNX Runtime backend for the sentence-transformers embedders (MiniLM, MPNet): the same weights, a
+cheaper forward pass.
+
+`load_onnx(...)` returns an `OnnxSentenceModel` that `MiniLMEmbedder` uses in place of the torch
+`SentenceTransformer`, or None with the reason logged (the embedder then runs torch):
+
+- Export, once per model for every process: the transformer of the installed sentence-transformers
+  model is exported with `torch.onnx.export` (TorchScript exporter; the dynamo one needs onnxscript)
+  into `<cache_dir>/<name>-onnx/model.onnx`, then quantised to `model-int8.onnx` with ONNX Runtime's
+  dynamic int8 quantisation (int8 weights per output channel, activations quantised per call). A file
+  lock (`<name>-onnx.lock`) makes one process export while the others wait; the directory is written
+  beside and renamed into place, so nobody reads half an export. Nothing is downloaded: the weights
+  come from the installed packages, the export runs locally (about 15-40 s for mpnet on 2 cores).
+- Agreement gate: before either graph is used, its vectors for `AGREEMENT_TEXTS` are compared with the
+  torch model's (cosine per text). `manifest.json` records the mean and minimum per variant; a
+  variant below `MIN_MEAN` / `MIN_ROW` is never used. The gate runs once, at export; a later start
+  reads the manifest (and re-exports when the source model, the recipe or onnxruntime changed).
+- The FFN output projections (`layer.N/output/dense`) stay float32 in the int8 graph: their input
+  (after GELU) has a few outlier features that one per-tensor activation scale cannot hold. Quantised
+  too, mpnet agreed with torch at 0.68 mean cosine on LoCoMo turns; kept float, 0.989
+  (docs/benchmarks.md).
+
+Inference: the tokenizer is the model's own `tokenizer.json` (Hugging Face `tokenizers`, cutting at
+the model's `max_seq_length` word pieces), mean pooling over the attention mask in numpy, then L2
+normalisation. It does not import torch, so a start with the export cached skips torch's import.
+Threads: `intra_op_num_threads=threads`, one inter-op thread, and no spin-waiting (idle ORT threads
+otherwise spin and take CPU from the event loop and the other processes on a small host).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+log = logging.getLogger("engram.embedding")
+
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8")
+"""`ENGRAM_EMBED_BACKEND`: auto (int8 ONNX when it passes the gate, else float ONNX, else torch),
+torch, onnx (float32 graph) or onnx-int8."""
+
+RECIPE = "engram-onnx-2"  # bump when the export or the quantisation changes: caches re-export
+FILES = {"onnx": "model.onnx", "onnx-int8": "model-int8.onnx"}
+MIN_MEAN = {"onnx": 0.999, "onnx-int8": 0.99}
+"""Least mean cosine to torch over AGREEMENT_TEXTS for a variant to be used. The float graph is the
+same computation (1.0000 measured). Int8 measured 0.994 for MiniLM (used) and 0.988 for mpnet (0.989
+on LoCoMo turns): refused, so `auto` runs mpnet's float graph (docs/benchmarks.md)."""
+MIN_ROW = {"onnx": 0.99, "onnx-int8": 0.95}
+"""Least cosine of any single text: a mean can hide one text the graph gets badly wrong."""
+
+AGREEMENT_TEXTS = (
+    "fix the flaky payment parser test",
+    "Deploy failed: the migration timed out after 30 s on the orders table",
+    "User prefers dark mode and answers in French",
+    "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
+    "Melanie: Wow, that's cool! What did you learn there?",
+    "The customer asked for a refund because the parcel arrived damaged.",
+    "Retry the request with exponential backoff when the server answers 429",
+    "login page returns 500 when the session cookie is missing",
+    "We hiked up to the lake on Saturday; the kids loved the waterfall.",
+    "Remember: the staging database is read-only on Fridays.",
+    "The agent summarised the quarterly report and flagged three anomalies in the revenue table.",
+    "kubectl rollout undo deployment/api --to-revision=3",
+    "SELECT count(*) FROM episodes WHERE status = 'completed' AND namespace = 'default';",
+    "Traceback (most recent call last): File 'app.py', line 12, in <module> KeyError: 'user_id'",
+    "She adopted a rescue dog named Biscuit last spring and takes him to the beach every weekend.",
+    "Book a table for four at the Italian place near the office, 7 pm Thursday.",
+    "The CI job fails only on ARM runners; x86 passes. Suspect an alignment bug in the hash function.",
+    "Ich habe den Fehler im Parser behoben, der Test läuft jetzt stabil.",
+    "El cliente quiere cambiar la dirección de entrega del pedido 4521.",
+    "用户喜欢简洁的回答，不要太长。",
+    "ok",
+    "thanks!",
+    "What did I tell you about my sister's wedding plans last month?",
+    "The image resizer crashes on PNG files with an alpha channel larger than 4096 px.",
+    "Audit log entries are retained for seven years to meet the compliance requirement.",
+    "Jon: I lost my job as a banker, so I'm starting my own dance studio.",
+    "Gina: That's brave! I opened an online clothing store after I was laid off.",
+    "Rate limiter: 100 requests per minute per API key, burst of 20.",
+    "The recommendation model overfits; add dropout 0.1 and early stopping on validation loss.",
+    "My favourite book as a child was Charlotte's Web; I still read it to my daughter.",
+    "Cache warmup takes 40 minutes after a cold start because every shard rebuilds its index.",
+    "Pay the electricity bill before the 15th and send the receipt to the landlord.",
+    (
+        "Long note: the billing export job reads every invoice of the month, converts the amounts to "
+        "the account's currency with the daily rate, and writes one CSV per customer to the bucket. It "
+        "failed three times this week because the rate service was slow; we added a timeout of ten "
+        "seconds, a retry with backoff, and a fallback to yesterday's rate, logged as a warning so the "
+        "finance team can check the affected invoices by hand before they are sent."
+    ),
+    (
+        "Session summary: we discussed the new onboarding flow, agreed that the welcome email goes out "
+        "after the first project is created rather than at sign-up, and that the tutorial can be "
+        "skipped. Open questions: who owns the analytics dashboard, and whether the trial is 14 or 30 "
+        "days. Next meeting on Tuesday with design and support."
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """Cosine agreement of one ONNX variant with the torch model: `mean` and `min` over `n` texts."""
+
+    mean: float
+    min: float
+    n: int
+
+    def passes(self, variant: str) -> bool:
+        return self.mean >= MIN_MEAN[variant] and self.min >= MIN_ROW[variant]
+
+
+def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
+    """Row-wise cosine of two float[n, dim] arrays (any norm) → Agreement. Raises ValueError on shapes."""
+    if reference.shape != candidate.shape or reference.ndim != 2:
+        raise ValueError(f"shapes differ: {reference.shape} vs {candidate.shape}")
+    a = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    b = candidate / np.linalg.norm(candidate, axis=1, keepdims=True)
+    cos = (a * b).sum(axis=1)
+    return Agreement(mean=float(cos.mean()), min=float(cos.min()), n=int(cos.size))
+
+
+class OnnxSentenceModel:
+    """One exported graph with its tokenizer: texts → mean-pooled, L2-normalised float32[n, dim].
+
+    `encode_counted(texts, batch_size)` returns the vectors and, per text, whether the tokenizer cut it
+    to `max_seq_length` word pieces. Thread-safe for concurrent calls (ONNX Runtime sessions are).
+    """
+
+    def __init__(self, graph: Path, model_dir: Path, *, max_seq_length: int, threads: int, variant: str):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.variant = variant
+        self.max_seq_length = max_seq_length
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        pad = _pad_token(model_dir)
+        tokenizer.enable_truncation(max_seq_length)
+        tokenizer.enable_padding(pad_id=tokenizer.token_to_id(pad), pad_token=pad)
+        self.tokenizer = tokenizer
+        self.dim = int(self.session.get_outputs()[0].shape[-1])
+
+    def get_embedding_dimension(self) -> int:
+        return self.dim
+
+    def encode_counted(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[bool]]:
+        """Texts → (float32[len(texts), dim] unit rows, [cut to the window?]); batches of `batch_size`."""
+        parts, cut = [], []
+        for start in range(0, len(texts), batch_size):
+            encodings = self.tokenizer.encode_batch(texts[start : start + batch_size])
+            ids = np.array([e.ids for e in encodings], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self.inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            hidden = self.session.run(None, feed)[0]
+            weights = mask[..., None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+            parts.append(pooled / np.linalg.norm(pooled, axis=1, keepdims=True))
+            cut += [bool(e.overflowing) for e in encodings]
+        return np.concatenate(parts).astype(np.float32, copy=False), cut
+
+
+def _pad_token(model_dir: Path) -> str:
+    config = json.loads((model_dir / "special_tokens_map.json").read_text(encoding="utf-8"))
+    pad = config.get("pad_token", "[PAD]")
+    return str(pad["content"] if isinstance(pad, dict) else pad)
+
+
+def check_mean_pooling(model_dir: Path) -> str | None:
+    """None when the model is Transformer → mean Pooling (→ Normalize), the shape this backend computes;
+    else why not (the reason is logged and torch runs)."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        pooling_dir = next(model_dir / m["path"] for m in modules if m["type"].endswith("Pooling"))
+        pooling = json.loads((pooling_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, StopIteration) as exc:
+        return f"cannot read the model's modules ({type(exc).__name__}: {exc})"
+    if kinds[:2] != ["Transformer", "Pooling"] or not set(kinds[2:]) <= {"Normalize"}:
+        return f"modules {kinds} are not Transformer, Pooling[, Normalize]"
+    modes = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v]
+    if modes != ["pooling_mode_mean_tokens"]:
+        return f"pooling {modes} is not mean pooling"
+    return None
+
+
+def _Hidden(transformer: Any) -> Any:
+    """The Hugging Face model as (input_ids, attention_mask) → last_hidden_state, by keyword: models
+    differ in the order of their positional arguments."""
+    import torch
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = transformer
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return Hidden()
+
+
+def fingerprint(model_dir: Path) -> str:
+    """What the export depends on: the model files' names and sizes, the recipe, onnxruntime's version."""
+    import onnxruntime as ort
+
+    digest = hashlib.blake2b(f"{RECIPE}|{ort.__version__}".encode(), digest_size=12)
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(f"|{path.relative_to(model_dir)}:{path.stat().st_size}".encode())
+    return digest.hexdigest()
+
+
+def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
+    """Export, quantise and gate the model at `model_dir` into `target` (a directory created here,
+    atomically) → the manifest. The caller holds the export lock. Needs torch, sentence-transformers
+    and onnx; raises what they raise (ImportError, OSError, RuntimeError) on failure."""
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from sentence_transformers import SentenceTransformer
+
+    started = time.monotonic()
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    max_len = int(model.max_seq_length or model.tokenizer.model_max_length)
+    texts = list(AGREEMENT_TEXTS)
+    reference = model.encode(
+        texts, batch_size=16, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
+    transformer = _Hidden(cast(Any, model[0]).auto_model.eval())
+    sample = model.tokenizer(["a b", "a longer sample text"], padding=True, return_tensors="pt")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    work.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every process and user
+    try:
+        axes = {0: "batch", 1: "tokens"}
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+            torch.onnx.export(
+                transformer,
+                (sample["input_ids"], sample["attention_mask"]),
+                str(work / FILES["onnx"]),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["last_hidden_state"],
+                dynamic_axes={"input_ids": axes, "attention_mask": axes, "last_hidden_state": axes},
+                opset_version=17,
+                dynamo=False,
+            )
+        import onnx
+
+        graph = onnx.load(str(work / FILES["onnx"]), load_external_data=False)
+        keep_float = [
+            n.name
+            for n in graph.graph.node
+            if n.op_type == "MatMul" and "/output/dense/" in n.name and "attention" not in n.name
+        ]
+        del graph
+        quiet = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)  # the quantiser logs a line per tensor, and advice
+        try:
+            quantize_dynamic(
+                str(work / FILES["onnx"]),
+                str(work / FILES["onnx-int8"]),
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                nodes_to_exclude=keep_float,
+                extra_options={"MatMulConstBOnly": True},
+            )
+        finally:
+            logging.getLogger().setLevel(quiet)
+        manifest: dict[str, Any] = {"fingerprint": fingerprint(model_dir), "max_seq_length": max_len}
+        for variant, file in FILES.items():
+            onnx_model = OnnxSentenceModel(
+                work / file, model_dir, max_seq_length=max_len, threads=threads, variant=variant
+            )
+            agreed = agreement(reference, onnx_model.encode_counted(texts, 16)[0])
+            manifest[variant] = {"mean": agreed.mean, "min": agreed.min, "n": agreed.n}
+        manifest["export_seconds"] = round(time.monotonic() - started, 1)
+        (work / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def ensure_export(
+    model_dir: Path, cache_dir: Path, name: str, *, threads: int
+) -> tuple[Path, dict[str, Any]]:
+    """The export directory of `name` and its manifest, exporting first when it is missing or stale.
+    A current export is read without the lock, so a read-only cache (an image's, exported at build) works.
+    Otherwise one process exports at a time (file lock, waits up to 15 minutes) and the others then read
+    its result. Raises what `export` raises, filelock.Timeout, and OSError for an unwritable cache."""
+    from filelock import FileLock
+
+    target = cache_dir / f"{name}-onnx"
+    want = fingerprint(model_dir)
+    manifest = _current_manifest(target, want)
+    if manifest is not None:
+        return target, manifest
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache_dir / f"{name}-onnx.lock"), timeout=900):
+        manifest = _current_manifest(target, want)  # another process may have exported while we waited
+        if manifest is not None:
+            return target, manifest
+        log.info("%s ◆ exporting to ONNX once for every process (torch → onnx → int8) ◆ %s", name, target)
+        manifest = export(model_dir, target, threads=threads)
+        log.info(
+            "%s ◆ ONNX export done in %.0fs ◆ agreement with torch: float %.4f, int8 %.4f (mean cosine)",
+            name,
+            manifest["export_seconds"],
+            manifest["onnx"]["mean"],
+            manifest["onnx-int8"]["mean"],
+        )
+        return target, manifest
+
+
+def _current_manifest(target: Path, fingerprint: str) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint else None
+
+
+def load_onnx(
+    model_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    name: str,
+    backend: str,
+    threads: int,
+) -> OnnxSentenceModel | None:
+    """The ONNX model for `backend` ("auto", "onnx" or "onnx-int8"), exporting it first if needed, or None
+    when it cannot be used: onnxruntime or the exporter is missing, the model is not mean-pooled, the
+    export failed, or the variant failed the agreement gate. The reason is logged (a warning when the
+    backend was asked for by name) and the caller runs torch."""
+    level = logging.INFO if backend == "auto" else logging.WARNING
+    source = Path(model_dir)
+    reason = check_mean_pooling(source)
+    try:
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+    except ImportError as exc:
+        reason = reason or f"{exc.name} is not installed (pip install onnxruntime onnx)"
+    if reason is None:
+        try:
+            target, manifest = ensure_export(source, Path(cache_dir), name, threads=threads)
+        except Exception as exc:  # any exporter failure falls back to torch, with the reason
+            reason = f"the ONNX export failed ({type(exc).__name__}: {exc})"
+    if reason is not None:
+        log.log(level, "%s ◆ ENGRAM_EMBED_BACKEND=%s ◆ running torch: %s", name, backend, reason)
+        return None
+    failed = []
+    for variant in ("onnx-int8", "onnx") if backend == "auto" else (backend,):
+        agreed = Agreement(**manifest[variant])
+        if not agreed.passes(variant):
+            failed.append(
+                f"{variant} agrees with torch at mean {agreed.mean:.4f} / min {agreed.min:.4f} "
+                f"(needs {MIN_MEAN[variant]} / {MIN_ROW[variant]})"
+            )
+            continue
+        model = OnnxSentenceModel(
+            target / FILES[variant],
+            source,
+            max_seq_length=int(manifest["max_seq_length"]),
+            threads=threads,
+            variant=variant,
+        )
+        log.info(
+            "%s ◆ ONNX Runtime %s ◆ agreement with torch %.4f ◆ %d threads",
+            name,
+            variant,
+            agreed.mean,
+            threads,
+        )
+        return model
+    log.log(level, "%s ◆ ENGRAM_EMBED_BACKEND=%s ◆ running torch: %s", name, backend, "; ".join(failed))
+    return None

