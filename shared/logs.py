@@ -89,27 +89,13 @@ def formatter(fmt: str) -> logging.Formatter:
     return EngramJsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
 
 
-class _CurrentStderr(logging.StreamHandler):
-    """Writes to whatever `sys.stderr` is when a record is emitted, as logging's own last-resort
-    handler does: a command line run inside a test runner (click's CliRunner) swaps stderr per call,
-    and a handler bound to an earlier one writes to a closed file."""
-
-    @property
-    def stream(self) -> TextIO:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: TextIO) -> None:
-        pass
-
-
 def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> str:
     """Send the root logger's records to `stream` (default stderr) at `ENGRAM_LOG_LEVEL` in
     `ENGRAM_LOG_FORMAT`, with credentials redacted; replaces handlers an earlier call installed.
     Returns the format in force."""
     fmt = log_format(env)
     level = (env.get("ENGRAM_LOG_LEVEL") or "INFO").upper()
-    handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else _CurrentStderr()
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(formatter(fmt))
     handler.addFilter(RedactCredentials())
     root = logging.getLogger()

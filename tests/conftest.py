@@ -6,6 +6,7 @@ No test depends on a server started by hand. With ENGRAM_TEST_REDIS_URL set, tes
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -17,6 +18,19 @@ from shared.redis_conn import connect
 from shared.settings import Settings
 
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """Undo what a process entry point run in-process does to logging (`shared.logs.configure`: a root
+    handler on the stderr of that moment, at INFO): left behind, later tests' records reach whatever
+    that stream became, e.g. a command's output captured by click's CliRunner."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if getattr(h, "engram", False)]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

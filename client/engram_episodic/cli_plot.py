@@ -68,7 +68,7 @@ def curve_png(points: Sequence[CurvePoint], window: int, out: Path, title: str =
         left.set_title(title)
         left.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(out, format="png")
+        _save(fig, out)
     finally:
         plt.close(fig)
     return out
@@ -116,7 +116,7 @@ def skills_png(profiles: Sequence[SkillProfile], threshold: float, out: Path) ->
         ax.set_title("Success rate per category")
         ax.legend(loc="lower right")
         fig.tight_layout()
-        fig.savefig(out, format="png")
+        _save(fig, out)
     finally:
         plt.close(fig)
     return out
@@ -133,3 +133,11 @@ def skills_terminal(profiles: Sequence[SkillProfile], threshold: float) -> str:
     plt.title(f"Success rate per category, % (weak below {threshold:.0%})")
     plt.plotsize(100, max(8, 3 * len(names) + 5))
     return str(plt.build())
+
+
+def _save(fig: Any, out: Path) -> None:
+    """Write the PNG, or say on one line why it cannot be written (a missing directory, no permission)."""
+    try:
+        fig.savefig(out, format="png")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None

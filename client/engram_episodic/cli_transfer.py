@@ -49,9 +49,13 @@ def export_command(ctx: click.Context, out: IO[str], **scope: Any) -> None:
     click.echo(f"exported {n} episodes", err=True)
 
 
-def _episodes(file: IO[str]) -> list[dict[str, Any]]:
+def _episodes(file: IO[bytes]) -> list[dict[str, Any]]:
     out = []
-    for number, line in enumerate(file, 1):
+    for number, raw in enumerate(file, 1):  # bytes, so that a bad byte is named with its line
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(f"{file.name}:{number} is not UTF-8 ({exc.reason})") from None
         if not line.strip():
             continue
         try:
@@ -65,11 +69,11 @@ def _episodes(file: IO[str]) -> list[dict[str, Any]]:
 
 
 @click.command("import")
-@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.argument("file", type=click.File("rb"))
 @click.option("--wait", type=click.FloatRange(0, 30), help="Seconds to wait until each batch is recallable.")
 @progress_option
 @click.pass_context
-def import_command(ctx: click.Context, file: IO[str], wait: float | None, progress: bool | None) -> None:
+def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, progress: bool | None) -> None:
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
     from engram_episodic.cli import _run
 

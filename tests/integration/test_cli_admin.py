@@ -113,7 +113,10 @@ async def test_run_starts_the_stack_as_make_run_does(monkeypatch):
 
     monkeypatch.setattr(services.run, "main", fake_main)
     for name in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
+        # set first, so that monkeypatch restores the variable's absence after the test: `engram run`
+        # writes these into os.environ, and later tests' stacks would inherit ENGRAM_WORKERS=2
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     out = await invoke("run", "--workers", "2", "--port", "8099")
     assert out.exit_code == 3  # the stack's exit status is the command's
     assert seen == {"ENGRAM_WORKERS": "2", "ENGRAM_PORT": "8099", "HF_HUB_OFFLINE": "1"}

@@ -122,3 +122,11 @@ async def test_record_from_options(tenants, redis, prefix):
     assert ep.feedback is not None and ep.feedback.reward == 0.9
     out = await run(tenants, "record", "t", "--outcome", "won", key=KEY_A)
     assert out.exit_code == 2  # not an outcome
+
+
+async def test_a_plot_to_a_missing_directory_is_one_line(seeded, tmp_path):
+    for command in ("curve", "skills"):
+        png = tmp_path / "no-such-dir" / f"{command}.png"
+        out = await run(seeded, command, "--agent-id", "ops", "--plot", "--out", str(png), key=KEY_A)
+        assert out.exit_code == 1, out.output
+        assert f"cannot write {png}" in out.output and "Traceback" not in out.output

@@ -114,3 +114,6 @@ async def test_import_names_a_bad_line(api, tmp_path):
     file.write_text('{"task": "ok", "outcome": "great"}\n', encoding="utf-8")
     out = await run(api, "import", str(file))
     assert out.exit_code == 1 and "outcome" in out.output
+    file.write_bytes(b'{"task": "ok", "outcome": "success"}\n\xff\xfe\n')
+    out = await run(api, "import", str(file))
+    assert out.exit_code == 1 and "bad.jsonl:2 is not UTF-8" in out.output and "Traceback" not in out.output

@@ -158,6 +158,19 @@ async def ingest(request: web.Request) -> web.Response:
             ep, path, errs, received + request.app[SETTINGS].max_clock_skew, received
         ):
             ep = None
+        if (
+            ep is not None
+            and ep.completed_at is None
+            and ep.expires_at is not None
+            and ep.expires_at <= received
+        ):
+            # completed_at defaults to the receive time below: the model's rule (expiry after completion)
+            # must hold for that default too, or the consolidator would dead-letter an accepted episode
+            errs.add(
+                f"{path}.expires_at" if path else "expires_at",
+                "must be after the episode's completed_at (default: now); give a later instant or a ttl",
+            )
+            ep = None
         if ep is not None:
             episodes.append(ep)
     errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published
