@@ -46,7 +46,7 @@ from services.query.auth import auth_middleware
 from services.query.cursors import Cursors
 from services.query.metrics import Metrics
 from services.query.openapi import document
-from services.query.problems import problems_middleware
+from services.query.problems import problems_middleware, utf8_url_middleware
 from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes
 from services.query.sizes import ScopeSizes
@@ -188,6 +188,7 @@ def make_app(
             traced,
             metrics.middleware(),
             problems_middleware,
+            utf8_url_middleware,
             auth_middleware(
                 settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
             ),

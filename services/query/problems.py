@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -227,3 +228,31 @@ async def problems_middleware(request: web.Request, handler) -> web.StreamRespon
         except Exception:  # a fault while mapping must still not crash the request
             log.exception("error while mapping an error ◆ %s %s", request.method, request.path)
             return problem(500, "an unexpected error occurred; it was logged")
+
+
+_ESCAPES = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
+
+
+def non_utf8_escape(raw: str) -> str | None:
+    """The first run of percent-escapes in a raw URL (path and query) that is not UTF-8, or None.
+
+    aiohttp leaves such a run undecoded in a path (`%FF` stays the three characters, so `/x/%FF` and
+    `/x/%25FF` would name one id) and replaces it with U+FFFD in a query value (so `%FF` and `%FE` would
+    name one id): two byte strings on one id either way, hence refused."""
+    for run in _ESCAPES.finditer(raw):
+        try:
+            bytes.fromhex(run.group(0).replace("%", "")).decode("utf-8")
+        except UnicodeDecodeError:
+            return run.group(0)[:24]
+    return None
+
+
+@web.middleware
+async def utf8_url_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """400 for a URL whose percent-escapes are not UTF-8 (`non_utf8_escape`), before any route reads it."""
+    bad = non_utf8_escape(request.raw_path)
+    if bad is not None:
+        raise Problem(
+            400, f"the URL has percent-escapes that are not UTF-8 ({bad}); ids and values are UTF-8"
+        )
+    return await handler(request)

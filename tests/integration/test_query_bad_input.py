@@ -6,6 +6,7 @@ Each must be a 4xx naming where the problem is, through HTTP and through the SDK
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import pytest
 
@@ -214,3 +215,28 @@ async def test_query_parameters_are_ascii_numbers_or_a_422_naming_them(api, path
 async def test_query_numbers_spelled_as_numbers_are_accepted(api, query, threshold):
     resp = await api.get(f"/v1/skills?{query}")
     assert resp.status == 200 and (await resp.json())["threshold"] == threshold
+
+
+@pytest.mark.parametrize(
+    "raw_path",
+    [
+        "/v1/episodes/%FF%FE",  # a path id: left undecoded, it would be the id "%FF%FE" (= %25FF%25FE)
+        "/v1/episodes/ok%C3",  # a cut multi-byte character
+        "/v1/episodes?agent_id=%FF%FE",  # a query value: decoded to U+FFFD, %FF and %FE would be one id
+        "/v1/learning-curve?agent_id=a%80b",
+    ],
+)
+async def test_percent_escapes_that_are_not_utf8_are_a_400(api, raw_path):
+    from yarl import URL
+
+    resp = await api.get(URL(raw_path, encoded=True))
+    assert resp.status == 400, await resp.text()
+    assert "not UTF-8" in (await resp.json())["detail"]
+
+
+async def test_utf8_escapes_and_escaped_percent_signs_are_ids_as_usual(api):
+    for eid in ("é-ü", "%FF%FE", "50%"):  # the second and third: literal percent signs, sent escaped
+        resp = await api.post("/v1/episodes", json={"episode_id": eid, "task": "t", "outcome": "success"})
+        assert resp.status == 202, await resp.text()
+        resp = await api.get(f"/v1/episodes/{quote(eid, safe='')}")
+        assert resp.status == 200, (eid, await resp.text())
