@@ -461,8 +461,11 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
     with caplog.at_level(logging.DEBUG, logger="engram.facts"):
         await drain(worker)
     triggers = [r for r in caplog.records if "facts ◆ trigger" in r.getMessage()]
-    assert len(triggers) == 8  # 4 batches reach the threshold, for 2 scopes
-    assert sorted(r.levelno for r in triggers) == [logging.DEBUG] * 6 + [logging.INFO] * 2
+    # up to 4 batches reach the threshold, for 2 scopes: 8 triggers, fewer when a loaded machine lets
+    # one read take two entries; whatever their number, one INFO per scheduled run, the rest DEBUG
+    levels = sorted(r.levelno for r in triggers)
+    assert 4 <= len(triggers) <= 8, levels
+    assert levels == [logging.DEBUG] * (len(triggers) - 2) + [logging.INFO] * 2
     await cons.aclose()
 
 
