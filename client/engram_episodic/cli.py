@@ -3,7 +3,7 @@
     engram run                                         # the stack, as `make run` (server installed)
     engram recall "fix the flaky migration test" --agent-id coder --top-k 5
     engram context "fix the flaky migration test"      # the prompt section an agent would get
-    engram record "fix the flaky migration test" --outcome success --reward 0.9
+    engram record "fix the flaky migration test" --outcome success --reward 0.9 [--ttl 30d]
     engram publish episodes.json                       # one episode, or {"episodes": [...]}
     engram facts "migrations"                          # semantic memory
     engram skills --agent-id coder [--plot [--out skills.png]]
@@ -70,6 +70,14 @@ def _emit(data: Any) -> None:
 def _scope(**options: Any) -> dict[str, Any]:
     out = {k: v for k, v in options.items() if v not in (None, ())}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def _number_or_text(value: str) -> float | str:
+    """`value` as a float when it is a plain decimal number (`1767225600`, `3600.5`), else unchanged."""
+    try:
+        return float(value) if value.strip().replace(".", "", 1).isdigit() else value
+    except ValueError:
+        return value
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -210,6 +218,10 @@ def publish(ctx: click.Context, file: Any, wait: float | None, as_json: bool) ->
 @click.option("--strategy", "strategy_used")
 @click.option("--importance", type=click.FloatRange(1, 10))
 @click.option("--episode-id", help="Default: a new id (publishing the same id again replaces it).")
+@click.option("--ttl", help="Expire the episode this long after now: seconds, or 90s, 30m, 12h, 30d, 1w.")
+@click.option(
+    "--expires-at", help="Expire the episode at this instant: ISO 8601 with an offset, or epoch seconds."
+)
 @_wait_option
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -221,9 +233,15 @@ def record(
     message: str | None,
     wait: float | None,
     as_json: bool,
+    expires_at: str | None,
     **fields: Any,
 ) -> None:
-    """Record one finished episode of TASK from options (`publish` takes JSON files)."""
+    """Record one finished episode of TASK from options (`publish` takes JSON files).
+
+    `--ttl` and `--expires-at` are the episode's `ttl` and `expires_at` (docs/api.md, Expiry): one of the
+    two; the client's validation names a bad one (exit status 1) before anything is sent."""
+    if expires_at is not None:  # epoch seconds arrive as text: the episode model takes them as a number
+        fields["expires_at"] = _number_or_text(expires_at)
     episode: dict[str, Any] = {
         "task": {"description": task, **({"category": category} if category else {})},
         **{k: v for k, v in fields.items() if v is not None},

@@ -97,7 +97,8 @@ class EpisodeUpdateAccepted(Answer):
 
 
 class ForgetJob(Answer):
-    """A bulk forget (by agent, session or ids) and how far it got."""
+    """The status of a bulk forget (by agent, session or ids), `GET /v1/forget/{job_id}`: how far it got.
+    The job record keeps no ids (services.query.views.forgetting), so neither does this."""
 
     job_id: str
     kind: Literal["agent", "session", "episodes"]
@@ -107,10 +108,20 @@ class ForgetJob(Answer):
     created_at: Instant
     expires_at: Instant = Field(description="when this status record is dropped")
     job: str = Field(description="the status resource, GET it until `status` is done")
-    agent_id: str | None = None
-    session_id: str | None = None
-    unknown: list[str] | None = Field(None, description="ids the namespace never had (not published)")
-    already_forgotten: list[str] | None = Field(None, description="ids forgotten before (not published)")
+
+
+class ForgetJobStarted(ForgetJob):
+    """A bulk forget just started: its status, and what the call asked for (said once, in this answer:
+    the status resource does not repeat it)."""
+
+    agent_id: str | None = Field(None, description="`DELETE /v1/agents/{agent_id}`")
+    session_id: str | None = Field(None, description="`DELETE /v1/sessions/{session_id}`")
+    unknown: list[str] | None = Field(
+        None, description="`POST /v1/forget`: ids the namespace never had (not published)"
+    )
+    already_forgotten: list[str] | None = Field(
+        None, description="`POST /v1/forget`: ids forgotten before (not published)"
+    )
 
 
 class EpisodePage(Answer):

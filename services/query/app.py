@@ -48,7 +48,7 @@ from services.query.metrics import Metrics
 from services.query.openapi import document
 from services.query.problems import problems_middleware, utf8_url_middleware
 from services.query.providers import consolidation, facts_provider
-from services.query.routes import ROUTES, add_routes
+from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
 from shared import tracing
@@ -189,6 +189,7 @@ def make_app(
             metrics.middleware(),
             problems_middleware,
             utf8_url_middleware,
+            url_middleware(ROUTES),
             auth_middleware(
                 settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
             ),

@@ -108,7 +108,7 @@ def document(routes: Iterable[Route], schemas: Mapping[str, dict[str, Any]] | No
             "tags": [route.tag],
         }
         params = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
             for name in _PARAM.findall(route.path)
         ]
         if route.query is not None:

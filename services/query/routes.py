@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import answers, models
+from services.query.problems import Invalid
 from services.query.views import (
     docs,
     episodes,
@@ -63,6 +64,11 @@ NOT_FOUND = Status(404, "not in the caller's namespace")
 UNAUTHORIZED = Status(401, "missing or invalid API key")
 NOT_PUBLISHED = Status(503, "Redis did not accept the event; nothing was published (Retry-After)")
 LAGGING = Status(429, "consumer lag above ENGRAM_MAX_LAG; nothing was published (Retry-After)")
+# every route outside `operations` (services.query.startup's gate), and any route that reads Redis while
+# it is down (services.query.problems)
+UNAVAILABLE = (
+    "the service is starting (GET /readyz lists what is pending) or Redis is unavailable (Retry-After)"
+)
 
 
 def _file(description: str, content_type: str) -> dict[str, Any]:
@@ -86,10 +92,12 @@ def route(
     errors: tuple[Status, ...] = (),
     response: dict[str, Any] | None = None,
     answer: type[BaseModel] | None = None,
+    lookup: bool = True,
 ) -> Route:
     """A Route with the error statuses its shape implies, then `errors` (which replace one of the same
-    code in place): a body or query model → 400; a body → 413; a body, query model or path parameter → 422; a path parameter →
-    404; not public → 401. A JSON route names its success body's model (`answer`), any other its
+    code in place): a body or query model → 400; a body → 413; a body, query model or path parameter → 422; a path parameter
+    that names something looked up (`lookup`; not the scope of a bulk forget) → 404; not public → 401; outside
+    `operations` → 503 (start-up, Redis down; added to the description of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its
     OpenAPI response object (`response`), so the document has a schema for every answer (a unit test
     checks each route of the table gives one)."""
     implied: list[Status] = []
@@ -99,12 +107,15 @@ def route(
         implied.append(TOO_LARGE)
     if body is not None or query is not None or "{" in path:
         implied.append(INVALID)
-    if "{" in path:
+    if "{" in path and lookup:
         implied.append(NOT_FOUND)
     if not public:
         implied.append(UNAUTHORIZED)
     by_code = {s.code: s for s in implied}
     by_code.update((s.code, s) for s in errors)
+    if tag != "operations":
+        given = by_code.get(503)
+        by_code[503] = Status(503, UNAVAILABLE if given is None else f"{given.description}; or {UNAVAILABLE}")
     return Route(
         method,
         path,
@@ -151,14 +162,14 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET",
-        "/v1/episodes/{episode_id:.+}",
+        "/v1/episodes/{episode_id:.*}",
         episodes.get_episode,
         "One episode of the caller's namespace",
         answer=answers.EpisodeAnswer,
     ),
     route(
         "PATCH",
-        "/v1/episodes/{episode_id:.+}",
+        "/v1/episodes/{episode_id:.*}",
         updates.update_episode,
         "Change an episode's feedback, outcome, importance or metadata after the fact",
         body=models.UPDATE_SCHEMA,
@@ -169,7 +180,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "DELETE",
-        "/v1/episodes/{episode_id:.+}",
+        "/v1/episodes/{episode_id:.*}",
         episodes.delete_episode,
         "Forget one episode",
         status=202,
@@ -178,30 +189,33 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "DELETE",
-        "/v1/users/{user_id:.+}",
+        "/v1/users/{user_id:.*}",
         episodes.delete_user,
         "Forget every episode of a user",
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.UserForgotten,
+        lookup=False,
     ),
     route(
         "DELETE",
-        "/v1/agents/{agent_id:.+}",
+        "/v1/agents/{agent_id:.*}",
         forgetting.forget_agent,
         "Forget every episode of an agent (a job: how many, and when done)",
         status=202,
         errors=(NOT_PUBLISHED,),
-        answer=answers.ForgetJob,
+        answer=answers.ForgetJobStarted,
+        lookup=False,
     ),
     route(
         "DELETE",
-        "/v1/sessions/{session_id:.+}",
+        "/v1/sessions/{session_id:.*}",
         forgetting.forget_session,
         "Forget every episode of a session (a job: how many, and when done)",
         status=202,
         errors=(NOT_PUBLISHED,),
-        answer=answers.ForgetJob,
+        answer=answers.ForgetJobStarted,
+        lookup=False,
     ),
     route(
         "POST",
@@ -211,11 +225,11 @@ ROUTES: tuple[Route, ...] = (
         body=forgetting.ForgetRequest,
         status=202,
         errors=(Status(404, "none of the ids is in the caller's namespace"), NOT_PUBLISHED),
-        answer=answers.ForgetJob,
+        answer=answers.ForgetJobStarted,
     ),
     route(
         "GET",
-        "/v1/forget/{job_id:.+}",
+        "/v1/forget/{job_id:.*}",
         forgetting.forget_job,
         "The status of a bulk forget: pending or done, and how many episodes are erased",
         answer=answers.ForgetJob,
@@ -354,7 +368,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET",
-        "/v1/facts/{fact_id:.+}",
+        "/v1/facts/{fact_id:.*}",
         facts.fact_detail,
         "One fact with its evidence episodes and history",
         tag="facts",
@@ -373,5 +387,38 @@ ROUTES: tuple[Route, ...] = (
 
 
 def add_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None:
+    """Register every route of `routes` on `app`'s router."""
     for r in routes:
         app.router.add_route(r.method, r.path, r.handler)
+
+
+def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
+    """Middleware of what the route table says about a URL, before any handler reads it:
+
+    - a path with a trailing slash that no route of its method matches, where the path without the slash
+      is one (`/docs/`, `POST /v1/recall/`), answers 308 to it: 308 keeps the method and the body, and the
+      `Location` is relative (`../docs`) so a proxy's path prefix is kept (the docs page's own links are
+      relative for the same reason). An id route's empty id (`DELETE /v1/agents/`) is its handler's
+      422 naming the id; any other unknown path stays a 404.
+    - query parameters sent to an API route that takes none (`DELETE /v1/agents/a?dry_run=1`) are a 422
+      naming each, as on every GET route: a call that forgets must not ignore an option it was sent.
+      The operations routes keep ignoring them (`/docs?x`, cache-busting `?v=` on its files)."""
+    no_query = {(r.method, r.handler) for r in routes if r.query is None and r.tag != "operations"}
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        info = request.match_info
+        if info.http_exception is not None:  # 404 or 405: no route of this method matches the path
+            raw = request.raw_path.partition("?")[0]
+            if raw.endswith("/") and not raw.endswith("//") and len(raw) > 1:
+                found = await request.app.router.resolve(request.clone(rel_url=raw[:-1]))
+                if found.http_exception is None:
+                    last = raw[:-1].rsplit("/", 1)[1]
+                    query = request.raw_path.partition("?")[2]
+                    raise web.HTTPPermanentRedirect(f"../{last}" + (f"?{query}" if query else ""))
+            return await handler(request)
+        if request.query and (request.method, info.handler) in no_query:
+            raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
+        return await handler(request)
+
+    return check

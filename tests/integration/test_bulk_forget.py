@@ -80,6 +80,78 @@ async def test_forget_by_ids_reports_unknown_and_already_forgotten(api, settings
     assert (await api.get("/v1/forget/0123")).status == 404
 
 
+async def test_a_scope_with_nothing_projected_is_a_job_of_zero_not_a_404(api, settings, redis):
+    """Issue 19's trial: `DELETE /v1/agents/<unknown>` answered 202 while the document listed a 404. The
+    202 is right (docs/api.md, Bulk forget): a scope is not a resource, and a retried forget answers as
+    the first one did. The document now agrees, for users too (a forget of a user never looks it up)."""
+    doc = await (await api.get("/openapi.json")).json()
+    for path in ("/v1/agents/{agent_id}", "/v1/sessions/{session_id}", "/v1/users/{user_id}"):
+        assert "404" not in doc["paths"][path]["delete"]["responses"], path
+    assert "404" in doc["paths"]["/v1/episodes/{episode_id}"]["delete"]["responses"]
+    for path in ("/v1/agents/nobody", "/v1/sessions/nowhere"):
+        resp = await api.delete(path)
+        assert resp.status == 202, await resp.text()
+        job = await resp.json()
+        assert (job["episodes"], job["status"]) == (0, "done")
+    await api.post("/v1/episodes", json=episode("e0", agent_id="a"))
+    await drain(settings, redis)
+    first = await (await api.delete("/v1/agents/a")).json()
+    await drain(settings, redis)
+    retried = await api.delete("/v1/agents/a")  # as after a lost answer
+    assert first["episodes"] == 1 and retried.status == 202
+    assert (await retried.json())["episodes"] == 0
+
+
+async def test_a_repeated_id_is_forgotten_once_never_a_404(api, settings, redis):
+    """Issue 19's trial: a repeated id must not turn a forget into a 404. Each id counts once, whatever
+    it is: held, accepted and in flight, forgotten before, or unknown beside a known one."""
+    await api.post("/v1/episodes", json={"episodes": [episode("e0"), episode("e1")]})
+    await drain(settings, redis)
+    await api.delete("/v1/episodes/e0")
+    await drain(settings, redis)
+    await api.post("/v1/episodes", json=episode("late"))  # accepted, not projected
+    for ids, episodes, unknown, gone in (
+        (["e1", "e1"], 1, [], []),
+        (["late", "late", "late"], 1, [], []),
+        (["e0", "e0"], 0, [], ["e0"]),
+        (["e1", "nope", "nope", "e1"], 1, ["nope"], []),
+    ):
+        resp = await api.post("/v1/forget", json={"episode_ids": ids})
+        assert resp.status == 202, (ids, await resp.text())
+        job = await resp.json()
+        assert (job["episodes"], job["unknown"], job["already_forgotten"]) == (episodes, unknown, gone), ids
+        record = await redis.hget(Keys(settings.prefix).forget_job(job["job_id"]), "tombs")
+        assert len(record) == 32 * episodes  # one tombstone digest per distinct id
+    # unknown ids alone stay the documented 404, repeated or not
+    for ids in (["nope"], ["nope", "nope"]):
+        resp = await api.post("/v1/forget", json={"episode_ids": ids})
+        assert resp.status == 404 and "none of these" in (await resp.json())["detail"]
+
+
+async def test_a_jobs_status_is_what_the_document_says(api, settings, redis):
+    """docs/api.md said `GET /v1/forget/{job_id}` repeats agent_id / session_id / unknown; it never did
+    (the job record keeps no ids). The 202 says them once (`ForgetJobStarted`), the status resource
+    gives the counts (`ForgetJob`), and the document lists exactly those fields."""
+    doc = await (await api.get("/openapi.json")).json()
+    schemas = doc["components"]["schemas"]
+    status_fields = set(schemas["ForgetJob"]["properties"])
+    started_fields = status_fields | set(schemas["ForgetJobStarted"]["properties"])
+    await api.post("/v1/episodes", json=episode("e0", agent_id="a", session_id="s"))
+    await drain(settings, redis)
+    for method, path, body, extra in (
+        ("DELETE", "/v1/agents/a", None, {"agent_id"}),
+        ("DELETE", "/v1/sessions/s", None, {"session_id"}),
+        ("POST", "/v1/forget", {"episode_ids": ["e0", "x"]}, {"unknown", "already_forgotten"}),
+    ):
+        started = await (await api.request(method, path, json=body)).json()
+        assert set(started) == status_fields | extra and set(started) <= started_fields, path
+        status = await (await api.get(started["job"])).json()
+        assert set(status) == status_fields, (path, status)
+        assert {k: status[k] for k in status_fields - {"status", "forgotten"}} == {
+            k: started[k] for k in status_fields - {"status", "forgotten"}
+        }
+
+
 async def test_jobs_are_per_tenant_and_hold_no_ids(tenants, settings, redis, prefix):
     for key in (KEY_A, KEY_B):
         await tenants.post("/v1/episodes", json=episode("x", agent_id="bot"), headers=auth(key))

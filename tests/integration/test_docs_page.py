@@ -48,3 +48,13 @@ async def test_docs_page_loads_only_local_files_without_a_key(make_client):
 async def test_the_bundled_swagger_ui_reads_openapi_3_1(api):
     bundle = await (await api.get("/docs/swagger-ui-bundle.js")).text()
     assert "isOAS31" in bundle  # Swagger UI 4 (swagger-ui-bundle) refuses `openapi: 3.1.0`
+
+
+async def test_docs_with_a_trailing_slash_redirects_to_the_page(make_client):
+    """`/docs/` was a 404 (issue 19's trial). Served there, the page's relative links would name
+    `/docs/docs/...`: a redirect to `/docs` keeps them right, relative so a proxy's prefix stays."""
+    client = await make_client(api_keys={"docs-key-0000000000000000": "ns-docs"})
+    resp = await client.get("/docs/", allow_redirects=False)
+    assert resp.status == 308 and resp.headers["Location"] == "../docs"
+    page = await client.get("/docs/")  # followed, without a key: the page is public
+    assert page.status == 200 and page.url.path == "/docs" and page.content_type == "text/html"

@@ -240,3 +240,85 @@ async def test_utf8_escapes_and_escaped_percent_signs_are_ids_as_usual(api):
         assert resp.status == 202, await resp.text()
         resp = await api.get(f"/v1/episodes/{quote(eid, safe='')}")
         assert resp.status == 200, (eid, await resp.text())
+
+
+# --- issue 19's trial, follow-ups: trailing slashes, empty ids, options a route does not take ----------
+@pytest.mark.parametrize(
+    ("method", "path", "body", "location"),
+    [
+        ("POST", "/v1/recall/", {"query": "flaky login"}, "../recall"),
+        ("GET", "/v1/skills/?agent_id=a", None, "../skills?agent_id=a"),
+        ("POST", "/v1/facts/search/", {"query": "x"}, "../search"),  # `/v1/facts/{fact_id}` is GET only
+        ("POST", "/v1/forget/", {"episode_ids": ["e"]}, "../forget"),  # `/v1/forget/{job_id}` is GET only
+        ("POST", "/v1/episodes/", {"task": "t", "outcome": "success"}, "../episodes"),
+        ("GET", "/healthz/", None, "../healthz"),
+        ("GET", "/openapi.json/", None, "../openapi.json"),
+    ],
+)
+async def test_a_trailing_slash_is_a_308_to_the_route_keeping_method_and_body(
+    api, method, path, body, location
+):
+    """They were 404s. 308 (not 301) so a client resends the same method and body; relative, so a path
+    prefix a proxy added stays."""
+    resp = await api.request(method, path, json=body, allow_redirects=False)
+    assert resp.status == 308 and resp.headers["Location"] == location, await resp.text()
+    followed = await api.request(method, path, json=body)
+    answer = await followed.json()
+    # the route's own answer (`POST /v1/forget` of an unknown id is its documented 404), not "no route"
+    assert followed.url.path == path.partition("?")[0].rstrip("/")
+    assert followed.status in (200, 202) or "none of these episodes" in answer["detail"], (path, answer)
+
+
+async def test_a_redirected_post_is_the_same_call(api):
+    followed = await api.post("/v1/recall/", json={"query": "flaky login", "top_k": 2})
+    assert followed.status == 200 and "results" in await followed.json()
+    # redirected only to a route of the same method: GET /v1/recall is none
+    wrong = await api.get("/v1/recall/", allow_redirects=False)
+    assert wrong.status == 404 and "Location" not in wrong.headers
+    for unknown in ("/v1/nothing/", "/docs//", "/v1//episodes"):
+        assert (await api.get(unknown, allow_redirects=False)).status == 404, unknown
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "field"),
+    [
+        ("GET", "/v1/episodes/", "episode_id"),
+        ("PATCH", "/v1/episodes/", "episode_id"),
+        ("DELETE", "/v1/episodes/", "episode_id"),
+        ("DELETE", "/v1/users/", "user_id"),
+        ("DELETE", "/v1/agents/", "agent_id"),
+        ("DELETE", "/v1/sessions/", "session_id"),
+        ("GET", "/v1/forget/", "job_id"),
+        ("GET", "/v1/facts/", "fact_id"),
+    ],
+)
+async def test_an_empty_path_id_is_a_422_naming_it(api, method, path, field):
+    """`DELETE /v1/agents/` was a bare 404 (no route); a blank id (`%20`) was already a 422."""
+    body = {"importance": 3} if method == "PATCH" else None
+    resp = await api.request(method, path, json=body, allow_redirects=False)
+    assert resp.status == 422, await resp.text()
+    assert [e["field"] for e in (await resp.json())["errors"]] == [field]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("DELETE", "/v1/agents/a?dry_run=1", None),
+        ("DELETE", "/v1/episodes/e?dry_run=1", None),
+        ("DELETE", "/v1/users/u?dry_run=1", None),
+        ("POST", "/v1/forget?dry_run=1", {"episode_ids": ["e"]}),
+        ("POST", "/v1/recall?dry_run=1", {"query": "q"}),
+        ("GET", "/v1/facts/f?dry_run=1", None),
+        ("GET", "/v1/forget/j?dry_run=1", None),
+    ],
+)
+async def test_a_query_parameter_a_route_does_not_take_is_a_422_and_nothing_is_published(
+    api, redis, prefix, method, path, body
+):
+    """They were ignored: `DELETE /v1/agents/a?dry_run=1` forgot the agent's episodes."""
+    from shared.keys import Keys
+
+    resp = await api.request(method, path, json=body)
+    assert resp.status == 422, await resp.text()
+    assert (await resp.json())["errors"] == [{"field": "dry_run", "reason": "is not a known query parameter"}]
+    assert not await redis.exists(Keys(prefix).stream)

@@ -104,3 +104,51 @@ async def test_cli_context_facts_curve_and_the_default_url(tenants, redis, prefi
     monkeypatch.setenv("ENGRAM_API_KEY", KEY_A)
     result = await asyncio.to_thread(CliRunner().invoke, cli, ["skills"], catch_exceptions=False)
     assert result.exit_code == 0 and result.output.startswith("debugging  "), result.output
+
+
+async def test_cli_record_with_ttl_or_expires_at(tenants, redis, prefix):
+    """`engram record` had no `--ttl` while the API takes `ttl` / `expires_at` (issue 19's trial)."""
+    import time
+
+    before = time.time()
+    common = ("--outcome", "success", "--json")
+    out = await run(tenants, "record", "keep a day", "--episode-id", "t1", "--ttl", "1d", *common, key=KEY_A)
+    assert out.exit_code == 0, out.output
+    out = await run(
+        tenants, "record", "keep an hour", "--episode-id", "t2", "--ttl", "3600", *common, key=KEY_A
+    )
+    assert out.exit_code == 0, out.output
+    at = "2999-01-01T00:00:00Z"
+    out = await run(
+        tenants, "record", "until 2999", "--episode-id", "t3", "--expires-at", at, *common, key=KEY_A
+    )
+    assert out.exit_code == 0, out.output
+    out = await run(
+        tenants,
+        "record",
+        "until 2999 too",
+        "--episode-id",
+        "t4",
+        "--expires-at",
+        "32472144000",
+        *common,
+        key=KEY_A,
+    )
+    assert out.exit_code == 0, out.output
+    events = {
+        e.episode.episode_id: e.episode
+        for e in (decode(x.payload) for x in await streams.read_range(redis, Keys(prefix).stream))
+    }
+    after = time.time()
+    assert before + 86400 <= events["t1"].expires_at <= after + 86400
+    assert before + 3600 <= events["t2"].expires_at <= after + 3600
+    assert events["t3"].expires_at == events["t4"].expires_at == 32472144000.0
+    for bad, said in (
+        (("--ttl", "soon"), "ttl: must be a positive duration"),
+        (("--expires-at", "tomorrow"), "expires_at: 'tomorrow' is not ISO 8601"),
+        (("--ttl", "1d", "--expires-at", at), "ttl: give expires_at or ttl, not both"),
+        (("--expires-at", "2000-01-01T00:00:00Z"), "expires_at: must be after"),
+    ):
+        out = await run(tenants, "record", "bad", "--outcome", "success", *bad, key=KEY_A)
+        assert out.exit_code == 1 and said in out.output, (bad, out.output)
+    assert len(await streams.read_range(redis, Keys(prefix).stream)) == 4  # nothing more was sent

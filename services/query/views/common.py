@@ -87,12 +87,6 @@ def publisher(request: web.Request, *, backpressure: bool = False) -> EngramClie
     )
 
 
-def no_query(request: web.Request) -> None:
-    """Refuse query parameters on a route that takes none (other GET routes refuse unknown ones too)."""
-    if request.query:
-        raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
-
-
 def path_id(request: web.Request, name: str) -> str:
     errs = Collector()
     value = check_id(request.match_info[name], name, errs, required=True)

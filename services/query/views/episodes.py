@@ -24,7 +24,6 @@ from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
 from services.query.problems import Invalid, Problem, read_json
 from services.query.views.common import (
     episode_of,
-    no_query,
     ns_of,
     path_id,
     publisher,
@@ -230,8 +229,7 @@ async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool
 
 
 async def get_episode(request: web.Request) -> web.Response:
-    episode_id = path_id(request, "episode_id")
-    no_query(request)
+    episode_id = path_id(request, "episode_id")  # a query string: routes.url_middleware
     try:
         found = await _stored(request, episode_id)
     except NotFound:

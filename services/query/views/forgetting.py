@@ -27,7 +27,7 @@ from engram_episodic.events import EpisodeForgotten
 from engram_episodic.timeutil import format_instant
 from services.query import models
 from services.query.appkeys import KEYS, METRICS, SETTINGS
-from services.query.problems import Invalid, read_json, validate
+from services.query.problems import read_json, validate
 from services.query.views.common import index_of, ns_of, path_id, publisher, redis_of, reply, tags_of
 from shared import streams
 from shared.codec import peek_identity
@@ -172,7 +172,5 @@ async def forget_episodes(request: web.Request) -> web.Response:
 
 
 async def forget_job(request: web.Request) -> web.Response:
-    job_id = path_id(request, "job_id")
-    if request.query:
-        raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
+    job_id = path_id(request, "job_id")  # a query string: routes.url_middleware
     return reply(await _status(redis_of(request), request.app[KEYS], job_id, ns_of(request)))
