@@ -172,7 +172,12 @@ class Keys:
 
     def episode_stream_ids(self, gen: int, namespace: str, episode_id: str) -> str:
         """Set of stream entry ids that carry this episode's data (deleted on forget)."""
-        return f"{self.gen_prefix(gen)}sids:{ns_tag(namespace)}:{digest(namespace, episode_id)}"
+        return self.episode_stream_ids_of(gen, f"{ns_tag(namespace)}:{digest(namespace, episode_id)}")
+
+    def episode_stream_ids_of(self, gen: int, episode_tail: str) -> str:
+        """`episode_stream_ids` of an episode known by the tail of its `episode_events` key only (what
+        follows `evs:`, `<namespace tag>:<digest>`): a scan of the event hashes finds no ids (replay)."""
+        return f"{self.gen_prefix(gen)}sids:{episode_tail}"
 
     def fact_doc_prefix(self, gen: int) -> str:
         return f"{self.gen_prefix(gen)}fact:"

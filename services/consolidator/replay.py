@@ -97,7 +97,7 @@ async def _import_snapshot(
     async for key in redis.scan_iter(match=f"{prefix}*", count=500):
         digest = key.decode()[len(prefix) :]
         events = bytes_map(await redis.hgetall(key))
-        sids = set(bytes_list(await redis.smembers(f"{keys.gen_prefix(old)}sids:{digest}")))
+        sids = set(bytes_list(await redis.smembers(keys.episode_stream_ids_of(old, digest))))
         ident = await projector.import_snapshot(events, sids)
         if ident is not None:
             batch.append(ident)

@@ -68,6 +68,9 @@ def test_a_namespace_tag_is_one_slot_for_any_namespace():
         assert len({key_slot(n.encode()) for n in names}) == 1, ns
         assert keys.episode_doc(3, ns, "e").startswith(keys.episode_doc_prefix(3))
         assert keys.fact_doc(3, ns, "f").startswith(keys.fact_doc_prefix(3))
+        # replay finds an episode's stream ids from its event hash's key alone
+        tail = keys.episode_events(3, ns, "e").removeprefix(f"{keys.gen_prefix(3)}evs:")
+        assert keys.episode_stream_ids_of(3, tail) == keys.episode_stream_ids(3, ns, "e")
 
 
 async def test_every_projection_forgetting_and_facts_script_is_single_slot(settings, redis, calls):
