@@ -1,11 +1,18 @@
-"""Test helpers shared by every suite (no fixtures here; see conftest.py)."""
+"""Test helpers shared by every suite (no fixtures here; see conftest.py): `wait_until`, and `Stack`, a
+`make run` stack in a subprocess."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -36,3 +43,118 @@ def hit_id(hit: Any) -> str:
     import orjson
 
     return orjson.loads(hit.fields[b"doc"])["episode_id"]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def ready(url: str) -> bool:
+    """Whether the query service at `url` answers `GET /readyz` 200 within 2 s (False when it does not
+    answer at all)."""
+    import aiohttp
+
+    try:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        ):
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+class Stack:
+    """`python -m services.run` (`make run`) on private ports and `data_dir`, its output in a file (a
+    pipe nobody reads would freeze it), with helpers to find its children and wait for its messages.
+
+    `redis_port` (default a free port) is ENGRAM_REDIS_PORT; `drop` names variables of this process's
+    environment the stack must not inherit, besides REDIS_URL and the API keys; `extra` are ENGRAM_*
+    variables set over the defaults (the hashing embedder, WARNING logs, no metrics ports, a 2 s lease and
+    200 ms reads so a killed worker's entries are reclaimed quickly)."""
+
+    def __init__(
+        self, data_dir: Path, *, redis_port: int | None = None, drop: Iterable[str] = (), **extra: str
+    ):
+        from deploy.embedded_redis import free_port
+
+        self.port = free_port()
+        self.redis_port = free_port() if redis_port is None else redis_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data_dir.parent / f"{data_dir.name}-run.log"
+        dropped = {"REDIS_URL", "ENGRAM_API_KEYS", "ENGRAM_API_KEYS_FILE", *drop}
+        self.env = {k: v for k, v in os.environ.items() if k not in dropped}
+        self.env.update(
+            ENGRAM_PORT=str(self.port),
+            ENGRAM_REDIS_PORT=str(self.redis_port),
+            ENGRAM_DATA_DIR=str(data_dir),
+            ENGRAM_EMBEDDER="hashing",
+            ENGRAM_LOG_LEVEL="WARNING",
+            ENGRAM_METRICS_PORT="0",
+            ENGRAM_LEASE_MS="2000",
+            ENGRAM_BLOCK_MS="200",
+        )
+        self.env.update(extra)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Stack:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.run"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def children(self, module: str) -> list[int]:
+        """Pids of the supervisor's children running `python -m <module>` (or the program named `<module>`)."""
+        assert self.proc is not None
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:  # read once: a process may exit between two reads (a crash loop kills them on purpose)
+                text = stat.read_text()
+                ppid = int(text.rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.proc.pid and (module.encode() in cmdline or text.split()[1] == f"({module})"):
+                found.append(int(stat.parent.name))
+        return found
+
+    async def ready(self) -> bool:
+        """`ready(self.url)`; AssertionError with the output's tail once the stack has exited."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:  # the stack exited: say why now, not after the timeout
+            raise AssertionError(f"make run exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        return await ready(self.url)
+
+    async def said(self, text: str, timeout: float = 30) -> None:
+        await wait_until(
+            lambda: text in self.output(),
+            timeout=timeout,
+            interval=0.1,
+            message=f"{text!r} in the output of make run",
+        )
+
+    def stop(self, timeout: float = 60) -> int:
+        """Ctrl-C (SIGINT to the supervisor); its exit code, within `timeout` seconds."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """After a failed test: kill the supervisor's process group and its embedded Redis (which runs
+        in a session of its own)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            import redis as sync_redis
+
+            with contextlib.suppress(Exception):
+                sync_redis.Redis(port=self.redis_port, socket_timeout=2).shutdown(nosave=True)

@@ -573,50 +573,19 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
     """`make run` (services.run) without ENGRAM_MASTER_KEY[_FILE]: it writes ENGRAM_DATA_DIR/master.key
     (0600) on its first start and passes it down, so HTTP ingest seals (the text is not in the stream)
     and DELETE /v1/users/{id} destroys the user's key at once."""
-    import signal
     import stat
-    import subprocess
-    import sys
 
     import aiohttp
 
-    from tests.integration.test_run_stack import ROOT, _ready
+    from tests.helpers import Stack
 
-    port, redis_port = free_port(), free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("REDIS_URL", "ENGRAM_MASTER_KEY", "ENGRAM_MASTER_KEY_FILE")
-    }
-    env.update(
-        ENGRAM_PORT=str(port),
-        ENGRAM_REDIS_PORT=str(redis_port),
-        ENGRAM_DATA_DIR=str(tmp_path),
-        ENGRAM_EMBEDDER="hashing",
-        ENGRAM_LOG_LEVEL="WARNING",
-        ENGRAM_METRICS_PORT="0",
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.run"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    redis = connect(f"redis://127.0.0.1:{redis_port}/0")
+    data = tmp_path / "data"
+    stack = Stack(data, drop=("ENGRAM_MASTER_KEY", "ENGRAM_MASTER_KEY_FILE")).start()
+    url = stack.url
+    redis = connect(f"redis://127.0.0.1:{stack.redis_port}/0")
     try:
-
-        async def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}"
-                )
-            return await _ready(url)
-
-        await wait_until(up, timeout=90, message="query service ready")
-        key_file = tmp_path / "master.key"
+        await wait_until(stack.ready, timeout=90, message="query service ready")
+        key_file = data / "master.key"
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         keys = Keys("engram:")
         async with aiohttp.ClientSession() as s:
@@ -637,14 +606,11 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
             async with s.delete(f"{url}/v1/users/run-user") as r:
                 assert r.status == 202
             assert not await redis.exists(slot)  # destroyed as the forget was accepted
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        code = stack.stop()
     finally:
         await redis.aclose()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0
+        stack.kill()
+    assert code == 0, stack.output()[-3000:]
 
 
 async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_in_the_stream(

@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from deploy.embedded_redis import free_port
-from tests.helpers import wait_until
+from tests.helpers import ROOT, Stack, ready, wait_until
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-async def _ready(url: str) -> bool:
-    try:
-        async with (
-            aiohttp.ClientSession() as s,
-            s.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r,
-        ):
-            return r.status == 200
-    except aiohttp.ClientError:
-        return False
 
 
 def _two_free_ports(avoid: set[int]) -> int:
@@ -54,37 +39,13 @@ def _two_free_ports(avoid: set[int]) -> int:
 # alone allows 60-90 s; 24 s measured (Redis is also restarted)
 @pytest.mark.timeout(180)
 async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
-    port, redis_port = free_port(), free_port()
-    metrics_port = _two_free_ports(avoid={port, redis_port})
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        ENGRAM_PORT=str(port),
-        ENGRAM_REDIS_PORT=str(redis_port),
-        ENGRAM_DATA_DIR=str(tmp_path),
-        ENGRAM_EMBEDDER="hashing",
-        ENGRAM_LOG_LEVEL="WARNING",
-        ENGRAM_WORKERS="2",
-        ENGRAM_METRICS_PORT=str(metrics_port),
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.run"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    stack = Stack(tmp_path / "data", ENGRAM_WORKERS="2")
+    metrics_port = _two_free_ports(avoid={stack.port, stack.redis_port})
+    stack.env["ENGRAM_METRICS_PORT"] = str(metrics_port)
+    stack.start()
+    url = stack.url
     try:
-
-        async def up() -> bool:
-            if proc.poll() is not None:  # the stack exited: say why now, not after the timeout
-                raise AssertionError(
-                    f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}"
-                )
-            return await _ready(url)
-
-        await wait_until(up, timeout=90, message="query service ready")
+        await wait_until(stack.ready, timeout=90, message="query service ready")
         async with aiohttp.ClientSession() as s:
             async with s.post(
                 f"{url}/v1/episodes", json={"task": "fix the flaky login test", "outcome": "success"}
@@ -102,22 +63,20 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
             # a dead embedded Redis is restarted from its AOF; the services reconnect by themselves
             import redis as sync_redis
 
-            client = sync_redis.Redis(port=redis_port)
+            client = sync_redis.Redis(port=stack.redis_port)
             pid = int(client.info("server")["process_id"])
             client.close()
             os.kill(pid, signal.SIGKILL)
             await wait_until(recalled, timeout=60, message="recall answers again after a Redis restart")
-        proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=60)[0].decode()
+        code = stack.stop()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output[-3000:]
+        stack.kill()
+    output = stack.output()
+    assert code == 0, output[-3000:]
     assert "engram ◆ stopped" in output
     assert "engram ◆ redis restarted" in output
-    assert (tmp_path / "redis" / "appendonlydir").exists()  # AOF on by default
-    assert not await _ready(url)
+    assert (tmp_path / "data" / "redis" / "appendonlydir").exists()  # AOF on by default
+    assert not await ready(url)
 
 
 def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path):
@@ -248,92 +207,6 @@ def test_run_writes_its_own_lines_as_json_with_engram_log_format_json(tmp_path):
 
 
 # --- issue 15 §3: `make run` survives one crashed process -------------------------------------------
-class Stack:
-    """`python -m services.run` on private ports and `data_dir`, its output in a file (a pipe nobody reads
-    would freeze it), with helpers to find its children and wait for its messages."""
-
-    def __init__(self, data_dir: Path, **extra: str):
-        self.port, self.redis_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir.parent / f"{data_dir.name}-run.log"
-        self.env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("REDIS_URL", "ENGRAM_API_KEYS", "ENGRAM_API_KEYS_FILE")
-        }
-        self.env.update(
-            ENGRAM_PORT=str(self.port),
-            ENGRAM_REDIS_PORT=str(self.redis_port),
-            ENGRAM_DATA_DIR=str(data_dir),
-            ENGRAM_EMBEDDER="hashing",
-            ENGRAM_LOG_LEVEL="WARNING",
-            ENGRAM_METRICS_PORT="0",
-            ENGRAM_LEASE_MS="2000",
-            ENGRAM_BLOCK_MS="200",
-            **extra,
-        )
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Stack:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.run"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def children(self, module: str) -> list[int]:
-        """Pids of the supervisor's children running `python -m <module>` (or the program named `<module>`)."""
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:  # read once: a process may exit between two reads (a crash loop kills them on purpose)
-                text = stat.read_text()
-                ppid = int(text.rsplit(")", 1)[1].split()[1])
-                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == self.proc.pid and (module.encode() in cmdline or text.split()[1] == f"({module})"):
-                found.append(int(stat.parent.name))
-        return found
-
-    async def ready(self) -> bool:
-        if self.proc.poll() is not None:  # the stack exited: say why now, not after the timeout
-            raise AssertionError(f"make run exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-        return await _ready(self.url)
-
-    async def said(self, text: str, timeout: float = 30) -> None:
-        await wait_until(
-            lambda: text in self.output(),
-            timeout=timeout,
-            interval=0.1,
-            message=f"{text!r} in the output of make run",
-        )
-
-    def stop(self) -> int:
-        """Ctrl-C (SIGINT to the supervisor); its exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(timeout=60)
-
-    def kill(self) -> None:
-        """After a failed test: kill the supervisor's process group and its embedded Redis (which runs
-        in a session of its own)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            import redis as sync_redis
-
-            with contextlib.suppress(Exception):
-                sync_redis.Redis(port=self.redis_port, socket_timeout=2).shutdown(nosave=True)
-
-
 async def _one_new_pid(stack: Stack, module: str, old: set[int]) -> int:
     async def new() -> int | None:
         pids = set(stack.children(module)) - old
@@ -385,15 +258,15 @@ async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_a
         )
         assert refused.returncode == 3, refused.stderr
         assert f"is in use by another `make run` (pid {stack.proc.pid})" in refused.stderr
-        assert not await _ready(second.url)
+        assert not await ready(second.url)
 
         [worker] = stack.children("services.consolidator")
         os.kill(worker, signal.SIGKILL)
-        assert await _ready(stack.url)  # the API does not notice
+        assert await ready(stack.url)  # the API does not notice
         new_worker = await _one_new_pid(stack, "services.consolidator", {worker})
         await stack.said(f"consolidator-0 (pid {worker}) died, killed by SIGKILL — restart 1 in 0.5s")
         await stack.said(f"consolidator-0 restarted (pid {new_worker}, restart 1)")
-        assert await _ready(stack.url)
+        assert await ready(stack.url)
         async with aiohttp.ClientSession() as s:  # the new worker projects
             async with s.post(
                 f"{stack.url}/v1/episodes", json={"task": "rotate the api keys", "outcome": "success"}
@@ -436,7 +309,7 @@ async def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path):
     assert "restart 2 in 1s (2 death(s) in the last 60s; the stack stops at 3)" in output
     assert "consolidator-0 died 3 times within 60s (last: killed by SIGKILL); stopping the stack" in output
     assert output.rstrip().endswith("engram ◆ stopped")
-    assert not await _ready(stack.url)  # the query service was stopped with it
+    assert not await ready(stack.url)  # the query service was stopped with it
     assert not stack.children("services.")
 
 
@@ -537,7 +410,7 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
                 )
             finally:
                 client.close()
-            assert stack.proc.poll() is None and await _ready(stack.url)  # the stack is up
+            assert stack.proc.poll() is None and await ready(stack.url)  # the stack is up
             status, body = await recall(
                 "flaky login test"
             )  # a query vector of 64 dimensions, an index of 128
@@ -587,35 +460,10 @@ async def _found(response) -> bool:
 @pytest.mark.timeout(240)
 async def test_run_on_an_embedded_cluster_publishes_recalls_and_forgets(tmp_path):
     """`ENGRAM_REDIS_CLUSTER=3 make run`, black-box: publish, recall, forget a user, Ctrl-C."""
-    port, redis_port = free_port(), _cluster_base_port(3)
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        ENGRAM_PORT=str(port),
-        ENGRAM_REDIS_PORT=str(redis_port),
-        ENGRAM_REDIS_CLUSTER="3",
-        ENGRAM_DATA_DIR=str(tmp_path),
-        ENGRAM_EMBEDDER="hashing",
-        ENGRAM_LOG_LEVEL="WARNING",
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.run"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    stack = Stack(tmp_path / "data", redis_port=_cluster_base_port(3), ENGRAM_REDIS_CLUSTER="3").start()
+    url = stack.url
     try:
-
-        async def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"make run exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}"
-                )
-            return await _ready(url)
-
-        await wait_until(up, timeout=120, message="query service ready on the cluster")
+        await wait_until(stack.ready, timeout=120, message="query service ready on the cluster")
         async with aiohttp.ClientSession() as s:
             body = {"task": "fix the flaky login test", "outcome": "success", "user_id": "alice"}
             async with s.post(f"{url}/v1/episodes", json=body) as r:
@@ -629,13 +477,11 @@ async def test_run_on_an_embedded_cluster_publishes_recalls_and_forgets(tmp_path
             async with s.delete(f"{url}/v1/users/alice") as r:
                 assert r.status == 202
             await wait_until(lambda: _is(hits(), 0), timeout=30, message="user forgotten on the cluster")
-        proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=90)[0].decode()
+        code = stack.stop(timeout=90)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output[-3000:]
+        stack.kill()
+    output = stack.output()
+    assert code == 0, output[-3000:]
     assert "engram ◆ redis cluster redis+cluster://" in output and "engram ◆ stopped" in output
 
 
