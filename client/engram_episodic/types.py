@@ -618,7 +618,8 @@ class Updated:
 class ForgetJob:
     """A bulk forget (`DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget`) and its
     status (`GET /v1/forget/{job_id}`): `episodes` it erases, `forgotten` so far, `done` once all are.
-    `unknown` / `already_forgotten`: ids of a by-id forget that were not published."""
+    `unknown` / `already_forgotten`: ids of a by-id forget that were not published, in the answer of
+    `forget_episodes` only (the status `forget_job` reads keeps no ids: empty there)."""
 
     job_id: str
     kind: str
