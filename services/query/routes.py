@@ -95,11 +95,12 @@ def route(
     lookup: bool = True,
 ) -> Route:
     """A Route with the error statuses its shape implies, then `errors` (which replace one of the same
-    code in place): a body or query model → 400; a body → 413; a body, query model or path parameter → 422; a path parameter
-    that names something looked up (`lookup`; not the scope of a bulk forget) → 404; not public → 401; outside
-    `operations` → 503 (start-up, Redis down; added to the description of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its
-    OpenAPI response object (`response`), so the document has a schema for every answer (a unit test
-    checks each route of the table gives one)."""
+    code in place): a body or query model → 400; a body → 413; a body, query model or path parameter →
+    422; a path parameter that names something looked up (`lookup`; not the scope of a bulk forget) →
+    404; not public → 401; outside `operations` → 503 (start-up, Redis down; appended to the description
+    of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
+    response object (`response`), so the document has a schema for every answer (a unit test checks each
+    route of the table gives one)."""
     implied: list[Status] = []
     if body is not None or query is not None:  # a long query string is refused before any handler
         implied.append(MALFORMED)
@@ -132,6 +133,8 @@ def route(
     )
 
 
+# `{id:.*}`, not `.+`: an empty id (`DELETE /v1/agents/`) reaches its handler, whose 422 names it (with
+# `.+` no route matched: a bare 404)
 ROUTES: tuple[Route, ...] = (
     route(
         "POST",
