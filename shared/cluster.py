@@ -54,8 +54,8 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.keys import ns_tag
@@ -87,6 +87,44 @@ class IndexBuilding(RedisTimeoutError):
 
 _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("engram_search_route", default=None)
 _SHARD = re.compile(r":\{[0-9a-f]{12}\}$")
+
+
+PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, UNROUTED = (
+    "pass",
+    "list",
+    "record",
+    "drop",
+    "alias-set",
+    "alias-del",
+    "exists",
+    "routed",
+    "unrouted",
+)
+
+
+def decide(search: str, command: str, namespace: str | None, *, targeted: bool = False) -> str:
+    """What `EngramCluster` does with `command` (upper case): `PASS` it to redis-py unchanged (any
+    command in `coordinator` mode, where Redis 8 distributes and fans out search itself; a non-search
+    command; one already sent to chosen nodes), or, shard-local: `LIST` the recorded indexes
+    (FT._LIST), `RECORD` an FT.CREATE's arguments, `DROP` every namespace's copy, set or delete an
+    alias in meta, answer FT.INFO without a namespace from the record (`EXISTS`), send the command
+    to the namespace's index on its primary (`ROUTED`), or refuse it for want of a namespace
+    (`UNROUTED`: RuntimeError, a caller's bug)."""
+    if search != SEARCH_SHARD or not command.startswith("FT.") or targeted:
+        return PASS
+    fixed = {
+        "FT._LIST": LIST,
+        "FT.CREATE": RECORD,
+        "FT.DROPINDEX": DROP,
+        "FT.ALIASADD": ALIAS_SET,
+        "FT.ALIASUPDATE": ALIAS_SET,
+        "FT.ALIASDEL": ALIAS_DEL,
+    }
+    if command in fixed:
+        return fixed[command]
+    if namespace is None:
+        return EXISTS if command == "FT.INFO" else UNROUTED
+    return ROUTED
 
 
 @contextlib.contextmanager
@@ -169,35 +207,36 @@ class EngramCluster(RedisCluster):
     # --- search --------------------------------------------------------------------------------
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         command = _text(args[0]).upper() if args else ""
-        if self.search != SEARCH_SHARD or not command.startswith("FT.") or "target_nodes" in kwargs:
+        how = decide(self.search, command, _ROUTE.get(), targeted="target_nodes" in kwargs)
+        if how == PASS:
             return await super().execute_command(*args, **kwargs)
-        if command == "FT._LIST":
+        if how == LIST:
             fields = await super().execute_command("HKEYS", self.meta)
             return sorted(f[len(TEMPLATE) :].encode() for f in map(_text, fields) if f.startswith(TEMPLATE))
         name = _text(args[1])
-        if command == "FT.CREATE":
+        if how == RECORD:
             if not await super().execute_command(
                 "HSETNX", self.meta, TEMPLATE + name, msgpack.packb(args[2:])
             ):
                 raise ResponseError("Index already exists")
             return b"OK"
-        if command == "FT.DROPINDEX":
+        if how == DROP:
             return await self._drop(name, args[2:])
-        if command in {"FT.ALIASADD", "FT.ALIASUPDATE"}:
+        if how == ALIAS_SET:
             await super().execute_command("HSET", self.meta, ALIAS + name, _text(args[2]))
             self._aliases = None
             return b"OK"
-        if command == "FT.ALIASDEL":
+        if how == ALIAS_DEL:
             await super().execute_command("HDEL", self.meta, ALIAS + name)
             self._aliases = None
             return b"OK"
         index = await self.resolve(name)
         namespace = _ROUTE.get()
-        if namespace is None:
-            if command == "FT.INFO":  # "does the index exist?" (every namespace's is made from it)
-                if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
-                    return []
-                raise ResponseError(f"Unknown index name {index}")
+        if how == EXISTS:  # "does the index exist?" (every namespace's is made from it)
+            if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
+                return []
+            raise ResponseError(f"Unknown index name {index}")
+        if namespace is None:  # how == UNROUTED
             raise RuntimeError(
                 f"{command} on a shard-local cluster needs its namespace (shared.cluster.route)"
             )
@@ -402,7 +441,7 @@ class EngramClusterPipeline(ClusterPipeline):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         client = self.cluster_client
         command = _text(args[0]).upper() if args else ""
-        if isinstance(client, EngramCluster) and client.search == SEARCH_SHARD and command.startswith("FT."):
+        if isinstance(client, EngramCluster) and decide(client.search, command, None) != PASS:
             if self._searches is None:
                 self._searches = []
             self._searches.append((args, kwargs))
