@@ -72,8 +72,10 @@ SHARD = "ftshard:"
 """Meta-hash field prefix: `ftshard:<namespace's index>` names the node (host:port) it was created on."""
 SETTLE_TIMEOUT = 10.0
 """Seconds a search waits for a namespace's index that its node is still building (after a slot
-move) before `IndexBuilding`. Background indexing ran at ~6,000 documents/s (256-dim FLAT) on the
-loaded 2-core machine, so this covers a namespace of ~60,000 moved episodes."""
+move) before `IndexBuilding`. The module's background indexing of 5,000 moved episodes ran at
+~1,300 documents/s (HNSW, 384 dims) and ~12,000/s (FLAT, 256 dims) on the 2-core machine at load
+average ~7.6, so this covers a namespace of ~13,000 HNSW episodes there; a larger one answers 503
+(Retry-After) until its index is built (docs/scaling.md, A Redis Cluster)."""
 
 log = logging.getLogger("engram.cluster")
 
