@@ -245,6 +245,8 @@ class EmbeddedCluster:
     node_timeout_ms: int = 2000
     start_timeout: float = 30.0
     nodes: list[EmbeddedRedis] = field(default_factory=list)
+    joined: list[EmbeddedRedis] = field(default_factory=list)
+    """Primaries added by `add_primary` after the start (also in `nodes`, after the replicas)."""
 
     @property
     def url(self) -> str:
@@ -252,7 +254,7 @@ class EmbeddedCluster:
 
     @property
     def primary_nodes(self) -> list[EmbeddedRedis]:
-        return self.nodes[: self.primaries]
+        return self.nodes[: self.primaries] + self.joined
 
     def start(self) -> EmbeddedCluster:
         total = self.primaries * (1 + self.replicas)
@@ -267,14 +269,7 @@ class EmbeddedCluster:
                     port=port,
                     data_dir=self.data_dir / str(port),
                     start_timeout=self.start_timeout,
-                    extra_args=[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        str(self.node_timeout_ms),
-                    ],
+                    extra_args=self._cluster_args(),
                 )
                 self.nodes.append(node.start())
             self._form()
@@ -282,6 +277,16 @@ class EmbeddedCluster:
             self.stop()
             raise
         return self
+
+    def _cluster_args(self) -> list[str]:
+        return [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+        ]
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
         return redis.Redis(port=node.port, socket_connect_timeout=2, socket_timeout=5, protocol=2)
@@ -329,6 +334,85 @@ class EmbeddedCluster:
             f"the local cluster did not reach {what} within {self.start_timeout}s:\n"
             + "\n".join(n.log_tail(5) for n in self.nodes)
         )
+
+    def add_primary(self, port: int | None = None) -> EmbeddedRedis:
+        """Start one more node and join it to the running cluster as a primary owning no slots
+        (`CLUSTER MEET`, as `redis-cli --cluster add-node` does); returns it once every node knows it.
+        Give it slots with `migrate_slot`. Errors: EmbeddedRedisError."""
+        port = port if port is not None else free_cluster_ports(1)[0]
+        node = EmbeddedRedis(
+            port=port,
+            data_dir=self.data_dir / str(port),
+            start_timeout=self.start_timeout,
+            extra_args=self._cluster_args(),
+        ).start()
+        self.nodes.append(node)
+        self.joined.append(node)
+        clients = [self._client(n) for n in self.nodes]
+        try:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+            self._wait(
+                clients,
+                lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients),
+                "every node knows the new one",
+            )
+            # until gossip tells it who owns every slot, the new node answers CLUSTERDOWN (MIGRATE too)
+            self._wait(
+                clients,
+                lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
+                "cluster_state:ok on every node",
+            )
+        finally:
+            for c in clients:
+                c.close()
+        return node
+
+    def node_id(self, node: EmbeddedRedis) -> str:
+        """The cluster's id of `node` (`CLUSTER MYID`)."""
+        c = self._client(node)
+        try:
+            return c.execute_command("CLUSTER", "MYID").decode()
+        finally:
+            c.close()
+
+    def owner(self, slot: int) -> EmbeddedRedis:
+        """The primary owning `slot` (`CLUSTER SLOTS` of the first node). Errors: EmbeddedRedisError."""
+        c = self._client(self.nodes[0])
+        try:
+            for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if lo <= slot <= hi:
+                    return next(n for n in self.nodes if n.port == int(primary[1]))
+        finally:
+            c.close()
+        raise EmbeddedRedisError(f"slot {slot} is not covered")
+
+    def migrate_slot(self, slot: int, destination: EmbeddedRedis, batch: int = 100) -> EmbeddedRedis:
+        """Move `slot` with its keys to the primary `destination`, the steps of
+        `redis-cli --cluster reshard` (https://redis.io/docs/latest/commands/cluster-setslot/): SETSLOT
+        IMPORTING on the destination, MIGRATING on the source, `MIGRATE` the keys in batches, then
+        SETSLOT NODE on every node. Returns the former owner. Errors: EmbeddedRedisError."""
+        source = self.owner(slot)
+        if source is destination:
+            raise EmbeddedRedisError(f"slot {slot} is already on port {destination.port}")
+        src_id, dst_id = self.node_id(source), self.node_id(destination)
+        src, dst = self._client(source), self._client(destination)
+        try:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", "127.0.0.1", destination.port, "", 0, 5000, "KEYS", *keys)
+            # the destination first, as redis-cli does, so that it owns the slot before anyone says so
+            for node in [destination, source, *(n for n in self.nodes if n not in (source, destination))]:
+                c = self._client(node)
+                try:
+                    if "master" in c.info("replication").get("role", "master"):
+                        c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+                finally:
+                    c.close()
+        finally:
+            src.close()
+            dst.close()
+        return source
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -14,10 +14,23 @@ search commands are the exception, and two deployments answer them differently
   documents share its slot, every field loads, and the query goes to the one node that answers it
   whole. `FT.CREATE` only records the index's arguments in the meta hash (`ftcreate:<index>`); a
   namespace's index is created from them before the first document of the namespace is written
-  (`ensure_shards`), and again on a node that lacks it (a slot migrated there: documents already there
-  are indexed in the background). Aliases are resolved here (`ftalias:<alias>` in the meta hash,
-  cached for a second), `FT.DROPINDEX` drops every namespace's index, and `FT._LIST` names the
-  recorded indexes.
+  (`ensure_shards`), and again on a node that lacks it (a slot migrated there, or to a node that
+  joined). Aliases are resolved here (`ftalias:<alias>` in the meta hash, cached for a second),
+  `FT.DROPINDEX` drops every namespace's index, and `FT._LIST` names the recorded indexes.
+
+  After a slot move (tests/integration/test_cluster_join.py) two things would be stale, and are
+  handled here. (1) The new owner's index is created late, after the documents moved in, and indexes
+  them in the background: a search there would answer from part of them (a recall missing episodes,
+  a user's forget missing some). So a search is answered only from an index this process has seen
+  complete (`FT.INFO` `indexing` 0) on the node now owning it, waiting up to `SETTLE_TIMEOUT`, then
+  `IndexBuilding` (a retryable error: 503 at the query service, a retried batch in the worker).
+  (2) The old owner keeps the index: empty (`MIGRATE` deletes the keys there) but still defined, and
+  unreachable (`FT.DROPINDEX` there is `MOVED`, the name's slot is not its own). The node each
+  namespace's index was created on is recorded (`ftshard:<name>` in the meta hash); when it is
+  created on another node the copy on the recorded one is dropped, and `FT.DROPINDEX` drops copies on
+  every primary, the way `redis-cli --cluster fix` reaches a slot it does not own: `CLUSTER SETSLOT
+  <slot> IMPORTING` on that node, `ASKING` + `FT.DROPINDEX` on one connection, `SETSLOT <slot> STABLE`
+  (`drop_stale`; needs the `cluster` command in the ACL, else the copy is left and logged).
 - `coordinator` (Redis 8's Query Engine in cluster mode): `FT.CREATE` is distributed and `FT.SEARCH`
   fans out and merges on whichever node receives it, so the commands pass through unchanged. This is
   what production on Redis 8 uses; the embedded module here has no coordinator, so this path is not
@@ -29,8 +42,10 @@ per request (auth), the consolidator around the work it does for one namespace.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
+import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -39,7 +54,9 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.keys import ns_tag
 
@@ -51,9 +68,65 @@ ALIAS = "ftalias:"
 """Meta-hash field prefix: `ftalias:<alias>` names the index the alias points at."""
 ALIAS_TTL = 1.0
 """Seconds an alias is cached: a replay's swap reaches a running process within this."""
+SHARD = "ftshard:"
+"""Meta-hash field prefix: `ftshard:<namespace's index>` names the node (host:port) it was created on."""
+SETTLE_TIMEOUT = 10.0
+"""Seconds a search waits for a namespace's index that its node is still building (after a slot
+move) before `IndexBuilding`. The module's background indexing of 5,000 moved episodes ran at
+~1,300 documents/s (HNSW, 384 dims) and ~12,000/s (FLAT, 256 dims) on the 2-core machine at load
+average ~7.6, so this covers a namespace of ~13,000 HNSW episodes there; a larger one answers 503
+(Retry-After) until its index is built (docs/scaling.md, A Redis Cluster)."""
+
+log = logging.getLogger("engram.cluster")
+
+
+class IndexBuilding(RedisTimeoutError):
+    """A namespace's index is still indexing the documents a slot move brought to its node; retry.
+
+    A redis-py `TimeoutError`, so that callers treat it as the transient fault it is: the query
+    service answers 503 with Retry-After, the consolidator retries the batch."""
+
 
 _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("engram_search_route", default=None)
 _SHARD = re.compile(r":\{[0-9a-f]{12}\}$")
+
+
+PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, UNROUTED = (
+    "pass",
+    "list",
+    "record",
+    "drop",
+    "alias-set",
+    "alias-del",
+    "exists",
+    "routed",
+    "unrouted",
+)
+
+
+def decide(search: str, command: str, namespace: str | None, *, targeted: bool = False) -> str:
+    """What `EngramCluster` does with `command` (upper case): `PASS` it to redis-py unchanged (any
+    command in `coordinator` mode, where Redis 8 distributes and fans out search itself; a non-search
+    command; one already sent to chosen nodes), or, shard-local: `LIST` the recorded indexes
+    (FT._LIST), `RECORD` an FT.CREATE's arguments, `DROP` every namespace's copy, set or delete an
+    alias in meta, answer FT.INFO without a namespace from the record (`EXISTS`), send the command
+    to the namespace's index on its primary (`ROUTED`), or refuse it for want of a namespace
+    (`UNROUTED`: RuntimeError, a caller's bug)."""
+    if search != SEARCH_SHARD or not command.startswith("FT.") or targeted:
+        return PASS
+    fixed = {
+        "FT._LIST": LIST,
+        "FT.CREATE": RECORD,
+        "FT.DROPINDEX": DROP,
+        "FT.ALIASADD": ALIAS_SET,
+        "FT.ALIASUPDATE": ALIAS_SET,
+        "FT.ALIASDEL": ALIAS_DEL,
+    }
+    if command in fixed:
+        return fixed[command]
+    if namespace is None:
+        return EXISTS if command == "FT.INFO" else UNROUTED
+    return ROUTED
 
 
 @contextlib.contextmanager
@@ -85,6 +158,13 @@ def _missing(exc: ResponseError) -> bool:
     return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
 
 
+def _indexing(info: Any) -> bool:
+    """Whether an `FT.INFO` reply (RESP2 flat list or RESP3 map) says a background scan is running."""
+    fields = info if isinstance(info, dict) else dict(zip(info[::2], info[1::2], strict=False))
+    value = fields.get(b"indexing", fields.get("indexing", 0))
+    return _text(value) not in {"0", "0.0"}
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -101,7 +181,8 @@ class EngramCluster(RedisCluster):
     _scripts: dict[str, str] | None = None  # sha -> source of every registered script
     _loaded: set[str] | None = None  # shas loaded on every primary
     _aliases: dict[str, tuple[float, str]] | None = None  # alias -> (monotonic time read, index)
-    _ensured: set[tuple[str, str]] | None = None  # (index, namespace) known to exist
+    _exists: dict[str, str] | None = None  # namespace's index -> node it is known to exist on
+    _complete: dict[str, str] | None = None  # namespace's index -> node it was seen fully indexed on
 
     # --- scripts -------------------------------------------------------------------------------
     def register_script(self, script: Any) -> Any:
@@ -128,50 +209,107 @@ class EngramCluster(RedisCluster):
     # --- search --------------------------------------------------------------------------------
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         command = _text(args[0]).upper() if args else ""
-        if self.search != SEARCH_SHARD or not command.startswith("FT.") or "target_nodes" in kwargs:
+        how = decide(self.search, command, _ROUTE.get(), targeted="target_nodes" in kwargs)
+        if how == PASS:
             return await super().execute_command(*args, **kwargs)
-        if command == "FT._LIST":
+        if how == LIST:
             fields = await super().execute_command("HKEYS", self.meta)
             return sorted(f[len(TEMPLATE) :].encode() for f in map(_text, fields) if f.startswith(TEMPLATE))
         name = _text(args[1])
-        if command == "FT.CREATE":
+        if how == RECORD:
             if not await super().execute_command(
                 "HSETNX", self.meta, TEMPLATE + name, msgpack.packb(args[2:])
             ):
                 raise ResponseError("Index already exists")
             return b"OK"
-        if command == "FT.DROPINDEX":
+        if how == DROP:
             return await self._drop(name, args[2:])
-        if command in {"FT.ALIASADD", "FT.ALIASUPDATE"}:
+        if how == ALIAS_SET:
             await super().execute_command("HSET", self.meta, ALIAS + name, _text(args[2]))
             self._aliases = None
             return b"OK"
-        if command == "FT.ALIASDEL":
+        if how == ALIAS_DEL:
             await super().execute_command("HDEL", self.meta, ALIAS + name)
             self._aliases = None
             return b"OK"
         index = await self.resolve(name)
         namespace = _ROUTE.get()
-        if namespace is None:
-            if command == "FT.INFO":  # "does the index exist?" (every namespace's is made from it)
-                if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
-                    return []
-                raise ResponseError(f"Unknown index name {index}")
+        if how == EXISTS:  # "does the index exist?" (every namespace's is made from it)
+            if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
+                return []
+            raise ResponseError(f"Unknown index name {index}")
+        if namespace is None:  # how == UNROUTED
             raise RuntimeError(
                 f"{command} on a shard-local cluster needs its namespace (shared.cluster.route)"
             )
         return await self._routed(command, index, namespace, args[2:], kwargs)
 
     async def _routed(self, command: str, index: str, namespace: str, rest: tuple, kwargs: dict) -> Any:
+        """`command` on `namespace`'s index of `index`, on the node owning its slot, once that node's
+        index is complete (`settle`); again (up to 3 times) if the slot moved while it ran, since the
+        reply may then come from another node's index."""
         shard = shard_name(index, namespace)
-        node = self.get_node_from_key(shard)
-        try:
-            return await super().execute_command(command, shard, *rest, target_nodes=node, **kwargs)
-        except ResponseError as exc:
-            if not _missing(exc) or not await self.create_shard(index, namespace):
-                raise
-        node = self.get_node_from_key(shard)
-        return await super().execute_command(command, shard, *rest, target_nodes=node, **kwargs)
+        for _ in range(3):
+            node = await self.settle(index, namespace)
+            try:
+                reply = await super().execute_command(command, shard, *rest, target_nodes=node, **kwargs)
+            except ResponseError as exc:
+                if not _missing(exc):
+                    raise
+                self._forget(shard)  # dropped, or MOVED to a node without it: settle again
+                continue
+            if self._owner(shard).name == node.name:
+                return reply
+            self._forget(shard)
+        raise IndexBuilding(f"{shard} kept moving between nodes; retry")
+
+    def _owner(self, name: str) -> Any:
+        """The primary owning `name`'s slot in this client's slot map; ConnectionError when no node
+        covers it (a cluster that lost a primary: the query service answers 503)."""
+        node = self.get_node_from_key(name)
+        if node is None:
+            raise RedisConnectionError(f"no primary covers the slot of {name}")
+        return node
+
+    def _forget(self, shard: str) -> None:
+        for known in (self._exists, self._complete):
+            if known is not None:
+                known.pop(shard, None)
+
+    async def settle(self, index: str, namespace: str, *, complete: bool = True) -> Any:
+        """The node owning `namespace`'s index of `index` once the index exists there (created from
+        the recorded arguments if missing) and, with `complete`, has indexed every document of the
+        node (`FT.INFO` `indexing` 0). Known answers are cached per node, so this costs a round trip
+        only the first time and after a slot move. Raises ResponseError (unknown index) when `index`
+        was never created, IndexBuilding after `SETTLE_TIMEOUT` seconds of indexing."""
+        shard = shard_name(index, namespace)
+        known = self._complete if complete else self._exists
+        node = self._owner(shard)
+        if known is not None and known.get(shard) == node.name:
+            return node
+        if self._exists is None or self._complete is None:
+            self._exists, self._complete = {}, {}
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            node = self._owner(shard)
+            try:
+                info = await super().execute_command("FT.INFO", shard, target_nodes=node)
+            except ResponseError as exc:
+                if not _missing(exc) or not await self.create_shard(index, namespace):
+                    raise
+                continue
+            if self._owner(shard).name != node.name:
+                continue  # MOVED while asking: ask the new owner
+            self._exists[shard] = node.name
+            if not complete or not _indexing(info):
+                if not _indexing(info):
+                    self._complete[shard] = node.name
+                return node
+            if time.monotonic() > deadline:
+                raise IndexBuilding(
+                    f"{shard} on {node.name} is still indexing the documents moved to it; retry"
+                )
+            await asyncio.sleep(0.05)  # polling the module: it has no notification of a finished scan
 
     async def resolve(self, name: str) -> str:
         """The index `name` names: itself, or the index of the alias `name`."""
@@ -188,7 +326,8 @@ class EngramCluster(RedisCluster):
 
     async def create_shard(self, index: str, namespace: str) -> bool:
         """Create `namespace`'s index of `index` on its primary from the recorded arguments, its
-        prefixes narrowed to the namespace's keys; False when `index` was never created."""
+        prefixes narrowed to the namespace's keys, and drop the copy left on the node it was created
+        on before (a slot move); False when `index` was never created."""
         raw = await super().execute_command("HGET", self.meta, TEMPLATE + index)
         if raw is None:
             return False
@@ -198,43 +337,85 @@ class EngramCluster(RedisCluster):
         for i in range(at + 2, at + 2 + int(args[at + 1])):
             args[i] = f"{_text(args[i])}{tag}:"
         shard = shard_name(index, namespace)
+        node = self._owner(shard)
         try:
-            await super().execute_command(
-                "FT.CREATE", shard, *args, target_nodes=self.get_node_from_key(shard)
-            )
+            await super().execute_command("FT.CREATE", shard, *args, target_nodes=node)
         except ResponseError as exc:
             if "already exists" not in str(exc).lower():
                 raise
-        if self._ensured is None:
-            self._ensured = set()
-        self._ensured.add((index, namespace))
+        node = self._owner(shard)  # where it went, had the create been MOVED
+        before = await super().execute_command("HGET", self.meta, SHARD + shard)
+        await super().execute_command("HSET", self.meta, SHARD + shard, node.name)
+        if before is not None and _text(before) != node.name:
+            old = self.get_node(node_name=_text(before))
+            if old is not None and old in self.get_primaries():
+                await self.drop_stale(old, shard)
         return True
 
     async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
-        """Every namespace's index of every index in `indexes` exists (created if this process has not
-        seen it yet), so that documents written next are indexed as they are written."""
-        known = self._ensured or set()
+        """Every namespace's index of every index in `indexes` exists on the node now owning it
+        (created where missing), so that documents written next are indexed as they are written.
+        Costs a round trip per index the first time and after its slot moved; it does not wait for
+        an index created over moved documents to finish indexing them (writes need not)."""
         for index in indexes:
             for namespace in namespaces:
-                if (index, namespace) in known:
-                    continue
-                with route(namespace):
-                    await self.execute_command("FT.INFO", index)  # creates it where it is missing
-                if self._ensured is None:
-                    self._ensured = set()
-                self._ensured.add((index, namespace))
+                await self.settle(index, namespace, complete=False)
+
+    async def drop_stale(self, node: Any, name: str) -> bool:
+        """Drop the index `name` left on `node`, a primary that no longer owns the name's slot, as
+        `redis-cli --cluster fix` reaches such a slot: `CLUSTER SETSLOT <slot> IMPORTING <owner>` on
+        `node`, `ASKING` and `FT.DROPINDEX` on one connection, `SETSLOT <slot> STABLE`. Skipped (False)
+        while `node` is importing or migrating that slot itself (a reshard under way: STABLE would
+        end it), when it owns the slot again, or when the ACL refuses `CLUSTER` (logged)."""
+        slot = self.keyslot(name)
+        owner = self._owner(name)
+        if owner.name == node.name:
+            return False
+        try:
+            for line in _text(await node.execute_command("CLUSTER", "NODES")).splitlines():
+                fields = line.split()
+                if "myself" in fields[2] and any(f.startswith(f"[{slot}-") for f in fields[8:]):
+                    return False
+            owner_id = _text(await owner.execute_command("CLUSTER", "MYID"))
+            await node.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", owner_id)
+        except ResponseError as exc:
+            log.warning("stale index %s left on %s ◆ %s", name, node.name, exc)
+            return False
+        connection = node.acquire_connection()
+        try:
+            await connection.send_packed_command(
+                connection.pack_commands([("ASKING",), ("FT.DROPINDEX", name)])
+            )
+            replies = [await connection.read_response() for _ in range(2)]
+        except ResponseError as exc:
+            replies = [exc]
+        finally:
+            node.release(connection)
+            await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        dropped = not isinstance(replies[-1], Exception)
+        if dropped:
+            log.info("dropped stale index %s on %s (its slot %d is on %s)", name, node.name, slot, owner.name)
+        elif not _missing(replies[-1]):
+            log.warning("stale index %s left on %s ◆ %s", name, node.name, replies[-1])
+        return dropped
 
     async def _drop(self, index: str, options: tuple) -> Any:
         had = await super().execute_command("HDEL", self.meta, TEMPLATE + index)
+        await self.nodes_manager.initialize()  # every primary, a node that joined since the last MOVED too
         for node in self.get_primaries():
-            for name in await super().execute_command("FT._LIST", target_nodes=node):
-                if base_name(_text(name)) == index and _text(name) != index:
+            for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
+                if base_name(name) != index or name == index:
+                    continue
+                if self._owner(name).name != node.name:
+                    await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
+                else:
                     try:
                         await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
                     except ResponseError as exc:
-                        if not _missing(exc) and "moved" not in str(exc).lower():
+                        if not _missing(exc):
                             raise
-        self._ensured = {(i, ns) for i, ns in self._ensured or set() if i != index}
+                await super().execute_command("HDEL", self.meta, SHARD + name)
+                self._forget(name)
         if not had:
             raise ResponseError(f"Unknown index name {index}")
         return b"OK"
@@ -262,7 +443,7 @@ class EngramClusterPipeline(ClusterPipeline):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         client = self.cluster_client
         command = _text(args[0]).upper() if args else ""
-        if isinstance(client, EngramCluster) and client.search == SEARCH_SHARD and command.startswith("FT."):
+        if isinstance(client, EngramCluster) and decide(client.search, command, None) != PASS:
             if self._searches is None:
                 self._searches = []
             self._searches.append((args, kwargs))

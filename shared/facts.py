@@ -276,6 +276,12 @@ def superseded(fact: Fact, by: str, at: float) -> Fact:
 
 
 # --- the index ------------------------------------------------------------------------------------
+FACTS_BLOCK_SIZE = 64
+"""Vectors per allocation of the facts index: its first fact allocates a whole block, 1,024 vectors
+(1.5 MB at 384 dims) by default, and a namespace has tens of facts, not thousands; on a shard-local
+cluster every namespace has its own facts index (bench/cluster_tenants.py, docs/scaling.md)."""
+
+
 def facts_schema(dim: int) -> list[Any]:
     args: list[Any] = []
     for name in FACT_TAGS:
@@ -287,13 +293,15 @@ def facts_schema(dim: int) -> list[Any]:
         CENTROID_FIELD,
         "VECTOR",
         "FLAT",
-        6,
+        8,
         "TYPE",
         "FLOAT32",
         "DIM",
         dim,
         "DISTANCE_METRIC",
         "COSINE",
+        "BLOCK_SIZE",
+        FACTS_BLOCK_SIZE,
     ]
 
 

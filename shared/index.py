@@ -209,11 +209,15 @@ class VectorParams:
     m: int = 16
     ef_construction: int = 200
     ef_runtime: int = 10
+    block_size: int = 0
+    """FLAT only: vectors per allocation (0 = the module's default, 1,024)."""
 
     def schema_args(self) -> list[Any]:
         attrs: list[Any] = ["TYPE", "FLOAT32", "DIM", self.dim, "DISTANCE_METRIC", "COSINE"]
         if self.algorithm == "HNSW":
             attrs += ["M", self.m, "EF_CONSTRUCTION", self.ef_construction, "EF_RUNTIME", self.ef_runtime]
+        elif self.block_size:
+            attrs += ["BLOCK_SIZE", self.block_size]
         return [VECTOR_FIELD, "VECTOR", self.algorithm, len(attrs), *attrs]
 
 

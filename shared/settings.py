@@ -251,6 +251,11 @@ class Settings:
     hnsw_m: int = env("ENGRAM_HNSW_M", 16, integer(2, 512))
     hnsw_ef_construction: int = env("ENGRAM_HNSW_EF_CONSTRUCTION", 200, integer(4, 4096))
     hnsw_ef_runtime: int = env("ENGRAM_HNSW_EF_RUNTIME", 100, integer(1, 4096))
+    vector_block_size: int = env("ENGRAM_VECTOR_BLOCK_SIZE", 0, integer(0, 1_048_576))
+    """`ENGRAM_VECTOR_BLOCK_SIZE`, with `ENGRAM_VECTOR_ALGORITHM=FLAT`: vectors per allocation of the
+    episode index (0 = the module's 1,024). Its first vector allocates a whole block (1.5 MB at 384
+    dims), which is what one index per namespace pays on a shard-local cluster
+    (docs/scaling.md, How many namespaces); RediSearch 2.10 refuses it for HNSW."""
 
     # consolidator
     consumer_group: str = env("ENGRAM_CONSUMER_GROUP", "consolidator")
@@ -362,6 +367,11 @@ class Settings:
             raw = env.get(variable) if variable else None
             if raw is not None and raw != "":
                 values[f.name] = f.metadata["parse"](raw, variable)
+        if values.get("vector_block_size") and values.get("vector_algorithm", "HNSW") != "FLAT":
+            raise ConfigError(
+                f"ENGRAM_VECTOR_BLOCK_SIZE={values['vector_block_size']} needs ENGRAM_VECTOR_ALGORITHM=FLAT "
+                "(RediSearch refuses a block size for HNSW)"
+            )
         return cls(
             **values, api_keys=api_keys, metrics_key=_metrics_key(env, api_keys), master_key=_master_key(env)
         )

@@ -64,6 +64,7 @@ def vector_params(settings: Settings, dim: int) -> VectorParams:
         m=settings.hnsw_m,
         ef_construction=settings.hnsw_ef_construction,
         ef_runtime=settings.hnsw_ef_runtime,
+        block_size=settings.vector_block_size,
     )
 
 

@@ -116,3 +116,13 @@ def test_a_cluster_url_is_accepted_and_its_search_mode_checked():
         Settings.from_env({"REDIS_URL": "redis+cluster://h:7000", "ENGRAM_MASTER_KEY": "x" * 44})
     with pytest.raises(ConfigError, match="ENGRAM_PREFIX='a{b}:' must not contain braces"):
         Settings.from_env({"ENGRAM_PREFIX": "a{b}:"})
+
+
+def test_a_vector_block_size_needs_the_flat_algorithm():
+    s = Settings.from_env({"ENGRAM_VECTOR_ALGORITHM": "FLAT", "ENGRAM_VECTOR_BLOCK_SIZE": "64"})
+    assert s.vector_block_size == 64
+    assert Settings.from_env({}).vector_block_size == 0
+    with pytest.raises(ConfigError, match="ENGRAM_VECTOR_BLOCK_SIZE=64 needs ENGRAM_VECTOR_ALGORITHM=FLAT"):
+        Settings.from_env({"ENGRAM_VECTOR_BLOCK_SIZE": "64"})
+    with pytest.raises(ConfigError, match="ENGRAM_VECTOR_BLOCK_SIZE"):
+        Settings.from_env({"ENGRAM_VECTOR_ALGORITHM": "FLAT", "ENGRAM_VECTOR_BLOCK_SIZE": "-1"})

@@ -1,0 +1,63 @@
+"""Where `shared.cluster.EngramCluster` sends each search command (no I/O): the shard-local routing of
+the embedded module, and `ENGRAM_CLUSTER_SEARCH=coordinator`, which passes every command through to
+redis-py for Redis 8's Query Engine to distribute. The coordinator path is exercised here only: there
+is no Redis 8 coordinator on this machine (docs/scaling.md says so)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy.embedded_redis import free_port
+from shared import cluster
+from shared.cluster import SEARCH_COORDINATOR, SEARCH_SHARD, EngramCluster, decide
+from shared.index import VectorParams
+from shared.redis_conn import connect
+
+SEARCHES = ["FT.SEARCH", "FT.AGGREGATE", "FT.INFO", "FT.CREATE", "FT.DROPINDEX", "FT._LIST", "FT.ALIASUPDATE"]
+
+
+@pytest.mark.parametrize("command", [*SEARCHES, "HGET", "EVALSHA"])
+@pytest.mark.parametrize("namespace", [None, "team-a"])
+def test_coordinator_mode_passes_every_command_through(command, namespace):
+    assert decide(SEARCH_COORDINATOR, command, namespace) == cluster.PASS
+
+
+def test_shard_mode_routes_search_by_namespace_and_keeps_index_definitions_in_meta():
+    assert decide(SEARCH_SHARD, "HGET", "team-a") == cluster.PASS
+    assert decide(SEARCH_SHARD, "FT.SEARCH", "team-a", targeted=True) == cluster.PASS  # already on its node
+    assert decide(SEARCH_SHARD, "FT.SEARCH", "team-a") == cluster.ROUTED
+    assert decide(SEARCH_SHARD, "FT.AGGREGATE", "team-a") == cluster.ROUTED
+    assert decide(SEARCH_SHARD, "FT.INFO", "team-a") == cluster.ROUTED
+    assert decide(SEARCH_SHARD, "FT.INFO", None) == cluster.EXISTS
+    assert decide(SEARCH_SHARD, "FT.SEARCH", None) == cluster.UNROUTED
+    assert decide(SEARCH_SHARD, "FT.CREATE", None) == cluster.RECORD
+    assert decide(SEARCH_SHARD, "FT.DROPINDEX", "team-a") == cluster.DROP
+    assert decide(SEARCH_SHARD, "FT._LIST", None) == cluster.LIST
+    assert (
+        decide(SEARCH_SHARD, "FT.ALIASADD", None)
+        == decide(SEARCH_SHARD, "FT.ALIASUPDATE", None)
+        == cluster.ALIAS_SET
+    )
+    assert decide(SEARCH_SHARD, "FT.ALIASDEL", None) == cluster.ALIAS_DEL
+
+
+async def test_a_coordinator_client_creates_no_shard_indexes_and_pipelines_search_as_redis_py_does():
+    # a port nobody listens on: any I/O would raise ConnectionError
+    client = connect(f"redis+cluster://127.0.0.1:{free_port()}", cluster_search=SEARCH_COORDINATOR)
+    assert isinstance(client, EngramCluster) and client.search == SEARCH_COORDINATOR
+    await cluster.ensure_shards(client, ["engram:idx:episodes:g1"], ["team-a"])  # nothing to do, no I/O
+    pipe = client.pipeline()
+    pipe.execute_command("FT.SEARCH", "engram:idx:episodes", "*")
+    assert pipe._searches is None and len(pipe) == 1  # queued for redis-py's slot routing, not run apart
+    shard = connect(f"redis+cluster://127.0.0.1:{free_port()}")
+    assert shard.search == SEARCH_SHARD  # type: ignore[attr-defined]
+    pipe = shard.pipeline()
+    pipe.execute_command("FT.SEARCH", "engram:idx:episodes", "*")
+    assert pipe._searches and len(pipe) == 0  # run one by one through the routing
+
+
+def test_a_flat_index_takes_a_block_size_and_hnsw_ignores_none():
+    flat = VectorParams(dim=8, algorithm="FLAT", block_size=64).schema_args()
+    assert flat[-2:] == ["BLOCK_SIZE", 64] and flat[3] == 8
+    assert "BLOCK_SIZE" not in VectorParams(dim=8, algorithm="FLAT").schema_args()
+    assert "BLOCK_SIZE" not in VectorParams(dim=8).schema_args()
