@@ -95,13 +95,20 @@ class KeyRing:
         """A ring for `settings.master_key`, or None when encryption is off (no master key)."""
         if settings.master_key is None:
             return None
-        return cls(Keys(settings.prefix), MasterKey(settings.master_key))
+        return cls(settings.keys, MasterKey(settings.master_key))
 
     # --- the deployment secret --------------------------------------------------------------------
     async def load(self, redis: aioredis.Redis) -> Deployment:
         """The deployment (its reference key), creating its secret on first use. MasterKeyMismatch
         when the stored secret was wrapped by another master key."""
         if self.deployment is None:
+            if self.keys.partitions > 1:
+                # before the deployment key exists, so that no plaintext publish can follow a sealed one:
+                # each partition's plaintext publish script checks its marker (`Keys.encrypted_marker`)
+                async with redis.pipeline(transaction=False) as pipe:
+                    for i in range(self.keys.partitions):
+                        pipe.set(self.keys.encrypted_marker(i), "1")
+                    await pipe.execute()
             kid, secret = new_data_key()
             proposal = self.master.wrap(DEPLOYMENT_SLOT, kid, secret)
             stored = await redis.register_script(CREATE_LUA)(
@@ -139,6 +146,7 @@ class KeyRing:
         fresh: dict[bytes, tuple[DataKey, bytes]] = {}
         for _attempt in range(MAX_KEY_ATTEMPTS):
             used: dict[bytes, tuple[DataKey, bytes]] = {}
+            namespaces: dict[bytes, str] = {}  # a ref is an HMAC of (namespace, user): one namespace
             payloads: list[bytes] = []
             destroy: list[tuple[bytes, str]] = []
             for event, user in zip(events, users, strict=True):
@@ -146,6 +154,7 @@ class KeyRing:
                     payloads.append(encode(event))
                     continue
                 ref = deployment.ref(event.namespace, user)
+                namespaces[ref] = event.namespace
                 if ref not in used:
                     known = self._known.get(ref)
                     if known is not None:
@@ -158,13 +167,13 @@ class KeyRing:
                 payloads.append(seal(event, ref, used[ref][0]))
                 if isinstance(event, UserForgotten):
                     gone = deployment.ref(event.namespace, event.user_id)
-                    destroy.append((gone, self.keys.data_key(gone)))
+                    destroy.append((gone, self.keys.data_key(gone, event.namespace)))
             refs = list(used)
             reply = await streams.publish_sealed(
                 redis,
                 stream,
                 payloads,
-                [(self.keys.data_key(ref), used[ref][0].kid, used[ref][1]) for ref in refs],
+                [(self.keys.data_key(ref, namespaces[ref]), used[ref][0].kid, used[ref][1]) for ref in refs],
                 [key for _, key in destroy],
             )
             if int(reply[0]) == 1:
@@ -186,15 +195,16 @@ class KeyRing:
             "attempts (concurrent forgets?); nothing was published"
         )
 
-    async def key_for(self, redis: aioredis.Redis, ref: bytes) -> DataKey:
-        """The live data key of `ref`, created (race-free) if it does not exist: for re-sealing entries
-        written before encryption (replay's migration), outside the publish script."""
+    async def key_for(self, redis: aioredis.Redis, ref: bytes, namespace: str) -> DataKey:
+        """The live data key of `ref` (of a user of `namespace`), created (race-free) if it does not
+        exist: for re-sealing entries written before encryption (replay's migration), outside the
+        publish script."""
         known = self._known.get(ref)
         if known is not None and time.monotonic() - known[1] <= self.ttl:
             return known[0]
         kid, key = new_data_key()
         stored = await redis.register_script(CREATE_LUA)(
-            keys=[self.keys.data_key(ref)], args=[kid, self.master.wrap(ref, kid, key)]
+            keys=[self.keys.data_key(ref, namespace)], args=[kid, self.master.wrap(ref, kid, key)]
         )
         opened = self.master.open_key(ref, stored)
         self._known[ref] = (opened, time.monotonic())
@@ -203,26 +213,27 @@ class KeyRing:
     async def reseal(self, redis: aioredis.Redis, event: Event) -> bytes:
         """`event` sealed with its user's (or namespace's) current key, as a publisher would seal it."""
         ref = (await self.load(redis)).ref(event.namespace, self._user_for(event))
-        return seal(event, ref, await self.key_for(redis, ref))
+        return seal(event, ref, await self.key_for(redis, ref, event.namespace))
 
     # --- consuming -------------------------------------------------------------------------------
-    async def prefetch(self, redis: aioredis.Redis, wanted: Iterable[tuple[bytes, bytes]]) -> None:
-        """Make `lookup` answer for every (ref, kid) in `wanted`: one pipeline for those not cached."""
+    async def prefetch(self, redis: aioredis.Redis, wanted: Iterable[tuple[bytes, bytes, str]]) -> None:
+        """Make `lookup` answer for every (ref, kid, namespace) in `wanted`: one pipeline for those not
+        cached (the namespace names the data key's partition, `Keys.data_key`)."""
         now = time.monotonic()
-        need: list[bytes] = []
-        for ref, kid in wanted:
+        need: dict[bytes, str] = {}
+        for ref, kid, namespace in wanted:
             if (ref, kid) in self._gone or ref in need:
                 continue
             known = self._known.get(ref)
             if known is None or known[0].kid != kid or now - known[1] > self.ttl:
-                need.append(ref)
+                need[ref] = namespace
         if not need:
             return
         if self.deployment is None:
             await self.load(redis)
         async with redis.pipeline(transaction=False) as pipe:
-            for ref in need:
-                pipe.hget(self.keys.data_key(ref), "w")
+            for ref, namespace in need.items():
+                pipe.hget(self.keys.data_key(ref, namespace), "w")
             stored = await pipe.execute()
         now = time.monotonic()
         for ref, blob in zip(need, stored, strict=True):
@@ -253,7 +264,7 @@ class KeyRing:
         UserForgotten entered the stream: this covers forgets published any other way."""
         ref = (await self.load(redis)).ref(namespace, user_id)
         kid = await redis.register_script(DESTROY_LUA)(
-            keys=[self.keys.data_key(ref)], args=[int(before * 1000)]
+            keys=[self.keys.data_key(ref, namespace)], args=[int(before * 1000)]
         )
         if kid is None:
             return False
@@ -284,11 +295,7 @@ class KeyRing:
                 if wrapped_master_id(blob) == new.id:
                     counts["already"] += 1 if _pass == 0 else 0
                     continue
-                slot = (
-                    DEPLOYMENT_SLOT
-                    if name == self.keys.deployment_key
-                    else bytes.fromhex(name[len(self.keys.data_key_prefix) :])
-                )
+                slot = DEPLOYMENT_SLOT if name == self.keys.deployment_key else self.keys.data_key_ref(name)
                 kid, key = self.master.unwrap(slot, blob)
                 if await rewrap(keys=[name], args=[blob, new.wrap(slot, kid, key)]):
                     counts["rewrapped"] += 1
@@ -308,17 +315,17 @@ async def require_plaintext_deployment(redis: aioredis.Redis, keys: Keys) -> Non
         )
 
 
-_RINGS: dict[tuple[str, bytes], KeyRing] = {}
+_RINGS: dict[tuple[Keys, bytes], KeyRing] = {}
 
 
 def shared_ring(keys: Keys, master_key: bytes) -> KeyRing:
     """The process's one KeyRing of (prefix, master key), so that publishers made per request (the
     query service's ingest) share one key cache."""
-    ring = _RINGS.get((keys.prefix, master_key))
+    ring = _RINGS.get((keys, master_key))
     if ring is None:
         if len(_RINGS) > 64:  # tests make one deployment per test
             _RINGS.clear()
-        ring = _RINGS[(keys.prefix, master_key)] = KeyRing(keys, MasterKey(master_key))
+        ring = _RINGS[(keys, master_key)] = KeyRing(keys, MasterKey(master_key))
     return ring
 
 

@@ -19,6 +19,16 @@ sits after the kind of key (`<prefix>g1:ep:{tag}:<digest>`), so the index prefix
 `<prefix>g1:fact:`) still match. The few global keys (stream, dead letters, meta, aliases, the
 deployment key) carry no namespace tag. The keys of the layout before the tags, which a replay
 migrates from, are built by `LegacyKeys`.
+
+**Stream partitions.** The episode stream is `partitions` (P) streams. P = 1 is the single key
+`<prefix>stream:episodes` of every deployment before partitions (a single node's default: nothing to
+migrate). With P > 1 (a cluster's default, 16) partition i is `<prefix>stream:episodes:{<tag i>}`: each
+partition's tag is chosen (`partition_tag`) so that its CRC16 slot falls in the i-th of P equal slices
+of the 16384 slots, so the partitions spread evenly over any primaries that split the slots evenly (16
+over 3: 5/5/6). A namespace maps to a partition by a stable hash (`partition_of`): all the events of a
+namespace, so of an episode and of a user, are in one stream, in publish order. What a publish script
+must check atomically with its XADDs lives in the partition's slot: the encrypted-deployment marker
+(`encrypted_marker`) and, with P > 1, the users' data keys (`data_key`).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 
 @functools.lru_cache(maxsize=8192)  # an episode's four keys share one digest; scopes repeat every batch
@@ -41,22 +53,87 @@ def ns_tag(namespace: str) -> str:
     return "{" + digest("slot", namespace)[:12] + "}"
 
 
+MAX_PARTITIONS = 256
+"""Upper bound of `ENGRAM_STREAM_PARTITIONS` (each worker lane visits every partition in turn)."""
+
+
+@functools.lru_cache(maxsize=MAX_PARTITIONS * 4)
+def partition_tag(index: int, partitions: int) -> str:
+    """The hash tag (`{p<i>.<n>}`) of partition `index` of `partitions`: the first n (0, 1, ...) whose
+    CRC16 slot (the cluster's key slot, redis-py's `key_slot`) lies in [index, index + 1) * 16384 / P.
+    Deterministic, so every process names the same keys; slices of equal width put P / N partitions on
+    each of N primaries that own equal slot ranges (a cluster created by `redis-cli --cluster create`)."""
+    lo = index * REDIS_CLUSTER_HASH_SLOTS // partitions
+    hi = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
+    n = 0
+    while True:  # about 16384 / (hi - lo) tries: at most ~64 for P = 256
+        tag = f"{{p{index}.{n}}}"
+        if lo <= key_slot(tag.encode()) < hi:
+            return tag
+        n += 1
+
+
+@functools.lru_cache(maxsize=8192)
+def partition_of(namespace: str, partitions: int) -> int:
+    """The partition (0 <= i < P) of `namespace`'s events: a BLAKE2b digest of the namespace, modulo
+    P. Stable across processes and releases (not Python's salted `hash`)."""
+    if partitions == 1:
+        return 0
+    return int(digest("partition", namespace)[:16], 16) % partitions
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key names under one prefix. Methods return `str` keys; `gen` is a projection generation."""
+    """Key names under one prefix. Methods return `str` keys; `gen` is a projection generation;
+    `partitions` is the number of stream partitions P (1: the single stream of before partitions)."""
 
     prefix: str = "engram:"
+    partitions: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be in 1..{MAX_PARTITIONS}, not {self.partitions}")
 
     # --- generation-independent -------------------------------------------------------------
     @property
     def stream(self) -> str:
-        """The episode event stream (source of truth)."""
+        """The episode event stream of a deployment with one partition (ValueError with more: a
+        caller must name the namespace's partition, `stream_of`, or go over `streams`)."""
+        if self.partitions != 1:
+            raise ValueError("a partitioned stream has no single key: use stream_of(namespace) or streams")
         return f"{self.prefix}stream:episodes"
 
+    def partition_stream(self, index: int) -> str:
+        """Partition `index` (0 <= index < P) of the episode stream (source of truth)."""
+        if self.partitions == 1:
+            return f"{self.prefix}stream:episodes"
+        return f"{self.prefix}stream:episodes:{partition_tag(index, self.partitions)}"
+
     @property
-    def stream_compaction(self) -> str:
-        """The stream's copy while `erasure.compact` rewrites it (RENAMEd over the stream at the end)."""
-        return f"{self.prefix}stream:episodes:compacting"
+    def streams(self) -> tuple[str, ...]:
+        """Every partition of the episode stream, in partition order."""
+        return tuple(self.partition_stream(i) for i in range(self.partitions))
+
+    def partition(self, namespace: str) -> int:
+        """`namespace`'s partition index (`partition_of`)."""
+        return partition_of(namespace, self.partitions)
+
+    def stream_of(self, namespace: str) -> str:
+        """The partition stream that carries every event of `namespace`."""
+        return self.partition_stream(self.partition(namespace))
+
+    def stream_compaction(self, stream: str) -> str:
+        """`stream`'s copy while `erasure.compact` rewrites it (RENAMEd over it at the end; a suffix
+        after the tag keeps it in the stream's slot)."""
+        return f"{stream}:compacting"
+
+    def encrypted_marker(self, index: int) -> str:
+        """What a plaintext publish to partition `index` checks, in its script, to be refused on an
+        encrypted deployment: the deployment key itself with one partition; with P > 1 a marker key in
+        the partition's slot, written (`shared.keyring`) before the deployment key is created."""
+        if self.partitions == 1:
+            return self.deployment_key
+        return f"{self.prefix}keys:encrypted:{partition_tag(index, self.partitions)}"
 
     @property
     def dead_letters(self) -> str:
@@ -132,10 +209,22 @@ class Keys:
         """Held (SET NX PX) by the worker running the erasure housekeeping after forgets."""
         return f"{self.prefix}lock:erasure"
 
-    def data_key(self, ref: bytes) -> str:
+    def data_key(self, ref: bytes, namespace: str | None = None) -> str:
         """Hash {k: key id, w: the data key wrapped by the master key, t: creation time, ms} of the key
-        reference `ref` (an HMAC of (namespace, user), shared.crypto): deleting it shreds the user."""
-        return f"{self.data_key_prefix}{ref.hex()}"
+        reference `ref` (an HMAC of (namespace, user), shared.crypto): deleting it shreds the user.
+        With P > 1 it carries the tag of `namespace`'s partition, so that the sealed publish script
+        checks it in the slot of the stream it XADDs to (`<prefix>dek:{p3.17}:<ref hex>`)."""
+        if self.partitions == 1:
+            return f"{self.data_key_prefix}{ref.hex()}"
+        if namespace is None:
+            raise ValueError("a partitioned deployment's data key needs its namespace")
+        return (
+            f"{self.data_key_prefix}{partition_tag(self.partition(namespace), self.partitions)}:{ref.hex()}"
+        )
+
+    def data_key_ref(self, name: str) -> bytes:
+        """The key reference `ref` of a `data_key` name, in either form."""
+        return bytes.fromhex(name[len(self.data_key_prefix) :].rsplit(":", 1)[-1])
 
     def scope_counter(self, namespace: str, scope_id: str) -> str:
         """Hash {completed, importance} since the scope's last consolidation (facts trigger)."""

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import EqualJitterBackoff, ExponentialBackoff
 
 from engram_episodic.drafts import EpisodeDraft, finished_episode
@@ -42,12 +43,18 @@ from engram_episodic.events import (
 from engram_episodic.validation import Collector, check_id
 from shared import streams
 from shared.codec import encode
-from shared.keyring import shared_ring
-from shared.keys import Keys
+from shared.keyring import KeyRing, shared_ring
+from shared.keys import MAX_PARTITIONS, Keys
+from shared.partitions import check_partitions, recorded
 from shared.redis_conn import connect
 from shared.retry import Backoff
 
 _EVENT_CLASSES = frozenset(EVENT_TYPES.values())
+CLUSTER_PARTITIONS = 16
+"""As `shared.settings.CLUSTER_PARTITIONS` (the SDK reads no environment, so no Settings)."""
+_CHECKED: set[tuple[int, Keys]] = set()
+"""(id of a Redis client, keys) whose given number of partitions this process checked against the
+deployment's record (the query service makes a publisher per request)."""
 
 
 class EngramClient:
@@ -70,13 +77,21 @@ class EngramClient:
         wait_on_backpressure: bool = True,
         consumer_group: str = "consolidator",
         master_key: bytes | None = None,
+        partitions: int | None = None,
     ):
         errs = Collector()
         check_id(namespace, "namespace", errs, required=True)
+        if partitions is not None and not (isinstance(partitions, int) and 1 <= partitions <= MAX_PARTITIONS):
+            errs.add("partitions", f"must be an integer from 1 to {MAX_PARTITIONS}")
         errs.raise_if_any()
         self.redis = redis
         self.namespace = namespace
-        self.keys = Keys(prefix)
+        # the stream partitions (shared.keys): given, or read from the deployment at the first publish
+        # (`_resolve_partitions`); Keys(prefix) until then
+        self._partitions = partitions
+        self.keys = Keys(prefix, partitions or 1)
+        self._master_key = master_key
+        self._resolved = False
         self.publish_timeout = publish_timeout
         self.retries = retries
         self._owns_redis = owns_redis
@@ -84,7 +99,7 @@ class EngramClient:
         self.wait_on_backpressure = wait_on_backpressure
         self.consumer_group = consumer_group
         # with a master key, events are sealed per user (shared.keyring): destroying a user's key shreds them
-        self._ring = shared_ring(self.keys, master_key) if master_key is not None else None
+        self._ring: KeyRing | None = None  # with a master key, after `_resolve_partitions`
         self._lag_checked_at = -1e9
         self._lag = 0
 
@@ -126,8 +141,10 @@ class EngramClient:
         delay = backoff.next()
         while True:
             now = time.monotonic()
-            if now - self._lag_checked_at > 0.25:
-                group = streams.StreamGroup(self.redis, self.keys.stream, self.consumer_group)
+            if now - self._lag_checked_at > 0.25:  # the lag of this client's partition
+                group = streams.StreamGroup(
+                    self.redis, self.keys.stream_of(self.namespace), self.consumer_group
+                )
                 self._lag = await group.lag()
                 self._lag_checked_at = now
             if self._lag <= self.max_lag:
@@ -164,9 +181,10 @@ class EngramClient:
         ]
         if wrong:  # a clear error here, not an AttributeError from the encoder; nothing is published
             raise InvalidEpisode(wrong)
-        payloads = [encode(e) for e in events] if self._ring is None else []
+        payloads = [encode(e) for e in events] if self._master_key is None else []
         deadline = time.monotonic() + self.publish_timeout
         try:  # bounded by the deadline: a Redis that hangs must not hold the agent past publish_timeout
+            await asyncio.wait_for(self._resolve_partitions(), max(0.0, deadline - time.monotonic()))
             await asyncio.wait_for(self._check_backpressure(deadline), max(0.0, deadline - time.monotonic()))
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError):
             pass  # Redis unreachable or hanging: the publish loop below retries and reports it
@@ -213,12 +231,54 @@ class EngramClient:
             f"{len(events)} event(s) not published after {attempt} attempt(s) within {self.publish_timeout:g}s: {why}"
         ) from last
 
+    async def _resolve_partitions(self) -> None:
+        """Name the keys with the deployment's number of stream partitions, once per client: `partitions=`
+        checked against the recorded one (once per process and Redis client), or the recorded one
+        adopted, or (nothing recorded) the topology's default recorded (1 on a single Redis, 16 on a
+        cluster). ConfigError on a disagreement (`shared.partitions.check_partitions`)."""
+        if self._resolved:
+            return
+        explicit = self._partitions is not None
+        mark = (id(self.redis), self.keys)
+        if not (explicit and mark in _CHECKED):
+            if not explicit:
+                have = await recorded(self.redis, self.keys)
+                default = CLUSTER_PARTITIONS if isinstance(self.redis, RedisCluster) else 1
+                self.keys = Keys(self.keys.prefix, have or default)
+            await check_partitions(self.redis, self.keys, explicit=explicit)
+            if explicit:
+                if len(_CHECKED) > 1024:  # tests make one deployment per test
+                    _CHECKED.clear()
+                _CHECKED.add(mark)
+        self._resolved = True
+        self._ensure_ring()
+
+    def _ensure_ring(self) -> None:
+        if self._master_key is not None and (self._ring is None or self._ring.keys != self.keys):
+            self._ring = shared_ring(self.keys, self._master_key)
+
     async def _store(self, events: list[Event], payloads: list[bytes]) -> list:
-        if self._ring is None:
-            return await streams.publish(
-                self.redis, self.keys.stream, payloads, unless_exists=self.keys.deployment_key
-            )
-        return await self._ring.publish(self.redis, self.keys.stream, events)
+        """Publish, one script call per partition the events go to (one, unless `publish` was given
+        events of several namespaces: atomic per partition then); stream ids in the events' order."""
+        await self._resolve_partitions()  # when the first attempt's could not reach Redis
+        by_partition: dict[int, list[int]] = {}
+        for i, event in enumerate(events):
+            by_partition.setdefault(self.keys.partition(event.namespace), []).append(i)
+        ids: list = [None] * len(events)
+        for part, positions in by_partition.items():
+            stream = self.keys.partition_stream(part)
+            if self._ring is None:
+                got = await streams.publish(
+                    self.redis,
+                    stream,
+                    [payloads[i] for i in positions],
+                    unless_exists=self.keys.encrypted_marker(part),
+                )
+            else:
+                got = await self._ring.publish(self.redis, stream, [events[i] for i in positions])
+            for i, sid in zip(positions, got, strict=True):
+                ids[i] = sid
+        return ids
 
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:
         """Publish a finished episode as one `EpisodeCompleted`; returns its `episode_id`.

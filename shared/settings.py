@@ -14,7 +14,13 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engram_episodic.errors import ConfigError
+from shared.keys import MAX_PARTITIONS, Keys
 from shared.redis_conn import check_url
+
+CLUSTER_PARTITIONS = 16
+"""The default number of stream partitions on a Redis Cluster: room for 16 primaries before a
+partition has to be moved (docs/scaling.md, Ingest partitions), while each worker lane's sweep of every
+partition stays 16 cheap XREADGROUPs."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -58,14 +64,6 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
                 f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// "
                 "or rediss+cluster://"
             ) from None
-    if url.startswith(("redis+cluster://", "rediss+cluster://")) and (
-        env.get("ENGRAM_MASTER_KEY") or env.get("ENGRAM_MASTER_KEY_FILE")
-    ):
-        # a sealed publish checks the user's data key in the script that XADDs: two slots on a cluster
-        raise ConfigError(
-            "a master key (ENGRAM_MASTER_KEY[_FILE]) is not supported on a Redis Cluster yet "
-            "(docs/scaling.md, Running on a cluster)"
-        )
     for name, default in (("ENGRAM_DEFAULT_NAMESPACE", "default"), ("ENGRAM_CONSUMER_GROUP", "consolidator")):
         value = env.get(name, default)
         if not value or value != value.strip():
@@ -224,6 +222,10 @@ class Settings:
     """`REDIS_URL`; None means 'start/use the embedded Redis' (dev, tests, make run)."""
     prefix: str = env("ENGRAM_PREFIX", "engram:", prefix_text)
     """`ENGRAM_PREFIX`: every key Engram writes starts with it (tests use one per test)."""
+    stream_partitions: int | None = env("ENGRAM_STREAM_PARTITIONS", None, integer(1, MAX_PARTITIONS))
+    """`ENGRAM_STREAM_PARTITIONS`: the number P of episode stream partitions (`shared.keys`); None
+    (unset) = 1 on a single Redis (the one stream key of before partitions), 16 on a cluster. Recorded
+    in the deployment's meta at first start; another value is refused (`shared.partitions`)."""
     cluster_search: str = env("ENGRAM_CLUSTER_SEARCH", "shard", choice("shard", "coordinator"))
     """`ENGRAM_CLUSTER_SEARCH`, with a `redis+cluster://` REDIS_URL: `shard` (an index per primary,
     queries routed to the namespace's primary) or `coordinator` (Redis 8's FT.SEARCH fans out);
@@ -340,6 +342,19 @@ class Settings:
     """`ENGRAM_ERASURE_INTERVAL`: after forgets, the stream is compacted and the AOF rewritten
     (services.consolidator.erasure) at most this often; `off` never (then run `python -m
     services.consolidator erase-now`)."""
+
+    @property
+    def partitions(self) -> int:
+        """`stream_partitions`, or its default for the topology of `redis_url`."""
+        if self.stream_partitions is not None:
+            return self.stream_partitions
+        url = self.redis_url or ""
+        return CLUSTER_PARTITIONS if url.startswith(("redis+cluster://", "rediss+cluster://")) else 1
+
+    @property
+    def keys(self) -> Keys:
+        """The key names of this deployment: `prefix` and `partitions`."""
+        return Keys(self.prefix, self.partitions)
 
     def with_(self, **changes) -> Settings:
         """A copy with some fields replaced (tests, per-test prefixes)."""

@@ -4,18 +4,21 @@ Entries have one field, `e`, holding the codec envelope (msgpack). Dead letters 
 payload `e`, the original stream id `sid`, a human-readable `reason`, the consumer and the time.
 
 Commands on the stream alone (publish, delete, read_range, trim_before, ...) are module functions taking
-(redis, stream); those bound to a consumer group are methods of `StreamGroup(redis, stream, group)`.
+(redis, stream); those bound to a consumer group are methods of `StreamGroup(redis, stream, group)`;
+`Partitions(redis, streams, group)` is the same group on every partition of a partitioned stream
+(`shared.keys`, Stream partitions), read one partition at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
@@ -25,11 +28,13 @@ FIELD = b"e"
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One stream entry: its id (e.g. b"1732900000000-0") and raw payload: None if the entry was deleted
-    while pending (XDEL by a forget), b"" if it exists without the payload field (not ours: dead-lettered)."""
+    while pending (XDEL by a forget), b"" if it exists without the payload field (not ours: dead-lettered);
+    `stream` is the key of the (partition) stream it was read from ("" when not read from one)."""
 
     stream_id: bytes
     payload: bytes | None
     deliveries: int = 1
+    stream: str = ""
 
 
 PUBLISH_LUA = f"""#!lua
@@ -59,15 +64,10 @@ async def publish(
     """XADD each payload, all in one script call (atomic: all or none are accepted); returns stream ids.
 
     With `unless_exists`, nothing is added if that key exists: redis-py's ResponseError starting with
-    `ENCRYPTED` (see `is_encrypted_refusal`)."""
+    `ENCRYPTED` (see `is_encrypted_refusal`). On a cluster that key must share the stream's slot
+    (`Keys.encrypted_marker` of the stream's partition), or Redis answers CROSSSLOT."""
     if not payloads:
         return []
-    if unless_exists is not None and isinstance(r, RedisCluster):
-        # the deployment key and the stream hash to different slots: check it apart (a deployment
-        # turning encrypted between the check and the XADD is the window this leaves)
-        if await r.exists(unless_exists):
-            raise ResponseError("ENCRYPTED the stream is encrypted")
-        unless_exists = None
     if unless_exists is not None:
         return list(
             await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads))
@@ -128,13 +128,14 @@ async def publish_sealed(
     )
 
 
-def _entries(raw) -> list[Entry]:
+def _entries(raw, stream: str) -> list[Entry]:
     out = []
     for stream_id, fields in raw or []:
         if fields is None:  # deleted while pending (XDEL after a forget)
-            out.append(Entry(stream_id, None))
+            out.append(Entry(stream_id, None, stream=stream))
             continue
-        out.append(Entry(stream_id, fields.get(FIELD, b"")))  # b"": present but without our field
+        # b"": present but without our field
+        out.append(Entry(stream_id, fields.get(FIELD, b""), stream=stream))
     return out
 
 
@@ -150,7 +151,17 @@ async def read_range(
 ) -> list[Entry]:
     """XRANGE a page of entries (for replay and for the dead-letter listing)."""
     # ids may be bytes (redis-py takes them); the stale types-redis 4.6 stubs, where installed, say str
-    return _entries(await r.xrange(stream, min=start, max=end, count=count))  # type: ignore[arg-type, unused-ignore]
+    return _entries(await r.xrange(stream, min=start, max=end, count=count), stream)  # type: ignore[arg-type, unused-ignore]
+
+
+async def delete_entries(r: aioredis.Redis, entries: Iterable[Entry]) -> int:
+    """XDEL `entries` from the streams they were read from (one XDEL per stream); returns the count."""
+    by_stream: dict[str, list[bytes]] = defaultdict(list)
+    for entry in entries:
+        if not entry.stream:
+            raise ValueError("an entry to delete must name its stream")
+        by_stream[entry.stream].append(entry.stream_id)
+    return sum([await delete(r, stream, ids) for stream, ids in by_stream.items()])
 
 
 async def read_range_raw(
@@ -235,9 +246,10 @@ class StreamGroup:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def read_new(self, consumer: str, *, count: int, block_ms: int) -> list[Entry]:
+    async def read_new(self, consumer: str, *, count: int, block_ms: int | None) -> list[Entry]:
         """XREADGROUP `>` for `consumer`: up to `count` entries never delivered to the group, waiting at
-        most `block_ms` milliseconds when there is none. [] when `count` <= 0 (no command sent)."""
+        most `block_ms` milliseconds when there is none (None: not at all; 0 would wait forever). []
+        when `count` <= 0 (no command sent)."""
         if count <= 0:
             return []
         # RESP2 (pinned by shared.redis_conn): [[stream, entries]]; redis-py annotates the RESP3 dict
@@ -249,7 +261,7 @@ class StreamGroup:
         )
         if not res:
             return []
-        return _entries(res[0][1])
+        return _entries(res[0][1], self.stream)
 
     async def reclaim(
         self, consumer: str, *, min_idle_ms: int, count: int
@@ -265,7 +277,7 @@ class StreamGroup:
         res = await self.redis.xautoclaim(
             self.stream, self.group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
         )
-        claimed = _entries(res[1])
+        claimed = _entries(res[1], self.stream)
         deleted = list(res[2]) if len(res) > 2 else []
         return claimed, deleted
 
@@ -305,11 +317,14 @@ class StreamGroup:
 
     async def dead_letter(self, dead_stream: str, entry: Entry, reason: str, consumer: str) -> bytes:
         """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch
-        seconds) and delivery count, and XACK the original, atomically (MULTI/EXEC). Returns the dead
-        letter's id."""
+        seconds), delivery count and source stream (`src`: its partition, where a redrive puts it back),
+        and XACK the original in one pipeline (MULTI/EXEC on a single Redis; on a cluster the two
+        streams are in different slots and redis-py sends the XADD and the XACK in order). Returns the
+        dead letter's id."""
         fields: dict[FieldT, EncodableT] = {
             b"e": entry.payload or b"",
             b"sid": entry.stream_id,
+            b"src": self.stream.encode(),
             b"reason": reason.encode()[:2000],
             b"consumer": consumer.encode(),
             b"at": repr(time.time()).encode(),
@@ -417,3 +432,80 @@ class StreamGroup:
                 pipe.xpending_range(self.stream, self.group, min=entry, max=entry, count=1)
             pending = await pipe.execute()
         return [_stream_id(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
+
+
+IDLE_BLOCK_MS = 100
+"""How long a lane of a partitioned group blocks on one partition after a sweep of every partition
+found nothing (`Partitions.read_any`): a blocked XREADGROUP waits on one stream only (several streams
+in one call are CROSSSLOT on a cluster), so a long block there would leave entries on the others
+waiting; 100 ms bounds that wait while an idle lane costs P + 1 reads per 100 ms."""
+
+
+class Partitions:
+    """The consumer group `group` on every partition stream of `streams` (the same group name on each:
+    one group per partition). Each turn of a worker lane works on one partition (its `StreamGroup`):
+    `next_for_reclaim` rotates the reclaims over the partitions, `read_any` reads new entries from the
+    first partition that has some, starting one further each call so that no partition is favoured.
+    With one stream both are the group's own calls, exactly as before partitions."""
+
+    def __init__(self, redis: aioredis.Redis, streams: Sequence[str], group: str):
+        if not streams:
+            raise ValueError("a partitioned group needs at least one stream")
+        self.groups = [StreamGroup(redis, s, group) for s in streams]
+        self._by_stream = {g.stream: g for g in self.groups}
+        self._read_next = 0
+        self._reclaim_next = 0
+
+    def of(self, stream: str) -> StreamGroup:
+        """The group of partition `stream` (KeyError for a stream that is not a partition)."""
+        return self._by_stream[stream]
+
+    async def ensure(self, start: str = "0") -> None:
+        """`StreamGroup.ensure` on every partition (concurrently: a cluster spreads them over nodes)."""
+        await asyncio.gather(*(g.ensure(start) for g in self.groups))
+
+    def next_for_reclaim(self) -> StreamGroup:
+        """The partition whose idle entries the next turn reclaims (round robin)."""
+        group = self.groups[self._reclaim_next % len(self.groups)]
+        self._reclaim_next = (self._reclaim_next + 1) % len(self.groups)
+        return group
+
+    async def read_any(self, consumer: str, *, count: int, block_ms: int) -> tuple[StreamGroup, list[Entry]]:
+        """Up to `count` new entries of one partition for `consumer`, and that partition's group.
+
+        One partition: `read_new` blocking `block_ms`. Several: a sweep of non-blocking reads from a
+        rotating start, stopping at the first partition with entries; when all are empty, one read
+        blocking at most IDLE_BLOCK_MS on the sweep's first partition. ([] for `count` <= 0.)"""
+        if len(self.groups) == 1:
+            return self.groups[0], await self.groups[0].read_new(consumer, count=count, block_ms=block_ms)
+        start = self._read_next
+        self._read_next = (start + 1) % len(self.groups)
+        for k in range(len(self.groups)):
+            group = self.groups[(start + k) % len(self.groups)]
+            entries = await group.read_new(consumer, count=count, block_ms=None)
+            if entries:
+                return group, entries
+        first = self.groups[start]
+        return first, await first.read_new(consumer, count=count, block_ms=min(block_ms, IDLE_BLOCK_MS))
+
+    async def each(self) -> list[dict[str, int]]:
+        """`StreamGroup.info` of every partition, in partition order."""
+        return list(await asyncio.gather(*(g.info() for g in self.groups)))
+
+    async def info(self) -> dict[str, int]:
+        """{pending, lag, consumers} over all partitions: sums of pending and lag; the most consumers
+        any partition lists (each worker is a consumer of every partition it read)."""
+        rows = await self.each()
+        return {
+            "pending": sum(r["pending"] for r in rows),
+            "lag": sum(r["lag"] for r in rows),
+            "consumers": max(r["consumers"] for r in rows),
+        }
+
+    async def lag(self) -> int:
+        """`StreamGroup.lag` summed over the partitions (entries not yet delivered, a count)."""
+        return sum(await asyncio.gather(*(g.lag() for g in self.groups)))
+
+    async def retire_consumer(self, consumer: str) -> bool:
+        """`StreamGroup.retire_consumer` on every partition; True if removed from any of them."""
+        return any(await asyncio.gather(*(g.retire_consumer(consumer) for g in self.groups)))

@@ -197,7 +197,7 @@ def rotate_master_key(new_key_file: str) -> None:
     process with the new key and destroy the old one: backups taken before are unreadable from then on."""
     from shared.crypto import MasterKey, read_master_key_file
     from shared.keyring import KeyRing
-    from shared.keys import Keys
+    from shared.partitions import deployment_keys
 
     settings = _settings()
     if settings.master_key is None:
@@ -214,7 +214,8 @@ def rotate_master_key(new_key_file: str) -> None:
 
     async def go():
         async with _redis(settings) as redis:
-            counts = await KeyRing(Keys(settings.prefix), old).rotate(redis, new)
+            keys = await deployment_keys(redis, settings.keys)  # its data keys' names
+            counts = await KeyRing(keys, old).rotate(redis, new)
         click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
 
     try:
@@ -230,15 +231,16 @@ def erase_now() -> None:
     entries leave Redis's memory and files; with the master key, entries written before encryption are
     sealed on the way. Prints what it did, with timings, as JSON."""
     from services.consolidator import erasure
+    from shared.crypto import MasterKey
     from shared.keyring import KeyRing
-    from shared.keys import Keys
+    from shared.partitions import deployment_keys
 
     async def go():
         settings = _settings()
         async with _redis(settings) as redis:
-            click.echo(
-                json.dumps(await erasure.run(redis, Keys(settings.prefix), KeyRing.from_settings(settings)))
-            )
+            keys = await deployment_keys(redis, settings.keys)  # every partition it has
+            ring = KeyRing(keys, MasterKey(settings.master_key)) if settings.master_key else None
+            click.echo(json.dumps(await erasure.run(redis, keys, ring)))
 
     asyncio.run(go())
 

@@ -13,7 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from services.consolidator.replay import Progress
-from shared.keys import Keys
+from shared.partitions import deployment_keys
 from shared.settings import Settings
 
 
@@ -67,7 +67,7 @@ async def dead_letters(settings: Settings, limit: int) -> list[dict[str, Any]]:
                 "at": d.at,
                 "bytes": len(d.payload),
             }
-            for d in await list_dead_letters(redis, Keys(settings.prefix), limit=limit)
+            for d in await list_dead_letters(redis, settings.keys, limit=limit)
         ]
 
 
@@ -82,8 +82,8 @@ async def redrive(
     from services.consolidator.deadletters import list_dead_letters
     from services.consolidator.deadletters import redrive as do_redrive
 
-    keys = Keys(settings.prefix)
     async with redis_of(settings) as redis:
+        keys = await deployment_keys(redis, settings.keys)
         unknown: list[str] = []
         if ids is not None:
             known = {d.dead_id for d in await list_dead_letters(redis, keys, limit=1_000_000)}

@@ -38,7 +38,8 @@ def withhold_values(reason: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """One dead letter: its id in the dead-letter stream, the original stream id, reason and payload."""
+    """One dead letter: its id in the dead-letter stream, the original stream id, reason and payload;
+    `source` is the partition stream it came from ("" in a dead letter from before partitions)."""
 
     dead_id: str
     stream_id: str
@@ -46,6 +47,16 @@ class DeadLetter:
     consumer: str
     at: float
     payload: bytes
+    source: str = ""
+
+
+def source_stream(keys: Keys, source: bytes | str | None, payload: bytes | None) -> str:
+    """The partition stream a dead letter came from: its `src` field; for one written before
+    partitions (one stream then), the stream of the namespace its payload names, else partition 0."""
+    if source:
+        return source.decode() if isinstance(source, bytes) else source
+    ident = peek_identity(payload) if payload else None
+    return keys.stream_of(ident[0]) if ident is not None else keys.partition_stream(0)
 
 
 async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 100) -> list[DeadLetter]:
@@ -60,6 +71,7 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
                 consumer=f.get(b"consumer", b"").decode(errors="replace"),
                 at=float(f.get(b"at", b"0") or 0),
                 payload=f.get(b"e", b""),
+                source=f.get(b"src", b"").decode(errors="replace"),
             )
         )
     return out
@@ -81,9 +93,9 @@ async def redrive(
     if on_start is not None:
         on_start(len(chosen))
     for letter in chosen:
-        await streams.requeue(
+        await streams.requeue(  # back into the partition it came from: its namespace's
             redis,
-            keys.stream,
+            source_stream(keys, letter.source, letter.payload),
             keys.dead_letters,
             letter.dead_id,
             letter.payload,
@@ -134,7 +146,7 @@ async def delete_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str,
     refs = bytes_map(await redis.hgetall(key))
     user = refs.pop(DEAD_REF_USER, None)
     if refs:
-        await streams.delete(redis, keys.stream, sorted(refs))
+        await streams.delete(redis, keys.stream_of(namespace), sorted(refs))
         await streams.delete(redis, keys.dead_letters, sorted(refs.values()))
     if user is not None:
         await redis.srem(keys.user_dead_letters(namespace, user.decode()), episode_id)
@@ -166,17 +178,22 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
         if not page:
             return gone
         hits = [
-            (dead_id, f.get(b"sid"), f.get(b"e") or b"")
+            (dead_id, f.get(b"sid"), f.get(b"e") or b"", f.get(b"src"))
             for dead_id, f in page
             if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref
         ]
         if hits:
-            await streams.delete(redis, keys.dead_letters, [d for d, _, _ in hits])
-            await streams.delete(redis, keys.stream, [s for _, s, _ in hits if s])
+            await streams.delete(redis, keys.dead_letters, [d for d, _, _, _ in hits])
+            originals = [
+                streams.Entry(s, None, stream=source_stream(keys, src, payload))
+                for _, s, payload, src in hits
+                if s
+            ]
+            await streams.delete_entries(redis, originals)
             # and the episode's link to them (named in clear by the envelope), which outlived them
             links = {
                 keys.dead_letter_refs(ident[0], ident[1])
-                for _, _, payload in hits
+                for _, _, payload, _ in hits
                 if (ident := peek_identity(payload)) is not None
             }
             if links:

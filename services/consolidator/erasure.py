@@ -123,9 +123,10 @@ async def compact(
     are sealed as they are copied (the migration of a plaintext deployment). Returns {compacted,
     entries, resealed, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
     bytes_before, bytes_after}. `stream` is the episode stream by default; the dead-letter stream is
-    compacted the same way (its deleted entries held forgotten payloads too)."""
+    compacted the same way (its deleted entries held forgotten payloads too), and so is each partition
+    of a partitioned stream (`compact_partitions`)."""
     stream = stream or keys.stream
-    tmp = keys.stream_compaction if stream == keys.stream else f"{stream}:compacting"
+    tmp = keys.stream_compaction(stream)
     started = time.perf_counter()
     before = int(await redis.memory_usage(stream, samples=0) or 0)
     swap = redis.register_script(SWAP_LUA)
@@ -243,11 +244,11 @@ def _sid(value: bytes | str) -> tuple[int, int]:
 
 
 async def _applied_horizon(
-    redis: aioredis.Redis, keys: Keys, page: int
+    redis: aioredis.Redis, stream: str, page: int
 ) -> tuple[tuple[int, int], set[bytes]] | None:
-    """(the oldest last-delivered id of all groups, every pending id), or None without groups."""
+    """(the oldest last-delivered id of all groups of `stream`, every pending id), or None without groups."""
     try:
-        groups = await redis.xinfo_groups(keys.stream)
+        groups = await redis.xinfo_groups(stream)
     except ResponseError:
         return None
     if not groups:
@@ -255,7 +256,7 @@ async def _applied_horizon(
     pending: set[bytes] = set()
     for g in groups:
         start = "-"
-        while rows := await redis.xpending_range(keys.stream, g["name"], min=start, max="+", count=page):
+        while rows := await redis.xpending_range(stream, g["name"], min=start, max="+", count=page):
             # redis-py annotates the id `str | int`; it is the id's bytes (or str when decoding)
             ids = [as_bytes(cast("bytes | str", r["message_id"])) for r in rows]
             pending.update(ids)
@@ -283,22 +284,42 @@ async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int =
     gen = await current_generation(redis, keys)
     if await redis.hexists(keys.meta, f"g{gen + 1}:embedder"):
         return 0
-    applied = await _applied_horizon(redis, keys, page)
+    return sum([await _drop_applied_forgets(redis, stream, page) for stream in keys.streams])
+
+
+async def _drop_applied_forgets(redis: aioredis.Redis, stream: str, page: int) -> int:
+    """`drop_applied_forgets` on one partition `stream`."""
+    applied = await _applied_horizon(redis, stream, page)
     if applied is None:
         return 0
     horizon, pending = applied
     dropped, last = 0, "-"
     while True:
-        rows = await streams.read_range_raw(redis, keys.stream, last, count=page)
+        rows = await streams.read_range_raw(redis, stream, last, count=page)
         rows = rows[1:] if last != "-" else rows
         within = [(sid, f) for sid, f in rows if _sid(sid) <= horizon]
         gone = [sid for sid, f in within if sid not in pending and _is_forget(f)]
         if gone:
-            await streams.delete(redis, keys.stream, gone)
+            await streams.delete(redis, stream, gone)
             dropped += len(gone)
         if not rows or len(within) < len(rows):
             return dropped
         last = rows[-1][0].decode()
+
+
+async def compact_partitions(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:
+    """`compact` every partition of the episode stream. With one partition its report as it is; with
+    several {compacted (any), entries, resealed, seconds, swap_ms (the longest), bytes_before,
+    bytes_after (sums), partitions: the report of each, in partition order}."""
+    reports = [await compact(redis, keys, keyring=keyring, stream=stream) for stream in keys.streams]
+    if len(reports) == 1:
+        return reports[0]
+    total: dict = {"compacted": any(r["compacted"] for r in reports)}
+    for name in ("entries", "resealed", "seconds", "bytes_before", "bytes_after"):
+        total[name] = round(sum(r.get(name, 0) for r in reports), 3)
+    total["swap_ms"] = max(r.get("swap_ms", 0) for r in reports)
+    total["partitions"] = reports
+    return total
 
 
 async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:
@@ -307,7 +328,7 @@ async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None)
     what it did and how long each step took."""
     started = time.perf_counter()
     forgets = await drop_applied_forgets(redis, keys)
-    compaction = await compact(redis, keys, keyring=keyring)
+    compaction = await compact_partitions(redis, keys, keyring)
     # dead letters hold the payload of the entry they failed on (uncompacted, a forgotten user's dead
     # letter would stay in the RDB and the AOF base after the pass); no resealing: a dead
     # letter keeps its bytes as they were for redrive

@@ -50,7 +50,7 @@ async def expired(r: aioredis.Redis, keys: Keys, now: float) -> dict[str, list[s
 async def sweep(r: aioredis.Redis, settings: Settings, *, now: float | None = None) -> int:
     """One sweep if no other worker holds the lease: publish the forgets of every expired episode.
     Returns how many were published (0 when another worker is sweeping)."""
-    keys = Keys(settings.prefix)
+    keys = settings.keys
     if not await r.set(keys.expiry_lock, "1", nx=True, px=int(settings.expiry_interval * 1000)):
         return 0
     total = 0
@@ -63,6 +63,7 @@ async def sweep(r: aioredis.Redis, settings: Settings, *, now: float | None = No
             retries=settings.publish_retries,
             consumer_group=settings.consumer_group,
             master_key=settings.master_key,
+            partitions=settings.partitions,
         )
         at = time.time()
         for start in range(0, len(ids), 1000):  # one atomic XADD script per chunk

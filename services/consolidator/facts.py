@@ -49,7 +49,6 @@ from shared.facts import (
 )
 from shared.index import Scope, agent_category_counts, current_generation, generation_tags
 from shared.keyring import deployment_tag_key
-from shared.keys import Keys
 from shared.replies import as_text, bytes_map
 from shared.settings import Settings
 from shared.tags import TagCodec
@@ -117,7 +116,7 @@ class Consolidator:
         self._closing = asyncio.Event()
         self.settings = settings
         self.redis = redis
-        self.keys = Keys(settings.prefix)
+        self.keys = settings.keys
         self.dim = dim
         self.summarizer = summarizer
         self._publish = publish
@@ -137,7 +136,8 @@ class Consolidator:
     async def publish(self, event: FactsConsolidated) -> str:
         if self._publish is not None:
             return await self._publish(event)
-        (sid,) = await streams.publish(self.redis, self.keys.stream, [encode(event)])
+        # into the namespace's partition, after the episodes it condenses (a forget there drops it)
+        (sid,) = await streams.publish(self.redis, self.keys.stream_of(event.namespace), [encode(event)])
         return sid.decode() if isinstance(sid, bytes) else str(sid)
 
     # --- lease ---------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ async def _forget_in_scope(
     sid = await cons.publish(event)
     await apply_snapshot(cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen))
     # the older snapshots of this scope still hold the forgotten ids and text: drop them
-    await streams.delete(cons.redis, cons.keys.stream, [s for s in state.sids if s != sid])
+    await streams.delete(cons.redis, cons.keys.stream_of(namespace), [s for s in state.sids if s != sid])
     await cons.redis.hset(cons.keys.fact_scope(gen, namespace, scope_id), "sids", json.dumps([sid]))
     log.info(
         "facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed",

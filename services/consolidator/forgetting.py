@@ -69,7 +69,7 @@ class Forgetting:
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
         sids = bytes_list(await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id)))
-        await streams.delete(self.redis, k.stream, sorted(sids))
+        await streams.delete(self.redis, k.stream_of(namespace), sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
         await deadletters.delete_dead_letters(self.redis, self.keys, namespace, episode_id)
         await self.redis.delete(

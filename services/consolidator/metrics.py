@@ -29,6 +29,12 @@ class WorkerMetrics:
         self.lag = Gauge(
             "engram_consumer_lag", "Entries not yet delivered to the group (XINFO GROUPS)", registry=r
         )
+        self.partition_lag = Gauge(
+            "engram_consumer_partition_lag",
+            "Entries not yet delivered to the group, per stream partition (only with more than one)",
+            ["partition"],
+            registry=r,
+        )
         self.pending = Gauge(
             "engram_consumer_pending", "Entries delivered but not acked (XINFO GROUPS)", registry=r
         )

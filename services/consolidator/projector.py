@@ -173,7 +173,7 @@ class Projector:
         result = BatchResult()
         segment: list[tuple[streams.Entry, EpisodeEvent]] = []
         envelopes = await self._open_envelopes([e.payload for e in entries])
-        shredded: list[bytes] = []
+        shredded: list[streams.Entry] = []
         for entry, envelope in zip(entries, envelopes, strict=True):
             if entry.payload is None:  # deleted from the stream by a forget while pending
                 result.ok.append(entry.stream_id)
@@ -188,7 +188,7 @@ class Projector:
                 event = self._decode(entry.payload, envelope)
                 self._check_vector(event)
             except KeyDestroyed:  # its user was forgotten: unreadable by design, and nothing to keep
-                shredded.append(entry.stream_id)
+                shredded.append(entry)
                 result.ok.append(entry.stream_id)
                 self.metrics.events.labels(str((envelope or {}).get("type"))[:32], "shredded").inc()
                 continue
@@ -216,7 +216,7 @@ class Projector:
             self.metrics.events.labels(event.TYPE, "ok").inc()
         await self._apply_episode_events(segment, result)
         if shredded:
-            await streams.delete(self.redis, self.keys.stream, shredded)
+            await streams.delete_entries(self.redis, shredded)
         return result
 
     async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
@@ -225,7 +225,7 @@ class Projector:
         if self.keyring is None:
             return [None] * len(payloads)
         envelopes: list[dict | None] = []
-        wanted: set[tuple[bytes, bytes]] = set()
+        wanted: set[tuple[bytes, bytes, str]] = set()
         for payload in payloads:
             envelope = None
             if payload:
@@ -234,8 +234,10 @@ class Projector:
                     ref = sealed_ref(envelope)
                 except DecodeError:
                     envelope, ref = None, None
-                if ref is not None:
-                    wanted.add(ref)
+                data = envelope.get("data") if envelope is not None else None
+                namespace = data.get("namespace") if isinstance(data, dict) else None
+                if ref is not None and isinstance(namespace, str):  # else: decoding names the error
+                    wanted.add((*ref, namespace))
             envelopes.append(envelope)
         if wanted:
             await self.keyring.prefetch(self.redis, wanted)
@@ -298,7 +300,7 @@ class Projector:
             record_only += [item for ident in moved for item in by_episode[ident]]
         vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
         statuses, record_replies = await self._send(fast, by_episode, vectors, hashes, record_only)
-        tombstoned: list[bytes] = []
+        tombstoned: list[streams.Entry] = []
         counted: Counter[tuple[str, str]] = Counter()  # labels().inc() per event was ~2% of a worker's CPU
         pending = await self._settle_fast(fast, statuses, by_episode, result, counted, tombstoned)
         # slow path (episodes with only actions in hand; with a model embedder, also those that already
@@ -308,7 +310,7 @@ class Projector:
         stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
         for (entry, ev), reply in zip(record_only, record_replies, strict=True):
             if reply[0] == -1:
-                tombstoned.append(entry.stream_id)
+                tombstoned.append(entry)
                 counted[(ev.TYPE, "forgotten")] += 1
             else:
                 ident = (ev.namespace, ev.episode_id)
@@ -319,7 +321,7 @@ class Projector:
         for (kind, outcome), n in counted.items():
             self.metrics.events.labels(kind, outcome).inc(n)
         if tombstoned:  # data of a forgotten episode must not stay in the stream
-            await streams.delete(self.redis, self.keys.stream, tombstoned)
+            await streams.delete_entries(self.redis, tombstoned)
         prefetched = {
             ident: (list(events.values()), stored[ident][0], stored[ident][1])
             for ident, events in in_hand.items()
@@ -335,7 +337,7 @@ class Projector:
         by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
         result: BatchResult,
         counted: Counter[tuple[str, str]],
-        tombstoned: list[bytes],
+        tombstoned: list[streams.Entry],
     ) -> list[tuple[str, str]]:
         """Act on PROJECT_LUA's status per fast-path episode (see `scripts`): -1 tombstoned, 0 other
         events were stored (returned: fold the whole stored set), -2 its user was forgotten after it
@@ -348,7 +350,7 @@ class Projector:
                 counted[(ev.TYPE, outcome)] += 1
                 result.ok.append(entry.stream_id)
             if status == -1:
-                tombstoned += [entry.stream_id for entry, _ in items]
+                tombstoned += [entry for entry, _ in items]
             elif status == 0:
                 pending.append((ns, eid))
             elif status == -2:
@@ -393,14 +395,14 @@ class Projector:
             first = min(ev.occurred_at for _, ev in items)
             probes.append((ns, eid, next((u for u in users if u), None), first))
         gone = await legacy.forgotten(self.redis, self.keys, probes)
-        dropped: list[bytes] = []
+        dropped: list[streams.Entry] = []
         for ident in gone:
             for entry, ev in by_episode.pop(ident):
                 result.ok.append(entry.stream_id)
-                dropped.append(entry.stream_id)
+                dropped.append(entry)
                 self.metrics.events.labels(ev.TYPE, "forgotten").inc()
         if dropped:
-            await streams.delete(self.redis, self.keys.stream, dropped)
+            await streams.delete_entries(self.redis, dropped)
 
     async def _without_documents(
         self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]

@@ -42,6 +42,7 @@ from shared.index import (
 )
 from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
+from shared.partitions import check_partitions
 from shared.replies import bytes_list, bytes_map
 from shared.settings import Settings
 
@@ -124,7 +125,8 @@ async def replay(
     progress = progress or NoProgress()
     from services.consolidator.worker import vector_params
 
-    keys = Keys(settings.prefix)
+    keys = settings.keys
+    await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
     old = await current_generation(redis, keys)
     new = old + 1
     await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
@@ -156,12 +158,20 @@ async def replay(
     progress.phase("snapshot", await _episode_count(redis, keys, old))
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(redis, keys, old, new, dim, tags)
-    progress.phase("stream", int(await redis.xlen(keys.stream)))
-    last, first_pass = await _project_range(projector, redis, keys.stream, "-", progress)
+    # every partition in turn: the order within a partition is what a fold needs (a namespace's events
+    # are all in one), an order across partitions means nothing
+    progress.phase("stream", sum([int(await redis.xlen(s)) for s in keys.streams]))
+    lasts: dict[str, bytes | str | None] = {}
+    first_pass = catch_up = 0
+    for stream in keys.streams:
+        lasts[stream], n = await _project_range(projector, redis, stream, "-", progress)
+        first_pass += n
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     await redis.hset(keys.meta, "generation", new)
     progress.phase("catch-up", None)
-    _, catch_up = await _project_range(projector, redis, keys.stream, last or "-", progress)
+    for stream in keys.streams:
+        _, n = await _project_range(projector, redis, stream, lasts[stream] or "-", progress)
+        catch_up += n
     dropped = await _drop_generation(redis, keys, old)
     log.info(
         "replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "

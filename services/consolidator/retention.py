@@ -46,15 +46,21 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
 async def trim(
     redis: aioredis.Redis, keys: Keys, *, retention_seconds: float, now: float | None = None
 ) -> int:
-    """XTRIM MINID at min(what every group still needs, now - retention). Returns entries removed."""
-    safe = await safe_trim_id(redis, keys.stream)
-    if safe is None:
-        return 0
+    """XTRIM MINID each partition at min(what every group still needs there, now - retention). Returns
+    entries removed (all partitions). `trimmed_before` in meta records the cut of a single stream, or,
+    partitioned, the cut of each trimmed partition (`trimmed_before:<i>`)."""
     cutoff = (int(((now if now is not None else time.time()) - retention_seconds) * 1000), 0)
-    ms, seq = min(safe, cutoff)
-    if ms <= 0:
-        return 0
-    removed = await streams.trim_before(redis, keys.stream, f"{ms}-{seq}")
-    if removed:
-        await redis.hset(keys.meta, "trimmed_before", f"{ms}-{seq}")
+    removed = 0
+    for i, stream in enumerate(keys.streams):
+        safe = await safe_trim_id(redis, stream)
+        if safe is None:
+            continue
+        ms, seq = min(safe, cutoff)
+        if ms <= 0:
+            continue
+        n = await streams.trim_before(redis, stream, f"{ms}-{seq}")
+        if n:
+            field = "trimmed_before" if keys.partitions == 1 else f"trimmed_before:{i}"
+            await redis.hset(keys.meta, field, f"{ms}-{seq}")
+        removed += n
     return removed

@@ -46,7 +46,7 @@ from shared.index import (
     ensure_episode_index,
 )
 from shared.keyring import KeyRing, require_plaintext_deployment
-from shared.keys import Keys
+from shared.partitions import check_partitions
 from shared.retry import TRANSIENT, Backoff, until_available, wait_or_stop
 from shared.settings import Settings
 
@@ -92,12 +92,14 @@ class Worker:
         self.settings = settings
         self.redis = redis
         self.embedder = embedder
-        self.keys = Keys(settings.prefix)
-        self.group = streams.StreamGroup(redis, self.keys.stream, settings.consumer_group)
+        self.keys = settings.keys
+        # one consumer group per partition stream, same name (shared.keys, Stream partitions); each turn
+        # of a lane reclaims, reads, projects and acks within one partition
+        self.partitions = streams.Partitions(redis, self.keys.streams, settings.consumer_group)
         self.metrics = metrics or WorkerMetrics()
         self.name = name or consumer_name(settings)
         self.on_batch = on_batch
-        self.last_errors: dict[bytes, str] = {}
+        self.last_errors: dict[tuple[str, bytes], str] = {}  # (partition stream, id) → last failure
         self.projector: Projector | None = None
         self.processed = 0
         # the last read returned entries: a burst may still be arriving (background facts runs defer to
@@ -120,8 +122,10 @@ class Worker:
         self.last_batch_at: float | None = None
 
     async def setup(self) -> None:
-        """Ensure the consumer group and the live generation's index (Conflict on another embedder)."""
-        await self.group.ensure()
+        """Ensure the consumer group on every partition and the live generation's index (Conflict on
+        another embedder); ConfigError when the deployment records another number of partitions."""
+        await check_partitions(self.redis, self.keys, explicit=self.settings.stream_partitions is not None)
+        await self.partitions.ensure()
         if (
             self.keyring is not None
         ):  # MasterKeyMismatch (a Conflict) when another master key wrapped the keys
@@ -172,9 +176,10 @@ class Worker:
         ):
             return
         log.info(
-            "worker %s ◆ consuming %s as group %s ◆ %d batch(es) in flight",
+            "worker %s ◆ consuming %s%s as group %s ◆ %d batch(es) in flight",
             self.name,
-            self.keys.stream,
+            self.keys.partition_stream(0),
+            f" and {self.keys.partitions - 1} more partitions" if self.keys.partitions > 1 else "",
             self.settings.consumer_group,
             self.settings.in_flight,
         )
@@ -192,7 +197,7 @@ class Worker:
         if conflicts:
             raise conflicts[0]
         try:  # a worker that stopped cleanly leaves no consumer behind in XINFO CONSUMERS
-            await self.group.retire_consumer(self.name)
+            await self.partitions.retire_consumer(self.name)
         except (redis_errors.RedisError, OSError) as exc:
             log.warning("worker %s ◆ could not remove its consumer: %s", self.name, exc)
         log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
@@ -258,7 +263,7 @@ class Worker:
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
-                    await self.group.ensure()
+                    await self.partitions.ensure()
                     continue
                 log.exception("worker %s ◆ redis error", self.name)
                 await wait_or_stop(stop, backoff.next())
@@ -314,12 +319,15 @@ class Worker:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""
         s = self.settings
         projector = await self._projector()
-        claimed, _deleted = await self.group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
-        entries = await self._drop_exhausted(claimed)
-        fresh = await self.group.read_new(
-            self.name, count=self.lane_batch - len(entries), block_ms=1 if entries else s.block_ms
-        )
-        entries += fresh
+        group = self.partitions.next_for_reclaim()
+        claimed, _deleted = await group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
+        entries = await self._drop_exhausted(group, claimed)
+        if entries:  # a turn stays within one partition: fill up from the reclaimed one
+            entries += await group.read_new(self.name, count=self.lane_batch - len(entries), block_ms=1)
+        else:
+            group, entries = await self.partitions.read_any(
+                self.name, count=self.lane_batch, block_ms=s.block_ms
+            )
         self.backlogged = bool(entries)
         if not entries:
             return 0
@@ -329,9 +337,9 @@ class Worker:
         # EmbedderMismatch here: these entries stay pending, for whoever projects next.
         projector = await self._projector()
         done = asyncio.Event()
-        renewal = asyncio.create_task(self._renew_lease([e.stream_id for e in entries], done))
+        renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
         try:
-            return await self._project(projector, entries)
+            return await self._project(group, projector, entries)
         finally:
             # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
             # in flight, and `await renewal` after cancel() then waited forever (the worker then
@@ -339,7 +347,7 @@ class Worker:
             done.set()
             await asyncio.wait({renewal}, timeout=1.0)
 
-    async def _renew_lease(self, ids: list[bytes], done: asyncio.Event) -> None:
+    async def _renew_lease(self, group: streams.StreamGroup, ids: list[bytes], done: asyncio.Event) -> None:
         """Until `done` is set, renew the lease of a batch being projected every third of `lease_ms`, so
         a batch slower than the lease (a slow embedder, a large batch) is not reclaimed and projected twice."""
         period = self.settings.lease_ms / 3000.0
@@ -350,15 +358,17 @@ class Worker:
             except TimeoutError:
                 pass
             try:
-                await self.group.renew(self.name, ids, min_idle_ms=int(self.settings.lease_ms / 3))
+                await group.renew(self.name, ids, min_idle_ms=int(self.settings.lease_ms / 3))
             except Exception as exc:  # the batch's own calls will surface a real outage
                 log.warning("worker %s ◆ lease renewal failed: %s", self.name, exc)
 
-    async def _project(self, projector: Projector, entries: list[streams.Entry]) -> int:
+    async def _project(
+        self, group: streams.StreamGroup, projector: Projector, entries: list[streams.Entry]
+    ) -> int:
         started = time.perf_counter()
         links = self._delivered(entries) if tracing.enabled() else []
         with tracing.span("engram.consolidator.batch", links=links, entries=len(entries), consumer=self.name):
-            return await self._project_batch(projector, entries, started)
+            return await self._project_batch(group, projector, entries, started)
 
     def _delivered(self, entries: list[streams.Entry]) -> list[str]:
         """A `engram.stream.deliver` span per entry that carries its publisher's trace (shared.tracing),
@@ -373,7 +383,9 @@ class Worker:
                     out.append(tp)
         return out
 
-    async def _project_batch(self, projector: Projector, entries: list[streams.Entry], started: float) -> int:
+    async def _project_batch(
+        self, group: streams.StreamGroup, projector: Projector, entries: list[streams.Entry], started: float
+    ) -> int:
         result = await self._apply(projector, entries)
         if result is None and len(entries) > 1:
             # isolate the entry that fails: its neighbours are projected and acked now, and only
@@ -387,7 +399,7 @@ class Worker:
             )
         if result is None:
             return 0
-        await self._finish(result)
+        await self._finish(group, result)
         self.last_batch_at = time.monotonic()
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self.processed += len(result.ok) + len(result.dead)
@@ -405,7 +417,7 @@ class Worker:
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             for e in entries:
-                self.last_errors[e.stream_id] = reason
+                self.last_errors[(e.stream, e.stream_id)] = reason
             if isinstance(exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError):
                 raise
             log.exception(
@@ -416,39 +428,51 @@ class Worker:
             )
             return None
 
-    async def _finish(self, result: BatchResult) -> None:
+    async def _finish(self, group: streams.StreamGroup, result: BatchResult) -> None:
         for entry, reason in result.dead:
-            await deadletters.dead_letter(self.group, self.keys, entry, reason, consumer=self.name)
+            await deadletters.dead_letter(group, self.keys, entry, reason, consumer=self.name)
             self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             log.warning(
                 "worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200]
             )
-        await self.group.ack(result.ok)
+        await group.ack(result.ok)
         for sid in result.ok:
-            self.last_errors.pop(sid, None)
+            self.last_errors.pop((group.stream, sid), None)
 
-    async def _drop_exhausted(self, claimed: list[streams.Entry]) -> list[streams.Entry]:
-        """Dead-letter claimed entries delivered more than `max_deliveries` times."""
+    async def _drop_exhausted(
+        self, group: streams.StreamGroup, claimed: list[streams.Entry]
+    ) -> list[streams.Entry]:
+        """Dead-letter claimed entries (of `group`'s partition) delivered more than `max_deliveries` times."""
         if not claimed:
             return []
-        counts = await self.group.delivery_counts([e.stream_id for e in claimed])
+        counts = await group.delivery_counts([e.stream_id for e in claimed])
         keep = []
         for entry in claimed:
             n = counts.get(entry.stream_id, 1)
             if n > self.settings.max_deliveries:
                 reason = (
                     f"DeliveryLimit: failed {n - 1} deliveries; last error: "
-                    f"{self.last_errors.get(entry.stream_id, 'unknown (worker died or timed out)')}"
+                    f"{self.last_errors.get((group.stream, entry.stream_id), 'unknown (worker died or timed out)')}"
                 )
-                exhausted = streams.Entry(entry.stream_id, entry.payload, n)
-                await deadletters.dead_letter(self.group, self.keys, exhausted, reason, consumer=self.name)
+                exhausted = streams.Entry(entry.stream_id, entry.payload, n, stream=group.stream)
+                await deadletters.dead_letter(group, self.keys, exhausted, reason, consumer=self.name)
                 self.metrics.dead_letters.labels("DeliveryLimit").inc()
             else:
                 keep.append(entry)
         return keep
 
     async def refresh_lag(self) -> dict[str, int]:
-        info = await self.group.info()
+        """Set the lag and pending gauges (sums over the partitions, and per partition when there are
+        several); returns the sums {pending, lag, consumers}."""
+        rows = await self.partitions.each()
+        info = {
+            "pending": sum(r["pending"] for r in rows),
+            "lag": sum(r["lag"] for r in rows),
+            "consumers": max(r["consumers"] for r in rows),
+        }
         self.metrics.lag.set(info["lag"])
         self.metrics.pending.set(info["pending"])
+        if len(rows) > 1:  # P <= 256 label values (shared.keys.MAX_PARTITIONS)
+            for i, row in enumerate(rows):
+                self.metrics.partition_lag.labels(str(i)).set(row["lag"])
         return info

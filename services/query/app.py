@@ -55,7 +55,7 @@ from shared import tracing
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
-from shared.keys import Keys
+from shared.partitions import check_partitions
 from shared.query_vectors import QueryVectorCache
 from shared.redis_conn import connect
 from shared.retry import until_available
@@ -112,6 +112,8 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 dim = await e.ensure_dim()
 
                 async def open_index() -> tuple[int, bytes | None]:
+                    # ConfigError when the deployment has another number of stream partitions
+                    await check_partitions(r, keys, explicit=settings.stream_partitions is not None)
                     gen = await current_generation(r, keys)
                     tag_key = await deployment_tag_key(r, keys, settings.master_key)
                     await ensure_episode_index(
@@ -197,7 +199,7 @@ def make_app(
             startup_gate(startup, frozenset(r.path for r in ROUTES if r.tag == "operations")),
         ],
     )
-    keys = Keys(settings.prefix)
+    keys = settings.keys
     app[SETTINGS] = settings
     app[STARTUP] = startup
     app[KEYS] = keys

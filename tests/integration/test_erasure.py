@@ -448,7 +448,9 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         info_before = await redis.xinfo_stream(keys.stream)
         report = await erasure.compact(redis, keys, page=100)
         assert report["compacted"] and report["entries"] == len(stream_before)
-        assert await redis.ttl(keys.stream) == -1 and not await redis.exists(keys.stream_compaction)
+        assert await redis.ttl(keys.stream) == -1 and not await redis.exists(
+            keys.stream_compaction(keys.stream)
+        )
         assert await redis.xrange(keys.stream) == stream_before
         pending_after = await redis.xpending_range(keys.stream, settings.consumer_group, "-", "+", 100)
         assert [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending_after] == [

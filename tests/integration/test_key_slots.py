@@ -21,7 +21,9 @@ from engram_episodic.events import Action, ActionRecorded
 from services.consolidator.facts import RELEASE_LUA, Consolidator
 from services.consolidator.scripts import FORGET_USER_LUA, PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared.facts import FactScope
+from shared import partitions as partitions_module
 from shared.keys import Keys, ns_tag
+from shared.streams import PUBLISH_SEALED_LUA
 from shared.sdk import EngramClient
 from tests.integration.test_consolidator import drain
 from tests.integration.test_facts import ep, make_worker
@@ -73,12 +75,24 @@ def test_a_namespace_tag_is_one_slot_for_any_namespace():
         assert keys.episode_stream_ids_of(3, tail) == keys.episode_stream_ids(3, ns, "e")
 
 
-async def test_every_projection_forgetting_and_facts_script_is_single_slot(settings, redis, calls):
-    s = settings.with_(facts_every=3, batch_size=7)
+@pytest.mark.parametrize("partitions", [1, 16])
+async def test_every_projection_forgetting_and_facts_script_is_single_slot(
+    settings, redis, calls, partitions
+):
+    # with 16 partitions (a cluster's default) and a master key, the publish scripts too: each checks
+    # its partition's marker or data keys, in the partition's slot
+    master_key = b"m" * 32 if partitions > 1 else None
+    s = settings.with_(facts_every=3, batch_size=7, stream_partitions=partitions, master_key=master_key)
     worker = make_worker(s, redis)
     cons = Consolidator(s, redis, s.embed_dim)
+
+    def sdk(ns: str) -> EngramClient:
+        return EngramClient(
+            redis, namespace=ns, prefix=s.prefix, partitions=partitions, master_key=master_key
+        )
+
     for n, ns in enumerate(AWKWARD):
-        client = EngramClient(redis, namespace=ns, prefix=s.prefix)
+        client = sdk(ns)
         for i in range(4):  # several namespaces in one batch: the fast path's chunks must not mix them
             await client.record(ep("mig", i, user=f"user-{n % 3}{{x}}"))
         async with client.episode(task="slow path", user_id=f"user-{n % 3}{{x}}") as draft:
@@ -103,19 +117,26 @@ async def test_every_projection_forgetting_and_facts_script_is_single_slot(setti
         await cons.consolidate(FactScope(ns))
     await drain(worker)
     for n, ns in enumerate(AWKWARD):
-        client = EngramClient(redis, namespace=ns, prefix=s.prefix)
+        client = sdk(ns)
         await client.forget_episode("mig-0")  # rebuilds the facts that cited it
         await client.forget_user(f"user-{(n + 1) % 3}{{x}}")
     await drain(worker)
     await cons.aclose()
 
-    k = Keys(s.prefix)
-    global_keys = {k.stream, k.stream_compaction, k.meta, k.deployment_key}
+    k = s.keys
+    assert (len({k.partition(ns) for ns in AWKWARD}) > 1) == (partitions > 1)  # several partitions in use
+    # one partition: the stream and the deployment key (or data keys) are in different slots, which a
+    # single Redis does not mind
+    global_keys = (
+        {k.stream, k.stream_compaction(k.stream), k.meta, k.deployment_key} if partitions == 1 else set()
+    )
     scripts_seen, publishing = set(), set()
     for script, names in calls:
-        if any(name in global_keys or name.startswith(k.data_key_prefix) for name in names):
-            # publishing: the stream with the deployment or data keys (single-slot once the stream is
-            # partitioned by namespace; until then the cluster client checks those keys apart)
+        if (
+            any(name in global_keys or name.startswith(k.data_key_prefix) for name in names)
+            and partitions == 1
+        ):
+            # publishing into the one stream: with the deployment key or data keys
             assert "XADD" in script or "HSET" in script, (script[:120], names)
             publishing.add(script)
             continue
@@ -124,4 +145,7 @@ async def test_every_projection_forgetting_and_facts_script_is_single_slot(setti
         assert len(slots) == 1, (script[:120], names)
     # the fast path, the slow path's record and write, forgetting a user, the facts lease
     assert {PROJECT_LUA, RECORD_LUA, WRITE_LUA, FORGET_USER_LUA, RELEASE_LUA} <= scripts_seen
-    assert publishing
+    if partitions == 1:
+        assert publishing
+    else:  # the sealed publish, and the partitions' record, were seen and are single-slot
+        assert {PUBLISH_SEALED_LUA, partitions_module.RECORD_LUA} <= scripts_seen

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from engram_episodic.errors import ConfigError
+from shared.keys import Keys
 from shared.settings import Settings, parse_api_keys, parse_duration
 
 
@@ -112,8 +115,15 @@ def test_a_cluster_url_is_accepted_and_its_search_mode_checked():
     assert Settings.from_env({}).cluster_search == "shard"
     with pytest.raises(ConfigError, match="ENGRAM_CLUSTER_SEARCH='fanout' must be one of shard, coordinator"):
         Settings.from_env({"ENGRAM_CLUSTER_SEARCH": "fanout"})
-    with pytest.raises(ConfigError, match="not supported on a Redis Cluster yet"):
-        Settings.from_env({"REDIS_URL": "redis+cluster://h:7000", "ENGRAM_MASTER_KEY": "x" * 44})
+    # sealed publishing works on a cluster (its checks live in each partition's slot: shared.keys)
+    key = base64.b64encode(b"k" * 32).decode()
+    sealed = Settings.from_env({"REDIS_URL": "redis+cluster://h:7000", "ENGRAM_MASTER_KEY": key})
+    assert sealed.master_key == b"k" * 32 and sealed.partitions == 16 and sealed.keys.partitions == 16
+    assert Settings.from_env({}).partitions == 1 and Settings.from_env({}).keys == Keys("engram:")
+    assert Settings.from_env({"ENGRAM_STREAM_PARTITIONS": "4"}).keys == Keys("engram:", 4)
+    for bad in ("0", "257", "four"):
+        with pytest.raises(ConfigError, match="ENGRAM_STREAM_PARTITIONS"):
+            Settings.from_env({"ENGRAM_STREAM_PARTITIONS": bad})
     with pytest.raises(ConfigError, match="ENGRAM_PREFIX='a{b}:' must not contain braces"):
         Settings.from_env({"ENGRAM_PREFIX": "a{b}:"})
 

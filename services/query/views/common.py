@@ -84,6 +84,7 @@ def publisher(request: web.Request, *, backpressure: bool = False) -> EngramClie
         wait_on_backpressure=False,
         consumer_group=s.consumer_group,
         master_key=s.master_key,
+        partitions=s.partitions,
     )
 
 

@@ -65,9 +65,16 @@ async def _projected(
     done = [False] * len(events)
     while True:
         todo = [i for i, d in enumerate(done) if not d]
-        acked = await streams.StreamGroup(r, keys.stream, s.consumer_group).acked(
-            [stream_ids[i] for i in todo]
-        )
+        acked = [False] * len(todo)
+        by_stream: dict[str, list[int]] = {}  # stream ids are per partition: ask each partition's group
+        for j, i in enumerate(todo):
+            by_stream.setdefault(keys.stream_of(events[i].namespace), []).append(j)
+        for stream, js in by_stream.items():
+            got = await streams.StreamGroup(r, stream, s.consumer_group).acked(
+                [stream_ids[todo[j]] for j in js]
+            )
+            for j, ok in zip(js, got, strict=True):
+                acked[j] = ok
         gen = await current_generation(r, keys)
         async with r.pipeline(transaction=False) as pipe:
             for i in todo:
@@ -220,7 +227,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
 async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
     """True when the stream holds an event of this episode that the consolidator has not acked yet."""
     s, keys, ns = request.app[SETTINGS], request.app[KEYS], ns_of(request)
-    group = streams.StreamGroup(redis_of(request), keys.stream, s.consumer_group)
+    group = streams.StreamGroup(redis_of(request), keys.stream_of(ns), s.consumer_group)
     for payload in await group.unprojected(limit=PENDING_SCAN):
         identity = peek_identity(payload)
         if identity is not None and identity[0] == ns and identity[1] == episode_id:

@@ -158,7 +158,7 @@ async def forget_episodes(request: web.Request) -> web.Response:
         else:
             unsure.append(e)
     if unsure:
-        group = streams.StreamGroup(r, keys.stream, s.consumer_group)
+        group = streams.StreamGroup(r, keys.stream_of(ns), s.consumer_group)
         pending = {
             identity[:2]
             for p in await group.unprojected(limit=PENDING_SCAN)
