@@ -592,6 +592,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda s: [int(x) for x in s.split(",")],
         help="episodes in the one namespace, seeded in turn; throughput is compared largest vs smallest",
     )
+    g.add_argument(
+        "--recall-mode",
+        default="default",
+        choices=("default", "hybrid", "vector", "keyword"),
+        help="the recall request's mode (default: none sent, i.e. the service's default, hybrid)",
+    )
     g.add_argument("--recall-clients", default="1,8,16", type=lambda s: [int(x) for x in s.split(",")])
     g.add_argument(
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"

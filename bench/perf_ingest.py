@@ -357,12 +357,14 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
                         for i, t in enumerate(texts)
                     ]
                     seen = [embedding_text(parse_episode(e)) for e in episodes]  # what the worker embeds
-                    alone, e2e = [], []
+                    alone, alone_cpu, e2e = [], [], []
                     for _ in range(args.real_rounds):
+                        cpu0 = time.process_time()  # every thread of this process: the model's too
                         with Timer() as t_alone:
                             for start in range(0, len(seen), args.batch_size):
                                 await embedder.embed(seen[start : start + args.batch_size])
                         alone.append(len(seen) / t_alone.seconds)
+                        alone_cpu.append(1e6 * (time.process_time() - cpu0) / len(seen))
                         e2e.append(
                             await pipeline_rate(
                                 url,
@@ -394,12 +396,17 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
                         "embed_rates": alone,
                         "ratio_vs_embedder": ratio(rate, alone_rate),
                         "cpu_us_per_episode": e2e[-1]["cpu_us_per_episode"],
+                        "embed_cpu_us_per_text": float(np.median(alone_cpu)),
                     }
+                    # CPU seconds barely move with the machine's other load, unlike the rates: the
+                    # share of the worker's CPU per episode that the model alone needs for the same text
+                    worker_cpu = float(np.median([r["cpu_us_per_episode"]["workers"] for r in e2e]))
+                    row["cpu_ratio_vs_embedder"] = ratio(row["embed_cpu_us_per_text"], worker_cpu)
                     rows.append(row)
                     print(
                         f"  ingest {kind} ({embedder.name}/{row['backend']}, {threads} threads, batch "
                         f"{embed_batch}): {rate:.1f}/s end to end, embedder alone {alone_rate:.1f}/s "
-                        f"(×{row['ratio_vs_embedder']:.2f})",
+                        f"(×{row['ratio_vs_embedder']:.2f}); CPU per text: model alone / worker ×{row['cpu_ratio_vs_embedder']:.2f}",
                         flush=True,
                     )
             finally:
@@ -422,6 +429,7 @@ def render_real_ingest(rows: list[dict[str, Any]]) -> str:
             r["e2e_rate"],
             r["embed_rate"],
             r["ratio_vs_embedder"],
+            r["cpu_ratio_vs_embedder"],
         ]
         for r in rows
     ]
@@ -439,6 +447,7 @@ def render_real_ingest(rows: list[dict[str, Any]]) -> str:
                 "end to end",
                 "embedder alone",
                 "ratio",
+                "CPU/text: model alone / worker",
             ],
             body,
         )

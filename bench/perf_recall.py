@@ -162,7 +162,7 @@ async def raw_knn(r, seeder: CorpusSeeder, vectors: np.ndarray, size: int, n: in
 
 
 async def service_clients(
-    base: str, r, queries: list[str], clients: int, n_req: int, top_k: int, offset: int
+    base: str, r, queries: list[str], clients: int, n_req: int, options: dict[str, Any], offset: int
 ) -> dict[str, float]:
     """`clients` closed-loop clients, `n_req` recalls of distinct queries (each embedded by the service)."""
     from engram_episodic.client import Calls
@@ -170,10 +170,12 @@ async def service_clients(
     async with ClientPool(base, clients, 300.0, max_retries=0) as memory:
 
         async def one(i: int) -> None:
-            call = Calls.recall(queries[(offset + i) % len(queries)], {"top_k": top_k})
+            call = Calls.recall(queries[(offset + i) % len(queries)], options)
             payload = await memory.call(call.as_json())
-            if len(payload["results"]) != top_k:
-                raise RuntimeError(f"/v1/recall → {len(payload['results'])} results, expected {top_k}")
+            if len(payload["results"]) != options["top_k"]:
+                raise RuntimeError(
+                    f"/v1/recall → {len(payload['results'])} results, expected {options['top_k']}"
+                )
 
         await concurrent(clients, 2 * clients, lambda i: one(n_req + i))  # warm-up (other queries)
         cpu0 = await redis_cpu(r)
@@ -208,6 +210,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "corpus": {"source": source, "real_texts": len(texts), "noise": args.corpus_noise},
         "clients": args.recall_clients,
         "top_k": args.top_k,
+        "mode": args.recall_mode,
         "candidates": CANDIDATES,
         "sizes": {},
     }
@@ -241,13 +244,17 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         base_url = f"http://127.0.0.1:{port}"
         await wait_http_ready(base_url, proc, timeout=300)
         offset = 0
+        # the request a user sends: the query and top_k; the mode only when asked (default: hybrid)
+        options: dict[str, Any] = {"top_k": args.top_k}
+        if args.recall_mode != "default":
+            options["mode"] = args.recall_mode
         for size in sizes:
             rate = await seeder.grow(size)
             row: dict[str, Any] = {"insert_rate": rate}
             row["raw_ft_search"] = raw = await raw_knn(r, seeder, query_vectors, size, args.raw_requests)
             for c in args.recall_clients:
                 n_req = max(args.recall_requests * c, 2 * args.recall_requests)
-                s = await service_clients(base_url, r, questions, c, n_req, args.top_k, offset)
+                s = await service_clients(base_url, r, questions, c, n_req, options, offset)
                 offset += n_req + 2 * c
                 floor = out["model_floor"][c]["pass_p50_ms"] + raw["p50_ms"]
                 s["floor_ms"] = floor
@@ -298,6 +305,7 @@ def render_recall(res: dict[str, Any]) -> str:
     corpus = res["corpus"]
     return (
         f"\nRecall with the default embedder ({res['embedder']} on {res['backend']}), top_k {res['top_k']}, "
+        f"mode {res.get('mode', 'default')}, "
         f"one namespace; corpus from {corpus['real_texts']} real texts ({corpus['source']}, noise "
         f"{corpus['noise']}); 16-client recalls/s at the largest size vs the smallest: "
         f"{res.get('qps_large_vs_small', float('nan')):.2f}:\n\n"

@@ -151,6 +151,7 @@ def check_default_embedder_phases(res: dict, cache: Path) -> None:
     for r in kinds.values():
         assert r["e2e_rate"] > 0 and r["embed_rate"] > 0
         assert r["ratio_vs_embedder"] == r["e2e_rate"] / r["embed_rate"]
+        assert r["embed_cpu_us_per_text"] > 0 and r["cpu_ratio_vs_embedder"] > 0
 
 
 def _model_installed() -> bool:
