@@ -344,3 +344,51 @@ async def poll_until(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         await _sleep(interval)
+
+
+# --- measurement helpers of the perf phases ------------------------------------------------------------
+async def concurrent(n_clients: int, n_requests: int, fn: Callable[[int], Any]) -> tuple[list[float], float]:
+    """Run `await fn(i)` for i < n_requests from n_clients closed-loop clients; (latencies s, wall s)."""
+    latencies: list[float] = []
+    counter = iter(range(n_requests))
+
+    async def client() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await fn(i)
+            latencies.append(time.perf_counter() - t0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(n_clients)))
+    return latencies, time.perf_counter() - started
+
+
+async def redis_cpu(r: Any) -> float:
+    """Redis's user + system CPU seconds so far (INFO cpu), for deltas around a measurement."""
+    info = await r.info("cpu")
+    return float(info.get("used_cpu_user", 0)) + float(info.get("used_cpu_sys", 0))
+
+
+def proc_cpu(procs: Sequence[subprocess.Popen]) -> float:
+    """User + system CPU seconds of `procs` so far (Linux /proc; 0 where unreadable)."""
+    total = 0.0
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+async def drop_prefix(r: Any, keys: Any) -> None:
+    """Drop every index named under `keys.prefix` (with its documents) and every other key under it."""
+    from redis.exceptions import ResponseError
+
+    for name in await r.execute_command("FT._LIST"):
+        if name.decode().startswith(keys.prefix):
+            with contextlib.suppress(ResponseError):
+                await r.execute_command("FT.DROPINDEX", name, "DD")
+    async for key in r.scan_iter(match=f"{keys.prefix}*", count=5000):
+        await r.unlink(key)

@@ -24,10 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,335 +35,32 @@ import numpy as np
 from bench.common import (
     ROOT,
     ClientPool,
-    Timer,
-    check_alive,
+    concurrent,
+    drop_prefix,
     machine,
     percentile_ms,
-    poll_until,
     private_redis,
     ratio,
     service_env,
     spawn_query_service,
-    spawn_workers,
     stop_processes,
     table,
     wait_http_ready,
     write_json,
 )
-
-DIM = 384
-NAMESPACE = "bench"
-_VERBS = ("fix", "refactor", "test", "document", "optimise", "review", "port", "debug", "design", "profile")
-_NOUNS = (
-    "login flow",
-    "payment service",
-    "cache layer",
-    "search index",
-    "CSV importer",
-    "retry policy",
-    "websocket handler",
-    "database migration",
-    "rate limiter",
-    "feature flag",
-    "PDF export",
-    "session store",
-    "email queue",
-    "auth middleware",
-    "metrics exporter",
-    "image resizer",
+from bench.perf_corpus import CACHE_DIR
+from bench.perf_ingest import (
+    _NOUNS,
+    _TAILS,
+    _VERBS,
+    DIM,
+    NAMESPACE,
+    ingest_phase,
+    real_ingest_phase,
+    render_real_ingest,
+    synthetic_episode,
 )
-_TAILS = (
-    "after the upgrade",
-    "under load",
-    "for the mobile client",
-    "in the nightly job",
-    "behind the proxy",
-    "with flaky tests",
-    "for the new tenant",
-    "on the staging cluster",
-)
-
-
-def synthetic_episode(i: int, rng: np.random.Generator) -> dict[str, Any]:
-    """A plausible agent episode (task ~ 60-120 characters, a solution, reward, outcome)."""
-    verb, noun, tail = _VERBS[i % 10], _NOUNS[rng.integers(16)], _TAILS[rng.integers(8)]
-    return {
-        "episode_id": f"ep-{i}",
-        "agent_id": f"agent-{i % 8}",
-        "user_id": f"user-{i % 32}",
-        "task": {
-            "description": f"{verb} the {noun} {tail} (ticket {i})",
-            "category": "debugging",
-            "complexity": float(rng.random()),
-        },
-        "solution": f"changed the {noun} configuration and added a regression test for case {i}",
-        "outcome": ("success", "partial", "failure")[i % 3],
-        "feedback": {"reward": float(rng.random())},
-        "importance": int(1 + i % 10),
-        "strategy_used": ("iterative", "exploratory")[i % 2],
-        "completed_at": 1_700_000_000.0 + 60.0 * i,
-    }
-
-
-# --- phase 1: ingest -----------------------------------------------------------------------------------
-async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Per embedder: rounds of (raw HSET rate, then the pipeline with each worker count), interleaved so
-    that a slow spell of the shared machine hits both sides; the ratio is of the medians.
-
-    The hashing embedder runs `args.repeats` rounds (one round of 10k is ~2 s per side, and single
-    rounds of the raw rate were seen anywhere from 5,000 to 7,300/s on the same code); model
-    embedders run one (their bound is the model, which varies far less).
-    """
-    from shared.embedding import make_embedder
-    from shared.settings import Settings
-
-    rows = []
-    for name in args.embedders:
-        n = args.ingest_hashing if name == "hashing" else args.ingest_minilm
-        rounds = args.repeats if name == "hashing" else 1
-        embedder = make_embedder(Settings(embedder=name, embed_dim=DIM))
-        if hasattr(embedder, "load"):
-            await embedder.load()
-        episodes = [synthetic_episode(i, np.random.default_rng(i)) for i in range(n)]
-        raw_rates: list[float] = []
-        embed_rates: list[float] = []
-        # --encryption: the pipeline without and/or with a master key (sealed stream), interleaved per round
-        sealed_modes = {"off": [False], "on": [True], "both": [False, True]}[args.encryption]
-        e2e: dict[tuple[int, bool], list[dict[str, float]]] = {
-            (k, m): [] for k in args.workers for m in sealed_modes
-        }
-        try:
-            for _ in range(rounds):
-                raw = await raw_write_rate(url, episodes, embedder)
-                raw_rates.append(raw["rate"])
-                embed_rates.append(raw["embed_rate"])
-                for k in args.workers:
-                    for sealed in sealed_modes:
-                        e2e[(k, sealed)].append(
-                            await pipeline_rate(
-                                url, episodes, name, k, args, master_key=os.urandom(32) if sealed else None
-                            )
-                        )
-        finally:
-            await embedder.aclose()
-        raw_rate, embed_rate = float(np.median(raw_rates)), float(np.median(embed_rates))
-        for (k, sealed), runs in e2e.items():
-            rates = [r["rate"] for r in runs]
-            rate = float(np.median(rates))
-            bound = min(raw_rate, embed_rate) if name != "hashing" else raw_rate
-            cpu = {
-                side: float(np.median([r["cpu_us_per_episode"][side] for r in runs]))
-                for side in ("publisher", "workers", "redis")
-            }
-            row = {
-                "embedder": name,
-                "workers": k,
-                "sealed": sealed,
-                "episodes": n,
-                "rounds": rounds,
-                "e2e_rate": rate,
-                "cpu_us_per_episode": cpu,
-                "e2e_rates": rates,
-                "publish_s": float(np.median([r["publish_s"] for r in runs])),
-                "publish_rates": [n / r["publish_s"] for r in runs],
-                "raw_hset_rate": raw_rate,
-                "raw_hset_rates": raw_rates,
-                "embed_rate": embed_rate,
-                "ratio_vs_raw": ratio(rate, raw_rate),
-                "ratio_vs_bound": ratio(rate, bound),
-                "round_ratios": [ratio(e, r) for e, r in zip(rates, raw_rates, strict=True)],
-            }
-            if sealed and (k, False) in e2e:  # the cost of encryption: sealed over plain, round by round
-                plain = [r["rate"] for r in e2e[(k, False)]]
-                row["ratio_vs_plain"] = ratio(rate, float(np.median(plain)))
-                row["round_ratios_vs_plain"] = [ratio(e, p) for e, p in zip(rates, plain, strict=True)]
-                row["publish_ratio_vs_plain"] = ratio(
-                    float(np.median([r["publish_s"] for r in e2e[(k, False)]])), row["publish_s"]
-                )
-                plain_cpu = {
-                    side: float(np.median([r["cpu_us_per_episode"][side] for r in e2e[(k, False)]]))
-                    for side in cpu
-                }
-                row["cpu_ratio_vs_plain"] = {side: ratio(cpu[side], plain_cpu[side]) for side in cpu}
-                row["cpu_ratio_vs_plain"]["total"] = ratio(sum(cpu.values()), sum(plain_cpu.values()))
-            rows.append(row)
-            print(
-                f"  ingest {name} ×{k}{' sealed' if sealed else ''}: {rate:.0f} ep/s end to end (median of "
-                f"{rounds}); raw HSET {raw_rate:.0f} ep/s; embedder alone {embed_rate:.0f} texts/s"
-                + (f"; {row['ratio_vs_plain']:.2f} of plain" if "ratio_vs_plain" in row else "")
-                + "; CPU µs/episode "
-                + ", ".join(f"{side} {v:.0f}" for side, v in cpu.items())
-                + (
-                    f" (× {row['cpu_ratio_vs_plain']['total']:.2f} of plain in total)"
-                    if sealed and "cpu_ratio_vs_plain" in row
-                    else ""
-                ),
-                flush=True,
-            )
-    return rows
-
-
-async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> dict[str, float]:
-    """Embedder rate (in process) and pipelined-HSET rate of the same documents into the same schema."""
-    from engram_episodic.validation import parse_episode
-    from shared.index import VectorParams, embedding_text, ensure_episode_index, episode_fields
-    from shared.keys import Keys
-    from shared.redis_conn import connect
-
-    parsed = [parse_episode(e) for e in episodes]
-    texts = [embedding_text(e) for e in parsed]
-    with Timer() as t_embed:
-        vectors = await embedder.embed(texts)
-    keys = Keys(f"raw{uuid.uuid4().hex[:6]}:")
-    r = connect(url)
-    try:
-        params = VectorParams(dim=vectors.shape[1])
-        tags = await ensure_episode_index(r, keys, 1, params, embedder.name, tag_key=None)
-        docs = [
-            (
-                keys.episode_doc(1, NAMESPACE, e.episode_id),
-                episode_fields(NAMESPACE, e, status="completed", vector=v, tags=tags),
-            )
-            for e, v in zip(parsed, vectors, strict=True)
-        ]
-        with Timer() as t_write:
-            for start in range(0, len(docs), 500):
-                async with r.pipeline(transaction=False) as pipe:
-                    for key, fields in docs[start : start + 500]:
-                        pipe.hset(key, mapping=fields)
-                    await pipe.execute()
-        await _drop(r, keys)
-    finally:
-        await r.aclose()
-    return {"rate": len(docs) / t_write.seconds, "embed_rate": len(texts) / t_embed.seconds}
-
-
-async def pipeline_rate(
-    url: str,
-    episodes: list[dict[str, Any]],
-    embedder: str,
-    workers: int,
-    args: argparse.Namespace,
-    master_key: bytes | None = None,
-) -> dict[str, float]:
-    """Start `workers` consolidators, wait until ready, publish every episode, wait until all are recallable.
-    With `master_key`, the SDK seals the events and the workers open them (shared/crypto.py)."""
-    import base64
-
-    from engram_episodic.events import EpisodeCompleted
-    from engram_episodic.validation import parse_episode
-    from shared import streams
-    from shared.index import Scope, count, index_exists
-    from shared.keys import Keys
-    from shared.redis_conn import connect
-    from shared.sdk import EngramClient
-    from shared.settings import Settings
-    from shared.tags import BLAKE2B  # a namespace-only scope digests nothing: any generation's mode fits
-
-    prefix = f"e2e{uuid.uuid4().hex[:6]}:"
-    keys = Keys(prefix)
-    env = service_env(
-        url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM), ENGRAM_BATCH_SIZE=str(args.batch_size)
-    )
-    env.pop("ENGRAM_MASTER_KEY_FILE", None)
-    env.pop("ENGRAM_MASTER_KEY", None)
-    if master_key is not None:
-        env["ENGRAM_MASTER_KEY"] = base64.b64encode(master_key).decode()
-    procs = spawn_workers(workers, env, name=f"bench-{embedder}")
-    r = connect(url)
-    try:
-        # ready = the index exists (a worker creates it after loading its embedder)
-        async def ready() -> bool:
-            check_alive(procs, "consolidator worker")
-            return await index_exists(r, keys.episode_index_alias)
-
-        await poll_until(ready, timeout=180, what="worker start")
-        await asyncio.sleep(0.5 if workers == 1 else 2.0)  # let the second worker load its model too
-        client = EngramClient(r, namespace=NAMESPACE, prefix=prefix, master_key=master_key)
-        events = [
-            EpisodeCompleted(
-                namespace=NAMESPACE,
-                episode_id=e["episode_id"],
-                occurred_at=time.time(),
-                episode=parse_episode(e),
-            )
-            for e in episodes
-        ]
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(events), desc=f"ingest {embedder} ×{workers}", unit="ep", leave=False)
-        cpu_before = (time.process_time(), _proc_cpu(procs), await _redis_cpu(r))
-        started = time.perf_counter()
-        for start in range(0, len(events), 100):
-            await client.publish(events[start : start + 100])
-        publish_s = time.perf_counter() - started
-        publisher_cpu = time.process_time() - cpu_before[0]
-
-        async def done() -> bool:
-            # XINFO GROUPS first: an FT.SEARCH count of 10k documents costs Redis ~0.8 ms, ~3% of the
-            # Redis time the pipeline is measured by when polled every 50 ms. RediSearch indexes as the
-            # HSET runs, so once the group has nothing undelivered or unacked, the count is final.
-            check_alive(procs, "consolidator worker")
-            info = await streams.StreamGroup(r, keys.stream, Settings().consumer_group).info()
-            if info["lag"] or info["pending"]:
-                bar.update(max(0, len(events) - info["lag"] - info["pending"] - bar.n))
-                return False
-            n = await count(r, keys.episode_index_alias, Scope(namespace=NAMESPACE, tags=BLAKE2B))
-            bar.update(max(0, n - bar.n))
-            return n >= len(events)
-
-        # every 10 ms: the end is overshot by half the interval on average, ~1.5% of a 2 s round at 50 ms
-        await poll_until(done, timeout=args.timeout, interval=0.01, what=f"{len(events)} episodes recallable")
-        elapsed = time.perf_counter() - started
-        # CPU seconds per episode of each side: unlike the rates, barely moved by other load on the machine
-        # (Redis's includes the 10 ms polls, the same for both sides of a comparison)
-        cpu = {
-            "publisher": publisher_cpu,
-            "workers": _proc_cpu(procs) - cpu_before[1],
-            "redis": await _redis_cpu(r) - cpu_before[2],
-        }
-        bar.close()
-    finally:
-        stop_processes(procs)
-        await _drop(r, keys)
-        await r.aclose()
-    return {
-        "rate": len(episodes) / elapsed,
-        "publish_s": publish_s,
-        "cpu_us_per_episode": {k: 1e6 * v / len(episodes) for k, v in cpu.items()},
-    }
-
-
-def _proc_cpu(procs) -> float:
-    """User + system CPU seconds of `procs` so far (Linux /proc; 0 where unreadable)."""
-    total = 0.0
-    for proc in procs:
-        try:
-            with open(f"/proc/{proc.pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-async def _redis_cpu(r) -> float:
-    info = await r.info("cpu")
-    return float(info.get("used_cpu_user", 0)) + float(info.get("used_cpu_sys", 0))
-
-
-async def _drop(r, keys) -> None:
-    """Drop the benchmark's index (and its documents) and every other key under its prefix."""
-    from redis.exceptions import ResponseError
-
-    for name in await r.execute_command("FT._LIST"):
-        if name.decode().startswith(keys.prefix):
-            try:
-                await r.execute_command("FT.DROPINDEX", name, "DD")
-            except ResponseError:
-                pass
-    async for key in r.scan_iter(match=f"{keys.prefix}*", count=5000):
-        await r.unlink(key)
+from bench.perf_recall import recall_phase, render_recall
 
 
 # --- phase 2 and 3: index cost and recall latency -------------------------------------------------------------
@@ -483,22 +180,6 @@ async def ft_info_mb(r, index: str) -> dict[str, float]:
     return out
 
 
-async def concurrent(n_clients: int, n_requests: int, fn) -> tuple[list[float], float]:
-    """Run `await fn(i)` for i < n_requests from n_clients concurrent loops; (latencies s, wall s)."""
-    latencies: list[float] = []
-    counter = iter(range(n_requests))
-
-    async def client() -> None:
-        for i in counter:
-            t0 = time.perf_counter()
-            await fn(i)
-            latencies.append(time.perf_counter() - t0)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(n_clients)))
-    return latencies, time.perf_counter() - started
-
-
 def exact_topk(matrix: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     scores = matrix @ q
     top = np.argpartition(-scores, k)[:k]
@@ -591,7 +272,7 @@ async def index_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         if holder["proc"] is not None:
             stop_processes([holder["proc"]])
         for s in seeders.values():
-            await _drop(r, s.keys)
+            await drop_prefix(r, s.keys)
         await r.aclose()
     return result
 
@@ -862,12 +543,20 @@ def render(res: dict[str, Any]) -> str:
                 mem,
             )
         )
+    if res.get("recall"):
+        parts.append(render_recall(res["recall"]))
+    if res.get("ingest_real"):
+        parts.append(render_real_ingest(res["ingest_real"]))
     return "\n".join(parts)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.perf", description=__doc__.split("\n\n")[0])
-    p.add_argument("--phases", default="ingest,index", help="comma-separated: ingest, index")
+    p.add_argument(
+        "--phases",
+        default="ingest,index,recall,ingest-real",
+        help="comma-separated: ingest, index, recall (default embedder), ingest-real (default embedder)",
+    )
     p.add_argument("--embedders", default="hashing,minilm", type=lambda s: s.split(","))
     p.add_argument("--workers", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
@@ -895,6 +584,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hnsw-ef-construction", type=int, default=200)
     p.add_argument("--hnsw-ef-runtime", type=int, default=100)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a projection")
+    g = p.add_argument_group("default embedder (phases recall and ingest-real)")
+    g.add_argument("--recall-embedder", default="auto", help="ENGRAM_EMBEDDER of those phases")
+    g.add_argument(
+        "--recall-sizes",
+        default="10000,100000",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="episodes in the one namespace, seeded in turn; throughput is compared largest vs smallest",
+    )
+    g.add_argument(
+        "--recall-mode",
+        default="default",
+        choices=("default", "hybrid", "vector", "keyword"),
+        help="the recall request's mode (default: none sent, i.e. the service's default, hybrid)",
+    )
+    g.add_argument("--recall-clients", default="1,8,16", type=lambda s: [int(x) for x in s.split(",")])
+    g.add_argument(
+        "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"
+    )
+    g.add_argument("--raw-requests", type=int, default=200, help="sequential raw FT.SEARCH for the floor")
+    g.add_argument("--floor-passes", type=int, default=20, help="model passes per client count for the floor")
+    g.add_argument(
+        "--corpus-texts", type=int, default=5000, help="real texts embedded (once, cached) for the corpus"
+    )
+    g.add_argument(
+        "--corpus-noise", type=float, default=0.3, help="norm of the noise added to derived vectors"
+    )
+    g.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where corpus vectors are cached")
+    g.add_argument("--ingest-turns", type=int, default=512, help="LoCoMo turns per real-text ingest run")
+    g.add_argument(
+        "--ingest-long", type=int, default=48, help="2,000-character texts per real-text ingest run"
+    )
+    g.add_argument("--real-rounds", type=int, default=1, help="interleaved rounds of real-text ingest")
+    g.add_argument(
+        "--ingest-threads",
+        default="2",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="ENGRAM_EMBED_THREADS",
+    )
+    g.add_argument(
+        "--ingest-embed-batch",
+        default="64",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="ENGRAM_EMBED_BATCH_SIZE",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     return p.parse_args(argv)
 
@@ -909,12 +642,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "index" in phases:
             print("phase: index cost and recall latency", flush=True)
             res["index"] = await index_phase(server.url, args)
+        if "recall" in phases:
+            print("phase: recall with the default embedder", flush=True)
+            res["recall"] = await recall_phase(server.url, args)
+        if "ingest-real" in phases:
+            print("phase: ingest of real texts with the default embedder", flush=True)
+            res["ingest_real"] = await real_ingest_phase(server.url, args)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pathlib import Path
-
     args = parse_args(argv)
     started = time.perf_counter()
     res = asyncio.run(run(args))

@@ -15,6 +15,26 @@ pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` s
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# the default-embedder phases (recall at two sizes, 1 and 2 clients; ingest of real texts) at a tiny size
+TINY_DEFAULT_EMBEDDER = (
+    "--recall-sizes",
+    "200,400",
+    "--recall-clients",
+    "1,2",
+    "--recall-requests",
+    "3",
+    "--raw-requests",
+    "10",
+    "--floor-passes",
+    "2",
+    "--corpus-texts",
+    "48",
+    "--ingest-turns",
+    "12",
+    "--ingest-long",
+    "2",
+)
+
 
 @pytest.mark.timeout(300)  # the whole perf suite at a tiny size, its services spawned: 25 s measured
 def test_perf_suite_tiny(tmp_path):
@@ -43,6 +63,11 @@ def test_perf_suite_tiny(tmp_path):
             "10",
             "--ef-sweep",
             "50",
+            *TINY_DEFAULT_EMBEDDER,
+            "--recall-embedder",
+            "hashing",  # the machinery of the default-embedder phases; the model's run is the test below
+            "--cache-dir",
+            str(tmp_path / "cache"),
             "--out",
             str(out),
         ],
@@ -55,6 +80,7 @@ def test_perf_suite_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Ingest" in proc.stdout and "Recall" in proc.stdout
     res = json.loads(out.read_text())
+    check_default_embedder_phases(res, tmp_path / "cache")
     ingest = res["ingest"][0]
     assert ingest["episodes"] == 300 and ingest["e2e_rate"] > 0 and ingest["raw_hset_rate"] > 0
     assert ingest["ratio_vs_raw"] > 0
@@ -102,3 +128,64 @@ def test_query_batch_bench_tiny():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ENGRAM_QUERY_BATCH=1" in proc.stdout and "ENGRAM_QUERY_BATCH=32" in proc.stdout
     assert "recalls/s x" in proc.stdout
+
+
+def check_default_embedder_phases(res: dict, cache: Path) -> None:
+    """The recall and ingest-real phases' results: every figure present, positive, with its floor."""
+    recall = res["recall"]
+    assert recall["corpus"]["real_texts"] == 48 and list(cache.glob("*.npy"))  # embedded once, cached
+    assert set(recall["sizes"]) == {"200", "400"}
+    for row in recall["sizes"].values():
+        assert row["insert_rate"] > 0 and row["raw_ft_search"]["p50_ms"] > 0
+        for c in ("1", "2"):
+            s = row[c]
+            assert s["requests"] == max(3 * int(c), 6)
+            assert 0 < s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"] and s["qps"] > 0
+            assert s["floor_ms"] > 0 and s["p50_vs_floor"] == s["p50_ms"] / s["floor_ms"]
+            assert s["redis_cpu_ms_per_recall"] > 0
+    assert recall["qps_large_vs_small"] > 0
+    kinds = {r["kind"]: r for r in res["ingest_real"]}
+    assert set(kinds) == {"dialogue turns", "2,000-character texts"}
+    assert kinds["dialogue turns"]["texts"] == 12 and kinds["2,000-character texts"]["texts"] == 2
+    assert kinds["2,000-character texts"]["mean_chars"] == 2000
+    for r in kinds.values():
+        assert r["e2e_rate"] > 0 and r["embed_rate"] > 0
+        assert r["ratio_vs_embedder"] == r["e2e_rate"] / r["embed_rate"]
+        assert r["embed_cpu_us_per_text"] > 0 and r["cpu_ratio_vs_embedder"] > 0
+
+
+def _model_installed() -> bool:
+    from shared.embedding import MPNetEmbedder
+
+    return MPNetEmbedder.available()
+
+
+@pytest.mark.skipif(not _model_installed(), reason="the default model (mpnet) is not installed")
+@pytest.mark.timeout(420)  # the model loaded by this process, the query service and two workers: ~90 s measured
+def test_default_embedder_phases_tiny(tmp_path):
+    out = tmp_path / "results.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.perf",
+            "--phases",
+            "recall,ingest-real",
+            *TINY_DEFAULT_EMBEDDER,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    check_default_embedder_phases(res, tmp_path / "cache")
+    assert res["recall"]["embedder"] == "mpnet-base-v2"  # `auto` is the model, not the hashing fallback
+    assert {r["embedder"] for r in res["ingest_real"]} == {"mpnet-base-v2"}

@@ -1,0 +1,328 @@
+"""`make bench`'s recall phase with the default embedder (issue 20): one namespace seeded to each size
+(10k and 100k episodes by default), 1 / 8 / 16 concurrent clients on `POST /v1/recall` of a real
+query-service process that embeds every query itself (the default embedder, `auto` → mpnet on ONNX
+Runtime; its query cache off, so each request runs the model), against the floor measured in the same
+run.
+
+The corpus (bench.perf_corpus): every LoCoMo dialogue turn embedded once by the same embedder and
+cached; the documents are derived from those real vectors (+ small noise, distinct texts) and written
+straight into the index's key layout by `shared.index.episode_fields`, the consolidator's own document
+builder, so the service reads what a consolidator would have written. The queries are LoCoMo questions,
+embedded live by the service.
+
+The floor at c clients = one forward pass of c queries in this process (same embedder, same backend,
+same threads: c concurrent recalls share one pass, `ENGRAM_QUERY_BATCH`) + one raw `FT.SEARCH` of the
+same query (the KNN the service runs: `candidates` 100 deep, the service's hybrid policy, one client).
+Reported: p50 / p95 / p99 and recalls/s per size and client count, their ratios to the floor, and
+Redis CPU per recall (INFO used_cpu deltas over the requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from bench.common import (
+    ClientPool,
+    concurrent,
+    drop_prefix,
+    percentile_ms,
+    ratio,
+    redis_cpu,
+    service_env,
+    spawn_query_service,
+    stop_processes,
+    table,
+    wait_http_ready,
+)
+from bench.perf_corpus import cached_vectors, derive, derived_text, real_texts
+
+NAMESPACE = "bench"
+CANDIDATES = 100  # the service's default `candidates` per similarity list (api.md): the KNN it runs
+
+
+def _episode(i: int, text: str, completed_at: float) -> dict[str, Any]:
+    """A derived document as bench.locomo publishes a turn: the turn is the task."""
+    return {
+        "episode_id": f"t-{i}",
+        "task": text,
+        "outcome": "success",
+        "agent_id": f"speaker-{i % 2}",
+        "completed_at": completed_at,
+    }
+
+
+class CorpusSeeder:
+    """Writes derived documents into one generation-1 episode index with the service's own settings
+    (`shared.settings.Settings`: HNSW M / EF_CONSTRUCTION / EF_RUNTIME) by pipelined HSET."""
+
+    def __init__(self, r, embedder_name: str, dim: int, texts: list[str], vectors: np.ndarray):
+        from shared.keys import Keys
+
+        self.r = r
+        self.embedder_name = embedder_name
+        self.dim = dim
+        self.keys = Keys(f"rc{uuid.uuid4().hex[:6]}:")
+        self.texts = texts
+        self.vectors = vectors  # float32[max size, dim], derived
+        self.n = 0
+        self.now = time.time()
+
+    async def create(self) -> None:
+        from services.query.app import vector_params
+        from shared.index import ensure_episode_index
+        from shared.settings import Settings
+
+        params = vector_params(Settings(), self.dim)
+        self.tags = await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name, tag_key=None)
+
+    async def grow(self, size: int) -> float:
+        """Add documents up to `size`; returns the insert rate (documents/s)."""
+        from engram_episodic.validation import parse_episode
+        from shared.index import episode_fields
+
+        total = len(self.vectors)
+        started = time.perf_counter()
+        for start in range(self.n, size, 1000):
+            async with self.r.pipeline(transaction=False) as pipe:
+                for i in range(start, min(start + 1000, size)):
+                    # one a minute, the newest now: recency spreads over ~70 days at 100k
+                    e = parse_episode(_episode(i, derived_text(self.texts, i), self.now - 60.0 * (total - i)))
+                    fields = episode_fields(
+                        NAMESPACE, e, status="completed", vector=self.vectors[i], tags=self.tags
+                    )
+                    pipe.hset(self.keys.episode_doc(1, NAMESPACE, e.episode_id), mapping=fields)
+                await pipe.execute()
+        rate = (size - self.n) / (time.perf_counter() - started)
+        self.n = size
+        return rate
+
+
+async def model_floor(embedder: Any, queries: list[str], clients: list[int], passes: int) -> dict[int, dict]:
+    """Per client count c: the time of one forward pass of c distinct queries in this process (p50 / p95
+    of `passes` passes, seconds → ms)."""
+    out: dict[int, dict] = {}
+    offset = 0
+    for c in clients:
+        lat = []
+        for _ in range(passes):
+            batch = [queries[(offset + j) % len(queries)] for j in range(c)]
+            offset += c
+            t0 = time.perf_counter()
+            await embedder.embed(batch)
+            lat.append(time.perf_counter() - t0)
+        out[c] = {"pass_p50_ms": percentile_ms(lat, 50), "pass_p95_ms": percentile_ms(lat, 95)}
+    return out
+
+
+async def raw_knn(r, seeder: CorpusSeeder, vectors: np.ndarray, size: int, n: int) -> dict[str, float]:
+    """One client, `n` raw `FT.SEARCH` KNN of the query vectors, as the service sends them: the namespace
+    scope, KNN `CANDIDATES`, the service's hybrid policy for this scope's size, its returned fields."""
+    from services.query.recall import RETURN_FIELDS
+    from shared.hybrid import hybrid_policy
+    from shared.index import Scope, knn_search
+
+    scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
+    policy = hybrid_policy(size, size)
+    for i in range(8):  # warm-up
+        await knn_search(
+            r,
+            seeder.keys.episode_index_alias,
+            scope,
+            vectors[i % len(vectors)],
+            CANDIDATES,
+            return_fields=RETURN_FIELDS,
+            policy=policy,
+        )
+    cpu0 = await redis_cpu(r)
+    lat = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await knn_search(
+            r,
+            seeder.keys.episode_index_alias,
+            scope,
+            vectors[i % len(vectors)],
+            CANDIDATES,
+            return_fields=RETURN_FIELDS,
+            policy=policy,
+        )
+        lat.append(time.perf_counter() - t0)
+    cpu = await redis_cpu(r) - cpu0
+    return {
+        "p50_ms": percentile_ms(lat, 50),
+        "p99_ms": percentile_ms(lat, 99),
+        "redis_cpu_ms": 1000.0 * cpu / n,
+        "policy": policy or "module's",
+    }
+
+
+async def service_clients(
+    base: str, r, queries: list[str], clients: int, n_req: int, options: dict[str, Any], offset: int
+) -> dict[str, float]:
+    """`clients` closed-loop clients, `n_req` recalls of distinct queries (each embedded by the service)."""
+    from engram_episodic.client import Calls
+
+    async with ClientPool(base, clients, 300.0, max_retries=0) as memory:
+
+        async def one(i: int) -> None:
+            call = Calls.recall(queries[(offset + i) % len(queries)], options)
+            payload = await memory.call(call.as_json())
+            if len(payload["results"]) != options["top_k"]:
+                raise RuntimeError(
+                    f"/v1/recall → {len(payload['results'])} results, expected {options['top_k']}"
+                )
+
+        await concurrent(clients, 2 * clients, lambda i: one(n_req + i))  # warm-up (other queries)
+        cpu0 = await redis_cpu(r)
+        lat, wall = await concurrent(clients, n_req, one)
+        cpu = await redis_cpu(r) - cpu0
+    return {
+        "p50_ms": percentile_ms(lat, 50),
+        "p95_ms": percentile_ms(lat, 95),
+        "p99_ms": percentile_ms(lat, 99),
+        "qps": n_req / wall,
+        "requests": n_req,
+        "redis_cpu_ms_per_recall": 1000.0 * cpu / n_req,
+    }
+
+
+async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Seed, then per size and client count: the service, the raw KNN and the floor; see the module doc."""
+    from shared.embedding import make_embedder
+    from shared.redis_conn import connect
+    from shared.settings import Settings
+
+    settings = Settings(embedder=args.recall_embedder, embed_dim=384)
+    embedder = make_embedder(settings)
+    if hasattr(embedder, "load"):
+        await embedder.load()
+    turns, questions, source = real_texts()
+    texts = turns[: args.corpus_texts]
+    sizes = sorted(args.recall_sizes)
+    out: dict[str, Any] = {
+        "embedder": embedder.name,
+        "backend": getattr(embedder, "runs_on", "n/a"),
+        "corpus": {"source": source, "real_texts": len(texts), "noise": args.corpus_noise},
+        "clients": args.recall_clients,
+        "top_k": args.top_k,
+        "mode": args.recall_mode,
+        "candidates": CANDIDATES,
+        "sizes": {},
+    }
+    r = connect(url, max_connections=64)
+    proc = None
+    try:
+        base, info = await cached_vectors(embedder, texts, cache_dir=args.cache_dir)
+        out["corpus"].update(info)
+        print(
+            f"  corpus: {len(texts)} real texts ({source}), vectors {'cached' if info['cached'] else 'embedded'}"
+            f" ({info['seconds']:.0f}s), derived to {sizes[-1]:,}",
+            flush=True,
+        )
+        vectors, _ = derive(base, sizes[-1], noise=args.corpus_noise)
+        query_vectors = await embedder.embed(questions[:256])
+        out["model_floor"] = await model_floor(embedder, questions, args.recall_clients, args.floor_passes)
+        seeder = CorpusSeeder(r, embedder.name, embedder.dim, texts, vectors)
+        await seeder.create()
+        from bench.common import free_port
+
+        port = free_port()
+        env = service_env(
+            url,
+            seeder.keys.prefix,
+            args.recall_embedder,
+            ENGRAM_EMBED_DIM="384",
+            ENGRAM_DEFAULT_NAMESPACE=NAMESPACE,
+            ENGRAM_QUERY_CACHE="0",  # every recall embeds its query, as a new question does
+        )
+        proc = spawn_query_service(env, port)
+        base_url = f"http://127.0.0.1:{port}"
+        await wait_http_ready(base_url, proc, timeout=300)
+        offset = 0
+        # the request a user sends: the query and top_k; the mode only when asked (default: hybrid)
+        options: dict[str, Any] = {"top_k": args.top_k}
+        if args.recall_mode != "default":
+            options["mode"] = args.recall_mode
+        for size in sizes:
+            rate = await seeder.grow(size)
+            row: dict[str, Any] = {"insert_rate": rate}
+            row["raw_ft_search"] = raw = await raw_knn(r, seeder, query_vectors, size, args.raw_requests)
+            for c in args.recall_clients:
+                n_req = max(args.recall_requests * c, 2 * args.recall_requests)
+                s = await service_clients(base_url, r, questions, c, n_req, options, offset)
+                offset += n_req + 2 * c
+                floor = out["model_floor"][c]["pass_p50_ms"] + raw["p50_ms"]
+                s["floor_ms"] = floor
+                s["p50_vs_floor"] = ratio(s["p50_ms"], floor)
+                s["qps_vs_floor"] = ratio(s["qps"], 1000.0 * c / floor)
+                row[str(c)] = s
+                print(
+                    f"  recall {size:,} ×{c}: p50 {s['p50_ms']:.0f} / p95 {s['p95_ms']:.0f} / p99 "
+                    f"{s['p99_ms']:.0f} ms, {s['qps']:.1f}/s; floor {floor:.0f} ms (×{s['p50_vs_floor']:.2f}); "
+                    f"Redis {s['redis_cpu_ms_per_recall']:.2f} ms CPU/recall",
+                    flush=True,
+                )
+            out["sizes"][str(size)] = row
+        top = str(max(args.recall_clients))
+        small, large = out["sizes"][str(sizes[0])], out["sizes"][str(sizes[-1])]
+        out["qps_large_vs_small"] = ratio(large[top]["qps"], small[top]["qps"])
+    finally:
+        if proc is not None:
+            stop_processes([proc])
+        if "seeder" in locals():
+            await drop_prefix(r, seeder.keys)
+        await r.aclose()
+        await embedder.aclose()
+    return out
+
+
+def render_recall(res: dict[str, Any]) -> str:
+    """The recall phase's table (Markdown)."""
+    rows = []
+    for size, row in res["sizes"].items():
+        for c in res["clients"]:
+            s = row[str(c)]
+            rows.append(
+                [
+                    f"{int(size):,}",
+                    c,
+                    s["p50_ms"],
+                    s["p95_ms"],
+                    s["p99_ms"],
+                    s["qps"],
+                    s["floor_ms"],
+                    s["p50_vs_floor"],
+                    s["qps_vs_floor"],
+                    s["redis_cpu_ms_per_recall"],
+                    row["raw_ft_search"]["p50_ms"],
+                ]
+            )
+    corpus = res["corpus"]
+    return (
+        f"\nRecall with the default embedder ({res['embedder']} on {res['backend']}), top_k {res['top_k']}, "
+        f"mode {res.get('mode', 'default')}, "
+        f"one namespace; corpus from {corpus['real_texts']} real texts ({corpus['source']}, noise "
+        f"{corpus['noise']}); 16-client recalls/s at the largest size vs the smallest: "
+        f"{res.get('qps_large_vs_small', float('nan')):.2f}:\n\n"
+        + table(
+            [
+                "episodes",
+                "clients",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "recalls/s",
+                "floor ms",
+                "p50 / floor",
+                "recalls/s / floor's",
+                "Redis CPU ms/recall",
+                "raw FT.SEARCH p50 ms",
+            ],
+            rows,
+        )
+    )
