@@ -8,6 +8,8 @@
 Systems (each on a private embedded Redis of its own, same build and configuration, AOF off):
 - `engram-default`: Engram as shipped, `ENGRAM_EMBEDDER=auto` (→ mpnet in process, ONNX Runtime);
 - `engram-minilm`: Engram with `ENGRAM_EMBEDDER=openai` on the bench's embedding server (MiniLM);
+- `engram-minilm-vector`: the same with `ENGRAM_RECALL_MODE=vector` (one KNN list, as the peer searches,
+  instead of the default hybrid pool of KNN + BM25 candidates): the service's own cost on equal work;
 - `ams-minilm`: agent-memory-server 0.15.2 on the same embedding server, LLM features off.
 "Via the server" means both embed through one OpenAI-compatible `bench.embed_server` process, so the
 model cost per text is identical and the rest is the memory service's own.
@@ -68,10 +70,11 @@ from bench.peer_systems import (
 )
 from deploy.embedded_redis import free_port
 
-SYSTEMS = ("engram-default", "engram-minilm", "ams-minilm")
+SYSTEMS = ("engram-default", "engram-minilm", "engram-minilm-vector", "ams-minilm")
 LABELS = {
     "engram-default": "Engram, default (auto → mpnet in process)",
     "engram-minilm": "Engram, MiniLM via server",
+    "engram-minilm-vector": "Engram, MiniLM via server, mode vector",
     "ams-minilm": "agent-memory-server 0.15.2, MiniLM via server",
 }
 TOP_K = 10
@@ -293,12 +296,14 @@ def _make(name: str, redis_url: str, embed: EmbedServer | None, args: argparse.N
     if name == "engram-default":
         return EngramSystem(label=name, redis_url=redis_url, env_extra={"ENGRAM_EMBEDDER": "auto"})
     assert embed is not None
-    if name == "engram-minilm":
+    if name.startswith("engram-minilm"):
         env = {
             "ENGRAM_EMBEDDER": "openai",
             "ENGRAM_OPENAI_URL": embed.url,
             "ENGRAM_OPENAI_MODEL": "all-minilm-l6-v2",
         }
+        if name.endswith("-vector"):  # KNN only, as the peer searches: what the service itself costs
+            env["ENGRAM_RECALL_MODE"] = "vector"
         return EngramSystem(label=name, redis_url=redis_url, env_extra=env)
     return AgentMemoryServer(label=name, redis_url=redis_url, venv=args.peer_venv, embed_url=embed.url)
 
@@ -355,7 +360,7 @@ def render(res: dict[str, Any]) -> str:
     rows = [[LABELS[n], *(v[c] for c, _ in cols)] for n, v in s.items()]
     if "ams-minilm" in s:
         peer = s["ams-minilm"]
-        for n in ("engram-minilm", "engram-default"):
+        for n in ("engram-minilm", "engram-minilm-vector", "engram-default"):
             if n in s:
                 rows.append([f"ratio {n} / peer", *(ratio(s[n][c], peer[c]) for c, _ in cols)])
     out = [table(["system", *(h for _, h in cols)], rows)]
