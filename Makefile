@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: all install run test test-fast bench bench-locomo lint format chaos fuzz load clean
+.PHONY: all install run test test-fast bench peer-install bench-locomo lint format chaos fuzz load clean
 
 all: lint test
 
@@ -37,8 +37,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
+## make bench PEER=agent-memory-server: the LoCoMo side-by-side with that peer instead (bench/peer.py; make peer-install first).
 bench: $(STAMP)
-	$(PY) -m bench.perf
+	$(PY) -m bench.perf $(if $(PEER),--peer $(PEER))
+
+## make peer-install: agent-memory-server 0.15.2 into .venv-peer (Python 3.12, ~500 MB), never into $(VENV).
+peer-install: $(STAMP)
+	$(PY) -m bench.peer install
 
 bench-locomo: $(STAMP)
 	$(PY) -m bench.locomo
@@ -64,4 +69,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format client services shared tests deploy bench
 
 clean:
-	rm -rf $(VENV) .run
+	rm -rf $(VENV) .venv-peer .run

@@ -629,6 +629,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ENGRAM_EMBED_BATCH_SIZE",
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    p.add_argument(
+        "--peer",
+        choices=("agent-memory-server",),
+        help="run the LoCoMo side-by-side with this peer instead (bench/peer.py; the options after it are its own)",
+    )
     return p.parse_args(argv)
 
 
@@ -652,6 +657,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--peer" in argv:  # the side-by-side has its own harness and options (python -m bench.peer --help)
+        from bench.peer import main as peer_main
+
+        at = argv.index("--peer")
+        parse_args(argv[at : at + 2])  # refuses an unknown peer with argparse's message
+        return peer_main(argv[:at] + argv[at + 2 :])
     args = parse_args(argv)
     started = time.perf_counter()
     res = asyncio.run(run(args))
