@@ -297,19 +297,18 @@ class EngramCluster(RedisCluster):
             except ResponseError as exc:
                 if not _missing(exc) or not await self.create_shard(index, namespace):
                     raise
-                continue
-            if self._owner(shard).name != node.name:
-                continue  # MOVED while asking: ask the new owner
-            self._exists[shard] = node.name
-            if not complete or not _indexing(info):
+                info = None  # created: ask again (the create may have gone to a new owner)
+            if info is not None and self._owner(shard).name == node.name:  # else MOVED while asking
+                self._exists[shard] = node.name
                 if not _indexing(info):
                     self._complete[shard] = node.name
-                return node
+                    return node
+                if not complete:
+                    return node
             if time.monotonic() > deadline:
-                raise IndexBuilding(
-                    f"{shard} on {node.name} is still indexing the documents moved to it; retry"
-                )
-            await asyncio.sleep(0.05)  # polling the module: it has no notification of a finished scan
+                raise IndexBuilding(f"{shard} on {node.name} is not ready (a slot move in progress); retry")
+            if info is not None:  # the module has no notification of a finished scan: poll it
+                await asyncio.sleep(0.05)
 
     async def resolve(self, name: str) -> str:
         """The index `name` names: itself, or the index of the alias `name`."""
@@ -382,13 +381,19 @@ class EngramCluster(RedisCluster):
             log.warning("stale index %s left on %s ◆ %s", name, node.name, exc)
             return False
         connection = node.acquire_connection()
+        replies: list[Any] = []
         try:
             await connection.send_packed_command(
                 connection.pack_commands([("ASKING",), ("FT.DROPINDEX", name)])
             )
-            replies = [await connection.read_response() for _ in range(2)]
-        except ResponseError as exc:
-            replies = [exc]
+            for _ in range(2):  # both, so that no reply is left for the connection's next user
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            await connection.disconnect()  # replies may be in flight on it
+            raise
         finally:
             node.release(connection)
             await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
