@@ -56,7 +56,10 @@ def test_one_partition_keeps_the_key_names_of_before_partitions():
     assert keys.stream == keys.partition_stream(0) == "engram:stream:episodes"
     assert keys.streams == ("engram:stream:episodes",)
     assert keys.stream_of("any") == keys.stream
-    assert keys.stream_compaction(keys.stream) == "engram:stream:episodes:compacting"
+    # the copy a compaction writes is in the slot of what it copies, tagged or not
+    for stream in (keys.stream, keys.dead_letters):
+        assert key_slot(keys.stream_compaction(stream).encode()) == key_slot(stream.encode())
+        assert keys.stream_compaction(stream).startswith(keys.prefix)
     assert keys.encrypted_marker(0) == keys.deployment_key
     assert keys.data_key(b"\x01" * 16) == "engram:dek:" + "01" * 16
 
