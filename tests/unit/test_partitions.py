@@ -85,3 +85,15 @@ def test_what_a_publish_script_checks_shares_its_partitions_slot():
 def test_a_partition_count_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="partitions must be in"):
         Keys("engram:", bad)
+
+
+@pytest.mark.parametrize("primaries", [2, 3, 4, 5, 16])
+def test_partitions_per_primary_differ_by_at_most_one(primaries):
+    # equal contiguous slot ranges, as redis-cli --cluster create assigns them
+    bounds = [i * 16384 // primaries for i in range(primaries + 1)]
+    keys = Keys("engram:", 16)
+    per = Counter(
+        next(j for j in range(primaries) if bounds[j] <= key_slot(s.encode()) < bounds[j + 1])
+        for s in keys.streams
+    )
+    assert len(per) == primaries and max(per.values()) - min(per.values()) <= 1
