@@ -8,7 +8,8 @@ the same episodes through the SDK (`--batch` episodes per publish call, each cal
 one in-process worker (hashing embedder) projects them all. For each phase it reports, per Redis
 node: the CPU it spent (`INFO cpu` used_cpu_sys + used_cpu_user deltas, microseconds per episode) and
 the stream commands it served (`INFO commandstats` call deltas of XADD, XREADGROUP, XACK: commands run
-by scripts count too); and how the stream entries spread over the primaries (partition balance).
+by scripts count too); how the stream entries spread over the primaries (partition balance); and, for
+`--idle` seconds after, what an idle worker's polling (all its lanes) costs each node per second.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from shared.settings import Settings
 COMMANDS = ("xadd", "xreadgroup", "xack")
 
 
-async def node_stats(redis, nodes: list) -> dict[str, tuple[float, dict[str, int]]]:
+async def node_stats(redis, nodes: list, commands=COMMANDS) -> dict[str, tuple[float, dict[str, int]]]:
     """node name → (used CPU seconds, {command: calls}) from INFO cpu and INFO commandstats."""
     out = {}
     for node in nodes:
         target = {"target_nodes": node} if node is not None else {}
         cpu = await redis.info("cpu", **target)
         stats = await redis.info("commandstats", **target)
-        calls = {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in COMMANDS}
+        calls = {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands}
         out["single" if node is None else str(node.port)] = (
             float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
             calls,
@@ -101,6 +102,24 @@ async def measure(url: str, partitions: int, args: argparse.Namespace) -> dict:
     project_s = time.perf_counter() - started
     projected = await node_stats(redis, nodes)
 
+    # an idle worker (ENGRAM_IN_FLIGHT lanes, nothing to read): what its polling costs each node
+    stop = asyncio.Event()
+    idler = Worker(settings.with_(block_ms=1000), redis, HashingEmbedder(settings.embed_dim), name="idle")
+    idle = asyncio.create_task(idler.run(stop))  # ENGRAM_BLOCK_MS's default, as deployed
+    await asyncio.sleep(1.0)  # its setup and first turns
+    quiet = await node_stats(redis, nodes, ("xreadgroup", "xautoclaim"))
+    await asyncio.sleep(args.idle)
+    after_idle = await node_stats(redis, nodes, ("xreadgroup", "xautoclaim"))
+    stop.set()
+    await idle
+    idle_cost = {
+        name: {
+            "cpu_ms_per_s": round((after_idle[name][0] - quiet[name][0]) / args.idle * 1e3, 2),
+            **{c: round((after_idle[name][1][c] - quiet[name][1][c]) / args.idle) for c in quiet[name][1]},
+        }
+        for name in quiet
+    }
+
     spread: dict[str, int] = {}
     per_partition = [int(await redis.xlen(stream)) for stream in keys.streams]
     for stream, n in zip(keys.streams, per_partition, strict=True):
@@ -115,6 +134,7 @@ async def measure(url: str, partitions: int, args: argparse.Namespace) -> dict:
         "entries_per_partition": per_partition,
         "publish": deltas(before, published, episodes),
         "project": deltas(published, projected, episodes),
+        "idle_worker_per_s": idle_cost,
     }
 
 
@@ -123,6 +143,7 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=48)
     parser.add_argument("--per-namespace", type=int, default=100)
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds of an idle worker measured")
     parser.add_argument("--partitioned-first", action="store_true", help="measure 16 partitions first")
     args = parser.parse_args()
     results = []
