@@ -146,12 +146,16 @@ async def test_ingest_spreads_over_every_primary_and_is_projected_once(
         assert await in_index(redis, keys, ns) == 3
 
 
-async def test_another_partition_count_is_refused_at_start(cluster_settings, cluster_redis):
+async def test_another_partition_count_is_refused_at_start(cluster_settings, cluster_redis, aiohttp_client):
     s, redis = cluster_settings, cluster_redis
     await EngramClient(redis, namespace="a", prefix=s.prefix).record(ep("mig", 0))
     assert await partitions.recorded(redis, s.keys) == 16
     with pytest.raises(ConfigError, match="ENGRAM_STREAM_PARTITIONS=8 but this deployment .* with 16"):
         await make_worker(s.with_(stream_partitions=8), redis).setup()
+    with pytest.raises(ConfigError, match="ENGRAM_STREAM_PARTITIONS=8 but"):  # the query service's start
+        await aiohttp_client(
+            make_app(s.with_(stream_partitions=8), redis=redis, embedder=HashingEmbedder(s.embed_dim))
+        )
     with pytest.raises(ConfigError, match="started with 16 stream partitions"):
         await EngramClient(redis, namespace="a", prefix=s.prefix, partitions=4).record(ep("mig", 1))
     # a single stream from before partitions is not silently left unread by the cluster default
