@@ -465,11 +465,9 @@ def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, wo
     return None
 
 
-def _ensure_master_key(env: dict[str, str], data_root: Path, *, cluster: bool = False) -> None:
+def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
     """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always
-    sealed), except on an embedded cluster (`cluster`): a master key is not supported there yet."""
-    if cluster and not env.get("REDIS_URL"):
-        return
+    sealed, on an embedded cluster too: its publish checks live in each stream partition's slot)."""
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
         from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
 
@@ -593,7 +591,7 @@ def main() -> int:
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
         return 1
-    _ensure_master_key(env, data_root, cluster=bool(cluster_size))
+    _ensure_master_key(env, data_root)
     taken = _taken_ports(settings, env, redis_port, workers)
     if taken:
         _refuse(taken)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from engram_episodic.errors import ConfigError, PublishError
 from engram_episodic.events import (
@@ -102,6 +103,13 @@ class KeyRing:
         """The deployment (its reference key), creating its secret on first use. MasterKeyMismatch
         when the stored secret was wrapped by another master key."""
         if self.deployment is None:
+            if self.keys.partitions == 1 and isinstance(redis, RedisCluster):
+                # the one stream and the users' data keys would be in different slots: every sealed
+                # publish would be CROSSSLOT
+                raise ConfigError(
+                    f"a master key on a Redis Cluster needs stream partitions (ENGRAM_PREFIX={self.keys.prefix!r} "
+                    "has one stream): docs/scaling.md, Ingest partitions"
+                )
             if self.keys.partitions > 1:
                 # before the deployment key exists, so that no plaintext publish can follow a sealed one:
                 # each partition's plaintext publish script checks its marker (`Keys.encrypted_marker`)

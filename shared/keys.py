@@ -123,9 +123,12 @@ class Keys:
         return self.partition_stream(self.partition(namespace))
 
     def stream_compaction(self, stream: str) -> str:
-        """`stream`'s copy while `erasure.compact` rewrites it (RENAMEd over it at the end; a suffix
-        after the tag keeps it in the stream's slot)."""
-        return f"{stream}:compacting"
+        """`stream`'s copy while `erasure.compact` rewrites it (RENAMEd over it at the end), in the
+        stream's slot: a partition's tag comes first; a stream without a tag (one partition, the dead
+        letters) is the copy's tag, as its whole name is its slot (`<prefix>compacting:{<stream>}`)."""
+        if "{" in stream:
+            return f"{stream}:compacting"
+        return f"{self.prefix}compacting:{{{stream}}}"
 
     def encrypted_marker(self, index: int) -> str:
         """What a plaintext publish to partition `index` checks, in its script, to be refused on an

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
@@ -64,10 +66,20 @@ async def publish(
     """XADD each payload, all in one script call (atomic: all or none are accepted); returns stream ids.
 
     With `unless_exists`, nothing is added if that key exists: redis-py's ResponseError starting with
-    `ENCRYPTED` (see `is_encrypted_refusal`). On a cluster that key must share the stream's slot
-    (`Keys.encrypted_marker` of the stream's partition), or Redis answers CROSSSLOT."""
+    `ENCRYPTED` (see `is_encrypted_refusal`). On a cluster that key shares the stream's slot
+    (`Keys.encrypted_marker` of the stream's partition); only the one stream of a cluster deployment
+    from before partitions (ENGRAM_STREAM_PARTITIONS=1) has it elsewhere, and is checked apart, with the
+    window that leaves (a deployment turning encrypted between the check and the XADD)."""
     if not payloads:
         return []
+    if (
+        unless_exists is not None
+        and isinstance(r, RedisCluster)
+        and key_slot(unless_exists.encode()) != key_slot(stream.encode())
+    ):
+        if await r.exists(unless_exists):
+            raise ResponseError("ENCRYPTED the stream is encrypted")
+        unless_exists = None
     if unless_exists is not None:
         return list(
             await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads))
@@ -188,7 +200,15 @@ async def requeue(
     original_id: bytes | str | None = None,
 ) -> bytes:
     """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream` and, when given,
-    its original entry from `stream` (so the data is not held twice), atomically."""
+    its original entry from `stream` (so the data is not held twice): atomically on a single Redis; on a
+    cluster (two slots, no transaction) in that order, so a failure between the steps leaves a copy too
+    many (a redrive again re-publishes the same event_id: harmless), never none."""
+    if isinstance(r, RedisCluster):
+        new_id = await r.xadd(stream, {FIELD: payload})
+        if original_id:
+            await r.xdel(stream, original_id)
+        await r.xdel(dead_stream, dead_id)
+        return new_id
     async with r.pipeline(transaction=True) as pipe:
         pipe.xadd(stream, {FIELD: payload})
         pipe.xdel(dead_stream, dead_id)
@@ -318,9 +338,10 @@ class StreamGroup:
     async def dead_letter(self, dead_stream: str, entry: Entry, reason: str, consumer: str) -> bytes:
         """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch
         seconds), delivery count and source stream (`src`: its partition, where a redrive puts it back),
-        and XACK the original in one pipeline (MULTI/EXEC on a single Redis; on a cluster the two
-        streams are in different slots and redis-py sends the XADD and the XACK in order). Returns the
-        dead letter's id."""
+        and XACK the original: atomically (MULTI/EXEC) on a single Redis; on a cluster, where the two
+        streams are in different slots (a transaction there is CrossSlotTransactionError), the copy
+        first and then the ack, so a failure between them leaves the entry pending, to be dead-lettered
+        again (a duplicate dead letter, never a lost entry). Returns the dead letter's id."""
         fields: dict[FieldT, EncodableT] = {
             b"e": entry.payload or b"",
             b"sid": entry.stream_id,
@@ -330,6 +351,10 @@ class StreamGroup:
             b"at": repr(time.time()).encode(),
             b"deliveries": str(entry.deliveries).encode(),
         }
+        if isinstance(self.redis, RedisCluster):
+            dead_id = await self.redis.xadd(dead_stream, fields)
+            await self.redis.xack(self.stream, self.group, entry.stream_id)
+            return dead_id
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(dead_stream, fields)
             pipe.xack(self.stream, self.group, entry.stream_id)

@@ -24,6 +24,7 @@ import time
 from typing import cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
@@ -206,15 +207,23 @@ async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
 async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
     """BGREWRITEAOF and wait for a rewrite that *started after this call* to finish (one already
     running forked before the forget and would keep its data). False when AOF is off (nothing to do)
-    or the rewrite failed; TimeoutError past `timeout` seconds."""
-    info = await redis.info("persistence")
+    or the rewrite failed; TimeoutError past `timeout` seconds. On a cluster, on every primary in turn
+    (each holds its own AOF): True only if every one rewrote."""
+    if isinstance(redis, RedisCluster):
+        return all([await _rewrite_aof(redis, {"target_nodes": n}, timeout) for n in redis.get_primaries()])
+    return await _rewrite_aof(redis, {}, timeout)
+
+
+async def _rewrite_aof(redis: aioredis.Redis, target: dict, timeout: float) -> bool:
+    """`rewrite_aof` on one server (`target`: redis-py's `target_nodes` on a cluster, else empty)."""
+    info = await redis.info("persistence", **target)
     if not int(info.get("aof_enabled", 0)):
         return False
     deadline = time.monotonic() + timeout
     while True:
-        before = int((await redis.info("persistence")).get("aof_rewrites", 0))
+        before = int((await redis.info("persistence", **target)).get("aof_rewrites", 0))
         try:
-            await redis.bgrewriteaof()
+            await redis.bgrewriteaof(**target)
             break
         except ResponseError as exc:
             if "already in progress" not in str(exc):
@@ -223,7 +232,7 @@ async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
             raise TimeoutError("an AOF rewrite stayed in progress")
         await asyncio.sleep(0.05)
     while True:
-        info = await redis.info("persistence")
+        info = await redis.info("persistence", **target)
         if (
             int(info.get("aof_rewrites", 0)) > before
             and not int(info.get("aof_rewrite_in_progress", 0))

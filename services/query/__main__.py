@@ -53,7 +53,9 @@ def main() -> int:
             ),
             watch=app[STARTUP].wait,
         )
-    except Conflict as exc:  # e.g. the index was built with another embedder: say so, no traceback
+    # e.g. the index was built with another embedder, or the deployment has another number of stream
+    # partitions (met once Redis answers, after the port opened): say so, no traceback, exit 2
+    except (Conflict, ConfigError) as exc:
         print(line(fmt, f"engram query: {exc}", logger=log.name, level=logging.ERROR), file=sys.stderr)
         return 2
     finally:

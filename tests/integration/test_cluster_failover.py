@@ -10,7 +10,7 @@ import redis as syncredis
 from deploy.embedded_redis import EmbeddedCluster
 from services.query.app import make_app
 from shared.embedding import HashingEmbedder
-from shared.keys import Keys, ns_tag
+from shared.keys import ns_tag
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
 from shared.settings import Settings
@@ -51,14 +51,14 @@ async def test_a_killed_primary_fails_over_and_nothing_acknowledged_is_lost(repl
         block_ms=50,
         lease_ms=2000,
     )
-    keys, ns = Keys(s.prefix), "tenant"
+    keys, ns = s.keys, "tenant"
     redis = connect(s.redis_url, prefix=s.prefix)
     client = EngramClient(redis, namespace=ns, prefix=s.prefix)
     for i in range(10):
         await client.record(ep("mig", i))
     worker = make_worker(s, redis)
     await drain(worker)
-    # the primary holding the namespace (and, if it is the same, the stream): acknowledged by its replica
+    # the primary holding the namespace (and, if it is the same, its stream partition): acknowledged by its replica
     victim_port = owner_port(replicated.nodes[0].port, ns_tag(ns))
     victim = next(n for n in replicated.nodes if n.port == victim_port)
     v = syncredis.Redis(port=victim_port)
@@ -108,5 +108,5 @@ async def test_a_killed_primary_fails_over_and_nothing_acknowledged_is_lost(repl
         interval=0.2,
         message="new episodes",
     )
-    assert await redis.xlen(keys.stream) >= 14
+    assert await redis.xlen(keys.stream_of(ns)) >= 14  # the namespace's partition
     await redis.aclose()

@@ -217,7 +217,9 @@ async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
         ring = KeyRing(Keys(settings.prefix), MasterKey(master_key))
         await ring.load(redis)
         rows = await redis.xrange(Keys(settings.prefix).stream)
-        await ring.prefetch(redis, [ref for _, f in rows if (ref := payload_ref(f[b"e"])) is not None])
+        await ring.prefetch(
+            redis, [(*ref, "ns") for _, f in rows if (ref := payload_ref(f[b"e"])) is not None]
+        )
         opened = []
         for _, f in rows:
             with contextlib.suppress(EngramError):  # shredded entries do not open: that is the point

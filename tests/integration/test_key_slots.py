@@ -20,11 +20,11 @@ from redis.crc import key_slot
 from engram_episodic.events import Action, ActionRecorded
 from services.consolidator.facts import RELEASE_LUA, Consolidator
 from services.consolidator.scripts import FORGET_USER_LUA, PROJECT_LUA, RECORD_LUA, WRITE_LUA
-from shared.facts import FactScope
 from shared import partitions as partitions_module
+from shared.facts import FactScope
 from shared.keys import Keys, ns_tag
-from shared.streams import PUBLISH_SEALED_LUA
 from shared.sdk import EngramClient
+from shared.streams import PUBLISH_SEALED_LUA
 from tests.integration.test_consolidator import drain
 from tests.integration.test_facts import ep, make_worker
 

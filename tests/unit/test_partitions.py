@@ -56,7 +56,10 @@ def test_one_partition_keeps_the_key_names_of_before_partitions():
     assert keys.stream == keys.partition_stream(0) == "engram:stream:episodes"
     assert keys.streams == ("engram:stream:episodes",)
     assert keys.stream_of("any") == keys.stream
-    assert keys.stream_compaction(keys.stream) == "engram:stream:episodes:compacting"
+    # the copy a compaction writes is in the slot of what it copies, tagged or not
+    for stream in (keys.stream, keys.dead_letters):
+        assert key_slot(keys.stream_compaction(stream).encode()) == key_slot(stream.encode())
+        assert keys.stream_compaction(stream).startswith(keys.prefix)
     assert keys.encrypted_marker(0) == keys.deployment_key
     assert keys.data_key(b"\x01" * 16) == "engram:dek:" + "01" * 16
 
@@ -82,3 +85,15 @@ def test_what_a_publish_script_checks_shares_its_partitions_slot():
 def test_a_partition_count_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="partitions must be in"):
         Keys("engram:", bad)
+
+
+@pytest.mark.parametrize("primaries", [2, 3, 4, 5, 16])
+def test_partitions_per_primary_differ_by_at_most_one(primaries):
+    # equal contiguous slot ranges, as redis-cli --cluster create assigns them
+    bounds = [i * 16384 // primaries for i in range(primaries + 1)]
+    keys = Keys("engram:", 16)
+    per = Counter(
+        next(j for j in range(primaries) if bounds[j] <= key_slot(s.encode()) < bounds[j + 1])
+        for s in keys.streams
+    )
+    assert len(per) == primaries and max(per.values()) - min(per.values()) <= 1
