@@ -45,22 +45,31 @@ NAMESPACE = "bench"
 CANDIDATES = 100  # the service's default `candidates` per similarity list (api.md): the KNN it runs
 
 
-def _episode(i: int, text: str, completed_at: float) -> dict[str, Any]:
-    """A derived document as bench.locomo publishes a turn: the turn is the task."""
-    return {
+def _episode(i: int, text: str, completed_at: float, *, feedback: bool) -> dict[str, Any]:
+    """A derived document as bench.locomo publishes a turn (the turn is the task), with an agent
+    episode's outcome, importance and, when `feedback`, a reward (deterministic in i)."""
+    episode: dict[str, Any] = {
         "episode_id": f"t-{i}",
         "task": text,
-        "outcome": "success",
+        "outcome": ("success", "partial", "failure")[i % 3],
+        "importance": 1 + i % 10,
         "agent_id": f"speaker-{i % 2}",
         "completed_at": completed_at,
     }
+    if feedback:
+        # continuous (Knuth's multiplicative hash of i): a coarse reward ties at the top-by-reward list's
+        # boundary, and the service then sorts the whole namespace (docs/benchmarks.md, default embedder)
+        episode["feedback"] = {"reward": ((i * 2654435761) % 2**32) / 2**32}
+    return episode
 
 
 class CorpusSeeder:
     """Writes derived documents into one generation-1 episode index with the service's own settings
     (`shared.settings.Settings`: HNSW M / EF_CONSTRUCTION / EF_RUNTIME) by pipelined HSET."""
 
-    def __init__(self, r, embedder_name: str, dim: int, texts: list[str], vectors: np.ndarray):
+    def __init__(
+        self, r, embedder_name: str, dim: int, texts: list[str], vectors: np.ndarray, *, feedback: bool = True
+    ):
         from shared.keys import Keys
 
         self.r = r
@@ -71,6 +80,7 @@ class CorpusSeeder:
         self.vectors = vectors  # float32[max size, dim], derived
         self.n = 0
         self.now = time.time()
+        self.feedback = feedback
 
     async def create(self) -> None:
         from services.query.app import vector_params
@@ -91,7 +101,14 @@ class CorpusSeeder:
             async with self.r.pipeline(transaction=False) as pipe:
                 for i in range(start, min(start + 1000, size)):
                     # one a minute, the newest now: recency spreads over ~70 days at 100k
-                    e = parse_episode(_episode(i, derived_text(self.texts, i), self.now - 60.0 * (total - i)))
+                    e = parse_episode(
+                        _episode(
+                            i,
+                            derived_text(self.texts, i),
+                            self.now - 60.0 * (total - i),
+                            feedback=self.feedback,
+                        )
+                    )
                     fields = episode_fields(
                         NAMESPACE, e, status="completed", vector=self.vectors[i], tags=self.tags
                     )
