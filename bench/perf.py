@@ -609,7 +609,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"
     )
     g.add_argument("--raw-requests", type=int, default=200, help="sequential raw FT.SEARCH for the floor")
-    g.add_argument("--floor-passes", type=int, default=20, help="model passes per client count for the floor")
+    g.add_argument(
+        "--floor-passes", type=int, default=10, help="model passes before each client count's service run"
+    )
     g.add_argument(
         "--corpus-texts", type=int, default=5000, help="real texts embedded (once, cached) for the corpus"
     )
