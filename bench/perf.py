@@ -1,6 +1,7 @@
 """The performance suite (`make bench`): every figure next to its baseline measured in the same run.
 
-Phases (sizes are options; the defaults finish within 15 minutes on 2 cores):
+Phases (sizes are options; all four at the defaults take ~25-35 minutes on 2 shared cores, `--quick`
+~8; the first run also embeds the recall corpus once, ~7 minutes, then cached):
 
 1. ingest end to end: publish N synthetic episodes through the SDK while K consolidator processes
    (`python -m services.consolidator run`, ENGRAM_EMBEDDER=hashing|minilm) project them, until every
@@ -14,6 +15,11 @@ Phases (sizes are options; the defaults finish within 15 minutes on 2 cores):
 3. recall latency: 16 concurrent clients on `POST /v1/recall` of a query-service process vs 16 concurrent
    raw `FT.SEARCH` KNN with the same filter, the same k and the same returned fields, vs an exact numpy
    scan in process; p50/p99 and throughput at 10k and 100k episodes.
+4. recall with the default embedder (bench.perf_recall): 10k then 100k episodes in one namespace, built
+   from real vectors (bench.perf_corpus), 1 / 8 / 16 clients through the query service embedding every
+   query, vs the floor = the model's pass + one raw FT.SEARCH; Redis CPU per recall.
+5. ingest of real texts with the default embedder (bench.perf_ingest): LoCoMo turns and 2,000-character
+   texts end to end, vs the embedder alone on the same texts.
 
 Results: a table on stdout and `bench/results.json`. The machine is shared with other work; the load
 average at the start is recorded with the numbers.
@@ -603,7 +609,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"
     )
     g.add_argument("--raw-requests", type=int, default=200, help="sequential raw FT.SEARCH for the floor")
-    g.add_argument("--floor-passes", type=int, default=20, help="model passes per client count for the floor")
+    g.add_argument(
+        "--floor-passes", type=int, default=10, help="model passes before each client count's service run"
+    )
     g.add_argument(
         "--corpus-texts", type=int, default=5000, help="real texts embedded (once, cached) for the corpus"
     )
@@ -611,11 +619,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--corpus-noise", type=float, default=0.3, help="norm of the noise added to derived vectors"
     )
     g.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where corpus vectors are cached")
-    g.add_argument("--ingest-turns", type=int, default=512, help="LoCoMo turns per real-text ingest run")
+    g.add_argument("--ingest-turns", type=int, default=256, help="LoCoMo turns per real-text ingest run")
     g.add_argument(
-        "--ingest-long", type=int, default=48, help="2,000-character texts per real-text ingest run"
+        "--ingest-long", type=int, default=24, help="2,000-character texts per real-text ingest run"
     )
-    g.add_argument("--real-rounds", type=int, default=1, help="interleaved rounds of real-text ingest")
+    g.add_argument("--real-rounds", type=int, default=2, help="interleaved rounds of real-text ingest")
     g.add_argument(
         "--ingest-threads",
         default="2",
@@ -634,7 +642,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("agent-memory-server",),
         help="run the LoCoMo side-by-side with this peer instead (bench/peer.py; the options after it are its own)",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes for routine use: hashing ingest 3k, index and recall 2k/10k, 128 turns, 12 long texts",
+    )
+    args = p.parse_args(argv)
+    if args.quick:  # overrides the sizes (a full run is the default: `make bench`)
+        args.ingest_hashing, args.ingest_minilm, args.repeats = 3000, 500, 2
+        args.sizes, args.recall_sizes, args.requests = [2000, 10000], [2000, 10000], 400
+        args.ingest_turns, args.ingest_long, args.recall_requests = 128, 12, 10
+    return args
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
