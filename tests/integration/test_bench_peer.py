@@ -25,6 +25,9 @@ from bench.peer_systems import PeerMissing, cpu_seconds, peer_python, tag_escape
 from shared.embedding import Embedder, MiniLMEmbedder
 from shared.embedding_openai import OpenAIEmbedder
 
+# the first test loads MiniLM with torch: seconds on a quiet machine, over the default 60 s at load 10
+pytestmark = pytest.mark.timeout(300)
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["Caroline: I went to a LGBTQ support group yesterday", "Melanie: I painted a sunrise by the lake"]
 
@@ -148,6 +151,7 @@ def test_the_peer_without_its_venv_is_refused_with_the_install_command(tmp_path)
         peer_python(tmp_path / "broken")
 
 
+@pytest.mark.slow  # a fresh interpreter per case (make test-fast skips process-spawning tests)
 @pytest.mark.parametrize("entry", [["bench.peer"], ["bench.perf", "--peer", "agent-memory-server"]])
 def test_the_cli_exits_2_naming_make_peer_install_before_starting_anything(tmp_path, entry):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "client"), str(ROOT)])}
