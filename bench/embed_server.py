@@ -254,8 +254,15 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """`GET /health`: 200 with the models and their dimensions (the port opens once they are loaded)."""
-    return web.json_response({"models": {MODELS[k]: s.embedder.dim for k, s in request.app[SHARERS].items()}})
+    """`GET /health`: 200 with the models, their dimensions and the backend each runs on (torch, onnx,
+    onnx-int8; the port opens once they are loaded)."""
+    sharers = request.app[SHARERS]
+    return web.json_response(
+        {
+            "models": {MODELS[k]: s.embedder.dim for k, s in sharers.items()},
+            "backends": {MODELS[k]: getattr(s.embedder, "runs_on", "?") for k, s in sharers.items()},
+        }
+    )
 
 
 async def stats(request: web.Request) -> web.Response:

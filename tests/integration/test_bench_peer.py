@@ -72,7 +72,8 @@ async def test_embeddings_answer_in_openai_shape_float_and_base64(client, minilm
     np.testing.assert_allclose(row, expected[0], atol=1e-5)
     stats = await (await client.get("/stats")).json()
     assert stats["all-minilm-l6-v2"]["requests"] == 2 and stats["all-minilm-l6-v2"]["texts"] == 3
-    assert (await (await client.get("/health")).json()) == {"models": {"all-minilm-l6-v2": 384}}
+    health = await (await client.get("/health")).json()
+    assert health == {"models": {"all-minilm-l6-v2": 384}, "backends": {"all-minilm-l6-v2": "torch"}}
 
 
 @pytest.mark.parametrize(
