@@ -121,6 +121,11 @@ class EmbedServer:
 
             await poll_until(up, timeout=timeout, what="the embedding server")
 
+    async def health(self) -> dict[str, Any]:
+        """Its `/health`: the models, their dimensions and backends."""
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            return (await http.get(f"http://127.0.0.1:{self.port}/health")).json()
+
     async def stats(self) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=10.0) as http:
             return (await http.get(f"http://127.0.0.1:{self.port}/stats")).json()
@@ -224,6 +229,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             if embed is not None:
                 await embed.wait()
+                res["embed_server_health"] = await embed.health()
+                print(f"embedding server: {res['embed_server_health']}", flush=True)
             for name, server in zip(names, servers, strict=True):
                 systems[name] = _make(name, server.url, embed, args)
                 systems[name].redis_pid = server.process.pid

@@ -25,6 +25,9 @@ from bench.peer_systems import PeerMissing, cpu_seconds, peer_python, tag_escape
 from shared.embedding import Embedder, MiniLMEmbedder
 from shared.embedding_openai import OpenAIEmbedder
 
+# the first test loads MiniLM with torch: seconds on a quiet machine, over the default 60 s at load 10
+pytestmark = pytest.mark.timeout(300)
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["Caroline: I went to a LGBTQ support group yesterday", "Melanie: I painted a sunrise by the lake"]
 
@@ -69,7 +72,8 @@ async def test_embeddings_answer_in_openai_shape_float_and_base64(client, minilm
     np.testing.assert_allclose(row, expected[0], atol=1e-5)
     stats = await (await client.get("/stats")).json()
     assert stats["all-minilm-l6-v2"]["requests"] == 2 and stats["all-minilm-l6-v2"]["texts"] == 3
-    assert (await (await client.get("/health")).json()) == {"models": {"all-minilm-l6-v2": 384}}
+    health = await (await client.get("/health")).json()
+    assert health == {"models": {"all-minilm-l6-v2": 384}, "backends": {"all-minilm-l6-v2": "torch"}}
 
 
 @pytest.mark.parametrize(
@@ -148,6 +152,7 @@ def test_the_peer_without_its_venv_is_refused_with_the_install_command(tmp_path)
         peer_python(tmp_path / "broken")
 
 
+@pytest.mark.slow  # a fresh interpreter per case (make test-fast skips process-spawning tests)
 @pytest.mark.parametrize("entry", [["bench.peer"], ["bench.perf", "--peer", "agent-memory-server"]])
 def test_the_cli_exits_2_naming_make_peer_install_before_starting_anything(tmp_path, entry):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "client"), str(ROOT)])}
