@@ -16,8 +16,8 @@ event hash, document and stream-id set, its tombstone, its user's tombstone and 
 the facts and scope counters of the namespace hash to one slot: every script of the projection,
 forgetting and facts is single-slot (tests/integration/test_key_slots.py checks each call). The tag
 sits after the kind of key (`<prefix>g1:ep:{tag}:<digest>`), so the index prefixes (`<prefix>g1:ep:`,
-`<prefix>g1:fact:`) still match. The few global keys (stream, dead letters, meta, aliases, the
-deployment key) carry no namespace tag. The keys of the layout before the tags, which a replay
+`<prefix>g1:fact:`) still match. The few global keys (dead letters, meta, aliases, the deployment
+key, and the stream of a deployment with one partition) carry no namespace tag. The keys of the layout before the tags, which a replay
 migrates from, are built by `LegacyKeys`.
 
 **Stream partitions.** The episode stream is `partitions` (P) streams. P = 1 is the single key

@@ -156,7 +156,9 @@ class EngramClient:
             delay = backoff.next()
 
     async def publish(self, events: Iterable[Event]) -> list[str]:
-        """XADD `events` atomically (all or none); returns their stream ids.
+        """XADD `events` atomically (all or none); returns their stream ids. Events of several
+        namespaces may go to several stream partitions (`shared.keys`): then each partition's share is
+        atomic, not the whole call (a client's own events, of its one namespace, are one share).
 
         InvalidEpisode names any item that is not an event (nothing is published then). Raises
         PublishError after `retries` failed attempts or `publish_timeout` seconds, and its
