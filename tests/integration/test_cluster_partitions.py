@@ -103,16 +103,31 @@ async def test_ingest_spreads_over_every_primary_and_is_projected_once(
             "mig-1",
             "mig-2",
         ]
-        # HTTP ingest with read-your-writes: its `pending` lookup asks the namespace's partition
+        # read-your-writes: accepted and not yet projected is `pending`, found in the namespace's partition
         reply = await http.post(
-            "/v1/episodes?wait=10",
-            json=ep("mig", 3),
-            headers={"Authorization": f"Bearer key-{ns}"},
+            "/v1/episodes", json=ep("mig", 3), headers={"Authorization": f"Bearer key-{ns}"}
         )
-        assert reply.status in (201, 202), await reply.text()
+        assert reply.status == 202, await reply.text()
+        got = await http.get("/v1/episodes/mig-3", headers={"Authorization": f"Bearer key-{ns}"})
+        assert (await got.json())["status"] == "pending"
+    # ?wait= sees its entries acked by the group of the namespace's partition, with a worker running
+    stop = asyncio.Event()
+    running = asyncio.create_task(make_worker(s, redis, name="w2").run(stop))
+    try:
+        reply = await http.post(
+            "/v1/episodes?wait=30",
+            json=ep("mig", 4),
+            headers={"Authorization": f"Bearer key-{NAMESPACES[0]}"},
+        )
+        assert reply.status == 202 and (await reply.json())["projected"] is True, await reply.text()
+    finally:
+        stop.set()
+        await running
     await drain(worker)
     for ns in NAMESPACES[:4]:
-        assert await in_index(redis, keys, ns) == 4
+        got = await http.get("/v1/episodes/mig-3", headers={"Authorization": f"Bearer key-{ns}"})
+        assert (await got.json())["status"] == "completed"
+        assert await in_index(redis, keys, ns) == (5 if ns == NAMESPACES[0] else 4)
 
     # a dead letter records its partition and is re-driven into it
     bad = NAMESPACES[5]

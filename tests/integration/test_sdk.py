@@ -257,3 +257,30 @@ async def test_publish_names_an_item_that_is_not_an_event_and_publishes_nothing(
     # a generator is published, not used up by the check (it returned [] and stored nothing)
     assert len(await client.publish(e for e in [good])) == 1
     assert [e.event_id for e in await read_all(redis, prefix)] == [good.event_id]
+
+
+async def test_backpressure_is_the_lag_of_the_publishers_partition(redis, prefix):
+    from engram_episodic.errors import Backpressure
+
+    keys = Keys(prefix, 4)
+    busy, calm = (
+        "ns-busy",
+        next(f"ns-{i}" for i in range(100) if keys.partition(f"ns-{i}") != keys.partition("ns-busy")),
+    )
+    await streams.Partitions(redis, keys.streams, "consolidator").ensure()
+    filler = EngramClient(redis, namespace=busy, prefix=prefix, partitions=4)
+    for i in range(30):
+        await filler.record({"episode_id": f"f{i}", "task": "t", "outcome": "success"})
+    assert await streams.StreamGroup(redis, keys.stream_of(busy), "consolidator").lag() == 30
+    assert await streams.Partitions(redis, keys.streams, "consolidator").lag() == 30
+    strict = EngramClient(
+        redis, namespace=busy, prefix=prefix, max_lag=10, wait_on_backpressure=False, partitions=4
+    )
+    with pytest.raises(Backpressure):
+        await strict.record({"episode_id": "x", "task": "t", "outcome": "success"})
+    # another namespace's partition does not lag: its publisher is not held back
+    other = EngramClient(
+        redis, namespace=calm, prefix=prefix, max_lag=10, wait_on_backpressure=False, partitions=4
+    )
+    await other.record({"episode_id": "y", "task": "t", "outcome": "success"})
+    assert await redis.xlen(keys.stream_of(calm)) == 1
