@@ -161,7 +161,9 @@ def _model_installed() -> bool:
 
 
 @pytest.mark.skipif(not _model_installed(), reason="the default model (mpnet) is not installed")
-@pytest.mark.timeout(420)  # the model loaded by this process, the query service and two workers: ~90 s measured
+@pytest.mark.timeout(
+    420
+)  # the model loaded by this process, the query service and two workers: ~90 s measured
 def test_default_embedder_phases_tiny(tmp_path):
     out = tmp_path / "results.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
