@@ -161,7 +161,8 @@ def _model_installed() -> bool:
 
 
 @pytest.mark.skipif(not _model_installed(), reason="the default model (mpnet) is not installed")
-@pytest.mark.timeout(420)  # the model loaded by this process, the query service and two workers: ~90 s measured
+# the model loaded by this process, by the query service and by two workers: 93 s measured at load ~4
+@pytest.mark.timeout(420)
 def test_default_embedder_phases_tiny(tmp_path):
     out = tmp_path / "results.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
