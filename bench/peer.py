@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -240,10 +241,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     needs_server = any(n != "engram-default" for n in names)
     if "ams-minilm" in names:
         peer_python(args.peer_venv)  # PeerMissing before anything starts
-    embed = EmbedServer() if needs_server else None
     measured = {n: Measured() for n in names}
     systems: dict[str, System] = {}
-    with _redises(len(names)) as servers:
+    embed: EmbedServer | None = None
+    with contextlib.ExitStack() as stack:  # every Redis is stopped, even when a later one fails to start
+        servers = [stack.enter_context(private_redis()) for _ in names]
+        embed = EmbedServer() if needs_server else None
         try:
             if embed is not None:
                 await embed.wait()
@@ -251,7 +254,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"embedding server: {res['embed_server_health']}", flush=True)
             for name, server in zip(names, servers, strict=True):
                 systems[name] = _make(name, server.url, embed, args)
-                systems[name].redis_pid = server.process.pid
+                systems[name].redis_pid = server.process.pid if server.process else None
             for name in names:
                 print(f"starting {name}", flush=True)
                 await systems[name].start(convs)
@@ -331,20 +334,6 @@ def _make(name: str, redis_url: str, embed: EmbedServer | None, args: argparse.N
             env["ENGRAM_RECALL_MODE"] = "vector"
         return EngramSystem(label=name, redis_url=redis_url, env_extra=env)
     return AgentMemoryServer(label=name, redis_url=redis_url, venv=args.peer_venv, embed_url=embed.url)
-
-
-class _redises:
-    """`n` private embedded Redis servers (bench.common.private_redis), entered together."""
-
-    def __init__(self, n: int):
-        self._cms = [private_redis() for _ in range(n)]
-
-    def __enter__(self) -> list[Any]:
-        return [cm.__enter__() for cm in self._cms]
-
-    def __exit__(self, *exc: object) -> None:
-        for cm in reversed(self._cms):
-            cm.__exit__(None, None, None)
 
 
 async def _maybe_stats(embed: EmbedServer) -> dict[str, Any]:
