@@ -20,7 +20,7 @@ gets the turns over HTTP, 100 per request, and the clock stops when all of them 
 in its own RediSearch index); turns/s = all turns / the summed times. Recall: `--rounds` rounds, each
 running every system in turn (order rotating): `--sequential` questions one at a time (p50), then every
 question through `--clients` closed-loop clients (p50, p95, recalls/s = questions / wall time), top 10.
-Every system gets the same HTTP client (httpx, one keep-alive connection per client). R@5 / R@10
+Every system gets the same HTTP client (aiohttp, one keep-alive connection per client). R@5 / R@10
 (share of a question's evidence turns in the top 5 / 10, LoCoMo's R@k) come from the first round's
 concurrent pass. CPU per recall (ms, from /proc, every process of the system and the embedding server)
 says where the time goes. Engram's query cache is off (`ENGRAM_QUERY_CACHE=0`): the peer has none, and
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -40,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
+import orjson
 
 from bench.common import (
     ROOT,
@@ -140,19 +143,19 @@ def _cpu(system: System, embed: EmbedServer | None) -> dict[str, float]:
         pids["embedding server"] = embed.proc.pid
     if system.redis_pid:
         pids["redis"] = system.redis_pid
+    pids["bench client"] = os.getpid()  # the 8 HTTP clients: reading a larger answer costs the machine too
     return {role: cpu_seconds(pid) for role, pid in pids.items()}
 
 
 async def ingest(system: System, conv: Conversation, timeout: float) -> float:
     """Submit `conv`'s turns to `system`; seconds from the first request until all are searchable."""
     started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=system.base, timeout=300.0) as http:
+    async with _session(1, timeout=300.0) as http:
         for path, body, headers in system.ingest_requests(conv):
-            response = await http.post(path, json=body, headers=headers)
-            if response.status_code >= 300:
-                raise RuntimeError(
-                    f"{system.label}: POST {path} → {response.status_code}: {response.text[:300]}"
-                )
+            async with http.post(system.base + path, data=orjson.dumps(body), headers=headers) as response:
+                if response.status >= 300:
+                    text = (await response.text())[:300]
+                    raise RuntimeError(f"{system.label}: POST {path} → {response.status}: {text}")
 
     async def done() -> bool:
         return await system.searchable(conv) >= len(conv.turns)
@@ -166,15 +169,15 @@ async def ingest(system: System, conv: Conversation, timeout: float) -> float:
 async def ask(
     system: System, jobs: Sequence[tuple[Conversation, Question]], clients: int
 ) -> tuple[list[float], float, list[list[str] | None], int]:
-    """Every job through `clients` closed-loop clients (one httpx connection each): (latencies s, wall
+    """Every job through `clients` closed-loop clients (one aiohttp connection each): (latencies s, wall
     s, ranked ids per job or None when it failed, failures)."""
     todo = list(range(len(jobs)))[::-1]
     latencies: list[float] = []
     ranked: list[list[str] | None] = [None] * len(jobs)
     errors = 0
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30.0)
+    sizes: list[int] = []
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(http: aiohttp.ClientSession) -> None:
         nonlocal errors
         while todo:
             i = todo.pop()
@@ -182,9 +185,13 @@ async def ask(
             path, body, headers = system.search_request(conv, q, TOP_K)
             t0 = time.perf_counter()
             try:
-                response = await http.post(path, json=body, headers=headers)
-                payload = response.json() if response.status_code == 200 else None
-            except httpx.HTTPError:
+                async with http.post(
+                    system.base + path, data=orjson.dumps(body), headers=headers
+                ) as response:
+                    raw = await response.read()
+                payload = orjson.loads(raw) if response.status == 200 else None
+                sizes.append(len(raw))
+            except (aiohttp.ClientError, TimeoutError, ValueError):
                 payload = None
             latencies.append(time.perf_counter() - t0)
             if payload is None:
@@ -192,15 +199,27 @@ async def ask(
             else:
                 ranked[i] = system.ranked(conv, payload)
 
-    https = [httpx.AsyncClient(base_url=system.base, timeout=120.0, limits=limits) for _ in range(clients)]
+    https = [_session(1) for _ in range(clients)]
     try:
         started = time.perf_counter()
         await asyncio.gather(*(client(h) for h in https))
         wall = time.perf_counter() - started
     finally:
         for h in https:
-            await h.aclose()
+            await h.close()
+    system.response_bytes += sizes
     return latencies, wall, ranked, errors
+
+
+def _session(connections: int, timeout: float = 120.0) -> aiohttp.ClientSession:
+    """The HTTP client every system gets: aiohttp, `connections` keep-alive connections, JSON by orjson.
+    Not httpx: its CPU per request (~10 ms measured here, on the same 2 cores as the services) diluted
+    every ratio toward 1."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=30.0),
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        headers={"Content-Type": "application/json"},
+    )
 
 
 def rotate(items: Sequence[str], n: int) -> list[str]:
@@ -222,10 +241,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     needs_server = any(n != "engram-default" for n in names)
     if "ams-minilm" in names:
         peer_python(args.peer_venv)  # PeerMissing before anything starts
-    embed = EmbedServer() if needs_server else None
     measured = {n: Measured() for n in names}
     systems: dict[str, System] = {}
-    with _redises(len(names)) as servers:
+    embed: EmbedServer | None = None
+    with contextlib.ExitStack() as stack:  # every Redis is stopped, even when a later one fails to start
+        servers = [stack.enter_context(private_redis()) for _ in names]
+        embed = EmbedServer() if needs_server else None
         try:
             if embed is not None:
                 await embed.wait()
@@ -233,7 +254,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"embedding server: {res['embed_server_health']}", flush=True)
             for name, server in zip(names, servers, strict=True):
                 systems[name] = _make(name, server.url, embed, args)
-                systems[name].redis_pid = server.process.pid
+                systems[name].redis_pid = server.process.pid if server.process else None
             for name in names:
                 print(f"starting {name}", flush=True)
                 await systems[name].start(convs)
@@ -259,7 +280,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if embed is not None:
                 res["embed_server"] = await _maybe_stats(embed)
                 embed.stop()
-    res["systems"] = {n: _summary(m, jobs) for n, m in measured.items()}
+    res["systems"] = {n: _summary(m, systems[n]) for n, m in measured.items() if n in systems}
     return res
 
 
@@ -315,20 +336,6 @@ def _make(name: str, redis_url: str, embed: EmbedServer | None, args: argparse.N
     return AgentMemoryServer(label=name, redis_url=redis_url, venv=args.peer_venv, embed_url=embed.url)
 
 
-class _redises:
-    """`n` private embedded Redis servers (bench.common.private_redis), entered together."""
-
-    def __init__(self, n: int):
-        self._cms = [private_redis() for _ in range(n)]
-
-    def __enter__(self) -> list[Any]:
-        return [cm.__enter__() for cm in self._cms]
-
-    def __exit__(self, *exc: object) -> None:
-        for cm in reversed(self._cms):
-            cm.__exit__(None, None, None)
-
-
 async def _maybe_stats(embed: EmbedServer) -> dict[str, Any]:
     try:
         return await embed.stats()
@@ -336,7 +343,7 @@ async def _maybe_stats(embed: EmbedServer) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def _summary(m: Measured, jobs: list[tuple[Conversation, Question]]) -> dict[str, Any]:
+def _summary(m: Measured, system: System) -> dict[str, Any]:
     n = max(1, m.cpu_recalls)
     return {
         "ingest_turns_per_s": m.turns / m.ingest_s if m.ingest_s else float("nan"),
@@ -348,6 +355,7 @@ def _summary(m: Measured, jobs: list[tuple[Conversation, Question]]) -> dict[str
         "R@5": float(np.mean([q["R@5"] for q in m.quality])) if m.quality else float("nan"),
         "R@10": float(np.mean([q["R@10"] for q in m.quality])) if m.quality else float("nan"),
         "cpu_ms_per_recall": {role: 1000.0 * s / n for role, s in m.cpu.items()},
+        "response_bytes_median": statistics.median(system.response_bytes) if system.response_bytes else 0,
         "errors": m.errors,
     }
 
@@ -372,7 +380,12 @@ def render(res: dict[str, Any]) -> str:
                 rows.append([f"ratio {n} / peer", *(ratio(s[n][c], peer[c]) for c, _ in cols)])
     out = [table(["system", *(h for _, h in cols)], rows)]
     cpu_rows = [
-        [n, *(f"{role} {ms:.1f}" for role, ms in sorted(v["cpu_ms_per_recall"].items()))]
+        [
+            n,
+            f"all {sum(v['cpu_ms_per_recall'].values()):.1f}",
+            *(f"{role} {ms:.1f}" for role, ms in sorted(v["cpu_ms_per_recall"].items())),
+            f"answer {v['response_bytes_median'] / 1000:.1f} kB",
+        ]
         for n, v in s.items()
     ]
     width = max((len(r) for r in cpu_rows), default=1)

@@ -109,6 +109,7 @@ class System:
     procs: list[subprocess.Popen] = field(default_factory=list)
     base: str = ""
     redis_pid: int | None = None
+    response_bytes: list[int] = field(default_factory=list)
 
     def pids(self) -> dict[str, int]:
         raise NotImplementedError
