@@ -1,7 +1,8 @@
 """The performance suite (`make bench`): every figure next to its baseline measured in the same run.
 
-Phases (sizes are options; all four at the defaults take ~25-35 minutes on 2 shared cores, `--quick`
-~8; the first run also embeds the recall corpus once, ~7 minutes, then cached):
+Phases (sizes are options). On 2 shared cores, measured phase by phase: ingest + index ~3-10 minutes,
+recall 4-8, ingest-real ~7 (so ~15-25 for the defaults; not timed as one invocation); `--quick` 6.6
+minutes at load ~3. The first run also embeds the recall corpus once (~7 minutes), then it is cached:
 
 1. ingest end to end: publish N synthetic episodes through the SDK while K consolidator processes
    (`python -m services.consolidator run`, ENGRAM_EMBEDDER=hashing|minilm) project them, until every
