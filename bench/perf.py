@@ -609,6 +609,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"
     )
+    g.add_argument(
+        "--recall-profile",
+        type=int,
+        default=20,
+        help="sequential recalls per size profiled with SLOWLOG (where Redis's time goes; 0 = off)",
+    )
     g.add_argument("--raw-requests", type=int, default=200, help="sequential raw FT.SEARCH for the floor")
     g.add_argument(
         "--floor-passes", type=int, default=10, help="model passes before each client count's service run"
