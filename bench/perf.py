@@ -18,7 +18,8 @@ minutes at load ~3. The first run also embeds the recall corpus once (~7 minutes
    scan in process; p50/p99 and throughput at 10k and 100k episodes.
 4. recall with the default embedder (bench.perf_recall): 10k then 100k episodes in one namespace, built
    from real vectors (bench.perf_corpus), 1 / 8 / 16 clients through the query service embedding every
-   query, vs the floor = the model's pass + one raw FT.SEARCH; Redis CPU per recall.
+   query, vs the floor = the model's pass + one raw FT.SEARCH; Redis CPU per recall, and where it goes
+   (SLOWLOG, by part of the recall).
 5. ingest of real texts with the default embedder (bench.perf_ingest): LoCoMo turns and 2,000-character
    texts end to end, vs the embedder alone on the same texts.
 
