@@ -1,7 +1,8 @@
 """The performance suite (`make bench`): every figure next to its baseline measured in the same run.
 
-Phases (sizes are options; all four at the defaults take ~25-35 minutes on 2 shared cores, `--quick`
-~8; the first run also embeds the recall corpus once, ~7 minutes, then cached):
+Phases (sizes are options). On 2 shared cores, measured phase by phase: ingest + index ~3-10 minutes,
+recall 4-8, ingest-real ~7 (so ~15-25 for the defaults; not timed as one invocation); `--quick` 6.6
+minutes at load ~3. The first run also embeds the recall corpus once (~7 minutes), then it is cached:
 
 1. ingest end to end: publish N synthetic episodes through the SDK while K consolidator processes
    (`python -m services.consolidator run`, ENGRAM_EMBEDDER=hashing|minilm) project them, until every
@@ -17,7 +18,8 @@ Phases (sizes are options; all four at the defaults take ~25-35 minutes on 2 sha
    scan in process; p50/p99 and throughput at 10k and 100k episodes.
 4. recall with the default embedder (bench.perf_recall): 10k then 100k episodes in one namespace, built
    from real vectors (bench.perf_corpus), 1 / 8 / 16 clients through the query service embedding every
-   query, vs the floor = the model's pass + one raw FT.SEARCH; Redis CPU per recall.
+   query, vs the floor = the model's pass + one raw FT.SEARCH; Redis CPU per recall, and where it goes
+   (SLOWLOG, by part of the recall).
 5. ingest of real texts with the default embedder (bench.perf_ingest): LoCoMo turns and 2,000-character
    texts end to end, vs the embedder alone on the same texts.
 
@@ -607,6 +609,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--recall-clients", default="1,8,16", type=lambda s: [int(x) for x in s.split(",")])
     g.add_argument(
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"
+    )
+    g.add_argument(
+        "--recall-profile",
+        type=int,
+        default=20,
+        help="sequential recalls per size profiled with SLOWLOG (where Redis's time goes; 0 = off)",
     )
     g.add_argument("--raw-requests", type=int, default=200, help="sequential raw FT.SEARCH for the floor")
     g.add_argument(

@@ -20,6 +20,7 @@ Redis CPU per recall (INFO used_cpu deltas over the requests).
 from __future__ import annotations
 
 import argparse
+import re
 import time
 import uuid
 from typing import Any
@@ -204,6 +205,69 @@ async def service_clients(
     }
 
 
+def _command_class(cmd: str) -> str:
+    """The part of a recall a SLOWLOG entry belongs to, from its command line as SLOWLOG keeps it: each
+    argument cut at 128 characters and at most 32 arguments, so the tests look at what survives."""
+    if cmd.startswith("FT.INFO"):
+        return "FT.INFO (index size)"
+    if not cmd.startswith("FT.SEARCH"):
+        return cmd.split(" ", 1)[0]
+    # every KNN (shared.index) sorts by its distance; SLOWLOG keeps 32 arguments, so a restricted KNN's
+    # (INKEYS and 100 keys first) is known by its query, a union's (a long query) by its SORTBY
+    if "=>[KNN" in cmd or " SORTBY dist " in cmd:
+        return "KNN, union of remembered lists" if ") | (" in cmd else "KNN (vector arm, restricted KNN)"
+    if "BM25STD" in cmd:
+        return "keyword arm (BM25, 100 deep)"
+    if " SORTBY " in cmd:
+        # a top-by list, narrowed by a remembered floor when a sort field has a finite lower bound (the
+        # bench's requests set no `since` or reward filter; the expiry clause is `-@expires_at:[-inf …]`)
+        narrowed = re.search(r"@(completed_at|reward|importance):\[(?!-inf)", cmd) is not None
+        return "top-by list, narrowed" if narrowed else "top-by list, whole namespace"
+    if " LIMIT 0 0 " in cmd:
+        return "idf counts (one per query word)" if cmd.split(" ", 3)[2].startswith("(@task") else "counts"
+    return "other FT.SEARCH"
+
+
+async def redis_profile(r, base: str, queries: list[str], options: dict[str, Any], n: int) -> dict[str, Any]:
+    """Where Redis's time goes in `n` sequential recalls (after 5 of warm-up): SLOWLOG with threshold 0,
+    durations summed per `_command_class`; {class: {"us_per_recall", "calls_per_recall"}}. Redis's
+    previous SLOWLOG settings are restored."""
+    from engram_episodic.client import Calls
+
+    before = await r.config_get("slowlog-*")
+    async with ClientPool(base, 1, 300.0, max_retries=0) as memory:
+        for q in queries[n : n + 5]:
+            await memory.call(Calls.recall(q, options).as_json())
+        await r.config_set("slowlog-max-len", 100_000)
+        await r.config_set("slowlog-log-slower-than", 0)
+        await r.slowlog_reset()
+        try:
+            for q in queries[:n]:
+                await memory.call(Calls.recall(q, options).as_json())
+        finally:
+            await r.config_set("slowlog-log-slower-than", before["slowlog-log-slower-than"])
+        entries = await r.slowlog_get(100_000)
+        await r.config_set("slowlog-max-len", before["slowlog-max-len"])
+    totals: dict[str, list[float]] = {}
+    slowest: dict[str, tuple[float, str]] = {}  # per part, its slowest command (first 400 characters)
+    for entry in entries:
+        cmd = entry["command"]
+        cmd = cmd.decode(errors="replace") if isinstance(cmd, bytes) else str(cmd)
+        if cmd.startswith(("SLOWLOG", "CONFIG")):
+            continue
+        part, us = _command_class(cmd), float(entry["duration"])
+        t = totals.setdefault(part, [0, 0.0])
+        t[0] += 1
+        t[1] += us
+        if us > slowest.get(part, (-1.0, ""))[0]:
+            slowest[part] = (us, cmd[:400])
+    profile = {
+        k: {"us_per_recall": v[1] / n, "calls_per_recall": v[0] / n, "slowest": slowest[k]}
+        for k, v in sorted(totals.items(), key=lambda kv: -kv[1][1])
+    }
+    return {"recalls": n, "total_us_per_recall": sum(v[1] for v in totals.values()) / n, "by_part": profile}
+
+
 async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """Seed, then per size and client count: the service, the raw KNN and the floor; see the module doc."""
     from shared.embedding import make_embedder
@@ -281,6 +345,20 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     f"Redis {s['redis_cpu_ms_per_recall']:.2f} ms CPU/recall",
                     flush=True,
                 )
+            if args.recall_profile:
+                # distinct queries from the end of the list: the measured requests above start at its head
+                tail = questions[-(args.recall_profile + 5) :]
+                row["redis_profile"] = prof = await redis_profile(
+                    r, base_url, tail, options, args.recall_profile
+                )
+                print(
+                    f"  Redis per recall at {size:,} (SLOWLOG): {prof['total_us_per_recall'] / 1000:.1f} ms: "
+                    + ", ".join(
+                        f"{k} {v['us_per_recall'] / 1000:.1f} ms ×{v['calls_per_recall']:.1f}"
+                        for k, v in prof["by_part"].items()
+                    ),
+                    flush=True,
+                )
             out["sizes"][str(size)] = row
         top = str(max(args.recall_clients))
         small, large = out["sizes"][str(sizes[0])], out["sizes"][str(sizes[-1])]
@@ -295,8 +373,22 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def render_profile(res: dict[str, Any]) -> str:
+    """Where Redis's time goes per recall, per size (Markdown; empty without `--recall-profile`)."""
+    rows = [
+        [f"{int(size):,}", part, v["us_per_recall"] / 1000.0, v["calls_per_recall"]]
+        for size, row in res["sizes"].items()
+        for part, v in row.get("redis_profile", {}).get("by_part", {}).items()
+    ]
+    if not rows:
+        return ""
+    return "\n\nRedis per recall by part (SLOWLOG, sequential recalls):\n\n" + table(
+        ["episodes", "part", "ms of Redis per recall", "calls per recall"], rows
+    )
+
+
 def render_recall(res: dict[str, Any]) -> str:
-    """The recall phase's table (Markdown)."""
+    """The recall phase's tables (Markdown)."""
     rows = []
     for size, row in res["sizes"].items():
         for c in res["clients"]:
@@ -339,4 +431,5 @@ def render_recall(res: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + render_profile(res)
     )

@@ -27,6 +27,8 @@ TINY_DEFAULT_EMBEDDER = (
     "10",
     "--floor-passes",
     "2",
+    "--recall-profile",
+    "4",
     "--corpus-texts",
     "48",
     "--ingest-turns",
@@ -144,6 +146,10 @@ def check_default_embedder_phases(res: dict, cache: Path) -> None:
             assert s["floor_ms"] > 0 and s["p50_vs_floor"] == s["p50_ms"] / s["floor_ms"]
             assert s["redis_cpu_ms_per_recall"] > 0
     assert recall["qps_large_vs_small"] > 0
+    for row in recall["sizes"].values():  # where Redis's time goes: the KNN arm is always among the parts
+        profile = row["redis_profile"]
+        assert profile["recalls"] == 4 and profile["total_us_per_recall"] > 0
+        assert profile["by_part"]["KNN (vector arm, restricted KNN)"]["calls_per_recall"] >= 1
     kinds = {r["kind"]: r for r in res["ingest_real"]}
     assert set(kinds) == {"dialogue turns", "2,000-character texts"}
     assert kinds["dialogue turns"]["texts"] == 12 and kinds["2,000-character texts"]["texts"] == 2
