@@ -23,6 +23,7 @@ from shared import partitions, streams
 from shared.codec import payload_ref
 from shared.crypto import MasterKey
 from shared.embedding import HashingEmbedder
+from shared.index import is_missing_index
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.sdk import EngramClient
@@ -290,7 +291,7 @@ async def _indexed(redis, keys: Keys, ns: str) -> int:
     try:
         return await in_index(redis, keys, ns)
     except ResponseError as exc:
-        if "no such index" not in str(exc):
+        if not is_missing_index(exc):
             raise
         return 0
 
