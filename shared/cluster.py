@@ -363,6 +363,19 @@ class EngramCluster(RedisCluster):
                 await self.drop_stale(old, shard)
         return True
 
+    async def shards(self, name: str) -> list[tuple[str, Any]]:
+        """[(namespace's index, the primary owning it), ...] of every namespace's index of `name` (an
+        index or an alias), from each primary's `FT._LIST`: what a task over every namespace (the
+        expiry sweep) searches one by one, since no command sees them all. A copy its slot left
+        behind on another node is skipped (its documents moved with the slot)."""
+        index = await self.resolve(name)
+        found: list[tuple[str, Any]] = []
+        for node in self.get_primaries():
+            for shard in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
+                if shard != index and base_name(shard) == index and self._owner(shard).name == node.name:
+                    found.append((shard, node))
+        return found
+
     async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
         """Every namespace's index of every index in `indexes` exists on the node now owning it
         (created where missing), so that documents written next are indexed as they are written.
@@ -492,3 +505,13 @@ async def ensure_shards(redis: aioredis.Redis, indexes: Iterable[str], namespace
     """`EngramCluster.ensure_shards` on a shard-local cluster client; nothing on any other client."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
         await redis.ensure_shards(list(indexes), list(namespaces))
+
+
+async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """Where a search over the documents of every namespace in `name` (an index or alias) goes, as
+    [(index, extra keyword arguments of `execute_command`), ...]: `name` itself on one Redis or a
+    coordinator cluster; on a shard-local cluster each namespace's index with `target_nodes` its
+    primary (`EngramCluster.shards`), the cursor reads of an `FT.AGGREGATE` going to the same node."""
+    if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
+        return [(shard, {"target_nodes": node}) for shard, node in await redis.shards(name)]
+    return [(name, {})]
