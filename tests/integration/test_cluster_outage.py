@@ -1,7 +1,9 @@
 """A primary of a private 3-primary cluster stopped (`SIGSTOP`, as in the new-user trial of issue 16):
 recall answers 503 with Retry-After, never 500, for a namespace on a live primary (ClusterDownError
 once the cluster state is `fail`) and for one on the stopped primary (timeouts); and 200 again once the
-primary is back."""
+primary is back. A publisher meanwhile retries the cluster's faults until its deadline and says how
+many attempts it made (it said "after 0 attempt(s)", or "Redis refused the events: The cluster is
+down")."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 import redis as sync_redis
 
 from deploy.embedded_redis import EmbeddedCluster
+from engram_episodic.errors import PublishError
 from services.query.app import make_app
 from shared.embedding import HashingEmbedder
 from shared.keys import Keys
@@ -81,6 +84,12 @@ async def test_recall_is_503_never_500_while_a_primary_is_stopped(tmp_path, aioh
                 assert reply.status == 503, (key, reply.status, await reply.text())
                 assert reply.headers["Retry-After"] == "1"
                 assert time.monotonic() - began < 30, key
+            for ns in (live_ns, stopped_ns):  # the publisher retries a cluster fault and counts right
+                with pytest.raises(PublishError) as caught:
+                    await EngramClient(redis, namespace=ns, prefix=s.prefix, publish_timeout=3).record(
+                        ep("mig", 2)
+                    )
+                assert "0 attempt(s)" not in str(caught.value) and "refused" not in str(caught.value), ns
         finally:
             os.kill(stopped.process.pid, signal.SIGCONT)
 
