@@ -18,7 +18,7 @@ from redis.backoff import AbstractBackoff, ExponentialBackoff
 
 T = TypeVar("T")
 
-REDIS_FAULTS: tuple[type[BaseException], ...] = (
+REDIS_FAULTS: tuple[type[Exception], ...] = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.ClusterError,
@@ -36,7 +36,7 @@ in the new-user trial of issue 16: with one primary SIGSTOPped, a recall for a n
 primary raised ClusterDownError. Neither a MovedError nor an AskError is here: redis-py follows them,
 and one that reaches a caller (a cluster addressed as one Redis) is a configuration error."""
 
-TRANSIENT: tuple[type[BaseException], ...] = (*REDIS_FAULTS, OSError)
+TRANSIENT: tuple[type[Exception], ...] = (*REDIS_FAULTS, OSError)
 """Faults a retrying loop waits out: `REDIS_FAULTS` and the OS's socket errors."""
 
 

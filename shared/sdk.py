@@ -189,7 +189,7 @@ class EngramClient:
         try:  # bounded by the deadline: a Redis that hangs must not hold the agent past publish_timeout
             await asyncio.wait_for(self._resolve_partitions(), max(0.0, deadline - time.monotonic()))
             await asyncio.wait_for(self._check_backpressure(deadline), max(0.0, deadline - time.monotonic()))
-        except (*TRANSIENT, TimeoutError) as exc:  # TRANSIENT: a cluster's faults too
+        except TRANSIENT as exc:  # a cluster's faults too; TimeoutError (wait_for) is an OSError
             last = exc  # unreachable or hanging: the loop below retries and reports it
         attempt = 0
         backoff = Backoff(EqualJitterBackoff(cap=1.0, base=0.05))  # 50-100 ms, doubling up to 0.5-1 s
