@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -180,10 +181,23 @@ class StderrRelay:
     def last_line(self, timeout: float = 1.0) -> str:
         """The child's last non-blank stderr line (after it exited: waits up to `timeout` for the rest)."""
         self._thread.join(timeout)
-        for line in reversed(bytes(self._tail).decode(errors="replace").splitlines()):
-            if line.strip():
-                return line.strip()[:500]
-        return ""
+        return last_words(bytes(self._tail).decode(errors="replace"))
+
+
+_FRAME = re.compile(r"[\s|+\-~^\d]*")
+"""A line of a traceback's drawing only: an ExceptionGroup's `+-+---- 1 ----` and `+-----` frames, the
+`~~~^^^` markers under a failing expression."""
+
+
+def last_words(text: str) -> str:
+    """The last line of `text` (a child's stderr) that says something: the exception's message at the
+    end of a traceback, an ExceptionGroup's `| RuntimeError: ...` without its `|` margin, skipping the
+    lines that only draw the frame (the trial of issue 16 saw `died, exit code 1: +-----------`). At
+    most 500 characters; "" when no line says anything."""
+    for line in reversed(text.splitlines()):
+        if not _FRAME.fullmatch(line):
+            return line.strip().lstrip("|").strip()[:500]
+    return ""
 
 
 class Service:

@@ -58,6 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from engram_episodic.errors import ConfigError
 from shared.keys import ns_tag
 
 SEARCH_SHARD = "shard"
@@ -363,6 +364,19 @@ class EngramCluster(RedisCluster):
                 await self.drop_stale(old, shard)
         return True
 
+    async def shards(self, name: str) -> list[tuple[str, Any]]:
+        """[(namespace's index, the primary owning it), ...] of every namespace's index of `name` (an
+        index or an alias), from each primary's `FT._LIST`: what a task over every namespace (the
+        expiry sweep) searches one by one, since no command sees them all. A copy its slot left
+        behind on another node is skipped (its documents moved with the slot)."""
+        index = await self.resolve(name)
+        found: list[tuple[str, Any]] = []
+        for node in self.get_primaries():
+            for shard in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
+                if shard != index and base_name(shard) == index and self._owner(shard).name == node.name:
+                    found.append((shard, node))
+        return found
+
     async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
         """Every namespace's index of every index in `indexes` exists on the node now owning it
         (created where missing), so that documents written next are indexed as they are written.
@@ -492,3 +506,45 @@ async def ensure_shards(redis: aioredis.Redis, indexes: Iterable[str], namespace
     """`EngramCluster.ensure_shards` on a shard-local cluster client; nothing on any other client."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
         await redis.ensure_shards(list(indexes), list(namespaces))
+
+
+async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """Where a search over the documents of every namespace in `name` (an index or alias) goes, as
+    [(index, extra keyword arguments of `execute_command`), ...]: `name` itself on one Redis or a
+    coordinator cluster; on a shard-local cluster each namespace's index with `target_nodes` its
+    primary (`EngramCluster.shards`), the cursor reads of an `FT.AGGREGATE` going to the same node."""
+    if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
+        return [(shard, {"target_nodes": node}) for shard, node in await redis.shards(name)]
+    return [(name, {})]
+
+
+COORDINATOR_VERSION = 80000
+"""The search module version (`MODULE LIST` `ver`, major * 10000 + minor * 100 + patch) from which the
+module distributes searches over an OSS cluster: Redis 8.0's Query Engine. The embedded RediSearch is
+21005 (2.10.5), shard-local."""
+
+
+async def check_search(redis: aioredis.Redis) -> None:
+    """Refuse `ENGRAM_CLUSTER_SEARCH=coordinator` on a cluster whose search module has no coordinator,
+    before anything is created: there the index would be made on one node and the alias update is
+    CROSSSLOT (the trial of issue 16: a ClusterCrossSlotError traceback and a stray index). Reads
+    `MODULE LIST` of one node (every node loads the same modules); when the ACL or a managed service refuses it, nothing is checked.
+    Raises ConfigError naming the variable; nothing on any other client or mode."""
+    if not isinstance(redis, EngramCluster) or redis.search != SEARCH_COORDINATOR:
+        return
+    try:
+        modules = await redis.execute_command("MODULE", "LIST", target_nodes=RedisCluster.RANDOM)
+    except ResponseError:
+        return  # MODULE refused (ACL, a managed service): trust the setting
+    for module in modules:
+        fields = module if isinstance(module, dict) else dict(zip(module[::2], module[1::2], strict=False))
+        info = {_text(k): v for k, v in fields.items()}
+        if (
+            _text(info.get("name", "")).lower() in ("search", "ft")
+            and int(info.get("ver", 0)) < COORDINATOR_VERSION
+        ):
+            raise ConfigError(
+                f"ENGRAM_CLUSTER_SEARCH=coordinator, but this cluster's search module (version "
+                f"{int(info['ver'])}) has no coordinator (Redis 8's Query Engine has one): set "
+                f"ENGRAM_CLUSTER_SEARCH=shard (docs/scaling.md, Running on a cluster)"
+            )

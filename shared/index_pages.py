@@ -120,13 +120,27 @@ async def page(
     return rows, more
 
 
-async def every_key(r: aioredis.Redis, index: str, query: str, *, batch: int = 1000) -> list[bytes]:
+async def every_key(
+    r: aioredis.Redis, index: str, query: str, *, batch: int = 1000, **target: Any
+) -> list[bytes]:
     """The key of every document of `query` (`FT.AGGREGATE ... WITHCURSOR`, `batch` per read), in no
     particular order; a document without any SORTABLE field (a draft) is found too. A missing index
-    holds none."""
+    holds none. `target` (`target_nodes=` on a cluster, `shared.cluster.search_targets`) goes with the
+    aggregate and its cursor reads alike, since a cursor lives on the node that opened it."""
     try:
         reply, cursor = await r.execute_command(
-            "FT.AGGREGATE", index, query, "LOAD", 1, "@__key", "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2
+            "FT.AGGREGATE",
+            index,
+            query,
+            "LOAD",
+            1,
+            "@__key",
+            "WITHCURSOR",
+            "COUNT",
+            int(batch),
+            "DIALECT",
+            2,
+            **target,
         )
     except ResponseError as exc:
         if is_missing_index(exc):
@@ -140,4 +154,6 @@ async def every_key(r: aioredis.Redis, index: str, query: str, *, batch: int = 1
                 keys.append(f[b"__key"])
         if not int(cursor):
             return keys
-        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", int(batch))
+        reply, cursor = await r.execute_command(
+            "FT.CURSOR", "READ", index, cursor, "COUNT", int(batch), **target
+        )

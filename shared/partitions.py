@@ -59,9 +59,16 @@ async def check_partitions(redis: aioredis.Redis, keys: Keys, *, explicit: bool 
         )
 
 
-async def deployment_keys(redis: aioredis.Redis, keys: Keys) -> Keys:
+async def deployment_keys(redis: aioredis.Redis, keys: Keys, *, explicit: bool = False) -> Keys:
     """`keys` with the deployment's recorded number of partitions (`keys` as given before any process
     recorded one): for one-off commands (dead letters, redrive, erase-now, key rotation), which act on
-    the deployment as it is rather than check a configuration."""
+    the deployment as it is rather than check a configuration. With `explicit` (ENGRAM_STREAM_PARTITIONS
+    was set) another recorded value raises ConfigError naming the variable: the operator said something
+    about the deployment that is not so, and a redrive under it would be a guess."""
     have = await recorded(redis, keys)
+    if explicit and have is not None and have != keys.partitions:
+        raise ConfigError(
+            f"ENGRAM_STREAM_PARTITIONS={keys.partitions} but this deployment (ENGRAM_PREFIX={keys.prefix!r}) "
+            f"was started with {have} stream partitions: set ENGRAM_STREAM_PARTITIONS={have}, or unset it"
+        )
     return keys if have is None or have == keys.partitions else Keys(keys.prefix, have)

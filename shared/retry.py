@@ -18,12 +18,26 @@ from redis.backoff import AbstractBackoff, ExponentialBackoff
 
 T = TypeVar("T")
 
-TRANSIENT: tuple[type[BaseException], ...] = (
+REDIS_FAULTS: tuple[type[Exception], ...] = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
-    OSError,
+    redis_errors.ClusterError,
+    redis_errors.TryAgainError,
+    redis_errors.SlotNotCoveredError,
 )
-"""Faults that pass (Redis down, restarting, loading its AOF: BusyLoadingError is a ConnectionError)."""
+"""Redis faults that pass: Redis down, restarting, loading its AOF (BusyLoadingError is a
+ConnectionError); on a Redis Cluster, a primary down or failing over. redis-py 8.1 raises
+`ClusterDownError` ("The cluster is down": a node's cluster state is `fail` while a primary is
+unreachable, `cluster-require-full-coverage yes`) and its subclass `MasterDownError`, `TryAgainError`
+(a multi-key command during a resharding), `SlotNotCoveredError` (no node in the slot map covers the
+slot) and `ClusterError("TTL exhausted.")` after its redirect and retry budget; it already retries
+each of them a few times (`RedisCluster.cluster_error_retry_attempts`) before they reach us. Measured
+in the new-user trial of issue 16: with one primary SIGSTOPped, a recall for a namespace on another
+primary raised ClusterDownError. Neither a MovedError nor an AskError is here: redis-py follows them,
+and one that reaches a caller (a cluster addressed as one Redis) is a configuration error."""
+
+TRANSIENT: tuple[type[Exception], ...] = (*REDIS_FAULTS, OSError)
+"""Faults a retrying loop waits out: `REDIS_FAULTS` and the OS's socket errors."""
 
 
 class Backoff:

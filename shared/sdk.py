@@ -47,7 +47,7 @@ from shared.keyring import KeyRing, shared_ring
 from shared.keys import MAX_PARTITIONS, Keys
 from shared.partitions import check_partitions, recorded
 from shared.redis_conn import connect
-from shared.retry import Backoff
+from shared.retry import TRANSIENT, Backoff
 
 _EVENT_CLASSES = frozenset(EVENT_TYPES.values())
 CLUSTER_PARTITIONS = 16
@@ -185,14 +185,14 @@ class EngramClient:
             raise InvalidEpisode(wrong)
         payloads = [encode(e) for e in events] if self._master_key is None else []
         deadline = time.monotonic() + self.publish_timeout
+        last: Exception | None = None
         try:  # bounded by the deadline: a Redis that hangs must not hold the agent past publish_timeout
             await asyncio.wait_for(self._resolve_partitions(), max(0.0, deadline - time.monotonic()))
             await asyncio.wait_for(self._check_backpressure(deadline), max(0.0, deadline - time.monotonic()))
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, TimeoutError, OSError):
-            pass  # Redis unreachable or hanging: the publish loop below retries and reports it
+        except TRANSIENT as exc:  # a cluster's faults too; TimeoutError (wait_for) is an OSError
+            last = exc  # unreachable or hanging: the loop below retries and reports it
         attempt = 0
         backoff = Backoff(EqualJitterBackoff(cap=1.0, base=0.05))  # 50-100 ms, doubling up to 0.5-1 s
-        last: Exception | None = None
         maybe_stored = False
         while True:
             remaining = deadline - time.monotonic()
@@ -205,7 +205,7 @@ class EngramClient:
                 # the call may have reached Redis and run there (a large publish can time out here
                 # although every event is in the stream: it must not be reported "not published")
                 last, maybe_stored = exc, True
-            except (redis_errors.ConnectionError, OSError) as exc:
+            except TRANSIENT as exc:  # before ResponseError: ClusterDownError and TryAgainError are ones
                 last = exc
             except redis_errors.ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
                 if streams.is_encrypted_refusal(
@@ -222,15 +222,22 @@ class EngramClient:
                 break
             await asyncio.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
         why = f"{type(last).__name__}: {last}" if last else "the deadline passed before an attempt"
+        # the deadline can pass while the checks before the first attempt wait for Redis (a cluster
+        # that is down retries inside redis-py for seconds): "after 0 attempt(s)" said nothing true
+        tried = (
+            f" after {attempt} attempt(s)"
+            if attempt
+            else " (no attempt: the checks before it waited for Redis)"
+        )
         if maybe_stored:
             raise PublishError(
-                f"{len(events)} event(s) not confirmed after {attempt} attempt(s) within "
+                f"{len(events)} event(s) not confirmed{tried} within "
                 f"{self.publish_timeout:g}s ({why}): Redis may have stored them; retrying with the same "
                 f"events is harmless (their event_ids deduplicate)",
                 maybe_stored=True,
             ) from last
         raise PublishError(
-            f"{len(events)} event(s) not published after {attempt} attempt(s) within {self.publish_timeout:g}s: {why}"
+            f"{len(events)} event(s) not published{tried} within {self.publish_timeout:g}s: {why}"
         ) from last
 
     async def _resolve_partitions(self) -> None:

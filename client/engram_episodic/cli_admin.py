@@ -4,7 +4,8 @@ code (the stack, or a task on its Redis) rather than call the HTTP API.
 The client distribution has no server code: these import it when they run (a checkout's `make install`,
 or `pip install -e .` beside `./client`) and say so when it is absent. They read the server's
 environment (`shared.settings.Settings`) with the defaults of `engram run`: `REDIS_URL` defaults to its
-embedded Redis (`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390) and, with no master key set, the
+embedded Redis (`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390; with `ENGRAM_REDIS_CLUSTER` = N its
+embedded cluster, `redis+cluster://127.0.0.1:$ENGRAM_REDIS_PORT`) and, with no master key set, the
 key it keeps in `$ENGRAM_DATA_DIR/master.key` (`.run/`) is used when it exists (without it sealed events
 cannot be opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with
 `--progress`) with its rate and ETA, then a summary.
@@ -19,11 +20,12 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from engram_episodic.cli_progress import Bars, progress_option
+from engram_episodic.errors import ConfigError
 
 NO_SERVER = (
     "`engram {command}` runs Engram's server code, which is not installed here ({error}). From an Engram "
@@ -45,28 +47,52 @@ def server_module(command: str, name: str) -> ModuleType:
 def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the admin commands read, with `engram run`'s defaults filled in."""
     env = dict(os.environ if environ is None else environ)
-    env.setdefault("REDIS_URL", f"redis://127.0.0.1:{env.get('ENGRAM_REDIS_PORT') or 6390}/0")
+    port = env.get("ENGRAM_REDIS_PORT") or 6390
+    if (env.get("ENGRAM_REDIS_CLUSTER") or "0").strip() not in ("", "0"):
+        # `ENGRAM_REDIS_CLUSTER=N make run`'s embedded cluster: its first primary is on the port
+        env.setdefault("REDIS_URL", f"redis+cluster://127.0.0.1:{port}")
+    env.setdefault("REDIS_URL", f"redis://127.0.0.1:{port}/0")
     key = Path(env.get("ENGRAM_DATA_DIR") or ".run") / "master.key"
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE") and key.is_file():
         env["ENGRAM_MASTER_KEY_FILE"] = str(key)
     return env
 
 
+CLUSTER_HINT = (
+    "REDIS_URL={url} is a Redis Cluster ({error}): use REDIS_URL=redis+cluster://host:port "
+    "(next to `ENGRAM_REDIS_CLUSTER=N make run`, set ENGRAM_REDIS_CLUSTER=N here too)"
+)
+
+
+def refuse(command: str, message: str) -> NoReturn:
+    """A configuration error, as `make run` reports one: one line on stderr, exit code 2 (a retry
+    cannot fix it; docs/reliability.md)."""
+    context = click.get_current_context(silent=True)
+    program = context.find_root().info_name if context is not None else None
+    click.echo(f"{program or 'engram'} {command}: {message}", err=True)
+    sys.exit(2)
+
+
 def _settings(command: str, **overrides: Any) -> Any:
     settings_mod = server_module(command, "shared.settings")
-    errors = server_module(command, "engram_episodic.errors")
     try:
         settings = settings_mod.Settings.from_env(server_env())
-    except errors.ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    except ConfigError as exc:
+        refuse(command, str(exc))
     return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def _run(command: str, coro: Any) -> Any:
-    """Run an admin coroutine; Redis being away is a one-line error, not a traceback."""
+def run_admin(command: str, coro: Any) -> Any:
+    """Run an admin coroutine; Redis being away is a one-line error (exit 1), a configuration error
+    (ConfigError: another partition count, a master key missing; a cluster addressed as one Redis, its
+    MovedError) one line and exit 2, never a traceback."""
     redis_exc = server_module(command, "redis.exceptions")
     try:
         return asyncio.run(coro)
+    except ConfigError as exc:
+        refuse(command, str(exc))
+    except redis_exc.MovedError as exc:
+        refuse(command, CLUSTER_HINT.format(url=server_env().get("REDIS_URL"), error=f"MOVED {exc}"))
     except (redis_exc.ConnectionError, redis_exc.TimeoutError) as exc:
         url = server_env().get("REDIS_URL")
         raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
@@ -101,7 +127,7 @@ def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any
     bars = Bars(enabled=progress, units={"snapshot": "episode", "stream": "entry", "catch-up": "entry"})
     start = time.perf_counter()
     try:
-        counts = _run(command, admin.replay(settings, bars))
+        counts = run_admin(command, admin.replay(settings, bars))
     finally:
         bars.close()
     seconds = time.perf_counter() - start
@@ -141,7 +167,7 @@ def reindex(embedder: str, progress: bool | None, as_json: bool) -> None:
 def dead_letters(limit: int, as_json: bool) -> None:
     """List dead letters, oldest first: the events the consolidator gave up on, with the reason."""
     admin = server_module("dead-letters", "services.consolidator.admin")
-    rows = _run("dead-letters", admin.dead_letters(_settings("dead-letters"), limit))
+    rows = run_admin("dead-letters", admin.dead_letters(_settings("dead-letters"), limit))
     if as_json:
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -167,7 +193,7 @@ def redrive(ids: tuple[str, ...], all_: bool, progress: bool | None, as_json: bo
     bars = Bars(enabled=progress, units={"redrive": "letter"})
     start = time.perf_counter()
     try:
-        n, unknown = _run(
+        n, unknown = run_admin(
             "redrive",
             admin.redrive(
                 _settings("redrive"),

@@ -18,6 +18,7 @@ import sys
 import click
 import uvloop
 
+from engram_episodic.cli_admin import refuse, run_admin
 from engram_episodic.errors import ConfigError, Conflict
 from shared import tracing
 from shared.logs import configure
@@ -28,7 +29,7 @@ def _settings(**overrides) -> Settings:
     try:
         settings = Settings.from_env(os.environ)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        refuse(click.get_current_context().info_name or "run", str(exc))
     if settings.redis_url is None:
         raise click.ClickException(
             "REDIS_URL is not set: start the stack with `make run`, or point "
@@ -140,7 +141,7 @@ def dead_letters(limit: int) -> None:
     """List dead letters as JSON lines (id, original stream id, reason). Also `engram dead-letters`."""
     from services.consolidator import admin
 
-    for row in asyncio.run(admin.dead_letters(_settings(), limit)):
+    for row in run_admin("dead-letters", admin.dead_letters(_settings(), limit)):
         click.echo(json.dumps(row))
 
 
@@ -156,7 +157,7 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
         raise click.UsageError("name dead-letter ids or pass --all")
     if ids and all_:  # which one was meant? (--all re-drove everything and ignored the ids)
         raise click.UsageError("name dead-letter ids or pass --all, not both")
-    n, unknown = asyncio.run(admin.redrive(_settings(), None if all_ else list(ids)))
+    n, unknown = run_admin("redrive", admin.redrive(_settings(), None if all_ else list(ids)))
     click.echo(f"re-driven {n} dead letter(s)")
     if unknown:  # a typo must not look like success
         raise click.ClickException(
@@ -164,24 +165,24 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
         )
 
 
-def _replay(**overrides) -> None:
+def _replay(command: str, **overrides) -> None:
     from services.consolidator import admin
 
-    click.echo(json.dumps(asyncio.run(admin.replay(_settings(**overrides)))))
+    click.echo(json.dumps(run_admin(command, admin.replay(_settings(**overrides)))))
 
 
 @cli.command()
 def replay() -> None:
     """Rebuild every projection from the stream into a new generation and swap it in. Also `engram
     replay`, with a progress bar."""
-    _replay()
+    _replay("replay")
 
 
 @cli.command()
 @click.option("--embedder", type=click.Choice(["hashing", "minilm", "mpnet", "openai"]), required=True)
 def reindex(embedder: str) -> None:
     """Re-embed everything with another embedder (a replay into a new index), swapping the alias."""
-    _replay(embedder=embedder)
+    _replay("reindex", embedder=embedder)
 
 
 @cli.command("rotate-master-key")
@@ -219,7 +220,7 @@ def rotate_master_key(new_key_file: str) -> None:
         click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
 
     try:
-        asyncio.run(go())
+        run_admin("rotate-master-key", go())
     except Conflict as exc:  # a key wrapped by a third master key
         raise click.ClickException(str(exc)) from None
 
@@ -242,7 +243,7 @@ def erase_now() -> None:
             ring = KeyRing(keys, MasterKey(settings.master_key)) if settings.master_key else None
             click.echo(json.dumps(await erasure.run(redis, keys, ring)))
 
-    asyncio.run(go())
+    run_admin("erase-now", go())
 
 
 if __name__ == "__main__":

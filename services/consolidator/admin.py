@@ -58,6 +58,7 @@ async def dead_letters(settings: Settings, limit: int) -> list[dict[str, Any]]:
     from services.consolidator.deadletters import list_dead_letters
 
     async with redis_of(settings) as redis:
+        keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
         return [
             {
                 "id": d.dead_id,
@@ -67,7 +68,7 @@ async def dead_letters(settings: Settings, limit: int) -> list[dict[str, Any]]:
                 "at": d.at,
                 "bytes": len(d.payload),
             }
-            for d in await list_dead_letters(redis, settings.keys, limit=limit)
+            for d in await list_dead_letters(redis, keys, limit=limit)
         ]
 
 
@@ -83,7 +84,7 @@ async def redrive(
     from services.consolidator.deadletters import redrive as do_redrive
 
     async with redis_of(settings) as redis:
-        keys = await deployment_keys(redis, settings.keys)
+        keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
         unknown: list[str] = []
         if ids is not None:
             known = {d.dead_id for d in await list_dead_letters(redis, keys, limit=1_000_000)}

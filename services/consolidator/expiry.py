@@ -5,7 +5,9 @@ Reads hide an expired episode from the instant it expires (the `expires_at` NUME
 `ENGRAM_EXPIRY_INTERVAL` one worker (a lease, `Keys.expiry_lock`) finds the expired documents of every
 namespace and publishes one `EpisodeForgotten` each; the projection then erases them as any forget
 (documents, vectors, events, stream entries, dead letters, facts evidence; a tombstone stays). So an
-expired episode is erased within about one interval plus the consumer lag.
+expired episode is erased within about one interval plus the consumer lag. On a shard-local Redis
+Cluster no index sees every namespace, so the sweep searches each namespace's index on its primary
+(`shared.cluster.search_targets`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from engram_episodic.events import EpisodeForgotten
+from shared.cluster import search_targets
 from shared.index import numeric_clause
 from shared.index_pages import every_key
 from shared.keys import Keys
@@ -31,7 +34,13 @@ MAX_PER_SWEEP = 10_000  # forgets one sweep publishes; the rest wait for the nex
 
 async def expired(r: aioredis.Redis, keys: Keys, now: float) -> dict[str, list[str]]:
     """{namespace: [episode_id, ...]} of the documents whose `expires_at` is at or before `now`."""
-    found = await every_key(r, keys.episode_index_alias, numeric_clause("expires_at", None, now))
+    query = numeric_clause("expires_at", None, now)
+    found: list[bytes] = []
+    # on a shard-local cluster no index sees every namespace: each namespace's, on its primary
+    for index, target in await search_targets(r, keys.episode_index_alias):
+        found += await every_key(r, index, query, **target)
+        if len(found) >= MAX_PER_SWEEP:
+            break
     out: dict[str, list[str]] = defaultdict(list)
     for start in range(0, min(len(found), MAX_PER_SWEEP), 1000):
         async with r.pipeline(transaction=False) as pipe:

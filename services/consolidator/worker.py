@@ -36,7 +36,7 @@ from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
-from shared import streams, tracing
+from shared import cluster, streams, tracing
 from shared.codec import trace_of
 from shared.index import (
     EmbedderMismatch,
@@ -124,6 +124,7 @@ class Worker:
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
         another embedder); ConfigError when the deployment records another number of partitions."""
+        await cluster.check_search(self.redis)  # before anything is created
         await check_partitions(self.redis, self.keys, explicit=self.settings.stream_partitions is not None)
         await self.partitions.ensure()
         if (

@@ -51,7 +51,7 @@ from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
-from shared import tracing
+from shared import cluster, tracing
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
@@ -112,7 +112,9 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 dim = await e.ensure_dim()
 
                 async def open_index() -> tuple[int, bytes | None]:
-                    # ConfigError when the deployment has another number of stream partitions
+                    # ConfigError when the deployment has another number of stream partitions, or
+                    # a coordinator is asked of a cluster without one (before anything is created)
+                    await cluster.check_search(r)
                     await check_partitions(r, keys, explicit=settings.stream_partitions is not None)
                     gen = await current_generation(r, keys)
                     tag_key = await deployment_tag_key(r, keys, settings.master_key)

@@ -20,11 +20,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_problem
+from shared.retry import REDIS_FAULTS
 
 log = logging.getLogger("engram.query")
 
@@ -187,7 +186,7 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
             lag=exc.lag,
             max_lag=exc.max_lag,
         )
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError):  # an outage, not a bug: no traceback
+    if isinstance(exc, REDIS_FAULTS):  # an outage (a cluster's too), not a bug: no traceback
         log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, request.path, type(exc).__name__)
         return problem(503, "the memory store is unavailable; retry later", headers={"Retry-After": "1"})
     if isinstance(

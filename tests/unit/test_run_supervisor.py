@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, describe_exit
+from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, describe_exit, last_words
 
 
 def test_the_budget_counts_deaths_within_the_window_only():
@@ -34,3 +34,32 @@ def test_an_exit_is_described_by_its_code_or_signal():
     assert describe_exit(1) == "exit code 1"
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(-200) == "killed by signal 200"
+
+
+GROUP = """\
+  + Exception Group Traceback (most recent call last):
+  |   File "/work/services/consolidator/__main__.py", line 107, in _run
+  |     await worker.run(stop)
+  | ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)
+  +-+---------------- 1 ----------------
+    | Traceback (most recent call last):
+    |   File "/work/shared/cluster.py", line 254, in execute_command
+    |     raise RuntimeError(
+    |     ~~~~~~~~~~~~^^^^^^
+    | RuntimeError: FT.AGGREGATE on a shard-local cluster needs its namespace (shared.cluster.route)
+    +------------------------------------
+
+"""
+
+
+def test_the_restart_line_repeats_the_error_not_the_frame_of_a_traceback():
+    # the trial of issue 16 saw "consolidator-0 died, exit code 1: +-----------"
+    assert last_words(GROUP) == (
+        "RuntimeError: FT.AGGREGATE on a shard-local cluster needs its namespace (shared.cluster.route)"
+    )
+    assert last_words("Traceback (most recent call last):\n  x = f()\n      ~^^\nValueError: bad\n") == (
+        "ValueError: bad"
+    )
+    assert last_words("engram: REDIS_URL is not set\n\n") == "engram: REDIS_URL is not set"
+    assert last_words("+-----\n   \n") == ""
+    assert len(last_words("E" * 900)) == 500
