@@ -243,6 +243,14 @@ def sealed_ref(envelope: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
     return x["r"], x["k"]
 
 
+def key_refs(envelope: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """Every (key ref, key id) decoding `envelope` needs: its own sealed ref, and for a sealed
+    `FactsConsolidated` the refs of every fact's shares (`shared.fact_seal`); [] for plaintext.
+    DecodeError if malformed."""
+    ref = sealed_ref(envelope)
+    return [ref] if ref is not None else []
+
+
 def payload_ref(payload: bytes) -> tuple[bytes, bytes] | None:
     """`sealed_ref` of stored bytes; None for plaintext or undecodable bytes (never raises)."""
     try:
