@@ -62,7 +62,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, legacy, streams, tracing
-from shared.codec import decode, decode_envelope, sealed_ref, unpack
+from shared.codec import decode, decode_envelope, key_refs, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
     STATUS_COMPLETED,
@@ -231,13 +231,13 @@ class Projector:
             if payload:
                 try:
                     envelope = unpack(payload)
-                    ref = sealed_ref(envelope)
+                    refs = key_refs(envelope)  # a facts snapshot names a key per contributor
                 except DecodeError:
-                    envelope, ref = None, None
+                    envelope, refs = None, []
                 data = envelope.get("data") if envelope is not None else None
                 namespace = data.get("namespace") if isinstance(data, dict) else None
-                if ref is not None and isinstance(namespace, str):  # else: decoding names the error
-                    wanted.add((*ref, namespace))
+                if isinstance(namespace, str):  # else: decoding names the error
+                    wanted.update((*ref, namespace) for ref in refs)
             envelopes.append(envelope)
         if wanted:
             await self.keyring.prefetch(self.redis, wanted)
@@ -666,5 +666,12 @@ class Projector:
             from services.consolidator.facts_store import apply_snapshot
 
             await apply_snapshot(
-                self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags
+                self.redis,
+                self.keys,
+                self.gen,
+                event,
+                entry.stream_id,
+                self.embedder.dim,
+                self.tags,
+                payload=entry.payload,  # kept sealed as it came
             )
