@@ -49,7 +49,7 @@ from shared.facts import (
     FactScope,
 )
 from shared.index import Scope, agent_category_counts, current_generation, generation_tags
-from shared.keyring import KeyRing, deployment_tag_key
+from shared.keyring import KeyRing, deployment_tag_key, shared_ring
 from shared.replies import as_text, bytes_map
 from shared.settings import Settings
 from shared.tags import TagCodec
@@ -130,7 +130,10 @@ class Consolidator:
         self.runs = 0
         self.summarizer_failures = 0
         self._tags: dict[int, TagCodec] = {}
-        self._ring = KeyRing.from_settings(settings)
+        # the process's one ring of the deployment (its key cache is shared with the other users)
+        self._ring: KeyRing | None = (
+            shared_ring(self.keys, settings.master_key) if settings.master_key is not None else None
+        )
 
     async def tags(self, gen: int) -> TagCodec:
         """The TAG digest function of generation `gen` (`shared.tags`), read once per generation."""
