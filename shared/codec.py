@@ -255,6 +255,18 @@ def key_refs(envelope: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
     return own
 
 
+def is_sealed(envelope: Mapping[str, Any] | None) -> bool:
+    """Whether an unpacked envelope holds sealed content (`x`, or sealed facts); never raises. A dead
+    letter's reason then names fields, never values (`services.consolidator.deadletters`)."""
+    if not envelope:
+        return False
+    if "x" in envelope:
+        return True
+    data = envelope.get("data")
+    facts = data.get("facts") if isinstance(data, Mapping) else None
+    return isinstance(facts, list | tuple) and any(fact_seal.is_sealed(f) for f in facts)
+
+
 def encode_sealed_facts(
     event: FactsConsolidated, contributors: Callable[[Mapping[str, Any]], Sequence[tuple[bytes, DataKey]]]
 ) -> bytes:

@@ -10,10 +10,12 @@ import msgpack
 import pytest
 
 from engram_episodic.errors import EngramError
+from engram_episodic.events import FactsConsolidated
+from services.consolidator.deadletters import list_dead_letters
 from services.consolidator.facts import Consolidator
 from services.consolidator.facts_store import load_state
 from services.consolidator.replay import replay
-from shared import codec, fact_seal
+from shared import codec, fact_seal, streams
 from shared.crypto import MasterKey
 from shared.embedding import HashingEmbedder
 from shared.facts import FactScope
@@ -143,3 +145,39 @@ async def test_a_copy_of_the_stream_before_a_forget_keeps_nothing_of_the_user_re
     state = await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)
     assert {f.support for f in state.facts} == {4, 5}  # mig: bob's 4 episodes; doc: bob's 5
     assert all(f.users == ("bob",) for f in state.facts)
+
+
+async def test_a_malformed_sealed_snapshot_is_dead_lettered_without_its_values(sealed, redis):
+    """A sealed snapshot this build cannot apply goes to the dead letters with a reason that quotes
+    none of its (opened, personal) values."""
+    keys = Keys(sealed.prefix)
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    live = await ring.live_keys(redis, "ns", [None])
+    event = FactsConsolidated(
+        namespace="ns",
+        occurred_at=T0,
+        scope={**FactScope("ns").to_data(), "seq": "1"},
+        facts=({"fact_id": "f1", "namespace": "ns", "support": "ALICE-BAD-VALUE"},),
+    )
+    payload = codec.encode_sealed_facts(event, lambda f: [(ring.ref("ns", None), live[None])])
+    await streams.publish(redis, keys.stream, [payload])
+    await drain(make_worker(sealed, redis))
+    (dead,) = await list_dead_letters(redis, keys)
+    assert "ALICE" not in dead.reason and dead.reason.startswith("InvalidEpisode")
+    assert "'…'" in dead.reason, dead.reason  # the value was there, and withheld
+    assert b"ALICE" not in dead.payload
+
+
+async def test_without_a_master_key_fact_snapshots_stay_plaintext(settings, redis):
+    """Plaintext deployments are documented as such: nothing about them changes."""
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    client = EngramClient(redis, namespace="ns", prefix=s.prefix)
+    for e in planted():
+        await client.record(e)
+    worker = make_worker(s, redis)
+    await drain(worker)
+    assert (await Consolidator(s, redis, s.embed_dim).consolidate(FactScope("ns"))).status == "published"
+    await drain(worker)
+    entries = [f[b"e"] for _sid, f in await redis.xrange(s.keys.stream)]
+    (snapshot,) = [codec.decode(p) for p in entries if codec.unpack(p).get("type") == "FactsConsolidated"]
+    assert "BOB-ONLY" in repr(snapshot.facts) and codec.key_refs(codec.unpack(entries[-1])) == []
