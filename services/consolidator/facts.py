@@ -185,6 +185,17 @@ class Consolidator:
         sid = reply[1]
         return event, sid.decode() if isinstance(sid, bytes) else str(sid), payload
 
+    async def _sealable(self, namespace: str, rows: list[Row]) -> list[Row]:
+        """`rows` without the episodes of users whose data key is gone (a forget published, not applied
+        yet): with a master key their facts could not be sealed, and the forget erases them anyway, so
+        the other users' part of a mixed fact is derived without them instead of the fact being left
+        out (`publish_snapshot`)."""
+        if self._ring is None:
+            return rows
+        users = {r.episode.user_id for r in rows if r.episode.user_id is not None}
+        live = await self._ring.live_keys(self.redis, namespace, users)
+        return [r for r in rows if r.episode.user_id is None or r.episode.user_id in live]
+
     # --- lease ---------------------------------------------------------------------------------
     async def _acquire(self, namespace: str, scope_id: str, *, wait: float = 0.0) -> str | None:
         token = uuid.uuid4().hex
@@ -347,8 +358,11 @@ class Consolidator:
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
             tags = await self.tags(gen)
-            rows = await load_rows(
-                self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
+            rows = await self._sealable(
+                scope.namespace,
+                await load_rows(
+                    self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
+                ),
             )
             now = time.time() if now is None else now
             distance = await self.distance(gen)

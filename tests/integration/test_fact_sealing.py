@@ -181,3 +181,26 @@ async def test_without_a_master_key_fact_snapshots_stay_plaintext(settings, redi
     entries = [f[b"e"] for _sid, f in await redis.xrange(s.keys.stream)]
     (snapshot,) = [codec.decode(p) for p in entries if codec.unpack(p).get("type") == "FactsConsolidated"]
     assert "BOB-ONLY" in repr(snapshot.facts) and codec.key_refs(codec.unpack(entries[-1])) == []
+
+
+async def test_a_run_between_a_forget_and_its_application_derives_facts_without_that_user(sealed, redis):
+    """The user's key is destroyed as the forget enters the stream; a consolidation before the worker
+    applies it seals nothing under a re-created key: it derives the facts without that user's episodes
+    (the mixed fact keeps the other user's part) and never creates the key again."""
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    for e in planted():
+        await client.record(e)
+    await drain(make_worker(sealed, redis))
+    await client.forget_user("alice")  # not applied: no worker runs
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await ring.load(redis)
+    alice = keys.data_key(ring.ref("ns", "alice"), "ns")
+    assert not await redis.exists(alice)
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    assert not await redis.exists(alice)
+    state = await load_state(
+        redis, keys, await current_generation(redis, keys), "ns", FactScope("ns").scope_id
+    )
+    assert sorted(f.support for f in state.facts) == [4, 5] and all(f.users == ("bob",) for f in state.facts)
