@@ -25,7 +25,7 @@ user was forgotten); no lookup at all is `SealedEntry`; a payload that fails aut
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -45,7 +45,7 @@ from engram_episodic.events import (
 )
 from engram_episodic.shapes import to_plain
 from engram_episodic.validation import Collector, check_id, parse_action, parse_episode, parse_update
-from shared import tracing
+from shared import fact_seal, tracing
 from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
 CURRENT_VERSION: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPES.items()}
@@ -90,7 +90,8 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "UserForgotten": ("user_id",),
 }
 """The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
-the episode id (clear, as everywhere); FactsConsolidated stays plaintext (docs/reliability.md, Erasure)."""
+the episode id (clear, as everywhere); FactsConsolidated seals each fact on its own, under the keys of
+all its contributors (`shared.fact_seal`, `encode_sealed_facts`)."""
 
 KeyLookup = Callable[[bytes, bytes], DataKey | None]
 
@@ -243,6 +244,46 @@ def sealed_ref(envelope: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
     return x["r"], x["k"]
 
 
+def key_refs(envelope: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """Every (key ref, key id) decoding `envelope` needs: its own sealed ref, and for a sealed
+    `FactsConsolidated` the refs of every fact's shares (`shared.fact_seal`); [] for plaintext.
+    DecodeError if malformed."""
+    ref = sealed_ref(envelope)
+    own = [ref] if ref is not None else []
+    if envelope.get("type") == "FactsConsolidated":
+        return own + fact_seal.facts_refs(envelope.get("data"))
+    return own
+
+
+def is_sealed(envelope: Mapping[str, Any] | None) -> bool:
+    """Whether an unpacked envelope holds sealed content (`x`, or sealed facts); never raises. A dead
+    letter's reason then names fields, never values (`services.consolidator.deadletters`)."""
+    if not envelope:
+        return False
+    if "x" in envelope:
+        return True
+    data = envelope.get("data")
+    facts = data.get("facts") if isinstance(data, Mapping) else None
+    return isinstance(facts, list | tuple) and any(fact_seal.is_sealed(f) for f in facts)
+
+
+def encode_sealed_facts(
+    event: FactsConsolidated, contributors: Callable[[Mapping[str, Any]], Sequence[tuple[bytes, DataKey]]]
+) -> bytes:
+    """The stored envelope of `event` with each fact sealed (`shared.fact_seal`) under the data keys
+    `contributors(fact)` names (every user of the fact, or the namespace's key when it has none)."""
+    data = event_to_data(event)
+    scope_id = str(event.scope.get("scope_id", ""))  # FactScope.to_data's, which open_facts reads back
+    data["facts"] = [
+        fact_seal.seal_fact(
+            f, contributors(f), namespace=event.namespace, event_id=event.event_id, scope_id=scope_id, index=i
+        )
+        for i, f in enumerate(data["facts"])
+    ]
+    envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": data}
+    return msgpack.packb(_traced(envelope), use_bin_type=True)
+
+
 def payload_ref(payload: bytes) -> tuple[bytes, bytes] | None:
     """`sealed_ref` of stored bytes; None for plaintext or undecodable bytes (never raises)."""
     try:
@@ -291,6 +332,8 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
     ref = sealed_ref(envelope)
     if ref is not None:
         data = _open(type_name, version, data, envelope["x"], keys)
+    elif type_name == "FactsConsolidated":
+        data = fact_seal.open_facts(data, keys)
     upcasters = EVENT_TYPES[type_name].UPCASTERS
     while version < current:
         upcaster = upcasters.get(version)

@@ -223,6 +223,31 @@ class KeyRing:
         ref = (await self.load(redis)).ref(event.namespace, self._user_for(event))
         return seal(event, ref, await self.key_for(redis, ref, event.namespace))
 
+    async def live_keys(
+        self, redis: aioredis.Redis, namespace: str, users: Iterable[str | None]
+    ) -> dict[str | None, DataKey]:
+        """The live data key of each of `users` of `namespace` (None: the namespace's own key, created if
+        it does not exist yet); a user whose key does not exist is left out, never created — it was
+        destroyed by a forget (or never existed: a user whose events all predate encryption, until a
+        replay re-seals them). For sealing facts (`shared.fact_seal`): a key re-created here would
+        outlive the forget and keep the forgotten user's part of a fact readable."""
+        deployment = await self.load(redis)
+        users = set(users)
+        wanted = sorted(u for u in users if u is not None)
+        out: dict[str | None, DataKey] = {}
+        if None in users:
+            ref = deployment.ref(namespace, None)
+            out[None] = await self.key_for(redis, ref, namespace)
+        if wanted:
+            async with redis.pipeline(transaction=False) as pipe:
+                for user in wanted:
+                    pipe.hget(self.keys.data_key(deployment.ref(namespace, user), namespace), "w")
+                stored = await pipe.execute()
+            for user, blob in zip(wanted, stored, strict=True):
+                if blob is not None:
+                    out[user] = self.master.open_key(deployment.ref(namespace, user), blob)
+        return out
+
     # --- consuming -------------------------------------------------------------------------------
     async def prefetch(self, redis: aioredis.Redis, wanted: Iterable[tuple[bytes, bytes, str]]) -> None:
         """Make `lookup` answer for every (ref, kid, namespace) in `wanted`: one pipeline for those not

@@ -8,8 +8,9 @@ user's data key: `shared.keyring`). Two copies outlive those deletions until thi
   `BGREWRITEAOF` replaces base and increments with a snapshot of the data as it is now;
 - the **stream's memory**: `XDEL` only flags an entry, its bytes stay in the listpack node and so in
   every later RDB and AOF base. With encryption those bytes are ciphertext under a destroyed key;
-  without it (or for entries written before it, and for facts snapshots, which are not sealed) they
-  are plaintext until `compact` rewrites the stream (docs/reliability.md, "Erasure").
+  without it (or for entries written before it, facts snapshots included: sealed ones are copied as
+  they are, plaintext ones too) they are plaintext until `compact` rewrites the stream
+  (docs/reliability.md, "Erasure").
 
 `mark_pending` is called for every erased episode and user (`services.consolidator.forgetting`); lane 0
 of a worker calls `housekeep`, which runs `compact` then the AOF rewrite at most once per

@@ -34,11 +34,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
 from services.consolidator.facts_plan import Row, default_distance, plan
 from services.consolidator.facts_store import apply_snapshot, load_rows, load_state
 from shared import cluster, streams
-from shared.codec import encode
+from shared.codec import encode, encode_sealed_facts
 from shared.facts import (
     LEVEL_NAMESPACE,
     STATUS_CURRENT,
@@ -48,12 +49,17 @@ from shared.facts import (
     FactScope,
 )
 from shared.index import Scope, agent_category_counts, current_generation, generation_tags
-from shared.keyring import deployment_tag_key
+from shared.keyring import KeyRing, deployment_tag_key, shared_ring
 from shared.replies import as_text, bytes_map
 from shared.settings import Settings
 from shared.tags import TagCodec
 
 log = logging.getLogger("engram.facts")
+
+
+class ContributorForgotten(EngramError):
+    """A user whose key sealed a fact was forgotten before the snapshot entered the stream."""
+
 
 RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -124,6 +130,10 @@ class Consolidator:
         self.runs = 0
         self.summarizer_failures = 0
         self._tags: dict[int, TagCodec] = {}
+        # the process's one ring of the deployment (its key cache is shared with the other users)
+        self._ring: KeyRing | None = (
+            shared_ring(self.keys, settings.master_key) if settings.master_key is not None else None
+        )
 
     async def tags(self, gen: int) -> TagCodec:
         """The TAG digest function of generation `gen` (`shared.tags`), read once per generation."""
@@ -139,6 +149,52 @@ class Consolidator:
         # into the namespace's partition, after the episodes it condenses (a forget there drops it)
         (sid,) = await streams.publish(self.redis, self.keys.stream_of(event.namespace), [encode(event)])
         return sid.decode() if isinstance(sid, bytes) else str(sid)
+
+    async def publish_snapshot(self, event: FactsConsolidated) -> tuple[FactsConsolidated, str, bytes]:
+        """Publish a snapshot: (the event as published, its stream id, its stored bytes).
+
+        With a master key each fact is sealed under the data keys of all its users (`shared.fact_seal`;
+        the namespace's key for a fact without users), and the XADD checks atomically that each key is
+        still the one sealed with (`streams.publish_sealed`). A fact naming a user whose key is gone (a
+        forget published, not applied yet) is left out of the snapshot: its text cannot be sealed so that
+        the forget shreds it, and the forget's rebuild, or the next run, derives it again without that
+        user. A key destroyed between the read and the XADD raises ContributorForgotten (nothing
+        written; the run is retried)."""
+        ring = self._ring
+        if ring is None:
+            return event, await self.publish(event), encode(event)
+        ns = event.namespace
+        live = await ring.live_keys(
+            self.redis, ns, {u for f in event.facts for u in (f.get("users") or [None])}
+        )
+        kept = tuple(f for f in event.facts if all(u in live for u in (f.get("users") or [None])))
+        if len(kept) < len(event.facts):
+            gone = [str(f.get("fact_id")) for f in event.facts if f not in kept]
+            log.info("facts ◆ %d fact(s) name a forgotten user: left out until rebuilt", len(gone))
+            event = replace(event, facts=kept, removed=(*event.removed, *gone))
+        used = sorted({u for f in kept for u in (f.get("users") or [None])}, key=lambda u: u or "")
+
+        def contributors(fact) -> list:
+            return [(ring.ref(ns, u), live[u]) for u in (fact.get("users") or [None])]
+
+        payload = encode_sealed_facts(event, contributors)
+        checks = [(self.keys.data_key(ring.ref(ns, u), ns), live[u].kid, b"") for u in used]
+        reply = await streams.publish_sealed(self.redis, self.keys.stream_of(ns), [payload], checks)
+        if int(reply[0]) != 1:
+            raise ContributorForgotten("a contributor's data key was destroyed while facts were sealed")
+        sid = reply[1]
+        return event, sid.decode() if isinstance(sid, bytes) else str(sid), payload
+
+    async def _sealable(self, namespace: str, rows: list[Row]) -> list[Row]:
+        """`rows` without the episodes of users whose data key is gone (a forget published, not applied
+        yet): with a master key their facts could not be sealed, and the forget erases them anyway, so
+        the other users' part of a mixed fact is derived without them instead of the fact being left
+        out (`publish_snapshot`)."""
+        if self._ring is None:
+            return rows
+        users = {r.episode.user_id for r in rows if r.episode.user_id is not None}
+        live = await self._ring.live_keys(self.redis, namespace, users)
+        return [r for r in rows if r.episode.user_id is None or r.episode.user_id in live]
 
     # --- lease ---------------------------------------------------------------------------------
     async def _acquire(self, namespace: str, scope_id: str, *, wait: float = 0.0) -> str | None:
@@ -302,8 +358,11 @@ class Consolidator:
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
             tags = await self.tags(gen)
-            rows = await load_rows(
-                self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
+            rows = await self._sealable(
+                scope.namespace,
+                await load_rows(
+                    self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
+                ),
             )
             now = time.time() if now is None else now
             distance = await self.distance(gen)
@@ -326,8 +385,9 @@ class Consolidator:
                     scope, "unchanged", facts=len(state.facts), seq=state.seq, summarizer_failures=failures
                 )
             event = self._event(scope, state.seq + 1, facts, removed, now)
-            sid = await self.publish(event)  # nothing is written before this succeeds
-            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags)
+            # nothing is written before this succeeds
+            event, sid, payload = await self.publish_snapshot(event)
+            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
             await self._reset(scope, counter)
             self.runs += 1
             log.info(

@@ -115,8 +115,10 @@ async def _forget_in_scope(
             )
         facts.append(rebuilt)
     event = cons._event(scope, state.seq + 1, facts, removed, now)
-    sid = await cons.publish(event)
-    await apply_snapshot(cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen))
+    event, sid, payload = await cons.publish_snapshot(event)
+    await apply_snapshot(
+        cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen), payload=payload
+    )
     # the older snapshots of this scope still hold the forgotten ids and text: drop them
     await streams.delete(cons.redis, cons.keys.stream_of(namespace), [s for s in state.sids if s != sid])
     await cons.redis.hset(cons.keys.fact_scope(gen, namespace, scope_id), "sids", json.dumps([sid]))

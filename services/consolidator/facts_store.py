@@ -36,6 +36,7 @@ from shared.facts import (
     fact_from_doc,
 )
 from shared.index import STATUS_COMPLETED, Scope, current_generation, filter_search
+from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes
 from shared.tags import TagCodec
@@ -165,9 +166,12 @@ async def apply_snapshot(
     stream_id: bytes | str | None,
     dim: int,
     tags: TagCodec,
+    *,
+    payload: bytes | None = None,
 ) -> bool:
     """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
-    when an equal or newer one is in."""
+    when an equal or newer one is in. `payload` is the event's stored bytes (sealed with a master key),
+    kept with the scope for a replay; None stores `encode(event)`."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
@@ -197,7 +201,7 @@ async def apply_snapshot(
                         "ids": json.dumps(new_ids),
                         "sids": json.dumps(sids),
                         "namespace": scope.namespace,
-                        "event": encode(event),
+                        "event": payload if payload is not None else encode(event),
                         "min_cluster": event.scope.get("min_cluster", ""),
                     },
                 )
@@ -208,15 +212,23 @@ async def apply_snapshot(
 
 
 async def import_snapshots(
-    redis: aioredis.Redis, keys: Keys, old: int, new: int, dim: int, tags: TagCodec
+    redis: aioredis.Redis,
+    keys: Keys,
+    old: int,
+    new: int,
+    dim: int,
+    tags: TagCodec,
+    keyring: KeyRing | None = None,
 ) -> int:
     """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
 
     The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
     was built from is kept with its projection state; replaying the stream afterwards applies only newer
-    snapshots (sequence numbers). Returns the number of scopes imported.
+    snapshots (sequence numbers). Sealed snapshots are opened with `keyring` (the deployment's keys)
+    and stored sealed as they were; one naming a forgotten user's key is skipped. Returns the number
+    of scopes imported.
     """
-    from shared.codec import decode
+    from shared.codec import decode, key_refs, unpack
 
     imported = 0
     async for key in redis.scan_iter(match=keys.fact_scope_pattern(old), count=500):
@@ -224,12 +236,18 @@ async def import_snapshots(
         if payload is None:
             continue
         try:
-            event = decode(as_bytes(payload))
+            raw = as_bytes(payload)
+            if keyring is not None:
+                envelope = unpack(raw)
+                data = envelope.get("data")
+                ns = str(data.get("namespace", "")) if isinstance(data, dict) else ""
+                await keyring.prefetch(redis, [(*r, ns) for r in key_refs(envelope)])
+            event = decode(raw, keyring.lookup if keyring is not None else None)
         except EngramError:
-            log.warning("facts ◆ skipped an unreadable stored snapshot of generation %d", old)
+            log.warning("facts ◆ skipped an unreadable (or shredded) stored snapshot of generation %d", old)
             continue
         if isinstance(event, FactsConsolidated) and await apply_snapshot(
-            redis, keys, new, event, None, dim, tags
+            redis, keys, new, event, None, dim, tags, payload=raw
         ):
             await redis.hset(
                 keys.fact_scope(new, event.namespace, event.scope.get("scope_id", "")), "sids", sids or b"[]"

@@ -62,7 +62,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, legacy, streams, tracing
-from shared.codec import decode, decode_envelope, sealed_ref, unpack
+from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
 from shared.index import (
     STATUS_COMPLETED,
@@ -194,9 +194,7 @@ class Projector:
                 continue
             except EngramError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-                result.dead.append(
-                    (entry, withhold_values(reason) if envelope and "x" in envelope else reason)
-                )
+                result.dead.append((entry, withhold_values(reason) if is_sealed(envelope) else reason))
                 self.metrics.events.labels("unknown", "dead").inc()
                 continue
             if isinstance(event, EPISODE_EVENTS):
@@ -209,7 +207,8 @@ class Projector:
             except (EngramError, ValueError, TypeError, KeyError) as exc:
                 # a well-formed envelope whose content this build cannot apply (e.g. a malformed facts
                 # snapshot): dead-letter it alone rather than failing, and retrying, its whole batch
-                result.dead.append((entry, f"{type(exc).__name__}: {exc}"))
+                reason = f"{type(exc).__name__}: {exc}"
+                result.dead.append((entry, withhold_values(reason) if is_sealed(envelope) else reason))
                 self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
             result.ok.append(entry.stream_id)
@@ -231,13 +230,13 @@ class Projector:
             if payload:
                 try:
                     envelope = unpack(payload)
-                    ref = sealed_ref(envelope)
+                    refs = key_refs(envelope)  # a facts snapshot names a key per contributor
                 except DecodeError:
-                    envelope, ref = None, None
+                    envelope, refs = None, []
                 data = envelope.get("data") if envelope is not None else None
                 namespace = data.get("namespace") if isinstance(data, dict) else None
-                if ref is not None and isinstance(namespace, str):  # else: decoding names the error
-                    wanted.add((*ref, namespace))
+                if isinstance(namespace, str):  # else: decoding names the error
+                    wanted.update((*ref, namespace) for ref in refs)
             envelopes.append(envelope)
         if wanted:
             await self.keyring.prefetch(self.redis, wanted)
@@ -666,5 +665,12 @@ class Projector:
             from services.consolidator.facts_store import apply_snapshot
 
             await apply_snapshot(
-                self.redis, self.keys, self.gen, event, entry.stream_id, self.embedder.dim, self.tags
+                self.redis,
+                self.keys,
+                self.gen,
+                event,
+                entry.stream_id,
+                self.embedder.dim,
+                self.tags,
+                payload=entry.payload,  # kept sealed as it came
             )

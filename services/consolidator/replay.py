@@ -157,7 +157,7 @@ async def replay(
         )
     progress.phase("snapshot", await _episode_count(redis, keys, old))
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
-    await import_fact_snapshots(redis, keys, old, new, dim, tags)
+    await import_fact_snapshots(redis, keys, old, new, dim, tags, projector.keyring)
     # every partition in turn: the order within a partition is what a fold needs (a namespace's events
     # are all in one), an order across partitions means nothing
     progress.phase("stream", sum([int(await redis.xlen(s)) for s in keys.streams]))

@@ -1,0 +1,206 @@
+"""Facts on an encrypted deployment: a copy of the stream taken before a user's forget must hold nothing
+of that user readable with the keys that survive the forget (issue 15 family: `FactsConsolidated`
+carried the episodes' failure messages, user ids and evidence ids in clear)."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from engram_episodic.errors import EngramError
+from engram_episodic.events import FactsConsolidated
+from services.consolidator.deadletters import list_dead_letters
+from services.consolidator.facts import Consolidator
+from services.consolidator.facts_store import load_state
+from services.consolidator.replay import replay
+from shared import codec, fact_seal, streams
+from shared.crypto import MasterKey
+from shared.embedding import HashingEmbedder
+from shared.facts import FactScope
+from shared.index import current_generation
+from shared.keyring import KeyRing
+from shared.keys import Keys
+from shared.sdk import EngramClient
+from tests.integration.test_consolidator import drain, make_worker
+from tests.integration.test_facts import HOUR, T0, ep
+
+
+def planted() -> list[dict]:
+    """`mig`: alice and bob, failures with each one's own message (a mixed fact); `doc`: bob alone."""
+    out = []
+    for i in range(8):
+        user = "alice" if i % 2 else "bob"
+        failed = i in (1, 2, 5, 6)
+        msg = f"{user.upper()}-SECRET lock timeout" if failed else None
+        e = ep("mig", i, user=user, outcome="failure" if failed else "success", error=msg, at=T0 + i * HOUR)
+        if failed:
+            e["feedback"]["message"] = f"{user.upper()}-FEEDBACK msg {user}-secret team-a"
+        out.append(e)
+    for i in range(5):
+        out.append(
+            ep(
+                "doc",
+                i,
+                user="bob",
+                outcome="failure",
+                error="BOB-ONLY missing spec",
+                at=T0 + (50 + i) * HOUR,
+            )
+        )
+    return out
+
+
+async def readable(redis, keys: Keys, master: bytes, payloads: list[bytes]) -> list[str]:
+    """What each payload says when decoded with the keys that live in Redis now (msgpack-free text of
+    the decoded event), skipping those that no longer open; plaintext payloads decode as they are."""
+    ring = KeyRing(keys, MasterKey(master))
+    await ring.load(redis)
+    wanted = []
+    for p in payloads:
+        envelope = codec.unpack(p)
+        ns = envelope.get("data", {}).get("namespace", "ns")
+        wanted += [(r, k, ns) for r, k in codec.key_refs(envelope)]
+    await ring.prefetch(redis, wanted)
+    out = []
+    for p in payloads:
+        try:
+            event = codec.decode(p, ring.lookup)
+        except EngramError:  # shredded or unreadable as a whole: its facts may still open one by one
+            out += await readable_facts(codec.unpack(p), ring)
+            continue
+        out.append(repr(codec.event_to_data(event)))
+    return out
+
+
+async def readable_facts(envelope: dict, ring: KeyRing) -> list[str]:
+    """The facts of a snapshot envelope that open one by one with `ring`'s keys (prefetched)."""
+    data = envelope.get("data", {})
+    if envelope.get("type") != "FactsConsolidated":
+        return []
+    out = []
+    for i, f in enumerate(data.get("facts", [])):
+        try:
+            opened = fact_seal.open_fact(
+                f,
+                ring.lookup,
+                namespace=data["namespace"],
+                event_id=data["event_id"],
+                scope_id=data["scope"]["scope_id"],
+                index=i,
+            )
+        except EngramError:
+            continue
+        out.append(repr(opened))
+    return out
+
+
+@pytest.fixture
+def sealed(settings):
+    return settings.with_(master_key=os.urandom(32), facts_every=10_000, facts_importance_threshold=1e9)
+
+
+async def test_a_copy_of_the_stream_before_a_forget_keeps_nothing_of_the_user_readable(sealed, redis):
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    for e in planted():
+        await client.record(e)
+    worker = make_worker(sealed, redis)
+    await drain(worker)
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    for scope in (FactScope("ns"), FactScope("ns", "coder", "debugging")):
+        assert (await cons.consolidate(scope)).status == "published"
+    await drain(worker)
+    copy = [f[b"e"] for stream in keys.streams for _sid, f in await redis.xrange(stream)]
+    raw = b"".join(copy)
+    facts_copied = [p for p in copy if codec.unpack(p).get("type") == "FactsConsolidated"]
+    assert len(facts_copied) == 2
+    # before the forget, the deployment's keys open every fact event (and both users are in them)
+    before = "".join(await readable(redis, keys, sealed.master_key, facts_copied))
+    assert "ALICE-SECRET" in before and "BOB-ONLY" in before and "'alice'" in before
+
+    await client.forget_user("alice")
+    await drain(worker)
+
+    # nothing of alice in clear in the copy, and nothing readable with the keys that survived
+    for secret in (b"ALICE-SECRET", b"ALICE-FEEDBACK", b"alice-secret", b"BOB-ONLY", b"BOB-SECRET"):
+        assert secret not in raw, secret
+    assert msgpack.packb("alice") not in raw
+    after = await readable(redis, keys, sealed.master_key, copy)
+    joined = "".join(after)
+    assert "ALICE" not in joined and "alice" not in joined
+    for i in (1, 3, 5, 7):  # alice's episode ids, as evidence
+        assert f"'mig-{i}'" not in joined
+    # bob's own fact (the doc family) still opens from the copy; the mixed one does not
+    assert "BOB-ONLY" in joined
+
+    # facts still work, without alice, after a replay rebuilds every projection from the stream
+    await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
+    entries = [f[b"e"] for stream in keys.streams for _sid, f in await redis.xrange(stream)]
+    snapshots = [p for p in entries if codec.unpack(p).get("type") == "FactsConsolidated"]
+    live = "".join(await readable(redis, keys, sealed.master_key, snapshots))
+    assert "BOB-ONLY" in live and "alice" not in live and "ALICE" not in live
+    gen = await current_generation(redis, keys)
+    state = await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)
+    assert {f.support for f in state.facts} == {4, 5}  # mig: bob's 4 episodes; doc: bob's 5
+    assert all(f.users == ("bob",) for f in state.facts)
+
+
+async def test_a_malformed_sealed_snapshot_is_dead_lettered_without_its_values(sealed, redis):
+    """A sealed snapshot this build cannot apply goes to the dead letters with a reason that quotes
+    none of its (opened, personal) values."""
+    keys = Keys(sealed.prefix)
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    live = await ring.live_keys(redis, "ns", [None])
+    event = FactsConsolidated(
+        namespace="ns",
+        occurred_at=T0,
+        scope={**FactScope("ns").to_data(), "seq": "1"},
+        facts=({"fact_id": "f1", "namespace": "ns", "support": "ALICE-BAD-VALUE"},),
+    )
+    payload = codec.encode_sealed_facts(event, lambda f: [(ring.ref("ns", None), live[None])])
+    await streams.publish(redis, keys.stream, [payload])
+    await drain(make_worker(sealed, redis))
+    (dead,) = await list_dead_letters(redis, keys)
+    assert "ALICE" not in dead.reason and dead.reason.startswith("InvalidEpisode")
+    assert "'…'" in dead.reason, dead.reason  # the value was there, and withheld
+    assert b"ALICE" not in dead.payload
+
+
+async def test_without_a_master_key_fact_snapshots_stay_plaintext(settings, redis):
+    """Plaintext deployments are documented as such: nothing about them changes."""
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    client = EngramClient(redis, namespace="ns", prefix=s.prefix)
+    for e in planted():
+        await client.record(e)
+    worker = make_worker(s, redis)
+    await drain(worker)
+    assert (await Consolidator(s, redis, s.embed_dim).consolidate(FactScope("ns"))).status == "published"
+    await drain(worker)
+    entries = [f[b"e"] for _sid, f in await redis.xrange(s.keys.stream)]
+    (snapshot,) = [codec.decode(p) for p in entries if codec.unpack(p).get("type") == "FactsConsolidated"]
+    assert "BOB-ONLY" in repr(snapshot.facts) and codec.key_refs(codec.unpack(entries[-1])) == []
+
+
+async def test_a_run_between_a_forget_and_its_application_derives_facts_without_that_user(sealed, redis):
+    """The user's key is destroyed as the forget enters the stream; a consolidation before the worker
+    applies it seals nothing under a re-created key: it derives the facts without that user's episodes
+    (the mixed fact keeps the other user's part) and never creates the key again."""
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    for e in planted():
+        await client.record(e)
+    await drain(make_worker(sealed, redis))
+    await client.forget_user("alice")  # not applied: no worker runs
+    ring = KeyRing(keys, MasterKey(sealed.master_key))
+    await ring.load(redis)
+    alice = keys.data_key(ring.ref("ns", "alice"), "ns")
+    assert not await redis.exists(alice)
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    assert not await redis.exists(alice)
+    state = await load_state(
+        redis, keys, await current_generation(redis, keys), "ns", FactScope("ns").scope_id
+    )
+    assert sorted(f.support for f in state.facts) == [4, 5] and all(f.users == ("bob",) for f in state.facts)
