@@ -78,7 +78,7 @@ def long_texts(turns: list[str], n: int, chars: int = 2000) -> list[str]:
     out, i = [], 0
     while len(out) < n and i < len(turns):
         parts: list[str] = []
-        while sum(map(len, parts)) + len(parts) < chars and i < len(turns):
+        while sum(map(len, parts)) + max(len(parts) - 1, 0) < chars and i < len(turns):  # joined length
             parts.append(turns[i])
             i += 1
         out.append(" ".join(parts)[:chars])
