@@ -443,10 +443,12 @@ async def similarity_pool(
     mode: str,
     depth: int,
     policy: str | None = None,
+    sizes: ScopeSizes | None = None,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance. `policy` is the KNN's
-    `HYBRID_POLICY` (`shared.index.hybrid_policy`).
+    `HYBRID_POLICY` (`shared.index.hybrid_policy`); `sizes` remembers the idf counts
+    (`ScopeSizes.term_counts`: at most its `df_ttl` stale), None counts them afresh.
 
     `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
     the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
@@ -468,13 +470,11 @@ async def similarity_pool(
 
     # idf from the namespace's counts: never the request's filters or other tenants
     async def counts() -> list[int]:
-        return (
-            await term_counts(
-                r, index, Scope(namespace=scope.namespace, tags=scope.tags), list(words.values())
-            )
-            if words
-            else []
-        )
+        if not words:
+            return []
+        namespace = Scope(namespace=scope.namespace, tags=scope.tags)
+        count_terms = sizes.term_counts if sizes is not None else term_counts
+        return await count_terms(r, index, namespace, list(words.values()))
 
     lists, n_docs = await asyncio.gather(asyncio.gather(*(arm(name) for name in names)), counts())
     found = dict(zip(names, lists, strict=True))
@@ -678,7 +678,9 @@ async def recall(
     preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
-    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy)
+    pool = await similarity_pool(
+        r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy, sizes=sizes
+    )
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None

@@ -315,6 +315,32 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
     assert await fresh.size(redis, index, scope) == 2
 
 
+async def test_idf_counts_are_remembered_for_the_ttl_and_then_dropped(redis, prefix, make_client):
+    """ENGRAM_IDF_CACHE_TTL: within the ttl a word's count is the remembered one (no count query: the
+    new episode is not seen); past it the entry is gone from memory and the word is counted again."""
+    from services.query.sizes import ScopeSizes
+    from shared.index import Scope
+    from shared.keys import Keys
+
+    await make_client()
+    index = Keys(prefix).episode_index_alias
+    await put(redis, prefix, "default", episode("one", task="zebra crossing"), unit(1.0))
+    now = [100.0]
+    cached = ScopeSizes(df_ttl=30.0, clock=lambda: now[0])
+    scope = Scope(tags=BLAKE2B, namespace="default")
+    assert await cached.term_counts(redis, index, scope, ["zebra", "crossing"]) == [1, 1]
+    await put(redis, prefix, "default", episode("two", task="zebra stripes"), unit(1.0))
+    now[0] += 29.0
+    assert await cached.term_counts(redis, index, scope, ["zebra", "stripes"]) == [1, 1]  # stripes is new
+    assert await ScopeSizes().term_counts(redis, index, scope, ["zebra"]) == [2]  # df_ttl 0: fresh
+    now[0] += 1.5  # zebra and crossing are 30.5 s old, stripes 1.5 s
+    assert await cached.term_counts(redis, index, scope, ["stripes"]) == [1]
+    assert {w for *_, w in cached._df} == {"stripes"}  # the expired words left memory
+    assert await cached.term_counts(redis, index, scope, ["zebra", "zebra"]) == [2, 2]
+    other = Scope(tags=BLAKE2B, namespace="other")
+    assert await cached.term_counts(redis, index, other, ["zebra"]) == [0]  # per namespace
+
+
 async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     """ENGRAM_RECALL_CANDIDATES: an episode third in both lists beats the heads of either list at
     top_k 1; with lists 1 deep (the pool of the old `2 * top_k` was shallow too) it is never seen."""
