@@ -96,6 +96,26 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
     return {stem: idf(n) for stem, n in zip(words, counts, strict=True)}
 
 
+COMMON_IDF = 0.02
+"""Terms whose idf is below this (in more than ~4,950 of the namespace's episodes) are left out of the
+BM25 candidate query (`common_terms`): each adds at most (K1+1)·idf < 0.044 to `s`, i.e. < 0.0022 to
+keyword relevance, yet costs the arm a walk of its whole posting list (at 100k episodes the BM25 arm
+was 35 ms of Redis per recall, docs/benchmarks.md "Default embedder at 100k"). Scoring keeps them."""
+
+
+def common_terms(terms: Mapping[str, float]) -> set[str]:
+    """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below COMMON_IDF."""
+    return {stem for stem, weight in terms.items() if weight < COMMON_IDF}
+
+
+def without_terms(text: str, stems: set[str]) -> str:
+    """`text`'s words (as `query_words` sees them) without those whose stem is in `stems`, space-joined:
+    the BM25 candidate query of a text whose common terms are dropped (every word, not only the first
+    of each stem, so the kept terms match as in the full query)."""
+    words = _words(text)
+    return " ".join(w for w, s in zip(words, _stemmer().stemWords(words), strict=True) if s not in stems)
+
+
 def episode_terms(fields: Mapping[Any, str | bytes | None]) -> tuple[Mapping[str, float], float]:
     """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
     weighted length (stop words not counted). `fields` maps field names (str, or bytes as a search

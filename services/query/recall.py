@@ -457,39 +457,54 @@ async def similarity_pool(
     """
     names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
-
-    async def arm(name: str) -> list[SearchHit]:
-        with tracing.span(f"engram.recall.{name}", depth=depth):
-            if name == "knn":
-                return await knn_search(
-                    r, index, scope, query_vector, depth, return_fields=fields, policy=policy
-                )
-            return await bm25_search(r, index, scope, query, depth, return_fields=fields)
-
     words = relevance.query_words(query) if mode != "vector" else {}
 
-    # idf from the namespace's counts: never the request's filters or other tenants
-    async def counts() -> list[int]:
-        if not words:
-            return []
-        namespace = Scope(namespace=scope.namespace, tags=scope.tags)
-        count_terms = sizes.term_counts if sizes is not None else term_counts
-        return await count_terms(r, index, namespace, list(words.values()))
+    async def knn() -> list[SearchHit]:
+        with tracing.span("engram.recall.knn", depth=depth):
+            return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
 
-    lists, n_docs = await asyncio.gather(asyncio.gather(*(arm(name) for name in names)), counts())
-    found = dict(zip(names, lists, strict=True))
+    async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
+        """idf from the namespace's counts (never the request's filters or other tenants), then the BM25
+        arm without the common terms (`relevance.common_terms`) unless every term is common."""
+        n_docs = []
+        if words:
+            namespace = Scope(namespace=scope.namespace, tags=scope.tags)
+            count_terms = sizes.term_counts if sizes is not None else term_counts
+            n_docs = await count_terms(r, index, namespace, list(words.values()))
+        terms = relevance.query_terms(words, n_docs) if words else {}
+        if "bm25" not in names:
+            return terms, set(), []
+        common = relevance.common_terms(terms)
+        if len(common) == len(terms):  # nothing rarer to find the candidates by: the full query
+            common = set()
+        text = relevance.without_terms(query, common) if common else query
+        with tracing.span("engram.recall.bm25", depth=depth, dropped=len(common)):
+            return terms, common, await bm25_search(r, index, scope, text, depth, return_fields=fields)
+
+    knn_hits, (terms, common, bm25_hits) = await asyncio.gather(
+        knn() if "knn" in names else _none(), keyword()
+    )
+    lists = [{"knn": knn_hits, "bm25": bm25_hits}[name] for name in names]
     if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
-    pool = Pool(cands=[], terms=relevance.query_terms(words, n_docs) if words else {}, mode=mode)
-    knn = found.get("knn", [])
-    cos_out = (1.0 - float(knn[-1].score)) if len(knn) >= depth and knn[-1].score is not None else 0.0
-    kw_out = relevance.max_keyword_relevance(pool.terms) if len(found.get("bm25", [])) >= depth else 0.0
+    pool = Pool(cands=[], terms=terms, mode=mode)
+    last = knn_hits[-1].score if len(knn_hits) >= depth else None
+    cos_out = 1.0 - float(last) if last is not None else 0.0
+    # a full BM25 list bounds nothing below the query's best; a short one holds every episode matching
+    # a kept term, so an episode outside it matches only the dropped common ones
+    kw_out = relevance.max_keyword_relevance(
+        pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
+    )
     pool.outside = relevance.relevance(mode, cos_out, kw_out)
     pool.cands = await _complete(r, index, scope, query_vector, pool, lists, set())
     return pool
 
 
 _NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
+
+
+async def _none() -> list[SearchHit]:
+    return []
 
 
 async def extra_candidates(

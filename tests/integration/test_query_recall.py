@@ -494,3 +494,39 @@ async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_n
     assert x["changed_at"] == "2025-06-24T00:00:00Z"
     assert (y["episodes"], y["success_rate"], y["changed_at"]) == (5, 1.0, None)
     assert body["replay_context"]["episodes"] == 15
+
+
+async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client, redis, prefix, monkeypatch):
+    """relevance.COMMON_IDF: a word in more episodes than the threshold allows is not searched by (the
+    episodes matching only it are not candidates), yet every candidate's relevance is the exact one;
+    a query of common words only is searched whole. The threshold is raised here so that 5 episodes
+    make a word common (the real one needs ~4,950)."""
+    from shared import relevance
+
+    q = "zebra migration"
+    await put(redis, prefix, "default", episode("rare", task="zebra migration plan"), unit(1.0))
+    for i in range(4):
+        await put(redis, prefix, "default", episode(f"m{i}", task=f"migration step {i}"), unit(0.8, 0.6))
+    client = await make_client(TableEmbedder(256, {q: unit(1.0), "migration": unit(1.0)}))
+
+    async def run(query):
+        body = {"query": query, "mode": "keyword", "top_k": 5, "weights": {"similarity": 1}}
+        resp = await client.post("/v1/recall", json=body)
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    exact = await run(q)
+    assert exact["candidates"] == 5
+    monkeypatch.setattr(relevance, "COMMON_IDF", relevance.idf(5) * 1.01)  # migration: 5, zebra: 1
+    dropped = await run(q)
+    assert dropped["candidates"] == 1 and ids(dropped) == ["rare"]
+    assert dropped["results"][0]["relevance"] == exact["results"][0]["relevance"]
+    assert (await run("migration"))["candidates"] == 5  # every term common: the full query
+
+
+def test_without_terms_drops_every_word_of_a_stem():
+    from shared.relevance import common_terms, without_terms
+
+    assert without_terms("Groups of the group, zebra GROUP", {"group"}) == "zebra"
+    assert without_terms("zebra", set()) == "zebra"
+    assert common_terms({"a": 0.01, "b": 0.5, "c": 0.019999}) == {"a", "c"}
