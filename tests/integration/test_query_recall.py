@@ -524,9 +524,12 @@ async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client,
     assert (await run("migration"))["candidates"] == 5  # every term common: the full query
 
 
-def test_without_terms_drops_every_word_of_a_stem():
+def test_without_terms_drops_every_word_of_a_stem(monkeypatch):
+    from shared import relevance
     from shared.relevance import common_terms, without_terms
 
     assert without_terms("Groups of the group, zebra GROUP", {"group"}) == "zebra"
     assert without_terms("zebra", set()) == "zebra"
+    assert common_terms({"a": 0.0001, "b": 0.5}) == set()  # as shipped (COMMON_IDF 0): none
+    monkeypatch.setattr(relevance, "COMMON_IDF", 0.02)
     assert common_terms({"a": 0.01, "b": 0.5, "c": 0.019999}) == {"a", "c"}
