@@ -460,38 +460,44 @@ async def similarity_pool(
     words = relevance.query_words(query) if mode != "vector" else {}
 
     async def knn() -> list[SearchHit]:
+        if "knn" not in names:
+            return []
         with tracing.span("engram.recall.knn", depth=depth):
             return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
 
-    async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
-        """idf from the namespace's counts (never the request's filters or other tenants), then the BM25
-        arm without the common terms (`relevance.common_terms`) unless every term is common."""
-        n_docs = []
-        if words:
-            namespace = Scope(namespace=scope.namespace, tags=scope.tags)
-            count_terms = sizes.term_counts if sizes is not None else term_counts
-            n_docs = await count_terms(r, index, namespace, list(words.values()))
-        terms = relevance.query_terms(words, n_docs) if words else {}
-        if "bm25" not in names:
-            return terms, set(), []
-        common = relevance.common_terms(terms)
-        if len(common) == len(terms):  # nothing rarer to find the candidates by: the full query
-            common = set()
-        text = relevance.without_terms(query, common) if common else query
-        with tracing.span("engram.recall.bm25", depth=depth, dropped=len(common)):
-            return terms, common, await bm25_search(r, index, scope, text, depth, return_fields=fields)
+    async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
+        if not words:
+            return {}
+        count_terms = sizes.term_counts if sizes is not None else term_counts
+        namespace = Scope(namespace=scope.namespace, tags=scope.tags)
+        return relevance.query_terms(words, await count_terms(r, index, namespace, list(words.values())))
 
-    knn_hits, (terms, common, bm25_hits) = await asyncio.gather(
-        knn() if "knn" in names else _none(), keyword()
-    )
+    async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
+        if "bm25" not in names:
+            return []
+        with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped):
+            return await bm25_search(r, index, scope, text, depth, return_fields=fields)
+
+    async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
+        """The idf, then the BM25 arm without the common terms (`relevance.common_terms`) unless every
+        term is common; with none ever common (COMMON_IDF 0) both at once."""
+        if "bm25" not in names or relevance.COMMON_IDF <= 0:
+            terms, hits = await asyncio.gather(idf(), bm25(query))
+            return terms, set(), hits
+        terms = await idf()
+        common = relevance.common_terms(terms)
+        common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
+        text = relevance.without_terms(query, common) if common else query
+        return terms, common, await bm25(text, len(common))
+
+    knn_hits, (terms, common, bm25_hits) = await asyncio.gather(knn(), keyword())
     lists = [{"knn": knn_hits, "bm25": bm25_hits}[name] for name in names]
     if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
     pool = Pool(cands=[], terms=terms, mode=mode)
     last = knn_hits[-1].score if len(knn_hits) >= depth else None
     cos_out = 1.0 - float(last) if last is not None else 0.0
-    # a full BM25 list bounds nothing below the query's best; a short one holds every episode matching
-    # a kept term, so an episode outside it matches only the dropped common ones
+    # a short BM25 list holds every episode matching a kept term: outsiders match only dropped ones
     kw_out = relevance.max_keyword_relevance(
         pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
     )
@@ -501,10 +507,6 @@ async def similarity_pool(
 
 
 _NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
-
-
-async def _none() -> list[SearchHit]:
-    return []
 
 
 async def extra_candidates(
