@@ -96,6 +96,30 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
     return {stem: idf(n) for stem, n in zip(words, counts, strict=True)}
 
 
+COMMON_IDF = 0.0
+"""Terms whose idf is below this are left out of the BM25 candidate query (`common_terms`); 0 = none
+(as shipped). At 0.02 (a word in more than ~4,950 of the namespace's episodes) each such term adds at
+most (K1+1)·idf < 0.044 to `s` (< 0.0022 keyword relevance), yet costs the arm a walk of its whole
+posting list. Measured at 100k episodes (docs/benchmarks.md "Default embedder at 100k"): 0.02 cut the
+BM25 arm from 30 to 9.6 ms of Redis per recall, but changed the default recall's top 10 in 32% of 200
+LoCoMo questions (96% of its members kept, `bench/common_terms.py`), because RediSearch then ranks the
+arm's 100 differently; whether that costs quality is unmeasured (LoCoMo's namespaces hold ~600 episodes,
+far below the threshold), so it stays off. Scoring always keeps every term."""
+
+
+def common_terms(terms: Mapping[str, float]) -> set[str]:
+    """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below COMMON_IDF."""
+    return {stem for stem, weight in terms.items() if weight < COMMON_IDF}
+
+
+def without_terms(text: str, stems: set[str]) -> str:
+    """`text`'s words (as `query_words` sees them) without those whose stem is in `stems`, space-joined:
+    the BM25 candidate query of a text whose common terms are dropped (every word, not only the first
+    of each stem, so the kept terms match as in the full query)."""
+    words = _words(text)
+    return " ".join(w for w, s in zip(words, _stemmer().stemWords(words), strict=True) if s not in stems)
+
+
 def episode_terms(fields: Mapping[Any, str | bytes | None]) -> tuple[Mapping[str, float], float]:
     """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
     weighted length (stop words not counted). `fields` maps field names (str, or bytes as a search

@@ -284,6 +284,10 @@ class Settings:
     """`ENGRAM_RECALL_CANDIDATES`: hits each candidate list (KNN, BM25, and the recency / reward /
     importance lists when those carry weight) contributes to the pool a recall re-ranks. Independent
     of `top_k`, so a larger `top_k` only extends the same ranking (recall is prefix-stable in `top_k`)."""
+    idf_cache_ttl: float | None = env("ENGRAM_IDF_CACHE_TTL", 30.0, duration_or_off)
+    """`ENGRAM_IDF_CACHE_TTL`: seconds the query service remembers how many episodes of a namespace
+    contain a query word (keyword relevance's idf, `services.query.sizes.ScopeSizes.term_counts`); an
+    episode's keyword relevance may lag the namespace by at most this; `off` = count every word every time."""
     query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
     query_batch: int = env("ENGRAM_QUERY_BATCH", 32, integer(1, 1024))

@@ -443,10 +443,12 @@ async def similarity_pool(
     mode: str,
     depth: int,
     policy: str | None = None,
+    sizes: ScopeSizes | None = None,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance. `policy` is the KNN's
-    `HYBRID_POLICY` (`shared.index.hybrid_policy`).
+    `HYBRID_POLICY` (`shared.index.hybrid_policy`); `sizes` remembers the idf counts
+    (`ScopeSizes.term_counts`: at most its `df_ttl` stale), None counts them afresh.
 
     `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
     the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
@@ -455,35 +457,50 @@ async def similarity_pool(
     """
     names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
-
-    async def arm(name: str) -> list[SearchHit]:
-        with tracing.span(f"engram.recall.{name}", depth=depth):
-            if name == "knn":
-                return await knn_search(
-                    r, index, scope, query_vector, depth, return_fields=fields, policy=policy
-                )
-            return await bm25_search(r, index, scope, query, depth, return_fields=fields)
-
     words = relevance.query_words(query) if mode != "vector" else {}
 
-    # idf from the namespace's counts: never the request's filters or other tenants
-    async def counts() -> list[int]:
-        return (
-            await term_counts(
-                r, index, Scope(namespace=scope.namespace, tags=scope.tags), list(words.values())
-            )
-            if words
-            else []
-        )
+    async def knn() -> list[SearchHit]:
+        if "knn" not in names:
+            return []
+        with tracing.span("engram.recall.knn", depth=depth):
+            return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
 
-    lists, n_docs = await asyncio.gather(asyncio.gather(*(arm(name) for name in names)), counts())
-    found = dict(zip(names, lists, strict=True))
+    async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
+        if not words:
+            return {}
+        count_terms = sizes.term_counts if sizes is not None else term_counts
+        namespace = Scope(namespace=scope.namespace, tags=scope.tags)
+        return relevance.query_terms(words, await count_terms(r, index, namespace, list(words.values())))
+
+    async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
+        if "bm25" not in names:
+            return []
+        with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped):
+            return await bm25_search(r, index, scope, text, depth, return_fields=fields)
+
+    async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
+        """The idf, then the BM25 arm without the common terms (`relevance.common_terms`) unless every
+        term is common; with none ever common (COMMON_IDF 0) both at once."""
+        if "bm25" not in names or relevance.COMMON_IDF <= 0:
+            terms, hits = await asyncio.gather(idf(), bm25(query))
+            return terms, set(), hits
+        terms = await idf()
+        common = relevance.common_terms(terms)
+        common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
+        text = relevance.without_terms(query, common) if common else query
+        return terms, common, await bm25(text, len(common))
+
+    knn_hits, (terms, common, bm25_hits) = await asyncio.gather(knn(), keyword())
+    lists = [{"knn": knn_hits, "bm25": bm25_hits}[name] for name in names]
     if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
-    pool = Pool(cands=[], terms=relevance.query_terms(words, n_docs) if words else {}, mode=mode)
-    knn = found.get("knn", [])
-    cos_out = (1.0 - float(knn[-1].score)) if len(knn) >= depth and knn[-1].score is not None else 0.0
-    kw_out = relevance.max_keyword_relevance(pool.terms) if len(found.get("bm25", [])) >= depth else 0.0
+    pool = Pool(cands=[], terms=terms, mode=mode)
+    last = knn_hits[-1].score if len(knn_hits) >= depth else None
+    cos_out = 1.0 - float(last) if last is not None else 0.0
+    # a short BM25 list holds every episode matching a kept term: outsiders match only dropped ones
+    kw_out = relevance.max_keyword_relevance(
+        pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
+    )
     pool.outside = relevance.relevance(mode, cos_out, kw_out)
     pool.cands = await _complete(r, index, scope, query_vector, pool, lists, set())
     return pool
@@ -678,7 +695,9 @@ async def recall(
     preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
-    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy)
+    pool = await similarity_pool(
+        r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy, sizes=sizes
+    )
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None

@@ -1,27 +1,45 @@
-"""Remembered counts for recall: episodes per scope and documents per index (one `ScopeSizes` per app)."""
+"""Remembered counts for recall: episodes per scope, documents per index and the document frequency
+of query words (one `ScopeSizes` per app)."""
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
-from shared.index import Scope, count, index_size
+from shared.index import Scope, count, index_size, term_counts
 
 
 class ScopeSizes:
-    """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds.
+    """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds, and the document
+    frequency of query words for keyword relevance's idf, remembered for `df_ttl` seconds.
 
     `auto` only needs to know which side of 50 and 500 a scope is on, while counting a large scope is a
     filter query as costly as the KNN itself (measured at 10k episodes), so a few seconds' staleness buys
-    back a Redis query per recall. One per app (services.query.app), bounded to `max_entries` scopes.
+    back a Redis query per recall. One per app (services.query.app), bounded to `max_entries` scopes
+    and `max_terms` (index, scope, word) counts.
     """
 
-    def __init__(self, ttl: float = 5.0, max_entries: int = 10_000):
+    def __init__(
+        self,
+        ttl: float = 5.0,
+        max_entries: int = 10_000,
+        *,
+        df_ttl: float = 0.0,
+        max_terms: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.ttl = ttl
         self.max_entries = max_entries
+        self.df_ttl = df_ttl
+        self.max_terms = max_terms
+        self._clock = clock  # of the idf counts (seconds, monotonic)
         self._sizes: dict[str, tuple[float, int]] = {}
         self._indexed: dict[str, tuple[float, int]] = {}
+        # insertion order is age order (a refreshed entry is re-inserted), so expiry pops from the front
+        self._df: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
 
     async def indexed(self, r: aioredis.Redis, index: str) -> int:
         """Documents in the whole index (`shared.index.index_size`), remembered for `ttl` seconds."""
@@ -44,3 +62,39 @@ class ScopeSizes:
             self._sizes.clear()
         self._sizes[key] = (now, n)
         return n
+
+    async def term_counts(
+        self, r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]
+    ) -> list[int]:
+        """`shared.index.term_counts` (documents of `scope` matching each word, same order), each word's
+        count remembered for `df_ttl` seconds per (index, scope, word); only the words not remembered
+        are counted (one pipeline). `df_ttl` 0 counts every word every time.
+
+        Why: keyword relevance needs the document frequency of every query word, one count query each
+        (8.8 per LoCoMo question), and at 100k episodes those cost 27.7 ms of Redis per recall
+        (docs/benchmarks.md "Default embedder at 100k") while question words repeat across requests.
+        Staleness: an episode's keyword relevance may lag the namespace by at most `df_ttl` (a word's
+        count is at most that old). Erasure: the words are held in process memory only, and an entry
+        older than `df_ttl` is dropped at the next call (docs/reliability.md "Remaining traces").
+        """
+        if self.df_ttl <= 0:
+            return await term_counts(r, index, scope, words)
+        now = self._clock()
+        df = self._df
+        while df and now - next(iter(df.values()))[0] >= self.df_ttl:
+            df.popitem(last=False)
+        sk = scope.cache_key()
+        known: dict[str, int] = {}
+        for w in words:
+            hit = df.get((index, sk, w))
+            if hit is not None and now - hit[0] < self.df_ttl:  # concurrent calls insert out of order
+                known[w] = hit[1]
+        missing = [w for w in dict.fromkeys(words) if w not in known]
+        if missing:
+            for w, n in zip(missing, await term_counts(r, index, scope, missing), strict=True):
+                known[w] = n
+                df[(index, sk, w)] = (now, n)
+                df.move_to_end((index, sk, w))
+            while len(df) > self.max_terms:
+                df.popitem(last=False)
+        return [known[w] for w in words]

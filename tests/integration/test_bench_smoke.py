@@ -196,3 +196,25 @@ def test_default_embedder_phases_tiny(tmp_path):
     check_default_embedder_phases(res, tmp_path / "cache")
     assert res["recall"]["embedder"] == "mpnet-base-v2"  # `auto` is the model, not the hashing fallback
     assert {r["embedder"] for r in res["ingest_real"]} == {"mpnet-base-v2"}
+
+
+@pytest.mark.timeout(300)
+def test_common_terms_bench_tiny():
+    """bench.common_terms at 300 episodes with a threshold high enough that words there are common
+    (idf < 3: in more than ~4 episodes): it drops some, and reports shares within [0, 1]."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    args = ["--size", "300", "--queries", "6", "--common-idf", "3.0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.common_terms", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert res["size"] == 300 and res["queries"] == 6
+    assert res["dropped_terms_per_query"] > 0
+    for share in ("same_top10", "top10_overlap", "same_top10_turns"):
+        assert 0.0 <= res[share] <= 1.0

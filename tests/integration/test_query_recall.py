@@ -315,6 +315,32 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
     assert await fresh.size(redis, index, scope) == 2
 
 
+async def test_idf_counts_are_remembered_for_the_ttl_and_then_dropped(redis, prefix, make_client):
+    """ENGRAM_IDF_CACHE_TTL: within the ttl a word's count is the remembered one (no count query: the
+    new episode is not seen); past it the entry is gone from memory and the word is counted again."""
+    from services.query.sizes import ScopeSizes
+    from shared.index import Scope
+    from shared.keys import Keys
+
+    await make_client()
+    index = Keys(prefix).episode_index_alias
+    await put(redis, prefix, "default", episode("one", task="zebra crossing"), unit(1.0))
+    now = [100.0]
+    cached = ScopeSizes(df_ttl=30.0, clock=lambda: now[0])
+    scope = Scope(tags=BLAKE2B, namespace="default")
+    assert await cached.term_counts(redis, index, scope, ["zebra", "crossing"]) == [1, 1]
+    await put(redis, prefix, "default", episode("two", task="zebra stripes"), unit(1.0))
+    now[0] += 29.0
+    assert await cached.term_counts(redis, index, scope, ["zebra", "stripes"]) == [1, 1]  # stripes is new
+    assert await ScopeSizes().term_counts(redis, index, scope, ["zebra"]) == [2]  # df_ttl 0: fresh
+    now[0] += 1.5  # zebra and crossing are 30.5 s old, stripes 1.5 s
+    assert await cached.term_counts(redis, index, scope, ["stripes"]) == [1]
+    assert {w for *_, w in cached._df} == {"stripes"}  # the expired words left memory
+    assert await cached.term_counts(redis, index, scope, ["zebra", "zebra"]) == [2, 2]
+    other = Scope(tags=BLAKE2B, namespace="other")
+    assert await cached.term_counts(redis, index, other, ["zebra"]) == [0]  # per namespace
+
+
 async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     """ENGRAM_RECALL_CANDIDATES: an episode third in both lists beats the heads of either list at
     top_k 1; with lists 1 deep (the pool of the old `2 * top_k` was shallow too) it is never seen."""
@@ -468,3 +494,42 @@ async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_n
     assert x["changed_at"] == "2025-06-24T00:00:00Z"
     assert (y["episodes"], y["success_rate"], y["changed_at"]) == (5, 1.0, None)
     assert body["replay_context"]["episodes"] == 15
+
+
+async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client, redis, prefix, monkeypatch):
+    """relevance.COMMON_IDF: a word in more episodes than the threshold allows is not searched by (the
+    episodes matching only it are not candidates), yet every candidate's relevance is the exact one;
+    a query of common words only is searched whole. The threshold is raised here so that 5 episodes
+    make a word common (the real one needs ~4,950)."""
+    from shared import relevance
+
+    q = "zebra migration"
+    await put(redis, prefix, "default", episode("rare", task="zebra migration plan"), unit(1.0))
+    for i in range(4):
+        await put(redis, prefix, "default", episode(f"m{i}", task=f"migration step {i}"), unit(0.8, 0.6))
+    client = await make_client(TableEmbedder(256, {q: unit(1.0), "migration": unit(1.0)}))
+
+    async def run(query):
+        body = {"query": query, "mode": "keyword", "top_k": 5, "weights": {"similarity": 1}}
+        resp = await client.post("/v1/recall", json=body)
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    exact = await run(q)
+    assert exact["candidates"] == 5
+    monkeypatch.setattr(relevance, "COMMON_IDF", relevance.idf(5) * 1.01)  # migration: 5, zebra: 1
+    dropped = await run(q)
+    assert dropped["candidates"] == 1 and ids(dropped) == ["rare"]
+    assert dropped["results"][0]["relevance"] == exact["results"][0]["relevance"]
+    assert (await run("migration"))["candidates"] == 5  # every term common: the full query
+
+
+def test_without_terms_drops_every_word_of_a_stem(monkeypatch):
+    from shared import relevance
+    from shared.relevance import common_terms, without_terms
+
+    assert without_terms("Groups of the group, zebra GROUP", {"group"}) == "zebra"
+    assert without_terms("zebra", set()) == "zebra"
+    assert common_terms({"a": 0.0001, "b": 0.5}) == set()  # as shipped (COMMON_IDF 0): none
+    monkeypatch.setattr(relevance, "COMMON_IDF", 0.02)
+    assert common_terms({"a": 0.01, "b": 0.5, "c": 0.019999}) == {"a", "c"}
