@@ -133,8 +133,9 @@ def route(
     )
 
 
-# `{id:.*}`, not `.+`: an empty id (`DELETE /v1/agents/`) reaches its handler, whose 422 names it (with
-# `.+` no route matched: a bare 404)
+# `{id:(?s:.*)}`, not `.+`: an empty id (`DELETE /v1/agents/`) reaches its handler, whose 422 names it (with
+# `.+` no route matched: a bare 404); `(?s:` so that an id holding a decoded newline (%0A) matches too and
+# gets the handler's 422 for control characters, not the router's 404 (`.` stops at a newline)
 ROUTES: tuple[Route, ...] = (
     route(
         "POST",
@@ -165,14 +166,14 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET",
-        "/v1/episodes/{episode_id:.*}",
+        "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.get_episode,
         "One episode of the caller's namespace",
         answer=answers.EpisodeAnswer,
     ),
     route(
         "PATCH",
-        "/v1/episodes/{episode_id:.*}",
+        "/v1/episodes/{episode_id:(?s:.*)}",
         updates.update_episode,
         "Change an episode's feedback, outcome, importance or metadata after the fact",
         body=models.UPDATE_SCHEMA,
@@ -183,7 +184,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "DELETE",
-        "/v1/episodes/{episode_id:.*}",
+        "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.delete_episode,
         "Forget one episode",
         status=202,
@@ -192,7 +193,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "DELETE",
-        "/v1/users/{user_id:.*}",
+        "/v1/users/{user_id:(?s:.*)}",
         episodes.delete_user,
         "Forget every episode of a user",
         status=202,
@@ -202,7 +203,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "DELETE",
-        "/v1/agents/{agent_id:.*}",
+        "/v1/agents/{agent_id:(?s:.*)}",
         forgetting.forget_agent,
         "Forget every episode of an agent (a job: how many, and when done)",
         status=202,
@@ -212,7 +213,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "DELETE",
-        "/v1/sessions/{session_id:.*}",
+        "/v1/sessions/{session_id:(?s:.*)}",
         forgetting.forget_session,
         "Forget every episode of a session (a job: how many, and when done)",
         status=202,
@@ -232,7 +233,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET",
-        "/v1/forget/{job_id:.*}",
+        "/v1/forget/{job_id:(?s:.*)}",
         forgetting.forget_job,
         "The status of a bulk forget: pending or done, and how many episodes are erased",
         answer=answers.ForgetJob,
@@ -371,7 +372,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET",
-        "/v1/facts/{fact_id:.*}",
+        "/v1/facts/{fact_id:(?s:.*)}",
         facts.fact_detail,
         "One fact with its evidence episodes and history",
         tag="facts",

@@ -240,7 +240,11 @@ async def _all_done(redis, keys: Keys, namespaces: list[str], n: int, group: str
 async def test_a_worker_added_and_one_killed_lose_and_double_nothing_on_a_cluster(
     cluster_settings, cluster_redis
 ):
-    s, redis = cluster_settings.with_(batch_size=100, lease_ms=1500), cluster_redis
+    # no fact runs: their snapshots are stream entries too, and the end counts the episodes' entries
+    s = cluster_settings.with_(
+        batch_size=100, lease_ms=1500, facts_every=1_000_000, facts_importance_threshold=1e9
+    )
+    redis = cluster_redis
     keys = s.keys
     names = NAMESPACES[:8]
     per_ns = 400
@@ -252,7 +256,14 @@ async def test_a_worker_added_and_one_killed_lose_and_double_nothing_on_a_cluste
     total = len(names) * per_ns
     assert sum(await lengths(redis, keys)) == total
 
-    doomed = spawn_worker(s, "doomed", ENGRAM_BATCH_SIZE="100", ENGRAM_LEASE_MS="1500")
+    doomed = spawn_worker(
+        s,
+        "doomed",
+        ENGRAM_BATCH_SIZE="100",
+        ENGRAM_LEASE_MS="1500",
+        ENGRAM_FACTS_EVERY="1000000",
+        ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9",
+    )
     added = make_worker(s, redis, name="added")
     stop = asyncio.Event()
     run = None
