@@ -78,10 +78,14 @@ def long_texts(turns: list[str], n: int, chars: int = 2000) -> list[str]:
     out, i = [], 0
     while len(out) < n and i < len(turns):
         parts: list[str] = []
-        while sum(map(len, parts)) + max(len(parts) - 1, 0) < chars and i < len(turns):  # joined length
+        while sum(map(len, parts)) + max(len(parts) - 1, 0) <= chars and i < len(turns):  # joined length
             parts.append(turns[i])
             i += 1
-        out.append(" ".join(parts)[:chars])
+        joined = " ".join(parts)
+        text = joined[:chars]
+        if text[-1:].isspace() and len(joined) > chars:  # a published text is stripped: end on a character
+            text = text[:-1] + joined[chars]
+        out.append(text)
     return out
 
 
