@@ -25,7 +25,7 @@ from pathlib import Path
 import redis as syncredis
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.common import percentile_ms
+from bench.common import migration_episode, percentile_ms
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, free_port
 from services.consolidator.worker import Worker
 from services.query.app import make_app
@@ -67,18 +67,6 @@ def delta(before: dict[str, dict], after: dict[str, dict], per: int) -> dict[str
     return out
 
 
-def episode(ns: str, i: int) -> dict:
-    words = ["orders", "users", "invoices", "billing", "search", "login"]
-    return {
-        "episode_id": f"{ns}-{i}",
-        "task": {"description": f"migrate the {words[i % 6]} table schema, step {i}", "category": "db"},
-        "outcome": "success" if i % 3 else "failure",
-        "solution": f"alembic revision {i} with a backfill",
-        "user_id": f"user-{i % 7}",
-        "feedback": {"reward": 1.0 if i % 3 else 0.0},
-    }
-
-
 async def measure(url: str, ports: dict[str, int], args: argparse.Namespace) -> dict:
     settings = Settings(redis_url=url, prefix="bench:", embedder="hashing", embed_dim=384, block_ms=50)
     namespaces = [f"tenant-{i}" for i in range(args.namespaces)]
@@ -86,7 +74,7 @@ async def measure(url: str, ports: dict[str, int], args: argparse.Namespace) -> 
     for ns in namespaces:
         client = EngramClient(redis, namespace=ns, prefix=settings.prefix)
         for i in range(args.per_namespace):
-            await client.record(episode(ns, i))
+            await client.record(migration_episode(ns, i))
     worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="bench")
     await worker.setup()
     before = node_stats(ports)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import redis as syncredis
 
-from bench.common import percentile_ms
+from bench.common import migration_episode, percentile_ms
 from deploy.embedded_redis import EmbeddedCluster
 from services.consolidator.worker import Worker
 from shared import cluster as search_routing
@@ -41,18 +41,6 @@ from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
 from shared.settings import Settings
-
-
-def episode(ns: str, i: int) -> dict:
-    words = ["orders", "users", "invoices", "billing", "search", "login"]
-    return {
-        "episode_id": f"{ns}-{i}",
-        "task": {"description": f"migrate the {words[i % 6]} table schema, step {i}", "category": "db"},
-        "outcome": "success" if i % 3 else "failure",
-        "solution": f"alembic revision {i} with a backfill",
-        "user_id": f"user-{i % 7}",
-        "feedback": {"reward": 1.0 if i % 3 else 0.0},
-    }
 
 
 def used_cpu(info: dict) -> float:
@@ -94,7 +82,7 @@ async def measure(n: int, args: argparse.Namespace, tmp: Path) -> dict:
         for ns in namespaces:
             client = EngramClient(redis, namespace=ns, prefix=settings.prefix)
             for i in range(args.per_namespace):
-                await client.record(episode(ns, i))
+                await client.record(migration_episode(ns, i))
         while await worker.turn():
             pass
         ingest_s = time.perf_counter() - started

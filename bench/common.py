@@ -259,6 +259,27 @@ def ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
+# --- inputs -------------------------------------------------------------------------------------------
+def int_list(text: str) -> list[int]:
+    """`"1,8,16"` → [1, 8, 16]: an argparse `type` for comma-separated counts (ValueError on a bad one,
+    which argparse reports as an invalid value)."""
+    return [int(x) for x in text.split(",")]
+
+
+def migration_episode(ns: str, i: int) -> dict[str, Any]:
+    """Episode `i` of namespace `ns` as the cluster benchmarks record it (JSON-shaped): a schema
+    migration of one of six tables, one in three a failure, the user one of seven."""
+    words = ["orders", "users", "invoices", "billing", "search", "login"]
+    return {
+        "episode_id": f"{ns}-{i}",
+        "task": {"description": f"migrate the {words[i % 6]} table schema, step {i}", "category": "db"},
+        "outcome": "success" if i % 3 else "failure",
+        "solution": f"alembic revision {i} with a backfill",
+        "user_id": f"user-{i % 7}",
+        "feedback": {"reward": 1.0 if i % 3 else 0.0},
+    }
+
+
 # --- output -------------------------------------------------------------------------------------------
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table (also readable in a terminal)."""

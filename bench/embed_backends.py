@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import statistics
 import time
 from pathlib import Path
@@ -23,23 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import table
-from bench.locomo import DEFAULT_DATA, turn_text
-
-
-def locomo_texts(path: Path) -> tuple[list[str], list[str]]:
-    """(dialogue turns in order, questions) of every conversation in the LoCoMo file."""
-    turns: list[str] = []
-    questions: list[str] = []
-    for sample in json.loads(path.read_text(encoding="utf-8")):
-        conv = sample["conversation"]
-        for key in sorted(
-            (k for k in conv if k.startswith("session_") and isinstance(conv[k], list)),
-            key=lambda k: int(k.split("_")[1]),
-        ):
-            turns += [turn_text(t) for t in conv[key]]
-        questions += [str(q["question"]) for q in sample["qa"]]
-    return turns, questions
+from bench.common import int_list, table
+from bench.locomo import DEFAULT_DATA
+from bench.locomo import all_texts as locomo_texts  # the name tests and callers import from here
 
 
 def long_texts(turns: list[str], n: int, chars: int = 2000) -> list[str]:
@@ -215,7 +200,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--embedder", default="mpnet", choices=("minilm", "mpnet"))
     p.add_argument("--backends", default="torch,onnx,onnx-int8", type=lambda s: s.split(","))
-    p.add_argument("--threads", default="2", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--threads", default="2", type=int_list)
     p.add_argument("--turns", type=int, default=512)
     p.add_argument("--long", type=int, default=64)
     p.add_argument("--queries", type=int, default=40)

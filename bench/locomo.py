@@ -125,6 +125,39 @@ def turn_text(turn: dict[str, Any]) -> str:
     return text
 
 
+def all_texts(path: Path) -> tuple[list[str], list[str]]:
+    """(every dialogue turn as `turn_text`, in session order; every question) of every conversation in
+    the LoCoMo file at `path`. Unlike `load`, nothing is left out: sessions without a date and questions
+    without evidence count too (the texts are a corpus to embed, not a graded benchmark)."""
+    import json
+
+    turns: list[str] = []
+    questions: list[str] = []
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        conv = sample["conversation"]
+        for key in sorted(
+            (k for k in conv if k.startswith("session_") and isinstance(conv[k], list)),
+            key=lambda k: int(k.split("_")[1]),
+        ):
+            turns += [turn_text(t) for t in conv[key]]
+        questions += [str(q["question"]) for q in sample["qa"]]
+    return turns, questions
+
+
+def turn_episode(t: Turn) -> dict[str, Any]:
+    """The episode (JSON-shaped) one turn is published as: see step 1 of the module docstring."""
+    return {
+        "episode_id": t.dia_id,
+        "task": t.text,
+        "outcome": "success",
+        "session_id": f"session_{t.session}",
+        "agent_id": t.speaker,
+        "started_at": t.ts,
+        "completed_at": t.ts,
+        "metadata": {"dia_id": t.dia_id, "session": t.session, "speaker": t.speaker},
+    }
+
+
 def normalise_evidence(raw: Any, known: set[str]) -> list[str]:
     """Evidence ids as `D<session>:<turn>`; split on `[;,\\s]+`, accept `D:?(\\d+):0*(\\d+)`, drop unknown ids."""
     items = raw if isinstance(raw, list) else [raw]
@@ -269,18 +302,7 @@ async def publish(redis_url: str, prefix: str, convs: list[Conversation]) -> int
             client = EngramClient(r, namespace=conv.namespace, prefix=prefix)
             events = []
             for t in conv.turns:
-                episode = parse_episode(
-                    {
-                        "episode_id": t.dia_id,
-                        "task": t.text,
-                        "outcome": "success",
-                        "session_id": f"session_{t.session}",
-                        "agent_id": t.speaker,
-                        "started_at": t.ts,
-                        "completed_at": t.ts,
-                        "metadata": {"dia_id": t.dia_id, "session": t.session, "speaker": t.speaker},
-                    }
-                )
+                episode = parse_episode(turn_episode(t))
                 events.append(
                     EpisodeCompleted(
                         namespace=conv.namespace, episode_id=t.dia_id, occurred_at=t.ts, episode=episode

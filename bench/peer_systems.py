@@ -41,7 +41,7 @@ from bench.common import (
     stop_processes,
     wait_http_ready,
 )
-from bench.locomo import Conversation, Question
+from bench.locomo import Conversation, Question, turn_episode
 from deploy.embedded_redis import free_port
 
 PEER_VERSION = "0.15.2"
@@ -172,19 +172,7 @@ class EngramSystem(System):
         return {"Authorization": f"Bearer {self.tokens[conv.namespace]}"}
 
     def ingest_requests(self, conv: Conversation) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
-        episodes = [
-            {
-                "episode_id": t.dia_id,
-                "task": t.text,
-                "outcome": "success",
-                "session_id": f"session_{t.session}",
-                "agent_id": t.speaker,
-                "started_at": t.ts,
-                "completed_at": t.ts,
-                "metadata": {"dia_id": t.dia_id, "session": t.session, "speaker": t.speaker},
-            }
-            for t in conv.turns
-        ]
+        episodes = [turn_episode(t) for t in conv.turns]
         return [
             ("/v1/episodes", {"episodes": episodes[i : i + BATCH]}, self._auth(conv))
             for i in range(0, len(episodes), BATCH)

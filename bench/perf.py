@@ -45,6 +45,7 @@ from bench.common import (
     ClientPool,
     concurrent,
     drop_prefix,
+    int_list,
     machine,
     percentile_ms,
     private_redis,
@@ -566,7 +567,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated: ingest, index, recall (default embedder), ingest-real (default embedder)",
     )
     p.add_argument("--embedders", default="hashing,minilm", type=lambda s: s.split(","))
-    p.add_argument("--workers", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--workers", default="1,2", type=int_list)
     p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
     p.add_argument("--ingest-minilm", type=int, default=2_000, help="episodes per minilm ingest run")
     p.add_argument("--batch-size", type=int, default=256, help="ENGRAM_BATCH_SIZE of the workers")
@@ -582,7 +583,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3,
         help="interleaved rounds of raw HSET and pipeline with the hashing embedder (medians)",
     )
-    p.add_argument("--sizes", default="10000,100000", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--sizes", default="10000,100000", type=int_list)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=1600, help="recall requests per measurement")
     p.add_argument("--top-k", type=int, default=10)
@@ -597,7 +598,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--recall-sizes",
         default="10000,100000",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=int_list,
         help="episodes in the one namespace, seeded in turn; throughput is compared largest vs smallest",
     )
     g.add_argument(
@@ -606,7 +607,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("default", "hybrid", "vector", "keyword"),
         help="the recall request's mode (default: none sent, i.e. the service's default, hybrid)",
     )
-    g.add_argument("--recall-clients", default="1,8,16", type=lambda s: [int(x) for x in s.split(",")])
+    g.add_argument("--recall-clients", default="1,8,16", type=int_list)
     g.add_argument(
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"
     )
@@ -635,13 +636,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--ingest-threads",
         default="2",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=int_list,
         help="ENGRAM_EMBED_THREADS",
     )
     g.add_argument(
         "--ingest-embed-batch",
         default="64",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=int_list,
         help="ENGRAM_EMBED_BATCH_SIZE",
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))

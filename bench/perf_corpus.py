@@ -14,7 +14,6 @@ distinct text. Nothing from the data set is copied into the repository.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.locomo import DEFAULT_DATA, turn_text
+from bench.locomo import DEFAULT_DATA, all_texts
 
 CACHE_DIR = Path.home() / ".cache" / "engram-bench"
 """Where corpus vectors are cached (one .npy per embedder, backend and text list)."""
@@ -33,16 +32,7 @@ def real_texts(path: Path = DEFAULT_DATA) -> tuple[list[str], list[str], str]:
     similar length when it is absent (source "generated"). Turns are `speaker: text [image caption]` as
     bench.locomo publishes them (~125 characters on average, 4,124 of them)."""
     if path.exists():
-        turns: list[str] = []
-        questions: list[str] = []
-        for sample in json.loads(path.read_text(encoding="utf-8")):
-            conv = sample["conversation"]
-            for key in sorted(
-                (k for k in conv if k.startswith("session_") and isinstance(conv[k], list)),
-                key=lambda k: int(k.split("_")[1]),
-            ):
-                turns += [turn_text(t) for t in conv[key]]
-            questions += [str(q["question"]) for q in sample["qa"]]
+        turns, questions = all_texts(path)
         return turns, questions, f"LoCoMo ({path.name})"
     return _generated_turns(4096), _generated_questions(1024), "generated"
 
