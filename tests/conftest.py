@@ -49,9 +49,9 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}:"
 
 
-@pytest.fixture
-def settings(redis_url, prefix) -> Settings:
-    """Settings for one test: its own prefix, the hashing embedder, FLAT vectors (fast inserts)."""
+def _test_settings(redis_url: str, prefix: str) -> Settings:
+    """Settings for one test on `redis_url`: its own prefix, the hashing embedder, FLAT vectors (fast
+    inserts), 50 ms reads and a 2 s lease (a stopped worker's entries are reclaimed quickly)."""
     return Settings(
         redis_url=redis_url,
         prefix=prefix,
@@ -61,6 +61,12 @@ def settings(redis_url, prefix) -> Settings:
         block_ms=50,
         lease_ms=2000,
     )
+
+
+@pytest.fixture
+def settings(redis_url, prefix) -> Settings:
+    """Settings for one test: its own prefix, the hashing embedder, FLAT vectors (fast inserts)."""
+    return _test_settings(redis_url, prefix)
 
 
 @pytest.fixture
@@ -90,15 +96,7 @@ def cluster_url(tmp_path_factory) -> str:
 @pytest.fixture
 def cluster_settings(cluster_url, prefix) -> Settings:
     """`settings` on the session's cluster."""
-    return Settings(
-        redis_url=cluster_url,
-        prefix=prefix,
-        embedder="hashing",
-        embed_dim=256,
-        vector_algorithm="FLAT",
-        block_ms=50,
-        lease_ms=2000,
-    )
+    return _test_settings(cluster_url, prefix)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""Test helpers shared by every suite (no fixtures here; see conftest.py): `wait_until`, and `Stack`, a
-`make run` stack in a subprocess."""
+"""Test helpers shared by every suite (no fixtures here; see conftest.py): `wait_until`, `run_module` and
+`run_bench` (a `python -m` command from the repository root), and `Stack`, a `make run` stack in a
+subprocess."""
 
 from __future__ import annotations
 
@@ -46,6 +47,47 @@ def hit_id(hit: Any) -> str:
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_module(
+    module: str, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> <args>` from the repository root with this interpreter, its stdout and stderr
+    captured as text; subprocess.TimeoutExpired after `timeout` seconds. `env` defaults to this process's."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_bench(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`run_module` for a benchmark: models offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE: a model that
+    is not installed fails instead of downloading), and AssertionError with stderr's tail unless it
+    exits 0."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = run_module(module, *args, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def drop_prefix(redis_url: str, prefix: str) -> None:
+    """Drop every index and delete every key under `prefix` on `redis_url` (a module-scoped fixture's
+    cleanup, outside any event loop; the `redis` fixture does the same per test)."""
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(redis_url)
+    try:
+        for name in client.execute_command("FT._LIST"):
+            if name.decode().startswith(prefix):
+                client.execute_command("FT.DROPINDEX", name)
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.unlink(key)
+    finally:
+        client.close()
 
 
 async def ready(url: str) -> bool:

@@ -4,16 +4,13 @@ its same-run baseline."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
+from tests.helpers import run_bench
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
 # the default-embedder phases (recall at two sizes, 1 and 2 clients; ingest of real texts) at a tiny size
 TINY_DEFAULT_EMBEDDER = (
@@ -41,45 +38,35 @@ TINY_DEFAULT_EMBEDDER = (
 @pytest.mark.timeout(300)  # the whole perf suite at a tiny size, its services spawned: 25 s measured
 def test_perf_suite_tiny(tmp_path):
     out = tmp_path / "results.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.perf",
-            "--embedders",
-            "hashing",
-            "--workers",
-            "1",
-            "--ingest-hashing",
-            "300",
-            "--repeats",
-            "2",
-            "--sizes",
-            "300,600",
-            "--requests",
-            "64",
-            "--clients",
-            "4",
-            "--quality-queries",
-            "10",
-            "--ef-sweep",
-            "50",
-            *TINY_DEFAULT_EMBEDDER,
-            "--recall-embedder",
-            "hashing",  # the machinery of the default-embedder phases; the model's run is the test below
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        "bench.perf",
+        "--embedders",
+        "hashing",
+        "--workers",
+        "1",
+        "--ingest-hashing",
+        "300",
+        "--repeats",
+        "2",
+        "--sizes",
+        "300,600",
+        "--requests",
+        "64",
+        "--clients",
+        "4",
+        "--quality-queries",
+        "10",
+        "--ef-sweep",
+        "50",
+        *TINY_DEFAULT_EMBEDDER,
+        "--recall-embedder",
+        "hashing",  # the machinery of the default-embedder phases; the model's run is the test below
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
         timeout=280,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Ingest" in proc.stdout and "Recall" in proc.stdout
     res = json.loads(out.read_text())
     check_default_embedder_phases(res, tmp_path / "cache")
@@ -102,32 +89,22 @@ def test_perf_suite_tiny(tmp_path):
 
 @pytest.mark.timeout(180)  # three services spawned and a private Redis: ~15 s measured
 def test_query_batch_bench_tiny():
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.query_batch",
-            "--embedder",
-            "hashing",
-            "--episodes",
-            "20",
-            "--requests",
-            "8",
-            "--rounds",
-            "2",
-            "--clients",
-            "2",
-            "--timeout",
-            "120",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        "bench.query_batch",
+        "--embedder",
+        "hashing",
+        "--episodes",
+        "20",
+        "--requests",
+        "8",
+        "--rounds",
+        "2",
+        "--clients",
+        "2",
+        "--timeout",
+        "120",
         timeout=170,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ENGRAM_QUERY_BATCH=1" in proc.stdout and "ENGRAM_QUERY_BATCH=32" in proc.stdout
     assert "recalls/s x" in proc.stdout
 
@@ -171,27 +148,17 @@ def _model_installed() -> bool:
 @pytest.mark.timeout(420)
 def test_default_embedder_phases_tiny(tmp_path):
     out = tmp_path / "results.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.perf",
-            "--phases",
-            "recall,ingest-real",
-            *TINY_DEFAULT_EMBEDDER,
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    run_bench(
+        "bench.perf",
+        "--phases",
+        "recall,ingest-real",
+        *TINY_DEFAULT_EMBEDDER,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
         timeout=400,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     check_default_embedder_phases(res, tmp_path / "cache")
     assert res["recall"]["embedder"] == "mpnet-base-v2"  # `auto` is the model, not the hashing fallback
@@ -202,17 +169,9 @@ def test_default_embedder_phases_tiny(tmp_path):
 def test_common_terms_bench_tiny():
     """bench.common_terms at 300 episodes with a threshold high enough that words there are common
     (idf < 3: in more than ~4 episodes): it drops some, and reports shares within [0, 1]."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    args = ["--size", "300", "--queries", "6", "--common-idf", "3.0"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.common_terms", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
+    proc = run_bench(
+        "bench.common_terms", "--size", "300", "--queries", "6", "--common-idf", "3.0", timeout=280
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert res["size"] == 300 and res["queries"] == 6
     assert res["dropped_terms_per_query"] > 0

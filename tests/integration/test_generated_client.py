@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis as sync_redis
 
 from services.consolidator.worker import Worker
 from services.query.app import openapi_document
 from shared.embedding import HashingEmbedder
 from shared.redis_conn import connect
 from shared.settings import Settings
+from tests.helpers import drop_prefix
 from tests.integration.test_schemathesis import LiveApp
 
 pytestmark = pytest.mark.slow  # generates a package and runs mypy on it (~20 s)
@@ -117,13 +117,7 @@ def live_url(redis_url) -> Iterator[str]:
         app.loop.call_soon_threadsafe(stop.set)
         running.result(timeout=30)
         app.stop()
-        client = sync_redis.Redis.from_url(redis_url)
-        for name in client.execute_command("FT._LIST"):
-            if name.decode().startswith(prefix):
-                client.execute_command("FT.DROPINDEX", name)
-        for key in client.scan_iter(match=f"{prefix}*", count=1000):
-            client.unlink(key)
-        client.close()
+        drop_prefix(redis_url, prefix)
 
 
 def test_the_generated_client_type_checks(generated):

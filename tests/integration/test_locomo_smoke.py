@@ -4,18 +4,13 @@ SDK publish → consolidator process → query-service process → POST /v1/reca
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from bench.locomo import DEFAULT_DATA, load, normalise_evidence, question_metrics
+from tests.helpers import run_bench, run_module
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_metrics_by_hand():
@@ -38,32 +33,22 @@ def test_evidence_quirks():
 )  # the LoCoMo harness spawns the workers and query service and ingests: 21 s measured
 def test_locomo_harness_end_to_end(tmp_path):
     out = tmp_path / "locomo.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.locomo",
-            "--conversations",
-            "1",
-            "--questions",
-            "40",
-            "--embedder",
-            "hashing",
-            "--configs",
-            "quick",
-            "--bootstrap",
-            "100",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        "bench.locomo",
+        "--conversations",
+        "1",
+        "--questions",
+        "40",
+        "--embedder",
+        "hashing",
+        "--configs",
+        "quick",
+        "--bootstrap",
+        "100",
+        "--out",
+        str(out),
         timeout=220,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DRAGON" in proc.stdout and "R@5" in proc.stdout
     res = json.loads(out.read_text())
     n_turns = len(load(DEFAULT_DATA, conversations=1)[0].turns)
@@ -83,11 +68,5 @@ def test_locomo_harness_end_to_end(tmp_path):
 
 
 def test_missing_data_exits_zero(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.locomo", "--data", str(tmp_path / "nope.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_module("bench.locomo", "--data", str(tmp_path / "nope.json"), timeout=60)
     assert proc.returncode == 0 and "not found" in proc.stdout

@@ -5,35 +5,21 @@ and a neighbour weight of 0 leaves the service's order unchanged."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from bench.locomo import DEFAULT_DATA
+from tests.helpers import run_bench
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not DEFAULT_DATA.exists(), reason="LoCoMo data not present")
 @pytest.mark.timeout(300)  # ingests a LoCoMo conversation, runs the service twice and re-ranks: 29 s measured
 def test_rerank_probe_end_to_end(tmp_path):
     cache = tmp_path / "cache"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     small = ["--conversations", "2", "--questions", "6", "--cache", str(cache)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.rerank_probe", "collect", "--embedder", "hashing", *small],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_bench("bench.rerank_probe", "collect", "--embedder", "hashing", *small, timeout=280)
     raw = json.loads(cache.with_suffix(".json").read_text())
     default = raw["variants"]["default"]
     assert len(default) == 12 and all(len(r["ids"]) == 50 for r in default)
@@ -58,13 +44,5 @@ def test_rerank_probe_end_to_end(tmp_path):
     )()
     data = Data(args)
     assert rerank_neighbours(data, 50, 0.0, default) == [r["ids"] for r in default]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.rerank_probe", "evaluate", "--tune", "1", *small],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("bench.rerank_probe", "evaluate", "--tune", "1", *small, timeout=120)
     assert "neighbour-turn context" in proc.stdout and "| service: default |" in proc.stdout

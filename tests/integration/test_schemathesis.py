@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis as sync_redis
 import schemathesis
 from aiohttp import web
 from hypothesis import HealthCheck, settings
@@ -27,6 +26,7 @@ from services.query.app import make_app, openapi_document
 from services.query.server import AppRunner
 from shared.embedding import HashingEmbedder
 from shared.settings import Settings
+from tests.helpers import drop_prefix
 
 EXAMPLES = max(3, int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "100")) // 10)
 KEY = "schemathesis-key-000000000000"
@@ -102,13 +102,7 @@ def live_api(redis_url) -> Iterator[str]:
         yield app.url
     finally:
         app.stop()
-        client = sync_redis.Redis.from_url(redis_url)
-        for name in client.execute_command("FT._LIST"):
-            if name.decode().startswith(prefix):
-                client.execute_command("FT.DROPINDEX", name)
-        for key in client.scan_iter(match=f"{prefix}*", count=1000):
-            client.unlink(key)
-        client.close()
+        drop_prefix(redis_url, prefix)
 
 
 @schema.parametrize()
