@@ -32,6 +32,7 @@ from engram_episodic.errors import InvalidEpisode
 from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
+    create_index,
     index_exists,
     is_missing_index,
     numeric_clause,
@@ -311,21 +312,7 @@ async def ensure_facts_index(
     """Create generation `gen`'s facts index if missing (FLAT: facts are few); optionally point the alias."""
     name = keys.facts_index(gen)
     if not await index_exists(r, name):
-        try:
-            await r.execute_command(
-                "FT.CREATE",
-                name,
-                "ON",
-                "HASH",
-                "PREFIX",
-                1,
-                keys.fact_doc_prefix(gen),
-                "SCHEMA",
-                *facts_schema(dim),
-            )
-        except ResponseError as exc:
-            if "already exists" not in str(exc).lower():
-                raise
+        await create_index(r, name, keys.fact_doc_prefix(gen), facts_schema(dim))
     if point_alias:
         await point_alias_at(r, keys.facts_index_alias, name)
     return name

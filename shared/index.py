@@ -247,6 +247,16 @@ async def index_exists(r: aioredis.Redis, name: str) -> bool:
         raise
 
 
+async def create_index(r: aioredis.Redis, name: str, doc_prefix: str, schema: Sequence[Any]) -> None:
+    """`FT.CREATE name ON HASH PREFIX 1 doc_prefix SCHEMA *schema`; an index of that name created
+    meanwhile by another process is no error (ResponseError otherwise)."""
+    try:
+        await r.execute_command("FT.CREATE", name, "ON", "HASH", "PREFIX", 1, doc_prefix, "SCHEMA", *schema)
+    except ResponseError as exc:
+        if "already exists" not in str(exc).lower():
+            raise
+
+
 async def current_generation(r: aioredis.Redis, keys: Keys) -> int:
     """The live projection generation (1 when nothing was built yet)."""
     raw = await r.hget(keys.meta, "generation")
@@ -318,21 +328,7 @@ async def ensure_episode_index(
         # recorded before the index exists, so a process that finds the index also finds its mode
         await r.hsetnx(keys.meta, f"g{gen}:tags", mode_for(tag_key))
         await check_layout(r, keys, gen, created=True)
-        try:
-            await r.execute_command(
-                "FT.CREATE",
-                name,
-                "ON",
-                "HASH",
-                "PREFIX",
-                1,
-                keys.episode_doc_prefix(gen),
-                "SCHEMA",
-                *episode_schema(params),
-            )
-        except ResponseError as exc:
-            if "already exists" not in str(exc).lower():
-                raise
+        await create_index(r, name, keys.episode_doc_prefix(gen), episode_schema(params))
     else:  # built before TAG digests: its fields hold the ids as given
         await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
         await _add_missing_numerics(r, name)
@@ -493,6 +489,11 @@ class SearchHit:
     score: float | None = None
 
 
+def aggregate_rows(reply: list[Any]) -> list[dict[str, Any]]:
+    """The rows of a RESP2 FT.AGGREGATE reply ([count, [f, v, ...], ...]) as {field name: raw value}."""
+    return [{row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)} for row in reply[1:]]
+
+
 def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, list[SearchHit]]:
     """Parse a RESP2 FT.SEARCH reply: [total, key, (score,) [f, v, ...], ...]."""
     total = int(reply[0])
@@ -549,31 +550,10 @@ async def knn_search(
             raise ValueError(f"policy must be one of {sorted(HYBRID_POLICIES)}, not {policy!r}")
         ef += f" HYBRID_POLICY {policy}"
     q = f"({scope.query()})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
-    fields = ["dist", *return_fields]
     blob = vector_bytes(query_vector)
     restrict = ["INKEYS", len(in_keys), *in_keys] if in_keys else []
     try:
-        reply = await r.execute_command(
-            "FT.SEARCH",
-            index,
-            q,
-            *restrict,
-            "PARAMS",
-            2,
-            "BLOB",
-            blob,
-            "SORTBY",
-            "dist",
-            "ASC",
-            "RETURN",
-            len(fields),
-            *fields,
-            "LIMIT",
-            0,
-            int(k),
-            "DIALECT",
-            2,
-        )
+        reply = await r.execute_command(*_knn_command(index, q, restrict, blob, return_fields, k))
     except ResponseError as exc:  # an index rebuilt with another embedder: say so, not a 500 per request
         expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
         if expected is None:
@@ -583,6 +563,40 @@ async def knn_search(
             f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
             f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER"
         ) from None
+    return _knn_hits(reply)
+
+
+def _knn_command(
+    index: str, query: str, restrict: Sequence[Any], blob: bytes, return_fields: Sequence[str], k: int
+) -> list[Any]:
+    """The FT.SEARCH of a KNN `query` (its vector parameter `$BLOB`, its distance `dist`): the `k`
+    nearest, nearest first, with `dist` and `return_fields`; `restrict` goes after the query (INKEYS)."""
+    fields = ["dist", *return_fields]
+    return [
+        "FT.SEARCH",
+        index,
+        query,
+        *restrict,
+        "PARAMS",
+        2,
+        "BLOB",
+        blob,
+        "SORTBY",
+        "dist",
+        "ASC",
+        "RETURN",
+        len(fields),
+        *fields,
+        "LIMIT",
+        0,
+        int(k),
+        "DIALECT",
+        2,
+    ]
+
+
+def _knn_hits(reply: Any) -> list[SearchHit]:
+    """The hits of a `_knn_command` reply, each with its cosine distance as `hit.score` (NaN if absent)."""
     _, hits = parse_search(reply)
     for hit in hits:
         hit.score = float(hit.fields.get(b"dist", b"nan"))
@@ -606,34 +620,11 @@ async def knn_union(
     """
     union = " | ".join(f"({s.query()})" for s in scopes)
     q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
-    fields = ["dist", *return_fields]
     async with r.pipeline(transaction=True) as pipe:
         pipe.execute_command("FT.SEARCH", index, union, "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2)
-        pipe.execute_command(
-            "FT.SEARCH",
-            index,
-            q,
-            "PARAMS",
-            2,
-            "BLOB",
-            vector_bytes(query_vector),
-            "SORTBY",
-            "dist",
-            "ASC",
-            "RETURN",
-            len(fields),
-            *fields,
-            "LIMIT",
-            0,
-            int(k),
-            "DIALECT",
-            2,
-        )
+        pipe.execute_command(*_knn_command(index, q, (), vector_bytes(query_vector), return_fields, k))
         counted, reply = await pipe.execute()
-    _, hits = parse_search(reply)
-    for hit in hits:
-        hit.score = float(hit.fields.get(b"dist", b"nan"))
-    return int(counted[0]), hits
+    return int(counted[0]), _knn_hits(reply)
 
 
 async def bm25_search(
@@ -775,8 +766,7 @@ async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[di
         2,
     )
     out = []
-    for row in reply[1:]:
-        f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
+    for f in aggregate_rows(reply):
         if f.get("category") is None:
             continue
         num = {
@@ -823,8 +813,7 @@ async def agent_category_counts(r: aioredis.Redis, index: str, scope: Scope) -> 
         2,
     )
     out = []
-    for row in reply[1:]:
-        f = {row[i].decode(): row[i + 1] for i in range(0, len(row) - 1, 2)}
+    for f in aggregate_rows(reply):
         if f.get("agent_id") and f.get("category"):
             out.append((f["agent_id"].decode(), f["category"].decode(), int(f.get("n") or 0)))
     return out

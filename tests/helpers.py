@@ -48,6 +48,17 @@ def hit_id(hit: Any) -> str:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+EMPTY_RECALL = {
+    "results": [],
+    "replay_context": {},
+    "as_of": "2026-12-01T00:00:00Z",
+    "weights": {},
+    "preset": "early",
+    "mode": "hybrid",
+    "candidates": 0,
+}
+"""A `POST /v1/recall` answer with no results, as a stand-in service sends it (the shape the clients parse)."""
+
 
 def run_module(
     module: str, *args: str, timeout: float, env: dict[str, str] | None = None

@@ -127,6 +127,23 @@ def _plot_options(fn: Any) -> Any:
     return click.option("--plot", is_flag=True, help="Draw it (terminal: plotext; extra: [plot]).")(fn)
 
 
+def _plotted(kind: str, results: Any, setting: Any, plot: bool, out: Path | None) -> bool:
+    """Draw `results` with `cli_plot.<kind>_png` (to `out`) or `<kind>_terminal` when `--plot` or `--out`
+    asked for it; whether it drew. `setting` is the plot's second argument (the skills' threshold, the
+    curve's window). ClickException when the scope has nothing to plot."""
+    if not plot and out is None:
+        return False
+    from engram_episodic import cli_plot
+
+    if not results:
+        raise click.ClickException("no episodes in this scope: nothing to plot")
+    if out is not None:
+        click.echo(f"wrote {getattr(cli_plot, f'{kind}_png')(results, setting, out)}")
+    else:
+        click.echo(getattr(cli_plot, f"{kind}_terminal")(results, setting))
+    return True
+
+
 @cli.command()
 @click.argument("query")
 @scoped
@@ -288,15 +305,7 @@ def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **op
     if as_json:
         _emit(found.raw)
         return
-    if plot or out is not None:
-        from engram_episodic import cli_plot
-
-        if not found.results:
-            raise click.ClickException("no episodes in this scope: nothing to plot")
-        if out is not None:
-            click.echo(f"wrote {cli_plot.skills_png(found.results, found.threshold, out)}")
-        else:
-            click.echo(cli_plot.skills_terminal(found.results, found.threshold))
+    if _plotted("skills", found.results, found.threshold, plot, out):
         return
     for p in found:
         click.echo(
@@ -320,15 +329,7 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
     if as_json:
         _emit(found.raw)
         return
-    if plot or out is not None:
-        from engram_episodic import cli_plot
-
-        if not found.results:
-            raise click.ClickException("no episodes in this scope: nothing to plot")
-        if out is not None:
-            click.echo(f"wrote {cli_plot.curve_png(found.results, found.window, out)}")
-        else:
-            click.echo(cli_plot.curve_terminal(found.results, found.window))
+    if _plotted("curve", found.results, found.window, plot, out):
         return
     for p in found:
         click.echo(

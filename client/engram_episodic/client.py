@@ -33,7 +33,7 @@ import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Any, TypeVar, Unpack
+from typing import Any, Generic, Self, TypeVar, Unpack
 
 import httpx
 
@@ -118,6 +118,7 @@ from engram_episodic.types import (
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
 
 # --- the retry rule, shared ------------------------------------------------------------------------------
@@ -157,8 +158,9 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
-class _Base:
-    """What both clients share: configuration, the request, the answer, the retry decision."""
+class _Base(Generic[H]):
+    """What both clients share: configuration, the request, the answer, the retry decision. `H` is the
+    httpx client type (httpx.Client or httpx.AsyncClient) that `_new_http` makes when none is given."""
 
     def __init__(
         self,
@@ -169,6 +171,7 @@ class _Base:
         max_retries: int = 3,
         max_retry_wait: float = 30.0,
         headers: Mapping[str, str] | None = None,
+        http_client: H | None = None,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, not {base_url[:40]!r}")
@@ -183,18 +186,31 @@ class _Base:
             if not api_key.isascii() or not api_key.isprintable() or api_key != api_key.strip():
                 raise ValueError("api_key must be printable ASCII without leading or trailing whitespace")
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._owns = http_client is None  # a client given is the caller's to close
+        self._http: H = http_client or self._new_http(timeout)
+
+    def _new_http(self, timeout: float) -> H:
+        raise NotImplementedError
 
     @classmethod
-    def _env(cls, env: Mapping[str, str] | None) -> dict[str, Any]:
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Self:
+        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080) and ENGRAM_API_KEY."""
         env = os.environ if env is None else env
         port = env.get("ENGRAM_PORT") or "8080"
-        return {
+        config = {
             "base_url": env.get("ENGRAM_URL") or f"http://127.0.0.1:{port}",
             "api_key": env.get("ENGRAM_API_KEY") or None,
         }
+        return cls(**{**config, **kwargs})
 
     def _request_args(self, call: Call[Any]) -> dict[str, Any]:
-        args: dict[str, Any] = {"method": call.method, "url": self.base_url + call.path}
+        """The keyword arguments of `httpx.(Async)Client.request` for `call`."""
+        args: dict[str, Any] = {
+            "method": call.method,
+            "url": self.base_url + call.path,
+            "headers": self._headers,
+            "timeout": self.timeout,
+        }
         if call.body is not None:
             args["json"] = call.body
         if call.params:
@@ -227,6 +243,17 @@ class _Base:
             return self._wait(attempt)
         return None
 
+    def _after_error(self, call: Call[Any], attempt: int, lost: bool, exc: Exception) -> tuple[float, bool]:
+        """After an attempt that raised `exc` (no answer): (seconds to wait before the next attempt,
+        whether an attempt's answer was lost so far). Raises InvalidEpisode for a request httpx cannot
+        send, ConnectionFailed when the retry rule says stop."""
+        if not isinstance(exc, httpx.TransportError):
+            raise self._bad_request(exc) from exc
+        delay = self._decide(call, attempt, None, exc)
+        if delay is None:
+            raise self._failed(exc, lost) from exc
+        return delay, lost or not isinstance(exc, _NOT_SENT)
+
     def _failed(self, exc: Exception, earlier_lost: bool) -> ConnectionFailed:
         sent = not isinstance(exc, _NOT_SENT)
         what = "no answer from" if sent else "cannot reach"
@@ -253,38 +280,17 @@ class _Base:
 
 
 # --- sync --------------------------------------------------------------------------------------------
-class Engram(_Base):
+_UNSENDABLE = (httpx.TransportError, httpx.InvalidURL, UnicodeEncodeError)  # what `_after_error` takes
+
+
+class Engram(_Base[httpx.Client]):
     """The synchronous client. Arguments: `base_url` (default http://127.0.0.1:8080), `api_key` (sent as
     a Bearer token), `timeout` (seconds per request), `max_retries`, `max_retry_wait` (seconds), extra
     `headers`, or an `http_client` (an httpx.Client you configured; it is not closed by `close()`).
     Use as a context manager, or call `close()`."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        *,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        max_retries: int = 3,
-        max_retry_wait: float = 30.0,
-        headers: Mapping[str, str] | None = None,
-        http_client: httpx.Client | None = None,
-    ):
-        super().__init__(
-            base_url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            max_retry_wait=max_retry_wait,
-            headers=headers,
-        )
-        self._owns = http_client is None
-        self._http = http_client or httpx.Client(timeout=timeout, verify=_tls())
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Engram:
-        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080) and ENGRAM_API_KEY."""
-        return cls(**{**cls._env(env), **kwargs})
+    def _new_http(self, timeout: float) -> httpx.Client:
+        return httpx.Client(timeout=timeout, verify=_tls())
 
     def close(self) -> None:
         if self._owns:
@@ -300,18 +306,12 @@ class Engram(_Base):
         """Send one request (with the retry rule of the module docstring) and read its answer."""
         attempt = 0
         lost = False  # an attempt was sent and its answer lost: it may have been applied
+        delay: float | None
         while True:
             try:
-                response = self._http.request(
-                    **self._request_args(call), headers=self._headers, timeout=self.timeout
-                )
-            except httpx.TransportError as exc:
-                delay = self._decide(call, attempt, None, exc)
-                if delay is None:
-                    raise self._failed(exc, lost) from exc
-                lost = lost or not isinstance(exc, _NOT_SENT)
-            except (httpx.InvalidURL, UnicodeEncodeError) as exc:
-                raise self._bad_request(exc) from exc
+                response = self._http.request(**self._request_args(call))
+            except _UNSENDABLE as exc:
+                delay, lost = self._after_error(call, attempt, lost, exc)
             else:
                 delay = self._decide(call, attempt, response, None)
                 if delay is None:
@@ -565,36 +565,12 @@ class HttpEpisode(_OpenEpisode):
 
 
 # --- async -------------------------------------------------------------------------------------------
-class AsyncEngram(_Base):
+class AsyncEngram(_Base[httpx.AsyncClient]):
     """The asyncio client: the methods of `Engram` as coroutines (`http_client`: an httpx.AsyncClient).
     Use as `async with AsyncEngram(...) as memory:`, or `await memory.aclose()`."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        *,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        max_retries: int = 3,
-        max_retry_wait: float = 30.0,
-        headers: Mapping[str, str] | None = None,
-        http_client: httpx.AsyncClient | None = None,
-    ):
-        super().__init__(
-            base_url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            max_retry_wait=max_retry_wait,
-            headers=headers,
-        )
-        self._owns = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout, verify=_tls())
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> AsyncEngram:
-        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080) and ENGRAM_API_KEY."""
-        return cls(**{**cls._env(env), **kwargs})
+    def _new_http(self, timeout: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout, verify=_tls())
 
     async def aclose(self) -> None:
         if self._owns:
@@ -610,18 +586,12 @@ class AsyncEngram(_Base):
         """Send one request (with the retry rule of the module docstring) and read its answer."""
         attempt = 0
         lost = False  # an attempt was sent and its answer lost: it may have been applied
+        delay: float | None
         while True:
             try:
-                response = await self._http.request(
-                    **self._request_args(call), headers=self._headers, timeout=self.timeout
-                )
-            except httpx.TransportError as exc:
-                delay = self._decide(call, attempt, None, exc)
-                if delay is None:
-                    raise self._failed(exc, lost) from exc
-                lost = lost or not isinstance(exc, _NOT_SENT)
-            except (httpx.InvalidURL, UnicodeEncodeError) as exc:
-                raise self._bad_request(exc) from exc
+                response = await self._http.request(**self._request_args(call))
+            except _UNSENDABLE as exc:
+                delay, lost = self._after_error(call, attempt, lost, exc)
             else:
                 delay = self._decide(call, attempt, response, None)
                 if delay is None:

@@ -152,14 +152,32 @@ def _join(base: str, name: str | int) -> str:
     return f"{base}.{name}" if base else name
 
 
-def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, required: bool) -> str | None:
-    """A TAG value: a non-empty string of at most `max_chars`, no control characters."""
+def _string(value: Any, path: str, errs: Collector, *, required: bool) -> str | None:
+    """`value` when it is a string; otherwise None, adding "is required" (None while `required`) or
+    "must be a string" (any other type) to `errs`."""
     if value is None:
         if required:
             errs.add(path, "is required")
         return None
     if not isinstance(value, str):
         errs.add(path, f"must be a string, not {type(value).__name__}")
+        return None
+    return value
+
+
+def _without_unicode_problem(value: str, path: str, errs: Collector) -> str | None:
+    """`value`, or None with `unicode_problem`'s reason added to `errs` (a lone surrogate, ...)."""
+    problem = unicode_problem(value)
+    if problem:
+        errs.add(path, problem)
+        return None
+    return value
+
+
+def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, required: bool) -> str | None:
+    """A TAG value: a non-empty string of at most `max_chars`, no control characters."""
+    value = _string(value, path, errs, required=required)
+    if value is None:
         return None
     if value == "" or value.strip() == "":
         errs.add(path, "must not be empty or blank")
@@ -175,11 +193,7 @@ def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, r
     if _CONTROL.search(value):
         errs.add(path, "must not contain control characters")
         return None
-    problem = unicode_problem(value)
-    if problem:
-        errs.add(path, problem)
-        return None
-    return value
+    return _without_unicode_problem(value, path, errs)
 
 
 def check_id(value: Any, path: str, errs: Collector, *, required: bool = False) -> str | None:
@@ -187,12 +201,8 @@ def check_id(value: Any, path: str, errs: Collector, *, required: bool = False) 
 
 
 def _text(value: Any, path: str, errs: Collector, *, required: bool = False) -> str | None:
+    value = _string(value, path, errs, required=required)
     if value is None:
-        if required:
-            errs.add(path, "is required")
-        return None
-    if not isinstance(value, str):
-        errs.add(path, f"must be a string, not {type(value).__name__}")
         return None
     if required and not value.strip():
         errs.add(path, "must not be empty or blank")
@@ -200,11 +210,7 @@ def _text(value: Any, path: str, errs: Collector, *, required: bool = False) -> 
     if len(value) > MAX_TEXT_CHARS:
         errs.add(path, f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
         return None
-    problem = unicode_problem(value)
-    if problem:
-        errs.add(path, problem)
-        return None
-    return value
+    return _without_unicode_problem(value, path, errs)
 
 
 @overload

@@ -11,16 +11,7 @@ from bench.common import ClientPool, status_of, wait_http_ready
 from deploy.embedded_redis import free_port
 from engram_episodic import AsyncEngram
 from engram_episodic.client import Calls
-
-RECALL = {
-    "results": [],
-    "replay_context": {},
-    "as_of": "2026-12-01T00:00:00Z",
-    "weights": {},
-    "preset": "early",
-    "mode": "hybrid",
-    "candidates": 0,
-}
+from tests.helpers import EMPTY_RECALL
 
 
 async def stand_in(aiohttp_server, state: dict):
@@ -43,7 +34,7 @@ async def stand_in(aiohttp_server, state: dict):
                     content_type="application/problem+json",
                 )
             await asyncio.sleep(state.get("delay", 0))
-            return web.json_response(RECALL)
+            return web.json_response(EMPTY_RECALL)
         finally:
             state["in_flight"] -= 1
 

@@ -28,6 +28,7 @@ from engram_episodic.events import Feedback
 from engram_episodic.types import Recall, RecallHit
 from shared import streams
 from shared.keys import Keys
+from tests.helpers import EMPTY_RECALL
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A, KEY_B
 
@@ -206,24 +207,13 @@ async def flaky(aiohttp_server):
                 headers={"Retry-After": "0"},
                 content_type="application/problem+json",
             )
-        return web.json_response(_RECALL_BODY)
+        return web.json_response(EMPTY_RECALL)
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     server = await aiohttp_server(app)
     yield server, state
     release.set()
-
-
-_RECALL_BODY = {
-    "results": [],
-    "replay_context": {},
-    "as_of": "2026-12-01T00:00:00Z",
-    "weights": {},
-    "preset": "early",
-    "mode": "hybrid",
-    "candidates": 0,
-}
 
 
 async def test_retries_429_and_503_after_retry_after_then_gives_up(flaky):
@@ -274,7 +264,7 @@ async def test_any_call_can_answer_the_raw_json(flaky):
     server, _ = flaky
     async with AsyncEngram(url(server)) as memory:
         raw = await memory.call(Calls.recall("x", {"top_k": 2}).as_json())
-    assert raw == _RECALL_BODY
+    assert raw == EMPTY_RECALL
 
 
 async def test_aware_datetimes_go_wherever_an_instant_does(tenants, settings, redis):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engram_episodic.client import AsyncEngram, Engram
+
+if TYPE_CHECKING:  # imported where used: the adapters that only record (langgraph) do not need tools
+    from engram_episodic.tools import ToolResult
 
 T = TypeVar("T")
 SCOPE_KEYS = ("agent_id", "user_id", "session_id")
@@ -87,3 +90,20 @@ class Clients:
             return await afn(self.aio)
         sync = self.need_sync()
         return await asyncio.to_thread(fn, sync)
+
+    def dispatch(self, name: str, arguments: Any, scope: Mapping[str, Any]) -> ToolResult:
+        """`engram_episodic.tools.dispatch` of tool `name` with `arguments` (a mapping or JSON text) and
+        the `scope` keywords, on the sync client (errors raised, as there)."""
+        from engram_episodic.tools import dispatch
+
+        return self.run(lambda c: dispatch(c, name, arguments, **scope))
+
+    async def adispatch(self, name: str, arguments: Any, scope: Mapping[str, Any]) -> ToolResult:
+        """`dispatch`, awaited: `tools.adispatch` on the async client, or `tools.dispatch` on the sync
+        one in a worker thread."""
+        from engram_episodic.tools import adispatch, dispatch
+
+        return await self.arun(
+            lambda c: adispatch(c, name, arguments, **scope),
+            lambda c: dispatch(c, name, arguments, **scope),
+        )

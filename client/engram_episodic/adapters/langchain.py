@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram
 from engram_episodic.errors import EngramError
-from engram_episodic.tools import ToolResult, Toolset, ToolSpec, adispatch, dispatch, error_result
+from engram_episodic.tools import ToolResult, Toolset, ToolSpec, error_result
 
 __all__ = ["engram_tools"]
 
@@ -45,7 +45,7 @@ def _tool(
 
     def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
         try:
-            result: ToolResult = clients.run(lambda c: dispatch(c, spec.name, arguments, **scope))
+            result: ToolResult = clients.dispatch(spec.name, arguments, scope)
         except EngramError as exc:
             if errors == "raise":
                 raise
@@ -54,10 +54,7 @@ def _tool(
 
     async def arun(**arguments: Any) -> tuple[str, dict[str, Any]]:
         try:
-            result = await clients.arun(
-                lambda c: adispatch(c, spec.name, arguments, **scope),
-                lambda c: dispatch(c, spec.name, arguments, **scope),
-            )
+            result = await clients.adispatch(spec.name, arguments, scope)
         except EngramError as exc:
             if errors == "raise":
                 raise

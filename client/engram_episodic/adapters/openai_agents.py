@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
 from engram_episodic.adapters._common import Clients, check_scope
 from engram_episodic.client import AsyncEngram, Engram
 from engram_episodic.errors import EngramError
-from engram_episodic.tools import Toolset, ToolSpec, adispatch, dispatch, error_result
+from engram_episodic.tools import Toolset, ToolSpec, error_result
 
 __all__ = ["engram_function_tools", "strict_schema"]
 
@@ -135,10 +135,7 @@ def _function_tool(
 ) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
         try:
-            result = await clients.arun(
-                lambda c: adispatch(c, spec.name, arguments, **scope),
-                lambda c: dispatch(c, spec.name, arguments, **scope),
-            )
+            result = await clients.adispatch(spec.name, arguments, scope)
         except EngramError as exc:
             if errors == "raise":
                 raise
