@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,24 @@ def drop_prefix(redis_url: str, prefix: str) -> None:
             client.unlink(key)
     finally:
         client.close()
+
+
+async def publish_and_recall(
+    session: Any, url: str, episode: dict[str, Any], query: str, *, message: str, timeout: float = 30
+) -> Callable[[], Awaitable[bool]]:
+    """POST `episode` to `url`/v1/episodes (202 asserted) with the aiohttp `session`, then wait (at most
+    `timeout` s) until `POST /v1/recall` of `query` answers 200 with exactly one result: the projected
+    episode of a namespace that holds only it. AssertionError naming `message` otherwise. Returns that
+    check, to wait for again (after a restart)."""
+    async with session.post(f"{url}/v1/episodes", json=episode) as r:
+        assert r.status == 202
+
+    async def recalled() -> bool:
+        async with session.post(f"{url}/v1/recall", json={"query": query}) as r:
+            return r.status == 200 and len((await r.json())["results"]) == 1
+
+    await wait_until(recalled, timeout=timeout, message=message)
+    return recalled
 
 
 async def ready(url: str) -> bool:

@@ -29,7 +29,7 @@ from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
 from shared.tags import BLAKE2B
-from tests.helpers import wait_until
+from tests.helpers import publish_and_recall, wait_until
 from tests.integration.test_consolidator import docs, drain, episode, make_worker
 
 
@@ -594,14 +594,7 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
         keys = Keys("engram:")
         async with aiohttp.ClientSession() as s:
             body = {"task": "RUN-SECRET flaky login", "outcome": "success", "user_id": "run-user"}
-            async with s.post(f"{url}/v1/episodes", json=body) as r:
-                assert r.status == 202
-
-            async def recalled() -> bool:
-                async with s.post(f"{url}/v1/recall", json={"query": "flaky login"}) as r:
-                    return r.status == 200 and len((await r.json())["results"]) == 1
-
-            await wait_until(recalled, timeout=30, message="episode projected")
+            await publish_and_recall(s, url, body, "flaky login", message="episode projected")
             assert b"RUN-SECRET" not in await stream_bytes(redis, keys)
             ring = KeyRing(keys, MasterKey(read_master_key_file(key_file)))
             await ring.load(redis)

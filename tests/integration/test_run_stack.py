@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from deploy.embedded_redis import free_port
-from tests.helpers import ROOT, Stack, ready, wait_until
+from tests.helpers import ROOT, Stack, publish_and_recall, ready, wait_until
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
@@ -47,16 +47,13 @@ async def test_run_starts_everything_and_ctrl_c_stops_cleanly(tmp_path):
     try:
         await wait_until(stack.ready, timeout=90, message="query service ready")
         async with aiohttp.ClientSession() as s:
-            async with s.post(
-                f"{url}/v1/episodes", json={"task": "fix the flaky login test", "outcome": "success"}
-            ) as r:
-                assert r.status == 202
-
-            async def recalled() -> bool:
-                async with s.post(f"{url}/v1/recall", json={"query": "flaky login test"}) as r:
-                    return r.status == 200 and len((await r.json())["results"]) == 1
-
-            await wait_until(recalled, timeout=30, message="episode projected by the consolidator")
+            recalled = await publish_and_recall(
+                s,
+                url,
+                {"task": "fix the flaky login test", "outcome": "success"},
+                "flaky login test",
+                message="episode projected by the consolidator",
+            )
             for worker_port in (metrics_port, metrics_port + 1):  # two workers, a metrics port each
                 async with s.get(f"http://127.0.0.1:{worker_port}/metrics") as r:
                     assert r.status == 200 and "engram_events_processed_total" in await r.text()
@@ -268,16 +265,13 @@ async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_a
         await stack.said(f"consolidator-0 restarted (pid {new_worker}, restart 1)")
         assert await ready(stack.url)
         async with aiohttp.ClientSession() as s:  # the new worker projects
-            async with s.post(
-                f"{stack.url}/v1/episodes", json={"task": "rotate the api keys", "outcome": "success"}
-            ) as r:
-                assert r.status == 202
-
-            async def recalled() -> bool:
-                async with s.post(f"{stack.url}/v1/recall", json={"query": "rotate api keys"}) as r:
-                    return r.status == 200 and len((await r.json())["results"]) == 1
-
-            await wait_until(recalled, timeout=30, message="episode projected by the restarted worker")
+            await publish_and_recall(
+                s,
+                stack.url,
+                {"task": "rotate the api keys", "outcome": "success"},
+                "rotate api keys",
+                message="episode projected by the restarted worker",
+            )
 
         [query] = stack.children("services.query")
         os.kill(query, signal.SIGKILL)
