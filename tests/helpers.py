@@ -119,6 +119,30 @@ async def publish_and_recall(
     return recalled
 
 
+def spawn_consolidator(settings: Any, redis_url: str | None = None, **env: str) -> subprocess.Popen:
+    """`python -m services.consolidator run` on `redis_url` (default `settings.redis_url`) with the test's
+    prefix and embedding dimension, the hashing embedder, FLAT vectors, WARNING logs and no metrics port,
+    `env` (ENGRAM_* variables) over those; stdout discarded, stderr a pipe to read after it exits."""
+    full = {
+        **os.environ,
+        "REDIS_URL": settings.redis_url if redis_url is None else redis_url,
+        "ENGRAM_PREFIX": settings.prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_EMBED_DIM": str(settings.embed_dim),
+        "ENGRAM_VECTOR_ALGORITHM": "FLAT",
+        "ENGRAM_LOG_LEVEL": "WARNING",
+        "ENGRAM_METRICS_PORT": "0",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.consolidator", "run"],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 async def ready(url: str) -> bool:
     """Whether the query service at `url` answers `GET /readyz` 200 within 2 s (False when it does not
     answer at all)."""

@@ -4,12 +4,9 @@ consolidator process, and in-process for a lane that stops coming round."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -19,33 +16,15 @@ from services.consolidator.health import Health, operations_app
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.worker import Worker
 from shared.embedding import HashingEmbedder
-from tests.helpers import wait_until
+from tests.helpers import spawn_consolidator, wait_until
 from tests.integration.test_worker_process import publish_many
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def spawn(settings, redis_url: str, port: int, **env: str) -> subprocess.Popen:
-    full = {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "ENGRAM_PREFIX": settings.prefix,
-        "ENGRAM_EMBEDDER": "hashing",
-        "ENGRAM_EMBED_DIM": str(settings.embed_dim),
-        "ENGRAM_VECTOR_ALGORITHM": "FLAT",
-        "ENGRAM_BLOCK_MS": "100",
-        "ENGRAM_LOG_LEVEL": "WARNING",
-        "ENGRAM_METRICS_PORT": str(port),
-        **env,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.consolidator", "run"],
-        cwd=ROOT,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    return spawn_consolidator(
+        settings, redis_url, ENGRAM_BLOCK_MS="100", ENGRAM_METRICS_PORT=str(port), **env
     )
 
 

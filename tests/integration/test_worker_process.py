@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,33 +12,13 @@ from shared.index import Scope, count
 from shared.keys import Keys
 from shared.sdk import EngramClient
 from shared.tags import BLAKE2B
-from tests.helpers import wait_until
+from tests.helpers import spawn_consolidator, wait_until
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def spawn_worker(settings, name: str, **env) -> subprocess.Popen:
-    full = {
-        **os.environ,
-        "REDIS_URL": settings.redis_url,
-        "ENGRAM_PREFIX": settings.prefix,
-        "ENGRAM_EMBEDDER": "hashing",
-        "ENGRAM_EMBED_DIM": str(settings.embed_dim),
-        "ENGRAM_VECTOR_ALGORITHM": "FLAT",
-        "ENGRAM_CONSUMER_NAME": name,
-        "ENGRAM_LOG_LEVEL": "WARNING",
-        "ENGRAM_METRICS_PORT": "0",
-        **env,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.consolidator", "run"],
-        cwd=ROOT,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    return spawn_consolidator(settings, ENGRAM_CONSUMER_NAME=name, **env)
 
 
 def stop_gracefully(proc: subprocess.Popen, timeout: float = 30) -> int:
