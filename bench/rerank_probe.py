@@ -323,21 +323,28 @@ def tuned(data: Data, grid: tuple[float, ...], make, label: str) -> tuple[float,
     return best[0], make(best[0])
 
 
+Row = tuple[str, dict[str, float], dict[str, float], dict[str, float], str]
+
+
+def _row(data: Data, label: str, ranked: list[list[str]], note: str) -> Row:
+    """One line of the results table: `label`, the metrics of `ranked` on all, tune and held-out
+    questions, and `note` (its latency or cost)."""
+    return (
+        label,
+        metrics(data, ranked, "all"),
+        metrics(data, ranked, "tune"),
+        metrics(data, ranked, "held"),
+        note,
+    )
+
+
 def evaluate(args: argparse.Namespace) -> None:
     data = Data(args)
-    rows: list[tuple[str, dict[str, float], dict[str, float], dict[str, float], str]] = []
+    rows: list[Row] = []
     for name, ranked in data.variants.items():
         ids = [r["ids"] for r in ranked]
         lat = data.latency[name]
-        rows.append(
-            (
-                f"service: {name}",
-                metrics(data, ids, "all"),
-                metrics(data, ids, "tune"),
-                metrics(data, ids, "held"),
-                f"p50 {lat['p50']:.1f} ms",
-            )
-        )
+        rows.append(_row(data, f"service: {name}", ids, f"p50 {lat['p50']:.1f} ms"))
     base = data.variants["default"]
     beta, ranked = tuned(
         data,
@@ -346,11 +353,10 @@ def evaluate(args: argparse.Namespace) -> None:
         "neighbours beta",
     )
     rows.append(
-        (
+        _row(
+            data,
             f"re-rank top {args.depth}: neighbour-turn context, beta {beta} (tuned)",
-            metrics(data, ranked, "all"),
-            metrics(data, ranked, "tune"),
-            metrics(data, ranked, "held"),
+            ranked,
             "stored vectors only",
         )
     )
@@ -370,11 +376,10 @@ def evaluate(args: argparse.Namespace) -> None:
             f"{args.second} gamma",
         )
         rows.append(
-            (
+            _row(
+                data,
                 f"re-rank top {args.depth}: + gamma {gamma} x {args.second} cosine (tuned)",
-                metrics(data, ranked, "all"),
-                metrics(data, ranked, "tune"),
-                metrics(data, ranked, "held"),
+                ranked,
                 f"+{ms:.0f} ms p50 to embed query + {args.depth} turns",
             )
         )
