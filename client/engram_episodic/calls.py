@@ -7,9 +7,10 @@ client.py (its size budget); `engram_episodic.client` re-exports `Call`, `Calls`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -69,6 +70,17 @@ def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
     """Name on a failed record/publish the episode ids it used: retrying with them is harmless."""
     if isinstance(exc, EngramError):
         exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
+    """Around a record/publish (or an HTTP episode's completion): an EngramError leaving the block is
+    re-raised naming the episode ids it used (`exc.episode_ids`), with which a retry is harmless."""
+    try:
+        yield
+    except EngramError as exc:
+        _with_ids(exc, episodes)
+        raise
 
 
 def _wire(value: Any, name: str) -> Any:

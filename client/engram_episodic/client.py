@@ -41,12 +41,11 @@ from engram_episodic import __version__
 from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
 from engram_episodic.calls import Calls as Calls
 from engram_episodic.calls import WaitTimeout as WaitTimeout
-from engram_episodic.calls import _ingest, _waited, _with_ids
+from engram_episodic.calls import _ingest, _naming_ids, _waited
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
     ConnectionFailed,
-    EngramError,
     InvalidEpisode,
     ResourceNotFound,
     api_error,
@@ -376,11 +375,8 @@ class Engram(_Base[httpx.Client]):
         `record(episode_id=that, ...)` again is the same episode, never a copy.
         """
         prepared, call = Calls.record(episode, fields, wait)
-        try:
+        with _naming_ids([prepared]):
             _waited(self.call(call), wait)
-        except EngramError as exc:
-            _with_ids(exc, [prepared])
-            raise
         return prepared.episode_id
 
     def publish(
@@ -390,11 +386,8 @@ class Engram(_Base[httpx.Client]):
 
         A failure names the ids it used (`exc.episode_ids`): publish those episodes again with them."""
         prepared, call = Calls.publish(episodes, wait)
-        try:
+        with _naming_ids(prepared):
             return _waited(self.call(call), wait)
-        except EngramError as exc:
-            _with_ids(exc, prepared)
-            raise
 
     def episode(
         self,
@@ -548,11 +541,8 @@ class HttpEpisode(_OpenEpisode):
         If publishing fails, the error says whether it may have been applied (and names the id), and
         leaving the block does not publish a `failure` over it; call `complete` again to retry."""
         snapshot, call = self._send(outcome, fields)
-        try:
+        with _naming_ids([snapshot]):
             self.client.call(call)
-        except EngramError as exc:
-            _with_ids(exc, [snapshot])
-            raise
         return self.draft.completed_with(snapshot)
 
     def __enter__(self) -> HttpEpisode:
@@ -649,11 +639,8 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     ) -> str:
         """See `Engram.record`."""
         prepared, call = Calls.record(episode, fields, wait)
-        try:
+        with _naming_ids([prepared]):
             _waited(await self.call(call), wait)
-        except EngramError as exc:
-            _with_ids(exc, [prepared])
-            raise
         return prepared.episode_id
 
     async def publish(
@@ -661,11 +648,8 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     ) -> IngestResult:
         """See `Engram.publish`."""
         prepared, call = Calls.publish(episodes, wait)
-        try:
+        with _naming_ids(prepared):
             return _waited(await self.call(call), wait)
-        except EngramError as exc:
-            _with_ids(exc, prepared)
-            raise
 
     def episode(
         self,
@@ -777,11 +761,8 @@ class AsyncHttpEpisode(_OpenEpisode):
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""
         snapshot, call = self._send(outcome, fields)
-        try:
+        with _naming_ids([snapshot]):
             await self.client.call(call)
-        except EngramError as exc:
-            _with_ids(exc, [snapshot])
-            raise
         return self.draft.completed_with(snapshot)
 
     async def __aenter__(self) -> AsyncHttpEpisode:
