@@ -41,18 +41,26 @@ def url(server) -> str:
     return str(server.make_url("")).rstrip("/")
 
 
-async def seed(server, settings, redis) -> str:
+async def record_one(server, settings, redis, **episode: Any) -> str:
+    """Record `episode` (keyword fields) in tenant A's namespace and project it; its id."""
     async with AsyncEngram(url(server), api_key=KEY_A) as memory:
-        first = await memory.record(
-            task="rotate the tls certificate of the api gateway",
-            outcome="success",
-            solution="certbot renew, then reload nginx",
-            agent_id="ops",
-            strategy_used="iterative",
-            feedback={"reward": 1.0},
-        )
+        first = await memory.record(**episode)
     await drain(settings, redis)
     return first
+
+
+async def seed(server, settings, redis) -> str:
+    return await record_one(
+        server,
+        settings,
+        redis,
+        task="rotate the tls certificate of the api gateway",
+        outcome="success",
+        solution="certbot renew, then reload nginx",
+        agent_id="ops",
+        strategy_used="iterative",
+        feedback={"reward": 1.0},
+    )
 
 
 @pytest.mark.slow  # a fresh interpreter
@@ -423,17 +431,17 @@ class StubChat:
 
 
 async def seed_login(server, settings, redis) -> str:
-    async with AsyncEngram(url(server), api_key=KEY_A) as memory:
-        first = await memory.record(
-            task="fix the flaky login test",
-            outcome="success",
-            agent_id="coder-1",
-            user_id="alice",
-            solution="freeze the clock in conftest.py",
-            feedback={"reward": 1.0},
-        )
-    await drain(settings, redis)
-    return first
+    return await record_one(
+        server,
+        settings,
+        redis,
+        task="fix the flaky login test",
+        outcome="success",
+        agent_id="coder-1",
+        user_id="alice",
+        solution="freeze the clock in conftest.py",
+        feedback={"reward": 1.0},
+    )
 
 
 async def test_doc_langchain_example(tenants, settings, redis):

@@ -6,14 +6,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import aiohttp
 import pytest
 
 from deploy.embedded_redis import free_port
-from tests.helpers import ROOT, Stack, publish_and_recall, ready, wait_until
+from tests.helpers import Stack, publish_and_recall, ready, run_module, wait_until
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
@@ -84,9 +82,7 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
         "ENGRAM_METRICS_PORT": "18079",
         "ENGRAM_DATA_DIR": str(tmp_path),
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = run_module("services.run", env=env, timeout=60)
     assert proc.returncode == 2 and "18080, which is also ENGRAM_PORT" in proc.stderr
 
 
@@ -116,9 +112,7 @@ def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, n
     }
     if value == "REDIS":
         env[name] = env["ENGRAM_REDIS_PORT"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = run_module("services.run", env=env, timeout=60)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "redis").exists()  # nothing was started
 
@@ -135,23 +129,13 @@ def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_pat
     }
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "services.run"],
-            cwd=ROOT,
-            env={**base, "ENGRAM_PORT": str(port)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_module("services.run", env={**base, "ENGRAM_PORT": str(port)}, timeout=60)
     assert proc.returncode == 2 and f"ENGRAM_PORT={port} on 127.0.0.1 is not free" in proc.stderr
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.run"],
-        cwd=ROOT,
+    proc = run_module(
+        "services.run",
         env={**base, "ENGRAM_PORT": str(free_port()), "ENGRAM_DATA_DIR": str(afile / "x")},
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert (
@@ -176,14 +160,7 @@ def test_run_refuses_a_taken_redis_or_metrics_port_before_starting_anything(tmp_
     }
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "services.run"],
-            cwd=ROOT,
-            env={**env, which: str(port)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_module("services.run", env={**env, which: str(port)}, timeout=60)
     assert proc.returncode == 2 and f"{which}={port} on 127.0.0.1 is not free" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "redis").exists()  # nothing was started
 
@@ -195,9 +172,7 @@ def test_run_writes_its_own_lines_as_json_with_engram_log_format_json(tmp_path):
         "ENGRAM_LOG_FORMAT": "json",
         "ENGRAM_WORKERS": "0",
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = run_module("services.run", env=env, timeout=60)
     [record] = [json.loads(line) for line in proc.stderr.splitlines()]
     assert proc.returncode == 2 and (record["logger"], record["level"]) == ("engram.run", "ERROR")
     assert record["message"] == "ENGRAM_WORKERS='0' must be between 1 and 64", record
@@ -245,14 +220,7 @@ async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_a
         await wait_until(stack.ready, timeout=60, message="query service ready")
         # a second `make run` of the same data directory is refused before it starts anything
         second = Stack(tmp_path / "data")
-        refused = subprocess.run(
-            [sys.executable, "-m", "services.run"],
-            cwd=ROOT,
-            env=second.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        refused = run_module("services.run", env=second.env, timeout=60)
         assert refused.returncode == 3, refused.stderr
         assert f"is in use by another `make run` (pid {stack.proc.pid})" in refused.stderr
         assert not await ready(second.url)
@@ -330,14 +298,7 @@ def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(t
     fd = lock_data_dir(tmp_path)  # as a running `make run` holds it
     try:
         stack = Stack(tmp_path)
-        proc = subprocess.run(
-            [sys.executable, "-m", "services.run"],
-            cwd=ROOT,
-            env=stack.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_module("services.run", env=stack.env, timeout=60)
     finally:
         os.close(fd)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
@@ -377,13 +338,8 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
             }
             if (data / "master.key").exists():  # the key `make run` generated for its stream, if any
                 env["ENGRAM_MASTER_KEY_FILE"] = str(data / "master.key")
-            reindex = subprocess.run(
-                [sys.executable, "-m", "services.consolidator", "reindex", "--embedder", "hashing"],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
+            reindex = run_module(
+                "services.consolidator", "reindex", "--embedder", "hashing", env=env, timeout=60
             )
             assert reindex.returncode == 0, reindex.stderr[-3000:]
             advice = "restarted with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128"
