@@ -667,19 +667,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"machine": machine(), "args": {k: v for k, v in vars(args).items()}}
     phases = args.phases.split(",")
+    steps = (  # (phase, what it measures, result key, runner), in this order
+        ("ingest", "ingest end to end", "ingest", ingest_phase),
+        ("index", "index cost and recall latency", "index", index_phase),
+        ("recall", "recall with the default embedder", "recall", recall_phase),
+        ("ingest-real", "ingest of real texts with the default embedder", "ingest_real", real_ingest_phase),
+    )
     with private_redis() as server:
-        if "ingest" in phases:
-            print("phase: ingest end to end", flush=True)
-            res["ingest"] = await ingest_phase(server.url, args)
-        if "index" in phases:
-            print("phase: index cost and recall latency", flush=True)
-            res["index"] = await index_phase(server.url, args)
-        if "recall" in phases:
-            print("phase: recall with the default embedder", flush=True)
-            res["recall"] = await recall_phase(server.url, args)
-        if "ingest-real" in phases:
-            print("phase: ingest of real texts with the default embedder", flush=True)
-            res["ingest_real"] = await real_ingest_phase(server.url, args)
+        for phase, what, key, measure in steps:
+            if phase in phases:
+                print(f"phase: {what}", flush=True)
+                res[key] = await measure(server.url, args)
     return res
 
 
