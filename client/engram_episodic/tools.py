@@ -35,10 +35,11 @@ namespace comes from the client's API key, never from a tool argument.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -170,6 +171,17 @@ class Plan:
         if exc.status == 404 and self.missing is not None:
             return ToolArgumentError(self.tool, [self.missing])
         return exc
+
+    @contextlib.contextmanager
+    def refusals(self) -> Iterator[None]:
+        """Around sending `calls`: an ApiError leaving the block is raised as `failure(exc)` (from it)."""
+        try:
+            yield
+        except ApiError as exc:
+            mapped = self.failure(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
 
 def _tool_field(path: str, fields: Mapping[str, str]) -> str:
@@ -938,25 +950,15 @@ def prepare(
 # --- executing ----------------------------------------------------------------------------------------------
 def execute(client: Engram, plan: Plan) -> ToolResult:
     """Send a plan's requests with the sync client and render the answers (errors as in `dispatch`)."""
-    try:
+    with plan.refusals():
         answers = [client.call(c) for c in plan.calls]
-    except ApiError as exc:
-        mapped = plan.failure(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
     return plan.render(answers)
 
 
 async def aexecute(client: AsyncEngram, plan: Plan) -> ToolResult:
     """Send a plan's requests with the async client (concurrently) and render the answers."""
-    try:
+    with plan.refusals():
         answers = await asyncio.gather(*(client.call(c) for c in plan.calls))
-    except ApiError as exc:
-        mapped = plan.failure(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
     return plan.render(answers)
 
 
