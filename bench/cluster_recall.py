@@ -25,14 +25,13 @@ from pathlib import Path
 import redis as syncredis
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.common import migration_episode, percentile_ms
+from bench.common import percentile_ms, record_migrations
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, free_port
 from services.consolidator.worker import Worker
 from services.query.app import make_app
 from shared.embedding import HashingEmbedder
 from shared.keys import ns_tag
 from shared.redis_conn import connect
-from shared.sdk import EngramClient
 from shared.settings import Settings
 
 
@@ -71,10 +70,7 @@ async def measure(url: str, ports: dict[str, int], args: argparse.Namespace) -> 
     settings = Settings(redis_url=url, prefix="bench:", embedder="hashing", embed_dim=384, block_ms=50)
     namespaces = [f"tenant-{i}" for i in range(args.namespaces)]
     redis = connect(url, prefix=settings.prefix, max_connections=64)
-    for ns in namespaces:
-        client = EngramClient(redis, namespace=ns, prefix=settings.prefix)
-        for i in range(args.per_namespace):
-            await client.record(migration_episode(ns, i))
+    await record_migrations(redis, settings.prefix, namespaces, args.per_namespace)
     worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="bench")
     await worker.setup()
     before = node_stats(ports)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import redis as syncredis
 
-from bench.common import migration_episode, percentile_ms
+from bench.common import percentile_ms, record_migrations
 from deploy.embedded_redis import EmbeddedCluster
 from services.consolidator.worker import Worker
 from shared import cluster as search_routing
@@ -39,7 +39,6 @@ from shared.embedding import HashingEmbedder
 from shared.facts import ensure_facts_index
 from shared.keys import Keys
 from shared.redis_conn import connect
-from shared.sdk import EngramClient
 from shared.settings import Settings
 
 
@@ -79,10 +78,7 @@ async def measure(n: int, args: argparse.Namespace, tmp: Path) -> dict:
         empty = raw.info("memory")["used_memory"]
         tenth = max(1, n // 10)
         started = time.perf_counter()
-        for ns in namespaces:
-            client = EngramClient(redis, namespace=ns, prefix=settings.prefix)
-            for i in range(args.per_namespace):
-                await client.record(migration_episode(ns, i))
+        await record_migrations(redis, settings.prefix, namespaces, args.per_namespace)
         while await worker.turn():
             pass
         ingest_s = time.perf_counter() - started

@@ -280,6 +280,17 @@ def migration_episode(ns: str, i: int) -> dict[str, Any]:
     }
 
 
+async def record_migrations(redis: Any, prefix: str, namespaces: Sequence[str], per_namespace: int) -> None:
+    """Publish `migration_episode(ns, 0 .. per_namespace - 1)` of every namespace through the SDK, one
+    episode at a time (`EngramClient.record`) on the Redis client `redis` (keys under `prefix`)."""
+    from shared.sdk import EngramClient
+
+    for ns in namespaces:
+        client = EngramClient(redis, namespace=ns, prefix=prefix)
+        for i in range(per_namespace):
+            await client.record(migration_episode(ns, i))
+
+
 # --- output -------------------------------------------------------------------------------------------
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table (also readable in a terminal)."""
