@@ -123,6 +123,7 @@ H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 # --- the retry rule, shared ------------------------------------------------------------------------------
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _LOST = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+_UNSENDABLE = (httpx.TransportError, httpx.InvalidURL, UnicodeEncodeError)  # what `_after_error` takes
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -279,9 +280,6 @@ class _Base(Generic[H]):
 
 
 # --- sync --------------------------------------------------------------------------------------------
-_UNSENDABLE = (httpx.TransportError, httpx.InvalidURL, UnicodeEncodeError)  # what `_after_error` takes
-
-
 class Engram(_Base[httpx.Client]):
     """The synchronous client. Arguments: `base_url` (default http://127.0.0.1:8080), `api_key` (sent as
     a Bearer token), `timeout` (seconds per request), `max_retries`, `max_retry_wait` (seconds), extra
