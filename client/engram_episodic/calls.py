@@ -122,12 +122,18 @@ def _params(options: Mapping[str, Any]) -> dict[str, str]:
 def _path(value: str, name: str) -> str:
     """`value` as one URL path segment. `.` and `..` are valid ids but dot segments, which URL
     normalisation removes (`/v1/users/..` would become `/v1`, and a forget of user `..` a 404),
-    so their dots are percent-encoded (the server decodes `%2E` back to `.`)."""
+    so their dots are percent-encoded (the server decodes `%2E` back to `.`). Raises InvalidEpisode
+    naming `name` for an empty or non-string value or one holding a lone surrogate."""
     if not isinstance(value, str) or not value:
         raise InvalidEpisode([(name, "must be a non-empty string")])
     if value in (".", ".."):
         return value.replace(".", "%2E")
-    return quote(value, safe="")
+    try:
+        return quote(value, safe="")
+    except UnicodeEncodeError as exc:  # a lone surrogate has no UTF-8 form, so no URL can carry it
+        raise InvalidEpisode(
+            [(name, f"must be valid Unicode text (a lone surrogate at character {exc.start})")]
+        ) from None
 
 
 # --- one request, described once for both clients -------------------------------------------------------
