@@ -236,6 +236,8 @@ def _command_class(cmd: str) -> str:
         return "KNN, union of remembered lists" if ") | (" in cmd else "KNN (vector arm, restricted KNN)"
     if "BM25STD" in cmd:
         return "keyword arm (BM25, 100 deep)"
+    if "@tiebreak:[" in cmd and " SORTBY " not in cmd:  # services.query.lists: a floor at a tie
+        return "top-by list, narrowed at a tie"
     if " SORTBY " in cmd:
         # a top-by list, narrowed by a remembered floor when a sort field has a finite lower bound (the
         # bench's requests set no `since` or reward filter; the expiry clause is `-@expires_at:[-inf …]`)
