@@ -27,9 +27,6 @@ def field_float(fields: dict[bytes, bytes], name: bytes) -> float:
         return math.nan
 
 
-_float = field_float
-
-
 _FLOORS: dict[tuple[str, str, str, int], tuple[float, float, float]] = {}
 FLOOR_TTL = 30.0
 """Seconds `top_by` trusts a remembered floor (the (depth + 1)-th episode of a scope)."""
@@ -42,7 +39,7 @@ _NO_TIE = -math.inf  # the floor's tie-break when the boundary is between two va
 
 
 def _tie(hit: SearchHit) -> float:
-    """The hit's `tiebreak` (`shared.index.tie_break`); -1 without one (a document projected before
+    """The hit's `tiebreak` (`shared.ties.tie_break`); -1 without one (a document projected before
     the field existed: below every episode that has one, until a replay writes it)."""
     raw = hit.fields.get(_TIE)
     return float(raw) if raw is not None else -1.0
@@ -50,7 +47,7 @@ def _tie(hit: SearchHit) -> float:
 
 def _sort_key(field: bytes) -> Any:
     """The lists' order, best first when sorted in reverse: the value, then the tie-break."""
-    return lambda h: (_float(h.fields, field), _tie(h))
+    return lambda h: (field_float(h.fields, field), _tie(h))
 
 
 def _at_least(scope: Scope, name: str, floor: float, tie: float = _NO_TIE) -> Scope | None:
@@ -112,10 +109,10 @@ async def _full_sort(
     order = _sort_key(field)
     if len(hits) <= depth:  # the whole scope: nothing below to exclude, nothing to remember
         return sorted(hits, key=order, reverse=True)
-    boundary = _float(hits[depth].fields, field)
+    boundary = field_float(hits[depth].fields, field)
     if not math.isfinite(boundary):
         return sorted(hits, key=order, reverse=True)[:depth]
-    if _float(hits[depth - 1].fields, field) > boundary:
+    if field_float(hits[depth - 1].fields, field) > boundary:
         # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"), so the stored value
         # may lie just below the printed one: 0.989890409263 for 0.98989040926299..., and a floor of the
         # printed value dropped that episode, so every narrowed `reward` query came back one short and
@@ -150,7 +147,7 @@ async def _tied(
     is not total there (an episode without a tie-break, two with the same one, or `value` not the stored
     number: the printed value of one rounded in its 13th digit)."""
     field = name.encode()
-    above = [h for h in hits if _float(h.fields, field) > value]
+    above = [h for h in hits if field_float(h.fields, field) > value]
     need = depth + 1 - len(above)
     v = numeric_text(value)
     at = dataclasses.replace(scope, clause=f"{scope.clause} @{name}:[{v} {v}]".strip())
@@ -167,7 +164,7 @@ async def top_by(
     r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int, fields: tuple[str, ...]
 ) -> list[SearchHit]:
     """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
-    importance), best first; among equal values the highest tie-break (`shared.index.tie_break`)
+    importance), best first; among equal values the highest tie-break (`shared.ties.tie_break`)
     first: the recency / reward / importance candidate lists (so all-recency weights return exact
     recency order over the scope). Episodes without a reward (importance) are in no reward
     (importance) list (`_valued`). Each hit also returns `tiebreak`.
@@ -197,7 +194,7 @@ async def top_by(
                     r, index, narrowed, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
                 )
                 # Redis picks among equal values at its LIMIT: only a gap in value proves the set
-                if len(hits) == depth + 1 and _float(hits[depth - 1].fields, field) > _float(
+                if len(hits) == depth + 1 and field_float(hits[depth - 1].fields, field) > field_float(
                     hits[depth].fields, field
                 ):
                     return sorted(hits[:depth], key=order, reverse=True)
