@@ -607,6 +607,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("default", "hybrid", "vector", "keyword"),
         help="the recall request's mode (default: none sent, i.e. the service's default, hybrid)",
     )
+    g.add_argument(
+        "--recall-reward",
+        default="continuous",
+        choices=("continuous", "coarse", "none"),
+        help="the documents' reward: ~2^32 distinct values, {0, 1}, or none (LoCoMo turns carry none)",
+    )
     g.add_argument("--recall-clients", default="1,8,16", type=int_list)
     g.add_argument(
         "--recall-requests", type=int, default=20, help="recalls per client (at least twice this in all)"

@@ -46,9 +46,16 @@ NAMESPACE = "bench"
 CANDIDATES = 100  # the service's default `candidates` per similarity list (api.md): the KNN it runs
 
 
-def _episode(i: int, text: str, completed_at: float, *, feedback: bool) -> dict[str, Any]:
+REWARDS = ("continuous", "coarse", "none")
+"""`--recall-reward`: a reward of ~2^32 distinct values, one of {0, 1} (three in four 1), or none."""
+
+
+def _episode(
+    i: int, text: str, completed_at: float, *, feedback: bool, reward: str = "continuous"
+) -> dict[str, Any]:
     """A derived document as bench.locomo publishes a turn (the turn is the task), with an agent
-    episode's outcome, importance and, when `feedback`, a reward (deterministic in i)."""
+    episode's outcome, importance and, when `feedback`, a reward (deterministic in i) of the kind
+    `reward` names (REWARDS; "none" is as `feedback` False: LoCoMo turns carry none)."""
     episode: dict[str, Any] = {
         "episode_id": f"t-{i}",
         "task": text,
@@ -57,10 +64,11 @@ def _episode(i: int, text: str, completed_at: float, *, feedback: bool) -> dict[
         "agent_id": f"speaker-{i % 2}",
         "completed_at": completed_at,
     }
-    if feedback:
-        # continuous (Knuth's multiplicative hash of i): a coarse reward ties at the top-by-reward list's
-        # boundary, and the service then sorts the whole namespace (docs/benchmarks.md, default embedder)
+    if feedback and reward == "continuous":
+        # Knuth's multiplicative hash of i: no two episodes tie at the top-by-reward list's boundary
         episode["feedback"] = {"reward": ((i * 2654435761) % 2**32) / 2**32}
+    elif feedback and reward == "coarse":  # a thumbs up / down: tens of thousands tie at the boundary
+        episode["feedback"] = {"reward": 0.0 if i % 4 == 3 else 1.0}
     return episode
 
 
@@ -69,7 +77,15 @@ class CorpusSeeder:
     (`shared.settings.Settings`: HNSW M / EF_CONSTRUCTION / EF_RUNTIME) by pipelined HSET."""
 
     def __init__(
-        self, r, embedder_name: str, dim: int, texts: list[str], vectors: np.ndarray, *, feedback: bool = True
+        self,
+        r,
+        embedder_name: str,
+        dim: int,
+        texts: list[str],
+        vectors: np.ndarray,
+        *,
+        feedback: bool = True,
+        reward: str = "continuous",
     ):
         from shared.keys import Keys
 
@@ -82,6 +98,7 @@ class CorpusSeeder:
         self.n = 0
         self.now = time.time()
         self.feedback = feedback
+        self.reward = reward
 
     async def create(self) -> None:
         from services.query.app import vector_params
@@ -108,6 +125,7 @@ class CorpusSeeder:
                             derived_text(self.texts, i),
                             self.now - 60.0 * (total - i),
                             feedback=self.feedback,
+                            reward=self.reward,
                         )
                     )
                     fields = episode_fields(
@@ -218,6 +236,8 @@ def _command_class(cmd: str) -> str:
         return "KNN, union of remembered lists" if ") | (" in cmd else "KNN (vector arm, restricted KNN)"
     if "BM25STD" in cmd:
         return "keyword arm (BM25, 100 deep)"
+    if "@tiebreak:[" in cmd and " SORTBY " not in cmd:  # services.query.lists: a floor at a tie
+        return "top-by list, narrowed at a tie"
     if " SORTBY " in cmd:
         # a top-by list, narrowed by a remembered floor when a sort field has a finite lower bound (the
         # bench's requests set no `since` or reward filter; the expiry clause is `-@expires_at:[-inf …]`)
@@ -288,6 +308,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "clients": args.recall_clients,
         "top_k": args.top_k,
         "mode": args.recall_mode,
+        "reward": args.recall_reward,
         "candidates": CANDIDATES,
         "sizes": {},
     }
@@ -303,7 +324,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         vectors, _ = derive(base, sizes[-1], noise=args.corpus_noise)
         query_vectors = await embedder.embed(questions[:256])
-        seeder = CorpusSeeder(r, embedder.name, embedder.dim, texts, vectors)
+        seeder = CorpusSeeder(r, embedder.name, embedder.dim, texts, vectors, reward=args.recall_reward)
         await seeder.create()
         from bench.common import free_port
 
@@ -411,7 +432,7 @@ def render_recall(res: dict[str, Any]) -> str:
     corpus = res["corpus"]
     return (
         f"\nRecall with the default embedder ({res['embedder']} on {res['backend']}), top_k {res['top_k']}, "
-        f"mode {res.get('mode', 'default')}, "
+        f"mode {res.get('mode', 'default')}, reward {res.get('reward', 'continuous')}, "
         f"one namespace; corpus from {corpus['real_texts']} real texts ({corpus['source']}, noise "
         f"{corpus['noise']}); 16-client recalls/s at the largest size vs the smallest: "
         f"{res.get('qps_large_vs_small', float('nan')):.2f}:\n\n"

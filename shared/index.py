@@ -43,6 +43,7 @@ from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.legacy import check_layout
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
+from shared.ties import TIE_FIELD, tie_break
 
 TAG_SEPARATOR = "\x1f"
 TAG_FIELDS = (
@@ -67,6 +68,7 @@ NUMERIC_FIELDS = (
     "last_accessed",
     "access_count",
     "expires_at",
+    "tiebreak",
 )
 # (field, BM25 weight). The task is what a new task is matched against, so it counts double.
 TEXT_FIELDS = (
@@ -103,7 +105,8 @@ def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
     return f"@{field_name}:{{{escaped}}}"
 
 
-def _num(x: float) -> str:
+def numeric_text(x: float) -> str:
+    """A number as a numeric range's bound: `+inf`, `-inf` or its shortest exact decimal (repr)."""
     if x == math.inf:
         return "+inf"
     if x == -math.inf:
@@ -113,7 +116,7 @@ def _num(x: float) -> str:
 
 def numeric_clause(field_name: str, lo: float | None, hi: float | None) -> str:
     """`@field:[lo hi]`, both bounds inclusive; None is unbounded."""
-    return f"@{field_name}:[{_num(-math.inf if lo is None else lo)} {_num(math.inf if hi is None else hi)}]"
+    return f"@{field_name}:[{numeric_text(-math.inf if lo is None else lo)} {numeric_text(math.inf if hi is None else hi)}]"
 
 
 def keyword_query(text: str, scope_query: str | None = None) -> str | None:
@@ -165,6 +168,7 @@ class Scope:
     until: float | None = None
     status: str | None = STATUS_COMPLETED
     live_at: float | None = None  # hide the episodes whose expires_at is at or before this instant
+    clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.lists`)
 
     def query(self) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope."""
@@ -192,6 +196,8 @@ class Scope:
             parts.append(numeric_clause("completed_at", self.since, self.until))
         if self.live_at is not None:  # a missing expires_at matches no range: those never expire
             parts.append("-" + numeric_clause("expires_at", None, self.live_at))
+        if self.clause:
+            parts.append(self.clause)
         return " ".join(parts)
 
     def cache_key(self) -> str:
@@ -432,6 +438,7 @@ def episode_fields(
         "session_id": tags.session(namespace, episode.session_id) if episode.session_id is not None else None,
     }
     fields.update({k: v for k, v in clear.items() if v is not None})
+    fields[TIE_FIELD] = str(tie_break(fields["episode_id"]))
     numbers = {
         "started_at": episode.started_at,
         "completed_at": episode.completed_at,

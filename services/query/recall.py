@@ -21,7 +21,6 @@ All I/O goes through `shared.index`; this module owns no query syntax.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import math
@@ -37,6 +36,7 @@ from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored, episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
+from services.query.lists import field_float, remembered_lists, top_by
 from services.query.sizes import ScopeSizes
 from shared import relevance, scoring, tracing
 from shared.hybrid import hybrid_policy
@@ -49,7 +49,6 @@ from shared.index import (
     count,
     filter_search,
     knn_search,
-    knn_union,
     term_counts,
 )
 from shared.tags import TagCodec
@@ -140,14 +139,6 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
     )
 
 
-def _float(fields: dict[bytes, bytes], name: bytes) -> float:
-    raw = fields.get(name)
-    try:
-        return float(raw) if raw is not None else math.nan
-    except ValueError:
-        return math.nan
-
-
 def decode_hit(hit: SearchHit) -> Candidate | None:
     """A search hit → Candidate; None (logged) when its stored JSON is unreadable."""
     raw = hit.fields.get(b"doc")
@@ -156,13 +147,13 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
     except (TypeError, ValueError, KeyError, AttributeError, EngramError) as exc:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None
-    count_raw = _float(hit.fields, b"access_count")
+    count_raw = field_float(hit.fields, b"access_count")
     t = episode.completed_at if episode.completed_at is not None else episode.started_at
     reward = episode.feedback.reward if episode.feedback and episode.feedback.reward is not None else math.nan
     return Candidate(
         key=hit.key,
         episode=episode,
-        last_accessed=_float(hit.fields, b"last_accessed"),
+        last_accessed=field_float(hit.fields, b"last_accessed"),
         access_count=0 if math.isnan(count_raw) else int(count_raw),
         completed_at=float(t) if t is not None else math.nan,
         reward=reward,
@@ -172,7 +163,7 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
 
 
 def _number(raw: bytes | None) -> float:
-    """`_float` of a value already looked up (a recall parses ~300 hits: one call per field less)."""
+    """`field_float` of a value already looked up (a recall parses ~300 hits: one call per field less)."""
     if raw is None:
         return math.nan
     try:
@@ -254,120 +245,6 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
         vn = float(np.linalg.norm(v))
         out.append(float(np.dot(query, v) / (qn * vn)) if qn > 0 and vn > 0 else math.nan)
     return out
-
-
-_FLOORS: dict[tuple[str, str, str, int], tuple[float, float]] = {}
-FLOOR_TTL = 30.0
-"""Seconds `top_by` trusts a remembered floor (the value of the (depth + 1)-th episode of a scope)."""
-FLOOR_SLACK = 1e-11
-"""Relative margin below the remembered floor: more than the rounding of a 12-significant-digit reply."""
-
-
-def _at_least(scope: Scope, name: str, floor: float) -> Scope | None:
-    """`scope` narrowed to episodes whose `name` is at least `floor` (None when that leaves none)."""
-    if name == "completed_at":
-        if scope.until is not None and floor > scope.until:
-            return None
-        return dataclasses.replace(scope, since=max(floor, scope.since) if scope.since is not None else floor)
-    lo, hi = getattr(scope, name)
-    if hi is not None and floor > hi:
-        return None
-    narrowed: tuple[float | None, float | None] = (max(floor, lo) if lo is not None else floor, hi)
-    if name == "reward":
-        return dataclasses.replace(scope, reward=narrowed)
-    if name == "importance":
-        return dataclasses.replace(scope, importance=narrowed)
-    raise ValueError(f"no floor on {name!r}")
-
-
-async def top_by(
-    r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int, fields: tuple[str, ...]
-) -> list[SearchHit]:
-    """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
-    importance), best first: the recency / reward / importance candidate lists (so all-recency weights return exact recency order over the scope).
-
-    Sorting a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over 10k
-    episodes, measured), so the value of the (depth + 1)-th episode is remembered for FLOOR_TTL
-    seconds per (scope, field) and the next query asks only for episodes at or above it (1.2 ms).
-    Exact: the narrowed answer is used only when it holds depth + 1 episodes with no tie between the
-    depth-th and the next (then no episode below the floor can belong to the top depth, and the top
-    depth is unique); otherwise, as after forgets, the whole scope is sorted again.
-    """
-    key = (index, scope.cache_key(), name, depth)
-    field = name.encode()
-    now = time.monotonic()
-    cached = _FLOORS.get(key)
-    if cached is not None and now - cached[0] < FLOOR_TTL and name != "last_accessed":
-        narrowed = _at_least(scope, name, cached[1])
-        if narrowed is not None:
-            _, hits = await filter_search(
-                r, index, narrowed, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
-            )
-            if len(hits) == depth + 1 and _float(hits[depth - 1].fields, field) > _float(
-                hits[depth].fields, field
-            ):
-                return hits[:depth]
-    _, hits = await filter_search(
-        r, index, scope, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
-    )
-    if len(hits) == depth + 1 and math.isfinite(floor := _float(hits[depth].fields, field)):
-        if len(_FLOORS) >= 10_000:
-            _FLOORS.clear()
-        # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"), so the stored value
-        # may lie just below the printed one: 0.989890409263 for 0.98989040926299..., and a floor of the
-        # printed value dropped that episode, so every narrowed `reward` query came back one short and
-        # the whole scope was sorted again (measured: 2.7 ms of Redis per recall at 10k). A floor a
-        # little lower is as exact (see above: the narrowed answer is checked, not trusted)
-        _FLOORS[key] = (now, floor - abs(floor) * FLOOR_SLACK)
-    return hits[:depth]
-
-
-async def remembered_lists(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query_vector: np.ndarray,
-    names: list[str],
-    depth: int,
-    fields: tuple[str, ...],
-) -> list[list[SearchHit]] | None:
-    """`top_by` of each of `names` from the remembered floors, all in one query that also returns each
-    episode's cosine distance (so `_complete` needs no restricted KNN for them); None when a floor is
-    not remembered (or is stale, or is `last_accessed`'s) or the answer cannot be proven exact.
-
-    One KNN over the union of the narrowed scopes (`shared.index.knn_union`) returns every member of
-    the union when it holds fewer than its k and as many as the union's count. Each list is then its
-    members sorted by the value as the index returned it, under the same rule as `top_by`: at least
-    depth + 1 members and no tie between the depth-th and the next. Members whose values print the same
-    may come in another order than Redis's SORTBY would give them; they are equal in everything scoring
-    reads. The distances are Redis's own, the same as a KNN hit's or the restricted KNN's (measured).
-    """
-    now = time.monotonic()
-    narrowed = []
-    for name in names:
-        cached = _FLOORS.get((index, scope.cache_key(), name, depth))
-        if name == "last_accessed" or cached is None or now - cached[0] >= FLOOR_TTL:
-            return None
-        sub = _at_least(scope, name, cached[1])
-        if sub is None:
-            return None
-        narrowed.append((name, name.encode(), cached[1], sub))
-    k = 2 * len(names) * (depth + 1)
-    total, hits = await knn_union(
-        r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields
-    )
-    if total >= k or total != len(hits):
-        return None
-    lists = []
-    for _, field, floor, _ in narrowed:
-        valued = [(v, h) for h in hits if (v := _float(h.fields, field)) >= floor]
-        if len(valued) < depth + 1:
-            return None
-        valued.sort(key=lambda vh: vh[0], reverse=True)  # stable: equal values keep the KNN order
-        if not valued[depth - 1][0] > valued[depth][0]:
-            return None
-        lists.append([h for _, h in valued[:depth]])
-    return lists
 
 
 def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:

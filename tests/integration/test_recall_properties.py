@@ -286,8 +286,9 @@ async def test_recency_from_last_access_orders_by_the_last_recall(client, redis,
 async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
     client, redis, prefix, ages, rewards, forget, later
 ):
-    """top_by narrows the recency / reward lists to episodes above the last (depth + 1)-th value: the
-    answer is the full sort's, including ties at the boundary, forgets and new episodes since."""
+    """top_by narrows the recency / reward lists to episodes above the last (depth + 1)-th of the order
+    (value, then tie-break): the answer is exactly that order over the scope's episodes that have the
+    value, including ties at the boundary (rewards of four values), forgets and new episodes since."""
     from services.query import recall as rc
     from shared.index import Scope, filter_search
     from shared.keys import Keys
@@ -309,15 +310,12 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
     async def check():
         for name in ("completed_at", "reward"):
             got = [h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
-            _, full = await filter_search(
-                redis, index, scope, return_fields=(name,), sort_by=name, limit=1000
-            )
-            have = {h.key: float(h.fields.get(name.encode(), "-inf")) for h in full}  # no reward: sorted last
-            values = [have[h.key] for h in full]
-            want = values[:DEPTH]
-            assert sorted((have[k] for k in got), reverse=True) == want  # the same top values
-            if len(values) > DEPTH and values[DEPTH - 1] > values[DEPTH]:  # and, without a tie, the same set
-                assert set(got) == {h.key for h in full[:DEPTH]}
+            _, full = await filter_search(redis, index, scope, return_fields=(name, "tiebreak"), limit=1000)
+            field = name.encode()
+            rows = [
+                (float(h.fields[field]), int(h.fields[b"tiebreak"]), h.key) for h in full if field in h.fields
+            ]
+            assert got == [k for *_, k in sorted(rows, reverse=True)[:DEPTH]]  # no reward: in no list
 
     await check()
     await check()  # now from the remembered floor
@@ -336,6 +334,7 @@ async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(
     0.501000000001, above the stored value. The floor must still narrow (from the second call on, one
     sorted query per list, not a narrowed one that misses the floor's episode and then a full sort)
     and give the full sort's answer."""
+    from services.query import lists
     from services.query import recall as rc
     from shared.index import Scope, filter_search
 
@@ -359,7 +358,7 @@ async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(
         queries.append(kwargs.get("sort_by"))
         return await filter_search(*args, **kwargs)
 
-    monkeypatch.setattr(rc, "filter_search", counted)  # the real query, counted
+    monkeypatch.setattr(lists, "filter_search", counted)  # the real query, counted
     first = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
     queries.clear()
     again = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]

@@ -31,10 +31,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         850,
         "the episode index schema, generations and its FT.* query builders, which share Scope, escaping and reply parsing; text folding moved to keywords.py, listing to index_pages.py",
     ),
-    "services/query/recall.py": (
-        820,
-        "the recall pipeline: candidate lists, their completion, scoring and the answer, one ranking read top to bottom; sizes.py and hybrid.py took what stands alone",
-    ),
 }
 
 
