@@ -444,11 +444,14 @@ async def similarity_pool(
     depth: int,
     policy: str | None = None,
     sizes: ScopeSizes | None = None,
+    common_idf: float = 0.0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance. `policy` is the KNN's
     `HYBRID_POLICY` (`shared.index.hybrid_policy`); `sizes` remembers the idf counts
-    (`ScopeSizes.term_counts`: at most its `df_ttl` stale), None counts them afresh.
+    (`ScopeSizes.term_counts`: at most its `df_ttl` stale), None counts them afresh. Query words whose
+    idf is below `common_idf` (`ENGRAM_BM25_COMMON_IDF`, `relevance.common_terms`) are left out of the
+    BM25 query, not of the scores; 0 keeps every word.
 
     `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
     the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
@@ -480,12 +483,12 @@ async def similarity_pool(
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
         """The idf, then the BM25 arm without the common terms (`relevance.common_terms`) unless every
-        term is common; with none ever common (COMMON_IDF 0) both at once."""
-        if "bm25" not in names or relevance.COMMON_IDF <= 0:
+        term is common; with none ever common (`common_idf` 0) both at once."""
+        if "bm25" not in names or common_idf <= 0:
             terms, hits = await asyncio.gather(idf(), bm25(query))
             return terms, set(), hits
         terms = await idf()
-        common = relevance.common_terms(terms)
+        common = relevance.common_terms(terms, common_idf)
         common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
         text = relevance.without_terms(query, common) if common else query
         return terms, common, await bm25(text, len(common))
@@ -660,6 +663,8 @@ class RecallParams:
     min_priority: float = 0.0
     graph_index: bool = True
     """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
+    common_idf: float = 0.0
+    """`ENGRAM_BM25_COMMON_IDF`: query words whose idf is below this leave the BM25 query (`similarity_pool`)."""
 
 
 async def _knn_policy(
@@ -696,7 +701,16 @@ async def recall(
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
     pool = await similarity_pool(
-        r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy, sizes=sizes
+        r,
+        index,
+        scope,
+        query,
+        query_vector,
+        mode=mode,
+        depth=depth,
+        policy=policy,
+        sizes=sizes,
+        common_idf=p.common_idf,
     )
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
