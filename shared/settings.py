@@ -288,7 +288,7 @@ class Settings:
     """`ENGRAM_IDF_CACHE_TTL`: seconds the query service remembers how many episodes of a namespace
     contain a query word (keyword relevance's idf, `services.query.sizes.ScopeSizes.term_counts`); an
     episode's keyword relevance may lag the namespace by at most this; `off` = count every word every time."""
-    bm25_common_idf: float = env("ENGRAM_BM25_COMMON_IDF", 0.0, number(0.0, 1.0))
+    bm25_common_idf: float = env("ENGRAM_BM25_COMMON_IDF", 0.02, number(0.0, 1.0))
     """`ENGRAM_BM25_COMMON_IDF`: query words whose idf (`shared.relevance.idf` of the namespace's count)
     is below this leave the BM25 candidate query (`shared.relevance.common_terms`; scoring keeps them);
     0 = off. A word qualifies only in a namespace holding more episodes than `idf`'s inverse gives

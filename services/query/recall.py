@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -447,16 +448,14 @@ async def similarity_pool(
     common_idf: float = 0.0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
-    merged in that order, with each member's cosine and relevance. `policy` is the KNN's
-    `HYBRID_POLICY` (`shared.index.hybrid_policy`); `sizes` remembers the idf counts
-    (`ScopeSizes.term_counts`: at most its `df_ttl` stale), None counts them afresh. Query words whose
-    idf is below `common_idf` (`ENGRAM_BM25_COMMON_IDF`, `relevance.common_terms`) are left out of the
-    BM25 query, not of the scores; 0 keeps every word.
+    merged in that order, with each member's cosine and relevance. `policy` is the KNN's `HYBRID_POLICY`
+    (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
+    its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
 
-    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
-    the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
-    query and the episode alone (cosine, keyword relevance from the episode's text fields, or their
-    convex combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
+    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are the `top_k` k
+    recall. Relevance is `shared.relevance.relevance` of the mode: a function of the query and the
+    episode alone (cosine, keyword relevance from the episode's text fields, or their convex
+    combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
     """
     names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
@@ -482,8 +481,7 @@ async def similarity_pool(
             return await bm25_search(r, index, scope, text, depth, return_fields=fields)
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
-        """The idf, then the BM25 arm without the common terms (`relevance.common_terms`) unless every
-        term is common; with none ever common (`common_idf` 0) both at once."""
+        """The idf, then the BM25 arm without the common terms unless all are (`common_idf` 0: at once)."""
         if "bm25" not in names or common_idf <= 0:
             terms, hits = await asyncio.gather(idf(), bm25(query))
             return terms, set(), hits
@@ -663,8 +661,7 @@ class RecallParams:
     min_priority: float = 0.0
     graph_index: bool = True
     """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
-    common_idf: float = 0.0
-    """`ENGRAM_BM25_COMMON_IDF`: query words whose idf is below this leave the BM25 query (`similarity_pool`)."""
+    common_idf: float = 0.0  # ENGRAM_BM25_COMMON_IDF (similarity_pool)
 
 
 async def _knn_policy(
@@ -691,8 +688,7 @@ async def recall(
     """The `POST /v1/recall` response body (see the module docstring).
 
     The ranking does not depend on `params.top_k`, which only cuts it: the pool (`candidates`, `depth` hits
-    per arm) and every score are the same for any `top_k` <= depth. `min_relevance` and
-    `min_priority` drop candidates below them before the cut.
+    per arm) and every score are the same for any `top_k` <= depth; min_relevance / min_priority cut first.
     """
     p = params
     top_k, mode, half_life, as_of, normalize = p.top_k, p.mode, p.half_life, p.as_of, p.normalize
@@ -700,18 +696,8 @@ async def recall(
     preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
-    pool = await similarity_pool(
-        r,
-        index,
-        scope,
-        query,
-        query_vector,
-        mode=mode,
-        depth=depth,
-        policy=policy,
-        sizes=sizes,
-        common_idf=p.common_idf,
-    )
+    pool_of = functools.partial(similarity_pool, policy=policy, sizes=sizes, common_idf=p.common_idf)
+    pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None
