@@ -37,6 +37,8 @@ from bench.perf_recall import NAMESPACE, CorpusSeeder
 def evidence_questions(turns: list[str], n: int) -> list[tuple[str, set[int]]]:
     """Up to `n` LoCoMo questions of categories 1-4, evenly spread over all of them, each with its
     evidence as indices into `turns` (`real_texts`' order: conversations, sessions, turns)."""
+    if not DEFAULT_DATA.exists():
+        raise SystemExit(f"--quality needs LoCoMo's data at {DEFAULT_DATA}")
     qs: list[tuple[str, set[int]]] = []
     at = 0
     for conv in load(DEFAULT_DATA):
