@@ -132,6 +132,23 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def paired_delta(
+    exact: list[tuple[float, float]], other: list[tuple[float, float]], iterations: int = 2000
+) -> dict[str, list[float]]:
+    """Mean R@5 / R@10 difference `other - exact` over the same questions with a paired bootstrap 95%
+    interval (resampling questions, seed 0): {"dR@5": [mean, lo, hi], "dR@10": [...]}, points."""
+    import numpy as np
+
+    d = np.asarray(other, dtype=float) - np.asarray(exact, dtype=float)
+    rng = np.random.default_rng(0)
+    means = d[rng.integers(0, len(d), size=(iterations, len(d)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5], axis=0)
+    return {
+        f"dR@{k}": [round(float(d[:, j].mean()), 2), round(float(lo[j]), 2), round(float(hi[j]), 2)]
+        for j, k in enumerate((5, 10))
+    }
+
+
 async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, object]:
     """R@5 / R@10 of `--quality` LoCoMo questions in the big namespace, exact and per threshold."""
     from services.query import recall as rc
@@ -141,6 +158,7 @@ async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, o
     qv = await embedder.embed([q for q, _ in qs])
     thresholds = [0.0] + [float(x) for x in args.common_idf.split(",")]
     sums = {t: [0.0, 0.0, 0.0] for t in thresholds}  # R@5, R@10, same top 10 as exact
+    per_q: dict[float, list[tuple[float, float]]] = {t: [] for t in thresholds}
     timing = {t: 0.0 for t in thresholds}
     for (q, evidence), v in zip(qs, qv, strict=True):
         scope = Scope(namespace=NAMESPACE, tags=seeder.tags, live_at=time.time())
@@ -164,8 +182,11 @@ async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, o
             timing[t] += time.perf_counter() - started
             top = [x["episode"]["episode_id"] for x in body["results"]]
             exact = exact or top
-            sums[t][0] += recall_at(top, evidence, len(turns), 5)
-            sums[t][1] += recall_at(top, evidence, len(turns), 10)
+            per_q[t].append(
+                (recall_at(top, evidence, len(turns), 5), recall_at(top, evidence, len(turns), 10))
+            )
+            sums[t][0] += per_q[t][-1][0]
+            sums[t][1] += per_q[t][-1][1]
             sums[t][2] += top == exact
     n = len(qs)
     return {
@@ -178,6 +199,7 @@ async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, o
                 "R@10": round(s[1] / n, 2),
                 "same_top10_as_exact": round(s[2] / n, 3),
                 "ms_per_recall_in_process": round(1000 * timing[t] / n, 1),
+                **paired_delta(per_q[0.0], per_q[t]),
             }
             for t, s in sums.items()
         },

@@ -27,3 +27,12 @@ def test_evidence_questions_point_at_their_turns():
     assert len(qs) == 50
     assert all(evidence and max(evidence) < len(turns) for _, evidence in qs)
     assert len({q for q, _ in qs}) > 40  # spread over the conversations, not one repeated
+
+
+def test_paired_delta_of_identical_runs_is_zero_and_of_a_shift_is_the_shift():
+    from bench.common_terms import paired_delta
+
+    exact = [(float(i % 3) * 50, 100.0) for i in range(30)]
+    assert paired_delta(exact, exact) == {"dR@5": [0.0, 0.0, 0.0], "dR@10": [0.0, 0.0, 0.0]}
+    worse = [(a, b - 10.0) for a, b in exact]
+    assert paired_delta(exact, worse)["dR@10"] == [-10.0, -10.0, -10.0]
