@@ -14,8 +14,8 @@ this: one conversation holds ~600 turns, far below the ~4,950 episodes that make
 `--quality N` answers whether the drop costs quality where it acts: the 100k namespace holds every
 LoCoMo turn (document i is turn i mod 4,124, `bench.perf_corpus.derived_text`: the turn itself below
 4,124, then near-duplicate copies with a `(retold r, note i)` tail and a noised vector), i.e. every
-conversation's turns sit among ~96k others. N LoCoMo questions with evidence (categories 1-4 as
-`make bench-locomo` scores them, spread evenly over the conversations) are recalled once per
+conversation's turns sit among ~96k others. N LoCoMo questions with evidence (categories 1-4: the
+adversarial ones, 5, ask about what was not said; `evidence_questions`) are recalled once per
 threshold of `--common-idf` (a comma list) and once exact; R@k = the share of a question's evidence
 turns of which some copy is in the top k (the paper's R@k with a copy standing for its turn).
 """
@@ -35,8 +35,9 @@ from bench.perf_recall import NAMESPACE, CorpusSeeder
 
 
 def evidence_questions(turns: list[str], n: int) -> list[tuple[str, set[int]]]:
-    """Up to `n` LoCoMo questions of categories 1-4, evenly spread over all of them, each with its
-    evidence as indices into `turns` (`real_texts`' order: conversations, sessions, turns)."""
+    """Up to `n` LoCoMo questions of categories 1-4 (every (all // n)-th, the first `n` of those: for
+    400 of 1,033, the first ~800 questions), each with its evidence as indices into `turns`
+    (`real_texts`' order: conversations, sessions, turns)."""
     if not DEFAULT_DATA.exists():
         raise SystemExit(f"--quality needs LoCoMo's data at {DEFAULT_DATA}")
     qs: list[tuple[str, set[int]]] = []

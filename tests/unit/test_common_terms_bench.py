@@ -26,7 +26,7 @@ def test_evidence_questions_point_at_their_turns():
     qs = evidence_questions(turns, 50)
     assert len(qs) == 50
     assert all(evidence and max(evidence) < len(turns) for _, evidence in qs)
-    assert len({q for q, _ in qs}) > 40  # spread over the conversations, not one repeated
+    assert len({q for q, _ in qs}) > 40  # distinct questions, not one repeated
 
 
 def test_paired_delta_of_identical_runs_is_zero_and_of_a_shift_is_the_shift():
