@@ -97,19 +97,21 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
 
 
 COMMON_IDF = 0.0
-"""Terms whose idf is below this are left out of the BM25 candidate query (`common_terms`); 0 = none
-(as shipped). At 0.02 (a word in more than ~4,950 of the namespace's episodes) each such term adds at
-most (K1+1)·idf < 0.044 to `s` (< 0.0022 keyword relevance), yet costs the arm a walk of its whole
-posting list. Measured at 100k episodes (docs/benchmarks.md "Default embedder at 100k"): 0.02 cut the
-BM25 arm from 30 to 9.6 ms of Redis per recall, but changed the default recall's top 10 in 32% of 200
-LoCoMo questions (96% of its members kept, `bench/common_terms.py`), because RediSearch then ranks the
-arm's 100 differently; whether that costs quality is unmeasured (LoCoMo's namespaces hold ~600 episodes,
-far below the threshold), so it stays off. Scoring always keeps every term."""
+"""The default of `common_terms`' threshold (the setting `ENGRAM_BM25_COMMON_IDF` passes its own)."""
 
 
-def common_terms(terms: Mapping[str, float]) -> set[str]:
-    """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below COMMON_IDF."""
-    return {stem for stem, weight in terms.items() if weight < COMMON_IDF}
+def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[str]:
+    """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below `below`, the terms the BM25
+    candidate query leaves out (scoring keeps every term).
+
+    Why: at `below` 0.02 (a word in more than ~4,950 of the namespace's episodes, `idf`) each such
+    term adds at most (K1+1)·idf < 0.044 to `s` (< 0.0022 keyword relevance), yet costs RediSearch a
+    walk of its whole posting list (BM25STD has no top-k pruning). Since n(t) never exceeds the
+    namespace's size, no term of a namespace smaller than that is ever common: the arm is bounded only
+    where it grows. Measured at 100k episodes in docs/benchmarks.md ("Default embedder at 100k")."""
+    if below <= 0.0:
+        return set()
+    return {stem for stem, weight in terms.items() if weight < below}
 
 
 def without_terms(text: str, stems: set[str]) -> str:

@@ -288,6 +288,11 @@ class Settings:
     """`ENGRAM_IDF_CACHE_TTL`: seconds the query service remembers how many episodes of a namespace
     contain a query word (keyword relevance's idf, `services.query.sizes.ScopeSizes.term_counts`); an
     episode's keyword relevance may lag the namespace by at most this; `off` = count every word every time."""
+    bm25_common_idf: float = env("ENGRAM_BM25_COMMON_IDF", 0.02, number(0.0, 1.0))
+    """`ENGRAM_BM25_COMMON_IDF`: query words whose idf (`shared.relevance.idf` of the namespace's count)
+    is below this leave the BM25 candidate query (`shared.relevance.common_terms`; scoring keeps them);
+    0 = off. A word qualifies only in a namespace holding more episodes than `idf`'s inverse gives
+    (0.02: ~4,950), so smaller namespaces rank exactly as with 0 (docs/benchmarks.md)."""
     query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
     query_batch: int = env("ENGRAM_QUERY_BATCH", 32, integer(1, 1024))

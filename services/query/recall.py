@@ -21,6 +21,8 @@ All I/O goes through `shared.index`; this module owns no query syntax.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import logging
 import math
@@ -321,16 +323,17 @@ async def similarity_pool(
     depth: int,
     policy: str | None = None,
     sizes: ScopeSizes | None = None,
+    common_idf: float = 0.0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
-    merged in that order, with each member's cosine and relevance. `policy` is the KNN's
-    `HYBRID_POLICY` (`shared.index.hybrid_policy`); `sizes` remembers the idf counts
-    (`ScopeSizes.term_counts`: at most its `df_ttl` stale), None counts them afresh.
+    merged in that order, with each member's cosine and relevance. `policy` is the KNN's `HYBRID_POLICY`
+    (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
+    its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
 
-    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are
-    the `top_k` k recall. Relevance is `shared.relevance.relevance` of the mode: a function of the
-    query and the episode alone (cosine, keyword relevance from the episode's text fields, or their
-    convex combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
+    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are the `top_k` k
+    recall. Relevance is `shared.relevance.relevance` of the mode: a function of the query and the
+    episode alone (cosine, keyword relevance from the episode's text fields, or their convex
+    combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
     """
     names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
@@ -356,13 +359,12 @@ async def similarity_pool(
             return await bm25_search(r, index, scope, text, depth, return_fields=fields)
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
-        """The idf, then the BM25 arm without the common terms (`relevance.common_terms`) unless every
-        term is common; with none ever common (COMMON_IDF 0) both at once."""
-        if "bm25" not in names or relevance.COMMON_IDF <= 0:
+        """The idf, then the BM25 arm without the common terms unless all are (`common_idf` 0: at once)."""
+        if "bm25" not in names or common_idf <= 0:
             terms, hits = await asyncio.gather(idf(), bm25(query))
             return terms, set(), hits
         terms = await idf()
-        common = relevance.common_terms(terms)
+        common = relevance.common_terms(terms, common_idf)
         common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
         text = relevance.without_terms(query, common) if common else query
         return terms, common, await bm25(text, len(common))
@@ -537,6 +539,7 @@ class RecallParams:
     min_priority: float = 0.0
     graph_index: bool = True
     """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
+    common_idf: float = 0.0  # ENGRAM_BM25_COMMON_IDF (similarity_pool)
 
 
 async def _knn_policy(
@@ -563,8 +566,7 @@ async def recall(
     """The `POST /v1/recall` response body (see the module docstring).
 
     The ranking does not depend on `params.top_k`, which only cuts it: the pool (`candidates`, `depth` hits
-    per arm) and every score are the same for any `top_k` <= depth. `min_relevance` and
-    `min_priority` drop candidates below them before the cut.
+    per arm) and every score are the same for any `top_k` <= depth; min_relevance / min_priority cut first.
     """
     p = params
     top_k, mode, half_life, as_of, normalize = p.top_k, p.mode, p.half_life, p.as_of, p.normalize
@@ -572,9 +574,8 @@ async def recall(
     preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
-    pool = await similarity_pool(
-        r, index, scope, query, query_vector, mode=mode, depth=depth, policy=policy, sizes=sizes
-    )
+    pool_of = functools.partial(similarity_pool, policy=policy, sizes=sizes, common_idf=p.common_idf)
+    pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None

@@ -177,3 +177,30 @@ def test_common_terms_bench_tiny():
     assert res["dropped_terms_per_query"] > 0
     for share in ("same_top10", "top10_overlap", "same_top10_turns"):
         assert 0.0 <= res[share] <= 1.0
+
+
+@pytest.mark.timeout(300)
+def test_common_terms_quality_bench_tiny():
+    """bench.common_terms --quality at 5,000 episodes (every LoCoMo turn inside the namespace) with a
+    threshold that makes words common there: R@5 <= R@10 within [0, 100] per threshold, and the
+    exact row's top 10 is its own."""
+    from bench.locomo import DEFAULT_DATA
+
+    if not DEFAULT_DATA.exists():
+        pytest.skip(f"LoCoMo's data is not at {DEFAULT_DATA} (read by path, not shipped)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    args = ["--size", "5000", "--quality", "8", "--common-idf", "3.0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.common_terms", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert res["questions"] == 8 and set(res["by_common_idf"]) == {"0.0", "3.0"}
+    assert res["by_common_idf"]["0.0"]["same_top10_as_exact"] == 1.0
+    for row in res["by_common_idf"].values():
+        assert 0.0 <= row["R@5"] <= row["R@10"] <= 100.0

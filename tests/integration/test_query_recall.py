@@ -496,8 +496,8 @@ async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_n
     assert body["replay_context"]["episodes"] == 15
 
 
-async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client, redis, prefix, monkeypatch):
-    """relevance.COMMON_IDF: a word in more episodes than the threshold allows is not searched by (the
+async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client, redis, prefix):
+    """ENGRAM_BM25_COMMON_IDF: a word in more episodes than the threshold allows is not searched by (the
     episodes matching only it are not candidates), yet every candidate's relevance is the exact one;
     a query of common words only is searched whole. The threshold is raised here so that 5 episodes
     make a word common (the real one needs ~4,950)."""
@@ -507,29 +507,97 @@ async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client,
     await put(redis, prefix, "default", episode("rare", task="zebra migration plan"), unit(1.0))
     for i in range(4):
         await put(redis, prefix, "default", episode(f"m{i}", task=f"migration step {i}"), unit(0.8, 0.6))
-    client = await make_client(TableEmbedder(256, {q: unit(1.0), "migration": unit(1.0)}))
+    embedder = TableEmbedder(256, {q: unit(1.0), "migration": unit(1.0)})
+    exact_client = await make_client(embedder)
+    bounded_client = await make_client(embedder, bm25_common_idf=relevance.idf(5) * 1.01)  # migration: 5
 
-    async def run(query):
+    async def run(client, query):
         body = {"query": query, "mode": "keyword", "top_k": 5, "weights": {"similarity": 1}}
         resp = await client.post("/v1/recall", json=body)
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
-    exact = await run(q)
+    exact = await run(exact_client, q)
     assert exact["candidates"] == 5
-    monkeypatch.setattr(relevance, "COMMON_IDF", relevance.idf(5) * 1.01)  # migration: 5, zebra: 1
-    dropped = await run(q)
+    dropped = await run(bounded_client, q)
     assert dropped["candidates"] == 1 and ids(dropped) == ["rare"]
     assert dropped["results"][0]["relevance"] == exact["results"][0]["relevance"]
-    assert (await run("migration"))["candidates"] == 5  # every term common: the full query
+    assert (await run(bounded_client, "migration"))["candidates"] == 5  # every term common: the full query
 
 
-def test_without_terms_drops_every_word_of_a_stem(monkeypatch):
+async def test_bounded_bm25_arm_keeps_the_rare_word_episode_a_common_word_flood_pushes_out(
+    make_client, redis, prefix
+):
+    """Issue 20: RediSearch ranks the BM25 arm's `candidates` deep list by its own BM25, where short
+    episodes repeating a common query word outrank a long one holding the rare word once; past the
+    list's depth the rare-word episode is no candidate at all. With the common word left out of the
+    candidate query (ENGRAM_BM25_COMMON_IDF) it is found, with the relevance an exact pool gives it
+    (absolute per query and episode). 20 episodes hold the common word here (threshold idf(20)), 180
+    hold neither word."""
     from shared import relevance
+
+    q = "zebra migration"
+    filler = " ".join(f"word{i}" for i in range(200))
+    await put(redis, prefix, "default", episode("rare", task=f"zebra {filler}"), unit(1.0))
+    for i in range(20):
+        await put(
+            redis, prefix, "default", episode(f"m{i}", task="migration migration migration"), unit(0.8, 0.6)
+        )
+    for i in range(180):
+        await put(redis, prefix, "default", episode(f"o{i}", task=f"other topic {i}"), unit(0.0, 1.0))
+    embedder = TableEmbedder(256, {q: unit(1.0)})
+    exact_client = await make_client(embedder)
+    bounded_client = await make_client(embedder, bm25_common_idf=relevance.idf(20) * 1.01)
+
+    async def run(client, candidates):
+        body = {
+            "query": q,
+            "mode": "keyword",
+            "top_k": 5,
+            "candidates": candidates,
+            "weights": {"similarity": 1},
+        }
+        resp = await client.post("/v1/recall", json=body)
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    exact = await run(exact_client, 5)
+    assert "rare" not in ids(exact)  # pushed out of the arm's 5 by the flood
+    bounded = await run(bounded_client, 5)
+    assert ids(bounded)[0] == "rare"
+    body = {"query": q, "mode": "keyword", "top_k": 100, "candidates": 100, "weights": {"similarity": 1}}
+    whole = await (await exact_client.post("/v1/recall", json=body)).json()  # every match a candidate
+    of = {x["episode"]["episode_id"]: x["relevance"] for x in whole["results"]}
+    assert bounded["results"][0]["relevance"] == of["rare"] > 0
+
+
+async def test_common_idf_changes_nothing_below_its_namespace_size(make_client, redis, prefix):
+    """A word's idf is below 0.02 only when more than ~4,950 of the namespace's episodes hold it, so in
+    a smaller namespace ENGRAM_BM25_COMMON_IDF 0.02 leaves every recall bit-identical, even for a word
+    every episode holds (a rule by share of the namespace would drop it here)."""
+    for i in range(60):
+        task = f"deploy the service {'zebra ' if i % 7 == 0 else ''}step {i}"
+        await put(redis, prefix, "default", episode(f"e{i}", task=task, reward=i / 60), unit(1.0, i / 60))
+    embedder = TableEmbedder(256, {})
+    exact_client = await make_client(embedder)
+    bounded_client = await make_client(embedder, bm25_common_idf=0.02)
+    for body in (
+        {"query": "deploy zebra service", "top_k": 10, "candidates": 10},
+        {"query": "deploy zebra service", "mode": "keyword", "top_k": 10, "candidates": 10},
+        {"query": "deploy", "top_k": 20},
+    ):
+        a = await (await exact_client.post("/v1/recall", json=body)).json()
+        b = await (await bounded_client.post("/v1/recall", json=body)).json()
+        assert a["candidates"] == b["candidates"]
+        assert [(x["episode"]["episode_id"], x["priority"], x["relevance"]) for x in a["results"]] == [
+            (x["episode"]["episode_id"], x["priority"], x["relevance"]) for x in b["results"]
+        ]
+
+
+def test_without_terms_drops_every_word_of_a_stem():
     from shared.relevance import common_terms, without_terms
 
     assert without_terms("Groups of the group, zebra GROUP", {"group"}) == "zebra"
     assert without_terms("zebra", set()) == "zebra"
-    assert common_terms({"a": 0.0001, "b": 0.5}) == set()  # as shipped (COMMON_IDF 0): none
-    monkeypatch.setattr(relevance, "COMMON_IDF", 0.02)
-    assert common_terms({"a": 0.01, "b": 0.5, "c": 0.019999}) == {"a", "c"}
+    assert common_terms({"a": 0.0001, "b": 0.5}, 0.0) == set()  # off: none
+    assert common_terms({"a": 0.01, "b": 0.5, "c": 0.019999}, 0.02) == {"a", "c"}

@@ -136,3 +136,11 @@ def test_a_vector_block_size_needs_the_flat_algorithm():
         Settings.from_env({"ENGRAM_VECTOR_BLOCK_SIZE": "64"})
     with pytest.raises(ConfigError, match="ENGRAM_VECTOR_BLOCK_SIZE"):
         Settings.from_env({"ENGRAM_VECTOR_ALGORITHM": "FLAT", "ENGRAM_VECTOR_BLOCK_SIZE": "-1"})
+
+
+def test_bm25_common_idf_is_on_by_default_and_bounded():
+    assert Settings.from_env({}).bm25_common_idf == 0.02
+    assert Settings.from_env({"ENGRAM_BM25_COMMON_IDF": "0"}).bm25_common_idf == 0.0
+    for bad in ("-0.1", "2", "nan", "often"):
+        with pytest.raises(ConfigError, match="ENGRAM_BM25_COMMON_IDF"):
+            Settings.from_env({"ENGRAM_BM25_COMMON_IDF": bad})
