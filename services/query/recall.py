@@ -21,7 +21,6 @@ All I/O goes through `shared.index`; this module owns no query syntax.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import logging

@@ -188,17 +188,8 @@ def test_common_terms_quality_bench_tiny():
 
     if not DEFAULT_DATA.exists():
         pytest.skip(f"LoCoMo's data is not at {DEFAULT_DATA} (read by path, not shipped)")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     args = ["--size", "5000", "--quality", "8", "--common-idf", "3.0"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.common_terms", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_bench("bench.common_terms", *args, timeout=280)
     res = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert res["questions"] == 8 and set(res["by_common_idf"]) == {"0.0", "3.0"}
     assert res["by_common_idf"]["0.0"]["same_top10_as_exact"] == 1.0
