@@ -22,8 +22,9 @@ cheaper forward pass.
 
 Inference: the tokenizer is the model's own `tokenizer.json` (Hugging Face `tokenizers`, cutting at
 the model's `max_seq_length` word pieces), mean pooling over the attention mask in numpy, then L2
-normalisation. It does not import torch, so a start with the export cached skips torch's import.
-Threads: `intra_op_num_threads=threads`, one inter-op thread, and no spin-waiting (idle ORT threads
+normalisation. A call's texts are sorted by word-piece count and run in passes padded only to their
+own longest (`length_batches`), rows returned in input order. It does not import torch, so a start with
+the export cached skips torch's import. Threads: `intra_op_num_threads=threads`, one inter-op thread, and no spin-waiting (idle ORT threads
 otherwise spin and take CPU from the event loop and the other processes on a small host).
 """
 
@@ -151,9 +152,12 @@ class OnnxSentenceModel:
         self.variant = variant
         self.max_seq_length = max_seq_length
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        pad = _pad_token(model_dir)
         tokenizer.enable_truncation(max_seq_length)
-        tokenizer.enable_padding(pad_id=tokenizer.token_to_id(pad), pad_token=pad)
+        tokenizer.no_padding()  # each pass pads to its own longest text (`encode_counted`)
+        pad_id = tokenizer.token_to_id(_pad_token(model_dir))
+        if pad_id is None:
+            raise ValueError(f"the tokenizer at {model_dir} has no id for its padding token")
+        self.pad_id = int(pad_id)
         self.tokenizer = tokenizer
         self.dim = int(self.session.get_outputs()[0].shape[-1])
 
@@ -161,21 +165,72 @@ class OnnxSentenceModel:
         return self.dim
 
     def encode_counted(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[bool]]:
-        """Texts → (float32[len(texts), dim] unit rows, [cut to the window?]); batches of `batch_size`."""
-        parts, cut = [], []
-        for start in range(0, len(texts), batch_size):
-            encodings = self.tokenizer.encode_batch(texts[start : start + batch_size])
-            ids = np.array([e.ids for e in encodings], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        """Texts → (float32[len(texts), dim] unit rows in input order, [cut to the window?]).
+
+        The texts are tokenised once, sorted by word-piece count and cut into passes of at most
+        `batch_size` texts by `length_batches`, each pass padded only to its own longest text: padding
+        is computed like real word pieces, and a pass of 64 LoCoMo turns in arrival order was 2.2×
+        their word pieces (docs/benchmarks.md, "Ingest of real texts"). The attention mask keeps the
+        padding out of every row, so a row does not depend on its neighbours beyond float rounding."""
+        n = len(texts)
+        if not n:
+            return np.zeros((0, self.dim), dtype=np.float32), []
+        encodings = self.tokenizer.encode_batch(texts)
+        order = sorted(range(n), key=lambda i: len(encodings[i].ids))
+        lengths = [len(encodings[i].ids) for i in order]
+        out = np.empty((n, self.dim), dtype=np.float32)
+        for part in length_batches(lengths, batch_size):
+            rows = order[part.start : part.stop]
+            ids = np.full((len(rows), lengths[part.stop - 1]), self.pad_id, dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for k, i in enumerate(rows):
+                piece_ids = encodings[i].ids
+                ids[k, : len(piece_ids)] = piece_ids
+                mask[k, : len(piece_ids)] = 1
             feed = {"input_ids": ids, "attention_mask": mask}
             if "token_type_ids" in self.inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
             hidden = self.session.run(None, feed)[0]
             weights = mask[..., None].astype(np.float32)
             pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-            parts.append(pooled / np.linalg.norm(pooled, axis=1, keepdims=True))
-            cut += [bool(e.overflowing) for e in encodings]
-        return np.concatenate(parts).astype(np.float32, copy=False), cut
+            out[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+        return out, [bool(e.overflowing) for e in encodings]
+
+
+BATCH_OVERHEAD_TOKENS = 64
+"""What one more ONNX pass costs, in padded word pieces, for `length_batches`: a pass of few short rows
+uses the matrix units less well (mpnet, 2 threads: ~26 ms of CPU per 12-piece text in passes of 64,
+~33 ms in passes of 8). 0, 32, 128 and 512 were measured on 256 LoCoMo turns (load 10-13): 86, 88, 89 and
+104 ms of CPU per turn, against 124 for passes of 64 in character order."""
+
+
+def length_batches(lengths: list[int], cap: int, overhead: int = BATCH_OVERHEAD_TOKENS) -> list[range]:
+    """Cut texts sorted by length (`lengths`: word pieces, ascending) into consecutive passes of at
+    most `cap` texts, minimising the padded size Σ (texts × longest) + `overhead` per pass: an exact
+    dynamic programme over the cut points, O(len(lengths) · cap). Returns ranges of positions that
+    cover 0..len(lengths) in order. Raises ValueError when `cap` < 1 or `lengths` is not ascending."""
+    if cap < 1:
+        raise ValueError(f"cap must be positive, got {cap}")
+    if any(a > b for a, b in zip(lengths, lengths[1:], strict=False)):
+        raise ValueError("lengths must be sorted ascending")
+    n = len(lengths)
+    best = [0] + [0] * n  # best[j]: least cost of the first j texts
+    cut = [0] * (n + 1)  # cut[j]: where the last pass of that best cut begins
+    for end in range(1, n + 1):
+        longest = lengths[end - 1]  # ascending: the last text of a pass is its longest
+        start = max(0, end - cap)
+        best[end] = best[start] + (end - start) * longest + overhead
+        cut[end] = start
+        for begin in range(start + 1, end):
+            cost = best[begin] + (end - begin) * longest + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, begin
+    parts = []
+    end = n
+    while end:
+        parts.append(range(cut[end], end))
+        end = cut[end]
+    return parts[::-1]
 
 
 def _pad_token(model_dir: Path) -> str:

@@ -106,9 +106,10 @@ class Worker:
         # it). "Came back full" missed the start of a burst, whose first reads are partial, and a facts
         # run there cost ~60 ms of this process's CPU with Redis left idle (make bench, ingest).
         self.backlogged = False
-        # each lane reads up to a whole batch: model embedders are ~50% faster on 256 texts than on 64
-        # (sentence-transformers sorts a call's texts by length, so less padding); a slow batch keeps its
-        # lease by renewal (`_renew_lease`), not by being small
+        # each lane reads up to a whole batch: torch model embedders are ~50% faster on 256 texts than on
+        # 64 (sentence-transformers sorts a call's texts by length, so less padding; the ONNX backend
+        # sorts any call, `shared.embedding_onnx.length_batches`); a slow batch keeps its lease by
+        # renewal (`_renew_lease`), not by being small
         self.lane_batch = settings.batch_size
         self.keyring = KeyRing.from_settings(settings)  # None: no master key, plaintext stream
         self._erasure: asyncio.Task | None = None  # the AOF rewrite after forgets, off the lanes

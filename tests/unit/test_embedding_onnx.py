@@ -196,3 +196,74 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
     assert "exporting" not in caplog.text  # the manifest is current: no second export
     (tmp_path / "model" / "extra.txt").write_text("a changed model")  # another model → a new export
     assert eo.fingerprint(tmp_path / "model") != manifest["fingerprint"]
+
+
+def test_length_batches_cut_sorted_lengths_at_the_least_padded_size():
+    assert eo.length_batches([], 64) == []
+    equal = eo.length_batches([7] * 10, 4)  # as few passes as the cap allows (which ones: a tie)
+    assert len(equal) == 3 and all(len(p) <= 4 for p in equal)
+    # two clusters: one pass would pad the short ones to 52 (6 · 52 = 312 > 3 + 3 · 52 + 2 · 64)
+    assert eo.length_batches([1, 2, 3, 50, 51, 52], 64) == [range(0, 3), range(3, 6)]
+    assert eo.length_batches([1, 2, 3, 50, 51, 52], 64, overhead=1000) == [range(0, 6)]
+    with pytest.raises(ValueError, match="ascending"):
+        eo.length_batches([3, 1], 8)
+    with pytest.raises(ValueError, match="cap"):
+        eo.length_batches([1], 0)
+
+    def cost(parts: list[range], lengths: list[int], overhead: int) -> int:
+        return sum(len(p) * lengths[p.stop - 1] + overhead for p in parts)
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):  # exact: no cut of 1-9 texts into passes of at most `cap` pads less
+        n, cap, overhead = int(rng.integers(1, 10)), int(rng.integers(1, 5)), int(rng.integers(0, 40))
+        lengths = sorted(int(x) for x in rng.integers(1, 60, n))
+        parts = eo.length_batches(lengths, cap, overhead)
+        assert [i for p in parts for i in p] == list(range(n)) and all(len(p) <= cap for p in parts)
+        best = None
+        for mask in range(2 ** (n - 1)):  # bit i set: a pass ends after text i
+            ends = [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+            cand = [range(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+            if all(len(p) <= cap for p in cand):
+                c = cost(cand, lengths, overhead)
+                best = c if best is None else min(best, c)
+        assert cost(parts, lengths, overhead) == best
+
+
+class RecordingSession:
+    """The real ONNX Runtime session, recording the shape of every pass it runs."""
+
+    def __init__(self, session):
+        self.session, self.shapes = session, []
+
+    def run(self, outputs, feed):
+        self.shapes.append(feed["input_ids"].shape)
+        return self.session.run(outputs, feed)
+
+
+@pytest.mark.slow  # exports MiniLM into the model cache on a machine that has not yet (20-40 s idle)
+@pytest.mark.timeout(300)
+def test_passes_are_padded_to_their_own_longest_text_and_rows_do_not_depend_on_their_neighbours():
+    minilm_dir()
+    turns = locomo_turns(150)
+    texts = [*turns[:100], " ".join(turns[100:])]  # the last one is cut to the window
+    embedder = MiniLMEmbedder(backend="onnx", cache_dir=Settings().model_cache, threads=1)
+    embedder.load_sync()
+    model = embedder._model
+    assert isinstance(model, eo.OnnxSentenceModel)
+    pieces = [sum(e.attention_mask) for e in model.tokenizer.encode_batch(texts)]  # padding not counted
+    model.session = RecordingSession(model.session)  # type: ignore[assignment]
+    vectors, cut = model.encode_counted(texts, 64)
+    shapes = model.session.shapes  # type: ignore[attr-defined]
+    assert all(rows <= 64 for rows, _ in shapes) and sum(rows for rows, _ in shapes) == len(texts)
+    # sorted by length, each pass padded to its own longest: the padded size is within the DP's
+    # bound of the word pieces (passes of 64 in arrival order padded these turns to ~2×)
+    padded = sum(rows * width for rows, width in shapes)
+    assert padded <= sum(pieces) + eo.BATCH_OVERHEAD_TOKENS * len(shapes)
+    assert cut == [False] * 100 + [True]
+    # rows in input order, equal to each text embedded alone (no padding at all) and to another order
+    alone = np.concatenate([model.encode_counted([t], 1)[0] for t in texts])
+    np.testing.assert_allclose(vectors, alone, atol=1e-5)
+    shuffled = np.random.default_rng(5).permutation(len(texts))
+    again, _ = model.encode_counted([texts[i] for i in shuffled], 64)
+    np.testing.assert_allclose(again, vectors[shuffled], atol=1e-5)
+    asyncio.run(embedder.aclose())
