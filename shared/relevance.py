@@ -114,6 +114,14 @@ def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[s
     return {stem for stem, weight in terms.items() if weight < below}
 
 
+def common_count(below: float) -> float:
+    """The document count above which a term's idf (`idf`) is below `below`, i.e. the fewest episodes a
+    namespace must hold before `common_terms` can find any term common (inf for `below` <= 0)."""
+    if below <= 0.0:
+        return math.inf
+    return REFERENCE_EPISODES / math.expm1(below) - 0.5
+
+
 def without_terms(text: str, stems: set[str]) -> str:
     """`text`'s words (as `query_words` sees them) without those whose stem is in `stems`, space-joined:
     the BM25 candidate query of a text whose common terms are dropped (every word, not only the first

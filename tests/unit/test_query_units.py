@@ -258,3 +258,15 @@ def test_every_route_documents_its_success_answer():
             for media in success["content"].values():
                 assert media["schema"] != {"type": "object"}, (method, path)
                 assert "$ref" in media["schema"] or media["schema"].get("type") == "string", (method, path)
+
+
+@pytest.mark.parametrize("below", [0.005, 0.02, 0.05, 0.3])
+def test_common_count_is_where_a_terms_idf_falls_below_the_threshold(below: float) -> None:
+    """The BM25 arm runs beside the idf counts in an index of at most `common_count` episodes: no term
+    there may be common, and a term in one more episode than that is."""
+    from shared import relevance
+
+    edge = int(relevance.common_count(below))
+    assert all(relevance.idf(n) >= below for n in range(max(0, edge - 50), edge + 1))
+    assert relevance.idf(edge + 1) < below
+    assert relevance.common_count(0.0) == float("inf")
