@@ -68,3 +68,17 @@ def test_rerank_probe_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "neighbour-turn context" in proc.stdout and "| service: default |" in proc.stdout
+
+    # the contextual-embedding probe on the same cache: embeds the contextual texts, recomputes the ranking
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.context_probe", "--embedder", "hashing", *small, "--tune", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reproduce: simulated default top 10" in proc.stdout
+    assert "| mean(own, prev) λ = " in proc.stdout and "| blend(own, prev+own text) λ = " in proc.stdout
+    assert cache.with_name(cache.name + "-ctx-prev_own.npy").exists()
