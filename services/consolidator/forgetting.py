@@ -17,6 +17,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from services.consolidator import deadletters, erasure
+from services.consolidator.context import SessionContext
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import streams
 from shared.codec import occurred_at
@@ -61,11 +62,16 @@ class Forgetting:
         self.tags = tags
         self.keyring = keyring
         self._forget_user = redis.register_script(FORGET_USER_LUA)
+        # ENGRAM_CONTEXT_EPISODES: an erased episode's successor must not keep its text in its vector
+        self.context = SessionContext(redis, keys.episode_index(gen)) if settings.context_episodes else None
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool = True) -> None:
         """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
-        (and, unless `facts=False`, rebuild the facts whose evidence named it)."""
+        (and, unless `facts=False`, rebuild the facts whose evidence named it). With
+        ENGRAM_CONTEXT_EPISODES its session's vectors are re-based without it (context.py)."""
         k, g = self.keys, self.gen
+        doc = k.episode_doc(g, namespace, episode_id)
+        sessions = await self.context.sessions_of([doc]) if self.context is not None else set()
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
         sids = bytes_list(await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id)))
@@ -75,8 +81,10 @@ class Forgetting:
         await self.redis.delete(
             k.episode_events(g, namespace, episode_id),
             k.episode_stream_ids(g, namespace, episode_id),
-            k.episode_doc(g, namespace, episode_id),
+            doc,
         )
+        if self.context is not None:  # re-base the successor on the episode before the erased one
+            await self.context.refresh_sessions(sessions)
         if facts:
             await self._forget_facts(namespace, [episode_id])
 

@@ -56,6 +56,7 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
+from services.consolidator.context import OWN_FIELD, SessionContext
 from services.consolidator.deadletters import withhold_values
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
@@ -66,6 +67,7 @@ from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_re
 from shared.crypto import KeyDestroyed
 from shared.index import (
     STATUS_COMPLETED,
+    VECTOR_FIELD,
     embedding_text,
     episode_fields,
 )
@@ -166,6 +168,8 @@ class Projector:
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
         )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        # ENGRAM_CONTEXT_EPISODES: sessions touched by a segment are re-based after it (context.py)
+        self.context = SessionContext(redis, keys.episode_index(gen)) if settings.context_episodes else None
         self._legacy: bool | None = None  # legacy tombstones to read too (shared.legacy), read once
 
     # --- entry point ----------------------------------------------------------------------------
@@ -328,6 +332,14 @@ class Projector:
         }
         known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
         await self._write_until_settled(pending + list(in_hand), result, prefetched, known)
+        await self._rebase_sessions(list(by_episode))
+
+    async def _rebase_sessions(self, episodes: list[tuple[str, str]]) -> None:
+        """With ENGRAM_CONTEXT_EPISODES, recompute the contextual vectors of these episodes' sessions."""
+        if self.context is not None and episodes:
+            k, g = self.keys, self.gen
+            docs = [k.episode_doc(g, ns, eid) for ns, eid in episodes]
+            await self.context.refresh_sessions(await self.context.sessions_of(docs))
 
     async def _settle_fast(
         self,
@@ -526,6 +538,8 @@ class Projector:
         fields = episode_fields(namespace, f.episode, status=f.status, vector=vector, tags=self.tags)
         if embed_hash is not None:
             fields["embed_hash"] = embed_hash
+        if self.context is not None and vector is not None and not (embed_hash or "").startswith("agent:"):
+            fields[OWN_FIELD] = fields[VECTOR_FIELD]  # the context of the next episode (context.py)
         flat: list = []
         for key, value in fields.items():
             flat += [key, value]
@@ -649,6 +663,7 @@ class Projector:
             if not pending:
                 break
             pending = await self._fold_and_write(pending, result)
+        await self._rebase_sessions(episodes)
         return result
 
     # --- forgetting and other events -----------------------------------------------------------
