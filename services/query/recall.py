@@ -357,15 +357,11 @@ async def similarity_pool(
         with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped):
             return await bm25_search(r, index, scope, text, depth, return_fields=fields)
 
-    async def may_hold_common() -> bool:  # the index's size bounds every namespace's (FT.INFO, remembered)
-        if common_idf <= 0 or sizes is None:
-            return common_idf > 0
-        return await sizes.indexed(r, index) > relevance.common_count(common_idf)
-
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
-        """The idf, then the BM25 arm without the common terms unless all are; at once when no term can
-        be common (`common_idf` 0, or an index holding too few episodes: `relevance.common_count`)."""
-        if "bm25" not in names or not await may_hold_common():
+        """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
+        bound = relevance.common_count(common_idf)  # inf when off; the index's size bounds any namespace's
+        small = sizes is not None and bound < math.inf and await sizes.indexed(r, index) <= bound
+        if "bm25" not in names or bound == math.inf or small:
             terms, hits = await asyncio.gather(idf(), bm25(query))
             return terms, set(), hits
         terms = await idf()
