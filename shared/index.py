@@ -81,6 +81,9 @@ TEXT_FIELDS = (
     ("outcome_details", 1.0),
     ("feedback_message", 1.0),
     ("errors", 1.0),
+    # the previous episode of the session's task, written only with ENGRAM_CONTEXT_EPISODES
+    # (services/consolidator/context.py); weight 1.0 as bench.context_probe measured it
+    ("context_text", 1.0),
 )
 VECTOR_FIELD = "vector"
 DOC_FIELD = "doc"
@@ -337,7 +340,7 @@ async def ensure_episode_index(
         await create_index(r, name, keys.episode_doc_prefix(gen), episode_schema(params))
     else:  # built before TAG digests: its fields hold the ids as given
         await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
-        await _add_missing_numerics(r, name)
+        await _add_missing_fields(r, name)
         await check_layout(r, keys, gen, created=False)
     await r.hset(
         keys.meta,
@@ -353,17 +356,20 @@ async def ensure_episode_index(
     return await generation_tags(r, keys, gen, tag_key)
 
 
-async def _add_missing_numerics(r: aioredis.Redis, name: str) -> None:
-    """FT.ALTER an index built before a NUMERIC field existed (`expires_at`), so queries naming it work."""
+async def _add_missing_fields(r: aioredis.Redis, name: str) -> None:
+    """FT.ALTER an index built before a NUMERIC or TEXT field existed (`expires_at`, `context_text`), so
+    queries naming it work (and a TEXT field written later is indexed)."""
     info = await r.execute_command("FT.INFO", name)
     attrs = dict(zip(info[::2], info[1::2], strict=False)).get(b"attributes") or []
     if not attrs:  # a shard-local cluster's template (shared.cluster): its shards get the current schema
         return
     have = {a[a.index(b"attribute") + 1] for a in attrs if b"attribute" in a}
-    for field_name in NUMERIC_FIELDS:
+    missing: list[tuple[str, list[Any]]] = [(f, ["NUMERIC", "SORTABLE"]) for f in NUMERIC_FIELDS]
+    missing += [(f, ["TEXT", "WEIGHT", weight]) for f, weight in TEXT_FIELDS]
+    for field_name, spec in missing:
         if field_name.encode() not in have:
             try:
-                await r.execute_command("FT.ALTER", name, "SCHEMA", "ADD", field_name, "NUMERIC", "SORTABLE")
+                await r.execute_command("FT.ALTER", name, "SCHEMA", "ADD", field_name, *spec)
             except ResponseError as exc:  # another process added it first
                 if "duplicate" not in str(exc).lower():
                     raise

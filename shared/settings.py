@@ -275,9 +275,10 @@ class Settings:
     0 = none. One port per process (`make run` gives worker i this port + i)."""
     context_episodes: int = env("ENGRAM_CONTEXT_EPISODES", 0, integer(0, 1))
     """`ENGRAM_CONTEXT_EPISODES`: 1 = an episode's stored vector leans towards the previous episode of its
-    session (services/consolidator/context.py; LoCoMo in docs/benchmarks.md "Contextual embeddings");
-    0 (default) = its own text's vector only. Changing it affects only vectors written afterwards:
-    replay (`python -m services.consolidator replay`) rebuilds every vector under the new value."""
+    session, and its `context_text` (a keyword field) holds that episode's task
+    (services/consolidator/context.py; LoCoMo in docs/benchmarks.md "Contextual embeddings");
+    0 (default) = its own text's vector only, no context_text. Changing it affects only documents written
+    afterwards: replay (`python -m services.consolidator replay`) rebuilds every one under the new value."""
     health_stall: float = env("ENGRAM_HEALTH_STALL", 120.0, duration)
     """`ENGRAM_HEALTH_STALL`: a consolidator lane that has not come round its loop for longer than this
     (seconds) makes `/healthz` answer 503 `stuck`."""

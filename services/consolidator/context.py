@@ -1,27 +1,33 @@
-"""Contextual episode vectors (`ENGRAM_CONTEXT_EPISODES=1`, off by default): an episode's stored vector
-leans towards the previous episode of its session.
+"""Contextual episodes (`ENGRAM_CONTEXT_EPISODES=1`, off by default): an episode's stored vector leans
+towards the previous episode of its session, and its keyword side holds that episode's task.
 
-    vector(e) = unit((1 - CONTEXT_SHARE) · own(e) + CONTEXT_SHARE · own(prev(e)))
+    vector(e)       = unit((1 - CONTEXT_SHARE) · own(e) + CONTEXT_SHARE · own(prev(e)))
+    context_text(e) = task(prev(e))      (CONTEXT_FIELD, a TEXT field of BM25F weight 1.0)
 
 `own(x)` is the embedding of x's own text (`shared.index.embedding_text`), kept in the document's
 OWN_FIELD (not indexed); `prev(e)` is the completed episode of the same namespace and session that comes
 just before e in (completed_at, episode_id) order among the documents present; a session's first
-episode (or one without a session, or with an agent-supplied vector) keeps `own(e)`. Recall is
-unchanged: the score is still a function of (query, stored document), because the context is fixed
-when the document is written, not looked up per query.
+episode (or one without a session, or with an agent-supplied vector, or whose previous episode has an
+agent-supplied vector) keeps `own(e)` and has no context_text. `task(x)` is x's `task` field as the index
+holds it (`fold_for_search`ed), copied byte for byte. Recall is unchanged: the score is still a function
+of (query, stored document), because the context is fixed when the document is written, not looked up
+per query; keyword relevance (`shared.relevance`) and the BM25 arm read context_text as one more field of
+`shared.index.TEXT_FIELDS`, and the namespace's term counts (idf) include it.
 
 Why: on LoCoMo, questions often paraphrase the turn before the evidence. Measured offline with the
 default embedder, tuned on 4 conversations and held out on 3, and the split reversed
-(`bench.context_probe`, docs/benchmarks.md "Contextual embeddings"): CONTEXT_SHARE 0.4 was chosen on both
-tune splits.
+(`bench.context_probe`, docs/benchmarks.md "Contextual embeddings"): with the previous turn's text in the
+keyword side at weight 1.0, CONTEXT_SHARE 0.2 was chosen on both tune splits (0.4 without it).
 
 Determinism and erasure: a session's vectors are recomputed from what the index holds
 (`refresh_sessions`) after every batch that writes a vector into it and after every erasure in it, so
 the result depends on the set of episodes present, not on their arrival order: a replay rebuilds the
-same vectors, an episode that arrives late re-bases its successor, and a forgotten episode's text
-leaves its successor's vector when the erasure re-bases it. Each write is conditional (REBASE_LUA): it
-happens only while both documents still hold the own vectors it was computed from, so a refresh never
-recreates an erased document nor writes a context that was erased meanwhile.
+same bytes, an episode that arrives late re-bases its successor, and a forgotten episode's text leaves
+its successor's vector and context_text when the erasure re-bases it. Each write is conditional
+(REBASE_LUA): it happens only while both documents still hold the own vectors and the task it was
+computed from, so a refresh never recreates an erased document nor writes a context that was erased
+meanwhile. A document rewritten by the projection (`scripts.REPLACE_DOC_LUA`) loses its context_text
+until the re-base that follows the batch restores it: carried over, it could outlive its source.
 Remaining gap: two workers writing new episodes into one session at the same moment can each read the
 session before the other's write; the vector of the later episode's successor is then re-based by the
 next write or erasure in that session, not before.
@@ -39,9 +45,13 @@ import redis.asyncio as aioredis
 from shared import cluster
 from shared.index import STATUS_COMPLETED, tag_clause
 
-CONTEXT_SHARE = 0.4
-"""Weight of the previous episode's own vector (LoCoMo, docs/benchmarks.md "Contextual embeddings")."""
+CONTEXT_SHARE = 0.2
+"""Weight of the previous episode's own vector, tuned with CONTEXT_FIELD in the keyword side (LoCoMo,
+docs/benchmarks.md "Contextual embeddings")."""
 OWN_FIELD = "own_vector"
+CONTEXT_FIELD = "context_text"
+"""The previous episode's task, indexed (`shared.index.TEXT_FIELDS`)."""
+TASK_FIELD = "task"
 SEARCHES_IN_FLIGHT = 8
 """Sessions of one namespace read at once by `refresh_sessions`."""
 SESSION_LIMIT = 10_000
@@ -49,12 +59,17 @@ SESSION_LIMIT = 10_000
 
 REBASE_LUA = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-if #KEYS == 2 and redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[3] then return 0 end
+if #KEYS == 2 then
+  if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[3] then return 0 end
+  if (redis.call('HGET', KEYS[2], ARGV[6]) or '') ~= ARGV[5] then return 0 end
+end
 redis.call('HSET', KEYS[1], 'vector', ARGV[4])
+if ARGV[5] == '' then redis.call('HDEL', KEYS[1], ARGV[7]) else redis.call('HSET', KEYS[1], ARGV[7], ARGV[5]) end
 return 1
 """
 """KEYS: the document, then its previous episode's (none for a session's first); ARGV: OWN_FIELD, the
-own vectors the new vector was computed from (the document's, the previous one's or ''), the vector."""
+own vectors the new vector was computed from (the document's, the previous one's or ''), the vector,
+the previous episode's task it copies ('' = none: the field is deleted), TASK_FIELD, CONTEXT_FIELD."""
 
 
 def contextual(own: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
@@ -121,7 +136,7 @@ class SessionContext:
         )
         reply = await self.redis.execute_command(
             "FT.SEARCH", self.index, query,
-            "RETURN", 4, "completed_at", "doc", OWN_FIELD, "vector",
+            "RETURN", 6, "completed_at", "doc", OWN_FIELD, "vector", TASK_FIELD, CONTEXT_FIELD,
             "SORTBY", "completed_at", "ASC", "LIMIT", 0, SESSION_LIMIT, "DIALECT", 2,
         )  # fmt: skip
         rows = []
@@ -132,19 +147,25 @@ class SessionContext:
                 at = float(f.get(b"completed_at") or "nan")
             except (ValueError, TypeError, AttributeError):
                 continue
-            rows.append((at, eid, reply[i], f.get(OWN_FIELD.encode()), f.get(b"vector")))
+            rows.append((at, eid, reply[i], f))
         rows.sort(key=lambda r: (r[0], r[1]))  # ties by episode id: the same order in every generation
         writes: list[tuple[list[bytes], list[bytes | str]]] = []
-        prev_key: bytes | None = None
+        own_key, ctx_key, task_key = OWN_FIELD.encode(), CONTEXT_FIELD.encode(), TASK_FIELD.encode()
+        prev_key: bytes | None = None  # the episode just before, its own vector and its task
         prev_own: bytes | None = None
-        for _at, _eid, key, own, stored in rows:
+        prev_task = b""
+        for _at, _eid, key, f in rows:
+            own = f.get(own_key)
             if own is not None:
-                p = np.frombuffer(prev_own, dtype=np.float32) if prev_key and prev_own else None
+                based = prev_key is not None and prev_own is not None
+                p = np.frombuffer(prev_own, dtype=np.float32) if based and prev_own else None
                 target = contextual(np.frombuffer(own, dtype=np.float32), p).tobytes()
-                if target != stored:
-                    if p is None or prev_key is None or prev_own is None:
-                        writes.append(([key], [OWN_FIELD, own, b"", target]))
+                text = prev_task if based else b""
+                if target != f.get(b"vector") or text != (f.get(ctx_key) or b""):
+                    tail: list[bytes | str] = [target, text, TASK_FIELD, CONTEXT_FIELD]
+                    if prev_key is None or prev_own is None:
+                        writes.append(([key], [OWN_FIELD, own, b"", *tail]))
                     else:
-                        writes.append(([key, prev_key], [OWN_FIELD, own, prev_own, target]))
-            prev_key, prev_own = key, own
+                        writes.append(([key, prev_key], [OWN_FIELD, own, prev_own, *tail]))
+            prev_key, prev_own, prev_task = key, own, f.get(task_key) or b""
         return writes

@@ -1,19 +1,25 @@
 """ENGRAM_CONTEXT_EPISODES against the real Redis: a stored vector leans towards the previous episode of
-its session whatever the arrival order; forgetting re-bases the successor; replay rebuilds the same bytes."""
+its session, and its context_text holds that episode's task, whatever the arrival order; forgetting
+re-bases the successor; replay rebuilds the same bytes."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+import pytest
 
-from services.consolidator.context import OWN_FIELD, contextual
+from services.consolidator.context import CONTEXT_FIELD, OWN_FIELD, contextual
 from services.consolidator.replay import replay
 from shared.embedding import HashingEmbedder
-from shared.index import current_generation
+from shared.index import VectorParams, current_generation, ensure_episode_index, episode_schema, escape_tag
 from shared.keys import Keys
+from shared.keywords import fold_for_search
+from shared.legacy import LAYOUT
 from shared.sdk import EngramClient
 from tests.integration.test_consolidator import drain, make_worker
+
+pytest_plugins = ["tests.integration.test_query_support"]
 
 TEXTS = {
     "e1": "Caroline: I went to the LGBTQ support group yesterday",
@@ -106,6 +112,7 @@ async def test_off_by_default_a_vector_is_its_own_texts(settings, redis):
     got = np.frombuffer(await stored(redis, keys, "ns", "e2"), dtype=np.float32)
     np.testing.assert_allclose(got, await own(settings, "e2"), atol=1e-6)
     assert await stored(redis, keys, "ns", "e2", OWN_FIELD) is None
+    assert await stored(redis, keys, "ns", "e2", CONTEXT_FIELD) is None
 
 
 async def test_a_rewrite_that_keeps_the_text_keeps_the_own_vector_for_the_next_turn(settings, redis):
@@ -121,3 +128,67 @@ async def test_a_rewrite_that_keeps_the_text_keeps_the_own_vector_for_the_next_t
     np.testing.assert_allclose(
         got, contextual(await own(settings, "e2"), await own(settings, "e1")), atol=1e-6
     )
+
+
+async def hits(redis, keys: Keys, word: str) -> list[bytes]:
+    """Keys of the documents whose task or context_text matches `word`."""
+    index = keys.episode_index(await current_generation(redis, keys))
+    q = f"@task|{CONTEXT_FIELD}:{escape_tag(word)}"
+    return sorted((await redis.execute_command("FT.SEARCH", index, q, "NOCONTENT", "DIALECT", 2))[1:])
+
+
+async def test_context_text_is_the_previous_task_rebased_on_late_arrival_and_cleared_on_erasure(
+    settings, redis
+):
+    settings = dataclasses.replace(settings, context_episodes=1)
+    keys = Keys(settings.prefix)
+    await ingest(settings, redis, "ns", [("e1", 10.0), ("e3", 30.0)], batches=True)
+    assert await stored(redis, keys, "ns", "e1", CONTEXT_FIELD) is None  # the session's first
+    assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e1"]).encode()
+    await ingest(settings, redis, "ns", [("e2", 20.0)], batches=True)  # late: between e1 and e3
+    assert await stored(redis, keys, "ns", "e2", CONTEXT_FIELD) == fold_for_search(TEXTS["e1"]).encode()
+    assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e2"]).encode()
+    gen = await current_generation(redis, keys)
+    doc = {eid: keys.episode_doc(gen, "ns", eid) for eid in TEXTS}
+    assert await hits(redis, keys, "feel") == sorted([doc["e2"].encode(), doc["e3"].encode()])
+    await EngramClient(redis, namespace="ns", prefix=settings.prefix).forget_episode("e2")
+    await drain(make_worker(settings, redis))
+    assert await hits(redis, keys, "feel") == [], "e2's text survives in no document"
+    assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e1"]).encode()
+    before = {eid: await stored(redis, keys, "ns", eid, CONTEXT_FIELD) for eid in ("e1", "e3")}
+    await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert {eid: await stored(redis, keys, "ns", eid, CONTEXT_FIELD) for eid in ("e1", "e3")} == before
+
+
+@pytest.mark.parametrize("on", [0, 1])
+async def test_keyword_recall_finds_a_turn_by_its_predecessors_words_only_with_the_setting(
+    settings, redis, make_client, on
+):
+    settings = dataclasses.replace(settings, context_episodes=on)
+    await ingest(settings, redis, "default", [("e1", 10.0), ("e2", 20.0), ("x1", 25.0)], batches=False)
+    api = await make_client(context_episodes=on)
+    resp = await api.post("/v1/recall", json={"query": "LGBTQ support group", "mode": "keyword", "top_k": 5})
+    assert resp.status == 200, await resp.text()
+    results = (await resp.json())["results"]
+    matched = [r["episode"]["episode_id"] for r in results if r["relevance"] > 0.0]  # others fill top_k
+    assert matched == (["e1", "e2"] if on else ["e1"])
+
+
+async def test_an_index_built_before_context_text_gets_the_field(redis, prefix):
+    """Upgrade: ensure_episode_index FT.ALTERs the TEXT field into an older index, so it is searched."""
+    keys = Keys(prefix)
+    params = VectorParams(dim=256, algorithm="FLAT")
+    old = episode_schema(params)
+    i = old.index(CONTEXT_FIELD)
+    del old[i : i + 4]  # name, TEXT, WEIGHT, weight
+    index = keys.episode_index(1)
+    await redis.execute_command(
+        "FT.CREATE", index, "ON", "HASH", "PREFIX", 1, keys.episode_doc_prefix(1), "SCHEMA", *old
+    )
+    await redis.hset(keys.meta, "g1:layout", LAYOUT)
+    await ensure_episode_index(redis, keys, 1, params, "hashing-256", tag_key=None)
+    await redis.hset(keys.episode_doc(1, "ns", "a"), mapping={"namespace": "ns", CONTEXT_FIELD: "sunrise"})
+    reply = await redis.execute_command(
+        "FT.SEARCH", index, f"@{CONTEXT_FIELD}:sunrise", "NOCONTENT", "DIALECT", 2
+    )
+    assert reply[0] == 1
