@@ -5,7 +5,7 @@ towards the previous episode of its session, and its keyword side holds that epi
     context_text(e) = task(prev(e))      (CONTEXT_FIELD, a TEXT field of BM25F weight 1.0)
 
 `own(x)` is the embedding of x's own text (`shared.index.embedding_text`), kept in the document's
-OWN_FIELD (not indexed); `prev(e)` is the completed episode of the same namespace and session that comes
+OWN_FIELD (not indexed); `prev(e)` is the completed episode of the same namespace, session and user (or of no user) that comes
 just before e in (completed_at, episode_id) order among the documents present; a session's first
 episode (or one without a session, or with an agent-supplied vector, or whose previous episode has an
 agent-supplied vector) keeps `own(e)` and has no context_text. `task(x)` is x's `task` field as the index
@@ -136,7 +136,7 @@ class SessionContext:
         )
         reply = await self.redis.execute_command(
             "FT.SEARCH", self.index, query,
-            "RETURN", 6, "completed_at", "doc", OWN_FIELD, "vector", TASK_FIELD, CONTEXT_FIELD,
+            "RETURN", 7, "completed_at", "doc", OWN_FIELD, "vector", TASK_FIELD, CONTEXT_FIELD, "user_id",
             "SORTBY", "completed_at", "ASC", "LIMIT", 0, SESSION_LIMIT, "DIALECT", 2,
         )  # fmt: skip
         rows = []
@@ -151,10 +151,11 @@ class SessionContext:
         rows.sort(key=lambda r: (r[0], r[1]))  # ties by episode id: the same order in every generation
         writes: list[tuple[list[bytes], list[bytes | str]]] = []
         own_key, ctx_key, task_key = OWN_FIELD.encode(), CONTEXT_FIELD.encode(), TASK_FIELD.encode()
-        prev_key: bytes | None = None  # the episode just before, its own vector and its task
-        prev_own: bytes | None = None
-        prev_task = b""
+        # per user of the session (none: one chain): another user's words must not make an episode match
+        # a recall, nor be kept in its document; per user: the episode just before, its own vector, its task
+        chains: dict[bytes, tuple[bytes | None, bytes | None, bytes]] = {}
         for _at, _eid, key, f in rows:
+            prev_key, prev_own, prev_task = chains.get(f.get(b"user_id") or b"", (None, None, b""))
             own = f.get(own_key)
             if own is not None:
                 based = prev_key is not None and prev_own is not None
@@ -167,5 +168,5 @@ class SessionContext:
                         writes.append(([key], [OWN_FIELD, own, b"", *tail]))
                     else:
                         writes.append(([key, prev_key], [OWN_FIELD, own, prev_own, *tail]))
-            prev_key, prev_own, prev_task = key, own, f.get(task_key) or b""
+            chains[f.get(b"user_id") or b""] = (key, own, f.get(task_key) or b"")
         return writes

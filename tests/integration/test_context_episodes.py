@@ -192,3 +192,19 @@ async def test_an_index_built_before_context_text_gets_the_field(redis, prefix):
         "FT.SEARCH", index, f"@{CONTEXT_FIELD}:sunrise", "NOCONTENT", "DIALECT", 2
     )
     assert reply[0] == 1
+
+
+async def test_another_users_turn_is_never_the_context_of_an_episode(settings, redis):
+    """A session shared by two users: each user's chain is their own, so a user's words are in no
+    document of another user's (a recall scoped to one user cannot match on the other's words)."""
+    settings = dataclasses.replace(settings, context_episodes=1)
+    keys = Keys(settings.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for eid, at, user in (("e1", 10.0, "alice"), ("e2", 20.0, "bob"), ("e3", 30.0, "alice")):
+        await client.record({**turn(eid, at), "user_id": user})
+    await drain(make_worker(settings, redis))
+    o = {eid: await own(settings, eid) for eid in ("e1", "e2", "e3")}
+    assert await stored(redis, keys, "ns", "e2", CONTEXT_FIELD) is None  # bob's first episode
+    assert await stored(redis, keys, "ns", "e2") == o["e2"].tobytes()
+    assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e1"]).encode()
+    assert await stored(redis, keys, "ns", "e3") == contextual(o["e3"], o["e1"]).tobytes()
