@@ -247,7 +247,7 @@ async def test_a_worker_added_and_one_killed_lose_and_double_nothing_on_a_cluste
     redis = cluster_redis
     keys = s.keys
     names = NAMESPACES[:8]
-    per_ns = 400
+    per_ns = 1000  # enough that the first worker cannot drain every partition before the second joins
     for ns in names:
         client = EngramClient(redis, namespace=ns, prefix=s.prefix)
         for start in range(0, per_ns, 100):
