@@ -295,6 +295,8 @@ class Projector:
         await cluster.ensure_shards(
             self.redis, [self.keys.episode_index(self.gen)], {ns for ns, _ in by_episode}
         )
+        # an episode re-published into another session leaves its old one: re-base that too
+        before = await self._sessions(list(by_episode))
         fast, record_only = _split_paths(by_episode)
         # one script call touches the keys of one namespace only (one hash slot on a Redis Cluster)
         fast.sort(key=lambda item: item[0][0])
@@ -332,14 +334,21 @@ class Projector:
         }
         known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
         await self._write_until_settled(pending + list(in_hand), result, prefetched, known)
-        await self._rebase_sessions(list(by_episode))
+        await self._rebase_sessions(list(by_episode), before)
 
-    async def _rebase_sessions(self, episodes: list[tuple[str, str]]) -> None:
-        """With ENGRAM_CONTEXT_EPISODES, recompute the contextual vectors of these episodes' sessions."""
-        if self.context is not None and episodes:
-            k, g = self.keys, self.gen
-            docs = [k.episode_doc(g, ns, eid) for ns, eid in episodes]
-            await self.context.refresh_sessions(await self.context.sessions_of(docs))
+    async def _sessions(self, episodes: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        """With ENGRAM_CONTEXT_EPISODES, the (namespace, session) of these episodes' documents now."""
+        if self.context is None or not episodes:
+            return set()
+        k, g = self.keys, self.gen
+        return await self.context.sessions_of([k.episode_doc(g, ns, eid) for ns, eid in episodes])
+
+    async def _rebase_sessions(
+        self, episodes: list[tuple[str, str]], before: set[tuple[str, str]] | None = None
+    ) -> None:
+        """With ENGRAM_CONTEXT_EPISODES, re-base these episodes' sessions and `before` (those they left)."""
+        if self.context is not None and (episodes or before):
+            await self.context.refresh_sessions((before or set()) | await self._sessions(episodes))
 
     async def _settle_fast(
         self,

@@ -208,3 +208,17 @@ async def test_another_users_turn_is_never_the_context_of_an_episode(settings, r
     assert await stored(redis, keys, "ns", "e2") == o["e2"].tobytes()
     assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e1"]).encode()
     assert await stored(redis, keys, "ns", "e3") == contextual(o["e3"], o["e1"]).tobytes()
+
+
+async def test_an_episode_moved_to_another_session_leaves_its_old_followers_context(settings, redis):
+    """Re-published into another session, e2 must leave e3's context_text and vector (its old session is
+    re-based too, not only the new one)."""
+    settings = dataclasses.replace(settings, context_episodes=1)
+    keys = Keys(settings.prefix)
+    await ingest(settings, redis, "ns", [("e1", 10.0), ("e2", 20.0), ("e3", 30.0)], batches=True)
+    assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e2"]).encode()
+    await EngramClient(redis, namespace="ns", prefix=settings.prefix).record(turn("e2", 20.0, "elsewhere"))
+    await drain(make_worker(settings, redis))
+    assert await stored(redis, keys, "ns", "e3", CONTEXT_FIELD) == fold_for_search(TEXTS["e1"]).encode()
+    o = {eid: await own(settings, eid) for eid in ("e1", "e3")}
+    assert await stored(redis, keys, "ns", "e3") == contextual(o["e3"], o["e1"]).tobytes()
