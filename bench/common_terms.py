@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import json
 import time
+from typing import Any
 
 from bench.common import private_redis
 from bench.locomo import DEFAULT_DATA, load
@@ -91,19 +92,7 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     n_turns = min(len(turns), 5000)
     worst = 0.0
     for q, v in zip(qs, qv, strict=True):
-        scope = Scope(namespace=NAMESPACE, tags=seeder.tags, live_at=time.time())
-        params = rc.RecallParams(
-            top_k=10,
-            depth=100,
-            mode="hybrid",
-            preset=None,
-            weights=None,
-            half_life=86400.0,
-            as_of=time.time(),
-            normalize="none",
-            recency_from="completed",
-            touch_now=None,
-        )
+        scope, params = top10_request(seeder)
         bodies = []
         for threshold in (0.0, measured):
             at = dataclasses.replace(params, common_idf=threshold)
@@ -133,6 +122,29 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def top10_request(seeder: Any) -> tuple[Any, Any]:
+    """(Scope, RecallParams) of one hybrid top-10 recall in the seeded namespace, as of now; the
+    callers vary only `common_idf`."""
+    from services.query import recall as rc
+    from shared.index import Scope
+
+    now = time.time()
+    scope = Scope(namespace=NAMESPACE, tags=seeder.tags, live_at=now)
+    params = rc.RecallParams(
+        top_k=10,
+        depth=100,
+        mode="hybrid",
+        preset=None,
+        weights=None,
+        half_life=86400.0,
+        as_of=now,
+        normalize="none",
+        recency_from="completed",
+        touch_now=None,
+    )
+    return scope, params
+
+
 def paired_delta(
     exact: list[tuple[float, float]], other: list[tuple[float, float]], iterations: int = 2000
 ) -> dict[str, list[float]]:
@@ -153,7 +165,6 @@ def paired_delta(
 async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, object]:
     """R@5 / R@10 of `--quality` LoCoMo questions in the big namespace, exact and per threshold."""
     from services.query import recall as rc
-    from shared.index import Scope
 
     qs = evidence_questions(turns, args.quality)
     qv = await embedder.embed([q for q, _ in qs])
@@ -162,19 +173,7 @@ async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, o
     per_q: dict[float, list[tuple[float, float]]] = {t: [] for t in thresholds}
     timing = {t: 0.0 for t in thresholds}
     for (q, evidence), v in zip(qs, qv, strict=True):
-        scope = Scope(namespace=NAMESPACE, tags=seeder.tags, live_at=time.time())
-        params = rc.RecallParams(
-            top_k=10,
-            depth=100,
-            mode="hybrid",
-            preset=None,
-            weights=None,
-            half_life=86400.0,
-            as_of=time.time(),
-            normalize="none",
-            recency_from="completed",
-            touch_now=None,
-        )
+        scope, params = top10_request(seeder)
         exact: list[str] = []
         for t in thresholds:
             started = time.perf_counter()

@@ -25,18 +25,7 @@ import numpy as np
 from bench.common import int_list, table
 from bench.locomo import DEFAULT_DATA
 from bench.locomo import all_texts as locomo_texts  # the name tests and callers import from here
-
-
-def long_texts(turns: list[str], n: int, chars: int = 2000) -> list[str]:
-    """`n` texts of about `chars` characters, each consecutive turns joined (real prose, no repeats)."""
-    out, i = [], 0
-    while len(out) < n and i < len(turns):
-        parts: list[str] = []
-        while sum(map(len, parts)) < chars and i < len(turns):
-            parts.append(turns[i])
-            i += 1
-        out.append(" ".join(parts)[:chars])
-    return out
+from bench.perf_corpus import long_texts  # one joiner for every bench: published texts end on a character
 
 
 async def measure_round(
