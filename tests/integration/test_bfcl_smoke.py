@@ -25,7 +25,7 @@ def wheel():
     return path
 
 
-@pytest.mark.timeout(300)  # two ingests of ~200 episodes and ~150 recalls each: ~30 s measured
+@pytest.mark.timeout(300)  # two ingests of ~200 episodes, ~100 recalls each: 20-76 s measured (load 1-7)
 def test_bfcl_harness_end_to_end(tmp_path, wheel):
     out = tmp_path / "bfcl.json"
     proc = run_bench(
