@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: all install run test test-fast bench peer-install bench-locomo lint format chaos fuzz load clean
+.PHONY: all install run test test-fast bench peer-install bench-locomo bench-bfcl lint format chaos fuzz load clean
 
 all: lint test
 
@@ -47,6 +47,10 @@ peer-install: $(STAMP)
 
 bench-locomo: $(STAMP)
 	$(PY) -m bench.locomo
+
+## make bench-bfcl: held-out recall (BFCL memory dialogues, agent tasks), ENGRAM_CONTEXT_EPISODES off and on; fetches the bfcl-eval wheel into ~/.cache/engram-bench.
+bench-bfcl: $(STAMP)
+	$(PY) -m bench.bfcl
 
 chaos: $(STAMP)
 	$(PY) -m bench.chaos

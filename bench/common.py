@@ -19,9 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 import numpy as np
@@ -424,3 +424,138 @@ async def drop_prefix(r: Any, keys: Any) -> None:
                 await r.execute_command("FT.DROPINDEX", name, "DD")
     async for key in r.scan_iter(match=f"{keys.prefix}*", count=5000):
         await r.unlink(key)
+
+
+# --- recall-quality harnesses (bench.locomo, bench.bfcl): publish, wait, ask ------------------------------
+async def publish_episodes(
+    redis_url: str, prefix: str, episodes: Mapping[str, Sequence[dict[str, Any]]]
+) -> int:
+    """Publish one EpisodeCompleted per JSON-shaped episode through the SDK (`EngramClient.publish`, in
+    batches of 200), `episodes` = {namespace: [episode, ...]}, each with `episode_id` and `completed_at`
+    (UTC epoch seconds, also the event's occurred_at); returns the number published. InvalidEpisode if
+    one is not valid (`engram_episodic.validation.parse_episode`)."""
+    from engram_episodic.events import EpisodeCompleted
+    from engram_episodic.validation import parse_episode
+    from shared.redis_conn import connect
+    from shared.sdk import EngramClient
+
+    r = connect(redis_url)
+    n = 0
+    try:
+        for namespace, items in episodes.items():
+            client = EngramClient(r, namespace=namespace, prefix=prefix)
+            events = [
+                EpisodeCompleted(
+                    namespace=namespace,
+                    episode_id=str(e["episode_id"]),
+                    occurred_at=float(e["completed_at"]),
+                    episode=parse_episode(e),
+                )
+                for e in items
+            ]
+            for start in range(0, len(events), 200):
+                await client.publish(events[start : start + 200])
+            n += len(events)
+    finally:
+        await r.aclose()
+    return n
+
+
+async def wait_recallable(
+    redis_url: str,
+    prefix: str,
+    counts: Mapping[str, int],
+    workers: Sequence[subprocess.Popen],
+    *,
+    timeout: float,
+) -> float:
+    """Wait until every namespace of `counts` ({namespace: episodes}) holds that many recallable episodes
+    in the index and the consumer group has nothing undelivered or unacked; returns the seconds it took.
+    RuntimeError if a worker exits, TimeoutError after `timeout` seconds.
+
+    Why the group too: a batch's documents are counted as soon as they are written, but with
+    ENGRAM_CONTEXT_EPISODES=1 the worker re-bases their sessions after that and acks only then; the
+    count alone would let the questions in before the last batch's vectors and context_text are final."""
+    from tqdm import tqdm
+
+    from shared import streams
+    from shared.index import Scope, count, index_exists
+    from shared.keys import Keys
+    from shared.redis_conn import connect
+    from shared.settings import Settings
+    from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
+
+    keys = Keys(prefix)
+    total = sum(counts.values())
+    r = connect(redis_url)
+    started = time.perf_counter()
+    bar = tqdm(total=total, desc="project (workers)", unit="ep", leave=False)
+    try:
+
+        async def done() -> bool:
+            check_alive(workers, "consolidator worker")
+            if not await index_exists(r, keys.episode_index_alias):
+                return False
+            n = 0
+            for namespace in counts:
+                n += await count(r, keys.episode_index_alias, Scope(namespace=namespace, tags=BLAKE2B))
+            bar.update(n - bar.n)
+            if n < total:
+                return False
+            info = await streams.StreamGroup(r, keys.stream, Settings().consumer_group).info()
+            return not (info["lag"] or info["pending"])
+
+        await poll_until(done, timeout=timeout, interval=0.25, what=f"{total} episodes projected")
+    finally:
+        bar.close()
+        await r.aclose()
+    return time.perf_counter() - started
+
+
+async def recall_ranked(
+    base_url: str,
+    tokens: Mapping[str, str],
+    jobs: Sequence[tuple[str, str, Mapping[str, Any]]],
+    *,
+    concurrency: int,
+    desc: str,
+) -> tuple[list[list[str]], float]:
+    """POST /v1/recall for every job (namespace, query text, request options such as top_k and as_of);
+    returns the ranked episode ids per job and the p50 latency (seconds).
+
+    One AsyncEngram per namespace (its API key from `tokens`), all over one pool of `concurrency`
+    keep-alive connections; each request is sent once (a retry would count in the latency) and read as
+    JSON. ApiError (status, problem) on any answer but 200."""
+    from tqdm import tqdm
+
+    from engram_episodic.client import Calls, RecallOptions
+
+    results: list[list[str]] = [[] for _ in jobs]
+    latencies: list[float] = []
+    sem = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(jobs), desc=desc, unit="q", leave=False)
+
+    async def one(i: int, text: str, options: Mapping[str, Any], memory: AsyncEngram) -> None:
+        call = Calls.recall(
+            text, cast(RecallOptions, dict(options))
+        ).as_json()  # ids only: no per-hit parsing
+        async with sem:
+            t0 = time.perf_counter()
+            payload = await memory.call(call)
+            latencies.append(time.perf_counter() - t0)
+        results[i] = [item["episode"]["episode_id"] for item in payload["results"]]
+        bar.update(1)
+
+    try:
+        # the aiohttp session this replaced allowed 300 s per request and at most 100 connections
+        async with http_pool(max(1, min(concurrency, 100)), 300.0) as http:
+            clients = {
+                ns: AsyncEngram(base_url, api_key=token, max_retries=0, http_client=http)
+                for ns, token in tokens.items()
+            }
+            await asyncio.gather(
+                *(one(i, text, opts, clients[ns]) for i, (ns, text, opts) in enumerate(jobs))
+            )
+    finally:
+        bar.close()
+    return results, float(np.median(latencies)) if latencies else math.nan

@@ -36,28 +36,26 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from bench.common import (
     ROOT,
     bootstrap_ci,
-    check_alive,
-    http_pool,
     machine,
-    poll_until,
     private_redis,
+    publish_episodes,
+    recall_ranked,
     service_env,
     spawn_query_service,
     spawn_workers,
     stop_processes,
     table,
     wait_http_ready,
+    wait_recallable,
     write_json,
 )
-from engram_episodic import AsyncEngram
-from engram_episodic.client import Calls, RecallOptions
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -290,65 +288,18 @@ def bm25_rankings(conv: Conversation) -> list[list[str]]:
 # --- ingest through the SDK and the workers --------------------------------------------------------------
 async def publish(redis_url: str, prefix: str, convs: list[Conversation]) -> int:
     """Publish one EpisodeCompleted per turn through the SDK; returns the number of episodes."""
-    from engram_episodic.events import EpisodeCompleted
-    from engram_episodic.validation import parse_episode
-    from shared.redis_conn import connect
-    from shared.sdk import EngramClient
-
-    r = connect(redis_url)
-    n = 0
-    try:
-        for conv in convs:
-            client = EngramClient(r, namespace=conv.namespace, prefix=prefix)
-            events = []
-            for t in conv.turns:
-                episode = parse_episode(turn_episode(t))
-                events.append(
-                    EpisodeCompleted(
-                        namespace=conv.namespace, episode_id=t.dia_id, occurred_at=t.ts, episode=episode
-                    )
-                )
-            for start in range(0, len(events), 200):
-                await client.publish(events[start : start + 200])
-            n += len(events)
-    finally:
-        await r.aclose()
-    return n
+    return await publish_episodes(
+        redis_url, prefix, {c.namespace: [turn_episode(t) for t in c.turns] for c in convs}
+    )
 
 
 async def wait_projected(
     redis_url: str, prefix: str, convs: list[Conversation], workers, *, timeout: float
 ) -> float:
     """Wait until every turn of every conversation is recallable; returns the seconds it took."""
-    from tqdm import tqdm
-
-    from shared.index import Scope, count, index_exists
-    from shared.keys import Keys
-    from shared.redis_conn import connect
-    from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
-
-    keys = Keys(prefix)
-    total = sum(len(c.turns) for c in convs)
-    r = connect(redis_url)
-    started = time.perf_counter()
-    bar = tqdm(total=total, desc="project (workers)", unit="ep", leave=False)
-    try:
-
-        async def done() -> bool:
-            check_alive(workers, "consolidator worker")
-            if not await index_exists(r, keys.episode_index_alias):
-                return False
-            n = 0
-            for c in convs:
-                n += await count(r, keys.episode_index_alias, Scope(namespace=c.namespace, tags=BLAKE2B))
-            bar.update(n - bar.n)
-            return n >= total
-
-        await poll_until(done, timeout=timeout, interval=0.25, what=f"{total} episodes projected")
-    finally:
-        bar.close()
-        await r.aclose()
-    return time.perf_counter() - started
+    return await wait_recallable(
+        redis_url, prefix, {c.namespace: len(c.turns) for c in convs}, workers, timeout=timeout
+    )
 
 
 # --- asking the service ----------------------------------------------------------------------------------
@@ -361,39 +312,15 @@ async def ask_all(
     concurrency: int,
     desc: str,
 ) -> tuple[list[list[str]], float]:
-    """POST /v1/recall for every question; returns ranked episode ids per question and the p50 latency (s).
-
-    One AsyncEngram per conversation (its API key), all over one pool of `concurrency` keep-alive
-    connections; each request is sent once (a retry would count in the latency) and read as JSON."""
-    from tqdm import tqdm
-
-    jobs = [(c, q) for c in convs for q in c.questions]
-    results: list[list[str]] = [[] for _ in jobs]
-    latencies: list[float] = []
-    sem = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(jobs), desc=desc, unit="q", leave=False)
-
-    async def one(i: int, conv: Conversation, q: Question, memory: AsyncEngram) -> None:
-        options = cast(RecallOptions, {"top_k": TOP_K, "as_of": conv.as_of, **body_extra})
-        call = Calls.recall(q.text, options).as_json()  # only the ids are read: no per-hit parsing
-        async with sem:
-            t0 = time.perf_counter()
-            payload = await memory.call(call)  # ApiError (status, problem) on anything but 200
-            latencies.append(time.perf_counter() - t0)
-        results[i] = [item["episode"]["episode_id"] for item in payload["results"]]
-        bar.update(1)
-
-    try:
-        # the aiohttp session this replaces allowed 300 s per request and at most 100 connections
-        async with http_pool(max(1, min(concurrency, 100)), 300.0) as http:
-            clients = {
-                sid: AsyncEngram(base_url, api_key=token, max_retries=0, http_client=http)
-                for sid, token in tokens_by_conv.items()
-            }
-            await asyncio.gather(*(one(i, c, q, clients[c.sample_id]) for i, (c, q) in enumerate(jobs)))
-    finally:
-        bar.close()
-    return results, float(np.median(latencies)) if latencies else math.nan
+    """POST /v1/recall for every question (`bench.common.recall_ranked`, `top_k` 50, `as_of` the
+    conversation's); returns ranked episode ids per question and the p50 latency (s)."""
+    tokens = {c.namespace: tokens_by_conv[c.sample_id] for c in convs}
+    jobs = [
+        (c.namespace, q.text, {"top_k": TOP_K, "as_of": c.as_of, **body_extra})
+        for c in convs
+        for q in c.questions
+    ]
+    return await recall_ranked(base_url, tokens, jobs, concurrency=concurrency, desc=desc)
 
 
 # --- harness-side fusion (what the service would return with RRF ordering) -----------------------------
