@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -76,11 +77,15 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     for name in ("cold", "warm"):
         cpu0, redis0, wall0 = time.process_time(), await redis_cpu(r), time.perf_counter()
+        each = []
         for q, v in zip(qs, vectors, strict=True):
+            at = time.process_time()
             await one(q, v)
+            each.append(time.process_time() - at)
         n = len(qs)
         out[name] = {
             "python_cpu_ms": round(1000 * (time.process_time() - cpu0) / n, 3),
+            "python_cpu_p50_ms": round(1000 * statistics.median(each), 3),
             "wall_ms": round(1000 * (time.perf_counter() - wall0) / n, 3),
             "redis_cpu_ms": round(1000 * (await redis_cpu(r) - redis0) / n, 3),
         }
@@ -89,19 +94,21 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
         import cProfile
         import pstats
 
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.process_time)  # CPU, not the wait on Redis
         prof.enable()
         for q, v in zip(qs[: args.profile], vectors[: args.profile], strict=False):
             await one(q, v)
         prof.disable()
         stats = pstats.Stats(prof)
-        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:15]  # type: ignore[attr-defined]
         n = min(args.profile, len(qs))
-        out["profile_top_ms_per_recall"] = [
-            f"{Path(f).name}:{line} {fn}: own {1000 * tt / n:.2f} ms, cum {1000 * ct / n:.2f} ms, "
-            f"{nc / n:.0f} calls"
-            for (f, line, fn), (_, nc, tt, ct, _) in rows
-        ]
+        for key, col in (("own", 2), ("cum", 3)):
+            rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][col])[:20]  # type: ignore[attr-defined]
+            out[f"profile_by_{key}_ms_per_recall"] = [
+                f"{Path(f).name}:{line} {fn}: own {1000 * tt / n:.2f} ms, cum {1000 * ct / n:.2f} ms, "
+                f"{nc / n:.0f} calls"
+                for (f, line, fn), (_, nc, tt, ct, _) in rows
+            ]
+        out["profile_total_ms_per_recall"] = round(1000 * stats.total_tt / n, 2)  # type: ignore[attr-defined]
     await r.aclose()
     return out
 
@@ -148,7 +155,30 @@ async def drive(url: str, args: argparse.Namespace) -> dict[str, object]:
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 report["runs"].append(row)  # type: ignore[attr-defined]
     await r.aclose()
+    report["summary"] = summary(report["runs"])  # type: ignore[arg-type]
     return report
+
+
+def summary(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Per size and pass: each checkout's median over rounds and the median of head / base per round
+    (a round runs both back to back, so its ratio shares the load of the moment)."""
+    out: dict[str, dict[str, float]] = {}
+    for size in sorted({r["size"] for r in runs}):
+        for name in ("cold", "warm"):
+            row: dict[str, float] = {}
+            for metric in ("python_cpu_ms", "python_cpu_p50_ms", "redis_cpu_ms", "wall_ms"):
+                by = {
+                    t: {r["round"]: r[name][metric] for r in runs if r["size"] == size and r["tree"] == t}
+                    for t in ("head", "base")
+                }
+                for t, vals in by.items():
+                    if vals:
+                        row[f"{t}_{metric}"] = round(statistics.median(vals.values()), 3)
+                if by["base"]:
+                    ratios = [by["head"][k] / by["base"][k] for k in by["head"] if by["base"].get(k)]
+                    row[f"ratio_{metric}"] = round(statistics.median(ratios), 3)
+            out[f"{size} {name}"] = row
+    return out
 
 
 def main() -> None:
