@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import hashlib
 import json
 import os
@@ -109,8 +110,69 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
                 for (f, line, fn), (_, nc, tt, ct, _) in rows
             ]
         out["profile_total_ms_per_recall"] = round(1000 * stats.total_tt / n, 2)  # type: ignore[attr-defined]
+    if args.sample:
+        with Sampler() as sampler:
+            for q, v in zip(qs[: args.sample], vectors[: args.sample], strict=False):
+                await one(q, v)
+        out["sampled"] = sampler.report()
     await r.aclose()
     return out
+
+
+class Sampler:
+    """A statistical profile of this process's main thread: another thread reads its stack every
+    `every` seconds (`sys._current_frames`; the switch interval is shortened so the main thread yields
+    the GIL that often) and counts each function once per sample it is on the stack (inclusive) and
+    the innermost one (own). Samples waiting in the event loop's `select` are counted apart, so the
+    shares are of the Python CPU, without cProfile's cost per call (which inflates small functions)."""
+
+    def __init__(self, every: float = 0.0005):
+        import threading
+
+        self.every = every
+        self.main = threading.main_thread().ident
+        self.inclusive: collections.Counter[str] = collections.Counter()
+        self.own: collections.Counter[str] = collections.Counter()
+        self.samples = self.waiting = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self.interval = sys.getswitchinterval()
+        sys.setswitchinterval(self.every / 2)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        sys.setswitchinterval(self.interval)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            frame = sys._current_frames().get(self.main)
+            names = []
+            while frame is not None:
+                code = frame.f_code
+                names.append(f"{Path(code.co_filename).name}:{code.co_firstlineno} {code.co_name}")
+                frame = frame.f_back
+            if not names:
+                continue
+            if names[0].startswith("selectors.py"):
+                self.waiting += 1
+                continue
+            self.samples += 1
+            self.own[names[0]] += 1
+            self.inclusive.update(set(names))
+
+    def report(self, top: int = 25) -> dict[str, object]:
+        share = lambda n: round(100.0 * n / max(1, self.samples), 1)  # noqa: E731
+        return {
+            "samples": self.samples,
+            "waiting_samples": self.waiting,
+            "own_pct": {k: share(v) for k, v in self.own.most_common(top)},
+            "inclusive_pct": {k: share(v) for k, v in self.inclusive.most_common(top)},
+        }
 
 
 def spawn(tree: Path, url: str, prefix: str, args: argparse.Namespace, *, profile: int) -> dict:
@@ -118,7 +180,7 @@ def spawn(tree: Path, url: str, prefix: str, args: argparse.Namespace, *, profil
     env = {**os.environ, "PYTHONPATH": f"{tree}/client:{tree}"}
     cmd = [sys.executable, __file__, "--worker", "--url", url, "--prefix", prefix]
     cmd += ["--queries", str(args.queries), "--offset", str(args.offset), "--as-of", str(args.as_of)]
-    cmd += ["--profile", str(profile)]
+    cmd += ["--profile", str(profile), "--sample", str(args.sample)]
     done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"worker in {tree} failed:\n{done.stderr}")
@@ -189,6 +251,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--base", default="", help="another checkout run beside this one (A/B)")
     p.add_argument("--profile", type=int, default=0, help="cProfile N warm recalls in the last round")
+    p.add_argument("--sample", type=int, default=0, help="statistical profile of N warm recalls")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", default="", help=argparse.SUPPRESS)
     p.add_argument("--prefix", default="", help=argparse.SUPPRESS)
