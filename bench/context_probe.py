@@ -121,15 +121,8 @@ class Sim:
 
     def _keyword(self, fields: list[dict[str, str]], ctx_weight: float | None) -> list[np.ndarray]:
         """Per question, the keyword relevance of every episode of its namespace (shared.relevance)."""
-        saved = relevance._FIELD_KEYS
-        if ctx_weight is not None:
-            relevance._FIELD_KEYS = (*saved, ("context", b"context", ctx_weight))
-        relevance._terms.cache_clear()
-        try:
-            terms = [relevance.episode_terms(f) for f in fields]
-        finally:
-            relevance._FIELD_KEYS = saved
-            relevance._terms.cache_clear()
+        extra = (("context", ctx_weight),) if ctx_weight is not None else ()
+        terms = [relevance.episode_terms(f, extra) for f in fields]
         df = [Counter(s for r in rows for s in terms[r][0]) for rows in self.rows]
         out = []
         for qi, q in enumerate(self.data.questions):

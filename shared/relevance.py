@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from shared.index import TEXT_FIELDS
+import numpy as np
+
 from shared.keywords import STOPWORDS, fold_for_search
+from shared.terms import FIELD_KEYS, field_texts, hit_terms, stemmer, texts_terms, weighted_terms
 
 K1 = 1.2
 """Term-frequency saturation (BM25's k1)."""
@@ -59,14 +59,6 @@ HYBRID_VECTOR_WEIGHT = 0.5
 MAX_TERMS = 64
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_FIELD_KEYS = tuple((name, name.encode(), weight) for name, weight in TEXT_FIELDS)
-
-
-@lru_cache(maxsize=1)
-def _stemmer():
-    import Stemmer  # PyStemmer: Snowball in C
-
-    return Stemmer.Stemmer("english", 100_000)
 
 
 def _words(text: str) -> list[str]:
@@ -78,7 +70,7 @@ def query_words(text: str, limit: int = MAX_TERMS) -> dict[str, str]:
     """The query's distinct stems (at most `limit`), each with the first word that gave it."""
     words = _words(text)
     out: dict[str, str] = {}
-    for word, stem in zip(words, _stemmer().stemWords(words), strict=True):
+    for word, stem in zip(words, stemmer().stemWords(words), strict=True):
         if stem not in out:
             out[stem] = word
             if len(out) >= limit:
@@ -127,41 +119,56 @@ def without_terms(text: str, stems: set[str]) -> str:
     the BM25 candidate query of a text whose common terms are dropped (every word, not only the first
     of each stem, so the kept terms match as in the full query)."""
     words = _words(text)
-    return " ".join(w for w, s in zip(words, _stemmer().stemWords(words), strict=True) if s not in stems)
+    return " ".join(w for w, s in zip(words, stemmer().stemWords(words), strict=True) if s not in stems)
 
 
-def episode_terms(fields: Mapping[Any, str | bytes | None]) -> tuple[Mapping[str, float], float]:
+def episode_terms(
+    fields: Mapping[Any, str | bytes | None], extra: Sequence[tuple[str | bytes, float]] = ()
+) -> tuple[Mapping[str, float], float]:
     """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
-    weighted length (stop words not counted). `fields` maps field names (str, or bytes as a search
-    reply has them) to texts (str or UTF-8 bytes); missing ones count 0. Remembered per distinct
-    texts (the last TERMS_CACHE episodes): a recall scores every candidate, mostly the same ones."""
-    texts = []
-    for name, bname, _ in _FIELD_KEYS:
-        text = fields.get(name)
-        if text is None:
-            text = fields.get(bname)
-        texts.append(text.encode() if isinstance(text, str) else text)
-    return _terms(tuple(texts))
+    weighted length (stop words not counted; `shared.terms`). `fields` maps field names (str, or bytes
+    as a search reply has them) to texts (str or UTF-8 bytes); missing ones count 0. `extra` adds
+    (name, weight) fields beyond `TEXT_FIELDS` (a probe's; not remembered). A recall scores its pool
+    with `keyword_relevances` instead."""
+    texts = field_texts(fields)
+    if extra:
+        more = tuple(fields.get(name) for name, _ in extra)
+        t = weighted_terms(
+            texts + tuple(x.encode() if isinstance(x, str) else x for x in more),
+            tuple(w for _, _, w in FIELD_KEYS) + tuple(w for _, w in extra),
+        )
+    else:
+        t = texts_terms(texts)
+    return MappingProxyType({s: n * t.scale for s, n in t.tf.items()}), t.length
 
 
-TERMS_CACHE = 50_000
+def keyword_relevances(terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]]) -> list[float]:
+    """`keyword_relevance(terms, *episode_terms(h))` of each search hit's fields in `hits` (bytes
+    names, as `parse_search` returns them), to the last bit, computed over the pool at once.
 
-
-@lru_cache(maxsize=TERMS_CACHE)
-def _terms(texts: tuple[bytes | None, ...]) -> tuple[Mapping[str, float], float]:
-    tf: dict[str, float] = {}
-    length = 0.0
-    stem = _stemmer().stemWords
-    for text, (_, _, weight) in zip(texts, _FIELD_KEYS, strict=True):
-        if not text:
-            continue
-        counts = Counter(_WORD.findall(fold_for_search(text.decode("utf-8", "replace"))))
-        for word in STOPWORDS.intersection(counts):
-            del counts[word]
-        length += weight * counts.total()
-        for s, n in zip(stem(list(counts)), counts.values(), strict=True):
-            tf[s] = tf.get(s, 0.0) + weight * n
-    return MappingProxyType(tf), length
+    Why equal: the same IEEE-754 double operations in the same order, elementwise: each term's
+    contribution `idf * f * (K1+1) / (f + norm)` is added to `s` term by term in `terms`' order, a term
+    an episode lacks adding an exact 0.0 where the scalar loop skips it (`norm` >= K1·(1-B) > 0, so
+    never 0/0); numpy's pairwise `sum` is not used for that reason. `tests/unit/test_relevance_pool.py`
+    checks it against the scalar formula over random texts."""
+    n = len(hits)
+    if not terms or not n:
+        return [0.0] * n
+    stems = list(terms)
+    zeros = [0] * len(stems)
+    rows, scale, length = [], [], []
+    for fields in hits:
+        t = hit_terms(fields)
+        rows.append(list(map(t.tf.get, stems, zeros)))
+        scale.append(t.scale)
+        length.append(t.length)
+    tf = np.array(rows, dtype=np.float64) * np.array(scale)[:, None]
+    norm = K1 * (1.0 - B + B * np.array(length, dtype=np.float64) / LEN_REF)
+    s = np.zeros(n)
+    for j, weight in enumerate(terms.values()):
+        f = tf[:, j]
+        s = s + weight * f * (K1 + 1.0) / (f + norm)
+    return np.where(s > 0.0, s / (s + KEYWORD_HALF), 0.0).tolist()
 
 
 def keyword_score(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:

@@ -445,12 +445,12 @@ async def _complete(
                 if h.score is not None and math.isfinite(h.score):
                     cos[h.key] = 1.0 - float(h.score)
     out = []
-    nan, mode, terms = math.nan, pool.mode, pool.terms
-    for h in hits.values():
+    nan, mode = math.nan, pool.mode
+    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in hits.values()])
+    for h, keyword in zip(hits.values(), keywords, strict=True):
         c = signal_hit(h)
-        c.cos = cos.get(c.key, nan)
-        c.keyword = relevance.keyword_relevance(terms, *relevance.episode_terms(h.fields)) if terms else 0.0
-        c.relevance = relevance.relevance(mode, c.cos, c.keyword)
+        c.cos, c.keyword = cos.get(c.key, nan), keyword
+        c.relevance = relevance.relevance(mode, c.cos, keyword)
         out.append(c)
     return out
 
