@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 
 from engram_episodic.types import StoredEpisode
-from services.consolidator import expiry
+from services.consolidator import expiry, retention
 from services.consolidator.context import CONTEXT_FIELD, CONTEXT_OF_FIELD, OWN_FIELD, contextual
 from services.consolidator.replay import replay
 from shared.embedding import HashingEmbedder
@@ -106,6 +106,8 @@ async def test_replay_and_the_cli_rebuild_the_same_bytes_late_arrivals_ties_and_
     assert before["t-e3"][3] == b"t-e2" and before["t-e1"][2:] == (None, None)
     assert before["e3"][2:] == (fold_for_search(TEXTS["e2"]).encode(), b"e2")
 
+    # the stream trimmed first: the replay re-folds the episodes' event snapshots (retention.py)
+    assert await retention.trim(redis, settings.keys, retention_seconds=0.0, now=time.time() + 1.0) > 0
     result = await replay(settings, redis, HashingEmbedder(settings.embed_dim))
     assert result["generation"] == 2
     assert await snapshot(redis, keys, "ns", eids) == before
@@ -157,3 +159,51 @@ async def test_an_agent_vector_is_kept_and_gives_its_successor_no_context(settin
     assert (await snapshot(redis, keys, "ns", ["e3"]))["e3"] == (o3.tobytes(), o3.tobytes(), None, None)
     await replay(settings, redis, HashingEmbedder(settings.embed_dim))
     assert (await snapshot(redis, keys, "ns", ["e2"]))["e2"] == e2
+
+
+async def test_a_patch_rewrites_the_document_and_the_rebase_restores_its_context(
+    settings, redis, make_client
+):
+    """PATCH rewrites the whole document (REPLACE_DOC_LUA drops context_text and context_of): the re-base
+    after the batch must put them back, unchanged."""
+    settings = on(settings)
+    keys = Keys(settings.prefix)
+    await record(settings, redis, "default", [turn("e1", 10.0), turn("e2", 20.0), turn("e3", 30.0)])
+    before = await snapshot(redis, keys, "default", ["e2", "e3"])
+    api = await make_client(context_episodes=1)
+    resp = await api.patch("/v1/episodes/e2", json={"feedback": {"reward": 0.25}})
+    assert resp.status == 202, await resp.text()
+    await drain(make_worker(settings, redis))
+    assert b"0.25" in (await stored(redis, keys, "default", "e2", "doc") or b"")
+    assert await snapshot(redis, keys, "default", ["e2", "e3"]) == before
+    assert (await get(api, "e2"))["context"]["previous_episode_id"] == "e1"
+
+
+async def test_a_forgotten_episode_leaves_no_trace_in_the_centroid_of_a_fact_it_is_not_evidence_of(
+    settings, redis
+):
+    """doc-0 sits between mig-3 and mig-4 in one session, so mig-4's stored vector leans on it. A fact
+    clustered on the stored vectors kept 0.2·own(doc-0)/8 in the mig fact's centroid after doc-0 was
+    forgotten (the fact did not name doc-0: nothing rebuilt it). Facts cluster the own vectors."""
+    from services.consolidator.facts import Consolidator
+    from shared.facts import FactScope
+    from tests.integration.test_facts import HOUR, T0, ep, facts
+
+    s = on(settings).with_(facts_every=10_000, facts_importance_threshold=1e9)
+    keys = Keys(s.prefix)
+    episodes = [{**ep("mig", i, at=T0 + i * HOUR), "session_id": "s"} for i in range(8)]
+    episodes.append({**ep("doc", 0, at=T0 + 3.5 * HOUR), "session_id": "s"})
+    await record(s, redis, "ns", episodes)
+    assert await stored(redis, keys, "ns", "mig-4", CONTEXT_OF_FIELD) == b"doc-0"
+    await Consolidator(s, redis, s.embed_dim).consolidate(FactScope("ns"))
+    await drain(make_worker(s, redis))
+    await EngramClient(redis, namespace="ns", prefix=s.prefix).forget_episode("doc-0")
+    await drain(make_worker(s, redis))
+    assert await stored(redis, keys, "ns", "mig-4", CONTEXT_OF_FIELD) == b"mig-3"
+    (fact,) = [f for f in await facts(redis, s) if f.evidence[0].startswith("mig")]
+    owns = [
+        np.frombuffer(await stored(redis, keys, "ns", eid, OWN_FIELD), dtype=np.float32).astype(np.float64)
+        for eid in fact.evidence
+    ]
+    mean = np.mean([v / np.linalg.norm(v) for v in owns], axis=0)
+    np.testing.assert_allclose(fact.centroid_array(), mean / np.linalg.norm(mean), atol=1e-6)
