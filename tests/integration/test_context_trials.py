@@ -82,8 +82,9 @@ async def test_get_episode_shows_the_context_and_not_a_forgotten_predecessors_te
 
 
 async def test_get_episode_has_no_context_with_the_setting_off(settings, redis, make_client):
+    settings = dataclasses.replace(settings, context_episodes=0)  # pinned: whatever the default
     await record(settings, redis, "default", [turn("e1", 10.0), turn("e2", 20.0)])
-    api = await make_client()
+    api = await make_client(context_episodes=0)
     assert "context" not in await get(api, "e2")
 
 
