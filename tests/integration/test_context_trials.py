@@ -208,3 +208,30 @@ async def test_a_forgotten_episode_leaves_no_trace_in_the_centroid_of_a_fact_it_
     ]
     mean = np.mean([v / np.linalg.norm(v) for v in owns], axis=0)
     np.testing.assert_allclose(fact.centroid_array(), mean / np.linalg.norm(mean), atol=1e-6)
+
+
+async def test_engram_export_then_import_rebuilds_the_same_contexts(settings, redis, make_client, tmp_path):
+    """`engram export` / `engram import` with the setting on: the imported namespace's documents hold
+    the same vectors, own vectors, context_text and context_of as the source's (arrived late there,
+    oldest first in the file)."""
+    from tests.integration.test_query_cli import run
+    from tests.integration.test_query_support import KEY_A, KEY_B, auth
+
+    settings = on(settings)
+    keys = Keys(settings.prefix)
+    api = await make_client(api_keys={KEY_A: "team-a", KEY_B: "team-b"}, context_episodes=1)
+    worker = make_worker(settings, redis)
+    for group in ([turn("e3", 30.0)], [turn("e1", 10.0), turn("x1", 25.0, "s2")], [turn("e2", 20.0)]):
+        resp = await api.post("/v1/episodes", json={"episodes": group}, headers=auth(KEY_A))
+        assert resp.status == 202, await resp.text()
+        await drain(worker)
+    eids = ["e1", "e2", "e3", "x1"]
+    before = await snapshot(redis, keys, "team-a", eids)
+    assert before["e3"][3] == b"e2" and before["e2"][3] == b"e1"
+    file = tmp_path / "memory.jsonl"
+    out = await run(api, "export", "--out", str(file), key=KEY_A)
+    assert out.exit_code == 0, out.output
+    out = await run(api, "import", str(file), "--no-progress", key=KEY_B)
+    assert out.exit_code == 0, out.output
+    await drain(worker)
+    assert await snapshot(redis, keys, "team-b", eids) == before
