@@ -167,6 +167,11 @@ class RecallHit(Answer):
     priority: float
     access_count: int
     last_accessed: Instant | None
+    context: EpisodeContext | None = Field(
+        None,
+        description="`POST /v1/recall` with ENGRAM_CONTEXT_EPISODES: what the episode took from the previous "
+        "episode of its session (why it may match words it does not hold); absent when nothing",
+    )
 
 
 class StrategyInReplay(Answer):

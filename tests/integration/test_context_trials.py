@@ -235,3 +235,34 @@ async def test_engram_export_then_import_rebuilds_the_same_contexts(settings, re
     assert out.exit_code == 0, out.output
     await drain(worker)
     assert await snapshot(redis, keys, "team-b", eids) == before
+
+
+async def test_recall_hits_show_the_context_they_matched_on(settings, redis, make_client):
+    """A keyword recall on e1's words finds e2 through its context_text: the hit says so (with the
+    setting on the query service); never for a forgotten predecessor; not with the setting off."""
+    from engram_episodic.types import RecallHit
+
+    settings = on(settings)
+    await record(settings, redis, "default", [turn("e1", 10.0), turn("e2", 20.0), turn("x1", 25.0, "s2")])
+    query = {"query": "LGBTQ support group", "mode": "keyword", "top_k": 5}
+    status, schema = success_schema("POST", "/v1/recall")
+
+    async def hits(api) -> dict[str, dict]:
+        resp = await api.post("/v1/recall", json=query)
+        assert resp.status == status, await resp.text()
+        body = await resp.json()
+        validator(schema).validate(body)
+        return {r["episode"]["episode_id"]: r for r in body["results"] if r["relevance"] > 0.0}
+
+    api = await make_client(context_episodes=1)
+    got = await hits(api)
+    assert set(got) == {"e1", "e2"} and "context" not in got["e1"]
+    assert got["e2"]["context"] == {"previous_episode_id": "e1", "text": fold_for_search(TEXTS["e1"])}
+    assert RecallHit.from_json(got["e2"]).context.previous_episode_id == "e1"  # type: ignore[union-attr]
+    assert all("context" not in h for h in (await hits(await make_client(context_episodes=0))).values())
+
+    await EngramClient(redis, namespace="default", prefix=settings.prefix).forget_episode("e1")
+    await drain(make_worker(settings, redis))
+    resp = await api.post("/v1/recall", json={**query, "query": "how did it feel"})
+    (e2,) = [r for r in (await resp.json())["results"] if r["episode"]["episode_id"] == "e2"]
+    assert "context" not in e2 and b"lgbtq" not in orjson.dumps(e2).lower()

@@ -18,8 +18,7 @@ from engram_episodic.events import EpisodeCompleted, EpisodeEvent, new_event_id
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.consolidator import deadletters
-from services.consolidator.context import CONTEXT_FIELD, CONTEXT_OF_FIELD
-from services.query import models
+from services.query import episode_context, models
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
 from services.query.problems import Invalid, Problem, read_json
@@ -211,7 +210,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     ns = ns_of(request)
     gen = await current_generation(r, keys)
     names: tuple[str, ...] = ("doc", "status", "namespace", "access_count", "last_accessed", "expires_at")
-    names += (CONTEXT_FIELD, CONTEXT_OF_FIELD)
+    names += episode_context.FIELDS
     # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
     values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
     found = dict(zip((n.encode() for n in names), values, strict=True))
@@ -224,27 +223,6 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     if found[b"expires_at"] is not None and float(found[b"expires_at"]) <= time.time():
         raise NotFound(f"episode {episode_id[:80]!r} expired")  # hidden as from every read
     return found
-
-
-async def _context(request: web.Request, found: dict[bytes, bytes | None]) -> dict[str, Any] | None:
-    """ENGRAM_CONTEXT_EPISODES: {"previous_episode_id", "text"} of the episode the stored vector leans
-    on (its task as the keyword index holds it, case-folded; null when it had none), or None: no
-    predecessor, or one that is gone or expired. The predecessor is of the same namespace, session and
-    user by construction (services/consolidator/context.py); it is looked up in the caller's namespace
-    only, so an expired one is hidden at once, as from every read, before the sweep re-bases this one."""
-    prev = found.get(CONTEXT_OF_FIELD.encode())
-    if not prev:
-        return None
-    r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-    prev_id = prev.decode()
-    gen = await current_generation(r, keys)
-    ns_raw, expires = cast(
-        list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, prev_id), ["namespace", "expires_at"])
-    )
-    if ns_raw != ns.encode() or (expires is not None and float(expires) <= time.time()):
-        return None
-    text = found.get(CONTEXT_FIELD.encode())
-    return {"previous_episode_id": prev_id, "text": text.decode() if text else None}
 
 
 async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
@@ -288,7 +266,11 @@ async def get_episode(request: web.Request) -> web.Response:
         "access_count": c.access_count,
         "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
     }
-    context = await _context(request, found)
+    r, keys = redis_of(request), request.app[KEYS]
+    of, text = (found[name.encode()] for name in episode_context.FIELDS)
+    [context] = await episode_context.shown(
+        r, keys, await current_generation(r, keys), ns_of(request), [(of, text)]
+    )
     if context is not None:
         out["context"] = context
     return reply(out)
