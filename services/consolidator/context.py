@@ -3,6 +3,7 @@ towards the previous episode of its session, and its keyword side holds that epi
 
     vector(e)       = unit((1 - CONTEXT_SHARE) · own(e) + CONTEXT_SHARE · own(prev(e)))
     context_text(e) = task(prev(e))      (CONTEXT_FIELD, a TEXT field of BM25F weight 1.0)
+    context_of(e)   = prev(e)'s episode_id  (CONTEXT_OF_FIELD, not indexed: `GET /v1/episodes/{id}`)
 
 `own(x)` is the embedding of x's own text (`shared.index.embedding_text`), kept in the document's
 OWN_FIELD (not indexed); `prev(e)` is the completed episode of the same namespace, session and user (or of no user) that comes
@@ -51,6 +52,9 @@ docs/benchmarks.md "Contextual embeddings")."""
 OWN_FIELD = "own_vector"
 CONTEXT_FIELD = "context_text"
 """The previous episode's task, indexed (`shared.index.TEXT_FIELDS`)."""
+CONTEXT_OF_FIELD = "context_of"
+"""The id of the previous episode the vector leans on (not indexed): what `GET /v1/episodes/{id}` shows
+as `context.previous_episode_id`, so a user can see why an episode matched words it does not hold."""
 TASK_FIELD = "task"
 SEARCHES_IN_FLIGHT = 8
 """Sessions of one namespace read at once by `refresh_sessions`."""
@@ -65,11 +69,13 @@ if #KEYS == 2 then
 end
 redis.call('HSET', KEYS[1], 'vector', ARGV[4])
 if ARGV[5] == '' then redis.call('HDEL', KEYS[1], ARGV[7]) else redis.call('HSET', KEYS[1], ARGV[7], ARGV[5]) end
+if ARGV[9] == '' then redis.call('HDEL', KEYS[1], ARGV[8]) else redis.call('HSET', KEYS[1], ARGV[8], ARGV[9]) end
 return 1
 """
 """KEYS: the document, then its previous episode's (none for a session's first); ARGV: OWN_FIELD, the
 own vectors the new vector was computed from (the document's, the previous one's or ''), the vector,
-the previous episode's task it copies ('' = none: the field is deleted), TASK_FIELD, CONTEXT_FIELD."""
+the previous episode's task it copies ('' = none: the field is deleted), TASK_FIELD, CONTEXT_FIELD,
+CONTEXT_OF_FIELD, the previous episode's id ('' = none: the field is deleted)."""
 
 
 def contextual(own: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
@@ -136,7 +142,8 @@ class SessionContext:
         )
         reply = await self.redis.execute_command(
             "FT.SEARCH", self.index, query,
-            "RETURN", 7, "completed_at", "doc", OWN_FIELD, "vector", TASK_FIELD, CONTEXT_FIELD, "user_id",
+            "RETURN", 8, "completed_at", "doc", OWN_FIELD, "vector", TASK_FIELD, CONTEXT_FIELD, "user_id",
+            CONTEXT_OF_FIELD,
             "SORTBY", "completed_at", "ASC", "LIMIT", 0, SESSION_LIMIT, "DIALECT", 2,
         )  # fmt: skip
         rows = []
@@ -151,22 +158,31 @@ class SessionContext:
         rows.sort(key=lambda r: (r[0], r[1]))  # ties by episode id: the same order in every generation
         writes: list[tuple[list[bytes], list[bytes | str]]] = []
         own_key, ctx_key, task_key = OWN_FIELD.encode(), CONTEXT_FIELD.encode(), TASK_FIELD.encode()
+        of_key = CONTEXT_OF_FIELD.encode()
         # per user of the session (none: one chain): another user's words must not make an episode match
-        # a recall, nor be kept in its document; per user: the episode just before, its own vector, its task
-        chains: dict[bytes, tuple[bytes | None, bytes | None, bytes]] = {}
-        for _at, _eid, key, f in rows:
-            prev_key, prev_own, prev_task = chains.get(f.get(b"user_id") or b"", (None, None, b""))
+        # a recall, nor be kept in its document; per user: the episode just before, its own vector, its
+        # task, its id
+        chains: dict[bytes, tuple[bytes | None, bytes | None, bytes, bytes]] = {}
+        for _at, eid, key, f in rows:
+            prev_key, prev_own, prev_task, prev_id = chains.get(
+                f.get(b"user_id") or b"", (None, None, b"", b"")
+            )
             own = f.get(own_key)
             if own is not None:
                 based = prev_key is not None and prev_own is not None
                 p = np.frombuffer(prev_own, dtype=np.float32) if based and prev_own else None
                 target = contextual(np.frombuffer(own, dtype=np.float32), p).tobytes()
                 text = prev_task if based else b""
-                if target != f.get(b"vector") or text != (f.get(ctx_key) or b""):
-                    tail: list[bytes | str] = [target, text, TASK_FIELD, CONTEXT_FIELD]
+                of = prev_id if based else b""
+                if (
+                    target != f.get(b"vector")
+                    or text != (f.get(ctx_key) or b"")
+                    or of != (f.get(of_key) or b"")
+                ):
+                    tail: list[bytes | str] = [target, text, TASK_FIELD, CONTEXT_FIELD, CONTEXT_OF_FIELD, of]
                     if prev_key is None or prev_own is None:
                         writes.append(([key], [OWN_FIELD, own, b"", *tail]))
                     else:
                         writes.append(([key, prev_key], [OWN_FIELD, own, prev_own, *tail]))
-            chains[f.get(b"user_id") or b""] = (key, own, f.get(task_key) or b"")
+            chains[f.get(b"user_id") or b""] = (key, own, f.get(task_key) or b"", eid.encode())
         return writes

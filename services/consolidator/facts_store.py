@@ -1,6 +1,7 @@
 """Semantic memory in Redis: the episode rows facts are built from, and the projection of the facts.
 
-Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index),
+Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index; the
+own vector when ENGRAM_CONTEXT_EPISODES keeps one, see `_row`),
 `load_rows_by_id` (the episodes a fact names, which forgetting rebuilds from), `load_state` (a scope's
 applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
 a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
@@ -23,6 +24,7 @@ from redis.exceptions import WatchError
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
+from services.consolidator.context import OWN_FIELD
 from services.consolidator.facts_plan import Row, _order
 from shared import cluster
 from shared.codec import encode
@@ -46,7 +48,12 @@ log = logging.getLogger("engram.facts")
 PAGE = 500
 
 
-def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
+def _row(doc: bytes | None, vector: bytes | None, own: bytes | None = None) -> Row | None:
+    """The episode and its unit vector; None when unreadable. With ENGRAM_CONTEXT_EPISODES the own vector
+    (`own`, the episode's own text) is used, not the stored one that leans on the previous episode:
+    a fact that does not name that episode is not rebuilt when it is forgotten, so its centroid would
+    keep a share of the forgotten episode's embedding (and facts would change with the setting)."""
+    vector = own or vector
     if not doc or not vector:
         return None
     try:
@@ -78,14 +85,14 @@ async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int,
             r,
             index,
             filters,
-            return_fields=("doc", "vector"),
+            return_fields=("doc", "vector", OWN_FIELD),
             sort_by="completed_at",
             descending=True,
             offset=offset,
             limit=n,
         )
         for hit in page:
-            row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"))
+            row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"), hit.fields.get(OWN_FIELD.encode()))
             if row is not None:
                 rows.append(row)
         offset += n
@@ -100,12 +107,12 @@ async def load_rows_by_id(
     """Completed episodes by id (missing, forgotten or draft ones are skipped)."""
     async with r.pipeline(transaction=False) as pipe:
         for eid in ids:
-            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status"])
+            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status", OWN_FIELD])
         raw = await pipe.execute()
     rows = []
-    for doc, vec, status in raw:
+    for doc, vec, status, own in raw:
         if status == STATUS_COMPLETED.encode():
-            row = _row(doc, vec)
+            row = _row(doc, vec, own)
             if row is not None:
                 rows.append(row)
     return _order(rows)

@@ -106,7 +106,8 @@ async def test_forgetting_an_episode_rebases_its_successor_and_replay_rebuilds_t
     assert {eid: await stored(redis, keys, "ns", eid) for eid in ("e1", "e3")} == before
 
 
-async def test_off_by_default_a_vector_is_its_own_texts(settings, redis):
+async def test_off_a_vector_is_its_own_texts(settings, redis):
+    settings = dataclasses.replace(settings, context_episodes=0)  # pinned: whatever the default
     keys = Keys(settings.prefix)
     await ingest(settings, redis, "ns", [("e1", 10.0), ("e2", 20.0)], batches=False)
     got = np.frombuffer(await stored(redis, keys, "ns", "e2"), dtype=np.float32)

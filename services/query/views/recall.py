@@ -7,11 +7,12 @@ import time
 
 from aiohttp import web
 
-from services.query import insights, models
+from services.query import episode_context, insights, models
 from services.query import recall as rc
-from services.query.appkeys import FACTS, METRICS, SCOPE_SIZES, SETTINGS
+from services.query.appkeys import FACTS, KEYS, METRICS, SCOPE_SIZES, SETTINGS
 from services.query.problems import Invalid, read_json, validate
 from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
+from shared.index import current_generation
 from shared.settings import Settings
 
 
@@ -74,6 +75,10 @@ async def recall(request: web.Request) -> web.Response:
         params,
         sizes=request.app[SCOPE_SIZES],
     )
+    if request.app[SETTINGS].context_episodes:  # why a hit matched words it does not hold
+        r, keys = redis_of(request), request.app[KEYS]
+        gen = await current_generation(r, keys)
+        await episode_context.add_to_hits(r, keys, gen, ns_of(request), body["results"])
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
