@@ -81,12 +81,14 @@ async def for_replay(redis: aioredis.Redis, keys: Keys, explicit: int | None, *,
     generation: the record (recording `explicit` or 0 first when there is none), or with `change` an
     explicit other value. Raises ConfigError on an explicit other value without `change`, and on
     `change` without an explicit value (which value was meant?)."""
-    have = await _record(redis, keys, 0 if explicit is None else explicit)
-    if change and explicit is None:
+    if change and explicit is None:  # refused before anything is recorded
+        have_now = await recorded(redis, keys)
         raise ConfigError(
             f"{CHANGE_FLAG} needs {VARIABLE} set to the new value (0 or 1); this deployment "
-            f"(ENGRAM_PREFIX={keys.prefix!r}) is written with {VARIABLE}={have}"
+            f"(ENGRAM_PREFIX={keys.prefix!r}) is written with "
+            + ("nothing recorded yet" if have_now is None else f"{VARIABLE}={have_now}")
         )
+    have = await _record(redis, keys, 0 if explicit is None else explicit)
     if explicit is None or explicit == have:
         return have
     if change:
