@@ -139,7 +139,8 @@ def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **
         f"{command}: generation {counts['from_generation']} → {counts['generation']} "
         f"({settings.embedder}): {counts['snapshot_episodes']} episodes from the snapshot, "
         f"{counts['entries']} stream entries, {counts['dropped_keys']} old keys dropped, "
-        f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s)"
+        f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s); written with "
+        f"ENGRAM_CONTEXT_EPISODES={counts['context_episodes']}"
     )
 
 

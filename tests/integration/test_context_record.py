@@ -5,6 +5,8 @@ the query service follow the record, and a deployment from before the record is 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 
 import pytest
@@ -146,9 +148,26 @@ async def test_change_rebuilds_records_and_running_workers_and_the_query_service
     monkeypatch.setenv("ENGRAM_CONTEXT_EPISODES", "1")
     result = await invoke("replay", "--change-context-episodes", "--no-progress")
     assert result.exit_code == 0, result.output
+    assert "written with ENGRAM_CONTEXT_EPISODES=1" in result.stdout
     assert await context_setting.recorded(redis, keys) == 1
     assert await contexts(redis, keys) == (E2_CONTEXT, b"e1")
     await wait_until(lambda: _shows(api), message="the query service follows the record")
+
+    # the module form: refused without the flag, switched with it
+    from click.testing import CliRunner
+
+    from services.consolidator.__main__ import cli
+
+    def module(*args: str):
+        return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+    monkeypatch.setenv("ENGRAM_CONTEXT_EPISODES", "0")
+    result = await asyncio.to_thread(module, "replay")
+    assert result.exit_code == 2 and "--change-context-episodes" in result.output, result.output
+    result = await asyncio.to_thread(module, "replay", "--change-context-episodes")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["context_episodes"] == 0
+    assert await context_setting.recorded(redis, keys) == 0 and await contexts(redis, keys) == (None, None)
 
 
 async def _shows(api) -> bool:
