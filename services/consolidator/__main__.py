@@ -165,24 +165,36 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
         )
 
 
-def _replay(command: str, **overrides) -> None:
+def _replay(command: str, change: bool, **overrides) -> None:
     from services.consolidator import admin
 
-    click.echo(json.dumps(run_admin(command, admin.replay(_settings(**overrides)))))
+    coro = admin.replay(_settings(**overrides), change_context_episodes=change)
+    click.echo(json.dumps(run_admin(command, coro)))
+
+
+change_option = click.option(
+    "--change-context-episodes",
+    "change",
+    is_flag=True,
+    help="Rebuild every episode under the ENGRAM_CONTEXT_EPISODES set here when the deployment records "
+    "another value, and record it; then restart the workers and the query service with it (or unset).",
+)
 
 
 @cli.command()
-def replay() -> None:
+@change_option
+def replay(change: bool) -> None:
     """Rebuild every projection from the stream into a new generation and swap it in. Also `engram
     replay`, with a progress bar."""
-    _replay("replay")
+    _replay("replay", change)
 
 
 @cli.command()
 @click.option("--embedder", type=click.Choice(["hashing", "minilm", "mpnet", "openai"]), required=True)
-def reindex(embedder: str) -> None:
+@change_option
+def reindex(embedder: str, change: bool) -> None:
     """Re-embed everything with another embedder (a replay into a new index), swapping the alias."""
-    _replay("reindex", embedder=embedder)
+    _replay("reindex", change, embedder=embedder)
 
 
 @cli.command("rotate-master-key")

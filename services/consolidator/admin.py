@@ -43,14 +43,20 @@ async def open_stack(stack: contextlib.AsyncExitStack, settings: Settings) -> tu
     return redis, embedder
 
 
-async def replay(settings: Settings, progress: Progress | None = None) -> dict[str, int]:
+async def replay(
+    settings: Settings, progress: Progress | None = None, *, change_context_episodes: bool = False
+) -> dict[str, int]:
     """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
-    another embedder); `services.consolidator.replay.replay`'s counts."""
+    another embedder), under the deployment's recorded ENGRAM_CONTEXT_EPISODES (an explicit other one
+    only with `change_context_episodes`, else ConfigError); `services.consolidator.replay.replay`'s
+    counts."""
     from services.consolidator.replay import replay as do_replay
 
     async with contextlib.AsyncExitStack() as stack:
         redis, embedder = await open_stack(stack, settings)
-        return await do_replay(settings, redis, embedder, progress)
+        return await do_replay(
+            settings, redis, embedder, progress, change_context_episodes=change_context_episodes
+        )
 
 
 async def dead_letters(settings: Settings, limit: int) -> list[dict[str, Any]]:

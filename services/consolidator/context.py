@@ -29,6 +29,10 @@ its successor's vector and context_text when the erasure re-bases it. Each write
 computed from, so a refresh never recreates an erased document nor writes a context that was erased
 meanwhile. A document rewritten by the projection (`scripts.REPLACE_DOC_LUA`) loses its context_text
 until the re-base that follows the batch restores it: carried over, it could outlive its source.
+Operator note: the setting is recorded in the deployment's meta by its first writer and followed by
+every process that leaves it unset (`shared.context_setting`), so a replay run without it keeps the
+contexts and an explicit other value is refused; it is changed only by `engram replay
+--change-context-episodes` with the new value, which rebuilds every document under it.
 Remaining gap: two workers writing new episodes into one session at the same moment can each read the
 session before the other's write; the vector of the later episode's successor is then re-based by the
 next write or erasure in that session, not before.

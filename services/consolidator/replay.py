@@ -8,8 +8,10 @@ is harmless.
 1. generation n+1 gets its own index (with the embedder given, so this is also `reindex`);
 2. the snapshot is copied and re-folded, then the whole stream is projected page by page (the same
    Projector the workers use);
-3. `FT.ALIASUPDATE` points the alias at the new index and `meta.generation` is set: workers switch on
-   their next batch (they re-read the generation every turn);
+3. `FT.ALIASUPDATE` points the alias at the new index and `meta.generation` is set, with the
+   `context_episodes` the new generation was written with in the same HSET: workers switch on their next
+   batch (they re-read the generation every turn, and the record when it changed:
+   `shared.context_setting`);
 4. a catch-up pass projects the entries added since step 2 began;
 5. the old generation's index and keys are dropped.
 Tombstones are generation-independent, so a replay never resurrects forgotten data.
@@ -32,7 +34,7 @@ from redis.exceptions import ResponseError
 from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
-from shared import legacy, streams
+from shared import context_setting, legacy, streams
 from shared.index import (
     current_generation,
     drop_index,
@@ -115,18 +117,31 @@ async def _import_snapshot(
 
 
 async def replay(
-    settings: Settings, redis: aioredis.Redis, embedder, progress: Progress | None = None
+    settings: Settings,
+    redis: aioredis.Redis,
+    embedder,
+    progress: Progress | None = None,
+    *,
+    change_context_episodes: bool = False,
 ) -> dict[str, int]:
     """Build generation n+1 from the snapshot and the stream, swap it in, drop generation n.
 
+    Documents are written with the deployment's recorded ENGRAM_CONTEXT_EPISODES; an explicit other
+    `settings.context_episodes` raises ConfigError unless `change_context_episodes`, which rebuilds
+    under it and records it at the switch (`shared.context_setting.for_replay`).
+
     `progress` hears three phases: `snapshot` (episodes re-folded, of about as many as generation n
     holds documents), `stream` (entries projected, of the stream's length) and `catch-up`. Returns
-    counts: from_generation, generation, snapshot_episodes, entries, dropped_keys."""
+    counts: from_generation, generation, snapshot_episodes, entries, dropped_keys, context_episodes
+    (the value the new generation is written with)."""
     progress = progress or NoProgress()
     from services.consolidator.worker import vector_params
 
     keys = settings.keys
     await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
+    context = await context_setting.for_replay(
+        redis, keys, settings.context_episodes, change=change_context_episodes
+    )
     old = await current_generation(redis, keys)
     new = old + 1
     await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
@@ -143,7 +158,13 @@ async def replay(
     )
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
     projector = Projector(
-        redis, keys, embedder, new, keyring=KeyRing.from_settings(settings), tags=tags, settings=settings
+        redis,
+        keys,
+        embedder,
+        new,
+        keyring=KeyRing.from_settings(settings),
+        tags=tags,
+        settings=settings.with_(context_episodes=context),
     )
     if await redis.hget(keys.meta, f"g{old}:layout") != legacy.LAYOUT.encode():
         tombstones = await legacy.mark(redis, keys)
@@ -167,17 +188,20 @@ async def replay(
         lasts[stream], n = await _project_range(projector, redis, stream, "-", progress)
         first_pass += n
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
-    await redis.hset(keys.meta, "generation", new)
+    # one HSET: a worker that sees the new generation sees the value it is written with
+    await redis.hset(keys.meta, mapping={"generation": new, context_setting.FIELD: context})
     progress.phase("catch-up", None)
     for stream in keys.streams:
         _, n = await _project_range(projector, redis, stream, lasts[stream] or "-", progress)
         catch_up += n
     dropped = await _drop_generation(redis, keys, old)
     log.info(
-        "replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
+        "replay ◆ generation %d → %d ◆ %s=%d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
         "%d old keys dropped",
         old,
         new,
+        context_setting.VARIABLE,
+        context,
         snapshot,
         first_pass,
         catch_up,
@@ -189,6 +213,7 @@ async def replay(
         "snapshot_episodes": snapshot,
         "entries": first_pass + catch_up,
         "dropped_keys": dropped,
+        "context_episodes": context,
     }
 
 

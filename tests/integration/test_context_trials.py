@@ -9,7 +9,9 @@ import time
 
 import numpy as np
 import orjson
+import pytest
 
+from engram_episodic.errors import ConfigError
 from engram_episodic.types import StoredEpisode
 from services.consolidator import expiry, retention
 from services.consolidator.context import CONTEXT_FIELD, CONTEXT_OF_FIELD, OWN_FIELD, contextual
@@ -259,7 +261,11 @@ async def test_recall_hits_show_the_context_they_matched_on(settings, redis, mak
     assert set(got) == {"e1", "e2"} and "context" not in got["e1"]
     assert got["e2"]["context"] == {"previous_episode_id": "e1", "text": fold_for_search(TEXTS["e1"])}
     assert RecallHit.from_json(got["e2"]).context.previous_episode_id == "e1"  # type: ignore[union-attr]
-    assert all("context" not in h for h in (await hits(await make_client(context_episodes=0))).values())
+    # a query service started without the setting follows the deployment's record (1 here); an explicit 0
+    # is refused at its start (shared.context_setting; tests/integration/test_context_record.py)
+    assert (await hits(await make_client()))["e2"]["context"] == got["e2"]["context"]
+    with pytest.raises(ConfigError, match="ENGRAM_CONTEXT_EPISODES=0 but"):
+        await make_client(context_episodes=0)
 
     await EngramClient(redis, namespace="default", prefix=settings.prefix).forget_episode("e1")
     await drain(make_worker(settings, redis))

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from services.query import episode_context, insights, models
 from services.query import recall as rc
-from services.query.appkeys import FACTS, KEYS, METRICS, SCOPE_SIZES, SETTINGS
+from services.query.appkeys import CONTEXT, FACTS, KEYS, METRICS, SCOPE_SIZES, SETTINGS
 from services.query.problems import Invalid, read_json, validate
 from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
 from shared.index import current_generation
@@ -75,8 +75,9 @@ async def recall(request: web.Request) -> web.Response:
         params,
         sizes=request.app[SCOPE_SIZES],
     )
-    if request.app[SETTINGS].context_episodes:  # why a hit matched words it does not hold
-        r, keys = redis_of(request), request.app[KEYS]
+    r = redis_of(request)
+    if await request.app[CONTEXT].get(r):  # why a hit matched words it does not hold (as recorded)
+        keys = request.app[KEYS]
         gen = await current_generation(r, keys)
         await episode_context.add_to_hits(r, keys, gen, ns_of(request), body["results"])
     metrics = request.app[METRICS]
