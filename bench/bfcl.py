@@ -105,10 +105,14 @@ def find_wheel(cache: Path = CACHE, *, download: bool = True) -> Path | None:
         "-d",
         str(cache),
     ]
+    print(f"fetching bfcl-eval=={WHEEL_VERSION} with pip download into {cache} ...", file=sys.stderr)
     try:
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"pip download of bfcl-eval=={WHEEL_VERSION} failed: {exc}", file=sys.stderr)
+        # pip's own last line says why (no index, no such version, ...); the exit status alone does not
+        said = (getattr(exc, "stderr", None) or "").strip().splitlines()
+        why = f" (pip: {said[-1]})" if said else ""
+        print(f"pip download of bfcl-eval=={WHEEL_VERSION} failed: {exc}{why}", file=sys.stderr)
         return None
     found = sorted(cache.glob(pattern))
     return found[0] if found else None
@@ -557,7 +561,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.wheel is not None and not args.wheel.is_file():  # a path the user named: an error, not "no data"
+        print(f"--wheel {args.wheel}: no such file", file=sys.stderr)
+        return 2
     path = args.wheel if args.wheel is not None else find_wheel(args.cache, download=args.download)
+    if path is not None and not zipfile.is_zipfile(path):
+        print(
+            f"{path} is not a wheel (not a zip file; a broken download?): delete it and run again",
+            file=sys.stderr,
+        )
+        return 2
     if path is None or not path.exists():
         print(
             f"bfcl-eval=={WHEEL_VERSION} not obtainable (not in {args.cache}, pip download failed): skipping"

@@ -209,3 +209,34 @@ def test_metrics_and_paired_difference():
     assert d["R@1"]["off"] == 0.0 and d["R@1"]["on"] == 100.0
     assert d["R@1"]["diff"] == 100.0 and d["R@1"]["diff_ci95"] == [100.0, 100.0]
     assert d["R@5"]["diff"] == 0.0
+
+
+def test_main_refuses_a_named_wheel_that_is_missing_or_not_a_zip(tmp_path, capsys):
+    """An explicit --wheel that is not there, or a cached wheel that is not a zip (a broken download), is a
+    user error (exit 2 naming the file), not "the data is not obtainable" (exit 0) nor a traceback."""
+    from bench.bfcl import WHEEL_VERSION, main
+
+    missing = tmp_path / "nope.whl"
+    assert main(["--wheel", str(missing), "--out", str(tmp_path / "out.json")]) == 2
+    assert f"--wheel {missing}: no such file" in capsys.readouterr().err
+    broken = tmp_path / f"bfcl_eval-{WHEEL_VERSION}-py3-none-any.whl"
+    broken.write_text("garbage")
+    assert main(["--cache", str(tmp_path), "--no-download", "--out", str(tmp_path / "out.json")]) == 2
+    assert f"{broken} is not a wheel" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_find_wheel_says_why_pip_download_failed(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from bench import bfcl
+
+    def failing(cmd, **kwargs):
+        raise subprocess.CalledProcessError(
+            1, cmd, stderr="Looking in indexes: x\nERROR: No matching distribution\n"
+        )
+
+    monkeypatch.setattr(bfcl.subprocess, "run", failing)
+    assert bfcl.find_wheel(tmp_path) is None
+    err = capsys.readouterr().err
+    assert "fetching bfcl-eval" in err and "failed" in err and "ERROR: No matching distribution" in err
