@@ -63,7 +63,9 @@ TASK_FIELD = "task"
 SEARCHES_IN_FLIGHT = 8
 """Sessions of one namespace read at once by `refresh_sessions`."""
 SESSION_LIMIT = 10_000
-"""Most episodes of one session re-based; beyond that the latest ones by completed_at are skipped."""
+"""Most episodes of one session re-based; beyond that the latest ones by completed_at are skipped (they
+keep their own vectors and get no context_text; docs/configuration.md). The whole session is read per
+batch that touches it, so a write costs in proportion to its session's length (docs/benchmarks.md)."""
 
 REBASE_LUA = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end

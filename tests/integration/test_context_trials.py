@@ -264,6 +264,11 @@ async def test_recall_hits_show_the_context_they_matched_on(settings, redis, mak
     # a query service started without the setting follows the deployment's record (1 here); an explicit 0
     # is refused at its start (shared.context_setting; tests/integration/test_context_record.py)
     assert (await hits(await make_client()))["e2"]["context"] == got["e2"]["context"]
+    # /v1/context's results are recall hits (RecallHit): they carry it too
+    resp = await api.post("/v1/context", json={"task": query["query"], "top_k": 5})
+    assert resp.status == 200, await resp.text()
+    in_context = {r["episode"]["episode_id"]: r for r in (await resp.json())["results"]}
+    assert in_context["e2"]["context"] == got["e2"]["context"] and "context" not in in_context["e1"]
     with pytest.raises(ConfigError, match="ENGRAM_CONTEXT_EPISODES=0 but"):
         await make_client(context_episodes=0)
 

@@ -75,15 +75,21 @@ async def recall(request: web.Request) -> web.Response:
         params,
         sizes=request.app[SCOPE_SIZES],
     )
-    r = redis_of(request)
-    if await request.app[CONTEXT].get(r):  # why a hit matched words it does not hold (as recorded)
-        keys = request.app[KEYS]
-        gen = await current_generation(r, keys)
-        await episode_context.add_to_hits(r, keys, gen, ns_of(request), body["results"])
+    await with_context(request, body["results"])
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
     return reply(body)
+
+
+async def with_context(request: web.Request, hits: list[dict]) -> None:
+    """Set each hit's `context` (ENGRAM_CONTEXT_EPISODES as the deployment records it): why a hit
+    matched words it does not hold. The same for recall and /v1/context hits."""
+    r = redis_of(request)
+    if await request.app[CONTEXT].get(r):
+        keys = request.app[KEYS]
+        gen = await current_generation(r, keys)
+        await episode_context.add_to_hits(r, keys, gen, ns_of(request), hits)
 
 
 async def context(request: web.Request) -> web.Response:
@@ -95,6 +101,7 @@ async def context(request: web.Request) -> web.Response:
     recalled = await rc.recall(
         r, index, scope, req.task, vector, context_params(req, s, time.time()), sizes=request.app[SCOPE_SIZES]
     )
+    await with_context(request, recalled["results"])
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5)
     prompt, truncated = insights.prompt_section(
