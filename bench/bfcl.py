@@ -193,11 +193,17 @@ def turn_text(turn: Sequence[Mapping[str, Any]]) -> str:
 
 
 def memory_evaluation(
-    questions: list[dict[str, Any]], answers: list[dict[str, Any]], prereq: Mapping[str, list[dict[str, Any]]]
+    questions: list[dict[str, Any]],
+    answers: list[dict[str, Any]],
+    prereq: Mapping[str, list[dict[str, Any]]],
+    *,
+    subset: bool = False,
 ) -> Evaluation:
     """Step 1 of the module docstring. `questions`/`answers`: the records of BFCL_v4_memory.json and its
     possible answers; `prereq`: scenario → the records of memory_prereq_conversation/memory_<scenario>.json.
-    A question whose id names another scenario than its `scenario` field is dropped as "id/scenario mismatch"."""
+    A question whose id names another scenario than its `scenario` field is dropped as "id/scenario mismatch".
+    `subset`: `prereq` holds only some conversations (--sessions), so a snippet not found may be in one
+    left out; the drop says so."""
     ev = Evaluation("memory dialogues")
     turns: dict[str, list[tuple[str, str]]] = {}
     for scenario, convs in prereq.items():
@@ -233,9 +239,12 @@ def memory_evaluation(
         ns = f"memory-{scenario}"
         evidence = locate_evidence(str(source.get(q["id"], "")), turns[ns])
         if not evidence:
-            ev.dropped["source snippet not found in any turn"] = (
-                ev.dropped.get("source snippet not found in any turn", 0) + 1
+            why = (
+                "source snippet not in the loaded turns (--sessions)"
+                if subset
+                else "source snippet not found in any turn"
             )
+            ev.dropped[why] = ev.dropped.get(why, 0) + 1
             continue
         ev.queries.append(Query(ns, turn_text(q["question"][-1]), {"evidence": evidence}, qid=str(q["id"])))
     return ev
@@ -424,7 +433,10 @@ def load_evaluations(wheel: Wheel, args: argparse.Namespace) -> list[Evaluation]
             prereq = {s: convs[: max(1, args.sessions // len(SCENARIOS))] for s, convs in prereq.items()}
         evals.append(
             memory_evaluation(
-                wheel.lines("BFCL_v4_memory.json"), wheel.lines("possible_answer/BFCL_v4_memory.json"), prereq
+                wheel.lines("BFCL_v4_memory.json"),
+                wheel.lines("possible_answer/BFCL_v4_memory.json"),
+                prereq,
+                subset=args.sessions is not None,
             )
         )
     if "agent" in args.evals:

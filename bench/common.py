@@ -489,7 +489,7 @@ async def wait_recallable(
     total = sum(counts.values())
     r = connect(redis_url)
     started = time.perf_counter()
-    bar = tqdm(total=total, desc="project (workers)", unit="ep", leave=False)
+    bar = tqdm(total=total, desc="project (workers)", unit="ep", leave=False, disable=None)
     try:
 
         async def done() -> bool:
@@ -533,7 +533,7 @@ async def recall_ranked(
     results: list[list[str]] = [[] for _ in jobs]
     latencies: list[float] = []
     sem = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(jobs), desc=desc, unit="q", leave=False)
+    bar = tqdm(total=len(jobs), desc=desc, unit="q", leave=False, disable=None)
 
     async def one(i: int, text: str, options: Mapping[str, Any], memory: AsyncEngram) -> None:
         call = Calls.recall(

@@ -126,7 +126,11 @@ class Seeder:
                 )
             )
         bar = tqdm(
-            total=len(docs), desc=f"seed {self.algorithm} to {self.n + len(docs):,}", unit="ep", leave=False
+            total=len(docs),
+            desc=f"seed {self.algorithm} to {self.n + len(docs):,}",
+            unit="ep",
+            leave=False,
+            disable=None,
         )
         started = time.perf_counter()
         for start in range(0, len(docs), 1000):

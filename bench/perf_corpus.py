@@ -95,7 +95,9 @@ async def cached_vectors(
 
     started = time.perf_counter()
     parts = []
-    with tqdm(total=len(texts), desc="embed corpus (cached after)", unit="text", leave=False) as bar:
+    with tqdm(
+        total=len(texts), desc="embed corpus (cached after)", unit="text", leave=False, disable=None
+    ) as bar:
         for start in range(0, len(texts), 256):  # 256 a call: sorted by length within it (less padding)
             parts.append(await embedder.embed(texts[start : start + 256]))
             bar.update(len(parts[-1]))

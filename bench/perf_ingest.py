@@ -274,7 +274,9 @@ async def pipeline_rate(
         ]
         from tqdm import tqdm
 
-        bar = tqdm(total=len(events), desc=f"ingest {embedder} ×{workers}", unit="ep", leave=False)
+        bar = tqdm(
+            total=len(events), desc=f"ingest {embedder} ×{workers}", unit="ep", leave=False, disable=None
+        )
         cpu_before = (time.process_time(), proc_cpu(procs), await redis_cpu(r))
         started = time.perf_counter()
         for start in range(0, len(events), 100):

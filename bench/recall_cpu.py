@@ -244,11 +244,15 @@ def summary(runs: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="10000")
-    p.add_argument("--queries", type=int, default=100)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--sizes", default="10000", help="episodes in the namespace, comma-separated (grown in order)"
+    )
+    p.add_argument("--queries", type=int, default=100, help="LoCoMo questions per pass")
     p.add_argument("--offset", type=int, default=0, help="first question used")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="rounds per size (ABBA order with --base)")
     p.add_argument("--base", default="", help="another checkout run beside this one (A/B)")
     p.add_argument("--profile", type=int, default=0, help="cProfile N warm recalls in the last round")
     p.add_argument("--sample", type=int, default=0, help="statistical profile of N warm recalls")
@@ -257,6 +261,8 @@ def main() -> None:
     p.add_argument("--prefix", default="", help=argparse.SUPPRESS)
     p.add_argument("--as-of", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.base and not (Path(args.base) / "bench" / "recall_cpu.py").is_file():
+        p.error(f"--base: {args.base} is not an Engram checkout with bench/recall_cpu.py")
     if args.worker:
         print(json.dumps(asyncio.run(work(args))))
         return

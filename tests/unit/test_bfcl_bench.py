@@ -117,6 +117,11 @@ def test_memory_evaluation_one_namespace_per_scenario_one_session_per_conversati
         "source snippet not found in any turn": 1,
     }
     assert ev.as_of("memory-customer") == times[-1] + 86400.0
+    # with --sessions only some conversations are loaded: the drop says the evidence may lie outside them
+    assert memory_evaluation(*_memory_fixture(), subset=True).dropped == {
+        "id/scenario mismatch or no conversation": 1,
+        "source snippet not in the loaded turns (--sessions)": 1,
+    }
 
 
 def test_call_names_and_jaccard():
