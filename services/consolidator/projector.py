@@ -56,7 +56,7 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from services.consolidator.context import OWN_FIELD, SessionContext
+from services.consolidator.context import OWN_FIELD, SessionContext, Touch
 from services.consolidator.deadletters import withhold_values
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
@@ -336,17 +336,17 @@ class Projector:
         await self._write_until_settled(pending + list(in_hand), result, prefetched, known)
         await self._rebase_sessions(list(by_episode), before)
 
-    async def _sessions(self, episodes: list[tuple[str, str]]) -> set[tuple[str, str]]:
-        """With ENGRAM_CONTEXT_EPISODES, the (namespace, session) of these episodes' documents now."""
+    async def _sessions(self, episodes: list[tuple[str, str]]) -> set[Touch]:
+        """With ENGRAM_CONTEXT_EPISODES, where these episodes' documents are now (context.Touch)."""
         if self.context is None or not episodes:
             return set()
         k, g = self.keys, self.gen
         return await self.context.sessions_of([k.episode_doc(g, ns, eid) for ns, eid in episodes])
 
     async def _rebase_sessions(
-        self, episodes: list[tuple[str, str]], before: set[tuple[str, str]] | None = None
+        self, episodes: list[tuple[str, str]], before: set[Touch] | None = None
     ) -> None:
-        """With ENGRAM_CONTEXT_EPISODES, re-base these episodes' sessions and `before` (those they left)."""
+        """With ENGRAM_CONTEXT_EPISODES, re-base around these episodes and `before` (where they were)."""
         if self.context is not None and (episodes or before):
             await self.context.refresh_sessions((before or set()) | await self._sessions(episodes))
 

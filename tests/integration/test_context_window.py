@@ -1,0 +1,69 @@
+"""ENGRAM_CONTEXT_EPISODES' windowed re-base (context.SessionContext._window) against the real Redis:
+after random sequences of publishes (out of order, tied completed_at, several users, session moves,
+re-timed episodes) and erasures, re-basing every session whole changes no byte (vector, context_text,
+context_of): the window recomputed everything a whole-session re-base would."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from services.consolidator.context import CONTEXT_FIELD, CONTEXT_OF_FIELD, SessionContext
+from shared.index import current_generation
+from shared.keys import Keys
+from shared.sdk import EngramClient
+from tests.integration.test_consolidator import drain, make_worker
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+WORDS = "sunrise lake support group painting stories school hiking dinner guitar novel garden".split()
+
+
+async def snapshot(redis, keys: Keys, ns: str, eids: list[str]) -> dict[str, tuple]:
+    gen = await current_generation(redis, keys)
+    out = {}
+    for eid in eids:
+        out[eid] = tuple(
+            await redis.hmget(keys.episode_doc(gen, ns, eid), "vector", CONTEXT_FIELD, CONTEXT_OF_FIELD)
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_windowed_rebase_leaves_the_bytes_of_the_whole_session_rebase(settings, redis, seed):
+    settings = dataclasses.replace(settings, context_episodes=1)
+    keys = Keys(settings.prefix)
+    rng = random.Random(seed)
+    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    worker = make_worker(settings, redis)
+    eids = [f"e{i}" for i in range(40)]
+    live: set[str] = set()
+    for _step in range(14):
+        for _ in range(rng.randint(1, 6)):  # one batch: out of order, ties, users, moves, re-timings
+            eid = rng.choice(eids)
+            at = float(rng.choice([rng.randint(1, 60), 30]))  # 30: many ties
+            ep = {
+                "episode_id": eid,
+                "task": " ".join(rng.sample(WORDS, 3)) + f" {eid}",
+                "outcome": "success",
+                "session_id": rng.choice(["s1", "s1", "s1", "s2"]),
+                "started_at": at,
+                "completed_at": at,
+            }
+            user = rng.choice([None, None, "alice", "bob"])
+            if user is not None:
+                ep["user_id"] = user
+            await client.record(ep)
+            live.add(eid)
+        if live and rng.random() < 0.4:
+            await client.forget_episode(gone := rng.choice(sorted(live)))
+            live.discard(gone)
+        await drain(worker)
+        got = await snapshot(redis, keys, "ns", eids)
+        gen = await current_generation(redis, keys)
+        context = SessionContext(redis, keys.episode_index(gen))
+        touches = await context.sessions_of([keys.episode_doc(gen, "ns", e) for e in eids])
+        assert await context.refresh_sessions(touches, whole=True) == 0
+        assert await snapshot(redis, keys, "ns", eids) == got
