@@ -18,7 +18,7 @@ import sys
 import click
 import uvloop
 
-from engram_episodic.cli_admin import refuse, run_admin
+from engram_episodic.cli_admin import change_option, refuse, run_admin
 from engram_episodic.errors import ConfigError, Conflict
 from shared import tracing
 from shared.logs import configure
@@ -170,15 +170,6 @@ def _replay(command: str, change: bool, **overrides) -> None:
 
     coro = admin.replay(_settings(**overrides), change_context_episodes=change)
     click.echo(json.dumps(run_admin(command, coro)))
-
-
-change_option = click.option(
-    "--change-context-episodes",
-    "change",
-    is_flag=True,
-    help="Rebuild every episode under the ENGRAM_CONTEXT_EPISODES set here when the deployment records "
-    "another value, and record it; then restart the workers and the query service with it (or unset).",
-)
 
 
 @cli.command()
