@@ -557,7 +557,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 from shared.embedding import make_embedder
                 from shared.settings import Settings
 
-                embedder = make_embedder(Settings(embedder=args.embedder))
+                embedder = make_embedder(Settings(embedder=args.embedder), role="query")  # as the service
                 try:
                     direct = await direct_rankings(server.url, prefix, convs, embedder)
                 finally:

@@ -10,8 +10,8 @@ straight into the index's key layout by `shared.index.episode_fields`, the conso
 builder, so the service reads what a consolidator would have written. The queries are LoCoMo questions,
 embedded live by the service.
 
-The floor at c clients = one forward pass of c queries in this process (same embedder, same backend,
-same threads: c concurrent recalls share one pass, `ENGRAM_QUERY_BATCH`) + one raw `FT.SEARCH` of the
+The floor at c clients = one forward pass of c queries in this process (the embedder the service
+embeds queries with, `make_embedder(..., role="query")`: same model, query backend and threads: c concurrent recalls share one pass, `ENGRAM_QUERY_BATCH`) + one raw `FT.SEARCH` of the
 same query (the KNN the service runs: `candidates` 100 deep, the service's hybrid policy, one client).
 Reported: p50 / p95 / p99 and recalls/s per size and client count, their ratios to the floor, and
 Redis CPU per recall (INFO used_cpu deltas over the requests).
@@ -295,15 +295,18 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from shared.settings import Settings
 
     settings = Settings(embedder=args.recall_embedder, embed_dim=384)
-    embedder = make_embedder(settings)
-    if hasattr(embedder, "load"):
-        await embedder.load()
+    embedder = make_embedder(settings)  # the corpus's vectors, as a consolidator embeds them
+    asker = make_embedder(settings, role="query")  # the queries', as the query service embeds them
+    for e in (embedder, asker):
+        if hasattr(e, "load"):
+            await e.load()
     turns, questions, source = real_texts()
     texts = turns[: args.corpus_texts]
     sizes = sorted(args.recall_sizes)
     out: dict[str, Any] = {
         "embedder": embedder.name,
         "backend": getattr(embedder, "runs_on", "n/a"),
+        "query_backend": getattr(asker, "runs_on", "n/a"),
         "corpus": {"source": source, "real_texts": len(texts), "noise": args.corpus_noise},
         "clients": args.recall_clients,
         "top_k": args.top_k,
@@ -323,7 +326,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
             flush=True,
         )
         vectors, _ = derive(base, sizes[-1], noise=args.corpus_noise)
-        query_vectors = await embedder.embed(questions[:256])
+        query_vectors = await asker.embed(questions[:256])
         seeder = CorpusSeeder(r, embedder.name, embedder.dim, texts, vectors, reward=args.recall_reward)
         await seeder.create()
         from bench.common import free_port
@@ -351,7 +354,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
             row["raw_ft_search"] = raw = await raw_knn(r, seeder, query_vectors, size, args.raw_requests)
             for c in args.recall_clients:
                 n_req = max(args.recall_requests * c, 2 * args.recall_requests)
-                model = await model_pass(embedder, questions, c, args.floor_passes, offset)
+                model = await model_pass(asker, questions, c, args.floor_passes, offset)
                 s = await service_clients(base_url, r, questions, c, n_req, options, offset)
                 offset += n_req + 2 * c
                 floor = model["pass_p50_ms"] + raw["p50_ms"]
@@ -391,6 +394,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
             await drop_prefix(r, seeder.keys)
         await r.aclose()
         await embedder.aclose()
+        await asker.aclose()
     return out
 
 
@@ -431,7 +435,8 @@ def render_recall(res: dict[str, Any]) -> str:
             )
     corpus = res["corpus"]
     return (
-        f"\nRecall with the default embedder ({res['embedder']} on {res['backend']}), top_k {res['top_k']}, "
+        f"\nRecall with the default embedder ({res['embedder']} on {res['backend']}, queries on "
+        f"{res.get('query_backend', res['backend'])}), top_k {res['top_k']}, "
         f"mode {res.get('mode', 'default')}, reward {res.get('reward', 'continuous')}, "
         f"one namespace; corpus from {corpus['real_texts']} real texts ({corpus['source']}, noise "
         f"{corpus['noise']}); 16-client recalls/s at the largest size vs the smallest: "

