@@ -496,6 +496,7 @@ async def run(wheel: Wheel, args: argparse.Namespace) -> dict[str, Any]:
                     for s, rows in per.items()
                 },
             }
+            entry["per_question"] = {str(s): rows for s, rows in per.items()}  # for `python -m bench.paired`
             if 0 in per and 1 in per:
                 entry["on_minus_off"] = compare(per[0], per[1], iterations=args.bootstrap)
             block["relevance"][rel] = entry

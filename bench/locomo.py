@@ -586,6 +586,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     for name, rows in per_q.items():
         out["rows"][name] = summarise(rows, cats, iterations=args.bootstrap)
+        out["rows"][name]["per_question"] = rows  # in question order: `python -m bench.paired` pairs runs
     if args.compare_embedders:
         out["embedders"] = await compare_embedders(args.compare_embedders.split(","), convs)
     return out

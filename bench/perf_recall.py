@@ -20,6 +20,7 @@ Redis CPU per recall (INFO used_cpu deltas over the requests).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 import uuid
@@ -294,7 +295,10 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from shared.redis_conn import connect
     from shared.settings import Settings
 
-    settings = Settings(embedder=args.recall_embedder, embed_dim=384)
+    # the service's environment (ENGRAM_QUERY_EMBED_BACKEND, threads...) with the bench's embedder
+    settings = Settings.from_env(
+        {**os.environ, "ENGRAM_EMBEDDER": args.recall_embedder, "ENGRAM_EMBED_DIM": "384"}
+    )
     embedder = make_embedder(settings)  # the corpus's vectors, as a consolidator embeds them
     asker = make_embedder(settings, role="query")  # the queries', as the query service embeds them
     for e in (embedder, asker):
