@@ -181,13 +181,15 @@ class Agreement:
 def gate_of(manifest: dict[str, Any], variant: str, role: str) -> Agreement | None:
     """The Agreement that decides whether `variant` embeds texts of `role`: the documents' (the
     manifest's own figures; also a float graph's for queries, which is the same computation) or, for
-    an int8 graph embedding queries, the queries' (None when the export did not measure it)."""
-    figures = manifest[variant]
-    if role == "query" and variant == "onnx-int8":
+    an int8 graph embedding queries, the queries' (None when the export did not measure it, or the
+    figures are not numbers)."""
+    figures = manifest.get(variant)
+    if role == "query" and variant == "onnx-int8" and isinstance(figures, dict):
         figures = figures.get("query")
-        if not isinstance(figures, dict):
-            return None
-    return Agreement(mean=figures["mean"], min=figures["min"], n=figures["n"])
+    try:  # a manifest edited by hand or cut short: the variant counts as not measured
+        return Agreement(mean=float(figures["mean"]), min=float(figures["min"]), n=int(figures["n"]))  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:

@@ -169,6 +169,12 @@ def test_the_gate_of_a_role():
     assert eo.gate_of(manifest, "onnx", "query") == eo.Agreement(1.0, 0.9999, 34)
     del manifest["onnx-int8"]["query"]  # an export that did not measure queries never runs int8 for them
     assert eo.gate_of(manifest, "onnx-int8", "query") is None
+    for broken in ("0.99", {"mean": 0.99}, {"mean": "high", "min": 1, "n": 1}, None):
+        manifest["onnx-int8"]["query"] = broken  # edited by hand: not measured, never a crash
+        assert eo.gate_of(manifest, "onnx-int8", "query") is None
+    assert eo.gate_of({"onnx-int8": "?"}, "onnx-int8", "document") is None
+    nan = eo.gate_of({"onnx": {"mean": "nan", "min": 1, "n": 1}}, "onnx", "document")
+    assert nan is not None and not nan.passes("onnx")
 
 
 def test_an_int8_graph_refused_on_queries_says_so_and_falls_back(tmp_path, caplog):
