@@ -243,8 +243,8 @@ class Settings:
         "ENGRAM_QUERY_EMBED_BACKEND", "auto", choice("auto", "same", "torch", "onnx", "onnx-int8")
     )
     """`ENGRAM_QUERY_EMBED_BACKEND`: how the query service embeds a recall's query (same model, same
-    vector space): auto = int8 ONNX Runtime when it passes the queries' agreement gate (mpnet's does, its
-    documents' does not), else as `auto` for documents; same = exactly ENGRAM_EMBED_BACKEND's graph."""
+    vector space): auto = int8 ONNX Runtime when it passes the queries' agreement gate (measured on short
+    questions), else as `auto` for documents; same = exactly ENGRAM_EMBED_BACKEND's graph."""
     embed_threads: int = env("ENGRAM_EMBED_THREADS", 2, integer(1, 256))
     """`ENGRAM_EMBED_THREADS`: intra-op threads of the model (torch or ONNX Runtime), per process."""
     model_cache: str | None = env("ENGRAM_MODEL_CACHE", None)

@@ -163,7 +163,7 @@ def test_the_gate_of_a_role():
     )
     assert int8_docs == eo.Agreement(0.988, 0.9447, 34) and not int8_docs.passes("onnx-int8")
     assert int8_queries == eo.Agreement(0.9905, 0.9803, 32) and int8_queries.passes("onnx-int8", "query")
-    assert not eo.Agreement(0.9849, 0.99, 32).passes("onnx-int8", "query")  # the mean's bar
+    assert not eo.Agreement(0.9899, 0.99, 32).passes("onnx-int8", "query")  # the mean's bar
     assert not eo.Agreement(0.995, 0.949, 32).passes("onnx-int8", "query")  # one query badly off
     # the float graph is the same computation: its documents' figures decide for queries too
     assert eo.gate_of(manifest, "onnx", "query") == eo.Agreement(1.0, 0.9999, 34)
@@ -185,7 +185,7 @@ def test_an_int8_graph_refused_on_queries_says_so_and_falls_back(tmp_path, caplo
         embedder.load_sync()
     assert embedder.runs_on == "torch"  # it passes the documents' gate, not the queries'
     assert "ENGRAM_QUERY_EMBED_BACKEND=onnx-int8" in caplog.text
-    assert "agrees with torch at mean 0.9800 / min 0.9000 on queries (needs 0.985 / 0.95)" in caplog.text
+    assert "agrees with torch at mean 0.9800 / min 0.9000 on queries (needs 0.99 / 0.95)" in caplog.text
     with pytest.raises(ValueError, match="role"):
         eo.load_onnx(model_dir, tmp_path, MiniLMEmbedder.NAME, "auto", 1, role="stored")
     asyncio.run(embedder.aclose())
@@ -269,6 +269,10 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         again = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "onnx", 1)
     assert isinstance(again, eo.OnnxSentenceModel) and again.variant == "onnx"
     assert "exporting" not in caplog.text  # the manifest is current: no second export
+    # an int8 row is a function of its text alone (its activation scale is computed per pass)
+    alone = models[0].encode_counted([turns[0]], 32)[0][0]
+    in_a_batch = models[0].encode_counted([turns[0], "ok", turns[1] * 3], 32)[0][0]
+    assert alone.tobytes() == in_a_batch.tobytes()
     # queries have their own figures; a graph the documents' gate refuses (mpnet's int8, 0.988) embeds
     # queries when the queries' gate passes, and documents on the float graph
     for variant in eo.FILES:
