@@ -38,8 +38,8 @@ def test_agreement_is_the_rowwise_cosine():
     assert got.min == pytest.approx(np.sqrt(0.5))
     assert got.mean == pytest.approx((1 + np.sqrt(0.5)) / 2)
     assert not got.passes("onnx-int8")
-    assert eo.Agreement(mean=0.99, min=0.96, n=2).passes("onnx-int8")
-    assert not eo.Agreement(mean=0.99, min=0.96, n=2).passes("onnx")  # the float graph must be exact
+    assert eo.Agreement(mean=0.993, min=0.96, n=2).passes("onnx-int8")
+    assert not eo.Agreement(mean=0.993, min=0.96, n=2).passes("onnx")  # the float graph must be exact
     with pytest.raises(ValueError, match="shapes differ"):
         eo.agreement(a, b[:1])
 
@@ -164,6 +164,10 @@ def test_the_gate_of_a_role():
     assert int8_docs == eo.Agreement(0.988, 0.9447, 34) and not int8_docs.passes("onnx-int8")
     assert int8_queries == eo.Agreement(0.9905, 0.9803, 32) and int8_queries.passes("onnx-int8", "query")
     assert not eo.Agreement(0.9899, 0.99, 32).passes("onnx-int8", "query")  # the mean's bar
+    # mpnet's int8 graph one text per pass: stored vectors lowered LoCoMo's NDCG@10, queries did not
+    assert not eo.Agreement(0.9906, 0.969, 34).passes("onnx-int8")
+    assert eo.Agreement(0.9912, 0.980, 32).passes("onnx-int8", "query")
+    assert eo.Agreement(0.9957, 0.977, 34).passes("onnx-int8")  # MiniLM's
     assert not eo.Agreement(0.995, 0.949, 32).passes("onnx-int8", "query")  # one query badly off
     # the float graph is the same computation: its documents' figures decide for queries too
     assert eo.gate_of(manifest, "onnx", "query") == eo.Agreement(1.0, 0.9999, 34)
