@@ -74,9 +74,10 @@ MIN_QUERY_MEAN = 0.99
 texts, since a query vector is compared with stored vectors and never stored."""
 MIN_QUERY_ROW = 0.95
 ROLES = ("document", "query")
-SETTING = {"document": "ENGRAM_EMBED_BACKEND", "query": "ENGRAM_QUERY_EMBED_BACKEND"}
 """What an embedder's vectors are for: "document" vectors are stored (every variant's gate is the
 documents' one), "query" vectors are only compared with stored ones (the queries' gate)."""
+SETTING = {"document": "ENGRAM_EMBED_BACKEND", "query": "ENGRAM_QUERY_EMBED_BACKEND"}
+"""The setting that picks each role's backend, as log lines name it."""
 
 AGREEMENT_TEXTS = (
     "fix the flaky payment parser test",
@@ -188,10 +189,16 @@ def gate_of(manifest: dict[str, Any], variant: str, role: str) -> Agreement | No
     figures = manifest.get(variant)
     if role == "query" and variant == "onnx-int8" and isinstance(figures, dict):
         figures = figures.get("query")
-    try:  # a manifest edited by hand or cut short: the variant counts as not measured
-        return Agreement(mean=float(figures["mean"]), min=float(figures["min"]), n=int(figures["n"]))  # type: ignore[index]
-    except (TypeError, KeyError, ValueError):
+    if not isinstance(figures, dict):
         return None
+    mean, least, n = figures.get("mean"), figures.get("min"), figures.get("n")
+    # edited by hand or cut short (a string, true, 7.0, inf, NaN, n 0): the variant counts as not measured
+    cosines = [x for x in (mean, least) if isinstance(x, float | int) and not isinstance(x, bool)]
+    if len(cosines) < 2 or not all(-1.0 <= x <= 1.0 for x in cosines):
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return None
+    return Agreement(mean=float(cosines[0]), min=float(cosines[1]), n=n)
 
 
 def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
@@ -480,7 +487,10 @@ def _current_manifest(target: Path, fingerprint: str) -> dict[str, Any] | None:
         manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint else None
+    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fingerprint:
+        return None
+    window = manifest.get("max_seq_length")  # damaged by hand: export again rather than fail every start
+    return manifest if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 def load_onnx(
@@ -533,6 +543,8 @@ def load_onnx(
                 f"on {texts} (needs {needs[0]} / {needs[1]})"
             )
             continue
+        if failed:  # `auto` passed over a faster graph: say why, or the fallback looks like a choice
+            log.info("%s ◆ %s=%s ◆ not %s", name, SETTING[role], backend, "; ".join(failed))
         model = OnnxSentenceModel(
             target / FILES[variant],
             source,

@@ -173,12 +173,40 @@ def test_the_gate_of_a_role():
     assert eo.gate_of(manifest, "onnx", "query") == eo.Agreement(1.0, 0.9999, 34)
     del manifest["onnx-int8"]["query"]  # an export that did not measure queries never runs int8 for them
     assert eo.gate_of(manifest, "onnx-int8", "query") is None
-    for broken in ("0.99", {"mean": 0.99}, {"mean": "high", "min": 1, "n": 1}, None):
-        manifest["onnx-int8"]["query"] = broken  # edited by hand: not measured, never a crash
-        assert eo.gate_of(manifest, "onnx-int8", "query") is None
+    broken = [
+        "0.99",
+        None,
+        {"mean": 0.99},
+        {"mean": "0.999", "min": "0.999", "n": 32},  # strings
+        {"mean": True, "min": True, "n": 32},  # booleans are ints to Python
+        {"mean": 7.0, "min": 5.0, "n": 32},  # not a cosine
+        {"mean": float("inf"), "min": 0.99, "n": 32},
+        {"mean": float("nan"), "min": 0.99, "n": 32},
+        {"mean": 0.999, "min": 0.99, "n": 0},
+        {"mean": 0.999, "min": 0.99, "n": -3},
+        {"mean": 0.999, "min": 0.99, "n": True},
+    ]
+    for figures in broken:
+        manifest["onnx-int8"]["query"] = figures  # edited by hand: not measured, never a crash
+        assert eo.gate_of(manifest, "onnx-int8", "query") is None, figures
     assert eo.gate_of({"onnx-int8": "?"}, "onnx-int8", "document") is None
-    nan = eo.gate_of({"onnx": {"mean": "nan", "min": 1, "n": 1}}, "onnx", "document")
-    assert nan is not None and not nan.passes("onnx")
+    assert eo.gate_of({"onnx": {"mean": 1, "min": 1, "n": 34}}, "onnx", "document") == eo.Agreement(
+        1.0, 1.0, 34
+    )
+
+
+def test_a_damaged_manifest_is_not_current(tmp_path):
+    """A manifest whose window is not a positive integer is exported again, not trusted at every start."""
+    pytest.importorskip("onnxruntime")
+    model_dir = minilm_dir()
+    fake_export(tmp_path, model_dir, "toy", int8_mean=0.995)
+    target = tmp_path / "toy-onnx"
+    fp = eo.fingerprint(model_dir)
+    assert eo._current_manifest(target, fp) is not None
+    manifest = json.loads((target / "manifest.json").read_text())
+    for window in ("long", 0, None, True, 256.5):
+        (target / "manifest.json").write_text(json.dumps({**manifest, "max_seq_length": window}))
+        assert eo._current_manifest(target, fp) is None, window
 
 
 def test_an_int8_graph_refused_on_queries_says_so_and_falls_back(tmp_path, caplog):
@@ -284,7 +312,11 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         assert manifest[variant]["query"]["n"] == len(eo.QUERY_AGREEMENT_TEXTS)
     refused = {**manifest, "onnx-int8": {**manifest["onnx-int8"], "mean": 0.988}}
     (tmp_path / "cache" / "minilm-test-onnx" / "manifest.json").write_text(json.dumps(refused))
-    documents = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        caplog.clear()
+        documents = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
+    # `auto` says why it passed over the int8 graph, not only what it ran
+    assert "ENGRAM_EMBED_BACKEND=auto ◆ not onnx-int8 agrees with torch at mean 0.9880" in caplog.text
     queries = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
     assert isinstance(documents, eo.OnnxSentenceModel) and documents.variant == "onnx"
     assert isinstance(queries, eo.OnnxSentenceModel) and queries.variant == "onnx-int8"
