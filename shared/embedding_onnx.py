@@ -176,9 +176,21 @@ class Agreement:
 
     def passes(self, variant: str, role: str = "document") -> bool:
         """Whether the variant may embed texts of `role` (ROLES): its gate's mean and least cosine."""
-        if role == "query":
-            return self.mean >= MIN_QUERY_MEAN and self.min >= MIN_QUERY_ROW
-        return self.mean >= MIN_MEAN[variant] and self.min >= MIN_ROW[variant]
+        least_mean, least_row = bars(variant, role)
+        return self.mean >= least_mean and self.min >= least_row
+
+
+def on_queries(variant: str, role: str) -> bool:
+    """Whether `variant` embedding texts of `role` is gated on the queries' texts and bars: the int8
+    graph embedding queries. The float graph is the same computation as torch, gated on its own figures."""
+    return role == "query" and variant == "onnx-int8"
+
+
+def bars(variant: str, role: str) -> tuple[float, float]:
+    """(least mean, least single cosine) the gate of `variant` embedding texts of `role` asks for."""
+    if on_queries(variant, role):
+        return MIN_QUERY_MEAN, MIN_QUERY_ROW
+    return MIN_MEAN[variant], MIN_ROW[variant]
 
 
 def gate_of(manifest: dict[str, Any], variant: str, role: str) -> Agreement | None:
@@ -187,7 +199,7 @@ def gate_of(manifest: dict[str, Any], variant: str, role: str) -> Agreement | No
     an int8 graph embedding queries, the queries' (None when the export did not measure it, or the
     figures are not numbers)."""
     figures = manifest.get(variant)
-    if role == "query" and variant == "onnx-int8" and isinstance(figures, dict):
+    if on_queries(variant, role) and isinstance(figures, dict):
         figures = figures.get("query")
     if not isinstance(figures, dict):
         return None
@@ -437,8 +449,12 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
             )
             agreed = agreement(reference, onnx_model.encode_counted(texts, 16)[0])
             asked = agreement(query_reference, onnx_model.encode_counted(queries, 16)[0])
-            manifest[variant] = {"mean": agreed.mean, "min": agreed.min, "n": agreed.n}
-            manifest[variant]["query"] = {"mean": asked.mean, "min": asked.min, "n": asked.n}
+            manifest[variant] = {
+                "mean": agreed.mean,
+                "min": agreed.min,
+                "n": agreed.n,
+                "query": {"mean": asked.mean, "min": asked.min, "n": asked.n},
+            }
         manifest["export_seconds"] = round(time.monotonic() - started, 1)
         (work / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         if target.exists():
@@ -530,12 +546,7 @@ def load_onnx(
     for variant in ("onnx-int8", "onnx") if backend == "auto" else (backend,):
         agreed = gate_of(manifest, variant, role)
         if agreed is None or not agreed.passes(variant, role):
-            texts = "queries" if role == "query" and variant == "onnx-int8" else "texts"
-            needs = (
-                (MIN_QUERY_MEAN, MIN_QUERY_ROW)
-                if texts == "queries"
-                else (MIN_MEAN[variant], MIN_ROW[variant])
-            )
+            texts, needs = "queries" if on_queries(variant, role) else "texts", bars(variant, role)
             failed.append(
                 f"{variant}'s agreement with torch on {texts} was not measured by this export"
                 if agreed is None
