@@ -15,17 +15,24 @@ cheaper here, none of which changes a term or a count:
 - Each distinct word is stemmed once per process (`_STEMS`, bounded), not once per text.
 - The counts of a one-field text stay integers with the field's weight beside them (`Terms.scale`):
   the scorer multiplies a count by the weight as the sum over fields did (exact: one product).
-- The result is remembered per distinct texts (the last TERMS_CACHE), as before.
+- The result is remembered per distinct texts (`RecentTerms`: at most TERMS_CACHE texts, none longer
+  than TERMS_TTL after its last use).
+
+Erasure: both memos hold an episode's words in process memory, so neither keeps anything much longer
+than TERMS_TTL seconds after it was last used once `expire` runs (the query service calls it every
+second, `services.query.app`): a forgotten episode is never a hit again, so its text and stems leave
+the process within TERMS_TTL + 2 s of the forget (docs/reliability.md "What is erased, where, when").
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
 from itertools import filterfalse
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from shared.index import TEXT_FIELDS
 from shared.keywords import STOPWORDS, fold_for_search
@@ -41,9 +48,63 @@ _ASCII_WORDS = bytes(
 )
 _IS_STOP = STOPWORDS.__contains__
 STEMS_CACHE = 200_000
-"""Distinct words whose stem is remembered (~100 bytes each); the memo starts afresh past it."""
+"""Distinct words whose stem is remembered (~100 bytes each)."""
 TERMS_CACHE = 50_000
 """Distinct episode texts whose terms are remembered (`texts_terms`)."""
+TERMS_TTL = 60.0
+"""Seconds after its last use within which `expire` drops a remembered text or stem (the erasure
+window of the memos; a pool member of a busy namespace is used again well within it)."""
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Recent(dict[K, V]):
+    """A memo bounded by count and by age since last use: two generations, `self` (young) and `old`.
+
+    A look-up misses in `self`, then finds the entry in `old` and moves it back (`get_or`); `rotate`
+    (from `expire` once the young generation is `ttl / 2` old, or when it reaches `cap / 2` entries)
+    makes the young generation old and drops the old one. So an entry last used at u is gone by the
+    second rotation after u: within `ttl` + 2·i of u when `expire` is called every i seconds, and the
+    memo never holds more than `cap` entries. A hit in the young generation is one dict
+    look-up, as in the `functools.lru_cache` this replaces, without its linked list.
+    """
+
+    def __init__(self, cap: int, ttl: float, clock: Any = time.monotonic):
+        super().__init__()
+        self.cap, self.ttl, self.clock = cap, ttl, clock
+        self.old: dict[K, V] = {}
+        self.born = clock()
+
+    def get_or(self, key: K, make: Any) -> V:
+        """The remembered value of `key`, or `make(key)` remembered."""
+        value = self.get(key)
+        if value is not None:
+            return value
+        value = self.old.pop(key, None)
+        if value is None:
+            value = make(key)
+        if len(self) >= self.cap // 2:
+            self.rotate()
+        self[key] = value
+        return value
+
+    def rotate(self) -> None:
+        """Young becomes old; what was old is dropped."""
+        self.old = dict(self)
+        self.clear()
+        self.born = self.clock()
+
+    def expire(self) -> None:
+        """`rotate` if the young generation is `ttl / 2` old; both dropped if it is `ttl` old (nothing
+        was used since, or `expire` was not called for that long)."""
+        age = self.clock() - self.born
+        if age >= self.ttl:
+            self.old = {}
+            self.clear()
+            self.born = self.clock()
+        elif age >= self.ttl / 2:
+            self.rotate()
 
 
 @lru_cache(maxsize=1)
@@ -54,18 +115,19 @@ def stemmer() -> Any:
     return Stemmer.Stemmer("english", 100_000)
 
 
-class _Stems(dict[str, str]):
-    """word → stem, filled on first sight."""
+def _stem(word: str) -> str:
+    stem: str = stemmer().stemWord(word)
+    return stem
+
+
+class _Stems(Recent[str, str]):
+    """word → stem, filled on first sight (`Recent`: bounded by STEMS_CACHE and TERMS_TTL)."""
 
     def __missing__(self, word: str) -> str:
-        if len(self) >= STEMS_CACHE:
-            self.clear()
-        stem: str = stemmer().stemWord(word)
-        self[word] = stem
-        return stem
+        return self.get_or(word, _stem)
 
 
-_STEMS = _Stems()
+_STEMS = _Stems(STEMS_CACHE, TERMS_TTL)
 
 
 def text_words(text: bytes) -> list[str]:
@@ -87,8 +149,9 @@ class Terms(NamedTuple):
 
 def texts_terms(texts: tuple[bytes | None, ...]) -> Terms:
     """The `Terms` of one episode's text fields (`texts`: UTF-8 or None, in `FIELD_KEYS` order),
-    remembered per distinct texts (the last TERMS_CACHE)."""
-    return _texts_terms(texts)
+    remembered per distinct texts (`_TERMS`: at most TERMS_CACHE, each TERMS_TTL after last use)."""
+    got = _TERMS.get(texts)
+    return got if got is not None else _TERMS.get_or(texts, _texts_terms)
 
 
 def weighted_terms(texts: tuple[bytes | None, ...], weights: tuple[float, ...]) -> Terms:
@@ -118,14 +181,25 @@ def weighted_terms(texts: tuple[bytes | None, ...], weights: tuple[float, ...]) 
 _WEIGHTS = tuple(w for _, _, w in FIELD_KEYS)
 
 
-@lru_cache(maxsize=TERMS_CACHE)
 def _texts_terms(texts: tuple[bytes | None, ...]) -> Terms:
     return weighted_terms(texts, _WEIGHTS)
 
 
+_TERMS: Recent[tuple[bytes | None, ...], Terms] = Recent(TERMS_CACHE, TERMS_TTL)
+
+
 def hit_terms(fields: Mapping[bytes, bytes]) -> Terms:
     """The `Terms` of a search hit's fields (bytes names and values, as `parse_search` returns them)."""
-    return _texts_terms(tuple(map(fields.get, _BYTE_NAMES)))
+    texts = tuple(map(fields.get, _BYTE_NAMES))
+    got = _TERMS.get(texts)
+    return got if got is not None else _TERMS.get_or(texts, _texts_terms)
+
+
+def expire() -> None:
+    """Drop what the memos have not used for TERMS_TTL (`Recent.expire`: within TERMS_TTL + 2·i when
+    called every i seconds; the query service calls it every second, `services.query.app`)."""
+    _TERMS.expire()
+    _STEMS.expire()
 
 
 def field_texts(fields: Mapping[Any, str | bytes | None]) -> tuple[bytes | None, ...]:

@@ -14,6 +14,7 @@ happens behind an open port (`services.query.startup`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -52,7 +53,7 @@ from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
-from shared import cluster, context_setting, tracing
+from shared import cluster, context_setting, terms, tracing
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
@@ -151,9 +152,30 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 stack.push_async_callback(startup.stop)
             else:
                 await load()
+            sweeper = asyncio.create_task(_sweep(app[SCOPE_SIZES]), name="engram.query.sweep")
+            stack.push_async_callback(_cancel, sweeper)
             yield
 
     return ctx
+
+
+SWEEP_INTERVAL = 1.0
+"""Seconds between two expiries of the process's memos of episode words (`shared.terms.expire`, the idf
+counts): what bounds how long a forgotten episode's words stay in this process's memory."""
+
+
+async def _sweep(sizes: ScopeSizes) -> None:
+    """Expire the memos every SWEEP_INTERVAL, traffic or not (an idle process must forget as well)."""
+    while True:
+        terms.expire()
+        sizes.expire()
+        await asyncio.sleep(SWEEP_INTERVAL)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @web.middleware

@@ -41,6 +41,13 @@ class ScopeSizes:
         # insertion order is age order (a refreshed entry is re-inserted), so expiry pops from the front
         self._df: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
 
+    def expire(self) -> None:
+        """Drop the idf counts older than `df_ttl` (the query service calls it every second, so an idle
+        process does not keep a forgotten episode's words either: docs/reliability.md)."""
+        now, df = self._clock(), self._df
+        while df and now - next(iter(df.values()))[0] >= self.df_ttl:
+            df.popitem(last=False)
+
     async def indexed(self, r: aioredis.Redis, index: str) -> int:
         """Documents in the whole index (`shared.index.index_size`), remembered for `ttl` seconds."""
         now = time.monotonic()
@@ -75,14 +82,13 @@ class ScopeSizes:
         (docs/benchmarks.md "Default embedder at 100k") while question words repeat across requests.
         Staleness: an episode's keyword relevance may lag the namespace by at most `df_ttl` (a word's
         count is at most that old). Erasure: the words are held in process memory only, and an entry
-        older than `df_ttl` is dropped at the next call (docs/reliability.md "Remaining traces").
+        older than `df_ttl` is dropped at the next call or `expire` (docs/reliability.md "Remaining traces").
         """
         if self.df_ttl <= 0:
             return await term_counts(r, index, scope, words)
         now = self._clock()
         df = self._df
-        while df and now - next(iter(df.values()))[0] >= self.df_ttl:
-            df.popitem(last=False)
+        self.expire()
         sk = scope.cache_key()
         known: dict[str, int] = {}
         for w in words:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from shared.tags import BLAKE2B
+from tests.helpers import wait_until
 from tests.integration.test_query_support import DAY, TableEmbedder, at, episode, ids, put, unit
 
 pytest_plugins = ["tests.integration.test_query_support"]  # fixtures: make_client, api, tenants
@@ -601,3 +602,38 @@ def test_without_terms_drops_every_word_of_a_stem():
     assert without_terms("zebra", set()) == "zebra"
     assert common_terms({"a": 0.0001, "b": 0.5}, 0.0) == set()  # off: none
     assert common_terms({"a": 0.01, "b": 0.5, "c": 0.019999}, 0.02) == {"a", "c"}
+
+
+async def test_the_query_service_forgets_episode_words_it_no_longer_uses(
+    make_client, redis, prefix, monkeypatch
+):
+    """The service's memos of pool members' words (`shared.terms`) and of idf counts expire on a timer,
+    traffic or not: an idle process does not keep a forgotten episode's words (docs/reliability.md)."""
+    from services.query.appkeys import SCOPE_SIZES
+    from shared import terms
+
+    now = [1_000.0]
+    clock = lambda: now[0]  # noqa: E731
+    for memo in (terms._TERMS, terms._STEMS):
+        monkeypatch.setattr(memo, "clock", clock)
+        monkeypatch.setattr(memo, "born", now[0])
+    await put(redis, prefix, "default", episode("z1", task="calibrate the zanzibarian quokka counter"))
+    client = await make_client(TableEmbedder(256, {}), idf_cache_ttl=30.0)
+    sizes = client.server.app[SCOPE_SIZES]
+    monkeypatch.setattr(sizes, "_clock", clock)
+    resp = await client.post("/v1/recall", json={"query": "quokka counter", "top_k": 5})
+    assert resp.status == 200 and ids(await resp.json()) == ["z1"]
+
+    def remembered() -> bool:
+        texts = [k for memo in (terms._TERMS, terms._TERMS.old) for k in memo]
+        stems = {*terms._STEMS, *terms._STEMS.old}
+        words = [k[2] for k in sizes._df]
+        return (
+            any(b"zanzibarian" in (t or b"") for k in texts for t in k)
+            or "zanzibarian" in stems
+            or ("quokka" in words)
+        )
+
+    assert remembered()
+    now[0] += terms.TERMS_TTL + 2 * 30.0  # past every TTL, while no request comes
+    await wait_until(lambda: not remembered(), message="the memos expire with no traffic")

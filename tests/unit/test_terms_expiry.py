@@ -1,0 +1,91 @@
+"""The memos of episode words (`shared.terms.Recent`) forget what was not used for their TTL: the
+erasure window of a forgotten episode's text in the query process (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import terms
+from shared.terms import Recent
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_an_entry_not_used_again_is_gone_within_ttl_plus_two_sweeps() -> None:
+    clock = Clock()
+    memo: Recent[str, int] = Recent(cap=1_000, ttl=60.0, clock=clock)
+    made: list[str] = []
+
+    def make(key: str) -> int:
+        made.append(key)
+        return len(key)
+
+    for step in range(200):  # a sweep every second; "kept" used every 10 s, "gone" once at 0.5 s
+        clock.t = step * 1.0
+        if step % 10 == 0:
+            assert memo.get_or("kept", make) == 4
+        if step == 0:
+            clock.t = 0.5
+            memo.get_or("gone", make)
+        memo.expire()
+        if clock.t >= 0.5 + 60.0 + 2.0:
+            assert "gone" not in memo and "gone" not in memo.old
+    assert made.count("kept") == 1  # used within the TTL each time: never made again
+    assert made.count("gone") == 1
+
+
+def test_an_entry_is_remembered_while_it_is_used() -> None:
+    clock = Clock()
+    memo: Recent[str, int] = Recent(cap=1_000, ttl=60.0, clock=clock)
+    memo.get_or("a", len)
+    clock.t = 31.0
+    memo.expire()  # rotated: "a" is old now, still answered and moved back
+    assert "a" in memo.old
+    assert memo.get_or("a", lambda _: pytest.fail("made again")) == 1
+    assert "a" in memo and "a" not in memo.old
+
+
+def test_expire_after_a_long_pause_drops_both_generations() -> None:
+    clock = Clock()
+    memo: Recent[str, int] = Recent(cap=1_000, ttl=60.0, clock=clock)
+    memo.get_or("a", len)
+    clock.t = 100.0
+    memo.expire()
+    assert not memo and not memo.old
+
+
+def test_the_memo_never_holds_more_than_its_cap() -> None:
+    memo: Recent[int, int] = Recent(cap=100, ttl=60.0, clock=Clock())
+    for i in range(1_000):
+        memo.get_or(i, lambda k: k)
+        assert len(memo) + len(memo.old) <= 100
+    assert memo.get_or(999, lambda _: pytest.fail("made again")) == 999
+
+
+def test_shared_terms_expire_drops_a_texts_terms_and_its_stems(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(terms._TERMS, "clock", clock)
+    monkeypatch.setattr(terms._STEMS, "clock", clock)
+    monkeypatch.setattr(terms._TERMS, "born", 0.0)
+    monkeypatch.setattr(terms._STEMS, "born", 0.0)
+    clock.t = 10 * terms.TERMS_TTL
+    terms.expire()  # both generations dropped: the memos start empty on this clock
+    assert not terms._TERMS and not terms._STEMS
+    text = b"Zanzibarian quokkas photographed"
+    got = terms.hit_terms({b"task": text})
+    assert "quokka" in got.tf
+    key = next(k for k in terms._TERMS if text in k)
+    assert "quokkas" in terms._STEMS
+    clock.t += terms.TERMS_TTL / 2
+    terms.expire()
+    clock.t += terms.TERMS_TTL / 2
+    terms.expire()
+    assert key not in terms._TERMS and key not in terms._TERMS.old
+    assert "quokkas" not in terms._STEMS and "quokkas" not in terms._STEMS.old
+    assert terms.hit_terms({b"task": text}) == got  # made again, the same
