@@ -331,9 +331,10 @@ async def direct_rankings(
     import orjson
 
     from shared.embedding import embed_query
-    from shared.index import Scope, bm25_search, knn_search
+    from shared.index import Scope
     from shared.keys import Keys
     from shared.redis_conn import connect
+    from shared.search import bm25_search, knn_search
     from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
     keys = Keys(prefix)

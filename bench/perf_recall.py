@@ -157,7 +157,8 @@ async def raw_knn(r, seeder: CorpusSeeder, vectors: np.ndarray, size: int, n: in
     scope, KNN `CANDIDATES`, the service's hybrid policy for this scope's size, its returned fields."""
     from services.query.recall import RETURN_FIELDS
     from shared.hybrid import hybrid_policy
-    from shared.index import Scope, knn_search
+    from shared.index import Scope
+    from shared.search import knn_search
 
     scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
     policy = hybrid_policy(size, size)

@@ -1,4 +1,5 @@
-"""Which `HYBRID_POLICY` a pre-filtered KNN runs with (pure; `shared.index.knn_search` sends it).
+"""Which `HYBRID_POLICY` a pre-filtered KNN runs with (pure; `shared.search.knn_search` sends it), and
+whether its tenancy clauses are checked on the hits instead (`checked_filter`).
 
 RediSearch answers `(filter)=>[KNN k ...]` either ad hoc (score every document the filter matches:
 exact, cost linear in the matches) or in batches (walk the HNSW graph and filter each batch of
@@ -13,6 +14,7 @@ BATCHES_SHARE = 0.25
 BATCHES_MATCHES = 2_000
 WIDE_SHARE = 0.05
 WIDE_MATCHES = 20_000
+CHECKED_SHARE = 0.9
 
 
 def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = True) -> str | None:
@@ -36,3 +38,24 @@ def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = Tru
     ):
         return "BATCHES"
     return None
+
+
+def checked_filter(matches: int | None, indexed: int | None) -> bool:
+    """Whether a recall's KNNs leave the namespace and status out of their filter and check them on the
+    hits (`shared.index.Scope.query(checked=True)`, `knn_checked`, `knn_union`): when the scope holds at
+    least CHECKED_SHARE of the index's `indexed` documents. Either way the answer is the scope's (a
+    checked KNN with a hit of another scope is asked again with the filter), so this only predicts
+    which query is cheaper.
+
+    Why (RediSearch 2.10.5, 100,000 documents of one namespace, 100 LoCoMo questions, SLOWLOG; the
+    bench's hashing vectors; docs/benchmarks.md "Checked filters"): each TAG clause of one value that
+    most documents hold is a posting list as long as the index, and intersecting it cost more than the
+    query it filtered — the KNN 100 arm 1.97 ms with the clauses, 1.25 ms without (namespace and
+    status returned), the union of the remembered lists' count 1.15 → 0.18 ms and its KNN 3.19 →
+    1.87 ms, the restricted KNN of 100 INKEYS 1.11 → 0.34 ms. Below ~90% a KNN's nearest hits more
+    often hold another tenant's document (asked again: two queries) and the union of the remembered
+    lists more often exceeds its k (then sorted the slow way), so the filtered query is kept.
+    """
+    if not matches or not indexed:
+        return False
+    return matches >= CHECKED_SHARE * indexed

@@ -23,9 +23,8 @@ linger in `FT.TAGVALS`.
 from __future__ import annotations
 
 import math
-import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +36,6 @@ from redis.exceptions import ResponseError
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
-from shared.hybrid import HYBRID_POLICIES
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.legacy import check_layout
@@ -173,11 +171,17 @@ class Scope:
     live_at: float | None = None  # hide the episodes whose expires_at is at or before this instant
     clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.lists`)
 
-    def query(self) -> str:
-        """The RediSearch filter expression (DIALECT 2) for this scope."""
+    def query(self, *, checked: bool = False) -> str:
+        """The RediSearch filter expression (DIALECT 2) for this scope.
+
+        `checked` leaves out the namespace and status clauses, for a search whose hits return
+        CHECKED_FIELDS and are kept only if `admits` them (`knn_search`, `knn_union`): each of those
+        TAG clauses intersects a posting list as long as the tenant, which costs more than the search
+        itself when the scope holds most of the index (docs/benchmarks.md "Checked filters"). "*" when
+        nothing else is left."""
         ns, tags = self.namespace, self.tags
-        parts = [tag_clause("namespace", ns)]
-        if self.status:
+        parts = [] if checked else [tag_clause("namespace", ns)]
+        if self.status and not checked:
             parts.append(tag_clause("status", self.status))
         if self.agent_id is not None:
             parts.append(tag_clause("agent_id", self.agent_id))
@@ -201,7 +205,15 @@ class Scope:
             parts.append("-" + numeric_clause("expires_at", None, self.live_at))
         if self.clause:
             parts.append(self.clause)
-        return " ".join(parts)
+        return " ".join(parts) or "*"
+
+    def admits(self, fields: Mapping[bytes, bytes]) -> bool:
+        """Whether a hit's returned CHECKED_FIELDS are this scope's namespace and status: the clauses
+        `query(checked=True)` leaves to the caller. Exact: both are CASESENSITIVE TAG fields of one
+        value, never with surrounding blanks (the SDK refuses those), compared byte for byte."""
+        if fields.get(b"namespace") != self.namespace.encode():
+            return False
+        return not self.status or fields.get(b"status") == self.status.encode()
 
     def cache_key(self) -> str:
         """`query()` without the expiry clause, whose instant changes every call: what caches of
@@ -239,6 +251,10 @@ def episode_schema(params: VectorParams) -> list[Any]:
     for name, weight in TEXT_FIELDS:
         args += [name, "TEXT", "WEIGHT", weight]
     return args + params.schema_args()
+
+
+CHECKED_FIELDS = ("namespace", "status")
+"""What a search with `Scope.query(checked=True)` returns for `Scope.admits`."""
 
 
 def is_missing_index(exc: ResponseError) -> bool:
@@ -531,141 +547,6 @@ async def index_size(r: aioredis.Redis, index: str) -> int:
     raw = await r.execute_command("FT.INFO", index)
     info = dict(zip(raw[::2], raw[1::2], strict=False))
     return int(float(info.get(b"num_docs", info.get("num_docs", 0)) or 0))
-
-
-async def knn_search(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query_vector: np.ndarray,
-    k: int,
-    *,
-    return_fields: Sequence[str],
-    ef_runtime: int | None = None,
-    in_keys: Sequence[bytes | str] = (),
-    policy: str | None = None,
-) -> list[SearchHit]:
-    """Pre-filtered KNN: `(scope)=>[KNN k @vector $BLOB AS dist]`, nearest first.
-
-    `policy` is RediSearch's `HYBRID_POLICY` (`BATCHES` or `ADHOC_BF`; None lets the module choose):
-    see `shared.hybrid.hybrid_policy`.
-
-    `hit.score` is the cosine distance (1 - cos). Filters run inside the KNN (RediSearch hybrid
-    query), so a narrow scope still yields k hits when k exist. `in_keys` restricts the search to those
-    documents as well (`INKEYS`; the scope still applies): the distances of known documents, computed
-    by Redis as for any KNN hit, without a tag union of their ids to build and parse.
-    Raises Conflict when the index holds vectors of another size than `query_vector`: it was rebuilt
-    with another embedder (`reindex`) under a running process, which must be restarted with that one.
-    """
-    ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
-    if policy is not None:
-        if policy not in HYBRID_POLICIES:
-            raise ValueError(f"policy must be one of {sorted(HYBRID_POLICIES)}, not {policy!r}")
-        ef += f" HYBRID_POLICY {policy}"
-    q = f"({scope.query()})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
-    blob = vector_bytes(query_vector)
-    restrict = ["INKEYS", len(in_keys), *in_keys] if in_keys else []
-    try:
-        reply = await r.execute_command(*_knn_command(index, q, restrict, blob, return_fields, k))
-    except ResponseError as exc:  # an index rebuilt with another embedder: say so, not a 500 per request
-        expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
-        if expected is None:
-            raise
-        raise Conflict(
-            f"the index {index} now holds vectors of {int(expected.group(2)) // 4} dimensions "
-            f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
-            f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER"
-        ) from None
-    return _knn_hits(reply)
-
-
-def _knn_command(
-    index: str, query: str, restrict: Sequence[Any], blob: bytes, return_fields: Sequence[str], k: int
-) -> list[Any]:
-    """The FT.SEARCH of a KNN `query` (its vector parameter `$BLOB`, its distance `dist`): the `k`
-    nearest, nearest first, with `dist` and `return_fields`; `restrict` goes after the query (INKEYS)."""
-    fields = ["dist", *return_fields]
-    return [
-        "FT.SEARCH",
-        index,
-        query,
-        *restrict,
-        "PARAMS",
-        2,
-        "BLOB",
-        blob,
-        "SORTBY",
-        "dist",
-        "ASC",
-        "RETURN",
-        len(fields),
-        *fields,
-        "LIMIT",
-        0,
-        int(k),
-        "DIALECT",
-        2,
-    ]
-
-
-def _knn_hits(reply: Any) -> list[SearchHit]:
-    """The hits of a `_knn_command` reply, each with its cosine distance as `hit.score` (NaN if absent)."""
-    _, hits = parse_search(reply)
-    for hit in hits:
-        hit.score = float(hit.fields.get(b"dist", b"nan"))
-    return hits
-
-
-async def knn_union(
-    r: aioredis.Redis,
-    index: str,
-    scopes: Sequence[Scope],
-    query_vector: np.ndarray,
-    k: int,
-    *,
-    return_fields: Sequence[str],
-) -> tuple[int, list[SearchHit]]:
-    """The documents of any of `scopes`, nearest first, with their cosine distance (`hit.score`), and
-    how many documents those scopes hold, both read in one transaction (MULTI, so no write falls between).
-
-    `(s1) | (s2) | ...` counted (`LIMIT 0 0`) and as a pre-filtered KNN of `k`: when the count is below
-    `k` and equals the number of hits, every document of the union came back (each has a vector).
-    """
-    union = " | ".join(f"({s.query()})" for s in scopes)
-    q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
-    async with r.pipeline(transaction=True) as pipe:
-        pipe.execute_command("FT.SEARCH", index, union, "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2)
-        pipe.execute_command(*_knn_command(index, q, (), vector_bytes(query_vector), return_fields, k))
-        counted, reply = await pipe.execute()
-    return int(counted[0]), _knn_hits(reply)
-
-
-async def bm25_search(
-    r: aioredis.Redis, index: str, scope: Scope, text: str, k: int, *, return_fields: Sequence[str]
-) -> list[SearchHit]:
-    """BM25 (RediSearch's BM25STD) over the TEXT fields within the scope, best first; `hit.score` is the
-    BM25 score. See `keyword_query` for why the scope sits inside each word's clause."""
-    q = keyword_query(text, scope.query())
-    if q is None:
-        return []
-    reply = await r.execute_command(
-        "FT.SEARCH",
-        index,
-        q,
-        "SCORER",
-        "BM25STD",
-        "WITHSCORES",
-        "RETURN",
-        len(return_fields),
-        *return_fields,
-        "LIMIT",
-        0,
-        int(k),
-        "DIALECT",
-        2,
-    )
-    _, hits = parse_search(reply, with_scores=True)
-    return hits
 
 
 async def filter_search(

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from shared.index import TIE_FIELD, Scope, SearchHit, filter_search, knn_union, numeric_text
+from shared.index import TIE_FIELD, Scope, SearchHit, filter_search, numeric_text
+from shared.search import knn_union
 
 
 def field_float(fields: dict[bytes, bytes], name: bytes) -> float:
@@ -215,16 +216,20 @@ async def remembered_lists(
     names: list[str],
     depth: int,
     fields: tuple[str, ...],
+    *,
+    checked: bool = False,
 ) -> list[list[SearchHit]] | None:
     """`top_by` of each of `names` from the remembered floors, all in one query that also returns each
     episode's cosine distance (so `_complete` needs no restricted KNN for them); None when a floor is
     not remembered (or is stale, or is `last_accessed`'s) or the answer cannot be proven exact.
 
-    One KNN over the union of the narrowed scopes (`shared.index.knn_union`) returns every member of
+    One KNN over the union of the narrowed scopes (`shared.search.knn_union`) returns every member of
     the union when it holds fewer than its k and as many as the union's count. Each list is then its
     members sorted by the value and the tie-break as the index returned them, under the same rule as
     `top_by`: at least depth + 1 members and the depth-th strictly above the next. The distances are
-    Redis's own, the same as a KNN hit's or the restricted KNN's (measured).
+    Redis's own, the same as a KNN hit's or the restricted KNN's (measured). `checked`: the union's
+    namespace and status are checked on its hits (`knn_union`), the same answer for less when the
+    scope holds most of the index.
     """
     now = time.monotonic()
     fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
@@ -238,10 +243,10 @@ async def remembered_lists(
             return None
         narrowed.append((name.encode(), (cached[1], cached[2]), sub))
     k = 2 * len(names) * (depth + 1)
-    total, hits = await knn_union(
-        r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields
+    hits = await knn_union(
+        r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields, checked=checked
     )
-    if total >= k or total != len(hits):
+    if hits is None:
         return None
     lists = []
     for field, floor, _ in narrowed:

@@ -14,15 +14,14 @@ from shared.index import (
     TEXT_FIELDS,
     Scope,
     VectorParams,
-    bm25_search,
     count,
     ensure_episode_index,
     episode_fields,
     escape_tag,
     filter_search,
-    knn_search,
 )
 from shared.keys import Keys
+from shared.search import bm25_search, knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

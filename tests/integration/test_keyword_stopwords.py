@@ -12,13 +12,13 @@ from engram_episodic.validation import parse_episode
 from shared.index import (
     Scope,
     VectorParams,
-    bm25_search,
     ensure_episode_index,
     episode_fields,
     keyword_query,
 )
 from shared.keys import Keys
 from shared.keywords import STOPWORDS
+from shared.search import bm25_search
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

@@ -382,8 +382,9 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     # With lists 1 deep the pool is the two lists' heads. RediSearch's BM25 scores of these documents vary
     # from one Redis process to the next (measured: 'kwbest' 3.63 or 4.99 for the same data), so which
     # document heads the keyword list is read from Redis rather than assumed (a flake before).
-    from shared.index import Scope, bm25_search
+    from shared.index import Scope
     from shared.keys import Keys
+    from shared.search import bm25_search
 
     heads = {"vecbest"}  # cosine 1: the KNN head, whatever BM25 does
     keyword_head = await bm25_search(

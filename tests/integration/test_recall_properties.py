@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.query import lists, pool
 from shared.keys import Keys
 from shared.tags import BLAKE2B
 from tests.integration.test_query_support import DAY, episode, ids, put
@@ -289,7 +290,6 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
     """top_by narrows the recency / reward lists to episodes above the last (depth + 1)-th of the order
     (value, then tie-break): the answer is exactly that order over the scope's episodes that have the
     value, including ties at the boundary (rewards of four values), forgets and new episodes since."""
-    from services.query import recall as rc
     from shared.index import Scope, filter_search
     from shared.keys import Keys
 
@@ -309,7 +309,9 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
 
     async def check():
         for name in ("completed_at", "reward"):
-            got = [h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+            got = [
+                h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+            ]
             _, full = await filter_search(redis, index, scope, return_fields=(name, "tiebreak"), limit=1000)
             field = name.encode()
             rows = [
@@ -334,8 +336,6 @@ async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(
     0.501000000001, above the stored value. The floor must still narrow (from the second call on, one
     sorted query per list, not a narrowed one that misses the floor's episode and then a full sort)
     and give the full sort's answer."""
-    from services.query import lists
-    from services.query import recall as rc
     from shared.index import Scope, filter_search
 
     key, ns = fresh_tenant()
@@ -359,9 +359,13 @@ async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(
         return await filter_search(*args, **kwargs)
 
     monkeypatch.setattr(lists, "filter_search", counted)  # the real query, counted
-    first = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    first = [
+        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    ]
     queries.clear()
-    again = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    again = [
+        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    ]
     assert first == again == [h.key for h in full]
     assert queries == ["reward"]  # the narrowed query alone answered
 
@@ -371,9 +375,9 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
     distance a KNN restricted to it gives; it declines (None) when no floor is remembered, and when the
     union holds an episode without a vector, which a KNN cannot return."""
     from engram_episodic.validation import parse_episode
-    from services.query import recall as rc
     from shared.embedding import HashingEmbedder
-    from shared.index import Scope, episode_fields, knn_search
+    from shared.index import Scope, episode_fields
+    from shared.search import knn_search
 
     key, ns = fresh_tenant()
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
@@ -391,9 +395,12 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
         )
     names = ["completed_at", "reward"]
     query = HashingEmbedder(256).embed_sync(["cache deploy"])[0]
-    assert await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS) is None
-    want = [await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS) for name in names]
-    got = await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+    assert (
+        await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        is None
+    )
+    want = [await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS) for name in names]
+    got = await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     assert got is not None
     assert [[h.key for h in g] for g in got] == [[h.key for h in w] for w in want]
     assert [[h.fields[b"reward"] for h in g] for g in got] == [[h.fields[b"reward"] for h in w] for w in want]
@@ -406,8 +413,11 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
         Keys(prefix).episode_doc(1, ns, ep.episode_id),
         mapping=episode_fields(ns, ep, status="completed", vector=None, tags=BLAKE2B),
     )
-    assert await rc.remembered_lists(redis, index, scope, query, names, DEPTH, rc.LIGHT_SIGNAL_FIELDS) is None
-    newest = await rc.top_by(redis, index, scope, "completed_at", DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+    assert (
+        await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        is None
+    )
+    newest = await lists.top_by(redis, index, scope, "completed_at", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     assert newest[0].key == Keys(prefix).episode_doc(1, ns, "novector").encode()
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.query import lists
-from services.query import recall as rc
+from services.query import lists, pool
 from shared.index import (
     TIE_FIELD,
     Scope,
@@ -91,10 +90,10 @@ async def test_a_tie_at_the_boundary_is_ordered_by_tiebreak_and_narrowed(
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     await seed(redis, prefix, ns, **values)
     want = await exact(redis, index, scope, name)
-    first = [h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    first = [h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert first == want
     calls.clear()
-    again = [h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    again = [h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert again == want
     # one unsorted query for the episodes at or above the (value, tiebreak) floor, no sort of the scope
     assert len(calls) == 1 and calls[0][0] is None and f"@{TIE_FIELD}:[" in calls[0][1]
@@ -107,7 +106,7 @@ async def test_a_tie_at_the_boundary_is_ordered_by_tiebreak_and_narrowed(
     )
     await redis.delete(first[0])
     assert [
-        h.key for h in await rc.top_by(redis, index, scope, name, DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+        h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ] == await exact(redis, index, scope, name)
 
 
@@ -116,12 +115,12 @@ async def test_no_episode_with_a_reward_is_an_empty_list_without_a_sort(make_cli
     ns = "no-reward"
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     await seed(redis, prefix, ns, reward=lambda i: None)
-    assert await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS) == []
+    assert await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS) == []
     assert len(calls) == 1 and "@reward:[-inf +inf]" in calls[0][1]  # answered by an empty range
     # fewer than DEPTH with one: those, in order
     await put(redis, prefix, ns, episode("r1", task="x", completed_at=NOW, reward=0.5))
     await put(redis, prefix, ns, episode("r2", task="x", completed_at=NOW, reward=0.5))
-    got = [h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)]
+    got = [h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert got == await exact(redis, index, scope, "reward") and len(got) == 2
 
 
@@ -153,17 +152,17 @@ async def test_an_index_without_tiebreak_keeps_working_and_ties_narrow_after_a_r
     await ensure_episode_index(redis, keys, 1, params, "hashing-256", tag_key=None)
     index, scope = keys.episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     for _ in range(2):
-        got = await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+        got = await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
         assert len(got) == DEPTH and all(h.fields[b"reward"] == b"1" for h in got)
     assert all(sort == "reward" for sort, _ in calls)  # no tie floor without tie-breaks: full sorts
     await seed(redis, prefix, ns, reward=lambda i: 1.0)  # the replay writes every field again
     calls.clear()
     want = await exact(redis, index, scope, "reward")
     assert [
-        h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ] == want
     calls.clear()
     assert [
-        h.key for h in await rc.top_by(redis, index, scope, "reward", DEPTH, rc.LIGHT_SIGNAL_FIELDS)
+        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ] == want
     assert len(calls) == 1 and calls[0][0] is None

@@ -33,7 +33,7 @@ from services.query.views.common import (
 )
 from shared import legacy, streams
 from shared.codec import peek_identity
-from shared.index import current_generation
+from shared.index import SearchHit, current_generation
 
 STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
 PENDING_SCAN = 10_000  # unacked entries a GET of an unknown id looks through (bounds its cost)
@@ -257,7 +257,7 @@ async def get_episode(request: web.Request) -> web.Response:
             )
         raise
     # a search hit has no None fields: the ones this document lacks are left out (read as missing alike)
-    c = rc.decode_hit(rc.SearchHit(key=b"", fields={k: v for k, v in found.items() if v is not None}))
+    c = rc.decode_hit(SearchHit(key=b"", fields={k: v for k, v in found.items() if v is not None}))
     if c is None:
         raise Problem(500, "the stored episode is unreadable; it was logged")
     out = {

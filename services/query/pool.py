@@ -1,0 +1,389 @@
+"""The candidate pool of a recall: what each search returns of an episode (`Candidate`, the field
+lists), the lists a recall draws from (`arms`), and their merge with cosines and relevance
+(`similarity_pool`, `extra_candidates`). `services.query.recall` scores and cuts the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from engram_episodic.errors import EngramError
+from engram_episodic.events import Episode
+from engram_episodic.shapes import episode_from_stored
+from services.query.lists import field_float, remembered_lists, top_by
+from services.query.sizes import ScopeSizes
+from shared import relevance, scoring, tracing
+from shared.index import TEXT_FIELDS, Scope, SearchHit, term_counts
+from shared.search import bm25_checked, bm25_search, knn_checked, knn_search
+
+log = logging.getLogger("engram.query")
+
+RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
+
+
+# what ranking needs, straight from the index: documents are parsed only for the top_k winners
+SIGNAL_FIELDS = (
+    "completed_at",
+    "started_at",
+    "reward",
+    "outcome",
+    "importance",
+    "last_accessed",
+    "access_count",
+    "doc",
+)  # no episode_id: the restricted KNN names keys (INKEYS)
+
+
+# the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
+LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
+
+
+# ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
+POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
+
+
+CHECKED_BM25 = False
+"""Whether a checked recall (`shared.hybrid.checked_filter`) also checks its BM25 arm's tenancy on the
+hits (`shared.search.bm25_checked`): not yet, its order is not the filtered one to the last digit."""
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One stored episode fetched for a request: its document key, the episode, and what the index says."""
+
+    key: bytes
+    episode: Episode | None = None
+    completed_at: float = math.nan
+    reward: float = math.nan
+    outcome: str | None = None
+    importance: float = math.nan
+    cos: float = math.nan
+    doc: dict[str, Any] | None = None
+    """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
+    raw_doc: bytes | None = None
+    """The document's bytes as the search returned them (decoded only if the candidate wins)."""
+    relevance: float = math.nan
+    """The signal weighted by `w_sim`, in [0, 1]: `shared.relevance.relevance` of the mode, a function of
+    the query and this episode alone."""
+    keyword: float = 0.0
+    """Keyword relevance (`shared.relevance.keyword_relevance`); 0 in vector mode."""
+    last_accessed: float = math.nan
+    access_count: int = 0
+
+
+def decode_hit(hit: SearchHit) -> Candidate | None:
+    """A search hit → Candidate; None (logged) when its stored JSON is unreadable."""
+    raw = hit.fields.get(b"doc")
+    try:
+        episode = episode_from_stored(json.loads(raw or b""))
+    except (TypeError, ValueError, KeyError, AttributeError, EngramError) as exc:
+        log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
+        return None
+    count_raw = field_float(hit.fields, b"access_count")
+    t = episode.completed_at if episode.completed_at is not None else episode.started_at
+    reward = episode.feedback.reward if episode.feedback and episode.feedback.reward is not None else math.nan
+    return Candidate(
+        key=hit.key,
+        episode=episode,
+        last_accessed=field_float(hit.fields, b"last_accessed"),
+        access_count=0 if math.isnan(count_raw) else int(count_raw),
+        completed_at=float(t) if t is not None else math.nan,
+        reward=reward,
+        outcome=episode.outcome,
+        importance=episode.importance if episode.importance is not None else math.nan,
+    )
+
+
+def _number(raw: bytes | None) -> float:
+    """`field_float` of a value already looked up (a recall parses ~300 hits: one call per field less)."""
+    if raw is None:
+        return math.nan
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
+
+
+def signal_hit(hit: SearchHit) -> Candidate:
+    """A search hit of SIGNAL_FIELDS → Candidate without its episode (loaded later for winners)."""
+    get = hit.fields.get
+    count_raw = _number(get(b"access_count"))
+    completed = _number(get(b"completed_at"))
+    if math.isnan(completed):
+        completed = _number(get(b"started_at"))
+    outcome = get(b"outcome")
+    return Candidate(
+        key=hit.key,
+        raw_doc=get(b"doc"),
+        completed_at=completed,
+        reward=_number(get(b"reward")),
+        outcome=outcome.decode() if outcome else None,
+        importance=_number(get(b"importance")),
+        last_accessed=_number(get(b"last_accessed")),
+        access_count=0 if math.isnan(count_raw) else int(count_raw),
+    )
+
+
+def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
+    """The candidate lists a recall draws from, in the order they are merged.
+
+    The similarity arms of the mode (`knn`, `bm25`), then, for each non-similarity signal that carries
+    weight, the scope's top episodes by it: without them a recall weighted on recency
+    re-ranked only the most similar episodes and could miss the newest one of the scope.
+    `completed_at` (and `last_accessed` with recency_from "last_access": never-accessed episodes fall
+    back to completed_at) for recency, `reward`, `importance`. Outcome has no arm: it is a category,
+    and its ties are broken by recency.
+    """
+    out = []
+    if mode in ("vector", "hybrid"):
+        out.append("knn")
+    if mode in ("keyword", "hybrid"):
+        out.append("bm25")
+    if weights.recency > 0:
+        out.append("completed_at")
+        if recency_from == "last_access":
+            out.append("last_accessed")
+    if weights.reward > 0:
+        out.append("reward")
+    if weights.importance > 0:
+        out.append("importance")
+    return out
+
+
+SIMILARITY_ARMS = ("knn", "bm25")
+
+
+@dataclass(slots=True)
+class Pool:
+    """Candidates of a recall and what bounds the relevance of every episode not among them."""
+
+    cands: list[Candidate]
+    terms: dict[str, float]
+    mode: str
+    """The mode relevance is computed in (hybrid becomes vector for a query of stop words only)."""
+    outside: float = 1.0
+    """An upper bound of the relevance of any scope episode outside the similarity lists: the last
+    KNN cosine when the KNN list is full (0 when it holds the whole scope), and the query's largest
+    possible keyword relevance when the BM25 list is full (0 when it holds every episode matching a
+    query word)."""
+
+
+async def candidates(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query: str,
+    query_vector: np.ndarray,
+    *,
+    mode: str,
+    depth: int,
+    weights: scoring.Weights,
+    recency_from: str = "completed",
+) -> list[Candidate]:
+    """The whole candidate pool of a recall (every arm of `arms`) with cosines and absolute relevance."""
+    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
+    return pool.cands + await extra_candidates(
+        r, index, scope, query_vector, pool, arms(mode, weights, recency_from), depth=depth
+    )
+
+
+async def similarity_pool(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query: str,
+    query_vector: np.ndarray,
+    *,
+    mode: str,
+    depth: int,
+    policy: str | None = None,
+    sizes: ScopeSizes | None = None,
+    common_idf: float = 0.0,
+    checked: bool = False,
+) -> Pool:
+    """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
+    merged in that order, with each member's cosine and relevance. `policy` is the KNN's `HYBRID_POLICY`
+    (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
+    its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
+    `checked` (`shared.hybrid.checked_filter`): the KNNs check the namespace and status on their hits
+    instead of filtering by them (`shared.search.knn_checked`; the filtered KNN when a hit fails).
+
+    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are the `top_k` k
+    recall. Relevance is `shared.relevance.relevance` of the mode: a function of the query and the
+    episode alone (cosine, keyword relevance from the episode's text fields, or their convex
+    combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
+    """
+    names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
+    fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
+    words = relevance.query_words(query) if mode != "vector" else {}
+
+    async def knn() -> list[SearchHit]:
+        if "knn" not in names:
+            return []
+        with tracing.span("engram.recall.knn", depth=depth, checked=checked):
+            return await _knn_arm(r, index, scope, query_vector, depth, fields, policy, checked=checked)
+
+    async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
+        if not words:
+            return {}
+        count_terms = sizes.term_counts if sizes is not None else term_counts
+        namespace = Scope(namespace=scope.namespace, tags=scope.tags)
+        return relevance.query_terms(words, await count_terms(r, index, namespace, list(words.values())))
+
+    async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
+        if "bm25" not in names:
+            return []
+        with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped, checked=checked):
+            return await _bm25_arm(r, index, scope, text, depth, fields, checked=checked)
+
+    async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
+        """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
+        bound = relevance.common_count(common_idf)  # inf when off; the index's size bounds any namespace's
+        small = sizes is not None and bound < math.inf and await sizes.indexed(r, index) <= bound
+        if "bm25" not in names or bound == math.inf or small:
+            terms, hits = await asyncio.gather(idf(), bm25(query))
+            return terms, set(), hits
+        terms = await idf()
+        common = relevance.common_terms(terms, common_idf)
+        common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
+        text = relevance.without_terms(query, common) if common else query
+        return terms, common, await bm25(text, len(common))
+
+    knn_hits, (terms, common, bm25_hits) = await asyncio.gather(knn(), keyword())
+    lists = [{"knn": knn_hits, "bm25": bm25_hits}[name] for name in names]
+    if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
+        mode = "vector"
+    pool = Pool(cands=[], terms=terms, mode=mode)
+    last = knn_hits[-1].score if len(knn_hits) >= depth else None
+    cos_out = 1.0 - float(last) if last is not None else 0.0
+    # a short BM25 list holds every episode matching a kept term: outsiders match only dropped ones
+    kw_out = relevance.max_keyword_relevance(
+        pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
+    )
+    pool.outside = relevance.relevance(mode, cos_out, kw_out)
+    pool.cands = await _complete(r, index, scope, query_vector, pool, lists, set())
+    return pool
+
+
+async def _knn_arm(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    depth: int,
+    fields: tuple[str, ...],
+    policy: str | None,
+    *,
+    checked: bool,
+) -> list[SearchHit]:
+    """The KNN list: checked first when `checked` (`knn_checked`), filtered when that declines."""
+    if checked:
+        hits = await knn_checked(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
+        if hits is not None:
+            return hits
+    return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
+
+
+async def _bm25_arm(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    text: str,
+    depth: int,
+    fields: tuple[str, ...],
+    *,
+    checked: bool,
+) -> list[SearchHit]:
+    """The BM25 list: checked first when `checked` (`bm25_checked`), filtered when that declines."""
+    if checked and CHECKED_BM25:
+        hits = await bm25_checked(r, index, scope, text, depth, return_fields=fields)
+        if hits is not None:
+            return hits
+    return await bm25_search(r, index, scope, text, depth, return_fields=fields)
+
+
+_NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
+
+
+async def extra_candidates(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    pool: Pool,
+    names: list[str],
+    *,
+    depth: int,
+    checked: bool = False,
+) -> list[Candidate]:
+    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds;
+    `checked` as in `similarity_pool`."""
+    names = [n for n in names if n not in SIMILARITY_ARMS]
+    if not names:
+        return []
+    fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
+    lists = (
+        await remembered_lists(r, index, scope, query_vector, names, depth, fields, checked=checked)
+        if pool.mode != "keyword"
+        else None
+    )  # keyword mode needs no cosines (nor that every episode has a vector)
+    if lists is None:
+        lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
+    return await _complete(r, index, scope, query_vector, pool, lists, {c.key for c in pool.cands})
+
+
+async def _complete(
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    pool: Pool,
+    lists: list[list[SearchHit]],
+    known: set[bytes],
+) -> list[Candidate]:
+    """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance."""
+    cos: dict[bytes, float] = {}
+    hits: dict[bytes, SearchHit] = {}
+    for found in lists:
+        for h in found:
+            if h.key in known:
+                continue
+            if b"dist" in h.fields and h.score is not None and math.isfinite(h.score):  # a KNN hit
+                cos.setdefault(h.key, 1.0 - float(h.score))
+            hits.setdefault(h.key, h)
+    if pool.mode != "keyword":
+        missing = [key for key in hits if key not in cos]
+        if (
+            missing
+        ):  # one KNN restricted to those documents (INKEYS): Redis computes the cosines, no vectors move;
+            # found in the scope already, so not filtered by its namespace and status again (~3x cheaper)
+            restricted = Scope(namespace=scope.namespace, tags=scope.tags)
+            for h in await knn_search(
+                r,
+                index,
+                restricted,
+                query_vector,
+                len(missing),
+                return_fields=(),
+                in_keys=missing,
+                prechecked=True,
+            ):
+                if h.score is not None and math.isfinite(h.score):
+                    cos[h.key] = 1.0 - float(h.score)
+    out = []
+    nan, mode = math.nan, pool.mode
+    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in hits.values()])
+    for h, keyword in zip(hits.values(), keywords, strict=True):
+        c = signal_hit(h)
+        c.cos, c.keyword = cos.get(c.key, nan), keyword
+        c.relevance = relevance.relevance(mode, c.cos, keyword)
+        out.append(c)
+    return out
