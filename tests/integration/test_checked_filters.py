@@ -83,6 +83,15 @@ async def test_checked_knns_answer_as_the_filtered_ones(make_client, redis, pref
         return hits
 
     monkeypatch.setattr(pool, "knn_checked", spy)
+    keyword: list[str] = []
+    real_bm25 = pool.bm25_checked
+
+    async def bm25_spy(*args, **kwargs):
+        hits = await real_bm25(*args, **kwargs)
+        keyword.append("checked" if hits is not None else "asked again")
+        return hits
+
+    monkeypatch.setattr(pool, "bm25_checked", bm25_spy)
     unions: list[bool] = []
     real_union = lists.knn_union
 
@@ -117,9 +126,12 @@ async def test_checked_knns_answer_as_the_filtered_ones(make_client, redis, pref
     checked = await answers()
     assert "checked" in paths and "asked again" in paths  # both paths taken (big only: small is 5%)
     assert any(unions)  # the remembered lists' union answered, checked
+    if mode == "hybrid":  # the same words as the other tenant and the drafts: both paths
+        assert "checked" in keyword and "asked again" in keyword
     monkeypatch.setattr(hybrid, "CHECKED_SHARE", 2.0)  # never: every KNN filtered
     paths.clear()
+    keyword.clear()
     unions.clear()
     filtered = await answers()
-    assert paths == [] and unions and not any(unions)
+    assert paths == [] and keyword == [] and unions and not any(unions)
     assert checked == filtered
