@@ -69,38 +69,32 @@ def shape(body) -> list[tuple]:
     ]
 
 
+def spy(monkeypatch, module, name: str, record) -> list:
+    """Wrap `module.name` so each call appends `record(kwargs, result)` to the returned list."""
+    seen: list = []
+    real = getattr(module, name)
+
+    async def wrapped(*args, **kwargs):
+        result = await real(*args, **kwargs)
+        seen.append(record(kwargs, result))
+        return result
+
+    monkeypatch.setattr(module, name, wrapped)
+    return seen
+
+
 @pytest.mark.parametrize("mode", ["vector", "hybrid"])
 async def test_checked_knns_answer_as_the_filtered_ones(make_client, redis, prefix, monkeypatch, mode):
     await seed(redis, prefix)
     embedder = TableEmbedder(256, {q: v for q, v in QUERIES.items()})
     client = await make_client(embedder, api_keys={"key-big": "big", "key-small": "small"})
-    paths: list[str] = []
-    real = pool.knn_checked
-
-    async def spy(*args, **kwargs):
-        hits = await real(*args, **kwargs)
-        paths.append("checked" if hits is not None else "asked again")
-        return hits
-
-    monkeypatch.setattr(pool, "knn_checked", spy)
-    keyword: list[str] = []
-    real_bm25 = pool.bm25_checked
-
-    async def bm25_spy(*args, **kwargs):
-        hits = await real_bm25(*args, **kwargs)
-        keyword.append("checked" if hits is not None else "asked again")
-        return hits
-
-    monkeypatch.setattr(pool, "bm25_checked", bm25_spy)
-    unions: list[bool] = []
-    real_union = lists.knn_union
-
-    async def union_spy(*args, **kwargs):
-        hits = await real_union(*args, **kwargs)
-        unions.append(kwargs["checked"] and hits is not None)
-        return hits
-
-    monkeypatch.setattr(lists, "knn_union", union_spy)
+    paths = spy(
+        monkeypatch, pool, "knn_checked", lambda _, hits: "checked" if hits is not None else "asked again"
+    )
+    keyword = spy(
+        monkeypatch, pool, "bm25_checked", lambda _, hits: "checked" if hits is not None else "asked again"
+    )
+    unions = spy(monkeypatch, lists, "knn_union", lambda kwargs, hits: kwargs["checked"] and hits is not None)
 
     async def answers() -> dict[tuple, list[tuple]]:
         out = {}

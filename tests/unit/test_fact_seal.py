@@ -12,7 +12,12 @@ from engram_episodic.events import FactsConsolidated
 from shared import codec, fact_seal
 from shared.crypto import DataKey, KeyDestroyed, SealedEntry, Unreadable, new_data_key
 
-FACT = {"fact_id": "f1", "text": "Failures were: 'ALICE lock timeout'", "users": ["alice", "bob"]}
+# Markers long enough that random ciphertext cannot hold them by chance (a 2-byte id did: ~1 in 200).
+FACT = {
+    "fact_id": "fact-id-marker-1",
+    "text": "Failures were: 'ALICE lock timeout'",
+    "users": ["alice", "bob"],
+}
 WHERE = {"namespace": "ns", "event_id": "e1", "scope_id": "s1", "index": 0}
 
 
@@ -29,7 +34,7 @@ def test_a_sealed_fact_opens_with_every_contributor_key_and_holds_no_plaintext()
     contributors = keys(3)
     sealed = fact_seal.seal_fact(FACT, contributors, **WHERE)
     packed = msgpack.packb(sealed)
-    assert b"ALICE" not in packed and b"alice" not in packed and b"f1" not in packed
+    assert b"ALICE" not in packed and b"alice" not in packed and b"fact-id-marker" not in packed
     assert fact_seal.open_fact(sealed, lookup_of(contributors), **WHERE) == FACT
     assert fact_seal.share_refs(sealed) == [(ref, key.kid) for ref, key in contributors]
 
