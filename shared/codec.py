@@ -272,14 +272,20 @@ def encode_sealed_facts(
 ) -> bytes:
     """The stored envelope of `event` with each fact sealed (`shared.fact_seal`) under the data keys
     `contributors(fact)` names (every user of the fact, or the namespace's key when it has none)."""
-    data = event_to_data(event)
+    data = event_to_data(event)  # omits an empty `facts`: a snapshot whose last fact was removed
     scope_id = str(event.scope.get("scope_id", ""))  # FactScope.to_data's, which open_facts reads back
-    data["facts"] = [
-        fact_seal.seal_fact(
-            f, contributors(f), namespace=event.namespace, event_id=event.event_id, scope_id=scope_id, index=i
-        )
-        for i, f in enumerate(data["facts"])
-    ]
+    if data.get("facts"):
+        data["facts"] = [
+            fact_seal.seal_fact(
+                f,
+                contributors(f),
+                namespace=event.namespace,
+                event_id=event.event_id,
+                scope_id=scope_id,
+                index=i,
+            )
+            for i, f in enumerate(data["facts"])
+        ]
     envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": data}
     return msgpack.packb(_traced(envelope), use_bin_type=True)
 

@@ -204,3 +204,32 @@ async def test_a_run_between_a_forget_and_its_application_derives_facts_without_
         redis, keys, await current_generation(redis, keys), "ns", FactScope("ns").scope_id
     )
     assert sorted(f.support for f in state.facts) == [4, 5] and all(f.users == ("bob",) for f in state.facts)
+
+
+async def test_forgetting_a_scopes_last_evidence_removes_its_facts(sealed, redis):
+    """The snapshot that removes a scope's last fact has no fact to seal. It raised KeyError, so the
+    forget of that fact's last episode was dead-lettered and the fact, naming the forgotten episodes,
+    stayed (a fresh user's trial: 36 dead letters in a 400-episode forget)."""
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    docs = [e for e in planted() if e["episode_id"].startswith("doc")]
+    for e in docs:
+        await client.record(e)
+    worker = make_worker(sealed, redis)
+    await drain(worker)
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    await drain(worker)
+    gen = await current_generation(redis, keys)
+    assert (await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)).facts
+
+    for e in docs:
+        await client.forget_episode(e["episode_id"])
+    await drain(worker)
+    assert await list_dead_letters(redis, keys) == []
+    assert not (await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)).facts
+    entries = [f[b"e"] for stream in keys.streams for _sid, f in await redis.xrange(stream)]
+    snapshots = [p for p in entries if codec.unpack(p).get("type") == "FactsConsolidated"]
+    (last,) = [codec.decode(p) for p in snapshots]  # the earlier snapshot was XDEL'd
+    assert last.facts == () and len(last.removed) == 1
+    assert "BOB-ONLY" not in "".join(await readable(redis, keys, sealed.master_key, entries))

@@ -107,3 +107,19 @@ def test_a_sealed_snapshot_round_trips_through_the_codec_and_names_its_keys():
     # a plaintext snapshot (no master key) decodes as before, needing no key
     assert codec.decode(codec.encode(event)) == event
     assert codec.key_refs(codec.unpack(codec.encode(event))) == []
+
+
+def test_a_sealed_snapshot_without_facts_round_trips():
+    """The snapshot that removes a scope's last fact (a forget of its last evidence) holds no fact to
+    seal: it was a KeyError, so the forget that published it was dead-lettered and the scope kept its
+    facts."""
+    event = FactsConsolidated(
+        namespace="ns",
+        occurred_at=1.0,
+        scope={"namespace": "ns", "scope_id": "s1", "level": "namespace", "seq": "2"},
+        facts=(),
+        removed=("fact-id-marker-1",),
+    )
+    payload = codec.encode_sealed_facts(event, lambda f: pytest.fail("no fact to seal"))
+    assert codec.decode(payload, lookup_of([])) == event
+    assert codec.key_refs(codec.unpack(payload)) == []
