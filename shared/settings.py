@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engram_episodic.errors import ConfigError
+from engram_episodic.validation import Collector, check_id
 from shared.keys import MAX_PARTITIONS, Keys
 from shared.redis_conn import check_url
 
@@ -118,8 +119,10 @@ def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str
     """Parse `key1=namespace1,key2=namespace2` (commas or newlines) into {key: namespace}.
 
     Blank lines and `#` comments are ignored (so the same format works for a keys file).
-    Raises ConfigError naming `name` on an entry without `=`, an empty key or namespace, or a
-    key listed twice.
+    Raises ConfigError naming `name` on an entry without `=`, an empty key or namespace, a namespace
+    that every write would refuse (`engram_episodic.validation.check_id`: control characters, over 256
+    characters; the service would start and answer each write with a 422 naming a field the request
+    does not have), or a key listed twice. The message names the entry by its position, never the key.
     """
     keys: dict[str, str] = {}
     for raw in re.split(r"[,\n]", text):
@@ -132,6 +135,10 @@ def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str
             raise ConfigError(f"{name}: entry {entry[:8]!r}... must look like KEY=NAMESPACE")
         if key in keys:
             raise ConfigError(f"{name}: a key is listed twice")
+        errs = Collector()
+        check_id(namespace, "namespace", errs, required=True)
+        if errs.errors:
+            raise ConfigError(f"{name}: the namespace of entry {len(keys) + 1} {errs.errors[0][1]}")
         keys[key] = namespace
     return keys
 

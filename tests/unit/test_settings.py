@@ -56,6 +56,20 @@ def test_api_key_errors_do_not_echo_keys():
     assert "supersecretkey" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("namespace", "said"),
+    [("a\tb", "control characters"), ("a\x1fb", "control characters"), ("n" * 300, "at most 256")],
+)
+def test_a_namespace_every_write_would_refuse_is_refused_at_start(namespace, said):
+    """Refused where it is configured, naming the entry: the service used to start with it and answer
+    every write of that key with a 422 about a `namespace` field the request did not have."""
+    text = f"k-ok=fine\nsupersecretkey={namespace}"
+    with pytest.raises(ConfigError, match=f"namespace of entry 2 .*{said}") as info:
+        parse_api_keys(text, name="ENGRAM_API_KEYS_FILE")
+    assert "supersecretkey" not in str(info.value) and "ENGRAM_API_KEYS_FILE" in str(info.value)
+    assert parse_api_keys("k=Acme Corp.\u00e9 \u200b(x)") == {"k": "Acme Corp.\u00e9 \u200b(x)"}
+
+
 def test_the_metrics_key_is_nobody_s_api_key_and_sendable_as_a_bearer_token():
     s = Settings.from_env({"ENGRAM_API_KEYS": "k1=ns-a", "ENGRAM_METRICS_KEY": "metrics-only-key"})
     assert s.metrics_key == "metrics-only-key" and Settings.from_env({}).metrics_key is None
