@@ -242,10 +242,21 @@ class VectorParams:
         return [VECTOR_FIELD, "VECTOR", self.algorithm, len(attrs), *attrs]
 
 
+SORTABLE_TAG_FIELDS = ("namespace", "outcome", "status")
+"""TAG fields a recall returns for every hit (`Scope.admits`' CHECKED_FIELDS, the outcome signal): kept
+in the sorting vector un-normalised (UNF, which CASESENSITIVE implies in RediSearch 2.10; said anyway:
+the bytes as written, case included), so a search that returns only sortable fields reads no hash.
+Issue 20's probe, docs/benchmarks.md "Sortable tags"."""
+
+
 def episode_schema(params: VectorParams) -> list[Any]:
+    """The FT.CREATE SCHEMA arguments of a new generation's episode index (an index created before a
+    field changed keeps its own: `_add_missing_fields` adds only missing fields)."""
     args: list[Any] = []
     for name in TAG_FIELDS:
         args += [name, "TAG", "SEPARATOR", TAG_SEPARATOR, "CASESENSITIVE"]
+        if name in SORTABLE_TAG_FIELDS:
+            args += ["SORTABLE", "UNF"]
     for name in NUMERIC_FIELDS:
         args += [name, "NUMERIC", "SORTABLE"]
     for name, weight in TEXT_FIELDS:

@@ -52,8 +52,8 @@ POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
 
 CHECKED_BM25 = True
 """Whether a checked recall (`shared.hybrid.checked_filter`) also checks its BM25 arm's tenancy on the
-hits (`shared.search.bm25_checked`). Its order differs from the filtered arm's only among episodes whose
-RediSearch scores agree to ~6 digits; at 100,000 episodes (400 LoCoMo questions, docs/benchmarks.md
+hits (`shared.search.bm25_checked`). Its RediSearch scores differ from the filtered arm's (up to 31% in
+a trial), which moves the pool's membership near the arm's end, not any candidate's relevance; at 100,000 episodes (400 LoCoMo questions, docs/benchmarks.md
 "Checked filters") the top 10 was the same for 397, R@5 equal, R@10 -0.06 [-0.19, 0.00] points, and the
 arm's Redis time fell by two thirds."""
 

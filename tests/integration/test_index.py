@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode, Feedback, Task
 from shared.index import (
+    CHECKED_FIELDS,
+    SORTABLE_TAG_FIELDS,
     STATUS_COMPLETED,
     TEXT_FIELDS,
     Scope,
@@ -264,3 +266,35 @@ async def test_scope_does_not_change_the_bm25_order(redis, prefix):
     unscoped = await order(keyword_query(text))
     assert unscoped[0] == "1"
     assert await order(keyword_query(text, Scope(tags=BLAKE2B, namespace="a").query())) == unscoped
+
+
+async def test_returned_tenancy_tags_are_the_bytes_written(redis, prefix):
+    """namespace, outcome and status are SORTABLE UNF (`SORTABLE_TAG_FIELDS`), and what a search
+    returns of them is the bytes written, case included: a checked search (`Scope.admits`) must never
+    see "User-A"'s document as "user-a"'s (a normalised sortable value would be lowercased)."""
+    keys = await make_index(redis, prefix)
+    info = await redis.execute_command("FT.INFO", keys.episode_index_alias)
+    attrs = dict(zip(info[::2], info[1::2], strict=False))[b"attributes"]
+    by_name = {a[a.index(b"attribute") + 1].decode(): a for a in attrs}
+    for name in SORTABLE_TAG_FIELDS:
+        assert b"SORTABLE" in by_name[name] and b"UNF" in by_name[name], by_name[name]
+    for i, value in enumerate(C12_IDS):
+        ep = Episode(episode_id="e", task=Task(description="t"), outcome=value, completed_at=1000.0 + i)
+        await put(redis, keys, value, ep, unit(i))
+    for value in C12_IDS:
+        scope = Scope(tags=BLAKE2B, namespace=value, status=STATUS_COMPLETED)
+        hits = await knn_search(
+            redis, keys.episode_index_alias, scope, unit(0), 5, return_fields=(*CHECKED_FIELDS, "outcome")
+        )
+        assert len(hits) == 1 and scope.admits(hits[0].fields), (value, hits[0].fields)
+        assert hits[0].fields[b"outcome"] == value.encode()
+    others = [Scope(tags=BLAKE2B, namespace=v, status=STATUS_COMPLETED) for v in ("user-a", "USER-A")]
+    (hit,) = await knn_search(
+        redis,
+        keys.episode_index_alias,
+        Scope(tags=BLAKE2B, namespace="User-A"),
+        unit(0),
+        1,
+        return_fields=CHECKED_FIELDS,
+    )
+    assert [s.admits(hit.fields) for s in others] == [False, False]
