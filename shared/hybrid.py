@@ -9,6 +9,8 @@ for broad filters, the common case of a memory service whose big tenants are its
 
 from __future__ import annotations
 
+import math
+
 HYBRID_POLICIES = frozenset({"BATCHES", "ADHOC_BF"})
 BATCHES_SHARE = 0.25
 BATCHES_MATCHES = 2_000
@@ -59,3 +61,19 @@ def checked_filter(matches: int | None, indexed: int | None) -> bool:
     if not matches or not indexed:
         return False
     return matches >= CHECKED_SHARE * indexed
+
+
+def checked_depth(k: int, share: float) -> int:
+    """How many nearest (or best-scored) documents of the wider set a checked search asks for, so that
+    the first `k` of them that are the scope's are its answer: `n = ceil(k / share)` plus three
+    standard deviations of the others' count among `n` (a binomial with p = 1 - share, its normal
+    approximation), over `share`. `share` is the scope's share of the index (`checked_filter`: >= 0.9);
+    at 1.0 it is `k`. If the scope's documents sit evenly among the others, fewer than `k` of the `n`
+    are the scope's in about 1 search in 1,000 (then it is asked again, filtered); documents of
+    another tenant clustered near the query still make it ask again, as they should. Why: asking for
+    exactly `k` made a checked KNN 100 at a 95% share all the scope's in 0 of 200 probe queries (0.95^100
+    = 0.6%): two queries instead of one (docs/benchmarks.md "Checked filters")."""
+    if share >= 1.0:
+        return int(k)
+    n = math.ceil(k / share)
+    return n + math.ceil(3.0 * math.sqrt(n * share * (1.0 - share)) / share)

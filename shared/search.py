@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Conflict
-from shared.hybrid import HYBRID_POLICIES
+from shared.hybrid import HYBRID_POLICIES, checked_depth
 from shared.index import (
     CHECKED_FIELDS,
     VECTOR_FIELD,
@@ -71,18 +71,30 @@ async def knn_checked(
     *,
     return_fields: Sequence[str],
     policy: str | None = None,
+    share: float = 1.0,
 ) -> list[SearchHit] | None:
     """The scope's k nearest by a KNN whose namespace and status are checked on the hits
-    (`Scope.query(checked=True)`), or None when a hit is not the scope's (the caller then asks
-    `knn_search`): when every one of the wider set's k nearest passes, they are the scope's k nearest
-    on an exact index. On HNSW both are approximations and may differ near the list's end (a trial:
+    (`Scope.query(checked=True)`), or None when fewer than k of the wider set's
+    `checked_depth(k, share)` nearest are the scope's (the caller then asks `knn_search`): the first k
+    that pass are the scope's k nearest on an exact index (all of them when the wider set was
+    exhausted). `share` is the scope's share of the index. On HNSW both are approximations and may differ near the list's end (a trial:
     95.9 vs the filtered query's 97.1 of the exact top 100; none differed in a top 5). For a scope holding most of the index (`shared.hybrid.checked_filter`), where it is the cheaper
     query (docs/benchmarks.md "Checked filters"); `policy` as in `knn_search` (what is left of the
     filter, such as the expiry clause, still matches most of the index: ad hoc it would cost ~40 ms
     at 100,000 documents, in batches ~1 ms)."""
     fields = (*return_fields, *CHECKED_FIELDS)
-    hits = await _knn(r, index, scope.query(checked=True), query_vector, k, fields, None, (), policy)
-    return hits if all(scope.admits(h.fields) for h in hits) else None
+    n = checked_depth(k, share)
+    hits = await _knn(r, index, scope.query(checked=True), query_vector, n, fields, None, (), policy)
+    return _first_admitted(scope, hits, k, n)
+
+
+def _first_admitted(scope: Scope, hits: list[SearchHit], k: int, asked: int) -> list[SearchHit] | None:
+    """The first `k` of `hits` (a checked search's `asked` best) that are the scope's, or None when
+    fewer are and the search was not exhausted (it returned all `asked`)."""
+    admitted = [h for h in hits if scope.admits(h.fields)]
+    if len(admitted) >= k or len(hits) < asked:
+        return admitted[:k]
+    return None
 
 
 async def _knn(
@@ -200,11 +212,19 @@ async def bm25_search(
 
 
 async def bm25_checked(
-    r: aioredis.Redis, index: str, scope: Scope, text: str, k: int, *, return_fields: Sequence[str]
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    text: str,
+    k: int,
+    *,
+    return_fields: Sequence[str],
+    share: float = 1.0,
 ) -> list[SearchHit] | None:
     """`bm25_search` with the scope's namespace and status checked on the hits instead of repeated in
-    every word's clause (`Scope.query(checked=True)`), or None when a hit is not the scope's or no
-    clause is left to stand in for the scope (the caller then asks `bm25_search`).
+    every word's clause (`Scope.query(checked=True)`): the first k of the wider set's
+    `checked_depth(k, share)` best that are the scope's, or None when fewer are (and more matched) or
+    no clause is left to stand in for the scope (the caller then asks `bm25_search`).
 
     Not the same scores: a `$weight: 0` clause beside each word still moves RediSearch's BM25STD
     score, by an amount that depends on the clause and the document (up to 31% in a trial; no partner
@@ -215,8 +235,8 @@ async def bm25_checked(
     if where == "*":
         return None
     fields = (*return_fields, *CHECKED_FIELDS)
-    hits = await _bm25(r, index, keyword_query(text, where), k, fields)
-    return hits if all(scope.admits(h.fields) for h in hits) else None
+    n = checked_depth(k, share)
+    return _first_admitted(scope, await _bm25(r, index, keyword_query(text, where), n, fields), k, n)
 
 
 async def _bm25(

@@ -210,14 +210,15 @@ async def similarity_pool(
     policy: str | None = None,
     sizes: ScopeSizes | None = None,
     common_idf: float = 0.0,
-    checked: bool = False,
+    checked: float = 0.0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance. `policy` is the KNN's `HYBRID_POLICY`
     (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
     its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
-    `checked` (`shared.hybrid.checked_filter`): the KNNs check the namespace and status on their hits
-    instead of filtering by them (`shared.search.knn_checked`; the filtered KNN when a hit fails).
+    `checked` (`shared.hybrid.checked_filter`): the scope's share of the index when the searches check
+    the namespace and status on their hits instead of filtering by them (`shared.search.knn_checked`,
+    `bm25_checked`; the filtered search when too few pass), 0.0 otherwise.
 
     `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are the `top_k` k
     recall. Relevance is `shared.relevance.relevance` of the mode: a function of the query and the
@@ -285,11 +286,14 @@ async def _knn_arm(
     fields: tuple[str, ...],
     policy: str | None,
     *,
-    checked: bool,
+    checked: float,
 ) -> list[SearchHit]:
-    """The KNN list: checked first when `checked` (`knn_checked`), filtered when that declines."""
+    """The KNN list: checked first when `checked` (the scope's share: `knn_checked`), filtered when
+    that declines."""
     if checked:
-        hits = await knn_checked(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
+        hits = await knn_checked(
+            r, index, scope, query_vector, depth, return_fields=fields, policy=policy, share=checked
+        )
         if hits is not None:
             return hits
     return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
@@ -303,11 +307,12 @@ async def _bm25_arm(
     depth: int,
     fields: tuple[str, ...],
     *,
-    checked: bool,
+    checked: float,
 ) -> list[SearchHit]:
-    """The BM25 list: checked first when `checked` (`bm25_checked`), filtered when that declines."""
+    """The BM25 list: checked first when `checked` (the scope's share: `bm25_checked`), filtered when
+    that declines."""
     if checked and CHECKED_BM25:
-        hits = await bm25_checked(r, index, scope, text, depth, return_fields=fields)
+        hits = await bm25_checked(r, index, scope, text, depth, return_fields=fields, share=checked)
         if hits is not None:
             return hits
     return await bm25_search(r, index, scope, text, depth, return_fields=fields)
@@ -325,7 +330,7 @@ async def extra_candidates(
     names: list[str],
     *,
     depth: int,
-    checked: bool = False,
+    checked: float = 0.0,
 ) -> list[Candidate]:
     """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds;
     `checked` as in `similarity_pool`."""
@@ -334,7 +339,7 @@ async def extra_candidates(
         return []
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     lists = (
-        await remembered_lists(r, index, scope, query_vector, names, depth, fields, checked=checked)
+        await remembered_lists(r, index, scope, query_vector, names, depth, fields, checked=checked > 0)
         if pool.mode != "keyword"
         else None
     )  # keyword mode needs no cosines (nor that every episode has a vector)

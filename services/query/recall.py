@@ -255,12 +255,14 @@ async def _knn_policy(
     return hybrid_policy(size, await sizes.indexed(r, index), graph=graph)
 
 
-async def _checked(r: aioredis.Redis, index: str, size: int | None, sizes: ScopeSizes | None) -> bool:
-    """Whether the KNNs check namespace and status on their hits (`shared.hybrid.checked_filter`);
-    like `_knn_policy`, only where the `auto` preset counted the scope."""
+async def _checked(r: aioredis.Redis, index: str, size: int | None, sizes: ScopeSizes | None) -> float:
+    """The scope's share of the index when the searches check namespace and status on their hits
+    (`shared.hybrid.checked_filter`), else 0.0; like `_knn_policy`, only where the `auto` preset
+    counted the scope."""
     if sizes is None or not size:
-        return False
-    return checked_filter(size, await sizes.indexed(r, index))
+        return 0.0
+    indexed = await sizes.indexed(r, index)
+    return min(1.0, size / indexed) if indexed and checked_filter(size, indexed) else 0.0
 
 
 async def recall(

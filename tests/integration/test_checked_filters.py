@@ -100,11 +100,14 @@ async def test_checked_knns_answer_as_the_filtered_ones(make_client, redis, pref
         out = {}
         for key in ("key-big", "key-small"):
             for q in QUERIES:
-                for top_k in (5, 50):
+                # candidates 5: the checked searches ask for 9, and the small tenant's 15 episodes
+                # are the nearest to its query (then the filtered search is asked again)
+                for top_k, depth in ((5, None), (50, None), (5, 5)):
+                    extra = {"candidates": depth} if depth else {}
                     for rnd in range(2):  # the second one answers from the remembered lists' union
                         resp = await client.post(
                             "/v1/recall",
-                            json={"query": q, "top_k": top_k, "mode": mode},
+                            json={"query": q, "top_k": top_k, "mode": mode, **extra},
                             headers={"Authorization": f"Bearer {key}"},
                         )
                         assert resp.status == 200, await resp.text()
@@ -114,7 +117,7 @@ async def test_checked_knns_answer_as_the_filtered_ones(make_client, redis, pref
                             assert not [i for i in ns_ids if i.startswith(("s", "draft"))], ns_ids
                         else:
                             assert all(i.startswith("s") for i in ns_ids), ns_ids
-                        out[(key, q, top_k, rnd)] = shape(body)
+                        out[(key, q, top_k, depth, rnd)] = shape(body)
         return out
 
     checked = await answers()
