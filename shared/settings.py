@@ -115,6 +115,9 @@ def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -
     return default if raw is None or raw == "" else integer(lo, hi)(raw, name)
 
 
+_LAYOUT = " \t\r"
+
+
 def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str]:
     """Parse `key1=namespace1,key2=namespace2` (commas or newlines) into {key: namespace}.
 
@@ -126,13 +129,15 @@ def parse_api_keys(text: str, *, name: str = "ENGRAM_API_KEYS") -> dict[str, str
     """
     keys: dict[str, str] = {}
     for raw in re.split(r"[,\n]", text):
-        entry = raw.strip()
+        # blanks around an entry are layout; anything else at a namespace's ends is refused below (a
+        # `str.strip()` removed \x1f or a no-break space too, so "k=acme\x1f" silently opened "acme")
+        entry = raw.strip(_LAYOUT)
         if not entry or entry.startswith("#"):
             continue
         key, sep, namespace = entry.partition("=")
-        key, namespace = key.strip(), namespace.strip()
+        key, namespace = key.strip(_LAYOUT), namespace.strip(_LAYOUT)
         if not sep or not key or not namespace:
-            raise ConfigError(f"{name}: entry {entry[:8]!r}... must look like KEY=NAMESPACE")
+            raise ConfigError(f"{name}: entry {len(keys) + 1} must look like KEY=NAMESPACE")
         if key in keys:
             raise ConfigError(f"{name}: a key is listed twice")
         errs = Collector()
