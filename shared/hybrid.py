@@ -1,5 +1,5 @@
 """Which `HYBRID_POLICY` a pre-filtered KNN runs with (pure; `shared.search.knn_search` sends it), and
-whether its tenancy clauses are checked on the hits instead (`checked_filter`).
+whether its tenancy clauses are checked on the hits instead (`checked_share`).
 
 RediSearch answers `(filter)=>[KNN k ...]` either ad hoc (score every document the filter matches:
 exact, cost linear in the matches) or in batches (walk the HNSW graph and filter each batch of
@@ -42,12 +42,13 @@ def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = Tru
     return None
 
 
-def checked_filter(matches: int | None, indexed: int | None) -> bool:
-    """Whether a recall's KNNs leave the namespace and status out of their filter and check them on the
-    hits (`shared.index.Scope.query(checked=True)`, `knn_checked`, `knn_union`): when the scope holds at
-    least CHECKED_SHARE of the index's `indexed` documents. Either way the answer is the scope's (a
-    checked KNN with a hit of another scope is asked again with the filter), so this only predicts
-    which query is cheaper.
+def checked_share(matches: int | None, indexed: int | None) -> float:
+    """The scope's share of the index, in (0, 1], when a recall's searches leave the namespace and
+    status out of their filter and check them on the hits (`shared.index.Scope.query(checked=True)`,
+    `knn_checked`, `bm25_checked`, `knn_union`), else 0.0: when the scope holds at least CHECKED_SHARE
+    of the index's `indexed` documents. Either way the answer is the scope's (a checked search with too
+    few of the scope's hits is asked again with the filter), so this only predicts which query is
+    cheaper; the share is what `checked_depth` is given.
 
     Why (RediSearch 2.10.5, 100,000 documents of one namespace, 100 LoCoMo questions, SLOWLOG; the
     bench's hashing vectors; docs/benchmarks.md "Checked filters"): each TAG clause of one value that
@@ -58,16 +59,16 @@ def checked_filter(matches: int | None, indexed: int | None) -> bool:
     often hold another tenant's document (asked again: two queries) and the union of the remembered
     lists more often exceeds its k (then sorted the slow way), so the filtered query is kept.
     """
-    if not matches or not indexed:
-        return False
-    return matches >= CHECKED_SHARE * indexed
+    if not matches or not indexed or matches < CHECKED_SHARE * indexed:
+        return 0.0
+    return min(1.0, matches / indexed)
 
 
 def checked_depth(k: int, share: float) -> int:
     """How many nearest (or best-scored) documents of the wider set a checked search asks for, so that
     the first `k` of them that are the scope's are its answer: `n = ceil(k / share)` plus three
     standard deviations of the others' count among `n` (a binomial with p = 1 - share, its normal
-    approximation), over `share`. `share` is the scope's share of the index (`checked_filter`: >= 0.9);
+    approximation), over `share`. `share` is the scope's share of the index (`checked_share`: >= 0.9);
     at 1.0 it is `k`. If the scope's documents sit evenly among the others, fewer than `k` of the `n`
     are the scope's in about 1 search in 1,000 (then it is asked again, filtered); documents of
     another tenant clustered near the query still make it ask again, as they should. Why: asking for

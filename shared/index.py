@@ -246,7 +246,7 @@ SORTABLE_TAG_FIELDS = ("namespace", "outcome", "status")
 """TAG fields a recall returns for every hit (`Scope.admits`' CHECKED_FIELDS, the outcome signal): kept
 in the sorting vector un-normalised (UNF, which CASESENSITIVE implies in RediSearch 2.10; said anyway:
 the bytes as written, case included), so a search that returns only sortable fields reads no hash.
-Issue 20's probe, docs/benchmarks.md "Sortable tags"."""
+Issue 20's probe, docs/benchmarks.md "Sortable tenancy tags"."""
 
 
 def episode_schema(params: VectorParams) -> list[Any]:

@@ -1,7 +1,7 @@
 """The episode index's ranked searches: pre-filtered KNN (`knn_search`), the remembered lists' union
 (`knn_union`) and BM25 (`bm25_search`), each with a checked variant that leaves the scope's namespace
 and status out of the filter and checks them on the hits (`Scope.query(checked=True)`, `Scope.admits`;
-`shared.hybrid.checked_filter` says when). The schema, `Scope` and reply parsing are `shared.index`'s.
+`shared.hybrid.checked_share` says when). The schema, `Scope` and reply parsing are `shared.index`'s.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ async def knn_checked(
     (`Scope.query(checked=True)`), or None when fewer than k of the wider set's
     `checked_depth(k, share)` nearest are the scope's (the caller then asks `knn_search`): the first k
     that pass are the scope's k nearest on an exact index (all of them when the wider set was
-    exhausted). `share` is the scope's share of the index. On HNSW both are approximations and may differ near the list's end (a trial:
-    95.9 vs the filtered query's 97.1 of the exact top 100; none differed in a top 5). For a scope holding most of the index (`shared.hybrid.checked_filter`), where it is the cheaper
-    query (docs/benchmarks.md "Checked filters"); `policy` as in `knn_search` (what is left of the
+    exhausted). `share` is the scope's share of the index. On HNSW both are approximations and may
+    differ near the list's end (a trial: 95.9 vs the filtered query's 97.1 of the exact top 100; none
+    differed in a top 5). For a scope holding most of the index (`shared.hybrid.checked_share`),
+    where it is the cheaper query (docs/benchmarks.md "Checked filters"); `policy` as in `knn_search` (what is left of the
     filter, such as the expiry clause, still matches most of the index: ad hoc it would cost ~40 ms
     at 100,000 documents, in batches ~1 ms)."""
     fields = (*return_fields, *CHECKED_FIELDS)

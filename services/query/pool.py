@@ -51,10 +51,10 @@ POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
 
 
 CHECKED_BM25 = True
-"""Whether a checked recall (`shared.hybrid.checked_filter`) also checks its BM25 arm's tenancy on the
+"""Whether a checked recall (`shared.hybrid.checked_share`) also checks its BM25 arm's tenancy on the
 hits (`shared.search.bm25_checked`). Its RediSearch scores differ from the filtered arm's (up to 31% in
-a trial), which moves the pool's membership near the arm's end, not any candidate's relevance; at 100,000 episodes (400 LoCoMo questions, docs/benchmarks.md
-"Checked filters") the top 10 was the same for 397, R@5 equal, R@10 -0.06 [-0.19, 0.00] points, and the
+a trial), which moves the pool's membership near the arm's end, not any candidate's relevance; at
+100,000 episodes (400 LoCoMo questions, docs/benchmarks.md "Checked filters") the top 10 was the same for 397, R@5 equal, R@10 -0.06 [-0.19, 0.00] points, and the
 arm's Redis time fell by two thirds."""
 
 
@@ -216,7 +216,7 @@ async def similarity_pool(
     merged in that order, with each member's cosine and relevance. `policy` is the KNN's `HYBRID_POLICY`
     (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
     its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
-    `checked` (`shared.hybrid.checked_filter`): the scope's share of the index when the searches check
+    `checked` (`shared.hybrid.checked_share`): the scope's share of the index when the searches check
     the namespace and status on their hits instead of filtering by them (`shared.search.knn_checked`,
     `bm25_checked`; the filtered search when too few pass), 0.0 otherwise.
 

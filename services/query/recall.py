@@ -45,7 +45,7 @@ from services.query.pool import (
 )
 from services.query.sizes import ScopeSizes
 from shared import scoring, tracing
-from shared.hybrid import checked_filter, hybrid_policy
+from shared.hybrid import checked_share, hybrid_policy
 from shared.index import (
     VECTOR_FIELD,
     Scope,
@@ -257,12 +257,11 @@ async def _knn_policy(
 
 async def _checked(r: aioredis.Redis, index: str, size: int | None, sizes: ScopeSizes | None) -> float:
     """The scope's share of the index when the searches check namespace and status on their hits
-    (`shared.hybrid.checked_filter`), else 0.0; like `_knn_policy`, only where the `auto` preset
+    (`shared.hybrid.checked_share`), else 0.0; like `_knn_policy`, only where the `auto` preset
     counted the scope."""
     if sizes is None or not size:
         return 0.0
-    indexed = await sizes.indexed(r, index)
-    return min(1.0, size / indexed) if indexed and checked_filter(size, indexed) else 0.0
+    return checked_share(size, await sizes.indexed(r, index))
 
 
 async def recall(

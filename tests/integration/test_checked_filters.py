@@ -1,4 +1,4 @@
-"""Checked filters (`shared.hybrid.checked_filter`): when a scope holds most of the index, the recall's
+"""Checked filters (`shared.hybrid.checked_share`): when a scope holds most of the index, the recall's
 KNNs leave its namespace and status out of the filter and check them on the hits. The answer must be
 the filtered one, never another tenant's or a draft episode, whichever path a KNN took."""
 
