@@ -36,13 +36,14 @@ import redis.asyncio as aioredis
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
-from services.consolidator.facts_plan import Row, default_distance, plan
-from services.consolidator.facts_store import apply_snapshot, load_rows, load_state
+from services.consolidator.facts_plan import Row, build_fact, default_distance, plan
+from services.consolidator.facts_store import apply_snapshot, load_rows, load_rows_by_id, load_state
 from shared import cluster, streams
 from shared.codec import encode, encode_sealed_facts
 from shared.facts import (
     LEVEL_NAMESPACE,
     STATUS_CURRENT,
+    STATUS_SUPERSEDED,
     SUMMARY_FALLBACK,
     SUMMARY_LLM,
     Fact,
@@ -155,11 +156,13 @@ class Consolidator:
 
         With a master key each fact is sealed under the data keys of all its users (`shared.fact_seal`;
         the namespace's key for a fact without users), and the XADD checks atomically that each key is
-        still the one sealed with (`streams.publish_sealed`). A fact naming a user whose key is gone (a
-        forget published, not applied yet) is left out of the snapshot: its text cannot be sealed so that
-        the forget shreds it, and the forget's rebuild, or the next run, derives it again without that
-        user. A key destroyed between the read and the XADD raises ContributorForgotten (nothing
-        written; the run is retried)."""
+        still the one sealed with (`streams.publish_sealed`). Callers pass facts that name only users
+        with a live key (`without_gone`). A fact naming a user whose key is gone (a forget published
+        since that check) raises ContributorForgotten, as does a key destroyed between the read and
+        the XADD: nothing is written and the run (or the forget) is retried, and its `without_gone`
+        then rebuilds the fact without that user. Dropping the fact instead would lose the other
+        users' part for good: the forget's rebuild finds a fact by its evidence in the index, and a
+        fact left out of the snapshot is no longer there."""
         ring = self._ring
         if ring is None:
             return event, await self.publish(event), encode(event)
@@ -167,12 +170,9 @@ class Consolidator:
         live = await ring.live_keys(
             self.redis, ns, {u for f in event.facts for u in (f.get("users") or [None])}
         )
-        kept = tuple(f for f in event.facts if all(u in live for u in (f.get("users") or [None])))
-        if len(kept) < len(event.facts):
-            gone = [str(f.get("fact_id")) for f in event.facts if f not in kept]
-            log.info("facts ◆ %d fact(s) name a forgotten user: left out until rebuilt", len(gone))
-            event = replace(event, facts=kept, removed=(*event.removed, *gone))
-        used = sorted({u for f in kept for u in (f.get("users") or [None])}, key=lambda u: u or "")
+        if any(u not in live for f in event.facts for u in (f.get("users") or [None])):
+            raise ContributorForgotten("a contributor of a fact was forgotten while its snapshot was built")
+        used = sorted({u for f in event.facts for u in (f.get("users") or [None])}, key=lambda u: u or "")
 
         def contributors(fact) -> list:
             return [(ring.ref(ns, u), live[u]) for u in (fact.get("users") or [None])]
@@ -185,11 +185,67 @@ class Consolidator:
         sid = reply[1]
         return event, sid.decode() if isinstance(sid, bytes) else str(sid), payload
 
+    async def without_gone(
+        self,
+        scope: FactScope,
+        gen: int,
+        facts: Sequence[Fact],
+        drop: set[str],
+        *,
+        min_cluster: int,
+        now: float,
+    ) -> tuple[list[Fact], list[str]]:
+        """`facts` with every fact that names an episode of `drop` (ids being forgotten) or a user whose
+        data key is gone (a forget published, not applied yet; only with a master key) rebuilt from its
+        other evidence, read back from the projection (`load_rows_by_id`) and passed through
+        `_sealable`; a rebuilt fact left with fewer than `min_cluster` episodes is removed. Returns
+        (facts, removed fact ids). The other facts are kept byte for byte.
+
+        Rebuilding, not dropping, the facts of a pending forget keeps the other users' part of a mixed
+        fact: several users' forgets queued behind one another must each leave the fact rebuilt
+        without them (a fact left out of a snapshot is out of the index, so a later forget's
+        rebuild, which finds facts by their evidence there, would never see it again)."""
+        gone: set[str] = set()
+        if self._ring is not None:
+            users = {u for f in facts for u in f.users}
+            live = await self._ring.live_keys(self.redis, scope.namespace, users)
+            gone = users - set(live)
+        out: list[Fact] = []
+        removed: list[str] = []
+        for f in facts:
+            if not (drop & set(f.evidence) or gone & set(f.users)):
+                out.append(f)
+                continue
+            keep = [e for e in f.evidence if e not in drop]
+            rows = await load_rows_by_id(self.redis, self.keys, gen, f.namespace, keep)
+            rows = await self._sealable(f.namespace, [r for r in rows if r.episode_id not in drop])
+            if len(rows) < min_cluster:
+                removed.append(f.fact_id)
+                continue
+            rebuilt = build_fact(
+                scope,
+                rows,
+                fact_id=f.fact_id,
+                now=now,
+                created_at=f.created_at,
+                version=f.version + 1,
+                evidence_since=f.evidence_since,
+                supersedes=f.supersedes,
+            )
+            if f.status == STATUS_SUPERSEDED:
+                rebuilt = replace(
+                    rebuilt,
+                    status=STATUS_SUPERSEDED,
+                    superseded_by=f.superseded_by,
+                    superseded_at=f.superseded_at,
+                )
+            out.append(rebuilt)
+        return out, removed
+
     async def _sealable(self, namespace: str, rows: list[Row]) -> list[Row]:
         """`rows` without the episodes of users whose data key is gone (a forget published, not applied
-        yet): with a master key their facts could not be sealed, and the forget erases them anyway, so
-        the other users' part of a mixed fact is derived without them instead of the fact being left
-        out (`publish_snapshot`)."""
+        yet): with a master key their facts could not be sealed (`publish_snapshot`), and the forget
+        erases them anyway, so the other users' part of a mixed fact is derived without them."""
         if self._ring is None:
             return rows
         users = {r.episode.user_id for r in rows if r.episode.user_id is not None}
@@ -377,6 +433,11 @@ class Consolidator:
                 now=now,
             )
             facts, removed = planned if planned is not None else (list(state.facts), [])
+            # history the plan kept as it was may name a user whose forget is pending
+            facts, dropped = await self.without_gone(
+                scope, gen, facts, set(), min_cluster=self.settings.facts_min_cluster, now=now
+            )
+            removed = [*removed, *dropped]
             # new and changed facts, and those whose summary fell back on an earlier run
             facts, failures = await self._summarise(facts, state.facts, rows, now)
             if planned is None and facts == list(state.facts):

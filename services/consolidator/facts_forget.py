@@ -15,15 +15,13 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 import redis.asyncio as aioredis
 
 from services.consolidator.facts import Consolidator
-from services.consolidator.facts_plan import build_fact
-from services.consolidator.facts_store import apply_snapshot, load_rows_by_id, load_state
+from services.consolidator.facts_store import apply_snapshot, load_state
 from shared import streams
-from shared.facts import STATUS_SUPERSEDED, Fact, FactScope, facts_with_evidence
+from shared.facts import Fact, FactScope, facts_with_evidence
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.tags import TagCodec
@@ -84,36 +82,9 @@ async def _forget_in_scope(
     scope = FactScope(first.namespace, first.agent_id, first.category)
     min_cluster = state.min_cluster or cons.settings.facts_min_cluster
     now = time.time()
-    facts: list[Fact] = []
-    removed: list[str] = []
-    for f in state.facts:
-        if not forgotten & set(f.evidence):
-            facts.append(f)
-            continue
-        keep = [e for e in f.evidence if e not in forgotten]
-        rows = await load_rows_by_id(cons.redis, cons.keys, gen, f.namespace, keep)
-        rows = [r for r in rows if r.episode_id not in forgotten]
-        if len(rows) < min_cluster:
-            removed.append(f.fact_id)
-            continue
-        rebuilt = build_fact(
-            scope,
-            rows,
-            fact_id=f.fact_id,
-            now=now,
-            created_at=f.created_at,
-            version=f.version + 1,
-            evidence_since=f.evidence_since,
-            supersedes=f.supersedes,
-        )
-        if f.status == STATUS_SUPERSEDED:
-            rebuilt = replace(
-                rebuilt,
-                status=STATUS_SUPERSEDED,
-                superseded_by=f.superseded_by,
-                superseded_at=f.superseded_at,
-            )
-        facts.append(rebuilt)
+    facts, removed = await cons.without_gone(
+        scope, gen, state.facts, forgotten, min_cluster=min_cluster, now=now
+    )
     event = cons._event(scope, state.seq + 1, facts, removed, now)
     event, sid, payload = await cons.publish_snapshot(event)
     await apply_snapshot(

@@ -12,7 +12,7 @@ import pytest
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
 from services.consolidator.deadletters import list_dead_letters
-from services.consolidator.facts import Consolidator
+from services.consolidator.facts import Consolidator, ContributorForgotten
 from services.consolidator.facts_store import load_state
 from services.consolidator.replay import replay
 from shared import codec, fact_seal, streams
@@ -233,3 +233,63 @@ async def test_forgetting_a_scopes_last_evidence_removes_its_facts(sealed, redis
     (last,) = [codec.decode(p) for p in snapshots]  # the earlier snapshot was XDEL'd
     assert last.facts == () and len(last.removed) == 1
     assert "BOB-ONLY" not in "".join(await readable(redis, keys, sealed.master_key, entries))
+
+
+async def test_forgets_queued_behind_one_another_each_leave_the_mixed_facts_rebuilt(sealed, redis):
+    """Several users' forgets published before the worker applies the first: each user's key is gone
+    at once, so the first forget's rebuild must leave out every pending user, and must also rebuild a
+    fact that names a pending user but none of the forgotten episodes. It sealed the mixed fact under
+    the pending users' (gone) keys, so the fact was left out of the snapshot, out of the index, and the
+    later forgets never found it: the other users' part was lost (a trial: 40 of `keep`'s episodes,
+    nine users forgotten, '0 facts kept, 5 removed')."""
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    planted_ = planted()  # mig: alice and bob; doc: bob
+    planted_ += [
+        ep("doc", 10 + i, user="carol", outcome="failure", at=T0 + (60 + i) * HOUR) for i in range(3)
+    ]
+    for e in planted_:
+        await client.record(e)
+    worker = make_worker(sealed, redis)
+    await drain(worker)
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    gen = await current_generation(redis, keys)
+    scope_id = FactScope("ns").scope_id
+    before = (await load_state(redis, keys, gen, "ns", scope_id)).facts
+    assert sorted(f.users for f in before) == [("alice", "bob"), ("bob", "carol")]
+
+    await client.forget_user("alice")
+    await client.forget_user("carol")
+    await drain(worker)
+
+    assert await list_dead_letters(redis, keys) == []
+    after = (await load_state(redis, keys, gen, "ns", scope_id)).facts
+    assert sorted((f.support, f.users) for f in after) == [(4, ("bob",)), (5, ("bob",))]
+    assert {f.fact_id for f in after} == {f.fact_id for f in before}  # rebuilt, not re-created
+    forgotten = {f"mig-{i}" for i in (1, 3, 5, 7)} | {f"doc-{i}" for i in (10, 11, 12)}
+    assert not forgotten & {e for f in after for e in f.evidence}
+
+
+async def test_a_snapshot_naming_a_user_forgotten_meanwhile_is_not_published(sealed, redis):
+    """A forget published between a run's check of the keys and its XADD: the snapshot is refused
+    whole (ContributorForgotten; nothing in the stream), so the retry rebuilds the fact without that
+    user instead of dropping it."""
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    for e in planted():
+        await client.record(e)
+    await drain(make_worker(sealed, redis))
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    gen = await current_generation(redis, keys)
+    state = await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)
+    await client.forget_user("alice")  # destroys alice's key now; not applied
+    length = sum([await redis.xlen(s) for s in keys.streams])
+    event = cons._event(FactScope("ns"), state.seq + 1, state.facts, [], T0)
+    with pytest.raises(ContributorForgotten):
+        await cons.publish_snapshot(event)
+    assert sum([await redis.xlen(s) for s in keys.streams]) == length
+    # the retry's rebuild leaves alice out and keeps bob's part
+    facts, removed = await cons.without_gone(FactScope("ns"), gen, state.facts, set(), min_cluster=3, now=T0)
+    assert removed == [] and sorted((f.support, f.users) for f in facts) == [(4, ("bob",)), (5, ("bob",))]
