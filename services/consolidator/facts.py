@@ -351,6 +351,9 @@ class Consolidator:
             await self.redis.set(recent, b"1", px=max(1, int(self.settings.facts_min_interval * 1000)))
             try:
                 await self.consolidate(scope)
+            except ContributorForgotten:  # a forget raced the run: run again, without that user
+                log.info("facts ◆ a contributor of %s was forgotten during its run; running again", sid[:12])
+                self._again.add(sid)
             except Exception:  # the counter was not reset: the next trigger retries this scope
                 log.exception("facts ◆ consolidation of %s failed", sid[:12])
             if sid not in self._again:

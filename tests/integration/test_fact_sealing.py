@@ -293,3 +293,33 @@ async def test_a_snapshot_naming_a_user_forgotten_meanwhile_is_not_published(sea
     # the retry's rebuild leaves alice out and keeps bob's part
     facts, removed = await cons.without_gone(FactScope("ns"), gen, state.facts, set(), min_cluster=3, now=T0)
     assert removed == [] and sorted((f.support, f.users) for f in facts) == [(4, ("bob",)), (5, ("bob",))]
+
+
+async def test_a_background_run_raced_by_a_forget_runs_again_without_that_user(sealed, redis):
+    """The consolidator process's run whose snapshot a forget raced (the user forgotten after the run
+    read the keys, before its XADD) is refused, then run again at once: the mixed fact is published
+    with the other user's part, not dropped and not left to the next trigger."""
+    s = sealed.with_(facts_min_interval=0.05, facts_every=10)
+    keys = Keys(s.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=s.prefix, master_key=s.master_key)
+    for e in planted():
+        await client.record(e)
+    await drain(make_worker(s, redis))
+    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    real, calls = cons.publish_snapshot, []
+
+    async def forget_first(event):  # the race, for real: alice's key is destroyed before the XADD
+        calls.append(event)
+        if len(calls) == 1:
+            await client.forget_user("alice")
+        return await real(event)
+
+    cons.publish_snapshot = forget_first
+    await cons.count([(FactScope("ns"), len(planted()), 0.0)])  # the trigger, as the worker counts it
+    await cons.wait_idle()
+    await cons.aclose()
+    assert len(calls) == 2
+    state = await load_state(
+        redis, keys, await current_generation(redis, keys), "ns", FactScope("ns").scope_id
+    )
+    assert sorted((f.support, f.users) for f in state.facts) == [(4, ("bob",)), (5, ("bob",))]
