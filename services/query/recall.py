@@ -8,7 +8,8 @@ Pipeline of `POST /v1/recall`:
    weight, the scope's top episodes by that signal (`arms`). The depth (default
    ENGRAM_RECALL_CANDIDATES, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
    K recall are the `top_k` k recall. The non-similarity lists are fetched only when an episode
-   outside the similarity lists could still reach the top_k (`Pool.outside` bounds its relevance).
+   outside the similarity lists could still reach the top_k (`Pool.outside` bounds its relevance;
+   the candidates above that bound rank first either way, `_bounded_head`).
 3. Relevance (`shared.relevance`): the cosine, an absolute keyword relevance from the episode's text,
    or their convex combination — a function of the query and the episode alone. Similarity in the
    response is always the cosine; for hits without one from the KNN the stored vector is read.
@@ -219,6 +220,38 @@ def _passing(scored: scoring.Scored, min_relevance: float, min_priority: float) 
     return scored.order[keep[scored.order]]
 
 
+def _bounded_head(
+    scored: scoring.Scored, w: scoring.Weights, outside: float, min_relevance: float, min_priority: float
+) -> list[int] | None:
+    """The passing candidates of the similarity pool whose priority is above the most an episode outside
+    the similarity lists could score (`w.similarity * outside + (w.total - w.similarity)`, `outside`
+    being `Pool.outside`), best first, as indices into `scored`; None when no outsider could pass
+    `min_relevance` / `min_priority` at all (the other lists cannot change the answer).
+
+    With an exact KNN (FLAT, or the brute-force policy) no outsider can rank above the head, so a recall
+    whose top_k all lie in it skips the recency / reward / importance lists. Under HNSW the bound is
+    approximate — the graph can miss an episode closer than its last hit, which only those lists would
+    then bring in — so a recall that does fetch them still ranks the head first: otherwise the first k
+    of a `top_k` K recall (lists fetched) could differ from a `top_k` k recall (skipped), measured with
+    HNSW M 2 / EF_RUNTIME 1 in tests/integration/test_recall_properties.py. The head depends on the pool
+    and the weights alone, never on top_k, so every top_k is a prefix of the same ranking."""
+    best_outside = w.similarity * outside + (w.total - w.similarity)
+    if best_outside < min_priority or outside < min_relevance:
+        return None
+    order = _passing(scored, min_relevance, min_priority)
+    return order[scored.priority[order] > best_outside].tolist()
+
+
+def _ranked(scored: scoring.Scored, head: list[int], min_relevance: float, min_priority: float) -> list[int]:
+    """The passing candidates best first, `head` (`_bounded_head` of the similarity pool, whose indices
+    the appended lists leave unchanged) before the rest."""
+    order = _passing(scored, min_relevance, min_priority).tolist()
+    if not head:
+        return order
+    fixed = set(head)
+    return head + [i for i in order if i not in fixed]
+
+
 @dataclass(frozen=True, slots=True)
 class RecallParams:
     """One recall's choices, built once per request (`services.query.views.recall`) from its model and
@@ -293,16 +326,16 @@ async def recall(
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None
+    head: list[int] = []  # pool indices ranked from the similarity lists alone (see `_bounded_head`)
     if extra and cands and normalize == "none":
         # the recency / reward / importance lists can only matter if an episode outside the similarity
         # lists could still make the top_k: its priority is at most w_sim * pool.outside + (1 - w_sim)
         scored = score_candidates(
             cands, w, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
         )
-        passing = scored.priority[_passing(scored, min_relevance, min_priority)]
-        kth = float(passing[top_k - 1]) if len(passing) >= top_k else -math.inf
-        best_outside = w.similarity * pool.outside + (w.total - w.similarity)
-        if best_outside < max(kth, min_priority) or pool.outside < min_relevance:
+        bounded = _bounded_head(scored, w, pool.outside, min_relevance, min_priority)
+        head = bounded or []
+        if bounded is None or len(bounded) >= top_k:
             extra = []  # none can: the answer is the same without fetching them
     if extra:
         cands = cands + await extra_candidates(
@@ -318,7 +351,7 @@ async def recall(
             scored = score_candidates(
                 cands, w, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
             )
-        order = _passing(scored, min_relevance, min_priority).tolist()
+        order = _ranked(scored, head, min_relevance, min_priority)
         winners = order[:top_k]
         loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones

@@ -13,6 +13,7 @@ RediSearch (issue 17 §1, §2, §4), on documents seeded as the consolidator wri
 from __future__ import annotations
 
 import itertools
+import random
 import time
 
 import pytest
@@ -145,6 +146,49 @@ async def test_context_recall_is_prefix_stable_in_top_k(client, redis, prefix, i
     assert [r["episode"]["episode_id"] for r in full["results"]][:small] == [
         r["episode"]["episode_id"] for r in head["results"]
     ]
+
+
+VOCAB = WORDS + OTHER + ("worker", "stream", "lock", "parse", "queue", "crash", "build", "auth", "leak")
+
+
+@pytest.mark.timeout(180)
+async def test_recall_is_prefix_stable_in_top_k_when_the_graph_misses_neighbours(make_client, redis, prefix):
+    """HNSW is approximate: a graph this sparse (M 2, EF_RUNTIME 1, five hits per arm) misses episodes
+    closer than its last hit, so the bound on an outsider's priority does not hold. The first k of a
+    top_k 5 recall (recency / reward / importance lists fetched) must still be the top_k k recall (which
+    may skip them): both rank the similarity lists' bounded head first."""
+    key = "hnsw-prefix-key-0123456789"
+    client = await make_client(
+        api_keys={key: "graph"},
+        vector_algorithm="HNSW",
+        hnsw_m=2,
+        hnsw_ef_construction=4,
+        hnsw_ef_runtime=1,
+        recall_candidates=5,
+    )
+    rnd = random.Random(5)
+    for i in range(2000):
+        doc = episode(
+            f"g{i}",
+            task=" ".join(rnd.sample(VOCAB, rnd.randint(3, 7))),
+            completed_at=NOW - rnd.uniform(0, 90 * DAY),
+            reward=rnd.choice([None, 0.0, 0.5, 1.0]),
+            outcome=rnd.choice(["success", "failure", "partial"]),
+            **({"importance": rnd.choice([2, 5, 8])} if rnd.random() < 0.7 else {}),
+        )
+        await put(redis, prefix, "graph", doc)
+    missed = 0
+    for _ in range(40):
+        query = " ".join(rnd.sample(VOCAB, rnd.randint(1, 4)))
+        only = {"query": query, "mode": "vector", "as_of": NOW, "weights": {"similarity": 1.0}}
+        shallow = ids(await post(client, "/v1/recall", key, top_k=5, **only))
+        missed += shallow != ids(await post(client, "/v1/recall", key, top_k=100, candidates=100, **only))[:5]
+        for mode in ("vector", "hybrid"):
+            body = {"query": query, "mode": mode, "as_of": NOW}
+            full = summary(await post(client, "/v1/recall", key, top_k=5, **body))
+            for k in (1, 2, 3):
+                assert full[:k] == summary(await post(client, "/v1/recall", key, top_k=k, **body)), (mode, k)
+    assert missed, "the graph found every nearest neighbour: this test shows nothing"
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
