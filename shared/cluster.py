@@ -110,7 +110,7 @@ def decide(search: str, command: str, namespace: str | None, *, targeted: bool =
     command in `coordinator` mode, where Redis 8 distributes and fans out search itself; a non-search
     command; one already sent to chosen nodes), or, shard-local: `LIST` the recorded indexes
     (FT._LIST), `RECORD` an FT.CREATE's arguments, `DROP` every namespace's copy, set or delete an
-    alias in meta, answer FT.INFO without a namespace from the record (`EXISTS`), send the command
+    alias in meta, answer FT.INFO or FT.EXPLAIN without a namespace from the record (`EXISTS`), send the command
     to the namespace's index on its primary (`ROUTED`), or refuse it for want of a namespace
     (`UNROUTED`: RuntimeError, a caller's bug)."""
     if search != SEARCH_SHARD or not command.startswith("FT.") or targeted:
@@ -126,7 +126,7 @@ def decide(search: str, command: str, namespace: str | None, *, targeted: bool =
     if command in fixed:
         return fixed[command]
     if namespace is None:
-        return EXISTS if command == "FT.INFO" else UNROUTED
+        return EXISTS if command in ("FT.INFO", "FT.EXPLAIN") else UNROUTED
     return ROUTED
 
 

@@ -35,6 +35,7 @@ from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import context_setting, legacy, streams
+from shared.cluster import search_targets
 from shared.index import (
     current_generation,
     drop_index,
@@ -218,12 +219,14 @@ async def replay(
 
 
 async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
-    """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None."""
+    """Documents in generation `gen`'s episode index (the snapshot's size, near enough; on a
+    shard-local cluster the sum over every namespace's index), or None when empty or unknown."""
     try:
-        n = await index_size(redis, keys.episode_index(gen))
+        targets = await search_targets(redis, keys.episode_index(gen))
+        n = sum([await index_size(redis, name, **target) for name, target in targets])
     except ResponseError:  # no index yet (a first replay): the size is unknown, not an error
         return None
-    return n or None  # 0: empty, or a shard-local cluster's template (sizes live on the shards)
+    return n or None
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:

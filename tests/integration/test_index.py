@@ -21,6 +21,8 @@ from shared.index import (
     episode_fields,
     escape_tag,
     filter_search,
+    index_exists,
+    index_size,
 )
 from shared.keys import Keys
 from shared.search import bm25_search, knn_search
@@ -298,3 +300,23 @@ async def test_returned_tenancy_tags_are_the_bytes_written(redis, prefix):
         return_fields=CHECKED_FIELDS,
     )
     assert [s.admits(hit.fields) for s in others] == [False, False]
+
+
+async def test_index_exists_and_index_size_answer_as_ft_info_does(redis, prefix):
+    """`index_exists` (FT.EXPLAIN) and `index_size` (a wildcard count) replace FT.INFO, which costs
+    Redis ~19 ms of its main thread at 100k documents: same answers, for an index and its alias."""
+    keys = await make_index(redis, prefix)
+    for name in (keys.episode_index(1), keys.episode_index_alias):
+        assert await index_exists(redis, name)
+    assert not await index_exists(redis, f"{prefix}:no-such-index")
+    for i in range(7):
+        ep = Episode(
+            episode_id=f"e{i}", task=Task(description="t"), outcome="success", completed_at=1000.0 + i
+        )
+        await put(redis, keys, "a" if i % 2 else "b", ep, unit(i))
+    await redis.hset(f"{prefix}:not-an-episode", mapping={"x": "1"})  # outside the index's prefix
+    info = await redis.execute_command("FT.INFO", keys.episode_index_alias)
+    num_docs = int(dict(zip(info[::2], info[1::2], strict=False))[b"num_docs"])
+    assert await index_size(redis, keys.episode_index_alias) == num_docs == 7
+    await redis.delete(keys.episode_doc(1, "a", "e1"))
+    assert await index_size(redis, keys.episode_index(1)) == 6

@@ -29,6 +29,8 @@ def test_shard_mode_routes_search_by_namespace_and_keeps_index_definitions_in_me
     assert decide(SEARCH_SHARD, "FT.AGGREGATE", "team-a") == cluster.ROUTED
     assert decide(SEARCH_SHARD, "FT.INFO", "team-a") == cluster.ROUTED
     assert decide(SEARCH_SHARD, "FT.INFO", None) == cluster.EXISTS
+    assert decide(SEARCH_SHARD, "FT.EXPLAIN", None) == cluster.EXISTS  # shared.index.index_exists
+    assert decide(SEARCH_SHARD, "FT.EXPLAIN", "team-a") == cluster.ROUTED
     assert decide(SEARCH_SHARD, "FT.SEARCH", None) == cluster.UNROUTED
     assert decide(SEARCH_SHARD, "FT.CREATE", None) == cluster.RECORD
     assert decide(SEARCH_SHARD, "FT.DROPINDEX", "team-a") == cluster.DROP
