@@ -13,6 +13,7 @@ These classes carry no validation: `engram_episodic.validation` builds them from
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -218,6 +219,30 @@ UPDATABLE: tuple[str, ...] = (
     "expires_at",
 )
 """The episode fields an `EpisodeUpdated` may change."""
+
+
+def updated(base: Episode, update: EpisodeUpdated) -> Episode:
+    """`base` with `update`'s changes, as `EpisodeUpdated` documents them: `feedback` field by field,
+    `metadata` key by key (None removes a key, RFC 7396), the others replaced. Not checked: the fold
+    (`services.consolidator.projection`) and `PATCH` keep only results `validation.episode_problems`
+    accepts."""
+    changes: dict[str, Any] = {}  # field name → new value
+    if update.feedback is not None:
+        old = base.feedback or Feedback()
+        given = {f.name: getattr(update.feedback, f.name) for f in dataclasses.fields(Feedback)}
+        changes["feedback"] = dataclasses.replace(old, **{k: v for k, v in given.items() if v is not None})
+    if update.metadata is not None:
+        merged = dict(base.metadata or {})
+        for key, value in update.metadata.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        changes["metadata"] = merged or None
+    for name in ("outcome", "outcome_details", "importance", "expires_at"):
+        if getattr(update, name) is not None:
+            changes[name] = getattr(update, name)
+    return dataclasses.replace(base, **changes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

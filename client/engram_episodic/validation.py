@@ -27,6 +27,7 @@ from typing import Any, Literal, overload
 
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import OUTCOMES, UPDATABLE, Action, Episode, Feedback, Task
+from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import parse_instant
 
 MAX_ID_CHARS = 256
@@ -500,6 +501,20 @@ def parse_episode(
         iterations=iterations,
         vector=vector,
     )
+
+
+def episode_problems(episode: Episode) -> list[tuple[str, str]]:
+    """What the episode model refuses in a built episode, as (field path, reason) pairs; empty when
+    nothing: `parse_episode` of its stored form, without the per-input action bound (an episode
+    accumulates the actions of all its events) and with the task optional (a draft may have none yet).
+
+    Each event is checked alone at ingest, but a combination can break a rule no single event breaks:
+    `tests_passed` raised past a stored `tests_total`, metadata merged past 64 KiB, an `expires_at`
+    before the stored `completed_at`. The fold and `PATCH /v1/episodes/{id}` keep only episodes with
+    none, so what a client reads back it can also parse, export and publish again."""
+    errs = Collector()
+    parse_episode(episode_to_dict(episode), "", errs, require_task=False, max_actions=None)
+    return errs.errors
 
 
 def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> dict[str, Any] | None:

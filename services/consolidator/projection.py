@@ -5,6 +5,8 @@ Deterministic in the *set* of events: events are de-duplicated by `event_id` and
 deliveries reach the same document as a sequential replay. Later snapshots
 override earlier ones field by field (a None never erases a value); actions are the union of every
 snapshot's actions and every `ActionRecorded`, de-duplicated by `action_id` and ordered by time.
+Every step keeps an episode the model accepts (`validation.episode_problems`): an update that would
+break it is not applied, a snapshot that would is taken alone.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from engram_episodic.events import (
     Action,
@@ -23,8 +24,9 @@ from engram_episodic.events import (
     EpisodeStarted,
     EpisodeUpdated,
     Event,
-    Feedback,
+    updated,
 )
+from engram_episodic.validation import episode_problems
 from shared.index import STATUS_COMPLETED, STATUS_DRAFT
 
 # an update at the same instant as a snapshot applies after it (it changes what the snapshot set)
@@ -46,6 +48,8 @@ class Folded:
 
 
 def _merge(base: Episode | None, update: Episode) -> Episode:
+    """`base` overridden by a later snapshot field by field; the snapshot alone when the merge is one
+    the episode model refuses (`episode_problems`: e.g. its completed_at before base's started_at)."""
     if base is None:
         return update
     changes = {}
@@ -53,31 +57,20 @@ def _merge(base: Episode | None, update: Episode) -> Episode:
         value = getattr(update, f.name)
         if value is not None and value != ():
             changes[f.name] = value
-    return dataclasses.replace(base, **changes)
+    merged = dataclasses.replace(base, **changes)
+    return update if episode_problems(merged) else merged
 
 
 def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
-    """`base` with an update's changes (events.EpisodeUpdated); None stays None: an update of an
-    episode whose snapshot has not arrived waits for it (it sorts after it by time, folded again then)."""
+    """`base` with an update's changes (`events.updated`), or `base` unchanged when the result is one
+    the episode model refuses (`episode_problems`: `PATCH` answers 422 for it when the episode is
+    stored; this covers an update accepted before its episode was projected, or two racing). None
+    stays None: an update of an episode whose snapshot has not arrived waits for it (it sorts after it
+    by time, folded again then)."""
     if base is None:
         return None
-    changes: dict[str, Any] = {}  # field name → new value
-    if update.feedback is not None:
-        old = base.feedback or Feedback()
-        given = {f.name: getattr(update.feedback, f.name) for f in dataclasses.fields(Feedback)}
-        changes["feedback"] = dataclasses.replace(old, **{k: v for k, v in given.items() if v is not None})
-    if update.metadata is not None:
-        merged = dict(base.metadata or {})
-        for key, value in update.metadata.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        changes["metadata"] = merged or None
-    for name in ("outcome", "outcome_details", "importance", "expires_at"):
-        if getattr(update, name) is not None:
-            changes[name] = getattr(update, name)
-    return dataclasses.replace(base, **changes)
+    changed = updated(base, update)
+    return base if episode_problems(changed) else changed
 
 
 def _action_key(action: Action) -> tuple:

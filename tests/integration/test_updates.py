@@ -88,6 +88,45 @@ async def test_unknown_forgotten_and_bad_patches(api, settings, redis):
     assert (await api.patch("/v1/episodes/e1", json={"importance": 5})).status == 404
 
 
+async def test_a_patch_refused_once_merged_with_the_stored_episode_is_a_422(api, settings, redis):
+    """Fields valid alone that the stored episode makes invalid (a new-user trial: tests_passed 5 of a
+    stored 3, metadata merged past 64 KiB, expires_at before completed_at) are refused naming the field,
+    nothing is published, and the episode reads back as before, in the client too."""
+    first = episode(
+        "m1",
+        feedback={"reward": 0.5, "tests_passed": 2, "tests_total": 3},
+        metadata={"a": "x" * 40_000},
+        completed_at="2026-12-03T09:07:00+00:00",
+    )
+    async with consolidating(settings, redis):
+        assert (await api.post("/v1/episodes", json=first, params={"wait": 10})).status == 202
+        before = await stored(api, "m1")
+        length = await redis.xlen(Keys(settings.prefix).stream)
+        cases = [
+            ({"feedback": {"tests_passed": 5}}, "feedback.tests_passed"),
+            ({"feedback": {"tests_total": 1}}, "feedback.tests_passed"),
+            ({"metadata": {"b": "y" * 40_000}}, "metadata"),
+            ({"expires_at": "2026-12-03T09:00:00+00:00"}, "expires_at"),
+        ]
+        for body, field in cases:
+            resp = await api.patch("/v1/episodes/m1", json=body, params={"wait": 5})
+            assert resp.status == 422, (field, await resp.text())
+            errors = (await resp.json())["errors"]
+            assert field in {e["field"] for e in errors}, errors
+            assert all("once merged with the stored episode" in e["reason"] for e in errors), errors
+        assert await redis.xlen(Keys(settings.prefix).stream) == length  # nothing published
+        assert await stored(api, "m1") == before
+        # the same fields pass where the stored episode allows them
+        resp = await api.patch(
+            "/v1/episodes/m1",
+            json={"feedback": {"tests_passed": 3}, "metadata": {"a": None}},
+            params={"wait": 10},
+        )
+        assert resp.status == 202 and (await resp.json())["projected"], await resp.text()
+        got = await stored(api, "m1")
+        assert got["feedback"]["tests_passed"] == 3 and "metadata" not in got
+
+
 async def test_patch_is_per_tenant_and_in_both_clients(tenants, settings, redis):
     await tenants.post("/v1/episodes", json=episode("shared-id"), headers=auth(KEY_A))
     await drain(settings, redis)

@@ -58,3 +58,46 @@ def test_the_fold_is_a_function_of_the_set_of_events(items, rnd, repeats):
     shuffled = events + [rnd.choice(events) for _ in range(repeats)]  # redeliveries
     rnd.shuffle(shuffled)
     assert fold(shuffled) == fold(events)
+
+
+def test_an_update_the_episode_model_refuses_once_merged_is_not_folded():
+    """Each update is valid alone, but merged with the episode it would break a rule of the model; the
+    fold keeps the episode as it was (a later valid update still applies), so every stored episode can
+    be read back, exported and published again (`validation.episode_problems`)."""
+    from engram_episodic.validation import episode_problems
+
+    base = Episode(
+        episode_id="e",
+        task=Task(description="t"),
+        outcome="success",
+        completed_at=100.0,
+        feedback=Feedback(tests_passed=2, tests_total=3),
+        metadata={"a": "x" * 40_000},
+    )
+    done = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=100.0, episode=base)
+    refused = [
+        updated(101, feedback=Feedback(tests_passed=5)),  # above the stored tests_total
+        updated(102, feedback=Feedback(tests_total=1)),  # below the stored tests_passed
+        updated(103, metadata={"b": "y" * 40_000}),  # the merged metadata past 64 KiB
+        updated(104, expires_at=50.0),  # before the stored completed_at
+    ]
+    for u in refused:
+        assert fold([done, u]).episode == base, u
+    later = fold([done, *refused, updated(105, feedback=Feedback(tests_passed=3), metadata={"a": "short"})])
+    assert later.episode.feedback == Feedback(tests_passed=3, tests_total=3)
+    assert later.episode.metadata == {"a": "short"}
+    assert episode_problems(later.episode) == []
+
+
+def test_a_snapshot_refused_once_merged_is_taken_alone():
+    """A re-publish completed before the stored start would merge into completed_at < started_at: the
+    later snapshot is the episode then (it was valid alone at ingest)."""
+    first = Episode(episode_id="e", task=Task(description="t"), started_at=200.0, importance=4)
+    second = Episode(episode_id="e", task=Task(description="t2"), completed_at=150.0, outcome="success")
+    a = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=100.0, episode=first)
+    b = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=101.0, episode=second)
+    assert fold([a, b]).episode == second
+    ok = Episode(episode_id="e", task=Task(description="t2"), completed_at=250.0)
+    c = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=101.0, episode=ok)
+    merged = fold([a, c]).episode
+    assert merged.started_at == 200.0 and merged.completed_at == 250.0 and merged.importance == 4

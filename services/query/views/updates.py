@@ -13,18 +13,19 @@ import orjson
 from aiohttp import web
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import EpisodeUpdated
-from engram_episodic.validation import Collector, parse_update
+from engram_episodic.events import Episode, EpisodeUpdated, updated
+from engram_episodic.validation import Collector, episode_problems, parse_episode, parse_update
 from services.query.appkeys import KEYS, METRICS
-from services.query.problems import read_json
+from services.query.problems import Invalid, read_json
 from services.query.views.common import ns_of, path_id, publisher, query_params, redis_of, reply
 from services.query.views.episodes import IngestQuery, _accepted_not_projected, _projected, _stored
 
 
-async def _user_of(request: web.Request, episode_id: str) -> str | None:
-    """The episode's user (its sealed events' data key); NotFound for an id the namespace does not
-    hold (never had, forgot, or another namespace's). An episode accepted but not projected yet may be
-    updated too: the update sorts after its snapshot and is folded with it."""
+async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | None, Episode | None]:
+    """The episode's user (its sealed events' data key) and its stored state, if projected; NotFound
+    for an id the namespace does not hold (never had, forgot, or another namespace's). An episode
+    accepted but not projected yet may be updated too: the update sorts after its snapshot and is
+    folded with it (which skips it if the merge is refused, `projection._updated`)."""
     try:
         found = await _stored(request, episode_id)
     except NotFound:
@@ -33,10 +34,12 @@ async def _user_of(request: web.Request, episode_id: str) -> str | None:
             request, episode_id
         ):
             raise
-        return None
+        return None, None
     doc: dict[str, Any] = orjson.loads(found[b"doc"] or b"{}")
     user = doc.get("user_id")
-    return user if isinstance(user, str) else None
+    parsed = Collector()
+    episode = parse_episode(doc, "", parsed, require_task=False, max_actions=None)
+    return (user if isinstance(user, str) else None), episode
 
 
 async def update_episode(request: web.Request) -> web.Response:
@@ -46,10 +49,13 @@ async def update_episode(request: web.Request) -> web.Response:
     changes = parse_update(await read_json(request), "", errs)
     errs.raise_if_any()  # 422 naming every bad field; nothing is published
     assert changes is not None
-    user = await _user_of(request, episode_id)
+    user, stored = await _stored_episode(request, episode_id)
     event = EpisodeUpdated(
         namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time(), user_id=user, **changes
     )
+    if stored is not None and (problems := episode_problems(updated(stored, event))):
+        # each field was valid alone; merged with the stored episode it is not (the fold would skip it)
+        raise Invalid([(path, f"{reason} once merged with the stored episode") for path, reason in problems])
     [stream_id] = await publisher(request).publish([event])
     request.app[METRICS].published.labels("EpisodeUpdated").inc()
     out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
