@@ -337,6 +337,8 @@ class Settings:
     """`ENGRAM_METRICS_KEY`: with API keys set, the only key that reads /metrics (tenant keys get 403)."""
     default_namespace: str = env("ENGRAM_DEFAULT_NAMESPACE", "default")
     max_body_bytes: int = env("ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, integer(1024, 1 << 30))
+    body_timeout: float = env("ENGRAM_BODY_TIMEOUT", 60.0, duration)
+    """`ENGRAM_BODY_TIMEOUT`: seconds a request body may take to arrive once its headers did (408 after)."""
 
     # SDK / publishing
     publish_timeout: float = env("ENGRAM_PUBLISH_TIMEOUT", 5.0, duration)

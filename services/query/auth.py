@@ -86,7 +86,10 @@ def auth_middleware(
             request[NAMESPACE] = default_namespace
             cluster.set_route(default_namespace)  # a cluster's search commands go to its primary
             return await handler(request)
-        header = request.headers.get("Authorization")
+        headers = request.headers.getall("Authorization", [])
+        if len(headers) > 1:  # which credential is meant is the client's to say, never a pick
+            raise Problem(400, "send one Authorization header, not several")
+        header = headers[0] if headers else None
         if request.path == METRICS_PATH:
             if metrics_key is not None and namespace_for({metrics_key: ""}, header) is not None:
                 return await handler(request)

@@ -8,6 +8,7 @@ client never sees internals.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_problem
+from services.query.appkeys import SETTINGS
 from shared.retry import REDIS_FAULTS
 
 log = logging.getLogger("engram.query")
@@ -34,6 +36,7 @@ _TITLES = {
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    408: "Request timeout",
     409: "Conflict",
     413: "Request body too large",
     422: "Invalid request",
@@ -122,10 +125,21 @@ def _reject_constant(name: str) -> Any:
 
 async def read_json(request: web.Request) -> Any:
     """The body as JSON: 413 over the size limit (client_max_size), 400 when it is not JSON."""
+    timeout = request.app[SETTINGS].body_timeout
     try:
-        raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+        async with asyncio.timeout(timeout):  # a body trickled or never finished holds no connection for ever
+            raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
     except (RequestPayloadError, HttpProcessingError) as exc:  # e.g. Content-Encoding: gzip over non-gzip
         raise Problem(400, f"the request body cannot be read: {exc}") from None
+    except TimeoutError:
+        raise Problem(
+            408, f"the request body did not arrive within {timeout:g} s", headers={"Connection": "close"}
+        ) from None
+    except ConnectionResetError:  # the client went away mid-body: its fault, not a server error
+        log.info("client closed the connection mid-body ◆ %s %s", request.method, request.path)
+        raise Problem(
+            400, "the request body ended early: the connection was closed", headers={"Connection": "close"}
+        ) from None
     if not raw.strip():
         raise Problem(400, "the request body is empty; send a JSON object")
     body = _parse(raw)
