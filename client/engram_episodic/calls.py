@@ -54,7 +54,7 @@ from engram_episodic.types import (
     Suggestion,
     Updated,
 )
-from engram_episodic.validation import parse_update
+from engram_episodic.validation import MAX_ACTIONS, parse_update
 
 T = TypeVar("T")
 
@@ -171,6 +171,21 @@ def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> 
     )
 
 
+def joined(results: list[IngestResult]) -> IngestResult:
+    """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: the first
+    names every episode; `projected` holds only if every request's did (None without `wait`)."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    flags = [r.projected for r in results]
+    projected = None if any(f is None for f in flags) else all(flags)
+    late = {a.episode_id for r in results for a in r.results if a.projected is False}
+    accepted = tuple(
+        dataclasses.replace(a, projected=False) if a.episode_id in late else a for a in first.results
+    )
+    return dataclasses.replace(first, results=accepted, projected=projected)
+
+
 def _waited(result: IngestResult, wait: float | None) -> IngestResult:
     if wait and result.projected is False:
         missing = [a.episode_id for a in result.results if a.projected is False]
@@ -241,13 +256,19 @@ class Calls:
     @staticmethod
     def publish(
         episodes: Iterable[Episode | Mapping[str, Any]], wait: float | None = None
-    ) -> tuple[list[Episode], Call[IngestResult]]:
+    ) -> tuple[list[Episode], list[Call[IngestResult]]]:
+        """The episodes validated, and the requests that publish them: one, unless an episode holds more
+        than MAX_ACTIONS actions (one input's bound; an episode read back may hold more, accumulated
+        from several events). Then the first request carries every episode with its first MAX_ACTIONS
+        actions and each further one the next MAX_ACTIONS of those episodes, the same episode again:
+        the fold unions a snapshot's actions with the stored ones, so the last request leaves the whole
+        episode, and sending them all again changes nothing."""
         if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
             raise InvalidEpisode([("episodes", "must be a list of episodes")])
         prepared, errors = [], []
         for i, item in enumerate(episodes):
             try:
-                prepared.append(finished_episode(item))
+                prepared.append(finished_episode(item, max_actions=None))
             except InvalidEpisode as exc:  # every bad field of every episode at once, as the service does
                 errors += [
                     (f"episodes[{i}].{path}" if path else f"episodes[{i}]", why) for path, why in exc.errors
@@ -256,7 +277,16 @@ class Calls:
             raise InvalidEpisode(errors)
         if not prepared:
             raise InvalidEpisode([("episodes", "must hold at least one episode")])
-        return prepared, _ingest(prepared, batch=True, wait=wait)
+        longest = max(len(e.actions) for e in prepared)
+        parts = [
+            [
+                dataclasses.replace(e, actions=e.actions[at : at + MAX_ACTIONS])
+                for e in prepared
+                if not at or len(e.actions) > at
+            ]
+            for at in range(0, max(longest, 1), MAX_ACTIONS)
+        ]
+        return prepared, [_ingest(part, batch=True, wait=wait) for part in parts]
 
     @staticmethod
     def list_episodes(options: EpisodeListOptions) -> Call[EpisodePage]:

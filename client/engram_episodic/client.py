@@ -41,7 +41,7 @@ from engram_episodic import __version__
 from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
 from engram_episodic.calls import Calls as Calls
 from engram_episodic.calls import WaitTimeout as WaitTimeout
-from engram_episodic.calls import _ingest, _naming_ids, _waited
+from engram_episodic.calls import _ingest, _naming_ids, _waited, joined
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
@@ -383,9 +383,9 @@ class Engram(_Base[httpx.Client]):
         """Publish up to 1,000 finished episodes atomically (all or none) in one request (`wait`: as `record`).
 
         A failure names the ids it used (`exc.episode_ids`): publish those episodes again with them."""
-        prepared, call = Calls.publish(episodes, wait)
+        prepared, calls = Calls.publish(episodes, wait)
         with _naming_ids(prepared):
-            return _waited(self.call(call), wait)
+            return _waited(joined([self.call(call) for call in calls]), wait)
 
     def episode(
         self,
@@ -645,9 +645,9 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
     ) -> IngestResult:
         """See `Engram.publish`."""
-        prepared, call = Calls.publish(episodes, wait)
+        prepared, calls = Calls.publish(episodes, wait)
         with _naming_ids(prepared):
-            return _waited(await self.call(call), wait)
+            return _waited(joined([await self.call(call) for call in calls]), wait)
 
     def episode(
         self,

@@ -17,14 +17,21 @@ from engram_episodic.shapes import episode_to_dict, to_plain
 from engram_episodic.validation import MAX_ACTIONS, Collector, parse_action, parse_episode
 
 
-def finished_episode(episode: Episode | Mapping[str, Any] | None = None, /, **fields: Any) -> Episode:
+def finished_episode(
+    episode: Episode | Mapping[str, Any] | None = None,
+    /,
+    *,
+    max_actions: int | None = MAX_ACTIONS,
+    **fields: Any,
+) -> Episode:
     """A finished episode ready to publish: validated, with ids and `completed_at` fixed client-side.
 
     `episode` is an Episode, a JSON-shaped dict, or None with the fields as keyword arguments (they
     override the dict's). A missing `episode_id` is generated, `completed_at` defaults to now (UTC epoch
     seconds), so publishing the result again (a retry) is idempotent in effect: the same episode, and
     actions without an `action_id` de-duplicate by content in the fold, never a copy. Raises InvalidEpisode naming
-    every bad field, and when `outcome` is missing.
+    every bad field, and when `outcome` is missing. `max_actions`: as `parse_episode` (None: an episode
+    read back may hold more than one request carries; `Calls.publish` sends those in parts).
     """
     if isinstance(episode, Episode):
         data = episode_to_dict(episode)  # an Episode built in code skipped validation
@@ -37,7 +44,7 @@ def finished_episode(episode: Episode | Mapping[str, Any] | None = None, /, **fi
             [("episode", f"must be an Episode or a JSON object, not {type(episode).__name__}")]
         )
     data.update(fields)
-    parsed = parse_episode(data, default_episode_id=new_event_id())
+    parsed = parse_episode(data, default_episode_id=new_event_id(), max_actions=max_actions)
     assert parsed is not None  # parse_episode raises without a collector
     if parsed.outcome is None:
         raise InvalidEpisode([("outcome", "is required for a finished episode")])

@@ -38,7 +38,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
 from shared import cluster, context_setting, streams, tracing
 from shared.codec import trace_of
-from shared.embedding import reporting_progress
+from shared.embed_progress import reporting_progress
 from shared.index import (
     EmbedderMismatch,
     VectorParams,

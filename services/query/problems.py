@@ -24,7 +24,6 @@ from pydantic import BaseModel, ValidationError
 
 from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_problem
-from services.query.appkeys import SETTINGS
 from shared.retry import REDIS_FAULTS
 
 log = logging.getLogger("engram.query")
@@ -52,6 +51,10 @@ class Invalid(Exception):
     def __init__(self, errors: Iterable[tuple[str, str]]):
         self.errors = [(f or "<root>", r) for f, r in errors]
         super().__init__("; ".join(f"{f}: {r}" for f, r in self.errors))
+
+
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
+"""Seconds `read_json` waits for a body once its headers arrived (`ENGRAM_BODY_TIMEOUT`; set by make_app)."""
 
 
 class Problem(Exception):
@@ -125,7 +128,7 @@ def _reject_constant(name: str) -> Any:
 
 async def read_json(request: web.Request) -> Any:
     """The body as JSON: 413 over the size limit (client_max_size), 400 when it is not JSON."""
-    timeout = request.app[SETTINGS].body_timeout
+    timeout = request.app[BODY_TIMEOUT]
     try:
         async with asyncio.timeout(timeout):  # a body trickled or never finished holds no connection for ever
             raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size

@@ -336,3 +336,47 @@ async def test_ids_that_are_dot_segments_or_url_syntax_reach_their_route(tenants
         with pytest.raises(ResourceNotFound):
             await memory.get_episode(odd_id)
         assert (await memory.forget_episode(odd_id)).episode_id == odd_id  # already forgotten, not a 404
+
+
+async def test_an_episode_with_more_actions_than_one_request_takes_is_published_again(
+    tenants, settings, redis
+):
+    """A trial posted one episode twice with 600 distinct actions each: stored with 1,200, it could not
+    be published again (`engram import`, `publish(get_episode(...))`: 'must hold at most 1000 actions').
+    `publish` sends it in parts the fold unions; the copy in another namespace has every action."""
+    from tests.integration.test_query_e2e import consolidating
+
+    def acts(lo: int, hi: int) -> list[dict]:
+        return [
+            {"action_type": "step", "action_id": f"a{i:04d}", "timestamp": 1_700_000_000 + i}
+            for i in range(lo, hi)
+        ]
+
+    base = {
+        "episode_id": "long-1",
+        "task": "a long refactor",
+        "outcome": "success",
+        "completed_at": 1_700_010_000,
+    }
+    async with consolidating(settings, redis):
+        async with (
+            AsyncEngram(url(tenants), api_key=KEY_A) as a,
+            AsyncEngram(url(tenants), api_key=KEY_B) as b,
+        ):
+            await a.publish([{**base, "actions": acts(0, 600)}], wait=10)
+            await a.publish([{**base, "actions": acts(600, 1200)}], wait=10)
+            stored = (await a.get_episode("long-1")).episode
+            assert len(stored.actions) == 1200
+            result = await b.publish(
+                [stored, {**base, "episode_id": "short-1", "actions": acts(0, 3)}], wait=10
+            )
+            assert result.accepted == 2 and result.projected is True
+            assert [x.episode_id for x in result.results] == ["long-1", "short-1"]
+            copy = (await b.get_episode("long-1")).episode
+            assert copy.actions == stored.actions
+            assert len((await b.get_episode("short-1")).episode.actions) == 3
+        with Engram(url(tenants), api_key=KEY_B) as sync:  # the same in the sync client, again: no change
+            again = await asyncio.to_thread(sync.publish, [stored], wait=10)
+            assert again.projected is True
+        async with AsyncEngram(url(tenants), api_key=KEY_B) as b:
+            assert (await b.get_episode("long-1")).episode == copy
