@@ -143,6 +143,24 @@ def spawn_consolidator(settings: Any, redis_url: str | None = None, **env: str) 
     )
 
 
+def spawn_query_service(redis_url: str, prefix: str, port: int, log: Path, **env: str) -> subprocess.Popen:
+    """`python -m services.query` (serve(), not the test server) on `redis_url` with `prefix`, the
+    hashing embedder and port `port`, `env` (ENGRAM_* variables) over those; stdout and stderr go to
+    the file `log`."""
+    full = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "ENGRAM_PREFIX": prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_PORT": str(port),
+        **env,
+    }
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.query"], cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
 async def ready(url: str) -> bool:
     """Whether the query service at `url` answers `GET /readyz` 200 within 2 s (False when it does not
     answer at all)."""

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -18,7 +15,7 @@ import pytest
 from deploy.embedded_redis import free_port
 from engram_episodic.errors import InvalidEpisode
 from shared.sdk import EngramClient
-from tests.helpers import wait_until
+from tests.helpers import spawn_query_service, wait_until
 
 pytest_plugins = ["tests.integration.test_query_support"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -373,21 +370,8 @@ async def test_a_client_gone_mid_body_is_not_a_server_error(redis_url, prefix, t
     """A trial's client closed the socket mid-body: `python -m services.query` logged an unhandled
     error and answered 500 (the test server cancels such a handler instead, so this runs the process).
     It is the client's doing: one INFO line and a 400, whether the client closes or resets."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "ENGRAM_PREFIX": prefix,
-        "ENGRAM_EMBEDDER": "hashing",
-        "ENGRAM_EMBED_DIM": "64",
-        "ENGRAM_PORT": str(port),
-        "ENGRAM_METRICS_PORT": "0",
-    }
-    log = tmp_path / "query.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+    port, log = free_port(), tmp_path / "query.log"
+    proc = spawn_query_service(redis_url, prefix, port, log, ENGRAM_EMBED_DIM="64", ENGRAM_METRICS_PORT="0")
     try:
         await wait_until(lambda: "query service ready" in log.read_text(), timeout=60, message="ready")
         for n, path in enumerate(("/v1/recall", "/v1/episodes", "/v1/context"), start=1):

@@ -4,9 +4,6 @@ with what is pending, the API 503 problem+json, then ready; a failed start-up st
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +14,7 @@ from engram_episodic.errors import Conflict
 from services.query.app import make_app
 from services.query.appkeys import STARTUP
 from shared.embedding import HashingEmbedder
-from tests.helpers import wait_until
+from tests.helpers import spawn_query_service, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,20 +104,9 @@ async def test_a_background_start_up_that_conflicts_is_raised_by_wait(aiohttp_cl
 @pytest.mark.slow
 async def test_the_process_listens_before_redis_answers_and_turns_ready_after(settings, tmp_path):
     server = EmbeddedRedis(port=free_port(), data_dir=tmp_path / "redis")
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,  # nothing listens there yet
-        "ENGRAM_PREFIX": settings.prefix,
-        "ENGRAM_EMBEDDER": "hashing",
-        "ENGRAM_PORT": str(port),
-        "ENGRAM_LOG_LEVEL": "WARNING",
-    }
-    log = tmp_path / "query.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+    port, log = free_port(), tmp_path / "query.log"
+    # nothing listens at server.url yet
+    proc = spawn_query_service(server.url, settings.prefix, port, log, ENGRAM_LOG_LEVEL="WARNING")
     url = f"http://127.0.0.1:{port}"
 
     async def readyz():

@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +21,7 @@ from shared.embedding import HashingEmbedder
 from shared.index import Scope, count
 from shared.keys import Keys
 from shared.tags import BLAKE2B
-from tests.helpers import wait_until
+from tests.helpers import spawn_query_service, wait_until
 from tests.integration.test_query_support import (
     KEY_A,
     KEY_B,
@@ -466,23 +463,17 @@ def test_credentials_are_redacted_from_whatever_aiohttp_still_logs(caplog):
 async def test_the_service_process_logs_no_key_and_stops_on_sigterm(redis_url, prefix, tmp_path, log_format):
     """`python -m services.query` itself (serve(), not the test server), logging at DEBUG, in either
     ENGRAM_LOG_FORMAT: with `json` every line is one JSON object and the same redactions hold."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "ENGRAM_PREFIX": prefix,
-        "ENGRAM_EMBEDDER": "hashing",
-        "ENGRAM_EMBED_DIM": "64",
-        "ENGRAM_PORT": str(port),
-        "ENGRAM_API_KEYS": f"{KEY_A}=ns-a",
-        "ENGRAM_LOG_LEVEL": "DEBUG",
-        "ENGRAM_LOG_FORMAT": log_format,
-    }
-    log_path = tmp_path / "query.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.query"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+    port, log_path = free_port(), tmp_path / "query.log"
+    proc = spawn_query_service(
+        redis_url,
+        prefix,
+        port,
+        log_path,
+        ENGRAM_EMBED_DIM="64",
+        ENGRAM_API_KEYS=f"{KEY_A}=ns-a",
+        ENGRAM_LOG_LEVEL="DEBUG",
+        ENGRAM_LOG_FORMAT=log_format,
+    )
     try:
         server = SimpleNamespace(host="127.0.0.1", port=port)
 
