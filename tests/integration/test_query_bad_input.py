@@ -340,13 +340,17 @@ async def test_a_query_parameter_a_route_does_not_take_is_a_422_and_nothing_is_p
 
 
 async def _raw_request(host: str, port: int, path: str, *, declared: int, sent: bytes):
-    """A POST whose body stops short of its Content-Length: (reader, writer) of the open connection."""
+    """A POST whose body stops short of its Content-Length: (reader, writer) of the open connection.
+    It asks `Expect: 100-continue` and sends the body once the service answered `100 Continue`, i.e.
+    once the request reached its handler (so a close after that is a close mid-body)."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
         f"Content-Length: {declared}\r\n\r\n".encode()
-        + sent
     )
+    await writer.drain()
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 100")
+    writer.write(sent)
     await writer.drain()
     return reader, writer
 
@@ -376,8 +380,6 @@ async def test_a_client_gone_mid_body_is_not_a_server_error(redis_url, prefix, t
         await wait_until(lambda: "query service ready" in log.read_text(), timeout=60, message="ready")
         for n, path in enumerate(("/v1/recall", "/v1/episodes", "/v1/context"), start=1):
             reader, writer = await _raw_request("127.0.0.1", port, path, declared=100, sent=b'{"task": ')
-            # the handler is reading the body once the access log line of the previous one is out
-            await asyncio.sleep(0.2)
             if n % 2:
                 writer.close()
             else:
