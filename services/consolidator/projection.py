@@ -6,7 +6,7 @@ deliveries reach the same document as a sequential replay. Later snapshots
 override earlier ones field by field (a None never erases a value); actions are the union of every
 snapshot's actions and every `ActionRecorded`, de-duplicated by `action_id` and ordered by time.
 Every step keeps an episode the model accepts (`validation.episode_problems`): an update that would
-break it is not applied, a snapshot that would is taken alone.
+break it is not applied, nor are a snapshot's fields that would (its actions still join the union).
 """
 
 from __future__ import annotations
@@ -48,8 +48,11 @@ class Folded:
 
 
 def _merge(base: Episode | None, update: Episode) -> Episode:
-    """`base` overridden by a later snapshot field by field; the snapshot alone when the merge is one
-    the episode model refuses (`episode_problems`: e.g. its completed_at before base's started_at)."""
+    """`base` overridden by a later snapshot field by field; `base` unchanged when the merge is one the
+    episode model refuses (`episode_problems`: e.g. its completed_at before base's started_at, or an
+    expired episode re-posted with a later completed_at). Never the snapshot alone: that dropped the
+    stored user_id and expires_at while the actions stayed, so a forget or the expiry sweep missed them
+    (a new-user trial)."""
     if base is None:
         return update
     changes = {}
@@ -58,7 +61,7 @@ def _merge(base: Episode | None, update: Episode) -> Episode:
         if value is not None and value != ():
             changes[f.name] = value
     merged = dataclasses.replace(base, **changes)
-    return update if episode_problems(merged) else merged
+    return base if episode_problems(merged) else merged
 
 
 def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engram_episodic.events import Episode, EpisodeCompleted, EpisodeUpdated, Feedback, Task
+from engram_episodic.events import Action, Episode, EpisodeCompleted, EpisodeUpdated, Feedback, Task
 from services.consolidator.projection import fold
 
 BASE = Episode(
@@ -89,15 +91,35 @@ def test_an_update_the_episode_model_refuses_once_merged_is_not_folded():
     assert episode_problems(later.episode) == []
 
 
-def test_a_snapshot_refused_once_merged_is_taken_alone():
-    """A re-publish completed before the stored start would merge into completed_at < started_at: the
-    later snapshot is the episode then (it was valid alone at ingest)."""
-    first = Episode(episode_id="e", task=Task(description="t"), started_at=200.0, importance=4)
-    second = Episode(episode_id="e", task=Task(description="t2"), completed_at=150.0, outcome="success")
+def test_a_snapshot_refused_once_merged_leaves_the_stored_fields():
+    """A re-publish completed before the stored start would merge into completed_at < started_at. Taking
+    the snapshot alone (as a first version did) dropped the stored user_id and expires_at while their
+    actions stayed — a forget of that user, or the expiry sweep, then missed them (a trial). The stored
+    fields stay; the snapshot's actions still join the union."""
+    first = Episode(
+        episode_id="e",
+        task=Task(description="t"),
+        started_at=200.0,
+        outcome="partial",
+        importance=4,
+        user_id="bob",
+        expires_at=500.0,
+        actions=(Action(action_type="a", action_id="a1", timestamp=210.0),),
+    )
+    second = Episode(
+        episode_id="e",
+        task=Task(description="t2"),
+        completed_at=150.0,
+        outcome="success",
+        actions=(Action(action_type="b", action_id="b1", timestamp=140.0),),
+    )
     a = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=100.0, episode=first)
     b = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=101.0, episode=second)
-    assert fold([a, b]).episode == second
+    kept = fold([a, b]).episode
+    assert dataclasses.replace(kept, actions=first.actions) == first
+    assert {x.action_id for x in kept.actions} == {"a1", "b1"}
     ok = Episode(episode_id="e", task=Task(description="t2"), completed_at=250.0)
     c = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=101.0, episode=ok)
     merged = fold([a, c]).episode
     assert merged.started_at == 200.0 and merged.completed_at == 250.0 and merged.importance == 4
+    assert merged.user_id == "bob"
