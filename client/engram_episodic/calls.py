@@ -34,9 +34,11 @@ from engram_episodic.options import (
     StrategyOptions,
     SuggestOptions,
 )
+from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES, request_bodies
 from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from engram_episodic.types import (
+    Accepted,
     Consolidation,
     Context,
     EpisodePage,
@@ -54,7 +56,7 @@ from engram_episodic.types import (
     Suggestion,
     Updated,
 )
-from engram_episodic.validation import MAX_ACTIONS, parse_update
+from engram_episodic.validation import parse_update
 
 T = TypeVar("T")
 
@@ -159,9 +161,11 @@ def _as_is(data: Any) -> Any:
 
 def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> Call[IngestResult]:
     if batch:
-        body: Any = {"episodes": [episode_to_dict(e) for e in episodes]}
-    else:
-        body = episode_to_dict(episodes[0])
+        return _post_episodes({"episodes": [episode_to_dict(e) for e in episodes]}, wait)
+    return _post_episodes(episode_to_dict(episodes[0]), wait)
+
+
+def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResult]:
     return Call(
         "POST",
         "/v1/episodes",
@@ -172,18 +176,23 @@ def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> 
 
 
 def joined(results: list[IngestResult]) -> IngestResult:
-    """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: the first
-    names every episode; `projected` holds only if every request's did (None without `wait`)."""
-    first = results[0]
+    """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: every episode
+    once, in the order of its first part (the first parts go first, so that is the list's order);
+    an episode is `projected` only if each of its parts was, the whole only if every request's was
+    (None without `wait`)."""
     if len(results) == 1:
-        return first
+        return results[0]
+    late = {a.episode_id for r in results for a in r.results if a.projected is False}
+    first: dict[str, Accepted] = {}
+    for result in results:
+        for a in result.results:
+            first.setdefault(
+                a.episode_id, dataclasses.replace(a, projected=False) if a.episode_id in late else a
+            )
     flags = [r.projected for r in results]
     projected = None if any(f is None for f in flags) else all(flags)
-    late = {a.episode_id for r in results for a in r.results if a.projected is False}
-    accepted = tuple(
-        dataclasses.replace(a, projected=False) if a.episode_id in late else a for a in first.results
-    )
-    return dataclasses.replace(first, results=accepted, projected=projected)
+    accepted = tuple(first.values())
+    return dataclasses.replace(results[0], accepted=len(accepted), results=accepted, projected=projected)
 
 
 def _waited(result: IngestResult, wait: float | None) -> IngestResult:
@@ -255,14 +264,15 @@ class Calls:
 
     @staticmethod
     def publish(
-        episodes: Iterable[Episode | Mapping[str, Any]], wait: float | None = None
+        episodes: Iterable[Episode | Mapping[str, Any]],
+        wait: float | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> tuple[list[Episode], list[Call[IngestResult]]]:
-        """The episodes validated, and the requests that publish them: one, unless an episode holds more
-        than MAX_ACTIONS actions (one input's bound; an episode read back may hold more, accumulated
-        from several events). Then the first request carries every episode with its first MAX_ACTIONS
-        actions and each further one the next MAX_ACTIONS of those episodes, the same episode again:
-        the fold unions a snapshot's actions with the stored ones, so the last request leaves the whole
-        episode, and sending them all again changes nothing."""
+        """The episodes validated, and the requests that publish them (`parts.request_bodies`): one when
+        they fit one request (at most 1,000 episodes, 1,000 actions each, `max_body_bytes` of JSON),
+        else parts in order, each episode whole once the last request carrying it is folded; sending
+        them all again changes nothing. Raises InvalidEpisode naming every bad field, or the field or
+        action too large for one request."""
         if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
             raise InvalidEpisode([("episodes", "must be a list of episodes")])
         prepared, errors = [], []
@@ -277,16 +287,8 @@ class Calls:
             raise InvalidEpisode(errors)
         if not prepared:
             raise InvalidEpisode([("episodes", "must hold at least one episode")])
-        longest = max(len(e.actions) for e in prepared)
-        parts = [
-            [
-                dataclasses.replace(e, actions=e.actions[at : at + MAX_ACTIONS])
-                for e in prepared
-                if not at or len(e.actions) > at
-            ]
-            for at in range(0, max(longest, 1), MAX_ACTIONS)
-        ]
-        return prepared, [_ingest(part, batch=True, wait=wait) for part in parts]
+        bodies = request_bodies([episode_to_dict(e) for e in prepared], max_bytes=max_body_bytes)
+        return prepared, [_post_episodes(body, wait) for body in bodies]
 
     @staticmethod
     def list_episodes(options: EpisodeListOptions) -> Call[EpisodePage]:

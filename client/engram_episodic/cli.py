@@ -34,6 +34,7 @@ from engram_episodic import cli_admin
 from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.client import Engram
 from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
+from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
 
 
 def _default_url() -> str:
@@ -41,7 +42,9 @@ def _default_url() -> str:
 
 
 def _client(ctx: click.Context) -> Engram:
-    return Engram(ctx.obj["url"], api_key=ctx.obj["api_key"], timeout=60.0)
+    return Engram(
+        ctx.obj["url"], api_key=ctx.obj["api_key"], timeout=60.0, max_body_bytes=ctx.obj["max_body_bytes"]
+    )
 
 
 def _run(ctx: click.Context, fn: Any) -> Any:
@@ -52,6 +55,12 @@ def _run(ctx: click.Context, fn: Any) -> Any:
     except ApiError as exc:
         lines = [f"{exc.status} {exc.title}" + (f": {exc.detail}" if exc.detail else "")]
         lines += [f"  {field}: {reason}" for field, reason in exc.errors]
+        if exc.status == 401:
+            lines.append(
+                "  pass the API key with --api-key or ENGRAM_API_KEY"
+                if not ctx.obj["api_key"]
+                else "  the key given (--api-key or ENGRAM_API_KEY) is not one of the service's ENGRAM_API_KEYS"
+            )
         raise click.ClickException("\n".join(lines)) from None
     except InvalidEpisode as exc:
         raise click.ClickException("invalid:\n" + "\n".join(f"  {f}: {r}" for f, r in exc.errors)) from None
@@ -99,10 +108,18 @@ def _fmt(value: float | None, spec: str) -> str:
     default=None,
     help="API key, sent as a Bearer token (env ENGRAM_API_KEY).",
 )
+@click.option(
+    "--max-body-bytes",
+    envvar="ENGRAM_MAX_BODY_BYTES",
+    type=click.IntRange(min=1024),
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    help="Largest request body the service takes (its ENGRAM_MAX_BODY_BYTES): import splits by it.",
+)
 @click.pass_context
-def cli(ctx: click.Context, url: str, api_key: str | None) -> None:
+def cli(ctx: click.Context, url: str, api_key: str | None, max_body_bytes: int) -> None:
     """Engram: episodic memory for LLM agents."""
-    ctx.obj = {"url": url, "api_key": api_key}
+    ctx.obj = {"url": url, "api_key": api_key, "max_body_bytes": max_body_bytes}
 
 
 _scope_options = [

@@ -8,7 +8,8 @@ Export pages through `GET /v1/episodes` (the client's `iter_episodes`) and write
 in its ingest shape: its `episode_id`, `started_at` / `completed_at` / `expires_at`, its actions with
 their `action_id` and `timestamp`, feedback, metadata and every other field (derived fields such as
 `duration_s` are dropped; the vector is not exported: the importing stack embeds the text again).
-Import publishes the lines back in batches (`publish`), each episode with its own `episode_id` and
+Import publishes the lines back in batches (`publish`, which sends them in requests of at most
+`--max-body-bytes` / ENGRAM_MAX_BODY_BYTES, an episode larger than one in parts), each episode with its own `episode_id` and
 `completed_at`, so importing a file twice, or into a stack that holds some of it, changes nothing: a
 re-published episode is the same episode (docs/api.md, The episode model). Event ids are not carried:
 the importing stack records new events for the same episodes.
@@ -24,7 +25,7 @@ import click
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.shapes import episode_to_dict
 
-IMPORT_BATCH = 500  # episodes per publish request (the service takes at most 1,000)
+IMPORT_BATCH = 500  # episodes per `publish` call (one progress step); it splits them by the body limit
 
 
 @click.command("export")

@@ -41,7 +41,7 @@ from engram_episodic import __version__
 from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
 from engram_episodic.calls import Calls as Calls
 from engram_episodic.calls import WaitTimeout as WaitTimeout
-from engram_episodic.calls import _ingest, _naming_ids, _waited, joined
+from engram_episodic.calls import _naming_ids, _waited, joined
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
@@ -96,6 +96,7 @@ from engram_episodic.options import (
 from engram_episodic.options import (
     Weights as Weights,
 )
+from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES, encode_body
 from engram_episodic.types import (
     Consolidation,
     Context,
@@ -172,6 +173,7 @@ class _Base(Generic[H]):
         max_retry_wait: float = 30.0,
         headers: Mapping[str, str] | None = None,
         http_client: H | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, not {base_url[:40]!r}")
@@ -179,6 +181,9 @@ class _Base(Generic[H]):
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_retry_wait = max_retry_wait
+        if max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, not {max_body_bytes}")
+        self.max_body_bytes = max_body_bytes
         self._headers = {"User-Agent": f"engram-episodic/{__version__}", **(headers or {})}
         if api_key:
             # the service compares keys exactly: padding or a non-ASCII byte would only ever be a 401
@@ -194,13 +199,22 @@ class _Base(Generic[H]):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Self:
-        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080) and ENGRAM_API_KEY."""
+        """A client from ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080), ENGRAM_API_KEY and
+        ENGRAM_MAX_BODY_BYTES (the service's own setting: the largest request body, default 4 MiB).
+        Raises ValueError for a bad ENGRAM_MAX_BODY_BYTES."""
         env = os.environ if env is None else env
         port = env.get("ENGRAM_PORT") or "8080"
-        config = {
+        config: dict[str, Any] = {
             "base_url": env.get("ENGRAM_URL") or f"http://127.0.0.1:{port}",
             "api_key": env.get("ENGRAM_API_KEY") or None,
         }
+        if env.get("ENGRAM_MAX_BODY_BYTES"):
+            try:
+                config["max_body_bytes"] = int(env["ENGRAM_MAX_BODY_BYTES"])
+            except ValueError:
+                raise ValueError(
+                    f"ENGRAM_MAX_BODY_BYTES must be an integer (bytes), not {env['ENGRAM_MAX_BODY_BYTES'][:40]!r}"
+                ) from None
         return cls(**{**config, **kwargs})
 
     def _request_args(self, call: Call[Any]) -> dict[str, Any]:
@@ -212,7 +226,9 @@ class _Base(Generic[H]):
             "timeout": self.timeout,
         }
         if call.body is not None:
-            args["json"] = call.body
+            # encoded here, as `parts.request_bodies` counts it (httpx < 0.28 escapes non-ASCII: 2x larger)
+            args["content"] = encode_body(call.body)
+            args["headers"] = {**self._headers, "Content-Type": "application/json"}
         if call.params:
             args["params"] = call.params
         return args
@@ -380,10 +396,14 @@ class Engram(_Base[httpx.Client]):
     def publish(
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
     ) -> IngestResult:
-        """Publish up to 1,000 finished episodes atomically (all or none) in one request (`wait`: as `record`).
+        """Publish finished episodes (`wait`: as `record`, for each request).
 
-        A failure names the ids it used (`exc.episode_ids`): publish those episodes again with them."""
-        prepared, calls = Calls.publish(episodes, wait)
+        Episodes that fit one request (at most 1,000 episodes, 1,000 actions each and `max_body_bytes`
+        of JSON) go in one, which the service applies all or none. More go in parts, in order (see
+        `engram_episodic.parts`): each request is all or none, the whole is not, and a failure may
+        leave the first parts applied. A failure names the ids it used (`exc.episode_ids`): publishing
+        the same episodes again is safe (each is the same episode, never a copy)."""
+        prepared, calls = Calls.publish(episodes, wait, self.max_body_bytes)
         with _naming_ids(prepared):
             return _waited(joined([self.call(call) for call in calls]), wait)
 
@@ -497,10 +517,15 @@ class _OpenEpisode:
     def _action(self, action_type: str, **fields: Any) -> Action:
         return self.draft.action(action_type, **fields)
 
-    def _send(self, outcome: str, fields: Mapping[str, Any]) -> tuple[Episode, Call[IngestResult]]:
-        snapshot = self.draft.completion(outcome, **fields)
+    def _send(
+        self, outcome: str, fields: Mapping[str, Any], max_body_bytes: int
+    ) -> tuple[Episode, list[Call[IngestResult]]]:
+        """The completion and the requests that publish it: every action recorded, in parts when they
+        do not fit one request (`Calls.publish`)."""
+        snapshot = self.draft.completion(outcome, keep_actions=None, **fields)
         self.sent = True
-        return snapshot, _ingest([snapshot], batch=False)
+        _, calls = Calls.publish([snapshot], max_body_bytes=max_body_bytes)
+        return snapshot, calls
 
     def _on_exit(
         self, exc_type: type[BaseException] | None, exc: BaseException | None
@@ -538,9 +563,10 @@ class HttpEpisode(_OpenEpisode):
 
         If publishing fails, the error says whether it may have been applied (and names the id), and
         leaving the block does not publish a `failure` over it; call `complete` again to retry."""
-        snapshot, call = self._send(outcome, fields)
+        snapshot, calls = self._send(outcome, fields, self.client.max_body_bytes)
         with _naming_ids([snapshot]):
-            self.client.call(call)
+            for call in calls:
+                self.client.call(call)
         return self.draft.completed_with(snapshot)
 
     def __enter__(self) -> HttpEpisode:
@@ -645,7 +671,7 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
     ) -> IngestResult:
         """See `Engram.publish`."""
-        prepared, calls = Calls.publish(episodes, wait)
+        prepared, calls = Calls.publish(episodes, wait, self.max_body_bytes)
         with _naming_ids(prepared):
             return _waited(joined([await self.call(call) for call in calls]), wait)
 
@@ -758,9 +784,10 @@ class AsyncHttpEpisode(_OpenEpisode):
 
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""
-        snapshot, call = self._send(outcome, fields)
+        snapshot, calls = self._send(outcome, fields, self.client.max_body_bytes)
         with _naming_ids([snapshot]):
-            await self.client.call(call)
+            for call in calls:
+                await self.client.call(call)
         return self.draft.completed_with(snapshot)
 
     async def __aenter__(self) -> AsyncHttpEpisode:

@@ -119,13 +119,13 @@ class EpisodeDraft:
         self.actions.append(act)
         return act
 
-    def completion(self, outcome: str, **fields: Any) -> Episode:
-        """The final snapshot to publish, with the last MAX_ACTIONS actions (one input's bound).
+    def completion(self, outcome: str, *, keep_actions: int | None = MAX_ACTIONS, **fields: Any) -> Episode:
+        """The final snapshot to publish, with the last `keep_actions` actions (None: all of them).
 
-        Every action was published on its own by the stream SDK and the consolidator merges them by
-        `action_id`, so an episode of more actions still completes whole there; over HTTP only the last
-        MAX_ACTIONS travel. `fields` may set any Episode field. Raises InvalidEpisode, also when the
-        episode was already completed.
+        The stream SDK keeps MAX_ACTIONS (one event's bound): it published every action on its own and
+        the consolidator merges them by `action_id`, so an episode of more actions still completes whole
+        there. The HTTP clients keep all and publish them in parts (`Calls.publish`). `fields` may set
+        any Episode field. Raises InvalidEpisode, also when the episode was already completed.
         """
         if self.completed is not None:
             raise InvalidEpisode([("outcome", "episode already completed")])
@@ -133,8 +133,9 @@ class EpisodeDraft:
         data.update({k: v for k, v in fields.items() if v is not None})
         data["outcome"] = outcome
         data.setdefault("completed_at", time.time())
-        data["actions"] = [to_plain(a) for a in self.actions[-MAX_ACTIONS:]]
-        snapshot = parse_episode(data)
+        kept = self.actions if keep_actions is None else self.actions[-keep_actions:] if keep_actions else []
+        data["actions"] = [to_plain(a) for a in kept]
+        snapshot = parse_episode(data, max_actions=keep_actions)
         assert snapshot is not None
         return snapshot
 

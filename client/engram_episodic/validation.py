@@ -271,7 +271,7 @@ def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | Non
         errs.add(path, f"must be JSON-serialisable with finite numbers ({exc})")
         return None
     if len(encoded.encode()) > MAX_JSON_BYTES:
-        errs.add(path, f"must be at most {MAX_JSON_BYTES} bytes once encoded")
+        errs.add(path, f"must be at most {MAX_JSON_BYTES} bytes as JSON")
         return None
     return json.loads(encoded)
 
@@ -538,8 +538,16 @@ def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> d
         outcome = value.get("outcome")
         if outcome is not None and outcome not in OUTCOMES:
             errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
+        feedback = parse_feedback(value.get("feedback"), _join(path, "feedback"), errs)
+        if feedback is not None and feedback == Feedback():
+            # merged field by field, a null keeps the stored value: a change of nothing is a mistake
+            errs.add(
+                _join(path, "feedback"),
+                "must set at least one of reward, message, tests_passed, tests_total (a null keeps the "
+                "stored value; it does not clear it)",
+            )
         out = {
-            "feedback": parse_feedback(value.get("feedback"), _join(path, "feedback"), errs),
+            "feedback": feedback,
             "outcome": outcome,
             "outcome_details": _text(value.get("outcome_details"), _join(path, "outcome_details"), errs),
             "importance": _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),

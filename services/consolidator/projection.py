@@ -26,6 +26,7 @@ from engram_episodic.events import (
     Event,
     updated,
 )
+from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import episode_problems
 from shared.index import STATUS_COMPLETED, STATUS_DRAFT
 
@@ -77,7 +78,13 @@ def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
 
 
 def _action_key(action: Action) -> tuple:
-    return (action.action_id,) if action.action_id else ("anon", action)
+    """An action's identity: its `action_id`, else its content with the timestamp as the API writes it
+    (ISO 8601, microseconds): an episode read back and published again (an export, then an import)
+    carries its anonymous actions' timestamps rounded so, and must fold to the same actions, not
+    copies."""
+    if action.action_id:
+        return (action.action_id,)
+    return ("anon", dataclasses.replace(action, timestamp=None), format_instant(action.timestamp))
 
 
 def fold(events: Iterable[Event]) -> Folded:

@@ -48,7 +48,7 @@ from services.query.auth import auth_middleware
 from services.query.cursors import Cursors
 from services.query.metrics import Metrics
 from services.query.openapi import document
-from services.query.problems import BODY_TIMEOUT, problems_middleware, utf8_url_middleware
+from services.query.problems import BODY_TIMEOUT, problems_middleware, route_of, utf8_url_middleware
 from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
@@ -184,8 +184,7 @@ async def traced(request: web.Request, handler) -> web.StreamResponse:
     live in paths: never the path itself)."""
     if not tracing.enabled():
         return await handler(request)
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else "<no route>"
+    route = route_of(request)
     with tracing.span(
         f"{request.method} {route}",
         kind="server",

@@ -65,6 +65,13 @@ class Problem(Exception):
         super().__init__(detail)
 
 
+def route_of(request: web.Request, unmatched: str = "<no route>") -> str:
+    """The request's route template (`/v1/users/{user_id}`), for logs, metrics and spans: ids live in
+    paths (a user id may be an e-mail address), so the path itself is never written out."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else unmatched
+
+
 def problem(
     status: int,
     detail: str | None = None,
@@ -139,7 +146,7 @@ async def read_json(request: web.Request) -> Any:
             408, f"the request body did not arrive within {timeout:g} s", headers={"Connection": "close"}
         ) from None
     except ConnectionResetError:  # the client went away mid-body: its fault, not a server error
-        log.info("client closed the connection mid-body ◆ %s %s", request.method, request.path)
+        log.info("client closed the connection mid-body ◆ %s %s", request.method, route_of(request))
         raise Problem(
             400, "the request body ended early: the connection was closed", headers={"Connection": "close"}
         ) from None
@@ -204,12 +211,12 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
             max_lag=exc.max_lag,
         )
     if isinstance(exc, REDIS_FAULTS):  # an outage (a cluster's too), not a bug: no traceback
-        log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, request.path, type(exc).__name__)
+        log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, route_of(request), type(exc).__name__)
         return problem(503, "the memory store is unavailable; retry later", headers={"Retry-After": "1"})
     if isinstance(
         exc, ConfigError
     ):  # the deployment's, not the request's: say so, and how to fix it in the log
-        log.error("misconfigured ◆ %s %s ◆ %s", request.method, request.path, exc)
+        log.error("misconfigured ◆ %s %s ◆ %s", request.method, route_of(request), exc)
         return problem(
             503, "the service is misconfigured; its log says how to fix it", headers={"Retry-After": "5"}
         )
@@ -226,7 +233,7 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
             exc.reason,
             headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")},
         )
-    log.error("unhandled error ◆ %s %s", request.method, request.path, exc_info=exc)
+    log.error("unhandled error ◆ %s %s", request.method, route_of(request), exc_info=exc)
     return problem(500, "an unexpected error occurred; it was logged")
 
 

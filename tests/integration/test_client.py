@@ -28,7 +28,7 @@ from engram_episodic.events import Feedback
 from engram_episodic.types import Recall, RecallHit
 from shared import streams
 from shared.keys import Keys
-from tests.helpers import EMPTY_RECALL
+from tests.helpers import EMPTY_RECALL, wait_until
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A, KEY_B
 
@@ -380,3 +380,41 @@ async def test_an_episode_with_more_actions_than_one_request_takes_is_published_
             assert again.projected is True
         async with AsyncEngram(url(tenants), api_key=KEY_B) as b:
             assert (await b.get_episode("long-1")).episode == copy
+
+
+async def test_an_http_episode_block_keeps_every_action(tenants, settings, redis):
+    """A new-user trial: `with memory.episode(...)` over HTTP published only the last 1,000 actions. Now
+    the completion carries all of them, in parts when they exceed one request (here 64 KiB)."""
+    from tests.integration.test_query_e2e import consolidating
+
+    inputs = [f"edit {i} " + "x" * 60 for i in range(1_500)]
+    async with consolidating(settings, redis):
+        async with AsyncEngram(url(tenants), api_key=KEY_A, max_body_bytes=64 * 1024) as memory:
+            async with memory.episode("a long refactoring session") as ep:
+                for text in inputs:
+                    await ep.action("edit", input=text)
+                await ep.complete("success")
+            # recallable once the first part is folded; whole once the last is (parts are not atomic)
+            back = await wait_until(lambda: _whole(memory, ep.episode_id, len(inputs)), timeout=20)
+        assert [a.input for a in back.actions] == inputs
+
+        def sync() -> str:
+            with Engram(url(tenants), api_key=KEY_A) as m:
+                with m.episode("another long session") as block:
+                    for text in inputs[:1_200]:
+                        block.action("edit", input=text)
+                return block.episode_id
+
+        episode_id = await asyncio.to_thread(sync)  # left without complete(): abandoned, every action
+        async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+            back = await wait_until(lambda: _whole(memory, episode_id, 1_200), timeout=20)
+        assert [a.input for a in back.actions] == inputs[:1_200] and back.outcome == "abandoned"
+
+
+async def _whole(memory, episode_id: str, actions: int):
+    """The stored episode once it holds `actions` actions, else None."""
+    try:
+        found = (await memory.get_episode(episode_id)).episode
+    except ResourceNotFound:
+        return None
+    return found if found is not None and len(found.actions) == actions else None

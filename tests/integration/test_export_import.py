@@ -117,3 +117,59 @@ async def test_import_names_a_bad_line(api, tmp_path):
     file.write_bytes(b'{"task": "ok", "outcome": "success"}\n\xff\xfe\n')
     out = await run(api, "import", str(file))
     assert out.exit_code == 1 and "bad.jsonl:2 is not UTF-8" in out.output and "Traceback" not in out.output
+
+
+async def test_import_splits_by_the_body_limit_and_round_trips_exactly(
+    make_client, settings, redis, tmp_path
+):
+    """A new-user trial: `engram import` sent 500 episodes per request whatever their size (413 on a
+    6 MB export), an episode grown past one body over re-posts could not be imported at all, and
+    actions without an `action_id` came back twice (their timestamps read back rounded to µs). Now
+    import sends requests of at most --max-body-bytes, such an episode in parts, and exporting the
+    imported namespace gives the same lines, twice imported."""
+    limit = 64 * 1024
+    api = await make_client(api_keys={KEY_A: "team-a", KEY_B: "team-b"}, max_body_bytes=limit)
+    big = "\u4e2d" * 7_000  # 21,000 bytes of UTF-8 per field
+    grown = {"episode_id": "grown", "task": "a task that grew", "outcome": "success", "user_id": "u1"}
+    anonymous = [
+        {"action_type": "run", "input": f"step {i}", "timestamp": 1_770_000_000.1234567 + i} for i in range(3)
+    ]
+    posts = [
+        {**grown, "solution": big, "actions": anonymous},
+        {**grown, "thoughts": big},
+        {**grown, "observation": big, "actions": anonymous},  # the same actions again: no copies
+        {**grown, "result": big},
+    ]
+    for body in posts:
+        assert (await api.post("/v1/episodes", json=body, headers=auth(KEY_A))).status == 202
+    many = [
+        {"episode_id": f"m{i}", "task": f"task {i}", "outcome": "success", "solution": "s" * 2_000}
+        for i in range(60)  # ~125 KB together: more than one request
+    ]
+    for half in (many[:30], many[30:]):
+        assert (await api.post("/v1/episodes", json={"episodes": half}, headers=auth(KEY_A))).status == 202
+    await drain(settings, redis)
+
+    source, copy = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert (await run(api, "export", "--out", str(source), key=KEY_A)).exit_code == 0
+    exported = source.read_text(encoding="utf-8")
+    assert len(exported.encode()) > limit
+    [line] = [json.loads(x) for x in exported.splitlines() if '"grown"' in x]
+    assert len(line["actions"]) == 3 and len(json.dumps(line, ensure_ascii=False).encode()) > limit
+    for key in (KEY_B, KEY_B, KEY_A):  # importing twice changes nothing, nor importing into the source
+        out = await run(api, "--max-body-bytes", str(limit), "import", str(source), "--no-progress", key=key)
+        assert out.exit_code == 0, out.output
+        assert "imported 61 episodes" in out.output
+        await drain(settings, redis)
+    assert (await run(api, "export", "--out", str(copy), key=KEY_B)).exit_code == 0
+    # the same lines (episodes of equal completed_at may list in another order: ties go by a digest of
+    # the namespace's document key)
+    assert sorted(copy.read_text(encoding="utf-8").splitlines()) == sorted(exported.splitlines())
+    assert (await run(api, "export", "--out", str(copy), key=KEY_A)).exit_code == 0
+    assert copy.read_text(encoding="utf-8") == exported
+
+    # without the client's bound the service answers 413, naming the limit
+    out = await run(
+        api, "--max-body-bytes", str(8 * limit), "import", str(source), "--no-progress", key=KEY_B
+    )
+    assert out.exit_code == 1 and "413" in out.output, out.output

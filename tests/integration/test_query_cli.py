@@ -63,7 +63,13 @@ async def test_cli_recall_publish_skills_forget(tenants, redis, prefix, tmp_path
 
 async def test_cli_errors(tenants, tmp_path):
     out = await run(tenants, "recall", "x")
-    assert out.exit_code == 1 and "401" in out.output
+    assert out.exit_code == 1 and "401" in out.output and "--api-key or ENGRAM_API_KEY" in out.output
+    out = await run(tenants, "recall", "x", key="not-a-key")
+    assert (
+        out.exit_code == 1
+        and "401" in out.output
+        and "not one of the service's ENGRAM_API_KEYS" in out.output
+    )
     out = await run(tenants, "recall", "   ", key=KEY_A)
     assert out.exit_code == 1 and "query: must not be empty or blank" in out.output
     out = await run(tenants, "forget", key=KEY_A)

@@ -14,6 +14,7 @@ from shared import streams
 from shared.codec import decode
 from shared.embedding import HashingEmbedder
 from shared.keys import Keys
+from tests.helpers import wait_until
 from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode
 
@@ -76,6 +77,8 @@ async def test_unknown_forgotten_and_bad_patches(api, settings, redis):
         ({"feedback": {"reward": "high"}}, "feedback.reward"),
         ({"task": "renamed"}, "task"),
         ({"metadata": [1]}, "metadata"),
+        ({"feedback": {"reward": None}}, "feedback"),  # a null keeps the stored value: a no-op was a 202
+        ({"feedback": {}}, "feedback"),
     ]
     for body, field in cases:
         resp = await api.patch("/v1/episodes/e1", json=body)
@@ -125,6 +128,33 @@ async def test_a_patch_refused_once_merged_with_the_stored_episode_is_a_422(api,
         assert resp.status == 202 and (await resp.json())["projected"], await resp.text()
         got = await stored(api, "m1")
         assert got["feedback"]["tests_passed"] == 3 and "metadata" not in got
+
+
+async def test_a_waited_patch_the_fold_skipped_is_a_422(api, settings, redis):
+    """A new-user trial: a change accepted before its episode was projected, invalid once merged
+    (tests_passed 5 of 3), answered `projected: true` with `?wait` although the fold skipped it. Now the
+    wait ends in a 422 naming the field, and the episode keeps its values."""
+    first = episode("late-1", feedback={"reward": 0.5, "tests_passed": 2, "tests_total": 3})
+    assert (await api.post("/v1/episodes", json=first)).status == 202  # not projected: no consolidator
+    patch = asyncio.ensure_future(
+        api.patch("/v1/episodes/late-1", json={"feedback": {"tests_passed": 5}}, params={"wait": 20})
+    )
+    stream = Keys(settings.prefix).stream
+    await wait_until(lambda: _length_is(redis, stream, 2), message="the update published")
+    async with consolidating(settings, redis):
+        resp = await patch
+        assert resp.status == 422, await resp.text()
+        [error] = (await resp.json())["errors"]
+        assert error["field"] == "feedback.tests_passed" and "was not applied" in error["reason"]
+        assert (await stored(api, "late-1"))["feedback"]["tests_passed"] == 2
+        resp = await api.patch(
+            "/v1/episodes/late-1", json={"feedback": {"tests_passed": 3}}, params={"wait": 10}
+        )
+        assert resp.status == 202 and (await resp.json())["projected"] is True
+
+
+async def _length_is(redis, stream, n: int) -> bool:
+    return await redis.xlen(stream) == n
 
 
 async def test_patch_is_per_tenant_and_in_both_clients(tenants, settings, redis):

@@ -61,4 +61,24 @@ async def update_episode(request: web.Request) -> web.Response:
     out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
     if query.wait > 0:
         [out["projected"]] = await _projected(request, [event], [stream_id], query.wait)
+        if out["projected"]:
+            await _applied(request, event)
     return reply(out, status=202)
+
+
+async def _applied(request: web.Request, event: EpisodeUpdated) -> None:
+    """Raise Invalid (422) when the projected episode refuses `event` once merged: the fold skipped it.
+    That happens when the episode was not projected yet as the change arrived (nothing to check it
+    against), or when two changes raced and each was valid alone; the event stays in the log without
+    effect (a replay skips it again). An episode gone meanwhile (forgotten, expired) says nothing."""
+    try:
+        _, now = await _stored_episode(request, event.episode_id)
+    except NotFound:
+        return
+    if now is not None and (problems := episode_problems(updated(now, event))):
+        raise Invalid(
+            [
+                (path, f"{reason} once merged with the stored episode; this change was not applied")
+                for path, reason in problems
+            ]
+        )
