@@ -184,6 +184,27 @@ class Keys:
         """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
         return f"{self.prefix}utomb:{ns_tag(namespace)}:{digest(namespace, user_id)}"
 
+    def agent_tombstone(self, namespace: str, agent_id: str) -> str:
+        """Epoch seconds at which an agent's episodes were forgotten (`DELETE /v1/agents/{id}`): an episode
+        of the agent that began no later is never written, also one still in flight then."""
+        return f"{self.prefix}atomb:{ns_tag(namespace)}:{digest(namespace, agent_id)}"
+
+    def session_tombstone(self, namespace: str, session_id: str) -> str:
+        """`agent_tombstone` for a session (`DELETE /v1/sessions/{id}`)."""
+        return f"{self.prefix}stomb:{ns_tag(namespace)}:{digest(namespace, session_id)}"
+
+    def scope_tombstones(
+        self, namespace: str, user_id: str | None, agent_id: str | None, session_id: str | None
+    ) -> list[str]:
+        """The forget times that apply to an episode of these ids: its user's, agent's and session's
+        tombstones (for an id it lacks, the key of no id, never set)."""
+        none = "\x00none"
+        return [
+            self.user_tombstone(namespace, user_id or none),
+            self.agent_tombstone(namespace, agent_id or none),
+            self.session_tombstone(namespace, session_id or none),
+        ]
+
     @property
     def deployment_key(self) -> str:
         """Hash {k, w, t}: the deployment secret wrapped by the master key (shared.crypto)."""

@@ -360,8 +360,8 @@ class Projector:
         tombstoned: list[streams.Entry],
     ) -> list[tuple[str, str]]:
         """Act on PROJECT_LUA's status per fast-path episode (see `scripts`): -1 tombstoned, 0 other
-        events were stored (returned: fold the whole stored set), -2 its user was forgotten after it
-        began (erased now), 2 written (completions are reported to `result`)."""
+        events were stored (returned: fold the whole stored set), -2 its user, agent or session was
+        forgotten after it began (erased now), 2 written (completions are reported to `result`)."""
         pending: list[tuple[str, str]] = []
         for ((ns, eid), _payloads, f), status in zip(fast, statuses, strict=True):
             items = by_episode[(ns, eid)]
@@ -468,14 +468,14 @@ class Projector:
                     k.episode_events(g, ns, eid),
                     k.episode_stream_ids(g, ns, eid),
                     k.episode_doc(g, ns, eid),
-                    k.user_tombstone(ns, f.episode.user_id or "\x00none"),
+                    *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
                 ]
                 chunk_args += [len(payloads), len(sids), repr(f.first_occurred_at)]
                 for event_id, payload in payloads.items():
                     chunk_args += [event_id, payload]
                 chunk_args += sids
                 chunk_args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
-                if len(chunk_keys) == 5 * PROJECT_CHUNK or i == len(fast) - 1 or fast[i + 1][0][0] != ns:
+                if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(fast) - 1 or fast[i + 1][0][0] != ns:
                     await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
                     calls += 1
                     chunk_keys, chunk_args = [], []
@@ -594,7 +594,7 @@ class Projector:
                         k.tombstone(ns, eid),
                         k.episode_events(g, ns, eid),
                         k.episode_doc(g, ns, eid),
-                        k.user_tombstone(ns, f.episode.user_id or "\x00none"),
+                        *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
                     ],
                     args=[
                         n,
@@ -610,7 +610,7 @@ class Projector:
             ns, eid, f, _n, _old = folded[i]
             if status == 0:
                 retry.append((ns, eid))
-            elif status == -2:  # its user was forgotten after this episode began
+            elif status == -2:  # its user, agent or session was forgotten after this episode began
                 await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))

@@ -4,7 +4,7 @@ Each is one atomic step that a check-then-write from Python would split (concurr
 would interleave between the check and the write): recording
 an episode's events and writing its document only while its event hash holds exactly the events that
 were folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, which share
-`REPLACE_DOC_LUA`), and raising a user's forget time (`FORGET_USER_LUA`).
+`REPLACE_DOC_LUA`), and raising a forget time — a user's, an agent's or a session's (`FORGET_USER_LUA`).
 """
 
 RECORD_LUA = """
@@ -38,12 +38,24 @@ solution would still match a keyword recall). What the query service owns (`last
 own vector of ENGRAM_CONTEXT_EPISODES (services/consolidator/context.py). Returns
 the old status (nil for a new document)."""
 
+FORGOT_SINCE_LUA = """
+local function forgot_since(keys, first, began)
+  for i = first, first + 2 do
+    local at = redis.call('GET', keys[i])
+    if at and tonumber(at) >= tonumber(began) then return true end
+  end
+  return false
+end
+"""
+"""True when one of the three scope tombstones at `keys[first..first+2]` (`Keys.scope_tombstones`: the
+user's, the agent's, the session's forget time) is no earlier than `began`, the episode's first event."""
+
 WRITE_LUA = (
     REPLACE_DOC_LUA
+    + FORGOT_SINCE_LUA
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
-local forgot = redis.call('GET', KEYS[4])
-if forgot and tonumber(forgot) >= tonumber(ARGV[2]) then return -2 end
+if forgot_since(KEYS, 4, ARGV[2]) then return -2 end
 if redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
 local was = replace_doc(KEYS[3], ARGV[3])
 if was == 'completed' then return 1 end
@@ -53,19 +65,19 @@ return 2
 
 PROJECT_LUA = (
     REPLACE_DOC_LUA
+    + FORGOT_SINCE_LUA
     + """
 local out = {}
 local a = 1
-for e = 0, #KEYS / 5 - 1 do
-  local k = e * 5
+for e = 0, #KEYS / 7 - 1 do
+  local k = e * 7
   local n, nsids = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   local status
   if redis.call('EXISTS', KEYS[k + 1]) == 1 then status = -1 else
     for i = a + 3, a + 2 + 2 * n, 2 do redis.call('HSETNX', KEYS[k + 2], ARGV[i], ARGV[i + 1]) end
     redis.call('SADD', KEYS[k + 3], unpack(ARGV, a + 3 + 2 * n, a + 2 + 2 * n + nsids))
     if redis.call('HLEN', KEYS[k + 2]) ~= n then status = 0 else
-      local forgot = redis.call('GET', KEYS[k + 5])
-      if forgot and tonumber(forgot) >= tonumber(ARGV[a + 2]) then status = -2 else
+      if forgot_since(KEYS, k + 5, ARGV[a + 2]) then status = -2 else
         local was = replace_doc(KEYS[k + 4], ARGV[a + 3 + 2 * n + nsids])
         if was == 'completed' then status = 1 else status = 2 end
       end
@@ -78,10 +90,10 @@ return out
 """
 )
 """The fast path for up to PROJECT_CHUNK episodes. Per episode, KEYS: tombstone, event hash, stream-id
-set, document, user tombstone; ARGV: n events, n stream ids, first occurred_at, (event_id, payload) x n,
+set, document, the user's, agent's and session's tombstones; ARGV: n events, n stream ids, first occurred_at, (event_id, payload) x n,
 stream ids, the document as one msgpack blob. Per episode it returns -1 (tombstoned: nothing recorded),
-0 (recorded, but the hash holds other events too: fold the stored set), -2 (recorded; its user was
-forgotten after it began), 1 (document rewritten) or 2 (document new, or newly completed)."""
+0 (recorded, but the hash holds other events too: fold the stored set), -2 (recorded; its user, agent
+or session was forgotten after it began), 1 (document rewritten) or 2 (document new, or newly completed)."""
 
 FORGET_USER_LUA = """
 local cur = redis.call('GET', KEYS[1])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from engram_episodic import AsyncEngram, Engram
+from shared import streams
+from shared.codec import decode
 from shared.keys import Keys, digest
 from tests.helpers import wait_until
 from tests.integration.test_query_e2e import consolidating, drain
@@ -190,3 +192,59 @@ async def test_the_cli_forgets_an_agent(api, settings, redis):
     assert out.exit_code == 2
     await drain(settings, redis)
     assert await listed(api) == []
+
+
+async def test_an_agent_or_session_forget_also_erases_episodes_still_in_flight(api, settings, redis):
+    """A new-user trial: `DELETE /v1/agents/a` right after publishing missed the episodes accepted but
+    not yet projected, which then appeared after the forget. The forget now records its time first,
+    and the projection refuses (and erases) any episode of the agent or session that began before it;
+    the agent's episodes published after the call are kept, through a replay too."""
+    from services.consolidator.replay import replay
+    from shared.embedding import HashingEmbedder
+
+    early = [episode("a1", agent_id="a"), episode("a2", agent_id="a", session_id="s9")]
+    early += [episode("b1", agent_id="b"), episode("s1", agent_id="c", session_id="s9")]
+    assert (await api.post("/v1/episodes", json={"episodes": early})).status == 202  # no consolidator yet
+    job = await (await api.delete("/v1/agents/a")).json()
+    assert job["episodes"] == 0  # none in the index yet
+    await (await api.delete("/v1/sessions/s9")).json()
+    later = [episode("a3", agent_id="a"), episode("s2", agent_id="c", session_id="s9")]
+    assert (await api.post("/v1/episodes", json={"episodes": later})).status == 202
+    await drain(settings, redis)
+    assert await listed(api) == ["a3", "b1", "s2"]
+    for gone in ("a1", "a2", "s1"):
+        assert (await api.get(f"/v1/episodes/{gone}")).status == 404
+    entries = await streams.read_range(redis, Keys(settings.prefix).stream)
+    in_stream = {getattr(decode(e.payload), "episode_id", None) for e in entries}
+    assert not in_stream & {"a1", "a2", "s1"}, "their stream entries are deleted too"
+    await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert await listed(api) == ["a3", "b1", "s2"]
+
+
+async def test_an_episode_begun_before_its_agents_forget_is_refused_on_the_slow_path(api, settings, redis):
+    """Its first event (an action) was recorded before the forget, without a document for the index to
+    list; its completion arrives after: the write script (`WRITE_LUA`) refuses and erases it."""
+    import time
+
+    from engram_episodic.events import Action, ActionRecorded, Episode, EpisodeCompleted, Task
+    from shared.sdk import EngramClient
+
+    ns = settings.default_namespace
+    sdk = EngramClient(redis, namespace=ns, prefix=settings.prefix)
+    step = Action(action_type="run", input="make build")
+    await sdk.publish([ActionRecorded(namespace=ns, episode_id="z1", occurred_at=time.time(), action=step)])
+    await drain(settings, redis)
+    assert (await (await api.delete("/v1/agents/a")).json())["episodes"] == 0
+    done = Episode(
+        episode_id="z1",
+        task=Task(description="build"),
+        outcome="success",
+        agent_id="a",
+        completed_at=time.time(),
+    )
+    await sdk.publish(
+        [EpisodeCompleted(namespace=ns, episode_id="z1", occurred_at=time.time(), episode=done)]
+    )
+    await drain(settings, redis)
+    assert (await api.get("/v1/episodes/z1")).status == 404
+    assert await redis.exists(Keys(settings.prefix).tombstone(ns, "z1"))

@@ -56,6 +56,8 @@ def test_a_namespace_tag_is_one_slot_for_any_namespace():
         names = [
             keys.tombstone(ns, "e"),
             keys.user_tombstone(ns, "u"),
+            keys.agent_tombstone(ns, "a"),
+            keys.session_tombstone(ns, "s"),
             keys.dead_letter_refs(ns, "e"),
             keys.user_dead_letters(ns, "u"),
             keys.episode_events(3, ns, "e"),

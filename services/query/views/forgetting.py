@@ -7,9 +7,13 @@ leaves its tombstone (`Keys.tombstone`). The job is done when every one of its e
 The job record (`Keys.forget_job`, a hash that expires after JOB_TTL) holds the namespace, counts and the
 tombstone keys' digests — never the ids, so it keeps nothing of what it erases.
 
-An agent's or a session's episodes are those the index holds at the time of the call (drafts
-included); episodes accepted but not yet projected then are not among them (forget them by id, or call
-again once they are projected).
+An agent's or a session's forget first records its time (`Keys.agent_tombstone`,
+`Keys.session_tombstone`), then lists the episodes the index holds (drafts included) into the job. An
+episode of the agent or session that began no later than that time but was not projected yet (still
+in the stream, or being folded) is refused by the projection's write scripts when the consolidator
+reaches it, and erased like a forgotten user's (`services.consolidator.scripts.FORGOT_SINCE_LUA`): the
+job does not count it, but nothing accepted before the call outlives it. An episode that begins after
+the call is the agent's new activity and is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pydantic import Field
 from engram_episodic.errors import NotFound
 from engram_episodic.events import EpisodeForgotten
 from engram_episodic.timeutil import format_instant
+from services.consolidator.scripts import FORGET_USER_LUA
 from services.query import models
 from services.query.appkeys import KEYS, METRICS, SETTINGS
 from services.query.problems import read_json, validate
@@ -121,15 +126,25 @@ async def _status(r: Any, keys: Keys, job_id: str, ns: str) -> dict[str, Any]:
     }
 
 
+async def _forget_time(request: web.Request, key: str) -> None:
+    """Raise the scope's forget time at `key` to now (UTC epoch seconds; the latest forget wins) before
+    its episodes are listed: what the index misses (in flight) the write scripts refuse."""
+    await redis_of(request).eval(FORGET_USER_LUA, 1, key, repr(time.time()))
+
+
 async def forget_agent(request: web.Request) -> web.Response:
     agent_id = path_id(request, "agent_id")
-    scope = Scope(namespace=ns_of(request), tags=await tags_of(request), agent_id=agent_id, status=None)
+    ns = ns_of(request)
+    await _forget_time(request, request.app[KEYS].agent_tombstone(ns, agent_id))
+    scope = Scope(namespace=ns, tags=await tags_of(request), agent_id=agent_id, status=None)
     return await _start(request, "agent", await _ids_of_scope(request, scope), agent_id=agent_id)
 
 
 async def forget_session(request: web.Request) -> web.Response:
     session_id = path_id(request, "session_id")
-    scope = Scope(namespace=ns_of(request), tags=await tags_of(request), session_id=session_id, status=None)
+    ns = ns_of(request)
+    await _forget_time(request, request.app[KEYS].session_tombstone(ns, session_id))
+    scope = Scope(namespace=ns, tags=await tags_of(request), session_id=session_id, status=None)
     return await _start(request, "session", await _ids_of_scope(request, scope), session_id=session_id)
 
 
