@@ -175,6 +175,12 @@ def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResul
     )
 
 
+def _late(results: list[IngestResult], first: Accepted) -> Accepted:
+    """`first` (an episode's first part) not projected, with the reason of a part that was not."""
+    reasons = [a.reason for r in results for a in r.results if a.episode_id == first.episode_id and a.reason]
+    return dataclasses.replace(first, projected=False, reason=reasons[0] if reasons else first.reason)
+
+
 def joined(results: list[IngestResult]) -> IngestResult:
     """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: every episode
     once, in the order of its first part (the first parts go first, so that is the list's order);
@@ -195,11 +201,25 @@ def joined(results: list[IngestResult]) -> IngestResult:
     return dataclasses.replace(results[0], accepted=len(accepted), results=accepted, projected=projected)
 
 
+_WHY = {
+    "forgotten": "forgotten before (a forgotten episode_id is never projected again: publish under a new one)",
+    "dead_lettered": "dead-lettered by the consolidator (`engram dead-letters` says why)",
+}
+
+
 def _waited(result: IngestResult, wait: float | None) -> IngestResult:
     if wait and result.projected is False:
-        missing = [a.episode_id for a in result.results if a.projected is False]
-        timeout = WaitTimeout(f"accepted, but not projected within {wait:g}s: {', '.join(missing[:10])}")
-        timeout.episode_ids = tuple(missing)
+        late = [a for a in result.results if a.projected is False]
+        parts = []
+        for reason, what in _WHY.items():
+            ids = [a.episode_id for a in late if a.reason == reason]
+            if ids:
+                parts.append(f"{', '.join(ids[:10])}: {what}")
+        slow = [a.episode_id for a in late if a.reason not in _WHY]
+        if slow:
+            parts.append(f"not projected within {wait:g}s: {', '.join(slow[:10])}")
+        timeout = WaitTimeout("accepted, but " + "; ".join(parts))
+        timeout.episode_ids = tuple(a.episode_id for a in late)
         raise timeout
     return result
 

@@ -51,10 +51,18 @@ class Accepted:
     episode_id: str
     event_id: str
     projected: bool | None = None  # with `wait`: whether the consolidator projected it in time
+    # with `wait`, when not projected: "forgotten" (the id is tombstoned: never projected; publish under
+    # a new episode_id), "dead_lettered" (`engram dead-letters` says why) or "timeout"
+    reason: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Accepted:
-        return cls(episode_id=data["episode_id"], event_id=data["event_id"], projected=data.get("projected"))
+        return cls(
+            episode_id=data["episode_id"],
+            event_id=data["event_id"],
+            projected=data.get("projected"),
+            reason=data.get("reason"),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -633,10 +641,16 @@ class Updated:
     episode_id: str
     event_id: str
     projected: bool | None = None
+    reason: str | None = None  # as `Accepted.reason`
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Updated:
-        return cls(episode_id=data["episode_id"], event_id=data["event_id"], projected=data.get("projected"))
+        return cls(
+            episode_id=data["episode_id"],
+            event_id=data["event_id"],
+            projected=data.get("projected"),
+            reason=data.get("reason"),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

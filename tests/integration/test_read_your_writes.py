@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from tests.helpers import wait_until
 from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode
 
@@ -115,3 +118,38 @@ async def test_a_wait_on_an_update_sees_the_new_version(tenants, settings, redis
             assert (await resp.json())["projected"] is True
             got = await (await tenants.get("/v1/episodes/upd", headers=auth(KEY_A))).json()
             assert got["episode"]["solution"] == f"v{i}", f"version {i}: read {got['episode']['solution']}"
+
+
+async def test_a_wait_says_at_once_why_an_episode_will_never_be_projected(api, settings, redis):
+    """A new-user trial: re-posting a forgotten episode_id with `?wait=30` answered after the full 30 s
+    with `projected: false` (the consolidator drops it: a forgotten id stays forgotten). A dropped or
+    dead-lettered event is now said as soon as it is acked, with the reason, in the client's error too."""
+    from engram_episodic import AsyncEngram, WaitTimeout
+    from services.consolidator import deadletters
+    from shared import streams
+    from shared.keys import Keys
+
+    keys = Keys(settings.prefix)
+    async with consolidating(settings, redis, "ryw-why"):
+        assert (await api.post("/v1/episodes", json=episode("gone"), params={"wait": 10})).status == 202
+        assert (await api.delete("/v1/episodes/gone")).status == 202
+        await wait_until(lambda: redis.exists(keys.tombstone(settings.default_namespace, "gone")))
+        body = await (await api.post("/v1/episodes", json=episode("gone"), params={"wait": 30})).json()
+        assert body["projected"] is False and body["reason"] == "forgotten", body
+        async with AsyncEngram(str(api.make_url("")).rstrip("/")) as memory:
+            try:
+                await memory.publish([episode("gone"), episode("fine")], wait=30)
+            except WaitTimeout as exc:
+                assert "gone: forgotten before" in str(exc) and "fine" not in str(exc), str(exc)
+            else:
+                raise AssertionError("a forgotten id is never projected")
+
+    # without a consolidator, this test dead-letters the request's event as a worker gives up on one
+    waited = asyncio.ensure_future(api.post("/v1/episodes", json=episode("poison"), params={"wait": 30}))
+    group = streams.StreamGroup(redis, keys.stream, settings.consumer_group)
+    await group.ensure()
+    entries = await wait_until(lambda: group.read_new("t", count=10, block_ms=None), message="the entry")
+    [entry] = [e for e in entries if b"poison" in e.payload]
+    await deadletters.dead_letter(group, keys, entry, "a reason", consumer="t")
+    body = await (await waited).json()
+    assert body["projected"] is False and body["reason"] == "dead_lettered", body

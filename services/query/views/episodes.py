@@ -52,19 +52,27 @@ class IngestQuery(models.Model):
     )
 
 
+WAIT_FORGOTTEN = "forgotten"  # the id is tombstoned: never projected again (publish under a new id)
+WAIT_DEAD_LETTERED = "dead_lettered"  # the consolidator gave up on the event (`engram dead-letters`)
+WAIT_TIMEOUT = "timeout"  # not projected within `wait`
+
+
 async def _projected(
     request: web.Request, events: Sequence[EpisodeEvent], stream_ids: list[str], wait: float
-) -> list[bool]:
-    """Poll until each event is projected, up to `wait` s: the group acked its entry (a worker acks only
-    after the document write committed) and its episode's event hash holds it (a dead-lettered event is
-    acked but never recorded). The event hash alone was not enough: for an episode that already had
-    events the worker records the new one first and rewrites the document a step later, so a read right
-    after the wait could still see the previous version."""
+) -> list[str | None]:
+    """Poll until each event is projected, up to `wait` s: None for a projected one, else why not
+    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_TIMEOUT`). Projected = the group acked its entry (a
+    worker acks only after the document write committed) and its episode's event hash holds it. The
+    event hash alone was not enough: for an episode that already had events the worker records the new
+    one first and rewrites the document a step later, so a read right after the wait could still see
+    the previous version. An event acked but never recorded was dropped (its episode is tombstoned)
+    or dead-lettered: said at once instead of waiting out `wait` (a new-user trial waited 30 s for a
+    forgotten id)."""
     r, keys, s = redis_of(request), request.app[KEYS], request.app[SETTINGS]
     deadline = time.monotonic() + wait
-    done = [False] * len(events)
+    why: list[str | None] = [WAIT_TIMEOUT] * len(events)
     while True:
-        todo = [i for i, d in enumerate(done) if not d]
+        todo = [i for i, w in enumerate(why) if w == WAIT_TIMEOUT]
         acked = [False] * len(todo)
         by_stream: dict[str, list[int]] = {}  # stream ids are per partition: ask each partition's group
         for j, i in enumerate(todo):
@@ -81,11 +89,27 @@ async def _projected(
                 pipe.hexists(
                     keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id
                 )
-            for i, ok, found in zip(todo, acked, await pipe.execute(), strict=True):
-                done[i] = ok and bool(found)
-        if all(done) or time.monotonic() >= deadline:
-            return done
+            found = await pipe.execute()
+        dropped = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and not f]
+        for i, ok, f in zip(todo, acked, found, strict=True):
+            if ok and f:
+                why[i] = None
+        for i in dropped:
+            why[i] = await _dropped(request, events[i], stream_ids[i])
+        if all(w != WAIT_TIMEOUT for w in why) or time.monotonic() >= deadline:
+            return why
         await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
+
+
+async def _dropped(request: web.Request, event: EpisodeEvent, stream_id: str) -> str:
+    """Why an acked event is not in its episode's event hash: its episode was forgotten, or the event
+    was dead-lettered; `WAIT_TIMEOUT` (keep waiting) when neither shows yet."""
+    r, keys = redis_of(request), request.app[KEYS]
+    if await r.exists(*legacy.tombstones(keys, event.namespace, event.episode_id)):
+        return WAIT_FORGOTTEN
+    if await r.hexists(keys.dead_letter_refs(event.namespace, event.episode_id), stream_id):
+        return WAIT_DEAD_LETTERED
+    return WAIT_TIMEOUT
 
 
 def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bool:
@@ -195,10 +219,12 @@ async def ingest(request: web.Request) -> web.Response:
     results: list[dict[str, Any]] = [{"episode_id": e.episode_id, "event_id": e.event_id} for e in events]
     out: dict[str, Any] = {"results": results, "accepted": len(results)}
     if query.wait > 0:
-        done = await _projected(request, events, stream_ids, query.wait)
-        for result, projected in zip(results, done, strict=True):
-            result["projected"] = projected
-        out["projected"] = all(done)
+        why = await _projected(request, events, stream_ids, query.wait)
+        for result, reason in zip(results, why, strict=True):
+            result["projected"] = reason is None
+            if reason is not None:
+                result["reason"] = reason
+        out["projected"] = all(reason is None for reason in why)
     if not batch:
         out.update(results[0])
     return reply(out, status=202)

@@ -60,8 +60,11 @@ async def update_episode(request: web.Request) -> web.Response:
     request.app[METRICS].published.labels("EpisodeUpdated").inc()
     out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
     if query.wait > 0:
-        [out["projected"]] = await _projected(request, [event], [stream_id], query.wait)
-        if out["projected"]:
+        [reason] = await _projected(request, [event], [stream_id], query.wait)
+        out["projected"] = reason is None
+        if reason is not None:
+            out["reason"] = reason
+        else:
             await _applied(request, event)
     return reply(out, status=202)
 
