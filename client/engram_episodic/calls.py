@@ -192,9 +192,7 @@ def joined(results: list[IngestResult]) -> IngestResult:
     first: dict[str, Accepted] = {}
     for result in results:
         for a in result.results:
-            first.setdefault(
-                a.episode_id, dataclasses.replace(a, projected=False) if a.episode_id in late else a
-            )
+            first.setdefault(a.episode_id, _late(results, a) if a.episode_id in late else a)
     flags = [r.projected for r in results]
     projected = None if any(f is None for f in flags) else all(flags)
     accepted = tuple(first.values())

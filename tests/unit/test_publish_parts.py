@@ -168,3 +168,31 @@ def test_the_byte_bounds_are_exact():
     both = len(encode_body({"episodes": [a, b]}))
     assert request_bodies([a, b], max_bytes=both) == [{"episodes": [a, b]}]
     assert request_bodies([a, b], max_bytes=both - 1) == [{"episodes": [a]}, {"episodes": [b]}]
+
+
+def test_the_parts_answers_join_into_one_per_episode():
+    """`calls.joined`: every episode once in its first part's order, not projected (with the reason of
+    the part that was not) if any of its parts was not."""
+    from engram_episodic.calls import joined
+    from engram_episodic.types import Accepted, IngestResult
+
+    first = IngestResult(
+        accepted=2,
+        results=(
+            Accepted(episode_id="e1", event_id="x1", projected=True),
+            Accepted(episode_id="e2", event_id="x2", projected=True),
+        ),
+        projected=True,
+    )
+    second = IngestResult(
+        accepted=1,
+        results=(Accepted(episode_id="e1", event_id="x3", projected=False, reason="dead_lettered"),),
+        projected=False,
+    )
+    both = joined([first, second])
+    assert both.accepted == 2 and both.projected is False
+    assert [(a.episode_id, a.event_id, a.projected, a.reason) for a in both.results] == [
+        ("e1", "x1", False, "dead_lettered"),
+        ("e2", "x2", True, None),
+    ]
+    assert joined([first]) is first
