@@ -262,26 +262,37 @@ async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool
     return False
 
 
+async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes, bytes | None] | None:
+    """The episode's stored fields (`_stored`), or None while it is accepted but not yet projected
+    (read-your-writes: not "never existed"); NotFound otherwise. A negative pending check is followed
+    by a second read: the worker acks an entry only after its document write committed, so an event
+    acked between the first read and the check has its document by the second. Without it, a read
+    right after a publish answered 404 (a new-user trial: 6 of 60 GETs, and a DELETE that then did
+    not forget)."""
+    try:
+        return await _stored(request, episode_id)
+    except NotFound:
+        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+        if await r.exists(*legacy.tombstones(keys, ns, episode_id)):
+            raise
+        if await _accepted_not_projected(request, episode_id):
+            return None
+    return await _stored(request, episode_id)
+
+
 async def get_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")  # a query string: routes.url_middleware
-    try:
-        found = await _stored(request, episode_id)
-    except NotFound:
-        # read-your-writes: accepted (202) but not yet projected is not "never existed"
-        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if not await r.exists(*legacy.tombstones(keys, ns, episode_id)) and await _accepted_not_projected(
-            request, episode_id
-        ):
-            return reply(
-                {
-                    "episode": None,
-                    "episode_id": episode_id,
-                    "status": STATUS_PENDING,
-                    "access_count": 0,
-                    "last_accessed": None,
-                }
-            )
-        raise
+    found = await stored_or_pending(request, episode_id)
+    if found is None:
+        return reply(
+            {
+                "episode": None,
+                "episode_id": episode_id,
+                "status": STATUS_PENDING,
+                "access_count": 0,
+                "last_accessed": None,
+            }
+        )
     # a search hit has no None fields: the ones this document lacks are left out (read as missing alike)
     c = rc.decode_hit(SearchHit(key=b"", fields={k: v for k, v in found.items() if v is not None}))
     if c is None:
@@ -305,7 +316,8 @@ async def get_episode(request: web.Request) -> web.Response:
 async def delete_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")
     try:
-        await _stored(request, episode_id)
+        # accepted but not yet projected counts too: it would be projected after a refused forget
+        await stored_or_pending(request, episode_id)
     except NotFound:
         # no document, but the namespace may still hold its data: stored events of a draft or of an
         # episode not yet written, or dead letters, which a forget must reach too
@@ -314,12 +326,9 @@ async def delete_episode(request: web.Request) -> web.Response:
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
             return reply({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
         gen = await current_generation(r, keys)
-        # accepted but not yet projected counts too: it would be projected after a refused forget
-        if (
-            not await r.exists(keys.episode_events(gen, ns, episode_id))
-            and not await deadletters.has_dead_letters(r, keys, ns, episode_id)
-            and not await _accepted_not_projected(request, episode_id)
-        ):
+        if not await r.exists(
+            keys.episode_events(gen, ns, episode_id)
+        ) and not await deadletters.has_dead_letters(r, keys, ns, episode_id):
             raise
     event_id = await publisher(request).forget_episode(episode_id)
     request.app[METRICS].published.labels("EpisodeForgotten").inc()

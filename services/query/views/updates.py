@@ -15,10 +15,10 @@ from aiohttp import web
 from engram_episodic.errors import NotFound
 from engram_episodic.events import Episode, EpisodeUpdated, updated
 from engram_episodic.validation import Collector, episode_problems, parse_episode, parse_update
-from services.query.appkeys import KEYS, METRICS
+from services.query.appkeys import METRICS
 from services.query.problems import Invalid, read_json
-from services.query.views.common import ns_of, path_id, publisher, query_params, redis_of, reply
-from services.query.views.episodes import IngestQuery, _accepted_not_projected, _projected, _stored
+from services.query.views.common import ns_of, path_id, publisher, query_params, reply
+from services.query.views.episodes import IngestQuery, _projected, stored_or_pending
 
 
 async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | None, Episode | None]:
@@ -26,14 +26,8 @@ async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | 
     for an id the namespace does not hold (never had, forgot, or another namespace's). An episode
     accepted but not projected yet may be updated too: the update sorts after its snapshot and is
     folded with it (which skips it if the merge is refused, `projection._updated`)."""
-    try:
-        found = await _stored(request, episode_id)
-    except NotFound:
-        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(keys.tombstone(ns, episode_id)) or not await _accepted_not_projected(
-            request, episode_id
-        ):
-            raise
+    found = await stored_or_pending(request, episode_id)
+    if found is None:
         return None, None
     doc: dict[str, Any] = orjson.loads(found[b"doc"] or b"{}")
     user = doc.get("user_id")
