@@ -44,12 +44,12 @@ def finished_episode(
             [("episode", f"must be an Episode or a JSON object, not {type(episode).__name__}")]
         )
     data.update(fields)
-    parsed = parse_episode(data, default_episode_id=new_event_id(), max_actions=max_actions)
+    parsed = parse_episode(
+        data, default_episode_id=new_event_id(), max_actions=max_actions, default_completed_at=time.time()
+    )
     assert parsed is not None  # parse_episode raises without a collector
     if parsed.outcome is None:
         raise InvalidEpisode([("outcome", "is required for a finished episode")])
-    if parsed.completed_at is None:
-        parsed = dataclasses.replace(parsed, completed_at=time.time())
     return parsed
 
 

@@ -401,12 +401,16 @@ def parse_episode(
     require_task: bool = True,
     default_episode_id: str | None = None,
     max_actions: int | None = MAX_ACTIONS,
+    default_completed_at: float | None = None,
 ) -> Episode | None:
     """Build an Episode from JSON-shaped input (the HTTP body, or a decoded stream payload).
 
     Timestamps may be epoch seconds or ISO 8601 with an offset. `duration_s` and
     `feedback.pass_rate` are derived and ignored on input. With `errs` given, errors are added to it
     and None returned on failure; without, InvalidEpisode is raised.
+
+    `default_completed_at` (UTC epoch seconds) is a finished episode's `completed_at` when the input
+    has none (the receive time, the client's now): a `ttl` counts from it, as from a given one.
 
     `max_actions` bounds one input (a request, an event). A stored document is read with None: an
     episode accumulates the actions of all its events, so it may hold more than one input may carry
@@ -458,6 +462,8 @@ def parse_episode(
     )
     started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
     completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
+    if value.get("completed_at") is None:
+        completed_at = default_completed_at
     if started_at is not None and completed_at is not None and completed_at < started_at:
         errs.add(_join(path, "completed_at"), "must not be before started_at")
     expires_at = _expiry(value, path, errs, completed_at if completed_at is not None else started_at)

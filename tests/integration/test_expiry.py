@@ -168,3 +168,28 @@ async def test_a_facts_evidence_hides_an_episode_that_expired_since(api, setting
     detail = await (await api.get(f"/v1/facts/{fact['fact_id']}")).json()
     shown = [e["episode_id"] for e in detail["evidence"]]
     assert shown and "l0" not in shown
+
+
+async def test_a_ttl_counts_from_completed_at_also_when_it_defaults_to_now(api, settings, redis):
+    """A new-user trial: without `completed_at`, a `ttl` was counted from `started_at` (a 2 h ttl of an
+    episode started an hour ago expired an hour after completion; a 1 h ttl of one started 2 h ago was a
+    422 naming `expires_at`, which nobody sent), and `ttl: 1d` gave 86399.99998 s (two clock reads)."""
+    from engram_episodic import AsyncEngram
+
+    now = time.time()
+    cases = [("two-hours", "2h", now - 3600, 7200.0), ("one-hour", "1h", now - 7200, 3600.0)]
+    for eid, ttl, started, seconds in cases:
+        body = {"episode_id": eid, "task": "x", "outcome": "success", "ttl": ttl, "started_at": started}
+        resp = await api.post("/v1/episodes", json=body)
+        assert resp.status == 202, await resp.text()
+    async with AsyncEngram(str(api.make_url("")).rstrip("/")) as memory:
+        await memory.record(episode_id="one-day", task="x", outcome="success", ttl="1d")
+        cases.append(("one-day", "1d", None, 86400.0))
+        await drain(settings, redis)
+        for eid, _ttl, _started, seconds in cases:
+            got = (await memory.get_episode(eid)).episode
+            assert abs(got.expires_at - got.completed_at - seconds) < 1e-6, (
+                eid,
+                got.expires_at - got.completed_at,
+            )
+            assert abs(got.completed_at - now) < 60

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -161,7 +160,8 @@ async def ingest(request: web.Request) -> web.Response:
     first_index: dict[str, int] = {}
     for i, item in enumerate(items):
         path = f"episodes[{i}]" if batch else ""
-        ep = parse_episode(item, path, errs, default_episode_id=new_event_id())
+        # completed_at defaults to the receive time, before a ttl is counted from it
+        ep = parse_episode(item, path, errs, default_episode_id=new_event_id(), default_completed_at=received)
         if ep is not None and ep.episode_id in first_index:
             # both would carry the same occurred_at, so which one the episode ends up as would be a coin
             # toss between their random event ids: refuse, naming both
@@ -188,19 +188,6 @@ async def ingest(request: web.Request) -> web.Response:
             ep, path, errs, received + request.app[SETTINGS].max_clock_skew, received
         ):
             ep = None
-        if (
-            ep is not None
-            and ep.completed_at is None
-            and ep.expires_at is not None
-            and ep.expires_at <= received
-        ):
-            # completed_at defaults to the receive time below: the model's rule (expiry after completion)
-            # must hold for that default too, or the consolidator would dead-letter an accepted episode
-            errs.add(
-                f"{path}.expires_at" if path else "expires_at",
-                "must be after the episode's completed_at (default: now); give a later instant or a ttl",
-            )
-            ep = None
         if ep is not None:
             episodes.append(ep)
     errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published
@@ -210,7 +197,7 @@ async def ingest(request: web.Request) -> web.Response:
             namespace=ns_of(request),
             episode_id=ep.episode_id,
             occurred_at=now,
-            episode=ep if ep.completed_at is not None else dataclasses.replace(ep, completed_at=now),
+            episode=ep,
         )
         for ep in episodes
     ]
