@@ -281,6 +281,21 @@ class Calls:
         return prepared, _ingest([prepared], batch=False, wait=wait)
 
     @staticmethod
+    def record_parts(
+        episode: Episode | Mapping[str, Any] | None,
+        fields: Mapping[str, Any],
+        wait: float | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> tuple[Episode, list[Call[IngestResult]]]:
+        """`record` for the clients: one single-episode request when it fits one (`max_body_bytes`,
+        1,000 actions), else its parts as `publish` sends them."""
+        prepared = finished_episode(episode, max_actions=None, **fields)
+        bodies = request_bodies([episode_to_dict(prepared)], max_bytes=max_body_bytes)
+        if len(bodies) == 1:
+            return prepared, [_ingest([prepared], batch=False, wait=wait)]
+        return prepared, [_post_episodes(body, wait) for body in bodies]
+
+    @staticmethod
     def publish(
         episodes: Iterable[Episode | Mapping[str, Any]],
         wait: float | None = None,
@@ -305,6 +320,19 @@ class Calls:
             raise InvalidEpisode(errors)
         if not prepared:
             raise InvalidEpisode([("episodes", "must hold at least one episode")])
+        first: dict[str, int] = {}
+        for i, e in enumerate(prepared):
+            if e.episode_id in first:  # the service refuses it too: which one would win is a coin toss
+                errors.append(
+                    (
+                        f"episodes[{i}].episode_id",
+                        f"repeats episodes[{first[e.episode_id]}].episode_id ({e.episode_id!r}); "
+                        "send one version of an episode",
+                    )
+                )
+            first.setdefault(e.episode_id, i)
+        if errors:
+            raise InvalidEpisode(errors)
         bodies = request_bodies([episode_to_dict(e) for e in prepared], max_bytes=max_body_bytes)
         return prepared, [_post_episodes(body, wait) for body in bodies]
 

@@ -23,6 +23,10 @@ from typing import IO, Any
 import click
 
 from engram_episodic.cli_progress import Bars, progress_option
+from engram_episodic.drafts import finished_episode
+from engram_episodic.errors import InvalidEpisode
+from engram_episodic.events import Episode
+from engram_episodic.parts import request_bodies
 from engram_episodic.shapes import episode_to_dict
 
 IMPORT_BATCH = 500  # episodes per `publish` call (one progress step); it splits them by the body limit
@@ -50,7 +54,8 @@ def export_command(ctx: click.Context, out: IO[str], **scope: Any) -> None:
     click.echo(f"exported {n} episodes", err=True)
 
 
-def _episodes(file: IO[bytes]) -> list[dict[str, Any]]:
+def _episodes(file: IO[bytes]) -> list[tuple[int, dict[str, Any]]]:
+    """The file's episodes with their line numbers (1-based; blank lines skipped)."""
     out = []
     for number, raw in enumerate(file, 1):  # bytes, so that a bad byte is named with its line
         try:
@@ -65,8 +70,37 @@ def _episodes(file: IO[bytes]) -> list[dict[str, Any]]:
             raise click.ClickException(f"{file.name}:{number} is not JSON: {exc}") from None
         if not isinstance(item, dict):
             raise click.ClickException(f"{file.name}:{number} is not an episode (a JSON object)")
-        out.append(item)
+        out.append((number, item))
     return out
+
+
+def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes: int) -> list[Episode]:
+    """Every line validated (and given its `episode_id` and `completed_at` once, so a retry is the same
+    episode) before anything is sent; ClickException naming each bad line's fields, an episode too large
+    for one request at `max_body_bytes`, and an `episode_id` on two lines."""
+    prepared: list[Episode] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for number, item in lines:
+        try:
+            episode = finished_episode(item, max_actions=None)
+            request_bodies([episode_to_dict(episode)], max_bytes=max_body_bytes)
+        except InvalidEpisode as exc:
+            problems += [
+                f"{name}:{number}: {path.removeprefix('episodes[0].')}: {why}" for path, why in exc.errors
+            ]
+            continue
+        if episode.episode_id in seen:
+            problems.append(
+                f"{name}:{number}: episode_id {episode.episode_id!r} is on line {seen[episode.episode_id]} too; "
+                "keep one version of an episode"
+            )
+        seen.setdefault(episode.episode_id, number)
+        prepared.append(episode)
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise click.ClickException("nothing imported:\n  " + "\n  ".join(problems[:20]) + more)
+    return prepared
 
 
 @click.command("import")
@@ -78,12 +112,13 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
     from engram_episodic.cli import _run
 
-    episodes = _episodes(file)
+    episodes = _prepared(file.name, _episodes(file), ctx.obj["max_body_bytes"])
     bars = Bars(enabled=progress, units={"import": "episode"})
+    done = 0
 
     def publish(client: Any) -> int:
+        nonlocal done
         bars.phase("import", len(episodes))
-        done = 0
         try:
             for start in range(0, len(episodes), IMPORT_BATCH):
                 batch = episodes[start : start + IMPORT_BATCH]
@@ -94,5 +129,13 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
             bars.close()
         return done
 
-    n = _run(ctx, publish)
+    try:
+        n = _run(ctx, publish)
+    except click.ClickException:
+        if done:
+            click.echo(
+                f"imported {done} of {len(episodes)} episodes before the error; importing again is safe",
+                err=True,
+            )
+        raise
     click.echo(f"imported {n} episodes", err=True)

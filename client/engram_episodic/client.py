@@ -217,6 +217,15 @@ class _Base(Generic[H]):
                 ) from None
         return cls(**{**config, **kwargs})
 
+    def _adopt_limit(self, exc: ApiError) -> bool:
+        """True when `exc` is a 413 naming a smaller body limit than `max_body_bytes` (the service's
+        ENGRAM_MAX_BODY_BYTES): the client takes it, for a second try of the call and every later one."""
+        limit = exc.body.get("max_body_bytes") if exc.status == 413 else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and 1024 <= limit < self.max_body_bytes:
+            self.max_body_bytes = limit
+            return True
+        return False
+
     def _request_args(self, call: Call[Any]) -> dict[str, Any]:
         """The keyword arguments of `httpx.(Async)Client.request` for `call`."""
         args: dict[str, Any] = {
@@ -383,15 +392,28 @@ class Engram(_Base[httpx.Client]):
         """Publish one finished episode (an Episode, a dict, or keyword fields); returns its `episode_id`.
 
         Validated here first (InvalidEpisode names every bad field; nothing is sent), then accepted by the
-        service (202): it becomes recallable once the consolidator projected it. With `wait` (seconds, at
+        service (202; an episode larger than one request goes in parts, as `publish` sends them): it becomes recallable once the consolidator projected it. With `wait` (seconds, at
         most 30) the service answers once it is projected (read-your-writes), and WaitTimeout says it was
         accepted but not projected in time. Any failure names the id it used (`exc.episode_ids`):
         `record(episode_id=that, ...)` again is the same episode, never a copy.
         """
-        prepared, call = Calls.record(episode, fields, wait)
-        with _naming_ids([prepared]):
-            _waited(self.call(call), wait)
+        prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
+        self._send_all([prepared], calls, wait)
         return prepared.episode_id
+
+    def _send_all(
+        self, prepared: list[Episode], calls: list[Call[IngestResult]], wait: float | None
+    ) -> IngestResult:
+        """Send the requests of `prepared` in order; after a 413 naming a smaller limit than
+        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent)."""
+        with _naming_ids(prepared):
+            try:
+                return _waited(joined([self.call(call) for call in calls]), wait)
+            except ApiError as exc:
+                if not self._adopt_limit(exc):
+                    raise
+            _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
+            return _waited(joined([self.call(call) for call in calls]), wait)
 
     def publish(
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
@@ -404,8 +426,7 @@ class Engram(_Base[httpx.Client]):
         leave the first parts applied. A failure names the ids it used (`exc.episode_ids`): publishing
         the same episodes again is safe (each is the same episode, never a copy)."""
         prepared, calls = Calls.publish(episodes, wait, self.max_body_bytes)
-        with _naming_ids(prepared):
-            return _waited(joined([self.call(call) for call in calls]), wait)
+        return self._send_all(prepared, calls, wait)
 
     def episode(
         self,
@@ -564,9 +585,7 @@ class HttpEpisode(_OpenEpisode):
         If publishing fails, the error says whether it may have been applied (and names the id), and
         leaving the block does not publish a `failure` over it; call `complete` again to retry."""
         snapshot, calls = self._send(outcome, fields, self.client.max_body_bytes)
-        with _naming_ids([snapshot]):
-            for call in calls:
-                self.client.call(call)
+        self.client._send_all([snapshot], calls, None)
         return self.draft.completed_with(snapshot)
 
     def __enter__(self) -> HttpEpisode:
@@ -662,18 +681,29 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
         **fields: Any,
     ) -> str:
         """See `Engram.record`."""
-        prepared, call = Calls.record(episode, fields, wait)
-        with _naming_ids([prepared]):
-            _waited(await self.call(call), wait)
+        prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
+        await self._send_all([prepared], calls, wait)
         return prepared.episode_id
+
+    async def _send_all(
+        self, prepared: list[Episode], calls: list[Call[IngestResult]], wait: float | None
+    ) -> IngestResult:
+        """See `Engram._send_all`."""
+        with _naming_ids(prepared):
+            try:
+                return _waited(joined([await self.call(call) for call in calls]), wait)
+            except ApiError as exc:
+                if not self._adopt_limit(exc):
+                    raise
+            _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
+            return _waited(joined([await self.call(call) for call in calls]), wait)
 
     async def publish(
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
     ) -> IngestResult:
         """See `Engram.publish`."""
         prepared, calls = Calls.publish(episodes, wait, self.max_body_bytes)
-        with _naming_ids(prepared):
-            return _waited(joined([await self.call(call) for call in calls]), wait)
+        return await self._send_all(prepared, calls, wait)
 
     def episode(
         self,
@@ -785,9 +815,7 @@ class AsyncHttpEpisode(_OpenEpisode):
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""
         snapshot, calls = self._send(outcome, fields, self.client.max_body_bytes)
-        with _naming_ids([snapshot]):
-            for call in calls:
-                await self.client.call(call)
+        await self.client._send_all([snapshot], calls, None)
         return self.draft.completed_with(snapshot)
 
     async def __aenter__(self) -> AsyncHttpEpisode:

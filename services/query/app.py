@@ -48,7 +48,13 @@ from services.query.auth import auth_middleware
 from services.query.cursors import Cursors
 from services.query.metrics import Metrics
 from services.query.openapi import document
-from services.query.problems import BODY_TIMEOUT, problems_middleware, route_of, utf8_url_middleware
+from services.query.problems import (
+    BODY_TIMEOUT,
+    MAX_BODY_BYTES,
+    problems_middleware,
+    route_of,
+    utf8_url_middleware,
+)
 from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
@@ -233,6 +239,7 @@ def make_app(
     keys = settings.keys
     app[SETTINGS] = settings
     app[BODY_TIMEOUT] = settings.body_timeout
+    app[MAX_BODY_BYTES] = settings.max_body_bytes
     app[STARTUP] = startup
     app[KEYS] = keys
     app[METRICS] = metrics

@@ -53,6 +53,9 @@ class Invalid(Exception):
         super().__init__("; ".join(f"{f}: {r}" for f, r in self.errors))
 
 
+MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+"""The largest request body (`ENGRAM_MAX_BODY_BYTES`; set by make_app): a 413 says it, so that a client
+can split what it sends by it (`engram_episodic.parts`)."""
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 """Seconds `read_json` waits for a body once its headers arrived (`ENGRAM_BODY_TIMEOUT`; set by make_app)."""
 
@@ -226,7 +229,14 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
             503, "the event stream did not accept the request; retry later", headers={"Retry-After": "1"}
         )
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return problem(413, exc.text or "the request body is too large")
+        limit = request.app.get(MAX_BODY_BYTES)
+        if not limit:
+            return problem(413, exc.text or "the request body is too large")
+        return problem(
+            413,
+            f"the request body is larger than this service takes ({limit:,} bytes: ENGRAM_MAX_BODY_BYTES)",
+            max_body_bytes=limit,
+        )
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         return problem(
             exc.status,

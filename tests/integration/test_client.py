@@ -418,3 +418,35 @@ async def _whole(memory, episode_id: str, actions: int):
     except ResourceNotFound:
         return None
     return found if found is not None and len(found.actions) == actions else None
+
+
+async def test_record_splits_like_publish_and_both_take_the_services_limit(make_client, settings, redis):
+    """A new-user trial: `record` refused 1,500 actions and sent a 6 MB body the service refused with a
+    bare 413, while `publish` split the same episode. Now `record` goes in parts too, and a client whose
+    `max_body_bytes` is above the service's takes the limit the 413 names and sends again."""
+    from tests.integration.test_query_e2e import consolidating
+
+    limit = 64 * 1024
+    small = await make_client(max_body_bytes=limit)
+    acts = [{"action_type": "edit", "input": f"step {i} " + "y" * 40} for i in range(1_500)]
+    async with consolidating(settings, redis):
+        async with AsyncEngram(url(small)) as memory:  # default 4 MiB: above the service's 64 KiB
+            eid = await memory.record(task="a long session", outcome="success", actions=acts, wait=10)
+            assert memory.max_body_bytes == limit
+            many = [
+                {"episode_id": f"big-{i}", "task": "t", "outcome": "success", "solution": "\u4e2d" * 10_000}
+                for i in range(12)  # 30 KB each: 360 KB in all
+            ]
+            async with AsyncEngram(url(small)) as fresh:
+                result = await fresh.publish(many, wait=10)
+            assert result.accepted == 12 and result.projected is True
+            got = await wait_until(lambda: _whole(memory, eid, len(acts)), timeout=20)
+            assert [a.input for a in got.actions] == [a["input"] for a in acts]
+
+        def sync() -> int:
+            with Engram(url(small)) as m:
+                text = "\u4e2d" * 15_000  # 45 KB: two of them go in two parts
+                m.record(task="t", outcome="success", solution=text, thoughts=text, wait=10)
+                return m.max_body_bytes
+
+        assert await asyncio.to_thread(sync) == limit

@@ -119,6 +119,29 @@ async def test_import_names_a_bad_line(api, tmp_path):
     assert out.exit_code == 1 and "bad.jsonl:2 is not UTF-8" in out.output and "Traceback" not in out.output
 
 
+async def test_import_checks_every_line_before_it_sends_any(api, settings, redis, tmp_path):
+    """A new-user trial: an episode too large for one request on line 604 was named `episodes[103]` (its
+    place in the second batch of 500), after the first 500 lines were published. Every line is now
+    checked first and named by its line, an episode_id on two lines too, and nothing is sent."""
+    good = [{"episode_id": f"g{i}", "task": "t", "outcome": "success"} for i in range(600)]
+    lines = [json.dumps(e) for e in good]
+    lines.append(
+        json.dumps({"episode_id": "huge", "task": "t", "outcome": "success", "solution": "x" * 70_000})
+    )
+    lines.append(json.dumps({"episode_id": "g7", "task": "again", "outcome": "success"}))
+    lines.insert(300, json.dumps({"task": "t", "outcome": "great"}))
+    file = tmp_path / "mixed.jsonl"
+    file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = await run(api, "--max-body-bytes", "65536", "import", str(file), "--no-progress")
+    assert out.exit_code == 1, out.output
+    assert "nothing imported" in out.output
+    assert "mixed.jsonl:301: outcome: must be one of" in out.output
+    assert "mixed.jsonl:602: solution: is 70,002 bytes" in out.output
+    assert "mixed.jsonl:603: episode_id 'g7' is on line 8 too" in out.output
+    await drain(settings, redis)
+    assert await redis.xlen(Keys(settings.prefix).stream) == 0
+
+
 async def test_import_splits_by_the_body_limit_and_round_trips_exactly(
     make_client, settings, redis, tmp_path
 ):
@@ -168,8 +191,10 @@ async def test_import_splits_by_the_body_limit_and_round_trips_exactly(
     assert (await run(api, "export", "--out", str(copy), key=KEY_A)).exit_code == 0
     assert copy.read_text(encoding="utf-8") == exported
 
-    # without the client's bound the service answers 413, naming the limit
-    out = await run(
-        api, "--max-body-bytes", str(8 * limit), "import", str(source), "--no-progress", key=KEY_B
-    )
-    assert out.exit_code == 1 and "413" in out.output, out.output
+    # a client set above the service's limit takes the limit the service's 413 names, and goes on
+    out = await run(api, "import", str(source), "--no-progress", key=KEY_B)
+    assert out.exit_code == 0 and "imported 61 episodes" in out.output, out.output
+    resp = await api.post("/v1/episodes", data=b"[" + b"1," * limit + b"1]", headers=auth(KEY_B))
+    problem = await resp.json()
+    assert resp.status == 413 and problem["max_body_bytes"] == limit, problem
+    assert "ENGRAM_MAX_BODY_BYTES" in problem["detail"]

@@ -196,3 +196,14 @@ def test_the_parts_answers_join_into_one_per_episode():
         ("e2", "x2", True, None),
     ]
     assert joined([first]) is first
+
+
+def test_publish_refuses_one_episode_twice_before_sending():
+    from engram_episodic.calls import Calls
+
+    eps = [{"episode_id": i, "task": "t", "outcome": "success"} for i in ("a", "b", "a")]
+    with pytest.raises(InvalidEpisode) as exc:
+        Calls.publish(eps)
+    assert exc.value.errors == [
+        ("episodes[2].episode_id", "repeats episodes[0].episode_id ('a'); send one version of an episode")
+    ]
