@@ -178,7 +178,7 @@ async def test_a_ttl_counts_from_completed_at_also_when_it_defaults_to_now(api, 
 
     now = time.time()
     cases = [("two-hours", "2h", now - 3600, 7200.0), ("one-hour", "1h", now - 7200, 3600.0)]
-    for eid, ttl, started, seconds in cases:
+    for eid, ttl, started, _seconds in cases:
         body = {"episode_id": eid, "task": "x", "outcome": "success", "ttl": ttl, "started_at": started}
         resp = await api.post("/v1/episodes", json=body)
         assert resp.status == 202, await resp.text()
