@@ -56,7 +56,7 @@ from engram_episodic.types import (
     Suggestion,
     Updated,
 )
-from engram_episodic.validation import parse_update
+from engram_episodic.validation import empty_changes, parse_update
 
 T = TypeVar("T")
 
@@ -353,6 +353,8 @@ class Calls:
         # validated here as the service does (InvalidEpisode names every bad field); a repeat after a
         # lost answer folds the same change again (merging is idempotent)
         parse_update(_body(changes))
+        if empty := empty_changes(_body(changes)):
+            raise InvalidEpisode(empty)
         return Call(
             "PATCH",
             f"/v1/episodes/{_path(episode_id, 'episode_id')}",

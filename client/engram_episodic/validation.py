@@ -544,16 +544,8 @@ def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> d
         outcome = value.get("outcome")
         if outcome is not None and outcome not in OUTCOMES:
             errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
-        feedback = parse_feedback(value.get("feedback"), _join(path, "feedback"), errs)
-        if feedback is not None and feedback == Feedback():
-            # merged field by field, a null keeps the stored value: a change of nothing is a mistake
-            errs.add(
-                _join(path, "feedback"),
-                "must set at least one of reward, message, tests_passed, tests_total (a null keeps the "
-                "stored value; it does not clear it)",
-            )
         out = {
-            "feedback": feedback,
+            "feedback": parse_feedback(value.get("feedback"), _join(path, "feedback"), errs),
             "outcome": outcome,
             "outcome_details": _text(value.get("outcome_details"), _join(path, "outcome_details"), errs),
             "importance": _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),
@@ -565,3 +557,29 @@ def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> d
             errs.raise_if_any()
         return None
     return {k: v for k, v in out.items() if v is not None}
+
+
+def empty_changes(value: Any) -> list[tuple[str, str]]:
+    """(field, reason) for the parts of a change request that change nothing: a `feedback` whose fields
+    are all null (merged field by field, a null keeps the stored value) or an empty `metadata`. Checked
+    where a person sends a change (`PATCH`, the clients' `update_episode`), not by `parse_update`: an
+    `EpisodeUpdated` already in a stream must still decode."""
+    out: list[tuple[str, str]] = []
+    if not isinstance(value, Mapping):
+        return out
+    feedback = value.get("feedback")
+    if isinstance(feedback, Mapping) and all(
+        feedback.get(k) is None for k in ("reward", "message", "tests_passed", "tests_total")
+    ):
+        out.append(
+            (
+                "feedback",
+                "must set at least one of reward, message, tests_passed, tests_total (a null keeps the "
+                "stored value; it does not clear it)",
+            )
+        )
+    if value.get("metadata") == {}:
+        out.append(
+            ("metadata", "must set or remove at least one key (merged key by key, {} changes nothing)")
+        )
+    return out

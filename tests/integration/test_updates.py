@@ -79,6 +79,7 @@ async def test_unknown_forgotten_and_bad_patches(api, settings, redis):
         ({"metadata": [1]}, "metadata"),
         ({"feedback": {"reward": None}}, "feedback"),  # a null keeps the stored value: a no-op was a 202
         ({"feedback": {}}, "feedback"),
+        ({"metadata": {}}, "metadata"),  # merged key by key: a change of nothing
     ]
     for body, field in cases:
         resp = await api.patch("/v1/episodes/e1", json=body)

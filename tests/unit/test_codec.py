@@ -314,3 +314,12 @@ def test_one_version_per_event_and_old_entries_with_a_schema_version_field_still
     assert decode(msgpack.packb(old)) == EpisodeForgotten(
         event_id="e1", namespace="ns", occurred_at=1.0, episode_id="ep1"
     )
+
+
+def test_an_update_that_changes_nothing_still_decodes():
+    """`PATCH` refuses an all-null feedback and an empty metadata (`validation.empty_changes`), but
+    such `EpisodeUpdated` events were accepted before: in a stream they must still decode (a replay)."""
+    from engram_episodic.events import EpisodeUpdated, Feedback
+
+    event = EpisodeUpdated(namespace="n", episode_id="e", occurred_at=1.0, feedback=Feedback(), metadata={})
+    assert decode(encode(event)) == event

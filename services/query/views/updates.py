@@ -14,7 +14,13 @@ from aiohttp import web
 
 from engram_episodic.errors import NotFound
 from engram_episodic.events import Episode, EpisodeUpdated, updated
-from engram_episodic.validation import Collector, episode_problems, parse_episode, parse_update
+from engram_episodic.validation import (
+    Collector,
+    empty_changes,
+    episode_problems,
+    parse_episode,
+    parse_update,
+)
 from services.query.appkeys import METRICS
 from services.query.problems import Invalid, read_json
 from services.query.views.common import ns_of, path_id, publisher, query_params, reply
@@ -40,7 +46,10 @@ async def update_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")
     query: IngestQuery = query_params(request, IngestQuery)
     errs = Collector()
-    changes = parse_update(await read_json(request), "", errs)
+    body = await read_json(request)
+    changes = parse_update(body, "", errs)
+    for field, why in empty_changes(body):
+        errs.add(field, why)
     errs.raise_if_any()  # 422 naming every bad field; nothing is published
     assert changes is not None
     user, stored = await _stored_episode(request, episode_id)
