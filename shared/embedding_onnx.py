@@ -54,19 +54,21 @@ import numpy as np
 
 log = logging.getLogger("engram.embedding")
 
-BACKENDS = ("auto", "torch", "onnx", "onnx-int8")
-"""`ENGRAM_EMBED_BACKEND`: auto (int8 ONNX when it passes the gate, else float ONNX, else torch),
-torch, onnx (float32 graph) or onnx-int8."""
+OPENVINO = "openvino-bf16"
+"""The float graph run by OpenVINO in bfloat16 where the CPU computes it natively (shared/embedding_openvino.py)."""
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8", OPENVINO)
+"""`ENGRAM_EMBED_BACKEND`: auto (int8 ONNX when it passes the gate, else OpenVINO bf16 where the CPU has
+it and it passes, else float ONNX, else torch), torch, onnx (float32 graph), onnx-int8 or openvino-bf16."""
 
 RECIPE = "engram-onnx-4"  # bump when the export or the quantisation changes: caches re-export
 FILES = {"onnx": "model.onnx", "onnx-int8": "model-int8.onnx"}
-MIN_MEAN = {"onnx": 0.999, "onnx-int8": 0.993}
+MIN_MEAN = {"onnx": 0.999, "onnx-int8": 0.993, OPENVINO: 0.999}
 """Least mean cosine to torch over AGREEMENT_TEXTS for a variant to store document vectors. The float
 graph is the same computation (1.0000 measured). Int8, one text per pass: MiniLM 0.996 (used); mpnet
 0.991, refused: with it LoCoMo's real path lost NDCG@10 -0.84 [-1.32, -0.36] and R@10 -0.90 [-1.78,
 -0.03] against the float graph (docs/benchmarks.md, "The int8 graph, one text per pass"), so the bar
 sits above it; 0.99 was the first bar, measured on batched passes."""
-MIN_ROW = {"onnx": 0.99, "onnx-int8": 0.95}
+MIN_ROW = {"onnx": 0.99, "onnx-int8": 0.95, OPENVINO: 0.99}
 """Least cosine of any single text: a mean can hide one text the graph gets badly wrong."""
 MIN_QUERY_MEAN = 0.99
 """Least mean cosine to torch over QUERY_AGREEMENT_TEXTS for a variant to embed queries: issue 20's bar
@@ -232,7 +234,6 @@ class OnnxSentenceModel:
 
     def __init__(self, graph: Path, model_dir: Path, *, max_seq_length: int, threads: int, variant: str):
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -242,6 +243,12 @@ class OnnxSentenceModel:
         options.log_severity_level = 3
         self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
+        self.dim = int(self.session.get_outputs()[0].shape[-1])
+        self._tokenizer(model_dir, max_seq_length, variant)
+
+    def _tokenizer(self, model_dir: Path, max_seq_length: int, variant: str) -> None:
+        from tokenizers import Tokenizer
+
         self.variant = variant
         self.max_seq_length = max_seq_length
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -252,7 +259,10 @@ class OnnxSentenceModel:
             raise ValueError(f"the tokenizer at {model_dir} has no id for its padding token")
         self.pad_id = int(pad_id)
         self.tokenizer = tokenizer
-        self.dim = int(self.session.get_outputs()[0].shape[-1])
+
+    def _hidden(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        """The graph's last hidden state, float32[rows, pieces, dim], for one padded pass."""
+        return cast(np.ndarray, self.session.run(None, feed)[0])
 
     def get_embedding_dimension(self) -> int:
         return self.dim
@@ -289,7 +299,7 @@ class OnnxSentenceModel:
             feed = {"input_ids": ids, "attention_mask": mask}
             if "token_type_ids" in self.inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
-            hidden = self.session.run(None, feed)[0]
+            hidden = self._hidden(feed)
             weights = mask[..., None].astype(np.float32)
             pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
             out[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
@@ -542,8 +552,20 @@ def load_onnx(
     if reason is not None:
         log.log(level, "%s ◆ %s=%s ◆ running torch: %s", name, SETTING[role], backend, reason)
         return None
-    failed = []
-    for variant in ("onnx-int8", "onnx") if backend == "auto" else (backend,):
+    failed: list[str] = []
+    for variant in ("onnx-int8", OPENVINO, "onnx") if backend == "auto" else (backend,):
+        if variant == OPENVINO:  # gated at load, on this host's CPU (shared/embedding_openvino.py)
+            from shared import embedding_openvino
+
+            found, why = embedding_openvino.load(target, source, manifest, threads=threads, role=role)
+            if found is not None:
+                if failed:
+                    log.info("%s ◆ %s=%s ◆ not %s", name, SETTING[role], backend, "; ".join(failed))
+                log.info("%s ◆ %s for %s ◆ %s", name, OPENVINO, role + "s", why)
+                return found
+            if backend != "auto" or why != embedding_openvino.NOT_HERE:
+                failed.append(f"{OPENVINO}: {why}")
+            continue
         agreed = gate_of(manifest, variant, role)
         if agreed is None or not agreed.passes(variant, role):
             texts, needs = "queries" if on_queries(variant, role) else "texts", bars(variant, role)

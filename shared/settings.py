@@ -248,11 +248,16 @@ class Settings:
     embed_dim: int = env("ENGRAM_EMBED_DIM", 384, integer(8, 8192))
     embed_batch_size: int = env("ENGRAM_EMBED_BATCH_SIZE", 64, integer(1, 4096))
     embed_max_chars: int = env("ENGRAM_EMBED_MAX_CHARS", 2000, integer(16, 1_000_000))
-    embed_backend: str = env("ENGRAM_EMBED_BACKEND", "auto", choice("auto", "torch", "onnx", "onnx-int8"))
+    embed_backend: str = env(
+        "ENGRAM_EMBED_BACKEND", "auto", choice("auto", "torch", "onnx", "onnx-int8", "openvino-bf16")
+    )
     """`ENGRAM_EMBED_BACKEND`: how minilm/mpnet run (shared/embedding_onnx.py): auto = int8 ONNX Runtime when
-    it passes the agreement gate, else float ONNX, else torch."""
+    it passes the agreement gate, else OpenVINO bfloat16 on a CPU that has it (shared/embedding_openvino.py)
+    when it passes its gate, else float ONNX, else torch."""
     query_embed_backend: str = env(
-        "ENGRAM_QUERY_EMBED_BACKEND", "auto", choice("auto", "same", "torch", "onnx", "onnx-int8")
+        "ENGRAM_QUERY_EMBED_BACKEND",
+        "auto",
+        choice("auto", "same", "torch", "onnx", "onnx-int8", "openvino-bf16"),
     )
     """`ENGRAM_QUERY_EMBED_BACKEND`: how the query service embeds a recall's query (same model, same
     vector space): auto = int8 ONNX Runtime when it passes the queries' agreement gate (measured on short

@@ -1,0 +1,84 @@
+"""The OpenVINO bfloat16 backend (shared/embedding_openvino.py) with the real MiniLM export: chosen only
+where the CPU computes bfloat16, gated against the float graph on every load, rows independent of their
+pass, safe across threads, and refused (falling back) when it misses the bar. No network, no Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+import shared.embedding_onnx as eo
+from shared import embedding_openvino as ov
+from shared.embedding import MiniLMEmbedder
+from shared.settings import Settings
+from tests.unit.test_embedding_onnx import locomo_turns, minilm_dir
+
+
+def _embedder(backend: str) -> MiniLMEmbedder:
+    minilm_dir()
+    pytest.importorskip("openvino")
+    embedder = MiniLMEmbedder(backend=backend, cache_dir=Settings().model_cache, threads=1)
+    embedder.load_sync()
+    return embedder
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
+def test_openvino_runs_where_the_cpu_has_bfloat16_and_agrees_with_the_float_graph(caplog):
+    caplog.set_level(logging.INFO, "engram.embedding")
+    embedder = _embedder(eo.OPENVINO)
+    if ov._core() is None:  # this host: no native bfloat16; the named backend says why and runs torch
+        assert embedder.runs_on == "torch" and ov.NOT_HERE in caplog.text
+        return
+    model = embedder._model
+    assert isinstance(model, ov.OpenVinoSentenceModel) and embedder.runs_on == eo.OPENVINO
+    assert "agreement with the float graph" in caplog.text
+    turns = locomo_turns(120)
+    vectors, _ = model.encode_counted(turns, 64)
+    float_graph = _embedder("onnx")._model
+    reference, _ = float_graph.encode_counted(turns, 64)
+    cos = (vectors * reference).sum(axis=1)
+    assert cos.mean() >= 0.999 and cos.min() >= 0.99, (cos.mean(), cos.min())
+    # a row does not depend on the pass it is in (no per-pass scale, unlike the int8 graph)
+    alone = np.concatenate([model.encode_counted([t], 1)[0] for t in turns[:30]])
+    assert ((alone * vectors[:30]).sum(axis=1)).min() >= 0.9999
+    # two threads at once get what one gets alone (an infer request per pass)
+    got: dict[int, np.ndarray] = {}
+
+    def work(k: int) -> None:
+        got[k] = model.encode_counted(turns[k * 60 : (k + 1) * 60], 16)[0]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(2):  # the same texts in the same passes, one thread: the same vectors
+        np.testing.assert_allclose(
+            got[k], model.encode_counted(turns[k * 60 : (k + 1) * 60], 16)[0], atol=1e-6
+        )
+    asyncio.run(embedder.aclose())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
+def test_a_gate_it_misses_falls_back_to_the_float_graph_with_the_reason(monkeypatch, caplog):
+    pytest.importorskip("openvino")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: the gate never runs here")
+    caplog.set_level(logging.INFO, "engram.embedding")
+    monkeypatch.setitem(eo.MIN_MEAN, eo.OPENVINO, 1.000001)  # a bar no bfloat16 pass can reach
+    minilm_dir()
+    source = eo.Path(minilm_dir())
+    target, manifest = eo.ensure_export(
+        source,
+        eo.Path(Settings().model_cache or eo.Path.home() / ".cache" / "engram"),
+        "minilm-l6-v2",
+        threads=1,
+    )
+    model, why = ov.load(target, source, manifest, threads=1, role="document")
+    assert model is None and "needs 1.000001" in why
