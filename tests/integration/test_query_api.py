@@ -172,7 +172,8 @@ async def test_malformed_json_is_400(api):
 async def test_body_over_limit_is_413(make_client):
     client = await make_client(max_body_bytes=2048)
     body = await problem(await client.post("/v1/recall", data=json.dumps({"query": "x" * 5000})), 413)
-    assert "2048" in body["detail"]
+    assert "2,048 bytes" in body["detail"] and "ENGRAM_MAX_BODY_BYTES" in body["detail"]
+    assert body["max_body_bytes"] == 2048  # what a client splits its requests by (engram_episodic.parts)
 
 
 async def test_unknown_route_and_method(api):
