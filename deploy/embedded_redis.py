@@ -111,6 +111,10 @@ class EmbeddedRedis:
         ]
         for module in modules:
             args += ["--loadmodule", str(module.resolve())]
+            if (
+                module.name == "redisearch.so"
+            ):  # a query past its TIMEOUT is an error, never part of the results
+                args += ["ON_TIMEOUT", "FAIL"]
         return args + self.extra_args
 
     def start(self) -> EmbeddedRedis:

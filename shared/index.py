@@ -22,6 +22,7 @@ linger in `FT.TAGVALS`.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Conflict
@@ -42,6 +44,8 @@ from shared.legacy import check_layout
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 from shared.ties import TIE_FIELD, tie_break
+
+log = logging.getLogger("engram.index")
 
 TAG_SEPARATOR = "\x1f"
 TAG_FIELDS = (
@@ -297,6 +301,27 @@ async def create_index(r: aioredis.Redis, name: str, doc_prefix: str, schema: Se
             raise
 
 
+SEARCH_TIMEOUT = "Timeout limit was reached"
+"""RediSearch's error for a query past its TIMEOUT once ON_TIMEOUT is FAIL (`fail_on_timeout`)."""
+
+
+async def fail_on_timeout(r: aioredis.Redis) -> str | None:
+    """Make RediSearch answer a query that runs past its TIMEOUT (500 ms by default) with an error
+    instead of the results found so far: its default (ON_TIMEOUT RETURN) answered a listing, `skills` or
+    a learning curve with part of the scope and no sign of it (a new-user trial: 499 of 6,198 episodes
+    listed, `next_cursor` null). Sent to every primary of a cluster. Returns None, or why it could not
+    (a Redis that refuses CONFIG: the deployment then has to set `search-on-timeout fail` itself)."""
+    args: tuple[Any, ...] = ("FT.CONFIG", "SET", "ON_TIMEOUT", "FAIL")
+    try:
+        if isinstance(r, RedisCluster):
+            await r.execute_command(*args, target_nodes=RedisCluster.PRIMARIES)
+        else:
+            await r.execute_command(*args)
+    except ResponseError as exc:
+        return str(exc)[:200]
+    return None
+
+
 async def current_generation(r: aioredis.Redis, keys: Keys) -> int:
     """The live projection generation (1 when nothing was built yet)."""
     raw = await r.hget(keys.meta, "generation")
@@ -363,6 +388,11 @@ async def ensure_episode_index(
     ):
         raise EmbedderMismatch(
             name, gen, as_text(recorded_name), int(recorded_dim or 0), embedder_name, params.dim
+        )
+    if (refused := await fail_on_timeout(r)) is not None:
+        log.warning(
+            "RediSearch keeps ON_TIMEOUT RETURN (%s): a query past its TIMEOUT answers part of its results",
+            refused,
         )
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode

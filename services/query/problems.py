@@ -21,9 +21,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
+from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_problem
+from shared.index import SEARCH_TIMEOUT
 from shared.retry import REDIS_FAULTS
 
 log = logging.getLogger("engram.query")
@@ -212,6 +214,15 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
             headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))},
             lag=exc.lag,
             max_lag=exc.max_lag,
+        )
+    if isinstance(exc, ResponseError) and SEARCH_TIMEOUT in str(exc):
+        # ON_TIMEOUT FAIL (shared.index.fail_on_timeout): an error, never a part of the results
+        log.warning("search timeout ◆ %s %s", request.method, route_of(request))
+        return problem(
+            503,
+            "a search ran past RediSearch's TIMEOUT (the store is busy, or the scope is very large); "
+            "retry later, or narrow the scope",
+            headers={"Retry-After": "1"},
         )
     if isinstance(exc, REDIS_FAULTS):  # an outage (a cluster's too), not a bug: no traceback
         log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, route_of(request), type(exc).__name__)

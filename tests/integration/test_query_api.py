@@ -412,3 +412,36 @@ async def test_the_service_embeds_queries_under_the_queries_gate(aiohttp_client,
     assert embedder.runs_on == "onnx-int8"  # MiniLM's int8 graph passes the queries' gate (0.996)
     resp = await client.post("/v1/recall", json={"query": "how did we fix the flaky test?"})
     assert resp.status == 200, await resp.text()
+
+
+async def test_a_search_past_its_timeout_is_a_503_never_part_of_the_results(api, settings, redis):
+    """A new-user trial: with RediSearch's default ON_TIMEOUT RETURN, a listing past the module's TIMEOUT
+    answered 499 of 6,198 episodes with `next_cursor` null, `skills` [] and part of the learning curve,
+    all as 200s. `fail_on_timeout` (at every start, and the embedded Redis's module argument) makes it an
+    error, which the service answers as a 503 with Retry-After."""
+    from tests.integration.test_query_e2e import drain
+
+    assert (await redis.execute_command("FT.CONFIG", "GET", "ON_TIMEOUT")) == [[b"ON_TIMEOUT", b"fail"]]
+    episodes = [{"episode_id": f"t{i}", "task": f"task {i}", "outcome": "success"} for i in range(6_000)]
+    for start in range(0, len(episodes), 1_000):
+        resp = await api.post("/v1/episodes", json={"episodes": episodes[start : start + 1_000]})
+        assert resp.status == 202
+    await drain(settings, redis)
+    await redis.execute_command("FT.CONFIG", "SET", "TIMEOUT", 1)
+    try:
+        answers = []
+        for path in ("/v1/episodes?limit=1000", "/v1/skills", "/v1/learning-curve?limit=10000"):
+            resp = await api.get(path)
+            answers.append((path, resp.status, await resp.json()))
+    finally:
+        await redis.execute_command("FT.CONFIG", "SET", "TIMEOUT", 500)
+    for path, status, body in answers:
+        if status == 503:
+            assert "TIMEOUT" in body["detail"], body
+            continue
+        assert status == 200, (path, body)
+        if path.startswith("/v1/episodes"):  # whole pages or an error: never a short last page
+            assert len(body["results"]) == 1000 and body["next_cursor"], (path, len(body["results"]))
+        elif path.startswith("/v1/learning-curve"):
+            assert len(body["points"]) == 6_000, (path, len(body["points"]))
+    assert any(status == 503 for _, status, _ in answers), "1 ms is too short for 6,000 episodes"
