@@ -55,6 +55,13 @@ IdStr = Annotated[
     PlainValidator(_tag(MAX_ID_CHARS)),
     WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS}),
 ]
+CategoryStr = Annotated[
+    str,
+    PlainValidator(_tag(MAX_TAG_CHARS)),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_TAG_CHARS}),
+]
+"""A task category: a TAG value of at most MAX_TAG_CHARS, as an episode's `task.category` (an id's 256
+let a request name a category no episode can have)."""
 
 
 def _tag_list(max_chars: int, choices: tuple[str, ...] | None = None):
@@ -332,7 +339,7 @@ class ContextRequest(ScopeIn):
     """`POST /v1/context`: working memory for a task, with a prompt section of at most `max_chars`."""
 
     task: QueryText
-    category: IdStr | None = None
+    category: CategoryStr | None = None
     top_k: TopK | None = None
     max_chars: Annotated[int, IntIn(200, 200_000)] = 4000
     half_life: Duration | None = None
@@ -344,7 +351,7 @@ class StrategyRequest(ScopeIn):
     """`POST /v1/strategy`: which strategy to use for a task."""
 
     task: QueryText
-    category: IdStr | None = None
+    category: CategoryStr | None = None
     complexity: Annotated[float, FloatIn(0.0, 1.0)] | None = None
     k: Annotated[int, IntIn(1, 100)] = 10
     min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
@@ -354,7 +361,7 @@ class SuggestRequest(ScopeIn):
     """`POST /v1/suggest`: how confident past experience is about a task, and what went wrong before."""
 
     task: QueryText
-    category: IdStr | None = None
+    category: CategoryStr | None = None
     k: Annotated[int, IntIn(1, 100)] = 10
     min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
 
@@ -370,7 +377,7 @@ class LearningCurveQuery(ScopeIn):
     """`GET /v1/learning-curve` query parameters."""
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-    category: IdStr | None = None
+    category: CategoryStr | None = None
     window: Annotated[int, IntIn(1, 1000, from_query=True)] = 5
     limit: Annotated[int, IntIn(1, 10_000, from_query=True)] = 1000
 

@@ -71,9 +71,11 @@ return 0
 """
 
 
-def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, ...] = ()) -> Scope:
+def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, ...] | None = None) -> Scope:
     """The Scope of a request model: the namespace is the server's, every filter the model has is used;
-    `tags` is the live generation's digest function (`shared.tags`)."""
+    `tags` is the live generation's digest function (`shared.tags`). `category`, when given, replaces the
+    model's own `category` as the filter: `()` for a route whose `category` is not a filter (context,
+    strategy: a trial found them filtering by it, so a guessed category emptied the prompt)."""
 
     def get(name: str, default: Any = None) -> Any:
         return getattr(req, name, default)
@@ -82,7 +84,7 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
         r = get(name)
         return r.bounds() if r is not None else (None, None)
 
-    cat = get("category")
+    cat = get("category") if category is None else category
     if isinstance(cat, str):
         cat = (cat,)
     return Scope(
@@ -91,7 +93,7 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
         agent_id=get("agent_id"),
         user_id=get("user_id"),
         session_id=get("session_id"),
-        category=tuple(cat or category),
+        category=tuple(cat or ()),
         outcome=tuple(get("outcome") or ()),
         strategy=tuple(get("strategy") or ()),
         reward=bounds("reward"),
