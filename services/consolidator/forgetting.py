@@ -86,9 +86,11 @@ class Forgetting:
         if self.context is not None:  # re-base the successor on the episode before the erased one
             await self.context.refresh_sessions(sessions)
         if facts:
-            await self._forget_facts(namespace, [episode_id])
+            await self.forget_facts(namespace, [episode_id])
 
-    async def _forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
+    async def forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
+        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`, in one
+        pass (`facts_forget.forget_evidence`)."""
         from services.consolidator.facts_forget import forget_evidence
 
         await forget_evidence(
@@ -153,7 +155,7 @@ class Forgetting:
             user_id,
             sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None,
         )
-        await self._forget_facts(namespace, erased)
+        await self.forget_facts(namespace, erased)
         return len(erased)
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:

@@ -170,6 +170,7 @@ class Projector:
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
         # ENGRAM_CONTEXT_EPISODES: sessions touched by a segment are re-based after it (context.py)
         self.context = SessionContext(redis, keys.episode_index(gen)) if settings.context_episodes else None
+        self._facts_due: dict[str, list[str]] = {}  # namespace -> episodes forgotten, facts not yet rebuilt
         self._legacy: bool | None = None  # legacy tombstones to read too (shared.legacy), read once
 
     # --- entry point ----------------------------------------------------------------------------
@@ -218,9 +219,19 @@ class Projector:
             result.ok.append(entry.stream_id)
             self.metrics.events.labels(event.TYPE, "ok").inc()
         await self._apply_episode_events(segment, result)
+        await self._flush_facts()
         if shredded:
             await streams.delete_entries(self.redis, shredded)
         return result
+
+    async def _flush_facts(self) -> None:
+        """Rebuild the facts whose evidence names an episode the batch forgot so far, once per namespace
+        (`Forgetting.forget_facts`). Raises as it does: the batch stays pending and is applied again
+        (erasing is idempotent)."""
+        due, self._facts_due = self._facts_due, {}
+        for namespace, episode_ids in due.items():
+            with cluster.route(namespace):
+                await self.forgetting.forget_facts(namespace, episode_ids)
 
     async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
         """With a key ring: each payload's envelope (None if it does not unpack), after fetching every
@@ -682,8 +693,13 @@ class Projector:
 
     async def _apply_other_event(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
-            await self.forgetting.erase_episode(event.namespace, event.episode_id)
-        elif isinstance(event, UserForgotten):
+            # the facts naming it are rebuilt once for the batch's forgets (`_flush_facts`): one rebuild
+            # per episode made a bulk forget of 2,330 episodes take 160 s against a user's 2 s (a trial)
+            await self.forgetting.erase_episode(event.namespace, event.episode_id, facts=False)
+            self._facts_due.setdefault(event.namespace, []).append(event.episode_id)
+            return
+        await self._flush_facts()  # a later event (a snapshot, a user's forget) sees them applied
+        if isinstance(event, UserForgotten):
             await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
             from services.consolidator.facts_store import apply_snapshot
