@@ -202,6 +202,7 @@ def joined(results: list[IngestResult]) -> IngestResult:
 _WHY = {
     "forgotten": "forgotten before (a forgotten episode_id is never projected again: publish under a new one)",
     "dead_lettered": "dead-lettered by the consolidator (`engram dead-letters` says why)",
+    "expired": "expired (past its expires_at: hidden from every read; publish under a new episode_id)",
 }
 
 

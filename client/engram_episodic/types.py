@@ -52,7 +52,8 @@ class Accepted:
     event_id: str
     projected: bool | None = None  # with `wait`: whether the consolidator projected it in time
     # with `wait`, when not projected: "forgotten" (the id is tombstoned: never projected; publish under
-    # a new episode_id), "dead_lettered" (`engram dead-letters` says why) or "timeout"
+    # a new episode_id), "dead_lettered" (`engram dead-letters` says why), "expired" (projected but past
+    # its expires_at, so hidden) or "timeout"
     reason: str | None = None
 
     @classmethod

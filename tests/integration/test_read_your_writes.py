@@ -169,3 +169,19 @@ async def test_a_read_patch_or_forget_right_after_a_publish_never_answers_404(ap
                     await asyncio.sleep(0)
                 resp = await api.request(method, f"/v1/episodes/{eid}", json=body)
                 assert resp.status in (200, 202), (method, i, await resp.text())
+
+
+async def test_an_expired_episode_posted_again_says_expired(api, settings, redis):
+    """A new-user trial: re-posting an episode past its ttl answered `projected: true`, yet it stayed
+    hidden (it keeps its expiry). The answer now says `reason: expired`."""
+    import time
+
+    async with consolidating(settings, redis, "ryw-expired"):
+        first = {"episode_id": "ttl-3", "task": "third", "outcome": "success", "ttl": 1}
+        assert (await (await api.post("/v1/episodes", json=first, params={"wait": 10})).json())["projected"]
+        expires = time.time() + 1.0
+        await wait_until(lambda: time.time() > expires, message="the ttl passes")
+        again = {"episode_id": "ttl-3", "task": "third again", "outcome": "success"}
+        body = await (await api.post("/v1/episodes", json=again, params={"wait": 10})).json()
+        assert body["projected"] is False and body["reason"] == "expired", body
+        assert (await api.get("/v1/episodes/ttl-3")).status == 404

@@ -54,13 +54,14 @@ class IngestQuery(models.Model):
 WAIT_FORGOTTEN = "forgotten"  # the id is tombstoned: never projected again (publish under a new id)
 WAIT_DEAD_LETTERED = "dead_lettered"  # the consolidator gave up on the event (`engram dead-letters`)
 WAIT_TIMEOUT = "timeout"  # not projected within `wait`
+WAIT_EXPIRED = "expired"  # projected, but past its expires_at: hidden from every read, erased soon
 
 
 async def _projected(
     request: web.Request, events: Sequence[EpisodeEvent], stream_ids: list[str], wait: float
 ) -> list[str | None]:
     """Poll until each event is projected, up to `wait` s: None for a projected one, else why not
-    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_TIMEOUT`). Projected = the group acked its entry (a
+    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_EXPIRED`, `WAIT_TIMEOUT`). Projected = the group acked its entry (a
     worker acks only after the document write committed) and its episode's event hash holds it. The
     event hash alone was not enough: for an episode that already had events the worker records the new
     one first and rewrites the document a step later, so a read right after the wait could still see
@@ -90,9 +91,16 @@ async def _projected(
                 )
             found = await pipe.execute()
         dropped = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and not f]
-        for i, ok, f in zip(todo, acked, found, strict=True):
-            if ok and f:
-                why[i] = None
+        projected = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and f]
+        async with r.pipeline(transaction=False) as pipe:
+            for i in projected:
+                pipe.hget(keys.episode_doc(gen, events[i].namespace, events[i].episode_id), "expires_at")
+            expiries = await pipe.execute() if projected else []
+        now = time.time()
+        for i, expires_at in zip(projected, expiries, strict=True):
+            # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps
+            # the stored fields a re-post would make invalid)
+            why[i] = WAIT_EXPIRED if expires_at is not None and float(expires_at) <= now else None
         for i in dropped:
             why[i] = await _dropped(request, events[i], stream_ids[i])
         if all(w != WAIT_TIMEOUT for w in why) or time.monotonic() >= deadline:
