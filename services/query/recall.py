@@ -216,6 +216,13 @@ async def touch(r: aioredis.Redis, keys: list[bytes], now: float) -> None:
         await r.eval(_TOUCH, len(keys), *keys, repr(float(now)))
 
 
+def _after_touch(results: list[dict[str, Any]], now: float) -> None:
+    """The answered hits as `touch` left them (as a GET then reads them); the ranking stays the one before."""
+    for result in results:
+        result["access_count"] += 1
+        result["last_accessed"] = format_instant(now)
+
+
 def _passing(scored: scoring.Scored, min_relevance: float, min_priority: float) -> np.ndarray:
     """`scored.order` without the candidates below `min_relevance` or `min_priority` (vectorised)."""
     keep = (scored.similarity >= min_relevance) & (scored.priority >= min_priority)
@@ -391,6 +398,7 @@ async def recall(
             )
     if p.touch_now is not None:
         await touch(r, [c.key for c in chosen], p.touch_now)
+        _after_touch(results, p.touch_now)
     context = scoring.replay_context(
         [d.get("strategy_used") for d in docs],
         [(d.get("feedback") or {}).get("reward") for d in docs],

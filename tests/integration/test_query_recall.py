@@ -220,11 +220,14 @@ async def test_replay_context_and_response_shape(abc):
 
 
 async def test_touch_updates_access_statistics(abc, redis, prefix):
-    await recall(abc, weights={"recency": 1}, top_k=1, touch=True)
-    await recall(abc, weights={"recency": 1}, top_k=1, touch=True)
+    first = await recall(abc, weights={"recency": 1}, top_k=1, touch=True)
+    second = await recall(abc, weights={"recency": 1}, top_k=1, touch=True)
     resp = await abc.get("/v1/episodes/B")
     body = await resp.json()
     assert body["access_count"] == 2 and body["last_accessed"] is not None
+    # each answer shows the counts after its own touch, as GET then reads them (a trial saw 1 and 2)
+    assert [r["results"][0]["access_count"] for r in (first, second)] == [1, 2]
+    assert second["results"][0]["last_accessed"] == body["last_accessed"]
     body = await recall(abc, weights={"recency": 1}, recency_from="last_access", as_of=T)
     # B was accessed "now" (after T): age clamps to 0, recency 1
     assert by_id(body)["B"]["recency"] == 1.0
