@@ -313,8 +313,9 @@ async def fail_on_timeout(r: aioredis.Redis) -> str | None:
     (a Redis that refuses CONFIG: the deployment then has to set `search-on-timeout fail` itself)."""
     args: tuple[Any, ...] = ("FT.CONFIG", "SET", "ON_TIMEOUT", "FAIL")
     try:
-        if isinstance(r, RedisCluster):
-            await r.execute_command(*args, target_nodes=RedisCluster.PRIMARIES)
+        if isinstance(r, RedisCluster):  # one node at a time: redis-py routes FT.CONFIG by no key or flag
+            for node in r.get_primaries():
+                await r.execute_command(*args, target_nodes=node)
         else:
             await r.execute_command(*args)
     except ResponseError as exc:
