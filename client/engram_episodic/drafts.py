@@ -76,8 +76,13 @@ class EpisodeDraft:
         fields = {"task": task_obj, **fields}
         fields.setdefault("episode_id", new_event_id())
         fields.setdefault("started_at", time.time())
-        start = parse_episode(fields)
+        start = parse_episode(fields)  # a bad ttl is refused here, at the block's start
         assert start is not None
+        # a ttl counts from completed_at (docs/api.md, Expiry): kept for the completion, not counted
+        # from the block's start (a trial: `ttl="1h"` over a 2 s block expired 3,598 s after completion)
+        self.ttl = fields.get("ttl")
+        if self.ttl is not None:
+            start = dataclasses.replace(start, expires_at=None)
         self.start: Episode = start
         self.actions: list[Action] = []
         self.completed: Episode | None = None
@@ -130,6 +135,8 @@ class EpisodeDraft:
         if self.completed is not None:
             raise InvalidEpisode([("outcome", "episode already completed")])
         data = episode_to_dict(self.start)
+        if self.ttl is not None and fields.get("expires_at") is None:
+            data.setdefault("ttl", self.ttl)
         data.update({k: v for k, v in fields.items() if v is not None})
         data["outcome"] = outcome
         data.setdefault("completed_at", time.time())

@@ -1,32 +1,29 @@
 """Apply a batch of stream entries to the projections of one generation.
 
-Each episode's events are stored in its own event hash (`HSETNX` by `event_id`, so duplicates are
-no-ops) with their stream ids, unless the episode is tombstoned; its document is a pure function of that
-event set (services.consolidator.projection.fold), written only while the hash holds exactly the
-events that were folded. Two ways through, each one pipelined round trip per phase for the whole batch:
+Each episode's events are stored in its own event hash (`HSETNX` by `event_id`: duplicates are no-ops)
+with their stream ids, unless it is tombstoned; its document is a pure function of that set (`fold`),
+written only while the hash holds exactly the events folded. Two ways, one round trip per phase each:
 
-- **fast path** (an episode whose events in hand fold to a document, e.g. a whole `EpisodeCompleted`):
-  fold and embed the events in hand first, then one Lua call records them and writes the document if
-  the hash now holds exactly those events (`HLEN` check) and no tombstone applies. It refuses, having
-  recorded them, when the hash held other events (the episode began in an earlier batch, or another
-  worker added one meanwhile); that episode then takes the slow path, reusing the vector when its
-  text did not change. With a model embedder (`Embedder.cheap` false) an episode that already has a
-  document skips the fast path, so that it is embedded at most once, and only when its text changed.
-- **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN`
-  check (`WRITE_LUA`), folding again when another worker added an event in between.
+- **fast path** (events in hand that fold to a document, e.g. a whole `EpisodeCompleted`): fold and embed
+  them, then one Lua call records them and writes the document if the hash now holds exactly those
+  events (`HLEN` check) and no tombstone applies; else (the episode began in an earlier batch, or another
+  worker added an event) it takes the slow path, reusing the vector when its text did not change. With
+  a model embedder (`Embedder.cheap` false) an episode that has a document skips the fast path: it is
+  embedded at most once, and only when its text changed.
+- **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN` check
+  (`WRITE_LUA`), folding again when another worker added an event in between.
 
-There is no check-then-write window on either path (concurrent workers cannot interleave): the check
-and the write are one script. Forget events are applied in stream order between episode-event segments.
+No check-then-write window on either path: the check and the write are one script. Forget events apply
+in stream order between episode-event segments (a batch's facts rebuilt once: `flush_facts`).
 
 Sealed entries (a master key configured, `shared.crypto`): the keys a batch names are fetched in one
 pipeline (`KeyRing.prefetch`) and the events opened with them; the event hashes keep the sealed bytes,
-so only the documents hold plaintext. An entry whose data key is gone (its user was forgotten) is
-acked, deleted from the stream and counted as `shredded`; nothing of it is logged or dead-lettered.
-The reason of a sealed entry that is dead-lettered names fields, never their values.
+so only the documents hold plaintext. An entry whose data key is gone (its user was forgotten) is acked,
+deleted from the stream and counted as `shredded`, never logged or dead-lettered (a sealed entry's
+dead-letter reason names fields, never their values).
 
-Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder
-failures raise, and the caller leaves the batch pending for redelivery.
-"""
+Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder failures
+raise; the caller leaves the batch pending for redelivery."""
 
 from __future__ import annotations
 
@@ -170,7 +167,6 @@ class Projector:
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
         # ENGRAM_CONTEXT_EPISODES: sessions touched by a segment are re-based after it (context.py)
         self.context = SessionContext(redis, keys.episode_index(gen)) if settings.context_episodes else None
-        self._facts_due: dict[str, list[str]] = {}  # namespace -> episodes forgotten, facts not yet rebuilt
         self._legacy: bool | None = None  # legacy tombstones to read too (shared.legacy), read once
 
     # --- entry point ----------------------------------------------------------------------------
@@ -219,19 +215,10 @@ class Projector:
             result.ok.append(entry.stream_id)
             self.metrics.events.labels(event.TYPE, "ok").inc()
         await self._apply_episode_events(segment, result)
-        await self._flush_facts()
+        await self.forgetting.flush_facts()
         if shredded:
             await streams.delete_entries(self.redis, shredded)
         return result
-
-    async def _flush_facts(self) -> None:
-        """Rebuild the facts whose evidence names an episode the batch forgot so far, once per namespace
-        (`Forgetting.forget_facts`). Raises as it does: the batch stays pending and is applied again
-        (erasing is idempotent)."""
-        due, self._facts_due = self._facts_due, {}
-        for namespace, episode_ids in due.items():
-            with cluster.route(namespace):
-                await self.forgetting.forget_facts(namespace, episode_ids)
 
     async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
         """With a key ring: each payload's envelope (None if it does not unpack), after fetching every
@@ -351,8 +338,7 @@ class Projector:
         """With ENGRAM_CONTEXT_EPISODES, where these episodes' documents are now (context.Touch)."""
         if self.context is None or not episodes:
             return set()
-        k, g = self.keys, self.gen
-        return await self.context.sessions_of([k.episode_doc(g, ns, eid) for ns, eid in episodes])
+        return await self.context.sessions_of([self.keys.episode_doc(self.gen, ns, e) for ns, e in episodes])
 
     async def _rebase_sessions(
         self, episodes: list[tuple[str, str]], before: set[Touch] | None = None
@@ -693,12 +679,10 @@ class Projector:
 
     async def _apply_other_event(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
-            # the facts naming it are rebuilt once for the batch's forgets (`_flush_facts`): one rebuild
-            # per episode made a bulk forget of 2,330 episodes take 160 s against a user's 2 s (a trial)
-            await self.forgetting.erase_episode(event.namespace, event.episode_id, facts=False)
-            self._facts_due.setdefault(event.namespace, []).append(event.episode_id)
+            # facts: rebuilt once for the batch's forgets (`Forgetting.flush_facts`)
+            await self.forgetting.erase_episode(event.namespace, event.episode_id, facts="later")
             return
-        await self._flush_facts()  # a later event (a snapshot, a user's forget) sees them applied
+        await self.forgetting.flush_facts()  # a later event (a snapshot, a user's forget) sees them applied
         if isinstance(event, UserForgotten):
             await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):

@@ -185,6 +185,10 @@ async def test_a_ttl_counts_from_completed_at_also_when_it_defaults_to_now(api, 
     async with AsyncEngram(str(api.make_url("")).rstrip("/")) as memory:
         await memory.record(episode_id="one-day", task="x", outcome="success", ttl="1d")
         cases.append(("one-day", "1d", None, 86400.0))
+        # an episode block counts it from its completion too, not from the block's start
+        async with memory.episode("a block", ttl="1h", started_at=now - 600, episode_id="block") as ep:
+            await ep.complete("success")
+        cases.append(("block", "1h", now - 600, 3600.0))
         await drain(settings, redis)
         for eid, _ttl, _started, seconds in cases:
             got = (await memory.get_episode(eid)).episode
