@@ -560,7 +560,7 @@ def load_onnx(
             found, why = embedding_openvino.load(target, source, manifest, threads=threads, role=role)
             if found is not None:
                 if failed:
-                    log.info("%s ◆ %s=%s ◆ not %s", name, SETTING[role], backend, "; ".join(failed))
+                    log.info("%s ◆ %s=%s ◆ passed over %s", name, SETTING[role], backend, "; ".join(failed))
                 log.info("%s ◆ %s for %s ◆ %s", name, OPENVINO, role + "s", why)
                 return found
             if backend != "auto" or why != embedding_openvino.NOT_HERE:
@@ -572,12 +572,12 @@ def load_onnx(
             failed.append(
                 f"{variant}'s agreement with torch on {texts} was not measured by this export"
                 if agreed is None
-                else f"{variant} agrees with torch at mean {agreed.mean:.4f} / min {agreed.min:.4f} "
-                f"on {texts} (needs {needs[0]} / {needs[1]})"
+                else f"{variant} (agrees with torch at mean {agreed.mean:.4f} / min {agreed.min:.4f} "
+                f"on {texts}; needs {needs[0]} / {needs[1]})"
             )
             continue
         if failed:  # `auto` passed over a faster graph: say why, or the fallback looks like a choice
-            log.info("%s ◆ %s=%s ◆ not %s", name, SETTING[role], backend, "; ".join(failed))
+            log.info("%s ◆ %s=%s ◆ passed over %s", name, SETTING[role], backend, "; ".join(failed))
         model = OnnxSentenceModel(
             target / FILES[variant],
             source,

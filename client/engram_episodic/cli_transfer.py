@@ -55,22 +55,29 @@ def export_command(ctx: click.Context, out: IO[str], **scope: Any) -> None:
 
 
 def _episodes(file: IO[bytes]) -> list[tuple[int, dict[str, Any]]]:
-    """The file's episodes with their line numbers (1-based; blank lines skipped)."""
-    out = []
+    """The file's episodes with their line numbers (1-based; blank lines skipped). ClickException
+    naming every line that is not UTF-8, not JSON or not an object (the first 20)."""
+    out, problems = [], []
     for number, raw in enumerate(file, 1):  # bytes, so that a bad byte is named with its line
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise click.ClickException(f"{file.name}:{number} is not UTF-8 ({exc.reason})") from None
+            problems.append(f"{file.name}:{number} is not UTF-8 ({exc.reason})")
+            continue
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise click.ClickException(f"{file.name}:{number} is not JSON: {exc}") from None
+            problems.append(f"{file.name}:{number} is not JSON: {exc}")
+            continue
         if not isinstance(item, dict):
-            raise click.ClickException(f"{file.name}:{number} is not an episode (a JSON object)")
+            problems.append(f"{file.name}:{number} is not an episode (a JSON object)")
+            continue
         out.append((number, item))
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise click.ClickException("nothing imported:\n  " + "\n  ".join(problems[:20]) + more)
     return out
 
 
@@ -112,7 +119,8 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
     from engram_episodic.cli import _run
 
-    episodes = _prepared(file.name, _episodes(file), ctx.obj["max_body_bytes"])
+    lines = _episodes(file)
+    episodes = _prepared(file.name, lines, ctx.obj["max_body_bytes"])
     bars = Bars(enabled=progress, units={"import": "episode"})
     done = 0
 
@@ -132,9 +140,11 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
     try:
         n = _run(ctx, publish)
     except click.ClickException:
-        if done:
+        if episodes and done < len(episodes):  # an error names an episode by its place in one request
+            first, last = lines[done][0], lines[min(done + IMPORT_BATCH, len(lines)) - 1][0]
             click.echo(
-                f"imported {done} of {len(episodes)} episodes before the error; importing again is safe",
+                f"imported {done} of {len(episodes)} episodes; the error is in the batch of lines "
+                f"{first}-{last} of {file.name}, part of which may be in too; importing again is safe",
                 err=True,
             )
         raise

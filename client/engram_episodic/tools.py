@@ -542,8 +542,10 @@ RECORD = ToolSpec(
 # suggest_approach ------------------------------------------------------------------------------------------
 def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    common = _pick(args, "category", "agent_id", "user_id", "session_id")
-    strategy = {**common, **_pick(args, "complexity")}
+    common = _pick(args, "agent_id", "user_id", "session_id")
+    # the category picks strategy's skill profile; suggest would filter by it, and a category the model
+    # guessed then found nothing while strategy, on every similar episode, found evidence (a trial)
+    strategy = {**common, **_pick(args, "category", "complexity")}
     calls = (
         Calls.suggest(args["task"], cast(SuggestOptions, common)),
         Calls.strategy(args["task"], cast(StrategyOptions, strategy)),

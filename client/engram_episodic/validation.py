@@ -65,6 +65,27 @@ def _ttl(value: Any, path: str, errs: Collector) -> float | None:
     return seconds
 
 
+def _times(
+    value: Mapping[str, Any], path: str, errs: Collector, default_completed_at: float | None
+) -> tuple[float | None, float | None]:
+    """(started_at, completed_at) of an episode, UTC epoch seconds; completed_at `default_completed_at`
+    when not given. A start after the completion names the field that was sent: `started_at` when the
+    completion is the default (a trial got `completed_at` named for a start two minutes ahead)."""
+    started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
+    completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
+    if value.get("completed_at") is None:
+        completed_at = default_completed_at
+    if started_at is not None and completed_at is not None and completed_at < started_at:
+        if value.get("completed_at") is None:
+            errs.add(
+                _join(path, "started_at"),
+                "must not be after completed_at, which defaults to now (give completed_at, or an earlier start)",
+            )
+        else:
+            errs.add(_join(path, "completed_at"), "must not be before started_at")
+    return started_at, completed_at
+
+
 def _expiry(value: Mapping[str, Any], path: str, errs: Collector, base: float | None) -> float | None:
     """`expires_at` (an instant) or `ttl` (a duration from `base`, else from now), not both."""
     expires_at = _instant(value.get("expires_at"), _join(path, "expires_at"), errs)
@@ -460,12 +481,7 @@ def parse_episode(
         max_chars=MAX_TAG_CHARS,
         required=False,
     )
-    started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
-    completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
-    if value.get("completed_at") is None:
-        completed_at = default_completed_at
-    if started_at is not None and completed_at is not None and completed_at < started_at:
-        errs.add(_join(path, "completed_at"), "must not be before started_at")
+    started_at, completed_at = _times(value, path, errs, default_completed_at)
     expires_at = _expiry(value, path, errs, completed_at if completed_at is not None else started_at)
     latest = max((t for t in (started_at, completed_at) if t is not None), default=None)
     if expires_at is not None and latest is not None and expires_at <= latest:

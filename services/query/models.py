@@ -339,7 +339,9 @@ class ContextRequest(ScopeIn):
     """`POST /v1/context`: working memory for a task, with a prompt section of at most `max_chars`."""
 
     task: QueryText
-    category: CategoryStr | None = None
+    category: CategoryStr | None = Field(
+        None, description="named in the prompt section's header; not a filter"
+    )
     top_k: TopK | None = None
     max_chars: Annotated[int, IntIn(200, 200_000)] = 4000
     half_life: Duration | None = None
@@ -351,7 +353,9 @@ class StrategyRequest(ScopeIn):
     """`POST /v1/strategy`: which strategy to use for a task."""
 
     task: QueryText
-    category: CategoryStr | None = None
+    category: CategoryStr | None = Field(
+        None, description="picks the skill profile the rule weighs (weak_category); not a filter"
+    )
     complexity: Annotated[float, FloatIn(0.0, 1.0)] | None = None
     k: Annotated[int, IntIn(1, 100)] = 10
     min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
@@ -361,7 +365,7 @@ class SuggestRequest(ScopeIn):
     """`POST /v1/suggest`: how confident past experience is about a task, and what went wrong before."""
 
     task: QueryText
-    category: CategoryStr | None = None
+    category: CategoryStr | None = Field(None, description="a filter: only episodes of this task category")
     k: Annotated[int, IntIn(1, 100)] = 10
     min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
 

@@ -198,3 +198,24 @@ async def test_import_splits_by_the_body_limit_and_round_trips_exactly(
     problem = await resp.json()
     assert resp.status == 413 and problem["max_body_bytes"] == limit, problem
     assert "ENGRAM_MAX_BODY_BYTES" in problem["detail"]
+
+
+async def test_import_names_every_bad_line_and_where_a_refused_batch_is(api, tmp_path):
+    """A trial: import stopped at the first line that is not JSON (the next bad one showed only once it
+    was fixed), and a batch the service refused (a vector of another dimension, which only the service
+    knows) was named `episodes[24]` of one request, with no word of what was imported."""
+    file = tmp_path / "two.jsonl"
+    file.write_text('{"task": "ok", "outcome": "success"}\nnot json\n[1]\n', encoding="utf-8")
+    out = await run(api, "import", str(file))
+    assert (
+        out.exit_code == 1
+        and "two.jsonl:2 is not JSON" in out.output
+        and "two.jsonl:3 is not an episode" in out.output
+    )
+    lines = [json.dumps({"episode_id": f"v{i}", "task": "t", "outcome": "success"}) for i in range(30)]
+    lines[20] = json.dumps({"episode_id": "v20", "task": "t", "outcome": "success", "vector": [0.5] * 7})
+    file = tmp_path / "vector.jsonl"
+    file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = await run(api, "import", str(file), "--no-progress")
+    assert out.exit_code == 1 and "vector" in out.output
+    assert "imported 0 of 30 episodes; the error is in the batch of lines 1-30 of" in out.output, out.output

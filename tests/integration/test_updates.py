@@ -204,3 +204,16 @@ async def test_a_sealed_update_is_shredded_with_its_user(make_client, settings, 
     await drain(sealed, redis)
     assert (await api.get("/v1/episodes/e1")).status == 404
     assert await redis.xlen(keys.stream) <= 1  # only the forget itself may remain until housekeeping
+
+
+async def test_a_waited_patch_that_expires_the_episode_is_projected(api, settings, redis):
+    """A trial: `update_episode(eid, expires_at=<past>, wait=...)` raised WaitTimeout "expired ... publish
+    under a new episode_id", though the change did what it asked: hide the episode now."""
+    async with consolidating(settings, redis):
+        assert (await api.post("/v1/episodes", json=episode("x1"), params={"wait": 10})).status == 202
+        resp = await api.patch(
+            "/v1/episodes/x1", json={"expires_at": "2024-01-01T00:00:00Z"}, params={"wait": 10}
+        )
+        body = await resp.json()
+        assert resp.status == 202 and body["projected"] is True and "reason" not in body, body
+        assert (await api.get("/v1/episodes/x1")).status == 404

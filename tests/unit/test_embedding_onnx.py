@@ -217,7 +217,7 @@ def test_an_int8_graph_refused_on_queries_says_so_and_falls_back(tmp_path, caplo
         embedder.load_sync()
     assert embedder.runs_on == "torch"  # it passes the documents' gate, not the queries'
     assert "ENGRAM_QUERY_EMBED_BACKEND=onnx-int8" in caplog.text
-    assert "agrees with torch at mean 0.9800 / min 0.9000 on queries (needs 0.99 / 0.95)" in caplog.text
+    assert "agrees with torch at mean 0.9800 / min 0.9000 on queries; needs 0.99 / 0.95" in caplog.text
     with pytest.raises(ValueError, match="role"):
         eo.load_onnx(model_dir, tmp_path, MiniLMEmbedder.NAME, "auto", 1, role="stored")
     asyncio.run(embedder.aclose())
@@ -241,7 +241,7 @@ def test_a_variant_that_fails_the_gate_falls_back_to_torch_with_the_reason(tmp_p
     with caplog.at_level(logging.WARNING, logger="engram.embedding"):
         embedder.load_sync()
     assert embedder.runs_on == "torch"
-    assert "onnx-int8 agrees with torch at mean 0.6800" in caplog.text and "running torch" in caplog.text
+    assert "onnx-int8 (agrees with torch at mean 0.6800" in caplog.text and "running torch" in caplog.text
     vectors = asyncio.run(embedder.embed(["the fallback still embeds"]))
     assert vectors.shape == (1, 384)
     asyncio.run(embedder.aclose())
@@ -316,7 +316,7 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         caplog.clear()
         documents = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
     # `auto` says why it passed over the int8 graph, not only what it ran
-    assert "ENGRAM_EMBED_BACKEND=auto ◆ not onnx-int8 agrees with torch at mean 0.9880" in caplog.text
+    assert "ENGRAM_EMBED_BACKEND=auto ◆ passed over onnx-int8 (agrees with torch at mean 0.9880" in caplog.text
     queries = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
     # then OpenVINO's bfloat16 where this CPU has it (shared/embedding_openvino.py), else the float graph
     from shared.embedding_openvino import _core

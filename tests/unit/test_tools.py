@@ -569,7 +569,7 @@ async def test_adispatch_sends_suggest_and_strategy_once_each():
             "/v1/strategy",
             {"task": "migrate the orders table", "category": "db", "complexity": 0.8, "agent_id": "a"},
         ),
-        ("/v1/suggest", {"task": "migrate the orders table", "category": "db", "agent_id": "a"}),
+        ("/v1/suggest", {"task": "migrate the orders table", "agent_id": "a"}),  # category: strategy only
     ]
     assert result.data == {"suggestion": SUGGEST_ANSWER, "strategy": STRATEGY_ANSWER}
     assert result.text.splitlines() == [

@@ -106,3 +106,17 @@ def test_not_an_object():
 def test_c18_tag_values_with_separators_kept_whole(value):
     ep = parse_episode({**GOOD, "strategy_used": value, "task": {"description": "d", "category": value}})
     assert ep.strategy_used == value and ep.task.category == value
+
+
+def test_a_start_after_the_default_completion_names_started_at():
+    """A trial: `started_at` two minutes ahead (within the clock skew) and no `completed_at` (so: now)
+    was refused naming `completed_at`, which was never sent."""
+    import time
+
+    from engram_episodic.validation import Collector
+
+    errs = Collector()
+    now = time.time()
+    body = {"episode_id": "e1", "task": "x", "outcome": "success", "started_at": now + 120}
+    assert parse_episode(body, "", errs, default_completed_at=now) is None
+    assert [f for f, _ in errs.errors] == ["started_at"] and "defaults to now" in errs.errors[0][1], errs.errors

@@ -24,7 +24,7 @@ from engram_episodic.validation import (
 from services.query.appkeys import METRICS
 from services.query.problems import Invalid, read_json
 from services.query.views.common import ns_of, path_id, publisher, query_params, reply
-from services.query.views.episodes import IngestQuery, _projected, stored_or_pending
+from services.query.views.episodes import WAIT_EXPIRED, IngestQuery, _projected, stored_or_pending
 
 
 async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | None, Episode | None]:
@@ -64,6 +64,8 @@ async def update_episode(request: web.Request) -> web.Response:
     out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
     if query.wait > 0:
         [reason] = await _projected(request, [event], [stream_id], query.wait)
+        if reason == WAIT_EXPIRED and event.expires_at is not None:
+            reason = None  # this change moved the expiry into the past: hidden, as asked
         out["projected"] = reason is None
         if reason is not None:
             out["reason"] = reason
