@@ -28,6 +28,7 @@ from engram_episodic.validation import (
     MAX_TEXT_CHARS,
     MAX_TTL,
     MAX_VECTOR_DIM,
+    TEXT_FIELDS,
 )
 
 # `check_tag_value`: no control character (Unicode Cc) anywhere, no whitespace at either end (RediSearch
@@ -215,18 +216,7 @@ def episode_schema(*, response: bool = False, refs: dict[str, str] | None = None
         "session_id": _opt(ident, response),
         "task": task,
         "context": _opt(_json_object("what the agent saw"), response),
-        **{
-            name: _opt(_text(), response)
-            for name in (
-                "observation",
-                "thoughts",
-                "action",
-                "result",
-                "solution",
-                "outcome_details",
-                "source",
-            )
-        },
+        **{name: _opt(_text(), response) for name in TEXT_FIELDS},
         "actions": _opt(
             {"type": "array", "maxItems": MAX_ACTIONS, "items": sub("Action", action_schema)}, response
         ),

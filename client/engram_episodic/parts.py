@@ -23,21 +23,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engram_episodic.errors import InvalidEpisode
-from engram_episodic.validation import MAX_ACTIONS
+from engram_episodic.validation import MAX_ACTIONS, TEXT_FIELDS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # the service's default ENGRAM_MAX_BODY_BYTES
 MAX_BATCH = 1000  # episodes per request (the service's models.MAX_BATCH)
 # fields a part may leave out (the fold keeps the stored value): the ones that can be large
-SPLIT_FIELDS = (
-    "observation",
-    "thoughts",
-    "action",
-    "result",
-    "solution",
-    "outcome_details",
-    "source",
-    "context",
-)
+SPLIT_FIELDS = (*TEXT_FIELDS, "context")
 _ENVELOPE = len(b'{"episodes":[]}')
 
 

@@ -98,7 +98,9 @@ def _expiry(value: Mapping[str, Any], path: str, errs: Collector, base: float | 
     return expires_at
 
 
-_TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
+TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
+"""An episode's free-text fields (besides `task`), each up to MAX_TEXT_CHARS."""
+_TEXT_FIELDS = TEXT_FIELDS
 
 
 class Collector:
