@@ -550,7 +550,11 @@ def _services(
     for i in range(workers):
         # one operations port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
         # stop the second)
-        worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
+        worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else dict(env)
+        # one consumer name per slot, kept across restarts: a worker restarted after a crash reads its
+        # predecessor's unacked entries at once (`Worker`'s own-pending pass) instead of after the lease
+        base = env.get("ENGRAM_CONSUMER_NAME") or socket.gethostname()
+        worker_env["ENGRAM_CONSUMER_NAME"] = f"{base}-consolidator-{i}"
         services.append(
             Service(
                 f"consolidator-{i}",

@@ -283,6 +283,20 @@ class StreamGroup:
             return []
         return _entries(res[0][1], self.stream)
 
+    async def read_own_pending(self, consumer: str, *, count: int, after: bytes | str = b"0") -> list[Entry]:
+        """XREADGROUP from `after` (a stream id; "0": the start) for `consumer`: up to `count` entries
+        delivered to it and not acked (its own pending entries, e.g. a crashed predecessor's under the
+        same name), without waiting. Entries deleted from the stream meanwhile come back without a
+        payload (`Entry.payload` None)."""
+        if count <= 0:
+            return []
+        res = cast(
+            list[Any], await self.redis.xreadgroup(self.group, consumer, {self.stream: after}, count=count)
+        )
+        if not res:
+            return []
+        return _entries(res[0][1], self.stream)
+
     async def reclaim(
         self, consumer: str, *, min_idle_ms: int, count: int
     ) -> tuple[list[Entry], list[bytes]]:

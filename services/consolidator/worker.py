@@ -124,6 +124,12 @@ class Worker:
         self.last_batch_at: float | None = None
         # ENGRAM_CONTEXT_EPISODES as the deployment records it (shared.context_setting), set by `setup`
         self.context_episodes = 0
+        # partitions whose entries delivered to this consumer name and not acked are still to be read:
+        # under a name kept across restarts (make run's slots) a crashed predecessor's batch is projected
+        # at once, not after the lease (a trial: 10 episodes unlisted for ~25 s after a kill -9)
+        self._own_pending: list[tuple[streams.StreamGroup, bytes]] = [
+            (g, b"0") for g in self.partitions.groups
+        ]
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -359,9 +365,11 @@ class Worker:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""
         s = self.settings
         projector = await self._projector()
-        group = self.partitions.next_for_reclaim()
-        claimed, _deleted = await group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
-        entries = await self._drop_exhausted(group, claimed)
+        group, entries = await self._read_own_pending()
+        if not entries:
+            group = self.partitions.next_for_reclaim()
+            claimed, _deleted = await group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
+            entries = await self._drop_exhausted(group, claimed)
         if entries:  # a turn stays within one partition: fill up from the reclaimed one
             entries += await group.read_new(self.name, count=self.lane_batch - len(entries), block_ms=1)
         else:
@@ -386,6 +394,19 @@ class Worker:
             # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
             done.set()
             await asyncio.wait({renewal}, timeout=1.0)
+
+    async def _read_own_pending(self) -> tuple[streams.StreamGroup, list[streams.Entry]]:
+        """Entries of a partition delivered to this consumer name and not acked (`read_own_pending`),
+        until each partition answered fewer than a batch; then ([] each turn) the reclaim path."""
+        while self._own_pending:
+            group, after = self._own_pending.pop()  # before any await: the lanes share the list
+            entries = await group.read_own_pending(self.name, count=self.lane_batch, after=after)
+            if len(entries) == self.lane_batch:  # maybe more: the next lane reads on after this batch
+                self._own_pending.append((group, entries[-1].stream_id))
+            entries = await self._drop_exhausted(group, entries)
+            if entries:
+                return group, entries
+        return self.partitions.groups[0], []
 
     async def _renew_lease(self, group: streams.StreamGroup, ids: list[bytes], done: asyncio.Event) -> None:
         """Until `done` is set, renew the lease of a batch being projected every third of `lease_ms`, so

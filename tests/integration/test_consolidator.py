@@ -1168,3 +1168,27 @@ async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids
         and "no dead letter has the id(s) 1-1" in out.output
     )
     assert dead[0].dead_id not in [d.dead_id for d in await list_dead_letters(redis, Keys(settings.prefix))]
+
+
+async def test_a_worker_under_its_predecessors_name_projects_its_unacked_batch_at_once(settings, redis):
+    """A trial killed the consolidator (kill -9) mid-ingest: `make run` restarted it under a new consumer
+    name, so the dead one's batch waited for the lease (30 s by default) before anyone reclaimed it.
+    `make run` now keeps one name per slot, and a worker starts by reading the entries delivered to its
+    name and not acked; another name still waits for the lease."""
+    s = settings.with_(lease_ms=60_000, batch_size=2)  # its batch read back in parts, each once
+    client = EngramClient(redis, namespace="ns", prefix=s.prefix)
+    for i in range(5):
+        await client.record(episode(f"crash-{i}"))
+    dead = make_worker(s, redis, name="slot-0")
+    await dead.setup()
+    [group] = dead.partitions.groups
+    delivered = await group.read_new("slot-0", count=100, block_ms=None)  # its batch, then kill -9
+    assert len(delivered) == 5
+    other = make_worker(s, redis, name="elsewhere")
+    await other.setup()
+    assert await other.turn() == 0  # not its entries, and not idle for the lease yet
+    restarted = make_worker(s, redis, name="slot-0")
+    await restarted.setup()
+    assert [await restarted.turn() for _ in range(3)] == [2, 2, 1]
+    assert sorted(await docs(redis, Keys(s.prefix), "ns")) == [f"crash-{i}" for i in range(5)]
+    assert await restarted.turn() == 0  # acked: nothing of its own left

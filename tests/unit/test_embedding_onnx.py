@@ -316,7 +316,9 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         caplog.clear()
         documents = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
     # `auto` says why it passed over the int8 graph, not only what it ran
-    assert "ENGRAM_EMBED_BACKEND=auto ◆ passed over onnx-int8 (agrees with torch at mean 0.9880" in caplog.text
+    assert (
+        "ENGRAM_EMBED_BACKEND=auto ◆ passed over onnx-int8 (agrees with torch at mean 0.9880" in caplog.text
+    )
     queries = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
     # then OpenVINO's bfloat16 where this CPU has it (shared/embedding_openvino.py), else the float graph
     from shared.embedding_openvino import _core

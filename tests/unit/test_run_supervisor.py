@@ -63,3 +63,20 @@ def test_the_restart_line_repeats_the_error_not_the_frame_of_a_traceback():
     assert last_words("engram: REDIS_URL is not set\n\n") == "engram: REDIS_URL is not set"
     assert last_words("+-----\n   \n") == ""
     assert len(last_words("E" * 900)) == 500
+
+
+def test_each_consolidator_slot_keeps_one_consumer_name_across_restarts():
+    """A restarted worker must find its predecessor's unacked entries under its own name (Worker's
+    own-pending pass), so `make run` names the consumer by slot, not by process."""
+    import socket
+
+    from services.run import _services
+
+    first = _services({}, 2, 9191, 3, 60.0)
+    again = _services({}, 2, 9191, 3, 60.0)
+    names = [svc.env.get("ENGRAM_CONSUMER_NAME") for svc in first[:2]]
+    assert names == [f"{socket.gethostname()}-consolidator-{i}" for i in range(2)]
+    assert names == [svc.env.get("ENGRAM_CONSUMER_NAME") for svc in again[:2]]
+    assert "ENGRAM_CONSUMER_NAME" not in first[2].env  # the query service consumes nothing
+    named = _services({"ENGRAM_CONSUMER_NAME": "box7"}, 1, 0, 3, 60.0)
+    assert named[0].env["ENGRAM_CONSUMER_NAME"] == "box7-consolidator-0"

@@ -119,4 +119,6 @@ def test_a_start_after_the_default_completion_names_started_at():
     now = time.time()
     body = {"episode_id": "e1", "task": "x", "outcome": "success", "started_at": now + 120}
     assert parse_episode(body, "", errs, default_completed_at=now) is None
-    assert [f for f, _ in errs.errors] == ["started_at"] and "defaults to now" in errs.errors[0][1], errs.errors
+    assert [f for f, _ in errs.errors] == ["started_at"] and "defaults to now" in errs.errors[0][1], (
+        errs.errors
+    )
