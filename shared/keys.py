@@ -277,7 +277,11 @@ class Keys:
 
     def episode_doc(self, gen: int, namespace: str, episode_id: str) -> str:
         """Hash: the episode's indexed fields, its full JSON and its vector."""
-        return f"{self.episode_doc_prefix(gen)}{ns_tag(namespace)}:{digest(namespace, episode_id)}"
+        return self.episode_doc_of(gen, namespace, digest(namespace, episode_id))
+
+    def episode_doc_of(self, gen: int, namespace: str, episode_digest: str) -> str:
+        """`episode_doc` of an episode known by its `digest(namespace, episode_id)` only (a forget job's)."""
+        return f"{self.episode_doc_prefix(gen)}{ns_tag(namespace)}:{episode_digest}"
 
     def episode_events(self, gen: int, namespace: str, episode_id: str) -> str:
         """Hash event_id → encoded event: the episode's own log, folded into the document."""

@@ -248,3 +248,23 @@ async def test_an_episode_begun_before_its_agents_forget_is_refused_on_the_slow_
     await drain(settings, redis)
     assert (await api.get("/v1/episodes/z1")).status == 404
     assert await redis.exists(Keys(settings.prefix).tombstone(ns, "z1"))
+
+
+async def test_a_job_is_done_only_once_its_episodes_documents_are_gone(api, settings, redis):
+    """A fresh-clone CI run listed an episode of a job already `done`: the consolidator tombstones an
+    episode first and deletes its document a few steps later, and the job counted tombstones only. Here
+    the first step is taken alone (the tombstone set, the document kept): the job stays pending."""
+    await api.post(
+        "/v1/episodes", json={"episodes": [episode("j1", agent_id="a"), episode("j2", agent_id="a")]}
+    )
+    await drain(settings, redis)
+    job = await (await api.delete("/v1/agents/a")).json()
+    keys = Keys(settings.prefix)
+    for eid in ("j1", "j2"):
+        await redis.set(keys.tombstone(settings.default_namespace, eid), 1)  # erase_episode's first step
+    status = await (await api.get(job["job"])).json()
+    assert status["status"] == "pending" and status["forgotten"] == 0, status
+    await drain(settings, redis)
+    status = await (await api.get(job["job"])).json()
+    assert status["status"] == "done" and status["forgotten"] == 2, status
+    assert await listed(api) == []

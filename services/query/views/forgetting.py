@@ -106,12 +106,15 @@ async def _status(r: Any, keys: Keys, job_id: str, ns: str) -> dict[str, Any]:
     tombs = raw.get(b"tombs", b"").decode()
     digests = [tombs[i : i + 32] for i in range(0, len(tombs), 32)]
     done = 0
+    gen = await current_generation(r, keys)
     for start in range(0, len(digests), 1000):
         part = digests[start : start + 1000]
         async with r.pipeline(transaction=False) as pipe:
-            for d in part:
+            for d in part:  # tombstoned first, then erased: done once its document is gone too
                 pipe.exists(keys.tombstone_of(ns, d))
-            done += sum(int(x) for x in await pipe.execute())
+                pipe.exists(keys.episode_doc_of(gen, ns, d))
+            found = await pipe.execute()
+        done += sum(1 for tomb, doc in zip(found[::2], found[1::2], strict=True) if tomb and not doc)
     total = int(raw[b"episodes"])
     created = float(raw[b"created_at"])
     return {
