@@ -17,6 +17,7 @@ the float graph's bars (`MIN_MEAN` / `MIN_ROW`). Where the CPU lacks bfloat16 (`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -95,7 +96,8 @@ def _reference(
             np.save(f, vectors)
         os.replace(tmp, path)
     except OSError:  # a read-only cache: the gate runs from the float graph each start
-        os.unlink(tmp) if os.path.exists(tmp) else None
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
     return vectors
 
 

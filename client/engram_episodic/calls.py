@@ -159,10 +159,9 @@ def _as_is(data: Any) -> Any:
     return data
 
 
-def _ingest(episodes: list[Episode], batch: bool, wait: float | None = None) -> Call[IngestResult]:
-    if batch:
-        return _post_episodes({"episodes": [episode_to_dict(e) for e in episodes]}, wait)
-    return _post_episodes(episode_to_dict(episodes[0]), wait)
+def _ingest(episode: Episode, wait: float | None = None) -> Call[IngestResult]:
+    """One episode in the single-episode body (`publish`'s bodies come from `parts.request_bodies`)."""
+    return _post_episodes(episode_to_dict(episode), wait)
 
 
 def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResult]:
@@ -279,7 +278,7 @@ class Calls:
         episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None = None
     ) -> tuple[Episode, Call[IngestResult]]:
         prepared = finished_episode(episode, **fields)
-        return prepared, _ingest([prepared], batch=False, wait=wait)
+        return prepared, _ingest(prepared, wait)
 
     @staticmethod
     def record_parts(
@@ -293,7 +292,7 @@ class Calls:
         prepared = finished_episode(episode, max_actions=None, **fields)
         bodies = request_bodies([episode_to_dict(prepared)], max_bytes=max_body_bytes)
         if len(bodies) == 1:
-            return prepared, [_ingest([prepared], batch=False, wait=wait)]
+            return prepared, [_ingest(prepared, wait)]
         return prepared, [_post_episodes(body, wait) for body in bodies]
 
     @staticmethod

@@ -3,7 +3,8 @@ episode ids), each a job whose status `GET /v1/forget/{job_id}` reads.
 
 Each publishes one `EpisodeForgotten` per episode, the forget of `DELETE /v1/episodes/{id}`: the
 consolidator erases each episode's documents, vectors, events, stream entries and dead letters and
-leaves its tombstone (`Keys.tombstone`). The job is done when every one of its episodes is tombstoned.
+leaves its tombstone (`Keys.tombstone`). The job is done when each of its episodes is tombstoned and its
+document deleted (the tombstone comes first).
 The job record (`Keys.forget_job`, a hash that expires after JOB_TTL) holds the namespace, counts and the
 tombstone keys' digests — never the ids, so it keeps nothing of what it erases.
 
