@@ -50,6 +50,18 @@ LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
 POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
 
 
+QueryVector = np.ndarray | asyncio.Future
+"""float32[dim], a query's embedding, or the task computing it (`services.query.views.recall`): a
+recall sends its searches that need no vector (the `auto` preset's count, the idf counts, the BM25 arm)
+while the model's pass runs in its thread, and awaits the vector where a search needs it. Sequentially
+the model's pass (~20 ms for mpnet's int8 graph on 2 cores) was added to all of them."""
+
+
+async def vector_of(vector: QueryVector) -> np.ndarray:
+    """The embedding itself: awaited if still being computed (raises what the embedding raised)."""
+    return await vector if isinstance(vector, asyncio.Future) else vector
+
+
 CHECKED_BM25 = True
 """Whether a checked recall (`shared.hybrid.checked_share`) also checks its BM25 arm's tenancy on the
 hits (`shared.search.bm25_checked`). Its RediSearch scores differ from the filtered arm's (up to 31% in
@@ -184,7 +196,7 @@ async def candidates(
     index: str,
     scope: Scope,
     query: str,
-    query_vector: np.ndarray,
+    query_vector: QueryVector,
     *,
     mode: str,
     depth: int,
@@ -194,7 +206,7 @@ async def candidates(
     """The whole candidate pool of a recall (every arm of `arms`) with cosines and absolute relevance."""
     pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
     return pool.cands + await extra_candidates(
-        r, index, scope, query_vector, pool, arms(mode, weights, recency_from), depth=depth
+        r, index, scope, await vector_of(query_vector), pool, arms(mode, weights, recency_from), depth=depth
     )
 
 
@@ -203,7 +215,7 @@ async def similarity_pool(
     index: str,
     scope: Scope,
     query: str,
-    query_vector: np.ndarray,
+    query_vector: QueryVector,
     *,
     mode: str,
     depth: int,
@@ -213,7 +225,8 @@ async def similarity_pool(
     checked: float = 0.0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
-    merged in that order, with each member's cosine and relevance. `policy` is the KNN's `HYBRID_POLICY`
+    merged in that order, with each member's cosine and relevance. `query_vector` may still be computing
+    (`QueryVector`): only the KNN arm and the keyword hits' cosines wait for it. `policy` is the KNN's `HYBRID_POLICY`
     (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
     its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
     `checked` (`shared.hybrid.checked_share`): the scope's share of the index when the searches check
@@ -233,7 +246,8 @@ async def similarity_pool(
         if "knn" not in names:
             return []
         with tracing.span("engram.recall.knn", depth=depth, checked=checked):
-            return await _knn_arm(r, index, scope, query_vector, depth, fields, policy, checked=checked)
+            vector = await vector_of(query_vector)
+            return await _knn_arm(r, index, scope, vector, depth, fields, policy, checked=checked)
 
     async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
         if not words:
@@ -352,7 +366,7 @@ async def _complete(
     r: aioredis.Redis,
     index: str,
     scope: Scope,
-    query_vector: np.ndarray,
+    query_vector: QueryVector,
     pool: Pool,
     lists: list[list[SearchHit]],
     known: set[bytes],
@@ -378,7 +392,7 @@ async def _complete(
                 r,
                 index,
                 restricted,
-                query_vector,
+                await vector_of(query_vector),
                 len(missing),
                 return_fields=(),
                 in_keys=missing,

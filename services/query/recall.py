@@ -39,10 +39,12 @@ from services.query.pool import (
     RETURN_FIELDS,
     SIMILARITY_ARMS,
     Candidate,
+    QueryVector,
     arms,
     decode_hit,
     extra_candidates,
     similarity_pool,
+    vector_of,
 )
 from services.query.sizes import ScopeSizes
 from shared import scoring, tracing
@@ -311,14 +313,15 @@ async def recall(
     index: str,
     scope: Scope,
     query: str,
-    query_vector: np.ndarray,
+    query_vector: QueryVector,
     params: RecallParams,
     *,
     sizes: ScopeSizes | None = None,
 ) -> dict[str, Any]:
     """The `POST /v1/recall` response body (see the module docstring).
 
-    The ranking does not depend on `params.top_k`, which only cuts it: the pool (`candidates`, `depth` hits
+    `query_vector` may still be computing (`services.query.pool.QueryVector`): the searches that need
+    none run meanwhile. The ranking does not depend on `params.top_k`, which only cuts it: the pool (`candidates`, `depth` hits
     per arm) and every score are the same for any `top_k` <= depth; min_relevance / min_priority cut first.
     """
     p = params
@@ -332,6 +335,7 @@ async def recall(
         similarity_pool, policy=policy, sizes=sizes, common_idf=p.common_idf, checked=checked
     )
     pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
+    query_vector = await vector_of(query_vector)  # the winners' cosines need it in keyword mode too
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from shared import streams
 from shared.codec import decode
 from shared.embedding import Embedder, HashingEmbedder
 from shared.keys import Keys
+from tests.helpers import wait_until
 from tests.integration.test_query_support import KEY_A, KEY_B, METRICS_KEY, auth, episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]
@@ -195,6 +197,54 @@ async def test_unexpected_error_is_500_problem_and_service_survives(make_client,
     assert "crashed" not in json.dumps(body)
     assert "model crashed" in caplog.text
     assert (await client.get("/healthz")).status == 200
+
+
+class HeldEmbedder(HashingEmbedder):
+    """A model whose pass waits until the test releases it (a query embedding still running)."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.release = asyncio.Event()
+
+    async def _embed_batch(self, texts):
+        await self.release.wait()
+        return await super()._embed_batch(texts)
+
+
+async def _searches(redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_FT.SEARCH", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("route", ["/v1/recall", "/v1/context"])
+async def test_the_keyword_side_of_a_recall_runs_during_the_query_embedding(
+    make_client, redis, prefix, route
+):
+    """The BM25 arm and the idf counts need no vector: they are sent while the model's pass runs
+    instead of after it (sequentially the pass was added to all of them). Fails if the view awaits the
+    embedding before recalling."""
+    embedder = HeldEmbedder(256)
+    client = await make_client(embedder, query_cache=0)
+    await put(redis, prefix, "default", episode("e1", task="flaky login test on the staging cluster"))
+    before = await _searches(redis)
+
+    async def searched() -> bool:
+        return await _searches(redis) > before
+
+    body = (
+        {"query": "flaky login test", "mode": "hybrid"}
+        if route == "/v1/recall"
+        else {"task": "flaky login test"}
+    )
+    request = asyncio.ensure_future(client.post(route, json=body))
+    try:
+        await wait_until(searched, message="keyword searches before the vector")
+        assert not request.done()
+    finally:
+        embedder.release.set()
+    resp = await request
+    assert resp.status == 200, await resp.text()
+    assert [r["episode"]["episode_id"] for r in (await resp.json())["results"]] == ["e1"]
 
 
 async def test_startup_fails_on_embedder_conflict(aiohttp_client, make_client, settings, redis):

@@ -3,8 +3,13 @@ request model and the settings, then calls `services.query.recall.recall`."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from services.query import episode_context, insights, models
@@ -65,21 +70,37 @@ async def recall(request: web.Request) -> web.Response:
     req: models.RecallRequest = validate(models.RecallRequest, await read_json(request))
     params = recall_params(req, request.app[SETTINGS], time.time())
     start = time.perf_counter()
-    vector = await embed(request, req.query)
-    body = await rc.recall(
-        redis_of(request),
-        index_of(request),
-        rc.scope_of(ns_of(request), req, await tags_of(request)),
-        req.query,
-        vector,
-        params,
-        sizes=request.app[SCOPE_SIZES],
-    )
+    scope = rc.scope_of(ns_of(request), req, await tags_of(request))
+    async with overlapped(embed(request, req.query)) as vector:
+        body = await rc.recall(
+            redis_of(request),
+            index_of(request),
+            scope,
+            req.query,
+            vector,
+            params,
+            sizes=request.app[SCOPE_SIZES],
+        )
     await with_context(request, body["results"])
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
     return reply(body)
+
+
+@contextlib.asynccontextmanager
+async def overlapped(embedding: Coroutine[Any, Any, np.ndarray]) -> AsyncIterator[asyncio.Task[np.ndarray]]:
+    """The query's embedding as a task started at once (`services.query.pool.QueryVector`), so the
+    recall's searches that need no vector run during the model's pass. A request that fails before
+    awaiting it cancels it (the pass itself finishes for the texts sharing it, `QueryBatcher`)."""
+    task = asyncio.ensure_future(embedding)
+    try:
+        yield task
+    finally:
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled():
+            task.exception()  # retrieved: a failure the request already answered is not logged again
 
 
 async def with_context(request: web.Request, hits: list[dict]) -> None:
@@ -97,10 +118,10 @@ async def context(request: web.Request) -> web.Response:
     s = request.app[SETTINGS]
     r, index = redis_of(request), index_of(request)
     scope = rc.scope_of(ns_of(request), req, await tags_of(request), category=())
-    vector = await embed(request, req.task)
-    recalled = await rc.recall(
-        r, index, scope, req.task, vector, context_params(req, s, time.time()), sizes=request.app[SCOPE_SIZES]
-    )
+    async with overlapped(embed(request, req.task)) as pending:
+        params = context_params(req, s, time.time())
+        recalled = await rc.recall(r, index, scope, req.task, pending, params, sizes=request.app[SCOPE_SIZES])
+        vector = await pending
     await with_context(request, recalled["results"])
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5)
