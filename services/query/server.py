@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -147,6 +148,38 @@ class AppRunner(web.AppRunner):
         )
 
 
+def _absorb_signals(loop: asyncio.AbstractEventLoop) -> None:
+    """Once a graceful stop is under way, another SIGINT / SIGTERM must not abort it. Under `make run`
+    a terminal's Ctrl-C is two: the SIGINT reaches the service and the supervisor, which then sends its
+    own SIGTERM; aiohttp's handler raised out of the drain, so every request in flight was dropped, the
+    process exited 1 and logged a destroyed task. A hard stop stays SIGKILL (the supervisor's, after its
+    grace period)."""
+
+    def again() -> None:
+        log.info("already stopping: requests in flight finish first")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with suppress(NotImplementedError, RuntimeError, ValueError):  # no handlers here (Windows, a thread)
+            loop.add_signal_handler(sig, again)
+
+
+def _run(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Run `task` (serve's main) to its end: the first SIGINT / SIGTERM (aiohttp's GracefulExit) cancels
+    its wait, so it drains and cleans up; later ones, including a second signal already queued before
+    the handlers were replaced, are absorbed (`_absorb_signals`). What the task raises propagates."""
+    stopping = False
+    while not task.done():
+        try:
+            loop.run_until_complete(task)
+        except (web.GracefulExit, KeyboardInterrupt):
+            if not stopping:
+                stopping = True
+                _absorb_signals(loop)
+                task.cancel()
+        except asyncio.CancelledError:
+            return
+
+
 def serve(
     app: web.Application,
     *,
@@ -156,7 +189,8 @@ def serve(
     on_ready: Callable[[], None] | None = None,
     watch: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`.
+    """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`;
+    the requests in flight then finish (aiohttp's drain), and further signals do not interrupt that.
 
     `on_ready()` is called once the port listens. Startup errors (e.g. `Conflict` from the app's cleanup
     context) propagate to the caller, and so does whatever `await watch()` raises while serving (a
@@ -184,15 +218,9 @@ def serve(
     asyncio.set_event_loop(loop)
     task = loop.create_task(main())
     try:
-        loop.run_until_complete(task)
-    except (web.GracefulExit, KeyboardInterrupt):
-        pass
+        _run(loop, task)
     finally:
         try:
-            if not task.done():
-                task.cancel()
-                with suppress(asyncio.CancelledError):
-                    loop.run_until_complete(task)
             rest = asyncio.all_tasks(loop)
             for other in rest:
                 other.cancel()

@@ -132,3 +132,69 @@ async def test_the_process_listens_before_redis_answers_and_turns_ready_after(se
         code = proc.wait(timeout=30)
         server.kill()
     assert code == 0, log.read_text()
+
+
+@pytest.mark.slow  # the service as a process
+async def test_ctrl_c_under_make_run_lets_requests_in_flight_finish(redis_url, prefix, tmp_path):
+    """Ctrl-C under `make run` is two signals: the terminal's SIGINT reaches the service, then the
+    supervisor sends SIGTERM. The second interrupted aiohttp's drain (a new-user trial: 16 of 16
+    recalls in flight got no answer, exit 1, "Task was destroyed but it is pending!"). Requests held
+    open by `?wait` (no consolidator runs, so they wait out their timeout) must all be answered."""
+    import signal
+
+    import redis.asyncio as aioredis
+
+    from shared.keys import Keys
+
+    port, log = free_port(), tmp_path / "query.log"
+    proc = spawn_query_service(redis_url, prefix, port, log, ENGRAM_EMBED_DIM="64")
+    url = f"http://127.0.0.1:{port}"
+    r = aioredis.from_url(redis_url)
+    try:
+
+        async def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                async with aiohttp.ClientSession() as s, s.get(f"{url}/readyz") as resp:
+                    return resp.status == 200
+            except aiohttp.ClientConnectionError:
+                return False
+
+        await wait_until(ready, timeout=60, message="query service ready")
+        async with aiohttp.ClientSession() as session:
+
+            async def publish(i: int) -> int:
+                body = {"episode_id": f"held-{i}", "task": "a task", "outcome": "success"}
+                async with session.post(f"{url}/v1/episodes?wait=4", json=body) as resp:
+                    return resp.status
+
+            held = [asyncio.ensure_future(publish(i)) for i in range(4)]
+            stream = Keys(prefix).stream
+
+            async def all_published() -> bool:
+                return await r.xlen(stream) >= 4
+
+            await wait_until(all_published, message="the held requests are in flight")
+            proc.send_signal(signal.SIGINT)
+
+            async def draining() -> bool:  # the first signal is handled: the port no longer listens
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    return True
+                writer.close()
+                return False
+
+            await wait_until(draining, message="the drain started")
+            proc.send_signal(signal.SIGTERM)  # the supervisor's, during the drain
+            statuses = await asyncio.gather(*held, return_exceptions=True)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await r.aclose()
+    text = log.read_text()
+    assert statuses == [202] * 4, (statuses, text)
+    assert code == 0, text
+    assert "destroyed" not in text and "Traceback" not in text, text
