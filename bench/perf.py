@@ -640,9 +640,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--corpus-noise", type=float, default=0.3, help="norm of the noise added to derived vectors"
     )
     g.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where corpus vectors are cached")
-    g.add_argument("--ingest-turns", type=int, default=256, help="LoCoMo turns per real-text ingest run")
+    g.add_argument(  # a round of 256 lasted ~3 s with bf16 documents: a fresh worker's first passes weighed
+        "--ingest-turns", type=int, default=2048, help="LoCoMo turns per real-text ingest run"
+    )
     g.add_argument(
-        "--ingest-long", type=int, default=24, help="2,000-character texts per real-text ingest run"
+        "--ingest-long", type=int, default=96, help="2,000-character texts per real-text ingest run"
     )
     g.add_argument("--real-rounds", type=int, default=2, help="interleaved rounds of real-text ingest")
     g.add_argument(
