@@ -246,6 +246,21 @@ class EngramCluster(RedisCluster):
             self._aliases = None
             return b"OK"
         index = await self.resolve(name)
+        try:
+            return await self._resolved(how, command, index, args[2:], kwargs)
+        except ResponseError as exc:
+            # a replay moved the alias and dropped the index this client still had it name (ALIAS_TTL)
+            if index == name or not _missing(exc) or self._aliases is None:
+                raise
+            self._aliases.pop(name, None)
+            fresh = await self.resolve(name)
+            if fresh == index:
+                raise
+            return await self._resolved(how, command, fresh, args[2:], kwargs)
+
+    async def _resolved(self, how: str, command: str, index: str, rest: tuple, kwargs: dict) -> Any:
+        """`command` on `index` (an alias already resolved): EXISTS answered from the record, the rest
+        routed to the namespace's node."""
         namespace = _ROUTE.get()
         if how == EXISTS:  # "does the index exist?" (every namespace's is made from it)
             if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
@@ -255,7 +270,7 @@ class EngramCluster(RedisCluster):
             raise RuntimeError(
                 f"{command} on a shard-local cluster needs its namespace (shared.cluster.route)"
             )
-        return await self._routed(command, index, namespace, args[2:], kwargs)
+        return await self._routed(command, index, namespace, rest, kwargs)
 
     async def _routed(self, command: str, index: str, namespace: str, rest: tuple, kwargs: dict) -> Any:
         """`command` on `namespace`'s index of `index`, on the node owning its slot, once that node's

@@ -30,3 +30,31 @@ async def test_a_coordinator_is_refused_on_a_shard_local_cluster(
         assert [k async for k in cluster_redis.scan_iter(match=f"{s.prefix}*")] == []
     finally:
         await redis.aclose()
+
+
+async def test_a_reader_follows_a_replay_swap_at_once(cluster_url, cluster_settings, cluster_redis):
+    """A replay points the alias at the new generation, then drops the old one. Another process's
+    client, which had the alias cached (`cluster.ALIAS_TTL`), answered "Unknown index name" until the
+    cache expired (a CI run of test_cluster_join failed on it). A missing index behind a cached alias
+    now re-reads the alias."""
+    from services.query.app import vector_params
+    from shared.index import Scope, count, ensure_episode_index, point_alias_at
+    from shared.keys import Keys
+    from shared.tags import BLAKE2B
+
+    s, keys = cluster_settings, Keys(cluster_settings.prefix)
+    params = vector_params(s, s.embed_dim)
+    await ensure_episode_index(cluster_redis, keys, 1, params, "hashing", tag_key=None)
+    reader = connect(cluster_url, prefix=s.prefix)
+    try:
+        scope = Scope(namespace="ns-swap", tags=BLAKE2B)
+        with cluster.route("ns-swap"):
+            assert await count(reader, keys.episode_index_alias, scope) == 0  # the alias is cached now
+        await ensure_episode_index(cluster_redis, keys, 2, params, "hashing", tag_key=None, point_alias=False)
+        await point_alias_at(cluster_redis, keys.episode_index_alias, keys.episode_index(2))
+        await cluster_redis.execute_command("FT.DROPINDEX", keys.episode_index(1))
+        with cluster.route("ns-swap"):
+            assert await count(reader, keys.episode_index_alias, scope) == 0
+            assert await reader.resolve(keys.episode_index_alias) == keys.episode_index(2)
+    finally:
+        await reader.aclose()
