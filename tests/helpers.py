@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from shared.embedding import HashingEmbedder
+
 
 async def wait_until(
     predicate: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.02, message: str = "condition"
@@ -271,3 +273,16 @@ class Stack:
 
             with contextlib.suppress(Exception):
                 sync_redis.Redis(port=self.redis_port, socket_timeout=2).shutdown(nosave=True)
+
+
+class HeldEmbedder(HashingEmbedder):
+    """The hashing embedder whose passes wait until the test sets `release`: a model pass still
+    running (a query being embedded, a lane embedding a batch)."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.release = asyncio.Event()
+
+    async def _embed_batch(self, texts):
+        await self.release.wait()
+        return await super()._embed_batch(texts)

@@ -16,7 +16,7 @@ from services.consolidator.health import Health, operations_app
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.worker import Worker
 from shared.embedding import HashingEmbedder
-from tests.helpers import spawn_consolidator, wait_until
+from tests.helpers import HeldEmbedder, spawn_consolidator, wait_until
 from tests.integration.test_worker_process import publish_many
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
@@ -134,20 +134,8 @@ def test_a_taken_metrics_port_stops_the_consolidator_with_a_message(settings):
     assert code == 2 and f"ENGRAM_METRICS_PORT={port} on 127.0.0.1 is not free" in said
 
 
-class StalledEmbedder(HashingEmbedder):
-    """Embeds only once `release` is set: a lane embedding a batch stops coming round its loop."""
-
-    def __init__(self, dim: int):
-        super().__init__(dim)
-        self.release = asyncio.Event()
-
-    async def _embed_batch(self, texts):
-        await self.release.wait()
-        return await super()._embed_batch(texts)
-
-
 async def test_a_lane_that_stops_coming_round_is_stuck_until_it_moves_again(aiohttp_client, settings, redis):
-    embedder = StalledEmbedder(settings.embed_dim)
+    embedder = HeldEmbedder(settings.embed_dim)  # a lane embedding a batch stops coming round its loop
     metrics = WorkerMetrics()
     worker = Worker(settings.with_(in_flight=1), redis, embedder, metrics=metrics, name="stalled")
     health = Health(stall=0.5)

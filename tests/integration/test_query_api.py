@@ -14,7 +14,7 @@ from shared import streams
 from shared.codec import decode
 from shared.embedding import Embedder, HashingEmbedder
 from shared.keys import Keys
-from tests.helpers import wait_until
+from tests.helpers import HeldEmbedder, wait_until
 from tests.integration.test_query_support import KEY_A, KEY_B, METRICS_KEY, auth, episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]
@@ -197,18 +197,6 @@ async def test_unexpected_error_is_500_problem_and_service_survives(make_client,
     assert "crashed" not in json.dumps(body)
     assert "model crashed" in caplog.text
     assert (await client.get("/healthz")).status == 200
-
-
-class HeldEmbedder(HashingEmbedder):
-    """A model whose pass waits until the test releases it (a query embedding still running)."""
-
-    def __init__(self, dim: int):
-        super().__init__(dim)
-        self.release = asyncio.Event()
-
-    async def _embed_batch(self, texts):
-        await self.release.wait()
-        return await super()._embed_batch(texts)
 
 
 async def _searches(redis) -> int:
