@@ -18,10 +18,10 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry  # the sync Retry makes redis-py >= 8.2 warn (an error under pytest)
 from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined, unused-ignore]  # stale types-redis 4.6 lacks it
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
-from redis.retry import Retry
 
 from shared.cluster import SEARCH_SHARD, EngramCluster
 from shared.keys import Keys
