@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,13 +191,6 @@ class Pool:
     query word)."""
 
 
-Reach = Callable[[list["Candidate"], float], np.ndarray]
-"""bool[n]: which of these candidates (cosine and signals filled, keyword relevance not yet computed)
-could still enter a recall's answer when their keyword relevance were the largest the query allows
-(the float: `shared.relevance.max_keyword_relevance` of the pool's terms). Built by
-`services.query.recall` from the similarity pool's scores; see `extra_candidates`."""
-
-
 async def candidates(
     r: aioredis.Redis,
     index: str,
@@ -213,10 +205,9 @@ async def candidates(
 ) -> list[Candidate]:
     """The whole candidate pool of a recall (every arm of `arms`) with cosines and absolute relevance."""
     pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
-    extra, _ = await extra_candidates(
+    return pool.cands + await extra_candidates(
         r, index, scope, await vector_of(query_vector), pool, arms(mode, weights, recency_from), depth=depth
     )
-    return pool.cands + extra
 
 
 async def similarity_pool(
@@ -296,7 +287,7 @@ async def similarity_pool(
         pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
     )
     pool.outside = relevance.relevance(mode, cos_out, kw_out)
-    pool.cands, _ = await _complete(r, index, scope, query_vector, pool, lists, set())
+    pool.cands = await _complete(r, index, scope, query_vector, pool, lists, set())
     return pool
 
 
@@ -354,21 +345,13 @@ async def extra_candidates(
     *,
     depth: int,
     checked: float = 0.0,
-    reach: Reach | None = None,
-) -> tuple[list[Candidate], int]:
+) -> list[Candidate]:
     """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds;
-    `checked` as in `similarity_pool`. Returns (the new candidates, how many more the lists held).
-
-    `reach` (`Reach`), when given, drops the members that cannot enter the answer before their keyword
-    relevance is computed and before their text is read: the lists are fetched without the text fields
-    (a recall's lists hold ~200 episodes the similarity lists do not, and at 100,000 episodes ~80% of
-    them cannot rank, docs/benchmarks.md "Extra lists pruned"), and the text of the rest follows in one
-    pipeline. The second number counts them, so a recall still reports every episode it considered."""
+    `checked` as in `similarity_pool`."""
     names = [n for n in names if n not in SIMILARITY_ARMS]
     if not names:
-        return [], 0
-    later = reach is not None and pool.mode != "vector" and bool(pool.terms)
-    fields = POOL_FIELDS if pool.mode != "vector" and not later else LIGHT_SIGNAL_FIELDS
+        return []
+    fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     lists = (
         await remembered_lists(r, index, scope, query_vector, names, depth, fields, checked=checked > 0)
         if pool.mode != "keyword"
@@ -376,8 +359,7 @@ async def extra_candidates(
     )  # keyword mode needs no cosines (nor that every episode has a vector)
     if lists is None:
         lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
-    known = {c.key for c in pool.cands}
-    return await _complete(r, index, scope, query_vector, pool, lists, known, reach=reach, texts_later=later)
+    return await _complete(r, index, scope, query_vector, pool, lists, {c.key for c in pool.cands})
 
 
 async def _complete(
@@ -388,13 +370,8 @@ async def _complete(
     pool: Pool,
     lists: list[list[SearchHit]],
     known: set[bytes],
-    *,
-    reach: Reach | None = None,
-    texts_later: bool = False,
-) -> tuple[list[Candidate], int]:
-    """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance, and
-    the number of them `reach` dropped (`extra_candidates`); `texts_later`: the hits came without their
-    text fields, which are read for the candidates kept."""
+) -> list[Candidate]:
+    """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance."""
     cos: dict[bytes, float] = {}
     hits: dict[bytes, SearchHit] = {}
     for found in lists:
@@ -423,40 +400,12 @@ async def _complete(
             ):
                 if h.score is not None and math.isfinite(h.score):
                     cos[h.key] = 1.0 - float(h.score)
-    nan, mode = math.nan, pool.mode
     out = []
-    for h in hits.values():
+    nan, mode = math.nan, pool.mode
+    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in hits.values()])
+    for h, keyword in zip(hits.values(), keywords, strict=True):
         c = signal_hit(h)
-        c.cos = cos.get(c.key, nan)
-        out.append(c)
-    dropped = 0
-    if reach is not None and out:
-        keep = reach(out, relevance.max_keyword_relevance(pool.terms))
-        kept = [(h, c) for h, c, k in zip(hits.values(), out, keep.tolist(), strict=True) if k]
-        dropped = len(out) - len(kept)
-        found_hits, out = [h for h, _ in kept], [c for _, c in kept]
-    else:
-        found_hits = list(hits.values())
-    if texts_later and found_hits:
-        await _read_texts(r, found_hits)
-    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in found_hits])
-    for c, keyword in zip(out, keywords, strict=True):
-        c.keyword = keyword
+        c.cos, c.keyword = cos.get(c.key, nan), keyword
         c.relevance = relevance.relevance(mode, c.cos, keyword)
-    return out, dropped
-
-
-_TEXT_NAMES = tuple(name for name, _ in TEXT_FIELDS)
-_TEXT_KEYS = tuple(name.encode() for name in _TEXT_NAMES)
-
-
-async def _read_texts(r: aioredis.Redis, hits: list[SearchHit]) -> None:
-    """Add the text fields (`TEXT_FIELDS`) to each hit's fields, one HMGET each in one pipeline. A
-    document deleted since its search (a forget) adds none: its keyword relevance is 0, and a winner
-    that vanished is dropped when the winners are loaded (`services.query.recall.load_episodes`)."""
-    async with r.pipeline(transaction=False) as pipe:
-        for h in hits:
-            pipe.hmget(h.key, _TEXT_NAMES)
-        replies = await pipe.execute()
-    for h, values in zip(hits, replies, strict=True):
-        h.fields.update((k, v) for k, v in zip(_TEXT_KEYS, values, strict=True) if v is not None)
+        out.append(c)
+    return out

@@ -40,7 +40,6 @@ from services.query.pool import (
     SIMILARITY_ARMS,
     Candidate,
     QueryVector,
-    Reach,
     arms,
     decode_hit,
     extra_candidates,
@@ -48,7 +47,7 @@ from services.query.pool import (
     vector_of,
 )
 from services.query.sizes import ScopeSizes
-from shared import relevance, scoring, tracing
+from shared import scoring, tracing
 from shared.hybrid import checked_share, hybrid_policy
 from shared.index import (
     VECTOR_FIELD,
@@ -170,10 +169,8 @@ def score_candidates(
     as_of: float,
     normalize: scoring.Normalize = "none",
     recency_from: scoring.RecencyFrom = "completed",
-    relevances: np.ndarray | None = None,
 ) -> scoring.Scored:
-    """Vectorised priority of the candidates (see shared.scoring for the formula). `relevances`
-    (float64[n]), when given, stand for the candidates' own (`_reach` scores an upper bound of them)."""
+    """Vectorised priority of the candidates (see shared.scoring for the formula)."""
     # one pass over the candidates, columns: completed_at, relevance, cos, last_accessed, reward, importance
     cols = (
         np.array(
@@ -183,10 +180,9 @@ def score_candidates(
         .reshape(len(cands), 6)
         .T
     )
-    rel = cols[1] if relevances is None else relevances
     data = scoring.Candidates(
         completed_at=np.where(np.isfinite(cols[0]), cols[0], 0.0),
-        cos=np.where(np.isfinite(rel), rel, cols[2]),
+        cos=np.where(np.isfinite(cols[1]), cols[1], cols[2]),
         last_accessed=cols[3],
         reward=cols[4],
         outcome_score=scoring.outcome_scores([c.outcome for c in cands]),
@@ -267,44 +263,6 @@ def _ranked(scored: scoring.Scored, head: list[int], min_relevance: float, min_p
     return head + [i for i in order if i not in fixed]
 
 
-REACH_MARGIN = 1e-9
-"""Priority below the bound that `_reach` still keeps: the bound and the priority are computed by
-different sums of the same terms, so rounding must never drop a candidate that ties."""
-
-
-def _reach(scored: scoring.Scored, params: RecallParams, w: scoring.Weights, mode: str) -> Reach:
-    """Which extra-list candidates could enter the answer (`services.query.pool.Reach`), given the
-    similarity pool's scores `scored`.
-
-    A candidate's priority is at most its priority with the largest keyword relevance the query allows
-    (`kw_max`): relevance is `shared.relevance.relevance(mode, cos, keyword)`, non-decreasing in the
-    keyword relevance, and the priority is non-decreasing in the relevance (normalize "none": each
-    candidate is scored alone, `shared.scoring.score`). If that bound is below the top_k-th passing
-    priority of the similarity pool, top_k candidates of the pool rank strictly above it (head first,
-    then by priority: `_ranked`), so it is not in the answer; nor is one whose bound is below
-    `min_priority` or whose relevance bound is below `min_relevance`. The answer is the same with or
-    without the dropped ones (and the first k of a `top_k` K recall still the `top_k` k recall: a larger
-    top_k only drops fewer)."""
-    passing = _passing(scored, params.min_relevance, params.min_priority)
-    floor = float(scored.priority[passing[params.top_k - 1]]) if len(passing) >= params.top_k else -math.inf
-    floor = max(floor, params.min_priority) - REACH_MARGIN
-    min_relevance = params.min_relevance - REACH_MARGIN
-
-    def reach(cands: list[Candidate], kw_max: float) -> np.ndarray:
-        bound = np.array([relevance.relevance(mode, c.cos, kw_max) for c in cands], dtype=np.float64)
-        best = score_candidates(
-            cands,
-            w,
-            half_life=params.half_life,
-            as_of=params.as_of,
-            recency_from=params.recency_from,
-            relevances=bound,
-        )
-        return (best.priority >= floor) & (best.similarity >= min_relevance)
-
-    return reach
-
-
 @dataclass(frozen=True, slots=True)
 class RecallParams:
     """One recall's choices, built once per request (`services.query.views.recall`) from its model and
@@ -381,7 +339,6 @@ async def recall(
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None
-    dropped = 0  # the extra lists' members that `_reach` left out: still counted in "candidates"
     head: list[int] = []  # pool indices ranked from the similarity lists alone (see `_bounded_head`)
     if extra and cands and normalize == "none":
         # the recency / reward / importance lists can only matter if an episode outside the similarity
@@ -394,11 +351,9 @@ async def recall(
         if bounded is None or len(bounded) >= top_k:
             extra = []  # none can: the answer is the same without fetching them
     if extra:
-        reach = _reach(scored, p, w, pool.mode) if scored is not None else None
-        more, dropped = await extra_candidates(
-            r, index, scope, query_vector, pool, extra, depth=depth, checked=checked, reach=reach
+        cands = cands + await extra_candidates(
+            r, index, scope, query_vector, pool, extra, depth=depth, checked=checked
         )
-        cands = cands + more
         scored = None
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
@@ -468,7 +423,7 @@ async def recall(
         "half_life": half_life,
         "normalize": normalize,
         "recency_from": recency_from,
-        "candidates": len(cands) + dropped,
+        "candidates": len(cands),
         "min_relevance": min_relevance,
         "min_priority": min_priority,
     }
