@@ -195,3 +195,27 @@ def test_common_terms_quality_bench_tiny():
     assert res["by_common_idf"]["0.0"]["same_top10_as_exact"] == 1.0
     for row in res["by_common_idf"].values():
         assert 0.0 <= row["R@5"] <= row["R@10"] <= 100.0
+
+
+@pytest.mark.timeout(300)
+def test_recall_split_bench_tiny(tmp_path):
+    """bench.recall_split at 300 episodes, hashing embedder: each mode's row, its parts within its total."""
+    out = tmp_path / "split.json"
+    args = ["--size", "300", "--queries", "6", "--modes", "hybrid,vector", "--embedder", "hashing"]
+    run_bench(
+        "bench.recall_split",
+        *args,
+        "--corpus-texts",
+        "48",
+        "--cache-dir",
+        str(tmp_path),
+        "--out",
+        str(out),
+        timeout=280,
+    )
+    res = json.loads(out.read_text())
+    assert res["size"] == 300 and res["queries"] == 6 and set(res["modes"]) == {"hybrid", "vector"}
+    for row in res["modes"].values():
+        assert 0.0 < row["after_p50_ms"] <= row["total_p50_ms"]
+        assert 0.0 < row["vector_p50_ms"] <= row["total_p50_ms"]
+        assert 0.0 < row["after_share"] <= 1.0 and row["redis_cpu_ms"] > 0.0
