@@ -478,13 +478,19 @@ class EngramClusterPipeline(ClusterPipeline):
     _searches: list[tuple[tuple, dict]] | None = None
     _others = 0
 
-    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Queue an EVALSHA, routed by its keys' slot. redis-py blocks it in cluster pipelines (a script's
         keys could span slots); Engram's scripts are single-slot (tests/integration/test_key_slots.py),
-        and `execute` loads them on every primary first. A coroutine, as `AsyncScript` awaits it (awaiting
-        the pipeline itself would re-initialise it and drop what it queued)."""
+        and `execute` loads them on every primary first.
+
+        Queued at the call, and answered with a finished future of the pipeline: redis-py's `AsyncScript`
+        awaits what this returns up to 8.1 and, from 8.2, calls it without awaiting (an `async def` here
+        was then never run, and the scripts went missing from the pipeline's replies). Never the
+        pipeline itself, whose await would re-initialise it and drop what it queued."""
         self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
-        return self
+        queued: asyncio.Future[EngramClusterPipeline] = asyncio.get_running_loop().create_future()
+        queued.set_result(self)
+        return queued
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         client = self.cluster_client
