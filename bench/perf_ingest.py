@@ -3,8 +3,8 @@ each figure next to its bound measured in the same run.
 
 - `ingest_phase` (phase "ingest"): synthetic agent episodes with the hashing embedder (vs pipelined
   HSET of the same documents into the same schema) and with MiniLM (vs the model alone).
-- `real_ingest_phase` (phase "ingest-real"): real texts with the default embedder (`auto` → mpnet on
-  ONNX Runtime), LoCoMo dialogue turns and 2,000-character texts, vs the embedder alone on the same
+- `real_ingest_phase` (phase "ingest-real"): real texts with the default embedder (`auto` → mpnet, its
+  documents on OpenVINO bfloat16 where the CPU has it, else ONNX Runtime's float graph), LoCoMo dialogue turns and 2,000-character texts, vs the embedder alone on the same
   texts in the same process, interleaved.
 """
 
