@@ -125,14 +125,19 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=200, help="LoCoMo questions per mode")
     p.add_argument("--modes", default="hybrid,vector", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--embedder", default="auto", help="ENGRAM_EMBEDDER (auto: the default model)")
-    p.add_argument("--corpus-texts", type=int, default=5000, help="real turns the corpus is derived from")
+    p.add_argument(
+        "--corpus-texts",
+        type=int,
+        default=5000,
+        help="at most this many real turns the corpus is derived from",
+    )
     p.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
-        help="the corpus vectors' cache (default: bench.perf_corpus's)",
+        help="the corpus vectors' cache; none given: ~/.cache/engram-bench",
     )
-    p.add_argument("--out", type=Path, default=Path("bench/results-split.json"))
+    p.add_argument("--out", type=Path, default=Path("bench/results-split.json"), help="the result file")
     args = p.parse_args()
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in args.modes if m not in MODES]

@@ -567,7 +567,9 @@ def load_onnx(
             if found is not None:
                 if failed:
                     log.info("%s ◆ %s=%s ◆ passed over %s", name, SETTING[role], backend, "; ".join(failed))
-                log.info("%s ◆ %s for %s ◆ %s", name, OPENVINO, role + "s", why)
+                log.info(
+                    "%s ◆ %s for %s ◆ %s", name, OPENVINO, "queries" if role == "query" else "documents", why
+                )
                 return found
             if backend != "auto" or why != embedding_openvino.NOT_HERE:
                 failed.append(f"{OPENVINO}: {why}")
