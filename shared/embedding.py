@@ -418,8 +418,6 @@ class MiniLMEmbedder(Embedder):
     DIM = 384
     NAME = "minilm-l6-v2"
     INSTALL_HINT = MINILM_INSTALL_HINT
-    QUERY_ORDER: tuple[str, ...] | None = None
-    """The graphs `auto` tries for queries (`embedding_onnx.load_onnx`'s order); None: AUTO_ORDER."""
 
     def __init__(
         self,
@@ -485,13 +483,7 @@ class MiniLMEmbedder(Embedder):
                 from shared.embedding_onnx import load_onnx
 
                 onnx_model = load_onnx(
-                    self.model_path(),
-                    self.cache_dir,
-                    self.NAME,
-                    self.backend,
-                    self.threads,
-                    role=self.role,
-                    order=self.QUERY_ORDER if self.role == "query" else None,
+                    self.model_path(), self.cache_dir, self.NAME, self.backend, self.threads, role=self.role
                 )
                 if onnx_model is not None:
                     self._model, self.runs_on = onnx_model, onnx_model.variant
@@ -583,12 +575,6 @@ class MPNetEmbedder(MiniLMEmbedder):
     DIM = 768
     NAME = "mpnet-base-v2"
     INSTALL_HINT = MPNET_INSTALL_HINT
-    QUERY_ORDER = ("openvino-bf16", "onnx-int8", "onnx")
-    """Queries on bfloat16 first where the CPU computes it (else the int8 graph, one text per pass): a
-    bfloat16 row does not depend on its pass, so concurrent queries share one (`ENGRAM_QUERY_BATCH`),
-    and mpnet's 8 questions take ~65 ms there against ~120 ms as 8 int8 passes (a lone one about the
-    same); docs/benchmarks.md "Queries on bfloat16 in shared passes". Not MiniLM's: OpenVINO's cost per
-    pass outweighs a model that small (lone query 15-22 ms against int8's 7-8)."""
 
     @classmethod
     def available(cls) -> bool:

@@ -79,6 +79,12 @@ AUTO_ORDER = ("onnx-int8", OPENVINO, "onnx")
 """The graphs `auto` tries, fastest first, for documents and for a model that sets no order of its own:
 one int8 text per pass (MiniLM's queries: ~7 ms alone, 51 ms for 8), then bfloat16, then float."""
 
+QUERY_ORDERS = {"mpnet-base-v2": (OPENVINO, "onnx-int8", "onnx")}
+"""The order `auto` tries for a model's queries where it is not AUTO_ORDER. mpnet: bfloat16 first, as
+its rows do not depend on their pass, so concurrent queries share one (8 questions in ~65 ms against
+~120 ms as 8 int8 passes, a lone one about the same; docs/benchmarks.md "Queries on bfloat16 in shared
+passes"). Not MiniLM: OpenVINO's cost per pass outweighs a model that small (15-22 ms against 7-8)."""
+
 ROLES = ("document", "query")
 """What an embedder's vectors are for: "document" vectors are stored (every variant's gate is the
 documents' one), "query" vectors are only compared with stored ones (the queries' gate)."""
@@ -531,11 +537,10 @@ def load_onnx(
     threads: int,
     *,
     role: str = "document",
-    order: tuple[str, ...] | None = None,
 ) -> OnnxSentenceModel | None:
-    """The ONNX model for `backend` ("auto", "onnx" or "onnx-int8"; `auto` tries the variants in `order`,
-    default AUTO_ORDER, and runs the first that loads and passes), exporting it first if needed, or None
-    when it cannot be used: onnxruntime or the exporter is missing, the model is not mean-pooled, the
+    """The ONNX model for `backend` ("auto", "onnx" or "onnx-int8"; `auto` runs the first variant that
+    loads and passes, in AUTO_ORDER, or in QUERY_ORDERS for a model's queries), exporting it first if
+    needed, or None when it cannot be used: onnxruntime or the exporter is missing, the model is not mean-pooled, the
     export failed, or the variant failed the agreement gate of `role` (ROLES: "document" vectors are
     stored, "query" vectors only compared with them; see `gate_of`). The reason is logged (a warning
     when the backend was asked for by name) and the caller runs torch. Raises ValueError for a role
@@ -559,7 +564,8 @@ def load_onnx(
         log.log(level, "%s ◆ %s=%s ◆ running torch: %s", name, SETTING[role], backend, reason)
         return None
     failed: list[str] = []
-    for variant in (order or AUTO_ORDER) if backend == "auto" else (backend,):
+    order = QUERY_ORDERS.get(name, AUTO_ORDER) if role == "query" else AUTO_ORDER
+    for variant in order if backend == "auto" else (backend,):
         if variant == OPENVINO:  # gated at load, on this host's CPU (shared/embedding_openvino.py)
             from shared import embedding_openvino
 

@@ -262,7 +262,7 @@ class Settings:
     """`ENGRAM_QUERY_EMBED_BACKEND`: how the query service embeds a recall's query (same model, same
     vector space): auto = the model's order under the queries' agreement gate (measured on short
     questions): mpnet OpenVINO bfloat16 where the CPU has it, else int8 ONNX Runtime; MiniLM int8 first
-    (`MiniLMEmbedder.QUERY_ORDER`); same = exactly ENGRAM_EMBED_BACKEND's graph."""
+    (`embedding_onnx.QUERY_ORDERS`); same = exactly ENGRAM_EMBED_BACKEND's graph."""
     embed_threads: int = env("ENGRAM_EMBED_THREADS", 2, integer(1, 256))
     """`ENGRAM_EMBED_THREADS`: intra-op threads of the model (torch or ONNX Runtime), per process."""
     model_cache: str | None = env("ENGRAM_MODEL_CACHE", None)

@@ -147,31 +147,14 @@ def test_a_query_embedder_runs_the_query_setting_under_the_queries_gate(tmp_path
     assert (pinned.backend, pinned.role) == ("onnx", "query")
 
 
-def test_each_model_says_which_graphs_auto_tries_for_its_queries(tmp_path, monkeypatch):
+def test_each_model_says_which_graphs_auto_tries_for_its_queries():
     """mpnet's queries try bfloat16 first (shared passes; docs/benchmarks.md "Queries on bfloat16 in
-    shared passes"), MiniLM's the default order (int8 first: OpenVINO's cost per pass outweighs it)."""
+    shared passes"), MiniLM's the default order (int8 first: OpenVINO's cost per pass outweighs it), and
+    the names are the embedders' own."""
     from shared.embedding import MiniLMEmbedder, MPNetEmbedder
 
-    assert MPNetEmbedder.QUERY_ORDER == (eo.OPENVINO, "onnx-int8", "onnx")
-    assert MiniLMEmbedder.QUERY_ORDER is None and eo.AUTO_ORDER[0] == "onnx-int8"
-    if not MPNetEmbedder.available():
-        pytest.skip("the mpnet packages are not installed")
-    asked: list[tuple[str, object]] = []
-
-    class Loaded:
-        variant = "stand-in"
-
-    def fake_load(*args, role="document", order=None):
-        asked.append((role, order))
-        return Loaded()
-
-    monkeypatch.setattr(eo, "load_onnx", fake_load)
-    monkeypatch.setattr(MPNetEmbedder, "model_path", lambda self: str(tmp_path))
-    for role in ("query", "document"):
-        embedder = MPNetEmbedder(backend="auto", cache_dir=str(tmp_path), threads=1, role=role)
-        embedder.load_sync()
-        assert embedder.runs_on == "stand-in"
-    assert asked == [("query", MPNetEmbedder.QUERY_ORDER), ("document", None)]
+    assert eo.QUERY_ORDERS == {MPNetEmbedder.NAME: (eo.OPENVINO, "onnx-int8", "onnx")}
+    assert MiniLMEmbedder.NAME not in eo.QUERY_ORDERS and eo.AUTO_ORDER[0] == "onnx-int8"
 
 
 def test_the_gate_of_a_role():
@@ -287,7 +270,7 @@ def locomo_turns(n: int) -> list[str]:
 @pytest.mark.slow
 # exports MiniLM (torch load, ONNX export, int8 quantisation, gate): 20-40 s idle, minutes on 2 busy cores
 @pytest.mark.timeout(300)
-def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_path, caplog):
+def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_path, caplog, monkeypatch):
     model_dir = minilm_dir()
     turns = locomo_turns(200)
     shutil.copytree(model_dir, tmp_path / "model")  # a private copy: the fingerprint reads its files
@@ -353,18 +336,12 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
     expected = eo.OPENVINO if _core() is not None else "onnx"
     assert isinstance(documents, eo.OnnxSentenceModel) and documents.variant == expected
     assert isinstance(queries, eo.OnnxSentenceModel) and queries.variant == "onnx-int8"
-    # a model's own order for queries (MPNetEmbedder.QUERY_ORDER): bfloat16 first where the CPU has it
-    ordered = eo.load_onnx(
-        tmp_path / "model",
-        tmp_path / "cache",
-        "minilm-test",
-        "auto",
-        1,
-        role="query",
-        order=(eo.OPENVINO, "onnx-int8", "onnx"),
-    )
+    # a model with an order of its own for queries (QUERY_ORDERS, mpnet's): bfloat16 first where the CPU has it
+    monkeypatch.setitem(eo.QUERY_ORDERS, "minilm-test", (eo.OPENVINO, "onnx-int8", "onnx"))
+    ordered = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
     assert isinstance(ordered, eo.OnnxSentenceModel)
     assert ordered.variant == (eo.OPENVINO if _core() is not None else "onnx-int8")
+    monkeypatch.delitem(eo.QUERY_ORDERS, "minilm-test")
     asked = list(eo.QUERY_AGREEMENT_TEXTS)
     gate = eo.agreement(documents.encode_counted(asked, 16)[0], queries.encode_counted(asked, 16)[0])
     assert gate.mean == pytest.approx(manifest["onnx-int8"]["query"]["mean"], abs=1e-3)  # float == torch
