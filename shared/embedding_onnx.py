@@ -540,11 +540,11 @@ def load_onnx(
 ) -> OnnxSentenceModel | None:
     """The ONNX model for `backend` ("auto", "onnx" or "onnx-int8"; `auto` runs the first variant that
     loads and passes, in AUTO_ORDER, or in QUERY_ORDERS for a model's queries), exporting it first if
-    needed, or None when it cannot be used: onnxruntime or the exporter is missing, the model is not mean-pooled, the
-    export failed, or the variant failed the agreement gate of `role` (ROLES: "document" vectors are
-    stored, "query" vectors only compared with them; see `gate_of`). The reason is logged (a warning
-    when the backend was asked for by name) and the caller runs torch. Raises ValueError for a role
-    not in ROLES."""
+    needed, or None when it cannot be used: onnxruntime or the exporter is missing, the model is not
+    mean-pooled, the export failed, or the variant failed the agreement gate of `role` (ROLES:
+    "document" vectors are stored, "query" vectors only compared with them; see `gate_of`). The reason
+    is logged (a warning when the backend was asked for by name) and the caller runs torch. Raises
+    ValueError for a role not in ROLES."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     level = logging.INFO if backend == "auto" else logging.WARNING
