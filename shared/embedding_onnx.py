@@ -82,7 +82,7 @@ one int8 text per pass (MiniLM's queries: ~7 ms alone, 51 ms for 8), then bfloat
 QUERY_ORDERS = {"mpnet-base-v2": (OPENVINO, "onnx-int8", "onnx")}
 """The order `auto` tries for a model's queries where it is not AUTO_ORDER. mpnet: bfloat16 first, as
 its rows do not depend on their pass, so concurrent queries share one (8 questions in ~65 ms against
-~120 ms as 8 int8 passes, a lone one about the same; docs/benchmarks.md "Queries on bfloat16 in shared
+120-152 ms as 8 int8 passes, a lone one about the same; docs/benchmarks.md "Queries on bfloat16 in shared
 passes"). Not MiniLM: OpenVINO's cost per pass outweighs a model that small (15-22 ms against 7-8)."""
 
 ROLES = ("document", "query")
