@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from shared.embedding_onnx import (
     AGREEMENT_TEXTS,
     FILES,
     OPENVINO,
+    OPENVINO_INT8,
     QUERY_AGREEMENT_TEXTS,
     OnnxSentenceModel,
     agreement,
@@ -39,24 +43,89 @@ NOT_HERE = "this CPU does not compute bfloat16 natively (no AVX512_BF16 or AMX),
 
 
 class OpenVinoSentenceModel(OnnxSentenceModel):
-    """`OnnxSentenceModel` with OpenVINO's CPU plugin in bfloat16 instead of an ONNX Runtime session:
-    texts → mean-pooled, L2-normalised float32[n, dim]. Thread-safe (one infer request per pass)."""
+    """`OnnxSentenceModel` with OpenVINO's CPU plugin instead of an ONNX Runtime session: texts →
+    mean-pooled, L2-normalised float32[n, dim]. Thread-safe (one infer request per pass).
 
-    def __init__(self, graph: Path, model_dir: Path, *, max_seq_length: int, threads: int, core: Any):
-        config = {
+    `variant` OPENVINO: the float graph in bfloat16. OPENVINO_INT8: the same graph with its
+    matrices' weights stored as int8, one scale per output channel (`compressed`), and each row's
+    activations quantised on the fly in groups of DYNAMIC_GROUP features (the CPU plugin's dynamic
+    quantisation), so the products run on the cores' int8 dot-product (VNNI) units; what is not a
+    matrix product stays bfloat16. Every scale belongs to one weight channel or one word piece, never
+    to a pass, so a row does not depend on what shares its pass (unlike ONNX Runtime's int8 graph)."""
+
+    def __init__(
+        self,
+        graph: Path | Any,
+        model_dir: Path,
+        *,
+        max_seq_length: int,
+        threads: int,
+        core: Any,
+        variant: str = OPENVINO,
+    ):
+        config: dict[str, Any] = {
             "INFERENCE_PRECISION_HINT": "bf16",
             "INFERENCE_NUM_THREADS": threads,
             "PERFORMANCE_HINT": "LATENCY",
         }
-        self.compiled = core.compile_model(core.read_model(str(graph)), "CPU", config)
+        if variant == OPENVINO_INT8:
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_GROUP
+        model = core.read_model(str(graph)) if isinstance(graph, Path) else graph
+        self.compiled = core.compile_model(model, "CPU", config)
         self.inputs = {i.get_any_name() for i in self.compiled.inputs}
         self.dim = int(self.compiled.outputs[0].get_partial_shape()[-1].get_length())
-        self._tokenizer(model_dir, max_seq_length, OPENVINO)
+        self._tokenizer(model_dir, max_seq_length, variant)
 
     def _hidden(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         request = self.compiled.create_infer_request()  # a compiled model's own request is not thread-safe
         request.infer({k: v for k, v in feed.items() if k in self.inputs})
         return np.asarray(request.get_output_tensor(0).data, dtype=np.float32)
+
+
+DYNAMIC_GROUP = 64
+"""Features per activation scale in OPENVINO_INT8 (`DYNAMIC_QUANTIZATION_GROUP_SIZE`). mpnet on LoCoMo
+turns, cosine to the float graph (mean / least) and turns/s on 2 cores: 32 → 0.99890 / 0.9973, 58-59;
+64 → 0.99877 / 0.9966, 65-73; 128 → 0.99844 / 0.9964, 72-74; a whole row (768) → 0.9955 / 0.989;
+bfloat16 0.99994 / 0.9992, 52-53 (docs/benchmarks.md "int8 on the cores' VNNI units")."""
+
+COMPRESSED = "openvino-int8w.xml"
+"""The int8-weight copy of the float graph in the export directory (with its `.bin`), made once."""
+
+
+def compressed(core: Any, target: Path) -> Any:
+    """The float graph of the export at `target` with its matrices' weights as int8, one symmetric
+    scale per output channel (NNCF's `compress_weights`, mode INT8_SYM): read from COMPRESSED when an
+    earlier process made it, else made (~5 s for mpnet) and saved there (written beside, renamed; a
+    read-only cache keeps it in memory only). Raises ImportError without `nncf`."""
+    from filelock import FileLock
+
+    path = target / COMPRESSED
+    with FileLock(str(target.parent / f"{target.name}.lock"), timeout=900):  # the export's lock
+        return _compressed(core, target, path)
+
+
+def _compressed(core: Any, target: Path, path: Path) -> Any:
+    if path.exists() and path.with_suffix(".bin").exists():
+        return core.read_model(str(path))
+    import nncf
+    import openvino
+
+    nncf.set_log_level(logging.ERROR)
+    with contextlib.redirect_stdout(io.StringIO()):  # its tables and progress bars are not our log
+        model = nncf.compress_weights(
+            core.read_model(str(target / FILES["onnx"])), mode=nncf.CompressWeightsMode.INT8_SYM
+        )
+    work = Path(tempfile.mkdtemp(dir=target, prefix=".int8w-")) if os.access(target, os.W_OK) else None
+    if work is not None:
+        try:
+            openvino.save_model(model, str(work / COMPRESSED), compress_to_fp16=False)
+            os.replace((work / COMPRESSED).with_suffix(".bin"), path.with_suffix(".bin"))
+            os.replace(work / COMPRESSED, path)  # the .xml last: it is what says a copy is there
+        except OSError:
+            pass
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return model
 
 
 def _core() -> Any | None:
@@ -102,24 +171,36 @@ def _reference(
 
 
 def load(
-    target: Path, source: Path, manifest: dict[str, Any], *, threads: int, role: str
+    target: Path,
+    source: Path,
+    manifest: dict[str, Any],
+    *,
+    threads: int,
+    role: str,
+    variant: str = OPENVINO,
 ) -> tuple[OnnxSentenceModel | None, str]:
-    """(the OpenVINO model of the export at `target`, what its gate measured) or (None, why not):
-    `NOT_HERE`, or its agreement with ONNX Runtime's float graph below the float graph's bars."""
-    from shared.embedding_onnx import MIN_MEAN, MIN_QUERY_MEAN, MIN_QUERY_ROW, MIN_ROW
+    """(the OpenVINO model `variant` (OPENVINO or OPENVINO_INT8) of the export at `target`, what its gate
+    measured) or (None, why not): `NOT_HERE`, `nncf` missing for the int8 copy, or its agreement with
+    ONNX Runtime's float graph below the bars of `variant` and `role` (`shared.embedding_onnx.bars`)."""
+    from shared.embedding_onnx import bars
 
     core = _core()
     if core is None:
         return None, NOT_HERE
     window = int(manifest["max_seq_length"])
-    graph = target / FILES["onnx"]
+    graph: Path | Any = target / FILES["onnx"]
+    if variant == OPENVINO_INT8:
+        try:
+            graph = compressed(core, target)
+        except ImportError as exc:
+            return None, f"{exc.name or 'nncf'} is not installed (the int8 copy is made with NNCF)"
     texts = list(QUERY_AGREEMENT_TEXTS if role == "query" else AGREEMENT_TEXTS)
     expected = _reference(target, source, window, threads, role, texts)
-    model = OpenVinoSentenceModel(graph, source, max_seq_length=window, threads=threads, core=core)
-    agreed = agreement(expected, model.encode_counted(texts, 16)[0])
-    least_mean, least_row = (
-        (MIN_QUERY_MEAN, MIN_QUERY_ROW) if role == "query" else (MIN_MEAN[OPENVINO], MIN_ROW[OPENVINO])
+    model = OpenVinoSentenceModel(
+        graph, source, max_seq_length=window, threads=threads, core=core, variant=variant
     )
+    agreed = agreement(expected, model.encode_counted(texts, 16)[0])
+    least_mean, least_row = bars(variant, role)
     figures = (
         f"agreement with the float graph {agreed.mean:.5f} mean / {agreed.min:.4f} least on {agreed.n} texts"
     )

@@ -249,7 +249,9 @@ class Settings:
     embed_batch_size: int = env("ENGRAM_EMBED_BATCH_SIZE", 64, integer(1, 4096))
     embed_max_chars: int = env("ENGRAM_EMBED_MAX_CHARS", 2000, integer(16, 1_000_000))
     embed_backend: str = env(
-        "ENGRAM_EMBED_BACKEND", "auto", choice("auto", "torch", "onnx", "onnx-int8", "openvino-bf16")
+        "ENGRAM_EMBED_BACKEND",
+        "auto",
+        choice("auto", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-int8"),
     )
     """`ENGRAM_EMBED_BACKEND`: how minilm/mpnet run (shared/embedding_onnx.py): auto = int8 ONNX Runtime when
     it passes the agreement gate, else OpenVINO bfloat16 on a CPU that has it (shared/embedding_openvino.py)
@@ -257,7 +259,7 @@ class Settings:
     query_embed_backend: str = env(
         "ENGRAM_QUERY_EMBED_BACKEND",
         "auto",
-        choice("auto", "same", "torch", "onnx", "onnx-int8", "openvino-bf16"),
+        choice("auto", "same", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-int8"),
     )
     """`ENGRAM_QUERY_EMBED_BACKEND`: how the query service embeds a recall's query (same model, same
     vector space): auto = the model's order under the queries' agreement gate (measured on short

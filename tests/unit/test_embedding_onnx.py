@@ -148,12 +148,12 @@ def test_a_query_embedder_runs_the_query_setting_under_the_queries_gate(tmp_path
 
 
 def test_each_model_says_which_graphs_auto_tries_for_its_queries():
-    """mpnet's queries try bfloat16 first (shared passes; docs/benchmarks.md "Queries on bfloat16 in
-    shared passes"), MiniLM's the default order (int8 first: OpenVINO's cost per pass outweighs it), and
-    the names are the embedders' own."""
+    """mpnet's queries try OpenVINO first, int8 products then bfloat16 (shared passes; docs/benchmarks.md
+    "int8 on the cores' VNNI units"), MiniLM's the default order (ONNX Runtime's int8 first: OpenVINO's
+    cost per pass outweighs it), and the names are the embedders' own."""
     from shared.embedding import MiniLMEmbedder, MPNetEmbedder
 
-    assert eo.QUERY_ORDERS == {MPNetEmbedder.NAME: (eo.OPENVINO, "onnx-int8", "onnx")}
+    assert eo.QUERY_ORDERS == {MPNetEmbedder.NAME: (eo.OPENVINO_INT8, eo.OPENVINO, "onnx-int8", "onnx")}
     assert MiniLMEmbedder.NAME not in eo.QUERY_ORDERS and eo.AUTO_ORDER[0] == "onnx-int8"
 
 
@@ -330,10 +330,10 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         "ENGRAM_EMBED_BACKEND=auto ◆ passed over onnx-int8 (agrees with torch at mean 0.9880" in caplog.text
     )
     queries = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
-    # then OpenVINO's bfloat16 where this CPU has it (shared/embedding_openvino.py), else the float graph
+    # then OpenVINO's int8 products where this CPU has bfloat16 (shared/embedding_openvino.py), else the float graph
     from shared.embedding_openvino import _core
 
-    expected = eo.OPENVINO if _core() is not None else "onnx"
+    expected = eo.OPENVINO_INT8 if _core() is not None else "onnx"
     assert isinstance(documents, eo.OnnxSentenceModel) and documents.variant == expected
     assert isinstance(queries, eo.OnnxSentenceModel) and queries.variant == "onnx-int8"
     # a model with an order of its own for queries (QUERY_ORDERS, mpnet's): bfloat16 first where the CPU has it

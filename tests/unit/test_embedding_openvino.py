@@ -82,3 +82,74 @@ def test_a_gate_it_misses_falls_back_to_the_float_graph_with_the_reason(monkeypa
     )
     model, why = ov.load(target, source, manifest, threads=1, role="document")
     assert model is None and "needs 1.000001" in why
+
+
+def _minilm_export_copy(tmp_path: eo.Path) -> tuple[eo.Path, eo.Path, dict]:
+    """A private copy of MiniLM's export (without an int8-weight copy), its source and manifest."""
+    import shutil
+
+    source = eo.Path(minilm_dir())
+    target, manifest = eo.ensure_export(
+        source,
+        eo.Path(Settings().model_cache or eo.Path.home() / ".cache" / "engram"),
+        "minilm-l6-v2",
+        threads=1,
+    )
+    copy = tmp_path / "minilm-l6-v2-onnx"
+    shutil.copytree(target, copy, ignore=shutil.ignore_patterns("openvino-int8w.*"))
+    return copy, source, manifest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
+def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresses_once(tmp_path, monkeypatch):
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
+    target, source, manifest = _minilm_export_copy(tmp_path)
+    model, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    assert isinstance(model, ov.OpenVinoSentenceModel) and model.variant == eo.OPENVINO_INT8, why
+    assert "agreement with the float graph" in why
+    assert (target / ov.COMPRESSED).exists() and (target / ov.COMPRESSED).with_suffix(".bin").exists()
+    assert not list(target.glob(".int8w-*"))  # the work directory is gone
+    turns = locomo_turns(120)
+    vectors, _ = model.encode_counted(turns, 64)
+    reference, _ = eo.OnnxSentenceModel(
+        target / eo.FILES["onnx"],
+        source,
+        max_seq_length=int(manifest["max_seq_length"]),
+        threads=1,
+        variant="onnx",
+    ).encode_counted(turns, 64)
+    cos = (vectors * reference).sum(axis=1)
+    assert cos.mean() >= 0.995 and cos.min() >= 0.98, (cos.mean(), cos.min())
+    # every scale is a weight channel's or a word piece's: a row is the same alone as in any pass
+    alone = np.concatenate([model.encode_counted([t], 1)[0] for t in turns[:30]])
+    np.testing.assert_allclose(alone, vectors[:30], atol=1e-5)
+    # a later load reads the saved copy: it works without NNCF
+    monkeypatch.setitem(__import__("sys").modules, "nncf", None)
+    again, _ = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
+    assert again is not None
+    np.testing.assert_allclose(again.encode_counted(turns[:30], 8)[0], vectors[:30], atol=1e-5)
+    # without the copy and without NNCF: refused with the reason, nothing half-written left behind
+    for path in (target / ov.COMPRESSED, (target / ov.COMPRESSED).with_suffix(".bin")):
+        path.unlink()
+    none, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    assert none is None and "nncf is not installed" in why
+    assert not (target / ov.COMPRESSED).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_openvino_int8_misses_its_own_bar_with_the_reason(tmp_path, monkeypatch):
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: the gate never runs here")
+    monkeypatch.setitem(eo.MIN_MEAN, eo.OPENVINO_INT8, 0.99999)  # above what int8 products reach
+    target, source, manifest = _minilm_export_copy(tmp_path)
+    model, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    assert model is None and "needs 0.99999" in why
+    # the bfloat16 graph's own bar is untouched by the int8 one's
+    assert ov.load(target, source, manifest, threads=1, role="document")[0] is not None
