@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -320,6 +322,20 @@ async def pipeline_rate(
 
 
 # --- phase "ingest-real": real texts with the default embedder ---------------------------------------------
+
+
+def alone_settings(embedder: str, threads: int, embed_batch: int, environ: Mapping[str, str]) -> Any:
+    """The embedder-alone side's Settings: `embedder`, `threads` and `embed_batch`, and the graph the
+    spawned worker runs (ENGRAM_EMBED_BACKEND of `environ`, which the worker inherits), so both sides
+    of the ratio run the same graph. Raises ConfigError for a backend the settings refuse."""
+    from shared.settings import Settings
+
+    backend = {k: v for k, v in environ.items() if k == "ENGRAM_EMBED_BACKEND"}
+    return dataclasses.replace(
+        Settings.from_env(backend), embedder=embedder, embed_threads=threads, embed_batch_size=embed_batch
+    )
+
+
 async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per text kind (LoCoMo turns, 2,000-character texts) and per (threads, embed batch) variant: rounds
     of (the embedder alone on the texts, in calls of `--batch-size` as a worker reads them; then one
@@ -329,7 +345,6 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
     from engram_episodic.validation import parse_episode
     from shared.embedding import make_embedder
     from shared.index import embedding_text
-    from shared.settings import Settings
 
     turns, _, source = real_texts()
     kinds = {
@@ -339,9 +354,7 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
     rows = []
     for threads in args.ingest_threads:
         for embed_batch in args.ingest_embed_batch:
-            settings = Settings(
-                embedder=args.recall_embedder, embed_threads=threads, embed_batch_size=embed_batch
-            )
+            settings = alone_settings(args.recall_embedder, threads, embed_batch, os.environ)
             embedder = make_embedder(settings)
             if hasattr(embedder, "load"):
                 await embedder.load()
