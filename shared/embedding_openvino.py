@@ -39,6 +39,8 @@ from shared.embedding_onnx import (
     agreement,
 )
 
+log = logging.getLogger("engram.embedding")
+
 NOT_HERE = "this CPU does not compute bfloat16 natively (no AVX512_BF16 or AMX), or openvino is not installed"
 
 
@@ -110,11 +112,16 @@ def _compressed(core: Any, target: Path, path: Path) -> Any:
     import nncf
     import openvino
 
-    nncf.set_log_level(logging.ERROR)
-    with contextlib.redirect_stdout(io.StringIO()):  # its tables and progress bars are not our log
-        model = nncf.compress_weights(
-            core.read_model(str(target / FILES["onnx"])), mode=nncf.CompressWeightsMode.INT8_SYM
-        )
+    log.info("making the int8-weight copy of the graph once for every process (NNCF, ~5 s) ◆ %s", path)
+    quiet, level = logging.getLogger("nncf"), logging.getLogger("nncf").level
+    quiet.setLevel(logging.ERROR)  # not nncf.set_log_level: it sets the level of every handler it holds
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its tables and progress bars are not our log
+            model = nncf.compress_weights(
+                core.read_model(str(target / FILES["onnx"])), mode=nncf.CompressWeightsMode.INT8_SYM
+            )
+    finally:
+        quiet.setLevel(level)
     work = Path(tempfile.mkdtemp(dir=target, prefix=".int8w-")) if os.access(target, os.W_OK) else None
     if work is not None:
         try:

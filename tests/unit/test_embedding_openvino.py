@@ -102,14 +102,18 @@ def _minilm_export_copy(tmp_path: eo.Path) -> tuple[eo.Path, eo.Path, dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
-def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresses_once(tmp_path, monkeypatch):
+def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresses_once(
+    tmp_path, monkeypatch, caplog
+):
     pytest.importorskip("openvino")
     pytest.importorskip("nncf")
     if ov._core() is None:
         pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
     target, source, manifest = _minilm_export_copy(tmp_path)
+    caplog.set_level(logging.INFO, "engram.embedding")
     model, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
     assert isinstance(model, ov.OpenVinoSentenceModel) and model.variant == eo.OPENVINO_INT8, why
+    assert "making the int8-weight copy" in caplog.text  # a first start says what it is doing
     assert "agreement with the float graph" in why
     assert (target / ov.COMPRESSED).exists() and (target / ov.COMPRESSED).with_suffix(".bin").exists()
     assert not list(target.glob(".int8w-*"))  # the work directory is gone
@@ -127,10 +131,11 @@ def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresse
     # every scale is a weight channel's or a word piece's: a row is the same alone as in any pass
     alone = np.concatenate([model.encode_counted([t], 1)[0] for t in turns[:30]])
     np.testing.assert_allclose(alone, vectors[:30], atol=1e-5)
-    # a later load reads the saved copy: it works without NNCF
+    # a later load reads the saved copy: it works without NNCF, and says nothing of making one
     monkeypatch.setitem(__import__("sys").modules, "nncf", None)
+    caplog.clear()
     again, _ = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
-    assert again is not None
+    assert again is not None and "making the int8-weight copy" not in caplog.text
     np.testing.assert_allclose(again.encode_counted(turns[:30], 8)[0], vectors[:30], atol=1e-5)
     # without the copy and without NNCF: refused with the reason, nothing half-written left behind
     for path in (target / ov.COMPRESSED, (target / ov.COMPRESSED).with_suffix(".bin")):
