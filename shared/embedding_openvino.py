@@ -108,7 +108,12 @@ def compressed(core: Any, target: Path) -> Any:
 
 def _compressed(core: Any, target: Path, path: Path) -> Any:
     if path.exists() and path.with_suffix(".bin").exists():
-        return core.read_model(str(path))
+        try:
+            return core.read_model(str(path))
+        except RuntimeError as exc:  # damaged (cut short, edited): made again, as a stale export is
+            log.warning(
+                "the int8-weight copy could not be read, making it again ◆ %s ◆ %s", path, str(exc)[:200]
+            )
     import nncf
     import openvino
 

@@ -137,6 +137,15 @@ def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresse
     again, _ = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
     assert again is not None and "making the int8-weight copy" not in caplog.text
     np.testing.assert_allclose(again.encode_counted(turns[:30], 8)[0], vectors[:30], atol=1e-5)
+    # a damaged copy (cut short) is made again, not a failed start
+    monkeypatch.delitem(__import__("sys").modules, "nncf")
+    weights = (target / ov.COMPRESSED).with_suffix(".bin")
+    weights.write_bytes(weights.read_bytes()[:1000])
+    caplog.clear()
+    remade, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    assert remade is not None and "could not be read, making it again" in caplog.text
+    np.testing.assert_allclose(remade.encode_counted(turns[:30], 8)[0], vectors[:30], atol=1e-5)
+    monkeypatch.setitem(__import__("sys").modules, "nncf", None)
     # without the copy and without NNCF: refused with the reason, nothing half-written left behind
     for path in (target / ov.COMPRESSED, (target / ov.COMPRESSED).with_suffix(".bin")):
         path.unlink()
