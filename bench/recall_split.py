@@ -30,6 +30,11 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("hybrid", "vector", "keyword")
+LEGEND = (
+    "p50 ms of: model = the query's pass alone (measured apart), vector ready = from the recall's start "
+    "until its vector is there (the pass, with the keyword side beside it), after it = the searches and "
+    "scoring that follow, total; medians of separate timings need not add up"
+)
 
 
 def summarize(samples: dict[str, list[float]]) -> dict[str, float]:
@@ -84,6 +89,7 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     for q in questions[-5:]:  # the first passes of a process are slower
         await batcher.embed(q)
+    print(f"  queries on {out['query_backend']}; {LEGEND}", flush=True)
     for mode in args.modes:
         samples: dict[str, list[float]] = {"model": [], "vector": [], "after": [], "total": []}
         for q in qs:
@@ -119,7 +125,8 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=f"{__doc__.splitlines()[0]} Printed: {LEGEND}.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--size", type=int, default=100_000, help="episodes in the one namespace")
     p.add_argument("--queries", type=int, default=200, help="LoCoMo questions per mode")

@@ -202,7 +202,7 @@ def test_recall_split_bench_tiny(tmp_path):
     """bench.recall_split at 300 episodes, hashing embedder: each mode's row, its parts within its total."""
     out = tmp_path / "split.json"
     args = ["--size", "300", "--queries", "6", "--modes", "hybrid,vector", "--embedder", "hashing"]
-    run_bench(
+    proc = run_bench(
         "bench.recall_split",
         *args,
         "--corpus-texts",
@@ -215,6 +215,7 @@ def test_recall_split_bench_tiny(tmp_path):
     )
     res = json.loads(out.read_text())
     assert res["size"] == 300 and res["queries"] == 6 and set(res["modes"]) == {"hybrid", "vector"}
+    assert "queries on n/a; p50 ms of: model = the query's pass alone" in proc.stdout  # says what it prints
     for row in res["modes"].values():
         assert 0.0 < row["after_p50_ms"] <= row["total_p50_ms"]
         assert 0.0 < row["vector_p50_ms"] <= row["total_p50_ms"]

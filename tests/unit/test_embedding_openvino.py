@@ -167,3 +167,52 @@ def test_openvino_int8_misses_its_own_bar_with_the_reason(tmp_path, monkeypatch)
     assert model is None and "needs 0.99999" in why
     # the bfloat16 graph's own bar is untouched by the int8 one's
     assert ov.load(target, source, manifest, threads=1, role="document")[0] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_openvino_int8_remakes_a_copy_damaged_in_place_and_works_where_no_lock_can_be_made(tmp_path, caplog):
+    """A copy whose weights were overwritten in place (same size, so it still reads) disagrees with the
+    float graph: it is made again once, not left to send every start to bfloat16. A cache where no lock
+    file can be made (read-only: a container's image) still gets the int8 graph, made in memory."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
+    caplog.set_level(logging.INFO, "engram.embedding")
+    target, source, manifest = _minilm_export_copy(tmp_path)
+    first, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    turns = locomo_turns(20)
+    expected = first.encode_counted(turns, 8)[0]
+    weights = (target / ov.COMPRESSED).with_suffix(".bin")
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:  # 2 MB of one byte in the first half's weights, the size kept
+        f.seek(size // 4)
+        f.write(b"\x11" * 2_000_000)
+    caplog.clear()
+    again, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    assert again is not None, why
+    assert "agrees with the float graph at" in caplog.text and "making it again" in caplog.text
+    np.testing.assert_allclose(again.encode_counted(turns, 8)[0], expected, atol=1e-5)
+    assert weights.stat().st_size == size and not list(target.glob(".int8w-*"))
+    # a killed process's work directory is swept by the next one that makes a copy
+    (target / ".int8w-killed").mkdir()
+    (target / ".int8w-killed" / "half.bin").write_bytes(b"x" * 100)
+    for path in (target / ov.COMPRESSED, weights):
+        path.unlink()
+    assert (
+        ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)[0] is not None
+    )
+    assert not list(target.glob(".int8w-*"))
+    # no lock can be made (the lock path is taken by a directory): made in memory, nothing saved
+    for path in (target / ov.COMPRESSED, weights):
+        path.unlink()
+    lock = target.parent / f"{target.name}.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()
+    caplog.clear()
+    in_memory, why = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
+    assert in_memory is not None, why
+    assert "not writable: the int8-weight copy is made in memory" in caplog.text
+    assert not (target / ov.COMPRESSED).exists()
+    np.testing.assert_allclose(in_memory.encode_counted(turns, 8)[0], expected, atol=1e-5)
