@@ -222,6 +222,10 @@ def _reference(
     return vectors
 
 
+def _no_nncf(exc: ImportError) -> str:
+    return f"{exc.name or 'nncf'} is not installed (the int8 copy is made with NNCF)"
+
+
 def load(
     target: Path,
     source: Path,
@@ -246,7 +250,7 @@ def load(
         try:
             graph, made = compressed(core, target)
         except ImportError as exc:
-            return None, f"{exc.name or 'nncf'} is not installed (the int8 copy is made with NNCF)"
+            return None, _no_nncf(exc)
     texts = list(QUERY_AGREEMENT_TEXTS if role == "query" else AGREEMENT_TEXTS)
     expected = _reference(target, source, window, threads, role, texts)
     model = OpenVinoSentenceModel(
@@ -264,7 +268,7 @@ def load(
         try:
             graph, _ = compressed(core, target, again=True)
         except ImportError as exc:
-            return None, f"{exc.name or 'nncf'} is not installed (the int8 copy is made with NNCF)"
+            return None, _no_nncf(exc)
         model = OpenVinoSentenceModel(
             graph, source, max_seq_length=window, threads=threads, core=core, variant=variant
         )

@@ -72,7 +72,13 @@ def test_a_gate_it_misses_falls_back_to_the_float_graph_with_the_reason(monkeypa
         pytest.skip("this CPU has no native bfloat16: the gate never runs here")
     caplog.set_level(logging.INFO, "engram.embedding")
     monkeypatch.setitem(eo.MIN_MEAN, eo.OPENVINO, 1.000001)  # a bar no bfloat16 pass can reach
-    minilm_dir()
+    target, source, manifest = _minilm_export()
+    model, why = ov.load(target, source, manifest, threads=1, role="document")
+    assert model is None and "needs 1.000001" in why
+
+
+def _minilm_export() -> tuple[eo.Path, eo.Path, dict]:
+    """MiniLM's export in the shared model cache (made if missing), its source and manifest."""
     source = eo.Path(minilm_dir())
     target, manifest = eo.ensure_export(
         source,
@@ -80,21 +86,14 @@ def test_a_gate_it_misses_falls_back_to_the_float_graph_with_the_reason(monkeypa
         "minilm-l6-v2",
         threads=1,
     )
-    model, why = ov.load(target, source, manifest, threads=1, role="document")
-    assert model is None and "needs 1.000001" in why
+    return target, source, manifest
 
 
 def _minilm_export_copy(tmp_path: eo.Path) -> tuple[eo.Path, eo.Path, dict]:
     """A private copy of MiniLM's export (without an int8-weight copy), its source and manifest."""
     import shutil
 
-    source = eo.Path(minilm_dir())
-    target, manifest = eo.ensure_export(
-        source,
-        eo.Path(Settings().model_cache or eo.Path.home() / ".cache" / "engram"),
-        "minilm-l6-v2",
-        threads=1,
-    )
+    target, source, manifest = _minilm_export()
     copy = tmp_path / "minilm-l6-v2-onnx"
     shutil.copytree(target, copy, ignore=shutil.ignore_patterns("openvino-int8w.*"))
     return copy, source, manifest
