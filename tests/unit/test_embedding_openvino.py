@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -215,3 +216,74 @@ def test_openvino_int8_remakes_a_copy_damaged_in_place_and_works_where_no_lock_c
     assert "not writable: the int8-weight copy is made in memory" in caplog.text
     assert not (target / ov.COMPRESSED).exists()
     np.testing.assert_allclose(in_memory.encode_counted(turns, 8)[0], expected, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_openvino_int8_a_copy_whose_vectors_are_nan_fails_the_gate_and_is_made_again(tmp_path, caplog):
+    """Weights overwritten with 0xff (the size kept) give NaN scales, so NaN vectors. NaN compares False
+    with everything: a gate written as `mean < bar` let such a copy through and every recall answered
+    500. The gate passes a copy only when its agreement is a number at or above the bars."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
+    caplog.set_level(logging.INFO, "engram.embedding")
+    target, source, manifest = _minilm_export_copy(tmp_path)
+    first, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    turns = locomo_turns(20)
+    expected = first.encode_counted(turns, 8)[0]
+    weights = (target / ov.COMPRESSED).with_suffix(".bin")
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:  # every dense layer's float32 bias becomes 0xffffffff, a NaN
+        for layer in ElementTree.parse(target / ov.COMPRESSED).iter("layer"):
+            data = layer.find("data")
+            if layer.get("type") == "Const" and layer.get("name", "").endswith("dense.bias"):
+                assert data.get("element_type") == "f32"
+                f.seek(int(data.get("offset")))
+                f.write(b"\xff" * int(data.get("size")))
+    assert weights.stat().st_size == size
+    damaged = ov.OpenVinoSentenceModel(
+        ov._read(ov._core(), target / ov.COMPRESSED),
+        source,
+        max_seq_length=int(manifest["max_seq_length"]),
+        threads=1,
+        core=ov._core(),
+        variant=eo.OPENVINO_INT8,
+    )
+    assert np.isnan(damaged.encode_counted(turns[:4], 4)[0]).any()  # the damage this test is about
+    caplog.clear()
+    again, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
+    assert again is not None, why
+    assert "agrees with the float graph at nan mean: making it again" in caplog.text
+    vectors = again.encode_counted(turns, 8)[0]
+    assert np.isfinite(vectors).all()
+    np.testing.assert_allclose(vectors, expected, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_openvino_starts_from_a_read_only_cache_without_the_gates_reference_files(tmp_path, monkeypatch):
+    """The gate's reference vectors are saved beside the export once; a read-only cache made before they
+    existed cannot save them. mkstemp's OSError there crashed every start: now the reference is computed
+    from the float graph each start and nothing is written."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
+    target, source, manifest = _minilm_export_copy(tmp_path)
+    assert ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)[0]
+    for reference in target.glob("reference-*.npy"):
+        reference.unlink()
+    before = sorted(p.name for p in target.iterdir())
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Read-only file system", kwargs.get("dir"))
+
+    monkeypatch.setattr(ov.tempfile, "mkstemp", read_only)
+    for variant in (eo.OPENVINO_INT8, eo.OPENVINO):
+        for role in ("document", "query"):
+            model, why = ov.load(target, source, manifest, threads=1, role=role, variant=variant)
+            assert model is not None, (variant, role, why)
+            assert "agreement with the float graph" in why
+    assert sorted(p.name for p in target.iterdir()) == before  # nothing saved, nothing half-written
