@@ -9,7 +9,8 @@ too), and a second one is refused with exit code 3 before it starts anything.
 
 A process that dies is restarted (see `Supervisor`): a worker or the query service after an exponential
 backoff, the embedded Redis at once (from its append-only file). The stack stops only when one of them
-dies `ENGRAM_RESTART_LIMIT` times within `ENGRAM_RESTART_WINDOW` (exit code 1), when a service exits
+dies `ENGRAM_RESTART_LIMIT` times in a row, each within `ENGRAM_RESTART_WINDOW` of its start (exit
+code 1: a crash loop, however slowly the process starts), when a service exits
 with code 2 (a configuration error, e.g. an embedder other than the index's: restarting cannot fix it;
 `make run` exits 2 with the service's message), or when a service exits with code 0 on its own (stopped
 by hand; exit code 1).
@@ -34,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,10 +46,12 @@ from shared.settings import Settings, env_int, parse_duration
 
 GRACE_SECONDS = 15.0
 RESTART_LIMIT = 5
-"""Deaths of one process within `RESTART_WINDOW` that stop the stack (`ENGRAM_RESTART_LIMIT`)."""
+"""Deaths in a row of one process, each within `RESTART_WINDOW` of its start, that stop the stack
+(`ENGRAM_RESTART_LIMIT`)."""
 RESTART_WINDOW = 60.0
-"""Seconds over which deaths are counted (`ENGRAM_RESTART_WINDOW`): a process that stayed up that long
-has its whole budget again (the embedded Redis too)."""
+"""Seconds a process must stay up for its death not to count toward a crash loop
+(`ENGRAM_RESTART_WINDOW`): one that stayed up that long has its whole budget again (the embedded Redis
+too)."""
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 10.0
 """A dead worker or query service is restarted after BACKOFF_FIRST * 2^(deaths in the window - 1)
@@ -94,6 +96,20 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
+def _holders(path: Path) -> list[tuple[int, str]]:
+    """(pid, command name) of the other processes that hold `path` open: the lock is inherited, so
+    after a `make run` is killed its embedded Redis holds it, under a pid the lock file does not name.
+    Read from /proc (Linux); empty where it cannot be read."""
+    target, found = str(path.resolve()), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        if int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                found.append((int(proc.name), (proc / "comm").read_text().strip()))
+    return sorted(found)
+
+
 def _busy_message(data_dir: Path, holder: str) -> str:
     alive = False
     if holder.isdigit():
@@ -104,11 +120,11 @@ def _busy_message(data_dir: Path, holder: str) -> str:
             pass
         except PermissionError:
             alive = True
-    who = (
-        f"another `make run` (pid {holder})"
-        if alive
-        else f"a Redis server left by a `make run` that is gone (pid {holder or '?'})"
-    )
+    if alive:
+        who = f"another `make run` (pid {holder})"
+    else:
+        left = ", ".join(f"pid {pid} {name}" for pid, name in _holders(data_dir / LOCK_FILE)) or "?"
+        who = f"a process left by a `make run` that is gone (pid {holder or '?'}): {left}"
     return (
         f"engram: ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
         f"{data_dir / 'redis'}. Stop it first, or give this one its own ENGRAM_DATA_DIR (and ports)"
@@ -126,26 +142,30 @@ def describe_exit(code: int) -> str:
 
 
 class CrashBudget:
-    """Deaths of one process in the last `window` seconds; `exhausted` at `limit` of them."""
+    """The deaths in a row of one process that each came within `window` seconds of its start;
+    `exhausted` at `limit` of them. Counted by the run's length, not by deaths per window of wall time:
+    a process that needs 13 s to load its model and then crashes dies at most ~4 times a minute with
+    the backoff, so a count over the last `window` seconds never reached 5 and a trial's crash loop ran
+    for 11 minutes."""
 
     def __init__(self, limit: int, window: float):
         self.limit, self.window = limit, window
-        self.deaths: deque[float] = deque()
+        self.deaths = 0
 
-    def record(self, now: float) -> int:
-        """Count a death at `now`; returns the deaths within the window (this one included)."""
-        self.deaths.append(now)
-        while self.deaths and self.deaths[0] <= now - self.window:
-            self.deaths.popleft()
-        return len(self.deaths)
+    def record(self, now: float, started: float) -> int:
+        """Count the death at `now` (time.monotonic()) of the run started at `started`; returns the
+        deaths in a row so far (this one included). A run that lasted `window` or longer starts the
+        count over."""
+        self.deaths = 1 if now - started >= self.window else self.deaths + 1
+        return self.deaths
 
     @property
     def exhausted(self) -> bool:
-        return len(self.deaths) >= self.limit
+        return self.deaths >= self.limit
 
     def backoff(self) -> float:
-        """Seconds to wait before the next restart: doubles with each death in the window."""
-        return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, len(self.deaths) - 1))
+        """Seconds to wait before the next restart: doubles with each death in a row."""
+        return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, self.deaths - 1))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -200,6 +220,15 @@ def last_words(text: str) -> str:
     return ""
 
 
+def _in_a_row(budget: CrashBudget) -> str:
+    """What a restart line says of the budget: "2 death(s) in a row within 60s of starting; the stack
+    stops at 5"."""
+    return (
+        f"{budget.deaths} death(s) in a row within {budget.window:g}s of starting; the stack stops at "
+        f"{budget.limit}"
+    )
+
+
 class Service:
     """A worker or the query service: its command, environment, process and crash budget."""
 
@@ -209,11 +238,13 @@ class Service:
         self.relay: StderrRelay | None = None
         self.restarts = 0
         self.restart_at: float | None = None  # set while it waits out its backoff
+        self.started = 0.0  # time.monotonic() of the last start: a short run's death counts (CrashBudget)
 
     def start(self) -> subprocess.Popen:
         self.proc = proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
         self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
+        self.started = time.monotonic()
         return proc
 
     @property
@@ -314,7 +345,7 @@ class Supervisor:
 
     A worker or the query service that dies is restarted after `CrashBudget.backoff()`; the embedded
     Redis is restarted at once. Each death is logged with its cause (exit code or signal), the restart
-    number and the deaths in the window. See the module docstring for what stops the stack.
+    number and the short-lived deaths in a row. See the module docstring for what stops the stack.
     """
 
     def __init__(
@@ -323,6 +354,7 @@ class Supervisor:
         self.services, self.redis_server, self.redis_budget = services, redis_server, redis_budget
         self.stopping = False
         self.redis_restarts = 0
+        self.redis_started = time.monotonic()  # started just before the supervisor (CrashBudget)
 
     def stop(self, *_) -> None:
         self.stopping = True
@@ -344,9 +376,12 @@ class Supervisor:
             return None
         # The workers and the query service reconnect on their own; the AOF brings the data back.
         _say(f"redis {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
-        deaths = self.redis_budget.record(time.monotonic())
+        deaths = self.redis_budget.record(time.monotonic(), self.redis_started)
         if self.redis_budget.exhausted:
-            _say(f"redis died {deaths} times within {self.redis_budget.window:g}s; stopping the stack")
+            _say(
+                f"redis died {deaths} times in a row, each within {self.redis_budget.window:g}s of its "
+                f"start; stopping the stack"
+            )
             return 1
         if server.process.stderr:
             server.process.stderr.close()
@@ -355,10 +390,10 @@ class Supervisor:
         except EmbeddedRedisError as exc:
             _say(f"cannot restart redis: {exc}; stopping the stack")
             return 1
+        self.redis_started = time.monotonic()
         self.redis_restarts += 1
         _say(
-            f"redis restarted on {server.url} (restart {self.redis_restarts}; {deaths} death(s) in the last "
-            f"{self.redis_budget.window:g}s, the stack stops at {self.redis_budget.limit})"
+            f"redis restarted on {server.url} (restart {self.redis_restarts}; {_in_a_row(self.redis_budget)})"
         )
         return None
 
@@ -389,19 +424,18 @@ class Supervisor:
         if code == 0:
             _say(f"{service.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
             return 1
-        deaths = service.budget.record(now)
+        deaths = service.budget.record(now, service.started)
         if service.budget.exhausted:
             _say(
-                f"{service.name} died {deaths} times within {service.budget.window:g}s (last: "
-                f"{describe_exit(code)}{said}); stopping the stack"
+                f"{service.name} died {deaths} times in a row, each within {service.budget.window:g}s of "
+                f"its start (last: {describe_exit(code)}{said}); stopping the stack"
             )
             return 1
         delay = service.budget.backoff()
         service.restart_at = now + delay
         _say(
             f"{service.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {service.restarts + 1} "
-            f"in {delay:g}s ({deaths} death(s) in the last {service.budget.window:g}s; the stack stops at "
-            f"{service.budget.limit})"
+            f"in {delay:g}s ({_in_a_row(service.budget)})"
         )
         return None
 

@@ -33,6 +33,35 @@ def _two_free_ports(avoid: set[int]) -> int:
         return p
 
 
+def test_a_data_dir_held_by_an_orphan_names_the_orphans_pid_not_the_gone_make_runs(tmp_path):
+    """A `make run` killed with -9 leaves its embedded Redis holding the inherited lock; the refusal
+    named the dead supervisor's pid (from the lock file), which no `kill` can stop."""
+    import subprocess
+    import sys
+
+    from services.run import _busy_message
+
+    script = (
+        "import os, subprocess, sys\n"
+        "from services.run import lock_data_dir\n"
+        f"fd = lock_data_dir(__import__('pathlib').Path({str(tmp_path)!r}))\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'], pass_fds=(fd,),"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "os._exit(0)\n"  # gone, its child holding the lock, as a killed make run's Redis does
+    )
+    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    orphan = int(parent.stdout.split()[0])
+    try:
+        gone = (tmp_path / "run.lock").read_text().strip()
+        message = _busy_message(tmp_path, gone)
+        assert f"a process left by a `make run` that is gone (pid {gone}): pid {orphan} python" in message, (
+            message
+        )
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+
+
 # a whole `make run` stack (Redis, workers, query service) starts, and its readiness wait
 # alone allows 60-90 s; 24 s measured (Redis is also restarted)
 @pytest.mark.timeout(180)
@@ -259,7 +288,7 @@ async def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path):
     try:
         await wait_until(stack.ready, timeout=60, message="query service ready")
         seen: set[int] = set()
-        for _ in range(3):  # three deaths within ENGRAM_RESTART_WINDOW (60 s)
+        for _ in range(3):  # three deaths in a row, each within ENGRAM_RESTART_WINDOW (60 s) of its start
             pid = await _one_new_pid(stack, "services.consolidator", seen)
             seen.add(pid)
             os.kill(pid, signal.SIGKILL)
@@ -268,8 +297,11 @@ async def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path):
         stack.kill()
     output = stack.output()
     assert code == 1, output[-3000:]
-    assert "restart 2 in 1s (2 death(s) in the last 60s; the stack stops at 3)" in output
-    assert "consolidator-0 died 3 times within 60s (last: killed by SIGKILL); stopping the stack" in output
+    assert "restart 2 in 1s (2 death(s) in a row within 60s of starting; the stack stops at 3)" in output
+    assert (
+        "consolidator-0 died 3 times in a row, each within 60s of its start (last: killed by SIGKILL); "
+        "stopping the stack" in output
+    )
     assert output.rstrip().endswith("engram ◆ stopped")
     assert not await ready(stack.url)  # the query service was stopped with it
     assert not stack.children("services.")

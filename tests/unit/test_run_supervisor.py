@@ -7,26 +7,39 @@ import signal
 from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, describe_exit, last_words
 
 
-def test_the_budget_counts_deaths_within_the_window_only():
+def test_the_budget_counts_short_runs_in_a_row_and_a_long_run_starts_it_over():
     budget = CrashBudget(limit=3, window=60)
-    assert budget.record(0.0) == 1 and budget.record(10.0) == 2 and not budget.exhausted
-    assert budget.record(65.0) == 2  # the death at 0 s left the window
-    assert budget.record(69.0) == 3 and budget.exhausted
+    assert budget.record(10.0, 0.0) == 1 and budget.record(20.0, 11.0) == 2 and not budget.exhausted
+    assert budget.record(100.0, 21.0) == 1  # that run lasted 79 s: the count starts over
+    assert budget.record(105.0, 101.0) == 2
+    assert budget.record(110.0, 106.0) == 3 and budget.exhausted
     budget = CrashBudget(limit=3, window=60)
-    for t in (0.0, 100.0, 200.0, 300.0, 400.0):  # one death a while, forever: never exhausted
-        budget.record(t)
+    for t in (0.0, 100.0, 200.0, 300.0, 400.0):  # a death after every long run, forever: never exhausted
+        budget.record(t + 99.0, t)
         assert not budget.exhausted
 
 
-def test_the_backoff_doubles_with_each_death_in_the_window_up_to_its_cap():
+def test_a_slow_crash_loop_is_stopped_however_few_deaths_fit_in_a_window():
+    """A trial's worker loaded its model for ~13 s and then crashed: with the backoff, 4 deaths a minute
+    at most, so counting deaths over the last 60 s never reached 5 and the loop ran for 11 minutes."""
+    budget = CrashBudget(limit=5, window=60)
+    now, deaths = 0.0, []
+    while not budget.exhausted:
+        started = now + budget.backoff() if deaths else now
+        now = started + 13.0
+        deaths.append(budget.record(now, started))
+    assert deaths == [1, 2, 3, 4, 5] and now < 120.0
+
+
+def test_the_backoff_doubles_with_each_death_in_a_row_up_to_its_cap():
     budget = CrashBudget(limit=100, window=60)
     delays = []
     for t in range(8):
-        budget.record(float(t))
+        budget.record(float(t) + 1.0, float(t))
         delays.append(budget.backoff())
     assert delays[:3] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST]
     assert max(delays) == BACKOFF_MAX and delays == sorted(delays)
-    budget.record(200.0)  # after a healthy window the backoff starts over
+    budget.record(200.0, 100.0)  # after a run of the whole window the backoff starts over
     assert budget.backoff() == BACKOFF_FIRST
 
 
