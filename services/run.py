@@ -4,16 +4,19 @@ Ctrl-C (or SIGTERM) stops the services gracefully (SIGTERM, then a grace period)
 With `REDIS_URL` set, no embedded Redis is started and that server is used instead.
 
 One `make run` per data directory: it holds an exclusive lock (`fcntl.flock`) on
-`ENGRAM_DATA_DIR/run.lock` while it runs (the embedded Redis inherits it, so an orphaned Redis keeps it
-too), and a second one is refused with exit code 3 before it starts anything.
+`ENGRAM_DATA_DIR/run.lock` while it runs (the embedded Redis and every service inherit it, so what a
+killed `make run` leaves behind keeps it, and is named), and a second one is refused with exit code 3
+before it starts anything. The consolidators and the query service get SIGTERM when the supervisor
+dies (shared/supervised.py); the embedded Redis stays up, holding the data until it is stopped.
 
 A process that dies is restarted (see `Supervisor`): a worker or the query service after an exponential
 backoff, the embedded Redis at once (from its append-only file). The stack stops only when one of them
 dies `ENGRAM_RESTART_LIMIT` times in a row, each within `ENGRAM_RESTART_WINDOW` of its start (exit
 code 1: a crash loop, however slowly the process starts), when a service exits
 with code 2 (a configuration error, e.g. an embedder other than the index's: restarting cannot fix it;
-`make run` exits 2 with the service's message), or when a service exits with code 0 on its own (stopped
-by hand; exit code 1).
+exit code 2 with the service's message), or when a service exits with code 0 on its own (stopped
+by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` prints it
+(`make: *** [Makefile:…: run] Error 3`) and then exits 2 itself, whatever the code was.
 
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
 6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
@@ -24,7 +27,6 @@ worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `EN
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -38,11 +40,18 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
-from engram_episodic.errors import ConfigError
-from services.query.auth import check_bind
-from shared import logs
-from shared.settings import Settings, env_int, parse_duration
+if __name__ == "__main__":  # not when imported (by the tests): the importer's Ctrl-C is its own
+    # Ctrl-C while the imports below load (~0.6 s) ends the process quietly instead of with a
+    # KeyboardInterrupt traceback (a trial's): nothing is started yet; main() installs its own handlers
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError  # noqa: E402
+from engram_episodic.errors import ConfigError  # noqa: E402
+from services.query.auth import check_bind  # noqa: E402
+from services.run_lock import DataDirBusy, busy_message, lock_data_dir  # noqa: E402
+from shared import logs  # noqa: E402
+from shared.settings import Settings, env_int, parse_duration  # noqa: E402
+from shared.supervised import SUPERVISOR_PID  # noqa: E402
 
 GRACE_SECONDS = 15.0
 RESTART_LIMIT = 5
@@ -54,13 +63,12 @@ RESTART_WINDOW = 60.0
 too)."""
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 10.0
-"""A dead worker or query service is restarted after BACKOFF_FIRST * 2^(deaths in the window - 1)
+"""A dead worker or query service is restarted after BACKOFF_FIRST * 2^(deaths in a row - 1)
 seconds, at most BACKOFF_MAX."""
 EXIT_CONFIG = 2
 """The exit code of a configuration error (any process of the stack): never restarted."""
 EXIT_LOCKED = 3
 """`make run`'s exit code when another `make run` holds the data directory."""
-LOCK_FILE = "run.lock"
 TAIL_BYTES = 8192
 
 
@@ -72,63 +80,6 @@ def _taken_port(host: str, port: int) -> str | None:
             return None
     except OSError as exc:
         return exc.strerror or str(exc)
-
-
-class DataDirBusy(Exception):
-    """Another `make run` holds the lock of the data directory."""
-
-
-def lock_data_dir(data_dir: Path) -> int:
-    """Create `data_dir` and take the exclusive lock of `data_dir/run.lock`; returns its descriptor (kept
-    open, and so locked, for as long as the process — or a child it is passed to — lives).
-
-    Raises DataDirBusy naming the holder's pid, OSError when the directory cannot be created."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip()
-        os.close(fd)
-        raise DataDirBusy(holder) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def _holders(path: Path) -> list[tuple[int, str]]:
-    """(pid, command name) of the other processes that hold `path` open: the lock is inherited, so
-    after a `make run` is killed its embedded Redis holds it, under a pid the lock file does not name.
-    Read from /proc (Linux); empty where it cannot be read."""
-    target, found = str(path.resolve()), []
-    for proc in Path("/proc").glob("[0-9]*"):
-        if int(proc.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
-                found.append((int(proc.name), (proc / "comm").read_text().strip()))
-    return sorted(found)
-
-
-def _busy_message(data_dir: Path, holder: str) -> str:
-    alive = False
-    if holder.isdigit():
-        try:
-            os.kill(int(holder), 0)
-            alive = True
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            alive = True
-    if alive:
-        who = f"another `make run` (pid {holder})"
-    else:
-        left = ", ".join(f"pid {pid} {name}" for pid, name in _holders(data_dir / LOCK_FILE)) or "?"
-        who = f"a process left by a `make run` that is gone (pid {holder or '?'}): {left}"
-    return (
-        f"engram: ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
-        f"{data_dir / 'redis'}. Stop it first, or give this one its own ENGRAM_DATA_DIR (and ports)"
-    )
 
 
 def describe_exit(code: int) -> str:
@@ -146,17 +97,20 @@ class CrashBudget:
     `exhausted` at `limit` of them. Counted by the run's length, not by deaths per window of wall time:
     a process that needs 13 s to load its model and then crashes dies at most ~4 times a minute with
     the backoff, so a count over the last `window` seconds never reached 5 and a trial's crash loop ran
-    for 11 minutes."""
+    for 11 minutes. A death after a run of `window` or longer is not counted and makes the budget whole
+    again: that process was up, not crash-looping."""
 
     def __init__(self, limit: int, window: float):
         self.limit, self.window = limit, window
         self.deaths = 0
+        self.last_run = 0.0  # seconds the process that died last was up
 
     def record(self, now: float, started: float) -> int:
         """Count the death at `now` (time.monotonic()) of the run started at `started`; returns the
-        deaths in a row so far (this one included). A run that lasted `window` or longer starts the
-        count over."""
-        self.deaths = 1 if now - started >= self.window else self.deaths + 1
+        deaths in a row so far: this one included when the run was shorter than `window`, 0 after a
+        longer run (the count starts over)."""
+        self.last_run = now - started
+        self.deaths = 0 if self.last_run >= self.window else self.deaths + 1
         return self.deaths
 
     @property
@@ -164,7 +118,7 @@ class CrashBudget:
         return self.deaths >= self.limit
 
     def backoff(self) -> float:
-        """Seconds to wait before the next restart: doubles with each death in a row."""
+        """Seconds to wait before the next restart: BACKOFF_FIRST, doubled with each death in a row."""
         return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, self.deaths - 1))
 
 
@@ -222,7 +176,9 @@ def last_words(text: str) -> str:
 
 def _in_a_row(budget: CrashBudget) -> str:
     """What a restart line says of the budget: "2 death(s) in a row within 60s of starting; the stack
-    stops at 5"."""
+    stops at 5", or after a long run "up 75s, longer than 60s: not a crash loop, the count starts over"."""
+    if budget.deaths == 0:
+        return f"up {budget.last_run:.0f}s, longer than {budget.window:g}s: not a crash loop, the count starts over"
     return (
         f"{budget.deaths} death(s) in a row within {budget.window:g}s of starting; the stack stops at "
         f"{budget.limit}"
@@ -232,8 +188,18 @@ def _in_a_row(budget: CrashBudget) -> str:
 class Service:
     """A worker or the query service: its command, environment, process and crash budget."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], budget: CrashBudget):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        budget: CrashBudget,
+        pass_fds: tuple[int, ...] = (),
+    ):
         self.name, self.argv, self.env, self.budget = name, argv, env, budget
+        # the data dir's lock: held by every process of the stack, so a supervisor killed with SIGKILL
+        # leaves the lock held (and named: services/run_lock.py) until its last child is gone
+        self.pass_fds = pass_fds
         self.proc: subprocess.Popen | None = None
         self.relay: StderrRelay | None = None
         self.restarts = 0
@@ -241,7 +207,9 @@ class Service:
         self.started = 0.0  # time.monotonic() of the last start: a short run's death counts (CrashBudget)
 
     def start(self) -> subprocess.Popen:
-        self.proc = proc = subprocess.Popen(self.argv, env=self.env, stderr=subprocess.PIPE)
+        self.proc = proc = subprocess.Popen(
+            self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds
+        )
         self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
         self.started = time.monotonic()
@@ -577,9 +545,17 @@ def _start_redis(
 
 
 def _services(
-    env: dict[str, str], workers: int, metrics_port: int, restart_limit: int, restart_window: float
+    env: dict[str, str],
+    workers: int,
+    metrics_port: int,
+    restart_limit: int,
+    restart_window: float,
+    lock_fd: int,
 ) -> list[Service]:
-    """The consolidators, then the query service, each with a crash budget of its own."""
+    """The consolidators, then the query service, each with a crash budget of its own, the data dir's
+    lock (`lock_fd`) and this process's pid as their supervisor (they go when it goes:
+    shared/supervised.py)."""
+    env = {**env, SUPERVISOR_PID: str(os.getpid())}
     services: list[Service] = []
     for i in range(workers):
         # one operations port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
@@ -595,11 +571,16 @@ def _services(
                 [sys.executable, "-m", "services.consolidator"],
                 worker_env,
                 CrashBudget(restart_limit, restart_window),
+                pass_fds=(lock_fd,),
             )
         )
     services.append(
         Service(
-            "query", [sys.executable, "-m", "services.query"], env, CrashBudget(restart_limit, restart_window)
+            "query",
+            [sys.executable, "-m", "services.query"],
+            env,
+            CrashBudget(restart_limit, restart_window),
+            pass_fds=(lock_fd,),
         )
     )
     return services
@@ -638,7 +619,7 @@ def main() -> int:
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
     except DataDirBusy as exc:
-        _refuse(_busy_message(data_root, str(exc)))
+        _refuse(busy_message(data_root, str(exc)))
         return EXIT_LOCKED
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
@@ -662,7 +643,7 @@ def main() -> int:
     if redis_up is None:
         return 1
     redis_server, cluster = redis_up
-    services = _services(env, workers, metrics_port, restart_limit, restart_window)
+    services = _services(env, workers, metrics_port, restart_limit, restart_window, lock_fd)
     supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)

@@ -338,7 +338,7 @@ class Settings:
 
     # query service
     host: str = env("ENGRAM_HOST", "127.0.0.1")
-    port: int = env("ENGRAM_PORT", 8080, integer(0, 65535))
+    port: int = env("ENGRAM_PORT", 8080, integer(1, 65535))
     api_keys: dict[str, str] = field(default_factory=dict)
     """`ENGRAM_API_KEYS` and `ENGRAM_API_KEYS_FILE` (read by `from_env`): {key: namespace}."""
     metrics_key: str | None = None

@@ -14,7 +14,7 @@ corrects its call. An unknown tool or resource is a JSON-RPC error (-32602, inva
 
 The server talks to the query service only over HTTP with `AsyncEngram` and an API key; it never
 opens Redis, and the namespace is the key's. Configuration (flags win over the environment):
-`--url` / ENGRAM_URL (default http://127.0.0.1:8080), `--api-key` / ENGRAM_API_KEY, and the default
+`--url` / ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080), `--api-key` / ENGRAM_API_KEY, and the default
 scope `--agent-id` / ENGRAM_AGENT_ID, `--user-id` / ENGRAM_USER_ID, `--session-id` / ENGRAM_SESSION_ID
 (used when the model passes none; see `engram_episodic.tools`), `--tools` (a comma-separated subset).
 The streamable-http transport binds 127.0.0.1 (`--host`, `--port` 8765, `--path` /mcp) and refuses any
@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engram_episodic import __version__
-from engram_episodic.client import DEFAULT_URL, AsyncEngram
+from engram_episodic.client import AsyncEngram
 from engram_episodic.errors import EngramError
 from engram_episodic.tools import TOOL_NAMES, ToolResult, Toolset, ToolSpec, UnknownTool, error_result
 
@@ -196,7 +196,9 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         description="Serve Engram's memory tools over MCP (stdio by "
         "default). Talks to the query service over HTTP with an API key.",
     )
-    p.add_argument("--url", help=f"query service URL (ENGRAM_URL; default {DEFAULT_URL})")
+    p.add_argument(
+        "--url", help="query service URL (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080)"
+    )
     p.add_argument("--api-key", help="API key of the query service (ENGRAM_API_KEY)")
     p.add_argument("--agent-id", help="default agent_id when the model passes none (ENGRAM_AGENT_ID)")
     p.add_argument("--user-id", help="default user_id when the model passes none (ENGRAM_USER_ID)")
@@ -242,7 +244,8 @@ def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
 
     names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
     return {
-        "url": pick(args.url, "ENGRAM_URL") or DEFAULT_URL,
+        # as the client and the CLI: a stack started with ENGRAM_PORT is found without ENGRAM_URL
+        "url": pick(args.url, "ENGRAM_URL") or f"http://127.0.0.1:{env.get('ENGRAM_PORT') or '8080'}",
         "api_key": pick(args.api_key, "ENGRAM_API_KEY"),
         "scope": {
             "agent_id": pick(args.agent_id, "ENGRAM_AGENT_ID"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -39,11 +41,11 @@ def test_a_data_dir_held_by_an_orphan_names_the_orphans_pid_not_the_gone_make_ru
     import subprocess
     import sys
 
-    from services.run import _busy_message
+    from services.run_lock import busy_message
 
     script = (
         "import os, subprocess, sys\n"
-        "from services.run import lock_data_dir\n"
+        "from services.run_lock import lock_data_dir\n"
         f"fd = lock_data_dir(__import__('pathlib').Path({str(tmp_path)!r}))\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'], pass_fds=(fd,),"
         " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)\n"
@@ -54,7 +56,7 @@ def test_a_data_dir_held_by_an_orphan_names_the_orphans_pid_not_the_gone_make_ru
     orphan = int(parent.stdout.split()[0])
     try:
         gone = (tmp_path / "run.lock").read_text().strip()
-        message = _busy_message(tmp_path, gone)
+        message = busy_message(tmp_path, gone)
         assert f"a process left by a `make run` that is gone (pid {gone}): pid {orphan} python" in message, (
             message
         )
@@ -125,6 +127,8 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
         ("ENGRAM_LOG_LEVEL", "bogus", "ENGRAM_LOG_LEVEL='bogus' must be one of"),
         ("ENGRAM_HOST", "0.0.0.0", "is not a loopback address and no API keys are configured"),
         ("ENGRAM_PORT", "REDIS", "ENGRAM_PORT and ENGRAM_REDIS_PORT are both 16599"),
+        # port 0 listened on a random port the readiness probe never found
+        ("ENGRAM_PORT", "0", "ENGRAM_PORT='0' must be between 1 and 65535"),
     ],
 )
 def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, name, value, said):
@@ -283,6 +287,53 @@ async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_a
     assert output.rstrip().endswith("engram ◆ stopped")
 
 
+def _gone(pid: int) -> bool:
+    """`pid` exited (reaped, or a zombie nobody reaped yet: in a container pid 1 may not reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def test_a_killed_make_run_takes_its_services_with_it_and_its_redis_keeps_the_lock(tmp_path):
+    """A trial killed `make run` with -9: its consolidator and query service lived on, did not hold the
+    data dir's lock (only Redis did, so the refusal of the next `make run` named Redis alone), and would
+    have consumed the stream of any Redis started next on the same port."""
+    from services.run_lock import LOCK_FILE, holders
+
+    stack, orphans = Stack(tmp_path / "data").start(), []
+    try:
+        await wait_until(stack.ready, timeout=60, message="query service ready")
+        [worker] = stack.children("services.consolidator")
+        [query] = stack.children("services.query")
+        orphans += [worker, query]  # killed in `finally` should they outlive the supervisor
+        held = {pid for pid, _ in holders(tmp_path / "data" / LOCK_FILE)}
+        assert {worker, query, stack.proc.pid} <= held, held  # every process of the stack holds it
+
+        os.kill(stack.proc.pid, signal.SIGKILL)
+        stack.proc.wait(timeout=30)
+        await wait_until(
+            lambda: _gone(worker) and _gone(query),
+            timeout=60,
+            message="the consolidator and the query service stopped with their supervisor",
+        )
+        assert not await ready(stack.url)
+        second = Stack(tmp_path / "data")
+        refused = run_module("services.run", env=second.env, timeout=60)
+        assert refused.returncode == 3, refused.stderr
+        assert "a process left by a `make run` that is gone" in refused.stderr
+        assert "redis-server" in refused.stderr and f"pid {worker} " not in refused.stderr
+    finally:
+        stack.kill()
+        import redis as sync_redis
+
+        with contextlib.suppress(Exception):
+            sync_redis.Redis(port=stack.redis_port, socket_timeout=2).shutdown(nosave=True)
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 async def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path):
     stack = Stack(tmp_path / "data", ENGRAM_RESTART_LIMIT="3").start()
     try:
@@ -325,7 +376,7 @@ async def test_ctrl_c_while_the_embedded_redis_starts_stops_cleanly(tmp_path):
 
 
 def test_a_second_run_of_a_locked_data_dir_is_refused_before_starting_anything(tmp_path):
-    from services.run import lock_data_dir
+    from services.run_lock import lock_data_dir
 
     fd = lock_data_dir(tmp_path)  # as a running `make run` holds it
     try:

@@ -1,22 +1,34 @@
-"""`make run`'s restart policy (services/run.py): deaths counted over a window, exponential backoff."""
+"""`make run`'s restart policy (services/run.py): short runs' deaths counted in a row, exponential backoff."""
 
 from __future__ import annotations
 
+import os
 import signal
 
-from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, describe_exit, last_words
+from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, _in_a_row, describe_exit, last_words
 
 
 def test_the_budget_counts_short_runs_in_a_row_and_a_long_run_starts_it_over():
     budget = CrashBudget(limit=3, window=60)
     assert budget.record(10.0, 0.0) == 1 and budget.record(20.0, 11.0) == 2 and not budget.exhausted
-    assert budget.record(100.0, 21.0) == 1  # that run lasted 79 s: the count starts over
-    assert budget.record(105.0, 101.0) == 2
-    assert budget.record(110.0, 106.0) == 3 and budget.exhausted
+    # that run lasted 79 s: not counted, and the budget is whole again (a trial saw it counted as the
+    # first of a new row, "1 death(s) in a row within 10s of starting" after a 25 s run, and the stack
+    # stopped one quick death early)
+    assert budget.record(100.0, 21.0) == 0
+    assert budget.record(105.0, 101.0) == 1 and budget.record(110.0, 106.0) == 2 and not budget.exhausted
+    assert budget.record(115.0, 111.0) == 3 and budget.exhausted
     budget = CrashBudget(limit=3, window=60)
     for t in (0.0, 100.0, 200.0, 300.0, 400.0):  # a death after every long run, forever: never exhausted
-        budget.record(t + 99.0, t)
+        assert budget.record(t + 99.0, t) == 0
         assert not budget.exhausted
+
+
+def test_a_restart_line_says_how_the_death_was_counted():
+    budget = CrashBudget(limit=5, window=10)
+    budget.record(3.0, 0.0)
+    assert _in_a_row(budget) == "1 death(s) in a row within 10s of starting; the stack stops at 5"
+    budget.record(40.0, 15.0)
+    assert _in_a_row(budget) == "up 25s, longer than 10s: not a crash loop, the count starts over"
 
 
 def test_a_slow_crash_loop_is_stopped_however_few_deaths_fit_in_a_window():
@@ -85,11 +97,14 @@ def test_each_consolidator_slot_keeps_one_consumer_name_across_restarts():
 
     from services.run import _services
 
-    first = _services({}, 2, 9191, 3, 60.0)
-    again = _services({}, 2, 9191, 3, 60.0)
+    first = _services({}, 2, 9191, 3, 60.0, 7)
+    again = _services({}, 2, 9191, 3, 60.0, 7)
     names = [svc.env.get("ENGRAM_CONSUMER_NAME") for svc in first[:2]]
     assert names == [f"{socket.gethostname()}-consolidator-{i}" for i in range(2)]
     assert names == [svc.env.get("ENGRAM_CONSUMER_NAME") for svc in again[:2]]
     assert "ENGRAM_CONSUMER_NAME" not in first[2].env  # the query service consumes nothing
-    named = _services({"ENGRAM_CONSUMER_NAME": "box7"}, 1, 0, 3, 60.0)
+    named = _services({"ENGRAM_CONSUMER_NAME": "box7"}, 1, 0, 3, 60.0, 7)
     assert named[0].env["ENGRAM_CONSUMER_NAME"] == "box7-consolidator-0"
+    # every service holds the data dir's lock and names its supervisor (it goes when that goes)
+    assert all(svc.pass_fds == (7,) for svc in first)
+    assert {svc.env["ENGRAM_SUPERVISOR_PID"] for svc in first} == {str(os.getpid())}
