@@ -48,29 +48,37 @@ def _series(points: Sequence[CurvePoint]) -> tuple[list[int], list[float], list[
     return xs, rate, reward, cumulative
 
 
-def curve_png(points: Sequence[CurvePoint], window: int, out: Path, title: str = "Learning curve") -> Path:
-    """Write the learning curve to `out` (PNG, 1200x600 px)."""
+def curve_figure(points: Sequence[CurvePoint], window: int, title: str = "Learning curve") -> Any:
+    """The learning curve as a matplotlib Figure (10x5 in at 120 dpi); the caller closes it."""
     plt = _pyplot()
     xs, rate, reward, cumulative = _series(points)
     fig, left = plt.subplots(figsize=(10, 5), dpi=120)
+    left.plot(xs, rate, color=OK_COLOR, label=f"success rate (rolling {window})")
+    left.plot(xs, reward, color="#27ae60", label=f"reward (rolling {window})")
+    left.set_ylim(-0.05, 1.05)
+    left.set_xlabel("episode")
+    # episodes are counted: a short curve got ticks at 1.5, 2.5 (a new-user trial)
+    left.xaxis.set_major_locator(_module("matplotlib.ticker").MaxNLocator(integer=True))
+    left.set_ylabel("rolling success rate / reward")
+    right = left.twinx()
+    right.plot(xs, cumulative, color="#7f8c8d", linestyle="--", label="cumulative reward")
+    right.set_ylabel("cumulative reward")
+    lines = left.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    left.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
+    left.set_title(title)
+    left.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def curve_png(points: Sequence[CurvePoint], window: int, out: Path, title: str = "Learning curve") -> Path:
+    """Write the learning curve to `out` (PNG, 1200x600 px)."""
+    fig = curve_figure(points, window, title)
     try:
-        left.plot(xs, rate, color=OK_COLOR, label=f"success rate (rolling {window})")
-        left.plot(xs, reward, color="#27ae60", label=f"reward (rolling {window})")
-        left.set_ylim(-0.05, 1.05)
-        left.set_xlabel("episode")
-        left.set_ylabel("rolling success rate / reward")
-        right = left.twinx()
-        right.plot(xs, cumulative, color="#7f8c8d", linestyle="--", label="cumulative reward")
-        right.set_ylabel("cumulative reward")
-        lines = left.get_legend_handles_labels()
-        more = right.get_legend_handles_labels()
-        left.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
-        left.set_title(title)
-        left.grid(alpha=0.3)
-        fig.tight_layout()
         _save(fig, out)
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
     return out
 
 

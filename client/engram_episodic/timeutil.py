@@ -55,14 +55,26 @@ def parse_instant(value: object) -> float:
     text = value.strip()
     try:
         parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{value[:40]!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)") from None
+    except ValueError as exc:
+        raise ValueError(_why_not(value[:40], str(exc))) from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValueError(f"{value[:40]!r} has no UTC offset (append Z or +00:00)")
     seconds = parsed.timestamp()
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
         raise ValueError(f"{value[:40]!r} is outside years 1..9999 once converted to UTC ({_RANGE})")
     return seconds
+
+
+def _why_not(value: str, reason: str) -> str:
+    """Why `datetime.fromisoformat` refused `value`: well-formed ISO 8601 naming no real instant (year 0,
+    month 13, February 30, hour 25, an offset of a day or more) is said to be that, not "not ISO 8601"."""
+    if reason.startswith("year 0 "):
+        return f"{value!r} is outside years 1..9999"
+    if reason.startswith("offset must be"):
+        return f"{value!r} has an offset of 24 hours or more"
+    if reason.endswith("out of range for month") or " must be in " in reason:
+        return f"{value!r} is not a real date and time ({reason})"
+    return f"{value!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)"
 
 
 def format_instant(seconds: float | None) -> str | None:

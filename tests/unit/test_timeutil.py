@@ -122,3 +122,21 @@ def test_every_accepted_epoch_number_round_trips_through_format_instant(seconds)
 def test_epoch_numbers_outside_are_a_value_error(seconds):
     with pytest.raises(ValueError, match="outside years 1..9999"):
         parse_instant(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("0000-01-01T00:00:00Z", "'0000-01-01T00:00:00Z' is outside years 1..9999"),
+        ("2025-13-01T00:00:00Z", "is not a real date and time (month must be in 1..12)"),
+        ("2025-02-30T00:00:00Z", "is not a real date and time (day is out of range for month)"),
+        ("2025-01-01T25:00:00Z", "is not a real date and time (hour must be in 0..23)"),
+        ("2025-01-01T00:00:00+25:00", "has an offset of 24 hours or more"),
+        ("yesterday", "'yesterday' is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)"),
+    ],
+)
+def test_well_formed_iso_naming_no_instant_is_told_apart_from_text_that_is_not_iso(text, said):
+    """A new-user trial sent year 0000 and was told it was "not ISO 8601"."""
+    with pytest.raises(ValueError) as caught:
+        parse_instant(text)
+    assert said in str(caught.value)
