@@ -63,9 +63,11 @@ T = TypeVar("T")
 
 class WaitTimeout(EngramError, TimeoutError):
     """A wait gave up: the episode was not projected within the timeout (it was accepted all the same;
-    `episode_ids` names the episodes)."""
+    `episode_ids` names the episodes), or it never will be (forgotten before, dead-lettered, expired).
+    `result`: the whole ingest's answer (each episode's `projected` and `reason`)."""
 
     episode_ids: tuple[str, ...] = ()
+    result: IngestResult | None = None
 
 
 def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
@@ -218,6 +220,7 @@ def _waited(result: IngestResult, wait: float | None) -> IngestResult:
             parts.append(f"not projected within {wait:g}s: {', '.join(slow[:10])}")
         timeout = WaitTimeout("accepted, but " + "; ".join(parts))
         timeout.episode_ids = tuple(a.episode_id for a in late)
+        timeout.result = result
         raise timeout
     return result
 

@@ -213,6 +213,12 @@ def _accepted(result: Any, as_json: bool) -> None:
         _emit(result.raw)
         return
     for accepted in result.results:
+        if accepted.forgotten:
+            click.echo(
+                f"not published {accepted.episode_id}: it was forgotten before, and a forgotten "
+                f"episode_id is never stored again (publish under a new one)"
+            )
+            continue
         state = (
             ""
             if accepted.projected is None

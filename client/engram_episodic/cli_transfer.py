@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import click
 
+from engram_episodic.calls import WaitTimeout
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import InvalidEpisode
@@ -123,6 +124,7 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
     episodes = _prepared(file.name, lines, ctx.obj["max_body_bytes"])
     bars = Bars(enabled=progress, units={"import": "episode"})
     done = 0
+    forgotten: list[str] = []  # ids this stack forgot: not published, never stored again
 
     def publish(client: Any) -> int:
         nonlocal done
@@ -130,7 +132,13 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
         try:
             for start in range(0, len(episodes), IMPORT_BATCH):
                 batch = episodes[start : start + IMPORT_BATCH]
-                client.publish(batch, wait=wait)
+                try:
+                    result = client.publish(batch, wait=wait)
+                except WaitTimeout as exc:  # forgotten ids alone are not a failure of the import
+                    result = exc.result
+                    if result is None or any(not a.projected and not a.forgotten for a in result.results):
+                        raise
+                forgotten.extend(a.episode_id for a in result.results if a.forgotten)
                 done += len(batch)
                 bars.advance(len(batch))
         finally:
@@ -148,4 +156,14 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
                 err=True,
             )
         raise
+    if forgotten:
+        shown = ", ".join(forgotten[:10]) + (
+            f" and {len(forgotten) - 10} more" if len(forgotten) > 10 else ""
+        )
+        click.echo(
+            f"imported {n - len(forgotten)} episodes; {len(forgotten)} were not, as their episode_id was "
+            f"forgotten here before and a forgotten id is never stored again: {shown}",
+            err=True,
+        )
+        return
     click.echo(f"imported {n} episodes", err=True)

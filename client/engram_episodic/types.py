@@ -46,15 +46,22 @@ def _opt_float(value: Any) -> float | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accepted:
-    """One episode accepted for ingest (202): the stream holds its event; projection follows."""
+    """One episode of an ingest (202): the stream holds its event and projection follows — or, with
+    `event_id` None and `reason` "forgotten", its episode_id was forgotten before and nothing was
+    published (a forgotten id is never stored again)."""
 
     episode_id: str
-    event_id: str
+    event_id: str | None
     projected: bool | None = None  # with `wait`: whether the consolidator projected it in time
-    # with `wait`, when not projected: "forgotten" (the id is tombstoned: never projected; publish under
-    # a new episode_id), "dead_lettered" (`engram dead-letters` says why), "expired" (projected but past
-    # its expires_at, so hidden) or "timeout"
+    # "forgotten" (the id is tombstoned: not published, with or without `wait`; publish under a new
+    # episode_id), and with `wait`, when not projected: "dead_lettered" (`engram dead-letters` says
+    # why), "expired" (projected but past its expires_at, so hidden) or "timeout"
     reason: str | None = None
+
+    @property
+    def forgotten(self) -> bool:
+        """Its episode_id was forgotten before: not published, never stored."""
+        return self.reason == "forgotten"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Accepted:

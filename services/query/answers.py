@@ -55,15 +55,26 @@ class Answer(BaseModel):
 # --- episodes ---------------------------------------------------------------------------------------
 class Accepted(Answer):
     episode_id: str
-    event_id: str
-    projected: bool | None = Field(None, description="with ?wait=: projected (recallable) in time")
+    event_id: str | None = Field(
+        description="null: the episode_id was forgotten before, so nothing was published (reason `forgotten`)"
+    )
+    projected: bool | None = Field(
+        None, description="with ?wait=: projected (recallable) in time; false for a forgotten id"
+    )
+    reason: str | None = Field(
+        None,
+        description="why not projected: `forgotten` (never stored again: publish under a new episode_id), "
+        "with ?wait= also `dead_lettered`, `expired`, `timeout`",
+    )
 
 
 class IngestAnswer(Answer):
-    """Every episode was published to the stream; a single episode's ids are repeated on top."""
+    """Every episode was published to the stream but those whose episode_id was forgotten before (listed
+    with `reason: forgotten`, not published); a single episode's ids are repeated on top."""
 
     results: list[Accepted]
-    accepted: int
+    accepted: int = Field(description="episodes published (forgotten ids are not)")
+    forgotten: int | None = Field(None, description="episodes not published: their episode_id was forgotten")
     projected: bool | None = Field(None, description="with ?wait=: every episode projected in time")
     episode_id: str | None = Field(None, description="one episode sent: its id")
     event_id: str | None = Field(None, description="one episode sent: its event's id")

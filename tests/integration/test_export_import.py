@@ -6,11 +6,13 @@ import json
 import uuid
 
 from shared import streams
+from shared.codec import peek_identity
 from shared.keys import Keys
 from tests.integration.test_cli_admin import BAR
 from tests.integration.test_query_cli import run
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth
+from tests.integration.test_reliability import running_worker
 
 pytest_plugins = ["tests.integration.test_query_support"]
 
@@ -219,3 +221,53 @@ async def test_import_names_every_bad_line_and_where_a_refused_batch_is(api, tmp
     out = await run(api, "import", str(file), "--no-progress")
     assert out.exit_code == 1 and "vector" in out.output
     assert "imported 0 of 30 episodes; the error is in the batch of lines 1-30 of" in out.output, out.output
+
+
+async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_post(
+    make_client, settings, redis, tmp_path
+):
+    """A new-user trial exported, forgot two episodes, imported the export back: "imported 12 episodes",
+    the two went back into the stream (text and all) and the consolidator dropped them unseen."""
+    api = await make_client(api_keys={KEY_A: "team-a"})
+    await api.post("/v1/episodes", json={"episodes": batch()}, headers=auth(KEY_A))
+    await drain(settings, redis)
+    file = tmp_path / "memory.jsonl"
+    assert (await run(api, "export", "--out", str(file), key=KEY_A)).exit_code == 0
+    for gone in ("ep-3", "ep-7"):
+        resp = await api.delete(f"/v1/episodes/{gone}", headers=auth(KEY_A))
+        assert resp.status == 202, await resp.text()
+    await drain(settings, redis)
+    stream = Keys(settings.prefix).stream
+    last = (await redis.xrevrange(stream, count=1))[0][0]
+
+    async def published_since() -> list[str]:
+        """The episode ids of the events published after the forgets."""
+        entries = await streams.read_range(redis, stream, start=b"(" + last, count=10_000)
+        return [ident[1] for e in entries if e.payload and (ident := peek_identity(e.payload))]
+
+    out = await run(api, "import", str(file), key=KEY_A)
+    assert out.exit_code == 0, out.output
+    assert "imported 10 episodes; 2 were not, as their episode_id was forgotten here before" in out.output
+    assert "ep-3, ep-7" in out.output
+    assert sorted(await published_since()) == sorted(f"ep-{i}" for i in range(12) if i not in (3, 7))
+    async with running_worker(settings, "importer"):  # --wait: the two are not a timeout of the import
+        out = await run(api, "import", str(file), "--wait", "20", key=KEY_A)
+    assert out.exit_code == 0, out.output
+    assert "imported 10 episodes; 2 were not" in out.output
+    assert {"ep-3", "ep-7"}.isdisjoint(await published_since()) and len(await published_since()) == 20
+
+    resp = await api.post("/v1/episodes", json=batch()[3], headers=auth(KEY_A))
+    body = await resp.json()
+    assert resp.status == 202 and body["accepted"] == 0 and body["forgotten"] == 1, body
+    assert body["event_id"] is None and body["reason"] == "forgotten" and body["projected"] is False
+    # with ?wait= at once (nothing to wait for), and the same answer
+    resp = await api.post("/v1/episodes?wait=30", json={"episodes": batch()[7:8]}, headers=auth(KEY_A))
+    body = await resp.json()
+    assert [r["reason"] for r in body["results"]] == ["forgotten"] and body["projected"] is False, body
+    assert {"ep-3", "ep-7"}.isdisjoint(await published_since()) and len(await published_since()) == 20
+    await drain(settings, redis)
+    assert (await api.get("/v1/episodes/ep-3", headers=auth(KEY_A))).status == 404
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(batch()[7]), encoding="utf-8")
+    out = await run(api, "publish", str(one), key=KEY_A)
+    assert "not published ep-7: it was forgotten before" in out.output, out.output
