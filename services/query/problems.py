@@ -115,7 +115,13 @@ def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
             reason = "is required"
         elif err.get("type") == "model_type":  # "a valid dictionary or instance of NumRange": no class names
             reason = "must be a JSON object"
+        elif err.get("type") in ("bool_type", "bool_parsing"):
+            reason = "must be true or false"
+        elif err.get("type") == "literal_error":
+            reason = f"must be one of {(err.get('ctx') or {}).get('expected', 'the listed values')}"
         reason = reason.removeprefix("Value error, ")
+        if reason.startswith("Input should be "):  # pydantic's voice for the rest of its built-in checks
+            reason = "must be " + reason.removeprefix("Input should be ")
         head, sep, tail = reason.partition(": ")
         if sep and head.isidentifier():  # model-level validators name their field as "field: reason"
             field = f"{field}.{head}" if field else head
