@@ -14,7 +14,6 @@ Errors: `EmbeddedRedisError` when a binary/module is missing or the server does 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import socket
@@ -139,6 +138,7 @@ class EmbeddedRedis:
             socket_timeout=2,  # type: ignore[call-overload, unused-ignore]
             protocol=2,
         )
+        other = None  # the pid of another server answering on our port
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
@@ -147,6 +147,14 @@ class EmbeddedRedis:
                     )
                 try:
                     client.ping()
+                    # the answer must be our server's: two `make run`s started at once both found the
+                    # port free, and the one whose server could not bind took the other's for its own
+                    # (its services ran on it, and its stop shut it down)
+                    pid = int(cast(dict, client.info("server"))["process_id"])
+                    if self.process is not None and pid != self.process.pid:
+                        other = pid
+                        time.sleep(0.05)
+                        continue  # ours exits with "Address already in use": said above
                     client.execute_command("FT._LIST")
                     return
                 except redis.exceptions.BusyLoadingError:
@@ -158,6 +166,8 @@ class EmbeddedRedis:
                 time.sleep(0.05)
         finally:
             client.close()
+        if other is not None:
+            raise EmbeddedRedisError(f"another redis-server (pid {other}) answers on port {self.port}")
         raise EmbeddedRedisError(
             f"redis-server did not answer within {self.start_timeout}s:\n{self.log_tail()}"
         )
@@ -169,20 +179,18 @@ class EmbeddedRedis:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SHUTDOWN (flushing the AOF), falling back to SIGTERM then SIGKILL."""
+        """SIGTERM to our own process (Redis then shuts down as on SHUTDOWN: the AOF flushed, no RDB
+        without save points), SIGKILL after `timeout` seconds. Never a SHUTDOWN sent to the port: that
+        reaches whichever server answers there (a trial's two simultaneous `make run`s on one port shut
+        down each other's)."""
         if self.process is None or self.process.poll() is not None:
             return
-        with contextlib.suppress(Exception):
-            redis.Redis(port=self.port, socket_timeout=2).shutdown(nosave=True)
+        self.process.terminate()
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            self.process.kill()
+            self.process.wait()
         if self.process.stderr:
             self.process.stderr.close()
 

@@ -26,12 +26,18 @@ worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `EN
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":  # not when imported (by the tests): the importer's Ctrl-C is its own
+    # Ctrl-C while the imports below load (~0.6 s) ends the process quietly instead of with a
+    # KeyboardInterrupt traceback (a trial's): nothing is started yet; main() installs its own handlers
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import contextlib
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -40,18 +46,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-if __name__ == "__main__":  # not when imported (by the tests): the importer's Ctrl-C is its own
-    # Ctrl-C while the imports below load (~0.6 s) ends the process quietly instead of with a
-    # KeyboardInterrupt traceback (a trial's): nothing is started yet; main() installs its own handlers
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError  # noqa: E402
-from engram_episodic.errors import ConfigError  # noqa: E402
-from services.query.auth import check_bind  # noqa: E402
-from services.run_lock import DataDirBusy, busy_message, lock_data_dir  # noqa: E402
-from shared import logs  # noqa: E402
-from shared.settings import Settings, env_int, parse_duration  # noqa: E402
-from shared.supervised import SUPERVISOR_PID  # noqa: E402
+from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
+from engram_episodic.errors import ConfigError
+from services.query.auth import check_bind
+from services.run_lock import DataDirBusy, busy_message, lock_data_dir
+from shared import logs
+from shared.settings import Settings, env_int, parse_duration
+from shared.supervised import SUPERVISOR_PID
 
 GRACE_SECONDS = 15.0
 RESTART_LIMIT = 5
@@ -207,8 +208,10 @@ class Service:
         self.started = 0.0  # time.monotonic() of the last start: a short run's death counts (CrashBudget)
 
     def start(self) -> subprocess.Popen:
+        # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which stops the
+        # services with SIGTERM (a trial's Ctrl-C hit them mid-import: KeyboardInterrupt tracebacks)
         self.proc = proc = subprocess.Popen(
-            self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds
+            self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds, start_new_session=True
         )
         self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
@@ -624,11 +627,11 @@ def main() -> int:
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
         return 1
-    _ensure_master_key(env, data_root)
     taken = _taken_ports(settings, env, redis_port, workers)
     if taken:
         _refuse(taken)
         return 2
+    _ensure_master_key(env, data_root)  # after the refusals: a refused start leaves no key behind
     # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
     # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
     # not reach it)

@@ -233,17 +233,22 @@ _wait_option = click.option(
 
 
 @cli.command()
-@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.argument("file", type=click.File("r", encoding="utf-8-sig"))  # -sig: a byte-order mark is no error
 @_wait_option
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def publish(ctx: click.Context, file: Any, wait: float | None, as_json: bool) -> None:
-    """Publish FILE: one episode (JSON object) or {"episodes": [...]}. "-" reads stdin."""
+    """Publish FILE: one episode (a JSON object), a JSON list of them or {"episodes": [...]}. "-" reads
+    stdin. One episode per line (JSONL, as `engram export` writes): `engram import FILE`."""
     try:
         body = json.load(file)
     except json.JSONDecodeError as exc:
-        raise click.ClickException(f"{file.name} is not JSON: {exc}") from None
-    episodes = body["episodes"] if isinstance(body, dict) and set(body) == {"episodes"} else [body]
+        hint = " (one episode per line is JSONL: `engram import` reads it)" if exc.msg == "Extra data" else ""
+        raise click.ClickException(f"{file.name} is not JSON: {exc}{hint}") from None
+    if isinstance(body, dict) and set(body) == {"episodes"}:
+        episodes = body["episodes"]
+    else:
+        episodes = body if isinstance(body, list) else [body]
     _accepted(_run(ctx, lambda c: c.publish(episodes, wait=wait)), as_json)
 
 

@@ -61,7 +61,7 @@ def _episodes(file: IO[bytes]) -> list[tuple[int, dict[str, Any]]]:
     out, problems = [], []
     for number, raw in enumerate(file, 1):  # bytes, so that a bad byte is named with its line
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is no error
         except UnicodeDecodeError as exc:
             problems.append(f"{file.name}:{number} is not UTF-8 ({exc.reason})")
             continue
@@ -115,8 +115,11 @@ def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes
 @click.argument("file", type=click.File("rb"))
 @click.option("--wait", type=click.FloatRange(0, 30), help="Seconds to wait until each batch is recallable.")
 @progress_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"imported": n, "forgotten": [ids]} on stdout.')
 @click.pass_context
-def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, progress: bool | None) -> None:
+def import_command(
+    ctx: click.Context, file: IO[bytes], wait: float | None, progress: bool | None, as_json: bool
+) -> None:
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
     from engram_episodic.cli import _run
 
@@ -156,14 +159,21 @@ def import_command(ctx: click.Context, file: IO[bytes], wait: float | None, prog
                 err=True,
             )
         raise
+    if as_json:
+        click.echo(json.dumps({"imported": n - len(forgotten), "forgotten": forgotten}))
     if forgotten:
         shown = ", ".join(forgotten[:10]) + (
             f" and {len(forgotten) - 10} more" if len(forgotten) > 10 else ""
         )
         click.echo(
-            f"imported {n - len(forgotten)} episodes; {len(forgotten)} were not, as their episode_id was "
-            f"forgotten here before and a forgotten id is never stored again: {shown}",
+            f"imported {_episodes_n(n - len(forgotten))}; {len(forgotten)} "
+            f"{'was' if len(forgotten) == 1 else 'were'} not, as the episode_id was forgotten here before "
+            f"and a forgotten id is never stored again: {shown}",
             err=True,
         )
         return
-    click.echo(f"imported {n} episodes", err=True)
+    click.echo(f"imported {_episodes_n(n)}", err=True)
+
+
+def _episodes_n(n: int) -> str:
+    return f"{n} episode" if n == 1 else f"{n} episodes"

@@ -14,7 +14,7 @@ from typing import Any
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import Action, Episode, new_event_id
 from engram_episodic.shapes import episode_to_dict, to_plain
-from engram_episodic.validation import MAX_ACTIONS, Collector, parse_action, parse_episode
+from engram_episodic.validation import MAX_ACTIONS, Collector, json_kind, parse_action, parse_episode
 
 
 def finished_episode(
@@ -40,9 +40,7 @@ def finished_episode(
     elif isinstance(episode, Mapping):
         data = dict(episode)
     else:
-        raise InvalidEpisode(
-            [("episode", f"must be an Episode or a JSON object, not {type(episode).__name__}")]
-        )
+        raise InvalidEpisode([("episode", f"must be an Episode or a JSON object, not {json_kind(episode)}")])
     data.update(fields)
     parsed = parse_episode(
         data, default_episode_id=new_event_id(), max_actions=max_actions, default_completed_at=time.time()

@@ -86,6 +86,7 @@ from engram_episodic.validation import (
     MAX_TEXT_CHARS,
     Collector,
     check_tag_value,
+    json_kind,
 )
 
 # Bounds of the query service's request models (services/query/models.py, facts_routes.py), which this
@@ -761,9 +762,7 @@ def parse_arguments(tool: str, arguments: Mapping[str, Any] | str | bytes | None
         except ValueError as exc:
             raise ToolArgumentError(tool, [("arguments", f"are not valid JSON ({exc})")]) from None
     if not isinstance(arguments, Mapping):
-        raise ToolArgumentError(
-            tool, [("arguments", f"must be a JSON object, not {type(arguments).__name__}")]
-        )
+        raise ToolArgumentError(tool, [("arguments", f"must be a JSON object, not {json_kind(arguments)}")])
     return dict(arguments)
 
 

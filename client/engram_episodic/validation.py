@@ -48,6 +48,24 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w
 MAX_TTL = 100 * 365 * 86400.0  # a century: anything longer is no expiry
 
 
+def json_kind(value: Any) -> str:
+    """What `value` is, in JSON's words for a refusal ("must be a string, not an object"): null, a
+    boolean, a number, a string, an object, a list; a Python caller's other types by their name."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return type(value).__name__
+
+
 def _ttl(value: Any, path: str, errs: Collector) -> float | None:
     """A positive duration (seconds, or `90s`, `30m`, `12h`, `1d`, `1w`, `250ms`) in seconds."""
     if value is None:
@@ -184,7 +202,7 @@ def _string(value: Any, path: str, errs: Collector, *, required: bool) -> str | 
             errs.add(path, "is required")
         return None
     if not isinstance(value, str):
-        errs.add(path, f"must be a string, not {type(value).__name__}")
+        errs.add(path, f"must be a string, not {json_kind(value)}")
         return None
     return value
 
@@ -251,7 +269,7 @@ def _number(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        errs.add(path, f"must be a number, not {type(value).__name__}")
+        errs.add(path, f"must be a number, not {json_kind(value)}")
         return None
     if isinstance(value, int) and not -(2**53) <= value <= 2**53:  # beyond exact floats (and float())
         errs.add(path, f"must be between {lo:g} and {hi:g} (got an integer of {len(str(abs(value)))} digits)")
@@ -282,7 +300,7 @@ def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | Non
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        errs.add(path, f"must be a JSON object, not {type(value).__name__}")
+        errs.add(path, f"must be a JSON object, not {json_kind(value)}")
         return None
     problem = json_problem(value)
     if problem is not None:
@@ -303,7 +321,7 @@ def _bool(value: Any, path: str, errs: Collector) -> bool | None:
     if value is None:
         return None
     if not isinstance(value, bool):
-        errs.add(path, f"must be true or false, not {type(value).__name__}")
+        errs.add(path, f"must be true or false, not {json_kind(value)}")
         return None
     return value
 

@@ -247,9 +247,16 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
 
     out = await run(api, "import", str(file), key=KEY_A)
     assert out.exit_code == 0, out.output
-    assert "imported 10 episodes; 2 were not, as their episode_id was forgotten here before" in out.output
+    assert "imported 10 episodes; 2 were not, as the episode_id was forgotten here before" in out.output
     assert "ep-3, ep-7" in out.output
     assert sorted(await published_since()) == sorted(f"ep-{i}" for i in range(12) if i not in (3, 7))
+    # for scripts; and a file saved with a byte-order mark (an editor's) reads the same
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + "\n".join(file.read_text().splitlines()[3:4]).encode())
+    out = await run(api, "import", str(bom), "--json", key=KEY_A)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == {"imported": 0, "forgotten": ["ep-3"]}
+    assert "imported 0 episodes; 1 was not, as the episode_id was forgotten" in out.output
     async with running_worker(settings, "importer"):  # --wait: the two are not a timeout of the import
         out = await run(api, "import", str(file), "--wait", "20", key=KEY_A)
     assert out.exit_code == 0, out.output
@@ -265,6 +272,13 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
     body = await resp.json()
     assert [r["reason"] for r in body["results"]] == ["forgotten"] and body["projected"] is False, body
     assert {"ep-3", "ep-7"}.isdisjoint(await published_since()) and len(await published_since()) == 20
+    # a JSON list of episodes is published as one request; a JSONL file is pointed to `engram import`
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps(batch()[6:8]), encoding="utf-8")
+    out = await run(api, "publish", str(listed), key=KEY_A)
+    assert out.exit_code == 0 and "accepted ep-6" in out.output and "not published ep-7" in out.output
+    out = await run(api, "publish", str(file), key=KEY_A)
+    assert out.exit_code != 0 and "(one episode per line is JSONL: `engram import` reads it)" in out.output
     await drain(settings, redis)
     assert (await api.get("/v1/episodes/ep-3", headers=auth(KEY_A))).status == 404
     one = tmp_path / "one.json"

@@ -196,6 +196,7 @@ def test_run_refuses_a_taken_redis_or_metrics_port_before_starting_anything(tmp_
         proc = run_module("services.run", env={**env, which: str(port)}, timeout=60)
     assert proc.returncode == 2 and f"{which}={port} on 127.0.0.1 is not free" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "redis").exists()  # nothing was started
+    assert not (tmp_path / "master.key").exists()  # nor a key written for a stack that never ran
 
 
 def test_run_writes_its_own_lines_as_json_with_engram_log_format_json(tmp_path):

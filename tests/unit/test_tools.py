@@ -349,7 +349,7 @@ def test_arguments_as_json_and_the_lenient_cases():
     assert check_arguments(get_tool("get_learning_curve"), b'{"window": 3.0}') == {"window": 3}
     # null for an optional argument means "not given" (strict-mode models send it)
     assert check_arguments(get_tool("recall_experiences"), '{"query": "x", "top_k": null}') == {"query": "x"}
-    for raw, reason in [("{not json", "are not valid JSON"), ("[1, 2]", "must be a JSON object, not list")]:
+    for raw, reason in [("{not json", "are not valid JSON"), ("[1, 2]", "must be a JSON object, not a list")]:
         with pytest.raises(ToolArgumentError) as err:
             check_arguments(get_tool("get_skills"), raw)
         assert err.value.field == "arguments" and reason in err.value.errors[0][1]

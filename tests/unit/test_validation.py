@@ -122,3 +122,20 @@ def test_a_start_after_the_default_completion_names_started_at():
     assert [f for f, _ in errs.errors] == ["started_at"] and "defaults to now" in errs.errors[0][1], (
         errs.errors
     )
+
+
+@pytest.mark.parametrize(
+    ("patch", "path", "reason"),
+    [
+        ({"task": {"description": "t", "category": {}}}, "task.category", "must be a string, not an object"),
+        ({"importance": "high"}, "importance", "must be a number, not a string"),
+        ({"importance": True}, "importance", "must be a number, not a boolean"),
+        ({"metadata": [1]}, "metadata", "must be a JSON object, not a list"),
+        ({"episode_id": 7}, "episode_id", "must be a string, not a number"),
+        ({"actions": [{"action_type": "t", "success": "yes"}]}, "actions[0].success", "not a string"),
+    ],
+)
+def test_a_wrong_type_is_named_in_json_words_not_pythons(patch, path, reason):
+    """A new-user trial read `must be a string, not dict` and `not str`, Python's names."""
+    errs = errors_of({**GOOD, **patch})
+    assert reason in errs[path], errs

@@ -1,0 +1,46 @@
+"""The embedded Redis (deploy/embedded_redis.py) is sure the server it talks to is its own."""
+
+from __future__ import annotations
+
+import pytest
+import redis as sync_redis
+
+from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port
+
+pytestmark = pytest.mark.slow  # spawns servers: `make test-fast` skips it
+
+
+def test_a_server_that_cannot_bind_does_not_take_anothers_for_its_own(tmp_path):
+    """A trial started two `make run`s at once on one ENGRAM_REDIS_PORT (other data dirs): both found the
+    port free, the second server could not bind, yet its start returned ("ready in 0.0s") on the first
+    one's PING; its services ran on the other stack's Redis, and its stop SHUTDOWN that Redis."""
+    port = free_port()
+    first = EmbeddedRedis(port=port, data_dir=tmp_path / "a").start()
+    try:
+        second = EmbeddedRedis(port=port, data_dir=tmp_path / "b")
+        with pytest.raises(EmbeddedRedisError, match="exited with"):
+            second.start()
+        assert "Address already in use" in second.log_tail()
+        second.stop()  # stops nothing of the first's
+        client = sync_redis.Redis(port=port, socket_timeout=5)
+        assert client.ping() and int(client.info("server")["process_id"]) == first.process.pid
+        client.close()
+    finally:
+        first.stop()
+    assert first.process.returncode == 0  # SIGTERM: Redis shut down cleanly
+
+
+def test_a_stopped_server_keeps_what_it_was_told_when_started_again(tmp_path):
+    """`stop()` is a SIGTERM to its own process: Redis flushes its append-only file as on SHUTDOWN."""
+    server = EmbeddedRedis(port=free_port(), data_dir=tmp_path).start()
+    try:
+        client = sync_redis.Redis(port=server.port, socket_timeout=5)
+        client.set("kept", "yes")
+        client.close()
+        server.stop()
+        server.start()
+        client = sync_redis.Redis(port=server.port, socket_timeout=5)
+        assert client.get("kept") == b"yes"
+        client.close()
+    finally:
+        server.stop()
