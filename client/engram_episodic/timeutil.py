@@ -74,7 +74,12 @@ def _why_not(value: str, reason: str) -> str:
         return f"{value!r} has an offset of 24 hours or more"
     if reason.endswith("out of range for month") or " must be in " in reason:
         return f"{value!r} is not a real date and time ({reason})"
-    return f"{value!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)"
+    try:
+        float(value)
+    except ValueError:
+        return f"{value!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)"
+    # epoch seconds are taken as a JSON number; a trial sent "1700000000" and read only "not ISO 8601"
+    return f"{value!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z); epoch seconds go as a number, unquoted"
 
 
 def format_instant(seconds: float | None) -> str | None:

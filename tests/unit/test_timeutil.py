@@ -133,6 +133,10 @@ def test_epoch_numbers_outside_are_a_value_error(seconds):
         ("2025-01-01T25:00:00Z", "is not a real date and time (hour must be in 0..23)"),
         ("2025-01-01T00:00:00+25:00", "has an offset of 24 hours or more"),
         ("yesterday", "'yesterday' is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)"),
+        (
+            "1700000000",
+            "'1700000000' is not ISO 8601 (e.g. 2025-07-25T02:00:00Z); epoch seconds go as a number",
+        ),
     ],
 )
 def test_well_formed_iso_naming_no_instant_is_told_apart_from_text_that_is_not_iso(text, said):
