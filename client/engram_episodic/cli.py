@@ -333,6 +333,9 @@ def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **op
     if as_json:
         _emit(found.raw)
         return
+    if not found.results:  # said, not an empty screen (the MCP tools say it too)
+        click.echo("no completed episodes in this scope", err=True)
+        return
     if _plotted("skills", found.results, found.threshold, plot, out):
         return
     for p in found:
@@ -356,6 +359,9 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
     found = _run(ctx, lambda c: c.learning_curve(**_scope(**options)))
     if as_json:
         _emit(found.raw)
+        return
+    if not found.results:
+        click.echo("no completed episodes in this scope", err=True)
         return
     if _plotted("curve", found.results, found.window, plot, out):
         return

@@ -613,8 +613,9 @@ FACTS = ToolSpec(
                 "minItems": 1,
                 "maxItems": len(FACT_KINDS),
                 "uniqueItems": True,
-                "description": "Only these kinds: strategy (what works), failure_pattern (what keeps "
-                "failing), best_practice (mixed results), preference.",
+                "description": "Only these kinds: strategy (what works, with the strategy that does), "
+                "failure_pattern (what keeps failing), best_practice (mixed results, or what works "
+                "without one strategy behind it), preference. Omit to get every kind.",
             },
             "category": _tag("Only facts about this task category."),
             "top_k": _integer("How many facts to return (default 10).", 1, MAX_TOP_K),

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
-from engram_episodic.validation import json_problem
+from engram_episodic.validation import json_kind, json_problem
 from shared.index import SEARCH_TIMEOUT
 from shared.retry import REDIS_FAULTS
 
@@ -103,6 +103,27 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+_EXPECTED = {
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "dict_type": "a JSON object",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+}
+"""pydantic's type errors by `type`, said as Engram says them (`validation.json_kind` for the value)."""
+_SIZES = {
+    "too_short": "must hold at least {min_length} item(s), not {actual_length}",
+    "too_long": "must hold at most {max_length} items, not {actual_length}",
+    "string_too_short": "must be at least {min_length} character(s)",
+    "string_too_long": "must be at most {max_length} characters",
+}
+"""pydantic's length errors ("List should have at least 1 item after validation, not 0")."""
+
+
 def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
     """(field, reason) pairs: `reward.gt: is not a known field`, `top_k: must be an integer between ...`."""
     out = []
@@ -115,10 +136,12 @@ def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
             reason = "is required"
         elif err.get("type") == "model_type":  # "a valid dictionary or instance of NumRange": no class names
             reason = "must be a JSON object"
-        elif err.get("type") in ("bool_type", "bool_parsing"):
-            reason = "must be true or false"
+        elif err.get("type") in _EXPECTED:  # a wrong type: what it must be, and what it was, in JSON's words
+            reason = f"must be {_EXPECTED[err['type']]}, not {json_kind(err.get('input'))}"
         elif err.get("type") == "literal_error":
             reason = f"must be one of {(err.get('ctx') or {}).get('expected', 'the listed values')}"
+        elif err.get("type") in _SIZES:
+            reason = _SIZES[err["type"]].format(**(err.get("ctx") or {}))
         reason = reason.removeprefix("Value error, ")
         if reason.startswith("Input should be "):  # pydantic's voice for the rest of its built-in checks
             reason = "must be " + reason.removeprefix("Input should be ")

@@ -45,6 +45,9 @@ async def test_cli_recall_publish_skills_forget(tenants, redis, prefix, tmp_path
 
     out = await run(tenants, "skills", "--agent-id", "ops", key=KEY_A)
     assert out.exit_code == 0 and out.output.startswith("security")
+    for command in ("skills", "curve"):  # an empty scope is said, not an empty screen (a trial's)
+        out = await run(tenants, command, "--agent-id", "nobody", key=KEY_A)
+        assert out.exit_code == 0 and out.output == "no completed episodes in this scope\n", out.output
 
     out = await run(tenants, "forget", "--episode", "path/with\\slash", key=KEY_A)
     assert out.exit_code == 0, out.output

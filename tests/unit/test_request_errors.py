@@ -19,8 +19,8 @@ REQUEST_MODELS = [
     for _, m in inspect.getmembers(module, inspect.isclass)
     if issubclass(m, BaseModel) and m.__module__ == module.__name__ and m.model_fields  # not the base
 ]
-WRONG = [True, "nope", 1.5, -1, 10**12, [], {}, [1, "a"], {"x": 1}, None, ""]
-FOREIGN = ("Input should", "Value error", "instance of", "dictionary", "pydantic", "type=")
+WRONG = [True, "nope", 1.5, -1, 10**12, [], {}, [1, "a"], {"x": 1}, None, "", ["a"] * 1001, "x" * 100_000]
+FOREIGN = ("should", "Value error", "instance of", "dictionary", "pydantic", "type=", "after validation")
 
 
 @pytest.mark.parametrize("model", REQUEST_MODELS, ids=lambda m: m.__name__)
@@ -50,5 +50,21 @@ def test_the_two_pydantic_checks_the_trial_met_read_as_ours():
         models.RecallRequest.model_validate({"query": "x", "mode": "fast", "touch": "maybe"})
     assert dict(pydantic_errors(caught.value)) == {
         "mode": "must be one of 'vector', 'keyword' or 'hybrid'",
-        "touch": "must be true or false",
+        "touch": "must be true or false, not a string",
     }
+
+
+def test_list_lengths_read_as_ours():
+    """A second trial met `List should have at least 1 item after validation, not 0` (POST /v1/forget)."""
+    from services.query.views.forgetting import ForgetRequest
+
+    said = {}
+    for value in ([], ["a"] * 1001, "abc"):
+        with pytest.raises(ValidationError) as caught:
+            ForgetRequest.model_validate({"episode_ids": value})
+        said.update({repr(value)[:12]: dict(pydantic_errors(caught.value))["episode_ids"]})
+    assert list(said.values()) == [
+        "must hold at least 1 item(s), not 0",
+        "must hold at most 1000 items, not 1001",
+        "must be a list, not a string",
+    ]
