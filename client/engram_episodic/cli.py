@@ -377,6 +377,9 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
 @click.option("--user", "user_id", help="Forget every episode of a user.")
 @click.option("--agent", "agent_id", help="Forget every episode of an agent (a job).")
 @click.option("--session", "session_id", help="Forget every episode of a session (a job).")
+@click.option(
+    "--wait", type=click.FloatRange(0, 30), help="With --user: seconds to wait until its episodes are erased."
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def forget(
@@ -385,6 +388,7 @@ def forget(
     user_id: str | None,
     agent_id: str | None,
     session_id: str | None,
+    wait: float | None,
     as_json: bool,
 ) -> None:
     """Forget one episode (--episode), a user (--user), an agent (--agent) or a session (--session)."""
@@ -396,12 +400,15 @@ def forget(
             done = _run(ctx, lambda c: c.forget_episode(episode_id))
             what = f"episode {done.episode_id}"
         else:
-            done = _run(ctx, lambda c: c.forget_user(user_id))
+            done = _run(ctx, lambda c: c.forget_user(user_id, wait=wait))
             what = f"user {done.user_id}"
         if as_json:
             _emit(dataclasses.asdict(done))
+        elif done.forgotten:
+            click.echo(f"forgot {what} (event {done.event_id}): erased from every read")
         else:
-            click.echo(f"forgetting {what} (event {done.event_id})")
+            late = "; not yet erased after {wait:g}s" if done.forgotten is False else ""
+            click.echo(f"forgetting {what} (event {done.event_id}){late.format(wait=wait or 0)}")
         return
     job = _run(
         ctx, lambda c: c.forget_agent(agent_id) if agent_id is not None else c.forget_session(session_id)

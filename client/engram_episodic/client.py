@@ -497,9 +497,11 @@ class Engram(_Base[httpx.Client]):
         """Forget one episode (202; the consolidator erases it); ResourceNotFound if the namespace has none."""
         return self.call(Calls.forget_episode(episode_id))
 
-    def forget_user(self, user_id: str) -> Forgetting:
-        """Forget every episode of `user_id` in the caller's namespace (202)."""
-        return self.call(Calls.forget_user(user_id))
+    def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
+        """Forget every episode of `user_id` in the caller's namespace (202). The consolidator erases
+        them (normally within milliseconds); with `wait` (seconds, at most 30) the call returns once it
+        has, or at `wait`: `Forgetting.forgotten` says which."""
+        return self.call(Calls.forget_user(user_id, wait))
 
     def forget_agent(self, agent_id: str) -> ForgetJob:
         """Forget every episode of an agent; the job says how many, `forget_job` when it is done."""
@@ -764,9 +766,9 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
         """See `Engram.forget_episode`."""
         return await self.call(Calls.forget_episode(episode_id))
 
-    async def forget_user(self, user_id: str) -> Forgetting:
+    async def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
         """See `Engram.forget_user`."""
-        return await self.call(Calls.forget_user(user_id))
+        return await self.call(Calls.forget_user(user_id, wait))
 
     async def forget_agent(self, agent_id: str) -> ForgetJob:
         """See `Engram.forget_agent`."""

@@ -585,6 +585,7 @@ class Forgetting:
     episode_id: str | None = None
     user_id: str | None = None
     already_forgotten: bool = False  # the episode was forgotten before (no new event)
+    forgotten: bool | None = None  # a user's forget with `wait`: erased from every read in time
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Forgetting:
@@ -593,6 +594,7 @@ class Forgetting:
             episode_id=data.get("episode_id"),
             user_id=data.get("user_id"),
             already_forgotten=bool(data.get("already_forgotten")),
+            forgotten=data.get("forgotten"),
         )
 
 

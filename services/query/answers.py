@@ -112,6 +112,9 @@ class EpisodeForgotten(Answer):
 class UserForgotten(Answer):
     user_id: str
     event_id: str
+    forgotten: bool | None = Field(
+        None, description="with ?wait=: the user's episodes were erased (from every read) in time"
+    )
 
 
 class EpisodeUpdateAccepted(Answer):

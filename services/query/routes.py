@@ -196,6 +196,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/users/{user_id:(?s:.*)}",
         episodes.delete_user,
         "Forget every episode of a user",
+        query=episodes.ForgetUserQuery,
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.UserForgotten,

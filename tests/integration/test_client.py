@@ -450,3 +450,34 @@ async def test_record_splits_like_publish_and_both_take_the_services_limit(make_
                 return m.max_body_bytes
 
         assert await asyncio.to_thread(sync) == limit
+
+
+async def test_a_user_forget_can_wait_until_it_is_erased_from_every_read(tenants, settings, redis):
+    """A trial could not tell when a user's forget had applied: no job, no `wait`, and a read 25 ms
+    after the 202 still returned the episode. With `wait` the answer comes once the consolidator has
+    erased them (it acks the event after the erase)."""
+    from tests.integration.test_query_cli import run
+    from tests.integration.test_reliability import running_worker
+
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        ids = [
+            await memory.record(task=f"renew the lease {i}", outcome="success", user_id="wu")
+            for i in range(3)
+        ]
+        await drain(settings, redis)
+        late = await memory.forget_user("wu", wait=0.3)  # no consolidator running: not in time
+        assert late.forgotten is False and late.event_id
+        async with running_worker(settings, "forgetter"):
+            kept = await memory.record(task="renew the lease 9", outcome="success", user_id="wv", wait=10)
+            assert (await memory.forget_user("wv", wait=10)).forgotten is True
+            with pytest.raises(ResourceNotFound):  # at once, no polling: erased before the answer
+                await memory.get_episode(kept)
+            for episode_id in ids:  # the first forget was applied meanwhile too
+                with pytest.raises(ResourceNotFound):
+                    await memory.get_episode(episode_id)
+            assert not await memory.recall("renew the lease", top_k=10)
+            out = await run(tenants, "forget", "--user", "wu", "--wait", "10", key=KEY_A)
+        assert (
+            out.exit_code == 0 and "forgot user wu" in out.output and "erased from every read" in out.output
+        )
+        assert (await memory.forget_user("wu")).forgotten is None  # without wait: not said

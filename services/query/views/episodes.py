@@ -13,7 +13,7 @@ from aiohttp import web
 from pydantic import ConfigDict, Field
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import EpisodeCompleted, EpisodeEvent, new_event_id
+from engram_episodic.events import EpisodeCompleted, EpisodeEvent, UserForgotten, new_event_id
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.consolidator import deadletters
@@ -371,8 +371,33 @@ async def delete_episode(request: web.Request) -> web.Response:
     return reply({"episode_id": episode_id, "event_id": event_id}, status=202)
 
 
+class ForgetUserQuery(models.Model):
+    """`DELETE /v1/users/{user_id}` query parameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
+        0.0,
+        description="seconds to wait until the consolidator has erased the user's episodes (`forgotten` "
+        "says whether it had); 0 answers at once",
+    )
+
+
 async def delete_user(request: web.Request) -> web.Response:
     user_id = path_id(request, "user_id")
-    event_id = await publisher(request).forget_user(user_id)
+    query: ForgetUserQuery = query_params(request, ForgetUserQuery)
+    ns = ns_of(request)
+    event = UserForgotten(namespace=ns, user_id=user_id, occurred_at=time.time())
+    [stream_id] = await publisher(request).publish([event])
     request.app[METRICS].published.labels("UserForgotten").inc()
-    return reply({"user_id": user_id, "event_id": event_id}, status=202)
+    out: dict[str, Any] = {"user_id": user_id, "event_id": event.event_id}
+    if query.wait > 0:
+        # the projector erases a user's episodes before it acks the event (`Forgetting.erase_user`), so
+        # acked = erased from every read (a trial could not tell when a user forget had applied)
+        group = streams.StreamGroup(
+            redis_of(request), request.app[KEYS].stream_of(ns), request.app[SETTINGS].consumer_group
+        )
+        deadline = time.monotonic() + query.wait
+        while not (done := (await group.acked([stream_id]))[0]) and time.monotonic() < deadline:
+            await asyncio.sleep(INGEST_WAIT_POLL)
+        out["forgotten"] = done
+    return reply(out, status=202)
