@@ -102,6 +102,7 @@ class FactSearchOptions(TypedDict, total=False):
     top_k: int
     include_superseded: bool
     min_confidence: float
+    min_similarity: float
 
 
 class PageOptions(TypedDict, total=False):

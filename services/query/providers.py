@@ -44,7 +44,8 @@ def facts_provider(keys: Keys) -> FactsProvider:
         seen: set[str] = set()
         out = []
         for h in hits:
-            if h.fact.text in seen:
+            # a fact pointing away from the task is no context for it (`/v1/facts/search`'s default)
+            if h.fact.text in seen or (h.score is not None and h.score < 0.0):
                 continue
             seen.add(h.fact.text)
             out.append(

@@ -49,6 +49,16 @@ async def test_consolidate_then_search_and_get(api, settings, redis):
         await api.post("/v1/facts/search", json={"until": T0 + 50 * 3600, "level": "namespace"})
     ).json()
     assert [f["support"] for f in window["results"]] == [10]
+    # a query nothing is about: no fact pointing away from it by default, none at all above 0.99
+    total = len((await (await api.post("/v1/facts/search", json={})).json())["results"])
+    nonsense = {"query": "zzzz qqqq xylophone"}
+    every = await api.post("/v1/facts/search", json={**nonsense, "min_similarity": -1})
+    assert len((await every.json())["results"]) == total
+    for floor in (None, 0.99):
+        body = {**nonsense, **({"min_similarity": floor} if floor is not None else {})}
+        found = (await (await api.post("/v1/facts/search", json=body)).json())["results"]
+        assert all(f["score"] >= (floor or 0.0) for f in found), found
+        assert floor is None or not found
     again = await (await api.post("/v1/consolidate", json={"all_scopes": False})).json()
     assert [r["status"] for r in again["results"]] == ["unchanged"]
 

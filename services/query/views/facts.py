@@ -53,6 +53,11 @@ class FactsSearchRequest(models.ScopeIn):
     top_k: models.TopK = 10
     include_superseded: bool = False
     min_confidence: Annotated[float, models.FloatIn(0.0, 1.0)] | None = None
+    min_similarity: Annotated[float, models.FloatIn(-1.0, 1.0)] = Field(
+        0.0,
+        description="with a query: leave out facts whose cosine with it is below this (the default 0 "
+        "drops the ones pointing away from it; -1 keeps every fact)",
+    )
 
     @model_validator(mode="after")
     def _window(self) -> FactsSearchRequest:
@@ -109,6 +114,8 @@ async def facts_search(request: web.Request) -> web.Response:
     hits = await search_facts(
         r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k
     )
+    # a nonsense query got the top_k facts anyway, some with negative cosines (a trial's)
+    hits = [h for h in hits if h.score is None or h.score >= req.min_similarity]
     body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
     if req.as_of is not None:
         body["as_of"] = format_instant(req.as_of)
