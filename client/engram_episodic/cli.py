@@ -333,10 +333,12 @@ def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **op
     if as_json:
         _emit(found.raw)
         return
+    if _plotted(
+        "skills", found.results, found.threshold, plot, out
+    ):  # an empty one: "nothing to plot", exit 1
+        return
     if not found.results:  # said, not an empty screen (the MCP tools say it too)
         click.echo("no completed episodes in this scope", err=True)
-        return
-    if _plotted("skills", found.results, found.threshold, plot, out):
         return
     for p in found:
         click.echo(
@@ -360,10 +362,10 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
     if as_json:
         _emit(found.raw)
         return
-    if not found.results:
-        click.echo("no completed episodes in this scope", err=True)
+    if _plotted("curve", found.results, found.window, plot, out):  # an empty one: "nothing to plot", exit 1
         return
-    if _plotted("curve", found.results, found.window, plot, out):
+    if not found.results:  # said, not an empty screen (the MCP tools say it too)
+        click.echo("no completed episodes in this scope", err=True)
         return
     for p in found:
         click.echo(

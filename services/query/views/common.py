@@ -56,7 +56,15 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
         if len(values) > 1:
             raise Invalid([(key, "must be given once")])
         params[key] = values[0]
-    return validate(model, params)
+    try:
+        return validate(model, params)
+    except Invalid as exc:  # a route without a query model says "not a known query parameter" (routes)
+        raise Invalid(
+            [
+                (f, "is not a known query parameter" if r == "is not a known field" else r)
+                for f, r in exc.errors
+            ]
+        ) from None
 
 
 async def embed(request: web.Request, text: str):
