@@ -127,7 +127,10 @@ def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **
     bars = Bars(enabled=progress, units={"snapshot": "episode", "stream": "entry", "catch-up": "entry"})
     start = time.perf_counter()
     try:
-        counts = run_admin(command, admin.replay(settings, bars, change_context_episodes=change))
+        counts = run_admin(
+            command,
+            admin.replay(settings, bars, change_context_episodes=change, keep_embedder=command == "replay"),
+        )
     finally:
         bars.close()
     seconds = time.perf_counter() - start

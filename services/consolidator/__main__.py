@@ -171,7 +171,9 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
 def _replay(command: str, change: bool, **overrides) -> None:
     from services.consolidator import admin
 
-    coro = admin.replay(_settings(**overrides), change_context_episodes=change)
+    coro = admin.replay(
+        _settings(**overrides), change_context_episodes=change, keep_embedder=command == "replay"
+    )
     click.echo(json.dumps(run_admin(command, coro)))
 
 

@@ -44,18 +44,45 @@ async def open_stack(stack: contextlib.AsyncExitStack, settings: Settings) -> tu
 
 
 async def replay(
-    settings: Settings, progress: Progress | None = None, *, change_context_episodes: bool = False
+    settings: Settings,
+    progress: Progress | None = None,
+    *,
+    change_context_episodes: bool = False,
+    keep_embedder: bool = False,
 ) -> dict[str, int]:
     """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
     another embedder), under the deployment's recorded ENGRAM_CONTEXT_EPISODES (an explicit other one
     only with `change_context_episodes`, else ConfigError); `services.consolidator.replay.replay`'s
-    counts."""
+    counts. `keep_embedder` (`replay`, not `reindex`): ConfigError, before anything is written, when
+    `settings.embedder` is not the one the current generation was built with."""
     from services.consolidator.replay import replay as do_replay
 
     async with contextlib.AsyncExitStack() as stack:
         redis, embedder = await open_stack(stack, settings)
+        if keep_embedder:
+            await _same_embedder(redis, settings, embedder.name, embedder.dim)
         return await do_replay(
             settings, redis, embedder, progress, change_context_episodes=change_context_episodes
+        )
+
+
+async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
+    """ConfigError when the current generation was built with another embedder than (`name`, `dim`): a
+    plain `engram replay` with ENGRAM_EMBEDDER unset (`auto`, mpnet) re-embedded a hashing deployment,
+    and every recall then answered 409 until the services were restarted with it (a trial's)."""
+    from engram_episodic.errors import ConfigError
+    from shared.index import current_generation, embedder_setting
+    from shared.replies import as_text
+
+    keys = settings.keys
+    gen = await current_generation(redis, keys)
+    recorded = await redis.hget(keys.meta, f"g{gen}:embedder")
+    recorded_dim = int(await redis.hget(keys.meta, f"g{gen}:dim") or 0)
+    if recorded is not None and (as_text(recorded) != name or recorded_dim != dim):
+        raise ConfigError(
+            f"generation {gen} was built with embedder {as_text(recorded)!r} (dim {recorded_dim}) and this "
+            f"replay would embed with {name!r} (dim {dim}): replay keeps the index's embedder — run it with "
+            f"{embedder_setting(as_text(recorded), recorded_dim)}; to change the embedder, `reindex --embedder`"
         )
 
 

@@ -58,6 +58,15 @@ async def test_replay_and_reindex_draw_progress_and_summarize(settings, redis, m
     assert not BAR.search(out.stderr)  # --no-progress: no bar (log lines may be there)
     assert await current_generation(redis, keys) == before + 2
 
+    # a replay keeps the index's embedder: another one (here another dimension) is refused before
+    # anything is written (a trial's plain `engram replay` re-embedded a hashing deployment with mpnet)
+    monkeypatch.setenv("ENGRAM_EMBED_DIM", str(settings.embed_dim * 2))
+    out = await invoke("replay", "--no-progress")
+    assert out.exit_code == 2, out.output
+    assert "replay keeps the index's embedder" in out.output
+    assert f"ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM={settings.embed_dim}" in out.output
+    assert await current_generation(redis, keys) == before + 2
+
 
 async def test_dead_letters_and_redrive(settings, redis, monkeypatch):
     await publish(settings, redis, [{**episode("bad-vector"), "vector": [0.5, 0.25, 1.0]}])  # 3 dims, not 256
