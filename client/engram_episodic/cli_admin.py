@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import click
 
 from engram_episodic.cli_progress import Bars, progress_option
-from engram_episodic.errors import ConfigError
+from engram_episodic.errors import ConfigError, Conflict
 
 NO_SERVER = (
     "`engram {command}` runs Engram's server code, which is not installed here ({error}). From an Engram "
@@ -85,11 +85,12 @@ def _settings(command: str, **overrides: Any) -> Any:
 def run_admin(command: str, coro: Any) -> Any:
     """Run an admin coroutine; Redis being away is a one-line error (exit 1), a configuration error
     (ConfigError: another partition count, a master key missing; a cluster addressed as one Redis, its
-    MovedError) one line and exit 2, never a traceback."""
+    MovedError; a Conflict such as a data key wrapped by another master key, which an operator trial's
+    replay met as a traceback after a rotation) one line and exit 2, never a traceback."""
     redis_exc = server_module(command, "redis.exceptions")
     try:
         return asyncio.run(coro)
-    except ConfigError as exc:
+    except (ConfigError, Conflict) as exc:  # Conflict: e.g. a data key wrapped by another master key
         refuse(command, str(exc))
     except redis_exc.MovedError as exc:
         refuse(command, CLUSTER_HINT.format(url=server_env().get("REDIS_URL"), error=f"MOVED {exc}"))

@@ -1,0 +1,27 @@
+"""`engram`'s admin commands report what stops them in one line (client/engram_episodic/cli_admin.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engram_episodic.cli_admin import run_admin
+from shared.crypto import MasterKeyMismatch
+
+
+def test_a_data_key_wrapped_by_another_master_key_is_one_line_and_exit_2(capsys):
+    """An operator trial's `engram replay` after a master-key rotation ended in a MasterKeyMismatch
+    traceback."""
+
+    async def replay():
+        raise MasterKeyMismatch(
+            "a data key in Redis is wrapped by master key 0707…, but this process has 01e9…"
+        )
+
+    with pytest.raises(SystemExit) as stopped:
+        run_admin("replay", replay())
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("engram replay: a data key in Redis is wrapped by master key")
+        and "Traceback" not in err
+    )
