@@ -876,19 +876,10 @@ def _check_number(
 
 
 def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
+    """`validation.json_kind`, a number with its value (a model reads which number it sent)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return f"the number {value!r}"[:60]
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list | tuple):
-        return "a list"
-    return type(value).__name__
+    return json_kind(value)
 
 
 def _check_tags(args: Mapping[str, Any], path: str, errs: Collector) -> None:
