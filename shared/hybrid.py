@@ -1,5 +1,6 @@
-"""Which `HYBRID_POLICY` a pre-filtered KNN runs with (pure; `shared.search.knn_search` sends it), and
-whether its tenancy clauses are checked on the hits instead (`checked_share`).
+"""Which `HYBRID_POLICY` a pre-filtered KNN runs with (pure; `shared.search.knn_search` sends it),
+whether its tenancy clauses are checked on the hits instead (`checked_share`), and when a graph walk
+crowded by duplicate vectors is asked again with a wider beam (`widened_ef`).
 
 RediSearch answers `(filter)=>[KNN k ...]` either ad hoc (score every document the filter matches:
 exact, cost linear in the matches) or in batches (walk the HNSW graph and filter each batch of
@@ -10,6 +11,7 @@ for broad filters, the common case of a memory service whose big tenants are its
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 HYBRID_POLICIES = frozenset({"BATCHES", "ADHOC_BF"})
 BATCHES_SHARE = 0.25
@@ -17,6 +19,8 @@ BATCHES_MATCHES = 2_000
 WIDE_SHARE = 0.05
 WIDE_MATCHES = 20_000
 CHECKED_SHARE = 0.9
+CROWDED_SHARE = 0.5
+EF_CEILING = 4096
 
 
 def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = True) -> str | None:
@@ -78,3 +82,33 @@ def checked_depth(k: int, share: float) -> int:
         return int(k)
     n = math.ceil(k / share)
     return n + math.ceil(3.0 * math.sqrt(n * share * (1.0 - share)) / share)
+
+
+def widened_ef(distances: Sequence[float | None], k: int, ef: int) -> int | None:
+    """The `EF_RUNTIME` to ask an HNSW KNN of `k` again with, when the `distances` (cosine, nearest
+    first) of its answer under `ef` show its beam was crowded by duplicate vectors; None when it was not.
+
+    HNSW's beam holds `max(ef, k)` nodes, and identical vectors are separate nodes at one distance: an
+    agent that ran the same task 14 times leaves 14 copies of its vector, and a KNN 100 whose hits come
+    from 8 distinct vectors walked the graph with a beam of ~8 distinct points, not 100. Its neighbour
+    lists fill with copies too (the heuristic of Malkov & Yashunin 2018, Algorithm 4, prunes a candidate
+    only when strictly closer to a kept one, so a copy never prunes another), so the walk can stay in the
+    wrong region. So when fewer than CROWDED_SHARE of the hits have distinct distances, the beam is
+    widened by the hits-per-distinct-vector ratio (`ceil(max(ef, k) * hits / distinct)`, at most
+    EF_CEILING), which gives it back as many distinct points as `ef` would have without copies. A short
+    answer (fewer than `k` hits: every document the walk could reach came back) is not widened.
+
+    Measured (RediSearch 2.10.5, HNSW M 16, EF_CONSTRUCTION 200, EF_RUNTIME 100, KNN 100;
+    docs/benchmarks.md "Duplicate vectors"): 4,120 LoCoMo turns drawn from 300 distinct ones, each
+    text's copies written together, MiniLM: recall@100 0.847 (one question 0.00); at EF_RUNTIME 1,500
+    1.000 (worst question 0.97). Every distinct turn once: 0.968 at EF_RUNTIME 100, no distance repeated,
+    never widened.
+    """
+    if k <= 0 or len(distances) < k:
+        return None
+    distinct = len(set(distances))
+    if distinct >= CROWDED_SHARE * len(distances):
+        return None
+    base = max(int(ef), int(k))
+    wider = min(EF_CEILING, math.ceil(base * len(distances) / max(distinct, 1)))
+    return wider if wider > base else None

@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Conflict
-from shared.hybrid import HYBRID_POLICIES, checked_depth
+from shared import tracing
+from shared.hybrid import HYBRID_POLICIES, checked_depth, widened_ef
 from shared.index import (
     CHECKED_FIELDS,
     VECTOR_FIELD,
@@ -39,6 +40,7 @@ async def knn_search(
     in_keys: Sequence[bytes | str] = (),
     policy: str | None = None,
     prechecked: bool = False,
+    graph_ef: int = 0,
 ) -> list[SearchHit]:
     """Pre-filtered KNN: `(scope)=>[KNN k @vector $BLOB AS dist]`, nearest first.
 
@@ -53,13 +55,16 @@ async def knn_search(
     request), so its namespace and status are not filtered again (`Scope.query(checked=True)`): a
     document's key never changes namespace, and the TAG clauses cost 3× the restricted KNN itself at
     100,000 documents (docs/benchmarks.md "Checked filters"). See `knn_checked` for a KNN without keys.
+    `graph_ef`: the index is HNSW with that `EF_RUNTIME` (0: FLAT, or not known): an answer crowded by
+    duplicate vectors is asked again with a wider beam (`shared.hybrid.widened_ef`), unless the policy
+    is the exact `ADHOC_BF`.
     Raises Conflict when the index holds vectors of another size than `query_vector`: it was rebuilt
     with another embedder (`reindex`) under a running process, which must be restarted with that one.
     """
     if prechecked and not in_keys:
         raise ValueError("prechecked needs in_keys: the documents already found in the scope")
     where = scope.query(checked=prechecked)
-    return await _knn(r, index, where, query_vector, k, return_fields, ef_runtime, in_keys, policy)
+    return await _knn(r, index, where, query_vector, k, return_fields, ef_runtime, in_keys, policy, graph_ef)
 
 
 async def knn_checked(
@@ -72,6 +77,7 @@ async def knn_checked(
     return_fields: Sequence[str],
     policy: str | None = None,
     share: float = 1.0,
+    graph_ef: int = 0,
 ) -> list[SearchHit] | None:
     """The scope's k nearest by a KNN whose namespace and status are checked on the hits
     (`Scope.query(checked=True)`), or None when fewer than k of the wider set's
@@ -82,10 +88,12 @@ async def knn_checked(
     differed in a top 5). For a scope holding most of the index (`shared.hybrid.checked_share`),
     where it is the cheaper query (docs/benchmarks.md "Checked filters"); `policy` as in `knn_search` (what is left of the
     filter, such as the expiry clause, still matches most of the index: ad hoc it would cost ~40 ms
-    at 100,000 documents, in batches ~1 ms)."""
+    at 100,000 documents, in batches ~1 ms); `graph_ef` as in `knn_search`."""
     fields = (*return_fields, *CHECKED_FIELDS)
     n = checked_depth(k, share)
-    hits = await _knn(r, index, scope.query(checked=True), query_vector, n, fields, None, (), policy)
+    hits = await _knn(
+        r, index, scope.query(checked=True), query_vector, n, fields, None, (), policy, graph_ef
+    )
     return _first_admitted(scope, hits, k, n)
 
 
@@ -108,8 +116,33 @@ async def _knn(
     ef_runtime: int | None,
     in_keys: Sequence[bytes | str],
     policy: str | None,
+    graph_ef: int = 0,
 ) -> list[SearchHit]:
-    """`knn_search`'s query (filter expression `where`) and its hits."""
+    """`knn_search`'s query (filter expression `where`) and its hits; asked again with a wider beam
+    when `graph_ef` says it walked an HNSW graph and duplicate vectors crowded its answer."""
+    hits = await _knn_once(r, index, where, query_vector, k, return_fields, ef_runtime, in_keys, policy)
+    if graph_ef and policy != "ADHOC_BF":
+        wider = widened_ef([h.score for h in hits], k, ef_runtime or graph_ef)
+        if wider is not None:
+            with tracing.span("engram.recall.knn_widened", ef=wider, distinct=len({h.score for h in hits})):
+                hits = await _knn_once(
+                    r, index, where, query_vector, k, return_fields, wider, in_keys, policy
+                )
+    return hits
+
+
+async def _knn_once(
+    r: aioredis.Redis,
+    index: str,
+    where: str,
+    query_vector: np.ndarray,
+    k: int,
+    return_fields: Sequence[str],
+    ef_runtime: int | None,
+    in_keys: Sequence[bytes | str],
+    policy: str | None,
+) -> list[SearchHit]:
+    """One FT.SEARCH of `_knn`'s query and its hits."""
     ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
     if policy is not None and policy not in HYBRID_POLICIES:
         raise ValueError(f"policy must be one of {sorted(HYBRID_POLICIES)}, not {policy!r}")

@@ -398,6 +398,12 @@ class Settings:
         return CLUSTER_PARTITIONS if url.startswith(("redis+cluster://", "rediss+cluster://")) else 1
 
     @property
+    def graph_ef(self) -> int:
+        """`hnsw_ef_runtime` when the index is HNSW, else 0: what a KNN that may walk the graph is told,
+        to widen its beam when duplicate vectors crowd it (`shared.hybrid.widened_ef`)."""
+        return self.hnsw_ef_runtime if self.vector_algorithm == "HNSW" else 0
+
+    @property
     def keys(self) -> Keys:
         """The key names of this deployment: `prefix` and `partitions`."""
         return Keys(self.prefix, self.partitions)

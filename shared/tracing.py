@@ -16,7 +16,9 @@ What is traced:
   and one per batch (`engram.consolidator.batch`, linked to every entry's trace), with the embedding
   (`engram.embed`) and the index write (`engram.index.write`) beneath it;
 - recall: `engram.recall.embed` (the query vector), `engram.recall.knn`, `engram.recall.bm25` and
-  `engram.recall.score`, beneath the request's span.
+  `engram.recall.score`, beneath the request's span; `engram.recall.knn_widened` (attributes `ef`,
+  `distinct`) when duplicate vectors crowded an HNSW walk and it was asked again
+  (`shared.hybrid.widened_ef`).
 
 Tests pass an exporter (`configure(..., exporter=InMemorySpanExporter())`); the provider is this
 module's own, never OpenTelemetry's global one.

@@ -223,6 +223,7 @@ async def similarity_pool(
     sizes: ScopeSizes | None = None,
     common_idf: float = 0.0,
     checked: float = 0.0,
+    graph_ef: int = 0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
     merged in that order, with each member's cosine and relevance. `query_vector` may still be computing
@@ -231,7 +232,9 @@ async def similarity_pool(
     its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
     `checked` (`shared.hybrid.checked_share`): the scope's share of the index when the searches check
     the namespace and status on their hits instead of filtering by them (`shared.search.knn_checked`,
-    `bm25_checked`; the filtered search when too few pass), 0.0 otherwise.
+    `bm25_checked`; the filtered search when too few pass), 0.0 otherwise. `graph_ef`: the index is
+    HNSW with that EF_RUNTIME (0 for FLAT): a KNN crowded by duplicate vectors is asked again with a
+    wider beam (`shared.hybrid.widened_ef`).
 
     `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are the `top_k` k
     recall. Relevance is `shared.relevance.relevance` of the mode: a function of the query and the
@@ -247,7 +250,9 @@ async def similarity_pool(
             return []
         with tracing.span("engram.recall.knn", depth=depth, checked=checked):
             vector = await vector_of(query_vector)
-            return await _knn_arm(r, index, scope, vector, depth, fields, policy, checked=checked)
+            return await _knn_arm(
+                r, index, scope, vector, depth, fields, policy, checked=checked, graph_ef=graph_ef
+            )
 
     async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
         if not words:
@@ -301,16 +306,27 @@ async def _knn_arm(
     policy: str | None,
     *,
     checked: float,
+    graph_ef: int = 0,
 ) -> list[SearchHit]:
     """The KNN list: checked first when `checked` (the scope's share: `knn_checked`), filtered when
-    that declines."""
+    that declines; `graph_ef` as in `similarity_pool`."""
     if checked:
         hits = await knn_checked(
-            r, index, scope, query_vector, depth, return_fields=fields, policy=policy, share=checked
+            r,
+            index,
+            scope,
+            query_vector,
+            depth,
+            return_fields=fields,
+            policy=policy,
+            share=checked,
+            graph_ef=graph_ef,
         )
         if hits is not None:
             return hits
-    return await knn_search(r, index, scope, query_vector, depth, return_fields=fields, policy=policy)
+    return await knn_search(
+        r, index, scope, query_vector, depth, return_fields=fields, policy=policy, graph_ef=graph_ef
+    )
 
 
 async def _bm25_arm(

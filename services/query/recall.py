@@ -285,6 +285,9 @@ class RecallParams:
     min_priority: float = 0.0
     graph_index: bool = True
     """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
+    graph_ef: int = 0
+    """The HNSW index's EF_RUNTIME (`ENGRAM_HNSW_EF_RUNTIME`; 0 for FLAT): a KNN crowded by duplicate
+    vectors is asked again with a wider beam (`shared.hybrid.widened_ef`)."""
     common_idf: float = 0.0  # ENGRAM_BM25_COMMON_IDF (similarity_pool)
 
 
@@ -332,7 +335,12 @@ async def recall(
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
     checked = await _checked(r, index, size, sizes)
     pool_of = functools.partial(
-        similarity_pool, policy=policy, sizes=sizes, common_idf=p.common_idf, checked=checked
+        similarity_pool,
+        policy=policy,
+        sizes=sizes,
+        common_idf=p.common_idf,
+        checked=checked,
+        graph_ef=p.graph_ef,
     )
     pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
     query_vector = await vector_of(query_vector)  # the winners' cosines need it in keyword mode too
@@ -430,10 +438,18 @@ async def recall(
 
 
 async def similar(
-    r: aioredis.Redis, index: str, scope: Scope, query_vector: np.ndarray, k: int, min_similarity: float
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    k: int,
+    min_similarity: float,
+    *,
+    graph_ef: int = 0,
 ) -> list[Candidate]:
-    """The `k` nearest episodes in the scope whose cosine is at least `min_similarity`."""
-    hits = await knn_search(r, index, scope, query_vector, k, return_fields=RETURN_FIELDS)
+    """The `k` nearest episodes in the scope whose cosine is at least `min_similarity`; `graph_ef` as
+    in `RecallParams`."""
+    hits = await knn_search(r, index, scope, query_vector, k, return_fields=RETURN_FIELDS, graph_ef=graph_ef)
     out = []
     for h in hits:
         c = decode_hit(h)

@@ -220,3 +220,14 @@ def test_recall_split_bench_tiny(tmp_path):
         assert 0.0 < row["after_p50_ms"] <= row["total_p50_ms"]
         assert 0.0 < row["vector_p50_ms"] <= row["total_p50_ms"]
         assert 0.0 < row["after_share"] <= 1.0 and row["redis_cpu_ms"] > 0.0
+
+
+@pytest.mark.timeout(120)
+def test_duplicate_vectors_bench_tiny():
+    """bench.duplicate_vectors at 3,000 episodes: copies widen every walk, distinct vectors none."""
+    crowded = run_bench("bench.duplicate_vectors", "--episodes", "3000", "--dim", "64", timeout=100)
+    assert "widened 40/40" in crowded.stdout, crowded.stdout
+    control = run_bench(
+        "bench.duplicate_vectors", "--episodes", "3000", "--dim", "64", "--copies", "1", timeout=100
+    )
+    assert "widened 0/40" in control.stdout, control.stdout

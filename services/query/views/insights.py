@@ -9,6 +9,7 @@ from aiohttp import web
 from engram_episodic.timeutil import format_instant
 from services.query import insights, models
 from services.query import recall as rc
+from services.query.appkeys import SETTINGS
 from services.query.problems import read_json, validate
 from services.query.views.common import (
     embed,
@@ -52,6 +53,7 @@ async def strategy(request: web.Request) -> web.Response:
         vector,
         req.k,
         req.min_similarity,
+        graph_ef=request.app[SETTINGS].graph_ef,
     )
     profile = None
     if req.category:
@@ -68,7 +70,15 @@ async def suggest(request: web.Request) -> web.Response:
     scope = rc.scope_of(
         ns_of(request), req, await tags_of(request), category=(req.category,) if req.category else ()
     )
-    similar = await rc.similar(redis_of(request), index_of(request), scope, vector, req.k, req.min_similarity)
+    similar = await rc.similar(
+        redis_of(request),
+        index_of(request),
+        scope,
+        vector,
+        req.k,
+        req.min_similarity,
+        graph_ef=request.app[SETTINGS].graph_ef,
+    )
     return reply(insights.suggestion([episode_of(c) for c in similar]))
 
 

@@ -41,6 +41,7 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
         min_relevance=req.min_relevance,
         min_priority=req.min_priority,
         graph_index=s.vector_algorithm == "HNSW",
+        graph_ef=s.graph_ef,
         common_idf=s.bm25_common_idf,
     )
 
@@ -62,6 +63,7 @@ def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.Re
         min_relevance=req.min_relevance,
         min_priority=req.min_priority,
         graph_index=s.vector_algorithm == "HNSW",
+        graph_ef=s.graph_ef,
         common_idf=s.bm25_common_idf,
     )
 
