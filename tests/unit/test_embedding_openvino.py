@@ -128,15 +128,18 @@ def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresse
     ).encode_counted(turns, 64)
     cos = (vectors * reference).sum(axis=1)
     assert cos.mean() >= 0.995 and cos.min() >= 0.98, (cos.mean(), cos.min())
-    # every scale is a weight channel's or a word piece's: a row is the same alone as in any pass
+    # every scale is a weight channel's or a word piece's: a row is the same alone as in any pass, up to
+    # bfloat16 rounding (bit-for-bit on a VNNI host; 1 - cos <= 7e-6 on an AMX one, whose kernels follow
+    # the pass's shape). A scale per pass (ONNX Runtime's int8 graph) moved rows by 1 - cos 5e-3-9e-3.
     alone = np.concatenate([model.encode_counted([t], 1)[0] for t in turns[:30]])
-    np.testing.assert_allclose(alone, vectors[:30], atol=1e-5)
+    assert (1.0 - (alone * vectors[:30]).sum(axis=1)).max() <= 1e-4
+    eight = model.encode_counted(turns[:30], 8)[0]  # what a copy that reads back gives, pass for pass
     # a later load reads the saved copy: it works without NNCF, and says nothing of making one
     monkeypatch.setitem(__import__("sys").modules, "nncf", None)
     caplog.clear()
     again, _ = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
     assert again is not None and "making the int8-weight copy" not in caplog.text
-    np.testing.assert_allclose(again.encode_counted(turns[:30], 8)[0], vectors[:30], atol=1e-5)
+    np.testing.assert_allclose(again.encode_counted(turns[:30], 8)[0], eight, atol=1e-5)
     # a damaged copy (cut short) is made again, not a failed start
     monkeypatch.delitem(__import__("sys").modules, "nncf")
     weights = (target / ov.COMPRESSED).with_suffix(".bin")
@@ -144,7 +147,7 @@ def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresse
     caplog.clear()
     remade, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
     assert remade is not None and "could not be read, making it again" in caplog.text
-    np.testing.assert_allclose(remade.encode_counted(turns[:30], 8)[0], vectors[:30], atol=1e-5)
+    np.testing.assert_allclose(remade.encode_counted(turns[:30], 8)[0], eight, atol=1e-5)
     monkeypatch.setitem(__import__("sys").modules, "nncf", None)
     # without the copy and without NNCF: refused with the reason, nothing half-written left behind
     for path in (target / ov.COMPRESSED, (target / ov.COMPRESSED).with_suffix(".bin")):
