@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.consolidator.metrics import summarizer_failures
@@ -54,10 +54,19 @@ class Metrics:
             ("type",),
             registry=self.registry,
         )
-        self.embed_truncations = Gauge(
-            "engram_query_embed_truncations", "Query texts cut to the embedder window", registry=self.registry
+        self.embed_truncations = Counter(
+            "engram_query_embed_truncations_total",
+            "Query texts cut to the embedder window",
+            registry=self.registry,
         )
+        self._truncations_seen = 0
         self.summarizer_failures = summarizer_failures(self.registry)  # on-demand POST /v1/consolidate
+
+    def count_truncations(self, total: int) -> None:
+        """Add what the embedder's running count of cut texts (`total`) grew by since the last call: the
+        counter is the embedder's, shared by every request, so each delta is counted once."""
+        self.embed_truncations.inc(max(0, total - self._truncations_seen))
+        self._truncations_seen = max(self._truncations_seen, total)
 
     def middleware(self):
         @web.middleware

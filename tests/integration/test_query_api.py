@@ -407,6 +407,17 @@ async def test_health_ready_metrics(api):
     assert "engram_recall_seconds_count" in text
 
 
+async def test_query_truncations_are_a_counter_of_texts_cut(make_client, settings):
+    """Each query text cut to the embedder's window counts once, however many requests share the
+    embedder (its running count is read as a delta)."""
+    api = await make_client(embedder=HashingEmbedder(settings.embed_dim, max_chars=16))
+    for query in ("a question well past sixteen characters", "short", "another long question here"):
+        assert (await api.post("/v1/recall", json={"query": query})).status == 200
+    text = await (await api.get("/metrics")).text()
+    assert "# TYPE engram_query_embed_truncations_total counter" in text
+    assert "engram_query_embed_truncations_total 2.0" in text
+
+
 async def test_readyz_503_without_index(api, redis, prefix):
     await redis.execute_command("FT.ALIASDEL", Keys(prefix).episode_index_alias)
     resp = await api.get("/readyz")

@@ -74,7 +74,7 @@ async def embed(request: web.Request, text: str):
     with tracing.span("engram.recall.embed", embedder=embedder.name):
         vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
     metrics.embed_seconds.observe(time.perf_counter() - start)
-    metrics.embed_truncations.set(embedder.truncations)
+    metrics.count_truncations(embedder.truncations)
     return vector
 
 
