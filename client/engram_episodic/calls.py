@@ -20,6 +20,7 @@ from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import (
     EngramError,
     InvalidEpisode,
+    InvalidRequest,
 )
 from engram_episodic.events import Episode
 from engram_episodic.options import (
@@ -90,17 +91,17 @@ def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
 def _wire(value: Any, name: str) -> Any:
     """A Python argument in its JSON form: datetimes as ISO 8601 with their offset, timedeltas as seconds.
 
-    Raises InvalidEpisode naming the argument for what JSON cannot carry (a naive datetime, NaN)."""
+    Raises InvalidRequest naming the argument for what JSON cannot carry (a naive datetime, NaN)."""
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidEpisode(
+            raise InvalidRequest(
                 [(name, "a datetime needs a UTC offset (tzinfo); naive times are ambiguous")]
             )
         return format_instant(value.timestamp())
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidEpisode([(name, "must be finite (NaN and infinity are not JSON)")])
+        raise InvalidRequest([(name, "must be finite (NaN and infinity are not JSON)")])
     if isinstance(value, Mapping):
         return {k: _wire(v, f"{name}.{k}") for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -126,16 +127,16 @@ def _params(options: Mapping[str, Any]) -> dict[str, str]:
 def _path(value: str, name: str) -> str:
     """`value` as one URL path segment. `.` and `..` are valid ids but dot segments, which URL
     normalisation removes (`/v1/users/..` would become `/v1`, and a forget of user `..` a 404),
-    so their dots are percent-encoded (the server decodes `%2E` back to `.`). Raises InvalidEpisode
+    so their dots are percent-encoded (the server decodes `%2E` back to `.`). Raises InvalidRequest
     naming `name` for an empty or non-string value or one holding a lone surrogate."""
     if not isinstance(value, str) or not value:
-        raise InvalidEpisode([(name, "must be a non-empty string")])
+        raise InvalidRequest([(name, "must be a non-empty string")])
     if value in (".", ".."):
         return value.replace(".", "%2E")
     try:
         return quote(value, safe="")
     except UnicodeEncodeError as exc:  # a lone surrogate has no UTF-8 form, so no URL can carry it
-        raise InvalidEpisode(
+        raise InvalidRequest(
             [(name, f"must be valid Unicode text (a lone surrogate at character {exc.start})")]
         ) from None
 

@@ -46,7 +46,7 @@ from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
     ConnectionFailed,
-    InvalidEpisode,
+    InvalidRequest,
     ResourceNotFound,
     api_error,
 )
@@ -270,7 +270,7 @@ class _Base(Generic[H]):
 
     def _after_error(self, call: Call[Any], attempt: int, lost: bool, exc: Exception) -> tuple[float, bool]:
         """After an attempt that raised `exc` (no answer): (seconds to wait before the next attempt,
-        whether an attempt's answer was lost so far). Raises InvalidEpisode for a request httpx cannot
+        whether an attempt's answer was lost so far). Raises InvalidRequest for a request httpx cannot
         send, ConnectionFailed when the retry rule says stop."""
         if not isinstance(exc, httpx.TransportError):
             raise self._bad_request(exc) from exc
@@ -299,9 +299,9 @@ class _Base(Generic[H]):
         return error
 
     @staticmethod
-    def _bad_request(exc: Exception) -> InvalidEpisode:
+    def _bad_request(exc: Exception) -> InvalidRequest:
         # an argument httpx cannot put on the wire (a 100k-character id in the URL, a lone surrogate)
-        return InvalidEpisode([("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")])
+        return InvalidRequest([("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")])
 
 
 # --- sync --------------------------------------------------------------------------------------------

@@ -27,6 +27,12 @@ class InvalidEpisode(EngramError):
         super().__init__("; ".join(f"{path}: {reason}" for path, reason in self.errors))
 
 
+class InvalidRequest(InvalidEpisode):
+    """An argument of a call that is not an episode (a recall's filter, a path id, a value JSON cannot
+    carry) cannot be sent; nothing was. `errors` as in InvalidEpisode, of which it is a subclass: a
+    handler written for that (what such arguments raised before) still catches it."""
+
+
 class DecodeError(EngramError):
     """A stream entry cannot be decoded: not msgpack, missing envelope keys, wrong types."""
 
