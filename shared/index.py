@@ -466,6 +466,10 @@ class LiveTags:
         self.keys, self.tag_key, self.ttl = keys, tag_key, ttl
         self._by_gen: dict[int, TagCodec] = {}
         self._live: tuple[float, TagCodec] | None = None
+        self._gen = 0
+        self.embedder: tuple[str, int] | None = None
+        """(name, dim) of the process's embedder, once loaded: what `mismatch` compares with."""
+        self._mismatch: dict[int, EmbedderMismatch | None] = {}
 
     async def get(self, r: aioredis.Redis) -> TagCodec:
         now = self._clock()
@@ -475,8 +479,30 @@ class LiveTags:
         tags = self._by_gen.get(gen)
         if tags is None:
             tags = self._by_gen[gen] = await generation_tags(r, self.keys, gen, self.tag_key)
-        self._live = (now, tags)
+        self._live, self._gen = (now, tags), gen
         return tags
+
+    async def mismatch(self, r: aioredis.Redis) -> EmbedderMismatch | None:
+        """EmbedderMismatch when the live generation's index was built with another embedder than
+        `embedder` (a `reindex --embedder` under this running process), else None; followed within
+        `ttl` like the digests, each generation's record read once. Its vectors are another model's:
+        a search with this process's would compare two spaces (of one dimension: silently; of two:
+        refused by RediSearch). None before `embedder` is set."""
+        await self.get(r)
+        gen = self._gen
+        if self.embedder is None:
+            return None
+        if gen not in self._mismatch:
+            name, dim = await r.hmget(self.keys.meta, [f"g{gen}:embedder", f"g{gen}:dim"])
+            own_name, own_dim = self.embedder
+            self._mismatch[gen] = (
+                EmbedderMismatch(
+                    self.keys.episode_index(gen), gen, as_text(name), int(dim or 0), own_name, own_dim
+                )
+                if name is not None and (as_text(name) != own_name or int(dim or 0) != own_dim)
+                else None
+            )
+        return self._mismatch[gen]
 
 
 def episode_fields(

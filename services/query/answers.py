@@ -358,6 +358,11 @@ class Health(Answer):
 class Readiness(Answer):
     status: Literal["ready", "not ready"]
     checks: dict[str, bool] = Field(description="redis, index, embedder")
+    why: str | None = Field(
+        None,
+        description="when `checks.embedder` is false because the live index was rebuilt with another "
+        "embedder: which one, and the setting to restart with",
+    )
 
 
 class OpenAPIDocument(Answer):

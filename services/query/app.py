@@ -140,6 +140,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 opened = await until_available(open_index, what="start of the query service", log=log)
                 assert opened is not None  # no stop event: it returns only once Redis answered
                 gen, tags.tag_key = opened
+                tags.embedder = (e.name, dim)  # a later `reindex --embedder` is told (`LiveTags.mismatch`)
                 startup.done("index")
                 log.info(
                     "query service ready ◆ %.1fs ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ "

@@ -424,6 +424,37 @@ async def test_readyz_503_without_index(api, redis, prefix):
     assert resp.status == 503 and (await resp.json())["checks"]["index"] is False
 
 
+async def test_an_index_rebuilt_with_another_embedder_is_not_ready_and_refuses_searches(
+    api, redis, prefix, settings
+):
+    """`reindex --embedder` under a running query service: its vectors are another model's. `/readyz`
+    says so (an orchestrator stops routing to it), every search that embeds is a 409 naming the
+    setting to restart with, and what needs no vector (listing, forgetting) still works."""
+    keys = Keys(prefix)
+    await redis.hset(
+        keys.meta, mapping={"generation": 2, "g2:embedder": "minilm-l6-v2", "g2:dim": settings.embed_dim}
+    )
+
+    async def not_ready():
+        resp = await api.get("/readyz")
+        return resp.status == 503 and await resp.json()
+
+    body = await wait_until(not_ready, message="readyz follows the live generation")
+    assert body["checks"]["embedder"] is False and "ENGRAM_EMBEDDER=minilm" in body["why"]
+    for path, payload in (("/v1/recall", {"query": "q"}), ("/v1/facts/search", {"query": "q"})):
+        resp = await api.post(path, json=payload)
+        assert resp.status == 409 and "ENGRAM_EMBEDDER=minilm" in (await resp.json())["detail"], path
+    assert (await api.get("/v1/episodes")).status == 200
+    assert (await api.delete("/v1/episodes/nobody")).status in (200, 202, 404)
+    await redis.hset(keys.meta, "generation", 1)  # back to the generation of this process's embedder
+
+    async def ready():
+        return (await api.get("/readyz")).status == 200
+
+    await wait_until(ready, message="readyz follows the generation back")
+    assert (await api.post("/v1/recall", json={"query": "q"})).status == 200
+
+
 async def test_openapi_documents_exactly_the_routes(api):
     from services.query.openapi import openapi_path
 

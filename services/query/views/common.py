@@ -68,6 +68,12 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
 
 
 async def embed(request: web.Request, text: str):
+    """`text`'s query vector (float32[dim]). Raises EmbedderMismatch (409) when the live index was
+    rebuilt with another embedder under this process (`reindex --embedder`): its vectors are another
+    model's, and this process must be restarted with that one (`/readyz` says so too)."""
+    mismatch = await request.app[TAGS].mismatch(redis_of(request))
+    if mismatch is not None:
+        raise mismatch
     embedder = request.app[EMBEDDER]
     metrics = request.app[METRICS]
     start = time.perf_counter()

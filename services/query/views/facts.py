@@ -21,8 +21,9 @@ from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, check_id
 from services.query import models
 from services.query import recall as rc
-from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS, NAMESPACE, QUERY_VECTORS, REDIS, TAGS
+from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS, NAMESPACE, REDIS, TAGS
 from services.query.problems import Invalid, read_json, validate
+from services.query.views.common import embed
 from shared.facts import KINDS, FactQuery, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
 from shared.index import current_generation, filter_search
@@ -106,11 +107,7 @@ async def facts_search(request: web.Request) -> web.Response:
         include_superseded=req.include_superseded,
         min_confidence=req.min_confidence,
     )
-    vector = (
-        await request.app[QUERY_VECTORS].embed(request.app[EMBEDDER], req.query, namespace=q.namespace)
-        if req.query
-        else None
-    )
+    vector = await embed(request, req.query) if req.query else None
     hits = await search_facts(
         r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k
     )

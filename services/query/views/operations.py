@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiohttp import web
 
-from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS, STARTUP
+from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS, STARTUP, TAGS
 from services.query.views.common import index_of, reply
 from shared.index import index_exists
 
@@ -31,8 +32,18 @@ async def readyz(request: web.Request) -> web.Response:
     startup = request.app[STARTUP]
     if not startup.ready:  # loading behind an open port (services.query.startup)
         return reply({"status": "starting", "pending": list(startup.pending), "checks": checks}, status=503)
+    body: dict[str, Any] = {"checks": checks}
+    if (
+        checks["index"] and r is not None
+    ):  # rebuilt with another embedder under this process: every search would 409
+        try:
+            mismatch = await asyncio.wait_for(request.app[TAGS].mismatch(r), 2.0)
+        except Exception:
+            mismatch, checks["index"] = None, False
+        if mismatch is not None:
+            checks["embedder"], body["why"] = False, str(mismatch)
     ok = all(checks.values())
-    return reply({"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503)
+    return reply({"status": "ready" if ok else "not ready", **body}, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
