@@ -10,7 +10,7 @@
     engram curve --agent-id coder [--plot [--out curve.png]]
     engram forget --episode EPISODE_ID                 # or --user, --agent, --session
     engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
-    engram replay | reindex --embedder E | dead-letters | redrive --all   # on Redis (server installed)
+    engram replay | reindex --embedder E | dead-letters | redrive --all | discard ID   # on Redis (server installed)
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
 
 `--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)

@@ -1,4 +1,4 @@
-"""`engram run`, `replay`, `reindex`, `dead-letters`, `redrive`: the commands that run the server's own
+"""`engram run`, `replay`, `reindex`, `dead-letters`, `redrive`, `discard`: the commands that run the server's own
 code (the stack, or a task on its Redis) rather than call the HTTP API.
 
 The client distribution has no server code: these import it when they run (a checkout's `make install`,
@@ -195,41 +195,60 @@ def dead_letters(limit: int, as_json: bool) -> None:
     click.echo(f"{len(rows)} dead letter(s)", err=True)
 
 
-@click.command()
-@click.argument("ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True, help="Re-drive every dead letter.")
-@progress_option
-@json_option
-def redrive(ids: tuple[str, ...], all_: bool, progress: bool | None, as_json: bool) -> None:
-    """Publish dead letters again (after a fix) and remove them from the dead-letter stream."""
-    if not ids and not all_:
-        raise click.UsageError("name dead-letter ids or pass --all")
-    if ids and all_:
-        raise click.UsageError("name dead-letter ids or pass --all, not both")
-    admin = server_module("redrive", "services.consolidator.admin")
-    bars = Bars(enabled=progress, units={"redrive": "letter"})
-    start = time.perf_counter()
-    try:
-        n, unknown = run_admin(
-            "redrive",
-            admin.redrive(
-                _settings("redrive"),
-                None if all_ else list(ids),
-                on_start=lambda total: bars.phase("redrive", total),
-                on_each=lambda: bars.advance(1),
-            ),
-        )
-    finally:
-        bars.close()
-    seconds = time.perf_counter() - start
-    if as_json:
-        click.echo(json.dumps({"redriven": n, "unknown": unknown, "seconds": round(seconds, 3)}))
-    else:
-        click.echo(f"re-driven {n} dead letter(s) in {seconds:.1f} s")
-    if unknown:  # a typo must not look like success
-        raise click.ClickException(
-            f"no dead letter has the id(s) {', '.join(unknown)} (see `engram dead-letters` for the ids)"
-        )
+def _dead_letter_command(verb: str, did: str, key: str, doc: str):
+    """`engram redrive` / `engram discard`: the dead letters named (or `--all`), with a progress bar."""
+
+    @click.command(verb, help=doc)
+    @click.argument("ids", nargs=-1)
+    @click.option("--all", "all_", is_flag=True, help=f"{did.capitalize()} every dead letter.")
+    @progress_option
+    @json_option
+    def command(ids: tuple[str, ...], all_: bool, progress: bool | None, as_json: bool) -> None:
+        if not ids and not all_:
+            raise click.UsageError("name dead-letter ids or pass --all")
+        if ids and all_:
+            raise click.UsageError("name dead-letter ids or pass --all, not both")
+        admin = server_module(verb, "services.consolidator.admin")
+        bars = Bars(enabled=progress, units={verb: "letter"})
+        start = time.perf_counter()
+        try:
+            n, unknown = run_admin(
+                verb,
+                getattr(admin, verb)(
+                    _settings(verb),
+                    None if all_ else list(ids),
+                    on_start=lambda total: bars.phase(verb, total),
+                    on_each=lambda: bars.advance(1),
+                ),
+            )
+        finally:
+            bars.close()
+        seconds = time.perf_counter() - start
+        if as_json:
+            click.echo(json.dumps({key: n, "unknown": unknown, "seconds": round(seconds, 3)}))
+        else:
+            click.echo(f"{did} {n} dead letter(s) in {seconds:.1f} s")
+        if unknown:  # a typo must not look like success
+            raise click.ClickException(
+                f"no dead letter has the id(s) {', '.join(unknown)} (see `engram dead-letters` for the ids)"
+            )
+
+    return command
 
 
-COMMANDS = (run, replay, reindex, dead_letters, redrive)
+redrive = _dead_letter_command(
+    "redrive",
+    "re-driven",
+    "redriven",
+    "Publish dead letters again (after a fix) and remove them from the dead-letter stream.",
+)
+discard = _dead_letter_command(
+    "discard",
+    "discarded",
+    "discarded",
+    "Delete dead letters no fix will make projectable, and their original entries; nothing is "
+    "published (the events are gone, as a forget leaves them).",
+)
+
+
+COMMANDS = (run, replay, reindex, dead_letters, redrive, discard)

@@ -1,4 +1,4 @@
-"""`python -m services.consolidator [run|dead-letters|redrive|replay|reindex|rotate-master-key|erase-now]`.
+"""`python -m services.consolidator [run|dead-letters|redrive|discard|replay|reindex|rotate-master-key|erase-now]`.
 
 Environment → Settings once, here; everything below receives it. SIGTERM/SIGINT stop the worker
 gracefully (the batch in hand is projected and acked, then exit 0).
@@ -162,6 +162,26 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
         raise click.UsageError("name dead-letter ids or pass --all, not both")
     n, unknown = run_admin("redrive", admin.redrive(_settings(), None if all_ else list(ids)))
     click.echo(f"re-driven {n} dead letter(s)")
+    if unknown:  # a typo must not look like success
+        raise click.ClickException(
+            f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"
+        )
+
+
+@cli.command()
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Discard every dead letter.")
+def discard(ids: tuple[str, ...], all_: bool) -> None:
+    """Delete dead letters no fix will make projectable, with their original entries (nothing is
+    published). Also `engram discard`."""
+    from services.consolidator import admin
+
+    if not ids and not all_:
+        raise click.UsageError("name dead-letter ids or pass --all")
+    if ids and all_:
+        raise click.UsageError("name dead-letter ids or pass --all, not both")
+    n, unknown = run_admin("discard", admin.discard(_settings(), None if all_ else list(ids)))
+    click.echo(f"discarded {n} dead letter(s)")
     if unknown:  # a typo must not look like success
         raise click.ClickException(
             f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"

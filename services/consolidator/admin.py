@@ -113,8 +113,31 @@ async def redrive(
 ) -> tuple[int, list[str]]:
     """Re-drive the dead letters `ids` (None: all); returns (how many were re-driven, the ids that name
     no dead letter). `on_start`/`on_each` as for `deadletters.redrive`."""
-    from services.consolidator.deadletters import list_dead_letters
     from services.consolidator.deadletters import redrive as do_redrive
+
+    return await _on_dead_letters(settings, ids, do_redrive, on_start, on_each)
+
+
+async def discard(
+    settings: Settings,
+    ids: list[str] | None,
+    on_start: Callable[[int], None] | None = None,
+    on_each: Callable[[], None] | None = None,
+) -> tuple[int, list[str]]:
+    """Discard the dead letters `ids` (None: all): delete them and their original entries, publishing
+    nothing (`deadletters.discard`); returns (how many were discarded, the ids that name no dead
+    letter)."""
+    from services.consolidator.deadletters import discard as do_discard
+
+    return await _on_dead_letters(settings, ids, do_discard, on_start, on_each)
+
+
+async def _on_dead_letters(
+    settings: Settings, ids: list[str] | None, act, on_start, on_each
+) -> tuple[int, list[str]]:
+    """`act(redis, keys, ids, on_start=, on_each=)` on the dead letters `ids` (None: all) → (its count,
+    the ids that name no dead letter)."""
+    from services.consolidator.deadletters import list_dead_letters
 
     async with redis_of(settings) as redis:
         keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
@@ -122,5 +145,5 @@ async def redrive(
         if ids is not None:
             known = {d.dead_id for d in await list_dead_letters(redis, keys, limit=1_000_000)}
             unknown = [i for i in ids if i not in known]
-        n = await do_redrive(redis, keys, ids, on_start=on_start, on_each=on_each)
+        n = await act(redis, keys, ids, on_start=on_start, on_each=on_each)
     return n, unknown

@@ -109,6 +109,43 @@ async def redrive(
     return len(chosen)
 
 
+async def discard(
+    redis: aioredis.Redis,
+    keys: Keys,
+    dead_ids: list[str] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_each: Callable[[], None] | None = None,
+) -> int:
+    """Delete dead letters that no fix will make projectable (an event no version of Engram accepts, a
+    test's leftovers): each one, its original (acked) entry in the stream it came from, and the
+    episode's link to them (with its user's, once the episode has no other). `dead_ids=None` discards
+    all; `on_start`/`on_each` as in `redrive`. Returns how many were discarded. Nothing is published:
+    the events are gone, as a forget would leave them."""
+    letters = await list_dead_letters(redis, keys, limit=1_000_000)
+    chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
+    if on_start is not None:
+        on_start(len(chosen))
+    for letter in chosen:
+        await streams.delete(redis, keys.dead_letters, [letter.dead_id])
+        if letter.stream_id:
+            await streams.delete(
+                redis, source_stream(keys, letter.source, letter.payload), [letter.stream_id]
+            )
+        ident = peek_identity(letter.payload) if letter.payload else None
+        if ident is not None and letter.stream_id:
+            namespace, episode_id, user_id, _ = ident
+            refs_key = keys.dead_letter_refs(namespace, episode_id)
+            await redis.hdel(refs_key, letter.stream_id)
+            left = set(await redis.hkeys(refs_key)) - {DEAD_REF_USER}
+            if not left:  # the episode has no dead letter left: neither it nor its user link to any
+                await redis.delete(refs_key)
+                if user_id is not None:
+                    await redis.srem(keys.user_dead_letters(namespace, user_id), episode_id)
+        if on_each is not None:
+            on_each()
+    return len(chosen)
+
+
 async def dead_letter(
     group: streams.StreamGroup, keys: Keys, entry: streams.Entry, reason: str, *, consumer: str
 ) -> None:

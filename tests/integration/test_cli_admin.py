@@ -91,6 +91,37 @@ async def test_dead_letters_and_redrive(settings, redis, monkeypatch):
     assert out.exit_code == 2  # neither ids nor --all
 
 
+async def test_discard_deletes_a_dead_letter_its_entry_and_links(settings, redis, monkeypatch):
+    """A dead letter no fix makes projectable is deleted, with its original entry in the stream and
+    the episode's and user's links to it; nothing is published. Another dead letter stays."""
+    bad = [{**episode(f"bad-{i}", user_id="u1"), "vector": [0.5, 0.25, 1.0]} for i in range(2)]
+    await publish(settings, redis, bad)
+    await drain(make_worker(settings, redis))
+    env_for(monkeypatch, settings)
+    keys = Keys(settings.prefix)
+    letters = json.loads((await invoke("dead-letters", "--json")).stdout)
+    assert len(letters) == 2
+    gone = next(d for d in letters if d["stream_id"])
+    stream_len = await redis.xlen(keys.stream_of("ns"))
+
+    out = await invoke("discard", gone["id"], "nope-0", "--json")
+    assert out.exit_code == 1 and "no dead letter has the id(s) nope-0" in out.output
+    assert json.loads(out.stdout.splitlines()[0])["discarded"] == 1
+    left = json.loads((await invoke("dead-letters", "--json")).stdout)
+    assert [d["id"] for d in left] == [d["id"] for d in letters if d["id"] != gone["id"]]
+    assert await redis.xlen(keys.stream_of("ns")) == stream_len - 1  # its entry too, nothing new
+    assert not await redis.xrange(keys.stream_of("ns"), gone["stream_id"], gone["stream_id"])
+    links = [await redis.exists(keys.dead_letter_refs("ns", f"bad-{i}")) for i in range(2)]
+    assert sorted(links) == [0, 1]  # the discarded letter's episode links to nothing, the other still does
+    assert len(await redis.smembers(keys.user_dead_letters("ns", "u1"))) == 1
+
+    out = await invoke("discard", "--all")
+    assert out.exit_code == 0 and "discarded 1 dead letter(s)" in out.stdout, out.output
+    assert json.loads((await invoke("dead-letters", "--json")).stdout) == []
+    assert not await redis.exists(keys.user_dead_letters("ns", "u1"))
+    assert (await invoke("discard")).exit_code == 2  # neither ids nor --all
+
+
 async def test_admin_commands_say_how_to_install_the_server(monkeypatch):
     for name in ("services.consolidator.admin", "services.run"):
         monkeypatch.setitem(sys.modules, name, None)  # as if the server package were absent
