@@ -154,18 +154,7 @@ def dead_letters(limit: int) -> None:
 def redrive(ids: tuple[str, ...], all_: bool) -> None:
     """Publish dead letters again (after a fix) and remove them from the dead-letter stream. Also
     `engram redrive`, with a progress bar."""
-    from services.consolidator import admin
-
-    if not ids and not all_:
-        raise click.UsageError("name dead-letter ids or pass --all")
-    if ids and all_:  # which one was meant? (--all re-drove everything and ignored the ids)
-        raise click.UsageError("name dead-letter ids or pass --all, not both")
-    n, unknown = run_admin("redrive", admin.redrive(_settings(), None if all_ else list(ids)))
-    click.echo(f"re-driven {n} dead letter(s)")
-    if unknown:  # a typo must not look like success
-        raise click.ClickException(
-            f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"
-        )
+    _on_dead_letters("redrive", "re-driven", ids, all_)
 
 
 @cli.command()
@@ -174,14 +163,19 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
 def discard(ids: tuple[str, ...], all_: bool) -> None:
     """Delete dead letters no fix will make projectable, with their original entries (nothing is
     published). Also `engram discard`."""
+    _on_dead_letters("discard", "discarded", ids, all_)
+
+
+def _on_dead_letters(verb: str, did: str, ids: tuple[str, ...], all_: bool) -> None:
+    """`admin.<verb>` on the dead letters `ids` or `--all` (exactly one of them), said in one line."""
     from services.consolidator import admin
 
     if not ids and not all_:
         raise click.UsageError("name dead-letter ids or pass --all")
-    if ids and all_:
+    if ids and all_:  # which one was meant? (--all re-drove everything and ignored the ids)
         raise click.UsageError("name dead-letter ids or pass --all, not both")
-    n, unknown = run_admin("discard", admin.discard(_settings(), None if all_ else list(ids)))
-    click.echo(f"discarded {n} dead letter(s)")
+    n, unknown = run_admin(verb, getattr(admin, verb)(_settings(), None if all_ else list(ids)))
+    click.echo(f"{did} {n} dead letter(s)")
     if unknown:  # a typo must not look like success
         raise click.ClickException(
             f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"

@@ -77,6 +77,17 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
     return out
 
 
+async def _chosen(
+    redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None, on_start: Callable[[int], None] | None
+) -> list[DeadLetter]:
+    """The dead letters `dead_ids` names (None: all), oldest first; `on_start` hears how many."""
+    letters = await list_dead_letters(redis, keys, limit=1_000_000)
+    chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
+    if on_start is not None:
+        on_start(len(chosen))
+    return chosen
+
+
 async def redrive(
     redis: aioredis.Redis,
     keys: Keys,
@@ -88,10 +99,7 @@ async def redrive(
     dead-letter stream, and their original (acked) entries from the stream. `dead_ids=None` re-drives
     all. `on_start(n)` hears how many will be, `on_each()` each one done (a progress bar). Returns how
     many were re-driven."""
-    letters = await list_dead_letters(redis, keys, limit=1_000_000)
-    chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
-    if on_start is not None:
-        on_start(len(chosen))
+    chosen = await _chosen(redis, keys, dead_ids, on_start)
     for letter in chosen:
         await streams.requeue(  # back into the partition it came from: its namespace's
             redis,
@@ -121,10 +129,7 @@ async def discard(
     episode's link to them (with its user's, once the episode has no other). `dead_ids=None` discards
     all; `on_start`/`on_each` as in `redrive`. Returns how many were discarded. Nothing is published:
     the events are gone, as a forget would leave them."""
-    letters = await list_dead_letters(redis, keys, limit=1_000_000)
-    chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
-    if on_start is not None:
-        on_start(len(chosen))
+    chosen = await _chosen(redis, keys, dead_ids, on_start)
     for letter in chosen:
         await streams.delete(redis, keys.dead_letters, [letter.dead_id])
         if letter.stream_id:
