@@ -1,6 +1,6 @@
 """Configuration errors met by the admin commands are one line and exit code 2, never a traceback
 (issue 16, trial): another stream partition count than the deployment recorded, for `engram replay`,
-`dead-letters`, `redrive --all` and `python -m services.consolidator replay|dead-letters|redrive`; a
+`dead-letters`, `redrive --all`, `discard --all` and `python -m services.consolidator replay|dead-letters|redrive|discard`; a
 cluster addressed as one Redis (`redis://`, its MovedError) says to use `redis+cluster://`; and next to
 `ENGRAM_REDIS_CLUSTER=N make run` the commands default to its cluster."""
 
@@ -17,7 +17,7 @@ from services.consolidator.__main__ import cli as consolidator_cli
 from shared.partitions import FIELD
 from tests.integration.test_cli_admin import env_for
 
-COMMANDS = [("replay",), ("dead-letters",), ("redrive", "--all")]
+COMMANDS = [("replay",), ("dead-letters",), ("redrive", "--all"), ("discard", "--all")]
 
 
 async def invoke(group, *args: str):
