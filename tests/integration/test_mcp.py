@@ -259,6 +259,39 @@ async def test_the_documented_desktop_configs_start_a_working_server(tenants, se
             assert stored.episode.user_id == entry["env"].get("ENGRAM_USER_ID")
 
 
+async def test_the_documented_python_client_lists_the_tools_and_recalls(tenants, settings, redis, tmp_path):
+    """docs/integrations.md's Python MCP client, run as written (the service's URL and key, and the
+    engram script of this environment, put in): it prints the tools and what the model would read."""
+    code = doc_blocks("## MCP (Claude Desktop", "python")[0]
+    assert '"--agent-id", "my-agent"' in code
+    for documented, actual in (
+        ('"http://127.0.0.1:8080"', repr(url(tenants))),
+        ('"dev-key"', repr(KEY_A)),
+        ('command="engram"', f"command={ENGRAM_SCRIPT!r}"),
+    ):
+        assert documented in code, documented
+        code = code.replace(documented, actual)
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        eid = await memory.record(  # the agent the documented server is bound to (--agent-id)
+            task="fix the flaky login test",
+            outcome="success",
+            solution="freeze the clock with a fixture",
+            agent_id="my-agent",
+        )
+        await drain(settings, redis)
+        await memory.wait_until_recallable(eid, timeout=10)
+    script = tmp_path / "mcp_client.py"
+    script.write_text(code)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    tools_line, *rest = out.decode().splitlines()
+    assert eval(tools_line) == list(TOOL_NAMES)  # noqa: S307  (a printed list of names)
+    assert "freeze the clock with a fixture" in "\n".join(rest)
+
+
 async def test_the_documented_module_command_prints_its_options():
     line = next(
         line.split("#")[0].split()
