@@ -46,6 +46,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -82,15 +83,17 @@ MIN_QUERY_ROW = 0.95
 AUTO_ORDER = ("onnx-int8", OPENVINO_INT8, OPENVINO, "onnx")
 """The graphs `auto` tries, fastest first, for documents and for a model that sets no order of its own:
 one int8 text per pass (MiniLM; mpnet's misses the documents' bar), then OpenVINO's int8 products, then
-bfloat16, then float. mpnet's documents on OPENVINO_INT8: 61.7 LoCoMo turns/s projected against 36.8 on
-bfloat16 in one paired LoCoMo run, R@5 / R@10 / NDCG@10 unchanged within their 95% intervals
-(docs/benchmarks.md "int8 on the cores' VNNI units")."""
+bfloat16, then float. The two OpenVINO variants are one choice (`_groups`): the faster on the host's
+CPU, measured there once (`shared.embedding_openvino.load_fastest`): mpnet's documents on OPENVINO_INT8
+ran 61.7 LoCoMo turns/s against 36.8 on bfloat16 on an AMD EPYC (docs/benchmarks.md "int8 on the cores'
+VNNI units"), bfloat16 1.44x int8's on a Xeon with AMX ("bfloat16 or int8: measured on the host");
+R@5 / R@10 / NDCG@10 unchanged within their 95% intervals between them."""
 
 QUERY_ORDERS = {"mpnet-base-v2": (OPENVINO_INT8, OPENVINO, "onnx-int8", "onnx")}
 """The order `auto` tries for a model's queries where it is not AUTO_ORDER. mpnet: OpenVINO first, as
-its rows do not depend on their pass, so concurrent queries share one; int8 products before bfloat16
-(8 questions in one pass 46-55 ms against 67-71, a lone one ~10 ms against 12-15; docs/benchmarks.md
-"int8 on the cores' VNNI units"). Not MiniLM: OpenVINO's cost per pass outweighs a model that small
+its rows do not depend on their pass, so concurrent queries share one; of its two variants the faster
+on the host (8 questions in one pass 46-55 ms on int8 against 67-71 on bfloat16 on an AMD EPYC; 42.5
+against 36.0 on a Xeon with AMX; docs/benchmarks.md "bfloat16 or int8: measured on the host"). Not MiniLM: OpenVINO's cost per pass outweighs a model that small
 (15-22 ms against 7-8 for a lone query)."""
 
 ROLES = ("document", "query")
@@ -537,6 +540,40 @@ def _current_manifest(target: Path, fingerprint: str) -> dict[str, Any] | None:
     return manifest if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
+def _groups(order: Sequence[str]) -> list[tuple[str, ...]]:
+    """`order` with its OpenVINO variants as one group where the first of them stood: which of those
+    is faster depends on the host's CPU (`shared.embedding_openvino.load_fastest` measures it there)."""
+    vino = tuple(v for v in order if v in OPENVINO_VARIANTS)
+    out: list[tuple[str, ...]] = []
+    for variant in order:
+        if variant not in OPENVINO_VARIANTS:
+            out.append((variant,))
+        elif variant == vino[0]:
+            out.append(vino)
+    return out
+
+
+def _load_openvino(
+    target: Path, source: Path, manifest: dict[str, Any], threads: int, role: str, variants: tuple[str, ...]
+) -> tuple[OnnxSentenceModel | None, str, str]:
+    """(model or None, why, its variant) of the OpenVINO `variants` `load_onnx` reached: the faster of
+    two on this host's CPU (`shared.embedding_openvino.load_fastest`: measured there once), or the one.
+    `why` is `NOT_HERE` when the CPU cannot run them at all (passed over silently by `auto`)."""
+    from shared import embedding_openvino
+
+    if len(variants) > 1:
+        found, why, chosen = embedding_openvino.load_fastest(
+            target, source, manifest, threads=threads, role=role, variants=variants
+        )
+        variant = chosen or variants[0]
+    else:
+        variant = variants[0]
+        found, why = embedding_openvino.load(
+            target, source, manifest, threads=threads, role=role, variant=variant
+        )
+    return found, why, variant
+
+
 def load_onnx(
     model_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
@@ -573,13 +610,10 @@ def load_onnx(
         return None
     failed: list[str] = []
     order = QUERY_ORDERS.get(name, AUTO_ORDER) if role == "query" else AUTO_ORDER
-    for variant in order if backend == "auto" else (backend,):
+    for group in _groups(order) if backend == "auto" else [(backend,)]:
+        variant = group[0]
         if variant in OPENVINO_VARIANTS:  # gated at load, on this host's CPU (shared/embedding_openvino.py)
-            from shared import embedding_openvino
-
-            found, why = embedding_openvino.load(
-                target, source, manifest, threads=threads, role=role, variant=variant
-            )
+            found, why, variant = _load_openvino(target, source, manifest, threads, role, group)
             if found is not None:
                 if failed:
                     log.info("%s ◆ %s=%s ◆ passed over %s", name, SETTING[role], backend, "; ".join(failed))
@@ -587,8 +621,10 @@ def load_onnx(
                     "%s ◆ %s for %s ◆ %s", name, variant, "queries" if role == "query" else "documents", why
                 )
                 return found
-            if backend != "auto" or why != embedding_openvino.NOT_HERE:
-                failed.append(f"{variant}: {why}")
+            from shared.embedding_openvino import NOT_HERE
+
+            if backend != "auto" or why != NOT_HERE:  # a group's why names each of its variants
+                failed.append(why if len(group) > 1 else f"{variant}: {why}")
             continue
         agreed = gate_of(manifest, variant, role)
         if agreed is None or not agreed.passes(variant, role):

@@ -20,10 +20,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
+import math
 import os
+import platform
 import shutil
 import tempfile
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +286,105 @@ def load(
     if not (agreed.mean >= least_mean and agreed.min >= least_row):
         return None, f"{figures} (needs {least_mean} / {least_row})"
     return model, f"{figures} ◆ {threads} threads"
+
+
+SPEED_ROUNDS = 3
+"""Timed passes per variant in `load_fastest` (the least counts: a start shares the cores with the other
+service's)."""
+
+
+def cpu_signature() -> str:
+    """12 hex digits naming what decides OpenVINO's kernels on this host: the CPU's model name and its
+    feature flags (`/proc/cpuinfo`; `platform.processor()` where there is none). A model cache shared by
+    hosts of two kinds keeps one speed record per kind."""
+    model, flags = platform.processor(), ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name" and not flags:
+                model = value.strip()
+            elif name.strip() == "flags":
+                flags = " ".join(sorted(value.split()))
+                break
+    return hashlib.sha256(f"{model}\n{flags}".encode()).hexdigest()[:12]
+
+
+def speed_record(target: Path, role: str, threads: int) -> Path:
+    """Where `load_fastest` keeps which variant was faster for `role` on this kind of CPU."""
+    return target / f"speed-{role}-{cpu_signature()}-{threads}t.json"
+
+
+def _pass_seconds(models: dict[str, OnnxSentenceModel], texts: list[str], batch: int) -> dict[str, float]:
+    """The least wall seconds of SPEED_ROUNDS passes of `texts` (in passes of `batch`) for each model,
+    rounds interleaved so a drifting load falls on each alike, after one warm-up pass each."""
+    for model in models.values():
+        model.encode_counted(texts, batch)
+    best = dict.fromkeys(models, math.inf)
+    for _ in range(SPEED_ROUNDS):
+        for variant, model in models.items():
+            started = time.perf_counter()
+            model.encode_counted(texts, batch)
+            best[variant] = min(best[variant], time.perf_counter() - started)
+    return best
+
+
+def load_fastest(
+    target: Path,
+    source: Path,
+    manifest: dict[str, Any],
+    *,
+    threads: int,
+    role: str,
+    variants: Sequence[str] = (OPENVINO_INT8, OPENVINO),
+) -> tuple[OnnxSentenceModel | None, str, str | None]:
+    """(the faster on this CPU of the `variants` that pass their gates, what its gate measured and how
+    it was chosen, its variant), or (None, why none, None).
+
+    Which is faster depends on the host, not the model: on AMD EPYC (avx512_bf16, avx512_vnni) int8
+    products ran mpnet 1.3-1.4x bfloat16's turns/s; on a Xeon with AMX (amx_bf16, amx_int8) bfloat16
+    ran 1.44x int8's (162-172 against 111-120 turns/s; 8 questions 36 against 42.5 ms) and agrees
+    better with the float graph (docs/benchmarks.md "bfloat16 or int8: measured on the host"). So the
+    first start loads both (each gated), times SPEED_ROUNDS passes of the gate's texts (documents in
+    one pass, queries in passes of 8, as concurrent queries share them), keeps the faster and records
+    it in `speed_record` (a read-only cache: measured again at each start); later starts load the
+    recorded one (the other only if it fails its gate now). For `role` as in `load`."""
+    if _core() is None:
+        return None, NOT_HERE, None
+    record = speed_record(target, role, threads)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        recorded = json.loads(record.read_text())["faster"]
+        if recorded in variants:
+            whys = []
+            for variant in (recorded, *(v for v in variants if v != recorded)):
+                model, why = load(target, source, manifest, threads=threads, role=role, variant=variant)
+                if model is not None:
+                    how = "faster here" if variant == recorded else f"{recorded} failed its gate"
+                    return model, f"{why} ◆ {how} ({record.name})", variant
+                whys.append(f"{variant}: {why}")
+            return None, "; ".join(whys), None
+    loaded: dict[str, tuple[OnnxSentenceModel, str]] = {}
+    whys = []
+    for variant in variants:
+        model, why = load(target, source, manifest, threads=threads, role=role, variant=variant)
+        if model is None:
+            whys.append(f"{variant}: {why}")
+        else:
+            loaded[variant] = (model, why)
+    if not loaded:
+        return None, "; ".join(whys), None
+    if len(loaded) == 1:
+        variant, (model, why) = next(iter(loaded.items()))
+        return model, why, variant
+    texts = list(QUERY_AGREEMENT_TEXTS if role == "query" else AGREEMENT_TEXTS)
+    seconds = _pass_seconds(
+        {v: m for v, (m, _) in loaded.items()}, texts, 8 if role == "query" else len(texts)
+    )
+    faster = min(seconds, key=lambda v: seconds[v])
+    measured = ", ".join(f"{v} {seconds[v] * 1e3:.1f} ms" for v in seconds)
+    with contextlib.suppress(OSError):  # a read-only cache: measured again at the next start
+        work = record.with_name(f".{record.name}.{os.getpid()}")
+        work.write_text(json.dumps({"faster": faster, "seconds": seconds, "texts": len(texts), "role": role}))
+        os.replace(work, record)
+    model, why = loaded.pop(faster)
+    loaded.clear()  # the slower graph's memory goes now, not with this frame
+    return model, f"{why} ◆ faster here: {measured} for {len(texts)} texts", faster

@@ -5,6 +5,7 @@ pass, safe across threads, and refused (falling back) when it misses the bar. No
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from xml.etree import ElementTree
@@ -290,3 +291,54 @@ def test_openvino_starts_from_a_read_only_cache_without_the_gates_reference_file
             assert model is not None, (variant, role, why)
             assert "agreement with the float graph" in why
     assert sorted(p.name for p in target.iterdir()) == before  # nothing saved, nothing half-written
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_faster_variant_is_measured_on_this_cpu_once_and_recorded(tmp_path, monkeypatch):
+    """`load_fastest`: the first load gates and times both OpenVINO variants, keeps the faster and
+    records it per kind of CPU; a later load takes the record without timing, and the other variant
+    only if the recorded one fails its gate."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    if ov._core() is None:
+        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
+    target, source, manifest = _minilm_export_copy(tmp_path)
+    timed: list[dict[str, float]] = []
+    real = ov._pass_seconds
+
+    def spy(models, texts, batch):
+        timed.append(real(models, texts, batch))
+        return timed[-1]
+
+    monkeypatch.setattr(ov, "_pass_seconds", spy)
+    model, why, variant = ov.load_fastest(target, source, manifest, threads=1, role="query")
+    assert len(timed) == 1 and set(timed[0]) == {eo.OPENVINO_INT8, eo.OPENVINO}
+    assert variant == min(timed[0], key=timed[0].get) and model.variant == variant
+    assert "faster here:" in why and f"{variant} " in why
+    record = ov.speed_record(target, "query", 1)
+    assert json.loads(record.read_text())["faster"] == variant
+    assert not ov.speed_record(target, "document", 1).exists()  # each role measures its own passes
+
+    for recorded in (eo.OPENVINO, eo.OPENVINO_INT8):  # the record decides, nothing is timed again
+        record.write_text(json.dumps({"faster": recorded}))
+        model, why, variant = ov.load_fastest(target, source, manifest, threads=1, role="query")
+        assert variant == recorded == model.variant and record.name in why
+    assert len(timed) == 1
+    monkeypatch.setattr(eo, "MIN_QUERY_MEAN", 1.000001)  # no variant passes the queries' gate now
+    none, why, variant = ov.load_fastest(target, source, manifest, threads=1, role="query")
+    assert none is None and variant is None and "openvino-int8:" in why and "openvino-bf16:" in why
+
+
+def test_a_cpu_signature_names_this_kind_of_cpu():
+    assert ov.cpu_signature() == ov.cpu_signature()
+    assert len(ov.cpu_signature()) == 12 and int(ov.cpu_signature(), 16) >= 0
+
+
+def test_auto_tries_the_openvino_variants_as_one_choice_where_the_first_stood():
+    assert eo._groups(("onnx-int8", eo.OPENVINO_INT8, eo.OPENVINO, "onnx")) == [
+        ("onnx-int8",),
+        (eo.OPENVINO_INT8, eo.OPENVINO),
+        ("onnx",),
+    ]
+    assert eo._groups((eo.OPENVINO, "onnx-int8")) == [(eo.OPENVINO,), ("onnx-int8",)]
