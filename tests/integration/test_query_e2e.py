@@ -104,7 +104,9 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
     )
     await stream_commands.publish(redis, keys.stream, [encode(event)])  # ...another client does not
     await drain(settings, redis)
-    assert (await api.get("/v1/episodes/dl-only")).status == 404
+    missing = await api.get("/v1/episodes/dl-only")  # a 404 that says where the episode went
+    assert missing.status == 404 and "dead-lettered" in (await missing.json())["detail"]
+    assert "dead-lettered" not in (await (await api.get("/v1/episodes/never-seen")).json())["detail"]
     assert (await api.delete("/v1/episodes/dl-only")).status == 202
     await drain(settings, redis)
     for stream in (keys.stream, keys.dead_letters):

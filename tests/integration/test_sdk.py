@@ -284,3 +284,35 @@ async def test_backpressure_is_the_lag_of_the_publishers_partition(redis, prefix
     )
     await other.record({"episode_id": "y", "task": "t", "outcome": "success"})
     assert await redis.xlen(keys.stream_of(calm)) == 1
+
+
+async def test_the_documented_stream_sdk_example_publishes_with_make_runs_key(
+    redis, prefix, redis_url, tmp_path
+):
+    """docs/architecture.md "Publishing next to Redis", run as written (this test's Redis, prefix and a
+    master key file put in): make run seals its stream, so the example passes the key (a trial's copy
+    without it was refused)."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from shared.crypto import generate_master_key_file
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    start = doc.index("### Publishing next to Redis")
+    code = doc[doc.index("```python\n", start) + len("```python\n") :]
+    code = code[: code.index("\n```")]
+    key = generate_master_key_file(tmp_path / "master.key")
+    for documented, actual in (
+        ('"redis://127.0.0.1:6390/0"', repr(redis_url)),
+        ('".run/master.key"', repr(str(key))),
+        ('namespace="default",', f'namespace="default", prefix={prefix!r},'),
+    ):
+        assert documented in code, documented
+        code = code.replace(documented, actual)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert await redis.xlen(Keys(prefix).stream) == 5  # started, two actions, completed; one record

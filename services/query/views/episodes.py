@@ -300,7 +300,8 @@ async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool
 
 async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes, bytes | None] | None:
     """The episode's stored fields (`_stored`), or None while it is accepted but not yet projected
-    (read-your-writes: not "never existed"); NotFound otherwise. A negative pending check is followed
+    (read-your-writes: not "never existed"); NotFound otherwise (naming the dead letters when the
+    episode's events were dead-lettered). A negative pending check is followed
     by a second read: the worker acks an entry only after its document write committed, so an event
     acked between the first read and the check has its document by the second. Without it, a read
     right after a publish answered 404 (a new-user trial: 6 of 60 GETs, and a DELETE that then did
@@ -313,7 +314,16 @@ async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes
             raise
         if await _accepted_not_projected(request, episode_id):
             return None
-    return await _stored(request, episode_id)
+    try:
+        return await _stored(request, episode_id)
+    except NotFound as exc:  # its events were given up on: say where they are, not "never existed"
+        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+        if await r.exists(keys.dead_letter_refs(ns, episode_id)):
+            raise NotFound(
+                f"{exc}: its events were dead-lettered by the consolidator (`engram dead-letters` says "
+                f"why; `engram redrive` after a fix, `engram discard` to drop them)"
+            ) from None
+        raise
 
 
 async def get_episode(request: web.Request) -> web.Response:
