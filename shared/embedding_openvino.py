@@ -351,17 +351,18 @@ def load_fastest(
     if _core() is None:
         return None, NOT_HERE, None
     record = speed_record(target, role, threads)
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        recorded = json.loads(record.read_text())["faster"]
-        if recorded in variants:
-            whys = []
-            for variant in (recorded, *(v for v in variants if v != recorded)):
-                model, why = load(target, source, manifest, threads=threads, role=role, variant=variant)
-                if model is not None:
-                    how = "faster here" if variant == recorded else f"{recorded} failed its gate"
-                    return model, f"{why} ◆ {how} ({record.name})", variant
-                whys.append(f"{variant}: {why}")
-            return None, "; ".join(whys), None
+    recorded = ""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none, or unreadable: measure
+        recorded = str(json.loads(record.read_text())["faster"])
+    if recorded in variants:
+        whys = []
+        for variant in (recorded, *(v for v in variants if v != recorded)):
+            model, why = load(target, source, manifest, threads=threads, role=role, variant=variant)
+            if model is not None:
+                how = "faster here" if variant == recorded else f"{recorded} failed its gate"
+                return model, f"{why} ◆ {how} ({record.name})", variant
+            whys.append(f"{variant}: {why}")
+        return None, "; ".join(whys), None
     loaded: dict[str, tuple[OnnxSentenceModel, str]] = {}
     whys = []
     for variant in variants:
