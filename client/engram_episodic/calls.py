@@ -202,7 +202,7 @@ def joined(results: list[IngestResult]) -> IngestResult:
 
 
 _WHY = {
-    "forgotten": "forgotten before (a forgotten episode_id is never projected again: publish under a new one)",
+    "forgotten": "forgotten before, so not published (a forgotten episode_id is never stored again: publish under a new one)",
     "dead_lettered": "dead-lettered by the consolidator (`engram dead-letters` says why)",
     "expired": "expired (past its expires_at: hidden from every read; publish under a new episode_id)",
 }
@@ -219,7 +219,9 @@ def _waited(result: IngestResult, wait: float | None) -> IngestResult:
         slow = [a.episode_id for a in late if a.reason not in _WHY]
         if slow:
             parts.append(f"not projected within {wait:g}s: {', '.join(slow[:10])}")
-        timeout = WaitTimeout("accepted, but " + "; ".join(parts))
+        # a forgotten id was not even published: "accepted" would say otherwise
+        lead = "accepted, but " if any(a.reason != "forgotten" for a in late) else ""
+        timeout = WaitTimeout(lead + "; ".join(parts))
         timeout.episode_ids = tuple(a.episode_id for a in late)
         timeout.result = result
         raise timeout
