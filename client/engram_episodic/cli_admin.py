@@ -191,7 +191,10 @@ def dead_letters(limit: int, as_json: bool) -> None:
     from engram_episodic.timeutil import format_instant
 
     for row in rows:
-        click.echo(f"{row['id']:22} {format_instant(row['at'])}  {row['bytes']:7} B  {row['reason'][:100]}")
+        episode = row.get("episode_id") or "-"
+        click.echo(
+            f"{row['id']:22} {format_instant(row['at'])}  {row['bytes']:7} B  {episode[:40]:40}  {row['reason'][:100]}"
+        )
     click.echo(f"{len(rows)} dead letter(s)", err=True)
 
 

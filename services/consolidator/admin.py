@@ -87,22 +87,30 @@ async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, d
 
 
 async def dead_letters(settings: Settings, limit: int) -> list[dict[str, Any]]:
-    """The oldest `limit` dead letters: `{id, stream_id, reason, consumer, at (UTC epoch s), bytes}`."""
+    """The oldest `limit` dead letters: `{id, stream_id, reason, consumer, at (UTC epoch s), bytes,
+    namespace, episode_id}`; the last two are None when the payload names no episode (ids only: never
+    the user or the content)."""
     from services.consolidator.deadletters import list_dead_letters
+    from shared.codec import peek_identity
 
     async with redis_of(settings) as redis:
         keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
-        return [
-            {
-                "id": d.dead_id,
-                "stream_id": d.stream_id,
-                "reason": d.reason,
-                "consumer": d.consumer,
-                "at": d.at,
-                "bytes": len(d.payload),
-            }
-            for d in await list_dead_letters(redis, keys, limit=limit)
-        ]
+        rows = []
+        for d in await list_dead_letters(redis, keys, limit=limit):
+            ident = peek_identity(d.payload) if d.payload else None
+            rows.append(
+                {
+                    "id": d.dead_id,
+                    "stream_id": d.stream_id,
+                    "reason": d.reason,
+                    "consumer": d.consumer,
+                    "at": d.at,
+                    "bytes": len(d.payload),
+                    "namespace": ident[0] if ident else None,
+                    "episode_id": ident[1] if ident else None,
+                }
+            )
+        return rows
 
 
 async def redrive(

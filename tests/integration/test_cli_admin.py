@@ -77,8 +77,10 @@ async def test_dead_letters_and_redrive(settings, redis, monkeypatch):
     assert out.exit_code == 0, out.output
     (letter,) = json.loads(out.stdout)
     assert "dimension" in letter["reason"] or "dim" in letter["reason"], letter
+    assert (letter["namespace"], letter["episode_id"]) == ("ns", "bad-vector")  # which episode it was
     human = await invoke("dead-letters")
     assert letter["id"] in human.stdout and "1 dead letter(s)" in human.stderr
+    assert "bad-vector" in human.stdout
 
     out = await invoke("redrive", "nope-0", "--json")
     assert out.exit_code == 1 and "no dead letter has the id(s) nope-0" in out.output
