@@ -230,7 +230,9 @@ def _dead_letter_command(verb: str, did: str, key: str, doc: str):
         if as_json:
             click.echo(json.dumps({key: n, "unknown": unknown, "seconds": round(seconds, 3)}))
         else:
-            click.echo(f"{did} {n} dead letter(s) in {seconds:.1f} s")
+            # a bare "0" beside "no dead letter has the id" read as a contradiction
+            named = f" of the {len(ids)} named" if unknown else ""
+            click.echo(f"{did} {n}{named} dead letter(s) in {seconds:.1f} s")
         if unknown:  # a typo must not look like success
             raise click.ClickException(
                 f"no dead letter has the id(s) {', '.join(unknown)} (see `engram dead-letters` for the ids)"

@@ -175,7 +175,9 @@ def _on_dead_letters(verb: str, did: str, ids: tuple[str, ...], all_: bool) -> N
     if ids and all_:  # which one was meant? (--all re-drove everything and ignored the ids)
         raise click.UsageError("name dead-letter ids or pass --all, not both")
     n, unknown = run_admin(verb, getattr(admin, verb)(_settings(), None if all_ else list(ids)))
-    click.echo(f"{did} {n} dead letter(s)")
+    # a bare "0" beside "no dead letter has the id" read as a contradiction
+    named = f" of the {len(ids)} named" if unknown else ""
+    click.echo(f"{did} {n}{named} dead letter(s)")
     if unknown:  # a typo must not look like success
         raise click.ClickException(
             f"no dead letter has the id(s) {', '.join(unknown)} (see `dead-letters` for the ids)"

@@ -106,6 +106,9 @@ async def test_discard_deletes_a_dead_letter_its_entry_and_links(settings, redis
     gone = next(d for d in letters if d["stream_id"])
     stream_len = await redis.xlen(keys.stream_of("ns"))
 
+    out = await invoke("discard", "nope-0")
+    assert out.exit_code == 1 and "discarded 0 of the 1 named dead letter(s)" in out.stdout, out.output
+    assert "no dead letter has the id(s) nope-0" in out.output
     out = await invoke("discard", gone["id"], "nope-0", "--json")
     assert out.exit_code == 1 and "no dead letter has the id(s) nope-0" in out.output
     assert json.loads(out.stdout.splitlines()[0])["discarded"] == 1
