@@ -55,7 +55,7 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
 
     settings = Settings(embedder="hashing", embed_dim=384)
     embedder = make_embedder(settings)
-    _, questions, _ = real_texts()
+    _, questions, source = real_texts()
     qs = questions[args.offset : args.offset + args.queries]
     vectors = await embedder.embed(qs)
     r = connect(args.url)
@@ -70,11 +70,16 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
         req = models.RecallRequest(query=q, top_k=10)
         p = recall_params(req, settings, args.as_of)
         body = await rc.recall(r, index, rc.scope_of(NAMESPACE, req, tags), q, v, p, sizes=sizes)
+        rows = []
         for x in body["results"]:
             parts = [x["priority"], x["relevance"], x["recency"], *x["components"].values()]
+            rows.append([x["episode"]["episode_id"], *(f.hex() for f in parts)])
             digest.update(x["episode"]["episode_id"].encode() + b"".join(f.hex().encode() for f in parts))
         digest.update(b"|%d|" % body["candidates"])
+        if dump is not None:  # where two checkouts' digests differ: which question, which field
+            dump.write(json.dumps({"query": q, "candidates": body["candidates"], "results": rows}) + "\n")
 
+    dump = open(args.dump, "a") if args.dump else None  # noqa: SIM115 (closed below)
     out: dict[str, object] = {}
     for name in ("cold", "warm"):
         cpu0, redis0, wall0 = time.process_time(), await redis_cpu(r), time.perf_counter()
@@ -91,6 +96,7 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
             "redis_cpu_ms": round(1000 * (await redis_cpu(r) - redis0) / n, 3),
         }
     out["digest"] = digest.hexdigest()[:16]
+    out["texts"] = source
     if args.profile:
         import cProfile
         import pstats
@@ -116,6 +122,8 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
                 await one(q, v)
         out["sampled"] = sampler.report()
     await r.aclose()
+    if dump is not None:
+        dump.close()
     return out
 
 
@@ -181,6 +189,11 @@ def spawn(tree: Path, url: str, prefix: str, args: argparse.Namespace, *, profil
     cmd = [sys.executable, __file__, "--worker", "--url", url, "--prefix", prefix]
     cmd += ["--queries", str(args.queries), "--offset", str(args.offset), "--as-of", str(args.as_of)]
     cmd += ["--profile", str(profile), "--sample", str(args.sample)]
+    if args.dump:
+        cmd += [
+            "--dump",
+            f"{args.dump}.{tree.name}.r{len(list(Path(args.dump).parent.glob(Path(args.dump).name + '.*')))}",
+        ]
     done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"worker in {tree} failed:\n{done.stderr}")
@@ -213,6 +226,11 @@ async def drive(url: str, args: argparse.Namespace) -> dict[str, object]:
                 load = os.getloadavg()[0]
                 profile = args.profile if rnd == args.rounds - 1 else 0
                 res = spawn(trees[name], url, seeder.keys.prefix, args, profile=profile)
+                if res.get("texts") not in (None, source):  # a checkout without ../shared/data
+                    raise SystemExit(
+                        f"the {name} checkout ({trees[name]}) read its questions from {res['texts']}, "
+                        f"this one from {source}: their answers cannot be compared (link ../shared beside it)"
+                    )
                 row = {"size": size, "round": rnd, "tree": name, "load": round(load, 2), **res}
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 report["runs"].append(row)  # type: ignore[attr-defined]
@@ -256,6 +274,11 @@ def main() -> None:
     p.add_argument("--base", default="", help="another checkout run beside this one (A/B)")
     p.add_argument("--profile", type=int, default=0, help="cProfile N warm recalls in the last round")
     p.add_argument("--sample", type=int, default=0, help="statistical profile of N warm recalls")
+    p.add_argument(
+        "--dump",
+        default="",
+        help="write each answer (ids, scores in hex) to DUMP.<checkout>.r<n>, JSON lines",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", default="", help=argparse.SUPPRESS)
     p.add_argument("--prefix", default="", help=argparse.SUPPRESS)

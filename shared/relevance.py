@@ -142,9 +142,9 @@ def episode_terms(
     return MappingProxyType({s: n * t.scale for s, n in t.tf.items()}), t.length
 
 
-def keyword_relevances(terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]]) -> list[float]:
-    """`keyword_relevance(terms, *episode_terms(h))` of each search hit's fields in `hits` (bytes
-    names, as `parse_search` returns them), to the last bit, computed over the pool at once.
+def keyword_relevances(terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]]) -> np.ndarray:
+    """float64[n]: `keyword_relevance(terms, *episode_terms(h))` of each search hit's fields in `hits`
+    (bytes names, as `parse_search` returns them), to the last bit, computed over the pool at once.
 
     Why equal: the same IEEE-754 double operations in the same order, elementwise: each term's
     contribution `idf * f * (K1+1) / (f + norm)` is added to `s` term by term in `terms`' order, a term
@@ -153,7 +153,7 @@ def keyword_relevances(terms: Mapping[str, float], hits: Sequence[Mapping[bytes,
     checks it against the scalar formula over random texts."""
     n = len(hits)
     if not terms or not n:
-        return [0.0] * n
+        return np.zeros(n)
     stems = list(terms)
     zeros = [0] * len(stems)
     rows, scale, length = [], [], []
@@ -168,7 +168,7 @@ def keyword_relevances(terms: Mapping[str, float], hits: Sequence[Mapping[bytes,
     for j, weight in enumerate(terms.values()):
         f = tf[:, j]
         s = s + weight * f * (K1 + 1.0) / (f + norm)
-    return np.where(s > 0.0, s / (s + KEYWORD_HALF), 0.0).tolist()
+    return np.where(s > 0.0, s / (s + KEYWORD_HALF), 0.0)
 
 
 def keyword_score(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
@@ -206,3 +206,18 @@ def relevance(mode: str, cos: float, keyword: float) -> float:
     if mode == "keyword":
         return keyword
     return HYBRID_VECTOR_WEIGHT * cosine_relevance(cos) + (1.0 - HYBRID_VECTOR_WEIGHT) * keyword
+
+
+def relevances(mode: str, cos: np.ndarray, keyword: np.ndarray) -> np.ndarray:
+    """float64[n]: `relevance(mode, cos[i], keyword[i])` of each row, to the last bit (the same IEEE-754
+    operations elementwise; a cosine that is not finite or not positive gives 0.0, as in
+    `cosine_relevance`)."""
+    if mode == "keyword":
+        return np.asarray(keyword, dtype=np.float64)
+    cos = np.asarray(cos, dtype=np.float64)
+    clipped = np.where(np.isfinite(cos) & (cos > 0.0), cos, 0.0)
+    if mode == "vector":
+        return clipped
+    return HYBRID_VECTOR_WEIGHT * clipped + (1.0 - HYBRID_VECTOR_WEIGHT) * np.asarray(
+        keyword, dtype=np.float64
+    )

@@ -251,8 +251,13 @@ async def remembered_lists(
     lists = []
     for field, floor, _ in narrowed:
         order = _sort_key(field)
-        valued = sorted((h for h in hits if order(h) >= floor), key=order, reverse=True)
-        if len(valued) < depth + 1 or not order(valued[depth - 1]) > order(valued[depth]):
+        valued = [(o, h) for h in hits if (o := order(h)) >= floor]  # each hit's order read once
+        valued.sort(key=_first, reverse=True)
+        if len(valued) < depth + 1 or not valued[depth - 1][0] > valued[depth][0]:
             return None
-        lists.append(valued[:depth])
+        lists.append([h for _, h in valued[:depth]])
     return lists
+
+
+def _first(pair: tuple[Any, SearchHit]) -> Any:
+    return pair[0]

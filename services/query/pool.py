@@ -1,6 +1,7 @@
-"""The candidate pool of a recall: what each search returns of an episode (`Candidate`, the field
-lists), the lists a recall draws from (`arms`), and their merge with cosines and relevance
-(`similarity_pool`, `extra_candidates`). `services.query.recall` scores and cuts the pool.
+"""The candidate pool of a recall: what each search returns of an episode (the field lists; the pool's
+rows as `Columns`, a winner or a looked-up episode as a `Candidate`), the lists a recall draws from
+(`arms`), and their merge with cosines and relevance (`similarity_pool`, `extra_candidates`).
+`services.query.recall` scores and cuts the pool.
 """
 
 from __future__ import annotations
@@ -127,24 +128,114 @@ def _number(raw: bytes | None) -> float:
         return math.nan
 
 
-def signal_hit(hit: SearchHit) -> Candidate:
-    """A search hit of SIGNAL_FIELDS → Candidate without its episode (loaded later for winners)."""
-    get = hit.fields.get
-    count_raw = _number(get(b"access_count"))
-    completed = _number(get(b"completed_at"))
-    if math.isnan(completed):
-        completed = _number(get(b"started_at"))
-    outcome = get(b"outcome")
-    return Candidate(
-        key=hit.key,
-        raw_doc=get(b"doc"),
-        completed_at=completed,
-        reward=_number(get(b"reward")),
-        outcome=outcome.decode() if outcome else None,
-        importance=_number(get(b"importance")),
-        last_accessed=_number(get(b"last_accessed")),
-        access_count=0 if math.isnan(count_raw) else int(count_raw),
-    )
+def _floats(raw: list[bytes | None]) -> np.ndarray:
+    """float64[n] of returned values (`_number` of each: NaN when absent or not a number). Python's
+    float() per value, as `_number`, so each is the same double: numpy's own bytes-to-float cast
+    parses with the same routine but was slower for a pool's ~400 values (0.086 against 0.063 ms)."""
+    nan = math.nan
+    try:
+        return np.array([nan if v is None else float(v) for v in raw], dtype=np.float64)
+    except ValueError:  # a value that is not a number: NaN for it alone
+        return np.array([_number(v) for v in raw], dtype=np.float64)
+
+
+@dataclass(slots=True)
+class Columns:
+    """A recall's candidate pool as parallel columns, one row per episode in merge order: what ranking
+    reads of each hit (`LIGHT_SIGNAL_FIELDS`), its cosine and relevance. `candidate(i)` makes the
+    `Candidate` of a row (the winners only). Float columns are float64[n], NaN where the index returned
+    nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent).
+
+    Why columns: a default hybrid recall at 100,000 episodes pools ~390 hits, of which 10 are answered;
+    one object per hit cost ~19 µs of Python per candidate in all (docs/benchmarks.md "Where a hybrid
+    recall's Redis and Python time go"); the columns are read straight from the hits' fields and go to
+    `shared.scoring.Candidates` as they are."""
+
+    keys: list[bytes]
+    raw_docs: list[bytes | None]
+    outcomes: list[str | None]
+    completed_at: np.ndarray
+    reward: np.ndarray
+    importance: np.ndarray
+    last_accessed: np.ndarray
+    access_count: np.ndarray
+    cos: np.ndarray
+    keyword: np.ndarray
+    relevance: np.ndarray
+
+    @classmethod
+    def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
+        """The rows of `hits` (SIGNAL_FIELDS returned), with their cosines (float64[n], NaN unknown) and
+        keyword relevance (float64[n]); relevance is `shared.relevance.relevances` of `mode`."""
+        gets = [h.fields.get for h in hits]
+        completed = _floats([get(b"completed_at") for get in gets])
+        unset = np.isnan(completed)
+        if unset.any():
+            completed = np.where(unset, _floats([get(b"started_at") for get in gets]), completed)
+        count = _floats([get(b"access_count") for get in gets])
+        return cls(
+            keys=[h.key for h in hits],
+            raw_docs=[get(b"doc") for get in gets],
+            outcomes=[o.decode() if o else None for o in (get(b"outcome") for get in gets)],
+            completed_at=completed,
+            reward=_floats([get(b"reward") for get in gets]),
+            importance=_floats([get(b"importance") for get in gets]),
+            last_accessed=_floats([get(b"last_accessed") for get in gets]),
+            access_count=np.where(np.isnan(count), 0.0, count),
+            cos=cos,
+            keyword=keyword,
+            relevance=relevance.relevances(mode, cos, keyword),
+        )
+
+    @classmethod
+    def empty(cls) -> Columns:
+        """No rows."""
+        return cls.of_hits([], np.empty(0), np.empty(0), "vector")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __add__(self, other: Columns) -> Columns:
+        """These rows, then `other`'s."""
+        if not other.keys:
+            return self
+        if not self.keys:
+            return other
+        arrays = {name: np.concatenate((getattr(self, name), getattr(other, name))) for name in _ARRAYS}
+        return Columns(
+            keys=self.keys + other.keys,
+            raw_docs=self.raw_docs + other.raw_docs,
+            outcomes=self.outcomes + other.outcomes,
+            **arrays,
+        )
+
+    def candidate(self, i: int) -> Candidate:
+        """Row `i` as a Candidate (without its episode: `services.query.recall.load_episodes`)."""
+        return Candidate(
+            key=self.keys[i],
+            raw_doc=self.raw_docs[i],
+            completed_at=float(self.completed_at[i]),
+            reward=float(self.reward[i]),
+            outcome=self.outcomes[i],
+            importance=float(self.importance[i]),
+            cos=float(self.cos[i]),
+            relevance=float(self.relevance[i]),
+            keyword=float(self.keyword[i]),
+            last_accessed=float(self.last_accessed[i]),
+            access_count=int(self.access_count[i]),
+        )
+
+
+_ARRAYS = (
+    "completed_at",
+    "reward",
+    "importance",
+    "last_accessed",
+    "access_count",
+    "cos",
+    "keyword",
+    "relevance",
+)
 
 
 def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
@@ -180,7 +271,7 @@ SIMILARITY_ARMS = ("knn", "bm25")
 class Pool:
     """Candidates of a recall and what bounds the relevance of every episode not among them."""
 
-    cands: list[Candidate]
+    cands: Columns
     terms: dict[str, float]
     mode: str
     """The mode relevance is computed in (hybrid becomes vector for a query of stop words only)."""
@@ -189,25 +280,6 @@ class Pool:
     KNN cosine when the KNN list is full (0 when it holds the whole scope), and the query's largest
     possible keyword relevance when the BM25 list is full (0 when it holds every episode matching a
     query word)."""
-
-
-async def candidates(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query: str,
-    query_vector: QueryVector,
-    *,
-    mode: str,
-    depth: int,
-    weights: scoring.Weights,
-    recency_from: str = "completed",
-) -> list[Candidate]:
-    """The whole candidate pool of a recall (every arm of `arms`) with cosines and absolute relevance."""
-    pool = await similarity_pool(r, index, scope, query, query_vector, mode=mode, depth=depth)
-    return pool.cands + await extra_candidates(
-        r, index, scope, await vector_of(query_vector), pool, arms(mode, weights, recency_from), depth=depth
-    )
 
 
 async def similarity_pool(
@@ -284,7 +356,7 @@ async def similarity_pool(
     lists = [{"knn": knn_hits, "bm25": bm25_hits}[name] for name in names]
     if mode == "hybrid" and not words:  # no word to match (stop words only): the keyword arm is silent
         mode = "vector"
-    pool = Pool(cands=[], terms=terms, mode=mode)
+    pool = Pool(cands=Columns.empty(), terms=terms, mode=mode)
     last = knn_hits[-1].score if len(knn_hits) >= depth else None
     cos_out = 1.0 - float(last) if last is not None else 0.0
     # a short BM25 list holds every episode matching a kept term: outsiders match only dropped ones
@@ -361,12 +433,12 @@ async def extra_candidates(
     *,
     depth: int,
     checked: float = 0.0,
-) -> list[Candidate]:
+) -> Columns:
     """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds;
     `checked` as in `similarity_pool`."""
     names = [n for n in names if n not in SIMILARITY_ARMS]
     if not names:
-        return []
+        return Columns.empty()
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     lists = (
         await remembered_lists(r, index, scope, query_vector, names, depth, fields, checked=checked > 0)
@@ -375,7 +447,7 @@ async def extra_candidates(
     )  # keyword mode needs no cosines (nor that every episode has a vector)
     if lists is None:
         lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
-    return await _complete(r, index, scope, query_vector, pool, lists, {c.key for c in pool.cands})
+    return await _complete(r, index, scope, query_vector, pool, lists, set(pool.cands.keys))
 
 
 async def _complete(
@@ -386,7 +458,7 @@ async def _complete(
     pool: Pool,
     lists: list[list[SearchHit]],
     known: set[bytes],
-) -> list[Candidate]:
+) -> Columns:
     """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance."""
     cos: dict[bytes, float] = {}
     hits: dict[bytes, SearchHit] = {}
@@ -416,12 +488,8 @@ async def _complete(
             ):
                 if h.score is not None and math.isfinite(h.score):
                     cos[h.key] = 1.0 - float(h.score)
-    out = []
-    nan, mode = math.nan, pool.mode
-    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in hits.values()])
-    for h, keyword in zip(hits.values(), keywords, strict=True):
-        c = signal_hit(h)
-        c.cos, c.keyword = cos.get(c.key, nan), keyword
-        c.relevance = relevance.relevance(mode, c.cos, keyword)
-        out.append(c)
-    return out
+    found = list(hits.values())
+    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in found])
+    nan = math.nan
+    cosines = np.array([cos.get(h.key, nan) for h in found], dtype=np.float64)
+    return Columns.of_hits(found, cosines, keywords, pool.mode)

@@ -39,6 +39,7 @@ from services.query.pool import (
     RETURN_FIELDS,
     SIMILARITY_ARMS,
     Candidate,
+    Columns,
     QueryVector,
     arms,
     decode_hit,
@@ -162,7 +163,7 @@ async def _cosines(r: aioredis.Redis, keys: list[bytes], query: np.ndarray) -> l
 
 
 def score_candidates(
-    cands: list[Candidate],
+    cands: Columns,
     weights: scoring.Weights,
     *,
     half_life: float,
@@ -170,23 +171,14 @@ def score_candidates(
     normalize: scoring.Normalize = "none",
     recency_from: scoring.RecencyFrom = "completed",
 ) -> scoring.Scored:
-    """Vectorised priority of the candidates (see shared.scoring for the formula)."""
-    # one pass over the candidates, columns: completed_at, relevance, cos, last_accessed, reward, importance
-    cols = (
-        np.array(
-            [(c.completed_at, c.relevance, c.cos, c.last_accessed, c.reward, c.importance) for c in cands],
-            dtype=np.float64,
-        )
-        .reshape(len(cands), 6)
-        .T
-    )
+    """Vectorised priority of the pool's rows (see shared.scoring for the formula)."""
     data = scoring.Candidates(
-        completed_at=np.where(np.isfinite(cols[0]), cols[0], 0.0),
-        cos=np.where(np.isfinite(cols[1]), cols[1], cols[2]),
-        last_accessed=cols[3],
-        reward=cols[4],
-        outcome_score=scoring.outcome_scores([c.outcome for c in cands]),
-        importance=cols[5],
+        completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
+        cos=np.where(np.isfinite(cands.relevance), cands.relevance, cands.cos),
+        last_accessed=cands.last_accessed,
+        reward=cands.reward,
+        outcome_score=scoring.outcome_scores(cands.outcomes),
+        importance=cands.importance,
     )
     with tracing.span("engram.recall.score", candidates=len(cands)):
         return scoring.score(
@@ -348,7 +340,7 @@ async def recall(
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None
     head: list[int] = []  # pool indices ranked from the similarity lists alone (see `_bounded_head`)
-    if extra and cands and normalize == "none":
+    if extra and len(cands) and normalize == "none":
         # the recency / reward / importance lists can only matter if an episode outside the similarity
         # lists could still make the top_k: its priority is at most w_sim * pool.outside + (1 - w_sim)
         scored = score_candidates(
@@ -367,25 +359,24 @@ async def recall(
     chosen: list[Candidate] = []
     docs: list[dict[str, Any]] = []
     priorities: list[float] = []
-    if cands:
+    if len(cands):
         if scored is None:
             scored = score_candidates(
                 cands, w, half_life=half_life, as_of=as_of, normalize=normalize, recency_from=recency_from
             )
         order = _ranked(scored, head, min_relevance, min_priority)
-        winners = order[:top_k]
-        loaded = {id(c) for c in await load_episodes(r, [cands[i] for i in winners])}
+        winners = {i: cands.candidate(i) for i in order[:top_k]}  # objects for the winners alone
+        loaded = {id(c) for c in await load_episodes(r, list(winners.values()))}
         if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
-            refill = await load_episodes(
-                r, [cands[i] for i in order[top_k : top_k + (len(winners) - len(loaded))]]
-            )
-            loaded |= {id(c) for c in refill}
-        picked = [i for i in order if id(cands[i]) in loaded][:top_k]
-        no_cos = [cands[i] for i in picked if not math.isfinite(cands[i].cos)]  # keyword mode
+            refill = {i: cands.candidate(i) for i in order[top_k : top_k + (len(winners) - len(loaded))]}
+            loaded |= {id(c) for c in await load_episodes(r, list(refill.values()))}
+            winners |= refill
+        picked = [i for i in order if i in winners and id(winners[i]) in loaded][:top_k]
+        no_cos = [winners[i] for i in picked if not math.isfinite(winners[i].cos)]  # keyword mode
         for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], query_vector), strict=True):
             c.cos = cos
         for i in picked:
-            c = cands[i]
+            c = winners[i]
             if c.doc is None:  # not in `loaded`, which `picked` is drawn from
                 continue
             docs.append(c.doc)
