@@ -356,7 +356,11 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
             options["mode"] = args.recall_mode
         for size in sizes:
             rate = await seeder.grow(size)
-            row: dict[str, Any] = {"insert_rate": rate}
+            used = int((await r.info("memory"))["used_memory"])
+            row: dict[str, Any] = {"insert_rate": rate, "redis_bytes_per_episode": round(used / size)}
+            print(
+                f"  {size:,} episodes: {rate:,.0f} inserted/s, Redis {used / 2**30:.2f} GiB ({used / size / 1024:.1f} KiB each)"
+            )
             row["raw_ft_search"] = raw = await raw_knn(r, seeder, query_vectors, size, args.raw_requests)
             for c in args.recall_clients:
                 n_req = max(args.recall_requests * c, 2 * args.recall_requests)
