@@ -2,7 +2,14 @@
 scope's top `depth` episodes by a signal, in the order (value, then tie-break), each answered from a
 remembered floor (the (depth + 1)-th of that order) once one is known, so a recall asks Redis for
 ~depth + 1 episodes instead of sorting the whole scope. See docs/benchmarks.md ("Episodes without a
-continuous reward") for what the floors save.
+continuous reward", "A million episodes in one namespace") for what the floors save.
+
+A floor is a hint, never trusted: every narrowed answer is checked to be the exact top `depth` before
+it is used, so a floor left behind by new episodes or forgets costs at most a wider or a second query.
+Floors therefore do not expire; each exact answer moves its floor to the new boundary. A whole-scope
+sort is linear in the scope (~130 ms of Redis's main thread at 300,000 episodes, past RediSearch's 500 ms
+TIMEOUT near a million), so a scope without a floor is first narrowed from `hint` (the best value a
+recall's similarity pool holds) and sorted whole only when that cannot be proven exact.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ def field_float(fields: dict[bytes, bytes], name: bytes) -> float:
 
 
 _FLOORS: dict[tuple[str, str, str, int], tuple[float, float, float]] = {}
-FLOOR_TTL = 30.0
-"""Seconds `top_by` trusts a remembered floor (the (depth + 1)-th episode of a scope)."""
+FLOORS_CAP = 10_000
+"""(scope, field) floors remembered per process; all are dropped when full (each is re-found by one
+sort of its scope)."""
 FLOOR_SLACK = 1e-11
 """Relative margin below the remembered floor: more than the rounding of a 12-significant-digit reply."""
 TIED_CAP = 4
@@ -86,9 +94,23 @@ def _valued(scope: Scope, name: str) -> Scope:
 
 
 def _remember(key: tuple[str, str, str, int], now: float, floor: float, tie: float) -> None:
-    if len(_FLOORS) >= 10_000:
+    if len(_FLOORS) >= FLOORS_CAP and key not in _FLOORS:
         _FLOORS.clear()
     _FLOORS[key] = (now, floor, tie)
+
+
+def _below(value: float) -> float:
+    """A floor for a boundary `value` as the index printed it: a relative FLOOR_SLACK lower (see
+    `_full_sort`)."""
+    return value - abs(value) * FLOOR_SLACK
+
+
+def _moved(key: tuple[str, str, str, int], now: float, next_value: float, last_value: float) -> None:
+    """An exact answer's top depth ends at `last_value` and the (depth + 1)-th episode holds
+    `next_value`: when they differ, the floor moves to that boundary (a floor at a tie stays where it
+    was, still exact to use)."""
+    if last_value > next_value and math.isfinite(next_value):
+        _remember(key, now, _below(next_value), _NO_TIE)
 
 
 async def _full_sort(
@@ -119,7 +141,7 @@ async def _full_sort(
         # printed value dropped that episode, so every narrowed `reward` query came back one short and
         # the whole scope was sorted again (measured: 2.7 ms of Redis per recall at 10k). A floor a
         # little lower is as exact (the narrowed answer is checked, not trusted)
-        _remember(key, now, boundary - abs(boundary) * FLOOR_SLACK, _NO_TIE)
+        _remember(key, now, _below(boundary), _NO_TIE)
         return sorted(hits[:depth], key=order, reverse=True)
     # documents projected before `tiebreak` existed (until a replay) have no order among equal values
     tied = (
@@ -162,7 +184,14 @@ async def _tied(
 
 
 async def top_by(
-    r: aioredis.Redis, index: str, scope: Scope, name: str, depth: int, fields: tuple[str, ...]
+    r: aioredis.Redis,
+    index: str,
+    scope: Scope,
+    name: str,
+    depth: int,
+    fields: tuple[str, ...],
+    *,
+    hint: float | None = None,
 ) -> list[SearchHit]:
     """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
     importance), best first; among equal values the highest tie-break (`shared.ties.tie_break`)
@@ -171,22 +200,30 @@ async def top_by(
     (importance) list (`_valued`). Each hit also returns `tiebreak`.
 
     Sorting a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over 10k
-    episodes, measured), so the (depth + 1)-th episode of the order is remembered for FLOOR_TTL
-    seconds per (scope, field) and the next query asks only for episodes at or above it (1.2 ms).
+    episodes, measured), so the (depth + 1)-th episode of the order is remembered per (scope, field),
+    moved by every exact answer, and the next query asks only for episodes at or above it (1.2 ms).
     Exact: the narrowed answer is used only when it holds depth + 1 episodes and the depth-th is
     strictly above the next in the order (then no episode below the floor can belong to the top depth,
     and the top depth is unique); otherwise, as after forgets, the whole scope is sorted again. A floor
     between two values is the value alone; at a tie (a coarse reward, importance 5 for most, turns
     stamped the same second) it is the value and the tie-break, so it narrows to ~depth + 1 episodes
     too. Values equal to 12 significant digits (what the index returns) count as equal.
+
+    Without a remembered floor, `hint` (a value of `name` some episode of the scope holds, e.g. the
+    best of a recall's similarity pool) is tried as one first: a pool of ~200 episodes from a scope of
+    n holds one among roughly its top n/200 by any signal, so the narrowed sort reads ~n/200 episodes
+    instead of n, and answers whenever at least depth + 1 lie at or above the hint. Any answer is
+    checked as above, so a hint never changes the lists, only what they cost.
     """
     key = (index, scope.cache_key(), name, depth)
     fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
     field = name.encode()
     scope = _valued(scope, name)
     now = time.monotonic()
-    cached = _FLOORS.get(key)
-    if cached is not None and now - cached[0] < FLOOR_TTL and name != "last_accessed":
+    cached = _FLOORS.get(key) if name != "last_accessed" else None
+    if cached is None and hint is not None and math.isfinite(hint) and name != "last_accessed":
+        cached = (now, _below(hint), _NO_TIE)
+    if cached is not None:
         narrowed = _at_least(scope, name, cached[1], cached[2])
         if narrowed is not None:
             order = _sort_key(field)
@@ -195,10 +232,12 @@ async def top_by(
                     r, index, narrowed, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
                 )
                 # Redis picks among equal values at its LIMIT: only a gap in value proves the set
-                if len(hits) == depth + 1 and field_float(hits[depth - 1].fields, field) > field_float(
-                    hits[depth].fields, field
-                ):
-                    return sorted(hits[:depth], key=order, reverse=True)
+                if len(hits) == depth + 1:
+                    last = field_float(hits[depth - 1].fields, field)
+                    boundary = field_float(hits[depth].fields, field)
+                    if last > boundary:
+                        _moved(key, now, boundary, last)
+                        return sorted(hits[:depth], key=order, reverse=True)
             else:  # at a tie Redis's sort cannot pick among the tied: every episode above the floor
                 cap = TIED_CAP * (depth + 1)
                 total, hits = await filter_search(r, index, narrowed, return_fields=fields, limit=cap)
@@ -221,7 +260,8 @@ async def remembered_lists(
 ) -> list[list[SearchHit]] | None:
     """`top_by` of each of `names` from the remembered floors, all in one query that also returns each
     episode's cosine distance (so `_complete` needs no restricted KNN for them); None when a floor is
-    not remembered (or is stale, or is `last_accessed`'s) or the answer cannot be proven exact.
+    not remembered (or is `last_accessed`'s) or the answer cannot be proven exact. An exact answer
+    moves each floor to its list's new boundary, as `top_by` does.
 
     One KNN over the union of the narrowed scopes (`shared.search.knn_union`) returns every member of
     the union when it holds fewer than its k and as many as the union's count. Each list is then its
@@ -235,27 +275,31 @@ async def remembered_lists(
     fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
     narrowed = []
     for name in names:
-        cached = _FLOORS.get((index, scope.cache_key(), name, depth))
-        if name == "last_accessed" or cached is None or now - cached[0] >= FLOOR_TTL:
+        key = (index, scope.cache_key(), name, depth)
+        cached = _FLOORS.get(key)
+        if name == "last_accessed" or cached is None:
             return None
         sub = _at_least(_valued(scope, name), name, cached[1], cached[2])
         if sub is None:
             return None
-        narrowed.append((name.encode(), (cached[1], cached[2]), sub))
+        narrowed.append((key, name.encode(), (cached[1], cached[2]), sub))
     k = 2 * len(names) * (depth + 1)
     hits = await knn_union(
         r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields, checked=checked
     )
     if hits is None:
         return None
-    lists = []
-    for field, floor, _ in narrowed:
+    lists, moves = [], []
+    for key, field, floor, _ in narrowed:
         order = _sort_key(field)
         valued = [(o, h) for h in hits if (o := order(h)) >= floor]  # each hit's order read once
         valued.sort(key=_first, reverse=True)
         if len(valued) < depth + 1 or not valued[depth - 1][0] > valued[depth][0]:
             return None
         lists.append([h for _, h in valued[:depth]])
+        moves.append((key, valued[depth][0][0], valued[depth - 1][0][0]))
+    for key, boundary, last in moves:  # all lists exact: their boundaries are the scope's
+        _moved(key, now, boundary, last)
     return lists
 
 

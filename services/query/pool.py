@@ -446,8 +446,27 @@ async def extra_candidates(
         else None
     )  # keyword mode needs no cosines (nor that every episode has a vector)
     if lists is None:
-        lists = await asyncio.gather(*(top_by(r, index, scope, name, depth, fields) for name in names))
+        lists = await asyncio.gather(
+            *(top_by(r, index, scope, name, depth, fields, hint=_hint(pool.cands, name)) for name in names)
+        )
     return await _complete(r, index, scope, query_vector, pool, lists, set(pool.cands.keys))
+
+
+_HINTED = ("completed_at", "reward", "importance")
+
+
+def _hint(cands: Columns, name: str) -> float | None:
+    """The pool's best value of `name` (`top_by`'s hint for a scope without a floor), or None: none
+    has one, or it is shared by two members (a tie there is likely wide in the scope, and a floor at a
+    tie needs `top_by`'s own tie-break)."""
+    if name not in _HINTED or not len(cands):
+        return None
+    values = getattr(cands, name)
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return None
+    best = float(finite.max())
+    return best if int(np.count_nonzero(finite == best)) == 1 else None
 
 
 async def _complete(

@@ -327,13 +327,15 @@ async def test_recency_from_last_access_orders_by_the_last_recall(client, redis,
     rewards=st.lists(st.none() | st.sampled_from((0.0, 0.25, 0.5, 1.0)), min_size=20, max_size=20),
     forget=st.sets(st.integers(0, 19), max_size=5),
     later=st.lists(st.integers(0, 30), max_size=4),
+    hint_at=st.none() | st.integers(0, 19),
 )
 async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
-    client, redis, prefix, ages, rewards, forget, later
+    client, redis, prefix, ages, rewards, forget, later, hint_at
 ):
     """top_by narrows the recency / reward lists to episodes above the last (depth + 1)-th of the order
     (value, then tie-break): the answer is exactly that order over the scope's episodes that have the
-    value, including ties at the boundary (rewards of four values), forgets and new episodes since."""
+    value, including ties at the boundary (rewards of four values), forgets and new episodes since;
+    the first call narrows from a hint (one episode's value, as a recall's pool gives) when drawn."""
     from shared.index import Scope, filter_search
     from shared.keys import Keys
 
@@ -351,10 +353,17 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
     for i, age in enumerate(ages):
         await put_at(f"e{i}", age, rewards[i])
 
+    hints = {"completed_at": None, "reward": None}
+    if hint_at is not None and hint_at < len(ages):
+        hints = {"completed_at": NOW - 3600.0 * ages[hint_at], "reward": rewards[hint_at]}
+
     async def check():
         for name in ("completed_at", "reward"):
             got = [
-                h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+                h.key
+                for h in await lists.top_by(
+                    redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS, hint=hints[name]
+                )
             ]
             _, full = await filter_search(redis, index, scope, return_fields=(name, "tiebreak"), limit=1000)
             field = name.encode()

@@ -1,0 +1,139 @@
+"""The recency / reward lists' floors (`services.query.lists`) at scale's terms: a floor is kept past
+any age and moved by each exact answer, so a large scope is sorted whole once, not every half minute;
+a scope without a floor is narrowed from a hint (a value its recall's pool holds) and sorted whole
+only when the hint cannot be proven to hold the top depth. Every answer is the full sort's. Real
+Redis; the list queries are counted by wrapping the real `filter_search`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from services.query import lists, pool
+from shared.index import Scope, filter_search
+from shared.keys import Keys
+from shared.tags import BLAKE2B
+from tests.integration.test_query_support import episode, put
+from tests.integration.test_recall_ties import exact
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+NOW = 1_760_000_000.0
+DEPTH = 5
+N = 40
+
+
+@pytest.fixture(autouse=True)
+def _fresh_floors():
+    lists._FLOORS.clear()
+    yield
+    lists._FLOORS.clear()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """(sort_by, the query text) of each list query `top_by` sends."""
+    out: list[tuple[str | None, str]] = []
+
+    async def counted(r, index, scope, **kwargs):
+        out.append((kwargs.get("sort_by"), scope.query()))
+        return await filter_search(r, index, scope, **kwargs)
+
+    monkeypatch.setattr(lists, "filter_search", counted)
+    return out
+
+
+async def _scope(redis, prefix, ns: str) -> tuple[str, Scope]:
+    for i in range(N):  # distinct times and rewards: each list is one order
+        await put(
+            redis,
+            prefix,
+            ns,
+            episode(f"f{i}", task="cache deploy", completed_at=NOW - 60.0 * i, reward=(i * 7 % N) / N),
+        )
+    return Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
+
+
+def _narrowed(call: tuple[str | None, str], name: str) -> bool:
+    """A sorted query narrowed to the episodes at or above a floor of `name`."""
+    sort_by, query = call
+    return sort_by == name and f"@{name}:[" in query and "-inf +inf" not in query
+
+
+async def _keys(redis, index, scope, name, **kw) -> list[bytes]:
+    return [
+        h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS, **kw)
+    ]
+
+
+@pytest.mark.parametrize("name", ["completed_at", "reward"])
+async def test_a_floor_outlives_any_age_and_moves_with_each_exact_answer(
+    make_client, redis, prefix, calls, monkeypatch, name
+):
+    await make_client()
+    index, scope = await _scope(redis, prefix, f"floors-{name}")
+    assert await _keys(redis, index, scope, name) == await exact(redis, index, scope, name)
+    assert len(calls) == 1 and not _narrowed(calls[0], name)  # no floor yet: the whole scope
+    key = next(k for k in lists._FLOORS if k[2] == name)
+    before = lists._FLOORS[key][1]
+    later = lists.time.monotonic() + 86_400.0  # a day on: a floor is a checked hint, not a cache
+    monkeypatch.setattr(lists.time, "monotonic", lambda: later)
+    for j in range(3):  # above the boundary: the top depth moves, so must the floor
+        await put(
+            redis,
+            prefix,
+            scope.namespace,
+            episode(f"new{j}", task="x", completed_at=NOW + 60.0 * (j + 1), reward=0.99 + j / 1000),
+        )
+    calls.clear()
+    assert await _keys(redis, index, scope, name) == await exact(redis, index, scope, name)
+    assert len(calls) == 1 and _narrowed(calls[0], name)
+    assert lists._FLOORS[key][1] > before
+
+
+@pytest.mark.parametrize("name", ["completed_at", "reward"])
+async def test_a_hint_narrows_a_scope_without_a_floor(make_client, redis, prefix, calls, name):
+    await make_client()
+    index, scope = await _scope(redis, prefix, f"hint-{name}")
+    want = await exact(redis, index, scope, name)
+    _, ranked = await filter_search(redis, index, scope, return_fields=(name,), sort_by=name, limit=N)
+    value = [float(h.fields[name.encode()]) for h in ranked]
+    # the 12th best: DEPTH + 1 and more lie at or above it, so the narrowed sort is proven exact
+    assert await _keys(redis, index, scope, name, hint=value[11]) == want
+    assert len(calls) == 1 and _narrowed(calls[0], name)
+    lists._FLOORS.clear()
+    calls.clear()
+    # the 3rd best: too few above it to prove anything; the whole scope is sorted after it
+    assert await _keys(redis, index, scope, name, hint=value[2]) == want
+    assert [_narrowed(c, name) for c in calls] == [True, False]
+    for hint in (None, math.nan):  # no hint: the whole scope
+        lists._FLOORS.clear()
+        calls.clear()
+        assert await _keys(redis, index, scope, name, hint=hint) == want
+        assert len(calls) == 1 and not _narrowed(calls[0], name)
+
+
+async def test_remembered_lists_move_their_floors(make_client, redis, prefix):
+    """The union KNN's exact answer moves each list's floor to its new boundary, as top_by's does."""
+    from shared.embedding import HashingEmbedder
+
+    await make_client()
+    index, scope = await _scope(redis, prefix, "floors-union")
+    names = ["completed_at", "reward"]
+    for name in names:
+        await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    before = {k[2]: v[1] for k, v in lists._FLOORS.items()}
+    for j in range(3):
+        await put(
+            redis,
+            prefix,
+            scope.namespace,
+            episode(f"new{j}", task="x", completed_at=NOW + 60.0 * (j + 1), reward=0.99 + j / 1000),
+        )
+    query = HashingEmbedder(256).embed_sync(["cache deploy"])[0]
+    got = await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    assert got is not None
+    assert [[h.key for h in g] for g in got] == [await exact(redis, index, scope, n) for n in names]
+    after = {k[2]: v[1] for k, v in lists._FLOORS.items()}
+    assert all(after[n] > before[n] for n in names)
