@@ -7,9 +7,10 @@ continuous reward", "A million episodes in one namespace") for what the floors s
 A floor is a hint, never trusted: every narrowed answer is checked to be the exact top `depth` before
 it is used, so a floor left behind by new episodes or forgets costs at most a wider or a second query.
 Floors therefore do not expire; each exact answer moves its floor to the new boundary. A whole-scope
-sort is linear in the scope (~130 ms of Redis's main thread at 300,000 episodes, past RediSearch's 500 ms
-TIMEOUT near a million), so a scope without a floor is first narrowed from `hint` (the best value a
-recall's similarity pool holds) and sorted whole only when that cannot be proven exact.
+sort is linear in the scope (Redis's main thread for 102-140 ms at 300,000 episodes and 424-499 ms at
+a million, RediSearch's TIMEOUT being 500 ms), so a scope without a floor is first narrowed from `hint` (a value near the
+top of a recall's similarity pool, `services.query.pool`) and sorted whole only when that cannot be
+proven exact.
 """
 
 from __future__ import annotations
@@ -210,10 +211,10 @@ async def top_by(
     too. Values equal to 12 significant digits (what the index returns) count as equal.
 
     Without a remembered floor, `hint` (a value of `name` some episode of the scope holds, e.g. the
-    best of a recall's similarity pool) is tried as one first: a pool of ~200 episodes from a scope of
-    n holds one among roughly its top n/200 by any signal, so the narrowed sort reads ~n/200 episodes
-    instead of n, and answers whenever at least depth + 1 lie at or above the hint. Any answer is
-    checked as above, so a hint never changes the lists, only what they cost.
+    third best of a recall's ~200-member similarity pool, which lies roughly at the scope's top 3n/200
+    by any signal) is tried as one first: the narrowed sort reads those episodes instead of all n, and
+    answers whenever at least depth + 1 lie at or above the hint. Any answer is checked as above, so
+    a hint never changes the lists, only what they cost.
     """
     key = (index, scope.cache_key(), name, depth)
     fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)

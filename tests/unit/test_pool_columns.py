@@ -118,3 +118,23 @@ def test_relevances_equal_the_scalar_relevance_to_the_bit(mode, pairs):
     got = relevance.relevances(mode, cos, keyword)
     want = [relevance.relevance(mode, c, k) for c, k in pairs]
     assert [_bits(x) for x in got.tolist()] == [_bits(x) for x in want]
+
+
+def _pool_with(name: str, values: list[float]) -> Columns:
+    hits = [
+        SearchHit(key=b"k%d" % i, fields={name.encode(): repr(v).encode()} if v == v else {})
+        for i, v in enumerate(values)
+    ]
+    n = len(hits)
+    return Columns.of_hits(hits, np.full(n, 0.5), np.zeros(n), "vector")
+
+
+def test_the_hint_is_the_pools_third_best_value_unless_tied_or_too_few():
+    from services.query.pool import _hint
+
+    assert _hint(_pool_with("reward", [0.1, 0.9, math.nan, 0.5, 0.7, 0.3]), "reward") == 0.5
+    assert _hint(_pool_with("reward", [1.0, 0.0, 1.0, 1.0, 1.0]), "reward") is None  # a tie at the hint
+    assert _hint(_pool_with("reward", [0.2, math.nan, 0.4]), "reward") is None  # two values only
+    assert _hint(_pool_with("importance", [3.0, 9.0, 5.0]), "importance") == 3.0
+    assert _hint(_pool_with("completed_at", [5.0, 6.0, 7.0, 8.0]), "completed_at") == 6.0
+    assert _hint(_pool_with("last_accessed", [5.0, 6.0, 7.0]), "last_accessed") is None  # never a floor
