@@ -322,7 +322,8 @@ class Settings:
     idf_cache_ttl: float | None = env("ENGRAM_IDF_CACHE_TTL", 30.0, duration_or_off)
     """`ENGRAM_IDF_CACHE_TTL`: seconds the query service remembers how many episodes of a namespace
     contain a query word (keyword relevance's idf, `services.query.sizes.ScopeSizes.term_counts`); an
-    episode's keyword relevance may lag the namespace by at most this; `off` = count every word every time."""
+    episode's keyword relevance may lag the namespace by at most this (a common word's count: 10× this,
+    `services.query.sizes.COMMON_TTL_FACTOR`); `off` = count every word every time."""
     bm25_common_idf: float = env("ENGRAM_BM25_COMMON_IDF", 0.02, number(0.0, 1.0))
     """`ENGRAM_BM25_COMMON_IDF`: query words whose idf (`shared.relevance.idf` of the namespace's count)
     is below this leave the BM25 candidate query (`shared.relevance.common_terms`; scoring keeps them);

@@ -10,6 +10,16 @@ from collections.abc import Callable, Sequence
 import redis.asyncio as aioredis
 
 from shared.index import Scope, count, index_size, term_counts
+from shared.relevance import common_count
+
+COMMON_IDF = 0.02
+"""A word whose idf (`shared.relevance.idf`) is below this is common: in more than ~4,950 of the
+namespace's episodes (`shared.relevance.common_count`)."""
+COMMON_TTL_FACTOR = 10.0
+"""A common word's count is remembered this many times `df_ttl`: its weight is below COMMON_IDF, and
+1,000 more episodes holding it move that weight by < 0.004 (idf 0.0200 → 0.0167 at 4,950 → 5,950),
+an episode's keyword relevance by < 4e-4, while counting it reads its whole posting list: 30-100 ms
+of Redis per word at a million episodes (docs/benchmarks.md "A million episodes in one namespace")."""
 
 
 class ScopeSizes:
@@ -38,15 +48,24 @@ class ScopeSizes:
         self._clock = clock  # of the idf counts (seconds, monotonic)
         self._sizes: dict[str, tuple[float, int]] = {}
         self._indexed: dict[str, tuple[float, int]] = {}
-        # insertion order is age order (a refreshed entry is re-inserted), so expiry pops from the front
+        # insertion order is age order (a refreshed entry is re-inserted), so expiry pops from the front;
+        # the counts of common words (COMMON_IDF) apart, as they are kept COMMON_TTL_FACTOR times longer
         self._df: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+        self._common: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+        self._common_n = common_count(COMMON_IDF)
+
+    def _ttl(self, counts: OrderedDict[tuple[str, str, str], tuple[float, int]]) -> float:
+        return self.df_ttl * COMMON_TTL_FACTOR if counts is self._common else self.df_ttl
 
     def expire(self) -> None:
-        """Drop the idf counts older than `df_ttl` (the query service calls it every second, so an idle
-        process does not keep a forgotten episode's words either: docs/reliability.md)."""
-        now, df = self._clock(), self._df
-        while df and now - next(iter(df.values()))[0] >= self.df_ttl:
-            df.popitem(last=False)
+        """Drop the idf counts older than `df_ttl` (a common word's: COMMON_TTL_FACTOR × `df_ttl`; the
+        query service calls it every second, so an idle process does not keep a forgotten episode's
+        words either: docs/reliability.md)."""
+        now = self._clock()
+        for df in (self._df, self._common):
+            ttl = self._ttl(df)
+            while df and now - next(iter(df.values()))[0] >= ttl:
+                df.popitem(last=False)
 
     async def indexed(self, r: aioredis.Redis, index: str) -> int:
         """Documents in the whole index (`shared.index.index_size`), remembered for `ttl` seconds."""
@@ -81,26 +100,32 @@ class ScopeSizes:
         (8.8 per LoCoMo question), and at 100k episodes those cost 27.7 ms of Redis per recall
         (docs/benchmarks.md "Default embedder at 100k") while question words repeat across requests.
         Staleness: an episode's keyword relevance may lag the namespace by at most `df_ttl` (a word's
-        count is at most that old). Erasure: the words are held in process memory only, and an entry
-        older than `df_ttl` is dropped at the next call or `expire` (docs/reliability.md "Remaining traces").
+        count is at most that old), except through a common word's (in more than ~4,950 episodes when
+        counted), which is kept COMMON_TTL_FACTOR × `df_ttl` (see there for what that moves). Erasure:
+        the words are held in process memory only, and an entry older than its TTL is dropped at the
+        next call or `expire` (docs/reliability.md "Remaining traces").
         """
         if self.df_ttl <= 0:
             return await term_counts(r, index, scope, words)
         now = self._clock()
-        df = self._df
         self.expire()
         sk = scope.cache_key()
         known: dict[str, int] = {}
         for w in words:
-            hit = df.get((index, sk, w))
-            if hit is not None and now - hit[0] < self.df_ttl:  # concurrent calls insert out of order
-                known[w] = hit[1]
+            for df in (self._df, self._common):
+                hit = df.get((index, sk, w))
+                if hit is not None and now - hit[0] < self._ttl(df):  # concurrent calls insert out of order
+                    known[w] = hit[1]
         missing = [w for w in dict.fromkeys(words) if w not in known]
         if missing:
             for w, n in zip(missing, await term_counts(r, index, scope, missing), strict=True):
                 known[w] = n
-                df[(index, sk, w)] = (now, n)
-                df.move_to_end((index, sk, w))
-            while len(df) > self.max_terms:
-                df.popitem(last=False)
+                key = (index, sk, w)
+                df, other = (self._common, self._df) if n > self._common_n else (self._df, self._common)
+                other.pop(key, None)
+                df[key] = (now, n)
+                df.move_to_end(key)
+            for df in (self._df, self._common):
+                while len(df) > self.max_terms:
+                    df.popitem(last=False)
         return [known[w] for w in words]

@@ -345,6 +345,35 @@ async def test_idf_counts_are_remembered_for_the_ttl_and_then_dropped(redis, pre
     assert await cached.term_counts(redis, index, other, ["zebra"]) == [0]  # per namespace
 
 
+async def test_a_common_words_count_is_kept_longer_and_then_dropped(redis, prefix, make_client):
+    """A word in more episodes than `COMMON_IDF` allows (~4,950; here the bar is lowered to 1 so two
+    episodes make a word common) keeps its count COMMON_TTL_FACTOR x the ttl: counting it reads its
+    whole posting list, and its weight is near zero. Other words expire at the ttl as before."""
+    from services.query import sizes
+    from shared.index import Scope
+    from shared.keys import Keys
+    from shared.relevance import common_count
+
+    assert 4_900 < common_count(sizes.COMMON_IDF) < 5_000
+    await make_client()
+    index = Keys(prefix).episode_index_alias
+    await put(redis, prefix, "default", episode("one", task="yak crossing"), unit(1.0))
+    await put(redis, prefix, "default", episode("two", task="yak stripes"), unit(1.0))
+    now = [100.0]
+    cached = sizes.ScopeSizes(df_ttl=30.0, clock=lambda: now[0])
+    cached._common_n = 1  # in more than one episode: common
+    scope = Scope(tags=BLAKE2B, namespace="default")
+    assert await cached.term_counts(redis, index, scope, ["yak", "crossing"]) == [2, 1]
+    await put(redis, prefix, "default", episode("three", task="yak crossing"), unit(1.0))
+    now[0] += 31.0  # past the ttl: crossing is counted again, yak (common) is remembered
+    assert await cached.term_counts(redis, index, scope, ["yak", "crossing"]) == [2, 2]
+    now[0] += 30.0 * sizes.COMMON_TTL_FACTOR - 31.0 + 0.5  # yak's count is older than 10 ttl
+    cached.expire()
+    # yak's count left memory; crossing, counted again at 2 (common now), is kept from then on
+    assert {w for *_, w in cached._common} == {"crossing"} and not cached._df
+    assert await cached.term_counts(redis, index, scope, ["yak"]) == [3]
+
+
 async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     """ENGRAM_RECALL_CANDIDATES: an episode third in both lists beats the heads of either list at
     top_k 1; with lists 1 deep (the pool of the old `2 * top_k` was shallow too) it is never seen."""
