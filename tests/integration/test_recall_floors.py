@@ -14,34 +14,17 @@ from services.query import lists, pool
 from shared.index import Scope, filter_search
 from shared.keys import Keys
 from shared.tags import BLAKE2B
+from tests.integration import test_recall_ties as ties
 from tests.integration.test_query_support import episode, put
 from tests.integration.test_recall_ties import exact
 
 pytest_plugins = ["tests.integration.test_query_support"]
 
+_fresh_floors, calls = ties._fresh_floors, ties.calls  # the same fixtures: floors cleared, queries counted
+
 NOW = 1_760_000_000.0
 DEPTH = 5
 N = 40
-
-
-@pytest.fixture(autouse=True)
-def _fresh_floors():
-    lists._FLOORS.clear()
-    yield
-    lists._FLOORS.clear()
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """(sort_by, the query text) of each list query `top_by` sends."""
-    out: list[tuple[str | None, str]] = []
-
-    async def counted(r, index, scope, **kwargs):
-        out.append((kwargs.get("sort_by"), scope.query()))
-        return await filter_search(r, index, scope, **kwargs)
-
-    monkeypatch.setattr(lists, "filter_search", counted)
-    return out
 
 
 async def _scope(redis, prefix, ns: str) -> tuple[str, Scope]:
