@@ -144,7 +144,7 @@ class Columns:
     """A recall's candidate pool as parallel columns, one row per episode in merge order: what ranking
     reads of each hit (`LIGHT_SIGNAL_FIELDS`), its cosine and relevance. `candidate(i)` makes the
     `Candidate` of a row (the winners only). Float columns are float64[n], NaN where the index returned
-    nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent).
+    nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent or not finite).
 
     Why columns: a default hybrid recall at 100,000 episodes pools ~390 hits, of which 10 are answered;
     one object per hit cost ~19 µs of Python per candidate in all (docs/benchmarks.md "Where a hybrid
@@ -181,7 +181,7 @@ class Columns:
             reward=_floats([get(b"reward") for get in gets]),
             importance=_floats([get(b"importance") for get in gets]),
             last_accessed=_floats([get(b"last_accessed") for get in gets]),
-            access_count=np.where(np.isnan(count), 0.0, count),
+            access_count=np.where(np.isfinite(count), count, 0.0),  # HINCRBY writes it: never inf
             cos=cos,
             keyword=keyword,
             relevance=relevance.relevances(mode, cos, keyword),

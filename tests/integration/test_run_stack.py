@@ -444,7 +444,18 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
                 )
             finally:
                 client.close()
-            assert stack.proc.poll() is None and await ready(stack.url)  # the stack is up
+            assert (
+                stack.proc.poll() is None
+            )  # the stack is up, and its query service says why it is not ready
+
+            async def says_embedder() -> bool:  # 200 until it sees the new generation (LiveTags), then this
+                async with s.get(f"{stack.url}/readyz") as r:
+                    body = await r.json()
+                    return (
+                        r.status == 503 and body["checks"]["embedder"] is False and "embedder" in body["why"]
+                    )
+
+            await wait_until(says_embedder, timeout=30, message="/readyz names the embedder mismatch")
             status, body = await recall(
                 "flaky login test"
             )  # a query vector of 64 dimensions, an index of 128

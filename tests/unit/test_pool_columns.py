@@ -42,7 +42,8 @@ def reference_row(hit: SearchHit) -> dict[str, object]:
         "outcome": outcome.decode() if outcome else None,
         "importance": _number(get(b"importance")),
         "last_accessed": _number(get(b"last_accessed")),
-        "access_count": 0 if math.isnan(count) else int(count),
+        # not finite: 0 (the per-hit reading raised OverflowError on "inf", which HINCRBY never writes)
+        "access_count": int(count) if math.isfinite(count) else 0,
     }
 
 
@@ -138,3 +139,12 @@ def test_the_hint_is_the_pools_third_best_value_unless_tied_or_too_few():
     assert _hint(_pool_with("importance", [3.0, 9.0, 5.0]), "importance") == 3.0
     assert _hint(_pool_with("completed_at", [5.0, 6.0, 7.0, 8.0]), "completed_at") == 6.0
     assert _hint(_pool_with("last_accessed", [5.0, 6.0, 7.0]), "last_accessed") is None  # never a floor
+
+
+def test_an_access_count_that_is_not_a_finite_number_is_zero():
+    hits = [
+        SearchHit(key=b"k%d" % i, fields={b"access_count": v})
+        for i, v in enumerate([b"inf", b"-inf", b"x", b"7"])
+    ]
+    cols = Columns.of_hits(hits, np.zeros(4), np.zeros(4), "vector")
+    assert [cols.candidate(i).access_count for i in range(4)] == [0, 0, 0, 7]
