@@ -459,9 +459,16 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
             status, body = await recall(
                 "flaky login test"
             )  # a query vector of 64 dimensions, an index of 128
-            assert status == 409 and "rebuilt with another embedder" in body["detail"], body
-            status, body = await recall("flaky login test", mode="keyword")  # the new index has the episode
-            assert status == 200 and len(body["results"]) == 1
+            detail = body["detail"]  # the live generation's embedder, and what to start this one with
+            assert status == 409 and "was built with embedder 'hashing-v1' (dim 128)" in detail, body
+            assert "ENGRAM_EMBED_DIM=128" in detail, body
+            status, body = await recall("flaky login test", mode="keyword")  # its query is embedded too
+            assert status == 409, body
+            async with s.get(f"{stack.url}/v1/episodes") as r:  # reads that embed nothing go on
+                listed = await r.json()
+                assert r.status == 200 and [e["task"]["description"] for e in listed["results"]] == [
+                    "fix the flaky login test"
+                ]
 
         # a worker started now with the old embedder is a configuration error: not restarted in a loop
         [worker] = stack.children("services.consolidator")
