@@ -220,6 +220,9 @@ class Candidates:
     - reward: any finite number, clipped to [0, 1] when scored; NaN (or None for all) = missing -> 0.
     - outcome_score: in [0, 1], usually from `outcome_scores`; None -> 0 for all.
     - importance: 1..10 (Generative Agents' poignancy scale); NaN = missing -> 0.
+    - tie: the episode's tie-break (`shared.ties.tie_break`, the order of equal values in the recency /
+      reward / importance lists), higher first among candidates of equal priority and age; NaN = none
+      (after every one that has one); None for all: ties stay in candidate order.
     Raises ValueError naming the field for a wrong shape, a length mismatch, +-inf, a non-finite
     completed_at or an outcome_score outside [0, 1].
     """
@@ -230,6 +233,7 @@ class Candidates:
     reward: np.ndarray | None = None
     outcome_score: np.ndarray | None = None
     importance: np.ndarray | None = None
+    tie: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         completed = _array("completed_at", self.completed_at, None, missing=None)
@@ -243,6 +247,7 @@ class Candidates:
             ("reward", np.nan),
             ("outcome_score", 0.0),
             ("importance", np.nan),
+            ("tie", np.nan),
         ):
             object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
         outcome_score = _filled(self.outcome_score)
@@ -337,7 +342,9 @@ def score(
     - normalize "none": signals are used as they are, priority in [0, weights.total]. "minmax": each signal
       is min-max scaled over this candidate set first (Park et al. 2023, section 4.1); see `minmax`.
     - order: priority descending; ties by age ascending (= recency descending, and still exact where the
-      decay underflows to 0), then by index ascending. Deterministic for equal inputs.
+      decay underflows to 0), then by `c.tie` descending (the lists' own order of equal values, so the
+      order of exact ties does not depend on which other candidates a query brought), then by index
+      ascending. Deterministic for equal inputs.
 
     With normalize "none", a candidate's priority never increases as it gets older.
     Raises ValueError for a bad half_life, as_of, normalize or recency_from.
@@ -381,7 +388,8 @@ def score(
     )
     priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
     index = np.arange(priority.shape[0])
-    order = np.lexsort((index, age, -priority))
+    tie = np.nan_to_num(_filled(c.tie), nan=-1.0)  # none: after every tie-break (all are >= 0)
+    order = np.lexsort((index, -tie, age, -priority))
 
     out = Scored(
         age=age,

@@ -22,7 +22,7 @@ from engram_episodic.shapes import episode_from_stored
 from services.query.lists import field_float, remembered_lists, top_by
 from services.query.sizes import ScopeSizes
 from shared import relevance, scoring, tracing
-from shared.index import TEXT_FIELDS, Scope, SearchHit, term_counts
+from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, term_counts
 from shared.search import bm25_checked, bm25_search, knn_checked, knn_search
 
 log = logging.getLogger("engram.query")
@@ -39,6 +39,7 @@ SIGNAL_FIELDS = (
     "importance",
     "last_accessed",
     "access_count",
+    TIE_FIELD,  # equal priority and age: the lists' own order (`shared.scoring.score`)
     "doc",
 )  # no episode_id: the restricted KNN names keys (INKEYS)
 
@@ -162,6 +163,8 @@ class Columns:
     cos: np.ndarray
     keyword: np.ndarray
     relevance: np.ndarray
+    tie: np.ndarray
+    """The episode's tie-break (`shared.ties.tie_break`); NaN for a document written before it existed."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
@@ -185,6 +188,7 @@ class Columns:
             cos=cos,
             keyword=keyword,
             relevance=relevance.relevances(mode, cos, keyword),
+            tie=_floats([get(_TIE) for get in gets]),
         )
 
     @classmethod
@@ -235,7 +239,9 @@ _ARRAYS = (
     "cos",
     "keyword",
     "relevance",
+    "tie",
 )
+_TIE = TIE_FIELD.encode()
 
 
 def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:

@@ -179,6 +179,7 @@ def score_candidates(
         reward=cands.reward,
         outcome_score=scoring.outcome_scores(cands.outcomes),
         importance=cands.importance,
+        tie=cands.tie,
     )
     with tracing.span("engram.recall.score", candidates=len(cands)):
         return scoring.score(

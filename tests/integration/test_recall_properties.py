@@ -489,3 +489,21 @@ async def test_keyword_relevance_sees_the_words_the_index_holds(client, redis, p
         client, "/v1/recall", key, query="ÜBER STRASSE", mode="keyword", top_k=3, weights={"similarity": 1}
     )
     assert ids(de)[0] == "de" and de["results"][0]["relevance"] > 0.2
+
+
+async def test_exact_ties_come_back_in_one_order_whatever_the_query(client, redis, prefix):
+    """Episodes of equal priority and age (completion times 3 ms apart, equal in the 12 significant
+    digits the index returns) come back in the lists' own tie-break order whatever the query, not in
+    the order of the candidates the query's similarity lists brought (found by a trial: two queries,
+    two orders, with all-recency weights)."""
+    key, ns = fresh_tenant()
+    t = NOW - DAY + 0.331
+    for i in range(8):
+        task = f"tied {WORDS[i % len(WORDS)]} task {i}"
+        await put(redis, prefix, ns, episode(f"tie{i}", task=task, completed_at=t + 0.003 * (i % 2)))
+    orders = set()
+    for q in ("tied task 1", "tied task 6", f"{WORDS[3]} {WORDS[5]}", "unrelated words entirely"):
+        for mode in ("hybrid", "vector", "keyword"):
+            body = await post(client, "/v1/recall", key, query=q, top_k=8, mode=mode, weights={"recency": 1})
+            orders.add(tuple(ids(body)))
+    assert len(orders) == 1 and len(next(iter(orders))) == 8, orders

@@ -587,3 +587,12 @@ def test_competition_ranks_share_ties_and_rrf_ranked_fuses():
     assert [key for key, _ in fused] == ["a", "c", "b", "d"]
     assert fused[0][1] == pytest.approx(1 / 61 + 1 / 62)
     assert fused[2][1] == pytest.approx(1 / 61)  # b ties a in the first list: same reciprocal rank
+
+
+def test_equal_priority_and_age_are_ordered_by_the_tie_break_then_by_position():
+    """The recall's tie rule: priority, then age, then the episode's tie-break (higher first; none
+    last), then the candidate's position; without tie-breaks, position alone (as before)."""
+    c = candidates(5, completed_at=[NOW, NOW, NOW, NOW - DAY, NOW], tie=[5.0, np.nan, 9.0, 99.0, 5.0])
+    assert score(c, ONLY_RECENCY, half_life=DAY, as_of=NOW).order.tolist() == [2, 0, 4, 1, 3]
+    plain = candidates(3, completed_at=[NOW, NOW, NOW])
+    assert score(plain, ONLY_RECENCY, half_life=DAY, as_of=NOW).order.tolist() == [0, 1, 2]
