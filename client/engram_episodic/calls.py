@@ -370,8 +370,13 @@ class Calls:
         )
 
     @staticmethod
-    def forget_episode(episode_id: str) -> Call[Forgetting]:
-        return Call("DELETE", f"/v1/episodes/{_path(episode_id, 'episode_id')}", Forgetting.from_json)
+    def forget_episode(episode_id: str, wait: float | None = None) -> Call[Forgetting]:
+        return Call(
+            "DELETE",
+            f"/v1/episodes/{_path(episode_id, 'episode_id')}",
+            Forgetting.from_json,
+            params={"wait": repr(float(wait))} if wait else None,
+        )
 
     @staticmethod
     def forget_user(user_id: str, wait: float | None = None) -> Call[Forgetting]:

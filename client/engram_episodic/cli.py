@@ -380,7 +380,9 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
 @click.option("--agent", "agent_id", help="Forget every episode of an agent (a job).")
 @click.option("--session", "session_id", help="Forget every episode of a session (a job).")
 @click.option(
-    "--wait", type=click.FloatRange(0, 30), help="With --user: seconds to wait until its episodes are erased."
+    "--wait",
+    type=click.FloatRange(0, 30),
+    help="With --episode or --user: seconds to wait until it is erased from every read.",
 )
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -399,7 +401,7 @@ def forget(
         raise click.UsageError("give exactly one of --episode, --user, --agent or --session")
     if episode_id is not None or user_id is not None:
         if episode_id is not None:
-            done = _run(ctx, lambda c: c.forget_episode(episode_id))
+            done = _run(ctx, lambda c: c.forget_episode(episode_id, wait=wait))
             what = f"episode {done.episode_id}"
         else:
             done = _run(ctx, lambda c: c.forget_user(user_id, wait=wait))

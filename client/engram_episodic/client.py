@@ -493,9 +493,12 @@ class Engram(_Base[httpx.Client]):
         InvalidEpisode for bad fields (nothing sent), ResourceNotFound for an id the namespace lacks."""
         return self.call(Calls.update_episode(episode_id, changes, wait))
 
-    def forget_episode(self, episode_id: str) -> Forgetting:
-        """Forget one episode (202; the consolidator erases it); ResourceNotFound if the namespace has none."""
-        return self.call(Calls.forget_episode(episode_id))
+    def forget_episode(self, episode_id: str, *, wait: float | None = None) -> Forgetting:
+        """Forget one episode (202); ResourceNotFound if the namespace has none. The consolidator erases
+        it (normally within milliseconds; a read in that window can still return it); with `wait`
+        (seconds, at most 30) the call returns once it has, or at `wait`: `Forgetting.forgotten` says
+        which."""
+        return self.call(Calls.forget_episode(episode_id, wait))
 
     def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
         """Forget every episode of `user_id` in the caller's namespace (202). The consolidator erases
@@ -762,9 +765,9 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
         """See `Engram.update_episode`."""
         return await self.call(Calls.update_episode(episode_id, changes, wait))
 
-    async def forget_episode(self, episode_id: str) -> Forgetting:
+    async def forget_episode(self, episode_id: str, *, wait: float | None = None) -> Forgetting:
         """See `Engram.forget_episode`."""
-        return await self.call(Calls.forget_episode(episode_id))
+        return await self.call(Calls.forget_episode(episode_id, wait))
 
     async def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
         """See `Engram.forget_user`."""

@@ -585,7 +585,7 @@ class Forgetting:
     episode_id: str | None = None
     user_id: str | None = None
     already_forgotten: bool = False  # the episode was forgotten before (no new event)
-    forgotten: bool | None = None  # a user's forget with `wait`: erased from every read in time
+    forgotten: bool | None = None  # a forget with `wait`: erased from every read in time
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Forgetting:

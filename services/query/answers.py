@@ -107,6 +107,9 @@ class EpisodeForgotten(Answer):
     episode_id: str
     event_id: str | None = Field(description="null when it was forgotten already")
     already_forgotten: bool | None = None
+    forgotten: bool | None = Field(
+        None, description="with ?wait=: the episode was erased (from every read) in time"
+    )
 
 
 class UserForgotten(Answer):

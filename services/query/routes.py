@@ -187,6 +187,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.delete_episode,
         "Forget one episode",
+        query=episodes.ForgetEpisodeQuery,
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeForgotten,

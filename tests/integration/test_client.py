@@ -453,6 +453,34 @@ async def test_record_splits_like_publish_and_both_take_the_services_limit(make_
         assert await asyncio.to_thread(sync) == limit
 
 
+async def test_an_episode_forget_can_wait_until_it_is_erased_from_every_read(tenants, settings, redis):
+    """A trial saw a forgotten episode in 2-9 of 40 reads made right after the 202 (the consolidator
+    erases it a few ms later). With `wait` the answer comes once it has (it acks after the erase)."""
+    from tests.integration.test_query_cli import run
+    from tests.integration.test_reliability import running_worker
+
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        early = await memory.record(task="prune the old snapshots", outcome="success")
+        await drain(settings, redis)
+        late = await memory.forget_episode(early, wait=0.3)  # no consolidator running: not in time
+        assert late.forgotten is False and late.event_id
+        async with running_worker(settings, "episode-forgetter"):
+            kept = await memory.record(task="prune the stale branches", outcome="success", wait=10)
+            assert (await memory.forget_episode(kept, wait=10)).forgotten is True
+            with pytest.raises(ResourceNotFound):  # at once, no polling: erased before the answer
+                await memory.get_episode(kept)
+            assert not [
+                h for h in await memory.recall("prune the stale branches", top_k=10) if h.episode_id == kept
+            ]
+            again = await memory.forget_episode(kept, wait=5)  # forgotten before: nothing to wait for
+            assert again.already_forgotten and again.forgotten is True and again.event_id is None
+            other = await memory.record(task="prune the dangling tags", outcome="success", wait=10)
+            out = await run(tenants, "forget", "--episode", other, "--wait", "10", key=KEY_A)
+        assert out.exit_code == 0 and f"forgot episode {other}" in out.output, out.output
+        assert "erased from every read" in out.output
+        assert (await memory.forget_episode(early)).forgotten is None  # without wait: not said
+
+
 async def test_a_user_forget_can_wait_until_it_is_erased_from_every_read(tenants, settings, redis):
     """A trial could not tell when a user's forget had applied: no job, no `wait`, and a read 25 ms
     after the 202 still returned the episode. With `wait` the answer comes once the consolidator has

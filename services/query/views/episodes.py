@@ -13,7 +13,13 @@ from aiohttp import web
 from pydantic import ConfigDict, Field
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import EpisodeCompleted, EpisodeEvent, UserForgotten, new_event_id
+from engram_episodic.events import (
+    EpisodeCompleted,
+    EpisodeEvent,
+    EpisodeForgotten,
+    UserForgotten,
+    new_event_id,
+)
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.consolidator import deadletters
@@ -359,8 +365,32 @@ async def get_episode(request: web.Request) -> web.Response:
     return reply(out)
 
 
+class ForgetEpisodeQuery(models.Model):
+    """`DELETE /v1/episodes/{episode_id}` query parameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
+        0.0,
+        description="seconds to wait until the consolidator has erased the episode (`forgotten` says "
+        "whether it had); 0 answers at once",
+    )
+
+
+async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
+    """Whether the consolidator acked the forget at `stream_id` within `wait` seconds: it erases before
+    it acks (`services.consolidator.forgetting`), so acked = gone from every read."""
+    group = streams.StreamGroup(
+        redis_of(request), request.app[KEYS].stream_of(ns_of(request)), request.app[SETTINGS].consumer_group
+    )
+    deadline = time.monotonic() + wait
+    while not (done := (await group.acked([stream_id]))[0]) and time.monotonic() < deadline:
+        await asyncio.sleep(INGEST_WAIT_POLL)
+    return bool(done)
+
+
 async def delete_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")
+    query: ForgetEpisodeQuery = query_params(request, ForgetEpisodeQuery)
     try:
         # accepted but not yet projected counts too: it would be projected after a refused forget
         await stored_or_pending(request, episode_id)
@@ -370,15 +400,22 @@ async def delete_episode(request: web.Request) -> web.Response:
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
         if await r.exists(*legacy.tombstones(keys, ns, episode_id)):
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
-            return reply({"episode_id": episode_id, "event_id": None, "already_forgotten": True}, status=202)
+            again: dict[str, Any] = {"episode_id": episode_id, "event_id": None, "already_forgotten": True}
+            if query.wait > 0:  # the tombstone is written by the erase: nothing left to wait for
+                again["forgotten"] = True
+            return reply(again, status=202)
         gen = await current_generation(r, keys)
         if not await r.exists(
             keys.episode_events(gen, ns, episode_id)
         ) and not await deadletters.has_dead_letters(r, keys, ns, episode_id):
             raise
-    event_id = await publisher(request).forget_episode(episode_id)
+    event = EpisodeForgotten(namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time())
+    [stream_id] = await publisher(request).publish([event])
     request.app[METRICS].published.labels("EpisodeForgotten").inc()
-    return reply({"episode_id": episode_id, "event_id": event_id}, status=202)
+    out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
+    if query.wait > 0:
+        out["forgotten"] = await _erased(request, stream_id, query.wait)
+    return reply(out, status=202)
 
 
 class ForgetUserQuery(models.Model):
@@ -403,11 +440,5 @@ async def delete_user(request: web.Request) -> web.Response:
     if query.wait > 0:
         # the projector erases a user's episodes before it acks the event (`Forgetting.erase_user`), so
         # acked = erased from every read (a trial could not tell when a user forget had applied)
-        group = streams.StreamGroup(
-            redis_of(request), request.app[KEYS].stream_of(ns), request.app[SETTINGS].consumer_group
-        )
-        deadline = time.monotonic() + query.wait
-        while not (done := (await group.acked([stream_id]))[0]) and time.monotonic() < deadline:
-            await asyncio.sleep(INGEST_WAIT_POLL)
-        out["forgotten"] = done
+        out["forgotten"] = await _erased(request, stream_id, query.wait)
     return reply(out, status=202)
