@@ -365,14 +365,14 @@ async def get_episode(request: web.Request) -> web.Response:
     return reply(out)
 
 
-class ForgetEpisodeQuery(models.Model):
-    """`DELETE /v1/episodes/{episode_id}` query parameters."""
+class ForgetQuery(models.Model):
+    """`DELETE /v1/episodes/{episode_id}` and `DELETE /v1/users/{user_id}` query parameters."""
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
         0.0,
-        description="seconds to wait until the consolidator has erased the episode (`forgotten` says "
-        "whether it had); 0 answers at once",
+        description="seconds to wait until the consolidator has erased what is forgotten (`forgotten` "
+        "says whether it had); 0 answers at once",
     )
 
 
@@ -390,7 +390,7 @@ async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
 
 async def delete_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")
-    query: ForgetEpisodeQuery = query_params(request, ForgetEpisodeQuery)
+    query: ForgetQuery = query_params(request, ForgetQuery)
     try:
         # accepted but not yet projected counts too: it would be projected after a refused forget
         await stored_or_pending(request, episode_id)
@@ -418,20 +418,9 @@ async def delete_episode(request: web.Request) -> web.Response:
     return reply(out, status=202)
 
 
-class ForgetUserQuery(models.Model):
-    """`DELETE /v1/users/{user_id}` query parameters."""
-
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
-        0.0,
-        description="seconds to wait until the consolidator has erased the user's episodes (`forgotten` "
-        "says whether it had); 0 answers at once",
-    )
-
-
 async def delete_user(request: web.Request) -> web.Response:
     user_id = path_id(request, "user_id")
-    query: ForgetUserQuery = query_params(request, ForgetUserQuery)
+    query: ForgetQuery = query_params(request, ForgetQuery)
     ns = ns_of(request)
     event = UserForgotten(namespace=ns, user_id=user_id, occurred_at=time.time())
     [stream_id] = await publisher(request).publish([event])
