@@ -632,10 +632,18 @@ FACTS = ToolSpec(
 
 
 # forget_episode -------------------------------------------------------------------------------------------
+FORGET_WAIT = 5.0
+"""Seconds the forget_episode tool waits for the consolidator to erase the episode (`DELETE
+/v1/episodes/{id}?wait=`), so its answer can say the episode is gone from every read: an agent that
+forgets and then recalls would otherwise still see it in the moment before the erase (helper-10 saw a
+forgotten episode in 2-9 of 40 immediate reads). The consolidator erases within milliseconds when it
+runs; past the wait the answer says the erase is accepted, not done."""
+
+
 def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
     return Plan(
         "forget_episode",
-        (Calls.forget_episode(args["episode_id"]),),
+        (Calls.forget_episode(args["episode_id"], wait=FORGET_WAIT),),
         lambda r: render_forgotten(r[0]),
         missing=(
             "episode_id",
@@ -1259,11 +1267,19 @@ def render_facts(facts: Sequence[Fact], query: str | None) -> ToolResult:
 
 
 def render_forgotten(forgetting: Forgetting) -> ToolResult:
-    """forget_episode: the erase was accepted (or had been: forgetting is idempotent)."""
+    """forget_episode: the episode is erased (`forgotten` true: gone from every read), or the erase was
+    accepted and is still to be carried out (the wait ran out), or had been done before (forgetting is
+    idempotent)."""
     if forgetting.already_forgotten:
         return ToolResult(
             f"Episode {forgetting.episode_id} was already forgotten.",
             {"episode_id": forgetting.episode_id, "event_id": None, "status": "already_forgotten"},
+        )
+    if forgetting.forgotten:
+        return ToolResult(
+            f"Episode {forgetting.episode_id} is erased from memory; the facts built on it are "
+            "rebuilt without it.",
+            {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "erased"},
         )
     data = {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "accepted"}
     return ToolResult(

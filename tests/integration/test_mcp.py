@@ -27,6 +27,7 @@ from engram_episodic.tools import TOOL_NAMES, TOOLS
 from tests.helpers import wait_until
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A
+from tests.integration.test_reliability import running_worker
 
 pytestmark = pytest.mark.slow  # each test runs the MCP server as a process (stdio or HTTP)
 
@@ -138,10 +139,11 @@ async def test_stdio_server_records_recalls_and_forgets_through_the_mcp_client(
             profile = json.loads(skills.contents[0].text)
             assert [(p["category"], p["episodes"]) for p in profile["results"]] == [("debugging", 1)]
 
-            forgot = await session.call_tool("forget_episode", {"episode_id": episode_id})
+            async with running_worker(settings, "mcp-forgetter"):  # the tool waits for the erase
+                forgot = await session.call_tool("forget_episode", {"episode_id": episode_id})
             assert not forgot.is_error and forgot.structured_content["episode_id"] == episode_id
-            await drain(settings, redis)
-            with pytest.raises(ResourceNotFound):
+            assert forgot.structured_content["status"] == "erased" and "is erased" in text(forgot)
+            with pytest.raises(ResourceNotFound):  # at once: erased before the tool answered
                 await memory.get_episode(episode_id)
             again = await session.call_tool("recall_experiences", {"query": "the login test fails at random"})
             assert again.structured_content["results"] == [] and "No past episodes" in text(again)

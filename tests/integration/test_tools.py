@@ -25,6 +25,7 @@ from engram_episodic import AsyncEngram, ConnectionFailed, Engram
 from engram_episodic.tools import TOOL_NAMES, ToolArgumentError, Toolset, UnknownTool, adispatch, dispatch
 from tests.integration.test_query_e2e import drain
 from tests.integration.test_query_support import KEY_A, KEY_B
+from tests.integration.test_reliability import running_worker
 
 pytest_plugins = ["tests.integration.test_query_support"]
 
@@ -97,9 +98,12 @@ async def test_every_tool_through_adispatch_with_a_bound_scope(tenants, settings
         facts = await toolset.adispatch("search_facts", {"query": "tls certificate", "kind": ["strategy"]})
         assert facts.data == {"results": []} and "No facts" in facts.text
 
-        forgot = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})
+        async with running_worker(settings, "tool-forgetter"):  # the tool waits for the erase
+            forgot = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})
         assert forgot.data["episode_id"] == recorded[2] and forgot.data["event_id"]
-        await drain(settings, redis)
+        assert forgot.data["status"] == "erased" and "is erased from memory" in forgot.text
+        gone = await toolset.adispatch("recall_experiences", {"query": "renew the tls certificate", "top_k": 10})
+        assert recorded[2] not in {r["episode"]["episode_id"] for r in gone.data["results"]}
         again = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})  # idempotent
         assert again.data["status"] == "already_forgotten" and "already forgotten" in again.text
         with pytest.raises(ToolArgumentError) as missing:
