@@ -130,6 +130,9 @@ class Worker:
         self._own_pending: list[tuple[streams.StreamGroup, bytes]] = [
             (g, b"0") for g in self.partitions.groups
         ]
+        # (stream, id) of the entries a lane of this process holds now: re-reading the own pending
+        # entries after a lost reply (`_reread_own_pending`) must not hand them to a second lane
+        self._in_hand: set[tuple[str, bytes]] = set()
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -306,6 +309,7 @@ class Worker:
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
+                self._reread_own_pending()
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
@@ -385,15 +389,27 @@ class Worker:
         # EmbedderMismatch here: these entries stay pending, for whoever projects next.
         projector = await self._projector()
         done = asyncio.Event()
+        held = {(group.stream, e.stream_id) for e in entries}
+        self._in_hand |= held
         renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
         try:
             return await self._project(group, projector, entries)
         finally:
+            self._in_hand -= held
             # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
             # in flight, and `await renewal` after cancel() then waited forever (the worker then
             # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
             done.set()
             await asyncio.wait({renewal}, timeout=1.0)
+
+    def _reread_own_pending(self) -> None:
+        """Read this consumer's pending entries again from the start of every partition at the next
+        turns. Why: a reply lost after Redis sent it (a read timeout, a dropped connection, the process
+        paused past its socket timeout) leaves the entries it delivered pending to this consumer, and
+        only the lease's reclaim brought them back: a trial paused the worker 12 s and a forget and a
+        new episode waited 18 s more (`ENGRAM_LEASE_MS`, 30 s, in all). Entries a lane holds are
+        skipped (`_in_hand`), so none is projected by two lanes at once."""
+        self._own_pending = [(g, b"0") for g in self.partitions.groups]
 
     async def _read_own_pending(self) -> tuple[streams.StreamGroup, list[streams.Entry]]:
         """Entries of a partition delivered to this consumer name and not acked (`read_own_pending`),
@@ -403,6 +419,7 @@ class Worker:
             entries = await group.read_own_pending(self.name, count=self.lane_batch, after=after)
             if len(entries) == self.lane_batch:  # maybe more: the next lane reads on after this batch
                 self._own_pending.append((group, entries[-1].stream_id))
+            entries = [e for e in entries if (group.stream, e.stream_id) not in self._in_hand]
             entries = await self._drop_exhausted(group, entries)
             if entries:
                 return group, entries

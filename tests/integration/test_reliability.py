@@ -171,6 +171,54 @@ async def _indexed(r, keys: Keys, n: int) -> bool:
         return False
 
 
+async def test_a_lost_read_reply_is_read_again_at_once_not_after_the_lease(settings, redis):
+    """A trial paused the worker 12 s (SIGSTOP): the XREADGROUP reply that had delivered a forget and a
+    new episode was lost to its socket timeout, and both waited for the lease (18 s more). Here the
+    reply of the first read that delivers anything is lost the same way (a TimeoutError after Redis
+    delivered it); with a 60 s lease the episode must still be projected within seconds."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    s = settings.with_(lease_ms=60_000)
+    keys = Keys(s.prefix)
+    lost: list[int] = []
+    async with running_worker(s, "loses-a-reply") as (r, _worker, _task):
+        real = r.xreadgroup
+
+        async def xreadgroup(group, consumer, streams_, *args, **kwargs):
+            reply = await real(group, consumer, streams_, *args, **kwargs)
+            if (
+                reply
+                and not lost
+                and ">" in [v.decode() if isinstance(v, bytes) else v for v in streams_.values()]
+            ):
+                lost.append(len(reply[0][1]))
+                raise RedisTimeout("Timeout reading from socket")  # delivered, and the answer never arrives
+            return reply
+
+        r.xreadgroup = xreadgroup
+        await EngramClient(redis, namespace="ns", prefix=s.prefix).record(episode("after-a-lost-reply"))
+        await wait_until(lambda: _indexed(redis, keys, 1), timeout=10, message="projected before the lease")
+    assert lost == [1]
+
+
+async def test_a_reread_skips_the_entries_another_lane_holds(settings, redis):
+    """`_reread_own_pending` hands this consumer's pending entries to the next turn, except those a lane
+    of the same process is projecting now (a second lane would project them at the same time)."""
+    worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="two-lanes")
+    await worker.setup()
+    sdk = EngramClient(redis, namespace="ns", prefix=settings.prefix)
+    for i in range(3):
+        await sdk.record(episode(f"held-{i}"))
+    group = worker.partitions.groups[0]
+    delivered = await group.read_new(worker.name, count=10, block_ms=None)  # now pending to this consumer
+    assert len(delivered) == 3
+    worker._own_pending = []
+    worker._in_hand = {(group.stream, delivered[0].stream_id)}  # lane A's batch
+    worker._reread_own_pending()
+    _, again = await worker._read_own_pending()
+    assert [e.stream_id for e in again] == [e.stream_id for e in delivered[1:]]
+
+
 async def test_sdk_surfaces_a_publish_into_a_paused_redis(settings, private_redis):
     sdk = EngramClient.connect(
         private_redis.url, namespace="ns", prefix=settings.prefix, publish_timeout=0.5, retries=2
