@@ -283,6 +283,14 @@ class StreamGroup:
             return []
         return _entries(res[0][1], self.stream)
 
+    async def own_pending_ids(self, consumer: str, *, count: int) -> list[bytes]:
+        """The ids of up to `count` entries delivered to `consumer` and not acked, oldest first (XPENDING
+        with a consumer: ids only, no payloads)."""
+        rows = await self.redis.xpending_range(
+            self.stream, self.group, min="-", max="+", count=count, consumername=consumer
+        )
+        return [row["message_id"] for row in rows]
+
     async def read_own_pending(self, consumer: str, *, count: int, after: bytes | str = b"0") -> list[Entry]:
         """XREADGROUP from `after` (a stream id; "0": the start) for `consumer`: up to `count` entries
         delivered to it and not acked (its own pending entries, e.g. a crashed predecessor's under the

@@ -56,6 +56,9 @@ MISMATCH_LOG_SECONDS = 30.0
 """How often a worker paused by another embedder's index repeats why."""
 MISMATCH_CHECK_SECONDS = 2.0
 """How often a paused worker re-reads the live index's embedder."""
+OWN_PENDING_CHECK_SECONDS = 2.0
+"""How often an idle worker looks for entries pending to its own name that no lane holds
+(`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
 
 
 def vector_params(settings: Settings, dim: int) -> VectorParams:
@@ -133,6 +136,7 @@ class Worker:
         # (stream, id) of the entries a lane of this process holds now: re-reading the own pending
         # entries after a lost reply (`_reread_own_pending`) must not hand them to a second lane
         self._in_hand: set[tuple[str, bytes]] = set()
+        self._own_checked = time.monotonic()  # when an idle turn last looked for orphaned entries
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -369,38 +373,55 @@ class Worker:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""
         s = self.settings
         projector = await self._projector()
-        group, entries = await self._read_own_pending()
-        if not entries:
-            group = self.partitions.next_for_reclaim()
-            claimed, _deleted = await group.reclaim(self.name, min_idle_ms=s.lease_ms, count=self.lane_batch)
-            entries = await self._drop_exhausted(group, claimed)
-        if entries:  # a turn stays within one partition: fill up from the reclaimed one
-            entries += await group.read_new(self.name, count=self.lane_batch - len(entries), block_ms=1)
-        else:
-            group, entries = await self.partitions.read_any(
-                self.name, count=self.lane_batch, block_ms=s.block_ms
-            )
-        self.backlogged = bool(entries)
-        if not entries:
-            return 0
-        # Again after the read, which may have waited `block_ms`: a replay may have swapped its generation in
-        # meanwhile, and entries added after its catch-up pass reach the new generation only through the
-        # workers (projected into the old one, they were lost). Another embedder's generation raises
-        # EmbedderMismatch here: these entries stay pending, for whoever projects next.
-        projector = await self._projector()
-        done = asyncio.Event()
-        held = {(group.stream, e.stream_id) for e in entries}
-        self._in_hand |= held
-        renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
+        held: set[tuple[str, bytes]] = set()  # this turn's entries, in `_in_hand` until it ends
         try:
-            return await self._project(group, projector, entries)
+            group, entries = await self._read_own_pending(held)
+            if not entries:
+                group = self.partitions.next_for_reclaim()
+                claimed, _deleted = await group.reclaim(
+                    self.name, min_idle_ms=s.lease_ms, count=self.lane_batch
+                )
+                entries = await self._drop_exhausted(group, self._hold(group, claimed, held))
+            if entries:  # a turn stays within one partition: fill up from the reclaimed one
+                more = await group.read_new(self.name, count=self.lane_batch - len(entries), block_ms=1)
+                entries += self._hold(group, more, held)
+            else:
+                group, entries = await self.partitions.read_any(
+                    self.name, count=self.lane_batch, block_ms=s.block_ms
+                )
+                self._hold(group, entries, held)
+            self.backlogged = bool(entries)
+            if not entries:
+                if time.monotonic() - self._own_checked >= OWN_PENDING_CHECK_SECONDS:
+                    await self._find_orphans()
+                return 0
+            # Again after the read, which may have waited `block_ms`: a replay may have swapped its
+            # generation in meanwhile, and entries added after its catch-up pass reach the new generation
+            # only through the workers (projected into the old one, they were lost). Another embedder's
+            # generation raises EmbedderMismatch here: these entries stay pending, for whoever projects next.
+            projector = await self._projector()
+            done = asyncio.Event()
+            renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
+            try:
+                return await self._project(group, projector, entries)
+            finally:
+                # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
+                # in flight, and `await renewal` after cancel() then waited forever (the worker then
+                # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
+                done.set()
+                await asyncio.wait({renewal}, timeout=1.0)
         finally:
             self._in_hand -= held
-            # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
-            # in flight, and `await renewal` after cancel() then waited forever (the worker then
-            # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
-            done.set()
-            await asyncio.wait({renewal}, timeout=1.0)
+
+    def _hold(
+        self, group: streams.StreamGroup, entries: list[streams.Entry], held: set[tuple[str, bytes]]
+    ) -> list[streams.Entry]:
+        """Mark `entries` as this lane's (`_in_hand`, and the turn's `held`) at once after their read,
+        before any await lets another lane look for orphans; returns them."""
+        mine = {(group.stream, e.stream_id) for e in entries}
+        held |= mine
+        self._in_hand |= mine
+        return entries
 
     def _reread_own_pending(self) -> None:
         """Read this consumer's pending entries again from the start of every partition at the next
@@ -411,16 +432,37 @@ class Worker:
         skipped (`_in_hand`), so none is projected by two lanes at once."""
         self._own_pending = [(g, b"0") for g in self.partitions.groups]
 
-    async def _read_own_pending(self) -> tuple[streams.StreamGroup, list[streams.Entry]]:
-        """Entries of a partition delivered to this consumer name and not acked (`read_own_pending`),
-        until each partition answered fewer than a batch; then ([] each turn) the reclaim path."""
+    async def _find_orphans(self) -> None:
+        """Entries pending to this consumer that no lane holds (an idle turn's check, every
+        OWN_PENDING_CHECK_SECONDS): read again at the next turns from the first of them. Why: a read
+        whose reply was lost after Redis delivered it does not always raise — redis-py retries a
+        command after a socket timeout, and the retried XREADGROUP finds nothing new — so
+        `_reread_own_pending` alone missed it: a worker paused 12 s (SIGSTOP) projected the episode
+        published meanwhile 48.6 s after it resumed, at a 60 s lease."""
+        self._own_checked = time.monotonic()
+        held = self.settings.in_flight * self.lane_batch
+        for group in self.partitions.groups:
+            ids = await group.own_pending_ids(self.name, count=held + 1)
+            for i, sid in enumerate(ids):
+                if (group.stream, sid) not in self._in_hand:
+                    after = ids[i - 1] if i else b"0"
+                    if (group, after) not in self._own_pending:
+                        self._own_pending.append((group, after))
+                    break
+
+    async def _read_own_pending(
+        self, held: set[tuple[str, bytes]]
+    ) -> tuple[streams.StreamGroup, list[streams.Entry]]:
+        """Entries of a partition delivered to this consumer name and not acked (`read_own_pending`)
+        that no lane holds, held for this turn (`_hold`), until each partition answered fewer than a
+        batch; then ([] each turn) the reclaim path."""
         while self._own_pending:
             group, after = self._own_pending.pop()  # before any await: the lanes share the list
             entries = await group.read_own_pending(self.name, count=self.lane_batch, after=after)
             if len(entries) == self.lane_batch:  # maybe more: the next lane reads on after this batch
                 self._own_pending.append((group, entries[-1].stream_id))
             entries = [e for e in entries if (group.stream, e.stream_id) not in self._in_hand]
-            entries = await self._drop_exhausted(group, entries)
+            entries = await self._drop_exhausted(group, self._hold(group, entries, held))
             if entries:
                 return group, entries
         return self.partitions.groups[0], []

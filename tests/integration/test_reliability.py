@@ -201,6 +201,34 @@ async def test_a_lost_read_reply_is_read_again_at_once_not_after_the_lease(setti
     assert lost == [1]
 
 
+async def test_a_read_reply_swallowed_by_a_retry_is_found_by_the_idle_check(settings, redis):
+    """The trial's pause, as it really went: redis-py retried the XREADGROUP whose reply it lost to the
+    socket timeout, the retry found nothing new, and no error reached the worker. Here the reply that
+    delivers the episode comes back empty; with a 60 s lease an idle turn's check
+    (`OWN_PENDING_CHECK_SECONDS`) must find the orphan and project it within seconds."""
+    s = settings.with_(lease_ms=60_000)
+    keys = Keys(s.prefix)
+    swallowed: list[int] = []
+    async with running_worker(s, "swallows-a-reply") as (r, _worker, _task):
+        real = r.xreadgroup
+
+        async def xreadgroup(group, consumer, streams_, *args, **kwargs):
+            reply = await real(group, consumer, streams_, *args, **kwargs)
+            if (
+                reply
+                and not swallowed
+                and ">" in [v.decode() if isinstance(v, bytes) else v for v in streams_.values()]
+            ):
+                swallowed.append(len(reply[0][1]))
+                return []  # delivered to this consumer, and seen by nobody
+            return reply
+
+        r.xreadgroup = xreadgroup
+        await EngramClient(redis, namespace="ns", prefix=s.prefix).record(episode("after-a-swallowed-reply"))
+        await wait_until(lambda: _indexed(redis, keys, 1), timeout=10, message="projected before the lease")
+    assert swallowed == [1]
+
+
 async def test_a_reread_skips_the_entries_another_lane_holds(settings, redis):
     """`_reread_own_pending` hands this consumer's pending entries to the next turn, except those a lane
     of the same process is projecting now (a second lane would project them at the same time)."""
@@ -215,7 +243,7 @@ async def test_a_reread_skips_the_entries_another_lane_holds(settings, redis):
     worker._own_pending = []
     worker._in_hand = {(group.stream, delivered[0].stream_id)}  # lane A's batch
     worker._reread_own_pending()
-    _, again = await worker._read_own_pending()
+    _, again = await worker._read_own_pending(set())
     assert [e.stream_id for e in again] == [e.stream_id for e in delivered[1:]]
 
 
