@@ -289,7 +289,7 @@ class StreamGroup:
         rows = await self.redis.xpending_range(
             self.stream, self.group, min="-", max="+", count=count, consumername=consumer
         )
-        return [row["message_id"] for row in rows]
+        return [cast(bytes, row["message_id"]) for row in rows]
 
     async def read_own_pending(self, consumer: str, *, count: int, after: bytes | str = b"0") -> list[Entry]:
         """XREADGROUP from `after` (a stream id; "0": the start) for `consumer`: up to `count` entries

@@ -19,6 +19,7 @@ from urllib.parse import quote
 from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import (
     EngramError,
+    EpisodeForgotten,
     InvalidEpisode,
     InvalidRequest,
 )
@@ -226,6 +227,26 @@ def _waited(result: IngestResult, wait: float | None) -> IngestResult:
         timeout.result = result
         raise timeout
     return result
+
+
+def _raise_if_forgotten(result: IngestResult, episode_id: str) -> None:
+    """EpisodeForgotten when `record`'s episode was not published because its id was forgotten."""
+    if any(a.forgotten for a in result.results if a.episode_id == episode_id):
+        raise EpisodeForgotten(episode_id)
+
+
+@contextlib.contextmanager
+def _refused_if_forgotten(episode_id: str) -> Iterator[None]:
+    """A WaitTimeout of `record` that only says its id was forgotten becomes EpisodeForgotten: nothing
+    was accepted, so there was nothing to wait for."""
+    try:
+        yield
+    except WaitTimeout as exc:
+        result = getattr(exc, "result", None)
+        mine = [a for a in result.results if a.episode_id == episode_id] if result is not None else []
+        if mine and all(a.forgotten for a in mine):
+            raise EpisodeForgotten(episode_id) from None
+        raise
 
 
 class Calls:

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,8 +210,13 @@ def context(ctx: click.Context, task: str, as_json: bool, **options: Any) -> Non
 
 
 def _accepted(result: Any, as_json: bool) -> None:
+    """Print what was published; exit status 1 when an episode was not (its id was forgotten before),
+    as with --wait, where the client raises for it."""
+    refused = any(a.forgotten for a in result.results)
     if as_json:
         _emit(result.raw)
+        if refused:
+            raise SystemExit(1)
         return
     for accepted in result.results:
         if accepted.forgotten:
@@ -225,6 +231,8 @@ def _accepted(result: Any, as_json: bool) -> None:
             else (" projected" if accepted.projected else " not yet projected")
         )
         click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id}){state}")
+    if refused:
+        raise SystemExit(1)
 
 
 _wait_option = click.option(
@@ -382,7 +390,7 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
 @click.option(
     "--wait",
     type=click.FloatRange(0, 30),
-    help="With --episode or --user: seconds to wait until it is erased from every read.",
+    help="Seconds to wait until it is erased from every read (--agent / --session: until the job is done).",
 )
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -408,6 +416,8 @@ def forget(
             what = f"user {done.user_id}"
         if as_json:
             _emit(dataclasses.asdict(done))
+        elif done.already_forgotten:
+            click.echo(f"{what} was already forgotten: erased from every read")
         elif done.forgotten:
             click.echo(f"forgot {what} (event {done.event_id}): erased from every read")
         else:
@@ -417,12 +427,33 @@ def forget(
     job = _run(
         ctx, lambda c: c.forget_agent(agent_id) if agent_id is not None else c.forget_session(session_id)
     )
+    if wait:
+        job = _run(ctx, lambda c: _job_done(c, job, wait))
     if as_json:
         _emit(job.raw)
-    else:
+    elif job.done and wait:
         click.echo(
-            f"forgetting {job.episodes} episodes of the {job.kind} (job {job.job_id}: GET {job.raw['job']})"
+            f"forgot {job.episodes} episodes of the {job.kind} (job {job.job_id}): erased from every read"
         )
+    else:
+        late = f"; not yet done after {wait:g}s" if wait else ""
+        click.echo(
+            f"forgetting {job.episodes} episodes of the {job.kind} "
+            f"(job {job.job_id}: GET {job.raw['job']}){late}"
+        )
+
+
+JOB_POLL_SECONDS = 0.2
+"""How often `engram forget --agent/--session --wait` reads the job's status."""
+
+
+def _job_done(client: Any, job: Any, wait: float) -> Any:
+    """The forget job's status once it is done, or its last status after `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while not job.done and time.monotonic() < deadline:
+        time.sleep(min(JOB_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        job = client.forget_job(job.job_id)
+    return job
 
 
 @cli.command(

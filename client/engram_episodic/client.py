@@ -41,7 +41,7 @@ from engram_episodic import __version__
 from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
 from engram_episodic.calls import Calls as Calls
 from engram_episodic.calls import WaitTimeout as WaitTimeout
-from engram_episodic.calls import _naming_ids, _waited, joined
+from engram_episodic.calls import _naming_ids, _raise_if_forgotten, _refused_if_forgotten, _waited, joined
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
@@ -305,6 +305,8 @@ class _Base(Generic[H]):
 
 
 # --- sync --------------------------------------------------------------------------------------------
+
+
 class Engram(_Base[httpx.Client]):
     """The synchronous client. Arguments: `base_url` (default http://127.0.0.1:8080), `api_key` (sent as
     a Bearer token), `timeout` (seconds per request), `max_retries`, `max_retry_wait` (seconds), extra
@@ -395,10 +397,12 @@ class Engram(_Base[httpx.Client]):
         service (202; an episode larger than one request goes in parts, as `publish` sends them): it becomes recallable once the consolidator projected it. With `wait` (seconds, at
         most 30) the service answers once it is projected (read-your-writes), and WaitTimeout says it was
         accepted but not projected in time. Any failure names the id it used (`exc.episode_ids`):
-        `record(episode_id=that, ...)` again is the same episode, never a copy.
+        `record(episode_id=that, ...)` again is the same episode, never a copy. EpisodeForgotten: that
+        episode_id was forgotten before, and nothing was published (with or without `wait`).
         """
         prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        self._send_all([prepared], calls, wait)
+        with _refused_if_forgotten(prepared.episode_id):
+            _raise_if_forgotten(self._send_all([prepared], calls, wait), prepared.episode_id)
         return prepared.episode_id
 
     def _send_all(
@@ -687,7 +691,8 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     ) -> str:
         """See `Engram.record`."""
         prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        await self._send_all([prepared], calls, wait)
+        with _refused_if_forgotten(prepared.episode_id):
+            _raise_if_forgotten(await self._send_all([prepared], calls, wait), prepared.episode_id)
         return prepared.episode_id
 
     async def _send_all(

@@ -53,6 +53,18 @@ class Conflict(EngramError):
     """The request conflicts with stored state (e.g. an index built with another embedder)."""
 
 
+class EpisodeForgotten(EngramError):
+    """`record()` of an episode_id that was forgotten before: nothing was published, and a forgotten
+    episode_id is never stored again (record the episode under a new one). `episode_ids` names it."""
+
+    def __init__(self, episode_id: str):
+        super().__init__(
+            f"{episode_id}: this episode_id was forgotten before, so nothing was published; a forgotten "
+            "episode_id is never stored again (record it under a new one)"
+        )
+        self.episode_ids: tuple[str, ...] = (episode_id,)
+
+
 class PublishError(EngramError):
     """The SDK could not get Redis to accept an event within its timeout and retries.
 

@@ -192,6 +192,17 @@ async def test_the_cli_forgets_an_agent(api, settings, redis):
     assert out.exit_code == 2
     await drain(settings, redis)
     assert await listed(api) == []
+    # --wait waits for the job (a trial's `--agent … --wait 5` came back at once, the wait unsaid)
+    await api.post(
+        "/v1/episodes", json={"episodes": [episode(f"s{i}", session_id="run-7") for i in range(2)]}
+    )
+    await drain(settings, redis)
+    late = await run(api, "forget", "--session", "run-7", "--wait", "0.3")  # no consolidator: not done
+    assert late.exit_code == 0 and "not yet done after 0.3s" in late.output, late.output
+    async with consolidating(settings, redis, "cli-job"):
+        out = await run(api, "forget", "--session", "run-7", "--wait", "20")
+    assert out.exit_code == 0 and "forgot 2 episodes of the session" in out.output, out.output
+    assert "erased from every read" in out.output and await listed(api) == []
 
 
 async def test_an_agent_or_session_forget_also_erases_episodes_still_in_flight(api, settings, redis):

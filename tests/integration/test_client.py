@@ -18,6 +18,7 @@ from engram_episodic import (
     ConnectionFailed,
     Engram,
     Episode,
+    EpisodeForgotten,
     InvalidEpisode,
     InvalidRequest,
     RateLimited,
@@ -476,8 +477,30 @@ async def test_an_episode_forget_can_wait_until_it_is_erased_from_every_read(ten
             assert again.already_forgotten and again.forgotten is True and again.event_id is None
             other = await memory.record(task="prune the dangling tags", outcome="success", wait=10)
             out = await run(tenants, "forget", "--episode", other, "--wait", "10", key=KEY_A)
+            again_out = await run(tenants, "forget", "--episode", other, "--wait", "10", key=KEY_A)
         assert out.exit_code == 0 and f"forgot episode {other}" in out.output, out.output
         assert "erased from every read" in out.output
+        assert again_out.exit_code == 0 and f"episode {other} was already forgotten" in again_out.output
+        assert "event None" not in again_out.output, again_out.output
+        # recording a forgotten id publishes nothing: said as such, with or without wait (a trial got
+        # the id back as if stored without wait, and a WaitTimeout with it)
+        for wait in (None, 5):
+            with pytest.raises(EpisodeForgotten) as refused:
+                await memory.record(task="prune again", outcome="success", episode_id=kept, wait=wait)
+            assert refused.value.episode_ids == (kept,) and "forgotten before" in str(refused.value)
+        for extra in ([], ["--wait", "5"]):
+            out = await run(
+                tenants,
+                "record",
+                "prune again",
+                "--outcome",
+                "success",
+                "--episode-id",
+                kept,
+                *extra,
+                key=KEY_A,
+            )
+            assert out.exit_code == 1 and "forgotten before" in out.output, (extra, out.output)
         assert (await memory.forget_episode(early)).forgotten is None  # without wait: not said
 
 

@@ -276,7 +276,7 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
     listed = tmp_path / "list.json"
     listed.write_text(json.dumps(batch()[6:8]), encoding="utf-8")
     out = await run(api, "publish", str(listed), key=KEY_A)
-    assert out.exit_code == 0 and "accepted ep-6" in out.output and "not published ep-7" in out.output
+    assert out.exit_code == 1 and "accepted ep-6" in out.output and "not published ep-7" in out.output
     out = await run(api, "publish", str(file), key=KEY_A)
     assert out.exit_code != 0 and "(one episode per line is JSONL: `engram import` reads it)" in out.output
     await drain(settings, redis)

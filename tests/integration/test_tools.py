@@ -102,7 +102,9 @@ async def test_every_tool_through_adispatch_with_a_bound_scope(tenants, settings
             forgot = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})
         assert forgot.data["episode_id"] == recorded[2] and forgot.data["event_id"]
         assert forgot.data["status"] == "erased" and "is erased from memory" in forgot.text
-        gone = await toolset.adispatch("recall_experiences", {"query": "renew the tls certificate", "top_k": 10})
+        gone = await toolset.adispatch(
+            "recall_experiences", {"query": "renew the tls certificate", "top_k": 10}
+        )
         assert recorded[2] not in {r["episode"]["episode_id"] for r in gone.data["results"]}
         again = await toolset.adispatch("forget_episode", {"episode_id": recorded[2]})  # idempotent
         assert again.data["status"] == "already_forgotten" and "already forgotten" in again.text
