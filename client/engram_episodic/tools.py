@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
+from engram_episodic.calls import joined
 from engram_episodic.client import (
     AsyncEngram,
     Call,
@@ -162,6 +163,8 @@ class Plan:
     render: Callable[[Sequence[Any]], ToolResult]
     fields: Mapping[str, str] = field(default_factory=dict)
     missing: tuple[str, str] | None = None
+    ordered: bool = False
+    """The calls must go one after another (the parts of one large episode); else they may go at once."""
 
     def failure(self, exc: ApiError) -> EngramError:
         """The error to raise for a refused call: ToolArgumentError for 422/413 (and a 404 `missing`)."""
@@ -468,16 +471,19 @@ def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     if args.get("actions"):
         fields["actions"] = [{k: v for k, v in a.items() if v is not None} for a in args["actions"]]
     try:
-        episode, call = Calls.record(None, fields)
+        # an episode larger than one request goes in parts, as `record` sends it (a trial's 3.9 MB
+        # episode got a 413 through the tool and was stored whole by `record`)
+        episode, calls = Calls.record_parts(None, fields)
     except InvalidEpisode as exc:
         raise ToolArgumentError(
             "record_episode", [(_tool_field(f, _RECORD_FIELDS), why) for f, why in exc.errors]
         ) from exc
     return Plan(
         "record_episode",
-        (call,),
-        lambda r: render_recorded(r[0], episode.episode_id, episode.outcome),
+        tuple(calls),
+        lambda r: render_recorded(joined(list(r)), episode.episode_id, episode.outcome),
         fields=_RECORD_FIELDS,
+        ordered=True,
     )
 
 
@@ -957,9 +963,13 @@ def execute(client: Engram, plan: Plan) -> ToolResult:
 
 
 async def aexecute(client: AsyncEngram, plan: Plan) -> ToolResult:
-    """Send a plan's requests with the async client (concurrently) and render the answers."""
+    """Send a plan's requests with the async client (concurrently unless `plan.ordered`) and render
+    the answers."""
     with plan.refusals():
-        answers = await asyncio.gather(*(client.call(c) for c in plan.calls))
+        if plan.ordered:
+            answers = [await client.call(c) for c in plan.calls]
+        else:
+            answers = list(await asyncio.gather(*(client.call(c) for c in plan.calls)))
     return plan.render(answers)
 
 

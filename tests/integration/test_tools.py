@@ -152,6 +152,33 @@ async def test_dispatch_with_the_sync_client(tenants, settings, redis):
     assert "partial | reward 0.50" in result.text
 
 
+async def test_an_episode_larger_than_one_request_is_recorded_in_parts(tenants, settings, redis):
+    """A trial's record_episode of ~3.9 MB (three 1,000,000-character fields, three 900,000-character
+    action outputs) got a 413 naming only "arguments", while `record` stored the same episode whole: the
+    tool now sends it in parts as `record` does, with the sync and the async client."""
+    big = {
+        "task": "t",
+        "outcome": "success",
+        "solution": "s" * 1_000_000,
+        "feedback": "f" * 1_000_000,
+        "outcome_details": "o" * 1_000_000,
+        "actions": [{"action_type": "run", "output": c * 900_000} for c in "xyz"],  # distinct: kept apart
+    }
+
+    def sync() -> str:
+        with Engram(url(tenants), api_key=KEY_A) as memory:
+            return dispatch(memory, "record_episode", big).data["episode_id"]
+
+    ids = [await asyncio.to_thread(sync)]
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        ids.append((await adispatch(memory, "record_episode", big)).data["episode_id"])
+        await drain(settings, redis)
+        for episode_id in ids:
+            stored = (await memory.wait_until_recallable(episode_id, timeout=20)).episode
+            assert len(stored.solution or "") == 1_000_000 and len(stored.outcome_details or "") == 1_000_000
+            assert [len(a.output or "") for a in stored.actions] == [900_000] * 3
+
+
 async def test_an_unreachable_service_is_an_error_result_for_the_model(unused_tcp_port):
     async with AsyncEngram(f"http://127.0.0.1:{unused_tcp_port}", max_retries=0) as memory:
         with pytest.raises(ConnectionFailed):
