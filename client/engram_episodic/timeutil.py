@@ -9,6 +9,7 @@ day (or the next).
 from __future__ import annotations
 
 import math
+import re
 import time
 from datetime import UTC, datetime
 
@@ -53,6 +54,8 @@ def parse_instant(value: object) -> float:
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 string with an offset or epoch seconds")
     text = value.strip()
+    if text.endswith("z"):  # RFC 3339 5.6: "Z" may be lower case (Python's parser takes only "Z")
+        text = text[:-1] + "Z"
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError as exc:
@@ -65,6 +68,11 @@ def parse_instant(value: object) -> float:
     return seconds
 
 
+_PLUS_AS_SPACE = re.compile(r"\d \d\d(:?\d\d)?$")
+"""A time followed by a space and an offset's digits: `2026-01-01T00:00:00 02:00`, what
+`?since=2026-01-01T00:00:00+02:00` reads as when the "+" is not percent-encoded."""
+
+
 def _why_not(value: str, reason: str) -> str:
     """Why `datetime.fromisoformat` refused `value`: well-formed ISO 8601 naming no real instant (year 0,
     month 13, February 30, hour 25, an offset of a day or more) is said to be that, not "not ISO 8601"."""
@@ -74,6 +82,8 @@ def _why_not(value: str, reason: str) -> str:
         return f"{value!r} has an offset of 24 hours or more"
     if reason.endswith("out of range for month") or " must be in " in reason:
         return f"{value!r} is not a real date and time ({reason})"
+    if _PLUS_AS_SPACE.search(value):  # a URL query decodes an unescaped "+" to a space
+        return f"{value!r} is not ISO 8601: in a URL query, send the offset's '+' as %2B"
     try:
         float(value)
     except ValueError:

@@ -137,6 +137,9 @@ def test_epoch_numbers_outside_are_a_value_error(seconds):
             "1700000000",
             "'1700000000' is not ISO 8601 (e.g. 2025-07-25T02:00:00Z); epoch seconds go as a number",
         ),
+        # `?since=2026-01-01T00:00:00+02:00` unescaped: the URL query turned the "+" into a space
+        ("2026-01-01T00:00:00 02:00", "in a URL query, send the offset's '+' as %2B"),
+        ("2026-01-01T00:00:00.5 0200", "in a URL query, send the offset's '+' as %2B"),
     ],
 )
 def test_well_formed_iso_naming_no_instant_is_told_apart_from_text_that_is_not_iso(text, said):
@@ -144,3 +147,9 @@ def test_well_formed_iso_naming_no_instant_is_told_apart_from_text_that_is_not_i
     with pytest.raises(ValueError) as caught:
         parse_instant(text)
     assert said in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["2026-12-06T01:00:00z", "2026-12-06t01:00:00z", "2026-12-06t01:00:00Z"])
+def test_rfc_3339_lower_case_t_and_z_are_taken(text):
+    """RFC 3339 5.6 lets "T" and "Z" be lower case; a trial's `...T01:00:00z` was "not ISO 8601"."""
+    assert parse_instant(text) == parse_instant("2026-12-06T01:00:00Z")
