@@ -648,7 +648,7 @@ async def filter_search(
     the filter keeps few of the documents (44 of 101 existing matches came back, and 0 of 101 for
     another filter): a reply with fewer than `limit` hits is never trusted, and the sort is asked again
     counted. A full reply holds the top offset + limit by value (`tests/integration/test_sorted_lists.py`
-    checks it against the counted sort over random filters); among documents with equal values it may
+    checks it against the counted sort under filters keeping 0.6-50% of the index); among documents with equal values it may
     hold others than the counted sort's, as either may."""
     args: list[Any] = ["FT.SEARCH", index, scope.query()]
     if return_fields:
