@@ -22,9 +22,27 @@ an episode's keyword relevance by < 4e-4, while counting it reads its whole post
 of Redis per word at a million episodes (docs/benchmarks.md "A million episodes in one namespace")."""
 
 
+LARGE_SCOPE = 100_000
+"""A scope (or index) this large keeps its count longer, in proportion: `ttl` × n / LARGE_SCOPE."""
+MAX_SIZE_TTL = 60.0
+"""The longest a count is remembered (seconds)."""
+
+
+def size_ttl(ttl: float, n: int) -> float:
+    """How long a count of `n` documents is remembered: `ttl` up to LARGE_SCOPE documents, then in
+    proportion to n, at most MAX_SIZE_TTL (and never below `ttl`). Why: counting is linear in the
+    scope — ~60 ms of Redis's main thread per count at a million episodes, every `ttl` (5 s) per scope,
+    a stall every other client waits out (docs/benchmarks.md "A million episodes in one namespace") —
+    while what the count decides does not move with a few percent more or fewer episodes: the `auto`
+    preset's thresholds are 50 and 500, and the KNN policy's and the checked searches' shares are
+    checked on the hits (a stale share costs a second query, never a wrong answer)."""
+    return max(ttl, min(MAX_SIZE_TTL, ttl * n / LARGE_SCOPE))
+
+
 class ScopeSizes:
-    """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds, and the document
-    frequency of query words for keyword relevance's idf, remembered for `df_ttl` seconds.
+    """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds (longer for a large
+    scope: `size_ttl`), and the document frequency of query words for keyword relevance's idf,
+    remembered for `df_ttl` seconds.
 
     `auto` only needs to know which side of 50 and 500 a scope is on, while counting a large scope is a
     filter query as costly as the KNN itself (measured at 10k episodes), so a few seconds' staleness buys
@@ -71,7 +89,7 @@ class ScopeSizes:
         """Documents in the whole index (`shared.index.index_size`), remembered for `ttl` seconds."""
         now = time.monotonic()
         hit = self._indexed.get(index)
-        if hit is not None and now - hit[0] < self.ttl:
+        if hit is not None and now - hit[0] < size_ttl(self.ttl, hit[1]):
             return hit[1]
         n = await index_size(r, index)
         self._indexed[index] = (now, n)
@@ -81,7 +99,7 @@ class ScopeSizes:
         key = scope.cache_key()
         now = time.monotonic()
         hit = self._sizes.get(key)
-        if hit is not None and now - hit[0] < self.ttl:
+        if hit is not None and now - hit[0] < size_ttl(self.ttl, hit[1]):
             return hit[1]
         n = await count(r, index, scope)
         if len(self._sizes) >= self.max_entries:

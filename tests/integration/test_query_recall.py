@@ -319,6 +319,29 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
     assert await fresh.size(redis, index, scope) == 2
 
 
+async def test_a_large_scope_keeps_its_count_longer(redis, prefix, make_client, monkeypatch):
+    """`size_ttl`: a count is remembered in proportion to the scope beyond LARGE_SCOPE episodes (here
+    made 1, so two episodes remember it twice the ttl)."""
+    from services.query import sizes
+    from shared.index import Scope
+    from shared.keys import Keys
+
+    await make_client()
+    index = Keys(prefix).episode_index_alias
+    for i in range(2):
+        await put(redis, prefix, "default", episode(f"big{i}"), unit(1.0))
+    monkeypatch.setattr(sizes, "LARGE_SCOPE", 1)
+    now = [1000.0]
+    monkeypatch.setattr(sizes.time, "monotonic", lambda: now[0])
+    cached, scope = sizes.ScopeSizes(ttl=5.0), Scope(tags=BLAKE2B, namespace="default")
+    assert await cached.size(redis, index, scope) == 2
+    await put(redis, prefix, "default", episode("big2"), unit(1.0))
+    now[0] += 7.0  # past the ttl, within 2 x ttl
+    assert await cached.size(redis, index, scope) == 2
+    now[0] += 4.0  # past 2 x ttl
+    assert await cached.size(redis, index, scope) == 3
+
+
 async def test_idf_counts_are_remembered_for_the_ttl_and_then_dropped(redis, prefix, make_client):
     """ENGRAM_IDF_CACHE_TTL: within the ttl a word's count is the remembered one (no count query: the
     new episode is not seen); past it the entry is gone from memory and the word is counted again."""
