@@ -635,21 +635,8 @@ async def filter_search(
     descending: bool = True,
     offset: int = 0,
     limit: int = 10,
-    counted: bool = True,
 ) -> tuple[int, list[SearchHit]]:
-    """(the number of documents matching the scope, those of them in [offset, offset + limit)) in no
-    ranking, or sorted by the SORTABLE numeric field `sort_by`.
-
-    `counted` False (with `sort_by`): the number is not wanted, so the sort runs with `WITHOUTCOUNT`,
-    the module's sort optimizer, which reads the field's numeric ranges from the end asked for until it
-    has offset + limit matches instead of sorting every match: 0.25 against 58.6 ms for the newest 101
-    of 300,000 documents, the same documents (docs/benchmarks.md "Sorted lists without a count"). The
-    number returned is then only the hits' own count. RediSearch 2.10.5's optimizer can stop short when
-    the filter keeps few of the documents (44 of 101 existing matches came back, and 0 of 101 for
-    another filter): a reply with fewer than `limit` hits is never trusted, and the sort is asked again
-    counted. A full reply holds the top offset + limit by value (`tests/integration/test_sorted_lists.py`
-    checks it against the counted sort under filters keeping 0.6-50% of the index); among documents with equal values it may
-    hold others than the counted sort's, as either may."""
+    """Documents matching the scope (no ranking), optionally sorted by a SORTABLE numeric field."""
     args: list[Any] = ["FT.SEARCH", index, scope.query()]
     if return_fields:
         args += ["RETURN", len(return_fields), *return_fields]
@@ -657,12 +644,6 @@ async def filter_search(
         args += ["NOCONTENT"]
     if sort_by:
         args += ["SORTBY", sort_by, "DESC" if descending else "ASC"]
-        if not counted and limit > 0 and return_fields:  # NOCONTENT replies are keys alone
-            fast = parse_search(
-                await r.execute_command(*args, "WITHOUTCOUNT", "LIMIT", offset, limit, "DIALECT", 2)
-            )
-            if len(fast[1]) >= limit:
-                return fast
     args += ["LIMIT", offset, limit, "DIALECT", 2]
     return parse_search(await r.execute_command(*args))
 

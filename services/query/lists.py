@@ -6,14 +6,11 @@ continuous reward", "A million episodes in one namespace") for what the floors s
 
 A floor is a hint, never trusted: every narrowed answer is checked to be the exact top `depth` before
 it is used, so a floor left behind by new episodes or forgets costs at most a wider or a second query.
-Floors therefore do not expire; each exact answer moves its floor to the new boundary. A counted
-whole-scope sort is linear in the scope (Redis's main thread for 102-140 ms at 300,000 episodes and
-424-499 ms at a million, RediSearch's TIMEOUT being 500 ms), so a scope without a floor is first
-narrowed from `hint` (a value near the top of a recall's similarity pool, `services.query.pool`), and
-every sort here runs uncounted (`shared.index.filter_search(counted=False)`: the module's sort
-optimizer reads the top of the field's numeric ranges; 0.6 against 137 ms for `completed_at` at
-300,000, docs/benchmarks.md "Sorted lists without a count"). The floors still earn their keep: they
-let the lists of a recall come in one KNN over their union (`remembered_lists`), cosines included.
+Floors therefore do not expire; each exact answer moves its floor to the new boundary. A whole-scope
+sort is linear in the scope (Redis's main thread for 102-140 ms at 300,000 episodes and 424-499 ms at
+a million, RediSearch's TIMEOUT being 500 ms), so a scope without a floor is first narrowed from `hint` (a value near the
+top of a recall's similarity pool, `services.query.pool`) and sorted whole only when that cannot be
+proven exact.
 """
 
 from __future__ import annotations
@@ -131,7 +128,7 @@ async def _full_sort(
     value, the tied episodes sorted by their tie-break (`_tied`). Remembers the floor it finds."""
     field = name.encode()
     _, hits = await filter_search(
-        r, index, scope, return_fields=fields, sort_by=name, descending=True, limit=depth + 1, counted=False
+        r, index, scope, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
     )
     order = _sort_key(field)
     if len(hits) <= depth:  # the whole scope: nothing below to exclude, nothing to remember
@@ -179,7 +176,7 @@ async def _tied(
     v = numeric_text(value)
     at = dataclasses.replace(scope, clause=f"{scope.clause} @{name}:[{v} {v}]".strip())
     _, same = await filter_search(
-        r, index, at, return_fields=fields, sort_by=TIE_FIELD, descending=True, limit=need, counted=False
+        r, index, at, return_fields=fields, sort_by=TIE_FIELD, descending=True, limit=need
     )
     ties = [_tie(h) for h in same]
     if len(same) < need or min(ties) < 0 or any(a <= b for a, b in zip(ties, ties[1:], strict=False)):
@@ -203,9 +200,8 @@ async def top_by(
     recency order over the scope). Episodes without a reward (importance) are in no reward
     (importance) list (`_valued`). Each hit also returns `tiebreak`.
 
-    A counted sort of a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over
-    10k episodes, measured; the uncounted sort sent here far less), and the (depth + 1)-th episode of
-    the order is remembered per (scope, field),
+    Sorting a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over 10k
+    episodes, measured), so the (depth + 1)-th episode of the order is remembered per (scope, field),
     moved by every exact answer, and the next query asks only for episodes at or above it (1.2 ms).
     Exact: the narrowed answer is used only when it holds depth + 1 episodes and the depth-th is
     strictly above the next in the order (then no episode below the floor can belong to the top depth,
@@ -234,14 +230,7 @@ async def top_by(
             order = _sort_key(field)
             if cached[2] == _NO_TIE:  # the (depth + 1)-th by value is all it takes
                 _, hits = await filter_search(
-                    r,
-                    index,
-                    narrowed,
-                    return_fields=fields,
-                    sort_by=name,
-                    descending=True,
-                    limit=depth + 1,
-                    counted=False,
+                    r, index, narrowed, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
                 )
                 # Redis picks among equal values at its LIMIT: only a gap in value proves the set
                 if len(hits) == depth + 1:

@@ -465,6 +465,5 @@ async def latest(
         descending=not oldest_first,
         offset=offset,
         limit=n,
-        counted=False,  # the sort optimizer: the newest n without sorting the whole scope
     )
     return [c for c in (decode_hit(h) for h in hits) if c is not None]
