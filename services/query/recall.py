@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
+from services.query import lists
 from services.query.pool import (
     RETURN_FIELDS,
     SIMILARITY_ARMS,
@@ -455,7 +456,13 @@ async def similar(
 async def latest(
     r: aioredis.Redis, index: str, scope: Scope, n: int, *, oldest_first: bool = False, offset: int = 0
 ) -> list[Candidate]:
-    """The `n` most recently completed episodes of the scope (or the oldest first)."""
+    """The `n` most recently completed episodes of the scope, newest first, ties by tie-break (or the
+    oldest first, from `offset`). The newest are `services.query.lists.top_by`'s list, narrowed from a
+    floor a recall of the scope left (`hint_for`) instead of sorting the whole scope."""
+    if not oldest_first and offset == 0 and n > 0:
+        hint = lists.hint_for(index, scope, "completed_at", n)
+        newest = await lists.top_by(r, index, scope, "completed_at", n, RETURN_FIELDS, hint=hint)
+        return [c for c in (decode_hit(h) for h in newest) if c is not None]
     _, hits = await filter_search(
         r,
         index,

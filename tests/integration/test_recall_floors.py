@@ -120,3 +120,23 @@ async def test_remembered_lists_move_their_floors(make_client, redis, prefix):
     assert [[h.key for h in g] for g in got] == [await exact(redis, index, scope, n) for n in names]
     after = {k[2]: v[1] for k, v in lists._FLOORS.items()}
     assert all(after[n] > before[n] for n in names)
+
+
+async def test_the_newest_episodes_ride_on_a_deeper_lists_floor(make_client, redis, prefix, calls):
+    """`recall.latest` (`/v1/context`'s short-term window) is `top_by`'s list: with a deeper list's floor
+    of the scope remembered (a recall's recency list) it is one narrowed sort, not a sort of the whole
+    scope, and the same episodes, newest first."""
+    from services.query import recall as rc
+
+    await make_client()
+    index, scope = await _scope(redis, prefix, "newest")
+    await lists.top_by(redis, index, scope, "completed_at", 20, pool.LIGHT_SIGNAL_FIELDS)  # a deeper list
+    calls.clear()
+    newest = await rc.latest(redis, index, scope, 3)
+    assert [c.key for c in newest] == (await exact(redis, index, scope, "completed_at"))[:3]
+    assert len(calls) == 1 and _narrowed(calls[0], "completed_at")
+    lists._FLOORS.clear()
+    lists._DEEPEST.clear()
+    calls.clear()
+    assert [c.key for c in await rc.latest(redis, index, scope, 3)] == [c.key for c in newest]
+    assert len(calls) == 1 and not _narrowed(calls[0], "completed_at")  # no floor: the whole scope

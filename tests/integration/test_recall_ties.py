@@ -32,8 +32,10 @@ N = 40
 @pytest.fixture(autouse=True)
 def _fresh_floors():
     lists._FLOORS.clear()
+    lists._DEEPEST.clear()
     yield
     lists._FLOORS.clear()
+    lists._DEEPEST.clear()
 
 
 @pytest.fixture
