@@ -359,8 +359,15 @@ class Supervisor:
         try:
             server.start()
         except EmbeddedRedisError as exc:
-            _say(f"cannot restart redis: {exc}; stopping the stack")
-            return 1
+            if server.process is None or server.process.poll() is None:  # alive yet not ours to use
+                _say(f"cannot restart redis: {exc}; stopping the stack")
+                return 1
+            # it died again while starting (a trial: a request in flight crashed each new one at once):
+            # a death like the others, counted by the next check, not the end of the stack
+            self.redis_started = time.monotonic()
+            self.redis_restarts += 1
+            _say(f"redis died while restarting (restart {self.redis_restarts}); trying again")
+            return None
         self.redis_started = time.monotonic()
         self.redis_restarts += 1
         _say(

@@ -108,3 +108,44 @@ def test_each_consolidator_slot_keeps_one_consumer_name_across_restarts():
     # every service holds the data dir's lock and names its supervisor (it goes when that goes)
     assert all(svc.pass_fds == (7,) for svc in first)
     assert {svc.env["ENGRAM_SUPERVISOR_PID"] for svc in first} == {str(os.getpid())}
+
+
+class _Dead:
+    """A redis-server process that has exited."""
+
+    returncode = -6
+    stderr = None
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+class _CrashingRedis:
+    """An embedded Redis that died and dies again while each restart waits for it to answer."""
+
+    url = "redis://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.process = _Dead()
+        self.starts = 0
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "ASSERTION FAILED"
+
+    def start(self):
+        from deploy.embedded_redis import EmbeddedRedisError
+
+        self.starts += 1
+        self.process = _Dead()
+        raise EmbeddedRedisError("redis-server exited with -6")
+
+
+def test_a_redis_that_dies_while_restarting_counts_as_a_death_not_the_end_of_the_stack():
+    """helper-12's trial: a recall in flight crashed each restarted Redis before it answered, and the
+    stack stopped at the first failed restart, not at ENGRAM_RESTART_LIMIT deaths in a row."""
+    from services.run import Supervisor
+
+    server = _CrashingRedis()
+    supervisor = Supervisor([], server, CrashBudget(limit=3, window=60))  # type: ignore[arg-type]
+    codes = [supervisor._check_redis() for _ in range(3)]
+    assert codes == [None, None, 1] and server.starts == 2  # two more tries, then the limit stops it
