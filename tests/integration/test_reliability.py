@@ -171,6 +171,29 @@ async def _indexed(r, keys: Keys, n: int) -> bool:
         return False
 
 
+async def _projected_despite_a_lost_delivery(settings, redis, name: str, lose) -> list[int]:
+    """Run a worker (lease 60 s) whose first XREADGROUP `>` reply that delivers anything is handed to
+    `lose(reply)` (which raises, or returns what the worker sees instead), publish one episode, and wait
+    at most 10 s for it to be projected; returns the sizes of the deliveries lost."""
+    s = settings.with_(lease_ms=60_000)
+    lost: list[int] = []
+    async with running_worker(s, name) as (r, _worker, _task):
+        real = r.xreadgroup
+
+        async def xreadgroup(group, consumer, streams_, *args, **kwargs):
+            reply = await real(group, consumer, streams_, *args, **kwargs)
+            new = ">" in [v.decode() if isinstance(v, bytes) else v for v in streams_.values()]
+            if reply and not lost and new:
+                lost.append(len(reply[0][1]))
+                return lose(reply)
+            return reply
+
+        r.xreadgroup = xreadgroup
+        await EngramClient(redis, namespace="ns", prefix=s.prefix).record(episode(f"after-{name}"))
+        await wait_until(lambda: _indexed(redis, Keys(s.prefix), 1), timeout=10, message="before the lease")
+    return lost
+
+
 async def test_a_lost_read_reply_is_read_again_at_once_not_after_the_lease(settings, redis):
     """A trial paused the worker 12 s (SIGSTOP): the XREADGROUP reply that had delivered a forget and a
     new episode was lost to its socket timeout, and both waited for the lease (18 s more). Here the
@@ -178,27 +201,10 @@ async def test_a_lost_read_reply_is_read_again_at_once_not_after_the_lease(setti
     delivered it); with a 60 s lease the episode must still be projected within seconds."""
     from redis.exceptions import TimeoutError as RedisTimeout
 
-    s = settings.with_(lease_ms=60_000)
-    keys = Keys(s.prefix)
-    lost: list[int] = []
-    async with running_worker(s, "loses-a-reply") as (r, _worker, _task):
-        real = r.xreadgroup
+    def lose(reply):
+        raise RedisTimeout("Timeout reading from socket")  # delivered, and the answer never arrives
 
-        async def xreadgroup(group, consumer, streams_, *args, **kwargs):
-            reply = await real(group, consumer, streams_, *args, **kwargs)
-            if (
-                reply
-                and not lost
-                and ">" in [v.decode() if isinstance(v, bytes) else v for v in streams_.values()]
-            ):
-                lost.append(len(reply[0][1]))
-                raise RedisTimeout("Timeout reading from socket")  # delivered, and the answer never arrives
-            return reply
-
-        r.xreadgroup = xreadgroup
-        await EngramClient(redis, namespace="ns", prefix=s.prefix).record(episode("after-a-lost-reply"))
-        await wait_until(lambda: _indexed(redis, keys, 1), timeout=10, message="projected before the lease")
-    assert lost == [1]
+    assert await _projected_despite_a_lost_delivery(settings, redis, "loses-a-reply", lose) == [1]
 
 
 async def test_a_read_reply_swallowed_by_a_retry_is_found_by_the_idle_check(settings, redis):
@@ -206,26 +212,9 @@ async def test_a_read_reply_swallowed_by_a_retry_is_found_by_the_idle_check(sett
     socket timeout, the retry found nothing new, and no error reached the worker. Here the reply that
     delivers the episode comes back empty; with a 60 s lease an idle turn's check
     (`OWN_PENDING_CHECK_SECONDS`) must find the orphan and project it within seconds."""
-    s = settings.with_(lease_ms=60_000)
-    keys = Keys(s.prefix)
-    swallowed: list[int] = []
-    async with running_worker(s, "swallows-a-reply") as (r, _worker, _task):
-        real = r.xreadgroup
-
-        async def xreadgroup(group, consumer, streams_, *args, **kwargs):
-            reply = await real(group, consumer, streams_, *args, **kwargs)
-            if (
-                reply
-                and not swallowed
-                and ">" in [v.decode() if isinstance(v, bytes) else v for v in streams_.values()]
-            ):
-                swallowed.append(len(reply[0][1]))
-                return []  # delivered to this consumer, and seen by nobody
-            return reply
-
-        r.xreadgroup = xreadgroup
-        await EngramClient(redis, namespace="ns", prefix=s.prefix).record(episode("after-a-swallowed-reply"))
-        await wait_until(lambda: _indexed(redis, keys, 1), timeout=10, message="projected before the lease")
+    swallowed = await _projected_despite_a_lost_delivery(
+        settings, redis, "swallows-a-reply", lambda reply: []
+    )
     assert swallowed == [1]
 
 
