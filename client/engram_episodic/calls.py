@@ -174,7 +174,7 @@ def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResul
         "/v1/episodes",
         IngestResult.from_json,
         body=body,
-        params={"wait": repr(float(wait))} if wait else None,
+        params=_wait(wait),
     )
 
 
@@ -227,6 +227,11 @@ def _waited(result: IngestResult, wait: float | None) -> IngestResult:
         timeout.result = result
         raise timeout
     return result
+
+
+def _wait(wait: float | None) -> dict[str, str] | None:
+    """The `?wait=` query parameter of a call that can wait (seconds), or None without one."""
+    return {"wait": repr(float(wait))} if wait else None
 
 
 def _raise_if_forgotten(result: IngestResult, episode_id: str) -> None:
@@ -387,26 +392,18 @@ class Calls:
             f"/v1/episodes/{_path(episode_id, 'episode_id')}",
             Updated.from_json,
             body=_body(changes),
-            params={"wait": repr(float(wait))} if wait else None,
+            params=_wait(wait),
         )
 
     @staticmethod
     def forget_episode(episode_id: str, wait: float | None = None) -> Call[Forgetting]:
-        return Call(
-            "DELETE",
-            f"/v1/episodes/{_path(episode_id, 'episode_id')}",
-            Forgetting.from_json,
-            params={"wait": repr(float(wait))} if wait else None,
-        )
+        path = f"/v1/episodes/{_path(episode_id, 'episode_id')}"
+        return Call("DELETE", path, Forgetting.from_json, params=_wait(wait))
 
     @staticmethod
     def forget_user(user_id: str, wait: float | None = None) -> Call[Forgetting]:
-        return Call(
-            "DELETE",
-            f"/v1/users/{_path(user_id, 'user_id')}",
-            Forgetting.from_json,
-            params={"wait": repr(float(wait))} if wait else None,
-        )
+        path = f"/v1/users/{_path(user_id, 'user_id')}"
+        return Call("DELETE", path, Forgetting.from_json, params=_wait(wait))
 
     @staticmethod
     def forget_agent(agent_id: str) -> Call[ForgetJob]:
