@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,11 +178,9 @@ class Scope:
     def query(self, *, checked: bool = False) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope.
 
-        `checked` leaves out the namespace and status clauses, for a search whose hits return
-        CHECKED_FIELDS and are kept only if `admits` them (`knn_search`, `knn_union`): each of those
-        TAG clauses intersects a posting list as long as the tenant, which costs more than the search
-        itself when the scope holds most of the index (docs/benchmarks.md "Checked filters"). "*" when
-        nothing else is left."""
+        `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to
+        documents already found in this scope (`shared.search.knn_search`, `prechecked`): each of those
+        TAG clauses intersects a posting list as long as the tenant. "*" when nothing else is left."""
         ns, tags = self.namespace, self.tags
         parts = [] if checked else [tag_clause("namespace", ns)]
         if self.status and not checked:
@@ -210,14 +208,6 @@ class Scope:
         if self.clause:
             parts.append(self.clause)
         return " ".join(parts) or "*"
-
-    def admits(self, fields: Mapping[bytes, bytes]) -> bool:
-        """Whether a hit's returned CHECKED_FIELDS are this scope's namespace and status: the clauses
-        `query(checked=True)` leaves to the caller. Exact: both are CASESENSITIVE TAG fields of one
-        value, never with surrounding blanks (the SDK refuses those), compared byte for byte."""
-        if fields.get(b"namespace") != self.namespace.encode():
-            return False
-        return not self.status or fields.get(b"status") == self.status.encode()
 
     def cache_key(self) -> str:
         """`query()` without the expiry clause, whose instant changes every call: what caches of
@@ -247,10 +237,9 @@ class VectorParams:
 
 
 SORTABLE_TAG_FIELDS = ("namespace", "outcome", "status")
-"""TAG fields a recall returns for every hit (`Scope.admits`' CHECKED_FIELDS, the outcome signal): kept
+"""TAG fields a recall returns for every hit (the outcome signal among them): kept
 in the sorting vector un-normalised (UNF, which CASESENSITIVE implies in RediSearch 2.10; said anyway:
-the bytes as written, case included), so a search that returns only sortable fields reads no hash.
-Issue 20's probe, docs/benchmarks.md "Sortable tenancy tags"."""
+the bytes as written, case included), so a search that returns only sortable fields reads no hash."""
 
 
 def episode_schema(params: VectorParams) -> list[Any]:
@@ -266,10 +255,6 @@ def episode_schema(params: VectorParams) -> list[Any]:
     for name, weight in TEXT_FIELDS:
         args += [name, "TEXT", "WEIGHT", weight]
     return args + params.schema_args()
-
-
-CHECKED_FIELDS = ("namespace", "status")
-"""What a search with `Scope.query(checked=True)` returns for `Scope.admits`."""
 
 
 def is_missing_index(exc: ResponseError) -> bool:

@@ -50,7 +50,7 @@ from services.query.pool import (
 )
 from services.query.sizes import ScopeSizes
 from shared import scoring, tracing
-from shared.hybrid import checked_share, hybrid_policy
+from shared.hybrid import hybrid_policy
 from shared.index import (
     VECTOR_FIELD,
     Scope,
@@ -296,15 +296,6 @@ async def _knn_policy(
     return hybrid_policy(size, await sizes.indexed(r, index), graph=graph)
 
 
-async def _checked(r: aioredis.Redis, index: str, size: int | None, sizes: ScopeSizes | None) -> float:
-    """The scope's share of the index when the searches check namespace and status on their hits
-    (`shared.hybrid.checked_share`), else 0.0; like `_knn_policy`, only where the `auto` preset
-    counted the scope."""
-    if sizes is None or not size:
-        return 0.0
-    return checked_share(size, await sizes.indexed(r, index))
-
-
 async def recall(
     r: aioredis.Redis,
     index: str,
@@ -327,13 +318,11 @@ async def recall(
     preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
-    checked = await _checked(r, index, size, sizes)
     pool_of = functools.partial(
         similarity_pool,
         policy=policy,
         sizes=sizes,
         common_idf=p.common_idf,
-        checked=checked,
         graph_ef=p.graph_ef,
     )
     pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
@@ -353,9 +342,7 @@ async def recall(
         if bounded is None or len(bounded) >= top_k:
             extra = []  # none can: the answer is the same without fetching them
     if extra:
-        cands = cands + await extra_candidates(
-            r, index, scope, query_vector, pool, extra, depth=depth, checked=checked
-        )
+        cands = cands + await extra_candidates(r, index, scope, query_vector, pool, extra, depth=depth)
         scored = None
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
