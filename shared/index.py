@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -44,6 +44,9 @@ from shared.legacy import check_layout
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 from shared.ties import TIE_FIELD, tie_break
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 log = logging.getLogger("engram.index")
 
@@ -226,6 +229,18 @@ class VectorParams:
     ef_runtime: int = 10
     block_size: int = 0
     """FLAT only: vectors per allocation (0 = the module's default, 1,024)."""
+
+    @classmethod
+    def of(cls, settings: Settings, dim: int) -> VectorParams:
+        """The parameters `settings` configure for vectors of `dim` dimensions."""
+        return cls(
+            dim=dim,
+            algorithm=settings.vector_algorithm,
+            m=settings.hnsw_m,
+            ef_construction=settings.hnsw_ef_construction,
+            ef_runtime=settings.hnsw_ef_runtime,
+            block_size=settings.vector_block_size,
+        )
 
     def schema_args(self) -> list[Any]:
         attrs: list[Any] = ["TYPE", "FLOAT32", "DIM", self.dim, "DISTANCE_METRIC", "COSINE"]

@@ -136,7 +136,7 @@ async def replay(
     counts: from_generation, generation, snapshot_episodes, entries, dropped_keys, context_episodes
     (the value the new generation is written with)."""
     progress = progress or NoProgress()
-    from services.consolidator.worker import vector_params
+    from shared.index import VectorParams
 
     keys = settings.keys
     await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
@@ -152,7 +152,7 @@ async def replay(
         redis,
         keys,
         new,
-        vector_params(settings, dim),
+        VectorParams.of(settings, dim),
         embedder.name,
         tag_key=await deployment_tag_key(redis, keys, settings.master_key),
         point_alias=False,

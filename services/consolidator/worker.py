@@ -61,17 +61,6 @@ OWN_PENDING_CHECK_SECONDS = 2.0
 (`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
 
 
-def vector_params(settings: Settings, dim: int) -> VectorParams:
-    return VectorParams(
-        dim=dim,
-        algorithm=settings.vector_algorithm,
-        m=settings.hnsw_m,
-        ef_construction=settings.hnsw_ef_construction,
-        ef_runtime=settings.hnsw_ef_runtime,
-        block_size=settings.vector_block_size,
-    )
-
-
 def consumer_name(settings: Settings) -> str:
     """Unique per process: host, pid and a random suffix (containers may share pids)."""
     return settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -165,7 +154,7 @@ class Worker:
                 self.redis,
                 self.keys,
                 gen,
-                vector_params(self.settings, self.embedder.dim),
+                VectorParams.of(self.settings, self.embedder.dim),
                 self.embedder.name,
                 tag_key=tag_key,
                 point_alias=True,

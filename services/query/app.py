@@ -75,17 +75,6 @@ log = logging.getLogger("engram.query")
 openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, ROUTES, SCHEMAS))
 
 
-def vector_params(settings: Settings, dim: int) -> VectorParams:
-    return VectorParams(
-        dim=dim,
-        algorithm=settings.vector_algorithm,
-        m=settings.hnsw_m,
-        ef_construction=settings.hnsw_ef_construction,
-        ef_runtime=settings.hnsw_ef_runtime,
-        block_size=settings.vector_block_size,
-    )
-
-
 def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, background: bool):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
@@ -132,7 +121,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                     gen = await current_generation(r, keys)
                     tag_key = await deployment_tag_key(r, keys, settings.master_key)
                     await ensure_episode_index(
-                        r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key
+                        r, keys, gen, VectorParams.of(settings, dim), e.name, tag_key=tag_key
                     )
                     return gen, tag_key
 

@@ -62,8 +62,6 @@ from shared.tags import TagCodec
 
 log = logging.getLogger("engram.query")
 
-MAX_CANDIDATES = 1000
-
 _TOUCH = """
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then

@@ -37,13 +37,12 @@ async def test_a_reader_follows_a_replay_swap_at_once(cluster_url, cluster_setti
     client, which had the alias cached (`cluster.ALIAS_TTL`), answered "Unknown index name" until the
     cache expired (a CI run of test_cluster_join failed on it). A missing index behind a cached alias
     now re-reads the alias."""
-    from services.query.app import vector_params
-    from shared.index import Scope, count, ensure_episode_index, point_alias_at
+    from shared.index import Scope, VectorParams, count, ensure_episode_index, point_alias_at
     from shared.keys import Keys
     from shared.tags import BLAKE2B
 
     s, keys = cluster_settings, Keys(cluster_settings.prefix)
-    params = vector_params(s, s.embed_dim)
+    params = VectorParams.of(s, s.embed_dim)
     await ensure_episode_index(cluster_redis, keys, 1, params, "hashing", tag_key=None)
     reader = connect(cluster_url, prefix=s.prefix)
     try:
