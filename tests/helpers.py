@@ -206,7 +206,6 @@ class Stack:
             ENGRAM_LOG_LEVEL="WARNING",
             ENGRAM_METRICS_PORT="0",
             ENGRAM_LEASE_MS="2000",
-            ENGRAM_BLOCK_MS="200",
         )
         self.env.update(extra)
         self.proc: subprocess.Popen | None = None

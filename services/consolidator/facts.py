@@ -12,8 +12,8 @@ event projects it again idempotently — so a replay rebuilds facts. Nothing is 
 is published: a crash mid-run leaves the previous facts as they were. A lease (`SET NX PX`) per scope
 lets one process consolidate it at a time.
 
-Triggers (`Consolidator.on_batch`): after every `ENGRAM_FACTS_EVERY` newly completed episodes of a
-scope, or when their summed importance reaches `ENGRAM_FACTS_IMPORTANCE_THRESHOLD` (Generative Agents
+Triggers (`Consolidator.on_batch`): after every `Settings.facts_every` newly completed episodes of a
+scope, or when their summed importance reaches `Settings.facts_importance_threshold` (Generative Agents
 reflect at 150; Park et al. 2023, section 4.2), or on demand (`POST /v1/consolidate`).
 
 The optional summariser (`services.consolidator.summarizer`) rewrites the text of current facts it has

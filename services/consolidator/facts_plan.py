@@ -9,7 +9,7 @@ distance threshold states the guarantee we want directly — two groups are merg
 *average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
 close episodes, where k-means with too small a k must merge them; (3) it is fully deterministic (no
 random initialisation), so the same episodes always give the same clusters; (4) it is exact on the small
-sets involved (a scope is capped at its newest `ENGRAM_FACTS_MAX_EPISODES` episodes; O(n²) memory).
+sets involved (a scope is capped at its newest `Settings.facts_max_episodes` episodes; O(n²) memory).
 HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
 `ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
 

@@ -4,7 +4,7 @@ Served by aiohttp in the worker's own event loop, so a loop that stops turning (
 deadlock) stops answering too: a probe's timeout then reads as unhealthy, like a 503.
 
 `/healthz` answers 200 only when the worker is consuming: every lane turned within `stall` seconds
-(`ENGRAM_HEALTH_STALL`; a lane embedding a batch turns after each forward pass it completes,
+(`Settings.health_stall`; a lane embedding a batch turns after each forward pass it completes,
 `shared.embed_progress.reporting_progress`) and Redis answered a PING within `PING_TIMEOUT`. Otherwise 503, with
 `status` one of `starting` (loading the embedder, or waiting for Redis at start), `stuck` (a lane
 has not come round for longer than `stall`), `paused` (the live index uses another embedder;

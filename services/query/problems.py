@@ -59,7 +59,7 @@ MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 """The largest request body (`ENGRAM_MAX_BODY_BYTES`; set by make_app): a 413 says it, so that a client
 can split what it sends by it (`engram_episodic.parts`)."""
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
-"""Seconds `read_json` waits for a body once its headers arrived (`ENGRAM_BODY_TIMEOUT`; set by make_app)."""
+"""Seconds `read_json` waits for a body once its headers arrived (`Settings.body_timeout`; set by make_app)."""
 
 
 class Problem(Exception):

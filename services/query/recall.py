@@ -6,7 +6,7 @@ Pipeline of `POST /v1/recall`:
 2. Candidates (`candidates`): the pool is the union of fixed-depth lists of the scope — `vector`:
    KNN; `keyword`: BM25; `hybrid`: both; plus, for each of recency, reward and importance that carries
    weight, the scope's top episodes by that signal (`arms`). The depth (default
-   ENGRAM_RECALL_CANDIDATES, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
+   Settings.recall_candidates, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
    K recall are the `top_k` k recall. The non-similarity lists are fetched only when an episode
    outside the similarity lists could still reach the top_k (`Pool.outside` bounds its relevance;
    the candidates above that bound rank first either way, `_bounded_head`).
@@ -278,9 +278,9 @@ class RecallParams:
     graph_index: bool = True
     """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
     graph_ef: int = 0
-    """The HNSW index's EF_RUNTIME (`ENGRAM_HNSW_EF_RUNTIME`; 0 for FLAT): a KNN crowded by duplicate
+    """The HNSW index's EF_RUNTIME (`Settings.hnsw_ef_runtime`; 0 for FLAT): a KNN crowded by duplicate
     vectors is asked again with a wider beam (`shared.hybrid.widened_ef`)."""
-    common_idf: float = 0.0  # ENGRAM_BM25_COMMON_IDF (similarity_pool)
+    common_idf: float = 0.0  # Settings.bm25_common_idf (similarity_pool)
 
 
 async def _knn_policy(
