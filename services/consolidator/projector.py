@@ -62,12 +62,7 @@ from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, generations, legacy, streams, tracing
 from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
-from shared.index import (
-    STATUS_COMPLETED,
-    VECTOR_FIELD,
-    embedding_text,
-    episode_fields,
-)
+from shared.index import STATUS_COMPLETED, VECTOR_FIELD, embedding_text, episode_fields
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.settings import Settings
@@ -218,8 +213,7 @@ class Projector:
         await self.forgetting.flush_facts()
         if shredded:
             await streams.delete_entries(self.redis, shredded)
-        # after the writes, not before: written into a generation swapped out meanwhile, the batch is
-        # swept from it and StaleGeneration makes the worker project it again into the live one
+        # after the writes (shared.generations): StaleGeneration makes the worker project it again
         await generations.check_writable(self.redis, self.keys, self.gen)
         return result
 
