@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -46,6 +47,9 @@ BUILD_LEASE_MS = 60_000
 machine lost). The replay beats every `BEAT_SECONDS`; a minute covers a replay process stalled by a
 busy machine without keeping a dead one's plaintext for long."""
 BEAT_SECONDS = 5.0
+ERASURE_PENDING = "erasure_pending"
+"""Meta-hash field that asks for the erasure pass (`services.consolidator.erasure.PENDING_FIELD`): a
+sweep sets it, so that the AOF's copy of what it deleted goes at the next rewrite."""
 LAST = "generation_last"
 """Meta-hash field: the highest generation number a replay ever claimed (numbers are never reused)."""
 
@@ -207,6 +211,7 @@ async def sweep(r: aioredis.Redis, keys: Keys) -> int:
     for gen in sorted(dead):
         await drop(r, keys, gen, keys_too=False)
     if deleted:
+        await r.hset(keys.meta, ERASURE_PENDING, repr(time.time()))
         log.info("generations ◆ swept %d keys of generations %s", deleted, sorted(dead))
     return deleted
 

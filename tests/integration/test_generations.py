@@ -13,6 +13,7 @@ import asyncio
 
 import pytest
 
+from services.consolidator import erasure
 from services.consolidator import facts as facts_module
 from services.consolidator import replay as replay_module
 from services.consolidator.facts import Consolidator
@@ -161,11 +162,14 @@ async def test_a_forget_reaches_the_generation_a_replay_is_building_and_a_cancel
     await client.forget_user("u-gone")
     await drain(make_worker(settings, redis, name="w2"))
     assert await leaked_text(redis, settings.prefix, ["walrus"]) == []
+    # the applied forget stays in the stream while the replay may still have to read it
+    assert await erasure.drop_applied_forgets(redis, keys) == 0
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await generation_keys(redis, keys, 2) == []
     assert await generations.writable(redis, keys) == (1, None)
+    assert await erasure.drop_applied_forgets(redis, keys) == 1
     assert set(await docs(redis, keys, "ns")) == {"keep"}
 
 
@@ -204,6 +208,7 @@ async def test_a_killed_replays_generation_is_swept_once_its_lease_runs_out(sett
     worker._sweep_checked = 0.0
     await worker._sweep()
     assert await generation_keys(redis, keys, 2) == []
+    assert await redis.hget(keys.meta, erasure.PENDING_FIELD) is not None  # the AOF's copy goes next
     assert await generations.writable(redis, keys) == (1, None)
     gated.gate.set()  # the "dead" replay wakes up: refused, and leaves nothing
     with pytest.raises(StaleGeneration):
