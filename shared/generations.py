@@ -205,9 +205,9 @@ async def sweep(r: aioredis.Redis, keys: Keys) -> int:
     if batch:
         deleted += await r.unlink(*batch)
     for field in await r.hkeys(keys.meta):
-        m = _GEN_FIELD.match(as_text(field))
-        if m is not None and is_dead(int(m.group(1))):
-            dead.add(int(m.group(1)))
+        found = _GEN_FIELD.match(as_text(field))
+        if found is not None and is_dead(int(found.group(1))):
+            dead.add(int(found.group(1)))
     for gen in sorted(dead):
         await drop(r, keys, gen, keys_too=False)
     if deleted:

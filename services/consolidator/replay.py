@@ -32,6 +32,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from engram_episodic.errors import Conflict
 from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
@@ -152,10 +153,16 @@ async def replay(
     heartbeat = asyncio.create_task(_heartbeat(redis, keys, new))
     try:
         return await _build(settings, redis, embedder, progress, keys, context, old, new)
-    except BaseException:
+    except BaseException as exc:
         # interrupted (Ctrl-C, an error): the partial generation holds copies of the data that no
         # forget would reach once its lease ran out; give it up and delete it now
         await asyncio.shield(_abandon(redis, keys, new))
+        if isinstance(exc, generations.StaleGeneration) and exc.gen == new:
+            raise Conflict(
+                f"replay abandoned: generation {new} had no heartbeat for "
+                f"{generations.BUILD_LEASE_MS // 1000}s (the process was suspended?) and was swept; "
+                "run it again"
+            ) from None
         raise
     finally:
         heartbeat.cancel()

@@ -13,6 +13,7 @@ import asyncio
 
 import pytest
 
+from engram_episodic.errors import Conflict
 from services.consolidator import erasure
 from services.consolidator import facts as facts_module
 from services.consolidator import replay as replay_module
@@ -211,7 +212,7 @@ async def test_a_killed_replays_generation_is_swept_once_its_lease_runs_out(sett
     assert await redis.hget(keys.meta, erasure.PENDING_FIELD) is not None  # the AOF's copy goes next
     assert await generations.writable(redis, keys) == (1, None)
     gated.gate.set()  # the "dead" replay wakes up: refused, and leaves nothing
-    with pytest.raises(StaleGeneration):
+    with pytest.raises(Conflict, match="replay abandoned: generation 2 had no heartbeat"):
         await asyncio.wait_for(task, 10)
     await wait_until(lambda: _no_keys(redis, keys, 2), message="no key of generation 2")
     assert await current_generation(redis, keys) == 1
