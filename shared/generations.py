@@ -19,8 +19,8 @@ partial generation of a replay that was interrupted or killed.
   nor building, and first declares a building generation abandoned when its heartbeat is older than
   `BUILD_LEASE_MS` (so a replay that wakes up later is refused). Run by every worker at start, when it
   sees the live generation change or a building generation's lease run out (`due`, one HMGET every
-  few seconds), by a writer that found its generation stale, and by every replay before and after it
-  builds.
+  few seconds), by a writer that found its generation stale, and by every replay before it claims
+  its number. A sweep that deleted anything asks for the erasure pass (the AOF still holds it).
 """
 
 from __future__ import annotations
