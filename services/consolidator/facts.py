@@ -49,6 +49,7 @@ from shared.facts import (
     Fact,
     FactScope,
 )
+from shared.generations import StaleGeneration
 from shared.index import Scope, agent_category_counts, current_generation, generation_tags
 from shared.keyring import KeyRing, deployment_tag_key, shared_ring
 from shared.replies import as_text, bytes_map
@@ -451,7 +452,10 @@ class Consolidator:
             event = self._event(scope, state.seq + 1, facts, removed, now)
             # nothing is written before this succeeds
             event, sid, payload = await self.publish_snapshot(event)
-            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
+            try:
+                await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
+            except StaleGeneration:  # a replay swapped generations meanwhile: the workers project the
+                pass  # published snapshot into the live one (the stale copy was swept)
             await self._reset(scope, counter)
             self.runs += 1
             log.info(

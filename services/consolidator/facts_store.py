@@ -26,7 +26,7 @@ from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
 from services.consolidator.context import OWN_FIELD
 from services.consolidator.facts_plan import Row, _order
-from shared import cluster
+from shared import cluster, generations
 from shared.codec import encode
 from shared.facts import (
     CENTROID_FIELD,
@@ -178,7 +178,8 @@ async def apply_snapshot(
 ) -> bool:
     """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
     when an equal or newer one is in. `payload` is the event's stored bytes (sealed with a master key),
-    kept with the scope for a replay; None stores `encode(event)`."""
+    kept with the scope for a replay; None stores `encode(event)`. StaleGeneration (what was written
+    swept) when `gen` is neither live nor being built once written (`shared.generations`)."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
@@ -213,9 +214,13 @@ async def apply_snapshot(
                     },
                 )
                 await pipe.execute()
-                return True
+                break
             except WatchError:
                 continue
+    # a run that read the generation before a replay swapped and dropped it wrote into a dead one:
+    # swept here (StaleGeneration); the snapshot is in the stream, for the live generation
+    await generations.check_writable(r, keys, gen)
+    return True
 
 
 async def import_snapshots(
@@ -260,4 +265,5 @@ async def import_snapshots(
                 keys.fact_scope(new, event.namespace, event.scope.get("scope_id", "")), "sids", sids or b"[]"
             )
             imported += 1
+    await generations.check_writable(redis, keys, new)
     return imported

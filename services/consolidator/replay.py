@@ -25,20 +25,21 @@ are linked again under the new names (`deadletters.relink`). Scope trigger count
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from engram_episodic.errors import Conflict
 from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
-from shared import context_setting, legacy, streams
+from shared import context_setting, generations, legacy, streams
 from shared.cluster import search_targets
 from shared.index import (
     current_generation,
-    drop_index,
     ensure_episode_index,
     index_size,
     point_alias_at,
@@ -125,7 +126,12 @@ async def replay(
     *,
     change_context_episodes: bool = False,
 ) -> dict[str, int]:
-    """Build generation n+1 from the snapshot and the stream, swap it in, drop generation n.
+    """Build a new generation from the snapshot and the stream, swap it in, drop the old one.
+
+    The new generation's number is claimed above every one used before, and it is recorded as
+    building, with a heartbeat, until the swap (`shared.generations`): forgets erase in it too, and
+    an interrupted replay drops it (or, killed, the workers' sweep does once its lease runs out).
+    ReplayRunning (a Conflict) while another replay builds.
 
     Documents are written with the deployment's recorded ENGRAM_CONTEXT_EPISODES; an explicit other
     `settings.context_episodes` raises ConfigError unless `change_context_episodes`, which rebuilds
@@ -136,16 +142,61 @@ async def replay(
     counts: from_generation, generation, snapshot_episodes, entries, dropped_keys, context_episodes
     (the value the new generation is written with)."""
     progress = progress or NoProgress()
-    from shared.index import VectorParams
-
     keys = settings.keys
     await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
     context = await context_setting.for_replay(
         redis, keys, settings.context_episodes, change=change_context_episodes
     )
+    await generations.sweep(redis, keys)  # leftovers of an interrupted replay, of late writers
     old = await current_generation(redis, keys)
-    new = old + 1
-    await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
+    new = await generations.claim(redis, keys)  # ReplayRunning while another one builds
+    heartbeat = asyncio.create_task(_heartbeat(redis, keys, new))
+    try:
+        return await _build(settings, redis, embedder, progress, keys, context, old, new)
+    except BaseException as exc:
+        # interrupted (Ctrl-C, an error): the partial generation holds copies of the data that no
+        # forget would reach once its lease ran out; give it up and delete it now
+        await asyncio.shield(_abandon(redis, keys, new))
+        if isinstance(exc, generations.StaleGeneration) and exc.gen == new:
+            raise Conflict(
+                f"replay abandoned: generation {new} had no heartbeat for "
+                f"{generations.BUILD_LEASE_MS // 1000}s (the process was suspended?) and was swept; "
+                "run it again"
+            ) from None
+        raise
+    finally:
+        heartbeat.cancel()
+
+
+async def _heartbeat(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
+    """Renew the building lease every BEAT_SECONDS (a replay killed outright stops renewing it, and
+    the workers' sweep removes its generation once it runs out)."""
+    while await generations.beat(redis, keys, gen):
+        await asyncio.sleep(generations.BEAT_SECONDS)
+
+
+async def _abandon(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
+    """Give up generation `gen` and drop it, unless it became live (the failure came after the swap)."""
+    given_up = await generations.finish(redis, keys, gen, live=False)
+    if given_up or await current_generation(redis, keys) != gen:
+        dropped = await generations.drop(redis, keys, gen)
+        log.warning("replay ◆ interrupted ◆ generation %d given up ◆ %d keys dropped", gen, dropped)
+
+
+async def _build(
+    settings: Settings,
+    redis: aioredis.Redis,
+    embedder,
+    progress: Progress,
+    keys: Keys,
+    context: int,
+    old: int,
+    new: int,
+) -> dict[str, int]:
+    from shared.index import VectorParams
+
+    # a leftover of the same number, from before numbers were claimed
+    await generations.drop(redis, keys, new)
     dim = await embedder.ensure_dim()
     # a new generation: its TAG fields get the current digest mode (`shared.tags`), whatever the old one had
     tags = await ensure_episode_index(
@@ -189,8 +240,9 @@ async def replay(
         lasts[stream], n = await _project_range(projector, redis, stream, "-", progress)
         first_pass += n
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
-    # one HSET: a worker that sees the new generation sees the value it is written with
-    await redis.hset(keys.meta, mapping={"generation": new, context_setting.FIELD: context})
+    # one step: a worker that sees the new generation sees the value it is written with
+    if not await generations.finish(redis, keys, new, live=True, also={context_setting.FIELD: context}):
+        raise generations.StaleGeneration(new, old)  # abandoned (its heartbeat stalled past the lease)
     progress.phase("catch-up", None)
     for stream in keys.streams:
         _, n = await _project_range(projector, redis, stream, lasts[stream] or "-", progress)
@@ -230,21 +282,4 @@ async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | N
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
-    for name in (keys.episode_index(gen), keys.facts_index(gen)):
-        try:
-            await drop_index(redis, name)
-        except Exception:  # noqa: BLE001 - a missing index is the normal case
-            pass
-    dropped = 0
-    batch: list[bytes] = []
-    async for key in redis.scan_iter(match=f"{keys.gen_prefix(gen)}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 1000:
-            dropped += await redis.unlink(*batch)
-            batch = []
-    if batch:
-        dropped += await redis.unlink(*batch)
-    await redis.hdel(
-        keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm", f"g{gen}:tags", f"g{gen}:layout"
-    )
-    return dropped
+    return await generations.drop(redis, keys, gen)

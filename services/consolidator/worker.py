@@ -36,9 +36,10 @@ from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
-from shared import cluster, context_setting, streams, tracing
+from shared import cluster, context_setting, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
+from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
     VectorParams,
@@ -59,6 +60,8 @@ MISMATCH_CHECK_SECONDS = 2.0
 OWN_PENDING_CHECK_SECONDS = 2.0
 """How often an idle worker looks for entries pending to its own name that no lane holds
 (`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
+SWEEP_CHECK_SECONDS = 5.0
+"""How often lane 0 asks whether dead generations are to be swept (one HMGET; `shared.generations`)."""
 
 
 def consumer_name(settings: Settings) -> str:
@@ -126,6 +129,10 @@ class Worker:
         # entries after a lost reply (`_reread_own_pending`) must not hand them to a second lane
         self._in_hand: set[tuple[str, bytes]] = set()
         self._own_checked = time.monotonic()  # when an idle turn last looked for orphaned entries
+        # dead generations' keys (`shared.generations`): the live generation this process last swept
+        # under (None: not yet, so lane 0's first turn sweeps) and when it last checked
+        self._swept_under: int | None = None
+        self._sweep_checked = 0.0
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -291,7 +298,7 @@ class Worker:
                 if time.monotonic() - last_expiry > self.settings.expiry_interval:
                     last_expiry = time.monotonic()
                     await expiry.sweep(self.redis, self.settings)
-                self._erasure_housekeeping()
+                await self._housekeep_files()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)
                 await wait_or_stop(stop, MISMATCH_CHECK_SECONDS)
@@ -333,6 +340,30 @@ class Worker:
             exc.dim,
             embedder_setting(exc.index_embedder, exc.index_dim),
         )
+
+    async def _housekeep_files(self) -> None:
+        """What lane 0 does for erasure besides the projection: the AOF pass after forgets, in the
+        background, and the sweep of dead generations (`_sweep`) every SWEEP_CHECK_SECONDS."""
+        self._erasure_housekeeping()
+        if time.monotonic() - self._sweep_checked > SWEEP_CHECK_SECONDS:
+            await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Sweep dead generations' keys (`shared.generations`) when the live generation changed since
+        this process last swept, or a replay's building lease ran out; at start too (`_swept_under` None).
+        One worker at a time (a lease of the sweep lock): the others check again later."""
+        self._sweep_checked = time.monotonic()
+        is_due, live = await generations.due(self.redis, self.keys, self._swept_under)
+        if not is_due:
+            return
+        lock = self.keys.sweep_lock
+        if not await self.redis.set(lock, self.name, nx=True, px=self.settings.lease_ms):
+            return
+        try:
+            await generations.sweep(self.redis, self.keys)
+            self._swept_under = live
+        finally:
+            await self.redis.delete(lock)
 
     def _erasure_housekeeping(self) -> None:
         """Every 5 s, in the background: after forgets, rewrite the AOF (services.consolidator.erasure)."""
@@ -392,7 +423,17 @@ class Worker:
             done = asyncio.Event()
             renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
             try:
-                return await self._project(group, projector, entries)
+                try:
+                    return await self._project(group, projector, entries)
+                except StaleGeneration as exc:  # swapped between the read of the generation and the
+                    # end of the batch: its writes into the old one were swept; project it into the new one
+                    log.info("worker %s ◆ %s; projecting the batch again", self.name, exc)
+                try:
+                    return await self._project(group, await self._projector(), entries)
+                except StaleGeneration as exc:  # swapped twice in one batch: left pending, read again
+                    log.info("worker %s ◆ %s; the batch stays pending", self.name, exc)
+                    self._reread_own_pending()
+                    return 0
             finally:
                 # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
                 # in flight, and `await renewal` after cancel() then waited forever (the worker then
@@ -523,6 +564,8 @@ class Worker:
         """
         try:
             return await projector.apply(entries)
+        except StaleGeneration:  # not this batch's fault: `turn` projects it again
+            raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             for e in entries:
