@@ -88,6 +88,7 @@ from engram_episodic.validation import (
     Collector,
     check_tag_value,
     json_kind,
+    unicode_problem,
 )
 
 # Bounds of the query service's request models (services/query/models.py, facts_routes.py), which this
@@ -861,6 +862,9 @@ def _check_string(schema: Mapping[str, Any], value: Any, path: str, errs: Collec
         return None
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         errs.add(path, f"must be at most {schema['maxLength']} characters (got {len(value)})")
+        return None
+    if problem := unicode_problem(value):  # JSON's "\ud800" decodes, but no request can carry it
+        errs.add(path, problem)
         return None
     if schema.get("format") == "date-time":
         try:
