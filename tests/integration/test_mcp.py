@@ -263,7 +263,8 @@ async def test_the_documented_desktop_configs_start_a_working_server(tenants, se
 
 async def test_the_documented_python_client_lists_the_tools_and_recalls(tenants, settings, redis, tmp_path):
     """docs/integrations.md's Python MCP client, run as written (the service's URL and key, and the
-    engram script of this environment, put in): it prints the tools and what the model would read."""
+    engram script of this environment, put in) on an empty memory: it records an episode for the agent
+    the server is bound to, then prints the tools and what the model would read, which holds it."""
     code = doc_blocks("## MCP (Claude Desktop", "python")[0]
     assert '"--agent-id", "my-agent"' in code
     for documented, actual in (
@@ -273,21 +274,13 @@ async def test_the_documented_python_client_lists_the_tools_and_recalls(tenants,
     ):
         assert documented in code, documented
         code = code.replace(documented, actual)
-    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
-        eid = await memory.record(  # the agent the documented server is bound to (--agent-id)
-            task="fix the flaky login test",
-            outcome="success",
-            solution="freeze the clock with a fixture",
-            agent_id="my-agent",
-        )
-        await drain(settings, redis)
-        await memory.wait_until_recallable(eid, timeout=10)
     script = tmp_path / "mcp_client.py"
     script.write_text(code)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    async with running_worker(settings, "mcp-doc"):  # the example's record(wait=10) returns once projected
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
     tools_line, *rest = out.decode().splitlines()
     assert eval(tools_line) == list(TOOL_NAMES)  # noqa: S307  (a printed list of names)
