@@ -211,8 +211,12 @@ def _message_depth(value: Any) -> int:
     return deepest
 
 
+class _NotJSON(ValueError):
+    pass
+
+
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSON(f"{name} is not JSON")
 
 
 def read_message(line: bytes) -> SessionMessage | mt.JSONRPCError | None:
@@ -235,8 +239,10 @@ def read_message(line: bytes) -> SessionMessage | mt.JSONRPCError | None:
         value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         return _wire_error(INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels")
-    except ValueError as exc:  # JSONDecodeError, an over-long integer, NaN / Infinity
+    except (json.JSONDecodeError, _NotJSON) as exc:
         return _wire_error(PARSE_ERROR, str(exc)[:200])
+    except ValueError:  # Python converts at most sys.get_int_max_str_digits() digits to an int
+        return _wire_error(PARSE_ERROR, f"an integer longer than {sys.get_int_max_str_digits():,} digits")
     if isinstance(value, list):
         return _wire_error(INVALID_REQUEST, "batch arrays are not supported: send one message per line")
     if not isinstance(value, dict):

@@ -398,6 +398,8 @@ async def test_every_malformed_message_is_answered_and_the_server_reads_on(
             answer = await ask(line)
             assert answer["error"]["code"] == code and answer["id"] == request_id, (line[:80], answer)
             assert answer["error"]["data"], answer
+            if b"9" * 5000 in line:
+                assert answer["error"]["data"] == "an integer longer than 4,300 digits"
         assert "batch" in (await ask(b"[]"))["error"]["data"]
         lone = await ask(RECALL % (b"12", b'{"query": "x\\ud800"}'))  # JSON, but no request can carry it
         assert lone["result"]["isError"] and lone["result"]["structuredContent"]["errors"] == [
