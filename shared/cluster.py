@@ -239,11 +239,11 @@ class EngramCluster(RedisCluster):
             return await self._drop(name, args[2:])
         if how == ALIAS_SET:
             await super().execute_command("HSET", self.meta, ALIAS + name, _text(args[2]))
-            self._aliases = None
+            self._aliases = {}  # a new cache, swapped in: a resolve awaiting its read writes to the old one
             return b"OK"
         if how == ALIAS_DEL:
             await super().execute_command("HDEL", self.meta, ALIAS + name)
-            self._aliases = None
+            self._aliases = {}
             return b"OK"
         index = await self.resolve(name)
         try:
@@ -339,16 +339,21 @@ class EngramCluster(RedisCluster):
                 await asyncio.sleep(0.05)
 
     async def resolve(self, name: str) -> str:
-        """The index `name` names: itself, or the index of the alias `name`."""
+        """The index `name` names: itself, or the index of the alias `name`.
+
+        The answer goes into the cache it was looked up in: an alias set or deleted while the read was
+        in flight swaps in a new cache (never None), so the answer, possibly read before the change,
+        lands in the discarded one instead of outliving the change."""
         now = time.monotonic()
-        if self._aliases is None:
-            self._aliases = {}
-        cached = self._aliases.get(name)
+        aliases = self._aliases
+        if aliases is None:
+            aliases = self._aliases = {}
+        cached = aliases.get(name)
         if cached is not None and now - cached[0] < ALIAS_TTL:
             return cached[1]
         target = await super().execute_command("HGET", self.meta, ALIAS + name)
         index = _text(target) if target is not None else name
-        self._aliases[name] = (now, index)
+        aliases[name] = (now, index)
         return index
 
     async def create_shard(self, index: str, namespace: str) -> bool:
