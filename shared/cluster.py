@@ -207,6 +207,21 @@ class EngramCluster(RedisCluster):
                 await self.script_load(source)
                 self._loaded.add(sha)
 
+    # --- health --------------------------------------------------------------------------------
+    async def ping(self, **kwargs: Any) -> bool:
+        """Whether the whole cluster answers: every primary of the slot map says `cluster_state:ok`
+        (a PING reached one node only, and said True while a primary was down and every namespace
+        was refused with CLUSTERDOWN). False when one does not; raises ConnectionError or
+        TimeoutError when one cannot be reached. Options (`target_nodes`) make it redis-py's PING."""
+        if kwargs:
+            return await super().ping(**kwargs)
+        await self.initialize()  # the slot map, on a client's first command
+        for node in self.get_primaries():
+            info = await super().execute_command("CLUSTER", "INFO", target_nodes=node)
+            if "cluster_state:ok" not in _text(info):
+                return False
+        return True
+
     # --- routing -------------------------------------------------------------------------------
     async def _determine_slot(self, command: Any, *args: Any) -> int:
         """redis-py's, but the slot of an XREADGROUP is read from its arguments: its keys follow
