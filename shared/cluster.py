@@ -559,6 +559,21 @@ async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, di
     return [(name, {})]
 
 
+async def search_target(redis: aioredis.Redis, name: str) -> tuple[str, dict[str, Any]]:
+    """Where a search of the routed namespace's documents (`route`) in `name` (an index or alias) and
+    its cursor reads go, as (index, extra keyword arguments of `execute_command`): `name` itself on
+    one Redis or a coordinator cluster; on a shard-local cluster the namespace's index with
+    `target_nodes` its primary (`settle`d), so that `FT.CURSOR READ` reaches the node holding the
+    cursor. Raises RuntimeError without a route there, ResponseError when `name` was never created."""
+    if not isinstance(redis, EngramCluster) or redis.search != SEARCH_SHARD:
+        return name, {}
+    namespace = _ROUTE.get()
+    if namespace is None:
+        raise RuntimeError(f"a search of {name} on a shard-local cluster needs its namespace (route)")
+    index = await redis.resolve(name)
+    return shard_name(index, namespace), {"target_nodes": await redis.settle(index, namespace)}
+
+
 COORDINATOR_VERSION = 80000
 """The search module version (`MODULE LIST` `ver`, major * 10000 + minor * 100 + patch) from which the
 module distributes searches over an OSS cluster: Redis 8.0's Query Engine. The embedded RediSearch is
