@@ -49,7 +49,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import redis.asyncio as aioredis
@@ -92,7 +92,7 @@ _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("engram_sear
 _SHARD = re.compile(r":\{[0-9a-f]{12}\}$")
 
 
-PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, UNROUTED = (
+PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, CURSOR, UNROUTED = (
     "pass",
     "list",
     "record",
@@ -101,6 +101,7 @@ PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, UNROUTED = (
     "alias-del",
     "exists",
     "routed",
+    "cursor",
     "unrouted",
 )
 
@@ -111,8 +112,9 @@ def decide(search: str, command: str, namespace: str | None, *, targeted: bool =
     command; one already sent to chosen nodes), or, shard-local: `LIST` the recorded indexes
     (FT._LIST), `RECORD` an FT.CREATE's arguments, `DROP` every namespace's copy, set or delete an
     alias in meta, answer FT.INFO or FT.EXPLAIN without a namespace from the record (`EXISTS`), send the command
-    to the namespace's index on its primary (`ROUTED`), or refuse it for want of a namespace
-    (`UNROUTED`: RuntimeError, a caller's bug)."""
+    to the namespace's index on its primary (`ROUTED`; an `FT.CURSOR READ|DEL <index>`, which names
+    its index second, as `CURSOR`), or refuse it for want of a namespace (`UNROUTED`: RuntimeError, a
+    caller's bug)."""
     if search != SEARCH_SHARD or not command.startswith("FT.") or targeted:
         return PASS
     fixed = {
@@ -127,7 +129,7 @@ def decide(search: str, command: str, namespace: str | None, *, targeted: bool =
         return fixed[command]
     if namespace is None:
         return EXISTS if command in ("FT.INFO", "FT.EXPLAIN") else UNROUTED
-    return ROUTED
+    return CURSOR if command == "FT.CURSOR" else ROUTED
 
 
 @contextlib.contextmanager
@@ -243,6 +245,11 @@ class EngramCluster(RedisCluster):
         if how == LIST:
             fields = await super().execute_command("HKEYS", self.meta)
             return sorted(f[len(TEMPLATE) :].encode() for f in map(_text, fields) if f.startswith(TEMPLATE))
+        if how == CURSOR:  # to the node of the namespace's index, where its FT.AGGREGATE left the cursor
+            shard = shard_name(await self.resolve(_text(args[2])), cast(str, _ROUTE.get()))
+            return await super().execute_command(
+                *args[:2], shard, *args[3:], target_nodes=self._owner(shard), **kwargs
+            )
         name = _text(args[1])
         if how == RECORD:
             if not await super().execute_command(
@@ -557,21 +564,6 @@ async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, di
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
         return [(shard, {"target_nodes": node}) for shard, node in await redis.shards(name)]
     return [(name, {})]
-
-
-async def search_target(redis: aioredis.Redis, name: str) -> tuple[str, dict[str, Any]]:
-    """Where a search of the routed namespace's documents (`route`) in `name` (an index or alias) and
-    its cursor reads go, as (index, extra keyword arguments of `execute_command`): `name` itself on
-    one Redis or a coordinator cluster; on a shard-local cluster the namespace's index with
-    `target_nodes` its primary (`settle`d), so that `FT.CURSOR READ` reaches the node holding the
-    cursor. Raises RuntimeError without a route there, ResponseError when `name` was never created."""
-    if not isinstance(redis, EngramCluster) or redis.search != SEARCH_SHARD:
-        return name, {}
-    namespace = _ROUTE.get()
-    if namespace is None:
-        raise RuntimeError(f"a search of {name} on a shard-local cluster needs its namespace (route)")
-    index = await redis.resolve(name)
-    return shard_name(index, namespace), {"target_nodes": await redis.settle(index, namespace)}
 
 
 COORDINATOR_VERSION = 80000

@@ -89,11 +89,10 @@ async def load_rows(
         live_at=time.time(),  # facts are not built from expired episodes
     )
     page = page or PAGE
-    name, target = await cluster.search_target(r, index)
     newest: list[tuple[float, bytes]] = []  # a min-heap of (completed_at, key)
     reply, cursor = await r.execute_command(
         "FT.AGGREGATE",
-        name,
+        index,
         filters.query(),
         "LOAD",
         2,
@@ -104,7 +103,6 @@ async def load_rows(
         page,
         "DIALECT",
         2,
-        **target,
     )
     while True:
         for raw in reply[1:]:
@@ -118,7 +116,7 @@ async def load_rows(
                 heapq.heapreplace(newest, (float(at), key))
         if not int(cursor):
             break
-        reply, cursor = await r.execute_command("FT.CURSOR", "READ", name, cursor, "COUNT", page, **target)
+        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", page)
     chosen = [key for _, key in sorted(newest, reverse=True)]
     rows: list[Row] = []
     for i in range(0, len(chosen), page):

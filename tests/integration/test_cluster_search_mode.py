@@ -103,3 +103,19 @@ async def test_an_alias_change_during_a_resolve_neither_fails_it_nor_goes_stale(
         reader.release.set()
         await reader.execute_command("HDEL", reader.meta, cluster.ALIAS + alias)
         await reader.aclose()
+
+
+async def test_the_cursor_reads_of_a_routed_aggregate_reach_its_node(cluster_settings, cluster_redis):
+    """`FT.CURSOR READ <index> <id>` names its index second: it was routed as an index named "READ"
+    ("Unknown index name"), so reading every key of a namespace of more than one batch (a forget by
+    scope, a consolidation's episodes) failed on a shard-local cluster."""
+    from shared.index_pages import every_key
+    from shared.keys import Keys
+    from tests.integration.test_consolidator import drain
+    from tests.integration.test_facts import make_worker, planted, publish
+
+    s, redis = cluster_settings, cluster_redis
+    await publish(s, redis, planted()[:5], namespace="cursor")
+    await drain(make_worker(s, redis))
+    with cluster.route("cursor"):
+        assert len(await every_key(redis, Keys(s.prefix).episode_index_alias, "*", batch=2)) == 5
