@@ -85,8 +85,10 @@ async def _forget_in_scope(
     facts, removed = await cons.without_gone(
         scope, gen, state.facts, forgotten, min_cluster=min_cluster, now=now
     )
-    event = cons._event(scope, state.seq + 1, facts, removed, now)
-    event, sid, payload = await cons.publish_snapshot(event)
+    # a forget of another contributor published meanwhile is left out too, not a failure
+    event, sid, payload = await cons.publish_live(
+        scope, gen, state.seq + 1, facts, removed, min_cluster=min_cluster, now=now
+    )
     await apply_snapshot(
         cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen), payload=payload
     )
@@ -97,6 +99,6 @@ async def _forget_in_scope(
     log.info(
         "facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed",
         scope_id[:12],
-        len(facts),
-        len(removed),
+        len(event.facts),
+        len(event.removed),
     )

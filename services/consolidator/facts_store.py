@@ -11,6 +11,7 @@ ignored), both when a run publishes it and when the worker consumes it, so a rep
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import time
@@ -37,7 +38,7 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation, filter_search
+from shared.index import STATUS_COMPLETED, Scope, current_generation
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes
@@ -46,6 +47,7 @@ from shared.tags import TagCodec
 log = logging.getLogger("engram.facts")
 
 PAGE = 500
+"""Episodes per search-module read and per pipeline of `load_rows`."""
 
 
 def _row(doc: bytes | None, vector: bytes | None, own: bytes | None = None) -> Row | None:
@@ -67,8 +69,17 @@ def _row(doc: bytes | None, vector: bytes | None, own: bytes | None = None) -> R
     return Row(episode=episode, vector=v / norm)
 
 
-async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec) -> list[Row]:
-    """The scope's newest `limit` completed episodes with their vectors (FT.SEARCH, paged)."""
+async def load_rows(
+    r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec, *, page: int | None = None
+) -> list[Row]:
+    """The scope's newest `limit` completed episodes with their vectors, read `page` (PAGE) at a time.
+
+    A search sorted by completion sorts every match in one go, and a namespace of 300,000 episodes ran
+    past the search module's TIMEOUT. So the keys and completion times of the scope's episodes come
+    through an unsorted FT.AGGREGATE cursor, `page` per read (each read answers within the timeout,
+    whatever the namespace's size), the newest `limit` kept as they come (ties: the greater key);
+    then their documents and vectors, `page` per pipeline. A document deleted or changed meanwhile is
+    skipped, as is an unreadable one. Raises ResponseError for a missing index."""
     filters = Scope(
         namespace=scope.namespace,
         tags=tags,
@@ -77,27 +88,45 @@ async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int,
         status=STATUS_COMPLETED,
         live_at=time.time(),  # facts are not built from expired episodes
     )
-    rows: list[Row] = []
-    offset = 0
-    while offset < limit:
-        n = min(PAGE, limit - offset)
-        _total, page = await filter_search(
-            r,
-            index,
-            filters,
-            return_fields=("doc", "vector", OWN_FIELD),
-            sort_by="completed_at",
-            descending=True,
-            offset=offset,
-            limit=n,
-        )
-        for hit in page:
-            row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"), hit.fields.get(OWN_FIELD.encode()))
-            if row is not None:
-                rows.append(row)
-        offset += n
-        if len(page) < n:
+    page = page or PAGE
+    newest: list[tuple[float, bytes]] = []  # a min-heap of (completed_at, key)
+    reply, cursor = await r.execute_command(
+        "FT.AGGREGATE",
+        index,
+        filters.query(),
+        "LOAD",
+        2,
+        "@__key",
+        "@completed_at",
+        "WITHCURSOR",
+        "COUNT",
+        page,
+        "DIALECT",
+        2,
+    )
+    while True:
+        for raw in reply[1:]:
+            f = dict(zip(raw[::2], raw[1::2], strict=False))
+            key, at = f.get(b"__key"), f.get(b"completed_at")
+            if key is None or at is None:
+                continue  # deleted between the match and the load
+            if len(newest) < limit:
+                heapq.heappush(newest, (float(at), key))
+            elif (float(at), key) > newest[0]:
+                heapq.heapreplace(newest, (float(at), key))
+        if not int(cursor):
             break
+        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", page)
+    chosen = [key for _, key in sorted(newest, reverse=True)]
+    rows: list[Row] = []
+    for i in range(0, len(chosen), page):
+        async with r.pipeline(transaction=False) as pipe:
+            for key in chosen[i : i + page]:
+                pipe.hmget(key, ["doc", "vector", OWN_FIELD, "status"])
+            for doc, vector, own, status in await pipe.execute():
+                row = _row(doc, vector, own) if status == STATUS_COMPLETED.encode() else None
+                if row is not None:
+                    rows.append(row)
     return _order(rows)
 
 
