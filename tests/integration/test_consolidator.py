@@ -711,7 +711,7 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
 
 
 async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(settings, redis):
-    """ENGRAM_IN_FLIGHT: one worker projects several batches at once, and still exactly once."""
+    """Settings.in_flight: one worker projects several batches at once, and still exactly once."""
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     await client.publish(
         [
