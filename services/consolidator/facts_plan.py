@@ -133,6 +133,12 @@ def _failure_messages(ep: Episode) -> list[str]:
     return sorted({_clip(m, 200) for m in msgs if m.strip()})
 
 
+def centroid_of(matrix: np.ndarray) -> np.ndarray:
+    """The unit mean of the evidence's unit vectors (`matrix`: [n, dim]), float32[dim]."""
+    centroid = matrix.mean(axis=0)
+    return (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+
+
 def build_fact(
     scope: FactScope,
     rows: Sequence[Row],
@@ -181,8 +187,7 @@ def build_fact(
         for t, c in sorted(acts.items(), key=lambda x: (-x[1], x[0]))[:5]
     ]
     matrix = np.stack([r.vector for r in rows])
-    centroid = matrix.mean(axis=0)
-    centroid = (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+    centroid = centroid_of(matrix)
     cos = matrix @ centroid.astype(np.float64)
     order = sorted(range(n), key=lambda i: (-round(float(cos[i]), 9), rows[i].episode_id))
     central = tuple(rows[i].episode_id for i in order[:3])

@@ -6,7 +6,9 @@ own vector when ENGRAM_CONTEXT_EPISODES keeps one, see `_row`),
 applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
 a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
 ignored), both when a run publishes it and when the worker consumes it, so a replay rebuilds facts;
-`import_snapshots` carries every scope's last applied snapshot into a new generation (replay).
+`import_snapshots` carries every scope's last applied snapshot into a new generation (replay). A
+snapshot projected into a generation of another embedder gets centroids of that generation's vectors
+(`reembedded`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -26,7 +28,7 @@ from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
 from services.consolidator.context import OWN_FIELD
-from services.consolidator.facts_plan import Row, _order
+from services.consolidator.facts_plan import Row, _order, centroid_of
 from shared import cluster, generations
 from shared.codec import encode
 from shared.facts import (
@@ -147,6 +149,18 @@ async def load_rows_by_id(
     return _order(rows)
 
 
+async def reembedded(r: aioredis.Redis, keys: Keys, gen: int, facts: Sequence[Fact]) -> list[Fact]:
+    """`facts` with each centroid computed from its evidence's vectors in generation `gen`, as a run
+    computes it (`facts_plan.centroid_of`); a fact none of whose evidence is there (expired, forgotten)
+    gets no centroid: listed and filtered, never found by similarity. Text, ids and versions stay."""
+    out = []
+    for f in facts:
+        rows = await load_rows_by_id(r, keys, gen, f.namespace, f.evidence)
+        vector = centroid_of(np.stack([row.vector for row in rows])) if rows else ()
+        out.append(replace(f, centroid=tuple(float(x) for x in vector)))
+    return out
+
+
 # --- the projection ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ScopeState:
@@ -204,15 +218,24 @@ async def apply_snapshot(
     tags: TagCodec,
     *,
     payload: bytes | None = None,
+    reembed: bool = False,
 ) -> bool:
-    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
-    when an equal or newer one is in. `payload` is the event's stored bytes (sealed with a master key),
-    kept with the scope for a replay; None stores `encode(event)`. StaleGeneration (what was written
-    swept) when `gen` is neither live nor being built once written (`shared.generations`)."""
+    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`, whose vectors have
+    `dim` dimensions) atomically; False when an equal or newer one is in. `payload` is the event's
+    stored bytes (sealed with a master key), kept with the scope for a replay; None stores
+    `encode(event)`. With `reembed` (a replay into another embedder's generation), and for any fact
+    whose centroid has not `dim` dimensions (the index could not hold it), the centroid is computed
+    again from the fact's evidence in `gen` (`reembedded`); the stored event stays as it came.
+    StaleGeneration (what was written swept) when `gen` is neither live nor being built once written
+    (`shared.generations`)."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
     state_key = keys.fact_scope(gen, scope.namespace, scope.scope_id)
+    if reembed or any(f.centroid and len(f.centroid) != dim for f in facts):
+        if int(await r.hget(state_key, "seq") or 0) >= seq:  # not applied: spare the reads
+            return False
+        facts = await reembedded(r, keys, gen, facts)
     sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
     async with r.pipeline(transaction=True) as pipe:
         while True:
@@ -260,8 +283,11 @@ async def import_snapshots(
     dim: int,
     tags: TagCodec,
     keyring: KeyRing | None = None,
+    *,
+    reembed: bool = False,
 ) -> int:
-    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
+    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`
+    (`reembed`: with centroids of `new`'s vectors, see `apply_snapshot`).
 
     The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
     was built from is kept with its projection state; replaying the stream afterwards applies only newer
@@ -288,7 +314,7 @@ async def import_snapshots(
             log.warning("facts ◆ skipped an unreadable (or shredded) stored snapshot of generation %d", old)
             continue
         if isinstance(event, FactsConsolidated) and await apply_snapshot(
-            redis, keys, new, event, None, dim, tags, payload=raw
+            redis, keys, new, event, None, dim, tags, payload=raw, reembed=reembed
         ):
             await redis.hset(
                 keys.fact_scope(new, event.namespace, event.scope.get("scope_id", "")), "sids", sids or b"[]"

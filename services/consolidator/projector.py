@@ -145,8 +145,10 @@ class Projector:
         *,
         tags: TagCodec,
         settings: Settings,
+        reembed_facts: bool = False,
     ):
         self.redis = redis
+        self.reembed_facts = reembed_facts  # a reindex: facts get centroids of this generation's vectors
         self.tags = tags
         self.keyring = keyring
         self.keys = keys
@@ -695,4 +697,5 @@ class Projector:
                 self.embedder.dim,
                 self.tags,
                 payload=entry.payload,  # kept sealed as it came
+                reembed=self.reembed_facts,
             )

@@ -7,8 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS, STARTUP, TAGS
+from services.query.appkeys import EMBEDDER, KEYS, METRICS, OPENAPI, REDIS, STARTUP, TAGS
 from services.query.views.common import index_of, reply
+from shared.facts import facts_state
 from shared.index import index_exists
 
 
@@ -45,6 +46,10 @@ async def readyz(request: web.Request) -> web.Response:
             mismatch, checks["index"] = None, False
         if mismatch is not None:
             checks["embedder"], body["why"] = False, str(mismatch)
+        try:  # what the replay that built the live generation did with the facts; no check: recall needs none
+            body["facts"] = await asyncio.wait_for(facts_state(r, request.app[KEYS]), 2.0)
+        except Exception:  # noqa: BLE001 - informative only, never a 500 or "not ready"
+            pass
     ok = all(checks.values())
     return reply({"status": "ready" if ok else "not ready", **body}, status=200 if ok else 503)
 
