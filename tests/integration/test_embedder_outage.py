@@ -1,0 +1,199 @@
+"""The embedder failing at query time: a provider speaking OpenAI's API that answers 503, hangs, closes
+the connection or refuses it (a real local HTTP server on a private loopback port), and a local model
+that raises. Every route that embeds answers 503 with Retry-After and logs one line without a traceback;
+a keyword-mode recall answers without the cosines instead (`similarity_unavailable`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from deploy.embedded_redis import free_port
+from shared.embedding import HashingEmbedder
+from shared.embedding_openai import OpenAIEmbedder
+from tests.integration.test_query_support import episode, put
+
+pytestmark = pytest.mark.slow  # starts servers: `make test-fast` skips it
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+DIM = 256  # the test settings' embed_dim: the seeded documents' hashing vectors
+EMBEDDING_ROUTES = (
+    ("/v1/recall", {"query": "flaky migration test", "mode": "vector"}),
+    ("/v1/recall", {"query": "flaky migration test", "mode": "hybrid"}),
+    ("/v1/context", {"task": "flaky migration test"}),
+    ("/v1/strategy", {"task": "flaky migration test"}),
+    ("/v1/suggest", {"task": "flaky migration test"}),
+    ("/v1/facts/search", {"query": "flaky migration test"}),
+)
+
+
+@dataclass
+class Provider:
+    """An embeddings server: `mode` "ok" (hashing vectors), "503" or "hang" (until released)."""
+
+    url: str = ""
+    mode: str = "ok"
+    requests: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        body = await request.json()
+        if self.mode == "503":
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        if self.mode == "hang":
+            await self.release.wait()
+        vectors = HashingEmbedder(DIM).embed_sync(body["input"])
+        data = [{"index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        return web.json_response({"data": data, "model": body["model"]})
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[Provider]:
+    fake = Provider()
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", fake.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    fake.url = str(server.make_url("")).rstrip("/")
+    yield fake
+    fake.release.set()
+    await server.close()
+
+
+@pytest.fixture
+async def closing_url() -> AsyncIterator[str]:
+    """A server that reads the request's first bytes and closes the connection without an answer."""
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+    await server.wait_closed()
+
+
+def openai_embedder(url: str) -> OpenAIEmbedder:
+    # one retry, no backoff, a short timeout: the outage is reached in about a second
+    return OpenAIEmbedder(url, "fake-embed", dim=DIM, timeout=0.5, retries=1, backoff=0.0)
+
+
+async def seeded_client(make_client, redis, settings, embedder):
+    client = await make_client(embedder=embedder)
+    await put(redis, settings.prefix, "default", episode("e1", task="fix the flaky migration test"))
+    return client
+
+
+def no_traceback(caplog) -> None:
+    bad = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not bad, [(r.name, r.getMessage()) for r in bad]
+
+
+async def assert_503(client, path: str, body: dict) -> None:
+    resp = await client.post(path, json=body)
+    text = await resp.text()
+    assert resp.status == 503, (path, body, text)
+    assert resp.content_type == "application/problem+json"
+    assert int(resp.headers["Retry-After"]) >= 1
+    assert "embedding model is unavailable" in (await resp.json())["detail"]
+
+
+async def test_a_provider_answering_503_is_a_503_on_every_route_that_embeds(
+    make_client, redis, settings, provider, caplog
+):
+    client = await seeded_client(make_client, redis, settings, openai_embedder(provider.url))
+    resp = await client.post("/v1/recall", json={"query": "migration test", "mode": "vector"})
+    assert resp.status == 200 and len((await resp.json())["results"]) == 1  # the provider up
+    provider.mode = "503"
+    caplog.set_level(logging.INFO)
+    for path, body in EMBEDDING_ROUTES:
+        await assert_503(client, path, body)
+    no_traceback(caplog)
+    said = [r for r in caplog.records if "embedder unavailable" in r.getMessage()]
+    assert len(said) == len(EMBEDDING_ROUTES) and all(r.levelno == logging.WARNING for r in said)
+
+
+async def test_a_keyword_recall_answers_without_the_cosines_while_the_provider_fails(
+    make_client, redis, settings, provider, caplog
+):
+    client = await seeded_client(make_client, redis, settings, openai_embedder(provider.url))
+    resp = await client.post("/v1/recall", json={"query": "flaky migration", "mode": "keyword"})
+    up = await resp.json()
+    assert resp.status == 200 and up["results"][0]["similarity"] > 0
+    assert "similarity_unavailable" not in up
+    provider.mode = "503"
+    caplog.set_level(logging.INFO)
+    resp = await client.post("/v1/recall", json={"query": "migration flaky", "mode": "keyword"})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["similarity_unavailable"] is True and body["mode"] == "keyword"
+    assert [r["episode"]["episode_id"] for r in body["results"]] == ["e1"]
+    assert body["results"][0]["similarity"] is None and body["results"][0]["relevance"] > 0
+    no_traceback(caplog)
+
+
+async def test_context_in_keyword_mode_answers_without_the_cosines_and_facts(
+    make_client, redis, settings, provider
+):
+    client = await make_client(embedder=openai_embedder(provider.url), recall_mode="keyword")
+    await put(redis, settings.prefix, "default", episode("e1", task="fix the flaky migration test"))
+    provider.mode = "503"
+    resp = await client.post("/v1/context", json={"task": "flaky migration"})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["similarity_unavailable"] is True and body["facts"] == []
+    assert [r["similarity"] for r in body["results"]] == [None]
+
+
+async def test_a_provider_that_hangs_is_a_503(make_client, redis, settings, provider, caplog):
+    client = await seeded_client(make_client, redis, settings, openai_embedder(provider.url))
+    provider.mode = "hang"
+    caplog.set_level(logging.INFO)
+    await assert_503(client, "/v1/recall", {"query": "flaky migration", "mode": "hybrid"})
+    assert provider.requests == 2  # the attempt and its one retry, each past the 0.5 s timeout
+    no_traceback(caplog)
+
+
+@pytest.mark.parametrize("kind", ["closes the connection", "refuses the connection"])
+async def test_a_provider_that_closes_or_refuses_is_a_503(
+    make_client, redis, settings, closing_url, kind, caplog
+):
+    url = closing_url if kind == "closes the connection" else f"http://127.0.0.1:{free_port()}"
+    client = await seeded_client(make_client, redis, settings, openai_embedder(url))
+    caplog.set_level(logging.INFO)
+    await assert_503(client, "/v1/recall", {"query": "flaky migration", "mode": "vector"})
+    resp = await client.post("/v1/recall", json={"query": "flaky migration", "mode": "keyword"})
+    assert resp.status == 200 and (await resp.json())["similarity_unavailable"] is True
+    no_traceback(caplog)
+
+
+class RaisingModel(HashingEmbedder):
+    """A local model whose forward pass raises (out of memory, a broken graph) once `broken` is set."""
+
+    broken = False
+
+    async def _embed_batch(self, texts):
+        if self.broken:
+            raise RuntimeError("CUDA out of memory (a local model's own exception)")
+        return await super()._embed_batch(texts)
+
+
+async def test_a_local_model_that_raises_is_a_503_not_a_500(make_client, redis, settings, caplog):
+    model = RaisingModel(DIM)
+    client = await seeded_client(make_client, redis, settings, model)
+    model.broken = True
+    caplog.set_level(logging.INFO)
+    for path, body in EMBEDDING_ROUTES:
+        await assert_503(client, path, body)
+    resp = await client.post("/v1/recall", json={"query": "flaky migration", "mode": "keyword"})
+    assert resp.status == 200 and (await resp.json())["results"][0]["similarity"] is None
+    no_traceback(caplog)
