@@ -25,6 +25,8 @@ Contract, for every embedder:
 - `name` identifies the vector space. The index records it with `dim` and refuses to mix vectors of two
   embedders (`Conflict`), so changing what an embedder computes must change its name.
 - `await aclose()` releases sessions/models; embedders are also async context managers.
+- A failure raises EmbeddingError; EmbedderUnavailable (a subclass) when the backend did not answer
+  (a provider down, slow or refusing connections): the texts were fine, a later call may succeed.
 
 `make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
 """
@@ -59,6 +61,12 @@ MINILM_INSTALL_HINT = "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 g
 class EmbeddingError(EngramError):
     """The embedder could not produce vectors: a server error after retries, a timeout, a malformed
     response, or vectors of an unexpected dimension. The texts were not embedded; the caller may retry."""
+
+
+class EmbedderUnavailable(EmbeddingError):
+    """The embedder's backend did not answer after its retries: a provider's 5xx, 429 or 408, a timeout,
+    a refused or dropped connection. Nothing is wrong with the texts: the same call may succeed later
+    (the consolidator backs off and retries the batch, `services.consolidator.worker`)."""
 
 
 def _installed(module: str) -> bool:

@@ -1,12 +1,15 @@
-"""The embedder failing at query time: a provider speaking OpenAI's API that answers 503, hangs, closes
-the connection or refuses it (a real local HTTP server on a private loopback port), and a local model
-that raises. Every route that embeds answers 503 with Retry-After and logs one line without a traceback;
-a keyword-mode recall answers without the cosines instead (`similarity_unavailable`)."""
+"""The embedder failing, at query time and in the consolidator: a provider speaking OpenAI's API that
+answers 503, hangs, closes the connection or refuses it (a real local HTTP server on a private loopback
+port), and a local model that raises. Every route that embeds answers 503 with Retry-After and logs one
+line without a traceback; a keyword-mode recall answers without the cosines instead
+(`similarity_unavailable`). The consolidator retries the batch whole with a backoff, then dead-letters it
+naming the provider's failure."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -15,9 +18,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from deploy.embedded_redis import free_port
+from services.consolidator import deadletters
+from services.consolidator.worker import Worker
 from shared.embedding import HashingEmbedder
 from shared.embedding_openai import OpenAIEmbedder
+from tests.helpers import wait_until
 from tests.integration.test_query_support import episode, put
+from tests.integration.test_worker_process import publish_many
 
 pytestmark = pytest.mark.slow  # starts servers: `make test-fast` skips it
 
@@ -41,10 +48,12 @@ class Provider:
     url: str = ""
     mode: str = "ok"
     requests: int = 0
+    times: list[float] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
+        self.times.append(time.monotonic())
         body = await request.json()
         if self.mode == "503":
             return web.json_response({"error": {"message": "overloaded"}}, status=503)
@@ -197,3 +206,61 @@ async def test_a_local_model_that_raises_is_a_503_not_a_500(make_client, redis, 
     resp = await client.post("/v1/recall", json={"query": "flaky migration", "mode": "keyword"})
     assert resp.status == 200 and (await resp.json())["results"][0]["similarity"] is None
     no_traceback(caplog)
+
+
+async def test_the_consolidator_backs_off_then_dead_letters_naming_the_provider_failure(
+    settings, redis, provider, caplog
+):
+    """A provider answering 503: the batch is retried whole (one request per delivery, never entry by
+    entry), at growing intervals, then dead-lettered with the provider's failure as the reason; never
+    acked silently, never a traceback."""
+    provider.mode = "503"
+    s = settings.with_(in_flight=1, max_deliveries=2)
+    embedder = OpenAIEmbedder(provider.url, "fake-embed", dim=DIM, timeout=0.5, retries=0, backoff=0.0)
+    worker = Worker(s, redis, embedder, name="outage")
+    await publish_many(redis, s, 3)
+    caplog.set_level(logging.INFO)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        dead = await wait_until(lambda: dead_letters(redis, s, 3), timeout=30, message="3 dead letters")
+    finally:
+        stop.set()
+        await running
+        await embedder.aclose()
+    assert provider.requests == 2  # one per delivery of the batch of 3 (max_deliveries 2)
+    first, second = provider.times
+    assert second - first >= 0.9  # EMBEDDER_BACKOFF: 1 s after the first failure
+    for letter in dead:
+        assert letter.reason.startswith("DeliveryLimit: failed 2 deliveries; last error: EmbedderUnavailable")
+        assert "openai/fake-embed: HTTP 503" in letter.reason
+    assert worker.processed == 0 and not await redis.exists(s.keys.episode_doc(1, "ns", "e0"))
+    no_traceback(caplog)
+    said = [r.getMessage() for r in caplog.records if "embedder unavailable" in r.getMessage()]
+    assert len(said) == 2 and "read again in 1.0s" in said[0] and "HTTP 503" in said[0]
+
+
+async def test_the_consolidator_projects_the_batch_once_the_provider_is_back(settings, redis, provider):
+    provider.mode = "503"
+    s = settings.with_(in_flight=1, max_deliveries=5)
+    embedder = OpenAIEmbedder(provider.url, "fake-embed", dim=DIM, timeout=0.5, retries=0, backoff=0.0)
+    worker = Worker(s, redis, embedder, name="outage")
+    await publish_many(redis, s, 3)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await wait_until(lambda: provider.requests >= 1, message="a first failed delivery")
+        provider.mode = "ok"
+        await wait_until(lambda: worker.processed == 3, timeout=20, message="projected after the outage")
+    finally:
+        stop.set()
+        await running
+        await embedder.aclose()
+    assert await dead_letters(redis, s, 0) == [] and provider.requests == 2
+    assert await redis.exists(s.keys.episode_doc(1, "ns", "e0"))
+
+
+async def dead_letters(redis, s, n: int) -> list:
+    """The dead letters once there are `n` of them (`[]` for none when `n` is 0), else None."""
+    got = await deadletters.list_dead_letters(redis, s.keys)
+    return got if len(got) == n else None
