@@ -380,6 +380,17 @@ class Readiness(Answer):
         description="when `checks.embedder` is false because the live index was rebuilt with another "
         "embedder: which one, and the setting to restart with",
     )
+    dead_letters: int | None = Field(
+        None,
+        description="entries in the dead-letter stream: the consolidator gave up on them (`engram "
+        "dead-letters` says why, `engram redrive` publishes them again); never makes the service not "
+        "ready; null when Redis does not answer",
+    )
+    lag: int | None = Field(
+        None,
+        description="entries published and not yet delivered to the consolidator (all partitions); "
+        "never makes the service not ready; null when Redis does not answer",
+    )
 
 
 class OpenAPIDocument(Answer):

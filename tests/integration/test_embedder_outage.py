@@ -264,3 +264,32 @@ async def dead_letters(redis, s, n: int) -> list:
     """The dead letters once there are `n` of them (`[]` for none when `n` is 0), else None."""
     got = await deadletters.list_dead_letters(redis, s.keys)
     return got if len(got) == n else None
+
+
+async def test_the_query_service_tells_the_dead_letters_and_the_lag(make_client, settings, redis, provider):
+    """Dead letters and consumer lag were visible only on the consolidator's port: `/readyz` and
+    `/metrics` of the query service say them too, without making it not ready."""
+    client = await make_client(embedder=openai_embedder(provider.url))
+    resp = await client.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 200 and body["dead_letters"] == 0 and body["lag"] == 0
+    provider.mode = "503"
+    s = settings.with_(in_flight=1, max_deliveries=1)
+    embedder = OpenAIEmbedder(provider.url, "fake-embed", dim=DIM, timeout=0.5, retries=0, backoff=0.0)
+    worker = Worker(s, redis, embedder, name="outage")
+    await publish_many(redis, s, 2)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await wait_until(lambda: dead_letters(redis, s, 2), timeout=30, message="2 dead letters")
+    finally:
+        stop.set()
+        await running
+        await embedder.aclose()
+    await publish_many(redis, s, 3)  # e0..e2 again, read by nobody: lag 3
+    resp = await client.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 200 and body["status"] == "ready", body
+    assert body["dead_letters"] == 2 and body["lag"] == 3
+    text = await (await client.get("/metrics")).text()
+    assert "engram_stream_dead_letters 2.0" in text and "engram_stream_lag 3.0" in text
