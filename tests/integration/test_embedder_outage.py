@@ -293,3 +293,17 @@ async def test_the_query_service_tells_the_dead_letters_and_the_lag(make_client,
     assert body["dead_letters"] == 2 and body["lag"] == 3
     text = await (await client.get("/metrics")).text()
     assert "engram_stream_dead_letters 2.0" in text and "engram_stream_lag 3.0" in text
+
+
+async def test_concurrent_recalls_share_the_provider_timeouts(make_client, redis, settings, provider):
+    """Recalls waiting for one pass while the provider hangs fail with it: the pass is not retried text
+    by text, which made the last request wait out the timeouts once per text before it."""
+    client = await seeded_client(make_client, redis, settings, openai_embedder(provider.url))
+    provider.mode = "hang"
+    queries = [f"flaky migration {i}" for i in range(4)]
+    answers = await asyncio.gather(
+        *(client.post("/v1/recall", json={"query": q, "mode": "vector"}) for q in queries)
+    )
+    assert [a.status for a in answers] == [503] * 4
+    # the first query's pass and the pass of the three that waited for it, each tried twice
+    assert provider.requests == 4
