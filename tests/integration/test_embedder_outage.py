@@ -49,12 +49,14 @@ class Provider:
     mode: str = "ok"
     requests: int = 0
     times: list[float] = field(default_factory=list)
+    inputs: list[list[str]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
         self.times.append(time.monotonic())
         body = await request.json()
+        self.inputs.append(body["input"])
         if self.mode == "503":
             return web.json_response({"error": {"message": "overloaded"}}, status=503)
         if self.mode == "hang":
@@ -91,9 +93,22 @@ async def closing_url() -> AsyncIterator[str]:
     await server.wait_closed()
 
 
-def openai_embedder(url: str) -> OpenAIEmbedder:
-    # one retry, no backoff, a short timeout: the outage is reached in about a second
-    return OpenAIEmbedder(url, "fake-embed", dim=DIM, timeout=0.5, retries=1, backoff=0.0)
+OPENED: list[OpenAIEmbedder] = []
+"""The embedders a test made (`openai_embedder`): an injected embedder is its caller's to close."""
+
+
+@pytest.fixture(autouse=True)
+async def _close_embedders() -> AsyncIterator[None]:
+    yield
+    while OPENED:
+        await OPENED.pop().aclose()
+
+
+def openai_embedder(url: str, retries: int = 1) -> OpenAIEmbedder:
+    """An embedder of the provider at `url`, closed after the test; a short timeout and no backoff
+    between its retries: the outage is reached in about a second."""
+    OPENED.append(OpenAIEmbedder(url, "fake-embed", dim=DIM, timeout=0.5, retries=retries, backoff=0.0))
+    return OPENED[-1]
 
 
 async def seeded_client(make_client, redis, settings, embedder):
@@ -216,7 +231,7 @@ async def test_the_consolidator_backs_off_then_dead_letters_naming_the_provider_
     acked silently, never a traceback."""
     provider.mode = "503"
     s = settings.with_(in_flight=1, max_deliveries=2)
-    embedder = OpenAIEmbedder(provider.url, "fake-embed", dim=DIM, timeout=0.5, retries=0, backoff=0.0)
+    embedder = openai_embedder(provider.url, retries=0)
     worker = Worker(s, redis, embedder, name="outage")
     await publish_many(redis, s, 3)
     caplog.set_level(logging.INFO)
@@ -227,7 +242,6 @@ async def test_the_consolidator_backs_off_then_dead_letters_naming_the_provider_
     finally:
         stop.set()
         await running
-        await embedder.aclose()
     assert provider.requests == 2  # one per delivery of the batch of 3 (max_deliveries 2)
     first, second = provider.times
     assert second - first >= 0.9  # EMBEDDER_BACKOFF: 1 s after the first failure
@@ -243,7 +257,7 @@ async def test_the_consolidator_backs_off_then_dead_letters_naming_the_provider_
 async def test_the_consolidator_projects_the_batch_once_the_provider_is_back(settings, redis, provider):
     provider.mode = "503"
     s = settings.with_(in_flight=1, max_deliveries=5)
-    embedder = OpenAIEmbedder(provider.url, "fake-embed", dim=DIM, timeout=0.5, retries=0, backoff=0.0)
+    embedder = openai_embedder(provider.url, retries=0)
     worker = Worker(s, redis, embedder, name="outage")
     await publish_many(redis, s, 3)
     stop = asyncio.Event()
@@ -255,7 +269,6 @@ async def test_the_consolidator_projects_the_batch_once_the_provider_is_back(set
     finally:
         stop.set()
         await running
-        await embedder.aclose()
     assert await dead_letters(redis, s, 0) == [] and provider.requests == 2
     assert await redis.exists(s.keys.episode_doc(1, "ns", "e0"))
 
@@ -275,7 +288,7 @@ async def test_the_query_service_tells_the_dead_letters_and_the_lag(make_client,
     assert resp.status == 200 and body["dead_letters"] == 0 and body["lag"] == 0
     provider.mode = "503"
     s = settings.with_(in_flight=1, max_deliveries=1)
-    embedder = OpenAIEmbedder(provider.url, "fake-embed", dim=DIM, timeout=0.5, retries=0, backoff=0.0)
+    embedder = openai_embedder(provider.url, retries=0)
     worker = Worker(s, redis, embedder, name="outage")
     await publish_many(redis, s, 2)
     stop = asyncio.Event()
@@ -285,7 +298,6 @@ async def test_the_query_service_tells_the_dead_letters_and_the_lag(make_client,
     finally:
         stop.set()
         await running
-        await embedder.aclose()
     await publish_many(redis, s, 3)  # e0..e2 again, read by nobody: lag 3
     resp = await client.get("/readyz")
     body = await resp.json()
@@ -305,5 +317,7 @@ async def test_concurrent_recalls_share_the_provider_timeouts(make_client, redis
         *(client.post("/v1/recall", json={"query": q, "mode": "vector"}) for q in queries)
     )
     assert [a.status for a in answers] == [503] * 4
-    # the first query's pass and the pass of the three that waited for it, each tried twice
-    assert provider.requests == 4
+    shared = [i for i, texts in enumerate(provider.inputs) if len(texts) > 1]
+    assert shared, provider.inputs  # some queries waited for the first one's pass and shared the next
+    alone_after = {texts[0] for texts in provider.inputs[shared[0] + 1 :] if len(texts) == 1}
+    assert not alone_after & set(provider.inputs[shared[0]]), provider.inputs  # none retried alone
