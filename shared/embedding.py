@@ -655,7 +655,7 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
     - "hashing": HashingEmbedder of `settings.embed_dim` dimensions;
     - "minilm" / "mpnet": MiniLMEmbedder (384 dimensions) / MPNetEmbedder (768; embed_dim is ignored),
       loaded on first use or by `await embedder.load()`; ConfigError when its packages are missing;
-    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY/TIMEOUT (dimension from the server),
+    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY and `openai_timeout` (dimension from the server),
       retrying 3 times for documents and once for queries (a caller is waiting);
       ConfigError when the URL is missing or not http(s);
     - "auto": the best model installed (checked without importing it): mpnet when its five weight
@@ -701,7 +701,7 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
             settings.openai_timeout,
         )
         # a query's caller is waiting: one retry, then a 503 with Retry-After (services.query.problems)
-        # rather than 4 attempts of up to ENGRAM_OPENAI_TIMEOUT each; a document's worker has time
+        # rather than 4 attempts of up to `openai_timeout` (30 s) each; a worker has time
         retries = 1 if role == "query" else 3
         try:
             return OpenAIEmbedder(
