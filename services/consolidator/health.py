@@ -28,6 +28,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from shared.content_coding import identity_only
+
 if TYPE_CHECKING:
     from services.consolidator.worker import Worker
 
@@ -96,7 +98,7 @@ def operations_app(health: Health, registry: CollectorRegistry) -> web.Applicati
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=[identity_only])  # 415 for a Content-Encoding (shared.content_coding)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     return app
@@ -108,7 +110,8 @@ async def start_operations(
     """Serve `operations_app` on host:port; returns the runner (`await runner.cleanup()` stops it).
 
     Raises OSError when the port cannot be bound (e.g. taken by another process)."""
-    runner = web.AppRunner(operations_app(health, registry), access_log=None)
+    # aiohttp never decodes a body (shared.content_coding): a false gzip body logged a traceback per request
+    runner = web.AppRunner(operations_app(health, registry), access_log=None, auto_decompress=False)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

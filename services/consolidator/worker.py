@@ -6,7 +6,11 @@ Each turn (docket's reclaim-then-read):
 2. `XREADGROUP >` up to the free capacity of the batch;
 3. `Projector.apply`, then `XACK` only what was written; poison entries are dead-lettered (and acked)
    one by one, so one bad entry never blocks its neighbours.
-A transport or embedder failure leaves the whole batch pending; the lease brings it back.
+A transport failure leaves the whole batch pending; the lease brings it back. An embedder that does not
+answer (`EmbedderUnavailable`: its provider down, slow or refusing connections) is no fault of the
+entries: the whole batch stays pending, not retried entry by entry, and the lane backs off
+(`EMBEDDER_BACKOFF`) and reads it again; each read is a delivery, so past `max_deliveries` the entries
+are dead-lettered with a reason naming the provider's failure (`redrive` publishes them again).
 
 `settings.in_flight` lanes run that loop concurrently in one process (see `Worker.run`).
 
@@ -31,6 +35,7 @@ import uuid
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.backoff import ExponentialBackoff
 
 from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
@@ -39,6 +44,7 @@ from services.consolidator.projector import BatchResult, Projector
 from shared import cluster, context_setting, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
+from shared.embedding import EmbedderUnavailable
 from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
@@ -57,6 +63,11 @@ MISMATCH_LOG_SECONDS = 30.0
 """How often a worker paused by another embedder's index repeats why."""
 MISMATCH_CHECK_SECONDS = 2.0
 """How often a paused worker re-reads the live index's embedder."""
+EMBEDDER_BACKOFF = (0.5, 30.0)
+"""(base, cap) seconds of a lane's backoff while the embedder is unavailable: 1, 2, 4, 8, 16, 30, ...
+s between reads of the failed batch, so with ENGRAM_MAX_DELIVERIES 5 an outage of about half a minute
+(plus the embedder's own retries) dead-letters the batch, never sooner, and a provider that is down is
+asked at most twice a minute per lane."""
 OWN_PENDING_CHECK_SECONDS = 2.0
 """How often an idle worker looks for entries pending to its own name that no lane holds
 (`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
@@ -259,6 +270,7 @@ class Worker:
         last_info = 0.0
         last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
+        embedder_backoff = Backoff(ExponentialBackoff(cap=EMBEDDER_BACKOFF[1], base=EMBEDDER_BACKOFF[0]))
         while not stop.is_set() and not halt.is_set():
             self._beat(lane)
             try:
@@ -267,14 +279,8 @@ class Worker:
                 with reporting_progress(lambda: self._beat(lane)):
                     await self.turn()
                 backoff.reset()
-                if self.paused_by is not None:
-                    log.warning(
-                        "worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; resuming",
-                        self.name,
-                        self.embedder.name,
-                        self.embedder.dim,
-                    )
-                    self.paused_by = None
+                embedder_backoff.reset()
+                self._resume()
                 if not housekeeping:
                     continue
                 if time.monotonic() - last_info > 5:
@@ -306,6 +312,16 @@ class Worker:
                 conflicts.append(exc)
                 halt.set()
                 return
+            except EmbedderUnavailable as exc:
+                delay = embedder_backoff.next()
+                log.warning(
+                    "worker %s ◆ embedder unavailable (%s); the batch stays pending, read again in %.1fs",
+                    self.name,
+                    str(exc)[:300],
+                    delay,
+                )
+                self._reread_own_pending()
+                await wait_or_stop(stop, delay)
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
@@ -317,6 +333,17 @@ class Worker:
                     continue
                 log.exception("worker %s ◆ redis error", self.name)
                 await wait_or_stop(stop, backoff.next())
+
+    def _resume(self) -> None:
+        """After a turn that ran: a pause (`_pause`) is over, said once."""
+        if self.paused_by is not None:
+            log.warning(
+                "worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; resuming",
+                self.name,
+                self.embedder.name,
+                self.embedder.dim,
+            )
+            self.paused_by = None
 
     def _pause(self, exc: EmbedderMismatch) -> None:
         """Note that the live index uses another embedder; say so now and every MISMATCH_LOG_SECONDS
@@ -560,7 +587,8 @@ class Worker:
     async def _apply(self, projector: Projector, entries: list[streams.Entry]) -> BatchResult | None:
         """Project `entries`; None (entries left pending, error remembered) on a non-transport failure.
 
-        Transport faults and a changed embedder propagate: retrying entry by entry would not help.
+        Transport faults, a changed embedder and an unavailable one propagate: retrying entry by entry
+        would not help.
         """
         try:
             return await projector.apply(entries)
@@ -570,7 +598,9 @@ class Worker:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             for e in entries:
                 self.last_errors[(e.stream, e.stream_id)] = reason
-            if isinstance(exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError):
+            if isinstance(
+                exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError | EmbedderUnavailable
+            ):
                 raise
             log.exception(
                 "worker %s ◆ %d entr%s failed; left pending",

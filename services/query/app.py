@@ -60,6 +60,7 @@ from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
 from shared import cluster, context_setting, terms, tracing
+from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
@@ -217,6 +218,7 @@ def make_app(
         middlewares=[
             traced,
             metrics.middleware(),
+            identity_only,  # 415 for a compressed body, before anything reads it (shared.content_coding)
             problems_middleware,
             utf8_url_middleware,
             url_middleware(ROUTES),

@@ -370,19 +370,20 @@ async def extra_candidates(
     r: aioredis.Redis,
     index: str,
     scope: Scope,
-    query_vector: np.ndarray,
+    query_vector: QueryVector,
     pool: Pool,
     names: list[str],
     *,
     depth: int,
 ) -> Columns:
-    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds."""
+    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds.
+    `query_vector` is awaited only outside keyword mode."""
     names = [n for n in names if n not in SIMILARITY_ARMS]
     if not names:
         return Columns.empty()
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     lists = (
-        await remembered_lists(r, index, scope, query_vector, names, depth, fields)
+        await remembered_lists(r, index, scope, await vector_of(query_vector), names, depth, fields)
         if pool.mode != "keyword"
         else None
     )  # keyword mode needs no cosines (nor that every episode has a vector)

@@ -50,6 +50,7 @@ from services.query.pool import (
 )
 from services.query.sizes import ScopeSizes
 from shared import scoring, tracing
+from shared.embedding import EmbeddingError
 from shared.hybrid import hybrid_policy
 from shared.index import (
     VECTOR_FIELD,
@@ -324,7 +325,10 @@ async def recall(
         graph_ef=p.graph_ef,
     )
     pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
-    query_vector = await vector_of(query_vector)  # the winners' cosines need it in keyword mode too
+    # the winners' cosines need it in keyword mode too, where it is all that needs it
+    vector = (
+        await vector_of(query_vector) if mode != "keyword" else await keyword_cosines_vector(query_vector)
+    )
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None
@@ -359,9 +363,7 @@ async def recall(
             loaded |= {id(c) for c in await load_episodes(r, list(refill.values()))}
             winners |= refill
         picked = [i for i in order if i in winners and id(winners[i]) in loaded][:top_k]
-        no_cos = [winners[i] for i in picked if not math.isfinite(winners[i].cos)]  # keyword mode
-        for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], query_vector), strict=True):
-            c.cos = cos
+        await _winners_cosines(r, [winners[i] for i in picked], vector)
         for i in picked:
             c = winners[i]
             if c.doc is None:  # not in `loaded`, which `picked` is drawn from
@@ -374,7 +376,7 @@ async def recall(
             results.append(
                 {
                     "episode": response_shape(c.doc),
-                    "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
+                    "similarity": _similarity(c.cos, vector is not None),
                     "relevance": float(scored.similarity[i]),
                     "recency": float(scored.recency[i]),
                     "age_s": float(scored.age[i]),
@@ -399,7 +401,7 @@ async def recall(
     for entry in context["strategies"]:
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
-    return {
+    body: dict[str, Any] = {
         "results": results,
         "replay_context": context,
         "as_of": format_instant(as_of),
@@ -413,6 +415,37 @@ async def recall(
         "min_relevance": min_relevance,
         "min_priority": min_priority,
     }
+    if vector is None:
+        body["similarity_unavailable"] = True
+    return body
+
+
+async def _winners_cosines(r: aioredis.Redis, winners: list[Candidate], vector: np.ndarray | None) -> None:
+    """Set the cosine of each winner without one (keyword mode's), unless the vector is unknown."""
+    no_cos = [c for c in winners if not math.isfinite(c.cos)]
+    if vector is not None and no_cos:
+        for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], vector), strict=True):
+            c.cos = cos
+
+
+def _similarity(cos: float, known: bool) -> float | None:
+    """A result's `similarity`: the cosine clipped at 0 (0 without a stored vector), None when the query
+    vector is unknown (`keyword_cosines_vector`)."""
+    if not known:
+        return None
+    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
+
+
+async def keyword_cosines_vector(query_vector: QueryVector) -> np.ndarray | None:
+    """The query vector of a keyword recall, or None when the embedder failed (EmbeddingError): keyword
+    mode ranks by the episodes' words alone and needs the vector only for the winners' `similarity`,
+    so it answers without it (each `similarity` null, `similarity_unavailable` true) instead of a 503.
+    The failure is logged as one warning."""
+    try:
+        return await vector_of(query_vector)
+    except EmbeddingError as exc:
+        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
+        return None
 
 
 async def similar(

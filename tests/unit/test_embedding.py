@@ -431,6 +431,8 @@ def test_make_embedder_openai_uses_settings():
     assert isinstance(embedder, OpenAIEmbedder)
     assert embedder.endpoint == "http://127.0.0.1:9/v1/embeddings"
     assert (embedder.model, embedder.timeout, embedder.batch_size) == ("nomic-embed", 5.0, 16)
+    # a query's caller is waiting: one retry before the 503; a worker's batch retries 3 times
+    assert (embedder.retries, make_embedder(settings_, role="query").retries) == (3, 1)
     assert "sk-secret" not in repr(embedder)
 
 
