@@ -1,4 +1,4 @@
-"""Progress of `shared.embedding.Embedder.embed`, for whoever waits on a long call.
+"""Progress of `shared.embedding_base.Embedder.embed`, for whoever waits on a long call.
 
 A context variable, so it is per task: a consolidator lane (`services.consolidator.worker`) sets a
 callback around its turn, and every forward pass of the embeds that turn makes calls it, whatever

@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 from redis.backoff import EqualJitterBackoff
 
-from shared.embedding import Embedder, EmbedderUnavailable, EmbeddingError
+from shared.embedding_base import Embedder, EmbedderUnavailable, EmbeddingError
 from shared.retry import Backoff
 
 log = logging.getLogger("engram.embedding")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import shared.embedding_graphs as eg
 import shared.embedding_onnx as eo
 from engram_episodic.errors import ConfigError
 from shared.embedding import MiniLMEmbedder, MPNetEmbedder, make_embedder
@@ -67,7 +68,7 @@ def test_a_model_that_is_not_mean_pooled_runs_torch_with_the_reason(tmp_path, ca
     pytest.importorskip("onnxruntime")
     model = write_model_dir(tmp_path / "cls", pooling="cls_token")
     with caplog.at_level(logging.WARNING, logger="engram.embedding"):
-        assert eo.load_onnx(model, tmp_path / "cache", "toy", "onnx-int8", 1) is None
+        assert eg.load_onnx(model, tmp_path / "cache", "toy", "onnx-int8", 1) is None
     assert "running torch" in caplog.text and "not mean pooling" in caplog.text
     assert not (tmp_path / "cache").exists()  # nothing exported
 
@@ -76,7 +77,7 @@ def test_without_onnxruntime_the_reason_names_the_install(tmp_path, monkeypatch,
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime → ImportError
     model = write_model_dir(tmp_path / "mean", pooling="mean_tokens")
     with caplog.at_level(logging.INFO, logger="engram.embedding"):
-        assert eo.load_onnx(model, tmp_path / "cache", "toy", "auto", 1) is None
+        assert eg.load_onnx(model, tmp_path / "cache", "toy", "auto", 1) is None
     assert "onnxruntime is not installed" in caplog.text
 
 
@@ -229,7 +230,7 @@ def test_an_int8_graph_refused_on_queries_says_so_and_falls_back(tmp_path, caplo
     assert "ENGRAM_QUERY_EMBED_BACKEND=onnx-int8" in caplog.text
     assert "agrees with torch at mean 0.9800 / min 0.9000 on queries; needs 0.99 / 0.95" in caplog.text
     with pytest.raises(ValueError, match="role"):
-        eo.load_onnx(model_dir, tmp_path, MiniLMEmbedder.NAME, "auto", 1, role="stored")
+        eg.load_onnx(model_dir, tmp_path, MiniLMEmbedder.NAME, "auto", 1, role="stored")
     asyncio.run(embedder.aclose())
 
 
@@ -277,7 +278,7 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
     results: dict[int, object] = {}
 
     def load(i: int) -> None:
-        results[i] = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
+        results[i] = eg.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
 
     with caplog.at_level(logging.INFO, logger="engram.embedding"):
         loaders = [threading.Thread(target=load, args=(i,)) for i in range(2)]
@@ -308,7 +309,7 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
 
     with caplog.at_level(logging.INFO, logger="engram.embedding"):
         caplog.clear()
-        again = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "onnx", 1)
+        again = eg.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "onnx", 1)
     assert isinstance(again, eo.OnnxSentenceModel) and again.variant == "onnx"
     assert "exporting" not in caplog.text  # the manifest is current: no second export
     # an int8 row is a function of its text alone (its activation scale is computed per pass)
@@ -324,12 +325,12 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
     (tmp_path / "cache" / "minilm-test-onnx" / "manifest.json").write_text(json.dumps(refused))
     with caplog.at_level(logging.INFO, logger="engram.embedding"):
         caplog.clear()
-        documents = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
+        documents = eg.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1)
     # `auto` says why it passed over the int8 graph, not only what it ran
     assert (
         "ENGRAM_EMBED_BACKEND=auto ◆ passed over onnx-int8 (agrees with torch at mean 0.9880" in caplog.text
     )
-    queries = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
+    queries = eg.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
     # then OpenVINO where this CPU has bfloat16 (shared/embedding_openvino.py) — its int8 products or
     # bfloat16, whichever was measured faster here (the speed record) — else the float graph
     from shared.embedding_openvino import _core, speed_record
@@ -341,7 +342,7 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
     assert isinstance(queries, eo.OnnxSentenceModel) and queries.variant == "onnx-int8"
     # a model with an order of its own for queries (QUERY_ORDERS, mpnet's): bfloat16 first where the CPU has it
     monkeypatch.setitem(eo.QUERY_ORDERS, "minilm-test", (eo.OPENVINO, "onnx-int8", "onnx"))
-    ordered = eo.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
+    ordered = eg.load_onnx(tmp_path / "model", tmp_path / "cache", "minilm-test", "auto", 1, role="query")
     assert isinstance(ordered, eo.OnnxSentenceModel)
     assert ordered.variant == (eo.OPENVINO if _core() is not None else "onnx-int8")
     monkeypatch.delitem(eo.QUERY_ORDERS, "minilm-test")

@@ -13,6 +13,7 @@ from xml.etree import ElementTree
 import numpy as np
 import pytest
 
+import shared.embedding_graphs as eg
 import shared.embedding_onnx as eo
 from shared import embedding_openvino as ov
 from shared.embedding import MiniLMEmbedder
@@ -336,9 +337,9 @@ def test_a_cpu_signature_names_this_kind_of_cpu():
 
 
 def test_auto_tries_the_openvino_variants_as_one_choice_where_the_first_stood():
-    assert eo._groups(("onnx-int8", eo.OPENVINO_INT8, eo.OPENVINO, "onnx")) == [
+    assert eg._groups(("onnx-int8", eo.OPENVINO_INT8, eo.OPENVINO, "onnx")) == [
         ("onnx-int8",),
         (eo.OPENVINO_INT8, eo.OPENVINO),
         ("onnx",),
     ]
-    assert eo._groups((eo.OPENVINO, "onnx-int8")) == [(eo.OPENVINO,), ("onnx-int8",)]
+    assert eg._groups((eo.OPENVINO, "onnx-int8")) == [(eo.OPENVINO,), ("onnx-int8",)]

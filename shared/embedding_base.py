@@ -1,0 +1,160 @@
+"""The contract every embedder keeps (`Embedder`) and its errors; `shared.embedding` (hashing, MiniLM,
+MPNet, `make_embedder`) and `shared.embedding_openai` implement it (the module docstring of
+`shared.embedding` says what the contract promises).
+
+A leaf of the embedders: the implementations import it, so the factory can import them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Self, cast
+
+import numpy as np
+
+from engram_episodic.errors import EngramError
+from shared.embed_progress import passed
+
+
+class EmbeddingError(EngramError):
+    """The embedder could not produce vectors: a server error after retries, a timeout, a malformed
+    response, or vectors of an unexpected dimension. The texts were not embedded; the caller may retry."""
+
+
+class EmbedderUnavailable(EmbeddingError):
+    """The embedder's backend did not answer after its retries: a provider's 5xx, 429 or 408, a timeout,
+    a refused or dropped connection. Nothing is wrong with the texts: the same call may succeed later
+    (the consolidator backs off and retries the batch, `services.consolidator.worker`)."""
+
+
+class Embedder(ABC):
+    """Base class of every embedder: validation, truncation, batching and normalisation live here;
+    subclasses implement `_embed_batch` for one batch of already-prepared texts.
+
+    Attributes: `name: str` (identifies the vector space), `dim: int` (vector length), `max_chars: int`
+    (input cut-off, in characters), `batch_size: int` (texts per model call or request) and
+    `truncations: int` (texts cut so far, see the module docstring).
+    """
+
+    name: str
+    max_chars: int
+    batch_size: int
+    truncations: int
+    cheap: bool = False
+    """True when embedding a text costs less than asking Redis whether it is already embedded (the
+    consolidator then skips that check on its fast path); models leave it False."""
+
+    def __init__(self, *, name: str, dim: int | None, max_chars: int, batch_size: int):
+        if dim is not None and dim < 1:
+            raise ValueError(f"dim must be positive, got {dim}")
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be positive, got {max_chars}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.name = name
+        self._dim = dim
+        self.max_chars = max_chars
+        self.batch_size = batch_size
+        self.truncations = 0
+
+    @property
+    def dim(self) -> int:
+        """Length of every vector this embedder returns."""
+        if self._dim is None:
+            raise EmbeddingError(
+                f"{self.name}: the dimension is unknown until the first response; "
+                f"pass dim= or `await embedder.ensure_dim()` first"
+            )
+        return self._dim
+
+    async def ensure_dim(self) -> int:
+        """The vector length, learning it first if needed (only OpenAIEmbedder without `dim=` must)."""
+        return self.dim
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed `texts` → float32[len(texts), dim], each row L2-normalised.
+
+        Raises TypeError for a bare str or a non-str item, ValueError naming the index of an empty or
+        whitespace-only text, EmbeddingError when the backend fails.
+        """
+        prepared, cut = self._prepare(texts)
+        if not (n := len(prepared)):
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        # Batch texts of similar length together: a model pads each batch to its longest text (this
+        # doubles MiniLM's throughput on mixed-length input). Rows go back to input order below.
+        order = sorted(range(n), key=lambda i: len(prepared[i])) if n > self.batch_size else range(n)
+        out: np.ndarray | None = None
+        for start in range(0, n, self.batch_size):
+            if start:
+                await asyncio.sleep(0)  # let other tasks run between batches
+            rows = order[start : start + self.batch_size]
+            vectors, window_cut = await self._embed_batch([prepared[i] for i in rows])
+            unit = self._unit_rows(vectors, rows)
+            if out is None:
+                out = np.empty((n, unit.shape[1]), dtype=np.float32)
+            out[list(rows)] = unit
+            for i, model_cut in zip(rows, window_cut, strict=True):
+                cut[i] = cut[i] or bool(model_cut)
+            passed()
+        self.truncations += sum(cut)  # counted once the whole call succeeded: a retried call counts once
+        return cast(np.ndarray, out)  # set by the first batch (n > 0)
+
+    @abstractmethod
+    async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
+        """Vectors for at most `batch_size` prepared texts (float[len(texts), dim], any norm), and for
+        each text whether the model cut it to its own input window (counted as a truncation)."""
+
+    async def aclose(self) -> None:
+        """Release what the embedder holds (HTTP session, model). Idempotent; nothing by default."""
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    def _prepare(self, texts: Sequence[str]) -> tuple[list[str], list[bool]]:
+        """Strip, validate and cut each text to `max_chars`; also returns which texts were cut."""
+        if isinstance(texts, str | bytes):
+            raise TypeError("embed() takes a sequence of texts, not a single string; use embed_query()")
+        prepared: list[str] = []
+        cut: list[bool] = []
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"texts[{i}] is {type(text).__name__}, not str")
+            text = text.strip()
+            if not text:
+                raise ValueError(f"texts[{i}] is empty or only whitespace; there is nothing to embed")
+            if len(text) > self.max_chars:
+                text = text[: self.max_chars]
+                cut.append(True)
+            else:
+                cut.append(False)
+            prepared.append(text)
+        return prepared, cut
+
+    def _unit_rows(self, vectors: Any, rows: Sequence[int]) -> np.ndarray:
+        """Check the shape and values of the batch for texts[rows] and L2-normalise it → float32[n, dim]."""
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim != 2 or array.shape[0] != len(rows):
+            raise EmbeddingError(
+                f"{self.name}: expected {len(rows)} vectors, got an array of shape {array.shape}"
+            )
+        if self._dim is not None and array.shape[1] != self._dim:
+            raise EmbeddingError(
+                f"{self.name}: expected vectors of dimension {self._dim}, got {array.shape[1]}"
+            )
+        norms = np.linalg.norm(array, axis=1, keepdims=True)
+        bad = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] == 0))
+        if bad.size:
+            raise EmbeddingError(
+                f"{self.name}: the vector for texts[{rows[int(bad[0])]}] is zero or "
+                f"not finite and cannot be normalised"
+            )
+        return array / norms
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, dim={self._dim}, max_chars={self.max_chars})"
