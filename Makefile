@@ -61,12 +61,12 @@ load: $(STAMP)
 fuzz: $(STAMP)
 	ENGRAM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -p no:cacheprovider --timeout 900 tests -k "fuzz or schemathesis"
 
-## make lint: ruff format --check, ruff (style, imports, bugbear, complexity), mypy (the [tool.mypy] files), the file budget and the query service's import graph.
+## make lint: ruff format --check, ruff (style, imports, bugbear, complexity), mypy (the [tool.mypy] files), the file budget and the import graphs (no cycle; the client never imports the server).
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check client services shared tests deploy bench
 	$(VENV)/bin/ruff check client services shared tests deploy bench
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_file_budget.py tests/unit/test_query_imports.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_file_budget.py tests/unit/test_query_imports.py tests/unit/test_import_cycles.py
 
 ## make format: rewrite the code in ruff's format (what `make lint` checks).
 format: $(STAMP)

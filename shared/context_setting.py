@@ -57,7 +57,7 @@ def _differs(explicit: int, have: int, keys: Keys, what: str) -> str:
     return (
         f"{VARIABLE}={explicit} but this deployment (ENGRAM_PREFIX={keys.prefix!r}) is written with "
         f"{VARIABLE}={have}: unset it (or set {have}) to {what}, or rebuild every episode under {explicit} "
-        f"with `engram replay {CHANGE_FLAG}` and {VARIABLE}={explicit}"
+        f"with `engram-admin replay {CHANGE_FLAG}` and {VARIABLE}={explicit}"
     )
 
 

@@ -322,7 +322,7 @@ class Settings:
     text's vector only, no context_text. None (unset) = the value recorded in the deployment's meta (0
     before any). As the environment gives it: the worker, replay and query service each settle it against
     the record at start (`shared.context_setting`) and pass the settled 0/1 down (`with_(context_episodes=)`)
-    to what writes or reads documents, which treats None as 0. Changed only by `engram replay
+    to what writes or reads documents, which treats None as 0. Changed only by `engram-admin replay
     --change-context-episodes`, which rebuilds every document under the new value."""
     health_stall: float = 120.0
     """Seconds a consolidator lane may go without coming round its loop before `/healthz` answers 503

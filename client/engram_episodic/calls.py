@@ -207,7 +207,7 @@ def joined(results: list[IngestResult]) -> IngestResult:
 
 _WHY = {
     "forgotten": "forgotten before, so not published (a forgotten episode_id is never stored again: publish under a new one)",
-    "dead_lettered": "dead-lettered by the consolidator (`engram dead-letters` says why)",
+    "dead_lettered": "dead-lettered by the consolidator (`engram-admin dead-letters` says why)",
     "expired": "expired (past its expires_at: hidden from every read; publish under a new episode_id)",
 }
 
@@ -245,7 +245,9 @@ def _wait(wait: float | None) -> dict[str, str] | None:
             if isinstance(wait, int | float) and not isinstance(wait, bool)
             else json_kind(wait)
         )
-        raise InvalidRequest([("wait", f"must be a number of seconds between 0 and {MAX_WAIT:g}, not {shown}")])
+        raise InvalidRequest(
+            [("wait", f"must be a number of seconds between 0 and {MAX_WAIT:g}, not {shown}")]
+        )
     return {"wait": repr(float(wait))} if wait else None
 
 

@@ -1,6 +1,5 @@
 """`engram`: the command line of Engram's query service, on the typed client (`engram_episodic.Engram`).
 
-    engram run                                         # the stack, as `make run` (server installed)
     engram recall "fix the flaky migration test" --agent-id coder --top-k 5
     engram context "fix the flaky migration test"      # the prompt section an agent would get
     engram record "fix the flaky migration test" --outcome success --reward 0.9 [--ttl 30d]
@@ -10,13 +9,16 @@
     engram curve --agent-id coder [--plot [--out curve.png]]
     engram forget --episode EPISODE_ID                 # or --user, --agent, --session
     engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
-    engram replay | reindex --embedder E | dead-letters | redrive --all | discard ID   # on Redis (server installed)
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
 
 `--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
 select the service. Human output by default, `--json` for scripts. Errors are the service's problem
-details on stderr with exit status 1 (2 for usage errors). The commands that run server code are in
-`engram_episodic.cli_admin`, the plots in `engram_episodic.cli_plot`.
+details on stderr with exit status 1 (2 for usage errors). The plots are in `engram_episodic.cli_plot`.
+
+Only the commands of the HTTP API are here: the operator's (`run`, `replay`, `reindex`, `dead-letters`,
+`redrive`, `discard`, ...) run the server's code and are the server's `engram-admin` (`python -m
+services.admin`), which imports this package; this package never imports the server. `engram replay`
+and the others say so in one line (exit status 2).
 """
 
 from __future__ import annotations
@@ -31,11 +33,9 @@ from typing import Any
 
 import click
 
-from engram_episodic import cli_admin
 from engram_episodic.calls import MAX_WAIT
+from engram_episodic.cli_common import call, scope_of
 from engram_episodic.cli_transfer import export_command, import_command
-from engram_episodic.client import Engram
-from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
 
 
@@ -43,44 +43,8 @@ def _default_url() -> str:
     return f"http://127.0.0.1:{os.environ.get('ENGRAM_PORT') or '8080'}"
 
 
-def _client(ctx: click.Context) -> Engram:
-    return Engram(
-        ctx.obj["url"], api_key=ctx.obj["api_key"], timeout=60.0, max_body_bytes=ctx.obj["max_body_bytes"]
-    )
-
-
-def _run(ctx: click.Context, fn: Any) -> Any:
-    """Run `fn(client)`; every error of the client becomes a one-screen message and exit status 1."""
-    try:
-        with _client(ctx) as client:
-            return fn(client)
-    except ApiError as exc:
-        lines = [f"{exc.status} {exc.title}" + (f": {exc.detail}" if exc.detail else "")]
-        lines += [f"  {field}: {reason}" for field, reason in exc.errors]
-        if exc.status == 401:
-            lines.append(
-                "  pass the API key with --api-key or ENGRAM_API_KEY"
-                if not ctx.obj["api_key"]
-                else "  the key given (--api-key or ENGRAM_API_KEY) is not one of the service's ENGRAM_API_KEYS"
-            )
-        raise click.ClickException("\n".join(lines)) from None
-    except InvalidEpisode as exc:
-        raise click.ClickException("invalid:\n" + "\n".join(f"  {f}: {r}" for f, r in exc.errors)) from None
-    except ConnectionFailed as exc:
-        raise click.ClickException(str(exc)) from None
-    except EngramError as exc:
-        raise click.ClickException(str(exc)) from None
-    except ValueError as exc:  # the client's own argument checks (a URL without a scheme, a padded key)
-        raise click.ClickException(str(exc)) from None
-
-
 def _emit(data: Any) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2))
-
-
-def _scope(**options: Any) -> dict[str, Any]:
-    out = {k: v for k, v in options.items() if v not in (None, ())}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
 
 def _number_or_text(value: str) -> float | str:
@@ -181,7 +145,7 @@ def _plotted(kind: str, results: Any, setting: Any, plot: bool, out: Path | None
 @click.pass_context
 def recall(ctx: click.Context, query: str, as_json: bool, **options: Any) -> None:
     """Recall the episodes worth replaying for QUERY, best first."""
-    found = _run(ctx, lambda c: c.recall(query, **_scope(**options)))
+    found = call(ctx, lambda c: c.recall(query, **scope_of(**options)))
     if as_json:
         _emit(found.raw)
         return
@@ -203,7 +167,7 @@ def recall(ctx: click.Context, query: str, as_json: bool, **options: Any) -> Non
 @click.pass_context
 def context(ctx: click.Context, task: str, as_json: bool, **options: Any) -> None:
     """The working-memory prompt section for TASK (recalled episodes, recent ones, facts)."""
-    found = _run(ctx, lambda c: c.context(task, **_scope(**options)))
+    found = call(ctx, lambda c: c.context(task, **scope_of(**options)))
     if as_json:
         _emit(found.raw)
     else:
@@ -258,7 +222,7 @@ def publish(ctx: click.Context, file: Any, wait: float | None, as_json: bool) ->
         episodes = body["episodes"]
     else:
         episodes = body if isinstance(body, list) else [body]
-    _accepted(_run(ctx, lambda c: c.publish(episodes, wait=wait)), as_json)
+    _accepted(call(ctx, lambda c: c.publish(episodes, wait=wait)), as_json)
 
 
 @cli.command()
@@ -303,7 +267,7 @@ def record(
     feedback = {k: v for k, v in (("reward", reward), ("message", message)) if v is not None}
     if feedback:
         episode["feedback"] = feedback
-    _accepted(_run(ctx, lambda c: c.publish([episode], wait=wait)), as_json)
+    _accepted(call(ctx, lambda c: c.publish([episode], wait=wait)), as_json)
 
 
 @cli.command()
@@ -320,7 +284,7 @@ def record(
 @click.pass_context
 def facts(ctx: click.Context, query: str | None, as_json: bool, **options: Any) -> None:
     """Facts (semantic memory) near QUERY, or the most confident ones without it."""
-    found = _run(ctx, lambda c: c.search_facts(query, **_scope(**options)))
+    found = call(ctx, lambda c: c.search_facts(query, **scope_of(**options)))
     if as_json:
         _emit([f.raw for f in found])
         return
@@ -338,7 +302,7 @@ def facts(ctx: click.Context, query: str | None, as_json: bool, **options: Any) 
 @click.pass_context
 def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **options: Any) -> None:
     """Per-category skill profiles; weak categories are marked (`--plot`: a bar chart)."""
-    found = _run(ctx, lambda c: c.skills(**_scope(**options)))
+    found = call(ctx, lambda c: c.skills(**scope_of(**options)))
     if as_json:
         _emit(found.raw)
         return
@@ -367,7 +331,7 @@ def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **op
 def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **options: Any) -> None:
     """The learning curve: per episode, rolling success rate and reward, cumulative reward (`--plot`:
     drawn)."""
-    found = _run(ctx, lambda c: c.learning_curve(**_scope(**options)))
+    found = call(ctx, lambda c: c.learning_curve(**scope_of(**options)))
     if as_json:
         _emit(found.raw)
         return
@@ -410,10 +374,10 @@ def forget(
         raise click.UsageError("give exactly one of --episode, --user, --agent or --session")
     if episode_id is not None or user_id is not None:
         if episode_id is not None:
-            done = _run(ctx, lambda c: c.forget_episode(episode_id, wait=wait))
+            done = call(ctx, lambda c: c.forget_episode(episode_id, wait=wait))
             what = f"episode {done.episode_id}"
         else:
-            done = _run(ctx, lambda c: c.forget_user(user_id, wait=wait))
+            done = call(ctx, lambda c: c.forget_user(user_id, wait=wait))
             what = f"user {done.user_id}"
         if as_json:
             _emit(dataclasses.asdict(done))
@@ -425,11 +389,11 @@ def forget(
             late = "; not yet erased after {wait:g}s" if done.forgotten is False else ""
             click.echo(f"forgetting {what} (event {done.event_id}){late.format(wait=wait or 0)}")
         return
-    job = _run(
+    job = call(
         ctx, lambda c: c.forget_agent(agent_id) if agent_id is not None else c.forget_session(session_id)
     )
     if wait:
-        job = _run(ctx, lambda c: _job_done(c, job, wait))
+        job = call(ctx, lambda c: _job_done(c, job, wait))
     if as_json:
         _emit(job.raw)
     elif job.done and wait:
@@ -477,8 +441,32 @@ def mcp(ctx: click.Context) -> None:
     sys.exit(mcp_server.main(list(ctx.args)))
 
 
-for _command in cli_admin.COMMANDS:
-    cli.add_command(_command)
+SERVER_COMMANDS = ("run", "replay", "reindex", "dead-letters", "redrive", "discard")
+"""The operator's commands, which `engram` had before they moved to the server's `engram-admin`."""
+
+
+def _moved(name: str) -> click.Command:
+    """A hidden `engram NAME` that points at `engram-admin NAME` (one line on stderr, exit status 2)."""
+
+    @click.command(
+        name,
+        hidden=True,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def moved() -> None:
+        click.echo(
+            f"engram {name}: an operator's command, now the server's: `engram-admin {name}` "
+            f"(or `python -m services.admin {name}`; installed with Engram's server, `make install`)",
+            err=True,
+        )
+        sys.exit(2)
+
+    return moved
+
+
+for _name in SERVER_COMMANDS:
+    cli.add_command(_moved(_name))
 cli.add_command(export_command)
 cli.add_command(import_command)
 

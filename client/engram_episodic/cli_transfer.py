@@ -23,6 +23,7 @@ from typing import IO, Any
 import click
 
 from engram_episodic.calls import MAX_WAIT, WaitTimeout
+from engram_episodic.cli_common import call, scope_of
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import InvalidEpisode
@@ -41,16 +42,15 @@ IMPORT_BATCH = 500  # episodes per `publish` call (one progress step); it splits
 @click.pass_context
 def export_command(ctx: click.Context, out: IO[str], **scope: Any) -> None:
     """Write the namespace's episodes (or a user's, an agent's, a session's) as JSONL, oldest first."""
-    from engram_episodic.cli import _run, _scope
 
     def export(client: Any) -> int:
         n = 0
-        for episode in client.iter_episodes(order="asc", limit=1000, **_scope(**scope)):
+        for episode in client.iter_episodes(order="asc", limit=1000, **scope_of(**scope)):
             out.write(json.dumps(episode_to_dict(episode, include_vector=False), ensure_ascii=False) + "\n")
             n += 1
         return n
 
-    n = _run(ctx, export)
+    n = call(ctx, export)
     out.flush()
     click.echo(f"exported {n} episodes", err=True)
 
@@ -123,8 +123,6 @@ def import_command(
     ctx: click.Context, file: IO[bytes], wait: float | None, progress: bool | None, as_json: bool
 ) -> None:
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
-    from engram_episodic.cli import _run
-
     lines = _episodes(file)
     episodes = _prepared(file.name, lines, ctx.obj["max_body_bytes"])
     bars = Bars(enabled=progress, units={"import": "episode"})
@@ -151,7 +149,7 @@ def import_command(
         return done
 
     try:
-        n = _run(ctx, publish)
+        n = call(ctx, publish)
     except click.ClickException:
         if episodes and done < len(episodes):  # an error names an episode by its place in one request
             first, last = lines[done][0], lines[min(done + IMPORT_BATCH, len(lines)) - 1][0]

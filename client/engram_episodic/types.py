@@ -54,7 +54,7 @@ class Accepted:
     event_id: str | None
     projected: bool | None = None  # with `wait`: whether the consolidator projected it in time
     # "forgotten" (the id is tombstoned: not published, with or without `wait`; publish under a new
-    # episode_id), and with `wait`, when not projected: "dead_lettered" (`engram dead-letters` says
+    # episode_id), and with `wait`, when not projected: "dead_lettered" (`engram-admin dead-letters` says
     # why), "expired" (projected but past its expires_at, so hidden) or "timeout"
     reason: str | None = None
 

@@ -1,5 +1,9 @@
 """`python -m services.consolidator [run|dead-letters|redrive|discard|replay|reindex|rotate-master-key|erase-now]`.
 
+`run` (the default) is the worker; the others are operator tasks, in their JSON-only form (the
+operator's command line is `engram-admin`, services/admin.py: progress bars, human summaries;
+`rotate-master-key` and `erase-now` are its commands, registered here too).
+
 Environment → Settings once, here; everything below receives it. SIGTERM/SIGINT stop the worker
 gracefully (the batch in hand is projected and acked, then exit 0).
 """
@@ -18,8 +22,8 @@ import sys
 import click
 import uvloop
 
-from engram_episodic.cli_admin import change_option, refuse, run_admin
 from engram_episodic.errors import ConfigError, Conflict
+from services.admin import change_option, erase_now, refuse, rotate_master_key, run_admin
 from shared import tracing
 from shared.logs import configure
 from shared.settings import Settings
@@ -37,12 +41,6 @@ def _settings(**overrides) -> Settings:
             "REDIS_URL at a Redis 8 with the Query Engine"
         )
     return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
-
-
-def _redis(settings: Settings):
-    from services.consolidator.admin import redis_of
-
-    return redis_of(settings)
 
 
 async def _open(stack: contextlib.AsyncExitStack, settings: Settings):
@@ -141,7 +139,7 @@ def run() -> None:
 @cli.command("dead-letters")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000))
 def dead_letters(limit: int) -> None:
-    """List dead letters as JSON lines (id, original stream id, reason). Also `engram dead-letters`."""
+    """List dead letters as JSON lines (id, original stream id, reason). Also `engram-admin dead-letters`."""
     from services.consolidator import admin
 
     for row in run_admin("dead-letters", admin.dead_letters(_settings(), limit)):
@@ -153,7 +151,7 @@ def dead_letters(limit: int) -> None:
 @click.option("--all", "all_", is_flag=True, help="Re-drive every dead letter.")
 def redrive(ids: tuple[str, ...], all_: bool) -> None:
     """Publish dead letters again (after a fix) and remove them from the dead-letter stream. Also
-    `engram redrive`, with a progress bar."""
+    `engram-admin redrive`, with a progress bar."""
     _on_dead_letters("redrive", "re-driven", ids, all_)
 
 
@@ -162,7 +160,7 @@ def redrive(ids: tuple[str, ...], all_: bool) -> None:
 @click.option("--all", "all_", is_flag=True, help="Discard every dead letter.")
 def discard(ids: tuple[str, ...], all_: bool) -> None:
     """Delete dead letters no fix will make projectable, with their original entries (nothing is
-    published). Also `engram discard`."""
+    published). Also `engram-admin discard`."""
     _on_dead_letters("discard", "discarded", ids, all_)
 
 
@@ -196,7 +194,7 @@ def _replay(command: str, change: bool, **overrides) -> None:
 @cli.command()
 @change_option
 def replay(change: bool) -> None:
-    """Rebuild every projection from the stream into a new generation and swap it in. Also `engram
+    """Rebuild every projection from the stream into a new generation and swap it in. Also `engram-admin
     replay`, with a progress bar."""
     _replay("replay", change)
 
@@ -209,65 +207,9 @@ def reindex(embedder: str, change: bool) -> None:
     _replay("reindex", change, embedder=embedder)
 
 
-@cli.command("rotate-master-key")
-@click.option(
-    "--new-key-file",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="File holding the new master key (base64 of 32 bytes).",
-)
-def rotate_master_key(new_key_file: str) -> None:
-    """Re-wrap every data key (and the deployment secret) from the current master key
-    (ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE) to the one in --new-key-file. Then restart every
-    process with the new key and destroy the old one: backups taken before are unreadable from then on."""
-    from shared.crypto import MasterKey, read_master_key_file
-    from shared.keyring import KeyRing
-    from shared.partitions import deployment_keys
-
-    settings = _settings()
-    if settings.master_key is None:
-        raise click.ClickException(
-            "set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the current master key"
-        )
-    try:
-        new = MasterKey(read_master_key_file(new_key_file, name="--new-key-file"))
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    old = MasterKey(settings.master_key)
-    if new.id == old.id:
-        raise click.ClickException("--new-key-file holds the current master key")
-
-    async def go():
-        async with _redis(settings) as redis:
-            keys = await deployment_keys(redis, settings.keys)  # its data keys' names
-            counts = await KeyRing(keys, old).rotate(redis, new)
-        click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
-
-    try:
-        run_admin("rotate-master-key", go())
-    except Conflict as exc:  # a key wrapped by a third master key
-        raise click.ClickException(str(exc)) from None
-
-
-@cli.command("erase-now")
-def erase_now() -> None:
-    """Run the erasure housekeeping now (it runs by itself after forgets, at most every
-    ENGRAM_ERASURE_INTERVAL): compact the stream, then rewrite the AOF, so that the bytes of forgotten
-    entries leave Redis's memory and files; with the master key, entries written before encryption are
-    sealed on the way. Prints what it did, with timings, as JSON."""
-    from services.consolidator import erasure
-    from shared.crypto import MasterKey
-    from shared.keyring import KeyRing
-    from shared.partitions import deployment_keys
-
-    async def go():
-        settings = _settings()
-        async with _redis(settings) as redis:
-            keys = await deployment_keys(redis, settings.keys)  # every partition it has
-            ring = KeyRing(keys, MasterKey(settings.master_key)) if settings.master_key else None
-            click.echo(json.dumps(await erasure.run(redis, keys, ring)))
-
-    run_admin("erase-now", go())
+# the operator's key commands are `engram-admin`'s (services/admin.py), here under the same names
+cli.add_command(rotate_master_key)
+cli.add_command(erase_now)
 
 
 if __name__ == "__main__":

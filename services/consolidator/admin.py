@@ -1,5 +1,5 @@
 """Operator tasks on a deployment's Redis, shared by the `engram` command line (its front door:
-`engram replay`, `reindex`, `dead-letters`, `redrive`) and `python -m services.consolidator`.
+`engram-admin replay`, `reindex`, `dead-letters`, `redrive`) and `python -m services.consolidator`.
 
 Each takes the Settings (read once by the caller) and opens what it needs, closing it however it ends.
 """
@@ -68,7 +68,7 @@ async def replay(
 
 async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
     """ConfigError when the current generation was built with another embedder than (`name`, `dim`): a
-    plain `engram replay` with ENGRAM_EMBEDDER unset (`auto`, mpnet) re-embedded a hashing deployment,
+    plain `engram-admin replay` with ENGRAM_EMBEDDER unset (`auto`, mpnet) re-embedded a hashing deployment,
     and every recall then answered 409 until the services were restarted with it (a trial's)."""
     from engram_episodic.errors import ConfigError
     from shared.index import current_generation, embedder_setting

@@ -36,7 +36,7 @@ meanwhile. A document rewritten by the projection (`scripts.REPLACE_DOC_LUA`) lo
 until the re-base that follows the batch restores it: carried over, it could outlive its source.
 Operator note: the setting is recorded in the deployment's meta by its first writer and followed by
 every process that leaves it unset (`shared.context_setting`), so a replay run without it keeps the
-contexts and an explicit other value is refused; it is changed only by `engram replay
+contexts and an explicit other value is refused; it is changed only by `engram-admin replay
 --change-context-episodes` with the new value, which rebuilds every document under it.
 Remaining gap: two workers writing new episodes into one session at the same moment can each read the
 session before the other's write; the vector of the later episode's successor is then re-based by the

@@ -383,7 +383,7 @@ class Readiness(Answer):
     dead_letters: int | None = Field(
         None,
         description="entries in the dead-letter stream: the consolidator gave up on them (`engram "
-        "dead-letters` says why, `engram redrive` publishes them again); never makes the service not "
+        "dead-letters` says why, `engram-admin redrive` publishes them again); never makes the service not "
         "ready; null when Redis does not answer",
     )
     lag: int | None = Field(

@@ -64,7 +64,7 @@ class Metrics:
         # read from Redis at each scrape (services.query.views.operations.consolidation); NaN: unknown
         self.dead_letters = Gauge(
             "engram_stream_dead_letters",
-            "Entries in the dead-letter stream (the consolidator gave up on them: `engram dead-letters`)",
+            "Entries in the dead-letter stream (the consolidator gave up on them: `engram-admin dead-letters`)",
             registry=self.registry,
         )
         self.lag = Gauge(

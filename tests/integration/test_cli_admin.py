@@ -1,6 +1,6 @@
-"""`engram replay`, `reindex`, `dead-letters`, `redrive` on a real Redis: the server's tasks through the
-client's command line, with a progress bar (rate, ETA) and a summary; and a clear error without the
-server installed."""
+"""`engram-admin replay`, `reindex`, `dead-letters`, `redrive` on a real Redis: the server's tasks on its
+own command line (services/admin.py), with a progress bar (rate, ETA) and a summary; and the client's
+`engram` pointing at it for the commands it no longer has."""
 
 from __future__ import annotations
 
@@ -8,17 +8,22 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 from click.testing import CliRunner
 
-from engram_episodic.cli import cli
-from engram_episodic.cli_admin import server_env
+from engram_episodic import cli as client_cli
+from services.admin import cli, server_env
 from shared.index import current_generation
 from shared.keys import Keys
 from tests.integration.test_consolidator import drain, make_worker
 from tests.integration.test_facts import publish
 from tests.integration.test_query_support import episode
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # tqdm's bar: "stream: 100%|███| 12/12 [00:00<00:00, 480.1ep/s]" (elapsed<remaining, rate)
 BAR = re.compile(r"(\d+)/(\d+) \[[0-9:]+<[0-9:?]+, +[0-9.?]+ ?\w*/s\]")
@@ -59,7 +64,7 @@ async def test_replay_and_reindex_draw_progress_and_summarize(settings, redis, m
     assert await current_generation(redis, keys) == before + 2
 
     # a replay keeps the index's embedder: another one (here another dimension) is refused before
-    # anything is written (a trial's plain `engram replay` re-embedded a hashing deployment with mpnet)
+    # anything is written (a trial's plain replay re-embedded a hashing deployment with mpnet)
     monkeypatch.setenv("ENGRAM_EMBED_DIM", str(settings.embed_dim * 2))
     out = await invoke("replay", "--no-progress")
     assert out.exit_code == 2, out.output
@@ -127,16 +132,31 @@ async def test_discard_deletes_a_dead_letter_its_entry_and_links(settings, redis
     assert (await invoke("discard")).exit_code == 2  # neither ids nor --all
 
 
-async def test_admin_commands_say_how_to_install_the_server(monkeypatch):
-    for name in ("services.consolidator.admin", "services.run"):
-        monkeypatch.setitem(sys.modules, name, None)  # as if the server package were absent
-    for args in (["replay"], ["dead-letters"], ["run"]):
-        out = await invoke(*args)
-        assert out.exit_code == 1 and "server code, which is not installed" in out.output, out.output
-        assert "make install" in out.output
+def test_the_client_cli_points_at_the_server_commands():
+    runner = CliRunner()
+    for args in (["replay", "--progress"], ["dead-letters"], ["run", "--workers", "2"], ["redrive", "--all"]):
+        out = runner.invoke(client_cli.cli, args)
+        assert out.exit_code == 2, out.output
+        (line,) = out.stderr.splitlines()
+        assert f"engram-admin {args[0]}" in line and "python -m services.admin" in line, line
+    helped = runner.invoke(client_cli.cli, ["--help"]).stdout
+    assert "record" in helped and not {"replay", "dead-letters", "redrive"} & set(helped.split())
 
 
-def test_the_admin_defaults_follow_engram_run(tmp_path):
+def test_python_m_services_admin_and_engram_admin_are_one_command_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "services.admin", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert {"run", "replay", "reindex", "dead-letters", "redrive", "discard", "rotate-master-key"} <= set(
+        done.stdout.split()
+    )
+    assert "engram-admin" in done.stdout
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["scripts"] == {"engram-admin": "services.admin:main"}
+
+
+def test_the_admin_defaults_follow_make_run(tmp_path):
     env = server_env({"ENGRAM_REDIS_PORT": "6400", "ENGRAM_DATA_DIR": str(tmp_path)})
     assert env["REDIS_URL"] == "redis://127.0.0.1:6400/0" and "ENGRAM_MASTER_KEY_FILE" not in env
     (tmp_path / "master.key").write_text("x")
@@ -158,7 +178,7 @@ async def test_run_starts_the_stack_as_make_run_does(monkeypatch):
 
     monkeypatch.setattr(services.run, "main", fake_main)
     for name in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE"):
-        # set first, so that monkeypatch restores the variable's absence after the test: `engram run`
+        # set first, so that monkeypatch restores the variable's absence after the test: `run`
         # writes these into os.environ, and later tests' stacks would inherit ENGRAM_WORKERS=2
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)

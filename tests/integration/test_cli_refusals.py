@@ -1,5 +1,5 @@
 """Configuration errors met by the admin commands are one line and exit code 2, never a traceback
-(issue 16, trial): another stream partition count than the deployment recorded, for `engram replay`,
+(issue 16, trial): another stream partition count than the deployment recorded, for `engram-admin replay`,
 `dead-letters`, `redrive --all`, `discard --all` and `python -m services.consolidator replay|dead-letters|redrive|discard`; a
 cluster addressed as one Redis (`redis://`, its MovedError) says to use `redis+cluster://`; and next to
 `ENGRAM_REDIS_CLUSTER=N make run` the commands default to its cluster."""
@@ -11,8 +11,7 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from engram_episodic.cli import cli
-from engram_episodic.cli_admin import server_env
+from services.admin import cli, server_env
 from services.consolidator.__main__ import cli as consolidator_cli
 from shared.partitions import FIELD
 from tests.integration.test_cli_admin import env_for
@@ -31,7 +30,9 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("group", [cli, consolidator_cli], ids=["engram", "python -m services.consolidator"])
+@pytest.mark.parametrize(
+    "group", [cli, consolidator_cli], ids=["engram-admin", "python -m services.consolidator"]
+)
 @pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
 async def test_another_partition_count_is_one_line_and_exit_2(group, args, settings, redis, monkeypatch):
     await redis.hset(settings.keys.meta, FIELD, 16)  # the deployment recorded 16 partitions

@@ -1,5 +1,5 @@
 """ENGRAM_CONTEXT_EPISODES on the paths the first trials did not take, against the real Redis: the context
-shown by `GET /v1/episodes/{id}`, a replay and `engram replay` / `reindex` rebuilding the same bytes
+shown by `GET /v1/episodes/{id}`, a replay and `engram-admin replay` / `reindex` rebuilding the same bytes
 (late arrivals, one-episode sessions, shared completed_at), expiry, agent-supplied vectors."""
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""`engram`'s admin commands report what stops them in one line (client/engram_episodic/cli_admin.py)."""
+"""`engram-admin`'s commands report what stops them in one line (services/admin.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engram_episodic.cli_admin import run_admin
+from services.admin import run_admin
 from shared.crypto import MasterKeyMismatch
 
 
 def test_a_data_key_wrapped_by_another_master_key_is_one_line_and_exit_2(capsys):
-    """An operator trial's `engram replay` after a master-key rotation ended in a MasterKeyMismatch
+    """An operator trial's replay after a master-key rotation ended in a MasterKeyMismatch
     traceback."""
 
     async def replay():
@@ -22,6 +22,6 @@ def test_a_data_key_wrapped_by_another_master_key_is_one_line_and_exit_2(capsys)
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert (
-        err.startswith("engram replay: a data key in Redis is wrapped by master key")
+        err.startswith("engram-admin replay: a data key in Redis is wrapped by master key")
         and "Traceback" not in err
     )

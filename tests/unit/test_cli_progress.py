@@ -1,9 +1,9 @@
-"""The admin commands' progress bars and summary (client/engram_episodic/cli_progress.py, cli_admin.py)."""
+"""The admin commands' progress bars and summary (client/engram_episodic/cli_progress.py, services/admin.py)."""
 
 from __future__ import annotations
 
-from engram_episodic.cli_admin import _facts_summary
 from engram_episodic.cli_progress import Bars
+from services.admin import _facts_summary
 
 
 def test_a_phase_that_did_fewer_units_than_announced_ends_full(capsys):

@@ -59,7 +59,7 @@ class IngestQuery(models.Model):
 
 
 WAIT_FORGOTTEN = "forgotten"  # the id is tombstoned: never projected again (publish under a new id)
-WAIT_DEAD_LETTERED = "dead_lettered"  # the consolidator gave up on the event (`engram dead-letters`)
+WAIT_DEAD_LETTERED = "dead_lettered"  # the consolidator gave up on the event (`engram-admin dead-letters`)
 WAIT_TIMEOUT = "timeout"  # not projected within `wait`
 WAIT_EXPIRED = "expired"  # projected, but past its expires_at: hidden from every read, erased soon
 
@@ -327,8 +327,8 @@ async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
         if await r.exists(keys.dead_letter_refs(ns, episode_id)):
             raise NotFound(
-                f"{exc}: its events were dead-lettered by the consolidator (`engram dead-letters` says "
-                f"why; `engram redrive` after a fix, `engram discard` to drop them)"
+                f"{exc}: its events were dead-lettered by the consolidator (`engram-admin dead-letters` says "
+                f"why; `engram-admin redrive` after a fix, `engram-admin discard` to drop them)"
             ) from None
         raise
 

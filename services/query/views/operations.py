@@ -59,7 +59,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def consolidation(request: web.Request) -> dict[str, int | None]:
     """`{"dead_letters": n, "lag": n}`: entries in the dead-letter stream (the consolidator gave up on
-    them: `engram dead-letters` says why) and entries published but not yet delivered to the consumer
+    them: `engram-admin dead-letters` says why) and entries published but not yet delivered to the consumer
     group, summed over the partitions; None each when Redis does not answer within 2 s."""
     r, keys, s = request.app.get(REDIS), request.app[KEYS], request.app[SETTINGS]
     if r is None:

@@ -1,0 +1,53 @@
+"""What the `engram` commands share: a client on the group's options (`--url`, `--api-key`,
+`--max-body-bytes`, in `ctx.obj`), its errors said in one message, and a scope from the options given.
+
+A leaf of the command line: `cli` (the group) and `cli_transfer` (export, import) both import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from engram_episodic.client import Engram
+from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
+
+
+def _client(ctx: click.Context) -> Engram:
+    return Engram(
+        ctx.obj["url"], api_key=ctx.obj["api_key"], timeout=60.0, max_body_bytes=ctx.obj["max_body_bytes"]
+    )
+
+
+def call(ctx: click.Context, fn: Any) -> Any:
+    """`fn(client)` on a client of the group's options, closed after; every error of the client (ApiError,
+    InvalidEpisode, ConnectionFailed, EngramError, ValueError) becomes a one-screen ClickException: exit
+    status 1."""
+    try:
+        with _client(ctx) as client:
+            return fn(client)
+    except ApiError as exc:
+        lines = [f"{exc.status} {exc.title}" + (f": {exc.detail}" if exc.detail else "")]
+        lines += [f"  {field}: {reason}" for field, reason in exc.errors]
+        if exc.status == 401:
+            lines.append(
+                "  pass the API key with --api-key or ENGRAM_API_KEY"
+                if not ctx.obj["api_key"]
+                else "  the key given (--api-key or ENGRAM_API_KEY) is not one of the service's ENGRAM_API_KEYS"
+            )
+        raise click.ClickException("\n".join(lines)) from None
+    except InvalidEpisode as exc:
+        raise click.ClickException("invalid:\n" + "\n".join(f"  {f}: {r}" for f, r in exc.errors)) from None
+    except ConnectionFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    except EngramError as exc:
+        raise click.ClickException(str(exc)) from None
+    except ValueError as exc:  # the client's own argument checks (a URL without a scheme, a padded key)
+        raise click.ClickException(str(exc)) from None
+
+
+def scope_of(**options: Any) -> dict[str, Any]:
+    """The options given (not None, not an empty tuple), tuples as lists: keyword arguments of the client."""
+    out = {k: v for k, v in options.items() if v not in (None, ())}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}

@@ -1,0 +1,345 @@
+"""`engram-admin` (also `python -m services.admin`): the operator's commands, which run the server's
+own code on a deployment's Redis rather than call the HTTP API.
+
+    engram-admin run [--workers N] [--port P]          # the stack in the foreground, as `make run`
+    engram-admin replay | reindex --embedder E         # rebuild the projections (progress bar, ETA)
+    engram-admin dead-letters | redrive --all | discard ID...
+    engram-admin rotate-master-key --new-key-file F | erase-now
+
+They belong to the server distribution (`engram-episodic-server`, this repository's root); the client's
+`engram` holds only the commands that call the HTTP API, and the server imports the client (its errors,
+progress bars, time formatting), never the reverse. They read the server's environment
+(`shared.settings.Settings`) with the defaults of `make run`: `REDIS_URL` defaults to its embedded Redis
+(`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390; with `ENGRAM_REDIS_CLUSTER` = N its embedded
+cluster, `redis+cluster://127.0.0.1:$ENGRAM_REDIS_PORT`) and, with no master key set, the key it keeps
+in `$ENGRAM_DATA_DIR/master.key` (`.run/`) is used when it exists (without it sealed events cannot be
+opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with `--progress`)
+with its rate and ETA, then a summary. `python -m services.consolidator` offers `rotate-master-key` and
+`erase-now` too (these same commands), and its own JSON-only `replay`, `reindex`, `dead-letters`,
+`redrive`, `discard`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MovedError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from engram_episodic.cli_progress import Bars, progress_option
+from engram_episodic.errors import ConfigError, Conflict
+from engram_episodic.timeutil import format_instant
+from services.consolidator import admin
+from shared.settings import Settings
+
+EMBEDDERS = ("hashing", "minilm", "mpnet", "openai")
+
+
+def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the admin commands read (`environ`, default os.environ), with `make run`'s
+    defaults filled in: REDIS_URL, and ENGRAM_MASTER_KEY_FILE when its key file exists."""
+    env = dict(os.environ if environ is None else environ)
+    port = env.get("ENGRAM_REDIS_PORT") or 6390
+    if (env.get("ENGRAM_REDIS_CLUSTER") or "0").strip() not in ("", "0"):
+        # `ENGRAM_REDIS_CLUSTER=N make run`'s embedded cluster: its first primary is on the port
+        env.setdefault("REDIS_URL", f"redis+cluster://127.0.0.1:{port}")
+    env.setdefault("REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    key = Path(env.get("ENGRAM_DATA_DIR") or ".run") / "master.key"
+    if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE") and key.is_file():
+        env["ENGRAM_MASTER_KEY_FILE"] = str(key)
+    return env
+
+
+CLUSTER_HINT = (
+    "REDIS_URL={url} is a Redis Cluster ({error}): use REDIS_URL=redis+cluster://host:port "
+    "(next to `ENGRAM_REDIS_CLUSTER=N make run`, set ENGRAM_REDIS_CLUSTER=N here too)"
+)
+
+
+def refuse(command: str, message: str) -> NoReturn:
+    """A configuration error, as `make run` reports one: one line on stderr, exit code 2 (a retry
+    cannot fix it; docs/reliability.md)."""
+    context = click.get_current_context(silent=True)
+    program = context.find_root().info_name if context is not None else None
+    click.echo(f"{program or 'engram-admin'} {command}: {message}", err=True)
+    sys.exit(2)
+
+
+def _settings(command: str, **overrides: Any) -> Settings:
+    """The server's Settings from `server_env()`, with `overrides` (those not None) applied; a
+    configuration error is `refuse`d (one line, exit 2)."""
+    try:
+        settings = Settings.from_env(server_env())
+    except ConfigError as exc:
+        refuse(command, str(exc))
+    return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def run_admin(command: str, coro: Any) -> Any:
+    """Run an admin coroutine; Redis being away is a one-line error (exit 1), a configuration error
+    (ConfigError: another partition count, a master key missing; a cluster addressed as one Redis, its
+    MovedError; a Conflict such as a data key wrapped by another master key, which an operator trial's
+    replay met as a traceback after a rotation) one line and exit 2, never a traceback."""
+    try:
+        return asyncio.run(coro)
+    except (ConfigError, Conflict) as exc:  # Conflict: e.g. a data key wrapped by another master key
+        refuse(command, str(exc))
+    except MovedError as exc:
+        refuse(command, CLUSTER_HINT.format(url=server_env().get("REDIS_URL"), error=f"MOVED {exc}"))
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        url = server_env().get("REDIS_URL")
+        raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+
+
+@click.command()
+@click.option("--workers", type=click.IntRange(1, 64), help="Consolidator processes (ENGRAM_WORKERS, 1).")
+@click.option("--port", type=click.IntRange(1, 65535), help="The query service's port (ENGRAM_PORT, 8080).")
+def run(workers: int | None, port: int | None) -> None:
+    """Start the stack in the foreground, as `make run` does (`python -m services.run`): the embedded Redis (unless REDIS_URL is
+    set), the consolidator(s) and the query service; Ctrl-C stops everything."""
+    from services import run as stack  # the supervisor: only this command needs it
+
+    if workers is not None:
+        os.environ["ENGRAM_WORKERS"] = str(workers)
+    if port is not None:
+        os.environ["ENGRAM_PORT"] = str(port)
+    for name, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
+        os.environ.setdefault(name, value)  # as the Makefile exports them: models load from disk only
+    sys.exit(stack.main())
+
+
+def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **overrides: Any) -> None:
+    settings = _settings(command, **overrides)
+    bars = Bars(
+        enabled=progress,
+        units={"snapshot": "episode", "stream": "entry", "catch-up": "entry", "drop": "key"},
+    )
+    start = time.perf_counter()
+    try:
+        counts = run_admin(
+            command,
+            admin.replay(settings, bars, change_context_episodes=change, keep_embedder=command == "replay"),
+        )
+    finally:
+        bars.close()
+    seconds = time.perf_counter() - start
+    done = counts["snapshot_episodes"] + counts["entries"]
+    if as_json:
+        click.echo(json.dumps({**counts, "embedder": settings.embedder, "seconds": round(seconds, 3)}))
+        return
+    click.echo(
+        f"{command}: generation {counts['from_generation']} → {counts['generation']} "
+        f"({settings.embedder}): {counts['snapshot_episodes']} episodes from the snapshot, "
+        f"{counts['entries']} stream entries ({counts['caught_up']} caught up after the swap), "
+        f"{_facts_summary(counts)}, {counts['dropped_keys']} old keys dropped, "
+        f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s); written with "
+        f"ENGRAM_CONTEXT_EPISODES={counts['context_episodes']}"
+    )
+
+
+def _facts_summary(counts: dict[str, Any]) -> str:
+    """What a replay did with the facts: carried over, or re-embedded for another embedder; and any it
+    could not index (searches miss them until their scope is consolidated again)."""
+    n, scopes = counts["facts"], counts["fact_scopes"]
+    what = "re-embedded" if counts["facts_reembedded"] else "carried over"
+    text = f"{n} facts of {scopes} scope(s) {what}" if n else "no facts"
+    missing = n - counts["facts_indexed"]
+    if missing > 0:
+        text += f" ({missing} not indexed: run POST /v1/consolidate)"
+    return text
+
+
+change_option = click.option(
+    "--change-context-episodes",
+    "change",
+    is_flag=True,
+    help="Rebuild every episode under the ENGRAM_CONTEXT_EPISODES set here when the deployment records "
+    "another value, and record it; then restart the workers and the query service with it (or unset).",
+)
+
+
+@click.command()
+@change_option
+@progress_option
+@json_option
+def replay(change: bool, progress: bool | None, as_json: bool) -> None:
+    """Rebuild every projection from the stream into a new generation and swap it in (REDIS_URL), under
+    the deployment's recorded ENGRAM_CONTEXT_EPISODES."""
+    _replay("replay", progress, as_json, change)
+
+
+@click.command()
+@click.option("--embedder", type=click.Choice(EMBEDDERS), required=True)
+@change_option
+@progress_option
+@json_option
+def reindex(embedder: str, change: bool, progress: bool | None, as_json: bool) -> None:
+    """Re-embed every episode, and the facts' centroids, with another embedder (a replay into a new index),
+    then swap it in. Restart the stack with the same ENGRAM_EMBEDDER afterwards."""
+    _replay("reindex", progress, as_json, change, embedder=embedder)
+
+
+@click.command("dead-letters")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000))
+@json_option
+def dead_letters(limit: int, as_json: bool) -> None:
+    """List dead letters, oldest first: the events the consolidator gave up on, with the reason."""
+    rows = run_admin("dead-letters", admin.dead_letters(_settings("dead-letters"), limit))
+    if as_json:
+        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        return
+    for row in rows:
+        episode = row.get("episode_id") or "-"
+        click.echo(
+            f"{row['id']:22} {format_instant(row['at'])}  {row['bytes']:7} B  {episode[:40]:40}  {row['reason'][:100]}"
+        )
+    click.echo(f"{len(rows)} dead letter(s)", err=True)
+
+
+def _dead_letter_command(verb: str, did: str, key: str, doc: str):
+    """`engram-admin redrive` / `discard`: the dead letters named (or `--all`), with a progress bar."""
+
+    @click.command(verb, help=doc)
+    @click.argument("ids", nargs=-1)
+    @click.option("--all", "all_", is_flag=True, help=f"{did.capitalize()} every dead letter.")
+    @progress_option
+    @json_option
+    def command(ids: tuple[str, ...], all_: bool, progress: bool | None, as_json: bool) -> None:
+        if not ids and not all_:
+            raise click.UsageError("name dead-letter ids or pass --all")
+        if ids and all_:
+            raise click.UsageError("name dead-letter ids or pass --all, not both")
+        bars = Bars(enabled=progress, units={verb: "letter"})
+        start = time.perf_counter()
+        try:
+            n, unknown = run_admin(
+                verb,
+                getattr(admin, verb)(
+                    _settings(verb),
+                    None if all_ else list(ids),
+                    on_start=lambda total: bars.phase(verb, total),
+                    on_each=lambda: bars.advance(1),
+                ),
+            )
+        finally:
+            bars.close()
+        seconds = time.perf_counter() - start
+        if as_json:
+            click.echo(json.dumps({key: n, "unknown": unknown, "seconds": round(seconds, 3)}))
+        else:
+            # a bare "0" beside "no dead letter has the id" read as a contradiction
+            named = f" of the {len(ids)} named" if unknown else ""
+            click.echo(f"{did} {n}{named} dead letter(s) in {seconds:.1f} s")
+        if unknown:  # a typo must not look like success
+            raise click.ClickException(
+                f"no dead letter has the id(s) {', '.join(unknown)} (see `engram-admin dead-letters` for the ids)"
+            )
+
+    return command
+
+
+redrive = _dead_letter_command(
+    "redrive",
+    "re-driven",
+    "redriven",
+    "Publish dead letters again (after a fix) and remove them from the dead-letter stream.",
+)
+discard = _dead_letter_command(
+    "discard",
+    "discarded",
+    "discarded",
+    "Delete dead letters no fix will make projectable, and their original entries; nothing is "
+    "published (the events are gone, as a forget leaves them).",
+)
+
+
+@click.command("rotate-master-key")
+@click.option(
+    "--new-key-file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="File holding the new master key (base64 of 32 bytes).",
+)
+def rotate_master_key(new_key_file: str) -> None:
+    """Re-wrap every data key (and the deployment secret) from the current master key
+    (ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE) to the one in --new-key-file. Then restart every
+    process with the new key and destroy the old one: backups taken before are unreadable from then on."""
+    from shared.crypto import MasterKey, read_master_key_file
+    from shared.keyring import KeyRing
+    from shared.partitions import deployment_keys
+
+    settings = _settings("rotate-master-key")
+    if settings.master_key is None:
+        raise click.ClickException(
+            "set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the current master key"
+        )
+    try:
+        new = MasterKey(read_master_key_file(new_key_file, name="--new-key-file"))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    old = MasterKey(settings.master_key)
+    if new.id == old.id:
+        raise click.ClickException("--new-key-file holds the current master key")
+
+    async def go():
+        async with admin.redis_of(settings) as redis:
+            keys = await deployment_keys(redis, settings.keys)  # its data keys' names
+            counts = await KeyRing(keys, old).rotate(redis, new)
+        click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
+
+    run_admin("rotate-master-key", go())  # a key wrapped by a third master key: Conflict, exit 2
+
+
+@click.command("erase-now")
+def erase_now() -> None:
+    """Run the erasure housekeeping now (it runs by itself after forgets, at most every
+    ENGRAM_ERASURE_INTERVAL): compact the stream, then rewrite the AOF, so that the bytes of forgotten
+    entries leave Redis's memory and files; with the master key, entries written before encryption are
+    sealed on the way. Prints what it did, with timings, as JSON."""
+    from services.consolidator import erasure
+    from shared.crypto import MasterKey
+    from shared.keyring import KeyRing
+    from shared.partitions import deployment_keys
+
+    settings = _settings("erase-now")
+
+    async def go():
+        async with admin.redis_of(settings) as redis:
+            keys = await deployment_keys(redis, settings.keys)  # every partition it has
+            ring = KeyRing(keys, MasterKey(settings.master_key)) if settings.master_key else None
+            click.echo(json.dumps(await erasure.run(redis, keys, ring)))
+
+    run_admin("erase-now", go())
+
+
+@click.group()
+def cli() -> None:
+    """Engram's operator commands: the stack, and tasks on its Redis (REDIS_URL, default `make run`'s)."""
+
+
+for _command in (run, replay, reindex, dead_letters, redrive, discard, rotate_master_key, erase_now):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """The `engram-admin` console script."""
+    cli(prog_name="engram-admin")
+
+
+if __name__ == "__main__":
+    main()
