@@ -86,8 +86,8 @@ def _settings(command: str, **overrides: Any) -> Settings:
 def run_admin(command: str, coro: Any) -> Any:
     """Run an admin coroutine; Redis being away is a one-line error (exit 1), a configuration error
     (ConfigError: another partition count, a master key missing; a cluster addressed as one Redis, its
-    MovedError; a Conflict such as a data key wrapped by another master key, which an operator trial's
-    replay met as a traceback after a rotation) one line and exit 2, never a traceback."""
+    MovedError; a Conflict such as a data key wrapped by another master key, as after a rotation) one
+    line and exit 2, never a traceback."""
     try:
         return asyncio.run(coro)
     except (ConfigError, Conflict) as exc:  # Conflict: e.g. a data key wrapped by another master key
@@ -106,8 +106,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the su
 @click.option("--workers", type=click.IntRange(1, 64), help="Consolidator processes (ENGRAM_WORKERS, 1).")
 @click.option("--port", type=click.IntRange(1, 65535), help="The query service's port (ENGRAM_PORT, 8080).")
 def run(workers: int | None, port: int | None) -> None:
-    """Start the stack in the foreground, as `make run` does (`python -m services.run`): the embedded Redis (unless REDIS_URL is
-    set), the consolidator(s) and the query service; Ctrl-C stops everything."""
+    """Start the stack in the foreground, as `make run` does (`python -m services.run`): the embedded
+    Redis (unless REDIS_URL is set), the consolidator(s) and the query service; Ctrl-C stops everything."""
     from services import run as stack  # the supervisor: only this command needs it
 
     if workers is not None:
