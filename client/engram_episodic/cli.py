@@ -442,7 +442,7 @@ def mcp(ctx: click.Context) -> None:
 
 
 SERVER_COMMANDS = ("run", "replay", "reindex", "dead-letters", "redrive", "discard")
-"""The operator's commands, which `engram` had before they moved to the server's `engram-admin`."""
+"""The operator's commands: the server's `engram-admin` has them, and `engram NAME` says so."""
 
 
 def _moved(name: str) -> click.Command:
@@ -456,8 +456,8 @@ def _moved(name: str) -> click.Command:
     )
     def moved() -> None:
         click.echo(
-            f"engram {name}: an operator's command, now the server's: `engram-admin {name}` "
-            f"(or `python -m services.admin {name}`; installed with Engram's server, `make install`)",
+            f"engram {name}: an operator's command of Engram's server: run `engram-admin {name}` "
+            f"(or `python -m services.admin {name}`), installed with the server (`make install`)",
             err=True,
         )
         sys.exit(2)
