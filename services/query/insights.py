@@ -9,7 +9,7 @@ succeed and now fails, each side at least REGIME_MIN episodes), its older episod
 it (`current_evidence`; `changed` reports what was left out). Otherwise a strategy with ten old
 successes and five recent failures would outrank the one that now works.
 
-What the agent did is its *approach* (`approach`): the recorded `strategy_used`, or, when an agent
+What the agent did is its *approach* (`shared.regimes.approach`): the recorded `strategy_used`, or, when an agent
 records none, the tools it called (`actions[].action_type`) — a switch from `pip` to `uv` recorded only
 as tool calls is a change of approach like any other. The views pass a pool of similar episodes larger
 than `k` (ADVICE_POOL) and advice keeps the `k` nearest of what still counts: the nearest episodes of
@@ -24,7 +24,7 @@ from typing import Any
 
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
-from shared.regimes import last_regime
+from shared.regimes import approach, last_regime
 
 STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 REUSE_SUCCESS_RATE = 0.6
@@ -33,14 +33,6 @@ REGIME_MIN = 3
 """Episodes each side of a flip of one strategy's outcomes (as ENGRAM_FACTS_MIN_CLUSTER's default)."""
 ADVICE_POOL = 100
 """Similar episodes /v1/strategy and /v1/suggest read to find each approach's newest regime (at least k)."""
-
-
-def approach(ep: Episode) -> str | None:
-    """What the agent did: `strategy_used`, else the distinct tools it called (`actions[].action_type`,
-    first use first, joined by " + "); None when neither is recorded."""
-    if ep.strategy_used:
-        return ep.strategy_used
-    return " + ".join(dict.fromkeys(a.action_type for a in ep.actions if a.action_type)) or None
 
 
 def _when(ep: Episode) -> tuple[float, str]:
