@@ -33,13 +33,9 @@ strategy with at least 2 * min_size episodes, per cut).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from engram_episodic.events import Episode
 
 FLIP_GAP = 0.5
 """Two runs' success rates must differ by at least this much (and lie on either side of 50%)."""
@@ -51,13 +47,14 @@ SCAN_ALPHA = 0.1
 _EPS = 1e-12
 
 
-def approach(episode: Episode) -> str | None:
-    """What the agent did, the "strategy" whose flips are regimes: `strategy_used`, else the distinct
-    tools it called (`actions[].action_type`, first use first, joined by " + "); None without either.
-    An agent that records no strategy still switches tools (`pip` to `uv`), and that is the change."""
-    if episode.strategy_used:
-        return episode.strategy_used
-    return " + ".join(dict.fromkeys(a.action_type for a in episode.actions if a.action_type)) or None
+def approach(strategy: str | None, action_types: Iterable[str | None]) -> str | None:
+    """What an episode's agent did, the "strategy" whose flips are regimes: its `strategy_used`, else the
+    distinct tools it called (its `actions[].action_type` in order, first use first, joined by " + ");
+    None without either. An agent that records no strategy still switches tools (`pip` to `uv`), and
+    that is the change."""
+    if strategy:
+        return strategy
+    return " + ".join(dict.fromkeys(t for t in action_types if t)) or None
 
 
 def _splits(

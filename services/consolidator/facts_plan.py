@@ -310,7 +310,7 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
     `shared.regimes.approach`), oldest first; every regime has at least `min_size` rows."""
     rows = _order(rows)
     success = [r.episode.outcome == "success" for r in rows]
-    strategies = [approach(r.episode) for r in rows]
+    strategies = [approach(r.episode.strategy_used, (a.action_type for a in r.episode.actions)) for r in rows]
     return [rows[a:b] for a, b in segments(success, strategies, min_size)]
 
 

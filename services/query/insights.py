@@ -9,9 +9,9 @@ succeed and now fails, each side at least REGIME_MIN episodes), its older episod
 it (`current_evidence`; `changed` reports what was left out). Otherwise a strategy with ten old
 successes and five recent failures would outrank the one that now works.
 
-What the agent did is its *approach* (`shared.regimes.approach`): the recorded `strategy_used`, or, when an agent
-records none, the tools it called (`actions[].action_type`) — a switch from `pip` to `uv` recorded only
-as tool calls is a change of approach like any other. The views pass a pool of similar episodes larger
+What the agent did is its *approach* (`shared.regimes.approach`): the recorded `strategy_used`, or,
+when an agent records none, the tools it called (`actions[].action_type`) — a switch from `pip` to `uv`
+recorded only as tool calls is a change of approach like any other. The views pass a pool of similar episodes larger
 than `k` (ADVICE_POOL) and advice keeps the `k` nearest of what still counts: the nearest episodes of
 a long good run would otherwise be all old ones, and the regime that replaced it never be seen.
 """
@@ -35,6 +35,10 @@ ADVICE_POOL = 100
 """Similar episodes /v1/strategy and /v1/suggest read to find each approach's newest regime (at least k)."""
 
 
+def _approach(ep: Episode) -> str | None:
+    return approach(ep.strategy_used, (a.action_type for a in ep.actions))
+
+
 def _when(ep: Episode) -> tuple[float, str]:
     at = ep.completed_at if ep.completed_at is not None else ep.started_at
     return (at if at is not None else 0.0, ep.episode_id)
@@ -44,14 +48,14 @@ def current_evidence(
     similar: Sequence[Episode], *, min_size: int = REGIME_MIN, k: int | None = None
 ) -> tuple[list[Episode], list[dict[str, Any]]]:
     """The similar episodes that still count (input order kept, the first `k` when given) and what
-    changed: per approach (`approach`; episodes without one form their own group), its decided episodes
+    changed: per approach (`shared.regimes.approach`; episodes without one form their own group), its decided episodes
     in time order are cut at their last flip (`shared.regimes.last_regime`) and the older ones are
     dropped. `changed` has one row per approach whose outcomes flipped:
     `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
     groups: dict[str | None, list[Episode]] = {}
     for ep in similar:
         if ep.outcome is not None:
-            groups.setdefault(approach(ep), []).append(ep)
+            groups.setdefault(_approach(ep), []).append(ep)
     dropped: set[str] = set()
     changed = []
     for name in sorted(groups, key=lambda s: (s is None, s or "")):
@@ -97,7 +101,7 @@ def choose_strategy(
 ) -> dict[str, Any]:
     """Adaptive strategy choice, first rule that applies:
 
-    1. reuse the approach (`approach`: strategy, else tools) of similar episodes whose success rate
+    1. reuse the approach (`shared.regimes.approach`: strategy, else tools) of similar episodes whose success rate
        among them is above 0.6 (the one with the most successes, then the highest rate), counting each
        approach's newest regime only, of the `k` nearest (`current_evidence`: an approach that stopped
        working is not recommended on its old successes);
@@ -110,7 +114,7 @@ def choose_strategy(
     extra = {"changed": changed} if changed else {}
     groups: dict[str, list[Episode]] = {}
     for ep in similar:
-        name = approach(ep)
+        name = _approach(ep)
         if name:
             groups.setdefault(name, []).append(ep)
     ranked = []
@@ -166,7 +170,7 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5, k: int | None = None
 
     confidence: `high` with at least 2 successes and a success share >= 0.7; `medium` with at least one
     success and a share >= 0.4; otherwise `low` (including no evidence at all). Successes, failures and
-    strategies (approaches: `approach`) count each approach's newest regime, of the `k` nearest that
+    strategies (approaches: `shared.regimes.approach`) count each approach's newest regime, of the `k` nearest that
     still count (`current_evidence`); `changed` lists the approaches whose outcomes flipped, with what
     was left out.
     """
@@ -192,7 +196,7 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5, k: int | None = None
         # once per episode, in a stable order (ties in most_common keep first appearance)
         messages.update(list(dict.fromkeys(t.strip()[:300] for t in texts if t and t.strip())))
         action_types.update(list(dict.fromkeys(a.action_type for a in ep.actions if a.success is not True)))
-    strategies = Counter(name for name in map(approach, successes) if name)
+    strategies = Counter(name for name in map(_approach, successes) if name)
     return {
         "confidence": confidence,
         "similar": len(similar),

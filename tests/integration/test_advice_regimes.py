@@ -97,3 +97,14 @@ async def test_no_change_is_not_reported(make_client, settings, redis, as_strate
     assert (choice["strategy"], choice["rule"]) == ("pip", "reuse"), choice
     assert "changed" not in choice["evidence"] and tip["changed"] == []
     assert tip["successful_strategies"][0]["strategy"] == "pip" and tip["confidence"] == "high"
+
+
+async def test_replay_context_names_tools_when_no_strategy_is_recorded(make_client, settings, redis):  # noqa: F811
+    api = await make_client()
+    old, new = SWITCHES["8-then-4-failing"]
+    await publish(settings, redis, weeks(old, new, as_strategy=False), namespace="default")
+    await drain(make_worker(settings, redis))
+    body = await (await api.post("/v1/recall", json={"query": TASK, "top_k": 18})).json()
+    by_name = {s["strategy"]: s for s in body["replay_context"]["strategies"]}
+    assert set(by_name) == {"pip", "uv"} and by_name["uv"]["success_rate"] == 1.0
+    assert by_name["pip"]["earlier_episodes"] == 8 and by_name["pip"]["success_rate"] == 0.0
