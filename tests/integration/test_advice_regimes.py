@@ -108,3 +108,18 @@ async def test_replay_context_names_tools_when_no_strategy_is_recorded(make_clie
     by_name = {s["strategy"]: s for s in body["replay_context"]["strategies"]}
     assert set(by_name) == {"pip", "uv"} and by_name["uv"]["success_rate"] == 1.0
     assert by_name["pip"]["earlier_episodes"] == 8 and by_name["pip"]["success_rate"] == 0.0
+
+
+@pytest.mark.parametrize("as_strategy", [True, False], ids=["strategy", "actions-only"])
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+async def test_the_fact_of_the_old_tool_is_superseded(make_client, settings, redis, switch, as_strategy):  # noqa: F811
+    api = await make_client(facts_every=10_000, facts_importance_threshold=1e9)
+    old, new = SWITCHES[switch]
+    await publish(settings, redis, weeks(old, new, as_strategy=as_strategy), namespace="default")
+    await drain(make_worker(settings, redis))
+    await api.post("/v1/consolidate", json={"all_scopes": False})
+    found = (await (await api.post("/v1/facts/search", json={"include_superseded": True})).json())["results"]
+    (before,) = [f for f in found if f["status"] == "superseded"]
+    (now,) = [f for f in found if f["status"] == "current"]
+    assert sorted(before["evidence"]) == sorted(f"dep-{i}" for i in range(len(old)))
+    assert now["supersedes"] == before["fact_id"] and len(now["evidence"]) == len(new)
