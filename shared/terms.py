@@ -1,7 +1,7 @@
 """An episode's terms as `shared.relevance` scores them: stems, their weighted counts, the length (pure).
 
 The definition (unchanged from the first `shared.relevance`): each text field is folded
-(`shared.keywords.fold_for_search`), split into Unicode `\\w+` words, RediSearch's stop words are
+and split into words (`shared.keywords.words`, as RediSearch's tokenizer splits the folded text), RediSearch's stop words are
 dropped, the rest Snowball-stemmed (PyStemmer's English stemmer); a stem's term frequency is the sum
 over fields of the field's weight (`shared.index.TEXT_FIELDS`) times its count there, and the length
 the same sum over every kept word.
@@ -11,7 +11,7 @@ member's text was the largest Python cost of a recall (docs/benchmarks.md, issue
 cheaper here, none of which changes a term or a count:
 - ASCII text (the common case) is lower-cased and split in one `bytes.translate` + `split`: for ASCII,
   `fold_for_search` is `str.lower` and `\\w` is `[0-9A-Za-z_]`, and the table is built from that same
-  regex, so the words are the regex's words; other text goes through `fold_for_search` and the regex.
+  regex, so the words are the regex's words; other text goes through `shared.keywords.words`.
 - Each distinct word is stemmed once per process (`_STEMS`, bounded), not once per text.
 - The counts of a one-field text stay integers with the field's weight beside them (`Terms.scale`):
   the scorer multiplies a count by the weight as the sum over fields did (exact: one product).
@@ -35,7 +35,7 @@ from itertools import filterfalse
 from typing import Any, NamedTuple, TypeVar
 
 from shared.index import TEXT_FIELDS
-from shared.keywords import STOPWORDS, fold_for_search
+from shared.keywords import STOPWORDS, words
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 FIELD_KEYS = tuple((name, name.encode(), weight) for name, weight in TEXT_FIELDS)
@@ -134,7 +134,7 @@ def text_words(text: bytes) -> list[str]:
     """The words of one UTF-8 field (invalid bytes replaced) as the index holds them, stop words kept."""
     if text.isascii():
         return text.translate(_ASCII_WORDS).decode("ascii").split()
-    return _WORD.findall(fold_for_search(text.decode("utf-8", "replace")))
+    return words(text.decode("utf-8", "replace"))
 
 
 class Terms(NamedTuple):
