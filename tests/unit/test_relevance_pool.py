@@ -3,14 +3,14 @@
 relevance was made cheaper, and must not move any ranking).
 
 The reference below is the slow, obvious reading of the definition, kept here and not in the product:
-fold each field (`fold_for_search`), Unicode `\\w+` words, drop RediSearch's stop words, stem each word
+fold each field (`fold_for_search`), Unicode `\\w+` words (the regex module's: marks included), drop RediSearch's stop words, stem each word
 with a fresh Snowball stemmer, add the field's weight per occurrence, then the BM25 sum term by term.
 """
 
 from __future__ import annotations
 
 import math
-import re
+import regex
 import unicodedata
 
 import numpy as np
@@ -23,7 +23,7 @@ from shared.index import TEXT_FIELDS
 from shared.keywords import STOPWORDS, fold_for_search
 
 _REF_STEMMER = Stemmer.Stemmer("english")  # no cache: a different object from the product's
-_REF_WORD = re.compile(r"\w+")
+_REF_WORD = regex.compile(r"\w+")  # Unicode \w: letters, marks, digits (the index keeps marks in a word)
 
 
 def ref_terms(fields: dict[bytes, bytes]) -> tuple[dict[str, float], float]:
