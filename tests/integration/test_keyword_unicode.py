@@ -119,7 +119,7 @@ async def test_each_form_finds_the_other(api, redis, prefix):
     ASCII for full-width, no accents), and a text holding the query's form by the stored one."""
     for i, text in enumerate(_NOISE):
         await put(redis, prefix, "default", episode(f"noise{i}", task=text))
-    for i, (family, stored, other) in enumerate(FORMS):
+    for i, (_, stored, other) in enumerate(FORMS):
         await put(redis, prefix, "default", episode(f"s{i}", task=stored))
         await put(redis, prefix, "default", episode(f"o{i}", task=f"{other} zzz{i}"))
     for i, (family, stored, other) in enumerate(FORMS):

@@ -10,10 +10,10 @@ with a fresh Snowball stemmer, add the field's weight per occurrence, then the B
 from __future__ import annotations
 
 import math
-import regex
 import unicodedata
 
 import numpy as np
+import regex
 import Stemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -153,9 +153,17 @@ def test_episode_terms_equal_the_definition(fields):
         assert [got_tf[s].hex() for s in tf] == [tf[s].hex() for s in tf]
 
 
-@settings(max_examples=500, deadline=None)
-@given(text=st.one_of(_word_text, st.text(max_size=80)).map(str.encode))
-def test_ascii_split_is_the_regex_split(text):
+# pieces that the folding changes: accents (composed and not), full-width, strokes, scripts written
+# without spaces and their marks, ASCII punctuation beside them, a combining overlay (`<` + U+0338 is `≮`)
+_FOLDED = "서울역에서ÉcoleŁódźภาษาไทยที่ำ今天玩東京駅でｶﾀｶﾅहिन्दीສະບາຍດີភាសាខ្មែរမြန်မာİΣΟΦΙΑςﬁ①¹ΐ ,.-'<=()\u0338\u0301\u3099aZ9_\u00a0\u3000、"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    text=st.one_of(_word_text, st.text(max_size=80), st.text(alphabet=_FOLDED, max_size=40)).map(str.encode)
+)
+def test_split_is_the_folded_regex_split(text):
+    """`text_words` folds a non-ASCII text a piece at a time: the same words as folding it whole."""
     assert terms.text_words(text) == _REF_WORD.findall(fold_for_search(text.decode("utf-8", "replace")))
 
 
