@@ -56,6 +56,13 @@ KEYWORD_HALF = 20.0
 HYBRID_VECTOR_WEIGHT = 0.5
 """Share of the cosine in hybrid relevance; the rest is keyword relevance."""
 MAX_TERMS = 64
+CONTEXT_FLOOR = {"vector": 0.25, "hybrid": 0.15, "keyword": 1e-6}
+"""The `min_relevance` of a `/v1/context` request that names none, per recall mode: an episode below it
+is no experience of the task, so it is neither a prompt block nor one of the "similar" episodes the
+summary counts. Chosen on LoCoMo's questions (`bench.relevance_separation`, docs/benchmarks.md
+"Relevance floor"): each keeps at least ~90% of the evidence turns with MiniLM and mpnet, and drops
+most unrelated turns sharing one word with the question. Keyword relevance alone cannot tell those
+apart (one rare shared word scores like the evidence), so the keyword floor only asks for a word."""
 
 
 def _words(text: str) -> list[str]:
