@@ -18,7 +18,7 @@ import regex
 # regex's \w: letters, marks, digits, connector punctuation. The stdlib's \w leaves out combining
 # marks, so it would cut Thai or Hindi words apart where RediSearch keeps them whole.
 _NON_WORD = regex.compile(r"[^\w]+")
-_WORD = regex.compile(r"\w+")
+_ASCII_WORD = re.compile(r"\w+")  # on ASCII text the same words, with the stdlib's faster engine
 # accents: the combining diacritical marks of Latin, Greek and Cyrillic letters once NFKD has split them
 # (the stdlib's engine where a class of code points will do: ~2x faster than regex's on these)
 _ACCENTS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\ufe20-\ufe2f]+")
@@ -85,7 +85,7 @@ def words(text: str) -> list[str]:
     """The words of `text` as the index holds them: `fold_for_search`, then the words RediSearch's
     tokenizer sees (runs of letters, marks, digits, `_`), stop words kept, in order."""
     if text.isascii():
-        return _WORD.findall(text.lower())
+        return _ASCII_WORD.findall(text.lower())
     return fold_for_search(text).split()
 
 
