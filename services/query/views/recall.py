@@ -18,6 +18,7 @@ from services.query.appkeys import CONTEXT, FACTS, KEYS, METRICS, SCOPE_SIZES, S
 from services.query.problems import Invalid, read_json, validate
 from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
 from shared.index import current_generation
+from shared.relevance import CONTEXT_FLOOR
 from shared.settings import Settings
 
 
@@ -47,7 +48,8 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
 
 
 def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.RecallParams:
-    """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing."""
+    """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing; without
+    a `min_relevance`, the mode's floor (`shared.relevance.CONTEXT_FLOOR`)."""
     top_k = req.top_k or s.default_top_k
     return rc.RecallParams(
         top_k=top_k,
@@ -60,7 +62,7 @@ def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.Re
         normalize="none",
         recency_from="completed",
         touch_now=None,
-        min_relevance=req.min_relevance,
+        min_relevance=CONTEXT_FLOOR[s.recall_mode] if req.min_relevance is None else req.min_relevance,
         min_priority=req.min_priority,
         graph_index=s.vector_algorithm == "HNSW",
         graph_ef=s.graph_ef,
