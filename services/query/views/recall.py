@@ -12,12 +12,11 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from services.query import episode_context, insights, models
+from services.query import insights, models
 from services.query import recall as rc
-from services.query.appkeys import CONTEXT, FACTS, KEYS, METRICS, SCOPE_SIZES, SETTINGS
+from services.query.appkeys import FACTS, METRICS, SCOPE_SIZES, SETTINGS
 from services.query.problems import Invalid, read_json, validate
 from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
-from shared.index import current_generation
 from shared.relevance import CONTEXT_FLOOR
 from shared.settings import Settings
 
@@ -85,7 +84,6 @@ async def recall(request: web.Request) -> web.Response:
             params,
             sizes=request.app[SCOPE_SIZES],
         )
-    await with_context(request, body["results"])
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
@@ -107,16 +105,6 @@ async def overlapped(embedding: Coroutine[Any, Any, np.ndarray]) -> AsyncIterato
             task.exception()  # retrieved: a failure the request already answered is not logged again
 
 
-async def with_context(request: web.Request, hits: list[dict]) -> None:
-    """Set each hit's `context` (ENGRAM_CONTEXT_EPISODES as the deployment records it): why a hit
-    matched words it does not hold. The same for recall and /v1/context hits."""
-    r = redis_of(request)
-    if await request.app[CONTEXT].get(r):
-        keys = request.app[KEYS]
-        gen = await current_generation(r, keys)
-        await episode_context.add_to_hits(r, keys, gen, ns_of(request), hits)
-
-
 async def context(request: web.Request) -> web.Response:
     req: models.ContextRequest = validate(models.ContextRequest, await read_json(request))
     s = request.app[SETTINGS]
@@ -128,7 +116,6 @@ async def context(request: web.Request) -> web.Response:
         # a keyword recall answered without the embedder (`similarity_unavailable`): no facts by cosine
         unavailable = recalled.get("similarity_unavailable", False)
         vector = None if unavailable else await pending
-    await with_context(request, recalled["results"])
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5) if vector is not None else []
     prompt, truncated = insights.prompt_section(
