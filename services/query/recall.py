@@ -58,6 +58,7 @@ from shared.index import (
     count,
     filter_search,
 )
+from shared.regimes import approach
 from shared.search import knn_search
 from shared.tags import TagCodec
 
@@ -392,7 +393,10 @@ async def recall(
         await touch(r, [c.key for c in chosen], p.touch_now)
         _after_touch(results, p.touch_now)
     context = scoring.replay_context(
-        [d.get("strategy_used") for d in docs],
+        [
+            approach(d.get("strategy_used"), (a.get("action_type") for a in d.get("actions") or ()))
+            for d in docs
+        ],
         [(d.get("feedback") or {}).get("reward") for d in docs],
         [d.get("outcome") for d in docs],
         priorities,
