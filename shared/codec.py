@@ -160,7 +160,10 @@ def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
 
 
 def _updated_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    changes = parse_update({k: data[k] for k in UPDATABLE if data.get(k) is not None}, "", errs)
+    given = {k: data[k] for k in UPDATABLE if data.get(k) is not None}
+    if data.get("clear_expiry") is True:
+        given["expires_at"] = None  # parse_update's form of clearing it
+    changes = parse_update(given, "", errs)
     return {
         "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
         "user_id": check_id(data.get("user_id"), "user_id", errs),
