@@ -25,7 +25,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.index import is_missing_index, numeric_clause
+from shared.index import is_missing_index, numeric_clause, search_limit
 
 SUFFIX = re.compile(r"[0-9a-f]{32}")  # the digest every document key ends with (shared.keys)
 
@@ -80,6 +80,7 @@ async def page(
         "FT.AGGREGATE",
         index,
         expr,
+        *search_limit(),
         "LOAD",
         2,
         "@__key",
@@ -132,6 +133,7 @@ async def every_key(
             "FT.AGGREGATE",
             index,
             query,
+            *search_limit(),
             "LOAD",
             1,
             "@__key",

@@ -24,6 +24,7 @@ from shared.index import (
     SearchHit,
     keyword_query,
     parse_search,
+    search_limit,
     vector_bytes,
 )
 
@@ -175,6 +176,7 @@ def _knn_command(
         "FT.SEARCH",
         index,
         query,
+        *search_limit(),
         *restrict,
         "PARAMS",
         2,
@@ -226,7 +228,9 @@ async def knn_union(
     q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
     fields = (*return_fields, *CHECKED_FIELDS) if checked else return_fields
     async with r.pipeline(transaction=True) as pipe:
-        pipe.execute_command("FT.SEARCH", index, union, "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2)
+        pipe.execute_command(
+            "FT.SEARCH", index, union, *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2
+        )
         pipe.execute_command(*_knn_command(index, q, (), vector_bytes(query_vector), fields, k))
         counted, reply = await pipe.execute()
     total, hits = int(counted[0]), _knn_hits(reply)
@@ -282,6 +286,7 @@ async def _bm25(
         "FT.SEARCH",
         index,
         q,
+        *search_limit(),
         "SCORER",
         "BM25STD",
         "WITHSCORES",

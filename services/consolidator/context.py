@@ -53,7 +53,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from shared import cluster
-from shared.index import STATUS_COMPLETED, tag_clause
+from shared.index import STATUS_COMPLETED, search_limit, tag_clause
 
 CONTEXT_SHARE = 0.2
 """Weight of the previous episode's own vector, tuned with CONTEXT_FIELD in the keyword side (LoCoMo,
@@ -172,7 +172,7 @@ class SessionContext:
     async def _search(self, query: str, order: str, limit: int) -> list[Row]:
         """Completed rows (completed_at, episode_id, key, fields) matching `query`, sorted by completed_at."""
         reply = await self.redis.execute_command(
-            "FT.SEARCH", self.index, query,
+            "FT.SEARCH", self.index, query, *search_limit(),
             "RETURN", 8, "completed_at", "doc", OWN_FIELD, "vector", TASK_FIELD, CONTEXT_FIELD, "user_id",
             CONTEXT_OF_FIELD,
             "SORTBY", "completed_at", order, "LIMIT", 0, limit, "DIALECT", 2,

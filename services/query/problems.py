@@ -245,7 +245,7 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
             max_lag=exc.max_lag,
         )
     if isinstance(exc, ResponseError) and SEARCH_TIMEOUT in str(exc):
-        # ON_TIMEOUT FAIL (shared.index.fail_on_timeout): an error, never a part of the results
+        # ON_TIMEOUT FAIL (shared.index.check_on_timeout): an error, never a part of the results
         log.warning("search timeout ◆ %s %s", request.method, route_of(request))
         return problem(
             503,
