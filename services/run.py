@@ -19,7 +19,8 @@ by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` pri
 (`make: *** [Makefile:…: run] Error 3`) and then exits 2 itself, whatever the code was.
 
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
-6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
+6390), `ENGRAM_DATA_DIR` (default `.run`, or `.run/redis-<port>` for another `ENGRAM_REDIS_PORT`:
+`services.run_lock.run_data_dir`), `ENGRAM_WORKERS` (consolidator processes, default 1;
 worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
 (default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`). Every port is checked before anything starts.
 """
@@ -49,7 +50,7 @@ from pathlib import Path
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
-from services.run_lock import DataDirBusy, busy_message, lock_data_dir
+from services.run_lock import DataDirBusy, busy_message, lock_data_dir, run_data_dir
 from shared import logs
 from shared.settings import Settings, env_int, parse_duration
 from shared.supervised import SUPERVISOR_PID
@@ -276,7 +277,13 @@ class Progress(threading.Thread):
     ready, in seconds since `make run` started (`started`, time.monotonic()); then that the stack is.
 
     `probes` maps a service's name to its readiness URL (the query service's `/readyz`, a worker's
-    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`)."""
+    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`). While a
+    service still loads the same things, a line says so every STILL seconds: a first start unpacks and
+    exports the embedding model for tens of seconds (the services log each step), and a terminal that
+    says nothing for that long looks hung."""
+
+    STILL = 15.0
+    """Seconds between two "still loading" lines of one service."""
 
     def __init__(self, started: float, probes: dict[str, str]):
         super().__init__(name="progress", daemon=True)
@@ -284,7 +291,7 @@ class Progress(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        waiting, said = dict(self.probes), dict[str, list]()
+        waiting, said = dict(self.probes), dict[str, tuple[list, float]]()
         while waiting and not self.done.is_set():
             for name, url in list(waiting.items()):
                 got = _probe(url)
@@ -297,12 +304,14 @@ class Progress(threading.Thread):
                     del waiting[name]
                     continue
                 pending = body.get("pending") or [body.get("status", f"HTTP {status}")]
-                if said.get(name) != pending:
-                    said[name] = pending
-                    _say(
-                        f"{name} answering at {elapsed:.1f}s; loading {', '.join(map(str, pending))}",
-                        err=False,
-                    )
+                what = ", ".join(map(str, pending))
+                before = said.get(name)
+                if before is None or before[0] != pending:
+                    said[name] = (pending, elapsed)
+                    _say(f"{name} answering at {elapsed:.1f}s; loading {what}", err=False)
+                elif elapsed - before[1] >= self.STILL:
+                    said[name] = (pending, elapsed)
+                    _say(f"{name} still loading {what} at {elapsed:.0f}s", err=False)
             self.done.wait(0.25)
         if not waiting and not self.done.is_set():
             _say(
@@ -625,7 +634,7 @@ def main() -> int:
         _refuse(problem)
         return 2
     metrics_port = settings.metrics_port
-    data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
+    data_root = run_data_dir(env)
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
     except DataDirBusy as exc:

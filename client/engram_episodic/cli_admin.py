@@ -6,7 +6,8 @@ or `pip install -e .` beside `./client`) and say so when it is absent. They read
 environment (`shared.settings.Settings`) with the defaults of `engram run`: `REDIS_URL` defaults to its
 embedded Redis (`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390; with `ENGRAM_REDIS_CLUSTER` = N its
 embedded cluster, `redis+cluster://127.0.0.1:$ENGRAM_REDIS_PORT`) and, with no master key set, the
-key it keeps in `$ENGRAM_DATA_DIR/master.key` (`.run/`) is used when it exists (without it sealed events
+key it keeps in `$ENGRAM_DATA_DIR/master.key` (`.run/`, or `.run/redis-<port>/` for another
+`ENGRAM_REDIS_PORT`: `services.run_lock.run_data_dir`) is used when it exists (without it sealed events
 cannot be opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with
 `--progress`) with its rate and ETA, then a summary.
 """
@@ -18,7 +19,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -52,7 +52,7 @@ def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
         # `ENGRAM_REDIS_CLUSTER=N make run`'s embedded cluster: its first primary is on the port
         env.setdefault("REDIS_URL", f"redis+cluster://127.0.0.1:{port}")
     env.setdefault("REDIS_URL", f"redis://127.0.0.1:{port}/0")
-    key = Path(env.get("ENGRAM_DATA_DIR") or ".run") / "master.key"
+    key = server_module("admin", "services.run_lock").run_data_dir(env) / "master.key"
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE") and key.is_file():
         env["ENGRAM_MASTER_KEY_FILE"] = str(key)
     return env
