@@ -43,7 +43,7 @@ from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.legacy import check_layout
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
-from shared.ties import TIE_FIELD, tie_break
+from shared.ties import TIE_FIELD, tie_break, tie_tag
 
 log = logging.getLogger("engram.index")
 
@@ -553,7 +553,7 @@ def episode_fields(
         "session_id": tags.session(namespace, episode.session_id) if episode.session_id is not None else None,
     }
     fields.update({k: v for k, v in clear.items() if v is not None})
-    fields[TIE_FIELD] = str(tie_break(fields["episode_id"]))
+    fields[TIE_FIELD] = str(tie_break(tie_tag(tags, episode.episode_id)))
     numbers = {
         "started_at": episode.started_at,
         "completed_at": episode.completed_at,
