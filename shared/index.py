@@ -330,7 +330,7 @@ async def check_on_timeout(r: aioredis.Redis) -> str:
     nodes = r.get_primaries() if isinstance(r, RedisCluster) else [None]
     policy = "fail"
     for node in nodes:
-        target = {"target_nodes": node} if node is not None else {}
+        target: dict[str, Any] = {"target_nodes": node} if node is not None else {}
         try:
             reply = await r.execute_command("FT.CONFIG", "GET", "ON_TIMEOUT", **target)
             value = as_text(reply[0][1]).lower() if reply and reply[0] else "return"

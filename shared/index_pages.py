@@ -123,10 +123,8 @@ async def page(
         key, value, suffix = f.get(b"__key"), f.get(sort_field.encode()), f.get(b"k")
         if key is None or value is None or suffix is None:
             continue  # deleted between the index's match and the load
-        tie = f.get(tie_field.encode()) if tie_field else None
-        rows.append(
-            Row(key, Position(float(value), suffix.decode(), float(tie) if tie is not None else None))
-        )
+        tb = f.get(tie_field.encode()) if tie_field else None
+        rows.append(Row(key, Position(float(value), suffix.decode(), float(tb) if tb is not None else None)))
     more = len(rows) > limit
     rows = rows[:limit]
     if rows:

@@ -163,17 +163,16 @@ class ScopeSizes:
                     known[w] = hit[1]
         missing = [w for w in dict.fromkeys(words) if w not in known]
         if missing:
-            counted = await term_counts(r, index, scope, missing)
-            keep = version is not None and await self.version(r, scope.namespace) == version
-            for w, n in zip(missing, counted, strict=True):
-                known[w] = n
-                if not keep:  # projected meanwhile, or still projecting: right now, not for later
-                    continue
-                key = (index, sk, w)
-                df, other = (self._common, self._df) if n > self._common_n else (self._df, self._common)
-                other.pop(key, None)
-                df[key] = (now, n, version)
-                df.move_to_end(key)
+            counted = dict(zip(missing, await term_counts(r, index, scope, missing), strict=True))
+            known.update(counted)
+            # still projecting, or projected meanwhile: the counts answer this call, not later ones
+            if version is not None and await self.version(r, scope.namespace) == version:
+                for w, n in counted.items():
+                    key = (index, sk, w)
+                    df, other = (self._common, self._df) if n > self._common_n else (self._df, self._common)
+                    other.pop(key, None)
+                    df[key] = (now, n, version)
+                    df.move_to_end(key)
             for df in (self._df, self._common):
                 while len(df) > self.max_terms:
                     df.popitem(last=False)
