@@ -386,8 +386,9 @@ class StreamGroup:
     async def settled(self) -> str | None:
         """The stream's last entry id when this group has been delivered every entry and has acked them
         all (its consumers wrote what they make of each before acking): a version of what they built
-        from the stream, unchanged until the next publish. None while an entry waits or is pending;
-        "0-0" when the stream or the group does not exist (nothing was published). One round trip."""
+        from the stream, unchanged until the next publish. None while an entry waits or is pending, or
+        no consumer made the group yet; "0-0" when the stream does not exist (nothing was published).
+        One round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xinfo_stream(self.stream)
             pipe.xinfo_groups(self.stream)
@@ -397,8 +398,8 @@ class StreamGroup:
                 return "0-0"
             raise stream if isinstance(stream, ResponseError) else rows
         row = next((g for g in rows if _name(g.get("name")) == self.group), None)
-        if row is None:
-            return "0-0"
+        if row is None:  # entries nobody has read yet
+            return None
         last = _stream_id(stream.get("last-generated-id"))
         if int(row.get("pending") or 0) or _stream_id(row.get("last-delivered-id")) < last:
             return None

@@ -69,3 +69,21 @@ async def test_an_unchanged_namespace_answers_a_repeated_recall_identically(make
     first, again = await everything(api), await everything(api)
     fresh = await everything(await make_client(api_keys={KEY: "ns"}))  # another process, nothing remembered
     assert first == again == fresh
+
+
+async def test_the_namespace_version_moves_with_each_write_and_is_none_while_projecting(
+    make_client, settings, redis
+):
+    from services.query.appkeys import SCOPE_SIZES
+
+    api = await make_client(api_keys={KEY: "ns"})
+    sizes = api.server.app[SCOPE_SIZES]
+    assert await sizes.version(redis, "ns") == "0-0"  # nothing published yet
+    versions = []
+    for i in range(2):
+        resp = await api.post("/v1/episodes", json=episode(f"v{i}"), headers=auth(KEY))
+        assert resp.status == 202
+        assert await sizes.version(redis, "ns") is None  # an entry waits: nothing is remembered
+        await drain(settings, redis)
+        versions.append(await sizes.version(redis, "ns"))
+    assert None not in versions and versions[0] != versions[1]
