@@ -153,7 +153,7 @@ def test_a_redis_that_dies_while_restarting_counts_as_a_death_not_the_end_of_the
 
 def test_a_service_still_loading_is_said_again_so_a_first_start_is_never_silent(monkeypatch):
     """A first start unpacks and exports the model for tens of seconds; `make run` said "loading
-    embedder" once, then nothing until ready (42 s in a trial)."""
+    embedder" once, then nothing until ready (42 s at a first start)."""
     import time
 
     from services import run
