@@ -187,11 +187,7 @@ class Stack:
             ENGRAM_EMBED_DIM="256",
             ENGRAM_DEFAULT_NAMESPACE=NAMESPACE,
             ENGRAM_LEASE_MS="2000",
-            ENGRAM_BLOCK_MS="200",
             ENGRAM_STREAM_RETENTION="20s",
-            ENGRAM_RETENTION_INTERVAL="5s",
-            ENGRAM_FACTS_EVERY="1000000",
-            ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9",
         )
         if self.master_key is not None:
             self.env["ENGRAM_MASTER_KEY"] = base64.b64encode(self.master_key).decode()

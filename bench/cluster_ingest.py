@@ -102,10 +102,10 @@ async def measure(url: str, partitions: int, args: argparse.Namespace) -> dict:
     project_s = time.perf_counter() - started
     projected = await node_stats(redis, nodes)
 
-    # an idle worker (ENGRAM_IN_FLIGHT lanes, nothing to read): what its polling costs each node
+    # an idle worker (Settings.in_flight lanes, nothing to read): what its polling costs each node
     stop = asyncio.Event()
     idler = Worker(settings.with_(block_ms=1000), redis, HashingEmbedder(settings.embed_dim), name="idle")
-    idle = asyncio.create_task(idler.run(stop))  # ENGRAM_BLOCK_MS's default, as deployed
+    idle = asyncio.create_task(idler.run(stop))  # Settings.block_ms default, as deployed
     await asyncio.sleep(1.0)  # its setup and first turns
     quiet = await node_stats(redis, nodes, ("xreadgroup", "xautoclaim"))
     await asyncio.sleep(args.idle)

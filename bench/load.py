@@ -156,8 +156,6 @@ async def main_async(args: argparse.Namespace) -> int:
                 PREFIX,
                 args.embedder,
                 ENGRAM_EMBED_DIM="384",
-                ENGRAM_FACTS_EVERY="1000000",
-                ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9",
             )
             for i in range(args.workers):
                 with open(logs / f"worker-{i}.log", "wb") as log:

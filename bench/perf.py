@@ -576,7 +576,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default="1,2", type=int_list)
     p.add_argument("--ingest-hashing", type=int, default=10_000, help="episodes per hashing ingest run")
     p.add_argument("--ingest-minilm", type=int, default=2_000, help="episodes per minilm ingest run")
-    p.add_argument("--batch-size", type=int, default=256, help="ENGRAM_BATCH_SIZE of the workers")
     p.add_argument(
         "--encryption",
         choices=("off", "on", "both"),
@@ -652,12 +651,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="2",
         type=int_list,
         help="ENGRAM_EMBED_THREADS",
-    )
-    g.add_argument(
-        "--ingest-embed-batch",
-        default="64",
-        type=int_list,
-        help="ENGRAM_EMBED_BATCH_SIZE",
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     p.add_argument(

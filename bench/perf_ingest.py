@@ -33,8 +33,11 @@ from bench.common import (
     spawn_workers,
     stop_processes,
 )
+from shared.settings import Settings
 
 DIM = 384
+DEFAULTS = Settings()
+"""The workers' read and embedding batch sizes, which the embedder-alone side copies."""
 NAMESPACE = "bench"
 _VERBS = ("fix", "refactor", "test", "document", "optimise", "review", "port", "debug", "design", "profile")
 _NOUNS = (
@@ -98,7 +101,6 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
     embedders run one (their bound is the model, which varies far less).
     """
     from shared.embedding import make_embedder
-    from shared.settings import Settings
 
     rows = []
     for name in args.embedders:
@@ -241,14 +243,11 @@ async def pipeline_rate(
     from shared.keys import Keys
     from shared.redis_conn import connect
     from shared.sdk import EngramClient
-    from shared.settings import Settings
     from shared.tags import BLAKE2B  # a namespace-only scope digests nothing: any generation's mode fits
 
     prefix = f"e2e{uuid.uuid4().hex[:6]}:"
     keys = Keys(prefix)
-    env = service_env(
-        url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM), ENGRAM_BATCH_SIZE=str(args.batch_size)
-    )
+    env = service_env(url, prefix, embedder, ENGRAM_EMBED_DIM=str(DIM))
     env.update(extra_env or {})
     env.pop("ENGRAM_MASTER_KEY_FILE", None)
     env.pop("ENGRAM_MASTER_KEY", None)
@@ -328,7 +327,6 @@ def alone_settings(embedder: str, threads: int, embed_batch: int, environ: Mappi
     """The embedder-alone side's Settings: `embedder`, `threads` and `embed_batch`, and the graph the
     spawned worker runs (ENGRAM_EMBED_BACKEND of `environ`, which the worker inherits), so both sides
     of the ratio run the same graph. Raises ConfigError for a backend the settings refuse."""
-    from shared.settings import Settings
 
     backend = {k: v for k, v in environ.items() if k == "ENGRAM_EMBED_BACKEND"}
     return dataclasses.replace(
@@ -338,7 +336,7 @@ def alone_settings(embedder: str, threads: int, embed_batch: int, environ: Mappi
 
 async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per text kind (LoCoMo turns, 2,000-character texts) and per (threads, embed batch) variant: rounds
-    of (the embedder alone on the texts, in calls of `--batch-size` as a worker reads them; then one
+    of (the embedder alone on the texts, in calls of the workers' batch size as a worker reads them; then one
     consolidator process projecting the same texts published through the SDK, until all are
     recallable). Rates are texts/s; the ratio is of the medians of the interleaved rounds."""
     from bench.perf_corpus import long_texts, real_texts
@@ -353,7 +351,7 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
     }
     rows = []
     for threads in args.ingest_threads:
-        for embed_batch in args.ingest_embed_batch:
+        for embed_batch in (DEFAULTS.embed_batch_size,):
             settings = alone_settings(args.recall_embedder, threads, embed_batch, os.environ)
             embedder = make_embedder(settings)
             if hasattr(embedder, "load"):
@@ -376,8 +374,8 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
                     for _ in range(args.real_rounds):
                         cpu0 = time.process_time()  # every thread of this process: the model's too
                         with Timer() as t_alone:
-                            for start in range(0, len(seen), args.batch_size):
-                                await embedder.embed(seen[start : start + args.batch_size])
+                            for start in range(0, len(seen), DEFAULTS.batch_size):
+                                await embedder.embed(seen[start : start + DEFAULTS.batch_size])
                         alone.append(len(seen) / t_alone.seconds)
                         alone_cpu.append(1e6 * (time.process_time() - cpu0) / len(seen))
                         e2e.append(
@@ -387,10 +385,7 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
                                 args.recall_embedder,
                                 1,
                                 args,
-                                extra_env={
-                                    "ENGRAM_EMBED_THREADS": str(threads),
-                                    "ENGRAM_EMBED_BATCH_SIZE": str(embed_batch),
-                                },
+                                extra_env={"ENGRAM_EMBED_THREADS": str(threads)},
                             )
                         )
                     rate = float(np.median([r["rate"] for r in e2e]))

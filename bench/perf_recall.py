@@ -103,11 +103,10 @@ class CorpusSeeder:
         self.reward = reward
 
     async def create(self) -> None:
-        from services.query.app import vector_params
-        from shared.index import ensure_episode_index
+        from shared.index import VectorParams, ensure_episode_index
         from shared.settings import Settings
 
-        params = vector_params(Settings(), self.dim)
+        params = VectorParams.of(Settings(), self.dim)
         self.tags = await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name, tag_key=None)
 
     async def grow(self, size: int) -> float:

@@ -44,11 +44,10 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     from bench.perf_recall import NAMESPACE
     from services.query import models
     from services.query import recall as rc
-    from services.query.app import vector_params
     from services.query.sizes import ScopeSizes
     from services.query.views.recall import recall_params
     from shared.embedding import make_embedder
-    from shared.index import ensure_episode_index
+    from shared.index import VectorParams, ensure_episode_index
     from shared.keys import Keys
     from shared.redis_conn import connect
     from shared.settings import Settings
@@ -60,7 +59,7 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     vectors = await embedder.embed(qs)
     r = connect(args.url)
     keys = Keys(args.prefix)
-    params = vector_params(Settings(), embedder.dim)
+    params = VectorParams.of(Settings(), embedder.dim)
     tags = await ensure_episode_index(r, keys, 1, params, embedder.name, tag_key=None)
     index = keys.episode_index_alias
     sizes = ScopeSizes(df_ttl=settings.idf_cache_ttl or 0.0)

@@ -247,7 +247,13 @@ class EmbeddedCluster:
     The embedded RediSearch is shard-local (no coordinator): `FT.CREATE` and `FT.SEARCH` act on one
     node's keys only, so callers create indexes on every primary and route queries to the node owning a
     namespace's slot. `url` is `redis+cluster://host:port` of the first primary, the form
-    `shared.redis_conn.connect` turns into a cluster client. Errors: EmbeddedRedisError.
+    `shared.redis_conn.connect` turns into a cluster client.
+
+    Each node keeps its data in `data_dir/<port>`: its AOF, and its `nodes.conf` (its id, its slots,
+    its peers). A node restarted alone (`EmbeddedRedis.start()`) rejoins from them, and a cluster
+    started again on the same ports and `data_dir` comes back whole instead of being formed anew.
+    Errors: EmbeddedRedisError (also when only some of the nodes have a `nodes.conf`: a cluster made
+    with other ports or another size).
     """
 
     data_dir: Path
@@ -259,6 +265,8 @@ class EmbeddedCluster:
     nodes: list[EmbeddedRedis] = field(default_factory=list)
     joined: list[EmbeddedRedis] = field(default_factory=list)
     """Primaries added by `add_primary` after the start (also in `nodes`, after the replicas)."""
+    pass_fds: tuple[int, ...] = ()
+    """Descriptors every node inherits (`EmbeddedRedis.pass_fds`)."""
 
     @property
     def url(self) -> str:
@@ -275,6 +283,13 @@ class EmbeddedCluster:
         if len(self.ports) != total or max(self.ports) > MAX_CLUSTER_PORT:
             raise EmbeddedRedisError(f"a cluster of {total} nodes needs {total} ports <= {MAX_CLUSTER_PORT}")
         self.data_dir = Path(self.data_dir).resolve()
+        formed = [(self.data_dir / str(port) / "nodes.conf").exists() for port in self.ports]
+        if any(formed) and not all(formed):
+            raise EmbeddedRedisError(
+                f"{self.data_dir} holds a cluster of other ports or another size (nodes.conf only under "
+                f"{', '.join(str(p) for p, f in zip(self.ports, formed, strict=True) if f)}): start it "
+                f"as it was made, or remove {self.data_dir} for an empty one"
+            )
         try:
             for port in self.ports:
                 node = EmbeddedRedis(
@@ -282,9 +297,13 @@ class EmbeddedCluster:
                     data_dir=self.data_dir / str(port),
                     start_timeout=self.start_timeout,
                     extra_args=self._cluster_args(),
+                    pass_fds=self.pass_fds,
                 )
                 self.nodes.append(node.start())
-            self._form()
+            if all(formed):  # made before: each node knows its slots and peers from its nodes.conf
+                self._wait_ok([self._client(n) for n in self.nodes])
+            else:
+                self._form()
         except BaseException:
             self.stop()
             raise
@@ -321,11 +340,7 @@ class EmbeddedCluster:
             ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients[: self.primaries]]
             for i, c in enumerate(clients[self.primaries :]):
                 c.execute_command("CLUSTER", "REPLICATE", ids[i % self.primaries])
-            self._wait(
-                clients,
-                lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
-                "cluster_state:ok on every node",
-            )
+            self._wait_ok(clients, close=False)
             if self.replicas:
                 self._wait(
                     clients[: self.primaries],
@@ -334,6 +349,18 @@ class EmbeddedCluster:
                 )
         finally:
             for c in clients:
+                c.close()
+
+    def _wait_ok(self, clients: list[redis.Redis], *, close: bool = True) -> None:
+        """Until every node says `cluster_state:ok` (then closes `clients`, unless `close` is False)."""
+        try:
+            self._wait(
+                clients,
+                lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
+                "cluster_state:ok on every node",
+            )
+        finally:
+            for c in clients if close else ():
                 c.close()
 
     def _wait(self, clients: list[redis.Redis], check, what: str) -> None:

@@ -10,12 +10,12 @@ before it starts anything. The consolidators and the query service get SIGTERM w
 dies (shared/supervised.py); the embedded Redis stays up, holding the data until it is stopped.
 
 A process that dies is restarted (see `Supervisor`): a worker or the query service after an exponential
-backoff, the embedded Redis at once (from its append-only file). The stack stops only when one of them
-dies `ENGRAM_RESTART_LIMIT` times in a row, each within `ENGRAM_RESTART_WINDOW` of its start (exit
-code 1: a crash loop, however slowly the process starts), when a service exits
-with code 2 (a configuration error, e.g. an embedder other than the index's: restarting cannot fix it;
-exit code 2 with the service's message), or when a service exits with code 0 on its own (stopped
-by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` prints it
+backoff, the embedded Redis (or a node of the embedded cluster) at once, from its append-only file. The
+stack stops only when one of them dies `ENGRAM_RESTART_LIMIT` times in a row, each within
+`ENGRAM_RESTART_WINDOW` of its start (exit code 1: a crash loop, however slowly the process starts),
+when a service exits with code 2 (a configuration error, e.g. an embedder other than the index's:
+restarting cannot fix it; exit code 2 with the service's message), or when a service exits with code 0
+on its own (stopped by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` prints it
 (`make: *** [Makefile:…: run] Error 3`) and then exits 2 itself, whatever the code was.
 
 Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
@@ -38,7 +38,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -320,28 +319,37 @@ class Progress(threading.Thread):
             )
 
 
-class Supervisor:
-    """Watches the embedded Redis and the services until `stop()`; returns the stack's exit code.
+class RedisProcess:
+    """One embedded redis-server the supervisor watches (the Redis, or a node of the embedded
+    cluster, named `redis node <port>`): its crash budget, restarts and last start."""
 
-    A worker or the query service that dies is restarted after `CrashBudget.backoff()`; the embedded
-    Redis is restarted at once. Each death is logged with its cause (exit code or signal), the restart
-    number and the short-lived deaths in a row. See the module docstring for what stops the stack.
+    def __init__(self, server: EmbeddedRedis, budget: CrashBudget, name: str = "redis"):
+        self.server, self.budget, self.name = server, budget, name
+        self.restarts = 0
+        self.started = time.monotonic()  # started just before the supervisor (CrashBudget)
+
+
+class Supervisor:
+    """Watches the embedded Redis (or every node of the embedded cluster) and the services until
+    `stop()`; returns the stack's exit code.
+
+    A worker or the query service that dies is restarted after `CrashBudget.backoff()`; an embedded
+    Redis process is restarted at once. Each death is logged with its cause (exit code or signal), the
+    restart number and the short-lived deaths in a row. See the module docstring for what stops the stack.
     """
 
-    def __init__(
-        self, services: list[Service], redis_server: EmbeddedRedis | None, redis_budget: CrashBudget
-    ):
-        self.services, self.redis_server, self.redis_budget = services, redis_server, redis_budget
+    def __init__(self, services: list[Service], redis: list[RedisProcess]):
+        self.services, self.redis = services, redis
         self.stopping = False
-        self.redis_restarts = 0
-        self.redis_started = time.monotonic()  # started just before the supervisor (CrashBudget)
 
     def stop(self, *_) -> None:
         self.stopping = True
 
     def run(self) -> int:
         while not self.stopping:
-            code = self._check_redis()
+            code = None
+            for node in self.redis:
+                code = code if code is not None else self._check_redis(node)
             for service in self.services:
                 if code is None and not self.stopping:
                     code = self._check(service)
@@ -350,38 +358,36 @@ class Supervisor:
             time.sleep(0.2)
         return 0
 
-    def _check_redis(self) -> int | None:
-        server = self.redis_server
-        if server is None or server.process is None or server.process.poll() is None:
+    def _check_redis(self, node: RedisProcess) -> int | None:
+        server, name = node.server, node.name
+        if server.process is None or server.process.poll() is None:
             return None
-        # The workers and the query service reconnect on their own; the AOF brings the data back.
-        _say(f"redis {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
-        deaths = self.redis_budget.record(time.monotonic(), self.redis_started)
-        if self.redis_budget.exhausted:
+        # The workers and the query service reconnect on their own; the AOF brings the data back (a
+        # cluster node its slots and peers too, from its nodes.conf).
+        _say(f"{name} {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
+        deaths = node.budget.record(time.monotonic(), node.started)
+        if node.budget.exhausted:
             _say(
-                f"redis died {deaths} times in a row, each within {self.redis_budget.window:g}s of its "
+                f"{name} died {deaths} times in a row, each within {node.budget.window:g}s of its "
                 f"start; stopping the stack"
             )
             return 1
         if server.process.stderr:
             server.process.stderr.close()
+        node.restarts += 1
         try:
             server.start()
         except EmbeddedRedisError as exc:
             if server.process is None or server.process.poll() is None:  # alive yet not ours to use
-                _say(f"cannot restart redis: {exc}; stopping the stack")
+                _say(f"cannot restart {name}: {exc}; stopping the stack")
                 return 1
             # it died again while starting (a trial: a request in flight crashed each new one at once):
             # a death like the others, counted by the next check, not the end of the stack
-            self.redis_started = time.monotonic()
-            self.redis_restarts += 1
-            _say(f"redis died while restarting (restart {self.redis_restarts}); trying again")
+            node.started = time.monotonic()
+            _say(f"{name} died while restarting (restart {node.restarts}); trying again")
             return None
-        self.redis_started = time.monotonic()
-        self.redis_restarts += 1
-        _say(
-            f"redis restarted on {server.url} (restart {self.redis_restarts}; {_in_a_row(self.redis_budget)})"
-        )
+        node.started = time.monotonic()
+        _say(f"{name} restarted on {server.url} (restart {node.restarts}; {_in_a_row(node.budget)})")
         return None
 
     def _check(self, service: Service) -> int | None:
@@ -442,8 +448,8 @@ class Supervisor:
         for service in self.services:
             if service.relay is not None:
                 service.relay.last_line(timeout=1.0)  # let the last words through before ours
-        if self.redis_server is not None:
-            self.redis_server.stop()
+        for node in self.redis:
+            node.server.stop()
 
 
 def _bind_problem(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
@@ -515,36 +521,40 @@ def _restart_window(env: Mapping[str, str]) -> float:
     return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
 
 
-def _start_cluster(data_root: Path, size: int, port: int) -> EmbeddedCluster | None:
-    """`ENGRAM_REDIS_CLUSTER=N`: an embedded cluster of N primaries on ports `port`..., for development:
-    a fresh one at each start (an earlier one's nodes.conf would refuse the slot assignment). None when
-    it did not start (said on stderr)."""
-    shutil.rmtree(data_root / "cluster", ignore_errors=True)
+def _start_cluster(data_root: Path, size: int, port: int, lock_fd: int) -> EmbeddedCluster | None:
+    """`ENGRAM_REDIS_CLUSTER=N`: an embedded cluster of N primaries on ports `port`..., for development,
+    its data (AOF, nodes.conf) kept in `ENGRAM_DATA_DIR/cluster/<port>` across starts. None when it
+    did not start (said on stderr)."""
     cluster = EmbeddedCluster(
-        data_dir=data_root / "cluster", primaries=size, ports=list(range(port, port + size))
+        data_dir=data_root / "cluster",
+        primaries=size,
+        ports=list(range(port, port + size)),
+        pass_fds=(lock_fd,),
     )
     try:
         cluster.start()
     except (EmbeddedRedisError, OSError) as exc:
+        cluster.stop()
         _refuse(f"engram: cannot start the embedded cluster (ENGRAM_REDIS_PORT={port}): {exc}")
         return None
-    _say(f"redis cluster {cluster.url} ({size} primaries, empty at each start)", err=False)
+    _say(f"redis cluster {cluster.url} ({size} primaries, data in {cluster.data_dir})", err=False)
     return cluster
 
 
 def _start_redis(
     env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
-) -> tuple[EmbeddedRedis | None, EmbeddedCluster | None] | None:
+) -> list[tuple[str, EmbeddedRedis]] | None:
     """The embedded Redis (or, with `cluster_size`, cluster) unless REDIS_URL is set, which it then
-    sets; None when it did not start (said on stderr)."""
+    sets: [(name, server)] of each redis-server started, to supervise; None when it did not start
+    (said on stderr)."""
     if env.get("REDIS_URL"):
-        return None, None
+        return []
     if cluster_size:
-        cluster = _start_cluster(data_root, cluster_size, redis_port)
+        cluster = _start_cluster(data_root, cluster_size, redis_port, lock_fd)
         if cluster is None:
             return None
         env["REDIS_URL"] = cluster.url
-        return None, cluster
+        return [(f"redis node {node.port}", node) for node in cluster.nodes]
     data_dir = data_root / "redis"
     redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
     _say(f"starting redis on port {redis_port} (data in {data_dir})", err=False)
@@ -560,7 +570,7 @@ def _start_redis(
         return None
     env["REDIS_URL"] = redis_server.url
     _say(f"redis {redis_server.url} ready in {time.monotonic() - started:.1f}s", err=False)
-    return redis_server, None
+    return [("redis", redis_server)]
 
 
 def _services(
@@ -658,12 +668,13 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, _early_stop)
     signal.signal(signal.SIGTERM, _early_stop)
-    redis_up = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
-    if redis_up is None:
+    servers = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
+    if servers is None:
         return 1
-    redis_server, cluster = redis_up
     services = _services(env, workers, metrics_port, restart_limit, restart_window, lock_fd)
-    supervisor = Supervisor(services, redis_server, CrashBudget(restart_limit, restart_window))
+    budgets = [CrashBudget(restart_limit, restart_window) for _ in servers]
+    redis = [RedisProcess(s, b, name) for (name, s), b in zip(servers, budgets, strict=True)]
+    supervisor = Supervisor(services, redis)
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
@@ -685,8 +696,6 @@ def main() -> int:
     finally:
         progress.done.set()
         supervisor.shutdown()
-        if cluster is not None:
-            cluster.stop()
     _say("stopped", err=False)
     return code
 

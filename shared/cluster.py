@@ -49,7 +49,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import redis.asyncio as aioredis
@@ -92,7 +92,7 @@ _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("engram_sear
 _SHARD = re.compile(r":\{[0-9a-f]{12}\}$")
 
 
-PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, UNROUTED = (
+PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, CURSOR, UNROUTED = (
     "pass",
     "list",
     "record",
@@ -101,6 +101,7 @@ PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, UNROUTED = (
     "alias-del",
     "exists",
     "routed",
+    "cursor",
     "unrouted",
 )
 
@@ -111,8 +112,9 @@ def decide(search: str, command: str, namespace: str | None, *, targeted: bool =
     command; one already sent to chosen nodes), or, shard-local: `LIST` the recorded indexes
     (FT._LIST), `RECORD` an FT.CREATE's arguments, `DROP` every namespace's copy, set or delete an
     alias in meta, answer FT.INFO or FT.EXPLAIN without a namespace from the record (`EXISTS`), send the command
-    to the namespace's index on its primary (`ROUTED`), or refuse it for want of a namespace
-    (`UNROUTED`: RuntimeError, a caller's bug)."""
+    to the namespace's index on its primary (`ROUTED`; an `FT.CURSOR READ|DEL <index>`, which names
+    its index second, as `CURSOR`), or refuse it for want of a namespace (`UNROUTED`: RuntimeError, a
+    caller's bug)."""
     if search != SEARCH_SHARD or not command.startswith("FT.") or targeted:
         return PASS
     fixed = {
@@ -127,7 +129,7 @@ def decide(search: str, command: str, namespace: str | None, *, targeted: bool =
         return fixed[command]
     if namespace is None:
         return EXISTS if command in ("FT.INFO", "FT.EXPLAIN") else UNROUTED
-    return ROUTED
+    return CURSOR if command == "FT.CURSOR" else ROUTED
 
 
 @contextlib.contextmanager
@@ -207,6 +209,21 @@ class EngramCluster(RedisCluster):
                 await self.script_load(source)
                 self._loaded.add(sha)
 
+    # --- health --------------------------------------------------------------------------------
+    async def ping(self, **kwargs: Any) -> bool:
+        """Whether the whole cluster answers: every primary of the slot map says `cluster_state:ok`
+        (a PING reached one node only, and said True while a primary was down and every namespace
+        was refused with CLUSTERDOWN). False when one does not; raises ConnectionError or
+        TimeoutError when one cannot be reached. Options (`target_nodes`) make it redis-py's PING."""
+        if kwargs:
+            return await super().ping(**kwargs)
+        await self.initialize()  # the slot map, on a client's first command
+        for node in self.get_primaries():
+            info = await super().execute_command("CLUSTER", "INFO", target_nodes=node)
+            if "cluster_state:ok" not in _text(info):
+                return False
+        return True
+
     # --- routing -------------------------------------------------------------------------------
     async def _determine_slot(self, command: Any, *args: Any) -> int:
         """redis-py's, but the slot of an XREADGROUP is read from its arguments: its keys follow
@@ -228,6 +245,11 @@ class EngramCluster(RedisCluster):
         if how == LIST:
             fields = await super().execute_command("HKEYS", self.meta)
             return sorted(f[len(TEMPLATE) :].encode() for f in map(_text, fields) if f.startswith(TEMPLATE))
+        if how == CURSOR:  # to the node of the namespace's index, where its FT.AGGREGATE left the cursor
+            shard = shard_name(await self.resolve(_text(args[2])), cast(str, _ROUTE.get()))
+            return await super().execute_command(
+                *args[:2], shard, *args[3:], target_nodes=self._owner(shard), **kwargs
+            )
         name = _text(args[1])
         if how == RECORD:
             if not await super().execute_command(
@@ -239,11 +261,11 @@ class EngramCluster(RedisCluster):
             return await self._drop(name, args[2:])
         if how == ALIAS_SET:
             await super().execute_command("HSET", self.meta, ALIAS + name, _text(args[2]))
-            self._aliases = None
+            self._aliases = {}  # a new cache, swapped in: a resolve awaiting its read writes to the old one
             return b"OK"
         if how == ALIAS_DEL:
             await super().execute_command("HDEL", self.meta, ALIAS + name)
-            self._aliases = None
+            self._aliases = {}
             return b"OK"
         index = await self.resolve(name)
         try:
@@ -339,16 +361,21 @@ class EngramCluster(RedisCluster):
                 await asyncio.sleep(0.05)
 
     async def resolve(self, name: str) -> str:
-        """The index `name` names: itself, or the index of the alias `name`."""
+        """The index `name` names: itself, or the index of the alias `name`.
+
+        The answer goes into the cache it was looked up in: an alias set or deleted while the read was
+        in flight swaps in a new cache (never None), so the answer, possibly read before the change,
+        lands in the discarded one instead of outliving the change."""
         now = time.monotonic()
-        if self._aliases is None:
-            self._aliases = {}
-        cached = self._aliases.get(name)
+        aliases = self._aliases
+        if aliases is None:
+            aliases = self._aliases = {}
+        cached = aliases.get(name)
         if cached is not None and now - cached[0] < ALIAS_TTL:
             return cached[1]
         target = await super().execute_command("HGET", self.meta, ALIAS + name)
         index = _text(target) if target is not None else name
-        self._aliases[name] = (now, index)
+        aliases[name] = (now, index)
         return index
 
     async def create_shard(self, index: str, namespace: str) -> bool:

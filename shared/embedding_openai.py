@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 from redis.backoff import EqualJitterBackoff
 
-from shared.embedding import Embedder, EmbeddingError
+from shared.embedding import Embedder, EmbedderUnavailable, EmbeddingError
 from shared.retry import Backoff
 
 log = logging.getLogger("engram.embedding")
@@ -81,7 +81,8 @@ class OpenAIEmbedder(Embedder):
     (not every server normalises). `dim`, when given, is what the vectors must measure (it is not sent to
     the server: use a model whose native size it is); otherwise it is learned from the first response.
     Any later vector of another length raises EmbeddingError. Shapes: float32[n, dim].
-    Raises EmbeddingError (after retries, on a bad response or dimension), ValueError for empty texts.
+    Raises EmbedderUnavailable (an EmbeddingError) when the retries are spent, EmbeddingError on another
+    status, a bad response or dimension, ValueError for empty texts.
     """
 
     def __init__(
@@ -143,7 +144,7 @@ class OpenAIEmbedder(Embedder):
                 break
             except _Retryable as exc:
                 if attempt >= self.retries:
-                    raise EmbeddingError(
+                    raise EmbedderUnavailable(
                         f"{self.name}: {exc} (gave up after {attempt + 1} attempts to {self.endpoint})"
                     ) from None
                 if exc.retry_after is not None:

@@ -523,6 +523,34 @@ async def facts_with_evidence(
     return [out[k] for k in sorted(out)]
 
 
+def replay_record(gen: int) -> str:
+    """The `meta` field where the replay that built generation `gen` says what it did with the facts
+    (JSON: facts, fact_scopes, facts_indexed, facts_reembedded, embedder, dim)."""
+    return f"g{gen}:facts"
+
+
+async def facts_state(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
+    """The live generation's facts, for `/readyz`: `{generation, indexed}` (documents its facts index
+    holds, searchable) and, when a replay built the generation, `replay` (its `replay_record`: how many
+    facts it carried over, how many it re-embedded for another embedder, how many it could index)."""
+    from shared.cluster import search_targets
+    from shared.index import current_generation, index_size
+
+    gen = await current_generation(r, keys)
+    indexed = 0
+    try:
+        for name, target in await search_targets(r, keys.facts_index(gen)):
+            indexed += await index_size(r, name, **target)
+    except ResponseError as exc:
+        if not is_missing_index(exc):  # no facts yet: none indexed
+            raise
+    state: dict[str, Any] = {"generation": gen, "indexed": indexed}
+    record = await r.hget(keys.meta, replay_record(gen))
+    if record:
+        state["replay"] = json.loads(record)
+    return state
+
+
 async def live_facts_index(r: aioredis.Redis, keys: Keys) -> str:
     """The facts index of the live generation (queries name it directly: a replay drops the old one)."""
     from shared.index import current_generation

@@ -1,5 +1,5 @@
 """Which `HYBRID_POLICY` a pre-filtered KNN runs with (pure; `shared.search.knn_search` sends it),
-whether its tenancy clauses are checked on the hits instead (`checked_share`), and when a graph walk
+and when a graph walk
 crowded by duplicate vectors is asked again with a wider beam (`widened_ef`).
 
 RediSearch answers `(filter)=>[KNN k ...]` either ad hoc (score every document the filter matches:
@@ -18,7 +18,6 @@ BATCHES_SHARE = 0.25
 BATCHES_MATCHES = 2_000
 WIDE_SHARE = 0.05
 WIDE_MATCHES = 20_000
-CHECKED_SHARE = 0.9
 CROWDED_SHARE = 0.5
 EF_CEILING = 4096
 
@@ -44,44 +43,6 @@ def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = Tru
     ):
         return "BATCHES"
     return None
-
-
-def checked_share(matches: int | None, indexed: int | None) -> float:
-    """The scope's share of the index, in (0, 1], when a recall's searches leave the namespace and
-    status out of their filter and check them on the hits (`shared.index.Scope.query(checked=True)`,
-    `knn_checked`, `bm25_checked`, `knn_union`), else 0.0: when the scope holds at least CHECKED_SHARE
-    of the index's `indexed` documents. Either way the answer is the scope's (a checked search with too
-    few of the scope's hits is asked again with the filter), so this only predicts which query is
-    cheaper; the share is what `checked_depth` is given.
-
-    Why (RediSearch 2.10.5, 100,000 documents of one namespace, 100 LoCoMo questions, SLOWLOG; the
-    bench's hashing vectors; docs/benchmarks.md "Checked filters"): each TAG clause of one value that
-    most documents hold is a posting list as long as the index, and intersecting it cost more than the
-    query it filtered — the KNN 100 arm 1.97 ms with the clauses, 1.25 ms without (namespace and
-    status returned), the union of the remembered lists' count 1.15 → 0.18 ms and its KNN 3.19 →
-    1.87 ms, the restricted KNN of 100 INKEYS 1.11 → 0.34 ms. Below ~90% a KNN's nearest hits more
-    often hold another tenant's document (asked again: two queries) and the union of the remembered
-    lists more often exceeds its k (then sorted the slow way), so the filtered query is kept.
-    """
-    if not matches or not indexed or matches < CHECKED_SHARE * indexed:
-        return 0.0
-    return min(1.0, matches / indexed)
-
-
-def checked_depth(k: int, share: float) -> int:
-    """How many nearest (or best-scored) documents of the wider set a checked search asks for, so that
-    the first `k` of them that are the scope's are its answer: `n = ceil(k / share)` plus three
-    standard deviations of the others' count among `n` (a binomial with p = 1 - share, its normal
-    approximation), over `share`. `share` is the scope's share of the index (`checked_share`: >= 0.9);
-    at 1.0 it is `k`. If the scope's documents sit evenly among the others, fewer than `k` of the `n`
-    are the scope's in about 1 search in 1,000 (then it is asked again, filtered); documents of
-    another tenant clustered near the query still make it ask again, as they should. Why: asking for
-    exactly `k` made a checked KNN 100 at a 95% share all the scope's in 0 of 200 probe queries (0.95^100
-    = 0.6%): two queries instead of one (docs/benchmarks.md "Checked filters")."""
-    if share >= 1.0:
-        return int(k)
-    n = math.ceil(k / share)
-    return n + math.ceil(3.0 * math.sqrt(n * share * (1.0 - share)) / share)
 
 
 def widened_ef(distances: Sequence[float | None], k: int, ef: int) -> int | None:

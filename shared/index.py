@@ -25,9 +25,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -44,6 +44,9 @@ from shared.legacy import check_layout
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
 from shared.ties import TIE_FIELD, tie_break, tie_tag
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 log = logging.getLogger("engram.index")
 
@@ -178,11 +181,9 @@ class Scope:
     def query(self, *, checked: bool = False) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope.
 
-        `checked` leaves out the namespace and status clauses, for a search whose hits return
-        CHECKED_FIELDS and are kept only if `admits` them (`knn_search`, `knn_union`): each of those
-        TAG clauses intersects a posting list as long as the tenant, which costs more than the search
-        itself when the scope holds most of the index (docs/benchmarks.md "Checked filters"). "*" when
-        nothing else is left."""
+        `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to
+        documents already found in this scope (`shared.search.knn_search`, `prechecked`): each of those
+        TAG clauses intersects a posting list as long as the tenant. "*" when nothing else is left."""
         ns, tags = self.namespace, self.tags
         parts = [] if checked else [tag_clause("namespace", ns)]
         if self.status and not checked:
@@ -211,14 +212,6 @@ class Scope:
             parts.append(self.clause)
         return " ".join(parts) or "*"
 
-    def admits(self, fields: Mapping[bytes, bytes]) -> bool:
-        """Whether a hit's returned CHECKED_FIELDS are this scope's namespace and status: the clauses
-        `query(checked=True)` leaves to the caller. Exact: both are CASESENSITIVE TAG fields of one
-        value, never with surrounding blanks (the SDK refuses those), compared byte for byte."""
-        if fields.get(b"namespace") != self.namespace.encode():
-            return False
-        return not self.status or fields.get(b"status") == self.status.encode()
-
     def cache_key(self) -> str:
         """`query()` without the expiry clause, whose instant changes every call: what caches of
         answers about a scope that are re-checked or allowed to be seconds stale key on."""
@@ -237,6 +230,18 @@ class VectorParams:
     block_size: int = 0
     """FLAT only: vectors per allocation (0 = the module's default, 1,024)."""
 
+    @classmethod
+    def of(cls, settings: Settings, dim: int) -> VectorParams:
+        """The parameters `settings` configure for vectors of `dim` dimensions."""
+        return cls(
+            dim=dim,
+            algorithm=settings.vector_algorithm,
+            m=settings.hnsw_m,
+            ef_construction=settings.hnsw_ef_construction,
+            ef_runtime=settings.hnsw_ef_runtime,
+            block_size=settings.vector_block_size,
+        )
+
     def schema_args(self) -> list[Any]:
         attrs: list[Any] = ["TYPE", "FLOAT32", "DIM", self.dim, "DISTANCE_METRIC", "COSINE"]
         if self.algorithm == "HNSW":
@@ -247,10 +252,9 @@ class VectorParams:
 
 
 SORTABLE_TAG_FIELDS = ("namespace", "outcome", "status")
-"""TAG fields a recall returns for every hit (`Scope.admits`' CHECKED_FIELDS, the outcome signal): kept
+"""TAG fields a recall returns for every hit (the outcome signal among them): kept
 in the sorting vector un-normalised (UNF, which CASESENSITIVE implies in RediSearch 2.10; said anyway:
-the bytes as written, case included), so a search that returns only sortable fields reads no hash.
-Issue 20's probe, docs/benchmarks.md "Sortable tenancy tags"."""
+the bytes as written, case included), so a search that returns only sortable fields reads no hash."""
 
 
 def episode_schema(params: VectorParams) -> list[Any]:
@@ -266,10 +270,6 @@ def episode_schema(params: VectorParams) -> list[Any]:
     for name, weight in TEXT_FIELDS:
         args += [name, "TEXT", "WEIGHT", weight]
     return args + params.schema_args()
-
-
-CHECKED_FIELDS = ("namespace", "status")
-"""What a search with `Scope.query(checked=True)` returns for `Scope.admits`."""
 
 
 def is_missing_index(exc: ResponseError) -> bool:

@@ -229,6 +229,11 @@ class Keys:
         return f"{self.prefix}lock:expiry"
 
     @property
+    def sweep_lock(self) -> str:
+        """Held (SET NX PX) by the worker sweeping dead projection generations (`shared.generations`)."""
+        return f"{self.prefix}lock:sweep"
+
+    @property
     def erasure_lock(self) -> str:
         """Held (SET NX PX) by the worker running the erasure housekeeping after forgets."""
         return f"{self.prefix}lock:erasure"

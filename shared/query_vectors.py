@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from shared.embedding import Embedder, embed_query
+from shared.embedding import Embedder, EmbedderUnavailable, embed_query
 
 
 class QueryBatcher:
@@ -19,8 +19,11 @@ class QueryBatcher:
     Why: a model embeds a batch much faster than the same texts one by one (measured with mpnet on
     2 cores: 8 queries in one pass 240 ms, 8 concurrent single passes 900-1,000 ms, one query
     120 ms), and the embedders run one pass at a time anyway (`_run_lock`). A text's error is
-    answered to its own request only (a failed pass is retried text by text). A text asked twice while waiting is embedded once only within one
-    `scope` (the namespace): across tenants, sharing would let one time another's identical query.
+    answered to its own request only (a failed pass is retried text by text), except an unavailable
+    embedder's (`EmbedderUnavailable`), which fails every text of the pass at once: alone, each would
+    wait out the provider's timeouts again. A text asked twice while waiting is embedded once only
+    within one `scope` (the namespace): across tenants, sharing would let one time another's identical
+    query.
     One per embedder; not thread-safe (one event loop).
     """
 
@@ -51,6 +54,10 @@ class QueryBatcher:
                 self.texts += len(batch)
                 try:
                     vectors = list(await self.embedder.embed([text for _, text in batch]))
+                except EmbedderUnavailable as exc:  # the backend, not a text: each alone would wait again
+                    for waiting in futures:
+                        _answer(waiting, exc)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - one text's fault must not fail the others
                     if len(batch) == 1:
                         _answer(futures[0], exc)

@@ -33,7 +33,7 @@ strategy with at least 2 * min_size episodes, per cut).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -42,9 +42,24 @@ FLIP_GAP = 0.5
 ALPHA = 0.05
 """...and the difference must be unlikely by chance: one-sided Fisher exact test, p <= ALPHA."""
 SCAN_ALPHA = 0.1
-"""A candidate cut is the best of many splits tried: its p times the number tried must be <= SCAN_ALPHA
-(Bonferroni), or a long run of 50% outcomes would be cut wherever luck ran out for a while."""
+"""A candidate cut is the best of many splits tried, so it must stay significant once corrected for them
+(Bonferroni), or a long run of 50% outcomes would be cut wherever luck ran out for a while: SCAN_ALPHA
+is shared equally by the selections tried (all rows, each strategy's rows) and each selection's share
+by its split positions, so a cut in a selection of m rows needs p x (m - 2 min_size + 1) x selections
+<= SCAN_ALPHA. Summing the positions of every selection instead charged one strategy's short history
+for the many positions of the whole sequence: 6 of 6 then 0 of 3 of one tool (p = 0.012, 4 positions)
+went unseen beside 12 rows of two tools (11 positions in all)."""
 _EPS = 1e-12
+
+
+def approach(strategy: str | None, action_types: Iterable[str | None]) -> str | None:
+    """What an episode's agent did, the "strategy" whose flips are regimes: its `strategy_used`, else the
+    distinct tools it called (its `actions[].action_type` in order, first use first, joined by " + ");
+    None without either. An agent that records no strategy still switches tools (`pip` to `uv`), and
+    that is the change."""
+    if strategy:
+        return strategy
+    return " + ".join(dict.fromkeys(t for t in action_types if t)) or None
 
 
 def _splits(
@@ -104,20 +119,21 @@ def best_split(
     success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int
 ) -> int | None:
     """The candidate cut (older = [:i]) of step 1: the most significant difference of the outcomes or of
-    one strategy's outcomes, Bonferroni-corrected for the splits tried (p x tests <= SCAN_ALPHA), the
-    largest difference then the earliest on ties; None if no cut is significant."""
+    one strategy's outcomes, Bonferroni-corrected for the splits tried (SCAN_ALPHA: p x the selection's
+    positions x the selections <= SCAN_ALPHA), the largest difference then the earliest on ties; None if
+    no cut is significant."""
     n = len(success)
     if min_size < 1 or n < 2 * min_size:
         return None
     ok = np.asarray(success, dtype=bool)
-    best_p, best_gap = np.full(n + 1, 2.0), np.zeros(n + 1)
-    tests = 0
-    for member in _members(strategies, n, min_size):
+    best_p, best_gap = np.full(n + 1, np.inf), np.zeros(n + 1)
+    members = _members(strategies, n, min_size)
+    for member in members:
         p, gap, t = _splits(ok, member, min_size)
-        tests += t
+        p = np.where(p <= 1.0, p * max(1, t) * len(members), np.inf)  # 2.0: no split there
         better = (p < best_p) | ((p == best_p) & (gap > best_gap))
         best_p, best_gap = np.where(better, p, best_p), np.where(better, gap, best_gap)
-    if best_p.min() * max(1, tests) > SCAN_ALPHA + _EPS:
+    if best_p.min() > SCAN_ALPHA + _EPS:
         return None
     return int(np.lexsort((np.arange(n + 1), -best_gap, best_p))[0])
 

@@ -89,7 +89,7 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
 
 
 COMMON_IDF = 0.0
-"""The default of `common_terms`' threshold (the setting `ENGRAM_BM25_COMMON_IDF` passes its own)."""
+"""The default of `common_terms`' threshold (the setting `Settings.bm25_common_idf` passes its own)."""
 
 
 def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[str]:

@@ -373,7 +373,7 @@ def score(
     age = np.maximum(float(as_of) - t, 0.0)
 
     similarity = np.clip(np.nan_to_num(_filled(c.cos), nan=0.0), 0.0, 1.0)
-    recency = np.exp(-_LN2 * age / float(half_life))
+    recency = recency_decay(age, half_life)
     reward = np.clip(np.nan_to_num(_filled(c.reward), nan=0.0), 0.0, 1.0)
     outcome = _filled(c.outcome_score).copy()
     importance = np.clip(np.nan_to_num(_filled(c.importance), nan=0.0) / 10.0, 0.0, 1.0)
@@ -576,30 +576,3 @@ def learning_curve(
         }
         for i in range(n)
     ]
-
-
-def competition_ranks(
-    keys: Sequence[Hashable], scores: Sequence[float], *, higher_is_better: bool, decimals: int = 6
-) -> dict[Hashable, int]:
-    """1-based "1224" competition ranks: equal scores (to `decimals`) share a rank.
-
-    Used before fusion so that two candidates a list cannot tell apart (e.g. identical vectors) get the
-    same reciprocal-rank score, and recency, reward and outcome decide between them.
-    """
-    rounded = [round(float(x), decimals) for x in scores]
-    ranks: dict[Hashable, int] = {}
-    for key, value in zip(keys, rounded, strict=True):
-        better = sum(1 for other in rounded if (other > value if higher_is_better else other < value))
-        ranks.setdefault(key, better + 1)
-    return ranks
-
-
-def rrf_ranked(rank_maps: Sequence[dict[Hashable, int]], k: float = 60.0) -> list[tuple[Hashable, float]]:
-    """Reciprocal rank fusion over precomputed ranks (Cormack, Clarke & Buettcher 2009):
-    score = sum over lists of 1/(k + rank); best first, ties in order of first appearance."""
-    scores: dict[Hashable, float] = {}
-    for ranks in rank_maps:
-        for key, rank in ranks.items():
-            scores[key] = scores.get(key, 0.0) + 1.0 / (k + rank)
-    order = {key: i for i, key in enumerate(scores)}
-    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))

@@ -1,7 +1,6 @@
 """The episode index's ranked searches: pre-filtered KNN (`knn_search`), the remembered lists' union
-(`knn_union`) and BM25 (`bm25_search`), each with a checked variant that leaves the scope's namespace
-and status out of the filter and checks them on the hits (`Scope.query(checked=True)`, `Scope.admits`;
-`shared.hybrid.checked_share` says when). The schema, `Scope` and reply parsing are `shared.index`'s.
+(`knn_union`) and BM25 (`bm25_search`), each filtered by the whole scope. The schema, `Scope` and reply
+parsing are `shared.index`'s.
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Conflict
 from shared import tracing
-from shared.hybrid import HYBRID_POLICIES, checked_depth, widened_ef
+from shared.hybrid import HYBRID_POLICIES, widened_ef
 from shared.index import (
-    CHECKED_FIELDS,
     VECTOR_FIELD,
     Scope,
     SearchHit,
@@ -55,7 +53,7 @@ async def knn_search(
     `prechecked`: `in_keys` are documents of `scope` already (hits of its own searches in this
     request), so its namespace and status are not filtered again (`Scope.query(checked=True)`): a
     document's key never changes namespace, and the TAG clauses cost 3× the restricted KNN itself at
-    100,000 documents (docs/benchmarks.md "Checked filters"). See `knn_checked` for a KNN without keys.
+    100,000 documents.
     `graph_ef`: the index is HNSW with that `EF_RUNTIME` (0: FLAT, or not known): an answer crowded by
     duplicate vectors is asked again with a wider beam (`shared.hybrid.widened_ef`), unless the policy
     is the exact `ADHOC_BF`.
@@ -66,45 +64,6 @@ async def knn_search(
         raise ValueError("prechecked needs in_keys: the documents already found in the scope")
     where = scope.query(checked=prechecked)
     return await _knn(r, index, where, query_vector, k, return_fields, ef_runtime, in_keys, policy, graph_ef)
-
-
-async def knn_checked(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query_vector: np.ndarray,
-    k: int,
-    *,
-    return_fields: Sequence[str],
-    policy: str | None = None,
-    share: float = 1.0,
-    graph_ef: int = 0,
-) -> list[SearchHit] | None:
-    """The scope's k nearest by a KNN whose namespace and status are checked on the hits
-    (`Scope.query(checked=True)`), or None when fewer than k of the wider set's
-    `checked_depth(k, share)` nearest are the scope's (the caller then asks `knn_search`): the first k
-    that pass are the scope's k nearest on an exact index (all of them when the wider set was
-    exhausted). `share` is the scope's share of the index. On HNSW both are approximations and may
-    differ near the list's end (a trial: 95.9 vs the filtered query's 97.1 of the exact top 100; none
-    differed in a top 5). For a scope holding most of the index (`shared.hybrid.checked_share`),
-    where it is the cheaper query (docs/benchmarks.md "Checked filters"); `policy` as in `knn_search` (what is left of the
-    filter, such as the expiry clause, still matches most of the index: ad hoc it would cost ~40 ms
-    at 100,000 documents, in batches ~1 ms); `graph_ef` as in `knn_search`."""
-    fields = (*return_fields, *CHECKED_FIELDS)
-    n = checked_depth(k, share)
-    hits = await _knn(
-        r, index, scope.query(checked=True), query_vector, n, fields, None, (), policy, graph_ef
-    )
-    return _first_admitted(scope, hits, k, n)
-
-
-def _first_admitted(scope: Scope, hits: list[SearchHit], k: int, asked: int) -> list[SearchHit] | None:
-    """The first `k` of `hits` (a checked search's `asked` best) that are the scope's, or None when
-    fewer are and the search was not exhausted (it returned all `asked`)."""
-    admitted = [h for h in hits if scope.admits(h.fields)]
-    if len(admitted) >= k or len(hits) < asked:
-        return admitted[:k]
-    return None
 
 
 async def _knn(
@@ -212,7 +171,6 @@ async def knn_union(
     k: int,
     *,
     return_fields: Sequence[str],
-    checked: bool = False,
 ) -> list[SearchHit] | None:
     """Every document of any of `scopes`, nearest first, with its cosine distance (`hit.score`), or
     None when that cannot be proven: the union counted and searched in one transaction (MULTI, so no
@@ -220,24 +178,18 @@ async def knn_union(
 
     `(s1) | (s2) | ...` counted (`LIMIT 0 0`) and as a pre-filtered KNN of `k`: when the count is below
     `k` and equals the number of hits, every document of the union came back (each has a vector).
-    `checked`: each scope's namespace and status are checked on the hits instead of filtered
-    (`Scope.query(checked=True)`, `Scope.admits`): the wider union is enumerated whole the same way,
-    then the documents of none of the scopes are dropped, so the answer is the same set.
     """
-    union = " | ".join(f"({s.query(checked=checked)})" for s in scopes)
+    union = " | ".join(f"({s.query()})" for s in scopes)
     q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
-    fields = (*return_fields, *CHECKED_FIELDS) if checked else return_fields
     async with r.pipeline(transaction=True) as pipe:
         pipe.execute_command(
             "FT.SEARCH", index, union, *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2
         )
-        pipe.execute_command(*_knn_command(index, q, (), vector_bytes(query_vector), fields, k))
+        pipe.execute_command(*_knn_command(index, q, (), vector_bytes(query_vector), return_fields, k))
         counted, reply = await pipe.execute()
     total, hits = int(counted[0]), _knn_hits(reply)
     if total >= k or total != len(hits):
         return None
-    if checked:  # the scopes share namespace and status (`Scope.admits` checks both)
-        hits = [h for h in hits if any(s.admits(h.fields) for s in scopes)]
     return hits
 
 
@@ -247,34 +199,6 @@ async def bm25_search(
     """BM25 (RediSearch's BM25STD) over the TEXT fields within the scope, best first; `hit.score` is the
     BM25 score. See `keyword_query` for why the scope sits inside each word's clause."""
     return await _bm25(r, index, keyword_query(text, scope.query()), k, return_fields)
-
-
-async def bm25_checked(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    text: str,
-    k: int,
-    *,
-    return_fields: Sequence[str],
-    share: float = 1.0,
-) -> list[SearchHit] | None:
-    """`bm25_search` with the scope's namespace and status checked on the hits instead of repeated in
-    every word's clause (`Scope.query(checked=True)`): the first k of the wider set's
-    `checked_depth(k, share)` best that are the scope's, or None when fewer are (and more matched) or
-    no clause is left to stand in for the scope (the caller then asks `bm25_search`).
-
-    Not the same scores: a `$weight: 0` clause beside each word still moves RediSearch's BM25STD
-    score, by an amount that depends on the clause and the document (up to 31% in a trial; no partner
-    form reproduces the filtered scores), so near the list's end other episodes may enter the pool
-    (100,000 episodes, 100 LoCoMo questions: 99.7 of the 100 hits in common; 400 questions: 397 top
-    10s equal). Each hit's keyword relevance is Engram's own (`shared.relevance`), unchanged."""
-    where = scope.query(checked=True)
-    if where == "*":
-        return None
-    fields = (*return_fields, *CHECKED_FIELDS)
-    n = checked_depth(k, share)
-    return _first_admitted(scope, await _bm25(r, index, keyword_query(text, where), n, fields), k, n)
 
 
 async def _bm25(

@@ -65,10 +65,11 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
                 f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// "
                 "or rediss+cluster://"
             ) from None
-    for name, default in (("ENGRAM_DEFAULT_NAMESPACE", "default"), ("ENGRAM_CONSUMER_GROUP", "consolidator")):
-        value = env.get(name, default)
-        if not value or value != value.strip():
-            raise ConfigError(f"{name}={value!r} must be non-empty, without leading or trailing spaces")
+    value = env.get("ENGRAM_DEFAULT_NAMESPACE", "default")
+    if not value or value != value.strip():
+        raise ConfigError(
+            f"ENGRAM_DEFAULT_NAMESPACE={value!r} must be non-empty, without leading or trailing spaces"
+        )
     if env.get("ENGRAM_EMBEDDER") == "openai" and not env.get("ENGRAM_OPENAI_URL"):
         raise ConfigError(
             "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com/v1 or "
@@ -227,7 +228,8 @@ class Settings:
     """Every tunable of Engram. Times are seconds; see docs/configuration.md for the table.
 
     Each field read from the environment is declared once, with `env(VARIABLE, default, parser)`;
-    `from_env` reads them all. The API keys, the master key and the metrics key are read by hand (files,
+    `from_env` reads them all. Fields with a plain default are tuned constants, not operator questions:
+    the reason for each value is beside it; tests and benchmarks set them in code. The API keys, the master key and the metrics key are read by hand (files,
     mutual exclusion, secrets never echoed)."""
 
     redis_url: str | None = env("REDIS_URL", None)
@@ -246,8 +248,12 @@ class Settings:
     # embedding
     embedder: str = env("ENGRAM_EMBEDDER", "auto", choice("auto", "hashing", "minilm", "mpnet", "openai"))
     embed_dim: int = env("ENGRAM_EMBED_DIM", 384, integer(8, 8192))
-    embed_batch_size: int = env("ENGRAM_EMBED_BATCH_SIZE", 64, integer(1, 4096))
-    embed_max_chars: int = env("ENGRAM_EMBED_MAX_CHARS", 2000, integer(16, 1_000_000))
+    embed_batch_size: int = 64
+    """Texts per forward pass; larger calls are sorted by length first. 64 keeps padding low on CPU (a
+    256-text call embeds ~50% faster than 64 ones only because it is sorted)."""
+    embed_max_chars: int = 2000
+    """Characters of an episode's text that are embedded (the model's 256-384 word-piece window holds ~2,000;
+    the stored text stays whole)."""
     embed_backend: str = env(
         "ENGRAM_EMBED_BACKEND",
         "auto",
@@ -272,13 +278,19 @@ class Settings:
     openai_url: str | None = env("ENGRAM_OPENAI_URL", None)
     openai_model: str = env("ENGRAM_OPENAI_MODEL", "text-embedding-3-small")
     openai_api_key: str | None = env("ENGRAM_OPENAI_API_KEY", None)
-    openai_timeout: float = env("ENGRAM_OPENAI_TIMEOUT", 30.0, duration)
+    openai_timeout: float = 30.0
+    """Seconds one embeddings request may take before it is retried (up to 3 times)."""
 
     # index
     vector_algorithm: str = env("ENGRAM_VECTOR_ALGORITHM", "HNSW", choice("HNSW", "FLAT"))
-    hnsw_m: int = env("ENGRAM_HNSW_M", 16, integer(2, 512))
-    hnsw_ef_construction: int = env("ENGRAM_HNSW_EF_CONSTRUCTION", 200, integer(4, 4096))
-    hnsw_ef_runtime: int = env("ENGRAM_HNSW_EF_RUNTIME", 100, integer(1, 4096))
+    hnsw_m: int = 16
+    """HNSW graph degree (RediSearch's default)."""
+    hnsw_ef_construction: int = 200
+    """HNSW build beam. 100 halves Redis's CPU per insert at the same recall@10/@100, but inserts are ~2% of
+    an ingest's CPU, so the module's default stays."""
+    hnsw_ef_runtime: int = 100
+    """HNSW search beam: at 100,000 documents 100 gives recall@10 0.985 in 0.71 ms; the module's 10 gave
+    0.648 (docs/benchmarks.md, HNSW)."""
     vector_block_size: int = env("ENGRAM_VECTOR_BLOCK_SIZE", 0, integer(0, 1_048_576))
     """`ENGRAM_VECTOR_BLOCK_SIZE`, with `ENGRAM_VECTOR_ALGORITHM=FLAT`: vectors per allocation of the
     episode index (0 = the module's 1,024). Its first vector allocates a whole block (1.5 MB at 384
@@ -286,13 +298,17 @@ class Settings:
     (docs/scaling.md, How many namespaces); RediSearch 2.10 refuses it for HNSW."""
 
     # consolidator
-    consumer_group: str = env("ENGRAM_CONSUMER_GROUP", "consolidator")
+    consumer_group: str = "consolidator"
+    """The consolidator's consumer group on the episode stream; `prefix` separates deployments."""
     consumer_name: str | None = env("ENGRAM_CONSUMER_NAME", None)
-    batch_size: int = env("ENGRAM_BATCH_SIZE", 256, integer(1, 10_000))
-    in_flight: int = env("ENGRAM_IN_FLIGHT", 4, integer(1, 16))
-    """`ENGRAM_IN_FLIGHT`: batches one worker projects concurrently, so Redis writes one batch while the
-    worker decodes and folds the next (docs/benchmarks.md: the single-lane loop left both idle in turn)."""
-    block_ms: int = env("ENGRAM_BLOCK_MS", 1000, integer(1, 60_000))
+    batch_size: int = 256
+    """Stream entries one lane reads at a time: 256 lets a model embed whole sorted batches; 128 and 512
+    measured within noise."""
+    in_flight: int = 4
+    """Batches one worker projects concurrently, so Redis writes one while the worker decodes and folds the
+    next; 8 lanes measured no better than 4."""
+    block_ms: int = 1000
+    """Milliseconds an idle lane blocks in XREADGROUP (tests use 50 ms)."""
     lease_ms: int = env("ENGRAM_LEASE_MS", 30_000, integer(10, 3_600_000))
     max_deliveries: int = env("ENGRAM_MAX_DELIVERIES", 5, integer(1, 1000))
     short_term_window: int = env("ENGRAM_SHORT_TERM_WINDOW", 5, integer(1, 1000))
@@ -308,32 +324,33 @@ class Settings:
     the record at start (`shared.context_setting`) and pass the settled 0/1 down (`with_(context_episodes=)`)
     to what writes or reads documents, which treats None as 0. Changed only by `engram replay
     --change-context-episodes`, which rebuilds every document under the new value."""
-    health_stall: float = env("ENGRAM_HEALTH_STALL", 120.0, duration)
-    """`ENGRAM_HEALTH_STALL`: a consolidator lane that has not come round its loop for longer than this
-    (seconds) makes `/healthz` answer 503 `stuck`."""
+    health_stall: float = 120.0
+    """Seconds a consolidator lane may go without coming round its loop before `/healthz` answers 503
+    `stuck`; a forward pass of a whole batch takes well under a minute on 2 cores."""
 
     # recall defaults
     recall_mode: str = env("ENGRAM_RECALL_MODE", "hybrid", choice("vector", "keyword", "hybrid"))
     """`ENGRAM_RECALL_MODE`: vector | keyword | hybrid, when a request names none (docs/benchmarks.md)."""
-    recall_candidates: int = env("ENGRAM_RECALL_CANDIDATES", 100, integer(1, 1000))
-    """`ENGRAM_RECALL_CANDIDATES`: hits each candidate list (KNN, BM25, and the recency / reward /
-    importance lists when those carry weight) contributes to the pool a recall re-ranks. Independent
-    of `top_k`, so a larger `top_k` only extends the same ranking (recall is prefix-stable in `top_k`)."""
-    idf_cache_ttl: float | None = env("ENGRAM_IDF_CACHE_TTL", 30.0, duration_or_off)
-    """`ENGRAM_IDF_CACHE_TTL`: seconds the query service remembers how many episodes of a namespace
-    contain a query word (keyword relevance's idf, `services.query.sizes.ScopeSizes.term_counts`); an
-    episode's keyword relevance may lag the namespace by at most this (a common word's count: 10× this,
-    `services.query.sizes.COMMON_TTL_FACTOR`); `off` = count every word every time."""
-    bm25_common_idf: float = env("ENGRAM_BM25_COMMON_IDF", 0.02, number(0.0, 1.0))
-    """`ENGRAM_BM25_COMMON_IDF`: query words whose idf (`shared.relevance.idf` of the namespace's count)
-    is below this leave the BM25 candidate query (`shared.relevance.common_terms`; scoring keeps them);
-    0 = off. A word qualifies only in a namespace holding more episodes than `idf`'s inverse gives
-    (0.02: ~4,950), so smaller namespaces rank exactly as with 0 (docs/benchmarks.md)."""
+    recall_candidates: int = 100
+    """Hits each candidate list (KNN, BM25, and the recency / reward / importance lists that carry weight)
+    contributes to the pool a recall re-ranks; a request may ask for another depth (`candidates`).
+    Independent of `top_k`, so recall is prefix-stable in `top_k`. On LoCoMo 30, 50 and 100 gave the same
+    R@5."""
+    idf_cache_ttl: float | None = 30.0
+    """Seconds the query service remembers how many episodes of a namespace hold a query word (keyword
+    relevance's idf, `services.query.sizes.ScopeSizes.term_counts`); a common word's count 10x this. At a
+    million episodes a first-seen common word costs 30-100 ms of Redis to count; a few seconds of lag
+    moves its idf by < 4e-4. None = count every time (tests)."""
+    bm25_common_idf: float = 0.02
+    """Query words whose idf is below this leave the BM25 candidate query (scoring keeps them;
+    `shared.relevance.common_terms`). Only namespaces holding more than ~4,950 episodes have such words,
+    so smaller ones rank exactly as with 0."""
     query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """`ENGRAM_QUERY_CACHE`: query embeddings the query service remembers (LRU by text); 0 = off."""
-    query_batch: int = env("ENGRAM_QUERY_BATCH", 32, integer(1, 1024))
-    """`ENGRAM_QUERY_BATCH`: concurrent query embeddings share one forward pass, up to this many texts
-    (`shared.query_vectors.QueryBatcher`: no waiting window); 1 = each query alone."""
+    query_batch: int = 32
+    """Concurrent query embeddings share one forward pass of up to this many texts
+    (`shared.query_vectors.QueryBatcher`: no waiting window): at 8 clients with mpnet, 2.7x the
+    recalls/s of a pass per query."""
     half_life: float = env("ENGRAM_HALF_LIFE", 86400.0, duration)
     default_top_k: int = env("ENGRAM_DEFAULT_TOP_K", 3, integer(1, 100))
 
@@ -346,28 +363,36 @@ class Settings:
     """`ENGRAM_METRICS_KEY`: with API keys set, the only key that reads /metrics (tenant keys get 403)."""
     default_namespace: str = env("ENGRAM_DEFAULT_NAMESPACE", "default")
     max_body_bytes: int = env("ENGRAM_MAX_BODY_BYTES", 4 * 1024 * 1024, integer(1024, 1 << 30))
-    body_timeout: float = env("ENGRAM_BODY_TIMEOUT", 60.0, duration)
-    """`ENGRAM_BODY_TIMEOUT`: seconds a request body may take to arrive once its headers did (408 after)."""
+    body_timeout: float = 60.0
+    """Seconds a request body may take to arrive once its headers did (408 after)."""
 
     # SDK / publishing
-    publish_timeout: float = env("ENGRAM_PUBLISH_TIMEOUT", 5.0, duration)
-    publish_retries: int = env("ENGRAM_PUBLISH_RETRIES", 100, integer(0, 1000))
+    publish_timeout: float = 5.0
+    """Seconds one publish of the query service's ingest may take before it is retried."""
+    publish_retries: int = 100
+    """Retries of a publish that met a Redis fault (with backoff) before ingest answers 503."""
 
     # facts (semantic memory)
-    facts_every: int = env("ENGRAM_FACTS_EVERY", 20, integer(1, 1_000_000))
-    facts_importance_threshold: float = env("ENGRAM_FACTS_IMPORTANCE_THRESHOLD", 150.0, number(1.0, 1e9))
+    facts_every: int = 20
+    """A scope is re-consolidated after this many newly completed episodes."""
+    facts_importance_threshold: float = 150.0
+    """... or when their summed importance reaches this (Generative Agents' reflection trigger, Park et al.
+    2023: 150)."""
     facts_min_cluster: int = env("ENGRAM_FACTS_MIN_CLUSTER", 3, integer(2, 10_000))
     facts_distance: float | None = env("ENGRAM_FACTS_DISTANCE", None, number(0.01, 1.99))
     """`ENGRAM_FACTS_DISTANCE`: the clustering threshold; None (unset) = the default calibrated for the
     index's embedder (`services.consolidator.facts_plan.DEFAULT_DISTANCE`)."""
-    facts_min_interval: float = env("ENGRAM_FACTS_MIN_INTERVAL", 10.0, duration)
-    """`ENGRAM_FACTS_MIN_INTERVAL`: a worker re-consolidates one scope at most this often (seconds)."""
-    facts_max_episodes: int = env("ENGRAM_FACTS_MAX_EPISODES", 2000, integer(10, 100_000))
+    facts_min_interval: float = 10.0
+    """A worker re-consolidates one scope at most this often (seconds): clustering is ~60 ms of CPU per run."""
+    facts_max_episodes: int = 2000
+    """A scope's consolidation reads at most its newest this many episodes (clustering is O(n^2) in memory)."""
     summarizer_url: str | None = env("ENGRAM_SUMMARIZER_URL", None)
     summarizer_model: str = env("ENGRAM_SUMMARIZER_MODEL", "gpt-4o-mini")
     summarizer_api_key: str | None = env("ENGRAM_SUMMARIZER_API_KEY", None)
-    summarizer_timeout: float = env("ENGRAM_SUMMARIZER_TIMEOUT", 20.0, duration)
-    summarizer_max_chars: int = env("ENGRAM_SUMMARIZER_MAX_CHARS", 600, integer(50, 1000))
+    summarizer_timeout: float = 20.0
+    """Seconds one summarizer call may take; a fact keeps its template text when it fails."""
+    summarizer_max_chars: int = 600
+    """A summarised fact is clipped to this many characters."""
 
     # backpressure and retention
     max_lag: int = env("ENGRAM_MAX_LAG", 100_000, integer(1, 1 << 40))
@@ -375,10 +400,11 @@ class Settings:
     """`ENGRAM_MAX_CLOCK_SKEW`: how far in the future an ingested instant may lie (seconds; HTTP edge)."""
     stream_retention: float | None = env("ENGRAM_STREAM_RETENTION", 7 * 86400.0, duration_or_off)
     """`ENGRAM_STREAM_RETENTION`: acked entries older than this are trimmed; `off` keeps everything."""
-    retention_interval: float = env("ENGRAM_RETENTION_INTERVAL", 60.0, duration)
-    expiry_interval: float = env("ENGRAM_EXPIRY_INTERVAL", 60.0, duration)
-    """`ENGRAM_EXPIRY_INTERVAL`: how often one worker erases the episodes past their `expires_at`
-    (reads hide them at once; services.consolidator.expiry)."""
+    retention_interval: float = 60.0
+    """How often (seconds) a worker trims acked stream entries older than `stream_retention`."""
+    expiry_interval: float = 60.0
+    """How often (seconds) one worker erases the episodes past their `expires_at` (reads hide them at once;
+    services.consolidator.expiry)."""
 
     # erasure (docs/reliability.md, "Erasure")
     master_key: bytes | None = field(default=None, repr=False)

@@ -206,7 +206,6 @@ class Stack:
             ENGRAM_LOG_LEVEL="WARNING",
             ENGRAM_METRICS_PORT="0",
             ENGRAM_LEASE_MS="2000",
-            ENGRAM_BLOCK_MS="200",
         )
         self.env.update(extra)
         self.cwd = ROOT
@@ -287,3 +286,54 @@ class HeldEmbedder(HashingEmbedder):
     async def _embed_batch(self, texts):
         await self.release.wait()
         return await super()._embed_batch(texts)
+
+
+async def _key_values(redis: Any, key: bytes, kind: str) -> list[bytes] | None:
+    """Every byte string a key of type `kind` holds (hash fields and values, stream ids, fields and
+    values, ...); None for a type `leaked_text` cannot read."""
+    if kind == "string":
+        return [await redis.get(key) or b""]
+    if kind == "hash":
+        return [b for f, v in (await redis.hgetall(key)).items() for b in (f, v)]
+    if kind == "set":
+        return list(await redis.smembers(key))
+    if kind == "zset":
+        return list(await redis.zrange(key, 0, -1))
+    if kind == "list":
+        return list(await redis.lrange(key, 0, -1))
+    if kind == "stream":
+        return [
+            b
+            for sid, fields in await redis.xrange(key, "-", "+")
+            for b in (sid, *fields.keys(), *fields.values())
+        ]
+    if kind == "ReJSON-RL":
+        return [await redis.execute_command("JSON.GET", key) or b""]
+    return None
+
+
+async def leaked_text(redis: Any, prefix: str, texts: Iterable[str]) -> list[str]:
+    """Every key under `prefix` whose name or value still holds one of `texts` as plaintext (compared
+    case-blind: the indexed text fields hold it folded), as `"<key> (<type>): <text>"`; [] when none.
+
+    The key-leak check of erasure tests: after a forget, nothing under the test's prefix may keep the
+    forgotten text, in any generation (live, old, building) or type (hashes with their field names,
+    sets, sorted sets, lists, streams, strings, JSON documents), dead letters and tombstones included.
+    Sealed bytes are opaque to it, as they are to anyone without the key."""
+    needles = [t.casefold() for t in texts if t]
+    found: list[str] = []
+    async for key in redis.scan_iter(match=f"{prefix}*", count=1000):
+        raw_kind = await redis.type(key)
+        kind = raw_kind.decode() if isinstance(raw_kind, bytes) else str(raw_kind)
+        values = await _key_values(redis, key, kind)
+        if values is None:  # a type this check cannot read is a leak it cannot rule out
+            found.append(f"{key!r} ({kind}): unreadable by the check")
+            continue
+        for blob in [key, *values]:
+            text = (
+                (blob if isinstance(blob, bytes) else str(blob).encode())
+                .decode("utf-8", "replace")
+                .casefold()
+            )
+            found += [f"{key!r} ({kind}): {needle!r}" for needle in needles if needle in text]
+    return found

@@ -58,9 +58,12 @@ from engram_episodic.types import (
     Suggestion,
     Updated,
 )
-from engram_episodic.validation import empty_changes, parse_update
+from engram_episodic.validation import empty_changes, json_kind, parse_update
 
 T = TypeVar("T")
+MAX_WAIT = 30.0
+"""The longest `?wait=` (seconds) the service holds a write or a forget for: the one bound of the client's
+`wait` arguments, the CLI's `--wait` and the service's query parameter."""
 
 
 class WaitTimeout(EngramError, TimeoutError):
@@ -230,7 +233,19 @@ def _waited(result: IngestResult, wait: float | None) -> IngestResult:
 
 
 def _wait(wait: float | None) -> dict[str, str] | None:
-    """The `?wait=` query parameter of a call that can wait (seconds), or None without one."""
+    """The `?wait=` query parameter of a call that can wait (seconds), or None without one (or 0).
+
+    Raises InvalidRequest naming `wait` for anything but a number of seconds in 0..MAX_WAIT, which the
+    service would refuse after the episode's validation: nothing is sent."""
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:
+        shown = (
+            f"the number {wait!r}"
+            if isinstance(wait, int | float) and not isinstance(wait, bool)
+            else json_kind(wait)
+        )
+        raise InvalidRequest([("wait", f"must be a number of seconds between 0 and {MAX_WAIT:g}, not {shown}")])
     return {"wait": repr(float(wait))} if wait else None
 
 

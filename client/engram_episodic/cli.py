@@ -32,6 +32,7 @@ from typing import Any
 import click
 
 from engram_episodic import cli_admin
+from engram_episodic.calls import MAX_WAIT
 from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.client import Engram
 from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
@@ -236,7 +237,7 @@ def _accepted(result: Any, as_json: bool) -> None:
 
 
 _wait_option = click.option(
-    "--wait", type=click.FloatRange(0, 30), help="Seconds to wait until recallable (read-your-writes)."
+    "--wait", type=click.FloatRange(0, MAX_WAIT), help="Seconds to wait until recallable (read-your-writes)."
 )
 
 
@@ -389,7 +390,7 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
 @click.option("--session", "session_id", help="Forget every episode of a session (a job).")
 @click.option(
     "--wait",
-    type=click.FloatRange(0, 30),
+    type=click.FloatRange(0, MAX_WAIT),
     help="Seconds to wait until it is erased from every read (--agent / --session: until the job is done).",
 )
 @click.option("--json", "as_json", is_flag=True)

@@ -125,7 +125,10 @@ def run(workers: int | None, port: int | None) -> None:
 def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **overrides: Any) -> None:
     admin = server_module(command, "services.consolidator.admin")
     settings = _settings(command, **overrides)
-    bars = Bars(enabled=progress, units={"snapshot": "episode", "stream": "entry", "catch-up": "entry"})
+    bars = Bars(
+        enabled=progress,
+        units={"snapshot": "episode", "stream": "entry", "catch-up": "entry", "drop": "key"},
+    )
     start = time.perf_counter()
     try:
         counts = run_admin(
@@ -142,10 +145,23 @@ def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **
     click.echo(
         f"{command}: generation {counts['from_generation']} → {counts['generation']} "
         f"({settings.embedder}): {counts['snapshot_episodes']} episodes from the snapshot, "
-        f"{counts['entries']} stream entries, {counts['dropped_keys']} old keys dropped, "
+        f"{counts['entries']} stream entries ({counts['caught_up']} caught up after the swap), "
+        f"{_facts_summary(counts)}, {counts['dropped_keys']} old keys dropped, "
         f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s); written with "
         f"ENGRAM_CONTEXT_EPISODES={counts['context_episodes']}"
     )
+
+
+def _facts_summary(counts: dict[str, Any]) -> str:
+    """What a replay did with the facts: carried over, or re-embedded for another embedder; and any it
+    could not index (searches miss them until their scope is consolidated again)."""
+    n, scopes = counts["facts"], counts["fact_scopes"]
+    what = "re-embedded" if counts["facts_reembedded"] else "carried over"
+    text = f"{n} facts of {scopes} scope(s) {what}" if n else "no facts"
+    missing = n - counts["facts_indexed"]
+    if missing > 0:
+        text += f" ({missing} not indexed: run POST /v1/consolidate)"
+    return text
 
 
 change_option = click.option(
@@ -173,8 +189,8 @@ def replay(change: bool, progress: bool | None, as_json: bool) -> None:
 @progress_option
 @json_option
 def reindex(embedder: str, change: bool, progress: bool | None, as_json: bool) -> None:
-    """Re-embed every episode with another embedder (a replay into a new index), then swap it in. Restart
-    the stack with the same ENGRAM_EMBEDDER afterwards."""
+    """Re-embed every episode, and the facts' centroids, with another embedder (a replay into a new index),
+    then swap it in. Restart the stack with the same ENGRAM_EMBEDDER afterwards."""
     _replay("reindex", progress, as_json, change, embedder=embedder)
 
 

@@ -23,6 +23,11 @@ class Bars:
         self._phase = ""
 
     def phase(self, name: str, total: int | None) -> None:
+        """A new phase: the previous one is done, so its bar ends full even when it did fewer units than
+        announced (a replay's total counts entries deleted since, by a forget)."""
+        if self.bar is not None and self.bar.total and self.bar.n < self.bar.total:
+            self.bar.total = self.bar.n
+            self.bar.refresh()
         self.close()
         self._phase = name
         self.counts[name] = 0

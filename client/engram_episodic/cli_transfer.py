@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import click
 
-from engram_episodic.calls import WaitTimeout
+from engram_episodic.calls import MAX_WAIT, WaitTimeout
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import InvalidEpisode
@@ -113,7 +113,9 @@ def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes
 
 @click.command("import")
 @click.argument("file", type=click.File("rb"))
-@click.option("--wait", type=click.FloatRange(0, 30), help="Seconds to wait until each batch is recallable.")
+@click.option(
+    "--wait", type=click.FloatRange(0, MAX_WAIT), help="Seconds to wait until each batch is recallable."
+)
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"imported": n, "forgotten": [ids]} on stdout.')
 @click.pass_context

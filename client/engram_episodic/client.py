@@ -232,7 +232,8 @@ class _Base(Generic[H]):
             "method": call.method,
             "url": self.base_url + call.path,
             "headers": self._headers,
-            "timeout": self.timeout,
+            # a `?wait=` call is held that long by the service before it answers: the answer is not late
+            "timeout": self.timeout + float((call.params or {}).get("wait", 0)),
         }
         if call.body is not None:
             # encoded here, as `parts.request_bodies` counts it (httpx < 0.28 escapes non-ASCII: 2x larger)

@@ -7,8 +7,8 @@ It is built from what the validator is built from: the fields of the dataclasses
 document cannot silently lag the validator; a test runs samples through both and compares verdicts.
 
 What a schema cannot say is left to the server's 422 (named in `description`): a lone surrogate,
-`tests_passed` above `tests_total`, `completed_at` before `started_at`, `context` past 64 KiB once
-encoded, a vector of the wrong dimension or that rounds to zero in float32.
+`tests_passed` above `tests_total`, `completed_at` before `started_at`, `context` past 64 KiB as
+compact UTF-8 JSON, a vector of the wrong dimension or that rounds to zero in float32.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _json_object(description: str) -> dict[str, Any]:
     return {
         "type": "object",
         "additionalProperties": True,
-        "description": f"{description}; at most {MAX_JSON_BYTES // 1024} KiB once encoded, nested at most "
+        "description": f"{description}; at most {MAX_JSON_BYTES:,} bytes as compact UTF-8 JSON, nested at most "
         "32 levels, integers within 64 bits, finite numbers",
     }
 

@@ -10,7 +10,10 @@ Two resources hold the same JSON as the tools: `engram://skills` (skill profiles
 `engram://learning-curve`. Bad arguments come back as a tool error (`isError: true`) whose text and
 structured content name every bad field (`{"error": "invalid_arguments", "errors": [{"field",
 "reason"}]}`): the form the MCP specification prescribes for input errors, so the model sees them and
-corrects its call. An unknown tool or resource is a JSON-RPC error (-32602, invalid params).
+corrects its call. An unknown tool or resource is a JSON-RPC error (-32602, invalid params). On stdio
+every line that is not a valid message is answered with a JSON-RPC error (-32700 parse error, -32600
+invalid request: see `read_message`) and the server reads on; the wire, argv and the environment are
+UTF-8 whatever the locale.
 
 The server talks to the query service only over HTTP with `AsyncEngram` and an API key; it never
 opens Redis, and the namespace is the key's. Configuration (flags win over the environment):
@@ -34,7 +37,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from engram_episodic import __version__
@@ -46,8 +49,9 @@ try:
     import anyio
     import mcp.types as mt
     from mcp.server import Server
-    from mcp.server.stdio import stdio_server
     from mcp.shared.exceptions import MCPError
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
 except ImportError as exc:  # the `mcp` extra is not installed
     _MISSING: ImportError | None = exc
 else:
@@ -80,8 +84,13 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
         "Rolling success rate and average reward per completed episode, oldest first, as JSON.",
     ),
 }
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+MAX_MESSAGE_DEPTH = 64
+"""The deepest nesting of a JSON-RPC message the stdio server reads: the envelope takes 4 levels, a tool's
+arguments at most 33 (`context` and `metadata` nest at most 32); deeper is an invalid request."""
 
 
 def _need_mcp() -> None:
@@ -188,6 +197,140 @@ def build_server(toolset: Toolset) -> Server:
     )
 
 
+# --- the stdio transport ---------------------------------------------------------------------------------
+def _message_depth(value: Any) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not JSON")
+
+
+def read_message(line: bytes) -> SessionMessage | mt.JSONRPCError | None:
+    """One line of the stdio wire as a message for the server, or the JSON-RPC error that answers it.
+
+    None for a blank line. The error is -32700 (parse error: not UTF-8, not JSON, NaN or Infinity, an
+    integer over 4,300 digits) or -32600 (invalid request: a batch array, which MCP does not take since
+    protocol 2025-06-18; not an object; nested deeper than MAX_MESSAGE_DEPTH; an id that is not a string
+    or an integer; not a JSON-RPC 2.0 request, notification or response), with the request's id when it
+    has a valid one, else null; its `data` says why. A lone surrogate escape ("\\ud800") is JSON and
+    passes: the tool that receives it names the argument.
+    """
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _wire_error(PARSE_ERROR, f"not UTF-8 text (byte {exc.start})")
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        return _wire_error(INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels")
+    except (json.JSONDecodeError, _NotJSON) as exc:
+        return _wire_error(PARSE_ERROR, str(exc)[:200])
+    except ValueError:  # Python converts at most sys.get_int_max_str_digits() digits to an int
+        return _wire_error(PARSE_ERROR, f"an integer longer than {sys.get_int_max_str_digits():,} digits")
+    if isinstance(value, list):
+        return _wire_error(INVALID_REQUEST, "batch arrays are not supported: send one message per line")
+    if not isinstance(value, dict):
+        return _wire_error(INVALID_REQUEST, "a message must be a JSON object")
+    request_id = value.get("id")
+    valid_id = isinstance(request_id, str) or (
+        isinstance(request_id, int) and not isinstance(request_id, bool)
+    )
+    if "id" in value and not valid_id:
+        return _wire_error(INVALID_REQUEST, "id must be a string or an integer")
+    if _message_depth(value) > MAX_MESSAGE_DEPTH:
+        return _wire_error(INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels", request_id)
+    try:
+        message = mt.jsonrpc_message_adapter.validate_python(value, by_name=False)
+    except ValidationError as exc:
+        return _wire_error(INVALID_REQUEST, _invalid_message(value, exc), request_id)
+    return SessionMessage(message)
+
+
+def _invalid_message(value: dict[str, Any], exc: ValidationError) -> str:
+    """Why `value` is not a JSON-RPC message, from the errors of the kind it looks like."""
+    if not {"method", "result", "error"} & value.keys():
+        return "needs a method (a request or notification), or a result or an error (a response)"
+    if "method" in value:
+        kind = "JSONRPCRequest" if "id" in value else "JSONRPCNotification"
+    else:
+        kind = "JSONRPCError" if "error" in value else "JSONRPCResponse"
+    reasons = [
+        f"{'.'.join(map(str, e['loc'][1:])) or 'message'}: {e['msg']}"
+        for e in exc.errors(include_url=False)
+        if e["loc"][:1] == (kind,)
+    ]
+    return f"not a JSON-RPC 2.0 {kind[7:].lower()}: " + "; ".join(reasons[:5])
+
+
+def _wire_error(code: int, reason: str, request_id: str | int | None = None) -> mt.JSONRPCError:
+    message = "Parse error" if code == PARSE_ERROR else "Invalid Request"
+    return mt.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=mt.ErrorData(code=code, message=message, data=reason)
+    )
+
+
+def _wire_line(message: mt.JSONRPCMessage) -> bytes:
+    """`message` as one line of UTF-8 JSON. Text the server cannot encode (a lone surrogate an argument
+    carried into an error's data) is written as a JSON escape instead of failing the transport."""
+    try:
+        return message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+    except ValueError:  # pydantic's serialisation error: a lone surrogate
+        data = message.model_dump(by_alias=True, exclude_unset=True)
+        return json.dumps(data, default=str, separators=(",", ":")).encode() + b"\n"
+
+
+@contextlib.asynccontextmanager
+async def stdio_streams(stdin: Any = None, stdout: Any = None) -> AsyncIterator[tuple[Any, Any]]:
+    """The (read, write) streams of `Server.run` over stdin / stdout (binary files; default the
+    process's), newline-delimited JSON in UTF-8 whatever the locale.
+
+    Unlike the mcp package's stdio transport, every line that is not a valid message is answered at
+    once with the JSON-RPC error of `read_message` (instead of being dropped, which leaves the caller
+    waiting for an answer forever), and the server reads on. Ends when stdin closes.
+    """
+    stdin = anyio.wrap_file(stdin or sys.stdin.buffer)
+    stdout = anyio.wrap_file(stdout or sys.stdout.buffer)
+    to_server, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write, from_server = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def reader() -> None:
+        async with to_server:
+            async for line in stdin:
+                message = read_message(line)
+                if isinstance(message, mt.JSONRPCError):
+                    log.info("answered a bad message: %s", message.error.data)
+                    await write.send(SessionMessage(message))
+                elif message is not None:
+                    await to_server.send(message)
+
+    async def writer() -> None:
+        async with from_server:
+            async for item in from_server:
+                await stdout.write(_wire_line(item.message))
+                await stdout.flush()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        yield read, write  # the server's end closes `write`: the writer ends once it wrote the last answer
+
+
 # --- running it ---------------------------------------------------------------------------------------
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line of `engram mcp` / `python -m engram_episodic.mcp_server`."""
@@ -238,9 +381,23 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _utf8(text: str) -> str:
+    """`text` (an argument or an environment value) read as the UTF-8 it was given in, whatever the locale.
+
+    Outside Python's UTF-8 mode (LC_ALL=C with PYTHONUTF8=0) the process decodes argv and the environment
+    as ASCII and keeps each other byte as a lone surrogate: "Jürgen" would be refused as invalid Unicode.
+    Text that is not UTF-8 is returned as it is, for validation to name.
+    """
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeError:
+        return text
+
+
 def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     def pick(flag: str | None, var: str) -> str | None:
-        return flag if flag is not None else (env.get(var) or None)
+        value = flag if flag is not None else (env.get(var) or None)
+        return _utf8(value) if value is not None else None
 
     names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
     return {
@@ -262,7 +419,7 @@ async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset
         scope = ", ".join(f"{k}={v}" for k, v in toolset.scope.items() if v) or "no default scope"
         if args.transport == "stdio":
             log.info("Engram MCP server on stdio -> %s (%s; %d tools)", url, scope, len(toolset.tools))
-            async with stdio_server() as (read, write):
+            async with stdio_streams() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             return
         import uvicorn
@@ -293,8 +450,10 @@ def main(
     to os.environ. Returns the exit status: 0, or 2 for a usage error (printed to stderr: a bad URL,
     scope id or tool name, a non-loopback host without --allow-remote, the mcp package missing).
     """
+    if hasattr(sys.stderr, "reconfigure"):  # the log names ids as given, whatever the locale's encoding
+        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
     cli = parser(prog)
-    args = cli.parse_args(argv)
+    args = cli.parse_args([_utf8(a) for a in (sys.argv[1:] if argv is None else argv)])
     if _MISSING is not None:
         print(
             f"{cli.prog}: the MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)",

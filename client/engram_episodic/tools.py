@@ -88,6 +88,7 @@ from engram_episodic.validation import (
     Collector,
     check_tag_value,
     json_kind,
+    unicode_problem,
 )
 
 # Bounds of the query service's request models (services/query/models.py, facts_routes.py), which this
@@ -763,12 +764,16 @@ def tools(format: Format = "openai", *, names: Iterable[str] | None = None) -> l
 
 # --- argument checking -------------------------------------------------------------------------------------
 def parse_arguments(tool: str, arguments: Mapping[str, Any] | str | bytes | None) -> dict[str, Any]:
-    """A model's arguments as a dict: a mapping as it is, a JSON object string decoded, None or "" → {}.
-    Raises ToolArgumentError (`arguments`) for JSON that does not decode to an object."""
+    """A model's arguments as a dict: a mapping as it is, a JSON object string (or its UTF-8 bytes)
+    decoded, None or "" → {}. Raises ToolArgumentError (`arguments`) for bytes that are not UTF-8 and for
+    JSON that does not decode to an object."""
     if arguments is None:
         return {}
     if isinstance(arguments, bytes | bytearray):
-        arguments = arguments.decode("utf-8", errors="replace")
+        try:  # strictly: a replacement character would silently alter an id
+            arguments = arguments.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ToolArgumentError(tool, [("arguments", f"are not UTF-8 text (byte {exc.start})")]) from None
     if isinstance(arguments, str):
         if not arguments.strip():
             return {}
@@ -861,6 +866,9 @@ def _check_string(schema: Mapping[str, Any], value: Any, path: str, errs: Collec
         return None
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         errs.add(path, f"must be at most {schema['maxLength']} characters (got {len(value)})")
+        return None
+    if problem := unicode_problem(value):  # JSON's "\ud800" decodes, but no request can carry it
+        errs.add(path, problem)
         return None
     if schema.get("format") == "date-time":
         try:

@@ -113,7 +113,8 @@ class EpisodeContext:
 class RecallHit:
     """One recalled episode with the signals of its priority (docs/api.md, "POST /v1/recall").
 
-    `similarity` is the cosine clipped at 0; `relevance` the similarity signal of the mode in [0, 1];
+    `similarity` is the cosine clipped at 0 (None when a keyword recall answered without the embedder:
+    `Recall.similarity_unavailable`); `relevance` the similarity signal of the mode in [0, 1];
     `recency` exp(-ln2 * age / half_life); `age_s` seconds from `completed_at` (or `last_accessed`) to
     the request's `as_of`; `components` each weighted signal; `priority` their sum; `context` what the
     episode took from the previous one of its session (ENGRAM_CONTEXT_EPISODES), None when nothing.
@@ -121,7 +122,7 @@ class RecallHit:
 
     episode: Episode
     priority: float
-    similarity: float
+    similarity: float | None
     relevance: float
     recency: float
     age_s: float
@@ -136,7 +137,7 @@ class RecallHit:
         return cls(
             episode=episode_from_json(data["episode"]),
             priority=float(data["priority"]),
-            similarity=float(data["similarity"]),
+            similarity=_opt_float(data.get("similarity")),
             relevance=float(data["relevance"]),
             recency=float(data["recency"]),
             age_s=float(data["age_s"]),
@@ -197,7 +198,9 @@ class ReplayContext:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recall:
-    """`POST /v1/recall`: the hits best first, and how they were ranked. Iterable over `results`."""
+    """`POST /v1/recall`: the hits best first, and how they were ranked. Iterable over `results`.
+    `similarity_unavailable`: a keyword recall ranked without the embedder (its provider failed), every
+    hit's `similarity` None."""
 
     results: tuple[RecallHit, ...]
     replay_context: ReplayContext
@@ -206,6 +209,7 @@ class Recall:
     preset: str | None
     mode: str
     candidates: int
+    similarity_unavailable: bool = False
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -218,6 +222,7 @@ class Recall:
             preset=data.get("preset"),
             mode=data.get("mode", ""),
             candidates=int(data.get("candidates") or 0),
+            similarity_unavailable=bool(data.get("similarity_unavailable")),
             raw=data,
         )
 
@@ -259,7 +264,8 @@ class ContextFact:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
-    """`POST /v1/context`: working memory for a task, with `prompt` ready to put before a model call."""
+    """`POST /v1/context`: working memory for a task, with `prompt` ready to put before a model call.
+    `similarity_unavailable` as in `Recall` (and no facts then)."""
 
     task: str
     category: str | None
@@ -271,6 +277,7 @@ class Context:
     replay_context: ReplayContext
     facts: tuple[ContextFact, ...]
     preset: str | None
+    similarity_unavailable: bool = False
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -286,6 +293,7 @@ class Context:
             replay_context=ReplayContext.from_json(data.get("replay_context") or {}),
             facts=tuple(map(ContextFact.from_json, data.get("facts") or ())),
             preset=data.get("preset"),
+            similarity_unavailable=bool(data.get("similarity_unavailable")),
             raw=data,
         )
 

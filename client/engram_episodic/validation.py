@@ -10,7 +10,8 @@ Limits (documented in docs/api.md, 'The episode model'):
   not starting or ending with whitespace (RediSearch trims TAG values);
 - `category`, `strategy_used`, `outcome`, `action_type`: 1..128 characters, same character rule;
 - each free-text field: at most 1,000,000 characters (stored in full; the embedder sees a truncation);
-- `context` and `metadata`: JSON objects of at most 64 KiB each once encoded;
+- `context` and `metadata`: JSON objects of at most 64 KiB (65,536 bytes) each, counted as `json_size`:
+  compact UTF-8 JSON, so the count is the bytes a compact client sends whatever the client or spacing;
 - `actions`: at most 1,000 per episode; numbers must be finite; `importance` 1..10; `complexity` 0..1;
   `reward` -1e6..1e6 (recall clips it to [0, 1]).
 """
@@ -176,6 +177,15 @@ def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, s
     return None
 
 
+def json_size(value: Any) -> int:
+    """The bytes of `value` as compact JSON in UTF-8: no whitespace between tokens, non-ASCII characters
+    as themselves (not `\\u` escapes). What the 64 KiB bounds of `context` and `metadata` count, on the
+    client and the service alike: a body sent compact counts exactly its field's bytes, one sent with
+    spaces or `\\u` escapes counts less than it sent. Raises ValueError for NaN or infinity, TypeError for
+    a value JSON cannot hold."""
+    return len(json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode())
+
+
 def _scalar_problem(item: None | bool | str | int | float) -> str | None:
     """Why a JSON scalar is unstorable (json_problem), or None."""
     if item is None or isinstance(item, bool):
@@ -307,14 +317,14 @@ def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | Non
         errs.add(_join(path, problem[0]) if problem[0] else path, problem[1])
         return None
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        size = json_size(value)
     except (TypeError, ValueError) as exc:
         errs.add(path, f"must be JSON-serialisable with finite numbers ({exc})")
         return None
-    if len(encoded.encode()) > MAX_JSON_BYTES:
-        errs.add(path, f"must be at most {MAX_JSON_BYTES} bytes as JSON")
+    if size > MAX_JSON_BYTES:
+        errs.add(path, f"must be at most {MAX_JSON_BYTES:,} bytes as compact UTF-8 JSON, not {size:,}")
         return None
-    return json.loads(encoded)
+    return json.loads(json.dumps(value, ensure_ascii=False))  # a copy: the caller's object stays its own
 
 
 def _bool(value: Any, path: str, errs: Collector) -> bool | None:

@@ -27,13 +27,16 @@ from shared.replies import as_text, bytes_map
 DEAD_REF_USER = b"@user"
 """Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
 
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_QUOTED = re.compile(r"('[A-Za-z_][\w.]*' object\b)|'[^']*'|\"[^\"]*\"")
+"""A quoted value, but not the type Python quotes in its own messages (`'NoneType' object is not
+subscriptable`): a fault of the code must say which type it met."""
 
 
 def withhold_values(reason: str) -> str:
     """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
-    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext."""
-    return _QUOTED.sub("'…'", reason)
+    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext. The type named
+    by Python's `'<type>' object ...` messages is kept."""
+    return _QUOTED.sub(lambda m: m.group(1) or "'…'", reason)
 
 
 @dataclass(frozen=True, slots=True)

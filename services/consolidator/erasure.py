@@ -30,7 +30,7 @@ from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
 from engram_episodic.errors import EngramError
-from shared import streams
+from shared import generations, streams
 from shared.codec import decode, sealable, sealed_ref, unpack
 from shared.keyring import KeyRing
 from shared.keys import Keys
@@ -38,7 +38,7 @@ from shared.replies import as_bytes
 
 log = logging.getLogger("engram.erasure")
 
-PENDING_FIELD = "erasure_pending"
+PENDING_FIELD = generations.ERASURE_PENDING
 DONE_FIELD = "erasure_done"
 
 CLEAR_PENDING_LUA = """
@@ -289,10 +289,7 @@ async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int =
     `Keys.tombstone`) are what keeps a replay, or a late event, from bringing the data back. Skipped
     while a replay builds a new generation (its catch-up pass may still have to read them). Returns
     how many were dropped; the compaction that follows removes their bytes."""
-    from shared.index import current_generation
-
-    gen = await current_generation(redis, keys)
-    if await redis.hexists(keys.meta, f"g{gen + 1}:embedder"):
+    if (await generations.writable(redis, keys))[1] is not None:
         return 0
     return sum([await _drop_applied_forgets(redis, stream, page) for stream in keys.streams])
 

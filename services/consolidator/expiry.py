@@ -2,7 +2,7 @@
 
 Reads hide an expired episode from the instant it expires (the `expires_at` NUMERIC filter of every
 `shared.index.Scope` the services build), so this sweep only has to erase it, not to be on time: every
-`ENGRAM_EXPIRY_INTERVAL` one worker (a lease, `Keys.expiry_lock`) finds the expired documents of every
+`Settings.expiry_interval` one worker (a lease, `Keys.expiry_lock`) finds the expired documents of every
 namespace and publishes one `EpisodeForgotten` each; the projection then erases them as any forget
 (documents, vectors, events, stream entries, dead letters, facts evidence; a tombstone stays). So an
 expired episode is erased within about one interval plus the consumer lag. On a shard-local Redis

@@ -12,8 +12,8 @@ event projects it again idempotently — so a replay rebuilds facts. Nothing is 
 is published: a crash mid-run leaves the previous facts as they were. A lease (`SET NX PX`) per scope
 lets one process consolidate it at a time.
 
-Triggers (`Consolidator.on_batch`): after every `ENGRAM_FACTS_EVERY` newly completed episodes of a
-scope, or when their summed importance reaches `ENGRAM_FACTS_IMPORTANCE_THRESHOLD` (Generative Agents
+Triggers (`Consolidator.on_batch`): after every `Settings.facts_every` newly completed episodes of a
+scope, or when their summed importance reaches `Settings.facts_importance_threshold` (Generative Agents
 reflect at 150; Park et al. 2023, section 4.2), or on demand (`POST /v1/consolidate`).
 
 The optional summariser (`services.consolidator.summarizer`) rewrites the text of current facts it has
@@ -49,6 +49,7 @@ from shared.facts import (
     Fact,
     FactScope,
 )
+from shared.generations import StaleGeneration
 from shared.index import Scope, agent_category_counts, current_generation, generation_tags
 from shared.keyring import KeyRing, deployment_tag_key, shared_ring
 from shared.replies import as_text, bytes_map
@@ -61,6 +62,10 @@ log = logging.getLogger("engram.facts")
 class ContributorForgotten(EngramError):
     """A user whose key sealed a fact was forgotten before the snapshot entered the stream."""
 
+
+PUBLISH_TRIES = 5
+"""Snapshots a run builds when forgets keep destroying its contributors' keys meanwhile
+(`Consolidator.publish_live`): each try leaves out the users gone since the last."""
 
 RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -159,8 +164,8 @@ class Consolidator:
         still the one sealed with (`streams.publish_sealed`). Callers pass facts that name only users
         with a live key (`without_gone`). A fact naming a user whose key is gone (a forget published
         since that check) raises ContributorForgotten, as does a key destroyed between the read and
-        the XADD: nothing is written and the run (or the forget) is retried, and its `without_gone`
-        then rebuilds the fact without that user. Dropping the fact instead would lose the other
+        the XADD: nothing is written, and `publish_live` rebuilds the fact without that user
+        (`without_gone`) and publishes again. Dropping the fact instead would lose the other
         users' part for good: the forget's rebuild finds a fact by its evidence in the index, and a
         fact left out of the snapshot is no longer there."""
         ring = self._ring
@@ -184,6 +189,33 @@ class Consolidator:
             raise ContributorForgotten("a contributor's data key was destroyed while facts were sealed")
         sid = reply[1]
         return event, sid.decode() if isinstance(sid, bytes) else str(sid), payload
+
+    async def publish_live(
+        self,
+        scope: FactScope,
+        gen: int,
+        seq: int,
+        facts: list[Fact],
+        removed: Sequence[str],
+        *,
+        min_cluster: int,
+        now: float,
+    ) -> tuple[FactsConsolidated, str, bytes]:
+        """Publish the snapshot `seq` of `facts` (`publish_snapshot`): (the event as published, its stream
+        id, its stored bytes). A forget that destroys a contributor's key meanwhile (ContributorForgotten)
+        is handled here: the facts are rebuilt without the users gone (`without_gone`) and published
+        again, so neither a run nor a forget's rebuild fails on an ordinary concurrent forget (a forget
+        applied by the projector that raised it dead-lettered the entry being projected). Raises
+        ContributorForgotten after PUBLISH_TRIES such races in a row."""
+        for _ in range(PUBLISH_TRIES - 1):
+            try:
+                return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), now))
+            except ContributorForgotten:
+                facts, dropped = await self.without_gone(
+                    scope, gen, facts, set(), min_cluster=min_cluster, now=now
+                )
+                removed = [*removed, *dropped]
+        return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), now))
 
     async def without_gone(
         self,
@@ -448,24 +480,34 @@ class Consolidator:
                 return RunResult(
                     scope, "unchanged", facts=len(state.facts), seq=state.seq, summarizer_failures=failures
                 )
-            event = self._event(scope, state.seq + 1, facts, removed, now)
             # nothing is written before this succeeds
-            event, sid, payload = await self.publish_snapshot(event)
-            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
+            event, sid, payload = await self.publish_live(
+                scope,
+                gen,
+                state.seq + 1,
+                facts,
+                removed,
+                min_cluster=self.settings.facts_min_cluster,
+                now=now,
+            )
+            try:
+                await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
+            except StaleGeneration:  # a replay swapped generations meanwhile: the workers project the
+                pass  # published snapshot into the live one (the stale copy was swept)
             await self._reset(scope, counter)
             self.runs += 1
             log.info(
                 "facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed",
                 scope.scope_id[:12],
                 state.seq + 1,
-                len(facts),
-                len(removed),
+                len(event.facts),
+                len(event.removed),
             )
             return RunResult(
                 scope,
                 "published",
-                facts=len(facts),
-                removed=len(removed),
+                facts=len(event.facts),
+                removed=len(event.removed),
                 seq=state.seq + 1,
                 summarizer_failures=failures,
             )

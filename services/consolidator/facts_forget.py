@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from services.consolidator.facts import Consolidator
 from services.consolidator.facts_store import apply_snapshot, load_state
-from shared import streams
+from shared import generations, streams
 from shared.facts import Fact, FactScope, facts_with_evidence
 from shared.keys import Keys
 from shared.settings import Settings
@@ -85,17 +85,20 @@ async def _forget_in_scope(
     facts, removed = await cons.without_gone(
         scope, gen, state.facts, forgotten, min_cluster=min_cluster, now=now
     )
-    event = cons._event(scope, state.seq + 1, facts, removed, now)
-    event, sid, payload = await cons.publish_snapshot(event)
+    # a forget of another contributor published meanwhile is left out too, not a failure
+    event, sid, payload = await cons.publish_live(
+        scope, gen, state.seq + 1, facts, removed, min_cluster=min_cluster, now=now
+    )
     await apply_snapshot(
         cons.redis, cons.keys, gen, event, sid, cons.dim, await cons.tags(gen), payload=payload
     )
     # the older snapshots of this scope still hold the forgotten ids and text: drop them
     await streams.delete(cons.redis, cons.keys.stream_of(namespace), [s for s in state.sids if s != sid])
     await cons.redis.hset(cons.keys.fact_scope(gen, namespace, scope_id), "sids", json.dumps([sid]))
+    await generations.check_writable(cons.redis, cons.keys, gen)  # the HSET may have recreated the state
     log.info(
         "facts ◆ forgot evidence in scope %s ◆ %d facts kept ◆ %d removed",
         scope_id[:12],
-        len(facts),
-        len(removed),
+        len(event.facts),
+        len(event.removed),
     )

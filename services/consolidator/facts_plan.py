@@ -9,18 +9,18 @@ distance threshold states the guarantee we want directly — two groups are merg
 *average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
 close episodes, where k-means with too small a k must merge them; (3) it is fully deterministic (no
 random initialisation), so the same episodes always give the same clusters; (4) it is exact on the small
-sets involved (a scope is capped at its newest `ENGRAM_FACTS_MAX_EPISODES` episodes; O(n²) memory).
+sets involved (a scope is capped at its newest `Settings.facts_max_episodes` episodes; O(n²) memory).
 HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
 `ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
 
 Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
-regimes where its outcomes, or one strategy's outcomes, flip (`shared.regimes`: success rates on either
-side of 50%, 0.5 apart, each side >= min_cluster episodes, Fisher p <= 0.05). The newest regime is the
-cluster's current fact, each older one a fact it superseded (`status=superseded`, `superseded_by`; the
-newer one `supersedes` it and counts evidence from `evidence_since`). Nothing in this depends on the
-previous facts or on when consolidation ran: any interleaving of publishes and runs ends in the facts
-one run over the same episodes gives (property-tested), and every episode of a large enough cluster is
-in exactly one fact.
+regimes where its outcomes, or one approach's outcomes (the strategy, else the tools called), flip
+(`shared.regimes`: success rates on either side of 50%, 0.5 apart, each side >= min_cluster episodes,
+Fisher p <= 0.05). The newest regime is the cluster's current fact, each older one a fact it superseded
+(`status=superseded`, `superseded_by`; the newer one `supersedes` it and counts evidence from
+`evidence_since`). Nothing in this depends on the previous facts or on when consolidation ran: any
+interleaving of publishes and runs ends in the facts one run over the same episodes gives
+(property-tested), and every episode of a large enough cluster is in exactly one fact.
 
 Stable ids (`plan`). The previous facts only lend identities: each derived fact takes the id of the
 previous fact (current or superseded) holding the largest share (>= half) of that fact's evidence,
@@ -53,7 +53,7 @@ from shared.facts import (
     superseded,
 )
 from shared.keys import digest
-from shared.regimes import segments
+from shared.regimes import approach, segments
 
 HISTORY_LIMIT = 50  # superseded facts kept per scope (newest first)
 DEFAULT_DISTANCE = {"mpnet-base-v2": 0.70, "minilm-l6-v2": 0.69, "hashing-v1": 0.59}
@@ -133,6 +133,12 @@ def _failure_messages(ep: Episode) -> list[str]:
     return sorted({_clip(m, 200) for m in msgs if m.strip()})
 
 
+def centroid_of(matrix: np.ndarray) -> np.ndarray:
+    """The unit mean of the evidence's unit vectors (`matrix`: [n, dim]), float32[dim]."""
+    centroid = matrix.mean(axis=0)
+    return (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+
+
 def build_fact(
     scope: FactScope,
     rows: Sequence[Row],
@@ -181,8 +187,7 @@ def build_fact(
         for t, c in sorted(acts.items(), key=lambda x: (-x[1], x[0]))[:5]
     ]
     matrix = np.stack([r.vector for r in rows])
-    centroid = matrix.mean(axis=0)
-    centroid = (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+    centroid = centroid_of(matrix)
     cos = matrix @ centroid.astype(np.float64)
     order = sorted(range(n), key=lambda i: (-round(float(cos[i]), 9), rows[i].episode_id))
     central = tuple(rows[i].episode_id for i in order[:3])
@@ -305,11 +310,12 @@ def _text(
 
 
 def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
-    """A cluster's time-ordered evidence cut where outcomes or a strategy's outcomes flip
-    (`shared.regimes.segments`), oldest first; every regime has at least `min_size` rows."""
+    """A cluster's time-ordered evidence cut where outcomes or one approach's outcomes flip
+    (`shared.regimes.segments`; an approach is the strategy, else the tools called:
+    `shared.regimes.approach`), oldest first; every regime has at least `min_size` rows."""
     rows = _order(rows)
     success = [r.episode.outcome == "success" for r in rows]
-    strategies = [r.episode.strategy_used for r in rows]
+    strategies = [approach(r.episode.strategy_used, (a.action_type for a in r.episode.actions)) for r in rows]
     return [rows[a:b] for a, b in segments(success, strategies, min_size)]
 
 

@@ -6,16 +6,19 @@ own vector when ENGRAM_CONTEXT_EPISODES keeps one, see `_row`),
 applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
 a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
 ignored), both when a run publishes it and when the worker consumes it, so a replay rebuilds facts;
-`import_snapshots` carries every scope's last applied snapshot into a new generation (replay).
+`import_snapshots` carries every scope's last applied snapshot into a new generation (replay). A
+snapshot projected into a generation of another embedder gets centroids of that generation's vectors
+(`reembedded`).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -25,8 +28,8 @@ from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
 from services.consolidator.context import OWN_FIELD
-from services.consolidator.facts_plan import Row, _order
-from shared import cluster
+from services.consolidator.facts_plan import Row, _order, centroid_of
+from shared import cluster, generations
 from shared.codec import encode
 from shared.facts import (
     CENTROID_FIELD,
@@ -37,7 +40,7 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation, filter_search
+from shared.index import STATUS_COMPLETED, Scope, current_generation, search_limit
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes
@@ -46,6 +49,7 @@ from shared.tags import TagCodec
 log = logging.getLogger("engram.facts")
 
 PAGE = 500
+"""Episodes per search-module read and per pipeline of `load_rows`."""
 
 
 def _row(doc: bytes | None, vector: bytes | None, own: bytes | None = None) -> Row | None:
@@ -67,8 +71,17 @@ def _row(doc: bytes | None, vector: bytes | None, own: bytes | None = None) -> R
     return Row(episode=episode, vector=v / norm)
 
 
-async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec) -> list[Row]:
-    """The scope's newest `limit` completed episodes with their vectors (FT.SEARCH, paged)."""
+async def load_rows(
+    r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec, *, page: int | None = None
+) -> list[Row]:
+    """The scope's newest `limit` completed episodes with their vectors, read `page` (PAGE) at a time.
+
+    A search sorted by completion sorts every match in one go, and a namespace of 300,000 episodes ran
+    past the search module's TIMEOUT. So the keys and completion times of the scope's episodes come
+    through an unsorted FT.AGGREGATE cursor, `page` per read (each read answers within the timeout,
+    whatever the namespace's size), the newest `limit` kept as they come (ties: the greater key);
+    then their documents and vectors, `page` per pipeline. A document deleted or changed meanwhile is
+    skipped, as is an unreadable one. Raises ResponseError for a missing index."""
     filters = Scope(
         namespace=scope.namespace,
         tags=tags,
@@ -77,27 +90,46 @@ async def load_rows(r: aioredis.Redis, index: str, scope: FactScope, limit: int,
         status=STATUS_COMPLETED,
         live_at=time.time(),  # facts are not built from expired episodes
     )
-    rows: list[Row] = []
-    offset = 0
-    while offset < limit:
-        n = min(PAGE, limit - offset)
-        _total, page = await filter_search(
-            r,
-            index,
-            filters,
-            return_fields=("doc", "vector", OWN_FIELD),
-            sort_by="completed_at",
-            descending=True,
-            offset=offset,
-            limit=n,
-        )
-        for hit in page:
-            row = _row(hit.fields.get(b"doc"), hit.fields.get(b"vector"), hit.fields.get(OWN_FIELD.encode()))
-            if row is not None:
-                rows.append(row)
-        offset += n
-        if len(page) < n:
+    page = page or PAGE
+    newest: list[tuple[float, bytes]] = []  # a min-heap of (completed_at, key)
+    reply, cursor = await r.execute_command(
+        "FT.AGGREGATE",
+        index,
+        filters.query(),
+        *search_limit(),
+        "LOAD",
+        2,
+        "@__key",
+        "@completed_at",
+        "WITHCURSOR",
+        "COUNT",
+        page,
+        "DIALECT",
+        2,
+    )
+    while True:
+        for raw in reply[1:]:
+            f = dict(zip(raw[::2], raw[1::2], strict=False))
+            key, at = f.get(b"__key"), f.get(b"completed_at")
+            if key is None or at is None:
+                continue  # deleted between the match and the load
+            if len(newest) < limit:
+                heapq.heappush(newest, (float(at), key))
+            elif (float(at), key) > newest[0]:
+                heapq.heapreplace(newest, (float(at), key))
+        if not int(cursor):
             break
+        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", page)
+    chosen = [key for _, key in sorted(newest, reverse=True)]
+    rows: list[Row] = []
+    for i in range(0, len(chosen), page):
+        async with r.pipeline(transaction=False) as pipe:
+            for key in chosen[i : i + page]:
+                pipe.hmget(key, ["doc", "vector", OWN_FIELD, "status"])
+            for doc, vector, own, status in await pipe.execute():
+                row = _row(doc, vector, own) if status == STATUS_COMPLETED.encode() else None
+                if row is not None:
+                    rows.append(row)
     return _order(rows)
 
 
@@ -116,6 +148,18 @@ async def load_rows_by_id(
             if row is not None:
                 rows.append(row)
     return _order(rows)
+
+
+async def reembedded(r: aioredis.Redis, keys: Keys, gen: int, facts: Sequence[Fact]) -> list[Fact]:
+    """`facts` with each centroid computed from its evidence's vectors in generation `gen`, as a run
+    computes it (`facts_plan.centroid_of`); a fact none of whose evidence is there (expired, forgotten)
+    gets no centroid: listed and filtered, never found by similarity. Text, ids and versions stay."""
+    out = []
+    for f in facts:
+        rows = await load_rows_by_id(r, keys, gen, f.namespace, f.evidence)
+        vector = centroid_of(np.stack([row.vector for row in rows])) if rows else ()
+        out.append(replace(f, centroid=tuple(float(x) for x in vector)))
+    return out
 
 
 # --- the projection ---------------------------------------------------------------------------------
@@ -175,14 +219,24 @@ async def apply_snapshot(
     tags: TagCodec,
     *,
     payload: bytes | None = None,
+    reembed: bool = False,
 ) -> bool:
-    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`) atomically; False
-    when an equal or newer one is in. `payload` is the event's stored bytes (sealed with a master key),
-    kept with the scope for a replay; None stores `encode(event)`."""
+    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`, whose vectors have
+    `dim` dimensions) atomically; False when an equal or newer one is in. `payload` is the event's
+    stored bytes (sealed with a master key), kept with the scope for a replay; None stores
+    `encode(event)`. With `reembed` (a replay into another embedder's generation), and for any fact
+    whose centroid has not `dim` dimensions (the index could not hold it), the centroid is computed
+    again from the fact's evidence in `gen` (`reembedded`); the stored event stays as it came.
+    StaleGeneration (what was written swept) when `gen` is neither live nor being built once written
+    (`shared.generations`)."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
     state_key = keys.fact_scope(gen, scope.namespace, scope.scope_id)
+    if reembed or any(f.centroid and len(f.centroid) != dim for f in facts):
+        if int(await r.hget(state_key, "seq") or 0) >= seq:  # not applied: spare the reads
+            return False
+        facts = await reembedded(r, keys, gen, facts)
     sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
     async with r.pipeline(transaction=True) as pipe:
         while True:
@@ -213,9 +267,13 @@ async def apply_snapshot(
                     },
                 )
                 await pipe.execute()
-                return True
+                break
             except WatchError:
                 continue
+    # a run that read the generation before a replay swapped and dropped it wrote into a dead one:
+    # swept here (StaleGeneration); the snapshot is in the stream, for the live generation
+    await generations.check_writable(r, keys, gen)
+    return True
 
 
 async def import_snapshots(
@@ -226,8 +284,11 @@ async def import_snapshots(
     dim: int,
     tags: TagCodec,
     keyring: KeyRing | None = None,
+    *,
+    reembed: bool = False,
 ) -> int:
-    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`.
+    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`
+    (`reembed`: with centroids of `new`'s vectors, see `apply_snapshot`).
 
     The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
     was built from is kept with its projection state; replaying the stream afterwards applies only newer
@@ -254,10 +315,11 @@ async def import_snapshots(
             log.warning("facts ◆ skipped an unreadable (or shredded) stored snapshot of generation %d", old)
             continue
         if isinstance(event, FactsConsolidated) and await apply_snapshot(
-            redis, keys, new, event, None, dim, tags, payload=raw
+            redis, keys, new, event, None, dim, tags, payload=raw, reembed=reembed
         ):
             await redis.hset(
                 keys.fact_scope(new, event.namespace, event.scope.get("scope_id", "")), "sids", sids or b"[]"
             )
             imported += 1
+    await generations.check_writable(redis, keys, new)
     return imported

@@ -1,4 +1,5 @@
-"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation.
+"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation, and
+from the generation a replay is building beside it (`shared.generations`).
 
 The projector applies `EpisodeForgotten` and `UserForgotten` events in stream order between its
 episode-event segments, and erases an episode written after its user's forget time (the write scripts
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from services.consolidator import deadletters, erasure
 from services.consolidator.context import SessionContext
 from services.consolidator.scripts import FORGET_USER_LUA
-from shared import cluster, streams
+from shared import cluster, generations, streams
 from shared.codec import occurred_at
-from shared.index import DOC_FIELD, Scope, filter_search
+from shared.facts import facts_with_evidence
+from shared.index import DOC_FIELD, Scope, filter_search, generation_tags, is_missing_index
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes, bytes_list
@@ -85,6 +88,13 @@ class Forgetting:
             k.episode_stream_ids(g, namespace, episode_id),
             doc,
         )
+        building = await self._building()
+        if building is not None:  # a replay's copy: its catch-up would erase it, unless it never comes
+            await self.redis.delete(
+                k.episode_events(building, namespace, episode_id),
+                k.episode_stream_ids(building, namespace, episode_id),
+                k.episode_doc(building, namespace, episode_id),
+            )
         if self.context is not None:  # re-base the successor on the episode before the erased one
             await self.context.refresh_sessions(sessions)
         if facts == "later":
@@ -106,6 +116,7 @@ class Forgetting:
         pass (`facts_forget.forget_evidence`)."""
         from services.consolidator.facts_forget import forget_evidence
 
+        await self._forget_facts_in_building(namespace, episode_ids)
         await forget_evidence(
             self.redis,
             self.keys,
@@ -116,6 +127,38 @@ class Forgetting:
             self.tags,
             settings=self.settings,
         )
+
+    async def _building(self) -> int | None:
+        """The generation a replay is building beside this one (`shared.generations`), if any."""
+        _live, building = await generations.writable(self.redis, self.keys)
+        return building if building != self.gen else None
+
+    async def _forget_facts_in_building(self, namespace: str, episode_ids: list[str]) -> None:
+        """Delete, in a building generation, every facts scope of `namespace` one of whose facts names
+        one of `episode_ids` (its state keeps the snapshot, text included). The rebuilt snapshot that
+        the forget publishes reaches it through the replay's catch-up pass."""
+        building = await self._building()
+        if building is None or not episode_ids:
+            return
+        tag_key = (await self.keyring.load(self.redis)).tag_key if self.keyring is not None else None
+        tags = await generation_tags(self.redis, self.keys, building, tag_key)
+        try:
+            affected = await facts_with_evidence(
+                self.redis, self.keys.facts_index(building), namespace, episode_ids, tags
+            )
+        except ResponseError as exc:  # the replay has not created its facts index yet
+            if not is_missing_index(exc):
+                raise
+            return
+        for scope_id in sorted({f.scope_id for f in affected}):
+            state = self.keys.fact_scope(building, namespace, scope_id)
+            ids = await self.redis.hget(state, "ids")
+            names = {f.fact_id for f in affected if f.scope_id == scope_id} | set(
+                orjson.loads(ids) if ids else []
+            )
+            await self.redis.delete(
+                state, *(self.keys.fact_doc(building, namespace, i) for i in sorted(names))
+            )
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than

@@ -4,7 +4,7 @@ Served by aiohttp in the worker's own event loop, so a loop that stops turning (
 deadlock) stops answering too: a probe's timeout then reads as unhealthy, like a 503.
 
 `/healthz` answers 200 only when the worker is consuming: every lane turned within `stall` seconds
-(`ENGRAM_HEALTH_STALL`; a lane embedding a batch turns after each forward pass it completes,
+(`Settings.health_stall`; a lane embedding a batch turns after each forward pass it completes,
 `shared.embed_progress.reporting_progress`) and Redis answered a PING within `PING_TIMEOUT`. Otherwise 503, with
 `status` one of `starting` (loading the embedder, or waiting for Redis at start), `stuck` (a lane
 has not come round for longer than `stall`), `paused` (the live index uses another embedder;
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shared.content_coding import identity_only
 
 if TYPE_CHECKING:
     from services.consolidator.worker import Worker
@@ -96,7 +98,7 @@ def operations_app(health: Health, registry: CollectorRegistry) -> web.Applicati
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=[identity_only])  # 415 for a Content-Encoding (shared.content_coding)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     return app
@@ -108,7 +110,8 @@ async def start_operations(
     """Serve `operations_app` on host:port; returns the runner (`await runner.cleanup()` stops it).
 
     Raises OSError when the port cannot be bound (e.g. taken by another process)."""
-    runner = web.AppRunner(operations_app(health, registry), access_log=None)
+    # aiohttp never decodes a body (shared.content_coding): a false gzip body logged a traceback per request
+    runner = web.AppRunner(operations_app(health, registry), access_log=None, auto_decompress=False)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -59,15 +59,10 @@ from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
-from shared import cluster, legacy, streams, tracing
+from shared import cluster, generations, legacy, streams, tracing
 from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
-from shared.index import (
-    STATUS_COMPLETED,
-    VECTOR_FIELD,
-    embedding_text,
-    episode_fields,
-)
+from shared.index import STATUS_COMPLETED, VECTOR_FIELD, embedding_text, episode_fields
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.settings import Settings
@@ -150,8 +145,10 @@ class Projector:
         *,
         tags: TagCodec,
         settings: Settings,
+        reembed_facts: bool = False,
     ):
         self.redis = redis
+        self.reembed_facts = reembed_facts  # a reindex: facts get centroids of this generation's vectors
         self.tags = tags
         self.keyring = keyring
         self.keys = keys
@@ -218,6 +215,8 @@ class Projector:
         await self.forgetting.flush_facts()
         if shredded:
             await streams.delete_entries(self.redis, shredded)
+        # after the writes (shared.generations): StaleGeneration makes the worker project it again
+        await generations.check_writable(self.redis, self.keys, self.gen)
         return result
 
     async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
@@ -670,6 +669,7 @@ class Projector:
                 break
             pending = await self._fold_and_write(pending, result)
         await self._rebase_sessions(episodes)
+        await generations.check_writable(self.redis, self.keys, self.gen)  # as in `apply`
         return result
 
     # --- forgetting and other events -----------------------------------------------------------
@@ -697,4 +697,5 @@ class Projector:
                 self.embedder.dim,
                 self.tags,
                 payload=entry.payload,  # kept sealed as it came
+                reembed=self.reembed_facts,
             )

@@ -6,15 +6,25 @@ and the stream itself. Both are raw events and folding is idempotent by `event_i
 is harmless.
 
 1. generation n+1 gets its own index (with the embedder given, so this is also `reindex`);
-2. the snapshot is copied and re-folded, then the whole stream is projected page by page (the same
-   Projector the workers use);
-3. `FT.ALIASUPDATE` points the alias at the new index and `meta.generation` is set, with the
-   `context_episodes` the new generation was written with in the same HSET: workers switch on their next
-   batch (they re-read the generation every turn, and the record when it changed:
-   `shared.context_setting`);
-4. a catch-up pass projects the entries added since step 2 began;
+2. the snapshot is copied and re-folded, each facts scope's last snapshot imported, then the stream is
+   projected page by page (the same Projector the workers use) up to each partition's last id fixed
+   before the pass (`Tip`), again from there while a pass is at most half the last
+   (`_passes_before_swap`): read "until a page comes back empty", a replay never ended while ingest
+   outpaced it;
+3. `FT.ALIASUPDATE` points the aliases at the new indexes and `meta.generation` is set, with the
+   `context_episodes` the new generation was written with in the same step (`generations.finish`):
+   workers switch on their next batch (they re-read the generation every turn, after their read, and
+   the record when it changed: `shared.context_setting`);
+4. a second mark is read after that switch, and a catch-up pass projects the entries between the two
+   marks (the workers wrote them into generation n while it was live); every later entry reaches n+1
+   through the workers, so the catch-up is bounded too;
 5. the old generation's index and keys are dropped.
 Tombstones are generation-independent, so a replay never resurrects forgotten data.
+
+**Facts** carry centroids in the vectors of the generation they were built in. Into a generation of
+another embedder (`reindex`), every facts snapshot projected gets centroids computed again from its
+evidence there (`facts_store.apply_snapshot`); what was done is returned and recorded in `meta`
+(`shared.facts.replay_record`, shown by `/readyz`).
 
 **Layout migration.** A generation built before the keys carried a namespace hash tag
 (`shared.keys`; its meta has no `g<n>:layout`) is read by pattern like any other (its event hashes and
@@ -25,28 +35,34 @@ are linked again under the new names (`deadletters.relink`). Scope trigger count
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from engram_episodic.errors import Conflict
 from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
-from shared import context_setting, legacy, streams
+from shared import context_setting, generations, legacy, streams
 from shared.cluster import search_targets
+from shared.facts import replay_record
 from shared.index import (
     current_generation,
-    drop_index,
     ensure_episode_index,
+    index_exists,
     index_size,
     point_alias_at,
 )
 from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
 from shared.partitions import check_partitions
-from shared.replies import bytes_list, bytes_map
+from shared.replies import as_text, bytes_list, bytes_map
 from shared.settings import Settings
 
 log = logging.getLogger("engram.replay")
@@ -71,24 +87,79 @@ class NoProgress:
         pass
 
 
+@dataclass(frozen=True, slots=True)
+class Tip:
+    """Where a stream partition stood at one instant (one XINFO STREAM): its last id and how many
+    entries were ever added to it, and how many it holds."""
+
+    last: bytes
+    added: int
+    length: int
+
+
+async def _tip(redis: aioredis.Redis, stream: str) -> Tip:
+    """The partition's `Tip` now (`0-0` and zeros for a stream that does not exist yet)."""
+    try:
+        info = await redis.execute_command("XINFO", "STREAM", stream)
+    except ResponseError:  # no such key: nothing published to this partition yet
+        return Tip(b"0-0", 0, 0)
+    fields = dict(zip(info[::2], info[1::2], strict=False))
+    last = fields.get(b"last-generated-id") or b"0-0"
+    return Tip(
+        last if isinstance(last, bytes) else str(last).encode(),
+        int(fields.get(b"entries-added") or 0),
+        int(fields.get(b"length") or 0),
+    )
+
+
 async def _project_range(
-    projector: Projector, redis: aioredis.Redis, stream: str, start: bytes | str, progress: Progress
-) -> tuple[bytes | None, int]:
-    """Project entries after `start` ("-" = from the beginning); returns (last id, count)."""
-    last: bytes | None = None
+    projector: Projector,
+    redis: aioredis.Redis,
+    stream: str,
+    after: bytes | None,
+    until: bytes,
+    progress: Progress,
+) -> int:
+    """Project the entries with ids in (`after`, `until`] (`after` None: from the first); returns the
+    count. The range is fixed, so this ends however fast entries are published meanwhile."""
     count = 0
-    cursor: bytes | str = start
+    start = b"-" if after is None else b"(" + after
     while True:
-        page = await streams.read_range(redis, stream, cursor, "+", count=PAGE)
-        if cursor != "-":
-            page = [e for e in page if e.stream_id != cursor]
+        page = await streams.read_range(redis, stream, start, until, count=PAGE)
         if not page:
-            return last, count
+            return count
         await projector.apply(page)
-        last = page[-1].stream_id
-        cursor = last
+        start = b"(" + page[-1].stream_id
         count += len(page)
         progress.advance(len(page))
+
+
+async def _passes_before_swap(
+    projector: Projector, redis: aioredis.Redis, partitions: Sequence[str], progress: Progress
+) -> tuple[dict[str, Tip], int]:
+    """Project every partition up to its `Tip` fixed before the pass, then again up to a new one while
+    that pass would be at most half the last (and more than a page); returns the last marks and the
+    entries projected. Under ingest slower than the replay the entries left for the catch-up after
+    the swap, missing from the live generation until it has run, shrink geometrically; under faster
+    ingest the next pass would be longer, so the swap comes at once: either way it ends."""
+    ends = {stream: await _tip(redis, stream) for stream in partitions}
+    after: dict[str, bytes | None] = dict.fromkeys(partitions)
+    size = sum(t.length for t in ends.values())
+    projected = 0
+    while True:
+        progress.phase("stream", size)
+        # every partition in turn: the order within a partition is what a fold needs (a namespace's
+        # events are all in one), an order across partitions means nothing
+        for stream in partitions:
+            projected += await _project_range(
+                projector, redis, stream, after[stream], ends[stream].last, progress
+            )
+        after = {stream: tip.last for stream, tip in ends.items()}
+        tips = {stream: await _tip(redis, stream) for stream in partitions}
+        left = sum(max(0, tips[s].added - ends[s].added) for s in partitions)
+        if left <= PAGE or left > size // 2:
+            return ends, projected
+        ends, size = tips, left
 
 
 async def _import_snapshot(
@@ -125,37 +196,96 @@ async def replay(
     *,
     change_context_episodes: bool = False,
 ) -> dict[str, int]:
-    """Build generation n+1 from the snapshot and the stream, swap it in, drop generation n.
+    """Build a new generation from the snapshot and the stream, swap it in, drop the old one.
+
+    The new generation's number is claimed above every one used before, and it is recorded as
+    building, with a heartbeat, until the swap (`shared.generations`): forgets erase in it too, and
+    an interrupted replay drops it (or, killed, the workers' sweep does once its lease runs out).
+    ReplayRunning (a Conflict) while another replay builds.
 
     Documents are written with the deployment's recorded ENGRAM_CONTEXT_EPISODES; an explicit other
     `settings.context_episodes` raises ConfigError unless `change_context_episodes`, which rebuilds
     under it and records it at the switch (`shared.context_setting.for_replay`).
 
-    `progress` hears three phases: `snapshot` (episodes re-folded, of about as many as generation n
-    holds documents), `stream` (entries projected, of the stream's length) and `catch-up`. Returns
-    counts: from_generation, generation, snapshot_episodes, entries, dropped_keys, context_episodes
-    (the value the new generation is written with)."""
+    `progress` hears four phases: `snapshot` (episodes re-folded, of about as many as generation n
+    holds documents), `stream` (entries projected, of as many as the partitions held at its mark),
+    `catch-up` (of as many as were added between the two marks) and `drop` (old keys). Returns counts:
+    from_generation, generation, snapshot_episodes, entries (both passes), caught_up (the second),
+    dropped_keys, context_episodes (the value the new generation is written with), facts, fact_scopes,
+    facts_indexed (searchable; fewer than facts means some are not) and facts_reembedded."""
     progress = progress or NoProgress()
-    from services.consolidator.worker import vector_params
-
     keys = settings.keys
     await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
     context = await context_setting.for_replay(
         redis, keys, settings.context_episodes, change=change_context_episodes
     )
+    await generations.sweep(redis, keys)  # leftovers of an interrupted replay, of late writers
     old = await current_generation(redis, keys)
-    new = old + 1
-    await _drop_generation(redis, keys, new)  # leftovers of an interrupted replay
+    new = await generations.claim(redis, keys)  # ReplayRunning while another one builds
+    heartbeat = asyncio.create_task(_heartbeat(redis, keys, new))
+    try:
+        return await _build(settings, redis, embedder, progress, keys, context, old, new)
+    except BaseException as exc:
+        # interrupted (Ctrl-C, an error): the partial generation holds copies of the data that no
+        # forget would reach once its lease ran out; give it up and delete it now
+        await asyncio.shield(_abandon(redis, keys, new))
+        if isinstance(exc, generations.StaleGeneration) and exc.gen == new:
+            raise Conflict(
+                f"replay abandoned: generation {new} had no heartbeat for "
+                f"{generations.BUILD_LEASE_MS // 1000}s (the process was suspended?) and was swept; "
+                "run it again"
+            ) from None
+        raise
+    finally:
+        heartbeat.cancel()
+
+
+async def _heartbeat(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
+    """Renew the building lease every BEAT_SECONDS (a replay killed outright stops renewing it, and
+    the workers' sweep removes its generation once it runs out)."""
+    while await generations.beat(redis, keys, gen):
+        await asyncio.sleep(generations.BEAT_SECONDS)
+
+
+async def _abandon(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
+    """Give up generation `gen` and drop it, unless it became live (the failure came after the swap)."""
+    given_up = await generations.finish(redis, keys, gen, live=False)
+    if given_up or await current_generation(redis, keys) != gen:
+        dropped = await generations.drop(redis, keys, gen)
+        log.warning("replay ◆ interrupted ◆ generation %d given up ◆ %d keys dropped", gen, dropped)
+
+
+async def _build(
+    settings: Settings,
+    redis: aioredis.Redis,
+    embedder,
+    progress: Progress,
+    keys: Keys,
+    context: int,
+    old: int,
+    new: int,
+) -> dict[str, int]:
+    from shared.index import VectorParams
+
+    # a leftover of the same number, from before numbers were claimed
+    await generations.drop(redis, keys, new)
     dim = await embedder.ensure_dim()
     # a new generation: its TAG fields get the current digest mode (`shared.tags`), whatever the old one had
     tags = await ensure_episode_index(
         redis,
         keys,
         new,
-        vector_params(settings, dim),
+        VectorParams.of(settings, dim),
         embedder.name,
         tag_key=await deployment_tag_key(redis, keys, settings.master_key),
         point_alias=False,
+    )
+    # facts carry centroids in the embedder of the generation they were built in: another embedder's
+    # (of another dimension they could not even be indexed) are computed again from the evidence
+    built_with = await redis.hmget(keys.meta, [f"g{old}:embedder", f"g{old}:dim"])
+    reembed = built_with[0] is not None and (as_text(built_with[0]), int(built_with[1] or 0)) != (
+        embedder.name,
+        dim,
     )
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
     projector = Projector(
@@ -166,6 +296,7 @@ async def replay(
         keyring=KeyRing.from_settings(settings),
         tags=tags,
         settings=settings.with_(context_episodes=context),
+        reembed_facts=reembed,
     )
     if await redis.hget(keys.meta, f"g{old}:layout") != legacy.LAYOUT.encode():
         tombstones = await legacy.mark(redis, keys)
@@ -179,26 +310,39 @@ async def replay(
         )
     progress.phase("snapshot", await _episode_count(redis, keys, old))
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
-    await import_fact_snapshots(redis, keys, old, new, dim, tags, projector.keyring)
-    # every partition in turn: the order within a partition is what a fold needs (a namespace's events
-    # are all in one), an order across partitions means nothing
-    progress.phase("stream", sum([int(await redis.xlen(s)) for s in keys.streams]))
-    lasts: dict[str, bytes | str | None] = {}
-    first_pass = catch_up = 0
-    for stream in keys.streams:
-        lasts[stream], n = await _project_range(projector, redis, stream, "-", progress)
-        first_pass += n
+    await import_fact_snapshots(
+        redis, keys, old, new, dim, tags, projector.keyring, reembed=projector.reembed_facts
+    )
+    # each pass reads up to a last id fixed before it starts: "until a page comes back empty" never
+    # ended while ingest outpaced the replay
+    ends, first_pass = await _passes_before_swap(projector, redis, keys.streams, progress)
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
-    # one HSET: a worker that sees the new generation sees the value it is written with
-    await redis.hset(keys.meta, mapping={"generation": new, context_setting.FIELD: context})
-    progress.phase("catch-up", None)
+    if await index_exists(redis, keys.facts_index(new)):  # else the first snapshot creates and points it
+        await point_alias_at(redis, keys.facts_index_alias, keys.facts_index(new))
+    # one step: a worker that sees the new generation sees the value it is written with
+    if not await generations.finish(redis, keys, new, live=True, also={context_setting.FIELD: context}):
+        raise generations.StaleGeneration(new, old)  # abandoned (its heartbeat stalled past the lease)
+    # Read after the switch: a worker that read an entry and then found the old generation read it
+    # before the switch, so its id is at most these; every later entry goes to the new generation
+    # through the workers. The catch-up re-projects only what came between the two marks.
+    swapped = {stream: await _tip(redis, stream) for stream in keys.streams}
+    progress.phase("catch-up", sum(max(0, swapped[s].added - ends[s].added) for s in keys.streams))
+    catch_up = 0
     for stream in keys.streams:
-        _, n = await _project_range(projector, redis, stream, lasts[stream] or "-", progress)
-        catch_up += n
+        catch_up += await _project_range(
+            projector, redis, stream, ends[stream].last, swapped[stream].last, progress
+        )
+    progress.phase("drop", None)
     dropped = await _drop_generation(redis, keys, old)
+    progress.advance(dropped)
+    facts = await _facts_of(redis, keys, new)
+    facts["facts_reembedded"] = facts["facts"] if projector.reembed_facts else 0
+    await redis.hset(
+        keys.meta, replay_record(new), json.dumps({**facts, "embedder": embedder.name, "dim": dim})
+    )
     log.info(
         "replay ◆ generation %d → %d ◆ %s=%d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
-        "%d old keys dropped",
+        "%d facts in %d scopes %s ◆ %d old keys dropped",
         old,
         new,
         context_setting.VARIABLE,
@@ -206,6 +350,9 @@ async def replay(
         snapshot,
         first_pass,
         catch_up,
+        facts["facts"],
+        facts["fact_scopes"],
+        f"re-embedded with {embedder.name} (dim {dim})" if projector.reembed_facts else "carried over",
         dropped,
     )
     return {
@@ -213,38 +360,40 @@ async def replay(
         "generation": new,
         "snapshot_episodes": snapshot,
         "entries": first_pass + catch_up,
+        "caught_up": catch_up,
         "dropped_keys": dropped,
         "context_episodes": context,
+        **facts,
     }
 
 
-async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
-    """Documents in generation `gen`'s episode index (the snapshot's size, near enough; on a
-    shard-local cluster the sum over every namespace's index), or None when empty or unknown."""
+async def _facts_of(redis: aioredis.Redis, keys: Keys, gen: int) -> dict[str, int]:
+    """Generation `gen`'s facts: `facts` (documents its scopes name), `fact_scopes`, and `facts_indexed`
+    (documents its facts index holds: fewer than `facts` means some cannot be searched)."""
+    scopes = facts = 0
+    async for key in redis.scan_iter(match=keys.fact_scope_pattern(gen), count=500):
+        ids = await redis.hget(key, "ids")
+        scopes += 1
+        facts += len(json.loads(ids)) if ids else 0
+    indexed = await _index_docs(redis, keys.facts_index(gen)) if facts else 0
+    return {"facts": facts, "fact_scopes": scopes, "facts_indexed": indexed or 0}
+
+
+async def _index_docs(redis: aioredis.Redis, index: str) -> int | None:
+    """Documents in `index` (on a shard-local cluster the sum over every namespace's), None when there
+    is no such index."""
     try:
-        targets = await search_targets(redis, keys.episode_index(gen))
-        n = sum([await index_size(redis, name, **target) for name, target in targets])
-    except ResponseError:  # no index yet (a first replay): the size is unknown, not an error
+        targets = await search_targets(redis, index)
+        return sum([await index_size(redis, name, **target) for name, target in targets])
+    except ResponseError:
         return None
-    return n or None
+
+
+async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
+    """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None when
+    empty or unknown (no index yet: a first replay)."""
+    return await _index_docs(redis, keys.episode_index(gen)) or None
 
 
 async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
-    for name in (keys.episode_index(gen), keys.facts_index(gen)):
-        try:
-            await drop_index(redis, name)
-        except Exception:  # noqa: BLE001 - a missing index is the normal case
-            pass
-    dropped = 0
-    batch: list[bytes] = []
-    async for key in redis.scan_iter(match=f"{keys.gen_prefix(gen)}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 1000:
-            dropped += await redis.unlink(*batch)
-            batch = []
-    if batch:
-        dropped += await redis.unlink(*batch)
-    await redis.hdel(
-        keys.meta, f"g{gen}:embedder", f"g{gen}:dim", f"g{gen}:algorithm", f"g{gen}:tags", f"g{gen}:layout"
-    )
-    return dropped
+    return await generations.drop(redis, keys, gen)

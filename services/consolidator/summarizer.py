@@ -1,7 +1,7 @@
 """Optional rewrite of a fact's deterministic text through any OpenAI-compatible chat endpoint.
 
 Off unless `ENGRAM_SUMMARIZER_URL` is set (e.g. `http://127.0.0.1:11434/v1` for Ollama). The request
-asks for one short paragraph (`max_tokens`), and the answer is clipped to `ENGRAM_SUMMARIZER_MAX_CHARS`
+asks for one short paragraph (`max_tokens`), and the answer is clipped to `Settings.summarizer_max_chars`
 whatever the server sends, so a misbehaving model cannot bloat a fact. Any failure (timeout, non-2xx,
 malformed JSON, empty answer) keeps the deterministic text: the summariser can only make text nicer,
 never block or break consolidation. It sees the fact's statistics text and the tasks of its most

@@ -6,7 +6,11 @@ Each turn (docket's reclaim-then-read):
 2. `XREADGROUP >` up to the free capacity of the batch;
 3. `Projector.apply`, then `XACK` only what was written; poison entries are dead-lettered (and acked)
    one by one, so one bad entry never blocks its neighbours.
-A transport or embedder failure leaves the whole batch pending; the lease brings it back.
+A transport failure leaves the whole batch pending; the lease brings it back. An embedder that does not
+answer (`EmbedderUnavailable`: its provider down, slow or refusing connections) is no fault of the
+entries: the whole batch stays pending, not retried entry by entry, and the lane backs off
+(`EMBEDDER_BACKOFF`) and reads it again; each read is a delivery, so past `max_deliveries` the entries
+are dead-lettered with a reason naming the provider's failure (`redrive` publishes them again).
 
 `settings.in_flight` lanes run that loop concurrently in one process (see `Worker.run`).
 
@@ -31,14 +35,17 @@ import uuid
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.backoff import ExponentialBackoff
 
 from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
-from shared import cluster, context_setting, streams, tracing
+from shared import cluster, context_setting, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
+from shared.embedding import EmbedderUnavailable
+from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
     VectorParams,
@@ -56,20 +63,16 @@ MISMATCH_LOG_SECONDS = 30.0
 """How often a worker paused by another embedder's index repeats why."""
 MISMATCH_CHECK_SECONDS = 2.0
 """How often a paused worker re-reads the live index's embedder."""
+EMBEDDER_BACKOFF = (0.5, 30.0)
+"""(base, cap) seconds of a lane's backoff while the embedder is unavailable: 1, 2, 4, 8, 16, 30, ...
+s between reads of the failed batch, so with ENGRAM_MAX_DELIVERIES 5 an outage of about half a minute
+(plus the embedder's own retries) dead-letters the batch, never sooner, and a provider that is down is
+asked at most twice a minute per lane."""
 OWN_PENDING_CHECK_SECONDS = 2.0
 """How often an idle worker looks for entries pending to its own name that no lane holds
 (`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
-
-
-def vector_params(settings: Settings, dim: int) -> VectorParams:
-    return VectorParams(
-        dim=dim,
-        algorithm=settings.vector_algorithm,
-        m=settings.hnsw_m,
-        ef_construction=settings.hnsw_ef_construction,
-        ef_runtime=settings.hnsw_ef_runtime,
-        block_size=settings.vector_block_size,
-    )
+SWEEP_CHECK_SECONDS = 5.0
+"""How often lane 0 asks whether dead generations are to be swept (one HMGET; `shared.generations`)."""
 
 
 def consumer_name(settings: Settings) -> str:
@@ -137,6 +140,10 @@ class Worker:
         # entries after a lost reply (`_reread_own_pending`) must not hand them to a second lane
         self._in_hand: set[tuple[str, bytes]] = set()
         self._own_checked = time.monotonic()  # when an idle turn last looked for orphaned entries
+        # dead generations' keys (`shared.generations`): the live generation this process last swept
+        # under (None: not yet, so lane 0's first turn sweeps) and when it last checked
+        self._swept_under: int | None = None
+        self._sweep_checked = 0.0
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -165,7 +172,7 @@ class Worker:
                 self.redis,
                 self.keys,
                 gen,
-                vector_params(self.settings, self.embedder.dim),
+                VectorParams.of(self.settings, self.embedder.dim),
                 self.embedder.name,
                 tag_key=tag_key,
                 point_alias=True,
@@ -263,6 +270,7 @@ class Worker:
         last_info = 0.0
         last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
+        embedder_backoff = Backoff(ExponentialBackoff(cap=EMBEDDER_BACKOFF[1], base=EMBEDDER_BACKOFF[0]))
         while not stop.is_set() and not halt.is_set():
             self._beat(lane)
             try:
@@ -271,14 +279,8 @@ class Worker:
                 with reporting_progress(lambda: self._beat(lane)):
                     await self.turn()
                 backoff.reset()
-                if self.paused_by is not None:
-                    log.warning(
-                        "worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; resuming",
-                        self.name,
-                        self.embedder.name,
-                        self.embedder.dim,
-                    )
-                    self.paused_by = None
+                embedder_backoff.reset()
+                self._resume()
                 if not housekeeping:
                     continue
                 if time.monotonic() - last_info > 5:
@@ -302,7 +304,7 @@ class Worker:
                 if time.monotonic() - last_expiry > self.settings.expiry_interval:
                     last_expiry = time.monotonic()
                     await expiry.sweep(self.redis, self.settings)
-                self._erasure_housekeeping()
+                await self._housekeep_files()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)
                 await wait_or_stop(stop, MISMATCH_CHECK_SECONDS)
@@ -310,6 +312,16 @@ class Worker:
                 conflicts.append(exc)
                 halt.set()
                 return
+            except EmbedderUnavailable as exc:
+                delay = embedder_backoff.next()
+                log.warning(
+                    "worker %s ◆ embedder unavailable (%s); the batch stays pending, read again in %.1fs",
+                    self.name,
+                    str(exc)[:300],
+                    delay,
+                )
+                self._reread_own_pending()
+                await wait_or_stop(stop, delay)
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
@@ -321,6 +333,17 @@ class Worker:
                     continue
                 log.exception("worker %s ◆ redis error", self.name)
                 await wait_or_stop(stop, backoff.next())
+
+    def _resume(self) -> None:
+        """After a turn that ran: a pause (`_pause`) is over, said once."""
+        if self.paused_by is not None:
+            log.warning(
+                "worker %s ◆ the live index uses this worker's embedder %r (dim %d) again; resuming",
+                self.name,
+                self.embedder.name,
+                self.embedder.dim,
+            )
+            self.paused_by = None
 
     def _pause(self, exc: EmbedderMismatch) -> None:
         """Note that the live index uses another embedder; say so now and every MISMATCH_LOG_SECONDS
@@ -344,6 +367,30 @@ class Worker:
             exc.dim,
             embedder_setting(exc.index_embedder, exc.index_dim),
         )
+
+    async def _housekeep_files(self) -> None:
+        """What lane 0 does for erasure besides the projection: the AOF pass after forgets, in the
+        background, and the sweep of dead generations (`_sweep`) every SWEEP_CHECK_SECONDS."""
+        self._erasure_housekeeping()
+        if time.monotonic() - self._sweep_checked > SWEEP_CHECK_SECONDS:
+            await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Sweep dead generations' keys (`shared.generations`) when the live generation changed since
+        this process last swept, or a replay's building lease ran out; at start too (`_swept_under` None).
+        One worker at a time (a lease of the sweep lock): the others check again later."""
+        self._sweep_checked = time.monotonic()
+        is_due, live = await generations.due(self.redis, self.keys, self._swept_under)
+        if not is_due:
+            return
+        lock = self.keys.sweep_lock
+        if not await self.redis.set(lock, self.name, nx=True, px=self.settings.lease_ms):
+            return
+        try:
+            await generations.sweep(self.redis, self.keys)
+            self._swept_under = live
+        finally:
+            await self.redis.delete(lock)
 
     def _erasure_housekeeping(self) -> None:
         """Every 5 s, in the background: after forgets, rewrite the AOF (services.consolidator.erasure)."""
@@ -403,7 +450,17 @@ class Worker:
             done = asyncio.Event()
             renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
             try:
-                return await self._project(group, projector, entries)
+                try:
+                    return await self._project(group, projector, entries)
+                except StaleGeneration as exc:  # swapped between the read of the generation and the
+                    # end of the batch: its writes into the old one were swept; project it into the new one
+                    log.info("worker %s ◆ %s; projecting the batch again", self.name, exc)
+                try:
+                    return await self._project(group, await self._projector(), entries)
+                except StaleGeneration as exc:  # swapped twice in one batch: left pending, read again
+                    log.info("worker %s ◆ %s; the batch stays pending", self.name, exc)
+                    self._reread_own_pending()
+                    return 0
             finally:
                 # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
                 # in flight, and `await renewal` after cancel() then waited forever (the worker then
@@ -530,15 +587,20 @@ class Worker:
     async def _apply(self, projector: Projector, entries: list[streams.Entry]) -> BatchResult | None:
         """Project `entries`; None (entries left pending, error remembered) on a non-transport failure.
 
-        Transport faults and a changed embedder propagate: retrying entry by entry would not help.
+        Transport faults, a changed embedder and an unavailable one propagate: retrying entry by entry
+        would not help.
         """
         try:
             return await projector.apply(entries)
+        except StaleGeneration:  # not this batch's fault: `turn` projects it again
+            raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             for e in entries:
                 self.last_errors[(e.stream, e.stream_id)] = reason
-            if isinstance(exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError):
+            if isinstance(
+                exc, Conflict | redis_errors.ConnectionError | redis_errors.TimeoutError | EmbedderUnavailable
+            ):
                 raise
             log.exception(
                 "worker %s ◆ %d entr%s failed; left pending",

@@ -176,7 +176,10 @@ class Components(Answer):
 
 class RecallHit(Answer):
     episode: EpisodeOut
-    similarity: float = Field(description="cosine to the query, at least 0")
+    similarity: float | None = Field(
+        description="cosine to the query, at least 0; null when it could not be computed (a keyword recall "
+        "while the embedder is unavailable: `similarity_unavailable`)"
+    )
     relevance: float = Field(description="the relevance recall ranked by (0..1)")
     recency: float = Field(description="decay factor 0..1")
     age_s: float = Field(description="seconds between completed_at (or last access) and as_of")
@@ -220,6 +223,11 @@ class RecallAnswer(Answer):
     candidates: int = Field(description="size of the re-ranked pool")
     min_relevance: float
     min_priority: float
+    similarity_unavailable: bool = Field(
+        False,
+        description="present (true) only when a keyword-mode recall answered without the embedder (its "
+        "provider failed): ranked by words alone, every `similarity` null; other modes answer 503 then",
+    )
 
 
 class FactBrief(Answer):
@@ -243,6 +251,12 @@ class ContextAnswer(Answer):
     truncated: bool
     max_chars: int
     preset: str | None
+    similarity_unavailable: bool = Field(
+        False,
+        description="present (true) only when the keyword-mode recall (ENGRAM_RECALL_MODE=keyword) "
+        "answered without the embedder (its provider failed): ranked by words alone, every `similarity` "
+        "null and no facts; other modes answer 503 then",
+    )
 
 
 # --- insights ---------------------------------------------------------------------------------------
@@ -365,6 +379,17 @@ class Readiness(Answer):
         None,
         description="when `checks.embedder` is false because the live index was rebuilt with another "
         "embedder: which one, and the setting to restart with",
+    )
+    dead_letters: int | None = Field(
+        None,
+        description="entries in the dead-letter stream: the consolidator gave up on them (`engram "
+        "dead-letters` says why, `engram redrive` publishes them again); never makes the service not "
+        "ready; null when Redis does not answer",
+    )
+    lag: int | None = Field(
+        None,
+        description="entries published and not yet delivered to the consolidator (all partitions); "
+        "never makes the service not ready; null when Redis does not answer",
     )
 
 

@@ -60,6 +60,7 @@ from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
 from shared import cluster, context_setting, terms, tracing
+from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
@@ -73,17 +74,6 @@ log = logging.getLogger("engram.query")
 
 # the document of the table, built on the first GET /openapi.json and kept for the process
 openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, ROUTES, SCHEMAS))
-
-
-def vector_params(settings: Settings, dim: int) -> VectorParams:
-    return VectorParams(
-        dim=dim,
-        algorithm=settings.vector_algorithm,
-        m=settings.hnsw_m,
-        ef_construction=settings.hnsw_ef_construction,
-        ef_runtime=settings.hnsw_ef_runtime,
-        block_size=settings.vector_block_size,
-    )
 
 
 def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, background: bool):
@@ -132,7 +122,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                     gen = await current_generation(r, keys)
                     tag_key = await deployment_tag_key(r, keys, settings.master_key)
                     await ensure_episode_index(
-                        r, keys, gen, vector_params(settings, dim), e.name, tag_key=tag_key
+                        r, keys, gen, VectorParams.of(settings, dim), e.name, tag_key=tag_key
                     )
                     return gen, tag_key
 
@@ -228,6 +218,7 @@ def make_app(
         middlewares=[
             traced,
             metrics.middleware(),
+            identity_only,  # 415 for a compressed body, before anything reads it (shared.content_coding)
             problems_middleware,
             utf8_url_middleware,
             url_middleware(ROUTES),

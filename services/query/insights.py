@@ -8,6 +8,12 @@ put in time order and only its newest regime counts — when a strategy's outcom
 succeed and now fails, each side at least REGIME_MIN episodes), its older episodes no longer vouch for
 it (`current_evidence`; `changed` reports what was left out). Otherwise a strategy with ten old
 successes and five recent failures would outrank the one that now works.
+
+What the agent did is its *approach* (`shared.regimes.approach`): the recorded `strategy_used`, or,
+when an agent records none, the tools it called (`actions[].action_type`) — a switch from `pip` to `uv`
+recorded only as tool calls is a change of approach like any other. The views pass a pool of similar episodes larger
+than `k` (ADVICE_POOL) and advice keeps the `k` nearest of what still counts: the nearest episodes of
+a long good run would otherwise be all old ones, and the regime that replaced it never be seen.
 """
 
 from __future__ import annotations
@@ -18,13 +24,19 @@ from typing import Any
 
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
-from shared.regimes import last_regime
+from shared.regimes import approach, last_regime
 
 STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 REUSE_SUCCESS_RATE = 0.6
 """A strategy of similar episodes is reused when its success rate among them is above this."""
 REGIME_MIN = 3
 """Episodes each side of a flip of one strategy's outcomes (as ENGRAM_FACTS_MIN_CLUSTER's default)."""
+ADVICE_POOL = 100
+"""Similar episodes /v1/strategy and /v1/suggest read to find each approach's newest regime (at least k)."""
+
+
+def _approach(ep: Episode) -> str | None:
+    return approach(ep.strategy_used, (a.action_type for a in ep.actions))
 
 
 def _when(ep: Episode) -> tuple[float, str]:
@@ -33,16 +45,17 @@ def _when(ep: Episode) -> tuple[float, str]:
 
 
 def current_evidence(
-    similar: Sequence[Episode], *, min_size: int = REGIME_MIN
+    similar: Sequence[Episode], *, min_size: int = REGIME_MIN, k: int | None = None
 ) -> tuple[list[Episode], list[dict[str, Any]]]:
-    """The similar episodes that still count (input order kept) and what changed: per strategy (episodes
-    without one form their own group), its decided episodes in time order are cut at their last flip
-    (`shared.regimes.last_regime`) and the older ones are dropped. `changed` has one row per strategy
-    whose outcomes flipped: `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
+    """The similar episodes that still count (input order kept, the first `k` when given) and what
+    changed: per approach (`shared.regimes.approach`; episodes without one form their own group), its decided episodes
+    in time order are cut at their last flip (`shared.regimes.last_regime`) and the older ones are
+    dropped. `changed` has one row per approach whose outcomes flipped:
+    `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
     groups: dict[str | None, list[Episode]] = {}
     for ep in similar:
         if ep.outcome is not None:
-            groups.setdefault(ep.strategy_used, []).append(ep)
+            groups.setdefault(_approach(ep), []).append(ep)
     dropped: set[str] = set()
     changed = []
     for name in sorted(groups, key=lambda s: (s is None, s or "")):
@@ -62,7 +75,8 @@ def current_evidence(
                 "earlier_successes": sum(e.outcome == "success" for e in older),
             }
         )
-    return [e for e in similar if e.episode_id not in dropped], changed
+    kept = [e for e in similar if e.episode_id not in dropped]
+    return (kept if k is None else kept[:k]), changed
 
 
 def _reward(ep: Episode) -> float | None:
@@ -79,24 +93,30 @@ def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[st
 
 
 def choose_strategy(
-    similar: Sequence[Episode], *, complexity: float | None, category_profile: dict[str, Any] | None
+    similar: Sequence[Episode],
+    *,
+    complexity: float | None,
+    category_profile: dict[str, Any] | None,
+    k: int | None = None,
 ) -> dict[str, Any]:
     """Adaptive strategy choice, first rule that applies:
 
-    1. reuse the strategy of similar episodes whose success rate among them is above 0.6 (the one with
-       the most successes, then the highest rate), counting each strategy's newest regime only
-       (`current_evidence`: a strategy that stopped working is not recommended on its old successes);
+    1. reuse the approach (`shared.regimes.approach`: strategy, else tools) of similar episodes whose success rate
+       among them is above 0.6 (the one with the most successes, then the highest rate), counting each
+       approach's newest regime only, of the `k` nearest (`current_evidence`: an approach that stopped
+       working is not recommended on its old successes);
     2. `defensive` when the task's category is weak;
     3. by complexity: > 0.7 `iterative`, < 0.3 `exploratory`, otherwise `iterative`;
        unknown complexity: `conservative`.
     """
     everything = similar
-    similar, changed = current_evidence(similar)
+    similar, changed = current_evidence(similar, k=k)
     extra = {"changed": changed} if changed else {}
     groups: dict[str, list[Episode]] = {}
     for ep in similar:
-        if ep.strategy_used:
-            groups.setdefault(ep.strategy_used, []).append(ep)
+        name = _approach(ep)
+        if name:
+            groups.setdefault(name, []).append(ep)
     ranked = []
     for name, eps in groups.items():
         successes = sum(1 for e in eps if e.outcome == "success")
@@ -145,15 +165,16 @@ def choose_strategy(
 FAILED = ("failure", "abandoned")
 
 
-def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
+def suggestion(similar: Sequence[Episode], *, top: int = 5, k: int | None = None) -> dict[str, Any]:
     """Confidence from similar successes vs failures, and what went wrong in the failures.
 
     confidence: `high` with at least 2 successes and a success share >= 0.7; `medium` with at least one
     success and a share >= 0.4; otherwise `low` (including no evidence at all). Successes, failures and
-    strategies count each strategy's newest regime (`current_evidence`); `changed` lists the strategies
-    whose outcomes flipped, with what was left out.
+    strategies (approaches: `shared.regimes.approach`) count each approach's newest regime, of the `k` nearest that
+    still count (`current_evidence`); `changed` lists the approaches whose outcomes flipped, with what
+    was left out.
     """
-    current, changed = current_evidence(similar)
+    current, changed = current_evidence(similar, k=k)
     successes = [e for e in current if e.outcome == "success"]
     failures = [e for e in current if e.outcome in FAILED]
     decided = len(successes) + len(failures)
@@ -175,7 +196,7 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5) -> dict[str, Any]:
         # once per episode, in a stable order (ties in most_common keep first appearance)
         messages.update(list(dict.fromkeys(t.strip()[:300] for t in texts if t and t.strip())))
         action_types.update(list(dict.fromkeys(a.action_type for a in ep.actions if a.success is not True)))
-    strategies = Counter(e.strategy_used for e in successes if e.strategy_used)
+    strategies = Counter(name for name in map(_approach, successes) if name)
     return {
         "confidence": confidence,
         "similar": len(similar),

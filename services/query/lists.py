@@ -274,8 +274,6 @@ async def remembered_lists(
     names: list[str],
     depth: int,
     fields: tuple[str, ...],
-    *,
-    checked: bool = False,
 ) -> list[list[SearchHit]] | None:
     """`top_by` of each of `names` from the remembered floors, all in one query that also returns each
     episode's cosine distance (so `_complete` needs no restricted KNN for them); None when a floor is
@@ -286,9 +284,7 @@ async def remembered_lists(
     the union when it holds fewer than its k and as many as the union's count. Each list is then its
     members sorted by the value and the tie-break as the index returned them, under the same rule as
     `top_by`: at least depth + 1 members and the depth-th strictly above the next. The distances are
-    Redis's own, the same as a KNN hit's or the restricted KNN's (measured). `checked`: the union's
-    namespace and status are checked on its hits (`knn_union`), the same answer for less when the
-    scope holds most of the index.
+    Redis's own, the same as a KNN hit's or the restricted KNN's (measured).
     """
     now = time.monotonic()
     fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
@@ -303,9 +299,7 @@ async def remembered_lists(
             return None
         narrowed.append((key, name.encode(), (cached[1], cached[2]), sub))
     k = 2 * len(names) * (depth + 1)
-    hits = await knn_union(
-        r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields, checked=checked
-    )
+    hits = await knn_union(r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields)
     if hits is None:
         return None
     lists, moves = [], []

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.consolidator.metrics import summarizer_failures
@@ -60,6 +61,17 @@ class Metrics:
             registry=self.registry,
         )
         self._truncations_seen = 0
+        # read from Redis at each scrape (services.query.views.operations.consolidation); NaN: unknown
+        self.dead_letters = Gauge(
+            "engram_stream_dead_letters",
+            "Entries in the dead-letter stream (the consolidator gave up on them: `engram dead-letters`)",
+            registry=self.registry,
+        )
+        self.lag = Gauge(
+            "engram_stream_lag",
+            "Entries published and not yet delivered to the consolidator's group (all partitions)",
+            registry=self.registry,
+        )
         self.summarizer_failures = summarizer_failures(self.registry)  # on-demand POST /v1/consolidate
 
     def count_truncations(self, total: int) -> None:
@@ -67,6 +79,11 @@ class Metrics:
         counter is the embedder's, shared by every request, so each delta is counted once."""
         self.embed_truncations.inc(max(0, total - self._truncations_seen))
         self._truncations_seen = max(self._truncations_seen, total)
+
+    def set_consolidation(self, *, dead_letters: int | None, lag: int | None) -> None:
+        """Set the stream gauges; None (Redis did not answer) reads as NaN."""
+        self.dead_letters.set(math.nan if dead_letters is None else dead_letters)
+        self.lag.set(math.nan if lag is None else lag)
 
     def middleware(self):
         @web.middleware

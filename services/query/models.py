@@ -311,7 +311,7 @@ class RecallRequest(FilterIn):
     candidates: CandidateCount | None = Field(
         None,
         description="hits each candidate list contributes to the re-ranked pool, at least top_k; "
-        "default ENGRAM_RECALL_CANDIDATES (100), independent of top_k",
+        "default Settings.recall_candidates (100), independent of top_k",
     )
     mode: Literal["vector", "keyword", "hybrid"] | None = Field(
         None,

@@ -95,12 +95,21 @@ def _responses(route: Route, components: dict[str, Any]) -> dict[str, Any]:
     return responses
 
 
+PAGE_FILES = "/docs/"
+"""The prefix of the docs page's own files (its script, Swagger UI's bundle, stylesheet and icon): served,
+but not operations of the API, so the document leaves them out (a client generator would make a method
+of each, and warns of their non-JSON answers). The page itself, `GET /docs`, stays."""
+
+
 def document(routes: Iterable[Route], schemas: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The document of `routes` (make_app builds it once, on the first GET /openapi.json); `schemas` are
-    named components the routes' models refer to (`services.query.answers.SCHEMAS`: the episode)."""
+    """The document of `routes` but PAGE_FILES (make_app builds it once, on the first GET /openapi.json);
+    `schemas` are named components the routes' models refer to (`services.query.answers.SCHEMAS`: the
+    episode)."""
     components: dict[str, Any] = {"Problem": PROBLEM_SCHEMA, **(schemas or {})}
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
+        if route.path.startswith(PAGE_FILES):
+            continue
         path = openapi_path(route.path)
         op: dict[str, Any] = {
             "summary": route.summary,

@@ -23,7 +23,7 @@ from services.query.lists import field_float, remembered_lists, top_by
 from services.query.sizes import ScopeSizes
 from shared import relevance, scoring, tracing
 from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, term_counts
-from shared.search import bm25_checked, bm25_search, knn_checked, knn_search
+from shared.search import bm25_search, knn_search
 
 log = logging.getLogger("engram.query")
 
@@ -62,14 +62,6 @@ the model's pass (~20 ms for mpnet's int8 graph on 2 cores) was added to all of 
 async def vector_of(vector: QueryVector) -> np.ndarray:
     """The embedding itself: awaited if still being computed (raises what the embedding raised)."""
     return await vector if isinstance(vector, asyncio.Future) else vector
-
-
-CHECKED_BM25 = True
-"""Whether a checked recall (`shared.hybrid.checked_share`) also checks its BM25 arm's tenancy on the
-hits (`shared.search.bm25_checked`). Its RediSearch scores differ from the filtered arm's (up to 31% in
-a trial), which moves the pool's membership near the arm's end, not any candidate's relevance; at
-100,000 episodes (400 LoCoMo questions, docs/benchmarks.md "Checked filters") the top 10 was the same for 397, R@5 equal, R@10 -0.06 [-0.19, 0.00] points, and the
-arm's Redis time fell by two thirds."""
 
 
 @dataclass(slots=True)
@@ -300,7 +292,6 @@ async def similarity_pool(
     policy: str | None = None,
     sizes: ScopeSizes | None = None,
     common_idf: float = 0.0,
-    checked: float = 0.0,
     graph_ef: int = 0,
 ) -> Pool:
     """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
@@ -308,9 +299,7 @@ async def similarity_pool(
     (`QueryVector`): only the KNN arm and the keyword hits' cosines wait for it. `policy` is the KNN's `HYBRID_POLICY`
     (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
     its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
-    `checked` (`shared.hybrid.checked_share`): the scope's share of the index when the searches check
-    the namespace and status on their hits instead of filtering by them (`shared.search.knn_checked`,
-    `bm25_checked`; the filtered search when too few pass), 0.0 otherwise. `graph_ef`: the index is
+    `graph_ef`: the index is
     HNSW with that EF_RUNTIME (0 for FLAT): a KNN crowded by duplicate vectors is asked again with a
     wider beam (`shared.hybrid.widened_ef`).
 
@@ -326,10 +315,10 @@ async def similarity_pool(
     async def knn() -> list[SearchHit]:
         if "knn" not in names:
             return []
-        with tracing.span("engram.recall.knn", depth=depth, checked=checked):
+        with tracing.span("engram.recall.knn", depth=depth):
             vector = await vector_of(query_vector)
-            return await _knn_arm(
-                r, index, scope, vector, depth, fields, policy, checked=checked, graph_ef=graph_ef
+            return await knn_search(
+                r, index, scope, vector, depth, return_fields=fields, policy=policy, graph_ef=graph_ef
             )
 
     async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
@@ -342,8 +331,8 @@ async def similarity_pool(
     async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
         if "bm25" not in names:
             return []
-        with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped, checked=checked):
-            return await _bm25_arm(r, index, scope, text, depth, fields, checked=checked)
+        with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped):
+            return await bm25_search(r, index, scope, text, depth, return_fields=fields)
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
         """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
@@ -374,58 +363,6 @@ async def similarity_pool(
     return pool
 
 
-async def _knn_arm(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query_vector: np.ndarray,
-    depth: int,
-    fields: tuple[str, ...],
-    policy: str | None,
-    *,
-    checked: float,
-    graph_ef: int = 0,
-) -> list[SearchHit]:
-    """The KNN list: checked first when `checked` (the scope's share: `knn_checked`), filtered when
-    that declines; `graph_ef` as in `similarity_pool`."""
-    if checked:
-        hits = await knn_checked(
-            r,
-            index,
-            scope,
-            query_vector,
-            depth,
-            return_fields=fields,
-            policy=policy,
-            share=checked,
-            graph_ef=graph_ef,
-        )
-        if hits is not None:
-            return hits
-    return await knn_search(
-        r, index, scope, query_vector, depth, return_fields=fields, policy=policy, graph_ef=graph_ef
-    )
-
-
-async def _bm25_arm(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    text: str,
-    depth: int,
-    fields: tuple[str, ...],
-    *,
-    checked: float,
-) -> list[SearchHit]:
-    """The BM25 list: checked first when `checked` (the scope's share: `bm25_checked`), filtered when
-    that declines."""
-    if checked and CHECKED_BM25:
-        hits = await bm25_checked(r, index, scope, text, depth, return_fields=fields, share=checked)
-        if hits is not None:
-            return hits
-    return await bm25_search(r, index, scope, text, depth, return_fields=fields)
-
-
 _NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
 
 
@@ -433,21 +370,20 @@ async def extra_candidates(
     r: aioredis.Redis,
     index: str,
     scope: Scope,
-    query_vector: np.ndarray,
+    query_vector: QueryVector,
     pool: Pool,
     names: list[str],
     *,
     depth: int,
-    checked: float = 0.0,
 ) -> Columns:
-    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds;
-    `checked` as in `similarity_pool`."""
+    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds.
+    `query_vector` is awaited only outside keyword mode."""
     names = [n for n in names if n not in SIMILARITY_ARMS]
     if not names:
         return Columns.empty()
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     lists = (
-        await remembered_lists(r, index, scope, query_vector, names, depth, fields, checked=checked > 0)
+        await remembered_lists(r, index, scope, await vector_of(query_vector), names, depth, fields)
         if pool.mode != "keyword"
         else None
     )  # keyword mode needs no cosines (nor that every episode has a vector)

@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_kind, json_problem
+from shared.embedding import EmbeddingError
 from shared.index import SEARCH_TIMEOUT
 from shared.retry import REDIS_FAULTS
 
@@ -40,6 +41,7 @@ _TITLES = {
     408: "Request timeout",
     409: "Conflict",
     413: "Request body too large",
+    415: "Unsupported media type",
     422: "Invalid request",
     429: "Too many requests",
     500: "Internal server error",
@@ -58,8 +60,11 @@ class Invalid(Exception):
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 """The largest request body (`ENGRAM_MAX_BODY_BYTES`; set by make_app): a 413 says it, so that a client
 can split what it sends by it (`engram_episodic.parts`)."""
+EMBEDDER_RETRY_AFTER = 5
+"""Seconds a 503 for a failed embedder asks the client to wait: the embedder already retried (the
+`openai` one for seconds, `shared.embedding_openai`), so the provider is not back within Redis's 1 s."""
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
-"""Seconds `read_json` waits for a body once its headers arrived (`ENGRAM_BODY_TIMEOUT`; set by make_app)."""
+"""Seconds `read_json` waits for a body once its headers arrived (`Settings.body_timeout`; set by make_app)."""
 
 
 class Problem(Exception):
@@ -173,7 +178,7 @@ async def read_json(request: web.Request) -> Any:
     try:
         async with asyncio.timeout(timeout):  # a body trickled or never finished holds no connection for ever
             raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
-    except (RequestPayloadError, HttpProcessingError) as exc:  # e.g. Content-Encoding: gzip over non-gzip
+    except (RequestPayloadError, HttpProcessingError) as exc:  # e.g. broken chunked framing
         raise Problem(400, f"the request body cannot be read: {exc}") from None
     except TimeoutError:
         raise Problem(
@@ -226,24 +231,10 @@ def _parse(raw: bytes) -> Any:
         raise Problem(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
 
-def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
-    if isinstance(exc, Invalid | InvalidEpisode):
-        return problem(422, "the request has invalid fields", errors=exc.errors)
-    if isinstance(exc, Problem):
-        return problem(exc.status, exc.detail, headers=exc.headers, **exc.extra)
-    if isinstance(exc, NotFound):
-        return problem(404, str(exc) or "not found")
-    if isinstance(exc, Conflict):
-        return problem(409, str(exc))
-    if isinstance(exc, Backpressure):  # before PublishError, its base class: nothing was published
-        return problem(
-            429,
-            f"the consolidator is {exc.lag} entries behind (limit {exc.max_lag}); "
-            f"nothing was published, retry later",
-            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))},
-            lag=exc.lag,
-            max_lag=exc.max_lag,
-        )
+def _outage(request: web.Request, exc: Exception) -> web.Response | None:
+    """The 503 of a dependency that failed (Redis, a search past its timeout, the embedder, the event
+    stream, the deployment's configuration), logged as one line without a traceback; None for any other
+    exception."""
     if isinstance(exc, ResponseError) and SEARCH_TIMEOUT in str(exc):
         # ON_TIMEOUT FAIL (shared.index.check_on_timeout): an error, never a part of the results
         log.warning("search timeout ◆ %s %s", request.method, route_of(request))
@@ -263,11 +254,42 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
         return problem(
             503, "the service is misconfigured; its log says how to fix it", headers={"Retry-After": "5"}
         )
+    if isinstance(exc, EmbeddingError):  # the provider down, slow or refusing, a model raising: no traceback
+        log.warning("embedder unavailable ◆ %s %s ◆ %s", request.method, route_of(request), str(exc)[:300])
+        return problem(
+            503,
+            "the embedding model is unavailable (its provider failed or timed out); retry later",
+            headers={"Retry-After": str(EMBEDDER_RETRY_AFTER)},
+        )
     if isinstance(exc, PublishError):
         log.warning("publish failed ◆ %s", exc)
         return problem(
             503, "the event stream did not accept the request; retry later", headers={"Retry-After": "1"}
         )
+    return None
+
+
+def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
+    if isinstance(exc, Invalid | InvalidEpisode):
+        return problem(422, "the request has invalid fields", errors=exc.errors)
+    if isinstance(exc, Problem):
+        return problem(exc.status, exc.detail, headers=exc.headers, **exc.extra)
+    if isinstance(exc, NotFound):
+        return problem(404, str(exc) or "not found")
+    if isinstance(exc, Conflict):
+        return problem(409, str(exc))
+    if isinstance(exc, Backpressure):  # before PublishError, its base class: nothing was published
+        return problem(
+            429,
+            f"the consolidator is {exc.lag} entries behind (limit {exc.max_lag}); "
+            f"nothing was published, retry later",
+            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))},
+            lag=exc.lag,
+            max_lag=exc.max_lag,
+        )
+    outage = _outage(request, exc)
+    if outage is not None:
+        return outage
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         limit = request.app.get(MAX_BODY_BYTES)
         if not limit:

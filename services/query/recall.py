@@ -6,7 +6,7 @@ Pipeline of `POST /v1/recall`:
 2. Candidates (`candidates`): the pool is the union of fixed-depth lists of the scope — `vector`:
    KNN; `keyword`: BM25; `hybrid`: both; plus, for each of recency, reward and importance that carries
    weight, the scope's top episodes by that signal (`arms`). The depth (default
-   ENGRAM_RECALL_CANDIDATES, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
+   Settings.recall_candidates, 100) never depends on `top_k`, which only cuts: the first k of a `top_k`
    K recall are the `top_k` k recall. The non-similarity lists are fetched only when an episode
    outside the similarity lists could still reach the top_k (`Pool.outside` bounds its relevance;
    the candidates above that bound rank first either way, `_bounded_head`).
@@ -50,19 +50,19 @@ from services.query.pool import (
 )
 from services.query.sizes import ScopeSizes
 from shared import scoring, tracing
-from shared.hybrid import checked_share, hybrid_policy
+from shared.embedding import EmbeddingError
+from shared.hybrid import hybrid_policy
 from shared.index import (
     VECTOR_FIELD,
     Scope,
     count,
     filter_search,
 )
+from shared.regimes import approach
 from shared.search import knn_search
 from shared.tags import TagCodec
 
 log = logging.getLogger("engram.query")
-
-MAX_CANDIDATES = 1000
 
 _TOUCH = """
 for _, key in ipairs(KEYS) do
@@ -280,9 +280,9 @@ class RecallParams:
     graph_index: bool = True
     """The index is HNSW (`ENGRAM_VECTOR_ALGORITHM`): a broad filter's KNN may walk it in batches."""
     graph_ef: int = 0
-    """The HNSW index's EF_RUNTIME (`ENGRAM_HNSW_EF_RUNTIME`; 0 for FLAT): a KNN crowded by duplicate
+    """The HNSW index's EF_RUNTIME (`Settings.hnsw_ef_runtime`; 0 for FLAT): a KNN crowded by duplicate
     vectors is asked again with a wider beam (`shared.hybrid.widened_ef`)."""
-    common_idf: float = 0.0  # ENGRAM_BM25_COMMON_IDF (similarity_pool)
+    common_idf: float = 0.0  # Settings.bm25_common_idf (similarity_pool)
 
 
 async def _knn_policy(
@@ -294,15 +294,6 @@ async def _knn_policy(
     if sizes is None or not size or not graph:
         return None
     return hybrid_policy(size, await sizes.indexed(r, index), graph=graph)
-
-
-async def _checked(r: aioredis.Redis, index: str, size: int | None, sizes: ScopeSizes | None) -> float:
-    """The scope's share of the index when the searches check namespace and status on their hits
-    (`shared.hybrid.checked_share`), else 0.0; like `_knn_policy`, only where the `auto` preset
-    counted the scope."""
-    if sizes is None or not size:
-        return 0.0
-    return checked_share(size, await sizes.indexed(r, index))
 
 
 async def recall(
@@ -327,17 +318,18 @@ async def recall(
     preset_name, w, size = await resolve_weights(r, index, scope, p.preset, p.weights, sizes)
     depth = max(p.depth, top_k)
     policy = await _knn_policy(r, index, size, sizes, graph=p.graph_index)
-    checked = await _checked(r, index, size, sizes)
     pool_of = functools.partial(
         similarity_pool,
         policy=policy,
         sizes=sizes,
         common_idf=p.common_idf,
-        checked=checked,
         graph_ef=p.graph_ef,
     )
     pool = await pool_of(r, index, scope, query, query_vector, mode=mode, depth=depth)
-    query_vector = await vector_of(query_vector)  # the winners' cosines need it in keyword mode too
+    # the winners' cosines need it in keyword mode too, where it is all that needs it
+    vector = (
+        await vector_of(query_vector) if mode != "keyword" else await keyword_cosines_vector(query_vector)
+    )
     cands = pool.cands
     extra = [n for n in arms(mode, w, recency_from) if n not in SIMILARITY_ARMS]
     scored = None
@@ -353,9 +345,7 @@ async def recall(
         if bounded is None or len(bounded) >= top_k:
             extra = []  # none can: the answer is the same without fetching them
     if extra:
-        cands = cands + await extra_candidates(
-            r, index, scope, query_vector, pool, extra, depth=depth, checked=checked
-        )
+        cands = cands + await extra_candidates(r, index, scope, query_vector, pool, extra, depth=depth)
         scored = None
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
@@ -374,9 +364,7 @@ async def recall(
             loaded |= {id(c) for c in await load_episodes(r, list(refill.values()))}
             winners |= refill
         picked = [i for i in order if i in winners and id(winners[i]) in loaded][:top_k]
-        no_cos = [winners[i] for i in picked if not math.isfinite(winners[i].cos)]  # keyword mode
-        for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], query_vector), strict=True):
-            c.cos = cos
+        await _winners_cosines(r, [winners[i] for i in picked], vector)
         for i in picked:
             c = winners[i]
             if c.doc is None:  # not in `loaded`, which `picked` is drawn from
@@ -389,7 +377,7 @@ async def recall(
             results.append(
                 {
                     "episode": response_shape(c.doc),
-                    "similarity": max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0,
+                    "similarity": _similarity(c.cos, vector is not None),
                     "relevance": float(scored.similarity[i]),
                     "recency": float(scored.recency[i]),
                     "age_s": float(scored.age[i]),
@@ -405,7 +393,10 @@ async def recall(
         await touch(r, [c.key for c in chosen], p.touch_now)
         _after_touch(results, p.touch_now)
     context = scoring.replay_context(
-        [d.get("strategy_used") for d in docs],
+        [
+            approach(d.get("strategy_used"), (a.get("action_type") for a in d.get("actions") or ()))
+            for d in docs
+        ],
         [(d.get("feedback") or {}).get("reward") for d in docs],
         [d.get("outcome") for d in docs],
         priorities,
@@ -414,7 +405,7 @@ async def recall(
     for entry in context["strategies"]:
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
-    return {
+    body: dict[str, Any] = {
         "results": results,
         "replay_context": context,
         "as_of": format_instant(as_of),
@@ -428,6 +419,37 @@ async def recall(
         "min_relevance": min_relevance,
         "min_priority": min_priority,
     }
+    if vector is None:
+        body["similarity_unavailable"] = True
+    return body
+
+
+async def _winners_cosines(r: aioredis.Redis, winners: list[Candidate], vector: np.ndarray | None) -> None:
+    """Set the cosine of each winner without one (keyword mode's), unless the vector is unknown."""
+    no_cos = [c for c in winners if not math.isfinite(c.cos)]
+    if vector is not None and no_cos:
+        for c, cos in zip(no_cos, await _cosines(r, [c.key for c in no_cos], vector), strict=True):
+            c.cos = cos
+
+
+def _similarity(cos: float, known: bool) -> float | None:
+    """A result's `similarity`: the cosine clipped at 0 (0 without a stored vector), None when the query
+    vector is unknown (`keyword_cosines_vector`)."""
+    if not known:
+        return None
+    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
+
+
+async def keyword_cosines_vector(query_vector: QueryVector) -> np.ndarray | None:
+    """The query vector of a keyword recall, or None when the embedder failed (EmbeddingError): keyword
+    mode ranks by the episodes' words alone and needs the vector only for the winners' `similarity`,
+    so it answers without it (each `similarity` null, `similarity_unavailable` true) instead of a 503.
+    The failure is logged as one warning."""
+    try:
+        return await vector_of(query_vector)
+    except EmbeddingError as exc:
+        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
+        return None
 
 
 async def similar(

@@ -59,6 +59,8 @@ class Route:
 
 MALFORMED = Status(400, "malformed JSON, or a request line or header longer than the server accepts")
 TOO_LARGE = Status(413, "body too large")
+ENCODED = Status(415, "a Content-Encoding other than identity: bodies are taken as sent, never decoded")
+EMBEDDER_DOWN = Status(503, "the embedder is unavailable (its provider failed or timed out; Retry-After)")
 INVALID = Status(422, "invalid fields, each named in `errors`")
 NOT_FOUND = Status(404, "not in the caller's namespace")
 UNAUTHORIZED = Status(401, "missing or invalid API key")
@@ -95,7 +97,7 @@ def route(
     lookup: bool = True,
 ) -> Route:
     """A Route with the error statuses its shape implies, then `errors` (which replace one of the same
-    code in place): a body or query model → 400; a body → 413; a body, query model or path parameter →
+    code in place): a body or query model → 400; a body → 413 and 415; a body, query model or path parameter →
     422; a path parameter that names something looked up (`lookup`; not the scope of a bulk forget) →
     404; not public → 401; outside `operations` → 503 (start-up, Redis down; appended to the description
     of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
@@ -105,7 +107,7 @@ def route(
     if body is not None or query is not None:  # a long query string is refused before any handler
         implied.append(MALFORMED)
     if body is not None:
-        implied.append(TOO_LARGE)
+        implied += [TOO_LARGE, ENCODED]
     if body is not None or query is not None or "{" in path:
         implied.append(INVALID)
     if "{" in path and lookup:
@@ -143,6 +145,7 @@ ROUTES: tuple[Route, ...] = (
         recall.recall,
         "Prioritized recall of the episodes worth replaying",
         body=models.RecallRequest,
+        errors=(EMBEDDER_DOWN,),
         answer=answers.RecallAnswer,
     ),
     route(
@@ -246,6 +249,7 @@ ROUTES: tuple[Route, ...] = (
         recall.context,
         "Working memory and a ready prompt section for a task",
         body=models.ContextRequest,
+        errors=(EMBEDDER_DOWN,),
         answer=answers.ContextAnswer,
     ),
     route(
@@ -262,6 +266,7 @@ ROUTES: tuple[Route, ...] = (
         insights.strategy,
         "Adaptive strategy choice for a task",
         body=models.StrategyRequest,
+        errors=(EMBEDDER_DOWN,),
         answer=answers.StrategyAnswer,
     ),
     route(
@@ -270,6 +275,7 @@ ROUTES: tuple[Route, ...] = (
         insights.suggest,
         "Confidence and common failures from similar episodes",
         body=models.SuggestRequest,
+        errors=(EMBEDDER_DOWN,),
         answer=answers.SuggestAnswer,
     ),
     route(
@@ -361,6 +367,7 @@ ROUTES: tuple[Route, ...] = (
         "Search consolidated facts (semantic memory)",
         body=facts.FactsSearchRequest,
         tag="facts",
+        errors=(EMBEDDER_DOWN,),
         answer=answers.FactsAnswer,
     ),
     route(

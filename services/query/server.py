@@ -134,7 +134,12 @@ class RouteAccessLogger(AbstractAccessLogger):
 
 
 class AppRunner(web.AppRunner):
-    """`web.AppRunner` serving with `ProblemRequestHandler`, and with credentials redacted from aiohttp's logs."""
+    """`web.AppRunner` serving with `ProblemRequestHandler`, and with credentials redacted from aiohttp's logs.
+    Request bodies are never decoded by aiohttp (`auto_decompress=False`): a Content-Encoding is refused
+    with 415 instead (`shared.content_coding`)."""
+
+    def __init__(self, app: web.Application, **kwargs: Any):
+        super().__init__(app, **{"auto_decompress": False, **kwargs})
 
     async def _make_server(self) -> web.Server:
         install_log_redaction()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import json
 import subprocess
 import sys
@@ -207,6 +208,43 @@ async def test_langgraph_sync_graph_with_outcome_and_reward_from_the_state(tenan
             return record_node(memory, agent_id="ops").invoke(out, {"configurable": {"thread_id": "t-sync"}})
 
     assert (await asyncio.to_thread(record_again))["engram_episode_id"] == episode_id
+
+
+async def test_langgraph_threads_that_share_a_long_prefix_stay_apart(tenants, settings, redis):
+    """Thread ids longer than an Engram id are hashed, never cut: two threads sharing their first 256
+    characters stay two sessions, each turn of a thread lands in the same one, and the metadata keeps
+    the thread id whole. A tool name over 128 characters is hashed the same way."""
+    prefix = "conversation/" + "x" * 300
+    threads = [prefix + "/a", prefix + "/b"]
+    long_tool = "t" * 200
+    call = {"name": long_tool, "args": {}, "id": "call-1"}
+    replies = [
+        [AIMessage("", tool_calls=[call]), ToolMessage("ok", tool_call_id="call-1"), AIMessage("done")],
+        [AIMessage("done again")],
+        [AIMessage("other thread")],
+    ]
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": replies.pop(0)}
+
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        graph = graph_of(memory, model, state=Graded)
+        ids = []
+        for thread, task in (
+            (threads[0], "first turn"),
+            (threads[0], "second turn"),
+            (threads[1], "elsewhere"),
+        ):
+            out = await graph.ainvoke(
+                {"messages": [HumanMessage(task)]}, {"configurable": {"thread_id": thread}}
+            )
+            ids.append(out["engram_episode_id"])
+        await drain(settings, redis)
+        stored = [(await memory.wait_until_recallable(i, timeout=10)).episode for i in ids]
+    digests = ["sha256:" + hashlib.sha256(t.encode()).hexdigest() for t in threads]
+    assert [e.session_id for e in stored] == [digests[0], digests[0], digests[1]]
+    assert [e.metadata["thread_id"] for e in stored] == [threads[0], threads[0], threads[1]]
+    assert stored[0].actions[0].action_type == "sha256:" + hashlib.sha256(long_tool.encode()).hexdigest()
 
 
 def test_turn_of_reads_the_last_turn_only():

@@ -87,28 +87,6 @@ def test_perf_suite_tiny(tmp_path):
         assert row["used_memory_bytes_per_episode"] > 0
 
 
-@pytest.mark.timeout(180)  # three services spawned and a private Redis: ~15 s measured
-def test_query_batch_bench_tiny():
-    proc = run_bench(
-        "bench.query_batch",
-        "--embedder",
-        "hashing",
-        "--episodes",
-        "20",
-        "--requests",
-        "8",
-        "--rounds",
-        "2",
-        "--clients",
-        "2",
-        "--timeout",
-        "120",
-        timeout=170,
-    )
-    assert "ENGRAM_QUERY_BATCH=1" in proc.stdout and "ENGRAM_QUERY_BATCH=32" in proc.stdout
-    assert "recalls/s x" in proc.stdout
-
-
 def check_default_embedder_phases(res: dict, cache: Path) -> None:
     """The recall and ingest-real phases' results: every figure present, positive, with its floor."""
     recall = res["recall"]

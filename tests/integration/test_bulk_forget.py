@@ -8,7 +8,7 @@ from engram_episodic import AsyncEngram, Engram
 from shared import streams
 from shared.codec import decode
 from shared.keys import Keys, digest
-from tests.helpers import wait_until
+from tests.helpers import leaked_text, wait_until
 from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode
 
@@ -213,8 +213,9 @@ async def test_an_agent_or_session_forget_also_erases_episodes_still_in_flight(a
     from services.consolidator.replay import replay
     from shared.embedding import HashingEmbedder
 
-    early = [episode("a1", agent_id="a"), episode("a2", agent_id="a", session_id="s9")]
-    early += [episode("b1", agent_id="b"), episode("s1", agent_id="c", session_id="s9")]
+    gone = "the alpaca task"  # the text of the episodes forgotten below, and of no other
+    early = [episode("a1", agent_id="a", task=gone), episode("a2", agent_id="a", session_id="s9", task=gone)]
+    early += [episode("b1", agent_id="b"), episode("s1", agent_id="c", session_id="s9", task=gone)]
     assert (await api.post("/v1/episodes", json={"episodes": early})).status == 202  # no consolidator yet
     job = await (await api.delete("/v1/agents/a")).json()
     assert job["episodes"] == 0  # none in the index yet
@@ -230,6 +231,7 @@ async def test_an_agent_or_session_forget_also_erases_episodes_still_in_flight(a
     assert not in_stream & {"a1", "a2", "s1"}, "their stream entries are deleted too"
     await replay(settings, redis, HashingEmbedder(settings.embed_dim))
     assert await listed(api) == ["a3", "b1", "s2"]
+    assert await leaked_text(redis, settings.prefix, ["alpaca"]) == []
 
 
 async def test_an_episode_begun_before_its_agents_forget_is_refused_on_the_slow_path(api, settings, redis):

@@ -1,7 +1,7 @@
 """A primary of a private 3-primary cluster stopped (`SIGSTOP`, as in the new-user trial of issue 16):
 recall answers 503 with Retry-After, never 500, for a namespace on a live primary (ClusterDownError
-once the cluster state is `fail`) and for one on the stopped primary (timeouts); and 200 again once the
-primary is back. A publisher meanwhile retries the cluster's faults until its deadline and says how
+once the cluster state is `fail`) and for one on the stopped primary (timeouts), `/readyz` says
+`redis: false`; and 200 again once the primary is back. A publisher meanwhile retries the cluster's faults until its deadline and says how
 many attempts it made (it said "after 0 attempt(s)", or "Redis refused the events: The cluster is
 down")."""
 
@@ -72,12 +72,22 @@ async def test_recall_is_503_never_500_while_a_primary_is_stopped(tmp_path, aioh
                 headers={"Authorization": f"Bearer {key}"},
             )
 
+        async def redis_ready() -> bool:
+            reply = await http.get("/readyz")
+            return reply.status == 200 and (await reply.json())["checks"]["redis"] is True
+
         assert (await recall("key-live")).status == 200
+        assert await redis_ready()
         assert stopped.process is not None
         os.kill(stopped.process.pid, signal.SIGSTOP)
         try:
             port = cluster.primary_nodes[0].port
+            # /readyz says so at once: a PING of one node said `redis: true` for as long as it was down
+            reply = await http.get("/readyz")
+            assert reply.status == 503 and (await reply.json())["checks"]["redis"] is False
             await wait_until(lambda: cluster_state(port) == "fail", timeout=30, message="the cluster to fail")
+            reply = await http.get("/readyz")
+            assert reply.status == 503 and (await reply.json())["checks"]["redis"] is False
             for key in ("key-live", "key-stopped"):
                 began = time.monotonic()
                 reply = await recall(key)
@@ -97,6 +107,7 @@ async def test_recall_is_503_never_500_while_a_primary_is_stopped(tmp_path, aioh
             return (await recall("key-live")).status == 200
 
         await wait_until(answers, timeout=60, message="recall to answer once the primary is back")
+        await wait_until(redis_ready, timeout=30, message="/readyz to say redis: true again")
     finally:
         await redis.aclose()
         cluster.stop()

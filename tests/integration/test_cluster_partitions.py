@@ -259,10 +259,7 @@ async def test_a_worker_added_and_one_killed_lose_and_double_nothing_on_a_cluste
     doomed = spawn_worker(
         s,
         "doomed",
-        ENGRAM_BATCH_SIZE="100",
         ENGRAM_LEASE_MS="1500",
-        ENGRAM_FACTS_EVERY="1000000",
-        ENGRAM_FACTS_IMPORTANCE_THRESHOLD="1e9",
     )
     added = make_worker(s, redis, name="added")
     stop = asyncio.Event()

@@ -4,7 +4,10 @@ index on one node) is refused with a ConfigError naming the variable before anyt
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from engram_episodic.errors import ConfigError
 from shared import cluster
@@ -37,13 +40,12 @@ async def test_a_reader_follows_a_replay_swap_at_once(cluster_url, cluster_setti
     client, which had the alias cached (`cluster.ALIAS_TTL`), answered "Unknown index name" until the
     cache expired (a CI run of test_cluster_join failed on it). A missing index behind a cached alias
     now re-reads the alias."""
-    from services.query.app import vector_params
-    from shared.index import Scope, count, ensure_episode_index, point_alias_at
+    from shared.index import Scope, VectorParams, count, ensure_episode_index, point_alias_at
     from shared.keys import Keys
     from shared.tags import BLAKE2B
 
     s, keys = cluster_settings, Keys(cluster_settings.prefix)
-    params = vector_params(s, s.embed_dim)
+    params = VectorParams.of(s, s.embed_dim)
     await ensure_episode_index(cluster_redis, keys, 1, params, "hashing", tag_key=None)
     reader = connect(cluster_url, prefix=s.prefix)
     try:
@@ -58,3 +60,61 @@ async def test_a_reader_follows_a_replay_swap_at_once(cluster_url, cluster_setti
             assert await reader.resolve(keys.episode_index_alias) == keys.episode_index(2)
     finally:
         await reader.aclose()
+
+
+class _HeldAliasReads(RedisCluster):
+    """Holds the reply of each alias read (an `HGET` of an `ftalias:` field) until `release` is set."""
+
+    held: asyncio.Event
+    release: asyncio.Event
+
+    async def execute_command(self, *args, **kwargs):
+        reply = await super().execute_command(*args, **kwargs)
+        if args[0] == "HGET" and str(args[2]).startswith(cluster.ALIAS):
+            self.held.set()
+            await self.release.wait()
+        return reply
+
+
+class _HeldCluster(cluster.EngramCluster, _HeldAliasReads):
+    """`EngramCluster` whose own alias reads (`super().execute_command`) go through the hold."""
+
+
+async def test_an_alias_change_during_a_resolve_neither_fails_it_nor_goes_stale(cluster_url, prefix):
+    """The alias cache was set to None by an alias change while a resolve awaited its read; the
+    resolve then stored into None: `TypeError: 'NoneType' object does not support item assignment`
+    (failed consolidations, dead-lettered snapshots). The change now swaps in a new cache, and the
+    read, which began before the change, lands in the discarded one."""
+    reader = connect(cluster_url, prefix=prefix)
+    reader.__class__ = _HeldCluster
+    reader.held, reader.release = asyncio.Event(), asyncio.Event()
+    alias, index = f"{prefix}alias", f"{prefix}idx"
+    try:
+        resolving = asyncio.create_task(reader.resolve(alias))
+        await reader.held.wait()  # the alias is read, the resolve not finished
+        await reader.execute_command("FT.ALIASUPDATE", alias, index)
+        reader.release.set()
+        assert await resolving == alias  # read before the alias existed
+        assert await reader.resolve(alias) == index  # not the answer read before the change
+        await reader.execute_command("FT.ALIASDEL", alias)
+        assert await reader.resolve(alias) == alias
+    finally:
+        reader.release.set()
+        await reader.execute_command("HDEL", reader.meta, cluster.ALIAS + alias)
+        await reader.aclose()
+
+
+async def test_the_cursor_reads_of_a_routed_aggregate_reach_its_node(cluster_settings, cluster_redis):
+    """`FT.CURSOR READ <index> <id>` names its index second: it was routed as an index named "READ"
+    ("Unknown index name"), so reading every key of a namespace of more than one batch (a forget by
+    scope, a consolidation's episodes) failed on a shard-local cluster."""
+    from shared.index_pages import every_key
+    from shared.keys import Keys
+    from tests.integration.test_consolidator import drain
+    from tests.integration.test_facts import make_worker, planted, publish
+
+    s, redis = cluster_settings, cluster_redis
+    await publish(s, redis, planted()[:5], namespace="cursor")
+    await drain(make_worker(s, redis))
+    with cluster.route("cursor"):
+        assert len(await every_key(redis, Keys(s.prefix).episode_index_alias, "*", batch=2)) == 5

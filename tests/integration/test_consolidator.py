@@ -36,7 +36,7 @@ from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.sdk import EngramClient
 from shared.tags import BLAKE2B
-from tests.helpers import hit_id, wait_until
+from tests.helpers import hit_id, leaked_text, wait_until
 
 
 def make_worker(settings, redis, name="w1", **kw) -> Worker:
@@ -538,6 +538,9 @@ async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
     await replay(settings, redis, HashingEmbedder(settings.embed_dim))
     assert list(await docs(redis, keys, "ns")) == ["keep"]
     assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns", status=None)) == 1
+    assert (
+        await leaked_text(redis, settings.prefix, ["secret task one", "secrets.txt", "task u1-other"]) == []
+    )
 
 
 async def test_replay_equals_live_projection(settings, redis):
@@ -708,7 +711,7 @@ async def test_worker_run_loop_stops_gracefully(settings, redis):
 
 
 async def test_in_flight_lanes_overlap_batches_and_project_each_episode_once(settings, redis):
-    """ENGRAM_IN_FLIGHT: one worker projects several batches at once, and still exactly once."""
+    """Settings.in_flight: one worker projects several batches at once, and still exactly once."""
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     await client.publish(
         [

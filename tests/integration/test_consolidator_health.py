@@ -23,9 +23,7 @@ pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` s
 
 
 def spawn(settings, redis_url: str, port: int, **env: str) -> subprocess.Popen:
-    return spawn_consolidator(
-        settings, redis_url, ENGRAM_BLOCK_MS="100", ENGRAM_METRICS_PORT=str(port), **env
-    )
+    return spawn_consolidator(settings, redis_url, ENGRAM_METRICS_PORT=str(port), **env)
 
 
 async def _get(url: str) -> tuple[int, dict | str]:

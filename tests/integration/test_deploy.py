@@ -208,6 +208,7 @@ async def test_redis_conf_is_accepted_by_redis_8(conf_server):
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert client.config_get("save") == {"save": ""}  # no dump.rdb to outlive a forget
         client.execute_command("FT._LIST")  # the Query Engine loads alongside this config
     finally:
         client.close()

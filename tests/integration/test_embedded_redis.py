@@ -44,3 +44,18 @@ def test_a_stopped_server_keeps_what_it_was_told_when_started_again(tmp_path):
         client.close()
     finally:
         server.stop()
+
+
+def test_a_cluster_of_other_ports_or_size_in_the_data_dir_is_refused_before_starting(tmp_path):
+    """A cluster is started again from its nodes' nodes.conf; a data dir holding one only for some of
+    the ports (ENGRAM_REDIS_CLUSTER or ENGRAM_REDIS_PORT changed) would form a second cluster beside
+    nodes that remember the first: refused, naming the way out, and nothing is started."""
+    from deploy.embedded_redis import EmbeddedCluster, free_cluster_ports
+
+    ports = free_cluster_ports(3)
+    (tmp_path / str(ports[0])).mkdir()
+    (tmp_path / str(ports[0]) / "nodes.conf").write_text("")
+    cluster = EmbeddedCluster(data_dir=tmp_path, primaries=3, ports=ports)
+    with pytest.raises(EmbeddedRedisError, match=f"nodes.conf only under {ports[0]}.*remove"):
+        cluster.start()
+    assert cluster.nodes == []

@@ -29,7 +29,7 @@ from shared.keys import Keys
 from shared.redis_conn import connect
 from shared.sdk import EngramClient
 from shared.tags import BLAKE2B
-from tests.helpers import publish_and_recall, wait_until
+from tests.helpers import leaked_text, publish_and_recall, wait_until
 from tests.integration.test_consolidator import docs, drain, episode, make_worker
 
 
@@ -104,6 +104,7 @@ async def test_forgetting_a_user_destroys_the_key_and_shreds_what_was_not_consum
     assert len(remaining) == 2  # "stays" and the forget itself: the shredded entries were deleted
     await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
     assert list(await docs(redis, keys, "ns", status=None)) == ["stays"]
+    assert await leaked_text(redis, sealed.prefix, ["SHRED-ME", "early task"]) == []
     # the user's new activity gets a new key and survives
     await client.record(episode("new-life", user_id="gone"))
     await drain(worker)
@@ -266,6 +267,7 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     assert len(await redis.xrange(keys.stream)) == 1  # the forget alone
     # no link of the forgotten episodes to their dead letters is left (a new-user trial found them)
     assert not await redis.exists(keys.dead_letter_refs("ns", "dim"), keys.dead_letter_refs("ns", "late"))
+    assert await leaked_text(redis, sealed.prefix, ["DL-SECRET"]) == []
     # the erasure pass drops the applied forget (its user id was readable with the master key) and
     # compacts both streams
     from services.consolidator import erasure
@@ -360,6 +362,7 @@ async def test_erasure_housekeeping_runs_after_forgets_at_most_once_per_interval
     await client.record(episode("e1", user_id="u"))
     await client.forget_episode("e1")
     await drain(make_worker(sealed, redis))
+    assert await leaked_text(redis, sealed.prefix, ["task e1 fix"]) == []
     report = await erasure.housekeep(redis, keys, interval=600, lease_ms=2000)
     assert report is not None and report["aof_rewritten"] is True
     assert await redis.hget(keys.meta, erasure.PENDING_FIELD) is None

@@ -323,3 +323,34 @@ async def test_a_background_run_raced_by_a_forget_runs_again_without_that_user(s
         redis, keys, await current_generation(redis, keys), "ns", FactScope("ns").scope_id
     )
     assert sorted((f.support, f.users) for f in state.facts) == [(4, ("bob",)), (5, ("bob",))]
+
+
+async def test_a_forget_racing_a_forgets_rebuild_is_left_out_not_dead_lettered(sealed, redis):
+    """A forget's rebuild of facts (the projector's, for bob's episode) whose snapshot another forget
+    raced (alice's key destroyed after the rebuild read the keys, before its XADD) raised
+    ContributorForgotten, and the entry being projected was dead-lettered, which no redrive could
+    fix (49 in four runs). The rebuild now leaves alice out too and publishes the rest."""
+    from services.consolidator.facts_forget import forget_with
+
+    keys = Keys(sealed.prefix)
+    client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
+    for e in planted():
+        await client.record(e)
+    await drain(make_worker(sealed, redis))
+    cons = Consolidator(sealed, redis, sealed.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    gen = await current_generation(redis, keys)
+    real, calls = cons.publish_snapshot, []
+
+    async def forget_first(event):  # the race, in this order: alice's key goes before the XADD
+        calls.append(event)
+        if len(calls) == 1:
+            await client.forget_user("alice")
+        return await real(event)
+
+    cons.publish_snapshot = forget_first
+    assert await forget_with(cons, gen, "ns", ["mig-0"]) == 1  # bob's episode, in the mixed fact
+    assert len(calls) == 2
+    state = await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)
+    assert sorted((f.support, f.users) for f in state.facts) == [(3, ("bob",)), (5, ("bob",))]
+    assert not {"mig-0", "mig-1", "mig-3", "mig-5", "mig-7"} & {e for f in state.facts for e in f.evidence}

@@ -522,3 +522,55 @@ async def test_forgets_in_one_batch_rebuild_a_fact_once(seeded, redis, monkeypat
     assert len(rebuilt) == 1 and set(rebuilt[0][1]) == set(gone), rebuilt
     (left,) = [f for f in await facts(redis, settings) if "mig-9" in f.evidence]
     assert not set(left.evidence) & set(gone) and left.support == 4
+
+
+async def _cursor_reads(redis) -> int:
+    """FT.CURSOR calls the server has answered (INFO commandstats)."""
+    stats = await redis.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if "cursor" in k.lower())
+
+
+async def test_episodes_are_read_in_pages_with_the_facts_of_one_page(seeded, redis, monkeypatch):
+    """A 300,000-episode namespace ran past the search module's TIMEOUT in one sorted search; the
+    episodes are read in pages now (`facts_store.load_rows`). Pages of 3 give the rows, and the
+    facts, of one page of everything."""
+    from services.consolidator import facts_store
+    from services.consolidator.facts_plan import plan
+
+    settings, _worker, cons = seeded
+    keys = Keys(settings.prefix)
+    index, scope = keys.episode_index_alias, FactScope("ns")
+    one = await facts_store.load_rows(redis, index, scope, 1000, BLAKE2B, page=1000)
+    reads = await _cursor_reads(redis)
+    paged = await facts_store.load_rows(redis, index, scope, 1000, BLAKE2B, page=3)
+    assert await _cursor_reads(redis) - reads >= 21 // 3  # 21 episodes, 3 per read
+    assert [r.episode_id for r in paged] == [r.episode_id for r in one] and len(one) == 21
+    newest = sorted(planted(), key=lambda e: e["completed_at"])[-12:]
+    assert [r.episode_id for r in await facts_store.load_rows(redis, index, scope, 12, BLAKE2B, page=5)] == [
+        e["episode_id"] for e in newest
+    ]
+
+    monkeypatch.setattr(facts_store, "PAGE", 3)
+    assert (await cons.consolidate(scope, now=T0 + 1e6)).status == "published"
+    planned = plan(
+        scope, one, [], min_cluster=settings.facts_min_cluster, distance=await cons.distance(1), now=T0
+    )
+    assert planned is not None
+    assert sorted((f.evidence, f.support, f.text) for f in await facts(redis, settings)) == sorted(
+        (f.evidence, f.support, f.text) for f in planned[0]
+    )
+
+
+async def test_episodes_are_read_in_pages_on_a_cluster(cluster_settings, cluster_redis):
+    """The cursor's reads go to the node of the namespace's index, where the cursor lives."""
+    from services.consolidator.facts_store import load_rows
+    from shared import cluster
+
+    s, redis = cluster_settings, cluster_redis
+    await publish(s, redis, planted()[:7], namespace="paged")
+    await drain(make_worker(s, redis))
+    index, scope = Keys(s.prefix).episode_index_alias, FactScope("paged")
+    with cluster.route("paged"):
+        one = await load_rows(redis, index, scope, 100, BLAKE2B, page=100)
+        paged = await load_rows(redis, index, scope, 100, BLAKE2B, page=2)
+    assert [r.episode_id for r in paged] == [r.episode_id for r in one] == [f"mig-{i}" for i in range(7)]

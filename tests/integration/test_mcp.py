@@ -263,7 +263,8 @@ async def test_the_documented_desktop_configs_start_a_working_server(tenants, se
 
 async def test_the_documented_python_client_lists_the_tools_and_recalls(tenants, settings, redis, tmp_path):
     """docs/integrations.md's Python MCP client, run as written (the service's URL and key, and the
-    engram script of this environment, put in): it prints the tools and what the model would read."""
+    engram script of this environment, put in) on an empty memory: it records an episode for the agent
+    the server is bound to, then prints the tools and what the model would read, which holds it."""
     code = doc_blocks("## MCP (Claude Desktop", "python")[0]
     assert '"--agent-id", "my-agent"' in code
     for documented, actual in (
@@ -273,21 +274,13 @@ async def test_the_documented_python_client_lists_the_tools_and_recalls(tenants,
     ):
         assert documented in code, documented
         code = code.replace(documented, actual)
-    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
-        eid = await memory.record(  # the agent the documented server is bound to (--agent-id)
-            task="fix the flaky login test",
-            outcome="success",
-            solution="freeze the clock with a fixture",
-            agent_id="my-agent",
-        )
-        await drain(settings, redis)
-        await memory.wait_until_recallable(eid, timeout=10)
     script = tmp_path / "mcp_client.py"
     script.write_text(code)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    async with running_worker(settings, "mcp-doc"):  # the example's record(wait=10) returns once projected
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
     tools_line, *rest = out.decode().splitlines()
     assert eval(tools_line) == list(TOOL_NAMES)  # noqa: S307  (a printed list of names)
@@ -318,3 +311,110 @@ async def test_the_documented_module_command_prints_its_options():
         "--allow-remote",
     ):
         assert flag in out.decode()
+
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+RECALL = (
+    b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"recall_experiences","arguments":%s}}'
+)
+# (what is sent, the JSON-RPC error code of its answer, the id the answer carries)
+BAD_MESSAGES = [
+    (b'{"jsonrpc": "2.0", "id": 1, "method": ', -32700, None),  # not JSON
+    (
+        RECALL % (b"2", b'{"query": "x", "top_k": ' + b"9" * 5000 + b"}"),
+        -32700,
+        None,
+    ),  # a 5,000-digit integer
+    (RECALL % (b"3", b'{"query": "x", "top_k": NaN}'), -32700, None),  # NaN is not JSON
+    (RECALL % (b"4", b'{"query": "caf\xe9"}'), -32700, None),  # Latin-1, not UTF-8
+    (RECALL % (b"5", b'{"query": "x", "filters": ' + b"[" * 200 + b"]" * 200 + b"}"), -32600, 5),
+    (RECALL % (b"6", b'{"query": "x", "filters": ' + b"[" * 5000 + b"]" * 5000 + b"}"), -32600, None),
+    (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/list"}', -32600, None),  # an object as id
+    (b'{"jsonrpc": "2.0", "id": true, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}', -32600, None),
+    (b'[{"jsonrpc": "2.0", "id": 7, "method": "tools/list"}]', -32600, None),  # a batch
+    (b"[]", -32600, None),
+    (b'"tools/list"', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": 8}', -32600, 8),
+    (b'{"jsonrpc": "1.0", "id": 9, "method": "tools/list"}', -32600, 9),
+    (b'{"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": [1]}', -32600, 10),
+    (
+        b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "tools/call", "params": {"name": "\\ud800"}}',
+        -32602,
+        "\ud800",
+    ),
+]
+
+
+async def test_every_malformed_message_is_answered_and_the_server_reads_on(
+    tenants, settings, redis, tmp_path
+):
+    """`engram mcp` as an agent's process runs it, fed raw lines: each message that is not a valid JSON-RPC
+    request gets its JSON-RPC error (none is dropped, which would leave the caller waiting forever), then
+    a valid call works. The locale is C without UTF-8 mode: the non-ASCII --user-id is still read as
+    UTF-8, and so are the messages."""
+    env = {
+        **os.environ,
+        "ENGRAM_URL": url(tenants),
+        "ENGRAM_API_KEY": KEY_A,
+        "LC_ALL": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONCOERCECLOCALE": "0",
+    }
+    with (tmp_path / "mcp.log").open("w") as log:
+        proc = await asyncio.create_subprocess_exec(
+            ENGRAM_SCRIPT,
+            "mcp",
+            "--user-id",
+            "Jürgen",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=env,
+            limit=1 << 20,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    async def ask(line: bytes) -> dict:
+        proc.stdin.write(line + b"\n")
+        await proc.stdin.drain()
+        answer = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert answer, (tmp_path / "mcp.log").read_text()
+        return json.loads(answer)
+
+    try:
+        assert (await ask(json.dumps(INIT).encode()))["result"]["serverInfo"]["name"] == "engram"
+        proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        for line, code, request_id in BAD_MESSAGES:
+            answer = await ask(line)
+            assert answer["error"]["code"] == code and answer["id"] == request_id, (line[:80], answer)
+            assert answer["error"]["data"], answer
+            if b"9" * 5000 in line:
+                assert answer["error"]["data"] == "an integer longer than 4,300 digits"
+        assert "batch" in (await ask(b"[]"))["error"]["data"]
+        lone = await ask(RECALL % (b"12", b'{"query": "x\\ud800"}'))  # JSON, but no request can carry it
+        assert lone["result"]["isError"] and lone["result"]["structuredContent"]["errors"] == [
+            {"field": "query", "reason": "must be valid Unicode text (a lone surrogate at character 1)"}
+        ]
+        recorded = await ask(
+            b'{"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "record_episode",'
+            b' "arguments": {"task": "caf\xc3\xa9 au lait", "outcome": "success"}}}'
+        )
+        assert recorded["id"] == 11 and not recorded["result"]["isError"], recorded
+        episode_id = recorded["result"]["structuredContent"]["episode_id"]
+        await drain(settings, redis)
+        async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+            stored = await memory.wait_until_recallable(episode_id, timeout=10)
+        assert (stored.episode.user_id, stored.episode.task.description) == ("Jürgen", "café au lait")
+    finally:
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0

@@ -22,7 +22,7 @@ async def consolidating(settings, redis, name: str = "bg"):
 
     async def run() -> None:
         while not stop.is_set():
-            await worker.turn()  # an idle turn blocks in XREADGROUP for ENGRAM_BLOCK_MS
+            await worker.turn()  # an idle turn blocks in XREADGROUP for Settings.block_ms
 
     task = asyncio.create_task(run())
     try:

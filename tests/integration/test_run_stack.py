@@ -560,6 +560,84 @@ def _cluster_base_port(n: int) -> int:
         return p
 
 
+def _owner(base: int, n: int, namespace: str) -> tuple[int, int]:
+    """(port, pid) of the node among `base`..`base + n - 1` owning `namespace`'s slot."""
+    import redis as sync_redis
+
+    from shared.keys import ns_tag
+
+    for port in range(base, base + n):
+        client = sync_redis.Redis(port=port, socket_timeout=5)
+        try:
+            slot = client.execute_command("CLUSTER", "KEYSLOT", ns_tag(namespace))
+            if any(lo <= slot <= hi for lo, hi in _own_slots(client)):
+                return port, int(client.info("server")["process_id"])
+        finally:
+            client.close()
+    raise AssertionError(f"no node owns {namespace}")
+
+
+def _own_slots(client) -> list[tuple[int, int]]:
+    myself = next(
+        line for line in client.execute_command("CLUSTER", "NODES").decode().splitlines() if "myself" in line
+    )
+    return [
+        (int(r.split("-")[0]), int(r.split("-")[-1])) for r in myself.split()[8:] if not r.startswith("[")
+    ]
+
+
+# two cluster stacks start and stop inside, besides a node's restart
+@pytest.mark.timeout(300)
+async def test_a_killed_cluster_node_is_restarted_and_the_cluster_keeps_its_data_across_runs(tmp_path):
+    """`ENGRAM_REDIS_CLUSTER=3 make run`: a node killed with -9 went unnoticed (every namespace it
+    held answered 503 for good), and the next `make run` started an empty cluster. A node is now
+    supervised as the single Redis is (restarted from its AOF and nodes.conf, logged), and the
+    cluster's data stays in ENGRAM_DATA_DIR/cluster across runs."""
+    base = _cluster_base_port(3)
+    stacks = [Stack(tmp_path / "data", redis_port=base, ENGRAM_REDIS_CLUSTER="3") for _ in range(2)]
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            def recalled(stack: Stack):
+                async def check() -> bool:
+                    async with s.post(f"{stack.url}/v1/recall", json={"query": "rotate signing keys"}) as r:
+                        return r.status == 200 and len((await r.json())["results"]) == 1
+
+                return check
+
+            first, second = stacks
+            first.start()
+            await wait_until(first.ready, timeout=120, message="query service ready on the cluster")
+            await publish_and_recall(
+                s,
+                first.url,
+                {"task": "rotate the signing keys", "outcome": "success"},
+                "rotate signing keys",
+                message="episode projected on the cluster",
+            )
+            port, pid = _owner(base, 3, "default")
+            os.kill(pid, signal.SIGKILL)
+            await first.said(f"redis node {port} killed by SIGKILL")
+            await first.said(f"redis node {port} restarted on redis://127.0.0.1:{port}/0 (restart 1;")
+            await wait_until(first.ready, timeout=60, message="query service ready after the node's restart")
+            await wait_until(recalled(first), timeout=30, message="the episode on the restarted node")
+            assert first.stop(timeout=90) == 0, first.output()[-3000:]
+
+            second.start()
+            await wait_until(second.ready, timeout=120, message="query service ready on the cluster again")
+            await wait_until(recalled(second), timeout=30, message="the episode after make run restarted")
+            assert second.stop(timeout=90) == 0, second.output()[-3000:]
+    finally:
+        for stack in stacks:
+            if stack.proc is not None:
+                stack.kill()
+        for port in range(base, base + 3):  # the nodes a killed stack left behind
+            with contextlib.suppress(Exception):
+                import redis as sync_redis
+
+                sync_redis.Redis(port=port, socket_timeout=2).shutdown(nosave=True)
+
+
 @pytest.mark.timeout(180)
 async def test_the_readmes_second_stack_runs_beside_the_first_in_the_same_checkout(tmp_path):
     """README: `ENGRAM_PORT=18080 ENGRAM_REDIS_PORT=16379 ENGRAM_METRICS_PORT=19191 make run` beside a

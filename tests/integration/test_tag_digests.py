@@ -102,10 +102,10 @@ async def test_tagvals_never_list_a_users_ids_before_or_after_the_forget(setting
 async def test_a_generation_from_before_digests_keeps_working_and_replay_moves_it_to_digests(settings, redis):
     keys = Keys(settings.prefix)
     embedder = HashingEmbedder(settings.embed_dim)
-    from services.consolidator.worker import vector_params
+    from shared.index import VectorParams
 
     # an index created by a version without digests: the index exists and the meta hash has no mode
-    params = vector_params(settings, embedder.dim)
+    params = VectorParams.of(settings, embedder.dim)
     await ensure_episode_index(redis, keys, 1, params, embedder.name, tag_key=None)
     await redis.hdel(keys.meta, "g1:tags")
     assert await ensure_episode_index(redis, keys, 1, params, embedder.name, tag_key=None) == PLAIN

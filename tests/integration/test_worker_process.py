@@ -65,7 +65,7 @@ async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
     keys = Keys(settings.prefix)
     n = 3000
     await publish_many(redis, settings, n)
-    first = spawn_worker(settings, "doomed", ENGRAM_BATCH_SIZE="200")
+    first = spawn_worker(settings, "doomed")
     try:
         await wait_until(
             lambda: _exists_and_positive(redis, keys), timeout=60, message="first worker progress"
@@ -77,7 +77,7 @@ async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
     done_by_first = await indexed(redis, keys)
     info = await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info()
     assert done_by_first < n and info["pending"] + info["lag"] > 0, "kill came too late to test anything"
-    second = spawn_worker(settings, "rescuer", ENGRAM_LEASE_MS="300", ENGRAM_BATCH_SIZE="200")
+    second = spawn_worker(settings, "rescuer", ENGRAM_LEASE_MS="300")
     try:
         await wait_until(lambda: _indexed_is(redis, keys, n), timeout=90, message=f"{n} episodes indexed")
         await wait_until(lambda: _pending_zero(redis, keys, settings), timeout=30, message="nothing pending")
@@ -91,7 +91,7 @@ async def test_kill_9_mid_batch_second_worker_finishes(settings, redis):
 async def test_sigterm_finishes_and_acks_batch(settings, redis):
     keys = Keys(settings.prefix)
     await publish_many(redis, settings, 1500)
-    worker = spawn_worker(settings, "graceful", ENGRAM_BATCH_SIZE="300")
+    worker = spawn_worker(settings, "graceful")
     await wait_until(lambda: _exists_and_positive(redis, keys), timeout=60, message="worker progress")
     code = stop_gracefully(worker)
     assert code == 0, worker.stderr.read().decode()[-2000:]

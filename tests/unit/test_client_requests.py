@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engram_episodic import AsyncEngram, Engram, InvalidEpisode
+from engram_episodic.calls import MAX_WAIT, Calls, _wait
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: a request that got this far would fail differently
 ID_METHODS = [
@@ -35,3 +36,57 @@ async def test_the_async_client_refuses_the_same_ids(method: str, field: str) ->
         with pytest.raises(InvalidEpisode) as too_long:
             await getattr(memory, method)("x" * 70_000)
         assert too_long.value.errors[0][0] == "request" and "URL too long" in str(too_long.value)
+
+
+WAITING_CALLS = [
+    ("record", lambda m, wait: m.record(task="t", outcome="success", wait=wait)),
+    ("publish", lambda m, wait: m.publish([{"task": "t", "outcome": "success"}], wait=wait)),
+    ("update_episode", lambda m, wait: m.update_episode("e1", importance=3, wait=wait)),
+    ("forget_episode", lambda m, wait: m.forget_episode("e1", wait=wait)),
+    ("forget_user", lambda m, wait: m.forget_user("u1", wait=wait)),
+]
+
+
+@pytest.mark.parametrize(
+    ("wait", "shown"),
+    [
+        (60, "the number 60"),
+        (30.001, "the number 30.001"),
+        (-1, "the number -1"),
+        (float("nan"), "the number nan"),
+        (True, "a boolean"),
+        ("5", "a string"),
+    ],
+)
+@pytest.mark.parametrize(("name", "call"), WAITING_CALLS)
+def test_a_wait_the_service_would_refuse_is_refused_before_sending(name, call, wait, shown) -> None:
+    with Engram(NOWHERE, max_retries=0) as memory, pytest.raises(InvalidEpisode) as refused:
+        call(memory, wait)
+    assert refused.value.errors == [("wait", f"must be a number of seconds between 0 and 30, not {shown}")]
+
+
+async def test_the_async_client_refuses_the_same_waits() -> None:
+    async with AsyncEngram(NOWHERE, max_retries=0) as memory:
+        for _, call in WAITING_CALLS:
+            with pytest.raises(InvalidEpisode) as refused:
+                await call(memory, 60)
+            assert refused.value.errors[0][0] == "wait"
+
+
+def test_the_client_and_the_service_bound_wait_alike() -> None:
+    """One bound: what the client sends at MAX_WAIT the service takes, a hair over it both refuse."""
+    from services.query.views.episodes import ForgetQuery, IngestQuery
+
+    for model in (IngestQuery, ForgetQuery):
+        assert model.model_validate({"wait": _wait(MAX_WAIT)["wait"]}).wait == MAX_WAIT
+        with pytest.raises(ValueError, match="between 0 and 30"):
+            model.model_validate({"wait": repr(MAX_WAIT + 0.001)})
+    with pytest.raises(InvalidEpisode):
+        _wait(MAX_WAIT + 0.001)
+
+
+def test_a_waiting_request_may_take_its_wait_on_top_of_the_timeout() -> None:
+    """The service holds a ?wait= call up to `wait` seconds before it answers: the HTTP timeout covers it."""
+    with Engram(NOWHERE, timeout=5.0) as memory:
+        assert memory._request_args(Calls.forget_episode("e1", wait=MAX_WAIT))["timeout"] == 5.0 + MAX_WAIT
+        assert memory._request_args(Calls.forget_episode("e1"))["timeout"] == 5.0

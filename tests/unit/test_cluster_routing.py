@@ -32,6 +32,8 @@ def test_shard_mode_routes_search_by_namespace_and_keeps_index_definitions_in_me
     assert decide(SEARCH_SHARD, "FT.EXPLAIN", None) == cluster.EXISTS  # shared.index.index_exists
     assert decide(SEARCH_SHARD, "FT.EXPLAIN", "team-a") == cluster.ROUTED
     assert decide(SEARCH_SHARD, "FT.SEARCH", None) == cluster.UNROUTED
+    assert decide(SEARCH_SHARD, "FT.CURSOR", "team-a") == cluster.CURSOR  # names its index second
+    assert decide(SEARCH_SHARD, "FT.CURSOR", None) == cluster.UNROUTED
     assert decide(SEARCH_SHARD, "FT.CREATE", None) == cluster.RECORD
     assert decide(SEARCH_SHARD, "FT.DROPINDEX", "team-a") == cluster.DROP
     assert decide(SEARCH_SHARD, "FT._LIST", None) == cluster.LIST

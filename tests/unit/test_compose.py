@@ -289,6 +289,12 @@ def test_redis_conf_persists_and_never_evicts():
     assert conf["dir"] == "/data"
 
 
+def test_redis_conf_writes_no_rdb_snapshot():
+    """A dump.rdb would keep forgotten text until its next save point; the erasure pass rewrites the
+    AOF only (docs/reliability.md, "Erasure")."""
+    assert redis_conf()["save"] == '""'
+
+
 def test_readme_documents_compose_after_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     sections = [line for line in readme.splitlines() if line.startswith("## ")]

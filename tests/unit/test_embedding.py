@@ -367,13 +367,8 @@ def fake_installed(available: bool):
 
 
 def test_make_embedder_hashing_uses_settings():
-    settings_ = Settings.from_env(
-        {
-            "ENGRAM_EMBEDDER": "hashing",
-            "ENGRAM_EMBED_DIM": "96",
-            "ENGRAM_EMBED_BATCH_SIZE": "7",
-            "ENGRAM_EMBED_MAX_CHARS": "500",
-        }
+    settings_ = Settings.from_env({"ENGRAM_EMBEDDER": "hashing", "ENGRAM_EMBED_DIM": "96"}).with_(
+        embed_batch_size=7, embed_max_chars=500
     )
     embedder = make_embedder(settings_)
     assert isinstance(embedder, HashingEmbedder)
@@ -431,14 +426,14 @@ def test_make_embedder_openai_uses_settings():
             "ENGRAM_OPENAI_URL": "http://127.0.0.1:9/v1/",
             "ENGRAM_OPENAI_MODEL": "nomic-embed",
             "ENGRAM_OPENAI_API_KEY": "sk-secret",
-            "ENGRAM_OPENAI_TIMEOUT": "5s",
-            "ENGRAM_EMBED_BATCH_SIZE": "16",
         }
-    )
+    ).with_(openai_timeout=5.0, embed_batch_size=16)
     embedder = make_embedder(settings_)
     assert isinstance(embedder, OpenAIEmbedder)
     assert embedder.endpoint == "http://127.0.0.1:9/v1/embeddings"
     assert (embedder.model, embedder.timeout, embedder.batch_size) == ("nomic-embed", 5.0, 16)
+    # a query's caller is waiting: one retry before the 503; a worker's batch retries 3 times
+    assert (embedder.retries, make_embedder(settings_, role="query").retries) == (3, 1)
     assert "sk-secret" not in repr(embedder)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from engram_episodic.events import Action, Episode, Feedback, Task
@@ -212,3 +214,24 @@ def test_the_planner_imports_neither_redis_nor_asyncio():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & {"redis", "asyncio"}
+
+
+def test_a_tool_switch_recorded_only_in_actions_supersedes():
+    """No strategy recorded: week 1 calls pip 8 times and succeeds; week 2 pip fails 4 times and uv
+    succeeds 6 times (60% overall: no outcome flip). pip's own flip makes week 2 the current fact."""
+
+    def tool_row(eid: str, tool: str, ok: bool, at: float) -> Row:
+        base = row(eid, 0, at=at, strategy=None, outcome="success" if ok else "failure")
+        actions = (Action(action_type=tool, success=ok, error=None if ok else f"{tool} failed"),)
+        return Row(episode=replace(base.episode, actions=actions), vector=base.vector)
+
+    week1 = [tool_row(f"w1-{i}", "pip", True, float(i)) for i in range(8)]
+    week2 = [
+        tool_row(f"w2-{i}", "pip" if i < 4 else "uv", i >= 4, 100.0 + (i % 4) * 2 + i // 4) for i in range(10)
+    ]
+    facts, _ = plan(SCOPE, week1 + week2, [], min_cluster=3, distance=0.5, now=1000.0)
+    (current,) = [f for f in facts if f.status == "current"]
+    (old,) = [f for f in facts if f.status == "superseded"]
+    assert set(old.evidence) == {r.episode_id for r in week1}
+    assert set(current.evidence) == {r.episode_id for r in week2} and current.supersedes == old.fact_id
+    assert "uv (6)" in current.text

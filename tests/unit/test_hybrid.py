@@ -1,9 +1,8 @@
-"""Which HYBRID_POLICY a pre-filtered KNN runs with, how deep a checked one asks, and when a crowded
-one is asked again with a wider beam (shared.hybrid): pure thresholds."""
+"""Which HYBRID_POLICY a pre-filtered KNN runs with, and when a crowded one is asked again with a wider
+beam (shared.hybrid): pure thresholds."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from shared.hybrid import (
@@ -12,7 +11,6 @@ from shared.hybrid import (
     EF_CEILING,
     WIDE_MATCHES,
     WIDE_SHARE,
-    checked_depth,
     hybrid_policy,
     widened_ef,
 )
@@ -52,22 +50,6 @@ def test_unknown_counts_leave_the_choice_to_the_module(matches, indexed):
 
 def test_a_flat_index_never_runs_in_batches():
     assert hybrid_policy(90_000, 100_000, graph=False) is None
-
-
-@pytest.mark.parametrize("share", [0.9, 0.93, 0.95, 0.99, 0.999])
-@pytest.mark.parametrize("k", [5, 10, 100, 300])
-def test_a_checked_search_asks_for_enough_that_k_are_the_scopes(share, k):
-    """`checked_depth`: with the scope's documents spread evenly among the others, at least k of the
-    n nearest are the scope's in all but ~1 search in 1,000 (a binomial draw per search)."""
-    n = checked_depth(k, share)
-    assert n >= k / share
-    draws = np.random.default_rng(k).binomial(n, share, size=20_000)
-    assert (draws < k).mean() < 0.005, (n, (draws < k).mean())
-
-
-def test_a_scope_holding_the_whole_index_asks_for_k():
-    assert [checked_depth(k, 1.0) for k in (1, 10, 100)] == [1, 10, 100]
-    assert checked_depth(100, 0.9) < 130  # the over-fetch stays small where checking is used
 
 
 def test_an_answer_of_distinct_vectors_is_not_widened():

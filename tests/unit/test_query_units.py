@@ -260,6 +260,16 @@ def test_every_route_documents_its_success_answer():
                 assert "$ref" in media["schema"] or media["schema"].get("type") == "string", (method, path)
 
 
+def test_the_document_has_the_docs_page_but_none_of_its_files():
+    """The docs page's script, bundle, stylesheet and icon are served (the public paths above) but are no
+    API operations: a client generator would make a method of each."""
+    from services.query.app import openapi_document
+
+    paths = openapi_document()["paths"]
+    assert [p for p in paths if p.startswith("/docs/")] == []
+    assert list(paths["/docs"]) == ["get"] and "/openapi.json" in paths
+
+
 @pytest.mark.parametrize("below", [0.005, 0.02, 0.05, 0.3])
 def test_common_count_is_where_a_terms_idf_falls_below_the_threshold(below: float) -> None:
     """The BM25 arm runs beside the idf counts in an index of at most `common_count` episodes: no term

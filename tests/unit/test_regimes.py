@@ -33,6 +33,21 @@ def test_a_strategy_flip_while_the_overall_rate_holds():
     assert flip(ok[:5], ok[5:], strategies[:5], strategies[5:], 3)[0]
 
 
+def test_a_short_tool_history_is_not_charged_for_the_whole_sequence():
+    """pip: 6 of 6, then 0 of 3 while uv succeeds 3 times (p = 0.012 over pip's 4 split positions)."""
+    ok = [S] * 6 + [F, S] * 3
+    tools = ["pip"] * 6 + ["pip", "uv"] * 3
+    assert segments(ok, tools, 3) == [(0, 6), (6, 12)]
+    assert segments([S] * 6 + [F] * 3, None, 3) == [(0, 6), (6, 9)]
+
+
+def test_long_runs_of_chance_with_several_strategies_are_rarely_cut():
+    rng = random.Random(3)
+    rows = [[(rng.random() < 0.5, rng.choice("XYZ")) for _ in range(60)] for _ in range(200)]
+    cut = sum(len(segments([o for o, _ in r], [t for _, t in r], 3)) > 1 for r in rows)
+    assert cut <= 10  # measured 2 of 300
+
+
 def test_long_runs_of_chance_are_rarely_cut():
     rng = random.Random(7)
     cut = sum(len(segments([rng.random() < 0.5 for _ in range(60)], None, 3)) > 1 for _ in range(200))

@@ -143,11 +143,12 @@ class _CrashingRedis:
 def test_a_redis_that_dies_while_restarting_counts_as_a_death_not_the_end_of_the_stack():
     """helper-12's trial: a recall in flight crashed each restarted Redis before it answered, and the
     stack stopped at the first failed restart, not at ENGRAM_RESTART_LIMIT deaths in a row."""
-    from services.run import Supervisor
+    from services.run import RedisProcess, Supervisor
 
     server = _CrashingRedis()
-    supervisor = Supervisor([], server, CrashBudget(limit=3, window=60))  # type: ignore[arg-type]
-    codes = [supervisor._check_redis() for _ in range(3)]
+    node = RedisProcess(server, CrashBudget(limit=3, window=60))  # type: ignore[arg-type]
+    supervisor = Supervisor([], [node])
+    codes = [supervisor._check_redis(node) for _ in range(3)]
     assert codes == [None, None, 1] and server.starts == 2  # two more tries, then the limit stops it
 
 

@@ -576,19 +576,6 @@ def test_learning_curve_bad_arguments():
         learning_curve([1.0], [])
 
 
-def test_competition_ranks_share_ties_and_rrf_ranked_fuses():
-    from shared.scoring import competition_ranks, rrf_ranked
-
-    dist = competition_ranks(["a", "b", "c", "d"], [0.1, 0.1, 0.3, 0.2], higher_is_better=False)
-    assert dist == {"a": 1, "b": 1, "c": 4, "d": 3}
-    bm25 = competition_ranks(["c", "a"], [9.0, 1.0], higher_is_better=True)
-    assert bm25 == {"c": 1, "a": 2}
-    fused = rrf_ranked([dist, bm25], k=60)
-    assert [key for key, _ in fused] == ["a", "c", "b", "d"]
-    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 62)
-    assert fused[2][1] == pytest.approx(1 / 61)  # b ties a in the first list: same reciprocal rank
-
-
 def test_equal_priority_and_age_are_ordered_by_the_tie_break_then_by_position():
     """The recall's tie rule: priority, then age, then the episode's tie-break (higher first; none
     last), then the candidate's position; without tie-breaks, position alone (as before)."""

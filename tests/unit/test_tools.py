@@ -335,6 +335,11 @@ def test_openai_and_anthropic_shapes():
             [("window", "must be an integer between 1 and 1000, not the number 2.5")],
         ),
         ("forget_episode", {"episode_id": None}, [("episode_id", "is required")]),
+        (
+            "recall_experiences",
+            {"query": "x\ud800"},
+            [("query", "must be valid Unicode text (a lone surrogate at character 1)")],
+        ),
     ],
 )
 def test_bad_arguments_name_the_field(tool, arguments, expected):
@@ -349,7 +354,11 @@ def test_arguments_as_json_and_the_lenient_cases():
     assert check_arguments(get_tool("get_learning_curve"), b'{"window": 3.0}') == {"window": 3}
     # null for an optional argument means "not given" (strict-mode models send it)
     assert check_arguments(get_tool("recall_experiences"), '{"query": "x", "top_k": null}') == {"query": "x"}
-    for raw, reason in [("{not json", "are not valid JSON"), ("[1, 2]", "must be a JSON object, not a list")]:
+    for raw, reason in [
+        ("{not json", "are not valid JSON"),
+        ("[1, 2]", "must be a JSON object, not a list"),
+        (b'{"agent_id": "caf\xe9"}', "are not UTF-8 text (byte 17)"),  # never an id with a U+FFFD in it
+    ]:
         with pytest.raises(ToolArgumentError) as err:
             check_arguments(get_tool("get_skills"), raw)
         assert err.value.field == "arguments" and reason in err.value.errors[0][1]

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engram_episodic.client import AsyncEngram, Engram
+from engram_episodic.validation import MAX_ID_CHARS, Collector, check_tag_value
 
 if TYPE_CHECKING:  # imported where used: the adapters that only record (langgraph) do not need tools
     from engram_episodic.tools import ToolResult
 
 T = TypeVar("T")
 SCOPE_KEYS = ("agent_id", "user_id", "session_id")
+DIGEST_PREFIX = "sha256:"
+
+
+def as_tag(value: str, max_chars: int = MAX_ID_CHARS) -> str:
+    """A framework's identifier (a LangGraph thread id, a tool name) as an Engram id or tag value.
+
+    `value` itself when the service takes it (1..`max_chars` characters, no control characters, no
+    leading or trailing whitespace, valid Unicode); otherwise "sha256:" and the hex SHA-256 of its UTF-8
+    (a lone surrogate encoded as such): 71 characters, the same for the same value, and two values
+    never merge as a cut to `max_chars` characters would merge every pair that share a prefix.
+    """
+    if check_tag_value(value, "id", Collector(), max_chars=max_chars, required=True) == value:
+        return value
+    return DIGEST_PREFIX + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def check_scope(scope: Mapping[str, Any], where: str) -> dict[str, str]:

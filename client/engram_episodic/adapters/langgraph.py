@@ -49,10 +49,10 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)"
     ) from exc
 
-from engram_episodic.adapters._common import Clients, check_scope
+from engram_episodic.adapters._common import Clients, as_tag, check_scope
 from engram_episodic.client import AsyncEngram, ContextOptions, Engram
 from engram_episodic.errors import EngramError
-from engram_episodic.validation import MAX_ACTIONS
+from engram_episodic.validation import MAX_ACTIONS, MAX_TAG_CHARS
 
 __all__ = ["CONTEXT_MESSAGE_ID", "context_node", "record_node", "turn_of"]
 
@@ -146,7 +146,7 @@ def turn_of(messages: Sequence[BaseMessage]) -> dict[str, Any]:
             solution = text
         for call in message.tool_calls or ():
             action: dict[str, Any] = {
-                "action_type": str(call.get("name") or "tool")[:128],
+                "action_type": as_tag(str(call.get("name") or "tool"), MAX_TAG_CHARS),
                 "input": json.dumps(call.get("args") or {}, ensure_ascii=False, default=str),
             }
             result = results.get(call.get("id") or "")
@@ -279,7 +279,7 @@ def _thread_fields(thread: str | None, session_from_thread: bool) -> dict[str, A
     """A turn's `session_id` (the thread, if `session_from_thread` and there is one) and `metadata`."""
     out: dict[str, Any] = {}
     if session_from_thread and thread:
-        out["session_id"] = thread[:256]
+        out["session_id"] = as_tag(thread)  # a long thread id hashed, never cut: two threads stay apart
     out["metadata"] = {"integration": "langgraph", **({"thread_id": thread} if thread else {})}
     return out
 
@@ -319,7 +319,9 @@ def record_node(
     the state's `outcome_key` if set, else `outcome` (a value or a function of the state; default
     "success"), `feedback` the state's `feedback_key` (a dict) with `reward` from `reward_key` or
     `reward`, the default scope (`agent_id`, `user_id`, `session_id` keyword arguments; without a
-    `session_id`, the LangGraph `thread_id` when `session_from_thread`), `category`, and any
+    `session_id`, the LangGraph `thread_id` when `session_from_thread`: one the service would refuse as
+    an id, such as one over 256 characters, becomes "sha256:" + the hex SHA-256 of its UTF-8, see
+    `_common.as_tag`; `metadata.thread_id` keeps it whole), `category`, and any
     `fields` (a mapping or a function of the state returning one: importance, strategy_used, ...),
     which win over the rest. The episode id is derived from the thread and the turn's message ids, so
     a node that runs again for the same turn (a retry, a resumed run) re-publishes the same episode

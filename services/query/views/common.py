@@ -11,12 +11,14 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import BaseModel
 
+from engram_episodic.errors import ConfigError
 from engram_episodic.events import Episode
 from engram_episodic.validation import Collector, check_id
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, NAMESPACE, QUERY_VECTORS, REDIS, SETTINGS, TAGS
 from services.query.problems import Invalid, validate
 from shared import tracing
+from shared.embedding import EmbeddingError
 from shared.sdk import EngramClient
 from shared.tags import TagCodec
 
@@ -70,7 +72,9 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
 async def embed(request: web.Request, text: str):
     """`text`'s query vector (float32[dim]). Raises EmbedderMismatch (409) when the live index was
     rebuilt with another embedder under this process (`reindex --embedder`): its vectors are another
-    model's, and this process must be restarted with that one (`/readyz` says so too)."""
+    model's, and this process must be restarted with that one (`/readyz` says so too). Raises
+    EmbeddingError when the embedder fails, whatever it raised (a provider's 5xx or timeout after its
+    retries, a local model's own exception): `services.query.problems` answers it 503 with Retry-After."""
     mismatch = await request.app[TAGS].mismatch(redis_of(request))
     if mismatch is not None:
         raise mismatch
@@ -78,7 +82,14 @@ async def embed(request: web.Request, text: str):
     metrics = request.app[METRICS]
     start = time.perf_counter()
     with tracing.span("engram.recall.embed", embedder=embedder.name):
-        vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
+        try:
+            vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
+        except (EmbeddingError, ConfigError):
+            raise
+        except (
+            Exception
+        ) as exc:  # a model's own fault (torch, onnxruntime): an outage, not a bug of the request
+            raise EmbeddingError(f"{embedder.name}: {type(exc).__name__}: {exc}") from exc
     metrics.embed_seconds.observe(time.perf_counter() - start)
     metrics.count_truncations(embedder.truncations)
     return vector

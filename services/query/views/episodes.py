@@ -12,6 +12,7 @@ from typing import Annotated, Any, cast
 from aiohttp import web
 from pydantic import ConfigDict, Field
 
+from engram_episodic.calls import MAX_WAIT
 from engram_episodic.errors import NotFound
 from engram_episodic.events import (
     EpisodeCompleted,
@@ -42,7 +43,7 @@ from shared.index import SearchHit, current_generation
 
 STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
 PENDING_SCAN = 10_000  # unacked entries a GET of an unknown id looks through (bounds its cost)
-MAX_INGEST_WAIT = 30.0  # seconds POST /v1/episodes?wait= may hold a request
+MAX_INGEST_WAIT = MAX_WAIT  # seconds a ?wait= may hold a request: the client checks the same bound
 INGEST_WAIT_POLL = 0.02
 
 

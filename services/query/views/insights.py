@@ -51,7 +51,7 @@ async def strategy(request: web.Request) -> web.Response:
         index_of(request),
         rc.scope_of(ns_of(request), req, await tags_of(request), category=()),
         vector,
-        req.k,
+        max(req.k, insights.ADVICE_POOL),
         req.min_similarity,
         graph_ef=request.app[SETTINGS].graph_ef,
     )
@@ -59,7 +59,7 @@ async def strategy(request: web.Request) -> web.Response:
     if req.category:
         profile = next((p for p in await _profiles(request, req, 0.5) if p["category"] == req.category), None)
     choice = insights.choose_strategy(
-        [episode_of(c) for c in similar], complexity=req.complexity, category_profile=profile
+        [episode_of(c) for c in similar], complexity=req.complexity, category_profile=profile, k=req.k
     )
     return reply({**choice, "pool": list(insights.STRATEGY_POOL)})
 
@@ -75,11 +75,11 @@ async def suggest(request: web.Request) -> web.Response:
         index_of(request),
         scope,
         vector,
-        req.k,
+        max(req.k, insights.ADVICE_POOL),
         req.min_similarity,
         graph_ef=request.app[SETTINGS].graph_ef,
     )
-    return reply(insights.suggestion([episode_of(c) for c in similar]))
+    return reply(insights.suggestion([episode_of(c) for c in similar], k=req.k))
 
 
 async def learning_curve(request: web.Request) -> web.Response:

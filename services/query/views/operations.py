@@ -7,8 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
-from services.query.appkeys import EMBEDDER, METRICS, OPENAPI, REDIS, STARTUP, TAGS
+from services.query.appkeys import EMBEDDER, KEYS, METRICS, OPENAPI, REDIS, SETTINGS, STARTUP, TAGS
 from services.query.views.common import index_of, reply
+from shared import streams
+from shared.facts import facts_state
 from shared.index import index_exists
 
 
@@ -36,6 +38,8 @@ async def readyz(request: web.Request) -> web.Response:
         checks.update({c: False for c in startup.pending if c in checks})
         return reply({"status": "starting", "pending": list(startup.pending), "checks": checks}, status=503)
     body: dict[str, Any] = {"checks": checks}
+    # what the consolidator left behind, told here too: informational, never a readiness failure
+    body.update(await consolidation(request) if checks["redis"] else {"dead_letters": None, "lag": None})
     if (
         checks["index"] and r is not None
     ):  # rebuilt with another embedder under this process: every search would 409
@@ -45,11 +49,36 @@ async def readyz(request: web.Request) -> web.Response:
             mismatch, checks["index"] = None, False
         if mismatch is not None:
             checks["embedder"], body["why"] = False, str(mismatch)
+        try:  # what the replay that built the live generation did with the facts; no check: recall needs none
+            body["facts"] = await asyncio.wait_for(facts_state(r, request.app[KEYS]), 2.0)
+        except Exception:  # noqa: BLE001 - informative only, never a 500 or "not ready"
+            pass
     ok = all(checks.values())
     return reply({"status": "ready" if ok else "not ready", **body}, status=200 if ok else 503)
 
 
+async def consolidation(request: web.Request) -> dict[str, int | None]:
+    """`{"dead_letters": n, "lag": n}`: entries in the dead-letter stream (the consolidator gave up on
+    them: `engram dead-letters` says why) and entries published but not yet delivered to the consumer
+    group, summed over the partitions; None each when Redis does not answer within 2 s."""
+    r, keys, s = request.app.get(REDIS), request.app[KEYS], request.app[SETTINGS]
+    if r is None:
+        return {"dead_letters": None, "lag": None}
+    try:
+        dead, lag = await asyncio.wait_for(
+            asyncio.gather(
+                streams.length(r, keys.dead_letters),
+                streams.Partitions(r, keys.streams, s.consumer_group).lag(),
+            ),
+            2.0,
+        )
+    except Exception:  # noqa: BLE001 - Redis away or slow: unknown, never a 500 of a probe
+        return {"dead_letters": None, "lag": None}
+    return {"dead_letters": dead, "lag": lag}
+
+
 async def metrics(request: web.Request) -> web.Response:
+    request.app[METRICS].set_consolidation(**await consolidation(request))
     return await request.app[METRICS].handle(request)
 
 

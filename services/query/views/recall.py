@@ -123,10 +123,12 @@ async def context(request: web.Request) -> web.Response:
     async with overlapped(embed(request, req.task)) as pending:
         params = context_params(req, s, time.time())
         recalled = await rc.recall(r, index, scope, req.task, pending, params, sizes=request.app[SCOPE_SIZES])
-        vector = await pending
+        # a keyword recall answered without the embedder (`similarity_unavailable`): no facts by cosine
+        unavailable = recalled.get("similarity_unavailable", False)
+        vector = None if unavailable else await pending
     await with_context(request, recalled["results"])
     short_term = await rc.latest(r, index, scope, s.short_term_window)
-    facts = await request.app[FACTS](r, scope, vector, 5)
+    facts = await request.app[FACTS](r, scope, vector, 5) if vector is not None else []
     prompt, truncated = insights.prompt_section(
         req.task, req.category, recalled["results"], recalled["replay_context"], facts, req.max_chars
     )
@@ -142,5 +144,6 @@ async def context(request: web.Request) -> web.Response:
             "truncated": truncated,
             "max_chars": req.max_chars,
             "preset": recalled["preset"],
+            **({"similarity_unavailable": True} if unavailable else {}),
         }
     )
