@@ -18,10 +18,9 @@ restarting cannot fix it; exit code 2 with the service's message), or when a ser
 on its own (stopped by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` prints it
 (`make: *** [Makefile:…: run] Error 3`) and then exits 2 itself, whatever the code was.
 
-Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
-6390), `ENGRAM_DATA_DIR` (default `.run`, or `.run/redis-<port>` for another `ENGRAM_REDIS_PORT`:
-`services.run_lock.run_data_dir`), `ENGRAM_WORKERS` (consolidator processes, default 1;
-worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
+Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis, 6390),
+`ENGRAM_DATA_DIR` (`.run`, per Redis port: `services.run_lock.run_data_dir`), `ENGRAM_WORKERS` (default
+1; worker i serves `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
 (default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`). Every port is checked before anything starts.
 """
 
@@ -276,13 +275,11 @@ class Progress(threading.Thread):
     ready, in seconds since `make run` started (`started`, time.monotonic()); then that the stack is.
 
     `probes` maps a service's name to its readiness URL (the query service's `/readyz`, a worker's
-    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`). While a
-    service still loads the same things, a line says so every STILL seconds: a first start unpacks and
-    exports the embedding model for tens of seconds (the services log each step), and a terminal that
-    says nothing for that long looks hung."""
+    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`). A service
+    still loading is said again every STILL seconds (a first start unpacks and exports the model for
+    tens of seconds: silence that long looks hung)."""
 
     STILL = 15.0
-    """Seconds between two "still loading" lines of one service."""
 
     def __init__(self, started: float, probes: dict[str, str]):
         super().__init__(name="progress", daemon=True)
@@ -303,14 +300,12 @@ class Progress(threading.Thread):
                     del waiting[name]
                     continue
                 pending = body.get("pending") or [body.get("status", f"HTTP {status}")]
-                what = ", ".join(map(str, pending))
-                before = said.get(name)
-                if before is None or before[0] != pending:
-                    said[name] = (pending, elapsed)
-                    _say(f"{name} answering at {elapsed:.1f}s; loading {what}", err=False)
-                elif elapsed - before[1] >= self.STILL:
-                    said[name] = (pending, elapsed)
-                    _say(f"{name} still loading {what} at {elapsed:.0f}s", err=False)
+                what, (was, at) = ", ".join(map(str, pending)), said.get(name, (None, 0.0))
+                if was == pending and elapsed - at < self.STILL:
+                    continue
+                said[name] = (pending, elapsed)
+                line = f"answering at {elapsed:.1f}s; loading {what}" if was != pending else "still loading"
+                _say(f"{name} {line}" + (f" {what} at {elapsed:.0f}s" if was == pending else ""), err=False)
             self.done.wait(0.25)
         if not waiting and not self.done.is_set():
             _say(
