@@ -86,7 +86,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "EpisodeStarted": ("episode",),
     "EpisodeCompleted": ("episode",),
     "ActionRecorded": ("action",),
-    "EpisodeUpdated": ("user_id", *UPDATABLE),
+    "EpisodeUpdated": ("user_id", *UPDATABLE, "clear_expiry"),
     "UserForgotten": ("user_id",),
 }
 """The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
