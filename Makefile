@@ -48,7 +48,7 @@ peer-install: $(STAMP)
 bench-locomo: $(STAMP)
 	$(PY) -m bench.locomo
 
-## make bench-bfcl: held-out recall (BFCL memory dialogues, agent tasks), ENGRAM_CONTEXT_EPISODES off and on; fetches the bfcl-eval wheel into ~/.cache/engram-bench.
+## make bench-bfcl: held-out recall (BFCL memory dialogues, agent tasks); fetches the bfcl-eval wheel into ~/.cache/engram-bench.
 bench-bfcl: $(STAMP)
 	$(PY) -m bench.bfcl
 

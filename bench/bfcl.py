@@ -1,5 +1,5 @@
-"""Held-out recall quality beyond LoCoMo: BFCL's memory dialogues and multi-turn agent tasks, each with
-`ENGRAM_CONTEXT_EPISODES` off and on in the same run (`python -m bench.bfcl`).
+"""Held-out recall quality beyond LoCoMo: BFCL's memory dialogues and multi-turn agent tasks
+(`python -m bench.bfcl`).
 
 Data: the Berkeley Function Calling Leaderboard's JSON files (PyPI package `bfcl-eval`, Apache-2.0),
 read straight out of its wheel with `zipfile`: never copied into the repository, never installed. The
@@ -23,11 +23,10 @@ exits 0 (as bench.locomo does without its data). Nothing of it was used to tune 
    set of called function names equals the query's (`exact`), or has Jaccard >= 0.5 with it
    (`jaccard>=0.5`); queries with no relevant episode (or no call) are counted and dropped.
 
-Per setting of ENGRAM_CONTEXT_EPISODES: a private Redis, the consolidator workers and a query service
-with that setting and the default configuration otherwise; one `top_k` 50 recall per question (with
-`as_of` one day after the namespace's last episode). Metrics: R@1/5/10 (share of the relevant episodes
-in the top k), hit@1/5/10, NDCG@10 (binary relevance), with the paired percentile-bootstrap 95%
-interval of the on - off difference over questions.
+A private Redis, the consolidator workers and a query service with the configuration of the
+environment (the default otherwise); one `top_k` 50 recall per question (with `as_of` one day after the
+namespace's last episode). Metrics: R@1/5/10 (share of the relevant episodes in the top k), hit@1/5/10,
+NDCG@10 (binary relevance); `python -m bench.paired` compares two runs question by question.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import math
 import re
 import subprocess
 import sys
@@ -52,7 +50,6 @@ import numpy as np
 
 from bench.common import (
     ROOT,
-    bootstrap_ci,
     machine,
     private_redis,
     publish_episodes,
@@ -354,37 +351,18 @@ def metrics(ranked: list[str], relevant: list[str]) -> dict[str, float]:
     return {k: m[k] for k in METRICS}
 
 
-def compare(
-    off: list[dict[str, float]], on: list[dict[str, float]], *, iterations: int
-) -> dict[str, dict[str, Any]]:
-    """Per metric: mean off, mean on, and on - off with its paired percentile-bootstrap 95% interval
-    over questions (the same questions in both lists)."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in METRICS:
-        a = np.array([r[name] for r in off])
-        b = np.array([r[name] for r in on])
-        lo, hi = bootstrap_ci(b - a, iterations=iterations)
-        out[name] = {
-            "off": float(a.mean()) if a.size else math.nan,
-            "on": float(b.mean()) if b.size else math.nan,
-            "diff": float((b - a).mean()) if a.size else math.nan,
-            "diff_ci95": [lo, hi],
-        }
-    return out
-
-
 # --- the run ------------------------------------------------------------------------------------------
-async def run_setting(
-    evals: list[Evaluation], setting: int, args: argparse.Namespace
+async def ingest_and_ask(
+    evals: list[Evaluation], args: argparse.Namespace
 ) -> tuple[dict[str, list[list[str]]], dict[str, Any]]:
-    """Ingest every evaluation's namespaces with ENGRAM_CONTEXT_EPISODES=`setting` and ask every query once
-    (top_k 50); returns ({evaluation name: ranked ids per query}, ingest/latency figures)."""
+    """Ingest every evaluation's namespaces and ask every query once (top_k 50); returns ({evaluation
+    name: ranked ids per query}, ingest/latency figures)."""
     prefix = f"bfcl{uuid.uuid4().hex[:6]}:"
     episodes = {ns: items for ev in evals for ns, items in ev.episodes.items()}
     info: dict[str, Any] = {"loadavg_start": _load()}
     with private_redis() as server:
-        env = service_env(server.url, prefix, args.embedder, ENGRAM_CONTEXT_EPISODES=str(setting))
-        workers = spawn_workers(args.workers, env, name=f"bfcl{setting}")
+        env = service_env(server.url, prefix, args.embedder)
+        workers = spawn_workers(args.workers, env, name="bfcl")
         query = None
         try:
             t0 = time.perf_counter()
@@ -392,10 +370,7 @@ async def run_setting(
             counts = {ns: len(items) for ns, items in episodes.items()}
             project_s = await wait_recallable(server.url, prefix, counts, workers, timeout=args.timeout)
             info |= {"episodes": n, "publish_to_queryable_s": time.perf_counter() - t0, "wait_s": project_s}
-            print(
-                f"ENGRAM_CONTEXT_EPISODES={setting}: {n} episodes queryable after "
-                f"{info['publish_to_queryable_s']:.1f}s (load {_load():.1f})"
-            )
+            print(f"{n} episodes queryable after {info['publish_to_queryable_s']:.1f}s (load {_load():.1f})")
             tokens = {ns: f"bench{i}{uuid.uuid4().hex[:8]}" for i, ns in enumerate(episodes)}
             port = _free_port()
             keys = ",".join(f"{tok}={ns}" for ns, tok in tokens.items())
@@ -409,7 +384,7 @@ async def run_setting(
                     (q.namespace, q.text, {"top_k": TOP_K, "as_of": as_of[q.namespace]}) for q in ev.queries
                 ]
                 ranked[ev.name], p50 = await recall_ranked(
-                    base, tokens, jobs, concurrency=args.concurrency, desc=f"{ev.name}, context {setting}"
+                    base, tokens, jobs, concurrency=args.concurrency, desc=ev.name
                 )
                 info[f"recall_p50_ms {ev.name}"] = p50 * 1000
         finally:
@@ -464,16 +439,13 @@ async def run(wheel: Wheel, args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "evaluations": {},
-        "settings": {},
     }
     for ev in evals:
         print(
             f"{ev.name}: {sum(len(v) for v in ev.episodes.values())} stored episodes in {len(ev.episodes)} "
             f"namespaces, {len(ev.queries)} questions; dropped {ev.dropped or 'none'}"
         )
-    ranked: dict[int, dict[str, list[list[str]]]] = {}
-    for setting in args.context_episodes:
-        ranked[setting], out["settings"][str(setting)] = await run_setting(evals, setting, args)
+    ranked, out["ingest"] = await ingest_and_ask(evals, args)
     for ev in evals:
         rels = sorted({r for q in ev.queries for r in q.relevant})
         block: dict[str, Any] = {
@@ -483,23 +455,14 @@ async def run(wheel: Wheel, args: argparse.Namespace) -> dict[str, Any]:
             "relevance": {},
         }
         for rel in rels:
-            per = {
-                s: [metrics(r, q.relevant[rel]) for r, q in zip(ranked[s][ev.name], ev.queries, strict=True)]
-                for s in args.context_episodes
-            }
-            entry: dict[str, Any] = {
+            rows = [metrics(r, q.relevant[rel]) for r, q in zip(ranked[ev.name], ev.queries, strict=True)]
+            block["relevance"][rel] = {
                 "mean_relevant": float(np.mean([len(q.relevant[rel]) for q in ev.queries]))
                 if ev.queries
                 else 0.0,
-                "means": {
-                    str(s): {m: float(np.mean([r[m] for r in rows])) for m in METRICS}
-                    for s, rows in per.items()
-                },
+                "means": {m: float(np.mean([r[m] for r in rows])) for m in METRICS},
+                "per_question": rows,  # for `python -m bench.paired`
             }
-            entry["per_question"] = {str(s): rows for s, rows in per.items()}  # for `python -m bench.paired`
-            if 0 in per and 1 in per:
-                entry["on_minus_off"] = compare(per[0], per[1], iterations=args.bootstrap)
-            block["relevance"][rel] = entry
         out["evaluations"][ev.name] = block
     return out
 
@@ -517,31 +480,20 @@ def _free_port() -> int:
 
 
 def render(out: dict[str, Any]) -> str:
-    """The result tables (Markdown): per evaluation and relevance, off / on / on - off [95% CI]."""
+    """The result table (Markdown): a row per evaluation and relevance, a column per metric."""
     lines = [f"bfcl-eval held-out recall, embedder {out['embedder']}, {out['started_utc']} UTC\n"]
+    rows: list[list[Any]] = []
     for name, block in out["evaluations"].items():
+        lines.append(f"{name}: {block['questions']} questions; dropped {block['dropped'] or 'none'}")
         for rel, entry in block["relevance"].items():
-            lines.append(
-                f"\n{name} ({block['questions']} questions, relevance {rel}, "
-                f"{entry['mean_relevant']:.1f} relevant per question on average; dropped {block['dropped'] or 'none'}):\n"
-            )
-            diff = entry.get("on_minus_off")
-            rows = []
-            for m in METRICS:
-                row: list[Any] = [m] + [entry["means"][s][m] for s in entry["means"]]
-                if diff:
-                    d = diff[m]
-                    lo, hi = d["diff_ci95"]
-                    row.append(f"{d['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}]")
-                rows.append(row)
-            headers = ["metric"] + [f"ENGRAM_CONTEXT_EPISODES={s}" for s in entry["means"]]
-            lines.append(table(headers + (["on - off [95% CI]"] if diff else []), rows))
+            rows.append([name, rel, f"{entry['mean_relevant']:.1f}"] + [entry["means"][m] for m in METRICS])
     lines.append("")
-    for s, info in out["settings"].items():
-        lines.append(
-            f"ENGRAM_CONTEXT_EPISODES={s}: {info['episodes']} episodes queryable after "
-            f"{info['publish_to_queryable_s']:.1f} s (load {info['loadavg_start']:.1f} → {info['loadavg_end']:.1f})"
-        )
+    lines.append(table(["evaluation", "relevance", "relevant per question", *METRICS], rows))
+    info = out["ingest"]
+    lines.append(
+        f"\n{info['episodes']} episodes queryable after {info['publish_to_queryable_s']:.1f} s "
+        f"(load {info['loadavg_start']:.1f} → {info['loadavg_end']:.1f})"
+    )
     return "\n".join(lines)
 
 
@@ -556,17 +508,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--embedder", default="auto", help="ENGRAM_EMBEDDER (default: the service's default, auto)"
     )
     p.add_argument("--workers", type=int, default=1, help="consolidator processes")
-    p.add_argument(
-        "--context-episodes",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=[0, 1],
-        help="the ENGRAM_CONTEXT_EPISODES settings to run, comma-separated (default 0,1)",
-    )
     p.add_argument("--evals", type=lambda s: s.split(","), default=["memory", "agent"], help="memory,agent")
     p.add_argument("--folds", type=int, default=FOLDS, help="agent-task folds (each is the query set once)")
     p.add_argument("--sessions", type=int, default=None, help="smoke runs: only the first N sessions")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent recall requests")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the projection")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results-bfcl.json", help="result file")
     return p.parse_args(argv)

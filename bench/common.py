@@ -486,9 +486,8 @@ async def wait_recallable(
     in the index and the consumer group has nothing undelivered or unacked; returns the seconds it took.
     RuntimeError if a worker exits, TimeoutError after `timeout` seconds.
 
-    Why the group too: a batch's documents are counted as soon as they are written, but with
-    ENGRAM_CONTEXT_EPISODES=1 the worker re-bases their sessions after that and acks only then; the
-    count alone would let the questions in before the last batch's vectors and context_text are final."""
+    Why the group too: a document is counted as soon as it is written, while later events of the same
+    episode may still wait in the stream."""
     from tqdm import tqdm
 
     from shared import streams

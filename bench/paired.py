@@ -30,8 +30,8 @@ def per_question_rows(result: dict[str, Any]) -> dict[str, list[dict[str, float]
             rows[name] = row["per_question"]
     for ev, block in (result.get("evaluations") or {}).items():  # bench.bfcl
         for rel, entry in block.get("relevance", {}).items():
-            for setting, per in entry.get("per_question", {}).items():
-                rows[f"{ev} · {rel} · context {setting}"] = per
+            if "per_question" in entry:
+                rows[f"{ev} · {rel}"] = entry["per_question"]
     if not rows:
         raise ValueError("no per-question results in this file: rerun the benchmark with this checkout")
     return rows

@@ -14,8 +14,6 @@ Two phases, so that a re-ranker variant costs only its own model time:
    (held-out) and overall, R@5 / R@10 exactly as `bench.locomo.question_metrics` defines them.
 
 Usage: `python -m bench.rerank_probe collect` then `python -m bench.rerank_probe evaluate`.
-`python -m bench.context_probe` evaluates contextual embeddings (the previous turn folded into a
-stored vector at ingest) on the same cache.
 """
 
 from __future__ import annotations

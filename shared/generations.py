@@ -80,12 +80,11 @@ return 1
 
 RELEASE_LUA = """
 if redis.call('HGET', KEYS[1], 'building') ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'generation', ARGV[2], unpack(ARGV, 3)) end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'generation', ARGV[2]) end
 redis.call('HDEL', KEYS[1], 'building', 'building_beat')
 return 1
 """
-"""Give up building generation ARGV[1] (ARGV[2] empty), or make it live (ARGV[2] = it, with the
-field/value pairs ARGV[3..] in the same HSET), in one step."""
+"""Give up building generation ARGV[1] (ARGV[2] empty), or make it live (ARGV[2] = it), in one step."""
 
 EXPIRE_LUA = """
 local b = redis.call('HMGET', KEYS[1], 'building', 'building_beat')
@@ -147,14 +146,11 @@ async def beat(r: aioredis.Redis, keys: Keys, gen: int) -> bool:
     return bool(await r.register_script(BEAT_LUA)(keys=[keys.meta], args=[gen]))
 
 
-async def finish(
-    r: aioredis.Redis, keys: Keys, gen: int, *, live: bool, also: dict[str, int | str] | None = None
-) -> bool:
-    """End building generation `gen`: make it live (`live`, with the meta fields `also` in the same
-    step) or give it up, atomically with clearing the building fields. False (and nothing changed)
-    when it was no longer the building one (declared abandoned)."""
-    pairs = [x for kv in (also or {}).items() for x in kv] if live else []
-    reply = await r.register_script(RELEASE_LUA)(keys=[keys.meta], args=[gen, gen if live else "", *pairs])
+async def finish(r: aioredis.Redis, keys: Keys, gen: int, *, live: bool) -> bool:
+    """End building generation `gen`: make it live (`live`) or give it up, atomically with clearing
+    the building fields. False (and nothing changed) when it was no longer the building one (declared
+    abandoned)."""
+    reply = await r.register_script(RELEASE_LUA)(keys=[keys.meta], args=[gen, gen if live else ""])
     return bool(reply)
 
 

@@ -86,9 +86,6 @@ TEXT_FIELDS = (
     ("outcome_details", 1.0),
     ("feedback_message", 1.0),
     ("errors", 1.0),
-    # the previous episode of the session's task, written only with ENGRAM_CONTEXT_EPISODES
-    # (services/consolidator/context.py); weight 1.0 as bench.context_probe measured it
-    ("context_text", 1.0),
 )
 VECTOR_FIELD = "vector"
 DOC_FIELD = "doc"
@@ -440,7 +437,7 @@ async def ensure_episode_index(
 
 
 async def _add_missing_fields(r: aioredis.Redis, name: str) -> None:
-    """FT.ALTER an index built before a NUMERIC or TEXT field existed (`expires_at`, `context_text`), so
+    """FT.ALTER an index built before a NUMERIC or TEXT field existed (`expires_at`), so
     queries naming it work (and a TEXT field written later is indexed)."""
     info = await r.execute_command("FT.INFO", name)
     attrs = dict(zip(info[::2], info[1::2], strict=False)).get(b"attributes") or []

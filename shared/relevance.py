@@ -24,8 +24,8 @@ an episode's score for the same query. Each arm is a fixed function:
 - hybrid: `HYBRID_VECTOR_WEIGHT · max(0, cos) + (1 - HYBRID_VECTOR_WEIGHT) · keyword`, a convex
   combination of the two absolute values (a query with no word left after stop words is vector-only).
 
-Terms: Unicode words as the index holds them (`shared.index.fold_for_search`: case-folded, Han and
-kana as character bigrams), RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
+Terms: Unicode words as the index holds them (`shared.keywords.fold_for_search`: NFKC, case and accents
+folded, scripts written without spaces as character pairs), RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
 English stemmer, the algorithm RediSearch stems with), so "groups" matches "group" as in the index.
 The constants were calibrated on LoCoMo (docs/benchmarks.md).
 """
@@ -33,14 +33,13 @@ The constants were calibrated on LoCoMo (docs/benchmarks.md).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from shared.keywords import STOPWORDS, fold_for_search
+from shared.keywords import STOPWORDS, words
 from shared.terms import FIELD_KEYS, field_texts, hit_terms, stemmer, texts_terms, weighted_terms
 
 K1 = 1.2
@@ -57,13 +56,18 @@ KEYWORD_HALF = 20.0
 HYBRID_VECTOR_WEIGHT = 0.5
 """Share of the cosine in hybrid relevance; the rest is keyword relevance."""
 MAX_TERMS = 64
-
-_WORD = re.compile(r"\w+", re.UNICODE)
+CONTEXT_FLOOR = {"vector": 0.25, "hybrid": 0.15, "keyword": 1e-6}
+"""The `min_relevance` of a `/v1/context` request that names none, per recall mode: an episode below it
+is no experience of the task, so it is neither a prompt block nor one of the "similar" episodes the
+summary counts. Chosen on LoCoMo's questions (`bench.relevance_separation`, docs/benchmarks.md
+"Relevance floor"): each keeps at least ~90% of the evidence turns with MiniLM and mpnet, and drops
+most unrelated turns sharing one word with the question. Keyword relevance alone cannot tell those
+apart (one rare shared word scores like the evidence), so the keyword floor only asks for a word."""
 
 
 def _words(text: str) -> list[str]:
-    """Terms as the index holds them (`fold_for_search`: case folding, CJK bigrams), stop words dropped."""
-    return [w for w in _WORD.findall(fold_for_search(text)) if w not in STOPWORDS]
+    """Terms as the index holds them (`shared.keywords.words`), stop words dropped."""
+    return [w for w in words(text) if w not in STOPWORDS]
 
 
 def query_words(text: str, limit: int = MAX_TERMS) -> dict[str, str]:

@@ -315,15 +315,6 @@ class Settings:
     metrics_port: int = env("ENGRAM_METRICS_PORT", 9191, integer(0, 65535))
     """`ENGRAM_METRICS_PORT`: the consolidator's `/healthz` and `/metrics` (services.consolidator.health);
     0 = none. One port per process (`make run` gives worker i this port + i)."""
-    context_episodes: int | None = env("ENGRAM_CONTEXT_EPISODES", None, integer(0, 1))
-    """`ENGRAM_CONTEXT_EPISODES`: 1 = an episode's stored vector leans towards the previous episode of its
-    session, and its `context_text` (a keyword field) holds that episode's task
-    (services/consolidator/context.py; LoCoMo in docs/benchmarks.md "Contextual embeddings"); 0 = its own
-    text's vector only, no context_text. None (unset) = the value recorded in the deployment's meta (0
-    before any). As the environment gives it: the worker, replay and query service each settle it against
-    the record at start (`shared.context_setting`) and pass the settled 0/1 down (`with_(context_episodes=)`)
-    to what writes or reads documents, which treats None as 0. Changed only by `engram replay
-    --change-context-episodes`, which rebuilds every document under the new value."""
     health_stall: float = 120.0
     """Seconds a consolidator lane may go without coming round its loop before `/healthz` answers 503
     `stuck`; a forward pass of a whole batch takes well under a minute on 2 cores."""

@@ -1,7 +1,7 @@
 """An episode's terms as `shared.relevance` scores them: stems, their weighted counts, the length (pure).
 
 The definition (unchanged from the first `shared.relevance`): each text field is folded
-(`shared.keywords.fold_for_search`), split into Unicode `\\w+` words, RediSearch's stop words are
+and split into words (`shared.keywords.words`, as RediSearch's tokenizer splits the folded text), RediSearch's stop words are
 dropped, the rest Snowball-stemmed (PyStemmer's English stemmer); a stem's term frequency is the sum
 over fields of the field's weight (`shared.index.TEXT_FIELDS`) times its count there, and the length
 the same sum over every kept word.
@@ -11,14 +11,15 @@ member's text was the largest Python cost of a recall (docs/benchmarks.md, issue
 cheaper here, none of which changes a term or a count:
 - ASCII text (the common case) is lower-cased and split in one `bytes.translate` + `split`: for ASCII,
   `fold_for_search` is `str.lower` and `\\w` is `[0-9A-Za-z_]`, and the table is built from that same
-  regex, so the words are the regex's words; other text goes through `fold_for_search` and the regex.
-- Each distinct word is stemmed once per process (`_STEMS`, bounded), not once per text.
+  regex, so the words are the regex's words; other text goes through `shared.keywords.words`.
+- Each distinct word is stemmed once per process (`_STEMS`, bounded), not once per text; a non-ASCII
+  text is folded a piece at a time, each distinct piece once (`_FOLDS`, bounded; `text_words`).
 - The counts of a one-field text stay integers with the field's weight beside them (`Terms.scale`):
   the scorer multiplies a count by the weight as the sum over fields did (exact: one product).
 - The result is remembered per distinct texts (`RecentTerms`: at most TERMS_CACHE texts, none longer
   than TERMS_TTL after its last use).
 
-Erasure: both memos hold an episode's words in process memory, so neither keeps anything much longer
+Erasure: the memos hold an episode's words in process memory, so none keeps anything much longer
 than TERMS_TTL seconds after it was last used once `expire` runs (the query service calls it every
 second, `services.query.app`): a forgotten episode is never a hit again, so its text and stems leave
 the process within TERMS_TTL + 2 s of the forget (docs/reliability.md "What is erased, where, when").
@@ -35,15 +36,15 @@ from itertools import filterfalse
 from typing import Any, NamedTuple, TypeVar
 
 from shared.index import TEXT_FIELDS
-from shared.keywords import STOPWORDS, fold_for_search
+from shared.keywords import STOPWORDS, words
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 FIELD_KEYS = tuple((name, name.encode(), weight) for name, weight in TEXT_FIELDS)
 """(name, name as bytes, weight) of each text field, in `TEXT_FIELDS` order."""
 _BYTE_NAMES = tuple(b for _, b, _ in FIELD_KEYS)
-# ASCII bytes → the folded text with every non-word byte a space (non-ASCII bytes never reach it)
+# ASCII bytes → the folded text with every non-word byte a space; bytes of UTF-8 sequences unchanged
 _ASCII_WORDS = bytes(
-    ord(ch.lower()) if _WORD.fullmatch(ch) else ord(" ") if i < 128 else i
+    i if i >= 128 else ord(ch.lower()) if _WORD.fullmatch(ch) else ord(" ")
     for i, ch in ((i, chr(i)) for i in range(256))
 )
 _IS_STOP = STOPWORDS.__contains__
@@ -130,11 +131,36 @@ class _Stems(Recent[str, str]):
 _STEMS = _Stems(STEMS_CACHE, TERMS_TTL)
 
 
+def _token_words(token: bytes) -> tuple[str, ...]:
+    return tuple(words(token.decode("utf-8", "replace")))
+
+
+class _Folds(Recent[bytes, tuple[str, ...]]):
+    """token → its words (`shared.keywords.words`), filled on first sight (`Recent`: bounded by
+    STEMS_CACHE and TERMS_TTL)."""
+
+    def __missing__(self, token: bytes) -> tuple[str, ...]:
+        return self.get_or(token, _token_words)
+
+
+_FOLDS = _Folds(STEMS_CACHE, TERMS_TTL)
+
+
 def text_words(text: bytes) -> list[str]:
-    """The words of one UTF-8 field (invalid bytes replaced) as the index holds them, stop words kept."""
+    """The words of one UTF-8 field (invalid bytes replaced) as the index holds them, stop words kept.
+
+    Text with non-ASCII characters is cut at ASCII spaces and punctuation first (in C), and each piece
+    folded once per process (`_FOLDS`): folding never joins or moves characters across those (they
+    are spaces once folded, and no accent the folding keeps composes with them), so the words are
+    `words(text)`'s, at the cost of a look-up per piece for a piece seen before: the pool's texts are
+    the index's folded copies, whose pieces recur."""
     if text.isascii():
         return text.translate(_ASCII_WORDS).decode("ascii").split()
-    return _WORD.findall(fold_for_search(text.decode("utf-8", "replace")))
+    out: list[str] = []
+    folds = _FOLDS.__getitem__
+    for token in text.translate(_ASCII_WORDS).split():
+        out += folds(token)
+    return out
 
 
 class Terms(NamedTuple):
@@ -200,6 +226,7 @@ def expire() -> None:
     called every i seconds; the query service calls it every second, `services.query.app`)."""
     _TERMS.expire()
     _STEMS.expire()
+    _FOLDS.expire()
 
 
 def field_texts(fields: Mapping[Any, str | bytes | None]) -> tuple[bytes | None, ...]:

@@ -122,7 +122,7 @@ def run(workers: int | None, port: int | None) -> None:
     sys.exit(stack.main())
 
 
-def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **overrides: Any) -> None:
+def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any) -> None:
     admin = server_module(command, "services.consolidator.admin")
     settings = _settings(command, **overrides)
     bars = Bars(
@@ -131,10 +131,7 @@ def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **
     )
     start = time.perf_counter()
     try:
-        counts = run_admin(
-            command,
-            admin.replay(settings, bars, change_context_episodes=change, keep_embedder=command == "replay"),
-        )
+        counts = run_admin(command, admin.replay(settings, bars, keep_embedder=command == "replay"))
     finally:
         bars.close()
     seconds = time.perf_counter() - start
@@ -147,8 +144,7 @@ def _replay(command: str, progress: bool | None, as_json: bool, change: bool, **
         f"({settings.embedder}): {counts['snapshot_episodes']} episodes from the snapshot, "
         f"{counts['entries']} stream entries ({counts['caught_up']} caught up after the swap), "
         f"{_facts_summary(counts)}, {counts['dropped_keys']} old keys dropped, "
-        f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s); written with "
-        f"ENGRAM_CONTEXT_EPISODES={counts['context_episodes']}"
+        f"in {seconds:.1f} s ({done / seconds if seconds > 0 else 0:.0f}/s)"
     )
 
 
@@ -164,34 +160,22 @@ def _facts_summary(counts: dict[str, Any]) -> str:
     return text
 
 
-change_option = click.option(
-    "--change-context-episodes",
-    "change",
-    is_flag=True,
-    help="Rebuild every episode under the ENGRAM_CONTEXT_EPISODES set here when the deployment records "
-    "another value, and record it; then restart the workers and the query service with it (or unset).",
-)
-
-
 @click.command()
-@change_option
 @progress_option
 @json_option
-def replay(change: bool, progress: bool | None, as_json: bool) -> None:
-    """Rebuild every projection from the stream into a new generation and swap it in (REDIS_URL), under
-    the deployment's recorded ENGRAM_CONTEXT_EPISODES."""
-    _replay("replay", progress, as_json, change)
+def replay(progress: bool | None, as_json: bool) -> None:
+    """Rebuild every projection from the stream into a new generation and swap it in (REDIS_URL)."""
+    _replay("replay", progress, as_json)
 
 
 @click.command()
 @click.option("--embedder", type=click.Choice(EMBEDDERS), required=True)
-@change_option
 @progress_option
 @json_option
-def reindex(embedder: str, change: bool, progress: bool | None, as_json: bool) -> None:
+def reindex(embedder: str, progress: bool | None, as_json: bool) -> None:
     """Re-embed every episode, and the facts' centroids, with another embedder (a replay into a new index),
     then swap it in. Restart the stack with the same ENGRAM_EMBEDDER afterwards."""
-    _replay("reindex", progress, as_json, change, embedder=embedder)
+    _replay("reindex", progress, as_json, embedder=embedder)
 
 
 @click.command("dead-letters")

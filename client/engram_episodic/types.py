@@ -93,31 +93,13 @@ class IngestResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EpisodeContext:
-    """With ENGRAM_CONTEXT_EPISODES on the service: the previous episode of the same session (and user)
-    that an episode's stored vector leans on, and its task as the keyword index holds it (case-folded;
-    None when it had none). A recall may match the episode on these words."""
-
-    previous_episode_id: str
-    text: str | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> EpisodeContext:
-        text = data.get("text")
-        return cls(
-            previous_episode_id=str(data["previous_episode_id"]), text=None if text is None else str(text)
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class RecallHit:
     """One recalled episode with the signals of its priority (docs/api.md, "POST /v1/recall").
 
     `similarity` is the cosine clipped at 0 (None when a keyword recall answered without the embedder:
     `Recall.similarity_unavailable`); `relevance` the similarity signal of the mode in [0, 1];
     `recency` exp(-ln2 * age / half_life); `age_s` seconds from `completed_at` (or `last_accessed`) to
-    the request's `as_of`; `components` each weighted signal; `priority` their sum; `context` what the
-    episode took from the previous one of its session (ENGRAM_CONTEXT_EPISODES), None when nothing.
+    the request's `as_of`; `components` each weighted signal; `priority` their sum.
     """
 
     episode: Episode
@@ -129,11 +111,9 @@ class RecallHit:
     components: Mapping[str, float]
     access_count: int = 0
     last_accessed: float | None = None
-    context: EpisodeContext | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecallHit:
-        ctx = data.get("context")
         return cls(
             episode=episode_from_json(data["episode"]),
             priority=float(data["priority"]),
@@ -144,7 +124,6 @@ class RecallHit:
             components={k: float(v) for k, v in (data.get("components") or {}).items()},
             access_count=int(data.get("access_count") or 0),
             last_accessed=_instant(data.get("last_accessed")),
-            context=EpisodeContext.from_json(ctx) if isinstance(ctx, Mapping) else None,
         )
 
 
@@ -561,26 +540,22 @@ class StoredEpisode:
     """`GET /v1/episodes/{id}`: a projected episode, its status and its recall counters.
 
     `status` is `completed`, `draft` (started, not finished) or `pending` (accepted into the stream, not
-    yet projected: `episode` is None then). `context`: what its vector and keyword side took from the
-    previous episode of its session (ENGRAM_CONTEXT_EPISODES), None when nothing.
+    yet projected: `episode` is None then).
     """
 
     episode: Episode | None
     status: str
     access_count: int
     last_accessed: float | None
-    context: EpisodeContext | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredEpisode:
-        ctx = data.get("context")
         return cls(
             episode=episode_from_json(data["episode"]) if data.get("episode") is not None else None,
             status=data.get("status", ""),
             access_count=int(data.get("access_count") or 0),
             last_accessed=_instant(data.get("last_accessed")),
-            context=EpisodeContext.from_json(ctx) if isinstance(ctx, Mapping) else None,
             raw=data,
         )
 

@@ -18,7 +18,7 @@ import sys
 import click
 import uvloop
 
-from engram_episodic.cli_admin import change_option, refuse, run_admin
+from engram_episodic.cli_admin import refuse, run_admin
 from engram_episodic.errors import ConfigError, Conflict
 from shared import tracing
 from shared.logs import configure
@@ -184,29 +184,25 @@ def _on_dead_letters(verb: str, did: str, ids: tuple[str, ...], all_: bool) -> N
         )
 
 
-def _replay(command: str, change: bool, **overrides) -> None:
+def _replay(command: str, **overrides) -> None:
     from services.consolidator import admin
 
-    coro = admin.replay(
-        _settings(**overrides), change_context_episodes=change, keep_embedder=command == "replay"
-    )
+    coro = admin.replay(_settings(**overrides), keep_embedder=command == "replay")
     click.echo(json.dumps(run_admin(command, coro)))
 
 
 @cli.command()
-@change_option
-def replay(change: bool) -> None:
+def replay() -> None:
     """Rebuild every projection from the stream into a new generation and swap it in. Also `engram
     replay`, with a progress bar."""
-    _replay("replay", change)
+    _replay("replay")
 
 
 @cli.command()
 @click.option("--embedder", type=click.Choice(["hashing", "minilm", "mpnet", "openai"]), required=True)
-@change_option
-def reindex(embedder: str, change: bool) -> None:
+def reindex(embedder: str) -> None:
     """Re-embed everything with another embedder (a replay into a new index), swapping the alias."""
-    _replay("reindex", change, embedder=embedder)
+    _replay("reindex", embedder=embedder)
 
 
 @cli.command("rotate-master-key")

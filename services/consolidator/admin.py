@@ -47,13 +47,10 @@ async def replay(
     settings: Settings,
     progress: Progress | None = None,
     *,
-    change_context_episodes: bool = False,
     keep_embedder: bool = False,
 ) -> dict[str, int]:
     """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
-    another embedder), under the deployment's recorded ENGRAM_CONTEXT_EPISODES (an explicit other one
-    only with `change_context_episodes`, else ConfigError); `services.consolidator.replay.replay`'s
-    counts. `keep_embedder` (`replay`, not `reindex`): ConfigError, before anything is written, when
+    another embedder); `services.consolidator.replay.replay`'s counts. `keep_embedder` (`replay`, not `reindex`): ConfigError, before anything is written, when
     `settings.embedder` is not the one the current generation was built with."""
     from services.consolidator.replay import replay as do_replay
 
@@ -61,9 +58,7 @@ async def replay(
         redis, embedder = await open_stack(stack, settings)
         if keep_embedder:
             await _same_embedder(redis, settings, embedder.name, embedder.dim)
-        return await do_replay(
-            settings, redis, embedder, progress, change_context_episodes=change_context_episodes
-        )
+        return await do_replay(settings, redis, embedder, progress)
 
 
 async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:

@@ -1,7 +1,6 @@
 """Semantic memory in Redis: the episode rows facts are built from, and the projection of the facts.
 
-Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index; the
-own vector when ENGRAM_CONTEXT_EPISODES keeps one, see `_row`),
+Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index),
 `load_rows_by_id` (the episodes a fact names, which forgetting rebuilds from), `load_state` (a scope's
 applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
 a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
@@ -27,7 +26,6 @@ from redis.exceptions import WatchError
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
-from services.consolidator.context import OWN_FIELD
 from services.consolidator.facts_plan import Row, _order, centroid_of
 from shared import cluster, generations
 from shared.codec import encode
@@ -52,12 +50,8 @@ PAGE = 500
 """Episodes per search-module read and per pipeline of `load_rows`."""
 
 
-def _row(doc: bytes | None, vector: bytes | None, own: bytes | None = None) -> Row | None:
-    """The episode and its unit vector; None when unreadable. With ENGRAM_CONTEXT_EPISODES the own vector
-    (`own`, the episode's own text) is used, not the stored one that leans on the previous episode:
-    a fact that does not name that episode is not rebuilt when it is forgotten, so its centroid would
-    keep a share of the forgotten episode's embedding (and facts would change with the setting)."""
-    vector = own or vector
+def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
+    """The episode and its unit vector; None when unreadable."""
     if not doc or not vector:
         return None
     try:
@@ -125,9 +119,9 @@ async def load_rows(
     for i in range(0, len(chosen), page):
         async with r.pipeline(transaction=False) as pipe:
             for key in chosen[i : i + page]:
-                pipe.hmget(key, ["doc", "vector", OWN_FIELD, "status"])
-            for doc, vector, own, status in await pipe.execute():
-                row = _row(doc, vector, own) if status == STATUS_COMPLETED.encode() else None
+                pipe.hmget(key, ["doc", "vector", "status"])
+            for doc, vector, status in await pipe.execute():
+                row = _row(doc, vector) if status == STATUS_COMPLETED.encode() else None
                 if row is not None:
                     rows.append(row)
     return _order(rows)
@@ -139,12 +133,12 @@ async def load_rows_by_id(
     """Completed episodes by id (missing, forgotten or draft ones are skipped)."""
     async with r.pipeline(transaction=False) as pipe:
         for eid in ids:
-            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status", OWN_FIELD])
+            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status"])
         raw = await pipe.execute()
     rows = []
-    for doc, vec, status, own in raw:
+    for doc, vec, status in raw:
         if status == STATUS_COMPLETED.encode():
-            row = _row(doc, vec, own)
+            row = _row(doc, vec)
             if row is not None:
                 rows.append(row)
     return _order(rows)

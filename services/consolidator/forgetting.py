@@ -19,7 +19,6 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from services.consolidator import deadletters, erasure
-from services.consolidator.context import SessionContext
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import cluster, generations, streams
 from shared.codec import occurred_at
@@ -66,17 +65,12 @@ class Forgetting:
         self.keyring = keyring
         self._forget_user = redis.register_script(FORGET_USER_LUA)
         self._facts_due: dict[str, list[str]] = {}  # namespace -> erased episodes, facts not yet rebuilt
-        # ENGRAM_CONTEXT_EPISODES: an erased episode's successor must not keep its text in its vector
-        self.context = SessionContext(redis, keys.episode_index(gen)) if settings.context_episodes else None
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool | str = True) -> None:
         """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
         and rebuild the facts whose evidence named it: now (`facts=True`), at the next `flush_facts`
-        (`"later"`: a batch's forgets rebuild each scope once) or not (False). With
-        ENGRAM_CONTEXT_EPISODES its session's vectors are re-based without it (context.py)."""
+        (`"later"`: a batch's forgets rebuild each scope once) or not (False)."""
         k, g = self.keys, self.gen
-        doc = k.episode_doc(g, namespace, episode_id)
-        sessions = await self.context.sessions_of([doc]) if self.context is not None else set()
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
         sids = bytes_list(await self.redis.smembers(k.episode_stream_ids(g, namespace, episode_id)))
@@ -86,7 +80,7 @@ class Forgetting:
         await self.redis.delete(
             k.episode_events(g, namespace, episode_id),
             k.episode_stream_ids(g, namespace, episode_id),
-            doc,
+            k.episode_doc(g, namespace, episode_id),
         )
         building = await self._building()
         if building is not None:  # a replay's copy: its catch-up would erase it, unless it never comes
@@ -95,8 +89,6 @@ class Forgetting:
                 k.episode_stream_ids(building, namespace, episode_id),
                 k.episode_doc(building, namespace, episode_id),
             )
-        if self.context is not None:  # re-base the successor on the episode before the erased one
-            await self.context.refresh_sessions(sessions)
         if facts == "later":
             self._facts_due.setdefault(namespace, []).append(episode_id)
         elif facts:

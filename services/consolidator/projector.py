@@ -53,7 +53,6 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from services.consolidator.context import OWN_FIELD, SessionContext, Touch
 from services.consolidator.deadletters import withhold_values
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
@@ -62,7 +61,7 @@ from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, generations, legacy, streams, tracing
 from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
-from shared.index import STATUS_COMPLETED, VECTOR_FIELD, embedding_text, episode_fields
+from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.settings import Settings
@@ -162,8 +161,6 @@ class Projector:
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
         )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        # ENGRAM_CONTEXT_EPISODES: sessions touched by a segment are re-based after it (context.py)
-        self.context = SessionContext(redis, keys.episode_index(gen)) if settings.context_episodes else None
         self._legacy: bool | None = None  # legacy tombstones to read too (shared.legacy), read once
 
     # --- entry point ----------------------------------------------------------------------------
@@ -292,8 +289,6 @@ class Projector:
         await cluster.ensure_shards(
             self.redis, [self.keys.episode_index(self.gen)], {ns for ns, _ in by_episode}
         )
-        # an episode re-published into another session leaves its old one: re-base that too
-        before = await self._sessions(list(by_episode))
         fast, record_only = _split_paths(by_episode)
         # one script call touches the keys of one namespace only (one hash slot on a Redis Cluster)
         fast.sort(key=lambda item: item[0][0])
@@ -331,20 +326,6 @@ class Projector:
         }
         known = {hashes[i]: vectors[i] for i in vectors if i in hashes}
         await self._write_until_settled(pending + list(in_hand), result, prefetched, known)
-        await self._rebase_sessions(list(by_episode), before)
-
-    async def _sessions(self, episodes: list[tuple[str, str]]) -> set[Touch]:
-        """With ENGRAM_CONTEXT_EPISODES, where these episodes' documents are now (context.Touch)."""
-        if self.context is None or not episodes:
-            return set()
-        return await self.context.sessions_of([self.keys.episode_doc(self.gen, ns, e) for ns, e in episodes])
-
-    async def _rebase_sessions(
-        self, episodes: list[tuple[str, str]], before: set[Touch] | None = None
-    ) -> None:
-        """With ENGRAM_CONTEXT_EPISODES, re-base around these episodes and `before` (where they were)."""
-        if self.context is not None and (episodes or before):
-            await self.context.refresh_sessions((before or set()) | await self._sessions(episodes))
 
     async def _settle_fast(
         self,
@@ -543,8 +524,6 @@ class Projector:
         fields = episode_fields(namespace, f.episode, status=f.status, vector=vector, tags=self.tags)
         if embed_hash is not None:
             fields["embed_hash"] = embed_hash
-        if self.context is not None and vector is not None and not (embed_hash or "").startswith("agent:"):
-            fields[OWN_FIELD] = fields[VECTOR_FIELD]  # the context of the next episode (context.py)
         flat: list = []
         for key, value in fields.items():
             flat += [key, value]
@@ -668,7 +647,6 @@ class Projector:
             if not pending:
                 break
             pending = await self._fold_and_write(pending, result)
-        await self._rebase_sessions(episodes)
         await generations.check_writable(self.redis, self.keys, self.gen)  # as in `apply`
         return result
 

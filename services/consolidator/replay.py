@@ -11,10 +11,9 @@ is harmless.
    before the pass (`Tip`), again from there while a pass is at most half the last
    (`_passes_before_swap`): read "until a page comes back empty", a replay never ended while ingest
    outpaced it;
-3. `FT.ALIASUPDATE` points the aliases at the new indexes and `meta.generation` is set, with the
-   `context_episodes` the new generation was written with in the same step (`generations.finish`):
-   workers switch on their next batch (they re-read the generation every turn, after their read, and
-   the record when it changed: `shared.context_setting`);
+3. `FT.ALIASUPDATE` points the aliases at the new indexes and `meta.generation` is set
+   (`generations.finish`): workers switch on their next batch (they re-read the generation every
+   turn, after their read);
 4. a second mark is read after that switch, and a catch-up pass projects the entries between the two
    marks (the workers wrote them into generation n while it was live); every later entry reaches n+1
    through the workers, so the catch-up is bounded too;
@@ -49,7 +48,7 @@ from engram_episodic.errors import Conflict
 from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
-from shared import context_setting, generations, legacy, streams
+from shared import generations, legacy, streams
 from shared.cluster import search_targets
 from shared.facts import replay_record
 from shared.index import (
@@ -193,8 +192,6 @@ async def replay(
     redis: aioredis.Redis,
     embedder,
     progress: Progress | None = None,
-    *,
-    change_context_episodes: bool = False,
 ) -> dict[str, int]:
     """Build a new generation from the snapshot and the stream, swap it in, drop the old one.
 
@@ -203,28 +200,21 @@ async def replay(
     an interrupted replay drops it (or, killed, the workers' sweep does once its lease runs out).
     ReplayRunning (a Conflict) while another replay builds.
 
-    Documents are written with the deployment's recorded ENGRAM_CONTEXT_EPISODES; an explicit other
-    `settings.context_episodes` raises ConfigError unless `change_context_episodes`, which rebuilds
-    under it and records it at the switch (`shared.context_setting.for_replay`).
-
     `progress` hears four phases: `snapshot` (episodes re-folded, of about as many as generation n
     holds documents), `stream` (entries projected, of as many as the partitions held at its mark),
     `catch-up` (of as many as were added between the two marks) and `drop` (old keys). Returns counts:
     from_generation, generation, snapshot_episodes, entries (both passes), caught_up (the second),
-    dropped_keys, context_episodes (the value the new generation is written with), facts, fact_scopes,
-    facts_indexed (searchable; fewer than facts means some are not) and facts_reembedded."""
+    dropped_keys, facts, fact_scopes, facts_indexed (searchable; fewer than facts means some are not)
+    and facts_reembedded."""
     progress = progress or NoProgress()
     keys = settings.keys
     await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
-    context = await context_setting.for_replay(
-        redis, keys, settings.context_episodes, change=change_context_episodes
-    )
     await generations.sweep(redis, keys)  # leftovers of an interrupted replay, of late writers
     old = await current_generation(redis, keys)
     new = await generations.claim(redis, keys)  # ReplayRunning while another one builds
     heartbeat = asyncio.create_task(_heartbeat(redis, keys, new))
     try:
-        return await _build(settings, redis, embedder, progress, keys, context, old, new)
+        return await _build(settings, redis, embedder, progress, keys, old, new)
     except BaseException as exc:
         # interrupted (Ctrl-C, an error): the partial generation holds copies of the data that no
         # forget would reach once its lease ran out; give it up and delete it now
@@ -261,7 +251,6 @@ async def _build(
     embedder,
     progress: Progress,
     keys: Keys,
-    context: int,
     old: int,
     new: int,
 ) -> dict[str, int]:
@@ -295,7 +284,7 @@ async def _build(
         new,
         keyring=KeyRing.from_settings(settings),
         tags=tags,
-        settings=settings.with_(context_episodes=context),
+        settings=settings,
         reembed_facts=reembed,
     )
     if await redis.hget(keys.meta, f"g{old}:layout") != legacy.LAYOUT.encode():
@@ -319,8 +308,7 @@ async def _build(
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     if await index_exists(redis, keys.facts_index(new)):  # else the first snapshot creates and points it
         await point_alias_at(redis, keys.facts_index_alias, keys.facts_index(new))
-    # one step: a worker that sees the new generation sees the value it is written with
-    if not await generations.finish(redis, keys, new, live=True, also={context_setting.FIELD: context}):
+    if not await generations.finish(redis, keys, new, live=True):
         raise generations.StaleGeneration(new, old)  # abandoned (its heartbeat stalled past the lease)
     # Read after the switch: a worker that read an entry and then found the old generation read it
     # before the switch, so its id is at most these; every later entry goes to the new generation
@@ -341,12 +329,10 @@ async def _build(
         keys.meta, replay_record(new), json.dumps({**facts, "embedder": embedder.name, "dim": dim})
     )
     log.info(
-        "replay ◆ generation %d → %d ◆ %s=%d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
+        "replay ◆ generation %d → %d ◆ %d episodes from snapshot ◆ %d entries ◆ %d caught up ◆ "
         "%d facts in %d scopes %s ◆ %d old keys dropped",
         old,
         new,
-        context_setting.VARIABLE,
-        context,
         snapshot,
         first_pass,
         catch_up,
@@ -362,7 +348,6 @@ async def _build(
         "entries": first_pass + catch_up,
         "caught_up": catch_up,
         "dropped_keys": dropped,
-        "context_episodes": context,
         **facts,
     }
 

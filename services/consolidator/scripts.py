@@ -17,14 +17,13 @@ return {1, redis.call('HLEN', KEYS[2]), redis.call('HGET', KEYS[4], 'embed_hash'
 REPLACE_DOC_LUA = """
 local function replace_doc(key, blob)
   local doc = cmsgpack.unpack(blob)
-  local old = redis.call('HMGET', key, 'status', 'last_accessed', 'access_count', 'vector', 'own_vector')
+  local old = redis.call('HMGET', key, 'status', 'last_accessed', 'access_count', 'vector')
   if old[1] then
     local has_vector = false
     for i = 1, #doc, 2 do if doc[i] == 'vector' then has_vector = true break end end
     if old[2] then doc[#doc + 1] = 'last_accessed' doc[#doc + 1] = old[2] end
     if old[3] then doc[#doc + 1] = 'access_count' doc[#doc + 1] = old[3] end
     if old[4] and not has_vector then doc[#doc + 1] = 'vector' doc[#doc + 1] = old[4] end
-    if old[5] and not has_vector then doc[#doc + 1] = 'own_vector' doc[#doc + 1] = old[5] end
     redis.call('DEL', key)
   end
   redis.call('HSET', key, unpack(doc))
@@ -34,8 +33,7 @@ end
 """Writes a document whole. An existing one is replaced, not merged: a field the new fold leaves out (a
 text emptied by a re-published completion) must not stay indexed (the old
 solution would still match a keyword recall). What the query service owns (`last_accessed`,
-`access_count`) and a vector that was not re-sent (its text did not change) are carried over, with the
-own vector of ENGRAM_CONTEXT_EPISODES (services/consolidator/context.py). Returns
+`access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
 the old status (nil for a new document)."""
 
 FORGOT_SINCE_LUA = """

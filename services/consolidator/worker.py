@@ -41,7 +41,7 @@ from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import BatchResult, Projector
-from shared import cluster, context_setting, generations, streams, tracing
+from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
 from shared.embedding import EmbedderUnavailable
@@ -128,8 +128,6 @@ class Worker:
         # when a batch was last projected and acked (time.monotonic())
         self.lane_beats: dict[int, float] = {}
         self.last_batch_at: float | None = None
-        # ENGRAM_CONTEXT_EPISODES as the deployment records it (shared.context_setting), set by `setup`
-        self.context_episodes = 0
         # partitions whose entries delivered to this consumer name and not acked are still to be read:
         # under a name kept across restarts (make run's slots) a crashed predecessor's batch is projected
         # at once, not after the lease (a trial: 10 episodes unlisted for ~25 s after a kill -9)
@@ -147,13 +145,9 @@ class Worker:
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
-        another embedder); ConfigError when the deployment records another number of partitions, or
-        another ENGRAM_CONTEXT_EPISODES than one set explicitly."""
+        another embedder); ConfigError when the deployment records another number of partitions."""
         await cluster.check_search(self.redis)  # before anything is created
         await check_partitions(self.redis, self.keys, explicit=self.settings.stream_partitions is not None)
-        self.context_episodes = await context_setting.settle(
-            self.redis, self.keys, self.settings.context_episodes, writer=True
-        )
         await self.partitions.ensure()
         if (
             self.keyring is not None
@@ -166,7 +160,6 @@ class Worker:
     async def _projector(self) -> Projector:
         gen = await current_generation(self.redis, self.keys)
         if self.projector is None or self.projector.gen != gen:
-            await self._follow_context(gen)
             tag_key = (await self.keyring.load(self.redis)).tag_key if self.keyring is not None else None
             tags = await ensure_episode_index(
                 self.redis,
@@ -185,32 +178,9 @@ class Worker:
                 self.metrics,
                 keyring=self.keyring,
                 tags=tags,
-                settings=self.settings.with_(context_episodes=self.context_episodes),
+                settings=self.settings,
             )
         return self.projector
-
-    async def _follow_context(self, gen: int) -> None:
-        """Before writing into another generation: follow the recorded ENGRAM_CONTEXT_EPISODES, which a
-        `replay --change-context-episodes` changes in the same HSET as the generation it switches to.
-        Followed rather than paused on (as another embedder's index is): any worker can write either
-        value, and following keeps the new generation whole; an explicit old value is named in the log,
-        since this worker's next start would be refused."""
-        have = await context_setting.recorded(self.redis, self.keys)
-        if have is None or have == self.context_episodes:
-            return
-        explicit = self.settings.context_episodes
-        log.warning(
-            "worker %s ◆ index generation %d is written with %s=%d (was %d); following it%s",
-            self.name,
-            gen,
-            context_setting.VARIABLE,
-            have,
-            self.context_episodes,
-            ""
-            if explicit in (None, have)
-            else f": set {context_setting.VARIABLE}={have} or unset it before the next start, which would be refused",
-        )
-        self.context_episodes = have
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, with `settings.in_flight` batches in flight.

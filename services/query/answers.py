@@ -80,27 +80,12 @@ class IngestAnswer(Answer):
     event_id: str | None = Field(None, description="one episode sent: its event's id")
 
 
-class EpisodeContext(Answer):
-    """ENGRAM_CONTEXT_EPISODES: the previous episode (same session and user) that the episode's stored
-    vector leans on and whose task its keyword side holds, so a recall may match it on these words."""
-
-    previous_episode_id: str
-    text: str | None = Field(
-        description="the previous episode's task as the keyword index holds it (case-folded); null: none"
-    )
-
-
 class EpisodeAnswer(Answer):
     episode: EpisodeOut | None = Field(description="null while `status` is pending")
     episode_id: str | None = Field(None, description="present while pending")
     status: str = Field(description="`pending` (accepted, not yet projected), `completed`, ...")
     access_count: int
     last_accessed: Instant | None
-    context: EpisodeContext | None = Field(
-        None,
-        description="ENGRAM_CONTEXT_EPISODES: what the episode's vector and keyword side took from the "
-        "previous episode of its session; absent when it took nothing",
-    )
 
 
 class EpisodeForgotten(Answer):
@@ -187,11 +172,6 @@ class RecallHit(Answer):
     priority: float
     access_count: int
     last_accessed: Instant | None
-    context: EpisodeContext | None = Field(
-        None,
-        description="`POST /v1/recall` with ENGRAM_CONTEXT_EPISODES: what the episode took from the previous "
-        "episode of its session (why it may match words it does not hold); absent when nothing",
-    )
 
 
 class StrategyInReplay(Answer):

@@ -27,7 +27,6 @@ from aiohttp import web
 from services.query.answers import SCHEMAS
 from services.query.appkeys import (
     CONSOLIDATE,
-    CONTEXT,
     CURSORS,
     EMBEDDER,
     FACTS,
@@ -59,7 +58,7 @@ from services.query.providers import consolidation, facts_provider
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
-from shared import cluster, context_setting, terms, tracing
+from shared import cluster, terms, tracing
 from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
@@ -99,9 +98,6 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 stack.push_async_callback(e.aclose)
             keys = app[KEYS]
             tags = LiveTags(keys, None)
-            explicit = settings.context_episodes
-            context = context_setting.LiveContext(keys, explicit or 0, explicit)
-            app[CONTEXT] = context
             app[REDIS] = r
             app[EMBEDDER] = e
             app[TAGS] = tags
@@ -113,12 +109,10 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 dim = await e.ensure_dim()
 
                 async def open_index() -> tuple[int, bytes | None]:
-                    # ConfigError when the deployment has another number of stream partitions or
-                    # another ENGRAM_CONTEXT_EPISODES than one set here, or a coordinator is asked of a
-                    # cluster without one (before anything is created)
+                    # ConfigError when the deployment has another number of stream partitions, or
+                    # a coordinator is asked of a cluster without one (before anything is created)
                     await cluster.check_search(r)
                     await check_partitions(r, keys, explicit=settings.stream_partitions is not None)
-                    context.value = await context_setting.settle(r, keys, explicit, writer=False)
                     gen = await current_generation(r, keys)
                     tag_key = await deployment_tag_key(r, keys, settings.master_key)
                     await ensure_episode_index(
@@ -133,14 +127,12 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 tags.embedder = (e.name, dim)  # a later `reindex --embedder` is told (`LiveTags.mismatch`)
                 startup.done("index")
                 log.info(
-                    "query service ready ◆ %.1fs ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ "
-                    "ENGRAM_CONTEXT_EPISODES=%d ◆ %d api key(s)",
+                    "query service ready ◆ %.1fs ◆ prefix=%s ◆ embedder=%s dim=%d ◆ generation %d ◆ %d api key(s)",
                     time.monotonic() - startup.started,
                     settings.prefix,
                     e.name,
                     dim,
                     gen,
-                    context.value,
                     len(settings.api_keys),
                 )
 

@@ -14,7 +14,6 @@ import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from shared.context_setting import LiveContext
 from shared.embedding import Embedder
 from shared.index import LiveTags, Scope
 from shared.keys import Keys
@@ -49,7 +48,6 @@ OPENAPI: web.AppKey[OpenAPIDocument] = web.AppKey("openapi")
 SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
 QUERY_VECTORS = web.AppKey("query_vectors", QueryVectorCache)
 TAGS = web.AppKey("tags", LiveTags)
-CONTEXT = web.AppKey("context_episodes", LiveContext)  # as the deployment records it
 CURSORS: web.AppKey[Cursors] = web.AppKey("cursors")
 STARTUP: web.AppKey[Startup] = web.AppKey("startup")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import zip_longest
 from typing import Any
 
 from engram_episodic.events import Episode
@@ -225,9 +226,16 @@ def prompt_section(
 ) -> tuple[str, bool]:
     """A ready prompt section of at most `max_chars` characters; returns (text, truncated).
 
-    Header lines first (task, category, summary, proven strategies), then facts, then one block per
-    recalled episode, best first; a block that does not fit is left out whole. `results` are recall
-    results (`{"episode": {...}, "priority": ...}`).
+    Header lines first (task, category, summary, proven strategies), then "Known facts" (one line per
+    fact), then one block per recalled episode, best first. `results` are recall results
+    (`{"episode": {...}, "priority": ...}`), `facts` the facts provider's, best first.
+
+    The budget is filled by priority across the two sections, not section by section: facts and
+    episodes are taken alternately by rank (fact 1, episode 1, fact 2, episode 2, ...: a fact is a
+    short summary of many episodes, an episode block the detail of one), each while it fits whole;
+    the first that does not fit is cut to the room left (when at least `_MIN_PIECE` characters) and
+    the rest, all of lower rank, are left out. So a small budget holds the best of both sections
+    instead of dropping one whole and leaving its room unused. Each section keeps its own order.
     """
     lines = [f"## Relevant experience for: {_clip(task, 300)}"]
     if category:
@@ -252,35 +260,62 @@ def prompt_section(
                 for s in proven
             )
         )
-    blocks = ["\n".join(lines)]
-    if facts:
-        blocks.append("Known facts:\n" + "\n".join(f"- {_clip(str(f.get('text', f)), 300)}" for f in facts))
-    for i, r in enumerate(results, start=1):
-        ep = r["episode"]
-        task_obj = ep.get("task") or {}
-        fb = ep.get("feedback") or {}
-        head = f"### Episode {i}: {ep.get('outcome', 'unknown')}"
-        if fb.get("reward") is not None:
-            head += f", reward {fb['reward']:.2f}"
-        head += f", priority {r['priority']:.2f}"
-        body = [head, f"Task: {_clip(task_obj.get('description', ''), 400)}"]
-        for label, key in (
-            ("Strategy", "strategy_used"),
-            ("Solution", "solution"),
-            ("Outcome", "outcome_details"),
-        ):
-            if ep.get(key):
-                body.append(f"{label}: {_clip(str(ep[key]), 600)}")
-        if fb.get("message"):
-            body.append(f"Feedback: {_clip(fb['message'], 300)}")
-        blocks.append("\n".join(body))
-    text, truncated = "", False
-    for block in blocks:
-        candidate = f"{text}\n\n{block}" if text else block
-        if len(candidate) <= max_chars:
-            text = candidate
+    header = "\n".join(lines)
+    if len(header) > max_chars:  # even the header is too long: cut it
+        return header[: max_chars - 1] + "…", True
+    fact_lines = [f"- {_clip(str(f.get('text', f)), 300)}" for f in facts]
+    episode_blocks = [_episode_block(i, r) for i, r in enumerate(results, start=1)]
+    ranked = [
+        item
+        for pair in zip_longest((("fact", t) for t in fact_lines), (("episode", t) for t in episode_blocks))
+        for item in pair
+        if item is not None
+    ]
+    taken: dict[str, list[str]] = {"fact": [], "episode": []}
+    truncated = False
+    for section, item in ranked:
+        taken[section].append(item)
+        size = len(_assemble(header, taken))
+        if size <= max_chars:
+            continue
+        truncated = True
+        room = max_chars - (size - len(item))
+        if room >= _MIN_PIECE:
+            taken[section][-1] = item[: room - 1] + "…"
         else:
-            truncated = True
-            if not text:  # even the header is too long: cut it
-                text = block[: max_chars - 1] + "…"
-    return text, truncated
+            taken[section].pop()
+        break
+    return _assemble(header, taken), truncated
+
+
+_MIN_PIECE = 60
+"""Fewest characters of a cut fact or episode block worth showing (an episode's heading line is ~50)."""
+
+
+def _assemble(header: str, taken: dict[str, list[str]]) -> str:
+    blocks = [header]
+    if taken["fact"]:
+        blocks.append("Known facts:\n" + "\n".join(taken["fact"]))
+    blocks += taken["episode"]
+    return "\n\n".join(blocks)
+
+
+def _episode_block(i: int, r: dict[str, Any]) -> str:
+    ep = r["episode"]
+    task_obj = ep.get("task") or {}
+    fb = ep.get("feedback") or {}
+    head = f"### Episode {i}: {ep.get('outcome', 'unknown')}"
+    if fb.get("reward") is not None:
+        head += f", reward {fb['reward']:.2f}"
+    head += f", priority {r['priority']:.2f}"
+    body = [head, f"Task: {_clip(task_obj.get('description', ''), 400)}"]
+    for label, key in (
+        ("Strategy", "strategy_used"),
+        ("Solution", "solution"),
+        ("Outcome", "outcome_details"),
+    ):
+        if ep.get(key):
+            body.append(f"{label}: {_clip(str(ep[key]), 600)}")
+    if fb.get("message"):
+        body.append(f"Feedback: {_clip(fb['message'], 300)}")
+    return "\n".join(body)

@@ -345,7 +345,11 @@ class ContextRequest(ScopeIn):
     top_k: TopK | None = None
     max_chars: Annotated[int, IntIn(200, 200_000)] = 4000
     half_life: Duration | None = None
-    min_relevance: Relevance = Field(0.0, description="recall only episodes at least this relevant (0..1)")
+    min_relevance: Relevance | None = Field(
+        None,
+        description="recall only episodes at least this relevant (0..1); default the recall mode's floor "
+        "(hybrid 0.15, vector 0.25, keyword: any query word), so an unrelated episode is not listed",
+    )
     min_priority: Relevance = Field(0.0, description="recall only episodes of at least this priority (0..1)")
 
 

@@ -1,6 +1,6 @@
-"""The BFCL held-out harness end to end on a few sessions (hashing embedder), ENGRAM_CONTEXT_EPISODES off
-and on: wheel → SDK publish → consolidator processes → query-service processes → POST /v1/recall →
-paired metrics. Skipped when the bfcl-eval wheel cannot be had (not cached, `pip download` failing)."""
+"""The BFCL held-out harness end to end on a few sessions (hashing embedder): wheel → SDK publish →
+consolidator processes → query-service processes → POST /v1/recall → metrics. Skipped when the bfcl-eval
+wheel cannot be had (not cached, `pip download` failing)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def wheel():
     return path
 
 
-@pytest.mark.timeout(300)  # two ingests of ~200 episodes, ~100 recalls each: 20-76 s measured (load 1-7)
+@pytest.mark.timeout(300)  # an ingest of ~200 episodes, ~100 recalls: 10-40 s (load 1-7)
 def test_bfcl_harness_end_to_end(tmp_path, wheel):
     out = tmp_path / "bfcl.json"
     proc = run_bench(
@@ -36,19 +36,17 @@ def test_bfcl_harness_end_to_end(tmp_path, wheel):
         "hashing",
         "--sessions",
         str(SESSIONS),
-        "--bootstrap",
-        "100",
         "--out",
         str(out),
         timeout=280,
     )
-    assert "on - off [95% CI]" in proc.stdout
+    assert "NDCG@10" in proc.stdout
     res = json.loads(out.read_text())
     expected = load_evaluations(
         Wheel(wheel), argparse.Namespace(evals=["memory", "agent"], sessions=SESSIONS, folds=4)
     )
     n_episodes = sum(len(v) for ev in expected for v in ev.episodes.values())
-    assert {s: info["episodes"] for s, info in res["settings"].items()} == {"0": n_episodes, "1": n_episodes}
+    assert res["ingest"]["episodes"] == n_episodes
     memory = res["evaluations"]["memory dialogues"]
     agent = res["evaluations"]["agent tasks"]
     assert memory["questions"] == len(expected[0].queries) > 10
@@ -56,19 +54,12 @@ def test_bfcl_harness_end_to_end(tmp_path, wheel):
     assert set(agent["relevance"]) == {"exact", "jaccard>=0.5"}
     # a random order of the ~15 turns of a namespace would put the evidence first ~7% of the time, and
     # of ~100 stored requests a same-tool one in the top 10 for ~15% of the requests
-    assert memory["relevance"]["evidence"]["means"]["0"]["R@1"] > 40, memory
-    assert agent["relevance"]["exact"]["means"]["0"]["hit@10"] > 40, agent
-    differs = False
+    assert memory["relevance"]["evidence"]["means"]["R@1"] > 40, memory
+    assert agent["relevance"]["exact"]["means"]["hit@10"] > 40, agent
     for block in res["evaluations"].values():
         for entry in block["relevance"].values():
-            for m in METRICS:
-                d = entry["on_minus_off"][m]
-                lo, hi = d["diff_ci95"]
-                assert lo - 1e-9 <= d["diff"] <= hi + 1e-9
-                assert d["diff"] == pytest.approx(entry["means"]["1"][m] - entry["means"]["0"][m])
-                differs |= entry["means"]["1"][m] != entry["means"]["0"][m]
-    # the setting reached the workers: with it on, the stored vectors and so some rankings change
-    assert differs
+            assert len(entry["per_question"]) == block["questions"]
+            assert set(entry["means"]) == set(METRICS)
 
 
 def test_missing_wheel_exits_zero(tmp_path):

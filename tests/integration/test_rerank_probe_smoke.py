@@ -46,9 +46,3 @@ def test_rerank_probe_end_to_end(tmp_path):
     assert rerank_neighbours(data, 50, 0.0, default) == [r["ids"] for r in default]
     proc = run_bench("bench.rerank_probe", "evaluate", "--tune", "1", *small, timeout=120)
     assert "neighbour-turn context" in proc.stdout and "| service: default |" in proc.stdout
-
-    # the contextual-embedding probe on the same cache: embeds the contextual texts, recomputes the ranking
-    proc = run_bench("bench.context_probe", "--embedder", "hashing", *small, "--tune", "1", timeout=120)
-    assert "reproduce: simulated default top 10" in proc.stdout
-    assert "| mean(own, prev) λ = " in proc.stdout and "| blend(own, prev+own text) λ = " in proc.stdout
-    assert cache.with_name(cache.name + "-ctx-prev_own.npy").exists()

@@ -31,9 +31,9 @@ def test_a_paired_difference_is_exact_and_its_interval_narrow(tmp_path):
     assert paired.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--metrics", "R@5"]) == 0
 
 
-def test_bfcl_rows_are_named_by_evaluation_relevance_and_setting():
-    result = {"evaluations": {"memory": {"relevance": {"turn": {"per_question": {"0": [{"R@1": 1.0}]}}}}}}
-    assert paired.per_question_rows(result) == {"memory · turn · context 0": [{"R@1": 1.0}]}
+def test_bfcl_rows_are_named_by_evaluation_and_relevance():
+    result = {"evaluations": {"memory": {"relevance": {"turn": {"per_question": [{"R@1": 1.0}]}}}}}
+    assert paired.per_question_rows(result) == {"memory · turn": [{"R@1": 1.0}]}
 
 
 def test_files_without_per_question_results_or_other_questions_are_refused(tmp_path, capsys):

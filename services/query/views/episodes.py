@@ -24,7 +24,7 @@ from engram_episodic.events import (
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.consolidator import deadletters
-from services.query import episode_context, models
+from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
 from services.query.problems import Invalid, Problem, read_json
@@ -278,8 +278,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     keys = request.app[KEYS]
     ns = ns_of(request)
     gen = await current_generation(r, keys)
-    names: tuple[str, ...] = ("doc", "status", "namespace", "access_count", "last_accessed", "expires_at")
-    names += episode_context.FIELDS
+    names = ("doc", "status", "namespace", "access_count", "last_accessed", "expires_at")
     # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
     values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
     found = dict(zip((n.encode() for n in names), values, strict=True))
@@ -356,13 +355,6 @@ async def get_episode(request: web.Request) -> web.Response:
         "access_count": c.access_count,
         "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
     }
-    r, keys = redis_of(request), request.app[KEYS]
-    of, text = (found[name.encode()] for name in episode_context.FIELDS)
-    [context] = await episode_context.shown(
-        r, keys, await current_generation(r, keys), ns_of(request), [(of, text)]
-    )
-    if context is not None:
-        out["context"] = context
     return reply(out)
 
 

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from services.query import episode_context, insights, models
+from services.query import insights, models
 from services.query import recall as rc
-from services.query.appkeys import CONTEXT, FACTS, KEYS, METRICS, SCOPE_SIZES, SETTINGS
+from services.query.appkeys import FACTS, METRICS, SCOPE_SIZES, SETTINGS
 from services.query.problems import Invalid, read_json, validate
 from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
-from shared.index import current_generation
+from shared.relevance import CONTEXT_FLOOR
 from shared.settings import Settings
 
 
@@ -47,7 +47,8 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
 
 
 def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.RecallParams:
-    """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing."""
+    """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing; without
+    a `min_relevance`, the mode's floor (`shared.relevance.CONTEXT_FLOOR`)."""
     top_k = req.top_k or s.default_top_k
     return rc.RecallParams(
         top_k=top_k,
@@ -60,7 +61,7 @@ def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.Re
         normalize="none",
         recency_from="completed",
         touch_now=None,
-        min_relevance=req.min_relevance,
+        min_relevance=CONTEXT_FLOOR[s.recall_mode] if req.min_relevance is None else req.min_relevance,
         min_priority=req.min_priority,
         graph_index=s.vector_algorithm == "HNSW",
         graph_ef=s.graph_ef,
@@ -83,7 +84,6 @@ async def recall(request: web.Request) -> web.Response:
             params,
             sizes=request.app[SCOPE_SIZES],
         )
-    await with_context(request, body["results"])
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
@@ -105,16 +105,6 @@ async def overlapped(embedding: Coroutine[Any, Any, np.ndarray]) -> AsyncIterato
             task.exception()  # retrieved: a failure the request already answered is not logged again
 
 
-async def with_context(request: web.Request, hits: list[dict]) -> None:
-    """Set each hit's `context` (ENGRAM_CONTEXT_EPISODES as the deployment records it): why a hit
-    matched words it does not hold. The same for recall and /v1/context hits."""
-    r = redis_of(request)
-    if await request.app[CONTEXT].get(r):
-        keys = request.app[KEYS]
-        gen = await current_generation(r, keys)
-        await episode_context.add_to_hits(r, keys, gen, ns_of(request), hits)
-
-
 async def context(request: web.Request) -> web.Response:
     req: models.ContextRequest = validate(models.ContextRequest, await read_json(request))
     s = request.app[SETTINGS]
@@ -126,7 +116,6 @@ async def context(request: web.Request) -> web.Response:
         # a keyword recall answered without the embedder (`similarity_unavailable`): no facts by cosine
         unavailable = recalled.get("similarity_unavailable", False)
         vector = None if unavailable else await pending
-    await with_context(request, recalled["results"])
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5) if vector is not None else []
     prompt, truncated = insights.prompt_section(
