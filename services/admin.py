@@ -12,7 +12,8 @@ progress bars, time formatting), never the reverse. They read the server's envir
 (`shared.settings.Settings`) with the defaults of `make run`: `REDIS_URL` defaults to its embedded Redis
 (`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390; with `ENGRAM_REDIS_CLUSTER` = N its embedded
 cluster, `redis+cluster://127.0.0.1:$ENGRAM_REDIS_PORT`) and, with no master key set, the key it keeps
-in `$ENGRAM_DATA_DIR/master.key` (`.run/`) is used when it exists (without it sealed events cannot be
+in `$ENGRAM_DATA_DIR/master.key` (`.run/`, or `.run/redis-<port>/` for another `ENGRAM_REDIS_PORT`:
+`services.run_lock.run_data_dir`) is used when it exists (without it sealed events cannot be
 opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with `--progress`)
 with its rate and ETA, then a summary. `python -m services.consolidator` offers `rotate-master-key` and
 `erase-now` too (these same commands), and its own JSON-only `replay`, `reindex`, `dead-letters`,
@@ -26,7 +27,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -38,6 +38,7 @@ from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.timeutil import format_instant
 from services.consolidator import admin
+from services.run_lock import run_data_dir
 from shared.settings import Settings
 
 EMBEDDERS = ("hashing", "minilm", "mpnet", "openai")
@@ -52,7 +53,7 @@ def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
         # `ENGRAM_REDIS_CLUSTER=N make run`'s embedded cluster: its first primary is on the port
         env.setdefault("REDIS_URL", f"redis+cluster://127.0.0.1:{port}")
     env.setdefault("REDIS_URL", f"redis://127.0.0.1:{port}/0")
-    key = Path(env.get("ENGRAM_DATA_DIR") or ".run") / "master.key"
+    key = run_data_dir(env) / "master.key"
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE") and key.is_file():
         env["ENGRAM_MASTER_KEY_FILE"] = str(key)
     return env

@@ -18,9 +18,9 @@ restarting cannot fix it; exit code 2 with the service's message), or when a ser
 on its own (stopped by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` prints it
 (`make: *** [Makefile:…: run] Error 3`) and then exits 2 itself, whatever the code was.
 
-Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis port, default
-6390), `ENGRAM_DATA_DIR` (default `.run`), `ENGRAM_WORKERS` (consolidator processes, default 1;
-worker i serves its `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
+Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis, 6390),
+`ENGRAM_DATA_DIR` (`.run`, per Redis port: `services.run_lock.run_data_dir`), `ENGRAM_WORKERS` (default
+1; worker i serves `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
 (default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`). Every port is checked before anything starts.
 """
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
-from services.run_lock import DataDirBusy, busy_message, lock_data_dir
+from services.run_lock import DataDirBusy, busy_message, lock_data_dir, run_data_dir
 from shared import logs
 from shared.settings import Settings, env_int, parse_duration
 from shared.supervised import SUPERVISOR_PID
@@ -275,7 +275,11 @@ class Progress(threading.Thread):
     ready, in seconds since `make run` started (`started`, time.monotonic()); then that the stack is.
 
     `probes` maps a service's name to its readiness URL (the query service's `/readyz`, a worker's
-    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`)."""
+    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`). A service
+    still loading is said again every STILL seconds (a first start unpacks and exports the model for
+    tens of seconds: silence that long looks hung)."""
+
+    STILL = 15.0
 
     def __init__(self, started: float, probes: dict[str, str]):
         super().__init__(name="progress", daemon=True)
@@ -283,7 +287,7 @@ class Progress(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        waiting, said = dict(self.probes), dict[str, list]()
+        waiting, said = dict(self.probes), dict[str, tuple[list, float]]()
         while waiting and not self.done.is_set():
             for name, url in list(waiting.items()):
                 got = _probe(url)
@@ -296,12 +300,12 @@ class Progress(threading.Thread):
                     del waiting[name]
                     continue
                 pending = body.get("pending") or [body.get("status", f"HTTP {status}")]
-                if said.get(name) != pending:
-                    said[name] = pending
-                    _say(
-                        f"{name} answering at {elapsed:.1f}s; loading {', '.join(map(str, pending))}",
-                        err=False,
-                    )
+                what, (was, at) = ", ".join(map(str, pending)), said.get(name, (None, 0.0))
+                if was == pending and elapsed - at < self.STILL:
+                    continue
+                said[name] = (pending, elapsed)
+                line = f"answering at {elapsed:.1f}s; loading {what}" if was != pending else "still loading"
+                _say(f"{name} {line}" + (f" {what} at {elapsed:.0f}s" if was == pending else ""), err=False)
             self.done.wait(0.25)
         if not waiting and not self.done.is_set():
             _say(
@@ -635,7 +639,7 @@ def main() -> int:
         _refuse(problem)
         return 2
     metrics_port = settings.metrics_port
-    data_root = Path(env.get("ENGRAM_DATA_DIR", ".run"))
+    data_root = run_data_dir(env)
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
     except DataDirBusy as exc:

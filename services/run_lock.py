@@ -1,4 +1,5 @@
-"""One `make run` per data directory: the exclusive lock of `ENGRAM_DATA_DIR/run.lock`.
+"""One `make run` per data directory: the exclusive lock of `ENGRAM_DATA_DIR/run.lock`; the data
+directory a `make run` uses (`run_data_dir`).
 
 The supervisor takes it (`lock_data_dir`) and passes the descriptor to every process it starts (the
 embedded Redis, the consolidators, the query service): the lock is held while any of them lives, so
@@ -13,6 +14,23 @@ import os
 from pathlib import Path
 
 LOCK_FILE = "run.lock"
+DEFAULT_REDIS_PORT = 6390
+
+
+def run_data_dir(env: dict[str, str]) -> Path:
+    """The data directory of a `make run` with the environment `env`: `ENGRAM_DATA_DIR` when set, else
+    `.run` for the default embedded Redis port (6390) and `.run/redis-<port>` for another
+    `ENGRAM_REDIS_PORT`. Why per port: the directory holds that Redis's data and the stack's lock, so a
+    second stack on other ports (README: `ENGRAM_PORT=18080 ENGRAM_REDIS_PORT=16379
+    ENGRAM_METRICS_PORT=19191 make run`) gets its own beside the first instead of being refused for
+    sharing it. A port that is not a number is left to `make run`'s own check (`.run` meanwhile)."""
+    given = env.get("ENGRAM_DATA_DIR")
+    if given:
+        return Path(given)
+    port = (env.get("ENGRAM_REDIS_PORT") or "").strip()
+    if not port.isdigit() or int(port) == DEFAULT_REDIS_PORT:
+        return Path(".run")
+    return Path(".run") / f"redis-{int(port)}"
 
 
 class DataDirBusy(Exception):

@@ -86,7 +86,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "EpisodeStarted": ("episode",),
     "EpisodeCompleted": ("episode",),
     "ActionRecorded": ("action",),
-    "EpisodeUpdated": ("user_id", *UPDATABLE),
+    "EpisodeUpdated": ("user_id", *UPDATABLE, "clear_expiry"),
     "UserForgotten": ("user_id",),
 }
 """The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
@@ -160,7 +160,10 @@ def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
 
 
 def _updated_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    changes = parse_update({k: data[k] for k in UPDATABLE if data.get(k) is not None}, "", errs)
+    given = {k: data[k] for k in UPDATABLE if data.get(k) is not None}
+    if data.get("clear_expiry") is True:
+        given["expires_at"] = None  # parse_update's form of clearing it
+    changes = parse_update(given, "", errs)
     return {
         "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
         "user_id": check_id(data.get("user_id"), "user_id", errs),

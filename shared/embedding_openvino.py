@@ -110,14 +110,18 @@ def compressed(core: Any, target: Path, *, again: bool = False) -> tuple[Any, bo
     `again` (`load` found one disagreeing with the float graph), is made afresh with a warning. Where
     the cache cannot be written (an image's, read-only: no lock file can be made) the copy is made in
     memory for this process. Raises ImportError without `nncf` when a copy has to be made."""
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     path = target / COMPRESSED
     if not again and (found := _read(core, path)) is not None:  # no lock needed to read a whole copy
         return found, False
     try:
         lock = FileLock(str(target.parent / f"{target.name}.lock"), timeout=900)  # the export's lock
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:  # another process makes it: say so, a silent wait looks hung
+            log.info("another process is making the int8-weight copy; waiting for it ◆ %s", target)
+            lock.acquire()
     except OSError as exc:  # read-only cache
         log.info("the model cache is not writable: the int8-weight copy is made in memory ◆ %s", exc)
         return _make(core, target, None), True

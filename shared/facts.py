@@ -38,6 +38,7 @@ from shared.index import (
     numeric_clause,
     parse_search,
     point_alias_at,
+    search_limit,
     tag_clause,
     vector_bytes,
 )
@@ -458,6 +459,7 @@ async def search_facts(
                 "FT.SEARCH",
                 index,
                 expr,
+                *search_limit(),
                 "PARAMS",
                 2,
                 "BLOB",
@@ -481,6 +483,7 @@ async def search_facts(
             "FT.SEARCH",
             index,
             q.query(),
+            *search_limit(),
             "RETURN",
             2,
             DOC_FIELD,

@@ -43,7 +43,7 @@ from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.legacy import check_layout
 from shared.replies import as_text
 from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
-from shared.ties import TIE_FIELD, tie_break
+from shared.ties import TIE_FIELD, tie_break, tie_tag
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -299,25 +299,44 @@ async def create_index(r: aioredis.Redis, name: str, doc_prefix: str, schema: Se
 
 
 SEARCH_TIMEOUT = "Timeout limit was reached"
-"""RediSearch's error for a query past its TIMEOUT once ON_TIMEOUT is FAIL (`fail_on_timeout`)."""
+"""RediSearch's error for a query past its TIMEOUT where ON_TIMEOUT is FAIL (`check_on_timeout`)."""
+
+_NO_LIMIT: tuple[Any, ...] = ("TIMEOUT", 0)
+_search_limit: tuple[Any, ...] = ()
 
 
-async def fail_on_timeout(r: aioredis.Redis) -> str | None:
-    """Make RediSearch answer a query that runs past its TIMEOUT (500 ms by default) with an error
-    instead of the results found so far: its default (ON_TIMEOUT RETURN) answered a listing, `skills` or
-    a learning curve with part of the scope and no sign of it (a new-user trial: 499 of 6,198 episodes
-    listed, `next_cursor` null). Sent to every primary of a cluster. Returns None, or why it could not
-    (a Redis that refuses CONFIG: the deployment then has to set `search-on-timeout fail` itself)."""
-    args: tuple[Any, ...] = ("FT.CONFIG", "SET", "ON_TIMEOUT", "FAIL")
-    try:
-        if isinstance(r, RedisCluster):  # one node at a time: redis-py routes FT.CONFIG by no key or flag
-            for node in r.get_primaries():
-                await r.execute_command(*args, target_nodes=node)
-        else:
-            await r.execute_command(*args)
-    except ResponseError as exc:
-        return str(exc)[:200]
-    return None
+def search_limit() -> tuple[Any, ...]:
+    """The per-query arguments every FT.SEARCH / FT.AGGREGATE of Engram carries, right after its query:
+    none where RediSearch fails a query past its TIMEOUT (ON_TIMEOUT FAIL: an error, answered 503), else
+    `TIMEOUT 0`, no limit for this query, so it is never answered with part of its results
+    (`check_on_timeout` decides, at start)."""
+    return _search_limit
+
+
+async def check_on_timeout(r: aioredis.Redis) -> str:
+    """What RediSearch does with a query past its TIMEOUT (500 ms by default) on `r`, every primary of a
+    cluster: "fail" (an error) or "return" (the results found so far; also when the server will not say).
+    Read, never set: ON_TIMEOUT is server-wide, and setting it would change the answers of every other
+    application of a shared Redis. Under "return" — RediSearch's default, which answered a listing,
+    `skills` or a learning curve with part of the scope and no sign of it (499 of 6,198 episodes listed,
+    `next_cursor` null) — every search of this process then carries `TIMEOUT 0` (`search_limit`), so it
+    runs to its end instead (a very large scope holds Redis for as long as that takes). Engram's own
+    Redis (`make run`, `deploy/embedded_redis.py`) is started with ON_TIMEOUT FAIL; a deployment that
+    wants the bound on a Redis of its own sets `search-on-timeout fail` (docs/configuration.md)."""
+    global _search_limit
+    nodes = r.get_primaries() if isinstance(r, RedisCluster) else [None]
+    policy = "fail"
+    for node in nodes:
+        target: dict[str, Any] = {"target_nodes": node} if node is not None else {}
+        try:
+            reply = await r.execute_command("FT.CONFIG", "GET", "ON_TIMEOUT", **target)
+            value = as_text(reply[0][1]).lower() if reply and reply[0] else "return"
+        except ResponseError:  # a managed Redis refusing FT.CONFIG: assume the default
+            value = "return"
+        if value != "fail":
+            policy = "return"
+    _search_limit = () if policy == "fail" else _NO_LIMIT
+    return policy
 
 
 async def current_generation(r: aioredis.Redis, keys: Keys) -> int:
@@ -387,10 +406,12 @@ async def ensure_episode_index(
         raise EmbedderMismatch(
             name, gen, as_text(recorded_name), int(recorded_dim or 0), embedder_name, params.dim
         )
-    if (refused := await fail_on_timeout(r)) is not None:
+    if await check_on_timeout(r) != "fail":
         log.warning(
-            "RediSearch keeps ON_TIMEOUT RETURN (%s): a query past its TIMEOUT answers part of its results",
-            refused,
+            "RediSearch answers a query past its TIMEOUT with part of its results on this Redis "
+            "(ON_TIMEOUT RETURN, server-wide: left as it is); Engram's searches run without a time limit "
+            "instead (TIMEOUT 0), so none is cut short. On a Redis of Engram's own, set "
+            "`search-on-timeout fail` to bound them (docs/configuration.md)"
         )
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode
@@ -529,7 +550,7 @@ def episode_fields(
         "session_id": tags.session(namespace, episode.session_id) if episode.session_id is not None else None,
     }
     fields.update({k: v for k, v in clear.items() if v is not None})
-    fields[TIE_FIELD] = str(tie_break(fields["episode_id"]))
+    fields[TIE_FIELD] = str(tie_break(tie_tag(tags, episode.episode_id)))
     numbers = {
         "started_at": episode.started_at,
         "completed_at": episode.completed_at,
@@ -617,7 +638,7 @@ async def index_size(r: aioredis.Redis, index: str, **target: Any) -> int:
     documents, docs/benchmarks.md "FT.INFO on the main thread"); a coordinator sums its shards'.
     `target`: `execute_command` keyword arguments (`shared.cluster.search_targets`' node)."""
     reply = await r.execute_command(
-        "FT.SEARCH", index, "*", "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2, **target
+        "FT.SEARCH", index, "*", *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2, **target
     )
     return int(reply[0])
 
@@ -634,7 +655,7 @@ async def filter_search(
     limit: int = 10,
 ) -> tuple[int, list[SearchHit]]:
     """Documents matching the scope (no ranking), optionally sorted by a SORTABLE numeric field."""
-    args: list[Any] = ["FT.SEARCH", index, scope.query()]
+    args: list[Any] = ["FT.SEARCH", index, scope.query(), *search_limit()]
     if return_fields:
         args += ["RETURN", len(return_fields), *return_fields]
     else:
@@ -653,7 +674,7 @@ async def term_counts(r: aioredis.Redis, index: str, scope: Scope, words: Sequen
     async with r.pipeline(transaction=False) as pipe:
         for q in queries:
             if q is not None:
-                pipe.execute_command("FT.SEARCH", index, q, "LIMIT", 0, 0, "DIALECT", 2)
+                pipe.execute_command("FT.SEARCH", index, q, *search_limit(), "LIMIT", 0, 0, "DIALECT", 2)
         replies = iter(await pipe.execute())
     return [int(next(replies)[0]) if q is not None else 0 for q in queries]
 
@@ -673,6 +694,7 @@ async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[di
         "FT.AGGREGATE",
         index,
         scope.query(),
+        *search_limit(),
         "LOAD",
         4,
         "@category",
@@ -761,6 +783,7 @@ async def agent_category_counts(r: aioredis.Redis, index: str, scope: Scope) -> 
         "FT.AGGREGATE",
         index,
         scope.query(),
+        *search_limit(),
         "LOAD",
         2,
         "@agent_id",

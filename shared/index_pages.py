@@ -2,9 +2,11 @@
 
 Split out of `shared.index` (its size budget); like it, the only place that builds these queries.
 
-A page is ordered by a SORTABLE numeric field (an episode's `completed_at`, a fact's `created_at`) and
-then by the document key's digest suffix, a total order on values that do not change while a document
-lives. The next page starts strictly after the last row of the previous one (a *keyset*, not an offset),
+A page is ordered by a SORTABLE numeric field (an episode's `completed_at`, a fact's `created_at`),
+then, for episodes, by their `tiebreak` (`shared.ties`: from the episode id alone, so the same episodes
+order their exact ties alike in every namespace; a document projected before that field existed comes
+after those that have one), then by the document key's digest suffix: a total order on values that do
+not change while a document lives, every key in the listing's direction, so `asc` is `desc` reversed. The next page starts strictly after the last row of the previous one (a *keyset*, not an offset),
 so documents written, re-projected or deleted meanwhile never shift the others: a listing that pages
 through while others publish sees every document that existed throughout exactly once. Documents whose
 sort value is moved meanwhile (an episode re-published with another `completed_at`) are seen once or not
@@ -25,17 +27,19 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.index import is_missing_index, numeric_clause
+from shared.index import is_missing_index, numeric_clause, search_limit
 
 SUFFIX = re.compile(r"[0-9a-f]{32}")  # the digest every document key ends with (shared.keys)
 
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """Where a page ends: the last row's sort value (UTC epoch seconds) and its key's digest suffix."""
+    """Where a page ends: the last row's sort value (UTC epoch seconds), its tie-break (None: the
+    listing has none, or the document lacks one) and its key's digest suffix."""
 
     value: float
     suffix: str
+    tie: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +61,11 @@ async def page(
     descending: bool,
     after: Position | None,
     limit: int,
+    tie_field: str | None = None,
 ) -> tuple[list[Row], bool]:
-    """At most `limit` documents of `query` in (`sort_field`, key suffix) order — descending values
-    with ascending suffixes, or both ascending — strictly after `after` (None: from the start).
+    """At most `limit` documents of `query` in (`sort_field`, `tie_field`, key suffix) order, every key
+    descending or every key ascending (a document without `tie_field` after those with one, either
+    way), strictly after `after` (None: from the start).
 
     Every key of the index ends with a 32-hex digest (`shared.keys`; after the namespace's hash tag).
     Returns the rows and whether more follow. A document without `sort_field` is never listed (a
@@ -75,15 +81,24 @@ async def page(
         expr = f"{query} {numeric_clause(sort_field, lo, hi)}"
         beyond = "<" if descending else ">"
         v = _literal(after.value)
-        tie = f'@{sort_field} {beyond} {v} || (@{sort_field} == {v} && @k > "{after.suffix}")'
+        rest = f'@k {beyond} "{after.suffix}"'
+        if tie_field is not None:  # those without one come last: an `exists` first, as theirs has no value
+            t, has = f"@{tie_field}", f"exists(@{tie_field})"
+            if after.tie is None:
+                rest = f"(!{has} && {rest})"
+            else:
+                x = _literal(after.tie)
+                rest = f"(!{has} || {t} {beyond} {x} || ({t} == {x} && {rest}))"
+        tie = f"@{sort_field} {beyond} {v} || (@{sort_field} == {v} && {rest})"
+    loads = ["@__key", f"@{sort_field}", *([f"@{tie_field}"] if tie_field else [])]
     args: list[Any] = [
         "FT.AGGREGATE",
         index,
         expr,
+        *search_limit(),
         "LOAD",
-        2,
-        "@__key",
-        f"@{sort_field}",
+        len(loads),
+        *loads,
         "APPLY",
         "substr(@__key, strlen(@__key) - 32, 32)",  # keys end with the digest (after a hash tag)
         "AS",
@@ -91,7 +106,9 @@ async def page(
     ]
     if tie:
         args += ["FILTER", tie]
-    args += ["SORTBY", 4, f"@{sort_field}", "DESC" if descending else "ASC", "@k", "ASC"]
+    direction = "DESC" if descending else "ASC"
+    keys = [f"@{sort_field}", *([f"@{tie_field}"] if tie_field else []), "@k"]
+    args += ["SORTBY", 2 * len(keys), *(x for key in keys for x in (key, direction))]
     # one row more than asked: whether there is a next page, without an empty last page to fetch
     args += ["MAX", int(limit) + 1, "DIALECT", 2]
     try:
@@ -106,7 +123,8 @@ async def page(
         key, value, suffix = f.get(b"__key"), f.get(sort_field.encode()), f.get(b"k")
         if key is None or value is None or suffix is None:
             continue  # deleted between the index's match and the load
-        rows.append(Row(key=key, position=Position(float(value), suffix.decode())))
+        tb = f.get(tie_field.encode()) if tie_field else None
+        rows.append(Row(key, Position(float(value), suffix.decode(), float(tb) if tb is not None else None)))
     more = len(rows) > limit
     rows = rows[:limit]
     if rows:
@@ -116,7 +134,7 @@ async def page(
         exact = await r.hget(rows[-1].key, sort_field)
         if exact is not None:
             last = rows[-1]
-            rows[-1] = Row(key=last.key, position=Position(float(exact), last.position.suffix))
+            rows[-1] = Row(last.key, Position(float(exact), last.position.suffix, last.position.tie))
     return rows, more
 
 
@@ -132,6 +150,7 @@ async def every_key(
             "FT.AGGREGATE",
             index,
             query,
+            *search_limit(),
             "LOAD",
             1,
             "@__key",

@@ -22,6 +22,7 @@ from shared.index import (
     SearchHit,
     keyword_query,
     parse_search,
+    search_limit,
     vector_bytes,
 )
 
@@ -134,6 +135,7 @@ def _knn_command(
         "FT.SEARCH",
         index,
         query,
+        *search_limit(),
         *restrict,
         "PARAMS",
         2,
@@ -180,7 +182,9 @@ async def knn_union(
     union = " | ".join(f"({s.query()})" for s in scopes)
     q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
     async with r.pipeline(transaction=True) as pipe:
-        pipe.execute_command("FT.SEARCH", index, union, "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2)
+        pipe.execute_command(
+            "FT.SEARCH", index, union, *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2
+        )
         pipe.execute_command(*_knn_command(index, q, (), vector_bytes(query_vector), return_fields, k))
         counted, reply = await pipe.execute()
     total, hits = int(counted[0]), _knn_hits(reply)
@@ -206,6 +210,7 @@ async def _bm25(
         "FT.SEARCH",
         index,
         q,
+        *search_limit(),
         "SCORER",
         "BM25STD",
         "WITHSCORES",

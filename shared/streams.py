@@ -383,6 +383,28 @@ class StreamGroup:
             res = await pipe.execute()
         return res[0]
 
+    async def settled(self) -> str | None:
+        """The stream's last entry id when this group has been delivered every entry and has acked them
+        all (its consumers wrote what they make of each before acking): a version of what they built
+        from the stream, unchanged until the next publish. None while an entry waits or is pending, or
+        no consumer made the group yet; "0-0" when the stream does not exist (nothing was published).
+        One round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xinfo_stream(self.stream)
+            pipe.xinfo_groups(self.stream)
+            stream, rows = await pipe.execute(raise_on_error=False)
+        if isinstance(stream, ResponseError) or isinstance(rows, ResponseError):
+            if "no such key" in str(stream).lower():
+                return "0-0"
+            raise stream if isinstance(stream, ResponseError) else rows
+        row = next((g for g in rows if _name(g.get("name")) == self.group), None)
+        if row is None:  # entries nobody has read yet
+            return None
+        last = _stream_id(stream.get("last-generated-id"))
+        if int(row.get("pending") or 0) or _stream_id(row.get("last-delivered-id")) < last:
+            return None
+        return f"{last[0]}-{last[1]}"
+
     async def _row(self) -> dict | None:
         """This group's XINFO GROUPS row; None when the stream or the group does not exist."""
         for g in await groups(self.redis, self.stream):

@@ -20,6 +20,17 @@ from shared.settings import Settings
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_data_dir(tmp_path_factory):
+    """ENGRAM_DATA_DIR is a directory of the session's own: no test, and no process a test starts, reads
+    the checkout's `.run/` (where `make run` keeps its Redis data and master key: found there, the
+    admin commands under test would open the stream with the user's key)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ENGRAM_DATA_DIR", str(tmp_path_factory.mktemp("data-dir")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(autouse=True)
 def _logging_as_it_was():
     """Undo what a process entry point run in-process does to logging (`shared.logs.configure`: a root

@@ -208,13 +208,14 @@ class Stack:
             ENGRAM_LEASE_MS="2000",
         )
         self.env.update(extra)
+        self.cwd = ROOT
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Stack:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "services.run"],
-                cwd=ROOT,
+                cwd=self.cwd,
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -401,14 +401,16 @@ class Calls:
     def update_episode(episode_id: str, changes: EpisodeChanges, wait: float | None = None) -> Call[Updated]:
         # validated here as the service does (InvalidEpisode names every bad field); a repeat after a
         # lost answer folds the same change again (merging is idempotent)
-        parse_update(_body(changes))
-        if empty := empty_changes(_body(changes)):
+        body = _body(changes)
+        body.update({k: None for k in ("expires_at", "ttl") if k in changes and changes[k] is None})  # clears
+        parse_update(body)
+        if empty := empty_changes(body):
             raise InvalidEpisode(empty)
         return Call(
             "PATCH",
             f"/v1/episodes/{_path(episode_id, 'episode_id')}",
             Updated.from_json,
-            body=_body(changes),
+            body=body,
             params=_wait(wait),
         )
 

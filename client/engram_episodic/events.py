@@ -194,8 +194,10 @@ class EpisodeUpdated(EpisodeEvent):
 
     Folded after the episode's earlier events: `feedback` merges field by field into the episode's
     (fields left None keep their values), `metadata` key by key (a key whose value is None is removed,
-    as RFC 7396 merges), the others replace. `user_id` is the episode's user, carried only so that a
-    sealed event is sealed under that user's data key (`shared.keyring`); it changes nothing.
+    as RFC 7396 merges), the others replace. `clear_expiry` removes the episode's `expires_at` (a
+    `PATCH` with `"expires_at": null` or `"ttl": null`): None in the other fields means "unchanged", so
+    clearing needs its own flag. `user_id` is the episode's user, carried only so that a sealed event is
+    sealed under that user's data key (`shared.keyring`); it changes nothing.
     """
 
     TYPE: ClassVar[str] = "EpisodeUpdated"
@@ -208,6 +210,7 @@ class EpisodeUpdated(EpisodeEvent):
     importance: float | None = None
     metadata: dict[str, Any] | None = None
     expires_at: float | None = None
+    clear_expiry: bool = False
 
 
 UPDATABLE: tuple[str, ...] = (
@@ -223,7 +226,8 @@ UPDATABLE: tuple[str, ...] = (
 
 def updated(base: Episode, update: EpisodeUpdated) -> Episode:
     """`base` with `update`'s changes, as `EpisodeUpdated` documents them: `feedback` field by field,
-    `metadata` key by key (None removes a key, RFC 7396), the others replaced. Not checked: the fold
+    `metadata` key by key (None removes a key, RFC 7396), the others replaced; `clear_expiry` removes
+    `expires_at`. Not checked: the fold
     (`services.consolidator.projection`) and `PATCH` keep only results `validation.episode_problems`
     accepts."""
     changes: dict[str, Any] = {}  # field name → new value
@@ -242,6 +246,8 @@ def updated(base: Episode, update: EpisodeUpdated) -> Episode:
     for name in ("outcome", "outcome_details", "importance", "expires_at"):
         if getattr(update, name) is not None:
             changes[name] = getattr(update, name)
+    if update.clear_expiry:
+        changes["expires_at"] = None
     return dataclasses.replace(base, **changes)
 
 

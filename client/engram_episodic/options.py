@@ -137,12 +137,13 @@ class FactListOptions(PageOptions, total=False):
 
 class EpisodeChanges(TypedDict, total=False):
     """`PATCH /v1/episodes/{id}` (docs/api.md): `feedback` merges field by field into the episode's
-    (`{"reward": 0.9}` keeps its message), `metadata` key by key (None removes a key), the rest replace."""
+    (`{"reward": 0.9}` keeps its message), `metadata` key by key (None removes a key), the rest replace; `expires_at=None` (or `ttl=None`)
+    clears the expiry: the episode no longer expires."""
 
     feedback: dict[str, Any]
     outcome: Literal["success", "partial", "failure", "abandoned"]
     outcome_details: str
     importance: float
     metadata: dict[str, Any]
-    expires_at: Instant
-    ttl: Duration
+    expires_at: Instant | None
+    ttl: Duration | None

@@ -575,8 +575,10 @@ def episode_problems(episode: Episode) -> list[tuple[str, str]]:
 def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> dict[str, Any] | None:
     """The changes of a partial update (`PATCH /v1/episodes/{id}`, an `EpisodeUpdated`): a JSON object
     of `engram_episodic.events.UPDATABLE` fields, at least one, each checked as in an episode;
-    `feedback` may be partial and `metadata` may map keys to None (removed). Returns the keyword
-    arguments of `EpisodeUpdated` for those fields, or None (errors added; raised without `errs`)."""
+    `feedback` may be partial and `metadata` may map keys to None (removed); `expires_at` or `ttl` given
+    as null (and the other not given) clears the expiry (`clear_expiry`: the episode no longer expires).
+    Returns the keyword arguments of `EpisodeUpdated` for those fields, or None (errors added; raised
+    without `errs`)."""
     own = errs is None
     errs = errs or Collector()
     before = len(errs.errors)
@@ -585,7 +587,9 @@ def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> d
         errs.add(path, "must be a JSON object")
     else:
         _unknown(value, frozenset(UPDATABLE) | {"ttl"}, path, errs)
-        if not any(value.get(name) is not None for name in (*UPDATABLE, "ttl")):
+        expiry = ("expires_at", "ttl")
+        clear = any(n in value for n in expiry) and all(value.get(n) is None for n in expiry)
+        if not clear and not any(value.get(name) is not None for name in (*UPDATABLE, "ttl")):
             errs.add(path, f"must change at least one of {', '.join(UPDATABLE)} (or ttl)")
         outcome = value.get("outcome")
         if outcome is not None and outcome not in OUTCOMES:
@@ -597,6 +601,7 @@ def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> d
             "importance": _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),
             "metadata": _json_object(value.get("metadata"), _join(path, "metadata"), errs),
             "expires_at": _expiry(value, path, errs, None),  # a ttl counts from now
+            "clear_expiry": True if clear else None,
         }
     if len(errs.errors) > before:
         if own:

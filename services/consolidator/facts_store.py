@@ -38,7 +38,7 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation
+from shared.index import STATUS_COMPLETED, Scope, current_generation, search_limit
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes
@@ -90,6 +90,7 @@ async def load_rows(
         "FT.AGGREGATE",
         index,
         filters.query(),
+        *search_limit(),
         "LOAD",
         2,
         "@__key",

@@ -230,7 +230,9 @@ def make_app(
     app[FACTS] = facts if facts is not None else facts_provider(keys)
     app[CONSOLIDATE] = consolidate if consolidate is not None else consolidation(settings, metrics)
     app[OPENAPI] = openapi_document
-    app[SCOPE_SIZES] = ScopeSizes(df_ttl=settings.idf_cache_ttl or 0.0)
+    app[SCOPE_SIZES] = ScopeSizes(
+        df_ttl=settings.idf_cache_ttl or 0.0, keys=keys, group=settings.consumer_group
+    )
     app[CURSORS] = Cursors(keys)
     app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache, batch=settings.query_batch)
     app.cleanup_ctx.append(_resources(redis, embedder, background=background_start))

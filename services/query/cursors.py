@@ -1,6 +1,8 @@
 """Opaque, signed page cursors of the listing routes (`GET /v1/episodes`, `GET /v1/facts`).
 
-A cursor is `base64url(msgpack [version, order, filters digest, value, suffix]) "." base64url(tag)`, the
+A cursor is `base64url(msgpack [version, order, filters digest, value, suffix, tie]) "." base64url(tag)`
+(`tie` the last row's tie-break or None, `shared.index_pages.Position`; version 1, without it, ordered
+ties by the key alone and is refused with its version), the
 tag an HMAC-SHA256 (128 bits) under a random secret kept in Redis (`Keys.cursor_secret`, created once
 by whichever replica needs it first with SET NX, so every replica and restart accepts the others'
 cursors). A cursor that was altered, truncated, made up, or issued for other filters or another order
@@ -26,7 +28,7 @@ from services.query.problems import Invalid
 from shared.index_pages import SUFFIX, Position
 from shared.keys import Keys
 
-VERSION = 1
+VERSION = 2
 TAG_BYTES = 16
 MAX_CURSOR_CHARS = 512
 
@@ -62,7 +64,7 @@ class Cursors:
         return self._secret
 
     async def encode(self, r: aioredis.Redis, order: str, filters: str, at: Position) -> str:
-        body = msgpack.packb([VERSION, order, filters, at.value, at.suffix])
+        body = msgpack.packb([VERSION, order, filters, at.value, at.suffix, at.tie])
         tag = hmac.new(await self._key(r), body, hashlib.sha256).digest()[:TAG_BYTES]
         return f"{_b64(body)}.{_b64(tag)}"
 
@@ -83,13 +85,15 @@ class Cursors:
         if not hmac.compare_digest(tag, expected):
             raise bad("is not a cursor this service issued (altered or made up)")
         fields = msgpack.unpackb(body)
-        version, c_order, c_filters, value, suffix = fields
-        if version != VERSION:
-            raise bad(f"is of version {version}; this service reads version {VERSION}")
+        if fields[0] != VERSION:  # signed by this deployment, so a list of the version's own shape
+            raise bad(f"is of version {fields[0]}; this service reads version {VERSION}: list from the start")
+        version, c_order, c_filters, value, suffix, tie = fields
         if c_order != order:
             raise bad(f"was issued for order={c_order}; send the same order with it")
         if c_filters != filters:
             raise bad("was issued for other filters; send the same filters with it")
         if not (isinstance(value, float) and math.isfinite(value) and SUFFIX.fullmatch(suffix)):
             raise bad("is not a cursor this service issued")
-        return Position(value, suffix)
+        if tie is not None and not (isinstance(tie, float) and math.isfinite(tie)):
+            raise bad("is not a cursor this service issued")
+        return Position(value, suffix, tie)

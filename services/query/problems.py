@@ -236,7 +236,7 @@ def _outage(request: web.Request, exc: Exception) -> web.Response | None:
     stream, the deployment's configuration), logged as one line without a traceback; None for any other
     exception."""
     if isinstance(exc, ResponseError) and SEARCH_TIMEOUT in str(exc):
-        # ON_TIMEOUT FAIL (shared.index.fail_on_timeout): an error, never a part of the results
+        # ON_TIMEOUT FAIL (shared.index.check_on_timeout): an error, never a part of the results
         log.warning("search timeout ◆ %s %s", request.method, route_of(request))
         return problem(
             503,

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 import redis.asyncio as aioredis
 
 from shared.index import Scope, count, index_size, term_counts
+from shared.keys import Keys
 from shared.relevance import common_count
+from shared.streams import StreamGroup
 
 COMMON_IDF = 0.02
 """A word whose idf (`shared.relevance.idf`) is below this is common: in more than ~4,950 of the
@@ -48,6 +50,12 @@ class ScopeSizes:
     filter query as costly as the KNN itself (measured at 10k episodes), so a few seconds' staleness buys
     back a Redis query per recall. One per app (services.query.app), bounded to `max_entries` scopes
     and `max_terms` (index, scope, word) counts.
+
+    With `keys` (the app's), a scope's count and a word's count are used only while the namespace is as
+    it was when they were counted (`version`): remembered across an ingest, a count from before it
+    ranked the first recalls after it otherwise than a process counting afresh would (the `auto` preset
+    on the old side of 500, keyword relevance on old idf), so the same request to an unchanged namespace
+    answered two ways. While the namespace's events are still being projected nothing is remembered.
     """
 
     def __init__(
@@ -58,21 +66,33 @@ class ScopeSizes:
         df_ttl: float = 0.0,
         max_terms: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        keys: Keys | None = None,
+        group: str = "consolidator",
     ):
+        self.keys, self.group = keys, group
         self.ttl = ttl
         self.max_entries = max_entries
         self.df_ttl = df_ttl
         self.max_terms = max_terms
         self._clock = clock  # of the idf counts (seconds, monotonic)
-        self._sizes: dict[str, tuple[float, int]] = {}
+        self._sizes: dict[str, tuple[float, int, str]] = {}  # (when, count, `version`)
         self._indexed: dict[str, tuple[float, int]] = {}
         # insertion order is age order (a refreshed entry is re-inserted), so expiry pops from the front;
         # the counts of common words (COMMON_IDF) apart, as they are kept COMMON_TTL_FACTOR times longer
-        self._df: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
-        self._common: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+        self._df: OrderedDict[tuple[str, str, str], tuple[float, int, str]] = OrderedDict()
+        self._common: OrderedDict[tuple[str, str, str], tuple[float, int, str]] = OrderedDict()
         self._common_n = common_count(COMMON_IDF)
 
-    def _ttl(self, counts: OrderedDict[tuple[str, str, str], tuple[float, int]]) -> float:
+    async def version(self, r: aioredis.Redis, namespace: str) -> str | None:
+        """What the remembered counts of `namespace` are valid for: the last id of its partition stream
+        once the consolidators have projected and acked every entry (`StreamGroup.settled`: every write
+        to its episodes, forgets and expiry included, is an event there), None while one waits (then
+        nothing is remembered). Without `keys`, "" (counts expire by age alone)."""
+        if self.keys is None:
+            return ""
+        return await StreamGroup(r, self.keys.stream_of(namespace), self.group).settled()
+
+    def _ttl(self, counts: OrderedDict[tuple[str, str, str], tuple[float, int, str]]) -> float:
         return self.df_ttl * COMMON_TTL_FACTOR if counts is self._common else self.df_ttl
 
     def expire(self) -> None:
@@ -96,15 +116,18 @@ class ScopeSizes:
         return n
 
     async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
+        """Episodes of `scope` (`shared.index.count`), remembered as the class docstring says."""
         key = scope.cache_key()
         now = time.monotonic()
+        version = await self.version(r, scope.namespace)
         hit = self._sizes.get(key)
-        if hit is not None and now - hit[0] < size_ttl(self.ttl, hit[1]):
+        if hit is not None and hit[2] == version and now - hit[0] < size_ttl(self.ttl, hit[1]):
             return hit[1]
         n = await count(r, index, scope)
-        if len(self._sizes) >= self.max_entries:
-            self._sizes.clear()
-        self._sizes[key] = (now, n)
+        if version is not None and await self.version(r, scope.namespace) == version:  # not moved meanwhile
+            if len(self._sizes) >= self.max_entries:
+                self._sizes.clear()
+            self._sizes[key] = (now, n, version)
         return n
 
     async def term_counts(
@@ -114,12 +137,14 @@ class ScopeSizes:
         count remembered for `df_ttl` seconds per (index, scope, word); only the words not remembered
         are counted (one pipeline). `df_ttl` 0 counts every word every time.
 
+        With `keys`, a count is used only while the namespace's `version` is the one it was counted at.
+
         Why: keyword relevance needs the document frequency of every query word, one count query each
         (8.8 per LoCoMo question), and at 100k episodes those cost 27.7 ms of Redis per recall
         (docs/benchmarks.md "Default embedder at 100k") while question words repeat across requests.
-        Staleness: an episode's keyword relevance may lag the namespace by at most `df_ttl` (a word's
-        count is at most that old), except through a common word's (in more than ~4,950 episodes when
-        counted), which is kept COMMON_TTL_FACTOR × `df_ttl` (see there for what that moves). Erasure:
+        Staleness: without `keys`, an episode's keyword relevance may lag the namespace by at most
+        `df_ttl` (a common word's count, in more than ~4,950 episodes when counted, COMMON_TTL_FACTOR ×
+        that); with them (the query service's), never: a count outlives no write. Erasure:
         the words are held in process memory only, and an entry older than its TTL is dropped at the
         next call or `expire` (docs/reliability.md "Remaining traces").
         """
@@ -128,21 +153,26 @@ class ScopeSizes:
         now = self._clock()
         self.expire()
         sk = scope.cache_key()
+        version = await self.version(r, scope.namespace)
         known: dict[str, int] = {}
         for w in words:
             for df in (self._df, self._common):
                 hit = df.get((index, sk, w))
-                if hit is not None and now - hit[0] < self._ttl(df):  # concurrent calls insert out of order
+                # concurrent calls insert out of order: the age is checked, not only the position
+                if hit is not None and hit[2] == version and now - hit[0] < self._ttl(df):
                     known[w] = hit[1]
         missing = [w for w in dict.fromkeys(words) if w not in known]
         if missing:
-            for w, n in zip(missing, await term_counts(r, index, scope, missing), strict=True):
-                known[w] = n
-                key = (index, sk, w)
-                df, other = (self._common, self._df) if n > self._common_n else (self._df, self._common)
-                other.pop(key, None)
-                df[key] = (now, n)
-                df.move_to_end(key)
+            counted = dict(zip(missing, await term_counts(r, index, scope, missing), strict=True))
+            known.update(counted)
+            # still projecting, or projected meanwhile: the counts answer this call, not later ones
+            if version is not None and await self.version(r, scope.namespace) == version:
+                for w, n in counted.items():
+                    key = (index, sk, w)
+                    df, other = (self._common, self._df) if n > self._common_n else (self._df, self._common)
+                    other.pop(key, None)
+                    df[key] = (now, n, version)
+                    df.move_to_end(key)
             for df in (self._df, self._common):
                 while len(df) > self.max_terms:
                     df.popitem(last=False)

@@ -185,3 +185,28 @@ async def test_run_starts_the_stack_as_make_run_does(monkeypatch):
     out = await invoke("run", "--workers", "2", "--port", "8099")
     assert out.exit_code == 3  # the stack's exit status is the command's
     assert seen == {"ENGRAM_WORKERS": "2", "ENGRAM_PORT": "8099", "HF_HUB_OFFLINE": "1"}
+
+
+def test_no_test_reads_the_checkouts_run_directory(monkeypatch, tmp_path):
+    """A `make run` leaves `.run/master.key` in the checkout; the admin commands read
+    `$ENGRAM_DATA_DIR/master.key`, and the suite points ENGRAM_DATA_DIR at a directory of its own."""
+    data_dir = Path(os.environ["ENGRAM_DATA_DIR"])
+    assert not data_dir.resolve().is_relative_to(Path(__file__).resolve().parents[2])
+    monkeypatch.chdir(tmp_path)  # a checkout where `make run` ran first
+    (tmp_path / ".run").mkdir()
+    (tmp_path / ".run" / "master.key").write_text("the user's key")
+    assert "ENGRAM_MASTER_KEY_FILE" not in server_env()
+
+
+def test_a_stack_on_another_redis_port_has_a_data_dir_of_its_own(monkeypatch, tmp_path):
+    from services.run_lock import run_data_dir
+
+    assert run_data_dir({}) == Path(".run") == run_data_dir({"ENGRAM_REDIS_PORT": "6390"})
+    assert run_data_dir({"ENGRAM_REDIS_PORT": "16379"}) == Path(".run/redis-16379")
+    assert run_data_dir({"ENGRAM_REDIS_PORT": "16379", "ENGRAM_DATA_DIR": "/d"}) == Path("/d")
+    monkeypatch.chdir(tmp_path)  # the admin commands of that stack read its key
+    (tmp_path / ".run" / "redis-16379").mkdir(parents=True)
+    (tmp_path / ".run" / "redis-16379" / "master.key").write_text("x")
+    env = server_env({"ENGRAM_REDIS_PORT": "16379"})
+    assert env["ENGRAM_MASTER_KEY_FILE"] == str(Path(".run/redis-16379/master.key"))
+    assert "ENGRAM_MASTER_KEY_FILE" not in server_env({})

@@ -197,3 +197,31 @@ async def test_a_ttl_counts_from_completed_at_also_when_it_defaults_to_now(api, 
                 got.expires_at - got.completed_at,
             )
             assert abs(got.completed_at - now) < 60
+
+
+async def test_a_null_expiry_clears_it_and_the_sweep_leaves_the_episode(api, settings, redis):
+    now = time.time()
+    await api.post(
+        "/v1/episodes",
+        json={"episodes": [episode(e, completed_at=now - 60, ttl="1h") for e in ("by-ttl", "by-at")]},
+    )
+    await drain(settings, redis)
+    async with consolidating(settings, redis):
+        for eid, body in (("by-ttl", {"ttl": None}), ("by-at", {"expires_at": None})):
+            resp = await api.patch(f"/v1/episodes/{eid}", json=body, params={"wait": 10})
+            assert resp.status == 202, await resp.text()
+            assert (await resp.json())["projected"]
+            got = await (await api.get(f"/v1/episodes/{eid}")).json()
+            assert got["episode"].get("expires_at") is None
+    # two hours on the sweep finds nothing to erase: the episodes no longer expire
+    assert await expiry.expired(redis, Keys(settings.prefix), now + 7200) == {}
+    resp = await api.post("/v1/recall", json={"query": "a task", "as_of": now + 7200})
+    assert sorted(r["episode"]["episode_id"] for r in (await resp.json())["results"]) == ["by-at", "by-ttl"]
+
+
+def test_the_client_sends_a_null_expiry_as_a_clear():
+    from engram_episodic.calls import Calls
+
+    assert Calls.update_episode("e1", {"expires_at": None}).body == {"expires_at": None}
+    assert Calls.update_episode("e1", {"ttl": None}).body == {"ttl": None}
+    assert Calls.update_episode("e1", {"importance": 3, "ttl": None}).body == {"importance": 3, "ttl": None}

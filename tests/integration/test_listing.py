@@ -11,7 +11,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from engram_episodic import AsyncEngram, BadRequest, Engram
-from shared.keys import digest
+from shared.keys import Keys
+from shared.tags import BLAKE2B
+from shared.ties import TIE_FIELD, tie_break, tie_tag
 from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth, episode, put_all
 
@@ -37,8 +39,13 @@ async def pages(api, path="/v1/episodes", headers=None, **params):
             return out
 
 
+def by_tie(ids: list[str]) -> list[str]:
+    """`ids` in the listing's `desc` order of exact ties: their tie-breaks, highest first."""
+    return sorted(ids, key=lambda i: tie_break(tie_tag(BLAKE2B, i)), reverse=True)
+
+
 async def test_lists_newest_first_with_filters_and_ties(api, redis, prefix):
-    # three share one completed_at (a batch is stamped with one instant): the tie is ordered by key
+    # three share one completed_at (a batch is stamped with one instant): the tie is ordered by tie-break
     items = [
         episode(f"e{i}", completed_at=T0 + (i if i < 5 else 5), agent_id="a" if i % 2 else "b")
         for i in range(8)
@@ -49,10 +56,10 @@ async def test_lists_newest_first_with_filters_and_ties(api, redis, prefix):
     flat = [i for p in every for i in p]
     assert sorted(flat) == sorted(i["episode_id"] for i in items) and len(flat) == len(set(flat))
     assert all(len(p) == 2 for p in every[:-1]) and len(every) == 5
-    # the tie at T0 + 5, ordered by the digest its document key ends with
-    assert flat[:3] == sorted(["e5", "e6", "e7"], key=lambda i: digest("default", i))
+    # the tie at T0 + 5, ordered by the episodes' tie-breaks (`shared.ties`), highest first
+    assert flat[:3] == by_tie(["e5", "e6", "e7"])
     asc = [i for p in await pages(api, limit=3, order="asc") for i in p]
-    assert asc[0] == "e0" and set(asc[-3:]) == {"e5", "e6", "e7"}
+    assert asc == flat[::-1]
     one = await (await api.get("/v1/episodes", params={"limit": 1000})).json()
     assert [r["episode_id"] for r in one["results"]] == flat and one["next_cursor"] is None
     assert one["results"][0]["completed_at"].endswith("Z")
@@ -60,7 +67,7 @@ async def test_lists_newest_first_with_filters_and_ties(api, redis, prefix):
     async def ids(**params):
         return [i for p in await pages(api, **params) for i in p]
 
-    assert await ids(agent_id="a") == sorted(["e5", "e7"], key=lambda i: digest("default", i)) + ["e3", "e1"]
+    assert await ids(agent_id="a") == by_tie(["e5", "e7"]) + ["e3", "e1"]
     assert await ids(outcome="failure") == ["f0"]
     assert await ids(user_id="ann") == await ids(session_id="s1") == ["f0"]
     assert await ids(since=str(T0 + 3), until="2023-11-14T22:13:24Z") == ["e4", "e3"]  # T0 + 4 = :24
@@ -213,3 +220,31 @@ async def test_the_clients_list_and_iterate(tenants, redis, prefix):
             return [e.episode_id for e in memory.iter_episodes(limit=3, since=T0 + 2)]
 
     assert await asyncio.to_thread(sync) == [f"e{i}" for i in range(6, 1, -1)]
+
+
+async def test_exact_ties_list_alike_in_every_namespace_and_asc_is_desc_reversed(tenants, redis, prefix):
+    """Order among exact ties came from the document key, a digest of (namespace, id): the same
+    episodes listed in another order in another namespace, and `asc` kept the keys ascending, so it was
+    not `desc` reversed. Now: the tie-break, from the id alone, then the key, all in the order's
+    direction."""
+    items = [episode(f"t{i:02d}", completed_at=T0 + i // 10) for i in range(40)]  # 4 groups of 10 ties
+    for ns in ("ns-a", "ns-b"):
+        await put_all(redis, prefix, ns, items)
+    orders = {}
+    for key in (KEY_A, KEY_B):
+        for order in ("desc", "asc"):
+            got = [i for p in await pages(tenants, headers=auth(key), limit=3, order=order) for i in p]
+            assert sorted(got) == sorted(i["episode_id"] for i in items)
+            orders[key, order] = got
+    assert orders[KEY_A, "desc"] == orders[KEY_B, "desc"]
+    assert orders[KEY_A, "asc"] == orders[KEY_B, "asc"] == orders[KEY_A, "desc"][::-1]
+    assert orders[KEY_A, "desc"][:10] == by_tie([f"t{i:02d}" for i in range(30, 40)])
+    # documents projected before `tiebreak` existed (until a replay) come after those with one, either way
+    keys = Keys(prefix)
+    await put_all(redis, prefix, "ns-a", [episode(f"old{i}", completed_at=T0 + 100) for i in range(6)])
+    for i in range(3):
+        await redis.hdel(keys.episode_doc(1, "ns-a", f"old{i}"), TIE_FIELD)
+    for order in ("desc", "asc"):
+        got = [i for p in await pages(tenants, headers=auth(KEY_A), limit=2, order=order) for i in p]
+        group = [i for i in got if i.startswith("old")]
+        assert len(got) == len(set(got)) == 46 and sorted(group[3:]) == ["old0", "old1", "old2"], group

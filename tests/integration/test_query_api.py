@@ -498,8 +498,8 @@ async def test_the_service_embeds_queries_under_the_queries_gate(aiohttp_client,
 async def test_a_search_past_its_timeout_is_a_503_never_part_of_the_results(api, settings, redis):
     """A new-user trial: with RediSearch's default ON_TIMEOUT RETURN, a listing past the module's TIMEOUT
     answered 499 of 6,198 episodes with `next_cursor` null, `skills` [] and part of the learning curve,
-    all as 200s. `fail_on_timeout` (at every start, and the embedded Redis's module argument) makes it an
-    error, which the service answers as a 503 with Retry-After."""
+    all as 200s. The embedded Redis's module argument ON_TIMEOUT FAIL makes it an error, which the
+    service answers as a 503 with Retry-After."""
     from tests.integration.test_query_e2e import drain
 
     assert (await redis.execute_command("FT.CONFIG", "GET", "ON_TIMEOUT")) == [[b"ON_TIMEOUT", b"fail"]]
@@ -524,5 +524,41 @@ async def test_a_search_past_its_timeout_is_a_503_never_part_of_the_results(api,
         if path.startswith("/v1/episodes"):  # whole pages or an error: never a short last page
             assert len(body["results"]) == 1000 and body["next_cursor"], (path, len(body["results"]))
         elif path.startswith("/v1/learning-curve"):
-            assert len(body["points"]) == 6_000, (path, len(body["points"]))
+            assert len(body["results"]) == 6_000, (path, len(body["results"]))
     assert any(status == 503 for _, status, _ in answers), "1 ms is too short for 6,000 episodes"
+
+
+async def test_a_redis_answering_part_of_a_search_is_left_so_and_every_search_runs_whole(
+    make_client, settings, redis, caplog
+):
+    """ON_TIMEOUT is server-wide: on a Redis shared with other applications, setting it changes their
+    answers too. Engram reads it and leaves it; under RETURN each of its searches carries `TIMEOUT 0`,
+    so a listing past the server's TIMEOUT is still answered whole (and the choice is logged)."""
+    from shared.index import check_on_timeout, search_limit
+    from tests.integration.test_query_e2e import drain
+
+    await redis.execute_command("FT.CONFIG", "SET", "ON_TIMEOUT", "RETURN")
+    try:
+        api = await make_client()
+        episodes = [{"episode_id": f"t{i}", "task": f"task {i}", "outcome": "success"} for i in range(6_000)]
+        for start in range(0, len(episodes), 1_000):
+            resp = await api.post("/v1/episodes", json={"episodes": episodes[start : start + 1_000]})
+            assert resp.status == 202
+        await drain(settings, redis)
+        assert (await redis.execute_command("FT.CONFIG", "GET", "ON_TIMEOUT")) == [[b"ON_TIMEOUT", b"return"]]
+        assert "ON_TIMEOUT RETURN" in caplog.text and search_limit() == ("TIMEOUT", 0)
+        await redis.execute_command("FT.CONFIG", "SET", "TIMEOUT", 1)
+        answers = []
+        for path in ("/v1/episodes?limit=1000", "/v1/skills", "/v1/learning-curve?limit=10000"):
+            resp = await api.get(path)
+            answers.append((path, resp.status, await resp.json()))
+    finally:
+        await redis.execute_command("FT.CONFIG", "SET", "TIMEOUT", 500)
+        await redis.execute_command("FT.CONFIG", "SET", "ON_TIMEOUT", "FAIL")
+        assert await check_on_timeout(redis) == "fail" and search_limit() == ()
+    for path, status, body in answers:
+        assert status == 200, (path, body)
+    listed, skills, curve = (body for _, _, body in answers)
+    assert len(listed["results"]) == 1000 and listed["next_cursor"]
+    assert skills["results"][0]["episodes"] == 6_000, skills
+    assert len(curve["results"]) == 6_000

@@ -168,3 +168,22 @@ async def test_an_index_without_tiebreak_keeps_working_and_ties_narrow_after_a_r
         h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ] == want
     assert len(calls) == 1 and calls[0][0] is None
+
+
+async def test_exact_ties_rank_alike_in_every_namespace(tenants, redis, prefix):
+    """The tie-break came from the episode's namespace digest, so the same episodes at one completion
+    instant ranked in one order in one namespace and in another elsewhere."""
+    from tests.integration.test_query_support import KEY_A, KEY_B, auth
+
+    for ns in ("ns-a", "ns-b"):
+        for i in range(12):
+            await put(
+                redis, prefix, ns, episode(f"t{i:02d}", task="same words", completed_at=1_700_000_000.0)
+            )
+    got = []
+    for key in (KEY_A, KEY_B):
+        body = {"query": "same words", "top_k": 12, "weights": {"recency": 1.0}, "as_of": 1_700_000_100.0}
+        resp = await tenants.post("/v1/recall", json=body, headers=auth(key))
+        assert resp.status == 200, await resp.text()
+        got.append([r["episode"]["episode_id"] for r in (await resp.json())["results"]])
+    assert got[0] == got[1] and len(got[0]) == 12

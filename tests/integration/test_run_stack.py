@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from deploy.embedded_redis import free_port
-from tests.helpers import Stack, publish_and_recall, ready, run_module, wait_until
+from tests.helpers import ROOT, Stack, publish_and_recall, ready, run_module, wait_until
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
 
@@ -636,3 +636,26 @@ async def test_a_killed_cluster_node_is_restarted_and_the_cluster_keeps_its_data
                 import redis as sync_redis
 
                 sync_redis.Redis(port=port, socket_timeout=2).shutdown(nosave=True)
+
+
+@pytest.mark.timeout(180)
+async def test_the_readmes_second_stack_runs_beside_the_first_in_the_same_checkout(tmp_path):
+    """README: `ENGRAM_PORT=18080 ENGRAM_REDIS_PORT=16379 ENGRAM_METRICS_PORT=19191 make run` beside a
+    running `make run`, as written (no ENGRAM_DATA_DIR), was refused: both wanted the checkout's `.run`.
+    Another Redis port now has its own data directory, `.run/redis-<port>`."""
+    from services.run_lock import lock_data_dir
+
+    first = lock_data_dir(tmp_path / ".run")  # the first stack of this checkout, on the default ports
+    stack = Stack(tmp_path / "second")
+    del stack.env["ENGRAM_DATA_DIR"]
+    stack.env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (ROOT, ROOT / "client"))
+    stack.cwd = tmp_path  # the checkout: `.run` is relative to where `make run` runs
+    try:
+        stack.start()
+        await wait_until(stack.ready, timeout=90, message="the second stack ready")
+        assert (tmp_path / ".run" / f"redis-{stack.redis_port}" / "redis").is_dir()
+        assert (tmp_path / ".run" / f"redis-{stack.redis_port}" / "master.key").is_file()
+        assert stack.stop() == 0
+    finally:
+        stack.kill()
+        os.close(first)

@@ -17,6 +17,7 @@ from engram_episodic.events import (
     EpisodeCompleted,
     EpisodeForgotten,
     EpisodeStarted,
+    EpisodeUpdated,
     Task,
     UserForgotten,
 )
@@ -120,6 +121,7 @@ def test_seal_open_wrong_ad_and_wrong_key_fail():
             action=Action(action_type="shell", input="SECRET-TEXT", action_id="a1"),
         ),
         UserForgotten(namespace="ns", user_id="SECRET-TEXT", occurred_at=7.0),
+        EpisodeUpdated(namespace="ns", episode_id="e1", occurred_at=8.0, user_id="alice", clear_expiry=True),
     ],
 )
 def test_sealed_envelope_round_trip_keeps_only_routing_fields_clear(event):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import socket
@@ -441,7 +442,7 @@ def test_make_embedder_unknown_name():
         make_embedder(Settings(embedder="bert"))
 
 
-async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, monkeypatch):
+async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, monkeypatch, caplog):
     pytest.importorskip("sentence_transformers")
     from shared.embedding import MPNetEmbedder
 
@@ -449,7 +450,10 @@ async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, m
         pytest.skip("the [mpnet] extra is not installed")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     first = MPNetEmbedder(cache_dir=str(tmp_path))
-    path = first.model_path()
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        path = first.model_path()
+    said = [r.getMessage() for r in caplog.records]  # when it starts, not only when it is done
+    assert said[0].startswith("mpnet-base-v2 ◆ unpacking the model once") and "extracted" in said[-1]
     assert (tmp_path / "all-mpnet-base-v2" / "modules.json").exists() and path.startswith(str(tmp_path))
     stamp = (tmp_path / "all-mpnet-base-v2" / "modules.json").stat().st_mtime_ns
     second = MPNetEmbedder(cache_dir=str(tmp_path))
@@ -572,3 +576,35 @@ async def test_concurrent_queries_share_forward_passes_and_get_the_vectors_of_th
     first = await cache.embed(e, "cached", namespace="n")
     assert not first.flags.writeable and cache.misses == 1
     assert (await cache.embed(e, "cached", namespace="n")) is first and cache.hits == 1
+
+
+def test_a_lock_held_by_another_process_is_waited_for_aloud(tmp_path, caplog):
+    """One process unpacks or exports the model while the others wait on its file lock, for tens of
+    seconds at a first start: the wait says so."""
+    import threading
+
+    from filelock import FileLock
+
+    from shared.embed_progress import held
+
+    other = FileLock(str(tmp_path / "x.lock"))  # a lock of its own file descriptor: another holder
+    other.acquire()
+    done = threading.Event()
+
+    def wait() -> None:
+        with held(str(tmp_path / "x.lock"), "waiting for the other process"):
+            done.set()
+
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert not done.wait(0.3)
+        other.release()
+        thread.join(10)
+    assert done.is_set() and [r.getMessage() for r in caplog.records] == ["waiting for the other process"]
+    with (
+        caplog.at_level(logging.INFO, logger="engram.embedding"),
+        held(str(tmp_path / "x.lock"), "no"),
+    ):
+        pass  # a free lock is taken without a word
+    assert [r.getMessage() for r in caplog.records] == ["waiting for the other process"]

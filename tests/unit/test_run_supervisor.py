@@ -150,3 +150,22 @@ def test_a_redis_that_dies_while_restarting_counts_as_a_death_not_the_end_of_the
     supervisor = Supervisor([], [node])
     codes = [supervisor._check_redis(node) for _ in range(3)]
     assert codes == [None, None, 1] and server.starts == 2  # two more tries, then the limit stops it
+
+
+def test_a_service_still_loading_is_said_again_so_a_first_start_is_never_silent(monkeypatch):
+    """A first start unpacks and exports the model for tens of seconds; `make run` said "loading
+    embedder" once, then nothing until ready (42 s at a first start)."""
+    import time
+
+    from services import run
+
+    lines: list[str] = []
+    answers = iter([(503, {"pending": ["embedder"]})] * 6 + [(200, {})])
+    monkeypatch.setattr(run, "_probe", lambda url: next(answers))
+    monkeypatch.setattr(run, "_say", lambda message, **kw: lines.append(message))
+    progress = run.Progress(time.monotonic(), {"query service": "http://127.0.0.1:9/readyz"})
+    progress.STILL = 0.5
+    progress.run()  # in this thread: returns once every service answered 200
+    assert lines[0].startswith("query service answering at ") and lines[0].endswith("loading embedder")
+    assert any(line.startswith("query service still loading embedder at ") for line in lines[1:-2])
+    assert lines[-2].startswith("query service ready in ") and lines[-1].startswith("stack ready in ")

@@ -25,6 +25,7 @@ from services.query.views.common import index_of, ns_of, query_params, redis_of,
 from shared.facts import DOC_FIELD as FACT_DOC
 from shared.facts import Fact, FactQuery, live_facts_index
 from shared.index_pages import Row, page
+from shared.ties import TIE_FIELD
 
 log = logging.getLogger("engram.query")
 
@@ -102,6 +103,7 @@ async def _page(
     index: str,
     query: str,
     sort_field: str,
+    tie_field: str | None = None,
 ) -> tuple[list[Row], str | None]:
     r, cursors = redis_of(request), request.app[CURSORS]
     filters = filters_digest(route, q.filters())
@@ -114,6 +116,7 @@ async def _page(
         descending=q.order == "desc",
         after=after,
         limit=q.limit,
+        tie_field=tie_field,
     )
     nxt = await cursors.encode(r, q.order, filters, rows[-1].position) if more else None
     return rows, nxt
@@ -150,6 +153,7 @@ async def list_episodes(request: web.Request) -> web.Response:
         index_of(request),
         scope.query(),
         "completed_at",
+        TIE_FIELD,
     )
     docs = await _docs(request, rows, "doc")
     return _answer([response_shape(doc) for _, doc in docs], q, nxt)
