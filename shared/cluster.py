@@ -54,7 +54,6 @@ from typing import Any, cast
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -168,6 +167,13 @@ def _indexing(info: Any) -> bool:
     return _text(value) not in {"0", "0.0"}
 
 
+def _stream(args: tuple) -> Any:
+    """The first stream key of `XREADGROUP GROUP <group> <consumer> [options] STREAMS <key> ... <id> ...`
+    (every key of one call shares a slot), None when there is none."""
+    words = [_text(a).upper() if isinstance(a, str | bytes) else "" for a in args[4:-1]]
+    return args[4 + words.index("STREAMS") + 1] if "STREAMS" in words else None
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -224,23 +230,14 @@ class EngramCluster(RedisCluster):
                 return False
         return True
 
-    # --- routing -------------------------------------------------------------------------------
-    async def _determine_slot(self, command: Any, *args: Any) -> int:
-        """redis-py's, but the slot of an XREADGROUP is read from its arguments: its keys follow
-        STREAMS (movable keys), and redis-py asked a node with COMMAND GETKEYS before every call
-        (measured: ~650 COMMAND GETKEYS/s on one primary beside an idle worker's ~330 XREADGROUP/s over
-        16 stream partitions)."""
-        if _text(command).upper() == "XREADGROUP":
-            words = [_text(a).upper() if isinstance(a, str | bytes) else "" for a in args]
-            if "STREAMS" in words and words.index("STREAMS") + 1 < len(args):
-                return self.keyslot(args[words.index("STREAMS") + 1])
-        return await super()._determine_slot(command, *args)
-
     # --- search --------------------------------------------------------------------------------
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         command = _text(args[0]).upper() if args else ""
         how = decide(self.search, command, _ROUTE.get(), targeted="target_nodes" in kwargs)
         if how == PASS:
+            stream = _stream(args) if command == "XREADGROUP" and "target_nodes" not in kwargs else None
+            if stream is not None:  # movable keys: redis-py would ask a node (COMMAND GETKEYS) each call
+                return await self._keyed(stream, args, kwargs)
             return await super().execute_command(*args, **kwargs)
         if how == LIST:
             fields = await super().execute_command("HKEYS", self.meta)
@@ -313,13 +310,29 @@ class EngramCluster(RedisCluster):
             self._forget(shard)
         raise IndexBuilding(f"{shard} kept moving between nodes; retry")
 
-    def _owner(self, name: str) -> Any:
-        """The primary owning `name`'s slot in this client's slot map; ConnectionError when no node
-        covers it (a cluster that lost a primary: the query service answers 503)."""
-        node = self.get_node_from_key(name)
-        if node is None:
-            raise RedisConnectionError(f"no primary covers the slot of {name}")
-        return node
+    async def _keyed(self, key: Any, args: tuple, kwargs: dict) -> Any:
+        """`args` sent to the primary owning `key`'s slot (`target_nodes`: redis-py then follows MOVED
+        and ASK, but retries nothing else), retried as redis-py retries a command it routes itself:
+        on a connection fault, a timeout, CLUSTERDOWN or an uncovered slot, up to the client's
+        retries, each attempt after the topology refresh the fault asked for. Measured for
+        XREADGROUP: redis-py asked a node COMMAND GETKEYS before every call (~650/s on one primary
+        beside an idle worker's ~330 XREADGROUP/s over 16 stream partitions)."""
+        failures = 0
+        while True:
+            await self.initialize()  # the refresh the last fault asked for, once due; else nothing
+            try:
+                return await super().execute_command(*args, target_nodes=self._owner(key), **kwargs)
+            except self.ERRORS_ALLOW_RETRY as exc:
+                failures += 1  # exact types, as redis-py: not AuthenticationError, IndexBuilding, ...
+                if failures > self.retry.get_retries() or type(exc) not in self.ERRORS_ALLOW_RETRY:
+                    raise
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+
+    def _owner(self, name: Any) -> Any:
+        """The primary owning `name`'s slot in this client's slot map; redis-py's SlotNotCoveredError
+        (naming the slot) when no node covers it: a cluster that lost a primary, a 503 at the query
+        service."""
+        return self.get_node_from_key(name)
 
     def _forget(self, shard: str) -> None:
         for known in (self._exists, self._complete):
