@@ -92,16 +92,7 @@ _SHARD = re.compile(r":\{[0-9a-f]{12}\}$")
 
 
 PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, CURSOR, UNROUTED = (
-    "pass",
-    "list",
-    "record",
-    "drop",
-    "alias-set",
-    "alias-del",
-    "exists",
-    "routed",
-    "cursor",
-    "unrouted",
+    "pass list record drop alias-set alias-del exists routed cursor unrouted".split()
 )
 
 
@@ -187,27 +178,27 @@ class EngramCluster(RedisCluster):
 
     search: str = SEARCH_SHARD
     meta: str = "engram:meta"
-    _scripts: dict[str, str] | None = None  # sha -> source of every registered script
-    _loaded: set[str] | None = None  # shas loaded on every primary
-    _aliases: dict[str, tuple[float, str]] | None = None  # alias -> (monotonic time read, index)
-    _exists: dict[str, str] | None = None  # namespace's index -> node it is known to exist on
-    _complete: dict[str, str] | None = None  # namespace's index -> node it was seen fully indexed on
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """redis-py's (the same arguments), with Engram's caches empty."""
+        self._scripts: dict[str, str] = {}  # sha -> source of every registered script
+        self._loaded: set[str] = set()  # shas loaded on every primary
+        self._aliases: dict[str, tuple[float, str]] = {}  # alias -> (monotonic time read, index)
+        self._exists: dict[str, str] = {}  # namespace's index -> node it is known to exist on
+        self._complete: dict[str, str] = {}  # namespace's index -> node it was seen fully indexed on
+        super().__init__(*args, **kwargs)
 
     # --- scripts -------------------------------------------------------------------------------
     def register_script(self, script: Any) -> Any:
         """redis-py's, remembering the script so that a pipeline can load it on every primary first
         (a script call queued in a cluster pipeline cannot load itself on NOSCRIPT)."""
         registered = super().register_script(script)
-        if self._scripts is None:
-            self._scripts, self._loaded = {}, set()
         self._scripts[registered.sha] = _text(registered.script)
         return registered
 
     async def load_scripts(self, *, again: bool = False) -> None:
         """SCRIPT LOAD every registered script on every primary (`again`: even those loaded before,
         after a NOSCRIPT: a replica promoted by a failover may lack them)."""
-        if self._scripts is None or self._loaded is None:
-            return
         if again:
             self._loaded.clear()
         for sha, source in list(self._scripts.items()):
@@ -269,7 +260,7 @@ class EngramCluster(RedisCluster):
             return await self._resolved(how, command, index, args[2:], kwargs)
         except ResponseError as exc:
             # a replay moved the alias and dropped the index this client still had it name (ALIAS_TTL)
-            if index == name or not _missing(exc) or self._aliases is None:
+            if index == name or not _missing(exc):
                 raise
             self._aliases.pop(name, None)
             fresh = await self.resolve(name)
@@ -335,9 +326,8 @@ class EngramCluster(RedisCluster):
         return self.get_node_from_key(name)
 
     def _forget(self, shard: str) -> None:
-        for known in (self._exists, self._complete):
-            if known is not None:
-                known.pop(shard, None)
+        self._exists.pop(shard, None)
+        self._complete.pop(shard, None)
 
     async def settle(self, index: str, namespace: str, *, complete: bool = True) -> Any:
         """The node owning `namespace`'s index of `index` once the index exists there (created from
@@ -348,10 +338,8 @@ class EngramCluster(RedisCluster):
         shard = shard_name(index, namespace)
         known = self._complete if complete else self._exists
         node = self._owner(shard)
-        if known is not None and known.get(shard) == node.name:
+        if known.get(shard) == node.name:
             return node
-        if self._exists is None or self._complete is None:
-            self._exists, self._complete = {}, {}
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while True:
             node = self._owner(shard)
@@ -380,9 +368,7 @@ class EngramCluster(RedisCluster):
         in flight swaps in a new cache (never None), so the answer, possibly read before the change,
         lands in the discarded one instead of outliving the change."""
         now = time.monotonic()
-        aliases = self._aliases
-        if aliases is None:
-            aliases = self._aliases = {}
+        aliases = self._aliases  # this read's cache: an alias change swaps in a new one
         cached = aliases.get(name)
         if cached is not None and now - cached[0] < ALIAS_TTL:
             return cached[1]
@@ -533,9 +519,8 @@ class EngramClusterPipeline(ClusterPipeline):
         return queued
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        client = self.cluster_client
         command = _text(args[0]).upper() if args else ""
-        if isinstance(client, EngramCluster) and decide(client.search, command, None) != PASS:
+        if decide(cast(EngramCluster, self.cluster_client).search, command, None) != PASS:
             if self._searches is None:
                 self._searches = []
             self._searches.append((args, kwargs))
@@ -544,7 +529,7 @@ class EngramClusterPipeline(ClusterPipeline):
         return super().execute_command(*args, **kwargs)
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
-        client = self.cluster_client
+        client = cast(EngramCluster, self.cluster_client)  # made by EngramCluster.pipeline only
         searches, self._searches = self._searches, None
         if searches:
             others, self._others = self._others, 0
@@ -553,13 +538,11 @@ class EngramClusterPipeline(ClusterPipeline):
                 raise RuntimeError("a shard-local cluster pipeline cannot mix search and key commands")
             return [await client.execute_command(*args, **kwargs) for args, kwargs in searches]
         self._others = 0
-        if isinstance(client, EngramCluster):
-            await client.load_scripts()
+        await client.load_scripts()
         try:
             return await super().execute(raise_on_error, allow_redirections)
         except NoScriptError:
-            if isinstance(client, EngramCluster):
-                await client.load_scripts(again=True)  # the caller's retry finds them
+            await client.load_scripts(again=True)  # the caller's retry finds them
             raise
 
 
