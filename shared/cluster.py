@@ -38,6 +38,9 @@ search commands are the exception, and two deployments answer them differently
 
 The namespace a search is for is a context variable (`route`, `set_route`): the query service sets it
 per request (auth), the consolidator around the work it does for one namespace.
+
+Only redis-py's public API is used (`target_nodes`, `get_node_from_key`, `keyslot`, `get_primaries`):
+its private names change between releases (tests/unit/test_cluster_routing.py scans this module).
 """
 
 from __future__ import annotations
