@@ -173,7 +173,8 @@ def _text(value: Any) -> str:
 
 
 class EngramCluster(RedisCluster):
-    """redis-py's asyncio `RedisCluster` that routes `FT.*` commands as the module docstring says.
+    """redis-py's asyncio `RedisCluster` that routes `FT.*` commands as the module docstring says, and
+    each XREADGROUP straight to its stream's primary (`_keyed`).
 
     `search` is `shard` or `coordinator`; `meta` is the deployment's meta-hash key (where index
     arguments and aliases are recorded). Other commands are redis-py's own.
@@ -320,7 +321,7 @@ class EngramCluster(RedisCluster):
                 failures += 1  # exact types, as redis-py: not AuthenticationError, IndexBuilding, ...
                 if failures > self.retry.get_retries() or type(exc) not in self.ERRORS_ALLOW_RETRY:
                     raise
-                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))  # shared.redis_conn's backoff
 
     def _owner(self, name: Any) -> Any:
         """The primary owning `name`'s slot in this client's slot map; redis-py's SlotNotCoveredError
