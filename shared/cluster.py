@@ -38,6 +38,9 @@ search commands are the exception, and two deployments answer them differently
 
 The namespace a search is for is a context variable (`route`, `set_route`): the query service sets it
 per request (auth), the consolidator around the work it does for one namespace.
+
+Only redis-py's public API is used (`target_nodes`, `get_node_from_key`, `keyslot`, `get_primaries`):
+its private names change between releases (tests/unit/test_cluster_routing.py scans this module).
 """
 
 from __future__ import annotations
@@ -54,7 +57,6 @@ from typing import Any, cast
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -93,16 +95,7 @@ _SHARD = re.compile(r":\{[0-9a-f]{12}\}$")
 
 
 PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, CURSOR, UNROUTED = (
-    "pass",
-    "list",
-    "record",
-    "drop",
-    "alias-set",
-    "alias-del",
-    "exists",
-    "routed",
-    "cursor",
-    "unrouted",
+    "pass list record drop alias-set alias-del exists routed cursor unrouted".split()
 )
 
 
@@ -168,12 +161,20 @@ def _indexing(info: Any) -> bool:
     return _text(value) not in {"0", "0.0"}
 
 
+def _stream(args: tuple) -> Any:
+    """The first stream key of `XREADGROUP GROUP <group> <consumer> [options] STREAMS <key> ... <id> ...`
+    (every key of one call shares a slot), None when there is none."""
+    words = [_text(a).upper() if isinstance(a, str | bytes) else "" for a in args[4:-1]]
+    return args[4 + words.index("STREAMS") + 1] if "STREAMS" in words else None
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class EngramCluster(RedisCluster):
-    """redis-py's asyncio `RedisCluster` that routes `FT.*` commands as the module docstring says.
+    """redis-py's asyncio `RedisCluster` that routes `FT.*` commands as the module docstring says, and
+    each XREADGROUP straight to its stream's primary (`_keyed`).
 
     `search` is `shard` or `coordinator`; `meta` is the deployment's meta-hash key (where index
     arguments and aliases are recorded). Other commands are redis-py's own.
@@ -181,27 +182,27 @@ class EngramCluster(RedisCluster):
 
     search: str = SEARCH_SHARD
     meta: str = "engram:meta"
-    _scripts: dict[str, str] | None = None  # sha -> source of every registered script
-    _loaded: set[str] | None = None  # shas loaded on every primary
-    _aliases: dict[str, tuple[float, str]] | None = None  # alias -> (monotonic time read, index)
-    _exists: dict[str, str] | None = None  # namespace's index -> node it is known to exist on
-    _complete: dict[str, str] | None = None  # namespace's index -> node it was seen fully indexed on
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """redis-py's (the same arguments), with Engram's caches empty."""
+        self._scripts: dict[str, str] = {}  # sha -> source of every registered script
+        self._loaded: set[str] = set()  # shas loaded on every primary
+        self._aliases: dict[str, tuple[float, str]] = {}  # alias -> (monotonic time read, index)
+        self._exists: dict[str, str] = {}  # namespace's index -> node it is known to exist on
+        self._complete: dict[str, str] = {}  # namespace's index -> node it was seen fully indexed on
+        super().__init__(*args, **kwargs)
 
     # --- scripts -------------------------------------------------------------------------------
     def register_script(self, script: Any) -> Any:
         """redis-py's, remembering the script so that a pipeline can load it on every primary first
         (a script call queued in a cluster pipeline cannot load itself on NOSCRIPT)."""
         registered = super().register_script(script)
-        if self._scripts is None:
-            self._scripts, self._loaded = {}, set()
         self._scripts[registered.sha] = _text(registered.script)
         return registered
 
     async def load_scripts(self, *, again: bool = False) -> None:
         """SCRIPT LOAD every registered script on every primary (`again`: even those loaded before,
         after a NOSCRIPT: a replica promoted by a failover may lack them)."""
-        if self._scripts is None or self._loaded is None:
-            return
         if again:
             self._loaded.clear()
         for sha, source in list(self._scripts.items()):
@@ -224,23 +225,14 @@ class EngramCluster(RedisCluster):
                 return False
         return True
 
-    # --- routing -------------------------------------------------------------------------------
-    async def _determine_slot(self, command: Any, *args: Any) -> int:
-        """redis-py's, but the slot of an XREADGROUP is read from its arguments: its keys follow
-        STREAMS (movable keys), and redis-py asked a node with COMMAND GETKEYS before every call
-        (measured: ~650 COMMAND GETKEYS/s on one primary beside an idle worker's ~330 XREADGROUP/s over
-        16 stream partitions)."""
-        if _text(command).upper() == "XREADGROUP":
-            words = [_text(a).upper() if isinstance(a, str | bytes) else "" for a in args]
-            if "STREAMS" in words and words.index("STREAMS") + 1 < len(args):
-                return self.keyslot(args[words.index("STREAMS") + 1])
-        return await super()._determine_slot(command, *args)
-
     # --- search --------------------------------------------------------------------------------
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         command = _text(args[0]).upper() if args else ""
         how = decide(self.search, command, _ROUTE.get(), targeted="target_nodes" in kwargs)
         if how == PASS:
+            stream = _stream(args) if command == "XREADGROUP" and "target_nodes" not in kwargs else None
+            if stream is not None:  # movable keys: redis-py would ask a node (COMMAND GETKEYS) each call
+                return await self._keyed(stream, args, kwargs)
             return await super().execute_command(*args, **kwargs)
         if how == LIST:
             fields = await super().execute_command("HKEYS", self.meta)
@@ -272,7 +264,7 @@ class EngramCluster(RedisCluster):
             return await self._resolved(how, command, index, args[2:], kwargs)
         except ResponseError as exc:
             # a replay moved the alias and dropped the index this client still had it name (ALIAS_TTL)
-            if index == name or not _missing(exc) or self._aliases is None:
+            if index == name or not _missing(exc):
                 raise
             self._aliases.pop(name, None)
             fresh = await self.resolve(name)
@@ -313,18 +305,33 @@ class EngramCluster(RedisCluster):
             self._forget(shard)
         raise IndexBuilding(f"{shard} kept moving between nodes; retry")
 
-    def _owner(self, name: str) -> Any:
-        """The primary owning `name`'s slot in this client's slot map; ConnectionError when no node
-        covers it (a cluster that lost a primary: the query service answers 503)."""
-        node = self.get_node_from_key(name)
-        if node is None:
-            raise RedisConnectionError(f"no primary covers the slot of {name}")
-        return node
+    async def _keyed(self, key: Any, args: tuple, kwargs: dict) -> Any:
+        """`args` sent to the primary owning `key`'s slot (`target_nodes`: redis-py then follows MOVED
+        and ASK, but retries nothing else), retried as redis-py retries a command it routes itself:
+        on a connection fault, a timeout, CLUSTERDOWN or an uncovered slot, up to the client's
+        retries, each attempt after the topology refresh the fault asked for. Measured for
+        XREADGROUP: redis-py asked a node COMMAND GETKEYS before every call (~650/s on one primary
+        beside an idle worker's ~330 XREADGROUP/s over 16 stream partitions)."""
+        failures = 0
+        while True:
+            await self.initialize()  # the refresh the last fault asked for, once due; else nothing
+            try:
+                return await super().execute_command(*args, target_nodes=self._owner(key), **kwargs)
+            except self.ERRORS_ALLOW_RETRY as exc:
+                failures += 1  # exact types, as redis-py: not AuthenticationError, IndexBuilding, ...
+                if failures > self.retry.get_retries() or type(exc) not in self.ERRORS_ALLOW_RETRY:
+                    raise
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))  # shared.redis_conn's backoff
+
+    def _owner(self, name: Any) -> Any:
+        """The primary owning `name`'s slot in this client's slot map; redis-py's SlotNotCoveredError
+        (naming the slot) when no node covers it: a cluster that lost a primary, a 503 at the query
+        service."""
+        return self.get_node_from_key(name)
 
     def _forget(self, shard: str) -> None:
-        for known in (self._exists, self._complete):
-            if known is not None:
-                known.pop(shard, None)
+        self._exists.pop(shard, None)
+        self._complete.pop(shard, None)
 
     async def settle(self, index: str, namespace: str, *, complete: bool = True) -> Any:
         """The node owning `namespace`'s index of `index` once the index exists there (created from
@@ -335,10 +342,8 @@ class EngramCluster(RedisCluster):
         shard = shard_name(index, namespace)
         known = self._complete if complete else self._exists
         node = self._owner(shard)
-        if known is not None and known.get(shard) == node.name:
+        if known.get(shard) == node.name:
             return node
-        if self._exists is None or self._complete is None:
-            self._exists, self._complete = {}, {}
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while True:
             node = self._owner(shard)
@@ -367,9 +372,7 @@ class EngramCluster(RedisCluster):
         in flight swaps in a new cache (never None), so the answer, possibly read before the change,
         lands in the discarded one instead of outliving the change."""
         now = time.monotonic()
-        aliases = self._aliases
-        if aliases is None:
-            aliases = self._aliases = {}
+        aliases = self._aliases  # this read's cache: an alias change swaps in a new one
         cached = aliases.get(name)
         if cached is not None and now - cached[0] < ALIAS_TTL:
             return cached[1]
@@ -520,9 +523,8 @@ class EngramClusterPipeline(ClusterPipeline):
         return queued
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        client = self.cluster_client
         command = _text(args[0]).upper() if args else ""
-        if isinstance(client, EngramCluster) and decide(client.search, command, None) != PASS:
+        if decide(cast(EngramCluster, self.cluster_client).search, command, None) != PASS:
             if self._searches is None:
                 self._searches = []
             self._searches.append((args, kwargs))
@@ -531,7 +533,7 @@ class EngramClusterPipeline(ClusterPipeline):
         return super().execute_command(*args, **kwargs)
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
-        client = self.cluster_client
+        client = cast(EngramCluster, self.cluster_client)  # made by EngramCluster.pipeline only
         searches, self._searches = self._searches, None
         if searches:
             others, self._others = self._others, 0
@@ -540,13 +542,11 @@ class EngramClusterPipeline(ClusterPipeline):
                 raise RuntimeError("a shard-local cluster pipeline cannot mix search and key commands")
             return [await client.execute_command(*args, **kwargs) for args, kwargs in searches]
         self._others = 0
-        if isinstance(client, EngramCluster):
-            await client.load_scripts()
+        await client.load_scripts()
         try:
             return await super().execute(raise_on_error, allow_redirections)
         except NoScriptError:
-            if isinstance(client, EngramCluster):
-                await client.load_scripts(again=True)  # the caller's retry finds them
+            await client.load_scripts(again=True)  # the caller's retry finds them
             raise
 
 

@@ -5,7 +5,12 @@ is no Redis 8 coordinator on this machine (docs/scaling.md says so)."""
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
+import redis
 
 from deploy.embedded_redis import free_port
 from shared import cluster
@@ -65,3 +70,38 @@ def test_a_flat_index_takes_a_block_size_and_hnsw_ignores_none():
     assert flat[-2:] == ["BLOCK_SIZE", 64] and flat[3] == 8
     assert "BLOCK_SIZE" not in VectorParams(dim=8, algorithm="FLAT").schema_args()
     assert "BLOCK_SIZE" not in VectorParams(dim=8).schema_args()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_the_cluster_module_touches_no_private_redis_py_name():
+    """redis-py's private names change between releases without notice (one already broke an override
+    of `RedisCluster._determine_slot`): `shared/cluster.py` reads only private names it defines itself
+    (its routing goes through `target_nodes`, `get_node_from_key`, `keyslot`, `get_primaries`, ...),
+    and none it defines on its subclasses is a name redis-py uses, which would override or shadow it."""
+    tree = ast.parse(Path(cluster.__file__).read_text())
+    defined_on_classes = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                defined_on_classes.add(node.name)
+            elif isinstance(node, ast.AnnAssign | ast.Assign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in (t for t in targets for t in ast.walk(t)):
+                    if isinstance(target, ast.Name) or (
+                        isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                    ):
+                        defined_on_classes.add(target.id if isinstance(target, ast.Name) else target.attr)
+    module_level = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and _private(n.attr)}
+    assert read <= defined_on_classes | module_level, "private names of redis-py read"
+    package = Path(redis.__file__).parent
+    theirs = {
+        name
+        for path in package.rglob("*.py")
+        for name in re.findall(r"\b_[A-Za-z]\w*", path.read_text(encoding="utf-8"))
+        if _private(name)
+    }
+    assert {n for n in defined_on_classes if _private(n)} & theirs == set(), "redis-py names overridden"
