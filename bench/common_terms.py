@@ -71,8 +71,7 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     from shared.settings import Settings
 
     embedder = make_embedder(Settings(embedder=args.embedder, embed_dim=384))
-    if hasattr(embedder, "load"):
-        await embedder.load()
+    await embedder.load()
     turns, questions, _ = real_texts()
     base, _ = await cached_vectors(embedder, turns[:5000], cache_dir=CACHE_DIR)
     vectors, _ = derive(base, args.size, noise=0.3)

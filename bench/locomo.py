@@ -392,12 +392,9 @@ async def compare_embedders(names: list[str], convs: list[Conversation]) -> list
     for name in names:
         try:
             embedder = make_embedder(Settings(embedder=name))
-            if hasattr(embedder, "load"):
-                t0 = time.perf_counter()
-                await embedder.load()
-                load_s = time.perf_counter() - t0
-            else:
-                load_s = 0.0
+            t0 = time.perf_counter()
+            await embedder.load()
+            load_s = time.perf_counter() - t0
         except Exception as exc:  # a missing optional package: report and go on
             rows.append({"embedder": name, "error": str(exc)[:200]})
             continue

@@ -107,8 +107,7 @@ async def ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any
         n = args.ingest_hashing if name == "hashing" else args.ingest_minilm
         rounds = args.repeats if name == "hashing" else 1
         embedder = make_embedder(Settings(embedder=name, embed_dim=DIM))
-        if hasattr(embedder, "load"):
-            await embedder.load()
+        await embedder.load()
         episodes = [synthetic_episode(i, np.random.default_rng(i)) for i in range(n)]
         raw_rates: list[float] = []
         embed_rates: list[float] = []
@@ -354,8 +353,7 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
         for embed_batch in (DEFAULTS.embed_batch_size,):
             settings = alone_settings(args.recall_embedder, threads, embed_batch, os.environ)
             embedder = make_embedder(settings)
-            if hasattr(embedder, "load"):
-                await embedder.load()
+            await embedder.load()
             try:
                 for kind, texts in kinds.items():
                     now = time.time()

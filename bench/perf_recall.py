@@ -303,8 +303,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     embedder = make_embedder(settings)  # the corpus's vectors, as a consolidator embeds them
     asker = make_embedder(settings, role="query")  # the queries', as the query service embeds them
     for e in (embedder, asker):
-        if hasattr(e, "load"):
-            await e.load()
+        await e.load()
     turns, questions, source = real_texts()
     texts = turns[: args.corpus_texts]
     sizes = sorted(args.recall_sizes)

@@ -65,8 +65,7 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env({**os.environ, "ENGRAM_EMBEDDER": args.embedder, "ENGRAM_EMBED_DIM": "384"})
     embedder, asker = make_embedder(settings), make_embedder(settings, role="query")
     for e in (embedder, asker):
-        if hasattr(e, "load"):
-            await e.load()
+        await e.load()
     turns, questions, source = real_texts()
     texts = turns[: args.corpus_texts]
     base, info = await cached_vectors(embedder, texts, cache_dir=args.cache_dir)

@@ -106,6 +106,16 @@ class Embedder(ABC):
         """Vectors for at most `batch_size` prepared texts (float[len(texts), dim], any norm), and for
         each text whether the model cut it to its own input window (counted as a truncation)."""
 
+    @property
+    def loaded(self) -> bool:
+        """Whether `embed` can answer without loading anything first (a model embedder: once `load`ed)."""
+        return True
+
+    async def load(self) -> None:
+        """Load what `embed` needs (a model's weights) ahead of the first call. Idempotent; nothing by
+        default."""
+        return None
+
     async def aclose(self) -> None:
         """Release what the embedder holds (HTTP session, model). Idempotent; nothing by default."""
         return None

@@ -37,8 +37,7 @@ async def open_stack(stack: contextlib.AsyncExitStack, settings: Settings) -> tu
     redis = await stack.enter_async_context(redis_of(settings))
     embedder = make_embedder(settings)
     stack.push_async_callback(embedder.aclose)
-    if hasattr(embedder, "load"):
-        await embedder.load()
+    await embedder.load()
     await embedder.ensure_dim()
     return redis, embedder
 

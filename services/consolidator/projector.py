@@ -61,6 +61,7 @@ from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, generations, legacy, streams, tracing
 from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_ref, unpack
 from shared.crypto import KeyDestroyed
+from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
 from shared.keys import Keys
@@ -137,7 +138,7 @@ class Projector:
         self,
         redis: aioredis.Redis,
         keys: Keys,
-        embedder,
+        embedder: Embedder,
         gen: int,
         metrics: WorkerMetrics | None = None,
         keyring: KeyRing | None = None,
@@ -292,7 +293,7 @@ class Projector:
         fast, record_only = _split_paths(by_episode)
         # one script call touches the keys of one namespace only (one hash slot on a Redis Cluster)
         fast.sort(key=lambda item: item[0][0])
-        if fast and not getattr(self.embedder, "cheap", False):
+        if fast and not self.embedder.cheap:
             fast, moved = await self._without_documents(fast)
             record_only += [item for ident in moved for item in by_episode[ident]]
         vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
@@ -503,12 +504,12 @@ class Projector:
             else:
                 to_embed.append((i, text))
         if to_embed:
-            before = getattr(self.embedder, "truncations", 0)
+            before = self.embedder.truncations
             started = time.perf_counter()
             with tracing.span("engram.embed", texts=len(to_embed), embedder=self.embedder.name):
                 matrix = await self.embedder.embed([t for _, t in to_embed])
             self.metrics.embed_seconds.observe(time.perf_counter() - started)
-            self.metrics.truncations.inc(max(0, getattr(self.embedder, "truncations", 0) - before))
+            self.metrics.truncations.inc(max(0, self.embedder.truncations - before))
             for (i, _), vec in zip(to_embed, matrix, strict=True):
                 vectors[i] = vec
         return vectors, hashes

@@ -103,8 +103,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
             app[TAGS] = tags
 
             async def load() -> None:
-                if hasattr(e, "load"):
-                    await e.load()
+                await e.load()
                 startup.done("embedder")
                 dim = await e.ensure_dim()
 

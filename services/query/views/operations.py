@@ -30,7 +30,7 @@ async def readyz(request: web.Request) -> web.Response:
         checks.setdefault("redis", False)
         checks["index"] = False
     embedder = request.app.get(EMBEDDER)
-    checks["embedder"] = embedder is not None and bool(getattr(embedder, "loaded", True))
+    checks["embedder"] = embedder is not None and embedder.loaded
     startup = request.app[STARTUP]
     if not startup.ready:  # loading behind an open port (services.query.startup)
         # a component this process has not finished setting up is not ready, whatever Redis holds (a
