@@ -585,7 +585,7 @@ async def test_reindex_with_other_embedder_is_a_conflict_for_an_old_workers_turn
 async def test_a_running_worker_pauses_on_another_embedders_index_and_resumes_when_it_returns(
     settings, redis, caplog
 ):
-    """Issue 15: a reindex under a running worker made it exit 2, which stopped `make run`."""
+    """A reindex under a running worker must not make it exit 2, which would stop `make run`."""
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     worker = make_worker(settings, redis)
@@ -1143,8 +1143,8 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
 async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids(
     settings, redis, monkeypatch
 ):
-    """Found by a new-user trial: `dead-letters --limit 0` was a traceback, and `redrive 1-1` (no such
-    dead letter) said "re-driven 0" and exited 0."""
+    """`dead-letters --limit 0` is a clear error, not a traceback, and `redrive 1-1` (no such dead
+    letter) names the unknown id and exits 1 instead of saying "re-driven 0" and exiting 0."""
     from click.testing import CliRunner
 
     from services.consolidator.__main__ import cli
@@ -1174,8 +1174,8 @@ async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids
 
 
 async def test_a_worker_under_its_predecessors_name_projects_its_unacked_batch_at_once(settings, redis):
-    """A trial killed the consolidator (kill -9) mid-ingest: `make run` restarted it under a new consumer
-    name, so the dead one's batch waited for the lease (30 s by default) before anyone reclaimed it.
+    """A consolidator killed (kill -9) mid-ingest and restarted by `make run` under a new consumer
+    name left the dead one's batch waiting for the lease (30 s by default) before anyone reclaimed it.
     `make run` now keeps one name per slot, and a worker starts by reading the entries delivered to its
     name and not acked; another name still waits for the lease."""
     s = settings.with_(lease_ms=60_000, batch_size=2)  # its batch read back in parts, each once

@@ -403,8 +403,7 @@ async def test_replay_rebuilds_facts_after_the_stream_was_trimmed(seeded, redis)
 
 
 async def test_background_runs_keep_the_interval_across_workers(settings, redis):
-    """Found by a new-user trial: with two worker processes each ran a scope once per interval, seconds
-    apart. A run marks the scope for the interval in Redis: another worker's trigger waits for it, then
+    """With two worker processes, each ran a scope once per interval, seconds apart. A run marks the scope for the interval in Redis: another worker's trigger waits for it, then
     runs only if the trigger counter is still at the threshold (the earlier run may have consumed it)."""
     s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=1.0)
     scope = FactScope("ns")
@@ -444,7 +443,7 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
 
 
 async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, caplog):
-    """One INFO line per scheduled run, not one per batch past the threshold (new-user trial)."""
+    """One INFO line per scheduled run, not one per batch past the threshold."""
     import logging
 
     # one lane: with four, two batches could count before one of them checks, merging two triggers
@@ -471,7 +470,7 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
 
 async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis, monkeypatch):
     """The projector's forget hook built its Consolidator from default Settings, so a forget-triggered
-    rebuild held the scope's lock for the default 30 s lease whatever ENGRAM_LEASE_MS said (issue 18 §5):
+    rebuild held the scope's lock for the default 30 s lease whatever ENGRAM_LEASE_MS said:
     while the rebuild runs, the lock's PTTL is within the configured lease (2 s in these tests)."""
     from services.consolidator import facts_forget
 
@@ -498,7 +497,7 @@ async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis,
 
 
 async def test_forgets_in_one_batch_rebuild_a_fact_once(seeded, redis, monkeypatch):
-    """A new-user trial: `DELETE /v1/agents/{id}` of 2,330 episodes in a fact's evidence took 160 s (a
+    """`DELETE /v1/agents/{id}` of 2,330 episodes in a fact's evidence took 160 s (a
     user's forget of as many: 2 s): every `EpisodeForgotten` rebuilt the scope's facts on its own. The
     batch's forgets now rebuild each scope once, after all of them are erased."""
     from services.consolidator import facts_forget

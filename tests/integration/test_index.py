@@ -171,7 +171,7 @@ def test_escape_tag_examples():
 
 
 async def test_bm25_ranks_documents_matching_more_words_first_within_the_scope(redis, prefix):
-    """A new user found `scope @fields:(w1|w2|w3)` scoring a one-word match above a three-word one."""
+    """`scope @fields:(w1|w2|w3)` must not score a one-word match above a three-word one."""
     keys = await make_index(redis, prefix)
     texts = {
         "pp": "write unit tests for the payment parser",

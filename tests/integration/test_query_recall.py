@@ -225,7 +225,7 @@ async def test_touch_updates_access_statistics(abc, redis, prefix):
     resp = await abc.get("/v1/episodes/B")
     body = await resp.json()
     assert body["access_count"] == 2 and body["last_accessed"] is not None
-    # each answer shows the counts after its own touch, as GET then reads them (a trial saw 1 and 2)
+    # each answer shows the counts after its own touch, as GET then reads them: 1, then 2
     assert [r["results"][0]["access_count"] for r in (first, second)] == [1, 2]
     assert second["results"][0]["last_accessed"] == body["last_accessed"]
     body = await recall(abc, weights={"recency": 1}, recency_from="last_access", as_of=T)
@@ -508,7 +508,7 @@ async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_n
     make_client, redis, prefix
 ):
     """X succeeded five times, then failed five times a week later while Y succeeded: the recall's
-    replay context must not average X to 50% (issue 17 §5's family, as facts and /v1/strategy do)."""
+    replay context must not average X to 50% (the rule facts and /v1/strategy follow too)."""
     week = 7 * DAY
     for i in range(5):
         await put(
@@ -585,7 +585,7 @@ async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client,
 async def test_bounded_bm25_arm_keeps_the_rare_word_episode_a_common_word_flood_pushes_out(
     make_client, redis, prefix
 ):
-    """Issue 20: RediSearch ranks the BM25 arm's `candidates` deep list by its own BM25, where short
+    """RediSearch ranks the BM25 arm's `candidates` deep list by its own BM25, where short
     episodes repeating a common query word outrank a long one holding the rare word once; past the
     list's depth the rare-word episode is no candidate at all. With the common word left out of the
     candidate query (ENGRAM_BM25_COMMON_IDF) it is found, with the relevance an exact pool gives it

@@ -280,7 +280,7 @@ def test_presets():
     for w in PRESETS.values():
         assert w.importance == 0.0
         assert w.total == pytest.approx(1.0)
-    # issue 17 §1: recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
+    # recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
     assert [round(reach(PRESETS[p]), 3) for p in ("early", "normal", "late")] == [0.053, 0.111, 0.176]
     assert reach(Weights(similarity=0, recency=1, reward=0, outcome=0)) == math.inf
 
@@ -508,7 +508,7 @@ def test_replay_context_hand_example():
 
 
 def test_replay_context_counts_each_strategys_newest_regime():
-    """Issue 17 §5's family: X worked five times in week 1 and failed five times in week 2, Y succeeded in
+    """X worked five times in week 1 and failed five times in week 2, Y succeeded in
     week 2. Averaged, X looked 50/50 and could head the list on priority; by regime it is 0/5 since
     week 2, and the entry says what changed. The input order (recall's) does not matter."""
     week = 7 * 86400.0

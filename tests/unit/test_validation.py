@@ -109,8 +109,8 @@ def test_c18_tag_values_with_separators_kept_whole(value):
 
 
 def test_a_start_after_the_default_completion_names_started_at():
-    """A trial: `started_at` two minutes ahead (within the clock skew) and no `completed_at` (so: now)
-    was refused naming `completed_at`, which was never sent."""
+    """`started_at` two minutes ahead (within the clock skew) and no `completed_at` (so: now)
+    is refused naming `started_at`, not `completed_at`, which was never sent."""
     import time
 
     from engram_episodic.validation import Collector
@@ -136,6 +136,7 @@ def test_a_start_after_the_default_completion_names_started_at():
     ],
 )
 def test_a_wrong_type_is_named_in_json_words_not_pythons(patch, path, reason):
-    """A new-user trial read `must be a string, not dict` and `not str`, Python's names."""
+    """Types are named in JSON words (`must be a string, not an object`), not Python's (`not dict`,
+    `not str`)."""
     errs = errors_of({**GOOD, **patch})
     assert reason in errs[path], errs
