@@ -232,7 +232,8 @@ async def test_contradicting_evidence_supersedes(settings, redis):
     assert (await cons.consolidate(FactScope("ns"), now=T0 + 300 * HOUR)).status == "unchanged"
 
 
-async def test_c07_c08_forgetting_a_user_removes_their_evidence(settings, redis):
+async def test_forgetting_a_user_removes_their_evidence_from_facts(settings, redis):
+    """Cases C07 and C08: a forgotten user's episodes leave the facts' evidence; another user's facts stay."""
     s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
     keys = Keys(s.prefix)
     mixed = [ep("mig", i, user="user-a" if i < 3 else "user-b") for i in range(8)]
@@ -377,7 +378,8 @@ async def test_replay_rebuilds_facts(seeded, redis):
     assert (await cons.consolidate(FactScope("ns"))).status == "unchanged"
 
 
-async def test_c03_namespaces_never_share_facts(settings, redis):
+async def test_namespaces_never_share_facts(settings, redis):
+    """Case C03: the same episodes in two namespaces give each namespace its own facts."""
     s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
     await publish(s, redis, [ep("mig", i) for i in range(4)], namespace="ns-a")
     await publish(s, redis, [ep("mig", i) for i in range(4)], namespace="ns-b")
@@ -403,8 +405,9 @@ async def test_replay_rebuilds_facts_after_the_stream_was_trimmed(seeded, redis)
 
 
 async def test_background_runs_keep_the_interval_across_workers(settings, redis):
-    """With two worker processes, each ran a scope once per interval, seconds apart. A run marks the scope for the interval in Redis: another worker's trigger waits for it, then
-    runs only if the trigger counter is still at the threshold (the earlier run may have consumed it)."""
+    """Two worker processes must not each run a scope once per interval, seconds apart. A run marks
+    the scope for the interval in Redis: another worker's trigger waits for it, then runs only if the
+    trigger counter is still at the threshold (the earlier run may have consumed it)."""
     s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=1.0)
     scope = FactScope("ns")
     counter = Keys(s.prefix).scope_counter(scope.namespace, scope.scope_id)

@@ -77,7 +77,8 @@ async def put(redis, keys, ns, ep, vec):
     )
 
 
-async def test_c12_ids_with_query_syntax_match_exactly(redis, prefix):
+async def test_ids_with_query_syntax_match_exactly(redis, prefix):
+    """Case C12: ids holding query syntax, separators or non-ASCII text match exactly in the index."""
     keys = await make_index(redis, prefix)
     for i, value in enumerate(C12_IDS):
         ep = Episode(

@@ -126,7 +126,8 @@ async def test_half_life_as_duration_string(abc):
     assert by_id(week)["B"]["recency"] == pytest.approx(2**-6)
 
 
-async def test_c17_as_of_is_echoed_and_decay_measured_from_it(make_client, redis, prefix):
+async def test_as_of_is_echoed_and_decay_is_measured_from_it(make_client, redis, prefix):
+    """Case C17: a recall `as_of` 2020-01-01 measures decay from that instant and echoes it."""
     await put(redis, prefix, "default", episode("old", completed_at="2019-12-31T00:00:00Z"))
     await put(redis, prefix, "default", episode("older", completed_at="2019-12-29T00:00:00Z"))
     client = await make_client()
@@ -244,7 +245,8 @@ async def test_importance_weight(make_client, redis, prefix):
     assert by_id(body)["hi"]["priority"] == pytest.approx(0.9)
 
 
-async def test_c20_older_never_ranks_higher(make_client, redis, prefix):
+async def test_an_older_episode_never_ranks_higher(make_client, redis, prefix):
+    """Case C20: of two episodes equal but for age, the older one never ranks higher."""
     v = unit(1.0, 1.0)
     await put(
         redis, prefix, "default", episode("newer", task="flaky migration", completed_at=T, reward=0.5), v

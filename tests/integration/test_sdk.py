@@ -117,7 +117,8 @@ async def test_unreachable_redis_raises_publish_error_within_timeout(prefix):
     await client.close()
 
 
-async def test_c16_unicode_byte_exact_through_redis(redis, prefix):
+async def test_unicode_text_is_byte_exact_through_redis(redis, prefix):
+    """Case C16: Chinese, Arabic, emoji, NFC and NFD texts come back byte-exact through Redis."""
     client = EngramClient(redis, namespace="名前空間", prefix=prefix)
     texts = ["修复数据库迁移测试", "إصلاح اختبار الترحيل", "🙂🚀", "caf\u00e9", "cafe\u0301"]
     for t in texts:

@@ -45,7 +45,8 @@ def test_every_field_is_refused_in_engrams_words(model):
     assert seen, model.__name__  # something was refused
 
 
-def test_the_two_pydantic_checks_the_trial_met_read_as_ours():
+def test_a_literal_choice_and_a_boolean_read_as_ours():
+    """A `mode` outside its choices and a `touch` that is not a boolean read in Engram's words."""
     with pytest.raises(ValidationError) as caught:
         models.RecallRequest.model_validate({"query": "x", "mode": "fast", "touch": "maybe"})
     assert dict(pydantic_errors(caught.value)) == {

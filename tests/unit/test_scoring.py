@@ -203,7 +203,8 @@ def test_bad_score_arguments(kwargs, word):
 # --- ordering ----------------------------------------------------------------------------------------
 
 
-def test_c20_newer_ranks_higher():
+def test_the_newer_of_two_equal_episodes_ranks_higher():
+    """Case C20: of two episodes equal in similarity, reward and outcome, the newer one ranks higher."""
     c = candidates(
         2,
         cos=[0.7, 0.7],
@@ -382,9 +383,10 @@ weights_st = (
     last_accessed=st.one_of(st.just(math.nan), st.floats(NOW - 3650 * DAY, NOW + DAY)),
     recency_from=st.sampled_from(["completed", "last_access"]),
 )
-def test_c20_priority_never_increases_with_age(
+def test_priority_never_increases_with_age(
     w, cos, reward, importance, outcome, age, extra, half_life, last_accessed, recency_from
 ):
+    """Case C20: whatever the weights and signals, making an episode older never raises its priority."""
     # candidate 0 is candidate 1 made older by `extra` seconds; a third, unrelated candidate stays put
     c = candidates(
         3,

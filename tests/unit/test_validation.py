@@ -103,7 +103,8 @@ def test_not_an_object():
 
 
 @pytest.mark.parametrize("value", ["a,b", "x|y", "{curly}", "日本語", "emoji-🙂", "ns:with:colons", "_"])
-def test_c18_tag_values_with_separators_kept_whole(value):
+def test_tag_values_with_separators_are_kept_whole(value):
+    """Case C18: a category or strategy name holding a comma or a pipe is kept as one value."""
     ep = parse_episode({**GOOD, "strategy_used": value, "task": {"description": "d", "category": value}})
     assert ep.strategy_used == value and ep.task.category == value
 
