@@ -83,7 +83,7 @@ async def test_forget_by_ids_reports_unknown_and_already_forgotten(api, settings
 
 
 async def test_a_scope_with_nothing_projected_is_a_job_of_zero_not_a_404(api, settings, redis):
-    """Issue 19's trial: `DELETE /v1/agents/<unknown>` answered 202 while the document listed a 404. The
+    """`DELETE /v1/agents/<unknown>` answers 202, and the OpenAPI document says so instead of a 404. The
     202 is right (docs/api.md, Bulk forget): a scope is not a resource, and a retried forget answers as
     the first one did. The document now agrees, for users too (a forget of a user never looks it up)."""
     doc = await (await api.get("/openapi.json")).json()
@@ -105,7 +105,7 @@ async def test_a_scope_with_nothing_projected_is_a_job_of_zero_not_a_404(api, se
 
 
 async def test_a_repeated_id_is_forgotten_once_never_a_404(api, settings, redis):
-    """Issue 19's trial: a repeated id must not turn a forget into a 404. Each id counts once, whatever
+    """A repeated id must not turn a forget into a 404. Each id counts once, whatever
     it is: held, accepted and in flight, forgotten before, or unknown beside a known one."""
     await api.post("/v1/episodes", json={"episodes": [episode("e0"), episode("e1")]})
     await drain(settings, redis)
@@ -192,7 +192,7 @@ async def test_the_cli_forgets_an_agent(api, settings, redis):
     assert out.exit_code == 2
     await drain(settings, redis)
     assert await listed(api) == []
-    # --wait waits for the job (a trial's `--agent … --wait 5` came back at once, the wait unsaid)
+    # --wait waits for the job (`--agent … --wait 5` must not come back at once, the wait unsaid)
     await api.post(
         "/v1/episodes", json={"episodes": [episode(f"s{i}", session_id="run-7") for i in range(2)]}
     )
@@ -206,8 +206,8 @@ async def test_the_cli_forgets_an_agent(api, settings, redis):
 
 
 async def test_an_agent_or_session_forget_also_erases_episodes_still_in_flight(api, settings, redis):
-    """A new-user trial: `DELETE /v1/agents/a` right after publishing missed the episodes accepted but
-    not yet projected, which then appeared after the forget. The forget now records its time first,
+    """`DELETE /v1/agents/a` right after publishing must not miss the episodes accepted but not yet
+    projected, which would then appear after the forget. The forget now records its time first,
     and the projection refuses (and erases) any episode of the agent or session that began before it;
     the agent's episodes published after the call are kept, through a replay too."""
     from services.consolidator.replay import replay

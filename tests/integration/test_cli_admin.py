@@ -64,7 +64,7 @@ async def test_replay_and_reindex_draw_progress_and_summarize(settings, redis, m
     assert await current_generation(redis, keys) == before + 2
 
     # a replay keeps the index's embedder: another one (here another dimension) is refused before
-    # anything is written (a trial's plain replay re-embedded a hashing deployment with mpnet)
+    # anything is written (a plain replay must not re-embed a hashing deployment with mpnet)
     monkeypatch.setenv("ENGRAM_EMBED_DIM", str(settings.embed_dim * 2))
     out = await invoke("replay", "--no-progress")
     assert out.exit_code == 2, out.output

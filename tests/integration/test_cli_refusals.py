@@ -1,8 +1,9 @@
-"""Configuration errors met by the admin commands are one line and exit code 2, never a traceback
-(issue 16, trial): another stream partition count than the deployment recorded, for `engram-admin replay`,
-`dead-letters`, `redrive --all`, `discard --all` and `python -m services.consolidator replay|dead-letters|redrive|discard`; a
-cluster addressed as one Redis (`redis://`, its MovedError) says to use `redis+cluster://`; and next to
-`ENGRAM_REDIS_CLUSTER=N make run` the commands default to its cluster."""
+"""Configuration errors of stream partitions and clusters met by the admin commands are one line and exit
+code 2, never a traceback: another stream partition count than the deployment recorded, for
+`engram-admin replay`, `dead-letters`, `redrive --all`, `discard --all` and
+`python -m services.consolidator replay|dead-letters|redrive|discard`; a cluster addressed as one Redis
+(`redis://`, its MovedError) says to use `redis+cluster://`; and next to `ENGRAM_REDIS_CLUSTER=N make run`
+the commands default to its cluster."""
 
 from __future__ import annotations
 

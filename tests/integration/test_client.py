@@ -325,7 +325,7 @@ async def test_the_final_error_says_an_earlier_attempt_may_have_been_applied(fla
 @pytest.mark.parametrize("odd_id", [".", "..", "a/b", "%2E", "x?y#z"])
 async def test_ids_that_are_dot_segments_or_url_syntax_reach_their_route(tenants, settings, redis, odd_id):
     """`.` and `..` are valid ids but URL dot segments: normalisation turned `/v1/users/..` into `/v1`
-    (a 404 on a forget that never answers 404, found by a new-user trial of erasure)."""
+    (a 404 on a forget that never answers 404). Both must reach the service as ids."""
     async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
         await memory.record(
             task="an episode with an odd id", outcome="success", episode_id=odd_id, user_id=odd_id
@@ -343,7 +343,7 @@ async def test_ids_that_are_dot_segments_or_url_syntax_reach_their_route(tenants
 async def test_an_episode_with_more_actions_than_one_request_takes_is_published_again(
     tenants, settings, redis
 ):
-    """A trial posted one episode twice with 600 distinct actions each: stored with 1,200, it could not
+    """One episode posted twice with 600 distinct actions each is stored with 1,200; it could not
     be published again (`engram import`, `publish(get_episode(...))`: 'must hold at most 1000 actions').
     `publish` sends it in parts the fold unions; the copy in another namespace has every action."""
     from tests.integration.test_query_e2e import consolidating
@@ -385,8 +385,8 @@ async def test_an_episode_with_more_actions_than_one_request_takes_is_published_
 
 
 async def test_an_http_episode_block_keeps_every_action(tenants, settings, redis):
-    """A new-user trial: `with memory.episode(...)` over HTTP published only the last 1,000 actions. Now
-    the completion carries all of them, in parts when they exceed one request (here 64 KiB)."""
+    """`with memory.episode(...)` over HTTP publishes all of its 1,500 actions, not the last 1,000: the
+    completion carries all of them, in parts when they exceed one request (here 64 KiB)."""
     from tests.integration.test_query_e2e import consolidating
 
     inputs = [f"edit {i} " + "x" * 60 for i in range(1_500)]
@@ -423,8 +423,8 @@ async def _whole(memory, episode_id: str, actions: int):
 
 
 async def test_record_splits_like_publish_and_both_take_the_services_limit(make_client, settings, redis):
-    """A new-user trial: `record` refused 1,500 actions and sent a 6 MB body the service refused with a
-    bare 413, while `publish` split the same episode. Now `record` goes in parts too, and a client whose
+    """`record` of 1,500 actions sends them in parts, as `publish` does, instead of one 6 MB body the
+    service refuses with a bare 413. A client whose
     `max_body_bytes` is above the service's takes the limit the 413 names and sends again."""
     from tests.integration.test_query_e2e import consolidating
 
@@ -455,8 +455,9 @@ async def test_record_splits_like_publish_and_both_take_the_services_limit(make_
 
 
 async def test_an_episode_forget_can_wait_until_it_is_erased_from_every_read(tenants, settings, redis):
-    """A trial saw a forgotten episode in 2-9 of 40 reads made right after the 202 (the consolidator
-    erases it a few ms later). With `wait` the answer comes once it has (it acks after the erase)."""
+    """Without `wait`, a forgotten episode showed in 2-9 of 40 reads made right after the 202 (the
+    consolidator erases it a few ms later). With `wait` the answer comes once it has (it acks after
+    the erase)."""
     from tests.integration.test_query_cli import run
     from tests.integration.test_reliability import running_worker
 
@@ -482,8 +483,8 @@ async def test_an_episode_forget_can_wait_until_it_is_erased_from_every_read(ten
         assert "erased from every read" in out.output
         assert again_out.exit_code == 0 and f"episode {other} was already forgotten" in again_out.output
         assert "event None" not in again_out.output, again_out.output
-        # recording a forgotten id publishes nothing: said as such, with or without wait (a trial got
-        # the id back as if stored without wait, and a WaitTimeout with it)
+        # recording a forgotten id publishes nothing: said as such, with or without wait (not the id
+        # back as if stored without wait, nor a WaitTimeout with it)
         for wait in (None, 5):
             with pytest.raises(EpisodeForgotten) as refused:
                 await memory.record(task="prune again", outcome="success", episode_id=kept, wait=wait)
@@ -505,8 +506,8 @@ async def test_an_episode_forget_can_wait_until_it_is_erased_from_every_read(ten
 
 
 async def test_a_user_forget_can_wait_until_it_is_erased_from_every_read(tenants, settings, redis):
-    """A trial could not tell when a user's forget had applied: no job, no `wait`, and a read 25 ms
-    after the 202 still returned the episode. With `wait` the answer comes once the consolidator has
+    """A user's forget says when it has applied: without a job or `wait`, a read 25 ms after the 202
+    still returned the episode. With `wait` the answer comes once the consolidator has
     erased them (it acks the event after the erase)."""
     from tests.integration.test_query_cli import run
     from tests.integration.test_reliability import running_worker

@@ -1,6 +1,6 @@
-"""The local Redis Cluster of the embedded wheels (issue 16's foundation): three primaries with a
-replica each on private ports, RediSearch on every node, redis-py's cluster client across slots, and
-the shard-locality of the embedded search module measured as a fact the routing must respect."""
+"""The local Redis Cluster of the embedded wheels, which stream partitions on a cluster rest on: three
+primaries with a replica each on private ports, RediSearch on every node, redis-py's cluster client across
+slots, and the shard-locality of the embedded search module measured as a fact the routing must respect."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Expiry on the session's shard-local cluster (issue 16, trial: the consolidator died every
+"""Expiry on the suite's shard-local cluster (the consolidator must not die every
 `ENGRAM_EXPIRY_INTERVAL` with "FT.AGGREGATE on a shard-local cluster needs its namespace"): a running
 worker's sweep erases the expired episodes of namespaces on several primaries, keeps the others, and
 the worker keeps running."""

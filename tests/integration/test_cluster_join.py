@@ -1,5 +1,5 @@
 """A fourth primary joins a running 3-primary cluster and a namespace's slot is resharded to it while
-the same worker runs (issue 16, "stale shard indexes after a slot move"): right after the move, a
+the same worker runs (no stale shard indexes after a slot move): right after the move, a
 query service with a stale slot map recalls and counts the namespace whole, a user's forget reaches
 every episode of the user, facts are found, a replay builds generation 2 there, and the old owner
 keeps no index and no key of the namespace."""

@@ -1,4 +1,4 @@
-"""A primary of a private 3-primary cluster stopped (`SIGSTOP`, as in the new-user trial of issue 16):
+"""A primary of a private 3-primary cluster stopped (`SIGSTOP`):
 recall answers 503 with Retry-After, never 500, for a namespace on a live primary (ClusterDownError
 once the cluster state is `fail`) and for one on the stopped primary (timeouts), `/readyz` says
 `redis: false`; and 200 again once the primary is back. A publisher meanwhile retries the cluster's faults until its deadline and says how

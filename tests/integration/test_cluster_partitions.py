@@ -1,4 +1,4 @@
-"""Stream partitions on the session's real 3-primary cluster (issue 16, ingest spread over the shards):
+"""Stream partitions on the suite's real 3-primary cluster (ingest spread over the shards):
 entries of many namespaces land in partitions on every primary and are projected once; two workers,
 one added mid-stream and one killed with SIGKILL, lose and double nothing; dead letters go back to
 their partition; sealed publishing works and a plaintext publisher is refused; forget, erasure and

@@ -1,5 +1,5 @@
 """`ENGRAM_CLUSTER_SEARCH=coordinator` on a cluster whose search module has none (the embedded
-RediSearch 2.10; issue 16's trial: a ClusterCrossSlotError traceback at the alias update and a stray
+RediSearch 2.10; it used to end in a ClusterCrossSlotError traceback at the alias update and a stray
 index on one node) is refused with a ConfigError naming the variable before anything is created."""
 
 from __future__ import annotations

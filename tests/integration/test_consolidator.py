@@ -100,7 +100,8 @@ def episode(eid: str, **kw) -> dict:
     }
 
 
-async def test_c01_duplicate_publish_indexes_once(settings, redis):
+async def test_a_duplicate_publish_indexes_once(settings, redis):
+    """Case C01: the same episode published three times, as a client's retries would, is indexed once."""
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     for _ in range(3):
         await client.record(episode("same-id"))
@@ -111,7 +112,8 @@ async def test_c01_duplicate_publish_indexes_once(settings, redis):
     assert await count(redis, keys.episode_index_alias, Scope(tags=BLAKE2B, namespace="ns")) == 1
 
 
-async def test_c02_two_workers_same_duplicates_at_once(settings, redis):
+async def test_two_workers_given_one_episodes_duplicates_at_once_index_it_once(settings, redis):
+    """Case C02: two workers reading duplicate entries of one episode at once index one document."""
     keys = Keys(settings.prefix)
     ev = EpisodeCompleted(
         namespace="ns",
@@ -254,7 +256,9 @@ async def test_draft_is_not_recallable_until_completed(settings, redis):
     assert list(await docs(redis, keys, "ns")) == [rec.episode_id]
 
 
-async def test_c11_poison_entries_go_to_dead_letters(settings, redis):
+async def test_poison_entries_go_to_dead_letters_and_the_good_ones_are_indexed(settings, redis):
+    """Case C11: of 12 events, the undecodable, the unknown-version and the invalid one go to the dead-letter
+    stream with their stream id and reason; the 9 good ones are indexed and the worker keeps running."""
     keys = Keys(settings.prefix)
     good = [
         encode(
@@ -414,7 +418,9 @@ async def test_dead_letter_links_are_dropped_with_the_episode_and_foreign_entrie
     assert not await redis.exists(keys.dead_letter_refs("ns", "linked"))
 
 
-async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
+async def test_a_long_text_is_stored_whole_and_embedded_truncated(settings, redis):
+    """Case C10: a ~200,000-character text and a long CJK one are stored whole, embedded truncated
+    and counted."""
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     long_text = "migrate the schema " * 10_527  # ~200,000 characters
     cjk = "数据库迁移失败需要重试" * 2000
@@ -432,7 +438,8 @@ async def test_c10_long_text_stored_whole_embedded_truncated(settings, redis):
 
 
 @pytest.mark.parametrize("value", ["a,b", "x|y", "ns:with:colons", "{curly}", "日本語", "emoji-🙂", "_"])
-async def test_c12_c18_hostile_ids_projected_exactly(settings, redis, value):
+async def test_ids_and_tag_values_with_syntax_characters_are_projected_exactly(settings, redis, value):
+    """Cases C12 and C18: ids and tag values holding separators or query syntax match exactly, never split."""
     client = EngramClient(redis, namespace=value, prefix=settings.prefix)
     await client.record(
         episode(
@@ -459,7 +466,8 @@ async def test_c12_c18_hostile_ids_projected_exactly(settings, redis, value):
         assert list(await docs(redis, keys, value, **scope)) == [value], scope
 
 
-async def test_c07_forget_user_leaves_other_user_untouched(settings, redis):
+async def test_forgetting_a_user_leaves_another_user_untouched(settings, redis):
+    """Case C07: forgetting every episode of one user leaves another user's documents and counts untouched."""
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     for i in range(4):
@@ -509,7 +517,8 @@ async def test_forget_user_processed_after_a_newer_episode_keeps_that_episode(se
     )
 
 
-async def test_c08_forgotten_data_never_returns_after_replay(settings, redis):
+async def test_forgotten_data_never_returns_after_a_replay(settings, redis):
+    """Case C08: an episode, then a whole user, forgotten never come back, not even after a full replay."""
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     async with client.episode(task="secret task one", user_id="u1") as ep:
@@ -585,7 +594,7 @@ async def test_reindex_with_other_embedder_is_a_conflict_for_an_old_workers_turn
 async def test_a_running_worker_pauses_on_another_embedders_index_and_resumes_when_it_returns(
     settings, redis, caplog
 ):
-    """Issue 15: a reindex under a running worker made it exit 2, which stopped `make run`."""
+    """A reindex under a running worker must not make it exit 2, which would stop `make run`."""
     keys = Keys(settings.prefix)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     worker = make_worker(settings, redis)
@@ -1143,8 +1152,8 @@ async def test_lanes_of_one_process_keep_at_most_two_write_pipelines_in_redis(se
 async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids(
     settings, redis, monkeypatch
 ):
-    """Found by a new-user trial: `dead-letters --limit 0` was a traceback, and `redrive 1-1` (no such
-    dead letter) said "re-driven 0" and exited 0."""
+    """`dead-letters --limit 0` is a clear error, not a traceback, and `redrive 1-1` (no such dead
+    letter) names the unknown id and exits 1 instead of saying "re-driven 0" and exiting 0."""
     from click.testing import CliRunner
 
     from services.consolidator.__main__ import cli
@@ -1174,8 +1183,8 @@ async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids
 
 
 async def test_a_worker_under_its_predecessors_name_projects_its_unacked_batch_at_once(settings, redis):
-    """A trial killed the consolidator (kill -9) mid-ingest: `make run` restarted it under a new consumer
-    name, so the dead one's batch waited for the lease (30 s by default) before anyone reclaimed it.
+    """A consolidator killed (kill -9) mid-ingest and restarted by `make run` under a new consumer
+    name left the dead one's batch waiting for the lease (30 s by default) before anyone reclaimed it.
     `make run` now keeps one name per slot, and a worker starts by reading the entries delivered to its
     name and not acked; another name still waits for the lease."""
     s = settings.with_(lease_ms=60_000, batch_size=2)  # its batch read back in parts, each once

@@ -185,8 +185,8 @@ class PacedEmbedder(HashingEmbedder):
 async def test_a_lane_embedding_a_long_batch_is_healthy_while_its_passes_complete(
     aiohttp_client, settings, redis
 ):
-    """A trial's 1,000-episode POST read as `stuck` (loop age 153 s > the 120 s stall) while the worker
-    embedded it at 94% CPU: a lane counts as turning after each forward pass. Here 12 passes of 0.15 s
+    """A 1,000-episode POST must not read as `stuck` (loop age 153 s > the 120 s stall) while the
+    worker embeds it at 94% CPU: a lane counts as turning after each forward pass. Here 12 passes of 0.15 s
     make one batch last ~4x the 0.5 s stall, and /healthz stays ok throughout."""
     embedder = PacedEmbedder(settings.embed_dim, 0.15)
     metrics = WorkerMetrics()

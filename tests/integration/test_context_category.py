@@ -6,8 +6,8 @@ pytest_plugins = ["tests.integration.test_query_support"]
 
 
 async def test_a_category_names_the_prompt_and_picks_a_profile_but_does_not_filter(api, settings, redis):
-    """A new-user trial: `POST /v1/context` and `/v1/strategy` filtered by `category`, though the docs
-    say it only names the prompt's section (context) or picks the skill profile (strategy): a model that
+    """`POST /v1/context` and `/v1/strategy` do not filter by `category`: as the docs say, it only
+    names the prompt's section (context) or picks the skill profile (strategy): a model that
     guessed `debugging` for episodes stored as `unknown` got an empty memory. `suggest` keeps its
     documented filter. A category longer than an episode's may be (128) is a 422."""
     from tests.integration.test_query_e2e import drain

@@ -51,7 +51,7 @@ async def test_the_bundled_swagger_ui_reads_openapi_3_1(api):
 
 
 async def test_docs_with_a_trailing_slash_redirects_to_the_page(make_client):
-    """`/docs/` was a 404 (issue 19's trial). Served there, the page's relative links would name
+    """`/docs/` is not a 404. Served there, the page's relative links would name
     `/docs/docs/...`: a redirect to `/docs` keeps them right, relative so a proxy's prefix stays."""
     client = await make_client(api_keys={"docs-key-0000000000000000": "ns-docs"})
     resp = await client.get("/docs/", allow_redirects=False)

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # spawns servers: `make test-fast` skips it
 
 
 def test_a_server_that_cannot_bind_does_not_take_anothers_for_its_own(tmp_path):
-    """A trial started two `make run`s at once on one ENGRAM_REDIS_PORT (other data dirs): both found the
+    """Two `make run`s started at once on one ENGRAM_REDIS_PORT (other data dirs): both found the
     port free, the second server could not bind, yet its start returned ("ready in 0.0s") on the first
     one's PING; its services ran on the other stack's Redis, and its stop SHUTDOWN that Redis."""
     port = free_port()

@@ -148,7 +148,7 @@ def _files_under(path: Path) -> dict[str, bytes]:
 
 
 async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
-    """The issue's test: a user holding distinctive strings is forgotten; after the erasure rewrite of
+    """Erasure on disk: a user holding distinctive strings is forgotten; after the erasure rewrite of
     the AOF and a SAVE, neither the RDB nor any AOF file (base with its RDB preamble, incremental)
     holds any of them in plaintext — while another user's strings are found there (the scan works:
     rdbcompression is off so that LZF would not hide a string)."""
@@ -265,7 +265,7 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     await drain(worker)
     assert await list_dead_letters(redis, keys) == []
     assert len(await redis.xrange(keys.stream)) == 1  # the forget alone
-    # no link of the forgotten episodes to their dead letters is left (a new-user trial found them)
+    # no link of the forgotten episodes to their dead letters is left (it would name them)
     assert not await redis.exists(keys.dead_letter_refs("ns", "dim"), keys.dead_letter_refs("ns", "late"))
     assert await leaked_text(redis, sealed.prefix, ["DL-SECRET"]) == []
     # the erasure pass drops the applied forget (its user id was readable with the master key) and
@@ -465,7 +465,7 @@ async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp
         for field in ("last-delivered-id", "pending"):
             assert group_after[field] == group_before[field], field
         # the lag is what the group has left to read (p3, p4), not counts of entries deleted before it
-        # read them (a phantom lag that held every publish at 429 on an idle stack; new-user trial)
+        # read them (a phantom lag would hold every publish at 429 on an idle stack)
         group = streams.StreamGroup(redis, keys.stream, settings.consumer_group)
         assert group_after["lag"] == 2 and await group.lag() == 2
         info_after = await redis.xinfo_stream(keys.stream)

@@ -171,9 +171,10 @@ async def test_a_facts_evidence_hides_an_episode_that_expired_since(api, setting
 
 
 async def test_a_ttl_counts_from_completed_at_also_when_it_defaults_to_now(api, settings, redis):
-    """A new-user trial: without `completed_at`, a `ttl` was counted from `started_at` (a 2 h ttl of an
-    episode started an hour ago expired an hour after completion; a 1 h ttl of one started 2 h ago was a
-    422 naming `expires_at`, which nobody sent), and `ttl: 1d` gave 86399.99998 s (two clock reads)."""
+    """Without `completed_at`, a `ttl` counts from the completion (now), not from `started_at` (a 2 h
+    ttl of an episode started an hour ago expired an hour after completion; a 1 h ttl of one started
+    2 h ago was a 422 naming `expires_at`, which nobody sent), and `ttl: 1d` is 86400 s, not
+    86399.99998 s (two clock reads)."""
     from engram_episodic import AsyncEngram
 
     now = time.time()

@@ -122,7 +122,7 @@ async def test_import_names_a_bad_line(api, tmp_path):
 
 
 async def test_import_checks_every_line_before_it_sends_any(api, settings, redis, tmp_path):
-    """A new-user trial: an episode too large for one request on line 604 was named `episodes[103]` (its
+    """An episode too large for one request on line 604 was named `episodes[103]` (its
     place in the second batch of 500), after the first 500 lines were published. Every line is now
     checked first and named by its line, an episode_id on two lines too, and nothing is sent."""
     good = [{"episode_id": f"g{i}", "task": "t", "outcome": "success"} for i in range(600)]
@@ -147,7 +147,7 @@ async def test_import_checks_every_line_before_it_sends_any(api, settings, redis
 async def test_import_splits_by_the_body_limit_and_round_trips_exactly(
     make_client, settings, redis, tmp_path
 ):
-    """A new-user trial: `engram import` sent 500 episodes per request whatever their size (413 on a
+    """`engram import` sent 500 episodes per request whatever their size (413 on a
     6 MB export), an episode grown past one body over re-posts could not be imported at all, and
     actions without an `action_id` came back twice (their timestamps read back rounded to µs). Now
     import sends requests of at most --max-body-bytes, such an episode in parts, and exporting the
@@ -203,7 +203,7 @@ async def test_import_splits_by_the_body_limit_and_round_trips_exactly(
 
 
 async def test_import_names_every_bad_line_and_where_a_refused_batch_is(api, tmp_path):
-    """A trial: import stopped at the first line that is not JSON (the next bad one showed only once it
+    """Import stopped at the first line that is not JSON (the next bad one showed only once it
     was fixed), and a batch the service refused (a vector of another dimension, which only the service
     knows) was named `episodes[24]` of one request, with no word of what was imported."""
     file = tmp_path / "two.jsonl"
@@ -226,8 +226,9 @@ async def test_import_names_every_bad_line_and_where_a_refused_batch_is(api, tmp
 async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_post(
     make_client, settings, redis, tmp_path
 ):
-    """A new-user trial exported, forgot two episodes, imported the export back: "imported 12 episodes",
-    the two went back into the stream (text and all) and the consolidator dropped them unseen."""
+    """Export, forget two episodes, import the export back: it said "imported 12 episodes", the
+    two went back into the stream (text and all) and the consolidator dropped them unseen. The import
+    now says which episodes were forgotten and publishes nothing of them."""
     api = await make_client(api_keys={KEY_A: "team-a"})
     await api.post("/v1/episodes", json={"episodes": batch()}, headers=auth(KEY_A))
     await drain(settings, redis)

@@ -1,5 +1,5 @@
 """Facts on an encrypted deployment: a copy of the stream taken before a user's forget must hold nothing
-of that user readable with the keys that survive the forget (issue 15 family: `FactsConsolidated`
+of that user readable with the keys that survive the forget (`FactsConsolidated`
 carried the episodes' failure messages, user ids and evidence ids in clear)."""
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ async def test_a_run_between_a_forget_and_its_application_derives_facts_without_
 async def test_forgetting_a_scopes_last_evidence_removes_its_facts(sealed, redis):
     """The snapshot that removes a scope's last fact has no fact to seal. It raised KeyError, so the
     forget of that fact's last episode was dead-lettered and the fact, naming the forgotten episodes,
-    stayed (a fresh user's trial: 36 dead letters in a 400-episode forget)."""
+    stayed (36 dead letters in a 400-episode forget)."""
     keys = Keys(sealed.prefix)
     client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
     docs = [e for e in planted() if e["episode_id"].startswith("doc")]
@@ -240,8 +240,8 @@ async def test_forgets_queued_behind_one_another_each_leave_the_mixed_facts_rebu
     at once, so the first forget's rebuild must leave out every pending user, and must also rebuild a
     fact that names a pending user but none of the forgotten episodes. It sealed the mixed fact under
     the pending users' (gone) keys, so the fact was left out of the snapshot, out of the index, and the
-    later forgets never found it: the other users' part was lost (a trial: 40 of `keep`'s episodes,
-    nine users forgotten, '0 facts kept, 5 removed')."""
+    later forgets never found it: the other users' part was lost (40 of `keep`'s episodes,
+    nine users forgotten: '0 facts kept, 5 removed')."""
     keys = Keys(sealed.prefix)
     client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
     planted_ = planted()  # mig: alice and bob; doc: bob

@@ -232,7 +232,8 @@ async def test_contradicting_evidence_supersedes(settings, redis):
     assert (await cons.consolidate(FactScope("ns"), now=T0 + 300 * HOUR)).status == "unchanged"
 
 
-async def test_c07_c08_forgetting_a_user_removes_their_evidence(settings, redis):
+async def test_forgetting_a_user_removes_their_evidence_from_facts(settings, redis):
+    """Cases C07 and C08: a forgotten user's episodes leave the facts' evidence; another user's facts stay."""
     s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
     keys = Keys(s.prefix)
     mixed = [ep("mig", i, user="user-a" if i < 3 else "user-b") for i in range(8)]
@@ -377,7 +378,8 @@ async def test_replay_rebuilds_facts(seeded, redis):
     assert (await cons.consolidate(FactScope("ns"))).status == "unchanged"
 
 
-async def test_c03_namespaces_never_share_facts(settings, redis):
+async def test_namespaces_never_share_facts(settings, redis):
+    """Case C03: the same episodes in two namespaces give each namespace its own facts."""
     s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
     await publish(s, redis, [ep("mig", i) for i in range(4)], namespace="ns-a")
     await publish(s, redis, [ep("mig", i) for i in range(4)], namespace="ns-b")
@@ -403,9 +405,9 @@ async def test_replay_rebuilds_facts_after_the_stream_was_trimmed(seeded, redis)
 
 
 async def test_background_runs_keep_the_interval_across_workers(settings, redis):
-    """Found by a new-user trial: with two worker processes each ran a scope once per interval, seconds
-    apart. A run marks the scope for the interval in Redis: another worker's trigger waits for it, then
-    runs only if the trigger counter is still at the threshold (the earlier run may have consumed it)."""
+    """Two worker processes must not each run a scope once per interval, seconds apart. A run marks
+    the scope for the interval in Redis: another worker's trigger waits for it, then runs only if the
+    trigger counter is still at the threshold (the earlier run may have consumed it)."""
     s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=1.0)
     scope = FactScope("ns")
     counter = Keys(s.prefix).scope_counter(scope.namespace, scope.scope_id)
@@ -444,7 +446,7 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
 
 
 async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, caplog):
-    """One INFO line per scheduled run, not one per batch past the threshold (new-user trial)."""
+    """One INFO line per scheduled run, not one per batch past the threshold."""
     import logging
 
     # one lane: with four, two batches could count before one of them checks, merging two triggers
@@ -471,7 +473,7 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
 
 async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis, monkeypatch):
     """The projector's forget hook built its Consolidator from default Settings, so a forget-triggered
-    rebuild held the scope's lock for the default 30 s lease whatever ENGRAM_LEASE_MS said (issue 18 §5):
+    rebuild held the scope's lock for the default 30 s lease whatever ENGRAM_LEASE_MS said:
     while the rebuild runs, the lock's PTTL is within the configured lease (2 s in these tests)."""
     from services.consolidator import facts_forget
 
@@ -498,7 +500,7 @@ async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis,
 
 
 async def test_forgets_in_one_batch_rebuild_a_fact_once(seeded, redis, monkeypatch):
-    """A new-user trial: `DELETE /v1/agents/{id}` of 2,330 episodes in a fact's evidence took 160 s (a
+    """`DELETE /v1/agents/{id}` of 2,330 episodes in a fact's evidence took 160 s (a
     user's forget of as many: 2 s): every `EpisodeForgotten` rebuilt the scope's facts on its own. The
     batch's forgets now rebuild each scope once, after all of them are erased."""
     from services.consolidator import facts_forget

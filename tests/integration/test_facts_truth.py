@@ -1,4 +1,4 @@
-"""Facts that follow the truth (issue 17 §5), against the real Redis: facts are a function of the
+"""Facts that follow the truth, against the real Redis: facts are a function of the
 episodes, not of when consolidation ran; a strategy that stopped working stops being recommended;
 distinct topics give one fact each at the default (per-embedder) distance."""
 
@@ -38,7 +38,7 @@ async def consolidated_once(s, redis, episodes, namespace: str):
 
 
 async def test_concurrent_publishes_with_consolidation_meanwhile_give_the_single_run_facts(settings, redis):
-    """The issue's case: 50 concurrent publishes (30 successes, then 20 failures) while a worker projects
+    """50 concurrent publishes (30 successes, then 20 failures) while a worker projects
     and consolidates every few episodes. It left 30 episodes in no fact at all; now the facts are
     those one run over the same 50 gives: the 30 successes, superseded by the 20 failures."""
     s = settings.with_(facts_every=4, facts_importance_threshold=1e9, facts_min_interval=0.02, batch_size=3)

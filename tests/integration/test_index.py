@@ -77,7 +77,8 @@ async def put(redis, keys, ns, ep, vec):
     )
 
 
-async def test_c12_ids_with_query_syntax_match_exactly(redis, prefix):
+async def test_ids_with_query_syntax_match_exactly(redis, prefix):
+    """Case C12: ids holding query syntax, separators or non-ASCII text match exactly in the index."""
     keys = await make_index(redis, prefix)
     for i, value in enumerate(C12_IDS):
         ep = Episode(
@@ -171,7 +172,7 @@ def test_escape_tag_examples():
 
 
 async def test_bm25_ranks_documents_matching_more_words_first_within_the_scope(redis, prefix):
-    """A new user found `scope @fields:(w1|w2|w3)` scoring a one-word match above a three-word one."""
+    """`scope @fields:(w1|w2|w3)` must not score a one-word match above a three-word one."""
     keys = await make_index(redis, prefix)
     texts = {
         "pp": "write unit tests for the payment parser",

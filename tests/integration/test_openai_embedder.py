@@ -219,7 +219,8 @@ async def test_dim_unknown_until_first_response_then_ensure_dim(server, make_cli
     assert len(server.bodies) == 1
 
 
-async def test_c10_long_input_is_truncated_before_sending(server, make_client):
+async def test_a_long_input_is_truncated_before_sending(server, make_client):
+    """Case C10: a 200,000-character input is cut to max_chars before it is sent to the provider."""
     client = make_client(max_chars=100)
     await client.embed(["y" * 200_000, "short"])
     assert sorted(len(t) for t in server.bodies[0]["input"]) == [5, 100]

@@ -496,7 +496,7 @@ async def test_the_service_embeds_queries_under_the_queries_gate(aiohttp_client,
 
 
 async def test_a_search_past_its_timeout_is_a_503_never_part_of_the_results(api, settings, redis):
-    """A new-user trial: with RediSearch's default ON_TIMEOUT RETURN, a listing past the module's TIMEOUT
+    """With RediSearch's default ON_TIMEOUT RETURN, a listing past the module's TIMEOUT
     answered 499 of 6,198 episodes with `next_cursor` null, `skills` [] and part of the learning curve,
     all as 200s. The embedded Redis's module argument ON_TIMEOUT FAIL makes it an error, which the
     service answers as a 503 with Retry-After."""

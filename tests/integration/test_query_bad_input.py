@@ -1,4 +1,4 @@
-"""Inputs a new user found that used to give 500s: deep nesting, lone surrogates, huge integers.
+"""Inputs that used to give 500s: deep nesting, lone surrogates, huge integers.
 
 Each must be a 4xx naming where the problem is, through HTTP and through the SDK alike.
 """
@@ -236,7 +236,7 @@ async def test_utf8_escapes_and_escaped_percent_signs_are_ids_as_usual(api):
         assert resp.status == 200, (eid, await resp.text())
 
 
-# --- issue 19's trial, follow-ups: trailing slashes, empty ids, options a route does not take ----------
+# --- trailing slashes, empty ids, options a route does not take --------------------------------------
 @pytest.mark.parametrize(
     ("method", "path", "body", "location"),
     [
@@ -345,7 +345,7 @@ async def _raw_request(host: str, port: int, path: str, *, declared: int, sent: 
 
 
 async def test_a_body_that_never_finishes_is_a_408_that_closes_the_connection(make_client):
-    """A trial held a connection 200 s with a body that stopped short of its Content-Length."""
+    """A body that stops short of its Content-Length must not hold a connection (it held one 200 s)."""
     client = await make_client(body_timeout=0.5)
     reader, writer = await _raw_request(client.host, client.port, "/v1/recall", declared=100, sent=b'{"q')
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -360,8 +360,8 @@ async def test_a_body_that_never_finishes_is_a_408_that_closes_the_connection(ma
 
 @pytest.mark.timeout(120)
 async def test_a_client_gone_mid_body_is_not_a_server_error(redis_url, prefix, tmp_path):
-    """A trial's client closed the socket mid-body: `python -m services.query` logged an unhandled
-    error and answered 500 (the test server cancels such a handler instead, so this runs the process).
+    """A client that closed the socket mid-body made `python -m services.query` log an unhandled
+    error and answer 500 (the test server cancels such a handler instead, so this runs the process).
     It is the client's doing: one INFO line and a 400, whether the client closes or resets."""
     port, log = free_port(), tmp_path / "query.log"
     proc = spawn_query_service(redis_url, prefix, port, log, ENGRAM_EMBED_DIM="64", ENGRAM_METRICS_PORT="0")
@@ -386,7 +386,7 @@ async def test_a_client_gone_mid_body_is_not_a_server_error(redis_url, prefix, t
 
 
 async def test_two_authorization_headers_are_refused_whatever_their_order(make_client):
-    """A trial's request with two keys was answered for the first one's tenant."""
+    """A request with two keys was answered for the first one's tenant: it is refused instead."""
     key_a, key_b = "key-a-0123456789abcdef", "key-b-0123456789abcdef"
     client = await make_client(api_keys={key_a: "ns-a", key_b: "ns-b"})
     for first, second in ((key_a, key_b), (key_b, key_a), (key_a, key_a)):

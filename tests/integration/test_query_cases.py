@@ -29,7 +29,8 @@ async def post(client, path, body, status=200, headers=None):
 
 
 # --- C03: namespaces never leak ---------------------------------------------------------------------
-async def test_c03_concurrent_namespaces_zero_leakage(tenants, redis, prefix):
+async def test_concurrent_namespaces_leak_nothing_into_each_other(tenants, redis, prefix):
+    """Case C03: two namespaces written concurrently never see each other's episodes in any read."""
     shared_ids = [f"ep-{i}" for i in range(5)]
 
     async def write(ns):
@@ -86,7 +87,8 @@ async def test_c03_concurrent_namespaces_zero_leakage(tenants, redis, prefix):
         assert sug["similar"] == 5
 
 
-async def test_c03_namespace_in_body_is_rejected_not_obeyed(tenants):
+async def test_a_namespace_in_the_body_is_rejected_not_obeyed(tenants):
+    """Case C03: a `namespace` in a request body is a 422; the key alone decides the namespace."""
     body = await post(tenants, "/v1/recall", {"query": "x", "namespace": "ns-b"}, 422, auth(KEY_A))
     assert "namespace" in errors(body)
     body = await post(tenants, "/v1/episodes", episode("e", namespace="ns-b"), 422, auth(KEY_A))
@@ -94,7 +96,8 @@ async def test_c03_namespace_in_body_is_rejected_not_obeyed(tenants):
 
 
 # --- C04-C06: time windows --------------------------------------------------------------------------
-async def test_c04_utc_day_window_finds_early_morning_episode(api, redis, prefix):
+async def test_a_utc_day_window_finds_an_early_morning_episode(api, redis, prefix):
+    """Case C04: an episode completed at 02:00 UTC is found by that UTC day's window, with no local shift."""
     await put(redis, prefix, "default", episode("e", completed_at="2025-07-25T02:00:00Z"))
     body = await post(
         api,
@@ -116,7 +119,11 @@ async def test_c04_utc_day_window_finds_early_morning_episode(api, redis, prefix
         (1425211200, 1425211200.0),
     ],
 )
-async def test_c05_equivalent_offsets_identical_and_bounds_inclusive(api, redis, prefix, since, until):
+async def test_equivalent_offsets_give_identical_results_and_bounds_are_inclusive(
+    api, redis, prefix, since, until
+):
+    """Case C05: windows written with `Z`, `+00:00` or an equivalent offset give the same results;
+    bounds are inclusive."""
     await put(redis, prefix, "default", episode("backdated", completed_at="2015-03-01T12:00:00Z"))
     await put(redis, prefix, "default", episode("june15", completed_at="2025-06-15T12:00:00Z"))
     await put(redis, prefix, "default", episode("a-second-later", completed_at="2015-03-01T12:00:01Z"))
@@ -130,7 +137,8 @@ async def test_c05_equivalent_offsets_identical_and_bounds_inclusive(api, redis,
     assert ids(body) == []
 
 
-async def test_c06_open_and_closed_windows(api, redis, prefix):
+async def test_open_and_closed_time_windows(api, redis, prefix):
+    """Case C06: a window with only `since`, only `until`, or both, selects the episodes inside it."""
     for day in (1, 10, 20):
         await put(redis, prefix, "default", episode(f"d{day}", completed_at=f"2025-01-{day:02d}T00:00:00Z"))
 
@@ -152,14 +160,16 @@ async def test_c06_open_and_closed_windows(api, redis, prefix):
         ({"until": True}, "until"),
     ],
 )
-async def test_c06_bad_windows_are_422_naming_the_field(api, window, field):
+async def test_bad_time_windows_are_422_naming_the_field(api, window, field):
+    """Case C06: `since` later than `until`, or a date that is not ISO 8601, is a 422 naming the field."""
     body = await post(api, "/v1/recall", {"query": "a task", **window}, 422)
     assert field in errors(body), body
 
 
 # --- C09: empty queries -----------------------------------------------------------------------------
 @pytest.mark.parametrize("query", ["", "   ", "\n\t", None, 42])
-async def test_c09_blank_query_is_422_and_embedder_not_called(make_client, redis, prefix, query):
+async def test_a_blank_query_is_422_and_the_embedder_is_not_called(make_client, redis, prefix, query):
+    """Case C09: an empty or blank query is a 422 naming `query`, never "return everything"."""
     await put(redis, prefix, "default", episode("e"))
     embedder = TableEmbedder(256)
     client = await make_client(embedder)
@@ -195,7 +205,8 @@ C12_IDS = [
 DECOYS = ["mai", "mainly", "jira", "ns", "User", "x", "y", "curly", "a", "b", "日本", "emoji"]
 
 
-async def test_c12_hostile_ids_over_http(api, redis, prefix):
+async def test_ids_with_query_syntax_match_exactly_over_http(api, redis, prefix):
+    """Case C12: ids holding query syntax match exactly through every HTTP read, never their decoys."""
     for value in C12_IDS + DECOYS:
         await put(
             redis,
@@ -236,7 +247,8 @@ async def test_c12_hostile_ids_over_http(api, redis, prefix):
 
 
 # --- C13: filters -----------------------------------------------------------------------------------
-async def test_c13_filters_and_unknown_operators(api, redis, prefix):
+async def test_filters_work_and_unknown_operators_or_fields_are_422(api, redis, prefix):
+    """Case C13: `reward >= 0.5` and `outcome in [...]` filter; an unknown operator or field is a 422."""
     rows = [
         ("s9", "success", 0.9),
         ("p6", "partial", 0.6),
@@ -275,7 +287,8 @@ async def test_c13_filters_and_unknown_operators(api, redis, prefix):
 
 
 # --- C14: agent AND user scope on every result type -------------------------------------------------
-async def test_c14_agent_and_user_together_everywhere(api, redis, prefix):
+async def test_agent_and_user_together_scope_every_result_type(api, redis, prefix):
+    """Case C14: `agent_id` and `user_id` together scope every result type."""
     for a in ("a1", "a2"):
         for u in ("u1", "u2"):
             for i in range(2):
@@ -311,7 +324,8 @@ async def test_c14_agent_and_user_together_everywhere(api, redis, prefix):
 
 
 # --- C15: top_k bounds ------------------------------------------------------------------------------
-async def test_c15_top_k_bounds(api, redis, prefix):
+async def test_top_k_is_bounded_and_out_of_range_values_are_422(api, redis, prefix):
+    """Case C15: `top_k` 10 returns at most 10; 0, -1 and 10000 are a 422 stating the allowed range."""
     for i in range(15):
         await put(redis, prefix, "default", episode(f"e{i}"))
     body = await post(api, "/v1/recall", {"query": "a task", "top_k": 10})
@@ -329,7 +343,8 @@ async def test_c15_top_k_bounds(api, redis, prefix):
 
 
 # --- C16: scripts and normal forms ------------------------------------------------------------------
-async def test_c16_unicode_byte_exact_and_recallable(api, redis, prefix):
+async def test_unicode_text_is_byte_exact_and_recallable(api, redis, prefix):
+    """Case C16: Chinese, Arabic, emoji, NFC and NFD texts come back byte-exact and are recalled."""
     nfc = unicodedata.normalize("NFC", "café résumé naïve")
     nfd = unicodedata.normalize("NFD", nfc)
     assert nfc != nfd

@@ -45,7 +45,7 @@ async def test_cli_recall_publish_skills_forget(tenants, redis, prefix, tmp_path
 
     out = await run(tenants, "skills", "--agent-id", "ops", key=KEY_A)
     assert out.exit_code == 0 and out.output.startswith("security")
-    for command in ("skills", "curve"):  # an empty scope is said, not an empty screen (a trial's)
+    for command in ("skills", "curve"):  # an empty scope is said, not an empty screen
         out = await run(tenants, command, "--agent-id", "nobody", key=KEY_A)
         assert out.exit_code == 0 and out.output == "no completed episodes in this scope\n", out.output
 
@@ -116,7 +116,7 @@ async def test_cli_context_facts_curve_and_the_default_url(tenants, redis, prefi
 
 
 async def test_cli_record_with_ttl_or_expires_at(tenants, redis, prefix):
-    """`engram record` had no `--ttl` while the API takes `ttl` / `expires_at` (issue 19's trial)."""
+    """`engram record` takes `--ttl` / `--expires-at` as the API takes `ttl` / `expires_at`."""
     import time
 
     before = time.time()

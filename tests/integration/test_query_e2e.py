@@ -132,7 +132,7 @@ async def test_delete_forgets_an_episode_held_only_by_a_dead_letter_or_stored_ev
 async def test_an_episode_of_more_actions_than_one_event_carries_completes_and_reads_back(
     api, settings, redis
 ):
-    """MAX_ACTIONS bounds one event, not an episode (found by a new-user trial): an SDK episode of
+    """MAX_ACTIONS bounds one event, not an episode: an SDK episode of
     1,001 actions completes (the completion carries the last 1,000; the rest were published one by
     one), is projected whole, and GET and recall read it (the stored document was a 500)."""
     from engram_episodic.validation import MAX_ACTIONS

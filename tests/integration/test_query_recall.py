@@ -126,7 +126,8 @@ async def test_half_life_as_duration_string(abc):
     assert by_id(week)["B"]["recency"] == pytest.approx(2**-6)
 
 
-async def test_c17_as_of_is_echoed_and_decay_measured_from_it(make_client, redis, prefix):
+async def test_as_of_is_echoed_and_decay_is_measured_from_it(make_client, redis, prefix):
+    """Case C17: a recall `as_of` 2020-01-01 measures decay from that instant and echoes it."""
     await put(redis, prefix, "default", episode("old", completed_at="2019-12-31T00:00:00Z"))
     await put(redis, prefix, "default", episode("older", completed_at="2019-12-29T00:00:00Z"))
     client = await make_client()
@@ -225,7 +226,7 @@ async def test_touch_updates_access_statistics(abc, redis, prefix):
     resp = await abc.get("/v1/episodes/B")
     body = await resp.json()
     assert body["access_count"] == 2 and body["last_accessed"] is not None
-    # each answer shows the counts after its own touch, as GET then reads them (a trial saw 1 and 2)
+    # each answer shows the counts after its own touch, as GET then reads them: 1, then 2
     assert [r["results"][0]["access_count"] for r in (first, second)] == [1, 2]
     assert second["results"][0]["last_accessed"] == body["last_accessed"]
     body = await recall(abc, weights={"recency": 1}, recency_from="last_access", as_of=T)
@@ -244,7 +245,8 @@ async def test_importance_weight(make_client, redis, prefix):
     assert by_id(body)["hi"]["priority"] == pytest.approx(0.9)
 
 
-async def test_c20_older_never_ranks_higher(make_client, redis, prefix):
+async def test_an_older_episode_never_ranks_higher(make_client, redis, prefix):
+    """Case C20: of two episodes equal but for age, the older one never ranks higher."""
     v = unit(1.0, 1.0)
     await put(
         redis, prefix, "default", episode("newer", task="flaky migration", completed_at=T, reward=0.5), v
@@ -508,7 +510,7 @@ async def test_replay_context_describes_a_strategy_that_stopped_working_by_its_n
     make_client, redis, prefix
 ):
     """X succeeded five times, then failed five times a week later while Y succeeded: the recall's
-    replay context must not average X to 50% (issue 17 §5's family, as facts and /v1/strategy do)."""
+    replay context must not average X to 50% (the rule facts and /v1/strategy follow too)."""
     week = 7 * DAY
     for i in range(5):
         await put(
@@ -585,7 +587,7 @@ async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client,
 async def test_bounded_bm25_arm_keeps_the_rare_word_episode_a_common_word_flood_pushes_out(
     make_client, redis, prefix
 ):
-    """Issue 20: RediSearch ranks the BM25 arm's `candidates` deep list by its own BM25, where short
+    """RediSearch ranks the BM25 arm's `candidates` deep list by its own BM25, where short
     episodes repeating a common query word outrank a long one holding the rare word once; past the
     list's depth the rare-word episode is no candidate at all. With the common word left out of the
     candidate query (ENGRAM_BM25_COMMON_IDF) it is found, with the relevance an exact pool gives it

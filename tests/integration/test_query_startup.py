@@ -65,7 +65,7 @@ async def test_the_api_answers_503_with_what_is_pending_until_the_model_is_loade
 
 
 async def test_every_route_the_start_up_holds_back_documents_its_503(aiohttp_client, settings, redis):
-    """The gate's 503 was not in the OpenAPI document (issue 19's trial). Every operation outside
+    """The start-up gate's 503 is in the OpenAPI document. Every operation outside
     `operations` lists it, and answers it while the start-up runs (ids and bodies need not be valid:
     the gate answers before any handler reads them); the operations routes it lets through answer."""
     import re
@@ -138,7 +138,7 @@ async def test_the_process_listens_before_redis_answers_and_turns_ready_after(se
 @pytest.mark.slow  # the service as a process
 async def test_ctrl_c_under_make_run_lets_requests_in_flight_finish(redis_url, prefix, tmp_path):
     """Ctrl-C under `make run` is two signals: the terminal's SIGINT reaches the service, then the
-    supervisor sends SIGTERM. The second interrupted aiohttp's drain (a new-user trial: 16 of 16
+    supervisor sends SIGTERM. The second interrupted aiohttp's drain (16 of 16
     recalls in flight got no answer, exit 1, "Task was destroyed but it is pending!"). Requests held
     open by `?wait` (no consolidator runs, so they wait out their timeout) must all be answered."""
     import signal

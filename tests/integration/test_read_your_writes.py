@@ -91,7 +91,7 @@ async def test_the_client_reads_its_writes(tenants, settings, redis):
 
 
 async def test_an_accepted_episode_can_be_forgotten_before_it_is_projected(tenants, settings, redis):
-    """DELETE of a pending episode was a 404 and the episode was projected afterwards (new-user trial)."""
+    """DELETE of a pending episode is not a 404, and the episode is not projected afterwards."""
     await tenants.post("/v1/episodes", json=episode("early", task="SECRET-EARLY plans"), headers=auth(KEY_A))
     assert (await tenants.delete("/v1/episodes/early", headers=auth(KEY_B))).status == 404, (
         "not another tenant's"
@@ -121,7 +121,7 @@ async def test_a_wait_on_an_update_sees_the_new_version(tenants, settings, redis
 
 
 async def test_a_wait_says_at_once_why_an_episode_will_never_be_projected(api, settings, redis):
-    """A new-user trial: re-posting a forgotten episode_id with `?wait=30` answered after the full 30 s
+    """Re-posting a forgotten episode_id with `?wait=30` answered after the full 30 s
     with `projected: false` (the consolidator drops it: a forgotten id stays forgotten). A dropped or
     dead-lettered event is now said as soon as it is acked, with the reason, in the client's error too."""
     from engram_episodic import AsyncEngram, WaitTimeout
@@ -157,7 +157,7 @@ async def test_a_wait_says_at_once_why_an_episode_will_never_be_projected(api, s
 
 
 async def test_a_read_patch_or_forget_right_after_a_publish_never_answers_404(api, settings, redis):
-    """A new-user trial: GET, PATCH and DELETE right after a POST answered 404 now and then (6 of 60
+    """GET, PATCH and DELETE right after a POST answered 404 now and then (6 of 60
     GETs; a DELETE that then did not forget): the document was not written at the first read and the
     entry was acked by the time the pending check looked. Each of them is retried here while a
     consolidator projects beside it; none may be a 404."""
@@ -173,7 +173,7 @@ async def test_a_read_patch_or_forget_right_after_a_publish_never_answers_404(ap
 
 
 async def test_an_expired_episode_posted_again_says_expired(api, settings, redis):
-    """A new-user trial: re-posting an episode past its ttl answered `projected: true`, yet it stayed
+    """Re-posting an episode past its ttl answered `projected: true`, yet it stayed
     hidden (it keeps its expiry). The answer now says `reason: expired`."""
     import time
 

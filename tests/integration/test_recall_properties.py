@@ -1,5 +1,5 @@
 """Properties of POST /v1/recall and the recall part of POST /v1/context, against the real service and
-RediSearch (issue 17 §1, §2, §4), on documents seeded as the consolidator writes them (`put`).
+RediSearch, on documents seeded as the consolidator writes them (`put`).
 
 - Prefix stability: for any K >= k, the first k results of a `top_k` K recall are the `top_k` k recall
   with the same other inputs (the pool never depends on `top_k`).
@@ -251,7 +251,7 @@ async def test_min_relevance_and_min_priority_only_drop_results_below_them(
 
 @pytest.mark.parametrize("signal", ["recency", "importance", "reward"])
 async def test_all_weight_on_one_signal_orders_the_whole_scope(client, redis, prefix, signal):
-    """Issue 17 §2: twelve episodes, the pool holds 6 per list. The most similar ones are the oldest,
+    """Twelve episodes, the pool holds 6 per list. The most similar ones are the oldest,
     least important and least rewarded; the similarity lists alone would miss the right answer."""
     key, ns = fresh_tenant()
     query = "flaky login migration"
@@ -276,7 +276,7 @@ async def test_all_weight_on_one_signal_orders_the_whole_scope(client, redis, pr
         )
         assert ids(body) == ["e11", "e10", "e9"], (mode, ids(body))
     if signal == "recency":
-        # 17 h vs 5 h old (the report of issue 17): the newest one is returned at top_k 1
+        # 17 h vs 5 h old: the newest one is returned at top_k 1
         body = await post(
             client, "/v1/recall", key, query=query, mode="hybrid", as_of=NOW, top_k=1, weights={"recency": 1}
         )
@@ -494,8 +494,8 @@ async def test_keyword_relevance_sees_the_words_the_index_holds(client, redis, p
 async def test_exact_ties_come_back_in_one_order_whatever_the_query(client, redis, prefix):
     """Episodes of equal priority and age (completion times 3 ms apart, equal in the 12 significant
     digits the index returns) come back in the lists' own tie-break order whatever the query, not in
-    the order of the candidates the query's similarity lists brought (found by a trial: two queries,
-    two orders, with all-recency weights)."""
+    the order of the candidates the query's similarity lists brought (two queries
+    gave two orders with all-recency weights)."""
     key, ns = fresh_tenant()
     t = NOW - DAY + 0.331
     for i in range(8):

@@ -1,5 +1,5 @@
-"""The recency / reward / importance lists (`services.query.lists.top_by`) at ties and without values
-(issue 20): exact order (value, then the episode's `tiebreak`) over the scope, answered from a floor
+"""The recency / reward / importance lists (`services.query.lists.top_by`) at ties and without values:
+exact order (value, then the episode's `tiebreak`) over the scope, answered from a floor
 that narrows to ~depth + 1 episodes even when most of the scope shares the boundary value, an empty
 list without a sort when no episode has the value, and an index built before `tiebreak` existed.
 Real Redis; the queries are counted by wrapping the real `filter_search`."""

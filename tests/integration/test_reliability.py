@@ -195,7 +195,7 @@ async def _projected_despite_a_lost_delivery(settings, redis, name: str, lose) -
 
 
 async def test_a_lost_read_reply_is_read_again_at_once_not_after_the_lease(settings, redis):
-    """A trial paused the worker 12 s (SIGSTOP): the XREADGROUP reply that had delivered a forget and a
+    """A worker paused 12 s (SIGSTOP): the XREADGROUP reply that had delivered a forget and a
     new episode was lost to its socket timeout, and both waited for the lease (18 s more). Here the
     reply of the first read that delivers anything is lost the same way (a TimeoutError after Redis
     delivered it); with a 60 s lease the episode must still be projected within seconds."""
@@ -208,7 +208,7 @@ async def test_a_lost_read_reply_is_read_again_at_once_not_after_the_lease(setti
 
 
 async def test_a_read_reply_swallowed_by_a_retry_is_found_by_the_idle_check(settings, redis):
-    """The trial's pause, as it really went: redis-py retried the XREADGROUP whose reply it lost to the
+    """The same 12 s pause, as it really goes: redis-py retried the XREADGROUP whose reply it lost to the
     socket timeout, the retry found nothing new, and no error reached the worker. Here the reply that
     delivers the episode comes back empty; with a 60 s lease an idle turn's check
     (`OWN_PENDING_CHECK_SECONDS`) must find the orphan and project it within seconds."""

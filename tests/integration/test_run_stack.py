@@ -132,7 +132,8 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
     ],
 )
 def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, name, value, said):
-    """Found by a new-user trial: a traceback from int(), or (workers 0) a stack that never projects."""
+    """A bad variable is refused by name, not a traceback from int() or (workers 0) a stack that never
+    projects."""
     env = {
         **{
             k: v
@@ -151,7 +152,7 @@ def test_run_refuses_a_bad_variable_by_name_before_starting_anything(tmp_path, n
 
 
 def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_path):
-    """Found by a new-user trial: a taken ENGRAM_PORT failed only after the model loaded, and
+    """Refused at once: a taken ENGRAM_PORT failed only after the model loaded, and
     ENGRAM_DATA_DIR under a file was a NotADirectoryError traceback."""
     import socket
 
@@ -179,7 +180,7 @@ def test_run_refuses_a_query_port_in_use_and_a_data_dir_it_cannot_create(tmp_pat
 
 @pytest.mark.parametrize("which", ["ENGRAM_REDIS_PORT", "ENGRAM_METRICS_PORT"])
 def test_run_refuses_a_taken_redis_or_metrics_port_before_starting_anything(tmp_path, which):
-    """Found by a new-user trial: a taken ENGRAM_REDIS_PORT gave 50 lines of Redis log, then "redis died
+    """Refused at once: a taken ENGRAM_REDIS_PORT gave 50 lines of Redis log, then "redis died
     6 times"; a taken metrics port would stop a worker after its model loaded."""
     import socket
 
@@ -212,7 +213,7 @@ def test_run_writes_its_own_lines_as_json_with_engram_log_format_json(tmp_path):
     assert record["message"] == "ENGRAM_WORKERS='0' must be between 1 and 64", record
 
 
-# --- issue 15 §3: `make run` survives one crashed process -------------------------------------------
+# --- `make run` survives one crashed process -------------------------------------------------------
 async def _one_new_pid(stack: Stack, module: str, old: set[int]) -> int:
     async def new() -> int | None:
         pids = set(stack.children(module)) - old
@@ -225,7 +226,7 @@ async def _one_new_pid(stack: Stack, module: str, old: set[int]) -> int:
 # alone allows 60-90 s; 22 s measured (two processes are killed and restarted)
 @pytest.mark.timeout(180)
 async def test_the_start_says_a_line_per_step_with_its_time(tmp_path):
-    """Found by a new-user trial (issue 20): a first start was minutes of near silence."""
+    """A first start says each step as it goes, not minutes of near silence."""
     stack = Stack(tmp_path / "data", ENGRAM_WORKERS="2")
     # Stack turns them off; here the two workers are probed on two free ports in a row
     stack.env["ENGRAM_METRICS_PORT"] = str(_two_free_ports(avoid={stack.port, stack.redis_port}))
@@ -297,7 +298,7 @@ def _gone(pid: int) -> bool:
 
 
 async def test_a_killed_make_run_takes_its_services_with_it_and_its_redis_keeps_the_lock(tmp_path):
-    """A trial killed `make run` with -9: its consolidator and query service lived on, did not hold the
+    """A `make run` killed with -9 left its consolidator and query service alive; they did not hold the
     data dir's lock (only Redis did, so the refusal of the next `make run` named Redis alone), and would
     have consumed the stream of any Redis started next on the same port."""
     from services.run_lock import LOCK_FILE, holders

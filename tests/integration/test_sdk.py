@@ -117,7 +117,8 @@ async def test_unreachable_redis_raises_publish_error_within_timeout(prefix):
     await client.close()
 
 
-async def test_c16_unicode_byte_exact_through_redis(redis, prefix):
+async def test_unicode_text_is_byte_exact_through_redis(redis, prefix):
+    """Case C16: Chinese, Arabic, emoji, NFC and NFD texts come back byte-exact through Redis."""
     client = EngramClient(redis, namespace="名前空間", prefix=prefix)
     texts = ["修复数据库迁移测试", "إصلاح اختبار الترحيل", "🙂🚀", "caf\u00e9", "cafe\u0301"]
     for t in texts:
@@ -224,8 +225,8 @@ async def _completed(client: EngramClient, data: dict):
 
 
 async def test_a_timed_out_publish_says_the_events_may_be_stored(redis, prefix, monkeypatch):
-    """A reply lost to a timeout is not "not published" (found by a new-user trial: a large publish
-    timed out client-side after Redis had stored every event): the error says "not confirmed" and
+    """A reply lost to a timeout is not "not published" (a large publish
+    can time out client-side after Redis had stored every event): the error says "not confirmed" and
     sets maybe_stored; a retry with the same events is then deduplicated downstream by event_id."""
     from shared import sdk as sdk_module
 
@@ -290,8 +291,8 @@ async def test_the_documented_stream_sdk_example_publishes_with_make_runs_key(
     redis, prefix, redis_url, tmp_path
 ):
     """docs/architecture.md "Publishing next to Redis", run as written (this test's Redis, prefix and a
-    master key file put in): make run seals its stream, so the example passes the key (a trial's copy
-    without it was refused)."""
+    master key file put in): make run seals its stream, so the example passes the key (a copy
+    without it is refused)."""
     import asyncio
     import sys
     from pathlib import Path

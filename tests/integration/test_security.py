@@ -111,7 +111,8 @@ def enc(path_value: str) -> str:
     return quote(path_value, safe="")
 
 
-async def test_c12_injection_never_widens_scope_or_breaks_a_query(make_client, redis, prefix):
+async def test_query_syntax_in_ids_never_widens_scope_or_breaks_a_query(make_client, redis, prefix):
+    """Case C12: ids and queries holding query syntax never reach another tenant's data nor cause an error."""
     client = await make_client(api_keys=THREE)
     await seed_two_tenants(redis, prefix)
     a = auth(KEY_A)

@@ -1,5 +1,5 @@
 """The TAG fields hold keyed digests of ids (shared.tags): `FT.TAGVALS` of the live indexes never lists a
-user id, session id or episode id, before or after a forget (issue 15), while filtering by them works;
+user id, session id or episode id, before or after a forget, while filtering by them works;
 a generation from before digests keeps working and `replay` moves it to digests."""
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ async def test_dispatch_with_the_sync_client(tenants, settings, redis):
 
 
 async def test_an_episode_larger_than_one_request_is_recorded_in_parts(tenants, settings, redis):
-    """A trial's record_episode of ~3.9 MB (three 1,000,000-character fields, three 900,000-character
+    """A record_episode of ~3.9 MB (three 1,000,000-character fields, three 900,000-character
     action outputs) got a 413 naming only "arguments", while `record` stored the same episode whole: the
     tool now sends it in parts as `record` does, with the sync and the async client."""
     big = {

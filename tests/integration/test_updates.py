@@ -93,7 +93,7 @@ async def test_unknown_forgotten_and_bad_patches(api, settings, redis):
 
 
 async def test_a_patch_refused_once_merged_with_the_stored_episode_is_a_422(api, settings, redis):
-    """Fields valid alone that the stored episode makes invalid (a new-user trial: tests_passed 5 of a
+    """Fields valid alone that the stored episode makes invalid (tests_passed 5 of a
     stored 3, metadata merged past 64 KiB, expires_at before completed_at) are refused naming the field,
     nothing is published, and the episode reads back as before, in the client too."""
     first = episode(
@@ -132,7 +132,7 @@ async def test_a_patch_refused_once_merged_with_the_stored_episode_is_a_422(api,
 
 
 async def test_a_waited_patch_the_fold_skipped_is_a_422(api, settings, redis):
-    """A new-user trial: a change accepted before its episode was projected, invalid once merged
+    """A change accepted before its episode was projected, invalid once merged
     (tests_passed 5 of 3), answered `projected: true` with `?wait` although the fold skipped it. Now the
     wait ends in a 422 naming the field, and the episode keeps its values."""
     first = episode("late-1", feedback={"reward": 0.5, "tests_passed": 2, "tests_total": 3})
@@ -207,7 +207,7 @@ async def test_a_sealed_update_is_shredded_with_its_user(make_client, settings, 
 
 
 async def test_a_waited_patch_that_expires_the_episode_is_projected(api, settings, redis):
-    """A trial: `update_episode(eid, expires_at=<past>, wait=...)` raised WaitTimeout "expired ... publish
+    """`update_episode(eid, expires_at=<past>, wait=...)` raised WaitTimeout "expired ... publish
     under a new episode_id", though the change did what it asked: hide the episode now."""
     async with consolidating(settings, redis):
         assert (await api.post("/v1/episodes", json=episode("x1"), params={"wait": 10})).status == 202

@@ -9,7 +9,7 @@ from shared.crypto import MasterKeyMismatch
 
 
 def test_a_data_key_wrapped_by_another_master_key_is_one_line_and_exit_2(capsys):
-    """An operator trial's replay after a master-key rotation ended in a MasterKeyMismatch
+    """A replay after a master-key rotation is one line and exit 2, not a MasterKeyMismatch
     traceback."""
 
     async def replay():

@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")  # the client's plot extra; `make test` instal
 
 
 def test_a_short_learning_curve_has_whole_episode_ticks():
-    """A new-user trial's three-episode curve had x ticks at 1.5 and 2.5."""
+    """A three-episode curve has x ticks at whole episodes, not at 1.5 and 2.5."""
     from engram_episodic.cli_plot import _pyplot, curve_figure
 
     points = [

@@ -1,4 +1,4 @@
-"""A Redis Cluster's faults are outages, not bugs (issue 16, trial: with one primary SIGSTOPped a
+"""A Redis Cluster's faults are outages, not bugs (with one primary SIGSTOPped a
 recall answered 500 with `ClusterDownError: The cluster is down`): the query service answers 503 with
 Retry-After, and the retrying loops (worker lanes, start-up, the SDK) wait them out."""
 

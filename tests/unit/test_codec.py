@@ -208,7 +208,8 @@ def test_fuzz_envelopes_never_raise_untyped(envelope):
         pass
 
 
-def test_c16_unicode_byte_exact_round_trip():
+def test_unicode_text_round_trips_byte_exact():
+    """Case C16: Chinese, Arabic, emoji, NFC and NFD texts round-trip the codec byte-exact."""
     nfc, nfd = "caf\u00e9", "cafe\u0301"
     texts = ["修复数据库迁移测试", "إصلاح اختبار الترحيل", "🙂🚀 emoji", nfc, nfd]
     for text in texts:

@@ -168,7 +168,8 @@ async def test_hashing_same_language_recall_for_cjk_and_arabic():
         assert int(np.argmax(scores)) == expected, (query, scores)
 
 
-async def test_c16_nfc_and_nfd_embed_identically():
+async def test_nfc_and_nfd_forms_embed_identically():
+    """Case C16: the same word in Unicode NFC and NFD forms gives the same vector."""
     embedder = HashingEmbedder()
     word = "café naïve Ångström"
     nfc, nfd = unicodedata.normalize("NFC", word), unicodedata.normalize("NFD", word)
@@ -177,8 +178,8 @@ async def test_c16_nfc_and_nfd_embed_identically():
     np.testing.assert_array_equal(vectors[0], vectors[1])
 
 
-async def test_c10_long_text_truncated():
-    """C10: a 200,000-character text is embedded from its first max_chars characters and counted."""
+async def test_a_long_text_is_embedded_from_its_first_max_chars():
+    """Case C10: a 200,000-character text is embedded from its first max_chars characters and counted."""
     embedder = HashingEmbedder(max_chars=2000)
     long_text = ("deploy the payments service and run the database migration test " * 4000)[:200_000]
     assert len(long_text) == 200_000
@@ -190,7 +191,8 @@ async def test_c10_long_text_truncated():
     assert embedder.truncations == 1
 
 
-async def test_c10_long_cjk_text_truncated():
+async def test_a_long_cjk_text_is_embedded_truncated():
+    """Case C10: a CJK text longer than max_chars is embedded truncated, without a crash."""
     embedder = HashingEmbedder(max_chars=2000)
     cjk = "数据库迁移测试失败了，请修复它并重新部署服务。" * 10_000
     vector = await embed_query(embedder, cjk)
@@ -283,7 +285,8 @@ def minilm(network_attempts):
     asyncio.run(embedder.aclose())
 
 
-def test_c19_minilm_loads_offline(minilm, network_attempts):
+def test_minilm_loads_from_installed_packages_without_network(minilm, network_attempts):
+    """Case C19: the MiniLM model loads from installed packages and tries no network access."""
     assert minilm.loaded
     assert network_attempts == []
     assert minilm.dim == 384 and minilm.name == "minilm-l6-v2"
@@ -342,8 +345,9 @@ async def test_minilm_does_not_block_the_event_loop(minilm, monkeypatch):
     assert during > 0
 
 
-async def test_c10_minilm_counts_model_window_truncation(minilm):
-    """A CJK text shorter than max_chars but longer than the 256-token window counts as truncated."""
+async def test_minilm_counts_truncation_at_its_token_window(minilm):
+    """Case C10: a CJK text shorter than max_chars but longer than the 256-token window counts as
+    truncated."""
     before = minilm.truncations
     cjk = "数据库迁移测试失败了请修复它并重新部署服务" * 30  # 630 characters, well over 256 word pieces
     assert len(cjk) < minilm.max_chars

@@ -203,7 +203,7 @@ def test_fact_text_never_calls_a_high_success_rate_mixed():
 
 
 def test_the_planner_imports_neither_redis_nor_asyncio():
-    """facts_plan is the pure part of consolidation (issue 18): Redis I/O is facts_store's, scheduling the
+    """facts_plan is the pure part of consolidation: Redis I/O is facts_store's, scheduling the
     Consolidator's, so planning runs (and is tested) without a server or an event loop."""
     import ast
     from pathlib import Path

@@ -94,7 +94,7 @@ def test_an_update_the_episode_model_refuses_once_merged_is_not_folded():
 def test_a_snapshot_refused_once_merged_leaves_the_stored_fields():
     """A re-publish completed before the stored start would merge into completed_at < started_at. Taking
     the snapshot alone (as a first version did) dropped the stored user_id and expires_at while their
-    actions stayed — a forget of that user, or the expiry sweep, then missed them (a trial). The stored
+    actions stayed — a forget of that user, or the expiry sweep, then missed them. The stored
     fields stay; the snapshot's actions still join the union."""
     first = Episode(
         episode_id="e",

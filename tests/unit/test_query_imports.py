@@ -1,4 +1,4 @@
-"""The query service imports in one direction (issue 18 §3): parsed with `ast`, nothing imported."""
+"""The query service imports in one direction: parsed with `ast`, nothing imported."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pool scorer (`relevance.keyword_relevances`, `shared.terms`) equals the scalar BM25 formula of
-`shared.relevance`'s docstring to the last bit, over random texts (issue 20: a recall's keyword
-relevance was made cheaper, and must not move any ranking).
+`shared.relevance`'s docstring to the last bit, over random texts (a recall's keyword
+relevance is computed the cheaper way, and must not move any ranking).
 
 The reference below is the slow, obvious reading of the definition, kept here and not in the product:
 fold each field (`fold_for_search`), Unicode `\\w+` words (the regex module's: marks included), drop RediSearch's stop words, stem each word

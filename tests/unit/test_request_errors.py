@@ -1,6 +1,6 @@
 """Every refusal of a request model speaks Engram's voice: "field: must be ...", never pydantic's
-("Input should be a valid boolean", "Value error, ...", class names). A new-user trial met pydantic's
-wording in some 422s; this checks every field of every request model against wrong values."""
+("Input should be a valid boolean", "Value error, ...", class names). Pydantic's wording
+showed in some 422s; this checks every field of every request model against wrong values."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_every_field_is_refused_in_engrams_words(model):
     assert seen, model.__name__  # something was refused
 
 
-def test_the_two_pydantic_checks_the_trial_met_read_as_ours():
+def test_a_literal_choice_and_a_boolean_read_as_ours():
+    """A `mode` outside its choices and a `touch` that is not a boolean read in Engram's words."""
     with pytest.raises(ValidationError) as caught:
         models.RecallRequest.model_validate({"query": "x", "mode": "fast", "touch": "maybe"})
     assert dict(pydantic_errors(caught.value)) == {
@@ -55,7 +56,7 @@ def test_the_two_pydantic_checks_the_trial_met_read_as_ours():
 
 
 def test_list_lengths_read_as_ours():
-    """A second trial met `List should have at least 1 item after validation, not 0` (POST /v1/forget)."""
+    """List lengths too, not `List should have at least 1 item after validation, not 0` (POST /v1/forget)."""
     from services.query.views.forgetting import ForgetRequest
 
     said = {}

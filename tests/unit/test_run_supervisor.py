@@ -11,9 +11,9 @@ from services.run import BACKOFF_FIRST, BACKOFF_MAX, CrashBudget, _in_a_row, des
 def test_the_budget_counts_short_runs_in_a_row_and_a_long_run_starts_it_over():
     budget = CrashBudget(limit=3, window=60)
     assert budget.record(10.0, 0.0) == 1 and budget.record(20.0, 11.0) == 2 and not budget.exhausted
-    # that run lasted 79 s: not counted, and the budget is whole again (a trial saw it counted as the
-    # first of a new row, "1 death(s) in a row within 10s of starting" after a 25 s run, and the stack
-    # stopped one quick death early)
+    # that run lasted 79 s: not counted, and the budget is whole again (counted as the first of a
+    # new row, it said "1 death(s) in a row within 10s of starting" after a 25 s run and stopped the
+    # stack one quick death early)
     assert budget.record(100.0, 21.0) == 0
     assert budget.record(105.0, 101.0) == 1 and budget.record(110.0, 106.0) == 2 and not budget.exhausted
     assert budget.record(115.0, 111.0) == 3 and budget.exhausted
@@ -32,8 +32,8 @@ def test_a_restart_line_says_how_the_death_was_counted():
 
 
 def test_a_slow_crash_loop_is_stopped_however_few_deaths_fit_in_a_window():
-    """A trial's worker loaded its model for ~13 s and then crashed: with the backoff, 4 deaths a minute
-    at most, so counting deaths over the last 60 s never reached 5 and the loop ran for 11 minutes."""
+    """A worker that loads its model for ~13 s and then crashes: with the backoff, 4 deaths a minute
+    at most, so counting deaths over the last 60 s never reaches 5 (such a loop ran for 11 minutes)."""
     budget = CrashBudget(limit=5, window=60)
     now, deaths = 0.0, []
     while not budget.exhausted:
@@ -78,7 +78,7 @@ GROUP = """\
 
 
 def test_the_restart_line_repeats_the_error_not_the_frame_of_a_traceback():
-    # the trial of issue 16 saw "consolidator-0 died, exit code 1: +-----------"
+    # not "consolidator-0 died, exit code 1: +-----------" (a line of the traceback's frame)
     assert last_words(GROUP) == (
         "RuntimeError: FT.AGGREGATE on a shard-local cluster needs its namespace (shared.cluster.route)"
     )
@@ -141,8 +141,8 @@ class _CrashingRedis:
 
 
 def test_a_redis_that_dies_while_restarting_counts_as_a_death_not_the_end_of_the_stack():
-    """helper-12's trial: a recall in flight crashed each restarted Redis before it answered, and the
-    stack stopped at the first failed restart, not at ENGRAM_RESTART_LIMIT deaths in a row."""
+    """A recall in flight crashed each restarted Redis before it answered: the stack must not stop
+    at the first failed restart, but at ENGRAM_RESTART_LIMIT deaths in a row."""
     from services.run import RedisProcess, Supervisor
 
     server = _CrashingRedis()

@@ -203,7 +203,8 @@ def test_bad_score_arguments(kwargs, word):
 # --- ordering ----------------------------------------------------------------------------------------
 
 
-def test_c20_newer_ranks_higher():
+def test_the_newer_of_two_equal_episodes_ranks_higher():
+    """Case C20: of two episodes equal in similarity, reward and outcome, the newer one ranks higher."""
     c = candidates(
         2,
         cos=[0.7, 0.7],
@@ -280,7 +281,7 @@ def test_presets():
     for w in PRESETS.values():
         assert w.importance == 0.0
         assert w.total == pytest.approx(1.0)
-    # issue 17 §1: recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
+    # recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
     assert [round(reach(PRESETS[p]), 3) for p in ("early", "normal", "late")] == [0.053, 0.111, 0.176]
     assert reach(Weights(similarity=0, recency=1, reward=0, outcome=0)) == math.inf
 
@@ -382,9 +383,10 @@ weights_st = (
     last_accessed=st.one_of(st.just(math.nan), st.floats(NOW - 3650 * DAY, NOW + DAY)),
     recency_from=st.sampled_from(["completed", "last_access"]),
 )
-def test_c20_priority_never_increases_with_age(
+def test_priority_never_increases_with_age(
     w, cos, reward, importance, outcome, age, extra, half_life, last_accessed, recency_from
 ):
+    """Case C20: whatever the weights and signals, making an episode older never raises its priority."""
     # candidate 0 is candidate 1 made older by `extra` seconds; a third, unrelated candidate stays put
     c = candidates(
         3,
@@ -508,7 +510,7 @@ def test_replay_context_hand_example():
 
 
 def test_replay_context_counts_each_strategys_newest_regime():
-    """Issue 17 §5's family: X worked five times in week 1 and failed five times in week 2, Y succeeded in
+    """X worked five times in week 1 and failed five times in week 2, Y succeeded in
     week 2. Averaged, X looked 50/50 and could head the list on priority; by regime it is 0/5 since
     week 2, and the entry says what changed. The input order (recall's) does not matter."""
     week = 7 * 86400.0

@@ -143,7 +143,8 @@ def test_epoch_numbers_outside_are_a_value_error(seconds):
     ],
 )
 def test_well_formed_iso_naming_no_instant_is_told_apart_from_text_that_is_not_iso(text, said):
-    """A new-user trial sent year 0000 and was told it was "not ISO 8601"."""
+    """Well-formed ISO 8601 naming no instant (year 0000, day 30 of February) is told so, not
+    "not ISO 8601"."""
     with pytest.raises(ValueError) as caught:
         parse_instant(text)
     assert said in str(caught.value)
@@ -151,5 +152,5 @@ def test_well_formed_iso_naming_no_instant_is_told_apart_from_text_that_is_not_i
 
 @pytest.mark.parametrize("text", ["2026-12-06T01:00:00z", "2026-12-06t01:00:00z", "2026-12-06t01:00:00Z"])
 def test_rfc_3339_lower_case_t_and_z_are_taken(text):
-    """RFC 3339 5.6 lets "T" and "Z" be lower case; a trial's `...T01:00:00z` was "not ISO 8601"."""
+    """RFC 3339 5.6 lets "T" and "Z" be lower case; `...T01:00:00z` is taken, not "not ISO 8601"."""
     assert parse_instant(text) == parse_instant("2026-12-06T01:00:00Z")

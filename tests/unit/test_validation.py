@@ -103,14 +103,15 @@ def test_not_an_object():
 
 
 @pytest.mark.parametrize("value", ["a,b", "x|y", "{curly}", "日本語", "emoji-🙂", "ns:with:colons", "_"])
-def test_c18_tag_values_with_separators_kept_whole(value):
+def test_tag_values_with_separators_are_kept_whole(value):
+    """Case C18: a category or strategy name holding a comma or a pipe is kept as one value."""
     ep = parse_episode({**GOOD, "strategy_used": value, "task": {"description": "d", "category": value}})
     assert ep.strategy_used == value and ep.task.category == value
 
 
 def test_a_start_after_the_default_completion_names_started_at():
-    """A trial: `started_at` two minutes ahead (within the clock skew) and no `completed_at` (so: now)
-    was refused naming `completed_at`, which was never sent."""
+    """`started_at` two minutes ahead (within the clock skew) and no `completed_at` (so: now)
+    is refused naming `started_at`, not `completed_at`, which was never sent."""
     import time
 
     from engram_episodic.validation import Collector
@@ -136,6 +137,7 @@ def test_a_start_after_the_default_completion_names_started_at():
     ],
 )
 def test_a_wrong_type_is_named_in_json_words_not_pythons(patch, path, reason):
-    """A new-user trial read `must be a string, not dict` and `not str`, Python's names."""
+    """Types are named in JSON words (`must be a string, not an object`), not Python's (`not dict`,
+    `not str`)."""
     errs = errors_of({**GOOD, **patch})
     assert reason in errs[path], errs
