@@ -1,4 +1,4 @@
-"""Where a lone recall's time goes with the default embedder (issue 20): the model, and what follows it.
+"""Where a lone recall's time goes with the default embedder: the model, and what follows it.
 
 `python -m bench.recall_split [--size 100000] [--queries 200] [--modes hybrid,vector] [--embedder auto]`
 seeds the recall phase's corpus (`bench.perf_recall.CorpusSeeder`: every LoCoMo turn embedded once by

@@ -78,9 +78,9 @@ sits above it; 0.99 was the first bar, measured on batched passes."""
 MIN_ROW = {"onnx": 0.99, "onnx-int8": 0.95, OPENVINO: 0.99, OPENVINO_INT8: 0.99}
 """Least cosine of any single text: a mean can hide one text the graph gets badly wrong."""
 MIN_QUERY_MEAN = 0.99
-"""Least mean cosine to torch over QUERY_AGREEMENT_TEXTS for a variant to embed queries: issue 20's bar
-("≥ 0.99 mean"), measured on what the query service embeds (short questions) rather than on stored
-texts, since a query vector is compared with stored vectors and never stored."""
+"""Least mean cosine to torch over QUERY_AGREEMENT_TEXTS for a variant to embed queries ("≥ 0.99
+mean"), measured on what the query service embeds (short questions) rather than on stored texts,
+since a query vector is compared with stored vectors and never stored."""
 MIN_QUERY_ROW = 0.95
 AUTO_ORDER = ("onnx-int8", OPENVINO_INT8, OPENVINO, "onnx")
 """The graphs `auto` tries, fastest first, for documents and for a model that sets no order of its own:
@@ -147,8 +147,8 @@ AGREEMENT_TEXTS = (
     (
         "Session summary: we discussed the new onboarding flow, agreed that the welcome email goes out "
         "after the first project is created rather than at sign-up, and that the tutorial can be "
-        "skipped. Open questions: who owns the analytics dashboard, and whether the trial is 14 or 30 "
-        "days. Next meeting on Tuesday with design and support."
+        "skipped. Open questions: who owns the analytics dashboard, and whether the evaluation period "
+        "is 14 or 30 days. Next meeting on Tuesday with design and support."
     ),
 )
 

@@ -1,7 +1,7 @@
 """OpenVINO backend: the exported float graph (`<name>-onnx/model.onnx`) computed in bfloat16 on a CPU
 that does bfloat16 natively (AVX512_BF16 on AMD Zen 4 and Intel Cooper Lake, AMX on Sapphire Rapids).
 
-Why: issue 20's ingest with the default model (mpnet) is bound by its forward pass (docs/benchmarks.md,
+Why: ingest with the default model (mpnet) is bound by its forward pass (docs/benchmarks.md,
 "What the model physically allows"). bfloat16 keeps float32's exponent with an 8-bit mantissa and
 accumulates in float32, so the vectors stay close to float (no per-tensor activation scale as in the
 int8 graph, whose vectors moved with their batch and cost LoCoMo NDCG). Measured on this host (AMD
