@@ -1,5 +1,5 @@
 """Ingest over stream partitions: one Redis against a 3-primary cluster with one stream and with 16
-partitions, in the same run (docs/scaling.md, Ingest partitions; issue 16).
+partitions, in the same run (docs/scaling.md, Ingest partitions).
 
 `python -m bench.cluster_ingest [--namespaces 48] [--per-namespace 100] [--batch 10]
 [--partitioned-first]` starts one embedded Redis, then a fresh 3-primary embedded cluster (same wheels)

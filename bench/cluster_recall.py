@@ -1,4 +1,4 @@
-"""Recall on a local Redis Cluster against one Redis, in the same run (docs/scaling.md, issue 16).
+"""Recall on a local Redis Cluster against one Redis, in the same run (docs/scaling.md).
 
     python -m bench.cluster_recall [--namespaces 12] [--per-namespace 300] [--recalls 300]
         [--clients 1,8,16] [--json out.json]

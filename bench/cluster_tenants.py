@@ -1,4 +1,4 @@
-"""How many namespaces one primary holds when each has its own index (shard-local search, issue 16).
+"""How many namespaces one primary holds when each has its own index (shard-local search).
 
     python -m bench.cluster_tenants [--namespaces 100,1000,5000] [--per-namespace 3] [--searches 300]
         [--algorithm HNSW|FLAT] [--block-size 64]

@@ -1,4 +1,4 @@
-"""Engram side by side with Redis's agent-memory-server on LoCoMo (issue 20), one run, same questions.
+"""Engram side by side with Redis's agent-memory-server on LoCoMo, one run, same questions.
 
     make peer-install                          # once: .venv-peer with agent-memory-server 0.15.2
     make bench PEER=agent-memory-server        # = python -m bench.perf --peer agent-memory-server

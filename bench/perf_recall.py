@@ -1,4 +1,4 @@
-"""`make bench`'s recall phase with the default embedder (issue 20): one namespace seeded to each size
+"""`make bench`'s recall phase with the default embedder: one namespace seeded to each size
 (10k and 100k episodes by default), 1 / 8 / 16 concurrent clients on `POST /v1/recall` of a real
 query-service process that embeds every query itself (the default embedder, `auto` → mpnet, its
 queries on OpenVINO bfloat16 in shared passes where the CPU has it, else ONNX Runtime's int8 graph one

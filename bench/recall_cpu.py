@@ -1,4 +1,4 @@
-"""Python and Redis CPU per recall, in process, A/B against another checkout (issue 20, part B).
+"""Python and Redis CPU per recall, in process, A/B against another checkout.
 
 `python -m bench.recall_cpu [--sizes 10000,100000] [--queries 100] [--rounds 2] [--base DIR]
 [--profile 30]`: seeds the recall phase's corpus (bench.perf_recall.CorpusSeeder: LoCoMo turns, derived

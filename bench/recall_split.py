@@ -1,4 +1,4 @@
-"""Where a lone recall's time goes with the default embedder (issue 20): the model, and what follows it.
+"""Where a lone recall's time goes with the default embedder: the model, and what follows it.
 
 `python -m bench.recall_split [--size 100000] [--queries 200] [--modes hybrid,vector] [--embedder auto]`
 seeds the recall phase's corpus (`bench.perf_recall.CorpusSeeder`: every LoCoMo turn embedded once by
@@ -16,7 +16,7 @@ as a task with `services.query.recall.recall` beside it, `views.recall.overlappe
 - `total`, and Redis's CPU per recall (`INFO cpu`, the process being Redis's only client).
 
 A lone recall's p50 cannot fall below `model` + the Redis time of the `after` searches; the table shows
-how far each mode is from that. HTTP adds ~1-2 ms (docs/benchmarks.md "Where a lone recall's time goes").
+how far each mode is from that. HTTP adds ~1-2 ms.
 """
 
 from __future__ import annotations

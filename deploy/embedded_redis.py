@@ -181,8 +181,8 @@ class EmbeddedRedis:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM to our own process (Redis then shuts down as on SHUTDOWN: the AOF flushed, no RDB
         without save points), SIGKILL after `timeout` seconds. Never a SHUTDOWN sent to the port: that
-        reaches whichever server answers there (a trial's two simultaneous `make run`s on one port shut
-        down each other's)."""
+        reaches whichever server answers there (two simultaneous `make run`s on one port shut down each
+        other's)."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.terminate()

@@ -30,7 +30,7 @@ import signal
 
 if __name__ == "__main__":  # not when imported (by the tests): the importer's Ctrl-C is its own
     # Ctrl-C while the imports below load (~0.6 s) ends the process quietly instead of with a
-    # KeyboardInterrupt traceback (a trial's): nothing is started yet; main() installs its own handlers
+    # KeyboardInterrupt traceback: nothing is started yet; main() installs its own handlers
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import contextlib
@@ -96,8 +96,8 @@ class CrashBudget:
     """The deaths in a row of one process that each came within `window` seconds of its start;
     `exhausted` at `limit` of them. Counted by the run's length, not by deaths per window of wall time:
     a process that needs 13 s to load its model and then crashes dies at most ~4 times a minute with
-    the backoff, so a count over the last `window` seconds never reached 5 and a trial's crash loop ran
-    for 11 minutes. A death after a run of `window` or longer is not counted and makes the budget whole
+    the backoff, so a count over the last `window` seconds never reached 5 and a crash loop ran for 11
+    minutes. A death after a run of `window` or longer is not counted and makes the budget whole
     again: that process was up, not crash-looping."""
 
     def __init__(self, limit: int, window: float):
@@ -166,7 +166,7 @@ _FRAME = re.compile(r"[\s|+\-~^\d]*")
 def last_words(text: str) -> str:
     """The last line of `text` (a child's stderr) that says something: the exception's message at the
     end of a traceback, an ExceptionGroup's `| RuntimeError: ...` without its `|` margin, skipping the
-    lines that only draw the frame (the trial of issue 16 saw `died, exit code 1: +-----------`). At
+    lines that only draw the frame (else a death reads `died, exit code 1: +-----------`). At
     most 500 characters; "" when no line says anything."""
     for line in reversed(text.splitlines()):
         if not _FRAME.fullmatch(line):
@@ -208,7 +208,7 @@ class Service:
 
     def start(self) -> subprocess.Popen:
         # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which stops the
-        # services with SIGTERM (a trial's Ctrl-C hit them mid-import: KeyboardInterrupt tracebacks)
+        # services with SIGTERM (a Ctrl-C sent to them all hit them mid-import: KeyboardInterrupt tracebacks)
         self.proc = proc = subprocess.Popen(
             self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds, start_new_session=True
         )
@@ -376,7 +376,7 @@ class Supervisor:
             if server.process is None or server.process.poll() is None:  # alive yet not ours to use
                 _say(f"cannot restart {name}: {exc}; stopping the stack")
                 return 1
-            # it died again while starting (a trial: a request in flight crashed each new one at once):
+            # it died again while starting (a request in flight can crash each new one at once):
             # a death like the others, counted by the next check, not the end of the stack
             node.started = time.monotonic()
             _say(f"{name} died while restarting (restart {node.restarts}); trying again")

@@ -575,7 +575,7 @@ module distributes searches over an OSS cluster: Redis 8.0's Query Engine. The e
 async def check_search(redis: aioredis.Redis) -> None:
     """Refuse `ENGRAM_CLUSTER_SEARCH=coordinator` on a cluster whose search module has no coordinator,
     before anything is created: there the index would be made on one node and the alias update is
-    CROSSSLOT (the trial of issue 16: a ClusterCrossSlotError traceback and a stray index). Reads
+    CROSSSLOT (a ClusterCrossSlotError traceback and a stray index). Reads
     `MODULE LIST` of one node (every node loads the same modules); when the ACL or a managed service refuses it, nothing is checked.
     Raises ConfigError naming the variable; nothing on any other client or mode."""
     if not isinstance(redis, EngramCluster) or redis.search != SEARCH_COORDINATOR:

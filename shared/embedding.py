@@ -259,7 +259,7 @@ class MiniLMEmbedder(Embedder):
     host's and not the container's quota: they fight over it and the event loop thread starves.
 
     Speed (2-core build machine, 2 torch threads, batch 64): about 150 texts/s on LoCoMo dialogue turns,
-    about 19 texts/s when every text fills the 256-token window; ONNX: docs/benchmarks.md. `embed`
+    about 19 texts/s when every text fills the 256-token window; ONNX: `bench.embed_backends`. `embed`
     batches texts of similar length together (less padding). Shapes: float32[n, 384].
     Raises ConfigError when the packages are missing, ValueError for empty texts.
     """

@@ -22,12 +22,10 @@ cheaper forward pass.
 - The int8 graph embeds one text per pass (`OnnxSentenceModel.encode_counted`): its activations are
   quantised with one scale per pass, so in a batch a vector depended on its neighbours. One text per
   pass, mpnet's int8 graph agrees with torch at 0.991 on the gate's texts (refused for documents: it
-  lowered LoCoMo's NDCG@10) and on its questions (used for queries, with no LoCoMo loss;
-  docs/benchmarks.md, "The int8 graph, one text per pass").
+  lowered LoCoMo's NDCG@10) and on its questions (used for queries, with no LoCoMo loss).
 - The FFN output projections (`layer.N/output/dense`) stay float32 in the int8 graph: their input
   (after GELU) has a few outlier features that one per-tensor activation scale cannot hold. Quantised
-  too, mpnet agreed with torch at 0.68 mean cosine on LoCoMo turns; kept float, 0.989
-  (docs/benchmarks.md).
+  too, mpnet agreed with torch at 0.68 mean cosine on LoCoMo turns; kept float, 0.989.
 
 Inference: the tokenizer is the model's own `tokenizer.json` (Hugging Face `tokenizers`, cutting at
 the model's `max_seq_length` word pieces), mean pooling over the attention mask in numpy, then L2
@@ -73,29 +71,28 @@ MIN_MEAN = {"onnx": 0.999, "onnx-int8": 0.993, OPENVINO: 0.999, OPENVINO_INT8: 0
 """Least mean cosine to torch over AGREEMENT_TEXTS for a variant to store document vectors. The float
 graph is the same computation (1.0000 measured). Int8, one text per pass: MiniLM 0.996 (used); mpnet
 0.991, refused: with it LoCoMo's real path lost NDCG@10 -0.84 [-1.32, -0.36] and R@10 -0.90 [-1.78,
--0.03] against the float graph (docs/benchmarks.md, "The int8 graph, one text per pass"), so the bar
-sits above it; 0.99 was the first bar, measured on batched passes."""
+-0.03] against the float graph, so the bar sits above it; 0.99 was the first bar, measured on batched
+passes."""
 MIN_ROW = {"onnx": 0.99, "onnx-int8": 0.95, OPENVINO: 0.99, OPENVINO_INT8: 0.99}
 """Least cosine of any single text: a mean can hide one text the graph gets badly wrong."""
 MIN_QUERY_MEAN = 0.99
-"""Least mean cosine to torch over QUERY_AGREEMENT_TEXTS for a variant to embed queries: issue 20's bar
-("≥ 0.99 mean"), measured on what the query service embeds (short questions) rather than on stored
-texts, since a query vector is compared with stored vectors and never stored."""
+"""Least mean cosine to torch over QUERY_AGREEMENT_TEXTS for a variant to embed queries ("≥ 0.99
+mean"), measured on what the query service embeds (short questions) rather than on stored texts,
+since a query vector is compared with stored vectors and never stored."""
 MIN_QUERY_ROW = 0.95
 AUTO_ORDER = ("onnx-int8", OPENVINO_INT8, OPENVINO, "onnx")
 """The graphs `auto` tries, fastest first, for documents and for a model that sets no order of its own:
 one int8 text per pass (MiniLM; mpnet's misses the documents' bar), then OpenVINO's int8 products, then
 bfloat16, then float. The two OpenVINO variants are one choice (`shared.embedding_graphs._groups`): the faster on the host's
 CPU, measured there once (`shared.embedding_openvino.load_fastest`): mpnet's documents on OPENVINO_INT8
-ran 61.7 LoCoMo turns/s against 36.8 on bfloat16 on an AMD EPYC (docs/benchmarks.md "int8 on the cores'
-VNNI units"), bfloat16 1.44x int8's on a Xeon with AMX ("bfloat16 or int8: measured on the host");
-R@5 / R@10 / NDCG@10 unchanged within their 95% intervals between them."""
+ran 61.7 LoCoMo turns/s against 36.8 on bfloat16 on an AMD EPYC, bfloat16 1.44x int8's on a Xeon with
+AMX; R@5 / R@10 / NDCG@10 unchanged within their 95% intervals between them."""
 
 QUERY_ORDERS = {"mpnet-base-v2": (OPENVINO_INT8, OPENVINO, "onnx-int8", "onnx")}
 """The order `auto` tries for a model's queries where it is not AUTO_ORDER. mpnet: OpenVINO first, as
 its rows do not depend on their pass, so concurrent queries share one; of its two variants the faster
 on the host (8 questions in one pass 46-55 ms on int8 against 67-71 on bfloat16 on an AMD EPYC; 42.5
-against 36.0 on a Xeon with AMX; docs/benchmarks.md "bfloat16 or int8: measured on the host"). Not MiniLM: OpenVINO's cost per pass outweighs a model that small
+against 36.0 on a Xeon with AMX). Not MiniLM: OpenVINO's cost per pass outweighs a model that small
 (15-22 ms against 7-8 for a lone query)."""
 
 ROLES = ("document", "query")
@@ -147,8 +144,8 @@ AGREEMENT_TEXTS = (
     (
         "Session summary: we discussed the new onboarding flow, agreed that the welcome email goes out "
         "after the first project is created rather than at sign-up, and that the tutorial can be "
-        "skipped. Open questions: who owns the analytics dashboard, and whether the trial is 14 or 30 "
-        "days. Next meeting on Tuesday with design and support."
+        "skipped. Open questions: who owns the analytics dashboard, and whether the evaluation period "
+        "is 14 or 30 days. Next meeting on Tuesday with design and support."
     ),
 )
 
@@ -296,7 +293,7 @@ class OnnxSentenceModel:
         The texts are tokenised once, sorted by word-piece count and cut into passes of at most
         `batch_size` texts by `length_batches`, each pass padded only to its own longest text: padding
         is computed like real word pieces, and a pass of 64 LoCoMo turns in arrival order was 2.2×
-        their word pieces (docs/benchmarks.md, "Ingest of real texts"). The attention mask keeps the
+        their word pieces. The attention mask keeps the
         padding out of every row, so a float row does not depend on its neighbours beyond rounding.
         The int8 graph runs one text per pass: its activations are quantised with one scale per
         tensor, computed over the whole pass, so a row in a batch moved with its neighbours (mpnet:

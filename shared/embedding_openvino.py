@@ -1,8 +1,8 @@
 """OpenVINO backend: the exported float graph (`<name>-onnx/model.onnx`) computed in bfloat16 on a CPU
 that does bfloat16 natively (AVX512_BF16 on AMD Zen 4 and Intel Cooper Lake, AMX on Sapphire Rapids).
 
-Why: issue 20's ingest with the default model (mpnet) is bound by its forward pass (docs/benchmarks.md,
-"What the model physically allows"). bfloat16 keeps float32's exponent with an 8-bit mantissa and
+Why: ingest with the default model (mpnet) is bound by its forward pass (the worker spends 0.84 of its
+time in it: docs/benchmarks.md, Ingest). bfloat16 keeps float32's exponent with an 8-bit mantissa and
 accumulates in float32, so the vectors stay close to float (no per-tensor activation scale as in the
 int8 graph, whose vectors moved with their batch and cost LoCoMo NDCG). Measured on this host (AMD
 EPYC, avx512_bf16, 2 threads): 43-52 LoCoMo turns/s against ONNX Runtime's float graph at 20-29, cosine
@@ -95,7 +95,7 @@ DYNAMIC_GROUP = 64
 """Features per activation scale in OPENVINO_INT8 (`DYNAMIC_QUANTIZATION_GROUP_SIZE`). mpnet on LoCoMo
 turns, cosine to the float graph (mean / least) and turns/s on 2 cores: 32 → 0.99890 / 0.9973, 58-59;
 64 → 0.99877 / 0.9966, 65-73; 128 → 0.99844 / 0.9964, 72-74; a whole row (768) → 0.9955 / 0.989;
-bfloat16 0.99994 / 0.9992, 52-53 (docs/benchmarks.md "int8 on the cores' VNNI units")."""
+bfloat16 0.99994 / 0.9992, 52-53."""
 
 COMPRESSED = "openvino-int8w.xml"
 """The int8-weight copy of the float graph in the export directory (with its `.bin`), made once."""
@@ -347,7 +347,7 @@ def load_fastest(
     Which is faster depends on the host, not the model: on AMD EPYC (avx512_bf16, avx512_vnni) int8
     products ran mpnet 1.3-1.4x bfloat16's turns/s; on a Xeon with AMX (amx_bf16, amx_int8) bfloat16
     ran 1.44x int8's (162-172 against 111-120 turns/s; 8 questions 36 against 42.5 ms) and agrees
-    better with the float graph (docs/benchmarks.md "bfloat16 or int8: measured on the host"). So the
+    better with the float graph. So the
     first start loads both (each gated), times SPEED_ROUNDS passes of the gate's texts (documents in
     one pass, queries in passes of 8, as concurrent queries share them), keeps the faster and records
     it in `speed_record` (a read-only cache: measured again at each start); later starts load the

@@ -28,12 +28,12 @@ def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = Tru
     index and BATCHES_MATCHES documents, or at least WIDE_SHARE and WIDE_MATCHES; else None (the
     module's choice). None for a FLAT index, or when either count is unknown.
 
-    Why (RediSearch 2.10.5, 384 dims, HNSW M 16, EF_RUNTIME 100, KNN 20, one client; docs/benchmarks.md
-    "Filtered KNN"): the module chose ad hoc for every filter measured. Ad hoc costs ~0.3-0.4 µs per
-    matching document (90,000 matches: 23-32 ms; 9,000: 3.6 ms; 1,000: 0.2-0.5 ms); batches cost
-    ~0.5-0.6 ms at any size when the filter keeps 40-90% of the index, but grow as it narrows (10%:
-    2.1-2.3 ms; 1%: 6-15 ms). So batches win for broad filters with many matches and lose for narrow
-    ones. On a FLAT index batches never won (20k documents: 2.8-4.2 ms vs 0.4-2.0 ad hoc).
+    Why (RediSearch 2.10.5, 384 dims, HNSW M 16, EF_RUNTIME 100, KNN 20, one client): the module chose ad hoc
+    for every filter measured. Ad hoc costs ~0.3-0.4 µs per matching document (90,000 matches: 23-32 ms;
+    9,000: 3.6 ms; 1,000: 0.2-0.5 ms); batches cost ~0.5-0.6 ms at any size when the filter keeps 40-90% of
+    the index, but grow as it narrows (10%: 2.1-2.3 ms; 1%: 6-15 ms). So batches win for broad filters with
+    many matches and lose for narrow ones. On a FLAT index batches never won (20k documents: 2.8-4.2 ms vs
+    0.4-2.0 ad hoc).
     """
     if matches is None or not indexed or not graph:
         return None
@@ -59,11 +59,10 @@ def widened_ef(distances: Sequence[float | None], k: int, ef: int) -> int | None
     EF_CEILING), which gives it back as many distinct points as `ef` would have without copies. A short
     answer (fewer than `k` hits: every document the walk could reach came back) is not widened.
 
-    Measured (RediSearch 2.10.5, HNSW M 16, EF_CONSTRUCTION 200, EF_RUNTIME 100, KNN 100;
-    docs/benchmarks.md "Duplicate vectors"): 4,120 LoCoMo turns drawn from 300 distinct ones, each
-    text's copies written together, MiniLM: recall@100 0.847 (one question 0.00); at EF_RUNTIME 1,500
-    1.000 (worst question 0.97). Every distinct turn once: 0.968 at EF_RUNTIME 100, no distance repeated,
-    never widened.
+    Measured (RediSearch 2.10.5, HNSW M 16, EF_CONSTRUCTION 200, EF_RUNTIME 100, KNN 100): 4,120 LoCoMo turns
+    drawn from 300 distinct ones, each text's copies written together, MiniLM: recall@100 0.847 (one question
+    0.00); at EF_RUNTIME 1,500 1.000 (worst question 0.97). Every distinct turn once: 0.968 at EF_RUNTIME 100,
+    no distance repeated, never widened.
     """
     if k <= 0 or len(distances) < k:
         return None

@@ -277,7 +277,7 @@ def is_missing_index(exc: ResponseError) -> bool:
 async def index_exists(r: aioredis.Redis, name: str) -> bool:
     """Whether the index (or alias) `name` exists, by `FT.EXPLAIN name *`: parsed against the index,
     never run. Not FT.INFO, which gathers the index's statistics on Redis's main thread — 18–19 ms at
-    100k documents against ~2 µs (docs/benchmarks.md, "FT.INFO on the main thread"), and `/readyz`
+    100k documents against ~2 µs — and `/readyz`
     asks this on every probe. ResponseError other than a missing index propagates."""
     try:
         await r.execute_command("FT.EXPLAIN", name, "*", "DIALECT", 2)
@@ -635,7 +635,7 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
 async def index_size(r: aioredis.Redis, index: str, **target: Any) -> int:
     """Documents in `index`: a wildcard count (`FT.SEARCH index * NOCONTENT LIMIT 0 0`), the same
     number as FT.INFO's num_docs for ~1/8 of Redis's time (2.1–2.8 against 18–19 ms at 100k
-    documents, docs/benchmarks.md "FT.INFO on the main thread"); a coordinator sums its shards'.
+    documents); a coordinator sums its shards'.
     `target`: `execute_command` keyword arguments (`shared.cluster.search_targets`' node)."""
     reply = await r.execute_command(
         "FT.SEARCH", index, "*", *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2, **target

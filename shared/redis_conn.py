@@ -6,7 +6,7 @@ RediSearch reply parsing in `shared.index` expects its flat arrays.
 
 Commands are packed by hiredis (`hiredis.pack_command`, C) instead of redis-py's asyncio connection,
 which packs in Python: the consolidator's projection writes ~60 arguments per episode, and packing them
-was a fifth of its CPU (bench/perf.py, docs/benchmarks.md). redis-py's synchronous client does the same
+was a fifth of its CPU (bench/perf.py). redis-py's synchronous client does the same
 (`redis.connection.HiredisRespSerializer`); the asyncio one has no such switch yet, so it is plugged in
 here through redis-py's own extension point, the pool's `connection_class`.
 """

@@ -32,7 +32,7 @@ unreachable, `cluster-require-full-coverage yes`) and its subclass `MasterDownEr
 (a multi-key command during a resharding), `SlotNotCoveredError` (no node in the slot map covers the
 slot) and `ClusterError("TTL exhausted.")` after its redirect and retry budget; it already retries
 each of them a few times (`RedisCluster.cluster_error_retry_attempts`) before they reach us. Measured
-in the new-user trial of issue 16: with one primary SIGSTOPped, a recall for a namespace on another
+on a 3-primary cluster: with one primary SIGSTOPped, a recall for a namespace on another
 primary raised ClusterDownError. Neither a MovedError nor an AskError is here: redis-py follows them,
 and one that reaches a caller (a cluster addressed as one Redis) is a configuration error."""
 

@@ -7,7 +7,8 @@ over fields of the field's weight (`shared.index.TEXT_FIELDS`) times its count t
 the same sum over every kept word.
 
 Why a module of its own: a recall scores every member of its candidate pool (~300), and tokenising a
-member's text was the largest Python cost of a recall (docs/benchmarks.md, issue 20). What makes it
+member's text was the largest Python cost of a recall (a cProfile of warm recalls,
+`bench.recall_cpu --profile`). What makes it
 cheaper here, none of which changes a term or a count:
 - ASCII text (the common case) is lower-cased and split in one `bytes.translate` + `split`: for ASCII,
   `fold_for_search` is `str.lower` and `\\w` is `[0-9A-Za-z_]`, and the table is built from that same

@@ -57,7 +57,7 @@ def curve_figure(points: Sequence[CurvePoint], window: int, title: str = "Learni
     left.plot(xs, reward, color="#27ae60", label=f"reward (rolling {window})")
     left.set_ylim(-0.05, 1.05)
     left.set_xlabel("episode")
-    # episodes are counted: a short curve got ticks at 1.5, 2.5 (a new-user trial)
+    # episodes are counted: a short curve would get ticks at 1.5, 2.5
     left.xaxis.set_major_locator(_module("matplotlib.ticker").MaxNLocator(integer=True))
     left.set_ylabel("rolling success rate / reward")
     right = left.twinx()

@@ -77,7 +77,7 @@ class EpisodeDraft:
         start = parse_episode(fields)  # a bad ttl is refused here, at the block's start
         assert start is not None
         # a ttl counts from completed_at (docs/api.md, Expiry): kept for the completion, not counted
-        # from the block's start (a trial: `ttl="1h"` over a 2 s block expired 3,598 s after completion)
+        # from the block's start (`ttl="1h"` over a 2 s block expired 3,598 s after completion)
         self.ttl = fields.get("ttl")
         if self.ttl is not None:
             start = dataclasses.replace(start, expires_at=None)

@@ -88,7 +88,7 @@ def _why_not(value: str, reason: str) -> str:
         float(value)
     except ValueError:
         return f"{value!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z)"
-    # epoch seconds are taken as a JSON number; a trial sent "1700000000" and read only "not ISO 8601"
+    # epoch seconds are taken as a JSON number; "1700000000" sent as a string said only "not ISO 8601"
     return f"{value!r} is not ISO 8601 (e.g. 2025-07-25T02:00:00Z); epoch seconds go as a number, unquoted"
 
 

@@ -472,7 +472,7 @@ def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     if args.get("actions"):
         fields["actions"] = [{k: v for k, v in a.items() if v is not None} for a in args["actions"]]
     try:
-        # an episode larger than one request goes in parts, as `record` sends it (a trial's 3.9 MB
+        # an episode larger than one request goes in parts, as `record` sends it (a 3.9 MB
         # episode got a 413 through the tool and was stored whole by `record`)
         episode, calls = Calls.record_parts(None, fields)
     except InvalidEpisode as exc:
@@ -552,7 +552,7 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     common = _pick(args, "agent_id", "user_id", "session_id")
     # the category picks strategy's skill profile; suggest would filter by it, and a category the model
-    # guessed then found nothing while strategy, on every similar episode, found evidence (a trial)
+    # guessed then found nothing while strategy, on every similar episode, found evidence
     strategy = {**common, **_pick(args, "category", "complexity")}
     calls = (
         Calls.suggest(args["task"], cast(SuggestOptions, common)),
@@ -642,8 +642,8 @@ FACTS = ToolSpec(
 FORGET_WAIT = 5.0
 """Seconds the forget_episode tool waits for the consolidator to erase the episode (`DELETE
 /v1/episodes/{id}?wait=`), so its answer can say the episode is gone from every read: an agent that
-forgets and then recalls would otherwise still see it in the moment before the erase (helper-10 saw a
-forgotten episode in 2-9 of 40 immediate reads). The consolidator erases within milliseconds when it
+forgets and then recalls would otherwise still see it in the moment before the erase (a forgotten
+episode was in 2-9 of 40 immediate reads). The consolidator erases within milliseconds when it
 runs; past the wait the answer says the erase is accepted, not done."""
 
 

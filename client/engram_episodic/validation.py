@@ -89,7 +89,7 @@ def _times(
 ) -> tuple[float | None, float | None]:
     """(started_at, completed_at) of an episode, UTC epoch seconds; completed_at `default_completed_at`
     when not given. A start after the completion names the field that was sent: `started_at` when the
-    completion is the default (a trial got `completed_at` named for a start two minutes ahead)."""
+    completion is the default (else a start two minutes ahead was reported against `completed_at`)."""
     started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
     completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
     if value.get("completed_at") is None:

@@ -63,7 +63,7 @@ async def replay(
 async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
     """ConfigError when the current generation was built with another embedder than (`name`, `dim`): a
     plain `engram-admin replay` with ENGRAM_EMBEDDER unset (`auto`, mpnet) re-embedded a hashing deployment,
-    and every recall then answered 409 until the services were restarted with it (a trial's)."""
+    and every recall then answered 409 until the services were restarted with it."""
     from engram_episodic.errors import ConfigError
     from shared.index import current_generation, embedder_setting
     from shared.replies import as_text

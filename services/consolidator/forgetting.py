@@ -96,7 +96,7 @@ class Forgetting:
 
     async def flush_facts(self) -> None:
         """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"` (one rebuild
-        per forget made an agent's 2,330 episodes take 160 s against a user's 2 s: a trial). Raises as
+        per forget made an agent's 2,330 episodes take 160 s against a user's 2 s). Raises as
         `forget_facts` does: the batch stays pending and is applied again (erasing is idempotent)."""
         due, self._facts_due = self._facts_due, {}
         for namespace, episode_ids in due.items():

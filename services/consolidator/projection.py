@@ -52,8 +52,7 @@ def _merge(base: Episode | None, update: Episode) -> Episode:
     """`base` overridden by a later snapshot field by field; `base` unchanged when the merge is one the
     episode model refuses (`episode_problems`: e.g. its completed_at before base's started_at, or an
     expired episode re-posted with a later completed_at). Never the snapshot alone: that dropped the
-    stored user_id and expires_at while the actions stayed, so a forget or the expiry sweep missed them
-    (a new-user trial)."""
+    stored user_id and expires_at while the actions stayed, so a forget or the expiry sweep missed them."""
     if base is None:
         return update
     changes = {}

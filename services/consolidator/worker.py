@@ -130,7 +130,7 @@ class Worker:
         self.last_batch_at: float | None = None
         # partitions whose entries delivered to this consumer name and not acked are still to be read:
         # under a name kept across restarts (make run's slots) a crashed predecessor's batch is projected
-        # at once, not after the lease (a trial: 10 episodes unlisted for ~25 s after a kill -9)
+        # at once, not after the lease (10 episodes were unlisted for ~25 s after a kill -9)
         self._own_pending: list[tuple[streams.StreamGroup, bytes]] = [
             (g, b"0") for g in self.partitions.groups
         ]
@@ -245,7 +245,7 @@ class Worker:
             self._beat(lane)
             try:
                 # a batch of long texts can embed for minutes on a busy machine: each forward pass it
-                # completes counts as the lane turning (a trial's 1,000-episode POST read as "stuck")
+                # completes counts as the lane turning (a 1,000-episode POST read as "stuck")
                 with reporting_progress(lambda: self._beat(lane)):
                     await self.turn()
                 backoff.reset()
@@ -454,8 +454,8 @@ class Worker:
         """Read this consumer's pending entries again from the start of every partition at the next
         turns. Why: a reply lost after Redis sent it (a read timeout, a dropped connection, the process
         paused past its socket timeout) leaves the entries it delivered pending to this consumer, and
-        only the lease's reclaim brought them back: a trial paused the worker 12 s and a forget and a
-        new episode waited 18 s more (`ENGRAM_LEASE_MS`, 30 s, in all). Entries a lane holds are
+        only the lease's reclaim brought them back: with the worker paused 12 s, a forget and a new
+        episode waited 18 s more (`ENGRAM_LEASE_MS`, 30 s, in all). Entries a lane holds are
         skipped (`_in_hand`), so none is projected by two lanes at once."""
         self._own_pending = [(g, b"0") for g in self.partitions.groups]
 

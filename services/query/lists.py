@@ -1,8 +1,8 @@
 """The recency / reward / importance candidate lists of a recall (`top_by`, `remembered_lists`): the
 scope's top `depth` episodes by a signal, in the order (value, then tie-break), each answered from a
 remembered floor (the (depth + 1)-th of that order) once one is known, so a recall asks Redis for
-~depth + 1 episodes instead of sorting the whole scope. See docs/benchmarks.md ("Episodes without a
-continuous reward", "A million episodes in one namespace") for what the floors save.
+~depth + 1 episodes instead of sorting the whole scope (`/v1/context` p50 at 100k episodes 76.3 →
+38.4 ms; bench/NOTES.md).
 
 A floor is a hint, never trusted: every narrowed answer is checked to be the exact top `depth` before
 it is used, so a floor left behind by new episodes or forgets costs at most a wider or a second query.
@@ -113,7 +113,7 @@ def hint_for(index: str, scope: Scope, name: str, depth: int) -> float | None:
     """A remembered floor of a list of `scope` by `name` at least `depth` deep, as a `top_by` hint for
     a list of `depth` (its top `depth` lie at or above it), or None. `/v1/context`'s newest episodes
     (5 of them) ride on the floor its recall's recency list (100 deep) left: the newest 5 of 100,000
-    episodes were a sort of the whole scope, 26.7 ms of Redis (docs/benchmarks.md)."""
+    episodes were a sort of the whole scope, 26.7 ms of Redis."""
     found = _DEEPEST.get((index, scope.cache_key(), name))
     return found[1] if found is not None and found[0] >= depth else None
 

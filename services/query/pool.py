@@ -140,9 +140,8 @@ class Columns:
     nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent or not finite).
 
     Why columns: a default hybrid recall at 100,000 episodes pools ~390 hits, of which 10 are answered;
-    one object per hit cost ~19 µs of Python per candidate in all (docs/benchmarks.md "Where a hybrid
-    recall's Redis and Python time go"); the columns are read straight from the hits' fields and go to
-    `shared.scoring.Candidates` as they are."""
+    one object per hit cost ~19 µs of Python per candidate in all; the columns are read straight from
+    the hits' fields and go to `shared.scoring.Candidates` as they are."""
 
     keys: list[bytes]
     raw_docs: list[bytes | None]

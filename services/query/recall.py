@@ -79,7 +79,7 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
     """The Scope of a request model: the namespace is the server's, every filter the model has is used;
     `tags` is the live generation's digest function (`shared.tags`). `category`, when given, replaces the
     model's own `category` as the filter: `()` for a route whose `category` is not a filter (context,
-    strategy: a trial found them filtering by it, so a guessed category emptied the prompt)."""
+    strategy: filtering by it there, a guessed category emptied the prompt)."""
 
     def get(name: str, default: Any = None) -> Any:
         return getattr(req, name, default)

@@ -21,7 +21,7 @@ COMMON_TTL_FACTOR = 10.0
 """A common word's count is remembered this many times `df_ttl`: its weight is below COMMON_IDF, and
 1,000 more episodes holding it move that weight by < 0.004 (idf 0.0200 → 0.0167 at 4,950 → 5,950),
 an episode's keyword relevance by < 4e-4, while counting it reads its whole posting list: 30-100 ms
-of Redis per word at a million episodes (docs/benchmarks.md "A million episodes in one namespace")."""
+of Redis per word at a million episodes."""
 
 
 LARGE_SCOPE = 100_000
@@ -34,7 +34,7 @@ def size_ttl(ttl: float, n: int) -> float:
     """How long a count of `n` documents is remembered: `ttl` up to LARGE_SCOPE documents, then in
     proportion to n, at most MAX_SIZE_TTL (and never below `ttl`). Why: counting is linear in the
     scope — ~60 ms of Redis's main thread per count at a million episodes, every `ttl` (5 s) per scope,
-    a stall every other client waits out (docs/benchmarks.md "A million episodes in one namespace") —
+    a stall every other client waits out —
     while what the count decides does not move with a few percent more or fewer episodes: the `auto`
     preset's thresholds are 50 and 500, and the KNN policy's and the checked searches' shares are
     checked on the hits (a stale share costs a second query, never a wrong answer)."""
@@ -140,8 +140,8 @@ class ScopeSizes:
         With `keys`, a count is used only while the namespace's `version` is the one it was counted at.
 
         Why: keyword relevance needs the document frequency of every query word, one count query each
-        (8.8 per LoCoMo question), and at 100k episodes those cost 27.7 ms of Redis per recall
-        (docs/benchmarks.md "Default embedder at 100k") while question words repeat across requests.
+        (8.8 per LoCoMo question), and at 100k episodes those cost 27.7 ms of Redis per recall while
+        question words repeat across requests.
         Staleness: without `keys`, an episode's keyword relevance may lag the namespace by at most
         `df_ttl` (a common word's count, in more than ~4,950 episodes when counted, COMMON_TTL_FACTOR ×
         that); with them (the query service's), never: a count outlives no write. Erasure:

@@ -73,8 +73,8 @@ async def _projected(
     event hash alone was not enough: for an episode that already had events the worker records the new
     one first and rewrites the document a step later, so a read right after the wait could still see
     the previous version. An event acked but never recorded was dropped (its episode is tombstoned)
-    or dead-lettered: said at once instead of waiting out `wait` (a new-user trial waited 30 s for a
-    forgotten id)."""
+    or dead-lettered: said at once instead of waiting out `wait` (a forgotten id used to wait the
+    full 30 s)."""
     r, keys, s = redis_of(request), request.app[KEYS], request.app[SETTINGS]
     deadline = time.monotonic() + wait
     why: list[str | None] = [WAIT_TIMEOUT] * len(events)
@@ -260,7 +260,7 @@ async def _forgotten(request: web.Request, episode_ids: list[str]) -> set[str]:
     """The ids among `episode_ids` whose episode was forgotten (tombstoned): they are not published. The
     consolidator would drop their events anyway, but only after the stream, its AOF and RDB had held a
     forgotten episode's text again (an `engram import` of an export made before a forget), and the
-    answer said "accepted" for an episode that will never be stored (a new-user trial). A forget
+    answer said "accepted" for an episode that will never be stored. A forget
     racing this check is still honoured by the consolidator."""
     if not episode_ids:
         return set()
@@ -310,8 +310,8 @@ async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes
     episode's events were dead-lettered). A negative pending check is followed
     by a second read: the worker acks an entry only after its document write committed, so an event
     acked between the first read and the check has its document by the second. Without it, a read
-    right after a publish answered 404 (a new-user trial: 6 of 60 GETs, and a DELETE that then did
-    not forget)."""
+    right after a publish answered 404 (6 of 60 GETs, and a DELETE that then did not
+    forget)."""
     try:
         return await _stored(request, episode_id)
     except NotFound:
@@ -421,6 +421,6 @@ async def delete_user(request: web.Request) -> web.Response:
     out: dict[str, Any] = {"user_id": user_id, "event_id": event.event_id}
     if query.wait > 0:
         # the projector erases a user's episodes before it acks the event (`Forgetting.erase_user`), so
-        # acked = erased from every read (a trial could not tell when a user forget had applied)
+        # acked = erased from every read (without it a caller cannot tell when a user forget has applied)
         out["forgotten"] = await _erased(request, stream_id, query.wait)
     return reply(out, status=202)

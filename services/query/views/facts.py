@@ -111,7 +111,7 @@ async def facts_search(request: web.Request) -> web.Response:
     hits = await search_facts(
         r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k
     )
-    # a nonsense query got the top_k facts anyway, some with negative cosines (a trial's)
+    # a nonsense query would get the top_k facts anyway, some with negative cosines
     hits = [h for h in hits if h.score is None or h.score >= req.min_similarity]
     body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
     if req.as_of is not None:

@@ -33,8 +33,8 @@ async def readyz(request: web.Request) -> web.Response:
     checks["embedder"] = embedder is not None and embedder.loaded
     startup = request.app[STARTUP]
     if not startup.ready:  # loading behind an open port (services.query.startup)
-        # a component this process has not finished setting up is not ready, whatever Redis holds (a
-        # trial read `pending: ["index"]` beside `checks.index: true`)
+        # a component this process has not finished setting up is not ready, whatever Redis holds (else
+        # the body reads `pending: ["index"]` beside `checks.index: true`)
         checks.update({c: False for c in startup.pending if c in checks})
         return reply({"status": "starting", "pending": list(startup.pending), "checks": checks}, status=503)
     body: dict[str, Any] = {"checks": checks}
