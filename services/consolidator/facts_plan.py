@@ -13,6 +13,12 @@ sets involved (a scope is capped at its newest `Settings.facts_max_episodes` epi
 HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
 `ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
 
+What is compared is each episode's stored vector, or, for an episode holding text that nearly every
+episode of the scope shares (an agent's closing boilerplate: `shared_sentences`), the embedding of its
+text without it (`Row.cluster_vector`, made by `Consolidator.clustering_rows`): shared text makes
+unrelated episodes alike and average linkage then chains them into one fact. Centroids stay those of
+the stored vectors.
+
 Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
 regimes where its outcomes, or one approach's outcomes (the strategy, else the tools called), flip
 (`shared.regimes`: success rates on either side of 50%, 0.5 apart, each side >= min_cluster episodes,

@@ -16,8 +16,8 @@ from services.consolidator.facts_plan import (
     shared_sentences,
     without_shared,
 )
-from shared.index import embedding_text
 from shared.facts import Fact, FactScope
+from shared.index import embedding_text
 
 SCOPE = FactScope("ns")
 
