@@ -204,6 +204,31 @@ async def test_text_every_episode_shares_does_not_join_unrelated_families(settin
     assert all(len(f.centroid) == s.embed_dim for f in found)
 
 
+async def test_a_run_embeds_only_episodes_no_earlier_run_embedded(settings, redis):
+    class Counting(HashingEmbedder):
+        texts: list[str] = []
+
+        async def embed(self, texts):
+            self.texts.extend(texts)
+            return await super().embed(texts)
+
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    await publish(s, redis, [{**e, "result": CLOSING} for e in planted()])
+    worker = make_worker(s, redis)
+    await drain(worker)
+    embedder = Counting(s.embed_dim)
+    cons = Consolidator(s, redis, s.embed_dim, embedder=embedder)
+    await cons.consolidate(FactScope("ns"))
+    assert len(embedder.texts) == 21 and not any("Task completed" in t for t in embedder.texts)
+    embedder.texts.clear()
+    await publish(s, redis, [{**ep("mig", 10, at=T0 + 10 * HOUR), "result": CLOSING}])
+    await drain(worker)
+    await cons.consolidate(FactScope("ns"), now=T0 + 1e6)
+    assert embedder.texts == [
+        "migrate the alpha table schema in the postgres database with an alembic migration"
+    ]
+
+
 async def test_rerun_without_new_episodes_changes_nothing(seeded, redis):
     settings, _worker, cons = seeded
     await cons.consolidate(FactScope("ns"))
