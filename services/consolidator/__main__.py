@@ -91,6 +91,7 @@ async def _run(settings: Settings) -> int:
             redis,
             embedder.dim,
             summarizer=summarizer,
+            embedder=embedder,
             background=True,
             backlogged=lambda: worker is not None and worker.backlogged,
         )

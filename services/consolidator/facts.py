@@ -28,18 +28,29 @@ import logging
 import math
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from hashlib import blake2b
 from typing import Any
 
+import numpy as np
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
-from services.consolidator.facts_plan import Row, build_fact, default_distance, plan
+from services.consolidator.facts_plan import (
+    Row,
+    build_fact,
+    default_distance,
+    plan,
+    shared_sentences,
+    without_shared,
+)
 from services.consolidator.facts_store import apply_snapshot, load_rows, load_rows_by_id, load_state
 from shared import cluster, streams
 from shared.codec import encode, encode_sealed_facts
+from shared.embedding import Embedder
 from shared.facts import (
     LEVEL_NAMESPACE,
     STATUS_CURRENT,
@@ -66,6 +77,10 @@ class ContributorForgotten(EngramError):
 PUBLISH_TRIES = 5
 """Snapshots a run builds when forgets keep destroying its contributors' keys meanwhile
 (`Consolidator.publish_live`): each try leaves out the users gone since the last."""
+
+CLUSTER_TEXT_CACHE = 8192
+"""Embeddings of episode texts without their scope's shared text a Consolidator keeps (least recently
+used first out), so a scope's next run embeds only its new episodes: 12 MB of MiniLM vectors."""
 
 RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -98,7 +113,9 @@ class Consolidator:
     """Builds and publishes facts. One per worker process (and one in the query service for on-demand runs).
 
     `dim` is the embedder's dimension (the facts index's vector size). `publish(event)` XADDs an event
-    and returns its stream id (defaults to `shared.streams.publish`).
+    and returns its stream id (defaults to `shared.streams.publish`). `embedder` (the one the live index
+    was built with) embeds episodes again without the text their scope shares (`clustering_rows`);
+    without one, clustering compares the stored vectors.
     """
 
     def __init__(
@@ -108,6 +125,7 @@ class Consolidator:
         dim: int,
         *,
         summarizer=None,
+        embedder: Embedder | None = None,
         publish: Publisher | None = None,
         background: bool = False,
         backlogged: Callable[[], bool] | None = None,
@@ -131,6 +149,8 @@ class Consolidator:
         self.keys = settings.keys
         self.dim = dim
         self.summarizer = summarizer
+        self.embedder = embedder
+        self._without_shared: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._publish = publish
         self._release = redis.register_script(RELEASE_LUA)
         self.runs = 0
@@ -273,6 +293,49 @@ class Consolidator:
                 )
             out.append(rebuilt)
         return out, removed
+
+    async def clustering_rows(self, rows: list[Row]) -> list[Row]:
+        """`rows` with `cluster_vector` set on each episode holding text that nearly every episode of the
+        scope shares (`facts_plan.shared_sentences`): the embedding of its text without it.
+
+        Why: an agent's closing boilerplate ("Task completed. I followed the user's instructions...") is
+        part of every stored vector and makes unrelated tasks look alike, so average linkage chains them
+        into one fact (docs/architecture.md "Facts"). Episodes that came with their own vector keep it
+        (another model's space). Costs one embedding per such episode not embedded by an earlier run of
+        this process (`CLUSTER_TEXT_CACHE`); raises EmbeddingError when the embedder fails (the run fails
+        and the next trigger retries it)."""
+        embedder = self.embedder
+        if embedder is None or not rows or embedder.dim != len(rows[0].vector):
+            return rows
+        shared = shared_sentences([r.episode for r in rows])
+        texts: dict[int, bytes] = {}
+        by_key: dict[bytes, str] = {}
+        for i, r in enumerate(rows):
+            text = without_shared(r.episode, shared) if r.episode.vector is None else None
+            if text is not None:
+                key = blake2b(f"{embedder.name}\0{text}".encode(), digest_size=16).digest()
+                texts[i], by_key[key] = key, text
+        if not texts:
+            return rows
+        cache = self._without_shared
+        found = {k: cache[k] for k in by_key if k in cache}
+        missing = sorted(k for k in by_key if k not in found)
+        if missing:
+            embedded = await embedder.embed([by_key[k] for k in missing])
+            for k, v in zip(missing, np.asarray(embedded, dtype=np.float64), strict=True):
+                norm = float(np.linalg.norm(v))
+                if np.isfinite(norm) and norm > 0:
+                    found[k] = (v / norm).astype(np.float32)
+        for k in found:  # the newest run's texts are the last ones evicted
+            cache[k] = found[k]
+            cache.move_to_end(k)
+        while len(cache) > CLUSTER_TEXT_CACHE:
+            cache.popitem(last=False)
+        out = list(rows)
+        for i, k in texts.items():
+            if k in found:
+                out[i] = replace(rows[i], cluster_vector=found[k].astype(np.float64))
+        return out
 
     async def _sealable(self, namespace: str, rows: list[Row]) -> list[Row]:
         """`rows` without the episodes of users whose data key is gone (a forget published, not applied
@@ -449,11 +512,17 @@ class Consolidator:
             gen = await current_generation(self.redis, self.keys)
             state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
             tags = await self.tags(gen)
-            rows = await self._sealable(
-                scope.namespace,
-                await load_rows(
-                    self.redis, self.keys.episode_index_alias, scope, self.settings.facts_max_episodes, tags
-                ),
+            rows = await self.clustering_rows(
+                await self._sealable(
+                    scope.namespace,
+                    await load_rows(
+                        self.redis,
+                        self.keys.episode_index_alias,
+                        scope,
+                        self.settings.facts_max_episodes,
+                        tags,
+                    ),
+                )
             )
             now = time.time() if now is None else now
             distance = await self.distance(gen)

@@ -13,6 +13,12 @@ sets involved (a scope is capped at its newest `Settings.facts_max_episodes` epi
 HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
 `ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
 
+What is compared is each episode's stored vector, or, for an episode holding text that nearly every
+episode of the scope shares (an agent's closing boilerplate: `shared_sentences`), the embedding of its
+text without it (`Row.cluster_vector`, made by `Consolidator.clustering_rows`): shared text makes
+unrelated episodes alike and average linkage then chains them into one fact. Centroids stay those of
+the stored vectors.
+
 Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
 regimes where its outcomes, or one approach's outcomes (the strategy, else the tools called), flip
 (`shared.regimes`: success rates on either side of 50%, 0.5 apart, each side >= min_cluster episodes,
@@ -35,6 +41,7 @@ Consolidator (`services.consolidator.facts`) runs `plan` in a thread.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -73,10 +80,13 @@ def default_distance(embedder: str | None) -> float:
 # --- inputs ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One completed episode of a scope with its unit vector."""
+    """One completed episode of a scope with its unit vector (`vector`: the stored one, which facts'
+    centroids are made of). `cluster_vector`, when set, is what clustering compares instead: the
+    embedding of the episode's text without the text the scope's episodes share (`without_shared`)."""
 
     episode: Episode
     vector: np.ndarray
+    cluster_vector: np.ndarray | None = None
 
     @property
     def episode_id(self) -> str:
@@ -89,6 +99,51 @@ class Row:
 
 def _order(rows: Sequence[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
+
+
+# --- text every episode of a scope shares ---------------------------------------------------------
+SHARED_SHARE = 0.8
+"""A sentence of the notes found in at least this share of a scope's episodes is shared text."""
+_SENTENCE_END = re.compile(r"(?<=[.!?;:。！？])\s+|\n+")
+
+
+def _notes(episode: Episode) -> list[str]:
+    """The fields of `shared.index.embedding_text` after the task, in its order."""
+    return [
+        episode.observation or "",
+        episode.solution or "",
+        episode.result or "",
+        episode.outcome_details or "",
+    ]
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in (" ".join(p.split()) for p in _SENTENCE_END.split(text)) if s]
+
+
+def shared_sentences(episodes: Sequence[Episode]) -> frozenset[str]:
+    """The sentences of the notes (observation, solution, result, outcome details; whitespace folded)
+    found in at least SHARED_SHARE of `episodes` — an agent's closing boilerplate ("Task completed. I
+    followed the user's instructions...") rather than anything about the task. Empty for fewer than
+    two episodes. The task description is never shared text: a scope of one task repeated is one topic."""
+    if len(episodes) < 2:
+        return frozenset()
+    seen: Counter[str] = Counter()
+    for e in episodes:
+        seen.update({s for note in _notes(e) for s in _sentences(note)})
+    return frozenset(s for s, n in seen.items() if n >= SHARED_SHARE * len(episodes))
+
+
+def without_shared(episode: Episode, shared: frozenset[str]) -> str | None:
+    """`shared.index.embedding_text(episode)` with the `shared` sentences left out of its notes, or None
+    when it holds none of them (its stored vector stands)."""
+    if not shared:
+        return None
+    notes = [[s for s in _sentences(n) if s not in shared] for n in _notes(episode)]
+    if sum(map(len, notes)) == sum(len(_sentences(n)) for n in _notes(episode)):
+        return None
+    task = episode.task.description if episode.task else ""
+    return "\n".join(p for p in [task, *(" ".join(n) for n in notes)] if p).strip() or None
 
 
 # --- clustering and statistics (pure) -------------------------------------------------------------
@@ -327,7 +382,8 @@ def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[li
     rows = _order(rows)
     if not rows:
         return []
-    groups = [[rows[i] for i in g] for g in cluster(np.stack([r.vector for r in rows]), distance)]
+    vectors = np.stack([r.vector if r.cluster_vector is None else r.cluster_vector for r in rows])
+    groups = [[rows[i] for i in g] for g in cluster(vectors, distance)]
     return [regimes(g, min_cluster) for g in groups if len(g) >= min_cluster]
 
 

@@ -29,10 +29,10 @@ if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
 
 # (redis, episode scope, query vector, k) → the top facts of `POST /v1/context`
 FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
-# (redis, embedding dimension, namespace, agent_id, category, all_scopes) → one result per scope run,
-# for `POST /v1/consolidate`
+# (redis, the live index's embedder, namespace, agent_id, category, all_scopes) → one result per scope
+# run, for `POST /v1/consolidate`
 Consolidate = Callable[
-    [aioredis.Redis, int, str, str | None, str | None, bool], Awaitable[Sequence["RunResult"]]
+    [aioredis.Redis, Embedder, str, str | None, str | None, bool], Awaitable[Sequence["RunResult"]]
 ]
 OpenAPIDocument = Callable[[], dict[str, Any]]
 

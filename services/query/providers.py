@@ -19,6 +19,7 @@ from services.consolidator.facts import Consolidator, RunResult
 from services.consolidator.summarizer import Summarizer
 from services.query.appkeys import Consolidate, FactsProvider
 from services.query.metrics import Metrics
+from shared.embedding import Embedder
 from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
 from shared.index import Scope
 from shared.keys import Keys
@@ -71,14 +72,14 @@ def consolidation(settings: Settings, metrics: Metrics) -> Consolidate:
 
     async def consolidate(
         r: aioredis.Redis,
-        dim: int,
+        embedder: Embedder,
         namespace: str,
         agent_id: str | None,
         category: str | None,
         all_scopes: bool,
     ) -> Sequence[RunResult]:
         summarizer = Summarizer.from_settings(settings, failures_metric=metrics.summarizer_failures)
-        cons = Consolidator(settings, r, dim, summarizer=summarizer)
+        cons = Consolidator(settings, r, embedder.dim, summarizer=summarizer, embedder=embedder)
         try:
             if agent_id is not None:
                 scopes = [FactScope(namespace, agent_id, category)]

@@ -181,6 +181,54 @@ async def test_planted_families_yield_one_fact_each(seeded, redis):
     assert len(await facts(redis, settings, level="agent_category")) == 3
 
 
+CLOSING = (
+    "Task completed. I followed the user's instructions step by step, checked every intermediate result, "
+    "verified the final outcome carefully and reported back to the user with a short summary of what was "
+    "done. No further action is required at this point."
+)
+
+
+async def test_text_every_episode_shares_does_not_join_unrelated_families(settings, redis):
+    """An agent's closing boilerplate in every episode's result made the stored vectors of unrelated
+    families alike enough to chain into one fact; clustering compares the episodes without it."""
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    episodes = [{**e, "result": CLOSING} for e in planted()]
+    await publish(s, redis, episodes)
+    await drain(make_worker(s, redis))
+    cons = Consolidator(s, redis, s.embed_dim, embedder=HashingEmbedder(s.embed_dim))
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    found = await facts(redis, s, level="namespace")
+    assert [sorted({e.split("-")[0] for e in f.evidence}) for f in found] == [["mig"], ["ui"], ["doc"]]
+    assert [f.support for f in found] == [10, 6, 5]
+    # the centroid is still that of the stored vectors, as a replay or a forget computes it
+    assert all(len(f.centroid) == s.embed_dim for f in found)
+
+
+async def test_a_run_embeds_only_episodes_no_earlier_run_embedded(settings, redis):
+    class Counting(HashingEmbedder):
+        texts: list[str] = []
+
+        async def embed(self, texts):
+            self.texts.extend(texts)
+            return await super().embed(texts)
+
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    await publish(s, redis, [{**e, "result": CLOSING} for e in planted()])
+    worker = make_worker(s, redis)
+    await drain(worker)
+    embedder = Counting(s.embed_dim)
+    cons = Consolidator(s, redis, s.embed_dim, embedder=embedder)
+    await cons.consolidate(FactScope("ns"))
+    assert len(embedder.texts) == 21 and not any("Task completed" in t for t in embedder.texts)
+    embedder.texts.clear()
+    await publish(s, redis, [{**ep("mig", 10, at=T0 + 10 * HOUR), "result": CLOSING}])
+    await drain(worker)
+    await cons.consolidate(FactScope("ns"), now=T0 + 1e6)
+    assert embedder.texts == [
+        "migrate the alpha table schema in the postgres database with an alembic migration"
+    ]
+
+
 async def test_rerun_without_new_episodes_changes_nothing(seeded, redis):
     settings, _worker, cons = seeded
     await cons.consolidate(FactScope("ns"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from shared.embedding import EmbedderUnavailable, HashingEmbedder
 from tests.integration.test_consolidator import drain
-from tests.integration.test_facts import T0, ep, make_worker, planted, publish
+from tests.integration.test_facts import CLOSING, T0, ep, make_worker, planted, publish
 from tests.integration.test_query_support import make_client  # noqa: F401  (fixture)
 
 
@@ -104,3 +105,34 @@ async def test_validation_and_not_found(api):
         assert field in {e["field"] for e in (await resp.json())["errors"]}
     assert (await api.get("/v1/facts/nope")).status == 404
     assert (await api.post("/v1/consolidate", json={"agent_id": "a"})).status == 422
+
+
+async def test_on_demand_consolidation_leaves_shared_text_out(api, settings, redis):
+    """POST /v1/consolidate clusters as the consolidator does: without the text every episode shares."""
+    await seed(settings, redis, [{**e, "result": CLOSING} for e in planted()])
+    resp = await api.post("/v1/consolidate", json={})
+    assert resp.status == 200, await resp.text()
+    body = await (await api.post("/v1/facts/search", json={"level": "namespace"})).json()
+    assert sorted(f["support"] for f in body["results"]) == [5, 6, 10]
+
+
+async def test_on_demand_consolidation_with_the_embedder_down_is_503(make_client, settings, redis):  # noqa: F811
+    """Leaving shared text out embeds again; an embedder that fails then is a 503 with Retry-After, and
+    the facts stay as they were."""
+
+    class Down(HashingEmbedder):
+        down = False
+
+        async def embed(self, texts):
+            if self.down:
+                raise EmbedderUnavailable("provider timed out")
+            return await super().embed(texts)
+
+    embedder = Down(settings.embed_dim)
+    api = await make_client(embedder)
+    await seed(settings, redis, [{**e, "result": CLOSING} for e in planted()])
+    embedder.down = True
+    resp = await api.post("/v1/consolidate", json={})
+    assert resp.status == 503, await resp.text()
+    assert resp.headers["Retry-After"]
+    assert (await (await api.post("/v1/facts/search", json={})).json())["results"] == []

@@ -7,8 +7,17 @@ from dataclasses import replace
 import numpy as np
 
 from engram_episodic.events import Action, Episode, Feedback, Task
-from services.consolidator.facts_plan import Row, build_fact, cluster, plan
+from services.consolidator.facts_plan import (
+    Row,
+    build_fact,
+    cluster,
+    derive,
+    plan,
+    shared_sentences,
+    without_shared,
+)
 from shared.facts import Fact, FactScope
+from shared.index import embedding_text
 
 SCOPE = FactScope("ns")
 
@@ -235,3 +244,54 @@ def test_a_tool_switch_recorded_only_in_actions_supersedes():
     assert set(old.evidence) == {r.episode_id for r in week1}
     assert set(current.evidence) == {r.episode_id for r in week2} and current.supersedes == old.fact_id
     assert "uv (6)" in current.text
+
+
+def noted(eid: str, task: str, solution: str, result: str | None = None) -> Episode:
+    return Episode(
+        episode_id=eid, task=Task(description=task), solution=solution, result=result, outcome="success"
+    )
+
+
+def test_shared_sentences_are_those_of_nearly_every_episode_s_notes():
+    closing = "Task completed.  I checked every result.\nNo further action is required."
+    eps = [
+        noted(f"e{i}", f"task {i}", f"note {i}." + (" Used the CLI." if i < 4 else ""), closing)
+        for i in range(5)
+    ]
+    eps.append(noted("e5", "task 5", "note 5"))
+    # the closing text is in 5 of 6 episodes; a note in 4 of 6 (under 80%) is the topic's, not boilerplate
+    assert shared_sentences(eps) == {
+        "Task completed.",
+        "I checked every result.",
+        "No further action is required.",
+    }
+    # a task repeated is never shared text: a scope of one task is one topic
+    assert shared_sentences([noted(f"r{i}", "Run the nightly backup", f"n{i}") for i in range(4)]) == set()
+    assert shared_sentences(eps[:1]) == set()
+
+
+def test_without_shared_keeps_the_task_and_the_episode_s_own_notes():
+    shared = frozenset({"Task completed.", "No further action is required."})
+    ep = noted(
+        "e", "Book a table", "Called the restaurant.", "Task completed. No further action is required."
+    )
+    assert without_shared(ep, shared) == "Book a table\nCalled the restaurant."
+    plain = noted("p", "Book a table", "Called the restaurant.")
+    assert without_shared(plain, shared) is None  # nothing to leave out: the stored vector stands
+    assert without_shared(ep, frozenset()) is None
+    assert embedding_text(plain) == without_shared(ep, shared)
+
+
+def test_clustering_compares_the_cluster_vector_when_set():
+    # stored vectors all alike (shared text), cluster vectors of two directions: two clusters of 3
+    rows = [row(f"r{i}", 0, at=float(i)) for i in range(6)]
+    apart = [replace(r, cluster_vector=row(r.episode_id, 1 + i % 2).vector) for i, r in enumerate(rows)]
+    assert len(derive(rows, min_cluster=3, distance=0.5)) == 1
+    groups = derive(apart, min_cluster=3, distance=0.5)
+    assert sorted(sorted(r.episode_id for p in g for r in p) for g in groups) == [
+        ["r0", "r2", "r4"],
+        ["r1", "r3", "r5"],
+    ]
+    # facts' centroids stay those of the stored vectors
+    fact = build_fact(SCOPE, apart[:3], fact_id="f", now=0.0)
+    assert np.allclose(fact.centroid, build_fact(SCOPE, rows[:3], fact_id="f", now=0.0).centroid)

@@ -165,7 +165,7 @@ async def consolidate(request: web.Request) -> web.Response:
     req: ConsolidateRequest = validate(ConsolidateRequest, await read_json(request))
     r = request.app[REDIS]
     results = await request.app[CONSOLIDATE](
-        r, request.app[EMBEDDER].dim, request[NAMESPACE], req.agent_id, req.category, req.all_scopes
+        r, request.app[EMBEDDER], request[NAMESPACE], req.agent_id, req.category, req.all_scopes
     )
     return web.json_response(
         {
