@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
-from shared import legacy, streams
+from shared import streams
 from shared.codec import payload_ref, peek_identity
 from shared.keys import Keys
 from shared.replies import as_text, bytes_map
@@ -171,10 +171,10 @@ async def dead_letter(
         refs[DEAD_REF_USER] = user_id.encode()
         await redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
     await redis.hset(k.dead_letter_refs(namespace, episode_id), mapping=refs)
-    forgotten = bool(await redis.exists(*legacy.tombstones(k, namespace, episode_id)))
+    forgotten = bool(await redis.exists(k.tombstone(namespace, episode_id)))
     if not forgotten and user_id is not None:
-        at = await legacy.user_forgot_at(redis, k, namespace, user_id)
-        forgotten = at is not None and (occurred_at is None or at >= occurred_at)
+        at = await redis.get(k.user_tombstone(namespace, user_id))
+        forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
     if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
         await delete_dead_letters(redis, keys, namespace, episode_id)
 
@@ -245,25 +245,3 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
                 await redis.delete(*links)
             gone += len(hits)
         cursor = page[-1][0]
-
-
-async def relink(redis: aioredis.Redis, keys: Keys) -> int:
-    """Link every dead letter whose payload names its episode under the current key names, and delete
-    the links of the layout before hash tags (`shared.keys.LegacyKeys`): the replay that migrates the
-    layout runs it, so that forgetting still reaches dead letters written before. Returns letters linked."""
-    linked = 0
-    for letter in await list_dead_letters(redis, keys, limit=10_000_000):
-        ident = peek_identity(letter.payload) if letter.payload else None
-        if ident is None or not letter.stream_id:
-            continue
-        namespace, episode_id, user_id, _at = ident
-        refs: dict[EncodableT, EncodableT] = {letter.stream_id.encode(): letter.dead_id.encode()}
-        if user_id is not None:
-            refs[DEAD_REF_USER] = user_id.encode()
-            await redis.sadd(keys.user_dead_letters(namespace, user_id), episode_id)
-        await redis.hset(keys.dead_letter_refs(namespace, episode_id), mapping=refs)
-        linked += 1
-    for pattern in (f"{keys.prefix}deadref:[0-9a-f]*", f"{keys.prefix}deaduser:[0-9a-f]*"):
-        async for key in redis.scan_iter(match=pattern, count=1000):
-            await redis.unlink(key)
-    return linked
