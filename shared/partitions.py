@@ -30,6 +30,14 @@ LAYOUT = 1
 """The key layout of this build; the meta hash field `layout` holds the deployment's."""
 
 RECORD_LUA = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then return cur end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
+"""Record ARGV[2] in field ARGV[1] unless recorded (HSETNX); returns the recorded value either way."""
+
+START_LUA = """
 local layout = redis.call('HGET', KEYS[1], 'layout')
 if not layout then
   if redis.call('EXISTS', KEYS[1]) == 1 or ARGV[4] == '1' then return {'', '', ''} end
@@ -65,7 +73,7 @@ async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, e
     proposed = keys.partitions
     # the single stream key is in its own slot on a cluster: asked apart, before the record
     stream = int(bool(await redis.exists(Keys(keys.prefix).stream)))
-    layout, raw, recorded_sealed = await redis.register_script(RECORD_LUA)(
+    layout, raw, recorded_sealed = await redis.register_script(START_LUA)(
         keys=[keys.meta], args=[FIELD, proposed, LAYOUT, stream, int(sealed)]
     )
     if not layout:
