@@ -211,9 +211,7 @@ async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
         await drain(worker)
         await client.forget_user(secrets[4].decode())
         await drain(worker)
-        await erasure.run(
-            redis, Keys(settings.prefix), worker.keyring
-        )  # what the housekeeping runs after forgets
+        await erasure.run(redis, Keys(settings.prefix))  # what the housekeeping runs after forgets
         await redis.save()
         ring = KeyRing(Keys(settings.prefix), MasterKey(master_key))
         await ring.load(redis)
@@ -272,7 +270,7 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     # compacts both streams
     from services.consolidator import erasure
 
-    report = await erasure.run(redis, keys, worker.keyring)
+    report = await erasure.run(redis, keys)
     assert report["forget_events_dropped"] == 1 and report["dead_letters_compaction"]["compacted"] in (
         True,
         False,
