@@ -4,9 +4,10 @@ number of stream partitions.
 **Layout.** `LAYOUT` names the key layout this build writes and reads (`shared.keys`, the TAG digests of
 `shared.tags`, the `tiebreak` field of `shared.ties`). The first process to start on a prefix — a
 worker, the query service, a replay or a stream SDK publisher — records it in the meta hash
-(`layout`); a prefix that already holds data without that record, or with another layout, was written
-by another Engram and is refused with the way out (its data is not read under names it was not written
-with). Whether it seals its stream (a master key) is recorded with it (`sealed`): a deployment started
+(`layout`) when it creates the meta hash. A meta hash without that record (every process of an older
+Engram wrote there: its index generation, embedder, P) or with another layout was written by another
+Engram and is refused with the way out (its data is not read under names it was not written with).
+Entries in the stream alone do not count: a publisher without the SDK may write them first. Whether it seals its stream (a master key) is recorded with it (`sealed`): a deployment started
 without one holds plaintext entries, and a process with a master key is refused there rather than
 mixing sealed entries into a log that would still hold the plaintext ones.
 
@@ -40,8 +41,8 @@ return ARGV[2]
 START_LUA = """
 local layout = redis.call('HGET', KEYS[1], 'layout')
 if not layout then
-  if redis.call('EXISTS', KEYS[1]) == 1 or ARGV[4] == '1' then return {'', '', ''} end
-  redis.call('HSET', KEYS[1], 'layout', ARGV[3], 'sealed', ARGV[5])
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'', '', ''} end
+  redis.call('HSET', KEYS[1], 'layout', ARGV[3], 'sealed', ARGV[4])
   layout = ARGV[3]
 end
 if layout ~= ARGV[3] then return {layout, '', ''} end
@@ -52,9 +53,8 @@ if not cur then
 end
 return {layout, cur, redis.call('HGET', KEYS[1], 'sealed')}
 """
-"""Record the layout ARGV[3] and `sealed` ARGV[5] unless recorded — only when the meta hash does not
-exist yet and ARGV[4] is not '1' (the single stream key exists: a deployment older than the record) —
-then P ARGV[2] unless recorded. Returns {recorded layout, recorded P, recorded sealed}, '' for what is
+"""Record the layout ARGV[3] and `sealed` ARGV[4] unless recorded — only when the meta hash does not
+exist yet: every Engram process of an older layout wrote into it — then P ARGV[2] unless recorded. Returns {recorded layout, recorded P, recorded sealed}, '' for what is
 not recorded (one round trip)."""
 
 
@@ -71,10 +71,8 @@ async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, e
     ConfigError when the deployment was written by another Engram layout (saying what to do), was
     started without a master key and `sealed`, or has another P (naming the variable)."""
     proposed = keys.partitions
-    # the single stream key is in its own slot on a cluster: asked apart, before the record
-    stream = int(bool(await redis.exists(Keys(keys.prefix).stream)))
     layout, raw, recorded_sealed = await redis.register_script(START_LUA)(
-        keys=[keys.meta], args=[FIELD, proposed, LAYOUT, stream, int(sealed)]
+        keys=[keys.meta], args=[FIELD, proposed, LAYOUT, int(sealed)]
     )
     if not layout:
         raise ConfigError(

@@ -174,9 +174,9 @@ async def test_another_partition_count_is_refused_at_start(cluster_settings, clu
         )
     with pytest.raises(ConfigError, match="started with 16 stream partitions"):
         await EngramClient(redis, namespace="a", prefix=s.prefix, partitions=4).record(ep("mig", 1))
-    # a single stream written before the layout was recorded (its own slot): an older layout
+    # a deployment from before the layout record (and partitions): refused, whatever P is set
     old = cluster_settings.with_(prefix=s.prefix + "old:")
-    await redis.xadd(Keys(old.prefix).stream, {"e": b"x"})
+    await redis.hset(Keys(old.prefix).meta, "generation", 1)
     with pytest.raises(ConfigError, match="was written by an older Engram layout"):
         await make_worker(old.with_(stream_partitions=1), redis).setup()
     async for key in redis.scan_iter(match=f"{old.prefix}*"):

@@ -20,13 +20,24 @@ from tests.integration.test_consolidator import drain, episode, make_worker
 OLDER = "was written by an older Engram layout: replay its episodes into a fresh prefix \\(ENGRAM_PREFIX="
 
 
+async def older(redis, prefix: str) -> None:
+    """`prefix` as an Engram of an older layout left it: meta hash without `layout`, a stream entry."""
+    keys = Keys(prefix)
+    await redis.hset(
+        keys.meta, mapping={"generation": 1, "g1:embedder": "hashing-64", "stream_partitions": 1}
+    )
+    await redis.xadd(keys.stream, {"e": b"an event of an older build"})
+
+
 async def snapshot(redis, prefix: str) -> dict[bytes, bytes]:
     """Every key of `prefix` with its DUMP: what a refused start must leave as it was."""
     return {key: await redis.dump(key) async for key in redis.scan_iter(match=f"{prefix}*")}
 
 
 async def test_a_fresh_prefix_records_the_layout_and_starts_again(settings, redis):
+    """Entries a publisher without the SDK wrote first are no older layout."""
     keys = Keys(settings.prefix)
+    await redis.xadd(keys.stream, {"e": b"not an event"})
     await EngramClient(redis, namespace="ns", prefix=settings.prefix).record(episode("e1"))
     assert await redis.hget(keys.meta, "layout") == str(partitions.LAYOUT).encode()
     assert await redis.hget(keys.meta, "sealed") == b"0"
@@ -34,17 +45,9 @@ async def test_a_fresh_prefix_records_the_layout_and_starts_again(settings, redi
     await drain(make_worker(settings, redis))  # a second start finds its own record
 
 
-@pytest.mark.parametrize("older", ["meta", "stream"])
-async def test_an_older_layout_is_refused_by_every_start(settings, redis, aiohttp_client, older):
-    """`meta`: an index and partitions recorded by a build before the layout record; `stream`: only the
-    single stream key, as a publisher of a build before the meta hash left it."""
-    keys = Keys(settings.prefix)
-    if older == "meta":
-        await redis.hset(
-            keys.meta, mapping={"generation": 1, "g1:embedder": "hashing-64", "stream_partitions": 1}
-        )
-    else:
-        await redis.xadd(keys.stream, {"e": b"an event of an older build"})
+async def test_an_older_layout_is_refused_by_every_start(settings, redis, aiohttp_client):
+    """A meta hash as a build before the layout record left it (an index generation, its embedder, P)."""
+    await older(redis, settings.prefix)
     before = await snapshot(redis, settings.prefix)
     with pytest.raises(ConfigError, match=OLDER) as refused:
         await make_worker(settings, redis).setup()
@@ -69,7 +72,7 @@ async def test_a_newer_layout_is_refused(settings, redis):
 
 
 async def test_the_worker_process_exits_2_with_the_line_to_follow(settings, redis):
-    await redis.xadd(Keys(settings.prefix).stream, {"e": b"an event of an older build"})
+    await older(redis, settings.prefix)
     proc = spawn_consolidator(settings)
     try:
         code = proc.wait(timeout=120)
