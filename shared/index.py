@@ -254,8 +254,7 @@ the bytes as written, case included), so a search that returns only sortable fie
 
 
 def episode_schema(params: VectorParams) -> list[Any]:
-    """The FT.CREATE SCHEMA arguments of a new generation's episode index (an index created before a
-    field changed keeps its own: `_add_missing_fields` adds only missing fields)."""
+    """The FT.CREATE SCHEMA arguments of a new generation's episode index."""
     args: list[Any] = []
     for name in TAG_FIELDS:
         args += [name, "TAG", "SEPARATOR", TAG_SEPARATOR, "CASESENSITIVE"]

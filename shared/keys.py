@@ -83,7 +83,7 @@ def partition_of(namespace: str, partitions: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Keys:
     """Key names under one prefix. Methods return `str` keys; `gen` is a projection generation;
-    `partitions` is the number of stream partitions P (1: the single stream of before partitions)."""
+    `partitions` is the number of stream partitions P (1: the single stream `<prefix>stream:episodes`)."""
 
     prefix: str = "engram:"
     partitions: int = 1

@@ -42,7 +42,7 @@ def withhold_values(reason: str) -> str:
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """One dead letter: its id in the dead-letter stream, the original stream id, reason and payload;
-    `source` is the partition stream it came from ("" in a dead letter from before partitions)."""
+    `source` is the partition stream it came from."""
 
     dead_id: str
     stream_id: str
@@ -51,15 +51,6 @@ class DeadLetter:
     at: float
     payload: bytes
     source: str = ""
-
-
-def source_stream(keys: Keys, source: bytes | str | None, payload: bytes | None) -> str:
-    """The partition stream a dead letter came from: its `src` field; for one written before
-    partitions (one stream then), the stream of the namespace its payload names, else partition 0."""
-    if source:
-        return source.decode() if isinstance(source, bytes) else source
-    ident = peek_identity(payload) if payload else None
-    return keys.stream_of(ident[0]) if ident is not None else keys.partition_stream(0)
 
 
 async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 100) -> list[DeadLetter]:
@@ -106,7 +97,7 @@ async def redrive(
     for letter in chosen:
         await streams.requeue(  # back into the partition it came from: its namespace's
             redis,
-            source_stream(keys, letter.source, letter.payload),
+            letter.source,
             keys.dead_letters,
             letter.dead_id,
             letter.payload,
@@ -136,9 +127,7 @@ async def discard(
     for letter in chosen:
         await streams.delete(redis, keys.dead_letters, [letter.dead_id])
         if letter.stream_id:
-            await streams.delete(
-                redis, source_stream(keys, letter.source, letter.payload), [letter.stream_id]
-            )
+            await streams.delete(redis, letter.source, [letter.stream_id])
         ident = peek_identity(letter.payload) if letter.payload else None
         if ident is not None and letter.stream_id:
             namespace, episode_id, user_id, _ = ident
@@ -223,17 +212,13 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
         if not page:
             return gone
         hits = [
-            (dead_id, f.get(b"sid"), f.get(b"e") or b"", f.get(b"src"))
+            (dead_id, f.get(b"sid"), f.get(b"e") or b"", f[b"src"])
             for dead_id, f in page
             if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref
         ]
         if hits:
             await streams.delete(redis, keys.dead_letters, [d for d, _, _, _ in hits])
-            originals = [
-                streams.Entry(s, None, stream=source_stream(keys, src, payload))
-                for _, s, payload, src in hits
-                if s
-            ]
+            originals = [streams.Entry(s, None, stream=src.decode()) for _, s, _payload, src in hits if s]
             await streams.delete_entries(redis, originals)
             # and the episode's link to them (named in clear by the envelope), which outlived them
             links = {
