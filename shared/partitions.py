@@ -7,9 +7,11 @@ worker, the query service, a replay or a stream SDK publisher — records it in 
 (`layout`) when it creates the meta hash. A meta hash without that record (every process of an older
 Engram wrote there: its index generation, embedder, P) or with another layout was written by another
 Engram and is refused with the way out (its data is not read under names it was not written with).
-Entries in the stream alone do not count: a publisher without the SDK may write them first. Whether it seals its stream (a master key) is recorded with it (`sealed`): a deployment started
-without one holds plaintext entries, and a process with a master key is refused there rather than
-mixing sealed entries into a log that would still hold the plaintext ones.
+Entries in the stream alone do not count: a publisher without the SDK may write them first.
+
+**Encryption.** Whether the deployment seals its stream (a master key) is recorded with the layout
+(`sealed`): a deployment started without one holds plaintext entries, and a process with a master key
+is refused there rather than mix sealed entries into a log that keeps the plaintext ones.
 
 **Partitions.** The partition of a namespace is its digest modulo P (`shared.keys.partition_of`):
 another P sends a namespace's new events to another stream than its older ones, and a worker would fold
@@ -54,8 +56,8 @@ end
 return {layout, cur, redis.call('HGET', KEYS[1], 'sealed')}
 """
 """Record the layout ARGV[3] and `sealed` ARGV[4] unless recorded — only when the meta hash does not
-exist yet: every Engram process of an older layout wrote into it — then P ARGV[2] unless recorded. Returns {recorded layout, recorded P, recorded sealed}, '' for what is
-not recorded (one round trip)."""
+exist yet: every Engram process of an older layout wrote into it — then P ARGV[2] unless recorded.
+Returns {recorded layout, recorded P, recorded sealed}, '' for what is not recorded (one round trip)."""
 
 
 async def recorded(redis: aioredis.Redis, keys: Keys) -> int | None:
