@@ -32,14 +32,6 @@ FIELD = "stream_partitions"
 LAYOUT = 1
 """The key layout of this build; the meta hash field `layout` holds the deployment's."""
 
-RECORD_LUA = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then return cur end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return ARGV[2]
-"""
-"""Record ARGV[2] in field ARGV[1] unless recorded (HSETNX); returns the recorded value either way."""
-
 START_LUA = """
 local layout = redis.call('HGET', KEYS[1], 'layout')
 if not layout then
