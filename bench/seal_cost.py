@@ -43,14 +43,15 @@ async def one_side(url: str, events: list, master_key: bytes | None) -> dict[str
     r = connect(url)
     try:
         embedder = HashingEmbedder(DIM)
-        tags = await ensure_episode_index(
-            r, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), embedder.name, tag_key=None
-        )
+        # the publisher is the deployment's first process: it records the layout (shared.partitions)
         client = EngramClient(r, namespace=NAMESPACE, prefix=keys.prefix, master_key=master_key)
         cpu = time.process_time()
         for start in range(0, len(events), 100):
             await client.publish(events[start : start + 100])
         publish = time.process_time() - cpu
+        tags = await ensure_episode_index(
+            r, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), embedder.name, tag_key=None
+        )
         ring = KeyRing(keys, client._ring.master) if master_key is not None else None
         # nothing here is forgotten: the default settings (for this prefix) are never read
         projector = Projector(

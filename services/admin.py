@@ -294,11 +294,8 @@ def rotate_master_key(new_key_file: str) -> None:
 def erase_now() -> None:
     """Run the erasure housekeeping now (it runs by itself after forgets, at most every
     ENGRAM_ERASURE_INTERVAL): compact the stream, then rewrite the AOF, so that the bytes of forgotten
-    entries leave Redis's memory and files; with the master key, entries written before encryption are
-    sealed on the way. Prints what it did, with timings, as JSON."""
+    entries leave Redis's memory and files. Prints what it did, with timings, as JSON."""
     from services.consolidator import erasure
-    from shared.crypto import MasterKey
-    from shared.keyring import KeyRing
     from shared.partitions import deployment_keys
 
     settings = _settings("erase-now")
@@ -306,8 +303,7 @@ def erase_now() -> None:
     async def go():
         async with admin.redis_of(settings) as redis:
             keys = await deployment_keys(redis, settings.keys)  # every partition it has
-            ring = KeyRing(keys, MasterKey(settings.master_key)) if settings.master_key else None
-            click.echo(json.dumps(await erasure.run(redis, keys, ring)))
+            click.echo(json.dumps(await erasure.run(redis, keys)))
 
     run_admin("erase-now", go())
 

@@ -17,7 +17,7 @@ associated data binds it to the clear fields (type, v, namespace, episode_id, ev
 r, k). `data` keeps in clear only what routing and idempotency need: `event_id`, `namespace`,
 `occurred_at` and `episode_id` (entries written before events lost their `schema_version` field
 also hold it in clear; it is ignored). The key `x` is what tells a sealed envelope from a
-plaintext one (written before encryption, or with it off); both decode. Decoding a sealed envelope needs
+plaintext one (encryption off); both decode. Decoding a sealed envelope needs
 a key lookup `(ref, kid) -> DataKey | None`: None means the key was destroyed (`KeyDestroyed`: the
 user was forgotten); no lookup at all is `SealedEntry`; a payload that fails authentication is
 `Unreadable` (a DecodeError).

@@ -56,7 +56,7 @@ LAST = "generation_last"
 _GEN_KEY = re.compile(rb"g(\d+):")
 _GEN_FIELD = re.compile(r"g(\d+):")
 # "facts": what the replay that built the generation did with them (`shared.facts.replay_record`)
-_META_FIELDS = ("embedder", "dim", "algorithm", "tags", "layout", "facts")
+_META_FIELDS = ("embedder", "dim", "algorithm", "tags", "facts")
 
 CLAIM_LUA = """
 local m = redis.call('HMGET', KEYS[1], 'generation', 'building', 'building_beat', 'generation_last')

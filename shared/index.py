@@ -40,9 +40,8 @@ from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
-from shared.legacy import check_layout
 from shared.replies import as_text
-from shared.tags import MODE_PLAIN, TagCodec, codec, mode_for
+from shared.tags import TagCodec, codec, mode_for
 from shared.ties import TIE_FIELD, tie_break, tie_tag
 
 if TYPE_CHECKING:
@@ -255,8 +254,7 @@ the bytes as written, case included), so a search that returns only sortable fie
 
 
 def episode_schema(params: VectorParams) -> list[Any]:
-    """The FT.CREATE SCHEMA arguments of a new generation's episode index (an index created before a
-    field changed keeps its own: `_add_missing_fields` adds only missing fields)."""
+    """The FT.CREATE SCHEMA arguments of a new generation's episode index."""
     args: list[Any] = []
     for name in TAG_FIELDS:
         args += [name, "TAG", "SEPARATOR", TAG_SEPARATOR, "CASESENSITIVE"]
@@ -391,7 +389,7 @@ async def ensure_episode_index(
     return the digest function of its TAG fields (`shared.tags`).
 
     `tag_key` is the deployment's (`Deployment.tag_key`, None without a master key): a generation
-    created here gets the mode it selects; one created before digests existed keeps `plain`.
+    created here gets the mode it selects.
     Raises EmbedderMismatch (a Conflict) when the index exists with another embedder name or
     dimension: mixing vectors of two models would silently ruin recall;
     `python -m services.consolidator reindex` builds a new generation instead. ConfigError when the
@@ -416,12 +414,7 @@ async def ensure_episode_index(
     if not await index_exists(r, name):
         # recorded before the index exists, so a process that finds the index also finds its mode
         await r.hsetnx(keys.meta, f"g{gen}:tags", mode_for(tag_key))
-        await check_layout(r, keys, gen, created=True)
         await create_index(r, name, keys.episode_doc_prefix(gen), episode_schema(params))
-    else:  # built before TAG digests: its fields hold the ids as given
-        await r.hsetnx(keys.meta, f"g{gen}:tags", MODE_PLAIN)
-        await _add_missing_fields(r, name)
-        await check_layout(r, keys, gen, created=False)
     await r.hset(
         keys.meta,
         mapping={
@@ -436,30 +429,11 @@ async def ensure_episode_index(
     return await generation_tags(r, keys, gen, tag_key)
 
 
-async def _add_missing_fields(r: aioredis.Redis, name: str) -> None:
-    """FT.ALTER an index built before a NUMERIC or TEXT field existed (`expires_at`), so
-    queries naming it work (and a TEXT field written later is indexed)."""
-    info = await r.execute_command("FT.INFO", name)
-    attrs = dict(zip(info[::2], info[1::2], strict=False)).get(b"attributes") or []
-    if not attrs:  # a shard-local cluster's template (shared.cluster): its shards get the current schema
-        return
-    have = {a[a.index(b"attribute") + 1] for a in attrs if b"attribute" in a}
-    missing: list[tuple[str, list[Any]]] = [(f, ["NUMERIC", "SORTABLE"]) for f in NUMERIC_FIELDS]
-    missing += [(f, ["TEXT", "WEIGHT", weight]) for f, weight in TEXT_FIELDS]
-    for field_name, spec in missing:
-        if field_name.encode() not in have:
-            try:
-                await r.execute_command("FT.ALTER", name, "SCHEMA", "ADD", field_name, *spec)
-            except ResponseError as exc:  # another process added it first
-                if "duplicate" not in str(exc).lower():
-                    raise
-
-
 async def generation_tags(r: aioredis.Redis, keys: Keys, gen: int, tag_key: bytes | None) -> TagCodec:
-    """The digest function of generation `gen`'s TAG fields, as recorded in the meta hash (`plain` when
-    nothing is recorded: a generation older than digests). ConfigError as in `shared.tags.codec`."""
+    """The digest function of generation `gen`'s TAG fields, as recorded in the meta hash when its index
+    was created (`ensure_episode_index`). ConfigError as in `shared.tags.codec`."""
     raw = await r.hget(keys.meta, f"g{gen}:tags")
-    return codec(as_text(raw) if raw else MODE_PLAIN, tag_key, prefix=keys.prefix)
+    return codec(as_text(raw) if raw else mode_for(tag_key), tag_key, prefix=keys.prefix)
 
 
 async def point_alias_at(r: aioredis.Redis, alias: str, index: str) -> None:

@@ -205,8 +205,7 @@ class KeyRing:
 
     async def key_for(self, redis: aioredis.Redis, ref: bytes, namespace: str) -> DataKey:
         """The live data key of `ref` (of a user of `namespace`), created (race-free) if it does not
-        exist: for re-sealing entries written before encryption (replay's migration), outside the
-        publish script."""
+        exist, outside the publish script: a namespace's own key (`live_keys`)."""
         known = self._known.get(ref)
         if known is not None and time.monotonic() - known[1] <= self.ttl:
             return known[0]
@@ -218,18 +217,12 @@ class KeyRing:
         self._known[ref] = (opened, time.monotonic())
         return opened
 
-    async def reseal(self, redis: aioredis.Redis, event: Event) -> bytes:
-        """`event` sealed with its user's (or namespace's) current key, as a publisher would seal it."""
-        ref = (await self.load(redis)).ref(event.namespace, self._user_for(event))
-        return seal(event, ref, await self.key_for(redis, ref, event.namespace))
-
     async def live_keys(
         self, redis: aioredis.Redis, namespace: str, users: Iterable[str | None]
     ) -> dict[str | None, DataKey]:
         """The live data key of each of `users` of `namespace` (None: the namespace's own key, created if
         it does not exist yet); a user whose key does not exist is left out, never created — it was
-        destroyed by a forget (or never existed: a user whose events all predate encryption, until a
-        replay re-seals them). For sealing facts (`shared.fact_seal`): a key re-created here would
+        destroyed by a forget. For sealing facts (`shared.fact_seal`): a key re-created here would
         outlive the forget and keep the forgotten user's part of a fact readable."""
         deployment = await self.load(redis)
         users = set(users)

@@ -17,12 +17,10 @@ the facts and scope counters of the namespace hash to one slot: every script of 
 forgetting and facts is single-slot (tests/integration/test_key_slots.py checks each call). The tag
 sits after the kind of key (`<prefix>g1:ep:{tag}:<digest>`), so the index prefixes (`<prefix>g1:ep:`,
 `<prefix>g1:fact:`) still match. The few global keys (dead letters, meta, aliases, the deployment
-key, and the stream of a deployment with one partition) carry no namespace tag. The keys of the layout before the tags, which a replay
-migrates from, are built by `LegacyKeys`.
+key, and the stream of a deployment with one partition) carry no namespace tag.
 
 **Stream partitions.** The episode stream is `partitions` (P) streams. P = 1 is the single key
-`<prefix>stream:episodes` of every deployment before partitions (a single node's default: nothing to
-migrate). With P > 1 (a cluster's default, 16) partition i is `<prefix>stream:episodes:{<tag i>}`: each
+`<prefix>stream:episodes` (a single node's default). With P > 1 (a cluster's default, 16) partition i is `<prefix>stream:episodes:{<tag i>}`: each
 partition's tag is chosen (`partition_tag`) so that its CRC16 slot falls in the i-th of P equal slices
 of the 16384 slots, so the partitions spread evenly over any primaries that split the slots evenly (16
 over 3: 5/5/6). A namespace maps to a partition by a stable hash (`partition_of`): all the events of a
@@ -85,7 +83,7 @@ def partition_of(namespace: str, partitions: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Keys:
     """Key names under one prefix. Methods return `str` keys; `gen` is a projection generation;
-    `partitions` is the number of stream partitions P (1: the single stream of before partitions)."""
+    `partitions` is the number of stream partitions P (1: the single stream `<prefix>stream:episodes`)."""
 
     prefix: str = "engram:"
     partitions: int = 1
@@ -312,30 +310,5 @@ class Keys:
         return f"{self.gen_prefix(gen)}factscope:{ns_tag(namespace)}:{scope_id}"
 
     def fact_scope_pattern(self, gen: int) -> str:
-        """SCAN pattern of every scope state of generation `gen`, in either layout (`LegacyKeys`)."""
+        """SCAN pattern of every scope state of generation `gen`."""
         return f"{self.gen_prefix(gen)}factscope:*"
-
-
-@dataclass(frozen=True, slots=True)
-class LegacyKeys:
-    """The names of the per-namespace keys before they carried a hash tag (the layout of a deployment
-    that predates it). A replay migrates the projections (it reads the old generation's event hashes
-    and scope states by pattern); tombstones cannot be renamed (their name holds only a digest of
-    (namespace, id)), so they are *read in both layouts*: forgetting writes only the new names, and the
-    checks that a forgotten episode or user stays forgotten also look here while the deployment's meta
-    says that legacy tombstones exist (`shared.legacy`)."""
-
-    prefix: str = "engram:"
-
-    def tombstone(self, namespace: str, episode_id: str) -> str:
-        return f"{self.prefix}tomb:{digest(namespace, episode_id)}"
-
-    def user_tombstone(self, namespace: str, user_id: str) -> str:
-        return f"{self.prefix}utomb:{digest(namespace, user_id)}"
-
-    def tombstone_pattern(self) -> str:
-        """SCAN pattern of the legacy episode tombstones (a tagged one has `{` after `tomb:`)."""
-        return f"{self.prefix}tomb:[0-9a-f]*"
-
-    def user_tombstone_pattern(self) -> str:
-        return f"{self.prefix}utomb:[0-9a-f]*"

@@ -1,13 +1,23 @@
-"""The number of stream partitions a deployment was started with, recorded once and checked at start.
+"""What a deployment was started with, recorded once and checked at start: its key layout and its
+number of stream partitions.
 
-The partition of a namespace is its digest modulo P (`shared.keys.partition_of`): another P sends a
-namespace's new events to another stream than its older ones, and a worker would fold them out of
-order (an action before its start is fine, a forget before the user's episodes is not). So P is
-recorded in the deployment's meta hash (`stream_partitions`) by the first process to start — a
-worker, the query service or a stream SDK publisher — and every later one must agree. A deployment
-that predates partitions has its one stream key and no record: it is recorded as P = 1 when its
-processes leave P unset, and a P > 1 set explicitly is refused as a change. How to change P:
-docs/scaling.md, Ingest partitions.
+**Layout.** `LAYOUT` names the key layout this build writes and reads (`shared.keys`, the TAG digests of
+`shared.tags`, the `tiebreak` field of `shared.ties`). The first process to start on a prefix — a
+worker, the query service, a replay or a stream SDK publisher — records it in the meta hash
+(`layout`) when it creates the meta hash. A meta hash without that record (every process of an older
+Engram wrote there: its index generation, embedder, P) or with another layout was written by another
+Engram and is refused with the way out (its data is not read under names it was not written with).
+Entries in the stream alone do not count: a publisher without the SDK may write them first.
+
+**Encryption.** Whether the deployment seals its stream (a master key) is recorded with the layout
+(`sealed`): a deployment started without one holds plaintext entries, and a process with a master key
+is refused there rather than mix sealed entries into a log that keeps the plaintext ones.
+
+**Partitions.** The partition of a namespace is its digest modulo P (`shared.keys.partition_of`):
+another P sends a namespace's new events to another stream than its older ones, and a worker would fold
+them out of order (an action before its start is fine, a forget before the user's episodes is not). So
+P is recorded in the meta hash (`stream_partitions`) by the first process to start, and every later one
+must agree. How to change P: docs/scaling.md, Ingest partitions.
 """
 
 from __future__ import annotations
@@ -19,14 +29,27 @@ from shared.keys import Keys
 
 FIELD = "stream_partitions"
 """The meta hash field holding P."""
+LAYOUT = 1
+"""The key layout of this build; the meta hash field `layout` holds the deployment's."""
 
-RECORD_LUA = """
+START_LUA = """
+local layout = redis.call('HGET', KEYS[1], 'layout')
+if not layout then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'', '', ''} end
+  redis.call('HSET', KEYS[1], 'layout', ARGV[3], 'sealed', ARGV[4])
+  layout = ARGV[3]
+end
+if layout ~= ARGV[3] then return {layout, '', ''} end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then return cur end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return ARGV[2]
+if not cur then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  cur = ARGV[2]
+end
+return {layout, cur, redis.call('HGET', KEYS[1], 'sealed')}
 """
-"""Record P unless recorded (HSETNX); returns the recorded value either way (one round trip)."""
+"""Record the layout ARGV[3] and `sealed` ARGV[4] unless recorded — only when the meta hash does not
+exist yet: every Engram process of an older layout wrote into it — then P ARGV[2] unless recorded.
+Returns {recorded layout, recorded P, recorded sealed}, '' for what is not recorded (one round trip)."""
 
 
 async def recorded(redis: aioredis.Redis, keys: Keys) -> int | None:
@@ -35,20 +58,33 @@ async def recorded(redis: aioredis.Redis, keys: Keys) -> int | None:
     return None if raw is None else int(raw)
 
 
-async def check_partitions(redis: aioredis.Redis, keys: Keys, *, explicit: bool = True) -> None:
-    """Record `keys.partitions` for the deployment if nothing is recorded, else require the recorded
-    value. `explicit` says whether P was set (ENGRAM_STREAM_PARTITIONS, or the SDK's `partitions=`) or is
-    the topology's default. Raises ConfigError naming the variable when the deployment has another P
-    (or is a single-stream deployment from before partitions and P > 1 was not set explicitly to 1)."""
+async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, explicit: bool = True) -> None:
+    """Record `LAYOUT`, `sealed` (the process has a master key) and `keys.partitions` for the deployment
+    where nothing is recorded, else require the recorded values. `explicit` says whether P was set
+    (ENGRAM_STREAM_PARTITIONS, or the SDK's `partitions=`) or is the topology's default. Raises
+    ConfigError when the deployment was written by another Engram layout (saying what to do), was
+    started without a master key and `sealed`, or has another P (naming the variable)."""
     proposed = keys.partitions
-    if proposed > 1 and await redis.exists(Keys(keys.prefix).stream) and await recorded(redis, keys) is None:
-        # a deployment from before partitions (its single stream holds entries, nothing is recorded)
+    layout, raw, recorded_sealed = await redis.register_script(START_LUA)(
+        keys=[keys.meta], args=[FIELD, proposed, LAYOUT, int(sealed)]
+    )
+    if not layout:
         raise ConfigError(
-            f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) has one stream from before partitions; "
-            f"ENGRAM_STREAM_PARTITIONS={proposed}{'' if explicit else ' (the cluster default)'} would leave "
-            "its entries unread: set ENGRAM_STREAM_PARTITIONS=1 (docs/scaling.md, Ingest partitions)"
+            f"ENGRAM_PREFIX={keys.prefix!r} was written by an older Engram layout: replay its episodes into "
+            "a fresh prefix (ENGRAM_PREFIX=<new prefix>; `engram export` with the Engram that wrote it, "
+            "then `engram import`)"
         )
-    raw = await redis.register_script(RECORD_LUA)(keys=[keys.meta], args=[FIELD, proposed])
+    if layout != str(LAYOUT).encode():
+        raise ConfigError(
+            f"ENGRAM_PREFIX={keys.prefix!r} has key layout {layout.decode()!r}, this Engram reads layout "
+            f"{LAYOUT}: run the Engram that wrote it"
+        )
+    if sealed and recorded_sealed == b"0":
+        raise ConfigError(
+            f"ENGRAM_PREFIX={keys.prefix!r} was started without a master key, so its stream holds plaintext: "
+            "a master key applies to a fresh prefix (ENGRAM_PREFIX=<new prefix>; `engram export`, then "
+            "`engram import` into it)"
+        )
     have = int(raw)
     if have != proposed:
         raise ConfigError(

@@ -254,7 +254,9 @@ class EngramClient:
                 have = await recorded(self.redis, self.keys)
                 default = CLUSTER_PARTITIONS if isinstance(self.redis, RedisCluster) else 1
                 self.keys = Keys(self.keys.prefix, have or default)
-            await check_partitions(self.redis, self.keys, explicit=explicit)
+            await check_partitions(
+                self.redis, self.keys, sealed=self._master_key is not None, explicit=explicit
+            )
             if explicit:
                 if len(_CHECKED) > 1024:  # tests make one deployment per test
                     _CHECKED.clear()

@@ -238,7 +238,7 @@ class Settings:
     """`ENGRAM_PREFIX`: every key Engram writes starts with it (tests use one per test)."""
     stream_partitions: int | None = env("ENGRAM_STREAM_PARTITIONS", None, integer(1, MAX_PARTITIONS))
     """`ENGRAM_STREAM_PARTITIONS`: the number P of episode stream partitions (`shared.keys`); None
-    (unset) = 1 on a single Redis (the one stream key of before partitions), 16 on a cluster. Recorded
+    (unset) = 1 on a single Redis, 16 on a cluster. Recorded
     in the deployment's meta at first start; another value is refused (`shared.partitions`)."""
     cluster_search: str = env("ENGRAM_CLUSTER_SEARCH", "shard", choice("shard", "coordinator"))
     """`ENGRAM_CLUSTER_SEARCH`, with a `redis+cluster://` REDIS_URL: `shard` (an index per primary,

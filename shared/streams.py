@@ -68,7 +68,7 @@ async def publish(
     With `unless_exists`, nothing is added if that key exists: redis-py's ResponseError starting with
     `ENCRYPTED` (see `is_encrypted_refusal`). On a cluster that key shares the stream's slot
     (`Keys.encrypted_marker` of the stream's partition); only the one stream of a cluster deployment
-    from before partitions (ENGRAM_STREAM_PARTITIONS=1) has it elsewhere, and is checked apart, with the
+    with ENGRAM_STREAM_PARTITIONS=1 has it elsewhere, and is checked apart, with the
     window that leaves (a deployment turning encrypted between the check and the XADD)."""
     if not payloads:
         return []
@@ -515,7 +515,7 @@ class Partitions:
     one group per partition). Each turn of a worker lane works on one partition (its `StreamGroup`):
     `next_for_reclaim` rotates the reclaims over the partitions, `read_any` reads new entries from the
     first partition that has some, starting one further each call so that no partition is favoured.
-    With one stream both are the group's own calls, exactly as before partitions."""
+    With one stream both are the group's own calls."""
 
     def __init__(self, redis: aioredis.Redis, streams: Sequence[str], group: str):
         if not streams:

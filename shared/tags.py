@@ -17,8 +17,6 @@ A generation's mode is chosen when its index is created and recorded in the meta
 - `blake2b-v1`, without one: BLAKE2b-128 keyed by a constant: pseudonymous, not secret (whoever can
   read Redis can test a guessed id, as with the key names of `shared.keys`, which use the same kind
   of digest); the ids themselves are gone from the index all the same.
-- `plain`: a generation created before this change, whose TAG fields hold the ids as given. It keeps
-  working; `python -m services.consolidator replay` builds a new generation in the current mode.
 
 Agent ids, categories, strategies and outcomes stay in clear (facts group by them with FT.AGGREGATE;
 they name agents and kinds of work, not people), as does the namespace (the tenant).
@@ -33,8 +31,8 @@ from dataclasses import dataclass, field
 
 from engram_episodic.errors import ConfigError
 
-MODE_PLAIN, MODE_BLAKE2B, MODE_HMAC = "plain", "blake2b-v1", "hmac-v1"
-MODES = (MODE_PLAIN, MODE_BLAKE2B, MODE_HMAC)
+MODE_BLAKE2B, MODE_HMAC = "blake2b-v1", "hmac-v1"
+MODES = (MODE_BLAKE2B, MODE_HMAC)
 DIGEST_BYTES = 16
 # the kinds of id; a fact's `evidence` holds episode ids, so it digests them as the episode index does
 EPISODE, USER, SESSION = b"episode", b"user", b"session"
@@ -60,8 +58,6 @@ class TagCodec:
 
     def digest(self, kind: bytes, namespace: str, value: str) -> str:
         """What the TAG field of `kind` (EPISODE, USER, SESSION) holds for `value` of `namespace`."""
-        if self.mode == MODE_PLAIN:
-            return value
         msg = b"\x00".join((kind, namespace.encode(), value.encode()))
         if self.mode == MODE_HMAC:
             assert self.key is not None
@@ -84,7 +80,6 @@ class TagCodec:
         return self.digest(SESSION, namespace, session_id)
 
 
-PLAIN = TagCodec(MODE_PLAIN)
 BLAKE2B = TagCodec(MODE_BLAKE2B)
 
 
@@ -103,4 +98,6 @@ def codec(mode: str, tag_key: bytes | None, *, prefix: str = "") -> TagCodec:
                 f"set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE"
             )
         return TagCodec(MODE_HMAC, tag_key)
-    return PLAIN if mode == MODE_PLAIN else BLAKE2B
+    if mode != MODE_BLAKE2B:
+        raise ValueError(f"unknown TAG digest mode {mode!r}")
+    return BLAKE2B

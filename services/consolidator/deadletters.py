@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
-from shared import legacy, streams
+from shared import streams
 from shared.codec import payload_ref, peek_identity
 from shared.keys import Keys
 from shared.replies import as_text, bytes_map
@@ -42,7 +42,7 @@ def withhold_values(reason: str) -> str:
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """One dead letter: its id in the dead-letter stream, the original stream id, reason and payload;
-    `source` is the partition stream it came from ("" in a dead letter from before partitions)."""
+    `source` is the partition stream it came from."""
 
     dead_id: str
     stream_id: str
@@ -51,15 +51,6 @@ class DeadLetter:
     at: float
     payload: bytes
     source: str = ""
-
-
-def source_stream(keys: Keys, source: bytes | str | None, payload: bytes | None) -> str:
-    """The partition stream a dead letter came from: its `src` field; for one written before
-    partitions (one stream then), the stream of the namespace its payload names, else partition 0."""
-    if source:
-        return source.decode() if isinstance(source, bytes) else source
-    ident = peek_identity(payload) if payload else None
-    return keys.stream_of(ident[0]) if ident is not None else keys.partition_stream(0)
 
 
 async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 100) -> list[DeadLetter]:
@@ -106,7 +97,7 @@ async def redrive(
     for letter in chosen:
         await streams.requeue(  # back into the partition it came from: its namespace's
             redis,
-            source_stream(keys, letter.source, letter.payload),
+            letter.source,
             keys.dead_letters,
             letter.dead_id,
             letter.payload,
@@ -136,9 +127,7 @@ async def discard(
     for letter in chosen:
         await streams.delete(redis, keys.dead_letters, [letter.dead_id])
         if letter.stream_id:
-            await streams.delete(
-                redis, source_stream(keys, letter.source, letter.payload), [letter.stream_id]
-            )
+            await streams.delete(redis, letter.source, [letter.stream_id])
         ident = peek_identity(letter.payload) if letter.payload else None
         if ident is not None and letter.stream_id:
             namespace, episode_id, user_id, _ = ident
@@ -171,10 +160,10 @@ async def dead_letter(
         refs[DEAD_REF_USER] = user_id.encode()
         await redis.sadd(k.user_dead_letters(namespace, user_id), episode_id)
     await redis.hset(k.dead_letter_refs(namespace, episode_id), mapping=refs)
-    forgotten = bool(await redis.exists(*legacy.tombstones(k, namespace, episode_id)))
+    forgotten = bool(await redis.exists(k.tombstone(namespace, episode_id)))
     if not forgotten and user_id is not None:
-        at = await legacy.user_forgot_at(redis, k, namespace, user_id)
-        forgotten = at is not None and (occurred_at is None or at >= occurred_at)
+        at = await redis.get(k.user_tombstone(namespace, user_id))
+        forgotten = at is not None and (occurred_at is None or float(at) >= occurred_at)
     if forgotten:  # forgotten before or while this was dead-lettered: keep neither copy
         await delete_dead_letters(redis, keys, namespace, episode_id)
 
@@ -223,17 +212,13 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
         if not page:
             return gone
         hits = [
-            (dead_id, f.get(b"sid"), f.get(b"e") or b"", f.get(b"src"))
+            (dead_id, f.get(b"sid"), f.get(b"e") or b"", f[b"src"])
             for dead_id, f in page
             if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref
         ]
         if hits:
             await streams.delete(redis, keys.dead_letters, [d for d, _, _, _ in hits])
-            originals = [
-                streams.Entry(s, None, stream=source_stream(keys, src, payload))
-                for _, s, payload, src in hits
-                if s
-            ]
+            originals = [streams.Entry(s, None, stream=src.decode()) for _, s, _payload, src in hits if s]
             await streams.delete_entries(redis, originals)
             # and the episode's link to them (named in clear by the envelope), which outlived them
             links = {
@@ -245,25 +230,3 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
                 await redis.delete(*links)
             gone += len(hits)
         cursor = page[-1][0]
-
-
-async def relink(redis: aioredis.Redis, keys: Keys) -> int:
-    """Link every dead letter whose payload names its episode under the current key names, and delete
-    the links of the layout before hash tags (`shared.keys.LegacyKeys`): the replay that migrates the
-    layout runs it, so that forgetting still reaches dead letters written before. Returns letters linked."""
-    linked = 0
-    for letter in await list_dead_letters(redis, keys, limit=10_000_000):
-        ident = peek_identity(letter.payload) if letter.payload else None
-        if ident is None or not letter.stream_id:
-            continue
-        namespace, episode_id, user_id, _at = ident
-        refs: dict[EncodableT, EncodableT] = {letter.stream_id.encode(): letter.dead_id.encode()}
-        if user_id is not None:
-            refs[DEAD_REF_USER] = user_id.encode()
-            await redis.sadd(keys.user_dead_letters(namespace, user_id), episode_id)
-        await redis.hset(keys.dead_letter_refs(namespace, episode_id), mapping=refs)
-        linked += 1
-    for pattern in (f"{keys.prefix}deadref:[0-9a-f]*", f"{keys.prefix}deaduser:[0-9a-f]*"):
-        async for key in redis.scan_iter(match=pattern, count=1000):
-            await redis.unlink(key)
-    return linked

@@ -8,8 +8,7 @@ user's data key: `shared.keyring`). Two copies outlive those deletions until thi
   `BGREWRITEAOF` replaces base and increments with a snapshot of the data as it is now;
 - the **stream's memory**: `XDEL` only flags an entry, its bytes stay in the listpack node and so in
   every later RDB and AOF base. With encryption those bytes are ciphertext under a destroyed key;
-  without it (or for entries written before it, facts snapshots included: sealed ones are copied as
-  they are, plaintext ones too) they are plaintext until `compact` rewrites the stream
+  without it they are plaintext until `compact` rewrites the stream
   (docs/reliability.md, "Erasure").
 
 `mark_pending` is called for every erased episode and user (`services.consolidator.forgetting`); lane 0
@@ -31,8 +30,7 @@ from redis.typing import EncodableT, FieldT
 
 from engram_episodic.errors import EngramError
 from shared import generations, streams
-from shared.codec import decode, sealable, sealed_ref, unpack
-from shared.keyring import KeyRing
+from shared.codec import unpack
 from shared.keys import Keys
 from shared.replies import as_bytes
 
@@ -114,16 +112,13 @@ async def compact(
     *,
     page: int = 1000,
     attempts: int = 3,
-    keyring: KeyRing | None = None,
     stream: str | None = None,
 ) -> dict:
     """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
     only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
     then holds. The live entries are copied, ids unchanged, into a new key page by page (the
     stream keeps taking entries meanwhile), then SWAP_LUA finishes atomically. Costs a second copy of
-    the stream while it runs. With `keyring` (a master key), episode events written before encryption
-    are sealed as they are copied (the migration of a plaintext deployment). Returns {compacted,
-    entries, resealed, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
+    the stream while it runs. Returns {compacted, entries, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
     bytes_before, bytes_after}. `stream` is the episode stream by default; the dead-letter stream is
     compacted the same way (its deleted entries held forgotten payloads too), and so is each partition
     of a partitioned stream (`compact_partitions`)."""
@@ -136,14 +131,10 @@ async def compact(
     for _attempt in range(attempts):
         await redis.delete(tmp)
         last = "0-0"
-        resealed = 0
         while True:
             rows = await streams.read_range_raw(redis, stream, f"({last}", count=page)
             if not rows:
                 break
-            if keyring is not None:
-                rows, n = await _reseal_rows(redis, keyring, rows)
-                resealed += n
             async with redis.pipeline(transaction=False) as pipe:
                 for sid, fields in rows:
                     pipe.xadd(tmp, cast("dict[FieldT, EncodableT]", fields), id=sid)  # Dict is invariant
@@ -162,7 +153,6 @@ async def compact(
             return {
                 "compacted": True,
                 "entries": int(detail),
-                "resealed": resealed,
                 "seconds": round(time.perf_counter() - started, 3),
                 "swap_ms": swap_ms,
                 "bytes_before": before,
@@ -178,26 +168,6 @@ async def compact(
         "seconds": round(time.perf_counter() - started, 3),
         "bytes_before": before,
     }
-
-
-async def _reseal_rows(redis: aioredis.Redis, keyring: KeyRing, rows: list) -> tuple[list, int]:
-    """`rows` with each plaintext episode event (EpisodeStarted, ActionRecorded, EpisodeCompleted,
-    UserForgotten) sealed as a publisher with the master key would have sealed it; anything else
-    (sealed already, facts, undecodable) is copied as it is."""
-    out, n = [], 0
-    for sid, fields in rows:
-        payload = fields.get(streams.FIELD)
-        if payload:
-            try:
-                if sealed_ref(unpack(payload)) is None:
-                    event = decode(payload)
-                    if sealable(event):
-                        fields = {**fields, streams.FIELD: await keyring.reseal(redis, event)}
-                        n += 1
-            except EngramError:
-                pass
-        out.append((sid, fields))
-    return out, n
 
 
 async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
@@ -314,31 +284,29 @@ async def _drop_applied_forgets(redis: aioredis.Redis, stream: str, page: int) -
         last = rows[-1][0].decode()
 
 
-async def compact_partitions(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:
+async def compact_partitions(redis: aioredis.Redis, keys: Keys) -> dict:
     """`compact` every partition of the episode stream. With one partition its report as it is; with
-    several {compacted (any), entries, resealed, seconds, swap_ms (the longest), bytes_before,
+    several {compacted (any), entries, seconds, swap_ms (the longest), bytes_before,
     bytes_after (sums), partitions: the report of each, in partition order}."""
-    reports = [await compact(redis, keys, keyring=keyring, stream=stream) for stream in keys.streams]
+    reports = [await compact(redis, keys, stream=stream) for stream in keys.streams]
     if len(reports) == 1:
         return reports[0]
     total: dict = {"compacted": any(r["compacted"] for r in reports)}
-    for name in ("entries", "resealed", "seconds", "bytes_before", "bytes_after"):
+    for name in ("entries", "seconds", "bytes_before", "bytes_after"):
         total[name] = round(sum(r.get(name, 0) for r in reports), 3)
     total["swap_ms"] = max(r.get("swap_ms", 0) for r in reports)
     total["partitions"] = reports
     return total
 
 
-async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None) -> dict:
-    """One erasure pass now: compact the stream (sealing plaintext entries on the way when `keyring`
-    is given), then rewrite the AOF (whose new base is then taken from the compacted stream). Returns
+async def run(redis: aioredis.Redis, keys: Keys) -> dict:
+    """One erasure pass now: compact the stream, then rewrite the AOF (whose new base is then taken from the compacted stream). Returns
     what it did and how long each step took."""
     started = time.perf_counter()
     forgets = await drop_applied_forgets(redis, keys)
-    compaction = await compact_partitions(redis, keys, keyring)
+    compaction = await compact_partitions(redis, keys)
     # dead letters hold the payload of the entry they failed on (uncompacted, a forgotten user's dead
-    # letter would stay in the RDB and the AOF base after the pass); no resealing: a dead
-    # letter keeps its bytes as they were for redrive
+    # letter would stay in the RDB and the AOF base after the pass)
     dead = await compact(redis, keys, stream=keys.dead_letters)
     rewritten = await rewrite_aof(redis)
     return {
@@ -350,9 +318,7 @@ async def run(redis: aioredis.Redis, keys: Keys, keyring: KeyRing | None = None)
     }
 
 
-async def housekeep(
-    redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int, keyring: KeyRing | None = None
-) -> dict | None:
+async def housekeep(redis: aioredis.Redis, keys: Keys, *, interval: float, lease_ms: int) -> dict | None:
     """If forgets are pending and the last erasure pass is older than `interval` seconds, run one
     (one worker at a time: a lease) and clear the mark unless a forget came meanwhile. Returns its
     report, or None when nothing was due."""
@@ -363,7 +329,7 @@ async def housekeep(
     if not await redis.set(lock, "1", nx=True, px=max(lease_ms, 600_000)):
         return None
     try:
-        report = await run(redis, keys, keyring)
+        report = await run(redis, keys)
         await redis.register_script(CLEAR_PENDING_LUA)(
             keys=[keys.meta], args=[PENDING_FIELD, pending, DONE_FIELD, repr(time.time())]
         )

@@ -58,8 +58,8 @@ from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
-from shared import cluster, generations, legacy, streams, tracing
-from shared.codec import decode, decode_envelope, is_sealed, key_refs, sealed_ref, unpack
+from shared import cluster, generations, streams, tracing
+from shared.codec import decode, decode_envelope, is_sealed, key_refs, unpack
 from shared.crypto import KeyDestroyed
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
@@ -162,7 +162,6 @@ class Projector:
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
         )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        self._legacy: bool | None = None  # legacy tombstones to read too (shared.legacy), read once
 
     # --- entry point ----------------------------------------------------------------------------
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:
@@ -282,10 +281,6 @@ class Projector:
         by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]] = {}
         for entry, ev in segment:
             by_episode.setdefault((ev.namespace, ev.episode_id), []).append((entry, ev))
-        if self._legacy is None:
-            self._legacy = await legacy.enabled(self.redis, self.keys)
-        if self._legacy:
-            await self._drop_legacy_forgotten(by_episode, result)
         # a shard-local cluster: each namespace's index exists before its first document is written
         await cluster.ensure_shards(
             self.redis, [self.keys.episode_index(self.gen)], {ns for ns, _ in by_episode}
@@ -377,30 +372,6 @@ class Projector:
             raise RuntimeError(
                 f"{len(pending)} episode(s) kept changing during {MAX_WRITE_ATTEMPTS} write attempts"
             )
-
-    async def _drop_legacy_forgotten(
-        self, by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]], result: BatchResult
-    ) -> None:
-        """Ack, and delete from the stream, the events in hand of episodes that a tombstone of the
-        layout before hash tags forgets (shared.legacy): the scripts check only the current names."""
-        probes = []
-        for (ns, eid), items in by_episode.items():
-            users = [
-                episode.user_id
-                for _, ev in items
-                if (episode := getattr(ev, "episode", None)) is not None  # starts and completions
-            ]
-            first = min(ev.occurred_at for _, ev in items)
-            probes.append((ns, eid, next((u for u in users if u), None), first))
-        gone = await legacy.forgotten(self.redis, self.keys, probes)
-        dropped: list[streams.Entry] = []
-        for ident in gone:
-            for entry, ev in by_episode.pop(ident):
-                result.ok.append(entry.stream_id)
-                dropped.append(entry)
-                self.metrics.events.labels(ev.TYPE, "forgotten").inc()
-        if dropped:
-            await streams.delete_entries(self.redis, dropped)
 
     async def _without_documents(
         self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
@@ -607,10 +578,8 @@ class Projector:
                     continue
             except (DecodeError, AttributeError, KeyError, TypeError):
                 continue
-            if await self.redis.exists(*legacy.tombstones(self.keys, ns, eid)):
+            if await self.redis.exists(self.keys.tombstone(ns, eid)):
                 return None
-            if self.keyring is not None:
-                events = await self._reseal_plaintext(self.keyring, events)
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(
                     self.keys.episode_events(self.gen, ns, eid),
@@ -621,24 +590,6 @@ class Projector:
                 await pipe.execute()
             return ns, eid
         return None
-
-    async def _reseal_plaintext(self, keyring: KeyRing, events: dict[bytes, bytes]) -> dict[bytes, bytes]:
-        """The migration of a replay with a master key: stored events written before encryption
-        (plaintext envelopes) are sealed with their user's key, so the new generation's event hashes
-        hold no plaintext. Starts and completions first, so that actions find their episode's user."""
-        out = dict(events)
-        plain: list[tuple[bytes, Event]] = []
-        for event_id, payload in events.items():
-            try:
-                if sealed_ref(unpack(payload)) is None:
-                    plain.append((event_id, decode(payload)))
-            except EngramError:
-                continue
-        plain.sort(key=lambda item: isinstance(item[1], ActionRecorded))
-        for event_id, event in plain:
-            if isinstance(event, EPISODE_EVENTS):
-                out[event_id] = await keyring.reseal(self.redis, event)
-        return out
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""

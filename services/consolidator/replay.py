@@ -24,12 +24,6 @@ Tombstones are generation-independent, so a replay never resurrects forgotten da
 another embedder (`reindex`), every facts snapshot projected gets centroids computed again from its
 evidence there (`facts_store.apply_snapshot`); what was done is returned and recorded in `meta`
 (`shared.facts.replay_record`, shown by `/readyz`).
-
-**Layout migration.** A generation built before the keys carried a namespace hash tag
-(`shared.keys`; its meta has no `g<n>:layout`) is read by pattern like any other (its event hashes and
-facts scope states), and the new generation is written in the tagged layout. The legacy tombstones
-stay where they are and are read beside the new ones from then on (`shared.legacy.mark`); dead letters
-are linked again under the new names (`deadletters.relink`). Scope trigger counters start afresh.
 """
 
 from __future__ import annotations
@@ -45,10 +39,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from engram_episodic.errors import Conflict
-from services.consolidator import deadletters
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
-from shared import generations, legacy, streams
+from shared import generations, streams
 from shared.cluster import search_targets
 from shared.facts import replay_record
 from shared.index import (
@@ -208,7 +201,9 @@ async def replay(
     and facts_reembedded."""
     progress = progress or NoProgress()
     keys = settings.keys
-    await check_partitions(redis, keys, explicit=settings.stream_partitions is not None)
+    await check_partitions(
+        redis, keys, sealed=settings.master_key is not None, explicit=settings.stream_partitions is not None
+    )
     await generations.sweep(redis, keys)  # leftovers of an interrupted replay, of late writers
     old = await current_generation(redis, keys)
     new = await generations.claim(redis, keys)  # ReplayRunning while another one builds
@@ -287,16 +282,6 @@ async def _build(
         settings=settings,
         reembed_facts=reembed,
     )
-    if await redis.hget(keys.meta, f"g{old}:layout") != legacy.LAYOUT.encode():
-        tombstones = await legacy.mark(redis, keys)
-        relinked = await deadletters.relink(redis, keys)
-        log.info(
-            "replay ◆ migrating generation %d to the hash-tagged key layout ◆ %d legacy tombstones read "
-            "from now on ◆ %d dead letters relinked",
-            old,
-            tombstones,
-            relinked,
-        )
     progress.phase("snapshot", await _episode_count(redis, keys, old))
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(

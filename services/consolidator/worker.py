@@ -147,7 +147,12 @@ class Worker:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
         another embedder); ConfigError when the deployment records another number of partitions."""
         await cluster.check_search(self.redis)  # before anything is created
-        await check_partitions(self.redis, self.keys, explicit=self.settings.stream_partitions is not None)
+        await check_partitions(
+            self.redis,
+            self.keys,
+            sealed=self.keyring is not None,
+            explicit=self.settings.stream_partitions is not None,
+        )
         await self.partitions.ensure()
         if (
             self.keyring is not None
@@ -381,7 +386,6 @@ class Worker:
                 self.keys,
                 interval=interval,
                 lease_ms=self.settings.lease_ms,
-                keyring=self.keyring,
             )
         except (redis_errors.RedisError, OSError, TimeoutError) as exc:  # retried on the next check
             log.warning("worker %s ◆ erasure housekeeping failed: %s", self.name, exc)

@@ -111,7 +111,12 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                     # ConfigError when the deployment has another number of stream partitions, or
                     # a coordinator is asked of a cluster without one (before anything is created)
                     await cluster.check_search(r)
-                    await check_partitions(r, keys, explicit=settings.stream_partitions is not None)
+                    await check_partitions(
+                        r,
+                        keys,
+                        sealed=settings.master_key is not None,
+                        explicit=settings.stream_partitions is not None,
+                    )
                     gen = await current_generation(r, keys)
                     tag_key = await deployment_tag_key(r, keys, settings.master_key)
                     await ensure_episode_index(

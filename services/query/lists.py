@@ -49,10 +49,8 @@ _NO_TIE = -math.inf  # the floor's tie-break when the boundary is between two va
 
 
 def _tie(hit: SearchHit) -> float:
-    """The hit's `tiebreak` (`shared.ties.tie_break`); -1 without one (a document projected before
-    the field existed: below every episode that has one, until a replay writes it)."""
-    raw = hit.fields.get(_TIE)
-    return float(raw) if raw is not None else -1.0
+    """The hit's `tiebreak` (`shared.ties.tie_break`; every document has one)."""
+    return float(hit.fields[_TIE])
 
 
 def _sort_key(field: bytes) -> Any:
@@ -162,11 +160,8 @@ async def _full_sort(
         # little lower is as exact (the narrowed answer is checked, not trusted)
         _remember(key, now, _below(boundary), _NO_TIE)
         return sorted(hits[:depth], key=order, reverse=True)
-    # documents projected before `tiebreak` existed (until a replay) have no order among equal values
-    tied = (
-        await _tied(r, index, scope, name, depth, fields, hits, boundary) if _tie(hits[depth]) >= 0 else None
-    )
-    if tied is None:  # no tie-break to order them by: the sorted answer, as before the field existed
+    tied = await _tied(r, index, scope, name, depth, fields, hits, boundary)
+    if tied is None:  # no total order at the tie: the sorted answer, remembering nothing
         return sorted(hits, key=order, reverse=True)[:depth]
     out, tie = tied
     _remember(key, now, boundary, tie)
@@ -186,8 +181,8 @@ async def _tied(
     """The top `depth` of the scope when the depth-th and (depth + 1)-th of `hits` (the scope's top
     depth + 1 by `name`) share `value`: those above it, then the episodes at exactly `value` by
     tie-break, best first; and the tie-break of the (depth + 1)-th (the floor's). None when that order
-    is not total there (an episode without a tie-break, two with the same one, or `value` not the stored
-    number: the printed value of one rounded in its 13th digit)."""
+    is not total there (two with the same tie-break, or `value` not the stored number: the printed
+    value of one rounded in its 13th digit)."""
     field = name.encode()
     above = [h for h in hits if field_float(h.fields, field) > value]
     need = depth + 1 - len(above)
@@ -197,7 +192,7 @@ async def _tied(
         r, index, at, return_fields=fields, sort_by=TIE_FIELD, descending=True, limit=need
     )
     ties = [_tie(h) for h in same]
-    if len(same) < need or min(ties) < 0 or any(a <= b for a, b in zip(ties, ties[1:], strict=False)):
+    if len(same) < need or any(a <= b for a, b in zip(ties, ties[1:], strict=False)):
         return None
     return sorted(above, key=_sort_key(field), reverse=True) + same[: need - 1], ties[-1]
 

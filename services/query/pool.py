@@ -155,7 +155,7 @@ class Columns:
     keyword: np.ndarray
     relevance: np.ndarray
     tie: np.ndarray
-    """The episode's tie-break (`shared.ties.tie_break`); NaN for a document written before it existed."""
+    """The episode's tie-break (`shared.ties.tie_break`)."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from services.admin import cli, server_env
 from services.consolidator.__main__ import cli as consolidator_cli
-from shared.partitions import FIELD
+from shared.partitions import FIELD, LAYOUT
 from tests.integration.test_cli_admin import env_for
 
 COMMANDS = [("replay",), ("dead-letters",), ("redrive", "--all"), ("discard", "--all")]
@@ -36,7 +36,8 @@ def one_line(text: str) -> str:
 )
 @pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
 async def test_another_partition_count_is_one_line_and_exit_2(group, args, settings, redis, monkeypatch):
-    await redis.hset(settings.keys.meta, FIELD, 16)  # the deployment recorded 16 partitions
+    # a deployment of this layout that recorded 16 partitions
+    await redis.hset(settings.keys.meta, mapping={"layout": LAYOUT, "sealed": 0, FIELD: 16})
     env_for(monkeypatch, settings)
     monkeypatch.setenv("ENGRAM_STREAM_PARTITIONS", "8")
     out = await invoke(group, *args)

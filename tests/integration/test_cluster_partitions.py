@@ -174,13 +174,11 @@ async def test_another_partition_count_is_refused_at_start(cluster_settings, clu
         )
     with pytest.raises(ConfigError, match="started with 16 stream partitions"):
         await EngramClient(redis, namespace="a", prefix=s.prefix, partitions=4).record(ep("mig", 1))
-    # a single stream from before partitions is not silently left unread by the cluster default
+    # a deployment from before the layout record (and partitions): refused, whatever P is set
     old = cluster_settings.with_(prefix=s.prefix + "old:")
-    await EngramClient(redis, namespace="a", prefix=old.prefix, partitions=1).record(ep("mig", 0))
-    await redis.hdel(old.keys.meta, partitions.FIELD)  # as a deployment from before partitions has it
-    with pytest.raises(ConfigError, match="one stream from before partitions"):
-        await make_worker(old, redis).setup()
-    await make_worker(old.with_(stream_partitions=1), redis).setup()
+    await redis.hset(Keys(old.prefix).meta, "generation", 1)
+    with pytest.raises(ConfigError, match="was written by an older Engram layout"):
+        await make_worker(old.with_(stream_partitions=1), redis).setup()
     async for key in redis.scan_iter(match=f"{old.prefix}*"):
         await redis.unlink(key)
 

@@ -211,9 +211,7 @@ async def test_a_forgotten_users_text_is_nowhere_on_disk(tmp_path, master_key):
         await drain(worker)
         await client.forget_user(secrets[4].decode())
         await drain(worker)
-        await erasure.run(
-            redis, Keys(settings.prefix), worker.keyring
-        )  # what the housekeeping runs after forgets
+        await erasure.run(redis, Keys(settings.prefix))  # what the housekeeping runs after forgets
         await redis.save()
         ring = KeyRing(Keys(settings.prefix), MasterKey(master_key))
         await ring.load(redis)
@@ -272,7 +270,7 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     # compacts both streams
     from services.consolidator import erasure
 
-    report = await erasure.run(redis, keys, worker.keyring)
+    report = await erasure.run(redis, keys)
     assert report["forget_events_dropped"] == 1 and report["dead_letters_compaction"]["compacted"] in (
         True,
         False,
@@ -319,16 +317,23 @@ async def test_a_publishers_cached_key_of_a_forgotten_user_is_never_used_again(s
     assert worker.metrics.events.labels("EpisodeCompleted", "shredded")._value.get() == 1
 
 
-async def test_plaintext_entries_from_before_encryption_still_project(settings, sealed, redis):
-    """The upgrade path: entries written before a master key was configured decode next to sealed
-    ones; a worker started without the master key on an encrypted deployment refuses to start."""
+async def test_a_deployment_keeps_the_encryption_it_started_with(settings, sealed, redis):
+    """A deployment started without a master key holds plaintext entries: a worker or a publisher with
+    one is refused there, before writing anything (its sealed entries would sit beside plaintext ones
+    that no shredding reaches); a worker without the master key on an encrypted deployment refuses to
+    start."""
     keys = Keys(settings.prefix)
     await EngramClient(redis, namespace="ns", prefix=settings.prefix).record(episode("plain", user_id="u"))
-    await client_for(sealed, redis).record(episode("sealed", user_id="u"))
-    await drain(make_worker(sealed, redis))
-    assert set(await docs(redis, keys, "ns")) == {"plain", "sealed"}
+    length = await redis.xlen(keys.stream)
+    with pytest.raises(ConfigError, match="was started without a master key.*fresh prefix"):
+        await make_worker(sealed, redis).setup()
+    with pytest.raises(ConfigError, match="was started without a master key"):
+        await client_for(sealed, redis).record(episode("sealed", user_id="u"))
+    assert await redis.xlen(keys.stream) == length and not await redis.exists(keys.deployment_key)
+    encrypted = sealed.with_(prefix=f"{sealed.prefix}enc:")
+    await client_for(encrypted, redis).record(episode("sealed", user_id="u"))
     with pytest.raises(ConfigError, match="ENGRAM_MASTER_KEY"):
-        await make_worker(settings, redis).setup()
+        await make_worker(settings.with_(prefix=encrypted.prefix), redis).setup()
 
 
 async def test_rotate_master_key_rewraps_every_key_and_keeps_the_data_readable(sealed, redis):
@@ -374,36 +379,8 @@ async def test_erasure_housekeeping_runs_after_forgets_at_most_once_per_interval
     assert await erasure.housekeep(redis, keys, interval=0.001, lease_ms=2000) is not None
 
 
-async def test_replay_with_a_master_key_reseals_the_snapshot_written_before_encryption(
-    settings, sealed, redis
-):
-    """The migration: a deployment that ran without a master key replays with one; the new generation's
-    event hashes hold sealed bytes only (under each user's key, actions under their episode's user) and
-    the documents are unchanged."""
-    keys = Keys(settings.prefix)
-    plain = EngramClient(redis, namespace="ns", prefix=settings.prefix)
-    async with plain.episode(task="MIGRATE-TASK", user_id="mu") as ep:
-        await ep.action("shell", input="MIGRATE-INPUT")
-        await ep.complete("success", solution="MIGRATE-SOLUTION")
-    await plain.record(episode("other", user_id="ou", solution="MIGRATE-OTHER"))
-    await drain(make_worker(settings, redis))
-    before = await docs(redis, keys, "ns")
-    old_events = b"".join(await redis.hvals(keys.episode_events(1, "ns", ep.episode_id)))
-    assert b"MIGRATE-INPUT" in old_events
-    report = await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
-    assert report["generation"] == 2
-    after = await docs(redis, keys, "ns")
-    assert {k: v[b"doc"] for k, v in after.items()} == {k: v[b"doc"] for k, v in before.items()}
-    for eid in (ep.episode_id, "other"):
-        held = await redis.hvals(keys.episode_events(2, "ns", eid))
-        assert held and not any(b"MIGRATE-" in p for p in held)
-    ring = KeyRing(keys, MasterKey(sealed.master_key))
-    await ring.load(redis)
-    assert await redis.exists(keys.data_key(ring.ref("ns", "mu")), keys.data_key(ring.ref("ns", "ou"))) == 2
-
-
 async def test_compaction_drops_deleted_entries_bytes_and_keeps_groups_exact(tmp_path):
-    """Without encryption (or for entries from before it) XDEL leaves a forgotten entry's bytes in the
+    """Without encryption XDEL leaves a forgotten entry's bytes in the
     stream's listpack, so in every RDB: compaction rewrites the stream with the same ids, and the
     consumer group comes back exactly (last-delivered id, pending entries with their consumer and
     delivery count), so nothing is lost or delivered twice; the worker goes on consuming."""
@@ -611,36 +588,6 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
         await redis.aclose()
         stack.kill()
     assert code == 0, stack.output()[-3000:]
-
-
-async def test_erasure_pass_with_a_master_key_seals_the_plaintext_entries_left_in_the_stream(
-    settings, sealed, redis
-):
-    """The stream half of the migration: a compaction with the key ring seals every plaintext episode
-    event it copies (same ids, same events), so after `erase-now` the stream holds no plaintext; a
-    replay then rebuilds the same documents from it."""
-    from services.consolidator import erasure
-
-    keys = Keys(settings.prefix)
-    plain = EngramClient(redis, namespace="ns", prefix=settings.prefix)
-    async with plain.episode(task="STREAM-MIGRATE task", user_id="su") as ep:
-        await ep.action("shell", input="STREAM-MIGRATE input")
-        await ep.complete("success")
-    await plain.record(episode("solo", solution="STREAM-MIGRATE solo"))
-    await drain(make_worker(settings, redis))
-    before = {k: v[b"doc"] for k, v in (await docs(redis, keys, "ns")).items()}
-    ids = [sid for sid, _ in await redis.xrange(keys.stream)]
-    assert b"STREAM-MIGRATE" in await stream_bytes(redis, keys)
-    ring = KeyRing(keys, MasterKey(sealed.master_key))
-    report = await erasure.run(redis, keys, ring)
-    assert report["compaction"]["resealed"] == 4 and report["aof_rewritten"] is True
-    assert [sid for sid, _ in await redis.xrange(keys.stream)] == ids
-    assert b"STREAM-MIGRATE" not in await stream_bytes(redis, keys)
-    await redis.delete(
-        *[k async for k in redis.scan_iter(match=f"{settings.prefix}g1:evs:*")]
-    )  # only the stream
-    await replay(sealed, redis, HashingEmbedder(sealed.embed_dim))
-    assert {k: v[b"doc"] for k, v in (await docs(redis, keys, "ns")).items()} == before
 
 
 async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an_encrypted_deployment(

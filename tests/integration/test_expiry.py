@@ -8,9 +8,7 @@ import time
 from services.consolidator import expiry
 from shared import streams
 from shared.codec import decode
-from shared.index import NUMERIC_FIELDS, VectorParams, ensure_episode_index, episode_schema
 from shared.keys import Keys
-from shared.legacy import LAYOUT
 from tests.helpers import wait_until
 from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import episode
@@ -103,36 +101,6 @@ async def test_bad_expiries_are_422_naming_the_field(api):
         resp = await api.post("/v1/episodes", json=body)
         assert resp.status == 422, (body, await resp.text())
         assert field in {e["field"] for e in (await resp.json())["errors"]}, body
-
-
-async def test_an_index_built_before_expiry_gets_the_field(redis, prefix):
-    keys = Keys(prefix)
-    params = VectorParams(dim=8, algorithm="FLAT")
-    old = episode_schema(params)
-    i = old.index("expires_at")
-    del old[i : i + 3]  # name, NUMERIC, SORTABLE
-    await redis.execute_command(
-        "FT.CREATE",
-        keys.episode_index(1),
-        "ON",
-        "HASH",
-        "PREFIX",
-        1,
-        keys.episode_doc_prefix(1),
-        "SCHEMA",
-        *old,
-    )
-    await redis.hset(
-        keys.meta, "g1:layout", LAYOUT
-    )  # built by an Engram with hash-tagged keys, before expiry
-    await ensure_episode_index(redis, keys, 1, params, "hashing-8", tag_key=None)
-    info = await redis.execute_command("FT.INFO", keys.episode_index(1))
-    attrs = dict(zip(info[::2], info[1::2], strict=False))[b"attributes"]
-    names = {a[a.index(b"attribute") + 1].decode() for a in attrs}
-    assert set(NUMERIC_FIELDS) <= names
-    await redis.execute_command(
-        "FT.SEARCH", keys.episode_index(1), "-@expires_at:[-inf 1]", "LIMIT", 0, 0, "DIALECT", 2
-    )
 
 
 async def test_facts_are_built_without_expired_episodes(api, settings, redis):

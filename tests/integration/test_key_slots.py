@@ -149,5 +149,5 @@ async def test_every_projection_forgetting_and_facts_script_is_single_slot(
     assert {PROJECT_LUA, RECORD_LUA, WRITE_LUA, FORGET_USER_LUA, RELEASE_LUA} <= scripts_seen
     if partitions == 1:
         assert publishing
-    else:  # the sealed publish, and the partitions' record, were seen and are single-slot
-        assert {PUBLISH_SEALED_LUA, partitions_module.RECORD_LUA} <= scripts_seen
+    else:  # the sealed publish, and the start record (layout, partitions), were seen and are single-slot
+        assert {PUBLISH_SEALED_LUA, partitions_module.START_LUA} <= scripts_seen

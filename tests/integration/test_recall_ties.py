@@ -1,7 +1,7 @@
 """The recency / reward / importance lists (`services.query.lists.top_by`) at ties and without values:
 exact order (value, then the episode's `tiebreak`) over the scope, answered from a floor
 that narrows to ~depth + 1 episodes even when most of the scope shares the boundary value, an empty
-list without a sort when no episode has the value, and an index built before `tiebreak` existed.
+list without a sort when no episode has the value.
 Real Redis; the queries are counted by wrapping the real `filter_search`."""
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ from services.query import lists, pool
 from shared.index import (
     TIE_FIELD,
     Scope,
-    VectorParams,
-    ensure_episode_index,
-    episode_schema,
     filter_search,
 )
 from shared.keys import Keys
-from shared.legacy import LAYOUT
 from shared.tags import BLAKE2B
 from tests.integration.test_query_support import episode, put
 
@@ -124,50 +120,6 @@ async def test_no_episode_with_a_reward_is_an_empty_list_without_a_sort(make_cli
     await put(redis, prefix, ns, episode("r2", task="x", completed_at=NOW, reward=0.5))
     got = [h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert got == await exact(redis, index, scope, "reward") and len(got) == 2
-
-
-async def test_an_index_without_tiebreak_keeps_working_and_ties_narrow_after_a_replay(redis, prefix, calls):
-    """Upgrade: an index created before `tiebreak` gets it (FT.ALTER, `ensure_episode_index`), while
-    its documents lack it the lists are the full sort's (right values, no narrowed tie floor); once
-    the documents are written again (a replay) ties narrow."""
-    keys = Keys(prefix)
-    params = VectorParams(dim=256, algorithm="FLAT")
-    old = episode_schema(params)
-    i = old.index(TIE_FIELD)
-    del old[i : i + 3]  # name, NUMERIC, SORTABLE
-    await redis.execute_command(
-        "FT.CREATE",
-        keys.episode_index(1),
-        "ON",
-        "HASH",
-        "PREFIX",
-        1,
-        keys.episode_doc_prefix(1),
-        "SCHEMA",
-        *old,
-    )
-    await redis.hset(keys.meta, "g1:layout", LAYOUT)  # built by an Engram with hash-tagged keys
-    ns = "upgrade"
-    await seed(redis, prefix, ns, reward=lambda i: 1.0)
-    async for key in redis.scan_iter(match=f"{keys.episode_doc_prefix(1)}*"):
-        await redis.hdel(key, TIE_FIELD)  # as an older projection wrote them
-    await ensure_episode_index(redis, keys, 1, params, "hashing-256", tag_key=None)
-    index, scope = keys.episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
-    for _ in range(2):
-        got = await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
-        assert len(got) == DEPTH and all(h.fields[b"reward"] == b"1" for h in got)
-    assert all(sort == "reward" for sort, _ in calls)  # no tie floor without tie-breaks: full sorts
-    await seed(redis, prefix, ns, reward=lambda i: 1.0)  # the replay writes every field again
-    calls.clear()
-    want = await exact(redis, index, scope, "reward")
-    assert [
-        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
-    ] == want
-    calls.clear()
-    assert [
-        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
-    ] == want
-    assert len(calls) == 1 and calls[0][0] is None
 
 
 async def test_exact_ties_rank_alike_in_every_namespace(tenants, redis, prefix):

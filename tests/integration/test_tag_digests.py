@@ -1,6 +1,5 @@
 """The TAG fields hold keyed digests of ids (shared.tags): `FT.TAGVALS` of the live indexes never lists a
-user id, session id or episode id, before or after a forget, while filtering by them works;
-a generation from before digests keeps working and `replay` moves it to digests."""
+user id, session id or episode id, before or after a forget, while filtering by them works."""
 
 from __future__ import annotations
 
@@ -11,14 +10,12 @@ import pytest
 
 from engram_episodic.errors import ConfigError
 from services.consolidator.facts import Consolidator
-from services.consolidator.replay import replay
-from shared.embedding import HashingEmbedder
 from shared.facts import FactScope
-from shared.index import LiveTags, Scope, count, current_generation, ensure_episode_index, generation_tags
+from shared.index import Scope, count, current_generation, generation_tags
 from shared.keyring import deployment_tag_key
 from shared.keys import Keys
 from shared.sdk import EngramClient
-from shared.tags import BLAKE2B, MODE_BLAKE2B, MODE_HMAC, MODE_PLAIN, PLAIN, TagCodec, codec
+from shared.tags import BLAKE2B, MODE_BLAKE2B, MODE_HMAC, TagCodec, codec
 from tests.integration.test_consolidator import drain, make_worker
 from tests.integration.test_facts import ep
 
@@ -99,42 +96,6 @@ async def test_tagvals_never_list_a_users_ids_before_or_after_the_forget(setting
             await generation_tags(redis, keys, gen, None)
 
 
-async def test_a_generation_from_before_digests_keeps_working_and_replay_moves_it_to_digests(settings, redis):
-    keys = Keys(settings.prefix)
-    embedder = HashingEmbedder(settings.embed_dim)
-    from shared.index import VectorParams
-
-    # an index created by a version without digests: the index exists and the meta hash has no mode
-    params = VectorParams.of(settings, embedder.dim)
-    await ensure_episode_index(redis, keys, 1, params, embedder.name, tag_key=None)
-    await redis.hdel(keys.meta, "g1:tags")
-    assert await ensure_episode_index(redis, keys, 1, params, embedder.name, tag_key=None) == PLAIN
-    client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
-    for e in family("legacy-user", "legacy-session", "old"):
-        await client.record(e)
-    worker = make_worker(settings, redis)
-    await drain(worker)
-    live = LiveTags(keys, None, ttl=0.0)
-    assert await live.get(redis) == PLAIN
-    assert "legacy-user" in await tagvals(redis, keys.episode_index(1), "user_id")
-    index = keys.episode_index_alias
-    assert await count(redis, index, Scope(namespace="ns", tags=PLAIN, user_id="legacy-user")) == 5
-
-    result = await replay(settings, redis, embedder)
-    assert result["generation"] == 2
-    tags = await live.get(redis)
-    assert tags.mode == MODE_BLAKE2B
-    values = await tagvals(redis, keys.episode_index(2), "user_id")
-    assert "legacy-user" not in values and tags.user("ns", "legacy-user") in values
-    assert await count(redis, index, Scope(namespace="ns", tags=tags, user_id="legacy-user")) == 5
-    assert await count(redis, index, Scope(namespace="ns", tags=tags, session_id="legacy-session")) == 5
-    await drain(worker)  # the running worker follows the new generation and its mode
-    await client.record({**family("legacy-user", "legacy-session", "new")[0], "episode_id": "after-replay"})
-    await drain(worker)
-    assert await count(redis, index, Scope(namespace="ns", tags=tags, user_id="legacy-user")) == 6
-    assert "after-replay" not in await tagvals(redis, keys.episode_index(2), "episode_id")
-
-
 def test_digests_are_scoped_by_namespace_and_kind_and_keyed():
     key = os.urandom(32)
     hm = TagCodec(MODE_HMAC, key)
@@ -145,9 +106,10 @@ def test_digests_are_scoped_by_namespace_and_kind_and_keyed():
     for c in (hm, BLAKE2B):
         d = c.user("a", "ü x\x00{}|*")
         assert len(d) == 32 and d.isalnum() and d.islower()
-    assert PLAIN.user("a", "x") == "x"
     with pytest.raises(ValueError):
         TagCodec(MODE_HMAC)
     with pytest.raises(ValueError):
         TagCodec("rot13")
-    assert codec(MODE_PLAIN, key) == PLAIN and codec(MODE_BLAKE2B, key) == BLAKE2B
+    assert codec(MODE_BLAKE2B, key) == BLAKE2B
+    with pytest.raises(ValueError):
+        codec("plain", None)  # ids as given: no mode of this layout

@@ -37,7 +37,7 @@ from services.query.views.common import (
     redis_of,
     reply,
 )
-from shared import legacy, streams
+from shared import streams
 from shared.codec import peek_identity
 from shared.index import SearchHit, current_generation
 
@@ -119,7 +119,7 @@ async def _dropped(request: web.Request, event: EpisodeEvent, stream_id: str) ->
     """Why an acked event is not in its episode's event hash: its episode was forgotten, or the event
     was dead-lettered; `WAIT_TIMEOUT` (keep waiting) when neither shows yet."""
     r, keys = redis_of(request), request.app[KEYS]
-    if await r.exists(*legacy.tombstones(keys, event.namespace, event.episode_id)):
+    if await r.exists(keys.tombstone(event.namespace, event.episode_id)):
         return WAIT_FORGOTTEN
     if await r.hexists(keys.dead_letter_refs(event.namespace, event.episode_id), stream_id):
         return WAIT_DEAD_LETTERED
@@ -267,10 +267,9 @@ async def _forgotten(request: web.Request, episode_ids: list[str]) -> set[str]:
     r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
     async with r.pipeline(transaction=False) as pipe:
         for episode_id in episode_ids:
-            for key in legacy.tombstones(keys, ns, episode_id):  # one key per EXISTS: a cluster's slots
-                pipe.exists(key)
+            pipe.exists(keys.tombstone(ns, episode_id))  # one key per EXISTS: a cluster's slots
         found = await pipe.execute()
-    return {i for n, i in enumerate(episode_ids) if found[2 * n] or found[2 * n + 1]}
+    return {i for i, tombstoned in zip(episode_ids, found, strict=True) if tombstoned}
 
 
 async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | None]:
@@ -285,7 +284,7 @@ async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | 
     if (
         found[b"doc"] is None
         or found[b"namespace"] != ns.encode()
-        or await r.exists(*legacy.tombstones(keys, ns, episode_id))
+        or await r.exists(keys.tombstone(ns, episode_id))
     ):
         raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
     if found[b"expires_at"] is not None and float(found[b"expires_at"]) <= time.time():
@@ -316,7 +315,7 @@ async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes
         return await _stored(request, episode_id)
     except NotFound:
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(*legacy.tombstones(keys, ns, episode_id)):
+        if await r.exists(keys.tombstone(ns, episode_id)):
             raise
         if await _accepted_not_projected(request, episode_id):
             return None
@@ -391,7 +390,7 @@ async def delete_episode(request: web.Request) -> web.Response:
         # no document, but the namespace may still hold its data: stored events of a draft or of an
         # episode not yet written, or dead letters, which a forget must reach too
         r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(*legacy.tombstones(keys, ns, episode_id)):
+        if await r.exists(keys.tombstone(ns, episode_id)):
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
             again: dict[str, Any] = {"episode_id": episode_id, "event_id": None, "already_forgotten": True}
             if query.wait > 0:  # the tombstone is written by the erase: nothing left to wait for
