@@ -3,7 +3,7 @@
 Clustering. `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
 the unit episode vectors. `d` is `ENGRAM_FACTS_DISTANCE`, or when unset the default calibrated for the
 embedder the live index was built with (`DEFAULT_DISTANCE`, measured by
-`services.consolidator.calibration` on labelled task families). Chosen over k-means and HDBSCAN because
+`bench.facts_calibration` on labelled task families). Chosen over k-means and HDBSCAN because
 (1) it needs no k: the number of task families is unknown and changes; (2) average linkage with a
 distance threshold states the guarantee we want directly — two groups are merged only when their
 *average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
@@ -65,10 +65,10 @@ from shared.regimes import approach, segments
 HISTORY_LIMIT = 50  # superseded facts kept per scope (newest first)
 DEFAULT_DISTANCE = {"mpnet-base-v2": 0.70, "minilm-l6-v2": 0.69, "hashing-v1": 0.59}
 """The clustering threshold per embedder when ENGRAM_FACTS_DISTANCE is unset, calibrated on labelled task
-families (`services.consolidator.calibration`; figures in docs/architecture.md "Facts"): the largest
+families (`bench.facts_calibration`; figures in docs/architecture.md "Facts"): the largest
 threshold at which at most 1% of random scopes of 5 unrelated families hold a fact mixing two of them."""
 FALLBACK_DISTANCE = 0.5
-"""Embedders not calibrated (`openai/...`): measure with `python -m services.consolidator.calibration
+"""Embedders not calibrated (`openai/...`): measure with `python -m bench.facts_calibration
 --embedder openai` and set ENGRAM_FACTS_DISTANCE."""
 
 

@@ -1,4 +1,4 @@
-"""The clustering threshold of facts, per embedder (services.consolidator.calibration): the calibrated
+"""The clustering threshold of facts, per embedder (bench.facts_calibration): the calibrated
 defaults keep holding on a draw of the labelled corpus they were not chosen on. No Redis."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from services.consolidator.calibration import corpus, embed_corpus, scenes, score
+from bench.facts_calibration import corpus, embed_corpus, scenes, score
 from services.consolidator.facts_plan import DEFAULT_DISTANCE, FALLBACK_DISTANCE, default_distance
 from shared.embedding import HashingEmbedder
 from shared.settings import Settings

@@ -1,6 +1,6 @@
 """Calibrating `ENGRAM_FACTS_DISTANCE` per embedder on labelled task families.
 
-`python -m services.consolidator.calibration [--embedder hashing|minilm|mpnet|openai ...] [--scenes N] [-v]`
+`python -m bench.facts_calibration [--embedder hashing|minilm|mpnet|openai ...] [--scenes N] [-v]`
 
 The corpus below holds 14 task families an agent meets (coding, data, operations, support, errands),
 written as an agent records them: varied task descriptions and, per outcome, a solution or a failure
