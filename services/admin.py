@@ -15,21 +15,23 @@ cluster, `redis+cluster://127.0.0.1:$ENGRAM_REDIS_PORT`) and, with no master key
 in `$ENGRAM_DATA_DIR/master.key` (`.run/`, or `.run/redis-<port>/` for another `ENGRAM_REDIS_PORT`:
 `services.run_lock.run_data_dir`) is used when it exists (without it sealed events cannot be
 opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with `--progress`)
-with its rate and ETA, then a summary. `python -m services.consolidator` offers `rotate-master-key` and
-`erase-now` too (these same commands), and its own JSON-only `replay`, `reindex`, `dead-letters`,
-`redrive`, `discard`.
+with its rate and ETA, then a summary; `--json` prints the summary as JSON for scripts. They are the
+only command line of these tasks: `python -m services.consolidator` is the worker alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
+import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -37,8 +39,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.timeutil import format_instant
-from services.consolidator import admin
+from services.consolidator.replay import Progress
 from services.run_lock import run_data_dir
+from shared.partitions import deployment_keys
+from shared.redis_conn import connected
 from shared.settings import Settings
 
 EMBEDDERS = ("hashing", "minilm", "mpnet", "openai")
@@ -100,6 +104,93 @@ def run_admin(command: str, coro: Any) -> Any:
         raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
 
 
+async def replay_task(
+    settings: Settings, progress: Progress | None = None, *, keep_embedder: bool
+) -> dict[str, int]:
+    """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
+    another embedder); `services.consolidator.replay.replay`'s counts. `keep_embedder` (`replay`, not
+    `reindex`): ConfigError, before anything is written, when `settings.embedder` is not the one the
+    current generation was built with."""
+    from services.consolidator.replay import replay as do_replay
+    from shared.embedding import loaded_embedder
+
+    async with contextlib.AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(connected(settings))
+        embedder = await loaded_embedder(stack, settings)
+        if keep_embedder:
+            await _same_embedder(redis, settings, embedder.name, embedder.dim)
+        return await do_replay(settings, redis, embedder, progress)
+
+
+async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
+    """ConfigError when the current generation was built with another embedder than (`name`, `dim`): a
+    plain `engram-admin replay` with ENGRAM_EMBEDDER unset (`auto`, mpnet) re-embedded a hashing deployment,
+    and every recall then answered 409 until the services were restarted with it."""
+    from shared.index import current_generation, embedder_setting
+    from shared.replies import as_text
+
+    keys = settings.keys
+    gen = await current_generation(redis, keys)
+    recorded = await redis.hget(keys.meta, f"g{gen}:embedder")
+    recorded_dim = int(await redis.hget(keys.meta, f"g{gen}:dim") or 0)
+    if recorded is not None and (as_text(recorded) != name or recorded_dim != dim):
+        raise ConfigError(
+            f"generation {gen} was built with embedder {as_text(recorded)!r} (dim {recorded_dim}) and this "
+            f"replay would embed with {name!r} (dim {dim}): replay keeps the index's embedder — run it with "
+            f"{embedder_setting(as_text(recorded), recorded_dim)}; to change the embedder, `reindex --embedder`"
+        )
+
+
+async def dead_letter_rows(settings: Settings, limit: int) -> list[dict[str, Any]]:
+    """The oldest `limit` dead letters: `{id, stream_id, reason, consumer, at (UTC epoch s), bytes,
+    namespace, episode_id}`; the last two are None when the payload names no episode (ids only: never
+    the user or the content)."""
+    from services.consolidator.deadletters import list_dead_letters
+    from shared.codec import peek_identity
+
+    async with connected(settings) as redis:
+        keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
+        rows = []
+        for d in await list_dead_letters(redis, keys, limit=limit):
+            ident = peek_identity(d.payload) if d.payload else None
+            rows.append(
+                {
+                    "id": d.dead_id,
+                    "stream_id": d.stream_id,
+                    "reason": d.reason,
+                    "consumer": d.consumer,
+                    "at": d.at,
+                    "bytes": len(d.payload),
+                    "namespace": ident[0] if ident else None,
+                    "episode_id": ident[1] if ident else None,
+                }
+            )
+        return rows
+
+
+async def on_dead_letters(
+    verb: str,
+    settings: Settings,
+    ids: list[str] | None,
+    on_start: Callable[[int], None] | None = None,
+    on_each: Callable[[], None] | None = None,
+) -> tuple[int, list[str]]:
+    """`deadletters.redrive` (publish again) or `deadletters.discard` (delete, with the original
+    entries), by `verb`, on the dead letters `ids` (None: all) → (how many, the ids that name no dead
+    letter). `on_start(total)`/`on_each()` report progress."""
+    from services.consolidator import deadletters
+
+    act = {"redrive": deadletters.redrive, "discard": deadletters.discard}[verb]
+    async with connected(settings) as redis:
+        keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
+        unknown: list[str] = []
+        if ids is not None:
+            known = {d.dead_id for d in await deadletters.list_dead_letters(redis, keys, limit=1_000_000)}
+            unknown = [i for i in ids if i not in known]
+        n = await act(redis, keys, ids, on_start=on_start, on_each=on_each)
+    return n, unknown
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 
 
@@ -132,7 +223,7 @@ def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any
     )
     start = time.perf_counter()
     try:
-        counts = run_admin(command, admin.replay(settings, bars, keep_embedder=command == "replay"))
+        counts = run_admin(command, replay_task(settings, bars, keep_embedder=command == "replay"))
     finally:
         bars.close()
     seconds = time.perf_counter() - start
@@ -184,7 +275,7 @@ def reindex(embedder: str, progress: bool | None, as_json: bool) -> None:
 @json_option
 def dead_letters(limit: int, as_json: bool) -> None:
     """List dead letters, oldest first: the events the consolidator gave up on, with the reason."""
-    rows = run_admin("dead-letters", admin.dead_letters(_settings("dead-letters"), limit))
+    rows = run_admin("dead-letters", dead_letter_rows(_settings("dead-letters"), limit))
     if as_json:
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -214,7 +305,8 @@ def _dead_letter_command(verb: str, did: str, key: str, doc: str):
         try:
             n, unknown = run_admin(
                 verb,
-                getattr(admin, verb)(
+                on_dead_letters(
+                    verb,
                     _settings(verb),
                     None if all_ else list(ids),
                     on_start=lambda total: bars.phase(verb, total),
@@ -266,7 +358,6 @@ def rotate_master_key(new_key_file: str) -> None:
     process with the new key and destroy the old one: backups taken before are unreadable from then on."""
     from shared.crypto import MasterKey, read_master_key_file
     from shared.keyring import KeyRing
-    from shared.partitions import deployment_keys
 
     settings = _settings("rotate-master-key")
     if settings.master_key is None:
@@ -282,7 +373,7 @@ def rotate_master_key(new_key_file: str) -> None:
         raise click.ClickException("--new-key-file holds the current master key")
 
     async def go():
-        async with admin.redis_of(settings) as redis:
+        async with connected(settings) as redis:
             keys = await deployment_keys(redis, settings.keys)  # its data keys' names
             counts = await KeyRing(keys, old).rotate(redis, new)
         click.echo(json.dumps({"from_master_key": old.id, "to_master_key": new.id, **counts}))
@@ -296,12 +387,11 @@ def erase_now() -> None:
     ENGRAM_ERASURE_INTERVAL): compact the stream, then rewrite the AOF, so that the bytes of forgotten
     entries leave Redis's memory and files. Prints what it did, with timings, as JSON."""
     from services.consolidator import erasure
-    from shared.partitions import deployment_keys
 
     settings = _settings("erase-now")
 
     async def go():
-        async with admin.redis_of(settings) as redis:
+        async with connected(settings) as redis:
             keys = await deployment_keys(redis, settings.keys)  # every partition it has
             click.echo(json.dumps(await erasure.run(redis, keys)))
 

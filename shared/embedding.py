@@ -489,6 +489,16 @@ class MPNetEmbedder(MiniLMEmbedder):
         return target
 
 
+async def loaded_embedder(stack: contextlib.AsyncExitStack, settings: Settings) -> Embedder:
+    """`make_embedder(settings)` (the document role), loaded and its dimension known, closed by `stack`
+    (also when a later step of start-up fails). ConfigError as for `make_embedder`."""
+    embedder = make_embedder(settings)
+    stack.push_async_callback(embedder.aclose)
+    await embedder.load()
+    await embedder.ensure_dim()
+    return embedder
+
+
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
     """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER), for `role` "document" (vectors that
     are stored: the consolidator's) or "query" (vectors compared with stored ones: the query service's,

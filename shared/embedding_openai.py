@@ -212,7 +212,7 @@ class OpenAIEmbedder(Embedder):
         elif size != self._dim:
             raise EmbeddingError(
                 f"{self.name}: the server returned vectors of dimension {size}, expected "
-                f"{self._dim}; a model change needs a new index (`python -m services.consolidator reindex`)"
+                f"{self._dim}; a model change needs a new index (`engram-admin reindex`)"
             )
         return np.stack(rows)
 

@@ -370,7 +370,7 @@ class EmbedderMismatch(Conflict):
         super().__init__(
             f"index {index} was built with embedder {index_embedder!r} (dim {index_dim}), but this process "
             f"uses {embedder!r} (dim {dim}); start it with {embedder_setting(index_embedder, index_dim)}, "
-            f"or rebuild the index with this one: `python -m services.consolidator reindex --embedder "
+            f"or rebuild the index with this one: `engram-admin reindex --embedder "
             f"{embedder.split('-')[0].split('/')[0]}`"
         )
 
@@ -392,7 +392,7 @@ async def ensure_episode_index(
     created here gets the mode it selects.
     Raises EmbedderMismatch (a Conflict) when the index exists with another embedder name or
     dimension: mixing vectors of two models would silently ruin recall;
-    `python -m services.consolidator reindex` builds a new generation instead. ConfigError when the
+    `engram-admin reindex` builds a new generation instead. ConfigError when the
     generation holds keyed digests and `tag_key` is None.
     """
     name = keys.episode_index(gen)

@@ -13,7 +13,9 @@ here through redis-py's own extension point, the pool's `connection_class`.
 
 from __future__ import annotations
 
-from typing import cast
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -25,6 +27,9 @@ from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
 from shared.cluster import SEARCH_SHARD, EngramCluster
 from shared.keys import Keys
+
+if TYPE_CHECKING:
+    from shared.settings import Settings  # which imports this module (check_url)
 
 _PLAIN = (bytes, str, int, float)
 _HIREDIS = HiredisRespSerializer()
@@ -107,6 +112,19 @@ def connect(
         retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError],
         connection_class=_CLASSES[scheme],
     )
+
+
+@contextlib.asynccontextmanager
+async def connected(settings: Settings) -> AsyncIterator[aioredis.Redis]:
+    """`connect` to `settings.redis_url` (its prefix and cluster search), closed on leaving however the
+    block ends. ValueError when REDIS_URL is not set."""
+    if settings.redis_url is None:
+        raise ValueError("REDIS_URL is not set")
+    redis = connect(settings.redis_url, prefix=settings.prefix, cluster_search=settings.cluster_search)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
 
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

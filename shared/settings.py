@@ -404,8 +404,8 @@ class Settings:
     Never logged, never sent to Redis."""
     erasure_interval: float | None = env("ENGRAM_ERASURE_INTERVAL", 600.0, duration_or_off)
     """`ENGRAM_ERASURE_INTERVAL`: after forgets, the stream is compacted and the AOF rewritten
-    (services.consolidator.erasure) at most this often; `off` never (then run `python -m
-    services.consolidator erase-now`)."""
+    (services.consolidator.erasure) at most this often; `off` never (then run `engram-admin
+    erase-now`)."""
 
     @property
     def partitions(self) -> int:

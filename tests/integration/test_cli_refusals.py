@@ -1,9 +1,8 @@
 """Configuration errors of stream partitions and clusters met by the admin commands are one line and exit
 code 2, never a traceback: another stream partition count than the deployment recorded, for
-`engram-admin replay`, `dead-letters`, `redrive --all`, `discard --all` and
-`python -m services.consolidator replay|dead-letters|redrive|discard`; a cluster addressed as one Redis
-(`redis://`, its MovedError) says to use `redis+cluster://`; and next to `ENGRAM_REDIS_CLUSTER=N make run`
-the commands default to its cluster."""
+`engram-admin replay`, `dead-letters`, `redrive --all` and `discard --all`; a cluster addressed as one
+Redis (`redis://`, its MovedError) says to use `redis+cluster://`; and next to
+`ENGRAM_REDIS_CLUSTER=N make run` the commands default to its cluster."""
 
 from __future__ import annotations
 
@@ -13,15 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from services.admin import cli, server_env
-from services.consolidator.__main__ import cli as consolidator_cli
 from shared.partitions import FIELD, LAYOUT
 from tests.integration.test_cli_admin import env_for
 
 COMMANDS = [("replay",), ("dead-letters",), ("redrive", "--all"), ("discard", "--all")]
 
 
-async def invoke(group, *args: str):
-    return await asyncio.to_thread(CliRunner().invoke, group, list(args), catch_exceptions=False)
+async def invoke(*args: str):
+    return await asyncio.to_thread(CliRunner().invoke, cli, list(args), catch_exceptions=False)
 
 
 def one_line(text: str) -> str:
@@ -31,16 +29,13 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    "group", [cli, consolidator_cli], ids=["engram-admin", "python -m services.consolidator"]
-)
 @pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
-async def test_another_partition_count_is_one_line_and_exit_2(group, args, settings, redis, monkeypatch):
+async def test_another_partition_count_is_one_line_and_exit_2(args, settings, redis, monkeypatch):
     # a deployment of this layout that recorded 16 partitions
     await redis.hset(settings.keys.meta, mapping={"layout": LAYOUT, "sealed": 0, FIELD: 16})
     env_for(monkeypatch, settings)
     monkeypatch.setenv("ENGRAM_STREAM_PARTITIONS", "8")
-    out = await invoke(group, *args)
+    out = await invoke(*args)
     assert out.exit_code == 2, out.output
     line = one_line(out.stderr)
     assert "ENGRAM_STREAM_PARTITIONS=8" in line and "started with 16 stream partitions" in line, line
@@ -50,10 +45,9 @@ async def test_another_partition_count_is_one_line_and_exit_2(group, args, setti
 async def test_a_bad_setting_is_one_line_and_exit_2(settings, monkeypatch):
     env_for(monkeypatch, settings)
     monkeypatch.setenv("ENGRAM_STREAM_PARTITIONS", "many")
-    for group in (cli, consolidator_cli):
-        out = await invoke(group, "dead-letters")
-        assert out.exit_code == 2, out.output
-        assert "ENGRAM_STREAM_PARTITIONS" in one_line(out.stderr)
+    out = await invoke("dead-letters")
+    assert out.exit_code == 2, out.output
+    assert "ENGRAM_STREAM_PARTITIONS" in one_line(out.stderr)
 
 
 async def test_a_cluster_addressed_as_one_redis_says_redis_cluster(
@@ -64,7 +58,7 @@ async def test_a_cluster_addressed_as_one_redis_says_redis_cluster(
     other = next(n for n in cluster_redis.get_primaries() if n.name != owner.name)
     env_for(monkeypatch, cluster_settings)
     monkeypatch.setenv("REDIS_URL", f"redis://{other.host}:{other.port}/0")  # MOVED to the owner
-    out = await invoke(cli, "dead-letters")
+    out = await invoke("dead-letters")
     assert out.exit_code == 2, out.output
     assert "redis+cluster://" in one_line(out.stderr)
 

@@ -587,7 +587,7 @@ async def test_reindex_with_other_embedder_is_a_conflict_for_an_old_workers_turn
     other.name = "hashing-64"
     await replay(settings, redis, other)
     assert list(await docs(redis, keys, "ns")) == ["e1"]
-    with pytest.raises(Conflict, match="services.consolidator reindex"):
+    with pytest.raises(Conflict, match="engram-admin reindex"):
         await worker.turn()
 
 
@@ -1156,7 +1156,7 @@ async def test_dead_letter_cli_refuses_a_bad_limit_and_names_unknown_redrive_ids
     letter) names the unknown id and exits 1 instead of saying "re-driven 0" and exiting 0."""
     from click.testing import CliRunner
 
-    from services.consolidator.__main__ import cli
+    from services.admin import cli
 
     monkeypatch.setenv("REDIS_URL", settings.redis_url)
     monkeypatch.setenv("ENGRAM_PREFIX", settings.prefix)

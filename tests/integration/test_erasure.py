@@ -495,7 +495,7 @@ async def test_rotate_master_key_and_erase_now_commands(sealed, redis, monkeypat
 
     from click.testing import CliRunner
 
-    from services.consolidator.__main__ import cli
+    from services.admin import cli
 
     await client_for(sealed, redis).record(episode("c1", user_id="cu"))
     monkeypatch.setenv("REDIS_URL", sealed.redis_url)

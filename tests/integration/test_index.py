@@ -167,7 +167,7 @@ async def test_scope_filters_and_bm25(redis, prefix):
 
 async def test_other_embedder_conflicts(redis, prefix):
     keys = await make_index(redis, prefix)
-    with pytest.raises(Conflict, match="services.consolidator reindex"):
+    with pytest.raises(Conflict, match="engram-admin reindex"):
         await ensure_episode_index(
             redis, keys, 1, VectorParams(dim=DIM, algorithm="FLAT"), "other", tag_key=None
         )

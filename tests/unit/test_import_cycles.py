@@ -153,11 +153,11 @@ def test_the_client_never_imports_the_server():
 def test_the_graph_sees_lazy_and_string_imports_and_finds_cycles():
     source = (
         "def f():\n    from shared import settings\n    importlib.import_module('services.run')\n"
-        "    server_module('replay', 'services.consolidator.admin')\n    print('services.nothing')\n"
+        "    server_module('replay', 'services.consolidator.replay')\n    print('services.nothing')\n"
     )
-    modules = {"services.run", "services.consolidator.admin"}
+    modules = {"services.run", "services.consolidator.replay"}
     names = _named("engram_episodic.x", ROOT / "x.py", ast.parse(source), modules)
-    assert {"shared.settings", "services.run", "services.consolidator.admin"} <= names
+    assert {"shared.settings", "services.run", "services.consolidator.replay"} <= names
     assert "services.nothing" not in names
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
