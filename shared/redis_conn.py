@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -27,9 +27,6 @@ from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
 from shared.cluster import SEARCH_SHARD, EngramCluster
 from shared.keys import Keys
-
-if TYPE_CHECKING:
-    from shared.settings import Settings  # which imports this module (check_url)
 
 _PLAIN = (bytes, str, int, float)
 _HIREDIS = HiredisRespSerializer()
@@ -114,8 +111,19 @@ def connect(
     )
 
 
+class Target(Protocol):
+    """Where `connected` connects: `shared.settings.Settings` (which imports this module, so not named)."""
+
+    @property
+    def redis_url(self) -> str | None: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def cluster_search(self) -> str: ...
+
+
 @contextlib.asynccontextmanager
-async def connected(settings: Settings) -> AsyncIterator[aioredis.Redis]:
+async def connected(settings: Target) -> AsyncIterator[aioredis.Redis]:
     """`connect` to `settings.redis_url` (its prefix and cluster search), closed on leaving however the
     block ends. ValueError when REDIS_URL is not set."""
     if settings.redis_url is None:
