@@ -423,9 +423,7 @@ async def test_a_reindex_to_another_embedder_pauses_the_running_worker_and_keeps
             }
             if (data / "master.key").exists():  # the key `make run` generated for its stream, if any
                 env["ENGRAM_MASTER_KEY_FILE"] = str(data / "master.key")
-            reindex = run_module(
-                "services.admin", "reindex", "--embedder", "hashing", env=env, timeout=60
-            )
+            reindex = run_module("services.admin", "reindex", "--embedder", "hashing", env=env, timeout=60)
             assert reindex.returncode == 0, reindex.stderr[-3000:]
             advice = "restarted with ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM=128"
             await stack.said(
