@@ -104,7 +104,7 @@ def run_admin(command: str, coro: Any) -> Any:
         raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
 
 
-async def replay_task(
+async def _replay_task(
     settings: Settings, progress: Progress | None = None, *, keep_embedder: bool
 ) -> dict[str, int]:
     """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
@@ -141,7 +141,7 @@ async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, d
         )
 
 
-async def dead_letter_rows(settings: Settings, limit: int) -> list[dict[str, Any]]:
+async def _dead_letter_rows(settings: Settings, limit: int) -> list[dict[str, Any]]:
     """The oldest `limit` dead letters: `{id, stream_id, reason, consumer, at (UTC epoch s), bytes,
     namespace, episode_id}`; the last two are None when the payload names no episode (ids only: never
     the user or the content)."""
@@ -168,7 +168,7 @@ async def dead_letter_rows(settings: Settings, limit: int) -> list[dict[str, Any
         return rows
 
 
-async def on_dead_letters(
+async def _on_dead_letters(
     verb: str,
     settings: Settings,
     ids: list[str] | None,
@@ -223,7 +223,7 @@ def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any
     )
     start = time.perf_counter()
     try:
-        counts = run_admin(command, replay_task(settings, bars, keep_embedder=command == "replay"))
+        counts = run_admin(command, _replay_task(settings, bars, keep_embedder=command == "replay"))
     finally:
         bars.close()
     seconds = time.perf_counter() - start
@@ -275,7 +275,7 @@ def reindex(embedder: str, progress: bool | None, as_json: bool) -> None:
 @json_option
 def dead_letters(limit: int, as_json: bool) -> None:
     """List dead letters, oldest first: the events the consolidator gave up on, with the reason."""
-    rows = run_admin("dead-letters", dead_letter_rows(_settings("dead-letters"), limit))
+    rows = run_admin("dead-letters", _dead_letter_rows(_settings("dead-letters"), limit))
     if as_json:
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -305,7 +305,7 @@ def _dead_letter_command(verb: str, did: str, key: str, doc: str):
         try:
             n, unknown = run_admin(
                 verb,
-                on_dead_letters(
+                _on_dead_letters(
                     verb,
                     _settings(verb),
                     None if all_ else list(ids),
