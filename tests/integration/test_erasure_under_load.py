@@ -54,7 +54,6 @@ class Ingest:
     async def run(self, user: str, text: str) -> None:
         while not self.stop.is_set() and self.sent < CAP:
             await self.publish(user, text, 25)
-            await asyncio.sleep(0)  # yield to the replay and the worker between steps
 
 
 async def test_forgotten_text_is_in_no_key_and_no_file_after_replays_under_ingest(tmp_path):
