@@ -37,7 +37,7 @@ import numpy as np
 
 from engram_episodic.errors import ConfigError
 from shared.embed_progress import held
-from shared.embedding_base import Embedder, EmbeddingError
+from shared.embedding_base import Embedder, EmbeddingError, dim_when_answering
 from shared.embedding_base import EmbedderUnavailable as EmbedderUnavailable  # the contract, from here too
 from shared.settings import Settings
 
@@ -489,13 +489,20 @@ class MPNetEmbedder(MiniLMEmbedder):
         return target
 
 
-async def loaded_embedder(stack: contextlib.AsyncExitStack, settings: Settings) -> Embedder:
+async def loaded_embedder(
+    stack: contextlib.AsyncExitStack, settings: Settings, *, wait: bool = False
+) -> Embedder:
     """`make_embedder(settings)` (the document role), loaded and its dimension known, closed by `stack`
-    (also when a later step of start-up fails). ConfigError as for `make_embedder`."""
+    (also when a later step of start-up fails). ConfigError as for `make_embedder`; EmbedderUnavailable
+    when its backend does not answer, unless `wait` (a service starting: it asks again until it does,
+    `dim_when_answering`)."""
     embedder = make_embedder(settings)
     stack.push_async_callback(embedder.aclose)
     await embedder.load()
-    await embedder.ensure_dim()
+    if wait:
+        await dim_when_answering(embedder, "consolidator")
+    else:
+        await embedder.ensure_dim()
     return embedder
 
 

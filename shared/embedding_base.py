@@ -8,6 +8,7 @@ A leaf of the embedders: the implementations import it, so the factory can impor
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Self, cast
@@ -16,6 +17,8 @@ import numpy as np
 
 from engram_episodic.errors import EngramError
 from shared.embed_progress import passed
+
+log = logging.getLogger("engram.embedding")
 
 
 class EmbeddingError(EngramError):
@@ -168,3 +171,18 @@ class Embedder(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, dim={self._dim}, max_chars={self.max_chars})"
+
+
+async def dim_when_answering(embedder: Embedder, what: str, *, ceiling: float = 30.0) -> int:
+    """`embedder.ensure_dim()` (int, the vector length), asked again while the backend does not answer
+    (EmbedderUnavailable): a provider that is down when a service starts delays its readiness instead of
+    stopping it, since a process that exits at start is restarted until `make run` gives up. Waits 1, 2,
+    4 … `ceiling` seconds between tries, logging one line for each. Other errors propagate."""
+    delay = 1.0
+    while True:
+        try:
+            return await embedder.ensure_dim()
+        except EmbedderUnavailable as exc:
+            log.warning("%s ◆ the embedder does not answer (%s); asking again in %.0f s", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(ceiling, delay * 2)

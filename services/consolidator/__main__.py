@@ -72,7 +72,7 @@ async def _run(settings: Settings) -> int:
             stack.push_async_callback(runner.cleanup)
             log.info("health and metrics on http://%s:%d/healthz", settings.host, settings.metrics_port)
         redis = await stack.enter_async_context(connected(settings))
-        embedder = await loaded_embedder(stack, settings)
+        embedder = await loaded_embedder(stack, settings, wait=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

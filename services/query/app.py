@@ -61,6 +61,7 @@ from services.query.startup import Startup, startup_gate
 from shared import cluster, terms, tracing
 from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
+from shared.embedding_base import dim_when_answering
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
 from shared.partitions import check_partitions
@@ -104,8 +105,8 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
 
             async def load() -> None:
                 await e.load()
+                dim = await dim_when_answering(e, "query service")  # a provider down at start: 503s, not exit
                 startup.done("embedder")
-                dim = await e.ensure_dim()
 
                 async def open_index() -> tuple[int, bytes | None]:
                     # ConfigError when the deployment has another number of stream partitions, or

@@ -85,3 +85,24 @@ async def test_unrelated_episodes_are_not_listed(aiohttp_client, settings, redis
     assert {"none0", "none1"} <= {r["episode"]["episode_id"] for r in asked["results"]}, (
         "an explicit 0 keeps all"
     )
+
+
+async def test_facts_below_the_floor_are_not_known_facts(aiohttp_client, settings, redis, prefix):
+    """A fact whose centroid points away from the task (cosine below the vector floor) is no knowledge
+    of it: not in "Known facts" unless `min_relevance` asks for everything."""
+    scored = [
+        {"text": "rotating the database credentials needs the vault token", "score": 0.62},
+        {"text": "paint the office walls blue", "score": 0.089},
+    ]
+
+    async def facts(r, scope, vector, k):
+        return scored[:k]
+
+    app = make_app(settings, redis=redis, embedder=HashingEmbedder(settings.embed_dim), facts=facts)
+    client = await aiohttp_client(ServiceTestServer(app))
+    body = await (await client.post("/v1/context", json={"task": "rotate the database credentials"})).json()
+    assert [f["text"] for f in body["facts"]] == [scored[0]["text"]]
+    assert "paint the office" not in body["prompt"]
+    everything = {"task": "rotate the database credentials", "min_relevance": 0}
+    body = await (await client.post("/v1/context", json=everything)).json()
+    assert len(body["facts"]) == 2

@@ -321,3 +321,22 @@ async def test_concurrent_recalls_share_the_provider_timeouts(make_client, redis
     assert shared, provider.inputs  # some queries waited for the first one's pass and shared the next
     alone_after = {texts[0] for texts in provider.inputs[shared[0] + 1 :] if len(texts) == 1}
     assert not alone_after & set(provider.inputs[shared[0]]), provider.inputs  # none retried alone
+
+
+async def test_a_provider_down_at_start_delays_readiness_instead_of_stopping_it(provider, caplog):
+    """A service starting while its provider answers 503 keeps asking for the vector length (one line
+    a try, no traceback) and starts once the provider answers; an admin command is told at once."""
+    from shared.embedding_base import EmbedderUnavailable, dim_when_answering
+
+    provider.mode = "503"
+    embedder = OpenAIEmbedder(f"{provider.url}/v1", "fake-embed", timeout=0.5, retries=0, backoff=0.0)
+    OPENED.append(embedder)
+    with pytest.raises(EmbedderUnavailable):
+        await embedder.ensure_dim()
+    waiting = asyncio.create_task(dim_when_answering(embedder, "query service", ceiling=1.0))
+    await wait_until(lambda: provider.requests >= 3, timeout=20, message="asked again")
+    assert not waiting.done()
+    provider.mode = "ok"
+    assert await asyncio.wait_for(waiting, timeout=20) == DIM
+    no_traceback(caplog)
+    assert "does not answer" in caplog.text

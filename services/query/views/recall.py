@@ -118,6 +118,9 @@ async def context(request: web.Request) -> web.Response:
         vector = None if unavailable else await pending
     short_term = await rc.latest(r, index, scope, s.short_term_window)
     facts = await request.app[FACTS](r, scope, vector, 5) if vector is not None else []
+    # a fact is no knowledge of the task below the floor a vector recall applies to episodes
+    floor = CONTEXT_FLOOR["vector"] if req.min_relevance is None else req.min_relevance
+    facts = [f for f in facts if f.get("score") is None or f["score"] >= floor]
     prompt, truncated = insights.prompt_section(
         req.task, req.category, recalled["results"], recalled["replay_context"], facts, req.max_chars
     )
