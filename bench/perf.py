@@ -97,6 +97,7 @@ class Seeder:
 
     async def create(self) -> None:
         from shared.index import VectorParams, ensure_episode_index
+        from shared.partitions import check_partitions
 
         params = VectorParams(
             dim=DIM,
@@ -105,6 +106,9 @@ class Seeder:
             ef_construction=self.args.hnsw_ef_construction,
             ef_runtime=self.args.hnsw_ef_runtime,
         )
+        await check_partitions(
+            self.r, self.keys, sealed=False
+        )  # records this layout, as a service's start does
         self.tags = await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name, tag_key=None)
 
     async def add(self, vectors: np.ndarray) -> float:

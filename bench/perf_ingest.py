@@ -192,6 +192,7 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
     from engram_episodic.validation import parse_episode
     from shared.index import VectorParams, embedding_text, ensure_episode_index, episode_fields
     from shared.keys import Keys
+    from shared.partitions import check_partitions
     from shared.redis_conn import connect
 
     parsed = [parse_episode(e) for e in episodes]
@@ -202,6 +203,7 @@ async def raw_write_rate(url: str, episodes: list[dict[str, Any]], embedder) -> 
     r = connect(url)
     try:
         params = VectorParams(dim=vectors.shape[1])
+        await check_partitions(r, keys, sealed=False)  # records this layout, as a service's start does
         tags = await ensure_episode_index(r, keys, 1, params, embedder.name, tag_key=None)
         docs = [
             (

@@ -104,9 +104,13 @@ class CorpusSeeder:
 
     async def create(self) -> None:
         from shared.index import VectorParams, ensure_episode_index
+        from shared.partitions import check_partitions
         from shared.settings import Settings
 
         params = VectorParams.of(Settings(), self.dim)
+        await check_partitions(
+            self.r, self.keys, sealed=False
+        )  # records this layout, as a service's start does
         self.tags = await ensure_episode_index(self.r, self.keys, 1, params, self.embedder_name, tag_key=None)
 
     async def grow(self, size: int) -> float:

@@ -49,6 +49,7 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     from shared.embedding import make_embedder
     from shared.index import VectorParams, ensure_episode_index
     from shared.keys import Keys
+    from shared.partitions import check_partitions
     from shared.redis_conn import connect
     from shared.settings import Settings
 
@@ -60,6 +61,7 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     r = connect(args.url)
     keys = Keys(args.prefix)
     params = VectorParams.of(Settings(), embedder.dim)
+    await check_partitions(r, keys, sealed=False)  # records this layout, as a service's start does
     tags = await ensure_episode_index(r, keys, 1, params, embedder.name, tag_key=None)
     index = keys.episode_index_alias
     sizes = ScopeSizes(df_ttl=settings.idf_cache_ttl or 0.0)
