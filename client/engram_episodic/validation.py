@@ -489,7 +489,8 @@ def parse_episode(
         else None
     )
     texts = {name: _text(value.get(name), _join(path, name), errs) for name in _TEXT_FIELDS}
-    raw_actions = value.get("actions") or []
+    raw_actions = value.get("actions")
+    raw_actions = [] if raw_actions is None else raw_actions  # 0, false, "" are no list either
     actions: list[Action] = []
     if not isinstance(raw_actions, list | tuple):
         errs.add(_join(path, "actions"), "must be a list")
