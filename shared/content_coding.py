@@ -20,9 +20,11 @@ ACCEPTED = frozenset({"", "identity"})
 
 
 def refused_coding(request: web.BaseRequest) -> str | None:
-    """The request's `Content-Encoding` when it is not one of ACCEPTED (as sent), else None."""
-    value = request.headers.get(hdrs.CONTENT_ENCODING)
-    if value is None or value.strip().lower() in ACCEPTED:
+    """The request's `Content-Encoding` (every header of that name, joined as RFC 9110 §5.3 allows) when
+    any coding of it is not one of ACCEPTED, else None."""
+    values = request.headers.getall(hdrs.CONTENT_ENCODING, [])
+    value = ", ".join(values)
+    if all(coding.strip().lower() in ACCEPTED for coding in value.split(",")):
         return None
     return value
 

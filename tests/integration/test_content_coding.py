@@ -71,3 +71,17 @@ async def test_the_operations_port_refuses_a_content_encoding_with_415_and_no_tr
         async with s.get(operations_port + "/metrics") as resp:
             assert resp.status == 200
     no_traceback(caplog)
+
+
+async def test_a_coding_in_any_of_several_headers_or_a_list_is_refused(api):
+    """`Content-Encoding` may come as several headers or one comma-separated list (RFC 9110 §5.3):
+    identity then gzip is gzip either way."""
+    from multidict import CIMultiDict
+
+    headers = CIMultiDict([("Content-Encoding", "identity"), ("Content-Encoding", "gzip")])
+    await assert_refused(await api.post("/v1/recall", data=BODY, headers=headers), "gzip")
+    await assert_refused(
+        await api.post("/v1/recall", data=BODY, headers={"Content-Encoding": "identity, gzip"}), "gzip"
+    )
+    listed = {"Content-Encoding": "identity, IDENTITY"}
+    assert (await api.post("/v1/recall", data=BODY, headers=listed)).status == 200
