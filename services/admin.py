@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -92,7 +93,9 @@ def run_admin(command: str, coro: Any) -> Any:
     """Run an admin coroutine; Redis being away is a one-line error (exit 1), a configuration error
     (ConfigError: another partition count, a master key missing; a cluster addressed as one Redis, its
     MovedError; a Conflict such as a data key wrapped by another master key, as after a rotation) one
-    line and exit 2, never a traceback."""
+    line and exit 2, never a traceback. SIGTERM stops it as Ctrl-C does (a replay then drops the
+    generation it was building at once, instead of leaving it to the workers' sweep)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return asyncio.run(coro)
     except (ConfigError, Conflict) as exc:  # Conflict: e.g. a data key wrapped by another master key
@@ -102,6 +105,12 @@ def run_admin(command: str, coro: Any) -> Any:
     except (RedisConnectionError, RedisTimeoutError) as exc:
         url = server_env().get("REDIS_URL")
         raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 async def _replay_task(

@@ -210,3 +210,47 @@ def test_a_stack_on_another_redis_port_has_a_data_dir_of_its_own(monkeypatch, tm
     env = server_env({"ENGRAM_REDIS_PORT": "16379"})
     assert env["ENGRAM_MASTER_KEY_FILE"] == str(Path(".run/redis-16379/master.key"))
     assert "ENGRAM_MASTER_KEY_FILE" not in server_env({})
+
+
+async def test_a_replay_stopped_by_sigterm_drops_the_generation_it_was_building(settings, redis):
+    """SIGTERM (a service manager stopping the command) stops a replay as Ctrl-C does: the generation
+    it was building is dropped before it exits, not left for the workers' sweep."""
+    import signal
+
+    from tests.helpers import wait_until
+
+    await publish(settings, redis, [episode(f"s{i}", task=f"rotate key {i}") for i in range(3000)])
+    keys = Keys(settings.prefix)
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.redis_url,
+        "ENGRAM_PREFIX": settings.prefix,
+        "ENGRAM_EMBEDDER": "hashing",
+        "ENGRAM_EMBED_DIM": str(settings.embed_dim),
+        "ENGRAM_VECTOR_ALGORITHM": "FLAT",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.admin", "replay", "--no-progress"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        async def building() -> bool:
+            return bool(await redis.hget(keys.meta, "building")) or proc.poll() is not None
+
+        await wait_until(building, timeout=60, message="the replay started building")
+        assert proc.poll() is None, "the replay ended before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode != 0
+    assert not await redis.hget(keys.meta, "building")
+    gen = await current_generation(redis, keys)
+    assert [k async for k in redis.scan_iter(match=f"{settings.prefix}g{gen + 1}:*")] == []
