@@ -109,8 +109,11 @@ class Forgetting:
         """Delete the events of an episode's earlier users (`Folded.superseded`: they no longer
         contribute to it) from its event hash, and the stream entries holding them (found by the clear
         event id of their payloads): the episode is its latest user's now, so a forget of an earlier
-        user does not reach it, and must find none of that user's text left in it. Idempotent; the
-        stream entries go first, so a failure part-way leaves the events for the next write to drop."""
+        user does not reach it, and must find none of that user's text left in it. The facts whose
+        evidence named the episode (distilled from an earlier user's version) are rebuilt at the next
+        `flush_facts`, as for an erased episode; a later consolidation takes its current version in.
+        Idempotent; the stream entries go first, so a failure part-way leaves the events for the next
+        write to drop."""
         if not event_ids:
             return
         k, g = self.keys, self.gen
@@ -136,6 +139,7 @@ class Forgetting:
             if gone:
                 pipe.srem(sids_key, *gone)
             await pipe.execute()
+        self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def flush_facts(self) -> None:
         """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"` (one rebuild
