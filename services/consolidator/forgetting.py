@@ -18,10 +18,11 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from engram_episodic.errors import DecodeError
 from services.consolidator import deadletters, erasure
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import cluster, generations, streams
-from shared.codec import occurred_at
+from shared.codec import occurred_at, unpack
 from shared.facts import facts_with_evidence
 from shared.index import DOC_FIELD, Scope, filter_search, generation_tags, is_missing_index
 from shared.keyring import KeyRing
@@ -38,6 +39,16 @@ def _doc_episode_id(raw: bytes | None) -> str | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return eid if isinstance(eid, str) else None
+
+
+def _event_id(payload: bytes | None) -> str | None:
+    """The clear event id of a stream entry's payload, sealed or not (None if unreadable)."""
+    try:
+        data = unpack(payload).get("data") if payload else None
+    except DecodeError:
+        return None
+    event_id = data.get("event_id") if isinstance(data, dict) else None
+    return event_id if isinstance(event_id, str) else None
 
 
 class Forgetting:
@@ -93,6 +104,42 @@ class Forgetting:
             self._facts_due.setdefault(namespace, []).append(episode_id)
         elif facts:
             await self.forget_facts(namespace, [episode_id])
+
+    async def drop_superseded(self, namespace: str, episode_id: str, event_ids: frozenset[str]) -> None:
+        """Delete the events of an episode's earlier users (`Folded.superseded`: they no longer
+        contribute to it) from its event hash, and the stream entries holding them (found by the clear
+        event id of their payloads): the episode is its latest user's now, so a forget of an earlier
+        user does not reach it, and must find none of that user's text left in it. The facts whose
+        evidence named the episode (distilled from an earlier user's version) are rebuilt at the next
+        `flush_facts`, as for an erased episode; a later consolidation takes its current version in.
+        Idempotent; the stream entries go first, so a failure part-way leaves the events for the next
+        write to drop."""
+        if not event_ids:
+            return
+        k, g = self.keys, self.gen
+        events, sids_key = (
+            k.episode_events(g, namespace, episode_id),
+            k.episode_stream_ids(g, namespace, episode_id),
+        )
+        await erasure.mark_pending(self.redis, k)  # the AOF still holds them until rewritten
+        stream = k.stream_of(namespace)
+        sids = sorted(bytes_list(await self.redis.smembers(sids_key)))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in sids:
+                pipe.xrange(stream, min=sid, max=sid, count=1)
+            found = await pipe.execute()
+        gone = [
+            sid
+            for sid, entries in zip(sids, found, strict=True)
+            if entries and _event_id(entries[0][1].get(streams.FIELD)) in event_ids
+        ]
+        await streams.delete(self.redis, stream, gone)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(events, *sorted(event_ids))
+            if gone:
+                pipe.srem(sids_key, *gone)
+            await pipe.execute()
+        self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def flush_facts(self) -> None:
         """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"` (one rebuild

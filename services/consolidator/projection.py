@@ -7,6 +7,12 @@ override earlier ones field by field (a None never erases a value); actions are 
 snapshot's actions and every `ActionRecorded`, de-duplicated by `action_id` and ordered by time.
 Every step keeps an episode the model accepts (`validation.episode_problems`): an update that would
 break it is not applied, nor are a snapshot's fields that would (its actions still join the union).
+
+An episode belongs to its latest user: a snapshot naming another `user_id` than the one before it starts
+the episode afresh, and only the events from the last such change on are folded (`_current`). The
+earlier events are reported as `superseded` (the projector drops them from the episode's event hash and
+the stream), so forgetting an earlier user leaves none of its text in the episode, and a replay folds the
+same episode with or without them.
 """
 
 from __future__ import annotations
@@ -39,13 +45,15 @@ class Folded:
     """The projection of one episode.
 
     `episode` is None while no start or completion has arrived (only actions): nothing to index yet.
-    `first_occurred_at` (UTC epoch seconds) is compared with a user's forget time.
+    `first_occurred_at` (UTC epoch seconds) is compared with a user's forget time. `superseded` are the
+    ids of the events of the episode's earlier users (`_current`), which contribute nothing.
     """
 
     episode: Episode | None
     status: str
     first_occurred_at: float
     event_count: int
+    superseded: frozenset[str] = frozenset()
 
 
 def _merge(base: Episode | None, update: Episode) -> Episode:
@@ -86,14 +94,41 @@ def _action_key(action: Action) -> tuple:
     return ("anon", dataclasses.replace(action, timestamp=None), format_instant(action.timestamp))
 
 
+def _current(ordered: list[Event]) -> tuple[list[Event], frozenset[str]]:
+    """The events of the episode's current (latest) user, in order, and the ids of the others.
+
+    The current user's events begin at the last snapshot (Started, Completed) whose `user_id` differs
+    from the one named before it (a snapshot without a user changes nothing); an update sealed for
+    another user (`EpisodeUpdated.user_id`) after that point is not theirs either."""
+    start, user = 0, None
+    for i, event in enumerate(ordered):
+        if isinstance(event, EpisodeStarted | EpisodeCompleted) and event.episode.user_id is not None:
+            if user is not None and event.episode.user_id != user:
+                start = i
+            user = event.episode.user_id
+    if start == 0 and user is None:
+        return ordered, frozenset()
+    kept = [
+        e
+        for e in ordered[start:]
+        if not (isinstance(e, EpisodeUpdated) and e.user_id is not None and e.user_id != user)
+    ]
+    if len(kept) == len(ordered):
+        return ordered, frozenset()
+    ids = {e.event_id for e in kept}
+    return kept, frozenset(e.event_id for e in ordered if e.event_id not in ids)
+
+
 def fold(events: Iterable[Event]) -> Folded:
     """Fold one episode's episode-events (Started, ActionRecorded, Completed, Updated) into a Folded
-    state."""
+    state: those of its current user only (`_current`)."""
     unique: dict[str, Event] = {}
     for event in events:
         if type(event) in _KIND_ORDER:
             unique.setdefault(event.event_id, event)
-    ordered = sorted(unique.values(), key=lambda e: (e.occurred_at, _KIND_ORDER[type(e)], e.event_id))
+    ordered, superseded = _current(
+        sorted(unique.values(), key=lambda e: (e.occurred_at, _KIND_ORDER[type(e)], e.event_id))
+    )
     episode: Episode | None = None
     actions: dict[tuple, Action] = {}
     completed = False
@@ -125,5 +160,6 @@ def fold(events: Iterable[Event]) -> Folded:
         episode=episode,
         status=STATUS_COMPLETED if completed and episode is not None else STATUS_DRAFT,
         first_occurred_at=ordered[0].occurred_at if ordered else math.inf,
-        event_count=len(unique),
+        event_count=len(ordered),
+        superseded=superseded,
     )

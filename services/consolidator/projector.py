@@ -350,6 +350,8 @@ class Projector:
                 await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
+            if status > 0 and f.superseded:  # written from its current user's events only
+                await self.forgetting.drop_superseded(ns, eid, f.superseded)
         return pending
 
     async def _write_until_settled(
@@ -561,6 +563,8 @@ class Projector:
                 await self.forgetting.erase_episode(ns, eid)
             elif status == 2 and f.status == STATUS_COMPLETED:
                 result.completed.append((ns, f))
+            if status > 0 and f.superseded:  # written from its current user's events only
+                await self.forgetting.drop_superseded(ns, eid, f.superseded)
         return retry
 
     async def import_snapshot(

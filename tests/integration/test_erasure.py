@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import msgpack
+import orjson
 import pytest
 
 from deploy.embedded_redis import EmbeddedRedis, free_port
@@ -606,3 +607,56 @@ async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an
     other = EngramClient(redis, namespace="ns", prefix=sealed.prefix + "plain:")
     await other.record(episode("plain-two"))
     assert await redis.xlen(Keys(sealed.prefix + "plain:").stream) == 1
+
+
+@pytest.mark.parametrize("one_batch", [False, True], ids=["batches", "one-batch"])
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "sealed"])
+async def test_an_episode_re_published_under_another_user_keeps_nothing_of_the_first(
+    settings, master_key, redis, encrypted, one_batch
+):
+    """An episode re-published under another user_id is that user's: it is folded from the new user's
+    events only, the first user's events leave its event hash and the stream, so forgetting the first
+    user (who no longer owns it) leaves none of their text anywhere, the episode stays the second
+    user's with their fields, and a replay folds the same episode."""
+    settings = settings.with_(master_key=master_key) if encrypted else settings
+    keys = Keys(settings.prefix)
+    client = client_for(settings, redis)
+    worker = make_worker(settings, redis)
+    secrets = ["vextrombi secret of A", "vextrombi cmd"]
+    await client.record(
+        {
+            "episode_id": "swap-1",
+            "task": "shared task",
+            "outcome": "success",
+            "user_id": "owner-a",
+            "solution": secrets[0],
+            "actions": [{"action_type": "sh", "input": secrets[1], "action_id": "a1"}],
+        }
+    )
+    if not one_batch:
+        await drain(worker)
+    await client.record(
+        {
+            "episode_id": "swap-1",
+            "task": "shared task",
+            "outcome": "success",
+            "user_id": "owner-b",
+            "actions": [{"action_type": "sh", "input": "b's cmd", "action_id": "b1"}],
+        }
+    )
+    await drain(worker)
+
+    async def stored() -> dict:
+        found = await docs(redis, keys, "ns", master_key=settings.master_key)
+        assert list(found) == ["swap-1"]
+        return orjson.loads(found["swap-1"][b"doc"])
+
+    before = await stored()
+    assert before["user_id"] == "owner-b" and "solution" not in before
+    assert [a["action_id"] for a in before["actions"]] == ["b1"]
+    await client.forget_user("owner-a")
+    await drain(worker)
+    assert await stored() == before
+    assert await leaked_text(redis, settings.prefix, secrets) == []
+    await replay(settings, redis, HashingEmbedder(settings.embed_dim))
+    assert await stored() == before

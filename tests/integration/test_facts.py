@@ -624,3 +624,24 @@ async def test_episodes_are_read_in_pages_on_a_cluster(cluster_settings, cluster
         one = await load_rows(redis, index, scope, 100, BLAKE2B, page=100)
         paged = await load_rows(redis, index, scope, 100, BLAKE2B, page=2)
     assert [r.episode_id for r in paged] == [r.episode_id for r in one] == [f"mig-{i}" for i in range(7)]
+
+
+async def test_an_episode_re_published_under_another_user_leaves_the_first_users_facts(settings, redis):
+    """Facts distilled from an episode while it was one user's are rebuilt when it becomes another
+    user's: forgetting the first user then leaves no fact naming them, or built from their version."""
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9)
+    mixed = [ep("mig", i, user="user-a" if i == 0 else "user-b") for i in range(8)]
+    client = await publish(s, redis, mixed)
+    worker = make_worker(s, redis)
+    await drain(worker)
+    await Consolidator(s, redis, s.embed_dim).consolidate(FactScope("ns"))
+    await drain(worker)
+    [before] = await facts(redis, s)
+    assert "user-a" in before.users
+    await publish(s, redis, [ep("mig", 0, user="user-b")])
+    await drain(worker)
+    await client.forget_user("user-a")
+    await drain(worker)
+    assert not await facts(redis, s, user_id="user-a", include_superseded=True)
+    docs = [await redis.hget(k, "doc") async for k in redis.scan_iter(match=f"{s.prefix}*fact:*")]
+    assert not any(b"user-a" in d for d in docs if d)

@@ -186,3 +186,24 @@ async def test_an_expired_episode_posted_again_says_expired(api, settings, redis
         body = await (await api.post("/v1/episodes", json=again, params={"wait": 10})).json()
         assert body["projected"] is False and body["reason"] == "expired", body
         assert (await api.get("/v1/episodes/ttl-3")).status == 404
+
+
+async def test_a_wait_ends_when_its_episode_was_re_published_under_another_user(api, settings, redis):
+    """An episode posted by one user and at once by another is the second user's: the first user's
+    event leaves the episode's event hash when both are projected together, and the first post's wait
+    answers then that it was projected, instead of waiting out its bound."""
+    from shared.keys import Keys
+
+    first = asyncio.ensure_future(
+        api.post("/v1/episodes", json=episode("swap-w", user_id="owner-a"), params={"wait": 8})
+    )
+    stream = Keys(settings.prefix).stream
+    await wait_until(lambda: redis.xlen(stream), message="the first post's entry")
+    assert (await api.post("/v1/episodes", json=episode("swap-w", user_id="owner-b"))).status == 202
+    started = asyncio.get_running_loop().time()
+    async with consolidating(settings, redis, "ryw-swap"):
+        body = await (await first).json()
+    assert body["projected"] is True, body
+    assert asyncio.get_running_loop().time() - started < 4
+    got = await (await api.get("/v1/episodes/swap-w")).json()
+    assert got["episode"]["user_id"] == "owner-b"

@@ -123,3 +123,33 @@ def test_a_snapshot_refused_once_merged_leaves_the_stored_fields():
     merged = fold([a, c]).episode
     assert merged.started_at == 200.0 and merged.completed_at == 250.0 and merged.importance == 4
     assert merged.user_id == "bob"
+
+
+def _snapshot(at: float, user: str | None, **fields) -> EpisodeCompleted:
+    ep = dataclasses.replace(BASE, user_id=user, **fields)
+    return EpisodeCompleted(namespace="n", episode_id="e", occurred_at=at, episode=ep)
+
+
+def test_an_episode_is_folded_from_its_latest_users_events_only():
+    """A snapshot under another user starts the episode afresh: nothing of the earlier user's events
+    (fields, actions, updates) survives, they are reported superseded, and folding the current user's
+    events alone gives the same episode (a replay after the earlier events were dropped)."""
+    a = _snapshot(100, "a", solution="secret of a", actions=(Action(action_type="sh", action_id="a1"),))
+    a_update = updated(101, user_id="a", outcome_details="a's details")
+    b = _snapshot(102, "b", actions=(Action(action_type="sh", action_id="b1"),))
+    late_a_update = updated(103, user_id="a", importance=9)  # sealed for a, after the change
+    b_update = updated(104, user_id="b", importance=5)
+    whole = fold([b_update, late_a_update, b, a_update, a])
+    assert whole.episode.user_id == "b" and whole.episode.solution is None
+    assert whole.episode.outcome_details is None and whole.episode.importance == 5
+    assert [x.action_id for x in whole.episode.actions] == ["b1"]
+    assert whole.superseded == {a.event_id, a_update.event_id, late_a_update.event_id}
+    assert whole.first_occurred_at == 102 and whole.event_count == 2
+    alone = fold([b, b_update])
+    assert alone.episode == whole.episode and alone.superseded == frozenset()
+    # a snapshot without a user, or under the same one, changes nothing
+    same = fold([a, _snapshot(102, None), _snapshot(103, "a")])
+    assert same.episode.solution == "secret of a" and same.superseded == frozenset()
+    # back to the first user: every event before the change goes, the first user's earlier ones too
+    back = fold([a, b, _snapshot(105, "a")])
+    assert back.episode.solution is None and back.superseded == {a.event_id, b.event_id}

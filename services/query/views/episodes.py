@@ -115,14 +115,21 @@ async def _projected(
         await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
 
 
-async def _dropped(request: web.Request, event: EpisodeEvent, stream_id: str) -> str:
+async def _dropped(request: web.Request, event: EpisodeEvent, stream_id: str) -> str | None:
     """Why an acked event is not in its episode's event hash: its episode was forgotten, or the event
-    was dead-lettered; `WAIT_TIMEOUT` (keep waiting) when neither shows yet."""
+    was dead-lettered; None (projected) when the episode was re-published under another user, which
+    dropped the event (its stream entry is gone, the episode's document stays:
+    `Forgetting.drop_superseded`); `WAIT_TIMEOUT` (keep waiting) when none of these shows yet."""
     r, keys = redis_of(request), request.app[KEYS]
-    if await r.exists(keys.tombstone(event.namespace, event.episode_id)):
+    ns, eid = event.namespace, event.episode_id
+    if await r.exists(keys.tombstone(ns, eid)):
         return WAIT_FORGOTTEN
-    if await r.hexists(keys.dead_letter_refs(event.namespace, event.episode_id), stream_id):
+    if await r.hexists(keys.dead_letter_refs(ns, eid), stream_id):
         return WAIT_DEAD_LETTERED
+    if not await r.xrange(keys.stream_of(ns), min=stream_id, max=stream_id, count=1) and await r.exists(
+        keys.episode_doc(await current_generation(r, keys), ns, eid)
+    ):
+        return None
     return WAIT_TIMEOUT
 
 
