@@ -614,7 +614,7 @@ async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an
 async def test_an_episode_re_published_under_another_user_keeps_nothing_of_the_first(
     settings, master_key, redis, encrypted, one_batch
 ):
-    """An episode re-published under another user_id is that user's: it is folded from the new user's
+    """An episode re-published under another user_id is that user's: it is folded from the later user's
     events only, the first user's events leave its event hash and the stream, so forgetting the first
     user (who no longer owns it) leaves none of their text anywhere, the episode stays the second
     user's with their fields, and a replay folds the same episode."""
