@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -95,7 +96,8 @@ def run_admin(command: str, coro: Any) -> Any:
     MovedError; a Conflict such as a data key wrapped by another master key, as after a rotation) one
     line and exit 2, never a traceback. SIGTERM stops it as Ctrl-C does (a replay then drops the
     generation it was building at once, instead of leaving it to the workers' sweep)."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    main = threading.current_thread() is threading.main_thread()  # only the main thread takes signals
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:
         return asyncio.run(coro)
     except (ConfigError, Conflict) as exc:  # Conflict: e.g. a data key wrapped by another master key
@@ -106,7 +108,8 @@ def run_admin(command: str, coro: Any) -> Any:
         url = server_env().get("REDIS_URL")
         raise click.ClickException(f"cannot reach Redis at {url} ({exc}); is the stack running?") from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
