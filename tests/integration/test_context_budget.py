@@ -20,9 +20,9 @@ FACTS = [
 ]
 
 
-async def _client(aiohttp_client, settings, redis):
+async def _client(aiohttp_client, settings, redis, known=FACTS):
     async def facts(r, scope, vector, k):
-        return FACTS[:k]
+        return known[:k]
 
     app: web.Application = make_app(
         settings, redis=redis, embedder=HashingEmbedder(settings.embed_dim), facts=facts
@@ -95,11 +95,7 @@ async def test_facts_below_the_floor_are_not_known_facts(aiohttp_client, setting
         {"text": "paint the office walls blue", "score": 0.089},
     ]
 
-    async def facts(r, scope, vector, k):
-        return scored[:k]
-
-    app = make_app(settings, redis=redis, embedder=HashingEmbedder(settings.embed_dim), facts=facts)
-    client = await aiohttp_client(ServiceTestServer(app))
+    client = await _client(aiohttp_client, settings, redis, known=scored)
     body = await (await client.post("/v1/context", json={"task": "rotate the database credentials"})).json()
     assert [f["text"] for f in body["facts"]] == [scored[0]["text"]]
     assert "paint the office" not in body["prompt"]
