@@ -10,6 +10,7 @@
     engram forget --episode EPISODE_ID                 # or --user, --agent, --session
     engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
+    engram hooks install claude-code                   # coding agents' tasks as episodes (docs/integrations.md)
 
 `--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
 select the service. Human output by default, `--json` for scripts. Errors are the service's problem
@@ -36,6 +37,7 @@ import click
 from engram_episodic.calls import MAX_WAIT
 from engram_episodic.cli_common import call, scope_of
 from engram_episodic.cli_transfer import export_command, import_command
+from engram_episodic.hooks.commands import register as register_hooks
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
 
 
@@ -469,6 +471,7 @@ for _name in SERVER_COMMANDS:
     cli.add_command(_moved(_name))
 cli.add_command(export_command)
 cli.add_command(import_command)
+register_hooks(cli)  # `engram hooks ...`, `engram hook <cli> <event>`
 
 
 def main() -> None:

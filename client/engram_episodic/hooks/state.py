@@ -1,0 +1,121 @@
+"""What the hooks keep on disk between two invocations, under the user's state directory
+(`$XDG_STATE_HOME/engram`, default `~/.local/state/engram`):
+
+    hooks.json            the configuration `engram hooks install` wrote (url, api_key, test_commands,
+                          hash_repo); mode 0600
+    sessions/<cli>-<h>.json  the open draft of a session (h: a digest of the CLI's session id), locked
+                          while a hook reads and writes it
+    spool/<episode_id>.json  finished episodes the service did not take yet (sent by the next hook)
+    hooks.log             what the hooks did and every error they swallowed (rotated at 1 MB)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import logging.handlers
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CONFIG_KEYS = ("url", "api_key", "test_commands", "hash_repo")
+log = logging.getLogger("engram.hooks")
+
+
+def state_dir() -> Path:
+    """`$XDG_STATE_HOME/engram`, or `~/.local/state/engram` without it (not created here)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "engram"
+
+
+def _write(path: Path, data: Any, *, private: bool = False) -> None:
+    """Write `data` as JSON to `path` atomically (a reader sees the old file or the new one whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    if private:
+        tmp.chmod(0o600)
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def load_config() -> dict[str, Any]:
+    """The hooks' configuration (`hooks.json`), {} when there is none or it is unreadable."""
+    data = _read(state_dir() / "hooks.json")
+    return {k: v for k, v in data.items() if k in CONFIG_KEYS} if isinstance(data, dict) else {}
+
+
+def save_config(config: dict[str, Any]) -> Path:
+    """Write the configuration (the keys of CONFIG_KEYS that are not None) readable by the user only."""
+    path = state_dir() / "hooks.json"
+    _write(path, {k: v for k, v in config.items() if k in CONFIG_KEYS and v is not None}, private=True)
+    return path
+
+
+def start_log() -> None:
+    """Send the hooks' log records to `hooks.log` (never to stdout or stderr, which the CLI reads)."""
+    if log.handlers:
+        return
+    try:
+        state_dir().mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+            state_dir() / "hooks.log", maxBytes=1_000_000, backupCount=1, encoding="utf-8"
+        )
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _session_path(cli: str, session_id: str) -> Path:
+    digest = hashlib.sha256(session_id.encode("utf-8", "replace")).hexdigest()[:32]
+    return state_dir() / "sessions" / f"{cli}-{digest}.json"
+
+
+@contextlib.contextmanager
+def session(cli: str, session_id: str) -> Iterator[dict[str, Any]]:
+    """The session's state (a dict, {} for a new session) under an exclusive lock; what the block leaves
+    in it is written back when it exits normally ({} removes the file). Hooks of one session that run
+    at once (parallel tool calls) wait for each other here."""
+    path = _session_path(cli, session_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _read(path)
+        state: dict[str, Any] = data if isinstance(data, dict) else {}
+        yield state
+        if state:
+            _write(path, state, private=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def spool(episode: dict[str, Any]) -> Path:
+    """Keep a finished episode (JSON-shaped, with its `episode_id`) to send later."""
+    path = state_dir() / "spool" / f"{episode['episode_id']}.json"
+    _write(path, episode, private=True)
+    return path
+
+
+def spooled() -> list[Path]:
+    """The spooled episodes' files, oldest first."""
+    folder = state_dir() / "spool"
+    files = folder.glob("*.json") if folder.is_dir() else []
+    return sorted(files, key=lambda p: p.stat().st_mtime)
+
+
+def read_spooled(path: Path) -> dict[str, Any] | None:
+    data = _read(path)
+    return data if isinstance(data, dict) else None
