@@ -84,13 +84,13 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
     # long random-looking strings (letters and digits mixed, 32+ characters)
     (re.compile(r"\b(?=[A-Za-z0-9+/_-]*\d)(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{32,}={0,2}"), REDACTED),
 )
-_ENV_ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)")
+_ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)")
 
 
 def redact(text: str) -> str:
     """`text` with secrets-looking values replaced by [REDACTED]: credentials in URLs, bearer tokens,
     values named like a key, token, secret or password, well-known token formats, private keys, long
-    random-looking strings; and, when the text names a `.env` file, every `NAME=value` assignment."""
+    random-looking strings; and, when the text names a `.env` file, every `NAME=value` assignment (upper-case names, as in a `.env`)."""
     for pattern, replacement in _REDACTIONS:
         text = pattern.sub(replacement, text)
     if ".env" in text:

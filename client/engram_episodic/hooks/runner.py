@@ -27,7 +27,7 @@ from engram_episodic.errors import ApiError, EngramError
 from engram_episodic.events import Action
 from engram_episodic.hooks import state
 from engram_episodic.hooks.payloads import HookEvent, capped, read_event, redact
-from engram_episodic.hooks.testruns import parse_test_output, runs_tests
+from engram_episodic.hooks.testruns import MAX_FAILURE_LINES, parse_test_output, runs_tests
 from engram_episodic.shapes import episode_to_dict, to_plain
 from engram_episodic.types import Recall, Suggestion
 from engram_episodic.validation import MAX_ACTIONS, MAX_ID_CHARS
@@ -119,13 +119,16 @@ def _record_tool(saved: dict[str, Any], event: HookEvent, config: Mapping[str, A
     if tool.command is not None and runs_tests(tool.command, config.get("test_commands") or ()):
         run = parse_test_output(tool.output, failed=not tool.success)
         if run is not None:
+            failures = [redact(line) for line in run.failures]
             saved["tests"] = {
                 "passed": run.passed,
                 "total": run.total,
                 "command": capped(redact(tool.command), 200),
-                "failures": [redact(line) for line in run.failures],
+                "failures": failures,
             }
             saved["test_runs"] += 1
+            seen = saved.setdefault("failures_seen", [])  # what the tests said along the way
+            seen += [f for f in failures if f not in seen][: MAX_FAILURE_LINES - len(seen)]
             output = run.summary()
     action = _draft(saved).action(
         tool.name, input=tool.summary or None, output=output, success=tool.success, error=tool.error
@@ -148,13 +151,16 @@ def completed(saved: Mapping[str, Any], answer: str | None, *, ended_by: str) ->
     else:
         passed, total = tests["passed"], tests["total"]
         outcome = "success" if total and passed == total else "partial" if passed else "failure"
-        said = "; ".join(tests["failures"])
         summary = f"{passed}/{total} tests passed" if total else "the tests errored before any ran"
+        said = [f"`{tests['command']}`: {summary}", *tests["failures"]]
+        earlier = [f for f in saved.get("failures_seen", []) if f not in tests["failures"]]
+        if earlier:
+            said.append("failing earlier: " + "; ".join(earlier))
         fields["feedback"] = {
             "tests_passed": passed,
             "tests_total": total,
             "reward": passed / total if total else 0.0,
-            "message": capped(f"`{tests['command']}`: {summary}" + (f"; {said}" if said else ""), 1000),
+            "message": capped("; ".join(said), 1000),
         }
         fields["outcome_details"] = f"last of {saved.get('test_runs', 0)} test runs: {summary} ({ended_by})"
     episode = _draft(saved).completion(outcome, keep_actions=None, **fields)
@@ -216,9 +222,14 @@ def _line(hit_episode: Mapping[str, Any]) -> str:
     lines = [f'- tried before: "{capped(ep["task"]["description"], 160)}" — {ep.get("outcome")}{tests}']
     if fb.get("message"):
         lines.append(f"  tests said: {capped(fb['message'], 300)}")
-    steps = [f"{a['action_type']} {a.get('input') or ''}".strip() for a in ep.get("actions") or ()]
+    steps = [
+        f"{a['action_type']} {a.get('input') or ''}".strip()
+        + (f" → {a['output']}" if a.get("output") else "")
+        for a in ep.get("actions") or ()
+        if a["action_type"] != "prompt"
+    ]
     if steps:
-        lines.append("  approach: " + capped("; ".join(dict.fromkeys(steps)), 300))
+        lines.append("  approach: " + capped("; ".join(list(dict.fromkeys(steps))[-6:]), 400))
     if ep.get("solution"):
         label = "what worked" if ep.get("outcome") == "success" else "its last answer"
         lines.append(f"  {label}: {capped(ep['solution'], 300)}")

@@ -64,12 +64,16 @@ def save_config(config: dict[str, Any]) -> Path:
 
 def start_log() -> None:
     """Send the hooks' log records to `hooks.log` (never to stdout or stderr, which the CLI reads)."""
-    if log.handlers:
-        return
+    path = state_dir() / "hooks.log"
+    for old in list(log.handlers):  # one process may serve state directories in turn (tests)
+        if getattr(old, "baseFilename", None) == str(path.absolute()):
+            return
+        log.removeHandler(old)
+        old.close()
     try:
-        state_dir().mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
-            state_dir() / "hooks.log", maxBytes=1_000_000, backupCount=1, encoding="utf-8"
+            path, maxBytes=1_000_000, backupCount=1, encoding="utf-8"
         )
     except OSError:
         handler = logging.NullHandler()

@@ -114,7 +114,7 @@ def _go(text: str) -> tuple[int, int] | None:
     passed, failed = len(re.findall(r"^--- PASS: ", text, re.M)), len(re.findall(r"^--- FAIL: ", text, re.M))
     if passed:
         return passed, passed + failed
-    ok, bad = len(re.findall(r"^ok\s+\S+", text, re.M)), len(re.findall(r"^FAIL\s+\S+", text, re.M))
+    ok, bad = len(re.findall(r"^ok[ \t]+\S", text, re.M)), len(re.findall(r"^FAIL[ \t]+\S", text, re.M))
     if ok or bad:
         return ok, ok + bad
     return None
