@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -51,8 +52,12 @@ def invoker(url: str, key: str | None = KEY_A):
     return invoke
 
 
+def url_of(server) -> str:
+    return str(server.make_url("")).rstrip("/")
+
+
 async def play(server, name: str, repo: Path, session: str, url: str | None = None) -> list[str]:
-    invoke = invoker(url or str(server.make_url("")).rstrip("/"))
+    invoke = invoker(url or url_of(server))
     return await asyncio.to_thread(
         replay, invoke, load(name), repo=repo, session=session, workdir=repo.parent
     )
@@ -68,7 +73,7 @@ async def episode_of(server, session: str) -> dict:
 async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_back(
     tenants, settings, redis, workdir
 ):
-    calc = workdir / "calc"
+    calc, invoke = workdir / "calc", invoker(url_of(tenants))
     out = await play(tenants, "claude_code_tests_still_failing.json", calc, "c1")
     assert out == [""] * len(out), "a first session in a repository gets no context"
     await drain(settings, redis)
@@ -121,7 +126,10 @@ async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_b
     assert "— success, 3/3 tests passed" in context_of(out[1]) and "what worked: Fixed:" in context_of(out[1])
     out = await play(tenants, "claude_code_fail_then_pass.json", workdir / "other", "o1")
     assert out[1] == "", "a session of another repository is given nothing"
-    assert not list((workdir / "state" / "engram" / "sessions").glob("*.json")), "no draft left open"
+    assert os.listdir(workdir / "state" / "engram" / "sessions") == [".lock"], "no draft left open"
+    unrelated = {"session_id": "c4", "cwd": str(calc), "prompt": "Write the release notes for version 2"}
+    out = await asyncio.to_thread(invoke, "claude-code", "UserPromptSubmit", json.dumps(unrelated))
+    assert out == "", "below the relevance floor: nothing, not the top 3 anyway"
 
 
 async def test_a_task_without_tests_says_so_and_secrets_never_reach_the_stream(
@@ -175,6 +183,7 @@ async def test_gemini_cli_sessions(tenants, settings, redis, workdir):
 
     # a tool error, go test, and a session that ends without AfterAgent: SessionEnd completes the task
     out = await play(tenants, "gemini_cli_tool_error_session_end.json", web, "g2")
+    assert out[1] == "{}\n", "another task of the repository: nothing relevant, nothing given"
     await drain(settings, redis)
     ep = await episode_of(tenants, "g2")
     assert ep["outcome"] == "partial" and ep["feedback"]["reward"] == 0.5 and ep["iterations"] == 1
@@ -197,6 +206,14 @@ async def test_with_the_service_down_the_hook_exits_0_in_time_and_the_spool_is_s
     out = await play(tenants, "claude_code_fail_then_pass.json", workdir / "calc", "d1", url=down)
     took = time.monotonic() - started
     assert out == [""] * len(out) and took < 10, took  # 9 hooks, each well within its bound
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as silent:  # connects, never answers
+        silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        prompt = {"session_id": "d0", "cwd": str(workdir / "calc"), "prompt": "Fix the parse_date test"}
+        started = time.monotonic()
+        out = await asyncio.to_thread(
+            invoker(silent_url), "claude-code", "UserPromptSubmit", json.dumps(prompt)
+        )
+        assert out == "" and time.monotonic() - started < 3.0, "recall is bounded (RECALL_SECONDS)"
     spooled = state.spooled()
     assert len(spooled) == 1
     kept = spooled[0].read_bytes()
@@ -227,4 +244,3 @@ async def test_a_bad_payload_is_logged_and_never_fails_the_cli(tenants, workdir)
         assert out == ("{}\n" if cli_name == "gemini-cli" else ""), (event, out)
     log = (workdir / "state" / "engram" / "hooks.log").read_text()
     assert "UserPromptSubmit failed" in log and "no open task in this session" in log
-    assert os.stat(workdir / "state" / "engram" / "hooks.log")

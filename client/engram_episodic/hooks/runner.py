@@ -40,6 +40,10 @@ MAX_CONTEXT_CHARS = 2000
 MAX_TASK_CHARS = 4000
 MAX_SOLUTION_CHARS = 2000
 TOP_K = 3
+MIN_RELEVANCE = 0.3
+"""Past tasks below this relevance are not shown: above the service's general floor (hybrid 0.15), since
+what is added to every prompt must be about the task. With the hashing embedder the same repository's
+rephrased task scored 0.50-0.64 and an unrelated one 0.17-0.28."""
 
 log = state.log
 
@@ -250,13 +254,13 @@ def _advice(found: Suggestion) -> str | None:
 def context_for(
     prompt: str, agent_id: str, url: str, api_key: str | None, budget: float = RECALL_SECONDS
 ) -> str | None:
-    """The context block for a prompt: this repository's past episodes that recall finds relevant (the
-    service's relevance floor applies: none is an answer), and `suggest`'s advice when it has some;
+    """The context block for a prompt: this repository's past episodes that recall finds relevant (at
+    least MIN_RELEVANCE: none is an answer), and `suggest`'s advice when it has some;
     None when nothing is relevant or the service did not answer within `budget` seconds."""
     deadline = time.monotonic() + budget
     try:
         with _client(url, api_key, budget) as client:
-            found: Recall = client.recall(prompt, agent_id=agent_id, top_k=TOP_K)
+            found: Recall = client.recall(prompt, agent_id=agent_id, top_k=TOP_K, min_relevance=MIN_RELEVANCE)
             hits = [h.episode for h in found.results if h.episode.outcome and h.episode.task]
             if not hits:
                 return None

@@ -3,8 +3,8 @@
 
     hooks.json            the configuration `engram hooks install` wrote (url, api_key, test_commands,
                           hash_repo); mode 0600
-    sessions/<cli>-<h>.json  the open draft of a session (h: a digest of the CLI's session id), locked
-                          while a hook reads and writes it
+    sessions/<cli>-<h>.json  the open draft of a session (h: a digest of the CLI's session id), read
+                          and written under the lock `sessions/.lock`
     spool/<episode_id>.json  finished episodes the service did not take yet (sent by the next hook)
     hooks.log             what the hooks did and every error they swallowed (rotated at 1 MB)
 """
@@ -91,11 +91,13 @@ def _session_path(cli: str, session_id: str) -> Path:
 @contextlib.contextmanager
 def session(cli: str, session_id: str) -> Iterator[dict[str, Any]]:
     """The session's state (a dict, {} for a new session) under an exclusive lock; what the block leaves
-    in it is written back when it exits normally ({} removes the file). Hooks of one session that run
-    at once (parallel tool calls) wait for each other here."""
+    in it is written back when it exits normally ({} removes the file). Hooks that run at once (parallel
+    tool calls) wait for each other here."""
     path = _session_path(cli, session_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a+") as lock:
+    # one lock for every session (a lock file per session would be left behind by each): the block
+    # only reads and writes the file; the service is called outside it
+    with open(path.parent / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = _read(path)
         state: dict[str, Any] = data if isinstance(data, dict) else {}
