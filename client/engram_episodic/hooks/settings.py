@@ -168,9 +168,9 @@ def install(path: Path, change: Any) -> bool:
     if new == data and raw is not None:
         return False
     backup = _backup(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if not backup.exists():
         backup.write_bytes(raw or b"")
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(_dump(new))
     return True
 

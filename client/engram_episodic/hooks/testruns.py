@@ -12,9 +12,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-_RUNNERS = re.compile(
-    r"\b(?:pytest|py\.test|(?:npm|yarn|pnpm|bun)\s+(?:run\s+)?test|vitest|jest|mocha|go\s+test|cargo\s+test"
-    r"|mvnw?\b[^|;&]*\btest|gradlew?\b[^|;&]*\btest|make\s+test|tox|nox)\b"
+_RUNNERS = re.compile(  # a runner's name as a word of its own: not `jest-cli`, not `pytest.ini`
+    r"(?<![\w.-])(?:pytest|py\.test|(?:npm|yarn|pnpm|bun)\s+(?:run\s+)?test|vitest|jest|mocha|go\s+test|cargo\s+test"
+    r"|mvnw?\b[^|;&]*\btest|gradlew?\b[^|;&]*\btest|make\s+test|tox|nox)(?![\w.-])"
 )
 MAX_FAILURE_LINES = 3
 """Failing tests named in the feedback message (the first ones the output lists)."""
