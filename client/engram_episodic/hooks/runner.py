@@ -240,12 +240,15 @@ def _line(hit_episode: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _advice(found: Suggestion) -> str | None:
-    if not found.similar or not (found.common_failures or found.successful_strategies):
+def _advice(found: Suggestion, shown: str) -> str | None:
+    """`suggest`'s advice in one line, without the failures `shown` already quotes; None when it is low
+    confidence or says nothing more."""
+    failures = [capped(m, 120) for m, _ in found.common_failures[:3] if m[:60] not in shown][:2]
+    if found.confidence == "low" or not (failures or found.successful_strategies):
         return None
     parts = [f"{found.similar} similar tasks: {found.successes} succeeded, {found.failures} failed"]
-    if found.common_failures:
-        parts.append("common failures: " + "; ".join(capped(m, 120) for m, _ in found.common_failures[:2]))
+    if failures:
+        parts.append("common failures: " + "; ".join(failures))
     if found.successful_strategies:
         parts.append("strategies that worked: " + ", ".join(s for s, _ in found.successful_strategies[:3]))
     return f"Advice ({found.confidence} confidence): " + "; ".join(parts)
@@ -264,19 +267,19 @@ def context_for(
             hits = [h.episode for h in found.results if h.episode.outcome and h.episode.task]
             if not hits:
                 return None
+            header = "Engram: earlier attempts at similar tasks in this repository (outcomes measured by its tests)"
+            text = "\n".join([header, *(_line(episode_to_dict(ep)) for ep in hits)])
             left = deadline - time.monotonic()
-            advice = None
             if left > 0.2:
                 client.timeout = left
-                advice = _advice(client.suggest(prompt, agent_id=agent_id))
+                try:
+                    advice = _advice(client.suggest(prompt, agent_id=agent_id), text)
+                    text += f"\n{advice}" if advice else ""
+                except (EngramError, OSError, ValueError) as exc:  # the episodes still go
+                    log.warning("no advice: suggest failed (%s)", exc)
     except (EngramError, OSError, ValueError) as exc:
         log.warning("no context: recall failed (%s)", exc)
         return None
-    header = "Engram: earlier attempts at similar tasks in this repository (outcomes measured by its tests)"
-    blocks = [header, *(_line(episode_to_dict(ep)) for ep in hits)]
-    if advice:
-        blocks.append(advice)
-    text = "\n".join(blocks)
     return capped(text, MAX_CONTEXT_CHARS)
 
 
