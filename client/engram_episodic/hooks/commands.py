@@ -163,6 +163,10 @@ def status_command(ctx: click.Context, project_dir: Path) -> None:
             click.echo(
                 f"{cli_name:12} {scope:8} {what}; MCP server {'yes' if mcp else 'no'}  ({where.hooks_file})"
             )
+    hashed = bool(state.load_config().get("hash_repo"))
+    click.echo(
+        f"repository: {project_dir.resolve()} is recorded as agent_id {runner.repo_identity(str(project_dir), hashed=hashed)!r}"
+    )
     url, api_key = _service(ctx)
     why = _answers(url, api_key)
     click.echo(f"service: {url} answers" if why is None else f"service: {_down_hint(url, why)}")
