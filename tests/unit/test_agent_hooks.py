@@ -4,12 +4,13 @@ merge (install, uninstall, byte-identical files), and the episode a saved draft 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
 
 from engram_episodic.cli import cli
-from engram_episodic.hooks import settings
+from engram_episodic.hooks import settings, state
 from engram_episodic.hooks.payloads import REDACTED, read_event, redact
 from engram_episodic.hooks.runner import completed
 from engram_episodic.hooks.testruns import TestRun, parse_test_output, runs_tests
@@ -337,3 +338,24 @@ def test_a_settings_file_that_is_not_json_is_left_alone(tmp_path, monkeypatch):
     out = CliRunner().invoke(cli, ["hooks", "install", "claude-code", "--dir", str(tmp_path)])
     assert out.exit_code == 1 and "is not JSON" in out.output and "nothing was changed" in out.output
     assert where.hooks_file.read_text() == USER_SETTINGS and not where.mcp_file.exists()
+
+
+def test_install_names_a_bad_url_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    out = CliRunner().invoke(
+        cli, ["hooks", "install", "gemini-cli", "--dir", str(tmp_path), "--url", "localhost:8"]
+    )
+    assert out.exit_code == 2 and "'--url': must start with http:// or https://" in out.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_state_files_are_the_user_s_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    path = state.save_config({"url": "http://h", "api_key": "k", "other": 1})
+    assert path.stat().st_mode & 0o777 == 0o600 and state.load_config() == {"url": "http://h", "api_key": "k"}
+    with state.session("claude-code", "s1") as saved:
+        saved["episode"] = {"episode_id": "e"}
+    with state.session("claude-code", "s1") as saved:
+        assert saved == {"episode": {"episode_id": "e"}}
+        saved.clear()
+    assert os.listdir(tmp_path / "engram" / "sessions") == [".lock"]

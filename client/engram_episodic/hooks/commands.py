@@ -69,11 +69,21 @@ def hooks_group() -> None:
     """Record coding agents' tasks as episodes, scored by the project's tests (Claude Code, Gemini CLI)."""
 
 
+def _url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"must start with http:// or https://, not {value[:40]!r}")
+    return value
+
+
 @hooks_group.command("install")
 @_cli_arg
 @_scope
 @_dir
-@click.option("--url", help="The service's URL, kept for the hooks (default: ENGRAM_URL or the local one).")
+@click.option(
+    "--url",
+    callback=_url,
+    help="The service's URL, kept for the hooks (default: ENGRAM_URL or the local one).",
+)
 @click.option("--api-key", help="The service's API key, kept for the hooks (readable by you only).")
 @click.option(
     "--test-command", "test_commands", multiple=True, help="A command that runs the tests (repeatable)."

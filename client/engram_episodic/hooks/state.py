@@ -32,13 +32,14 @@ def state_dir() -> Path:
     return Path(base) / "engram"
 
 
-def _write(path: Path, data: Any, *, private: bool = False) -> None:
-    """Write `data` as JSON to `path` atomically (a reader sees the old file or the new one whole)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` atomically (a reader sees the old file or the new one whole),
+    readable by the user only from its first byte (it may hold prompts, or the API key)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    if private:
-        tmp.chmod(0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, ensure_ascii=False))
     os.replace(tmp, path)
 
 
@@ -58,7 +59,7 @@ def load_config() -> dict[str, Any]:
 def save_config(config: dict[str, Any]) -> Path:
     """Write the configuration (the keys of CONFIG_KEYS that are not None) readable by the user only."""
     path = state_dir() / "hooks.json"
-    _write(path, {k: v for k, v in config.items() if k in CONFIG_KEYS and v is not None}, private=True)
+    _write(path, {k: v for k, v in config.items() if k in CONFIG_KEYS and v is not None})
     return path
 
 
@@ -103,7 +104,7 @@ def session(cli: str, session_id: str) -> Iterator[dict[str, Any]]:
         state: dict[str, Any] = data if isinstance(data, dict) else {}
         yield state
         if state:
-            _write(path, state, private=True)
+            _write(path, state)
         else:
             path.unlink(missing_ok=True)
 
@@ -111,7 +112,7 @@ def session(cli: str, session_id: str) -> Iterator[dict[str, Any]]:
 def spool(episode: dict[str, Any]) -> Path:
     """Keep a finished episode (JSON-shaped, with its `episode_id`) to send later."""
     path = state_dir() / "spool" / f"{episode['episode_id']}.json"
-    _write(path, episode, private=True)
+    _write(path, episode)
     return path
 
 
