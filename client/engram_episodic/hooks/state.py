@@ -12,15 +12,18 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import logging.handlers
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+if sys.platform != "win32":  # `engram` itself must import everywhere; the hooks lock where they can
+    import fcntl
 
 CONFIG_KEYS = ("url", "api_key", "test_commands", "hash_repo")
 log = logging.getLogger("engram.hooks")
@@ -99,7 +102,8 @@ def session(cli: str, session_id: str) -> Iterator[dict[str, Any]]:
     # one lock for every session (a lock file per session would be left behind by each): the block
     # only reads and writes the file; the service is called outside it
     with open(path.parent / ".lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if sys.platform != "win32":
+            fcntl.flock(lock, fcntl.LOCK_EX)
         data = _read(path)
         state: dict[str, Any] = data if isinstance(data, dict) else {}
         yield state
