@@ -244,3 +244,11 @@ async def test_a_bad_payload_is_logged_and_never_fails_the_cli(tenants, workdir)
         assert out == ("{}\n" if cli_name == "gemini-cli" else ""), (event, out)
     log = (workdir / "state" / "engram" / "hooks.log").read_text()
     assert "UserPromptSubmit failed" in log and "no open task in this session" in log
+
+
+async def test_status_says_the_service_answers(tenants, workdir):
+    url = url_of(tenants)
+    args = ["--url", url, "--api-key", KEY_A, "hooks", "status", "--dir", str(workdir / "calc")]
+    out = await asyncio.to_thread(CliRunner().invoke, cli, args, catch_exceptions=False)
+    assert out.exit_code == 0 and f"service: {url} answers" in out.output, out.output
+    assert f"is recorded as agent_id {str(workdir / 'calc')!r}" in out.output
