@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 from engram_episodic.cli import cli
 from engram_episodic.hooks import settings, state
 from engram_episodic.hooks.payloads import REDACTED, read_event, redact
-from engram_episodic.hooks.runner import completed
+from engram_episodic.hooks.runner import completed, last_answer, repo_identity
 from engram_episodic.hooks.testruns import TestRun, parse_test_output, runs_tests
 
 
@@ -359,3 +360,45 @@ def test_state_files_are_the_user_s_only(tmp_path, monkeypatch):
         assert saved == {"episode": {"episode_id": "e"}}
         saved.clear()
     assert os.listdir(tmp_path / "engram" / "sessions") == [".lock"]
+
+
+def test_the_repository_is_its_remote_without_credentials_or_its_folder(tmp_path):
+    assert repo_identity(str(tmp_path)) == str(tmp_path), "not a repository: the folder"
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "src").mkdir()
+    assert repo_identity(str(tmp_path / "src")) == str(tmp_path), "the work tree's top"
+    remote = [
+        "git",
+        "-C",
+        str(tmp_path),
+        "remote",
+        "add",
+        "origin",
+        "https://bob:tok3n@github.com/acme/calc.git",
+    ]
+    subprocess.run(remote, check=True)
+    assert repo_identity(str(tmp_path / "src")) == "https://github.com/acme/calc"
+    hashed = repo_identity(str(tmp_path), hashed=True)
+    assert hashed.startswith("repo:") and len(hashed) == 21 and "acme" not in hashed
+
+
+def test_the_answer_is_the_transcript_s_last_assistant_text(tmp_path):
+    lines = [
+        {
+            "type": "assistant",
+            "message": {"role": "assistant", "content": [{"type": "text", "text": "first"}]},
+        },
+        {"type": "user", "message": {"role": "user", "content": "go on"}},
+        {
+            "type": "assistant",
+            "message": {"role": "assistant", "content": [{"type": "text", "text": "last"}]},
+        },
+        {
+            "type": "assistant",
+            "message": {"role": "assistant", "content": [{"type": "tool_use", "name": "Bash"}]},
+        },
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(map(json.dumps, lines)) + "\nnot json\n")
+    assert last_answer(str(path)) == "last"
+    assert last_answer(str(tmp_path / "missing.jsonl")) is None and last_answer(None) is None
