@@ -76,6 +76,7 @@ async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_b
     calc, invoke = workdir / "calc", invoker(url_of(tenants))
     out = await play(tenants, "claude_code_tests_still_failing.json", calc, "c1")
     assert out == [""] * len(out), "a first session in a repository gets no context"
+    assert state.spooled() == [], "the service took it: it left the spool"
     await drain(settings, redis)
     first = await episode_of(tenants, "c1")
     assert first["task"]["description"] == "Fix the failing test for parse_date in the calc package"

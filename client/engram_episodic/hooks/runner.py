@@ -4,8 +4,8 @@ A task is an episode: the prompt opens a draft (`EpisodeDraft`, kept in the sess
 invocations), each tool use adds an action, and the agent's answer completes it with the outcome of the
 last test run. The prompt is answered with what worked and what failed on similar tasks of the same
 repository. A hook never harms the agent: every error is logged (state.py's hooks.log) and swallowed,
-the exit status is 0, recall is bounded (RECALL_SECONDS), and an episode the service does not take is
-spooled and sent by a later hook.
+the exit status is 0, recall is bounded (RECALL_SECONDS), and a finished episode is spooled first and
+leaves the spool once the service took it (this hook, or a later one).
 """
 
 from __future__ import annotations
@@ -177,8 +177,8 @@ def _client(url: str, api_key: str | None, timeout: float) -> Engram:
 
 
 def send(episode: Mapping[str, Any], url: str, api_key: str | None, timeout: float = PUBLISH_SECONDS) -> bool:
-    """Publish a finished episode; False (and it is spooled) when the service did not take it. A refusal
-    (4xx other than 408/429) is logged and dropped: sending it again would be refused again."""
+    """Publish a finished episode; whether it is done with: published, or refused (a 4xx other than
+    408/429 is logged and dropped: sending it again would be refused again). False: send it later."""
     try:
         with _client(url, api_key, timeout) as client:
             client.publish([episode])
@@ -188,28 +188,26 @@ def send(episode: Mapping[str, Any], url: str, api_key: str | None, timeout: flo
         if 400 <= exc.status < 500 and exc.status not in (408, 429):
             log.error("episode %s refused (%s): dropped", episode["episode_id"], exc)
             return True
-        log.warning("episode %s not published (%s): spooled", episode["episode_id"], exc)
+        log.warning("episode %s not published (%s): stays spooled", episode["episode_id"], exc)
     except (EngramError, OSError, ValueError) as exc:
-        log.warning("episode %s not published (%s): spooled", episode["episode_id"], exc)
-    state.spool(dict(episode))
+        log.warning("episode %s not published (%s): stays spooled", episode["episode_id"], exc)
     return False
 
 
 def flush(url: str, api_key: str | None, budget: float) -> int:
-    """Send spooled episodes, oldest first, for at most `budget` seconds; the number sent. Their ids are
-    fixed, so one sent twice (its answer lost) is still one episode."""
+    """Send spooled episodes, oldest first, for at most `budget` seconds, removing each once it is done
+    with; the number sent. A file leaves the spool only after its answer, and the ids are fixed, so one
+    sent twice (its answer lost, the hook killed) is still one episode."""
     deadline, sent = time.monotonic() + budget, 0
     for path in state.spooled():
         left = deadline - time.monotonic()
         if left <= 0.1:
             break
         episode = state.read_spooled(path)
-        path.unlink(missing_ok=True)
-        if episode is None:
-            continue
-        if not send(episode, url, api_key, timeout=left):
+        if episode is not None and not send(episode, url, api_key, timeout=left):
             break
-        sent += 1
+        path.unlink(missing_ok=True)
+        sent += episode is not None
     return sent
 
 
@@ -298,7 +296,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
         log.info("%s %s: not an event Engram records", cli, event_name)
         return "{}" if cli == "gemini-cli" else ""
     config = state.load_config()
-    finished: dict[str, Any] | None = None
+    finished = False
     context = None
     if event.kind == "session":
         flush(url, api_key, PUBLISH_SECONDS)
@@ -318,11 +316,13 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
         else:  # end, session_end
             answer = event.answer or last_answer(event.transcript_path)
             ended_by = event.name + (f": {event.source}" if event.source else "")
-            finished = completed(saved, answer, ended_by=ended_by)
+            # spooled with the draft's removal: a hook killed before the service answered loses nothing
+            state.spool(completed(saved, answer, ended_by=ended_by))
             saved.clear()
+            finished = True
     if event.kind == "start" and event.prompt:
         context = context_for(event.prompt, agent_id, url, api_key)
-    if finished is not None and send(finished, url, api_key):
+    if finished:
         flush(url, api_key, PUBLISH_SECONDS)
     return _output(event, context)
 
