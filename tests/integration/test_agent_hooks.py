@@ -253,3 +253,27 @@ async def test_status_says_the_service_answers(tenants, workdir):
     out = await asyncio.to_thread(CliRunner().invoke, cli, args, catch_exceptions=False)
     assert out.exit_code == 0 and f"service: {url} answers" in out.output, out.output
     assert f"is recorded as agent_id {str(workdir / 'calc')!r}" in out.output
+
+
+async def test_a_task_its_cli_never_ended_is_completed_by_a_later_session(tenants, settings, redis, workdir):
+    invoke = invoker(url_of(tenants))
+    steps = load("claude_code_fail_then_pass.json")["steps"][:3]  # a prompt, a failing test run, then nothing
+    await asyncio.to_thread(
+        replay,
+        invoke,
+        {"cli": "claude-code", "transcript": [], "steps": steps},
+        repo=workdir / "calc",
+        session="lost",
+        workdir=workdir,
+    )
+    (draft,) = (workdir / "state" / "engram" / "sessions").glob("*.json")
+    start = json.dumps({"session_id": "next", "cwd": str(workdir / "calc"), "source": "startup"})
+    await asyncio.to_thread(invoke, "claude-code", "SessionStart", start)
+    assert draft.exists(), "a task idle for less than a day stays open"
+    os.utime(draft, (time.time() - 2 * 86400,) * 2)
+    await asyncio.to_thread(invoke, "claude-code", "SessionStart", start)
+    assert not draft.exists()
+    await drain(settings, redis)
+    ep = await episode_of(tenants, "lost")
+    assert (ep["outcome"], ep["feedback"]["reward"], ep["iterations"]) == ("partial", 2 / 3, 1)
+    assert ep["outcome_details"] == "last of 1 test runs: 2/3 tests passed (no end event in 24 h)"

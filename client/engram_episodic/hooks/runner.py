@@ -36,6 +36,9 @@ RECALL_SECONDS = 1.5
 """Recall and advice at a prompt together take at most about this long (the agent waits for them)."""
 PUBLISH_SECONDS = 3.0
 """How long the end of a task waits for the service before it spools the episode."""
+IDLE_SECONDS = 86400.0
+"""A task untouched this long (its CLI stopped without Stop or SessionEnd) is completed by the next
+session's start, with what its tests said."""
 MAX_CONTEXT_CHARS = 2000
 MAX_TASK_CHARS = 4000
 MAX_SOLUTION_CHARS = 2000
@@ -299,6 +302,13 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
     finished = False
     context = None
     if event.kind == "session":
+        for path in state.idle_sessions(IDLE_SECONDS):  # their CLI stopped without an end event
+            with state.session_at(path) as saved:
+                if saved:
+                    state.spool(
+                        completed(saved, None, ended_by=f"no end event in {IDLE_SECONDS // 3600:g} h")
+                    )
+                    saved.clear()
         flush(url, api_key, PUBLISH_SECONDS)
         return _output(event, None)
     with state.session(cli, event.session_id) as saved:

@@ -18,6 +18,7 @@ import logging
 import logging.handlers
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,12 +93,23 @@ def _session_path(cli: str, session_id: str) -> Path:
     return state_dir() / "sessions" / f"{cli}-{digest}.json"
 
 
-@contextlib.contextmanager
-def session(cli: str, session_id: str) -> Iterator[dict[str, Any]]:
+def session(cli: str, session_id: str) -> contextlib.AbstractContextManager[dict[str, Any]]:
     """The session's state (a dict, {} for a new session) under an exclusive lock; what the block leaves
     in it is written back when it exits normally ({} removes the file). Hooks that run at once (parallel
     tool calls) wait for each other here."""
-    path = _session_path(cli, session_id)
+    return session_at(_session_path(cli, session_id))
+
+
+def idle_sessions(seconds: float) -> list[Path]:
+    """The session files not written for `seconds` (a CLI that stopped without its end events)."""
+    folder = state_dir() / "sessions"
+    files = folder.glob("*.json") if folder.is_dir() else []
+    return [p for p in files if time.time() - p.stat().st_mtime > seconds]
+
+
+@contextlib.contextmanager
+def session_at(path: Path) -> Iterator[dict[str, Any]]:
+    """`session`, by its file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # one lock for every session (a lock file per session would be left behind by each): the block
     # only reads and writes the file; the service is called outside it
