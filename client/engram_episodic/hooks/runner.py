@@ -241,25 +241,24 @@ def _line(hit_episode: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _advice(found: Suggestion, shown: str) -> str | None:
-    """`suggest`'s advice in one line, without the failures `shown` already quotes; None when it is low
-    confidence or says nothing more."""
-    failures = [capped(m, 120) for m, _ in found.common_failures[:3] if m[:60] not in shown][:2]
-    if found.confidence == "low" or not (failures or found.successful_strategies):
+def _advice(found: Suggestion) -> str | None:
+    """`suggest`'s verdict in one line: how similar tasks went and the strategies that worked (the
+    failures are in the episodes shown, with what the tests said); None at low confidence or without a
+    strategy that worked."""
+    if found.confidence == "low" or not found.successful_strategies:
         return None
-    parts = [f"{found.similar} similar tasks: {found.successes} succeeded, {found.failures} failed"]
-    if failures:
-        parts.append("common failures: " + "; ".join(failures))
-    if found.successful_strategies:
-        parts.append("strategies that worked: " + ", ".join(s for s, _ in found.successful_strategies[:3]))
-    return f"Advice ({found.confidence} confidence): " + "; ".join(parts)
+    strategies = ", ".join(s for s, _ in found.successful_strategies[:3])
+    return (
+        f"Advice ({found.confidence} confidence): {found.similar} similar tasks, {found.successes} succeeded, "
+        f"{found.failures} failed; strategies that worked: {strategies}"
+    )
 
 
 def context_for(
     prompt: str, agent_id: str, url: str, api_key: str | None, budget: float = RECALL_SECONDS
 ) -> str | None:
     """The context block for a prompt: this repository's past episodes that recall finds relevant (at
-    least MIN_RELEVANCE: none is an answer), and `suggest`'s advice when it has some;
+    least MIN_RELEVANCE: none is an answer), and `suggest`'s verdict when it has one;
     None when nothing is relevant or the service did not answer within `budget` seconds."""
     deadline = time.monotonic() + budget
     try:
@@ -274,7 +273,7 @@ def context_for(
             if left > 0.2:
                 client.timeout = left
                 try:
-                    advice = _advice(client.suggest(prompt, agent_id=agent_id), text)
+                    advice = _advice(client.suggest(prompt, agent_id=agent_id))
                     text += f"\n{advice}" if advice else ""
                 except (EngramError, OSError, ValueError) as exc:  # the episodes still go
                     log.warning("no advice: suggest failed (%s)", exc)
