@@ -142,8 +142,8 @@ def fingerprint(model_dir: Path) -> str:
 
 def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     """Export the transformer of the sentence-transformers model at `model_dir` into `target` (a
-    directory created here, atomically) → its manifest. The caller holds the export lock. Needs torch and
-    sentence-transformers; raises what they raise (ImportError, OSError, RuntimeError) on failure."""
+    directory created here, atomically) → its manifest. The caller holds the export lock. Needs torch,
+    sentence-transformers and openvino; raises what they raise (ImportError, OSError, RuntimeError)."""
     import openvino
     import torch
     from sentence_transformers import SentenceTransformer
