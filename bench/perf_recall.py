@@ -300,7 +300,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from shared.redis_conn import connect
     from shared.settings import Settings
 
-    # the service's environment (ENGRAM_QUERY_EMBED_BACKEND, threads...) with the bench's embedder
+    # the service's environment (ENGRAM_EMBED_THREADS, ...) with the bench's embedder
     settings = Settings.from_env(
         {**os.environ, "ENGRAM_EMBEDDER": args.recall_embedder, "ENGRAM_EMBED_DIM": "384"}
     )

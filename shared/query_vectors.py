@@ -14,17 +14,13 @@ from shared.embedding import Embedder, EmbedderUnavailable, embed_query
 class QueryBatcher:
     """Concurrent query embeddings share forward passes: while one pass runs, the texts that arrive
     wait, and the next pass embeds all of them (up to `max_batch`, duplicates once). A lone request
-    starts its pass at once — no window, so batching never adds latency when nothing else is waiting.
+    starts its pass at once, so batching never adds latency when nothing else is waiting. Why: a model
+    embeds a batch much faster than the same texts one by one, and runs one pass at a time anyway.
 
-    Why: a model embeds a batch much faster than the same texts one by one (measured with mpnet on
-    2 cores: 8 queries in one pass 240 ms, 8 concurrent single passes 900-1,000 ms, one query
-    120 ms), and the embedders run one pass at a time anyway (`_run_lock`). A text's error is
-    answered to its own request only (a failed pass is retried text by text), except an unavailable
-    embedder's (`EmbedderUnavailable`), which fails every text of the pass at once: alone, each would
-    wait out the provider's timeouts again. A text asked twice while waiting is embedded once only
-    within one `scope` (the namespace): across tenants, sharing would let one time another's identical
-    query.
-    One per embedder; not thread-safe (one event loop).
+    A text's error is answered to its own request only (a failed pass is retried text by text), except
+    `EmbedderUnavailable`, which fails every text of the pass at once (alone, each would wait out the
+    provider's timeouts again). A text is shared only within one `scope` (the namespace): across
+    tenants, sharing would let one time another's identical query. One per embedder; one event loop.
     """
 
     def __init__(self, embedder: Embedder, max_batch: int = 32):
@@ -90,13 +86,10 @@ class QueryVectorCache:
     evicted first; misses go through a `QueryBatcher` per embedder (`batch` texts per pass at most; 1
     embeds each query alone).
 
-    Agents repeat queries — the same task goes to /v1/context and /v1/recall, a retry sends it again,
-    an evaluation asks the same questions with other settings — and on CPU a model embedding of one
-    query (MiniLM ~9 ms, mpnet ~17 ms on 2 cores) costs more than the rest of a recall. One per query
-    service, for one embedder (the app's). Vectors are returned read-only. `size` 0 disables it.
-
-    Entries are per namespace: shared across tenants, a hit is milliseconds faster than a miss, so one
-    tenant could time its own request to learn whether another recently asked exactly that text.
+    Agents repeat queries (the same task to /v1/context and /v1/recall, retries, evaluations), and on
+    CPU a model embedding of one query costs more than the rest of a recall. One per query service.
+    Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared across
+    tenants, a hit's speed would tell one tenant that another recently asked exactly that text.
     """
 
     def __init__(self, size: int = 4096, *, batch: int = 32):

@@ -254,27 +254,11 @@ class Settings:
     embed_max_chars: int = 2000
     """Characters of an episode's text that are embedded (the model's 256-384 word-piece window holds ~2,000;
     the stored text stays whole)."""
-    embed_backend: str = env(
-        "ENGRAM_EMBED_BACKEND",
-        "auto",
-        choice("auto", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-int8"),
-    )
-    """`ENGRAM_EMBED_BACKEND`: how minilm/mpnet run (shared/embedding_onnx.py): auto = int8 ONNX Runtime when
-    it passes the agreement gate, else OpenVINO bfloat16 on a CPU that has it (shared/embedding_openvino.py)
-    when it passes its gate, else float ONNX, else torch."""
-    query_embed_backend: str = env(
-        "ENGRAM_QUERY_EMBED_BACKEND",
-        "auto",
-        choice("auto", "same", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-int8"),
-    )
-    """`ENGRAM_QUERY_EMBED_BACKEND`: how the query service embeds a recall's query (same model, same
-    vector space): auto = the model's order under the queries' agreement gate (measured on short
-    questions): mpnet OpenVINO bfloat16 where the CPU has it, else int8 ONNX Runtime; MiniLM int8 first
-    (`embedding_onnx.QUERY_ORDERS`); same = exactly ENGRAM_EMBED_BACKEND's graph."""
     embed_threads: int = env("ENGRAM_EMBED_THREADS", 2, integer(1, 256))
-    """`ENGRAM_EMBED_THREADS`: intra-op threads of the model (torch or ONNX Runtime), per process."""
+    """`ENGRAM_EMBED_THREADS`: inference threads of the model (minilm, mpnet), per process."""
     model_cache: str | None = env("ENGRAM_MODEL_CACHE", None)
-    """`ENGRAM_MODEL_CACHE`: where models shipped as archives (mpnet) are unpacked; None = ~/.cache/engram."""
+    """`ENGRAM_MODEL_CACHE`: where mpnet's archive is unpacked and the models' exported graphs are kept;
+    None = ~/.cache/engram."""
     openai_url: str | None = env("ENGRAM_OPENAI_URL", None)
     openai_model: str = env("ENGRAM_OPENAI_MODEL", "text-embedding-3-small")
     openai_api_key: str | None = env("ENGRAM_OPENAI_API_KEY", None)

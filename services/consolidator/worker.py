@@ -115,7 +115,7 @@ class Worker:
         self.backlogged = False
         # each lane reads up to a whole batch: torch model embedders are ~50% faster on 256 texts than on
         # 64 (sentence-transformers sorts a call's texts by length, so less padding; the ONNX backend
-        # sorts any call, `shared.embedding_onnx.length_batches`); a slow batch keeps its lease by
+        # sorts any call, `shared.embedding_openvino.length_batches`); a slow batch keeps its lease by
         # renewal (`_renew_lease`), not by being small
         self.lane_batch = settings.batch_size
         self.keyring = KeyRing.from_settings(settings)  # None: no master key, plaintext stream
