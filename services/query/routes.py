@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from services.query import answers, models
+from services.query import answers, console, models
 from services.query.problems import Invalid
 from services.query.views import (
     docs,
@@ -359,6 +359,27 @@ ROUTES: tuple[Route, ...] = (
             errors=(Status(503, "the swagger-ui-py package is not installed"),),
         )
         for name, (_, content_type) in docs.ASSETS.items()
+    ),
+    route(
+        "GET",
+        "/console",
+        console.console_page,
+        "A browser console of this API: overview, episodes, recall playground, facts (served offline)",
+        public=True,
+        tag="operations",
+        response=_file("an HTML page that loads only this service's own files", "text/html"),
+    ),
+    *(
+        route(
+            "GET",
+            f"/console/{name}",
+            console.asset_handler(name),
+            f"A file of the console ({name}: its content's digest in the name, cached for a year)",
+            public=True,
+            tag="operations",
+            response=_file("a static file", content_type),
+        )
+        for name, (_, content_type) in console.assets().items()
     ),
     route(
         "POST",
