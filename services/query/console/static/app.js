@@ -614,7 +614,9 @@ async function route() {
   document.body.classList.remove("nav-open");
   document.title = `${section[0].toUpperCase()}${section.slice(1)} · Engram console`;
   show(h("p", { class: "muted" }, "Loading…"));
+  main().setAttribute("aria-busy", "true");
   await guarded(() => view(decodeURIComponent(rest.join("/")), new URLSearchParams(qs || "")));
+  main().setAttribute("aria-busy", "false");
   main().focus({ preventScroll: true });
 }
 window.addEventListener("hashchange", route);

@@ -1,0 +1,223 @@
+"""`GET /console` in a real browser (Debian's headless Chromium driven by Playwright) against the query
+service and a consolidator: every view loads with no console error and no failed request, what the page
+changes is what the API then answers, the playground shows the API's ranking and components, and a key
+only opens its own namespace. Screenshots of each view at 1280×800 go to docs/img/ (docs/console.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Page, async_playwright
+
+from engram_episodic import AsyncEngram
+from tests.helpers import wait_until
+from tests.integration.test_query_e2e import consolidating
+from tests.integration.test_query_support import KEY_A, KEY_B, auth
+
+pytest_plugins = ["tests.integration.test_query_support"]
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """The system's Chromium: installed from Debian's package when missing and we are root (never a
+    browser downloaded by Playwright); the tests skip on a machine where neither is possible."""
+    if not CHROMIUM.exists() and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
+            check=False,
+            capture_output=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
+    return CHROMIUM
+
+
+class Watched:
+    """A page with every console error, uncaught exception, failed request and 4xx/5xx answer noted."""
+
+    def __init__(self, page: Page, base: str) -> None:
+        self.page, self.base, self.problems = page, base, []
+        page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: self.problems.append(f"exception: {e}"))
+        page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url} {r.failure}"))
+        page.on("response", lambda r: r.status >= 400 and self.problems.append(f"{r.status}: {r.url}"))
+
+    async def view(self, fragment: str) -> None:
+        """Show `#/<fragment>` and wait until the view has rendered its answers."""
+        if self.page.url.startswith(f"{self.base}/console"):
+            await self.page.evaluate("f => { location.hash = f }", f"#/{fragment}")
+        else:
+            await self.page.goto(f"{self.base}/console#/{fragment}")
+        await self.page.wait_for_selector('main[aria-busy="false"]')
+
+    async def shot(self, name: str) -> None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        await self.page.screenshot(path=str(SHOTS / f"console-{name}.png"))
+
+
+@pytest.fixture
+async def browser(chromium):
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=str(chromium))
+        yield b
+        await b.close()
+
+
+async def opened(browser, base: str, key: str | None) -> Watched:
+    """A 1280×800 page whose tab remembers `key` (as the key form's "remember" box would)."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
+    if key is not None:
+        await context.add_init_script(f"sessionStorage.setItem('engram.console.key', {json.dumps(key)})")
+    return Watched(await context.new_page(), base)
+
+
+EPISODES = [
+    {"task": "fix the flaky login test", "outcome": "success", "solution": "freeze the clock", "reward": 0.9},
+    {"task": "fix the login redirect loop", "outcome": "failure", "solution": "retry", "reward": 0.1},
+    {"task": "speed up the login page", "outcome": "success", "solution": "cache the session", "reward": 0.7},
+]
+
+
+async def record_all(base: str) -> list[str]:
+    async with AsyncEngram(base, api_key=KEY_A) as memory:
+        return [
+            await memory.record(
+                task={"description": e["task"], "category": "debugging"},
+                outcome=e["outcome"],
+                solution=e["solution"],
+                feedback={"reward": e["reward"]},
+                strategy_used=f"s{i}",
+                agent_id="coder-1",
+                actions=[{"action_type": "run_tests", "success": e["outcome"] == "success"}],
+                wait=10,
+            )
+            for i, e in enumerate(EPISODES)
+        ]
+
+
+async def shown_ids(page: Page, selector: str) -> list[str]:
+    return await page.eval_on_selector_all(selector, "els => els.map(e => e.dataset.episode)")
+
+
+async def test_every_view_loads_and_what_the_page_changes_the_api_answers(
+    browser, tenants, settings, redis
+):
+    base = str(tenants.server.make_url("")).rstrip("/")
+    async with consolidating(settings, redis):
+        ids = await record_all(base)
+        w = await opened(browser, base, KEY_A)
+        for view in ("overview", "episodes", "learning", "facts", "operations"):
+            await w.view(view)
+            assert await w.page.inner_text("main h1"), view
+            await w.shot(view)
+        await w.view("episodes")
+        assert set(await shown_ids(w.page, "tr[data-episode]")) == set(ids)
+
+        # the playground: each hit's bar adds up to its priority; the ranking is the API's
+        body = {"query": "login test", "top_k": 10, "weights": {"similarity": 0.5, "reward": 0.5}}
+        await w.view(
+            "recall?query=login+test&top_k=10&compare=1&A.weights=preset&A.preset=normal"
+            "&B.weights=custom&B.similarity=0.5&B.recency=0&B.reward=0.5&B.outcome=0&B.importance=0"
+        )
+        await w.shot("playground")
+        hits = await w.page.eval_on_selector_all(
+            '[data-side="B"] li[data-episode]',
+            """els => els.map(li => ({id: li.dataset.episode, priority: Number(li.dataset.priority),
+                 parts: [...li.querySelectorAll('.seg')].map(s => Number(s.dataset.value))}))""",
+        )
+        answer = await (await tenants.post("/v1/recall", json=body, headers=auth(KEY_A))).json()
+        assert [h["id"] for h in hits] == [r["episode"]["episode_id"] for r in answer["results"]]
+        for hit, result in zip(hits, answer["results"], strict=True):
+            assert round(sum(hit["parts"]), 3) == round(hit["priority"], 3) == round(result["priority"], 3)
+        normal = {"query": "login test", "top_k": 10, "preset": "normal"}
+        answer_a = await (await tenants.post("/v1/recall", json=normal, headers=auth(KEY_A))).json()
+        shown_a = await shown_ids(w.page, '[data-side="A"] li[data-episode]')
+        assert shown_a == [r["episode"]["episode_id"] for r in answer_a["results"]]
+
+        # a PATCH made in the page
+        target = ids[1]
+        await w.view(f"episode/{target}")
+        assert "login redirect loop" in await w.page.inner_text("main h1")
+        await w.shot("episode")
+        await w.page.fill('input[name="reward"]', "0.25")
+        await w.page.click("text=Save reward")
+        await w.page.wait_for_selector("text=Reward saved.")
+
+        async def reward() -> Any:
+            got = await (await tenants.get(f"/v1/episodes/{target}", headers=auth(KEY_A))).json()
+            return got["episode"]["feedback"]["reward"] == 0.25
+
+        await wait_until(reward, message="the reward saved in the page")
+
+        # a forget made in the page: gone from the list, recall and the export
+        await w.page.click("text=Forget this episode…")
+        assert target in await w.page.inner_text("dialog")  # the confirmation names what it erases
+        await w.page.click("dialog >> text=Forget it")
+        await w.page.wait_for_selector('main[aria-busy="false"] h1:text-is("Episodes")')
+
+        async def gone() -> bool:
+            listed = await (await tenants.get("/v1/episodes", headers=auth(KEY_A))).json()
+            return target not in [e["episode_id"] for e in listed["results"]]
+
+        await wait_until(gone, message="the forgotten episode leaves the list")
+        await w.view("episodes?order=asc")
+        assert target not in await shown_ids(w.page, "tr[data-episode]")
+        recalled = await (await tenants.post("/v1/recall", json=body, headers=auth(KEY_A))).json()
+        assert target not in [r["episode"]["episode_id"] for r in recalled["results"]]
+        await w.view("operations")
+        async with w.page.expect_download() as download:
+            await w.page.click("text=Export the namespace as JSONL")
+        exported = Path(await (await download.value).path()).read_text().splitlines()
+        assert sorted(json.loads(line)["episode_id"] for line in exported) == sorted(set(ids) - {target})
+        assert w.problems == []
+
+
+async def test_a_key_opens_only_its_namespace_and_a_wrong_key_asks_again(browser, tenants, settings, redis):
+    base = str(tenants.server.make_url("")).rstrip("/")
+    async with consolidating(settings, redis):
+        ids = await record_all(base)
+        w = await opened(browser, base, None)
+        await w.view("episodes")
+        assert await w.page.is_visible('input[name="key"]')  # no key: the key form
+        await w.page.fill('input[name="key"]', "not-a-key-0000000000")
+        await w.page.click("text=Open")
+        await w.page.wait_for_selector("text=This key is not valid here.")
+        await w.page.fill('input[name="key"]', KEY_B)
+        await w.page.click("text=Open")
+        await w.page.wait_for_selector("text=No episodes yet")  # ns-b is empty: how to record one
+        assert "Engram(" in await w.page.inner_text("main pre")
+        assert await shown_ids(w.page, "tr[data-episode]") == []
+        await w.view(f"episode/{ids[0]}")
+        assert "Not found" in await w.page.inner_text("main .error")
+        key_in_url = [p for p in w.problems if KEY_B in p]
+        assert key_in_url == [] and KEY_B not in w.page.url
+
+
+async def test_the_page_and_its_files_load_nothing_from_elsewhere(make_client):
+    client = await make_client(api_keys={KEY_A: "ns-a"})
+    page = await client.get("/console")
+    assert page.status == 200 and "default-src 'self'" in page.headers["Content-Security-Policy"]
+    html = await page.text()
+    assert "http" not in html.replace('"http://www.w3.org', "")
+    from services.query.console import assets
+
+    total = 0
+    for name, (body, _) in assets().items():
+        resp = await client.get(f"/console/{name}")
+        assert resp.status == 200 and f"console/{name}" in html
+        assert "immutable" in resp.headers["Cache-Control"]
+        total += len(body)
+        assert b"https://" not in body and b"cdn" not in body.lower(), name
+    assert total <= 400_000  # the page weight budget
+    doc = await (await client.get("/openapi.json")).json()
+    assert "/console" in doc["paths"] and not [p for p in doc["paths"] if p.startswith("/console/")]
