@@ -62,7 +62,7 @@ class Watched:
 
     async def shot(self, name: str) -> None:
         SHOTS.mkdir(parents=True, exist_ok=True)
-        await self.page.screenshot(path=str(SHOTS / f"console-{name}.png"))
+        await self.page.screenshot(path=str(SHOTS / f"console-{name}.png"), full_page=True)
 
 
 @pytest.fixture
@@ -85,6 +85,15 @@ EPISODES = [
     {"task": "fix the flaky login test", "outcome": "success", "solution": "freeze the clock", "reward": 0.9},
     {"task": "fix the login redirect loop", "outcome": "failure", "solution": "retry", "reward": 0.1},
     {"task": "speed up the login page", "outcome": "success", "solution": "cache the session", "reward": 0.7},
+] + [  # a cluster the consolidator distils into facts
+    {
+        "task": f"fix the flaky checkout test {n}",
+        "outcome": "success" if n % 4 else "failure",
+        "solution": "freeze the clock",
+        "reward": 0.8 if n % 4 else 0.2,
+        "strategy": "freeze_clock",
+    }
+    for n in range(6)
 ]
 
 
@@ -96,7 +105,7 @@ async def record_all(base: str) -> list[str]:
                 outcome=e["outcome"],
                 solution=e["solution"],
                 feedback={"reward": e["reward"]},
-                strategy_used=f"s{i}",
+                strategy_used=e.get("strategy", f"s{i}"),
                 agent_id="coder-1",
                 actions=[{"action_type": "run_tests", "success": e["outcome"] == "success"}],
                 wait=10,
@@ -109,17 +118,24 @@ async def shown_ids(page: Page, selector: str) -> list[str]:
     return await page.eval_on_selector_all(selector, "els => els.map(e => e.dataset.episode)")
 
 
-async def test_every_view_loads_and_what_the_page_changes_the_api_answers(
-    browser, tenants, settings, redis
-):
+async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browser, tenants, settings, redis):
     base = str(tenants.server.make_url("")).rstrip("/")
     async with consolidating(settings, redis):
         ids = await record_all(base)
+        made = await tenants.post("/v1/consolidate", json={}, headers=auth(KEY_A))
+        assert made.status == 200, await made.text()
         w = await opened(browser, base, KEY_A)
-        for view in ("overview", "episodes", "learning", "facts", "operations"):
+        for view in ("overview", "episodes", "learning?task=fix+the+login+test", "facts", "operations"):
             await w.view(view)
             assert await w.page.inner_text("main h1"), view
-            await w.shot(view)
+            await w.shot(view.partition("?")[0])
+        await w.view("facts")
+        first_fact = w.page.locator("ul.facts a").first
+        text = await first_fact.inner_text()
+        await first_fact.click()
+        await w.page.locator('main[aria-busy="false"] h1', has_text=text).wait_for()
+        assert await w.page.locator("main ul a[href^='#/episode/']").count() >= 1  # its evidence
+        await w.shot("fact")
         await w.view("episodes")
         assert set(await shown_ids(w.page, "tr[data-episode]")) == set(ids)
 

@@ -38,7 +38,7 @@ function s(tag, attrs, ...kids) {
 }
 const main = () => document.getElementById("main");
 function show(...nodes) {
-  main().replaceChildren(...nodes.flat());
+  main().replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false));
 }
 const fmt = (x, d = 3) => (x === null || x === undefined ? "–" : typeof x === "number" ? x.toFixed(d) : String(x));
 const pct = (x) => (x === null || x === undefined ? "–" : `${Math.round(x * 100)} %`);
@@ -460,15 +460,16 @@ async function recall(_, params) {
       params.get("compare") ? post("v1/recall", recallBody(params, "B")) : null,
       post("v1/context", { task: a.query, ...scope }),
     ]);
+    const weights = (w) => h("p", { class: "muted" }, "weights ", COMPONENTS.map((c) => `${LABELS[c]} ${fmt(w[c], 2)}`).join(" · "));
     const out = h(
       "section",
-      { class: "results", "data-ms": Math.round(performance.now() - started) },
+      { class: "results" },
       legend(),
       h(
         "div",
         { class: "row" },
-        h("div", { class: "side", "data-side": "A" }, h("h2", {}, "Setting A"), h("p", { class: "muted" }, `weights ${JSON.stringify(ra.weights)}`), hitList(ra, null)),
-        rb ? h("div", { class: "side", "data-side": "B" }, h("h2", {}, "Setting B"), h("p", { class: "muted" }, `weights ${JSON.stringify(rb.weights)}`), hitList(rb, ra)) : null,
+        h("div", { class: "side", "data-side": "A" }, h("h2", {}, "Setting A"), weights(ra.weights), hitList(ra, null)),
+        rb ? h("div", { class: "side", "data-side": "B" }, h("h2", {}, "Setting B"), weights(rb.weights), hitList(rb, ra)) : null,
       ),
       h("h2", {}, "Replay context"),
       h(
@@ -481,6 +482,7 @@ async function recall(_, params) {
       h("pre", { class: "prompt" }, ctx.prompt),
     );
     form.after(out);
+    out.dataset.ms = String(Math.round(performance.now() - started)); // request to rendered hits (make bench)
   }, form);
 }
 
@@ -501,10 +503,14 @@ async function learning(_, params) {
   show(h("h1", {}, "Learning"), form);
   await guarded(async () => {
     const scope = { agent_id: params.get("agent_id"), category: params.get("category") };
-    const [curve, skills, advice] = await Promise.all([
+    const task = params.get("task");
+    const who = scope.agent_id ? { agent_id: scope.agent_id } : {};
+    const [curve, skills, strategies, advice, choice] = await Promise.all([
       get("v1/learning-curve", { ...scope, window: 10 }),
       get("v1/skills", { agent_id: scope.agent_id }),
-      params.get("task") ? post("v1/suggest", { task: params.get("task"), ...(scope.agent_id ? { agent_id: scope.agent_id } : {}) }) : null,
+      get("v1/facts", { ...scope, kind: "strategy", include_superseded: true, limit: 200 }),
+      task ? post("v1/suggest", { task, ...who }) : null,
+      task ? post("v1/strategy", { task, ...who }) : null,
     ]);
     form.after(
       lineChart(`Learning curve (rolling ${curve.window})`, [
@@ -518,11 +524,27 @@ async function learning(_, params) {
         h("thead", {}, h("tr", {}, ["Category", "Episodes", "Success", "Avg reward", ""].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, skills.results.map((x) => h("tr", { class: x.weak ? "weak" : null }, h("td", {}, x.category), h("td", {}, x.episodes), h("td", {}, pct(x.success_rate)), h("td", {}, fmt(x.avg_reward, 2)), h("td", {}, x.weak ? "weak" : "")))),
       ),
+      h("h2", {}, "Strategies"),
+      strategies.results.length
+        ? h(
+            "table",
+            {},
+            h("thead", {}, h("tr", {}, ["Strategy fact", "Support", "Success", "Avg reward", "Evidence until", "Status"].map((c) => h("th", { scope: "col" }, c)))),
+            h(
+              "tbody",
+              {},
+              strategies.results.map((f) =>
+                h("tr", { class: f.status === "superseded" ? "weak" : null }, h("td", {}, link(`#/fact/${encodeURIComponent(f.fact_id)}`, f.text)), h("td", {}, f.support), h("td", {}, pct(f.success_rate)), h("td", {}, fmt(f.avg_reward, 2)), h("td", {}, when(f.last_at)), h("td", {}, f.status === "superseded" ? "stopped working" : f.status || "current")),
+              ),
+            ),
+          )
+        : h("p", { class: "muted" }, "No strategy facts yet (the consolidator distils them, or POST /v1/consolidate)."),
+      choice ? h("p", { class: "card" }, h("strong", {}, `Use ${choice.strategy}`), ` (${choice.rule}): ${choice.reason}`) : null,
       advice
         ? h(
             "section",
             { class: "card" },
-            h("h2", {}, "Suggest"),
+            h("h2", {}, "Suggest and failure analysis"),
             h("p", {}, `Confidence ${advice.confidence}: ${advice.similar} similar episodes, ${advice.successes} succeeded, ${advice.failures} failed.`),
             h("h3", {}, "Common failures"),
             h("ul", {}, advice.common_failures.map((f) => h("li", {}, `${f.message} (${f.count})`))),
