@@ -237,3 +237,21 @@ async def test_the_page_and_its_files_load_nothing_from_elsewhere(make_client):
     assert total <= 400_000  # the page weight budget
     doc = await (await client.get("/openapi.json")).json()
     assert "/console" in doc["paths"] and not [p for p in doc["paths"] if p.startswith("/console/")]
+
+
+async def test_the_bench_times_the_playground_against_the_recall_it_shows(
+    chromium, make_client, settings, redis
+):
+    """`make bench`'s measure (bench.perf_console) on a small namespace with no API keys (`make run`'s
+    default: the console opens directly)."""
+    from bench.perf_console import playground_vs_api, render_console
+
+    api = await make_client()
+    base = str(api.server.make_url("")).rstrip("/")
+    async with consolidating(settings, redis):
+        async with AsyncEngram(base) as memory:
+            for e in EPISODES[:3]:
+                await memory.record(task=e["task"], outcome=e["outcome"], wait=10)
+        res = await playground_vs_api(base, ["login test", "the login page", "redirect loop"], top_k=3)
+    assert res["requests"] == 3 and res["api_p50_ms"] > 0 and res["playground_p50_ms"] > 0
+    assert res["ratio"] > 0 and "Recall playground at 3 episodes" in render_console({**res, "size": 3})
