@@ -73,9 +73,11 @@ async def browser(chromium):
         await b.close()
 
 
-async def opened(browser, base: str, key: str | None) -> Watched:
-    """A 1280×800 page whose tab remembers `key` (as the key form's "remember" box would)."""
-    context = await browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
+async def opened(browser, base: str, key: str | None, **options: Any) -> Watched:
+    """A 1280×800 page (or as `options` say) whose tab remembers `key` (as the key form's "remember"
+    box would)."""
+    options = {"viewport": {"width": 1280, "height": 800}, **options}
+    context = await browser.new_context(accept_downloads=True, **options)
     if key is not None:
         await context.add_init_script(f"sessionStorage.setItem('engram.console.key', {json.dumps(key)})")
     return Watched(await context.new_page(), base)
@@ -129,6 +131,18 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
             await w.view(view)
             assert await w.page.inner_text("main h1"), view
             await w.shot(view.partition("?")[0])
+        phone = await opened(
+            browser, base, KEY_A, viewport={"width": 390, "height": 844}, color_scheme="dark"
+        )
+        for view in ("overview", "episodes", "recall?query=login&compare=1", f"episode/{ids[0]}"):
+            await phone.view(view)
+            width = await phone.page.evaluate("() => document.documentElement.scrollWidth")
+            assert width <= 390, (view, width)  # nothing wider than a phone: no sideways scrolling
+        assert not await phone.page.is_visible("nav") and await phone.page.is_visible("#menu")
+        await phone.page.click("#menu")
+        assert await phone.page.is_visible("nav a[href='#/facts']")
+        await phone.shot("phone-dark")
+        assert phone.problems == []
         await w.view("facts")
         first_fact = w.page.locator("ul.facts a").first
         text = await first_fact.inner_text()
@@ -193,8 +207,12 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
         await w.view("operations")
         async with w.page.expect_download() as download:
             await w.page.click("text=Export the namespace as JSONL")
-        exported = Path(await (await download.value).path()).read_text().splitlines()
-        assert sorted(json.loads(line)["episode_id"] for line in exported) == sorted(set(ids) - {target})
+        exported = [
+            json.loads(line) for line in Path(await (await download.value).path()).read_text().splitlines()
+        ]
+        assert sorted(e["episode_id"] for e in exported) == sorted(set(ids) - {target})
+        async with AsyncEngram(base, api_key=KEY_B) as other:  # the file `engram import` reads
+            assert (await other.publish(exported, wait=10)).accepted == len(exported)
         assert w.problems == []
 
 

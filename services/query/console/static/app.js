@@ -589,6 +589,15 @@ async function fact(id) {
 }
 
 // ---------------------------------------------------------------- operations
+function ingestShape(e) {
+  // as `engram export` writes it (what `engram import` reads): without the derived fields and the vector
+  const { duration_s, vector, ...rest } = e;
+  if (rest.feedback) {
+    const { pass_rate, ...feedback } = rest.feedback;
+    rest.feedback = feedback;
+  }
+  return rest;
+}
 async function operations() {
   const ready = await get("readyz").catch((e) => e.body || {});
   const status = h("p", { role: "status" });
@@ -599,7 +608,7 @@ async function operations() {
       let cursor = null;
       do {
         const page = await get("v1/episodes", { order: "asc", limit: 1000, cursor });
-        for (const e of page.results) lines.push(JSON.stringify(e));
+        for (const e of page.results) lines.push(JSON.stringify(ingestShape(e)));
         cursor = page.next_cursor;
         status.textContent = `${lines.length} episodes…`;
       } while (cursor);
