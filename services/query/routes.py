@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from services.query import answers, console, models
 from services.query.problems import Invalid
 from services.query.views import (
+    deadletters,
     docs,
     episodes,
     facts,
@@ -319,6 +320,33 @@ ROUTES: tuple[Route, ...] = (
             Status(401, "with API keys configured: missing or invalid ENGRAM_METRICS_KEY"),
             Status(403, "a tenant's API key: metrics span every namespace"),
         ),
+    ),
+    route(
+        "GET",
+        "/v1/dead-letters",
+        deadletters.list_dead_letters,
+        "The namespace's dead letters (events the consolidator gave up on) and why",
+        query=deadletters.DeadLetterQuery,
+        answer=answers.DeadLetterPage,
+    ),
+    *(
+        route(
+            "POST",
+            f"/v1/dead-letters/{verb}",
+            handler,
+            summary,
+            body=deadletters.DeadLetterIds,
+            errors=(Status(404, "none of the ids is a dead letter of the caller's namespace"),),
+            answer=answers.DeadLettersActed,
+        )
+        for verb, handler, summary in (
+            (
+                "redrive",
+                deadletters.redrive,
+                "Publish the namespace's dead letters named again (after a fix)",
+            ),
+            ("discard", deadletters.discard, "Delete the namespace's dead letters named, and their events"),
+        )
     ),
     route(
         "GET",

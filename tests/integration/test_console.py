@@ -17,7 +17,7 @@ from playwright.async_api import Page, async_playwright
 
 from engram_episodic import AsyncEngram
 from tests.helpers import wait_until
-from tests.integration.test_query_e2e import consolidating
+from tests.integration.test_query_e2e import consolidating, drain
 from tests.integration.test_query_support import KEY_A, KEY_B, auth
 
 pytest_plugins = ["tests.integration.test_query_support"]
@@ -273,3 +273,34 @@ async def test_the_bench_times_the_playground_against_the_recall_it_shows(
         res = await playground_vs_api(base, ["login test", "the login page", "redirect loop"], top_k=3)
     assert res["requests"] == 3 and res["api_p50_ms"] > 0 and res["playground_p50_ms"] > 0
     assert res["ratio"] > 0 and "Recall playground at 3 episodes" in render_console({**res, "size": 3})
+
+
+async def test_dead_letters_are_redriven_and_discarded_from_the_page(browser, tenants, settings, redis):
+    from tests.integration.test_dead_letters_http import dead_lettered
+
+    await dead_lettered(settings, redis, "ns-a", "bad-a")
+    await dead_lettered(settings, redis, "ns-b", "bad-b")
+    w = await opened(browser, tenants.server.make_url("").human_repr().rstrip("/"), KEY_A)
+    await w.view("operations")
+    rows = w.page.locator("tr[data-dead]")
+    assert await rows.count() == 1 and "vector" in await rows.first.inner_text()  # why, of ns-a's only
+    assert "bad-b" not in await w.page.inner_text("main")
+    first = await rows.first.get_attribute("data-dead")
+    await w.page.click("text=Redrive")
+
+    async def redriven() -> bool:
+        listed = await (await tenants.get("/v1/dead-letters", headers=auth(KEY_A))).json()
+        return listed["total"] == 0
+
+    await wait_until(redriven, message="the dead letter published again")
+    await drain(settings, redis)  # dead-lettered again: the fault is in the event itself
+    await w.view("overview")
+    await w.view("operations")
+    assert await rows.count() == 1 and await rows.first.get_attribute("data-dead") != first
+    w.page.once("dialog", lambda d: d.accept())  # the confirmation of a discard
+    await w.page.click("text=Discard")
+    await w.page.locator("text=None: the consolidator projected every event").wait_for()
+    left = await (await tenants.get("/v1/dead-letters", headers=auth(KEY_A))).json()
+    assert left["total"] == 0
+    assert (await (await tenants.get("/v1/dead-letters", headers=auth(KEY_B))).json())["total"] == 1
+    assert w.problems == []

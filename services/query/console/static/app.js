@@ -599,7 +599,7 @@ function ingestShape(e) {
   return rest;
 }
 async function operations() {
-  const ready = await get("readyz").catch((e) => e.body || {});
+  const [ready, dead] = await Promise.all([get("readyz").catch((e) => e.body || {}), get("v1/dead-letters", { limit: 200 })]);
   const status = h("p", { role: "status" });
   const exportButton = h("button", { type: "button" }, "Export the namespace as JSONL");
   exportButton.addEventListener("click", () =>
@@ -620,10 +620,38 @@ async function operations() {
       status.textContent = `Exported ${lines.length} episodes.`;
     }),
   );
+  const act = (verb, letter) =>
+    guarded(async () => {
+      if (verb === "discard" && !confirm(`Discard dead letter ${letter.id} (episode ${letter.episode_id})? Its event is deleted and never projected.`)) return;
+      await post(`v1/dead-letters/${verb}`, { ids: [letter.id] });
+      route();
+    });
   show(
     h("h1", {}, "Operations"),
-    h("dl", { class: "stats" }, h("div", { class: "stat" }, h("dt", {}, "Dead letters"), h("dd", {}, fmt(ready.dead_letters, 0))), h("div", { class: "stat" }, h("dt", {}, "Consumer lag"), h("dd", {}, fmt(ready.lag, 0)))),
-    h("p", {}, "Dead letters, redrive and reindex span every namespace: the operator runs them with ", h("code", {}, "engram-admin dead-letters"), " and ", h("code", {}, "engram-admin reindex"), "."),
+    h("dl", { class: "stats" }, h("div", { class: "stat" }, h("dt", {}, "Dead letters (this namespace)"), h("dd", {}, dead.total)), h("div", { class: "stat" }, h("dt", {}, "Consumer lag (deployment)"), h("dd", {}, fmt(ready.lag, 0)))),
+    h("h2", {}, "Dead letters"),
+    dead.results.length
+      ? h(
+          "table",
+          { class: "dead" },
+          h("thead", {}, h("tr", {}, ["When", "Episode", "Why", ""].map((c) => h("th", { scope: "col" }, c)))),
+          h(
+            "tbody",
+            {},
+            dead.results.map((d) =>
+              h(
+                "tr",
+                { "data-dead": d.id },
+                h("td", {}, when(d.at)),
+                h("td", {}, d.episode_id),
+                h("td", {}, d.reason),
+                h("td", {}, h("button", { type: "button", onclick: () => act("redrive", d) }, "Redrive"), " ", h("button", { type: "button", class: "danger", onclick: () => act("discard", d) }, "Discard")),
+              ),
+            ),
+          ),
+        )
+      : h("p", { class: "muted" }, "None: the consolidator projected every event of this namespace."),
+    h("p", { class: "muted" }, "Replay and reindex rebuild the whole deployment: the operator runs them with ", h("code", {}, "engram-admin reindex"), "."),
     h("h2", {}, "Export"),
     exportButton,
     status,
