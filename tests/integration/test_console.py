@@ -233,6 +233,11 @@ async def test_a_key_opens_only_its_namespace_and_a_wrong_key_asks_again(browser
         assert await shown_ids(w.page, "tr[data-episode]") == []
         await w.view(f"episode/{ids[0]}")
         assert "Not found" in await w.page.inner_text("main .error")
+        # an API error: the problem's title and the field it names, marked in the form
+        await w.view("recall?query=login&top_k=500")
+        error = await w.page.inner_text("main .error")
+        assert error.startswith("Invalid request") and "top_k: must be" in error, error
+        assert await w.page.get_attribute('input[name="top_k"]', "aria-invalid") == "true"
         key_in_url = [p for p in w.problems if KEY_B in p]
         assert key_in_url == [] and KEY_B not in w.page.url
 

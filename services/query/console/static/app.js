@@ -404,9 +404,9 @@ function recallBody(params, side) {
   else if (p("preset")) body.preset = p("preset");
   return body;
 }
-function hitList(answer, other) {
+function hitList(answer, other, top) {
+  // `top`: the longest bar's priority, the same for both sides so that their bars compare
   const rankIn = new Map((other?.results || []).map((r, i) => [r.episode.episode_id, i]));
-  const top = Math.max(1e-9, ...answer.results.map((r) => r.priority));
   return h(
     "ol",
     { class: "hits" },
@@ -460,6 +460,7 @@ async function recall(_, params) {
       params.get("compare") ? post("v1/recall", recallBody(params, "B")) : null,
       post("v1/context", { task: a.query, ...scope }),
     ]);
+    const top = Math.max(1e-9, ...[...ra.results, ...(rb?.results || [])].map((r) => r.priority));
     const weights = (w) => h("p", { class: "muted" }, "weights ", COMPONENTS.map((c) => `${LABELS[c]} ${fmt(w[c], 2)}`).join(" · "));
     const out = h(
       "section",
@@ -468,8 +469,8 @@ async function recall(_, params) {
       h(
         "div",
         { class: "row" },
-        h("div", { class: "side", "data-side": "A" }, h("h2", {}, "Setting A"), weights(ra.weights), hitList(ra, null)),
-        rb ? h("div", { class: "side", "data-side": "B" }, h("h2", {}, "Setting B"), weights(rb.weights), hitList(rb, ra)) : null,
+        h("div", { class: "side", "data-side": "A" }, h("h2", {}, "Setting A"), weights(ra.weights), hitList(ra, null, top)),
+        rb ? h("div", { class: "side", "data-side": "B" }, h("h2", {}, "Setting B"), weights(rb.weights), hitList(rb, ra, top)) : null,
       ),
       h("h2", {}, "Replay context"),
       h(
