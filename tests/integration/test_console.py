@@ -60,6 +60,14 @@ class Watched:
             await self.page.goto(f"{self.base}/console#/{fragment}")
         await self.page.wait_for_selector('main[aria-busy="false"]')
 
+    async def unlabelled(self) -> list[str]:
+        """The form controls of the view that no label names (each needs one for a screen reader)."""
+        return await self.page.eval_on_selector_all(
+            "main input, main select, main textarea",
+            "els => els.filter(e => e.type !== 'hidden' && !e.labels.length && !e.getAttribute('aria-label'))"
+            ".map(e => e.name || e.outerHTML)",
+        )
+
     async def shot(self, name: str) -> None:
         SHOTS.mkdir(parents=True, exist_ok=True)
         await self.page.screenshot(path=str(SHOTS / f"console-{name}.png"), full_page=True)
@@ -130,6 +138,7 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
         for view in ("overview", "episodes", "learning?task=fix+the+login+test", "facts", "operations"):
             await w.view(view)
             assert await w.page.inner_text("main h1"), view
+            assert await w.unlabelled() == [], view
             await w.shot(view.partition("?")[0])
         phone = await opened(
             browser, base, KEY_A, viewport={"width": 390, "height": 844}, color_scheme="dark"
@@ -160,6 +169,7 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
             "&B.weights=custom&B.similarity=0.5&B.recency=0&B.reward=0.5&B.outcome=0&B.importance=0"
         )
         await w.shot("playground")
+        assert await w.unlabelled() == []
         hits = await w.page.eval_on_selector_all(
             '[data-side="B"] li[data-episode]',
             """els => els.map(li => ({id: li.dataset.episode, priority: Number(li.dataset.priority),
