@@ -373,6 +373,20 @@ class Readiness(Answer):
     )
 
 
+class Expiring(Answer):
+    episode_id: str
+    expires_at: Instant
+
+
+class Summary(Answer):
+    episodes: int = Field(description="episodes of the namespace (expired ones not counted)")
+    agents: int = Field(description="distinct agent_id values")
+    users: int = Field(description="distinct user_id values")
+    sessions: int = Field(description="distinct session_id values")
+    facts: int = Field(description="current facts")
+    expiring: list[Expiring] = Field(description="the episodes expiring soonest (at most 10), soonest first")
+
+
 class DeadLetter(Answer):
     id: str = Field(description="its id in the dead-letter stream (what redrive and discard take)")
     episode_id: str = Field(description="the episode its event names")

@@ -27,6 +27,7 @@ from services.query.views import (
     listing,
     operations,
     recall,
+    summary,
     updates,
 )
 
@@ -320,6 +321,13 @@ ROUTES: tuple[Route, ...] = (
             Status(401, "with API keys configured: missing or invalid ENGRAM_METRICS_KEY"),
             Status(403, "a tenant's API key: metrics span every namespace"),
         ),
+    ),
+    route(
+        "GET",
+        "/v1/summary",
+        summary.summary,
+        "What the namespace holds: episodes, agents, users, sessions, facts, what expires soonest",
+        answer=answers.Summary,
     ),
     route(
         "GET",

@@ -135,6 +135,16 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
         made = await tenants.post("/v1/consolidate", json={}, headers=auth(KEY_A))
         assert made.status == 200, await made.text()
         w = await opened(browser, base, KEY_A)
+        await w.view("overview")
+        stats = dict(
+            zip(
+                await w.page.locator(".stat dt").all_inner_texts(),
+                await w.page.locator(".stat dd").all_inner_texts(),
+                strict=True,
+            )
+        )
+        assert (stats["Episodes"], stats["Agents"], stats["Success rate"]) == ("9", "1", "67 %")
+        assert int(stats["Facts"]) >= 1  # the consolidation above distilled some
         for view in ("overview", "episodes", "learning?task=fix+the+login+test", "facts", "operations"):
             await w.view(view)
             assert await w.page.inner_text("main h1"), view

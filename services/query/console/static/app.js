@@ -187,34 +187,29 @@ function empty() {
 }
 
 async function overview() {
-  const [ready, skills, curve, episodes, facts] = await Promise.all([
+  const [ready, sum, skills, curve] = await Promise.all([
     get("readyz").catch((e) => e.body || {}),
+    get("v1/summary"),
     get("v1/skills"),
     get("v1/learning-curve", { window: 20, limit: 10000 }),
-    get("v1/episodes", { limit: 1000 }),
-    get("v1/facts", { limit: 1000 }),
   ]);
   const total = skills.results.reduce((a, x) => a + x.episodes, 0);
   const wins = skills.results.reduce((a, x) => a + x.successes, 0);
-  const eps = episodes.results;
-  const distinct = (f) => new Set(eps.map((e) => e[f]).filter(Boolean)).size;
-  const more = episodes.next_cursor ? " (in the newest 1,000)" : "";
-  const soon = eps.filter((e) => e.expires_at).sort((a, b) => a.expires_at.localeCompare(b.expires_at));
   const stat = (label, value) => h("div", { class: "stat" }, h("dt", {}, label), h("dd", {}, value));
   show(
     h("h1", {}, "Overview"),
-    total === 0 && eps.length === 0 ? empty() : null,
+    sum.episodes === 0 ? empty() : null,
     h(
       "dl",
       { class: "stats" },
-      stat("Episodes", total.toLocaleString()),
+      stat("Episodes", sum.episodes.toLocaleString()),
       stat("Success rate", total ? pct(wins / total) : "–"),
-      stat(`Agents${more}`, distinct("agent_id")),
-      stat(`Users${more}`, distinct("user_id")),
-      stat("Facts", `${facts.results.length}${facts.next_cursor ? "+" : ""}`),
+      stat("Agents", sum.agents.toLocaleString()),
+      stat("Users", sum.users.toLocaleString()),
+      stat("Sessions", sum.sessions.toLocaleString()),
+      stat("Facts", sum.facts.toLocaleString()),
       stat("Consumer lag", fmt(ready.lag, 0)),
       stat("Dead letters", fmt(ready.dead_letters, 0)),
-      stat("Service", ready.status || "–"),
     ),
     curve.results.length
       ? lineChart(`Success rate and reward over the last ${curve.window} episodes, oldest first`, [
@@ -222,10 +217,10 @@ async function overview() {
           { name: "average reward", points: curve.results.map((p) => p.avg_reward) },
         ])
       : null,
-    h("h2", {}, "Expiring"),
-    soon.length
-      ? h("ul", {}, soon.slice(0, 10).map((e) => h("li", {}, when(e.expires_at), " — ", epLink(e.episode_id, e.task.description))))
-      : h("p", { class: "muted" }, "No episode of the newest 1,000 has an expiry."),
+    h("h2", {}, "Expiring soonest"),
+    sum.expiring.length
+      ? h("ul", {}, sum.expiring.map((e) => h("li", {}, when(e.expires_at), " — ", epLink(e.episode_id))))
+      : h("p", { class: "muted" }, "No episode has an expiry."),
   );
 }
 
