@@ -169,6 +169,12 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
         await w.page.locator('main[aria-busy="false"] h1', has_text=text).wait_for()
         assert await w.page.locator("main ul a[href^='#/episode/']").count() >= 1  # its evidence
         await w.shot("fact")
+        fact_url = w.page.url
+        await w.page.locator("main ul a[href^='#/episode/']").first.click()
+        await w.page.locator('main[aria-busy="false"] h2', has_text="Evidence for facts").wait_for()
+        back = w.page.locator("main a[href^='#/fact/']")  # the episode names the fact it is evidence for
+        hrefs = [await a.get_attribute("href") for a in await back.all()]
+        assert any(h and fact_url.endswith(h) for h in hrefs), (fact_url, hrefs)
         await w.view("episodes")
         assert set(await shown_ids(w.page, "tr[data-episode]")) == set(ids)
 

@@ -284,13 +284,13 @@ async function episodes(_, params) {
 }
 
 async function episode(id) {
-  const [answer, facts] = await Promise.all([get(`v1/episodes/${encodeURIComponent(id)}`), get("v1/facts", { limit: 1000 })]);
+  const [answer, facts] = await Promise.all([get(`v1/episodes/${encodeURIComponent(id)}`), get("v1/facts", { episode_id: id, include_superseded: true })]);
   const e = answer.episode;
   if (!e) {
     show(h("h1", {}, "Episode"), h("p", {}, `Episode ${id} is ${answer.status}.`));
     return;
   }
-  const evidenceOf = facts.results.filter((f) => (f.evidence || []).includes(id));
+  const evidenceOf = facts.results;
   const row = (label, value) => [h("dt", {}, label), h("dd", {}, value ?? "–")];
   const reward = h("input", { name: "reward", type: "number", step: "any", value: e.feedback?.reward ?? "" });
   const patch = h("form", { class: "inline", "aria-label": "Change the reward" }, field("Reward", reward), h("button", { type: "submit" }, "Save reward"));
@@ -360,7 +360,7 @@ async function episode(id) {
     h("h2", {}, "Solution"),
     h("pre", {}, e.solution || "–"),
     h("h2", {}, "Evidence for facts"),
-    evidenceOf.length ? h("ul", {}, evidenceOf.map((f) => h("li", {}, link(`#/fact/${encodeURIComponent(f.fact_id)}`, f.text)))) : h("p", { class: "muted" }, "None of the newest 1,000 facts cites it."),
+    evidenceOf.length ? h("ul", {}, evidenceOf.map((f) => h("li", {}, link(`#/fact/${encodeURIComponent(f.fact_id)}`, f.text)))) : h("p", { class: "muted" }, "No fact cites it (yet)."),
     h("h2", {}, "Change"),
     patch,
     h("p", {}, h("button", { type: "button", class: "danger", onclick: () => dialog.showModal() }, "Forget this episode…")),
