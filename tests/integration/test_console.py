@@ -94,7 +94,13 @@ async def opened(browser, base: str, key: str | None, **options: Any) -> Watched
 EPISODES = [
     {"task": "fix the flaky login test", "outcome": "success", "solution": "freeze the clock", "reward": 0.9},
     {"task": "fix the login redirect loop", "outcome": "failure", "solution": "retry", "reward": 0.1},
-    {"task": "speed up the login page", "outcome": "success", "solution": "cache the session", "reward": 0.7},
+    {
+        "task": "speed up the login page",
+        "outcome": "success",
+        "solution": "cache the session",
+        "reward": 0.7,
+        "category": "performance",
+    },
 ] + [  # a cluster the consolidator distils into facts
     {
         "task": f"fix the flaky checkout test {n}",
@@ -111,7 +117,7 @@ async def record_all(base: str) -> list[str]:
     async with AsyncEngram(base, api_key=KEY_A) as memory:
         return [
             await memory.record(
-                task={"description": e["task"], "category": "debugging"},
+                task={"description": e["task"], "category": e.get("category", "debugging")},
                 outcome=e["outcome"],
                 solution=e["solution"],
                 feedback={"reward": e["reward"]},
@@ -149,6 +155,8 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
             await w.view(view)
             assert await w.page.inner_text("main h1"), view
             assert await w.unlabelled() == [], view
+            if view.startswith("learning"):  # a curve per category, the two of this namespace
+                assert await w.page.locator(".small-multiples figure").count() == 2
             await w.shot(view.partition("?")[0])
         phone = await opened(
             browser, base, KEY_A, viewport={"width": 390, "height": 844}, color_scheme="dark"
@@ -199,6 +207,13 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
         answer_a = await (await tenants.post("/v1/recall", json=normal, headers=auth(KEY_A))).json()
         shown_a = await shown_ids(w.page, '[data-side="A"] li[data-episode]')
         assert shown_a == [r["episode"]["episode_id"] for r in answer_a["results"]]
+
+        # the scope filters reach the request: the API's hits for the same filtered request
+        await w.view("recall?query=login+test&top_k=10&outcome=failure&since=2000-01-01T00:00:00Z")
+        failed = {"query": "login test", "top_k": 10, "outcome": "failure", "since": "2000-01-01T00:00:00Z"}
+        expected = await (await tenants.post("/v1/recall", json=failed, headers=auth(KEY_A))).json()
+        shown = await shown_ids(w.page, '[data-side="A"] li[data-episode]')
+        assert shown == [r["episode"]["episode_id"] for r in expected["results"]] and len(shown) == 3
 
         # a PATCH made in the page
         target = ids[1]

@@ -393,7 +393,7 @@ function settingsForm(side, params) {
 function recallBody(params, side) {
   const p = (k) => params.get(`${side}.${k}`);
   const body = { query: params.get("query") || "", top_k: Number(params.get("top_k") || 10) };
-  for (const f of ["agent_id", "user_id", "session_id", "category"]) if (params.get(f)) body[f] = params.get(f);
+  for (const f of ["agent_id", "user_id", "session_id", "category", "outcome", "since", "until"]) if (params.get(f)) body[f] = params.get(f);
   if (p("mode")) body.mode = p("mode");
   if (p("weights") === "custom") body.weights = Object.fromEntries(COMPONENTS.map((c) => [c, Number(p(c) ?? 0.2)]));
   else if (p("preset")) body.preset = p("preset");
@@ -430,6 +430,9 @@ async function recall(_, params) {
       "div",
       { class: "row" },
       ["agent_id", "user_id", "session_id", "category"].map((f) => field(f.replace("_id", ""), input(f, params.get(f)))),
+      field("Outcome", select("outcome", [["", "any"], ...OUTCOMES.map((o) => [o, o])], params.get("outcome"))),
+      field("Since", input("since", params.get("since"), { placeholder: "2026-01-01T00:00:00Z" })),
+      field("Until", input("until", params.get("until"), { placeholder: "2026-12-31T00:00:00Z" })),
       field("Top k", h("input", { name: "top_k", type: "number", min: 1, max: 100, value: params.get("top_k") || 10 })),
     ),
     h("div", { class: "row" }, settingsForm("A", params), params.get("compare") ? settingsForm("B", params) : null),
@@ -508,11 +511,28 @@ async function learning(_, params) {
       task ? post("v1/suggest", { task, ...who }) : null,
       task ? post("v1/strategy", { task, ...who }) : null,
     ]);
+    const perCategory = scope.category
+      ? []
+      : await Promise.all(
+          skills.results.slice(0, 6).map(async (x) => [x.category, await get("v1/learning-curve", { agent_id: scope.agent_id, category: x.category, window: 10 })]),
+        );
     form.after(
       lineChart(`Learning curve (rolling ${curve.window})`, [
         { name: "success rate", points: curve.results.map((p) => p.success_rate) },
         { name: "average reward", points: curve.results.map((p) => p.avg_reward) },
       ]),
+      perCategory.length > 1
+        ? h(
+            "div",
+            { class: "small-multiples" },
+            perCategory.map(([category, c]) =>
+              lineChart(category, [
+                { name: "success rate", points: c.results.map((p) => p.success_rate) },
+                { name: "average reward", points: c.results.map((p) => p.avg_reward) },
+              ], { height: 140 }),
+            ),
+          )
+        : null,
       h("h2", {}, "Skill profile"),
       h(
         "table",
