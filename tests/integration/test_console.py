@@ -123,6 +123,9 @@ async def record_all(base: str) -> list[str]:
                 feedback={"reward": e["reward"]},
                 strategy_used=e.get("strategy", f"s{i}"),
                 agent_id="coder-1",
+                user_id=f"user-{i % 3}",
+                session_id=f"session-{i // 3}",
+                **({"ttl": "30d"} if i == 2 else {}),
                 actions=[{"action_type": "run_tests", "success": e["outcome"] == "success"}],
                 wait=10,
             )
@@ -149,7 +152,9 @@ async def test_every_view_loads_and_what_the_page_changes_the_api_answers(browse
                 strict=True,
             )
         )
-        assert (stats["Episodes"], stats["Agents"], stats["Success rate"]) == ("9", "1", "67 %")
+        assert (stats["Episodes"], stats["Agents"], stats["Users"], stats["Sessions"]) == ("9", "1", "3", "3")
+        assert stats["Success rate"] == "67 %"
+        assert await w.page.locator("main ul li a[href^='#/episode/']").count() == 1  # the one expiring
         assert int(stats["Facts"]) >= 1  # the consolidation above distilled some
         for view in ("overview", "episodes", "learning?task=fix+the+login+test", "facts", "operations"):
             await w.view(view)
