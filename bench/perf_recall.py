@@ -42,6 +42,7 @@ from bench.common import (
     table,
     wait_http_ready,
 )
+from bench.perf_console import playground_vs_api, render_console
 from bench.perf_corpus import cached_vectors, derive, derived_text, real_texts
 
 NAMESPACE = "bench"
@@ -396,6 +397,11 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
             out["sizes"][str(size)] = row
+        if args.console_requests:  # the console's playground against the recall it shows, largest size
+            tail = questions[-(args.recall_profile + args.console_requests + 10) : -(args.recall_profile + 5)]
+            out["console"] = await playground_vs_api(base_url, tail[: args.console_requests], args.top_k)
+            out["console"]["size"] = sizes[-1]
+            print(f"  {render_console(out['console']).strip()}", flush=True)
         top = str(max(args.recall_clients))
         small, large = out["sizes"][str(sizes[0])], out["sizes"][str(sizes[-1])]
         out["qps_large_vs_small"] = ratio(large[top]["qps"], small[top]["qps"])
@@ -470,4 +476,5 @@ def render_recall(res: dict[str, Any]) -> str:
             rows,
         )
         + render_profile(res)
+        + (render_console(res["console"]) if "console" in res else "")
     )

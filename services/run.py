@@ -683,7 +683,8 @@ def main() -> int:
             _say(
                 f"started {workers} consolidator(s) and the query service on "
                 f"http://{settings.host}:{settings.port} (GET /readyz says what is still loading; the first "
-                f"start unpacks the embedding model); Ctrl-C stops everything",
+                f"start unpacks the embedding model), its console on "
+                f"http://{settings.host}:{settings.port}/console; Ctrl-C stops everything",
                 err=False,
             )
             progress.start()
