@@ -5,7 +5,7 @@ The projector applies `EpisodeForgotten` and `UserForgotten` events in stream or
 episode-event segments, and erases an episode written after its user's forget time (the write scripts
 report it) through the `Forgetting` of its generation. Erasing an episode tombstones it, XDELs the stream
 entries and the dead letters holding its data, deletes its projection, and rebuilds the facts whose
-evidence named it (`services.consolidator.facts_forget`). Erasing a user destroys their data key first
+evidence named it (`facts_snapshots.Snapshots.forget`). Erasing a user destroys their data key first
 (with a master key), then erases every episode of theirs that began no later than the forget.
 
 What remains in Redis's files afterwards (the AOF, the stream's listpack nodes) is the housekeeping of
@@ -20,9 +20,11 @@ from redis.exceptions import ResponseError
 
 from engram_episodic.errors import DecodeError
 from services.consolidator import deadletters, erasure
+from services.consolidator.facts_snapshots import Snapshots
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import cluster, generations, streams
 from shared.codec import occurred_at, unpack
+from shared.embedding_base import Embedder
 from shared.facts import facts_with_evidence
 from shared.index import DOC_FIELD, Scope, filter_search, generation_tags, is_missing_index
 from shared.keyring import KeyRing
@@ -52,15 +54,15 @@ def _event_id(payload: bytes | None) -> str | None:
 
 
 class Forgetting:
-    """Erases episodes and users from generation `gen` (one per Projector). `embedder` gives the
-    dimension of the facts index that a forget rebuilds; `tags` are the generation's TAG digests;
-    `settings` the process's, which the rebuild of facts uses (its lease, facts_min_cluster)."""
+    """Erases episodes and users from generation `gen` (one per Projector). `embedder.dim` is the facts
+    index's vector size; `tags` the generation's TAG digests; `settings` the process's (the facts
+    rebuild takes the scope's lease for `lease_ms` and falls back on `facts_min_cluster`)."""
 
     def __init__(
         self,
         redis: aioredis.Redis,
         keys: Keys,
-        embedder,
+        embedder: Embedder,
         gen: int,
         *,
         tags: TagCodec,
@@ -68,13 +70,12 @@ class Forgetting:
         settings: Settings,
     ):
         self.redis = redis
-        self.settings = settings
         self.keys = keys
-        self.embedder = embedder
         self.gen = gen
         self.tags = tags
         self.keyring = keyring
         self._forget_user = redis.register_script(FORGET_USER_LUA)
+        self.snapshots = Snapshots(settings, redis, embedder.dim, tags={gen: tags})
         self._facts_due: dict[str, list[str]] = {}  # namespace -> erased episodes, facts not yet rebuilt
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool | str = True) -> None:
@@ -151,21 +152,9 @@ class Forgetting:
                 await self.forget_facts(namespace, episode_ids)
 
     async def forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`, in one
-        pass (`facts_forget.forget_evidence`)."""
-        from services.consolidator.facts_forget import forget_evidence
-
+        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`."""
         await self._forget_facts_in_building(namespace, episode_ids)
-        await forget_evidence(
-            self.redis,
-            self.keys,
-            self.gen,
-            namespace,
-            episode_ids,
-            self.embedder.dim,
-            self.tags,
-            settings=self.settings,
-        )
+        await self.snapshots.forget(self.gen, namespace, episode_ids)
 
     async def _building(self) -> int | None:
         """The generation a replay is building beside this one (`shared.generations`), if any."""
