@@ -16,11 +16,7 @@ written only while the hash holds exactly the events folded. Two ways, one round
 No check-then-write window on either path: the check and the write are one script. Forget events apply
 in stream order between episode-event segments (a batch's facts rebuilt once: `flush_facts`).
 
-Sealed entries (a master key configured, `shared.crypto`): the keys a batch names are fetched in one
-pipeline (`KeyRing.prefetch`) and the events opened with them; the event hashes keep the sealed bytes,
-so only the documents hold plaintext. An entry whose data key is gone (its user was forgotten) is acked,
-deleted from the stream and counted as `shredded`, never logged or dead-lettered (a sealed entry's
-dead-letter reason names fields, never their values).
+Entries are decoded first (`decoding`).
 
 Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder failures
 raise; the caller leaves the batch pending for redelivery."""
@@ -33,7 +29,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 import msgpack
@@ -53,14 +48,13 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from services.consolidator.deadletters import withhold_values
+from services.consolidator.decoding import BatchResult, Decoder, dead_reason
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, generations, streams, tracing
-from shared.codec import decode, decode_envelope, is_sealed, key_refs, unpack
-from shared.crypto import KeyDestroyed
+from shared.codec import unpack
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
@@ -116,22 +110,12 @@ def _split_paths(
     return fast, record_only
 
 
-@dataclass(slots=True)
-class BatchResult:
-    """Stream ids to ack, entries to dead-letter `(entry, reason)`, newly completed episodes."""
-
-    ok: list[bytes] = field(default_factory=list)
-    dead: list[tuple[streams.Entry, str]] = field(default_factory=list)
-    completed: list[tuple[str, Folded]] = field(default_factory=list)
-
-
 class Projector:
     """Projects entries into generation `gen` (see module docstring). One per worker process.
 
-    `embedder` has `name`, `dim`, `async embed(texts) -> float32[n, dim]` and `truncations`; `tags` is
-    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`); `settings`
-    are the process's (a forget's rebuild of facts takes the scope lease with `lease_ms` and falls back
-    on `facts_min_cluster`).
+    `tags` is the generation's TAG digest function (`ensure_episode_index` returns it); `settings` are
+    the process's (`Forgetting` uses them); `reembed_facts` (a reindex) gives facts centroids of this
+    generation's vectors.
     """
 
     def __init__(
@@ -148,7 +132,7 @@ class Projector:
         reembed_facts: bool = False,
     ):
         self.redis = redis
-        self.reembed_facts = reembed_facts  # a reindex: facts get centroids of this generation's vectors
+        self.reembed_facts = reembed_facts
         self.tags = tags
         self.keyring = keyring
         self.keys = keys
@@ -162,36 +146,17 @@ class Projector:
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
         )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        self.decoder = Decoder(
+            redis, keyring, dim=embedder.dim, embedder_name=embedder.name, metrics=self.metrics
+        )
 
     # --- entry point ----------------------------------------------------------------------------
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:
         result = BatchResult()
         segment: list[tuple[streams.Entry, EpisodeEvent]] = []
-        envelopes = await self._open_envelopes([e.payload for e in entries])
         shredded: list[streams.Entry] = []
-        for entry, envelope in zip(entries, envelopes, strict=True):
-            if entry.payload is None:  # deleted from the stream by a forget while pending
-                result.ok.append(entry.stream_id)
-                continue
-            if not entry.payload:
-                result.dead.append(
-                    (entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}")
-                )
-                self.metrics.events.labels("unknown", "dead").inc()
-                continue
-            try:  # a dead entry of a forgotten episode is deleted with its dead letter (deadletters.dead_letter)
-                event = self._decode(entry.payload, envelope)
-                self._check_vector(event)
-            except KeyDestroyed:  # its user was forgotten: unreadable by design, and nothing to keep
-                shredded.append(entry)
-                result.ok.append(entry.stream_id)
-                self.metrics.events.labels(str((envelope or {}).get("type"))[:32], "shredded").inc()
-                continue
-            except EngramError as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                result.dead.append((entry, withhold_values(reason) if is_sealed(envelope) else reason))
-                self.metrics.events.labels("unknown", "dead").inc()
-                continue
+        envelopes = await self.decoder.envelopes([e.payload for e in entries])
+        for entry, event, sealed in self.decoder.events(entries, envelopes, result, shredded):
             if isinstance(event, EPISODE_EVENTS):
                 segment.append((entry, event))
                 continue
@@ -202,8 +167,7 @@ class Projector:
             except (EngramError, ValueError, TypeError, KeyError) as exc:
                 # a well-formed envelope whose content this build cannot apply (e.g. a malformed facts
                 # snapshot): dead-letter it alone rather than failing, and retrying, its whole batch
-                reason = f"{type(exc).__name__}: {exc}"
-                result.dead.append((entry, withhold_values(reason) if is_sealed(envelope) else reason))
+                result.dead.append((entry, dead_reason(exc, sealed)))
                 self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
             result.ok.append(entry.stream_id)
@@ -215,62 +179,6 @@ class Projector:
         # after the writes (shared.generations): StaleGeneration makes the worker project it again
         await generations.check_writable(self.redis, self.keys, self.gen)
         return result
-
-    async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
-        """With a key ring: each payload's envelope (None if it does not unpack), after fetching every
-        data key they name in one round trip. Without one: Nones (the payloads are decoded directly)."""
-        if self.keyring is None:
-            return [None] * len(payloads)
-        envelopes: list[dict | None] = []
-        wanted: set[tuple[bytes, bytes, str]] = set()
-        for payload in payloads:
-            envelope = None
-            if payload:
-                try:
-                    envelope = unpack(payload)
-                    refs = key_refs(envelope)  # a facts snapshot names a key per contributor
-                except DecodeError:
-                    envelope, refs = None, []
-                data = envelope.get("data") if envelope is not None else None
-                namespace = data.get("namespace") if isinstance(data, dict) else None
-                if isinstance(namespace, str):  # else: decoding names the error
-                    wanted.update((*ref, namespace) for ref in refs)
-            envelopes.append(envelope)
-        if wanted:
-            await self.keyring.prefetch(self.redis, wanted)
-        return envelopes
-
-    def _decode(self, payload: bytes, envelope: dict | None) -> Event:
-        lookup = self.keyring.lookup if self.keyring is not None else None
-        return decode_envelope(envelope, lookup) if envelope is not None else decode(payload, lookup)
-
-    async def _decode_stored(self, payloads: Sequence[bytes]) -> list[Event]:
-        """An episode's stored events (its event hash) that can be read: shredded ones (their key was
-        destroyed) are skipped silently, undecodable ones with a warning that names no content."""
-        out = []
-        for payload, envelope in zip(payloads, await self._open_envelopes(payloads), strict=True):
-            try:
-                out.append(self._decode(payload, envelope))
-            except KeyDestroyed:
-                continue
-            except EngramError:  # validated when recorded; a build that cannot read it skips it
-                log.warning("skipping undecodable stored event of an episode")
-        return out
-
-    def _check_vector(self, event: Event) -> None:
-        episode = getattr(event, "episode", None)
-        if episode is not None and episode.vector is not None and len(episode.vector) != self.embedder.dim:
-            from engram_episodic.errors import InvalidEpisode
-
-            raise InvalidEpisode(
-                [
-                    (
-                        "episode.vector",
-                        f"has {len(episode.vector)} dimensions; the index "
-                        f"({self.embedder.name}) expects {self.embedder.dim}",
-                    )
-                ]
-            )
 
     # --- episode events -------------------------------------------------------------------------
     async def _apply_episode_events(
@@ -332,9 +240,8 @@ class Projector:
         counted: Counter[tuple[str, str]],
         tombstoned: list[streams.Entry],
     ) -> list[tuple[str, str]]:
-        """Act on PROJECT_LUA's status per fast-path episode (see `scripts`): -1 tombstoned, 0 other
-        events were stored (returned: fold the whole stored set), -2 its user, agent or session was
-        forgotten after it began (erased now), 2 written (completions are reported to `result`)."""
+        """Act on PROJECT_LUA's status per fast-path episode: -1 tombstoned, else as `_written`; returns
+        the episodes to fold from their whole stored set."""
         pending: list[tuple[str, str]] = []
         for ((ns, eid), _payloads, f), status in zip(fast, statuses, strict=True):
             items = by_episode[(ns, eid)]
@@ -344,15 +251,21 @@ class Projector:
                 result.ok.append(entry.stream_id)
             if status == -1:
                 tombstoned += [entry for entry, _ in items]
-            elif status == 0:
+            elif await self._written(ns, eid, f, status, result):
                 pending.append((ns, eid))
-            elif status == -2:
-                await self.forgetting.erase_episode(ns, eid)
-            elif status == 2 and f.status == STATUS_COMPLETED:
-                result.completed.append((ns, f))
-            if status > 0 and f.superseded:  # written from its current user's events only
-                await self.forgetting.drop_superseded(ns, eid, f.superseded)
         return pending
+
+    async def _written(self, ns: str, eid: str, f: Folded, status: int, result: BatchResult) -> bool:
+        """Act on a write script's status (see `scripts`): 0 other events were stored meanwhile (True:
+        fold the whole stored set again), -2 its user, agent or session was forgotten after it began
+        (erased now), 2 written (a completion is reported to `result`)."""
+        if status == -2:
+            await self.forgetting.erase_episode(ns, eid)
+        elif status == 2 and f.status == STATUS_COMPLETED:
+            result.completed.append((ns, f))
+        if status > 0 and f.superseded:  # written from its current user's events only
+            await self.forgetting.drop_superseded(ns, eid, f.superseded)
+        return status == 0
 
     async def _write_until_settled(
         self,
@@ -524,7 +437,7 @@ class Projector:
         for i, ident in enumerate(to_read):
             events_raw, embed_hash = raw[2 * i], raw[2 * i + 1]
             loaded[ident] = (
-                await self._decode_stored(list(events_raw.values())),
+                await self.decoder.stored(list(events_raw.values())),
                 len(events_raw),
                 embed_hash,
             )
@@ -557,14 +470,8 @@ class Projector:
         retry: list[tuple[str, str]] = []
         for i, status in zip(writes, outcomes, strict=True):
             ns, eid, f, _n, _old = folded[i]
-            if status == 0:
+            if await self._written(ns, eid, f, status, result):
                 retry.append((ns, eid))
-            elif status == -2:  # its user, agent or session was forgotten after this episode began
-                await self.forgetting.erase_episode(ns, eid)
-            elif status == 2 and f.status == STATUS_COMPLETED:
-                result.completed.append((ns, f))
-            if status > 0 and f.superseded:  # written from its current user's events only
-                await self.forgetting.drop_superseded(ns, eid, f.superseded)
         return retry
 
     async def import_snapshot(

@@ -40,7 +40,8 @@ from redis.backoff import ExponentialBackoff
 from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
 from services.consolidator.metrics import WorkerMetrics
-from services.consolidator.projector import BatchResult, Projector
+from services.consolidator.decoding import BatchResult
+from services.consolidator.projector import Projector
 from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
