@@ -21,7 +21,7 @@ import click
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
-from services.admin import refuse
+from services import refuse
 from shared import tracing
 from shared.logs import configure
 from shared.settings import Settings

@@ -43,6 +43,7 @@ from services.consolidator.facts_store import import_snapshots as import_fact_sn
 from services.consolidator.projector import Projector
 from shared import generations, streams
 from shared.cluster import search_targets
+from shared.embedding_base import Embedder
 from shared.facts import replay_record
 from shared.index import (
     current_generation,
@@ -183,7 +184,7 @@ async def _import_snapshot(
 async def replay(
     settings: Settings,
     redis: aioredis.Redis,
-    embedder,
+    embedder: Embedder,
     progress: Progress | None = None,
 ) -> dict[str, int]:
     """Build a new generation from the snapshot and the stream, swap it in, drop the old one.
@@ -243,7 +244,7 @@ async def _abandon(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
 async def _build(
     settings: Settings,
     redis: aioredis.Redis,
-    embedder,
+    embedder: Embedder,
     progress: Progress,
     keys: Keys,
     old: int,

@@ -32,6 +32,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -39,13 +40,13 @@ from redis.backoff import ExponentialBackoff
 
 from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
-from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.decoding import BatchResult
+from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import Projector
 from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
-from shared.embedding import EmbedderUnavailable
+from shared.embedding_base import Embedder, EmbedderUnavailable
 from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
@@ -70,8 +71,7 @@ s between reads of the failed batch, so with ENGRAM_MAX_DELIVERIES 5 an outage o
 (plus the embedder's own retries) dead-letters the batch, never sooner, and a provider that is down is
 asked at most twice a minute per lane."""
 OWN_PENDING_CHECK_SECONDS = 2.0
-"""How often an idle worker looks for entries pending to its own name that no lane holds
-(`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
+"""How often an idle worker looks for entries pending to its name that no lane holds (`OwnPending`)."""
 SWEEP_CHECK_SECONDS = 5.0
 """How often lane 0 asks whether dead generations are to be swept (one HMGET; `shared.generations`)."""
 
@@ -79,6 +79,67 @@ SWEEP_CHECK_SECONDS = 5.0
 def consumer_name(settings: Settings) -> str:
     """Unique per process: host, pid and a random suffix (containers may share pids)."""
     return settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class OwnPending:
+    """Entries delivered to this consumer name and not acked that no lane of this process holds: read
+    again at the next turns (`read`) instead of waiting for the lease's reclaim (ENGRAM_LEASE_MS).
+
+    Three ways a reply is lost, one recovery: a predecessor under the same name (`make run`'s slots)
+    crashed with a batch in hand (read at start); a read raised after Redis delivered (a timeout, a
+    dropped connection: `again`); a read whose reply was lost without raising, as redis-py retries it
+    after a socket timeout and finds nothing new (`check`, an idle lane's look every
+    OWN_PENDING_CHECK_SECONDS). A lane `hold`s what it read at once, before any await, so no entry is
+    projected by two lanes at once.
+    """
+
+    def __init__(self, groups: list[streams.StreamGroup], name: str):
+        self.groups = groups
+        self.name = name
+        self.todo: list[tuple[streams.StreamGroup, bytes]] = [(g, b"0") for g in groups]  # (group, after)
+        self.in_hand: set[tuple[str, bytes]] = set()  # (stream, id) held by a lane now
+        self.checked = time.monotonic()
+
+    def again(self) -> None:
+        """Read every partition's own pending entries from the start at the next turns."""
+        self.todo = [(g, b"0") for g in self.groups]
+
+    def hold(
+        self, group: streams.StreamGroup, entries: list[streams.Entry], held: set[tuple[str, bytes]]
+    ) -> list[streams.Entry]:
+        """Mark `entries` as a lane's (here and in its turn's `held`); returns them."""
+        mine = {(group.stream, e.stream_id) for e in entries}
+        held |= mine
+        self.in_hand |= mine
+        return entries
+
+    async def check(self, limit: int) -> None:
+        """Queue a read from the first pending entry (of up to `limit` + 1 per partition) no lane holds."""
+        self.checked = time.monotonic()
+        for group in self.groups:
+            ids = await group.own_pending_ids(self.name, count=limit + 1)
+            for i, sid in enumerate(ids):
+                if (group.stream, sid) not in self.in_hand:
+                    after = ids[i - 1] if i else b"0"
+                    if (group, after) not in self.todo:
+                        self.todo.append((group, after))
+                    break
+
+    async def read(
+        self, count: int, held: set[tuple[str, bytes]], keep: Callable[..., Awaitable[list[streams.Entry]]]
+    ) -> tuple[streams.StreamGroup, list[streams.Entry]]:
+        """Up to `count` queued entries of one partition that no lane holds, held, and passed through
+        `keep(group, entries)`; ([], the first group) once every queued read is done."""
+        while self.todo:
+            group, after = self.todo.pop()  # before any await: the lanes share the list
+            entries = await group.read_own_pending(self.name, count=count, after=after)
+            if len(entries) == count:  # maybe more: the next lane reads on after this batch
+                self.todo.append((group, entries[-1].stream_id))
+            entries = [e for e in entries if (group.stream, e.stream_id) not in self.in_hand]
+            entries = await keep(group, self.hold(group, entries, held))
+            if entries:
+                return group, entries
+        return self.groups[0], []
 
 
 class Worker:
@@ -91,11 +152,11 @@ class Worker:
         self,
         settings: Settings,
         redis: aioredis.Redis,
-        embedder,
+        embedder: Embedder,
         *,
         metrics: WorkerMetrics | None = None,
         name: str | None = None,
-        on_batch=None,
+        on_batch: Callable[[BatchResult], Awaitable[object]] | None = None,
     ):
         self.settings = settings
         self.redis = redis
@@ -129,16 +190,7 @@ class Worker:
         # when a batch was last projected and acked (time.monotonic())
         self.lane_beats: dict[int, float] = {}
         self.last_batch_at: float | None = None
-        # partitions whose entries delivered to this consumer name and not acked are still to be read:
-        # under a name kept across restarts (make run's slots) a crashed predecessor's batch is projected
-        # at once, not after the lease (10 episodes were unlisted for ~25 s after a kill -9)
-        self._own_pending: list[tuple[streams.StreamGroup, bytes]] = [
-            (g, b"0") for g in self.partitions.groups
-        ]
-        # (stream, id) of the entries a lane of this process holds now: re-reading the own pending
-        # entries after a lost reply (`_reread_own_pending`) must not hand them to a second lane
-        self._in_hand: set[tuple[str, bytes]] = set()
-        self._own_checked = time.monotonic()  # when an idle turn last looked for orphaned entries
+        self.own = OwnPending(self.partitions.groups, self.name)
         # dead generations' keys (`shared.generations`): the live generation this process last swept
         # under (None: not yet, so lane 0's first turn sweeps) and when it last checked
         self._swept_under: int | None = None
@@ -296,12 +348,12 @@ class Worker:
                     str(exc)[:300],
                     delay,
                 )
-                self._reread_own_pending()
+                self.own.again()
                 await wait_or_stop(stop, delay)
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
-                self._reread_own_pending()
+                self.own.again()
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
@@ -395,27 +447,27 @@ class Worker:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""
         s = self.settings
         projector = await self._projector()
-        held: set[tuple[str, bytes]] = set()  # this turn's entries, in `_in_hand` until it ends
+        held: set[tuple[str, bytes]] = set()  # this turn's entries, in `own.in_hand` until it ends
         try:
-            group, entries = await self._read_own_pending(held)
+            group, entries = await self.own.read(self.lane_batch, held, self._drop_exhausted)
             if not entries:
                 group = self.partitions.next_for_reclaim()
                 claimed, _deleted = await group.reclaim(
                     self.name, min_idle_ms=s.lease_ms, count=self.lane_batch
                 )
-                entries = await self._drop_exhausted(group, self._hold(group, claimed, held))
+                entries = await self._drop_exhausted(group, self.own.hold(group, claimed, held))
             if entries:  # a turn stays within one partition: fill up from the reclaimed one
                 more = await group.read_new(self.name, count=self.lane_batch - len(entries), block_ms=1)
-                entries += self._hold(group, more, held)
+                entries += self.own.hold(group, more, held)
             else:
                 group, entries = await self.partitions.read_any(
                     self.name, count=self.lane_batch, block_ms=s.block_ms
                 )
-                self._hold(group, entries, held)
+                self.own.hold(group, entries, held)
             self.backlogged = bool(entries)
             if not entries:
-                if time.monotonic() - self._own_checked >= OWN_PENDING_CHECK_SECONDS:
-                    await self._find_orphans()
+                if time.monotonic() - self.own.checked >= OWN_PENDING_CHECK_SECONDS:
+                    await self.own.check(self.settings.in_flight * self.lane_batch)
                 return 0
             # Again after the read, which may have waited `block_ms`: a replay may have swapped its
             # generation in meanwhile, and entries added after its catch-up pass reach the new generation
@@ -434,7 +486,7 @@ class Worker:
                     return await self._project(group, await self._projector(), entries)
                 except StaleGeneration as exc:  # swapped twice in one batch: left pending, read again
                     log.info("worker %s ◆ %s; the batch stays pending", self.name, exc)
-                    self._reread_own_pending()
+                    self.own.again()
                     return 0
             finally:
                 # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
@@ -443,61 +495,7 @@ class Worker:
                 done.set()
                 await asyncio.wait({renewal}, timeout=1.0)
         finally:
-            self._in_hand -= held
-
-    def _hold(
-        self, group: streams.StreamGroup, entries: list[streams.Entry], held: set[tuple[str, bytes]]
-    ) -> list[streams.Entry]:
-        """Mark `entries` as this lane's (`_in_hand`, and the turn's `held`) at once after their read,
-        before any await lets another lane look for orphans; returns them."""
-        mine = {(group.stream, e.stream_id) for e in entries}
-        held |= mine
-        self._in_hand |= mine
-        return entries
-
-    def _reread_own_pending(self) -> None:
-        """Read this consumer's pending entries again from the start of every partition at the next
-        turns. Why: a reply lost after Redis sent it (a read timeout, a dropped connection, the process
-        paused past its socket timeout) leaves the entries it delivered pending to this consumer, and
-        only the lease's reclaim brought them back: with the worker paused 12 s, a forget and a new
-        episode waited 18 s more (`ENGRAM_LEASE_MS`, 30 s, in all). Entries a lane holds are
-        skipped (`_in_hand`), so none is projected by two lanes at once."""
-        self._own_pending = [(g, b"0") for g in self.partitions.groups]
-
-    async def _find_orphans(self) -> None:
-        """Entries pending to this consumer that no lane holds (an idle turn's check, every
-        OWN_PENDING_CHECK_SECONDS): read again at the next turns from the first of them. Why: a read
-        whose reply was lost after Redis delivered it does not always raise — redis-py retries a
-        command after a socket timeout, and the retried XREADGROUP finds nothing new — so
-        `_reread_own_pending` alone missed it: a worker paused 12 s (SIGSTOP) projected the episode
-        published meanwhile 48.6 s after it resumed, at a 60 s lease."""
-        self._own_checked = time.monotonic()
-        held = self.settings.in_flight * self.lane_batch
-        for group in self.partitions.groups:
-            ids = await group.own_pending_ids(self.name, count=held + 1)
-            for i, sid in enumerate(ids):
-                if (group.stream, sid) not in self._in_hand:
-                    after = ids[i - 1] if i else b"0"
-                    if (group, after) not in self._own_pending:
-                        self._own_pending.append((group, after))
-                    break
-
-    async def _read_own_pending(
-        self, held: set[tuple[str, bytes]]
-    ) -> tuple[streams.StreamGroup, list[streams.Entry]]:
-        """Entries of a partition delivered to this consumer name and not acked (`read_own_pending`)
-        that no lane holds, held for this turn (`_hold`), until each partition answered fewer than a
-        batch; then ([] each turn) the reclaim path."""
-        while self._own_pending:
-            group, after = self._own_pending.pop()  # before any await: the lanes share the list
-            entries = await group.read_own_pending(self.name, count=self.lane_batch, after=after)
-            if len(entries) == self.lane_batch:  # maybe more: the next lane reads on after this batch
-                self._own_pending.append((group, entries[-1].stream_id))
-            entries = [e for e in entries if (group.stream, e.stream_id) not in self._in_hand]
-            entries = await self._drop_exhausted(group, self._hold(group, entries, held))
-            if entries:
-                return group, entries
-        return self.partitions.groups[0], []
+            self.own.in_hand -= held
 
     async def _renew_lease(self, group: streams.StreamGroup, ids: list[bytes], done: asyncio.Event) -> None:
         """Until `done` is set, renew the lease of a batch being projected every third of `lease_ms`, so
