@@ -1,33 +1,27 @@
 """The consolidator loop: reclaim, read up to capacity, project, ack (or dead-letter).
 
-Each turn (docket's reclaim-then-read):
-1. `XAUTOCLAIM` entries idle longer than the lease from any consumer (a dead worker's batch);
-   entries delivered more than `max_deliveries` times go to the dead-letter stream with the last error;
+Each turn of a lane (`settings.in_flight` lanes per process, `Worker.run`):
+1. entries pending to this consumer name that no lane holds (`OwnPending`), else `XAUTOCLAIM` of
+   entries idle longer than the lease; those delivered more than `max_deliveries` times are
+   dead-lettered with the last error;
 2. `XREADGROUP >` up to the free capacity of the batch;
-3. `Projector.apply`, then `XACK` only what was written; poison entries are dead-lettered (and acked)
-   one by one, so one bad entry never blocks its neighbours.
-A transport failure leaves the whole batch pending; the lease brings it back. An embedder that does not
-answer (`EmbedderUnavailable`: its provider down, slow or refusing connections) is no fault of the
-entries: the whole batch stays pending, not retried entry by entry, and the lane backs off
-(`EMBEDDER_BACKOFF`) and reads it again; each read is a delivery, so past `max_deliveries` the entries
-are dead-lettered with a reason naming the provider's failure (`redrive` publishes them again).
+3. `Projector.apply`, then `XACK` only what was written; a failing batch is retried entry by entry, so
+   one poison entry never blocks its neighbours.
+A transport failure or an unavailable embedder (`EmbedderUnavailable`) leaves the whole batch pending:
+the lane backs off and reads it again, each read a delivery, so an outage past `max_deliveries`
+dead-letters the batch (`redrive` publishes it again).
 
-`settings.in_flight` lanes run that loop concurrently in one process (see `Worker.run`).
-
-Shutdown: `stop` (set by SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are
-projected and acked.
-
-Another embedder's index: at start (`setup`) it is a configuration error (`EmbedderMismatch`, the
-process exits 2). When the live index is rebuilt with another embedder while the worker runs
-(`reindex`), the worker pauses instead: it reads nothing more, leaves its pending entries pending, says
-why every `MISMATCH_LOG_SECONDS` (naming the setting to restart with) and re-checks the index every
-`MISMATCH_CHECK_SECONDS`, resuming if it matches this worker's embedder again.
+`stop` (SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are acked. Another
+embedder's index is a configuration error at start (`EmbedderMismatch`, exit 2); met later (a
+`reindex` while the worker runs) it pauses the lanes, entries left pending, until the index matches
+this worker's embedder again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -61,19 +55,14 @@ from shared.retry import TRANSIENT, Backoff, until_available, wait_or_stop
 from shared.settings import Settings
 
 log = logging.getLogger("engram.consolidator")
-MISMATCH_LOG_SECONDS = 30.0
-"""How often a worker paused by another embedder's index repeats why."""
-MISMATCH_CHECK_SECONDS = 2.0
-"""How often a paused worker re-reads the live index's embedder."""
+MISMATCH_LOG_SECONDS = 30.0  # how often a paused worker says why
+MISMATCH_CHECK_SECONDS = 2.0  # how often a paused worker re-reads the live index's embedder
 EMBEDDER_BACKOFF = (0.5, 30.0)
-"""(base, cap) seconds of a lane's backoff while the embedder is unavailable: 1, 2, 4, 8, 16, 30, ...
-s between reads of the failed batch, so with ENGRAM_MAX_DELIVERIES 5 an outage of about half a minute
-(plus the embedder's own retries) dead-letters the batch, never sooner, and a provider that is down is
-asked at most twice a minute per lane."""
+"""(base, cap) seconds between reads of a batch while the embedder is unavailable: 1, 2, 4, ... 30 s,
+so with ENGRAM_MAX_DELIVERIES 5 about half a minute of outage dead-letters it."""
 OWN_PENDING_CHECK_SECONDS = 2.0
 """How often an idle worker looks for entries pending to its name that no lane holds (`OwnPending`)."""
-SWEEP_CHECK_SECONDS = 5.0
-"""How often lane 0 asks whether dead generations are to be swept (one HMGET; `shared.generations`)."""
+SWEEP_CHECK_SECONDS = 5.0  # how often lane 0 asks whether dead generations are to be swept
 
 
 def consumer_name(settings: Settings) -> str:
@@ -143,10 +132,8 @@ class OwnPending:
 
 
 class Worker:
-    """One consumer of the episode stream's group. `run(stop)` until `stop` is set.
-
-    `on_batch(result)` is an optional async hook (semantic-memory triggers use it).
-    """
+    """One consumer of the episode stream's group; `on_batch(result)` is awaited after each batch
+    with completed episodes (the facts triggers)."""
 
     def __init__(
         self,
@@ -162,8 +149,6 @@ class Worker:
         self.redis = redis
         self.embedder = embedder
         self.keys = settings.keys
-        # one consumer group per partition stream, same name (shared.keys, Stream partitions); each turn
-        # of a lane reclaims, reads, projects and acks within one partition
         self.partitions = streams.Partitions(redis, self.keys.streams, settings.consumer_group)
         self.metrics = metrics or WorkerMetrics()
         self.name = name or consumer_name(settings)
@@ -171,30 +156,23 @@ class Worker:
         self.last_errors: dict[tuple[str, bytes], str] = {}  # (partition stream, id) → last failure
         self.projector: Projector | None = None
         self.processed = 0
-        # the last read returned entries: a burst may still be arriving (background facts runs defer to
-        # it). "Came back full" missed the start of a burst, whose first reads are partial, and a facts
-        # run there cost ~60 ms of this process's CPU with Redis left idle (make bench, ingest).
+        # the last read returned entries: a burst may still be arriving (background facts runs defer)
         self.backlogged = False
-        # each lane reads up to a whole batch: torch model embedders are ~50% faster on 256 texts than on
-        # 64 (sentence-transformers sorts a call's texts by length, so less padding; the ONNX backend
-        # sorts any call, `shared.embedding_onnx.length_batches`); a slow batch keeps its lease by
-        # renewal (`_renew_lease`), not by being small
+        # a whole batch per lane: model embedders are ~50% faster on 256 texts than on 64 (less padding);
+        # a slow batch keeps its lease by renewal (`_renew_lease`)
         self.lane_batch = settings.batch_size
         self.keyring = KeyRing.from_settings(settings)  # None: no master key, plaintext stream
         self._erasure: asyncio.Task | None = None  # the AOF rewrite after forgets, off the lanes
-        self._erasure_checked = 0.0
-        # set while the live index uses another embedder than this worker's (see the module docstring)
+        # when each housekeeping task was last due (`_due`); the first trim and expiry wait their interval
+        self._last_due = {"trim": time.monotonic(), "expiry": time.monotonic()}
         self.paused_by: EmbedderMismatch | None = None
         self._paused_said = 0.0
-        # for /healthz (services.consolidator.health): when each lane last came round its loop, and
-        # when a batch was last projected and acked (time.monotonic())
+        # /healthz: when each lane last came round its loop, and a batch was last acked (monotonic)
         self.lane_beats: dict[int, float] = {}
         self.last_batch_at: float | None = None
         self.own = OwnPending(self.partitions.groups, self.name)
-        # dead generations' keys (`shared.generations`): the live generation this process last swept
-        # under (None: not yet, so lane 0's first turn sweeps) and when it last checked
+        # the live generation this process last swept dead ones under (None: not yet) and when it checked
         self._swept_under: int | None = None
-        self._sweep_checked = 0.0
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -241,16 +219,10 @@ class Worker:
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until `stop` is set, with `settings.in_flight` batches in flight.
-
-        Each lane is the reclaim/read/project/ack loop of `turn`; lanes share the consumer name, and
-        each acks only what it projected. Lanes are safe for the same reason N workers are: the
-        projection is idempotent and order-tolerant (module docstring of `projector`). Lane 0 also
-        refreshes the lag gauges and trims the stream. Another embedder's index met at start raises
-        EmbedderMismatch; met later, it pauses the lanes (`_pause`). Any other Conflict in a lane stops
-        the others after their batch in hand.
-        """
-        # Redis may be down or loading when the worker starts: wait for it, as the lanes do
+        """Consume until `stop` is set, with `settings.in_flight` lanes (`turn` in a loop) sharing the
+        consumer name: safe as N workers are, the projection being idempotent and order-tolerant. A
+        Conflict in a lane (EmbedderMismatch at start) stops the others after their batch in hand and is
+        raised here."""
         if (
             await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop)
             is None
@@ -267,8 +239,8 @@ class Worker:
         halt = asyncio.Event()
         conflicts: list[Conflict] = []
         try:
-            # a lane never raises out of the group: a Conflict halts the others after their batch in hand
-            # (cancelling one mid-batch is unsafe: redis-py can swallow a cancellation), then re-raises here
+            # a lane never raises out of the group: cancelling one mid-batch is unsafe (redis-py can
+            # swallow a cancellation)
             async with asyncio.TaskGroup() as lanes:
                 for i in range(self.settings.in_flight):
                     lanes.create_task(self._lane(stop, halt, conflicts, lane=i), name=f"lane-{i}")
@@ -294,45 +266,20 @@ class Worker:
     async def _lane(
         self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, lane: int
     ) -> None:
-        housekeeping = lane == 0
-        last_info = 0.0
-        last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
         embedder_backoff = Backoff(ExponentialBackoff(cap=EMBEDDER_BACKOFF[1], base=EMBEDDER_BACKOFF[0]))
         while not stop.is_set() and not halt.is_set():
             self._beat(lane)
             try:
                 # a batch of long texts can embed for minutes on a busy machine: each forward pass it
-                # completes counts as the lane turning (a 1,000-episode POST read as "stuck")
+                # completes counts as the lane turning
                 with reporting_progress(lambda: self._beat(lane)):
                     await self.turn()
                 backoff.reset()
                 embedder_backoff.reset()
                 self._resume()
-                if not housekeeping:
-                    continue
-                if time.monotonic() - last_info > 5:
-                    await self.refresh_lag()
-                    last_info = time.monotonic()
-                if (
-                    self.settings.stream_retention is not None
-                    and time.monotonic() - last_trim > self.settings.retention_interval
-                ):
-                    last_trim = time.monotonic()
-                    removed = await retention.trim(
-                        self.redis, self.keys, retention_seconds=self.settings.stream_retention
-                    )
-                    if removed:
-                        log.info(
-                            "worker %s ◆ trimmed %d projected entries older than %gs",
-                            self.name,
-                            removed,
-                            self.settings.stream_retention,
-                        )
-                if time.monotonic() - last_expiry > self.settings.expiry_interval:
-                    last_expiry = time.monotonic()
-                    await expiry.sweep(self.redis, self.settings)
-                await self._housekeep_files()
+                if lane == 0:
+                    await self._housekeep()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)
                 await wait_or_stop(stop, MISMATCH_CHECK_SECONDS)
@@ -375,8 +322,7 @@ class Worker:
 
     def _pause(self, exc: EmbedderMismatch) -> None:
         """Note that the live index uses another embedder; say so now and every MISMATCH_LOG_SECONDS
-        (once for all lanes). Nothing is read while paused: entries stay in the stream, pending ones
-        pending (another worker reclaims them after the lease)."""
+        (once for all lanes). Nothing is read while paused."""
         first = self.paused_by is None
         self.paused_by = exc
         now = time.monotonic()
@@ -396,18 +342,44 @@ class Worker:
             embedder_setting(exc.index_embedder, exc.index_dim),
         )
 
-    async def _housekeep_files(self) -> None:
-        """What lane 0 does for erasure besides the projection: the AOF pass after forgets, in the
-        background, and the sweep of dead generations (`_sweep`) every SWEEP_CHECK_SECONDS."""
-        self._erasure_housekeeping()
-        if time.monotonic() - self._sweep_checked > SWEEP_CHECK_SECONDS:
+    def _due(self, what: str, seconds: float) -> bool:
+        """Whether `seconds` passed since `what` was last due; if so, it is due now."""
+        now = time.monotonic()
+        if now - self._last_due.get(what, -math.inf) < seconds:
+            return False
+        self._last_due[what] = now
+        return True
+
+    async def _housekeep(self) -> None:
+        """Lane 0, after each turn: the lag gauges, stream retention, expiry, the AOF rewrite after
+        forgets (in the background, `erasure`) and the sweep of dead generations."""
+        s = self.settings
+        if self._due("lag", 5):
+            await self.refresh_lag()
+        if s.stream_retention is not None and self._due("trim", s.retention_interval):
+            removed = await retention.trim(self.redis, self.keys, retention_seconds=s.stream_retention)
+            if removed:
+                log.info(
+                    "worker %s ◆ trimmed %d projected entries older than %gs",
+                    self.name,
+                    removed,
+                    s.stream_retention,
+                )
+        if self._due("expiry", s.expiry_interval):
+            await expiry.sweep(self.redis, s)
+        if (
+            s.erasure_interval is not None
+            and (self._erasure is None or self._erasure.done())
+            and self._due("erasure", 5)
+        ):
+            self._erasure = asyncio.create_task(self._erase(s.erasure_interval))
+        if self._due("sweep", SWEEP_CHECK_SECONDS):
             await self._sweep()
 
     async def _sweep(self) -> None:
         """Sweep dead generations' keys (`shared.generations`) when the live generation changed since
-        this process last swept, or a replay's building lease ran out; at start too (`_swept_under` None).
-        One worker at a time (a lease of the sweep lock): the others check again later."""
-        self._sweep_checked = time.monotonic()
+        this process last swept (or at start), or a replay's building lease ran out; one worker at a
+        time (the sweep lock's lease)."""
         is_due, live = await generations.due(self.redis, self.keys, self._swept_under)
         if not is_due:
             return
@@ -419,18 +391,6 @@ class Worker:
             self._swept_under = live
         finally:
             await self.redis.delete(lock)
-
-    def _erasure_housekeeping(self) -> None:
-        """Every 5 s, in the background: after forgets, rewrite the AOF (services.consolidator.erasure)."""
-        interval = self.settings.erasure_interval
-        if (
-            interval is None
-            or time.monotonic() - self._erasure_checked < 5
-            or (self._erasure is not None and not self._erasure.done())
-        ):
-            return
-        self._erasure_checked = time.monotonic()
-        self._erasure = asyncio.create_task(self._erase(interval))
 
     async def _erase(self, interval: float) -> None:
         try:
@@ -469,18 +429,15 @@ class Worker:
                 if time.monotonic() - self.own.checked >= OWN_PENDING_CHECK_SECONDS:
                     await self.own.check(self.settings.in_flight * self.lane_batch)
                 return 0
-            # Again after the read, which may have waited `block_ms`: a replay may have swapped its
-            # generation in meanwhile, and entries added after its catch-up pass reach the new generation
-            # only through the workers (projected into the old one, they were lost). Another embedder's
-            # generation raises EmbedderMismatch here: these entries stay pending, for whoever projects next.
+            # again after the read, which may have waited `block_ms`: a replay may have swapped its
+            # generation in meanwhile (EmbedderMismatch for another embedder's: the entries stay pending)
             projector = await self._projector()
             done = asyncio.Event()
             renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
             try:
                 try:
                     return await self._project(group, projector, entries)
-                except StaleGeneration as exc:  # swapped between the read of the generation and the
-                    # end of the batch: its writes into the old one were swept; project it into the new one
+                except StaleGeneration as exc:  # swapped during the batch: project it into the new one
                     log.info("worker %s ◆ %s; projecting the batch again", self.name, exc)
                 try:
                     return await self._project(group, await self._projector(), entries)
@@ -489,17 +446,16 @@ class Worker:
                     self.own.again()
                     return 0
             finally:
-                # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
-                # in flight, and `await renewal` after cancel() then waited forever (the worker then
-                # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
+                # stopped by an event, not by cancel(): redis-py can swallow the cancellation of a
+                # command in flight, and `await renewal` would wait forever
                 done.set()
                 await asyncio.wait({renewal}, timeout=1.0)
         finally:
             self.own.in_hand -= held
 
     async def _renew_lease(self, group: streams.StreamGroup, ids: list[bytes], done: asyncio.Event) -> None:
-        """Until `done` is set, renew the lease of a batch being projected every third of `lease_ms`, so
-        a batch slower than the lease (a slow embedder, a large batch) is not reclaimed and projected twice."""
+        """Until `done` is set, renew the lease of a batch every third of `lease_ms`, so a batch slower
+        than the lease is not reclaimed and projected twice."""
         period = self.settings.lease_ms / 3000.0
         while True:
             try:
@@ -521,8 +477,7 @@ class Worker:
             return await self._project_batch(group, projector, entries, started)
 
     def _delivered(self, entries: list[streams.Entry]) -> list[str]:
-        """A `engram.stream.deliver` span per entry that carries its publisher's trace (shared.tracing),
-        in that trace; returns their traceparents, for the batch span to link to."""
+        """A `engram.stream.deliver` span in each entry's publisher's trace; their traceparents."""
         out = []
         for entry in entries:
             tp = trace_of(entry.payload)
@@ -558,11 +513,8 @@ class Worker:
         return len(entries)
 
     async def _apply(self, projector: Projector, entries: list[streams.Entry]) -> BatchResult | None:
-        """Project `entries`; None (entries left pending, error remembered) on a non-transport failure.
-
-        Transport faults, a changed embedder and an unavailable one propagate: retrying entry by entry
-        would not help.
-        """
+        """Project `entries`; None (left pending, error remembered) on a failure that retrying entry by
+        entry may isolate. Transport faults, Conflicts and an unavailable embedder propagate."""
         try:
             return await projector.apply(entries)
         except StaleGeneration:  # not this batch's fault: `turn` projects it again
@@ -617,8 +569,8 @@ class Worker:
         return keep
 
     async def refresh_lag(self) -> dict[str, int]:
-        """Set the lag and pending gauges (sums over the partitions, and per partition when there are
-        several); returns the sums {pending, lag, consumers}."""
+        """Set the lag and pending gauges (per partition too when several); returns the sums {pending,
+        lag, consumers}."""
         rows = await self.partitions.each()
         info = {
             "pending": sum(r["pending"] for r in rows),
