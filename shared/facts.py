@@ -1,18 +1,12 @@
 """Semantic memory: the fact model, the facts index schema and its queries (the one owner of both).
 
 A *fact* condenses a cluster of similar completed episodes of one *scope* (a namespace, or one agent's
-category inside a namespace) into statistics and a sentence: support, success rate, average reward,
-the strategies tried, common failures and action types, the evidence episode ids and their time span,
-the cluster centroid, a confidence, a version and, when newer evidence contradicted an older fact, the
-id of the fact it `supersedes`. `services.consolidator.facts` builds them; they travel in
-`FactsConsolidated` events as plain dicts (`Fact.to_data` / `Fact.from_data`), each event holding the
-full state of one scope (current facts and their superseded history), so the newest event of a scope
-alone rebuilds it.
-
-Fact documents are HASHes under `Keys.fact_doc_prefix(gen)`; the index of the live generation is
-reached through `Keys.facts_index_alias`. TAG values are escaped with `shared.index.escape_tag`, like
-the episode index. Validity in time: a fact is valid from `created_at` until `superseded_at`
-(`OPEN_END` while it is current), which is what `as_of` queries filter on.
+category in it): support, success rate, average reward, strategies, common failures, action types,
+evidence ids and time span, centroid, confidence, version, and the fact it `supersedes`. Built by
+`services.consolidator.facts`; carried in `FactsConsolidated` events as plain dicts (`Fact.to_data` /
+`from_data`), each the full state of one scope. Documents are HASHes under `Keys.fact_doc_prefix(gen)`,
+searched through `Keys.facts_index_alias`; a fact is valid from `created_at` until `superseded_at`
+(`OPEN_END` while current), which `as_of` queries filter on.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """Which projection generations may hold keys, and the one sweep that deletes the others.
 
-A generation's keys (`Keys.gen_prefix`) may exist only while it is *live* (`meta.generation`) or is the
-one a replay is *building* (`meta.building`, kept alive by the replay's heartbeat in
-`meta.building_beat`, Redis's clock in ms). Anything else is a leftover and holds text that no forget
-reaches (a forget erases in the live and the building generation only): an old generation written by
-a worker or a facts run that read the generation number before a replay swapped and dropped it, or the
-partial generation of a replay that was interrupted or killed.
+A generation's keys (`Keys.gen_prefix`) may exist only while it is *live* (`meta.generation`) or
+*building* (`meta.building`, kept alive by the replay's heartbeat `meta.building_beat`, Redis's clock
+in ms). Any other holds text no forget reaches (a forget erases in those two only).
 
-- **Writers check after writing** (`check_writable`): every path that writes into a generation (the
-  projector's batches and snapshot re-folds, a facts snapshot, a forget's rebuild) re-reads the meta
-  record after its writes and, when its generation is neither live nor building, sweeps and raises
-  `StaleGeneration`; the caller re-does the work against the live generation (a worker re-projects the
-  batch) or gives it up (a replay whose generation was abandoned). Checking *after* the write is what
-  makes it safe without one atomic script (the scripts are single-slot on a Redis Cluster, the meta
-  record is not in their slot): a write read as live happened before the swap, and the sweep that
-  follows the swap (its SCAN starts after it) finds it; a write read as stale is swept by its writer.
-- **One sweep** (`sweep`): deletes every key, index and meta field of a generation that is neither live
-  nor building, and first declares a building generation abandoned when its heartbeat is older than
-  `BUILD_LEASE_MS` (so a replay that wakes up later is refused). Run by every worker at start, when it
-  sees the live generation change or a building generation's lease run out (`due`, one HMGET every
-  few seconds), by a writer that found its generation stale, and by every replay before it claims
-  its number. A sweep that deleted anything asks for the erasure pass (the AOF still holds it).
+- **Writers check after writing** (`check_writable`): each path that writes into a generation re-reads
+  the meta record after its writes and, when its generation is neither live nor building, sweeps and
+  raises `StaleGeneration` (the caller redoes the work in the live one, or gives up). After, not
+  atomically (the meta record is in another cluster slot than the scripts' keys): a write read as live
+  came before the swap, so the sweep that follows the swap finds it.
+- **One sweep** (`sweep`): deletes every key, index and meta field of such a generation, first
+  declaring a building one abandoned when its heartbeat is older than `BUILD_LEASE_MS`. Run by
+  workers at start and when `due`, by a writer that found its generation stale, and by every replay
+  before it claims its number; a sweep that deleted anything asks for the erasure pass.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""What a deployment was started with, recorded once and checked at start: its key layout and its
-number of stream partitions.
+"""What a deployment was started with, recorded once in its meta hash by the first process and
+checked by every later one: its key layout, whether it seals its stream, its number of partitions.
 
-**Layout.** `LAYOUT` names the key layout this build writes and reads (`shared.keys`, the TAG digests of
-`shared.tags`, the `tiebreak` field of `shared.ties`). The first process to start on a prefix — a
-worker, the query service, a replay or a stream SDK publisher — records it in the meta hash
-(`layout`) when it creates the meta hash. A meta hash without that record (every process of an older
-Engram wrote there: its index generation, embedder, P) or with another layout was written by another
-Engram and is refused with the way out (its data is not read under names it was not written with).
-Entries in the stream alone do not count: a publisher without the SDK may write them first.
-
-**Encryption.** Whether the deployment seals its stream (a master key) is recorded with the layout
-(`sealed`): a deployment started without one holds plaintext entries, and a process with a master key
-is refused there rather than mix sealed entries into a log that keeps the plaintext ones.
-
-**Partitions.** The partition of a namespace is its digest modulo P (`shared.keys.partition_of`):
-another P sends a namespace's new events to another stream than its older ones, and a worker would fold
-them out of order (an action before its start is fine, a forget before the user's episodes is not). So
-P is recorded in the meta hash (`stream_partitions`) by the first process to start, and every later one
-must agree. How to change P: docs/scaling.md, Ingest partitions.
+**Layout** (`LAYOUT`: the keys of `shared.keys`, the TAG digests of `shared.tags`, `shared.ties`'s
+`tiebreak`): a meta hash without it, or with another, was written by another Engram and is refused
+with the way out. Stream entries alone do not count: a publisher without the SDK may write them first.
+**Encryption** (`sealed`): a process with a master key is refused on a plaintext deployment rather
+than mix sealed entries into a log that keeps plaintext ones.
+**Partitions** (`stream_partitions`, P): a namespace's partition is its digest modulo P, so another P
+would fold a namespace's new events apart from its older ones. How to change P: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """Regimes: where time-ordered outcomes change, decided by the episodes alone (pure, no I/O).
 
-Facts (`services.consolidator.facts_plan`) and the strategy advice of `/v1/strategy` and `/v1/suggest`
-(`services.query.insights`) both need to know when what used to work stopped working. Two adjacent
-runs of time-ordered episodes, `older` then `newer`, are a *flip* when
+Facts (`services.consolidator.facts_plan`) and the advice of `/v1/strategy` and `/v1/suggest` need to
+know when what used to work stopped working. Two adjacent runs of time-ordered episodes, `older` then
+`newer`, are a *flip* when their **outcomes**, or **one strategy's** outcomes, flip: each run holds at
+least `min_size` episodes (of that strategy), their success rates lie on either side of 50% and differ
+by at least 0.5, and a one-sided Fisher exact test of the two runs' success counts gives p <= ALPHA
+(0.05: 3 of 3 then 0 of 3 is p = 0.05; 2 of 3 then 0 of 3, p = 0.2, is bad luck). One strategy's flip
+counts while the overall rate hardly moves because another strategy took over.
 
-- their **outcomes** flip: each run has at least `min_size` episodes, their success rates lie on either
-  side of 50% (one >= 0.5, the other < 0.5) and differ by at least 0.5; or
-- **one strategy's** outcomes flip: the same for the episodes of that strategy (each run holds at least
-  `min_size` of them) — the strategy that used to work now fails, or the reverse, while the overall
-  rate may hardly move because another strategy took over (week 1: X succeeds 5 times; week 2: X fails
-  5 times and Y succeeds 5 times: 100% then 50% overall, no outcome flip, but X went from 5/5 to 0/5);
-
-and in both cases the difference is unlikely by chance: a one-sided Fisher exact test of the two runs'
-success counts gives p <= ALPHA (0.05). 2 of 3 then 0 of 3 is p = 0.2, a run of bad luck; 3 of 3 then
-0 of 3 is p = 0.05; 5 of 5 then 0 of 5 is p = 0.004.
-
-`segments` cuts a sequence into regimes so that every two adjacent regimes are a flip:
-
-1. candidates, by binary segmentation: cut where the outcomes, or one strategy's outcomes, differ most
-   significantly (lowest p <= ALPHA, then largest difference, then earliest: the newer part starts
-   right after the last episode of the older one), each part at least `min_size` (of that strategy),
-   and cut both parts again, until no significant cut is left;
-2. merging: while two adjacent candidates are not a flip, merge the pair with the weakest evidence
-   (highest p, then smallest difference, then the oldest) — a change from 90% to 60% is a real change
-   but not one that makes the older advice wrong.
-
-So works -> fails -> works again gives three regimes, and every regime has at least `min_size`
-episodes. The result depends only on the sequence, never on when anyone looked at it: the same episodes
-give the same regimes however they were consolidated before. Vectorised with prefix sums (O(n) per
-strategy with at least 2 * min_size episodes, per cut).
+`segments` cuts a sequence into regimes, every two adjacent ones a flip: binary segmentation proposes
+cuts (lowest p, then largest difference, then earliest), then adjacent candidates that are no flip are
+merged, weakest evidence first. The result depends only on the sequence. Prefix sums make it O(n) per
+strategy per cut.
 """
 
 from __future__ import annotations

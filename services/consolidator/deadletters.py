@@ -1,13 +1,11 @@
 """Dead letters (entries the consolidator could not project): the one owner of their writes, reads,
-re-drives and deletes.
+re-drives and deletes (the stream commands stay in `shared.streams`).
 
-A dead letter is a copy of the stream entry with its reason (`shared.streams.StreamGroup.dead_letter`,
-which XACKs the original atomically). When its payload still names an episode, both copies of its data
-are linked to the episode (`Keys.dead_letter_refs`: stream id -> dead-letter id, and its user under
-DEAD_REF_USER) and the episode to its user (`Keys.user_dead_letters`), so that forgetting the episode or
-the user deletes them. Those of a forgotten user whose payloads are sealed are found by their key reference.
-The reason of a sealed entry names fields, never their values (`withhold_values`). The stream commands
-themselves stay in `shared.streams`.
+A dead letter is a copy of the entry with its reason (`StreamGroup.dead_letter` XACKs the original).
+When its payload names an episode, both copies are linked to the episode (`Keys.dead_letter_refs`,
+its user under DEAD_REF_USER) and the episode to its user (`Keys.user_dead_letters`), so forgetting
+either deletes them; sealed ones of a forgotten user are found by their key reference. A sealed
+entry's reason names fields, never values (`withhold_values`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""Erasure housekeeping: after forgets, make the forgotten bytes leave Redis's files.
+"""Erasure housekeeping: after forgets, make the forgotten bytes leave Redis's files
+(docs/reliability.md, "Erasure").
 
-Forgetting deletes documents, event hashes and stream entries (and, with a master key, destroys the
-user's data key: `shared.keyring`). Two copies outlive those deletions until this runs:
-
-- the **AOF**: its incremental file holds every command since the last rewrite, including the writes
-  of the documents that were just deleted (plaintext: the projection is what the index searches);
-  `BGREWRITEAOF` replaces base and increments with a snapshot of the data as it is now;
-- the **stream's memory**: `XDEL` only flags an entry, its bytes stay in the listpack node and so in
-  every later RDB and AOF base. With encryption those bytes are ciphertext under a destroyed key;
-  without it they are plaintext until `compact` rewrites the stream
-  (docs/reliability.md, "Erasure").
-
-`mark_pending` is called for every erased episode and user (`services.consolidator.forgetting`); lane 0
-of a worker calls `housekeep`, which runs `compact` then the AOF rewrite at most once per
-`ENGRAM_ERASURE_INTERVAL` while forgets are pending.
+Two copies outlive a forget's deletions: the **AOF** increments (rewritten by `BGREWRITEAOF`), and
+the **stream's listpack nodes**, where `XDEL` only flags an entry (ciphertext under a destroyed key
+with encryption, plaintext without, until `compact` rewrites the stream). Forgetting calls
+`mark_pending`; lane 0 of a worker calls `housekeep`, which runs `compact` then the AOF rewrite at most
+once per `ENGRAM_ERASURE_INTERVAL` while forgets are pending.
 """
 
 from __future__ import annotations

@@ -1,42 +1,20 @@
-"""Semantic memory, the pure part: cluster a scope's episodes and plan its facts (see shared.facts).
+"""Semantic memory, the pure part: cluster a scope's episodes and plan its facts (no Redis, no event
+loop; docs/architecture.md "Facts" says why each choice).
 
-Clustering. `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
-the unit episode vectors. `d` is `ENGRAM_FACTS_DISTANCE`, or when unset the default calibrated for the
-embedder the live index was built with (`DEFAULT_DISTANCE`, measured by
-`bench.facts_calibration` on labelled task families). Chosen over k-means and HDBSCAN because
-(1) it needs no k: the number of task families is unknown and changes; (2) average linkage with a
-distance threshold states the guarantee we want directly — two groups are merged only when their
-*average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
-close episodes, where k-means with too small a k must merge them; (3) it is fully deterministic (no
-random initialisation), so the same episodes always give the same clusters; (4) it is exact on the small
-sets involved (a scope is capped at its newest `Settings.facts_max_episodes` episodes; O(n²) memory).
-HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
-`ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
+Clustering: `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
+the unit vectors (or `Row.cluster_vector`: the embedding without the text the scope's episodes share,
+`shared_sentences`); `d` is `ENGRAM_FACTS_DISTANCE`, else `DEFAULT_DISTANCE` of the live index's
+embedder. Clusters smaller than `ENGRAM_FACTS_MIN_CLUSTER` yield no fact; centroids are those of the
+stored vectors.
 
-What is compared is each episode's stored vector, or, for an episode holding text that nearly every
-episode of the scope shares (an agent's closing boilerplate: `shared_sentences`), the embedding of its
-text without it (`Row.cluster_vector`, made by `Consolidator.clustering_rows`): shared text makes
-unrelated episodes alike and average linkage then chains them into one fact. Centroids stay those of
-the stored vectors.
+Facts are a function of the episodes (`derive`): each cluster's time-ordered evidence is cut into
+regimes (`shared.regimes`), the newest one the current fact, each older one a fact it superseded.
+Any interleaving of publishes and runs ends in the facts one run over the same episodes gives.
 
-Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
-regimes where its outcomes, or one approach's outcomes (the strategy, else the tools called), flip
-(`shared.regimes`: success rates on either side of 50%, 0.5 apart, each side >= min_cluster episodes,
-Fisher p <= 0.05). The newest regime is the cluster's current fact, each older one a fact it superseded
-(`status=superseded`, `superseded_by`; the newer one `supersedes` it and counts evidence from
-`evidence_since`). Nothing in this depends on the previous facts or on when consolidation ran: any
-interleaving of publishes and runs ends in the facts one run over the same episodes gives
-(property-tested), and every episode of a large enough cluster is in exactly one fact.
-
-Stable ids (`plan`). The previous facts only lend identities: each derived fact takes the id of the
-previous fact (current or superseded) holding the largest share (>= half) of that fact's evidence,
-greedily one to one, and with it `created_at` and `version`. An unchanged fact is kept byte for byte
-(no new version or `updated_at`); a changed one is `version` + 1; the summariser's rewrite stays while
-the deterministic text is the same. Previous superseded facts whose evidence has left the scope's window
-stay as history (at most HISTORY_LIMIT); any other previous fact no derived fact took is removed.
-
-No Redis and no event loop here: the rows come from `services.consolidator.facts_store`, and the
-Consolidator (`services.consolidator.facts`) runs `plan` in a thread.
+Stable ids (`plan`): each derived fact takes the id, `created_at` and `version` of the previous fact
+holding the largest share (>= half) of its evidence, greedily one to one. An unchanged fact is kept
+byte for byte, a changed one is `version` + 1; superseded facts whose evidence left the window stay as
+history (at most HISTORY_LIMIT); other previous facts no derived fact took are removed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""Semantic memory in Redis: the episode rows facts are built from, and the projection of the facts.
+"""Semantic memory in Redis: the rows facts are built from, and the projection of the facts.
 
-Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index),
-`load_rows_by_id` (the episodes a fact names, which forgetting rebuilds from), `load_state` (a scope's
-applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
-a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
-ignored), both when a run publishes it and when the worker consumes it, so a replay rebuilds facts;
-`import_snapshots` carries every scope's last applied snapshot into a new generation (replay). A
-snapshot projected into a generation of another embedder gets centroids of that generation's vectors
-(`reembedded`).
+Reads: `load_rows` (a scope's newest completed episodes with their vectors), `load_rows_by_id` (the
+episodes a fact names), `load_state` (a scope's applied facts). Writes: `apply_snapshot` projects a
+`FactsConsolidated` (one MULTI per scope under WATCH; an older snapshot is ignored), when a run
+publishes it and again when the worker consumes it; `import_snapshots` carries every scope's last
+snapshot into a replay's generation.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The pure fold: an episode's events (any order, any duplicates) → its projected state.
 
-Deterministic in the *set* of events: events are de-duplicated by `event_id` and sorted by
-`(occurred_at, kind, event_id)` before merging, so N workers folding interleaved, duplicated
-deliveries reach the same document as a sequential replay. Later snapshots
-override earlier ones field by field (a None never erases a value); actions are the union of every
-snapshot's actions and every `ActionRecorded`, de-duplicated by `action_id` and ordered by time.
-Every step keeps an episode the model accepts (`validation.episode_problems`): an update that would
-break it is not applied, nor are a snapshot's fields that would (its actions still join the union).
-
-An episode belongs to its latest user: a snapshot naming another `user_id` than the one before it starts
-the episode afresh, and only the events from the last such change on are folded (`_current`). The
-earlier events are reported as `superseded` (the projector drops them from the episode's event hash and
-the stream), so forgetting an earlier user leaves none of its text in the episode, and a replay folds the
-same episode with or without them.
+Deterministic in the *set* of events: de-duplicated by `event_id` and sorted by `(occurred_at, kind,
+event_id)`, so N workers folding interleaved deliveries reach the document a sequential replay does.
+Later snapshots override earlier ones field by field (None never erases); actions are the union of
+every snapshot's and every `ActionRecorded`, by `action_id`, in time order. A step that would break
+the episode model (`validation.episode_problems`) is not applied. An episode belongs to its latest
+user: a snapshot naming another `user_id` starts it afresh (`_current`), the earlier events reported
+as `superseded` (the projector drops them, so a forget of an earlier user leaves none of its text).
 """
 
 from __future__ import annotations

@@ -1,28 +1,21 @@
-"""Rebuild every projection into a fresh generation and swap it in.
+"""Rebuild every projection into a fresh generation and swap it in (`replay`, and `reindex` with
+another embedder).
 
-The events a rebuild re-folds come from two places: each episode's event hash of the live generation
-(the snapshot: raw event payloads, kept so the stream can be trimmed — services.consolidator.retention)
-and the stream itself. Both are raw events and folding is idempotent by `event_id`, so their overlap
-is harmless.
+The events come from each episode's event hash in the live generation (the snapshot, kept so the
+stream can be trimmed) and from the stream; folding is idempotent by `event_id`, so the overlap is
+harmless. Tombstones are generation-independent: a replay never resurrects forgotten data.
 
-1. generation n+1 gets its own index (with the embedder given, so this is also `reindex`);
+1. generation n+1 gets its own index;
 2. the snapshot is copied and re-folded, each facts scope's last snapshot imported, then the stream is
-   projected page by page (the same Projector the workers use) up to each partition's last id fixed
-   before the pass (`Tip`), again from there while a pass is at most half the last
-   (`_passes_before_swap`): read "until a page comes back empty", a replay never ended while ingest
-   outpaced it;
-3. `FT.ALIASUPDATE` points the aliases at the new indexes and `meta.generation` is set
-   (`generations.finish`): workers switch on their next batch (they re-read the generation every
-   turn, after their read);
-4. a second mark is read after that switch, and a catch-up pass projects the entries between the two
-   marks (the workers wrote them into generation n while it was live); every later entry reaches n+1
-   through the workers, so the catch-up is bounded too;
-5. the old generation's index and keys are dropped.
-Tombstones are generation-independent, so a replay never resurrects forgotten data.
+   projected (the workers' Projector) up to each partition's last id fixed before the pass (`Tip`),
+   again from there while a pass is at most half the last (`_passes_before_swap`);
+3. the aliases and `meta.generation` move to n+1 (`generations.finish`); workers switch on their
+   next batch;
+4. a catch-up pass projects the entries between the mark before and after the switch;
+5. the old generation is dropped.
 
-**Facts** carry centroids in the vectors of the generation they were built in. Into a generation of
-another embedder (`reindex`), every facts snapshot projected gets centroids computed again from its
-evidence there (`facts_store.apply_snapshot`); what was done is returned and recorded in `meta`
+Into another embedder's generation every facts snapshot gets centroids computed again from its
+evidence there (`facts_store.apply_snapshot`); the counts are recorded in `meta`
 (`shared.facts.replay_record`, shown by `/readyz`).
 """
 

@@ -1,10 +1,6 @@
-"""Stream retention: trim entries every group has projected and that are older than the window.
-
-The stream is the transport and the recent history; each episode's own event hash (written by the
-projector before it acks) is the durable snapshot of its events. So an entry may go once (a) every
-consumer group has acknowledged it — its projection, including the snapshot, exists — and (b) it is
-older than `ENGRAM_STREAM_RETENTION`. A replay re-folds the snapshot plus the stream tail
-(services.consolidator.replay), so trimming never loses anything a rebuild needs.
+"""Stream retention: trim entries every group has acked that are older than `ENGRAM_STREAM_RETENTION`.
+Each episode's event hash (written before the ack) keeps its events, and a replay re-folds those plus
+the stream tail, so trimming loses nothing a rebuild needs.
 """
 
 from __future__ import annotations

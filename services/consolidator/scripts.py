@@ -1,10 +1,7 @@
-"""The Lua scripts of the projection (services.consolidator.projector) and of forgetting a user.
-
-Each is one atomic step that a check-then-write from Python would split (concurrent workers
-would interleave between the check and the write): recording
-an episode's events and writing its document only while its event hash holds exactly the events that
-were folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, which share
-`REPLACE_DOC_LUA`), and raising a forget time — a user's, an agent's or a session's (`FORGET_USER_LUA`).
+"""The Lua scripts of the projection and of a forget time, each one atomic check-and-write: an
+episode's events are recorded and its document written only while its event hash holds exactly the
+events folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, sharing
+`REPLACE_DOC_LUA`); `FORGET_USER_LUA` raises a user's, agent's or session's forget time.
 """
 
 RECORD_LUA = """
