@@ -1,25 +1,19 @@
-"""Apply a batch of stream entries to the projections of one generation.
+"""Apply a batch of decoded stream entries (`decoding`) to the projections of one generation.
 
-Each episode's events are stored in its own event hash (`HSETNX` by `event_id`: duplicates are no-ops)
-with their stream ids, unless it is tombstoned; its document is a pure function of that set (`fold`),
-written only while the hash holds exactly the events folded. Two ways, one round trip per phase each:
+Each episode's events are stored in its event hash (`HSETNX` by `event_id`) with their stream ids,
+unless it is tombstoned; its document is a pure function of that set (`fold`), written only while the
+hash holds exactly the events folded, the check and the write one script (`scripts`):
 
-- **fast path** (events in hand that fold to a document, e.g. a whole `EpisodeCompleted`): fold and embed
-  them, then one Lua call records them and writes the document if the hash now holds exactly those
-  events (`HLEN` check) and no tombstone applies; else (the episode began in an earlier batch, or another
-  worker added an event) it takes the slow path, reusing the vector when its text did not change. With
-  a model embedder (`Embedder.cheap` false) an episode that has a document skips the fast path: it is
-  embedded at most once, and only when its text changed.
-- **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN` check
-  (`WRITE_LUA`), folding again when another worker added an event in between.
+- **fast path** (events in hand that fold to a document): fold and embed them, then one call records
+  them and writes the document; else (the episode began earlier, or another worker added an event) the
+  slow path, reusing the vector when the text did not change. With a model embedder (`Embedder.cheap`
+  false) an episode that has a document skips the fast path, so it is embedded only when its text changed.
+- **slow path**: record, read the stored events back, fold, embed, write; fold again when another
+  worker added an event in between.
 
-No check-then-write window on either path: the check and the write are one script. Forget events apply
-in stream order between episode-event segments (a batch's facts rebuilt once: `flush_facts`).
-
-Entries are decoded first (`decoding`).
-
-Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder failures
-raise; the caller leaves the batch pending for redelivery."""
+Forget events apply in stream order between episode-event segments (a batch's facts rebuilt once).
+Results per entry: `ok` (ack) or `dead` with a reason; transport or embedder failures raise, leaving
+the batch pending."""
 
 from __future__ import annotations
 
@@ -66,16 +60,11 @@ log = logging.getLogger("engram.consolidator")
 
 
 PROJECT_CHUNK = 32
-"""Episodes per fast-path call: one call instead of 32 amortises the script's fixed cost on both sides,
-while keeping each atomic call short (~5 ms of Redis time) for the other clients waiting behind it."""
+"""Episodes per fast-path call: amortises the script's fixed cost, each call ~5 ms of Redis time."""
 
 WRITES_IN_FLIGHT = 2
-"""Fast-path pipelines of one process that Redis works on at once (the lanes queue for a turn, in order).
-Redis serves its clients' pipelines side by side, so the lanes' batches, sent unchecked, all finished
-together and then all computed together while Redis sat idle: ~15% of a backlog drain, in gaps of
-10-20 ms (sampled from /proc/PID/schedstat). One pipeline at a time left a gap at each hand-over
-while the event loop was busy with another lane's batch; two keep Redis fed (make bench, ingest:
-+8-10%)."""
+"""Fast-path pipelines of one process Redis works on at once: with one, Redis sat idle at each hand-over
+between lanes; unchecked, all lanes computed together while it sat idle (make bench, ingest: +8-10%)."""
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeUpdated)
 
@@ -84,16 +73,15 @@ MAX_WRITE_ATTEMPTS = 8
 
 
 def _payload(entry: streams.Entry) -> bytes:
-    """The payload of an entry in an episode-event segment: `apply` never puts an entry without one
-    (deleted while pending, or not ours) there."""
+    """The payload of an entry of an episode-event segment (`Decoder.events` yields none without)."""
     return cast(bytes, entry.payload)
 
 
 def _split_paths(
     by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
 ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[streams.Entry, EpisodeEvent]]]:
-    """Episodes whose events in hand already make a document (the fast path: their fold, and payloads by
-    event id, first copy of a redelivered event kept) and the events of the others (recorded only)."""
+    """The episodes whose events in hand make a document (fast path: ident, payloads by event id, fold)
+    and the events of the others (recorded only)."""
     fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]] = []
     record_only: list[tuple[streams.Entry, EpisodeEvent]] = []
     for ident, items in by_episode.items():
@@ -291,13 +279,8 @@ class Projector:
     async def _without_documents(
         self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
     ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[str, str]]]:
-        """Split fast-path candidates into those without a document and the idents of those with one.
-
-        For a model embedder: a model embedding costs far more than this round trip, and an episode that
-        already has a document (a redelivery, a re-published completion, a start in an earlier batch)
-        is better folded from its stored set by the slow path, which embeds only a text that changed;
-        the fast path would embed the events in hand first, possibly for nothing.
-        """
+        """Split fast-path candidates into those without a document and the idents of those with one:
+        with a model embedder, the slow path embeds the latter only if their text changed."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
             for (ns, eid), _payloads, _f in fast:
@@ -315,9 +298,8 @@ class Projector:
         hashes: dict[int, str],
         record_only: list[tuple[streams.Entry, EpisodeEvent]],
     ) -> tuple[list[int], list]:
-        """One pipeline: PROJECT_LUA for the fast episodes (up to PROJECT_CHUNK of one namespace per call:
-        `fast` is sorted by namespace), RECORD_LUA for each
-        slow-path event, sent when one of the process's WRITES_IN_FLIGHT turns is free. Returns (a
+        """One pipeline, sent in one of the WRITES_IN_FLIGHT turns: PROJECT_LUA for the fast episodes (up
+        to PROJECT_CHUNK of one namespace per call), RECORD_LUA for each slow-path event. Returns (a
         status per fast episode, a reply per recorded event)."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -362,12 +344,9 @@ class Projector:
     async def _embed(
         self, folded: Sequence[tuple[Folded, bytes | None]], known: dict[str, np.ndarray] | None = None
     ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-        """Vectors and embed hashes of the completed episodes among `folded` ((state, stored embed hash)).
-
-        Agent-supplied vectors are used as given (normalised). Text whose hash equals the stored one is
-        not embedded again (no vector returned: the document keeps its own); `known` maps embed hashes to
-        vectors computed earlier in this batch. Returns ({i: float32[dim]}, {i: embed hash}) by position.
-        """
+        """({i: float32[dim]}, {i: embed hash}) of the completed episodes among `folded` ((fold, stored
+        embed hash)): an agent's own vector normalised; no vector when the text's hash is the stored
+        one (the document keeps its own); `known` (embed hash → vector) reused from this batch."""
         to_embed: list[tuple[int, str]] = []
         vectors: dict[int, np.ndarray] = {}
         hashes: dict[int, str] = {}
@@ -403,10 +382,8 @@ class Projector:
     def _doc_fields(
         self, namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None
     ) -> bytes:
-        """The document's fields as one msgpack array [field, value, ...] that the scripts unpack
-        (Redis's bundled `cmsgpack`) into HSET. One argument instead of ~50: packing the arguments one
-        by one was ~10% of the worker's CPU, and Redis does no more work for one blob than for 50
-        arguments. `use_bin_type=False`: that cmsgpack predates msgpack's bin type."""
+        """The document's fields as one msgpack array [field, value, ...] the scripts unpack into HSET
+        (one argument, not ~50: ~10% of the worker's CPU). No bin type: Redis's cmsgpack predates it."""
         assert f.episode is not None, "only folds that make a document are written"
         fields = episode_fields(namespace, f.episode, status=f.status, vector=vector, tags=self.tags)
         if embed_hash is not None:
@@ -477,10 +454,8 @@ class Projector:
     async def import_snapshot(
         self, events: dict[bytes, bytes], stream_ids: set[bytes]
     ) -> tuple[str, str] | None:
-        """Copy one episode's stored events (from another generation's event hash) into this
-        generation, unless the episode is tombstoned; returns its (namespace, episode_id). The identity
-        is read from the clear fields, so an episode some of whose events are shredded is still found
-        (the fold skips what it cannot open)."""
+        """Copy one episode's stored events (another generation's event hash) into this generation,
+        unless it is tombstoned; its (namespace, episode_id), read from the clear fields."""
         for payload in events.values():
             try:
                 data = unpack(payload).get("data") or {}

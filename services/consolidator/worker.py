@@ -572,11 +572,7 @@ class Worker:
         """Set the lag and pending gauges (per partition too when several); returns the sums {pending,
         lag, consumers}."""
         rows = await self.partitions.each()
-        info = {
-            "pending": sum(r["pending"] for r in rows),
-            "lag": sum(r["lag"] for r in rows),
-            "consumers": max(r["consumers"] for r in rows),
-        }
+        info = streams.totals(rows)
         self.metrics.lag.set(info["lag"])
         self.metrics.pending.set(info["pending"])
         if len(rows) > 1:  # P <= 256 label values (shared.keys.MAX_PARTITIONS)
