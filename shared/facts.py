@@ -367,13 +367,9 @@ def fact_from_doc(raw: bytes | str, centroid: bytes | None = None) -> Fact:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FactQuery:
-    """Filters of a facts search. Lists mean "any of"; agent/user/category match the evidence's.
-
-    `as_of` selects the facts valid at that instant (created before it, superseded after it), which
-    includes facts superseded since; without it only current facts are returned unless
-    `include_superseded`. `since`/`until` keep facts whose evidence time span overlaps the window.
-    `tags` digests user and episode ids as the generation's index holds them (`shared.tags`).
-    """
+    """Filters of a facts search; lists mean "any of"; agent/user/category match the evidence's.
+    `as_of`: the facts valid at that instant; else current ones only unless `include_superseded`.
+    `since`/`until`: evidence spans overlapping the window. `tags`: the generation's digests."""
 
     namespace: str
     tags: TagCodec

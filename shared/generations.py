@@ -161,13 +161,10 @@ async def due(r: aioredis.Redis, keys: Keys, seen_live: int | None) -> tuple[boo
 
 
 async def sweep(r: aioredis.Redis, keys: Keys) -> int:
-    """Delete the keys, indexes and meta fields of every dead generation, after declaring a building
-    generation whose lease ran out abandoned. Returns keys deleted.
-
-    Dead: below the live one, or above it up to the last number claimed (`generation_last`) and not
-    the building one, all as read once before the SCAN. Numbers are never reused and a generation that
-    stopped building never builds again, so a generation dead then stays dead, and one claimed during
-    the SCAN is above that last number: the sweep never deletes what a running replay writes."""
+    """Delete the keys, indexes and meta fields of every dead generation (below the live one, or above
+    it up to the last claimed and not building, as read before the SCAN: numbers are never reused, so
+    a running replay's is never dead), after declaring abandoned a building one whose lease ran out.
+    Returns keys deleted."""
     if await r.register_script(EXPIRE_LUA)(keys=[keys.meta], args=[BUILD_LEASE_MS]):
         log.warning("generations ◆ a replay's building generation was abandoned (no heartbeat); sweeping it")
     raw_live, raw_building, raw_last = await r.hmget(keys.meta, ["generation", BUILDING, LAST])

@@ -26,12 +26,8 @@ ALPHA = 0.05
 """...and the difference must be unlikely by chance: one-sided Fisher exact test, p <= ALPHA."""
 SCAN_ALPHA = 0.1
 """A candidate cut is the best of many splits tried, so it must stay significant once corrected for them
-(Bonferroni), or a long run of 50% outcomes would be cut wherever luck ran out for a while: SCAN_ALPHA
-is shared equally by the selections tried (all rows, each strategy's rows) and each selection's share
-by its split positions, so a cut in a selection of m rows needs p x (m - 2 min_size + 1) x selections
-<= SCAN_ALPHA. Summing the positions of every selection instead charged one strategy's short history
-for the many positions of the whole sequence: 6 of 6 then 0 of 3 of one tool (p = 0.012, 4 positions)
-went unseen beside 12 rows of two tools (11 positions in all)."""
+(Bonferroni): a cut in a selection (all rows, or one strategy's) of m rows needs
+p x (m - 2 min_size + 1) x selections <= SCAN_ALPHA, each selection charged only its own positions."""
 _EPS = 1e-12
 
 

@@ -86,12 +86,10 @@ redis.call('PERSIST', dst)
 redis.call('RENAME', dst, src)
 return {1, redis.call('XLEN', src)}
 """
-"""The last, atomic step of `compact`: copy the entries added since the copy began, drop those the
-source trimmed meanwhile, give up if an entry was deleted meanwhile (the copy would hold it: the lengths
-differ), rebuild every consumer group exactly — last-delivered id, entries-read, consumers, and each
-pending entry with its consumer, idle time and delivery count (`XCLAIM ... FORCE`; a pending entry
-that was deleted is dropped, as an ack would) — restore the stream's last id, entries-added and
-max-deleted id (`XSETID`, so new ids stay above every id ever delivered), and RENAME over the source."""
+"""The atomic end of `compact`: copy the entries added meanwhile, drop those trimmed, give up if one was
+deleted (the lengths differ), rebuild every group exactly (last-delivered id, entries-read, consumers,
+each pending entry with its idle time and deliveries), restore the last id, entries-added and
+max-deleted id (`XSETID`), and RENAME over the source."""
 
 
 COPY_TTL = 3600
@@ -106,14 +104,11 @@ async def compact(
     attempts: int = 3,
     stream: str | None = None,
 ) -> dict:
-    """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
-    only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
-    then holds. The live entries are copied, ids unchanged, into a new key page by page (the
-    stream keeps taking entries meanwhile), then SWAP_LUA finishes atomically. Costs a second copy of
-    the stream while it runs. Returns {compacted, entries, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
-    bytes_before, bytes_after}. `stream` is the episode stream by default; the dead-letter stream is
-    compacted the same way (its deleted entries held forgotten payloads too), and so is each partition
-    of a partitioned stream (`compact_partitions`)."""
+    """Rewrite `stream` (default: the episode stream; also each partition and the dead-letter stream) so
+    that the bytes of XDEL'd entries leave Redis's memory: the live entries are copied, ids unchanged,
+    into a new key page by page while the stream takes entries, then SWAP_LUA finishes atomically (a
+    second copy of the stream meanwhile). Returns {compacted, entries, seconds, swap_ms (the atomic
+    step: Redis serves nobody else), bytes_before, bytes_after}."""
     stream = stream or keys.stream
     tmp = keys.stream_compaction(stream)
     started = time.perf_counter()
@@ -168,10 +163,9 @@ async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
 
 
 async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
-    """BGREWRITEAOF and wait for a rewrite that *started after this call* to finish (one already
-    running forked before the forget and would keep its data). False when AOF is off (nothing to do)
-    or the rewrite failed; TimeoutError past `timeout` seconds. On a cluster, on every primary in turn
-    (each holds its own AOF): True only if every one rewrote."""
+    """BGREWRITEAOF and wait for a rewrite that *started after this call* (one running forked before
+    the forget); on a cluster, every primary in turn. False when AOF is off or a rewrite failed;
+    TimeoutError past `timeout` seconds."""
     if isinstance(redis, RedisCluster):
         return all([await _rewrite_aof(redis, {"target_nodes": n}, timeout) for n in redis.get_primaries()])
     return await _rewrite_aof(redis, {}, timeout)
@@ -244,13 +238,9 @@ def _is_forget(fields: dict) -> bool:
 
 
 async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int = 1000) -> int:
-    """XDEL the forget events every consumer group has applied and acked: a `UserForgotten` names its
-    user, sealed under the namespace's key, which is never destroyed (the
-    master key would still open it after the erasure pass), and an `EpisodeForgotten` names its episode.
-    Once applied they are not needed: the tombstones they left (`Keys.user_tombstone`,
-    `Keys.tombstone`) are what keeps a replay, or a late event, from bringing the data back. Skipped
-    while a replay builds a new generation (its catch-up pass may still have to read them). Returns
-    how many were dropped; the compaction that follows removes their bytes."""
+    """XDEL the forget events every group has acked (they name the user or episode, under a key never
+    destroyed; the tombstones they left keep the data from coming back). Skipped while a replay builds
+    (its catch-up may still read them). Returns how many were dropped."""
     if (await generations.writable(redis, keys))[1] is not None:
         return 0
     return sum([await _drop_applied_forgets(redis, stream, page) for stream in keys.streams])

@@ -1,17 +1,13 @@
 """Semantic memory: the Consolidator schedules and runs the consolidation of a scope's episodes into
-facts (see shared.facts), and publishes them as a snapshot (`facts_snapshots.Snapshots`).
+facts (see shared.facts) and publishes them (`facts_snapshots.Snapshots`).
 
-A run reads the scope's rows and applied facts (`facts_store`), plans the next facts (`facts_plan`:
-clustering, regimes, stable ids; pure, in a thread) and publishes them under the scope's lease; the
-worker that consumes the snapshot projects it again idempotently, so a replay rebuilds facts.
+A run reads the scope's rows and applied facts (`facts_store`), plans the next facts (`facts_plan`, in
+a thread), has the summariser rewrite new ones (a failure keeps the deterministic text, marked
+`summary="fallback"`, retried next run) and publishes them under the scope's lease.
 
-Triggers (`Consolidator.on_batch`): after every `Settings.facts_every` newly completed episodes of a
-scope, or when their summed importance reaches `Settings.facts_importance_threshold` (Generative Agents
+Triggers (`Consolidator.on_batch`): every `Settings.facts_every` newly completed episodes of a scope,
+or when their summed importance reaches `Settings.facts_importance_threshold` (Generative Agents
 reflect at 150; Park et al. 2023, section 4.2), or on demand (`POST /v1/consolidate`).
-
-The optional summariser (`summarizer`) rewrites the text of current facts it has not rewritten yet; a
-failure keeps the deterministic text marked `summary="fallback"`, is counted
-(`engram_summarizer_failures_total`) and retried on the next run.
 """
 
 from __future__ import annotations
@@ -41,14 +37,14 @@ from shared.replies import as_text, bytes_map
 from shared.settings import Settings
 
 if TYPE_CHECKING:
+    from services.consolidator.decoding import BatchResult
     from services.consolidator.summarizer import Summarizer
 
 log = logging.getLogger("engram.facts")
 
 
 CLUSTER_TEXT_CACHE = 8192
-"""Embeddings of episode texts without their scope's shared text a Consolidator keeps (least recently
-used first out), so a scope's next run embeds only its new episodes: 12 MB of MiniLM vectors."""
+"""Embeddings without the shared text a Consolidator keeps (LRU; 12 MB of MiniLM vectors)."""
 
 
 # --- the consolidator -------------------------------------------------------------------------------
@@ -109,15 +105,10 @@ class Consolidator(Snapshots):
         self.summarizer_failures = 0
 
     async def clustering_rows(self, rows: list[Row]) -> list[Row]:
-        """`rows` with `cluster_vector` set on each episode holding text that nearly every episode of the
-        scope shares (`facts_plan.shared_sentences`): the embedding of its text without it.
-
-        Why: an agent's closing boilerplate ("Task completed. I followed the user's instructions...") is
-        part of every stored vector and makes unrelated tasks look alike, so average linkage chains them
-        into one fact (docs/architecture.md "Facts"). Episodes that came with their own vector keep it
-        (another model's space). Costs one embedding per such episode not embedded by an earlier run of
-        this process (`CLUSTER_TEXT_CACHE`); raises EmbeddingError when the embedder fails (the run fails
-        and the next trigger retries it)."""
+        """`rows` with `cluster_vector` set on each episode holding text nearly every episode of the scope
+        shares (`facts_plan.shared_sentences`, e.g. an agent's closing boilerplate): the embedding of its
+        text without it. Episodes with their own vector keep it. One embedding per episode this
+        Consolidator has not embedded (`CLUSTER_TEXT_CACHE`); EmbeddingError when the embedder fails."""
         embedder = self.embedder
         if embedder is None or not rows or embedder.dim != len(rows[0].vector):
             return rows
@@ -152,7 +143,7 @@ class Consolidator(Snapshots):
         return out
 
     # --- triggers ------------------------------------------------------------------------------
-    async def on_batch(self, result) -> list[RunResult]:
+    async def on_batch(self, result: BatchResult) -> list[RunResult]:
         """Worker hook: count newly completed episodes per scope; consolidate scopes past a threshold."""
         touched: dict[str, tuple[FactScope, int, float]] = {}
         for namespace, folded in result.completed:
@@ -203,30 +194,19 @@ class Consolidator(Snapshots):
         self._tasks[scope.scope_id] = asyncio.create_task(self._run_in_background(scope))
 
     async def _run_in_background(self, scope: FactScope) -> None:
-        """Run the scope's consolidation, at most once per `facts_min_interval` seconds: under a burst
-        of ingest, triggers coalesce into one run per interval instead of re-clustering the scope
-        after every `facts_every` episodes."""
+        """Run the scope's consolidation, at most once per `facts_min_interval` seconds across workers:
+        under a burst of ingest, triggers coalesce into one run per interval."""
         sid = scope.scope_id
         recent = self.keys.facts_recent(scope.namespace, sid)
         while not self._closing.is_set():
             wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
-            # the interval holds across workers: a per-process clock alone would let two processes
-            # each run the scope once per interval, seconds apart
             wait = max(wait, await self.redis.pttl(recent) / 1000.0)
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self._closing.wait(), wait)
-                    return  # closing: the counter was not reset, so the scope is picked up again later
-                except TimeoutError:
-                    pass
-                if not await self._still_triggered(scope):  # the run that made us wait consumed it
-                    return
+            # closing: the counter was not reset, so the scope is picked up again later
+            if wait > 0 and (await self._closed_within(wait) or not await self._still_triggered(scope)):
+                return  # (not triggered: the run that made us wait consumed it)
             deadline = time.monotonic() + self.settings.facts_min_interval
             while self._backlogged() and time.monotonic() < deadline and not self._closing.is_set():
-                try:
-                    await asyncio.wait_for(self._closing.wait(), min(0.25, self.settings.facts_min_interval))
-                except TimeoutError:
-                    pass
+                await self._closed_within(min(0.25, self.settings.facts_min_interval))
             if self._closing.is_set():
                 return
             self._again.discard(sid)
@@ -241,6 +221,14 @@ class Consolidator(Snapshots):
                 log.exception("facts ◆ consolidation of %s failed", sid[:12])
             if sid not in self._again:
                 return
+
+    async def _closed_within(self, seconds: float) -> bool:
+        """Wait up to `seconds` for `aclose`; whether it came."""
+        try:
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""

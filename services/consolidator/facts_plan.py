@@ -100,10 +100,8 @@ def _sentences(text: str) -> list[str]:
 
 
 def shared_sentences(episodes: Sequence[Episode]) -> frozenset[str]:
-    """The sentences of the notes (observation, solution, result, outcome details; whitespace folded)
-    found in at least SHARED_SHARE of `episodes` — an agent's closing boilerplate ("Task completed. I
-    followed the user's instructions...") rather than anything about the task. Empty for fewer than
-    two episodes. The task description is never shared text: a scope of one task repeated is one topic."""
+    """The sentences of the notes (`_notes`; whitespace folded) found in at least SHARED_SHARE of
+    `episodes` (an agent's closing boilerplate); empty for fewer than two. Never the task description."""
     if len(episodes) < 2:
         return frozenset()
     seen: Counter[str] = Counter()
@@ -126,10 +124,7 @@ def without_shared(episode: Episode, shared: frozenset[str]) -> str | None:
 
 # --- clustering and statistics (pure) -------------------------------------------------------------
 def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
-    """Row indices grouped by average-linkage agglomerative clustering on cosine distance.
-
-    Groups are ordered by their smallest index; deterministic for a given input order.
-    """
+    """Row indices grouped by average-linkage clustering on cosine distance, by smallest index."""
     n = len(vectors)
     if n == 0:
         return []
@@ -353,10 +348,8 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
 
 
 def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[list[list[Row]]]:
-    """The scope's fact state as a function of its episodes alone: per cluster of at least `min_cluster`
-    episodes (in the order of their oldest episode), its regimes oldest first. The newest regime is the
-    current fact; each older one is a fact it superseded. No previous state, no clock: the same episodes
-    give the same regimes however (and however often) they were consolidated before."""
+    """Per cluster of at least `min_cluster` episodes (by oldest episode), its regimes oldest first (the
+    newest the current fact): a function of the episodes alone, no previous state, no clock."""
     rows = _order(rows)
     if not rows:
         return []
@@ -374,15 +367,9 @@ def plan(
     distance: float,
     now: float,
 ) -> tuple[list[Fact], list[str]] | None:
-    """The scope's next facts (current and history) and removed ids; None when nothing changes.
-
-    What the facts say (evidence, statistics, kind, text, which one is current) is `derive(rows)`; the
-    previous facts only lend their ids, versions, creation times and summarised texts: each derived fact
-    takes the id of the previous fact (current or superseded) holding the largest share (>= half) of
-    that fact's evidence, greedily one to one; unchanged facts are kept byte for byte. Previous
-    superseded facts whose evidence left the scope's window entirely stay as history; every other
-    previous fact that no derived fact took is removed.
-    """
+    """The scope's next facts (current and history) and removed ids; None when nothing changes. What
+    they say is `derive(rows)`; the previous facts only lend ids, versions, creation times and summarised
+    texts (module docstring, "Stable ids")."""
     derived = derive(rows, min_cluster=min_cluster, distance=distance)
     items = [(gi, k, part) for gi, parts in enumerate(derived) for k, part in enumerate(parts)]
     last = {gi: len(parts) - 1 for gi, parts in enumerate(derived)}

@@ -65,14 +65,10 @@ def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
 async def load_rows(
     r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec, *, page: int | None = None
 ) -> list[Row]:
-    """The scope's newest `limit` completed episodes with their vectors, read `page` (PAGE) at a time.
-
-    A search sorted by completion sorts every match in one go, and a namespace of 300,000 episodes ran
-    past the search module's TIMEOUT. So the keys and completion times of the scope's episodes come
-    through an unsorted FT.AGGREGATE cursor, `page` per read (each read answers within the timeout,
-    whatever the namespace's size), the newest `limit` kept as they come (ties: the greater key);
-    then their documents and vectors, `page` per pipeline. A document deleted or changed meanwhile is
-    skipped, as is an unreadable one. Raises ResponseError for a missing index."""
+    """The scope's newest `limit` completed episodes with their vectors: keys and completion times
+    through an unsorted FT.AGGREGATE cursor, `page` (PAGE) per read (a sorted search of 300,000
+    episodes ran past the search TIMEOUT), the newest kept (ties: the greater key), then the documents,
+    `page` per pipeline; deleted, changed or unreadable ones skipped. ResponseError for a missing index."""
     filters = Scope(
         namespace=scope.namespace,
         tags=tags,
@@ -212,14 +208,11 @@ async def apply_snapshot(
     payload: bytes | None = None,
     reembed: bool = False,
 ) -> bool:
-    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`, whose vectors have
-    `dim` dimensions) atomically; False when an equal or newer one is in. `payload` is the event's
-    stored bytes (sealed with a master key), kept with the scope for a replay; None stores
-    `encode(event)`. With `reembed` (a replay into another embedder's generation), and for any fact
-    whose centroid has not `dim` dimensions (the index could not hold it), the centroid is computed
-    again from the fact's evidence in `gen` (`reembedded`); the stored event stays as it came.
-    StaleGeneration (what was written swept) when `gen` is neither live nor being built once written
-    (`shared.generations`)."""
+    """Project a scope snapshot into generation `gen` (TAG digests `tags`, vectors of `dim`) atomically;
+    False when an equal or newer one is in. `payload` (the stored bytes, sealed or not; None:
+    `encode(event)`) is kept with the scope for a replay. With `reembed`, and for a centroid not of
+    `dim`, centroids are computed again from the evidence in `gen` (`reembedded`). StaleGeneration when
+    `gen` is neither live nor building once written."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
@@ -278,15 +271,9 @@ async def import_snapshots(
     *,
     reembed: bool = False,
 ) -> int:
-    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`
-    (`reembed`: with centroids of `new`'s vectors, see `apply_snapshot`).
-
-    The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
-    was built from is kept with its projection state; replaying the stream afterwards applies only newer
-    snapshots (sequence numbers). Sealed snapshots are opened with `keyring` (the deployment's keys)
-    and stored sealed as they were; one naming a forgotten user's key is skipped. Returns the number
-    of scopes imported.
-    """
+    """Replay: project every scope's last applied snapshot of generation `old` (kept with its state, as
+    the stream may be trimmed) into `new` (`reembed` as in `apply_snapshot`); sealed ones opened with
+    `keyring`, a forgotten user's skipped. Returns the scopes imported."""
     from shared.codec import decode, key_refs, unpack
 
     imported = 0

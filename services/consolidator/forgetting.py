@@ -1,15 +1,11 @@
-"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation, and
-from the generation a replay is building beside it (`shared.generations`).
+"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation and of
+the generation a replay is building beside it (`shared.generations`).
 
-The projector applies `EpisodeForgotten` and `UserForgotten` events in stream order between its
-episode-event segments, and erases an episode written after its user's forget time (the write scripts
-report it) through the `Forgetting` of its generation. Erasing an episode tombstones it, XDELs the stream
-entries and the dead letters holding its data, deletes its projection, and rebuilds the facts whose
+The projector applies `EpisodeForgotten` and `UserForgotten` in stream order, and erases an episode
+written after its user's forget time (the write scripts report it). Erasing an episode tombstones it,
+XDELs its stream entries and dead letters, deletes its projection and rebuilds the facts whose
 evidence named it (`facts_snapshots.Snapshots.forget`). Erasing a user destroys their data key first
-(with a master key), then erases every episode of theirs that began no later than the forget.
-
-What remains in Redis's files afterwards (the AOF, the stream's listpack nodes) is the housekeeping of
-`services.consolidator.erasure`, which this marks pending.
+(with a master key). What stays in Redis's files is `erasure`'s, which this marks pending.
 """
 
 from __future__ import annotations
@@ -107,14 +103,10 @@ class Forgetting:
             await self.forget_facts(namespace, [episode_id])
 
     async def drop_superseded(self, namespace: str, episode_id: str, event_ids: frozenset[str]) -> None:
-        """Delete the events of an episode's earlier users (`Folded.superseded`: they no longer
-        contribute to it) from its event hash, and the stream entries holding them (found by the clear
-        event id of their payloads): the episode is its latest user's now, so a forget of an earlier
-        user does not reach it, and must find none of that user's text left in it. The facts whose
-        evidence named the episode (distilled from an earlier user's version) are rebuilt at the next
-        `flush_facts`, as for an erased episode; a later consolidation takes its current version in.
-        Idempotent; the stream entries go first, so a failure part-way leaves the events for the next
-        write to drop."""
+        """Delete the events of an episode's earlier users (`Folded.superseded`) from its event hash and
+        the stream entries holding them (by their clear event id): a forget of an earlier user no longer
+        reaches the episode, so none of that user's text may stay in it. Its facts are rebuilt at the
+        next `flush_facts`. Idempotent; stream entries first, so a failure leaves the rest for later."""
         if not event_ids:
             return
         k, g = self.keys, self.gen
@@ -189,18 +181,11 @@ class Forgetting:
             )
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
-        """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
-        the user's forget time (UTC epoch seconds; the latest forget wins); returns the count.
-
-        An episode whose first event is later than the forget is the user's new activity and is kept,
-        whatever order the forget and the episode are processed in: the write scripts apply the same
-        rule when the episode is written after the forget, and this sweep applies it to documents
-        written before it (a forget processed after a newer episode must not erase it).
-
-        With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
-        created after the forget: new activity), so that every copy of the user's sealed events is
-        unreadable from that moment, whatever happens to the rest of this sweep.
-        """
+        """Erase every episode of `user_id` in `namespace` that began no later than the user's forget
+        time (UTC epoch seconds; the latest forget wins); returns the count. A later episode is new
+        activity and kept (the write scripts apply the same rule to episodes written after the forget).
+        With a key ring the user's data key is destroyed first, so every sealed copy is unreadable at
+        once whatever happens to the rest."""
         if self.keyring is not None:
             await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
         await erasure.mark_pending(self.redis, self.keys)

@@ -75,8 +75,7 @@ class NoProgress:
 
 @dataclass(frozen=True, slots=True)
 class Tip:
-    """Where a stream partition stood at one instant (one XINFO STREAM): its last id and how many
-    entries were ever added to it, and how many it holds."""
+    """A stream partition at one instant: its last id, entries ever added, entries held."""
 
     last: bytes
     added: int
@@ -123,11 +122,9 @@ async def _project_range(
 async def _passes_before_swap(
     projector: Projector, redis: aioredis.Redis, partitions: Sequence[str], progress: Progress
 ) -> tuple[dict[str, Tip], int]:
-    """Project every partition up to its `Tip` fixed before the pass, then again up to a new one while
-    that pass would be at most half the last (and more than a page); returns the last marks and the
-    entries projected. Under ingest slower than the replay the entries left for the catch-up after
-    the swap, missing from the live generation until it has run, shrink geometrically; under faster
-    ingest the next pass would be longer, so the swap comes at once: either way it ends."""
+    """Project every partition up to its `Tip` fixed before the pass, again up to a new one while that
+    pass would be at most half the last (and over a page), so it ends however fast the ingest; returns
+    the last marks and the entries projected."""
     ends = {stream: await _tip(redis, stream) for stream in partitions}
     after: dict[str, bytes | None] = dict.fromkeys(partitions)
     size = sum(t.length for t in ends.values())
@@ -163,15 +160,16 @@ async def _import_snapshot(
         if ident is not None:
             batch.append(ident)
         if len(batch) >= PAGE:
-            await projector.refold(batch)
-            imported += len(batch)
-            progress.advance(len(batch))
+            imported += await _refold(projector, batch, progress)
             batch = []
+    return imported + await _refold(projector, batch, progress)
+
+
+async def _refold(projector: Projector, batch: list[tuple[str, str]], progress: Progress) -> int:
     if batch:
         await projector.refold(batch)
-        imported += len(batch)
-        progress.advance(len(batch))
-    return imported
+    progress.advance(len(batch))
+    return len(batch)
 
 
 async def replay(
@@ -180,19 +178,14 @@ async def replay(
     embedder: Embedder,
     progress: Progress | None = None,
 ) -> dict[str, int]:
-    """Build a new generation from the snapshot and the stream, swap it in, drop the old one.
+    """Build a new generation from the snapshot and the stream, swap it in, drop the old one. The new
+    number is claimed above every one used before and recorded as building, with a heartbeat, until the
+    swap (forgets erase in it too); an interrupted replay drops it. ReplayRunning (a Conflict) while
+    another replay builds.
 
-    The new generation's number is claimed above every one used before, and it is recorded as
-    building, with a heartbeat, until the swap (`shared.generations`): forgets erase in it too, and
-    an interrupted replay drops it (or, killed, the workers' sweep does once its lease runs out).
-    ReplayRunning (a Conflict) while another replay builds.
-
-    `progress` hears four phases: `snapshot` (episodes re-folded, of about as many as generation n
-    holds documents), `stream` (entries projected, of as many as the partitions held at its mark),
-    `catch-up` (of as many as were added between the two marks) and `drop` (old keys). Returns counts:
+    `progress` hears the phases `snapshot`, `stream`, `catch-up` and `drop`. Returns counts:
     from_generation, generation, snapshot_episodes, entries (both passes), caught_up (the second),
-    dropped_keys, facts, fact_scopes, facts_indexed (searchable; fewer than facts means some are not)
-    and facts_reembedded."""
+    dropped_keys, facts, fact_scopes, facts_indexed (searchable) and facts_reembedded."""
     progress = progress or NoProgress()
     keys = settings.keys
     await check_partitions(
@@ -220,8 +213,7 @@ async def replay(
 
 
 async def _heartbeat(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
-    """Renew the building lease every BEAT_SECONDS (a replay killed outright stops renewing it, and
-    the workers' sweep removes its generation once it runs out)."""
+    """Renew the building lease every BEAT_SECONDS (once it runs out, the workers' sweep drops it)."""
     while await generations.beat(redis, keys, gen):
         await asyncio.sleep(generations.BEAT_SECONDS)
 
