@@ -99,12 +99,8 @@ def _split_paths(
 
 
 class Projector:
-    """Projects entries into generation `gen` (see module docstring). One per worker process.
-
-    `tags` is the generation's TAG digest function (`ensure_episode_index` returns it); `settings` are
-    the process's (`Forgetting` uses them); `reembed_facts` (a reindex) gives facts centroids of this
-    generation's vectors.
-    """
+    """Projects entries into generation `gen`; one per worker process. `tags` is the generation's TAG
+    digest function; `reembed_facts` (a reindex) gives facts centroids of this generation's vectors."""
 
     def __init__(
         self,
