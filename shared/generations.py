@@ -35,9 +35,8 @@ BUILDING = "building"
 BUILDING_BEAT = "building_beat"
 """Meta-hash field: Redis time (ms) of the building replay's last heartbeat."""
 BUILD_LEASE_MS = 60_000
-"""A building generation whose heartbeat is older than this is abandoned: its replay died (killed, its
-machine lost). The replay beats every `BEAT_SECONDS`; a minute covers a replay process stalled by a
-busy machine without keeping a dead one's plaintext for long."""
+"""A building generation whose heartbeat is older than this is abandoned (the replay beats every
+`BEAT_SECONDS`; a minute covers a replay stalled by a busy machine)."""
 BEAT_SECONDS = 5.0
 ERASURE_PENDING = "erasure_pending"
 """Meta-hash field that asks for the erasure pass (`services.consolidator.erasure.PENDING_FIELD`): a
@@ -121,8 +120,7 @@ async def check_writable(r: aioredis.Redis, keys: Keys, gen: int) -> None:
 
 
 async def claim(r: aioredis.Redis, keys: Keys) -> int:
-    """Claim the number of the generation a replay is about to build (one above every number used
-    before, so a sweep never takes a new generation for an old leftover) and record it as building,
+    """Claim a replay's generation number (above every one used before) and record it as building,
     heartbeat now. ReplayRunning when another replay's lease is fresh."""
     reply = await r.register_script(CLAIM_LUA)(keys=[keys.meta], args=[BUILD_LEASE_MS])
     if int(reply[0]) != 1:
@@ -139,17 +137,15 @@ async def beat(r: aioredis.Redis, keys: Keys, gen: int) -> bool:
 
 
 async def finish(r: aioredis.Redis, keys: Keys, gen: int, *, live: bool) -> bool:
-    """End building generation `gen`: make it live (`live`) or give it up, atomically with clearing
-    the building fields. False (and nothing changed) when it was no longer the building one (declared
-    abandoned)."""
+    """End building generation `gen`: make it live (`live`) or give it up, clearing the building fields
+    atomically. False (nothing changed) when it was no longer building (declared abandoned)."""
     reply = await r.register_script(RELEASE_LUA)(keys=[keys.meta], args=[gen, gen if live else ""])
     return bool(reply)
 
 
 async def due(r: aioredis.Redis, keys: Keys, seen_live: int | None) -> tuple[bool, int]:
-    """Whether a `sweep` has work now, by one HMGET: the live generation differs from `seen_live` (the
-    one this process last swept under; None: never swept), or a building generation's lease ran out.
-    Returns (due, live)."""
+    """(due, live): whether a `sweep` has work (one HMGET): the live generation is not `seen_live` (None:
+    never swept), or a building generation's lease ran out."""
     live, building, at = await r.hmget(keys.meta, ["generation", BUILDING, BUILDING_BEAT])
     live_gen = int(live) if live else 1
     if seen_live != live_gen:

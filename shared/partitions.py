@@ -49,11 +49,9 @@ async def recorded(redis: aioredis.Redis, keys: Keys) -> int | None:
 
 
 async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, explicit: bool = True) -> None:
-    """Record `LAYOUT`, `sealed` (the process has a master key) and `keys.partitions` for the deployment
-    where nothing is recorded, else require the recorded values. `explicit` says whether P was set
-    (ENGRAM_STREAM_PARTITIONS, or the SDK's `partitions=`) or is the topology's default. Raises
-    ConfigError when the deployment was written by another Engram layout (saying what to do), was
-    started without a master key and `sealed`, or has another P (naming the variable)."""
+    """Record `LAYOUT`, `sealed` (a master key) and `keys.partitions` where nothing is recorded, else
+    require them (`explicit`: P was set, not the topology's default). ConfigError, saying what to do,
+    for another layout, a master key on a plaintext deployment, or another P."""
     proposed = keys.partitions
     layout, raw, recorded_sealed = await redis.register_script(START_LUA)(
         keys=[keys.meta], args=[FIELD, proposed, LAYOUT, int(sealed)]
@@ -86,11 +84,9 @@ async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, e
 
 
 async def deployment_keys(redis: aioredis.Redis, keys: Keys, *, explicit: bool = False) -> Keys:
-    """`keys` with the deployment's recorded number of partitions (`keys` as given before any process
-    recorded one): for one-off commands (dead letters, redrive, erase-now, key rotation), which act on
-    the deployment as it is rather than check a configuration. With `explicit` (ENGRAM_STREAM_PARTITIONS
-    was set) another recorded value raises ConfigError naming the variable: the operator said something
-    about the deployment that is not so, and a redrive under it would be a guess."""
+    """`keys` with the deployment's recorded number of partitions (as given before any was recorded),
+    for one-off commands that act on the deployment as it is. With `explicit` (ENGRAM_STREAM_PARTITIONS
+    set) another recorded value raises ConfigError naming the variable."""
     have = await recorded(redis, keys)
     if explicit and have is not None and have != keys.partitions:
         raise ConfigError(

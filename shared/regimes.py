@@ -32,10 +32,8 @@ _EPS = 1e-12
 
 
 def approach(strategy: str | None, action_types: Iterable[str | None]) -> str | None:
-    """What an episode's agent did, the "strategy" whose flips are regimes: its `strategy_used`, else the
-    distinct tools it called (its `actions[].action_type` in order, first use first, joined by " + ");
-    None without either. An agent that records no strategy still switches tools (`pip` to `uv`), and
-    that is the change."""
+    """The "strategy" whose flips are regimes: `strategy_used`, else the distinct tools called (action
+    types by first use, joined by " + "; an agent switching `pip` to `uv` changed strategy); or None."""
     if strategy:
         return strategy
     return " + ".join(dict.fromkeys(t for t in action_types if t)) or None
@@ -97,10 +95,8 @@ def _members(strategies: Sequence[Hashable | None] | None, n: int, min_size: int
 def best_split(
     success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int
 ) -> int | None:
-    """The candidate cut (older = [:i]) of step 1: the most significant difference of the outcomes or of
-    one strategy's outcomes, Bonferroni-corrected for the splits tried (SCAN_ALPHA: p x the selection's
-    positions x the selections <= SCAN_ALPHA), the largest difference then the earliest on ties; None if
-    no cut is significant."""
+    """The candidate cut (older = [:i]): the most significant difference of the outcomes or of one
+    strategy's (corrected, SCAN_ALPHA), then the largest, then the earliest; None if none is."""
     n = len(success)
     if min_size < 1 or n < 2 * min_size:
         return None

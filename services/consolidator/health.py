@@ -102,9 +102,7 @@ def operations_app(health: Health, registry: CollectorRegistry) -> web.Applicati
 async def start_operations(
     health: Health, registry: CollectorRegistry, *, host: str, port: int
 ) -> web.AppRunner:
-    """Serve `operations_app` on host:port; returns the runner (`await runner.cleanup()` stops it).
-
-    Raises OSError when the port cannot be bound (e.g. taken by another process)."""
+    """Serve `operations_app` on host:port; the runner (`cleanup()` stops it). OSError if the port is taken."""
     # aiohttp never decodes a body (shared.content_coding): a false gzip body logged a traceback per request
     runner = web.AppRunner(operations_app(health, registry), access_log=None, auto_decompress=False)
     await runner.setup()
