@@ -191,9 +191,6 @@ class Fact:
     def centroid_bytes(self) -> bytes:
         return vector_bytes(self.centroid) if self.centroid else b""
 
-    def centroid_array(self) -> np.ndarray:
-        return np.asarray(self.centroid, dtype=np.float32)
-
     # stored / event form ------------------------------------------------------------------------
     def to_data(self) -> dict[str, Any]:
         """Plain data for the event (msgpack) and the document: the centroid as float32 bytes."""

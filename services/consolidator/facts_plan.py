@@ -143,10 +143,6 @@ def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: g[0])
 
 
-def _rate(rows: Sequence[Row]) -> float:
-    return sum(r.episode.outcome == "success" for r in rows) / len(rows) if rows else 0.0
-
-
 def _clip(text: str, n: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"

@@ -62,7 +62,7 @@ def test_build_fact_statistics():
     assert f.action_types == ({"action_type": "edit", "count": 4, "failed": 1},)
     assert (f.first_at, f.last_at, f.kind) == (0.0, 3.0, "strategy")
     assert Fact.from_data(f.to_data()) == f
-    assert abs(np.linalg.norm(f.centroid_array()) - 1) < 1e-5
+    assert abs(np.linalg.norm(np.asarray(f.centroid)) - 1) < 1e-5
 
 
 def test_plan_is_stable_and_supersedes_on_a_flip():
