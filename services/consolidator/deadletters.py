@@ -11,7 +11,7 @@ entry's reason names fields, never values (`withhold_values`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -69,15 +69,25 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
     return out
 
 
-async def _chosen(
-    redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None, on_start: Callable[[int], None] | None
-) -> list[DeadLetter]:
-    """The dead letters `dead_ids` names (None: all), oldest first; `on_start` hears how many."""
+async def _each(
+    redis: aioredis.Redis,
+    keys: Keys,
+    dead_ids: list[str] | None,
+    on_start: Callable[[int], None] | None,
+    on_each: Callable[[], None] | None,
+    act: Callable[[DeadLetter], Awaitable[object]],
+) -> int:
+    """`act` on the dead letters `dead_ids` names (None: all), oldest first; `on_start(n)` hears how
+    many, `on_each()` each one done (a progress bar). Returns how many."""
     letters = await list_dead_letters(redis, keys, limit=1_000_000)
     chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
     if on_start is not None:
         on_start(len(chosen))
-    return chosen
+    for letter in chosen:
+        await act(letter)
+        if on_each is not None:
+            on_each()
+    return len(chosen)
 
 
 async def redrive(
@@ -87,26 +97,19 @@ async def redrive(
     on_start: Callable[[int], None] | None = None,
     on_each: Callable[[], None] | None = None,
 ) -> int:
-    """Publish dead letters' original payloads again (new stream ids) and remove them from the
-    dead-letter stream, and their original (acked) entries from the stream. `dead_ids=None` re-drives
-    all. `on_start(n)` hears how many will be, `on_each()` each one done (a progress bar). Returns how
-    many were re-driven."""
-    chosen = await _chosen(redis, keys, dead_ids, on_start)
-    for letter in chosen:
-        await streams.requeue(  # back into the partition it came from: its namespace's
-            redis,
-            letter.source,
-            keys.dead_letters,
-            letter.dead_id,
-            letter.payload,
-            original_id=letter.stream_id or None,
+    """Publish dead letters' original payloads again (new stream ids, into the partition they came
+    from) and remove them and their original (acked) entries (`_each` for the arguments)."""
+
+    async def one(letter: DeadLetter) -> None:
+        original = letter.stream_id or None
+        await streams.requeue(
+            redis, letter.source, keys.dead_letters, letter.dead_id, letter.payload, original
         )
         ident = peek_identity(letter.payload)
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
-        if on_each is not None:
-            on_each()
-    return len(chosen)
+
+    return await _each(redis, keys, dead_ids, on_start, on_each, one)
 
 
 async def discard(
@@ -116,13 +119,11 @@ async def discard(
     on_start: Callable[[int], None] | None = None,
     on_each: Callable[[], None] | None = None,
 ) -> int:
-    """Delete dead letters that no fix will make projectable (an event no version of Engram accepts, a
-    test's leftovers): each one, its original (acked) entry in the stream it came from, and the
-    episode's link to them (with its user's, once the episode has no other). `dead_ids=None` discards
-    all; `on_start`/`on_each` as in `redrive`. Returns how many were discarded. Nothing is published:
-    the events are gone, as a forget would leave them."""
-    chosen = await _chosen(redis, keys, dead_ids, on_start)
-    for letter in chosen:
+    """Delete dead letters no fix will make projectable, their original (acked) entries and the
+    episode's link to them (its user's too once it has no other); nothing is published, as a forget
+    would leave them (`_each` for the arguments)."""
+
+    async def one(letter: DeadLetter) -> None:
         await streams.delete(redis, keys.dead_letters, [letter.dead_id])
         if letter.stream_id:
             await streams.delete(redis, letter.source, [letter.stream_id])
@@ -136,9 +137,8 @@ async def discard(
                 await redis.delete(refs_key)
                 if user_id is not None:
                     await redis.srem(keys.user_dead_letters(namespace, user_id), episode_id)
-        if on_each is not None:
-            on_each()
-    return len(chosen)
+
+    return await _each(redis, keys, dead_ids, on_start, on_each, one)
 
 
 async def dead_letter(

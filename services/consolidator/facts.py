@@ -392,17 +392,11 @@ class Consolidator(Snapshots):
                 text = await self.summarizer.summarize(
                     f.base_text, [tasks[e] for e in f.central if e in tasks]
                 )
-                unchanged = before.get(f.fact_id) == f
-                if text:
-                    f = replace(f, text=text, summary=SUMMARY_LLM)
-                    if unchanged:
-                        f = replace(f, version=f.version + 1, updated_at=now)
-                else:
-                    failures += 1
-                    if f.summary != SUMMARY_FALLBACK:
-                        f = replace(f, text=f.base_text, summary=SUMMARY_FALLBACK)
-                        if unchanged:
-                            f = replace(f, version=f.version + 1, updated_at=now)
+                failures += not text
+                new = replace(f, text=text or f.base_text, summary=SUMMARY_LLM if text else SUMMARY_FALLBACK)
+                if new != f and before.get(f.fact_id) == f:  # a new version of an unchanged fact
+                    new = replace(new, version=f.version + 1, updated_at=now)
+                f = new
             out.append(f)
         if failures:
             self.summarizer_failures += failures

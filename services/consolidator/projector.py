@@ -255,11 +255,12 @@ class Projector:
         self,
         pending: list[tuple[str, str]],
         result: BatchResult,
-        prefetched: Mapping[tuple[str, str], tuple[Sequence[Event], int, bytes | None]],
-        known: dict[str, np.ndarray],
+        prefetched: Mapping[tuple[str, str], tuple[Sequence[Event], int, bytes | None]] | None = None,
+        known: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Fold and write `pending` episodes, again for those whose stored events changed meanwhile
-        (the check-and-set failed), up to MAX_WRITE_ATTEMPTS; RuntimeError past that."""
+        (the check-and-set failed), up to MAX_WRITE_ATTEMPTS; RuntimeError past that. `prefetched`:
+        (events, count, embed hash) already in hand; `known`: embed hash → vector of this batch."""
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if not pending:
                 return
@@ -476,11 +477,7 @@ class Projector:
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""
         result = BatchResult()
-        pending = episodes
-        for _attempt in range(MAX_WRITE_ATTEMPTS):
-            if not pending:
-                break
-            pending = await self._fold_and_write(pending, result)
+        await self._write_until_settled(episodes, result)
         await generations.check_writable(self.redis, self.keys, self.gen)  # as in `apply`
         return result
 

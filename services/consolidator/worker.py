@@ -474,7 +474,25 @@ class Worker:
         started = time.perf_counter()
         links = self._delivered(entries) if tracing.enabled() else []
         with tracing.span("engram.consolidator.batch", links=links, entries=len(entries), consumer=self.name):
-            return await self._project_batch(group, projector, entries, started)
+            result = await self._apply(projector, entries)
+            if result is None and len(entries) > 1:
+                # isolate the entry that fails: its neighbours are projected and acked now, and only
+                # the culprit stays pending until it succeeds or reaches the delivery limit
+                ok = [r for e in entries if (r := await self._apply(projector, [e])) is not None]
+                result = BatchResult(
+                    ok=[i for r in ok for i in r.ok],
+                    dead=[d for r in ok for d in r.dead],
+                    completed=[c for r in ok for c in r.completed],
+                )
+            if result is None:
+                return 0
+            await self._finish(group, result)
+            self.last_batch_at = time.monotonic()
+            self.metrics.batch_seconds.observe(time.perf_counter() - started)
+            self.processed += len(result.ok) + len(result.dead)
+            if self.on_batch is not None and result.completed:
+                await self.on_batch(result)
+            return len(entries)
 
     def _delivered(self, entries: list[streams.Entry]) -> list[str]:
         """A `engram.stream.deliver` span in each entry's publisher's trace; their traceparents."""
@@ -487,30 +505,6 @@ class Worker:
                 ):
                     out.append(tp)
         return out
-
-    async def _project_batch(
-        self, group: streams.StreamGroup, projector: Projector, entries: list[streams.Entry], started: float
-    ) -> int:
-        result = await self._apply(projector, entries)
-        if result is None and len(entries) > 1:
-            # isolate the entry that fails: its neighbours are projected and acked now, and only
-            # the culprit stays pending until it succeeds or reaches the delivery limit
-            results = [await self._apply(projector, [e]) for e in entries]
-            ok = [r for r in results if r is not None]
-            result = BatchResult(
-                ok=[i for r in ok for i in r.ok],
-                dead=[d for r in ok for d in r.dead],
-                completed=[c for r in ok for c in r.completed],
-            )
-        if result is None:
-            return 0
-        await self._finish(group, result)
-        self.last_batch_at = time.monotonic()
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        self.processed += len(result.ok) + len(result.dead)
-        if self.on_batch is not None and result.completed:
-            await self.on_batch(result)
-        return len(entries)
 
     async def _apply(self, projector: Projector, entries: list[streams.Entry]) -> BatchResult | None:
         """Project `entries`; None (left pending, error remembered) on a failure that retrying entry by
