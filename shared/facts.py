@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 from redis.typing import EncodableT
 
 from engram_episodic.errors import InvalidEpisode
+from engram_episodic.events import Episode
 from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
@@ -113,6 +114,36 @@ class FactScope:
             agent_id=agent if isinstance(agent, str) else None,
             category=(data.get("category") or None) if agent is not None else None,
         )
+
+
+# --- what facts are built from --------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One completed episode of a scope with its unit vector (`vector`: the stored one, which centroids
+    are made of); `cluster_vector`, when set, is what clustering compares instead (the embedding of
+    the episode's text without the text its scope shares: `services.consolidator.facts_plan`)."""
+
+    episode: Episode
+    vector: np.ndarray
+    cluster_vector: np.ndarray | None = None
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
+
+    @property
+    def completed_at(self) -> float:
+        return self.episode.completed_at if self.episode.completed_at is not None else 0.0
+
+
+def by_completion(rows: Sequence[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
+
+
+def centroid_of(matrix: np.ndarray) -> np.ndarray:
+    """The unit mean of the evidence's unit vectors (`matrix`: [n, dim]), float32[dim]."""
+    centroid = matrix.mean(axis=0)
+    return (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
 
 
 # --- the fact -------------------------------------------------------------------------------------
@@ -264,7 +295,7 @@ def _frozen_row(row: Any) -> dict[str, Any]:
     return dict(row)
 
 
-def superseded(fact: Fact, by: str, at: float) -> Fact:
+def superseded(fact: Fact, by: str | None, at: float | None) -> Fact:
     return replace(fact, status=STATUS_SUPERSEDED, superseded_by=by, superseded_at=at)
 
 

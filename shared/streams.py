@@ -200,7 +200,8 @@ async def requeue(
     return res[0]
 
 
-def _stream_id(value: bytes | str | None) -> tuple[int, int]:
+def id_tuple(value: bytes | str | None) -> tuple[int, int]:
+    """A stream id as (ms, seq), comparable; None is 0-0."""
     text = value.decode() if isinstance(value, bytes) else str(value or "0-0")
     ms, _, seq = text.partition("-")
     return int(ms or 0), int(seq or 0)
@@ -358,8 +359,8 @@ class StreamGroup:
         row = next((g for g in rows if _name(g.get("name")) == self.group), None)
         if row is None:  # entries nobody has read yet
             return None
-        last = _stream_id(stream.get("last-generated-id"))
-        if int(row.get("pending") or 0) or _stream_id(row.get("last-delivered-id")) < last:
+        last = id_tuple(stream.get("last-generated-id"))
+        if int(row.get("pending") or 0) or id_tuple(row.get("last-delivered-id")) < last:
             return None
         return f"{last[0]}-{last[1]}"
 
@@ -391,10 +392,9 @@ class StreamGroup:
             return 0
         info = await self.redis.execute_command("XINFO", "STREAM", self.stream)
         fields = dict(zip(info[::2], info[1::2], strict=False))
-        # entries deleted before the group read them stay counted in entries-added, so Redis's lag can
-        # stay above zero for good on an idle stream (seen after forgets and compaction: every publish
-        # a 429): nothing after the last delivered id is no lag, and the lag is at most the length
-        if _stream_id(g.get("last-delivered-id")) >= _stream_id(fields.get(b"last-generated-id")):
+        # entries deleted unread stay counted in entries-added (Redis's lag then never returns to 0):
+        # nothing after the last delivered id is no lag, and the lag is at most the length
+        if id_tuple(g.get("last-delivered-id")) >= id_tuple(fields.get(b"last-generated-id")):
             return 0
         if g.get("lag") is not None:
             lag = int(g["lag"])
@@ -445,12 +445,12 @@ class StreamGroup:
         g = await self._row()
         if g is None or not ids:
             return [False] * len(ids)
-        last = _stream_id(g.get("last-delivered-id"))
+        last = id_tuple(g.get("last-delivered-id"))
         async with self.redis.pipeline(transaction=False) as pipe:
             for entry in ids:
                 pipe.xpending_range(self.stream, self.group, min=entry, max=entry, count=1)
             pending = await pipe.execute()
-        return [_stream_id(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
+        return [id_tuple(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
 
 
 IDLE_BLOCK_MS = 100

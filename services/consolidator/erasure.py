@@ -204,11 +204,6 @@ async def _rewrite_aof(redis: aioredis.Redis, target: dict, timeout: float) -> b
 FORGET_TYPES = frozenset({"UserForgotten", "EpisodeForgotten"})
 
 
-def _sid(value: bytes | str) -> tuple[int, int]:
-    ms, _, seq = (value.decode() if isinstance(value, bytes) else value).partition("-")
-    return int(ms), int(seq or 0)
-
-
 async def _applied_horizon(
     redis: aioredis.Redis, stream: str, page: int
 ) -> tuple[tuple[int, int], set[bytes]] | None:
@@ -227,7 +222,7 @@ async def _applied_horizon(
             ids = [as_bytes(cast("bytes | str", r["message_id"])) for r in rows]
             pending.update(ids)
             start = "(" + ids[-1].decode()
-    return min(_sid(g["last-delivered-id"]) for g in groups), pending
+    return min(streams.id_tuple(g["last-delivered-id"]) for g in groups), pending
 
 
 def _is_forget(fields: dict) -> bool:
@@ -256,7 +251,7 @@ async def _drop_applied_forgets(redis: aioredis.Redis, stream: str, page: int) -
     while True:
         rows = await streams.read_range_raw(redis, stream, last, count=page)
         rows = rows[1:] if last != "-" else rows
-        within = [(sid, f) for sid, f in rows if _sid(sid) <= horizon]
+        within = [(sid, f) for sid, f in rows if streams.id_tuple(sid) <= horizon]
         gone = [sid for sid, f in within if sid not in pending and _is_forget(f)]
         if gone:
             await streams.delete(redis, stream, gone)

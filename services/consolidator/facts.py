@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from services.consolidator.facts_plan import Row, default_distance, plan, shared_sentences, without_shared
+from services.consolidator.facts_plan import default_distance, plan, shared_sentences, without_shared
 from services.consolidator.facts_snapshots import ContributorForgotten, Snapshots
 from services.consolidator.facts_store import apply_snapshot, load_rows, load_state
 from shared import cluster
 from shared.embedding_base import Embedder
-from shared.facts import LEVEL_NAMESPACE, STATUS_CURRENT, SUMMARY_FALLBACK, SUMMARY_LLM, Fact, FactScope
+from shared.facts import LEVEL_NAMESPACE, STATUS_CURRENT, SUMMARY_FALLBACK, SUMMARY_LLM, Fact, FactScope, Row
 from shared.generations import StaleGeneration
 from shared.index import Scope, agent_category_counts, current_generation
 from shared.replies import as_text, bytes_map
@@ -170,8 +170,7 @@ class Consolidator(Snapshots):
         for i, (s, _, _) in enumerate(increments):
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
             if self._reached(completed, importance):
-                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (else a
-                # trickle of episodes past the threshold logs two INFO lines per episode)
+                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG
                 pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
                 log.log(
                     logging.DEBUG if pending else logging.INFO,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,9 @@ from shared.facts import (
     STATUS_SUPERSEDED,
     Fact,
     FactScope,
+    Row,
+    by_completion,
+    centroid_of,
     superseded,
 )
 from shared.keys import digest
@@ -53,30 +56,6 @@ FALLBACK_DISTANCE = 0.5
 def default_distance(embedder: str | None) -> float:
     """The calibrated threshold of the embedder the index was built with (FALLBACK_DISTANCE if unknown)."""
     return DEFAULT_DISTANCE.get(embedder or "", FALLBACK_DISTANCE)
-
-
-# --- inputs ---------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One completed episode of a scope with its unit vector (`vector`: the stored one, which facts'
-    centroids are made of). `cluster_vector`, when set, is what clustering compares instead: the
-    embedding of the episode's text without the text the scope's episodes share (`without_shared`)."""
-
-    episode: Episode
-    vector: np.ndarray
-    cluster_vector: np.ndarray | None = None
-
-    @property
-    def episode_id(self) -> str:
-        return self.episode.episode_id
-
-    @property
-    def completed_at(self) -> float:
-        return self.episode.completed_at if self.episode.completed_at is not None else 0.0
-
-
-def _order(rows: Sequence[Row]) -> list[Row]:
-    return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
 
 
 # --- text every episode of a scope shares ---------------------------------------------------------
@@ -130,8 +109,7 @@ def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
         return []
     if n == 1:
         return [[0]]
-    # imported here: scikit-learn was 2.7 s of every process's start (measured with -X importtime; the
-    # query service opened its port that much later) and a process may never cluster
+    # imported here: scikit-learn was 2.7 s of every process's start, which may never cluster
     from sklearn.cluster import AgglomerativeClustering
 
     labels = AgglomerativeClustering(
@@ -157,12 +135,6 @@ def _failure_messages(ep: Episode) -> list[str]:
     return sorted({_clip(m, 200) for m in msgs if m.strip()})
 
 
-def centroid_of(matrix: np.ndarray) -> np.ndarray:
-    """The unit mean of the evidence's unit vectors (`matrix`: [n, dim]), float32[dim]."""
-    centroid = matrix.mean(axis=0)
-    return (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
-
-
 def build_fact(
     scope: FactScope,
     rows: Sequence[Row],
@@ -175,7 +147,7 @@ def build_fact(
     supersedes: str | None = None,
 ) -> Fact:
     """A fact from its evidence rows: statistics, centroid, confidence, kind and deterministic text."""
-    rows = _order(rows)
+    rows = by_completion(rows)
     n = len(rows)
     eps = [r.episode for r in rows]
     successes = sum(e.outcome == "success" for e in eps)
@@ -337,7 +309,7 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
     """A cluster's time-ordered evidence cut where outcomes or one approach's outcomes flip
     (`shared.regimes.segments`; an approach is the strategy, else the tools called:
     `shared.regimes.approach`), oldest first; every regime has at least `min_size` rows."""
-    rows = _order(rows)
+    rows = by_completion(rows)
     success = [r.episode.outcome == "success" for r in rows]
     strategies = [approach(r.episode.strategy_used, (a.action_type for a in r.episode.actions)) for r in rows]
     return [rows[a:b] for a, b in segments(success, strategies, min_size)]
@@ -346,7 +318,7 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
 def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[list[list[Row]]]:
     """Per cluster of at least `min_cluster` episodes (by oldest episode), its regimes oldest first (the
     newest the current fact): a function of the episodes alone, no previous state, no clock."""
-    rows = _order(rows)
+    rows = by_completion(rows)
     if not rows:
         return []
     vectors = np.stack([r.vector if r.cluster_vector is None else r.cluster_vector for r in rows])

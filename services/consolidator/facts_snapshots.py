@@ -16,17 +16,16 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
-from services.consolidator.facts_plan import Row, build_fact
+from services.consolidator.facts_plan import build_fact
 from services.consolidator.facts_store import apply_snapshot, load_rows_by_id, load_state
 from shared import generations, streams
 from shared.codec import encode, encode_sealed_facts
-from shared.facts import STATUS_SUPERSEDED, Fact, FactScope, facts_with_evidence
+from shared.facts import STATUS_SUPERSEDED, Fact, FactScope, Row, facts_with_evidence, superseded
 from shared.index import generation_tags
 from shared.keyring import KeyRing, deployment_tag_key, shared_ring
 from shared.settings import Settings
@@ -191,12 +190,7 @@ class Snapshots:
                 supersedes=f.supersedes,
             )
             if f.status == STATUS_SUPERSEDED:
-                rebuilt = replace(
-                    rebuilt,
-                    status=STATUS_SUPERSEDED,
-                    superseded_by=f.superseded_by,
-                    superseded_at=f.superseded_at,
-                )
+                rebuilt = superseded(rebuilt, f.superseded_by, f.superseded_at)
             out.append(rebuilt)
         return out, removed
 

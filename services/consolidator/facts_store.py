@@ -23,7 +23,6 @@ from redis.exceptions import WatchError
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
-from services.consolidator.facts_plan import Row, _order, centroid_of
 from shared import cluster, generations
 from shared.codec import encode
 from shared.facts import (
@@ -31,6 +30,9 @@ from shared.facts import (
     DOC_FIELD,
     Fact,
     FactScope,
+    Row,
+    by_completion,
+    centroid_of,
     ensure_facts_index,
     fact_fields,
     fact_from_doc,
@@ -117,7 +119,7 @@ async def load_rows(
                 row = _row(doc, vector) if status == STATUS_COMPLETED.encode() else None
                 if row is not None:
                     rows.append(row)
-    return _order(rows)
+    return by_completion(rows)
 
 
 async def load_rows_by_id(
@@ -134,12 +136,12 @@ async def load_rows_by_id(
             row = _row(doc, vec)
             if row is not None:
                 rows.append(row)
-    return _order(rows)
+    return by_completion(rows)
 
 
 async def reembedded(r: aioredis.Redis, keys: Keys, gen: int, facts: Sequence[Fact]) -> list[Fact]:
     """`facts` with each centroid computed from its evidence's vectors in generation `gen`, as a run
-    computes it (`facts_plan.centroid_of`); a fact none of whose evidence is there (expired, forgotten)
+    computes it (`centroid_of`); a fact none of whose evidence is there (expired, forgotten)
     gets no centroid: listed and filtered, never found by similarity. Text, ids and versions stay."""
     out = []
     for f in facts:
@@ -254,8 +256,7 @@ async def apply_snapshot(
                 break
             except WatchError:
                 continue
-    # a run that read the generation before a replay swapped and dropped it wrote into a dead one:
-    # swept here (StaleGeneration); the snapshot is in the stream, for the live generation
+    # written into a generation a replay dropped meanwhile: swept here (StaleGeneration)
     await generations.check_writable(r, keys, gen)
     return True
 

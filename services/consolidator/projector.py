@@ -149,8 +149,7 @@ class Projector:
             try:
                 await self._apply_other(entry, event)
             except (EngramError, ValueError, TypeError, KeyError) as exc:
-                # a well-formed envelope whose content this build cannot apply (e.g. a malformed facts
-                # snapshot): dead-letter it alone rather than failing, and retrying, its whole batch
+                # content this build cannot apply (e.g. a malformed facts snapshot): dead-letter it alone
                 result.dead.append((entry, dead_reason(exc, sealed)))
                 self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
@@ -188,9 +187,7 @@ class Projector:
         tombstoned: list[streams.Entry] = []
         counted: Counter[tuple[str, str]] = Counter()  # labels().inc() per event was ~2% of a worker's CPU
         pending = await self._settle_fast(fast, statuses, by_episode, result, counted, tombstoned)
-        # slow path (episodes with only actions in hand; with a model embedder, also those that already
-        # had a document): one whose stored events are exactly those in hand is folded without reading
-        # them back
+        # slow path: one whose stored events are exactly those in hand is folded without reading them
         in_hand: dict[tuple[str, str], dict[str, EpisodeEvent]] = {}
         stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
         for (entry, ev), reply in zip(record_only, record_replies, strict=True):

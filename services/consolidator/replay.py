@@ -131,8 +131,7 @@ async def _passes_before_swap(
     projected = 0
     while True:
         progress.phase("stream", size)
-        # every partition in turn: the order within a partition is what a fold needs (a namespace's
-        # events are all in one), an order across partitions means nothing
+        # a fold needs the order within a partition (a namespace's events are all in one) only
         for stream in partitions:
             projected += await _project_range(
                 projector, redis, stream, after[stream], ends[stream].last, progress
@@ -250,8 +249,7 @@ async def _build(
         tag_key=await deployment_tag_key(redis, keys, settings.master_key),
         point_alias=False,
     )
-    # facts carry centroids in the embedder of the generation they were built in: another embedder's
-    # (of another dimension they could not even be indexed) are computed again from the evidence
+    # facts carry centroids of their generation's embedder: another's are computed again
     built_with = await redis.hmget(keys.meta, [f"g{old}:embedder", f"g{old}:dim"])
     reembed = built_with[0] is not None and (as_text(built_with[0]), int(built_with[1] or 0)) != (
         embedder.name,
@@ -273,17 +271,13 @@ async def _build(
     await import_fact_snapshots(
         redis, keys, old, new, dim, tags, projector.keyring, reembed=projector.reembed_facts
     )
-    # each pass reads up to a last id fixed before it starts: "until a page comes back empty" never
-    # ended while ingest outpaced the replay
     ends, first_pass = await _passes_before_swap(projector, redis, keys.streams, progress)
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     if await index_exists(redis, keys.facts_index(new)):  # else the first snapshot creates and points it
         await point_alias_at(redis, keys.facts_index_alias, keys.facts_index(new))
     if not await generations.finish(redis, keys, new, live=True):
         raise generations.StaleGeneration(new, old)  # abandoned (its heartbeat stalled past the lease)
-    # Read after the switch: a worker that read an entry and then found the old generation read it
-    # before the switch, so its id is at most these; every later entry goes to the new generation
-    # through the workers. The catch-up re-projects only what came between the two marks.
+    # read after the switch: every later entry reaches the new generation through the workers
     swapped = {stream: await _tip(redis, stream) for stream in keys.streams}
     progress.phase("catch-up", sum(max(0, swapped[s].added - ends[s].added) for s in keys.streams))
     catch_up = 0

@@ -13,12 +13,6 @@ from shared import streams
 from shared.keys import Keys
 
 
-def _parse_id(raw: bytes | str) -> tuple[int, int]:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
 async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | None:
     """The lowest id some group still needs: its oldest pending entry, else the entry after its
     last delivered one. None when there is no group (then nothing is provably projected)."""
@@ -32,9 +26,9 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
             redis, stream, name.decode() if isinstance(name, bytes) else name
         ).pending_summary()
         if summary and summary.get("pending"):
-            needed.append(_parse_id(summary["min"]))
+            needed.append(streams.id_tuple(summary["min"]))
         else:
-            ms, seq = _parse_id(g["last-delivered-id"])
+            ms, seq = streams.id_tuple(g["last-delivered-id"])
             needed.append((ms, seq + 1))
     return min(needed)
 

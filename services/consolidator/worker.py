@@ -271,8 +271,7 @@ class Worker:
         while not stop.is_set() and not halt.is_set():
             self._beat(lane)
             try:
-                # a batch of long texts can embed for minutes on a busy machine: each forward pass it
-                # completes counts as the lane turning
+                # each forward pass of a long embedding counts as the lane turning
                 with reporting_progress(lambda: self._beat(lane)):
                     await self.turn()
                 backoff.reset()

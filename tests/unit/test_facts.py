@@ -8,7 +8,6 @@ import numpy as np
 
 from engram_episodic.events import Action, Episode, Feedback, Task
 from services.consolidator.facts_plan import (
-    Row,
     build_fact,
     cluster,
     derive,
@@ -16,7 +15,7 @@ from services.consolidator.facts_plan import (
     shared_sentences,
     without_shared,
 )
-from shared.facts import Fact, FactScope
+from shared.facts import Fact, FactScope, Row
 from shared.index import embedding_text
 
 SCOPE = FactScope("ns")
