@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from engram_episodic.errors import DecodeError, EngramError, InvalidEpisode
-from engram_episodic.events import Event
+from engram_episodic.events import EpisodeCompleted, EpisodeStarted, Event
 from services.consolidator.deadletters import withhold_values
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded
@@ -135,8 +135,10 @@ class Decoder:
         return out
 
     def _check_vector(self, event: Event) -> None:
-        episode = getattr(event, "episode", None)
-        if episode is not None and episode.vector is not None and len(episode.vector) != self.dim:
+        if not isinstance(event, EpisodeStarted | EpisodeCompleted):
+            return
+        episode = event.episode
+        if episode.vector is not None and len(episode.vector) != self.dim:
             raise InvalidEpisode(
                 [
                     (

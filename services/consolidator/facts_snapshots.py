@@ -5,7 +5,7 @@ Facts are events: a `FactsConsolidated` holds a scope's whole state with a per-s
 is published first, then projected (`facts_store.apply_snapshot`), so nothing is written before the
 stream has it. A lease (`SET NX PX`, `ENGRAM_LEASE_MS`) per scope lets one process write it at a time.
 `Snapshots` is the part of the `Consolidator` (services.consolidator.facts, the scheduler) that a
-forget needs: the projector's `Forgetting` rebuilds facts through `forget_evidence` without it.
+forget needs: the projector's `Forgetting` rebuilds facts through `Snapshots.forget` without it.
 """
 
 from __future__ import annotations
