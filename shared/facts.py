@@ -191,9 +191,8 @@ class Fact:
     superseded_at: float | None = None
     status: str = STATUS_CURRENT
     summary: str | None = None
-    """How `text` was written: None — the deterministic text (no summariser); "llm" — the summariser's
-    rewrite; "fallback" — the summariser failed and `text` is the deterministic text until a later run's
-    retry succeeds."""
+    """How `text` was written: None (no summariser), "llm" (its rewrite) or "fallback" (it failed: the
+    deterministic text until a retry succeeds)."""
 
     def content(self) -> tuple:
         """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
@@ -301,9 +300,8 @@ def superseded(fact: Fact, by: str | None, at: float | None) -> Fact:
 
 # --- the index ------------------------------------------------------------------------------------
 FACTS_BLOCK_SIZE = 64
-"""Vectors per allocation of the facts index: its first fact allocates a whole block, 1,024 vectors
-(1.5 MB at 384 dims) by default, and a namespace has tens of facts, not thousands; on a shard-local
-cluster every namespace has its own facts index (bench/cluster_tenants.py, docs/scaling.md)."""
+"""Vectors per allocation of the facts index (default 1,024: 1.5 MB at 384 dims for tens of facts, per
+namespace on a shard-local cluster)."""
 
 
 def facts_schema(dim: int) -> list[Any]:

@@ -94,12 +94,10 @@ local out = {{1}}
 for i = 3 + 2 * m, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
 return out
 """
-"""PUBLISH_LUA for sealed entries: the XADDs happen only if every data key the payloads were sealed with
-is the one stored (same key id) — a key that does not exist yet is created from the wrapped proposal the
-publisher sent (first publisher wins, atomically with its events) — and the call's `destroy` keys are
-deleted in the same step (a UserForgotten shreds its user as it enters the stream). A destroyed key is
-never re-created from a publisher's memory: only a fresh proposal creates a key. Returns {1, ids...},
-or {0, j, stored wrapped key or nil} for the first key check j that failed (nothing was written)."""
+"""PUBLISH_LUA for sealed entries: XADD only if every data key sealed with is the one stored (same key
+id); a missing key is created from the publisher's wrapped proposal (first wins), never re-created from
+memory once destroyed; the `destroy` keys are deleted in the same step. Returns {1, ids...}, or
+{0, j, stored wrapped key or nil} for the first failed check j (nothing written)."""
 
 
 async def publish_sealed(
@@ -181,10 +179,8 @@ async def requeue(
     payload: bytes,
     original_id: bytes | str | None = None,
 ) -> bytes:
-    """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream` and, when given,
-    its original entry from `stream` (so the data is not held twice): atomically on a single Redis; on a
-    cluster (two slots, no transaction) in that order, so a failure between the steps leaves a copy too
-    many (a redrive again re-publishes the same event_id: harmless), never none."""
+    """Re-publish a dead letter's payload to `stream`, removing it from `dead_stream` and its original
+    entry from `stream`: in one MULTI; on a cluster in that order (a failure leaves a copy too many)."""
     if isinstance(r, RedisCluster):
         new_id = await r.xadd(stream, {FIELD: payload})
         if original_id:
@@ -236,9 +232,8 @@ class StreamGroup:
     group: str
 
     async def ensure(self, start: str = "0") -> None:
-        """Create the group (and the stream) if missing, reading from id `start` ("0": the whole stream,
-        "$": only new entries); an existing group is left alone. Raises ResponseError other than
-        BUSYGROUP (e.g. WRONGTYPE when the key is not a stream)."""
+        """Create the group (and the stream) if missing, reading from id `start` ("0": all, "$": new);
+        ResponseError other than BUSYGROUP (e.g. WRONGTYPE)."""
         try:
             await self.redis.xgroup_create(self.stream, self.group, id=start, mkstream=True)
         except ResponseError as exc:
@@ -407,9 +402,8 @@ class StreamGroup:
         return await self.redis.xpending(self.stream, self.group)
 
     async def retire_consumer(self, consumer: str) -> bool:
-        """Remove `consumer` from the group if it holds no pending entries (a worker that stopped cleanly);
-        True if removed, False otherwise (also when the stream or group is missing). One with pending
-        entries stays, so that XAUTOCLAIM can hand them to another."""
+        """Remove `consumer` from the group unless it holds pending entries (XAUTOCLAIM hands those on);
+        whether it was removed."""
         try:
             consumers = await self.redis.xinfo_consumers(self.stream, self.group)
         except ResponseError:
@@ -486,11 +480,8 @@ class Partitions:
         return group
 
     async def read_any(self, consumer: str, *, count: int, block_ms: int) -> tuple[StreamGroup, list[Entry]]:
-        """Up to `count` new entries of one partition for `consumer`, and that partition's group.
-
-        One partition: `read_new` blocking `block_ms`. Several: a sweep of non-blocking reads from a
-        rotating start, stopping at the first partition with entries; when all are empty, one read
-        blocking at most IDLE_BLOCK_MS on the sweep's first partition. ([] for `count` <= 0.)"""
+        """(group, up to `count` new entries of its partition): non-blocking reads from a rotating start,
+        then, all empty, one read blocking min(`block_ms`, IDLE_BLOCK_MS) on the first."""
         if len(self.groups) == 1:
             return self.groups[0], await self.groups[0].read_new(consumer, count=count, block_ms=block_ms)
         start = self._read_next

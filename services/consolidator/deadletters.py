@@ -26,14 +26,11 @@ DEAD_REF_USER = b"@user"
 """Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
 
 _QUOTED = re.compile(r"('[A-Za-z_][\w.]*' object\b)|'[^']*'|\"[^\"]*\"")
-"""A quoted value, but not the type Python quotes in its own messages (`'NoneType' object is not
-subscriptable`): a fault of the code must say which type it met."""
 
 
 def withhold_values(reason: str) -> str:
-    """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
-    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext. The type named
-    by Python's `'<type>' object ...` messages is kept."""
+    """A sealed entry's dead-letter reason without any quoted value (a bad timestamp is quoted back), but
+    with the type Python's `'<type>' object ...` messages name."""
     return _QUOTED.sub(lambda m: m.group(1) or "'…'", reason)
 
 
@@ -144,9 +141,8 @@ async def discard(
 async def dead_letter(
     group: streams.StreamGroup, keys: Keys, entry: streams.Entry, reason: str, *, consumer: str
 ) -> None:
-    """Move `entry` from `group`'s stream to the dead letters (acking it) and, when its payload still
-    names an episode, link both copies of its data to the episode (and its user) so that forgetting
-    them deletes the copies (a dead letter must not outlive the forget of its episode or user)."""
+    """Move `entry` to the dead letters (acking it), linking both copies to the episode it names (and
+    its user), so that forgetting either deletes them."""
     k, redis = keys, group.redis
     dead_id = await group.dead_letter(k.dead_letters, entry, reason, consumer)
     ident = peek_identity(entry.payload) if entry.payload else None
