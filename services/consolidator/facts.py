@@ -69,16 +69,11 @@ class RunResult:
 
 
 class Consolidator(Snapshots):
-    """Schedules, runs and publishes consolidations. One per worker process (and one per
-    `POST /v1/consolidate` in the query service).
-
-    `dim` is the facts index's vector size. `embedder` (the live index's) embeds episodes again without
-    the text their scope shares (`clustering_rows`); without one, clustering compares stored vectors.
-    With `background=True` (the worker) triggered runs are tasks, one at a time per scope, coalescing
-    the triggers that arrive meanwhile; `aclose()` waits for them. `backlogged()` (the worker's last
-    read returned entries) defers a background run for at most `facts_min_interval` s: during a burst
-    the clustering would be redone soon anyway, and its CPU is the projection's.
-    """
+    """Schedules, runs and publishes consolidations: one per worker process, one per
+    `POST /v1/consolidate`. `embedder` (the live index's) embeds episodes without the text their scope
+    shares (`clustering_rows`; without one, stored vectors are compared). With `background=True` runs
+    are tasks, one at a time per scope (`aclose()` waits for them), deferred for at most
+    `facts_min_interval` s while `backlogged()` (a burst is still arriving)."""
 
     def __init__(
         self,
@@ -377,10 +372,8 @@ class Consolidator(Snapshots):
     async def _summarise(
         self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row], now: float
     ) -> tuple[list[Fact], int]:
-        """Rewrite the text of every current fact the summariser has not rewritten yet (new or changed
-        facts, and those that fell back on an earlier run); returns the facts and the failures. A
-        failure keeps the deterministic text, marked `summary="fallback"`, so a later run retries it;
-        a successful retry of an otherwise unchanged fact is a new version."""
+        """(facts, failures): every current fact the summariser has not rewritten yet rewritten, or marked
+        `summary="fallback"` on a failure (retried next run); an unchanged fact so changed is a new version."""
         if self.summarizer is None:
             return facts, 0
         before = {f.fact_id: f for f in previous}

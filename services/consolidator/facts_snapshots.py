@@ -44,8 +44,8 @@ class ContributorForgotten(EngramError):
 
 
 class Snapshots:
-    """Publishes the facts snapshots of `settings.keys`'s deployment; `dim` is the facts index's vector
-    size; `tags` the TAG digests of generations already known. Sealed per contributor when `settings.master_key` is set (`shared.fact_seal`)."""
+    """Publishes the facts snapshots of `settings.keys`'s deployment (sealed per contributor with
+    `settings.master_key`); `dim` is the facts index's vector size, `tags` known generations' digests."""
 
     def __init__(
         self,
@@ -96,12 +96,9 @@ class Snapshots:
         return sid.decode() if isinstance(sid, bytes) else str(sid)
 
     async def publish_snapshot(self, event: FactsConsolidated) -> tuple[FactsConsolidated, str, bytes]:
-        """Publish a snapshot: (the event as published, its stream id, its stored bytes).
-
-        With a master key each fact is sealed under the data keys of all its users (the namespace's key
-        for a fact without users), and the XADD checks atomically that each key is still the one sealed
-        with (`streams.publish_sealed`). Raises ContributorForgotten, writing nothing, when a user's key
-        is gone: `publish_live` then rebuilds the fact without that user, keeping the others' part."""
+        """(the event as published, its stream id, its stored bytes). With a master key each fact is sealed
+        under its users' data keys (the namespace's without users), the XADD checking atomically that
+        each is still the one sealed with; ContributorForgotten, writing nothing, when one is gone."""
         ring = self._ring
         if ring is None:
             return event, await self.publish(event), encode(event)

@@ -71,16 +71,12 @@ def consumer_name(settings: Settings) -> str:
 
 
 class OwnPending:
-    """Entries delivered to this consumer name and not acked that no lane of this process holds: read
-    again at the next turns (`read`) instead of waiting for the lease's reclaim (ENGRAM_LEASE_MS).
-
-    Three ways a reply is lost, one recovery: a predecessor under the same name (`make run`'s slots)
-    crashed with a batch in hand (read at start); a read raised after Redis delivered (a timeout, a
-    dropped connection: `again`); a read whose reply was lost without raising, as redis-py retries it
-    after a socket timeout and finds nothing new (`check`, an idle lane's look every
-    OWN_PENDING_CHECK_SECONDS). A lane `hold`s what it read at once, before any await, so no entry is
-    projected by two lanes at once.
-    """
+    """Entries delivered to this consumer name and not acked that no lane of this process holds, read
+    again at the next turns (`read`) rather than after the lease (ENGRAM_LEASE_MS). Three lost replies,
+    one recovery: a predecessor under the same name crashed with a batch in hand (read at start); a
+    read raised after Redis delivered (`again`); a read's reply was lost silently, redis-py retrying it
+    after a socket timeout (`check`, an idle lane's look every OWN_PENDING_CHECK_SECONDS). A lane
+    `hold`s what it read before any await, so no entry is projected by two lanes at once."""
 
     def __init__(self, groups: list[streams.StreamGroup], name: str):
         self.groups = groups
@@ -219,10 +215,8 @@ class Worker:
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until `stop` is set, with `settings.in_flight` lanes (`turn` in a loop) sharing the
-        consumer name: safe as N workers are, the projection being idempotent and order-tolerant. A
-        Conflict in a lane (EmbedderMismatch at start) stops the others after their batch in hand and is
-        raised here."""
+        """Consume until `stop` is set, with `settings.in_flight` lanes sharing the consumer name (safe as
+        N workers are). A Conflict in a lane stops the others after their batch in hand and is raised."""
         if (
             await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop)
             is None
@@ -376,9 +370,7 @@ class Worker:
             await self._sweep()
 
     async def _sweep(self) -> None:
-        """Sweep dead generations' keys (`shared.generations`) when the live generation changed since
-        this process last swept (or at start), or a replay's building lease ran out; one worker at a
-        time (the sweep lock's lease)."""
+        """Sweep dead generations (`shared.generations`) when `due`; one worker at a time (a lease)."""
         is_due, live = await generations.due(self.redis, self.keys, self._swept_under)
         if not is_due:
             return
