@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 import redis.asyncio as aioredis
@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.timeutil import format_instant
+from services import refuse
 from services.consolidator.replay import Progress
 from services.run_lock import run_data_dir
 from shared.partitions import deployment_keys
@@ -69,15 +70,6 @@ CLUSTER_HINT = (
     "REDIS_URL={url} is a Redis Cluster ({error}): use REDIS_URL=redis+cluster://host:port "
     "(next to `ENGRAM_REDIS_CLUSTER=N make run`, set ENGRAM_REDIS_CLUSTER=N here too)"
 )
-
-
-def refuse(command: str, message: str) -> NoReturn:
-    """A configuration error, as `make run` reports one: one line on stderr, exit code 2 (a retry
-    cannot fix it; docs/reliability.md)."""
-    context = click.get_current_context(silent=True)
-    program = context.find_root().info_name if context is not None else None
-    click.echo(f"{program or 'engram-admin'} {command}: {message}", err=True)
-    sys.exit(2)
 
 
 def _settings(command: str, **overrides: Any) -> Settings:
