@@ -53,6 +53,8 @@ def ns_tag(namespace: str) -> str:
 
 MAX_PARTITIONS = 256
 """Upper bound of `ENGRAM_STREAM_PARTITIONS` (each worker lane visits every partition in turn)."""
+CLUSTER_PARTITIONS = 16
+"""Default partitions on a Redis Cluster: room for 16 primaries, 16 cheap XREADGROUPs per lane sweep."""
 
 
 @functools.lru_cache(maxsize=MAX_PARTITIONS * 4)

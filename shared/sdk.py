@@ -44,14 +44,12 @@ from engram_episodic.validation import Collector, check_id
 from shared import streams
 from shared.codec import encode
 from shared.keyring import KeyRing, shared_ring
-from shared.keys import MAX_PARTITIONS, Keys
+from shared.keys import CLUSTER_PARTITIONS, MAX_PARTITIONS, Keys
 from shared.partitions import check_partitions, recorded
 from shared.redis_conn import connect
 from shared.retry import TRANSIENT, Backoff
 
 _EVENT_CLASSES = frozenset(EVENT_TYPES.values())
-CLUSTER_PARTITIONS = 16
-"""As `shared.settings.CLUSTER_PARTITIONS` (the SDK reads no environment, so no Settings)."""
 _CHECKED: set[tuple[int, Keys]] = set()
 """(id of a Redis client, keys) whose given number of partitions this process checked against the
 deployment's record (the query service makes a publisher per request)."""
