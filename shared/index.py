@@ -232,8 +232,7 @@ class VectorParams:
 
 SORTABLE_TAG_FIELDS = ("namespace", "outcome", "status")
 """TAG fields a recall returns for every hit, kept in the sorting vector as written (UNF), so a
-search returning only sortable fields reads no hash.
-"""
+search returning only sortable fields reads no hash."""
 
 
 def episode_schema(params: VectorParams) -> list[Any]:
@@ -258,8 +257,7 @@ def is_missing_index(exc: ResponseError) -> bool:
 async def index_exists(r: aioredis.Redis, name: str) -> bool:
     """Whether the index (or alias) `name` exists, by `FT.EXPLAIN name *` (parsed, never run):
     FT.INFO takes 18–19 ms at 100k documents against ~2 µs, and `/readyz` asks on every probe.
-    ResponseError other than a missing index propagates.
-    """
+    ResponseError other than a missing index propagates."""
     try:
         await r.execute_command("FT.EXPLAIN", name, "*", "DIALECT", 2)
         return True
@@ -288,8 +286,7 @@ _search_limit: tuple[Any, ...] = ()
 
 def search_limit() -> tuple[Any, ...]:
     """The arguments every FT.SEARCH / FT.AGGREGATE carries after its query: none under ON_TIMEOUT
-    FAIL (a query past TIMEOUT errs, answered 503), else `TIMEOUT 0` (`check_on_timeout` decides at start).
-    """
+    FAIL (a query past TIMEOUT errs, answered 503), else `TIMEOUT 0` (`check_on_timeout` decides at start)."""
     return _search_limit
 
 
@@ -426,8 +423,7 @@ def vector_bytes(vector: np.ndarray | Sequence[float]) -> bytes:
 
 class LiveTags:
     """The live generation's TAG digest function for a long-running reader (the query service): the
-    generation is re-read at most every `ttl` seconds, so a `replay` is followed within `ttl`.
-    """
+    generation is re-read at most every `ttl` seconds, so a `replay` is followed within `ttl`."""
 
     def __init__(self, keys: Keys, tag_key: bytes | None, *, ttl: float = 1.0):
         self._clock = time.monotonic
@@ -452,8 +448,7 @@ class LiveTags:
 
     async def mismatch(self, r: aioredis.Redis) -> EmbedderMismatch | None:
         """EmbedderMismatch when the live generation's index was built with another embedder than
-        `embedder` (a `reindex --embedder` under this process), else None (also before `embedder` is set).
-        """
+        `embedder` (a `reindex --embedder` under this process), else None (also before `embedder` is set)."""
         await self.get(r)
         gen = self._gen
         if self.embedder is None:
@@ -467,8 +462,7 @@ def episode_fields(
     namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None, tags: TagCodec
 ) -> dict[str, Any]:
     """The HASH fields of an episode document: indexed fields (ids digested with `tags`), the JSON
-    `doc`, the vector. Not `last_accessed` / `access_count`: the query service owns those.
-    """
+    `doc`, the vector. Not `last_accessed` / `access_count`: the query service owns those."""
     task = episode.task
     fb = episode.feedback
     fields: dict[str, Any] = {
@@ -525,8 +519,7 @@ def episode_fields(
 
 def embedding_text(episode: Episode) -> str:
     """What the embedder sees for an episode: the task first (what recall queries resemble), then
-    the observation, solution, result and outcome notes.
-    """
+    the observation, solution, result and outcome notes."""
     parts = [
         episode.task.description if episode.task else "",
         episode.observation or "",
@@ -570,8 +563,7 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
 
 async def index_size(r: aioredis.Redis, index: str, **target: Any) -> int:
     """Documents in `index` by a wildcard count: FT.INFO's num_docs for ~1/8 of Redis's time (2.1–2.8
-    against 18–19 ms at 100k documents). `target`: `execute_command` keyword arguments.
-    """
+    against 18–19 ms at 100k documents). `target`: `execute_command` keyword arguments."""
     reply = await r.execute_command(
         "FT.SEARCH", index, "*", *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2, **target
     )
@@ -603,8 +595,7 @@ async def filter_search(
 
 async def term_counts(r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]) -> list[int]:
     """How many documents of `scope` each word matches in the text fields (stemmed, as in BM25);
-    one pipelined count per word.
-    """
+    one pipelined count per word."""
     queries = [keyword_query(w, scope.query()) for w in words]
     async with r.pipeline(transaction=False) as pipe:
         for q in queries:
