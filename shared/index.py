@@ -29,6 +29,7 @@ from redis.exceptions import ResponseError
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
+from shared.cluster import is_missing_index
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.replies import as_text
@@ -247,11 +248,6 @@ def episode_schema(params: VectorParams) -> list[Any]:
     for name, weight in TEXT_FIELDS:
         args += [name, "TEXT", "WEIGHT", weight]
     return args + params.schema_args()
-
-
-def is_missing_index(exc: ResponseError) -> bool:
-    """Whether RediSearch refused a command because the index does not exist (2.x and 8.x wordings)."""
-    return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
 
 
 async def index_exists(r: aioredis.Redis, name: str) -> bool:
