@@ -1,30 +1,18 @@
 """Crypto-shredding of the event log: the key hierarchy, key wrapping, sealing of event payloads.
 
-The one module that handles key material; it does no I/O (`shared.keyring` stores in Redis what this
-module makes, `shared.codec` decides which fields of an event are sealed). Sizes, everywhere: keys are
-32 bytes (AES-256), nonces 12 random bytes (fresh per encryption, from `os.urandom`), GCM tags 16 bytes.
+The one module that handles key material; no I/O (`shared.keyring` stores what it makes, `shared.codec`
+chooses the sealed fields). Design and guarantees: docs/reliability.md, Erasure. Keys are 32 bytes
+(AES-256), nonces 12 random bytes per encryption, GCM tags 16 bytes.
 
-Hierarchy:
+- **master key** (`ENGRAM_MASTER_KEY[_FILE]`): never in Redis; its 8-byte id (an HMAC) is stored with
+  what it wraps, so another master key is named instead of misreading data.
+- **deployment secret** (one per `ENGRAM_PREFIX`, wrapped by the master key): key references (`ref`)
+  are HMACs under a key derived from it; a rotation re-wraps it, so references stay valid.
+- **data keys** (random 16-byte id `kid`), one per (namespace, user_id) and one per namespace.
 
-- the **master key** (`ENGRAM_MASTER_KEY`, base64 of 32 bytes, or `ENGRAM_MASTER_KEY_FILE` holding that
-  text) never enters Redis. Its 8-byte id (`MasterKey.id`, an HMAC of the key, not the key) is stored
-  next to what it wraps, so a process given another master key says so instead of misreading data.
-- the **deployment secret** (32 random bytes, one per `ENGRAM_PREFIX`) is stored wrapped by the master
-  key. Key references (`ref`) are HMACs under a key derived from it, so a reference names a user's key
-  without revealing the user id to anyone without the master key. Rotating the master key re-wraps
-  the secret (it is never replaced), so references stay valid.
-- **data keys** (32 random bytes, a random 16-byte id `kid`), one per (namespace, user_id) and one per
-  namespace (episodes without a user, `UserForgotten`), stored wrapped by the master key. Destroying
-  one makes every copy of what it sealed unreadable; backups taken earlier hold the wrapped key until
-  the master key is rotated (docs/reliability.md, "Erasure").
-
-Wrapping (AES-256-GCM under the master key). A wrapped key is 85 bytes:
-`0x01 | kid (16) | master id (8) | nonce (12) | ciphertext of the key (32) + tag (16)`, with associated
-data `b"engram/wrap/v1\\0" + slot + kid`, so a wrapped key moved to another slot (another user's) or
-given another kid does not unwrap.
-
-Sealing (AES-256-GCM under a data key): `nonce (12) | ciphertext + tag (16)`, the associated data
-binding it to the entry's clear fields (`shared.codec`).
+A wrapped key is 85 bytes: `0x01 | kid (16) | master id (8) | nonce (12) | ciphertext (32) + tag (16)`,
+associated data `b"engram/wrap/v1\\0" + slot + kid` (it does not unwrap in another slot or as another
+kid). A sealed payload is `nonce (12) | ciphertext + tag (16)` under a data key.
 """
 
 from __future__ import annotations
