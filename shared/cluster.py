@@ -211,13 +211,10 @@ class EngramCluster(RedisCluster):
             return b"OK"
         if how == DROP:
             return await self._drop(name, args[2:])
-        if how == ALIAS_SET:
-            await super().execute_command("HSET", self.meta, ALIAS + name, _text(args[2]))
+        if how in (ALIAS_SET, ALIAS_DEL):
+            change = ("HSET", _text(args[2])) if how == ALIAS_SET else ("HDEL",)
+            await super().execute_command(change[0], self.meta, ALIAS + name, *change[1:])
             self._aliases = {}  # a new cache, swapped in: a resolve awaiting its read writes to the old one
-            return b"OK"
-        if how == ALIAS_DEL:
-            await super().execute_command("HDEL", self.meta, ALIAS + name)
-            self._aliases = {}
             return b"OK"
         index = await self.resolve(name)
         try:
