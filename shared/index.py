@@ -542,19 +542,16 @@ def aggregate_rows(reply: list[Any]) -> list[dict[str, Any]]:
 
 def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, list[SearchHit]]:
     """Parse a RESP2 FT.SEARCH reply: [total, key, (score,) [f, v, ...], ...]."""
-    total = int(reply[0])
-    hits: list[SearchHit] = []
-    i = 1
     step = 3 if with_scores else 2
-    while i < len(reply):
-        key = reply[i]
-        score = float(reply[i + 1]) if with_scores else None
+    hits: list[SearchHit] = []
+    for i in range(1, len(reply), step):
         raw = reply[i + step - 1] if i + step - 1 < len(reply) else []
-        pairs = iter(raw) if isinstance(raw, list) else iter(())
+        pairs = iter(raw if isinstance(raw, list) else ())
         fields = dict(zip(pairs, pairs, strict=False))  # [f1, v1, f2, v2] → {f1: v1, f2: v2}
-        hits.append(SearchHit(key=key, fields=fields, score=score))
-        i += step
-    return total, hits
+        hits.append(
+            SearchHit(key=reply[i], fields=fields, score=float(reply[i + 1]) if with_scores else None)
+        )
+    return int(reply[0]), hits
 
 
 async def index_size(r: aioredis.Redis, index: str, **target: Any) -> int:
