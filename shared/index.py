@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -546,7 +546,7 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
     hits: list[SearchHit] = []
     for i in range(1, len(reply), step):
         raw = reply[i + step - 1] if i + step - 1 < len(reply) else []
-        pairs = iter(raw if isinstance(raw, list) else ())
+        pairs: Iterator[bytes] = iter(raw if isinstance(raw, list) else ())
         fields = dict(zip(pairs, pairs, strict=False))  # [f1, v1, f2, v2] → {f1: v1, f2: v2}
         hits.append(
             SearchHit(key=reply[i], fields=fields, score=float(reply[i + 1]) if with_scores else None)
