@@ -469,54 +469,36 @@ def _restart_window(env: Mapping[str, str]) -> float:
     return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
 
 
-def _start_cluster(data_root: Path, size: int, port: int, lock_fd: int) -> EmbeddedCluster | None:
-    """`ENGRAM_REDIS_CLUSTER=N`: an embedded cluster of N primaries on ports `port`..., its data kept
-    in `ENGRAM_DATA_DIR/cluster`; None when it did not start (said on stderr)."""
-    cluster = EmbeddedCluster(
-        data_dir=data_root / "cluster",
-        primaries=size,
-        ports=list(range(port, port + size)),
-        pass_fds=(lock_fd,),
-    )
-    try:
-        cluster.start()
-    except (EmbeddedRedisError, OSError) as exc:
-        cluster.stop()
-        _refuse(f"engram: cannot start the embedded cluster (ENGRAM_REDIS_PORT={port}): {exc}")
-        return None
-    _say(f"redis cluster {cluster.url} ({size} primaries, data in {cluster.data_dir})", err=False)
-    return cluster
-
-
 def _start_redis(
     env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
 ) -> list[tuple[str, EmbeddedRedis]] | None:
-    """Start the embedded Redis (or cluster) unless REDIS_URL is set, and set it: [(name, server)] to
-    supervise; None when it did not start (said on stderr)."""
+    """Start the embedded Redis, or with `cluster_size` N (`ENGRAM_REDIS_CLUSTER`) a cluster of N
+    primaries on ports `redis_port`... (data in `ENGRAM_DATA_DIR/cluster`), unless REDIS_URL is set, and
+    set it: [(name, server)] to supervise; None when it did not start (said on stderr)."""
     if env.get("REDIS_URL"):
         return []
+    server: EmbeddedRedis | EmbeddedCluster
     if cluster_size:
-        cluster = _start_cluster(data_root, cluster_size, redis_port, lock_fd)
-        if cluster is None:
-            return None
-        env["REDIS_URL"] = cluster.url
-        return [(f"redis node {node.port}", node) for node in cluster.nodes]
-    data_dir = data_root / "redis"
-    redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
-    _say(f"starting redis on port {redis_port} (data in {data_dir})", err=False)
+        ports = list(range(redis_port, redis_port + cluster_size))
+        server = EmbeddedCluster(data_root / "cluster", cluster_size, ports=ports, pass_fds=(lock_fd,))
+        what = f"the embedded cluster (ENGRAM_REDIS_PORT={redis_port})"
+    else:
+        server = EmbeddedRedis(port=redis_port, data_dir=data_root / "redis", pass_fds=(lock_fd,))
+        what = f"the embedded Redis (ENGRAM_DATA_DIR={data_root}, ENGRAM_REDIS_PORT={redis_port})"
+        _say(f"starting redis on port {redis_port} (data in {server.data_dir})", err=False)
     started = time.monotonic()
     try:
-        redis_server.start()
+        server.start()
     except (EmbeddedRedisError, OSError) as exc:
-        redis_server.stop()  # one that did not answer in time is still running
-        _refuse(
-            f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
-            f"ENGRAM_REDIS_PORT={redis_port}): {exc}"
-        )
+        server.stop()  # one that did not answer in time is still running
+        _refuse(f"engram: cannot start {what}: {exc}")
         return None
-    env["REDIS_URL"] = redis_server.url
-    _say(f"redis {redis_server.url} ready in {time.monotonic() - started:.1f}s", err=False)
-    return [("redis", redis_server)]
+    env["REDIS_URL"] = server.url
+    if isinstance(server, EmbeddedCluster):
+        _say(f"redis cluster {server.url} ({cluster_size} primaries, data in {server.data_dir})", err=False)
+        return [(f"redis node {node.port}", node) for node in server.nodes]
+    _say(f"redis {server.url} ready in {time.monotonic() - started:.1f}s", err=False)
+    return [("redis", server)]
 
 
 def _services(
