@@ -370,21 +370,15 @@ class EmbeddedCluster:
 
     def node_id(self, node: EmbeddedRedis) -> str:
         """The cluster's id of `node` (`CLUSTER MYID`)."""
-        c = self._client(node)
-        try:
+        with self._client(node) as c:
             return c.execute_command("CLUSTER", "MYID").decode()
-        finally:
-            c.close()
 
     def owner(self, slot: int) -> EmbeddedRedis:
         """The primary owning `slot` (`CLUSTER SLOTS` of the first node). Errors: EmbeddedRedisError."""
-        c = self._client(self.nodes[0])
-        try:
+        with self._client(self.nodes[0]) as c:
             for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
                 if lo <= slot <= hi:
                     return next(n for n in self.nodes if n.port == int(primary[1]))
-        finally:
-            c.close()
         raise EmbeddedRedisError(f"slot {slot} is not covered")
 
     def migrate_slot(self, slot: int, destination: EmbeddedRedis, batch: int = 100) -> EmbeddedRedis:
@@ -396,23 +390,16 @@ class EmbeddedCluster:
         if source is destination:
             raise EmbeddedRedisError(f"slot {slot} is already on port {destination.port}")
         src_id, dst_id = self.node_id(source), self.node_id(destination)
-        src, dst = self._client(source), self._client(destination)
-        try:
+        with self._client(source) as src, self._client(destination) as dst:
             dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
             src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
             while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
                 src.execute_command("MIGRATE", "127.0.0.1", destination.port, "", 0, 5000, "KEYS", *keys)
             # the destination first, as redis-cli does, so that it owns the slot before anyone says so
             for node in [destination, source, *(n for n in self.nodes if n not in (source, destination))]:
-                c = self._client(node)
-                try:
+                with self._client(node) as c:
                     if "master" in c.info("replication").get("role", "master"):
                         c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-                finally:
-                    c.close()
-        finally:
-            src.close()
-            dst.close()
         return source
 
     def stop(self) -> None:
