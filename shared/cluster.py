@@ -357,12 +357,15 @@ class EngramCluster(RedisCluster):
     async def shards(self, name: str) -> list[tuple[str, Any]]:
         """[(namespace's index, its primary), ...] of every namespace's index of `name` (index or
         alias), from each primary's `FT._LIST`; copies left behind by a slot move are skipped."""
-        index = await self.resolve(name)
-        found: list[tuple[str, Any]] = []
+        return [(shard, node) for shard, node, owned in await self._listed(await self.resolve(name)) if owned]
+
+    async def _listed(self, index: str) -> list[tuple[str, Any, bool]]:
+        """(namespace's index of `index`, the primary listing it, whether that primary owns its slot)."""
+        found = []
         for node in self.get_primaries():
-            for shard in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
-                if shard != index and base_name(shard) == index and self._owner(shard).name == node.name:
-                    found.append((shard, node))
+            for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
+                if name != index and base_name(name) == index:
+                    found.append((name, node, self._owner(name).name == node.name))
         return found
 
     async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
@@ -418,20 +421,17 @@ class EngramCluster(RedisCluster):
     async def _drop(self, index: str, options: tuple) -> Any:
         had = await super().execute_command("HDEL", self.meta, TEMPLATE + index)
         await self.nodes_manager.initialize()  # every primary, a node that joined since the last MOVED too
-        for node in self.get_primaries():
-            for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
-                if base_name(name) != index or name == index:
-                    continue
-                if self._owner(name).name != node.name:
-                    await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
-                else:
-                    try:
-                        await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
-                    except ResponseError as exc:
-                        if not is_missing_index(exc):
-                            raise
-                await super().execute_command("HDEL", self.meta, SHARD + name)
-                self._forget(name)
+        for name, node, owned in await self._listed(index):
+            if not owned:
+                await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
+            else:
+                try:
+                    await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
+                except ResponseError as exc:
+                    if not is_missing_index(exc):
+                        raise
+            await super().execute_command("HDEL", self.meta, SHARD + name)
+            self._forget(name)
         if not had:
             raise ResponseError(f"Unknown index name {index}")
         return b"OK"
