@@ -27,10 +27,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         "sync Engram and AsyncEngram, one method per route each (the requests are in calls.py, the "
         "options in options.py); the episode blocks could move out",
     ),
-    "shared/index.py": (
-        850,
-        "the episode index schema, generations and its FT.* query builders, which share Scope, escaping and reply parsing; text folding moved to keywords.py, listing to index_pages.py",
-    ),
 }
 
 
