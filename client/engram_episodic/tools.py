@@ -640,11 +640,8 @@ FACTS = ToolSpec(
 
 # forget_episode -------------------------------------------------------------------------------------------
 FORGET_WAIT = 5.0
-"""Seconds the forget_episode tool waits for the consolidator to erase the episode (`DELETE
-/v1/episodes/{id}?wait=`), so its answer can say the episode is gone from every read: an agent that
-forgets and then recalls would otherwise still see it in the moment before the erase (a forgotten
-episode was in 2-9 of 40 immediate reads). The consolidator erases within milliseconds when it
-runs; past the wait the answer says the erase is accepted, not done."""
+"""Seconds forget_episode waits for the erase (`DELETE /v1/episodes/{id}?wait=`), so its answer can say
+the episode is gone from every read; past it the answer says the erase is accepted, not done."""
 
 
 def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
@@ -997,15 +994,10 @@ def dispatch(
     ToolArgumentError (bad arguments, checked before anything is sent, or a 422 of the service, with the
     tool's field names), and the client's errors (ConnectionFailed, Unauthorized, RateLimited, ...).
     With `errors="result"` any EngramError is returned as `error_result(exc)` instead (is_error=True).
+    Raises ValueError for a bad scope id.
     """
-    try:
-        return execute(
-            client, prepare(name, arguments, agent_id=agent_id, user_id=user_id, session_id=session_id)
-        )
-    except EngramError as exc:
-        if errors == "result":
-            return error_result(exc)
-        raise
+    toolset = Toolset(client, agent_id=agent_id, user_id=user_id, session_id=session_id)
+    return toolset.dispatch(name, arguments, errors=errors)
 
 
 async def adispatch(
@@ -1019,14 +1011,8 @@ async def adispatch(
     errors: Literal["raise", "result"] = "raise",
 ) -> ToolResult:
     """`dispatch` with the async client (suggest_approach's two requests run concurrently)."""
-    try:
-        return await aexecute(
-            client, prepare(name, arguments, agent_id=agent_id, user_id=user_id, session_id=session_id)
-        )
-    except EngramError as exc:
-        if errors == "result":
-            return error_result(exc)
-        raise
+    toolset = Toolset(client, agent_id=agent_id, user_id=user_id, session_id=session_id)
+    return await toolset.adispatch(name, arguments, errors=errors)
 
 
 class Toolset:
@@ -1080,9 +1066,7 @@ class Toolset:
         try:
             return execute(self.client, self.prepare(name, arguments))
         except EngramError as exc:
-            if errors == "result":
-                return error_result(exc)
-            raise
+            return _as_result(exc, errors)
 
     async def adispatch(
         self,
@@ -1097,9 +1081,14 @@ class Toolset:
         try:
             return await aexecute(self.client, self.prepare(name, arguments))
         except EngramError as exc:
-            if errors == "result":
-                return error_result(exc)
-            raise
+            return _as_result(exc, errors)
+
+
+def _as_result(exc: EngramError, errors: Literal["raise", "result"]) -> ToolResult:
+    """`error_result(exc)` with `errors="result"`; else raises `exc` again."""
+    if errors == "result":
+        return error_result(exc)
+    raise exc
 
 
 def error_result(exc: BaseException) -> ToolResult:

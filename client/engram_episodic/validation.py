@@ -14,6 +14,10 @@ Limits (documented in docs/api.md, 'The episode model'):
   compact UTF-8 JSON, so the count is the bytes a compact client sends whatever the client or spacing;
 - `actions`: at most 1,000 per episode; numbers must be finite; `importance` 1..10; `complexity` 0..1;
   `reward` -1e6..1e6 (recall clips it to [0, 1]).
+
+Kept over pydantic and msgspec for its refusals, not its speed (a 10-action episode: 124 µs here, 19 µs
+pydantic, 9 µs msgspec): theirs quote the TAG regex for a padded id, msgspec stops at the first bad field,
+and the cross-field rules (tests_passed <= tests_total, started_at, 64 KiB JSON) need our messages anyway.
 """
 
 from __future__ import annotations
@@ -119,7 +123,6 @@ def _expiry(value: Mapping[str, Any], path: str, errs: Collector, base: float | 
 
 TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
 """An episode's free-text fields (besides `task`), each up to MAX_TEXT_CHARS."""
-_TEXT_FIELDS = TEXT_FIELDS
 
 
 class Collector:
@@ -488,7 +491,7 @@ def parse_episode(
         if require_task or value.get("task") is not None
         else None
     )
-    texts = {name: _text(value.get(name), _join(path, name), errs) for name in _TEXT_FIELDS}
+    texts = {name: _text(value.get(name), _join(path, name), errs) for name in TEXT_FIELDS}
     raw_actions = value.get("actions")
     raw_actions = [] if raw_actions is None else raw_actions  # 0, false, "" are no list either
     actions: list[Action] = []
@@ -537,22 +540,14 @@ def parse_episode(
         started_at=started_at,
         completed_at=completed_at,
         expires_at=expires_at,
-        agent_id=ids["agent_id"],
-        user_id=ids["user_id"],
-        session_id=ids["session_id"],
-        observation=texts["observation"],
-        thoughts=texts["thoughts"],
-        action=texts["action"],
-        result=texts["result"],
-        solution=texts["solution"],
-        outcome_details=texts["outcome_details"],
-        source=texts["source"],
         context=context,
         metadata=metadata,
         feedback=feedback,
         importance=importance,
         iterations=iterations,
         vector=vector,
+        **ids,
+        **texts,
     )
 
 
