@@ -307,28 +307,16 @@ def _scoped(args: dict[str, Any], scope: Scope, keys: Sequence[str]) -> dict[str
     return out
 
 
-def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
-    """The named arguments that are set. The plans pick names of the `Calls` options TypedDicts, and the
-    values were checked against the tool's JSON schema, so each plan casts the result to its options type."""
-    return {n: args[n] for n in names if args.get(n) is not None}
+def _except(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The arguments but `names`: the options of the tool's call (`check_arguments` dropped unknown and
+    null ones), cast by each plan to its options TypedDict."""
+    return {k: v for k, v in args.items() if k not in names}
 
 
 # recall_experiences ----------------------------------------------------------------------------------------
 def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(
-        args,
-        "top_k",
-        "category",
-        "outcome",
-        "strategy",
-        "since",
-        "until",
-        "mode",
-        "agent_id",
-        "user_id",
-        "session_id",
-    )
+    options = _except(args, "query", "min_reward")
     if args.get("min_reward") is not None:
         options["reward"] = {"gte": args["min_reward"]}
     return Plan(
@@ -393,7 +381,7 @@ RECALL = ToolSpec(
 # get_context ------------------------------------------------------------------------------------------------
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "category", "top_k", "max_chars", "agent_id", "user_id", "session_id")
+    options = _except(args, "task")
     return Plan(
         "get_context",
         (Calls.context(args["task"], cast(ContextOptions, options)),),
@@ -429,51 +417,29 @@ CONTEXT = ToolSpec(
 
 
 # record_episode --------------------------------------------------------------------------------------------
-_RECORD_FIELDS = {
-    "task.description": "task",
-    "task.category": "category",
-    "task.complexity": "complexity",
-    "task": "task",
-    "feedback.reward": "reward",
-    "feedback.message": "feedback",
-    "feedback.tests_passed": "tests_passed",
-    "feedback.tests_total": "tests_total",
-    "strategy_used": "strategy",
+# the arguments that are not an episode field of the same name: where each goes in the episode
+_RECORD_ARGS = {
+    "task": "task.description",
+    "category": "task.category",
+    "complexity": "task.complexity",
+    "reward": "feedback.reward",
+    "feedback": "feedback.message",
+    "tests_passed": "feedback.tests_passed",
+    "tests_total": "feedback.tests_total",
+    "strategy": "strategy_used",
 }
+_RECORD_FIELDS = {"task": "task", **{path: arg for arg, path in _RECORD_ARGS.items()}}
 
 
 def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id", "session_id"))
-    task = {"description": args["task"], **_pick(args, "category", "complexity")}
-    fields: dict[str, Any] = {
-        "task": task,
-        "outcome": args["outcome"],
-        **_pick(
-            args,
-            "solution",
-            "importance",
-            "iterations",
-            "outcome_details",
-            "agent_id",
-            "user_id",
-            "session_id",
-        ),
-    }
-    if args.get("strategy") is not None:
-        fields["strategy_used"] = args["strategy"]
-    feedback = {
-        "reward": args.get("reward"),
-        "message": args.get("feedback"),
-        "tests_passed": args.get("tests_passed"),
-        "tests_total": args.get("tests_total"),
-    }
-    if any(v is not None for v in feedback.values()):
-        fields["feedback"] = {k: v for k, v in feedback.items() if v is not None}
-    if args.get("actions"):
-        fields["actions"] = [{k: v for k, v in a.items() if v is not None} for a in args["actions"]]
-    try:
-        # an episode larger than one request goes in parts, as `record` sends it (a 3.9 MB
-        # episode got a 413 through the tool and was stored whole by `record`)
+    fields: dict[str, Any] = {}
+    for arg, value in _scoped(args, scope, ("agent_id", "user_id", "session_id")).items():
+        head, _, leaf = _RECORD_ARGS.get(arg, arg).partition(".")
+        if leaf:
+            fields.setdefault(head, {})[leaf] = value
+        else:
+            fields[head] = value
+    try:  # an episode larger than one request goes in parts, as `record` sends it
         episode, calls = Calls.record_parts(None, fields)
     except InvalidEpisode as exc:
         raise ToolArgumentError(
@@ -550,10 +516,10 @@ RECORD = ToolSpec(
 # suggest_approach ------------------------------------------------------------------------------------------
 def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    common = _pick(args, "agent_id", "user_id", "session_id")
+    common = _except(args, "task", "category", "complexity")
     # the category picks strategy's skill profile; suggest would filter by it, and a category the model
     # guessed then found nothing while strategy, on every similar episode, found evidence
-    strategy = {**common, **_pick(args, "category", "complexity")}
+    strategy = _except(args, "task")
     calls = (
         Calls.suggest(args["task"], cast(SuggestOptions, common)),
         Calls.strategy(args["task"], cast(StrategyOptions, strategy)),
@@ -590,9 +556,7 @@ SUGGEST = ToolSpec(
 # search_facts ---------------------------------------------------------------------------------------------
 def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(
-        args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id", "user_id"
-    )
+    options = _except(args, "query")
     return Plan(
         "search_facts",
         (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
@@ -677,7 +641,7 @@ FORGET = ToolSpec(
 # get_skills ---------------------------------------------------------------------------------------------
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "threshold", "agent_id", "user_id", "session_id")
+    options = dict(args)
     return Plan("get_skills", (Calls.skills(cast(SkillsOptions, options)),), lambda r: render_skills(r[0]))
 
 
@@ -701,7 +665,7 @@ SKILLS = ToolSpec(
 # get_learning_curve -----------------------------------------------------------------------------------------
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "category", "window", "limit", "agent_id", "user_id", "session_id")
+    options = dict(args)
     return Plan(
         "get_learning_curve",
         (Calls.learning_curve(cast(CurveOptions, options)),),

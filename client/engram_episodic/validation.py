@@ -27,7 +27,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, overload
 
 from engram_episodic.errors import InvalidEpisode
@@ -92,8 +92,8 @@ def _times(
     value: Mapping[str, Any], path: str, errs: Collector, default_completed_at: float | None
 ) -> tuple[float | None, float | None]:
     """(started_at, completed_at) of an episode, UTC epoch seconds; completed_at `default_completed_at`
-    when not given. A start after the completion names the field that was sent: `started_at` when the
-    completion is the default (else a start two minutes ahead was reported against `completed_at`)."""
+    when not given. A start after the completion names the field that was sent (`started_at` when the
+    completion is the default)."""
     started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
     completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
     if value.get("completed_at") is None:
@@ -370,31 +370,24 @@ def parse_task(value: Any, path: str, errs: Collector) -> Task | None:
     return Task(description=description, category=category, complexity=complexity)
 
 
+_ACTION_FIELDS: tuple[tuple[str, Callable[[Any, str, Collector], Any]], ...] = (
+    ("action_type", functools.partial(check_tag_value, max_chars=MAX_TAG_CHARS, required=True)),
+    ("action_id", check_id),
+    ("input", _text),
+    ("output", _text),
+    ("timestamp", _instant),
+    ("success", _bool),
+    ("error", _text),
+)
+
+
 def parse_action(value: Any, path: str, errs: Collector) -> Action | None:
     if not isinstance(value, Mapping):
         errs.add(path, "must be an object")
         return None
     _unknown(value, frozenset(Action.__dataclass_fields__), path, errs)
-    action_type = check_tag_value(
-        value.get("action_type"), _join(path, "action_type"), errs, max_chars=MAX_TAG_CHARS, required=True
-    )
-    action_id = check_id(value.get("action_id"), _join(path, "action_id"), errs)
-    action_input = _text(value.get("input"), _join(path, "input"), errs)
-    output = _text(value.get("output"), _join(path, "output"), errs)
-    timestamp = _instant(value.get("timestamp"), _join(path, "timestamp"), errs)
-    success = _bool(value.get("success"), _join(path, "success"), errs)
-    error = _text(value.get("error"), _join(path, "error"), errs)
-    if action_type is None:
-        return None
-    return Action(
-        action_type=action_type,
-        action_id=action_id,
-        input=action_input,
-        output=output,
-        timestamp=timestamp,
-        success=success,
-        error=error,
-    )
+    fields = {name: check(value.get(name), _join(path, name), errs) for name, check in _ACTION_FIELDS}
+    return None if fields["action_type"] is None else Action(**fields)
 
 
 def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
