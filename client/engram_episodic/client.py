@@ -121,6 +121,7 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
 P = ParamSpec("P")
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+C = TypeVar("C")
 
 
 # --- the retry rule, shared ------------------------------------------------------------------------------
@@ -533,12 +534,13 @@ class Engram(_Base[httpx.Client]):
         return self.call(Calls.ready())
 
 
-class _OpenEpisode:
-    """What the sync and async HTTP episodes share: the draft, and the rule that a completion once sent
-    (perhaps applied) is never overwritten by the block's exit (a success whose answer was lost must not
-    be rewritten as a failure)."""
+class _OpenEpisode(Generic[C]):
+    """What the sync and async HTTP episodes share: the client, the draft, and the rule that a completion
+    once sent (perhaps applied) is never overwritten by the block's exit (a success whose answer was lost
+    must not be rewritten as a failure)."""
 
-    def __init__(self, draft: EpisodeDraft):
+    def __init__(self, client: C, draft: EpisodeDraft):
+        self.client = client
         self.draft = draft
         self.sent = False
 
@@ -565,12 +567,8 @@ class _OpenEpisode:
         return None
 
 
-class HttpEpisode(_OpenEpisode):
+class HttpEpisode(_OpenEpisode[Engram]):
     """An open episode recorded over HTTP (see `Engram.episode`); actions are kept until completion."""
-
-    def __init__(self, client: Engram, draft: EpisodeDraft):
-        super().__init__(draft)
-        self.client = client
 
     def action(
         self,
@@ -742,12 +740,8 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
             await asyncio.sleep(interval)
 
 
-class AsyncHttpEpisode(_OpenEpisode):
+class AsyncHttpEpisode(_OpenEpisode[AsyncEngram]):
     """An open episode recorded over HTTP with `AsyncEngram` (see `Engram.episode`)."""
-
-    def __init__(self, client: AsyncEngram, draft: EpisodeDraft):
-        super().__init__(draft)
-        self.client = client
 
     action = _coroutine(HttpEpisode.action)
 

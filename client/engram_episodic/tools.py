@@ -11,20 +11,16 @@
         result.text   # compact text for the model;  result.data: the full JSON answer
 
 Each tool (`TOOLS`) has a `name`, a `description` written for a model (when to call it, what it
-returns) and `parameters`, a JSON Schema of its arguments: an object with `additionalProperties: false`,
-its required fields, enums for outcome/mode/kind and the bounds the query service enforces (docs/api.md;
-`services/query/models.py`; `engram_episodic.validation`). `tools(format)`
-renders them for OpenAI Chat Completions, the OpenAI Responses API or Anthropic tool use; the MCP server
-(`engram_episodic.mcp_server`) serves the same names, descriptions and schemas.
+returns) and `parameters`, a JSON Schema of its arguments (`additionalProperties: false`, the bounds the
+query service enforces). `tools(format)` renders them for OpenAI Chat Completions, the OpenAI Responses
+API or Anthropic tool use; the MCP server (`engram_episodic.mcp_server`) serves the same.
 
 Executing a tool call: the arguments are checked against the schema first (`ToolArgumentError` names
-every bad field and sends nothing), then turned into the requests of `engram_episodic.client.Calls` (one
-builder for both clients), sent by the sync `Engram` (`dispatch`) or the async `AsyncEngram`
-(`adispatch`), and rendered by pure functions into a `ToolResult`. A 422 of the service is the same
-`ToolArgumentError`, with the service's field names translated to the tool's (`feedback.reward` is
-`reward`). Other failures (`ConnectionFailed`, `Unauthorized`, `RateLimited`, ...) propagate as the
-client raised them; `error_result(exc)` renders any of them for a model (`errors="result"` does it for
-you).
+every bad field and sends nothing), then turned into the requests of `engram_episodic.client.Calls`, sent
+by `Engram` (`dispatch`) or `AsyncEngram` (`adispatch`) and rendered into a `ToolResult`. A 422 of the
+service is the same `ToolArgumentError`, in the tool's field names (`feedback.reward` is `reward`).
+Other failures (`ConnectionFailed`, `Unauthorized`, `RateLimited`, ...) propagate as the client raised
+them; `error_result(exc)` renders any of them for a model (`errors="result"` does it for you).
 
 Scope: `agent_id` / `user_id` can be bound once (`Toolset(client, agent_id=..., user_id=...)`); a bound
 value is used whenever the model does not pass one. A bound `session_id` is stamped on recorded episodes
