@@ -1237,23 +1237,16 @@ def render_forgotten(forgetting: Forgetting) -> ToolResult:
     """forget_episode: the episode is erased (`forgotten` true: gone from every read), or the erase was
     accepted and is still to be carried out (the wait ran out), or had been done before (forgetting is
     idempotent)."""
+    episode, event_id = f"Episode {forgetting.episode_id}", forgetting.event_id
     if forgetting.already_forgotten:
-        return ToolResult(
-            f"Episode {forgetting.episode_id} was already forgotten.",
-            {"episode_id": forgetting.episode_id, "event_id": None, "status": "already_forgotten"},
-        )
-    if forgetting.forgotten:
-        return ToolResult(
-            f"Episode {forgetting.episode_id} is erased from memory; the facts built on it are "
-            "rebuilt without it.",
-            {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "erased"},
-        )
-    data = {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "accepted"}
-    return ToolResult(
-        f"Episode {forgetting.episode_id} will be erased from memory (and from the facts "
-        "built on it) within seconds.",
-        data,
-    )
+        status, text, event_id = "already_forgotten", f"{episode} was already forgotten.", None
+    elif forgetting.forgotten:
+        status = "erased"
+        text = f"{episode} is erased from memory; the facts built on it are rebuilt without it."
+    else:
+        status = "accepted"
+        text = f"{episode} will be erased from memory (and from the facts built on it) within seconds."
+    return ToolResult(text, {"episode_id": forgetting.episode_id, "event_id": event_id, "status": status})
 
 
 def render_skills(skills: Skills) -> ToolResult:
