@@ -608,8 +608,9 @@ def _coroutine(
     method: Callable[Concatenate[Any, P], T],
 ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
     """A sync client's (or episode's) `method` as the coroutine method of the async one, with its
-    signature and docstring: its body sends through `self.call` (or `self._send_all`), whose awaitable
-    the async class gives back and this awaits."""
+    signature and docstring. Only for a method that returns what `self.call` or `self._send_all` returns
+    (an awaitable on the async class, awaited here) or does no I/O: a body that used an answer would get
+    the coroutine instead."""
 
     @functools.wraps(method)
     async def run(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
