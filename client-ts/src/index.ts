@@ -220,9 +220,9 @@ const WHY: Record<string, string> = {
 };
 
 /** `result` of a record with `wait`, or WaitTimeout / EpisodeForgotten when an episode is not projected. */
-function waited(result: IngestAnswer, wait: number | undefined, episodeId: string): IngestAnswer {
+function waited(result: IngestAnswer, wait: number | undefined, episodeId: string | null): IngestAnswer {
   const mine = result.results.filter((a) => a.episode_id === episodeId);
-  if (mine.length && mine.every((a) => a.reason === "forgotten")) throw new EpisodeForgotten(episodeId);
+  if (episodeId !== null && mine.length && mine.every((a) => a.reason === "forgotten")) throw new EpisodeForgotten(episodeId);
   if (wait && result.projected === false) {
     const late = result.results.filter((a) => a.projected === false);
     const parts: string[] = [];
@@ -238,6 +238,24 @@ function waited(result: IngestAnswer, wait: number | undefined, episodeId: strin
     throw error;
   }
   return result;
+}
+
+type Prepared = Record<string, unknown> & { episode_id: string };
+
+/**
+ * `episode` in its JSON form with its id (a new one unless given) and `completed_at` (now unless given)
+ * fixed, so that every attempt sends the same episode. InvalidRequest without an `outcome`.
+ */
+function prepare(episode: EpisodeInput): Prepared {
+  if (episode === null || typeof episode !== "object" || Array.isArray(episode)) {
+    throw new InvalidRequest([{ field: "episode", reason: "must be an object" }]);
+  }
+  const data = wire(episode, "") as Record<string, unknown>;
+  if (typeof data.task === "string") data.task = { description: data.task };
+  if (data.outcome == null) throw new InvalidRequest([{ field: "outcome", reason: "is required for a finished episode" }]);
+  data.episode_id ??= uuidHex();
+  data.completed_at ??= Date.now() / 1000;
+  return data as Prepared;
 }
 
 /**
@@ -458,34 +476,55 @@ export class Engram {
    * EpisodeForgotten for an id forgotten before; errors name the ids in `episodeIds`.
    */
   async record(episode: EpisodeInput, options: RecordOptions = {}): Promise<string> {
-    const prepared = this.prepare(episode);
-    await this.publishOne(prepared, options.wait);
-    return prepared.episode_id as string;
+    const prepared = prepare(episode);
+    await this.sendEpisodes([prepared], options.wait, true);
+    return prepared.episode_id;
   }
 
-  /** `episode` with its id and `completed_at` fixed, in its JSON form. */
-  private prepare(episode: EpisodeInput): Record<string, unknown> & { episode_id: string } {
-    if (episode === null || typeof episode !== "object" || Array.isArray(episode)) {
-      throw new InvalidRequest([{ field: "episode", reason: "must be an object" }]);
+  /**
+   * Publish finished episodes (each as `record` prepares it) in as few requests as fit: one when they
+   * fit one (applied all or none), else parts in order. Returns one answer per episode; with `wait`,
+   * WaitTimeout names the episodes not projected in time. Errors name the ids in `episodeIds`.
+   */
+  async publish(episodes: EpisodeInput[], options: RecordOptions = {}): Promise<IngestAnswer> {
+    if (!Array.isArray(episodes) || !episodes.length) {
+      throw new InvalidRequest([{ field: "episodes", reason: "must be a list of at least one episode" }]);
     }
-    const data = wire(episode, "") as Record<string, unknown>;
-    if (typeof data.task === "string") data.task = { description: data.task };
-    if (data.outcome == null) throw new InvalidRequest([{ field: "outcome", reason: "is required for a finished episode" }]);
-    data.episode_id ??= uuidHex();
-    data.completed_at ??= Date.now() / 1000;
-    return data as Record<string, unknown> & { episode_id: string };
+    const errors: { field: string; reason: string }[] = [];
+    const prepared = episodes.flatMap((e, i) => {
+      try {
+        return [prepare(e)];
+      } catch (error) {
+        if (!(error instanceof InvalidRequest)) throw error;
+        errors.push(...error.errors.map((f) => ({ field: `episodes[${i}].${f.field}`, reason: f.reason })));
+        return [];
+      }
+    });
+    const first = new Map<string, number>();
+    prepared.forEach((e, i) => {
+      const seen = first.get(e.episode_id);
+      if (seen !== undefined) {
+        errors.push({
+          field: `episodes[${i}].episode_id`,
+          reason: `repeats episodes[${seen}].episode_id (${JSON.stringify(e.episode_id)}); send one version of an episode`,
+        });
+      } else first.set(e.episode_id, i);
+    });
+    if (errors.length) throw new InvalidRequest(errors);
+    return this.sendEpisodes(prepared, options.wait, false);
   }
 
-  private async publishOne(prepared: Record<string, unknown> & { episode_id: string }, wait: number | undefined): Promise<IngestAnswer> {
+  /** Send prepared episodes (a lone one that fits goes in the single-episode body); the joined answer. */
+  private async sendEpisodes(prepared: Prepared[], wait: number | undefined, single: boolean): Promise<IngestAnswer> {
     const params = waitParam(wait);
     const sendAll = async (): Promise<IngestAnswer> => {
-      const bodies = requestBodies([prepared], this.maxBodyBytes);
-      const single = bodies.length === 1 ? [prepared] : bodies;
+      const bodies = requestBodies(prepared, this.maxBodyBytes);
+      const sent = single && bodies.length === 1 ? [prepared[0]] : bodies;
       const results: IngestAnswer[] = [];
-      for (const body of single) {
+      for (const body of sent) {
         results.push(await this.send<IngestAnswer>({ method: "POST", path: "/v1/episodes", body, params, wait, idempotent: true }));
       }
-      return waited(joined(results), wait, prepared.episode_id);
+      return waited(joined(results), wait, single ? prepared[0]!.episode_id : null);
     };
     try {
       try {
@@ -500,7 +539,7 @@ export class Engram {
         throw error;
       }
     } catch (error) {
-      if (error instanceof EngramError && !error.episodeIds.length) error.episodeIds = [prepared.episode_id];
+      if (error instanceof EngramError && !error.episodeIds.length) error.episodeIds = prepared.map((e) => e.episode_id);
       throw error;
     }
   }
@@ -515,8 +554,8 @@ export class Engram {
   }
 
   /** @internal the completion of an OpenEpisode */
-  async _complete(episode: Record<string, unknown> & { episode_id: string }): Promise<void> {
-    await this.publishOne(episode, undefined);
+  async _complete(episode: Prepared): Promise<void> {
+    await this.sendEpisodes([episode], undefined, true);
   }
 
   /**
@@ -654,7 +693,7 @@ export class OpenEpisode {
     };
     this.pending = snapshot;
     this.sent = true;
-    await this.client._complete(snapshot as Record<string, unknown> & { episode_id: string });
+    await this.client._complete(snapshot as Prepared);
     this.completed = snapshot;
     return snapshot;
   }
