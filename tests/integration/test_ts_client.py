@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from engram_episodic import ApiError, Engram, EpisodeForgotten, InvalidEpisode, ResourceNotFound
 from engram_episodic.client import Calls
 from engram_episodic.errors import EngramError
-
 from services.consolidator.worker import Worker
 from shared import streams
 from shared.embedding import HashingEmbedder
@@ -196,7 +196,9 @@ def test_packed_tarball_installs_offline_and_runs_the_quickstart(npm, stack, tmp
 
 
 # --- the cases both clients run (tests/cases/clients.json) ---------------------------------------------------
-CASES = json.loads((Path(__file__).resolve().parents[1] / "cases" / "clients.json").read_text("utf-8"))["cases"]
+CASES = json.loads((Path(__file__).resolve().parents[1] / "cases" / "clients.json").read_text("utf-8"))[
+    "cases"
+]
 
 
 def _fill(value: Any, run: str, saved: dict[str, Any]) -> Any:
