@@ -289,6 +289,29 @@ describe("errors", () => {
     clearInterval(alive);
   });
 
+  test("an answer lost after the service applied a record is retried, and the episode is stored once", async () => {
+    let posts = 0;
+    const lossy: typeof fetch = async (input, init) => {
+      const response = await fetch(input, init);
+      if (init?.method === "POST" && ++posts === 1) {
+        await response.arrayBuffer(); // applied by the service; the answer never reaches the caller
+        throw new TypeError("fetch failed", { cause: Object.assign(new Error("socket hang up"), { code: "ECONNRESET" }) });
+      }
+      return response;
+    };
+    const agent = id("lossy");
+    const client = new Engram(env.ENGRAM_URL, { apiKey: env.ENGRAM_API_KEY, fetch: lossy, maxRetryWait: 0.05 });
+    const episodeId = await client.record({ task: "charge the card once", outcome: "success", agent_id: agent }, { wait: 10 });
+    assert.equal(posts, 2);
+    const stored = [];
+    for await (const e of memory.listEpisodes({ agent_id: agent })) stored.push(e.episode_id);
+    assert.deepEqual(stored, [episodeId]);
+
+    posts = 0;
+    await assert.rejects(client.recall("charge the card", { touch: true }), (e: unknown) => e instanceof ConnectionFailed && e.maybeApplied);
+    assert.equal(posts, 1, "a recall that counts accesses is not repeated after a lost answer");
+  });
+
   test("429 past ENGRAM_MAX_LAG: RateLimited with its problem fields, retried after Retry-After within the bound", async () => {
     const options = { apiKey: env.ENGRAM_LAG_API_KEY };
     const strict = new Engram(env.ENGRAM_LAG_URL, { ...options, maxRetries: 0 });
