@@ -335,5 +335,11 @@ describe("errors", () => {
     });
     const waited = (Date.now() - started) / 1000;
     assert.ok(waited >= 0.35 && waited < 3, `two retries, each wait capped at 0.2 s, took ${waited}s`);
+
+    const honouring = new Engram(env.ENGRAM_LAG_URL, { ...options, maxRetries: 1, maxRetryWait: 30 });
+    const before = Date.now();
+    await assert.rejects(honouring.record({ task: "still too many", outcome: "success" }), RateLimited);
+    const slept = (Date.now() - before) / 1000;
+    assert.ok(slept >= refused.retryAfter! - 0.05 && slept < refused.retryAfter! + 3, `one retry after Retry-After ${refused.retryAfter}s took ${slept}s`);
   });
 });
