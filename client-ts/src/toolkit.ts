@@ -47,6 +47,8 @@ export type ToolName = (typeof TOOL_NAMES)[number];
 const TAG_ARGS = new Set(["agent_id", "user_id", "session_id", "episode_id", "category", "strategy", "action_type"]);
 // eslint-disable-next-line no-control-regex
 const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+/** A UTF-16 surrogate without its other half: JSON decodes it, but no request can carry it. */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 /**
  * A zod schema of the subset of JSON Schema the tool definitions use (objects without extra keys,
@@ -77,12 +79,13 @@ export function zodOf(schema: JsonSchema, name = ""): z.ZodType {
     let text = schema.format === "date-time" ? z.iso.datetime({ offset: true }) : z.string();
     if (schema.minLength !== undefined) text = text.min(schema.minLength);
     if (schema.maxLength !== undefined) text = text.max(schema.maxLength);
+    const whole = text.refine((v) => !LONE_SURROGATE.test(v), "must be valid Unicode text (it holds a lone surrogate)");
     out = TAG_ARGS.has(name)
-      ? text
+      ? whole
           .refine((v) => v.trim() !== "", "must not be empty or blank")
           .refine((v) => v === v.trim(), "must not start or end with whitespace")
           .refine((v) => !CONTROL.test(v), "must not contain control characters")
-      : text;
+      : whole;
   } else if (schema.type === "integer" || schema.type === "number") {
     let num = schema.type === "integer" ? z.number().int() : z.number();
     if (schema.minimum !== undefined) num = num.min(schema.minimum);
