@@ -232,7 +232,9 @@ function waited(result: IngestAnswer, wait: number | undefined, episodeId: strin
     }
     const slow = late.filter((a) => !(a.reason && a.reason in WHY)).map((a) => a.episode_id);
     if (slow.length) parts.push(`not projected within ${wait}s: ${slow.slice(0, 10).join(", ")}`);
-    const error = new WaitTimeout("accepted, but " + parts.join("; "));
+    // a forgotten id was not even published: "accepted" would say otherwise
+    const lead = late.some((a) => a.reason !== "forgotten") ? "accepted, but " : "";
+    const error = new WaitTimeout(lead + parts.join("; "));
     error.episodeIds = late.map((a) => a.episode_id);
     error.result = result;
     throw error;
