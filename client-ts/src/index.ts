@@ -51,21 +51,25 @@ type JsonBody<Op extends keyof operations> = operations[Op] extends {
   : never;
 type Query<Op extends keyof operations> = NonNullable<operations[Op]["parameters"]["query"]>;
 
+/** Fields holding an instant: ISO 8601 with an offset, epoch seconds, or a `Date` (sent as ISO 8601). */
+type Instants = "since" | "until" | "as_of" | "completed_at" | "started_at" | "expires_at" | "timestamp";
+type WithDates<T> = { [K in keyof T]: K extends Instants ? T[K] | Date : T[K] };
+
 /** An episode to record: the API's `Episode` (`task` a description or a task object). */
-export type EpisodeInput = S["Episode"];
+export type EpisodeInput = WithDates<S["Episode"]>;
 export type Action = S["Action"];
 export type StoredEpisode = S["EpisodeOut"];
-export type RecallOptions = Partial<Omit<JsonBody<"recall">, "query">>;
+export type RecallOptions = WithDates<Partial<Omit<JsonBody<"recall">, "query">>>;
 export type ContextOptions = Partial<Omit<JsonBody<"context">, "task">>;
 export type StrategyOptions = Partial<Omit<JsonBody<"strategy">, "task">>;
 export type SuggestOptions = Partial<Omit<JsonBody<"suggest">, "task">>;
-export type FactSearchOptions = Partial<Omit<JsonBody<"facts_search">, "query">>;
+export type FactSearchOptions = WithDates<Partial<Omit<JsonBody<"facts_search">, "query">>>;
 export type ConsolidateOptions = Partial<JsonBody<"consolidate">>;
 export type SkillsOptions = Query<"skills">;
 export type CurveOptions = Query<"learning_curve">;
-export type EpisodeListOptions = Omit<Query<"list_episodes">, "cursor"> & { cursor?: string };
-export type FactListOptions = Query<"list_facts">;
-export type EpisodeChanges = Partial<JsonBody<"update_episode">>;
+export type EpisodeListOptions = WithDates<Omit<Query<"list_episodes">, "cursor"> & { cursor?: string }>;
+export type FactListOptions = WithDates<Query<"list_facts">>;
+export type EpisodeChanges = WithDates<Partial<JsonBody<"update_episode">>>;
 export type RecallAnswer = S["RecallAnswer"];
 export type ContextAnswer = S["ContextAnswer"];
 export type StrategyAnswer = S["StrategyAnswer"];

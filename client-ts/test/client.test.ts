@@ -151,6 +151,11 @@ describe("every method", () => {
     const listed = [];
     for await (const e of memory.listEpisodes({ agent_id: id("ttl") })) listed.push(e.episode_id);
     assert.deepEqual(listed, [episodeId]);
+    const dated = await memory.record({ task: "dated", outcome: "success", agent_id: id("ttl"), completed_at: new Date("2026-01-02T03:04:05Z") }, { wait: 10 });
+    assert.equal(Date.parse(String((await memory.getEpisode(dated)).episode!.completed_at)), Date.parse("2026-01-02T03:04:05Z"));
+    const since = [];
+    for await (const e of memory.listEpisodes({ agent_id: id("ttl"), until: new Date("2026-01-03T00:00:00Z") })) since.push(e.episode_id);
+    assert.deepEqual(since, [dated], "Dates are sent as ISO 8601 instants");
   });
 });
 
