@@ -25,7 +25,7 @@ type Args = Record<string, unknown>; // checked by the zod schema
 
 /**
  * The memory tools for `generateText` / `streamText` (`tools: engramTools(memory, { agentId })`):
- * recall_experiences, get_context, record_episode and forget_episode, or those in `names`.
+ * every Engram tool (`TOOL_NAMES`, as the Python `Toolset`), or those in `names`.
  */
 export function engramTools(
   memory: Engram,

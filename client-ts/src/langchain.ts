@@ -21,7 +21,7 @@ import { TOOL_NAMES, runTool, toolSpec, zodOf, type Args, type ToolName, type To
 
 export * from "./toolkit.js";
 
-/** recall_experiences, get_context, record_episode and forget_episode (or those in `names`) as LangChain tools. */
+/** Every Engram tool (`TOOL_NAMES`, as the Python `Toolset`), or those in `names`, as LangChain tools. */
 export function engramLangChainTools(
   memory: Engram,
   options: ToolScope & { names?: readonly ToolName[] } = {},

@@ -19,6 +19,11 @@ import {
   Unauthorized,
   type ContextAnswer,
   type EpisodeForgetting,
+  type Fact,
+  type LearningCurveAnswer,
+  type SkillsAnswer,
+  type StrategyAnswer,
+  type SuggestAnswer,
   type EpisodeInput,
   type RecallAnswer,
   type RecallOptions,
@@ -40,7 +45,16 @@ export interface ToolScope {
   sessionId?: string;
 }
 
-export const TOOL_NAMES = ["recall_experiences", "get_context", "record_episode", "forget_episode"] as const;
+export const TOOL_NAMES = [
+  "recall_experiences",
+  "get_context",
+  "record_episode",
+  "suggest_approach",
+  "search_facts",
+  "forget_episode",
+  "get_skills",
+  "get_learning_curve",
+] as const;
 export type ToolName = (typeof TOOL_NAMES)[number];
 
 /** Arguments checked with the service's rule for tag values besides the schema. */
@@ -198,6 +212,80 @@ export function renderForgotten(f: EpisodeForgetting): ToolResult {
   };
 }
 
+type Counted = Record<string, unknown> & { count?: number };
+const counted = (items: Counted[], key: string, show: (name: string) => string = (n) => n) =>
+  items.map((i) => `${show(String(i[key]))} (${i.count}x)`);
+
+/** suggest_approach: confidence, the strategy and its reason, what failed before. */
+export function renderSuggestion(suggestion: SuggestAnswer, choice: StrategyAnswer): ToolResult {
+  const basis = suggestion.similar
+    ? `${suggestion.successes} success(es) and ${suggestion.failures} failure(s) among ${suggestion.similar} similar past episode(s)`
+    : "no similar past episodes";
+  const lines = [`Confidence: ${suggestion.confidence} (${basis}).`, `Recommended strategy: ${choice.strategy} (${choice.reason}).`];
+  if (suggestion.successful_strategies.length) {
+    lines.push(`Strategies that succeeded: ${counted(suggestion.successful_strategies, "strategy").join(", ")}`);
+  }
+  if (suggestion.common_failures.length) {
+    lines.push(`Common failures to avoid: ${counted(suggestion.common_failures, "message", (m) => quoted(clip(m, 160))).join("; ")}`);
+  }
+  if (suggestion.failed_action_types.length) {
+    lines.push(`Steps that failed before: ${counted(suggestion.failed_action_types, "action_type").join(", ")}`);
+  }
+  return { text: lines.join("\n"), data: { suggestion, strategy: choice }, isError: false };
+}
+
+/** search_facts: one line per fact with its kind, confidence and support. */
+export function renderFacts(facts: Fact[], query: string | null): ToolResult {
+  const data = { results: facts };
+  if (!facts.length) {
+    const about = query ? ` about ${quoted(clip(query, 80))}` : "";
+    return { text: `No facts${about} yet (facts are distilled once enough similar episodes exist).`, data, isError: false };
+  }
+  const lines = [`${facts.length} fact(s), best first:`];
+  facts.forEach((f, i) => {
+    const status = String(f.status ?? "");
+    const tail = status === "" || status === "current" ? "" : `, ${status}`;
+    const agent = (f as Record<string, unknown>).agent_id;
+    const scope = agent ? `agent ${String(agent)}` : "all agents";
+    lines.push(
+      `${i + 1}. [${f.kind} | ${scope} | confidence ${num(f.confidence)} | ${f.support} episode(s), success ${pct(f.success_rate)}${tail}] ${clip(f.text, 500)} (fact_id ${f.fact_id})`,
+    );
+  });
+  return { text: lines.join("\n"), data, isError: false };
+}
+
+/** get_skills: one line per category; the weak ones marked. */
+export function renderSkills(skills: SkillsAnswer): ToolResult {
+  const data = skills as unknown as Record<string, unknown>;
+  if (!skills.results.length) return { text: "No completed episodes yet, so no skill profile.", data, isError: false };
+  const lines = [`Skills by category (weak: success rate below ${pct(skills.threshold)}):`];
+  for (const p of [...skills.results].sort((a, b) => b.episodes - a.episodes)) {
+    const iters = p.avg_iterations != null ? `, avg iterations ${p.avg_iterations.toFixed(1)}` : "";
+    lines.push(`- ${p.category}: ${p.episodes} episode(s), ${p.successes} success(es) (${pct(p.success_rate)}), avg reward ${num(p.avg_reward)}${iters}${p.weak ? " - WEAK" : ""}`);
+  }
+  if (skills.weak.length) lines.push(`Weak categories: ${skills.weak.join(", ")}.`);
+  return { text: lines.join("\n"), data, isError: false };
+}
+
+/** get_learning_curve: first vs latest rolling figures, the trend, the last few episodes. */
+export function renderCurve(curve: LearningCurveAnswer): ToolResult {
+  const data = curve as unknown as Record<string, unknown>;
+  const points = curve.results;
+  if (!points.length) return { text: "No completed episodes yet, so no learning curve.", data, isError: false };
+  const first = points[Math.min(points.length, curve.window) - 1]!;
+  const last = points[points.length - 1]!;
+  const delta = (last.success_rate ?? 0) - (first.success_rate ?? 0);
+  const trend = delta > 0.1 ? "improving" : delta < -0.1 ? "declining" : "steady";
+  const lines = [
+    `Learning curve over ${points.length} episode(s) (rolling window ${curve.window}): success rate ${pct(first.success_rate)} -> ${pct(last.success_rate)} (${trend}); avg reward ${num(first.avg_reward)} -> ${num(last.avg_reward)}; total reward ${(last.cumulative_reward ?? 0).toFixed(2)}.`,
+    `Latest: ${points
+      .slice(-5)
+      .map((p) => `#${p.episode} ${p.outcome || "?"} ${num(p.reward)}`)
+      .join(", ")}.`,
+  ];
+  return { text: lines.join("\n"), data, isError: false };
+}
+
 /** The service's field names → the tool's arguments, so a refusal names what the model sent. */
 const RECORD_FIELDS: Record<string, string> = {
   "task.description": "task",
@@ -303,6 +391,32 @@ const EXECUTE: Record<ToolName, Execute> = {
   },
   async forget_episode(memory, args) {
     return renderForgotten(await memory.forgetEpisode(String(args.episode_id), { wait: FORGET_WAIT }));
+  },
+  async suggest_approach(memory, raw, scope) {
+    const args = scoped(raw, scope, ["agent_id", "user_id"]);
+    const common = pick(args, "agent_id", "user_id", "session_id");
+    // the category picks strategy's skill profile; suggest would filter by it (a guessed category
+    // found nothing where strategy, on every similar episode, found evidence)
+    const task = String(args.task);
+    const [suggestion, choice] = await Promise.all([
+      memory.suggest(task, common),
+      memory.strategy(task, { ...common, ...pick(args, "category", "complexity") }),
+    ]);
+    return renderSuggestion(suggestion, choice);
+  },
+  async search_facts(memory, raw, scope) {
+    const args = scoped(raw, scope, ["agent_id", "user_id"]);
+    const options = pick(args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id", "user_id");
+    const query = args.query == null ? null : String(args.query);
+    return renderFacts(await memory.searchFacts(query, options), query);
+  },
+  async get_skills(memory, raw, scope) {
+    const args = scoped(raw, scope, ["agent_id", "user_id"]);
+    return renderSkills(await memory.skills(pick(args, "threshold", "agent_id", "user_id", "session_id")));
+  },
+  async get_learning_curve(memory, raw, scope) {
+    const args = scoped(raw, scope, ["agent_id", "user_id"]);
+    return renderCurve(await memory.learningCurve(pick(args, "category", "window", "limit", "agent_id", "user_id", "session_id")));
   },
 };
 

@@ -43,6 +43,19 @@ test("a LangGraph ToolNode records, recalls and forgets through the Engram tools
   assert.match(String(recalled!.content), /strategy conservative/);
   assert.match(String(context!.content), /shard the events table by month/);
 
+  const [suggested, facts, skills, curve] = await calls(
+    node,
+    { name: "suggest_approach", args: { task: "partition the events table", category: "architecture" } },
+    { name: "search_facts", args: { query: "partition the events table" } },
+    { name: "get_skills", args: {} },
+    { name: "get_learning_curve", args: { window: 1 } },
+  );
+  assert.match(String(suggested!.content), /^Confidence: \w+ \(1 success\(es\) and 0 failure\(s\) among 1 similar past episode\(s\)\)\.\nRecommended strategy: /);
+  assert.match(String(suggested!.content), /Strategies that succeeded: conservative \(1x\)/);
+  assert.match(String(facts!.content), /^No facts about 'partition the events table' yet/);
+  assert.equal(String(skills!.content), "Skills by category (weak: success rate below 50%):\n- architecture: 1 episode(s), 1 success(es) (100%), avg reward 1.00");
+  assert.match(String(curve!.content), /^Learning curve over 1 episode\(s\) \(rolling window 1\): success rate 100% -> 100% \(steady\)/);
+
   const [forgot] = await calls(node, { name: "forget_episode", args: { episode_id: episodeId } });
   assert.equal((forgot!.artifact as { status: string }).status, "erased");
   await assert.rejects(memory.getEpisode(episodeId), ResourceNotFound);
