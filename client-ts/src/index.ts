@@ -659,6 +659,8 @@ export class OpenEpisode {
   readonly actions: Action[] = [];
   private readonly start: Record<string, unknown>;
   private sent = false;
+  private pending: Record<string, unknown> | null = null;
+  /** What `complete` published, once it was accepted. */
   completed: Record<string, unknown> | null = null;
 
   constructor(
@@ -690,11 +692,13 @@ export class OpenEpisode {
    */
   async complete(outcome: EpisodeInput["outcome"], fields: Partial<EpisodeInput> = {}): Promise<Record<string, unknown>> {
     if (this.completed) throw new InvalidRequest([{ field: "outcome", reason: "episode already completed" }]);
+    const extra = wire(fields, "") as Record<string, unknown>;
+    // a retry after a failed completion sends the same snapshot: the same episode, never a copy
     const snapshot = this.pending ?? {
       ...this.start,
-      ...(wire(fields, "") as Record<string, unknown>),
+      ...extra,
       outcome,
-      completed_at: (fields.completed_at as number | undefined) ?? Date.now() / 1000,
+      completed_at: extra.completed_at ?? Date.now() / 1000,
       actions: [...this.actions],
     };
     this.pending = snapshot;
@@ -703,8 +707,6 @@ export class OpenEpisode {
     this.completed = snapshot;
     return snapshot;
   }
-
-  private pending: Record<string, unknown> | null = null;
 
   /**
    * Run `fn` with this episode: a throw completes it as a failure with the error (and rethrows), a
