@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
+import engram_episodic
 from engram_episodic.cli import cli
 from engram_episodic.hooks import settings, state
 from engram_episodic.hooks.payloads import REDACTED, read_event, redact
@@ -402,3 +405,43 @@ def test_the_answer_is_the_transcript_s_last_assistant_text(tmp_path):
     path.write_text("\n".join(map(json.dumps, lines)) + "\nnot json\n")
     assert last_answer(str(path)) == "last"
     assert last_answer(str(tmp_path / "missing.jsonl")) is None and last_answer(None) is None
+
+
+@pytest.mark.parametrize("beside_python", [True, False], ids=["engram-script", "python-P"])
+def test_the_installed_command_runs_this_installation_whatever_the_project_holds(
+    tmp_path, monkeypatch, beside_python
+):
+    """The CLIs run the hooks in the project's folder: its own `uuid.py`, `random.py`, `logging.py` or
+    `httpx/` must not be imported instead of the real ones, nor another `engram` first on PATH run."""
+    python = sys.executable
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "engram").write_text("#!/bin/sh\necho another engram\n")
+    (elsewhere / "engram").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{elsewhere}{os.pathsep}{os.environ.get('PATH', '')}")
+    if not beside_python:  # an installation without the script: this Python, with the module
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "nowhere" / "python"))
+    project = tmp_path / "proj"
+    (project / "httpx").mkdir(parents=True)
+    hostile = "print('hostile module ran')\nraise RuntimeError('hostile module')\n"
+    for module in ("uuid.py", "random.py", "logging.py", "httpx/__init__.py"):
+        (project / module).write_text(hostile)
+    args = ["hooks", "install", "gemini-cli", "--dir", str(project), "--url", "http://127.0.0.1:9"]
+    assert CliRunner().invoke(cli, args, catch_exceptions=False).exit_code == 0
+    data = json.loads((project / ".gemini" / "settings.json").read_text())
+    command = data["hooks"]["AfterTool"][0]["hooks"][0]["command"]
+    mcp = data["mcpServers"]["engram"]
+    assert shlex.join([mcp["command"], *mcp["args"]]) == command.replace(" hook gemini-cli AfterTool", " mcp")
+    command = command.replace(sys.executable, python)  # the Python that does exist
+    done = subprocess.run(
+        command,
+        shell=True,
+        cwd=project,
+        input=json.dumps(payload("AfterTool", cwd=str(project), tool_name="ls")),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(engram_episodic.__file__))},
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "{}\n"), done.stderr

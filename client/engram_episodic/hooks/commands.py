@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,11 @@ _dir = click.option(
 
 
 def _engram_argv() -> list[str]:
-    """How the CLIs run `engram`: the script on PATH, else this Python with the module."""
-    found = shutil.which("engram")
-    return [found] if found else [sys.executable, "-m", "engram_episodic.cli"]
+    """How the CLIs run this installation's `engram`: the script next to this Python, else this Python
+    with the module under `-P`. Never a bare `python -m` (the hooks run in the project's folder, whose
+    `uuid.py` or `httpx/` would then shadow the real ones), never another `engram` found on PATH."""
+    script = Path(sys.executable).with_name("engram.exe" if sys.platform == "win32" else "engram")
+    return [str(script)] if script.is_file() else [sys.executable, "-P", "-m", "engram_episodic.cli"]
 
 
 def _service(ctx: click.Context) -> tuple[str, str | None]:
