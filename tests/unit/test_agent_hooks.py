@@ -445,3 +445,21 @@ def test_the_installed_command_runs_this_installation_whatever_the_project_holds
         timeout=60,
     )
     assert (done.returncode, done.stdout) == (0, "{}\n"), done.stderr
+
+
+def test_install_keeps_the_url_and_key_it_found_in_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = CliRunner()
+    env = {"ENGRAM_URL": "http://127.0.0.1:9", "ENGRAM_API_KEY": "k-env"}
+    out = run.invoke(cli, ["hooks", "install", "claude-code", "--dir", str(tmp_path)], env=env)
+    assert out.exit_code == 0 and "no Engram service answers at http://127.0.0.1:9" in out.output
+    assert state.load_config() == {"url": "http://127.0.0.1:9", "api_key": "k-env"}
+    mcp = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]["engram"]
+    assert mcp["env"] == {"ENGRAM_URL": "http://127.0.0.1:9"}
+    status = run.invoke(cli, ["hooks", "status", "--dir", str(tmp_path)], env={"ENGRAM_URL": None})
+    assert "service: no Engram service answers at http://127.0.0.1:9" in status.output, "later, without it"
+    out = run.invoke(cli, ["hooks", "install", "gemini-cli", "--user"], env={"ENGRAM_URL": None})
+    assert "at http://127.0.0.1:9" in out.output and state.load_config()["url"] == "http://127.0.0.1:9"
+    user = json.loads((tmp_path / "home" / ".gemini" / "settings.json").read_text())["mcpServers"]["engram"]
+    assert user["env"] == {"ENGRAM_URL": "http://127.0.0.1:9", "ENGRAM_API_KEY": "k-env"}

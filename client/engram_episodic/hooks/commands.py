@@ -102,8 +102,12 @@ def install_command(
     hash_repo: bool,
 ) -> None:
     """Add Engram's hooks and MCP server to CLI's settings (`claude-code` or `gemini-cli`); idempotent."""
+    # what install resolved (the flags, else ENGRAM_URL/ENGRAM_API_KEY, else what an earlier install
+    # kept, else the local URL) is what the hooks and the MCP server use later, without the environment
+    found_url, found_key = _service(ctx)
+    service_url, service_key = url or found_url, api_key or found_key
     config = state.load_config()
-    config.update({k: v for k, v in (("url", url), ("api_key", api_key)) if v})
+    config.update({"url": service_url, "api_key": service_key})
     if test_commands:
         config["test_commands"] = list(test_commands)
     if hash_repo:
@@ -111,9 +115,9 @@ def install_command(
     scope = "project" if project else "user"
     where = settings.target(cli_name, scope, project_dir.resolve(), Path.home())
     argv = _engram_argv()
-    env = {"ENGRAM_URL": url} if url else {}
-    if api_key and scope == "user":  # a project's settings are often committed: no key there
-        env["ENGRAM_API_KEY"] = api_key
+    env = {"ENGRAM_URL": service_url}
+    if service_key and scope == "user":  # a project's settings are often committed: no key there
+        env["ENGRAM_API_KEY"] = service_key
     hooks = settings.hook_entries(cli_name, argv)
     mcp = settings.mcp_entry(argv, env)
     try:
@@ -127,7 +131,6 @@ def install_command(
     except settings.SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     state.save_config(config)
-    service_url, service_key = _service(ctx)
     click.echo(f"{cli_name}: Engram's hooks ({', '.join(hooks)}) in {where.hooks_file}")
     click.echo(f"{cli_name}: Engram's MCP server `engram` in {where.mcp_file}")
     if cli_name == "gemini-cli":
