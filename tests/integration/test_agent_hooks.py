@@ -97,7 +97,7 @@ async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_b
         ("Edit", "file_path=src/calc/dates.py", None, True),
         ("Bash", "pytest -q", "0/1 tests passed", False),
     ]
-    assert first["actions"][1]["error"] == "Exit code 1"
+    assert first["actions"][1]["error"].startswith("Exit code 1\nE AssertionError: assert ['2024-03-01']")
     assert first["solution"].startswith("I replaced the split with datetime.strptime"), (
         "read from the transcript"
     )

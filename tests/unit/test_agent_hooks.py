@@ -134,8 +134,68 @@ def test_redaction_keeps_ordinary_commands_and_paths():
         "file_path=src/calc/dates.py",
         "file_path=.env",
         "go test ./...",
+        "mkdir -p build/out && pytest -p no:cacheprovider -q",
+        "mysql -u root -p shop < dump.sql",
+        "fix the password reset flow: the token is expired after 5 minutes",
+        "pwd && ls -la",
     ):
         assert redact(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("mysql -u root -pTopSecret123 prod", "mysql -u root -p[REDACTED] prod"),
+        ("mariadb-dump -h db -p'Top Secret' shop > s.sql", "mariadb-dump -h db -p[REDACTED] shop > s.sql"),
+        ("sshpass -p hunter2pass ssh deploy@web", "sshpass -p [REDACTED] ssh deploy@web"),
+        ("psql --password hunter2pass -d app", "psql --password [REDACTED] -d app"),
+        ("PGPASSWORD=hunter2pass psql app", "PGPASSWORD=[REDACTED] psql app"),
+        ("the db password hunter2pass stopped working", "the db password [REDACTED] stopped working"),
+        ("its password: x", "its password: [REDACTED]"),
+        ("my token is Xy7pQ2vL9k.", "my token is [REDACTED]."),
+        (
+            "git push https://oauth2:glpat-abcdefghij0123456789@gitlab.com/acme/calc.git main",
+            "git push https://oauth2:[REDACTED]@gitlab.com/acme/calc.git main",
+        ),
+    ],
+)
+def test_secrets_are_redacted_and_nothing_around_them(text, expected):
+    assert redact(text) == expected
+
+
+def test_a_secret_is_redacted_wherever_the_same_hook_input_repeats_it():
+    event = read_event(
+        "claude-code",
+        "PostToolUseFailure",
+        payload(
+            "PostToolUseFailure",
+            tool_name="Bash",
+            tool_input={"command": "mysql -u root -pTopSecret123 prod -e 'select 1'"},
+            error="Exit code 1\nERROR 1045 (28000): TopSecret123 rejected for 'root'@'localhost'",
+        ),
+    )
+    assert event.tool.summary == "mysql -u root -p[REDACTED] prod -e 'select 1'"
+    assert event.tool.error == "Exit code 1\nERROR 1045 (28000): [REDACTED] rejected for 'root'@'localhost'"
+    assert (
+        redact("mysql: TopSecret123 refused", "PGPASSWORD=TopSecret123 mysql") == "mysql: [REDACTED] refused"
+    )
+
+
+def test_an_error_keeps_its_telling_lines_not_only_the_exit_code():
+    error = (
+        "Exit code 1\n..F    [100%]\n======= FAILURES =======\n___ test_iso ___\n\n    def test_iso():\n"
+        ">       assert parse('x') == 1\nE       ValueError: bad date 'x'\n\nsrc/calc/dates.py:3: ValueError\n"
+        "FAILED tests/test_dates.py::test_iso - ValueError: bad date 'x'\n1 failed, 2 passed in 0.04s\n"
+    )
+    event = read_event(
+        "claude-code",
+        "PostToolUseFailure",
+        payload("PostToolUseFailure", tool_name="Bash", tool_input={"command": "pytest"}, error=error),
+    )
+    assert event.tool.error == (
+        "Exit code 1\nE ValueError: bad date 'x'\nsrc/calc/dates.py:3: ValueError\n"
+        "FAILED tests/test_dates.py::test_iso - ValueError: bad date 'x'"
+    )
 
 
 def payload(event, **fields):
@@ -170,7 +230,11 @@ def test_claude_code_tool_payloads_keep_paths_and_commands_never_contents():
             error="Exit code 1\nboom",
         ),
     )
-    assert (failed.tool.success, failed.tool.error, failed.tool.command) == (False, "Exit code 1", "pytest")
+    assert (failed.tool.success, failed.tool.error, failed.tool.command) == (
+        False,
+        "Exit code 1\nboom",
+        "pytest",
+    )
     assert "boom" in failed.tool.output
     long = read_event(
         "claude-code",

@@ -126,7 +126,7 @@ def _record_tool(saved: dict[str, Any], event: HookEvent, config: Mapping[str, A
     if tool.command is not None and runs_tests(tool.command, config.get("test_commands") or ()):
         run = parse_test_output(tool.output, failed=not tool.success)
         if run is not None:
-            failures = [redact(line) for line in run.failures]
+            failures = [redact(line, tool.command) for line in run.failures]
             saved["tests"] = {
                 "passed": run.passed,
                 "total": run.total,
