@@ -128,6 +128,9 @@ async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_b
     assert "Advice (medium confidence): 2 similar tasks, 1 succeeded, 1 failed; strategies that worked: " in (
         context_of(out[1])
     )
+    assert second["strategy_used"] == "pytest + Edit" and "strategies that worked: pytest + Edit" in (
+        context_of(out[1])
+    )
     out = await play(tenants, "claude_code_fail_then_pass.json", workdir / "other", "o1")
     assert out[1] == "", "a session of another repository is given nothing"
     assert os.listdir(workdir / "state" / "engram" / "sessions") == [".lock"], "no draft left open"

@@ -16,8 +16,9 @@ import engram_episodic
 from engram_episodic.cli import cli
 from engram_episodic.hooks import settings, state
 from engram_episodic.hooks.payloads import REDACTED, read_event, redact
-from engram_episodic.hooks.runner import completed, last_answer, repo_identity
+from engram_episodic.hooks.runner import _advice, _line, completed, last_answer, repo_identity
 from engram_episodic.hooks.testruns import TestRun, parse_test_output, runs_tests
+from engram_episodic.types import Suggestion
 
 
 @pytest.mark.parametrize(
@@ -309,6 +310,28 @@ def test_the_outcome_is_the_last_test_run_s():
     assert none["outcome"] == "partial" and "feedback" not in none and none["iterations"] == 0
     assert none["outcome_details"] == "not measured: no test run in this task (SessionEnd: exit)"
     assert none["actions"][0]["action_id"] == "a1" and none["episode_id"] == "e1"
+
+
+def test_the_context_names_each_step_and_the_commands_that_worked():
+    shell = {"action_type": "Bash", "success": False, "timestamp": 2.0}
+    actions = [
+        {"action_type": "Read", "input": "file_path=src/a.py", "success": True, "timestamp": 1.0},
+        {**shell, "input": "cd src && python -m pytest tests -x", "output": "2/3 tests passed"},
+        {"action_type": "Edit", "input": "file_path=src/a.py", "success": True, "timestamp": 3.0},
+        {**shell, "input": "cd src && python -m pytest tests -x", "output": "2/3 tests passed"},
+        {"action_type": "prompt", "input": "go on", "timestamp": 4.0},
+        {**shell, "input": "FORCE=1 npm run test -- --ci", "success": True, "timestamp": 5.0},
+    ]
+    ep = completed({**saved(), "actions": actions}, None, ended_by="Stop")
+    assert ep["strategy_used"] == "Read + python -m pytest + Edit + npm run test"
+    approach = next(x for x in _line(ep).splitlines() if x.startswith("  approach: "))
+    assert approach.count("python -m pytest tests -x → 2/3 tests passed") == 2, "both runs"
+    verdict = {"confidence": "medium", "similar": 2, "successes": 1, "failures": 1}
+    advice = Suggestion.from_json({**verdict, "successful_strategies": [{"strategy": "Bash", "count": 2}]})
+    assert _advice(advice) is None, "a tool's name alone says nothing"
+    strategies = [{"strategy": "Read + Bash", "count": 2}, {"strategy": ep["strategy_used"], "count": 1}]
+    advice = Suggestion.from_json({**verdict, "successful_strategies": strategies})
+    assert _advice(advice).endswith("strategies that worked: Read + python -m pytest + Edit + npm run test")
 
 
 USER_SETTINGS = """{
