@@ -550,3 +550,61 @@ def test_install_keeps_the_url_and_key_it_found_in_the_environment(tmp_path, mon
     assert "at http://127.0.0.1:9" in out.output and state.load_config()["url"] == "http://127.0.0.1:9"
     user = json.loads((tmp_path / "home" / ".gemini" / "settings.json").read_text())["mcpServers"]["engram"]
     assert user["env"] == {"ENGRAM_URL": "http://127.0.0.1:9", "ENGRAM_API_KEY": "k-env"}
+
+
+@pytest.mark.parametrize("cli_name", ["claude-code", "gemini-cli"])
+def test_uninstall_leaves_a_fresh_project_as_it_was(tmp_path, monkeypatch, cli_name):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    project = tmp_path / "proj"
+    project.mkdir()
+    run = CliRunner()
+    args = ["hooks", "install", cli_name, "--dir", str(project), "--url", "http://127.0.0.1:9"]
+    assert run.invoke(cli, args).exit_code == 0 and list(project.iterdir())
+    assert run.invoke(cli, ["hooks", "uninstall", cli_name, "--dir", str(project)]).exit_code == 0
+    assert list(project.iterdir()) == [], "no settings folder left empty"
+
+
+def test_install_says_it_replaces_an_mcp_server_named_engram(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / ".mcp.json").write_text('{"mcpServers": {"engram": {"command": "my-own-engram"}}}')
+    args = ["hooks", "install", "claude-code", "--dir", str(tmp_path), "--url", "http://127.0.0.1:9"]
+    for _ in range(2):  # again: it still replaces theirs
+        out = CliRunner().invoke(cli, args)
+        assert f"warning: it replaces the MCP server `engram` {tmp_path / '.mcp.json'} had" in out.output
+    (tmp_path / "other").mkdir()
+    out = CliRunner().invoke(cli, [*args[:3], "--dir", str(tmp_path / "other")])
+    assert out.exit_code == 0 and "warning" not in out.output
+
+
+def test_status_says_a_settings_file_is_not_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text(USER_SETTINGS)
+    out = CliRunner().invoke(cli, ["--url", "http://127.0.0.1:9", "hooks", "status", "--dir", str(tmp_path)])
+    line = next(x for x in out.output.splitlines() if x.startswith("gemini-cli   project"))
+    assert "settings not JSON; MCP server unknown: not JSON" in line
+    assert "claude-code  project  no hooks; MCP server no" in out.output
+
+
+def test_the_state_folders_and_log_are_the_user_s_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    old = os.umask(0o022)
+    try:
+        state.start_log()
+        state.log.info("one line")
+        with state.session("claude-code", "s1") as saved:
+            saved["episode"] = {"episode_id": "e"}
+        (handler,) = state.log.handlers
+        handler.doRollover()
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "engram").rglob("*")}
+    modes["engram"] = (tmp_path / "engram").stat().st_mode & 0o777
+    assert {k: v for k, v in modes.items() if k != ".lock"} == {
+        "engram": 0o700,
+        "sessions": 0o700,
+        "hooks.log": 0o600,
+        "hooks.log.1": 0o600,
+        next(p.name for p in (tmp_path / "engram" / "sessions").glob("*.json")): 0o600,
+    }

@@ -121,6 +121,7 @@ def install_command(
     hooks = settings.hook_entries(cli_name, argv)
     mcp = settings.mcp_entry(argv, env)
     try:
+        replaced = settings.their_mcp(where.mcp_file)
         if where.hooks_file == where.mcp_file:
             settings.install(
                 where.hooks_file, lambda d: settings.with_mcp(settings.with_hooks(d, hooks), mcp)
@@ -133,6 +134,11 @@ def install_command(
     state.save_config(config)
     click.echo(f"{cli_name}: Engram's hooks ({', '.join(hooks)}) in {where.hooks_file}")
     click.echo(f"{cli_name}: Engram's MCP server `engram` in {where.mcp_file}")
+    if replaced:
+        click.echo(
+            f"{cli_name}: warning: it replaces the MCP server `engram` {where.mcp_file} had "
+            "(uninstall puts it back)"
+        )
     if cli_name == "gemini-cli":
         click.echo("gemini-cli: hooks run when its hooks system is enabled (/settings: Enable Hooks System)")
     why = _answers(service_url, service_key)
@@ -171,11 +177,12 @@ def status_command(ctx: click.Context, project_dir: Path) -> None:
     for cli_name in CLIS:
         for scope in ("project", "user"):
             where = settings.target(cli_name, scope, project_dir.resolve(), Path.home())
-            hooks = settings.installed(where.hooks_file)["hooks"]
-            mcp = settings.installed(where.mcp_file)["mcp"]
-            what = f"hooks {', '.join(hooks)}" if hooks else "no hooks"
+            hooks, mcp = settings.installed(where.hooks_file), settings.installed(where.mcp_file)
+            what = f"hooks {', '.join(hooks['hooks'])}" if hooks["hooks"] else "no hooks"
+            server = "yes" if mcp["mcp"] else "no"
             click.echo(
-                f"{cli_name:12} {scope:8} {what}; MCP server {'yes' if mcp else 'no'}  ({where.hooks_file})"
+                f"{cli_name:12} {scope:8} {what if hooks['json'] else 'settings not JSON'}; "
+                f"MCP server {server if mcp['json'] else 'unknown: not JSON'}  ({where.hooks_file})"
             )
     hashed = bool(state.load_config().get("hash_repo"))
     click.echo(
