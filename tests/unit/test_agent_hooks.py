@@ -16,7 +16,7 @@ import engram_episodic
 from engram_episodic.cli import cli
 from engram_episodic.hooks import settings, state
 from engram_episodic.hooks.payloads import REDACTED, read_event, redact
-from engram_episodic.hooks.runner import _advice, _line, completed, last_answer, repo_identity
+from engram_episodic.hooks.runner import _advice, _line, completed, last_answer, main, repo_identity
 from engram_episodic.hooks.testruns import TestRun, parse_test_output, runs_tests
 from engram_episodic.types import Suggestion
 
@@ -608,3 +608,24 @@ def test_the_state_folders_and_log_are_the_user_s_only(tmp_path, monkeypatch):
         "hooks.log.1": 0o600,
         next(p.name for p in (tmp_path / "engram" / "sessions").glob("*.json")): 0o600,
     }
+
+
+def test_a_secret_the_prompt_gave_is_redacted_in_the_rest_of_the_task(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    down = {"url": "http://127.0.0.1:9", "api_key": None}
+    prompt = "The staging db password is Hunter2pass, make the migration connect"
+    main("claude-code", "UserPromptSubmit", json.dumps(payload("UserPromptSubmit", prompt=prompt)), **down)
+    tool = payload("PostToolUse", tool_name="Bash", tool_input={"command": "./migrate --db staging"})
+    main(
+        "claude-code",
+        "PostToolUse",
+        json.dumps({**tool, "tool_response": {"stdout": "Hunter2pass ok"}}),
+        **down,
+    )
+    answer = "It connects now: migrate reads Hunter2pass from STAGING_DB (kept out of the repository)."
+    main("claude-code", "Stop", json.dumps(payload("Stop", last_assistant_message=answer)), **down)
+    (spooled,) = state.spooled()
+    episode = json.loads(spooled.read_text())
+    assert "Hunter2pass" not in spooled.read_text()
+    assert episode["solution"] == answer.replace("Hunter2pass", REDACTED)
+    assert episode["task"]["description"] == prompt.replace("Hunter2pass", REDACTED)

@@ -9,9 +9,10 @@ contents) and whether it succeeded; everything kept passes `redact` first.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,7 @@ _REDACTIONS = tuple(
 )
 _ENV_ASSIGNMENT = re.compile(r"\b[A-Z_][A-Z0-9_]*=(?P<v>\"[^\"]*\"|'[^']*'|\S+)")
 _MIN_ECHOED_CHARS = 4
+_WORD = re.compile(r"[^\s\"'`()<>\[\]{},;]+?(?=[.:!?]*(?:[\s\"'`()<>\[\]{},;]|$))")
 """A secret this long or longer is redacted wherever else it appears (a shorter one would hit words)."""
 
 
@@ -124,6 +126,28 @@ def redact(text: str, *context: str) -> str:
     return text
 
 
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def secrets_in(*texts: str) -> list[str]:
+    """Digests of the secrets `redact` finds in `texts` (those it redacts wherever they appear): what a
+    session keeps to redact them in its later text too, without keeping them."""
+    return sorted({_digest(s) for t in texts for s in _redacted(t)[1] if len(s) >= _MIN_ECHOED_CHARS})
+
+
+def redact_seen(value: Any, digests: Collection[str]) -> Any:
+    """`value` (JSON-shaped) with each word of its strings whose digest is in `digests` (from
+    `secrets_in`) replaced by [REDACTED]."""
+    if isinstance(value, str) and digests:
+        return _WORD.sub(lambda m: REDACTED if _digest(m.group(0)) in digests else m.group(0), value)
+    if isinstance(value, Mapping):
+        return {k: redact_seen(v, digests) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_seen(v, digests) for v in value]
+    return value
+
+
 def capped(text: str, limit: int) -> str:
     """`text` cut to `limit` characters (an ellipsis marks a cut)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -132,7 +156,8 @@ def capped(text: str, limit: int) -> str:
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """One tool call as recorded: `name`, `summary` (redacted, capped), `success`, `error` (redacted,
-    capped), and for a shell tool the raw `command` and `output` (read for test counts, never kept)."""
+    capped), for a shell tool the raw `command` and `output` (read for test counts, never kept), and
+    `secrets_in` its input and error."""
 
     name: str
     summary: str
@@ -140,6 +165,7 @@ class ToolUse:
     error: str | None = None
     command: str | None = None
     output: str = ""
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +249,7 @@ def _tool(cli: str, name: str, data: Mapping[str, Any], cwd: str) -> ToolUse:
         error=capped(redact(said, summary), MAX_ERROR_CHARS) or None,
         command=command if tool_name in SHELL_TOOLS and isinstance(command, str) else None,
         output=output,
+        secrets=tuple(secrets_in(summary, said)),
     )
 
 

@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,15 @@ from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import ApiError, EngramError
 from engram_episodic.events import Action
 from engram_episodic.hooks import state
-from engram_episodic.hooks.payloads import SHELL_TOOLS, HookEvent, capped, read_event, redact
+from engram_episodic.hooks.payloads import (
+    SHELL_TOOLS,
+    HookEvent,
+    capped,
+    read_event,
+    redact,
+    redact_seen,
+    secrets_in,
+)
 from engram_episodic.hooks.testruns import MAX_FAILURE_LINES, parse_test_output, runs_tests
 from engram_episodic.shapes import episode_to_dict, to_plain
 from engram_episodic.types import Recall, Suggestion
@@ -142,6 +150,12 @@ def _record_tool(saved: dict[str, Any], event: HookEvent, config: Mapping[str, A
         tool.name, input=tool.summary or None, output=output, success=tool.success, error=tool.error
     )
     saved["actions"] = [*saved["actions"], to_plain(action)][-MAX_ACTIONS:]
+    _remember(saved, tool.secrets)
+
+
+def _remember(saved: dict[str, Any], secrets: Collection[str]) -> None:
+    """Keep the digests of the secrets seen in the session (the last 100)."""
+    saved["secrets"] = list(dict.fromkeys([*saved.get("secrets", ()), *secrets]))[-100:]
 
 
 def _command_name(command: str) -> str:
@@ -196,7 +210,8 @@ def completed(saved: Mapping[str, Any], answer: str | None, *, ended_by: str) ->
         fields["outcome_details"] = f"last of {saved.get('test_runs', 0)} test runs: {summary} ({ended_by})"
     fields["strategy_used"] = strategy(saved["actions"])
     episode = _draft(saved).completion(outcome, keep_actions=None, **fields)
-    return episode_to_dict(episode)
+    secrets = {*saved.get("secrets", ()), *secrets_in(answer or "")}
+    return redact_seen(episode_to_dict(episode), secrets)  # what the session said is a secret, anywhere
 
 
 # the service -----------------------------------------------------------------------------------------
@@ -344,6 +359,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
                 saved["actions"] = [*saved["actions"], to_plain(action)][-MAX_ACTIONS:]
             else:
                 saved.update(_open_draft(event, config))
+            _remember(saved, secrets_in(event.prompt or ""))
             agent_id = saved["episode"]["agent_id"]
         elif not saved:
             log.info("%s %s: no open task in this session", cli, event_name)
