@@ -89,8 +89,8 @@ _REDACTIONS = tuple(
 )
 _ENV_ASSIGNMENT = re.compile(r"\b[A-Z_][A-Z0-9_]*=(?P<v>\"[^\"]*\"|'[^']*'|\S+)")
 _MIN_ECHOED_CHARS = 4
-_WORD = re.compile(r"[^\s\"'`()<>\[\]{},;]+?(?=[.:!?]*(?:[\s\"'`()<>\[\]{},;]|$))")
 """A secret this long or longer is redacted wherever else it appears (a shorter one would hit words)."""
+_WORD = re.compile(r"[^\s\"'`()<>\[\]{},;]+?(?=[.:!?]*(?:[\s\"'`()<>\[\]{},;]|$))")
 
 
 def _redacted(text: str) -> tuple[str, set[str]]:

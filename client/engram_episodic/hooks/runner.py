@@ -185,7 +185,8 @@ def completed(saved: Mapping[str, Any], answer: str | None, *, ended_by: str) ->
     """The finished episode of a saved draft, JSON-shaped: the outcome of its last test run (every test
     passed: success; some: partial; none, or the run errored: failure) with reward = pass rate and
     iterations = test runs; without a test run, `partial` with no reward and the details saying so.
-    `answer` (the agent's last message) is the solution, redacted and capped."""
+    `answer` (the agent's last message) is the solution, redacted and capped; every word that is one of
+    the secrets the task saw (`saved["secrets"]`: their digests) is redacted in every field."""
     tests = saved.get("tests")
     fields: dict[str, Any] = {"iterations": saved.get("test_runs", 0)}
     if answer:
@@ -210,8 +211,7 @@ def completed(saved: Mapping[str, Any], answer: str | None, *, ended_by: str) ->
         fields["outcome_details"] = f"last of {saved.get('test_runs', 0)} test runs: {summary} ({ended_by})"
     fields["strategy_used"] = strategy(saved["actions"])
     episode = _draft(saved).completion(outcome, keep_actions=None, **fields)
-    secrets = {*saved.get("secrets", ()), *secrets_in(answer or "")}
-    return redact_seen(episode_to_dict(episode), secrets)  # what the session said is a secret, anywhere
+    return redact_seen(episode_to_dict(episode), saved.get("secrets", ()))  # the task's secrets, anywhere
 
 
 # the service -----------------------------------------------------------------------------------------
