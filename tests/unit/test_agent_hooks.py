@@ -139,6 +139,7 @@ def test_redaction_keeps_ordinary_commands_and_paths():
         "mysql -u root -p shop < dump.sql",
         "fix the password reset flow: the token is expired after 5 minutes",
         "pwd && ls -la",
+        "kubectl get secret my-secret-2 -o yaml; check the password hash_password() uses",
     ):
         assert redact(text) == text
 

@@ -72,9 +72,9 @@ _REDACTIONS = tuple(
         rf"(?i)(?<!/)\b{_SECRET_WORD}[\"']?\s*[=:]\s*([\"']?)(?P<v>[^\s\"'&;,]+)\1",
         # --api-key VALUE
         rf"(?i)--{_SECRET_WORD}\s+(?P<v>[^\s-]\S*)",
-        # prose: "password hunter2pass", "the token is Abc123" (not a plain word: "password reset")
+        # prose: "password hunter2pass", "the token is Abc123" (not a word: "password reset", "token_type")
         r"(?i)\b(?:password|passwd|pwd|secret|token|api[_-]?key)[ \t]+(?:is[ \t]+)?"
-        r"(?-i:(?![a-z]+\b|[A-Z][a-z]+\b))(?P<v>\w[^\s'\"]{3,}?)(?=[.,;:!?)\]]*(?:[\s'\"]|$))",
+        r"(?-i:(?![a-z_]+\b|[A-Z][a-z]+\b))(?P<v>\w[^\s'\"]{3,}?)(?=[.,;:!?)\]]*(?:[\s'\"]|$))",
         # a password glued to a database client's -p (`mysql -pS3cret`; `-p db` alone prompts for it)
         r"\b(?:mysql\w*|mariadb[\w-]*)\b[^|;&\n]*?\s-p(?P<v>'[^']*'|\"[^\"]*\"|[^\s'\"]+)",
         r"\bsshpass\b[^|;&\n]*?\s-p\s*(?P<v>\S+)",
