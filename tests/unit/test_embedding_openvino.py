@@ -103,7 +103,9 @@ def test_without_its_packages_a_model_embedder_names_the_install(tmp_path, monke
 @pytest.mark.slow
 # exports MiniLM (torch load, trace, conversion): 15-40 s idle, minutes on 2 busy cores
 @pytest.mark.timeout(300)
-def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_path, caplog, monkeypatch):
+def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(
+    tmp_path, caplog, capfd, monkeypatch
+):
     model_dir = minilm_dir()
     turns = locomo_turns(200)
     shutil.copytree(model_dir, tmp_path / "model")  # a private copy: the fingerprint reads its files
@@ -121,6 +123,11 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         for t in loaders:
             t.join()
     assert caplog.text.count("exporting the model once") == 1  # the second loader waited, then read it
+    assert caplog.text.count("export done in") == 1
+    # transformers' "Loading weights" bar and its notes, sentence-transformers' INFO: not in our log
+    said = capfd.readouterr().err + caplog.text
+    for noise in ("Loading weights", "loss_type", "Loading SentenceTransformer"):
+        assert noise not in said, said
     assert sorted(results) == [0, 1] and results[0].precision in ("bf16", "f32")
 
     from sentence_transformers import SentenceTransformer
