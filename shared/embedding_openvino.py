@@ -234,6 +234,12 @@ def ensure_export(model_dir: Path, cache_dir: Path, name: str, *, threads: int) 
         return target, int(manifest["max_seq_length"])
 
 
+def is_exported(model_dir: Path, cache_dir: Path, name: str) -> bool:
+    """Whether `cache_dir` holds a current export of the model at `model_dir` (`ensure_export` would
+    read it, not export). Reads names and sizes only: no torch, no lock."""
+    return _current_window(cache_dir / f"{name}-openvino", fingerprint(model_dir)) is not None
+
+
 def _current_window(target: Path, fingerprint: str) -> int | None:
     """The window recorded by a current export at `target`, or None (none, stale or damaged)."""
     try:

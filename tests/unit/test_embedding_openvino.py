@@ -17,7 +17,7 @@ import pytest
 
 import shared.embedding_openvino as ev
 from engram_episodic.errors import ConfigError
-from shared.embedding import MiniLMEmbedder, MPNetEmbedder, make_embedder
+from shared.embedding import MiniLMEmbedder, MPNetEmbedder, first_start_work, make_embedder
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +91,21 @@ def test_a_damaged_or_stale_manifest_is_not_current(tmp_path):
         assert ev._current_window(target, fp) is None, window
     (model_dir / "extra.txt").write_text("a changed model")  # another model → a new export
     assert ev.fingerprint(model_dir) != fp
+
+
+def test_a_start_says_it_unpacks_or_exports_only_when_the_model_cache_lacks_it(tmp_path):
+    """`make run` said "the first start unpacks the embedding model" at every start."""
+    model_dir = minilm_dir()
+    minilm = Settings(embedder="minilm", model_cache=str(tmp_path))
+    assert first_start_work(minilm) == f"exports minilm-l6-v2 into {tmp_path}"
+    fake_export(tmp_path, model_dir, "minilm-l6-v2")
+    assert first_start_work(minilm) is None  # exported: nothing to say
+    assert first_start_work(Settings(embedder="hashing", model_cache=str(tmp_path))) is None
+    assert first_start_work(Settings(embedder="openai", model_cache=str(tmp_path))) is None  # refused later
+    if MPNetEmbedder.available():
+        mpnet = Settings(embedder="mpnet", model_cache=str(tmp_path))
+        assert first_start_work(mpnet) == f"unpacks and exports mpnet-base-v2 into {tmp_path}"
+        assert not (tmp_path / "all-mpnet-base-v2").exists()  # asked, not unpacked
 
 
 def test_without_its_packages_a_model_embedder_names_the_install(tmp_path, monkeypatch):
