@@ -146,11 +146,11 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     """Export the transformer of the sentence-transformers model at `model_dir` into `target` (a
     directory created here, atomically) → its manifest. The caller holds the export lock. Needs torch,
     sentence-transformers and openvino; raises what they raise (ImportError, OSError, RuntimeError)."""
+    started = time.monotonic()  # importing torch is half a first export (11 of 22 s): counted
     import openvino
     import torch
     from sentence_transformers import SentenceTransformer
 
-    started = time.monotonic()
     torch.set_num_threads(threads)
     with _quiet_libraries():
         model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
