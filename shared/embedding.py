@@ -449,15 +449,11 @@ def first_start_work(settings: Settings) -> str | None:
     embedder without a model (hashing, openai) and for one that cannot start (the service says why)."""
     try:
         embedder = make_embedder(settings)
-    except ConfigError:
+        if not isinstance(embedder, MiniLMEmbedder) or not (work := embedder.first_load_work()):
+            return None
+    except (ConfigError, OSError):  # the service that loads it says why
         return None
-    if not isinstance(embedder, MiniLMEmbedder):
-        return None
-    work = embedder.first_load_work()
-    if not work:
-        return None
-    verbs = " and ".join(f"{step}s" for step in work)
-    return f"{verbs} {embedder.NAME} into {embedder.cache_dir}"
+    return f"{' and '.join(f'{step}s' for step in work)} {embedder.NAME} into {embedder.cache_dir}"
 
 
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
