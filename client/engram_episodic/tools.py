@@ -38,6 +38,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib import resources
 from typing import Any, Literal, cast
 
 from engram_episodic.calls import joined
@@ -63,7 +64,6 @@ from engram_episodic.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from engram_episodic.events import OUTCOMES
 from engram_episodic.timeutil import parse_instant
 from engram_episodic.types import (
     Context,
@@ -77,29 +77,17 @@ from engram_episodic.types import (
     Suggestion,
 )
 from engram_episodic.validation import (
-    MAX_ACTIONS,
     MAX_ID_CHARS,
     MAX_TAG_CHARS,
-    MAX_TEXT_CHARS,
     Collector,
     check_tag_value,
     json_kind,
     unicode_problem,
 )
 
-# Bounds of the query service's request models (services/query/models.py, facts_routes.py), which this
-# package cannot import; tests/unit/test_tools.py checks them against the server's schemas.
-MAX_TOP_K = 100
-MAX_QUERY_CHARS = 10_000
-MAX_REWARD = 1e6  # validation.parse_feedback
-MAX_COUNT = 10**9  # tests_passed, tests_total, iterations
-MAX_RANGE = 1e12  # a recall range bound (models.Finite)
-CONTEXT_CHARS = (200, 200_000)
-CURVE_WINDOW = (1, 1000)
-CURVE_LIMIT = (1, 10_000)
-FACT_KINDS: tuple[str, ...] = ("strategy", "failure_pattern", "best_practice", "preference")
-RECALL_MODES: tuple[str, ...] = ("hybrid", "vector", "keyword")
-STRATEGIES: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
+# The tools' names, descriptions, argument schemas and MCP hints: one data file, read by this module and
+# written into the TypeScript client (client-ts/scripts/gen_tools.py), so the two clients cannot drift.
+_DATA: dict[str, Any] = json.loads(resources.files(__package__).joinpath("tools.json").read_text("utf-8"))
 
 Format = Literal["openai", "openai-responses", "anthropic"]
 FORMATS: tuple[str, ...] = ("openai", "openai-responses", "anthropic")
@@ -193,73 +181,6 @@ def _tool_field(path: str, fields: Mapping[str, str]) -> str:
     return path
 
 
-# --- schema builders -------------------------------------------------------------------------------------
-def _string(description: str, *, max_length: int = MAX_TEXT_CHARS, min_length: int = 1) -> dict[str, Any]:
-    return {"type": "string", "description": description, "minLength": min_length, "maxLength": max_length}
-
-
-def _tag(description: str) -> dict[str, Any]:
-    return _string(description, max_length=MAX_TAG_CHARS)
-
-
-def _integer(description: str, lo: int, hi: int) -> dict[str, Any]:
-    return {"type": "integer", "description": description, "minimum": lo, "maximum": hi}
-
-
-def _number(description: str, lo: float, hi: float) -> dict[str, Any]:
-    return {"type": "number", "description": description, "minimum": lo, "maximum": hi}
-
-
-def _instant(description: str) -> dict[str, Any]:
-    return {
-        "type": "string",
-        "format": "date-time",
-        "description": description + " ISO 8601 with an offset, e.g. 2026-01-31T00:00:00Z.",
-    }
-
-
-def _object(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": dict(properties),
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-def _ids(*names: str, reads: bool = True) -> dict[str, Any]:
-    text = {
-        "agent_id": "Only episodes of this agent. Omit to use the agent this tool is bound to, if any."
-        if reads
-        else "The agent that did the task. Omit to use the bound agent, if any.",
-        "user_id": "Only episodes for this user. Omit to use the bound user, if any."
-        if reads
-        else "The user the task was done for. Omit to use the bound user, if any.",
-        "session_id": "Only episodes of this session (conversation)."
-        if reads
-        else "The session (conversation) it happened in. Omit to use the bound session.",
-    }
-    return {n: _string(text[n], max_length=MAX_ID_CHARS) for n in names}
-
-
-# Arguments checked with the service's TAG rule (no control characters, no padding) besides the schema.
-_TAG_ARGS = frozenset(
-    {"agent_id", "user_id", "session_id", "episode_id", "category", "strategy", "action_type"}
-)
-
-_OUTCOME = {"type": "string", "enum": list(OUTCOMES)}
-_ACTION = _object(
-    {
-        "action_type": _tag("What kind of step: run_tests, edit, search, shell, api_call, ..."),
-        "input": _string("What the step was given (a command, a query, a diff)."),
-        "output": _string("What it produced (shortened)."),
-        "success": {"type": "boolean", "description": "Whether the step worked."},
-        "error": _string("The error it raised, if any."),
-    },
-    required=["action_type"],
-)
-
-
 # --- the tools -------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
@@ -323,57 +244,6 @@ def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-RECALL = ToolSpec(
-    name="recall_experiences",
-    description=(
-        "Search long-term episodic memory for past attempts at tasks like this one, to reuse what worked "
-        "and avoid what failed. Call it before starting a non-trivial task, and again after a failure. "
-        "Returns up to top_k past episodes, best first (ranked by similarity, recency, reward and "
-        "outcome), each with its outcome, reward, when it happened, the strategy used, a snippet of its "
-        "solution and feedback, and its episode_id; then the strategies that worked. An empty list means "
-        "nothing similar is stored yet."
-    ),
-    parameters=_object(
-        {
-            "query": _string(
-                "The task or problem to find experiences for, in plain words.", max_length=MAX_QUERY_CHARS
-            ),
-            "top_k": _integer("How many episodes to return (default 3).", 1, MAX_TOP_K),
-            "outcome": {
-                "type": "array",
-                "items": _OUTCOME,
-                "minItems": 1,
-                "maxItems": len(OUTCOMES),
-                "uniqueItems": True,
-                "description": 'Only these outcomes, e.g. ["success"] for worked examples or ["failure"] '
-                "for pitfalls.",
-            },
-            "min_reward": _number(
-                "Only episodes whose reward is at least this (rewards are usually 0..1).",
-                -MAX_RANGE,
-                MAX_RANGE,
-            ),
-            "category": _tag(
-                "Only this task category: code_generation, debugging, refactoring, testing, "
-                "architecture, or a custom one."
-            ),
-            "strategy": _tag("Only episodes that used this strategy."),
-            "since": _instant("Only episodes completed at or after this instant."),
-            "until": _instant("Only episodes completed at or before this instant."),
-            "mode": {
-                "type": "string",
-                "enum": list(RECALL_MODES),
-                "description": "hybrid (default: meaning and keywords), vector (meaning only) or keyword "
-                "(exact words, e.g. error messages or identifiers).",
-            },
-            **_ids("agent_id", "user_id", "session_id"),
-        },
-        required=["query"],
-    ),
-    plan=_plan_recall,
-)
-
-
 # get_context ------------------------------------------------------------------------------------------------
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
@@ -383,33 +253,6 @@ def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
         (Calls.context(args["task"], cast(ContextOptions, options)),),
         lambda r: render_context(r[0]),
     )
-
-
-CONTEXT = ToolSpec(
-    name="get_context",
-    description=(
-        "Get a ready-made working-memory briefing for the task you are starting: the most relevant past "
-        "episodes, the latest episodes of this agent, the strategies that worked and distilled facts, as "
-        "one text section (at most max_chars characters) to read before you plan. Call it once at the "
-        "start of a task; use recall_experiences instead for a ranked list you want to inspect."
-    ),
-    parameters=_object(
-        {
-            "task": _string("The task you are about to do, in plain words.", max_length=MAX_QUERY_CHARS),
-            "category": _tag(
-                "The task's category, if known (code_generation, debugging, refactoring, testing, "
-                "architecture or a custom one)."
-            ),
-            "top_k": _integer("How many past episodes to include (default 3).", 1, MAX_TOP_K),
-            "max_chars": _integer(
-                "The longest briefing you want, in characters (default 4000).", *CONTEXT_CHARS
-            ),
-            **_ids("agent_id", "user_id", "session_id"),
-        },
-        required=["task"],
-    ),
-    plan=_plan_context,
-)
 
 
 # record_episode --------------------------------------------------------------------------------------------
@@ -450,65 +293,6 @@ def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-RECORD = ToolSpec(
-    name="record_episode",
-    description=(
-        "Save what happened on a task you finished, failed or gave up on, so you and other agents can "
-        "learn from it later. Call it once per task, at the end. Give the task, the outcome and what you "
-        "did: the solution, the strategy, a reward from 0 (useless) to 1 (fully solved), the main actions "
-        "with their results and errors, and any feedback you got. Failures are as valuable as successes: "
-        "record them with the error. Returns the new episode_id; the episode is recallable within "
-        "seconds."
-    ),
-    parameters=_object(
-        {
-            "task": _string("What you were asked to do, in plain words."),
-            "outcome": {
-                **_OUTCOME,
-                "description": "success (solved), partial (part of it), failure (tried, did "
-                "not work) or abandoned (stopped before the end).",
-            },
-            "solution": _string("What solved it, or the final approach: the key change, command or answer."),
-            "reward": _number(
-                "How well it went, from 0 (useless) to 1 (fully solved); a test pass rate or a "
-                "user rating fits.",
-                -MAX_REWARD,
-                MAX_REWARD,
-            ),
-            "feedback": _string(
-                "Feedback you received: a user's comment, a reviewer's note, a test failure message."
-            ),
-            "strategy": _tag("How you approached it: " + ", ".join(STRATEGIES) + ", or your own word."),
-            "actions": {
-                "type": "array",
-                "items": _ACTION,
-                "maxItems": MAX_ACTIONS,
-                "description": "The main steps you took, in order, with what each gave.",
-            },
-            "importance": _number(
-                "How much this episode matters for the future, 1 (routine) to 10 (critical lesson).", 1, 10
-            ),
-            "category": _tag(
-                "The task's category: code_generation, debugging, refactoring, testing, "
-                "architecture, or a custom one."
-            ),
-            "complexity": _number("How hard the task was, 0 (trivial) to 1 (very hard).", 0, 1),
-            "outcome_details": _string(
-                "Why it ended this way, in a sentence or two (the blocking error for a failure)."
-            ),
-            "iterations": _integer("How many attempts or rounds it took.", 0, MAX_COUNT),
-            "tests_passed": _integer("Tests passing at the end.", 0, MAX_COUNT),
-            "tests_total": _integer("Tests run at the end.", 0, MAX_COUNT),
-            **_ids("agent_id", "user_id", "session_id", reads=False),
-        },
-        required=["task", "outcome"],
-    ),
-    plan=_plan_record,
-    read_only=False,
-    idempotent=False,
-)
-
-
 # suggest_approach ------------------------------------------------------------------------------------------
 def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
@@ -523,32 +307,6 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
 
-SUGGEST = ToolSpec(
-    name="suggest_approach",
-    description=(
-        "Before starting a task, ask memory how similar past tasks went and how to approach this one. "
-        "Returns a confidence (high, medium or low, from similar successes versus failures), a recommended "
-        "strategy (" + ", ".join(STRATEGIES) + ") with the reason, the strategies that succeeded, and the "
-        "failure messages and action types that went wrong before, so you can avoid them."
-    ),
-    parameters=_object(
-        {
-            "task": _string("The task you are about to do, in plain words.", max_length=MAX_QUERY_CHARS),
-            "category": _tag("The task's category, if known."),
-            "complexity": _number(
-                "How hard the task looks, 0 (trivial) to 1 (very hard); used when memory has "
-                "no similar successes.",
-                0,
-                1,
-            ),
-            **_ids("agent_id", "user_id", "session_id"),
-        },
-        required=["task"],
-    ),
-    plan=_plan_suggest,
-)
-
-
 # search_facts ---------------------------------------------------------------------------------------------
 def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
@@ -558,44 +316,6 @@ def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
         (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
         lambda r: render_facts(r[0], args.get("query")),
     )
-
-
-FACTS = ToolSpec(
-    name="search_facts",
-    description=(
-        "Search semantic memory: durable lessons distilled from many episodes (strategies that work, "
-        "recurring failure patterns, best practices), each with its confidence, its success rate and how "
-        "many episodes support it. Call it without a query for the most confident facts. Use it for "
-        "general lessons; use recall_experiences for specific past episodes."
-    ),
-    parameters=_object(
-        {
-            "query": _string(
-                "What the facts should be about. Omit for the most confident facts.",
-                max_length=MAX_QUERY_CHARS,
-            ),
-            "kind": {
-                "type": "array",
-                "items": {"type": "string", "enum": list(FACT_KINDS)},
-                "minItems": 1,
-                "maxItems": len(FACT_KINDS),
-                "uniqueItems": True,
-                "description": "Only these kinds: strategy (what works, with the strategy that does), "
-                "failure_pattern (what keeps failing), best_practice (mixed results, or what works "
-                "without one strategy behind it), preference. Omit to get every kind.",
-            },
-            "category": _tag("Only facts about this task category."),
-            "top_k": _integer("How many facts to return (default 10).", 1, MAX_TOP_K),
-            "min_confidence": _number("Only facts at least this confident (0..1).", 0, 1),
-            "include_superseded": {
-                "type": "boolean",
-                "description": "Also facts that newer evidence replaced (history).",
-            },
-            **_ids("agent_id", "user_id"),
-        }
-    ),
-    plan=_plan_facts,
-)
 
 
 # forget_episode -------------------------------------------------------------------------------------------
@@ -616,46 +336,11 @@ def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-FORGET = ToolSpec(
-    name="forget_episode",
-    description=(
-        "Permanently erase one episode from memory by its episode_id (as returned by recall_experiences or "
-        "record_episode): when it holds wrong or harmful information, or the user asks to forget it. The "
-        "facts built from it are rebuilt without it. This cannot be undone."
-    ),
-    parameters=_object(
-        {"episode_id": _string("The id of the episode to erase.", max_length=MAX_ID_CHARS)},
-        required=["episode_id"],
-    ),
-    plan=_plan_forget,
-    read_only=False,
-    destructive=True,
-    idempotent=True,
-)
-
-
 # get_skills ---------------------------------------------------------------------------------------------
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = dict(args)
     return Plan("get_skills", (Calls.skills(cast(SkillsOptions, options)),), lambda r: render_skills(r[0]))
-
-
-SKILLS = ToolSpec(
-    name="get_skills",
-    description=(
-        "Show the track record per task category: how many episodes, the success rate, the average reward "
-        "and iterations, and which categories are weak (success rate below threshold). Use it to decide "
-        "where to be careful, test more or ask for help."
-    ),
-    parameters=_object(
-        {
-            "threshold": _number("Success rate below which a category counts as weak (default 0.5).", 0, 1),
-            **_ids("agent_id", "user_id", "session_id"),
-        }
-    ),
-    plan=_plan_skills,
-)
 
 
 # get_learning_curve -----------------------------------------------------------------------------------------
@@ -669,27 +354,45 @@ def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-CURVE = ToolSpec(
-    name="get_learning_curve",
-    description=(
-        "Show whether performance is improving: over the completed episodes in time order, the rolling "
-        "success rate and average reward. Returns the first and the latest rolling success rate and "
-        "reward, the trend (improving, steady or declining), the total reward and the last few episodes."
-    ),
-    parameters=_object(
-        {
-            "category": _tag("Only this task category."),
-            "window": _integer("Episodes per rolling window (default 5).", *CURVE_WINDOW),
-            "limit": _integer("How many of the newest episodes to include (default 1000).", *CURVE_LIMIT),
-            **_ids("agent_id", "user_id", "session_id"),
-        }
-    ),
-    plan=_plan_curve,
-)
-
-TOOLS: tuple[ToolSpec, ...] = (RECALL, CONTEXT, RECORD, SUGGEST, FACTS, FORGET, SKILLS, CURVE)
+_PLANS: dict[str, Callable[[dict[str, Any], Scope], Plan]] = {
+    "recall_experiences": _plan_recall,
+    "get_context": _plan_context,
+    "record_episode": _plan_record,
+    "suggest_approach": _plan_suggest,
+    "search_facts": _plan_facts,
+    "forget_episode": _plan_forget,
+    "get_skills": _plan_skills,
+    "get_learning_curve": _plan_curve,
+}
+TOOLS: tuple[ToolSpec, ...] = tuple(ToolSpec(**t, plan=_PLANS[t["name"]]) for t in _DATA["tools"])
+RECALL, CONTEXT, RECORD, SUGGEST, FACTS, FORGET, SKILLS, CURVE = TOOLS
 TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in TOOLS)
 _BY_NAME = {t.name: t for t in TOOLS}
+
+
+def _arg(tool: str, name: str) -> dict[str, Any]:
+    return cast(dict[str, Any], _BY_NAME[tool].parameters["properties"][name])
+
+
+# Bounds and choices of the tools' arguments, as tools.json states them (within the query service's own
+# bounds, services/query/models.py and facts_routes.py: tests/unit/test_tools.py checks them).
+MAX_TOP_K = _arg("recall_experiences", "top_k")["maximum"]
+MAX_QUERY_CHARS = _arg("recall_experiences", "query")["maxLength"]
+MAX_REWARD = _arg("record_episode", "reward")["maximum"]  # validation.parse_feedback
+MAX_COUNT = _arg("record_episode", "iterations")["maximum"]  # tests_passed, tests_total, iterations
+MAX_RANGE = _arg("recall_experiences", "min_reward")["maximum"]  # a recall range bound (models.Finite)
+CONTEXT_CHARS = (_arg("get_context", "max_chars")["minimum"], _arg("get_context", "max_chars")["maximum"])
+CURVE_WINDOW = (
+    _arg("get_learning_curve", "window")["minimum"],
+    _arg("get_learning_curve", "window")["maximum"],
+)
+CURVE_LIMIT = (_arg("get_learning_curve", "limit")["minimum"], _arg("get_learning_curve", "limit")["maximum"])
+FACT_KINDS: tuple[str, ...] = tuple(_arg("search_facts", "kind")["items"]["enum"])
+RECALL_MODES: tuple[str, ...] = tuple(_arg("recall_experiences", "mode")["enum"])
+# named in the descriptions of record_episode and suggest_approach (tests/unit/test_tools_source.py)
+STRATEGIES: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
+# Arguments checked with the service's TAG rule (no control characters, no padding) besides the schema.
+_TAG_ARGS = frozenset(_DATA["tag_arguments"])
 
 
 def get_tool(name: str) -> ToolSpec:
