@@ -334,7 +334,7 @@ async def direct_rankings(
     from shared.index import Scope
     from shared.keys import Keys
     from shared.redis_conn import connect
-    from shared.search import bm25_search, knn_search
+    from services.query.recall.arms import bm25_search, knn_search
     from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
     keys = Keys(prefix)
@@ -359,7 +359,7 @@ async def direct_rankings(
 
 
 def rrf_rank(rankings: list[list[str]], k: float, weights: list[float]) -> list[str]:
-    from shared.scoring import rrf
+    from services.query.recall.score import rrf
 
     return [key for key, _ in rrf(rankings, k=k, weights=weights)][:TOP_K]
 

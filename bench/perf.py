@@ -152,7 +152,7 @@ class Seeder:
         import orjson
 
         from shared.index import Scope
-        from shared.search import knn_search
+        from services.query.recall.arms import knn_search
 
         # the ids from the documents: the episode_id TAG field holds their digests (shared.tags)
         hits = await knn_search(
@@ -316,7 +316,7 @@ async def latency_at(
     from engram_episodic.client import Calls
     from services.query.recall import RETURN_FIELDS
     from shared.index import Scope
-    from shared.search import knn_search
+    from services.query.recall.arms import knn_search
 
     if holder["proc"] is None:
         port = _free_port()
@@ -359,7 +359,7 @@ async def latency_at(
     scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
 
     # the raw query as RediSearch plans it (HYBRID_POLICY left to the module), then in batches as the
-    # service now runs a broad filter's KNN (shared.hybrid): the second is the floor to compare with
+    # service now runs a broad filter's KNN (services.query.recall.arms): the second is the floor to compare with
     for name, policy in (("raw_ft_search", None), ("raw_ft_search_batches", "BATCHES")):
 
         async def raw(i: int, policy: str | None = policy) -> None:

@@ -44,7 +44,7 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     from bench.perf_recall import NAMESPACE
     from services.query import models
     from services.query import recall as rc
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
     from services.query.views.recall import recall_params
     from shared.embedding import make_embedder
     from shared.index import VectorParams, ensure_episode_index

@@ -55,10 +55,10 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from bench.perf_recall import NAMESPACE, CorpusSeeder
     from services.query import models
     from services.query import recall as rc
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
     from services.query.views.recall import overlapped, recall_params
     from shared.embedding import make_embedder
-    from shared.query_vectors import QueryBatcher
+    from services.query.recall.vectors import QueryBatcher
     from shared.redis_conn import connect
     from shared.settings import Settings
 

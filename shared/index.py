@@ -172,13 +172,13 @@ class Scope:
     until: float | None = None
     status: str | None = STATUS_COMPLETED
     live_at: float | None = None  # hide the episodes whose expires_at is at or before this instant
-    clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.lists`)
+    clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.recall.lists`)
 
     def query(self, *, checked: bool = False) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope.
 
         `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to
-        documents already found in this scope (`shared.search.knn_search`, `prechecked`): each of those
+        documents already found in this scope (`services.query.recall.arms.knn_search`, `prechecked`): each of those
         TAG clauses intersects a posting list as long as the tenant. "*" when nothing else is left."""
         ns, tags = self.namespace, self.tags
         parts = [] if checked else [tag_clause("namespace", ns)]
@@ -643,7 +643,7 @@ async def filter_search(
 async def term_counts(r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]) -> list[int]:
     """How many documents of `scope` each word matches in the text fields (RediSearch's stemmed
     match, as in `bm25_search`); one pipelined count per word. Keyword relevance weighs a query word
-    by this (`shared.relevance`): documents without the word never change it."""
+    by this (`services.query.recall.relevance`): documents without the word never change it."""
     queries = [keyword_query(w, scope.query()) for w in words]
     async with r.pipeline(transaction=False) as pipe:
         for q in queries:

@@ -18,7 +18,7 @@ What is traced:
 - recall: `engram.recall.embed` (the query vector), `engram.recall.knn`, `engram.recall.bm25` and
   `engram.recall.score`, beneath the request's span; `engram.recall.knn_widened` (attributes `ef`,
   `distinct`) when duplicate vectors crowded an HNSW walk and it was asked again
-  (`shared.hybrid.widened_ef`).
+  (`services.query.recall.arms.widened_ef`).
 
 Tests pass an exporter (`configure(..., exporter=InMemorySpanExporter())`); the provider is this
 module's own, never OpenTelemetry's global one.

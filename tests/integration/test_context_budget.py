@@ -8,7 +8,7 @@ from aiohttp import web
 
 from services.query.app import make_app
 from shared.embedding import HashingEmbedder
-from shared.relevance import CONTEXT_FLOOR
+from services.query.recall.relevance import CONTEXT_FLOOR
 from tests.integration.test_query_support import ServiceTestServer, episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]

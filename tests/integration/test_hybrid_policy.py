@@ -1,4 +1,4 @@
-"""A broad filter's KNN runs in batches (shared.hybrid) and answers as the ad-hoc one does."""
+"""A broad filter's KNN runs in batches (services.query.recall.arms) and answers as the ad-hoc one does."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 
 from engram_episodic.validation import parse_episode
 from services.query.recall import _knn_policy
-from services.query.sizes import ScopeSizes
+from services.query.recall.sizes import ScopeSizes
 from shared.index import STATUS_COMPLETED, Scope, episode_fields
 from shared.keys import Keys
-from shared.search import knn_search
+from services.query.recall.arms import knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import episode, fully_indexed, make_client  # noqa: F401  (fixture)

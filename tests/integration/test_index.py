@@ -25,7 +25,7 @@ from shared.index import (
     index_size,
 )
 from shared.keys import Keys
-from shared.search import bm25_search, knn_search
+from services.query.recall.arms import bm25_search, knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

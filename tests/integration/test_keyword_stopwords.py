@@ -18,7 +18,7 @@ from shared.index import (
 )
 from shared.keys import Keys
 from shared.keywords import STOPWORDS
-from shared.search import bm25_search
+from services.query.recall.arms import bm25_search
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

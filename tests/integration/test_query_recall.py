@@ -155,8 +155,8 @@ async def test_minmax_normalisation(abc):
 
 
 def keyword_rel(query: str, task: str, counts: dict[str, int]) -> float:
-    """shared.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
-    from shared.relevance import episode_terms, keyword_relevance, query_terms, query_words
+    """services.query.recall.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
+    from services.query.recall.relevance import episode_terms, keyword_relevance, query_terms, query_words
 
     words = query_words(query)
     return keyword_relevance(
@@ -306,7 +306,7 @@ async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, pref
 
 
 async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, make_client):
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
     from shared.index import Scope
     from shared.keys import Keys
 
@@ -324,7 +324,7 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
 async def test_a_large_scope_keeps_its_count_longer(redis, prefix, make_client, monkeypatch):
     """`size_ttl`: a count is remembered in proportion to the scope beyond LARGE_SCOPE episodes (here
     made 1, so two episodes remember it twice the ttl)."""
-    from services.query import sizes
+    from services.query.recall import sizes
     from shared.index import Scope
     from shared.keys import Keys
 
@@ -347,7 +347,7 @@ async def test_a_large_scope_keeps_its_count_longer(redis, prefix, make_client, 
 async def test_idf_counts_are_remembered_for_the_ttl_and_then_dropped(redis, prefix, make_client):
     """ENGRAM_IDF_CACHE_TTL: within the ttl a word's count is the remembered one (no count query: the
     new episode is not seen); past it the entry is gone from memory and the word is counted again."""
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
     from shared.index import Scope
     from shared.keys import Keys
 
@@ -374,10 +374,10 @@ async def test_a_common_words_count_is_kept_longer_and_then_dropped(redis, prefi
     """A word in more episodes than `COMMON_IDF` allows (~4,950; here the bar is lowered to 1 so two
     episodes make a word common) keeps its count COMMON_TTL_FACTOR x the ttl: counting it reads its
     whole posting list, and its weight is near zero. Other words expire at the ttl as before."""
-    from services.query import sizes
+    from services.query.recall import sizes
     from shared.index import Scope
     from shared.keys import Keys
-    from shared.relevance import common_count
+    from services.query.recall.relevance import common_count
 
     assert 4_900 < common_count(sizes.COMMON_IDF) < 5_000
     await make_client()
@@ -441,7 +441,7 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     # document heads the keyword list is read from Redis rather than assumed (a flake before).
     from shared.index import Scope
     from shared.keys import Keys
-    from shared.search import bm25_search
+    from services.query.recall.arms import bm25_search
 
     heads = {"vecbest"}  # cosine 1: the KNN head, whatever BM25 does
     keyword_head = await bm25_search(
@@ -560,7 +560,7 @@ async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client,
     episodes matching only it are not candidates), yet every candidate's relevance is the exact one;
     a query of common words only is searched whole. The threshold is raised here so that 5 episodes
     make a word common (the real one needs ~4,950)."""
-    from shared import relevance
+    from services.query.recall import relevance
 
     q = "zebra migration"
     await put(redis, prefix, "default", episode("rare", task="zebra migration plan"), unit(1.0))
@@ -593,7 +593,7 @@ async def test_bounded_bm25_arm_keeps_the_rare_word_episode_a_common_word_flood_
     candidate query (ENGRAM_BM25_COMMON_IDF) it is found, with the relevance an exact pool gives it
     (absolute per query and episode). 20 episodes hold the common word here (threshold idf(20)), 180
     hold neither word."""
-    from shared import relevance
+    from services.query.recall import relevance
 
     q = "zebra migration"
     filler = " ".join(f"word{i}" for i in range(200))
@@ -654,7 +654,7 @@ async def test_common_idf_changes_nothing_below_its_namespace_size(make_client, 
 
 
 def test_without_terms_drops_every_word_of_a_stem():
-    from shared.relevance import common_terms, without_terms
+    from services.query.recall.relevance import common_terms, without_terms
 
     assert without_terms("Groups of the group, zebra GROUP", {"group"}) == "zebra"
     assert without_terms("zebra", set()) == "zebra"
@@ -665,10 +665,10 @@ def test_without_terms_drops_every_word_of_a_stem():
 async def test_the_query_service_forgets_episode_words_it_no_longer_uses(
     make_client, redis, prefix, monkeypatch
 ):
-    """The service's memos of pool members' words (`shared.terms`) and of idf counts expire on a timer,
+    """The service's memos of pool members' words (`services.query.recall.terms`) and of idf counts expire on a timer,
     traffic or not: an idle process does not keep a forgotten episode's words (docs/reliability.md)."""
     from services.query.appkeys import SCOPE_SIZES
-    from shared import terms
+    from services.query.recall import terms
 
     now = [1_000.0]
     clock = lambda: now[0]  # noqa: E731

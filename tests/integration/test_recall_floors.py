@@ -1,4 +1,4 @@
-"""The recency / reward lists' floors (`services.query.lists`) at scale's terms: a floor is kept past
+"""The recency / reward lists' floors (`services.query.recall.lists`) at scale's terms: a floor is kept past
 any age and moved by each exact answer, so a large scope is sorted whole once, not every half minute;
 a scope without a floor is narrowed from a hint (a value its recall's pool holds) and sorted whole
 only when the hint cannot be proven to hold the top depth. Every answer is the full sort's. Real
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from services.query import lists, pool
+from services.query.recall import lists, pool
 from shared.index import Scope, filter_search
 from shared.keys import Keys
 from shared.tags import BLAKE2B

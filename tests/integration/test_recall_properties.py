@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.query import lists, pool
+from services.query.recall import lists, pool
 from shared.keys import Keys
 from shared.tags import BLAKE2B
 from tests.integration.test_query_support import DAY, episode, ids, put
@@ -430,7 +430,7 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
     from engram_episodic.validation import parse_episode
     from shared.embedding import HashingEmbedder
     from shared.index import Scope, episode_fields
-    from shared.search import knn_search
+    from services.query.recall.arms import knn_search
 
     key, ns = fresh_tenant()
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)

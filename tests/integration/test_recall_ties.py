@@ -1,4 +1,4 @@
-"""The recency / reward / importance lists (`services.query.lists.top_by`) at ties and without values:
+"""The recency / reward / importance lists (`services.query.recall.lists.top_by`) at ties and without values:
 exact order (value, then the episode's `tiebreak`) over the scope, answered from a floor
 that narrows to ~depth + 1 episodes even when most of the scope shares the boundary value, an empty
 list without a sort when no episode has the value.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.query import lists, pool
+from services.query.recall import lists, pool
 from shared.index import (
     TIE_FIELD,
     Scope,

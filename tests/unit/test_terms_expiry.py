@@ -1,12 +1,12 @@
-"""The memos of episode words (`shared.terms.Recent`) forget what was not used for their TTL: the
+"""The memos of episode words (`services.query.recall.terms.Recent`) forget what was not used for their TTL: the
 erasure window of a forgotten episode's text in the query process (docs/reliability.md)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared import terms
-from shared.terms import Recent
+from services.query.recall import terms
+from services.query.recall.terms import Recent
 
 
 class Clock:

@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
+from services.query.recall.relevance import common_count
 from shared.index import Scope, count, index_size, term_counts
 from shared.keys import Keys
-from shared.relevance import common_count
 from shared.streams import StreamGroup
 
 COMMON_IDF = 0.02
-"""A word whose idf (`shared.relevance.idf`) is below this is common: in more than ~4,950 of the
-namespace's episodes (`shared.relevance.common_count`)."""
+"""A word whose idf (`services.query.recall.relevance.idf`) is below this is common: in more than ~4,950 of the
+namespace's episodes (`services.query.recall.relevance.common_count`)."""
 COMMON_TTL_FACTOR = 10.0
 """A common word's count is remembered this many times `df_ttl`: its weight is below COMMON_IDF, and
 1,000 more episodes holding it move that weight by < 0.004 (idf 0.0200 → 0.0167 at 4,950 → 5,950),
