@@ -32,6 +32,8 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from shared.regimes import last_regime
+
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
 
@@ -484,8 +486,6 @@ def replay_context(
     dropped (None / 0 when nothing changed). Totals always cover every recalled episode.
     Raises ValueError when the lengths differ.
     """
-    from shared.regimes import last_regime
-
     n = len(strategies)
     if not len(rewards) == len(outcomes) == len(priorities) == n or (times is not None and len(times) != n):
         raise ValueError(

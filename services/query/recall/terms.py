@@ -23,6 +23,8 @@ from functools import lru_cache
 from itertools import filterfalse
 from typing import Any, NamedTuple, TypeVar
 
+import Stemmer  # PyStemmer: Snowball in C
+
 from shared.index import TEXT_FIELDS
 from shared.keywords import STOPWORDS, words
 
@@ -99,8 +101,6 @@ class Recent(dict[K, V]):
 @lru_cache(maxsize=1)
 def stemmer() -> Any:
     """PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with."""
-    import Stemmer  # PyStemmer: Snowball in C
-
     return Stemmer.Stemmer("english", 100_000)
 
 
