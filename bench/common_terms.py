@@ -63,8 +63,8 @@ def recall_at(top: list[str], evidence: set[int], n_turns: int, k: int) -> float
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     from services.query import recall as rc
-    from services.query.recall.sizes import ScopeSizes
     from services.query.recall import relevance
+    from services.query.recall.sizes import ScopeSizes
     from shared.embedding import make_embedder
     from shared.index import Scope
     from shared.redis_conn import connect

@@ -330,11 +330,11 @@ async def direct_rankings(
     """Per question, the raw FT.SEARCH KNN and BM25 orders (ids, top 100) against the service's index."""
     import orjson
 
+    from services.query.recall.arms import bm25_search, knn_search
     from shared.embedding import embed_query
     from shared.index import Scope
     from shared.keys import Keys
     from shared.redis_conn import connect
-    from services.query.recall.arms import bm25_search, knn_search
     from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
     keys = Keys(prefix)

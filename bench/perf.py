@@ -151,8 +151,8 @@ class Seeder:
     async def knn_ids(self, q: np.ndarray, k: int, ef: int | None = None) -> list[int]:
         import orjson
 
-        from shared.index import Scope
         from services.query.recall.arms import knn_search
+        from shared.index import Scope
 
         # the ids from the documents: the episode_id TAG field holds their digests (shared.tags)
         hits = await knn_search(
@@ -315,8 +315,8 @@ async def latency_at(
     from engram_episodic import ApiError
     from engram_episodic.client import Calls
     from services.query.recall import RETURN_FIELDS
-    from shared.index import Scope
     from services.query.recall.arms import knn_search
+    from shared.index import Scope
 
     if holder["proc"] is None:
         port = _free_port()

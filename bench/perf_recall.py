@@ -160,9 +160,8 @@ async def raw_knn(r, seeder: CorpusSeeder, vectors: np.ndarray, size: int, n: in
     """One client, `n` raw `FT.SEARCH` KNN of the query vectors, as the service sends them: the namespace
     scope, KNN `CANDIDATES`, the service's hybrid policy for this scope's size, its returned fields."""
     from services.query.recall import RETURN_FIELDS
-    from services.query.recall.arms import hybrid_policy
+    from services.query.recall.arms import hybrid_policy, knn_search
     from shared.index import Scope
-    from services.query.recall.arms import knn_search
 
     scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
     policy = hybrid_policy(size, size)

@@ -56,9 +56,9 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from services.query import models
     from services.query import recall as rc
     from services.query.recall.sizes import ScopeSizes
+    from services.query.recall.vectors import QueryBatcher
     from services.query.views.recall import overlapped, recall_params
     from shared.embedding import make_embedder
-    from services.query.recall.vectors import QueryBatcher
     from shared.redis_conn import connect
     from shared.settings import Settings
 

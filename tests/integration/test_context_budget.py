@@ -7,8 +7,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.query.app import make_app
-from shared.embedding import HashingEmbedder
 from services.query.recall.relevance import CONTEXT_FLOOR
+from shared.embedding import HashingEmbedder
 from tests.integration.test_query_support import ServiceTestServer, episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]

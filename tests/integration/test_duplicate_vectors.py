@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from engram_episodic.validation import parse_episode
+from services.query.recall.arms import knn_search
 from shared.index import STATUS_COMPLETED, Scope, episode_fields
 from shared.keys import Keys
-from services.query.recall.arms import knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import episode, fully_indexed, make_client  # noqa: F401  (fixture)

@@ -294,6 +294,7 @@ async def test_empty_scope_returns_empty_results(api):
 
 async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, prefix):
     from services.query.recall import Candidate, load_episodes
+    from services.query.store import EpisodeStore
     from shared.keys import Keys
 
     keys = Keys(prefix)
@@ -301,7 +302,7 @@ async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, pref
         await put(redis, prefix, "default", episode(eid), unit(1.0))
     docs = [keys.episode_doc(1, "default", eid).encode() for eid in ("x", "y", "z")]
     await redis.delete(docs[1])  # forgotten between ranking and loading
-    loaded = await load_episodes(redis, [Candidate(key=k) for k in docs])
+    loaded = await load_episodes(EpisodeStore(redis, keys), [Candidate(key=k) for k in docs])
     assert [c.doc["episode_id"] for c in loaded] == ["x", "z"]
 
 
@@ -375,9 +376,9 @@ async def test_a_common_words_count_is_kept_longer_and_then_dropped(redis, prefi
     episodes make a word common) keeps its count COMMON_TTL_FACTOR x the ttl: counting it reads its
     whole posting list, and its weight is near zero. Other words expire at the ttl as before."""
     from services.query.recall import sizes
+    from services.query.recall.relevance import common_count
     from shared.index import Scope
     from shared.keys import Keys
-    from services.query.recall.relevance import common_count
 
     assert 4_900 < common_count(sizes.COMMON_IDF) < 5_000
     await make_client()
@@ -439,9 +440,9 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     # With lists 1 deep the pool is the two lists' heads. RediSearch's BM25 scores of these documents vary
     # from one Redis process to the next (measured: 'kwbest' 3.63 or 4.99 for the same data), so which
     # document heads the keyword list is read from Redis rather than assumed (a flake before).
+    from services.query.recall.arms import bm25_search
     from shared.index import Scope
     from shared.keys import Keys
-    from services.query.recall.arms import bm25_search
 
     heads = {"vecbest"}  # cosine 1: the KNN head, whatever BM25 does
     keyword_head = await bm25_search(
@@ -667,24 +668,25 @@ async def test_the_query_service_forgets_episode_words_it_no_longer_uses(
 ):
     """The service's memos of pool members' words (`services.query.recall.terms`) and of idf counts expire on a timer,
     traffic or not: an idle process does not keep a forgotten episode's words (docs/reliability.md)."""
-    from services.query.appkeys import SCOPE_SIZES
+    from services.query.appkeys import SCOPE_SIZES, TERMS
     from services.query.recall import terms
 
     now = [1_000.0]
     clock = lambda: now[0]  # noqa: E731
-    for memo in (terms._TERMS, terms._STEMS):
-        monkeypatch.setattr(memo, "clock", clock)
-        monkeypatch.setattr(memo, "born", now[0])
     await put(redis, prefix, "default", episode("z1", task="calibrate the zanzibarian quokka counter"))
     client = await make_client(TableEmbedder(256, {}), idf_cache_ttl=30.0)
+    memos = client.server.app[TERMS]
+    for memo in (memos.terms, memos.stems):
+        monkeypatch.setattr(memo, "clock", clock)
+        monkeypatch.setattr(memo, "born", now[0])
     sizes = client.server.app[SCOPE_SIZES]
     monkeypatch.setattr(sizes, "_clock", clock)
     resp = await client.post("/v1/recall", json={"query": "quokka counter", "top_k": 5})
     assert resp.status == 200 and ids(await resp.json()) == ["z1"]
 
     def remembered() -> bool:
-        texts = [k for memo in (terms._TERMS, terms._TERMS.old) for k in memo]
-        stems = {*terms._STEMS, *terms._STEMS.old}
+        texts = [k for memo in (memos.terms, memos.terms.old) for k in memo]
+        stems = {*memos.stems, *memos.stems.old}
         words = [k[2] for k in sizes._df]
         return (
             any(b"zanzibarian" in (t or b"") for k in texts for t in k)

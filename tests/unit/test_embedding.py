@@ -541,8 +541,8 @@ async def test_concurrent_queries_share_forward_passes_and_get_the_vectors_of_th
 
     import numpy as np
 
-    from shared.embedding import HashingEmbedder
     from services.query.recall.vectors import QueryBatcher, QueryVectorCache
+    from shared.embedding import HashingEmbedder
 
     class Counting(HashingEmbedder):
         def __init__(self):

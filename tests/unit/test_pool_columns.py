@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.query.recall.pool import Columns
 from services.query.recall import relevance
+from services.query.recall.pool import Columns
 from shared.index import SearchHit
 
 _NUMBER_FIELDS = (b"completed_at", b"started_at", b"reward", b"importance", b"last_accessed", b"access_count")
