@@ -80,10 +80,6 @@ def current_evidence(
     return (kept if k is None else kept[:k]), changed
 
 
-def _reward(ep: Episode) -> float | None:
-    return ep.feedback.reward if ep.feedback is not None else None
-
-
 def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
     """Add `success_rate` and `weak` (success rate below `threshold`) to category_stats rows."""
     out = []

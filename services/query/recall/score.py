@@ -44,22 +44,14 @@ OUTCOME_SCORES: dict[str, float] = {"success": 1.0, "partial": 0.5, "failure": 0
 """Outcome -> score; any other value (None, an unknown string) scores 0."""
 
 MINMAX_CONSTANT = 0.5
-"""What `normalize="minmax"` gives a signal that is the same for every candidate (or when n = 1).
-
-Generative Agents' `normalize_dict_floats` maps a zero-range signal to the middle of the target range,
-0.5 for [0, 1]; we do the same. The value is rank-neutral (every candidate gets it), keeps the priority
-within [0, sum(weights)], and never divides by zero (no NaN).
-"""
+"""What `normalize="minmax"` gives a signal that is the same for every candidate (or when n = 1), as
+Generative Agents' `normalize_dict_floats` does: rank-neutral, and never a division by zero."""
 
 AUTO_EARLY_BELOW = 50
 """`auto` picks `early` while the scope holds fewer episodes than this."""
 AUTO_NORMAL_BELOW = 500
-"""`auto` picks `normal` below this many episodes and `late` from here on.
-
-Both thresholds are our choice, not taken from a paper: with few episodes, ages say little and
-similarity is the best signal; once a scope holds hundreds of episodes, many of them similar, the
-recent ones better reflect the agent's current code, tools and habits, so recency weighs more.
-"""
+"""`auto` picks `normal` below this many episodes and `late` from here on (our choice: with few
+episodes ages say little; with hundreds, the recent ones reflect the agent's current habits)."""
 
 _LN2 = math.log(2.0)
 
@@ -113,14 +105,10 @@ PRESETS: dict[str, Weights] = {
     "normal": Weights(similarity=0.90, recency=0.05, reward=0.03, outcome=0.02),
     "late": Weights(similarity=0.85, recency=0.09, reward=0.04, outcome=0.02),
 }
-"""The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so together they can lift an
-episode over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes
-about the same thing (recent, rewarded, successful ones first) and cannot lift a weakly similar one
-over a clearly more relevant one. Weights such as 0.6/0.1/0.2/0.1, 0.4/0.3/0.2/0.1 or 0.3/0.4/0.2/0.1 have
-reaches of 0.67 to 2.3 — more than the whole spread of cosines — so re-ranking a deeper pool promotes
-weakly similar recent episodes (LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50).
-Recency grows from early to late: the more a scope holds, the more its recent episodes
-reflect the agent's current code, tools and habits."""
+"""The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so they can lift an episode
+over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes about the
+same thing and never lift a weakly similar one over a clearly more relevant one (weights such as
+0.6/0.1/0.2/0.1 reach 0.67: LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50)."""
 
 
 def reach(weights: Weights) -> float:
