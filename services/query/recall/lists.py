@@ -186,11 +186,8 @@ class Floors:
         if not math.isfinite(boundary):
             return sorted(hits, key=order, reverse=True)[:depth]
         if field_float(hits[depth - 1].fields, field) > boundary:
-            # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"), so the stored value
-            # may lie just below the printed one: 0.989890409263 for 0.98989040926299..., and a floor of the
-            # printed value dropped that episode, so every narrowed `reward` query came back one short and
-            # the whole scope was sorted again (measured: 2.7 ms of Redis per recall at 10k). A floor a
-            # little lower is as exact (the narrowed answer is checked, not trusted)
+            # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"): the stored one may
+            # lie just below it, so the floor is a little lower (as exact: the narrowed answer is checked)
             self._remember(key, now, _below(boundary), _NO_TIE)
             return sorted(hits[:depth], key=order, reverse=True)
         tied = await _tied(r, index, scope, name, depth, fields, hits, boundary)
@@ -212,26 +209,17 @@ class Floors:
         hint: float | None = None,
     ) -> list[SearchHit]:
         """The scope's `depth` episodes with the highest `name` (completed_at, last_accessed, reward,
-        importance), best first; among equal values the highest tie-break (`shared.ties.tie_break`)
-        first: the recency / reward / importance candidate lists (so all-recency weights return exact
-        recency order over the scope). Episodes without a reward (importance) are in no reward
-        (importance) list (`_valued`). Each hit also returns `tiebreak`.
+        importance), best first, equal values by the highest tie-break (`shared.ties.tie_break`); each
+        hit also returns `tiebreak`. Episodes without a reward (importance) are in no reward
+        (importance) list (`_valued`).
 
-        Sorting a whole scope costs Redis time linear in its size (6.6 ms for `completed_at` over 10k
-        episodes, measured), so the (depth + 1)-th episode of the order is remembered per (scope, field),
-        moved by every exact answer, and the next query asks only for episodes at or above it (1.2 ms).
-        Exact: the narrowed answer is used only when it holds depth + 1 episodes and the depth-th is
-        strictly above the next in the order (then no episode below the floor can belong to the top depth,
-        and the top depth is unique); otherwise, as after forgets, the whole scope is sorted again. A floor
-        between two values is the value alone; at a tie (a coarse reward, importance 5 for most, turns
-        stamped the same second) it is the value and the tie-break, so it narrows to ~depth + 1 episodes
-        too. Values equal to 12 significant digits (what the index returns) count as equal.
-
-        Without a remembered floor, `hint` (a value of `name` some episode of the scope holds, e.g. the
-        third best of a recall's ~200-member similarity pool, which lies roughly at the scope's top 3n/200
-        by any signal) is tried as one first: the narrowed sort reads those episodes instead of all n, and
-        answers whenever at least depth + 1 lie at or above the hint. Any answer is checked as above, so
-        a hint never changes the lists, only what they cost.
+        The (depth + 1)-th of the order is remembered per (scope, field) and the next query asks only for
+        episodes at or above it (1.2 ms instead of 6.6 ms over 10k episodes). The narrowed answer is used
+        only when it holds depth + 1 episodes and the depth-th is strictly above the next (then it is the
+        exact top depth); otherwise the whole scope is sorted again. At a tie the floor is the value and
+        the tie-break. Values equal to 12 significant digits (what the index returns) count as equal.
+        Without a floor, `hint` (a value some episode of the scope holds) is tried as one first; it
+        changes what the lists cost, never the lists.
         """
         key = (index, scope.cache_key(), name, depth)
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
@@ -289,11 +277,9 @@ class Floors:
         not remembered (or is `last_accessed`'s) or the answer cannot be proven exact. An exact answer
         moves each floor to its list's new boundary, as `top_by` does.
 
-        One KNN over the union of the narrowed scopes (`services.query.recall.arms.knn_union`) returns every member of
-        the union when it holds fewer than its k and as many as the union's count. Each list is then its
-        members sorted by the value and the tie-break as the index returned them, under the same rule as
-        `top_by`: at least depth + 1 members and the depth-th strictly above the next. The distances are
-        Redis's own, the same as a KNN hit's or the restricted KNN's (measured).
+        One KNN over the union of the narrowed scopes (`arms.knn_union`); each list is then its members
+        sorted by value and tie-break, under `top_by`'s rule (depth + 1 members, the depth-th strictly
+        above the next).
         """
         now = time.monotonic()
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
