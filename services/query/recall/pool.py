@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -114,10 +114,8 @@ class Columns:
     reads of each hit (`LIGHT_SIGNAL_FIELDS`), its cosine and relevance. `candidate(i)` makes the
     `Candidate` of a row (the winners only). Float columns are float64[n], NaN where the index returned
     nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent or not finite).
-
-    Why columns: a default hybrid recall at 100,000 episodes pools ~390 hits, of which 10 are answered;
-    one object per hit cost ~19 µs of Python per candidate in all; the columns are read straight from
-    the hits' fields and go to `services.query.recall.score.Candidates` as they are."""
+    Columns, not an object per hit: ~390 pooled hits cost ~19 µs of Python each as objects, and only
+    the ~10 winners need one."""
 
     keys: list[bytes]
     raw_docs: list[bytes | None]
@@ -197,17 +195,7 @@ class Columns:
         )
 
 
-_ARRAYS = (
-    "completed_at",
-    "reward",
-    "importance",
-    "last_accessed",
-    "access_count",
-    "cos",
-    "keyword",
-    "relevance",
-    "tie",
-)
+_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes"))
 _TIE = TIE_FIELD.encode()
 
 

@@ -98,13 +98,9 @@ COMMON_IDF = 0.0
 
 def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[str]:
     """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below `below`, the terms the BM25
-    candidate query leaves out (scoring keeps every term).
-
-    Why: at `below` 0.02 (a word in more than ~4,950 of the namespace's episodes, `idf`) each such
-    term adds at most (K1+1)·idf < 0.044 to `s` (< 0.0022 keyword relevance), yet costs RediSearch a
-    walk of its whole posting list (BM25STD has no top-k pruning). Since n(t) never exceeds the
-    namespace's size, no term of a namespace smaller than that is ever common: the arm is bounded only
-    where it grows. What leaving them out changes in the top 10 at 100k episodes: `bench.common_terms`."""
+    candidate query leaves out (scoring keeps every term): at `below` 0.02 (a word in more than ~4,950
+    of the namespace's episodes) each adds < 0.0022 keyword relevance, yet costs RediSearch a walk of
+    its whole posting list (BM25STD has no top-k pruning). Measured: `bench.common_terms`."""
     if below <= 0.0:
         return set()
     return {stem for stem, weight in terms.items() if weight < below}

@@ -68,13 +68,10 @@ async def _projected(
     request: web.Request, events: Sequence[EpisodeEvent], stream_ids: list[str], wait: float
 ) -> list[str | None]:
     """Poll until each event is projected, up to `wait` s: None for a projected one, else why not
-    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_EXPIRED`, `WAIT_TIMEOUT`). Projected = the group acked its entry (a
-    worker acks only after the document write committed) and its episode's event hash holds it. The
-    event hash alone was not enough: for an episode that already had events the worker records the new
-    one first and rewrites the document a step later, so a read right after the wait could still see
-    the previous version. An event acked but never recorded was dropped (its episode is tombstoned)
-    or dead-lettered: said at once instead of waiting out `wait` (a forgotten id used to wait the
-    full 30 s)."""
+    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_EXPIRED`, `WAIT_TIMEOUT`). Projected = the group acked
+    its entry (after the document write committed) and its episode's event hash holds it (the hash is
+    written a step before the document). An event acked but never recorded was dropped or
+    dead-lettered: said at once instead of waiting out `wait`."""
     r, keys, s, store = redis_of(request), request.app[KEYS], request.app[SETTINGS], store_of(request)
     deadline = time.monotonic() + wait
     why: list[str | None] = [WAIT_TIMEOUT] * len(events)
@@ -266,13 +263,10 @@ async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool
 
 
 async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes, bytes | None] | None:
-    """The episode's stored fields (`EpisodeStore.stored`), or None while it is accepted but not yet projected
-    (read-your-writes: not "never existed"); NotFound otherwise (naming the dead letters when the
-    episode's events were dead-lettered). A negative pending check is followed
-    by a second read: the worker acks an entry only after its document write committed, so an event
-    acked between the first read and the check has its document by the second. Without it, a read
-    right after a publish answered 404 (6 of 60 GETs, and a DELETE that then did not
-    forget)."""
+    """The episode's stored fields (`EpisodeStore.stored`), or None while it is accepted but not yet
+    projected (read-your-writes: not "never existed"); NotFound otherwise (naming the dead letters when
+    its events were dead-lettered). A negative pending check is followed by a second read: an event
+    acked between the first read and the check has its document by the second (acked after the write)."""
     store, ns = store_of(request), ns_of(request)
     try:
         return await store.stored(ns, episode_id)
