@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -99,29 +100,38 @@ def _below(value: float) -> float:
     return value - abs(value) * FLOOR_SLACK
 
 
-async def _tied(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    name: str,
-    depth: int,
-    fields: tuple[str, ...],
-    hits: list[SearchHit],
-    value: float,
-) -> tuple[list[SearchHit], float] | None:
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One list asked of Redis: the top `depth` of `scope` by `name`, each hit with `fields`."""
+
+    r: aioredis.Redis
+    index: str
+    scope: Scope
+    name: str
+    depth: int
+    fields: tuple[str, ...]
+
+    async def sorted(self, scope: Scope, limit: int, by: str | None = None) -> list[SearchHit]:
+        """The first `limit` episodes of `scope` by `by` (default `name`), highest first."""
+        by = by or self.name
+        _, hits = await filter_search(
+            self.r, self.index, scope, return_fields=self.fields, sort_by=by, descending=True, limit=limit
+        )
+        return hits
+
+
+async def _tied(ask: _Ask, hits: list[SearchHit], value: float) -> tuple[list[SearchHit], float] | None:
     """The top `depth` of the scope when the depth-th and (depth + 1)-th of `hits` (the scope's top
     depth + 1 by `name`) share `value`: those above it, then the episodes at exactly `value` by
     tie-break, best first; and the tie-break of the (depth + 1)-th (the floor's). None when that order
     is not total there (two with the same tie-break, or `value` not the stored number: the printed
     value of one rounded in its 13th digit)."""
-    field = name.encode()
+    field, scope = ask.name.encode(), ask.scope
     above = [h for h in hits if field_float(h.fields, field) > value]
-    need = depth + 1 - len(above)
+    need = ask.depth + 1 - len(above)
     v = numeric_text(value)
-    at = dataclasses.replace(scope, clause=f"{scope.clause} @{name}:[{v} {v}]".strip())
-    _, same = await filter_search(
-        r, index, at, return_fields=fields, sort_by=TIE_FIELD, descending=True, limit=need
-    )
+    at = dataclasses.replace(scope, clause=f"{scope.clause} @{ask.name}:[{v} {v}]".strip())
+    same = await ask.sorted(at, need, TIE_FIELD)
     ties = [_tie(h) for h in same]
     if len(same) < need or any(a <= b for a, b in zip(ties, ties[1:], strict=False)):
         return None
@@ -162,23 +172,11 @@ class Floors:
         if last_value > next_value and math.isfinite(next_value):
             self._remember(key, now, _below(next_value), _NO_TIE)
 
-    async def _full_sort(
-        self,
-        r: aioredis.Redis,
-        index: str,
-        scope: Scope,
-        name: str,
-        depth: int,
-        fields: tuple[str, ...],
-        key: tuple[str, str, str, int],
-        now: float,
-    ) -> list[SearchHit]:
+    async def _full_sort(self, ask: _Ask, key: tuple[str, str, str, int], now: float) -> list[SearchHit]:
         """`top_by` without a floor: the scope sorted by `name`; at a tie between the depth-th and the next
         value, the tied episodes sorted by their tie-break (`_tied`). Remembers the floor it finds."""
-        field = name.encode()
-        _, hits = await filter_search(
-            r, index, scope, return_fields=fields, sort_by=name, descending=True, limit=depth + 1
-        )
+        field, depth = ask.name.encode(), ask.depth
+        hits = await ask.sorted(ask.scope, depth + 1)
         order = _sort_key(field)
         if len(hits) <= depth:  # the whole scope: nothing below to exclude, nothing to remember
             return sorted(hits, key=order, reverse=True)
@@ -190,7 +188,7 @@ class Floors:
             # lie just below it, so the floor is a little lower (as exact: the narrowed answer is checked)
             self._remember(key, now, _below(boundary), _NO_TIE)
             return sorted(hits[:depth], key=order, reverse=True)
-        tied = await _tied(r, index, scope, name, depth, fields, hits, boundary)
+        tied = await _tied(ask, hits, boundary)
         if tied is None:  # no total order at the tie: the sorted answer, remembering nothing
             return sorted(hits, key=order, reverse=True)[:depth]
         out, tie = tied
@@ -225,6 +223,7 @@ class Floors:
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
         field = name.encode()
         scope = _valued(scope, name)
+        ask = _Ask(r, index, scope, name, depth, fields)
         now = time.monotonic()
         cached = self.floors.get(key) if name != "last_accessed" else None
         if cached is None and hint is not None and math.isfinite(hint) and name != "last_accessed":
@@ -234,15 +233,7 @@ class Floors:
             if narrowed is not None:
                 order = _sort_key(field)
                 if cached[2] == _NO_TIE:  # the (depth + 1)-th by value is all it takes
-                    _, hits = await filter_search(
-                        r,
-                        index,
-                        narrowed,
-                        return_fields=fields,
-                        sort_by=name,
-                        descending=True,
-                        limit=depth + 1,
-                    )
+                    hits = await ask.sorted(narrowed, depth + 1)
                     # Redis picks among equal values at its LIMIT: only a gap in value proves the set
                     if len(hits) == depth + 1:
                         last = field_float(hits[depth - 1].fields, field)
@@ -260,7 +251,7 @@ class Floors:
                         and order(hits[depth - 1]) > order(hits[depth])
                     ):
                         return hits[:depth]
-        return await self._full_sort(r, index, scope, name, depth, fields, key, now)
+        return await self._full_sort(ask, key, now)
 
     async def remembered_lists(
         self,

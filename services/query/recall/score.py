@@ -56,6 +56,15 @@ episodes ages say little; with hundreds, the recent ones reflect the agent's cur
 _LN2 = math.log(2.0)
 
 
+def _real(value: Any) -> bool:
+    """A finite number (numpy's too), not a bool."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float | np.integer | np.floating)
+        and math.isfinite(value)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Weights:
     """Non-negative weights of the five signals; the priority lies in [0, total] (normalize "none").
@@ -173,12 +182,7 @@ def recency_decay(age: np.ndarray | float, half_life: float) -> np.ndarray:
 
 
 def _check_half_life(half_life: float) -> None:
-    if (
-        isinstance(half_life, bool)
-        or not isinstance(half_life, int | float | np.integer | np.floating)
-        or not math.isfinite(half_life)
-        or half_life <= 0
-    ):
+    if not _real(half_life) or half_life <= 0:
         raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
 
 
@@ -344,11 +348,7 @@ def score(
     if not isinstance(weights, Weights):
         raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
     _check_half_life(half_life)
-    if (
-        isinstance(as_of, bool)
-        or not isinstance(as_of, int | float | np.integer | np.floating)
-        or not math.isfinite(as_of)
-    ):
+    if not _real(as_of):
         raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
@@ -415,14 +415,14 @@ def rrf(
     gives the weighted variant. Returns (key, score) best first; equal scores keep the order of first
     appearance (ranking by ranking, top to bottom). Raises ValueError for k < 0 or bad weights.
     """
-    if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k < 0:
+    if not _real(k) or k < 0:
         raise ValueError(f"k must be a finite number >= 0, got {k!r}")
     if weights is None:
         weights = [1.0] * len(rankings)
     if len(weights) != len(rankings):
         raise ValueError(f"weights has {len(weights)} entries for {len(rankings)} rankings")
     for i, wi in enumerate(weights):
-        if isinstance(wi, bool) or not isinstance(wi, int | float) or not math.isfinite(wi) or wi < 0:
+        if not _real(wi) or wi < 0:
             raise ValueError(f"weights[{i}] must be finite and >= 0, got {wi!r}")
     scores: dict[Hashable, float] = {}  # insertion order = first appearance
     for ranking, wi in zip(rankings, weights, strict=True):
