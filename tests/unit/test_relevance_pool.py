@@ -164,7 +164,9 @@ _FOLDED = "서울역에서ÉcoleŁódźภาษาไทยที่ำ今天�
 )
 def test_split_is_the_folded_regex_split(text):
     """`text_words` folds a non-ASCII text a piece at a time: the same words as folding it whole."""
-    assert terms.Memos().text_words(text) == _REF_WORD.findall(fold_for_search(text.decode("utf-8", "replace")))
+    assert terms.Memos().text_words(text) == _REF_WORD.findall(
+        fold_for_search(text.decode("utf-8", "replace"))
+    )
 
 
 def test_the_unicode_cases_by_hand():

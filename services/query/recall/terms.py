@@ -41,7 +41,7 @@ _IS_STOP = STOPWORDS.__contains__
 STEMS_CACHE = 200_000
 """Distinct words whose stem is remembered (~100 bytes each)."""
 TERMS_CACHE = 50_000
-"""Distinct episode texts whose terms are remembered (`texts_terms`)."""
+"""Distinct episode texts whose terms are remembered (`Memos.texts_terms`)."""
 TERMS_TTL = 60.0
 """Seconds after its last use within which `expire` drops a remembered text or stem (the erasure
 window of the memos; a pool member of a busy namespace is used again well within it)."""

@@ -1,20 +1,15 @@
 """Bulk forgetting: `DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget` (a list of
 episode ids), each a job whose status `GET /v1/forget/{job_id}` reads.
 
-Each publishes one `EpisodeForgotten` per episode, the forget of `DELETE /v1/episodes/{id}`: the
-consolidator erases each episode's documents, vectors, events, stream entries and dead letters and
-leaves its tombstone (`Keys.tombstone`). The job is done when each of its episodes is tombstoned and its
-document deleted (the tombstone comes first).
-The job record (`Keys.forget_job`, a hash that expires after JOB_TTL) holds the namespace, counts and the
-tombstone keys' digests — never the ids, so it keeps nothing of what it erases.
+Each publishes one `EpisodeForgotten` per episode; the consolidator erases the episode and leaves its
+tombstone. The job is done when each of its episodes is tombstoned and its document deleted. The job
+record (`Keys.forget_job`, expiring after JOB_TTL) holds the namespace, counts and the tombstone keys'
+digests — never the ids, so it keeps nothing of what it erases.
 
 An agent's or a session's forget first records its time (`Keys.agent_tombstone`,
-`Keys.session_tombstone`), then lists the episodes the index holds (drafts included) into the job. An
-episode of the agent or session that began no later than that time but was not projected yet (still
-in the stream, or being folded) is refused by the projection's write scripts when the consolidator
-reaches it, and erased like a forgotten user's (`services.consolidator.scripts.FORGOT_SINCE_LUA`): the
-job does not count it, but nothing accepted before the call outlives it. An episode that begins after
-the call is the agent's new activity and is kept.
+`Keys.session_tombstone`), then lists the episodes the index holds (drafts included): an episode of
+theirs that began no later than that and was not projected yet is refused by the projection's write
+scripts and erased (`services.consolidator.scripts.FORGET_USER_LUA`); one that begins later is kept.
 """
 
 from __future__ import annotations
