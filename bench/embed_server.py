@@ -1,13 +1,13 @@
 """An OpenAI-compatible embedding server for side-by-side benchmarks (`bench.peer`).
 
     python -m bench.embed_server [--host 127.0.0.1] [--port 0] [--models minilm,mpnet]
-        [--backend auto] [--threads 2] [--max-batch 256]
+        [--threads 2] [--max-batch 256]
 
 Serves `POST /v1/embeddings` the way OpenAI's API does (`{"model", "input": str | [str],
 "encoding_format": "float" | "base64", "dimensions"}` → `{"object": "list", "data": [{"object":
 "embedding", "index": i, "embedding": [...]}], "model", "usage"}`) from the models Engram ships
-(`shared.embedding`: MiniLM as `all-minilm-l6-v2`, mpnet as `all-mpnet-base-v2`, each on the backend
-`--backend` picks, ONNX Runtime by default as in Engram), so every system in a comparison pays the
+(`shared.embedding`: MiniLM as `all-minilm-l6-v2`, mpnet as `all-mpnet-base-v2`, on OpenVINO as in
+Engram), so every system in a comparison pays the
 same model cost per text. Also `GET /v1/models`, `GET /health` (200 once the models are loaded: the
 port opens only then) and `GET /stats` (requests, texts, forward passes, seconds spent in the model).
 
@@ -254,13 +254,11 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """`GET /health`: 200 with the models, their dimensions and the backend each runs on (torch, onnx,
-    onnx-int8; the port opens once they are loaded)."""
+    """`GET /health`: 200 with the models and their dimensions (the port opens once they are loaded)."""
     sharers = request.app[SHARERS]
     return web.json_response(
         {
             "models": {MODELS[k]: s.embedder.dim for k, s in sharers.items()},
-            "backends": {MODELS[k]: getattr(s.embedder, "runs_on", "?") for k, s in sharers.items()},
         }
     )
 
@@ -283,14 +281,14 @@ def make_app(embedders: dict[str, Embedder], *, max_batch: int = 256) -> web.App
     return app
 
 
-async def load_embedders(names: Sequence[str], *, backend: str, threads: int) -> dict[str, Embedder]:
+async def load_embedders(names: Sequence[str], *, threads: int) -> dict[str, Embedder]:
     """Engram's embedders for `names` ("minilm", "mpnet"), loaded. Raises ConfigError when a model's
     packages are missing, ValueError for an unknown name."""
     out: dict[str, Embedder] = {}
     for name in names:
         if name not in MODELS:
             raise ValueError(f"--models: {name!r} is not one of {', '.join(MODELS)}")
-        embedder = make_embedder(Settings(embedder=name, embed_backend=backend, embed_threads=threads))
+        embedder = make_embedder(Settings(embedder=name, embed_threads=threads))
         await embedder.load()  # type: ignore[attr-defined]  # the model embedders have load()
         await embedder.embed(["warm up"])
         out[name] = embedder
@@ -300,7 +298,7 @@ async def load_embedders(names: Sequence[str], *, backend: str, threads: int) ->
 async def serve(args: argparse.Namespace) -> None:
     from deploy.embedded_redis import free_port
 
-    embedders = await load_embedders(args.models, backend=args.backend, threads=args.threads)
+    embedders = await load_embedders(args.models, threads=args.threads)
     runner = web.AppRunner(make_app(embedders, max_batch=args.max_batch), access_log=None)
     await runner.setup()
     port = args.port or free_port()
@@ -319,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
     p.add_argument("--models", default="minilm", type=lambda s: [m for m in s.split(",") if m])
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "onnx", "onnx-int8"))
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads of each model")
+    p.add_argument("--threads", type=int, default=2, help="inference threads of each model")
     p.add_argument("--max-batch", type=int, default=256, help="texts per shared forward pass")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

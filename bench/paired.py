@@ -2,7 +2,7 @@
 
 `bench.locomo` and `bench.bfcl` write each row's per-question metrics into their result file
 (`per_question`, in question order). Two runs over the same questions (one setting changed between
-them, e.g. `ENGRAM_QUERY_EMBED_BACKEND=same` then `auto`) are compared per row and metric: the mean
+them, e.g. `ENGRAM_EMBEDDER=minilm` then `mpnet`) are compared per row and metric: the mean
 of each run and of B - A, with a paired percentile-bootstrap 95% interval over questions (resampling
 questions, `bench.common.bootstrap_ci`). A paired interval is far narrower than two runs' own
 intervals, which overlap for any small change. Rows whose questions differ in number are refused.

@@ -632,6 +632,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=20,
         help="sequential recalls per size profiled with SLOWLOG (where Redis's time goes; 0 = off)",
     )
+    g.add_argument(
+        "--console-requests",
+        type=int,
+        default=20,
+        help="queries asked of the console's recall playground at the largest size (0 = off; bench.perf_console)",
+    )
     g.add_argument("--raw-requests", type=int, default=200, help="sequential raw FT.SEARCH for the floor")
     g.add_argument(
         "--floor-passes", type=int, default=10, help="model passes before each client count's service run"

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -324,17 +322,6 @@ async def pipeline_rate(
 # --- phase "ingest-real": real texts with the default embedder ---------------------------------------------
 
 
-def alone_settings(embedder: str, threads: int, embed_batch: int, environ: Mapping[str, str]) -> Any:
-    """The embedder-alone side's Settings: `embedder`, `threads` and `embed_batch`, and the graph the
-    spawned worker runs (ENGRAM_EMBED_BACKEND of `environ`, which the worker inherits), so both sides
-    of the ratio run the same graph. Raises ConfigError for a backend the settings refuse."""
-
-    backend = {k: v for k, v in environ.items() if k == "ENGRAM_EMBED_BACKEND"}
-    return dataclasses.replace(
-        Settings.from_env(backend), embedder=embedder, embed_threads=threads, embed_batch_size=embed_batch
-    )
-
-
 async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per text kind (LoCoMo turns, 2,000-character texts) and per (threads, embed batch) variant: rounds
     of (the embedder alone on the texts, in calls of the workers' batch size as a worker reads them; then one
@@ -353,7 +340,9 @@ async def real_ingest_phase(url: str, args: argparse.Namespace) -> list[dict[str
     rows = []
     for threads in args.ingest_threads:
         for embed_batch in (DEFAULTS.embed_batch_size,):
-            settings = alone_settings(args.recall_embedder, threads, embed_batch, os.environ)
+            settings = Settings(
+                embedder=args.recall_embedder, embed_threads=threads, embed_batch_size=embed_batch
+            )
             embedder = make_embedder(settings)
             await embedder.load()
             try:

@@ -42,6 +42,7 @@ from bench.common import (
     table,
     wait_http_ready,
 )
+from bench.perf_console import playground_vs_api, render_console
 from bench.perf_corpus import cached_vectors, derive, derived_text, real_texts
 
 NAMESPACE = "bench"
@@ -299,7 +300,7 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from shared.redis_conn import connect
     from shared.settings import Settings
 
-    # the service's environment (ENGRAM_QUERY_EMBED_BACKEND, threads...) with the bench's embedder
+    # the service's environment (ENGRAM_EMBED_THREADS, ...) with the bench's embedder
     settings = Settings.from_env(
         {**os.environ, "ENGRAM_EMBEDDER": args.recall_embedder, "ENGRAM_EMBED_DIM": "384"}
     )
@@ -395,6 +396,11 @@ async def recall_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
             out["sizes"][str(size)] = row
+        if args.console_requests:  # the console's playground against the recall it shows, largest size
+            tail = questions[-(args.recall_profile + args.console_requests + 10) : -(args.recall_profile + 5)]
+            out["console"] = await playground_vs_api(base_url, tail[: args.console_requests], args.top_k)
+            out["console"]["size"] = sizes[-1]
+            print(f"  {render_console(out['console']).strip()}", flush=True)
         top = str(max(args.recall_clients))
         small, large = out["sizes"][str(sizes[0])], out["sizes"][str(sizes[-1])]
         out["qps_large_vs_small"] = ratio(large[top]["qps"], small[top]["qps"])
@@ -469,4 +475,5 @@ def render_recall(res: dict[str, Any]) -> str:
             rows,
         )
         + render_profile(res)
+        + (render_console(res["console"]) if "console" in res else "")
     )

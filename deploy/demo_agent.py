@@ -1,18 +1,13 @@
 """`python -m deploy.demo_agent`: a pretend agent that records episodes and recalls them (exit 0 = works).
 
-It is an agent as production runs them: it never sees Redis, only the query service through the typed
-client (`engram_episodic.AsyncEngram`) with an API key. It records five finished coding episodes, waits
-until the consolidator has projected every one of them (`get_episode` returns this run's copy), then
-asks `recall` which past experience is worth replaying for a new task and prints the answer. Used by
-`docker compose --profile demo up demo-agent` and by tests/integration/test_deploy.py.
+An agent as production runs them: only the query service, through `engram_episodic.AsyncEngram` with
+an API key. It records five finished episodes (fixed ids `demo-1`..`demo-5`, so a rerun updates them;
+`metadata.demo_run` marks this run's write), waits until each is projected, then recalls and prints the
+experience worth replaying. Used by `docker compose --profile demo up demo-agent` and test_deploy.py.
 
-The episode ids are fixed (`demo-1` .. `demo-5`): running the demo again updates the same five
-episodes, it never adds copies. Each run stamps `metadata.demo_run` so the wait sees this run's write.
-
-Environment: `ENGRAM_QUERY_URL` (default `http://127.0.0.1:8080`), `ENGRAM_DEMO_API_KEY` (the Bearer
-key; empty when the query service runs without keys), `ENGRAM_DEMO_TIMEOUT` (how long to wait for
-consolidation, default `120s`), `ENGRAM_LOG_LEVEL`. The namespace is the key's, as for every client.
-Exit codes: 0 recalled, 1 timed out, failed or recall returned nothing, 2 bad configuration.
+Environment: `ENGRAM_QUERY_URL` (default `http://127.0.0.1:8080`), `ENGRAM_DEMO_API_KEY`,
+`ENGRAM_DEMO_TIMEOUT` (default `120s`), `ENGRAM_LOG_LEVEL`. Exit codes: 0 recalled; 1 timed out, failed
+or recalled nothing; 2 bad configuration.
 """
 
 from __future__ import annotations

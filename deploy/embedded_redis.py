@@ -87,32 +87,23 @@ class EmbeddedRedis:
 
     def command(self) -> list[str]:
         server, modules = locate()
-        args = [
-            str(server),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.data_dir),
-            "--save",
-            "",
-            "--logfile",
-            str(self.data_dir / "redis.log"),
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--appendfsync",
-            self.appendfsync,
-            "--protected-mode",
-            "yes",
-            "--daemonize",
-            "no",
-        ]
+        options = {
+            "port": self.port,
+            "bind": "127.0.0.1",
+            "dir": self.data_dir,
+            "save": "",
+            "logfile": self.data_dir / "redis.log",
+            "appendonly": "yes" if self.appendonly else "no",
+            "appendfsync": self.appendfsync,
+            "protected-mode": "yes",
+            "daemonize": "no",
+        }
+        args = [str(server)]
+        for name, value in options.items():
+            args += [f"--{name}", str(value)]
         for module in modules:
             args += ["--loadmodule", str(module.resolve())]
-            if (
-                module.name == "redisearch.so"
-            ):  # a query past its TIMEOUT is an error, never part of the results
+            if module.name == "redisearch.so":  # a query past its TIMEOUT errs, never part of the results
                 args += ["ON_TIMEOUT", "FAIL"]
         return args + self.extra_args
 
@@ -147,9 +138,7 @@ class EmbeddedRedis:
                     )
                 try:
                     client.ping()
-                    # the answer must be our server's: two `make run`s started at once both found the
-                    # port free, and the one whose server could not bind took the other's for its own
-                    # (its services ran on it, and its stop shut it down)
+                    # our server's answer? two `make run`s started at once once both took one server
                     pid = int(cast(dict, client.info("server"))["process_id"])
                     if self.process is not None and pid != self.process.pid:
                         other = pid
@@ -157,9 +146,7 @@ class EmbeddedRedis:
                         continue  # ours exits with "Address already in use": said above
                     client.execute_command("FT._LIST")
                     return
-                except redis.exceptions.BusyLoadingError:
-                    pass
-                except redis.exceptions.ConnectionError:
+                except (redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError):
                     pass
                 except redis.exceptions.ResponseError as exc:
                     raise EmbeddedRedisError(f"RediSearch is not loaded: {exc}") from None
@@ -179,10 +166,8 @@ class EmbeddedRedis:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM to our own process (Redis then shuts down as on SHUTDOWN: the AOF flushed, no RDB
-        without save points), SIGKILL after `timeout` seconds. Never a SHUTDOWN sent to the port: that
-        reaches whichever server answers there (two simultaneous `make run`s on one port shut down each
-        other's)."""
+        """SIGTERM to our own process (the AOF flushed), SIGKILL after `timeout` seconds; never a SHUTDOWN
+        sent to the port, which reaches whichever server answers there."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.terminate()
@@ -241,19 +226,12 @@ def slot_ranges(primaries: int) -> list[tuple[int, int]]:
 @dataclass
 class EmbeddedCluster:
     """A local Redis Cluster from the same wheels: `primaries` nodes owning the slots evenly, each with
-    `replicas` replicas, on private ports, RediSearch loaded on every node. `start()` returns once every
-    node reports `cluster_state:ok` and knows every other node.
+    `replicas` replicas, RediSearch (shard-local) on every node. `start()` returns once every node says
+    `cluster_state:ok`; `url` is `redis+cluster://` of the first primary.
 
-    The embedded RediSearch is shard-local (no coordinator): `FT.CREATE` and `FT.SEARCH` act on one
-    node's keys only, so callers create indexes on every primary and route queries to the node owning a
-    namespace's slot. `url` is `redis+cluster://host:port` of the first primary, the form
-    `shared.redis_conn.connect` turns into a cluster client.
-
-    Each node keeps its data in `data_dir/<port>`: its AOF, and its `nodes.conf` (its id, its slots,
-    its peers). A node restarted alone (`EmbeddedRedis.start()`) rejoins from them, and a cluster
-    started again on the same ports and `data_dir` comes back whole instead of being formed anew.
-    Errors: EmbeddedRedisError (also when only some of the nodes have a `nodes.conf`: a cluster made
-    with other ports or another size).
+    Each node keeps its AOF and `nodes.conf` in `data_dir/<port>`, so a node restarted alone rejoins and
+    a cluster started again on the same ports comes back whole. Errors: EmbeddedRedisError (also when
+    only some nodes have a `nodes.conf`: a cluster of other ports or size).
     """
 
     data_dir: Path
@@ -292,14 +270,7 @@ class EmbeddedCluster:
             )
         try:
             for port in self.ports:
-                node = EmbeddedRedis(
-                    port=port,
-                    data_dir=self.data_dir / str(port),
-                    start_timeout=self.start_timeout,
-                    extra_args=self._cluster_args(),
-                    pass_fds=self.pass_fds,
-                )
-                self.nodes.append(node.start())
+                self.nodes.append(self._node(port).start())
             if all(formed):  # made before: each node knows its slots and peers from its nodes.conf
                 self._wait_ok([self._client(n) for n in self.nodes])
             else:
@@ -309,15 +280,15 @@ class EmbeddedCluster:
             raise
         return self
 
-    def _cluster_args(self) -> list[str]:
-        return [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            str(self.node_timeout_ms),
-        ]
+    def _node(self, port: int) -> EmbeddedRedis:
+        options = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        return EmbeddedRedis(
+            port=port,
+            data_dir=self.data_dir / str(port),
+            start_timeout=self.start_timeout,
+            extra_args=[*options, "--cluster-node-timeout", str(self.node_timeout_ms)],
+            pass_fds=self.pass_fds,
+        )
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
         return redis.Redis(port=node.port, socket_connect_timeout=2, socket_timeout=5, protocol=2)
@@ -379,12 +350,7 @@ class EmbeddedCluster:
         (`CLUSTER MEET`, as `redis-cli --cluster add-node` does); returns it once every node knows it.
         Give it slots with `migrate_slot`. Errors: EmbeddedRedisError."""
         port = port if port is not None else free_cluster_ports(1)[0]
-        node = EmbeddedRedis(
-            port=port,
-            data_dir=self.data_dir / str(port),
-            start_timeout=self.start_timeout,
-            extra_args=self._cluster_args(),
-        ).start()
+        node = self._node(port).start()
         self.nodes.append(node)
         self.joined.append(node)
         clients = [self._client(n) for n in self.nodes]
@@ -396,11 +362,7 @@ class EmbeddedCluster:
                 "every node knows the new one",
             )
             # until gossip tells it who owns every slot, the new node answers CLUSTERDOWN (MIGRATE too)
-            self._wait(
-                clients,
-                lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
-                "cluster_state:ok on every node",
-            )
+            self._wait_ok(clients, close=False)
         finally:
             for c in clients:
                 c.close()
@@ -408,21 +370,15 @@ class EmbeddedCluster:
 
     def node_id(self, node: EmbeddedRedis) -> str:
         """The cluster's id of `node` (`CLUSTER MYID`)."""
-        c = self._client(node)
-        try:
+        with self._client(node) as c:
             return c.execute_command("CLUSTER", "MYID").decode()
-        finally:
-            c.close()
 
     def owner(self, slot: int) -> EmbeddedRedis:
         """The primary owning `slot` (`CLUSTER SLOTS` of the first node). Errors: EmbeddedRedisError."""
-        c = self._client(self.nodes[0])
-        try:
+        with self._client(self.nodes[0]) as c:
             for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
                 if lo <= slot <= hi:
                     return next(n for n in self.nodes if n.port == int(primary[1]))
-        finally:
-            c.close()
         raise EmbeddedRedisError(f"slot {slot} is not covered")
 
     def migrate_slot(self, slot: int, destination: EmbeddedRedis, batch: int = 100) -> EmbeddedRedis:
@@ -434,23 +390,16 @@ class EmbeddedCluster:
         if source is destination:
             raise EmbeddedRedisError(f"slot {slot} is already on port {destination.port}")
         src_id, dst_id = self.node_id(source), self.node_id(destination)
-        src, dst = self._client(source), self._client(destination)
-        try:
+        with self._client(source) as src, self._client(destination) as dst:
             dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
             src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
             while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
                 src.execute_command("MIGRATE", "127.0.0.1", destination.port, "", 0, 5000, "KEYS", *keys)
             # the destination first, as redis-cli does, so that it owns the slot before anyone says so
             for node in [destination, source, *(n for n in self.nodes if n not in (source, destination))]:
-                c = self._client(node)
-                try:
+                with self._client(node) as c:
                     if "master" in c.info("replication").get("role", "master"):
                         c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-                finally:
-                    c.close()
-        finally:
-            src.close()
-            dst.close()
         return source
 
     def stop(self) -> None:
@@ -478,15 +427,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replicas", type=int, default=0, help="replicas per primary (with --cluster)")
     args = parser.parse_args(argv)
+    server: EmbeddedRedis | EmbeddedCluster
     if args.cluster:
-        return _run_cluster(args)
-    server = EmbeddedRedis(port=args.port, data_dir=args.dir, appendfsync=args.appendfsync)
+        size = args.cluster * (1 + args.replicas)
+        ports = list(range(args.port, args.port + size))
+        server = EmbeddedCluster(args.dir, args.cluster, args.replicas, ports)
+        what, nodes = "embedded redis cluster", server.nodes
+        shape = f", {args.cluster} primaries, {args.replicas} replica(s) each"
+    else:
+        server = EmbeddedRedis(port=args.port, data_dir=args.dir, appendfsync=args.appendfsync)
+        what, nodes, shape = "embedded redis", [server], ""
     try:
         server.start()
     except EmbeddedRedisError as exc:
-        print(f"embedded redis: {exc}", file=sys.stderr)
+        print(f"{what}: {exc}", file=sys.stderr)
         return 1
-    print(f"embedded redis ready at {server.url} (data in {server.data_dir})", flush=True)
+    print(f"{what} ready at {server.url} (data in {server.data_dir}{shape})", flush=True)
     stop = {"now": False}
 
     def _stop(*_):
@@ -494,42 +450,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    process = cast(subprocess.Popen, server.process)  # set by the start() that succeeded
-    while not stop["now"] and process.poll() is None:
+    while not stop["now"] and all(n.process is not None and n.process.poll() is None for n in nodes):
         time.sleep(0.2)
     server.stop()
-    print("embedded redis stopped", flush=True)
-    return 0
-
-
-def _run_cluster(args) -> int:
-    cluster = EmbeddedCluster(
-        data_dir=args.dir,
-        primaries=args.cluster,
-        replicas=args.replicas,
-        ports=list(range(args.port, args.port + args.cluster * (1 + args.replicas))),
-    )
-    try:
-        cluster.start()
-    except EmbeddedRedisError as exc:
-        print(f"embedded redis cluster: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"embedded redis cluster ready at {cluster.url} ({args.cluster} primaries, {args.replicas} replica(s) "
-        f"each; data in {cluster.data_dir})",
-        flush=True,
-    )
-    stop = {"now": False}
-
-    def _stop(*_):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    while not stop["now"] and all(n.process is not None and n.process.poll() is None for n in cluster.nodes):
-        time.sleep(0.2)
-    cluster.stop()
-    print("embedded redis cluster stopped", flush=True)
+    print(f"{what} stopped", flush=True)
     return 0
 
 

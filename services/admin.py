@@ -6,17 +6,9 @@ own code on a deployment's Redis rather than call the HTTP API.
     engram-admin dead-letters | redrive --all | discard ID...
     engram-admin rotate-master-key --new-key-file F | erase-now
 
-They belong to the server distribution (`engram-episodic-server`, this repository's root); the client's
-`engram` holds only the commands that call the HTTP API, and the server imports the client (its errors,
-progress bars, time formatting), never the reverse. They read the server's environment
-(`shared.settings.Settings`) with the defaults of `make run`: `REDIS_URL` defaults to its embedded Redis
-(`redis://127.0.0.1:$ENGRAM_REDIS_PORT/0`, port 6390; with `ENGRAM_REDIS_CLUSTER` = N its embedded
-cluster, `redis+cluster://127.0.0.1:$ENGRAM_REDIS_PORT`) and, with no master key set, the key it keeps
-in `$ENGRAM_DATA_DIR/master.key` (`.run/`, or `.run/redis-<port>/` for another `ENGRAM_REDIS_PORT`:
-`services.run_lock.run_data_dir`) is used when it exists (without it sealed events cannot be
-opened). Long work draws a progress bar (tqdm, on stderr, when it is a terminal or with `--progress`)
-with its rate and ETA, then a summary; `--json` prints the summary as JSON for scripts. They are the
-only command line of these tasks: `python -m services.consolidator` is the worker alone.
+They read the server's environment with `make run`'s defaults (`server_env`): its embedded Redis or
+cluster, and its master key file when it exists. Long work draws a progress bar (tqdm, on stderr, on
+a terminal or with `--progress`), then a summary; `--json` prints the summary as JSON.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 import redis.asyncio as aioredis
@@ -41,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.timeutil import format_instant
+from services import refuse
 from services.consolidator.replay import Progress
 from services.run_lock import run_data_dir
 from shared.partitions import deployment_keys
@@ -71,18 +64,9 @@ CLUSTER_HINT = (
 )
 
 
-def refuse(command: str, message: str) -> NoReturn:
-    """A configuration error, as `make run` reports one: one line on stderr, exit code 2 (a retry
-    cannot fix it; docs/reliability.md)."""
-    context = click.get_current_context(silent=True)
-    program = context.find_root().info_name if context is not None else None
-    click.echo(f"{program or 'engram-admin'} {command}: {message}", err=True)
-    sys.exit(2)
-
-
 def _settings(command: str, **overrides: Any) -> Settings:
-    """The server's Settings from `server_env()`, with `overrides` (those not None) applied; a
-    configuration error is `refuse`d (one line, exit 2)."""
+    """The server's Settings from `server_env()` with `overrides` (those not None); a
+    configuration error is `refuse`d."""
     try:
         settings = Settings.from_env(server_env())
     except ConfigError as exc:
@@ -91,12 +75,10 @@ def _settings(command: str, **overrides: Any) -> Settings:
 
 
 def run_admin(command: str, coro: Any) -> Any:
-    """Run an admin coroutine; Redis being away is a one-line error (exit 1), a configuration error
-    (ConfigError: another partition count, a master key missing; a cluster addressed as one Redis, its
-    MovedError; a Conflict such as a data key wrapped by another master key, as after a rotation) one
-    line and exit 2, never a traceback. SIGTERM stops it as Ctrl-C does (a replay then drops the
-    generation it was building at once, instead of leaving it to the workers' sweep)."""
-    main = threading.current_thread() is threading.main_thread()  # only the main thread takes signals
+    """Run an admin coroutine: Redis away is one line and exit 1; a ConfigError, Conflict or
+    MovedError (a cluster addressed as one Redis) one line and exit 2, never a traceback. SIGTERM stops it
+    as Ctrl-C does (a replay then drops the generation it was building)."""
+    main = threading.current_thread() is threading.main_thread()  # only it may take signals
     previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:
         return asyncio.run(coro)
@@ -119,10 +101,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 async def _replay_task(
     settings: Settings, progress: Progress | None = None, *, keep_embedder: bool
 ) -> dict[str, int]:
-    """Rebuild every projection into a new generation with `settings.embedder` (a reindex when it is
-    another embedder); `services.consolidator.replay.replay`'s counts. `keep_embedder` (`replay`, not
-    `reindex`): ConfigError, before anything is written, when `settings.embedder` is not the one the
-    current generation was built with."""
+    """Rebuild every projection into a new generation with `settings.embedder`; the replay's
+    counts. `keep_embedder` (`replay`): ConfigError, before anything is written, when `settings.embedder`
+    is not the current generation's."""
     from services.consolidator.replay import replay as do_replay
     from shared.embedding import loaded_embedder
 
@@ -135,28 +116,24 @@ async def _replay_task(
 
 
 async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
-    """ConfigError when the current generation was built with another embedder than (`name`, `dim`): a
-    plain `engram-admin replay` with ENGRAM_EMBEDDER unset (`auto`, mpnet) re-embedded a hashing deployment,
-    and every recall then answered 409 until the services were restarted with it."""
-    from shared.index import current_generation, embedder_setting
-    from shared.replies import as_text
+    """ConfigError when the current generation was built with another embedder than (`name`, `dim`)
+    (a plain `replay` with ENGRAM_EMBEDDER unset re-embedded a hashing deployment: every recall 409)."""
+    from shared.index import current_generation, embedder_mismatch, embedder_setting
 
-    keys = settings.keys
-    gen = await current_generation(redis, keys)
-    recorded = await redis.hget(keys.meta, f"g{gen}:embedder")
-    recorded_dim = int(await redis.hget(keys.meta, f"g{gen}:dim") or 0)
-    if recorded is not None and (as_text(recorded) != name or recorded_dim != dim):
+    gen = await current_generation(redis, settings.keys)
+    other = await embedder_mismatch(redis, settings.keys, gen, name, dim)
+    if other is not None:
         raise ConfigError(
-            f"generation {gen} was built with embedder {as_text(recorded)!r} (dim {recorded_dim}) and this "
-            f"replay would embed with {name!r} (dim {dim}): replay keeps the index's embedder — run it with "
-            f"{embedder_setting(as_text(recorded), recorded_dim)}; to change the embedder, `reindex --embedder`"
+            f"generation {gen} was built with embedder {other.index_embedder!r} (dim {other.index_dim}) and "
+            f"this replay would embed with {name!r} (dim {dim}): replay keeps the index's embedder — run it "
+            f"with {embedder_setting(other.index_embedder, other.index_dim)}; to change the embedder, "
+            "`reindex --embedder`"
         )
 
 
 async def _dead_letter_rows(settings: Settings, limit: int) -> list[dict[str, Any]]:
     """The oldest `limit` dead letters: `{id, stream_id, reason, consumer, at (UTC epoch s), bytes,
-    namespace, episode_id}`; the last two are None when the payload names no episode (ids only: never
-    the user or the content)."""
+    namespace, episode_id}` (the last two None when the payload names no episode)."""
     from services.consolidator.deadletters import list_dead_letters
     from shared.codec import peek_identity
 
@@ -187,9 +164,8 @@ async def _on_dead_letters(
     on_start: Callable[[int], None] | None = None,
     on_each: Callable[[], None] | None = None,
 ) -> tuple[int, list[str]]:
-    """`deadletters.redrive` (publish again) or `deadletters.discard` (delete, with the original
-    entries), by `verb`, on the dead letters `ids` (None: all) → (how many, the ids that name no dead
-    letter). `on_start(total)`/`on_each()` report progress."""
+    """`deadletters.redrive` or `.discard`, by `verb`, on the dead letters `ids` (None: all) →
+    (how many, the ids that name no dead letter)."""
     from services.consolidator import deadletters
 
     act = {"redrive": deadletters.redrive, "discard": deadletters.discard}[verb]
@@ -253,8 +229,7 @@ def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any
 
 
 def _facts_summary(counts: dict[str, Any]) -> str:
-    """What a replay did with the facts: carried over, or re-embedded for another embedder; and any it
-    could not index (searches miss them until their scope is consolidated again)."""
+    """What a replay did with the facts (carried over or re-embedded; any not indexed)."""
     n, scopes = counts["facts"], counts["fact_scopes"]
     what = "re-embedded" if counts["facts_reembedded"] else "carried over"
     text = f"{n} facts of {scopes} scope(s) {what}" if n else "no facts"

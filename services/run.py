@@ -1,36 +1,23 @@
 """`make run`: the whole stack in the foreground — embedded Redis, the consolidator, the query service.
 
-Ctrl-C (or SIGTERM) stops the services gracefully (SIGTERM, then a grace period), then Redis.
-With `REDIS_URL` set, no embedded Redis is started and that server is used instead.
+Ctrl-C (or SIGTERM) stops the services (SIGTERM, a grace period, SIGKILL), then Redis. With `REDIS_URL`
+set, no embedded Redis is started. Variables: docs/configuration.md, `make run`.
 
-One `make run` per data directory: it holds an exclusive lock (`fcntl.flock`) on
-`ENGRAM_DATA_DIR/run.lock` while it runs (the embedded Redis and every service inherit it, so what a
-killed `make run` leaves behind keeps it, and is named), and a second one is refused with exit code 3
-before it starts anything. The consolidators and the query service get SIGTERM when the supervisor
-dies (shared/supervised.py); the embedded Redis stays up, holding the data until it is stopped.
+One `make run` per data directory: an exclusive `flock` on `ENGRAM_DATA_DIR/run.lock`, inherited by
+every process of the stack (services/run_lock.py); a second one exits 3 before starting anything. The
+services get SIGTERM when the supervisor dies (shared/supervised.py); the embedded Redis stays up.
 
-A process that dies is restarted (see `Supervisor`): a worker or the query service after an exponential
-backoff, the embedded Redis (or a node of the embedded cluster) at once, from its append-only file. The
-stack stops only when one of them dies `ENGRAM_RESTART_LIMIT` times in a row, each within
-`ENGRAM_RESTART_WINDOW` of its start (exit code 1: a crash loop, however slowly the process starts),
-when a service exits with code 2 (a configuration error, e.g. an embedder other than the index's:
-restarting cannot fix it; exit code 2 with the service's message), or when a service exits with code 0
-on its own (stopped by hand; exit code 1). The exit codes are `python -m services.run`'s: `make` prints it
-(`make: *** [Makefile:…: run] Error 3`) and then exits 2 itself, whatever the code was.
-
-Environment (besides every `ENGRAM_*` setting): `ENGRAM_REDIS_PORT` (embedded Redis, 6390),
-`ENGRAM_DATA_DIR` (`.run`, per Redis port: `services.run_lock.run_data_dir`), `ENGRAM_WORKERS` (default
-1; worker i serves `/healthz` and `/metrics` on `ENGRAM_METRICS_PORT` + i), `ENGRAM_RESTART_LIMIT`
-(default 5) and `ENGRAM_RESTART_WINDOW` (default `60s`). Every port is checked before anything starts.
+A process that dies is restarted (`Supervisor`). The stack stops, exit code 1, when one process dies
+`ENGRAM_RESTART_LIMIT` times in a row, each within `ENGRAM_RESTART_WINDOW` of its start, or a service
+exits 0 on its own; exit code 2 when a service exits 2 (a configuration error: never restarted). `make`
+prints the code (`make: *** [Makefile:…: run] Error 3`) and exits 2 itself.
 """
 
 from __future__ import annotations
 
 import signal
 
-if __name__ == "__main__":  # not when imported (by the tests): the importer's Ctrl-C is its own
-    # Ctrl-C while the imports below load (~0.6 s) ends the process quietly instead of with a
-    # KeyboardInterrupt traceback: nothing is started yet; main() installs its own handlers
+if __name__ == "__main__":  # Ctrl-C while the imports below load ends quietly, without a traceback
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import contextlib
@@ -55,20 +42,14 @@ from shared.supervised import SUPERVISOR_PID
 
 GRACE_SECONDS = 15.0
 RESTART_LIMIT = 5
-"""Deaths in a row of one process, each within `RESTART_WINDOW` of its start, that stop the stack
-(`ENGRAM_RESTART_LIMIT`)."""
 RESTART_WINDOW = 60.0
-"""Seconds a process must stay up for its death not to count toward a crash loop
-(`ENGRAM_RESTART_WINDOW`): one that stayed up that long has its whole budget again (the embedded Redis
-too)."""
+"""`ENGRAM_RESTART_LIMIT` deaths in a row, each within `ENGRAM_RESTART_WINDOW` seconds of its start,
+stop the stack; a longer run makes the budget whole again."""
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 10.0
-"""A dead worker or query service is restarted after BACKOFF_FIRST * 2^(deaths in a row - 1)
-seconds, at most BACKOFF_MAX."""
+"""A dead service is restarted after BACKOFF_FIRST * 2^(deaths in a row - 1) seconds, at most BACKOFF_MAX."""
 EXIT_CONFIG = 2
-"""The exit code of a configuration error (any process of the stack): never restarted."""
 EXIT_LOCKED = 3
-"""`make run`'s exit code when another `make run` holds the data directory."""
 TAIL_BYTES = 8192
 
 
@@ -94,11 +75,8 @@ def describe_exit(code: int) -> str:
 
 class CrashBudget:
     """The deaths in a row of one process that each came within `window` seconds of its start;
-    `exhausted` at `limit` of them. Counted by the run's length, not by deaths per window of wall time:
-    a process that needs 13 s to load its model and then crashes dies at most ~4 times a minute with
-    the backoff, so a count over the last `window` seconds never reached 5 and a crash loop ran for 11
-    minutes. A death after a run of `window` or longer is not counted and makes the budget whole
-    again: that process was up, not crash-looping."""
+    `exhausted` at `limit`. Counted by run length, not deaths per wall-clock window: a process taking 13 s
+    to load its model dies at most ~4 times a minute, and a per-minute count never stopped its crash loop."""
 
     def __init__(self, limit: int, window: float):
         self.limit, self.window = limit, window
@@ -106,9 +84,8 @@ class CrashBudget:
         self.last_run = 0.0  # seconds the process that died last was up
 
     def record(self, now: float, started: float) -> int:
-        """Count the death at `now` (time.monotonic()) of the run started at `started`; returns the
-        deaths in a row so far: this one included when the run was shorter than `window`, 0 after a
-        longer run (the count starts over)."""
+        """Count the death at `now` (monotonic) of the run started at `started`; returns the deaths
+        in a row (0 after a run of `window` or longer: the count starts over)."""
         self.last_run = now - started
         self.deaths = 0 if self.last_run >= self.window else self.deaths + 1
         return self.deaths
@@ -129,9 +106,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class StderrRelay:
-    """Copies a child's stderr to ours as it comes and keeps its last bytes, so the supervisor can repeat
-    the child's last words when it exits. A thread always reads: a pipe nobody reads freezes the child
-    once it fills (docs/reliability.md)."""
+    """Copies a child's stderr to ours and keeps its last bytes, to repeat its last words when it
+    exits. A thread always reads: a full pipe would freeze the child."""
 
     def __init__(self, pipe):
         self._pipe = pipe
@@ -159,15 +135,12 @@ class StderrRelay:
 
 
 _FRAME = re.compile(r"[\s|+\-~^\d]*")
-"""A line of a traceback's drawing only: an ExceptionGroup's `+-+---- 1 ----` and `+-----` frames, the
-`~~~^^^` markers under a failing expression."""
+"""A line of a traceback's drawing only (ExceptionGroup frames, `~~~^^^` markers)."""
 
 
 def last_words(text: str) -> str:
-    """The last line of `text` (a child's stderr) that says something: the exception's message at the
-    end of a traceback, an ExceptionGroup's `| RuntimeError: ...` without its `|` margin, skipping the
-    lines that only draw the frame (else a death reads `died, exit code 1: +-----------`). At
-    most 500 characters; "" when no line says anything."""
+    """The last line of a child's stderr that says something (an ExceptionGroup's `| Error: ...`
+    without its margin), at most 500 characters; "" when none does."""
     for line in reversed(text.splitlines()):
         if not _FRAME.fullmatch(line):
             return line.strip().lstrip("|").strip()[:500]
@@ -175,8 +148,7 @@ def last_words(text: str) -> str:
 
 
 def _in_a_row(budget: CrashBudget) -> str:
-    """What a restart line says of the budget: "2 death(s) in a row within 60s of starting; the stack
-    stops at 5", or after a long run "up 75s, longer than 60s: not a crash loop, the count starts over"."""
+    """What a restart line says of the budget (deaths in a row, or a long run that reset it)."""
     if budget.deaths == 0:
         return f"up {budget.last_run:.0f}s, longer than {budget.window:g}s: not a crash loop, the count starts over"
     return (
@@ -197,9 +169,7 @@ class Service:
         pass_fds: tuple[int, ...] = (),
     ):
         self.name, self.argv, self.env, self.budget = name, argv, env, budget
-        # the data dir's lock: held by every process of the stack, so a supervisor killed with SIGKILL
-        # leaves the lock held (and named: services/run_lock.py) until its last child is gone
-        self.pass_fds = pass_fds
+        self.pass_fds = pass_fds  # the data dir's lock: held until the stack's last process is gone
         self.proc: subprocess.Popen | None = None
         self.relay: StderrRelay | None = None
         self.restarts = 0
@@ -207,8 +177,7 @@ class Service:
         self.started = 0.0  # time.monotonic() of the last start: a short run's death counts (CrashBudget)
 
     def start(self) -> subprocess.Popen:
-        # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which stops the
-        # services with SIGTERM (a Ctrl-C sent to them all hit them mid-import: KeyboardInterrupt tracebacks)
+        # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which sends SIGTERM
         self.proc = proc = subprocess.Popen(
             self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds, start_new_session=True
         )
@@ -223,12 +192,12 @@ class Service:
 
 
 LOG = {"format": "text"}
-"""`ENGRAM_LOG_FORMAT` of this process, set once by `main()`: how `_say` and `_refuse` write."""
+"""`ENGRAM_LOG_FORMAT` of this process, set once by `main()`."""
 
 
 def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
     """One line of the supervisor's own: `engram ◆ message`, or with ENGRAM_LOG_FORMAT=json the JSON
-    object a logger `engram.run` would write (so a log pipeline reads every line of the stack)."""
+    object a logger `engram.run` would write."""
     text = (
         f"engram ◆ {message}"
         if LOG["format"] == "text"
@@ -238,7 +207,7 @@ def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
 
 
 def _refuse(message: str) -> None:
-    """Why the stack does not start (`engram: ...`, on stderr), in the same format as `_say`."""
+    """Why the stack does not start (`engram: ...`, on stderr), in the format of `_say`."""
     if LOG["format"] == "json":
         message = logs.line(
             "json", message.removeprefix("engram: "), logger="engram.run", level=logging.ERROR
@@ -271,13 +240,9 @@ def _probe(url: str) -> tuple[int, dict] | None:
 
 
 class Progress(threading.Thread):
-    """Says, a line per step, when each service first answers, what it still loads, and when it is
-    ready, in seconds since `make run` started (`started`, time.monotonic()); then that the stack is.
-
-    `probes` maps a service's name to its readiness URL (the query service's `/readyz`, a worker's
-    `/healthz`). Only the first start is followed: restarts say so themselves (`Supervisor`). A service
-    still loading is said again every STILL seconds (a first start unpacks and exports the model for
-    tens of seconds: silence that long looks hung)."""
+    """Says when each service first answers, what it still loads (again every STILL seconds) and
+    when it is ready, in seconds since `started` (monotonic); then that the stack is. `probes`: name →
+    readiness URL. Only the first start is followed."""
 
     STILL = 15.0
 
@@ -315,8 +280,7 @@ class Progress(threading.Thread):
 
 
 class RedisProcess:
-    """One embedded redis-server the supervisor watches (the Redis, or a node of the embedded
-    cluster, named `redis node <port>`): its crash budget, restarts and last start."""
+    """One embedded redis-server the supervisor watches: its crash budget, restarts and last start."""
 
     def __init__(self, server: EmbeddedRedis, budget: CrashBudget, name: str = "redis"):
         self.server, self.budget, self.name = server, budget, name
@@ -325,13 +289,8 @@ class RedisProcess:
 
 
 class Supervisor:
-    """Watches the embedded Redis (or every node of the embedded cluster) and the services until
-    `stop()`; returns the stack's exit code.
-
-    A worker or the query service that dies is restarted after `CrashBudget.backoff()`; an embedded
-    Redis process is restarted at once. Each death is logged with its cause (exit code or signal), the
-    restart number and the short-lived deaths in a row. See the module docstring for what stops the stack.
-    """
+    """Watches the embedded Redis (or every cluster node) and the services until `stop()`; returns
+    the stack's exit code. A dead service is restarted after `CrashBudget.backoff()`, a Redis at once."""
 
     def __init__(self, services: list[Service], redis: list[RedisProcess]):
         self.services, self.redis = services, redis
@@ -357,8 +316,7 @@ class Supervisor:
         server, name = node.server, node.name
         if server.process is None or server.process.poll() is None:
             return None
-        # The workers and the query service reconnect on their own; the AOF brings the data back (a
-        # cluster node its slots and peers too, from its nodes.conf).
+        # the services reconnect on their own; the AOF (and a cluster node's nodes.conf) brings the data back
         _say(f"{name} {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
         deaths = node.budget.record(time.monotonic(), node.started)
         if node.budget.exhausted:
@@ -376,8 +334,7 @@ class Supervisor:
             if server.process is None or server.process.poll() is None:  # alive yet not ours to use
                 _say(f"cannot restart {name}: {exc}; stopping the stack")
                 return 1
-            # it died again while starting (a request in flight can crash each new one at once):
-            # a death like the others, counted by the next check, not the end of the stack
+            # died again while starting: a death like the others, counted by the next check
             node.started = time.monotonic()
             _say(f"{name} died while restarting (restart {node.restarts}); trying again")
             return None
@@ -399,8 +356,7 @@ class Supervisor:
         code = proc.poll()
         if code is None:
             return None
-        # a process that exited by itself usually said why last (a traceback's last line, a message);
-        # one killed by a signal did not
+        # a process that exited by itself usually said why last; one killed by a signal did not
         last = service.relay.last_line() if service.relay and code > 0 else ""
         said = f": {last}" if last else ""
         if code == EXIT_CONFIG:
@@ -475,10 +431,8 @@ def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> st
 
 
 def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
-    """Why a port the stack is about to listen on is not free (the message), or None.
-
-    Said up front: otherwise the query service found out after its model loaded (a traceback), the
-    embedded Redis after 50 lines of its own log and six restarts, a worker after its model loaded."""
+    """Why a port the stack is about to listen on is not free (the message), or None: said up front
+    instead of a traceback after a model loaded."""
     busy = _taken_port(settings.host, settings.port)
     if busy:
         return f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another"
@@ -502,8 +456,7 @@ def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, wo
 
 
 def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
-    """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (the stream is always
-    sealed, on an embedded cluster too: its publish checks live in each stream partition's slot)."""
+    """Without a master key set, ENGRAM_MASTER_KEY_FILE becomes the data dir's (0600, created once)."""
     if not env.get("ENGRAM_MASTER_KEY") and not env.get("ENGRAM_MASTER_KEY_FILE"):
         from shared.crypto import generate_master_key_file  # 0600, created once, never overwritten
 
@@ -516,56 +469,36 @@ def _restart_window(env: Mapping[str, str]) -> float:
     return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
 
 
-def _start_cluster(data_root: Path, size: int, port: int, lock_fd: int) -> EmbeddedCluster | None:
-    """`ENGRAM_REDIS_CLUSTER=N`: an embedded cluster of N primaries on ports `port`..., for development,
-    its data (AOF, nodes.conf) kept in `ENGRAM_DATA_DIR/cluster/<port>` across starts. None when it
-    did not start (said on stderr)."""
-    cluster = EmbeddedCluster(
-        data_dir=data_root / "cluster",
-        primaries=size,
-        ports=list(range(port, port + size)),
-        pass_fds=(lock_fd,),
-    )
-    try:
-        cluster.start()
-    except (EmbeddedRedisError, OSError) as exc:
-        cluster.stop()
-        _refuse(f"engram: cannot start the embedded cluster (ENGRAM_REDIS_PORT={port}): {exc}")
-        return None
-    _say(f"redis cluster {cluster.url} ({size} primaries, data in {cluster.data_dir})", err=False)
-    return cluster
-
-
 def _start_redis(
     env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
 ) -> list[tuple[str, EmbeddedRedis]] | None:
-    """The embedded Redis (or, with `cluster_size`, cluster) unless REDIS_URL is set, which it then
-    sets: [(name, server)] of each redis-server started, to supervise; None when it did not start
-    (said on stderr)."""
+    """Start the embedded Redis, or with `cluster_size` N (`ENGRAM_REDIS_CLUSTER`) a cluster of N
+    primaries on ports `redis_port`... (data in `ENGRAM_DATA_DIR/cluster`), unless REDIS_URL is set, and
+    set it: [(name, server)] to supervise; None when it did not start (said on stderr)."""
     if env.get("REDIS_URL"):
         return []
+    server: EmbeddedRedis | EmbeddedCluster
     if cluster_size:
-        cluster = _start_cluster(data_root, cluster_size, redis_port, lock_fd)
-        if cluster is None:
-            return None
-        env["REDIS_URL"] = cluster.url
-        return [(f"redis node {node.port}", node) for node in cluster.nodes]
-    data_dir = data_root / "redis"
-    redis_server = EmbeddedRedis(port=redis_port, data_dir=data_dir, pass_fds=(lock_fd,))
-    _say(f"starting redis on port {redis_port} (data in {data_dir})", err=False)
+        ports = list(range(redis_port, redis_port + cluster_size))
+        server = EmbeddedCluster(data_root / "cluster", cluster_size, ports=ports, pass_fds=(lock_fd,))
+        what = f"the embedded cluster (ENGRAM_REDIS_PORT={redis_port})"
+    else:
+        server = EmbeddedRedis(port=redis_port, data_dir=data_root / "redis", pass_fds=(lock_fd,))
+        what = f"the embedded Redis (ENGRAM_DATA_DIR={data_root}, ENGRAM_REDIS_PORT={redis_port})"
+        _say(f"starting redis on port {redis_port} (data in {server.data_dir})", err=False)
     started = time.monotonic()
     try:
-        redis_server.start()
+        server.start()
     except (EmbeddedRedisError, OSError) as exc:
-        redis_server.stop()  # one that did not answer in time is still running
-        _refuse(
-            f"engram: cannot start the embedded Redis (ENGRAM_DATA_DIR={data_root}, "
-            f"ENGRAM_REDIS_PORT={redis_port}): {exc}"
-        )
+        server.stop()  # one that did not answer in time is still running
+        _refuse(f"engram: cannot start {what}: {exc}")
         return None
-    env["REDIS_URL"] = redis_server.url
-    _say(f"redis {redis_server.url} ready in {time.monotonic() - started:.1f}s", err=False)
-    return [("redis", redis_server)]
+    env["REDIS_URL"] = server.url
+    if isinstance(server, EmbeddedCluster):
+        _say(f"redis cluster {server.url} ({cluster_size} primaries, data in {server.data_dir})", err=False)
+        return [(f"redis node {node.port}", node) for node in server.nodes]
+    _say(f"redis {server.url} ready in {time.monotonic() - started:.1f}s", err=False)
+    return [("redis", server)]
 
 
 def _services(
@@ -576,38 +509,29 @@ def _services(
     restart_window: float,
     lock_fd: int,
 ) -> list[Service]:
-    """The consolidators, then the query service, each with a crash budget of its own, the data dir's
-    lock (`lock_fd`) and this process's pid as their supervisor (they go when it goes:
-    shared/supervised.py)."""
+    """The consolidators, then the query service, each with its crash budget, the data dir's lock
+    (`lock_fd`) and this process as their supervisor."""
     env = {**env, SUPERVISOR_PID: str(os.getpid())}
-    services: list[Service] = []
+    base = env.get("ENGRAM_CONSUMER_NAME") or socket.gethostname()
+    plan = []
     for i in range(workers):
-        # one operations port per process: worker i serves ENGRAM_METRICS_PORT + i (two on one port
-        # stop the second)
-        worker_env = {**env, "ENGRAM_METRICS_PORT": str(metrics_port + i)} if metrics_port else dict(env)
-        # one consumer name per slot, kept across restarts: a worker restarted after a crash reads its
-        # predecessor's unacked entries at once (`Worker`'s own-pending pass) instead of after the lease
-        base = env.get("ENGRAM_CONSUMER_NAME") or socket.gethostname()
-        worker_env["ENGRAM_CONSUMER_NAME"] = f"{base}-consolidator-{i}"
-        services.append(
-            Service(
-                f"consolidator-{i}",
-                [sys.executable, "-m", "services.consolidator"],
-                worker_env,
-                CrashBudget(restart_limit, restart_window),
-                pass_fds=(lock_fd,),
-            )
-        )
-    services.append(
+        # worker i: ENGRAM_METRICS_PORT + i, and a consumer name kept across restarts, so a restarted
+        # worker reads its predecessor's unacked entries at once instead of after the lease
+        worker_env = {**env, "ENGRAM_CONSUMER_NAME": f"{base}-consolidator-{i}"}
+        if metrics_port:
+            worker_env["ENGRAM_METRICS_PORT"] = str(metrics_port + i)
+        plan.append((f"consolidator-{i}", "services.consolidator", worker_env))
+    plan.append(("query", "services.query", env))
+    return [
         Service(
-            "query",
-            [sys.executable, "-m", "services.query"],
-            env,
+            name,
+            [sys.executable, "-m", module],
+            service_env,
             CrashBudget(restart_limit, restart_window),
-            pass_fds=(lock_fd,),
+            (lock_fd,),
         )
-    )
-    return services
+        for name, module, service_env in plan
+    ]
 
 
 def _probes(settings: Settings, workers: int) -> dict[str, str]:
@@ -653,9 +577,7 @@ def main() -> int:
         _refuse(taken)
         return 2
     _ensure_master_key(env, data_root)  # after the refusals: a refused start leaves no key behind
-    # Ctrl-C from here on stops cleanly: during the embedded Redis's start the default handler would
-    # raise and leave the server running (it has a session of its own, so the terminal's SIGINT does
-    # not reach it)
+    # Ctrl-C from here on stops cleanly (raised during the embedded Redis's start, it left it running)
     stop_requested = {"now": False}
 
     def _early_stop(*_):
@@ -683,7 +605,8 @@ def main() -> int:
             _say(
                 f"started {workers} consolidator(s) and the query service on "
                 f"http://{settings.host}:{settings.port} (GET /readyz says what is still loading; the first "
-                f"start unpacks the embedding model); Ctrl-C stops everything",
+                f"start unpacks the embedding model), its console on "
+                f"http://{settings.host}:{settings.port}/console; Ctrl-C stops everything",
                 err=False,
             )
             progress.start()

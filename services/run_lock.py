@@ -1,10 +1,6 @@
-"""One `make run` per data directory: the exclusive lock of `ENGRAM_DATA_DIR/run.lock`; the data
-directory a `make run` uses (`run_data_dir`).
-
-The supervisor takes it (`lock_data_dir`) and passes the descriptor to every process it starts (the
-embedded Redis, the consolidators, the query service): the lock is held while any of them lives, so
-what a `make run` killed with `kill -9` leaves behind keeps the data dir, and the refusal names it.
-"""
+"""One `make run` per data directory: the exclusive lock of `ENGRAM_DATA_DIR/run.lock`, passed to every
+process of the stack, so what a `make run` killed with `kill -9` leaves behind keeps it, and the
+refusal names it; the data directory a `make run` uses (`run_data_dir`)."""
 
 from __future__ import annotations
 
@@ -18,12 +14,9 @@ DEFAULT_REDIS_PORT = 6390
 
 
 def run_data_dir(env: dict[str, str]) -> Path:
-    """The data directory of a `make run` with the environment `env`: `ENGRAM_DATA_DIR` when set, else
-    `.run` for the default embedded Redis port (6390) and `.run/redis-<port>` for another
-    `ENGRAM_REDIS_PORT`. Why per port: the directory holds that Redis's data and the stack's lock, so a
-    second stack on other ports (README: `ENGRAM_PORT=18080 ENGRAM_REDIS_PORT=16379
-    ENGRAM_METRICS_PORT=19191 make run`) gets its own beside the first instead of being refused for
-    sharing it. A port that is not a number is left to `make run`'s own check (`.run` meanwhile)."""
+    """The data directory of a `make run` with `env`: `ENGRAM_DATA_DIR`, else `.run` for the
+    default Redis port and `.run/redis-<port>` for another (so a second stack on other ports gets its
+    own); a port that is not a number is left to `make run`'s own check."""
     given = env.get("ENGRAM_DATA_DIR")
     if given:
         return Path(given)
@@ -38,10 +31,9 @@ class DataDirBusy(Exception):
 
 
 def lock_data_dir(data_dir: Path) -> int:
-    """Create `data_dir` and take the exclusive lock of `data_dir/run.lock`; returns its descriptor (kept
-    open, and so locked, for as long as the process — or a child it is passed to — lives).
-
-    Raises DataDirBusy naming the holder's pid, OSError when the directory cannot be created."""
+    """Create `data_dir` and lock `data_dir/run.lock`; returns the descriptor (locked while it, or a
+    child it is passed to, lives). Raises DataDirBusy naming the holder's pid, OSError when the
+    directory cannot be created."""
     data_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -56,9 +48,8 @@ def lock_data_dir(data_dir: Path) -> int:
 
 
 def holders(path: Path) -> list[tuple[int, str]]:
-    """(pid, command name) of the other processes that hold `path` open: the lock is inherited, so
-    after a `make run` is killed its embedded Redis holds it, under a pid the lock file does not name.
-    Read from /proc (Linux); empty where it cannot be read."""
+    """(pid, command name) of the other processes holding `path` open (after a `make run` is killed,
+    its embedded Redis), read from /proc; empty where it cannot be read."""
     target, found = str(path.resolve()), []
     for proc in Path("/proc").glob("[0-9]*"):
         if int(proc.name) == os.getpid():
@@ -70,8 +61,8 @@ def holders(path: Path) -> list[tuple[int, str]]:
 
 
 def busy_message(data_dir: Path, holder: str) -> str:
-    """Why a `make run` of `data_dir` is refused: the lock holder (`holder`, the pid its lock file names)
-    when it lives, else the processes a gone `make run` left holding the lock (`holders`)."""
+    """Why a `make run` of `data_dir` is refused: the lock holder when it lives, else what a gone
+    `make run` left holding the lock."""
     alive = False
     if holder.isdigit():
         try:
@@ -79,7 +70,7 @@ def busy_message(data_dir: Path, holder: str) -> str:
             alive = True
         except ProcessLookupError:
             pass
-        except PermissionError:
+        except PermissionError:  # alive, another user's
             alive = True
     if alive:
         who = f"another `make run` (pid {holder})"

@@ -1,46 +1,20 @@
-"""Search commands on a Redis Cluster: where each `FT.*` command goes.
+"""Search commands on a Redis Cluster: where each `FT.*` command goes (docs/scaling.md, A Redis Cluster).
 
-Keys are cluster-ready (`shared.keys`: every key of a namespace shares its hash tag, so one primary
-holds a namespace whole), and redis-py's `RedisCluster` routes every key command by its slot. The
-search commands are the exception, and two deployments answer them differently
-(`ENGRAM_CLUSTER_SEARCH`):
+Keys are cluster-ready (`shared.keys`) and redis-py's `RedisCluster` routes key commands by slot; the
+search commands depend on `ENGRAM_CLUSTER_SEARCH`:
 
-- `shard` (the embedded RediSearch 2.10, and any search module without a coordinator). Measured
-  (tests/integration/test_cluster.py, test_cluster_stack.py): an index name is treated as a key
-  (`MOVED` elsewhere); an index sees only its own node's documents; and a search loads the fields of
-  only the documents in the *index name's* slot (the others come back as keys without fields: no
-  `doc`, no KNN distance). So each namespace gets its own index on its primary, named with the
-  namespace's hash tag (`shard_name`: `<index>:{<tag>}`, over the prefixes `<prefix>{<tag>}:`): its
-  documents share its slot, every field loads, and the query goes to the one node that answers it
-  whole. `FT.CREATE` only records the index's arguments in the meta hash (`ftcreate:<index>`); a
-  namespace's index is created from them before the first document of the namespace is written
-  (`ensure_shards`), and again on a node that lacks it (a slot migrated there, or to a node that
-  joined). Aliases are resolved here (`ftalias:<alias>` in the meta hash, cached for a second),
-  `FT.DROPINDEX` drops every namespace's index, and `FT._LIST` names the recorded indexes.
+- `shard` (a search module without a coordinator, as the embedded RediSearch 2.10): an index sees only
+  its node's documents and a search loads fields only of documents in the index name's slot, so each
+  namespace gets its own index on its primary (`shard_name`: `<index>:{<tag>}`). `FT.CREATE` records
+  its arguments in the meta hash (`ftcreate:<index>`); a namespace's index is made from them before
+  its first write (`ensure_shards`) and on a node that lacks it. Aliases live in meta (`ftalias:`).
+  After a slot move a search waits for the new owner's index to finish indexing (`settle`, up to
+  `SETTLE_TIMEOUT`, then `IndexBuilding`), and the copy left on the old owner is dropped
+  (`drop_stale`, recorded as `ftshard:<name>`).
+- `coordinator` (Redis 8's Query Engine): Redis distributes and fans out; commands pass unchanged.
 
-  After a slot move (tests/integration/test_cluster_join.py) two things would be stale, and are
-  handled here. (1) The new owner's index is created late, after the documents moved in, and indexes
-  them in the background: a search there would answer from part of them (a recall missing episodes,
-  a user's forget missing some). So a search is answered only from an index this process has seen
-  complete (`FT.INFO` `indexing` 0) on the node now owning it, waiting up to `SETTLE_TIMEOUT`, then
-  `IndexBuilding` (a retryable error: 503 at the query service, a retried batch in the worker).
-  (2) The old owner keeps the index: empty (`MIGRATE` deletes the keys there) but still defined, and
-  unreachable (`FT.DROPINDEX` there is `MOVED`, the name's slot is not its own). The node each
-  namespace's index was created on is recorded (`ftshard:<name>` in the meta hash); when it is
-  created on another node the copy on the recorded one is dropped, and `FT.DROPINDEX` drops copies on
-  every primary, the way `redis-cli --cluster fix` reaches a slot it does not own: `CLUSTER SETSLOT
-  <slot> IMPORTING` on that node, `ASKING` + `FT.DROPINDEX` on one connection, `SETSLOT <slot> STABLE`
-  (`drop_stale`; needs the `cluster` command in the ACL, else the copy is left and logged).
-- `coordinator` (Redis 8's Query Engine in cluster mode): `FT.CREATE` is distributed and `FT.SEARCH`
-  fans out and merges on whichever node receives it, so the commands pass through unchanged. This is
-  what production on Redis 8 uses; the embedded module here has no coordinator, so this path is not
-  tested on this machine.
-
-The namespace a search is for is a context variable (`route`, `set_route`): the query service sets it
-per request (auth), the consolidator around the work it does for one namespace.
-
-Only redis-py's public API is used (`target_nodes`, `get_node_from_key`, `keyslot`, `get_primaries`):
-its private names change between releases (tests/unit/test_cluster_routing.py scans this module).
+The namespace of a search is a context variable (`route`, `set_route`). Only redis-py's public API is
+used (tests/unit/test_cluster_routing.py scans this module).
 """
 
 from __future__ import annotations
@@ -66,7 +40,7 @@ from shared.keys import ns_tag
 SEARCH_SHARD = "shard"
 SEARCH_COORDINATOR = "coordinator"
 TEMPLATE = "ftcreate:"
-"""Meta-hash field prefix: `ftcreate:<index>` holds the msgpack of that index's FT.CREATE arguments."""
+"""Meta-hash field prefix: `ftcreate:<index>` holds the msgpack of its FT.CREATE arguments."""
 ALIAS = "ftalias:"
 """Meta-hash field prefix: `ftalias:<alias>` names the index the alias points at."""
 ALIAS_TTL = 1.0
@@ -74,20 +48,15 @@ ALIAS_TTL = 1.0
 SHARD = "ftshard:"
 """Meta-hash field prefix: `ftshard:<namespace's index>` names the node (host:port) it was created on."""
 SETTLE_TIMEOUT = 10.0
-"""Seconds a search waits for a namespace's index that its node is still building (after a slot
-move) before `IndexBuilding`. The module's background indexing of 5,000 moved episodes ran at
-~1,300 documents/s (HNSW, 384 dims) and ~12,000/s (FLAT, 256 dims) on the 2-core machine at load
-average ~7.6, so this covers a namespace of ~13,000 HNSW episodes there; a larger one answers 503
-(Retry-After) until its index is built (docs/scaling.md, A Redis Cluster)."""
+"""Seconds a search waits for a namespace's index its node is still building after a slot move,
+before `IndexBuilding`: ~13,000 HNSW episodes at the ~1,300 documents/s measured on 2 cores."""
 
 log = logging.getLogger("engram.cluster")
 
 
 class IndexBuilding(RedisTimeoutError):
-    """A namespace's index is still indexing the documents a slot move brought to its node; retry.
-
-    A redis-py `TimeoutError`, so that callers treat it as the transient fault it is: the query
-    service answers 503 with Retry-After, the consolidator retries the batch."""
+    """A namespace's index is still indexing documents a slot move brought; retry. A redis-py
+    TimeoutError, so the query service answers 503 with Retry-After and the consolidator retries."""
 
 
 _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("engram_search_route", default=None)
@@ -100,14 +69,10 @@ PASS, LIST, RECORD, DROP, ALIAS_SET, ALIAS_DEL, EXISTS, ROUTED, CURSOR, UNROUTED
 
 
 def decide(search: str, command: str, namespace: str | None, *, targeted: bool = False) -> str:
-    """What `EngramCluster` does with `command` (upper case): `PASS` it to redis-py unchanged (any
-    command in `coordinator` mode, where Redis 8 distributes and fans out search itself; a non-search
-    command; one already sent to chosen nodes), or, shard-local: `LIST` the recorded indexes
-    (FT._LIST), `RECORD` an FT.CREATE's arguments, `DROP` every namespace's copy, set or delete an
-    alias in meta, answer FT.INFO or FT.EXPLAIN without a namespace from the record (`EXISTS`), send the command
-    to the namespace's index on its primary (`ROUTED`; an `FT.CURSOR READ|DEL <index>`, which names
-    its index second, as `CURSOR`), or refuse it for want of a namespace (`UNROUTED`: RuntimeError, a
-    caller's bug)."""
+    """What `EngramCluster` does with `command` (upper case): `PASS` it unchanged (coordinator mode, a
+    non-search command, one sent to chosen nodes), or shard-local: `LIST`, `RECORD` an FT.CREATE, `DROP`
+    every namespace's copy, set or delete an alias, `EXISTS` (FT.INFO / FT.EXPLAIN without a namespace),
+    `ROUTED` / `CURSOR` to the namespace's index, or `UNROUTED` (no namespace: RuntimeError)."""
     if search != SEARCH_SHARD or not command.startswith("FT.") or targeted:
         return PASS
     fixed = {
@@ -150,7 +115,8 @@ def base_name(name: str) -> str:
     return _SHARD.sub("", name)
 
 
-def _missing(exc: ResponseError) -> bool:
+def is_missing_index(exc: ResponseError) -> bool:
+    """Whether RediSearch refused a command because the index does not exist (2.x and 8.x wordings)."""
     return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
 
 
@@ -162,8 +128,7 @@ def _indexing(info: Any) -> bool:
 
 
 def _stream(args: tuple) -> Any:
-    """The first stream key of `XREADGROUP GROUP <group> <consumer> [options] STREAMS <key> ... <id> ...`
-    (every key of one call shares a slot), None when there is none."""
+    """The first stream key of `XREADGROUP GROUP <group> <consumer> [options] STREAMS <key> ...`, or None."""
     words = [_text(a).upper() if isinstance(a, str | bytes) else "" for a in args[4:-1]]
     return args[4 + words.index("STREAMS") + 1] if "STREAMS" in words else None
 
@@ -173,12 +138,9 @@ def _text(value: Any) -> str:
 
 
 class EngramCluster(RedisCluster):
-    """redis-py's asyncio `RedisCluster` that routes `FT.*` commands as the module docstring says, and
-    each XREADGROUP straight to its stream's primary (`_keyed`).
-
-    `search` is `shard` or `coordinator`; `meta` is the deployment's meta-hash key (where index
-    arguments and aliases are recorded). Other commands are redis-py's own.
-    """
+    """redis-py's asyncio `RedisCluster` routing `FT.*` commands as the module docstring says and
+    each XREADGROUP straight to its stream's primary. `search`: `shard` or `coordinator`; `meta`: the
+    deployment's meta-hash key."""
 
     search: str = SEARCH_SHARD
     meta: str = "engram:meta"
@@ -194,15 +156,14 @@ class EngramCluster(RedisCluster):
 
     # --- scripts -------------------------------------------------------------------------------
     def register_script(self, script: Any) -> Any:
-        """redis-py's, remembering the script so that a pipeline can load it on every primary first
-        (a script call queued in a cluster pipeline cannot load itself on NOSCRIPT)."""
+        """redis-py's, remembering the script so a pipeline can load it on every primary first."""
         registered = super().register_script(script)
         self._scripts[registered.sha] = _text(registered.script)
         return registered
 
     async def load_scripts(self, *, again: bool = False) -> None:
-        """SCRIPT LOAD every registered script on every primary (`again`: even those loaded before,
-        after a NOSCRIPT: a replica promoted by a failover may lack them)."""
+        """SCRIPT LOAD every registered script on every primary (`again`: even those loaded
+        before, after a NOSCRIPT from a promoted replica)."""
         if again:
             self._loaded.clear()
         for sha, source in list(self._scripts.items()):
@@ -212,10 +173,9 @@ class EngramCluster(RedisCluster):
 
     # --- health --------------------------------------------------------------------------------
     async def ping(self, **kwargs: Any) -> bool:
-        """Whether the whole cluster answers: every primary of the slot map says `cluster_state:ok`
-        (a PING reached one node only, and said True while a primary was down and every namespace
-        was refused with CLUSTERDOWN). False when one does not; raises ConnectionError or
-        TimeoutError when one cannot be reached. Options (`target_nodes`) make it redis-py's PING."""
+        """Whether every primary says `cluster_state:ok` (a PING to one node said True while a
+        primary was down); raises ConnectionError or TimeoutError when one cannot be reached. With options
+        (`target_nodes`), redis-py's PING."""
         if kwargs:
             return await super().ping(**kwargs)
         await self.initialize()  # the slot map, on a client's first command
@@ -251,20 +211,17 @@ class EngramCluster(RedisCluster):
             return b"OK"
         if how == DROP:
             return await self._drop(name, args[2:])
-        if how == ALIAS_SET:
-            await super().execute_command("HSET", self.meta, ALIAS + name, _text(args[2]))
+        if how in (ALIAS_SET, ALIAS_DEL):
+            change = ("HSET", _text(args[2])) if how == ALIAS_SET else ("HDEL",)
+            await super().execute_command(change[0], self.meta, ALIAS + name, *change[1:])
             self._aliases = {}  # a new cache, swapped in: a resolve awaiting its read writes to the old one
-            return b"OK"
-        if how == ALIAS_DEL:
-            await super().execute_command("HDEL", self.meta, ALIAS + name)
-            self._aliases = {}
             return b"OK"
         index = await self.resolve(name)
         try:
             return await self._resolved(how, command, index, args[2:], kwargs)
         except ResponseError as exc:
             # a replay moved the alias and dropped the index this client still had it name (ALIAS_TTL)
-            if index == name or not _missing(exc):
+            if index == name or not is_missing_index(exc):
                 raise
             self._aliases.pop(name, None)
             fresh = await self.resolve(name)
@@ -273,8 +230,7 @@ class EngramCluster(RedisCluster):
             return await self._resolved(how, command, fresh, args[2:], kwargs)
 
     async def _resolved(self, how: str, command: str, index: str, rest: tuple, kwargs: dict) -> Any:
-        """`command` on `index` (an alias already resolved): EXISTS answered from the record, the rest
-        routed to the namespace's node."""
+        """`command` on `index` (an alias resolved): EXISTS from the record, the rest routed."""
         namespace = _ROUTE.get()
         if how == EXISTS:  # "does the index exist?" (every namespace's is made from it)
             if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
@@ -287,16 +243,15 @@ class EngramCluster(RedisCluster):
         return await self._routed(command, index, namespace, rest, kwargs)
 
     async def _routed(self, command: str, index: str, namespace: str, rest: tuple, kwargs: dict) -> Any:
-        """`command` on `namespace`'s index of `index`, on the node owning its slot, once that node's
-        index is complete (`settle`); again (up to 3 times) if the slot moved while it ran, since the
-        reply may then come from another node's index."""
+        """`command` on `namespace`'s index on the node owning its slot, once `settle`d; again (up
+        to 3 times) when the slot moved while it ran."""
         shard = shard_name(index, namespace)
         for _ in range(3):
             node = await self.settle(index, namespace)
             try:
                 reply = await super().execute_command(command, shard, *rest, target_nodes=node, **kwargs)
             except ResponseError as exc:
-                if not _missing(exc):
+                if not is_missing_index(exc):
                     raise
                 self._forget(shard)  # dropped, or MOVED to a node without it: settle again
                 continue
@@ -306,12 +261,9 @@ class EngramCluster(RedisCluster):
         raise IndexBuilding(f"{shard} kept moving between nodes; retry")
 
     async def _keyed(self, key: Any, args: tuple, kwargs: dict) -> Any:
-        """`args` sent to the primary owning `key`'s slot (`target_nodes`: redis-py then follows MOVED
-        and ASK, but retries nothing else), retried as redis-py retries a command it routes itself:
-        on a connection fault, a timeout, CLUSTERDOWN or an uncovered slot, up to the client's
-        retries, each attempt after the topology refresh the fault asked for. Measured for
-        XREADGROUP: redis-py asked a node COMMAND GETKEYS before every call (~650/s on one primary
-        beside an idle worker's ~330 XREADGROUP/s over 16 stream partitions)."""
+        """`args` sent to the primary owning `key`'s slot, retried as redis-py retries a command it
+        routes (connection fault, timeout, CLUSTERDOWN, uncovered slot). For XREADGROUP redis-py otherwise asks
+        COMMAND GETKEYS before every call."""
         failures = 0
         while True:
             await self.initialize()  # the refresh the last fault asked for, once due; else nothing
@@ -324,9 +276,7 @@ class EngramCluster(RedisCluster):
                 await asyncio.sleep(min(2.0, 0.05 * 2**failures))  # shared.redis_conn's backoff
 
     def _owner(self, name: Any) -> Any:
-        """The primary owning `name`'s slot in this client's slot map; redis-py's SlotNotCoveredError
-        (naming the slot) when no node covers it: a cluster that lost a primary, a 503 at the query
-        service."""
+        """The primary owning `name`'s slot; SlotNotCoveredError when none covers it."""
         return self.get_node_from_key(name)
 
     def _forget(self, shard: str) -> None:
@@ -334,11 +284,9 @@ class EngramCluster(RedisCluster):
         self._complete.pop(shard, None)
 
     async def settle(self, index: str, namespace: str, *, complete: bool = True) -> Any:
-        """The node owning `namespace`'s index of `index` once the index exists there (created from
-        the recorded arguments if missing) and, with `complete`, has indexed every document of the
-        node (`FT.INFO` `indexing` 0). Known answers are cached per node, so this costs a round trip
-        only the first time and after a slot move. Raises ResponseError (unknown index) when `index`
-        was never created, IndexBuilding after `SETTLE_TIMEOUT` seconds of indexing."""
+        """The node owning `namespace`'s index of `index` once it exists there (created from the
+        record if missing) and, with `complete`, has indexed every document (`FT.INFO` `indexing` 0); cached
+        per node. Raises ResponseError when `index` was never created, IndexBuilding after `SETTLE_TIMEOUT`."""
         shard = shard_name(index, namespace)
         known = self._complete if complete else self._exists
         node = self._owner(shard)
@@ -350,7 +298,7 @@ class EngramCluster(RedisCluster):
             try:
                 info = await super().execute_command("FT.INFO", shard, target_nodes=node)
             except ResponseError as exc:
-                if not _missing(exc) or not await self.create_shard(index, namespace):
+                if not is_missing_index(exc) or not await self.create_shard(index, namespace):
                     raise
                 info = None  # created: ask again (the create may have gone to a new owner)
             if info is not None and self._owner(shard).name == node.name:  # else MOVED while asking
@@ -366,11 +314,8 @@ class EngramCluster(RedisCluster):
                 await asyncio.sleep(0.05)
 
     async def resolve(self, name: str) -> str:
-        """The index `name` names: itself, or the index of the alias `name`.
-
-        The answer goes into the cache it was looked up in: an alias set or deleted while the read was
-        in flight swaps in a new cache (never None), so the answer, possibly read before the change,
-        lands in the discarded one instead of outliving the change."""
+        """The index `name` names: itself, or the alias's index (cached `ALIAS_TTL`). An alias
+        change swaps in a new cache, so an answer read before it lands in the discarded one."""
         now = time.monotonic()
         aliases = self._aliases  # this read's cache: an alias change swaps in a new one
         cached = aliases.get(name)
@@ -382,9 +327,9 @@ class EngramCluster(RedisCluster):
         return index
 
     async def create_shard(self, index: str, namespace: str) -> bool:
-        """Create `namespace`'s index of `index` on its primary from the recorded arguments, its
-        prefixes narrowed to the namespace's keys, and drop the copy left on the node it was created
-        on before (a slot move); False when `index` was never created."""
+        """Create `namespace`'s index of `index` on its primary from the record, prefixes narrowed
+        to the namespace's keys, and drop the copy a slot move left on the node recorded before; False when
+        `index` was never created."""
         raw = await super().execute_command("HGET", self.meta, TEMPLATE + index)
         if raw is None:
             return False
@@ -410,33 +355,31 @@ class EngramCluster(RedisCluster):
         return True
 
     async def shards(self, name: str) -> list[tuple[str, Any]]:
-        """[(namespace's index, the primary owning it), ...] of every namespace's index of `name` (an
-        index or an alias), from each primary's `FT._LIST`: what a task over every namespace (the
-        expiry sweep) searches one by one, since no command sees them all. A copy its slot left
-        behind on another node is skipped (its documents moved with the slot)."""
-        index = await self.resolve(name)
-        found: list[tuple[str, Any]] = []
+        """[(namespace's index, its primary), ...] of every namespace's index of `name` (index or
+        alias), from each primary's `FT._LIST`; copies left behind by a slot move are skipped."""
+        return [(shard, node) for shard, node, owned in await self._listed(await self.resolve(name)) if owned]
+
+    async def _listed(self, index: str) -> list[tuple[str, Any, bool]]:
+        """(namespace's index of `index`, the primary listing it, whether that primary owns its slot)."""
+        found = []
         for node in self.get_primaries():
-            for shard in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
-                if shard != index and base_name(shard) == index and self._owner(shard).name == node.name:
-                    found.append((shard, node))
+            for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
+                if name != index and base_name(name) == index:
+                    found.append((name, node, self._owner(name).name == node.name))
         return found
 
     async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
-        """Every namespace's index of every index in `indexes` exists on the node now owning it
-        (created where missing), so that documents written next are indexed as they are written.
-        Costs a round trip per index the first time and after its slot moved; it does not wait for
-        an index created over moved documents to finish indexing them (writes need not)."""
+        """Every namespace's index of every index in `indexes` exists on its owner (created where
+        missing), without waiting for it to finish indexing."""
         for index in indexes:
             for namespace in namespaces:
                 await self.settle(index, namespace, complete=False)
 
     async def drop_stale(self, node: Any, name: str) -> bool:
-        """Drop the index `name` left on `node`, a primary that no longer owns the name's slot, as
-        `redis-cli --cluster fix` reaches such a slot: `CLUSTER SETSLOT <slot> IMPORTING <owner>` on
-        `node`, `ASKING` and `FT.DROPINDEX` on one connection, `SETSLOT <slot> STABLE`. Skipped (False)
-        while `node` is importing or migrating that slot itself (a reshard under way: STABLE would
-        end it), when it owns the slot again, or when the ACL refuses `CLUSTER` (logged)."""
+        """Drop the index `name` left on `node`, a primary no longer owning its slot, as
+        `redis-cli --cluster fix` does: `SETSLOT <slot> IMPORTING`, `ASKING` + `FT.DROPINDEX` on one
+        connection, `SETSLOT <slot> STABLE`. False when skipped: `node` importing or migrating that slot,
+        owning it again, or the ACL refusing `CLUSTER` (logged)."""
         slot = self.keyslot(name)
         owner = self._owner(name)
         if owner.name == node.name:
@@ -471,27 +414,24 @@ class EngramCluster(RedisCluster):
         dropped = not isinstance(replies[-1], Exception)
         if dropped:
             log.info("dropped stale index %s on %s (its slot %d is on %s)", name, node.name, slot, owner.name)
-        elif not _missing(replies[-1]):
+        elif not is_missing_index(replies[-1]):
             log.warning("stale index %s left on %s ◆ %s", name, node.name, replies[-1])
         return dropped
 
     async def _drop(self, index: str, options: tuple) -> Any:
         had = await super().execute_command("HDEL", self.meta, TEMPLATE + index)
         await self.nodes_manager.initialize()  # every primary, a node that joined since the last MOVED too
-        for node in self.get_primaries():
-            for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
-                if base_name(name) != index or name == index:
-                    continue
-                if self._owner(name).name != node.name:
-                    await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
-                else:
-                    try:
-                        await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
-                    except ResponseError as exc:
-                        if not _missing(exc):
-                            raise
-                await super().execute_command("HDEL", self.meta, SHARD + name)
-                self._forget(name)
+        for name, node, owned in await self._listed(index):
+            if not owned:
+                await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
+            else:
+                try:
+                    await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
+                except ResponseError as exc:
+                    if not is_missing_index(exc):
+                        raise
+            await super().execute_command("HDEL", self.meta, SHARD + name)
+            self._forget(name)
         if not had:
             raise ResponseError(f"Unknown index name {index}")
         return b"OK"
@@ -501,22 +441,16 @@ class EngramCluster(RedisCluster):
 
 
 class EngramClusterPipeline(ClusterPipeline):
-    """A cluster pipeline that can queue Engram's scripts, and whose search commands run one by one
-    through `EngramCluster` (which routes them; a search cannot be pipelined with key commands there:
-    it raises RuntimeError)."""
+    """A cluster pipeline that can queue Engram's scripts; its search commands run one by one
+    through `EngramCluster` (mixed with key commands: RuntimeError)."""
 
     _searches: list[tuple[tuple, dict]] | None = None
     _others = 0
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """Queue an EVALSHA, routed by its keys' slot. redis-py blocks it in cluster pipelines (a script's
-        keys could span slots); Engram's scripts are single-slot (tests/integration/test_key_slots.py),
-        and `execute` loads them on every primary first.
-
-        Queued at the call, and answered with a finished future of the pipeline: redis-py's `AsyncScript`
-        awaits what this returns up to 8.1 and, from 8.2, calls it without awaiting (an `async def` here
-        was then never run, and the scripts went missing from the pipeline's replies). Never the
-        pipeline itself, whose await would re-initialise it and drop what it queued."""
+        """Queue an EVALSHA routed by its keys' slot (redis-py blocks it; Engram's scripts are
+        single-slot: tests/integration/test_key_slots.py). Returns a finished future of the pipeline, since
+        redis-py 8.2 calls this without awaiting; never the pipeline itself, whose await re-initialises it."""
         self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
         queued: asyncio.Future[EngramClusterPipeline] = asyncio.get_running_loop().create_future()
         queued.set_result(self)
@@ -557,27 +491,23 @@ async def ensure_shards(redis: aioredis.Redis, indexes: Iterable[str], namespace
 
 
 async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, dict[str, Any]]]:
-    """Where a search over the documents of every namespace in `name` (an index or alias) goes, as
-    [(index, extra keyword arguments of `execute_command`), ...]: `name` itself on one Redis or a
-    coordinator cluster; on a shard-local cluster each namespace's index with `target_nodes` its
-    primary (`EngramCluster.shards`), the cursor reads of an `FT.AGGREGATE` going to the same node."""
+    """Where a search over every namespace of `name` goes: [(index, `execute_command` keyword
+    arguments)]; `name` itself except on a shard-local cluster, where each namespace's index with
+    `target_nodes` its primary."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
         return [(shard, {"target_nodes": node}) for shard, node in await redis.shards(name)]
     return [(name, {})]
 
 
 COORDINATOR_VERSION = 80000
-"""The search module version (`MODULE LIST` `ver`, major * 10000 + minor * 100 + patch) from which the
-module distributes searches over an OSS cluster: Redis 8.0's Query Engine. The embedded RediSearch is
-21005 (2.10.5), shard-local."""
+"""`MODULE LIST` `ver` (major*10000 + minor*100 + patch) from which search has a coordinator
+(Redis 8.0); the embedded RediSearch is 21005."""
 
 
 async def check_search(redis: aioredis.Redis) -> None:
-    """Refuse `ENGRAM_CLUSTER_SEARCH=coordinator` on a cluster whose search module has no coordinator,
-    before anything is created: there the index would be made on one node and the alias update is
-    CROSSSLOT (a ClusterCrossSlotError traceback and a stray index). Reads
-    `MODULE LIST` of one node (every node loads the same modules); when the ACL or a managed service refuses it, nothing is checked.
-    Raises ConfigError naming the variable; nothing on any other client or mode."""
+    """ConfigError naming `ENGRAM_CLUSTER_SEARCH` when it is `coordinator` on a cluster whose search
+    module has none (the alias update would be CROSSSLOT); nothing when `MODULE LIST` is refused, on any
+    other client or mode."""
     if not isinstance(redis, EngramCluster) or redis.search != SEARCH_COORDINATOR:
         return
     try:

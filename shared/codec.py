@@ -1,26 +1,18 @@
 """The boundary between domain events and their stored form.
 
-Stored form (one stream entry field `e`): msgpack of `{"type": str, "v": int, "data": map}`.
-`data` is the event as plain JSON-shaped values (timestamps as epoch floats). Decoding applies the
-event class's upcasters (`Event.UPCASTERS`) from the stored `v` up to its `VERSION`, then rebuilds the
-event through `engram_episodic.validation` (one field reader per class, `_FIELDS`), so a stored event obeys the same rules as a fresh one.
-No pickle: a stream entry is data, never code.
+Stored form (one stream entry field `e`): msgpack of `{"type": str, "v": int, "data": map}`, `data`
+JSON-shaped (timestamps as epoch floats). Decoding applies the class's upcasters (`Event.UPCASTERS`) up
+to its `VERSION`, then rebuilds the event through `engram_episodic.validation`, so a stored event obeys
+the rules of a fresh one. No pickle: a stream entry is data, never code.
 
-Errors: `DecodeError` (not msgpack / bad envelope), `UnknownEventType`, `UnknownSchemaVersion`,
-`InvalidEpisode` (the payload violates the schema). All are subclasses of `EngramError`.
+Errors (all `EngramError`): `DecodeError`, `UnknownEventType`, `UnknownSchemaVersion`, `InvalidEpisode`.
 
-Sealed entries (crypto-shredding, `shared.crypto`): with a master key configured, the personal content
-of an event — `episode` of EpisodeStarted/EpisodeCompleted, `action` of ActionRecorded, `user_id` of
-UserForgotten — is moved out of `data` into `x: {r: key ref (16 bytes), k: key id (16), c: sealed}`,
-where `c` is AES-256-GCM of the msgpack of those fields under the data key of (namespace, user) and its
-associated data binds it to the clear fields (type, v, namespace, episode_id, event_id, occurred_at,
-r, k). `data` keeps in clear only what routing and idempotency need: `event_id`, `namespace`,
-`occurred_at` and `episode_id` (entries written before events lost their `schema_version` field
-also hold it in clear; it is ignored). The key `x` is what tells a sealed envelope from a
-plaintext one (encryption off); both decode. Decoding a sealed envelope needs
-a key lookup `(ref, kid) -> DataKey | None`: None means the key was destroyed (`KeyDestroyed`: the
-user was forgotten); no lookup at all is `SealedEntry`; a payload that fails authentication is
-`Unreadable` (a DecodeError).
+Sealed entries (`shared.crypto`): with a master key, an event's personal fields (`SEALED_FIELDS`) move
+into `x: {r: key ref (16 bytes), k: key id (16), c: AES-256-GCM of their msgpack}` under the data key of
+(namespace, user), with the clear fields as associated data; `data` keeps only `event_id`,
+`namespace`, `occurred_at` and `episode_id`. Decoding one needs a key lookup `(ref, kid) -> DataKey |
+None`: None is `KeyDestroyed` (the user was forgotten), no lookup `SealedEntry`, a failed
+authentication `Unreadable` (a DecodeError).
 """
 
 from __future__ import annotations
@@ -59,18 +51,17 @@ def event_to_data(event: Event) -> dict[str, Any]:
 
 def encode(event: Event) -> bytes:
     """Serialise an event to its stored envelope (msgpack bytes)."""
-    envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": event_to_data(event)}
-    return msgpack.packb(_traced(envelope), use_bin_type=True)
+    return _pack(event, event_to_data(event))
 
 
-def _traced(envelope: dict[str, Any]) -> dict[str, Any]:
-    """`envelope` with the current span's W3C traceparent under `tp` when tracing is on (shared.tracing:
-    the consolidator's spans continue the publisher's trace). `tp` is outside a sealed entry's associated
-    data: it is not personal, and a changed one only mislinks a trace."""
+def _pack(event: Event, data: dict[str, Any], **extra: Any) -> bytes:
+    """The stored envelope of `event` with payload `data`, and the current span's W3C traceparent under
+    `tp` when tracing is on (outside the associated data: not personal; a changed one only mislinks)."""
+    envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": data, **extra}
     tp = tracing.traceparent()
     if tp is not None:
         envelope["tp"] = tp
-    return envelope
+    return msgpack.packb(envelope, use_bin_type=True)
 
 
 def trace_of(payload: bytes | None) -> str | None:
@@ -89,9 +80,8 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "EpisodeUpdated": ("user_id", *UPDATABLE, "clear_expiry"),
     "UserForgotten": ("user_id",),
 }
-"""The fields a sealed envelope encrypts, per event type. EpisodeForgotten holds nothing personal but
-the episode id (clear, as everywhere); FactsConsolidated seals each fact on its own, under the keys of
-all its contributors (`shared.fact_seal`, `encode_sealed_facts`)."""
+"""The fields a sealed envelope encrypts, per event type; FactsConsolidated seals each fact on its
+own (`shared.fact_seal`, `encode_sealed_facts`)."""
 
 KeyLookup = Callable[[bytes, bytes], DataKey | None]
 
@@ -102,21 +92,9 @@ def sealable(event: Event) -> bool:
 
 def _seal_ad(type_name: str, version: int, data: Mapping[str, Any], ref: bytes, kid: bytes) -> bytes:
     """The associated data of a sealed envelope: every clear field, so none can be altered or the
-    ciphertext moved to another entry (another episode, event, namespace or time)."""
-    return msgpack.packb(
-        [
-            "engram/event/v1",
-            type_name,
-            version,
-            data.get("namespace"),
-            data.get("episode_id"),
-            data.get("event_id"),
-            data.get("occurred_at"),
-            ref,
-            kid,
-        ],
-        use_bin_type=True,
-    )
+    ciphertext moved to another entry."""
+    clear = [data.get(name) for name in ("namespace", "episode_id", "event_id", "occurred_at")]
+    return msgpack.packb(["engram/event/v1", type_name, version, *clear, ref, kid], use_bin_type=True)
 
 
 def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
@@ -127,10 +105,7 @@ def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
     sealed = key.seal(
         msgpack.packb(secret, use_bin_type=True), _seal_ad(event.TYPE, version, data, ref, key.kid)
     )
-    return msgpack.packb(
-        _traced({"type": event.TYPE, "v": version, "data": data, "x": {"r": ref, "k": key.kid, "c": sealed}}),
-        use_bin_type=True,
-    )
+    return _pack(event, data, x={"r": ref, "k": key.kid, "c": sealed})
 
 
 def _base(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
@@ -259,8 +234,7 @@ def key_refs(envelope: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
 
 
 def is_sealed(envelope: Mapping[str, Any] | None) -> bool:
-    """Whether an unpacked envelope holds sealed content (`x`, or sealed facts); never raises. A dead
-    letter's reason then names fields, never values (`services.consolidator.deadletters`)."""
+    """Whether an unpacked envelope holds sealed content (`x`, or sealed facts); never raises."""
     if not envelope:
         return False
     if "x" in envelope:
@@ -289,8 +263,7 @@ def encode_sealed_facts(
             )
             for i, f in enumerate(data["facts"])
         ]
-    envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": data}
-    return msgpack.packb(_traced(envelope), use_bin_type=True)
+    return _pack(event, data)
 
 
 def payload_ref(payload: bytes) -> tuple[bytes, bytes] | None:
@@ -305,9 +278,12 @@ def occurred_at(payload: bytes) -> float | None:
     """The clear `occurred_at` of stored bytes, sealed or not (None if unreadable); never raises."""
     try:
         data = unpack(payload).get("data")
-        at = data.get("occurred_at") if isinstance(data, dict) else None
     except DecodeError:
         return None
+    return _epoch(data.get("occurred_at")) if isinstance(data, dict) else None
+
+
+def _epoch(at: Any) -> float | None:
     return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
 
 
@@ -381,9 +357,8 @@ def _open(
 
 
 def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] | None:
-    """(namespace, episode_id, user_id, occurred_at) read from an envelope that may not decode as a
-    valid event (a dead letter), or None when it does not name an episode. Used only to find the data
-    a forget must delete; never raises. Ids that would not pass validation are not returned."""
+    """(namespace, episode_id, user_id, occurred_at) of an envelope that may not decode (a dead
+    letter), or None when it names no valid episode; never raises. Finds the data a forget must delete."""
     try:
         envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
         data = envelope.get("data") if isinstance(envelope, dict) else None
@@ -398,8 +373,6 @@ def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] |
         if ns is None or eid is None:
             return None
         user = check_id(episode.get("user_id"), "user_id", errs) if isinstance(episode, dict) else None
-        at = data.get("occurred_at")
-        occurred = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
-        return ns, eid, user, occurred
+        return ns, eid, user, _epoch(data.get("occurred_at"))
     except Exception:  # a dead letter can be any bytes at all
         return None

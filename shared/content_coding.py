@@ -1,13 +1,9 @@
 """Request bodies are taken as sent: both HTTP servers (the query API, the consolidator's operations
 port) refuse a `Content-Encoding` other than `identity` with 415, before any handler reads the body.
 
-Why: aiohttp decodes a gzip / deflate / br body itself, while parsing. A body that was not what its
-header said failed there, and the failure surfaced after the handler had answered, when the connection
-drained the unread body: the usual answer went out, then a 28-line ERROR traceback ("Unhandled
-exception") was logged, on every route, `/healthz` included, an unauthenticated way to flood the logs.
-So both servers run with aiohttp's `auto_decompress=False` (the parser never decodes; the unread body is
-drained as plain bytes), and `identity_only` answers the refusal. No client of Engram compresses its
-requests, so nothing is lost by not decoding.
+aiohttp decoding a body itself failed after the handler had answered, logging a 28-line traceback per
+request on every route (`/healthz` too: an unauthenticated log flood). So both servers run with
+`auto_decompress=False` and `identity_only`; no client of Engram compresses its requests.
 """
 
 from __future__ import annotations
@@ -31,9 +27,8 @@ def refused_coding(request: web.BaseRequest) -> str | None:
 
 @web.middleware
 async def identity_only(request: web.Request, handler) -> web.StreamResponse:
-    """415 problem+json naming the header, with `Accept-Encoding: identity` (RFC 9110 §15.5.16), for a
-    request whose Content-Encoding is refused (`refused_coding`); otherwise the handler's answer. Logs
-    nothing of its own: the access log's line for the 415 is the one line."""
+    """415 problem+json naming the header, with `Accept-Encoding: identity`, for a refused
+    Content-Encoding (`refused_coding`); otherwise the handler's answer."""
     coding = refused_coding(request)
     if coding is None:
         return await handler(request)

@@ -1,34 +1,18 @@
 """Crypto-shredding of the event log: the key hierarchy, key wrapping, sealing of event payloads.
 
-The one module that handles key material; it does no I/O (`shared.keyring` stores in Redis what this
-module makes, `shared.codec` decides which fields of an event are sealed). Sizes, everywhere: keys are
-32 bytes (AES-256), nonces 12 random bytes (fresh per encryption, from `os.urandom`), GCM tags 16 bytes.
+The one module that handles key material; no I/O (`shared.keyring` stores what it makes, `shared.codec`
+chooses the sealed fields). Design and guarantees: docs/reliability.md, Erasure. Keys are 32 bytes
+(AES-256), nonces 12 random bytes per encryption, GCM tags 16 bytes.
 
-Hierarchy:
+- **master key** (`ENGRAM_MASTER_KEY[_FILE]`): never in Redis; its 8-byte id (an HMAC) is stored with
+  what it wraps, so another master key is named instead of misreading data.
+- **deployment secret** (one per `ENGRAM_PREFIX`, wrapped by the master key): key references (`ref`)
+  are HMACs under a key derived from it; a rotation re-wraps it, so references stay valid.
+- **data keys** (random 16-byte id `kid`), one per (namespace, user_id) and one per namespace.
 
-- the **master key** (`ENGRAM_MASTER_KEY`, base64 of 32 bytes, or `ENGRAM_MASTER_KEY_FILE` holding that
-  text) never enters Redis. Its 8-byte id (`MasterKey.id`, an HMAC of the key, not the key) is stored
-  next to what it wraps, so a process given another master key says so instead of misreading data.
-- the **deployment secret** (32 random bytes, one per `ENGRAM_PREFIX`) is stored wrapped by the master
-  key. Key references (`ref`) are HMACs under a key derived from it, so a reference names a user's key
-  without revealing the user id to anyone without the master key. Rotating the master key re-wraps
-  the secret (it is never replaced), so references stay valid.
-- **data keys** (32 random bytes), one per (namespace, user_id) and one per namespace for episodes
-  without a user (and for `UserForgotten`), stored wrapped by the master key in Redis; each has a random
-  16-byte id (`kid`). Destroying a user's data key makes every copy of the entries sealed with it (stream
-  memory, AOF, RDB, replicas, backups) ciphertext nobody can open — with the caveat of backups taken
-  earlier, which hold the wrapped key: destroying the *master key* that wrapped it (rotation) is what
-  makes those unreadable (docs/reliability.md, "Erasure").
-
-Wrapping (AES-256-GCM under the master key). A wrapped key is 85 bytes:
-`0x01 | kid (16) | master id (8) | nonce (12) | ciphertext of the key (32) + tag (16)`, with associated
-data `b"engram/wrap/v1\\0" + slot + kid`, so a wrapped key moved to another slot (another user's) or
-given another kid does not unwrap.
-
-Sealing (AES-256-GCM under a data key): `nonce (12) | ciphertext + tag (16)`; the associated data is
-chosen by the codec and binds the ciphertext to the entry's clear fields (type, version, namespace,
-episode id, event id, occurred_at and the key reference), so sealed parts cannot be swapped between
-entries.
+A wrapped key is 85 bytes: `0x01 | kid (16) | master id (8) | nonce (12) | ciphertext (32) + tag (16)`,
+associated data `b"engram/wrap/v1\\0" + slot + kid` (it does not unwrap in another slot or as another
+kid). A sealed payload is `nonce (12) | ciphertext + tag (16)` under a data key.
 """
 
 from __future__ import annotations
@@ -60,6 +44,10 @@ REF_BYTES = 16
 MASTER_ID_BYTES = 8
 WRAP_VERSION = 1
 WRAPPED_BYTES = 1 + KID_BYTES + MASTER_ID_BYTES + NONCE_BYTES + KEY_BYTES + TAG_BYTES  # 85
+_KID = slice(1, 1 + KID_BYTES)
+_MASTER_ID = slice(_KID.stop, _KID.stop + MASTER_ID_BYTES)
+_NONCE = slice(_MASTER_ID.stop, _MASTER_ID.stop + NONCE_BYTES)
+_WRAP_AD = b"engram/wrap/v1\x00"
 DEPLOYMENT_SLOT = b"deployment"
 
 
@@ -182,7 +170,7 @@ class MasterKey:
         if len(kid) != KID_BYTES or len(key) != KEY_BYTES:
             raise ValueError("kid is 16 bytes and a data key 32")
         nonce = os.urandom(NONCE_BYTES)
-        ct = self._aead.encrypt(nonce, key, b"engram/wrap/v1\x00" + slot + kid)
+        ct = self._aead.encrypt(nonce, key, _WRAP_AD + slot + kid)
         return bytes([WRAP_VERSION]) + kid + self._id + nonce + ct
 
     def unwrap(self, slot: bytes, blob: bytes) -> tuple[bytes, bytes]:
@@ -190,19 +178,15 @@ class MasterKey:
         Unreadable when it was altered or belongs to another slot."""
         if len(blob) != WRAPPED_BYTES or blob[0] != WRAP_VERSION:
             raise Unreadable("not a wrapped key of this format")
-        kid = blob[1 : 1 + KID_BYTES]
-        master_id = blob[1 + KID_BYTES : 1 + KID_BYTES + MASTER_ID_BYTES]
+        kid, master_id = blob[_KID], blob[_MASTER_ID]
         if master_id != self._id:
             raise MasterKeyMismatch(
                 f"a data key in Redis is wrapped by master key {master_id.hex()}, but this process has master "
                 f"key {self.id}: after `rotate-master-key`, restart every process with the new key "
                 f"(ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)"
             )
-        nonce = blob[1 + KID_BYTES + MASTER_ID_BYTES : 1 + KID_BYTES + MASTER_ID_BYTES + NONCE_BYTES]
         try:
-            key = self._aead.decrypt(
-                nonce, blob[-(KEY_BYTES + TAG_BYTES) :], b"engram/wrap/v1\x00" + slot + kid
-            )
+            key = self._aead.decrypt(blob[_NONCE], blob[_NONCE.stop :], _WRAP_AD + slot + kid)
         except InvalidTag:
             raise Unreadable(
                 "wrapped key fails authentication (altered, or moved from another slot)"
@@ -218,11 +202,7 @@ def wrapped_master_id(blob: bytes) -> str | None:
     """The id (hex) of the master key that wrapped `blob`, or None if it is not a wrapped key."""
     if len(blob) != WRAPPED_BYTES or blob[0] != WRAP_VERSION:
         return None
-    return blob[1 + KID_BYTES : 1 + KID_BYTES + MASTER_ID_BYTES].hex()
-
-
-def wrapped_kid(blob: bytes) -> bytes:
-    return blob[1 : 1 + KID_BYTES]
+    return blob[_MASTER_ID].hex()
 
 
 class Deployment:
@@ -244,9 +224,8 @@ class Deployment:
         ident = (namespace, user_id)
         got = self._cache.get(ident)
         if got is None:
-            got = hmac.new(self._ref_key, msgpack.packb([namespace, user_id]), hashlib.sha256).digest()[
-                :REF_BYTES
-            ]
+            got = hmac.new(self._ref_key, msgpack.packb([namespace, user_id]), hashlib.sha256).digest()
+            got = got[:REF_BYTES]
             if len(self._cache) > 65_536:
                 self._cache.clear()
             self._cache[ident] = got

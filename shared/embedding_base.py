@@ -1,9 +1,5 @@
-"""The contract every embedder keeps (`Embedder`) and its errors; `shared.embedding` (hashing, MiniLM,
-MPNet, `make_embedder`) and `shared.embedding_openai` implement it (the module docstring of
-`shared.embedding` says what the contract promises).
-
-A leaf of the embedders: the implementations import it, so the factory can import them all.
-"""
+"""The contract every embedder keeps (`Embedder`, described in `shared.embedding`'s docstring) and its
+errors: a leaf the implementations import, so the factory in `shared.embedding` can import them all."""
 
 from __future__ import annotations
 
@@ -27,19 +23,15 @@ class EmbeddingError(EngramError):
 
 
 class EmbedderUnavailable(EmbeddingError):
-    """The embedder's backend did not answer after its retries: a provider's 5xx, 429 or 408, a timeout,
-    a refused or dropped connection. Nothing is wrong with the texts: the same call may succeed later
-    (the consolidator backs off and retries the batch, `services.consolidator.worker`)."""
+    """The embedder's backend did not answer after its retries (a provider's 5xx, 429 or 408, a timeout,
+    a refused or dropped connection): nothing is wrong with the texts, the same call may succeed later."""
 
 
 class Embedder(ABC):
     """Base class of every embedder: validation, truncation, batching and normalisation live here;
-    subclasses implement `_embed_batch` for one batch of already-prepared texts.
-
-    Attributes: `name: str` (identifies the vector space), `dim: int` (vector length), `max_chars: int`
-    (input cut-off, in characters), `batch_size: int` (texts per model call or request) and
-    `truncations: int` (texts cut so far, see the module docstring).
-    """
+    subclasses implement `_embed_batch` for one batch of prepared texts. `name` identifies the vector
+    space, `dim` is the vector length, `max_chars` the input cut-off in characters, `batch_size` the
+    texts per model call or request, `truncations` the texts cut so far."""
 
     name: str
     max_chars: int
@@ -85,8 +77,8 @@ class Embedder(ABC):
         prepared, cut = self._prepare(texts)
         if not (n := len(prepared)):
             return np.zeros((0, self._dim or 0), dtype=np.float32)
-        # Batch texts of similar length together: a model pads each batch to its longest text (this
-        # doubles MiniLM's throughput on mixed-length input). Rows go back to input order below.
+        # Batch texts of similar length together: a model pads each batch to its longest text. Rows go
+        # back to input order below.
         order = sorted(range(n), key=lambda i: len(prepared[i])) if n > self.batch_size else range(n)
         out: np.ndarray | None = None
         for start in range(0, n, self.batch_size):
@@ -115,8 +107,7 @@ class Embedder(ABC):
         return True
 
     async def load(self) -> None:
-        """Load what `embed` needs (a model's weights) ahead of the first call. Idempotent; nothing by
-        default."""
+        """Load what `embed` needs (a model) ahead of the first call. Idempotent; nothing by default."""
         return None
 
     async def aclose(self) -> None:

@@ -67,22 +67,16 @@ class _Retryable(Exception):
 class OpenAIEmbedder(Embedder):
     """Embeddings from a server speaking OpenAI's API: `POST {url}/v1/embeddings` with
     `{"model": model, "input": [texts]}`, answered by `{"data": [{"index": i, "embedding": [...]}]}`.
+    `url` may end with or without `/v1`; `api_key` (optional) is sent as a bearer token and never
+    appears in errors or repr. One aiohttp session, opened on first use: use it from one event loop.
 
-    `url` may end with or without `/v1`. `api_key` (optional) is sent as `Authorization: Bearer ...`
-    and never appears in errors or repr. One aiohttp ClientSession is opened on first use and closed by
-    `aclose()`; use the embedder from one event loop.
-
-    Each batch of `batch_size` texts is one request with a total timeout of `timeout` seconds. A 429,
-    a 408, a 5xx, a connection error or a timeout is retried up to `retries` times, waiting
-    `backoff * 2**attempt` seconds (capped at `max_backoff`, with jitter), or the server's Retry-After
-    (seconds or HTTP date, capped at `max_retry_after`) when it sends one. Other statuses fail at once.
-
-    The `data` items are put back in input order by their `index`, and each vector is L2-normalised
-    (not every server normalises). `dim`, when given, is what the vectors must measure (it is not sent to
-    the server: use a model whose native size it is); otherwise it is learned from the first response.
-    Any later vector of another length raises EmbeddingError. Shapes: float32[n, dim].
-    Raises EmbedderUnavailable (an EmbeddingError) when the retries are spent, EmbeddingError on another
-    status, a bad response or dimension, ValueError for empty texts.
+    A batch is one request of at most `timeout` seconds. A 429, 408, 5xx, connection error or timeout
+    is retried up to `retries` times after `backoff * 2**attempt` seconds (capped at `max_backoff`,
+    jittered) or the server's Retry-After (capped at `max_retry_after`); other statuses fail at once.
+    Rows are put in input order by `index` and L2-normalised. `dim`, when given, is what the vectors
+    must measure (not sent to the server); otherwise the first response sets it. Shapes: float32[n, dim].
+    Raises EmbedderUnavailable when the retries are spent, EmbeddingError on another status, a bad
+    response or dimension, ValueError for empty texts.
     """
 
     def __init__(
@@ -233,7 +227,3 @@ def _error_detail(text: str) -> str:
         if isinstance(message, str):
             return message[:300]
     return text.strip()[:300] or "(empty body)"
-
-
-# --------------------------------------------------------------------------------------------------
-# Choosing one from settings

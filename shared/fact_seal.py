@@ -1,22 +1,16 @@
 """Sealing the facts of a `FactsConsolidated` event under the data keys of every user they summarise.
 
-A fact mixes the episodes of several users (its text quotes their failure messages, `users` and
-`evidence` name them), so destroying any one contributor's data key must make the whole fact
-unreadable. Each fact is sealed with a fresh **content key** K that is the XOR of one random 32-byte
-share per contributor (n-of-n secret sharing: with any share missing, K is uniformly random given the
-others — information-theoretically, not only computationally), and each share is sealed under its
-contributor's data key (`shared.crypto.DataKey`, AES-256-GCM). A fact with no user (episodes published
-without `user_id`) has one share under the namespace's key, which is never destroyed.
+A fact mixes several users' episodes, so destroying any one contributor's key must make it unreadable:
+each fact is sealed with a fresh content key K, the XOR of one random 32-byte share per contributor
+(n-of-n secret sharing: any share missing leaves K uniformly random), each share sealed under its
+contributor's data key (AES-256-GCM). A fact with no user has one share under the namespace's key.
 
-Stored form of one fact inside the event's `facts` list: `{"z": {"s": [[ref (16), kid (16), sealed
-share], ...], "c": sealed msgpack of the fact}}`. Associated data binds every ciphertext to the entry
-(namespace, event id, scope id) and to its position in the list, so facts cannot be swapped between
-entries or reordered; a share's also names its (ref, kid). The event's `scope` (namespace, level,
-agent_id, category, seq, min_cluster — clear everywhere, as in the TAG index) and `removed` (fact ids,
-digests) stay in clear: routing and the sequence check need them.
+Stored form of one fact: `{"z": {"s": [[ref (16), kid (16), sealed share], ...], "c": sealed msgpack of
+the fact}}`; associated data binds each ciphertext to (namespace, event id, scope id, position) and a
+share's to its (ref, kid). The event's `scope` and `removed` stay in clear (routing, sequence check).
 
-Errors: `KeyDestroyed` when a contributor's key is gone (the user was forgotten), `SealedEntry` without
-a key lookup, `Unreadable` when a ciphertext fails authentication, `DecodeError` when malformed.
+Errors: `KeyDestroyed` (a contributor was forgotten), `SealedEntry` (no key lookup), `Unreadable`
+(authentication failed), `DecodeError` (malformed).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Semantic memory: the fact model, the facts index schema and its queries (the one owner of both).
 
 A *fact* condenses a cluster of similar completed episodes of one *scope* (a namespace, or one agent's
-category inside a namespace) into statistics and a sentence: support, success rate, average reward,
-the strategies tried, common failures and action types, the evidence episode ids and their time span,
-the cluster centroid, a confidence, a version and, when newer evidence contradicted an older fact, the
-id of the fact it `supersedes`. `services.consolidator.facts` builds them; they travel in
-`FactsConsolidated` events as plain dicts (`Fact.to_data` / `Fact.from_data`), each event holding the
-full state of one scope (current facts and their superseded history), so the newest event of a scope
-alone rebuilds it.
-
-Fact documents are HASHes under `Keys.fact_doc_prefix(gen)`; the index of the live generation is
-reached through `Keys.facts_index_alias`. TAG values are escaped with `shared.index.escape_tag`, like
-the episode index. Validity in time: a fact is valid from `created_at` until `superseded_at`
-(`OPEN_END` while it is current), which is what `as_of` queries filter on.
+category in it): support, success rate, average reward, strategies, common failures, action types,
+evidence ids and time span, centroid, confidence, version, and the fact it `supersedes`. Built by
+`services.consolidator.facts`; carried in `FactsConsolidated` events as plain dicts (`Fact.to_data` /
+`from_data`), each the full state of one scope. Documents are HASHes under `Keys.fact_doc_prefix(gen)`,
+searched through `Keys.facts_index_alias`; a fact is valid from `created_at` until `superseded_at`
+(`OPEN_END` while current), which `as_of` queries filter on.
 """
 
 from __future__ import annotations
@@ -29,6 +23,7 @@ from redis.exceptions import ResponseError
 from redis.typing import EncodableT
 
 from engram_episodic.errors import InvalidEpisode
+from engram_episodic.events import Episode
 from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
@@ -121,6 +116,36 @@ class FactScope:
         )
 
 
+# --- what facts are built from --------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One completed episode of a scope with its unit vector (`vector`: the stored one, which centroids
+    are made of); `cluster_vector`, when set, is what clustering compares instead (the embedding of
+    the episode's text without the text its scope shares: `services.consolidator.facts_plan`)."""
+
+    episode: Episode
+    vector: np.ndarray
+    cluster_vector: np.ndarray | None = None
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
+
+    @property
+    def completed_at(self) -> float:
+        return self.episode.completed_at if self.episode.completed_at is not None else 0.0
+
+
+def by_completion(rows: Sequence[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
+
+
+def centroid_of(matrix: np.ndarray) -> np.ndarray:
+    """The unit mean of the evidence's unit vectors (`matrix`: [n, dim]), float32[dim]."""
+    centroid = matrix.mean(axis=0)
+    return (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
+
+
 # --- the fact -------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fact:
@@ -166,9 +191,8 @@ class Fact:
     superseded_at: float | None = None
     status: str = STATUS_CURRENT
     summary: str | None = None
-    """How `text` was written: None — the deterministic text (no summariser); "llm" — the summariser's
-    rewrite; "fallback" — the summariser failed and `text` is the deterministic text until a later run's
-    retry succeeds."""
+    """How `text` was written: None (no summariser), "llm" (its rewrite) or "fallback" (it failed: the
+    deterministic text until a retry succeeds)."""
 
     def content(self) -> tuple:
         """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
@@ -196,9 +220,6 @@ class Fact:
 
     def centroid_bytes(self) -> bytes:
         return vector_bytes(self.centroid) if self.centroid else b""
-
-    def centroid_array(self) -> np.ndarray:
-        return np.asarray(self.centroid, dtype=np.float32)
 
     # stored / event form ------------------------------------------------------------------------
     def to_data(self) -> dict[str, Any]:
@@ -273,15 +294,14 @@ def _frozen_row(row: Any) -> dict[str, Any]:
     return dict(row)
 
 
-def superseded(fact: Fact, by: str, at: float) -> Fact:
+def superseded(fact: Fact, by: str | None, at: float | None) -> Fact:
     return replace(fact, status=STATUS_SUPERSEDED, superseded_by=by, superseded_at=at)
 
 
 # --- the index ------------------------------------------------------------------------------------
 FACTS_BLOCK_SIZE = 64
-"""Vectors per allocation of the facts index: its first fact allocates a whole block, 1,024 vectors
-(1.5 MB at 384 dims) by default, and a namespace has tens of facts, not thousands; on a shard-local
-cluster every namespace has its own facts index (bench/cluster_tenants.py, docs/scaling.md)."""
+"""Vectors per allocation of the facts index (default 1,024: 1.5 MB at 384 dims for tens of facts, per
+namespace on a shard-local cluster)."""
 
 
 def facts_schema(dim: int) -> list[Any]:
@@ -373,13 +393,9 @@ def fact_from_doc(raw: bytes | str, centroid: bytes | None = None) -> Fact:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FactQuery:
-    """Filters of a facts search. Lists mean "any of"; agent/user/category match the evidence's.
-
-    `as_of` selects the facts valid at that instant (created before it, superseded after it), which
-    includes facts superseded since; without it only current facts are returned unless
-    `include_superseded`. `since`/`until` keep facts whose evidence time span overlaps the window.
-    `tags` digests user and episode ids as the generation's index holds them (`shared.tags`).
-    """
+    """Filters of a facts search; lists mean "any of"; agent/user/category match the evidence's.
+    `as_of`: the facts valid at that instant; else current ones only unless `include_superseded`.
+    `since`/`until`: evidence spans overlapping the window. `tags`: the generation's digests."""
 
     namespace: str
     tags: TagCodec

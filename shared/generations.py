@@ -1,26 +1,18 @@
 """Which projection generations may hold keys, and the one sweep that deletes the others.
 
-A generation's keys (`Keys.gen_prefix`) may exist only while it is *live* (`meta.generation`) or is the
-one a replay is *building* (`meta.building`, kept alive by the replay's heartbeat in
-`meta.building_beat`, Redis's clock in ms). Anything else is a leftover and holds text that no forget
-reaches (a forget erases in the live and the building generation only): an old generation written by
-a worker or a facts run that read the generation number before a replay swapped and dropped it, or the
-partial generation of a replay that was interrupted or killed.
+A generation's keys (`Keys.gen_prefix`) may exist only while it is *live* (`meta.generation`) or
+*building* (`meta.building`, kept alive by the replay's heartbeat `meta.building_beat`, Redis's clock
+in ms). Any other holds text no forget reaches (a forget erases in those two only).
 
-- **Writers check after writing** (`check_writable`): every path that writes into a generation (the
-  projector's batches and snapshot re-folds, a facts snapshot, a forget's rebuild) re-reads the meta
-  record after its writes and, when its generation is neither live nor building, sweeps and raises
-  `StaleGeneration`; the caller re-does the work against the live generation (a worker re-projects the
-  batch) or gives it up (a replay whose generation was abandoned). Checking *after* the write is what
-  makes it safe without one atomic script (the scripts are single-slot on a Redis Cluster, the meta
-  record is not in their slot): a write read as live happened before the swap, and the sweep that
-  follows the swap (its SCAN starts after it) finds it; a write read as stale is swept by its writer.
-- **One sweep** (`sweep`): deletes every key, index and meta field of a generation that is neither live
-  nor building, and first declares a building generation abandoned when its heartbeat is older than
-  `BUILD_LEASE_MS` (so a replay that wakes up later is refused). Run by every worker at start, when it
-  sees the live generation change or a building generation's lease run out (`due`, one HMGET every
-  few seconds), by a writer that found its generation stale, and by every replay before it claims
-  its number. A sweep that deleted anything asks for the erasure pass (the AOF still holds it).
+- **Writers check after writing** (`check_writable`): each path that writes into a generation re-reads
+  the meta record after its writes and, when its generation is neither live nor building, sweeps and
+  raises `StaleGeneration` (the caller redoes the work in the live one, or gives up). After, not
+  atomically (the meta record is in another cluster slot than the scripts' keys): a write read as live
+  came before the swap, so the sweep that follows the swap finds it.
+- **One sweep** (`sweep`): deletes every key, index and meta field of such a generation, first
+  declaring a building one abandoned when its heartbeat is older than `BUILD_LEASE_MS`. Run by
+  workers at start and when `due`, by a writer that found its generation stale, and by every replay
+  before it claims its number; a sweep that deleted anything asks for the erasure pass.
 """
 
 from __future__ import annotations
@@ -43,9 +35,8 @@ BUILDING = "building"
 BUILDING_BEAT = "building_beat"
 """Meta-hash field: Redis time (ms) of the building replay's last heartbeat."""
 BUILD_LEASE_MS = 60_000
-"""A building generation whose heartbeat is older than this is abandoned: its replay died (killed, its
-machine lost). The replay beats every `BEAT_SECONDS`; a minute covers a replay process stalled by a
-busy machine without keeping a dead one's plaintext for long."""
+"""A building generation whose heartbeat is older than this is abandoned (the replay beats every
+`BEAT_SECONDS`; a minute covers a replay stalled by a busy machine)."""
 BEAT_SECONDS = 5.0
 ERASURE_PENDING = "erasure_pending"
 """Meta-hash field that asks for the erasure pass (`services.consolidator.erasure.PENDING_FIELD`): a
@@ -129,8 +120,7 @@ async def check_writable(r: aioredis.Redis, keys: Keys, gen: int) -> None:
 
 
 async def claim(r: aioredis.Redis, keys: Keys) -> int:
-    """Claim the number of the generation a replay is about to build (one above every number used
-    before, so a sweep never takes a new generation for an old leftover) and record it as building,
+    """Claim a replay's generation number (above every one used before) and record it as building,
     heartbeat now. ReplayRunning when another replay's lease is fresh."""
     reply = await r.register_script(CLAIM_LUA)(keys=[keys.meta], args=[BUILD_LEASE_MS])
     if int(reply[0]) != 1:
@@ -147,17 +137,15 @@ async def beat(r: aioredis.Redis, keys: Keys, gen: int) -> bool:
 
 
 async def finish(r: aioredis.Redis, keys: Keys, gen: int, *, live: bool) -> bool:
-    """End building generation `gen`: make it live (`live`) or give it up, atomically with clearing
-    the building fields. False (and nothing changed) when it was no longer the building one (declared
-    abandoned)."""
+    """End building generation `gen`: make it live (`live`) or give it up, clearing the building fields
+    atomically. False (nothing changed) when it was no longer building (declared abandoned)."""
     reply = await r.register_script(RELEASE_LUA)(keys=[keys.meta], args=[gen, gen if live else ""])
     return bool(reply)
 
 
 async def due(r: aioredis.Redis, keys: Keys, seen_live: int | None) -> tuple[bool, int]:
-    """Whether a `sweep` has work now, by one HMGET: the live generation differs from `seen_live` (the
-    one this process last swept under; None: never swept), or a building generation's lease ran out.
-    Returns (due, live)."""
+    """(due, live): whether a `sweep` has work (one HMGET): the live generation is not `seen_live` (None:
+    never swept), or a building generation's lease ran out."""
     live, building, at = await r.hmget(keys.meta, ["generation", BUILDING, BUILDING_BEAT])
     live_gen = int(live) if live else 1
     if seen_live != live_gen:
@@ -169,13 +157,10 @@ async def due(r: aioredis.Redis, keys: Keys, seen_live: int | None) -> tuple[boo
 
 
 async def sweep(r: aioredis.Redis, keys: Keys) -> int:
-    """Delete the keys, indexes and meta fields of every dead generation, after declaring a building
-    generation whose lease ran out abandoned. Returns keys deleted.
-
-    Dead: below the live one, or above it up to the last number claimed (`generation_last`) and not
-    the building one, all as read once before the SCAN. Numbers are never reused and a generation that
-    stopped building never builds again, so a generation dead then stays dead, and one claimed during
-    the SCAN is above that last number: the sweep never deletes what a running replay writes."""
+    """Delete the keys, indexes and meta fields of every dead generation (below the live one, or above
+    it up to the last claimed and not building, as read before the SCAN: numbers are never reused, so
+    a running replay's is never dead), after declaring abandoned a building one whose lease ran out.
+    Returns keys deleted."""
     if await r.register_script(EXPIRE_LUA)(keys=[keys.meta], args=[BUILD_LEASE_MS]):
         log.warning("generations ◆ a replay's building generation was abandoned (no heartbeat); sweeping it")
     raw_live, raw_building, raw_last = await r.hmget(keys.meta, ["generation", BUILDING, LAST])

@@ -1,23 +1,14 @@
 """The episode index: its schema, its generations, and the queries over it (KNN, BM25, filters, counts).
 
-The RediSearch commands of Engram live here and in three owners of their own: `shared.facts` (the facts
-index, same pattern), `shared.index_pages` (keyset pages for listing, FT.AGGREGATE with cursors) and
-`shared.cluster` (routing FT.* to a namespace's shard on a Redis Cluster); nothing else in services/ or
-shared/ sends FT.* (deploy/embedded_redis.py only asks FT._LIST whether the module loaded).
+Besides `shared.facts`, `shared.index_pages` and `shared.cluster`, nothing in services/ or shared/ sends
+FT.*. Episode documents are HASHes under `Keys.episode_doc_prefix(gen)`; the live generation's index is
+reached through the alias `Keys.episode_index_alias`, so a replay swaps it (`FT.ALIASUPDATE`).
 
-Episode documents are HASHes under `Keys.episode_doc_prefix(gen)`; the index of the live generation
-is reached through the alias `Keys.episode_index_alias`, so a replay can build a new generation and
-swap the alias (`FT.ALIASUPDATE`) with no downtime.
-
-Every user-supplied value that enters a query goes through `escape_tag` or `keyword_query`:
-TAG fields are CASESENSITIVE with the separator U+001F (a control character, which validation forbids
-in values), so a value such as `a,b`, `x|y` or `ns:with:colons` is one exact tag, never query syntax
-or a list. Escaping backslashes every ASCII character that is not a letter or digit (including `_` and
-space); non-ASCII characters need no escape (measured: escaping them breaks the match).
-
-The TAG fields `episode_id`, `user_id` and `session_id` hold keyed digests of the ids, not the ids
-(`shared.tags`; `Scope.tags` digests a query's values the same way), so a forgotten user's ids do not
-linger in `FT.TAGVALS`.
+Every user-supplied value in a query goes through `escape_tag` or `keyword_query`: TAG fields are
+CASESENSITIVE with the separator U+001F (which validation forbids in values), so `a,b` or `x|y` is one
+exact tag. Escaping backslashes every ASCII non-alphanumeric; non-ASCII needs none (escaping it breaks
+the match). The TAG fields `episode_id`, `user_id` and `session_id` hold keyed digests of the ids
+(`shared.tags`), so a forgotten user's ids do not linger in `FT.TAGVALS`.
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +29,7 @@ from redis.exceptions import ResponseError
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
+from shared.cluster import is_missing_index
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.replies import as_text
@@ -96,9 +88,7 @@ _TAG_ESCAPES = {code: f"\\{chr(code)}" for code in range(128) if not chr(code).i
 
 def escape_tag(value: str) -> str:
     """Escape a TAG value for use inside `@field:{...}` (DIALECT 2). See module docstring."""
-    return value.translate(
-        _TAG_ESCAPES
-    )  # one C pass (a generator per character: ~3% of the query service's samples)
+    return value.translate(_TAG_ESCAPES)  # one C pass: a generator per character was ~3% of query CPU
 
 
 def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
@@ -124,14 +114,12 @@ def numeric_clause(field_name: str, lo: float | None, hi: float | None) -> str:
 
 
 def keyword_query(text: str, scope_query: str | None = None) -> str | None:
-    """A BM25 query matching any word of `text` in the text fields (stop words dropped, see STOPWORDS),
-    or None if it has no such words.
+    """A BM25 query matching any word of `text` in the text fields (STOPWORDS dropped), or None
+    if it has none.
 
-    With `scope_query`, the scope is repeated inside each word's clause with weight 0:
-    `(@fields:w1 (scope)=>{$weight: 0.0;}) | (@fields:w2 ...) | ...`. Measured on RediSearch 2.10: the
-    plain form `scope @fields:(w1 | w2 | w3)` lets the tag terms dominate the score (shorter documents
-    win) and scores a union inside an intersection by one matching word only, so a document matching
-    every word of the query could rank below one matching a single word.
+    With `scope_query`, the scope is repeated in each word's clause with weight 0:
+    `(@fields:w1 (scope)=>{$weight: 0.0;}) | ...`; the plain `scope @fields:(w1 | w2)` let the tag terms
+    dominate the score and scored the union by one matching word (RediSearch 2.10).
     """
     terms = [t for t in keyword_terms(text, limit=64 + len(STOPWORDS)) if t not in STOPWORDS][:64]
     if not terms:
@@ -145,15 +133,11 @@ def keyword_query(text: str, scope_query: str | None = None) -> str | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scope:
-    """Server-side filters of a recall; every result type honours every key (a filter that one result type ignored would leak
-    other scopes' data).
+    """Server-side filters of a recall; every result type honours every key.
 
-    `namespace` always comes from the server (API key or SDK), never from a request body, so a caller
-    cannot read another tenant's data.
-    Lists mean "any of". Ranges are inclusive; times are UTC epoch seconds on `completed_at`.
-    `tags` is the digest function of the index queried (its generation's, `shared.tags`): user,
-    session and episode ids are digested with it. `episode_tags` are values as the index holds them
-    (digests read back from hits), matched as they are.
+    `namespace` comes from the server (API key or SDK), never from a request body. Lists mean "any of";
+    ranges are inclusive; times are UTC epoch seconds on `completed_at`. `tags` digests user, session and
+    episode ids for the index queried (`shared.tags`); `episode_tags` are digests as the index holds them.
     """
 
     namespace: str
@@ -175,11 +159,12 @@ class Scope:
     clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.recall.lists`)
 
     def query(self, *, checked: bool = False) -> str:
-        """The RediSearch filter expression (DIALECT 2) for this scope.
+        """The RediSearch filter expression (DIALECT 2) for this scope; "*" when empty.
 
-        `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to
-        documents already found in this scope (`services.query.recall.arms.knn_search`, `prechecked`): each of those
-        TAG clauses intersects a posting list as long as the tenant. "*" when nothing else is left."""
+        `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to documents
+        already found in this scope (`services.query.recall.arms.knn_search`): each intersects a posting list as long as the
+        tenant.
+        """
         ns, tags = self.namespace, self.tags
         parts = [] if checked else [tag_clause("namespace", ns)]
         if self.status and not checked:
@@ -209,8 +194,7 @@ class Scope:
         return " ".join(parts) or "*"
 
     def cache_key(self) -> str:
-        """`query()` without the expiry clause, whose instant changes every call: what caches of
-        answers about a scope that are re-checked or allowed to be seconds stale key on."""
+        """`query()` without the expiry clause (whose instant changes every call), for caches."""
         return Scope.query(replace(self, live_at=None))
 
 
@@ -248,9 +232,8 @@ class VectorParams:
 
 
 SORTABLE_TAG_FIELDS = ("namespace", "outcome", "status")
-"""TAG fields a recall returns for every hit (the outcome signal among them): kept
-in the sorting vector un-normalised (UNF, which CASESENSITIVE implies in RediSearch 2.10; said anyway:
-the bytes as written, case included), so a search that returns only sortable fields reads no hash."""
+"""TAG fields a recall returns for every hit, kept in the sorting vector as written (UNF), so a
+search returning only sortable fields reads no hash."""
 
 
 def episode_schema(params: VectorParams) -> list[Any]:
@@ -267,16 +250,10 @@ def episode_schema(params: VectorParams) -> list[Any]:
     return args + params.schema_args()
 
 
-def is_missing_index(exc: ResponseError) -> bool:
-    """Whether RediSearch refused a command because the index does not exist (2.x and 8.x wordings)."""
-    return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
-
-
 async def index_exists(r: aioredis.Redis, name: str) -> bool:
-    """Whether the index (or alias) `name` exists, by `FT.EXPLAIN name *`: parsed against the index,
-    never run. Not FT.INFO, which gathers the index's statistics on Redis's main thread — 18–19 ms at
-    100k documents against ~2 µs — and `/readyz`
-    asks this on every probe. ResponseError other than a missing index propagates."""
+    """Whether the index (or alias) `name` exists, by `FT.EXPLAIN name *` (parsed, never run):
+    FT.INFO takes 18–19 ms at 100k documents against ~2 µs, and `/readyz` asks on every probe.
+    ResponseError other than a missing index propagates."""
     try:
         await r.execute_command("FT.EXPLAIN", name, "*", "DIALECT", 2)
         return True
@@ -304,23 +281,18 @@ _search_limit: tuple[Any, ...] = ()
 
 
 def search_limit() -> tuple[Any, ...]:
-    """The per-query arguments every FT.SEARCH / FT.AGGREGATE of Engram carries, right after its query:
-    none where RediSearch fails a query past its TIMEOUT (ON_TIMEOUT FAIL: an error, answered 503), else
-    `TIMEOUT 0`, no limit for this query, so it is never answered with part of its results
-    (`check_on_timeout` decides, at start)."""
+    """The arguments every FT.SEARCH / FT.AGGREGATE carries after its query: none under ON_TIMEOUT
+    FAIL (a query past TIMEOUT errs, answered 503), else `TIMEOUT 0` (`check_on_timeout` decides at start)."""
     return _search_limit
 
 
 async def check_on_timeout(r: aioredis.Redis) -> str:
-    """What RediSearch does with a query past its TIMEOUT (500 ms by default) on `r`, every primary of a
-    cluster: "fail" (an error) or "return" (the results found so far; also when the server will not say).
-    Read, never set: ON_TIMEOUT is server-wide, and setting it would change the answers of every other
-    application of a shared Redis. Under "return" — RediSearch's default, which answered a listing,
-    `skills` or a learning curve with part of the scope and no sign of it (499 of 6,198 episodes listed,
-    `next_cursor` null) — every search of this process then carries `TIMEOUT 0` (`search_limit`), so it
-    runs to its end instead (a very large scope holds Redis for as long as that takes). Engram's own
-    Redis (`make run`, `deploy/embedded_redis.py`) is started with ON_TIMEOUT FAIL; a deployment that
-    wants the bound on a Redis of its own sets `search-on-timeout fail` (docs/configuration.md)."""
+    """What RediSearch does with a query past its TIMEOUT on `r` (every primary of a cluster):
+    "fail" or "return" (also when the server will not say); read, never set (it is server-wide).
+
+    Under "return" a listing came back with part of its scope and no sign of it (499 of 6,198 episodes), so
+    every search of this process then carries `TIMEOUT 0` (`search_limit`).
+    """
     global _search_limit
     nodes = r.get_primaries() if isinstance(r, RedisCluster) else [None]
     policy = "fail"
@@ -360,19 +332,26 @@ class EmbedderMismatch(Conflict):
     """
 
     def __init__(self, index: str, gen: int, index_embedder: str, index_dim: int, embedder: str, dim: int):
-        self.gen, self.index_embedder, self.index_dim, self.embedder, self.dim = (
-            gen,
-            index_embedder,
-            index_dim,
-            embedder,
-            dim,
-        )
+        self.gen, self.index_embedder, self.index_dim = gen, index_embedder, index_dim
+        self.embedder, self.dim = embedder, dim
         super().__init__(
             f"index {index} was built with embedder {index_embedder!r} (dim {index_dim}), but this process "
             f"uses {embedder!r} (dim {dim}); start it with {embedder_setting(index_embedder, index_dim)}, "
             f"or rebuild the index with this one: `engram-admin reindex --embedder "
             f"{embedder.split('-')[0].split('/')[0]}`"
         )
+
+
+async def embedder_mismatch(
+    r: aioredis.Redis, keys: Keys, gen: int, embedder: str, dim: int
+) -> EmbedderMismatch | None:
+    """EmbedderMismatch when generation `gen` records another embedder name or dimension, else None."""
+    name, recorded_dim = await r.hmget(keys.meta, [f"g{gen}:embedder", f"g{gen}:dim"])
+    if name is None or (as_text(name), int(recorded_dim or 0)) == (embedder, dim):
+        return None
+    return EmbedderMismatch(
+        keys.episode_index(gen), gen, as_text(name), int(recorded_dim or 0), embedder, dim
+    )
 
 
 async def ensure_episode_index(
@@ -385,25 +364,18 @@ async def ensure_episode_index(
     tag_key: bytes | None,
     point_alias: bool = True,
 ) -> TagCodec:
-    """Create generation `gen`'s episode index if missing, record the embedder it was built with, and
-    return the digest function of its TAG fields (`shared.tags`).
+    """Create generation `gen`'s episode index if missing, record its embedder, and return the
+    digest function of its TAG fields (`shared.tags`); `tag_key` is the deployment's (None without a
+    master key).
 
-    `tag_key` is the deployment's (`Deployment.tag_key`, None without a master key): a generation
-    created here gets the mode it selects.
-    Raises EmbedderMismatch (a Conflict) when the index exists with another embedder name or
-    dimension: mixing vectors of two models would silently ruin recall;
-    `engram-admin reindex` builds a new generation instead. ConfigError when the
-    generation holds keyed digests and `tag_key` is None.
+    Raises EmbedderMismatch (a Conflict) when the index was built with another embedder name or dimension
+    (`engram-admin reindex` builds a new generation instead); ConfigError when the generation holds keyed
+    digests and `tag_key` is None.
     """
     name = keys.episode_index(gen)
-    recorded_name = await r.hget(keys.meta, f"g{gen}:embedder")
-    recorded_dim = await r.hget(keys.meta, f"g{gen}:dim")
-    if recorded_name is not None and (
-        as_text(recorded_name) != embedder_name or int(recorded_dim or 0) != params.dim
-    ):
-        raise EmbedderMismatch(
-            name, gen, as_text(recorded_name), int(recorded_dim or 0), embedder_name, params.dim
-        )
+    mismatch = await embedder_mismatch(r, keys, gen, embedder_name, params.dim)
+    if mismatch is not None:
+        raise mismatch
     if await check_on_timeout(r) != "fail":
         log.warning(
             "RediSearch answers a query past its TIMEOUT with part of its results on this Redis "
@@ -446,12 +418,8 @@ def vector_bytes(vector: np.ndarray | Sequence[float]) -> bytes:
 
 
 class LiveTags:
-    """The live generation's TAG digest function for a long-running reader (the query service).
-
-    The generation is re-read at most every `ttl` seconds (one HGET), so a `replay`, which may change the
-    digest mode (`shared.tags`), is followed within `ttl` of its swap; each generation's mode is read
-    once. `tag_key` is the deployment's (None without a master key).
-    """
+    """The live generation's TAG digest function for a long-running reader (the query service): the
+    generation is re-read at most every `ttl` seconds, so a `replay` is followed within `ttl`."""
 
     def __init__(self, keys: Keys, tag_key: bytes | None, *, ttl: float = 1.0):
         self._clock = time.monotonic
@@ -476,36 +444,21 @@ class LiveTags:
 
     async def mismatch(self, r: aioredis.Redis) -> EmbedderMismatch | None:
         """EmbedderMismatch when the live generation's index was built with another embedder than
-        `embedder` (a `reindex --embedder` under this running process), else None; followed within
-        `ttl` like the digests, each generation's record read once. Its vectors are another model's:
-        a search with this process's would compare two spaces (of one dimension: silently; of two:
-        refused by RediSearch). None before `embedder` is set."""
+        `embedder` (a `reindex --embedder` under this process), else None (also before `embedder` is set)."""
         await self.get(r)
         gen = self._gen
         if self.embedder is None:
             return None
         if gen not in self._mismatch:
-            name, dim = await r.hmget(self.keys.meta, [f"g{gen}:embedder", f"g{gen}:dim"])
-            own_name, own_dim = self.embedder
-            self._mismatch[gen] = (
-                EmbedderMismatch(
-                    self.keys.episode_index(gen), gen, as_text(name), int(dim or 0), own_name, own_dim
-                )
-                if name is not None and (as_text(name) != own_name or int(dim or 0) != own_dim)
-                else None
-            )
+            self._mismatch[gen] = await embedder_mismatch(r, self.keys, gen, *self.embedder)
         return self._mismatch[gen]
 
 
 def episode_fields(
     namespace: str, episode: Episode, *, status: str, vector: np.ndarray | None, tags: TagCodec
 ) -> dict[str, Any]:
-    """The HASH fields of an episode document: indexed fields (ids digested with `tags`), the full
-    JSON `doc`, the vector.
-
-    `last_accessed` and `access_count` are not among them: the query service owns those (recall with
-    `touch`), and re-projecting an episode must not reset them.
-    """
+    """The HASH fields of an episode document: indexed fields (ids digested with `tags`), the JSON
+    `doc`, the vector. Not `last_accessed` / `access_count`: the query service owns those."""
     task = episode.task
     fb = episode.feedback
     fields: dict[str, Any] = {
@@ -562,7 +515,7 @@ def episode_fields(
 
 def embedding_text(episode: Episode) -> str:
     """What the embedder sees for an episode: the task first (what recall queries resemble), then
-    the category, strategy, solution and outcome notes. The embedder truncates it to its window."""
+    the observation, solution, result and outcome notes."""
     parts = [
         episode.task.description if episode.task else "",
         episode.observation or "",
@@ -589,28 +542,21 @@ def aggregate_rows(reply: list[Any]) -> list[dict[str, Any]]:
 
 def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, list[SearchHit]]:
     """Parse a RESP2 FT.SEARCH reply: [total, key, (score,) [f, v, ...], ...]."""
-    total = int(reply[0])
-    hits: list[SearchHit] = []
-    i = 1
     step = 3 if with_scores else 2
-    while i < len(reply):
-        key = reply[i]
-        score = float(reply[i + 1]) if with_scores else None
+    hits: list[SearchHit] = []
+    for i in range(1, len(reply), step):
         raw = reply[i + step - 1] if i + step - 1 < len(reply) else []
-        pairs = iter(raw) if isinstance(raw, list) else iter(())
-        fields = dict(
-            zip(pairs, pairs, strict=False)
-        )  # [f1, v1, f2, v2, ...] → {f1: v1, ...}; an odd last item is dropped
-        hits.append(SearchHit(key=key, fields=fields, score=score))
-        i += step
-    return total, hits
+        pairs: Iterator[bytes] = iter(raw if isinstance(raw, list) else ())
+        fields = dict(zip(pairs, pairs, strict=False))  # [f1, v1, f2, v2] → {f1: v1, f2: v2}
+        hits.append(
+            SearchHit(key=reply[i], fields=fields, score=float(reply[i + 1]) if with_scores else None)
+        )
+    return int(reply[0]), hits
 
 
 async def index_size(r: aioredis.Redis, index: str, **target: Any) -> int:
-    """Documents in `index`: a wildcard count (`FT.SEARCH index * NOCONTENT LIMIT 0 0`), the same
-    number as FT.INFO's num_docs for ~1/8 of Redis's time (2.1–2.8 against 18–19 ms at 100k
-    documents); a coordinator sums its shards'.
-    `target`: `execute_command` keyword arguments (`shared.cluster.search_targets`' node)."""
+    """Documents in `index` by a wildcard count: FT.INFO's num_docs for ~1/8 of Redis's time (2.1–2.8
+    against 18–19 ms at 100k documents). `target`: `execute_command` keyword arguments."""
     reply = await r.execute_command(
         "FT.SEARCH", index, "*", *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2, **target
     )
@@ -641,9 +587,8 @@ async def filter_search(
 
 
 async def term_counts(r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]) -> list[int]:
-    """How many documents of `scope` each word matches in the text fields (RediSearch's stemmed
-    match, as in `bm25_search`); one pipelined count per word. Keyword relevance weighs a query word
-    by this (`services.query.recall.relevance`): documents without the word never change it."""
+    """How many documents of `scope` each word matches in the text fields (stemmed, as in BM25);
+    one pipelined count per word."""
     queries = [keyword_query(w, scope.query()) for w in words]
     async with r.pipeline(transaction=False) as pipe:
         for q in queries:
@@ -659,92 +604,33 @@ async def count(r: aioredis.Redis, index: str, scope: Scope) -> int:
 
 
 async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[dict[str, Any]]:
-    """Per category of the scope: {category, episodes, successes, avg_reward, avg_iterations} (FT.AGGREGATE).
+    """Per category of the scope: {category, episodes, successes, avg_reward, avg_iterations}.
 
-    RediSearch's AVG reducer counts a document without the field as 0, so averages are computed as
-    SUM / (number of documents where the field exists), and are None when no document has it.
+    RediSearch's AVG counts a missing field as 0, so averages are SUM / (documents with the field), None
+    when none has it.
     """
-    reply = await r.execute_command(
-        "FT.AGGREGATE",
-        index,
-        scope.query(),
-        *search_limit(),
-        "LOAD",
-        4,
-        "@category",
-        "@outcome",
-        "@reward",
-        "@iterations",
-        "APPLY",
-        '@outcome == "success"',
-        "AS",
-        "is_success",
-        "APPLY",
-        "exists(@reward)",
-        "AS",
-        "has_reward",
-        "APPLY",
-        "exists(@iterations)",
-        "AS",
-        "has_iterations",
-        "GROUPBY",
-        1,
-        "@category",
-        "REDUCE",
-        "COUNT",
-        0,
-        "AS",
-        "episodes",
-        "REDUCE",
-        "SUM",
-        1,
-        "@is_success",
-        "AS",
-        "successes",
-        "REDUCE",
-        "SUM",
-        1,
-        "@reward",
-        "AS",
-        "sum_reward",
-        "REDUCE",
-        "SUM",
-        1,
-        "@has_reward",
-        "AS",
-        "n_reward",
-        "REDUCE",
-        "SUM",
-        1,
-        "@iterations",
-        "AS",
-        "sum_iterations",
-        "REDUCE",
-        "SUM",
-        1,
-        "@has_iterations",
-        "AS",
-        "n_iterations",
-        "DIALECT",
-        2,
-    )
+    sums = {"successes": "@is_success", "sum_reward": "@reward", "n_reward": "@has_reward"}
+    sums |= {"sum_iterations": "@iterations", "n_iterations": "@has_iterations"}
+    args: list[Any] = ["FT.AGGREGATE", index, scope.query(), *search_limit()]
+    args += ["LOAD", 4, "@category", "@outcome", "@reward", "@iterations"]
+    applies = {"is_success": '@outcome == "success"', "has_reward": "exists(@reward)"}
+    for name, expression in (applies | {"has_iterations": "exists(@iterations)"}).items():
+        args += ["APPLY", expression, "AS", name]
+    args += ["GROUPBY", 1, "@category", "REDUCE", "COUNT", 0, "AS", "episodes"]
+    for name, source in sums.items():
+        args += ["REDUCE", "SUM", 1, source, "AS", name]
     out = []
-    for f in aggregate_rows(reply):
+    for f in aggregate_rows(await r.execute_command(*args, "DIALECT", 2)):
         if f.get("category") is None:
             continue
-        num = {
-            name: float(f.get(name) or 0)
-            for name in ("episodes", "successes", "sum_reward", "n_reward", "sum_iterations", "n_iterations")
-        }.__getitem__
+        n = {name: float(f.get(name) or 0) for name in ("episodes", *sums)}
         out.append(
             {
                 "category": f["category"].decode(),
-                "episodes": int(num("episodes")),
-                "successes": int(num("successes")),
-                "avg_reward": num("sum_reward") / num("n_reward") if num("n_reward") else None,
-                "avg_iterations": num("sum_iterations") / num("n_iterations")
-                if num("n_iterations")
-                else None,
+                "episodes": int(n["episodes"]),
+                "successes": int(n["successes"]),
+                "avg_reward": n["sum_reward"] / n["n_reward"] if n["n_reward"] else None,
+                "avg_iterations": n["sum_iterations"] / n["n_iterations"] if n["n_iterations"] else None,
             }
         )
     return sorted(out, key=lambda row: row["category"])
@@ -758,23 +644,8 @@ async def agent_category_counts(r: aioredis.Redis, index: str, scope: Scope) -> 
         index,
         scope.query(),
         *search_limit(),
-        "LOAD",
-        2,
-        "@agent_id",
-        "@category",
-        "FILTER",
-        "exists(@agent_id) && exists(@category)",
-        "GROUPBY",
-        2,
-        "@agent_id",
-        "@category",
-        "REDUCE",
-        "COUNT",
-        0,
-        "AS",
-        "n",
-        "DIALECT",
-        2,
+        *("LOAD", 2, "@agent_id", "@category", "FILTER", "exists(@agent_id) && exists(@category)"),
+        *("GROUPBY", 2, "@agent_id", "@category", "REDUCE", "COUNT", 0, "AS", "n", "DIALECT", 2),
     )
     out = []
     for f in aggregate_rows(reply):

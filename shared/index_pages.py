@@ -1,20 +1,14 @@
 """Keyset pages over a RediSearch index: the listing routes' one query (`GET /v1/episodes`, `GET /v1/facts`).
 
-Split out of `shared.index` (its size budget); like it, the only place that builds these queries.
+A page is ordered by a SORTABLE numeric field (`completed_at`, a fact's `created_at`), then for
+episodes by `tiebreak` (`shared.ties`; documents without one last), then by the key's digest suffix: a
+total order on values fixed while a document lives, so `asc` is `desc` reversed. The next page starts
+strictly after the previous one's last row (a keyset, not an offset): a listing paging through while
+others publish sees every document that existed throughout exactly once; one whose sort value moved
+meanwhile is seen once or not at all, never twice.
 
-A page is ordered by a SORTABLE numeric field (an episode's `completed_at`, a fact's `created_at`),
-then, for episodes, by their `tiebreak` (`shared.ties`: from the episode id alone, so the same episodes
-order their exact ties alike in every namespace; a document projected before that field existed comes
-after those that have one), then by the document key's digest suffix: a total order on values that do
-not change while a document lives, every key in the listing's direction, so `asc` is `desc` reversed. The next page starts strictly after the last row of the previous one (a *keyset*, not an offset),
-so documents written, re-projected or deleted meanwhile never shift the others: a listing that pages
-through while others publish sees every document that existed throughout exactly once. Documents whose
-sort value is moved meanwhile (an episode re-published with another `completed_at`) are seen once or not
-at all, at their old or new place, never twice.
-
-`FT.AGGREGATE` rather than `FT.SEARCH`, because only it sorts by two keys (`SORTBY 4 @t DESC @k ASC`)
-and compares strings (`FILTER @k > "..."`). The numeric bound is also in the query itself, so the engine
-skips everything before the cursor by its numeric index; the FILTER only settles ties of equal values.
+`FT.AGGREGATE`, as only it sorts by several keys and compares strings; the numeric bound is also in the
+query, so the engine skips what lies before the cursor and the FILTER only settles ties.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.index import is_missing_index, numeric_clause, search_limit
+from shared.index import aggregate_rows, is_missing_index, numeric_clause, search_limit
 
 SUFFIX = re.compile(r"[0-9a-f]{32}")  # the digest every document key ends with (shared.keys)
 
@@ -118,12 +112,11 @@ async def page(
             return [], False
         raise
     rows = []
-    for raw in reply[1:]:
-        f = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
-        key, value, suffix = f.get(b"__key"), f.get(sort_field.encode()), f.get(b"k")
+    for f in aggregate_rows(reply):
+        key, value, suffix = f.get("__key"), f.get(sort_field), f.get("k")
         if key is None or value is None or suffix is None:
             continue  # deleted between the index's match and the load
-        tb = f.get(tie_field.encode()) if tie_field else None
+        tb = f.get(tie_field) if tie_field else None
         rows.append(Row(key, Position(float(value), suffix.decode(), float(tb) if tb is not None else None)))
     more = len(rows) > limit
     rows = rows[:limit]
@@ -145,21 +138,10 @@ async def every_key(
     particular order; a document without any SORTABLE field (a draft) is found too. A missing index
     holds none. `target` (`target_nodes=` on a cluster, `shared.cluster.search_targets`) goes with the
     aggregate and its cursor reads alike, since a cursor lives on the node that opened it."""
+    aggregate = ("FT.AGGREGATE", index, query, *search_limit(), "LOAD", 1, "@__key")
     try:
         reply, cursor = await r.execute_command(
-            "FT.AGGREGATE",
-            index,
-            query,
-            *search_limit(),
-            "LOAD",
-            1,
-            "@__key",
-            "WITHCURSOR",
-            "COUNT",
-            int(batch),
-            "DIALECT",
-            2,
-            **target,
+            *aggregate, "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2, **target
         )
     except ResponseError as exc:
         if is_missing_index(exc):
@@ -167,10 +149,7 @@ async def every_key(
         raise
     keys: list[bytes] = []
     while True:
-        for raw in reply[1:]:
-            f = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
-            if f.get(b"__key") is not None:
-                keys.append(f[b"__key"])
+        keys += [f["__key"] for f in aggregate_rows(reply) if f.get("__key") is not None]
         if not int(cursor):
             return keys
         reply, cursor = await r.execute_command(

@@ -1,19 +1,16 @@
 """The data keys of one deployment in Redis: created race-free, cached, destroyed, re-wrapped.
 
-`shared.crypto` makes and wraps keys; this module stores them (hashes `Keys.data_key(ref)` = {k: key
-id, w: wrapped key, t: creation time in ms, Redis's clock} and `Keys.deployment_key`) and gives the
-codec its key lookup. The master key itself never reaches Redis.
+`shared.crypto` makes and wraps keys; this module stores them (`Keys.data_key(ref)` = {k: key id,
+w: wrapped key, t: creation ms by Redis's clock}, and `Keys.deployment_key`) and gives the codec its
+key lookup. The master key never reaches Redis.
 
-- **Publishers** (`KeyRing.publish`, used by the SDK and so by HTTP ingest) seal each event with the
-  key of its (namespace, user) and send, with the events, a check per key: the stored key must still
-  have the id they used, or — for a key that does not exist yet — their freshly generated, wrapped
-  proposal is stored (first publisher wins; a loser gets the winner's key back and seals again). The
-  check and the XADDs are one script (`streams.PUBLISH_SEALED_LUA`), so no event is ever written with a
-  key that was destroyed before it; a `UserForgotten` deletes its user's key in that same step.
-- **Consumers** (`prefetch` then `lookup`) fetch the keys a batch names in one pipeline and cache
-  them for `ttl` seconds; a key that is gone, or replaced by a new one, answers None (the entry was
-  shredded). A key destroyed by another process can stay in this cache up to `ttl`: the events it
-  opens are older than their user's forget and the projector's tombstones drop them all the same.
+- **Publishers** (`KeyRing.publish`) seal each event with the key of its (namespace, user) and check,
+  in the script that XADDs them (`streams.PUBLISH_SEALED_LUA`), that each stored key still has the id
+  used, or store their fresh proposal (first publisher wins; a loser seals again with the winner's).
+  So no event is written with a destroyed key; a `UserForgotten` deletes its user's key in that step.
+- **Consumers** (`prefetch` then `lookup`) fetch a batch's keys in one pipeline and cache them for
+  `ttl` seconds; a key gone or replaced answers None (shredded). A key destroyed elsewhere may stay
+  cached up to `ttl`: the events it opens predate the forget, and tombstones drop them anyway.
 """
 
 from __future__ import annotations
@@ -37,14 +34,7 @@ from engram_episodic.events import (
 )
 from shared import streams
 from shared.codec import encode, seal, sealable
-from shared.crypto import (
-    DEPLOYMENT_SLOT,
-    DataKey,
-    Deployment,
-    MasterKey,
-    new_data_key,
-    wrapped_master_id,
-)
+from shared.crypto import DEPLOYMENT_SLOT, DataKey, Deployment, MasterKey, new_data_key, wrapped_master_id
 from shared.keys import Keys
 
 CREATE_LUA = """
@@ -77,10 +67,8 @@ user_id) are sealed with the user's key, as the EpisodeStarted before them was."
 
 
 class KeyRing:
-    """The keys of one deployment (`keys.prefix`) as one process holds them. See the module docstring.
-
-    `ttl` (seconds) bounds how long a consumer trusts a cached key without asking Redis again.
-    """
+    """The keys of one deployment as one process holds them; `ttl` (seconds) bounds how long a
+    cached key is trusted without asking Redis again."""
 
     def __init__(self, keys: Keys, master: MasterKey, *, ttl: float = 30.0):
         self.keys = keys
@@ -104,15 +92,13 @@ class KeyRing:
         when the stored secret was wrapped by another master key."""
         if self.deployment is None:
             if self.keys.partitions == 1 and isinstance(redis, RedisCluster):
-                # the one stream and the users' data keys would be in different slots: every sealed
-                # publish would be CROSSSLOT
+                # the one stream and the data keys would be in different slots: CROSSSLOT
                 raise ConfigError(
                     f"a master key on a Redis Cluster needs stream partitions (ENGRAM_PREFIX={self.keys.prefix!r} "
                     "has one stream): docs/scaling.md, Ingest partitions"
                 )
             if self.keys.partitions > 1:
-                # before the deployment key exists, so that no plaintext publish can follow a sealed one:
-                # each partition's plaintext publish script checks its marker (`Keys.encrypted_marker`)
+                # markers first: no plaintext publish can follow a sealed one (`Keys.encrypted_marker`)
                 async with redis.pipeline(transaction=False) as pipe:
                     for i in range(self.keys.partitions):
                         pipe.set(self.keys.encrypted_marker(i), "1")
@@ -146,9 +132,9 @@ class KeyRing:
         return None
 
     async def publish(self, redis: aioredis.Redis, stream: str, events: Sequence[Event]) -> list[bytes]:
-        """Seal and XADD `events` atomically (all or none), with the key checks of the module docstring;
-        returns their stream ids. A key check that fails (another publisher created the key first, or
-        the key was destroyed) is resolved and the call sealed again, at most MAX_KEY_ATTEMPTS times."""
+        """Seal and XADD `events` atomically (all or none) with the key checks of the module docstring;
+        their stream ids. A failed check (another publisher's key won, or the key was destroyed) is resolved
+        and the call sealed again, at most MAX_KEY_ATTEMPTS times (then PublishError)."""
         deployment = await self.load(redis)
         users = [self._user_for(e) for e in events]
         fresh: dict[bytes, tuple[DataKey, bytes]] = {}
@@ -220,10 +206,8 @@ class KeyRing:
     async def live_keys(
         self, redis: aioredis.Redis, namespace: str, users: Iterable[str | None]
     ) -> dict[str | None, DataKey]:
-        """The live data key of each of `users` of `namespace` (None: the namespace's own key, created if
-        it does not exist yet); a user whose key does not exist is left out, never created — it was
-        destroyed by a forget. For sealing facts (`shared.fact_seal`): a key re-created here would
-        outlive the forget and keep the forgotten user's part of a fact readable."""
+        """The live data key of each of `users` of `namespace` (None: the namespace's own, created if
+        missing); a user whose key is gone is left out, never re-created (that would outlive its forget)."""
         deployment = await self.load(redis)
         users = set(users)
         wanted = sorted(u for u in users if u is not None)
@@ -285,9 +269,8 @@ class KeyRing:
             self._gone[(ref, known[0].kid)] = None
 
     async def destroy_user(self, redis: aioredis.Redis, namespace: str, user_id: str, before: float) -> bool:
-        """Delete the data key of (namespace, user_id) if it was created no later than `before` (epoch
-        seconds, the forget's time); True if deleted. The SDK's forget already deleted it as the
-        UserForgotten entered the stream: this covers forgets published any other way."""
+        """Delete the data key of (namespace, user_id) if created no later than `before` (epoch
+        seconds); True if deleted. Covers forgets not published through the SDK (which deletes it itself)."""
         ref = (await self.load(redis)).ref(namespace, user_id)
         kid = await redis.register_script(DESTROY_LUA)(
             keys=[self.keys.data_key(ref, namespace)], args=[int(before * 1000)]
@@ -302,10 +285,9 @@ class KeyRing:
 
     # --- rotation --------------------------------------------------------------------------------
     async def rotate(self, redis: aioredis.Redis, new: MasterKey) -> dict[str, int]:
-        """Re-wrap the deployment secret and every data key from this ring's master key to `new` (same
-        key ids, so entries stay readable and publishers' cached keys stay valid). Keys already wrapped
-        by `new` are counted, not touched; one wrapped by a third key is a MasterKeyMismatch. Passes
-        repeat until one finds nothing left under the old key (keys created meanwhile)."""
+        """Re-wrap the deployment secret and every data key from this ring's master key to `new`
+        (same key ids). Keys already under `new` are counted, one under a third key is MasterKeyMismatch;
+        passes repeat until one finds nothing left (keys created meanwhile)."""
         counts = {"rewrapped": 0, "already": 0, "vanished": 0}
         rewrap = redis.register_script(REWRAP_LUA)
         for _pass in range(10):
@@ -345,8 +327,7 @@ _RINGS: dict[tuple[Keys, bytes], KeyRing] = {}
 
 
 def shared_ring(keys: Keys, master_key: bytes) -> KeyRing:
-    """The process's one KeyRing of (prefix, master key), so that publishers made per request (the
-    query service's ingest) share one key cache."""
+    """The process's one KeyRing of (prefix, master key), so per-request publishers share its cache."""
     ring = _RINGS.get((keys, master_key))
     if ring is None:
         if len(_RINGS) > 64:  # tests make one deployment per test

@@ -1,32 +1,21 @@
 """The only place that builds Redis key names.
 
-Every key starts with the configured prefix (`ENGRAM_PREFIX`, default `engram:`), so one Redis can
-hold several deployments and every test its own. User-supplied ids never appear raw in a key: a
-document key is the prefix plus a 128-bit BLAKE2b digest of `(namespace, id)`, which makes keys
-immune to ids containing `:`, `{`, `*` or any Unicode (no id can name another's key) and keeps the
-namespace part of the identity (the same id in two namespaces is two documents).
+Every key starts with the prefix (`ENGRAM_PREFIX`). User-supplied ids never appear raw in a key: a
+document key holds a 128-bit BLAKE2b digest of `(namespace, id)`, so no id can name another's key and
+the same id in two namespaces is two documents. Projections live under a generation (`g1`, `g2`, ...):
+a replay builds the next beside the live one and swaps the index alias; the stream, dead letters,
+tombstones and meta keys are generation-independent.
 
-Projections live under a *generation* (`g1`, `g2`, ...): a replay builds generation n+1 beside the live
-one and swaps the index alias, then drops the old generation. The stream, dead letters, tombstones and
-meta keys are generation-independent.
+**Cluster-ready.** Every key of one namespace carries its hash tag (`ns_tag`), after the kind of key
+(`<prefix>g1:ep:{tag}:<digest>`, so index prefixes still match): every script is single-slot
+(tests/integration/test_key_slots.py). Global keys (dead letters, meta, aliases, the deployment key,
+a one-partition stream) carry none.
 
-**Cluster-ready.** Every key that belongs to one namespace carries the namespace's hash tag
-(`ns_tag`: `{` + 12 hex chars of a digest of the namespace + `}`), so on a Redis Cluster an episode's
-event hash, document and stream-id set, its tombstone, its user's tombstone and dead-letter refs, and
-the facts and scope counters of the namespace hash to one slot: every script of the projection,
-forgetting and facts is single-slot (tests/integration/test_key_slots.py checks each call). The tag
-sits after the kind of key (`<prefix>g1:ep:{tag}:<digest>`), so the index prefixes (`<prefix>g1:ep:`,
-`<prefix>g1:fact:`) still match. The few global keys (dead letters, meta, aliases, the deployment
-key, and the stream of a deployment with one partition) carry no namespace tag.
-
-**Stream partitions.** The episode stream is `partitions` (P) streams. P = 1 is the single key
-`<prefix>stream:episodes` (a single node's default). With P > 1 (a cluster's default, 16) partition i is `<prefix>stream:episodes:{<tag i>}`: each
-partition's tag is chosen (`partition_tag`) so that its CRC16 slot falls in the i-th of P equal slices
-of the 16384 slots, so the partitions spread evenly over any primaries that split the slots evenly (16
-over 3: 5/5/6). A namespace maps to a partition by a stable hash (`partition_of`): all the events of a
-namespace, so of an episode and of a user, are in one stream, in publish order. What a publish script
-must check atomically with its XADDs lives in the partition's slot: the encrypted-deployment marker
-(`encrypted_marker`) and, with P > 1, the users' data keys (`data_key`).
+**Stream partitions.** The episode stream is P streams: P = 1 is `<prefix>stream:episodes`; with P > 1
+partition i is `<prefix>stream:episodes:{<tag i>}`, its tag chosen (`partition_tag`) so its slot falls
+in the i-th of P equal slices of the 16384 slots (even spread over evenly split primaries). A
+namespace's events all go to one partition (`partition_of`), in publish order. What a publish script
+checks lives in the partition's slot: the encrypted marker and, with P > 1, the users' data keys.
 """
 
 from __future__ import annotations
@@ -53,14 +42,14 @@ def ns_tag(namespace: str) -> str:
 
 MAX_PARTITIONS = 256
 """Upper bound of `ENGRAM_STREAM_PARTITIONS` (each worker lane visits every partition in turn)."""
+CLUSTER_PARTITIONS = 16
+"""Default partitions on a Redis Cluster: room for 16 primaries, 16 cheap XREADGROUPs per lane sweep."""
 
 
 @functools.lru_cache(maxsize=MAX_PARTITIONS * 4)
 def partition_tag(index: int, partitions: int) -> str:
-    """The hash tag (`{p<i>.<n>}`) of partition `index` of `partitions`: the first n (0, 1, ...) whose
-    CRC16 slot (the cluster's key slot, redis-py's `key_slot`) lies in [index, index + 1) * 16384 / P.
-    Deterministic, so every process names the same keys; slices of equal width put P / N partitions on
-    each of N primaries that own equal slot ranges (a cluster created by `redis-cli --cluster create`)."""
+    """The hash tag (`{p<i>.<n>}`) of partition `index` of `partitions`: the first n whose CRC16
+    slot lies in [index, index + 1) * 16384 / P (deterministic across processes)."""
     lo = index * REDIS_CLUSTER_HASH_SLOTS // partitions
     hi = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
     n = 0
@@ -121,17 +110,15 @@ class Keys:
         return self.partition_stream(self.partition(namespace))
 
     def stream_compaction(self, stream: str) -> str:
-        """`stream`'s copy while `erasure.compact` rewrites it (RENAMEd over it at the end), in the
-        stream's slot: a partition's tag comes first; a stream without a tag (one partition, the dead
-        letters) is the copy's tag, as its whole name is its slot (`<prefix>compacting:{<stream>}`)."""
+        """`stream`'s copy while `erasure.compact` rewrites it, in the stream's slot: after a
+        partition's tag, or with the untagged stream's whole name as its tag."""
         if "{" in stream:
             return f"{stream}:compacting"
         return f"{self.prefix}compacting:{{{stream}}}"
 
     def encrypted_marker(self, index: int) -> str:
-        """What a plaintext publish to partition `index` checks, in its script, to be refused on an
-        encrypted deployment: the deployment key itself with one partition; with P > 1 a marker key in
-        the partition's slot, written (`shared.keyring`) before the deployment key is created."""
+        """What a plaintext publish to partition `index` checks, to be refused on an encrypted
+        deployment: the deployment key with one partition, else a marker in the partition's slot."""
         if self.partitions == 1:
             return self.deployment_key
         return f"{self.prefix}keys:encrypted:{partition_tag(index, self.partitions)}"
@@ -237,10 +224,9 @@ class Keys:
         return f"{self.prefix}lock:erasure"
 
     def data_key(self, ref: bytes, namespace: str | None = None) -> str:
-        """Hash {k: key id, w: the data key wrapped by the master key, t: creation time, ms} of the key
-        reference `ref` (an HMAC of (namespace, user), shared.crypto): deleting it shreds the user.
-        With P > 1 it carries the tag of `namespace`'s partition, so that the sealed publish script
-        checks it in the slot of the stream it XADDs to (`<prefix>dek:{p3.17}:<ref hex>`)."""
+        """Hash {k: key id, w: the wrapped data key, t: creation ms} of the key reference `ref` (an HMAC
+        of (namespace, user), shared.crypto): deleting it shreds the user. With P > 1 it carries the tag of
+        `namespace`'s partition (`<prefix>dek:{p3.17}:<ref hex>`); ValueError without `namespace` then."""
         if self.partitions == 1:
             return f"{self.data_key_prefix}{ref.hex()}"
         if namespace is None:
@@ -295,8 +281,8 @@ class Keys:
         return self.episode_stream_ids_of(gen, f"{ns_tag(namespace)}:{digest(namespace, episode_id)}")
 
     def episode_stream_ids_of(self, gen: int, episode_tail: str) -> str:
-        """`episode_stream_ids` of an episode known by the tail of its `episode_events` key only (what
-        follows `evs:`, `<namespace tag>:<digest>`): a scan of the event hashes finds no ids (replay)."""
+        """`episode_stream_ids` of an episode known by the tail of its `episode_events` key
+        (`<namespace tag>:<digest>`, what follows `evs:`)."""
         return f"{self.gen_prefix(gen)}sids:{episode_tail}"
 
     def fact_doc_prefix(self, gen: int) -> str:

@@ -1,16 +1,10 @@
 """Logging of every Engram process, set up once in its entry point: `configure(env)`.
 
 `ENGRAM_LOG_LEVEL` (default INFO) and `ENGRAM_LOG_FORMAT`: `text` (default) writes
-`2026-12-01 16:07:29,238 INFO engram.query message`, `json` one JSON object per line for log pipelines::
-
-    {"time": "2026-12-01T16:07:29.238626+00:00", "level": "INFO", "logger": "aiohttp.access",
-     "message": "127.0.0.1 \\"GET /v1/episodes/{episode_id}\\" 200 812 3.1ms", "route": "/v1/episodes/{episode_id}", ...}
-
-`time` is UTC ISO 8601 with its offset; `extra={...}` fields of a record become keys of their own; a
-traceback is `exc_info` (text). Both formats go through `RedactCredentials` on the handler, so no
-`Authorization` value or Bearer/Basic credential reaches a log line, whichever logger wrote it; the
-JSON formatter redacts string extras too. Values are read leniently here: `Settings.from_env`, called
-next by every entry point, refuses a bad one by name.
+`2026-12-01 16:07:29,238 INFO engram.query message`, `json` one JSON object per line (`time` UTC ISO
+8601, `level`, `logger`, `message`, then the record's `extra` fields). Both go through
+`RedactCredentials`, so no `Authorization` value or Bearer/Basic credential reaches a log line. Values
+are read leniently here: `Settings.from_env`, called next by every entry point, refuses a bad one.
 """
 
 from __future__ import annotations

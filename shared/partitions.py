@@ -1,23 +1,13 @@
-"""What a deployment was started with, recorded once and checked at start: its key layout and its
-number of stream partitions.
+"""What a deployment was started with, recorded once in its meta hash by the first process and
+checked by every later one: its key layout, whether it seals its stream, its number of partitions.
 
-**Layout.** `LAYOUT` names the key layout this build writes and reads (`shared.keys`, the TAG digests of
-`shared.tags`, the `tiebreak` field of `shared.ties`). The first process to start on a prefix — a
-worker, the query service, a replay or a stream SDK publisher — records it in the meta hash
-(`layout`) when it creates the meta hash. A meta hash without that record (every process of an older
-Engram wrote there: its index generation, embedder, P) or with another layout was written by another
-Engram and is refused with the way out (its data is not read under names it was not written with).
-Entries in the stream alone do not count: a publisher without the SDK may write them first.
-
-**Encryption.** Whether the deployment seals its stream (a master key) is recorded with the layout
-(`sealed`): a deployment started without one holds plaintext entries, and a process with a master key
-is refused there rather than mix sealed entries into a log that keeps the plaintext ones.
-
-**Partitions.** The partition of a namespace is its digest modulo P (`shared.keys.partition_of`):
-another P sends a namespace's new events to another stream than its older ones, and a worker would fold
-them out of order (an action before its start is fine, a forget before the user's episodes is not). So
-P is recorded in the meta hash (`stream_partitions`) by the first process to start, and every later one
-must agree. How to change P: docs/scaling.md, Ingest partitions.
+**Layout** (`LAYOUT`: the keys of `shared.keys`, the TAG digests of `shared.tags`, `shared.ties`'s
+`tiebreak`): a meta hash without it, or with another, was written by another Engram and is refused
+with the way out. Stream entries alone do not count: a publisher without the SDK may write them first.
+**Encryption** (`sealed`): a process with a master key is refused on a plaintext deployment rather
+than mix sealed entries into a log that keeps plaintext ones.
+**Partitions** (`stream_partitions`, P): a namespace's partition is its digest modulo P, so another P
+would fold a namespace's new events apart from its older ones. How to change P: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -59,11 +49,9 @@ async def recorded(redis: aioredis.Redis, keys: Keys) -> int | None:
 
 
 async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, explicit: bool = True) -> None:
-    """Record `LAYOUT`, `sealed` (the process has a master key) and `keys.partitions` for the deployment
-    where nothing is recorded, else require the recorded values. `explicit` says whether P was set
-    (ENGRAM_STREAM_PARTITIONS, or the SDK's `partitions=`) or is the topology's default. Raises
-    ConfigError when the deployment was written by another Engram layout (saying what to do), was
-    started without a master key and `sealed`, or has another P (naming the variable)."""
+    """Record `LAYOUT`, `sealed` (a master key) and `keys.partitions` where nothing is recorded, else
+    require them (`explicit`: P was set, not the topology's default). ConfigError, saying what to do,
+    for another layout, a master key on a plaintext deployment, or another P."""
     proposed = keys.partitions
     layout, raw, recorded_sealed = await redis.register_script(START_LUA)(
         keys=[keys.meta], args=[FIELD, proposed, LAYOUT, int(sealed)]
@@ -96,11 +84,9 @@ async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, e
 
 
 async def deployment_keys(redis: aioredis.Redis, keys: Keys, *, explicit: bool = False) -> Keys:
-    """`keys` with the deployment's recorded number of partitions (`keys` as given before any process
-    recorded one): for one-off commands (dead letters, redrive, erase-now, key rotation), which act on
-    the deployment as it is rather than check a configuration. With `explicit` (ENGRAM_STREAM_PARTITIONS
-    was set) another recorded value raises ConfigError naming the variable: the operator said something
-    about the deployment that is not so, and a redrive under it would be a guess."""
+    """`keys` with the deployment's recorded number of partitions (as given before any was recorded),
+    for one-off commands that act on the deployment as it is. With `explicit` (ENGRAM_STREAM_PARTITIONS
+    set) another recorded value raises ConfigError naming the variable."""
     have = await recorded(redis, keys)
     if explicit and have is not None and have != keys.partitions:
         raise ConfigError(

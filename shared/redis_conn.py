@@ -1,14 +1,10 @@
 """The only place that makes Redis connections.
 
-Transport faults (connection refused/reset, timeouts) are retried by redis-py itself with exponential
-backoff, so callers see an error only after the retries are spent. RESP2 is pinned because the
-RediSearch reply parsing in `shared.index` expects its flat arrays.
+Transport faults are retried by redis-py with exponential backoff. RESP2 is pinned: the RediSearch
+reply parsing in `shared.index` expects its flat arrays.
 
-Commands are packed by hiredis (`hiredis.pack_command`, C) instead of redis-py's asyncio connection,
-which packs in Python: the consolidator's projection writes ~60 arguments per episode, and packing them
-was a fifth of its CPU (bench/perf.py). redis-py's synchronous client does the same
-(`redis.connection.HiredisRespSerializer`); the asyncio one has no such switch yet, so it is plugged in
-here through redis-py's own extension point, the pool's `connection_class`.
+Commands are packed by hiredis (redis-py's `HiredisRespSerializer`, as its sync client does) through
+the pool's `connection_class`: packing in Python was a fifth of the consolidator's CPU (bench/perf.py).
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ _HIREDIS = HiredisRespSerializer()
 
 
 class _HiredisPacking:
-    """Mixin for redis-py asyncio connections: pack with redis-py's own `HiredisRespSerializer`, as its
-    sync client does. Arguments whose encoding could differ from redis-py's `Encoder` (bools, which
-    redis-py refuses; float subclasses such as numpy's; anything not bytes/str/int/float) take
-    redis-py's Python packer unchanged.
-    """
+    """Mixin for redis-py asyncio connections packing with hiredis. Arguments whose encoding could
+    differ from redis-py's `Encoder` (bools, float subclasses such as numpy's, anything not
+    bytes/str/int/float) take redis-py's Python packer."""
 
     def pack_command(self, *args):
         if all(type(arg) in _PLAIN for arg in args):
@@ -72,8 +66,16 @@ def check_url(url: str) -> str:
     return scheme
 
 
-def is_cluster_url(url: str) -> bool:
-    return urlsplit(url).scheme in CLUSTER_SCHEMES
+def _options(retries: int, socket_timeout: float | None) -> dict:
+    """What every client gets: bytes replies, RESP2, transport errors retried with backoff."""
+    return {
+        "protocol": 2,
+        "decode_responses": False,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": 5.0,
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+        "retry_on_error": [ConnectionError, TimeoutError, BusyLoadingError],
+    }
 
 
 def connect(
@@ -99,15 +101,10 @@ def connect(
     # types-redis 4.6 (stale stubs, where installed) has neither protocol= nor connection_class=
     return aioredis.Redis.from_url(  # type: ignore[call-overload, unused-ignore]
         url,
-        protocol=2,
-        decode_responses=False,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=5.0,
         health_check_interval=15,
         max_connections=max_connections,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-        retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError],
         connection_class=_CLASSES[scheme],
+        **_options(retries, socket_timeout),
     )
 
 
@@ -150,11 +147,5 @@ def connect_cluster(url: str, *, retries: int = 3, socket_timeout: float | None 
             f"a cluster URL starts with redis+cluster:// or rediss+cluster://, not {parts.scheme!r}://"
         )
     return EngramCluster.from_url(  # type: ignore[return-value]  # from_url is typed as the base class
-        parts._replace(scheme=base).geturl(),
-        protocol=2,
-        decode_responses=False,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=5.0,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-        retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError],
+        parts._replace(scheme=base).geturl(), **_options(retries, socket_timeout)
     )

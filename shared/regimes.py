@@ -1,34 +1,17 @@
 """Regimes: where time-ordered outcomes change, decided by the episodes alone (pure, no I/O).
 
-Facts (`services.consolidator.facts_plan`) and the strategy advice of `/v1/strategy` and `/v1/suggest`
-(`services.query.insights`) both need to know when what used to work stopped working. Two adjacent
-runs of time-ordered episodes, `older` then `newer`, are a *flip* when
+Facts (`services.consolidator.facts_plan`) and the advice of `/v1/strategy` and `/v1/suggest` need to
+know when what used to work stopped working. Two adjacent runs of time-ordered episodes, `older` then
+`newer`, are a *flip* when their **outcomes**, or **one strategy's** outcomes, flip: each run holds at
+least `min_size` episodes (of that strategy), their success rates lie on either side of 50% and differ
+by at least 0.5, and a one-sided Fisher exact test of the two runs' success counts gives p <= ALPHA
+(0.05: 3 of 3 then 0 of 3 is p = 0.05; 2 of 3 then 0 of 3, p = 0.2, is bad luck). One strategy's flip
+counts while the overall rate hardly moves because another strategy took over.
 
-- their **outcomes** flip: each run has at least `min_size` episodes, their success rates lie on either
-  side of 50% (one >= 0.5, the other < 0.5) and differ by at least 0.5; or
-- **one strategy's** outcomes flip: the same for the episodes of that strategy (each run holds at least
-  `min_size` of them) — the strategy that used to work now fails, or the reverse, while the overall
-  rate may hardly move because another strategy took over (week 1: X succeeds 5 times; week 2: X fails
-  5 times and Y succeeds 5 times: 100% then 50% overall, no outcome flip, but X went from 5/5 to 0/5);
-
-and in both cases the difference is unlikely by chance: a one-sided Fisher exact test of the two runs'
-success counts gives p <= ALPHA (0.05). 2 of 3 then 0 of 3 is p = 0.2, a run of bad luck; 3 of 3 then
-0 of 3 is p = 0.05; 5 of 5 then 0 of 5 is p = 0.004.
-
-`segments` cuts a sequence into regimes so that every two adjacent regimes are a flip:
-
-1. candidates, by binary segmentation: cut where the outcomes, or one strategy's outcomes, differ most
-   significantly (lowest p <= ALPHA, then largest difference, then earliest: the newer part starts
-   right after the last episode of the older one), each part at least `min_size` (of that strategy),
-   and cut both parts again, until no significant cut is left;
-2. merging: while two adjacent candidates are not a flip, merge the pair with the weakest evidence
-   (highest p, then smallest difference, then the oldest) — a change from 90% to 60% is a real change
-   but not one that makes the older advice wrong.
-
-So works -> fails -> works again gives three regimes, and every regime has at least `min_size`
-episodes. The result depends only on the sequence, never on when anyone looked at it: the same episodes
-give the same regimes however they were consolidated before. Vectorised with prefix sums (O(n) per
-strategy with at least 2 * min_size episodes, per cut).
+`segments` cuts a sequence into regimes, every two adjacent ones a flip: binary segmentation proposes
+cuts (lowest p, then largest difference, then earliest), then adjacent candidates that are no flip are
+merged, weakest evidence first. The result depends only on the sequence. Prefix sums make it O(n) per
+strategy per cut.
 """
 
 from __future__ import annotations
@@ -43,20 +26,14 @@ ALPHA = 0.05
 """...and the difference must be unlikely by chance: one-sided Fisher exact test, p <= ALPHA."""
 SCAN_ALPHA = 0.1
 """A candidate cut is the best of many splits tried, so it must stay significant once corrected for them
-(Bonferroni), or a long run of 50% outcomes would be cut wherever luck ran out for a while: SCAN_ALPHA
-is shared equally by the selections tried (all rows, each strategy's rows) and each selection's share
-by its split positions, so a cut in a selection of m rows needs p x (m - 2 min_size + 1) x selections
-<= SCAN_ALPHA. Summing the positions of every selection instead charged one strategy's short history
-for the many positions of the whole sequence: 6 of 6 then 0 of 3 of one tool (p = 0.012, 4 positions)
-went unseen beside 12 rows of two tools (11 positions in all)."""
+(Bonferroni): a cut in a selection (all rows, or one strategy's) of m rows needs
+p x (m - 2 min_size + 1) x selections <= SCAN_ALPHA, each selection charged only its own positions."""
 _EPS = 1e-12
 
 
 def approach(strategy: str | None, action_types: Iterable[str | None]) -> str | None:
-    """What an episode's agent did, the "strategy" whose flips are regimes: its `strategy_used`, else the
-    distinct tools it called (its `actions[].action_type` in order, first use first, joined by " + ");
-    None without either. An agent that records no strategy still switches tools (`pip` to `uv`), and
-    that is the change."""
+    """The "strategy" whose flips are regimes: `strategy_used`, else the distinct tools called (action
+    types by first use, joined by " + "; an agent switching `pip` to `uv` changed strategy); or None."""
     if strategy:
         return strategy
     return " + ".join(dict.fromkeys(t for t in action_types if t)) or None
@@ -118,10 +95,8 @@ def _members(strategies: Sequence[Hashable | None] | None, n: int, min_size: int
 def best_split(
     success: Sequence[bool], strategies: Sequence[Hashable | None] | None, min_size: int
 ) -> int | None:
-    """The candidate cut (older = [:i]) of step 1: the most significant difference of the outcomes or of
-    one strategy's outcomes, Bonferroni-corrected for the splits tried (SCAN_ALPHA: p x the selection's
-    positions x the selections <= SCAN_ALPHA), the largest difference then the earliest on ties; None if
-    no cut is significant."""
+    """The candidate cut (older = [:i]): the most significant difference of the outcomes or of one
+    strategy's (corrected, SCAN_ALPHA), then the largest, then the earliest; None if none is."""
     n = len(success)
     if min_size < 1 or n < 2 * min_size:
         return None

@@ -1,10 +1,6 @@
-"""Waiting out transient Redis faults: one backoff policy for every loop that retries.
-
-redis-py already retries each command's transport errors (`shared.redis_conn`); these loops are the
-ones above it: a process starting while Redis is down or loading, a worker lane that keeps consuming
-through an outage, the SDK's publish deadline. They all take their delays from redis-py's own backoff
-classes (`redis.backoff`), so the policy is written once.
-"""
+"""Waiting out transient Redis faults: one backoff policy (redis-py's `redis.backoff`) for every loop
+that retries above redis-py's own per-command retries: a process starting while Redis is down, a
+worker lane consuming through an outage, the SDK's publish deadline."""
 
 from __future__ import annotations
 
@@ -25,16 +21,10 @@ REDIS_FAULTS: tuple[type[Exception], ...] = (
     redis_errors.TryAgainError,
     redis_errors.SlotNotCoveredError,
 )
-"""Redis faults that pass: Redis down, restarting, loading its AOF (BusyLoadingError is a
-ConnectionError); on a Redis Cluster, a primary down or failing over. redis-py 8.1 raises
-`ClusterDownError` ("The cluster is down": a node's cluster state is `fail` while a primary is
-unreachable, `cluster-require-full-coverage yes`) and its subclass `MasterDownError`, `TryAgainError`
-(a multi-key command during a resharding), `SlotNotCoveredError` (no node in the slot map covers the
-slot) and `ClusterError("TTL exhausted.")` after its redirect and retry budget; it already retries
-each of them a few times (`RedisCluster.cluster_error_retry_attempts`) before they reach us. Measured
-on a 3-primary cluster: with one primary SIGSTOPped, a recall for a namespace on another
-primary raised ClusterDownError. Neither a MovedError nor an AskError is here: redis-py follows them,
-and one that reaches a caller (a cluster addressed as one Redis) is a configuration error."""
+"""Redis faults that pass: Redis down, restarting, loading (BusyLoadingError is a
+ConnectionError); on a cluster a primary down or failing over (ClusterDownError, MasterDownError,
+TryAgainError, SlotNotCoveredError, ClusterError "TTL exhausted."), each already retried by redis-py.
+Not MovedError or AskError: one that reaches a caller means a cluster addressed as one Redis."""
 
 TRANSIENT: tuple[type[Exception], ...] = (*REDIS_FAULTS, OSError)
 """Faults a retrying loop waits out: `REDIS_FAULTS` and the OS's socket errors."""

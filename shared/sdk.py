@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -44,14 +44,12 @@ from engram_episodic.validation import Collector, check_id
 from shared import streams
 from shared.codec import encode
 from shared.keyring import KeyRing, shared_ring
-from shared.keys import MAX_PARTITIONS, Keys
+from shared.keys import CLUSTER_PARTITIONS, MAX_PARTITIONS, Keys
 from shared.partitions import check_partitions, recorded
 from shared.redis_conn import connect
 from shared.retry import TRANSIENT, Backoff
 
 _EVENT_CLASSES = frozenset(EVENT_TYPES.values())
-CLUSTER_PARTITIONS = 16
-"""As `shared.settings.CLUSTER_PARTITIONS` (the SDK reads no environment, so no Settings)."""
 _CHECKED: set[tuple[int, Keys]] = set()
 """(id of a Redis client, keys) whose given number of partitions this process checked against the
 deployment's record (the query service makes a publisher per request)."""
@@ -86,9 +84,7 @@ class EngramClient:
         errs.raise_if_any()
         self.redis = redis
         self.namespace = namespace
-        # the stream partitions (shared.keys): given, or read from the deployment at the first publish
-        # (`_resolve_partitions`); Keys(prefix) until then
-        self._partitions = partitions
+        self._partitions = partitions  # else read at the first publish (`_resolve_partitions`)
         self.keys = Keys(prefix, partitions or 1)
         self._master_key = master_key
         self._resolved = False
@@ -98,7 +94,6 @@ class EngramClient:
         self.max_lag = max_lag
         self.wait_on_backpressure = wait_on_backpressure
         self.consumer_group = consumer_group
-        # with a master key, events are sealed per user (shared.keyring): destroying a user's key shreds them
         self._ring: KeyRing | None = None  # with a master key, after `_resolve_partitions`
         self._lag_checked_at = -1e9
         self._lag = 0
@@ -156,16 +151,13 @@ class EngramClient:
             delay = backoff.next()
 
     async def publish(self, events: Iterable[Event]) -> list[str]:
-        """XADD `events` atomically (all or none); returns their stream ids. Events of several
-        namespaces may go to several stream partitions (`shared.keys`): then each partition's share is
-        atomic, not the whole call (a client's own events, of its one namespace, are one share).
+        """XADD `events` atomically (all or none) per stream partition (a client's own events, of
+        one namespace, are one); returns their stream ids.
 
-        InvalidEpisode names any item that is not an event (nothing is published then). Raises
-        PublishError after `retries` failed attempts or `publish_timeout` seconds, and its
-        subclass Backpressure when the consolidator lags more than `max_lag` entries for that long
-        (immediately when `wait_on_backpressure` is False; nothing is published then). When an
-        attempt timed out waiting for Redis's reply, the events may have been stored all the same
-        (`PublishError.maybe_stored`, and the message says so): retry with the same events.
+        InvalidEpisode names any item that is not an event. PublishError after `retries` failed attempts or
+        `publish_timeout` seconds; its subclass Backpressure while the consolidator lags more than `max_lag`
+        (at once without `wait_on_backpressure`). An attempt that timed out may have stored the events
+        (`PublishError.maybe_stored`): retry with the same events.
         """
         if (
             type(events) in _EVENT_CLASSES
@@ -208,9 +200,7 @@ class EngramClient:
             except TRANSIENT as exc:  # before ResponseError: ClusterDownError and TryAgainError are ones
                 last = exc
             except redis_errors.ResponseError as exc:  # e.g. OOM, MISCONF: Redis refused the write
-                if streams.is_encrypted_refusal(
-                    exc
-                ):  # plaintext into an encrypted log would escape shredding
+                if streams.is_encrypted_refusal(exc):  # plaintext there would escape shredding
                     raise ConfigError(
                         f"this deployment (prefix {self.keys.prefix!r}) encrypts its stream: nothing was published; "
                         f"give the client its master key (master_key=, or ENGRAM_MASTER_KEY / "
@@ -222,8 +212,7 @@ class EngramClient:
                 break
             await asyncio.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
         why = f"{type(last).__name__}: {last}" if last else "the deadline passed before an attempt"
-        # the deadline can pass while the checks before the first attempt wait for Redis (a cluster
-        # that is down retries inside redis-py for seconds): "after 0 attempt(s)" said nothing true
+        # the checks before the first attempt can outlast the deadline (a cluster that is down)
         tried = (
             f" after {attempt} attempt(s)"
             if attempt
@@ -241,10 +230,9 @@ class EngramClient:
         ) from last
 
     async def _resolve_partitions(self) -> None:
-        """Name the keys with the deployment's number of stream partitions, once per client: `partitions=`
-        checked against the recorded one (once per process and Redis client), or the recorded one
-        adopted, or (nothing recorded) the topology's default recorded (1 on a single Redis, 16 on a
-        cluster). ConfigError on a disagreement (`shared.partitions.check_partitions`)."""
+        """Name the keys with the deployment's number of stream partitions, once per client:
+        `partitions=` checked against the record, or the record adopted, or the topology's default recorded.
+        ConfigError on a disagreement (`shared.partitions.check_partitions`)."""
         if self._resolved:
             return
         explicit = self._partitions is not None
@@ -269,8 +257,7 @@ class EngramClient:
             self._ring = shared_ring(self.keys, self._master_key)
 
     async def _store(self, events: list[Event], payloads: list[bytes]) -> list:
-        """Publish, one script call per partition the events go to (one, unless `publish` was given
-        events of several namespaces: atomic per partition then); stream ids in the events' order."""
+        """Publish, one script call per partition the events go to; stream ids in the events' order."""
         await self._resolve_partitions()  # when the first attempt's could not reach Redis
         by_partition: dict[int, list[int]] = {}
         for i, event in enumerate(events):
@@ -292,12 +279,9 @@ class EngramClient:
         return ids
 
     async def record(self, episode: Episode | Mapping[str, Any]) -> str:
-        """Publish a finished episode as one `EpisodeCompleted`; returns its `episode_id`.
-
-        `episode` is an Episode or a JSON-shaped dict, made ready by `engram_episodic.drafts.finished_episode`
-        (validated, InvalidEpisode naming bad fields; a missing `episode_id` generated; `completed_at`
-        defaults to now), the same preparation as the HTTP client's.
-        """
+        """Publish a finished episode (an Episode or JSON-shaped dict, prepared by
+        `engram_episodic.drafts.finished_episode`: InvalidEpisode naming bad fields) as one
+        `EpisodeCompleted`; returns its `episode_id`."""
         episode = finished_episode(episode)
         event = EpisodeCompleted(
             namespace=self.namespace, episode_id=episode.episode_id, occurred_at=time.time(), episode=episode
@@ -330,11 +314,8 @@ class EngramClient:
 
 
 class EpisodeRecorder:
-    """An open episode. Use as `async with client.episode(...) as ep:`; see the module docstring.
-
-    The episode itself is an `engram_episodic.drafts.EpisodeDraft` (shared with the HTTP client); this
-    class publishes its start, each action as it happens, and its completion.
-    """
+    """An open episode (`async with client.episode(...) as ep:`): publishes the start, each action
+    and the completion of its `engram_episodic.drafts.EpisodeDraft`."""
 
     def __init__(self, client: EngramClient, draft: EpisodeDraft):
         self.client = client
@@ -358,17 +339,14 @@ class EpisodeRecorder:
         return self.draft.completed
 
     async def __aenter__(self) -> EpisodeRecorder:
-        await self.client.publish(
-            [
-                EpisodeStarted(
-                    namespace=self.client.namespace,
-                    episode_id=self.episode_id,
-                    occurred_at=time.time(),
-                    episode=self.start,
-                )
-            ]
-        )
+        await self._publish(EpisodeStarted, episode=self.start)
         return self
+
+    async def _publish(self, cls: Callable[..., Event], **fields: Any) -> None:
+        event = cls(
+            namespace=self.client.namespace, episode_id=self.episode_id, occurred_at=time.time(), **fields
+        )
+        await self.client.publish([event])
 
     async def action(
         self,
@@ -388,18 +366,7 @@ class EpisodeRecorder:
         )
         try:
             # draft.action always sets action_id (a fresh event id); Action types it optional
-            event_id = cast(str, act.action_id)
-            await self.client.publish(
-                [
-                    ActionRecorded(
-                        event_id=event_id,
-                        namespace=self.client.namespace,
-                        episode_id=self.episode_id,
-                        occurred_at=time.time(),
-                        action=act,
-                    )
-                ]
-            )
+            await self._publish(ActionRecorded, event_id=cast(str, act.action_id), action=act)
         except BaseException:
             self.draft.actions.remove(act)
             raise
@@ -408,23 +375,12 @@ class EpisodeRecorder:
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """Publish `EpisodeCompleted` with the final snapshot; returns it (with every action).
 
-        `fields` may set any Episode field (feedback, solution, strategy_used, importance, ...). The
-        event carries the last MAX_ACTIONS actions (one event's limit): each action was already
-        published on its own, and the consolidator merges them by `action_id`, so an episode of more
-        actions than that still completes whole.
+        `fields` may set any Episode field. The event carries the last MAX_ACTIONS actions; the consolidator
+        merges the ones published before by `action_id`, so a longer episode still completes whole.
         """
         snapshot = self.draft.completion(outcome, **fields)
         self._sent = True  # a completion Redis may have stored is never overwritten by the block's exit
-        await self.client.publish(
-            [
-                EpisodeCompleted(
-                    namespace=self.client.namespace,
-                    episode_id=self.episode_id,
-                    occurred_at=time.time(),
-                    episode=snapshot,
-                )
-            ]
-        )
+        await self._publish(EpisodeCompleted, episode=snapshot)
         return self.draft.completed_with(snapshot)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

@@ -1,12 +1,8 @@
 """The only module that issues stream commands (XADD, XREADGROUP, XAUTOCLAIM, XACK, XDEL, ...).
 
-Entries have one field, `e`, holding the codec envelope (msgpack). Dead letters carry the original
-payload `e`, the original stream id `sid`, a human-readable `reason`, the consumer and the time.
-
-Commands on the stream alone (publish, delete, read_range, trim_before, ...) are module functions taking
-(redis, stream); those bound to a consumer group are methods of `StreamGroup(redis, stream, group)`;
-`Partitions(redis, streams, group)` is the same group on every partition of a partitioned stream
-(`shared.keys`, Stream partitions), read one partition at a time.
+Entries have one field, `e`, the codec envelope (msgpack); dead letters add `sid`, `reason`, the
+consumer and the time. Commands on a stream are module functions of (redis, stream); those of a
+consumer group methods of `StreamGroup`; `Partitions` is one group on every partition stream.
 """
 
 from __future__ import annotations
@@ -40,36 +36,25 @@ class Entry:
 
 
 PUBLISH_LUA = f"""#!lua
+if #KEYS > 1 and redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.error_reply('ENCRYPTED the stream is encrypted')
+end
 local ids = {{}}
 for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
 return ids
 """
-"""XADD of every payload in one atomic call. It replaced a MULTI/EXEC pipeline: redis-py reads a
-transaction's reply command by command (a QUEUED per XADD), which was ~60% of the publisher's CPU per
-event. The `#!lua` line (no flags, so no `allow-oom`) makes Redis refuse the whole call when it is out
-of memory, before any XADD, as it refused the whole MULTI."""
-
-
-PUBLISH_PLAIN_LUA = f"""#!lua
-if redis.call('EXISTS', KEYS[2]) == 1 then return redis.error_reply('ENCRYPTED the stream is encrypted') end
-local ids = {{}}
-for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
-return ids
-"""
-"""PUBLISH_LUA, refused (before any XADD) when the key KEYS[2] exists: a plaintext publisher's check that
-the deployment does not encrypt its stream (its deployment secret exists), in the same atomic step."""
+"""XADD of every payload in one atomic call, refused before any XADD when KEYS[2] (if given) exists
+or Redis is out of memory (`#!lua`: no `allow-oom`). One script, not MULTI/EXEC: redis-py reads a
+transaction's reply command by command, ~60% of the publisher's CPU per event."""
 
 
 async def publish(
     r: aioredis.Redis, stream: str, payloads: Sequence[bytes], *, unless_exists: str | None = None
 ) -> list[bytes]:
-    """XADD each payload, all in one script call (atomic: all or none are accepted); returns stream ids.
-
-    With `unless_exists`, nothing is added if that key exists: redis-py's ResponseError starting with
-    `ENCRYPTED` (see `is_encrypted_refusal`). On a cluster that key shares the stream's slot
-    (`Keys.encrypted_marker` of the stream's partition); only the one stream of a cluster deployment
-    with ENGRAM_STREAM_PARTITIONS=1 has it elsewhere, and is checked apart, with the
-    window that leaves (a deployment turning encrypted between the check and the XADD)."""
+    """XADD each payload in one script call (all or none); returns stream ids. With `unless_exists`,
+    nothing is added if that key exists: ResponseError `ENCRYPTED` (`is_encrypted_refusal`). On a
+    cluster, a key outside the stream's slot (one stream, ENGRAM_STREAM_PARTITIONS=1) is checked apart,
+    with the window that leaves."""
     if not payloads:
         return []
     if (
@@ -80,15 +65,12 @@ async def publish(
         if await r.exists(unless_exists):
             raise ResponseError("ENCRYPTED the stream is encrypted")
         unless_exists = None
-    if unless_exists is not None:
-        return list(
-            await r.register_script(PUBLISH_PLAIN_LUA)(keys=[stream, unless_exists], args=list(payloads))
-        )
-    return list(await r.register_script(PUBLISH_LUA)(keys=[stream], args=list(payloads)))
+    keys = [stream] if unless_exists is None else [stream, unless_exists]
+    return list(await r.register_script(PUBLISH_LUA)(keys=keys, args=list(payloads)))
 
 
 def is_encrypted_refusal(exc: Exception) -> bool:
-    """Whether `exc` is PUBLISH_PLAIN_LUA's refusal."""
+    """Whether `exc` is PUBLISH_LUA's refusal of `unless_exists`."""
     return str(exc).startswith("ENCRYPTED")
 
 
@@ -112,12 +94,10 @@ local out = {{1}}
 for i = 3 + 2 * m, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
 return out
 """
-"""PUBLISH_LUA for sealed entries: the XADDs happen only if every data key the payloads were sealed with
-is the one stored (same key id) — a key that does not exist yet is created from the wrapped proposal the
-publisher sent (first publisher wins, atomically with its events) — and the call's `destroy` keys are
-deleted in the same step (a UserForgotten shreds its user as it enters the stream). A destroyed key is
-never re-created from a publisher's memory: only a fresh proposal creates a key. Returns {1, ids...},
-or {0, j, stored wrapped key or nil} for the first key check j that failed (nothing was written)."""
+"""PUBLISH_LUA for sealed entries: XADD only if every data key sealed with is the one stored (same key
+id); a missing key is created from the publisher's wrapped proposal (first wins), never re-created from
+memory once destroyed; the `destroy` keys are deleted in the same step. Returns {1, ids...}, or
+{0, j, stored wrapped key or nil} for the first failed check j (nothing written)."""
 
 
 async def publish_sealed(
@@ -199,10 +179,8 @@ async def requeue(
     payload: bytes,
     original_id: bytes | str | None = None,
 ) -> bytes:
-    """Re-publish a dead letter's payload to `stream` and remove it from `dead_stream` and, when given,
-    its original entry from `stream` (so the data is not held twice): atomically on a single Redis; on a
-    cluster (two slots, no transaction) in that order, so a failure between the steps leaves a copy too
-    many (a redrive again re-publishes the same event_id: harmless), never none."""
+    """Re-publish a dead letter's payload to `stream`, removing it from `dead_stream` and its original
+    entry from `stream`: in one MULTI; on a cluster in that order (a failure leaves a copy too many)."""
     if isinstance(r, RedisCluster):
         new_id = await r.xadd(stream, {FIELD: payload})
         if original_id:
@@ -218,7 +196,8 @@ async def requeue(
     return res[0]
 
 
-def _stream_id(value: bytes | str | None) -> tuple[int, int]:
+def id_tuple(value: bytes | str | None) -> tuple[int, int]:
+    """A stream id as (ms, seq), comparable; None is 0-0."""
     text = value.decode() if isinstance(value, bytes) else str(value or "0-0")
     ms, _, seq = text.partition("-")
     return int(ms or 0), int(seq or 0)
@@ -243,23 +222,18 @@ def _name(value: bytes | str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class StreamGroup:
-    """The consumer group `group` on `stream`: every command bound to a group (XGROUP, XREADGROUP,
-    XAUTOCLAIM, XCLAIM, XACK, XPENDING, XINFO GROUPS/CONSUMERS) goes through one of these.
-
-    Cheap to build (it holds no connection of its own: `redis` is the caller's client), so a caller may
-    keep one or make one per call. Methods that act for a consumer take its name first. Unless a method
-    says otherwise, redis-py's errors propagate: ResponseError `NOGROUP` when the stream or the group
-    does not exist (the worker re-creates them, `ensure`), ConnectionError/TimeoutError on transport faults.
-    """
+    """The consumer group `group` on `stream`: every command bound to a group goes through one of these
+    (cheap: `redis` is the caller's client). Methods acting for a consumer take its name first. Unless
+    said otherwise redis-py's errors propagate: ResponseError `NOGROUP` when the stream or the group is
+    missing (`ensure` re-creates them), ConnectionError/TimeoutError on transport faults."""
 
     redis: aioredis.Redis
     stream: str
     group: str
 
     async def ensure(self, start: str = "0") -> None:
-        """Create the group (and the stream) if missing, reading from id `start` ("0": the whole stream,
-        "$": only new entries); an existing group is left alone. Raises ResponseError other than
-        BUSYGROUP (e.g. WRONGTYPE when the key is not a stream)."""
+        """Create the group (and the stream) if missing, reading from id `start` ("0": all, "$": new);
+        ResponseError other than BUSYGROUP (e.g. WRONGTYPE)."""
         try:
             await self.redis.xgroup_create(self.stream, self.group, id=start, mkstream=True)
         except ResponseError as exc:
@@ -268,20 +242,20 @@ class StreamGroup:
 
     async def read_new(self, consumer: str, *, count: int, block_ms: int | None) -> list[Entry]:
         """XREADGROUP `>` for `consumer`: up to `count` entries never delivered to the group, waiting at
-        most `block_ms` milliseconds when there is none (None: not at all; 0 would wait forever). []
-        when `count` <= 0 (no command sent)."""
-        if count <= 0:
+        most `block_ms` ms when there is none (None: not at all; 0 would wait forever)."""
+        return await self._read(consumer, ">", count, block_ms)
+
+    async def _read(self, consumer: str, start: bytes | str, count: int, block_ms: int | None) -> list[Entry]:
+        if count <= 0:  # no command sent
             return []
         # RESP2 (pinned by shared.redis_conn): [[stream, entries]]; redis-py annotates the RESP3 dict
         res = cast(
             list[Any],
             await self.redis.xreadgroup(
-                self.group, consumer, {self.stream: ">"}, count=count, block=block_ms
+                self.group, consumer, {self.stream: start}, count=count, block=block_ms
             ),
         )
-        if not res:
-            return []
-        return _entries(res[0][1], self.stream)
+        return _entries(res[0][1], self.stream) if res else []
 
     async def own_pending_ids(self, consumer: str, *, count: int) -> list[bytes]:
         """The ids of up to `count` entries delivered to `consumer` and not acked, oldest first (XPENDING
@@ -292,28 +266,15 @@ class StreamGroup:
         return [cast(bytes, row["message_id"]) for row in rows]
 
     async def read_own_pending(self, consumer: str, *, count: int, after: bytes | str = b"0") -> list[Entry]:
-        """XREADGROUP from `after` (a stream id; "0": the start) for `consumer`: up to `count` entries
-        delivered to it and not acked (its own pending entries, e.g. a crashed predecessor's under the
-        same name), without waiting. Entries deleted from the stream meanwhile come back without a
-        payload (`Entry.payload` None)."""
-        if count <= 0:
-            return []
-        res = cast(
-            list[Any], await self.redis.xreadgroup(self.group, consumer, {self.stream: after}, count=count)
-        )
-        if not res:
-            return []
-        return _entries(res[0][1], self.stream)
+        """Up to `count` entries delivered to `consumer` and not acked, with ids after `after` ("0": all),
+        without waiting; one deleted meanwhile comes back with `payload` None."""
+        return await self._read(consumer, after, count, None)
 
     async def reclaim(
         self, consumer: str, *, min_idle_ms: int, count: int
     ) -> tuple[list[Entry], list[bytes]]:
-        """XAUTOCLAIM for `consumer` up to `count` pending entries idle longer than `min_idle_ms`
-        milliseconds, whichever consumer held them (each claim counts a delivery).
-
-        Returns (claimed entries, ids of entries that were deleted from the stream while pending).
-        ([], []) when `count` <= 0 (no command sent).
-        """
+        """XAUTOCLAIM for `consumer` up to `count` pending entries idle longer than `min_idle_ms` ms,
+        whoever held them (a delivery each): (claimed entries, ids deleted while pending)."""
         if count <= 0:
             return [], []
         res = await self.redis.xautoclaim(
@@ -324,10 +285,8 @@ class StreamGroup:
         return claimed, deleted
 
     async def renew(self, consumer: str, ids: Sequence[bytes], *, min_idle_ms: int) -> int:
-        """Renew `consumer`'s lease on pending `ids`: `XCLAIM ... JUSTID` resets their idle time without
-        counting a delivery. Only entries idle at least `min_idle_ms` milliseconds are touched, so one
-        that another consumer reclaimed a moment ago stays with it. Returns how many were renewed (0 for
-        no ids)."""
+        """Reset the idle time of `consumer`'s pending `ids` idle at least `min_idle_ms` ms (`XCLAIM
+        JUSTID`: no delivery counted; one reclaimed by another consumer meanwhile stays its); the count."""
         if not ids:
             return 0
         return len(
@@ -358,12 +317,9 @@ class StreamGroup:
         return int(await self.redis.xack(self.stream, self.group, *ids))
 
     async def dead_letter(self, dead_stream: str, entry: Entry, reason: str, consumer: str) -> bytes:
-        """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch
-        seconds), delivery count and source stream (`src`: its partition, where a redrive puts it back),
-        and XACK the original: atomically (MULTI/EXEC) on a single Redis; on a cluster, where the two
-        streams are in different slots (a transaction there is CrossSlotTransactionError), the copy
-        first and then the ack, so a failure between them leaves the entry pending, to be dead-lettered
-        again (a duplicate dead letter, never a lost entry). Returns the dead letter's id."""
+        """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch s),
+        delivery count and source partition (`src`), and XACK the original: in one MULTI; on a cluster
+        (two slots) copy then ack, so a failure between leaves a duplicate, never a loss. Its dead id."""
         fields: dict[FieldT, EncodableT] = {
             b"e": entry.payload or b"",
             b"sid": entry.stream_id,
@@ -384,11 +340,9 @@ class StreamGroup:
         return res[0]
 
     async def settled(self) -> str | None:
-        """The stream's last entry id when this group has been delivered every entry and has acked them
-        all (its consumers wrote what they make of each before acking): a version of what they built
-        from the stream, unchanged until the next publish. None while an entry waits or is pending, or
-        no consumer made the group yet; "0-0" when the stream does not exist (nothing was published).
-        One round trip."""
+        """The stream's last entry id once this group was delivered and acked every entry (a version of
+        what its consumers built, unchanged until the next publish); None while an entry waits or is
+        pending or the group does not exist; "0-0" for no stream. One round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xinfo_stream(self.stream)
             pipe.xinfo_groups(self.stream)
@@ -400,8 +354,8 @@ class StreamGroup:
         row = next((g for g in rows if _name(g.get("name")) == self.group), None)
         if row is None:  # entries nobody has read yet
             return None
-        last = _stream_id(stream.get("last-generated-id"))
-        if int(row.get("pending") or 0) or _stream_id(row.get("last-delivered-id")) < last:
+        last = id_tuple(stream.get("last-generated-id"))
+        if int(row.get("pending") or 0) or id_tuple(row.get("last-delivered-id")) < last:
             return None
         return f"{last[0]}-{last[1]}"
 
@@ -426,21 +380,16 @@ class StreamGroup:
         }
 
     async def lag(self) -> int:
-        """Entries published but not yet delivered to the group, a count (0 when the stream or group is
-        missing).
-
-        XINFO GROUPS reports `lag` directly, but answers nil after some deletions (forgetting XDELs
-        entries); then the lag is estimated as `entries-added - entries-read` from XINFO STREAM.
-        """
+        """Entries published but not yet delivered to the group (0 when the stream or group is missing):
+        XINFO GROUPS's `lag`, or `entries-added - entries-read` when deletions made it nil."""
         g = await self._row()
         if g is None:
             return 0
         info = await self.redis.execute_command("XINFO", "STREAM", self.stream)
         fields = dict(zip(info[::2], info[1::2], strict=False))
-        # entries deleted before the group read them stay counted in entries-added, so Redis's lag can
-        # stay above zero for good on an idle stream (seen after forgets and compaction: every publish
-        # a 429): nothing after the last delivered id is no lag, and the lag is at most the length
-        if _stream_id(g.get("last-delivered-id")) >= _stream_id(fields.get(b"last-generated-id")):
+        # entries deleted unread stay counted in entries-added (Redis's lag then never returns to 0):
+        # nothing after the last delivered id is no lag, and the lag is at most the length
+        if id_tuple(g.get("last-delivered-id")) >= id_tuple(fields.get(b"last-generated-id")):
             return 0
         if g.get("lag") is not None:
             lag = int(g["lag"])
@@ -453,9 +402,8 @@ class StreamGroup:
         return await self.redis.xpending(self.stream, self.group)
 
     async def retire_consumer(self, consumer: str) -> bool:
-        """Remove `consumer` from the group if it holds no pending entries (a worker that stopped cleanly);
-        True if removed, False otherwise (also when the stream or group is missing). One with pending
-        entries stays, so that XAUTOCLAIM can hand them to another."""
+        """Remove `consumer` from the group unless it holds pending entries (XAUTOCLAIM hands those on);
+        whether it was removed."""
         try:
             consumers = await self.redis.xinfo_consumers(self.stream, self.group)
         except ResponseError:
@@ -467,13 +415,9 @@ class StreamGroup:
         return False
 
     async def unprojected(self, *, limit: int) -> list[bytes]:
-        """Payloads the group has not acked yet: its pending entries and those not yet delivered.
-
-        At most `limit` of each: the oldest pending ones and the newest undelivered ones (a just-published
-        entry is at the end of a long backlog); the whole stream counts as undelivered while the group does
-        not exist yet (no consumer ever started). This is how a read tells "accepted, not yet projected"
-        from "never seen" without a write on the ingest path; its cost is bounded by `limit`.
-        """
+        """Payloads the group has not acked yet, at most `limit` of each kind: the oldest pending and the
+        newest undelivered (the whole stream while the group does not exist). How a read tells "accepted,
+        not yet projected" from "never seen" without a write on the ingest path."""
         g = await self._row()
         last: bytes | None = None
         if g is not None:
@@ -495,27 +439,23 @@ class StreamGroup:
         g = await self._row()
         if g is None or not ids:
             return [False] * len(ids)
-        last = _stream_id(g.get("last-delivered-id"))
+        last = id_tuple(g.get("last-delivered-id"))
         async with self.redis.pipeline(transaction=False) as pipe:
             for entry in ids:
                 pipe.xpending_range(self.stream, self.group, min=entry, max=entry, count=1)
             pending = await pipe.execute()
-        return [_stream_id(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
+        return [id_tuple(entry) <= last and not rows for entry, rows in zip(ids, pending, strict=True)]
 
 
 IDLE_BLOCK_MS = 100
-"""How long a lane of a partitioned group blocks on one partition after a sweep of every partition
-found nothing (`Partitions.read_any`): a blocked XREADGROUP waits on one stream only (several streams
-in one call are CROSSSLOT on a cluster), so a long block there would leave entries on the others
-waiting; 100 ms bounds that wait while an idle lane costs P + 1 reads per 100 ms."""
+"""How long an idle lane blocks on one partition (`Partitions.read_any`; several streams in one read are
+CROSSSLOT on a cluster): the most entries on the others wait, for P + 1 reads per 100 ms."""
 
 
 class Partitions:
-    """The consumer group `group` on every partition stream of `streams` (the same group name on each:
-    one group per partition). Each turn of a worker lane works on one partition (its `StreamGroup`):
-    `next_for_reclaim` rotates the reclaims over the partitions, `read_any` reads new entries from the
-    first partition that has some, starting one further each call so that no partition is favoured.
-    With one stream both are the group's own calls."""
+    """The consumer group `group` on every partition stream of `streams`; a worker's turn works on one
+    partition's `StreamGroup`, the reclaims (`next_for_reclaim`) and reads (`read_any`) rotating over
+    them so that none is favoured."""
 
     def __init__(self, redis: aioredis.Redis, streams: Sequence[str], group: str):
         if not streams:
@@ -540,11 +480,8 @@ class Partitions:
         return group
 
     async def read_any(self, consumer: str, *, count: int, block_ms: int) -> tuple[StreamGroup, list[Entry]]:
-        """Up to `count` new entries of one partition for `consumer`, and that partition's group.
-
-        One partition: `read_new` blocking `block_ms`. Several: a sweep of non-blocking reads from a
-        rotating start, stopping at the first partition with entries; when all are empty, one read
-        blocking at most IDLE_BLOCK_MS on the sweep's first partition. ([] for `count` <= 0.)"""
+        """(group, up to `count` new entries of its partition): non-blocking reads from a rotating start,
+        then, all empty, one read blocking min(`block_ms`, IDLE_BLOCK_MS) on the first."""
         if len(self.groups) == 1:
             return self.groups[0], await self.groups[0].read_new(consumer, count=count, block_ms=block_ms)
         start = self._read_next
@@ -562,14 +499,8 @@ class Partitions:
         return list(await asyncio.gather(*(g.info() for g in self.groups)))
 
     async def info(self) -> dict[str, int]:
-        """{pending, lag, consumers} over all partitions: sums of pending and lag; the most consumers
-        any partition lists (each worker is a consumer of every partition it read)."""
-        rows = await self.each()
-        return {
-            "pending": sum(r["pending"] for r in rows),
-            "lag": sum(r["lag"] for r in rows),
-            "consumers": max(r["consumers"] for r in rows),
-        }
+        """`totals` of `each`."""
+        return totals(await self.each())
 
     async def lag(self) -> int:
         """`StreamGroup.lag` summed over the partitions (entries not yet delivered, a count)."""
@@ -578,3 +509,13 @@ class Partitions:
     async def retire_consumer(self, consumer: str) -> bool:
         """`StreamGroup.retire_consumer` on every partition; True if removed from any of them."""
         return any(await asyncio.gather(*(g.retire_consumer(consumer) for g in self.groups)))
+
+
+def totals(rows: Sequence[dict[str, int]]) -> dict[str, int]:
+    """{pending, lag, consumers} of partitions' `StreamGroup.info` rows: sums of pending and lag; the
+    most consumers any partition lists (a worker is a consumer of every partition it read)."""
+    return {
+        "pending": sum(r["pending"] for r in rows),
+        "lag": sum(r["lag"] for r in rows),
+        "consumers": max(r["consumers"] for r in rows),
+    }

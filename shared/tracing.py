@@ -1,27 +1,10 @@
 """Optional OpenTelemetry tracing (the `otel` extra: opentelemetry-sdk and the OTLP/HTTP exporter).
 
-Off unless a process's entry point calls `configure(service, env)` with `OTEL_EXPORTER_OTLP_ENDPOINT`
-(or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set and the SDK installed; then spans go to that collector
-by OTLP over HTTP (the exporter reads the other standard `OTEL_EXPORTER_OTLP_*` variables itself).
-Off, `span()` returns one shared no-op context manager and `traceparent()` None: a function call and a
-test per span, no import of OpenTelemetry at all.
-
-What is traced:
-
-- ingest: the HTTP request (`services.query.app`: one server span per request, named by its route
-  template, never its path), the publish to the stream (`engram.stream.publish`); each stream entry
-  carries its W3C `traceparent` in the envelope's clear key `tp` (`shared.codec.with_trace`, not
-  bound into a sealed entry's associated data: a changed `tp` only mislinks a trace);
-- consolidator: a span per entry delivered (`engram.stream.deliver`, a child of the ingest's trace)
-  and one per batch (`engram.consolidator.batch`, linked to every entry's trace), with the embedding
-  (`engram.embed`) and the index write (`engram.index.write`) beneath it;
-- recall: `engram.recall.embed` (the query vector), `engram.recall.knn`, `engram.recall.bm25` and
-  `engram.recall.score`, beneath the request's span; `engram.recall.knn_widened` (attributes `ef`,
-  `distinct`) when duplicate vectors crowded an HNSW walk and it was asked again
-  (`services.query.recall.arms.widened_ef`).
-
-Tests pass an exporter (`configure(..., exporter=InMemorySpanExporter())`); the provider is this
-module's own, never OpenTelemetry's global one.
+Off unless an entry point calls `configure(service, env)` with `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set and the SDK installed; then spans go there by OTLP/HTTP.
+Off, `span()` returns one shared no-op context manager and `traceparent()` None, importing nothing.
+The spans are listed in docs/architecture.md (Metrics). Tests pass an exporter; the provider is
+this module's own, never OpenTelemetry's global one.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@
     engram forget --episode EPISODE_ID                 # or --user, --agent, --session
     engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
     engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
+    engram hooks install claude-code                   # coding agents' tasks as episodes (docs/integrations.md)
 
 `--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
 select the service. Human output by default, `--json` for scripts. Errors are the service's problem
@@ -36,6 +37,7 @@ import click
 from engram_episodic.calls import MAX_WAIT
 from engram_episodic.cli_common import call, scope_of
 from engram_episodic.cli_transfer import export_command, import_command
+from engram_episodic.hooks.commands import register as register_hooks
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
 
 
@@ -110,12 +112,19 @@ def _plot_options(fn: Any) -> Any:
     return click.option("--plot", is_flag=True, help="Draw it (terminal: plotext; extra: [plot]).")(fn)
 
 
-def _plotted(kind: str, results: Any, setting: Any, plot: bool, out: Path | None) -> bool:
-    """Draw `results` with `cli_plot.<kind>_png` (to `out`) or `<kind>_terminal` when `--plot` or `--out`
-    asked for it; whether it drew. `setting` is the plot's second argument (the skills' threshold, the
-    curve's window). ClickException when the scope has nothing to plot."""
+def _shown(kind: str, found: Any, setting: Any, as_json: bool, plot: bool, out: Path | None) -> bool:
+    """Whether `found` (skills or a curve) was shown whole: as JSON, drawn, or said to be empty (not an
+    empty screen; the MCP tools say it too). Drawn with `cli_plot.<kind>_png` (to `out`) or
+    `<kind>_terminal` when `--plot` or `--out` asked for it; `setting` is the plot's second argument (the
+    skills' threshold, the curve's window). ClickException when the scope has nothing to plot."""
+    results = found.results
+    if as_json:
+        _emit(found.raw)
+        return True
     if not plot and out is None:
-        return False
+        if not results:
+            click.echo("no completed episodes in this scope", err=True)
+        return not results
     from engram_episodic import cli_plot
 
     if not results:
@@ -303,15 +312,7 @@ def facts(ctx: click.Context, query: str | None, as_json: bool, **options: Any) 
 def skills(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **options: Any) -> None:
     """Per-category skill profiles; weak categories are marked (`--plot`: a bar chart)."""
     found = call(ctx, lambda c: c.skills(**scope_of(**options)))
-    if as_json:
-        _emit(found.raw)
-        return
-    if _plotted(
-        "skills", found.results, found.threshold, plot, out
-    ):  # an empty one: "nothing to plot", exit 1
-        return
-    if not found.results:  # said, not an empty screen (the MCP tools say it too)
-        click.echo("no completed episodes in this scope", err=True)
+    if _shown("skills", found, found.threshold, as_json, plot, out):
         return
     for p in found:
         click.echo(
@@ -332,13 +333,7 @@ def curve(ctx: click.Context, as_json: bool, plot: bool, out: Path | None, **opt
     """The learning curve: per episode, rolling success rate and reward, cumulative reward (`--plot`:
     drawn)."""
     found = call(ctx, lambda c: c.learning_curve(**scope_of(**options)))
-    if as_json:
-        _emit(found.raw)
-        return
-    if _plotted("curve", found.results, found.window, plot, out):  # an empty one: "nothing to plot", exit 1
-        return
-    if not found.results:  # said, not an empty screen (the MCP tools say it too)
-        click.echo("no completed episodes in this scope", err=True)
+    if _shown("curve", found, found.window, as_json, plot, out):
         return
     for p in found:
         click.echo(
@@ -469,6 +464,7 @@ for _name in SERVER_COMMANDS:
     cli.add_command(_moved(_name))
 cli.add_command(export_command)
 cli.add_command(import_command)
+register_hooks(cli)  # `engram hooks ...`, `engram hook <cli> <event>`
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from engram_episodic.client import Engram
-from engram_episodic.errors import ApiError, ConnectionFailed, EngramError, InvalidEpisode
+from engram_episodic.errors import ApiError, EngramError, InvalidEpisode
 
 
 def _client(ctx: click.Context) -> Engram:
@@ -39,11 +39,7 @@ def call(ctx: click.Context, fn: Any) -> Any:
         raise click.ClickException("\n".join(lines)) from None
     except InvalidEpisode as exc:
         raise click.ClickException("invalid:\n" + "\n".join(f"  {f}: {r}" for f, r in exc.errors)) from None
-    except ConnectionFailed as exc:
-        raise click.ClickException(str(exc)) from None
-    except EngramError as exc:
-        raise click.ClickException(str(exc)) from None
-    except ValueError as exc:  # the client's own argument checks (a URL without a scheme, a padded key)
+    except (EngramError, ValueError) as exc:  # ValueError: the client's own checks (a URL, a padded key)
         raise click.ClickException(str(exc)) from None
 
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
+import inspect
 import os
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Any, Generic, Self, TypeVar, Unpack
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, Unpack
 
 import httpx
 
@@ -118,7 +119,9 @@ from engram_episodic.types import (
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
+P = ParamSpec("P")
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+C = TypeVar("C")
 
 
 # --- the retry rule, shared ------------------------------------------------------------------------------
@@ -152,8 +155,7 @@ def _problem(response: httpx.Response) -> ApiError:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """One TLS context per process: httpx builds one per client by loading the CA bundle (~70-140 ms
-    measured), which made every short-lived client (a CLI call, a tool call) pay for it."""
+    """One TLS context per process: loading the CA bundle per client costs every short-lived one ~0.1 s."""
     import certifi
 
     return ssl.create_default_context(cafile=certifi.where())
@@ -532,21 +534,19 @@ class Engram(_Base[httpx.Client]):
         return self.call(Calls.ready())
 
 
-class _OpenEpisode:
-    """What the sync and async HTTP episodes share: the draft, and the rule that a completion once sent
-    (perhaps applied) is never overwritten by the block's exit (a success whose answer was lost must not
-    be rewritten as a failure)."""
+class _OpenEpisode(Generic[C]):
+    """What the sync and async HTTP episodes share: the client, the draft, and the rule that a completion
+    once sent (perhaps applied) is never overwritten by the block's exit (a success whose answer was lost
+    must not be rewritten as a failure)."""
 
-    def __init__(self, draft: EpisodeDraft):
+    def __init__(self, client: C, draft: EpisodeDraft):
+        self.client = client
         self.draft = draft
         self.sent = False
 
     @property
     def episode_id(self) -> str:
         return self.draft.episode_id
-
-    def _action(self, action_type: str, **fields: Any) -> Action:
-        return self.draft.action(action_type, **fields)
 
     def _send(
         self, outcome: str, fields: Mapping[str, Any], max_body_bytes: int
@@ -567,12 +567,8 @@ class _OpenEpisode:
         return None
 
 
-class HttpEpisode(_OpenEpisode):
+class HttpEpisode(_OpenEpisode[Engram]):
     """An open episode recorded over HTTP (see `Engram.episode`); actions are kept until completion."""
-
-    def __init__(self, client: Engram, draft: EpisodeDraft):
-        super().__init__(draft)
-        self.client = client
 
     def action(
         self,
@@ -585,7 +581,7 @@ class HttpEpisode(_OpenEpisode):
         timestamp: float | None = None,
     ) -> Action:
         """Record one action (validated now; InvalidEpisode names a bad field)."""
-        return self._action(
+        return self.draft.action(
             action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
         )
 
@@ -608,6 +604,22 @@ class HttpEpisode(_OpenEpisode):
 
 
 # --- async -------------------------------------------------------------------------------------------
+def _coroutine(
+    method: Callable[Concatenate[Any, P], T],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
+    """A sync client's (or episode's) `method` as the coroutine method of the async one, with its
+    signature and docstring. Only for a method that returns what `self.call` or `self._send_all` returns
+    (an awaitable on the async class, awaited here) or does no I/O: a body that used an answer would get
+    the coroutine instead."""
+
+    @functools.wraps(method)
+    async def run(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: Any = method(self, *args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    return run
+
+
 class AsyncEngram(_Base[httpx.AsyncClient]):
     """The asyncio client: the methods of `Engram` as coroutines (`http_client`: an httpx.AsyncClient).
     Use as `async with AsyncEngram(...) as memory:`, or `await memory.aclose()`."""
@@ -642,45 +654,27 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
             await asyncio.sleep(delay)
             attempt += 1
 
-    async def recall(self, query: str, **options: Unpack[RecallOptions]) -> Recall:
-        """See `Engram.recall`."""
-        return await self.call(Calls.recall(query, options))
-
-    async def context(self, task: str, **options: Unpack[ContextOptions]) -> Context:
-        """See `Engram.context`."""
-        return await self.call(Calls.context(task, options))
-
-    async def strategy(self, task: str, **options: Unpack[StrategyOptions]) -> StrategyChoice:
-        """See `Engram.strategy`."""
-        return await self.call(Calls.strategy(task, options))
-
-    async def suggest(self, task: str, **options: Unpack[SuggestOptions]) -> Suggestion:
-        """See `Engram.suggest`."""
-        return await self.call(Calls.suggest(task, options))
-
-    async def skills(self, **options: Unpack[SkillsOptions]) -> Skills:
-        """See `Engram.skills`."""
-        return await self.call(Calls.skills(options))
-
-    async def learning_curve(self, **options: Unpack[CurveOptions]) -> LearningCurve:
-        """See `Engram.learning_curve`."""
-        return await self.call(Calls.learning_curve(options))
-
-    async def search_facts(
-        self, query: str | None = None, **options: Unpack[FactSearchOptions]
-    ) -> list[Fact]:
-        """See `Engram.search_facts`."""
-        return await self.call(Calls.search_facts(query, options))
-
-    async def get_fact(self, fact_id: str) -> FactDetail:
-        """See `Engram.get_fact`."""
-        return await self.call(Calls.get_fact(fact_id))
-
-    async def consolidate(
-        self, *, agent_id: str | None = None, category: str | None = None, all_scopes: bool = True
-    ) -> Consolidation:
-        """See `Engram.consolidate`."""
-        return await self.call(Calls.consolidate(agent_id, category, all_scopes))
+    recall = _coroutine(Engram.recall)
+    context = _coroutine(Engram.context)
+    strategy = _coroutine(Engram.strategy)
+    suggest = _coroutine(Engram.suggest)
+    skills = _coroutine(Engram.skills)
+    learning_curve = _coroutine(Engram.learning_curve)
+    search_facts = _coroutine(Engram.search_facts)
+    get_fact = _coroutine(Engram.get_fact)
+    consolidate = _coroutine(Engram.consolidate)
+    publish = _coroutine(Engram.publish)
+    list_episodes = _coroutine(Engram.list_episodes)
+    list_facts = _coroutine(Engram.list_facts)
+    get_episode = _coroutine(Engram.get_episode)
+    update_episode = _coroutine(Engram.update_episode)
+    forget_episode = _coroutine(Engram.forget_episode)
+    forget_user = _coroutine(Engram.forget_user)
+    forget_agent = _coroutine(Engram.forget_agent)
+    forget_session = _coroutine(Engram.forget_session)
+    forget_episodes = _coroutine(Engram.forget_episodes)
+    forget_job = _coroutine(Engram.forget_job)
+    ready = _coroutine(Engram.ready)
 
     async def record(
         self,
@@ -709,13 +703,6 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
             return _waited(joined([await self.call(call) for call in calls]), wait)
 
-    async def publish(
-        self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
-    ) -> IngestResult:
-        """See `Engram.publish`."""
-        prepared, calls = Calls.publish(episodes, wait, self.max_body_bytes)
-        return await self._send_all(prepared, calls, wait)
-
     def episode(
         self,
         task: str | Mapping[str, Any],
@@ -727,10 +714,6 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
         """See `Engram.episode`; use as `async with memory.episode(...) as ep:`."""
         return AsyncHttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
-    async def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
-        """See `Engram.list_episodes`."""
-        return await self.call(Calls.list_episodes(options))
-
     async def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> AsyncIterator[Episode]:
         """See `Engram.iter_episodes` (an async iterator)."""
         while True:
@@ -740,14 +723,6 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
             if page.next_cursor is None:
                 return
             options["cursor"] = page.next_cursor
-
-    async def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
-        """See `Engram.list_facts`."""
-        return await self.call(Calls.list_facts(options))
-
-    async def get_episode(self, episode_id: str) -> StoredEpisode:
-        """See `Engram.get_episode`."""
-        return await self.call(Calls.get_episode(episode_id))
 
     async def wait_until_recallable(
         self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1
@@ -765,63 +740,11 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             await asyncio.sleep(interval)
 
-    async def update_episode(
-        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
-    ) -> Updated:
-        """See `Engram.update_episode`."""
-        return await self.call(Calls.update_episode(episode_id, changes, wait))
 
-    async def forget_episode(self, episode_id: str, *, wait: float | None = None) -> Forgetting:
-        """See `Engram.forget_episode`."""
-        return await self.call(Calls.forget_episode(episode_id, wait))
-
-    async def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
-        """See `Engram.forget_user`."""
-        return await self.call(Calls.forget_user(user_id, wait))
-
-    async def forget_agent(self, agent_id: str) -> ForgetJob:
-        """See `Engram.forget_agent`."""
-        return await self.call(Calls.forget_agent(agent_id))
-
-    async def forget_session(self, session_id: str) -> ForgetJob:
-        """See `Engram.forget_session`."""
-        return await self.call(Calls.forget_session(session_id))
-
-    async def forget_episodes(self, episode_ids: Iterable[str]) -> ForgetJob:
-        """See `Engram.forget_episodes`."""
-        return await self.call(Calls.forget_episodes(episode_ids))
-
-    async def forget_job(self, job_id: str) -> ForgetJob:
-        """See `Engram.forget_job`."""
-        return await self.call(Calls.forget_job(job_id))
-
-    async def ready(self) -> dict[str, Any]:
-        """See `Engram.ready`."""
-        return await self.call(Calls.ready())
-
-
-class AsyncHttpEpisode(_OpenEpisode):
+class AsyncHttpEpisode(_OpenEpisode[AsyncEngram]):
     """An open episode recorded over HTTP with `AsyncEngram` (see `Engram.episode`)."""
 
-    def __init__(self, client: AsyncEngram, draft: EpisodeDraft):
-        super().__init__(draft)
-        self.client = client
-
-    async def action(
-        self,
-        action_type: str,
-        *,
-        input: str | None = None,
-        output: str | None = None,
-        success: bool | None = None,
-        error: str | None = None,
-        timestamp: float | None = None,
-    ) -> Action:
-        """Record one action (kept until completion; nothing is sent). A coroutine, as every method of
-        the async client and of the stream SDK's episode is: `await ep.action(...)`."""
-        return self._action(
-            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
-        )
+    action = _coroutine(HttpEpisode.action)
 
     async def complete(self, outcome: str, **fields: Any) -> Episode:
         """See `HttpEpisode.complete`."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from datetime import UTC, datetime
 
 # The instants `format_instant` can write: datetime stops at 0001-01-01 and 9999-12-31, and
@@ -19,11 +18,6 @@ from datetime import UTC, datetime
 MIN_SECONDS = -62135596800.0  # 0001-01-01T00:00:00Z
 MAX_SECONDS = 253402300799.99997  # 9999-12-31T23:59:59.999969Z
 _RANGE = "0001-01-01T00:00:00Z..9999-12-31T23:59:59.999969Z"
-
-
-def now() -> float:
-    """Current UTC epoch seconds."""
-    return time.time()
 
 
 def parse_instant(value: object) -> float:

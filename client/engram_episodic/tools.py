@@ -11,20 +11,16 @@
         result.text   # compact text for the model;  result.data: the full JSON answer
 
 Each tool (`TOOLS`) has a `name`, a `description` written for a model (when to call it, what it
-returns) and `parameters`, a JSON Schema of its arguments: an object with `additionalProperties: false`,
-its required fields, enums for outcome/mode/kind and the bounds the query service enforces (docs/api.md;
-`services/query/models.py`; `engram_episodic.validation`). `tools(format)`
-renders them for OpenAI Chat Completions, the OpenAI Responses API or Anthropic tool use; the MCP server
-(`engram_episodic.mcp_server`) serves the same names, descriptions and schemas.
+returns) and `parameters`, a JSON Schema of its arguments (`additionalProperties: false`, the bounds the
+query service enforces). `tools(format)` renders them for OpenAI Chat Completions, the OpenAI Responses
+API or Anthropic tool use; the MCP server (`engram_episodic.mcp_server`) serves the same.
 
 Executing a tool call: the arguments are checked against the schema first (`ToolArgumentError` names
-every bad field and sends nothing), then turned into the requests of `engram_episodic.client.Calls` (one
-builder for both clients), sent by the sync `Engram` (`dispatch`) or the async `AsyncEngram`
-(`adispatch`), and rendered by pure functions into a `ToolResult`. A 422 of the service is the same
-`ToolArgumentError`, with the service's field names translated to the tool's (`feedback.reward` is
-`reward`). Other failures (`ConnectionFailed`, `Unauthorized`, `RateLimited`, ...) propagate as the
-client raised them; `error_result(exc)` renders any of them for a model (`errors="result"` does it for
-you).
+every bad field and sends nothing), then turned into the requests of `engram_episodic.client.Calls`, sent
+by `Engram` (`dispatch`) or `AsyncEngram` (`adispatch`) and rendered into a `ToolResult`. A 422 of the
+service is the same `ToolArgumentError`, in the tool's field names (`feedback.reward` is `reward`).
+Other failures (`ConnectionFailed`, `Unauthorized`, `RateLimited`, ...) propagate as the client raised
+them; `error_result(exc)` renders any of them for a model (`errors="result"` does it for you).
 
 Scope: `agent_id` / `user_id` can be bound once (`Toolset(client, agent_id=..., user_id=...)`); a bound
 value is used whenever the model does not pass one. A bound `session_id` is stamped on recorded episodes
@@ -307,28 +303,16 @@ def _scoped(args: dict[str, Any], scope: Scope, keys: Sequence[str]) -> dict[str
     return out
 
 
-def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
-    """The named arguments that are set. The plans pick names of the `Calls` options TypedDicts, and the
-    values were checked against the tool's JSON schema, so each plan casts the result to its options type."""
-    return {n: args[n] for n in names if args.get(n) is not None}
+def _except(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The arguments but `names`: the options of the tool's call (`check_arguments` dropped unknown and
+    null ones), cast by each plan to its options TypedDict."""
+    return {k: v for k, v in args.items() if k not in names}
 
 
 # recall_experiences ----------------------------------------------------------------------------------------
 def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(
-        args,
-        "top_k",
-        "category",
-        "outcome",
-        "strategy",
-        "since",
-        "until",
-        "mode",
-        "agent_id",
-        "user_id",
-        "session_id",
-    )
+    options = _except(args, "query", "min_reward")
     if args.get("min_reward") is not None:
         options["reward"] = {"gte": args["min_reward"]}
     return Plan(
@@ -393,7 +377,7 @@ RECALL = ToolSpec(
 # get_context ------------------------------------------------------------------------------------------------
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "category", "top_k", "max_chars", "agent_id", "user_id", "session_id")
+    options = _except(args, "task")
     return Plan(
         "get_context",
         (Calls.context(args["task"], cast(ContextOptions, options)),),
@@ -429,51 +413,29 @@ CONTEXT = ToolSpec(
 
 
 # record_episode --------------------------------------------------------------------------------------------
-_RECORD_FIELDS = {
-    "task.description": "task",
-    "task.category": "category",
-    "task.complexity": "complexity",
-    "task": "task",
-    "feedback.reward": "reward",
-    "feedback.message": "feedback",
-    "feedback.tests_passed": "tests_passed",
-    "feedback.tests_total": "tests_total",
-    "strategy_used": "strategy",
+# the arguments that are not an episode field of the same name: where each goes in the episode
+_RECORD_ARGS = {
+    "task": "task.description",
+    "category": "task.category",
+    "complexity": "task.complexity",
+    "reward": "feedback.reward",
+    "feedback": "feedback.message",
+    "tests_passed": "feedback.tests_passed",
+    "tests_total": "feedback.tests_total",
+    "strategy": "strategy_used",
 }
+_RECORD_FIELDS = {"task": "task", **{path: arg for arg, path in _RECORD_ARGS.items()}}
 
 
 def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id", "session_id"))
-    task = {"description": args["task"], **_pick(args, "category", "complexity")}
-    fields: dict[str, Any] = {
-        "task": task,
-        "outcome": args["outcome"],
-        **_pick(
-            args,
-            "solution",
-            "importance",
-            "iterations",
-            "outcome_details",
-            "agent_id",
-            "user_id",
-            "session_id",
-        ),
-    }
-    if args.get("strategy") is not None:
-        fields["strategy_used"] = args["strategy"]
-    feedback = {
-        "reward": args.get("reward"),
-        "message": args.get("feedback"),
-        "tests_passed": args.get("tests_passed"),
-        "tests_total": args.get("tests_total"),
-    }
-    if any(v is not None for v in feedback.values()):
-        fields["feedback"] = {k: v for k, v in feedback.items() if v is not None}
-    if args.get("actions"):
-        fields["actions"] = [{k: v for k, v in a.items() if v is not None} for a in args["actions"]]
-    try:
-        # an episode larger than one request goes in parts, as `record` sends it (a 3.9 MB
-        # episode got a 413 through the tool and was stored whole by `record`)
+    fields: dict[str, Any] = {}
+    for arg, value in _scoped(args, scope, ("agent_id", "user_id", "session_id")).items():
+        head, _, leaf = _RECORD_ARGS.get(arg, arg).partition(".")
+        if leaf:
+            fields.setdefault(head, {})[leaf] = value
+        else:
+            fields[head] = value
+    try:  # an episode larger than one request goes in parts, as `record` sends it
         episode, calls = Calls.record_parts(None, fields)
     except InvalidEpisode as exc:
         raise ToolArgumentError(
@@ -550,10 +512,10 @@ RECORD = ToolSpec(
 # suggest_approach ------------------------------------------------------------------------------------------
 def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    common = _pick(args, "agent_id", "user_id", "session_id")
+    common = _except(args, "task", "category", "complexity")
     # the category picks strategy's skill profile; suggest would filter by it, and a category the model
     # guessed then found nothing while strategy, on every similar episode, found evidence
-    strategy = {**common, **_pick(args, "category", "complexity")}
+    strategy = _except(args, "task")
     calls = (
         Calls.suggest(args["task"], cast(SuggestOptions, common)),
         Calls.strategy(args["task"], cast(StrategyOptions, strategy)),
@@ -590,9 +552,7 @@ SUGGEST = ToolSpec(
 # search_facts ---------------------------------------------------------------------------------------------
 def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(
-        args, "category", "kind", "top_k", "min_confidence", "include_superseded", "agent_id", "user_id"
-    )
+    options = _except(args, "query")
     return Plan(
         "search_facts",
         (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
@@ -640,11 +600,8 @@ FACTS = ToolSpec(
 
 # forget_episode -------------------------------------------------------------------------------------------
 FORGET_WAIT = 5.0
-"""Seconds the forget_episode tool waits for the consolidator to erase the episode (`DELETE
-/v1/episodes/{id}?wait=`), so its answer can say the episode is gone from every read: an agent that
-forgets and then recalls would otherwise still see it in the moment before the erase (a forgotten
-episode was in 2-9 of 40 immediate reads). The consolidator erases within milliseconds when it
-runs; past the wait the answer says the erase is accepted, not done."""
+"""Seconds forget_episode waits for the erase (`DELETE /v1/episodes/{id}?wait=`), so its answer can say
+the episode is gone from every read; past it the answer says the erase is accepted, not done."""
 
 
 def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
@@ -680,7 +637,7 @@ FORGET = ToolSpec(
 # get_skills ---------------------------------------------------------------------------------------------
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "threshold", "agent_id", "user_id", "session_id")
+    options = dict(args)
     return Plan("get_skills", (Calls.skills(cast(SkillsOptions, options)),), lambda r: render_skills(r[0]))
 
 
@@ -704,7 +661,7 @@ SKILLS = ToolSpec(
 # get_learning_curve -----------------------------------------------------------------------------------------
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _pick(args, "category", "window", "limit", "agent_id", "user_id", "session_id")
+    options = dict(args)
     return Plan(
         "get_learning_curve",
         (Calls.learning_curve(cast(CurveOptions, options)),),
@@ -997,15 +954,10 @@ def dispatch(
     ToolArgumentError (bad arguments, checked before anything is sent, or a 422 of the service, with the
     tool's field names), and the client's errors (ConnectionFailed, Unauthorized, RateLimited, ...).
     With `errors="result"` any EngramError is returned as `error_result(exc)` instead (is_error=True).
+    Raises ValueError for a bad scope id.
     """
-    try:
-        return execute(
-            client, prepare(name, arguments, agent_id=agent_id, user_id=user_id, session_id=session_id)
-        )
-    except EngramError as exc:
-        if errors == "result":
-            return error_result(exc)
-        raise
+    toolset = Toolset(client, agent_id=agent_id, user_id=user_id, session_id=session_id)
+    return toolset.dispatch(name, arguments, errors=errors)
 
 
 async def adispatch(
@@ -1019,14 +971,8 @@ async def adispatch(
     errors: Literal["raise", "result"] = "raise",
 ) -> ToolResult:
     """`dispatch` with the async client (suggest_approach's two requests run concurrently)."""
-    try:
-        return await aexecute(
-            client, prepare(name, arguments, agent_id=agent_id, user_id=user_id, session_id=session_id)
-        )
-    except EngramError as exc:
-        if errors == "result":
-            return error_result(exc)
-        raise
+    toolset = Toolset(client, agent_id=agent_id, user_id=user_id, session_id=session_id)
+    return await toolset.adispatch(name, arguments, errors=errors)
 
 
 class Toolset:
@@ -1080,9 +1026,7 @@ class Toolset:
         try:
             return execute(self.client, self.prepare(name, arguments))
         except EngramError as exc:
-            if errors == "result":
-                return error_result(exc)
-            raise
+            return _as_result(exc, errors)
 
     async def adispatch(
         self,
@@ -1097,9 +1041,14 @@ class Toolset:
         try:
             return await aexecute(self.client, self.prepare(name, arguments))
         except EngramError as exc:
-            if errors == "result":
-                return error_result(exc)
-            raise
+            return _as_result(exc, errors)
+
+
+def _as_result(exc: EngramError, errors: Literal["raise", "result"]) -> ToolResult:
+    """`error_result(exc)` with `errors="result"`; else raises `exc` again."""
+    if errors == "result":
+        return error_result(exc)
+    raise exc
 
 
 def error_result(exc: BaseException) -> ToolResult:
@@ -1288,23 +1237,16 @@ def render_forgotten(forgetting: Forgetting) -> ToolResult:
     """forget_episode: the episode is erased (`forgotten` true: gone from every read), or the erase was
     accepted and is still to be carried out (the wait ran out), or had been done before (forgetting is
     idempotent)."""
+    episode, event_id = f"Episode {forgetting.episode_id}", forgetting.event_id
     if forgetting.already_forgotten:
-        return ToolResult(
-            f"Episode {forgetting.episode_id} was already forgotten.",
-            {"episode_id": forgetting.episode_id, "event_id": None, "status": "already_forgotten"},
-        )
-    if forgetting.forgotten:
-        return ToolResult(
-            f"Episode {forgetting.episode_id} is erased from memory; the facts built on it are "
-            "rebuilt without it.",
-            {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "erased"},
-        )
-    data = {"episode_id": forgetting.episode_id, "event_id": forgetting.event_id, "status": "accepted"}
-    return ToolResult(
-        f"Episode {forgetting.episode_id} will be erased from memory (and from the facts "
-        "built on it) within seconds.",
-        data,
-    )
+        status, text, event_id = "already_forgotten", f"{episode} was already forgotten.", None
+    elif forgetting.forgotten:
+        status = "erased"
+        text = f"{episode} is erased from memory; the facts built on it are rebuilt without it."
+    else:
+        status = "accepted"
+        text = f"{episode} will be erased from memory (and from the facts built on it) within seconds."
+    return ToolResult(text, {"episode_id": forgetting.episode_id, "event_id": event_id, "status": status})
 
 
 def render_skills(skills: Skills) -> ToolResult:

@@ -14,6 +14,10 @@ Limits (documented in docs/api.md, 'The episode model'):
   compact UTF-8 JSON, so the count is the bytes a compact client sends whatever the client or spacing;
 - `actions`: at most 1,000 per episode; numbers must be finite; `importance` 1..10; `complexity` 0..1;
   `reward` -1e6..1e6 (recall clips it to [0, 1]).
+
+Kept over pydantic and msgspec for its refusals, not its speed (a 10-action episode: 124 µs here, 19 µs
+pydantic, 9 µs msgspec): theirs quote the TAG regex for a padded id, msgspec stops at the first bad field,
+and the cross-field rules (tests_passed <= tests_total, started_at, 64 KiB JSON) need our messages anyway.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, overload
 
 from engram_episodic.errors import InvalidEpisode
@@ -88,8 +92,8 @@ def _times(
     value: Mapping[str, Any], path: str, errs: Collector, default_completed_at: float | None
 ) -> tuple[float | None, float | None]:
     """(started_at, completed_at) of an episode, UTC epoch seconds; completed_at `default_completed_at`
-    when not given. A start after the completion names the field that was sent: `started_at` when the
-    completion is the default (else a start two minutes ahead was reported against `completed_at`)."""
+    when not given. A start after the completion names the field that was sent (`started_at` when the
+    completion is the default)."""
     started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
     completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
     if value.get("completed_at") is None:
@@ -119,7 +123,6 @@ def _expiry(value: Mapping[str, Any], path: str, errs: Collector, base: float | 
 
 TEXT_FIELDS = ("observation", "thoughts", "action", "result", "solution", "outcome_details", "source")
 """An episode's free-text fields (besides `task`), each up to MAX_TEXT_CHARS."""
-_TEXT_FIELDS = TEXT_FIELDS
 
 
 class Collector:
@@ -367,31 +370,24 @@ def parse_task(value: Any, path: str, errs: Collector) -> Task | None:
     return Task(description=description, category=category, complexity=complexity)
 
 
+_ACTION_FIELDS: tuple[tuple[str, Callable[[Any, str, Collector], Any]], ...] = (
+    ("action_type", functools.partial(check_tag_value, max_chars=MAX_TAG_CHARS, required=True)),
+    ("action_id", check_id),
+    ("input", _text),
+    ("output", _text),
+    ("timestamp", _instant),
+    ("success", _bool),
+    ("error", _text),
+)
+
+
 def parse_action(value: Any, path: str, errs: Collector) -> Action | None:
     if not isinstance(value, Mapping):
         errs.add(path, "must be an object")
         return None
     _unknown(value, frozenset(Action.__dataclass_fields__), path, errs)
-    action_type = check_tag_value(
-        value.get("action_type"), _join(path, "action_type"), errs, max_chars=MAX_TAG_CHARS, required=True
-    )
-    action_id = check_id(value.get("action_id"), _join(path, "action_id"), errs)
-    action_input = _text(value.get("input"), _join(path, "input"), errs)
-    output = _text(value.get("output"), _join(path, "output"), errs)
-    timestamp = _instant(value.get("timestamp"), _join(path, "timestamp"), errs)
-    success = _bool(value.get("success"), _join(path, "success"), errs)
-    error = _text(value.get("error"), _join(path, "error"), errs)
-    if action_type is None:
-        return None
-    return Action(
-        action_type=action_type,
-        action_id=action_id,
-        input=action_input,
-        output=output,
-        timestamp=timestamp,
-        success=success,
-        error=error,
-    )
+    fields = {name: check(value.get(name), _join(path, name), errs) for name, check in _ACTION_FIELDS}
+    return None if fields["action_type"] is None else Action(**fields)
 
 
 def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
@@ -488,7 +484,7 @@ def parse_episode(
         if require_task or value.get("task") is not None
         else None
     )
-    texts = {name: _text(value.get(name), _join(path, name), errs) for name in _TEXT_FIELDS}
+    texts = {name: _text(value.get(name), _join(path, name), errs) for name in TEXT_FIELDS}
     raw_actions = value.get("actions")
     raw_actions = [] if raw_actions is None else raw_actions  # 0, false, "" are no list either
     actions: list[Action] = []
@@ -537,22 +533,14 @@ def parse_episode(
         started_at=started_at,
         completed_at=completed_at,
         expires_at=expires_at,
-        agent_id=ids["agent_id"],
-        user_id=ids["user_id"],
-        session_id=ids["session_id"],
-        observation=texts["observation"],
-        thoughts=texts["thoughts"],
-        action=texts["action"],
-        result=texts["result"],
-        solution=texts["solution"],
-        outcome_details=texts["outcome_details"],
-        source=texts["source"],
         context=context,
         metadata=metadata,
         feedback=feedback,
         importance=importance,
         iterations=iterations,
         vector=vector,
+        **ids,
+        **texts,
     )
 
 

@@ -21,7 +21,7 @@ import click
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
-from services.admin import refuse
+from services import refuse
 from shared import tracing
 from shared.logs import configure
 from shared.settings import Settings
@@ -93,10 +93,8 @@ async def _run(settings: Settings) -> int:
         stack.push_async_callback(facts.aclose)
         worker = Worker(settings, redis, embedder, metrics=metrics, on_batch=facts.on_batch)
         health.worker = worker
-        # Everything loaded so far (modules, the model, clients) lives as long as the process: freezing it
-        # keeps the collector's full passes off it. Those passes took 40-75 ms each on this worker's heap,
-        # with the event loop stopped and Redis left idle (seen as gaps in `make bench`'s ingest); frozen,
-        # 3-5 ms.
+        # what is loaded lives as long as the process: frozen, the collector's full passes skip it
+        # (40-75 ms each with the loop stopped, 3-5 ms frozen)
         gc.freeze()
         try:
             await worker.run(stop)

@@ -1,19 +1,17 @@
 """Dead letters (entries the consolidator could not project): the one owner of their writes, reads,
-re-drives and deletes.
+re-drives and deletes (the stream commands stay in `shared.streams`).
 
-A dead letter is a copy of the stream entry with its reason (`shared.streams.StreamGroup.dead_letter`,
-which XACKs the original atomically). When its payload still names an episode, both copies of its data
-are linked to the episode (`Keys.dead_letter_refs`: stream id -> dead-letter id, and its user under
-DEAD_REF_USER) and the episode to its user (`Keys.user_dead_letters`), so that forgetting the episode or
-the user deletes them. Those of a forgotten user whose payloads are sealed are found by their key reference.
-The reason of a sealed entry names fields, never their values (`withhold_values`). The stream commands
-themselves stay in `shared.streams`.
+A dead letter is a copy of the entry with its reason (`StreamGroup.dead_letter` XACKs the original).
+When its payload names an episode, both copies are linked to the episode (`Keys.dead_letter_refs`,
+its user under DEAD_REF_USER) and the episode to its user (`Keys.user_dead_letters`), so forgetting
+either deletes them; sealed ones of a forgotten user are found by their key reference. A sealed
+entry's reason names fields, never values (`withhold_values`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -28,14 +26,11 @@ DEAD_REF_USER = b"@user"
 """Field of an episode's dead-letter-refs hash naming its user (the other fields are stream ids)."""
 
 _QUOTED = re.compile(r"('[A-Za-z_][\w.]*' object\b)|'[^']*'|\"[^\"]*\"")
-"""A quoted value, but not the type Python quotes in its own messages (`'NoneType' object is not
-subscriptable`): a fault of the code must say which type it met."""
 
 
 def withhold_values(reason: str) -> str:
-    """A dead-letter reason of a sealed entry without any quoted value (validation names fields and
-    rules, but a bad timestamp is quoted back): the dead letter must hold no plaintext. The type named
-    by Python's `'<type>' object ...` messages is kept."""
+    """A sealed entry's dead-letter reason without any quoted value (a bad timestamp is quoted back), but
+    with the type Python's `'<type>' object ...` messages name."""
     return _QUOTED.sub(lambda m: m.group(1) or "'…'", reason)
 
 
@@ -71,15 +66,25 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
     return out
 
 
-async def _chosen(
-    redis: aioredis.Redis, keys: Keys, dead_ids: list[str] | None, on_start: Callable[[int], None] | None
-) -> list[DeadLetter]:
-    """The dead letters `dead_ids` names (None: all), oldest first; `on_start` hears how many."""
+async def _each(
+    redis: aioredis.Redis,
+    keys: Keys,
+    dead_ids: list[str] | None,
+    on_start: Callable[[int], None] | None,
+    on_each: Callable[[], None] | None,
+    act: Callable[[DeadLetter], Awaitable[object]],
+) -> int:
+    """`act` on the dead letters `dead_ids` names (None: all), oldest first; `on_start(n)` hears how
+    many, `on_each()` each one done (a progress bar). Returns how many."""
     letters = await list_dead_letters(redis, keys, limit=1_000_000)
     chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
     if on_start is not None:
         on_start(len(chosen))
-    return chosen
+    for letter in chosen:
+        await act(letter)
+        if on_each is not None:
+            on_each()
+    return len(chosen)
 
 
 async def redrive(
@@ -89,26 +94,19 @@ async def redrive(
     on_start: Callable[[int], None] | None = None,
     on_each: Callable[[], None] | None = None,
 ) -> int:
-    """Publish dead letters' original payloads again (new stream ids) and remove them from the
-    dead-letter stream, and their original (acked) entries from the stream. `dead_ids=None` re-drives
-    all. `on_start(n)` hears how many will be, `on_each()` each one done (a progress bar). Returns how
-    many were re-driven."""
-    chosen = await _chosen(redis, keys, dead_ids, on_start)
-    for letter in chosen:
-        await streams.requeue(  # back into the partition it came from: its namespace's
-            redis,
-            letter.source,
-            keys.dead_letters,
-            letter.dead_id,
-            letter.payload,
-            original_id=letter.stream_id or None,
+    """Publish dead letters' original payloads again (new stream ids, into the partition they came
+    from) and remove them and their original (acked) entries (`_each` for the arguments)."""
+
+    async def one(letter: DeadLetter) -> None:
+        original = letter.stream_id or None
+        await streams.requeue(
+            redis, letter.source, keys.dead_letters, letter.dead_id, letter.payload, original
         )
         ident = peek_identity(letter.payload)
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
-        if on_each is not None:
-            on_each()
-    return len(chosen)
+
+    return await _each(redis, keys, dead_ids, on_start, on_each, one)
 
 
 async def discard(
@@ -118,13 +116,11 @@ async def discard(
     on_start: Callable[[int], None] | None = None,
     on_each: Callable[[], None] | None = None,
 ) -> int:
-    """Delete dead letters that no fix will make projectable (an event no version of Engram accepts, a
-    test's leftovers): each one, its original (acked) entry in the stream it came from, and the
-    episode's link to them (with its user's, once the episode has no other). `dead_ids=None` discards
-    all; `on_start`/`on_each` as in `redrive`. Returns how many were discarded. Nothing is published:
-    the events are gone, as a forget would leave them."""
-    chosen = await _chosen(redis, keys, dead_ids, on_start)
-    for letter in chosen:
+    """Delete dead letters no fix will make projectable, their original (acked) entries and the
+    episode's link to them (its user's too once it has no other); nothing is published, as a forget
+    would leave them (`_each` for the arguments)."""
+
+    async def one(letter: DeadLetter) -> None:
         await streams.delete(redis, keys.dead_letters, [letter.dead_id])
         if letter.stream_id:
             await streams.delete(redis, letter.source, [letter.stream_id])
@@ -138,17 +134,15 @@ async def discard(
                 await redis.delete(refs_key)
                 if user_id is not None:
                     await redis.srem(keys.user_dead_letters(namespace, user_id), episode_id)
-        if on_each is not None:
-            on_each()
-    return len(chosen)
+
+    return await _each(redis, keys, dead_ids, on_start, on_each, one)
 
 
 async def dead_letter(
     group: streams.StreamGroup, keys: Keys, entry: streams.Entry, reason: str, *, consumer: str
 ) -> None:
-    """Move `entry` from `group`'s stream to the dead letters (acking it) and, when its payload still
-    names an episode, link both copies of its data to the episode (and its user) so that forgetting
-    them deletes the copies (a dead letter must not outlive the forget of its episode or user)."""
+    """Move `entry` to the dead letters (acking it), linking both copies to the episode it names (and
+    its user), so that forgetting either deletes them."""
     k, redis = keys, group.redis
     dead_id = await group.dead_letter(k.dead_letters, entry, reason, consumer)
     ident = peek_identity(entry.payload) if entry.payload else None

@@ -1,19 +1,11 @@
-"""Erasure housekeeping: after forgets, make the forgotten bytes leave Redis's files.
+"""Erasure housekeeping: after forgets, make the forgotten bytes leave Redis's files
+(docs/reliability.md, "Erasure").
 
-Forgetting deletes documents, event hashes and stream entries (and, with a master key, destroys the
-user's data key: `shared.keyring`). Two copies outlive those deletions until this runs:
-
-- the **AOF**: its incremental file holds every command since the last rewrite, including the writes
-  of the documents that were just deleted (plaintext: the projection is what the index searches);
-  `BGREWRITEAOF` replaces base and increments with a snapshot of the data as it is now;
-- the **stream's memory**: `XDEL` only flags an entry, its bytes stay in the listpack node and so in
-  every later RDB and AOF base. With encryption those bytes are ciphertext under a destroyed key;
-  without it they are plaintext until `compact` rewrites the stream
-  (docs/reliability.md, "Erasure").
-
-`mark_pending` is called for every erased episode and user (`services.consolidator.forgetting`); lane 0
-of a worker calls `housekeep`, which runs `compact` then the AOF rewrite at most once per
-`ENGRAM_ERASURE_INTERVAL` while forgets are pending.
+Two copies outlive a forget's deletions: the **AOF** increments (rewritten by `BGREWRITEAOF`), and
+the **stream's listpack nodes**, where `XDEL` only flags an entry (ciphertext under a destroyed key
+with encryption, plaintext without, until `compact` rewrites the stream). Forgetting calls
+`mark_pending`; lane 0 of a worker calls `housekeep`, which runs `compact` then the AOF rewrite at most
+once per `ENGRAM_ERASURE_INTERVAL` while forgets are pending.
 """
 
 from __future__ import annotations
@@ -94,12 +86,10 @@ redis.call('PERSIST', dst)
 redis.call('RENAME', dst, src)
 return {1, redis.call('XLEN', src)}
 """
-"""The last, atomic step of `compact`: copy the entries added since the copy began, drop those the
-source trimmed meanwhile, give up if an entry was deleted meanwhile (the copy would hold it: the lengths
-differ), rebuild every consumer group exactly — last-delivered id, entries-read, consumers, and each
-pending entry with its consumer, idle time and delivery count (`XCLAIM ... FORCE`; a pending entry
-that was deleted is dropped, as an ack would) — restore the stream's last id, entries-added and
-max-deleted id (`XSETID`, so new ids stay above every id ever delivered), and RENAME over the source."""
+"""The atomic end of `compact`: copy the entries added meanwhile, drop those trimmed, give up if one was
+deleted (the lengths differ), rebuild every group exactly (last-delivered id, entries-read, consumers,
+each pending entry with its idle time and deliveries), restore the last id, entries-added and
+max-deleted id (`XSETID`), and RENAME over the source."""
 
 
 COPY_TTL = 3600
@@ -114,14 +104,11 @@ async def compact(
     attempts: int = 3,
     stream: str | None = None,
 ) -> dict:
-    """Rewrite the stream so that the bytes of deleted (forgotten) entries leave Redis's memory: XDEL
-    only flags an entry, and its listpack node keeps the bytes, which every later RDB and AOF base
-    then holds. The live entries are copied, ids unchanged, into a new key page by page (the
-    stream keeps taking entries meanwhile), then SWAP_LUA finishes atomically. Costs a second copy of
-    the stream while it runs. Returns {compacted, entries, seconds, swap_ms (the atomic step, during which Redis serves nobody else),
-    bytes_before, bytes_after}. `stream` is the episode stream by default; the dead-letter stream is
-    compacted the same way (its deleted entries held forgotten payloads too), and so is each partition
-    of a partitioned stream (`compact_partitions`)."""
+    """Rewrite `stream` (default: the episode stream; also each partition and the dead-letter stream) so
+    that the bytes of XDEL'd entries leave Redis's memory: the live entries are copied, ids unchanged,
+    into a new key page by page while the stream takes entries, then SWAP_LUA finishes atomically (a
+    second copy of the stream meanwhile). Returns {compacted, entries, seconds, swap_ms (the atomic
+    step: Redis serves nobody else), bytes_before, bytes_after}."""
     stream = stream or keys.stream
     tmp = keys.stream_compaction(stream)
     started = time.perf_counter()
@@ -176,10 +163,9 @@ async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
 
 
 async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
-    """BGREWRITEAOF and wait for a rewrite that *started after this call* to finish (one already
-    running forked before the forget and would keep its data). False when AOF is off (nothing to do)
-    or the rewrite failed; TimeoutError past `timeout` seconds. On a cluster, on every primary in turn
-    (each holds its own AOF): True only if every one rewrote."""
+    """BGREWRITEAOF and wait for a rewrite that *started after this call* (one running forked before
+    the forget); on a cluster, every primary in turn. False when AOF is off or a rewrite failed;
+    TimeoutError past `timeout` seconds."""
     if isinstance(redis, RedisCluster):
         return all([await _rewrite_aof(redis, {"target_nodes": n}, timeout) for n in redis.get_primaries()])
     return await _rewrite_aof(redis, {}, timeout)
@@ -218,11 +204,6 @@ async def _rewrite_aof(redis: aioredis.Redis, target: dict, timeout: float) -> b
 FORGET_TYPES = frozenset({"UserForgotten", "EpisodeForgotten"})
 
 
-def _sid(value: bytes | str) -> tuple[int, int]:
-    ms, _, seq = (value.decode() if isinstance(value, bytes) else value).partition("-")
-    return int(ms), int(seq or 0)
-
-
 async def _applied_horizon(
     redis: aioredis.Redis, stream: str, page: int
 ) -> tuple[tuple[int, int], set[bytes]] | None:
@@ -241,7 +222,7 @@ async def _applied_horizon(
             ids = [as_bytes(cast("bytes | str", r["message_id"])) for r in rows]
             pending.update(ids)
             start = "(" + ids[-1].decode()
-    return min(_sid(g["last-delivered-id"]) for g in groups), pending
+    return min(streams.id_tuple(g["last-delivered-id"]) for g in groups), pending
 
 
 def _is_forget(fields: dict) -> bool:
@@ -252,13 +233,9 @@ def _is_forget(fields: dict) -> bool:
 
 
 async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int = 1000) -> int:
-    """XDEL the forget events every consumer group has applied and acked: a `UserForgotten` names its
-    user, sealed under the namespace's key, which is never destroyed (the
-    master key would still open it after the erasure pass), and an `EpisodeForgotten` names its episode.
-    Once applied they are not needed: the tombstones they left (`Keys.user_tombstone`,
-    `Keys.tombstone`) are what keeps a replay, or a late event, from bringing the data back. Skipped
-    while a replay builds a new generation (its catch-up pass may still have to read them). Returns
-    how many were dropped; the compaction that follows removes their bytes."""
+    """XDEL the forget events every group has acked (they name the user or episode, under a key never
+    destroyed; the tombstones they left keep the data from coming back). Skipped while a replay builds
+    (its catch-up may still read them). Returns how many were dropped."""
     if (await generations.writable(redis, keys))[1] is not None:
         return 0
     return sum([await _drop_applied_forgets(redis, stream, page) for stream in keys.streams])
@@ -274,7 +251,7 @@ async def _drop_applied_forgets(redis: aioredis.Redis, stream: str, page: int) -
     while True:
         rows = await streams.read_range_raw(redis, stream, last, count=page)
         rows = rows[1:] if last != "-" else rows
-        within = [(sid, f) for sid, f in rows if _sid(sid) <= horizon]
+        within = [(sid, f) for sid, f in rows if streams.id_tuple(sid) <= horizon]
         gone = [sid for sid, f in within if sid not in pending and _is_forget(f)]
         if gone:
             await streams.delete(redis, stream, gone)

@@ -1,13 +1,9 @@
 """Erasing expired episodes: past `expires_at`, an episode is forgotten like `DELETE /v1/episodes/{id}`.
 
-Reads hide an expired episode from the instant it expires (the `expires_at` NUMERIC filter of every
-`shared.index.Scope` the services build), so this sweep only has to erase it, not to be on time: every
-`Settings.expiry_interval` one worker (a lease, `Keys.expiry_lock`) finds the expired documents of every
-namespace and publishes one `EpisodeForgotten` each; the projection then erases them as any forget
-(documents, vectors, events, stream entries, dead letters, facts evidence; a tombstone stays). So an
-expired episode is erased within about one interval plus the consumer lag. On a shard-local Redis
-Cluster no index sees every namespace, so the sweep searches each namespace's index on its primary
-(`shared.cluster.search_targets`).
+Reads hide it from the instant it expires (the `expires_at` filter of every `Scope`), so this sweep
+need not be on time: every `Settings.expiry_interval` one worker (`Keys.expiry_lock`) publishes an
+`EpisodeForgotten` per expired document of every namespace (searched per namespace on its primary on
+a shard-local cluster, `shared.cluster.search_targets`), and the projection erases them.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Semantic memory: the Consolidator, which schedules, runs and publishes the consolidation of a scope's
-episodes into facts (see shared.facts).
+"""Semantic memory: the Consolidator schedules and runs the consolidation of a scope's episodes into
+facts (see shared.facts) and publishes them (`facts_snapshots.Snapshots`).
 
-A run reads the scope's rows and applied facts (`services.consolidator.facts_store`), plans the next
-facts (`services.consolidator.facts_plan`: clustering, regimes, stable ids; pure) and publishes them.
-Forgetting evidence is `services.consolidator.facts_forget`.
+A run reads the scope's rows and applied facts (`facts_store`), plans the next facts (`facts_plan`, in
+a thread), has the summariser rewrite new ones (a failure keeps the deterministic text, marked
+`summary="fallback"`, retried next run) and publishes them under the scope's lease.
 
-Facts are events. A run publishes one `FactsConsolidated` holding the scope's whole state (current
-facts and history) with a per-scope sequence number, then projects it (`apply_snapshot`, one MULTI per
-scope under WATCH; a snapshot older than the applied one is ignored), and the worker that consumes the
-event projects it again idempotently — so a replay rebuilds facts. Nothing is written before the event
-is published: a crash mid-run leaves the previous facts as they were. A lease (`SET NX PX`) per scope
-lets one process consolidate it at a time.
-
-Triggers (`Consolidator.on_batch`): after every `Settings.facts_every` newly completed episodes of a
-scope, or when their summed importance reaches `Settings.facts_importance_threshold` (Generative Agents
+Triggers (`Consolidator.on_batch`): every `Settings.facts_every` newly completed episodes of a scope,
+or when their summed importance reaches `Settings.facts_importance_threshold` (Generative Agents
 reflect at 150; Park et al. 2023, section 4.2), or on demand (`POST /v1/consolidate`).
-
-The optional summariser (`services.consolidator.summarizer`) rewrites the text of current facts it has
-not rewritten yet; a failure keeps the deterministic text marked `summary="fallback"`, is counted
-(`RunResult.summarizer_failures`, `engram_summarizer_failures_total`) and is retried on the next run.
 """
 
 from __future__ import annotations
@@ -27,62 +16,35 @@ import asyncio
 import logging
 import math
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis.asyncio as aioredis
 
-from engram_episodic.errors import EngramError
-from engram_episodic.events import FactsConsolidated
-from services.consolidator.facts_plan import (
-    Row,
-    build_fact,
-    default_distance,
-    plan,
-    shared_sentences,
-    without_shared,
-)
-from services.consolidator.facts_store import apply_snapshot, load_rows, load_rows_by_id, load_state
-from shared import cluster, streams
-from shared.codec import encode, encode_sealed_facts
-from shared.embedding import Embedder
-from shared.facts import (
-    LEVEL_NAMESPACE,
-    STATUS_CURRENT,
-    STATUS_SUPERSEDED,
-    SUMMARY_FALLBACK,
-    SUMMARY_LLM,
-    Fact,
-    FactScope,
-)
+from services.consolidator.facts_plan import default_distance, plan, shared_sentences, without_shared
+from services.consolidator.facts_snapshots import ContributorForgotten, Snapshots
+from services.consolidator.facts_store import apply_snapshot, load_rows, load_state
+from shared import cluster
+from shared.embedding_base import Embedder
+from shared.facts import LEVEL_NAMESPACE, STATUS_CURRENT, SUMMARY_FALLBACK, SUMMARY_LLM, Fact, FactScope, Row
 from shared.generations import StaleGeneration
-from shared.index import Scope, agent_category_counts, current_generation, generation_tags
-from shared.keyring import KeyRing, deployment_tag_key, shared_ring
+from shared.index import Scope, agent_category_counts, current_generation
 from shared.replies import as_text, bytes_map
 from shared.settings import Settings
-from shared.tags import TagCodec
+
+if TYPE_CHECKING:
+    from services.consolidator.decoding import BatchResult
+    from services.consolidator.summarizer import Summarizer
 
 log = logging.getLogger("engram.facts")
 
 
-class ContributorForgotten(EngramError):
-    """A user whose key sealed a fact was forgotten before the snapshot entered the stream."""
-
-
-PUBLISH_TRIES = 5
-"""Snapshots a run builds when forgets keep destroying its contributors' keys meanwhile
-(`Consolidator.publish_live`): each try leaves out the users gone since the last."""
-
 CLUSTER_TEXT_CACHE = 8192
-"""Embeddings of episode texts without their scope's shared text a Consolidator keeps (least recently
-used first out), so a scope's next run embeds only its new episodes: 12 MB of MiniLM vectors."""
-
-RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+"""Embeddings without the shared text a Consolidator keeps (LRU; 12 MB of MiniLM vectors)."""
 
 
 # --- the consolidator -------------------------------------------------------------------------------
@@ -106,17 +68,12 @@ class RunResult:
         }
 
 
-Publisher = Callable[[FactsConsolidated], Awaitable[str]]
-
-
-class Consolidator:
-    """Builds and publishes facts. One per worker process (and one in the query service for on-demand runs).
-
-    `dim` is the embedder's dimension (the facts index's vector size). `publish(event)` XADDs an event
-    and returns its stream id (defaults to `shared.streams.publish`). `embedder` (the one the live index
-    was built with) embeds episodes again without the text their scope shares (`clustering_rows`);
-    without one, clustering compares the stored vectors.
-    """
+class Consolidator(Snapshots):
+    """Schedules, runs and publishes consolidations: one per worker process, one per
+    `POST /v1/consolidate`. `embedder` (the live index's) embeds episodes without the text their scope
+    shares (`clustering_rows`; without one, stored vectors are compared). With `background=True` runs
+    are tasks, one at a time per scope (`aclose()` waits for them), deferred for at most
+    `facts_min_interval` s while `backlogged()` (a burst is still arriving)."""
 
     def __init__(
         self,
@@ -124,186 +81,29 @@ class Consolidator:
         redis: aioredis.Redis,
         dim: int,
         *,
-        summarizer=None,
+        summarizer: Summarizer | None = None,
         embedder: Embedder | None = None,
-        publish: Publisher | None = None,
         background: bool = False,
         backlogged: Callable[[], bool] | None = None,
     ):
-        """With `background=True` (the consolidator process), triggered runs are scheduled as tasks
-        (one at a time per scope, coalescing triggers that arrive meanwhile) so that projecting the
-        stream never waits for clustering; `aclose()` waits for them at shutdown.
-
-        `backlogged()` (the worker's "my last read came back full") defers a background run while it
-        is true, for at most `facts_min_interval` seconds: during an ingest burst the scope's episodes
-        are still arriving, so clustering now would be redone soon anyway, and its CPU is taken from
-        the projection (on 2 cores, ~10% of the ingest rate in `make bench`)."""
+        super().__init__(settings, redis, dim)
         self.background = background
         self._backlogged = backlogged or (lambda: False)
         self._tasks: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
         self._last_run: dict[str, float] = {}
         self._closing = asyncio.Event()
-        self.settings = settings
-        self.redis = redis
-        self.keys = settings.keys
-        self.dim = dim
         self.summarizer = summarizer
         self.embedder = embedder
         self._without_shared: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._publish = publish
-        self._release = redis.register_script(RELEASE_LUA)
         self.runs = 0
         self.summarizer_failures = 0
-        self._tags: dict[int, TagCodec] = {}
-        # the process's one ring of the deployment (its key cache is shared with the other users)
-        self._ring: KeyRing | None = (
-            shared_ring(self.keys, settings.master_key) if settings.master_key is not None else None
-        )
-
-    async def tags(self, gen: int) -> TagCodec:
-        """The TAG digest function of generation `gen` (`shared.tags`), read once per generation."""
-        got = self._tags.get(gen)
-        if got is None:
-            tag_key = await deployment_tag_key(self.redis, self.keys, self.settings.master_key)
-            got = self._tags[gen] = await generation_tags(self.redis, self.keys, gen, tag_key)
-        return got
-
-    async def publish(self, event: FactsConsolidated) -> str:
-        if self._publish is not None:
-            return await self._publish(event)
-        # into the namespace's partition, after the episodes it condenses (a forget there drops it)
-        (sid,) = await streams.publish(self.redis, self.keys.stream_of(event.namespace), [encode(event)])
-        return sid.decode() if isinstance(sid, bytes) else str(sid)
-
-    async def publish_snapshot(self, event: FactsConsolidated) -> tuple[FactsConsolidated, str, bytes]:
-        """Publish a snapshot: (the event as published, its stream id, its stored bytes).
-
-        With a master key each fact is sealed under the data keys of all its users (`shared.fact_seal`;
-        the namespace's key for a fact without users), and the XADD checks atomically that each key is
-        still the one sealed with (`streams.publish_sealed`). Callers pass facts that name only users
-        with a live key (`without_gone`). A fact naming a user whose key is gone (a forget published
-        since that check) raises ContributorForgotten, as does a key destroyed between the read and
-        the XADD: nothing is written, and `publish_live` rebuilds the fact without that user
-        (`without_gone`) and publishes again. Dropping the fact instead would lose the other
-        users' part for good: the forget's rebuild finds a fact by its evidence in the index, and a
-        fact left out of the snapshot is no longer there."""
-        ring = self._ring
-        if ring is None:
-            return event, await self.publish(event), encode(event)
-        ns = event.namespace
-        live = await ring.live_keys(
-            self.redis, ns, {u for f in event.facts for u in (f.get("users") or [None])}
-        )
-        if any(u not in live for f in event.facts for u in (f.get("users") or [None])):
-            raise ContributorForgotten("a contributor of a fact was forgotten while its snapshot was built")
-        used = sorted({u for f in event.facts for u in (f.get("users") or [None])}, key=lambda u: u or "")
-
-        def contributors(fact) -> list:
-            return [(ring.ref(ns, u), live[u]) for u in (fact.get("users") or [None])]
-
-        payload = encode_sealed_facts(event, contributors)
-        checks = [(self.keys.data_key(ring.ref(ns, u), ns), live[u].kid, b"") for u in used]
-        reply = await streams.publish_sealed(self.redis, self.keys.stream_of(ns), [payload], checks)
-        if int(reply[0]) != 1:
-            raise ContributorForgotten("a contributor's data key was destroyed while facts were sealed")
-        sid = reply[1]
-        return event, sid.decode() if isinstance(sid, bytes) else str(sid), payload
-
-    async def publish_live(
-        self,
-        scope: FactScope,
-        gen: int,
-        seq: int,
-        facts: list[Fact],
-        removed: Sequence[str],
-        *,
-        min_cluster: int,
-        now: float,
-    ) -> tuple[FactsConsolidated, str, bytes]:
-        """Publish the snapshot `seq` of `facts` (`publish_snapshot`): (the event as published, its stream
-        id, its stored bytes). A forget that destroys a contributor's key meanwhile (ContributorForgotten)
-        is handled here: the facts are rebuilt without the users gone (`without_gone`) and published
-        again, so neither a run nor a forget's rebuild fails on an ordinary concurrent forget (a forget
-        applied by the projector that raised it dead-lettered the entry being projected). Raises
-        ContributorForgotten after PUBLISH_TRIES such races in a row."""
-        for _ in range(PUBLISH_TRIES - 1):
-            try:
-                return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), now))
-            except ContributorForgotten:
-                facts, dropped = await self.without_gone(
-                    scope, gen, facts, set(), min_cluster=min_cluster, now=now
-                )
-                removed = [*removed, *dropped]
-        return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), now))
-
-    async def without_gone(
-        self,
-        scope: FactScope,
-        gen: int,
-        facts: Sequence[Fact],
-        drop: set[str],
-        *,
-        min_cluster: int,
-        now: float,
-    ) -> tuple[list[Fact], list[str]]:
-        """`facts` with every fact that names an episode of `drop` (ids being forgotten) or a user whose
-        data key is gone (a forget published, not applied yet; only with a master key) rebuilt from its
-        other evidence, read back from the projection (`load_rows_by_id`) and passed through
-        `_sealable`; a rebuilt fact left with fewer than `min_cluster` episodes is removed. Returns
-        (facts, removed fact ids). The other facts are kept byte for byte.
-
-        Rebuilding, not dropping, the facts of a pending forget keeps the other users' part of a mixed
-        fact: several users' forgets queued behind one another must each leave the fact rebuilt
-        without them (a fact left out of a snapshot is out of the index, so a later forget's
-        rebuild, which finds facts by their evidence there, would never see it again)."""
-        gone: set[str] = set()
-        if self._ring is not None:
-            users = {u for f in facts for u in f.users}
-            live = await self._ring.live_keys(self.redis, scope.namespace, users)
-            gone = users - set(live)
-        out: list[Fact] = []
-        removed: list[str] = []
-        for f in facts:
-            if not (drop & set(f.evidence) or gone & set(f.users)):
-                out.append(f)
-                continue
-            keep = [e for e in f.evidence if e not in drop]
-            rows = await load_rows_by_id(self.redis, self.keys, gen, f.namespace, keep)
-            rows = await self._sealable(f.namespace, [r for r in rows if r.episode_id not in drop])
-            if len(rows) < min_cluster:
-                removed.append(f.fact_id)
-                continue
-            rebuilt = build_fact(
-                scope,
-                rows,
-                fact_id=f.fact_id,
-                now=now,
-                created_at=f.created_at,
-                version=f.version + 1,
-                evidence_since=f.evidence_since,
-                supersedes=f.supersedes,
-            )
-            if f.status == STATUS_SUPERSEDED:
-                rebuilt = replace(
-                    rebuilt,
-                    status=STATUS_SUPERSEDED,
-                    superseded_by=f.superseded_by,
-                    superseded_at=f.superseded_at,
-                )
-            out.append(rebuilt)
-        return out, removed
 
     async def clustering_rows(self, rows: list[Row]) -> list[Row]:
-        """`rows` with `cluster_vector` set on each episode holding text that nearly every episode of the
-        scope shares (`facts_plan.shared_sentences`): the embedding of its text without it.
-
-        Why: an agent's closing boilerplate ("Task completed. I followed the user's instructions...") is
-        part of every stored vector and makes unrelated tasks look alike, so average linkage chains them
-        into one fact (docs/architecture.md "Facts"). Episodes that came with their own vector keep it
-        (another model's space). Costs one embedding per such episode not embedded by an earlier run of
-        this process (`CLUSTER_TEXT_CACHE`); raises EmbeddingError when the embedder fails (the run fails
-        and the next trigger retries it)."""
+        """`rows` with `cluster_vector` set on each episode holding text nearly every episode of the scope
+        shares (`facts_plan.shared_sentences`, e.g. an agent's closing boilerplate): the embedding of its
+        text without it. Episodes with their own vector keep it. One embedding per episode this
+        Consolidator has not embedded (`CLUSTER_TEXT_CACHE`); EmbeddingError when the embedder fails."""
         embedder = self.embedder
         if embedder is None or not rows or embedder.dim != len(rows[0].vector):
             return rows
@@ -337,34 +137,8 @@ class Consolidator:
                 out[i] = replace(rows[i], cluster_vector=found[k].astype(np.float64))
         return out
 
-    async def _sealable(self, namespace: str, rows: list[Row]) -> list[Row]:
-        """`rows` without the episodes of users whose data key is gone (a forget published, not applied
-        yet): with a master key their facts could not be sealed (`publish_snapshot`), and the forget
-        erases them anyway, so the other users' part of a mixed fact is derived without them."""
-        if self._ring is None:
-            return rows
-        users = {r.episode.user_id for r in rows if r.episode.user_id is not None}
-        live = await self._ring.live_keys(self.redis, namespace, users)
-        return [r for r in rows if r.episode.user_id is None or r.episode.user_id in live]
-
-    # --- lease ---------------------------------------------------------------------------------
-    async def _acquire(self, namespace: str, scope_id: str, *, wait: float = 0.0) -> str | None:
-        token = uuid.uuid4().hex
-        deadline = time.monotonic() + wait
-        while True:
-            if await self.redis.set(
-                self.keys.consolidation_lock(namespace, scope_id), token, nx=True, px=self.settings.lease_ms
-            ):
-                return token
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(0.05)
-
-    async def _release_lock(self, namespace: str, scope_id: str, token: str) -> None:
-        await self._release(keys=[self.keys.consolidation_lock(namespace, scope_id)], args=[token])
-
     # --- triggers ------------------------------------------------------------------------------
-    async def on_batch(self, result) -> list[RunResult]:
+    async def on_batch(self, result: BatchResult) -> list[RunResult]:
         """Worker hook: count newly completed episodes per scope; consolidate scopes past a threshold."""
         touched: dict[str, tuple[FactScope, int, float]] = {}
         for namespace, folded in result.completed:
@@ -391,8 +165,7 @@ class Consolidator:
         for i, (s, _, _) in enumerate(increments):
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
             if self._reached(completed, importance):
-                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG (else a
-                # trickle of episodes past the threshold logs two INFO lines per episode)
+                # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG
                 pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
                 log.log(
                     logging.DEBUG if pending else logging.INFO,
@@ -415,30 +188,19 @@ class Consolidator:
         self._tasks[scope.scope_id] = asyncio.create_task(self._run_in_background(scope))
 
     async def _run_in_background(self, scope: FactScope) -> None:
-        """Run the scope's consolidation, at most once per `facts_min_interval` seconds: under a burst
-        of ingest, triggers coalesce into one run per interval instead of re-clustering the scope
-        after every `facts_every` episodes."""
+        """Run the scope's consolidation, at most once per `facts_min_interval` seconds across workers:
+        under a burst of ingest, triggers coalesce into one run per interval."""
         sid = scope.scope_id
         recent = self.keys.facts_recent(scope.namespace, sid)
         while not self._closing.is_set():
             wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
-            # the interval holds across workers: a per-process clock alone would let two processes
-            # each run the scope once per interval, seconds apart
             wait = max(wait, await self.redis.pttl(recent) / 1000.0)
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self._closing.wait(), wait)
-                    return  # closing: the counter was not reset, so the scope is picked up again later
-                except TimeoutError:
-                    pass
-                if not await self._still_triggered(scope):  # the run that made us wait consumed it
-                    return
+            # closing: the counter was not reset, so the scope is picked up again later
+            if wait > 0 and (await self._closed_within(wait) or not await self._still_triggered(scope)):
+                return  # (not triggered: the run that made us wait consumed it)
             deadline = time.monotonic() + self.settings.facts_min_interval
             while self._backlogged() and time.monotonic() < deadline and not self._closing.is_set():
-                try:
-                    await asyncio.wait_for(self._closing.wait(), min(0.25, self.settings.facts_min_interval))
-                except TimeoutError:
-                    pass
+                await self._closed_within(min(0.25, self.settings.facts_min_interval))
             if self._closing.is_set():
                 return
             self._again.discard(sid)
@@ -453,6 +215,14 @@ class Consolidator:
                 log.exception("facts ◆ consolidation of %s failed", sid[:12])
             if sid not in self._again:
                 return
+
+    async def _closed_within(self, seconds: float) -> bool:
+        """Wait up to `seconds` for `aclose`; whether it came."""
+        try:
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""
@@ -502,7 +272,7 @@ class Consolidator:
             return await self._consolidate(scope, now=now)
 
     async def _consolidate(self, scope: FactScope, *, now: float | None = None) -> RunResult:
-        token = await self._acquire(scope.namespace, scope.scope_id)
+        token = await self.acquire(scope.namespace, scope.scope_id)
         if token is None:
             return RunResult(scope, "busy")
         try:
@@ -513,7 +283,7 @@ class Consolidator:
             state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
             tags = await self.tags(gen)
             rows = await self.clustering_rows(
-                await self._sealable(
+                await self.sealable(
                     scope.namespace,
                     await load_rows(
                         self.redis,
@@ -581,18 +351,7 @@ class Consolidator:
                 summarizer_failures=failures,
             )
         finally:
-            await self._release_lock(scope.namespace, scope.scope_id, token)
-
-    def _event(
-        self, scope: FactScope, seq: int, facts: list[Fact], removed: Sequence[str], now: float
-    ) -> FactsConsolidated:
-        return FactsConsolidated(
-            namespace=scope.namespace,
-            occurred_at=now,
-            scope={**scope.to_data(), "seq": str(seq), "min_cluster": str(self.settings.facts_min_cluster)},
-            facts=tuple(f.to_data() for f in facts),
-            removed=tuple(removed),
-        )
+            await self.release(scope.namespace, scope.scope_id, token)
 
     async def _reset(self, scope: FactScope, counter: dict[bytes, bytes]) -> None:
         """Subtract what this run consumed (increments made meanwhile still count)."""
@@ -613,10 +372,8 @@ class Consolidator:
     async def _summarise(
         self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row], now: float
     ) -> tuple[list[Fact], int]:
-        """Rewrite the text of every current fact the summariser has not rewritten yet (new or changed
-        facts, and those that fell back on an earlier run); returns the facts and the failures. A
-        failure keeps the deterministic text, marked `summary="fallback"`, so a later run retries it;
-        a successful retry of an otherwise unchanged fact is a new version."""
+        """(facts, failures): every current fact the summariser has not rewritten yet rewritten, or marked
+        `summary="fallback"` on a failure (retried next run); an unchanged fact so changed is a new version."""
         if self.summarizer is None:
             return facts, 0
         before = {f.fact_id: f for f in previous}
@@ -627,17 +384,11 @@ class Consolidator:
                 text = await self.summarizer.summarize(
                     f.base_text, [tasks[e] for e in f.central if e in tasks]
                 )
-                unchanged = before.get(f.fact_id) == f
-                if text:
-                    f = replace(f, text=text, summary=SUMMARY_LLM)
-                    if unchanged:
-                        f = replace(f, version=f.version + 1, updated_at=now)
-                else:
-                    failures += 1
-                    if f.summary != SUMMARY_FALLBACK:
-                        f = replace(f, text=f.base_text, summary=SUMMARY_FALLBACK)
-                        if unchanged:
-                            f = replace(f, version=f.version + 1, updated_at=now)
+                failures += not text
+                new = replace(f, text=text or f.base_text, summary=SUMMARY_LLM if text else SUMMARY_FALLBACK)
+                if new != f and before.get(f.fact_id) == f:  # a new version of an unchanged fact
+                    new = replace(new, version=f.version + 1, updated_at=now)
+                f = new
             out.append(f)
         if failures:
             self.summarizer_failures += failures

@@ -1,42 +1,20 @@
-"""Semantic memory, the pure part: cluster a scope's episodes and plan its facts (see shared.facts).
+"""Semantic memory, the pure part: cluster a scope's episodes and plan its facts (no Redis, no event
+loop; docs/architecture.md "Facts" says why each choice).
 
-Clustering. `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
-the unit episode vectors. `d` is `ENGRAM_FACTS_DISTANCE`, or when unset the default calibrated for the
-embedder the live index was built with (`DEFAULT_DISTANCE`, measured by
-`bench.facts_calibration` on labelled task families). Chosen over k-means and HDBSCAN because
-(1) it needs no k: the number of task families is unknown and changes; (2) average linkage with a
-distance threshold states the guarantee we want directly — two groups are merged only when their
-*average* pairwise cosine distance is below `d`, so unrelated families do not chain through a pair of
-close episodes, where k-means with too small a k must merge them; (3) it is fully deterministic (no
-random initialisation), so the same episodes always give the same clusters; (4) it is exact on the small
-sets involved (a scope is capped at its newest `Settings.facts_max_episodes` episodes; O(n²) memory).
-HDBSCAN would need min_cluster_size tuning and labels small families as noise. Clusters smaller than
-`ENGRAM_FACTS_MIN_CLUSTER` yield no fact.
+Clustering: `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
+the unit vectors (or `Row.cluster_vector`: the embedding without the text the scope's episodes share,
+`shared_sentences`); `d` is `ENGRAM_FACTS_DISTANCE`, else `DEFAULT_DISTANCE` of the live index's
+embedder. Clusters smaller than `ENGRAM_FACTS_MIN_CLUSTER` yield no fact; centroids are those of the
+stored vectors.
 
-What is compared is each episode's stored vector, or, for an episode holding text that nearly every
-episode of the scope shares (an agent's closing boilerplate: `shared_sentences`), the embedding of its
-text without it (`Row.cluster_vector`, made by `Consolidator.clustering_rows`): shared text makes
-unrelated episodes alike and average linkage then chains them into one fact. Centroids stay those of
-the stored vectors.
+Facts are a function of the episodes (`derive`): each cluster's time-ordered evidence is cut into
+regimes (`shared.regimes`), the newest one the current fact, each older one a fact it superseded.
+Any interleaving of publishes and runs ends in the facts one run over the same episodes gives.
 
-Facts are a function of the episodes (`derive`, pure). Each cluster's time-ordered evidence is cut into
-regimes where its outcomes, or one approach's outcomes (the strategy, else the tools called), flip
-(`shared.regimes`: success rates on either side of 50%, 0.5 apart, each side >= min_cluster episodes,
-Fisher p <= 0.05). The newest regime is the cluster's current fact, each older one a fact it superseded
-(`status=superseded`, `superseded_by`; the newer one `supersedes` it and counts evidence from
-`evidence_since`). Nothing in this depends on the previous facts or on when consolidation ran: any
-interleaving of publishes and runs ends in the facts one run over the same episodes gives
-(property-tested), and every episode of a large enough cluster is in exactly one fact.
-
-Stable ids (`plan`). The previous facts only lend identities: each derived fact takes the id of the
-previous fact (current or superseded) holding the largest share (>= half) of that fact's evidence,
-greedily one to one, and with it `created_at` and `version`. An unchanged fact is kept byte for byte
-(no new version or `updated_at`); a changed one is `version` + 1; the summariser's rewrite stays while
-the deterministic text is the same. Previous superseded facts whose evidence has left the scope's window
-stay as history (at most HISTORY_LIMIT); any other previous fact no derived fact took is removed.
-
-No Redis and no event loop here: the rows come from `services.consolidator.facts_store`, and the
-Consolidator (`services.consolidator.facts`) runs `plan` in a thread.
+Stable ids (`plan`): each derived fact takes the id, `created_at` and `version` of the previous fact
+holding the largest share (>= half) of its evidence, greedily one to one. An unchanged fact is kept
+byte for byte, a changed one is `version` + 1; superseded facts whose evidence left the window stay as
+history (at most HISTORY_LIMIT); other previous facts no derived fact took are removed.
 """
 
 from __future__ import annotations
@@ -44,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -57,6 +35,9 @@ from shared.facts import (
     STATUS_SUPERSEDED,
     Fact,
     FactScope,
+    Row,
+    by_completion,
+    centroid_of,
     superseded,
 )
 from shared.keys import digest
@@ -75,30 +56,6 @@ FALLBACK_DISTANCE = 0.5
 def default_distance(embedder: str | None) -> float:
     """The calibrated threshold of the embedder the index was built with (FALLBACK_DISTANCE if unknown)."""
     return DEFAULT_DISTANCE.get(embedder or "", FALLBACK_DISTANCE)
-
-
-# --- inputs ---------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One completed episode of a scope with its unit vector (`vector`: the stored one, which facts'
-    centroids are made of). `cluster_vector`, when set, is what clustering compares instead: the
-    embedding of the episode's text without the text the scope's episodes share (`without_shared`)."""
-
-    episode: Episode
-    vector: np.ndarray
-    cluster_vector: np.ndarray | None = None
-
-    @property
-    def episode_id(self) -> str:
-        return self.episode.episode_id
-
-    @property
-    def completed_at(self) -> float:
-        return self.episode.completed_at if self.episode.completed_at is not None else 0.0
-
-
-def _order(rows: Sequence[Row]) -> list[Row]:
-    return sorted(rows, key=lambda r: (r.completed_at, r.episode_id))
 
 
 # --- text every episode of a scope shares ---------------------------------------------------------
@@ -122,10 +79,8 @@ def _sentences(text: str) -> list[str]:
 
 
 def shared_sentences(episodes: Sequence[Episode]) -> frozenset[str]:
-    """The sentences of the notes (observation, solution, result, outcome details; whitespace folded)
-    found in at least SHARED_SHARE of `episodes` — an agent's closing boilerplate ("Task completed. I
-    followed the user's instructions...") rather than anything about the task. Empty for fewer than
-    two episodes. The task description is never shared text: a scope of one task repeated is one topic."""
+    """The sentences of the notes (`_notes`; whitespace folded) found in at least SHARED_SHARE of
+    `episodes` (an agent's closing boilerplate); empty for fewer than two. Never the task description."""
     if len(episodes) < 2:
         return frozenset()
     seen: Counter[str] = Counter()
@@ -148,17 +103,13 @@ def without_shared(episode: Episode, shared: frozenset[str]) -> str | None:
 
 # --- clustering and statistics (pure) -------------------------------------------------------------
 def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
-    """Row indices grouped by average-linkage agglomerative clustering on cosine distance.
-
-    Groups are ordered by their smallest index; deterministic for a given input order.
-    """
+    """Row indices grouped by average-linkage clustering on cosine distance, by smallest index."""
     n = len(vectors)
     if n == 0:
         return []
     if n == 1:
         return [[0]]
-    # imported here: scikit-learn was 2.7 s of every process's start (measured with -X importtime; the
-    # query service opened its port that much later) and a process may never cluster
+    # imported here: scikit-learn was 2.7 s of every process's start, which may never cluster
     from sklearn.cluster import AgglomerativeClustering
 
     labels = AgglomerativeClustering(
@@ -168,10 +119,6 @@ def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
     for i, label in enumerate(labels):
         groups.setdefault(int(label), []).append(i)
     return sorted(groups.values(), key=lambda g: g[0])
-
-
-def _rate(rows: Sequence[Row]) -> float:
-    return sum(r.episode.outcome == "success" for r in rows) / len(rows) if rows else 0.0
 
 
 def _clip(text: str, n: int) -> str:
@@ -188,12 +135,6 @@ def _failure_messages(ep: Episode) -> list[str]:
     return sorted({_clip(m, 200) for m in msgs if m.strip()})
 
 
-def centroid_of(matrix: np.ndarray) -> np.ndarray:
-    """The unit mean of the evidence's unit vectors (`matrix`: [n, dim]), float32[dim]."""
-    centroid = matrix.mean(axis=0)
-    return (centroid / max(float(np.linalg.norm(centroid)), 1e-12)).astype(np.float32)
-
-
 def build_fact(
     scope: FactScope,
     rows: Sequence[Row],
@@ -206,7 +147,7 @@ def build_fact(
     supersedes: str | None = None,
 ) -> Fact:
     """A fact from its evidence rows: statistics, centroid, confidence, kind and deterministic text."""
-    rows = _order(rows)
+    rows = by_completion(rows)
     n = len(rows)
     eps = [r.episode for r in rows]
     successes = sum(e.outcome == "success" for e in eps)
@@ -368,18 +309,16 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
     """A cluster's time-ordered evidence cut where outcomes or one approach's outcomes flip
     (`shared.regimes.segments`; an approach is the strategy, else the tools called:
     `shared.regimes.approach`), oldest first; every regime has at least `min_size` rows."""
-    rows = _order(rows)
+    rows = by_completion(rows)
     success = [r.episode.outcome == "success" for r in rows]
     strategies = [approach(r.episode.strategy_used, (a.action_type for a in r.episode.actions)) for r in rows]
     return [rows[a:b] for a, b in segments(success, strategies, min_size)]
 
 
 def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[list[list[Row]]]:
-    """The scope's fact state as a function of its episodes alone: per cluster of at least `min_cluster`
-    episodes (in the order of their oldest episode), its regimes oldest first. The newest regime is the
-    current fact; each older one is a fact it superseded. No previous state, no clock: the same episodes
-    give the same regimes however (and however often) they were consolidated before."""
-    rows = _order(rows)
+    """Per cluster of at least `min_cluster` episodes (by oldest episode), its regimes oldest first (the
+    newest the current fact): a function of the episodes alone, no previous state, no clock."""
+    rows = by_completion(rows)
     if not rows:
         return []
     vectors = np.stack([r.vector if r.cluster_vector is None else r.cluster_vector for r in rows])
@@ -396,15 +335,9 @@ def plan(
     distance: float,
     now: float,
 ) -> tuple[list[Fact], list[str]] | None:
-    """The scope's next facts (current and history) and removed ids; None when nothing changes.
-
-    What the facts say (evidence, statistics, kind, text, which one is current) is `derive(rows)`; the
-    previous facts only lend their ids, versions, creation times and summarised texts: each derived fact
-    takes the id of the previous fact (current or superseded) holding the largest share (>= half) of
-    that fact's evidence, greedily one to one; unchanged facts are kept byte for byte. Previous
-    superseded facts whose evidence left the scope's window entirely stay as history; every other
-    previous fact that no derived fact took is removed.
-    """
+    """The scope's next facts (current and history) and removed ids; None when nothing changes. What
+    they say is `derive(rows)`; the previous facts only lend ids, versions, creation times and summarised
+    texts (module docstring, "Stable ids")."""
     derived = derive(rows, min_cluster=min_cluster, distance=distance)
     items = [(gi, k, part) for gi, parts in enumerate(derived) for k, part in enumerate(parts)]
     last = {gi: len(parts) - 1 for gi, parts in enumerate(derived)}

@@ -1,13 +1,10 @@
-"""Semantic memory in Redis: the episode rows facts are built from, and the projection of the facts.
+"""Semantic memory in Redis: the rows facts are built from, and the projection of the facts.
 
-Reads: `load_rows` (a scope's newest completed episodes with their vectors, from the episode index),
-`load_rows_by_id` (the episodes a fact names, which forgetting rebuilds from), `load_state` (a scope's
-applied facts, sequence number, snapshot stream ids and min_cluster). Writes: `apply_snapshot` projects
-a `FactsConsolidated` event (one MULTI per scope under WATCH; a snapshot older than the applied one is
-ignored), both when a run publishes it and when the worker consumes it, so a replay rebuilds facts;
-`import_snapshots` carries every scope's last applied snapshot into a new generation (replay). A
-snapshot projected into a generation of another embedder gets centroids of that generation's vectors
-(`reembedded`).
+Reads: `load_rows` (a scope's newest completed episodes with their vectors), `load_rows_by_id` (the
+episodes a fact names), `load_state` (a scope's applied facts). Writes: `apply_snapshot` projects a
+`FactsConsolidated` (one MULTI per scope under WATCH; an older snapshot is ignored), when a run
+publishes it and again when the worker consumes it; `import_snapshots` carries every scope's last
+snapshot into a replay's generation.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from redis.exceptions import WatchError
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
-from services.consolidator.facts_plan import Row, _order, centroid_of
 from shared import cluster, generations
 from shared.codec import encode
 from shared.facts import (
@@ -34,6 +30,9 @@ from shared.facts import (
     DOC_FIELD,
     Fact,
     FactScope,
+    Row,
+    by_completion,
+    centroid_of,
     ensure_facts_index,
     fact_fields,
     fact_from_doc,
@@ -68,14 +67,10 @@ def _row(doc: bytes | None, vector: bytes | None) -> Row | None:
 async def load_rows(
     r: aioredis.Redis, index: str, scope: FactScope, limit: int, tags: TagCodec, *, page: int | None = None
 ) -> list[Row]:
-    """The scope's newest `limit` completed episodes with their vectors, read `page` (PAGE) at a time.
-
-    A search sorted by completion sorts every match in one go, and a namespace of 300,000 episodes ran
-    past the search module's TIMEOUT. So the keys and completion times of the scope's episodes come
-    through an unsorted FT.AGGREGATE cursor, `page` per read (each read answers within the timeout,
-    whatever the namespace's size), the newest `limit` kept as they come (ties: the greater key);
-    then their documents and vectors, `page` per pipeline. A document deleted or changed meanwhile is
-    skipped, as is an unreadable one. Raises ResponseError for a missing index."""
+    """The scope's newest `limit` completed episodes with their vectors: keys and completion times
+    through an unsorted FT.AGGREGATE cursor, `page` (PAGE) per read (a sorted search of 300,000
+    episodes ran past the search TIMEOUT), the newest kept (ties: the greater key), then the documents,
+    `page` per pipeline; deleted, changed or unreadable ones skipped. ResponseError for a missing index."""
     filters = Scope(
         namespace=scope.namespace,
         tags=tags,
@@ -124,7 +119,7 @@ async def load_rows(
                 row = _row(doc, vector) if status == STATUS_COMPLETED.encode() else None
                 if row is not None:
                     rows.append(row)
-    return _order(rows)
+    return by_completion(rows)
 
 
 async def load_rows_by_id(
@@ -141,12 +136,12 @@ async def load_rows_by_id(
             row = _row(doc, vec)
             if row is not None:
                 rows.append(row)
-    return _order(rows)
+    return by_completion(rows)
 
 
 async def reembedded(r: aioredis.Redis, keys: Keys, gen: int, facts: Sequence[Fact]) -> list[Fact]:
     """`facts` with each centroid computed from its evidence's vectors in generation `gen`, as a run
-    computes it (`facts_plan.centroid_of`); a fact none of whose evidence is there (expired, forgotten)
+    computes it (`centroid_of`); a fact none of whose evidence is there (expired, forgotten)
     gets no centroid: listed and filtered, never found by similarity. Text, ids and versions stay."""
     out = []
     for f in facts:
@@ -215,14 +210,11 @@ async def apply_snapshot(
     payload: bytes | None = None,
     reembed: bool = False,
 ) -> bool:
-    """Project a scope snapshot into generation `gen` (whose TAG digests are `tags`, whose vectors have
-    `dim` dimensions) atomically; False when an equal or newer one is in. `payload` is the event's
-    stored bytes (sealed with a master key), kept with the scope for a replay; None stores
-    `encode(event)`. With `reembed` (a replay into another embedder's generation), and for any fact
-    whose centroid has not `dim` dimensions (the index could not hold it), the centroid is computed
-    again from the fact's evidence in `gen` (`reembedded`); the stored event stays as it came.
-    StaleGeneration (what was written swept) when `gen` is neither live nor being built once written
-    (`shared.generations`)."""
+    """Project a scope snapshot into generation `gen` (TAG digests `tags`, vectors of `dim`) atomically;
+    False when an equal or newer one is in. `payload` (the stored bytes, sealed or not; None:
+    `encode(event)`) is kept with the scope for a replay. With `reembed`, and for a centroid not of
+    `dim`, centroids are computed again from the evidence in `gen` (`reembedded`). StaleGeneration when
+    `gen` is neither live nor building once written."""
     scope, seq, facts = snapshot_facts(event)
     await ensure_facts_index(r, keys, gen, dim, point_alias=await current_generation(r, keys) == gen)
     await cluster.ensure_shards(r, [keys.facts_index(gen)], [scope.namespace])
@@ -264,8 +256,7 @@ async def apply_snapshot(
                 break
             except WatchError:
                 continue
-    # a run that read the generation before a replay swapped and dropped it wrote into a dead one:
-    # swept here (StaleGeneration); the snapshot is in the stream, for the live generation
+    # written into a generation a replay dropped meanwhile: swept here (StaleGeneration)
     await generations.check_writable(r, keys, gen)
     return True
 
@@ -281,15 +272,9 @@ async def import_snapshots(
     *,
     reembed: bool = False,
 ) -> int:
-    """Replay hook: project every scope's last applied snapshot of generation `old` into `new`
-    (`reembed`: with centroids of `new`'s vectors, see `apply_snapshot`).
-
-    The stream may have been trimmed (services.consolidator.retention), so the snapshot event a scope
-    was built from is kept with its projection state; replaying the stream afterwards applies only newer
-    snapshots (sequence numbers). Sealed snapshots are opened with `keyring` (the deployment's keys)
-    and stored sealed as they were; one naming a forgotten user's key is skipped. Returns the number
-    of scopes imported.
-    """
+    """Replay: project every scope's last applied snapshot of generation `old` (kept with its state, as
+    the stream may be trimmed) into `new` (`reembed` as in `apply_snapshot`); sealed ones opened with
+    `keyring`, a forgotten user's skipped. Returns the scopes imported."""
     from shared.codec import decode, key_refs, unpack
 
     imported = 0

@@ -1,15 +1,11 @@
-"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation, and
-from the generation a replay is building beside it (`shared.generations`).
+"""Forgetting: erase an episode, or a user's episodes, from the projections of one generation and of
+the generation a replay is building beside it (`shared.generations`).
 
-The projector applies `EpisodeForgotten` and `UserForgotten` events in stream order between its
-episode-event segments, and erases an episode written after its user's forget time (the write scripts
-report it) through the `Forgetting` of its generation. Erasing an episode tombstones it, XDELs the stream
-entries and the dead letters holding its data, deletes its projection, and rebuilds the facts whose
-evidence named it (`services.consolidator.facts_forget`). Erasing a user destroys their data key first
-(with a master key), then erases every episode of theirs that began no later than the forget.
-
-What remains in Redis's files afterwards (the AOF, the stream's listpack nodes) is the housekeeping of
-`services.consolidator.erasure`, which this marks pending.
+The projector applies `EpisodeForgotten` and `UserForgotten` in stream order, and erases an episode
+written after its user's forget time (the write scripts report it). Erasing an episode tombstones it,
+XDELs its stream entries and dead letters, deletes its projection and rebuilds the facts whose
+evidence named it (`facts_snapshots.Snapshots.forget`). Erasing a user destroys their data key first
+(with a master key). What stays in Redis's files is `erasure`'s, which this marks pending.
 """
 
 from __future__ import annotations
@@ -20,9 +16,11 @@ from redis.exceptions import ResponseError
 
 from engram_episodic.errors import DecodeError
 from services.consolidator import deadletters, erasure
+from services.consolidator.facts_snapshots import Snapshots
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import cluster, generations, streams
 from shared.codec import occurred_at, unpack
+from shared.embedding_base import Embedder
 from shared.facts import facts_with_evidence
 from shared.index import DOC_FIELD, Scope, filter_search, generation_tags, is_missing_index
 from shared.keyring import KeyRing
@@ -52,15 +50,15 @@ def _event_id(payload: bytes | None) -> str | None:
 
 
 class Forgetting:
-    """Erases episodes and users from generation `gen` (one per Projector). `embedder` gives the
-    dimension of the facts index that a forget rebuilds; `tags` are the generation's TAG digests;
-    `settings` the process's, which the rebuild of facts uses (its lease, facts_min_cluster)."""
+    """Erases episodes and users from generation `gen` (one per Projector). `embedder.dim` is the facts
+    index's vector size; `tags` the generation's TAG digests; `settings` the process's (the facts
+    rebuild takes the scope's lease for `lease_ms` and falls back on `facts_min_cluster`)."""
 
     def __init__(
         self,
         redis: aioredis.Redis,
         keys: Keys,
-        embedder,
+        embedder: Embedder,
         gen: int,
         *,
         tags: TagCodec,
@@ -68,13 +66,12 @@ class Forgetting:
         settings: Settings,
     ):
         self.redis = redis
-        self.settings = settings
         self.keys = keys
-        self.embedder = embedder
         self.gen = gen
         self.tags = tags
         self.keyring = keyring
         self._forget_user = redis.register_script(FORGET_USER_LUA)
+        self.snapshots = Snapshots(settings, redis, embedder.dim, tags={gen: tags})
         self._facts_due: dict[str, list[str]] = {}  # namespace -> erased episodes, facts not yet rebuilt
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool | str = True) -> None:
@@ -106,14 +103,10 @@ class Forgetting:
             await self.forget_facts(namespace, [episode_id])
 
     async def drop_superseded(self, namespace: str, episode_id: str, event_ids: frozenset[str]) -> None:
-        """Delete the events of an episode's earlier users (`Folded.superseded`: they no longer
-        contribute to it) from its event hash, and the stream entries holding them (found by the clear
-        event id of their payloads): the episode is its latest user's now, so a forget of an earlier
-        user does not reach it, and must find none of that user's text left in it. The facts whose
-        evidence named the episode (distilled from an earlier user's version) are rebuilt at the next
-        `flush_facts`, as for an erased episode; a later consolidation takes its current version in.
-        Idempotent; the stream entries go first, so a failure part-way leaves the events for the next
-        write to drop."""
+        """Delete the events of an episode's earlier users (`Folded.superseded`) from its event hash and
+        the stream entries holding them (by their clear event id): a forget of an earlier user no longer
+        reaches the episode, so none of that user's text may stay in it. Its facts are rebuilt at the
+        next `flush_facts`. Idempotent; stream entries first, so a failure leaves the rest for later."""
         if not event_ids:
             return
         k, g = self.keys, self.gen
@@ -142,8 +135,7 @@ class Forgetting:
         self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def flush_facts(self) -> None:
-        """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"` (one rebuild
-        per forget made an agent's 2,330 episodes take 160 s against a user's 2 s). Raises as
+        """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"`. Raises as
         `forget_facts` does: the batch stays pending and is applied again (erasing is idempotent)."""
         due, self._facts_due = self._facts_due, {}
         for namespace, episode_ids in due.items():
@@ -151,21 +143,9 @@ class Forgetting:
                 await self.forget_facts(namespace, episode_ids)
 
     async def forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`, in one
-        pass (`facts_forget.forget_evidence`)."""
-        from services.consolidator.facts_forget import forget_evidence
-
+        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`."""
         await self._forget_facts_in_building(namespace, episode_ids)
-        await forget_evidence(
-            self.redis,
-            self.keys,
-            self.gen,
-            namespace,
-            episode_ids,
-            self.embedder.dim,
-            self.tags,
-            settings=self.settings,
-        )
+        await self.snapshots.forget(self.gen, namespace, episode_ids)
 
     async def _building(self) -> int | None:
         """The generation a replay is building beside this one (`shared.generations`), if any."""
@@ -200,18 +180,11 @@ class Forgetting:
             )
 
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
-        """Erase every episode (draft or completed) of `user_id` in `namespace` that began no later than
-        the user's forget time (UTC epoch seconds; the latest forget wins); returns the count.
-
-        An episode whose first event is later than the forget is the user's new activity and is kept,
-        whatever order the forget and the episode are processed in: the write scripts apply the same
-        rule when the episode is written after the forget, and this sweep applies it to documents
-        written before it (a forget processed after a newer episode must not erase it).
-
-        With a key ring, the user's data key is destroyed first, before any other cleanup (unless it was
-        created after the forget: new activity), so that every copy of the user's sealed events is
-        unreadable from that moment, whatever happens to the rest of this sweep.
-        """
+        """Erase every episode of `user_id` in `namespace` that began no later than the user's forget
+        time (UTC epoch seconds; the latest forget wins); returns the count. A later episode is new
+        activity and kept (the write scripts apply the same rule to episodes written after the forget).
+        With a key ring the user's data key is destroyed first, so every sealed copy is unreadable at
+        once whatever happens to the rest."""
         if self.keyring is not None:
             await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
         await erasure.mark_pending(self.redis, self.keys)

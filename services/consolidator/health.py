@@ -1,20 +1,15 @@
-"""The consolidator's operations port: `GET /healthz` and `GET /metrics` on `ENGRAM_METRICS_PORT`.
+"""The consolidator's operations port: `GET /healthz` and `GET /metrics` on `ENGRAM_METRICS_PORT`,
+served in the worker's own event loop (a loop that stops turning stops answering).
 
-Served by aiohttp in the worker's own event loop, so a loop that stops turning (a blocking call, a
-deadlock) stops answering too: a probe's timeout then reads as unhealthy, like a 503.
-
-`/healthz` answers 200 only when the worker is consuming: every lane turned within `stall` seconds
-(`Settings.health_stall`; a lane embedding a batch turns after each forward pass it completes,
-`shared.embed_progress.reporting_progress`) and Redis answered a PING within `PING_TIMEOUT`. Otherwise 503, with
-`status` one of `starting` (loading the embedder, or waiting for Redis at start), `stuck` (a lane
-has not come round for longer than `stall`), `paused` (the live index uses another embedder;
-`reindex`), `redis unreachable`. The body (JSON) always carries `checks` and the ages, e.g.::
+`/healthz` answers 200 when every lane turned within `stall` seconds (`Settings.health_stall`; a lane
+embedding a batch turns after each forward pass) and Redis answered a PING within `PING_TIMEOUT`; else
+503 with `status` `starting`, `stuck`, `paused` (another embedder's index) or `redis unreachable`. The
+JSON body always carries `checks` and the ages, e.g.::
 
     {"status": "ok", "checks": {"loop": true, "redis": true}, "consumer": "host-12-ab12cd",
      "lanes": 4, "loop_age_seconds": 0.4, "last_batch_age_seconds": 12.9, "processed": 812}
 
-`loop_age_seconds` is the age of the lane that turned least recently; `last_batch_age_seconds` the age
-of the last batch projected and acked (null before the first: an idle worker is healthy).
+(`loop_age_seconds`: the least recently turned lane; `last_batch_age_seconds`: null before the first.)
 """
 
 from __future__ import annotations
@@ -107,9 +102,7 @@ def operations_app(health: Health, registry: CollectorRegistry) -> web.Applicati
 async def start_operations(
     health: Health, registry: CollectorRegistry, *, host: str, port: int
 ) -> web.AppRunner:
-    """Serve `operations_app` on host:port; returns the runner (`await runner.cleanup()` stops it).
-
-    Raises OSError when the port cannot be bound (e.g. taken by another process)."""
+    """Serve `operations_app` on host:port; the runner (`cleanup()` stops it). OSError if the port is taken."""
     # aiohttp never decodes a body (shared.content_coding): a false gzip body logged a traceback per request
     runner = web.AppRunner(operations_app(health, registry), access_log=None, auto_decompress=False)
     await runner.setup()

@@ -47,9 +47,8 @@ class WorkerMetrics:
 
 
 def summarizer_failures(registry: CollectorRegistry) -> Counter:
-    """`engram_summarizer_failures_total{reason}`: fact texts the optional summariser failed to rewrite
-    (they keep the deterministic text, marked summary=fallback, and are retried on the next run). The
-    consolidator process and the query service (on-demand runs) each register it in their registry."""
+    """`engram_summarizer_failures_total{reason}`: fact texts the summariser failed to rewrite, in
+    `registry` (the consolidator's and the query service's each)."""
     return Counter(
         "engram_summarizer_failures_total",
         "Fact summaries that failed and fell back to the deterministic text",

@@ -1,18 +1,12 @@
 """The pure fold: an episode's events (any order, any duplicates) → its projected state.
 
-Deterministic in the *set* of events: events are de-duplicated by `event_id` and sorted by
-`(occurred_at, kind, event_id)` before merging, so N workers folding interleaved, duplicated
-deliveries reach the same document as a sequential replay. Later snapshots
-override earlier ones field by field (a None never erases a value); actions are the union of every
-snapshot's actions and every `ActionRecorded`, de-duplicated by `action_id` and ordered by time.
-Every step keeps an episode the model accepts (`validation.episode_problems`): an update that would
-break it is not applied, nor are a snapshot's fields that would (its actions still join the union).
-
-An episode belongs to its latest user: a snapshot naming another `user_id` than the one before it starts
-the episode afresh, and only the events from the last such change on are folded (`_current`). The
-earlier events are reported as `superseded` (the projector drops them from the episode's event hash and
-the stream), so forgetting an earlier user leaves none of its text in the episode, and a replay folds the
-same episode with or without them.
+Deterministic in the *set* of events: de-duplicated by `event_id` and sorted by `(occurred_at, kind,
+event_id)`, so N workers folding interleaved deliveries reach the document a sequential replay does.
+Later snapshots override earlier ones field by field (None never erases); actions are the union of
+every snapshot's and every `ActionRecorded`, by `action_id`, in time order. A step that would break
+the episode model (`validation.episode_problems`) is not applied. An episode belongs to its latest
+user: a snapshot naming another `user_id` starts it afresh (`_current`), the earlier events reported
+as `superseded` (the projector drops them, so a forget of an earlier user leaves none of its text).
 """
 
 from __future__ import annotations
@@ -42,12 +36,9 @@ _KIND_ORDER = {EpisodeStarted: 0, ActionRecorded: 1, EpisodeCompleted: 2, Episod
 
 @dataclass(frozen=True, slots=True)
 class Folded:
-    """The projection of one episode.
-
-    `episode` is None while no start or completion has arrived (only actions): nothing to index yet.
-    `first_occurred_at` (UTC epoch seconds) is compared with a user's forget time. `superseded` are the
-    ids of the events of the episode's earlier users (`_current`), which contribute nothing.
-    """
+    """The projection of one episode: `episode` None while only actions arrived (nothing to index);
+    `first_occurred_at` (UTC epoch s) is compared with a forget time; `superseded` are the event ids
+    of the episode's earlier users (`_current`)."""
 
     episode: Episode | None
     status: str
@@ -57,10 +48,8 @@ class Folded:
 
 
 def _merge(base: Episode | None, update: Episode) -> Episode:
-    """`base` overridden by a later snapshot field by field; `base` unchanged when the merge is one the
-    episode model refuses (`episode_problems`: e.g. its completed_at before base's started_at, or an
-    expired episode re-posted with a later completed_at). Never the snapshot alone: that dropped the
-    stored user_id and expires_at while the actions stayed, so a forget or the expiry sweep missed them."""
+    """`base` overridden by a later snapshot field by field (never the snapshot alone: base's user_id
+    and expires_at stay), or unchanged when the episode model refuses the merge (`episode_problems`)."""
     if base is None:
         return update
     changes = {}
@@ -73,11 +62,9 @@ def _merge(base: Episode | None, update: Episode) -> Episode:
 
 
 def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
-    """`base` with an update's changes (`events.updated`), or `base` unchanged when the result is one
-    the episode model refuses (`episode_problems`: `PATCH` answers 422 for it when the episode is
-    stored; this covers an update accepted before its episode was projected, or two racing). None
-    stays None: an update of an episode whose snapshot has not arrived waits for it (it sorts after it
-    by time, folded again then)."""
+    """`base` with an update's changes (`events.updated`), or unchanged when the episode model refuses
+    the result (an update accepted before its episode was projected, or two racing). None stays None:
+    the update is folded again once the snapshot arrives."""
     if base is None:
         return None
     changed = updated(base, update)
@@ -86,20 +73,15 @@ def _updated(base: Episode | None, update: EpisodeUpdated) -> Episode | None:
 
 def _action_key(action: Action) -> tuple:
     """An action's identity: its `action_id`, else its content with the timestamp as the API writes it
-    (ISO 8601, microseconds): an episode read back and published again (an export, then an import)
-    carries its anonymous actions' timestamps rounded so, and must fold to the same actions, not
-    copies."""
+    (ISO 8601, microseconds), so an exported and re-imported episode folds to the same actions."""
     if action.action_id:
         return (action.action_id,)
     return ("anon", dataclasses.replace(action, timestamp=None), format_instant(action.timestamp))
 
 
 def _current(ordered: list[Event]) -> tuple[list[Event], frozenset[str]]:
-    """The events of the episode's current (latest) user, in order, and the ids of the others.
-
-    The current user's events begin at the last snapshot (Started, Completed) whose `user_id` differs
-    from the one named before it (a snapshot without a user changes nothing); an update sealed for
-    another user (`EpisodeUpdated.user_id`) after that point is not theirs either."""
+    """The events of the episode's current user, in order, and the ids of the others: from the last
+    snapshot whose `user_id` differs from the one before it, without updates sealed for another user."""
     start, user = 0, None
     for i, event in enumerate(ordered):
         if isinstance(event, EpisodeStarted | EpisodeCompleted) and event.episode.user_id is not None:

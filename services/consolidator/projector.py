@@ -1,29 +1,19 @@
-"""Apply a batch of stream entries to the projections of one generation.
+"""Apply a batch of decoded stream entries (`decoding`) to the projections of one generation.
 
-Each episode's events are stored in its own event hash (`HSETNX` by `event_id`: duplicates are no-ops)
-with their stream ids, unless it is tombstoned; its document is a pure function of that set (`fold`),
-written only while the hash holds exactly the events folded. Two ways, one round trip per phase each:
+Each episode's events are stored in its event hash (`HSETNX` by `event_id`) with their stream ids,
+unless it is tombstoned; its document is a pure function of that set (`fold`), written only while the
+hash holds exactly the events folded, the check and the write one script (`scripts`):
 
-- **fast path** (events in hand that fold to a document, e.g. a whole `EpisodeCompleted`): fold and embed
-  them, then one Lua call records them and writes the document if the hash now holds exactly those
-  events (`HLEN` check) and no tombstone applies; else (the episode began in an earlier batch, or another
-  worker added an event) it takes the slow path, reusing the vector when its text did not change. With
-  a model embedder (`Embedder.cheap` false) an episode that has a document skips the fast path: it is
-  embedded at most once, and only when its text changed.
-- **slow path**: record, read the stored events back, fold, embed, and write under the same `HLEN` check
-  (`WRITE_LUA`), folding again when another worker added an event in between.
+- **fast path** (events in hand that fold to a document): fold and embed them, then one call records
+  them and writes the document; else (the episode began earlier, or another worker added an event) the
+  slow path, reusing the vector when the text did not change. With a model embedder (`Embedder.cheap`
+  false) an episode that has a document skips the fast path, so it is embedded only when its text changed.
+- **slow path**: record, read the stored events back, fold, embed, write; fold again when another
+  worker added an event in between.
 
-No check-then-write window on either path: the check and the write are one script. Forget events apply
-in stream order between episode-event segments (a batch's facts rebuilt once: `flush_facts`).
-
-Sealed entries (a master key configured, `shared.crypto`): the keys a batch names are fetched in one
-pipeline (`KeyRing.prefetch`) and the events opened with them; the event hashes keep the sealed bytes,
-so only the documents hold plaintext. An entry whose data key is gone (its user was forgotten) is acked,
-deleted from the stream and counted as `shredded`, never logged or dead-lettered (a sealed entry's
-dead-letter reason names fields, never their values).
-
-Results per entry: `ok` (ack it) or `dead` with a reason (dead-letter it). Transport or embedder failures
-raise; the caller leaves the batch pending for redelivery."""
+Forget events apply in stream order between episode-event segments (a batch's facts rebuilt once).
+Results per entry: `ok` (ack) or `dead` with a reason; transport or embedder failures raise, leaving
+the batch pending."""
 
 from __future__ import annotations
 
@@ -33,7 +23,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 import msgpack
@@ -53,14 +42,13 @@ from engram_episodic.events import (
     FactsConsolidated,
     UserForgotten,
 )
-from services.consolidator.deadletters import withhold_values
+from services.consolidator.decoding import BatchResult, Decoder, dead_reason
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
 from shared import cluster, generations, streams, tracing
-from shared.codec import decode, decode_envelope, is_sealed, key_refs, unpack
-from shared.crypto import KeyDestroyed
+from shared.codec import unpack
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
@@ -72,16 +60,11 @@ log = logging.getLogger("engram.consolidator")
 
 
 PROJECT_CHUNK = 32
-"""Episodes per fast-path call: one call instead of 32 amortises the script's fixed cost on both sides,
-while keeping each atomic call short (~5 ms of Redis time) for the other clients waiting behind it."""
+"""Episodes per fast-path call: amortises the script's fixed cost, each call ~5 ms of Redis time."""
 
 WRITES_IN_FLIGHT = 2
-"""Fast-path pipelines of one process that Redis works on at once (the lanes queue for a turn, in order).
-Redis serves its clients' pipelines side by side, so the lanes' batches, sent unchecked, all finished
-together and then all computed together while Redis sat idle: ~15% of a backlog drain, in gaps of
-10-20 ms (sampled from /proc/PID/schedstat). One pipeline at a time left a gap at each hand-over
-while the event loop was busy with another lane's batch; two keep Redis fed (make bench, ingest:
-+8-10%)."""
+"""Fast-path pipelines of one process Redis works on at once: with one, Redis sat idle at each hand-over
+between lanes; unchecked, all lanes computed together while it sat idle (make bench, ingest: +8-10%)."""
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeUpdated)
 
@@ -90,16 +73,15 @@ MAX_WRITE_ATTEMPTS = 8
 
 
 def _payload(entry: streams.Entry) -> bytes:
-    """The payload of an entry in an episode-event segment: `apply` never puts an entry without one
-    (deleted while pending, or not ours) there."""
+    """The payload of an entry of an episode-event segment (`Decoder.events` yields none without)."""
     return cast(bytes, entry.payload)
 
 
 def _split_paths(
     by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
 ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[streams.Entry, EpisodeEvent]]]:
-    """Episodes whose events in hand already make a document (the fast path: their fold, and payloads by
-    event id, first copy of a redelivered event kept) and the events of the others (recorded only)."""
+    """The episodes whose events in hand make a document (fast path: ident, payloads by event id, fold)
+    and the events of the others (recorded only)."""
     fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]] = []
     record_only: list[tuple[streams.Entry, EpisodeEvent]] = []
     for ident, items in by_episode.items():
@@ -116,23 +98,9 @@ def _split_paths(
     return fast, record_only
 
 
-@dataclass(slots=True)
-class BatchResult:
-    """Stream ids to ack, entries to dead-letter `(entry, reason)`, newly completed episodes."""
-
-    ok: list[bytes] = field(default_factory=list)
-    dead: list[tuple[streams.Entry, str]] = field(default_factory=list)
-    completed: list[tuple[str, Folded]] = field(default_factory=list)
-
-
 class Projector:
-    """Projects entries into generation `gen` (see module docstring). One per worker process.
-
-    `embedder` has `name`, `dim`, `async embed(texts) -> float32[n, dim]` and `truncations`; `tags` is
-    the generation's TAG digest function (`ensure_episode_index` returns it; `shared.tags`); `settings`
-    are the process's (a forget's rebuild of facts takes the scope lease with `lease_ms` and falls back
-    on `facts_min_cluster`).
-    """
+    """Projects entries into generation `gen`; one per worker process. `tags` is the generation's TAG
+    digest function; `reembed_facts` (a reindex) gives facts centroids of this generation's vectors."""
 
     def __init__(
         self,
@@ -148,7 +116,7 @@ class Projector:
         reembed_facts: bool = False,
     ):
         self.redis = redis
-        self.reembed_facts = reembed_facts  # a reindex: facts get centroids of this generation's vectors
+        self.reembed_facts = reembed_facts
         self.tags = tags
         self.keyring = keyring
         self.keys = keys
@@ -162,36 +130,17 @@ class Projector:
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
         )
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        self.decoder = Decoder(
+            redis, keyring, dim=embedder.dim, embedder_name=embedder.name, metrics=self.metrics
+        )
 
     # --- entry point ----------------------------------------------------------------------------
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:
         result = BatchResult()
         segment: list[tuple[streams.Entry, EpisodeEvent]] = []
-        envelopes = await self._open_envelopes([e.payload for e in entries])
         shredded: list[streams.Entry] = []
-        for entry, envelope in zip(entries, envelopes, strict=True):
-            if entry.payload is None:  # deleted from the stream by a forget while pending
-                result.ok.append(entry.stream_id)
-                continue
-            if not entry.payload:
-                result.dead.append(
-                    (entry, f"DecodeError: the entry has no payload field {streams.FIELD.decode()!r}")
-                )
-                self.metrics.events.labels("unknown", "dead").inc()
-                continue
-            try:  # a dead entry of a forgotten episode is deleted with its dead letter (deadletters.dead_letter)
-                event = self._decode(entry.payload, envelope)
-                self._check_vector(event)
-            except KeyDestroyed:  # its user was forgotten: unreadable by design, and nothing to keep
-                shredded.append(entry)
-                result.ok.append(entry.stream_id)
-                self.metrics.events.labels(str((envelope or {}).get("type"))[:32], "shredded").inc()
-                continue
-            except EngramError as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                result.dead.append((entry, withhold_values(reason) if is_sealed(envelope) else reason))
-                self.metrics.events.labels("unknown", "dead").inc()
-                continue
+        envelopes = await self.decoder.envelopes([e.payload for e in entries])
+        for entry, event, sealed in self.decoder.events(entries, envelopes, result, shredded):
             if isinstance(event, EPISODE_EVENTS):
                 segment.append((entry, event))
                 continue
@@ -200,10 +149,8 @@ class Projector:
             try:
                 await self._apply_other(entry, event)
             except (EngramError, ValueError, TypeError, KeyError) as exc:
-                # a well-formed envelope whose content this build cannot apply (e.g. a malformed facts
-                # snapshot): dead-letter it alone rather than failing, and retrying, its whole batch
-                reason = f"{type(exc).__name__}: {exc}"
-                result.dead.append((entry, withhold_values(reason) if is_sealed(envelope) else reason))
+                # content this build cannot apply (e.g. a malformed facts snapshot): dead-letter it alone
+                result.dead.append((entry, dead_reason(exc, sealed)))
                 self.metrics.events.labels(event.TYPE, "dead").inc()
                 continue
             result.ok.append(entry.stream_id)
@@ -215,62 +162,6 @@ class Projector:
         # after the writes (shared.generations): StaleGeneration makes the worker project it again
         await generations.check_writable(self.redis, self.keys, self.gen)
         return result
-
-    async def _open_envelopes(self, payloads: Sequence[bytes | None]) -> list[dict | None]:
-        """With a key ring: each payload's envelope (None if it does not unpack), after fetching every
-        data key they name in one round trip. Without one: Nones (the payloads are decoded directly)."""
-        if self.keyring is None:
-            return [None] * len(payloads)
-        envelopes: list[dict | None] = []
-        wanted: set[tuple[bytes, bytes, str]] = set()
-        for payload in payloads:
-            envelope = None
-            if payload:
-                try:
-                    envelope = unpack(payload)
-                    refs = key_refs(envelope)  # a facts snapshot names a key per contributor
-                except DecodeError:
-                    envelope, refs = None, []
-                data = envelope.get("data") if envelope is not None else None
-                namespace = data.get("namespace") if isinstance(data, dict) else None
-                if isinstance(namespace, str):  # else: decoding names the error
-                    wanted.update((*ref, namespace) for ref in refs)
-            envelopes.append(envelope)
-        if wanted:
-            await self.keyring.prefetch(self.redis, wanted)
-        return envelopes
-
-    def _decode(self, payload: bytes, envelope: dict | None) -> Event:
-        lookup = self.keyring.lookup if self.keyring is not None else None
-        return decode_envelope(envelope, lookup) if envelope is not None else decode(payload, lookup)
-
-    async def _decode_stored(self, payloads: Sequence[bytes]) -> list[Event]:
-        """An episode's stored events (its event hash) that can be read: shredded ones (their key was
-        destroyed) are skipped silently, undecodable ones with a warning that names no content."""
-        out = []
-        for payload, envelope in zip(payloads, await self._open_envelopes(payloads), strict=True):
-            try:
-                out.append(self._decode(payload, envelope))
-            except KeyDestroyed:
-                continue
-            except EngramError:  # validated when recorded; a build that cannot read it skips it
-                log.warning("skipping undecodable stored event of an episode")
-        return out
-
-    def _check_vector(self, event: Event) -> None:
-        episode = getattr(event, "episode", None)
-        if episode is not None and episode.vector is not None and len(episode.vector) != self.embedder.dim:
-            from engram_episodic.errors import InvalidEpisode
-
-            raise InvalidEpisode(
-                [
-                    (
-                        "episode.vector",
-                        f"has {len(episode.vector)} dimensions; the index "
-                        f"({self.embedder.name}) expects {self.embedder.dim}",
-                    )
-                ]
-            )
 
     # --- episode events -------------------------------------------------------------------------
     async def _apply_episode_events(
@@ -296,9 +187,7 @@ class Projector:
         tombstoned: list[streams.Entry] = []
         counted: Counter[tuple[str, str]] = Counter()  # labels().inc() per event was ~2% of a worker's CPU
         pending = await self._settle_fast(fast, statuses, by_episode, result, counted, tombstoned)
-        # slow path (episodes with only actions in hand; with a model embedder, also those that already
-        # had a document): one whose stored events are exactly those in hand is folded without reading
-        # them back
+        # slow path: one whose stored events are exactly those in hand is folded without reading them
         in_hand: dict[tuple[str, str], dict[str, EpisodeEvent]] = {}
         stored: dict[tuple[str, str], tuple[int, bytes | None]] = {}
         for (entry, ev), reply in zip(record_only, record_replies, strict=True):
@@ -332,9 +221,8 @@ class Projector:
         counted: Counter[tuple[str, str]],
         tombstoned: list[streams.Entry],
     ) -> list[tuple[str, str]]:
-        """Act on PROJECT_LUA's status per fast-path episode (see `scripts`): -1 tombstoned, 0 other
-        events were stored (returned: fold the whole stored set), -2 its user, agent or session was
-        forgotten after it began (erased now), 2 written (completions are reported to `result`)."""
+        """Act on PROJECT_LUA's status per fast-path episode: -1 tombstoned, else as `_written`; returns
+        the episodes to fold from their whole stored set."""
         pending: list[tuple[str, str]] = []
         for ((ns, eid), _payloads, f), status in zip(fast, statuses, strict=True):
             items = by_episode[(ns, eid)]
@@ -344,25 +232,32 @@ class Projector:
                 result.ok.append(entry.stream_id)
             if status == -1:
                 tombstoned += [entry for entry, _ in items]
-            elif status == 0:
+            elif await self._written(ns, eid, f, status, result):
                 pending.append((ns, eid))
-            elif status == -2:
-                await self.forgetting.erase_episode(ns, eid)
-            elif status == 2 and f.status == STATUS_COMPLETED:
-                result.completed.append((ns, f))
-            if status > 0 and f.superseded:  # written from its current user's events only
-                await self.forgetting.drop_superseded(ns, eid, f.superseded)
         return pending
+
+    async def _written(self, ns: str, eid: str, f: Folded, status: int, result: BatchResult) -> bool:
+        """Act on a write script's status (see `scripts`): 0 other events were stored meanwhile (True:
+        fold the whole stored set again), -2 its user, agent or session was forgotten after it began
+        (erased now), 2 written (a completion is reported to `result`)."""
+        if status == -2:
+            await self.forgetting.erase_episode(ns, eid)
+        elif status == 2 and f.status == STATUS_COMPLETED:
+            result.completed.append((ns, f))
+        if status > 0 and f.superseded:  # written from its current user's events only
+            await self.forgetting.drop_superseded(ns, eid, f.superseded)
+        return status == 0
 
     async def _write_until_settled(
         self,
         pending: list[tuple[str, str]],
         result: BatchResult,
-        prefetched: Mapping[tuple[str, str], tuple[Sequence[Event], int, bytes | None]],
-        known: dict[str, np.ndarray],
+        prefetched: Mapping[tuple[str, str], tuple[Sequence[Event], int, bytes | None]] | None = None,
+        known: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Fold and write `pending` episodes, again for those whose stored events changed meanwhile
-        (the check-and-set failed), up to MAX_WRITE_ATTEMPTS; RuntimeError past that."""
+        (the check-and-set failed), up to MAX_WRITE_ATTEMPTS; RuntimeError past that. `prefetched`:
+        (events, count, embed hash) already in hand; `known`: embed hash → vector of this batch."""
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if not pending:
                 return
@@ -378,13 +273,8 @@ class Projector:
     async def _without_documents(
         self, fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]]
     ) -> tuple[list[tuple[tuple[str, str], dict[str, bytes], Folded]], list[tuple[str, str]]]:
-        """Split fast-path candidates into those without a document and the idents of those with one.
-
-        For a model embedder: a model embedding costs far more than this round trip, and an episode that
-        already has a document (a redelivery, a re-published completion, a start in an earlier batch)
-        is better folded from its stored set by the slow path, which embeds only a text that changed;
-        the fast path would embed the events in hand first, possibly for nothing.
-        """
+        """Split fast-path candidates into those without a document and the idents of those with one:
+        with a model embedder, the slow path embeds the latter only if their text changed."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
             for (ns, eid), _payloads, _f in fast:
@@ -402,9 +292,8 @@ class Projector:
         hashes: dict[int, str],
         record_only: list[tuple[streams.Entry, EpisodeEvent]],
     ) -> tuple[list[int], list]:
-        """One pipeline: PROJECT_LUA for the fast episodes (up to PROJECT_CHUNK of one namespace per call:
-        `fast` is sorted by namespace), RECORD_LUA for each
-        slow-path event, sent when one of the process's WRITES_IN_FLIGHT turns is free. Returns (a
+        """One pipeline, sent in one of the WRITES_IN_FLIGHT turns: PROJECT_LUA for the fast episodes (up
+        to PROJECT_CHUNK of one namespace per call), RECORD_LUA for each slow-path event. Returns (a
         status per fast episode, a reply per recorded event)."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -449,12 +338,9 @@ class Projector:
     async def _embed(
         self, folded: Sequence[tuple[Folded, bytes | None]], known: dict[str, np.ndarray] | None = None
     ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-        """Vectors and embed hashes of the completed episodes among `folded` ((state, stored embed hash)).
-
-        Agent-supplied vectors are used as given (normalised). Text whose hash equals the stored one is
-        not embedded again (no vector returned: the document keeps its own); `known` maps embed hashes to
-        vectors computed earlier in this batch. Returns ({i: float32[dim]}, {i: embed hash}) by position.
-        """
+        """({i: float32[dim]}, {i: embed hash}) of the completed episodes among `folded` ((fold, stored
+        embed hash)): an agent's own vector normalised; no vector when the text's hash is the stored
+        one (the document keeps its own); `known` (embed hash → vector) reused from this batch."""
         to_embed: list[tuple[int, str]] = []
         vectors: dict[int, np.ndarray] = {}
         hashes: dict[int, str] = {}
@@ -490,10 +376,8 @@ class Projector:
     def _doc_fields(
         self, namespace: str, f: Folded, vector: np.ndarray | None, embed_hash: str | None
     ) -> bytes:
-        """The document's fields as one msgpack array [field, value, ...] that the scripts unpack
-        (Redis's bundled `cmsgpack`) into HSET. One argument instead of ~50: packing the arguments one
-        by one was ~10% of the worker's CPU, and Redis does no more work for one blob than for 50
-        arguments. `use_bin_type=False`: that cmsgpack predates msgpack's bin type."""
+        """The document's fields as one msgpack array [field, value, ...] the scripts unpack into HSET
+        (one argument, not ~50: ~10% of the worker's CPU). No bin type: Redis's cmsgpack predates it."""
         assert f.episode is not None, "only folds that make a document are written"
         fields = episode_fields(namespace, f.episode, status=f.status, vector=vector, tags=self.tags)
         if embed_hash is not None:
@@ -524,7 +408,7 @@ class Projector:
         for i, ident in enumerate(to_read):
             events_raw, embed_hash = raw[2 * i], raw[2 * i + 1]
             loaded[ident] = (
-                await self._decode_stored(list(events_raw.values())),
+                await self.decoder.stored(list(events_raw.values())),
                 len(events_raw),
                 embed_hash,
             )
@@ -557,23 +441,15 @@ class Projector:
         retry: list[tuple[str, str]] = []
         for i, status in zip(writes, outcomes, strict=True):
             ns, eid, f, _n, _old = folded[i]
-            if status == 0:
+            if await self._written(ns, eid, f, status, result):
                 retry.append((ns, eid))
-            elif status == -2:  # its user, agent or session was forgotten after this episode began
-                await self.forgetting.erase_episode(ns, eid)
-            elif status == 2 and f.status == STATUS_COMPLETED:
-                result.completed.append((ns, f))
-            if status > 0 and f.superseded:  # written from its current user's events only
-                await self.forgetting.drop_superseded(ns, eid, f.superseded)
         return retry
 
     async def import_snapshot(
         self, events: dict[bytes, bytes], stream_ids: set[bytes]
     ) -> tuple[str, str] | None:
-        """Copy one episode's stored events (from another generation's event hash) into this
-        generation, unless the episode is tombstoned; returns its (namespace, episode_id). The identity
-        is read from the clear fields, so an episode some of whose events are shredded is still found
-        (the fold skips what it cannot open)."""
+        """Copy one episode's stored events (another generation's event hash) into this generation,
+        unless it is tombstoned; its (namespace, episode_id), read from the clear fields."""
         for payload in events.values():
             try:
                 data = unpack(payload).get("data") or {}
@@ -598,11 +474,7 @@ class Projector:
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""
         result = BatchResult()
-        pending = episodes
-        for _attempt in range(MAX_WRITE_ATTEMPTS):
-            if not pending:
-                break
-            pending = await self._fold_and_write(pending, result)
+        await self._write_until_settled(episodes, result)
         await generations.check_writable(self.redis, self.keys, self.gen)  # as in `apply`
         return result
 

@@ -1,28 +1,21 @@
-"""Rebuild every projection into a fresh generation and swap it in.
+"""Rebuild every projection into a fresh generation and swap it in (`replay`, and `reindex` with
+another embedder).
 
-The events a rebuild re-folds come from two places: each episode's event hash of the live generation
-(the snapshot: raw event payloads, kept so the stream can be trimmed — services.consolidator.retention)
-and the stream itself. Both are raw events and folding is idempotent by `event_id`, so their overlap
-is harmless.
+The events come from each episode's event hash in the live generation (the snapshot, kept so the
+stream can be trimmed) and from the stream; folding is idempotent by `event_id`, so the overlap is
+harmless. Tombstones are generation-independent: a replay never resurrects forgotten data.
 
-1. generation n+1 gets its own index (with the embedder given, so this is also `reindex`);
+1. generation n+1 gets its own index;
 2. the snapshot is copied and re-folded, each facts scope's last snapshot imported, then the stream is
-   projected page by page (the same Projector the workers use) up to each partition's last id fixed
-   before the pass (`Tip`), again from there while a pass is at most half the last
-   (`_passes_before_swap`): read "until a page comes back empty", a replay never ended while ingest
-   outpaced it;
-3. `FT.ALIASUPDATE` points the aliases at the new indexes and `meta.generation` is set
-   (`generations.finish`): workers switch on their next batch (they re-read the generation every
-   turn, after their read);
-4. a second mark is read after that switch, and a catch-up pass projects the entries between the two
-   marks (the workers wrote them into generation n while it was live); every later entry reaches n+1
-   through the workers, so the catch-up is bounded too;
-5. the old generation's index and keys are dropped.
-Tombstones are generation-independent, so a replay never resurrects forgotten data.
+   projected (the workers' Projector) up to each partition's last id fixed before the pass (`Tip`),
+   again from there while a pass is at most half the last (`_passes_before_swap`);
+3. the aliases and `meta.generation` move to n+1 (`generations.finish`); workers switch on their
+   next batch;
+4. a catch-up pass projects the entries between the mark before and after the switch;
+5. the old generation is dropped.
 
-**Facts** carry centroids in the vectors of the generation they were built in. Into a generation of
-another embedder (`reindex`), every facts snapshot projected gets centroids computed again from its
-evidence there (`facts_store.apply_snapshot`); what was done is returned and recorded in `meta`
+Into another embedder's generation every facts snapshot gets centroids computed again from its
+evidence there (`facts_store.apply_snapshot`); the counts are recorded in `meta`
 (`shared.facts.replay_record`, shown by `/readyz`).
 """
 
@@ -43,6 +36,7 @@ from services.consolidator.facts_store import import_snapshots as import_fact_sn
 from services.consolidator.projector import Projector
 from shared import generations, streams
 from shared.cluster import search_targets
+from shared.embedding_base import Embedder
 from shared.facts import replay_record
 from shared.index import (
     current_generation,
@@ -81,8 +75,7 @@ class NoProgress:
 
 @dataclass(frozen=True, slots=True)
 class Tip:
-    """Where a stream partition stood at one instant (one XINFO STREAM): its last id and how many
-    entries were ever added to it, and how many it holds."""
+    """A stream partition at one instant: its last id, entries ever added, entries held."""
 
     last: bytes
     added: int
@@ -129,19 +122,16 @@ async def _project_range(
 async def _passes_before_swap(
     projector: Projector, redis: aioredis.Redis, partitions: Sequence[str], progress: Progress
 ) -> tuple[dict[str, Tip], int]:
-    """Project every partition up to its `Tip` fixed before the pass, then again up to a new one while
-    that pass would be at most half the last (and more than a page); returns the last marks and the
-    entries projected. Under ingest slower than the replay the entries left for the catch-up after
-    the swap, missing from the live generation until it has run, shrink geometrically; under faster
-    ingest the next pass would be longer, so the swap comes at once: either way it ends."""
+    """Project every partition up to its `Tip` fixed before the pass, again up to a new one while that
+    pass would be at most half the last (and over a page), so it ends however fast the ingest; returns
+    the last marks and the entries projected."""
     ends = {stream: await _tip(redis, stream) for stream in partitions}
     after: dict[str, bytes | None] = dict.fromkeys(partitions)
     size = sum(t.length for t in ends.values())
     projected = 0
     while True:
         progress.phase("stream", size)
-        # every partition in turn: the order within a partition is what a fold needs (a namespace's
-        # events are all in one), an order across partitions means nothing
+        # a fold needs the order within a partition (a namespace's events are all in one) only
         for stream in partitions:
             projected += await _project_range(
                 projector, redis, stream, after[stream], ends[stream].last, progress
@@ -169,36 +159,32 @@ async def _import_snapshot(
         if ident is not None:
             batch.append(ident)
         if len(batch) >= PAGE:
-            await projector.refold(batch)
-            imported += len(batch)
-            progress.advance(len(batch))
+            imported += await _refold(projector, batch, progress)
             batch = []
+    return imported + await _refold(projector, batch, progress)
+
+
+async def _refold(projector: Projector, batch: list[tuple[str, str]], progress: Progress) -> int:
     if batch:
         await projector.refold(batch)
-        imported += len(batch)
-        progress.advance(len(batch))
-    return imported
+    progress.advance(len(batch))
+    return len(batch)
 
 
 async def replay(
     settings: Settings,
     redis: aioredis.Redis,
-    embedder,
+    embedder: Embedder,
     progress: Progress | None = None,
 ) -> dict[str, int]:
-    """Build a new generation from the snapshot and the stream, swap it in, drop the old one.
+    """Build a new generation from the snapshot and the stream, swap it in, drop the old one. The new
+    number is claimed above every one used before and recorded as building, with a heartbeat, until the
+    swap (forgets erase in it too); an interrupted replay drops it. ReplayRunning (a Conflict) while
+    another replay builds.
 
-    The new generation's number is claimed above every one used before, and it is recorded as
-    building, with a heartbeat, until the swap (`shared.generations`): forgets erase in it too, and
-    an interrupted replay drops it (or, killed, the workers' sweep does once its lease runs out).
-    ReplayRunning (a Conflict) while another replay builds.
-
-    `progress` hears four phases: `snapshot` (episodes re-folded, of about as many as generation n
-    holds documents), `stream` (entries projected, of as many as the partitions held at its mark),
-    `catch-up` (of as many as were added between the two marks) and `drop` (old keys). Returns counts:
+    `progress` hears the phases `snapshot`, `stream`, `catch-up` and `drop`. Returns counts:
     from_generation, generation, snapshot_episodes, entries (both passes), caught_up (the second),
-    dropped_keys, facts, fact_scopes, facts_indexed (searchable; fewer than facts means some are not)
-    and facts_reembedded."""
+    dropped_keys, facts, fact_scopes, facts_indexed (searchable) and facts_reembedded."""
     progress = progress or NoProgress()
     keys = settings.keys
     await check_partitions(
@@ -226,8 +212,7 @@ async def replay(
 
 
 async def _heartbeat(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
-    """Renew the building lease every BEAT_SECONDS (a replay killed outright stops renewing it, and
-    the workers' sweep removes its generation once it runs out)."""
+    """Renew the building lease every BEAT_SECONDS (once it runs out, the workers' sweep drops it)."""
     while await generations.beat(redis, keys, gen):
         await asyncio.sleep(generations.BEAT_SECONDS)
 
@@ -243,7 +228,7 @@ async def _abandon(redis: aioredis.Redis, keys: Keys, gen: int) -> None:
 async def _build(
     settings: Settings,
     redis: aioredis.Redis,
-    embedder,
+    embedder: Embedder,
     progress: Progress,
     keys: Keys,
     old: int,
@@ -264,8 +249,7 @@ async def _build(
         tag_key=await deployment_tag_key(redis, keys, settings.master_key),
         point_alias=False,
     )
-    # facts carry centroids in the embedder of the generation they were built in: another embedder's
-    # (of another dimension they could not even be indexed) are computed again from the evidence
+    # facts carry centroids of their generation's embedder: another's are computed again
     built_with = await redis.hmget(keys.meta, [f"g{old}:embedder", f"g{old}:dim"])
     reembed = built_with[0] is not None and (as_text(built_with[0]), int(built_with[1] or 0)) != (
         embedder.name,
@@ -287,17 +271,13 @@ async def _build(
     await import_fact_snapshots(
         redis, keys, old, new, dim, tags, projector.keyring, reembed=projector.reembed_facts
     )
-    # each pass reads up to a last id fixed before it starts: "until a page comes back empty" never
-    # ended while ingest outpaced the replay
     ends, first_pass = await _passes_before_swap(projector, redis, keys.streams, progress)
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
     if await index_exists(redis, keys.facts_index(new)):  # else the first snapshot creates and points it
         await point_alias_at(redis, keys.facts_index_alias, keys.facts_index(new))
     if not await generations.finish(redis, keys, new, live=True):
         raise generations.StaleGeneration(new, old)  # abandoned (its heartbeat stalled past the lease)
-    # Read after the switch: a worker that read an entry and then found the old generation read it
-    # before the switch, so its id is at most these; every later entry goes to the new generation
-    # through the workers. The catch-up re-projects only what came between the two marks.
+    # read after the switch: every later entry reaches the new generation through the workers
     swapped = {stream: await _tip(redis, stream) for stream in keys.streams}
     progress.phase("catch-up", sum(max(0, swapped[s].added - ends[s].added) for s in keys.streams))
     catch_up = 0

@@ -1,10 +1,6 @@
-"""Stream retention: trim entries every group has projected and that are older than the window.
-
-The stream is the transport and the recent history; each episode's own event hash (written by the
-projector before it acks) is the durable snapshot of its events. So an entry may go once (a) every
-consumer group has acknowledged it — its projection, including the snapshot, exists — and (b) it is
-older than `ENGRAM_STREAM_RETENTION`. A replay re-folds the snapshot plus the stream tail
-(services.consolidator.replay), so trimming never loses anything a rebuild needs.
+"""Stream retention: trim entries every group has acked that are older than `ENGRAM_STREAM_RETENTION`.
+Each episode's event hash (written before the ack) keeps its events, and a replay re-folds those plus
+the stream tail, so trimming loses nothing a rebuild needs.
 """
 
 from __future__ import annotations
@@ -15,12 +11,6 @@ import redis.asyncio as aioredis
 
 from shared import streams
 from shared.keys import Keys
-
-
-def _parse_id(raw: bytes | str) -> tuple[int, int]:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
 
 
 async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | None:
@@ -36,9 +26,9 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
             redis, stream, name.decode() if isinstance(name, bytes) else name
         ).pending_summary()
         if summary and summary.get("pending"):
-            needed.append(_parse_id(summary["min"]))
+            needed.append(streams.id_tuple(summary["min"]))
         else:
-            ms, seq = _parse_id(g["last-delivered-id"])
+            ms, seq = streams.id_tuple(g["last-delivered-id"])
             needed.append((ms, seq + 1))
     return min(needed)
 

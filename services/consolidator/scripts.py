@@ -1,10 +1,7 @@
-"""The Lua scripts of the projection (services.consolidator.projector) and of forgetting a user.
-
-Each is one atomic step that a check-then-write from Python would split (concurrent workers
-would interleave between the check and the write): recording
-an episode's events and writing its document only while its event hash holds exactly the events that
-were folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, which share
-`REPLACE_DOC_LUA`), and raising a forget time — a user's, an agent's or a session's (`FORGET_USER_LUA`).
+"""The Lua scripts of the projection and of a forget time, each one atomic check-and-write: an
+episode's events are recorded and its document written only while its event hash holds exactly the
+events folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, sharing
+`REPLACE_DOC_LUA`); `FORGET_USER_LUA` raises a user's, agent's or session's forget time.
 """
 
 RECORD_LUA = """
@@ -30,11 +27,9 @@ local function replace_doc(key, blob)
   return old[1]
 end
 """
-"""Writes a document whole. An existing one is replaced, not merged: a field the new fold leaves out (a
-text emptied by a re-published completion) must not stay indexed (the old
-solution would still match a keyword recall). What the query service owns (`last_accessed`,
-`access_count`) and a vector that was not re-sent (its text did not change) are carried over. Returns
-the old status (nil for a new document)."""
+"""Writes a document whole, replacing, not merging (a field the new fold leaves out must not stay
+indexed), carrying over what the query service owns (`last_accessed`, `access_count`) and a vector not
+re-sent (its text did not change). Returns the old status (nil for a new document)."""
 
 FORGOT_SINCE_LUA = """
 local function forgot_since(keys, first, began)
@@ -88,10 +83,11 @@ return out
 """
 )
 """The fast path for up to PROJECT_CHUNK episodes. Per episode, KEYS: tombstone, event hash, stream-id
-set, document, the user's, agent's and session's tombstones; ARGV: n events, n stream ids, first occurred_at, (event_id, payload) x n,
-stream ids, the document as one msgpack blob. Per episode it returns -1 (tombstoned: nothing recorded),
-0 (recorded, but the hash holds other events too: fold the stored set), -2 (recorded; its user, agent
-or session was forgotten after it began), 1 (document rewritten) or 2 (document new, or newly completed)."""
+set, document, the user's, agent's and session's tombstones; ARGV: n events, n stream ids, first
+occurred_at, (event_id, payload) x n, stream ids, the document as one msgpack blob. Returns per episode
+-1 (tombstoned: nothing recorded), 0 (recorded, the hash holds other events too: fold the stored set),
+-2 (recorded; its user, agent or session was forgotten after it began), 1 (document rewritten) or 2
+(document new, or newly completed)."""
 
 FORGET_USER_LUA = """
 local cur = redis.call('GET', KEYS[1])

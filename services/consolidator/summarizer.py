@@ -1,16 +1,10 @@
-"""Optional rewrite of a fact's deterministic text through any OpenAI-compatible chat endpoint.
+"""Optional rewrite of a fact's deterministic text through any OpenAI-compatible chat endpoint
+(`ENGRAM_SUMMARIZER_URL`, e.g. `http://127.0.0.1:11434/v1` for Ollama).
 
-Off unless `ENGRAM_SUMMARIZER_URL` is set (e.g. `http://127.0.0.1:11434/v1` for Ollama). The request
-asks for one short paragraph (`max_tokens`), and the answer is clipped to `Settings.summarizer_max_chars`
-whatever the server sends, so a misbehaving model cannot bloat a fact. Any failure (timeout, non-2xx,
-malformed JSON, empty answer) keeps the deterministic text: the summariser can only make text nicer,
-never block or break consolidation. It sees the fact's statistics text and the tasks of its most
-central episodes, nothing else.
-
-Failures are not silent: each one is logged, counted in `failures` and, when the process gave one, in
-the Prometheus counter `engram_summarizer_failures_total{reason}` (reason: `http` non-2xx, `timeout`,
-`connection`, `malformed` body, `empty` answer); the consolidator marks the fact `summary="fallback"`,
-reports the count in its run result and retries the fact on its next run.
+It sees the fact's statistics text and the tasks of its most central episodes; the answer is clipped
+to `Settings.summarizer_max_chars`. Any failure keeps the deterministic text (the consolidator marks
+the fact `summary="fallback"` and retries it next run), is logged and counted in `failures` and
+`engram_summarizer_failures_total{reason}` (`http`, `timeout`, `connection`, `malformed`, `empty`).
 """
 
 from __future__ import annotations

@@ -1,37 +1,32 @@
 """The consolidator loop: reclaim, read up to capacity, project, ack (or dead-letter).
 
-Each turn (docket's reclaim-then-read):
-1. `XAUTOCLAIM` entries idle longer than the lease from any consumer (a dead worker's batch);
-   entries delivered more than `max_deliveries` times go to the dead-letter stream with the last error;
+Each turn of a lane (`settings.in_flight` lanes per process, `Worker.run`):
+1. entries pending to this consumer name that no lane holds (`OwnPending`), else `XAUTOCLAIM` of
+   entries idle longer than the lease; those delivered more than `max_deliveries` times are
+   dead-lettered with the last error;
 2. `XREADGROUP >` up to the free capacity of the batch;
-3. `Projector.apply`, then `XACK` only what was written; poison entries are dead-lettered (and acked)
-   one by one, so one bad entry never blocks its neighbours.
-A transport failure leaves the whole batch pending; the lease brings it back. An embedder that does not
-answer (`EmbedderUnavailable`: its provider down, slow or refusing connections) is no fault of the
-entries: the whole batch stays pending, not retried entry by entry, and the lane backs off
-(`EMBEDDER_BACKOFF`) and reads it again; each read is a delivery, so past `max_deliveries` the entries
-are dead-lettered with a reason naming the provider's failure (`redrive` publishes them again).
+3. `Projector.apply`, then `XACK` only what was written; a failing batch is retried entry by entry, so
+   one poison entry never blocks its neighbours.
+A transport failure or an unavailable embedder (`EmbedderUnavailable`) leaves the whole batch pending:
+the lane backs off and reads it again, each read a delivery, so an outage past `max_deliveries`
+dead-letters the batch (`redrive` publishes it again).
 
-`settings.in_flight` lanes run that loop concurrently in one process (see `Worker.run`).
-
-Shutdown: `stop` (set by SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are
-projected and acked.
-
-Another embedder's index: at start (`setup`) it is a configuration error (`EmbedderMismatch`, the
-process exits 2). When the live index is rebuilt with another embedder while the worker runs
-(`reindex`), the worker pauses instead: it reads nothing more, leaves its pending entries pending, says
-why every `MISMATCH_LOG_SECONDS` (naming the setting to restart with) and re-checks the index every
-`MISMATCH_CHECK_SECONDS`, resuming if it matches this worker's embedder again.
+`stop` (SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are acked. Another
+embedder's index is a configuration error at start (`EmbedderMismatch`, exit 2); met later (a
+`reindex` while the worker runs) it pauses the lanes, entries left pending, until the index matches
+this worker's embedder again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -39,12 +34,13 @@ from redis.backoff import ExponentialBackoff
 
 from engram_episodic.errors import Conflict
 from services.consolidator import deadletters, erasure, expiry, retention
+from services.consolidator.decoding import BatchResult
 from services.consolidator.metrics import WorkerMetrics
-from services.consolidator.projector import BatchResult, Projector
+from services.consolidator.projector import Projector
 from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
 from shared.embed_progress import reporting_progress
-from shared.embedding import EmbedderUnavailable
+from shared.embedding_base import Embedder, EmbedderUnavailable
 from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
@@ -59,20 +55,14 @@ from shared.retry import TRANSIENT, Backoff, until_available, wait_or_stop
 from shared.settings import Settings
 
 log = logging.getLogger("engram.consolidator")
-MISMATCH_LOG_SECONDS = 30.0
-"""How often a worker paused by another embedder's index repeats why."""
-MISMATCH_CHECK_SECONDS = 2.0
-"""How often a paused worker re-reads the live index's embedder."""
+MISMATCH_LOG_SECONDS = 30.0  # how often a paused worker says why
+MISMATCH_CHECK_SECONDS = 2.0  # how often a paused worker re-reads the live index's embedder
 EMBEDDER_BACKOFF = (0.5, 30.0)
-"""(base, cap) seconds of a lane's backoff while the embedder is unavailable: 1, 2, 4, 8, 16, 30, ...
-s between reads of the failed batch, so with ENGRAM_MAX_DELIVERIES 5 an outage of about half a minute
-(plus the embedder's own retries) dead-letters the batch, never sooner, and a provider that is down is
-asked at most twice a minute per lane."""
+"""(base, cap) seconds between reads of a batch while the embedder is unavailable: 1, 2, 4, ... 30 s,
+so with ENGRAM_MAX_DELIVERIES 5 about half a minute of outage dead-letters it."""
 OWN_PENDING_CHECK_SECONDS = 2.0
-"""How often an idle worker looks for entries pending to its own name that no lane holds
-(`Worker._find_orphans`): the most a lost read reply delays them when the worker is idle."""
-SWEEP_CHECK_SECONDS = 5.0
-"""How often lane 0 asks whether dead generations are to be swept (one HMGET; `shared.generations`)."""
+"""How often an idle worker looks for entries pending to its name that no lane holds (`OwnPending`)."""
+SWEEP_CHECK_SECONDS = 5.0  # how often lane 0 asks whether dead generations are to be swept
 
 
 def consumer_name(settings: Settings) -> str:
@@ -80,28 +70,81 @@ def consumer_name(settings: Settings) -> str:
     return settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class Worker:
-    """One consumer of the episode stream's group. `run(stop)` until `stop` is set.
+class OwnPending:
+    """Entries delivered to this consumer name and not acked that no lane of this process holds, read
+    again at the next turns (`read`) rather than after the lease (ENGRAM_LEASE_MS). Three lost replies,
+    one recovery: a predecessor under the same name crashed with a batch in hand (read at start); a
+    read raised after Redis delivered (`again`); a read's reply was lost silently, redis-py retrying it
+    after a socket timeout (`check`, an idle lane's look every OWN_PENDING_CHECK_SECONDS). A lane
+    `hold`s what it read before any await, so no entry is projected by two lanes at once."""
 
-    `on_batch(result)` is an optional async hook (semantic-memory triggers use it).
-    """
+    def __init__(self, groups: list[streams.StreamGroup], name: str):
+        self.groups = groups
+        self.name = name
+        self.todo: list[tuple[streams.StreamGroup, bytes]] = [(g, b"0") for g in groups]  # (group, after)
+        self.in_hand: set[tuple[str, bytes]] = set()  # (stream, id) held by a lane now
+        self.checked = time.monotonic()
+
+    def again(self) -> None:
+        """Read every partition's own pending entries from the start at the next turns."""
+        self.todo = [(g, b"0") for g in self.groups]
+
+    def hold(
+        self, group: streams.StreamGroup, entries: list[streams.Entry], held: set[tuple[str, bytes]]
+    ) -> list[streams.Entry]:
+        """Mark `entries` as a lane's (here and in its turn's `held`); returns them."""
+        mine = {(group.stream, e.stream_id) for e in entries}
+        held |= mine
+        self.in_hand |= mine
+        return entries
+
+    async def check(self, limit: int) -> None:
+        """Queue a read from the first pending entry (of up to `limit` + 1 per partition) no lane holds."""
+        self.checked = time.monotonic()
+        for group in self.groups:
+            ids = await group.own_pending_ids(self.name, count=limit + 1)
+            for i, sid in enumerate(ids):
+                if (group.stream, sid) not in self.in_hand:
+                    after = ids[i - 1] if i else b"0"
+                    if (group, after) not in self.todo:
+                        self.todo.append((group, after))
+                    break
+
+    async def read(
+        self, count: int, held: set[tuple[str, bytes]], keep: Callable[..., Awaitable[list[streams.Entry]]]
+    ) -> tuple[streams.StreamGroup, list[streams.Entry]]:
+        """Up to `count` queued entries of one partition that no lane holds, held, and passed through
+        `keep(group, entries)`; ([], the first group) once every queued read is done."""
+        while self.todo:
+            group, after = self.todo.pop()  # before any await: the lanes share the list
+            entries = await group.read_own_pending(self.name, count=count, after=after)
+            if len(entries) == count:  # maybe more: the next lane reads on after this batch
+                self.todo.append((group, entries[-1].stream_id))
+            entries = [e for e in entries if (group.stream, e.stream_id) not in self.in_hand]
+            entries = await keep(group, self.hold(group, entries, held))
+            if entries:
+                return group, entries
+        return self.groups[0], []
+
+
+class Worker:
+    """One consumer of the episode stream's group; `on_batch(result)` is awaited after each batch
+    with completed episodes (the facts triggers)."""
 
     def __init__(
         self,
         settings: Settings,
         redis: aioredis.Redis,
-        embedder,
+        embedder: Embedder,
         *,
         metrics: WorkerMetrics | None = None,
         name: str | None = None,
-        on_batch=None,
+        on_batch: Callable[[BatchResult], Awaitable[object]] | None = None,
     ):
         self.settings = settings
         self.redis = redis
         self.embedder = embedder
         self.keys = settings.keys
-        # one consumer group per partition stream, same name (shared.keys, Stream partitions); each turn
-        # of a lane reclaims, reads, projects and acks within one partition
         self.partitions = streams.Partitions(redis, self.keys.streams, settings.consumer_group)
         self.metrics = metrics or WorkerMetrics()
         self.name = name or consumer_name(settings)
@@ -109,39 +152,23 @@ class Worker:
         self.last_errors: dict[tuple[str, bytes], str] = {}  # (partition stream, id) → last failure
         self.projector: Projector | None = None
         self.processed = 0
-        # the last read returned entries: a burst may still be arriving (background facts runs defer to
-        # it). "Came back full" missed the start of a burst, whose first reads are partial, and a facts
-        # run there cost ~60 ms of this process's CPU with Redis left idle (make bench, ingest).
+        # the last read returned entries: a burst may still be arriving (background facts runs defer)
         self.backlogged = False
-        # each lane reads up to a whole batch: torch model embedders are ~50% faster on 256 texts than on
-        # 64 (sentence-transformers sorts a call's texts by length, so less padding; the ONNX backend
-        # sorts any call, `shared.embedding_onnx.length_batches`); a slow batch keeps its lease by
-        # renewal (`_renew_lease`), not by being small
+        # a whole batch per lane: model embedders are ~50% faster on 256 texts than on 64 (less padding);
+        # a slow batch keeps its lease by renewal (`_renew_lease`)
         self.lane_batch = settings.batch_size
         self.keyring = KeyRing.from_settings(settings)  # None: no master key, plaintext stream
         self._erasure: asyncio.Task | None = None  # the AOF rewrite after forgets, off the lanes
-        self._erasure_checked = 0.0
-        # set while the live index uses another embedder than this worker's (see the module docstring)
+        # when each housekeeping task was last due (`_due`); the first trim and expiry wait their interval
+        self._last_due = {"trim": time.monotonic(), "expiry": time.monotonic()}
         self.paused_by: EmbedderMismatch | None = None
         self._paused_said = 0.0
-        # for /healthz (services.consolidator.health): when each lane last came round its loop, and
-        # when a batch was last projected and acked (time.monotonic())
+        # /healthz: when each lane last came round its loop, and a batch was last acked (monotonic)
         self.lane_beats: dict[int, float] = {}
         self.last_batch_at: float | None = None
-        # partitions whose entries delivered to this consumer name and not acked are still to be read:
-        # under a name kept across restarts (make run's slots) a crashed predecessor's batch is projected
-        # at once, not after the lease (10 episodes were unlisted for ~25 s after a kill -9)
-        self._own_pending: list[tuple[streams.StreamGroup, bytes]] = [
-            (g, b"0") for g in self.partitions.groups
-        ]
-        # (stream, id) of the entries a lane of this process holds now: re-reading the own pending
-        # entries after a lost reply (`_reread_own_pending`) must not hand them to a second lane
-        self._in_hand: set[tuple[str, bytes]] = set()
-        self._own_checked = time.monotonic()  # when an idle turn last looked for orphaned entries
-        # dead generations' keys (`shared.generations`): the live generation this process last swept
-        # under (None: not yet, so lane 0's first turn sweeps) and when it last checked
+        self.own = OwnPending(self.partitions.groups, self.name)
+        # the live generation this process last swept dead ones under (None: not yet) and when it checked
         self._swept_under: int | None = None
-        self._sweep_checked = 0.0
 
     async def setup(self) -> None:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
@@ -188,16 +215,8 @@ class Worker:
         return self.projector
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until `stop` is set, with `settings.in_flight` batches in flight.
-
-        Each lane is the reclaim/read/project/ack loop of `turn`; lanes share the consumer name, and
-        each acks only what it projected. Lanes are safe for the same reason N workers are: the
-        projection is idempotent and order-tolerant (module docstring of `projector`). Lane 0 also
-        refreshes the lag gauges and trims the stream. Another embedder's index met at start raises
-        EmbedderMismatch; met later, it pauses the lanes (`_pause`). Any other Conflict in a lane stops
-        the others after their batch in hand.
-        """
-        # Redis may be down or loading when the worker starts: wait for it, as the lanes do
+        """Consume until `stop` is set, with `settings.in_flight` lanes sharing the consumer name (safe as
+        N workers are). A Conflict in a lane stops the others after their batch in hand and is raised."""
         if (
             await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop)
             is None
@@ -214,8 +233,8 @@ class Worker:
         halt = asyncio.Event()
         conflicts: list[Conflict] = []
         try:
-            # a lane never raises out of the group: a Conflict halts the others after their batch in hand
-            # (cancelling one mid-batch is unsafe: redis-py can swallow a cancellation), then re-raises here
+            # a lane never raises out of the group: cancelling one mid-batch is unsafe (redis-py can
+            # swallow a cancellation)
             async with asyncio.TaskGroup() as lanes:
                 for i in range(self.settings.in_flight):
                     lanes.create_task(self._lane(stop, halt, conflicts, lane=i), name=f"lane-{i}")
@@ -241,45 +260,19 @@ class Worker:
     async def _lane(
         self, stop: asyncio.Event, halt: asyncio.Event, conflicts: list[Conflict], *, lane: int
     ) -> None:
-        housekeeping = lane == 0
-        last_info = 0.0
-        last_trim = last_expiry = time.monotonic()
         backoff = Backoff()
         embedder_backoff = Backoff(ExponentialBackoff(cap=EMBEDDER_BACKOFF[1], base=EMBEDDER_BACKOFF[0]))
         while not stop.is_set() and not halt.is_set():
             self._beat(lane)
             try:
-                # a batch of long texts can embed for minutes on a busy machine: each forward pass it
-                # completes counts as the lane turning (a 1,000-episode POST read as "stuck")
+                # each forward pass of a long embedding counts as the lane turning
                 with reporting_progress(lambda: self._beat(lane)):
                     await self.turn()
                 backoff.reset()
                 embedder_backoff.reset()
                 self._resume()
-                if not housekeeping:
-                    continue
-                if time.monotonic() - last_info > 5:
-                    await self.refresh_lag()
-                    last_info = time.monotonic()
-                if (
-                    self.settings.stream_retention is not None
-                    and time.monotonic() - last_trim > self.settings.retention_interval
-                ):
-                    last_trim = time.monotonic()
-                    removed = await retention.trim(
-                        self.redis, self.keys, retention_seconds=self.settings.stream_retention
-                    )
-                    if removed:
-                        log.info(
-                            "worker %s ◆ trimmed %d projected entries older than %gs",
-                            self.name,
-                            removed,
-                            self.settings.stream_retention,
-                        )
-                if time.monotonic() - last_expiry > self.settings.expiry_interval:
-                    last_expiry = time.monotonic()
-                    await expiry.sweep(self.redis, self.settings)
-                await self._housekeep_files()
+                if lane == 0:
+                    await self._housekeep()
             except EmbedderMismatch as exc:  # rebuilt under us (`reindex`): pause, never exit (an exit would stop `make run`'s whole stack)
                 self._pause(exc)
                 await wait_or_stop(stop, MISMATCH_CHECK_SECONDS)
@@ -295,12 +288,12 @@ class Worker:
                     str(exc)[:300],
                     delay,
                 )
-                self._reread_own_pending()
+                self.own.again()
                 await wait_or_stop(stop, delay)
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
-                self._reread_own_pending()
+                self.own.again()
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted or Redis restarted empty
@@ -322,8 +315,7 @@ class Worker:
 
     def _pause(self, exc: EmbedderMismatch) -> None:
         """Note that the live index uses another embedder; say so now and every MISMATCH_LOG_SECONDS
-        (once for all lanes). Nothing is read while paused: entries stay in the stream, pending ones
-        pending (another worker reclaims them after the lease)."""
+        (once for all lanes). Nothing is read while paused."""
         first = self.paused_by is None
         self.paused_by = exc
         now = time.monotonic()
@@ -343,18 +335,42 @@ class Worker:
             embedder_setting(exc.index_embedder, exc.index_dim),
         )
 
-    async def _housekeep_files(self) -> None:
-        """What lane 0 does for erasure besides the projection: the AOF pass after forgets, in the
-        background, and the sweep of dead generations (`_sweep`) every SWEEP_CHECK_SECONDS."""
-        self._erasure_housekeeping()
-        if time.monotonic() - self._sweep_checked > SWEEP_CHECK_SECONDS:
+    def _due(self, what: str, seconds: float) -> bool:
+        """Whether `seconds` passed since `what` was last due; if so, it is due now."""
+        now = time.monotonic()
+        if now - self._last_due.get(what, -math.inf) < seconds:
+            return False
+        self._last_due[what] = now
+        return True
+
+    async def _housekeep(self) -> None:
+        """Lane 0, after each turn: the lag gauges, stream retention, expiry, the AOF rewrite after
+        forgets (in the background, `erasure`) and the sweep of dead generations."""
+        s = self.settings
+        if self._due("lag", 5):
+            await self.refresh_lag()
+        if s.stream_retention is not None and self._due("trim", s.retention_interval):
+            removed = await retention.trim(self.redis, self.keys, retention_seconds=s.stream_retention)
+            if removed:
+                log.info(
+                    "worker %s ◆ trimmed %d projected entries older than %gs",
+                    self.name,
+                    removed,
+                    s.stream_retention,
+                )
+        if self._due("expiry", s.expiry_interval):
+            await expiry.sweep(self.redis, s)
+        if (
+            s.erasure_interval is not None
+            and (self._erasure is None or self._erasure.done())
+            and self._due("erasure", 5)
+        ):
+            self._erasure = asyncio.create_task(self._erase(s.erasure_interval))
+        if self._due("sweep", SWEEP_CHECK_SECONDS):
             await self._sweep()
 
     async def _sweep(self) -> None:
-        """Sweep dead generations' keys (`shared.generations`) when the live generation changed since
-        this process last swept, or a replay's building lease ran out; at start too (`_swept_under` None).
-        One worker at a time (a lease of the sweep lock): the others check again later."""
-        self._sweep_checked = time.monotonic()
+        """Sweep dead generations (`shared.generations`) when `due`; one worker at a time (a lease)."""
         is_due, live = await generations.due(self.redis, self.keys, self._swept_under)
         if not is_due:
             return
@@ -366,18 +382,6 @@ class Worker:
             self._swept_under = live
         finally:
             await self.redis.delete(lock)
-
-    def _erasure_housekeeping(self) -> None:
-        """Every 5 s, in the background: after forgets, rewrite the AOF (services.consolidator.erasure)."""
-        interval = self.settings.erasure_interval
-        if (
-            interval is None
-            or time.monotonic() - self._erasure_checked < 5
-            or (self._erasure is not None and not self._erasure.done())
-        ):
-            return
-        self._erasure_checked = time.monotonic()
-        self._erasure = asyncio.create_task(self._erase(interval))
 
     async def _erase(self, interval: float) -> None:
         try:
@@ -394,113 +398,55 @@ class Worker:
         """One reclaim/read/project/ack cycle; returns how many entries it handled."""
         s = self.settings
         projector = await self._projector()
-        held: set[tuple[str, bytes]] = set()  # this turn's entries, in `_in_hand` until it ends
+        held: set[tuple[str, bytes]] = set()  # this turn's entries, in `own.in_hand` until it ends
         try:
-            group, entries = await self._read_own_pending(held)
+            group, entries = await self.own.read(self.lane_batch, held, self._drop_exhausted)
             if not entries:
                 group = self.partitions.next_for_reclaim()
                 claimed, _deleted = await group.reclaim(
                     self.name, min_idle_ms=s.lease_ms, count=self.lane_batch
                 )
-                entries = await self._drop_exhausted(group, self._hold(group, claimed, held))
+                entries = await self._drop_exhausted(group, self.own.hold(group, claimed, held))
             if entries:  # a turn stays within one partition: fill up from the reclaimed one
                 more = await group.read_new(self.name, count=self.lane_batch - len(entries), block_ms=1)
-                entries += self._hold(group, more, held)
+                entries += self.own.hold(group, more, held)
             else:
                 group, entries = await self.partitions.read_any(
                     self.name, count=self.lane_batch, block_ms=s.block_ms
                 )
-                self._hold(group, entries, held)
+                self.own.hold(group, entries, held)
             self.backlogged = bool(entries)
             if not entries:
-                if time.monotonic() - self._own_checked >= OWN_PENDING_CHECK_SECONDS:
-                    await self._find_orphans()
+                if time.monotonic() - self.own.checked >= OWN_PENDING_CHECK_SECONDS:
+                    await self.own.check(self.settings.in_flight * self.lane_batch)
                 return 0
-            # Again after the read, which may have waited `block_ms`: a replay may have swapped its
-            # generation in meanwhile, and entries added after its catch-up pass reach the new generation
-            # only through the workers (projected into the old one, they were lost). Another embedder's
-            # generation raises EmbedderMismatch here: these entries stay pending, for whoever projects next.
+            # again after the read, which may have waited `block_ms`: a replay may have swapped its
+            # generation in meanwhile (EmbedderMismatch for another embedder's: the entries stay pending)
             projector = await self._projector()
             done = asyncio.Event()
             renewal = asyncio.create_task(self._renew_lease(group, [e.stream_id for e in entries], done))
             try:
                 try:
                     return await self._project(group, projector, entries)
-                except StaleGeneration as exc:  # swapped between the read of the generation and the
-                    # end of the batch: its writes into the old one were swept; project it into the new one
+                except StaleGeneration as exc:  # swapped during the batch: project it into the new one
                     log.info("worker %s ◆ %s; projecting the batch again", self.name, exc)
                 try:
                     return await self._project(group, await self._projector(), entries)
                 except StaleGeneration as exc:  # swapped twice in one batch: left pending, read again
                     log.info("worker %s ◆ %s; the batch stays pending", self.name, exc)
-                    self._reread_own_pending()
+                    self.own.again()
                     return 0
             finally:
-                # Stopped by an event, not by cancel(): redis-py can swallow the cancellation of a command
-                # in flight, and `await renewal` after cancel() then waited forever (the worker then
-                # ignored SIGTERM). A renewal still in its Redis call finishes on its own.
+                # stopped by an event, not by cancel(): redis-py can swallow the cancellation of a
+                # command in flight, and `await renewal` would wait forever
                 done.set()
                 await asyncio.wait({renewal}, timeout=1.0)
         finally:
-            self._in_hand -= held
-
-    def _hold(
-        self, group: streams.StreamGroup, entries: list[streams.Entry], held: set[tuple[str, bytes]]
-    ) -> list[streams.Entry]:
-        """Mark `entries` as this lane's (`_in_hand`, and the turn's `held`) at once after their read,
-        before any await lets another lane look for orphans; returns them."""
-        mine = {(group.stream, e.stream_id) for e in entries}
-        held |= mine
-        self._in_hand |= mine
-        return entries
-
-    def _reread_own_pending(self) -> None:
-        """Read this consumer's pending entries again from the start of every partition at the next
-        turns. Why: a reply lost after Redis sent it (a read timeout, a dropped connection, the process
-        paused past its socket timeout) leaves the entries it delivered pending to this consumer, and
-        only the lease's reclaim brought them back: with the worker paused 12 s, a forget and a new
-        episode waited 18 s more (`ENGRAM_LEASE_MS`, 30 s, in all). Entries a lane holds are
-        skipped (`_in_hand`), so none is projected by two lanes at once."""
-        self._own_pending = [(g, b"0") for g in self.partitions.groups]
-
-    async def _find_orphans(self) -> None:
-        """Entries pending to this consumer that no lane holds (an idle turn's check, every
-        OWN_PENDING_CHECK_SECONDS): read again at the next turns from the first of them. Why: a read
-        whose reply was lost after Redis delivered it does not always raise — redis-py retries a
-        command after a socket timeout, and the retried XREADGROUP finds nothing new — so
-        `_reread_own_pending` alone missed it: a worker paused 12 s (SIGSTOP) projected the episode
-        published meanwhile 48.6 s after it resumed, at a 60 s lease."""
-        self._own_checked = time.monotonic()
-        held = self.settings.in_flight * self.lane_batch
-        for group in self.partitions.groups:
-            ids = await group.own_pending_ids(self.name, count=held + 1)
-            for i, sid in enumerate(ids):
-                if (group.stream, sid) not in self._in_hand:
-                    after = ids[i - 1] if i else b"0"
-                    if (group, after) not in self._own_pending:
-                        self._own_pending.append((group, after))
-                    break
-
-    async def _read_own_pending(
-        self, held: set[tuple[str, bytes]]
-    ) -> tuple[streams.StreamGroup, list[streams.Entry]]:
-        """Entries of a partition delivered to this consumer name and not acked (`read_own_pending`)
-        that no lane holds, held for this turn (`_hold`), until each partition answered fewer than a
-        batch; then ([] each turn) the reclaim path."""
-        while self._own_pending:
-            group, after = self._own_pending.pop()  # before any await: the lanes share the list
-            entries = await group.read_own_pending(self.name, count=self.lane_batch, after=after)
-            if len(entries) == self.lane_batch:  # maybe more: the next lane reads on after this batch
-                self._own_pending.append((group, entries[-1].stream_id))
-            entries = [e for e in entries if (group.stream, e.stream_id) not in self._in_hand]
-            entries = await self._drop_exhausted(group, self._hold(group, entries, held))
-            if entries:
-                return group, entries
-        return self.partitions.groups[0], []
+            self.own.in_hand -= held
 
     async def _renew_lease(self, group: streams.StreamGroup, ids: list[bytes], done: asyncio.Event) -> None:
-        """Until `done` is set, renew the lease of a batch being projected every third of `lease_ms`, so
-        a batch slower than the lease (a slow embedder, a large batch) is not reclaimed and projected twice."""
+        """Until `done` is set, renew the lease of a batch every third of `lease_ms`, so a batch slower
+        than the lease is not reclaimed and projected twice."""
         period = self.settings.lease_ms / 3000.0
         while True:
             try:
@@ -519,11 +465,28 @@ class Worker:
         started = time.perf_counter()
         links = self._delivered(entries) if tracing.enabled() else []
         with tracing.span("engram.consolidator.batch", links=links, entries=len(entries), consumer=self.name):
-            return await self._project_batch(group, projector, entries, started)
+            result = await self._apply(projector, entries)
+            if result is None and len(entries) > 1:
+                # isolate the entry that fails: its neighbours are projected and acked now, and only
+                # the culprit stays pending until it succeeds or reaches the delivery limit
+                ok = [r for e in entries if (r := await self._apply(projector, [e])) is not None]
+                result = BatchResult(
+                    ok=[i for r in ok for i in r.ok],
+                    dead=[d for r in ok for d in r.dead],
+                    completed=[c for r in ok for c in r.completed],
+                )
+            if result is None:
+                return 0
+            await self._finish(group, result)
+            self.last_batch_at = time.monotonic()
+            self.metrics.batch_seconds.observe(time.perf_counter() - started)
+            self.processed += len(result.ok) + len(result.dead)
+            if self.on_batch is not None and result.completed:
+                await self.on_batch(result)
+            return len(entries)
 
     def _delivered(self, entries: list[streams.Entry]) -> list[str]:
-        """A `engram.stream.deliver` span per entry that carries its publisher's trace (shared.tracing),
-        in that trace; returns their traceparents, for the batch span to link to."""
+        """A `engram.stream.deliver` span in each entry's publisher's trace; their traceparents."""
         out = []
         for entry in entries:
             tp = trace_of(entry.payload)
@@ -534,36 +497,9 @@ class Worker:
                     out.append(tp)
         return out
 
-    async def _project_batch(
-        self, group: streams.StreamGroup, projector: Projector, entries: list[streams.Entry], started: float
-    ) -> int:
-        result = await self._apply(projector, entries)
-        if result is None and len(entries) > 1:
-            # isolate the entry that fails: its neighbours are projected and acked now, and only
-            # the culprit stays pending until it succeeds or reaches the delivery limit
-            results = [await self._apply(projector, [e]) for e in entries]
-            ok = [r for r in results if r is not None]
-            result = BatchResult(
-                ok=[i for r in ok for i in r.ok],
-                dead=[d for r in ok for d in r.dead],
-                completed=[c for r in ok for c in r.completed],
-            )
-        if result is None:
-            return 0
-        await self._finish(group, result)
-        self.last_batch_at = time.monotonic()
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        self.processed += len(result.ok) + len(result.dead)
-        if self.on_batch is not None and result.completed:
-            await self.on_batch(result)
-        return len(entries)
-
     async def _apply(self, projector: Projector, entries: list[streams.Entry]) -> BatchResult | None:
-        """Project `entries`; None (entries left pending, error remembered) on a non-transport failure.
-
-        Transport faults, a changed embedder and an unavailable one propagate: retrying entry by entry
-        would not help.
-        """
+        """Project `entries`; None (left pending, error remembered) on a failure that retrying entry by
+        entry may isolate. Transport faults, Conflicts and an unavailable embedder propagate."""
         try:
             return await projector.apply(entries)
         except StaleGeneration:  # not this batch's fault: `turn` projects it again
@@ -618,14 +554,10 @@ class Worker:
         return keep
 
     async def refresh_lag(self) -> dict[str, int]:
-        """Set the lag and pending gauges (sums over the partitions, and per partition when there are
-        several); returns the sums {pending, lag, consumers}."""
+        """Set the lag and pending gauges (per partition too when several); returns the sums {pending,
+        lag, consumers}."""
         rows = await self.partitions.each()
-        info = {
-            "pending": sum(r["pending"] for r in rows),
-            "lag": sum(r["lag"] for r in rows),
-            "consumers": max(r["consumers"] for r in rows),
-        }
+        info = streams.totals(rows)
         self.metrics.lag.set(info["lag"])
         self.metrics.pending.set(info["pending"])
         if len(rows) > 1:  # P <= 256 label values (shared.keys.MAX_PARTITIONS)

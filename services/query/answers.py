@@ -373,6 +373,38 @@ class Readiness(Answer):
     )
 
 
+class Expiring(Answer):
+    episode_id: str
+    expires_at: Instant
+
+
+class Summary(Answer):
+    episodes: int = Field(description="episodes of the namespace (expired ones not counted)")
+    agents: int = Field(description="distinct agent_id values")
+    users: int = Field(description="distinct user_id values")
+    sessions: int = Field(description="distinct session_id values")
+    facts: int = Field(description="current facts")
+    expiring: list[Expiring] = Field(description="the episodes expiring soonest (at most 10), soonest first")
+
+
+class DeadLetter(Answer):
+    id: str = Field(description="its id in the dead-letter stream (what redrive and discard take)")
+    episode_id: str = Field(description="the episode its event names")
+    reason: str = Field(description="why the consolidator gave up on it (values of sealed entries withheld)")
+    consumer: str = Field(description="the consolidator that gave up")
+    at: Instant = Field(description="when it was dead-lettered")
+
+
+class DeadLetterPage(Answer):
+    results: list[DeadLetter] = Field(description="the caller's namespace's, oldest first, at most `limit`")
+    total: int = Field(description="the namespace's dead letters in all")
+
+
+class DeadLettersActed(Answer):
+    done: int = Field(description="dead letters re-driven (published again) or discarded")
+    unknown: list[str] = Field(description="ids that name no dead letter of the caller's namespace")
+
+
 class OpenAPIDocument(Answer):
     openapi: str
     info: dict[str, Any]

@@ -95,10 +95,10 @@ def _responses(route: Route, components: dict[str, Any]) -> dict[str, Any]:
     return responses
 
 
-PAGE_FILES = "/docs/"
-"""The prefix of the docs page's own files (its script, Swagger UI's bundle, stylesheet and icon): served,
-but not operations of the API, so the document leaves them out (a client generator would make a method
-of each, and warns of their non-JSON answers). The page itself, `GET /docs`, stays."""
+PAGE_FILES = ("/docs/", "/console/")
+"""The prefixes of the docs page's and the console's own files (scripts, stylesheets, icon): served, but
+not operations of the API, so the document leaves them out (a client generator would make a method of
+each, and warns of their non-JSON answers). The pages themselves, `GET /docs` and `GET /console`, stay."""
 
 
 def document(routes: Iterable[Route], schemas: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -1,11 +1,7 @@
-"""The dependencies `make_app` injects into the views, built once per app.
-
-`facts_provider(keys)` → the `FACTS` function of `POST /v1/context`: the top current facts by centroid
-similarity, with their own budget next to the episodes. `consolidation(settings, metrics)` → the
-`CONSOLIDATE` function of `POST /v1/consolidate`: this is the query service's one use of the
-consolidator (`services.consolidator.facts`), made at app construction rather than inside a handler, so
-tests and embedders can pass another (`make_app(consolidate=...)`).
-"""
+"""The dependencies `make_app` injects into the views, built once per app: `facts_provider(keys)`, the
+`FACTS` of `POST /v1/context`, and `consolidation(settings, metrics)`, the `CONSOLIDATE` of
+`POST /v1/consolidate` (the query service's one use of the consolidator; `make_app(consolidate=...)`
+takes another)."""
 
 from __future__ import annotations
 

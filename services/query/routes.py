@@ -15,9 +15,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from services.query import answers, models
+from services.query import answers, console, models
 from services.query.problems import Invalid
 from services.query.views import (
+    deadletters,
     docs,
     episodes,
     facts,
@@ -26,6 +27,7 @@ from services.query.views import (
     listing,
     operations,
     recall,
+    summary,
     updates,
 )
 
@@ -322,6 +324,40 @@ ROUTES: tuple[Route, ...] = (
     ),
     route(
         "GET",
+        "/v1/summary",
+        summary.summary,
+        "What the namespace holds: episodes, agents, users, sessions, facts, what expires soonest",
+        answer=answers.Summary,
+    ),
+    route(
+        "GET",
+        "/v1/dead-letters",
+        deadletters.list_dead_letters,
+        "The namespace's dead letters (events the consolidator gave up on) and why",
+        query=deadletters.DeadLetterQuery,
+        answer=answers.DeadLetterPage,
+    ),
+    *(
+        route(
+            "POST",
+            f"/v1/dead-letters/{verb}",
+            handler,
+            summary,
+            body=deadletters.DeadLetterIds,
+            errors=(Status(404, "none of the ids is a dead letter of the caller's namespace"),),
+            answer=answers.DeadLettersActed,
+        )
+        for verb, handler, summary in (
+            (
+                "redrive",
+                deadletters.redrive,
+                "Publish the namespace's dead letters named again (after a fix)",
+            ),
+            ("discard", deadletters.discard, "Delete the namespace's dead letters named, and their events"),
+        )
+    ),
+    route(
+        "GET",
         "/openapi.json",
         operations.openapi_json,
         "This OpenAPI 3.1 document",
@@ -359,6 +395,27 @@ ROUTES: tuple[Route, ...] = (
             errors=(Status(503, "the swagger-ui-py package is not installed"),),
         )
         for name, (_, content_type) in docs.ASSETS.items()
+    ),
+    route(
+        "GET",
+        "/console",
+        console.console_page,
+        "A browser console of this API: overview, episodes, recall playground, facts (served offline)",
+        public=True,
+        tag="operations",
+        response=_file("an HTML page that loads only this service's own files", "text/html"),
+    ),
+    *(
+        route(
+            "GET",
+            f"/console/{name}",
+            console.asset_handler(name),
+            f"A file of the console ({name}: its content's digest in the name, cached for a year)",
+            public=True,
+            tag="operations",
+            response=_file("a static file", content_type),
+        )
+        for name, (_, content_type) in console.assets().items()
     ),
     route(
         "POST",

@@ -1,5 +1,6 @@
 """The episode store: every read the query service makes of episode documents, their vectors, event
-hashes, tombstones, dead-letter refs and forget jobs, and the access stamp of recalled episodes. The
+hashes, tombstones, dead-letter refs and forget jobs, the access stamp of recalled episodes, and the
+counts of `GET /v1/summary` (`distinct`, `facts_total`). The
 keys are `shared.keys.Keys`'; the documents are written by the consolidator alone (never re-validated
 here). Replies are bytes (`decode_responses=False`, `shared.redis_conn`).
 """
@@ -16,7 +17,7 @@ import redis.asyncio as aioredis
 
 from engram_episodic.errors import NotFound
 from services.consolidator.scripts import FORGET_USER_LUA
-from shared.index import VECTOR_FIELD, current_generation
+from shared.index import VECTOR_FIELD, aggregate_rows, current_generation, search_limit
 from shared.keys import Keys
 
 JOB_TTL = 7 * 86400.0  # seconds a forget job's status stays readable after it started
@@ -182,3 +183,43 @@ class EpisodeStore:
             found = await self._each(calls)
             done += sum(1 for tomb, doc in zip(found[::2], found[1::2], strict=True) if tomb and not doc)
         return done
+
+
+async def distinct(r: Any, index: str, query: str, field: str) -> int:
+    """Distinct values of the TAG `field` among the documents of `query` (documents without it left out)."""
+    reply_ = await r.execute_command(
+        "FT.AGGREGATE",
+        index,
+        query,
+        *search_limit(),
+        "LOAD",
+        1,
+        f"@{field}",
+        "FILTER",
+        f"exists(@{field})",
+        "GROUPBY",
+        0,
+        "REDUCE",
+        "COUNT_DISTINCT",
+        1,
+        f"@{field}",
+        "AS",
+        "n",
+        "DIALECT",
+        2,
+    )
+    rows = aggregate_rows(reply_)
+    return int(rows[0].get("n") or 0) if rows else 0
+
+
+async def facts_total(r: Any, index: str, query: str) -> int:
+    """Current facts of `query` in `index` (0 when the live generation has no facts index yet)."""
+    try:
+        reply_ = await r.execute_command(
+            "FT.SEARCH", index, query, *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2
+        )
+    except Exception as exc:  # noqa: BLE001 - only a missing index is an empty answer
+        if "no such index" in str(exc).lower() or "unknown index" in str(exc).lower():
+            return 0
+        raise
+    return int(reply_[0])

@@ -32,6 +32,8 @@ TINY_DEFAULT_EMBEDDER = (
     "12",
     "--ingest-long",
     "2",
+    "--console-requests",
+    "3",
 )
 
 
@@ -105,6 +107,13 @@ def check_default_embedder_phases(res: dict, cache: Path) -> None:
         profile = row["redis_profile"]
         assert profile["recalls"] == 4 and profile["total_us_per_recall"] > 0
         assert profile["by_part"]["KNN (vector arm, restricted KNN)"]["calls_per_recall"] >= 1
+    console = recall["console"]  # the recall playground against the recall it shows, at the largest size
+    if "skipped" not in console:
+        assert console["size"] == 400 and console["requests"] == 3
+        assert (
+            console["playground_p50_ms"] > 0
+            and console["ratio"] == console["playground_p50_ms"] / console["api_p50_ms"]
+        )
     kinds = {r["kind"]: r for r in res["ingest_real"]}
     assert set(kinds) == {"dialogue turns", "2,000-character texts"}
     assert kinds["dialogue turns"]["texts"] == 12 and kinds["2,000-character texts"]["texts"] == 2

@@ -12,7 +12,8 @@ import pytest
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
 from services.consolidator.deadletters import list_dead_letters
-from services.consolidator.facts import Consolidator, ContributorForgotten
+from services.consolidator.facts import Consolidator
+from services.consolidator.facts_snapshots import ContributorForgotten
 from services.consolidator.facts_store import load_state
 from services.consolidator.replay import replay
 from shared import codec, fact_seal, streams
@@ -330,8 +331,6 @@ async def test_a_forget_racing_a_forgets_rebuild_is_left_out_not_dead_lettered(s
     raced (alice's key destroyed after the rebuild read the keys, before its XADD) raised
     ContributorForgotten, and the entry being projected was dead-lettered, which no redrive could
     fix (49 in four runs). The rebuild now leaves alice out too and publishes the rest."""
-    from services.consolidator.facts_forget import forget_with
-
     keys = Keys(sealed.prefix)
     client = EngramClient(redis, namespace="ns", prefix=sealed.prefix, master_key=sealed.master_key)
     for e in planted():
@@ -349,7 +348,7 @@ async def test_a_forget_racing_a_forgets_rebuild_is_left_out_not_dead_lettered(s
         return await real(event)
 
     cons.publish_snapshot = forget_first
-    assert await forget_with(cons, gen, "ns", ["mig-0"]) == 1  # bob's episode, in the mixed fact
+    assert await cons.forget(gen, "ns", ["mig-0"]) == 1  # bob's episode, in the mixed fact
     assert len(calls) == 2
     state = await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)
     assert sorted((f.support, f.users) for f in state.facts) == [(3, ("bob",)), (5, ("bob",))]

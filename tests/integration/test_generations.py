@@ -206,7 +206,6 @@ async def test_a_killed_replays_generation_is_swept_once_its_lease_runs_out(sett
     await worker._sweep()  # the lease is fresh: generation 2 is kept
     assert await generation_keys(redis, keys, 2)
     monkeypatch.setattr(generations, "BUILD_LEASE_MS", 0)
-    worker._sweep_checked = 0.0
     await worker._sweep()
     assert await generation_keys(redis, keys, 2) == []
     assert await redis.hget(keys.meta, erasure.PENDING_FIELD) is not None  # the AOF's copy goes next

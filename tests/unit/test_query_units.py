@@ -227,8 +227,9 @@ def test_prompt_section_never_exceeds_budget(task, max_chars, n):
         assert text.count("### Episode") == n
 
 
-def test_the_public_routes_are_the_probes_and_the_document():
+def test_the_public_routes_are_the_probes_the_document_and_the_console():
     from services.query.auth import public_paths
+    from services.query.console import assets
     from services.query.routes import ROUTES, route
     from services.query.views import operations
 
@@ -241,6 +242,8 @@ def test_the_public_routes_are_the_probes_and_the_document():
         "/docs/swagger-ui.css",
         "/docs/swagger-ui-bundle.js",
         "/docs/favicon-32x32.png",
+        "/console",
+        *(f"/console/{name}" for name in assets()),
     }
     with pytest.raises(ValueError, match="fixed path"):
         public_paths([route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])

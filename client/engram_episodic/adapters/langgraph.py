@@ -208,22 +208,8 @@ def context_node(
     clients = Clients(client, async_client, where="context_node")
     scope = check_scope(default_scope, "context_node")
     # the default scope (only agent_id, user_id, session_id: check_scope) and this function's typed options
-    options = cast(
-        ContextOptions,
-        {
-            **scope,
-            **{
-                k: v
-                for k, v in (
-                    ("category", category),
-                    ("top_k", top_k),
-                    ("max_chars", max_chars),
-                    ("half_life", half_life),
-                )
-                if v is not None
-            },
-        },
-    )
+    given = {"category": category, "top_k": top_k, "max_chars": max_chars, "half_life": half_life}
+    options = cast(ContextOptions, {**scope, **{k: v for k, v in given.items() if v is not None}})
 
     def update(state: Any, prompt: str) -> dict[str, Any]:
         new = SystemMessage(content=prompt, id=message_id)

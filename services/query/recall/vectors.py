@@ -1,5 +1,5 @@
-"""Query embeddings: a per-namespace LRU cache, and forward passes shared by concurrent queries (the
-embedders are `shared.embedding`'s)."""
+"""Query embeddings in the query service: a per-namespace LRU cache, and forward passes shared by
+concurrent queries. The embedders themselves live in `shared.embedding`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from shared.embedding import Embedder, EmbedderUnavailable, embed_query
 
 class QueryBatcher:
     """Concurrent query embeddings share forward passes: while one pass runs, the texts that arrive
-    wait, and the next pass embeds all of them (up to `max_batch`, duplicates once); a lone request
-    starts its pass at once (mpnet on 2 cores: 8 queries in one pass 240 ms, 8 single passes 900 ms).
+    wait, and the next pass embeds all of them (up to `max_batch`, duplicates once). A lone request
+    starts its pass at once, so batching never adds latency when nothing else is waiting. Why: a model
+    embeds a batch much faster than the same texts one by one, and runs one pass at a time anyway.
+
     A text's error is answered to its own request only (a failed pass is retried text by text), except
-    `EmbedderUnavailable`, which fails the whole pass. Texts are shared within one `scope` (the
-    namespace) only: across tenants one could time another's identical query. One per embedder; one
-    event loop.
+    `EmbedderUnavailable`, which fails every text of the pass at once (alone, each would wait out the
+    provider's timeouts again). A text is shared only within one `scope` (the namespace): across
+    tenants, sharing would let one time another's identical query. One per embedder; one event loop.
     """
 
     def __init__(self, embedder: Embedder, max_batch: int = 32):
@@ -81,10 +83,13 @@ def _answer(waiting: list[asyncio.Future[np.ndarray]], outcome: np.ndarray | Exc
 
 class QueryVectorCache:
     """The embeddings of the last `size` distinct (namespace, query text) pairs, least recently used
-    evicted first (`size` 0: none); misses go through a `QueryBatcher` per embedder (`batch` texts per
-    pass at most; 1 embeds each query alone). Vectors are returned read-only. Per namespace: a hit is
-    milliseconds faster than a miss, so a shared entry would let one tenant time another's query.
-    One per app (`services.query.appkeys.QUERY_VECTORS`).
+    evicted first; misses go through a `QueryBatcher` per embedder (`batch` texts per pass at most; 1
+    embeds each query alone).
+
+    Agents repeat queries (the same task to /v1/context and /v1/recall, retries, evaluations), and on
+    CPU a model embedding of one query costs more than the rest of a recall. One per query service.
+    Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared across
+    tenants, a hit's speed would tell one tenant that another recently asked exactly that text.
     """
 
     def __init__(self, size: int = 4096, *, batch: int = 32):

@@ -91,6 +91,7 @@ class FactListQuery(_Page):
     user_id: models.IdStr | None = None
     category: models.IdStr | None = None
     kind: Kind | None = None
+    episode_id: models.IdStr | None = Field(None, description="facts with this episode among their evidence")
     since: QueryInstant | None = Field(None, description="facts whose evidence ends at or after this")
     until: QueryInstant | None = Field(None, description="facts whose evidence starts at or before this")
     include_superseded: bool = False
@@ -165,6 +166,7 @@ async def list_facts(request: web.Request) -> web.Response:
         user_id=q.user_id,
         category=(q.category,) if q.category else (),
         kind=(q.kind,) if q.kind else (),
+        evidence=(q.episode_id,) if q.episode_id else (),
         since=q.since,
         until=q.until,
         include_superseded=q.include_superseded,

@@ -1,0 +1,206 @@
+"""`engram hooks install|uninstall|status` and `engram hook <cli> <event>` (what the CLIs' settings call)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from engram_episodic.client import Engram
+from engram_episodic.hooks import runner, settings, state
+from engram_episodic.hooks.payloads import CLIS
+
+_cli_arg = click.argument("cli_name", metavar="CLI", type=click.Choice(CLIS))
+_scope = click.option(
+    "--project/--user", "project", default=True, help="The project's settings (default) or the user's."
+)
+_dir = click.option(
+    "--dir",
+    "project_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".",
+    show_default=True,
+    help="The project's folder.",
+)
+
+
+def _engram_argv() -> list[str]:
+    """How the CLIs run `engram`: the script on PATH, else this Python with the module."""
+    found = shutil.which("engram")
+    return [found] if found else [sys.executable, "-m", "engram_episodic.cli"]
+
+
+def _service(ctx: click.Context) -> tuple[str, str | None]:
+    """The service's URL and key: `--url`/ENGRAM_URL and `--api-key`/ENGRAM_API_KEY, else those
+    `engram hooks install` saved, else the default URL."""
+    root = ctx.find_root()
+    config = state.load_config()
+    url = root.params["url"]
+    if root.get_parameter_source("url") == ParameterSource.DEFAULT and config.get("url"):
+        url = config["url"]
+    return url, root.params["api_key"] or config.get("api_key")
+
+
+def _answers(url: str, api_key: str | None) -> str | None:
+    """None when the service answers `/readyz`, else why not (one line)."""
+    try:
+        with Engram(url, api_key=api_key, timeout=2.0, max_retries=0) as client:
+            client.ready()
+        return None
+    except Exception as exc:  # any failure is the answer: said, not raised
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _down_hint(url: str, why: str) -> str:
+    return (
+        f"no Engram service answers at {url} ({why}).\n"
+        "  Start one from an Engram checkout with `make run` (or `docker compose up`), or point the hooks\n"
+        "  at one: engram hooks install CLI --url URL --api-key KEY. Until then each finished task waits\n"
+        f"  in {state.state_dir() / 'spool'} and is sent by a later hook."
+    )
+
+
+@click.group("hooks")
+def hooks_group() -> None:
+    """Record coding agents' tasks as episodes, scored by the project's tests (Claude Code, Gemini CLI)."""
+
+
+def _url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"must start with http:// or https://, not {value[:40]!r}")
+    return value
+
+
+@hooks_group.command("install")
+@_cli_arg
+@_scope
+@_dir
+@click.option(
+    "--url",
+    callback=_url,
+    help="The service's URL, kept for the hooks (default: ENGRAM_URL or the local one).",
+)
+@click.option("--api-key", help="The service's API key, kept for the hooks (readable by you only).")
+@click.option(
+    "--test-command", "test_commands", multiple=True, help="A command that runs the tests (repeatable)."
+)
+@click.option("--hash-repo", is_flag=True, help="Record the repository as a digest, not its URL or path.")
+@click.pass_context
+def install_command(
+    ctx: click.Context,
+    cli_name: str,
+    project: bool,
+    project_dir: Path,
+    url: str | None,
+    api_key: str | None,
+    test_commands: tuple[str, ...],
+    hash_repo: bool,
+) -> None:
+    """Add Engram's hooks and MCP server to CLI's settings (`claude-code` or `gemini-cli`); idempotent."""
+    config = state.load_config()
+    config.update({k: v for k, v in (("url", url), ("api_key", api_key)) if v})
+    if test_commands:
+        config["test_commands"] = list(test_commands)
+    if hash_repo:
+        config["hash_repo"] = True
+    scope = "project" if project else "user"
+    where = settings.target(cli_name, scope, project_dir.resolve(), Path.home())
+    argv = _engram_argv()
+    env = {"ENGRAM_URL": url} if url else {}
+    if api_key and scope == "user":  # a project's settings are often committed: no key there
+        env["ENGRAM_API_KEY"] = api_key
+    hooks = settings.hook_entries(cli_name, argv)
+    mcp = settings.mcp_entry(argv, env)
+    try:
+        if where.hooks_file == where.mcp_file:
+            settings.install(
+                where.hooks_file, lambda d: settings.with_mcp(settings.with_hooks(d, hooks), mcp)
+            )
+        else:
+            settings.install(where.hooks_file, lambda d: settings.with_hooks(d, hooks))
+            settings.install(where.mcp_file, lambda d: settings.with_mcp(d, mcp))
+    except settings.SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    state.save_config(config)
+    service_url, service_key = _service(ctx)
+    click.echo(f"{cli_name}: Engram's hooks ({', '.join(hooks)}) in {where.hooks_file}")
+    click.echo(f"{cli_name}: Engram's MCP server `engram` in {where.mcp_file}")
+    if cli_name == "gemini-cli":
+        click.echo("gemini-cli: hooks run when its hooks system is enabled (/settings: Enable Hooks System)")
+    why = _answers(service_url, service_key)
+    click.echo(f"service: {service_url} answers" if why is None else _down_hint(service_url, why))
+
+
+@hooks_group.command("uninstall")
+@_cli_arg
+@_scope
+@_dir
+def uninstall_command(cli_name: str, project: bool, project_dir: Path) -> None:
+    """Remove exactly what `engram hooks install` added to CLI's settings."""
+    where = settings.target(cli_name, "project" if project else "user", project_dir.resolve(), Path.home())
+    try:
+        if where.hooks_file == where.mcp_file:
+            changed = [where.hooks_file] if settings.uninstall(where.hooks_file, True, True) else []
+        else:
+            changed = [
+                p
+                for p, h in ((where.hooks_file, True), (where.mcp_file, False))
+                if settings.uninstall(p, h, not h)
+            ]
+    except settings.SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in changed:
+        click.echo(f"{cli_name}: Engram's entries removed from {path}")
+    if not changed:
+        click.echo(f"{cli_name}: nothing of Engram's in {where.hooks_file}")
+
+
+@hooks_group.command("status")
+@_dir
+@click.pass_context
+def status_command(ctx: click.Context, project_dir: Path) -> None:
+    """Where Engram's hooks are installed, whether the service answers, what waits in the spool."""
+    for cli_name in CLIS:
+        for scope in ("project", "user"):
+            where = settings.target(cli_name, scope, project_dir.resolve(), Path.home())
+            hooks = settings.installed(where.hooks_file)["hooks"]
+            mcp = settings.installed(where.mcp_file)["mcp"]
+            what = f"hooks {', '.join(hooks)}" if hooks else "no hooks"
+            click.echo(
+                f"{cli_name:12} {scope:8} {what}; MCP server {'yes' if mcp else 'no'}  ({where.hooks_file})"
+            )
+    hashed = bool(state.load_config().get("hash_repo"))
+    click.echo(
+        f"repository: {project_dir.resolve()} is recorded as agent_id {runner.repo_identity(str(project_dir), hashed=hashed)!r}"
+    )
+    url, api_key = _service(ctx)
+    why = _answers(url, api_key)
+    click.echo(f"service: {url} answers" if why is None else f"service: {_down_hint(url, why)}")
+    click.echo(f"spool: {len(state.spooled())} episodes waiting; log: {runner.hook_log()}")
+
+
+@click.command("hook")
+@_cli_arg
+@click.argument("event")
+@click.pass_context
+def hook_command(ctx: click.Context, cli_name: str, event: str) -> None:
+    """Handle one hook EVENT of CLI, its JSON on stdin (what the settings `engram hooks install` wrote
+    call). Always exits 0; what went wrong is in the hooks' log."""
+    url, api_key = _service(ctx)
+    try:
+        raw = sys.stdin.read()
+    except (OSError, ValueError):
+        raw = ""
+    out = runner.main(cli_name, event, raw, url=url, api_key=api_key)
+    if out:
+        click.echo(out)
+
+
+def register(group: Any) -> None:
+    """Add `hooks` and `hook` to the `engram` command group."""
+    group.add_command(hooks_group)
+    group.add_command(hook_command)

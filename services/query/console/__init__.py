@@ -1,0 +1,74 @@
+"""`GET /console`: a browser console of this API (overview, episodes, recall playground, learning,
+facts, operations), served by the query service itself so `make run` shows it with nothing else installed.
+
+The console is a client of the public HTTP API only: its script sends the API key the user types as the
+`Authorization` header of its own `fetch` calls (kept in memory, or in the tab's session storage when
+asked), never in a URL, a cookie or a log line. The page and its files are public, like `/docs`; every
+datum still needs the key.
+
+The files live in `static/` beside this module (plain ES module, stylesheet; no build step, no CDN). Each
+is served under a name holding a digest of its content (`app.1a2b3c4d5e.js`) with a one-year `immutable`
+Cache-Control, so a browser never mixes a cached file of an older release with a newer page; the page
+itself is `no-cache`. The Content-Security-Policy lets it load nothing but these files.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+from aiohttp import web
+
+STATIC = Path(__file__).resolve().parent / "static"
+TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+# own files only; `data:` for the icon; the script sets inline styles through the CSSOM (bar widths)
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+@functools.cache
+def assets() -> dict[str, tuple[bytes, str]]:
+    """Every file of `static/` but the page: `{hashed name: (body, content type)}`, read once.
+
+    The hashed name is `<stem>.<first 10 hex digits of the body's SHA-256><suffix>`."""
+    out: dict[str, tuple[bytes, str]] = {}
+    for path in sorted(STATIC.iterdir()):
+        if path.suffix in TYPES:
+            body = path.read_bytes()
+            digest = hashlib.sha256(body).hexdigest()[:10]
+            out[f"{path.stem}.{digest}{path.suffix}"] = (body, TYPES[path.suffix])
+    return out
+
+
+@functools.cache
+def page() -> str:
+    """`index.html` with each `{name}` placeholder (`{app.js}`) replaced by its hashed path, relative to
+    `/console` so the page also works behind a proxy that mounts the service under a prefix."""
+    html = (STATIC / "index.html").read_text(encoding="utf-8")
+    for hashed in assets():
+        stem, _, rest = hashed.partition(".")
+        html = html.replace("{" + stem + "." + rest.partition(".")[2] + "}", f"console/{hashed}")
+    return html
+
+
+async def console_page(request: web.Request) -> web.Response:
+    return web.Response(
+        text=page(),
+        content_type="text/html",
+        headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"},
+    )
+
+
+def asset_handler(name: str):
+    """The handler of `/console/<name>`, a hashed name of `assets()`."""
+    body, content_type = assets()[name]
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type=content_type, headers={"Cache-Control": IMMUTABLE})
+
+    handler.__name__ = "console_" + name.split(".")[0].replace("-", "_")
+    return handler
