@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.locomo import rrf
 from engram_episodic.events import OUTCOMES
 from services.query.recall import score as scoring
 from services.query.recall.score import (
@@ -25,7 +26,6 @@ from services.query.recall.score import (
     recency_decay,
     replay_context,
     resolve_weights,
-    rrf,
     score,
 )
 

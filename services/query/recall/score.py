@@ -1,4 +1,4 @@
-"""Prioritized recall: score candidate episodes, fuse rankings, summarise what worked. Pure numpy, no I/O.
+"""Prioritized recall: score candidate episodes, summarise what worked. Pure numpy, no I/O.
 
 The priority of a candidate episode is a weighted sum of five signals, each in [0, 1]:
 
@@ -14,8 +14,6 @@ Sources:
   (retrieval). Their decay is per game hour with factor 0.995; here it is a half-life in seconds.
 - Replaying past experience by priority rather than uniformly or by recency alone: Schaul et al. 2016,
   "Prioritized Experience Replay"; reward and outcome stand in for their TD-error priority.
-- Fusing keyword and vector rankings: Cormack, Clarke & Buettcher 2009, "Reciprocal Rank Fusion
-  outperforms Condorcet and individual rank learning methods" (`rrf`).
 
 Conventions: every array is 1-D with one entry per candidate (`float64[n]` out; `float32[n]` or
 `float64[n]` in). Instants are UTC epoch seconds; ages and half-lives are seconds. Timestamps should
@@ -26,7 +24,7 @@ Invalid arguments raise ValueError naming the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, cast
 
@@ -403,37 +401,6 @@ def score(
         if isinstance(value, np.ndarray):
             value.setflags(write=False)
     return out
-
-
-def rrf(
-    rankings: Sequence[Sequence[Hashable]], k: float = 60, weights: Sequence[float] | None = None
-) -> list[tuple[Hashable, float]]:
-    """Reciprocal rank fusion: score(d) = sum over rankings r of w_r / (k + rank_r(d)), rank 1-based.
-
-    Cormack, Clarke & Buettcher 2009 (k = 60 there). A key missing from a ranking adds nothing; a key
-    repeated within one ranking counts once, at its best rank. `weights` (one per ranking, default 1)
-    gives the weighted variant. Returns (key, score) best first; equal scores keep the order of first
-    appearance (ranking by ranking, top to bottom). Raises ValueError for k < 0 or bad weights.
-    """
-    if not _real(k) or k < 0:
-        raise ValueError(f"k must be a finite number >= 0, got {k!r}")
-    if weights is None:
-        weights = [1.0] * len(rankings)
-    if len(weights) != len(rankings):
-        raise ValueError(f"weights has {len(weights)} entries for {len(rankings)} rankings")
-    for i, wi in enumerate(weights):
-        if not _real(wi) or wi < 0:
-            raise ValueError(f"weights[{i}] must be finite and >= 0, got {wi!r}")
-    scores: dict[Hashable, float] = {}  # insertion order = first appearance
-    for ranking, wi in zip(rankings, weights, strict=True):
-        seen: set[Hashable] = set()
-        for rank, key in enumerate(ranking, start=1):
-            if key in seen:
-                continue
-            seen.add(key)
-            scores[key] = scores.get(key, 0.0) + wi / (k + rank)
-    first = {key: i for i, key in enumerate(scores)}
-    return sorted(scores.items(), key=lambda item: (-item[1], first[item[0]]))
 
 
 def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:
