@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from services.query.recall.terms import FIELD_KEYS, Memos, field_texts, stemmer
+from services.query.recall.terms import Memos, field_texts, stemmer
 from shared.keywords import STOPWORDS, words
 
 K1 = 1.2
@@ -123,24 +123,12 @@ def without_terms(text: str, stems: set[str]) -> str:
 
 
 def episode_terms(
-    fields: Mapping[Any, str | bytes | None],
-    extra: Sequence[tuple[str | bytes, float]] = (),
-    memos: Memos | None = None,
+    fields: Mapping[Any, str | bytes | None], memos: Memos | None = None
 ) -> tuple[Mapping[str, float], float]:
     """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
     weighted length (stop words not counted). `fields` maps field names (str or bytes) to texts (str or
-    UTF-8 bytes); missing ones count 0. `extra` adds (name, weight) fields beyond `TEXT_FIELDS` (not
-    remembered). A recall scores its pool with `keyword_relevances` instead."""
-    memos = memos or Memos()
-    texts = field_texts(fields)
-    if extra:
-        more = tuple(fields.get(name) for name, _ in extra)
-        t = memos.weighted_terms(
-            texts + tuple(x.encode() if isinstance(x, str) else x for x in more),
-            tuple(w for _, _, w in FIELD_KEYS) + tuple(w for _, w in extra),
-        )
-    else:
-        t = memos.texts_terms(texts)
+    UTF-8 bytes); missing ones count 0. A recall scores its pool with `keyword_relevances` instead."""
+    t = (memos or Memos()).texts_terms(field_texts(fields))
     return MappingProxyType({s: n * t.scale for s, n in t.tf.items()}), t.length
 
 
