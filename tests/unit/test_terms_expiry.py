@@ -83,3 +83,9 @@ def test_the_memos_expire_drops_a_texts_terms_and_its_stems() -> None:
     assert key not in memos.terms and key not in memos.terms.old
     assert "quokkas" not in memos.stems and "quokkas" not in memos.stems.old
     assert memos.hit_terms({b"task": text}) == got  # made again, the same
+
+
+def test_the_stemmer_keeps_no_words_of_its_own() -> None:
+    # PyStemmer caches every word it stems for the life of the process unless told not to: a forgotten
+    # episode's words would outlive the memos' window there
+    assert terms.stemmer().maxCacheSize == 0

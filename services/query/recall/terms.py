@@ -100,8 +100,9 @@ class Recent(dict[K, V]):
 
 @lru_cache(maxsize=1)
 def stemmer() -> Any:
-    """PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with."""
-    return Stemmer.Stemmer("english", 100_000)
+    """PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with. Its own word cache is
+    off: it would keep a forgotten episode's words without end; `Memos` keep stems 60 s at most."""
+    return Stemmer.Stemmer("english", 0)
 
 
 def _stem(word: str) -> str:
