@@ -400,6 +400,13 @@ async def test_health_ready_metrics(api):
         "index": True,
         "embedder": True,
     }
+    assert (await ready.json())["generations"] == {"live": 1, "building": None}
+    from services.query.appkeys import KEYS, REDIS
+    from shared import generations
+
+    building = await generations.claim(api.app[REDIS], api.app[KEYS])  # as a replay starts
+    assert (await (await api.get("/readyz")).json())["generations"] == {"live": 1, "building": building}
+    await generations.finish(api.app[REDIS], api.app[KEYS], building, live=False)
     await api.post("/v1/recall", json={"query": "hello"})
     text = await (await api.get("/metrics")).text()
     assert 'engram_http_requests_total{method="POST",route="/v1/recall",status="200"} 1.0' in text

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, OPENAPI, REDIS, SETTINGS, STARTUP, TAGS
 from services.query.views.common import index_of, reply
-from shared import streams
+from shared import generations, streams
 from shared.facts import facts_state
 from shared.index import index_exists
 
@@ -51,6 +51,8 @@ async def readyz(request: web.Request) -> web.Response:
             checks["embedder"], body["why"] = False, str(mismatch)
         try:  # what the replay that built the live generation did with the facts; no check: recall needs none
             body["facts"] = await asyncio.wait_for(facts_state(r, request.app[KEYS]), 2.0)
+            live, building = await asyncio.wait_for(generations.writable(r, request.app[KEYS]), 2.0)
+            body["generations"] = {"live": live, "building": building}
         except Exception:  # noqa: BLE001 - informative only, never a 500 or "not ready"
             pass
     ok = all(checks.values())
