@@ -113,13 +113,14 @@ def fold(events: Iterable[Event]) -> Folded:
     )
     episode: Episode | None = None
     actions: dict[tuple, Action] = {}
-    completed = False
+    completed_at: float | None = None  # the first completion's instant
     for event in ordered:
         if isinstance(event, EpisodeStarted | EpisodeCompleted):
             episode = _merge(episode, event.episode)
             for action in event.episode.actions:
                 actions.setdefault(_action_key(action), action)
-            completed = completed or isinstance(event, EpisodeCompleted)
+            if isinstance(event, EpisodeCompleted) and completed_at is None:
+                completed_at = event.occurred_at
         elif isinstance(event, ActionRecorded):
             action = event.action
             if action.action_id is None:
@@ -136,11 +137,15 @@ def fold(events: Iterable[Event]) -> Folded:
         )
         if merged != episode.actions:  # a whole episode in one event (the common case) needs no copy
             episode = dataclasses.replace(episode, actions=merged)
-        if completed and episode.outcome is None:
+        if completed_at is not None and episode.outcome is None:
             episode = dataclasses.replace(episode, outcome="abandoned")
+        # a completion published without one (EngramClient.publish of a bare Episode) completed when it
+        # occurred: every completed episode has a completed_at (the API's `EpisodeOut` requires it)
+        if completed_at is not None and episode.completed_at is None:
+            episode = dataclasses.replace(episode, completed_at=completed_at)
     return Folded(
         episode=episode,
-        status=STATUS_COMPLETED if completed and episode is not None else STATUS_DRAFT,
+        status=STATUS_COMPLETED if completed_at is not None and episode is not None else STATUS_DRAFT,
         first_occurred_at=ordered[0].occurred_at if ordered else math.inf,
         event_count=len(ordered),
         superseded=superseded,
