@@ -101,6 +101,17 @@ def _current(ordered: list[Event]) -> tuple[list[Event], frozenset[str]]:
     return kept, frozenset(e.event_id for e in ordered if e.event_id not in ids)
 
 
+def _completed(episode: Episode, at: float) -> Episode:
+    """A completed episode has an outcome (`abandoned` when its completion gave none) and a
+    `completed_at` (`at`, its first completion's instant, when none was given: `EngramClient.publish`
+    of a bare Episode), so every episode the API answers with has both (`EpisodeOut` requires them)."""
+    if episode.outcome is None:
+        episode = dataclasses.replace(episode, outcome="abandoned")
+    if episode.completed_at is None:
+        episode = dataclasses.replace(episode, completed_at=at)
+    return episode
+
+
 def fold(events: Iterable[Event]) -> Folded:
     """Fold one episode's episode-events (Started, ActionRecorded, Completed, Updated) into a Folded
     state: those of its current user only (`_current`)."""
@@ -137,12 +148,8 @@ def fold(events: Iterable[Event]) -> Folded:
         )
         if merged != episode.actions:  # a whole episode in one event (the common case) needs no copy
             episode = dataclasses.replace(episode, actions=merged)
-        if completed_at is not None and episode.outcome is None:
-            episode = dataclasses.replace(episode, outcome="abandoned")
-        # a completion published without one (EngramClient.publish of a bare Episode) completed when it
-        # occurred: every completed episode has a completed_at (the API's `EpisodeOut` requires it)
-        if completed_at is not None and episode.completed_at is None:
-            episode = dataclasses.replace(episode, completed_at=completed_at)
+        if completed_at is not None:
+            episode = _completed(episode, completed_at)
     return Folded(
         episode=episode,
         status=STATUS_COMPLETED if completed_at is not None and episode is not None else STATUS_DRAFT,

@@ -559,7 +559,9 @@ async def test_summary_dead_letters_and_the_facts_of_an_episode(tenants, setting
         await drain(settings, redis)
         summary = await memory.summary()
         assert (summary.episodes, summary.agents, summary.users, summary.sessions) == (4, 1, 1, 0)
-        assert summary.facts >= 1 and [e.episode_id for e in summary.expiring] == [batch.results[0].episode_id]
+        assert summary.facts >= 1 and [e.episode_id for e in summary.expiring] == [
+            batch.results[0].episode_id
+        ]
         first = batch.results[0].episode_id
         mine = await memory.list_facts(episode_id=first)
         assert len(mine) >= 1 and all(first in f.evidence for f in mine)

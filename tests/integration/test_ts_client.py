@@ -123,7 +123,12 @@ def stack(redis_url) -> Iterator[dict[str, str]]:
                     episode_id=eid,
                     occurred_at=1.0,
                     episode=parse_episode(
-                        {"episode_id": eid, "task": "rotate the keys", "outcome": "failure", "vector": [0.5] * 3}
+                        {
+                            "episode_id": eid,
+                            "task": "rotate the keys",
+                            "outcome": "failure",
+                            "vector": [0.5] * 3,
+                        }
                     ),
                 )
             )

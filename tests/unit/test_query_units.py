@@ -288,7 +288,11 @@ def test_no_documented_object_is_left_untyped():
 
     def walk(node, where):
         if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" not in node and "additionalProperties" not in node:
+            if (
+                node.get("type") == "object"
+                and "properties" not in node
+                and "additionalProperties" not in node
+            ):
                 free.append(where)
             for k, v in node.items():
                 walk(v, f"{where}/{k}")
