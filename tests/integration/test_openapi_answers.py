@@ -8,6 +8,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engram_episodic.events import EpisodeStarted
+from engram_episodic.validation import parse_episode
+from shared import streams
+from shared.codec import encode
+from shared.keys import Keys
 from tests.integration.test_consolidator import drain
 from tests.integration.test_facts import make_worker
 from tests.integration.test_facts_http import seed
@@ -45,7 +50,14 @@ async def test_every_answer_matches_its_documented_schema(make_client, settings,
     await call("POST", "/v1/episodes", "/v1/episodes?wait=0.01", json={"episodes": [two]})
     pending = await call("GET", "/v1/episodes/{episode_id}", "/v1/episodes/x2")
     assert pending["status"] == "pending"
+    started = parse_episode({"episode_id": "x3", "task": "renew tls"})  # no outcome, no completed_at
+    event = EpisodeStarted(
+        namespace=settings.default_namespace, episode_id="x3", occurred_at=1.7e9, episode=started
+    )
+    await streams.publish(redis, Keys(settings.prefix).stream_of(settings.default_namespace), [encode(event)])
     await drain(make_worker(settings, redis))
+    draft = await call("GET", "/v1/episodes/{episode_id}", "/v1/episodes/x3")
+    assert draft["status"] == "draft" and "outcome" not in draft["episode"]
     got = await call("GET", "/v1/episodes/{episode_id}", "/v1/episodes/x1")
     assert got["episode"]["actions"][0]["timestamp"].endswith("Z")
     await call("POST", "/v1/recall", json={"query": "migrate the table", "top_k": 3})
