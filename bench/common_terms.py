@@ -63,8 +63,9 @@ def recall_at(top: list[str], evidence: set[int], n_turns: int, k: int) -> float
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     from services.query import recall as rc
-    from services.query.sizes import ScopeSizes
-    from shared import relevance
+    from services.query.recall import relevance
+    from services.query.recall.sizes import ScopeSizes
+    from services.query.store import EpisodeStore
     from shared.embedding import make_embedder
     from shared.index import Scope
     from shared.redis_conn import connect
@@ -95,7 +96,9 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, float]:
         bodies = []
         for threshold in (0.0, measured):
             at = dataclasses.replace(params, common_idf=threshold)
-            bodies.append(await rc.recall(r, index, scope, q, v, at, sizes=sizes))
+            bodies.append(
+                await rc.recall(rc.Query(r, index, scope, q, v, EpisodeStore(r, seeder.keys), sizes), at)
+            )
         exact, fast = ([x["episode"]["episode_id"] for x in b["results"]] for b in bodies)
         same += exact == fast
         kept += len(set(exact) & set(fast)) / max(1, len(exact))
@@ -164,6 +167,7 @@ def paired_delta(
 async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, object]:
     """R@5 / R@10 of `--quality` LoCoMo questions in the big namespace, exact and per threshold."""
     from services.query import recall as rc
+    from services.query.store import EpisodeStore
 
     qs = evidence_questions(turns, args.quality)
     qv = await embedder.embed([q for q, _ in qs])
@@ -177,7 +181,7 @@ async def quality(r, index, seeder, sizes, embedder, turns, args) -> dict[str, o
         for t in thresholds:
             started = time.perf_counter()
             at = dataclasses.replace(params, common_idf=t)
-            body = await rc.recall(r, index, scope, q, v, at, sizes=sizes)
+            body = await rc.recall(rc.Query(r, index, scope, q, v, EpisodeStore(r, seeder.keys), sizes), at)
             timing[t] += time.perf_counter() - started
             top = [x["episode"]["episode_id"] for x in body["results"]]
             exact = exact or top

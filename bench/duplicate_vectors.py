@@ -1,5 +1,5 @@
 """HNSW recall@k when many episodes share one vector (an agent that ran the same task again and again),
-with and without the widened beam of `shared.hybrid.widened_ef`, and what the second walk costs.
+with and without the widened beam of `services.query.recall.arms.widened_ef`, and what the second walk costs.
 
     python -m bench.duplicate_vectors [--episodes 100000] [--copies 14] [--latent 32] [--dim 384]
 
@@ -20,7 +20,7 @@ import numpy as np
 import redis
 
 from bench.common import private_redis
-from shared.hybrid import widened_ef
+from services.query.recall.arms import widened_ef
 from shared.index import VectorParams, episode_schema
 
 

@@ -33,6 +33,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -330,11 +331,11 @@ async def direct_rankings(
     """Per question, the raw FT.SEARCH KNN and BM25 orders (ids, top 100) against the service's index."""
     import orjson
 
+    from services.query.recall.arms import bm25_search, knn_search
     from shared.embedding import embed_query
     from shared.index import Scope
     from shared.keys import Keys
     from shared.redis_conn import connect
-    from shared.search import bm25_search, knn_search
     from shared.tags import BLAKE2B  # namespace-only scopes: no id is digested
 
     keys = Keys(prefix)
@@ -358,9 +359,38 @@ async def direct_rankings(
     return {"knn": knn_all, "bm25": bm25_all}
 
 
-def rrf_rank(rankings: list[list[str]], k: float, weights: list[float]) -> list[str]:
-    from shared.scoring import rrf
+def rrf(
+    rankings: Sequence[Sequence[Hashable]], k: float = 60, weights: Sequence[float] | None = None
+) -> list[tuple[Hashable, float]]:
+    """Reciprocal rank fusion: score(d) = sum over rankings r of w_r / (k + rank_r(d)), rank 1-based.
 
+    Cormack, Clarke & Buettcher 2009 (k = 60 there). A key missing from a ranking adds nothing; a key
+    repeated within one ranking counts once, at its best rank. `weights` (one per ranking, default 1)
+    gives the weighted variant. Returns (key, score) best first; equal scores keep the order of first
+    appearance (ranking by ranking, top to bottom). Raises ValueError for k < 0 or bad weights.
+    """
+    if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k < 0:
+        raise ValueError(f"k must be a finite number >= 0, got {k!r}")
+    if weights is None:
+        weights = [1.0] * len(rankings)
+    if len(weights) != len(rankings):
+        raise ValueError(f"weights has {len(weights)} entries for {len(rankings)} rankings")
+    for i, wi in enumerate(weights):
+        if isinstance(wi, bool) or not isinstance(wi, int | float) or not math.isfinite(wi) or wi < 0:
+            raise ValueError(f"weights[{i}] must be finite and >= 0, got {wi!r}")
+    scores: dict[Hashable, float] = {}  # insertion order = first appearance
+    for ranking, wi in zip(rankings, weights, strict=True):
+        seen: set[Hashable] = set()
+        for rank, key in enumerate(ranking, start=1):
+            if key in seen:
+                continue
+            seen.add(key)
+            scores[key] = scores.get(key, 0.0) + wi / (k + rank)
+    first = {key: i for i, key in enumerate(scores)}
+    return sorted(scores.items(), key=lambda item: (-item[1], first[item[0]]))
+
+
+def rrf_rank(rankings: list[list[str]], k: float, weights: list[float]) -> list[str]:
     return [key for key, _ in rrf(rankings, k=k, weights=weights)][:TOP_K]
 
 

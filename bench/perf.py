@@ -151,8 +151,8 @@ class Seeder:
     async def knn_ids(self, q: np.ndarray, k: int, ef: int | None = None) -> list[int]:
         import orjson
 
+        from services.query.recall.arms import knn_search
         from shared.index import Scope
-        from shared.search import knn_search
 
         # the ids from the documents: the episode_id TAG field holds their digests (shared.tags)
         hits = await knn_search(
@@ -315,8 +315,8 @@ async def latency_at(
     from engram_episodic import ApiError
     from engram_episodic.client import Calls
     from services.query.recall import RETURN_FIELDS
+    from services.query.recall.arms import knn_search
     from shared.index import Scope
-    from shared.search import knn_search
 
     if holder["proc"] is None:
         port = _free_port()
@@ -359,7 +359,7 @@ async def latency_at(
     scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
 
     # the raw query as RediSearch plans it (HYBRID_POLICY left to the module), then in batches as the
-    # service now runs a broad filter's KNN (shared.hybrid): the second is the floor to compare with
+    # service now runs a broad filter's KNN (services.query.recall.arms): the second is the floor to compare with
     for name, policy in (("raw_ft_search", None), ("raw_ft_search_batches", "BATCHES")):
 
         async def raw(i: int, policy: str | None = policy) -> None:

@@ -161,9 +161,8 @@ async def raw_knn(r, seeder: CorpusSeeder, vectors: np.ndarray, size: int, n: in
     """One client, `n` raw `FT.SEARCH` KNN of the query vectors, as the service sends them: the namespace
     scope, KNN `CANDIDATES`, the service's hybrid policy for this scope's size, its returned fields."""
     from services.query.recall import RETURN_FIELDS
-    from shared.hybrid import hybrid_policy
+    from services.query.recall.arms import hybrid_policy, knn_search
     from shared.index import Scope
-    from shared.search import knn_search
 
     scope = Scope(namespace=NAMESPACE, tags=seeder.tags)
     policy = hybrid_policy(size, size)
@@ -243,7 +242,7 @@ def _command_class(cmd: str) -> str:
         return "KNN, union of remembered lists" if ") | (" in cmd else "KNN (vector arm, restricted KNN)"
     if "BM25STD" in cmd:
         return "keyword arm (BM25, 100 deep)"
-    if "@tiebreak:[" in cmd and " SORTBY " not in cmd:  # services.query.lists: a floor at a tie
+    if "@tiebreak:[" in cmd and " SORTBY " not in cmd:  # services.query.recall.lists: a floor at a tie
         return "top-by list, narrowed at a tie"
     if " SORTBY " in cmd:
         # a top-by list, narrowed by a remembered floor when a sort field has a finite lower bound (the

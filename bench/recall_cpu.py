@@ -44,7 +44,8 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     from bench.perf_recall import NAMESPACE
     from services.query import models
     from services.query import recall as rc
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
+    from services.query.store import EpisodeStore
     from services.query.views.recall import recall_params
     from shared.embedding import make_embedder
     from shared.index import VectorParams, ensure_episode_index
@@ -70,7 +71,9 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
     async def one(q: str, v) -> None:
         req = models.RecallRequest(query=q, top_k=10)
         p = recall_params(req, settings, args.as_of)
-        body = await rc.recall(r, index, rc.scope_of(NAMESPACE, req, tags), q, v, p, sizes=sizes)
+        body = await rc.recall(
+            rc.Query(r, index, rc.scope_of(NAMESPACE, req, tags), q, v, EpisodeStore(r, keys), sizes), p
+        )
         rows = []
         for x in body["results"]:
             parts = [x["priority"], x["relevance"], x["recency"], *x["components"].values()]

@@ -55,10 +55,11 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from bench.perf_recall import NAMESPACE, CorpusSeeder
     from services.query import models
     from services.query import recall as rc
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
+    from services.query.recall.vectors import QueryBatcher
+    from services.query.store import EpisodeStore
     from services.query.views.recall import overlapped, recall_params
     from shared.embedding import make_embedder
-    from shared.query_vectors import QueryBatcher
     from shared.redis_conn import connect
     from shared.settings import Settings
 
@@ -104,7 +105,9 @@ async def split(url: str, args: argparse.Namespace) -> dict[str, Any]:
             ready: list[float] = []
             async with overlapped(batcher.embed(q)) as vector:
                 vector.add_done_callback(lambda _, at=ready: at.append(time.perf_counter()))
-                await rc.recall(r, index, scope, q, vector, params, sizes=sizes)
+                await rc.recall(
+                    rc.Query(r, index, scope, q, vector, EpisodeStore(r, seeder.keys), sizes), params
+                )
             t1 = time.perf_counter()
             samples["vector"].append(ready[0] - t0)
             samples["after"].append(t1 - ready[0])

@@ -2,7 +2,7 @@
 ones that share a word with the query, on LoCoMo (`python -m bench.relevance_separation`).
 
 Data: `../shared/data/locomo/locomo7.json` (read by path, as `bench.locomo` does). For every question
-with evidence, computed in-process with the service's own functions (`shared.relevance`: the query's
+with evidence, computed in-process with the service's own functions (`services.query.recall.relevance`: the query's
 stems, idf from the conversation's document counts, `keyword_relevance` of each turn's terms, the
 embedder's cosine, the recall mode's combination):
 - positives: the question's evidence turns;
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.locomo import DEFAULT_DATA, load
-from shared import relevance as rel
+from services.query.recall import relevance as rel
 from shared.embedding import Embedder, HashingEmbedder, MiniLMEmbedder, MPNetEmbedder
 
 RARE_IDF = 2.5

@@ -37,6 +37,7 @@ from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
 from services.run_lock import DataDirBusy, busy_message, lock_data_dir, run_data_dir
 from shared import logs
+from shared.embedding import first_start_work
 from shared.settings import Settings, env_int, parse_duration
 from shared.supervised import SUPERVISOR_PID
 
@@ -269,8 +270,11 @@ class Progress(threading.Thread):
                 if was == pending and elapsed - at < self.STILL:
                     continue
                 said[name] = (pending, elapsed)
-                line = f"answering at {elapsed:.1f}s; loading {what}" if was != pending else "still loading"
-                _say(f"{name} {line}" + (f" {what} at {elapsed:.0f}s" if was == pending else ""), err=False)
+                if was is None:  # it answers once; what it loads next is said as loading
+                    line = f"answering at {elapsed:.1f}s; loading {what}"
+                else:
+                    line = f"{'still ' if was == pending else ''}loading {what} at {elapsed:.0f}s"
+                _say(f"{name} {line}", err=False)
             self.done.wait(0.25)
         if not waiting and not self.done.is_set():
             _say(
@@ -596,19 +600,21 @@ def main() -> int:
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
     progress = Progress(started, _probes(settings, workers))
+    work = first_start_work(settings)  # before the services start filling the cache
     code = 0
     try:
         for service in services:
             if not supervisor.stopping:
                 service.start()
         if not supervisor.stopping:
+            api = f"http://{settings.host}:{settings.port}"
             _say(
-                f"started {workers} consolidator(s) and the query service on "
-                f"http://{settings.host}:{settings.port} (GET /readyz says what is still loading; the first "
-                f"start unpacks the embedding model), its console on "
-                f"http://{settings.host}:{settings.port}/console; Ctrl-C stops everything",
+                f"started {workers} consolidator(s) and the query service: API {api}, console {api}/console "
+                f"(GET /readyz says what is still loading); Ctrl-C stops everything",
                 err=False,
             )
+            if work:
+                _say(f"this start {work}, once (about a minute); later starts load it in seconds", err=False)
             progress.start()
         code = supervisor.run()
     finally:

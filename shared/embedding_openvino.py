@@ -11,6 +11,7 @@ mean pooling over the attention mask, L2 normalisation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -19,6 +20,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -144,13 +146,14 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     """Export the transformer of the sentence-transformers model at `model_dir` into `target` (a
     directory created here, atomically) → its manifest. The caller holds the export lock. Needs torch,
     sentence-transformers and openvino; raises what they raise (ImportError, OSError, RuntimeError)."""
+    started = time.monotonic()  # importing torch is half a first export (11 of 22 s): counted
     import openvino
     import torch
     from sentence_transformers import SentenceTransformer
 
-    started = time.monotonic()
     torch.set_num_threads(threads)
-    model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    with _quiet_libraries():
+        model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
     window = int(model.max_seq_length or model.tokenizer.model_max_length)
     inner = cast(Any, model[0]).auto_model.eval()
 
@@ -167,7 +170,7 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     work.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every process and user
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _quiet_libraries():
             warnings.simplefilter("ignore")  # the tracer's notes on the model's Python branches
             graph = openvino.convert_model(
                 Hidden(),
@@ -189,6 +192,28 @@ def export(model_dir: Path, target: Path, *, threads: int) -> dict[str, Any]:
     return manifest
 
 
+@contextlib.contextmanager
+def _quiet_libraries() -> Iterator[None]:
+    """Within the block, transformers draws no progress bar ("Loading weights") and says only errors,
+    and sentence-transformers only warnings: the export's own lines ("exporting …", "export done")
+    say what happens, and their notes (an unused `loss_type`) are not ours to act on."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    st_log = logging.getLogger("sentence_transformers")
+    st_level = st_log.level
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    st_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        st_log.setLevel(st_level)
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def ensure_export(model_dir: Path, cache_dir: Path, name: str, *, threads: int) -> tuple[Path, int]:
     """(the export directory of `name`, the model's window in word pieces), exporting first when it is
     missing or stale. A current export is read without the lock (a read-only cache, exported at build,
@@ -207,6 +232,12 @@ def ensure_export(model_dir: Path, cache_dir: Path, name: str, *, threads: int) 
         manifest = export(model_dir, target, threads=threads)
         log.info("%s ◆ export done in %.0fs", name, manifest["export_seconds"])
         return target, int(manifest["max_seq_length"])
+
+
+def is_exported(model_dir: Path, cache_dir: Path, name: str) -> bool:
+    """Whether `cache_dir` holds a current export of the model at `model_dir` (`ensure_export` would
+    read it, not export). Reads names and sizes only: no torch, no lock."""
+    return _current_window(cache_dir / f"{name}-openvino", fingerprint(model_dir)) is not None
 
 
 def _current_window(target: Path, fingerprint: str) -> int | None:

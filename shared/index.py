@@ -156,13 +156,13 @@ class Scope:
     until: float | None = None
     status: str | None = STATUS_COMPLETED
     live_at: float | None = None  # hide the episodes whose expires_at is at or before this instant
-    clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.lists`)
+    clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.recall.lists`)
 
     def query(self, *, checked: bool = False) -> str:
         """The RediSearch filter expression (DIALECT 2) for this scope; "*" when empty.
 
         `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to documents
-        already found in this scope (`shared.search.knn_search`): each intersects a posting list as long as the
+        already found in this scope (`services.query.recall.arms.knn_search`): each intersects a posting list as long as the
         tenant.
         """
         ns, tags = self.namespace, self.tags

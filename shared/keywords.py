@@ -2,7 +2,7 @@
 scripts written without spaces, stop words (pure).
 
 The index side (`shared.index.episode_fields` writes folded text) and the query side
-(`shared.index.keyword_query`, `shared.relevance`) both go through `fold_for_search`, so an episode and a
+(`shared.index.keyword_query`, `services.query.recall.relevance`) both go through `fold_for_search`, so an episode and a
 query agree on every word whatever its script or case.
 """
 

@@ -282,7 +282,7 @@ class Settings:
     """Seconds a namespace's word counts (keyword idf) are remembered, a common word's 10x; None = count
     every time (tests). A first-seen common word costs 30-100 ms at a million episodes."""
     bm25_common_idf: float = 0.02
-    """Query words with a lower idf leave the BM25 candidate query (`shared.relevance.common_terms`)."""
+    """Query words with a lower idf leave the BM25 candidate query (`services.query.recall.relevance.common_terms`)."""
     query_cache: int = env("ENGRAM_QUERY_CACHE", 4096, integer(0, 1_000_000))
     """query embeddings remembered per namespace and text (LRU; 0 = off)"""
     query_batch: int = 32
@@ -368,7 +368,7 @@ class Settings:
 
     @property
     def graph_ef(self) -> int:
-        """`hnsw_ef_runtime` when the index is HNSW, else 0 (`shared.hybrid.widened_ef`)."""
+        """`hnsw_ef_runtime` when the index is HNSW, else 0 (`services.query.recall.arms.widened_ef`)."""
         return self.hnsw_ef_runtime if self.vector_algorithm == "HNSW" else 0
 
     @property

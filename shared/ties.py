@@ -1,7 +1,7 @@
 """The episode's tie-break: a number per episode, written by the projection as the SORTABLE NUMERIC
 field `tiebreak` (`shared.index.episode_fields`), that orders episodes of equal value in the recency /
-reward / importance lists (`services.query.lists.top_by`), so those lists' floors narrow at a tie, in
-recall's ranking (`shared.scoring.score`) and in the listing (`shared.index_pages.page`).
+reward / importance lists (`services.query.recall.lists.top_by`), so those lists' floors narrow at a tie, in
+recall's ranking (`services.query.recall.score.score`) and in the listing (`shared.index_pages.page`).
 
 It depends on the episode id alone, not on the namespace (`tie_tag`): the same episodes stored in two
 namespaces order their exact ties the same way everywhere. A document projected before this (its
@@ -19,7 +19,7 @@ can be matched with a tie-break."""
 
 TIE_FIELD = "tiebreak"
 """A number per episode (`tie_break`) that orders episodes of equal value in the recency / reward /
-importance lists (`services.query.lists.top_by`), so those lists' floors can be remembered at a tie."""
+importance lists (`services.query.recall.lists.top_by`), so those lists' floors can be remembered at a tie."""
 TIE_RANGE = 10**12
 """`tie_break`'s values are the integers in [0, TIE_RANGE): a SORTABLE value is returned with 12
 significant digits, which these keep exactly."""

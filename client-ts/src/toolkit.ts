@@ -1,6 +1,6 @@
 /**
  * Engram's memory tools, framework-neutral: the Python tools' definitions (`./tools.ts`, generated from
- * `engram_episodic.tools`) as zod schemas, and their execution with an `Engram` client into a
+ * `client/engram_episodic/tools.json`) as zod schemas, and their execution with an `Engram` client into a
  * `ToolResult` (`text` for the model, `data` for programs, `isError`). `engram-episodic/ai` (Vercel AI
  * SDK) and `engram-episodic/langchain` (LangChain.js / LangGraph.js) wrap them for their framework.
  *
@@ -28,9 +28,9 @@ import {
   type RecallAnswer,
   type RecallOptions,
 } from "./index.js";
-import { TOOL_SPECS, type JsonSchema, type ToolSpec } from "./tools.js";
+import { TAG_ARGUMENTS, TOOL_NAMES, TOOL_SPECS, type JsonSchema, type ToolSpec } from "./tools.js";
 
-export { TOOL_SPECS, type JsonSchema, type ToolSpec } from "./tools.js";
+export { TOOL_NAMES, TOOL_SPECS, type JsonSchema, type ToolSpec } from "./tools.js";
 
 /** What a tool call gives back: `text` for the model, `data` for programs, `isError` for failures. */
 export interface ToolResult {
@@ -45,20 +45,10 @@ export interface ToolScope {
   sessionId?: string;
 }
 
-export const TOOL_NAMES = [
-  "recall_experiences",
-  "get_context",
-  "record_episode",
-  "suggest_approach",
-  "search_facts",
-  "forget_episode",
-  "get_skills",
-  "get_learning_curve",
-] as const;
 export type ToolName = (typeof TOOL_NAMES)[number];
 
 /** Arguments checked with the service's rule for tag values besides the schema. */
-const TAG_ARGS = new Set(["agent_id", "user_id", "session_id", "episode_id", "category", "strategy", "action_type"]);
+const TAG_ARGS = new Set(TAG_ARGUMENTS);
 // eslint-disable-next-line no-control-regex
 const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
 /** A UTF-16 surrogate without its other half: JSON decodes it, but no request can carry it. */

@@ -30,6 +30,7 @@ from services.query.appkeys import (
     CURSORS,
     EMBEDDER,
     FACTS,
+    FLOORS,
     KEYS,
     METRICS,
     OPENAPI,
@@ -39,6 +40,7 @@ from services.query.appkeys import (
     SETTINGS,
     STARTUP,
     TAGS,
+    TERMS,
     Consolidate,
     FactsProvider,
     OpenAPIDocument,
@@ -55,17 +57,19 @@ from services.query.problems import (
     utf8_url_middleware,
 )
 from services.query.providers import consolidation, facts_provider
+from services.query.recall.lists import Floors
+from services.query.recall.sizes import ScopeSizes
+from services.query.recall.terms import Memos
+from services.query.recall.vectors import QueryVectorCache
 from services.query.routes import ROUTES, add_routes, url_middleware
-from services.query.sizes import ScopeSizes
 from services.query.startup import Startup, startup_gate
-from shared import cluster, terms, tracing
+from shared import cluster, tracing
 from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
 from shared.embedding_base import dim_when_answering
 from shared.index import LiveTags, VectorParams, current_generation, ensure_episode_index
 from shared.keyring import deployment_tag_key
 from shared.partitions import check_partitions
-from shared.query_vectors import QueryVectorCache
 from shared.redis_conn import connect
 from shared.retry import until_available
 from shared.settings import Settings
@@ -146,7 +150,7 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
                 stack.push_async_callback(startup.stop)
             else:
                 await load()
-            sweeper = asyncio.create_task(_sweep(app[SCOPE_SIZES]), name="engram.query.sweep")
+            sweeper = asyncio.create_task(_sweep(app[TERMS], app[SCOPE_SIZES]), name="engram.query.sweep")
             stack.push_async_callback(_cancel, sweeper)
             yield
 
@@ -154,14 +158,14 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
 
 
 SWEEP_INTERVAL = 1.0
-"""Seconds between two expiries of the process's memos of episode words (`shared.terms.expire`, the idf
-counts): what bounds how long a forgotten episode's words stay in this process's memory."""
+"""Seconds between two expiries of the memos of episode words (`Memos.expire`) and of the idf counts:
+what bounds how long a forgotten episode's words stay in this process's memory."""
 
 
-async def _sweep(sizes: ScopeSizes) -> None:
+async def _sweep(memos: Memos, sizes: ScopeSizes) -> None:
     """Expire the memos every SWEEP_INTERVAL, traffic or not (an idle process must forget as well)."""
     while True:
-        terms.expire()
+        memos.expire()
         sizes.expire()
         await asyncio.sleep(SWEEP_INTERVAL)
 
@@ -240,6 +244,8 @@ def make_app(
     )
     app[CURSORS] = Cursors(keys)
     app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache, batch=settings.query_batch)
+    app[FLOORS] = Floors()
+    app[TERMS] = Memos()
     app.cleanup_ctx.append(_resources(redis, embedder, background=background_start))
     add_routes(app)
     return app

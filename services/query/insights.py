@@ -3,17 +3,12 @@
 Inputs are already-fetched episodes (`engram_episodic.events.Episode`) with their cosine to the task, so every
 rule here is unit-testable with hand-made data.
 
-Strategy advice follows the truth as facts do (`shared.regimes`): per strategy, the similar episodes are
-put in time order and only its newest regime counts — when a strategy's outcomes flipped (it used to
-succeed and now fails, each side at least REGIME_MIN episodes), its older episodes no longer vouch for
-it (`current_evidence`; `changed` reports what was left out). Otherwise a strategy with ten old
-successes and five recent failures would outrank the one that now works.
-
-What the agent did is its *approach* (`shared.regimes.approach`): the recorded `strategy_used`, or,
-when an agent records none, the tools it called (`actions[].action_type`) — a switch from `pip` to `uv`
-recorded only as tool calls is a change of approach like any other. The views pass a pool of similar episodes larger
-than `k` (ADVICE_POOL) and advice keeps the `k` nearest of what still counts: the nearest episodes of
-a long good run would otherwise be all old ones, and the regime that replaced it never be seen.
+Strategy advice follows the truth as facts do (`shared.regimes`): per strategy, only the newest regime
+of the similar episodes in time order counts — when its outcomes flipped (each side at least
+REGIME_MIN episodes), its older episodes no longer vouch for it (`current_evidence`; `changed` reports
+what was left out). What the agent did is its *approach* (`shared.regimes.approach`): the recorded
+`strategy_used`, else the tools it called. The views pass a pool larger than `k` (ADVICE_POOL) and
+advice keeps the `k` nearest of what still counts.
 """
 
 from __future__ import annotations
@@ -78,10 +73,6 @@ def current_evidence(
         )
     kept = [e for e in similar if e.episode_id not in dropped]
     return (kept if k is None else kept[:k]), changed
-
-
-def _reward(ep: Episode) -> float | None:
-    return ep.feedback.reward if ep.feedback is not None else None
 
 
 def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:

@@ -97,7 +97,7 @@ async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_b
         ("Edit", "file_path=src/calc/dates.py", None, True),
         ("Bash", "pytest -q", "0/1 tests passed", False),
     ]
-    assert first["actions"][1]["error"] == "Exit code 1"
+    assert first["actions"][1]["error"].startswith("Exit code 1\nE AssertionError: assert ['2024-03-01']")
     assert first["solution"].startswith("I replaced the split with datetime.strptime"), (
         "read from the transcript"
     )
@@ -126,6 +126,9 @@ async def test_claude_code_sessions_record_test_scored_episodes_and_bring_them_b
     out = await play(tenants, "claude_code_fail_then_pass.json", calc, "c3")
     assert "— success, 3/3 tests passed" in context_of(out[1]) and "what worked: Fixed:" in context_of(out[1])
     assert "Advice (medium confidence): 2 similar tasks, 1 succeeded, 1 failed; strategies that worked: " in (
+        context_of(out[1])
+    )
+    assert second["strategy_used"] == "pytest + Edit" and "strategies that worked: pytest + Edit" in (
         context_of(out[1])
     )
     out = await play(tenants, "claude_code_fail_then_pass.json", workdir / "other", "o1")

@@ -69,6 +69,7 @@ def test_the_wheel_ships_one_import_name_typed_without_server_dependencies(wheel
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"engram_episodic"}, f"only the client's import name is top-level, not {top}"
     assert "engram_episodic/py.typed" in names
+    assert "engram_episodic/tools.json" in names  # the tool definitions, read at import
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     required = [
         line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
@@ -122,6 +123,14 @@ async def test_readme_five_lines_recall_from_a_fresh_venv_with_an_api_key(
         env=env,
     )  # not the checkout
     assert probe.stdout.strip() == "[]", f"the client venv holds server modules: {probe.stdout}"
+    tools = subprocess.run(  # the tool definitions are read from the installed package's data
+        [str(py), "-c", "from engram_episodic.tools import TOOLS; print(len(TOOLS))"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert tools.stdout.strip() == "8", tools.stderr[-2000:]
 
     code = _readme_lines().replace("http://127.0.0.1:8080", str(tenants.make_url("")).rstrip("/"))
     code = code.replace('"dev-key"', repr(KEY_A))

@@ -7,8 +7,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.query.app import make_app
+from services.query.recall.relevance import CONTEXT_FLOOR
 from shared.embedding import HashingEmbedder
-from shared.relevance import CONTEXT_FLOOR
 from tests.integration.test_query_support import ServiceTestServer, episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]

@@ -1,5 +1,5 @@
 """Episodes whose vectors are identical (an agent that ran the same task many times) crowd an HNSW
-walk's beam; the KNN arms ask again with a wider one (shared.hybrid.widened_ef), against the real
+walk's beam; the KNN arms ask again with a wider one (services.query.recall.arms.widened_ef), against the real
 module's graph."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from engram_episodic.validation import parse_episode
+from services.query.recall.arms import knn_search
 from shared.index import STATUS_COMPLETED, Scope, episode_fields
 from shared.keys import Keys
-from shared.search import knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import episode, fully_indexed, make_client  # noqa: F401  (fixture)

@@ -1,4 +1,4 @@
-"""A broad filter's KNN runs in batches (shared.hybrid) and answers as the ad-hoc one does."""
+"""A broad filter's KNN runs in batches (services.query.recall.arms) and answers as the ad-hoc one does."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from engram_episodic.validation import parse_episode
-from services.query.recall import _knn_policy
-from services.query.sizes import ScopeSizes
+from services.query.recall.arms import knn_search
+from services.query.recall.plan import Query, RecallParams, plan
+from services.query.recall.sizes import ScopeSizes
+from services.query.store import EpisodeStore
 from shared.index import STATUS_COMPLETED, Scope, episode_fields
 from shared.keys import Keys
-from shared.search import knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import wait_until
 from tests.integration.test_query_support import episode, fully_indexed, make_client  # noqa: F401  (fixture)
@@ -33,6 +34,25 @@ async def _seed(redis, prefix: str, namespace: str, n: int, rng: np.random.Gener
     return vectors
 
 
+async def _policy(redis, index: str, scope: Scope, sizes: ScopeSizes, *, graph: bool) -> str | None:
+    """The KNN policy a default (`auto`) recall of `scope` plans."""
+    q = Query(redis, index, scope, "", np.zeros(DIM, np.float32), EpisodeStore(redis, Keys("")), sizes)
+    params = RecallParams(
+        top_k=5,
+        depth=5,
+        mode="vector",
+        preset=None,
+        weights=None,
+        half_life=86_400.0,
+        as_of=0.0,
+        normalize="none",
+        recency_from="completed",
+        touch_now=None,
+        graph_index=graph,
+    )
+    return (await plan(q, params)).policy
+
+
 @pytest.mark.timeout(120)  # 2,200 documents through the HNSW graph on a shared machine
 async def test_a_big_namespace_runs_its_knn_in_batches_with_the_same_answer(redis, prefix, make_client):  # noqa: F811
     await make_client()  # creates the index
@@ -46,9 +66,9 @@ async def test_a_big_namespace_runs_its_knn_in_batches_with_the_same_answer(redi
     big_size = await sizes.size(redis, index, big_scope)
     small_size = await sizes.size(redis, index, small_scope)
     assert (big_size, small_size) == (2_100, 100)
-    assert await _knn_policy(redis, index, big_size, sizes, graph=True) == "BATCHES"
-    assert await _knn_policy(redis, index, small_size, sizes, graph=True) is None
-    assert await _knn_policy(redis, index, big_size, sizes, graph=False) is None
+    assert await _policy(redis, index, big_scope, sizes, graph=True) == "BATCHES"
+    assert await _policy(redis, index, small_scope, sizes, graph=True) is None
+    assert await _policy(redis, index, big_scope, sizes, graph=False) is None
     big_keys = {Keys(prefix).episode_doc(1, "big", f"big-{i}").encode() for i in range(len(big))}
     for q in big[:20]:
         batches = await knn_search(redis, index, big_scope, q, 5, return_fields=(), policy="BATCHES")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode, Feedback, Task
 from engram_episodic.validation import Collector, check_id
+from services.query.recall.arms import bm25_search, knn_search
 from shared.index import (
     SORTABLE_TAG_FIELDS,
     STATUS_COMPLETED,
@@ -25,7 +26,6 @@ from shared.index import (
     index_size,
 )
 from shared.keys import Keys
-from shared.search import bm25_search, knn_search
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from engram_episodic.validation import parse_episode
+from services.query.recall.arms import bm25_search
 from shared.index import (
     Scope,
     VectorParams,
@@ -18,7 +19,6 @@ from shared.index import (
 )
 from shared.keys import Keys
 from shared.keywords import STOPWORDS
-from shared.search import bm25_search
 from shared.tags import BLAKE2B
 from tests.helpers import hit_id
 

@@ -155,8 +155,8 @@ async def test_minmax_normalisation(abc):
 
 
 def keyword_rel(query: str, task: str, counts: dict[str, int]) -> float:
-    """shared.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
-    from shared.relevance import episode_terms, keyword_relevance, query_terms, query_words
+    """services.query.recall.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
+    from services.query.recall.relevance import episode_terms, keyword_relevance, query_terms, query_words
 
     words = query_words(query)
     return keyword_relevance(
@@ -294,6 +294,7 @@ async def test_empty_scope_returns_empty_results(api):
 
 async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, prefix):
     from services.query.recall import Candidate, load_episodes
+    from services.query.store import EpisodeStore
     from shared.keys import Keys
 
     keys = Keys(prefix)
@@ -301,12 +302,12 @@ async def test_only_winners_are_loaded_and_a_vanished_one_is_skipped(redis, pref
         await put(redis, prefix, "default", episode(eid), unit(1.0))
     docs = [keys.episode_doc(1, "default", eid).encode() for eid in ("x", "y", "z")]
     await redis.delete(docs[1])  # forgotten between ranking and loading
-    loaded = await load_episodes(redis, [Candidate(key=k) for k in docs])
+    loaded = await load_episodes(EpisodeStore(redis, keys), [Candidate(key=k) for k in docs])
     assert [c.doc["episode_id"] for c in loaded] == ["x", "z"]
 
 
 async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, make_client):
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
     from shared.index import Scope
     from shared.keys import Keys
 
@@ -324,7 +325,7 @@ async def test_auto_preset_scope_sizes_are_remembered_briefly(redis, prefix, mak
 async def test_a_large_scope_keeps_its_count_longer(redis, prefix, make_client, monkeypatch):
     """`size_ttl`: a count is remembered in proportion to the scope beyond LARGE_SCOPE episodes (here
     made 1, so two episodes remember it twice the ttl)."""
-    from services.query import sizes
+    from services.query.recall import sizes
     from shared.index import Scope
     from shared.keys import Keys
 
@@ -347,7 +348,7 @@ async def test_a_large_scope_keeps_its_count_longer(redis, prefix, make_client, 
 async def test_idf_counts_are_remembered_for_the_ttl_and_then_dropped(redis, prefix, make_client):
     """ENGRAM_IDF_CACHE_TTL: within the ttl a word's count is the remembered one (no count query: the
     new episode is not seen); past it the entry is gone from memory and the word is counted again."""
-    from services.query.sizes import ScopeSizes
+    from services.query.recall.sizes import ScopeSizes
     from shared.index import Scope
     from shared.keys import Keys
 
@@ -374,10 +375,10 @@ async def test_a_common_words_count_is_kept_longer_and_then_dropped(redis, prefi
     """A word in more episodes than `COMMON_IDF` allows (~4,950; here the bar is lowered to 1 so two
     episodes make a word common) keeps its count COMMON_TTL_FACTOR x the ttl: counting it reads its
     whole posting list, and its weight is near zero. Other words expire at the ttl as before."""
-    from services.query import sizes
+    from services.query.recall import sizes
+    from services.query.recall.relevance import common_count
     from shared.index import Scope
     from shared.keys import Keys
-    from shared.relevance import common_count
 
     assert 4_900 < common_count(sizes.COMMON_IDF) < 5_000
     await make_client()
@@ -439,9 +440,9 @@ async def test_the_pool_is_deeper_than_top_k(make_client, redis, prefix):
     # With lists 1 deep the pool is the two lists' heads. RediSearch's BM25 scores of these documents vary
     # from one Redis process to the next (measured: 'kwbest' 3.63 or 4.99 for the same data), so which
     # document heads the keyword list is read from Redis rather than assumed (a flake before).
+    from services.query.recall.arms import bm25_search
     from shared.index import Scope
     from shared.keys import Keys
-    from shared.search import bm25_search
 
     heads = {"vecbest"}  # cosine 1: the KNN head, whatever BM25 does
     keyword_head = await bm25_search(
@@ -560,7 +561,7 @@ async def test_common_terms_leave_the_bm25_query_but_not_the_scores(make_client,
     episodes matching only it are not candidates), yet every candidate's relevance is the exact one;
     a query of common words only is searched whole. The threshold is raised here so that 5 episodes
     make a word common (the real one needs ~4,950)."""
-    from shared import relevance
+    from services.query.recall import relevance
 
     q = "zebra migration"
     await put(redis, prefix, "default", episode("rare", task="zebra migration plan"), unit(1.0))
@@ -593,7 +594,7 @@ async def test_bounded_bm25_arm_keeps_the_rare_word_episode_a_common_word_flood_
     candidate query (ENGRAM_BM25_COMMON_IDF) it is found, with the relevance an exact pool gives it
     (absolute per query and episode). 20 episodes hold the common word here (threshold idf(20)), 180
     hold neither word."""
-    from shared import relevance
+    from services.query.recall import relevance
 
     q = "zebra migration"
     filler = " ".join(f"word{i}" for i in range(200))
@@ -654,7 +655,7 @@ async def test_common_idf_changes_nothing_below_its_namespace_size(make_client, 
 
 
 def test_without_terms_drops_every_word_of_a_stem():
-    from shared.relevance import common_terms, without_terms
+    from services.query.recall.relevance import common_terms, without_terms
 
     assert without_terms("Groups of the group, zebra GROUP", {"group"}) == "zebra"
     assert without_terms("zebra", set()) == "zebra"
@@ -665,26 +666,27 @@ def test_without_terms_drops_every_word_of_a_stem():
 async def test_the_query_service_forgets_episode_words_it_no_longer_uses(
     make_client, redis, prefix, monkeypatch
 ):
-    """The service's memos of pool members' words (`shared.terms`) and of idf counts expire on a timer,
+    """The service's memos of pool members' words (`services.query.recall.terms`) and of idf counts expire on a timer,
     traffic or not: an idle process does not keep a forgotten episode's words (docs/reliability.md)."""
-    from services.query.appkeys import SCOPE_SIZES
-    from shared import terms
+    from services.query.appkeys import SCOPE_SIZES, TERMS
+    from services.query.recall import terms
 
     now = [1_000.0]
     clock = lambda: now[0]  # noqa: E731
-    for memo in (terms._TERMS, terms._STEMS):
-        monkeypatch.setattr(memo, "clock", clock)
-        monkeypatch.setattr(memo, "born", now[0])
     await put(redis, prefix, "default", episode("z1", task="calibrate the zanzibarian quokka counter"))
     client = await make_client(TableEmbedder(256, {}), idf_cache_ttl=30.0)
+    memos = client.server.app[TERMS]
+    for memo in (memos.terms, memos.stems):
+        monkeypatch.setattr(memo, "clock", clock)
+        monkeypatch.setattr(memo, "born", now[0])
     sizes = client.server.app[SCOPE_SIZES]
     monkeypatch.setattr(sizes, "_clock", clock)
     resp = await client.post("/v1/recall", json={"query": "quokka counter", "top_k": 5})
     assert resp.status == 200 and ids(await resp.json()) == ["z1"]
 
     def remembered() -> bool:
-        texts = [k for memo in (terms._TERMS, terms._TERMS.old) for k in memo]
-        stems = {*terms._STEMS, *terms._STEMS.old}
+        texts = [k for memo in (memos.terms, memos.terms.old) for k in memo]
+        stems = {*memos.stems, *memos.stems.old}
         words = [k[2] for k in sizes._df]
         return (
             any(b"zanzibarian" in (t or b"") for k in texts for t in k)

@@ -1,4 +1,4 @@
-"""The recency / reward lists' floors (`services.query.lists`) at scale's terms: a floor is kept past
+"""The recency / reward lists' floors (`services.query.recall.lists`) at scale's terms: a floor is kept past
 any age and moved by each exact answer, so a large scope is sorted whole once, not every half minute;
 a scope without a floor is narrowed from a hint (a value its recall's pool holds) and sorted whole
 only when the hint cannot be proven to hold the top depth. Every answer is the full sort's. Real
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from services.query import lists, pool
+from services.query.recall import lists, pool
 from shared.index import Scope, filter_search
 from shared.keys import Keys
 from shared.tags import BLAKE2B
@@ -22,6 +22,7 @@ pytest_plugins = ["tests.integration.test_query_support"]
 
 _fresh_floors, calls = ties._fresh_floors, ties.calls  # the same fixtures: floors cleared, queries counted
 
+FLOORS = ties.FLOORS
 NOW = 1_760_000_000.0
 DEPTH = 5
 N = 40
@@ -46,7 +47,7 @@ def _narrowed(call: tuple[str | None, str], name: str) -> bool:
 
 async def _keys(redis, index, scope, name, **kw) -> list[bytes]:
     return [
-        h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS, **kw)
+        h.key for h in await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS, **kw)
     ]
 
 
@@ -58,8 +59,8 @@ async def test_a_floor_outlives_any_age_and_moves_with_each_exact_answer(
     index, scope = await _scope(redis, prefix, f"floors-{name}")
     assert await _keys(redis, index, scope, name) == await exact(redis, index, scope, name)
     assert len(calls) == 1 and not _narrowed(calls[0], name)  # no floor yet: the whole scope
-    key = next(k for k in lists._FLOORS if k[2] == name)
-    before = lists._FLOORS[key][1]
+    key = next(k for k in FLOORS.floors if k[2] == name)
+    before = FLOORS.floors[key][1]
     later = lists.time.monotonic() + 86_400.0  # a day on: a floor is a checked hint, not a cache
     monkeypatch.setattr(lists.time, "monotonic", lambda: later)
     for j in range(3):  # above the boundary: the top depth moves, so must the floor
@@ -72,7 +73,7 @@ async def test_a_floor_outlives_any_age_and_moves_with_each_exact_answer(
     calls.clear()
     assert await _keys(redis, index, scope, name) == await exact(redis, index, scope, name)
     assert len(calls) == 1 and _narrowed(calls[0], name)
-    assert lists._FLOORS[key][1] > before
+    assert FLOORS.floors[key][1] > before
 
 
 @pytest.mark.parametrize("name", ["completed_at", "reward"])
@@ -85,13 +86,13 @@ async def test_a_hint_narrows_a_scope_without_a_floor(make_client, redis, prefix
     # the 12th best: DEPTH + 1 and more lie at or above it, so the narrowed sort is proven exact
     assert await _keys(redis, index, scope, name, hint=value[11]) == want
     assert len(calls) == 1 and _narrowed(calls[0], name)
-    lists._FLOORS.clear()
+    FLOORS.floors.clear()
     calls.clear()
     # the 3rd best: too few above it to prove anything; the whole scope is sorted after it
     assert await _keys(redis, index, scope, name, hint=value[2]) == want
     assert [_narrowed(c, name) for c in calls] == [True, False]
     for hint in (None, math.nan):  # no hint: the whole scope
-        lists._FLOORS.clear()
+        FLOORS.floors.clear()
         calls.clear()
         assert await _keys(redis, index, scope, name, hint=hint) == want
         assert len(calls) == 1 and not _narrowed(calls[0], name)
@@ -105,8 +106,8 @@ async def test_remembered_lists_move_their_floors(make_client, redis, prefix):
     index, scope = await _scope(redis, prefix, "floors-union")
     names = ["completed_at", "reward"]
     for name in names:
-        await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
-    before = {k[2]: v[1] for k, v in lists._FLOORS.items()}
+        await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    before = {k[2]: v[1] for k, v in FLOORS.floors.items()}
     for j in range(3):
         await put(
             redis,
@@ -115,10 +116,10 @@ async def test_remembered_lists_move_their_floors(make_client, redis, prefix):
             episode(f"new{j}", task="x", completed_at=NOW + 60.0 * (j + 1), reward=0.99 + j / 1000),
         )
     query = HashingEmbedder(256).embed_sync(["cache deploy"])[0]
-    got = await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    got = await FLOORS.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     assert got is not None
     assert [[h.key for h in g] for g in got] == [await exact(redis, index, scope, n) for n in names]
-    after = {k[2]: v[1] for k, v in lists._FLOORS.items()}
+    after = {k[2]: v[1] for k, v in FLOORS.floors.items()}
     assert all(after[n] > before[n] for n in names)
 
 
@@ -130,13 +131,13 @@ async def test_the_newest_episodes_ride_on_a_deeper_lists_floor(make_client, red
 
     await make_client()
     index, scope = await _scope(redis, prefix, "newest")
-    await lists.top_by(redis, index, scope, "completed_at", 20, pool.LIGHT_SIGNAL_FIELDS)  # a deeper list
+    await FLOORS.top_by(redis, index, scope, "completed_at", 20, pool.LIGHT_SIGNAL_FIELDS)  # a deeper list
     calls.clear()
-    newest = await rc.latest(redis, index, scope, 3)
+    newest = await rc.latest(redis, index, scope, 3, FLOORS)
     assert [c.key for c in newest] == (await exact(redis, index, scope, "completed_at"))[:3]
     assert len(calls) == 1 and _narrowed(calls[0], "completed_at")
-    lists._FLOORS.clear()
-    lists._DEEPEST.clear()
+    FLOORS.floors.clear()
+    FLOORS.deepest.clear()
     calls.clear()
-    assert [c.key for c in await rc.latest(redis, index, scope, 3)] == [c.key for c in newest]
+    assert [c.key for c in await rc.latest(redis, index, scope, 3, FLOORS)] == [c.key for c in newest]
     assert len(calls) == 1 and not _narrowed(calls[0], "completed_at")  # no floor: the whole scope

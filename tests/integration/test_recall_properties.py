@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.query import lists, pool
+from services.query.recall import lists, pool
 from shared.keys import Keys
 from shared.tags import BLAKE2B
 from tests.integration.test_query_support import DAY, episode, ids, put
@@ -29,6 +29,7 @@ pytest_plugins = ["tests.integration.test_query_support"]  # fixtures: make_clie
 
 WORDS = ("login", "flaky", "migration", "database", "timeout", "cache", "deploy", "retry", "schema", "token")
 OTHER = ("banana", "violin", "glacier", "saffron", "tundra", "walrus", "quartz", "meadow")
+FLOORS = lists.Floors()
 NOW = 1_760_000_000.0
 KEYS = {f"prop-key-{i:04d}-0123456789": f"prop{i}" for i in range(400)}
 _counter = itertools.count()
@@ -361,7 +362,7 @@ async def test_sorted_lists_with_a_remembered_floor_equal_a_full_sort(
         for name in ("completed_at", "reward"):
             got = [
                 h.key
-                for h in await lists.top_by(
+                for h in await FLOORS.top_by(
                     redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS, hint=hints[name]
                 )
             ]
@@ -413,11 +414,11 @@ async def test_a_remembered_floor_narrows_values_the_index_returns_rounded(
 
     monkeypatch.setattr(lists, "filter_search", counted)  # the real query, counted
     first = [
-        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        h.key for h in await FLOORS.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ]
     queries.clear()
     again = [
-        h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        h.key for h in await FLOORS.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ]
     assert first == again == [h.key for h in full]
     assert queries == ["reward"]  # the narrowed query alone answered
@@ -428,9 +429,9 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
     distance a KNN restricted to it gives; it declines (None) when no floor is remembered, and when the
     union holds an episode without a vector, which a KNN cannot return."""
     from engram_episodic.validation import parse_episode
+    from services.query.recall.arms import knn_search
     from shared.embedding import HashingEmbedder
     from shared.index import Scope, episode_fields
-    from shared.search import knn_search
 
     key, ns = fresh_tenant()
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
@@ -449,11 +450,11 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
     names = ["completed_at", "reward"]
     query = HashingEmbedder(256).embed_sync(["cache deploy"])[0]
     assert (
-        await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        await FLOORS.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
         is None
     )
-    want = [await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS) for name in names]
-    got = await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    want = [await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS) for name in names]
+    got = await FLOORS.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     assert got is not None
     assert [[h.key for h in g] for g in got] == [[h.key for h in w] for w in want]
     assert [[h.fields[b"reward"] for h in g] for g in got] == [[h.fields[b"reward"] for h in w] for w in want]
@@ -467,10 +468,10 @@ async def test_remembered_lists_are_the_sorted_lists_with_redis_cosines(client, 
         mapping=episode_fields(ns, ep, status="completed", vector=None, tags=BLAKE2B),
     )
     assert (
-        await lists.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        await FLOORS.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
         is None
     )
-    newest = await lists.top_by(redis, index, scope, "completed_at", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+    newest = await FLOORS.top_by(redis, index, scope, "completed_at", DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     assert newest[0].key == Keys(prefix).episode_doc(1, ns, "novector").encode()
 
 

@@ -1,4 +1,4 @@
-"""The recency / reward / importance lists (`services.query.lists.top_by`) at ties and without values:
+"""The recency / reward / importance lists (`services.query.recall.lists.top_by`) at ties and without values:
 exact order (value, then the episode's `tiebreak`) over the scope, answered from a floor
 that narrows to ~depth + 1 episodes even when most of the scope shares the boundary value, an empty
 list without a sort when no episode has the value.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.query import lists, pool
+from services.query.recall import lists, pool
 from shared.index import (
     TIE_FIELD,
     Scope,
@@ -20,6 +20,7 @@ from tests.integration.test_query_support import episode, put
 
 pytest_plugins = ["tests.integration.test_query_support"]
 
+FLOORS = lists.Floors()  # the lists' floors of these tests (an app holds its own)
 NOW = 1_760_000_000.0
 DEPTH = 5
 N = 40
@@ -27,11 +28,11 @@ N = 40
 
 @pytest.fixture(autouse=True)
 def _fresh_floors():
-    lists._FLOORS.clear()
-    lists._DEEPEST.clear()
+    FLOORS.floors.clear()
+    FLOORS.deepest.clear()
     yield
-    lists._FLOORS.clear()
-    lists._DEEPEST.clear()
+    FLOORS.floors.clear()
+    FLOORS.deepest.clear()
 
 
 @pytest.fixture
@@ -88,10 +89,10 @@ async def test_a_tie_at_the_boundary_is_ordered_by_tiebreak_and_narrowed(
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     await seed(redis, prefix, ns, **values)
     want = await exact(redis, index, scope, name)
-    first = [h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
+    first = [h.key for h in await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert first == want
     calls.clear()
-    again = [h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
+    again = [h.key for h in await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert again == want
     # one unsorted query for the episodes at or above the (value, tiebreak) floor, no sort of the scope
     assert len(calls) == 1 and calls[0][0] is None and f"@{TIE_FIELD}:[" in calls[0][1]
@@ -104,7 +105,7 @@ async def test_a_tie_at_the_boundary_is_ordered_by_tiebreak_and_narrowed(
     )
     await redis.delete(first[0])
     assert [
-        h.key for h in await lists.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
+        h.key for h in await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     ] == await exact(redis, index, scope, name)
 
 
@@ -113,12 +114,12 @@ async def test_no_episode_with_a_reward_is_an_empty_list_without_a_sort(make_cli
     ns = "no-reward"
     index, scope = Keys(prefix).episode_index_alias, Scope(tags=BLAKE2B, namespace=ns)
     await seed(redis, prefix, ns, reward=lambda i: None)
-    assert await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS) == []
+    assert await FLOORS.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS) == []
     assert len(calls) == 1 and "@reward:[-inf +inf]" in calls[0][1]  # answered by an empty range
     # fewer than DEPTH with one: those, in order
     await put(redis, prefix, ns, episode("r1", task="x", completed_at=NOW, reward=0.5))
     await put(redis, prefix, ns, episode("r2", task="x", completed_at=NOW, reward=0.5))
-    got = [h.key for h in await lists.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
+    got = [h.key for h in await FLOORS.top_by(redis, index, scope, "reward", DEPTH, pool.LIGHT_SIGNAL_FIELDS)]
     assert got == await exact(redis, index, scope, "reward") and len(got) == 2
 
 

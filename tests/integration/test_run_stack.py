@@ -247,6 +247,12 @@ async def test_the_start_says_a_line_per_step_with_its_time(tmp_path):
     ):
         assert re.search(f"engram ◆ {step} ready in \\d+\\.\\ds", output), (step, output[-3000:])
     assert output.index("engram ◆ redis redis://") < output.index("engram ◆ stack ready in")
+    # the API's URL and the console's, once; no model to unpack or export, so no word of it
+    api = f"http://127.0.0.1:{stack.port}"
+    assert output.count(f"API {api}, console {api}/console") == 1, output[-3000:]
+    assert "unpack" not in output and "export" not in output, output[-3000:]
+    for name in ("query service", "consolidator-0", "consolidator-1"):
+        assert output.count(f"engram ◆ {name} answering at") <= 1, output[-3000:]
 
 
 async def test_a_killed_worker_or_query_service_is_restarted_and_the_api_keeps_answering(tmp_path):

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
+import engram_episodic
 from engram_episodic.cli import cli
 from engram_episodic.hooks import settings, state
 from engram_episodic.hooks.payloads import REDACTED, read_event, redact
-from engram_episodic.hooks.runner import completed, last_answer, repo_identity
+from engram_episodic.hooks.runner import _advice, _line, completed, last_answer, main, repo_identity
 from engram_episodic.hooks.testruns import TestRun, parse_test_output, runs_tests
+from engram_episodic.types import Suggestion
 
 
 @pytest.mark.parametrize(
@@ -131,8 +135,69 @@ def test_redaction_keeps_ordinary_commands_and_paths():
         "file_path=src/calc/dates.py",
         "file_path=.env",
         "go test ./...",
+        "mkdir -p build/out && pytest -p no:cacheprovider -q",
+        "mysql -u root -p shop < dump.sql",
+        "fix the password reset flow: the token is expired after 5 minutes",
+        "pwd && ls -la",
+        "kubectl get secret my-secret-2 -o yaml; check the password hash_password() uses",
     ):
         assert redact(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("mysql -u root -pTopSecret123 prod", "mysql -u root -p[REDACTED] prod"),
+        ("mariadb-dump -h db -p'Top Secret' shop > s.sql", "mariadb-dump -h db -p[REDACTED] shop > s.sql"),
+        ("sshpass -p hunter2pass ssh deploy@web", "sshpass -p [REDACTED] ssh deploy@web"),
+        ("psql --password hunter2pass -d app", "psql --password [REDACTED] -d app"),
+        ("PGPASSWORD=hunter2pass psql app", "PGPASSWORD=[REDACTED] psql app"),
+        ("the db password hunter2pass stopped working", "the db password [REDACTED] stopped working"),
+        ("its password: x", "its password: [REDACTED]"),
+        ("my token is Xy7pQ2vL9k.", "my token is [REDACTED]."),
+        (
+            "git push https://oauth2:glpat-abcdefghij0123456789@gitlab.com/acme/calc.git main",
+            "git push https://oauth2:[REDACTED]@gitlab.com/acme/calc.git main",
+        ),
+    ],
+)
+def test_secrets_are_redacted_and_nothing_around_them(text, expected):
+    assert redact(text) == expected
+
+
+def test_a_secret_is_redacted_wherever_the_same_hook_input_repeats_it():
+    event = read_event(
+        "claude-code",
+        "PostToolUseFailure",
+        payload(
+            "PostToolUseFailure",
+            tool_name="Bash",
+            tool_input={"command": "mysql -u root -pTopSecret123 prod -e 'select 1'"},
+            error="Exit code 1\nERROR 1045 (28000): TopSecret123 rejected for 'root'@'localhost'",
+        ),
+    )
+    assert event.tool.summary == "mysql -u root -p[REDACTED] prod -e 'select 1'"
+    assert event.tool.error == "Exit code 1\nERROR 1045 (28000): [REDACTED] rejected for 'root'@'localhost'"
+    assert (
+        redact("mysql: TopSecret123 refused", "PGPASSWORD=TopSecret123 mysql") == "mysql: [REDACTED] refused"
+    )
+
+
+def test_an_error_keeps_its_telling_lines_not_only_the_exit_code():
+    error = (
+        "Exit code 1\n..F    [100%]\n======= FAILURES =======\n___ test_iso ___\n\n    def test_iso():\n"
+        ">       assert parse('x') == 1\nE       ValueError: bad date 'x'\n\nsrc/calc/dates.py:3: ValueError\n"
+        "FAILED tests/test_dates.py::test_iso - ValueError: bad date 'x'\n1 failed, 2 passed in 0.04s\n"
+    )
+    event = read_event(
+        "claude-code",
+        "PostToolUseFailure",
+        payload("PostToolUseFailure", tool_name="Bash", tool_input={"command": "pytest"}, error=error),
+    )
+    assert event.tool.error == (
+        "Exit code 1\nE ValueError: bad date 'x'\nsrc/calc/dates.py:3: ValueError\n"
+        "FAILED tests/test_dates.py::test_iso - ValueError: bad date 'x'"
+    )
 
 
 def payload(event, **fields):
@@ -167,7 +232,11 @@ def test_claude_code_tool_payloads_keep_paths_and_commands_never_contents():
             error="Exit code 1\nboom",
         ),
     )
-    assert (failed.tool.success, failed.tool.error, failed.tool.command) == (False, "Exit code 1", "pytest")
+    assert (failed.tool.success, failed.tool.error, failed.tool.command) == (
+        False,
+        "Exit code 1\nboom",
+        "pytest",
+    )
     assert "boom" in failed.tool.output
     long = read_event(
         "claude-code",
@@ -242,6 +311,28 @@ def test_the_outcome_is_the_last_test_run_s():
     assert none["outcome"] == "partial" and "feedback" not in none and none["iterations"] == 0
     assert none["outcome_details"] == "not measured: no test run in this task (SessionEnd: exit)"
     assert none["actions"][0]["action_id"] == "a1" and none["episode_id"] == "e1"
+
+
+def test_the_context_names_each_step_and_the_commands_that_worked():
+    shell = {"action_type": "Bash", "success": False, "timestamp": 2.0}
+    actions = [
+        {"action_type": "Read", "input": "file_path=src/a.py", "success": True, "timestamp": 1.0},
+        {**shell, "input": "cd src && python -m pytest tests -x", "output": "2/3 tests passed"},
+        {"action_type": "Edit", "input": "file_path=src/a.py", "success": True, "timestamp": 3.0},
+        {**shell, "input": "cd src && python -m pytest tests -x", "output": "2/3 tests passed"},
+        {"action_type": "prompt", "input": "go on", "timestamp": 4.0},
+        {**shell, "input": "FORCE=1 npm run test -- --ci", "success": True, "timestamp": 5.0},
+    ]
+    ep = completed({**saved(), "actions": actions}, None, ended_by="Stop")
+    assert ep["strategy_used"] == "Read + python -m pytest + Edit + npm run test"
+    approach = next(x for x in _line(ep).splitlines() if x.startswith("  approach: "))
+    assert approach.count("python -m pytest tests -x → 2/3 tests passed") == 2, "both runs"
+    verdict = {"confidence": "medium", "similar": 2, "successes": 1, "failures": 1}
+    advice = Suggestion.from_json({**verdict, "successful_strategies": [{"strategy": "Bash", "count": 2}]})
+    assert _advice(advice) is None, "a tool's name alone says nothing"
+    strategies = [{"strategy": "Read + Bash", "count": 2}, {"strategy": ep["strategy_used"], "count": 1}]
+    advice = Suggestion.from_json({**verdict, "successful_strategies": strategies})
+    assert _advice(advice).endswith("strategies that worked: Read + python -m pytest + Edit + npm run test")
 
 
 USER_SETTINGS = """{
@@ -402,3 +493,140 @@ def test_the_answer_is_the_transcript_s_last_assistant_text(tmp_path):
     path.write_text("\n".join(map(json.dumps, lines)) + "\nnot json\n")
     assert last_answer(str(path)) == "last"
     assert last_answer(str(tmp_path / "missing.jsonl")) is None and last_answer(None) is None
+
+
+@pytest.mark.parametrize("beside_python", [True, False], ids=["engram-script", "python-P"])
+def test_the_installed_command_runs_this_installation_whatever_the_project_holds(
+    tmp_path, monkeypatch, beside_python
+):
+    """The CLIs run the hooks in the project's folder: its own `uuid.py`, `random.py`, `logging.py` or
+    `httpx/` must not be imported instead of the real ones, nor another `engram` first on PATH run."""
+    python = sys.executable
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "engram").write_text("#!/bin/sh\necho another engram\n")
+    (elsewhere / "engram").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{elsewhere}{os.pathsep}{os.environ.get('PATH', '')}")
+    if not beside_python:  # an installation without the script: this Python, with the module
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "nowhere" / "python"))
+    project = tmp_path / "proj"
+    (project / "httpx").mkdir(parents=True)
+    hostile = "print('hostile module ran')\nraise RuntimeError('hostile module')\n"
+    for module in ("uuid.py", "random.py", "logging.py", "httpx/__init__.py"):
+        (project / module).write_text(hostile)
+    args = ["hooks", "install", "gemini-cli", "--dir", str(project), "--url", "http://127.0.0.1:9"]
+    assert CliRunner().invoke(cli, args, catch_exceptions=False).exit_code == 0
+    data = json.loads((project / ".gemini" / "settings.json").read_text())
+    command = data["hooks"]["AfterTool"][0]["hooks"][0]["command"]
+    mcp = data["mcpServers"]["engram"]
+    assert shlex.join([mcp["command"], *mcp["args"]]) == command.replace(" hook gemini-cli AfterTool", " mcp")
+    command = command.replace(sys.executable, python)  # the Python that does exist
+    done = subprocess.run(
+        command,
+        shell=True,
+        cwd=project,
+        input=json.dumps(payload("AfterTool", cwd=str(project), tool_name="ls")),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(engram_episodic.__file__))},
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "{}\n"), done.stderr
+
+
+def test_install_keeps_the_url_and_key_it_found_in_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = CliRunner()
+    env = {"ENGRAM_URL": "http://127.0.0.1:9", "ENGRAM_API_KEY": "k-env"}
+    out = run.invoke(cli, ["hooks", "install", "claude-code", "--dir", str(tmp_path)], env=env)
+    assert out.exit_code == 0 and "no Engram service answers at http://127.0.0.1:9" in out.output
+    assert state.load_config() == {"url": "http://127.0.0.1:9", "api_key": "k-env"}
+    mcp = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]["engram"]
+    assert mcp["env"] == {"ENGRAM_URL": "http://127.0.0.1:9"}
+    status = run.invoke(cli, ["hooks", "status", "--dir", str(tmp_path)], env={"ENGRAM_URL": None})
+    assert "service: no Engram service answers at http://127.0.0.1:9" in status.output, "later, without it"
+    out = run.invoke(cli, ["hooks", "install", "gemini-cli", "--user"], env={"ENGRAM_URL": None})
+    assert "at http://127.0.0.1:9" in out.output and state.load_config()["url"] == "http://127.0.0.1:9"
+    user = json.loads((tmp_path / "home" / ".gemini" / "settings.json").read_text())["mcpServers"]["engram"]
+    assert user["env"] == {"ENGRAM_URL": "http://127.0.0.1:9", "ENGRAM_API_KEY": "k-env"}
+
+
+@pytest.mark.parametrize("cli_name", ["claude-code", "gemini-cli"])
+def test_uninstall_leaves_a_fresh_project_as_it_was(tmp_path, monkeypatch, cli_name):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    project = tmp_path / "proj"
+    project.mkdir()
+    run = CliRunner()
+    args = ["hooks", "install", cli_name, "--dir", str(project), "--url", "http://127.0.0.1:9"]
+    assert run.invoke(cli, args).exit_code == 0 and list(project.iterdir())
+    assert run.invoke(cli, ["hooks", "uninstall", cli_name, "--dir", str(project)]).exit_code == 0
+    assert list(project.iterdir()) == [], "no settings folder left empty"
+
+
+def test_install_says_it_replaces_an_mcp_server_named_engram(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / ".mcp.json").write_text('{"mcpServers": {"engram": {"command": "my-own-engram"}}}')
+    args = ["hooks", "install", "claude-code", "--dir", str(tmp_path), "--url", "http://127.0.0.1:9"]
+    for _ in range(2):  # again: it still replaces theirs
+        out = CliRunner().invoke(cli, args)
+        assert f"warning: it replaces the MCP server `engram` {tmp_path / '.mcp.json'} had" in out.output
+    (tmp_path / "other").mkdir()
+    out = CliRunner().invoke(cli, [*args[:3], "--dir", str(tmp_path / "other")])
+    assert out.exit_code == 0 and "warning" not in out.output
+
+
+def test_status_says_a_settings_file_is_not_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text(USER_SETTINGS)
+    out = CliRunner().invoke(cli, ["--url", "http://127.0.0.1:9", "hooks", "status", "--dir", str(tmp_path)])
+    line = next(x for x in out.output.splitlines() if x.startswith("gemini-cli   project"))
+    assert "settings not JSON; MCP server unknown: not JSON" in line
+    assert "claude-code  project  no hooks; MCP server no" in out.output
+
+
+def test_the_state_folders_and_log_are_the_user_s_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    old = os.umask(0o022)
+    try:
+        state.start_log()
+        state.log.info("one line")
+        with state.session("claude-code", "s1") as saved:
+            saved["episode"] = {"episode_id": "e"}
+        (handler,) = state.log.handlers
+        handler.doRollover()
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "engram").rglob("*")}
+    modes["engram"] = (tmp_path / "engram").stat().st_mode & 0o777
+    assert {k: v for k, v in modes.items() if k != ".lock"} == {
+        "engram": 0o700,
+        "sessions": 0o700,
+        "hooks.log": 0o600,
+        "hooks.log.1": 0o600,
+        next(p.name for p in (tmp_path / "engram" / "sessions").glob("*.json")): 0o600,
+    }
+
+
+def test_a_secret_the_prompt_gave_is_redacted_in_the_rest_of_the_task(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    down = {"url": "http://127.0.0.1:9", "api_key": None}
+    prompt = "The staging db password is Hunter2pass, make the migration connect"
+    main("claude-code", "UserPromptSubmit", json.dumps(payload("UserPromptSubmit", prompt=prompt)), **down)
+    tool = payload("PostToolUse", tool_name="Bash", tool_input={"command": "./migrate --db staging"})
+    main(
+        "claude-code",
+        "PostToolUse",
+        json.dumps({**tool, "tool_response": {"stdout": "Hunter2pass ok"}}),
+        **down,
+    )
+    answer = "It connects now: migrate reads Hunter2pass from STAGING_DB (kept out of the repository)."
+    main("claude-code", "Stop", json.dumps(payload("Stop", last_assistant_message=answer)), **down)
+    (spooled,) = state.spooled()
+    episode = json.loads(spooled.read_text())
+    assert "Hunter2pass" not in spooled.read_text()
+    assert episode["solution"] == answer.replace("Hunter2pass", REDACTED)
+    assert episode["task"]["description"] == prompt.replace("Hunter2pass", REDACTED)

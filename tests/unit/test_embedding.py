@@ -511,7 +511,7 @@ def test_make_embedder_mpnet_without_packages_names_the_install(monkeypatch):
 
 
 async def test_query_vector_cache_remembers_the_last_texts_and_evicts_the_oldest():
-    from shared.query_vectors import QueryVectorCache
+    from services.query.recall.vectors import QueryVectorCache
 
     embedder = HashingEmbedder(64)
     cache = QueryVectorCache(size=2)
@@ -534,7 +534,7 @@ async def test_query_vector_cache_remembers_the_last_texts_and_evicts_the_oldest
 async def test_query_vector_cache_is_per_namespace():
     """A text cached for one tenant is a miss for another: a hit is faster, so a shared entry would let a
     tenant time its request to learn that another recently asked exactly that text."""
-    from shared.query_vectors import QueryVectorCache
+    from services.query.recall.vectors import QueryVectorCache
 
     embedder = HashingEmbedder(64)
     cache = QueryVectorCache(size=8)
@@ -555,8 +555,8 @@ async def test_concurrent_queries_share_forward_passes_and_get_the_vectors_of_th
 
     import numpy as np
 
+    from services.query.recall.vectors import QueryBatcher, QueryVectorCache
     from shared.embedding import HashingEmbedder
-    from shared.query_vectors import QueryBatcher, QueryVectorCache
 
     class Counting(HashingEmbedder):
         def __init__(self):

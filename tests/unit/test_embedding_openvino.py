@@ -17,7 +17,7 @@ import pytest
 
 import shared.embedding_openvino as ev
 from engram_episodic.errors import ConfigError
-from shared.embedding import MiniLMEmbedder, MPNetEmbedder, make_embedder
+from shared.embedding import MiniLMEmbedder, MPNetEmbedder, first_start_work, make_embedder
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +93,21 @@ def test_a_damaged_or_stale_manifest_is_not_current(tmp_path):
     assert ev.fingerprint(model_dir) != fp
 
 
+def test_a_start_says_it_unpacks_or_exports_only_when_the_model_cache_lacks_it(tmp_path):
+    """`make run` said "the first start unpacks the embedding model" at every start."""
+    model_dir = minilm_dir()
+    minilm = Settings(embedder="minilm", model_cache=str(tmp_path))
+    assert first_start_work(minilm) == f"exports minilm-l6-v2 into {tmp_path}"
+    fake_export(tmp_path, model_dir, "minilm-l6-v2")
+    assert first_start_work(minilm) is None  # exported: nothing to say
+    assert first_start_work(Settings(embedder="hashing", model_cache=str(tmp_path))) is None
+    assert first_start_work(Settings(embedder="openai", model_cache=str(tmp_path))) is None  # refused later
+    if MPNetEmbedder.available():
+        mpnet = Settings(embedder="mpnet", model_cache=str(tmp_path))
+        assert first_start_work(mpnet) == f"unpacks and exports mpnet-base-v2 into {tmp_path}"
+        assert not (tmp_path / "all-mpnet-base-v2").exists()  # asked, not unpacked
+
+
 def test_without_its_packages_a_model_embedder_names_the_install(tmp_path, monkeypatch):
     minilm_dir()
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino → ImportError
@@ -103,7 +118,9 @@ def test_without_its_packages_a_model_embedder_names_the_install(tmp_path, monke
 @pytest.mark.slow
 # exports MiniLM (torch load, trace, conversion): 15-40 s idle, minutes on 2 busy cores
 @pytest.mark.timeout(300)
-def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_path, caplog, monkeypatch):
+def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(
+    tmp_path, caplog, capfd, monkeypatch
+):
     model_dir = minilm_dir()
     turns = locomo_turns(200)
     shutil.copytree(model_dir, tmp_path / "model")  # a private copy: the fingerprint reads its files
@@ -121,6 +138,11 @@ def test_export_once_for_concurrent_loaders_and_agree_with_torch_on_locomo(tmp_p
         for t in loaders:
             t.join()
     assert caplog.text.count("exporting the model once") == 1  # the second loader waited, then read it
+    assert caplog.text.count("export done in") == 1
+    # transformers' "Loading weights" bar and its notes, sentence-transformers' INFO: not in our log
+    said = capfd.readouterr().err + caplog.text
+    for noise in ("Loading weights", "loss_type", "Loading SentenceTransformer"):
+        assert noise not in said, said
     assert sorted(results) == [0, 1] and results[0].precision in ("bf16", "f32")
 
     from sentence_transformers import SentenceTransformer

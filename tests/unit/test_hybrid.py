@@ -1,11 +1,11 @@
 """Which HYBRID_POLICY a pre-filtered KNN runs with, and when a crowded one is asked again with a wider
-beam (shared.hybrid): pure thresholds."""
+beam (services.query.recall.arms): pure thresholds."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.hybrid import (
+from services.query.recall.arms import (
     BATCHES_MATCHES,
     BATCHES_SHARE,
     EF_CEILING,

@@ -1,6 +1,6 @@
-"""The recall pool as columns (`services.query.pool.Columns`) holds, row for row and to the bit, what
+"""The recall pool as columns (`services.query.recall.pool.Columns`) holds, row for row and to the bit, what
 one object per hit held before it (the reference below is that per-hit reading), and
-`shared.relevance.relevances` equals the scalar `relevance` of each row. Pure logic: no I/O."""
+`services.query.recall.relevance.relevances` equals the scalar `relevance` of each row. Pure logic: no I/O."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.query.pool import Columns
-from shared import relevance
+from services.query.recall import relevance
+from services.query.recall.pool import Columns
 from shared.index import SearchHit
 
 _NUMBER_FIELDS = (b"completed_at", b"started_at", b"reward", b"importance", b"last_accessed", b"access_count")
@@ -131,7 +131,7 @@ def _pool_with(name: str, values: list[float]) -> Columns:
 
 
 def test_the_hint_is_the_pools_third_best_value_unless_tied_or_too_few():
-    from services.query.pool import _hint
+    from services.query.recall.pool import _hint
 
     assert _hint(_pool_with("reward", [0.1, 0.9, math.nan, 0.5, 0.7, 0.3]), "reward") == 0.5
     assert _hint(_pool_with("reward", [1.0, 0.0, 1.0, 1.0, 1.0]), "reward") is None  # a tie at the hint

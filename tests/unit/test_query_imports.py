@@ -119,3 +119,42 @@ def test_the_app_imports_the_route_table_and_no_module_imports_inside_a_function
 def test_the_cycle_check_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# Redis commands a module of the query service sends itself (a method of a connection or pipeline),
+# and RediSearch commands (`FT.` strings): only their owners send them (the episode store, the
+# recall's arms, the cursor secret's own); every other module goes through one, or `shared`
+REDIS_COMMANDS = frozenset(
+    "hget hmget hgetall hset hexists hincrby exists eval evalsha execute_command xrange xadd "
+    "delete unlink pipeline register_script".split()
+)
+OWNERS = {
+    "services.query.store": REDIS_COMMANDS | {"FT."},
+    "services.query.recall.arms": {"execute_command", "pipeline", "FT."},
+}
+
+
+def _raw_redis(path: Path) -> list[tuple[int, str]]:
+    """(line, command) of each Redis command method called and each `FT.` string in `path` ("FT.")."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in REDIS_COMMANDS:
+                found.append((node.lineno, node.func.attr))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("FT."):
+            found.append((node.lineno, "FT."))
+    return sorted(found)
+
+
+def test_redis_and_redisearch_commands_are_sent_by_their_owners_only():
+    for name, path in _modules().items():
+        stray = [(line, cmd) for line, cmd in _raw_redis(path) if cmd not in OWNERS.get(name, ())]
+        assert not stray, f"{name} sends Redis commands itself (the owners: {sorted(OWNERS)}): {stray}"
+
+
+def test_the_owner_check_finds_a_raw_call(tmp_path: Path):
+    path = tmp_path / "view.py"
+    path.write_text(
+        'async def f(r):\n    await r.hget("k", "doc")\n    await r.execute_command("FT.SEARCH", "i")\n'
+    )
+    assert _raw_redis(path) == [(2, "hget"), (3, "FT."), (3, "execute_command")]

@@ -318,7 +318,7 @@ def test_the_document_has_the_docs_page_but_none_of_its_files():
 def test_common_count_is_where_a_terms_idf_falls_below_the_threshold(below: float) -> None:
     """The BM25 arm runs beside the idf counts in an index of at most `common_count` episodes: no term
     there may be common, and a term in one more episode than that is."""
-    from shared import relevance
+    from services.query.recall import relevance
 
     edge = int(relevance.common_count(below))
     assert all(relevance.idf(n) >= below for n in range(max(0, edge - 50), edge + 1))

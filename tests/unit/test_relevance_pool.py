@@ -1,5 +1,5 @@
-"""The pool scorer (`relevance.keyword_relevances`, `shared.terms`) equals the scalar BM25 formula of
-`shared.relevance`'s docstring to the last bit, over random texts (a recall's keyword
+"""The pool scorer (`relevance.keyword_relevances`, `services.query.recall.terms`) equals the scalar BM25 formula of
+`services.query.recall.relevance`'s docstring to the last bit, over random texts (a recall's keyword
 relevance is computed the cheaper way, and must not move any ranking).
 
 The reference below is the slow, obvious reading of the definition, kept here and not in the product:
@@ -18,7 +18,7 @@ import Stemmer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import relevance, terms
+from services.query.recall import relevance, terms
 from shared.index import TEXT_FIELDS
 from shared.keywords import STOPWORDS, fold_for_search
 
@@ -164,7 +164,9 @@ _FOLDED = "서울역에서ÉcoleŁódźภาษาไทยที่ำ今天�
 )
 def test_split_is_the_folded_regex_split(text):
     """`text_words` folds a non-ASCII text a piece at a time: the same words as folding it whole."""
-    assert terms.text_words(text) == _REF_WORD.findall(fold_for_search(text.decode("utf-8", "replace")))
+    assert terms.Memos().text_words(text) == _REF_WORD.findall(
+        fold_for_search(text.decode("utf-8", "replace"))
+    )
 
 
 def test_the_unicode_cases_by_hand():

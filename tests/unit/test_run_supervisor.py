@@ -169,3 +169,23 @@ def test_a_service_still_loading_is_said_again_so_a_first_start_is_never_silent(
     assert lines[0].startswith("query service answering at ") and lines[0].endswith("loading embedder")
     assert any(line.startswith("query service still loading embedder at ") for line in lines[1:-2])
     assert lines[-2].startswith("query service ready in ") and lines[-1].startswith("stack ready in ")
+
+
+def test_a_service_answers_once_and_then_says_what_it_loads_next(monkeypatch):
+    """The query service loads its embedder, then its index: the second step was said as a second
+    "answering at", as if the service had started again."""
+    import time
+
+    from services import run
+
+    lines: list[str] = []
+    answers = iter(
+        [(503, {"pending": ["embedder", "index"]})] * 2 + [(503, {"pending": ["index"]}), (200, {})]
+    )
+    monkeypatch.setattr(run, "_probe", lambda url: next(answers))
+    monkeypatch.setattr(run, "_say", lambda message, **kw: lines.append(message))
+    run.Progress(time.monotonic(), {"query service": "http://127.0.0.1:9/readyz"}).run()
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("query service answering at ") and lines[0].endswith("loading embedder, index")
+    assert lines[1].startswith("query service loading index at "), lines
+    assert lines[2].startswith("query service ready in ") and lines[3].startswith("stack ready in ")

@@ -1,10 +1,10 @@
-"""How long a scope's count is remembered (`services.query.sizes.size_ttl`): pure arithmetic."""
+"""How long a scope's count is remembered (`services.query.recall.sizes.size_ttl`): pure arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.query.sizes import LARGE_SCOPE, MAX_SIZE_TTL, size_ttl
+from services.query.recall.sizes import LARGE_SCOPE, MAX_SIZE_TTL, size_ttl
 
 
 @pytest.mark.parametrize(

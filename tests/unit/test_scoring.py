@@ -1,4 +1,4 @@
-"""Unit tests of shared.scoring: hand-computed values, presets, ordering, properties. No I/O."""
+"""Unit tests of services.query.recall.score: hand-computed values, presets, ordering, properties. No I/O."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.locomo import rrf
 from engram_episodic.events import OUTCOMES
-from shared import scoring
-from shared.scoring import (
+from services.query.recall import score as scoring
+from services.query.recall.score import (
     AUTO_EARLY_BELOW,
     AUTO_NORMAL_BELOW,
     MINMAX_CONSTANT,
@@ -25,7 +26,6 @@ from shared.scoring import (
     recency_decay,
     replay_context,
     resolve_weights,
-    rrf,
     score,
 )
 

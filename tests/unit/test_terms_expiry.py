@@ -1,12 +1,12 @@
-"""The memos of episode words (`shared.terms.Recent`) forget what was not used for their TTL: the
+"""The memos of episode words (`services.query.recall.terms.Recent`) forget what was not used for their TTL: the
 erasure window of a forgotten episode's text in the query process (docs/reliability.md)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared import terms
-from shared.terms import Recent
+from services.query.recall import terms
+from services.query.recall.terms import Recent
 
 
 class Clock:
@@ -68,24 +68,24 @@ def test_the_memo_never_holds_more_than_its_cap() -> None:
     assert memo.get_or(999, lambda _: pytest.fail("made again")) == 999
 
 
-def test_shared_terms_expire_drops_a_texts_terms_and_its_stems(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_memos_expire_drops_a_texts_terms_and_its_stems() -> None:
     clock = Clock()
-    monkeypatch.setattr(terms._TERMS, "clock", clock)
-    monkeypatch.setattr(terms._STEMS, "clock", clock)
-    monkeypatch.setattr(terms._TERMS, "born", 0.0)
-    monkeypatch.setattr(terms._STEMS, "born", 0.0)
-    clock.t = 10 * terms.TERMS_TTL
-    terms.expire()  # both generations dropped: the memos start empty on this clock
-    assert not terms._TERMS and not terms._STEMS
+    memos = terms.Memos(clock)
     text = b"Zanzibarian quokkas photographed"
-    got = terms.hit_terms({b"task": text})
+    got = memos.hit_terms({b"task": text})
     assert "quokka" in got.tf
-    key = next(k for k in terms._TERMS if text in k)
-    assert "quokkas" in terms._STEMS
+    key = next(k for k in memos.terms if text in k)
+    assert "quokkas" in memos.stems
     clock.t += terms.TERMS_TTL / 2
-    terms.expire()
+    memos.expire()
     clock.t += terms.TERMS_TTL / 2
-    terms.expire()
-    assert key not in terms._TERMS and key not in terms._TERMS.old
-    assert "quokkas" not in terms._STEMS and "quokkas" not in terms._STEMS.old
-    assert terms.hit_terms({b"task": text}) == got  # made again, the same
+    memos.expire()
+    assert key not in memos.terms and key not in memos.terms.old
+    assert "quokkas" not in memos.stems and "quokkas" not in memos.stems.old
+    assert memos.hit_terms({b"task": text}) == got  # made again, the same
+
+
+def test_the_stemmer_keeps_no_words_of_its_own() -> None:
+    # PyStemmer caches every word it stems for the life of the process unless told not to: a forgotten
+    # episode's words would outlive the memos' window there
+    assert terms.stemmer().maxCacheSize == 0

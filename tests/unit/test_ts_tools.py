@@ -1,5 +1,6 @@
-"""The TypeScript client's tool definitions (client-ts/src/tools.ts) are generated from the Python ones
-(`engram_episodic.tools.TOOLS`): one source of names, descriptions and argument rules for both."""
+"""The TypeScript client's tool definitions (client-ts/src/tools.ts) are generated from the data file the
+Python tools read (client/engram_episodic/tools.json): one source of names, descriptions and argument
+rules for both."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_typescript_tool_definitions_are_current():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.TARGET.read_text(encoding="utf-8") == gen.render(), (
-        "client-ts/src/tools.ts is stale: run `PYTHONPATH=client .venv/bin/python client-ts/scripts/gen_tools.py`"
+        "client-ts/src/tools.ts is stale: run `.venv/bin/python client-ts/scripts/gen_tools.py`"
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,11 @@ _dir = click.option(
 
 
 def _engram_argv() -> list[str]:
-    """How the CLIs run `engram`: the script on PATH, else this Python with the module."""
-    found = shutil.which("engram")
-    return [found] if found else [sys.executable, "-m", "engram_episodic.cli"]
+    """How the CLIs run this installation's `engram`: the script next to this Python, else this Python
+    with the module under `-P`. Never a bare `python -m` (the hooks run in the project's folder, whose
+    `uuid.py` or `httpx/` would then shadow the real ones), never another `engram` found on PATH."""
+    script = Path(sys.executable).with_name("engram.exe" if sys.platform == "win32" else "engram")
+    return [str(script)] if script.is_file() else [sys.executable, "-P", "-m", "engram_episodic.cli"]
 
 
 def _service(ctx: click.Context) -> tuple[str, str | None]:
@@ -101,8 +102,12 @@ def install_command(
     hash_repo: bool,
 ) -> None:
     """Add Engram's hooks and MCP server to CLI's settings (`claude-code` or `gemini-cli`); idempotent."""
+    # what install resolved (the flags, else ENGRAM_URL/ENGRAM_API_KEY, else what an earlier install
+    # kept, else the local URL) is what the hooks and the MCP server use later, without the environment
+    found_url, found_key = _service(ctx)
+    service_url, service_key = url or found_url, api_key or found_key
     config = state.load_config()
-    config.update({k: v for k, v in (("url", url), ("api_key", api_key)) if v})
+    config.update({"url": service_url, "api_key": service_key})
     if test_commands:
         config["test_commands"] = list(test_commands)
     if hash_repo:
@@ -110,12 +115,13 @@ def install_command(
     scope = "project" if project else "user"
     where = settings.target(cli_name, scope, project_dir.resolve(), Path.home())
     argv = _engram_argv()
-    env = {"ENGRAM_URL": url} if url else {}
-    if api_key and scope == "user":  # a project's settings are often committed: no key there
-        env["ENGRAM_API_KEY"] = api_key
+    env = {"ENGRAM_URL": service_url}
+    if service_key and scope == "user":  # a project's settings are often committed: no key there
+        env["ENGRAM_API_KEY"] = service_key
     hooks = settings.hook_entries(cli_name, argv)
     mcp = settings.mcp_entry(argv, env)
     try:
+        replaced = settings.their_mcp(where.mcp_file)
         if where.hooks_file == where.mcp_file:
             settings.install(
                 where.hooks_file, lambda d: settings.with_mcp(settings.with_hooks(d, hooks), mcp)
@@ -126,9 +132,13 @@ def install_command(
     except settings.SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     state.save_config(config)
-    service_url, service_key = _service(ctx)
     click.echo(f"{cli_name}: Engram's hooks ({', '.join(hooks)}) in {where.hooks_file}")
     click.echo(f"{cli_name}: Engram's MCP server `engram` in {where.mcp_file}")
+    if replaced:
+        click.echo(
+            f"{cli_name}: warning: it replaces the MCP server `engram` {where.mcp_file} had "
+            "(uninstall puts it back)"
+        )
     if cli_name == "gemini-cli":
         click.echo("gemini-cli: hooks run when its hooks system is enabled (/settings: Enable Hooks System)")
     why = _answers(service_url, service_key)
@@ -167,11 +177,12 @@ def status_command(ctx: click.Context, project_dir: Path) -> None:
     for cli_name in CLIS:
         for scope in ("project", "user"):
             where = settings.target(cli_name, scope, project_dir.resolve(), Path.home())
-            hooks = settings.installed(where.hooks_file)["hooks"]
-            mcp = settings.installed(where.mcp_file)["mcp"]
-            what = f"hooks {', '.join(hooks)}" if hooks else "no hooks"
+            hooks, mcp = settings.installed(where.hooks_file), settings.installed(where.mcp_file)
+            what = f"hooks {', '.join(hooks['hooks'])}" if hooks["hooks"] else "no hooks"
+            server = "yes" if mcp["mcp"] else "no"
             click.echo(
-                f"{cli_name:12} {scope:8} {what}; MCP server {'yes' if mcp else 'no'}  ({where.hooks_file})"
+                f"{cli_name:12} {scope:8} {what if hooks['json'] else 'settings not JSON'}; "
+                f"MCP server {server if mcp['json'] else 'unknown: not JSON'}  ({where.hooks_file})"
             )
     hashed = bool(state.load_config().get("hash_repo"))
     click.echo(

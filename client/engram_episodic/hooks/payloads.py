@@ -9,9 +9,10 @@ contents) and whether it succeeded; everything kept passes `redact` first.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,9 @@ EVENTS: dict[str, dict[str, str]] = {
 SHELL_TOOLS = frozenset({"Bash", "run_shell_command"})
 MAX_SUMMARY_CHARS = 500
 MAX_ERROR_CHARS = 300
+MAX_ERROR_LINES = 4
+_BANNER = re.compile(r"\s*(?:[=_*~#!-]{3,}.*)?$")
+_TELLING = re.compile(r"(?i)error|fail|denied|not found|no such|exception|fatal|cannot|invalid|refused")
 # input fields worth keeping: commands, paths, patterns; never contents (`content`, `new_string`, ...)
 _SUMMARY_KEYS = (
     "command",
@@ -56,46 +60,92 @@ _SUMMARY_KEYS = (
 
 REDACTED = "[REDACTED]"
 _SECRET_WORD = r"[\w.-]*(?:key|token|secret|passw(?:or)?d|pwd|auth|credential|private|cookie)[\w.-]*"
-_REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # URL credentials: https://user:pass@host
-    (re.compile(r"(://[^/\s:@]+:)[^@\s/]+@"), rf"\1{REDACTED}@"),
-    # Authorization headers and bearer tokens
-    (re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{8,}"), rf"\1\2{REDACTED}"),
-    # NAME=value, name: value, "name": "value" where the name says secret
-    (
-        re.compile(rf"(?i)(\b{_SECRET_WORD}[\"']?\s*[=:]\s*)([\"']?)[^\s\"'&;,]+\2"),
-        rf"\1\2{REDACTED}\2",
-    ),
-    # --api-key VALUE, -p VALUE for a password flag
-    (re.compile(rf"(?i)(--{_SECRET_WORD}\s+)[^\s-]\S*"), rf"\1{REDACTED}"),
-    # well-known token shapes (OpenAI/Anthropic, GitHub, GitLab, Slack, AWS, Google, JWT, PEM)
-    (
-        re.compile(
-            r"\b(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}"
-            r"|xox[abprs]-[\w-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}"
-            r"|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,})"
-        ),
-        REDACTED,
-    ),
-    (
-        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
-        REDACTED,
-    ),
-    # long random-looking strings (letters and digits mixed, 32+ characters)
-    (re.compile(r"\b(?=[A-Za-z0-9+/_-]*\d)(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{32,}={0,2}"), REDACTED),
+# each pattern's group `v` is the secret: it becomes [REDACTED], the rest of the match stays
+_REDACTIONS = tuple(
+    re.compile(p)
+    for p in (
+        # URL credentials: https://user:pass@host
+        r"://[^/\s:@]+:(?P<v>[^@\s/]+)@",
+        # Authorization headers and bearer tokens
+        r"(?i)\b(?:bearer|basic|token)\s+(?P<v>[A-Za-z0-9._~+/=-]{8,})",
+        # NAME=value, name: value, "name": "value" where the name says secret (not a URL's user name)
+        rf"(?i)(?<!/)\b{_SECRET_WORD}[\"']?\s*[=:]\s*([\"']?)(?P<v>[^\s\"'&;,]+)\1",
+        # --api-key VALUE
+        rf"(?i)--{_SECRET_WORD}\s+(?P<v>[^\s-]\S*)",
+        # prose: "password hunter2pass", "the token is Abc123" (not a word: "password reset", "token_type")
+        r"(?i)\b(?:password|passwd|pwd|secret|token|api[_-]?key)[ \t]+(?:is[ \t]+)?"
+        r"(?-i:(?![a-z_]+\b|[A-Z][a-z]+\b))(?P<v>\w[^\s'\"]{3,}?)(?=[.,;:!?)\]]*(?:[\s'\"]|$))",
+        # a password glued to a database client's -p (`mysql -pS3cret`; `-p db` alone prompts for it)
+        r"\b(?:mysql\w*|mariadb[\w-]*)\b[^|;&\n]*?\s-p(?P<v>'[^']*'|\"[^\"]*\"|[^\s'\"]+)",
+        r"\bsshpass\b[^|;&\n]*?\s-p\s*(?P<v>\S+)",
+        # well-known token shapes (OpenAI/Anthropic, GitHub, GitLab, Slack, AWS, Google, JWT, PEM)
+        r"(?P<v>\b(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}"
+        r"|xox[abprs]-[\w-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}"
+        r"|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,}))",
+        r"(?P<v>-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$))",
+        # long random-looking strings (letters and digits mixed, 32+ characters)
+        r"(?P<v>\b(?=[A-Za-z0-9+/_-]*\d)(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{32,}={0,2})",
+    )
 )
-_ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)")
+_ENV_ASSIGNMENT = re.compile(r"\b[A-Z_][A-Z0-9_]*=(?P<v>\"[^\"]*\"|'[^']*'|\S+)")
+_MIN_ECHOED_CHARS = 4
+"""A secret this long or longer is redacted wherever else it appears (a shorter one would hit words)."""
+_WORD = re.compile(r"[^\s\"'`()<>\[\]{},;]+?(?=[.:!?]*(?:[\s\"'`()<>\[\]{},;]|$))")
 
 
-def redact(text: str) -> str:
-    """`text` with secrets-looking values replaced by [REDACTED]: credentials in URLs, bearer tokens,
-    values named like a key, token, secret or password, well-known token formats, private keys, long
-    random-looking strings; and, when the text names a `.env` file, every `NAME=value` assignment (upper-case names, as in a `.env`)."""
-    for pattern, replacement in _REDACTIONS:
-        text = pattern.sub(replacement, text)
+def _redacted(text: str) -> tuple[str, set[str]]:
+    """`text` with each pattern's secrets replaced, and the secrets found."""
+    found: set[str] = set()
+
+    def hide(m: re.Match[str]) -> str:
+        if m.group("v") == REDACTED:
+            return m.group(0)
+        found.add(m.group("v").strip("'\""))
+        return m.group(0)[: m.start("v") - m.start()] + REDACTED + m.group(0)[m.end("v") - m.start() :]
+
+    for pattern in _REDACTIONS:
+        text = pattern.sub(hide, text)
     if ".env" in text:
-        text = _ENV_ASSIGNMENT.sub(rf"\1={REDACTED}", text)
+        text = _ENV_ASSIGNMENT.sub(hide, text)
+    return text, found
+
+
+def redact(text: str, *context: str) -> str:
+    """`text` with secrets-looking values replaced by [REDACTED]: credentials in URLs, bearer tokens,
+    values named like a key, token, secret or password (`PGPASSWORD=…`, `--password …`, "password
+    hunter2pass"), a database client's `-p<password>`, well-known token formats, private keys, long
+    random-looking strings; when the text names a `.env` file, every `NAME=value` assignment (upper-case
+    names, as in a `.env`); and every other occurrence of a secret found so in `text` or in `context`
+    (other text of the same hook input: an error that echoes the command's password)."""
+    text, found = _redacted(text)
+    for other in context:
+        found |= _redacted(other)[1]
+    for secret in sorted(found, key=len, reverse=True):
+        if len(secret) >= _MIN_ECHOED_CHARS:
+            text = text.replace(secret, REDACTED)
     return text
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def secrets_in(*texts: str) -> list[str]:
+    """Digests of the secrets `redact` finds in `texts` (those it redacts wherever they appear): what a
+    session keeps to redact them in its later text too, without keeping them."""
+    return sorted({_digest(s) for t in texts for s in _redacted(t)[1] if len(s) >= _MIN_ECHOED_CHARS})
+
+
+def redact_seen(value: Any, digests: Collection[str]) -> Any:
+    """`value` (JSON-shaped) with each word of its strings whose digest is in `digests` (from
+    `secrets_in`) replaced by [REDACTED]."""
+    if isinstance(value, str) and digests:
+        return _WORD.sub(lambda m: REDACTED if _digest(m.group(0)) in digests else m.group(0), value)
+    if isinstance(value, Mapping):
+        return {k: redact_seen(v, digests) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_seen(v, digests) for v in value]
+    return value
 
 
 def capped(text: str, limit: int) -> str:
@@ -106,7 +156,8 @@ def capped(text: str, limit: int) -> str:
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """One tool call as recorded: `name`, `summary` (redacted, capped), `success`, `error` (redacted,
-    capped), and for a shell tool the raw `command` and `output` (read for test counts, never kept)."""
+    capped), for a shell tool the raw `command` and `output` (read for test counts, never kept), and
+    `secrets_in` its input and error."""
 
     name: str
     summary: str
@@ -114,6 +165,7 @@ class ToolUse:
     error: str | None = None
     command: str | None = None
     output: str = ""
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +198,7 @@ def _text(value: Any) -> str:
 
 
 def _summary(tool_input: Any, cwd: str) -> str:
+    """The input's command, paths and patterns (not redacted yet)."""
     if not isinstance(tool_input, Mapping):
         return ""
     parts = []
@@ -156,7 +209,16 @@ def _summary(tool_input: Any, cwd: str) -> str:
         if key.endswith("path") and cwd and os.path.isabs(value) and value.startswith(cwd.rstrip("/") + "/"):
             value = os.path.relpath(value, cwd)
         parts.append(value if key == "command" else f"{key}={value}")
-    return capped(redact("; ".join(parts)), MAX_SUMMARY_CHARS)
+    return "; ".join(parts)
+
+
+def _error_lines(error: str) -> str:
+    """An error's first line (Claude Code's is `Exit code 1`) and then its first lines that say what went
+    wrong (naming an error, a failure, a refusal; without one, the next lines), at most MAX_ERROR_LINES;
+    blank lines and banners (`==== FAILURES ====`) skipped."""
+    lines = [" ".join(line.split()) for line in error.splitlines() if not _BANNER.match(line)]
+    telling = [line for line in lines[1:] if _TELLING.search(line)] or lines[1:]
+    return "\n".join(lines[:1] + telling[: MAX_ERROR_LINES - 1])
 
 
 def _tool(cli: str, name: str, data: Mapping[str, Any], cwd: str) -> ToolUse:
@@ -178,14 +240,16 @@ def _tool(cli: str, name: str, data: Mapping[str, Any], cwd: str) -> ToolUse:
     if error:
         output = f"{output}\n{error}"
     command = tool_input.get("command") if isinstance(tool_input, Mapping) else None
-    first_error = next((line for line in str(error or "").splitlines() if line.strip()), None)
+    said = _error_lines(str(error or ""))
+    summary = _summary(tool_input, cwd)
     return ToolUse(
         name=tool_name,
-        summary=_summary(tool_input, cwd),
+        summary=capped(redact(summary, said), MAX_SUMMARY_CHARS),
         success=success,
-        error=capped(redact(first_error), MAX_ERROR_CHARS) if first_error else None,
+        error=capped(redact(said, summary), MAX_ERROR_CHARS) or None,
         command=command if tool_name in SHELL_TOOLS and isinstance(command, str) else None,
         output=output,
+        secrets=tuple(secrets_in(summary, said)),
     )
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import itertools
 import json
 import os
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,19 @@ from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import ApiError, EngramError
 from engram_episodic.events import Action
 from engram_episodic.hooks import state
-from engram_episodic.hooks.payloads import HookEvent, capped, read_event, redact
+from engram_episodic.hooks.payloads import (
+    SHELL_TOOLS,
+    HookEvent,
+    capped,
+    read_event,
+    redact,
+    redact_seen,
+    secrets_in,
+)
 from engram_episodic.hooks.testruns import MAX_FAILURE_LINES, parse_test_output, runs_tests
 from engram_episodic.shapes import episode_to_dict, to_plain
 from engram_episodic.types import Recall, Suggestion
-from engram_episodic.validation import MAX_ACTIONS, MAX_ID_CHARS
+from engram_episodic.validation import MAX_ACTIONS, MAX_ID_CHARS, MAX_TAG_CHARS
 
 RECALL_SECONDS = 1.5
 """Recall and advice at a prompt together take at most about this long (the agent waits for them)."""
@@ -126,7 +135,7 @@ def _record_tool(saved: dict[str, Any], event: HookEvent, config: Mapping[str, A
     if tool.command is not None and runs_tests(tool.command, config.get("test_commands") or ()):
         run = parse_test_output(tool.output, failed=not tool.success)
         if run is not None:
-            failures = [redact(line) for line in run.failures]
+            failures = [redact(line, tool.command) for line in run.failures]
             saved["tests"] = {
                 "passed": run.passed,
                 "total": run.total,
@@ -141,13 +150,43 @@ def _record_tool(saved: dict[str, Any], event: HookEvent, config: Mapping[str, A
         tool.name, input=tool.summary or None, output=output, success=tool.success, error=tool.error
     )
     saved["actions"] = [*saved["actions"], to_plain(action)][-MAX_ACTIONS:]
+    _remember(saved, tool.secrets)
+
+
+def _remember(saved: dict[str, Any], secrets: Collection[str]) -> None:
+    """Keep the digests of the secrets seen in the session (the last 100)."""
+    saved["secrets"] = list(dict.fromkeys([*saved.get("secrets", ()), *secrets]))[-100:]
+
+
+def _command_name(command: str) -> str:
+    """A shell command's first words, up to its first argument (`python -m pytest`, `npm test`;
+    `cd dir` and `NAME=value` prefixes skipped)."""
+    for segment in re.split(r"&&|\|\||[;|]", command):
+        words = list(itertools.dropwhile(lambda w: "=" in w, segment.split()))
+        if words and words[0] != "cd":
+            rest = itertools.takewhile(lambda w: w == "-m" or not re.search(r"[-/.=\"'$\[]", w), words[1:3])
+            return " ".join([words[0], *rest])
+    return ""
+
+
+def strategy(actions: list[dict[str, Any]]) -> str | None:
+    """The task's approach, as `suggest` reports what worked: its tools in the order first used, a shell
+    tool by its command's first words (`Read + pytest + Edit`); at most MAX_TAG_CHARS, None without one."""
+    names = [
+        _command_name(a.get("input") or "") if a["action_type"] in SHELL_TOOLS else a["action_type"]
+        for a in actions
+        if a["action_type"] != "prompt"
+    ]
+    text = " + ".join(dict.fromkeys(n for n in names if n))
+    return capped("".join(c for c in text if c.isprintable()), MAX_TAG_CHARS) or None
 
 
 def completed(saved: Mapping[str, Any], answer: str | None, *, ended_by: str) -> dict[str, Any]:
     """The finished episode of a saved draft, JSON-shaped: the outcome of its last test run (every test
     passed: success; some: partial; none, or the run errored: failure) with reward = pass rate and
     iterations = test runs; without a test run, `partial` with no reward and the details saying so.
-    `answer` (the agent's last message) is the solution, redacted and capped."""
+    `answer` (the agent's last message) is the solution, redacted and capped; every word that is one of
+    the secrets the task saw (`saved["secrets"]`: their digests) is redacted in every field."""
     tests = saved.get("tests")
     fields: dict[str, Any] = {"iterations": saved.get("test_runs", 0)}
     if answer:
@@ -170,8 +209,9 @@ def completed(saved: Mapping[str, Any], answer: str | None, *, ended_by: str) ->
             "message": capped("; ".join(said), 1000),
         }
         fields["outcome_details"] = f"last of {saved.get('test_runs', 0)} test runs: {summary} ({ended_by})"
+    fields["strategy_used"] = strategy(saved["actions"])
     episode = _draft(saved).completion(outcome, keep_actions=None, **fields)
-    return episode_to_dict(episode)
+    return redact_seen(episode_to_dict(episode), saved.get("secrets", ()))  # the task's secrets, anywhere
 
 
 # the service -----------------------------------------------------------------------------------------
@@ -233,8 +273,9 @@ def _line(hit_episode: Mapping[str, Any]) -> str:
         for a in ep.get("actions") or ()
         if a["action_type"] != "prompt"
     ]
+    steps = [s for i, s in enumerate(steps) if not i or s != steps[i - 1]]  # a test run again is a step
     if steps:
-        lines.append("  approach: " + capped("; ".join(list(dict.fromkeys(steps))[-6:]), 400))
+        lines.append("  approach: " + capped("; ".join(steps[-6:]), 400))
     if ep.get("solution"):
         label = "what worked" if ep.get("outcome") == "success" else "its last answer"
         lines.append(f"  {label}: {capped(ep['solution'], 300)}")
@@ -245,12 +286,13 @@ def _advice(found: Suggestion) -> str | None:
     """`suggest`'s verdict in one line: how similar tasks went and the strategies that worked (the
     failures are in the episodes shown, with what the tests said); None at low confidence or without a
     strategy that worked."""
-    if found.confidence == "low" or not found.successful_strategies:
+    # a bare shell tool's name ("Bash", from an episode recorded without `strategy_used`) says nothing
+    named = [s for s, _ in found.successful_strategies if not SHELL_TOOLS & set(s.split(" + "))]
+    if found.confidence == "low" or not named:
         return None
-    strategies = ", ".join(s for s, _ in found.successful_strategies[:3])
     return (
         f"Advice ({found.confidence} confidence): {found.similar} similar tasks, {found.successes} succeeded, "
-        f"{found.failures} failed; strategies that worked: {strategies}"
+        f"{found.failures} failed; strategies that worked: {', '.join(named[:3])}"
     )
 
 
@@ -317,6 +359,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
                 saved["actions"] = [*saved["actions"], to_plain(action)][-MAX_ACTIONS:]
             else:
                 saved.update(_open_draft(event, config))
+            _remember(saved, secrets_in(event.prompt or ""))
             agent_id = saved["episode"]["agent_id"]
         elif not saved:
             log.info("%s %s: no open task in this session", cli, event_name)

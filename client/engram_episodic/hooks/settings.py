@@ -11,6 +11,7 @@ created is removed again); either way the backup is removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -198,16 +199,27 @@ def uninstall(path: Path, hooks: bool, mcp: bool) -> bool:
     else:
         return False
     backup.unlink(missing_ok=True)  # used: a later install takes a fresh one
+    if not path.exists() and path.parent.name in (".claude", ".gemini"):  # the folder install made
+        with contextlib.suppress(OSError):  # not empty: someone else's files are in it
+            path.parent.rmdir()
     return True
 
 
+def their_mcp(path: Path) -> bool:
+    """Whether the file had an `engram` MCP server of its own before Engram's install (what its backup
+    holds; without one, the file): install replaces it, uninstall puts it back. Raises SettingsError."""
+    backup = _backup(path)
+    servers = read(backup if backup.exists() else path)[1].get("mcpServers")
+    return isinstance(servers, Mapping) and MCP_NAME in servers
+
+
 def installed(path: Path) -> dict[str, Any]:
-    """What of Engram a settings file holds: `{"hooks": [events], "mcp": bool}` (an unreadable file:
-    nothing)."""
+    """What of Engram a settings file holds: `{"hooks": [events], "mcp": bool, "json": bool}` (`json`
+    False: the file is not a JSON object, so nothing of it was read)."""
     try:
         _, data = read(path)
     except SettingsError:
-        return {"hooks": [], "mcp": False}
+        return {"hooks": [], "mcp": False, "json": False}
     hooks = data.get("hooks")
     hooks = hooks if isinstance(hooks, Mapping) else {}
     events = [
@@ -217,4 +229,4 @@ def installed(path: Path) -> dict[str, Any]:
         and any(isinstance(g, Mapping) and any(_is_ours(h) for h in g.get("hooks") or []) for g in groups)
     ]
     servers = data.get("mcpServers")
-    return {"hooks": events, "mcp": isinstance(servers, Mapping) and MCP_NAME in servers}
+    return {"hooks": events, "mcp": isinstance(servers, Mapping) and MCP_NAME in servers, "json": True}

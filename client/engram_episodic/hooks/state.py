@@ -36,10 +36,28 @@ def state_dir() -> Path:
     return Path(base) / "engram"
 
 
+def _folder(path: Path) -> Path:
+    """`path`, a folder of the state directory, created with it for the user only (they hold prompts)."""
+    state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def _private(path: str | Path) -> None:
+    """Create the file `path` for the user only, when it does not exist."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+
+
+def _rotate(source: str, dest: str) -> None:
+    """The log's rotation: the file it starts is the user's only too (not made by the umask)."""
+    os.replace(source, dest)
+    _private(source)
+
+
 def _write(path: Path, data: Any) -> None:
     """Write `data` as JSON to `path` atomically (a reader sees the old file or the new one whole),
     readable by the user only from its first byte (it may hold prompts, or the API key)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _folder(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -76,10 +94,12 @@ def start_log() -> None:
         log.removeHandler(old)
         old.close()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+        _private(_folder(path.parent) / path.name)
+        rotating = logging.handlers.RotatingFileHandler(
             path, maxBytes=1_000_000, backupCount=1, encoding="utf-8"
         )
+        rotating.rotator = _rotate
+        handler: logging.Handler = rotating
     except OSError:
         handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -110,7 +130,7 @@ def idle_sessions(seconds: float) -> list[Path]:
 @contextlib.contextmanager
 def session_at(path: Path) -> Iterator[dict[str, Any]]:
     """`session`, by its file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _folder(path.parent)
     # one lock for every session (a lock file per session would be left behind by each): the block
     # only reads and writes the file; the service is called outside it
     with open(path.parent / ".lock", "a+") as lock:

@@ -15,10 +15,25 @@ from engram_episodic.errors import ConfigError
 from engram_episodic.events import Episode
 from engram_episodic.validation import Collector, check_id
 from services.query import recall as rc
-from services.query.appkeys import EMBEDDER, KEYS, METRICS, NAMESPACE, QUERY_VECTORS, REDIS, SETTINGS, TAGS
+from services.query.appkeys import (
+    EMBEDDER,
+    FLOORS,
+    KEYS,
+    METRICS,
+    NAMESPACE,
+    QUERY_VECTORS,
+    REDIS,
+    SCOPE_SIZES,
+    SETTINGS,
+    TAGS,
+    TERMS,
+)
 from services.query.problems import Invalid, validate
+from services.query.recall.plan import QueryVector
+from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
+from shared.index import Scope
 from shared.sdk import EngramClient
 from shared.tags import TagCodec
 
@@ -38,6 +53,26 @@ def ns_of(request: web.Request) -> str:
 
 def redis_of(request: web.Request) -> aioredis.Redis:
     return request.app[REDIS]
+
+
+def store_of(request: web.Request) -> EpisodeStore:
+    return EpisodeStore(request.app[REDIS], request.app[KEYS])
+
+
+def query_of(request: web.Request, scope: Scope, text: str, vector: QueryVector) -> rc.Query:
+    """A recall's `Query` of this request, with the app's memories."""
+    app = request.app
+    return rc.Query(
+        app[REDIS],
+        index_of(request),
+        scope,
+        text,
+        vector,
+        store_of(request),
+        app[SCOPE_SIZES],
+        app[FLOORS],
+        app[TERMS],
+    )
 
 
 def index_of(request: web.Request) -> str:

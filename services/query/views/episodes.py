@@ -7,7 +7,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import ConfigDict, Field
@@ -23,7 +23,6 @@ from engram_episodic.events import (
 )
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
-from services.consolidator import deadletters
 from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
@@ -36,10 +35,11 @@ from services.query.views.common import (
     query_params,
     redis_of,
     reply,
+    store_of,
 )
 from shared import streams
 from shared.codec import peek_identity
-from shared.index import SearchHit, current_generation
+from shared.index import SearchHit
 
 STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
 PENDING_SCAN = 10_000  # unacked entries a GET of an unknown id looks through (bounds its cost)
@@ -68,14 +68,11 @@ async def _projected(
     request: web.Request, events: Sequence[EpisodeEvent], stream_ids: list[str], wait: float
 ) -> list[str | None]:
     """Poll until each event is projected, up to `wait` s: None for a projected one, else why not
-    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_EXPIRED`, `WAIT_TIMEOUT`). Projected = the group acked its entry (a
-    worker acks only after the document write committed) and its episode's event hash holds it. The
-    event hash alone was not enough: for an episode that already had events the worker records the new
-    one first and rewrites the document a step later, so a read right after the wait could still see
-    the previous version. An event acked but never recorded was dropped (its episode is tombstoned)
-    or dead-lettered: said at once instead of waiting out `wait` (a forgotten id used to wait the
-    full 30 s)."""
-    r, keys, s = redis_of(request), request.app[KEYS], request.app[SETTINGS]
+    (`WAIT_FORGOTTEN`, `WAIT_DEAD_LETTERED`, `WAIT_EXPIRED`, `WAIT_TIMEOUT`). Projected = the group acked
+    its entry (after the document write committed) and its episode's event hash holds it (the hash is
+    written a step before the document). An event acked but never recorded was dropped or
+    dead-lettered: said at once instead of waiting out `wait`."""
+    r, keys, s, store = redis_of(request), request.app[KEYS], request.app[SETTINGS], store_of(request)
     deadline = time.monotonic() + wait
     why: list[str | None] = [WAIT_TIMEOUT] * len(events)
     while True:
@@ -90,24 +87,13 @@ async def _projected(
             )
             for j, ok in zip(js, got, strict=True):
                 acked[j] = ok
-        gen = await current_generation(r, keys)
-        async with r.pipeline(transaction=False) as pipe:
-            for i in todo:
-                pipe.hexists(
-                    keys.episode_events(gen, events[i].namespace, events[i].episode_id), events[i].event_id
-                )
-            found = await pipe.execute()
+        found = await store.recorded([events[i] for i in todo])
         dropped = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and not f]
         projected = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and f]
-        async with r.pipeline(transaction=False) as pipe:
-            for i in projected:
-                pipe.hget(keys.episode_doc(gen, events[i].namespace, events[i].episode_id), "expires_at")
-            expiries = await pipe.execute() if projected else []
-        now = time.time()
-        for i, expires_at in zip(projected, expiries, strict=True):
-            # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps
-            # the stored fields a re-post would make invalid)
-            why[i] = WAIT_EXPIRED if expires_at is not None and float(expires_at) <= now else None
+        # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps the
+        # stored fields a re-post would make invalid)
+        for i, expired in zip(projected, await store.expired([events[i] for i in projected]), strict=True):
+            why[i] = WAIT_EXPIRED if expired else None
         for i in dropped:
             why[i] = await _dropped(request, events[i], stream_ids[i])
         if all(w != WAIT_TIMEOUT for w in why) or time.monotonic() >= deadline:
@@ -120,17 +106,12 @@ async def _dropped(request: web.Request, event: EpisodeEvent, stream_id: str) ->
     was dead-lettered; None (projected) when the episode was re-published under another user, which
     dropped the event (its stream entry is gone, the episode's document stays:
     `Forgetting.drop_superseded`); `WAIT_TIMEOUT` (keep waiting) when none of these shows yet."""
-    r, keys = redis_of(request), request.app[KEYS]
-    ns, eid = event.namespace, event.episode_id
-    if await r.exists(keys.tombstone(ns, eid)):
+    store, ns, eid = store_of(request), event.namespace, event.episode_id
+    if await store.tombstoned(ns, eid):
         return WAIT_FORGOTTEN
-    if await r.hexists(keys.dead_letter_refs(ns, eid), stream_id):
+    if await store.dead_lettered(ns, eid, stream_id):
         return WAIT_DEAD_LETTERED
-    if not await r.xrange(keys.stream_of(ns), min=stream_id, max=stream_id, count=1) and await r.exists(
-        keys.episode_doc(await current_generation(r, keys), ns, eid)
-    ):
-        return None
-    return WAIT_TIMEOUT
+    return None if await store.superseded(ns, eid, stream_id) else WAIT_TIMEOUT
 
 
 def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bool:
@@ -264,39 +245,10 @@ async def _waited_for(
 
 
 async def _forgotten(request: web.Request, episode_ids: list[str]) -> set[str]:
-    """The ids among `episode_ids` whose episode was forgotten (tombstoned): they are not published. The
-    consolidator would drop their events anyway, but only after the stream, its AOF and RDB had held a
-    forgotten episode's text again (an `engram import` of an export made before a forget), and the
-    answer said "accepted" for an episode that will never be stored. A forget
-    racing this check is still honoured by the consolidator."""
-    if not episode_ids:
-        return set()
-    r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-    async with r.pipeline(transaction=False) as pipe:
-        for episode_id in episode_ids:
-            pipe.exists(keys.tombstone(ns, episode_id))  # one key per EXISTS: a cluster's slots
-        found = await pipe.execute()
-    return {i for i, tombstoned in zip(episode_ids, found, strict=True) if tombstoned}
-
-
-async def _stored(request: web.Request, episode_id: str) -> dict[bytes, bytes | None]:
-    r = redis_of(request)
-    keys = request.app[KEYS]
-    ns = ns_of(request)
-    gen = await current_generation(r, keys)
-    names = ("doc", "status", "namespace", "access_count", "last_accessed", "expires_at")
-    # bytes replies (decode_responses=False, shared.redis_conn); redis-py annotates bytes | str
-    values = cast(list[bytes | None], await r.hmget(keys.episode_doc(gen, ns, episode_id), names))
-    found = dict(zip((n.encode() for n in names), values, strict=True))
-    if (
-        found[b"doc"] is None
-        or found[b"namespace"] != ns.encode()
-        or await r.exists(keys.tombstone(ns, episode_id))
-    ):
-        raise NotFound(f"no episode {episode_id[:80]!r} in this namespace")
-    if found[b"expires_at"] is not None and float(found[b"expires_at"]) <= time.time():
-        raise NotFound(f"episode {episode_id[:80]!r} expired")  # hidden as from every read
-    return found
+    """The ids among `episode_ids` whose episode was forgotten (tombstoned): they are not published, so
+    the stream, its AOF and RDB never hold a forgotten episode's text again (an `engram import` of an
+    export made before a forget). A forget racing this check is still honoured by the consolidator."""
+    return await store_of(request).forgotten(ns_of(request), episode_ids) if episode_ids else set()
 
 
 async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
@@ -311,26 +263,22 @@ async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool
 
 
 async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes, bytes | None] | None:
-    """The episode's stored fields (`_stored`), or None while it is accepted but not yet projected
-    (read-your-writes: not "never existed"); NotFound otherwise (naming the dead letters when the
-    episode's events were dead-lettered). A negative pending check is followed
-    by a second read: the worker acks an entry only after its document write committed, so an event
-    acked between the first read and the check has its document by the second. Without it, a read
-    right after a publish answered 404 (6 of 60 GETs, and a DELETE that then did not
-    forget)."""
+    """The episode's stored fields (`EpisodeStore.stored`), or None while it is accepted but not yet
+    projected (read-your-writes: not "never existed"); NotFound otherwise (naming the dead letters when
+    its events were dead-lettered). A negative pending check is followed by a second read: an event
+    acked between the first read and the check has its document by the second (acked after the write)."""
+    store, ns = store_of(request), ns_of(request)
     try:
-        return await _stored(request, episode_id)
+        return await store.stored(ns, episode_id)
     except NotFound:
-        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(keys.tombstone(ns, episode_id)):
+        if await store.tombstoned(ns, episode_id):
             raise
         if await _accepted_not_projected(request, episode_id):
             return None
     try:
-        return await _stored(request, episode_id)
+        return await store.stored(ns, episode_id)
     except NotFound as exc:  # its events were given up on: say where they are, not "never existed"
-        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(keys.dead_letter_refs(ns, episode_id)):
+        if await store.dead_lettered(ns, episode_id):
             raise NotFound(
                 f"{exc}: its events were dead-lettered by the consolidator (`engram-admin dead-letters` says "
                 f"why; `engram-admin redrive` after a fix, `engram-admin discard` to drop them)"
@@ -396,17 +344,14 @@ async def delete_episode(request: web.Request) -> web.Response:
     except NotFound:
         # no document, but the namespace may still hold its data: stored events of a draft or of an
         # episode not yet written, or dead letters, which a forget must reach too
-        r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
-        if await r.exists(keys.tombstone(ns, episode_id)):
+        store, ns = store_of(request), ns_of(request)
+        if await store.tombstoned(ns, episode_id):
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
             again: dict[str, Any] = {"episode_id": episode_id, "event_id": None, "already_forgotten": True}
             if query.wait > 0:  # the tombstone is written by the erase: nothing left to wait for
                 again["forgotten"] = True
             return reply(again, status=202)
-        gen = await current_generation(r, keys)
-        if not await r.exists(
-            keys.episode_events(gen, ns, episode_id)
-        ) and not await deadletters.has_dead_letters(r, keys, ns, episode_id):
+        if not await store.has_events(ns, episode_id) and not await store.dead_lettered(ns, episode_id):
             raise
     event = EpisodeForgotten(namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time())
     [stream_id] = await publisher(request).publish([event])

@@ -1,27 +1,22 @@
 """Bulk forgetting: `DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget` (a list of
 episode ids), each a job whose status `GET /v1/forget/{job_id}` reads.
 
-Each publishes one `EpisodeForgotten` per episode, the forget of `DELETE /v1/episodes/{id}`: the
-consolidator erases each episode's documents, vectors, events, stream entries and dead letters and
-leaves its tombstone (`Keys.tombstone`). The job is done when each of its episodes is tombstoned and its
-document deleted (the tombstone comes first).
-The job record (`Keys.forget_job`, a hash that expires after JOB_TTL) holds the namespace, counts and the
-tombstone keys' digests — never the ids, so it keeps nothing of what it erases.
+Each publishes one `EpisodeForgotten` per episode; the consolidator erases the episode and leaves its
+tombstone. The job is done when each of its episodes is tombstoned and its document deleted. The job
+record (`Keys.forget_job`, expiring after JOB_TTL) holds the namespace, counts and the tombstone keys'
+digests — never the ids, so it keeps nothing of what it erases.
 
 An agent's or a session's forget first records its time (`Keys.agent_tombstone`,
-`Keys.session_tombstone`), then lists the episodes the index holds (drafts included) into the job. An
-episode of the agent or session that began no later than that time but was not projected yet (still
-in the stream, or being folded) is refused by the projection's write scripts when the consolidator
-reaches it, and erased like a forgotten user's (`services.consolidator.scripts.FORGOT_SINCE_LUA`): the
-job does not count it, but nothing accepted before the call outlives it. An episode that begins after
-the call is the agent's new activity and is kept.
+`Keys.session_tombstone`), then lists the episodes the index holds (drafts included): an episode of
+theirs that began no later than that and was not projected yet is refused by the projection's write
+scripts and erased (`services.consolidator.scripts.FORGET_USER_LUA`); one that begins later is kept.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import orjson
 from aiohttp import web
@@ -30,18 +25,26 @@ from pydantic import Field
 from engram_episodic.errors import NotFound
 from engram_episodic.events import EpisodeForgotten
 from engram_episodic.timeutil import format_instant
-from services.consolidator.scripts import FORGET_USER_LUA
 from services.query import models
 from services.query.appkeys import KEYS, METRICS, SETTINGS
 from services.query.problems import read_json, validate
-from services.query.views.common import index_of, ns_of, path_id, publisher, redis_of, reply, tags_of
+from services.query.store import JOB_TTL, EpisodeStore
+from services.query.views.common import (
+    index_of,
+    ns_of,
+    path_id,
+    publisher,
+    redis_of,
+    reply,
+    store_of,
+    tags_of,
+)
 from shared import streams
 from shared.codec import peek_identity
-from shared.index import Scope, current_generation
+from shared.index import Scope
 from shared.index_pages import every_key
-from shared.keys import Keys, digest
+from shared.keys import digest
 
-JOB_TTL = 7 * 86400.0  # seconds a job's status stays readable after it started
 MAX_IDS = 1000  # episode ids per POST /v1/forget
 PUBLISH_CHUNK = 1000  # EpisodeForgotten events per XADD call (one atomic script each)
 PENDING_SCAN = 10_000  # unacked entries looked through for ids accepted but not yet projected
@@ -56,14 +59,9 @@ class ForgetRequest(models.Model):
 async def _ids_of_scope(request: web.Request, scope: Scope) -> list[str]:
     """The ids of every episode document of the scope (drafts too), read from the stored JSON (the
     index holds digests of ids, `shared.tags`)."""
-    r = redis_of(request)
-    keys = await every_key(r, index_of(request), scope.query())
+    keys = await every_key(redis_of(request), index_of(request), scope.query())
     ids: dict[str, None] = {}
-    async with r.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.hget(key, "doc")
-        raws = await pipe.execute()
-    for raw in raws:
+    for raw in await store_of(request).field(keys, "doc"):
         if raw is None:
             continue  # forgotten meanwhile
         eid = orjson.loads(raw).get("episode_id")
@@ -74,7 +72,7 @@ async def _ids_of_scope(request: web.Request, scope: Scope) -> list[str]:
 
 async def _start(request: web.Request, kind: str, episode_ids: list[str], **extra: Any) -> web.Response:
     """Publish the forgets of `episode_ids`, record the job, answer 202 with its status."""
-    r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
+    store, ns = store_of(request), ns_of(request)
     now = time.time()
     pub = publisher(request)
     for start in range(0, len(episode_ids), PUBLISH_CHUNK):
@@ -83,39 +81,23 @@ async def _start(request: web.Request, kind: str, episode_ids: list[str], **extr
     request.app[METRICS].published.labels("EpisodeForgotten").inc(len(episode_ids))
     job_id = uuid.uuid4().hex
     tombs = "".join(digest(ns, e) for e in episode_ids)  # what Keys.tombstone_of takes
-    async with r.pipeline(transaction=True) as pipe:
-        pipe.hset(
-            keys.forget_job(job_id),
-            mapping={
-                "namespace": ns,
-                "kind": kind,
-                "episodes": len(episode_ids),
-                "created_at": repr(now),
-                "tombs": tombs,
-            },
-        )
-        pipe.expire(keys.forget_job(job_id), int(JOB_TTL))
-        await pipe.execute()
-    status = await _status(r, keys, job_id, ns)
-    return reply({**status, **extra}, status=202)
+    job = {
+        "namespace": ns,
+        "kind": kind,
+        "episodes": len(episode_ids),
+        "created_at": repr(now),
+        "tombs": tombs,
+    }
+    await store.record_job(job_id, job)
+    return reply({**await _status(store, job_id, ns), **extra}, status=202)
 
 
-async def _status(r: Any, keys: Keys, job_id: str, ns: str) -> dict[str, Any]:
-    raw = cast(dict[bytes, bytes], await r.hgetall(keys.forget_job(job_id)))
+async def _status(store: EpisodeStore, job_id: str, ns: str) -> dict[str, Any]:
+    raw = await store.job(job_id)
     if not raw or raw.get(b"namespace") != ns.encode():
         raise NotFound(f"no forget job {job_id[:80]!r} in this namespace")
     tombs = raw.get(b"tombs", b"").decode()
-    digests = [tombs[i : i + 32] for i in range(0, len(tombs), 32)]
-    done = 0
-    gen = await current_generation(r, keys)
-    for start in range(0, len(digests), 1000):
-        part = digests[start : start + 1000]
-        async with r.pipeline(transaction=False) as pipe:
-            for d in part:  # tombstoned first, then erased: done once its document is gone too
-                pipe.exists(keys.tombstone_of(ns, d))
-                pipe.exists(keys.episode_doc_of(gen, ns, d))
-            found = await pipe.execute()
-        done += sum(1 for tomb, doc in zip(found[::2], found[1::2], strict=True) if tomb and not doc)
+    done = await store.erased(ns, [tombs[i : i + 32] for i in range(0, len(tombs), 32)])
     total = int(raw[b"episodes"])
     created = float(raw[b"created_at"])
     return {
@@ -130,16 +112,11 @@ async def _status(r: Any, keys: Keys, job_id: str, ns: str) -> dict[str, Any]:
     }
 
 
-async def _forget_time(request: web.Request, key: str) -> None:
-    """Raise the scope's forget time at `key` to now (UTC epoch seconds; the latest forget wins) before
-    its episodes are listed: what the index misses (in flight) the write scripts refuse."""
-    await redis_of(request).eval(FORGET_USER_LUA, 1, key, repr(time.time()))
-
-
 async def forget_agent(request: web.Request) -> web.Response:
     agent_id = path_id(request, "agent_id")
     ns = ns_of(request)
-    await _forget_time(request, request.app[KEYS].agent_tombstone(ns, agent_id))
+    # the forget time first, then the listing: what the index misses (in flight) the write scripts refuse
+    await store_of(request).forget_since(request.app[KEYS].agent_tombstone(ns, agent_id))
     scope = Scope(namespace=ns, tags=await tags_of(request), agent_id=agent_id, status=None)
     return await _start(request, "agent", await _ids_of_scope(request, scope), agent_id=agent_id)
 
@@ -147,7 +124,7 @@ async def forget_agent(request: web.Request) -> web.Response:
 async def forget_session(request: web.Request) -> web.Response:
     session_id = path_id(request, "session_id")
     ns = ns_of(request)
-    await _forget_time(request, request.app[KEYS].session_tombstone(ns, session_id))
+    await store_of(request).forget_since(request.app[KEYS].session_tombstone(ns, session_id))
     scope = Scope(namespace=ns, tags=await tags_of(request), session_id=session_id, status=None)
     return await _start(request, "session", await _ids_of_scope(request, scope), session_id=session_id)
 
@@ -159,23 +136,11 @@ async def forget_episodes(request: web.Request) -> web.Response:
     req: ForgetRequest = validate(ForgetRequest, await read_json(request))
     r, keys, ns, s = redis_of(request), request.app[KEYS], ns_of(request), request.app[SETTINGS]
     wanted = list(dict.fromkeys(req.episode_ids))
-    gen = await current_generation(r, keys)
-    async with r.pipeline(transaction=False) as pipe:
-        for e in wanted:
-            pipe.exists(keys.tombstone(ns, e))
-            pipe.hget(keys.episode_doc(gen, ns, e), "namespace")
-            pipe.exists(keys.episode_events(gen, ns, e))
-            pipe.exists(keys.dead_letter_refs(ns, e))
-        flags = await pipe.execute()
-    gone, held, unsure = [], [], []
-    for i, e in enumerate(wanted):
-        tomb, doc_ns, events, dead = flags[4 * i : 4 * i + 4]
-        if tomb:
-            gone.append(e)
-        elif doc_ns == ns.encode() or events or dead:
-            held.append(e)
-        else:
-            unsure.append(e)
+    gone: list[str] = []
+    held: list[str] = []
+    unsure: list[str] = []
+    for e, (tomb, has) in zip(wanted, await store_of(request).holdings(ns, wanted), strict=True):
+        (gone if tomb else held if has else unsure).append(e)
     if unsure:
         group = streams.StreamGroup(r, keys.stream_of(ns), s.consumer_group)
         pending = {
@@ -192,4 +157,4 @@ async def forget_episodes(request: web.Request) -> web.Response:
 
 async def forget_job(request: web.Request) -> web.Response:
     job_id = path_id(request, "job_id")  # a query string: routes.url_middleware
-    return reply(await _status(redis_of(request), request.app[KEYS], job_id, ns_of(request)))
+    return reply(await _status(store_of(request), job_id, ns_of(request)))

@@ -9,8 +9,9 @@ from aiohttp import web
 from engram_episodic.timeutil import format_instant
 from services.query import insights, models
 from services.query import recall as rc
-from services.query.appkeys import SETTINGS
+from services.query.appkeys import FLOORS, SETTINGS
 from services.query.problems import read_json, validate
+from services.query.recall.score import learning_curve as curve
 from services.query.views.common import (
     embed,
     episode_of,
@@ -22,7 +23,6 @@ from services.query.views.common import (
     tags_of,
 )
 from shared.index import category_stats
-from shared.scoring import learning_curve as curve
 
 
 async def _profiles(request: web.Request, req: Any, threshold: float) -> list[dict[str, Any]]:
@@ -86,7 +86,7 @@ async def learning_curve(request: web.Request) -> web.Response:
     req: models.LearningCurveQuery = query_params(request, models.LearningCurveQuery)
     scope = rc.scope_of(ns_of(request), req, await tags_of(request))
     # the newest `limit` episodes, drawn in time order (oldest first) as the curve reads
-    newest = await rc.latest(redis_of(request), index_of(request), scope, req.limit)
+    newest = await rc.latest(redis_of(request), index_of(request), scope, req.limit, request.app[FLOORS])
     eps = [c.episode for c in reversed(newest)]
     points = insights_curve(eps, req.window)
     return reply({"results": points, "window": req.window})

@@ -21,7 +21,7 @@ from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import CURSORS, KEYS
 from services.query.cursors import filters_digest
-from services.query.views.common import index_of, ns_of, query_params, redis_of, reply, tags_of
+from services.query.views.common import index_of, ns_of, query_params, redis_of, reply, store_of, tags_of
 from shared.facts import DOC_FIELD as FACT_DOC
 from shared.facts import Fact, FactQuery, live_facts_index
 from shared.index_pages import Row, page
@@ -125,12 +125,8 @@ async def _page(
 
 async def _docs(request: web.Request, rows: list[Row], field: str) -> list[tuple[Row, dict[str, Any]]]:
     """Each row's stored JSON (one pipeline); rows deleted since the page query are left out."""
-    async with redis_of(request).pipeline(transaction=False) as pipe:
-        for row in rows:
-            pipe.hget(row.key, field)
-        raws = await pipe.execute()
     out = []
-    for row, raw in zip(rows, raws, strict=True):
+    for row, raw in zip(rows, await store_of(request).field([row.key for row in rows], field), strict=True):
         if raw is None:
             continue
         try:

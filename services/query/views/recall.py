@@ -14,23 +14,45 @@ from aiohttp import web
 
 from services.query import insights, models
 from services.query import recall as rc
-from services.query.appkeys import FACTS, METRICS, SCOPE_SIZES, SETTINGS
+from services.query.appkeys import FACTS, FLOORS, METRICS, SETTINGS
 from services.query.problems import Invalid, read_json, validate
-from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
-from shared.relevance import CONTEXT_FLOOR
+from services.query.recall.relevance import CONTEXT_FLOOR
+from services.query.views.common import (
+    embed,
+    episode_of,
+    index_of,
+    ns_of,
+    query_of,
+    redis_of,
+    reply,
+    tags_of,
+)
 from shared.settings import Settings
 
 
-def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.RecallParams:
-    """`POST /v1/recall`: the request's choices, the settings' defaults for the rest."""
-    top_k = req.top_k or s.default_top_k
-    depth = req.candidates or max(s.recall_candidates, top_k)  # never from top_k alone: top_k only cuts
+def _params(s: Settings, top_k: int, depth: int, mode: str, **choices: Any) -> rc.RecallParams:
+    """The settings' part of a recall's choices: the index kind and `common_idf`."""
     if depth < top_k:
         raise Invalid([("candidates", "must be at least top_k")])
     return rc.RecallParams(
         top_k=top_k,
         depth=depth,
-        mode=req.mode or s.recall_mode,
+        mode=mode,
+        graph_index=s.vector_algorithm == "HNSW",
+        graph_ef=s.graph_ef,
+        common_idf=s.bm25_common_idf,
+        **choices,
+    )
+
+
+def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.RecallParams:
+    """`POST /v1/recall`: the request's choices, the settings' defaults for the rest."""
+    top_k = req.top_k or s.default_top_k
+    return _params(
+        s,
+        top_k,
+        req.candidates or max(s.recall_candidates, top_k),  # never from top_k alone: top_k only cuts
+        req.mode or s.recall_mode,
         preset=req.preset,
         weights=req.weights.model_dump() if req.weights else None,
         half_life=req.half_life or s.half_life,
@@ -40,20 +62,18 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
         touch_now=now if req.touch else None,
         min_relevance=req.min_relevance,
         min_priority=req.min_priority,
-        graph_index=s.vector_algorithm == "HNSW",
-        graph_ef=s.graph_ef,
-        common_idf=s.bm25_common_idf,
     )
 
 
 def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.RecallParams:
     """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing; without
-    a `min_relevance`, the mode's floor (`shared.relevance.CONTEXT_FLOOR`)."""
+    a `min_relevance`, the mode's floor (`relevance.CONTEXT_FLOOR`)."""
     top_k = req.top_k or s.default_top_k
-    return rc.RecallParams(
-        top_k=top_k,
-        depth=max(s.recall_candidates, top_k),
-        mode=s.recall_mode,
+    return _params(
+        s,
+        top_k,
+        max(s.recall_candidates, top_k),
+        s.recall_mode,
         preset=None,
         weights=None,
         half_life=req.half_life or s.half_life,
@@ -63,9 +83,6 @@ def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.Re
         touch_now=None,
         min_relevance=CONTEXT_FLOOR[s.recall_mode] if req.min_relevance is None else req.min_relevance,
         min_priority=req.min_priority,
-        graph_index=s.vector_algorithm == "HNSW",
-        graph_ef=s.graph_ef,
-        common_idf=s.bm25_common_idf,
     )
 
 
@@ -75,15 +92,7 @@ async def recall(request: web.Request) -> web.Response:
     start = time.perf_counter()
     scope = rc.scope_of(ns_of(request), req, await tags_of(request))
     async with overlapped(embed(request, req.query)) as vector:
-        body = await rc.recall(
-            redis_of(request),
-            index_of(request),
-            scope,
-            req.query,
-            vector,
-            params,
-            sizes=request.app[SCOPE_SIZES],
-        )
+        body = await rc.recall(query_of(request, scope, req.query, vector), params)
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
     metrics.recall_candidates.observe(body["candidates"])
@@ -92,7 +101,7 @@ async def recall(request: web.Request) -> web.Response:
 
 @contextlib.asynccontextmanager
 async def overlapped(embedding: Coroutine[Any, Any, np.ndarray]) -> AsyncIterator[asyncio.Task[np.ndarray]]:
-    """The query's embedding as a task started at once (`services.query.pool.QueryVector`), so the
+    """The query's embedding as a task started at once (`services.query.recall.plan.QueryVector`), so the
     recall's searches that need no vector run during the model's pass. A request that fails before
     awaiting it cancels it (the pass itself finishes for the texts sharing it, `QueryBatcher`)."""
     task = asyncio.ensure_future(embedding)
@@ -112,11 +121,11 @@ async def context(request: web.Request) -> web.Response:
     scope = rc.scope_of(ns_of(request), req, await tags_of(request), category=())
     async with overlapped(embed(request, req.task)) as pending:
         params = context_params(req, s, time.time())
-        recalled = await rc.recall(r, index, scope, req.task, pending, params, sizes=request.app[SCOPE_SIZES])
+        recalled = await rc.recall(query_of(request, scope, req.task, pending), params)
         # a keyword recall answered without the embedder (`similarity_unavailable`): no facts by cosine
         unavailable = recalled.get("similarity_unavailable", False)
         vector = None if unavailable else await pending
-    short_term = await rc.latest(r, index, scope, s.short_term_window)
+    short_term = await rc.latest(r, index, scope, s.short_term_window, request.app[FLOORS])
     facts = await request.app[FACTS](r, scope, vector, 5) if vector is not None else []
     # a fact is no knowledge of the task below the floor a vector recall applies to episodes
     floor = CONTEXT_FLOOR["vector"] if req.min_relevance is None else req.min_relevance

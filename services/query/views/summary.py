@@ -5,45 +5,18 @@ and sessions, facts, and the episodes expiring soonest."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import orjson
 from aiohttp import web
 
 from engram_episodic.timeutil import format_instant
 from services.query.appkeys import KEYS
+from services.query.store import distinct, facts_total
 from services.query.views.common import index_of, ns_of, redis_of, reply, tags_of
 from shared.facts import FactQuery, live_facts_index
-from shared.index import Scope, aggregate_rows, filter_search, numeric_clause, search_limit
+from shared.index import Scope, filter_search, numeric_clause
 
 EXPIRING = 10  # the soonest expiring episodes listed
-
-
-async def _distinct(r: Any, index: str, query: str, field: str) -> int:
-    """Distinct values of the TAG `field` among the documents of `query` (documents without it left out)."""
-    reply_ = await r.execute_command(
-        "FT.AGGREGATE",
-        index,
-        query,
-        *search_limit(),
-        "LOAD",
-        1,
-        f"@{field}",
-        "FILTER",
-        f"exists(@{field})",
-        "GROUPBY",
-        0,
-        "REDUCE",
-        "COUNT_DISTINCT",
-        1,
-        f"@{field}",
-        "AS",
-        "n",
-        "DIALECT",
-        2,
-    )
-    rows = aggregate_rows(reply_)
-    return int(rows[0].get("n") or 0) if rows else 0
 
 
 async def summary(request: web.Request) -> web.Response:
@@ -54,7 +27,7 @@ async def summary(request: web.Request) -> web.Response:
     query = scope.query()
     total, _ = await filter_search(r, index, scope, return_fields=(), limit=0)
     agents, users, sessions = [
-        await _distinct(r, index, query, f) for f in ("agent_id", "user_id", "session_id")
+        await distinct(r, index, query, f) for f in ("agent_id", "user_id", "session_id")
     ]
     soon = Scope(namespace=ns, tags=tags, live_at=now, clause=numeric_clause("expires_at", now, None))
     _, hits = await filter_search(
@@ -68,7 +41,7 @@ async def summary(request: web.Request) -> web.Response:
                 {"episode_id": doc["episode_id"], "expires_at": format_instant(doc["expires_at"])}
             )
     facts_index = await live_facts_index(r, request.app[KEYS])
-    facts = await _facts_total(r, facts_index, FactQuery(namespace=ns, tags=tags).query())
+    facts = await facts_total(r, facts_index, FactQuery(namespace=ns, tags=tags).query())
     return reply(
         {
             "episodes": total,
@@ -79,16 +52,3 @@ async def summary(request: web.Request) -> web.Response:
             "expiring": expiring,
         }
     )
-
-
-async def _facts_total(r: Any, index: str, query: str) -> int:
-    """Current facts of `query` in `index` (0 when the live generation has no facts index yet)."""
-    try:
-        reply_ = await r.execute_command(
-            "FT.SEARCH", index, query, *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2
-        )
-    except Exception as exc:  # noqa: BLE001 - only a missing index is an empty answer
-        if "no such index" in str(exc).lower() or "unknown index" in str(exc).lower():
-            return 0
-        raise
-    return int(reply_[0])

@@ -1,4 +1,4 @@
-"""Prioritized recall: score candidate episodes, fuse rankings, summarise what worked. Pure numpy, no I/O.
+"""Prioritized recall: score candidate episodes, summarise what worked. Pure numpy, no I/O.
 
 The priority of a candidate episode is a weighted sum of five signals, each in [0, 1]:
 
@@ -14,8 +14,6 @@ Sources:
   (retrieval). Their decay is per game hour with factor 0.995; here it is a half-life in seconds.
 - Replaying past experience by priority rather than uniformly or by recency alone: Schaul et al. 2016,
   "Prioritized Experience Replay"; reward and outcome stand in for their TD-error priority.
-- Fusing keyword and vector rankings: Cormack, Clarke & Buettcher 2009, "Reciprocal Rank Fusion
-  outperforms Condorcet and individual rank learning methods" (`rrf`).
 
 Conventions: every array is 1-D with one entry per candidate (`float64[n]` out; `float32[n]` or
 `float64[n]` in). Instants are UTC epoch seconds; ages and half-lives are seconds. Timestamps should
@@ -26,11 +24,13 @@ Invalid arguments raise ValueError naming the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, cast
 
 import numpy as np
+
+from shared.regimes import last_regime
 
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
@@ -42,24 +42,25 @@ OUTCOME_SCORES: dict[str, float] = {"success": 1.0, "partial": 0.5, "failure": 0
 """Outcome -> score; any other value (None, an unknown string) scores 0."""
 
 MINMAX_CONSTANT = 0.5
-"""What `normalize="minmax"` gives a signal that is the same for every candidate (or when n = 1).
-
-Generative Agents' `normalize_dict_floats` maps a zero-range signal to the middle of the target range,
-0.5 for [0, 1]; we do the same. The value is rank-neutral (every candidate gets it), keeps the priority
-within [0, sum(weights)], and never divides by zero (no NaN).
-"""
+"""What `normalize="minmax"` gives a signal that is the same for every candidate (or when n = 1), as
+Generative Agents' `normalize_dict_floats` does: rank-neutral, and never a division by zero."""
 
 AUTO_EARLY_BELOW = 50
 """`auto` picks `early` while the scope holds fewer episodes than this."""
 AUTO_NORMAL_BELOW = 500
-"""`auto` picks `normal` below this many episodes and `late` from here on.
-
-Both thresholds are our choice, not taken from a paper: with few episodes, ages say little and
-similarity is the best signal; once a scope holds hundreds of episodes, many of them similar, the
-recent ones better reflect the agent's current code, tools and habits, so recency weighs more.
-"""
+"""`auto` picks `normal` below this many episodes and `late` from here on (our choice: with few
+episodes ages say little; with hundreds, the recent ones reflect the agent's current habits)."""
 
 _LN2 = math.log(2.0)
+
+
+def _real(value: Any) -> bool:
+    """A finite number (numpy's too), not a bool."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float | np.integer | np.floating)
+        and math.isfinite(value)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +112,10 @@ PRESETS: dict[str, Weights] = {
     "normal": Weights(similarity=0.90, recency=0.05, reward=0.03, outcome=0.02),
     "late": Weights(similarity=0.85, recency=0.09, reward=0.04, outcome=0.02),
 }
-"""The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so together they can lift an
-episode over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes
-about the same thing (recent, rewarded, successful ones first) and cannot lift a weakly similar one
-over a clearly more relevant one. Weights such as 0.6/0.1/0.2/0.1, 0.4/0.3/0.2/0.1 or 0.3/0.4/0.2/0.1 have
-reaches of 0.67 to 2.3 — more than the whole spread of cosines — so re-ranking a deeper pool promotes
-weakly similar recent episodes (LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50).
-Recency grows from early to late: the more a scope holds, the more its recent episodes
-reflect the agent's current code, tools and habits."""
+"""The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so they can lift an episode
+over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes about the
+same thing and never lift a weakly similar one over a clearly more relevant one (weights such as
+0.6/0.1/0.2/0.1 reach 0.67: LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50)."""
 
 
 def reach(weights: Weights) -> float:
@@ -183,12 +180,7 @@ def recency_decay(age: np.ndarray | float, half_life: float) -> np.ndarray:
 
 
 def _check_half_life(half_life: float) -> None:
-    if (
-        isinstance(half_life, bool)
-        or not isinstance(half_life, int | float | np.integer | np.floating)
-        or not math.isfinite(half_life)
-        or half_life <= 0
-    ):
+    if not _real(half_life) or half_life <= 0:
         raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
 
 
@@ -354,11 +346,7 @@ def score(
     if not isinstance(weights, Weights):
         raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
     _check_half_life(half_life)
-    if (
-        isinstance(as_of, bool)
-        or not isinstance(as_of, int | float | np.integer | np.floating)
-        or not math.isfinite(as_of)
-    ):
+    if not _real(as_of):
         raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
@@ -415,37 +403,6 @@ def score(
     return out
 
 
-def rrf(
-    rankings: Sequence[Sequence[Hashable]], k: float = 60, weights: Sequence[float] | None = None
-) -> list[tuple[Hashable, float]]:
-    """Reciprocal rank fusion: score(d) = sum over rankings r of w_r / (k + rank_r(d)), rank 1-based.
-
-    Cormack, Clarke & Buettcher 2009 (k = 60 there). A key missing from a ranking adds nothing; a key
-    repeated within one ranking counts once, at its best rank. `weights` (one per ranking, default 1)
-    gives the weighted variant. Returns (key, score) best first; equal scores keep the order of first
-    appearance (ranking by ranking, top to bottom). Raises ValueError for k < 0 or bad weights.
-    """
-    if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k < 0:
-        raise ValueError(f"k must be a finite number >= 0, got {k!r}")
-    if weights is None:
-        weights = [1.0] * len(rankings)
-    if len(weights) != len(rankings):
-        raise ValueError(f"weights has {len(weights)} entries for {len(rankings)} rankings")
-    for i, wi in enumerate(weights):
-        if isinstance(wi, bool) or not isinstance(wi, int | float) or not math.isfinite(wi) or wi < 0:
-            raise ValueError(f"weights[{i}] must be finite and >= 0, got {wi!r}")
-    scores: dict[Hashable, float] = {}  # insertion order = first appearance
-    for ranking, wi in zip(rankings, weights, strict=True):
-        seen: set[Hashable] = set()
-        for rank, key in enumerate(ranking, start=1):
-            if key in seen:
-                continue
-            seen.add(key)
-            scores[key] = scores.get(key, 0.0) + wi / (k + rank)
-    first = {key: i for i, key in enumerate(scores)}
-    return sorted(scores.items(), key=lambda item: (-item[1], first[item[0]]))
-
-
 def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:
     """float64[n] with NaN for missing (None or NaN)."""
     return np.fromiter(
@@ -484,8 +441,6 @@ def replay_context(
     dropped (None / 0 when nothing changed). Totals always cover every recalled episode.
     Raises ValueError when the lengths differ.
     """
-    from shared.regimes import last_regime
-
     n = len(strategies)
     if not len(rewards) == len(outcomes) == len(priorities) == n or (times is not None and len(times) != n):
         raise ValueError(

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from services.query.recall.terms import Memos, field_texts, stemmer
 from shared.keywords import STOPWORDS, words
-from shared.terms import FIELD_KEYS, field_texts, hit_terms, stemmer, texts_terms, weighted_terms
 
 K1 = 1.2
 """Term-frequency saturation (BM25's k1)."""
@@ -98,13 +98,9 @@ COMMON_IDF = 0.0
 
 def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[str]:
     """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below `below`, the terms the BM25
-    candidate query leaves out (scoring keeps every term).
-
-    Why: at `below` 0.02 (a word in more than ~4,950 of the namespace's episodes, `idf`) each such
-    term adds at most (K1+1)·idf < 0.044 to `s` (< 0.0022 keyword relevance), yet costs RediSearch a
-    walk of its whole posting list (BM25STD has no top-k pruning). Since n(t) never exceeds the
-    namespace's size, no term of a namespace smaller than that is ever common: the arm is bounded only
-    where it grows. What leaving them out changes in the top 10 at 100k episodes: `bench.common_terms`."""
+    candidate query leaves out (scoring keeps every term): at `below` 0.02 (a word in more than ~4,950
+    of the namespace's episodes) each adds < 0.0022 keyword relevance, yet costs RediSearch a walk of
+    its whole posting list (BM25STD has no top-k pruning). Measured: `bench.common_terms`."""
     if below <= 0.0:
         return set()
     return {stem for stem, weight in terms.items() if weight < below}
@@ -127,37 +123,26 @@ def without_terms(text: str, stems: set[str]) -> str:
 
 
 def episode_terms(
-    fields: Mapping[Any, str | bytes | None], extra: Sequence[tuple[str | bytes, float]] = ()
+    fields: Mapping[Any, str | bytes | None], memos: Memos | None = None
 ) -> tuple[Mapping[str, float], float]:
     """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
-    weighted length (stop words not counted; `shared.terms`). `fields` maps field names (str, or bytes
-    as a search reply has them) to texts (str or UTF-8 bytes); missing ones count 0. `extra` adds
-    (name, weight) fields beyond `TEXT_FIELDS` (a probe's; not remembered). A recall scores its pool
-    with `keyword_relevances` instead."""
-    texts = field_texts(fields)
-    if extra:
-        more = tuple(fields.get(name) for name, _ in extra)
-        t = weighted_terms(
-            texts + tuple(x.encode() if isinstance(x, str) else x for x in more),
-            tuple(w for _, _, w in FIELD_KEYS) + tuple(w for _, w in extra),
-        )
-    else:
-        t = texts_terms(texts)
+    weighted length (stop words not counted). `fields` maps field names (str or bytes) to texts (str or
+    UTF-8 bytes); missing ones count 0. A recall scores its pool with `keyword_relevances` instead."""
+    t = (memos or Memos()).texts_terms(field_texts(fields))
     return MappingProxyType({s: n * t.scale for s, n in t.tf.items()}), t.length
 
 
-def keyword_relevances(terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]]) -> np.ndarray:
-    """float64[n]: `keyword_relevance(terms, *episode_terms(h))` of each search hit's fields in `hits`
-    (bytes names, as `parse_search` returns them), to the last bit, computed over the pool at once.
-
-    Why equal: the same IEEE-754 double operations in the same order, elementwise: each term's
-    contribution `idf * f * (K1+1) / (f + norm)` is added to `s` term by term in `terms`' order, a term
-    an episode lacks adding an exact 0.0 where the scalar loop skips it (`norm` >= K1·(1-B) > 0, so
-    never 0/0); numpy's pairwise `sum` is not used for that reason. `tests/unit/test_relevance_pool.py`
-    checks it against the scalar formula over random texts."""
+def keyword_relevances(
+    terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]], memos: Memos | None = None
+) -> np.ndarray:
+    """float64[n]: `keyword_relevance(terms, *episode_terms(h))` of each search hit's fields (bytes
+    names), to the last bit: the same IEEE-754 operations in the same order, elementwise (a term an
+    episode lacks adds an exact 0.0; numpy's pairwise `sum` is not used). `memos`: the app's
+    (`Memos`), a fresh one when None. Checked by tests/unit/test_relevance_pool.py."""
     n = len(hits)
     if not terms or not n:
         return np.zeros(n)
+    hit_terms = (memos or Memos()).hit_terms
     stems = list(terms)
     zeros = [0] * len(stems)
     rows, scale, length = [], [], []

@@ -1,7 +1,6 @@
 """The candidate pool of a recall: what each search returns of an episode (the field lists; the pool's
-rows as `Columns`, a winner or a looked-up episode as a `Candidate`), the lists a recall draws from
-(`arms`), and their merge with cosines and relevance (`similarity_pool`, `extra_candidates`).
-`services.query.recall` scores and cuts the pool.
+rows as `Columns`, a winner or a looked-up episode as a `Candidate`) and the merge of the lists with
+cosines and relevance (`similarity_pool`, `extra_candidates`).
 """
 
 from __future__ import annotations
@@ -10,20 +9,20 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-import redis.asyncio as aioredis
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored
-from services.query.lists import field_float, remembered_lists, top_by
-from services.query.sizes import ScopeSizes
-from shared import relevance, scoring, tracing
+from services.query.recall import relevance
+from services.query.recall.arms import bm25_search, knn_search
+from services.query.recall.lists import field_float, number
+from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
+from shared import tracing
 from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, term_counts
-from shared.search import bm25_search, knn_search
 
 log = logging.getLogger("engram.query")
 
@@ -39,7 +38,7 @@ SIGNAL_FIELDS = (
     "importance",
     "last_accessed",
     "access_count",
-    TIE_FIELD,  # equal priority and age: the lists' own order (`shared.scoring.score`)
+    TIE_FIELD,  # equal priority and age: the lists' own order (`services.query.recall.score.score`)
     "doc",
 )  # no episode_id: the restricted KNN names keys (INKEYS)
 
@@ -50,18 +49,6 @@ LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
 
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
 POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
-
-
-QueryVector = np.ndarray | asyncio.Future
-"""float32[dim], a query's embedding, or the task computing it (`services.query.views.recall`): a
-recall sends its searches that need no vector (the `auto` preset's count, the idf counts, the BM25 arm)
-while the model's pass runs in its thread, and awaits the vector where a search needs it. Sequentially
-the model's pass (~20 ms for mpnet's int8 graph on 2 cores) was added to all of them."""
-
-
-async def vector_of(vector: QueryVector) -> np.ndarray:
-    """The embedding itself: awaited if still being computed (raises what the embedding raised)."""
-    return await vector if isinstance(vector, asyncio.Future) else vector
 
 
 @dataclass(slots=True)
@@ -80,10 +67,10 @@ class Candidate:
     raw_doc: bytes | None = None
     """The document's bytes as the search returned them (decoded only if the candidate wins)."""
     relevance: float = math.nan
-    """The signal weighted by `w_sim`, in [0, 1]: `shared.relevance.relevance` of the mode, a function of
+    """The signal weighted by `w_sim`, in [0, 1]: `services.query.recall.relevance.relevance` of the mode, a function of
     the query and this episode alone."""
     keyword: float = 0.0
-    """Keyword relevance (`shared.relevance.keyword_relevance`); 0 in vector mode."""
+    """Keyword relevance (`services.query.recall.relevance.keyword_relevance`); 0 in vector mode."""
     last_accessed: float = math.nan
     access_count: int = 0
 
@@ -111,25 +98,14 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
     )
 
 
-def _number(raw: bytes | None) -> float:
-    """`field_float` of a value already looked up (a recall parses ~300 hits: one call per field less)."""
-    if raw is None:
-        return math.nan
-    try:
-        return float(raw)
-    except ValueError:
-        return math.nan
-
-
 def _floats(raw: list[bytes | None]) -> np.ndarray:
-    """float64[n] of returned values (`_number` of each: NaN when absent or not a number). Python's
-    float() per value, as `_number`, so each is the same double: numpy's own bytes-to-float cast
-    parses with the same routine but was slower for a pool's ~400 values (0.086 against 0.063 ms)."""
+    """float64[n] of returned values, NaN when absent or not a number (Python's float() per value:
+    numpy's own cast was slower for a pool's ~400 values, 0.086 against 0.063 ms)."""
     nan = math.nan
     try:
         return np.array([nan if v is None else float(v) for v in raw], dtype=np.float64)
     except ValueError:  # a value that is not a number: NaN for it alone
-        return np.array([_number(v) for v in raw], dtype=np.float64)
+        return np.array([number(v) for v in raw], dtype=np.float64)
 
 
 @dataclass(slots=True)
@@ -138,10 +114,8 @@ class Columns:
     reads of each hit (`LIGHT_SIGNAL_FIELDS`), its cosine and relevance. `candidate(i)` makes the
     `Candidate` of a row (the winners only). Float columns are float64[n], NaN where the index returned
     nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent or not finite).
-
-    Why columns: a default hybrid recall at 100,000 episodes pools ~390 hits, of which 10 are answered;
-    one object per hit cost ~19 µs of Python per candidate in all; the columns are read straight from
-    the hits' fields and go to `shared.scoring.Candidates` as they are."""
+    Columns, not an object per hit: ~390 pooled hits cost ~19 µs of Python each as objects, and only
+    the ~10 winners need one."""
 
     keys: list[bytes]
     raw_docs: list[bytes | None]
@@ -160,7 +134,7 @@ class Columns:
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
         """The rows of `hits` (SIGNAL_FIELDS returned), with their cosines (float64[n], NaN unknown) and
-        keyword relevance (float64[n]); relevance is `shared.relevance.relevances` of `mode`."""
+        keyword relevance (float64[n]); relevance is `services.query.recall.relevance.relevances` of `mode`."""
         gets = [h.fields.get for h in hits]
         completed = _floats([get(b"completed_at") for get in gets])
         unset = np.isnan(completed)
@@ -221,47 +195,8 @@ class Columns:
         )
 
 
-_ARRAYS = (
-    "completed_at",
-    "reward",
-    "importance",
-    "last_accessed",
-    "access_count",
-    "cos",
-    "keyword",
-    "relevance",
-    "tie",
-)
+_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes"))
 _TIE = TIE_FIELD.encode()
-
-
-def arms(mode: str, weights: scoring.Weights, recency_from: str) -> list[str]:
-    """The candidate lists a recall draws from, in the order they are merged.
-
-    The similarity arms of the mode (`knn`, `bm25`), then, for each non-similarity signal that carries
-    weight, the scope's top episodes by it: without them a recall weighted on recency
-    re-ranked only the most similar episodes and could miss the newest one of the scope.
-    `completed_at` (and `last_accessed` with recency_from "last_access": never-accessed episodes fall
-    back to completed_at) for recency, `reward`, `importance`. Outcome has no arm: it is a category,
-    and its ties are broken by recency.
-    """
-    out = []
-    if mode in ("vector", "hybrid"):
-        out.append("knn")
-    if mode in ("keyword", "hybrid"):
-        out.append("bm25")
-    if weights.recency > 0:
-        out.append("completed_at")
-        if recency_from == "last_access":
-            out.append("last_accessed")
-    if weights.reward > 0:
-        out.append("reward")
-    if weights.importance > 0:
-        out.append("importance")
-    return out
-
-
-SIMILARITY_ARMS = ("knn", "bm25")
 
 
 @dataclass(slots=True)
@@ -279,71 +214,61 @@ class Pool:
     query word)."""
 
 
-async def similarity_pool(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query: str,
-    query_vector: QueryVector,
-    *,
-    mode: str,
-    depth: int,
-    policy: str | None = None,
-    sizes: ScopeSizes | None = None,
-    common_idf: float = 0.0,
-    graph_ef: int = 0,
-) -> Pool:
-    """The similarity lists of `mode` (KNN, BM25), each its top `depth` hits of the scope (pre-filtered),
-    merged in that order, with each member's cosine and relevance. `query_vector` may still be computing
-    (`QueryVector`): only the KNN arm and the keyword hits' cosines wait for it. `policy` is the KNN's `HYBRID_POLICY`
-    (`shared.index.hybrid_policy`); `sizes` remembers the idf counts (`ScopeSizes.term_counts`: at most
-    its `df_ttl` stale), None counts them afresh; words of idf < `common_idf` leave the BM25 query only.
-    `graph_ef`: the index is
-    HNSW with that EF_RUNTIME (0 for FLAT): a KNN crowded by duplicate vectors is asked again with a
-    wider beam (`shared.hybrid.widened_ef`).
+async def similarity_pool(q: Query, plan: Plan) -> Pool:
+    """The similarity lists of the plan's mode (KNN, BM25), each its top `plan.depth` hits of the scope
+    (pre-filtered), merged in that order, with each member's cosine and relevance. Only the KNN arm and
+    the keyword hits' cosines wait for `q.vector`. The idf counts are the namespace's (`q.sizes`
+    remembers them; never the request's filters); words of idf < `common_idf` leave the BM25 query only.
 
-    `depth` does not depend on `top_k`, so the first k results of a `top_k` K recall are the `top_k` k
-    recall. Relevance is `shared.relevance.relevance` of the mode: a function of the query and the
-    episode alone (cosine, keyword relevance from the episode's text fields, or their convex
-    combination), never rescaled over the pool (a score must not depend on what else is stored or returned).
+    Relevance is `relevance.relevance` of the mode, a function of the query and the episode alone, never
+    rescaled over the pool (a score must not depend on what else is stored or returned); the depth does
+    not depend on top_k, so every top_k is a prefix of the same ranking.
     """
-    names = [n for n in SIMILARITY_ARMS if n in arms(mode, _NO_WEIGHTS, "completed")]
+    p, depth = plan.params, plan.depth
+    mode, names = p.mode, [n for n in plan.arms if n in SIMILARITY_ARMS]
     fields = POOL_FIELDS if mode != "vector" else LIGHT_SIGNAL_FIELDS
-    words = relevance.query_words(query) if mode != "vector" else {}
+    words = relevance.query_words(q.text) if mode != "vector" else {}
 
     async def knn() -> list[SearchHit]:
         if "knn" not in names:
             return []
         with tracing.span("engram.recall.knn", depth=depth):
-            vector = await vector_of(query_vector)
+            vector = await vector_of(q.vector)
             return await knn_search(
-                r, index, scope, vector, depth, return_fields=fields, policy=policy, graph_ef=graph_ef
+                q.r,
+                q.index,
+                q.scope,
+                vector,
+                depth,
+                return_fields=fields,
+                policy=plan.policy,
+                graph_ef=p.graph_ef,
             )
 
-    async def idf() -> dict[str, float]:  # the namespace's counts: never the request's filters or tenants
+    async def idf() -> dict[str, float]:
         if not words:
             return {}
-        count_terms = sizes.term_counts if sizes is not None else term_counts
-        namespace = Scope(namespace=scope.namespace, tags=scope.tags)
-        return relevance.query_terms(words, await count_terms(r, index, namespace, list(words.values())))
+        count_terms = q.sizes.term_counts if q.sizes is not None else term_counts
+        namespace = Scope(namespace=q.scope.namespace, tags=q.scope.tags)
+        return relevance.query_terms(words, await count_terms(q.r, q.index, namespace, list(words.values())))
 
     async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
         if "bm25" not in names:
             return []
         with tracing.span("engram.recall.bm25", depth=depth, dropped=dropped):
-            return await bm25_search(r, index, scope, text, depth, return_fields=fields)
+            return await bm25_search(q.r, q.index, q.scope, text, depth, return_fields=fields)
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
         """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
-        bound = relevance.common_count(common_idf)  # inf when off; the index's size bounds any namespace's
-        small = sizes is not None and bound < math.inf and await sizes.indexed(r, index) <= bound
+        bound = relevance.common_count(p.common_idf)  # inf when off; the index's size bounds any namespace's
+        small = q.sizes is not None and bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
         if "bm25" not in names or bound == math.inf or small:
-            terms, hits = await asyncio.gather(idf(), bm25(query))
+            terms, hits = await asyncio.gather(idf(), bm25(q.text))
             return terms, set(), hits
         terms = await idf()
-        common = relevance.common_terms(terms, common_idf)
+        common = relevance.common_terms(terms, p.common_idf)
         common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
-        text = relevance.without_terms(query, common) if common else query
+        text = relevance.without_terms(q.text, common) if common else q.text
         return terms, common, await bm25(text, len(common))
 
     knn_hits, (terms, common, bm25_hits) = await asyncio.gather(knn(), keyword())
@@ -358,39 +283,32 @@ async def similarity_pool(
         pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
     )
     pool.outside = relevance.relevance(mode, cos_out, kw_out)
-    pool.cands = await _complete(r, index, scope, query_vector, pool, lists, set())
+    pool.cands = await _complete(q, pool, lists, set())
     return pool
 
 
-_NO_WEIGHTS = scoring.Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
-
-
-async def extra_candidates(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query_vector: QueryVector,
-    pool: Pool,
-    names: list[str],
-    *,
-    depth: int,
-) -> Columns:
-    """The recency / reward / importance lists among `names` (`top_by`), minus what `pool` holds.
-    `query_vector` is awaited only outside keyword mode."""
+async def extra_candidates(q: Query, plan: Plan, pool: Pool, names: list[str]) -> Columns:
+    """The recency / reward / importance lists among `names` (`Floors.top_by`), minus what `pool` holds.
+    `q.vector` is awaited only outside keyword mode (which needs no cosines, nor that every episode has
+    a vector)."""
     names = [n for n in names if n not in SIMILARITY_ARMS]
     if not names:
         return Columns.empty()
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
+    r, index, scope, depth = q.r, q.index, q.scope, plan.depth
     lists = (
-        await remembered_lists(r, index, scope, await vector_of(query_vector), names, depth, fields)
+        await q.floors.remembered_lists(r, index, scope, await vector_of(q.vector), names, depth, fields)
         if pool.mode != "keyword"
         else None
-    )  # keyword mode needs no cosines (nor that every episode has a vector)
+    )
     if lists is None:
         lists = await asyncio.gather(
-            *(top_by(r, index, scope, name, depth, fields, hint=_hint(pool.cands, name)) for name in names)
+            *(
+                q.floors.top_by(r, index, scope, name, depth, fields, hint=_hint(pool.cands, name))
+                for name in names
+            )
         )
-    return await _complete(r, index, scope, query_vector, pool, lists, set(pool.cands.keys))
+    return await _complete(q, pool, lists, set(pool.cands.keys))
 
 
 _HINTED = ("completed_at", "reward", "importance")
@@ -398,11 +316,9 @@ _HINTED = ("completed_at", "reward", "importance")
 
 def _hint(cands: Columns, name: str) -> float | None:
     """The pool's third best value of `name` (`top_by`'s hint for a scope without a floor), or None:
-    fewer than three members have one, or the fourth shares it (a tie there is likely wide in the
-    scope, and a floor at a tie needs `top_by`'s own tie-break). The third, not the best: at 300,000
-    episodes the best of a ~200-member pool was once among the scope's top 100 (a ~7% chance), too
-    few above it to prove the narrowed answer, and the whole scope was sorted after all; above the
-    third best lie ~3/200 of the scope, and fewer than depth + 1 almost never."""
+    fewer than three members have one, or the fourth shares it (a floor at a tie needs `top_by`'s own
+    tie-break). The third, not the best: above the best of a ~200-member pool lie too few of the scope
+    (a ~7% chance at 300,000 episodes) to prove the narrowed answer; above the third ~3/200 of it."""
     if name not in _HINTED or len(cands) < 3:
         return None
     values = getattr(cands, name)
@@ -412,15 +328,7 @@ def _hint(cands: Columns, name: str) -> float | None:
     return float(finite[2])
 
 
-async def _complete(
-    r: aioredis.Redis,
-    index: str,
-    scope: Scope,
-    query_vector: QueryVector,
-    pool: Pool,
-    lists: list[list[SearchHit]],
-    known: set[bytes],
-) -> Columns:
+async def _complete(q: Query, pool: Pool, lists: list[list[SearchHit]], known: set[bytes]) -> Columns:
     """Candidates of the hits not in `known` (first occurrence wins), with cosines and relevance."""
     cos: dict[bytes, float] = {}
     hits: dict[bytes, SearchHit] = {}
@@ -431,27 +339,18 @@ async def _complete(
             if b"dist" in h.fields and h.score is not None and math.isfinite(h.score):  # a KNN hit
                 cos.setdefault(h.key, 1.0 - float(h.score))
             hits.setdefault(h.key, h)
-    if pool.mode != "keyword":
-        missing = [key for key in hits if key not in cos]
-        if (
-            missing
-        ):  # one KNN restricted to those documents (INKEYS): Redis computes the cosines, no vectors move;
-            # found in the scope already, so not filtered by its namespace and status again (~3x cheaper)
-            restricted = Scope(namespace=scope.namespace, tags=scope.tags)
-            for h in await knn_search(
-                r,
-                index,
-                restricted,
-                await vector_of(query_vector),
-                len(missing),
-                return_fields=(),
-                in_keys=missing,
-                prechecked=True,
-            ):
-                if h.score is not None and math.isfinite(h.score):
-                    cos[h.key] = 1.0 - float(h.score)
+    missing = [key for key in hits if key not in cos] if pool.mode != "keyword" else []
+    if missing:
+        # one KNN restricted to those documents (INKEYS): Redis computes the cosines, no vectors move;
+        # found in the scope already, so not filtered by its namespace and status again (~3x cheaper)
+        restricted = Scope(namespace=q.scope.namespace, tags=q.scope.tags)
+        vector = await vector_of(q.vector)
+        for h in await knn_search(
+            q.r, q.index, restricted, vector, len(missing), return_fields=(), in_keys=missing, prechecked=True
+        ):
+            if h.score is not None and math.isfinite(h.score):
+                cos[h.key] = 1.0 - float(h.score)
     found = list(hits.values())
-    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in found])
-    nan = math.nan
-    cosines = np.array([cos.get(h.key, nan) for h in found], dtype=np.float64)
+    keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in found], q.memos)
+    cosines = np.array([cos.get(h.key, math.nan) for h in found], dtype=np.float64)
     return Columns.of_hits(found, cosines, keywords, pool.mode)

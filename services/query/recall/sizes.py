@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
+from services.query.recall.relevance import common_count
 from shared.index import Scope, count, index_size, term_counts
 from shared.keys import Keys
-from shared.relevance import common_count
 from shared.streams import StreamGroup
 
 COMMON_IDF = 0.02
-"""A word whose idf (`shared.relevance.idf`) is below this is common: in more than ~4,950 of the
-namespace's episodes (`shared.relevance.common_count`)."""
+"""A word whose idf (`services.query.recall.relevance.idf`) is below this is common: in more than ~4,950 of the
+namespace's episodes (`services.query.recall.relevance.common_count`)."""
 COMMON_TTL_FACTOR = 10.0
 """A common word's count is remembered this many times `df_ttl`: its weight is below COMMON_IDF, and
 1,000 more episodes holding it move that weight by < 0.004 (idf 0.0200 → 0.0167 at 4,950 → 5,950),
@@ -32,30 +32,21 @@ MAX_SIZE_TTL = 60.0
 
 def size_ttl(ttl: float, n: int) -> float:
     """How long a count of `n` documents is remembered: `ttl` up to LARGE_SCOPE documents, then in
-    proportion to n, at most MAX_SIZE_TTL (and never below `ttl`). Why: counting is linear in the
-    scope — ~60 ms of Redis's main thread per count at a million episodes, every `ttl` (5 s) per scope,
-    a stall every other client waits out —
-    while what the count decides does not move with a few percent more or fewer episodes: the `auto`
-    preset's thresholds are 50 and 500, and the KNN policy's and the checked searches' shares are
-    checked on the hits (a stale share costs a second query, never a wrong answer)."""
+    proportion to n, at most MAX_SIZE_TTL (never below `ttl`): counting is linear in the scope (~60 ms
+    of Redis's main thread at a million episodes), while what a count decides (the `auto` preset's 50
+    and 500, the KNN policy's shares) does not move with a few percent more or fewer episodes."""
     return max(ttl, min(MAX_SIZE_TTL, ttl * n / LARGE_SCOPE))
 
 
 class ScopeSizes:
     """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds (longer for a large
     scope: `size_ttl`), and the document frequency of query words for keyword relevance's idf,
-    remembered for `df_ttl` seconds.
+    remembered for `df_ttl` seconds; at most `max_entries` scopes and `max_terms` (index, scope, word)
+    counts. One per app (`services.query.appkeys.SCOPE_SIZES`).
 
-    `auto` only needs to know which side of 50 and 500 a scope is on, while counting a large scope is a
-    filter query as costly as the KNN itself (measured at 10k episodes), so a few seconds' staleness buys
-    back a Redis query per recall. One per app (services.query.app), bounded to `max_entries` scopes
-    and `max_terms` (index, scope, word) counts.
-
-    With `keys` (the app's), a scope's count and a word's count are used only while the namespace is as
-    it was when they were counted (`version`): remembered across an ingest, a count from before it
-    ranked the first recalls after it otherwise than a process counting afresh would (the `auto` preset
-    on the old side of 500, keyword relevance on old idf), so the same request to an unchanged namespace
-    answered two ways. While the namespace's events are still being projected nothing is remembered.
+    With `keys` (the app's), a count is used only while the namespace is as it was when counted
+    (`version`), so the same request to an unchanged namespace always answers the same; while its
+    events are still being projected nothing is remembered.
     """
 
     def __init__(
@@ -139,14 +130,9 @@ class ScopeSizes:
 
         With `keys`, a count is used only while the namespace's `version` is the one it was counted at.
 
-        Why: keyword relevance needs the document frequency of every query word, one count query each
-        (8.8 per LoCoMo question), and at 100k episodes those cost 27.7 ms of Redis per recall while
-        question words repeat across requests.
-        Staleness: without `keys`, an episode's keyword relevance may lag the namespace by at most
-        `df_ttl` (a common word's count, in more than ~4,950 episodes when counted, COMMON_TTL_FACTOR ×
-        that); with them (the query service's), never: a count outlives no write. Erasure:
-        the words are held in process memory only, and an entry older than its TTL is dropped at the
-        next call or `expire` (docs/reliability.md "Remaining traces").
+        Without `keys` a count may lag the namespace by `df_ttl` (a common word's COMMON_TTL_FACTOR ×
+        that); with them, never. The words are held in process memory only, dropped after their TTL at
+        the next call or `expire` (docs/reliability.md "Remaining traces").
         """
         if self.df_ttl <= 0:
             return await term_counts(r, index, scope, words)

@@ -1,0 +1,304 @@
+"""Prioritized recall (`POST /v1/recall`, `POST /v1/context`): one request, in these files.
+
+1. `plan.py`: the request's `RecallParams` and `Query` (scope, text, the embedding or the task computing
+   it, the app's memories), resolved once into a `Plan`: weights (explicit, a preset, or `auto` by the
+   scope's size, `sizes.py`), depth, the KNN's `HYBRID_POLICY`, the arms.
+2. `pool.py` `similarity_pool`: the KNN and BM25 arms (`arms.py`, filtered by the whole scope) beside
+   the model's pass, each member's cosine and relevance (`relevance.py`, `terms.py`).
+3. `pool.py` `extra_candidates`: when an episode outside those lists could still rank (`_bounded_head`),
+   the recency / reward / importance lists join the pool (`lists.py`: from remembered floors, exact).
+4. `score.py` `score` ranks the pool; `min_relevance` / `min_priority` drop what is below them.
+5. `recall` (here) loads the `top_k` winners from the episode store (`services.query.store`), answers
+   every signal and weighted term, the replay context of what worked, and stamps their access.
+The depth never depends on `top_k`, which only cuts: the first k of a `top_k` K recall are the `top_k`
+k recall.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from engram_episodic.events import Episode
+from engram_episodic.shapes import episode_to_dict, response_shape
+from engram_episodic.timeutil import format_instant
+from services.query.recall import score
+from services.query.recall.arms import knn_search
+from services.query.recall.lists import Floors
+from services.query.recall.plan import (
+    SIMILARITY_ARMS,
+    Plan,
+    Query,
+    RecallParams,
+    plan,
+    scope_of,
+    vector_of,
+)
+from services.query.recall.pool import (
+    RETURN_FIELDS,
+    Candidate,
+    Columns,
+    decode_hit,
+    extra_candidates,
+    similarity_pool,
+)
+from services.query.store import EpisodeStore
+from shared import tracing
+from shared.embedding import EmbeddingError
+from shared.index import Scope
+from shared.regimes import approach
+
+__all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
+
+log = logging.getLogger("engram.query")
+
+
+async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Candidate]:
+    """Fill `doc` of each candidate from its stored document (one pipeline for those without their
+    bytes); drops the ones that vanished or cannot be read (a forget that landed between ranking and
+    loading)."""
+    missing = [c for c in cands if c.raw_doc is None]
+    for c, raw in zip(missing, await store.field([c.key for c in missing], "doc"), strict=True):
+        c.raw_doc = raw
+    out = []
+    for c in cands:
+        if c.raw_doc is None:
+            continue
+        try:
+            doc = orjson.loads(c.raw_doc)
+        except orjson.JSONDecodeError as exc:
+            log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
+            continue
+        if not isinstance(doc, dict) or "episode_id" not in doc:
+            log.error("unreadable episode document ◆ key=%r ◆ not an episode", c.key[:80])
+            continue
+        c.doc = doc
+        out.append(c)
+    return out
+
+
+def episode_json(episode: Episode) -> dict[str, Any]:
+    """The episode in its ingest shape with ISO 8601 timestamps and derived fields (the response form)."""
+    return episode_to_dict(episode, iso=True, include_vector=False)
+
+
+def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
+    """The priority of the pool's rows (`score.score`)."""
+    p = plan.params
+    data = score.Candidates(
+        completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
+        cos=np.where(np.isfinite(cands.relevance), cands.relevance, cands.cos),
+        last_accessed=cands.last_accessed,
+        reward=cands.reward,
+        outcome_score=score.outcome_scores(cands.outcomes),
+        importance=cands.importance,
+        tie=cands.tie,
+    )
+    with tracing.span("engram.recall.score", candidates=len(cands)):
+        return score.score(
+            data,
+            plan.weights,
+            half_life=p.half_life,
+            as_of=p.as_of,
+            normalize=p.normalize,
+            recency_from=p.recency_from,
+        )
+
+
+def _passing(scored: score.Scored, p: RecallParams) -> np.ndarray:
+    """`scored.order` without the candidates below `min_relevance` or `min_priority`."""
+    keep = (scored.similarity >= p.min_relevance) & (scored.priority >= p.min_priority)
+    return scored.order[keep[scored.order]]
+
+
+def _bounded_head(scored: score.Scored, plan: Plan, outside: float) -> list[int] | None:
+    """The passing candidates of the similarity pool whose priority is above the most an episode outside
+    the similarity lists could score (`w.similarity * outside + (w.total - w.similarity)`, `outside`
+    being `Pool.outside`), best first, as indices into `scored`; None when no outsider could pass
+    `min_relevance` / `min_priority` at all.
+
+    With an exact KNN no outsider can rank above the head, so a recall whose top_k all lie in it skips
+    the other lists. Under HNSW the bound is approximate (the graph can miss a closer episode, which
+    only those lists would bring in), so a recall that does fetch them still ranks the head first:
+    every top_k stays a prefix of the same ranking (tests/integration/test_recall_properties.py)."""
+    w, p = plan.weights, plan.params
+    best_outside = w.similarity * outside + (w.total - w.similarity)
+    if best_outside < p.min_priority or outside < p.min_relevance:
+        return None
+    order = _passing(scored, p)
+    return order[scored.priority[order] > best_outside].tolist()
+
+
+def _ranked(scored: score.Scored, head: list[int], p: RecallParams) -> list[int]:
+    """The passing candidates best first, `head` (`_bounded_head`) before the rest."""
+    order = _passing(scored, p).tolist()
+    if not head:
+        return order
+    fixed = set(head)
+    return head + [i for i in order if i not in fixed]
+
+
+async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
+    """The `POST /v1/recall` response body (see the module docstring). Raises ValueError for bad
+    weights or preset, EmbeddingError when the embedder fails outside keyword mode, Conflict when the
+    index holds vectors of another size."""
+    pl = await plan(q, params)
+    p, w = params, pl.weights
+    pool = await similarity_pool(q, pl)
+    # the winners' cosines need it in keyword mode too, where it is all that needs it
+    vector = await vector_of(q.vector) if p.mode != "keyword" else await keyword_cosines_vector(q)
+    cands = pool.cands
+    extra = [n for n in pl.arms if n not in SIMILARITY_ARMS]
+    scored = None
+    head: list[int] = []  # pool indices ranked from the similarity lists alone (see `_bounded_head`)
+    if extra and len(cands) and p.normalize == "none":
+        scored = score_candidates(cands, pl)
+        bounded = _bounded_head(scored, pl, pool.outside)
+        head = bounded or []
+        if bounded is None or len(bounded) >= p.top_k:
+            extra = []  # none can: the answer is the same without fetching them
+    if extra:
+        cands = cands + await extra_candidates(q, pl, pool, extra)
+        scored = None
+    results: list[dict[str, Any]] = []
+    chosen: list[Candidate] = []
+    if len(cands):
+        if scored is None:
+            scored = score_candidates(cands, pl)
+        chosen, results = await _winners(q, scored, cands, _ranked(scored, head, p), p.top_k, vector)
+    if p.touch_now is not None:
+        await q.store.touch([c.key for c in chosen], p.touch_now)
+        for result in results:  # as the touch left them (a GET then reads them); the ranking stays
+            result["access_count"] += 1
+            result["last_accessed"] = format_instant(p.touch_now)
+    body: dict[str, Any] = {
+        "results": results,
+        "replay_context": _replay_context(chosen, [r["priority"] for r in results]),
+        "as_of": format_instant(p.as_of),
+        "weights": w.as_dict(),
+        "preset": pl.preset,
+        "mode": p.mode,
+        "half_life": p.half_life,
+        "normalize": p.normalize,
+        "recency_from": p.recency_from,
+        "candidates": len(cands),
+        "min_relevance": p.min_relevance,
+        "min_priority": p.min_priority,
+    }
+    if vector is None:
+        body["similarity_unavailable"] = True
+    return body
+
+
+async def _winners(
+    q: Query, scored: score.Scored, cands: Columns, order: list[int], top_k: int, vector: np.ndarray | None
+) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """The first `top_k` of `order` whose documents load (the next best fill in for vanished ones), and
+    their results."""
+    winners = {i: cands.candidate(i) for i in order[:top_k]}  # objects for the winners alone
+    loaded = {id(c) for c in await load_episodes(q.store, list(winners.values()))}
+    if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
+        refill = {i: cands.candidate(i) for i in order[top_k : top_k + (len(winners) - len(loaded))]}
+        loaded |= {id(c) for c in await load_episodes(q.store, list(refill.values()))}
+        winners |= refill
+    picked = [winners[i] for i in order if i in winners and id(winners[i]) in loaded][:top_k]
+    no_cos = [c for c in picked if not math.isfinite(c.cos)]  # keyword mode's
+    if vector is not None and no_cos:
+        for c, cos in zip(no_cos, await q.store.cosines([c.key for c in no_cos], vector), strict=True):
+            c.cos = cos
+    index = {id(c): i for i, c in winners.items()}
+    results = []
+    for c in picked:
+        i = index[id(c)]
+        parts = scored.breakdown(i)
+        priority = parts.pop("priority")
+        results.append(
+            {
+                "episode": response_shape(c.doc or {}),
+                "similarity": _similarity(c.cos, vector is not None),
+                "relevance": float(scored.similarity[i]),
+                "recency": float(scored.recency[i]),
+                "age_s": float(scored.age[i]),
+                "components": parts,
+                "priority": priority,
+                "access_count": c.access_count,
+                "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
+            }
+        )
+    return picked, results
+
+
+def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[str, Any]:
+    """`score.replay_context` of the answered episodes, `changed_at` as ISO 8601."""
+    docs = [c.doc or {} for c in chosen]
+    context = score.replay_context(
+        [
+            approach(d.get("strategy_used"), (a.get("action_type") for a in d.get("actions") or ()))
+            for d in docs
+        ],
+        [(d.get("feedback") or {}).get("reward") for d in docs],
+        [d.get("outcome") for d in docs],
+        priorities,
+        [c.completed_at if math.isfinite(c.completed_at) else None for c in chosen],
+    )
+    for entry in context["strategies"]:
+        if entry["changed_at"] is not None:
+            entry["changed_at"] = format_instant(entry["changed_at"])
+    return context
+
+
+def _similarity(cos: float, known: bool) -> float | None:
+    """A result's `similarity`: the cosine clipped at 0 (0 without a stored vector), None when the query
+    vector is unknown (`keyword_cosines_vector`)."""
+    if not known:
+        return None
+    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
+
+
+async def keyword_cosines_vector(q: Query) -> np.ndarray | None:
+    """The query vector of a keyword recall, or None when the embedder failed (EmbeddingError, logged
+    once): keyword mode ranks by words alone and needs the vector only for the winners' `similarity`,
+    so it answers without it (`similarity_unavailable`) instead of a 503."""
+    try:
+        return await vector_of(q.vector)
+    except EmbeddingError as exc:
+        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
+        return None
+
+
+async def similar(
+    r: Any,
+    index: str,
+    scope: Scope,
+    query_vector: np.ndarray,
+    k: int,
+    min_similarity: float,
+    *,
+    graph_ef: int = 0,
+) -> list[Candidate]:
+    """The `k` nearest episodes in the scope whose cosine is at least `min_similarity`; `graph_ef` as
+    in `RecallParams`."""
+    hits = await knn_search(r, index, scope, query_vector, k, return_fields=RETURN_FIELDS, graph_ef=graph_ef)
+    out = []
+    for h in hits:
+        c = decode_hit(h)
+        if c is not None and h.score is not None:
+            c.cos = 1.0 - float(h.score)
+            if c.cos >= min_similarity:
+                out.append(c)
+    return out
+
+
+async def latest(r: Any, index: str, scope: Scope, n: int, floors: Floors) -> list[Candidate]:
+    """The `n` most recently completed episodes of the scope, newest first, ties by tie-break:
+    `Floors.top_by`'s list, narrowed from a floor a recall of the scope left (`Floors.hint_for`)
+    instead of sorting the whole scope."""
+    if n <= 0:
+        return []
+    hint = floors.hint_for(index, scope, "completed_at", n)
+    newest = await floors.top_by(r, index, scope, "completed_at", n, RETURN_FIELDS, hint=hint)
+    return [c for c in (decode_hit(h) for h in newest) if c is not None]
