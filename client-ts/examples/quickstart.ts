@@ -6,4 +6,4 @@ await memory.record(
   { wait: 5 },
 );
 const { results } = await memory.recall("the login test fails at night", { top_k: 3 });
-for (const hit of results) console.log(hit.priority.toFixed(2), hit.episode.outcome, hit.episode.task?.description);
+for (const hit of results) console.log(hit.priority.toFixed(2), hit.episode.outcome, hit.episode.task.description);

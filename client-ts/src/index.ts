@@ -89,6 +89,10 @@ export type EpisodeForgetting = S["EpisodeForgotten"];
 export type UserForgetting = S["UserForgotten"];
 export type ForgetJob = S["ForgetJob"];
 export type ForgetJobStarted = S["ForgetJobStarted"];
+export type Summary = S["Summary"];
+export type DeadLetterOptions = Query<"list_dead_letters">;
+export type DeadLetterPage = S["DeadLetterPage"];
+export type DeadLettersActed = S["DeadLettersActed"];
 
 export interface EngramOptions {
   /** Bearer key of the caller's namespace (printable ASCII). */
@@ -470,6 +474,30 @@ export class Engram {
   /** `GET /readyz`: `{status: "ready", checks}`; ServiceUnavailable (503) while not ready. */
   async ready(): Promise<S["Readiness"]> {
     return this.send({ method: "GET", path: "/readyz", idempotent: true });
+  }
+
+  /** `GET /v1/summary`: what the namespace holds (episodes, agents, users, sessions, facts) and what expires soonest. */
+  async summary(): Promise<Summary> {
+    return this.send({ method: "GET", path: "/v1/summary", idempotent: true });
+  }
+
+  /** `GET /v1/dead-letters`: the namespace's dead letters, oldest first (`limit` 1..1000, default 100), and `total`. */
+  async deadLetters(options: DeadLetterOptions = {}): Promise<DeadLetterPage> {
+    return this.send({ method: "GET", path: "/v1/dead-letters", params: options, idempotent: true });
+  }
+
+  /**
+   * `POST /v1/dead-letters/redrive`: publish the dead letters `ids` (1..1000) again, after a fix;
+   * ResourceNotFound when none is the namespace's. Not repeated after a lost answer: a repeat would
+   * find them gone and answer 404.
+   */
+  async redriveDeadLetters(ids: string[]): Promise<DeadLettersActed> {
+    return this.send({ method: "POST", path: "/v1/dead-letters/redrive", body: { ids }, idempotent: false });
+  }
+
+  /** `POST /v1/dead-letters/discard`: delete the dead letters `ids` and their events; as `redriveDeadLetters`. */
+  async discardDeadLetters(ids: string[]): Promise<DeadLettersActed> {
+    return this.send({ method: "POST", path: "/v1/dead-letters/discard", body: { ids }, idempotent: false });
   }
 
   // --- writes -----------------------------------------------------------------------------------------------

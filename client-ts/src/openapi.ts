@@ -279,6 +279,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/summary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** What the namespace holds: episodes, agents, users, sessions, facts, what expires soonest */
+        get: operations["summary"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/dead-letters": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The namespace's dead letters (events the consolidator gave up on) and why */
+        get: operations["list_dead_letters"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/dead-letters/redrive": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Publish the namespace's dead letters named again (after a fix) */
+        post: operations["redrive_dead_letters"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/dead-letters/discard": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Delete the namespace's dead letters named, and their events */
+        post: operations["discard_dead_letters"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/openapi.json": {
         parameters: {
             query?: never;
@@ -305,6 +373,23 @@ export interface paths {
         };
         /** An interactive page of this document (Swagger UI, served offline) */
         get: operations["docs_page"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/console": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A browser console of this API: overview, episodes, recall playground, facts (served offline) */
+        get: operations["console_page"];
         put?: never;
         post?: never;
         delete?: never;
@@ -395,6 +480,14 @@ export interface components {
                 field: string;
                 reason: string;
             }[];
+            /** @description 429: entries the consolidator is behind */
+            lag?: number;
+            /** @description 429: the lag past which ingest is refused */
+            max_lag?: number;
+            /** @description 413: the largest request body, bytes */
+            max_body_bytes?: number;
+            /** @description 503 while starting: what the service still waits for */
+            pending?: string[];
         };
         /**
          * Episode
@@ -477,7 +570,58 @@ export interface components {
             agent_id?: string;
             user_id?: string;
             session_id?: string;
-            task?: components["schemas"]["TaskOut"];
+            task: components["schemas"]["TaskOut"];
+            /** @description what the agent saw; at most 65,536 bytes as compact UTF-8 JSON, nested at most 32 levels, integers within 64 bits, finite numbers */
+            context?: {
+                [key: string]: unknown;
+            };
+            observation?: string;
+            thoughts?: string;
+            action?: string;
+            result?: string;
+            solution?: string;
+            actions?: components["schemas"]["ActionOut"][];
+            feedback?: components["schemas"]["FeedbackOut"];
+            /** @enum {string} */
+            outcome: "success" | "partial" | "failure" | "abandoned";
+            outcome_details?: string;
+            importance?: number;
+            strategy_used?: string;
+            iterations?: number;
+            /**
+             * Format: date-time
+             * @description ISO 8601 with a UTC offset
+             */
+            started_at?: string;
+            /**
+             * Format: date-time
+             * @description default: when the service accepted it
+             */
+            completed_at: string;
+            /**
+             * Format: date-time
+             * @description hidden from every read after it, then erased (docs/api.md, 'Expiry')
+             */
+            expires_at?: string;
+            source?: string;
+            /** @description free-form labels; at most 65,536 bytes as compact UTF-8 JSON, nested at most 32 levels, integers within 64 bits, finite numbers */
+            metadata?: {
+                [key: string]: unknown;
+            };
+            /** @description completed_at - started_at, seconds (ignored on input) */
+            readonly duration_s?: number | null;
+        };
+        /**
+         * EpisodeDraftOut
+         * @description An episode not completed yet (`status` draft): no outcome, no completed_at
+         */
+        EpisodeDraftOut: {
+            /** @description default: a new UUID; re-publishing the same id replaces the episode */
+            episode_id: string;
+            agent_id?: string;
+            user_id?: string;
+            session_id?: string;
+            task: components["schemas"]["TaskOut"];
             /** @description what the agent saw; at most 65,536 bytes as compact UTF-8 JSON, nested at most 32 levels, integers within 64 bits, finite numbers */
             context?: {
                 [key: string]: unknown;
@@ -798,9 +942,19 @@ export interface components {
             success_rate: number | null;
             /**
              * Changed At
-             * @default null
+             * @description when its outcomes last flipped; null if never
              */
             changed_at: string | null;
+            /**
+             * Earlier Episodes
+             * @description its episodes before `changed_at` (not counted above)
+             */
+            earlier_episodes: number;
+            /**
+             * Earlier Success Rate
+             * @description their success rate; null without any
+             */
+            earlier_success_rate: number | null;
         } & {
             [key: string]: unknown;
         };
@@ -939,9 +1093,9 @@ export interface components {
         EpisodeAnswer: {
             /**
              * Episode
-             * @description null while `status` is pending
+             * @description null while `status` is pending; an EpisodeDraftOut while it is `draft`
              */
-            episode: components["schemas"]["EpisodeOut"] | null;
+            episode: components["schemas"]["EpisodeOut"] | components["schemas"]["EpisodeDraftOut"] | null;
             /**
              * Episode Id
              * @description present while pending
@@ -975,6 +1129,12 @@ export interface components {
              * @default null
              */
             projected: boolean | null;
+            /**
+             * Reason
+             * @description with ?wait=, why not projected: `dead_lettered`, `expired`, `timeout`
+             * @default null
+             */
+            reason: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -1408,6 +1568,71 @@ export interface components {
              */
             min_similarity: number;
         };
+        /** FailedActionType */
+        FailedActionType: {
+            /** Action Type */
+            action_type: string;
+            /**
+             * Count
+             * @description episodes with an action of this type that did not succeed
+             */
+            count: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** FailureCount */
+        FailureCount: {
+            /**
+             * Message
+             * @description a failure message (feedback or action error), at most 300 characters
+             */
+            message: string;
+            /**
+             * Count
+             * @description episodes that said it
+             */
+            count: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * StrategyChange
+         * @description An approach whose outcomes flipped: its episodes since, and the earlier ones it no longer counts.
+         */
+        StrategyChange: {
+            /**
+             * Strategy
+             * @description the approach; null for the episodes without one
+             */
+            strategy: string | null;
+            /**
+             * Since
+             * @description when the current run of outcomes began
+             */
+            since: string;
+            /** Episodes */
+            episodes: number;
+            /** Successes */
+            successes: number;
+            /** Earlier Episodes */
+            earlier_episodes: number;
+            /** Earlier Successes */
+            earlier_successes: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** StrategyCount */
+        StrategyCount: {
+            /** Strategy */
+            strategy: string;
+            /**
+             * Count
+             * @description successful episodes that used it
+             */
+            count: number;
+        } & {
+            [key: string]: unknown;
+        };
         /** SuggestAnswer */
         SuggestAnswer: {
             /** Confidence */
@@ -1422,32 +1647,24 @@ export interface components {
             success_share: number | null;
             /**
              * Common Failures
-             * @description `{message, count}`, most frequent first
+             * @description most frequent first
              */
-            common_failures: {
-                [key: string]: unknown;
-            }[];
+            common_failures: components["schemas"]["FailureCount"][];
             /**
              * Failed Action Types
-             * @description `{action_type, count}`
+             * @description most frequent first
              */
-            failed_action_types: {
-                [key: string]: unknown;
-            }[];
+            failed_action_types: components["schemas"]["FailedActionType"][];
             /**
              * Successful Strategies
-             * @description `{strategy, count}`
+             * @description most used first
              */
-            successful_strategies: {
-                [key: string]: unknown;
-            }[];
+            successful_strategies: components["schemas"]["StrategyCount"][];
             /**
              * Changed
              * @description strategies whose outcomes flipped
              */
-            changed: {
-                [key: string]: unknown;
-            }[];
+            changed: components["schemas"]["StrategyChange"][];
         } & {
             [key: string]: unknown;
         };
@@ -1500,6 +1717,29 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /**
+         * FactsState
+         * @description The live generation's facts (`shared.facts.facts_state`).
+         */
+        FactsState: {
+            /** Generation */
+            generation: number;
+            /**
+             * Indexed
+             * @description documents its facts index holds
+             */
+            indexed: number;
+            /**
+             * Replay
+             * @description when a replay built the generation: facts carried over, re-embedded, indexed
+             * @default null
+             */
+            replay: {
+                [key: string]: unknown;
+            } | null;
+        } & {
+            [key: string]: unknown;
+        };
         /** Readiness */
         Readiness: {
             /**
@@ -1532,6 +1772,129 @@ export interface components {
              * @default null
              */
             lag: number | null;
+            /**
+             * @description absent when Redis or the index does not answer
+             * @default null
+             */
+            facts: components["schemas"]["FactsState"] | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** Expiring */
+        Expiring: {
+            /** Episode Id */
+            episode_id: string;
+            /**
+             * Expires At
+             * @description ISO 8601, UTC (`Z`)
+             */
+            expires_at: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** Summary */
+        Summary: {
+            /**
+             * Episodes
+             * @description episodes of the namespace (expired ones not counted)
+             */
+            episodes: number;
+            /**
+             * Agents
+             * @description distinct agent_id values
+             */
+            agents: number;
+            /**
+             * Users
+             * @description distinct user_id values
+             */
+            users: number;
+            /**
+             * Sessions
+             * @description distinct session_id values
+             */
+            sessions: number;
+            /**
+             * Facts
+             * @description current facts
+             */
+            facts: number;
+            /**
+             * Expiring
+             * @description the episodes expiring soonest (at most 10), soonest first
+             */
+            expiring: components["schemas"]["Expiring"][];
+        } & {
+            [key: string]: unknown;
+        };
+        /** DeadLetter */
+        DeadLetter: {
+            /**
+             * Id
+             * @description its id in the dead-letter stream (what redrive and discard take)
+             */
+            id: string;
+            /**
+             * Episode Id
+             * @description the episode its event names
+             */
+            episode_id: string;
+            /**
+             * Reason
+             * @description why the consolidator gave up on it (values of sealed entries withheld)
+             */
+            reason: string;
+            /**
+             * Consumer
+             * @description the consolidator that gave up
+             */
+            consumer: string;
+            /**
+             * At
+             * @description when it was dead-lettered
+             */
+            at: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** DeadLetterPage */
+        DeadLetterPage: {
+            /**
+             * Results
+             * @description the caller's namespace's, oldest first, at most `limit`
+             */
+            results: components["schemas"]["DeadLetter"][];
+            /**
+             * Total
+             * @description the namespace's dead letters in all
+             */
+            total: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * DeadLetterIds
+         * @description `POST /v1/dead-letters/redrive` and `/discard`: the dead letters to act on, by id.
+         */
+        DeadLetterIds: {
+            /**
+             * Ids
+             * @description `id`s of `GET /v1/dead-letters`
+             */
+            ids: string[];
+        };
+        /** DeadLettersActed */
+        DeadLettersActed: {
+            /**
+             * Done
+             * @description dead letters re-driven (published again) or discarded
+             */
+            done: number;
+            /**
+             * Unknown
+             * @description ids that name no dead letter of the caller's namespace
+             */
+            unknown: string[];
         } & {
             [key: string]: unknown;
         };
@@ -1634,14 +1997,53 @@ export interface components {
              */
             min_similarity: number;
         };
-        /** Fact */
+        /** ActionTypeCount */
+        ActionTypeCount: {
+            /** Action Type */
+            action_type: string;
+            /**
+             * Count
+             * @description actions of this type in the evidence
+             */
+            count: number;
+            /**
+             * Failed
+             * @description those that did not succeed
+             */
+            failed: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * Fact
+         * @description A consolidated fact (`shared.facts.Fact.to_json`: every field but the centroid and the
+         *     deterministic text it may rewrite).
+         */
         Fact: {
             /** Fact Id */
             fact_id: string;
             /** Namespace */
             namespace: string;
-            /** Level */
-            level: string;
+            /** Scope Id */
+            scope_id: string;
+            /**
+             * Level
+             * @description the scope it was distilled over
+             * @enum {string}
+             */
+            level: "namespace" | "agent_category";
+            /**
+             * Agent Id
+             * @description the scope's agent (level `agent_category`)
+             * @default null
+             */
+            agent_id: string | null;
+            /**
+             * Category
+             * @description the scope's category (level `agent_category`)
+             * @default null
+             */
+            category: string | null;
             /**
              * Kind
              * @enum {string}
@@ -1649,60 +2051,127 @@ export interface components {
             kind: "strategy" | "failure_pattern" | "best_practice" | "preference";
             /** Text */
             text: string;
-            /** Support */
+            /**
+             * Support
+             * @description evidence episodes
+             */
             support: number;
-            /**
-             * Successes
-             * @default null
-             */
-            successes: number | null;
-            /**
-             * Success Rate
-             * @default null
-             */
-            success_rate: number | null;
+            /** Successes */
+            successes: number;
+            /** Success Rate */
+            success_rate: number;
             /**
              * Avg Reward
              * @default null
              */
             avg_reward: number | null;
             /**
+             * Top Strategies
+             * @description most used first
+             */
+            top_strategies: components["schemas"]["TopStrategy"][];
+            /**
+             * Common Failures
+             * @description most frequent first
+             */
+            common_failures: components["schemas"]["FailureCount"][];
+            /**
+             * Action Types
+             * @description most frequent first
+             */
+            action_types: components["schemas"]["ActionTypeCount"][];
+            /**
              * Evidence
              * @description episode ids
              */
-            evidence?: string[];
+            evidence: string[];
+            /**
+             * Central
+             * @description the evidence episodes nearest its centroid
+             */
+            central: string[];
+            /** Agents */
+            agents: string[];
+            /** Users */
+            users: string[];
+            /** Categories */
+            categories: string[];
             /**
              * First At
-             * @default null
+             * @description ISO 8601, UTC (`Z`)
              */
-            first_at: string | null;
+            first_at: string;
             /**
              * Last At
-             * @default null
+             * @description ISO 8601, UTC (`Z`)
              */
-            last_at: string | null;
+            last_at: string;
             /**
-             * Confidence
+             * Evidence Since
+             * @description a superseding fact counts only evidence completed since
              * @default null
              */
-            confidence: number | null;
+            evidence_since: string | null;
+            /** Confidence */
+            confidence: number;
+            /** Version */
+            version: number;
             /**
-             * Version
+             * Created At
+             * @description ISO 8601, UTC (`Z`)
+             */
+            created_at: string;
+            /**
+             * Updated At
+             * @description ISO 8601, UTC (`Z`)
+             */
+            updated_at: string;
+            /**
+             * Supersedes
+             * @description the fact_id of the version it replaced
              * @default null
              */
-            version: number | null;
+            supersedes: string | null;
+            /**
+             * Superseded By
+             * @default null
+             */
+            superseded_by: string | null;
+            /**
+             * Superseded At
+             * @default null
+             */
+            superseded_at: string | null;
             /**
              * Status
-             * @description `current` or `superseded`
+             * @enum {string}
+             */
+            status: "current" | "superseded";
+            /**
+             * Summary
+             * @description how `text` was written: absent (no summariser), `llm`, `fallback` (it failed)
              * @default null
              */
-            status: string | null;
+            summary: ("llm" | "fallback") | null;
             /**
              * Score
              * @description search answers only
              * @default null
              */
             score: number | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** TopStrategy */
+        TopStrategy: {
+            /** Strategy */
+            strategy: string;
+            /** Episodes */
+            episodes: number;
+            /** Successes */
+            successes: number;
+            /** Success Rate */
+            success_rate: number;
         } & {
             [key: string]: unknown;
         };
@@ -1742,11 +2211,9 @@ export interface components {
             evidence: components["schemas"]["EpisodeOut"][];
             /**
              * History
-             * @description earlier versions of the fact
+             * @description earlier versions of the fact, newest first
              */
-            history: {
-                [key: string]: unknown;
-            }[];
+            history: components["schemas"]["Fact"][];
         } & {
             [key: string]: unknown;
         };
@@ -1778,18 +2245,20 @@ export interface components {
             scope: {
                 [key: string]: unknown;
             };
-            /** Status */
-            status: string;
             /**
-             * Facts
-             * @default null
+             * Status
+             * @enum {string}
              */
-            facts: number | null;
+            status: "published" | "unchanged" | "busy";
+            /** Facts */
+            facts: number;
+            /** Removed */
+            removed: number;
             /**
-             * Removed
-             * @default null
+             * Summarizer Failures
+             * @description facts whose summary failed (the deterministic text kept)
              */
-            removed: number | null;
+            summarizer_failures: number;
         } & {
             [key: string]: unknown;
         };
@@ -1797,6 +2266,11 @@ export interface components {
         ConsolidateAnswer: {
             /** Results */
             results: components["schemas"]["ConsolidationRun"][];
+            /**
+             * Summarizer Failures
+             * @description over every run
+             */
+            summarizer_failures: number;
             /** Generation */
             generation: number;
         } & {
@@ -2206,8 +2680,10 @@ export interface operations {
                     outcome?: "success" | "partial" | "failure" | "abandoned";
                     outcome_details?: string | null;
                     importance?: number | null;
-                    /** @description keys to set; a null value removes the key */
-                    metadata?: Record<string, unknown>;
+                    /** @description keys to set, any JSON value each; a null value removes the key (merged, the episode's metadata stays within its limits) */
+                    metadata?: {
+                        [key: string]: unknown;
+                    };
                     expires_at?: (string | number) | null;
                     ttl?: (number | string) | null;
                 };
@@ -3046,6 +3522,276 @@ export interface operations {
             };
         };
     };
+    summary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Summary"];
+                };
+            };
+            /** @description missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the service is starting (GET /readyz lists what is pending) or Redis is unavailable (Retry-After) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_dead_letters: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeadLetterPage"];
+                };
+            };
+            /** @description malformed JSON, or a request line or header longer than the server accepts */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description invalid fields, each named in `errors` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the service is starting (GET /readyz lists what is pending) or Redis is unavailable (Retry-After) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    redrive_dead_letters: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeadLetterIds"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeadLettersActed"];
+                };
+            };
+            /** @description malformed JSON, or a request line or header longer than the server accepts */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description none of the ids is a dead letter of the caller's namespace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description a Content-Encoding other than identity: bodies are taken as sent, never decoded */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description invalid fields, each named in `errors` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the service is starting (GET /readyz lists what is pending) or Redis is unavailable (Retry-After) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    discard_dead_letters: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeadLetterIds"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeadLettersActed"];
+                };
+            };
+            /** @description malformed JSON, or a request line or header longer than the server accepts */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description none of the ids is a dead letter of the caller's namespace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description a Content-Encoding other than identity: bodies are taken as sent, never decoded */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description invalid fields, each named in `errors` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the service is starting (GET /readyz lists what is pending) or Redis is unavailable (Retry-After) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     openapi_json: {
         parameters: {
             query?: never;
@@ -3067,6 +3813,26 @@ export interface operations {
         };
     };
     docs_page: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description an HTML page that loads only this service's own files */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+        };
+    };
+    console_page: {
         parameters: {
             query?: never;
             header?: never;
@@ -3174,6 +3940,7 @@ export interface operations {
                 user_id?: string | null;
                 category?: string | null;
                 kind?: ("strategy" | "failure_pattern" | "best_practice" | "preference") | null;
+                episode_id?: string | null;
                 since?: string | null;
                 until?: string | null;
                 include_superseded?: boolean;

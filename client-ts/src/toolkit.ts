@@ -161,9 +161,9 @@ export function renderRecall(recall: RecallAnswer, query: string): ToolResult {
   const lines = [`${recall.results.length} past episode(s) for ${quoted(clip(query, 80))}, best first:`];
   recall.results.forEach((hit, i) => {
     const ep = hit.episode;
-    const head = [ep.outcome ?? "unfinished", `reward ${num(ep.feedback?.reward)}`, `${when(ep.completed_at)} (${ago(hit.age_s)})`];
+    const head = [ep.outcome, `reward ${num(ep.feedback?.reward)}`, `${when(ep.completed_at)} (${ago(hit.age_s)})`];
     if (ep.strategy_used) head.push(`strategy ${ep.strategy_used}`);
-    lines.push(`${i + 1}. [${head.join(" | ")}] ${clip(ep.task?.description ?? "", 160)}`);
+    lines.push(`${i + 1}. [${head.join(" | ")}] ${clip(ep.task.description, 160)}`);
     if (ep.solution) lines.push(`   solution: ${clip(ep.solution, 240)}`);
     const why = ep.feedback?.message || ep.outcome_details;
     const failed = (ep.actions ?? []).find((a) => a.error)?.error;
@@ -202,9 +202,8 @@ export function renderForgotten(f: EpisodeForgetting): ToolResult {
   };
 }
 
-type Counted = Record<string, unknown> & { count?: number };
-const counted = (items: Counted[], key: string, show: (name: string) => string = (n) => n) =>
-  items.map((i) => `${show(String(i[key]))} (${i.count}x)`);
+const counted = <T extends { count: number }>(items: T[], name: (item: T) => string) =>
+  items.map((i) => `${name(i)} (${i.count}x)`);
 
 /** suggest_approach: confidence, the strategy and its reason, what failed before. */
 export function renderSuggestion(suggestion: SuggestAnswer, choice: StrategyAnswer): ToolResult {
@@ -213,13 +212,13 @@ export function renderSuggestion(suggestion: SuggestAnswer, choice: StrategyAnsw
     : "no similar past episodes";
   const lines = [`Confidence: ${suggestion.confidence} (${basis}).`, `Recommended strategy: ${choice.strategy} (${choice.reason}).`];
   if (suggestion.successful_strategies.length) {
-    lines.push(`Strategies that succeeded: ${counted(suggestion.successful_strategies, "strategy").join(", ")}`);
+    lines.push(`Strategies that succeeded: ${counted(suggestion.successful_strategies, (s) => s.strategy).join(", ")}`);
   }
   if (suggestion.common_failures.length) {
-    lines.push(`Common failures to avoid: ${counted(suggestion.common_failures, "message", (m) => quoted(clip(m, 160))).join("; ")}`);
+    lines.push(`Common failures to avoid: ${counted(suggestion.common_failures, (f) => quoted(clip(f.message, 160))).join("; ")}`);
   }
   if (suggestion.failed_action_types.length) {
-    lines.push(`Steps that failed before: ${counted(suggestion.failed_action_types, "action_type").join(", ")}`);
+    lines.push(`Steps that failed before: ${counted(suggestion.failed_action_types, (a) => a.action_type).join(", ")}`);
   }
   return { text: lines.join("\n"), data: { suggestion, strategy: choice }, isError: false };
 }
@@ -233,10 +232,8 @@ export function renderFacts(facts: Fact[], query: string | null): ToolResult {
   }
   const lines = [`${facts.length} fact(s), best first:`];
   facts.forEach((f, i) => {
-    const status = String(f.status ?? "");
-    const tail = status === "" || status === "current" ? "" : `, ${status}`;
-    const agent = (f as Record<string, unknown>).agent_id;
-    const scope = agent ? `agent ${String(agent)}` : "all agents";
+    const tail = f.status === "current" ? "" : `, ${f.status}`;
+    const scope = f.agent_id ? `agent ${f.agent_id}` : "all agents";
     lines.push(
       `${i + 1}. [${f.kind} | ${scope} | confidence ${num(f.confidence)} | ${f.support} episode(s), success ${pct(f.success_rate)}${tail}] ${clip(f.text, 500)} (fact_id ${f.fact_id})`,
     );

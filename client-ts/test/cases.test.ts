@@ -50,6 +50,14 @@ async function step(s: Step): Promise<unknown> {
       return memory.forgetEpisode(s.id, wait);
     case "forget_user":
       return memory.forgetUser(s.id, wait);
+    case "list_facts":
+      return memory.listFacts(s.options ?? {});
+    case "summary":
+      return memory.summary();
+    case "redrive_dead_letters":
+      return memory.redriveDeadLetters(s.ids);
+    case "discard_dead_letters":
+      return memory.discardDeadLetters(s.ids);
   }
   throw new Error(`no operation ${s.op}`);
 }

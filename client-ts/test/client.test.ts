@@ -116,6 +116,11 @@ describe("every method", () => {
     assert.ok(facts && facts[0]!.support >= 3);
     const detail = await memory.getFact(facts[0]!.fact_id);
     assert.equal(detail.fact.fact_id, facts[0]!.fact_id);
+    const evidenced = detail.fact.evidence[0]!;
+    const ofEpisode = await memory.listFacts({ episode_id: evidenced, limit: 1000 });
+    assert.ok(ofEpisode.results.some((f) => f.fact_id === detail.fact.fact_id));
+    assert.ok(ofEpisode.results.every((f) => f.evidence.includes(evidenced)));
+    assert.equal((await memory.listFacts({ episode_id: id("never-recorded") })).results.length, 0);
 
     const updated = await memory.patchEpisode(first, { feedback: { reward: 0.25 }, metadata: { reviewed: true } }, { wait: 10 });
     assert.equal(updated.projected, true);
@@ -156,6 +161,27 @@ describe("every method", () => {
     const since = [];
     for await (const e of memory.listEpisodes({ agent_id: id("ttl"), until: new Date("2026-01-03T00:00:00Z") })) since.push(e.episode_id);
     assert.deepEqual(since, [dated], "Dates are sent as ISO 8601 instants");
+  });
+});
+
+describe("the console's routes", () => {
+  test("summary counts the namespace; dead letters are listed, re-driven and discarded", async () => {
+    await memory.record({ task: "count me", outcome: "success", agent_id: id("counted") }, { wait: 10 });
+    const summary = await memory.summary();
+    assert.ok(summary.episodes >= 1 && summary.agents >= 1 && Array.isArray(summary.expiring));
+
+    // two events of the wrong vector dimension, published past the service by the suite's stack
+    const dead = await until(async () => {
+      const page = await memory.deadLetters({ limit: 100 });
+      return page.total >= 2 ? page : null;
+    });
+    assert.ok(dead);
+    const ours = dead.results.filter((d) => d.episode_id.startsWith("ts-dead-"));
+    assert.deepEqual(ours.map((d) => d.episode_id).sort(), ["ts-dead-1", "ts-dead-2"]);
+    assert.ok(ours[0]!.reason.includes("vector") && ours[0]!.at.endsWith("Z"));
+    assert.deepEqual(await memory.redriveDeadLetters([ours[0]!.id, "0-1"]), { done: 1, unknown: ["0-1"] });
+    assert.deepEqual(await memory.discardDeadLetters([ours[1]!.id]), { done: 1, unknown: [] });
+    await assert.rejects(memory.discardDeadLetters(["0-1"]), ResourceNotFound);
   });
 });
 

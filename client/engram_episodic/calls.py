@@ -43,6 +43,8 @@ from engram_episodic.types import (
     Accepted,
     Consolidation,
     Context,
+    DeadLetters,
+    DeadLettersActed,
     EpisodePage,
     Fact,
     FactDetail,
@@ -56,6 +58,7 @@ from engram_episodic.types import (
     StoredEpisode,
     StrategyChoice,
     Suggestion,
+    Summary,
     Updated,
 )
 from engram_episodic.validation import empty_changes, json_kind, parse_update
@@ -444,3 +447,20 @@ class Calls:
     @staticmethod
     def ready() -> Call[dict[str, Any]]:
         return Call("GET", "/readyz", dict)
+
+    @staticmethod
+    def summary() -> Call[Summary]:
+        return Call("GET", "/v1/summary", Summary.from_json)
+
+    @staticmethod
+    def dead_letters(limit: int | None = None) -> Call[DeadLetters]:
+        return Call("GET", "/v1/dead-letters", DeadLetters.from_json, params=_params({"limit": limit}))
+
+    @staticmethod
+    def act_on_dead_letters(action: str, ids: Iterable[str]) -> Call[DeadLettersActed]:
+        """`action`: `redrive` or `discard`. Not repeated after a lost answer: done once, the ids are no
+        dead letters any more and a repeat answers 404, not what the first did."""
+        body = {"ids": [ids] if isinstance(ids, str) else list(ids)}
+        return Call(
+            "POST", f"/v1/dead-letters/{action}", DeadLettersActed.from_json, body=body, idempotent=False
+        )

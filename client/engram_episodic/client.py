@@ -101,6 +101,8 @@ from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES, encode_body
 from engram_episodic.types import (
     Consolidation,
     Context,
+    DeadLetters,
+    DeadLettersActed,
     EpisodePage,
     Fact,
     FactDetail,
@@ -114,6 +116,7 @@ from engram_episodic.types import (
     StoredEpisode,
     StrategyChoice,
     Suggestion,
+    Summary,
     Updated,
 )
 
@@ -465,7 +468,8 @@ class Engram(_Base[httpx.Client]):
             options["cursor"] = page.next_cursor
 
     def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
-        """One page of `GET /v1/facts` (newest first unless `order="asc"`)."""
+        """One page of `GET /v1/facts` (newest first unless `order="asc"`; `episode_id`: the facts that
+        episode is evidence for)."""
         return self.call(Calls.list_facts(options))
 
     def get_episode(self, episode_id: str) -> StoredEpisode:
@@ -528,6 +532,24 @@ class Engram(_Base[httpx.Client]):
     def forget_job(self, job_id: str) -> ForgetJob:
         """The status of a bulk forget (`done` once every episode is erased)."""
         return self.call(Calls.forget_job(job_id))
+
+    def summary(self) -> Summary:
+        """What the namespace holds (`GET /v1/summary`): counts and the episodes expiring soonest."""
+        return self.call(Calls.summary())
+
+    def dead_letters(self, *, limit: int | None = None) -> DeadLetters:
+        """The namespace's dead letters, oldest first (`limit` 1..1000, default 100), and their `total`."""
+        return self.call(Calls.dead_letters(limit))
+
+    def redrive_dead_letters(self, ids: Iterable[str]) -> DeadLettersActed:
+        """Publish the dead letters `ids` (`DeadLetter.id`, 1..1000) again, after a fix, and drop them
+        from the dead letters. ResourceNotFound when none is the namespace's."""
+        return self.call(Calls.act_on_dead_letters("redrive", ids))
+
+    def discard_dead_letters(self, ids: Iterable[str]) -> DeadLettersActed:
+        """Delete the dead letters `ids` and their original events. ResourceNotFound when none is the
+        namespace's."""
+        return self.call(Calls.act_on_dead_letters("discard", ids))
 
     def ready(self) -> dict[str, Any]:
         """`GET /readyz`: `{"status": "ready", "checks": {...}}`; ServiceUnavailable (503) while not ready."""
@@ -675,6 +697,10 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     forget_episodes = _coroutine(Engram.forget_episodes)
     forget_job = _coroutine(Engram.forget_job)
     ready = _coroutine(Engram.ready)
+    summary = _coroutine(Engram.summary)
+    dead_letters = _coroutine(Engram.dead_letters)
+    redrive_dead_letters = _coroutine(Engram.redrive_dead_letters)
+    discard_dead_letters = _coroutine(Engram.discard_dead_letters)
 
     async def record(
         self,

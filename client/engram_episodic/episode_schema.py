@@ -190,10 +190,19 @@ def feedback_schema(*, response: bool = False) -> dict[str, Any]:
     )
 
 
-def episode_schema(*, response: bool = False, refs: dict[str, str] | None = None) -> dict[str, Any]:
+RESPONSE_REQUIRED = ("episode_id", "task", "outcome", "completed_at")
+"""What every episode the service answers with has: the codec refuses an event without a task, the fold
+makes a completion without an outcome `abandoned` and one without `completed_at` completed when it
+occurred. A draft (`GET /v1/episodes/{id}` of one not completed yet) has only the first two."""
+
+
+def episode_schema(
+    *, response: bool = False, refs: dict[str, str] | None = None, draft: bool = False
+) -> dict[str, Any]:
     """The episode as `POST /v1/episodes` takes it (`response=False`: `task` and `outcome` required, the
     service refuses a finished episode without an outcome) or as the service answers with it (task an
-    object, ISO 8601 instants, no vector, nothing null).
+    object, ISO 8601 instants, no vector, nothing null; `RESPONSE_REQUIRED` always there, or with
+    `draft=True` only `episode_id` and `task`).
 
     `refs` maps `Task`, `Action`, `Feedback` to `$ref` targets (the OpenAPI document's components);
     without it the sub-schemas are inlined."""
@@ -250,14 +259,16 @@ def episode_schema(*, response: bool = False, refs: dict[str, str] | None = None
     schema = _object(
         Episode,
         properties,
-        ("episode_id",) if response else ("task", "outcome"),
+        (RESPONSE_REQUIRED[:2] if draft else RESPONSE_REQUIRED) if response else ("task", "outcome"),
         extra={
             "duration_s": _derived("completed_at - started_at, seconds"),
             **({} if response else {"ttl": ttl_schema("expires_at as a duration after completed_at")}),
         },
-        title="EpisodeOut" if response else "Episode",
+        title=("EpisodeDraftOut" if draft else "EpisodeOut") if response else "Episode",
         description=(
-            "An episode as the service answers with it"
+            "An episode not completed yet (`status` draft): no outcome, no completed_at"
+            if draft
+            else "An episode as the service answers with it"
             if response
             else "An episode as agents send it (docs/api.md, 'The episode model'); validated by "
             "engram_episodic.validation.parse_episode"

@@ -130,6 +130,8 @@ class FactListOptions(PageOptions, total=False):
     user_id: str
     category: str
     kind: str
+    episode_id: str
+    """The facts this episode is evidence for."""
     since: Instant
     until: Instant
     include_superseded: bool

@@ -464,6 +464,71 @@ class Updated(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Expiring(_Result):
+    """An episode and when it expires (`Summary.expiring`)."""
+
+    episode_id: str
+    expires_at: Instant
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary(_Result):
+    """`GET /v1/summary`: what the namespace holds. `episodes` not yet expired; `agents`, `users`,
+    `sessions` distinct ids; `facts` current ones; `expiring` the 10 episodes expiring soonest, soonest
+    first."""
+
+    episodes: int
+    agents: int
+    users: int
+    sessions: int
+    facts: int
+    expiring: tuple[Expiring, ...]
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter(_Result):
+    """An event of the namespace the consolidator gave up on: `id` in the dead-letter stream (what
+    `redrive_dead_letters` and `discard_dead_letters` take), the `episode_id` it names, why, which
+    consumer, and when (`at`)."""
+
+    id: str
+    episode_id: str
+    reason: str
+    consumer: str
+    at: Instant
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetters(_Result):
+    """`GET /v1/dead-letters`: the namespace's dead letters, oldest first (at most `limit`), and `total`."""
+
+    dead_letters: tuple[DeadLetter, ...]
+    total: int
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[DeadLetter]:
+        return iter(self.dead_letters)
+
+    def __len__(self) -> int:
+        return len(self.dead_letters)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        return cls._read(data, dead_letters=tuple(map(DeadLetter.from_json, data["results"])))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLettersActed(_Result):
+    """A redrive or discard: `done` dead letters re-driven or discarded, the ids that named none of the
+    namespace's `unknown`."""
+
+    done: int
+    unknown: tuple[str, ...]
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ForgetJob(_Result):
     """A bulk forget (`DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget`) and its
     status (`GET /v1/forget/{job_id}`): `episodes` it erases, `forgotten` so far, `done` once all are.

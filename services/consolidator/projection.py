@@ -101,6 +101,17 @@ def _current(ordered: list[Event]) -> tuple[list[Event], frozenset[str]]:
     return kept, frozenset(e.event_id for e in ordered if e.event_id not in ids)
 
 
+def _completed(episode: Episode, at: float) -> Episode:
+    """A completed episode has an outcome (`abandoned` when its completion gave none) and a
+    `completed_at` (`at`, its first completion's instant, when none was given: `EngramClient.publish`
+    of a bare Episode), so every episode the API answers with has both (`EpisodeOut` requires them)."""
+    if episode.outcome is None:
+        episode = dataclasses.replace(episode, outcome="abandoned")
+    if episode.completed_at is None:
+        episode = dataclasses.replace(episode, completed_at=at)
+    return episode
+
+
 def fold(events: Iterable[Event]) -> Folded:
     """Fold one episode's episode-events (Started, ActionRecorded, Completed, Updated) into a Folded
     state: those of its current user only (`_current`)."""
@@ -113,13 +124,14 @@ def fold(events: Iterable[Event]) -> Folded:
     )
     episode: Episode | None = None
     actions: dict[tuple, Action] = {}
-    completed = False
+    completed_at: float | None = None  # the first completion's instant
     for event in ordered:
         if isinstance(event, EpisodeStarted | EpisodeCompleted):
             episode = _merge(episode, event.episode)
             for action in event.episode.actions:
                 actions.setdefault(_action_key(action), action)
-            completed = completed or isinstance(event, EpisodeCompleted)
+            if isinstance(event, EpisodeCompleted) and completed_at is None:
+                completed_at = event.occurred_at
         elif isinstance(event, ActionRecorded):
             action = event.action
             if action.action_id is None:
@@ -136,11 +148,11 @@ def fold(events: Iterable[Event]) -> Folded:
         )
         if merged != episode.actions:  # a whole episode in one event (the common case) needs no copy
             episode = dataclasses.replace(episode, actions=merged)
-        if completed and episode.outcome is None:
-            episode = dataclasses.replace(episode, outcome="abandoned")
+        if completed_at is not None:
+            episode = _completed(episode, completed_at)
     return Folded(
         episode=episode,
-        status=STATUS_COMPLETED if completed and episode is not None else STATUS_DRAFT,
+        status=STATUS_COMPLETED if completed_at is not None and episode is not None else STATUS_DRAFT,
         first_occurred_at=ordered[0].occurred_at if ordered else math.inf,
         event_count=len(ordered),
         superseded=superseded,

@@ -26,6 +26,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Action": action_schema(),
     "Feedback": feedback_schema(),
     "EpisodeOut": episode_schema(response=True, refs=EPISODE_OUT_REFS),
+    "EpisodeDraftOut": episode_schema(response=True, refs=EPISODE_OUT_REFS, draft=True),
     "TaskOut": task_schema(response=True),
     "ActionOut": action_schema(response=True),
     "FeedbackOut": feedback_schema(response=True),
@@ -44,6 +45,10 @@ def named(name: str) -> dict[str, Any]:
 
 
 EpisodeOut = Annotated[dict[str, Any], WithJsonSchema(named("EpisodeOut"))]
+EpisodeOrDraft = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"anyOf": [named("EpisodeOut"), named("EpisodeDraftOut")]}),
+]
 Instant = Annotated[str, Field(description="ISO 8601, UTC (`Z`)"), WithJsonSchema({"type": "string"})]
 Outcome = Literal[OUTCOMES]  # type: ignore[valid-type]
 
@@ -81,7 +86,9 @@ class IngestAnswer(Answer):
 
 
 class EpisodeAnswer(Answer):
-    episode: EpisodeOut | None = Field(description="null while `status` is pending")
+    episode: EpisodeOrDraft | None = Field(
+        description="null while `status` is pending; an EpisodeDraftOut while it is `draft`"
+    )
     episode_id: str | None = Field(None, description="present while pending")
     status: str = Field(description="`pending` (accepted, not yet projected), `completed`, ...")
     access_count: int
@@ -111,6 +118,9 @@ class EpisodeUpdateAccepted(Answer):
     episode_id: str
     event_id: str
     projected: bool | None = Field(None, description="with ?wait=: folded into the episode in time")
+    reason: str | None = Field(
+        None, description="with ?wait=, why not projected: `dead_lettered`, `expired`, `timeout`"
+    )
 
 
 class ForgetJob(Answer):
@@ -180,7 +190,9 @@ class StrategyInReplay(Answer):
     episodes: int
     avg_reward: float | None
     success_rate: float | None
-    changed_at: Instant | None = None
+    changed_at: Instant | None = Field(description="when its outcomes last flipped; null if never")
+    earlier_episodes: int = Field(description="its episodes before `changed_at` (not counted above)")
+    earlier_success_rate: float | None = Field(description="their success rate; null without any")
 
 
 class ReplayContext(Answer):
@@ -264,8 +276,30 @@ class StrategyAnswer(Answer):
     pool: list[str] | None = None
 
 
-class Count(Answer):
-    count: int
+class FailureCount(Answer):
+    message: str = Field(description="a failure message (feedback or action error), at most 300 characters")
+    count: int = Field(description="episodes that said it")
+
+
+class FailedActionType(Answer):
+    action_type: str
+    count: int = Field(description="episodes with an action of this type that did not succeed")
+
+
+class StrategyCount(Answer):
+    strategy: str
+    count: int = Field(description="successful episodes that used it")
+
+
+class StrategyChange(Answer):
+    """An approach whose outcomes flipped: its episodes since, and the earlier ones it no longer counts."""
+
+    strategy: str | None = Field(description="the approach; null for the episodes without one")
+    since: Instant = Field(description="when the current run of outcomes began")
+    episodes: int
+    successes: int
+    earlier_episodes: int
+    earlier_successes: int
 
 
 class SuggestAnswer(Answer):
@@ -274,10 +308,10 @@ class SuggestAnswer(Answer):
     successes: int
     failures: int
     success_share: float | None
-    common_failures: list[dict[str, Any]] = Field(description="`{message, count}`, most frequent first")
-    failed_action_types: list[dict[str, Any]] = Field(description="`{action_type, count}`")
-    successful_strategies: list[dict[str, Any]] = Field(description="`{strategy, count}`")
-    changed: list[dict[str, Any]] = Field(description="strategies whose outcomes flipped")
+    common_failures: list[FailureCount] = Field(description="most frequent first")
+    failed_action_types: list[FailedActionType] = Field(description="most frequent first")
+    successful_strategies: list[StrategyCount] = Field(description="most used first")
+    changed: list[StrategyChange] = Field(description="strategies whose outcomes flipped")
 
 
 class CurvePoint(Answer):
@@ -297,22 +331,59 @@ class LearningCurveAnswer(Answer):
 
 
 # --- facts ------------------------------------------------------------------------------------------
+class TopStrategy(Answer):
+    strategy: str
+    episodes: int
+    successes: int
+    success_rate: float
+
+
+class ActionTypeCount(Answer):
+    action_type: str
+    count: int = Field(description="actions of this type in the evidence")
+    failed: int = Field(description="those that did not succeed")
+
+
 class Fact(Answer):
+    """A consolidated fact (`shared.facts.Fact.to_json`: every field but the centroid and the
+    deterministic text it may rewrite)."""
+
     fact_id: str
     namespace: str
-    level: str
+    scope_id: str
+    level: Literal["namespace", "agent_category"] = Field(description="the scope it was distilled over")
+    agent_id: str | None = Field(None, description="the scope's agent (level `agent_category`)")
+    category: str | None = Field(None, description="the scope's category (level `agent_category`)")
     kind: Literal["strategy", "failure_pattern", "best_practice", "preference"]
     text: str
-    support: int
-    successes: int | None = None
-    success_rate: float | None = None
+    support: int = Field(description="evidence episodes")
+    successes: int
+    success_rate: float
     avg_reward: float | None = None
-    evidence: list[str] = Field(default_factory=list, description="episode ids")
-    first_at: Instant | None = None
-    last_at: Instant | None = None
-    confidence: float | None = None
-    version: int | None = None
-    status: str | None = Field(None, description="`current` or `superseded`")
+    top_strategies: list[TopStrategy] = Field(description="most used first")
+    common_failures: list[FailureCount] = Field(description="most frequent first")
+    action_types: list[ActionTypeCount] = Field(description="most frequent first")
+    evidence: list[str] = Field(description="episode ids")
+    central: list[str] = Field(description="the evidence episodes nearest its centroid")
+    agents: list[str]
+    users: list[str]
+    categories: list[str]
+    first_at: Instant
+    last_at: Instant
+    evidence_since: Instant | None = Field(
+        None, description="a superseding fact counts only evidence completed since"
+    )
+    confidence: float
+    version: int
+    created_at: Instant
+    updated_at: Instant
+    supersedes: str | None = Field(None, description="the fact_id of the version it replaced")
+    superseded_by: str | None = None
+    superseded_at: Instant | None = None
+    status: Literal["current", "superseded"]
+    summary: Literal["llm", "fallback"] | None = Field(
+        None, description="how `text` was written: absent (no summariser), `llm`, `fallback` (it failed)"
+    )
     score: float | None = Field(None, description="search answers only")
 
 
@@ -332,24 +403,36 @@ class FactPage(Answer):
 class FactDetail(Answer):
     fact: Fact
     evidence: list[EpisodeOut]
-    history: list[dict[str, Any]] = Field(description="earlier versions of the fact")
+    history: list[Fact] = Field(description="earlier versions of the fact, newest first")
 
 
 class ConsolidationRun(Answer):
     scope: dict[str, Any]
-    status: str
-    facts: int | None = None
-    removed: int | None = None
+    status: Literal["published", "unchanged", "busy"]
+    facts: int
+    removed: int
+    summarizer_failures: int = Field(description="facts whose summary failed (the deterministic text kept)")
 
 
 class ConsolidateAnswer(Answer):
     results: list[ConsolidationRun]
+    summarizer_failures: int = Field(description="over every run")
     generation: int
 
 
 # --- operations -------------------------------------------------------------------------------------
 class Health(Answer):
     status: Literal["ok"]
+
+
+class FactsState(Answer):
+    """The live generation's facts (`shared.facts.facts_state`)."""
+
+    generation: int
+    indexed: int = Field(description="documents its facts index holds")
+    replay: dict[str, Any] | None = Field(
+        None, description="when a replay built the generation: facts carried over, re-embedded, indexed"
+    )
 
 
 class Readiness(Answer):
@@ -371,6 +454,7 @@ class Readiness(Answer):
         description="entries published and not yet delivered to the consolidator (all partitions); "
         "never makes the service not ready; null when Redis does not answer",
     )
+    facts: FactsState | None = Field(None, description="absent when Redis or the index does not answer")
 
 
 class Expiring(Answer):

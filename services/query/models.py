@@ -418,7 +418,12 @@ UPDATE_SCHEMA: dict[str, Any] = {
         "outcome": _EPISODE_IN["outcome"],
         "outcome_details": _EPISODE_IN["outcome_details"],
         "importance": _EPISODE_IN["importance"],
-        "metadata": {"type": "object", "description": "keys to set; a null value removes the key"},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": True,
+            "description": "keys to set, any JSON value each; a null value removes the key (merged, "
+            "the episode's metadata stays within its limits)",
+        },
         "expires_at": _EPISODE_IN["expires_at"],
         "ttl": ttl_schema("a duration from now"),
     },

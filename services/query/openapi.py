@@ -32,6 +32,15 @@ PROBLEM_SCHEMA: dict[str, Any] = {
                 "required": ["field", "reason"],
             },
         },
+        # extension members (RFC 9457 section 3.2) some problems carry, for a client to act on
+        "lag": {"type": "integer", "description": "429: entries the consolidator is behind"},
+        "max_lag": {"type": "integer", "description": "429: the lag past which ingest is refused"},
+        "max_body_bytes": {"type": "integer", "description": "413: the largest request body, bytes"},
+        "pending": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "503 while starting: what the service still waits for",
+        },
     },
     "required": ["type", "title", "status"],
 }

@@ -534,3 +534,55 @@ async def test_a_user_forget_can_wait_until_it_is_erased_from_every_read(tenants
             out.exit_code == 0 and "forgot user wu" in out.output and "erased from every read" in out.output
         )
         assert (await memory.forget_user("wu")).forgotten is None  # without wait: not said
+
+
+async def test_summary_dead_letters_and_the_facts_of_an_episode(tenants, settings, redis):
+    """The console's routes from both clients: the namespace's summary, its dead letters listed,
+    re-driven and discarded, and the facts one episode is evidence for."""
+    from tests.integration.test_dead_letters_http import dead_lettered
+
+    async with AsyncEngram(url(tenants), api_key=KEY_A) as memory:
+        batch = await memory.publish(
+            [
+                {
+                    "task": {"description": f"rotate the tls certificate of service {i}", "category": "ops"},
+                    "outcome": "success",
+                    "agent_id": "ops",
+                    "user_id": "ann",
+                    "ttl": "1d" if i == 0 else None,
+                }
+                for i in range(4)
+            ]
+        )
+        await drain(settings, redis)
+        await memory.consolidate()
+        await drain(settings, redis)
+        summary = await memory.summary()
+        assert (summary.episodes, summary.agents, summary.users, summary.sessions) == (4, 1, 1, 0)
+        assert summary.facts >= 1 and [e.episode_id for e in summary.expiring] == [
+            batch.results[0].episode_id
+        ]
+        first = batch.results[0].episode_id
+        mine = await memory.list_facts(episode_id=first)
+        assert len(mine) >= 1 and all(first in f.evidence for f in mine)
+        assert len(await memory.list_facts(episode_id="never-recorded")) == 0
+
+        await dead_lettered(settings, redis, "ns-a", "bad-1")
+        await dead_lettered(settings, redis, "ns-a", "bad-2")
+        dead = await memory.dead_letters(limit=10)
+        assert dead.total == 2 and [d.episode_id for d in dead] == ["bad-1", "bad-2"]
+        assert isinstance(dead.dead_letters[0].at, float) and "vector" in dead.dead_letters[0].reason
+        redriven = await memory.redrive_dead_letters([dead.dead_letters[0].id, "0-1"])
+        assert (redriven.done, redriven.unknown) == (1, ("0-1",))
+        with pytest.raises(ResourceNotFound):
+            await memory.discard_dead_letters(["0-1"])
+
+    def sync() -> tuple:
+        with Engram(url(tenants), api_key=KEY_A) as memory:
+            left = memory.dead_letters()
+            gone = memory.discard_dead_letters([d.id for d in left])
+            return memory.summary(), left, gone, memory.dead_letters(), memory.list_facts(episode_id=first)
+
+    summary_again, left, gone, after, facts = await asyncio.to_thread(sync)
+    assert summary_again.episodes == 4 and len(facts) == len(mine)
+    assert left.total == 1 and gone.done == 1 and after.total == 0

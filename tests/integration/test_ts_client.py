@@ -24,8 +24,11 @@ import pytest
 from engram_episodic import ApiError, Engram, EpisodeForgotten, InvalidEpisode, ResourceNotFound
 from engram_episodic.client import Calls
 from engram_episodic.errors import EngramError
+from engram_episodic.events import EpisodeCompleted
+from engram_episodic.validation import parse_episode
 from services.consolidator.worker import Worker
 from shared import streams
+from shared.codec import encode
 from shared.embedding import HashingEmbedder
 from shared.keys import Keys
 from shared.redis_conn import connect
@@ -109,7 +112,33 @@ def stack(redis_url) -> Iterator[dict[str, str]]:
         await streams.StreamGroup(r, Keys(lag_prefix).stream, lag_settings.consumer_group).ensure()
         await r.aclose()
 
+    async def dead_letters() -> None:
+        """Two events of the wrong vector dimension, published past the service (which refuses them):
+        the consolidator dead-letters them, for the Node suite's dead-letter calls."""
+        r = connect(redis_url)
+        events = [
+            encode(
+                EpisodeCompleted(
+                    namespace="ns-ts",
+                    episode_id=eid,
+                    occurred_at=1.0,
+                    episode=parse_episode(
+                        {
+                            "episode_id": eid,
+                            "task": "rotate the keys",
+                            "outcome": "failure",
+                            "vector": [0.5] * 3,
+                        }
+                    ),
+                )
+            )
+            for eid in ("ts-dead-1", "ts-dead-2")
+        ]
+        await streams.publish(r, Keys(prefix).stream_of("ns-ts"), events)
+        await r.aclose()
+
     asyncio.run_coroutine_threadsafe(idle_group(), lag_app.loop).result(timeout=30)
+    asyncio.run_coroutine_threadsafe(dead_letters(), app.loop).result(timeout=30)
     running = asyncio.run_coroutine_threadsafe(consolidate(), app.loop)
     try:
         yield {
@@ -230,6 +259,10 @@ def _python_step(memory: Engram, step: dict[str, Any]) -> Any:
         "update_episode": lambda: Calls.update_episode(step["id"], step["changes"], wait),
         "forget_episode": lambda: Calls.forget_episode(step["id"], wait),
         "forget_user": lambda: Calls.forget_user(step["id"], wait),
+        "list_facts": lambda: Calls.list_facts(step.get("options", {})),
+        "summary": Calls.summary,
+        "redrive_dead_letters": lambda: Calls.act_on_dead_letters("redrive", step["ids"]),
+        "discard_dead_letters": lambda: Calls.act_on_dead_letters("discard", step["ids"]),
     }
     return memory.call(calls[op]().as_json())
 

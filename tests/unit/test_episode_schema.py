@@ -170,5 +170,20 @@ def test_the_schema_has_every_field_of_the_model_with_its_limits():
     assert strategy["maxLength"] == 128 and "pattern" in strategy
     # the response form: what GET /v1/episodes/{id} and recall answer with
     out = component("EpisodeOut")
-    assert out.is_valid({"episode_id": "e", "task": {"description": "d", "category": "c"}, "duration_s": 3.0})
-    assert not out.is_valid({"episode_id": "e", "vector": [0.1]})
+    done = {"outcome": "success", "completed_at": "2026-01-01T00:00:00Z"}
+    task = {"description": "d", "category": "c"}
+    assert out.is_valid({"episode_id": "e", "task": task, **done, "duration_s": 3.0})
+    assert not out.is_valid({"episode_id": "e", "task": task, **done, "vector": [0.1]})
+
+
+def test_what_every_answered_episode_has_is_required():
+    """A generated client types `task`, `outcome` and `completed_at` as present on an answered
+    episode; a draft (not completed) has only `episode_id` and `task`."""
+    task = {"description": "d", "category": "c"}
+    done = {"episode_id": "e", "task": task, "outcome": "success", "completed_at": "2026-01-01T00:00:00Z"}
+    for name in ("task", "outcome", "completed_at"):
+        assert not component("EpisodeOut").is_valid({k: v for k, v in done.items() if k != name}), name
+    draft = component("EpisodeDraftOut")
+    assert draft.is_valid({"episode_id": "e", "task": task})
+    assert not draft.is_valid({"episode_id": "e"})
+    assert component("TaskOut").is_valid(task) and not component("TaskOut").is_valid({"description": "d"})

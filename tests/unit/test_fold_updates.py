@@ -116,7 +116,8 @@ def test_a_snapshot_refused_once_merged_leaves_the_stored_fields():
     a = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=100.0, episode=first)
     b = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=101.0, episode=second)
     kept = fold([a, b]).episode
-    assert dataclasses.replace(kept, actions=first.actions) == first
+    # completed_at: `first` has none, so it completed when it occurred
+    assert dataclasses.replace(kept, actions=first.actions) == dataclasses.replace(first, completed_at=100.0)
     assert {x.action_id for x in kept.actions} == {"a1", "b1"}
     ok = Episode(episode_id="e", task=Task(description="t2"), completed_at=250.0)
     c = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=101.0, episode=ok)
@@ -153,3 +154,15 @@ def test_an_episode_is_folded_from_its_latest_users_events_only():
     # back to the first user: every event before the change goes, the first user's earlier ones too
     back = fold([a, b, _snapshot(105, "a")])
     assert back.episode.solution is None and back.superseded == {a.event_id, b.event_id}
+
+
+def test_a_completion_without_completed_at_completed_when_it_occurred():
+    """Every completed episode has a `completed_at` (the API requires it of an answered episode): one
+    published bare (`EngramClient.publish`) gets its first completion's instant; a draft gets none."""
+    assert BASE.completed_at is None
+    later = EpisodeCompleted(namespace="n", episode_id="e", occurred_at=105.0, episode=BASE)
+    folded = fold([later, COMPLETED])
+    assert folded.episode is not None and folded.episode.completed_at == 100.0
+    given = dataclasses.replace(BASE, completed_at=90.0)
+    kept = fold([EpisodeCompleted(namespace="n", episode_id="e", occurred_at=100.0, episode=given)])
+    assert kept.episode is not None and kept.episode.completed_at == 90.0
