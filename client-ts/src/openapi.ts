@@ -1740,6 +1740,21 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** Generations */
+        Generations: {
+            /**
+             * Live
+             * @description the index generation recall reads
+             */
+            live: number;
+            /**
+             * Building
+             * @description the generation an `engram-admin replay` / `reindex` is building; null when none runs
+             */
+            building: number | null;
+        } & {
+            [key: string]: unknown;
+        };
         /** Readiness */
         Readiness: {
             /**
@@ -1777,6 +1792,11 @@ export interface components {
              * @default null
              */
             facts: components["schemas"]["FactsState"] | null;
+            /**
+             * @description absent when Redis or the index does not answer
+             * @default null
+             */
+            generations: components["schemas"]["Generations"] | null;
         } & {
             [key: string]: unknown;
         };

@@ -435,6 +435,13 @@ class FactsState(Answer):
     )
 
 
+class Generations(Answer):
+    live: int = Field(description="the index generation recall reads")
+    building: int | None = Field(
+        description="the generation an `engram-admin replay` / `reindex` is building; null when none runs"
+    )
+
+
 class Readiness(Answer):
     status: Literal["ready", "not ready"]
     checks: dict[str, bool] = Field(description="redis, index, embedder")
@@ -455,6 +462,9 @@ class Readiness(Answer):
         "never makes the service not ready; null when Redis does not answer",
     )
     facts: FactsState | None = Field(None, description="absent when Redis or the index does not answer")
+    generations: Generations | None = Field(
+        None, description="absent when Redis or the index does not answer"
+    )
 
 
 class Expiring(Answer):
