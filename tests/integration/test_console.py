@@ -355,3 +355,89 @@ async def test_dead_letters_are_redriven_and_discarded_from_the_page(browser, te
     assert left["total"] == 0
     assert (await (await tenants.get("/v1/dead-letters", headers=auth(KEY_B))).json())["total"] == 1
     assert w.problems == []
+
+
+async def test_inputs_long_texts_and_empty_answers_are_shown_for_what_they_are(browser, tenants, settings, redis):
+    """An empty reward is refused in the page (never saved as 0); a save shows the episode as the API
+    then reads it, with one status line; an 82,000-character task is clipped in lists, hits, headings
+    and dialogs (whole on its episode page); no view renders a null as text; a fact search that finds
+    nothing says so; the key form keeps the focus; "Compare" shows the second setting at once."""
+    base = str(tenants.server.make_url("")).rstrip("/")
+    long_task = ("reproduce the login failure " + "with a very long log line " * 3200).strip()
+    assert len(long_task) > 82_000
+    async with consolidating(settings, redis):
+        ids = await record_all(base)
+        async with AsyncEngram(base, api_key=KEY_A) as memory:
+            long_id = await memory.record(task=long_task, outcome="failure", solution="retry", wait=10)
+        made = await tenants.post("/v1/consolidate", json={}, headers=auth(KEY_A))
+        assert made.status == 200, await made.text()
+        w = await opened(browser, base, None)
+        patches: list[str] = []
+        w.page.on("request", lambda r: r.method == "PATCH" and patches.append(r.post_data or ""))
+
+        # the service has keys and this tab none: the key form, with the focus in its box
+        await w.view("episodes")
+        assert await w.page.evaluate("() => document.activeElement.name") == "key"
+        await w.page.keyboard.type(KEY_A)
+        await w.page.keyboard.press("Enter")
+        await w.page.wait_for_selector("tr[data-episode]")
+        w.problems.clear()  # the 401 that asked for the key
+
+        # long texts: clipped in the list, the heading and the dialog; whole on the episode page
+        link = w.page.locator(f'tr[data-episode="{long_id}"] a')
+        assert len(await link.inner_text()) <= 160
+        assert await w.page.evaluate("() => document.documentElement.scrollHeight") < 4000
+        await w.view(f"episode/{long_id}")
+        assert len(await w.page.inner_text("main h1")) <= 160
+        assert len(await w.page.eval_on_selector("dialog", "e => e.textContent")) < 1000
+        whole = await w.page.eval_on_selector("main details pre", "e => e.textContent")
+        assert whole == long_task
+        await w.view("recall?query=login+failure+log+line&top_k=20")
+        hits = await w.page.eval_on_selector_all(".hits li a", "els => els.map(a => a.textContent)")
+        assert hits and max(len(t) for t in hits) <= 160
+
+        # the reward: an empty box is refused, naming the field, and nothing is sent
+        target = ids[1]
+        await w.view(f"episode/{target}")
+        await w.page.fill('input[name="reward"]', "")
+        await w.page.click("text=Save reward")
+        error = await w.page.inner_text("main .error")
+        assert "Reward: enter a number" in error, error
+        assert await w.page.get_attribute('input[name="reward"]', "aria-invalid") == "true"
+        assert patches == []
+        stored = await (await tenants.get(f"/v1/episodes/{target}", headers=auth(KEY_A))).json()
+        assert stored["episode"]["feedback"]["reward"] == 0.1
+
+        # a save shows the new reward at once, and one status line however many saves
+        for value, shown in (("0.25", "0.25"), ("0.5", "0.50")):
+            await w.page.fill('input[name="reward"]', value)
+            await w.page.click("text=Save reward")
+            await w.page.locator("main dd", has_text=shown).wait_for()
+            await w.page.wait_for_selector("text=Reward saved.")
+            assert await w.page.locator("main .ok").count() == 1
+            assert await w.page.locator("main .error").count() == 0
+            assert await w.page.input_value('input[name="reward"]') == value
+        assert [json.loads(p) for p in patches] == [{"feedback": {"reward": 0.25}}, {"feedback": {"reward": 0.5}}]
+
+        # "Compare" shows the second setting at once, even before a query is typed
+        await w.view("recall")
+        await w.page.check("#compare")
+        await w.page.locator("fieldset legend", has_text="Setting B").wait_for()
+        assert "compare" not in w.page.url
+        await w.page.uncheck("#compare")
+        assert await w.page.locator("fieldset legend", has_text="Setting B").count() == 0
+
+        # no null rendered as text; every fact says where it was distilled
+        for view in ("facts", "learning", "overview", f"episode/{ids[0]}"):
+            await w.view(view)
+            assert "null" not in await w.page.inner_text("main"), view
+        await w.view("facts")
+        facts = await w.page.locator("ul.facts li").all_inner_texts()
+        assert facts and all("whole namespace" in f or "agent " in f for f in facts), facts
+        assert w.problems == []
+
+        # a search that finds nothing is not "no facts yet" (ns-b has none to find)
+        b = await opened(browser, base, KEY_B)
+        await b.view("facts?q=login")
+        shown = await b.page.inner_text("main")
+        assert 'No fact matches "login"' in shown and "No facts yet" not in shown

@@ -37,9 +37,21 @@ function s(tag, attrs, ...kids) {
   return el;
 }
 const main = () => document.getElementById("main");
+// Node.after / replaceChildren would render a null as the text "null": every insertion goes through these
+const present = (nodes) => nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false);
 function show(...nodes) {
-  main().replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false));
+  main().replaceChildren(...present(nodes));
 }
+function after(ref, ...nodes) {
+  ref.after(...present(nodes));
+}
+// a task or fact text can be tens of thousands of characters: lists, hits, headings and dialogs show its
+// start (the whole text in a tooltip only when short enough to read there); the episode page has it all
+const CLIP = 160;
+const clip = (text, n = CLIP) => {
+  const t = String(text ?? "");
+  return t.length <= n ? t : `${t.slice(0, n - 1).trimEnd()}…`;
+};
 const fmt = (x, d = 3) => (x === null || x === undefined ? "–" : typeof x === "number" ? x.toFixed(d) : String(x));
 const pct = (x) => (x === null || x === undefined ? "–" : `${Math.round(x * 100)} %`);
 const when = (iso) => (iso ? iso.replace("T", " ").replace(/\.\d+Z$|Z$/, " UTC") : "–");
@@ -53,7 +65,8 @@ function select(name, options, value) {
   return h("select", { name }, options.map(([v, label]) => h("option", { value: v, selected: v === (value ?? "") }, label)));
 }
 const link = (href, text) => h("a", { href }, text);
-const epLink = (id, text) => link(`#/episode/${encodeURIComponent(id)}`, text ?? id);
+const epLink = (id, text) => link(`#/episode/${encodeURIComponent(id)}`, clip(text ?? id));
+const factLink = (f) => link(`#/fact/${encodeURIComponent(f.fact_id)}`, clip(f.text));
 
 // ---------------------------------------------------------------- API
 class ApiError extends Error {
@@ -64,6 +77,24 @@ class ApiError extends Error {
     this.body = body;
     this.fields = (body?.errors || []).map((e) => e.field);
   }
+}
+/** A value refused in the page before any request: shown as an API 422 naming `field` would be. */
+class FieldError extends ApiError {
+  constructor(field, label, reason) {
+    super(422, { title: "Invalid value", errors: [{ field: label, reason }] });
+    this.fields = [field];
+  }
+}
+/**
+ * The number typed in `el` (an <input> named like the API field), or FieldError naming `label`: an
+ * empty box is not 0. `min`/`max` bound it when given.
+ */
+function numberIn(el, label, { min, max } = {}) {
+  const text = el.value.trim();
+  const n = text === "" ? NaN : Number(text);
+  if (!Number.isFinite(n)) throw new FieldError(el.name, label, text === "" ? "enter a number" : `${JSON.stringify(text)} is not a number`);
+  if ((min !== undefined && n < min) || (max !== undefined && n > max)) throw new FieldError(el.name, label, `must be between ${min} and ${max}`);
+  return n;
 }
 async function api(method, path, body) {
   const headers = { Accept: "application/json" };
@@ -103,13 +134,22 @@ function problem(err, form) {
   }
   return h("p", { class: "error", role: "alert" }, err.message || String(err));
 }
+/** Show `node` as the one status line of `form` (replacing its previous success or error line). */
+function note(form, node) {
+  form._note?.remove();
+  form._note = node;
+  after(form, node);
+}
 async function guarded(render, form) {
+  form?._note?.remove();
+  for (const el of form?.querySelectorAll("[aria-invalid]") || []) el.removeAttribute("aria-invalid");
   try {
     await render();
   } catch (err) {
     const node = problem(err, form);
     if (err instanceof ApiError && (err.status === 401 || err.status === 403)) return;
-    (form?.parentNode ? form.after.bind(form) : (n) => show(n))(node);
+    if (form?.parentNode) note(form, node);
+    else show(node);
   }
 }
 
@@ -248,7 +288,7 @@ async function episodes(_, params) {
     const filters = Object.fromEntries(EPISODE_FILTERS.map((f) => [f, params.get(f)]));
     const page = await get("v1/episodes", { ...filters, limit: 50, cursor: params.get("cursor") });
     if (!page.results.length && !params.toString()) {
-      form.after(empty());
+      after(form, empty());
       return;
     }
     const table = h(
@@ -279,11 +319,11 @@ async function episodes(_, params) {
       params.get("cursor") ? link(`#/episodes?${query(filters)}`, "First page") : null,
       page.next_cursor ? link(`#/episodes?${query({ ...filters, cursor: page.next_cursor })}`, "Next page") : null,
     );
-    form.after(h("div", { class: "scroll" }, table), nav);
+    after(form, h("div", { class: "scroll" }, table), nav);
   }, form);
 }
 
-async function episode(id) {
+async function episode(id, _params, saved) {
   const [answer, facts] = await Promise.all([get(`v1/episodes/${encodeURIComponent(id)}`), get("v1/facts", { episode_id: id, include_superseded: true })]);
   const e = answer.episode;
   if (!e) {
@@ -297,15 +337,19 @@ async function episode(id) {
   patch.addEventListener("submit", (ev) => {
     ev.preventDefault();
     guarded(async () => {
-      await api("PATCH", `v1/episodes/${encodeURIComponent(id)}?wait=5`, { feedback: { reward: Number(reward.value) } });
-      patch.after(h("p", { class: "ok", role: "status" }, "Reward saved."));
+      const value = numberIn(reward, "Reward");
+      const done = await api("PATCH", `v1/episodes/${encodeURIComponent(id)}?wait=5`, { feedback: { reward: value } });
+      // the PATCH answers no episode: show it as the API now reads it
+      await episode(id, null, done.projected === false ? "Reward saved; the episode shows it once the consolidator has applied it." : "Reward saved.");
     }, patch);
   });
+  const status = saved ? h("p", { class: "ok", role: "status" }, saved) : null;
+  patch._note = status;
   const dialog = h(
     "dialog",
     { "aria-labelledby": "forget-title" },
     h("h2", { id: "forget-title" }, "Forget this episode?"),
-    h("p", {}, `This erases episode ${id} ("${e.task.description}"): its actions, solution, feedback and vector, everywhere recall, lists and exports read.`),
+    h("p", {}, `This erases episode ${id} ("${clip(e.task.description)}"): its actions, solution, feedback and vector, everywhere recall, lists and exports read.`),
     h(
       "form",
       { method: "dialog" },
@@ -321,7 +365,8 @@ async function episode(id) {
     });
   });
   show(
-    h("h1", {}, e.task.description),
+    h("h1", {}, clip(e.task.description)),
+    e.task.description.length > CLIP ? h("details", { class: "task" }, h("summary", {}, `The whole task (${e.task.description.length.toLocaleString()} characters)`), h("pre", {}, e.task.description)) : null,
     h(
       "dl",
       { class: "props" },
@@ -360,9 +405,10 @@ async function episode(id) {
     h("h2", {}, "Solution"),
     h("pre", {}, e.solution || "–"),
     h("h2", {}, "Evidence for facts"),
-    evidenceOf.length ? h("ul", {}, evidenceOf.map((f) => h("li", {}, link(`#/fact/${encodeURIComponent(f.fact_id)}`, f.text)))) : h("p", { class: "muted" }, "No fact cites it (yet)."),
+    evidenceOf.length ? h("ul", {}, evidenceOf.map((f) => h("li", {}, factLink(f)))) : h("p", { class: "muted" }, "No fact cites it (yet)."),
     h("h2", {}, "Change"),
     patch,
+    status,
     h("p", {}, h("button", { type: "button", class: "danger", onclick: () => dialog.showModal() }, "Forget this episode…")),
     dialog,
   );
@@ -435,7 +481,7 @@ async function recall(_, params) {
       field("Until", input("until", params.get("until"), { placeholder: "2026-12-31T00:00:00Z" })),
       field("Top k", h("input", { name: "top_k", type: "number", min: 1, max: 100, value: params.get("top_k") || 10 })),
     ),
-    h("div", { class: "row" }, settingsForm("A", params), params.get("compare") ? settingsForm("B", params) : null),
+    h("div", { class: "row settings" }, settingsForm("A", params), params.get("compare") ? settingsForm("B", params) : null),
     h("div", { class: "check" }, h("input", { type: "checkbox", id: "compare", name: "compare", value: "1", checked: !!params.get("compare") }), h("label", { for: "compare" }, "Compare with a second setting")),
     h("button", { type: "submit" }, "Recall"),
   );
@@ -446,7 +492,12 @@ async function recall(_, params) {
     for (const [k, v] of data) if (v !== "") q.set(k, v);
     location.hash = `#/recall?${q}`;
   });
-  form.querySelector("#compare").addEventListener("change", () => form.requestSubmit());
+  // the second setting appears (or goes) at once; the next Recall runs both (no submit: the query may be empty yet)
+  form.querySelector("#compare").addEventListener("change", (ev) => {
+    const row = form.querySelector(".settings");
+    if (ev.currentTarget.checked) row.append(settingsForm("B", params));
+    else row.children[1]?.remove();
+  });
   show(h("h1", {}, "Recall playground"), form);
   if (!params.get("query")) return;
   await guarded(async () => {
@@ -480,7 +531,7 @@ async function recall(_, params) {
       h("h2", {}, "Prompt section (/v1/context)"),
       h("pre", { class: "prompt" }, ctx.prompt),
     );
-    form.after(out);
+    after(form, out);
     out.dataset.ms = String(Math.round(performance.now() - started)); // request to rendered hits (make bench)
   }, form);
 }
@@ -516,7 +567,8 @@ async function learning(_, params) {
       : await Promise.all(
           skills.results.slice(0, 6).map(async (x) => [x.category, await get("v1/learning-curve", { agent_id: scope.agent_id, category: x.category, window: 10 })]),
         );
-    form.after(
+    after(
+      form,
       lineChart(`Learning curve (rolling ${curve.window})`, [
         { name: "success rate", points: curve.results.map((p) => p.success_rate) },
         { name: "average reward", points: curve.results.map((p) => p.avg_reward) },
@@ -550,7 +602,7 @@ async function learning(_, params) {
               "tbody",
               {},
               strategies.results.map((f) =>
-                h("tr", { class: f.status === "superseded" ? "weak" : null }, h("td", {}, link(`#/fact/${encodeURIComponent(f.fact_id)}`, f.text)), h("td", {}, f.support), h("td", {}, pct(f.success_rate)), h("td", {}, fmt(f.avg_reward, 2)), h("td", {}, when(f.last_at)), h("td", {}, f.status === "superseded" ? "stopped working" : f.status || "current")),
+                h("tr", { class: f.status === "superseded" ? "weak" : null }, h("td", {}, factLink(f)), h("td", {}, f.support), h("td", {}, pct(f.success_rate)), h("td", {}, fmt(f.avg_reward, 2)), h("td", {}, when(f.last_at)), h("td", {}, f.status === "superseded" ? "stopped working" : f.status || "current")),
               ),
             ),
           )
@@ -563,7 +615,7 @@ async function learning(_, params) {
             h("h2", {}, "Suggest and failure analysis"),
             h("p", {}, `Confidence ${advice.confidence}: ${advice.similar} similar episodes, ${advice.successes} succeeded, ${advice.failures} failed.`),
             h("h3", {}, "Common failures"),
-            h("ul", {}, advice.common_failures.map((f) => h("li", {}, `${f.message} (${f.count})`))),
+            h("ul", {}, advice.common_failures.map((f) => h("li", {}, `${clip(f.message)} (${f.count})`))),
             h("h3", {}, "Strategies that worked"),
             h("ul", {}, advice.successful_strategies.map((f) => h("li", {}, `${f.strategy} (${f.count})`))),
             advice.changed.length ? [h("h3", {}, "Stopped working"), h("ul", {}, advice.changed.map((c) => h("li", {}, `${c.strategy}: since ${when(c.changed_at)}`)))] : null,
@@ -582,25 +634,35 @@ async function facts(_, params) {
   });
   show(h("h1", {}, "Facts"), form);
   await guarded(async () => {
-    const found = params.get("q") ? await post("v1/facts/search", { query: params.get("q") }) : await get("v1/facts", { limit: 100, cursor: params.get("cursor") });
-    form.after(
+    const q = params.get("q");
+    const found = q ? await post("v1/facts/search", { query: q }) : await get("v1/facts", { limit: 100, cursor: params.get("cursor") });
+    after(
+      form,
       found.results.length
-        ? h("ul", { class: "facts" }, found.results.map((f) => h("li", {}, link(`#/fact/${encodeURIComponent(f.fact_id)}`, f.text), h("span", { class: "muted" }, ` ${f.kind}, support ${f.support}`))))
-        : h("p", { class: "muted" }, "No facts yet: the consolidator distils them from recorded episodes."),
+        ? h("ul", { class: "facts" }, found.results.map((f) => h("li", {}, factLink(f), h("span", { class: "muted" }, ` ${factSort(f)}`))))
+        : h("p", { class: "muted" }, q ? `No fact matches "${clip(q, 80)}".` : "No facts yet: the consolidator distils them from recorded episodes."),
       found.next_cursor ? h("p", {}, link(`#/facts?${query({ cursor: found.next_cursor })}`, "Next page")) : null,
     );
   }, form);
+}
+/** Where a fact was distilled: the whole namespace, or one agent × category of it. */
+const factScope = (f) =>
+  f.level === "agent_category" ? `agent ${f.agent_id ?? f.agents?.[0] ?? "–"} × ${f.category ?? f.categories?.[0] ?? "–"}` : "whole namespace";
+/** What tells two facts of the same text apart: kind, level, support, status. */
+function factSort(f) {
+  return [f.kind, factScope(f), `support ${f.support}`, f.status === "superseded" ? "superseded" : null].filter(Boolean).join(", ");
 }
 async function fact(id) {
   const d = await get(`v1/facts/${encodeURIComponent(id)}`);
   const f = d.fact;
   show(
-    h("h1", {}, f.text),
-    h("dl", { class: "props" }, [["Kind", f.kind], ["Support", f.support], ["Success rate", pct(f.success_rate)], ["From", when(f.first_at)], ["To", when(f.last_at)], ["Status", f.status], ["Version", f.version]].map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")])),
+    h("h1", {}, clip(f.text)),
+    f.text.length > CLIP ? h("details", { class: "task" }, h("summary", {}, "The whole text"), h("pre", {}, f.text)) : null,
+    h("dl", { class: "props" }, [["Kind", f.kind], ["Level", factScope(f)], ["Support", f.support], ["Success rate", pct(f.success_rate)], ["From", when(f.first_at)], ["To", when(f.last_at)], ["Status", f.status], ["Version", f.version]].map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")])),
     h("h2", {}, "Evidence"),
     h("ul", {}, d.evidence.map((e) => h("li", {}, epLink(e.episode_id, e.task.description)))),
     h("h2", {}, "History"),
-    d.history.length ? h("ol", {}, d.history.map((v) => h("li", {}, `${v.text ?? ""} (v${v.version ?? "?"})`))) : h("p", { class: "muted" }, "No earlier version."),
+    d.history.length ? h("ol", {}, d.history.map((v) => h("li", {}, `${clip(v.text)} (v${v.version ?? "?"})`))) : h("p", { class: "muted" }, "No earlier version."),
   );
 }
 
@@ -692,7 +754,8 @@ async function route() {
   main().setAttribute("aria-busy", "true");
   await guarded(() => view(decodeURIComponent(rest.join("/")), new URLSearchParams(qs || "")));
   main().setAttribute("aria-busy", "false");
-  main().focus({ preventScroll: true });
+  // the new view is announced from <main>, unless it put the focus in itself (the key form's box)
+  if (!main().contains(document.activeElement)) main().focus({ preventScroll: true });
 }
 window.addEventListener("hashchange", route);
 document.getElementById("change-key").addEventListener("click", () => keyForm());
