@@ -185,14 +185,37 @@ function retryAfter(response: Response): number | null {
 /** Connection errors by which the request never reached the service (Node's undici codes). */
 const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "UND_ERR_CONNECT_TIMEOUT", "EHOSTUNREACH"]);
 
-function notSent(error: unknown): boolean {
-  let cause: unknown = error;
-  for (let depth = 0; depth < 4 && cause && typeof cause === "object"; depth++) {
-    const code = (cause as { code?: unknown }).code;
-    if (typeof code === "string" && NOT_SENT.has(code)) return true;
-    cause = (cause as { cause?: unknown }).cause;
+/** `error` and its causes, outermost first (fetch's "fetch failed" says why only in its `cause`). */
+function causes(error: unknown): unknown[] {
+  const chain: unknown[] = [];
+  for (let cause = error; cause && chain.length < 4 && !chain.includes(cause); cause = (cause as { cause?: unknown }).cause) {
+    chain.push(cause);
+    if (typeof cause !== "object") break;
   }
-  return false;
+  return chain;
+}
+
+function notSent(error: unknown): boolean {
+  return causes(error).some((cause) => {
+    const { code, message } = (cause ?? {}) as { code?: unknown; message?: unknown };
+    // "bad port": fetch refuses a port of its blocked list (1, 22, 6000, ...) before connecting
+    return (typeof code === "string" && NOT_SENT.has(code)) || message === "bad port";
+  });
+}
+
+/** `error` with every cause's message and code: "TypeError: fetch failed: connect ECONNREFUSED 127.0.0.1:9". */
+function explain(error: unknown): string {
+  const parts: string[] = [];
+  for (const cause of causes(error)) {
+    if (!(cause instanceof Error)) {
+      parts.push(String(cause));
+      continue;
+    }
+    const code = (cause as { code?: unknown }).code;
+    const text = parts.length ? cause.message : `${cause.name}: ${cause.message}`;
+    parts.push(typeof code === "string" && !cause.message.includes(code) ? `${text} (${code})` : text);
+  }
+  return parts.join(": ");
 }
 
 const sleep = (seconds: number) => new Promise((resolve) => setTimeout(resolve, seconds * 1000));
@@ -366,7 +389,7 @@ export class Engram {
           await sleep(this.delay(attempt));
           continue;
         }
-        const what = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+        const what = explain(error);
         throw new ConnectionFailed(
           `${call.method} ${call.path}: ${unsent ? "the service could not be reached" : "no answer (the request may have been applied)"} (${what})`,
           { maybeApplied: lost, cause: error },
@@ -681,6 +704,29 @@ export class Engram {
   }
 }
 
+/** The fields of an episode (the API's `Episode`): what `episode()` and `complete()` take, and nothing else. */
+const EPISODE_FIELDS: Record<keyof EpisodeInput, true> = {
+  episode_id: true, agent_id: true, user_id: true, session_id: true, task: true, context: true, observation: true,
+  thoughts: true, action: true, result: true, solution: true, actions: true, feedback: true, outcome: true,
+  outcome_details: true, importance: true, strategy_used: true, iterations: true, started_at: true,
+  completed_at: true, duration_s: true, expires_at: true, source: true, metadata: true, vector: true, ttl: true,
+};
+
+/** InvalidRequest naming each key of `fields` that is not an episode field (the service would 422 it). */
+function episodeFields(fields: object, call: string): void {
+  const unknown = Object.keys(fields).filter((k) => !Object.hasOwn(EPISODE_FIELDS, k));
+  if (!unknown.length) return;
+  throw new InvalidRequest(
+    unknown.map((field) => ({
+      field,
+      reason:
+        field === "wait"
+          ? `${call} takes episode fields only and does not wait (as in the Python client): call waitUntilRecallable(episode.episodeId) after it`
+          : `not an episode field; ${call} takes the fields of an episode (${Object.keys(EPISODE_FIELDS).join(", ")})`,
+    })),
+  );
+}
+
 /** An episode in progress (see `Engram.episode`); actions are kept until `complete`. */
 export class OpenEpisode {
   readonly episodeId: string;
@@ -696,6 +742,7 @@ export class OpenEpisode {
     task: string | S["Task"],
     fields: Partial<EpisodeInput>,
   ) {
+    episodeFields(fields, "episode()");
     const data = wire(fields, "") as Record<string, unknown>;
     data.task = typeof task === "string" ? { description: task } : { ...task };
     data.episode_id ??= uuidHex();
@@ -720,6 +767,7 @@ export class OpenEpisode {
    */
   async complete(outcome: EpisodeInput["outcome"], fields: Partial<EpisodeInput> = {}): Promise<Record<string, unknown>> {
     if (this.completed) throw new InvalidRequest([{ field: "outcome", reason: "episode already completed" }]);
+    episodeFields(fields, "complete()");
     const extra = wire(fields, "") as Record<string, unknown>;
     // a retry after a failed completion sends the same snapshot: the same episode, never a copy
     const snapshot = this.pending ?? {

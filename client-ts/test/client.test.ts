@@ -304,6 +304,52 @@ describe("errors", () => {
     await assert.rejects(nowhere.recall("anything"), (e: unknown) => e instanceof ConnectionFailed && e.maybeApplied === false);
   });
 
+  test("a request that never left says why (refused, unknown host, a port fetch blocks), not applied", async () => {
+    const closed = await new Promise<number>((resolve) => {
+      const server = createServer().listen(0, "127.0.0.1", () => {
+        const { port } = server.address() as AddressInfo;
+        server.close(() => resolve(port));
+      });
+    });
+    const cases: [string, RegExp][] = [
+      [`http://127.0.0.1:${closed}`, /ECONNREFUSED/],
+      ["http://engram.invalid:8080", /ENOTFOUND|EAI_AGAIN/],
+      ["http://127.0.0.1:1", /bad port/],
+    ];
+    for (const [url, why] of cases) {
+      const client = new Engram(url, { maxRetries: 0 });
+      await assert.rejects(client.record({ task: "never sent", outcome: "success" }), (e: unknown) => {
+        assert.ok(e instanceof ConnectionFailed, String(e));
+        assert.equal(e.maybeApplied, false, `${url}: ${e.message}`);
+        assert.match(e.message, why);
+        assert.match(e.message, /could not be reached/);
+        return true;
+      });
+    }
+  });
+
+  test("episode() and complete() refuse a name that is not an episode field, before sending", async () => {
+    let sent = 0;
+    const counting: typeof fetch = async (input, init) => {
+      sent++;
+      return fetch(input, init);
+    };
+    const client = new Engram(env.ENGRAM_URL!, { apiKey: env.ENGRAM_API_KEY, fetch: counting });
+    const ep = client.episode("a draft that asks to wait", { agent_id: id("fields") });
+    const wrong = { wait: 10 } as never; // what a caller without types may pass
+    await assert.rejects(ep.complete("success", wrong), (e: unknown) => {
+      assert.ok(e instanceof InvalidRequest);
+      assert.equal(e.errors[0]!.field, "wait");
+      assert.match(e.message, /waitUntilRecallable/);
+      return true;
+    });
+    assert.throws(() => client.episode("typo", { agentid: "a" } as never), (e: unknown) => e instanceof InvalidRequest && e.errors[0]!.field === "agentid");
+    assert.equal(sent, 0);
+    await ep.complete("success", { solution: "the fields it knows" });
+    assert.equal(sent, 1);
+    assert.equal((await client.waitUntilRecallable(ep.episodeId, 10)).episode!.solution, "the fields it knows");
+  });
+
   test("a timeout is ConnectionFailed that may have been applied; a recall with touch is not retried", async () => {
     let calls = 0;
     const slow: typeof fetch = async (input, init) => {
