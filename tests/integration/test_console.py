@@ -357,7 +357,9 @@ async def test_dead_letters_are_redriven_and_discarded_from_the_page(browser, te
     assert w.problems == []
 
 
-async def test_inputs_long_texts_and_empty_answers_are_shown_for_what_they_are(browser, tenants, settings, redis):
+async def test_inputs_long_texts_and_empty_answers_are_shown_for_what_they_are(
+    browser, tenants, settings, redis
+):
     """An empty reward is refused in the page (never saved as 0); a save shows the episode as the API
     then reads it, with one status line; an 82,000-character task is clipped in lists, hits, headings
     and dialogs (whole on its episode page); no view renders a null as text; a fact search that finds
@@ -417,7 +419,10 @@ async def test_inputs_long_texts_and_empty_answers_are_shown_for_what_they_are(b
             assert await w.page.locator("main .ok").count() == 1
             assert await w.page.locator("main .error").count() == 0
             assert await w.page.input_value('input[name="reward"]') == value
-        assert [json.loads(p) for p in patches] == [{"feedback": {"reward": 0.25}}, {"feedback": {"reward": 0.5}}]
+        assert [json.loads(p) for p in patches] == [
+            {"feedback": {"reward": 0.25}},
+            {"feedback": {"reward": 0.5}},
+        ]
 
         # "Compare" shows the second setting at once, even before a query is typed
         await w.view("recall")
