@@ -1,34 +1,13 @@
 """Engram's tools for models: one definition, rendered for OpenAI, Anthropic and MCP, executed by `dispatch`.
 
-    from engram_episodic import Engram
-    from engram_episodic.tools import Toolset
-
-    with Engram("http://127.0.0.1:8080", api_key="...") as memory:
-        toolset = Toolset(memory, agent_id="coder-1", user_id="alice")
-        definitions = toolset.definitions("openai")        # pass as `tools=` to the model
-        ...                                                # the model answers with a tool call
-        result = toolset.dispatch(call.name, call.arguments)   # arguments: a dict or its JSON string
-        result.text   # compact text for the model;  result.data: the full JSON answer
-
-Each tool (`TOOLS`) has a `name`, a `description` written for a model (when to call it, what it
-returns) and `parameters`, a JSON Schema of its arguments (`additionalProperties: false`, the bounds the
-query service enforces), read from `engram_episodic/tools.json`, which the TypeScript client is generated
-from too; this module adds each tool's plan (arguments → requests). `tools(format)` renders them for
-OpenAI Chat Completions, the OpenAI Responses API or Anthropic tool use; the MCP server
-(`engram_episodic.mcp_server`) serves the same.
-
-Executing a tool call: the arguments are checked against the schema first (`engram_episodic.schema_check`;
-`ToolArgumentError` names every bad field and sends nothing), then turned into the requests of `engram_episodic.client.Calls`, sent
-by `Engram` (`dispatch`) or `AsyncEngram` (`adispatch`) and rendered into a `ToolResult`
-(`engram_episodic.tool_results`). A 422 of the
-service is the same `ToolArgumentError`, in the tool's field names (`feedback.reward` is `reward`).
-Other failures (`ConnectionFailed`, `Unauthorized`, `RateLimited`, ...) propagate as the client raised
-them; `error_result(exc)` renders any of them for a model (`errors="result"` does it for you).
-
-Scope: `agent_id` / `user_id` can be bound once (`Toolset(client, agent_id=..., user_id=...)`); a bound
-value is used whenever the model does not pass one. A bound `session_id` is stamped on recorded episodes
-only: reads are not narrowed to one session unless the model asks. Tenancy is the service's: the
-namespace comes from the client's API key, never from a tool argument.
+The tools' names, descriptions and argument schemas are `engram_episodic/tools.json` (the TypeScript
+client is generated from it too); this module adds each tool's plan (arguments → requests of
+`engram_episodic.client.Calls`). Arguments are checked against the schema before anything is sent
+(`ToolArgumentError` names every bad field; a 422 of the service is the same error, in the tool's field
+names); other failures propagate as the client raised them. A bound scope (`Toolset(client,
+agent_id=..., user_id=...)`) is used whenever the model passes none; a bound `session_id` only stamps
+recorded episodes. The namespace comes from the client's API key, never from a tool argument. Usage:
+docs/integrations.md, "Plain function calling".
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ test`, `cargo test`, `mvn test` and `make test`, plus the commands named in the 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -67,16 +68,9 @@ def _pytest(text: str) -> tuple[int, int] | None:
     return passed, passed + failed
 
 
-def _jest(text: str) -> tuple[int, int] | None:
-    line = _last(r"^Tests:\s+(.*\d+ total)", text)
-    if line is None:
-        return None
-    failed, passed = _count(r"(\d+) failed", line.group(1)), _count(r"(\d+) passed", line.group(1))
-    return passed, passed + failed
-
-
-def _vitest(text: str) -> tuple[int, int] | None:
-    line = _last(r"^\s*Tests\s+(.*\(\d+\))", text)
+def _tally(pattern: str, text: str) -> tuple[int, int] | None:
+    """jest's `Tests: 1 failed, 2 passed, 3 total` or vitest's `Tests  1 failed | 2 passed (3)`."""
+    line = _last(pattern, text)
     if line is None:
         return None
     failed, passed = _count(r"(\d+) failed", line.group(1)), _count(r"(\d+) passed", line.group(1))
@@ -120,7 +114,15 @@ def _go(text: str) -> tuple[int, int] | None:
     return None
 
 
-_PARSERS = (_pytest, _jest, _vitest, _cargo, _maven, _go, _mocha)
+_PARSERS = (
+    _pytest,
+    functools.partial(_tally, r"^Tests:\s+(.*\d+ total)"),  # jest
+    functools.partial(_tally, r"^\s*Tests\s+(.*\(\d+\))"),  # vitest
+    _cargo,
+    _maven,
+    _go,
+    _mocha,
+)
 _FAILURE_LINE = re.compile(
     r"^(?:FAILED \S+.*|ERROR \S+.*|--- FAIL: \S+.*|test \S+ \.\.\. FAILED|\s*[✕×] .+|\s*● .+ › .+)$", re.M
 )
