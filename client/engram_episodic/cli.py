@@ -1,25 +1,9 @@
 """`engram`: the command line of Engram's query service, on the typed client (`engram_episodic.Engram`).
 
-    engram recall "fix the flaky migration test" --agent-id coder --top-k 5
-    engram context "fix the flaky migration test"      # the prompt section an agent would get
-    engram record "fix the flaky migration test" --outcome success --reward 0.9 [--ttl 30d]
-    engram publish episodes.json                       # one episode, or {"episodes": [...]}
-    engram facts "migrations"                          # semantic memory
-    engram skills --agent-id coder [--plot [--out skills.png]]
-    engram curve --agent-id coder [--plot [--out curve.png]]
-    engram forget --episode EPISODE_ID                 # or --user, --agent, --session
-    engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
-    engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
-    engram hooks install claude-code                   # coding agents' tasks as episodes (docs/integrations.md)
-
-`--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
-select the service. Human output by default, `--json` for scripts. Errors are the service's problem
-details on stderr with exit status 1 (2 for usage errors). The plots are in `engram_episodic.cli_plot`.
-
-Only the commands of the HTTP API are here: the operator's (`run`, `replay`, `reindex`, `dead-letters`,
-`redrive`, `discard`, ...) run the server's code and are the server's `engram-admin` (`python -m
-services.admin`), which imports this package; this package never imports the server. `engram replay`
-and the others say so in one line (exit status 2).
+The commands, `--url` / `--api-key` and the output and exit statuses: docs/api.md, "Command line". Only
+the commands of the HTTP API are here: the operator's (`replay`, `dead-letters`, ...) are the server's
+`engram-admin`, which imports this package (never the reverse); `engram replay` and the others say so
+in one line (exit status 2). The plots are in `engram_episodic.cli_plot`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """`engram export` and `engram import`: a namespace (or one user's, agent's, session's episodes) as JSONL.
 
-    engram export --out memory.jsonl                 # every episode of the API key's namespace, oldest first
-    engram export --agent-id coder-1 > coder-1.jsonl
-    engram import memory.jsonl                       # into another stack (or back): idempotent
-
-Export pages through `GET /v1/episodes` (the client's `iter_episodes`) and writes one episode per line
-in its ingest shape: its `episode_id`, `started_at` / `completed_at` / `expires_at`, its actions with
-their `action_id` and `timestamp`, feedback, metadata and every other field (derived fields such as
-`duration_s` are dropped; the vector is not exported: the importing stack embeds the text again).
-Import publishes the lines back in batches (`publish`, which sends them in requests of at most
-`--max-body-bytes` / ENGRAM_MAX_BODY_BYTES, an episode larger than one in parts), each episode with its own `episode_id` and
-`completed_at`, so importing a file twice, or into a stack that holds some of it, changes nothing: a
-re-published episode is the same episode (docs/api.md, The episode model). Event ids are not carried:
-the importing stack records new events for the same episodes.
+Export pages through `iter_episodes` and writes each episode in its ingest shape (derived fields and the
+vector dropped); import publishes the lines back in batches with their own `episode_id` and
+`completed_at`, so importing twice changes nothing. Details: docs/api.md, "Export and import".
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""LangGraph nodes around a model call: Engram context before it, the episode recorded after it.
-
-    from langgraph.graph import START, END, MessagesState, StateGraph
-    from engram_episodic import Engram
-    from engram_episodic.adapters.langgraph import context_node, record_node
-
-    memory = Engram("http://127.0.0.1:8080", api_key="...")
-    graph = StateGraph(MessagesState)
-    graph.add_node("recall", context_node(memory, agent_id="coder-1"))
-    graph.add_node("model", call_model)               # your model node, unchanged
-    graph.add_node("record", record_node(memory, agent_id="coder-1"))
-    graph.add_edge(START, "recall"); graph.add_edge("recall", "model")
-    graph.add_edge("model", "record"); graph.add_edge("record", END)
-
-`context_node` asks `POST /v1/context` about the task (the last human message, or a state key you
-name) and puts the ready prompt section into the conversation as one `SystemMessage` with a fixed id
-(`CONTEXT_MESSAGE_ID`), right after the leading system messages, so the model node's input holds it
-and a later turn replaces it rather than stacking another. `record_node` publishes the turn as one
-finished episode: the task, the last AI answer as the solution, every tool call of the turn as an
-action, and the outcome / reward / feedback from the state (keys `outcome`, `reward`, `feedback`) or
-the node's defaults. Both nodes run sync (`invoke`) with an `Engram` and async (`ainvoke`) with an
-`AsyncEngram` (or the `Engram` in a worker thread).
-
-Why there is no `BaseStore` over Engram: docs/integrations.md, "LangGraph and BaseStore".
+"""LangGraph nodes around a model call: Engram context before it (`context_node`), the episode recorded
+after it (`record_node`). Usage, the state keys read and why there is no `BaseStore` over Engram:
+docs/integrations.md, "LangGraph nodes".
 """
 
 from __future__ import annotations
