@@ -6,7 +6,8 @@ docs/integrations.md, "LangChain tools".
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 try:
@@ -28,26 +29,24 @@ __all__ = ["engram_tools"]
 def _tool(
     spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Literal["result", "raise"]
 ) -> StructuredTool:
-    def failed(exc: EngramError) -> ToolException:
-        # handle_tool_error=True turns a ToolException into the tool's output (status="error")
-        return ToolException(error_result(exc).text)
-
-    def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
+    @contextlib.contextmanager
+    def refusals() -> Iterator[None]:
         try:
-            result: ToolResult = clients.dispatch(spec.name, arguments, scope)
+            yield
         except EngramError as exc:
             if errors == "raise":
                 raise
-            raise failed(exc) from exc
+            # handle_tool_error=True turns a ToolException into the tool's output (status="error")
+            raise ToolException(error_result(exc).text) from exc
+
+    def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
+        with refusals():
+            result: ToolResult = clients.dispatch(spec.name, arguments, scope)
         return result.text, result.data
 
     async def arun(**arguments: Any) -> tuple[str, dict[str, Any]]:
-        try:
+        with refusals():
             result = await clients.adispatch(spec.name, arguments, scope)
-        except EngramError as exc:
-            if errors == "raise":
-                raise
-            raise failed(exc) from exc
         return result.text, result.data
 
     return StructuredTool(
