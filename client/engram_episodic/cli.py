@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from engram_episodic.calls import MAX_WAIT
-from engram_episodic.cli_common import call, scope_of
+from engram_episodic.cli_common import call, scope_of, scoped
 from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.hooks.commands import register as register_hooks
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
@@ -72,19 +72,6 @@ def _fmt(value: float | None, spec: str) -> str:
 def cli(ctx: click.Context, url: str, api_key: str | None, max_body_bytes: int) -> None:
     """Engram: episodic memory for LLM agents."""
     ctx.obj = {"url": url, "api_key": api_key, "max_body_bytes": max_body_bytes}
-
-
-_scope_options = [
-    click.option("--agent-id"),
-    click.option("--user-id"),
-    click.option("--session-id"),
-]
-
-
-def scoped(fn: Any) -> Any:
-    for option in reversed(_scope_options):
-        fn = option(fn)
-    return fn
 
 
 def _plot_options(fn: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import IO, Any
 import click
 
 from engram_episodic.calls import MAX_WAIT, WaitTimeout
-from engram_episodic.cli_common import call, scope_of
+from engram_episodic.cli_common import call, scope_of, scoped
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import InvalidEpisode
@@ -25,9 +25,7 @@ IMPORT_BATCH = 500  # episodes per `publish` call (one progress step); it splits
 
 
 @click.command("export")
-@click.option("--agent-id")
-@click.option("--user-id")
-@click.option("--session-id")
+@scoped
 @click.option("--out", "out", type=click.File("w", encoding="utf-8"), default="-", help="Default: stdout.")
 @click.pass_context
 def export_command(ctx: click.Context, out: IO[str], **scope: Any) -> None:
@@ -66,10 +64,15 @@ def _episodes(file: IO[bytes]) -> list[tuple[int, dict[str, Any]]]:
             problems.append(f"{file.name}:{number} is not an episode (a JSON object)")
             continue
         out.append((number, item))
+    _refuse(problems)
+    return out
+
+
+def _refuse(problems: list[str]) -> None:
+    """ClickException listing the first 20 `problems`, when there are any."""
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise click.ClickException("nothing imported:\n  " + "\n  ".join(problems[:20]) + more)
-    return out
 
 
 def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes: int) -> list[Episode]:
@@ -95,9 +98,7 @@ def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes
             )
         seen.setdefault(episode.episode_id, number)
         prepared.append(episode)
-    if problems:
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise click.ClickException("nothing imported:\n  " + "\n  ".join(problems[:20]) + more)
+    _refuse(problems)
     return prepared
 
 

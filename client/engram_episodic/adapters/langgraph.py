@@ -156,6 +156,14 @@ def _placed(messages: Sequence[BaseMessage], new: SystemMessage, message_id: str
     return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *others[:lead], new, *others[lead:]]
 
 
+def _skipped(exc: EngramError, on_error: str, what: str) -> dict[str, Any]:
+    """With `on_error="skip"`, log the Engram error and change nothing; else raise it."""
+    if on_error == "raise":
+        raise exc
+    log.warning("%s: %s", what, exc)
+    return {}
+
+
 # --- the nodes -------------------------------------------------------------------------------------------
 def context_node(
     client: Engram | AsyncEngram,
@@ -194,12 +202,6 @@ def context_node(
         new = SystemMessage(content=prompt, id=message_id)
         return {messages_key: _placed(_messages(state, messages_key), new, message_id), context_key: prompt}
 
-    def failed(exc: EngramError) -> dict[str, Any]:
-        if on_error == "raise":
-            raise exc
-        log.warning("Engram context skipped: %s", exc)
-        return {}
-
     def run(state: Any) -> dict[str, Any]:
         text = _task(state, task, messages_key)
         if text is None:
@@ -207,7 +209,7 @@ def context_node(
         try:
             ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **options))
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram context skipped")
         return update(state, ctx.prompt)
 
     async def arun(state: Any) -> dict[str, Any]:
@@ -220,7 +222,7 @@ def context_node(
                 lambda c: c.context(text[:MAX_TASK_CHARS], **options),
             )
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram context skipped")
         return update(state, ctx.prompt)
 
     return RunnableLambda(run, afunc=arun, name=name)
@@ -318,12 +320,6 @@ def record_node(
         data.update(_value(fields, state) or {})
         return {k: v for k, v in data.items() if v is not None}
 
-    def failed(exc: EngramError) -> dict[str, Any]:
-        if on_error == "raise":
-            raise exc
-        log.warning("Engram episode not recorded: %s", exc)
-        return {}
-
     def run(state: Any, config: RunnableConfig) -> dict[str, Any]:
         data = episode(state, config)
         if data is None:
@@ -331,7 +327,7 @@ def record_node(
         try:
             return {episode_key: clients.run(lambda c: c.record(data))}
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram episode not recorded")
 
     async def arun(state: Any, config: RunnableConfig) -> dict[str, Any]:
         data = episode(state, config)
@@ -340,6 +336,6 @@ def record_node(
         try:
             return {episode_key: await clients.arun(lambda c: c.record(data), lambda c: c.record(data))}
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram episode not recorded")
 
     return RunnableLambda(run, afunc=arun, name=name)
