@@ -393,12 +393,7 @@ def _job_done(client: Any, job: Any, wait: float) -> Any:
 @click.pass_context
 def mcp(ctx: click.Context) -> None:
     """An MCP server over stdio (default) or streamable HTTP; `engram mcp --help` lists its options."""
-    try:
-        from engram_episodic import mcp_server
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the MCP server needs the mcp extra: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) ({exc})"
-        ) from None
+    from engram_episodic import mcp_server  # it says itself when the mcp extra is missing
     env = {
         "ENGRAM_URL": ctx.obj["url"],
         **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {}),
