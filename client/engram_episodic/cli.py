@@ -394,6 +394,7 @@ def _job_done(client: Any, job: Any, wait: float) -> Any:
 def mcp(ctx: click.Context) -> None:
     """An MCP server over stdio (default) or streamable HTTP; `engram mcp --help` lists its options."""
     from engram_episodic import mcp_server  # it says itself when the mcp extra is missing
+
     env = {
         "ENGRAM_URL": ctx.obj["url"],
         **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {}),

@@ -41,7 +41,6 @@ from engram_episodic.errors import (
     InvalidEpisode,
 )
 from engram_episodic.schema_check import check as check_schema
-from engram_episodic.schema_check import join as join_path
 from engram_episodic.tool_results import (
     ToolArgumentError,
     ToolError,
@@ -64,6 +63,7 @@ from engram_episodic.validation import (
     check_tag_value,
     json_kind,
 )
+from engram_episodic.validation import _join as join_path
 
 # The tools' names, descriptions, argument schemas and MCP hints: one data file, read by this module and
 # written into the TypeScript client (client-ts/scripts/gen_tools.py), so the two clients cannot drift.
