@@ -111,7 +111,7 @@ def build_server(toolset: Toolset) -> Server:
     """The MCP server (mcp.server.Server) of `toolset`, whose client must be an AsyncEngram.
 
     tools/list gives `toolset.tools`; tools/call runs `toolset.adispatch` (any Engram error is a tool
-    error result, see the module docstring; an unknown tool is MCPError -32602); resources/list and
+    error result, `error_result`; an unknown tool is MCPError -32602); resources/list and
     resources/read serve RESOURCES. Raises ImportError without the mcp package.
     """
     _need_mcp()

@@ -187,7 +187,7 @@ def context_node(
     one the node changes nothing. It calls `POST /v1/context` with the default scope
     (`agent_id`, `user_id`, `session_id` keyword arguments) and `category`, `top_k`, `max_chars`,
     `half_life`, then returns a `messages` update holding the prompt section as a `SystemMessage`
-    with id `message_id` placed after the leading system messages (see the module docstring) and the
+    with id `message_id` placed after the leading system messages (`_placed`) and the
     prompt text under `context_key` (kept only if the state declares that key). `messages` must use
     the `add_messages` reducer (as `MessagesState` does). `on_error="skip"` logs an Engram error and
     leaves the state unchanged instead of raising. Works with `invoke` and `ainvoke`.

@@ -100,7 +100,7 @@ def strict_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
 
     Every object's properties are all required and the ones that were optional become nullable
     (`{"type": ["integer", "null"]}`, or `anyOf [..., {"type": "null"}]` for enums); unsupported keywords
-    are dropped (see the module docstring). Raises ValueError for an object that allows undeclared
+    are dropped (`STRICT_KEYWORDS`). Raises ValueError for an object that allows undeclared
     properties (strict mode cannot express it). Pure; the input is not modified.
     """
     return _strict(parameters, "")
