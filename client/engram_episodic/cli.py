@@ -160,22 +160,16 @@ def _accepted(result: Any, as_json: bool) -> None:
     refused = any(a.forgotten for a in result.results)
     if as_json:
         _emit(result.raw)
-        if refused:
-            raise SystemExit(1)
-        return
-    for accepted in result.results:
-        if accepted.forgotten:
-            click.echo(
-                f"not published {accepted.episode_id}: it was forgotten before, and a forgotten "
-                f"episode_id is never stored again (publish under a new one)"
-            )
-            continue
-        state = (
-            ""
-            if accepted.projected is None
-            else (" projected" if accepted.projected else " not yet projected")
-        )
-        click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id}){state}")
+    else:
+        for accepted in result.results:
+            if accepted.forgotten:
+                click.echo(
+                    f"not published {accepted.episode_id}: it was forgotten before, and a forgotten "
+                    f"episode_id is never stored again (publish under a new one)"
+                )
+                continue
+            state = {None: "", True: " projected", False: " not yet projected"}[accepted.projected]
+            click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id}){state}")
     if refused:
         raise SystemExit(1)
 
