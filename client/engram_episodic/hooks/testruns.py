@@ -77,6 +77,10 @@ def _tally(pattern: str, text: str) -> tuple[int, int] | None:
     return passed, passed + failed
 
 
+_jest = functools.partial(_tally, r"^Tests:\s+(.*\d+ total)")
+_vitest = functools.partial(_tally, r"^\s*Tests\s+(.*\(\d+\))")
+
+
 def _mocha(text: str) -> tuple[int, int] | None:
     passing, failing = _last(r"^\s*(\d+) passing\b", text), _last(r"^\s*(\d+) failing\b", text)
     if passing is None and failing is None:
@@ -114,15 +118,7 @@ def _go(text: str) -> tuple[int, int] | None:
     return None
 
 
-_PARSERS = (
-    _pytest,
-    functools.partial(_tally, r"^Tests:\s+(.*\d+ total)"),  # jest
-    functools.partial(_tally, r"^\s*Tests\s+(.*\(\d+\))"),  # vitest
-    _cargo,
-    _maven,
-    _go,
-    _mocha,
-)
+_PARSERS = (_pytest, _jest, _vitest, _cargo, _maven, _go, _mocha)
 _FAILURE_LINE = re.compile(
     r"^(?:FAILED \S+.*|ERROR \S+.*|--- FAIL: \S+.*|test \S+ \.\.\. FAILED|\s*[✕×] .+|\s*● .+ › .+)$", re.M
 )
