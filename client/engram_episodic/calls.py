@@ -78,12 +78,6 @@ class WaitTimeout(EngramError, TimeoutError):
     result: IngestResult | None = None
 
 
-def _with_ids(exc: BaseException, episodes: Iterable[Episode]) -> None:
-    """Name on a failed record/publish the episode ids it used: retrying with them is harmless."""
-    if isinstance(exc, EngramError):
-        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
-
-
 @contextlib.contextmanager
 def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
     """Around a record/publish (or an HTTP episode's completion): an EngramError leaving the block is
@@ -91,7 +85,7 @@ def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
     try:
         yield
     except EngramError as exc:
-        _with_ids(exc, episodes)
+        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
         raise
 
 

@@ -1,25 +1,9 @@
 """`engram`: the command line of Engram's query service, on the typed client (`engram_episodic.Engram`).
 
-    engram recall "fix the flaky migration test" --agent-id coder --top-k 5
-    engram context "fix the flaky migration test"      # the prompt section an agent would get
-    engram record "fix the flaky migration test" --outcome success --reward 0.9 [--ttl 30d]
-    engram publish episodes.json                       # one episode, or {"episodes": [...]}
-    engram facts "migrations"                          # semantic memory
-    engram skills --agent-id coder [--plot [--out skills.png]]
-    engram curve --agent-id coder [--plot [--out curve.png]]
-    engram forget --episode EPISODE_ID                 # or --user, --agent, --session
-    engram export --out memory.jsonl                   # the namespace as JSONL; `engram import` reads it
-    engram mcp                                         # an MCP server over stdio (extra: engram-episodic[mcp])
-    engram hooks install claude-code                   # coding agents' tasks as episodes (docs/integrations.md)
-
-`--url` (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080) and `--api-key` (ENGRAM_API_KEY)
-select the service. Human output by default, `--json` for scripts. Errors are the service's problem
-details on stderr with exit status 1 (2 for usage errors). The plots are in `engram_episodic.cli_plot`.
-
-Only the commands of the HTTP API are here: the operator's (`run`, `replay`, `reindex`, `dead-letters`,
-`redrive`, `discard`, ...) run the server's code and are the server's `engram-admin` (`python -m
-services.admin`), which imports this package; this package never imports the server. `engram replay`
-and the others say so in one line (exit status 2).
+The commands, `--url` / `--api-key` and the output and exit statuses: docs/api.md, "Command line". Only
+the commands of the HTTP API are here: the operator's (`replay`, `dead-letters`, ...) are the server's
+`engram-admin`, which imports this package (never the reverse); `engram replay` and the others say so
+in one line (exit status 2). The plots are in `engram_episodic.cli_plot`.
 """
 
 from __future__ import annotations
@@ -35,7 +19,7 @@ from typing import Any
 import click
 
 from engram_episodic.calls import MAX_WAIT
-from engram_episodic.cli_common import call, scope_of
+from engram_episodic.cli_common import call, scope_of, scoped
 from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.hooks.commands import register as register_hooks
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
@@ -88,19 +72,6 @@ def _fmt(value: float | None, spec: str) -> str:
 def cli(ctx: click.Context, url: str, api_key: str | None, max_body_bytes: int) -> None:
     """Engram: episodic memory for LLM agents."""
     ctx.obj = {"url": url, "api_key": api_key, "max_body_bytes": max_body_bytes}
-
-
-_scope_options = [
-    click.option("--agent-id"),
-    click.option("--user-id"),
-    click.option("--session-id"),
-]
-
-
-def scoped(fn: Any) -> Any:
-    for option in reversed(_scope_options):
-        fn = option(fn)
-    return fn
 
 
 def _plot_options(fn: Any) -> Any:
@@ -189,22 +160,16 @@ def _accepted(result: Any, as_json: bool) -> None:
     refused = any(a.forgotten for a in result.results)
     if as_json:
         _emit(result.raw)
-        if refused:
-            raise SystemExit(1)
-        return
-    for accepted in result.results:
-        if accepted.forgotten:
-            click.echo(
-                f"not published {accepted.episode_id}: it was forgotten before, and a forgotten "
-                f"episode_id is never stored again (publish under a new one)"
-            )
-            continue
-        state = (
-            ""
-            if accepted.projected is None
-            else (" projected" if accepted.projected else " not yet projected")
-        )
-        click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id}){state}")
+    else:
+        for accepted in result.results:
+            if accepted.forgotten:
+                click.echo(
+                    f"not published {accepted.episode_id}: it was forgotten before, and a forgotten "
+                    f"episode_id is never stored again (publish under a new one)"
+                )
+                continue
+            state = {None: "", True: " projected", False: " not yet projected"}[accepted.projected]
+            click.echo(f"accepted {accepted.episode_id} (event {accepted.event_id}){state}")
     if refused:
         raise SystemExit(1)
 
@@ -422,12 +387,8 @@ def _job_done(client: Any, job: Any, wait: float) -> Any:
 @click.pass_context
 def mcp(ctx: click.Context) -> None:
     """An MCP server over stdio (default) or streamable HTTP; `engram mcp --help` lists its options."""
-    try:
-        from engram_episodic import mcp_server
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the MCP server needs the mcp extra: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) ({exc})"
-        ) from None
+    from engram_episodic import mcp_server  # it says itself when the mcp extra is missing
+
     env = {
         "ENGRAM_URL": ctx.obj["url"],
         **({"ENGRAM_API_KEY": ctx.obj["api_key"]} if ctx.obj["api_key"] else {}),

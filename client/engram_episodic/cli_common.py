@@ -1,5 +1,5 @@
 """What the `engram` commands share: a client on the group's options (`--url`, `--api-key`,
-`--max-body-bytes`, in `ctx.obj`), its errors said in one message, and a scope from the options given.
+`--max-body-bytes`, in `ctx.obj`), its errors said in one message, and a scope from the options given (`scoped`).
 
 A leaf of the command line: `cli` (the group) and `cli_transfer` (export, import) both import it.
 """
@@ -47,3 +47,10 @@ def scope_of(**options: Any) -> dict[str, Any]:
     """The options given (not None, not an empty tuple), tuples as lists: keyword arguments of the client."""
     out = {k: v for k, v in options.items() if v not in (None, ())}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def scoped(fn: Any) -> Any:
+    """`fn` with the scope options `--agent-id`, `--user-id`, `--session-id`."""
+    for name in ("--session-id", "--user-id", "--agent-id"):
+        fn = click.option(name)(fn)
+    return fn

@@ -1,11 +1,6 @@
 """Plots of `engram curve --plot` and `engram skills --plot`: in the terminal (plotext) or, with
-`--out FILE.png`, as a PNG (matplotlib, headless). Both come with the `plot` extra
-(`pip install './client[plot]'`); each is imported only when a plot is drawn.
-
-The learning curve shows what the service's diagnostics give per episode (oldest first): the rolling
-success rate and rolling reward over `window` episodes (left axis, 0..1) and the cumulative reward
-(right axis). The skills chart is one bar per category, its success rate, with the weak ones (below the
-threshold) marked and the threshold drawn.
+`--out FILE.png`, as a PNG (matplotlib, headless); what they show: docs/api.md, "Command line". Both
+come with the `plot` extra; each is imported only when a plot is drawn.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """`engram export` and `engram import`: a namespace (or one user's, agent's, session's episodes) as JSONL.
 
-    engram export --out memory.jsonl                 # every episode of the API key's namespace, oldest first
-    engram export --agent-id coder-1 > coder-1.jsonl
-    engram import memory.jsonl                       # into another stack (or back): idempotent
-
-Export pages through `GET /v1/episodes` (the client's `iter_episodes`) and writes one episode per line
-in its ingest shape: its `episode_id`, `started_at` / `completed_at` / `expires_at`, its actions with
-their `action_id` and `timestamp`, feedback, metadata and every other field (derived fields such as
-`duration_s` are dropped; the vector is not exported: the importing stack embeds the text again).
-Import publishes the lines back in batches (`publish`, which sends them in requests of at most
-`--max-body-bytes` / ENGRAM_MAX_BODY_BYTES, an episode larger than one in parts), each episode with its own `episode_id` and
-`completed_at`, so importing a file twice, or into a stack that holds some of it, changes nothing: a
-re-published episode is the same episode (docs/api.md, The episode model). Event ids are not carried:
-the importing stack records new events for the same episodes.
+Export pages through `iter_episodes` and writes each episode in its ingest shape (derived fields and the
+vector dropped); import publishes the lines back in batches with their own `episode_id` and
+`completed_at`, so importing twice changes nothing. Details: docs/api.md, "Export and import".
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ from typing import IO, Any
 import click
 
 from engram_episodic.calls import MAX_WAIT, WaitTimeout
-from engram_episodic.cli_common import call, scope_of
+from engram_episodic.cli_common import call, scope_of, scoped
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.drafts import finished_episode
 from engram_episodic.errors import InvalidEpisode
@@ -35,9 +25,7 @@ IMPORT_BATCH = 500  # episodes per `publish` call (one progress step); it splits
 
 
 @click.command("export")
-@click.option("--agent-id")
-@click.option("--user-id")
-@click.option("--session-id")
+@scoped
 @click.option("--out", "out", type=click.File("w", encoding="utf-8"), default="-", help="Default: stdout.")
 @click.pass_context
 def export_command(ctx: click.Context, out: IO[str], **scope: Any) -> None:
@@ -76,10 +64,15 @@ def _episodes(file: IO[bytes]) -> list[tuple[int, dict[str, Any]]]:
             problems.append(f"{file.name}:{number} is not an episode (a JSON object)")
             continue
         out.append((number, item))
+    _refuse(problems)
+    return out
+
+
+def _refuse(problems: list[str]) -> None:
+    """ClickException listing the first 20 `problems`, when there are any."""
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise click.ClickException("nothing imported:\n  " + "\n  ".join(problems[:20]) + more)
-    return out
 
 
 def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes: int) -> list[Episode]:
@@ -105,9 +98,7 @@ def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes
             )
         seen.setdefault(episode.episode_id, number)
         prepared.append(episode)
-    if problems:
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise click.ClickException("nothing imported:\n  " + "\n  ".join(problems[:20]) + more)
+    _refuse(problems)
     return prepared
 
 

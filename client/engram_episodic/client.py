@@ -51,7 +51,7 @@ from engram_episodic.errors import (
     ResourceNotFound,
     api_error,
 )
-from engram_episodic.events import Action, Episode
+from engram_episodic.events import Episode
 from engram_episodic.options import (  # re-exported (`as`): callers import them from here
     ContextOptions as ContextOptions,
 )
@@ -589,23 +589,20 @@ class _OpenEpisode(Generic[C]):
         return None
 
 
+def _on_draft(method: Callable[Concatenate[EpisodeDraft, P], T]) -> Callable[Concatenate[Any, P], T]:
+    """`method` of EpisodeDraft as a method of an open episode, on its draft (same signature and docstring)."""
+
+    @functools.wraps(method)
+    def run(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(self.draft, *args, **kwargs)
+
+    return run
+
+
 class HttpEpisode(_OpenEpisode[Engram]):
     """An open episode recorded over HTTP (see `Engram.episode`); actions are kept until completion."""
 
-    def action(
-        self,
-        action_type: str,
-        *,
-        input: str | None = None,
-        output: str | None = None,
-        success: bool | None = None,
-        error: str | None = None,
-        timestamp: float | None = None,
-    ) -> Action:
-        """Record one action (validated now; InvalidEpisode names a bad field)."""
-        return self.draft.action(
-            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
-        )
+    action = _on_draft(EpisodeDraft.action)
 
     def complete(self, outcome: str, **fields: Any) -> Episode:
         """Publish the finished episode; returns it. `fields`: any Episode field (feedback, solution, ...).

@@ -1,31 +1,10 @@
-"""An MCP server of Engram's tools: any MCP client (Claude Desktop, an IDE, an agent framework) gets memory.
+"""An MCP server of Engram's tools (`engram mcp`, `python -m engram_episodic.mcp_server`).
 
-    engram mcp                                   # stdio (what desktop clients launch)
-    python -m engram_episodic.mcp_server         # the same
-    engram mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp
-
-It serves the tools of `engram_episodic.tools` with the same names, descriptions and input schemas;
-a result is its compact text (a text content block) plus the full JSON answer (structured content).
-Two resources hold the same JSON as the tools: `engram://skills` (skill profiles per category) and
-`engram://learning-curve`. Bad arguments come back as a tool error (`isError: true`) whose text and
-structured content name every bad field (`{"error": "invalid_arguments", "errors": [{"field",
-"reason"}]}`): the form the MCP specification prescribes for input errors, so the model sees them and
-corrects its call. An unknown tool or resource is a JSON-RPC error (-32602, invalid params). On stdio
-every line that is not a valid message is answered with a JSON-RPC error (-32700 parse error, -32600
-invalid request: see `read_message`) and the server reads on; the wire, argv and the environment are
-UTF-8 whatever the locale.
-
-The server talks to the query service only over HTTP with `AsyncEngram` and an API key; it never
-opens Redis, and the namespace is the key's. Configuration (flags win over the environment):
-`--url` / ENGRAM_URL (default http://127.0.0.1:$ENGRAM_PORT, port 8080), `--api-key` / ENGRAM_API_KEY, and the default
-scope `--agent-id` / ENGRAM_AGENT_ID, `--user-id` / ENGRAM_USER_ID, `--session-id` / ENGRAM_SESSION_ID
-(used when the model passes none; see `engram_episodic.tools`), `--tools` (a comma-separated subset).
-The streamable-http transport binds 127.0.0.1 (`--host`, `--port` 8765, `--path` /mcp) and refuses any
-other address without `--allow-remote`: whoever reaches the endpoint uses the API key.
-
-Needs the `mcp` package (`pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)`); it is built on its low-level
-`mcp.server.Server`, since the tool schemas are given (the high-level MCPServer derives them from
-Python signatures).
+It serves the tools of `engram_episodic.tools` and two resources (`RESOURCES`) over stdio or streamable
+HTTP, talking to the query service only over HTTP with `AsyncEngram` (the namespace is the API key's).
+Flags, environment, the error forms and the transports: docs/integrations.md, "MCP". Needs the `mcp`
+extra; built on the low-level `mcp.server.Server`, since the tool schemas are given (the high-level
+server derives them from Python signatures).
 """
 
 from __future__ import annotations
@@ -132,7 +111,7 @@ def build_server(toolset: Toolset) -> Server:
     """The MCP server (mcp.server.Server) of `toolset`, whose client must be an AsyncEngram.
 
     tools/list gives `toolset.tools`; tools/call runs `toolset.adispatch` (any Engram error is a tool
-    error result, see the module docstring; an unknown tool is MCPError -32602); resources/list and
+    error result, `error_result`; an unknown tool is MCPError -32602); resources/list and
     resources/read serve RESOURCES. Raises ImportError without the mcp package.
     """
     _need_mcp()

@@ -12,28 +12,17 @@ from typing import Any
 
 from engram_episodic.timeutil import parse_instant
 from engram_episodic.validation import Collector, json_kind, unicode_problem
-
-
-def check(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> Any:
-    """Check `value` against `schema` (the subset above), adding every problem to `errs` as (path, reason);
-    returns the value normalised (integral floats of integer fields as ints, nulls of optional properties
-    dropped), or None where it failed. `path` names `value` in the messages ("" for the arguments)."""
-    return _check(schema, value, path, errs)
-
-
-def join(path: str, name: str | int) -> str:
-    if isinstance(name, int):
-        return f"{path}[{name}]"
-    return f"{path}.{name}" if path else name
+from engram_episodic.validation import _join as join
 
 
 def _fmt(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
-def _check(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> Any:
-    """Check `value` against the subset of JSON Schema the tools use; return it normalised (integral
-    floats of integer fields as ints, nulls of optional properties dropped) or None after an error."""
+def check(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> Any:
+    """Check `value` against `schema` (the subset above), adding every problem to `errs` as (path, reason);
+    returns the value normalised (integral floats of integer fields as ints, nulls of optional properties
+    dropped), or None where it failed. `path` names `value` in the messages ("" for the arguments)."""
     kind = schema.get("type")
     if "enum" in schema and value not in schema["enum"]:
         errs.add(path, "must be one of " + ", ".join(map(str, schema["enum"])))
@@ -64,7 +53,7 @@ def _check_object(schema: Mapping[str, Any], value: Any, path: str, errs: Collec
         if key not in props:
             errs.add(join(path, str(key)), "is not a known field")
         elif item is not None:  # null for an optional argument means "not given"
-            checked = _check(props[key], item, join(path, key), errs)
+            checked = check(props[key], item, join(path, key), errs)
             if checked is not None:
                 out[key] = checked
     for key in schema.get("required", ()):
@@ -83,7 +72,7 @@ def _check_array(schema: Mapping[str, Any], value: Any, path: str, errs: Collect
     if "maxItems" in schema and len(value) > schema["maxItems"]:
         errs.add(path, f"must hold at most {schema['maxItems']} items")
         return None
-    items = [_check(schema.get("items", {}), v, join(path, i), errs) for i, v in enumerate(value)]
+    items = [check(schema.get("items", {}), v, join(path, i), errs) for i, v in enumerate(value)]
     if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(
         value
     ):

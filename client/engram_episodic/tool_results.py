@@ -76,47 +76,30 @@ def error_result(exc: BaseException) -> ToolResult:
     service_error or internal."""
     if isinstance(exc, ToolArgumentError):
         lines = "; ".join(f"{f}: {why}" for f, why in exc.errors)
-        return ToolResult(
-            f"Invalid arguments for {exc.tool}: {lines}. Fix them and call again.",
-            {
-                "error": "invalid_arguments",
-                "tool": exc.tool,
-                "errors": [{"field": f, "reason": why} for f, why in exc.errors],
-            },
-            is_error=True,
-        )
+        text = f"Invalid arguments for {exc.tool}: {lines}. Fix them and call again."
+        errors = [{"field": f, "reason": why} for f, why in exc.errors]
+        return _failed(text, "invalid_arguments", tool=exc.tool, errors=errors)
     if isinstance(exc, UnknownTool):
-        return ToolResult(
-            f"Unknown tool {str(exc.name)[:80]!r}; available: {', '.join(exc.available)}.",
-            {"error": "unknown_tool", "tool": exc.name, "available": list(exc.available)},
-            is_error=True,
-        )
+        text = f"Unknown tool {str(exc.name)[:80]!r}; available: {', '.join(exc.available)}."
+        return _failed(text, "unknown_tool", tool=exc.name, available=list(exc.available))
     if isinstance(exc, Unauthorized):
-        return ToolResult(
-            "The memory service refused this client's API key; memory is unavailable until it is fixed.",
-            {"error": "unauthorized", "status": exc.status},
-            is_error=True,
-        )
+        text = "The memory service refused this client's API key; memory is unavailable until it is fixed."
+        return _failed(text, "unauthorized", status=exc.status)
     if isinstance(exc, RateLimited | ServiceUnavailable):
         after = f" in {exc.retry_after:g} s" if exc.retry_after is not None else " later"
-        return ToolResult(
-            f"Memory is busy or unavailable right now ({exc.status}); try again{after}.",
-            {"error": "unavailable", "status": exc.status, "retry_after": exc.retry_after},
-            is_error=True,
-        )
+        text = f"Memory is busy or unavailable right now ({exc.status}); try again{after}."
+        return _failed(text, "unavailable", status=exc.status, retry_after=exc.retry_after)
     if isinstance(exc, ApiError):
-        return ToolResult(
-            f"The memory service refused the call: {exc}",
-            {"error": "service_error", "status": exc.status, "detail": exc.detail},
-            is_error=True,
-        )
+        text = f"The memory service refused the call: {exc}"
+        return _failed(text, "service_error", status=exc.status, detail=exc.detail)
     if isinstance(exc, ConnectionFailed):
-        return ToolResult(
-            f"The memory service is unreachable: {exc}. Continue without memory.",
-            {"error": "unreachable", "maybe_applied": exc.maybe_applied},
-            is_error=True,
-        )
-    return ToolResult(f"Memory failed: {type(exc).__name__}: {exc}", {"error": "internal"}, is_error=True)
+        text = f"The memory service is unreachable: {exc}. Continue without memory."
+        return _failed(text, "unreachable", maybe_applied=exc.maybe_applied)
+    return _failed(f"Memory failed: {type(exc).__name__}: {exc}", "internal")
+
+
+def _failed(text: str, error: str, **data: Any) -> ToolResult:
+    return ToolResult(text, {"error": error, **data}, is_error=True)
 
 
 # --- renderers (pure: typed results → ToolResult) ---------------------------------------------------------------

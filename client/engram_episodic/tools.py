@@ -1,34 +1,13 @@
 """Engram's tools for models: one definition, rendered for OpenAI, Anthropic and MCP, executed by `dispatch`.
 
-    from engram_episodic import Engram
-    from engram_episodic.tools import Toolset
-
-    with Engram("http://127.0.0.1:8080", api_key="...") as memory:
-        toolset = Toolset(memory, agent_id="coder-1", user_id="alice")
-        definitions = toolset.definitions("openai")        # pass as `tools=` to the model
-        ...                                                # the model answers with a tool call
-        result = toolset.dispatch(call.name, call.arguments)   # arguments: a dict or its JSON string
-        result.text   # compact text for the model;  result.data: the full JSON answer
-
-Each tool (`TOOLS`) has a `name`, a `description` written for a model (when to call it, what it
-returns) and `parameters`, a JSON Schema of its arguments (`additionalProperties: false`, the bounds the
-query service enforces), read from `engram_episodic/tools.json`, which the TypeScript client is generated
-from too; this module adds each tool's plan (arguments → requests). `tools(format)` renders them for
-OpenAI Chat Completions, the OpenAI Responses API or Anthropic tool use; the MCP server
-(`engram_episodic.mcp_server`) serves the same.
-
-Executing a tool call: the arguments are checked against the schema first (`engram_episodic.schema_check`;
-`ToolArgumentError` names every bad field and sends nothing), then turned into the requests of `engram_episodic.client.Calls`, sent
-by `Engram` (`dispatch`) or `AsyncEngram` (`adispatch`) and rendered into a `ToolResult`
-(`engram_episodic.tool_results`). A 422 of the
-service is the same `ToolArgumentError`, in the tool's field names (`feedback.reward` is `reward`).
-Other failures (`ConnectionFailed`, `Unauthorized`, `RateLimited`, ...) propagate as the client raised
-them; `error_result(exc)` renders any of them for a model (`errors="result"` does it for you).
-
-Scope: `agent_id` / `user_id` can be bound once (`Toolset(client, agent_id=..., user_id=...)`); a bound
-value is used whenever the model does not pass one. A bound `session_id` is stamped on recorded episodes
-only: reads are not narrowed to one session unless the model asks. Tenancy is the service's: the
-namespace comes from the client's API key, never from a tool argument.
+The tools' names, descriptions and argument schemas are `engram_episodic/tools.json` (the TypeScript
+client is generated from it too); this module adds each tool's plan (arguments → requests of
+`engram_episodic.client.Calls`). Arguments are checked against the schema before anything is sent
+(`ToolArgumentError` names every bad field; a 422 of the service is the same error, in the tool's field
+names); other failures propagate as the client raised them. A bound scope (`Toolset(client,
+agent_id=..., user_id=...)`) is used whenever the model passes none; a bound `session_id` only stamps
+recorded episodes. The namespace comes from the client's API key, never from a tool argument. Usage:
+docs/integrations.md, "Plain function calling".
 """
 
 from __future__ import annotations
@@ -62,7 +41,6 @@ from engram_episodic.errors import (
     InvalidEpisode,
 )
 from engram_episodic.schema_check import check as check_schema
-from engram_episodic.schema_check import join as join_path
 from engram_episodic.tool_results import (
     ToolArgumentError,
     ToolError,
@@ -85,6 +63,7 @@ from engram_episodic.validation import (
     check_tag_value,
     json_kind,
 )
+from engram_episodic.validation import _join as join_path
 
 # The tools' names, descriptions, argument schemas and MCP hints: one data file, read by this module and
 # written into the TypeScript client (client-ts/scripts/gen_tools.py), so the two clients cannot drift.
@@ -193,7 +172,6 @@ def _except(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in names}
 
 
-# recall_experiences ----------------------------------------------------------------------------------------
 def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     options = _except(args, "query", "min_reward")
@@ -207,18 +185,12 @@ def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-# get_context ------------------------------------------------------------------------------------------------
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _except(args, "task")
-    return Plan(
-        "get_context",
-        (Calls.context(args["task"], cast(ContextOptions, options)),),
-        lambda r: render_context(r[0]),
-    )
+    call = Calls.context(args["task"], cast(ContextOptions, _except(args, "task")))
+    return Plan("get_context", (call,), lambda r: render_context(r[0]))
 
 
-# record_episode --------------------------------------------------------------------------------------------
 # the arguments that are not an episode field of the same name: where each goes in the episode
 _RECORD_ARGS = {
     "task": "task.description",
@@ -256,7 +228,6 @@ def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-# suggest_approach ------------------------------------------------------------------------------------------
 def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
     common = _except(args, "task", "category", "complexity")
@@ -270,18 +241,12 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
 
-# search_facts ---------------------------------------------------------------------------------------------
 def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = _except(args, "query")
-    return Plan(
-        "search_facts",
-        (Calls.search_facts(args.get("query"), cast(FactSearchOptions, options)),),
-        lambda r: render_facts(r[0], args.get("query")),
-    )
+    call = Calls.search_facts(args.get("query"), cast(FactSearchOptions, _except(args, "query")))
+    return Plan("search_facts", (call,), lambda r: render_facts(r[0], args.get("query")))
 
 
-# forget_episode -------------------------------------------------------------------------------------------
 FORGET_WAIT = 5.0
 """Seconds forget_episode waits for the erase (`DELETE /v1/episodes/{id}?wait=`), so its answer can say
 the episode is gone from every read; past it the answer says the erase is accepted, not done."""
@@ -299,22 +264,14 @@ def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-# get_skills ---------------------------------------------------------------------------------------------
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = dict(args)
-    return Plan("get_skills", (Calls.skills(cast(SkillsOptions, options)),), lambda r: render_skills(r[0]))
+    call = Calls.skills(cast(SkillsOptions, _scoped(args, scope, ("agent_id", "user_id"))))
+    return Plan("get_skills", (call,), lambda r: render_skills(r[0]))
 
 
-# get_learning_curve -----------------------------------------------------------------------------------------
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id"))
-    options = dict(args)
-    return Plan(
-        "get_learning_curve",
-        (Calls.learning_curve(cast(CurveOptions, options)),),
-        lambda r: render_curve(r[0]),
-    )
+    call = Calls.learning_curve(cast(CurveOptions, _scoped(args, scope, ("agent_id", "user_id"))))
+    return Plan("get_learning_curve", (call,), lambda r: render_curve(r[0]))
 
 
 _PLANS: dict[str, Callable[[dict[str, Any], Scope], Plan]] = {
@@ -331,27 +288,8 @@ TOOLS: tuple[ToolSpec, ...] = tuple(ToolSpec(**t, plan=_PLANS[t["name"]]) for t 
 RECALL, CONTEXT, RECORD, SUGGEST, FACTS, FORGET, SKILLS, CURVE = TOOLS
 TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in TOOLS)
 _BY_NAME = {t.name: t for t in TOOLS}
-
-
-def _arg(tool: str, name: str) -> dict[str, Any]:
-    return cast(dict[str, Any], _BY_NAME[tool].parameters["properties"][name])
-
-
-# Bounds and choices of the tools' arguments, as tools.json states them (within the query service's own
-# bounds, services/query/models.py and facts_routes.py: tests/unit/test_tools.py checks them).
-MAX_TOP_K = _arg("recall_experiences", "top_k")["maximum"]
-MAX_QUERY_CHARS = _arg("recall_experiences", "query")["maxLength"]
-MAX_REWARD = _arg("record_episode", "reward")["maximum"]  # validation.parse_feedback
-MAX_COUNT = _arg("record_episode", "iterations")["maximum"]  # tests_passed, tests_total, iterations
-MAX_RANGE = _arg("recall_experiences", "min_reward")["maximum"]  # a recall range bound (models.Finite)
-CONTEXT_CHARS = (_arg("get_context", "max_chars")["minimum"], _arg("get_context", "max_chars")["maximum"])
-CURVE_WINDOW = (
-    _arg("get_learning_curve", "window")["minimum"],
-    _arg("get_learning_curve", "window")["maximum"],
-)
-CURVE_LIMIT = (_arg("get_learning_curve", "limit")["minimum"], _arg("get_learning_curve", "limit")["maximum"])
-FACT_KINDS: tuple[str, ...] = tuple(_arg("search_facts", "kind")["items"]["enum"])
-RECALL_MODES: tuple[str, ...] = tuple(_arg("recall_experiences", "mode")["enum"])
+# within the query service's bound (services/query/models.py; tests/unit/test_tools_source.py checks it)
+MAX_QUERY_CHARS = RECALL.parameters["properties"]["query"]["maxLength"]
 # named in the descriptions of record_episode and suggest_approach (tests/unit/test_tools_source.py)
 STRATEGIES: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 # Arguments checked with the service's TAG rule (no control characters, no padding) besides the schema.

@@ -1,23 +1,13 @@
-"""Engram's tool set as LangChain tools (`StructuredTool`), sync and async.
-
-    from engram_episodic import Engram
-    from engram_episodic.adapters.langchain import engram_tools
-
-    memory = Engram("http://127.0.0.1:8080", api_key="...")
-    tools = engram_tools(memory, agent_id="coder-1", user_id="alice")
-    model_with_tools = chat_model.bind_tools(tools)          # any LangChain chat model
-    message = tools[0].invoke({"query": "the login test fails at night"})   # or from a model's tool call
-
-One tool per entry of `engram_episodic.tools.TOOLS`, with its name, description and JSON Schema as
-`args_schema` (LangChain passes a JSON-Schema `args_schema` through to the model unchanged), executed
-by `engram_episodic.tools.dispatch` / `adispatch`: the arguments are checked against the schema there,
-and the result is `(text, data)` with `response_format="content_and_artifact"`, so a `ToolMessage`
-carries the compact text for the model as `content` and the full JSON answer as `artifact`.
+"""Engram's tool set as LangChain tools (`StructuredTool`), sync and async: one per entry of
+`engram_episodic.tools.TOOLS`, its JSON Schema as `args_schema`, run by `dispatch` / `adispatch` with
+`response_format="content_and_artifact"` (compact text as `content`, full JSON as `artifact`). Usage:
+docs/integrations.md, "LangChain tools".
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 try:
@@ -39,26 +29,24 @@ __all__ = ["engram_tools"]
 def _tool(
     spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Literal["result", "raise"]
 ) -> StructuredTool:
-    def failed(exc: EngramError) -> ToolException:
-        # handle_tool_error=True turns a ToolException into the tool's output (status="error")
-        return ToolException(error_result(exc).text)
-
-    def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
+    @contextlib.contextmanager
+    def refusals() -> Iterator[None]:
         try:
-            result: ToolResult = clients.dispatch(spec.name, arguments, scope)
+            yield
         except EngramError as exc:
             if errors == "raise":
                 raise
-            raise failed(exc) from exc
+            # handle_tool_error=True turns a ToolException into the tool's output (status="error")
+            raise ToolException(error_result(exc).text) from exc
+
+    def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
+        with refusals():
+            result: ToolResult = clients.dispatch(spec.name, arguments, scope)
         return result.text, result.data
 
     async def arun(**arguments: Any) -> tuple[str, dict[str, Any]]:
-        try:
+        with refusals():
             result = await clients.adispatch(spec.name, arguments, scope)
-        except EngramError as exc:
-            if errors == "raise":
-                raise
-            raise failed(exc) from exc
         return result.text, result.data
 
     return StructuredTool(

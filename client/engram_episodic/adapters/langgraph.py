@@ -1,27 +1,6 @@
-"""LangGraph nodes around a model call: Engram context before it, the episode recorded after it.
-
-    from langgraph.graph import START, END, MessagesState, StateGraph
-    from engram_episodic import Engram
-    from engram_episodic.adapters.langgraph import context_node, record_node
-
-    memory = Engram("http://127.0.0.1:8080", api_key="...")
-    graph = StateGraph(MessagesState)
-    graph.add_node("recall", context_node(memory, agent_id="coder-1"))
-    graph.add_node("model", call_model)               # your model node, unchanged
-    graph.add_node("record", record_node(memory, agent_id="coder-1"))
-    graph.add_edge(START, "recall"); graph.add_edge("recall", "model")
-    graph.add_edge("model", "record"); graph.add_edge("record", END)
-
-`context_node` asks `POST /v1/context` about the task (the last human message, or a state key you
-name) and puts the ready prompt section into the conversation as one `SystemMessage` with a fixed id
-(`CONTEXT_MESSAGE_ID`), right after the leading system messages, so the model node's input holds it
-and a later turn replaces it rather than stacking another. `record_node` publishes the turn as one
-finished episode: the task, the last AI answer as the solution, every tool call of the turn as an
-action, and the outcome / reward / feedback from the state (keys `outcome`, `reward`, `feedback`) or
-the node's defaults. Both nodes run sync (`invoke`) with an `Engram` and async (`ainvoke`) with an
-`AsyncEngram` (or the `Engram` in a worker thread).
-
-Why there is no `BaseStore` over Engram: docs/integrations.md, "LangGraph and BaseStore".
+"""LangGraph nodes around a model call: Engram context before it (`context_node`), the episode recorded
+after it (`record_node`). Usage, the state keys read and why there is no `BaseStore` over Engram:
+docs/integrations.md, "LangGraph nodes".
 """
 
 from __future__ import annotations
@@ -177,6 +156,14 @@ def _placed(messages: Sequence[BaseMessage], new: SystemMessage, message_id: str
     return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *others[:lead], new, *others[lead:]]
 
 
+def _skipped(exc: EngramError, on_error: str, what: str) -> dict[str, Any]:
+    """With `on_error="skip"`, log the Engram error and change nothing; else raise it."""
+    if on_error == "raise":
+        raise exc
+    log.warning("%s: %s", what, exc)
+    return {}
+
+
 # --- the nodes -------------------------------------------------------------------------------------------
 def context_node(
     client: Engram | AsyncEngram,
@@ -200,7 +187,7 @@ def context_node(
     one the node changes nothing. It calls `POST /v1/context` with the default scope
     (`agent_id`, `user_id`, `session_id` keyword arguments) and `category`, `top_k`, `max_chars`,
     `half_life`, then returns a `messages` update holding the prompt section as a `SystemMessage`
-    with id `message_id` placed after the leading system messages (see the module docstring) and the
+    with id `message_id` placed after the leading system messages (`_placed`) and the
     prompt text under `context_key` (kept only if the state declares that key). `messages` must use
     the `add_messages` reducer (as `MessagesState` does). `on_error="skip"` logs an Engram error and
     leaves the state unchanged instead of raising. Works with `invoke` and `ainvoke`.
@@ -215,12 +202,6 @@ def context_node(
         new = SystemMessage(content=prompt, id=message_id)
         return {messages_key: _placed(_messages(state, messages_key), new, message_id), context_key: prompt}
 
-    def failed(exc: EngramError) -> dict[str, Any]:
-        if on_error == "raise":
-            raise exc
-        log.warning("Engram context skipped: %s", exc)
-        return {}
-
     def run(state: Any) -> dict[str, Any]:
         text = _task(state, task, messages_key)
         if text is None:
@@ -228,7 +209,7 @@ def context_node(
         try:
             ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **options))
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram context skipped")
         return update(state, ctx.prompt)
 
     async def arun(state: Any) -> dict[str, Any]:
@@ -241,7 +222,7 @@ def context_node(
                 lambda c: c.context(text[:MAX_TASK_CHARS], **options),
             )
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram context skipped")
         return update(state, ctx.prompt)
 
     return RunnableLambda(run, afunc=arun, name=name)
@@ -339,12 +320,6 @@ def record_node(
         data.update(_value(fields, state) or {})
         return {k: v for k, v in data.items() if v is not None}
 
-    def failed(exc: EngramError) -> dict[str, Any]:
-        if on_error == "raise":
-            raise exc
-        log.warning("Engram episode not recorded: %s", exc)
-        return {}
-
     def run(state: Any, config: RunnableConfig) -> dict[str, Any]:
         data = episode(state, config)
         if data is None:
@@ -352,7 +327,7 @@ def record_node(
         try:
             return {episode_key: clients.run(lambda c: c.record(data))}
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram episode not recorded")
 
     async def arun(state: Any, config: RunnableConfig) -> dict[str, Any]:
         data = episode(state, config)
@@ -361,6 +336,6 @@ def record_node(
         try:
             return {episode_key: await clients.arun(lambda c: c.record(data), lambda c: c.record(data))}
         except EngramError as exc:
-            return failed(exc)
+            return _skipped(exc, on_error, "Engram episode not recorded")
 
     return RunnableLambda(run, afunc=arun, name=name)

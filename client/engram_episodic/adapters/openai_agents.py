@@ -1,26 +1,6 @@
-"""Engram's tool set as OpenAI Agents SDK function tools (`agents.FunctionTool`).
-
-    from agents import Agent, Runner
-    from engram_episodic import AsyncEngram
-    from engram_episodic.adapters.openai_agents import engram_function_tools
-
-    memory = AsyncEngram("http://127.0.0.1:8080", api_key="...")
-    agent = Agent(name="coder", instructions="...", tools=engram_function_tools(memory, agent_id="coder-1"))
-    result = await Runner.run(agent, "the login test fails at night")
-
-One `FunctionTool` per entry of `engram_episodic.tools.TOOLS` (same name and description), whose
-`on_invoke_tool(ctx, arguments_json)` runs `engram_episodic.tools.adispatch` and returns the compact
-text for the model.
-
-Strict schemas. The SDK strongly recommends `strict_json_schema=True`, and its
-`ensure_strict_json_schema` makes every property required and closes every object, but it does not make
-the optional ones nullable: applied to Engram's schemas (most arguments optional) it would force the
-model to invent a value for each. So `strict_schema` converts a tool's schema first: every optional
-property becomes required *and nullable* (`null` means "not given", which is how Engram's argument
-check already reads it), and the keywords strict mode does not accept are dropped (`minLength`,
-`maxLength`, `uniqueItems`, `default`, ...). Those bounds are still enforced by the tool's argument check
-before anything is sent; a call that breaks one comes back to the model as a "fix the arguments" text.
-`strict=False` sends the tools' own schemas unchanged with `strict_json_schema=False` instead.
+"""Engram's tool set as OpenAI Agents SDK function tools (`agents.FunctionTool`): one per entry of
+`engram_episodic.tools.TOOLS`, run by `adispatch`. Usage and why `strict_schema` makes the optional
+arguments nullable: docs/integrations.md, "OpenAI Agents SDK".
 """
 
 from __future__ import annotations
@@ -120,7 +100,7 @@ def strict_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
 
     Every object's properties are all required and the ones that were optional become nullable
     (`{"type": ["integer", "null"]}`, or `anyOf [..., {"type": "null"}]` for enums); unsupported keywords
-    are dropped (see the module docstring). Raises ValueError for an object that allows undeclared
+    are dropped (`STRICT_KEYWORDS`). Raises ValueError for an object that allows undeclared
     properties (strict mode cannot express it). Pure; the input is not modified.
     """
     return _strict(parameters, "")

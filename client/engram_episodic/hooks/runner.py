@@ -227,12 +227,10 @@ def send(episode: Mapping[str, Any], url: str, api_key: str | None, timeout: flo
             client.publish([episode])
         log.info("published episode %s", episode["episode_id"])
         return True
-    except ApiError as exc:
-        if 400 <= exc.status < 500 and exc.status not in (408, 429):
+    except (EngramError, OSError, ValueError) as exc:
+        if isinstance(exc, ApiError) and 400 <= exc.status < 500 and exc.status not in (408, 429):
             log.error("episode %s refused (%s): dropped", episode["episode_id"], exc)
             return True
-        log.warning("episode %s not published (%s): stays spooled", episode["episode_id"], exc)
-    except (EngramError, OSError, ValueError) as exc:
         log.warning("episode %s not published (%s): stays spooled", episode["episode_id"], exc)
     return False
 
@@ -326,10 +324,10 @@ def context_for(
 
 
 # one invocation ----------------------------------------------------------------------------------------
-def _output(event: HookEvent, context: str | None) -> str:
+def _output(cli: str, event_name: str, context: str | None = None) -> str:
     if context:
-        return json.dumps({"hookSpecificOutput": {"hookEventName": event.name, "additionalContext": context}})
-    return "{}" if event.cli == "gemini-cli" else ""  # Gemini CLI parses stdout as JSON
+        return json.dumps({"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": context}})
+    return "{}" if cli == "gemini-cli" else ""  # Gemini CLI parses stdout as JSON
 
 
 def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None) -> str:
@@ -338,7 +336,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
     event = read_event(cli, event_name, json.loads(raw) if raw.strip() else None)
     if event is None:
         log.info("%s %s: not an event Engram records", cli, event_name)
-        return "{}" if cli == "gemini-cli" else ""
+        return _output(cli, event_name)
     config = state.load_config()
     finished = False
     context = None
@@ -351,7 +349,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
                     )
                     saved.clear()
         flush(url, api_key, PUBLISH_SECONDS)
-        return _output(event, None)
+        return _output(cli, event_name)
     with state.session(cli, event.session_id) as saved:
         if event.kind == "start":
             if saved:  # a prompt while the task is open (an interrupted turn): it goes on
@@ -376,7 +374,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
         context = context_for(event.prompt, agent_id, url, api_key)
     if finished:
         flush(url, api_key, PUBLISH_SECONDS)
-    return _output(event, context)
+    return _output(cli, event_name, context)
 
 
 def main(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None) -> str:
@@ -387,7 +385,7 @@ def main(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None) 
         out = handle(cli, event_name, raw, url=url, api_key=api_key)
     except Exception:  # a hook never fails the agent: the error is in hooks.log
         log.exception("%s %s failed", cli, event_name)
-        out = "{}" if cli == "gemini-cli" else ""
+        out = _output(cli, event_name)
     log.info("%s %s done in %.2fs", cli, event_name, time.monotonic() - started)
     return out
 

@@ -8,6 +8,7 @@ test`, `cargo test`, `mvn test` and `make test`, plus the commands named in the 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -67,20 +68,17 @@ def _pytest(text: str) -> tuple[int, int] | None:
     return passed, passed + failed
 
 
-def _jest(text: str) -> tuple[int, int] | None:
-    line = _last(r"^Tests:\s+(.*\d+ total)", text)
+def _tally(pattern: str, text: str) -> tuple[int, int] | None:
+    """jest's `Tests: 1 failed, 2 passed, 3 total` or vitest's `Tests  1 failed | 2 passed (3)`."""
+    line = _last(pattern, text)
     if line is None:
         return None
     failed, passed = _count(r"(\d+) failed", line.group(1)), _count(r"(\d+) passed", line.group(1))
     return passed, passed + failed
 
 
-def _vitest(text: str) -> tuple[int, int] | None:
-    line = _last(r"^\s*Tests\s+(.*\(\d+\))", text)
-    if line is None:
-        return None
-    failed, passed = _count(r"(\d+) failed", line.group(1)), _count(r"(\d+) passed", line.group(1))
-    return passed, passed + failed
+_jest = functools.partial(_tally, r"^Tests:\s+(.*\d+ total)")
+_vitest = functools.partial(_tally, r"^\s*Tests\s+(.*\(\d+\))")
 
 
 def _mocha(text: str) -> tuple[int, int] | None:
