@@ -336,6 +336,9 @@ async def test_dead_letters_are_redriven_and_discarded_from_the_page(browser, te
     rows = w.page.locator("tr[data-dead]")
     assert await rows.count() == 1 and "vector" in await rows.first.inner_text()  # why, of ns-a's only
     assert "bad-b" not in await w.page.inner_text("main")
+    ready = await (await tenants.get("/readyz")).json()
+    generation = await w.page.inner_text("[data-generations]")
+    assert f"Recall reads generation {ready['generations']['live']}; no replay" in generation
     first = await rows.first.get_attribute("data-dead")
     await w.page.click("text=Redrive")
 

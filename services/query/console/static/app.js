@@ -729,7 +729,16 @@ async function operations() {
           ),
         )
       : h("p", { class: "muted" }, "None: the consolidator projected every event of this namespace."),
-    h("p", { class: "muted" }, "Replay and reindex rebuild the whole deployment: the operator runs them with ", h("code", {}, "engram-admin reindex"), "."),
+    h("h2", {}, "Index generation"),
+    h(
+      "p",
+      { "data-generations": "" },
+      ready.generations
+        ? `Recall reads generation ${ready.generations.live}; ` +
+            (ready.generations.building === null ? "no replay or reindex is running." : `a replay or reindex is building generation ${ready.generations.building}.`)
+        : "Unknown: the service did not say (GET /readyz).",
+    ),
+    h("p", { class: "muted" }, "Replay and reindex rebuild the whole deployment: the operator runs them with ", h("code", {}, "engram-admin replay"), " or ", h("code", {}, "engram-admin reindex"), "."),
     h("h2", {}, "Export"),
     exportButton,
     status,
