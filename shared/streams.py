@@ -461,13 +461,8 @@ class Partitions:
         if not streams:
             raise ValueError("a partitioned group needs at least one stream")
         self.groups = [StreamGroup(redis, s, group) for s in streams]
-        self._by_stream = {g.stream: g for g in self.groups}
         self._read_next = 0
         self._reclaim_next = 0
-
-    def of(self, stream: str) -> StreamGroup:
-        """The group of partition `stream` (KeyError for a stream that is not a partition)."""
-        return self._by_stream[stream]
 
     async def ensure(self, start: str = "0") -> None:
         """`StreamGroup.ensure` on every partition (concurrently: a cluster spreads them over nodes)."""
@@ -497,10 +492,6 @@ class Partitions:
     async def each(self) -> list[dict[str, int]]:
         """`StreamGroup.info` of every partition, in partition order."""
         return list(await asyncio.gather(*(g.info() for g in self.groups)))
-
-    async def info(self) -> dict[str, int]:
-        """`totals` of `each`."""
-        return totals(await self.each())
 
     async def lag(self) -> int:
         """`StreamGroup.lag` summed over the partitions (entries not yet delivered, a count)."""

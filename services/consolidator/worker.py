@@ -448,12 +448,7 @@ class Worker:
         """Until `done` is set, renew the lease of a batch every third of `lease_ms`, so a batch slower
         than the lease is not reclaimed and projected twice."""
         period = self.settings.lease_ms / 3000.0
-        while True:
-            try:
-                await asyncio.wait_for(done.wait(), period)
-                return
-            except TimeoutError:
-                pass
+        while not await wait_or_stop(done, period):
             try:
                 await group.renew(self.name, ids, min_idle_ms=int(self.settings.lease_ms / 3))
             except Exception as exc:  # the batch's own calls will surface a real outage
