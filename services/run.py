@@ -468,11 +468,6 @@ def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
         _say(f"master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", err=False)
 
 
-def _restart_window(env: Mapping[str, str]) -> float:
-    raw_window = env.get("ENGRAM_RESTART_WINDOW")
-    return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
-
-
 def _start_redis(
     env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
 ) -> list[tuple[str, EmbeddedRedis]] | None:
@@ -557,7 +552,8 @@ def main() -> int:
         workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
         restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
-        restart_window = _restart_window(env)
+        window = env.get("ENGRAM_RESTART_WINDOW")
+        restart_window = parse_duration(window, name="ENGRAM_RESTART_WINDOW") if window else RESTART_WINDOW
         cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
     except ConfigError as exc:
         _refuse(f"engram: {exc}")
@@ -593,8 +589,7 @@ def main() -> int:
     if servers is None:
         return 1
     services = _services(env, workers, metrics_port, restart_limit, restart_window, lock_fd)
-    budgets = [CrashBudget(restart_limit, restart_window) for _ in servers]
-    redis = [RedisProcess(s, b, name) for (name, s), b in zip(servers, budgets, strict=True)]
+    redis = [RedisProcess(s, CrashBudget(restart_limit, restart_window), name) for name, s in servers]
     supervisor = Supervisor(services, redis)
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
