@@ -1,16 +1,9 @@
-"""`make run`: the whole stack in the foreground — embedded Redis, the consolidator, the query service.
+"""`make run`: the whole stack in the foreground — embedded Redis, the consolidator, the query service
+(docs/architecture.md, Processes: `make run`; variables: docs/configuration.md).
 
-Ctrl-C (or SIGTERM) stops the services (SIGTERM, a grace period, SIGKILL), then Redis. With `REDIS_URL`
-set, no embedded Redis is started. Variables: docs/configuration.md, `make run`.
-
-One `make run` per data directory: an exclusive `flock` on `ENGRAM_DATA_DIR/run.lock`, inherited by
-every process of the stack (services/run_lock.py); a second one exits 3 before starting anything. The
-services get SIGTERM when the supervisor dies (shared/supervised.py); the embedded Redis stays up.
-
-A process that dies is restarted (`Supervisor`). The stack stops, exit code 1, when one process dies
-`ENGRAM_RESTART_LIMIT` times in a row, each within `ENGRAM_RESTART_WINDOW` of its start, or a service
-exits 0 on its own; exit code 2 when a service exits 2 (a configuration error: never restarted). `make`
-prints the code (`make: *** [Makefile:…: run] Error 3`) and exits 2 itself.
+Exit codes: 1 when one process dies `ENGRAM_RESTART_LIMIT` times in a row (`CrashBudget`) or a service
+exits 0 on its own; 2 on a configuration error (also a service's exit 2, never restarted); 3 when
+another `make run` holds the data directory (services/run_lock.py).
 """
 
 from __future__ import annotations
@@ -76,8 +69,8 @@ def describe_exit(code: int) -> str:
 
 class CrashBudget:
     """The deaths in a row of one process that each came within `window` seconds of its start;
-    `exhausted` at `limit`. Counted by run length, not deaths per wall-clock window: a process taking 13 s
-    to load its model dies at most ~4 times a minute, and a per-minute count never stopped its crash loop."""
+    `exhausted` at `limit`. Counted by run length: a process taking 13 s to load its model dies at most
+    ~4 times a minute, which a per-minute count would not stop."""
 
     def __init__(self, limit: int, window: float):
         self.limit, self.window = limit, window
