@@ -282,7 +282,7 @@ async def _build(
             projector, redis, stream, ends[stream].last, swapped[stream].last, progress
         )
     progress.phase("drop", None)
-    dropped = await _drop_generation(redis, keys, old)
+    dropped = await generations.drop(redis, keys, old)
     progress.advance(dropped)
     facts = await _facts_of(redis, keys, new)
     facts["facts_reembedded"] = facts["facts"] if projector.reembed_facts else 0
@@ -339,7 +339,3 @@ async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | N
     """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None when
     empty or unknown (no index yet: a first replay)."""
     return await _index_docs(redis, keys.episode_index(gen)) or None
-
-
-async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
-    return await generations.drop(redis, keys, gen)
