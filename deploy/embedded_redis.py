@@ -14,12 +14,14 @@ Errors: `EmbeddedRedisError` when a binary/module is missing or the server does 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -272,7 +274,8 @@ class EmbeddedCluster:
             for port in self.ports:
                 self.nodes.append(self._node(port).start())
             if all(formed):  # made before: each node knows its slots and peers from its nodes.conf
-                self._wait_ok([self._client(n) for n in self.nodes])
+                with self._clients() as clients:
+                    self._wait_ok(clients)
             else:
                 self._form()
         except BaseException:
@@ -293,46 +296,47 @@ class EmbeddedCluster:
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
         return redis.Redis(port=node.port, socket_connect_timeout=2, socket_timeout=5, protocol=2)
 
-    def _form(self) -> None:
+    @contextlib.contextmanager
+    def _clients(self) -> Iterator[list[redis.Redis]]:
+        """A client of every node, closed on leaving."""
         clients = [self._client(n) for n in self.nodes]
         try:
-            first = clients[0]
-            for c in clients[1:]:
-                first.execute_command(
-                    "CLUSTER", "MEET", "127.0.0.1", c.connection_pool.connection_kwargs["port"]
-                )
+            yield clients
+        finally:
+            for c in clients:
+                c.close()
+
+    def _form(self) -> None:
+        with self._clients() as clients:
+            for node in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
             for c, (lo, hi) in zip(clients, slot_ranges(self.primaries), strict=False):
                 c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-            self._wait(
-                clients,
-                lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients),
-                "every node knows every other",
-            )
+            self._wait_known(clients, "every node knows every other")
             ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients[: self.primaries]]
             for i, c in enumerate(clients[self.primaries :]):
                 c.execute_command("CLUSTER", "REPLICATE", ids[i % self.primaries])
-            self._wait_ok(clients, close=False)
+            self._wait_ok(clients)
             if self.replicas:
                 self._wait(
                     clients[: self.primaries],
                     lambda c: c.info("replication").get("connected_slaves", 0) >= self.replicas,
                     "every primary has its replicas",
                 )
-        finally:
-            for c in clients:
-                c.close()
 
-    def _wait_ok(self, clients: list[redis.Redis], *, close: bool = True) -> None:
-        """Until every node says `cluster_state:ok` (then closes `clients`, unless `close` is False)."""
-        try:
-            self._wait(
-                clients,
-                lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
-                "cluster_state:ok on every node",
-            )
-        finally:
-            for c in clients if close else ():
-                c.close()
+    def _wait_known(self, clients: list[redis.Redis], what: str) -> None:
+        """Until every node lists every node in `CLUSTER NODES`."""
+        self._wait(
+            clients, lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients), what
+        )
+
+    def _wait_ok(self, clients: list[redis.Redis]) -> None:
+        """Until every node says `cluster_state:ok`."""
+        self._wait(
+            clients,
+            lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
+            "cluster_state:ok on every node",
+        )
 
     def _wait(self, clients: list[redis.Redis], check, what: str) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -353,19 +357,11 @@ class EmbeddedCluster:
         node = self._node(port).start()
         self.nodes.append(node)
         self.joined.append(node)
-        clients = [self._client(n) for n in self.nodes]
-        try:
+        with self._clients() as clients:
             clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
-            self._wait(
-                clients,
-                lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients),
-                "every node knows the new one",
-            )
+            self._wait_known(clients, "every node knows the new one")
             # until gossip tells it who owns every slot, the new node answers CLUSTERDOWN (MIGRATE too)
-            self._wait_ok(clients, close=False)
-        finally:
-            for c in clients:
-                c.close()
+            self._wait_ok(clients)
         return node
 
     def node_id(self, node: EmbeddedRedis) -> str:

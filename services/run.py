@@ -1,16 +1,9 @@
-"""`make run`: the whole stack in the foreground — embedded Redis, the consolidator, the query service.
+"""`make run`: the whole stack in the foreground — embedded Redis, the consolidator, the query service
+(docs/architecture.md, Processes: `make run`; variables: docs/configuration.md).
 
-Ctrl-C (or SIGTERM) stops the services (SIGTERM, a grace period, SIGKILL), then Redis. With `REDIS_URL`
-set, no embedded Redis is started. Variables: docs/configuration.md, `make run`.
-
-One `make run` per data directory: an exclusive `flock` on `ENGRAM_DATA_DIR/run.lock`, inherited by
-every process of the stack (services/run_lock.py); a second one exits 3 before starting anything. The
-services get SIGTERM when the supervisor dies (shared/supervised.py); the embedded Redis stays up.
-
-A process that dies is restarted (`Supervisor`). The stack stops, exit code 1, when one process dies
-`ENGRAM_RESTART_LIMIT` times in a row, each within `ENGRAM_RESTART_WINDOW` of its start, or a service
-exits 0 on its own; exit code 2 when a service exits 2 (a configuration error: never restarted). `make`
-prints the code (`make: *** [Makefile:…: run] Error 3`) and exits 2 itself.
+Exit codes: 1 when one process dies `ENGRAM_RESTART_LIMIT` times in a row (`CrashBudget`) or a service
+exits 0 on its own; 2 on a configuration error (also a service's exit 2, never restarted); 3 when
+another `make run` holds the data directory (services/run_lock.py).
 """
 
 from __future__ import annotations
@@ -76,8 +69,8 @@ def describe_exit(code: int) -> str:
 
 class CrashBudget:
     """The deaths in a row of one process that each came within `window` seconds of its start;
-    `exhausted` at `limit`. Counted by run length, not deaths per wall-clock window: a process taking 13 s
-    to load its model dies at most ~4 times a minute, and a per-minute count never stopped its crash loop."""
+    `exhausted` at `limit`. Counted by run length: a process taking 13 s to load its model dies at most
+    ~4 times a minute, which a per-minute count would not stop."""
 
     def __init__(self, limit: int, window: float):
         self.limit, self.window = limit, window
@@ -468,11 +461,6 @@ def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
         _say(f"master key {env['ENGRAM_MASTER_KEY_FILE']} (without it the stream is unreadable)", err=False)
 
 
-def _restart_window(env: Mapping[str, str]) -> float:
-    raw_window = env.get("ENGRAM_RESTART_WINDOW")
-    return parse_duration(raw_window, name="ENGRAM_RESTART_WINDOW") if raw_window else RESTART_WINDOW
-
-
 def _start_redis(
     env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
 ) -> list[tuple[str, EmbeddedRedis]] | None:
@@ -557,7 +545,8 @@ def main() -> int:
         workers = env_int(env, "ENGRAM_WORKERS", 1, 1, 64)
         redis_port = env_int(env, "ENGRAM_REDIS_PORT", 6390, 1, 65535)
         restart_limit = env_int(env, "ENGRAM_RESTART_LIMIT", RESTART_LIMIT, 1, 1000)
-        restart_window = _restart_window(env)
+        window = env.get("ENGRAM_RESTART_WINDOW")
+        restart_window = parse_duration(window, name="ENGRAM_RESTART_WINDOW") if window else RESTART_WINDOW
         cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
     except ConfigError as exc:
         _refuse(f"engram: {exc}")
@@ -593,8 +582,7 @@ def main() -> int:
     if servers is None:
         return 1
     services = _services(env, workers, metrics_port, restart_limit, restart_window, lock_fd)
-    budgets = [CrashBudget(restart_limit, restart_window) for _ in servers]
-    redis = [RedisProcess(s, b, name) for (name, s), b in zip(servers, budgets, strict=True)]
+    redis = [RedisProcess(s, CrashBudget(restart_limit, restart_window), name) for name, s in servers]
     supervisor = Supervisor(services, redis)
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)

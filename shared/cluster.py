@@ -31,11 +31,13 @@ from typing import Any, cast
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engram_episodic.errors import ConfigError
 from shared.keys import ns_tag
+from shared.retry import Backoff
 
 SEARCH_SHARD = "shard"
 SEARCH_COORDINATOR = "coordinator"
@@ -264,16 +266,17 @@ class EngramCluster(RedisCluster):
         """`args` sent to the primary owning `key`'s slot, retried as redis-py retries a command it
         routes (connection fault, timeout, CLUSTERDOWN, uncovered slot). For XREADGROUP redis-py otherwise asks
         COMMAND GETKEYS before every call."""
-        failures = 0
+        backoff = Backoff(ExponentialBackoff(cap=2.0, base=0.05))  # shared.redis_conn's policy
         while True:
             await self.initialize()  # the refresh the last fault asked for, once due; else nothing
             try:
                 return await super().execute_command(*args, target_nodes=self._owner(key), **kwargs)
             except self.ERRORS_ALLOW_RETRY as exc:
-                failures += 1  # exact types, as redis-py: not AuthenticationError, IndexBuilding, ...
-                if failures > self.retry.get_retries() or type(exc) not in self.ERRORS_ALLOW_RETRY:
+                delay = backoff.next()
+                # exact types, as redis-py: not AuthenticationError, IndexBuilding, ...
+                if backoff.failures > self.retry.get_retries() or type(exc) not in self.ERRORS_ALLOW_RETRY:
                     raise
-                await asyncio.sleep(min(2.0, 0.05 * 2**failures))  # shared.redis_conn's backoff
+                await asyncio.sleep(delay)
 
     def _owner(self, name: Any) -> Any:
         """The primary owning `name`'s slot; SlotNotCoveredError when none covers it."""

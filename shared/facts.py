@@ -24,11 +24,14 @@ from redis.typing import EncodableT
 
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import Episode
+from shared.cluster import search_targets
 from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
     create_index,
+    current_generation,
     index_exists,
+    index_size,
     is_missing_index,
     numeric_clause,
     parse_search,
@@ -226,16 +229,7 @@ class Fact:
         """Plain data for the event (msgpack) and the document: the centroid as float32 bytes."""
         data = asdict(self)
         data["centroid"] = self.centroid_bytes()
-        for name in (
-            "top_strategies",
-            "common_failures",
-            "action_types",
-            "evidence",
-            "central",
-            "agents",
-            "users",
-            "categories",
-        ):
+        for name in (*_STAT_ROWS, *_ID_LISTS):
             data[name] = [dict(x) if isinstance(x, Mapping) else x for x in data[name]]
         return {k: v for k, v in data.items() if v is not None}
 
@@ -249,9 +243,9 @@ class Fact:
                 vec = tuple(float(x) for x in np.frombuffer(bytes(centroid), dtype=np.float32))
             else:
                 vec = tuple(float(x) for x in centroid or ())
-            for name in ("top_strategies", "common_failures", "action_types"):
+            for name in _STAT_ROWS:
                 raw[name] = tuple(_frozen_row(x) for x in raw.get(name, ()))
-            for name in ("evidence", "central", "agents", "users", "categories"):
+            for name in _ID_LISTS:
                 raw[name] = tuple(str(x) for x in raw.get(name, ()))
             known = set(cls.__dataclass_fields__)
             fact = cls(centroid=vec, **{k: v for k, v in raw.items() if k in known})
@@ -286,6 +280,10 @@ class Fact:
                 if name in data:
                     data[name] = format_instant(data[name])
         return data
+
+
+_STAT_ROWS = ("top_strategies", "common_failures", "action_types")
+_ID_LISTS = ("evidence", "central", "agents", "users", "categories")
 
 
 def _frozen_row(row: Any) -> dict[str, Any]:
@@ -468,57 +466,22 @@ async def search_facts(
 ) -> list[FactHit]:
     """KNN over fact centroids within the filters (nearest first), or without a vector the filtered
     facts by confidence, then support (descending). A missing index means no facts yet: []."""
+    if vector is not None:
+        expr = f"({q.query()})=>[KNN {int(top_k)} @{CENTROID_FIELD} $BLOB AS dist]"
+        params = ["PARAMS", 2, "BLOB", vector_bytes(vector), "SORTBY", "dist", "ASC", "RETURN", 3, "dist"]
+        limit = int(top_k)
+    else:
+        expr, params, limit = q.query(), ["SORTBY", "confidence", "DESC", "RETURN", 2], 10_000
+    command = ["FT.SEARCH", index, expr, *search_limit(), *params, DOC_FIELD, CENTROID_FIELD]
     try:
-        if vector is not None:
-            expr = f"({q.query()})=>[KNN {int(top_k)} @{CENTROID_FIELD} $BLOB AS dist]"
-            reply = await r.execute_command(
-                "FT.SEARCH",
-                index,
-                expr,
-                *search_limit(),
-                "PARAMS",
-                2,
-                "BLOB",
-                vector_bytes(vector),
-                "SORTBY",
-                "dist",
-                "ASC",
-                "RETURN",
-                3,
-                "dist",
-                DOC_FIELD,
-                CENTROID_FIELD,
-                "LIMIT",
-                0,
-                int(top_k),
-                "DIALECT",
-                2,
-            )
-            return _decode_hits(parse_search(reply)[1])
-        reply = await r.execute_command(
-            "FT.SEARCH",
-            index,
-            q.query(),
-            *search_limit(),
-            "RETURN",
-            2,
-            DOC_FIELD,
-            CENTROID_FIELD,
-            "SORTBY",
-            "confidence",
-            "DESC",
-            "LIMIT",
-            0,
-            10_000,
-            "DIALECT",
-            2,
-        )
+        reply = await r.execute_command(*command, "LIMIT", 0, limit, "DIALECT", 2)
     except ResponseError as exc:
         if is_missing_index(exc):
             return []
         raise
     hits = _decode_hits(parse_search(reply)[1])
-    hits.sort(key=lambda h: (-h.fact.confidence, -h.fact.support, h.fact.fact_id))
+    if vector is None:
+        hits.sort(key=lambda h: (-h.fact.confidence, -h.fact.support, h.fact.fact_id))
     return hits[:top_k]
 
 
@@ -549,9 +512,6 @@ async def facts_state(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     """The live generation's facts, for `/readyz`: `{generation, indexed}` (documents its facts index
     holds, searchable) and, when a replay built the generation, `replay` (its `replay_record`: how many
     facts it carried over, how many it re-embedded for another embedder, how many it could index)."""
-    from shared.cluster import search_targets
-    from shared.index import current_generation, index_size
-
     gen = await current_generation(r, keys)
     indexed = 0
     try:
@@ -569,15 +529,11 @@ async def facts_state(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
 
 async def live_facts_index(r: aioredis.Redis, keys: Keys) -> str:
     """The facts index of the live generation (queries name it directly: a replay drops the old one)."""
-    from shared.index import current_generation
-
     return keys.facts_index(await current_generation(r, keys))
 
 
 async def get_fact(r: aioredis.Redis, keys: Keys, namespace: str, fact_id: str) -> Fact | None:
     """One fact of `namespace` (current or superseded), None when absent or of another namespace."""
-    from shared.index import current_generation
-
     gen = await current_generation(r, keys)
     raw = await r.hget(keys.fact_doc(gen, namespace, fact_id), DOC_FIELD)
     if raw is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -173,19 +174,15 @@ async def sweep(r: aioredis.Redis, keys: Keys) -> int:
 
     prefix = keys.prefix.encode()
     dead: set[int] = set()
-    deleted = 0
-    batch: list[bytes] = []
-    async for key in r.scan_iter(match=f"{keys.prefix}g[0-9]*", count=1000):
-        m = _GEN_KEY.match(key, len(prefix)) if key.startswith(prefix) else None
-        if m is None or not is_dead(int(m.group(1))):
-            continue
-        dead.add(int(m.group(1)))
-        batch.append(key)
-        if len(batch) >= 1000:
-            deleted += await r.unlink(*batch)
-            batch = []
-    if batch:
-        deleted += await r.unlink(*batch)
+
+    async def dead_keys() -> AsyncIterator[bytes]:
+        async for key in r.scan_iter(match=f"{keys.prefix}g[0-9]*", count=1000):
+            m = _GEN_KEY.match(key, len(prefix)) if key.startswith(prefix) else None
+            if m is not None and is_dead(int(m.group(1))):
+                dead.add(int(m.group(1)))
+                yield key
+
+    deleted = await _unlink_all(r, dead_keys())
     for field in await r.hkeys(keys.meta):
         found = _GEN_FIELD.match(as_text(field))
         if found is not None and is_dead(int(found.group(1))):
@@ -208,15 +205,19 @@ async def drop(r: aioredis.Redis, keys: Keys, gen: int, *, keys_too: bool = True
             await drop_index(r, name)
         except ResponseError:  # a missing index is the normal case
             pass
-    dropped = 0
-    if keys_too:
-        batch: list[bytes] = []
-        async for key in r.scan_iter(match=f"{keys.gen_prefix(gen)}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                dropped += await r.unlink(*batch)
-                batch = []
-        if batch:
-            dropped += await r.unlink(*batch)
+    dropped = (
+        await _unlink_all(r, r.scan_iter(match=f"{keys.gen_prefix(gen)}*", count=1000)) if keys_too else 0
+    )
     await r.hdel(keys.meta, *(f"g{gen}:{name}" for name in _META_FIELDS))
     return dropped
+
+
+async def _unlink_all(r: aioredis.Redis, found: AsyncIterator[bytes]) -> int:
+    """UNLINK the keys `found` yields, 1,000 per call; how many were deleted."""
+    deleted, batch = 0, []
+    async for key in found:
+        batch.append(key)
+        if len(batch) >= 1000:
+            deleted += await r.unlink(*batch)
+            batch = []
+    return deleted + (await r.unlink(*batch) if batch else 0)

@@ -20,6 +20,8 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
+from shared.replies import as_text
+
 FIELD = b"e"
 
 
@@ -216,10 +218,6 @@ async def trim_before(r: aioredis.Redis, stream: str, min_id: str) -> int:
     return int(await r.xtrim(stream, minid=min_id, approximate=False))
 
 
-def _name(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 @dataclass(frozen=True, slots=True)
 class StreamGroup:
     """The consumer group `group` on `stream`: every command bound to a group goes through one of these
@@ -351,7 +349,7 @@ class StreamGroup:
             if "no such key" in str(stream).lower():
                 return "0-0"
             raise stream if isinstance(stream, ResponseError) else rows
-        row = next((g for g in rows if _name(g.get("name")) == self.group), None)
+        row = next((g for g in rows if as_text(g["name"]) == self.group), None)
         if row is None:  # entries nobody has read yet
             return None
         last = id_tuple(stream.get("last-generated-id"))
@@ -362,7 +360,7 @@ class StreamGroup:
     async def _row(self) -> dict | None:
         """This group's XINFO GROUPS row; None when the stream or the group does not exist."""
         for g in await groups(self.redis, self.stream):
-            if _name(g.get("name")) == self.group:
+            if as_text(g["name"]) == self.group:
                 return g
         return None
 
@@ -409,7 +407,7 @@ class StreamGroup:
         except ResponseError:
             return False
         for c in consumers:
-            if _name(c.get("name")) == consumer and not int(c.get("pending") or 0):
+            if as_text(c["name"]) == consumer and not int(c.get("pending") or 0):
                 await self.redis.xgroup_delconsumer(self.stream, self.group, consumer)
                 return True
         return False
@@ -461,13 +459,8 @@ class Partitions:
         if not streams:
             raise ValueError("a partitioned group needs at least one stream")
         self.groups = [StreamGroup(redis, s, group) for s in streams]
-        self._by_stream = {g.stream: g for g in self.groups}
         self._read_next = 0
         self._reclaim_next = 0
-
-    def of(self, stream: str) -> StreamGroup:
-        """The group of partition `stream` (KeyError for a stream that is not a partition)."""
-        return self._by_stream[stream]
 
     async def ensure(self, start: str = "0") -> None:
         """`StreamGroup.ensure` on every partition (concurrently: a cluster spreads them over nodes)."""
@@ -497,10 +490,6 @@ class Partitions:
     async def each(self) -> list[dict[str, int]]:
         """`StreamGroup.info` of every partition, in partition order."""
         return list(await asyncio.gather(*(g.info() for g in self.groups)))
-
-    async def info(self) -> dict[str, int]:
-        """`totals` of `each`."""
-        return totals(await self.each())
 
     async def lag(self) -> int:
         """`StreamGroup.lag` summed over the partitions (entries not yet delivered, a count)."""

@@ -34,6 +34,7 @@ from shared.facts import LEVEL_NAMESPACE, STATUS_CURRENT, SUMMARY_FALLBACK, SUMM
 from shared.generations import StaleGeneration
 from shared.index import Scope, agent_category_counts, current_generation
 from shared.replies import as_text, bytes_map
+from shared.retry import wait_or_stop
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -196,11 +197,13 @@ class Consolidator(Snapshots):
             wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
             wait = max(wait, await self.redis.pttl(recent) / 1000.0)
             # closing: the counter was not reset, so the scope is picked up again later
-            if wait > 0 and (await self._closed_within(wait) or not await self._still_triggered(scope)):
+            if wait > 0 and (
+                await wait_or_stop(self._closing, wait) or not await self._still_triggered(scope)
+            ):
                 return  # (not triggered: the run that made us wait consumed it)
             deadline = time.monotonic() + self.settings.facts_min_interval
             while self._backlogged() and time.monotonic() < deadline and not self._closing.is_set():
-                await self._closed_within(min(0.25, self.settings.facts_min_interval))
+                await wait_or_stop(self._closing, min(0.25, self.settings.facts_min_interval))
             if self._closing.is_set():
                 return
             self._again.discard(sid)
@@ -215,14 +218,6 @@ class Consolidator(Snapshots):
                 log.exception("facts ◆ consolidation of %s failed", sid[:12])
             if sid not in self._again:
                 return
-
-    async def _closed_within(self, seconds: float) -> bool:
-        """Wait up to `seconds` for `aclose`; whether it came."""
-        try:
-            await asyncio.wait_for(self._closing.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
 
     async def _still_triggered(self, scope: FactScope) -> bool:
         """The scope's trigger counter is still at a threshold (another run may have consumed it)."""

@@ -109,33 +109,28 @@ async def load_rows(
         if not int(cursor):
             break
         reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", page)
-    chosen = [key for _, key in sorted(newest, reverse=True)]
-    rows: list[Row] = []
-    for i in range(0, len(chosen), page):
-        async with r.pipeline(transaction=False) as pipe:
-            for key in chosen[i : i + page]:
-                pipe.hmget(key, ["doc", "vector", "status"])
-            for doc, vector, status in await pipe.execute():
-                row = _row(doc, vector) if status == STATUS_COMPLETED.encode() else None
-                if row is not None:
-                    rows.append(row)
-    return by_completion(rows)
+    return await _completed_rows(r, [key for _, key in sorted(newest, reverse=True)], page)
 
 
 async def load_rows_by_id(
     r: aioredis.Redis, keys: Keys, gen: int, namespace: str, ids: Sequence[str]
 ) -> list[Row]:
     """Completed episodes by id (missing, forgotten or draft ones are skipped)."""
-    async with r.pipeline(transaction=False) as pipe:
-        for eid in ids:
-            pipe.hmget(keys.episode_doc(gen, namespace, eid), ["doc", "vector", "status"])
-        raw = await pipe.execute()
-    rows = []
-    for doc, vec, status in raw:
-        if status == STATUS_COMPLETED.encode():
-            row = _row(doc, vec)
-            if row is not None:
-                rows.append(row)
+    return await _completed_rows(r, [keys.episode_doc(gen, namespace, eid) for eid in ids], PAGE)
+
+
+async def _completed_rows(r: aioredis.Redis, doc_keys: Sequence[bytes | str], page: int) -> list[Row]:
+    """The rows of the completed episodes among the documents `doc_keys`, `page` per pipeline, by
+    completion; deleted, draft or unreadable ones skipped."""
+    rows: list[Row] = []
+    for i in range(0, len(doc_keys), page):
+        async with r.pipeline(transaction=False) as pipe:
+            for key in doc_keys[i : i + page]:
+                pipe.hmget(key, ["doc", "vector", "status"])
+            for doc, vector, status in await pipe.execute():
+                row = _row(doc, vector) if status == STATUS_COMPLETED.encode() else None
+                if row is not None:
+                    rows.append(row)
     return by_completion(rows)
 
 

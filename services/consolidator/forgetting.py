@@ -85,17 +85,13 @@ class Forgetting:
         await streams.delete(self.redis, k.stream_of(namespace), sorted(sids))
         # its dead-lettered events: the stream entry and the dead letter both hold its data
         await deadletters.delete_dead_letters(self.redis, self.keys, namespace, episode_id)
-        await self.redis.delete(
-            k.episode_events(g, namespace, episode_id),
-            k.episode_stream_ids(g, namespace, episode_id),
-            k.episode_doc(g, namespace, episode_id),
-        )
         building = await self._building()
-        if building is not None:  # a replay's copy: its catch-up would erase it, unless it never comes
+        # and a replay's copy: its catch-up would erase it, unless it never comes
+        for gen in (g,) if building is None else (g, building):
             await self.redis.delete(
-                k.episode_events(building, namespace, episode_id),
-                k.episode_stream_ids(building, namespace, episode_id),
-                k.episode_doc(building, namespace, episode_id),
+                k.episode_events(gen, namespace, episode_id),
+                k.episode_stream_ids(gen, namespace, episode_id),
+                k.episode_doc(gen, namespace, episode_id),
             )
         if facts == "later":
             self._facts_due.setdefault(namespace, []).append(episode_id)

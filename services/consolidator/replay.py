@@ -1,9 +1,6 @@
 """Rebuild every projection into a fresh generation and swap it in (`replay`, and `reindex` with
-another embedder).
-
-The events come from each episode's event hash in the live generation (the snapshot, kept so the
-stream can be trimmed) and from the stream; folding is idempotent by `event_id`, so the overlap is
-harmless. Tombstones are generation-independent: a replay never resurrects forgotten data.
+another embedder; docs/architecture.md, Replay). The events come from each episode's event hash in the
+live generation (the snapshot) and from the stream; folding is idempotent by `event_id`.
 
 1. generation n+1 gets its own index;
 2. the snapshot is copied and re-folded, each facts scope's last snapshot imported, then the stream is
@@ -14,9 +11,8 @@ harmless. Tombstones are generation-independent: a replay never resurrects forgo
 4. a catch-up pass projects the entries between the mark before and after the switch;
 5. the old generation is dropped.
 
-Into another embedder's generation every facts snapshot gets centroids computed again from its
-evidence there (`facts_store.apply_snapshot`); the counts are recorded in `meta`
-(`shared.facts.replay_record`, shown by `/readyz`).
+Into another embedder's generation facts get centroids computed again (`facts_store.apply_snapshot`);
+the counts are recorded in `meta` (`shared.facts.replay_record`).
 """
 
 from __future__ import annotations
@@ -286,7 +282,7 @@ async def _build(
             projector, redis, stream, ends[stream].last, swapped[stream].last, progress
         )
     progress.phase("drop", None)
-    dropped = await _drop_generation(redis, keys, old)
+    dropped = await generations.drop(redis, keys, old)
     progress.advance(dropped)
     facts = await _facts_of(redis, keys, new)
     facts["facts_reembedded"] = facts["facts"] if projector.reembed_facts else 0
@@ -343,7 +339,3 @@ async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | N
     """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None when
     empty or unknown (no index yet: a first replay)."""
     return await _index_docs(redis, keys.episode_index(gen)) or None
-
-
-async def _drop_generation(redis: aioredis.Redis, keys: Keys, gen: int) -> int:
-    return await generations.drop(redis, keys, gen)

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from shared import streams
 from shared.keys import Keys
+from shared.replies import as_text
 
 
 async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | None:
@@ -21,10 +22,7 @@ async def safe_trim_id(redis: aioredis.Redis, stream: str) -> tuple[int, int] | 
         return None
     needed: list[tuple[int, int]] = []
     for g in groups:
-        name = g["name"]
-        summary = await streams.StreamGroup(
-            redis, stream, name.decode() if isinstance(name, bytes) else name
-        ).pending_summary()
+        summary = await streams.StreamGroup(redis, stream, as_text(g["name"])).pending_summary()
         if summary and summary.get("pending"):
             needed.append(streams.id_tuple(summary["min"]))
         else:

@@ -1,20 +1,13 @@
-"""The consolidator loop: reclaim, read up to capacity, project, ack (or dead-letter).
-
-Each turn of a lane (`settings.in_flight` lanes per process, `Worker.run`):
+"""The consolidator loop (docs/architecture.md, The consolidator). Each turn of a lane
+(`settings.in_flight` lanes per process, `Worker.run`):
 1. entries pending to this consumer name that no lane holds (`OwnPending`), else `XAUTOCLAIM` of
    entries idle longer than the lease; those delivered more than `max_deliveries` times are
    dead-lettered with the last error;
 2. `XREADGROUP >` up to the free capacity of the batch;
-3. `Projector.apply`, then `XACK` only what was written; a failing batch is retried entry by entry, so
-   one poison entry never blocks its neighbours.
-A transport failure or an unavailable embedder (`EmbedderUnavailable`) leaves the whole batch pending:
-the lane backs off and reads it again, each read a delivery, so an outage past `max_deliveries`
-dead-letters the batch (`redrive` publishes it again).
-
-`stop` (SIGTERM/SIGINT in `__main__`) ends the loop after the batches in hand are acked. Another
-embedder's index is a configuration error at start (`EmbedderMismatch`, exit 2); met later (a
-`reindex` while the worker runs) it pauses the lanes, entries left pending, until the index matches
-this worker's embedder again.
+3. `Projector.apply`, then `XACK` only what was written; a failing batch is retried entry by entry.
+A transport failure or an unavailable embedder (`EmbedderUnavailable`) leaves the whole batch pending,
+read again after a backoff (each read a delivery). Another embedder's index (`EmbedderMismatch`) is
+exit 2 at start, and later pauses the lanes until the index matches again.
 """
 
 from __future__ import annotations
@@ -448,12 +441,7 @@ class Worker:
         """Until `done` is set, renew the lease of a batch every third of `lease_ms`, so a batch slower
         than the lease is not reclaimed and projected twice."""
         period = self.settings.lease_ms / 3000.0
-        while True:
-            try:
-                await asyncio.wait_for(done.wait(), period)
-                return
-            except TimeoutError:
-                pass
+        while not await wait_or_stop(done, period):
             try:
                 await group.renew(self.name, ids, min_idle_ms=int(self.settings.lease_ms / 3))
             except Exception as exc:  # the batch's own calls will surface a real outage
