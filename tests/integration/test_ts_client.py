@@ -184,7 +184,8 @@ CORE = ("index.js", "errors.js", "parts.js", "openapi.js", "tools.js")
 
 def test_packed_tarball_installs_offline_and_runs_the_quickstart(npm, stack, tmp_path):
     """`npm pack` → a tarball that installs into an empty project with no registry (`--offline`) and runs
-    the README's ten-line example (client-ts/examples/quickstart.ts is plain JavaScript too); its core
+    the README's ten-line example (client-ts/examples/quickstart.ts is plain JavaScript too) under Node, Bun and
+    Deno; its core
     imports nothing but its own modules (no Node built-in: browsers and edge runtimes load it)."""
     _run(npm, "build")
     packed = subprocess.run(
@@ -212,16 +213,22 @@ def test_packed_tarball_installs_offline_and_runs_the_quickstart(npm, stack, tmp
         imports = re.findall(r'^(?:import|export)[^;]*? from "([^"]+)"', (dist / name).read_text(), re.M)
         assert all(i.startswith("./") for i in imports), (name, imports)
     (app / "quickstart.mjs").write_text((PACKAGE / "examples" / "quickstart.ts").read_text())
-    ran = subprocess.run(
-        ["node", "quickstart.mjs"],
-        cwd=app,
-        env={**os.environ, **stack},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "success fix the flaky login test" in ran.stdout, ran.stdout
+    bins = PACKAGE / "node_modules" / ".bin"  # Bun and Deno: pinned devDependencies, binaries from npm
+    for runtime in (
+        ["node"],
+        [str(bins / "bun"), "run"],
+        [str(bins / "deno"), "run", "--allow-net", "--allow-env", "--allow-read"],
+    ):
+        ran = subprocess.run(
+            [*runtime, "quickstart.mjs"],
+            cwd=app,
+            env={**os.environ, **stack},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ran.returncode == 0, (runtime, ran.stdout + ran.stderr)
+        assert "success fix the flaky login test" in ran.stdout, (runtime, ran.stdout)
 
 
 # --- the cases both clients run (tests/cases/clients.json) ---------------------------------------------------
