@@ -51,6 +51,16 @@ def test_every_production_module_is_within_its_budget():
     )
 
 
+TOTAL = 30_000
+"""All production modules together (29,958 lines when set). The aim is 24,000 with every route, command
+and documented behaviour kept: lower this as code goes; raising it needs the reason in the commit."""
+
+
+def test_production_code_as_a_whole_does_not_grow():
+    total = sum(_modules().values())
+    assert total <= TOTAL, f"production code is {total} lines, over its ceiling of {TOTAL}: subtract first"
+
+
 def test_the_exceptions_are_current():
     modules = _modules()
     missing = sorted(set(EXCEPTIONS) - set(modules))
