@@ -19,8 +19,8 @@ BUDGET = 700
 # module → (max lines, why it is still one module)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     "client/engram_episodic/client.py": (
-        780,
-        "sync Engram, one method per route, and AsyncEngram, whose route methods are Engram's awaited "
+        800,
+        "sync Engram, one method per route (summary and dead letters included), and AsyncEngram, whose route methods are Engram's awaited "
         "(the requests are in calls.py, the options in options.py); the episode blocks could move out",
     ),
 }
