@@ -577,6 +577,17 @@ def test_install_says_it_replaces_an_mcp_server_named_engram(tmp_path, monkeypat
     assert out.exit_code == 0 and "warning" not in out.output
 
 
+def test_install_says_the_project_mcp_server_gets_no_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    args = ["hooks", "install", "claude-code", "--dir", str(tmp_path), "--url", "http://127.0.0.1:9"]
+    out = CliRunner().invoke(cli, [*args, "--api-key", "k-1"])
+    assert out.exit_code == 0 and "the MCP server in" in out.output and "gets none" in out.output
+    assert "k-1" not in (tmp_path / ".mcp.json").read_text()
+    out = CliRunner().invoke(cli, [*args, "--api-key", "k-1", "--user"])
+    assert out.exit_code == 0 and "gets none" not in out.output
+
+
 def test_status_says_a_settings_file_is_not_json(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -139,6 +139,12 @@ def install_command(
             f"{cli_name}: warning: it replaces the MCP server `engram` {where.mcp_file} had "
             "(uninstall puts it back)"
         )
+    if service_key and scope == "project":
+        click.echo(
+            f"{cli_name}: warning: the key is kept for the hooks only; the MCP server in {where.mcp_file} "
+            "gets none (a project's settings are often committed): set ENGRAM_API_KEY where the CLI runs, "
+            "or install with --user"
+        )
     if cli_name == "gemini-cli":
         click.echo("gemini-cli: hooks run when its hooks system is enabled (/settings: Enable Hooks System)")
     why = _answers(service_url, service_key)
