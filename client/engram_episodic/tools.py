@@ -19,27 +19,11 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from engram_episodic.calls import joined
-from engram_episodic.client import (
-    AsyncEngram,
-    Call,
-    Calls,
-    ContextOptions,
-    CurveOptions,
-    Engram,
-    FactSearchOptions,
-    RecallOptions,
-    SkillsOptions,
-    StrategyOptions,
-    SuggestOptions,
-)
-from engram_episodic.errors import (
-    ApiError,
-    EngramError,
-    InvalidEpisode,
-)
+from engram_episodic.client import AsyncEngram, Call, Calls, Engram
+from engram_episodic.errors import ApiError, EngramError, InvalidEpisode
 from engram_episodic.schema_check import check as check_schema
 from engram_episodic.tool_results import (
     ToolArgumentError,
@@ -56,13 +40,7 @@ from engram_episodic.tool_results import (
     render_skills,
     render_suggestion,
 )
-from engram_episodic.validation import (
-    MAX_ID_CHARS,
-    MAX_TAG_CHARS,
-    Collector,
-    check_tag_value,
-    json_kind,
-)
+from engram_episodic.validation import MAX_ID_CHARS, MAX_TAG_CHARS, Collector, check_tag_value, json_kind
 from engram_episodic.validation import _join as join_path
 
 # The tools' names, descriptions, argument schemas and MCP hints: one data file, read by this module and
@@ -71,9 +49,6 @@ _DATA: dict[str, Any] = json.loads(resources.files(__package__).joinpath("tools.
 
 Format = Literal["openai", "openai-responses", "anthropic"]
 FORMATS: tuple[str, ...] = ("openai", "openai-responses", "anthropic")
-
-
-Scope = Mapping[str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,26 +68,22 @@ class Plan:
     ordered: bool = False
     """The calls must go one after another (the parts of one large episode); else they may go at once."""
 
-    def failure(self, exc: ApiError) -> EngramError:
-        """The error to raise for a refused call: ToolArgumentError for 422/413 (and a 404 `missing`)."""
-        if exc.status == 422 and exc.errors:
-            return ToolArgumentError(self.tool, [(_tool_field(f, self.fields), why) for f, why in exc.errors])
-        if exc.status == 413:
-            return ToolArgumentError(self.tool, [("arguments", "are too large for the memory service (413)")])
-        if exc.status == 404 and self.missing is not None:
-            return ToolArgumentError(self.tool, [self.missing])
-        return exc
-
     @contextlib.contextmanager
     def refusals(self) -> Iterator[None]:
-        """Around sending `calls`: an ApiError leaving the block is raised as `failure(exc)` (from it)."""
+        """Around sending `calls`: a 422/413 (and a 404 when `missing`) leaves as ToolArgumentError (from
+        the ApiError); any other ApiError as it is."""
         try:
             yield
         except ApiError as exc:
-            mapped = self.failure(exc)
-            if mapped is exc:
+            if exc.status == 422 and exc.errors:
+                errors = [(_tool_field(f, self.fields), why) for f, why in exc.errors]
+            elif exc.status == 413:
+                errors = [("arguments", "are too large for the memory service (413)")]
+            elif exc.status == 404 and self.missing is not None:
+                errors = [self.missing]
+            else:
                 raise
-            raise mapped from exc
+            raise ToolArgumentError(self.tool, errors) from exc
 
 
 def _tool_field(path: str, fields: Mapping[str, str]) -> str:
@@ -132,7 +103,7 @@ class ToolSpec:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    plan: Callable[[dict[str, Any], Scope], Plan] = field(repr=False, compare=False)
+    plan: Callable[[dict[str, Any]], Plan] = field(repr=False, compare=False)
     read_only: bool = True
     destructive: bool = False
     idempotent: bool = True
@@ -158,37 +129,22 @@ class ToolSpec:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
 
 
-def _scoped(args: dict[str, Any], scope: Scope, keys: Sequence[str]) -> dict[str, Any]:
-    out = dict(args)
-    for key in keys:
-        if out.get(key) is None and scope.get(key):
-            out[key] = scope[key]
-    return out
-
-
-def _except(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
+def _except(args: Mapping[str, Any], *names: str) -> Any:
     """The arguments but `names`: the options of the tool's call (`check_arguments` dropped unknown and
-    null ones), cast by each plan to its options TypedDict."""
+    null ones), typed as the call's options TypedDict."""
     return {k: v for k, v in args.items() if k not in names}
 
 
-def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id"))
+def _plan_recall(args: dict[str, Any]) -> Plan:
     options = _except(args, "query", "min_reward")
     if args.get("min_reward") is not None:
         options["reward"] = {"gte": args["min_reward"]}
     return Plan(
         "recall_experiences",
-        (Calls.recall(args["query"], cast(RecallOptions, options)),),
+        (Calls.recall(args["query"], options),),
         lambda r: render_recall(r[0], args["query"]),
         fields={"reward.gte": "min_reward", "reward": "min_reward"},
     )
-
-
-def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id"))
-    call = Calls.context(args["task"], cast(ContextOptions, _except(args, "task")))
-    return Plan("get_context", (call,), lambda r: render_context(r[0]))
 
 
 # the arguments that are not an episode field of the same name: where each goes in the episode
@@ -205,9 +161,9 @@ _RECORD_ARGS = {
 _RECORD_FIELDS = {"task": "task", **{path: arg for arg, path in _RECORD_ARGS.items()}}
 
 
-def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
+def _plan_record(args: dict[str, Any]) -> Plan:
     fields: dict[str, Any] = {}
-    for arg, value in _scoped(args, scope, ("agent_id", "user_id", "session_id")).items():
+    for arg, value in args.items():
         head, _, leaf = _RECORD_ARGS.get(arg, arg).partition(".")
         if leaf:
             fields.setdefault(head, {})[leaf] = value
@@ -228,61 +184,44 @@ def _plan_record(args: dict[str, Any], scope: Scope) -> Plan:
     )
 
 
-def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id"))
-    common = _except(args, "task", "category", "complexity")
+def _plan_suggest(args: dict[str, Any]) -> Plan:
     # the category picks strategy's skill profile; suggest would filter by it, and a category the model
     # guessed then found nothing while strategy, on every similar episode, found evidence
-    strategy = _except(args, "task")
     calls = (
-        Calls.suggest(args["task"], cast(SuggestOptions, common)),
-        Calls.strategy(args["task"], cast(StrategyOptions, strategy)),
+        Calls.suggest(args["task"], _except(args, "task", "category", "complexity")),
+        Calls.strategy(args["task"], _except(args, "task")),
     )
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
-
-
-def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
-    args = _scoped(args, scope, ("agent_id", "user_id"))
-    call = Calls.search_facts(args.get("query"), cast(FactSearchOptions, _except(args, "query")))
-    return Plan("search_facts", (call,), lambda r: render_facts(r[0], args.get("query")))
 
 
 FORGET_WAIT = 5.0
 """Seconds forget_episode waits for the erase (`DELETE /v1/episodes/{id}?wait=`), so its answer can say
 the episode is gone from every read; past it the answer says the erase is accepted, not done."""
-
-
-def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
-    return Plan(
+_PLANS: dict[str, Callable[[dict[str, Any]], Plan]] = {
+    "recall_experiences": _plan_recall,
+    "get_context": lambda a: Plan(
+        "get_context", (Calls.context(a["task"], _except(a, "task")),), lambda r: render_context(r[0])
+    ),
+    "record_episode": _plan_record,
+    "suggest_approach": _plan_suggest,
+    "search_facts": lambda a: Plan(
+        "search_facts",
+        (Calls.search_facts(a.get("query"), _except(a, "query")),),
+        lambda r: render_facts(r[0], a.get("query")),
+    ),
+    "forget_episode": lambda a: Plan(
         "forget_episode",
-        (Calls.forget_episode(args["episode_id"], wait=FORGET_WAIT),),
+        (Calls.forget_episode(a["episode_id"], wait=FORGET_WAIT),),
         lambda r: render_forgotten(r[0]),
         missing=(
             "episode_id",
             "no episode with this id in this memory (a forgotten one would answer already forgotten)",
         ),
-    )
-
-
-def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
-    call = Calls.skills(cast(SkillsOptions, _scoped(args, scope, ("agent_id", "user_id"))))
-    return Plan("get_skills", (call,), lambda r: render_skills(r[0]))
-
-
-def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
-    call = Calls.learning_curve(cast(CurveOptions, _scoped(args, scope, ("agent_id", "user_id"))))
-    return Plan("get_learning_curve", (call,), lambda r: render_curve(r[0]))
-
-
-_PLANS: dict[str, Callable[[dict[str, Any], Scope], Plan]] = {
-    "recall_experiences": _plan_recall,
-    "get_context": _plan_context,
-    "record_episode": _plan_record,
-    "suggest_approach": _plan_suggest,
-    "search_facts": _plan_facts,
-    "forget_episode": _plan_forget,
-    "get_skills": _plan_skills,
-    "get_learning_curve": _plan_curve,
+    ),
+    "get_skills": lambda a: Plan("get_skills", (Calls.skills(_except(a)),), lambda r: render_skills(r[0])),
+    "get_learning_curve": lambda a: Plan(
+        "get_learning_curve", (Calls.learning_curve(_except(a)),), lambda r: render_curve(r[0])
+    ),
 }
 TOOLS: tuple[ToolSpec, ...] = tuple(ToolSpec(**t, plan=_PLANS[t["name"]]) for t in _DATA["tools"])
 RECALL, CONTEXT, RECORD, SUGGEST, FACTS, FORGET, SKILLS, CURVE = TOOLS
@@ -317,8 +256,6 @@ def tools(format: Format = "openai", *, names: Iterable[str] | None = None) -> l
     Every `parameters` / `input_schema` is a JSON Schema object with `additionalProperties: false`.
     Raises ValueError for another format, UnknownTool for a name that is not a tool.
     """
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     chosen = TOOLS if names is None else tuple(get_tool(n) for n in names)
     return [t.definition(format) for t in chosen]
 
@@ -400,28 +337,14 @@ def prepare(
     session_id: str | None = None,
 ) -> Plan:
     """A model's tool call as a `Plan` (requests not yet sent): UnknownTool or ToolArgumentError if it
-    cannot be made. `agent_id` / `user_id` / `session_id` are the bound scope (see the module docstring)."""
+    cannot be made, ValueError for a bad scope id. `agent_id` / `user_id` / `session_id` are the bound
+    scope (see the module docstring)."""
     spec = get_tool(name)
-    return spec.plan(check_arguments(spec, arguments), _scope(agent_id, user_id, session_id))
-
-
-# --- executing ----------------------------------------------------------------------------------------------
-def execute(client: Engram, plan: Plan) -> ToolResult:
-    """Send a plan's requests with the sync client and render the answers (errors as in `dispatch`)."""
-    with plan.refusals():
-        answers = [client.call(c) for c in plan.calls]
-    return plan.render(answers)
-
-
-async def aexecute(client: AsyncEngram, plan: Plan) -> ToolResult:
-    """Send a plan's requests with the async client (concurrently unless `plan.ordered`) and render
-    the answers."""
-    with plan.refusals():
-        if plan.ordered:
-            answers = [await client.call(c) for c in plan.calls]
-        else:
-            answers = list(await asyncio.gather(*(client.call(c) for c in plan.calls)))
-    return plan.render(answers)
+    args = check_arguments(spec, arguments)
+    scope = _scope(agent_id, user_id, session_id)
+    if name != "record_episode":  # a bound session only stamps recorded episodes
+        del scope["session_id"]
+    return spec.plan({**{k: v for k, v in scope.items() if v}, **args})
 
 
 def dispatch(
@@ -488,15 +411,11 @@ class Toolset:
         """This toolset's definitions for one API (see `tools`)."""
         return tools(format, names=self.names)
 
-    def get(self, name: str) -> ToolSpec:
-        """One of this toolset's tools; UnknownTool otherwise."""
+    def prepare(self, name: str, arguments: Mapping[str, Any] | str | bytes | None = None) -> Plan:
+        """The call as requests with this toolset's scope (see the module-level `prepare`); UnknownTool
+        for a tool this toolset does not have."""
         if name not in self.names:
             raise UnknownTool(name, self.names)
-        return get_tool(name)
-
-    def prepare(self, name: str, arguments: Mapping[str, Any] | str | bytes | None = None) -> Plan:
-        """The call as requests with this toolset's scope (see the module-level `prepare`)."""
-        self.get(name)
         return prepare(name, arguments, **self.scope)
 
     def dispatch(
@@ -510,9 +429,13 @@ class Toolset:
         if not isinstance(self.client, Engram):
             raise TypeError("dispatch needs an Engram client; use adispatch with an AsyncEngram")
         try:
-            return execute(self.client, self.prepare(name, arguments))
+            plan = self.prepare(name, arguments)
+            with plan.refusals():
+                return plan.render([self.client.call(c) for c in plan.calls])
         except EngramError as exc:
-            return _as_result(exc, errors)
+            if errors == "raise":
+                raise
+            return error_result(exc)
 
     async def adispatch(
         self,
@@ -521,20 +444,23 @@ class Toolset:
         *,
         errors: Literal["raise", "result"] = "raise",
     ) -> ToolResult:
-        """Execute a tool call with the async client (see `adispatch`)."""
+        """Execute a tool call with the async client, its requests concurrently unless `plan.ordered`
+        (see the module-level `dispatch`)."""
         if not isinstance(self.client, AsyncEngram):
             raise TypeError("adispatch needs an AsyncEngram client; use dispatch with an Engram")
+        client = self.client
         try:
-            return await aexecute(self.client, self.prepare(name, arguments))
+            plan = self.prepare(name, arguments)
+            with plan.refusals():
+                if plan.ordered:
+                    answers = [await client.call(c) for c in plan.calls]
+                else:
+                    answers = list(await asyncio.gather(*(client.call(c) for c in plan.calls)))
+            return plan.render(answers)
         except EngramError as exc:
-            return _as_result(exc, errors)
-
-
-def _as_result(exc: EngramError, errors: Literal["raise", "result"]) -> ToolResult:
-    """`error_result(exc)` with `errors="result"`; else raises `exc` again."""
-    if errors == "result":
-        return error_result(exc)
-    raise exc
+            if errors == "raise":
+                raise
+            return error_result(exc)
 
 
 __all__ = [
@@ -549,13 +475,10 @@ __all__ = [
     "Toolset",
     "UnknownTool",
     "adispatch",
-    "aexecute",
     "check_arguments",
     "dispatch",
     "error_result",
-    "execute",
     "get_tool",
-    "parse_arguments",
     "prepare",
     "tools",
 ]
