@@ -6,8 +6,7 @@ docs/integrations.md, "LangChain tools".
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Literal
 
 try:
@@ -18,36 +17,24 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "pip install './client[langchain]' (engram-episodic's langchain extra, from an Engram checkout)"
     ) from exc
 
-from engram_episodic.adapters._common import Clients, check_scope
+from engram_episodic.adapters._common import Clients, tool_clients
 from engram_episodic.client import AsyncEngram, Engram
-from engram_episodic.errors import EngramError
-from engram_episodic.tools import ToolResult, Toolset, ToolSpec, error_result
+from engram_episodic.tools import ToolResult, ToolSpec
 
 __all__ = ["engram_tools"]
 
 
-def _tool(
-    spec: ToolSpec, clients: Clients, scope: dict[str, Any], errors: Literal["result", "raise"]
-) -> StructuredTool:
-    @contextlib.contextmanager
-    def refusals() -> Iterator[None]:
-        try:
-            yield
-        except EngramError as exc:
-            if errors == "raise":
-                raise
-            # handle_tool_error=True turns a ToolException into the tool's output (status="error")
-            raise ToolException(error_result(exc).text) from exc
+def _tool(spec: ToolSpec, clients: Clients, errors: Literal["result", "raise"]) -> StructuredTool:
+    def answer(result: ToolResult) -> tuple[str, dict[str, Any]]:
+        if result.is_error:  # handle_tool_error=True makes it the tool's output (status="error")
+            raise ToolException(result.text)
+        return result.text, result.data
 
     def run(**arguments: Any) -> tuple[str, dict[str, Any]]:
-        with refusals():
-            result: ToolResult = clients.dispatch(spec.name, arguments, scope)
-        return result.text, result.data
+        return answer(clients.dispatch(spec.name, arguments, errors))
 
     async def arun(**arguments: Any) -> tuple[str, dict[str, Any]]:
-        with refusals():
-            result = await clients.adispatch(spec.name, arguments, scope)
-        return result.text, result.data
+        return answer(await clients.adispatch(spec.name, arguments, errors))
 
     return StructuredTool(
         name=spec.name,
@@ -89,8 +76,5 @@ def engram_tools(
     (`engram_episodic.tools.ToolArgumentError`, `ConnectionFailed`, ...). Raises TypeError for a bad
     client or scope key, ValueError for a bad scope id, `UnknownTool` for a name that is not a tool.
     """
-    if errors not in ("result", "raise"):
-        raise ValueError(f"errors must be 'result' or 'raise', not {errors!r}")
-    clients = Clients(client, async_client, where="engram_tools")
-    toolset = Toolset(client, names=names, **check_scope(default_scope, "engram_tools"))  # checks ids, names
-    return [_tool(spec, clients, toolset.scope, errors) for spec in toolset.tools]
+    clients, specs = tool_clients(client, async_client, names, errors, default_scope, "engram_tools")
+    return [_tool(spec, clients, errors) for spec in specs]

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "pip install './client[langgraph]' (engram-episodic's langgraph extra, from an Engram checkout)"
     ) from exc
 
-from engram_episodic.adapters._common import Clients, as_tag, check_scope
+from engram_episodic.adapters._common import Clients, as_tag
 from engram_episodic.client import AsyncEngram, ContextOptions, Engram
 from engram_episodic.errors import EngramError
 from engram_episodic.validation import MAX_ACTIONS, MAX_TAG_CHARS
@@ -99,11 +99,6 @@ def _task(state: Any, task: str | Callable[[Any], Any] | None, messages_key: str
     return value or None
 
 
-def _thread_id(config: RunnableConfig | None) -> str | None:
-    value = ((config or {}).get("configurable") or {}).get("thread_id")
-    return str(value) if value not in (None, "") else None
-
-
 def turn_of(messages: Sequence[BaseMessage]) -> dict[str, Any]:
     """The last turn of a conversation as episode fields: `solution` and `actions`.
 
@@ -156,12 +151,44 @@ def _placed(messages: Sequence[BaseMessage], new: SystemMessage, message_id: str
     return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *others[:lead], new, *others[lead:]]
 
 
-def _skipped(exc: EngramError, on_error: str, what: str) -> dict[str, Any]:
-    """With `on_error="skip"`, log the Engram error and change nothing; else raise it."""
-    if on_error == "raise":
-        raise exc
-    log.warning("%s: %s", what, exc)
-    return {}
+def _node(
+    clients: Clients,
+    prepare: Callable[[Any, RunnableConfig | None], Any],
+    call: Callable[[Any, Any], Any],
+    finish: Callable[[Any, Any], dict[str, Any]],
+    on_error: str,
+    what: str,
+    name: str,
+) -> RunnableLambda:
+    """A node for `invoke` and `ainvoke`: `prepare(state, config)` (None: no update), `call(client, it)`
+    with the sync or the async client, `finish(state, answer)` the update. With `on_error="skip"` an
+    Engram error is logged (`what`) and the state left unchanged; else it is raised."""
+
+    def skipped(exc: EngramError) -> dict[str, Any]:
+        if on_error == "raise":
+            raise exc
+        log.warning("%s: %s", what, exc)
+        return {}
+
+    def run(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        prepared = prepare(state, config)
+        if prepared is None:
+            return {}
+        try:
+            return finish(state, clients.run(lambda c: call(c, prepared)))
+        except EngramError as exc:
+            return skipped(exc)
+
+    async def arun(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        prepared = prepare(state, config)
+        if prepared is None:
+            return {}
+        try:
+            return finish(state, await clients.arun(lambda c: call(c, prepared)))
+        except EngramError as exc:
+            return skipped(exc)
+
+    return RunnableLambda(run, afunc=arun, name=name)
 
 
 # --- the nodes -------------------------------------------------------------------------------------------
@@ -192,72 +219,25 @@ def context_node(
     the `add_messages` reducer (as `MessagesState` does). `on_error="skip"` logs an Engram error and
     leaves the state unchanged instead of raising. Works with `invoke` and `ainvoke`.
     """
-    clients = Clients(client, async_client, where="context_node")
-    scope = check_scope(default_scope, "context_node")
-    # the default scope (only agent_id, user_id, session_id: check_scope) and this function's typed options
+    clients = Clients(client, async_client, where="context_node", scope=default_scope)
+    # the default scope (only agent_id, user_id, session_id: Clients checks it) and the typed options
     given = {"category": category, "top_k": top_k, "max_chars": max_chars, "half_life": half_life}
-    options = cast(ContextOptions, {**scope, **{k: v for k, v in given.items() if v is not None}})
+    options = cast(ContextOptions, {**clients.scope, **{k: v for k, v in given.items() if v is not None}})
 
-    def update(state: Any, prompt: str) -> dict[str, Any]:
-        new = SystemMessage(content=prompt, id=message_id)
-        return {messages_key: _placed(_messages(state, messages_key), new, message_id), context_key: prompt}
+    def update(state: Any, ctx: Any) -> dict[str, Any]:
+        new = SystemMessage(content=ctx.prompt, id=message_id)
+        placed = _placed(_messages(state, messages_key), new, message_id)
+        return {messages_key: placed, context_key: ctx.prompt}
 
-    def run(state: Any) -> dict[str, Any]:
-        text = _task(state, task, messages_key)
-        if text is None:
-            return {}
-        try:
-            ctx = clients.run(lambda c: c.context(text[:MAX_TASK_CHARS], **options))
-        except EngramError as exc:
-            return _skipped(exc, on_error, "Engram context skipped")
-        return update(state, ctx.prompt)
-
-    async def arun(state: Any) -> dict[str, Any]:
-        text = _task(state, task, messages_key)
-        if text is None:
-            return {}
-        try:
-            ctx = await clients.arun(
-                lambda c: c.context(text[:MAX_TASK_CHARS], **options),
-                lambda c: c.context(text[:MAX_TASK_CHARS], **options),
-            )
-        except EngramError as exc:
-            return _skipped(exc, on_error, "Engram context skipped")
-        return update(state, ctx.prompt)
-
-    return RunnableLambda(run, afunc=arun, name=name)
-
-
-def _feedback_of(state: Any, feedback_key: str, reward_key: str, reward: StateValue) -> dict[str, Any]:
-    """The state's `feedback_key` (a dict) with `reward` from `reward_key`, else from `reward`."""
-    feedback = dict(_get(state, feedback_key) or {})
-    score = _get(state, reward_key)
-    score = score if score is not None else _value(reward, state)
-    if score is not None:
-        feedback["reward"] = score
-    return feedback
-
-
-def _task_fields(description: str, category: Any) -> dict[str, Any]:
-    return {"description": description, **({"category": category} if category is not None else {})}
-
-
-def _thread_fields(thread: str | None, session_from_thread: bool) -> dict[str, Any]:
-    """A turn's `session_id` (the thread, if `session_from_thread` and there is one) and `metadata`."""
-    out: dict[str, Any] = {}
-    if session_from_thread and thread:
-        out["session_id"] = as_tag(thread)  # a long thread id hashed, never cut: two threads stay apart
-    out["metadata"] = {"integration": "langgraph", **({"thread_id": thread} if thread else {})}
-    return out
-
-
-def _turn_episode_id(messages: Sequence[BaseMessage], thread: str | None) -> str | None:
-    """The episode id of a turn, from the thread and its message ids (None when they have none)."""
-    human = _last_human(messages)
-    if human is not None and messages[human].id and messages[-1].id:
-        key = f"{thread or ''}\x00{messages[human].id}\x00{messages[-1].id}"
-        return uuid.uuid5(_IDS, key).hex
-    return None
+    return _node(
+        clients,
+        lambda state, config: _task(state, task, messages_key),
+        lambda c, text: c.context(text[:MAX_TASK_CHARS], **options),
+        update,
+        on_error,
+        "Engram context skipped",
+        name,
+    )
 
 
 def record_node(
@@ -295,47 +275,47 @@ def record_node(
     rather than a copy. Returns `{episode_key: episode_id}` (kept only if the state declares the key).
     `on_error="skip"` logs an Engram error instead of raising. Works with `invoke` and `ainvoke`.
     """
-    clients = Clients(client, async_client, where="record_node")
-    scope = check_scope(default_scope, "record_node")
+    clients = Clients(client, async_client, where="record_node", scope=default_scope)
+    scope = clients.scope
 
     def episode(state: Any, config: RunnableConfig | None) -> dict[str, Any] | None:
         text = _task(state, task, messages_key)
         if text is None:
             return None
         messages = _messages(state, messages_key)
-        thread = _thread_id(config)
+        value = ((config or {}).get("configurable") or {}).get("thread_id")
+        thread = str(value) if value not in (None, "") else None
+        kind = _value(category, state)
         data: dict[str, Any] = {
-            "task": _task_fields(text, _value(category, state)),
+            "task": {"description": text, **({"category": kind} if kind is not None else {})},
             **turn_of(messages),
             **scope,
+            "outcome": _get(state, outcome_key) or _value(outcome, state),
         }
-        data["outcome"] = _get(state, outcome_key) or _value(outcome, state)
-        feedback = _feedback_of(state, feedback_key, reward_key, reward)
+        feedback = dict(_get(state, feedback_key) or {})
+        score = _get(state, reward_key)
+        score = score if score is not None else _value(reward, state)
+        if score is not None:
+            feedback["reward"] = score
         if feedback:
             data["feedback"] = feedback
-        data.update(_thread_fields(thread, session_from_thread and "session_id" not in scope))
-        episode_id = _turn_episode_id(messages, thread)
-        if episode_id is not None:
-            data["episode_id"] = episode_id
+        if session_from_thread and "session_id" not in scope and thread:
+            data["session_id"] = as_tag(thread)  # a long thread id hashed, never cut: two threads stay apart
+        data["metadata"] = {"integration": "langgraph", **({"thread_id": thread} if thread else {})}
+        human = _last_human(messages)
+        if human is not None and messages[human].id and messages[-1].id:
+            # the same turn (a retry, a resumed run) is the same episode
+            key = f"{thread or ''}\x00{messages[human].id}\x00{messages[-1].id}"
+            data["episode_id"] = uuid.uuid5(_IDS, key).hex
         data.update(_value(fields, state) or {})
         return {k: v for k, v in data.items() if v is not None}
 
-    def run(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        data = episode(state, config)
-        if data is None:
-            return {}
-        try:
-            return {episode_key: clients.run(lambda c: c.record(data))}
-        except EngramError as exc:
-            return _skipped(exc, on_error, "Engram episode not recorded")
-
-    async def arun(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        data = episode(state, config)
-        if data is None:
-            return {}
-        try:
-            return {episode_key: await clients.arun(lambda c: c.record(data), lambda c: c.record(data))}
-        except EngramError as exc:
-            return _skipped(exc, on_error, "Engram episode not recorded")
-
-    return RunnableLambda(run, afunc=arun, name=name)
+    return _node(
+        clients,
+        episode,
+        lambda c, data: c.record(data),
+        lambda state, episode_id: {episode_key: episode_id},
+        on_error,
+        "Engram episode not recorded",
+        name,
+    )

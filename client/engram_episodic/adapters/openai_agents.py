@@ -18,10 +18,9 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "pip install './client[openai-agents]' (engram-episodic's openai-agents extra, from an Engram checkout)"
     ) from exc
 
-from engram_episodic.adapters._common import Clients, check_scope
+from engram_episodic.adapters._common import Clients, tool_clients
 from engram_episodic.client import AsyncEngram, Engram
-from engram_episodic.errors import EngramError
-from engram_episodic.tools import Toolset, ToolSpec, error_result
+from engram_episodic.tools import ToolSpec
 
 __all__ = ["engram_function_tools", "strict_schema"]
 
@@ -107,20 +106,10 @@ def strict_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _function_tool(
-    spec: ToolSpec,
-    clients: Clients,
-    scope: Mapping[str, Any],
-    strict: bool,
-    errors: Literal["result", "raise"],
+    spec: ToolSpec, clients: Clients, strict: bool, errors: Literal["result", "raise"]
 ) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
-        try:
-            result = await clients.adispatch(spec.name, arguments, scope)
-        except EngramError as exc:
-            if errors == "raise":
-                raise
-            return error_result(exc).text
-        return result.text
+        return (await clients.adispatch(spec.name, arguments, errors)).text
 
     params = strict_schema(spec.parameters) if strict else copy.deepcopy(dict(spec.parameters))
     return FunctionTool(
@@ -152,8 +141,5 @@ def engram_function_tools(
     do; `errors="raise"` raises it, which fails the run. Raises TypeError for a bad client or scope key,
     ValueError for a bad scope id, `UnknownTool` for a name that is not a tool.
     """
-    if errors not in ("result", "raise"):
-        raise ValueError(f"errors must be 'result' or 'raise', not {errors!r}")
-    clients = Clients(client, async_client, where="engram_function_tools")
-    toolset = Toolset(client, names=names, **check_scope(default_scope, "engram_function_tools"))
-    return [_function_tool(spec, clients, toolset.scope, strict, errors) for spec in toolset.tools]
+    clients, specs = tool_clients(client, async_client, names, errors, default_scope, "engram_function_tools")
+    return [_function_tool(spec, clients, strict, errors) for spec in specs]
