@@ -122,13 +122,8 @@ def install_command(
     mcp = settings.mcp_entry(argv, env)
     try:
         replaced = settings.their_mcp(where.mcp_file)
-        if where.hooks_file == where.mcp_file:
-            settings.install(
-                where.hooks_file, lambda d: settings.with_mcp(settings.with_hooks(d, hooks), mcp)
-            )
-        else:
-            settings.install(where.hooks_file, lambda d: settings.with_hooks(d, hooks))
-            settings.install(where.mcp_file, lambda d: settings.with_mcp(d, mcp))
+        for path, (with_hooks, with_mcp) in where.files().items():
+            settings.install(path, hooks if with_hooks else None, mcp if with_mcp else None)
     except settings.SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     state.save_config(config)
@@ -159,14 +154,7 @@ def uninstall_command(cli_name: str, project: bool, project_dir: Path) -> None:
     """Remove exactly what `engram hooks install` added to CLI's settings."""
     where = settings.target(cli_name, "project" if project else "user", project_dir.resolve(), Path.home())
     try:
-        if where.hooks_file == where.mcp_file:
-            changed = [where.hooks_file] if settings.uninstall(where.hooks_file, True, True) else []
-        else:
-            changed = [
-                p
-                for p, h in ((where.hooks_file, True), (where.mcp_file, False))
-                if settings.uninstall(p, h, not h)
-            ]
+        changed = [path for path, parts in where.files().items() if settings.uninstall(path, *parts)]
     except settings.SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     for path in changed:

@@ -40,6 +40,12 @@ class Target:
     hooks_file: Path
     mcp_file: Path
 
+    def files(self) -> dict[Path, tuple[bool, bool]]:
+        """Each settings file, hooks file first, with what of Engram's goes in it: (hooks, MCP server)."""
+        if self.hooks_file == self.mcp_file:
+            return {self.hooks_file: (True, True)}
+        return {self.hooks_file: (True, False), self.mcp_file: (False, True)}
+
 
 def target(cli: str, scope: str, project: Path, home: Path) -> Target:
     """The settings files of `cli` (claude-code: `.claude/settings.json`, its MCP servers in `.mcp.json`
@@ -161,11 +167,13 @@ def _backup(path: Path) -> Path:
     return path.with_name(path.name + BACKUP_SUFFIX)
 
 
-def install(path: Path, change: Any) -> bool:
-    """Apply `change` (settings dict → settings dict) to the file at `path`; whether it changed. The
-    file's first state is kept in `<file>.engram-backup` (an empty backup: the file did not exist)."""
+def install(path: Path, hooks: Mapping[str, Any] | None, mcp: Mapping[str, Any] | None) -> bool:
+    """Add Engram's hook `entries` (`with_hooks`) and its MCP server entry (`with_mcp`), those given, to
+    the file at `path`; whether it changed. The file's first state is kept in `<file>.engram-backup` (an
+    empty backup: the file did not exist). Raises SettingsError."""
     raw, data = read(path)
-    new = change(data)
+    new = with_hooks(data, hooks) if hooks is not None else data
+    new = with_mcp(new, mcp) if mcp is not None else new
     if new == data and raw is not None:
         return False
     backup = _backup(path)
