@@ -22,7 +22,7 @@ from typing import Any
 from engram_episodic import __version__
 from engram_episodic.client import AsyncEngram
 from engram_episodic.errors import EngramError
-from engram_episodic.tools import TOOL_NAMES, ToolResult, Toolset, ToolSpec, UnknownTool, error_result
+from engram_episodic.tools import TOOL_NAMES, Toolset, ToolSpec, UnknownTool, error_result
 
 try:
     import anyio
@@ -63,26 +63,19 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
         "Rolling success rate and average reward per completed episode, oldest first, as JSON.",
     ),
 }
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
 MAX_MESSAGE_DEPTH = 64
 """The deepest nesting of a JSON-RPC message the stdio server reads: the envelope takes 4 levels, a tool's
 arguments at most 33 (`context` and `metadata` nest at most 32); deeper is an invalid request."""
 
 
-def _need_mcp() -> None:
-    if _MISSING is not None:
-        raise ImportError(
-            "the Engram MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout) "
-            f"({_MISSING})"
-        ) from _MISSING
+MISSING_MCP = (
+    "the MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, "
+    "from an Engram checkout)"
+)
 
 
 def mcp_tool(spec: ToolSpec) -> mt.Tool:
     """The MCP form of one tool: the same name, description and input schema, with behaviour hints."""
-    _need_mcp()
     return mt.Tool(
         name=spec.name,
         title=spec.name.replace("_", " ").capitalize(),
@@ -97,16 +90,6 @@ def mcp_tool(spec: ToolSpec) -> mt.Tool:
     )
 
 
-def call_result(result: ToolResult) -> mt.CallToolResult:
-    """A ToolResult as an MCP tool result: its text as text content, its data as structured content."""
-    _need_mcp()
-    return mt.CallToolResult(
-        content=[mt.TextContent(type="text", text=result.text)],
-        structured_content=result.data,
-        is_error=result.is_error,
-    )
-
-
 def build_server(toolset: Toolset) -> Server:
     """The MCP server (mcp.server.Server) of `toolset`, whose client must be an AsyncEngram.
 
@@ -114,7 +97,8 @@ def build_server(toolset: Toolset) -> Server:
     error result, `error_result`; an unknown tool is MCPError -32602); resources/list and
     resources/read serve RESOURCES. Raises ImportError without the mcp package.
     """
-    _need_mcp()
+    if _MISSING is not None:
+        raise ImportError(MISSING_MCP) from _MISSING
     if not isinstance(toolset.client, AsyncEngram):
         raise TypeError("build_server needs a Toolset over an AsyncEngram client")
     listed = [mcp_tool(t) for t in toolset.tools]
@@ -127,12 +111,16 @@ def build_server(toolset: Toolset) -> Server:
             result = await toolset.adispatch(params.name, params.arguments or {})
         except UnknownTool as exc:
             raise MCPError(
-                INVALID_PARAMS, str(exc), {"tool": exc.name, "available": list(exc.available)}
+                mt.INVALID_PARAMS, str(exc), {"tool": exc.name, "available": list(exc.available)}
             ) from exc
         except EngramError as exc:
             result = error_result(exc)
             log.info("tool %r failed: %s", params.name, result.data.get("error"))
-        return call_result(result)
+        return mt.CallToolResult(  # the text for the model, the JSON as structured content
+            content=[mt.TextContent(type="text", text=result.text)],
+            structured_content=result.data,
+            is_error=result.is_error,
+        )
 
     served = {uri: v for uri, v in RESOURCES.items() if v[0] in toolset.names}
 
@@ -148,14 +136,14 @@ def build_server(toolset: Toolset) -> Server:
         uri = str(params.uri)
         if uri not in served:
             raise MCPError(
-                INVALID_PARAMS,
+                mt.INVALID_PARAMS,
                 f"unknown resource {uri[:200]!r}; available: {', '.join(served)}",
                 {"uri": uri},
             )
         try:
             result = await toolset.adispatch(served[uri][0], {})
         except EngramError as exc:
-            raise MCPError(INTERNAL_ERROR, error_result(exc).text, {"uri": uri}) from exc
+            raise MCPError(mt.INTERNAL_ERROR, error_result(exc).text, {"uri": uri}) from exc
         return mt.ReadResourceResult(
             contents=[
                 mt.TextResourceContents(
@@ -211,33 +199,33 @@ def read_message(line: bytes) -> SessionMessage | mt.JSONRPCError | None:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return _wire_error(PARSE_ERROR, f"not UTF-8 text (byte {exc.start})")
+        return _wire_error(mt.PARSE_ERROR, f"not UTF-8 text (byte {exc.start})")
     if not text.strip():
         return None
     try:
         value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
-        return _wire_error(INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels")
+        return _wire_error(mt.INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels")
     except (json.JSONDecodeError, _NotJSON) as exc:
-        return _wire_error(PARSE_ERROR, str(exc)[:200])
+        return _wire_error(mt.PARSE_ERROR, str(exc)[:200])
     except ValueError:  # Python converts at most sys.get_int_max_str_digits() digits to an int
-        return _wire_error(PARSE_ERROR, f"an integer longer than {sys.get_int_max_str_digits():,} digits")
+        return _wire_error(mt.PARSE_ERROR, f"an integer longer than {sys.get_int_max_str_digits():,} digits")
     if isinstance(value, list):
-        return _wire_error(INVALID_REQUEST, "batch arrays are not supported: send one message per line")
+        return _wire_error(mt.INVALID_REQUEST, "batch arrays are not supported: send one message per line")
     if not isinstance(value, dict):
-        return _wire_error(INVALID_REQUEST, "a message must be a JSON object")
+        return _wire_error(mt.INVALID_REQUEST, "a message must be a JSON object")
     request_id = value.get("id")
     valid_id = isinstance(request_id, str) or (
         isinstance(request_id, int) and not isinstance(request_id, bool)
     )
     if "id" in value and not valid_id:
-        return _wire_error(INVALID_REQUEST, "id must be a string or an integer")
+        return _wire_error(mt.INVALID_REQUEST, "id must be a string or an integer")
     if _message_depth(value) > MAX_MESSAGE_DEPTH:
-        return _wire_error(INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels", request_id)
+        return _wire_error(mt.INVALID_REQUEST, f"nested deeper than {MAX_MESSAGE_DEPTH} levels", request_id)
     try:
         message = mt.jsonrpc_message_adapter.validate_python(value, by_name=False)
     except ValidationError as exc:
-        return _wire_error(INVALID_REQUEST, _invalid_message(value, exc), request_id)
+        return _wire_error(mt.INVALID_REQUEST, _invalid_message(value, exc), request_id)
     return SessionMessage(message)
 
 
@@ -258,7 +246,7 @@ def _invalid_message(value: dict[str, Any], exc: ValidationError) -> str:
 
 
 def _wire_error(code: int, reason: str, request_id: str | int | None = None) -> mt.JSONRPCError:
-    message = "Parse error" if code == PARSE_ERROR else "Invalid Request"
+    message = "Parse error" if code == mt.PARSE_ERROR else "Invalid Request"
     return mt.JSONRPCError(
         jsonrpc="2.0", id=request_id, error=mt.ErrorData(code=code, message=message, data=reason)
     )
@@ -396,8 +384,9 @@ async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset
     async with client:  # toolset.client, typed as the AsyncEngram it is here
         server = build_server(toolset)
         scope = ", ".join(f"{k}={v}" for k, v in toolset.scope.items() if v) or "no default scope"
+        where = "stdio" if args.transport == "stdio" else f"http://{args.host}:{args.port}{args.path}"
+        log.info("Engram MCP server on %s -> %s (%s; %d tools)", where, url, scope, len(toolset.tools))
         if args.transport == "stdio":
-            log.info("Engram MCP server on stdio -> %s (%s; %d tools)", url, scope, len(toolset.tools))
             async with stdio_streams() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             return
@@ -405,15 +394,6 @@ async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset
 
         app = server.streamable_http_app(streamable_http_path=args.path, host=args.host)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on")
-        log.info(
-            "Engram MCP server on http://%s:%d%s -> %s (%s; %d tools)",
-            args.host,
-            args.port,
-            args.path,
-            url,
-            scope,
-            len(toolset.tools),
-        )
         await uvicorn.Server(config).serve()
 
 
@@ -434,10 +414,7 @@ def main(
     cli = parser(prog)
     args = cli.parse_args([_utf8(a) for a in (sys.argv[1:] if argv is None else argv)])
     if _MISSING is not None:
-        print(
-            f"{cli.prog}: the MCP server needs the mcp package: pip install './client[mcp]' (engram-episodic's mcp extra, from an Engram checkout)",
-            file=sys.stderr,
-        )
+        print(f"{cli.prog}: {MISSING_MCP}", file=sys.stderr)
         return 2
     settings = _settings(args, os.environ if env is None else env)
     if args.transport == "streamable-http":
