@@ -43,7 +43,7 @@ def _series(points: Sequence[CurvePoint]) -> tuple[list[int], list[float], list[
     return xs, rate, reward, cumulative
 
 
-def curve_figure(points: Sequence[CurvePoint], window: int, title: str = "Learning curve") -> Any:
+def curve_figure(points: Sequence[CurvePoint], window: int) -> Any:
     """The learning curve as a matplotlib Figure (10x5 in at 120 dpi); the caller closes it."""
     plt = _pyplot()
     xs, rate, reward, cumulative = _series(points)
@@ -61,15 +61,15 @@ def curve_figure(points: Sequence[CurvePoint], window: int, title: str = "Learni
     lines = left.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
     left.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
-    left.set_title(title)
+    left.set_title("Learning curve")
     left.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
-def curve_png(points: Sequence[CurvePoint], window: int, out: Path, title: str = "Learning curve") -> Path:
+def curve_png(points: Sequence[CurvePoint], window: int, out: Path) -> Path:
     """Write the learning curve to `out` (PNG, 1200x600 px)."""
-    fig = curve_figure(points, window, title)
+    fig = curve_figure(points, window)
     try:
         _save(fig, out)
     finally:
@@ -77,7 +77,7 @@ def curve_png(points: Sequence[CurvePoint], window: int, out: Path, title: str =
     return out
 
 
-def curve_terminal(points: Sequence[CurvePoint], window: int, title: str = "Learning curve") -> str:
+def curve_terminal(points: Sequence[CurvePoint], window: int) -> str:
     """The learning curve drawn with plotext, as text (the caller echoes it)."""
     plt = _module("plotext")
     xs, rate, reward, cumulative = _series(points)
@@ -85,7 +85,7 @@ def curve_terminal(points: Sequence[CurvePoint], window: int, title: str = "Lear
     plt.plot(xs, rate, label=f"success rate (rolling {window})", color="blue")
     plt.plot(xs, [r if r == r else 0.0 for r in reward], label=f"reward (rolling {window})", color="green")
     plt.plot(xs, cumulative, label="cumulative reward", color="gray", yside="right")
-    plt.title(title)
+    plt.title("Learning curve")
     plt.xlabel("episode")
     plt.plotsize(100, 25)
     return str(plt.build())

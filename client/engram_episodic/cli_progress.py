@@ -19,8 +19,6 @@ class Bars:
         self.enabled = enabled
         self.units = units or {}
         self.bar: Any = None
-        self.counts: dict[str, int] = {}
-        self._phase = ""
 
     def phase(self, name: str, total: int | None) -> None:
         """A new phase: the previous one is done, so its bar ends full even when it did fewer units than
@@ -29,8 +27,6 @@ class Bars:
             self.bar.total = self.bar.n
             self.bar.refresh()
         self.close()
-        self._phase = name
-        self.counts[name] = 0
         self.bar = self._tqdm(
             total=total,
             desc=name,
@@ -42,7 +38,6 @@ class Bars:
         )
 
     def advance(self, n: int) -> None:
-        self.counts[self._phase] = self.counts.get(self._phase, 0) + n
         if self.bar is not None:
             self.bar.update(n)
 
