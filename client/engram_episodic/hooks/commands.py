@@ -185,7 +185,7 @@ def status_command(ctx: click.Context, project_dir: Path) -> None:
     url, api_key = _service(ctx)
     why = _answers(url, api_key)
     click.echo(f"service: {url} answers" if why is None else f"service: {_down_hint(url, why)}")
-    click.echo(f"spool: {len(state.spooled())} episodes waiting; log: {runner.hook_log()}")
+    click.echo(f"spool: {len(state.spooled())} episodes waiting; log: {state.state_dir() / 'hooks.log'}")
 
 
 @click.command("hook")

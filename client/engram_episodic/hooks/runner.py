@@ -19,7 +19,6 @@ import re
 import subprocess
 import time
 from collections.abc import Collection, Mapping
-from pathlib import Path
 from typing import Any
 
 from engram_episodic.client import Engram
@@ -54,8 +53,7 @@ MAX_SOLUTION_CHARS = 2000
 TOP_K = 3
 MIN_RELEVANCE = 0.3
 """Past tasks below this relevance are not shown: above the service's general floor (hybrid 0.15), since
-what is added to every prompt must be about the task. With the hashing embedder the same repository's
-rephrased task scored 0.50-0.64 and an unrelated one 0.17-0.28."""
+what is added to every prompt must be about the task."""
 
 log = state.log
 
@@ -388,8 +386,3 @@ def main(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None) 
         out = _output(cli, event_name)
     log.info("%s %s done in %.2fs", cli, event_name, time.monotonic() - started)
     return out
-
-
-def hook_log() -> Path:
-    """The hooks' log file."""
-    return state.state_dir() / "hooks.log"

@@ -120,11 +120,15 @@ def session(cli: str, session_id: str) -> contextlib.AbstractContextManager[dict
     return session_at(_session_path(cli, session_id))
 
 
+def _files(folder: str) -> list[Path]:
+    """The JSON files of a folder of the state directory, oldest first."""
+    path = state_dir() / folder
+    return sorted(path.glob("*.json") if path.is_dir() else [], key=lambda p: p.stat().st_mtime)
+
+
 def idle_sessions(seconds: float) -> list[Path]:
     """The session files not written for `seconds` (a CLI that stopped without its end events)."""
-    folder = state_dir() / "sessions"
-    files = folder.glob("*.json") if folder.is_dir() else []
-    return [p for p in files if time.time() - p.stat().st_mtime > seconds]
+    return [p for p in _files("sessions") if time.time() - p.stat().st_mtime > seconds]
 
 
 @contextlib.contextmanager
@@ -154,9 +158,7 @@ def spool(episode: dict[str, Any]) -> Path:
 
 def spooled() -> list[Path]:
     """The spooled episodes' files, oldest first."""
-    folder = state_dir() / "spool"
-    files = folder.glob("*.json") if folder.is_dir() else []
-    return sorted(files, key=lambda p: p.stat().st_mtime)
+    return _files("spool")
 
 
 def read_spooled(path: Path) -> dict[str, Any] | None:
