@@ -227,10 +227,6 @@ TOOLS: tuple[ToolSpec, ...] = tuple(ToolSpec(**t, plan=_PLANS[t["name"]]) for t 
 RECALL, CONTEXT, RECORD, SUGGEST, FACTS, FORGET, SKILLS, CURVE = TOOLS
 TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in TOOLS)
 _BY_NAME = {t.name: t for t in TOOLS}
-# within the query service's bound (services/query/models.py; tests/unit/test_tools_source.py checks it)
-MAX_QUERY_CHARS = RECALL.parameters["properties"]["query"]["maxLength"]
-# named in the descriptions of record_episode and suggest_approach (tests/unit/test_tools_source.py)
-STRATEGIES: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 # Arguments checked with the service's TAG rule (no control characters, no padding) besides the schema.
 _TAG_ARGS = frozenset(_DATA["tag_arguments"])
 

@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 
 from engram_episodic.events import OUTCOMES
-from engram_episodic.tools import (
-    FORMATS,
-    MAX_QUERY_CHARS,
-    RECORD,
-    STRATEGIES,
-    SUGGEST,
-    TOOLS,
-    tools,
-)
+from engram_episodic.tools import FORMATS, RECORD, SUGGEST, TOOLS, tools
 from engram_episodic.validation import MAX_ACTIONS, MAX_ID_CHARS, MAX_TAG_CHARS, MAX_TEXT_CHARS
+from services.query.insights import STRATEGY_POOL
+from services.query.models import MAX_QUERY_CHARS
 
 DATA = json.loads(
     (Path(__file__).resolve().parents[2] / "client/engram_episodic/tools.json").read_text("utf-8")
@@ -73,4 +67,4 @@ def test_the_data_file_states_the_validators_limits():
                 assert schema["maxLength"] in (MAX_TEXT_CHARS, MAX_QUERY_CHARS), (tool.name, name)
     assert RECORD.parameters["properties"]["actions"]["maxItems"] == MAX_ACTIONS
     for text in (RECORD.parameters["properties"]["strategy"]["description"], SUGGEST.description):
-        assert ", ".join(STRATEGIES) in text
+        assert ", ".join(STRATEGY_POOL) in text
