@@ -263,16 +263,15 @@ def _wire_line(message: mt.JSONRPCMessage) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def stdio_streams(stdin: Any = None, stdout: Any = None) -> AsyncIterator[tuple[Any, Any]]:
-    """The (read, write) streams of `Server.run` over stdin / stdout (binary files; default the
-    process's), newline-delimited JSON in UTF-8 whatever the locale.
+async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
+    """The (read, write) streams of `Server.run` over the process's stdin / stdout, newline-delimited
+    JSON in UTF-8 whatever the locale.
 
     Unlike the mcp package's stdio transport, every line that is not a valid message is answered at
     once with the JSON-RPC error of `read_message` (instead of being dropped, which leaves the caller
     waiting for an answer forever), and the server reads on. Ends when stdin closes.
     """
-    stdin = anyio.wrap_file(stdin or sys.stdin.buffer)
-    stdout = anyio.wrap_file(stdout or sys.stdout.buffer)
+    stdin, stdout = anyio.wrap_file(sys.stdin.buffer), anyio.wrap_file(sys.stdout.buffer)
     to_server, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write, from_server = anyio.create_memory_object_stream[SessionMessage](0)
 

@@ -56,7 +56,7 @@ def test_each_runner_s_summary_gives_its_counts(output, failed, expected):
 def test_output_without_a_summary_is_no_test_run_unless_the_command_failed():
     assert parse_test_output("collected 0 items\n") is None
     assert parse_test_output("", failed=True) == TestRun(0, 0)
-    assert TestRun(0, 0).summary() == "no test ran" and TestRun(0, 0).pass_rate == 0.0
+    assert TestRun(0, 0).summary() == "no test ran"
 
 
 def test_failing_tests_are_named_first_three():

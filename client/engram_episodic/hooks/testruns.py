@@ -32,11 +32,6 @@ class TestRun:
     total: int
     failures: tuple[str, ...] = ()
 
-    @property
-    def pass_rate(self) -> float:
-        """`passed / total`, 0.0 for a run that ran no test (it errored before any ran)."""
-        return self.passed / self.total if self.total else 0.0
-
     def summary(self) -> str:
         """`3/4 tests passed` (`no test ran` for a run that errored before any)."""
         return f"{self.passed}/{self.total} tests passed" if self.total else "no test ran"
