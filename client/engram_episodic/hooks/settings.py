@@ -27,7 +27,6 @@ BACKUP_SUFFIX = ".engram-backup"
 # seconds (Claude Code) / milliseconds (Gemini CLI): above the hook's own bounds, so the CLI never has
 # to kill it; a hook that waits for the service longer spools instead
 TIMEOUTS = {"claude-code": 10, "gemini-cli": 10_000}
-_TOOL_EVENTS = {"PostToolUse", "PostToolUseFailure", "AfterTool"}
 _OURS = re.compile(r"\bhook (?:claude-code|gemini-cli) \w+$")
 
 
@@ -71,7 +70,7 @@ def hook_entries(cli: str, command: list[str]) -> dict[str, dict[str, Any]]:
             hook["name"] = f"engram-{event}"
         hook["timeout"] = TIMEOUTS[cli]
         group: dict[str, Any] = {"hooks": [hook]}
-        if event in _TOOL_EVENTS:
+        if EVENTS[cli][event] == "tool":  # every tool
             group = {"matcher": "*", **group}
         out[event] = group
     return out
@@ -168,8 +167,8 @@ def _backup(path: Path) -> Path:
 
 
 def install(path: Path, hooks: Mapping[str, Any] | None, mcp: Mapping[str, Any] | None) -> bool:
-    """Add Engram's hook `entries` (`with_hooks`) and its MCP server entry (`with_mcp`), those given, to
-    the file at `path`; whether it changed. The file's first state is kept in `<file>.engram-backup` (an
+    """Add Engram's `hooks` (`with_hooks`) and its `mcp` server entry (`with_mcp`), those given, to the
+    file at `path`; whether it changed. The file's first state is kept in `<file>.engram-backup` (an
     empty backup: the file did not exist). Raises SettingsError."""
     raw, data = read(path)
     new = with_hooks(data, hooks) if hooks is not None else data
