@@ -229,11 +229,7 @@ def installed(path: Path) -> dict[str, Any]:
         return {"hooks": [], "mcp": False, "json": False}
     hooks = data.get("hooks")
     hooks = hooks if isinstance(hooks, Mapping) else {}
-    events = [
-        event
-        for event, groups in hooks.items()
-        if isinstance(groups, list)
-        and any(isinstance(g, Mapping) and any(_is_ours(h) for h in g.get("hooks") or []) for g in groups)
-    ]
+    left = without_ours(data).get("hooks") or {}
+    events = [event for event, groups in hooks.items() if groups and left.get(event) != groups]
     servers = data.get("mcpServers")
     return {"hooks": events, "mcp": isinstance(servers, Mapping) and MCP_NAME in servers, "json": True}
