@@ -9,15 +9,16 @@ server derives them from Python signatures).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ipaddress
 import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+import click
 
 from engram_episodic import __version__
 from engram_episodic.client import AsyncEngram
@@ -298,46 +299,6 @@ async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
 
 
 # --- running it ---------------------------------------------------------------------------------------
-def parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The command line of `engram mcp` / `python -m engram_episodic.mcp_server`."""
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Serve Engram's memory tools over MCP (stdio by "
-        "default). Talks to the query service over HTTP with an API key.",
-    )
-    p.add_argument(
-        "--url", help="query service URL (ENGRAM_URL; default http://127.0.0.1:$ENGRAM_PORT, port 8080)"
-    )
-    p.add_argument("--api-key", help="API key of the query service (ENGRAM_API_KEY)")
-    p.add_argument("--agent-id", help="default agent_id when the model passes none (ENGRAM_AGENT_ID)")
-    p.add_argument("--user-id", help="default user_id when the model passes none (ENGRAM_USER_ID)")
-    p.add_argument("--session-id", help="session_id stamped on recorded episodes (ENGRAM_SESSION_ID)")
-    p.add_argument(
-        "--tools",
-        help="comma-separated subset of the tools to serve (default: all of " + ", ".join(TOOL_NAMES) + ")",
-    )
-    p.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
-    p.add_argument("--host", default="127.0.0.1", help="streamable-http bind address (default 127.0.0.1)")
-    p.add_argument(
-        "--port",
-        type=int,
-        default=DEFAULT_HTTP_PORT,
-        help=f"streamable-http port (default {DEFAULT_HTTP_PORT})",
-    )
-    p.add_argument("--path", default="/mcp", help="streamable-http endpoint path (default /mcp)")
-    p.add_argument(
-        "--allow-remote", action="store_true", help="allow a streamable-http bind address other than loopback"
-    )
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="log level (stderr; default INFO)",
-    )
-    return p
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -360,90 +321,118 @@ def _utf8(text: str) -> str:
         return text
 
 
-def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    def pick(flag: str | None, var: str) -> str | None:
-        value = flag if flag is not None else (env.get(var) or None)
-        return _utf8(value) if value is not None else None
-
-    names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
-    return {
-        # as the client and the CLI: a stack started with ENGRAM_PORT is found without ENGRAM_URL
-        "url": pick(args.url, "ENGRAM_URL") or f"http://127.0.0.1:{env.get('ENGRAM_PORT') or '8080'}",
-        "api_key": pick(args.api_key, "ENGRAM_API_KEY"),
-        "scope": {
-            "agent_id": pick(args.agent_id, "ENGRAM_AGENT_ID"),
-            "user_id": pick(args.user_id, "ENGRAM_USER_ID"),
-            "session_id": pick(args.session_id, "ENGRAM_SESSION_ID"),
-        },
-        "names": names,
-    }
-
-
-async def _serve(args: argparse.Namespace, client: AsyncEngram, toolset: Toolset, url: str) -> None:
+async def _serve(args: dict[str, Any], client: AsyncEngram, toolset: Toolset) -> None:
     async with client:  # toolset.client, typed as the AsyncEngram it is here
         server = build_server(toolset)
         scope = ", ".join(f"{k}={v}" for k, v in toolset.scope.items() if v) or "no default scope"
-        where = "stdio" if args.transport == "stdio" else f"http://{args.host}:{args.port}{args.path}"
-        log.info("Engram MCP server on %s -> %s (%s; %d tools)", where, url, scope, len(toolset.tools))
-        if args.transport == "stdio":
+        http = args["transport"] != "stdio"
+        where = f"http://{args['host']}:{args['port']}{args['path']}" if http else "stdio"
+        log.info(
+            "Engram MCP server on %s -> %s (%s; %d tools)", where, args["url"], scope, len(toolset.tools)
+        )
+        if not http:
             async with stdio_streams() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             return
         import uvicorn
 
-        app = server.streamable_http_app(streamable_http_path=args.path, host=args.host)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on")
+        app = server.streamable_http_app(streamable_http_path=args["path"], host=args["host"])
+        config = uvicorn.Config(app, host=args["host"], port=args["port"], log_level="warning", lifespan="on")
         await uvicorn.Server(config).serve()
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    *,
-    prog: str | None = "engram mcp",
-    env: Mapping[str, str] | None = None,
-) -> int:
-    """Run the MCP server until its client disconnects (stdio) or it is interrupted (streamable-http).
-
-    `argv` are the arguments after the command (`["--transport", "streamable-http"]`); `env` defaults
-    to os.environ. Returns the exit status: 0, or 2 for a usage error (printed to stderr: a bad URL,
-    scope id or tool name, a non-loopback host without --allow-remote, the mcp package missing).
-    """
-    if hasattr(sys.stderr, "reconfigure"):  # the log names ids as given, whatever the locale's encoding
-        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
-    cli = parser(prog)
-    args = cli.parse_args([_utf8(a) for a in (sys.argv[1:] if argv is None else argv)])
+@click.command(
+    help="Serve Engram's memory tools over MCP (stdio by default). Talks to the query service over HTTP "
+    "with an API key."
+)
+@click.option(
+    "--url",
+    envvar="ENGRAM_URL",
+    # as the client and the CLI: a stack started with ENGRAM_PORT is found without ENGRAM_URL
+    default=lambda: f"http://127.0.0.1:{os.environ.get('ENGRAM_PORT') or '8080'}",
+    show_default="http://127.0.0.1:$ENGRAM_PORT",
+    help="Query service URL (env ENGRAM_URL).",
+)
+@click.option("--api-key", envvar="ENGRAM_API_KEY", help="API key of the query service (env ENGRAM_API_KEY).")
+@click.option(
+    "--agent-id",
+    envvar="ENGRAM_AGENT_ID",
+    help="Default agent_id when the model passes none (env ENGRAM_AGENT_ID).",
+)
+@click.option(
+    "--user-id",
+    envvar="ENGRAM_USER_ID",
+    help="Default user_id when the model passes none (env ENGRAM_USER_ID).",
+)
+@click.option(
+    "--session-id",
+    envvar="ENGRAM_SESSION_ID",
+    help="session_id stamped on recorded episodes (env ENGRAM_SESSION_ID).",
+)
+@click.option(
+    "--tools", help=f"Comma-separated subset of the tools to serve (default: all of {', '.join(TOOL_NAMES)})."
+)
+@click.option(
+    "--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="streamable-http bind address.")
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_HTTP_PORT, show_default=True)
+@click.option("--path", default="/mcp", show_default=True, help="streamable-http endpoint path.")
+@click.option(
+    "--allow-remote", is_flag=True, help="Allow a streamable-http bind address other than loopback."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Log level (stderr).",
+)
+def command(**args: Any) -> None:
+    """The command line of `engram mcp` / `python -m engram_episodic.mcp_server` (see `main`)."""
+    args = {k: _utf8(v) if isinstance(v, str) else v for k, v in args.items()}  # the environment's too
     if _MISSING is not None:
-        print(f"{cli.prog}: {MISSING_MCP}", file=sys.stderr)
-        return 2
-    settings = _settings(args, os.environ if env is None else env)
-    if args.transport == "streamable-http":
-        if not _is_loopback(args.host) and not args.allow_remote:
-            cli.print_usage(sys.stderr)
-            print(
-                f"{cli.prog}: --host {args.host} is not loopback: anyone who reaches the endpoint uses the "
-                "API key; pass --allow-remote to bind it anyway",
-                file=sys.stderr,
-            )
-            return 2
-        if not 0 < args.port < 65536:
-            print(f"{cli.prog}: --port must be 1..65535, not {args.port}", file=sys.stderr)
-            return 2
+        raise click.UsageError(MISSING_MCP)
+    if args["transport"] == "streamable-http" and not _is_loopback(args["host"]) and not args["allow_remote"]:
+        raise click.UsageError(
+            f"--host {args['host']} is not loopback: anyone who reaches the endpoint uses the API key; "
+            "pass --allow-remote to bind it anyway"
+        )
+    names = [n.strip() for n in args["tools"].split(",") if n.strip()] if args["tools"] else None
+    scope = {k: args[k] for k in ("agent_id", "user_id", "session_id")}
     try:  # fail before serving: a bad URL, scope id or tool name
-        client = AsyncEngram(settings["url"], api_key=settings["api_key"])
-        toolset = Toolset(client, names=settings["names"], **settings["scope"])
+        client = AsyncEngram(args["url"], api_key=args["api_key"])
+        toolset = Toolset(client, names=names, **scope)
     except (ValueError, UnknownTool) as exc:
-        print(f"{cli.prog}: {exc}", file=sys.stderr)
-        return 2
+        raise click.UsageError(str(exc)) from None
+    level = args["log_level"]
     logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    log.setLevel(args.log_level)
-    if args.log_level != "DEBUG":
+    log.setLevel(level)
+    if level != "DEBUG":
         for noisy in ("mcp", "httpx", "uvicorn"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(_serve, args, client, toolset, settings["url"])
-    return 0
+        anyio.run(_serve, args, client, toolset)
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "engram mcp") -> int:
+    """Run the MCP server until its client disconnects (stdio) or it is interrupted (streamable-http).
+
+    `argv` are the arguments after the command (`["--transport", "streamable-http"]`); flags win over
+    the environment (ENGRAM_URL, ENGRAM_API_KEY, ENGRAM_AGENT_ID, ...). Returns the exit status: 0, or 2
+    for a usage error (printed to stderr: a bad flag, URL, scope id or tool name, a non-loopback host
+    without --allow-remote, the mcp package missing).
+    """
+    if hasattr(sys.stderr, "reconfigure"):  # the log names ids as given, whatever the locale's encoding
+        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    args = [_utf8(a) for a in (sys.argv[1:] if argv is None else argv)]
+    try:
+        return command.main(args, prog_name=prog, standalone_mode=False) or 0
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ def test_usage_errors_exit_2_before_serving(capsys):
     assert "unknown tool 'drop_database'" in capsys.readouterr().err
     assert main(["--url", "localhost:8080"]) == 2
     assert "http://" in capsys.readouterr().err
-    assert main(["--agent-id", " padded"], env={}) == 2
+    assert main(["--agent-id", " padded"]) == 2
     assert "agent_id" in capsys.readouterr().err
 
 
