@@ -19,14 +19,10 @@ from typing import Any
 import click
 
 from engram_episodic.calls import MAX_WAIT
-from engram_episodic.cli_common import call, scope_of, scoped
+from engram_episodic.cli_common import call, scope_of, scoped, service_options
 from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.hooks.commands import register as register_hooks
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES
-
-
-def _default_url() -> str:
-    return f"http://127.0.0.1:{os.environ.get('ENGRAM_PORT') or '8080'}"
 
 
 def _emit(data: Any) -> None:
@@ -47,19 +43,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 @click.group()
 @click.version_option(package_name="engram-episodic", prog_name="engram")
-@click.option(
-    "--url",
-    envvar="ENGRAM_URL",
-    default=_default_url,
-    show_default="http://127.0.0.1:$ENGRAM_PORT",
-    help="Base URL of the query service (env ENGRAM_URL).",
-)
-@click.option(
-    "--api-key",
-    envvar="ENGRAM_API_KEY",
-    default=None,
-    help="API key, sent as a Bearer token (env ENGRAM_API_KEY).",
-)
+@service_options
 @click.option(
     "--max-body-bytes",
     envvar="ENGRAM_MAX_BODY_BYTES",

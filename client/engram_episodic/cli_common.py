@@ -6,6 +6,7 @@ A leaf of the command line: `cli` (the group) and `cli_transfer` (export, import
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -47,6 +48,21 @@ def scope_of(**options: Any) -> dict[str, Any]:
     """The options given (not None, not an empty tuple), tuples as lists: keyword arguments of the client."""
     out = {k: v for k, v in options.items() if v not in (None, ())}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def service_options(fn: Any) -> Any:
+    """`fn` with `--url` (ENGRAM_URL, else port ENGRAM_PORT or 8080 on this host, as the client finds a
+    local stack) and `--api-key` (ENGRAM_API_KEY): of `engram` and of its MCP server."""
+    fn = click.option(
+        "--api-key", envvar="ENGRAM_API_KEY", help="API key, sent as a Bearer token (env ENGRAM_API_KEY)."
+    )(fn)
+    return click.option(
+        "--url",
+        envvar="ENGRAM_URL",
+        default=lambda: f"http://127.0.0.1:{os.environ.get('ENGRAM_PORT') or '8080'}",
+        show_default="http://127.0.0.1:$ENGRAM_PORT",
+        help="Base URL of the query service (env ENGRAM_URL).",
+    )(fn)
 
 
 def scoped(fn: Any) -> Any:

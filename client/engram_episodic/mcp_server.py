@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from engram_episodic import __version__
+from engram_episodic.cli_common import service_options
 from engram_episodic.client import AsyncEngram
 from engram_episodic.errors import EngramError
 from engram_episodic.tools import TOOL_NAMES, Toolset, ToolSpec, UnknownTool, error_result
@@ -345,15 +346,7 @@ async def _serve(args: dict[str, Any], client: AsyncEngram, toolset: Toolset) ->
     help="Serve Engram's memory tools over MCP (stdio by default). Talks to the query service over HTTP "
     "with an API key."
 )
-@click.option(
-    "--url",
-    envvar="ENGRAM_URL",
-    # as the client and the CLI: a stack started with ENGRAM_PORT is found without ENGRAM_URL
-    default=lambda: f"http://127.0.0.1:{os.environ.get('ENGRAM_PORT') or '8080'}",
-    show_default="http://127.0.0.1:$ENGRAM_PORT",
-    help="Query service URL (env ENGRAM_URL).",
-)
-@click.option("--api-key", envvar="ENGRAM_API_KEY", help="API key of the query service (env ENGRAM_API_KEY).")
+@service_options
 @click.option(
     "--agent-id",
     envvar="ENGRAM_AGENT_ID",
