@@ -78,10 +78,7 @@ def _messages(state: Any, key: str) -> list[BaseMessage]:
 
 
 def _last_human(messages: Sequence[BaseMessage]) -> int | None:
-    for i in range(len(messages) - 1, -1, -1):
-        if isinstance(messages[i], HumanMessage):
-            return i
-    return None
+    return next((i for i in reversed(range(len(messages))) if isinstance(messages[i], HumanMessage)), None)
 
 
 def _task(state: Any, task: str | Callable[[Any], Any] | None, messages_key: str) -> str | None:

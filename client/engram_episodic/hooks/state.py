@@ -108,16 +108,12 @@ def start_log() -> None:
     log.propagate = False
 
 
-def _session_path(cli: str, session_id: str) -> Path:
-    digest = hashlib.sha256(session_id.encode("utf-8", "replace")).hexdigest()[:32]
-    return state_dir() / "sessions" / f"{cli}-{digest}.json"
-
-
 def session(cli: str, session_id: str) -> contextlib.AbstractContextManager[dict[str, Any]]:
     """The session's state (a dict, {} for a new session) under an exclusive lock; what the block leaves
     in it is written back when it exits normally ({} removes the file). Hooks that run at once (parallel
     tool calls) wait for each other here."""
-    return session_at(_session_path(cli, session_id))
+    digest = hashlib.sha256(session_id.encode("utf-8", "replace")).hexdigest()[:32]
+    return session_at(state_dir() / "sessions" / f"{cli}-{digest}.json")
 
 
 def _files(folder: str) -> list[Path]:
