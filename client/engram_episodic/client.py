@@ -39,10 +39,16 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, Unpack
 import httpx
 
 from engram_episodic import __version__
-from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
-from engram_episodic.calls import Calls as Calls
-from engram_episodic.calls import WaitTimeout as WaitTimeout
-from engram_episodic.calls import _naming_ids, _raise_if_forgotten, _refused_if_forgotten, _waited, joined
+from engram_episodic.calls import (
+    Call,
+    Calls,
+    WaitTimeout,
+    _naming_ids,
+    _raise_if_forgotten,
+    _refused_if_forgotten,
+    _waited,
+    joined,
+)
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
@@ -52,50 +58,17 @@ from engram_episodic.errors import (
     api_error,
 )
 from engram_episodic.events import Episode
-from engram_episodic.options import (  # re-exported (`as`): callers import them from here
-    ContextOptions as ContextOptions,
-)
 from engram_episodic.options import (
-    CurveOptions as CurveOptions,
-)
-from engram_episodic.options import (
-    Duration as Duration,
-)
-from engram_episodic.options import (
-    EpisodeChanges as EpisodeChanges,
-)
-from engram_episodic.options import (
-    EpisodeListOptions as EpisodeListOptions,
-)
-from engram_episodic.options import (
-    FactListOptions as FactListOptions,
-)
-from engram_episodic.options import (
-    FactSearchOptions as FactSearchOptions,
-)
-from engram_episodic.options import (
-    Instant as Instant,
-)
-from engram_episodic.options import (
-    NumRange as NumRange,
-)
-from engram_episodic.options import (
-    RecallOptions as RecallOptions,
-)
-from engram_episodic.options import (
-    Scope as Scope,
-)
-from engram_episodic.options import (
-    SkillsOptions as SkillsOptions,
-)
-from engram_episodic.options import (
-    StrategyOptions as StrategyOptions,
-)
-from engram_episodic.options import (
-    SuggestOptions as SuggestOptions,
-)
-from engram_episodic.options import (
-    Weights as Weights,
+    ContextOptions,
+    CurveOptions,
+    EpisodeChanges,
+    EpisodeListOptions,
+    FactListOptions,
+    FactSearchOptions,
+    RecallOptions,
+    SkillsOptions,
+    StrategyOptions,
+    SuggestOptions,
 )
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES, encode_body
 from engram_episodic.types import (

@@ -20,14 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 OUTCOMES: tuple[str, ...] = ("success", "partial", "failure", "abandoned")
-DEFAULT_CATEGORIES: tuple[str, ...] = (
-    "code_generation",
-    "debugging",
-    "refactoring",
-    "testing",
-    "architecture",
-    "unknown",
-)
 
 
 def new_event_id() -> str:
