@@ -549,7 +549,7 @@ async def recall_ranked(
 
     async def one(i: int, text: str, options: Mapping[str, Any], memory: AsyncEngram) -> None:
         call = Calls.recall(
-            text, cast(RecallOptions, dict(options))
+            text, **cast(RecallOptions, dict(options))
         ).as_json()  # ids only: no per-hit parsing
         async with sem:
             t0 = time.perf_counter()

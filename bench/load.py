@@ -75,9 +75,11 @@ def episode(i: int) -> dict[str, Any]:
 def request(kind: str, i: int, rng: random.Random) -> Call[Any]:
     """The request of one scheduled slot, built (the episode validated client-side) before its instant."""
     if kind == "ingest":
-        return Calls.record(episode(i), {})[1]
+        return Calls.record_parts(episode(i), {})[1][0]
     options: RecallOptions = {"top_k": 5, "agent_id": f"agent-{rng.randrange(8)}"}
-    return Calls.recall(rng.choice(TOPICS), options).as_json()  # the answer is read, never parsed into types
+    return Calls.recall(
+        rng.choice(TOPICS), **options
+    ).as_json()  # the answer is read, never parsed into types
 
 
 async def one(

@@ -76,7 +76,7 @@ async def ask(
 
         async def one(i: int, conv: Conversation, q: Any) -> None:
             options = cast(RecallOptions, {"top_k": 50, "as_of": conv.as_of, **body})
-            call = Calls.recall(q.text, options).as_json()
+            call = Calls.recall(q.text, **options).as_json()
             async with sem:
                 t0 = time.perf_counter()
                 payload = await clients[conv.sample_id].call(call)

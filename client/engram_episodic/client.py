@@ -59,38 +59,12 @@ from engram_episodic.errors import (
 )
 from engram_episodic.events import Episode
 from engram_episodic.options import (
-    ContextOptions,
-    CurveOptions,
-    EpisodeChanges,
     EpisodeListOptions,
-    FactListOptions,
-    FactSearchOptions,
-    RecallOptions,
-    SkillsOptions,
-    StrategyOptions,
-    SuggestOptions,
 )
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES, encode_body
 from engram_episodic.types import (
-    Consolidation,
-    Context,
-    DeadLetters,
-    DeadLettersActed,
-    EpisodePage,
-    Fact,
-    FactDetail,
-    FactPage,
-    ForgetJob,
-    Forgetting,
     IngestResult,
-    LearningCurve,
-    Recall,
-    Skills,
     StoredEpisode,
-    StrategyChoice,
-    Suggestion,
-    Summary,
-    Updated,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -283,6 +257,17 @@ class _Base(Generic[H]):
         return InvalidRequest([("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")])
 
 
+def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
+    """A client method that sends the request `route` (a `Calls` method) describes and returns its answer
+    (an awaitable of it on `AsyncEngram`, through `self.call`), with the route's signature and docstring."""
+
+    @functools.wraps(route)
+    def send(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.call(route(*args, **kwargs))
+
+    return send
+
+
 # --- sync --------------------------------------------------------------------------------------------
 
 
@@ -323,43 +308,15 @@ class Engram(_Base[httpx.Client]):
             attempt += 1
 
     # memory ------------------------------------------------------------------------------------------
-    def recall(self, query: str, **options: Unpack[RecallOptions]) -> Recall:
-        """The episodes worth replaying for `query`, best first (`POST /v1/recall`)."""
-        return self.call(Calls.recall(query, options))
-
-    def context(self, task: str, **options: Unpack[ContextOptions]) -> Context:
-        """Working memory for `task`: recalled episodes, the short-term window, facts and a ready `prompt`."""
-        return self.call(Calls.context(task, options))
-
-    def strategy(self, task: str, **options: Unpack[StrategyOptions]) -> StrategyChoice:
-        """Which strategy to use for `task`, with the rule and the reason (`POST /v1/strategy`)."""
-        return self.call(Calls.strategy(task, options))
-
-    def suggest(self, task: str, **options: Unpack[SuggestOptions]) -> Suggestion:
-        """How confident past experience is about `task`, and what failed before (`POST /v1/suggest`)."""
-        return self.call(Calls.suggest(task, options))
-
-    def skills(self, **options: Unpack[SkillsOptions]) -> Skills:
-        """Per-category skill profiles and the weak categories (`GET /v1/skills`)."""
-        return self.call(Calls.skills(options))
-
-    def learning_curve(self, **options: Unpack[CurveOptions]) -> LearningCurve:
-        """Rolling success rate and reward per episode, oldest first (`GET /v1/learning-curve`)."""
-        return self.call(Calls.learning_curve(options))
-
-    def search_facts(self, query: str | None = None, **options: Unpack[FactSearchOptions]) -> list[Fact]:
-        """Facts near `query` (the most confident without one), current only unless asked (`POST /v1/facts/search`)."""
-        return self.call(Calls.search_facts(query, options))
-
-    def get_fact(self, fact_id: str) -> FactDetail:
-        """One fact with its evidence episodes and the facts it superseded; ResourceNotFound (404) if none."""
-        return self.call(Calls.get_fact(fact_id))
-
-    def consolidate(
-        self, *, agent_id: str | None = None, category: str | None = None, all_scopes: bool = True
-    ) -> Consolidation:
-        """Consolidate episodes into facts now: every scope, the namespace scope, or one (agent, category)."""
-        return self.call(Calls.consolidate(agent_id, category, all_scopes))
+    recall = _sent(Calls.recall)
+    context = _sent(Calls.context)
+    strategy = _sent(Calls.strategy)
+    suggest = _sent(Calls.suggest)
+    skills = _sent(Calls.skills)
+    learning_curve = _sent(Calls.learning_curve)
+    search_facts = _sent(Calls.search_facts)
+    get_fact = _sent(Calls.get_fact)
+    consolidate = _sent(Calls.consolidate)
 
     # episodes ----------------------------------------------------------------------------------------
     def record(
@@ -427,9 +384,7 @@ class Engram(_Base[httpx.Client]):
         """
         return HttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
-    def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
-        """One page of `GET /v1/episodes` (newest first unless `order="asc"`); see `iter_episodes`."""
-        return self.call(Calls.list_episodes(options))
+    list_episodes = _sent(Calls.list_episodes)
 
     def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> Iterator[Episode]:
         """Every episode of the scope, page after page (`limit` per request), following the cursors."""
@@ -440,14 +395,8 @@ class Engram(_Base[httpx.Client]):
                 return
             options["cursor"] = page.next_cursor
 
-    def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
-        """One page of `GET /v1/facts` (newest first unless `order="asc"`; `episode_id`: the facts that
-        episode is evidence for)."""
-        return self.call(Calls.list_facts(options))
-
-    def get_episode(self, episode_id: str) -> StoredEpisode:
-        """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
-        return self.call(Calls.get_episode(episode_id))
+    list_facts = _sent(Calls.list_facts)
+    get_episode = _sent(Calls.get_episode)
 
     def wait_until_recallable(
         self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1
@@ -468,65 +417,18 @@ class Engram(_Base[httpx.Client]):
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             time.sleep(interval)
 
-    def update_episode(
-        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
-    ) -> Updated:
-        """Change an episode after the fact (`PATCH /v1/episodes/{id}`): `feedback` merges field by
-        field (a reward that arrives later), `metadata` key by key, `outcome`, `outcome_details` and
-        `importance` replace. With `wait`, returns once projected (`Updated.projected`). Raises
-        InvalidEpisode for bad fields (nothing sent), ResourceNotFound for an id the namespace lacks."""
-        return self.call(Calls.update_episode(episode_id, changes, wait))
-
-    def forget_episode(self, episode_id: str, *, wait: float | None = None) -> Forgetting:
-        """Forget one episode (202); ResourceNotFound if the namespace has none. The consolidator erases
-        it (normally within milliseconds; a read in that window can still return it); with `wait`
-        (seconds, at most 30) the call returns once it has, or at `wait`: `Forgetting.forgotten` says
-        which."""
-        return self.call(Calls.forget_episode(episode_id, wait))
-
-    def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
-        """Forget every episode of `user_id` in the caller's namespace (202). The consolidator erases
-        them (normally within milliseconds); with `wait` (seconds, at most 30) the call returns once it
-        has, or at `wait`: `Forgetting.forgotten` says which."""
-        return self.call(Calls.forget_user(user_id, wait))
-
-    def forget_agent(self, agent_id: str) -> ForgetJob:
-        """Forget every episode of an agent; the job says how many, `forget_job` when it is done."""
-        return self.call(Calls.forget_agent(agent_id))
-
-    def forget_session(self, session_id: str) -> ForgetJob:
-        """Forget every episode of a session (as `forget_agent`)."""
-        return self.call(Calls.forget_session(session_id))
-
-    def forget_episodes(self, episode_ids: Iterable[str]) -> ForgetJob:
-        """Forget up to 1,000 episodes by id; ids the namespace lacks come back in `unknown`."""
-        return self.call(Calls.forget_episodes(episode_ids))
-
-    def forget_job(self, job_id: str) -> ForgetJob:
-        """The status of a bulk forget (`done` once every episode is erased)."""
-        return self.call(Calls.forget_job(job_id))
-
-    def summary(self) -> Summary:
-        """What the namespace holds (`GET /v1/summary`): counts and the episodes expiring soonest."""
-        return self.call(Calls.summary())
-
-    def dead_letters(self, *, limit: int | None = None) -> DeadLetters:
-        """The namespace's dead letters, oldest first (`limit` 1..1000, default 100), and their `total`."""
-        return self.call(Calls.dead_letters(limit))
-
-    def redrive_dead_letters(self, ids: Iterable[str]) -> DeadLettersActed:
-        """Publish the dead letters `ids` (`DeadLetter.id`, 1..1000) again, after a fix, and drop them
-        from the dead letters. ResourceNotFound when none is the namespace's."""
-        return self.call(Calls.act_on_dead_letters("redrive", ids))
-
-    def discard_dead_letters(self, ids: Iterable[str]) -> DeadLettersActed:
-        """Delete the dead letters `ids` and their original events. ResourceNotFound when none is the
-        namespace's."""
-        return self.call(Calls.act_on_dead_letters("discard", ids))
-
-    def ready(self) -> dict[str, Any]:
-        """`GET /readyz`: `{"status": "ready", "checks": {...}}`; ServiceUnavailable (503) while not ready."""
-        return self.call(Calls.ready())
+    update_episode = _sent(Calls.update_episode)
+    forget_episode = _sent(Calls.forget_episode)
+    forget_user = _sent(Calls.forget_user)
+    forget_agent = _sent(Calls.forget_agent)
+    forget_session = _sent(Calls.forget_session)
+    forget_episodes = _sent(Calls.forget_episodes)
+    forget_job = _sent(Calls.forget_job)
+    summary = _sent(Calls.summary)
+    dead_letters = _sent(Calls.dead_letters)
+    redrive_dead_letters = _sent(Calls.redrive_dead_letters)
+    discard_dead_letters = _sent(Calls.discard_dead_letters)
+    ready = _sent(Calls.ready)
 
 
 class _OpenEpisode(Generic[C]):

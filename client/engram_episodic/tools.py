@@ -22,23 +22,20 @@ from importlib import resources
 from typing import Any, Literal, cast
 
 from engram_episodic.calls import joined
-from engram_episodic.client import (
-    AsyncEngram,
-    Call,
-    Calls,
+from engram_episodic.client import AsyncEngram, Call, Calls, Engram
+from engram_episodic.errors import (
+    ApiError,
+    EngramError,
+    InvalidEpisode,
+)
+from engram_episodic.options import (
     ContextOptions,
     CurveOptions,
-    Engram,
     FactSearchOptions,
     RecallOptions,
     SkillsOptions,
     StrategyOptions,
     SuggestOptions,
-)
-from engram_episodic.errors import (
-    ApiError,
-    EngramError,
-    InvalidEpisode,
 )
 from engram_episodic.schema_check import check as check_schema
 from engram_episodic.tool_results import (
@@ -179,7 +176,7 @@ def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
         options["reward"] = {"gte": args["min_reward"]}
     return Plan(
         "recall_experiences",
-        (Calls.recall(args["query"], cast(RecallOptions, options)),),
+        (Calls.recall(args["query"], **cast(RecallOptions, options)),),
         lambda r: render_recall(r[0], args["query"]),
         fields={"reward.gte": "min_reward", "reward": "min_reward"},
     )
@@ -187,7 +184,7 @@ def _plan_recall(args: dict[str, Any], scope: Scope) -> Plan:
 
 def _plan_context(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    call = Calls.context(args["task"], cast(ContextOptions, _except(args, "task")))
+    call = Calls.context(args["task"], **cast(ContextOptions, _except(args, "task")))
     return Plan("get_context", (call,), lambda r: render_context(r[0]))
 
 
@@ -235,15 +232,15 @@ def _plan_suggest(args: dict[str, Any], scope: Scope) -> Plan:
     # guessed then found nothing while strategy, on every similar episode, found evidence
     strategy = _except(args, "task")
     calls = (
-        Calls.suggest(args["task"], cast(SuggestOptions, common)),
-        Calls.strategy(args["task"], cast(StrategyOptions, strategy)),
+        Calls.suggest(args["task"], **cast(SuggestOptions, common)),
+        Calls.strategy(args["task"], **cast(StrategyOptions, strategy)),
     )
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
 
 def _plan_facts(args: dict[str, Any], scope: Scope) -> Plan:
     args = _scoped(args, scope, ("agent_id", "user_id"))
-    call = Calls.search_facts(args.get("query"), cast(FactSearchOptions, _except(args, "query")))
+    call = Calls.search_facts(args.get("query"), **cast(FactSearchOptions, _except(args, "query")))
     return Plan("search_facts", (call,), lambda r: render_facts(r[0], args.get("query")))
 
 
@@ -265,12 +262,12 @@ def _plan_forget(args: dict[str, Any], scope: Scope) -> Plan:
 
 
 def _plan_skills(args: dict[str, Any], scope: Scope) -> Plan:
-    call = Calls.skills(cast(SkillsOptions, _scoped(args, scope, ("agent_id", "user_id"))))
+    call = Calls.skills(**cast(SkillsOptions, _scoped(args, scope, ("agent_id", "user_id"))))
     return Plan("get_skills", (call,), lambda r: render_skills(r[0]))
 
 
 def _plan_curve(args: dict[str, Any], scope: Scope) -> Plan:
-    call = Calls.learning_curve(cast(CurveOptions, _scoped(args, scope, ("agent_id", "user_id"))))
+    call = Calls.learning_curve(**cast(CurveOptions, _scoped(args, scope, ("agent_id", "user_id"))))
     return Plan("get_learning_curve", (call,), lambda r: render_curve(r[0]))
 
 
