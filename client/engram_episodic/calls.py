@@ -156,11 +156,7 @@ class Call(Generic[T]):
 
     def as_json(self) -> Call[Any]:
         """The same request answering the service's JSON as it came (dicts and lists), unparsed."""
-        return dataclasses.replace(self, parse=_as_is)
-
-
-def _as_is(data: Any) -> Any:
-    return data
+        return dataclasses.replace(self, parse=lambda data: data)
 
 
 def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResult]:

@@ -1,17 +1,10 @@
-"""Typed HTTP clients of the Engram query service: `Engram` (sync) and `AsyncEngram` (asyncio), on httpx.
+"""Typed HTTP clients of the Engram query service, on httpx: `Engram` (sync), `AsyncEngram` (asyncio).
 
-    from engram_episodic import Engram
-
-    with Engram("http://127.0.0.1:8080", api_key="...") as memory:
-        memory.record(task="fix the flaky login test", outcome="success", solution="freeze the clock",
-                      feedback={"reward": 1.0}, agent_id="coder-1")
-        for hit in memory.recall("the login test fails at night", top_k=3):
-            print(f"{hit.priority:.2f}", hit.episode.outcome, hit.episode.task.description)
-
-Both clients have the same methods with the same arguments; the async ones are coroutines. Every call
-is one request to one route of the API (docs/api.md); results are the frozen
-dataclasses of `engram_episodic.types`; errors are `engram_episodic.errors.ApiError` subclasses carrying
-`status`, `detail` and the per-field `errors` of the service's RFC 9457 problem, or `ConnectionFailed`.
+Both clients have the same methods with the same arguments (the package docstring shows them in use);
+the async ones are coroutines. Every call is one request to one route of the API (docs/api.md); results
+are the frozen dataclasses of `engram_episodic.types`; errors are `engram_episodic.errors.ApiError`
+subclasses carrying `status`, `detail` and the per-field `errors` of the service's RFC 9457 problem, or
+`ConnectionFailed`.
 
 Retries. 429 and 503 answers (the service says nothing was applied) are retried after their
 `Retry-After`, as are requests that never reached the service (refused connection, connect
@@ -197,7 +190,9 @@ class _Base(Generic[H]):
 
     def _read(self, call: Call[T], response: httpx.Response, earlier_lost: bool = False) -> T:
         if response.status_code >= 400:
-            raise self._answered(_problem(response), earlier_lost)
+            error = _problem(response)
+            error.maybe_applied = earlier_lost  # the final answer speaks for its own attempt only
+            raise error
         try:
             data = response.json()
         except ValueError:
@@ -225,8 +220,10 @@ class _Base(Generic[H]):
         """After an attempt that raised `exc` (no answer): (seconds to wait before the next attempt,
         whether an attempt's answer was lost so far). Raises InvalidRequest for a request httpx cannot
         send, ConnectionFailed when the retry rule says stop."""
-        if not isinstance(exc, httpx.TransportError):
-            raise self._bad_request(exc) from exc
+        if not isinstance(exc, httpx.TransportError):  # an argument httpx cannot put on the wire
+            raise InvalidRequest(
+                [("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")]
+            ) from exc
         delay = self._decide(call, attempt, None, exc)
         if delay is None:
             raise self._failed(exc, lost) from exc
@@ -244,17 +241,6 @@ class _Base(Generic[H]):
             f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ") + note,
             maybe_applied=sent or earlier_lost,
         )
-
-    @staticmethod
-    def _answered(error: ApiError, earlier_lost: bool) -> ApiError:
-        if earlier_lost:  # the final answer speaks for its own attempt only
-            error.maybe_applied = True
-        return error
-
-    @staticmethod
-    def _bad_request(exc: Exception) -> InvalidRequest:
-        # an argument httpx cannot put on the wire (a 100k-character id in the URL, a lone surrogate)
-        return InvalidRequest([("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")])
 
 
 def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
