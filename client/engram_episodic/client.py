@@ -106,7 +106,9 @@ def _tls() -> ssl.SSLContext:
 
 class _Base(Generic[H]):
     """What both clients share: configuration, the request, the answer, the retry decision. `H` is the
-    httpx client type (httpx.Client or httpx.AsyncClient) that `_new_http` makes when none is given."""
+    httpx client type (httpx.Client or httpx.AsyncClient), `_HTTP` the one made when none is given."""
+
+    _HTTP: type[H]
 
     def __init__(
         self,
@@ -137,10 +139,7 @@ class _Base(Generic[H]):
                 raise ValueError("api_key must be printable ASCII without leading or trailing whitespace")
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._owns = http_client is None  # a client given is the caller's to close
-        self._http: H = http_client or self._new_http(timeout)
-
-    def _new_http(self, timeout: float) -> H:
-        raise NotImplementedError
+        self._http: H = http_client or self._HTTP(timeout=timeout, verify=_tls())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Self:
@@ -263,8 +262,7 @@ class Engram(_Base[httpx.Client]):
     `headers`, or an `http_client` (an httpx.Client you configured; it is not closed by `close()`).
     Use as a context manager, or call `close()`."""
 
-    def _new_http(self, timeout: float) -> httpx.Client:
-        return httpx.Client(timeout=timeout, verify=_tls())
+    _HTTP = httpx.Client
 
     def close(self) -> None:
         if self._owns:
@@ -504,8 +502,7 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     """The asyncio client: the methods of `Engram` as coroutines (`http_client`: an httpx.AsyncClient).
     Use as `async with AsyncEngram(...) as memory:`, or `await memory.aclose()`."""
 
-    def _new_http(self, timeout: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=timeout, verify=_tls())
+    _HTTP = httpx.AsyncClient
 
     async def aclose(self) -> None:
         if self._owns:
