@@ -193,8 +193,6 @@ class EpisodeUpdated(EpisodeEvent):
     """
 
     TYPE: ClassVar[str] = "EpisodeUpdated"
-    VERSION: ClassVar[int] = 1
-    UPCASTERS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
     user_id: str | None = None
     feedback: Feedback | None = None
     outcome: str | None = None
