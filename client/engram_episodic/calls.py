@@ -200,7 +200,12 @@ _WHY = {
 }
 
 
-def _waited(result: IngestResult, wait: float | None) -> IngestResult:
+def _waited(result: IngestResult, wait: float | None, recorded: str | None = None) -> IngestResult:
+    """`result`, or WaitTimeout when `wait` was given and an episode was not projected. `recorded`: the
+    episode_id of `record`, refused with EpisodeForgotten when it was forgotten before (nothing was
+    published, so there is nothing to wait for)."""
+    if recorded is not None and any(a.forgotten for a in result.results if a.episode_id == recorded):
+        raise EpisodeForgotten(recorded)
     if wait and result.projected is False:
         late = [a for a in result.results if a.projected is False]
         parts = []
@@ -237,26 +242,6 @@ def _wait(wait: float | None) -> dict[str, str] | None:
             [("wait", f"must be a number of seconds between 0 and {MAX_WAIT:g}, not {shown}")]
         )
     return {"wait": repr(float(wait))} if wait else None
-
-
-def _raise_if_forgotten(result: IngestResult, episode_id: str) -> None:
-    """EpisodeForgotten when `record`'s episode was not published because its id was forgotten."""
-    if any(a.forgotten for a in result.results if a.episode_id == episode_id):
-        raise EpisodeForgotten(episode_id)
-
-
-@contextlib.contextmanager
-def _refused_if_forgotten(episode_id: str) -> Iterator[None]:
-    """A WaitTimeout of `record` that only says its id was forgotten becomes EpisodeForgotten: nothing
-    was accepted, so there was nothing to wait for."""
-    try:
-        yield
-    except WaitTimeout as exc:
-        result = getattr(exc, "result", None)
-        mine = [a for a in result.results if a.episode_id == episode_id] if result is not None else []
-        if mine and all(a.forgotten for a in mine):
-            raise EpisodeForgotten(episode_id) from None
-        raise
 
 
 class Calls:

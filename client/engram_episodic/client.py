@@ -37,8 +37,6 @@ from engram_episodic.calls import (
     Calls,
     WaitTimeout,
     _naming_ids,
-    _raise_if_forgotten,
-    _refused_if_forgotten,
     _waited,
     joined,
 )
@@ -321,23 +319,27 @@ class Engram(_Base[httpx.Client]):
         episode_id was forgotten before, and nothing was published (with or without `wait`).
         """
         prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        with _refused_if_forgotten(prepared.episode_id):
-            _raise_if_forgotten(self._send_all([prepared], calls, wait), prepared.episode_id)
+        self._send_all([prepared], calls, wait, prepared.episode_id)
         return prepared.episode_id
 
     def _send_all(
-        self, prepared: list[Episode], calls: list[Call[IngestResult]], wait: float | None
+        self,
+        prepared: list[Episode],
+        calls: list[Call[IngestResult]],
+        wait: float | None,
+        recorded: str | None = None,
     ) -> IngestResult:
         """Send the requests of `prepared` in order; after a 413 naming a smaller limit than
-        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent)."""
+        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent).
+        `wait`, `recorded`: as `calls._waited`."""
         with _naming_ids(prepared):
             try:
-                return _waited(joined([self.call(call) for call in calls]), wait)
+                return _waited(joined([self.call(call) for call in calls]), wait, recorded)
             except ApiError as exc:
                 if not self._adopt_limit(exc):
                     raise
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
-            return _waited(joined([self.call(call) for call in calls]), wait)
+            return _waited(joined([self.call(call) for call in calls]), wait, recorded)
 
     def publish(
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
@@ -567,22 +569,25 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     ) -> str:
         """See `Engram.record`."""
         prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        with _refused_if_forgotten(prepared.episode_id):
-            _raise_if_forgotten(await self._send_all([prepared], calls, wait), prepared.episode_id)
+        await self._send_all([prepared], calls, wait, prepared.episode_id)
         return prepared.episode_id
 
     async def _send_all(
-        self, prepared: list[Episode], calls: list[Call[IngestResult]], wait: float | None
+        self,
+        prepared: list[Episode],
+        calls: list[Call[IngestResult]],
+        wait: float | None,
+        recorded: str | None = None,
     ) -> IngestResult:
         """See `Engram._send_all`."""
         with _naming_ids(prepared):
             try:
-                return _waited(joined([await self.call(call) for call in calls]), wait)
+                return _waited(joined([await self.call(call) for call in calls]), wait, recorded)
             except ApiError as exc:
                 if not self._adopt_limit(exc):
                     raise
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
-            return _waited(joined([await self.call(call) for call in calls]), wait)
+            return _waited(joined([await self.call(call) for call in calls]), wait, recorded)
 
     def episode(
         self,
