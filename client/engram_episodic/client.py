@@ -248,6 +248,15 @@ def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
     def send(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self.call(route(*args, **kwargs))
 
+    # what `help()` and editors show: the method's own parameters and answer, not the route's `Call[...]`
+    route_signature = inspect.signature(route)
+    send.__signature__ = route_signature.replace(  # type: ignore[attr-defined]
+        parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+            *route_signature.parameters.values(),
+        ],
+        return_annotation=str(route_signature.return_annotation).removeprefix("Call[").removesuffix("]"),
+    )
     return send
 
 
