@@ -145,7 +145,7 @@ async def recaller(base: str, stop: asyncio.Event, run: Run, rate: float) -> Non
     async with AsyncEngram(base, max_retries=0, timeout=5.0) as memory:
         while not stop.is_set():
             t0 = time.monotonic()
-            call = Calls.recall(rng.choice(TOPICS), {"top_k": 5}).as_json()
+            call = Calls.recall(rng.choice(TOPICS), top_k=5).as_json()
             ok = await status_of(memory, call, 200, timeout=5.0) == 200
             run.recalls.append((t0, time.monotonic() - t0, ok))
             await asyncio.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))

@@ -540,7 +540,8 @@ async def recall_ranked(
     JSON. ApiError (status, problem) on any answer but 200."""
     from tqdm import tqdm
 
-    from engram_episodic.client import Calls, RecallOptions
+    from engram_episodic.client import Calls
+    from engram_episodic.options import RecallOptions
 
     results: list[list[str]] = [[] for _ in jobs]
     latencies: list[float] = []
@@ -549,7 +550,7 @@ async def recall_ranked(
 
     async def one(i: int, text: str, options: Mapping[str, Any], memory: AsyncEngram) -> None:
         call = Calls.recall(
-            text, cast(RecallOptions, dict(options))
+            text, **cast(RecallOptions, dict(options))
         ).as_json()  # ids only: no per-hit parsing
         async with sem:
             t0 = time.perf_counter()

@@ -41,7 +41,8 @@ from bench.common import (
 )
 from deploy.embedded_redis import EmbeddedRedis, free_port
 from engram_episodic import AsyncEngram
-from engram_episodic.client import Call, Calls, RecallOptions
+from engram_episodic.client import Call, Calls
+from engram_episodic.options import RecallOptions
 from shared import streams
 from shared.keys import Keys
 from shared.redis_conn import connect
@@ -75,9 +76,11 @@ def episode(i: int) -> dict[str, Any]:
 def request(kind: str, i: int, rng: random.Random) -> Call[Any]:
     """The request of one scheduled slot, built (the episode validated client-side) before its instant."""
     if kind == "ingest":
-        return Calls.record(episode(i), {})[1]
+        return Calls.record_parts(episode(i), {})[1][0]
     options: RecallOptions = {"top_k": 5, "agent_id": f"agent-{rng.randrange(8)}"}
-    return Calls.recall(rng.choice(TOPICS), options).as_json()  # the answer is read, never parsed into types
+    return Calls.recall(
+        rng.choice(TOPICS), **options
+    ).as_json()  # the answer is read, never parsed into types
 
 
 async def one(

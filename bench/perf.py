@@ -341,7 +341,7 @@ async def latency_at(
     async with ClientPool(base, clients, 300.0, max_retries=0) as memory:
 
         async def service(i: int) -> None:
-            call = Calls.recall(query_texts[i % len(query_texts)], {"top_k": top_k, "mode": "vector"})
+            call = Calls.recall(query_texts[i % len(query_texts)], top_k=top_k, mode="vector")
             try:
                 payload = await memory.call(call.as_json())  # the JSON as it came: no per-hit parsing
             except ApiError as exc:

@@ -208,7 +208,7 @@ async def service_clients(
     async with ClientPool(base, clients, 300.0, max_retries=0) as memory:
 
         async def one(i: int) -> None:
-            call = Calls.recall(queries[(offset + i) % len(queries)], options)
+            call = Calls.recall(queries[(offset + i) % len(queries)], **options)
             payload = await memory.call(call.as_json())
             if len(payload["results"]) != options["top_k"]:
                 raise RuntimeError(
@@ -263,13 +263,13 @@ async def redis_profile(r, base: str, queries: list[str], options: dict[str, Any
     before = await r.config_get("slowlog-*")
     async with ClientPool(base, 1, 300.0, max_retries=0) as memory:
         for q in queries[n : n + 5]:
-            await memory.call(Calls.recall(q, options).as_json())
+            await memory.call(Calls.recall(q, **options).as_json())
         await r.config_set("slowlog-max-len", 100_000)
         await r.config_set("slowlog-log-slower-than", 0)
         await r.slowlog_reset()
         try:
             for q in queries[:n]:
-                await memory.call(Calls.recall(q, options).as_json())
+                await memory.call(Calls.recall(q, **options).as_json())
         finally:
             await r.config_set("slowlog-log-slower-than", before["slowlog-log-slower-than"])
         entries = await r.slowlog_get(100_000)

@@ -62,7 +62,8 @@ async def ask(
 ) -> tuple[list[dict[str, Any]], list[float]]:
     """One recall per question; per question the ranked ids and scores, and every request's latency (s)."""
     from engram_episodic import AsyncEngram
-    from engram_episodic.client import Calls, RecallOptions
+    from engram_episodic.client import Calls
+    from engram_episodic.options import RecallOptions
 
     jobs = [(c, q) for c in convs for q in c.questions]
     out: list[dict[str, Any]] = [{} for _ in jobs]
@@ -76,7 +77,7 @@ async def ask(
 
         async def one(i: int, conv: Conversation, q: Any) -> None:
             options = cast(RecallOptions, {"top_k": 50, "as_of": conv.as_of, **body})
-            call = Calls.recall(q.text, options).as_json()
+            call = Calls.recall(q.text, **options).as_json()
             async with sem:
                 t0 = time.perf_counter()
                 payload = await clients[conv.sample_id].call(call)

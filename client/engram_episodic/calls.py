@@ -1,8 +1,8 @@
 """The API's requests as values, described once for both clients (`Engram`, `AsyncEngram`): no I/O.
 
 `Calls.<route>(...)` returns a `Call` (method, path, body, query parameters, how to read the answer and
-whether a repeat after a lost answer is harmless); `engram_episodic.client` sends it. Split out of
-client.py (its size budget); `engram_episodic.client` re-exports `Call`, `Calls` and `WaitTimeout`.
+whether a repeat after a lost answer is harmless); the clients' method of the same name takes the same
+arguments and sends it (`engram_episodic.client`, which callers import `Call` and `Calls` from).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 from urllib.parse import quote
 
 from engram_episodic.drafts import finished_episode
@@ -156,16 +156,7 @@ class Call(Generic[T]):
 
     def as_json(self) -> Call[Any]:
         """The same request answering the service's JSON as it came (dicts and lists), unparsed."""
-        return dataclasses.replace(self, parse=_as_is)
-
-
-def _as_is(data: Any) -> Any:
-    return data
-
-
-def _ingest(episode: Episode, wait: float | None = None) -> Call[IngestResult]:
-    """One episode in the single-episode body (`publish`'s bodies come from `parts.request_bodies`)."""
-    return _post_episodes(episode_to_dict(episode), wait)
+        return dataclasses.replace(self, parse=lambda data: data)
 
 
 def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResult]:
@@ -209,7 +200,12 @@ _WHY = {
 }
 
 
-def _waited(result: IngestResult, wait: float | None) -> IngestResult:
+def _waited(result: IngestResult, wait: float | None, recorded: str | None = None) -> IngestResult:
+    """`result`, or WaitTimeout when `wait` was given and an episode was not projected. `recorded`: the
+    episode_id of `record`, refused with EpisodeForgotten when it was forgotten before (nothing was
+    published, so there is nothing to wait for)."""
+    if recorded is not None and any(a.forgotten for a in result.results if a.episode_id == recorded):
+        raise EpisodeForgotten(recorded)
     if wait and result.projected is False:
         late = [a for a in result.results if a.projected is False]
         parts = []
@@ -248,31 +244,13 @@ def _wait(wait: float | None) -> dict[str, str] | None:
     return {"wait": repr(float(wait))} if wait else None
 
 
-def _raise_if_forgotten(result: IngestResult, episode_id: str) -> None:
-    """EpisodeForgotten when `record`'s episode was not published because its id was forgotten."""
-    if any(a.forgotten for a in result.results if a.episode_id == episode_id):
-        raise EpisodeForgotten(episode_id)
-
-
-@contextlib.contextmanager
-def _refused_if_forgotten(episode_id: str) -> Iterator[None]:
-    """A WaitTimeout of `record` that only says its id was forgotten becomes EpisodeForgotten: nothing
-    was accepted, so there was nothing to wait for."""
-    try:
-        yield
-    except WaitTimeout as exc:
-        result = getattr(exc, "result", None)
-        mine = [a for a in result.results if a.episode_id == episode_id] if result is not None else []
-        if mine and all(a.forgotten for a in mine):
-            raise EpisodeForgotten(episode_id) from None
-        raise
-
-
 class Calls:
-    """The API's requests as values (no I/O): what `Engram` and `AsyncEngram` send."""
+    """The API's requests as values (no I/O): what `Engram` and `AsyncEngram` send. A route's method
+    here takes the arguments of the clients' method of the same name, which sends what it returns."""
 
     @staticmethod
-    def recall(query: str, options: RecallOptions) -> Call[Recall]:
+    def recall(query: str, **options: Unpack[RecallOptions]) -> Call[Recall]:
+        """The episodes worth replaying for `query`, best first (`POST /v1/recall`)."""
         return Call(
             "POST",
             "/v1/recall",
@@ -282,27 +260,33 @@ class Calls:
         )
 
     @staticmethod
-    def context(task: str, options: ContextOptions) -> Call[Context]:
+    def context(task: str, **options: Unpack[ContextOptions]) -> Call[Context]:
+        """Working memory for `task`: recalled episodes, the short-term window, facts and a ready `prompt`."""
         return Call("POST", "/v1/context", Context.from_json, body=_body(options, task=task))
 
     @staticmethod
-    def strategy(task: str, options: StrategyOptions) -> Call[StrategyChoice]:
+    def strategy(task: str, **options: Unpack[StrategyOptions]) -> Call[StrategyChoice]:
+        """Which strategy to use for `task`, with the rule and the reason (`POST /v1/strategy`)."""
         return Call("POST", "/v1/strategy", StrategyChoice.from_json, body=_body(options, task=task))
 
     @staticmethod
-    def suggest(task: str, options: SuggestOptions) -> Call[Suggestion]:
+    def suggest(task: str, **options: Unpack[SuggestOptions]) -> Call[Suggestion]:
+        """How confident past experience is about `task`, and what failed before (`POST /v1/suggest`)."""
         return Call("POST", "/v1/suggest", Suggestion.from_json, body=_body(options, task=task))
 
     @staticmethod
-    def skills(options: SkillsOptions) -> Call[Skills]:
+    def skills(**options: Unpack[SkillsOptions]) -> Call[Skills]:
+        """Per-category skill profiles and the weak categories (`GET /v1/skills`)."""
         return Call("GET", "/v1/skills", Skills.from_json, params=_params(options))
 
     @staticmethod
-    def learning_curve(options: CurveOptions) -> Call[LearningCurve]:
+    def learning_curve(**options: Unpack[CurveOptions]) -> Call[LearningCurve]:
+        """Rolling success rate and reward per episode, oldest first (`GET /v1/learning-curve`)."""
         return Call("GET", "/v1/learning-curve", LearningCurve.from_json, params=_params(options))
 
     @staticmethod
-    def search_facts(query: str | None, options: FactSearchOptions) -> Call[list[Fact]]:
+    def search_facts(query: str | None = None, **options: Unpack[FactSearchOptions]) -> Call[list[Fact]]:
+        """Facts near `query` (the most confident without one), current only unless asked (`POST /v1/facts/search`)."""
         body = _body(options, **({"query": query} if query is not None else {}))
         return Call(
             "POST", "/v1/facts/search", lambda d: [Fact.from_json(f) for f in d["results"]], body=body
@@ -310,21 +294,18 @@ class Calls:
 
     @staticmethod
     def get_fact(fact_id: str) -> Call[FactDetail]:
+        """One fact with its evidence episodes and the facts it superseded; ResourceNotFound (404) if none."""
         return Call("GET", f"/v1/facts/{_path(fact_id, 'fact_id')}", FactDetail.from_json)
 
     @staticmethod
-    def consolidate(agent_id: str | None, category: str | None, all_scopes: bool) -> Call[Consolidation]:
+    def consolidate(
+        *, agent_id: str | None = None, category: str | None = None, all_scopes: bool = True
+    ) -> Call[Consolidation]:
+        """Consolidate episodes into facts now: every scope, the namespace scope, or one (agent, category)."""
         body: dict[str, Any] = {"all_scopes": all_scopes}
         if agent_id is not None or category is not None:
             body = {"agent_id": agent_id, "category": category}
         return Call("POST", "/v1/consolidate", Consolidation.from_json, body=body)
-
-    @staticmethod
-    def record(
-        episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None = None
-    ) -> tuple[Episode, Call[IngestResult]]:
-        prepared = finished_episode(episode, **fields)
-        return prepared, _ingest(prepared, wait)
 
     @staticmethod
     def record_parts(
@@ -338,7 +319,7 @@ class Calls:
         prepared = finished_episode(episode, max_actions=None, **fields)
         bodies = request_bodies([episode_to_dict(prepared)], max_bytes=max_body_bytes)
         if len(bodies) == 1:
-            return prepared, [_ingest(prepared, wait)]
+            bodies = [episode_to_dict(prepared)]  # the single-episode body
         return prepared, [_post_episodes(body, wait) for body in bodies]
 
     @staticmethod
@@ -383,21 +364,30 @@ class Calls:
         return prepared, [_post_episodes(body, wait) for body in bodies]
 
     @staticmethod
-    def list_episodes(options: EpisodeListOptions) -> Call[EpisodePage]:
+    def list_episodes(**options: Unpack[EpisodeListOptions]) -> Call[EpisodePage]:
+        """One page of `GET /v1/episodes` (newest first unless `order="asc"`); see `iter_episodes`."""
         return Call("GET", "/v1/episodes", EpisodePage.from_json, params=_params(_body(options)))
 
     @staticmethod
-    def list_facts(options: FactListOptions) -> Call[FactPage]:
+    def list_facts(**options: Unpack[FactListOptions]) -> Call[FactPage]:
+        """One page of `GET /v1/facts` (newest first unless `order="asc"`; `episode_id`: the facts that
+        episode is evidence for)."""
         return Call("GET", "/v1/facts", FactPage.from_json, params=_params(_body(options)))
 
     @staticmethod
     def get_episode(episode_id: str) -> Call[StoredEpisode]:
+        """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
         return Call("GET", f"/v1/episodes/{_path(episode_id, 'episode_id')}", StoredEpisode.from_json)
 
     @staticmethod
-    def update_episode(episode_id: str, changes: EpisodeChanges, wait: float | None = None) -> Call[Updated]:
-        # validated here as the service does (InvalidEpisode names every bad field); a repeat after a
-        # lost answer folds the same change again (merging is idempotent)
+    def update_episode(
+        episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
+    ) -> Call[Updated]:
+        """Change an episode after the fact (`PATCH /v1/episodes/{id}`): `feedback` merges field by
+        field (a reward that arrives later), `metadata` key by key, `outcome`, `outcome_details` and
+        `importance` replace. With `wait`, returns once projected (`Updated.projected`). Raises
+        InvalidEpisode for bad fields (nothing sent), ResourceNotFound for an id the namespace lacks."""
+        # validated here as the service does; a repeat after a lost answer folds the same change again
         body = _body(changes)
         body.update({k: None for k in ("expires_at", "ttl") if k in changes and changes[k] is None})  # clears
         parse_update(body)
@@ -412,49 +402,73 @@ class Calls:
         )
 
     @staticmethod
-    def forget_episode(episode_id: str, wait: float | None = None) -> Call[Forgetting]:
+    def forget_episode(episode_id: str, *, wait: float | None = None) -> Call[Forgetting]:
+        """Forget one episode (202); ResourceNotFound if the namespace has none. The consolidator erases
+        it (normally within milliseconds; a read in that window can still return it); with `wait`
+        (seconds, at most 30) the call returns once it has, or at `wait`: `Forgetting.forgotten` says
+        which."""
         path = f"/v1/episodes/{_path(episode_id, 'episode_id')}"
         return Call("DELETE", path, Forgetting.from_json, params=_wait(wait))
 
     @staticmethod
-    def forget_user(user_id: str, wait: float | None = None) -> Call[Forgetting]:
+    def forget_user(user_id: str, *, wait: float | None = None) -> Call[Forgetting]:
+        """Forget every episode of `user_id` in the caller's namespace (202). The consolidator erases
+        them (normally within milliseconds); with `wait` (seconds, at most 30) the call returns once it
+        has, or at `wait`: `Forgetting.forgotten` says which."""
         path = f"/v1/users/{_path(user_id, 'user_id')}"
         return Call("DELETE", path, Forgetting.from_json, params=_wait(wait))
 
     @staticmethod
     def forget_agent(agent_id: str) -> Call[ForgetJob]:
+        """Forget every episode of an agent; the job says how many, `forget_job` when it is done."""
         return Call("DELETE", f"/v1/agents/{_path(agent_id, 'agent_id')}", ForgetJob.from_json)
 
     @staticmethod
     def forget_session(session_id: str) -> Call[ForgetJob]:
+        """Forget every episode of a session (as `forget_agent`)."""
         return Call("DELETE", f"/v1/sessions/{_path(session_id, 'session_id')}", ForgetJob.from_json)
 
     @staticmethod
     def forget_episodes(episode_ids: Iterable[str]) -> Call[ForgetJob]:
+        """Forget up to 1,000 episodes by id; ids the namespace lacks come back in `unknown`."""
         body = {"episode_ids": list(episode_ids)}
         return Call("POST", "/v1/forget", ForgetJob.from_json, body=body)
 
     @staticmethod
     def forget_job(job_id: str) -> Call[ForgetJob]:
+        """The status of a bulk forget (`done` once every episode is erased)."""
         return Call("GET", f"/v1/forget/{_path(job_id, 'job_id')}", ForgetJob.from_json)
 
     @staticmethod
     def ready() -> Call[dict[str, Any]]:
+        """`GET /readyz`: `{"status": "ready", "checks": {...}}`; ServiceUnavailable (503) while not ready."""
         return Call("GET", "/readyz", dict)
 
     @staticmethod
     def summary() -> Call[Summary]:
+        """What the namespace holds (`GET /v1/summary`): counts and the episodes expiring soonest."""
         return Call("GET", "/v1/summary", Summary.from_json)
 
     @staticmethod
-    def dead_letters(limit: int | None = None) -> Call[DeadLetters]:
+    def dead_letters(*, limit: int | None = None) -> Call[DeadLetters]:
+        """The namespace's dead letters, oldest first (`limit` 1..1000, default 100), and their `total`."""
         return Call("GET", "/v1/dead-letters", DeadLetters.from_json, params=_params({"limit": limit}))
 
     @staticmethod
-    def act_on_dead_letters(action: str, ids: Iterable[str]) -> Call[DeadLettersActed]:
-        """`action`: `redrive` or `discard`. Not repeated after a lost answer: done once, the ids are no
-        dead letters any more and a repeat answers 404, not what the first did."""
-        body = {"ids": [ids] if isinstance(ids, str) else list(ids)}
-        return Call(
-            "POST", f"/v1/dead-letters/{action}", DeadLettersActed.from_json, body=body, idempotent=False
-        )
+    def redrive_dead_letters(ids: Iterable[str]) -> Call[DeadLettersActed]:
+        """Publish the dead letters `ids` (`DeadLetter.id`, 1..1000) again, after a fix, and drop them
+        from the dead letters. ResourceNotFound when none is the namespace's."""
+        return _act_on_dead_letters("redrive", ids)
+
+    @staticmethod
+    def discard_dead_letters(ids: Iterable[str]) -> Call[DeadLettersActed]:
+        """Delete the dead letters `ids` and their original events. ResourceNotFound when none is the
+        namespace's."""
+        return _act_on_dead_letters("discard", ids)
+
+
+def _act_on_dead_letters(action: str, ids: Iterable[str]) -> Call[DeadLettersActed]:
+    """Not repeated after a lost answer: done once, the ids are no dead letters any more and a repeat
+    answers 404, not what the first did."""
+    body = {"ids": [ids] if isinstance(ids, str) else list(ids)}
+    return Call("POST", f"/v1/dead-letters/{action}", DeadLettersActed.from_json, body=body, idempotent=False)

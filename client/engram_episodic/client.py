@@ -1,17 +1,10 @@
-"""Typed HTTP clients of the Engram query service: `Engram` (sync) and `AsyncEngram` (asyncio), on httpx.
+"""Typed HTTP clients of the Engram query service, on httpx: `Engram` (sync), `AsyncEngram` (asyncio).
 
-    from engram_episodic import Engram
-
-    with Engram("http://127.0.0.1:8080", api_key="...") as memory:
-        memory.record(task="fix the flaky login test", outcome="success", solution="freeze the clock",
-                      feedback={"reward": 1.0}, agent_id="coder-1")
-        for hit in memory.recall("the login test fails at night", top_k=3):
-            print(f"{hit.priority:.2f}", hit.episode.outcome, hit.episode.task.description)
-
-Both clients have the same methods with the same arguments; the async ones are coroutines. Every call
-is one request to one route of the API (docs/api.md); results are the frozen
-dataclasses of `engram_episodic.types`; errors are `engram_episodic.errors.ApiError` subclasses carrying
-`status`, `detail` and the per-field `errors` of the service's RFC 9457 problem, or `ConnectionFailed`.
+Both clients have the same methods with the same arguments (the package docstring shows them in use);
+the async ones are coroutines. Every call is one request to one route of the API (docs/api.md); results
+are the frozen dataclasses of `engram_episodic.types`; errors are `engram_episodic.errors.ApiError`
+subclasses carrying `status`, `detail` and the per-field `errors` of the service's RFC 9457 problem, or
+`ConnectionFailed`.
 
 Retries. 429 and 503 answers (the service says nothing was applied) are retried after their
 `Retry-After`, as are requests that never reached the service (refused connection, connect
@@ -39,10 +32,14 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, Unpack
 import httpx
 
 from engram_episodic import __version__
-from engram_episodic.calls import Call as Call  # re-exported: callers import them from here
-from engram_episodic.calls import Calls as Calls
-from engram_episodic.calls import WaitTimeout as WaitTimeout
-from engram_episodic.calls import _naming_ids, _raise_if_forgotten, _refused_if_forgotten, _waited, joined
+from engram_episodic.calls import (
+    Call,
+    Calls,
+    WaitTimeout,
+    _naming_ids,
+    _waited,
+    joined,
+)
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
@@ -52,72 +49,13 @@ from engram_episodic.errors import (
     api_error,
 )
 from engram_episodic.events import Episode
-from engram_episodic.options import (  # re-exported (`as`): callers import them from here
-    ContextOptions as ContextOptions,
-)
 from engram_episodic.options import (
-    CurveOptions as CurveOptions,
-)
-from engram_episodic.options import (
-    Duration as Duration,
-)
-from engram_episodic.options import (
-    EpisodeChanges as EpisodeChanges,
-)
-from engram_episodic.options import (
-    EpisodeListOptions as EpisodeListOptions,
-)
-from engram_episodic.options import (
-    FactListOptions as FactListOptions,
-)
-from engram_episodic.options import (
-    FactSearchOptions as FactSearchOptions,
-)
-from engram_episodic.options import (
-    Instant as Instant,
-)
-from engram_episodic.options import (
-    NumRange as NumRange,
-)
-from engram_episodic.options import (
-    RecallOptions as RecallOptions,
-)
-from engram_episodic.options import (
-    Scope as Scope,
-)
-from engram_episodic.options import (
-    SkillsOptions as SkillsOptions,
-)
-from engram_episodic.options import (
-    StrategyOptions as StrategyOptions,
-)
-from engram_episodic.options import (
-    SuggestOptions as SuggestOptions,
-)
-from engram_episodic.options import (
-    Weights as Weights,
+    EpisodeListOptions,
 )
 from engram_episodic.parts import DEFAULT_MAX_BODY_BYTES, encode_body
 from engram_episodic.types import (
-    Consolidation,
-    Context,
-    DeadLetters,
-    DeadLettersActed,
-    EpisodePage,
-    Fact,
-    FactDetail,
-    FactPage,
-    ForgetJob,
-    Forgetting,
     IngestResult,
-    LearningCurve,
-    Recall,
-    Skills,
     StoredEpisode,
-    StrategyChoice,
-    Suggestion,
-    Summary,
-    Updated,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -166,7 +104,9 @@ def _tls() -> ssl.SSLContext:
 
 class _Base(Generic[H]):
     """What both clients share: configuration, the request, the answer, the retry decision. `H` is the
-    httpx client type (httpx.Client or httpx.AsyncClient) that `_new_http` makes when none is given."""
+    httpx client type (httpx.Client or httpx.AsyncClient), `_HTTP` the one made when none is given."""
+
+    _HTTP: type[H]
 
     def __init__(
         self,
@@ -197,10 +137,7 @@ class _Base(Generic[H]):
                 raise ValueError("api_key must be printable ASCII without leading or trailing whitespace")
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._owns = http_client is None  # a client given is the caller's to close
-        self._http: H = http_client or self._new_http(timeout)
-
-    def _new_http(self, timeout: float) -> H:
-        raise NotImplementedError
+        self._http: H = http_client or self._HTTP(timeout=timeout, verify=_tls())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Self:
@@ -250,7 +187,9 @@ class _Base(Generic[H]):
 
     def _read(self, call: Call[T], response: httpx.Response, earlier_lost: bool = False) -> T:
         if response.status_code >= 400:
-            raise self._answered(_problem(response), earlier_lost)
+            error = _problem(response)
+            error.maybe_applied = earlier_lost  # the final answer speaks for its own attempt only
+            raise error
         try:
             data = response.json()
         except ValueError:
@@ -278,8 +217,10 @@ class _Base(Generic[H]):
         """After an attempt that raised `exc` (no answer): (seconds to wait before the next attempt,
         whether an attempt's answer was lost so far). Raises InvalidRequest for a request httpx cannot
         send, ConnectionFailed when the retry rule says stop."""
-        if not isinstance(exc, httpx.TransportError):
-            raise self._bad_request(exc) from exc
+        if not isinstance(exc, httpx.TransportError):  # an argument httpx cannot put on the wire
+            raise InvalidRequest(
+                [("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")]
+            ) from exc
         delay = self._decide(call, attempt, None, exc)
         if delay is None:
             raise self._failed(exc, lost) from exc
@@ -298,16 +239,25 @@ class _Base(Generic[H]):
             maybe_applied=sent or earlier_lost,
         )
 
-    @staticmethod
-    def _answered(error: ApiError, earlier_lost: bool) -> ApiError:
-        if earlier_lost:  # the final answer speaks for its own attempt only
-            error.maybe_applied = True
-        return error
 
-    @staticmethod
-    def _bad_request(exc: Exception) -> InvalidRequest:
-        # an argument httpx cannot put on the wire (a 100k-character id in the URL, a lone surrogate)
-        return InvalidRequest([("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")])
+def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
+    """A client method that sends the request `route` (a `Calls` method) describes and returns its answer
+    (an awaitable of it on `AsyncEngram`, through `self.call`), with the route's signature and docstring."""
+
+    @functools.wraps(route)
+    def send(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.call(route(*args, **kwargs))
+
+    # what `help()` and editors show: the method's own parameters and answer, not the route's `Call[...]`
+    route_signature = inspect.signature(route)
+    send.__signature__ = route_signature.replace(  # type: ignore[attr-defined]
+        parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+            *route_signature.parameters.values(),
+        ],
+        return_annotation=str(route_signature.return_annotation).removeprefix("Call[").removesuffix("]"),
+    )
+    return send
 
 
 # --- sync --------------------------------------------------------------------------------------------
@@ -319,8 +269,7 @@ class Engram(_Base[httpx.Client]):
     `headers`, or an `http_client` (an httpx.Client you configured; it is not closed by `close()`).
     Use as a context manager, or call `close()`."""
 
-    def _new_http(self, timeout: float) -> httpx.Client:
-        return httpx.Client(timeout=timeout, verify=_tls())
+    _HTTP = httpx.Client
 
     def close(self) -> None:
         if self._owns:
@@ -350,43 +299,15 @@ class Engram(_Base[httpx.Client]):
             attempt += 1
 
     # memory ------------------------------------------------------------------------------------------
-    def recall(self, query: str, **options: Unpack[RecallOptions]) -> Recall:
-        """The episodes worth replaying for `query`, best first (`POST /v1/recall`)."""
-        return self.call(Calls.recall(query, options))
-
-    def context(self, task: str, **options: Unpack[ContextOptions]) -> Context:
-        """Working memory for `task`: recalled episodes, the short-term window, facts and a ready `prompt`."""
-        return self.call(Calls.context(task, options))
-
-    def strategy(self, task: str, **options: Unpack[StrategyOptions]) -> StrategyChoice:
-        """Which strategy to use for `task`, with the rule and the reason (`POST /v1/strategy`)."""
-        return self.call(Calls.strategy(task, options))
-
-    def suggest(self, task: str, **options: Unpack[SuggestOptions]) -> Suggestion:
-        """How confident past experience is about `task`, and what failed before (`POST /v1/suggest`)."""
-        return self.call(Calls.suggest(task, options))
-
-    def skills(self, **options: Unpack[SkillsOptions]) -> Skills:
-        """Per-category skill profiles and the weak categories (`GET /v1/skills`)."""
-        return self.call(Calls.skills(options))
-
-    def learning_curve(self, **options: Unpack[CurveOptions]) -> LearningCurve:
-        """Rolling success rate and reward per episode, oldest first (`GET /v1/learning-curve`)."""
-        return self.call(Calls.learning_curve(options))
-
-    def search_facts(self, query: str | None = None, **options: Unpack[FactSearchOptions]) -> list[Fact]:
-        """Facts near `query` (the most confident without one), current only unless asked (`POST /v1/facts/search`)."""
-        return self.call(Calls.search_facts(query, options))
-
-    def get_fact(self, fact_id: str) -> FactDetail:
-        """One fact with its evidence episodes and the facts it superseded; ResourceNotFound (404) if none."""
-        return self.call(Calls.get_fact(fact_id))
-
-    def consolidate(
-        self, *, agent_id: str | None = None, category: str | None = None, all_scopes: bool = True
-    ) -> Consolidation:
-        """Consolidate episodes into facts now: every scope, the namespace scope, or one (agent, category)."""
-        return self.call(Calls.consolidate(agent_id, category, all_scopes))
+    recall = _sent(Calls.recall)
+    context = _sent(Calls.context)
+    strategy = _sent(Calls.strategy)
+    suggest = _sent(Calls.suggest)
+    skills = _sent(Calls.skills)
+    learning_curve = _sent(Calls.learning_curve)
+    search_facts = _sent(Calls.search_facts)
+    get_fact = _sent(Calls.get_fact)
+    consolidate = _sent(Calls.consolidate)
 
     # episodes ----------------------------------------------------------------------------------------
     def record(
@@ -407,23 +328,27 @@ class Engram(_Base[httpx.Client]):
         episode_id was forgotten before, and nothing was published (with or without `wait`).
         """
         prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        with _refused_if_forgotten(prepared.episode_id):
-            _raise_if_forgotten(self._send_all([prepared], calls, wait), prepared.episode_id)
+        self._send_all([prepared], calls, wait, prepared.episode_id)
         return prepared.episode_id
 
     def _send_all(
-        self, prepared: list[Episode], calls: list[Call[IngestResult]], wait: float | None
+        self,
+        prepared: list[Episode],
+        calls: list[Call[IngestResult]],
+        wait: float | None,
+        recorded: str | None = None,
     ) -> IngestResult:
         """Send the requests of `prepared` in order; after a 413 naming a smaller limit than
-        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent)."""
+        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent).
+        `wait`, `recorded`: as `calls._waited`."""
         with _naming_ids(prepared):
             try:
-                return _waited(joined([self.call(call) for call in calls]), wait)
+                return _waited(joined([self.call(call) for call in calls]), wait, recorded)
             except ApiError as exc:
                 if not self._adopt_limit(exc):
                     raise
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
-            return _waited(joined([self.call(call) for call in calls]), wait)
+            return _waited(joined([self.call(call) for call in calls]), wait, recorded)
 
     def publish(
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
@@ -454,9 +379,7 @@ class Engram(_Base[httpx.Client]):
         """
         return HttpEpisode(self, EpisodeDraft(task, category=category, complexity=complexity, **fields))
 
-    def list_episodes(self, **options: Unpack[EpisodeListOptions]) -> EpisodePage:
-        """One page of `GET /v1/episodes` (newest first unless `order="asc"`); see `iter_episodes`."""
-        return self.call(Calls.list_episodes(options))
+    list_episodes = _sent(Calls.list_episodes)
 
     def iter_episodes(self, **options: Unpack[EpisodeListOptions]) -> Iterator[Episode]:
         """Every episode of the scope, page after page (`limit` per request), following the cursors."""
@@ -467,14 +390,8 @@ class Engram(_Base[httpx.Client]):
                 return
             options["cursor"] = page.next_cursor
 
-    def list_facts(self, **options: Unpack[FactListOptions]) -> FactPage:
-        """One page of `GET /v1/facts` (newest first unless `order="asc"`; `episode_id`: the facts that
-        episode is evidence for)."""
-        return self.call(Calls.list_facts(options))
-
-    def get_episode(self, episode_id: str) -> StoredEpisode:
-        """One projected episode of the caller's namespace; ResourceNotFound (404) otherwise."""
-        return self.call(Calls.get_episode(episode_id))
+    list_facts = _sent(Calls.list_facts)
+    get_episode = _sent(Calls.get_episode)
 
     def wait_until_recallable(
         self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1
@@ -495,65 +412,18 @@ class Engram(_Base[httpx.Client]):
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             time.sleep(interval)
 
-    def update_episode(
-        self, episode_id: str, *, wait: float | None = None, **changes: Unpack[EpisodeChanges]
-    ) -> Updated:
-        """Change an episode after the fact (`PATCH /v1/episodes/{id}`): `feedback` merges field by
-        field (a reward that arrives later), `metadata` key by key, `outcome`, `outcome_details` and
-        `importance` replace. With `wait`, returns once projected (`Updated.projected`). Raises
-        InvalidEpisode for bad fields (nothing sent), ResourceNotFound for an id the namespace lacks."""
-        return self.call(Calls.update_episode(episode_id, changes, wait))
-
-    def forget_episode(self, episode_id: str, *, wait: float | None = None) -> Forgetting:
-        """Forget one episode (202); ResourceNotFound if the namespace has none. The consolidator erases
-        it (normally within milliseconds; a read in that window can still return it); with `wait`
-        (seconds, at most 30) the call returns once it has, or at `wait`: `Forgetting.forgotten` says
-        which."""
-        return self.call(Calls.forget_episode(episode_id, wait))
-
-    def forget_user(self, user_id: str, *, wait: float | None = None) -> Forgetting:
-        """Forget every episode of `user_id` in the caller's namespace (202). The consolidator erases
-        them (normally within milliseconds); with `wait` (seconds, at most 30) the call returns once it
-        has, or at `wait`: `Forgetting.forgotten` says which."""
-        return self.call(Calls.forget_user(user_id, wait))
-
-    def forget_agent(self, agent_id: str) -> ForgetJob:
-        """Forget every episode of an agent; the job says how many, `forget_job` when it is done."""
-        return self.call(Calls.forget_agent(agent_id))
-
-    def forget_session(self, session_id: str) -> ForgetJob:
-        """Forget every episode of a session (as `forget_agent`)."""
-        return self.call(Calls.forget_session(session_id))
-
-    def forget_episodes(self, episode_ids: Iterable[str]) -> ForgetJob:
-        """Forget up to 1,000 episodes by id; ids the namespace lacks come back in `unknown`."""
-        return self.call(Calls.forget_episodes(episode_ids))
-
-    def forget_job(self, job_id: str) -> ForgetJob:
-        """The status of a bulk forget (`done` once every episode is erased)."""
-        return self.call(Calls.forget_job(job_id))
-
-    def summary(self) -> Summary:
-        """What the namespace holds (`GET /v1/summary`): counts and the episodes expiring soonest."""
-        return self.call(Calls.summary())
-
-    def dead_letters(self, *, limit: int | None = None) -> DeadLetters:
-        """The namespace's dead letters, oldest first (`limit` 1..1000, default 100), and their `total`."""
-        return self.call(Calls.dead_letters(limit))
-
-    def redrive_dead_letters(self, ids: Iterable[str]) -> DeadLettersActed:
-        """Publish the dead letters `ids` (`DeadLetter.id`, 1..1000) again, after a fix, and drop them
-        from the dead letters. ResourceNotFound when none is the namespace's."""
-        return self.call(Calls.act_on_dead_letters("redrive", ids))
-
-    def discard_dead_letters(self, ids: Iterable[str]) -> DeadLettersActed:
-        """Delete the dead letters `ids` and their original events. ResourceNotFound when none is the
-        namespace's."""
-        return self.call(Calls.act_on_dead_letters("discard", ids))
-
-    def ready(self) -> dict[str, Any]:
-        """`GET /readyz`: `{"status": "ready", "checks": {...}}`; ServiceUnavailable (503) while not ready."""
-        return self.call(Calls.ready())
+    update_episode = _sent(Calls.update_episode)
+    forget_episode = _sent(Calls.forget_episode)
+    forget_user = _sent(Calls.forget_user)
+    forget_agent = _sent(Calls.forget_agent)
+    forget_session = _sent(Calls.forget_session)
+    forget_episodes = _sent(Calls.forget_episodes)
+    forget_job = _sent(Calls.forget_job)
+    summary = _sent(Calls.summary)
+    dead_letters = _sent(Calls.dead_letters)
+    redrive_dead_letters = _sent(Calls.redrive_dead_letters)
+    discard_dead_letters = _sent(Calls.discard_dead_letters)
+    ready = _sent(Calls.ready)
 
 
 class _OpenEpisode(Generic[C]):
@@ -643,8 +513,7 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     """The asyncio client: the methods of `Engram` as coroutines (`http_client`: an httpx.AsyncClient).
     Use as `async with AsyncEngram(...) as memory:`, or `await memory.aclose()`."""
 
-    def _new_http(self, timeout: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=timeout, verify=_tls())
+    _HTTP = httpx.AsyncClient
 
     async def aclose(self) -> None:
         if self._owns:
@@ -709,22 +578,25 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     ) -> str:
         """See `Engram.record`."""
         prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        with _refused_if_forgotten(prepared.episode_id):
-            _raise_if_forgotten(await self._send_all([prepared], calls, wait), prepared.episode_id)
+        await self._send_all([prepared], calls, wait, prepared.episode_id)
         return prepared.episode_id
 
     async def _send_all(
-        self, prepared: list[Episode], calls: list[Call[IngestResult]], wait: float | None
+        self,
+        prepared: list[Episode],
+        calls: list[Call[IngestResult]],
+        wait: float | None,
+        recorded: str | None = None,
     ) -> IngestResult:
         """See `Engram._send_all`."""
         with _naming_ids(prepared):
             try:
-                return _waited(joined([await self.call(call) for call in calls]), wait)
+                return _waited(joined([await self.call(call) for call in calls]), wait, recorded)
             except ApiError as exc:
                 if not self._adopt_limit(exc):
                     raise
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
-            return _waited(joined([await self.call(call) for call in calls]), wait)
+            return _waited(joined([await self.call(call) for call in calls]), wait, recorded)
 
     def episode(
         self,

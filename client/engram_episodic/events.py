@@ -20,14 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 OUTCOMES: tuple[str, ...] = ("success", "partial", "failure", "abandoned")
-DEFAULT_CATEGORIES: tuple[str, ...] = (
-    "code_generation",
-    "debugging",
-    "refactoring",
-    "testing",
-    "architecture",
-    "unknown",
-)
 
 
 def new_event_id() -> str:
@@ -201,8 +193,6 @@ class EpisodeUpdated(EpisodeEvent):
     """
 
     TYPE: ClassVar[str] = "EpisodeUpdated"
-    VERSION: ClassVar[int] = 1
-    UPCASTERS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
     user_id: str | None = None
     feedback: Feedback | None = None
     outcome: str | None = None

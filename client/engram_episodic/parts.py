@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engram_episodic.errors import InvalidEpisode
-from engram_episodic.validation import MAX_ACTIONS, TEXT_FIELDS
+from engram_episodic.validation import MAX_ACTIONS, TEXT_FIELDS, json_size
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # the service's default ENGRAM_MAX_BODY_BYTES
 MAX_BATCH = 1000  # episodes per request (the service's models.MAX_BATCH)
@@ -34,13 +34,9 @@ _ENVELOPE = len(b'{"episodes":[]}')
 
 def encode_body(body: Any) -> bytes:
     """`body` as the bytes the client sends: compact UTF-8 JSON (what httpx ≥ 0.28 writes for `json=`,
-    fixed here so that the sizes `request_bodies` counts are the sizes sent). Raises ValueError for NaN
-    or infinity."""
+    fixed here so that the sizes `request_bodies` counts, `validation.json_size`, are the sizes sent).
+    Raises ValueError for NaN or infinity."""
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def _size(value: Any) -> int:
-    return len(encode_body(value))
 
 
 _LIMIT = "one request carries at most {:,} bytes (the client's max_body_bytes, the service's ENGRAM_MAX_BODY_BYTES)"
@@ -58,7 +54,7 @@ def episode_parts(
     action that does not fit with them."""
     budget = max_bytes - _ENVELOPE
     core = {k: v for k, v in data.items() if k not in SPLIT_FIELDS and k != "actions"}
-    core_size = _size(core)
+    core_size = json_size(core)
     if core_size > budget:
         raise InvalidEpisode(
             [
@@ -87,10 +83,10 @@ def episode_parts(
     action_no = 0
     for key, value in pieces:
         is_action = key == "actions"
-        own = _size(value)
+        own = json_size(value)
         # a key adds `,"key":value`; an action `,` and itself, the first also `,"actions":[` and `]`
         first_action = 1 + len(b'"actions":[') + own + 1
-        cost = (1 + own if actions else first_action) if is_action else 1 + _size(key) + 1 + own
+        cost = (1 + own if actions else first_action) if is_action else 1 + json_size(key) + 1 + own
         if (size + cost > budget or (is_action and len(actions) >= max_actions)) and (fields or actions):
             flush()
             if is_action:
@@ -140,7 +136,7 @@ def request_bodies(
             if round_no >= len(parts):
                 continue
             part = parts[round_no]
-            cost = _size(part) + (1 if batch else 0)
+            cost = json_size(part) + (1 if batch else 0)
             if batch and (size + cost > max_bytes or len(batch) >= max_batch):
                 bodies.append({"episodes": batch})
                 batch, size, cost = [], _ENVELOPE, cost - 1

@@ -18,17 +18,12 @@ from engram_episodic.timeutil import format_instant
 
 @functools.cache
 def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None:
-    """A dataclass's field names and one getter for all of them (None for other types)."""
+    """A dataclass's field names and one getter for all of them (None for other types); every dataclass
+    of the model has several fields, so `attrgetter` answers a tuple."""
     if not dataclasses.is_dataclass(cls):
         return None
     names = tuple(f.name for f in dataclasses.fields(cls))
-    getter = operator.attrgetter(*names) if len(names) > 1 else _one_field(names[0])
-    return names, getter
-
-
-def _one_field(name: str) -> Callable[[Any], tuple[Any, ...]]:
-    """A getter of one field as a 1-tuple (attrgetter of one name returns the bare value)."""
-    return lambda obj: (getattr(obj, name),)
+    return names, operator.attrgetter(*names)
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes})

@@ -141,7 +141,7 @@ def _plan_recall(args: dict[str, Any]) -> Plan:
         options["reward"] = {"gte": args["min_reward"]}
     return Plan(
         "recall_experiences",
-        (Calls.recall(args["query"], options),),
+        (Calls.recall(args["query"], **options),),
         lambda r: render_recall(r[0], args["query"]),
         fields={"reward.gte": "min_reward", "reward": "min_reward"},
     )
@@ -188,8 +188,8 @@ def _plan_suggest(args: dict[str, Any]) -> Plan:
     # the category picks strategy's skill profile; suggest would filter by it, and a category the model
     # guessed then found nothing while strategy, on every similar episode, found evidence
     calls = (
-        Calls.suggest(args["task"], _except(args, "task", "category", "complexity")),
-        Calls.strategy(args["task"], _except(args, "task")),
+        Calls.suggest(args["task"], **_except(args, "task", "category", "complexity")),
+        Calls.strategy(args["task"], **_except(args, "task")),
     )
     return Plan("suggest_approach", calls, lambda r: render_suggestion(r[0], r[1]))
 
@@ -200,13 +200,13 @@ the episode is gone from every read; past it the answer says the erase is accept
 _PLANS: dict[str, Callable[[dict[str, Any]], Plan]] = {
     "recall_experiences": _plan_recall,
     "get_context": lambda a: Plan(
-        "get_context", (Calls.context(a["task"], _except(a, "task")),), lambda r: render_context(r[0])
+        "get_context", (Calls.context(a["task"], **_except(a, "task")),), lambda r: render_context(r[0])
     ),
     "record_episode": _plan_record,
     "suggest_approach": _plan_suggest,
     "search_facts": lambda a: Plan(
         "search_facts",
-        (Calls.search_facts(a.get("query"), _except(a, "query")),),
+        (Calls.search_facts(a.get("query"), **_except(a, "query")),),
         lambda r: render_facts(r[0], a.get("query")),
     ),
     "forget_episode": lambda a: Plan(
@@ -218,9 +218,9 @@ _PLANS: dict[str, Callable[[dict[str, Any]], Plan]] = {
             "no episode with this id in this memory (a forgotten one would answer already forgotten)",
         ),
     ),
-    "get_skills": lambda a: Plan("get_skills", (Calls.skills(_except(a)),), lambda r: render_skills(r[0])),
+    "get_skills": lambda a: Plan("get_skills", (Calls.skills(**_except(a)),), lambda r: render_skills(r[0])),
     "get_learning_curve": lambda a: Plan(
-        "get_learning_curve", (Calls.learning_curve(_except(a)),), lambda r: render_curve(r[0])
+        "get_learning_curve", (Calls.learning_curve(**_except(a)),), lambda r: render_curve(r[0])
     ),
 }
 TOOLS: tuple[ToolSpec, ...] = tuple(ToolSpec(**t, plan=_PLANS[t["name"]]) for t in _DATA["tools"])

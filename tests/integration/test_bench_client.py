@@ -68,11 +68,12 @@ async def stand_in(aiohttp_server, state: dict):
 async def test_status_of_records_each_outcome_once(aiohttp_server):
     state: dict = {"script": []}
     base = await stand_in(aiohttp_server, state)
-    recall = Calls.recall("q", {"top_k": 5}).as_json()
+    recall = Calls.recall("q", top_k=5).as_json()
     async with ClientPool(base, 4, 10.0, max_retries=0) as pool:
         assert await status_of(pool, recall, 200, 5.0) == 200
         assert (
-            await status_of(pool, Calls.record({"task": "t", "outcome": "success"}, {})[1], 202, 5.0) == 202
+            await status_of(pool, Calls.record_parts({"task": "t", "outcome": "success"}, {})[1][0], 202, 5.0)
+            == 202
         )
         for status in (429, 503, 422):  # a 429/503 is an error of the step: recorded, not retried
             state["count"], state["script"] = 0, [status]
@@ -90,7 +91,7 @@ async def test_client_pool_bounds_requests_in_flight_and_reuses_connections(aioh
     state: dict = {"script": [], "delay": 0.05}
     base = await stand_in(aiohttp_server, state)
     async with ClientPool(base, 3, 10.0, max_retries=0) as pool:
-        calls = [pool.call(Calls.recall(f"q{i}", {}).as_json()) for i in range(12)]
+        calls = [pool.call(Calls.recall(f"q{i}").as_json()) for i in range(12)]
         answers = await asyncio.gather(*calls)
     assert all(a["mode"] == "hybrid" for a in answers)
     assert state["count"] == 12 and state["peak"] == 3

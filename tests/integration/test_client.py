@@ -265,7 +265,7 @@ async def test_any_call_can_answer_the_raw_json(flaky):
 
     server, _ = flaky
     async with AsyncEngram(url(server)) as memory:
-        raw = await memory.call(Calls.recall("x", {"top_k": 2}).as_json())
+        raw = await memory.call(Calls.recall("x", top_k=2).as_json())
     assert raw == EMPTY_RECALL
 
 

@@ -191,6 +191,6 @@ async def test_a_null_expiry_clears_it_and_the_sweep_leaves_the_episode(api, set
 def test_the_client_sends_a_null_expiry_as_a_clear():
     from engram_episodic.calls import Calls
 
-    assert Calls.update_episode("e1", {"expires_at": None}).body == {"expires_at": None}
-    assert Calls.update_episode("e1", {"ttl": None}).body == {"ttl": None}
-    assert Calls.update_episode("e1", {"importance": 3, "ttl": None}).body == {"importance": 3, "ttl": None}
+    assert Calls.update_episode("e1", expires_at=None).body == {"expires_at": None}
+    assert Calls.update_episode("e1", ttl=None).body == {"ttl": None}
+    assert Calls.update_episode("e1", importance=3, ttl=None).body == {"importance": 3, "ttl": None}

@@ -261,15 +261,15 @@ def _python_step(memory: Engram, step: dict[str, Any]) -> Any:
         return [e.episode_id for e in memory.iter_episodes(**step.get("options", {}))]
     calls = {
         "get_episode": lambda: Calls.get_episode(step["id"]),
-        "recall": lambda: Calls.recall(step["query"], step.get("options", {})),
-        "context": lambda: Calls.context(step["task"], step.get("options", {})),
-        "update_episode": lambda: Calls.update_episode(step["id"], step["changes"], wait),
-        "forget_episode": lambda: Calls.forget_episode(step["id"], wait),
-        "forget_user": lambda: Calls.forget_user(step["id"], wait),
-        "list_facts": lambda: Calls.list_facts(step.get("options", {})),
+        "recall": lambda: Calls.recall(step["query"], **step.get("options", {})),
+        "context": lambda: Calls.context(step["task"], **step.get("options", {})),
+        "update_episode": lambda: Calls.update_episode(step["id"], wait=wait, **step["changes"]),
+        "forget_episode": lambda: Calls.forget_episode(step["id"], wait=wait),
+        "forget_user": lambda: Calls.forget_user(step["id"], wait=wait),
+        "list_facts": lambda: Calls.list_facts(**step.get("options", {})),
         "summary": Calls.summary,
-        "redrive_dead_letters": lambda: Calls.act_on_dead_letters("redrive", step["ids"]),
-        "discard_dead_letters": lambda: Calls.act_on_dead_letters("discard", step["ids"]),
+        "redrive_dead_letters": lambda: Calls.redrive_dead_letters(step["ids"]),
+        "discard_dead_letters": lambda: Calls.discard_dead_letters(step["ids"]),
     }
     return memory.call(calls[op]().as_json())
 

@@ -3,6 +3,8 @@ before anything is sent (no server is needed: the address below is never reached
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from engram_episodic import AsyncEngram, Engram, InvalidEpisode
@@ -90,3 +92,11 @@ def test_a_waiting_request_may_take_its_wait_on_top_of_the_timeout() -> None:
     with Engram(NOWHERE, timeout=5.0) as memory:
         assert memory._request_args(Calls.forget_episode("e1", wait=MAX_WAIT))["timeout"] == 5.0 + MAX_WAIT
         assert memory._request_args(Calls.forget_episode("e1"))["timeout"] == 5.0
+
+
+def test_a_route_method_shows_its_own_parameters_and_answer() -> None:
+    """What help() and notebooks show for `memory.recall`: the call's parameters and the answer's type."""
+    with Engram(NOWHERE) as memory:
+        shown = inspect.signature(memory.recall)
+        assert list(shown.parameters) == ["query", "options"] and shown.return_annotation == "Recall"
+        assert str(inspect.signature(memory.update_episode)).endswith("-> 'Updated'")

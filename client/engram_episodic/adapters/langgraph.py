@@ -29,8 +29,9 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
     ) from exc
 
 from engram_episodic.adapters._common import Clients, as_tag
-from engram_episodic.client import AsyncEngram, ContextOptions, Engram
+from engram_episodic.client import AsyncEngram, Engram
 from engram_episodic.errors import EngramError
+from engram_episodic.options import ContextOptions
 from engram_episodic.validation import MAX_ACTIONS, MAX_TAG_CHARS
 
 __all__ = ["CONTEXT_MESSAGE_ID", "context_node", "record_node", "turn_of"]
