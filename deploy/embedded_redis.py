@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -78,9 +78,8 @@ class EmbeddedRedis:
     appendfsync: str = "everysec"
     start_timeout: float = 20.0
     extra_args: list[str] = field(default_factory=list)
-    pass_fds: tuple[int, ...] = ()
-    """Descriptors the server inherits (`make run` passes its data-directory lock, so an orphaned server
-    keeps the directory locked)."""
+    popen: dict[str, Any] = field(default_factory=dict)
+    """More `subprocess.Popen` options (`make run`: its data-directory lock, death with it)."""
     process: subprocess.Popen | None = None
 
     @property
@@ -117,7 +116,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            pass_fds=self.pass_fds,
+            **self.popen,
         )
         self.wait_ready()
         return self
@@ -245,8 +244,8 @@ class EmbeddedCluster:
     nodes: list[EmbeddedRedis] = field(default_factory=list)
     joined: list[EmbeddedRedis] = field(default_factory=list)
     """Primaries added by `add_primary` after the start (also in `nodes`, after the replicas)."""
-    pass_fds: tuple[int, ...] = ()
-    """Descriptors every node inherits (`EmbeddedRedis.pass_fds`)."""
+    popen: dict[str, Any] = field(default_factory=dict)
+    """`EmbeddedRedis.popen` of every node."""
 
     @property
     def url(self) -> str:
@@ -290,7 +289,7 @@ class EmbeddedCluster:
             data_dir=self.data_dir / str(port),
             start_timeout=self.start_timeout,
             extra_args=[*options, "--cluster-node-timeout", str(self.node_timeout_ms)],
-            pass_fds=self.pass_fds,
+            popen=self.popen,
         )
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:

@@ -14,6 +14,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load ends quietly, 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import contextlib
+import ctypes
 import logging
 import os
 import re
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
@@ -32,7 +34,6 @@ from services.run_lock import DataDirBusy, busy_message, lock_data_dir, run_data
 from shared import logs
 from shared.embedding import first_start_work
 from shared.settings import Settings, env_int, parse_duration
-from shared.supervised import SUPERVISOR_PID
 
 GRACE_SECONDS = 15.0
 RESTART_LIMIT = 5
@@ -45,6 +46,25 @@ BACKOFF_MAX = 10.0
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 TAIL_BYTES = 8192
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_us() -> Callable[[], None]:
+    """A `subprocess.Popen` `preexec_fn`: the child gets SIGTERM when this process dies, SIGKILL included
+    (Linux `prctl(PR_SET_PDEATHSIG)`; elsewhere nothing), so a `make run` killed with `kill -9` takes its
+    stack with it: Redis flushes its AOF and lets go of the lock, no worker consumes a next Redis's stream."""
+    parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+    except (OSError, AttributeError):  # not Linux: the orphans stay
+        return lambda: None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # we died between the fork and the prctl: no signal will come
+            os._exit(1)
+
+    return preexec
 
 
 def _taken_port(host: str, port: int) -> str | None:
@@ -160,10 +180,10 @@ class Service:
         argv: list[str],
         env: dict[str, str],
         budget: CrashBudget,
-        pass_fds: tuple[int, ...] = (),
+        popen: dict[str, Any],
     ):
         self.name, self.argv, self.env, self.budget = name, argv, env, budget
-        self.pass_fds = pass_fds  # the data dir's lock: held until the stack's last process is gone
+        self.popen = popen  # the data dir's lock (held until the stack's last process is gone), die_with_us
         self.proc: subprocess.Popen | None = None
         self.relay: StderrRelay | None = None
         self.restarts = 0
@@ -173,7 +193,7 @@ class Service:
     def start(self) -> subprocess.Popen:
         # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which sends SIGTERM
         self.proc = proc = subprocess.Popen(
-            self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds, start_new_session=True
+            self.argv, env=self.env, stderr=subprocess.PIPE, start_new_session=True, **self.popen
         )
         self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
@@ -462,7 +482,7 @@ def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
 
 
 def _start_redis(
-    env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
+    env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, popen: dict[str, Any]
 ) -> list[tuple[str, EmbeddedRedis]] | None:
     """Start the embedded Redis, or with `cluster_size` N (`ENGRAM_REDIS_CLUSTER`) a cluster of N
     primaries on ports `redis_port`... (data in `ENGRAM_DATA_DIR/cluster`), unless REDIS_URL is set, and
@@ -472,10 +492,10 @@ def _start_redis(
     server: EmbeddedRedis | EmbeddedCluster
     if cluster_size:
         ports = list(range(redis_port, redis_port + cluster_size))
-        server = EmbeddedCluster(data_root / "cluster", cluster_size, ports=ports, pass_fds=(lock_fd,))
+        server = EmbeddedCluster(data_root / "cluster", cluster_size, ports=ports, popen=popen)
         what = f"the embedded cluster (ENGRAM_REDIS_PORT={redis_port})"
     else:
-        server = EmbeddedRedis(port=redis_port, data_dir=data_root / "redis", pass_fds=(lock_fd,))
+        server = EmbeddedRedis(port=redis_port, data_dir=data_root / "redis", popen=popen)
         what = f"the embedded Redis (ENGRAM_DATA_DIR={data_root}, ENGRAM_REDIS_PORT={redis_port})"
         _say(f"starting redis on port {redis_port} (data in {server.data_dir})", err=False)
     started = time.monotonic()
@@ -499,11 +519,9 @@ def _services(
     metrics_port: int,
     restart_limit: int,
     restart_window: float,
-    lock_fd: int,
+    popen: dict[str, Any],
 ) -> list[Service]:
-    """The consolidators, then the query service, each with its crash budget, the data dir's lock
-    (`lock_fd`) and this process as their supervisor."""
-    env = {**env, SUPERVISOR_PID: str(os.getpid())}
+    """The consolidators, then the query service, each with its crash budget and `popen` (Service)."""
     base = env.get("ENGRAM_CONSUMER_NAME") or socket.gethostname()
     plan = []
     for i in range(workers):
@@ -520,7 +538,7 @@ def _services(
             [sys.executable, "-m", module],
             service_env,
             CrashBudget(restart_limit, restart_window),
-            (lock_fd,),
+            popen,
         )
         for name, module, service_env in plan
     ]
@@ -578,10 +596,11 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, _early_stop)
     signal.signal(signal.SIGTERM, _early_stop)
-    servers = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
+    popen = {"pass_fds": (lock_fd,), "preexec_fn": die_with_us()}
+    servers = _start_redis(env, data_root, cluster_size, redis_port, popen)
     if servers is None:
         return 1
-    services = _services(env, workers, metrics_port, restart_limit, restart_window, lock_fd)
+    services = _services(env, workers, metrics_port, restart_limit, restart_window, popen)
     redis = [RedisProcess(s, CrashBudget(restart_limit, restart_window), name) for name, s in servers]
     supervisor = Supervisor(services, redis)
     supervisor.stopping = stop_requested["now"]

@@ -25,7 +25,6 @@ from services import refuse
 from shared import tracing
 from shared.logs import configure
 from shared.settings import Settings
-from shared.supervised import follow_supervisor
 
 
 def _settings() -> Settings:
@@ -118,8 +117,6 @@ def run() -> None:
     """Consume the stream until SIGTERM/SIGINT (scale out by running more copies)."""
     # uvloop: the worker is Python-bound per event; libuv's loop trims the I/O share (bench/perf.py)
     settings = _settings()
-    if not follow_supervisor(os.environ):  # started by a `make run` that is already gone
-        raise click.ClickException("its `make run` is gone; exiting")
     tracing.configure(
         "engram-consolidator", os.environ
     )  # on with OTEL_EXPORTER_OTLP_ENDPOINT and the otel extra
