@@ -113,8 +113,8 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self.command(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # it logs to data_dir/redis.log
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
             **self.popen,
         )
@@ -177,16 +177,12 @@ class EmbeddedRedis:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
 
     def kill(self) -> None:
         """SIGKILL (fault injection); restart with `start()` to recover from the AOF."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        if self.process is not None and self.process.stderr:
-            self.process.stderr.close()
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -191,6 +191,7 @@ class Service:
         self.started = 0.0  # time.monotonic() of the last start: a short run's death counts (CrashBudget)
 
     def start(self) -> subprocess.Popen:
+        """Start (again); EmbeddedRedisError when a Redis does not come up."""
         # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which sends SIGTERM
         self.proc = proc = subprocess.Popen(
             self.argv, env=self.env, stderr=subprocess.PIPE, start_new_session=True, **self.popen
@@ -200,9 +201,34 @@ class Service:
         self.started = time.monotonic()
         return proc
 
+    def last_words(self) -> str:
+        """Its last stderr line (after it exited by itself: one killed by a signal said nothing)."""
+        return self.relay.last_line() if self.relay else ""
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.restart_at is None and self.proc.poll() is None
+
+
+class RedisNode(Service):
+    """The embedded Redis, or one node of the embedded cluster, supervised as a service is; restarted
+    from its append-only file (and `nodes.conf`). Already started: it starts before the services."""
+
+    def __init__(self, name: str, server: EmbeddedRedis, budget: CrashBudget):
+        super().__init__(name, [], {}, budget, {})
+        self.server, self.proc, self.started = server, server.process, time.monotonic()
+
+    def start(self) -> subprocess.Popen:
+        self.restart_at, self.started = None, time.monotonic()
+        try:
+            self.server.start()
+        finally:  # also one that died while starting: its death is counted at the next check
+            self.proc = self.server.process
+        assert self.proc is not None
+        return self.proc
+
+    def last_words(self) -> str:
+        return last_words(self.server.log_tail(5))
 
 
 LOG = {"format": "text"}
@@ -296,20 +322,11 @@ class Progress(threading.Thread):
             )
 
 
-class RedisProcess:
-    """One embedded redis-server the supervisor watches: its crash budget, restarts and last start."""
-
-    def __init__(self, server: EmbeddedRedis, budget: CrashBudget, name: str = "redis"):
-        self.server, self.budget, self.name = server, budget, name
-        self.restarts = 0
-        self.started = time.monotonic()  # started just before the supervisor (CrashBudget)
-
-
 class Supervisor:
     """Watches the embedded Redis (or every cluster node) and the services until `stop()`; returns
-    the stack's exit code. A dead service is restarted after `CrashBudget.backoff()`, a Redis at once."""
+    the stack's exit code. A dead process is restarted after `CrashBudget.backoff()`."""
 
-    def __init__(self, services: list[Service], redis: list[RedisProcess]):
+    def __init__(self, services: list[Service], redis: list[RedisNode]):
         self.services, self.redis = services, redis
         self.stopping = False
 
@@ -318,86 +335,59 @@ class Supervisor:
 
     def run(self) -> int:
         while not self.stopping:
-            code = None
-            for node in self.redis:
-                code = code if code is not None else self._check_redis(node)
-            for service in self.services:
-                if code is None and not self.stopping:
-                    code = self._check(service)
-            if code is not None:
-                return code
+            for child in [*self.redis, *self.services]:
+                code = None if self.stopping else self._check(child)
+                if code is not None:
+                    return code
             time.sleep(0.2)
         return 0
 
-    def _check_redis(self, node: RedisProcess) -> int | None:
-        server, name = node.server, node.name
-        if server.process is None or server.process.poll() is None:
-            return None
-        # the services reconnect on their own; the AOF (and a cluster node's nodes.conf) brings the data back
-        _say(f"{name} {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
-        deaths = node.budget.record(time.monotonic(), node.started)
-        if node.budget.exhausted:
-            _say(
-                f"{name} died {deaths} times in a row, each within {node.budget.window:g}s of its "
-                f"start; stopping the stack"
-            )
-            return 1
-        if server.process.stderr:
-            server.process.stderr.close()
-        node.restarts += 1
-        try:
-            server.start()
-        except EmbeddedRedisError as exc:
-            if server.process is None or server.process.poll() is None:  # alive yet not ours to use
-                _say(f"cannot restart {name}: {exc}; stopping the stack")
-                return 1
-            # died again while starting: a death like the others, counted by the next check
-            node.started = time.monotonic()
-            _say(f"{name} died while restarting (restart {node.restarts}); trying again")
-            return None
-        node.started = time.monotonic()
-        _say(f"{name} restarted on {server.url} (restart {node.restarts}; {_in_a_row(node.budget)})")
-        return None
-
-    def _check(self, service: Service) -> int | None:
+    def _check(self, child: Service) -> int | None:
         now = time.monotonic()
-        if service.restart_at is not None:
-            if now >= service.restart_at:
-                restarted = service.start()
-                service.restarts += 1
-                _say(f"{service.name} restarted (pid {restarted.pid}, restart {service.restarts})")
-            return None
-        proc = service.proc
-        if proc is None:  # never started (a stop came first): nothing to watch
-            return None
-        code = proc.poll()
-        if code is None:
+        if child.restart_at is not None:
+            return self._restart(child) if now >= child.restart_at else None
+        proc = child.proc
+        code = None if proc is None else proc.poll()  # None: running, or never started (a stop came first)
+        if proc is None or code is None:
             return None
         # a process that exited by itself usually said why last; one killed by a signal did not
-        last = service.relay.last_line() if service.relay and code > 0 else ""
+        last = child.last_words() if code > 0 else ""
         said = f": {last}" if last else ""
-        if code == EXIT_CONFIG:
+        if code == EXIT_CONFIG and child not in self.redis:
             _say(
-                f"{service.name} exited with code 2, a configuration error{said} — not restarting it; "
+                f"{child.name} exited with code 2, a configuration error{said} — not restarting it; "
                 f"stopping the stack"
             )
             return EXIT_CONFIG
-        if code == 0:
-            _say(f"{service.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
+        if code == 0 and child not in self.redis:
+            _say(f"{child.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
             return 1
-        deaths = service.budget.record(now, service.started)
-        if service.budget.exhausted:
+        deaths = child.budget.record(now, child.started)
+        if child.budget.exhausted:
             _say(
-                f"{service.name} died {deaths} times in a row, each within {service.budget.window:g}s of "
+                f"{child.name} died {deaths} times in a row, each within {child.budget.window:g}s of "
                 f"its start (last: {describe_exit(code)}{said}); stopping the stack"
             )
             return 1
-        delay = service.budget.backoff()
-        service.restart_at = now + delay
+        delay = child.budget.backoff()
+        child.restart_at = now + delay
         _say(
-            f"{service.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {service.restarts + 1} "
-            f"in {delay:g}s ({_in_a_row(service.budget)})"
+            f"{child.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {child.restarts + 1} "
+            f"in {delay:g}s ({_in_a_row(child.budget)})"
         )
+        return None
+
+    def _restart(self, child: Service) -> int | None:
+        child.restarts += 1
+        try:
+            proc = child.start()
+        except EmbeddedRedisError as exc:
+            if child.proc is not None and child.proc.poll() is None:  # alive yet not ours to use
+                _say(f"cannot restart {child.name}: {exc}; stopping the stack")
+                return 1
+            _say(f"{child.name} died while restarting (restart {child.restarts}); trying again")
+            return None
+        _say(f"{child.name} restarted (pid {proc.pid}, restart {child.restarts})")
         return None
 
     def shutdown(self) -> None:
@@ -601,7 +591,7 @@ def main() -> int:
     if servers is None:
         return 1
     services = _services(env, workers, metrics_port, restart_limit, restart_window, popen)
-    redis = [RedisProcess(s, CrashBudget(restart_limit, restart_window), name) for name, s in servers]
+    redis = [RedisNode(name, s, CrashBudget(restart_limit, restart_window)) for name, s in servers]
     supervisor = Supervisor(services, redis)
     supervisor.stopping = stop_requested["now"]
     signal.signal(signal.SIGINT, supervisor.stop)
