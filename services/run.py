@@ -410,55 +410,32 @@ class Supervisor:
             node.server.stop()
 
 
-def _bind_problem(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
-    """Why the stack cannot listen where it is configured to (the message), or None."""
-    try:
-        check_bind(settings.host, settings.api_keys)
-    except ValueError as exc:
-        return f"engram: {exc}"
-    if not env.get("REDIS_URL") and settings.port == redis_port:
-        return f"engram: ENGRAM_PORT and ENGRAM_REDIS_PORT are both {redis_port}; choose two ports"
-    return _metrics_port_clash(settings, redis_port, workers)
-
-
-def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> str | None:
-    """Why a worker cannot serve metrics on ENGRAM_METRICS_PORT + its index (the message), or None."""
-    metrics_port = settings.metrics_port
-    taken = {settings.port: "ENGRAM_PORT", redis_port: "ENGRAM_REDIS_PORT"}
-    for i in range(workers if metrics_port else 0):
-        # say it now, instead of a traceback from whichever process binds second
-        clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
-        if clash:
-            return (
-                f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
-                f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
-                f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free"
-            )
-    return None
-
-
-def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
-    """Why a port the stack is about to listen on is not free (the message), or None: said up front
-    instead of a traceback after a model loaded."""
-    busy = _taken_port(settings.host, settings.port)
-    if busy:
-        return f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another"
+def _listeners(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> list[tuple]:
+    """(variable, host, port, what else to do) of every port the stack is about to listen on."""
+    found = [("ENGRAM_PORT", settings.host, settings.port, "")]
     if not env.get("REDIS_URL"):
-        busy = _taken_port("127.0.0.1", redis_port)
-        if busy:
-            return (
-                f"engram: ENGRAM_REDIS_PORT={redis_port} on 127.0.0.1 is not free ({busy}); choose another, "
-                f"or set REDIS_URL to use a Redis that is already running"
-            )
+        redis_hint = ", or set REDIS_URL to use a Redis that is already running"
+        found.append(("ENGRAM_REDIS_PORT", "127.0.0.1", redis_port, redis_hint))
     for i in range(workers if settings.metrics_port else 0):
-        port = settings.metrics_port + i
-        busy = _taken_port(settings.host, port)
+        name = "ENGRAM_METRICS_PORT" + (f" + {i}" if i else "")
+        hint = f" (consolidator-{i}'s /healthz and /metrics), or 0 for none"
+        found.append((name, settings.host, settings.metrics_port + i, hint))
+    return found
+
+
+def _port_problem(listeners: list[tuple]) -> str | None:
+    """Why the stack cannot listen on `listeners` (the message), or None: said up front instead of a
+    traceback after a model loaded."""
+    seen: dict[int, str] = {}
+    for name, _, port, hint in listeners:
+        if port in seen or port > 65535:
+            which = f"{seen[port]} and {name} are both {port}" if port in seen else f"{name} = {port} > 65535"
+            return f"engram: {which}; choose another{hint}"
+        seen[port] = name
+    for name, host, port, hint in listeners:
+        busy = _taken_port(host, port)
         if busy:
-            which = "ENGRAM_METRICS_PORT" + (f" + {i}" if i else "")
-            return (
-                f"engram: {which}={port} on {settings.host} is not free ({busy}); it is consolidator-{i}'s "
-                f"/healthz and /metrics: choose another, or 0 for none"
-            )
+            return f"engram: {name}={port} on {host} is not free ({busy}); choose another{hint}"
     return None
 
 
@@ -556,14 +533,10 @@ def main() -> int:
         window = env.get("ENGRAM_RESTART_WINDOW")
         restart_window = parse_duration(window, name="ENGRAM_RESTART_WINDOW") if window else RESTART_WINDOW
         cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
-    except ConfigError as exc:
+        check_bind(settings.host, settings.api_keys)  # ValueError
+    except (ConfigError, ValueError) as exc:
         _refuse(f"engram: {exc}")
         return 2
-    problem = _bind_problem(settings, env, redis_port, workers)
-    if problem:
-        _refuse(problem)
-        return 2
-    metrics_port = settings.metrics_port
     data_root = run_data_dir(env)
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
@@ -573,34 +546,25 @@ def main() -> int:
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
         _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
         return 1
-    taken = _taken_ports(settings, env, redis_port, workers)
+    taken = _port_problem(_listeners(settings, env, redis_port, workers))
     if taken:
         _refuse(taken)
         return 2
     _ensure_master_key(env, data_root)  # after the refusals: a refused start leaves no key behind
     # Ctrl-C from here on stops cleanly (raised during the embedded Redis's start, it left it running)
-    stop_requested = {"now": False}
-
-    def _early_stop(*_):
-        stop_requested["now"] = True
-
-    signal.signal(signal.SIGINT, _early_stop)
-    signal.signal(signal.SIGTERM, _early_stop)
+    supervisor = Supervisor([], [])
+    signal.signal(signal.SIGINT, supervisor.stop)
+    signal.signal(signal.SIGTERM, supervisor.stop)
     popen = {"pass_fds": (lock_fd,), "preexec_fn": die_with_us()}
     servers = _start_redis(env, data_root, cluster_size, redis_port, popen)
     if servers is None:
         return 1
-    services = _services(env, workers, metrics_port, restart_limit, restart_window, popen)
-    redis = [RedisNode(name, s, CrashBudget(restart_limit, restart_window)) for name, s in servers]
-    supervisor = Supervisor(services, redis)
-    supervisor.stopping = stop_requested["now"]
-    signal.signal(signal.SIGINT, supervisor.stop)
-    signal.signal(signal.SIGTERM, supervisor.stop)
+    supervisor.services = _services(env, workers, settings.metrics_port, restart_limit, restart_window, popen)
+    supervisor.redis = [RedisNode(name, s, CrashBudget(restart_limit, restart_window)) for name, s in servers]
     progress = Progress(started, _probes(settings, workers))
     work = first_start_work(settings)  # before the services start filling the cache
-    code = 0
     try:
-        for service in services:
+        for service in supervisor.services:
             if not supervisor.stopping:
                 service.start()
         if not supervisor.stopping:

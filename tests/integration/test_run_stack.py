@@ -114,7 +114,7 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
         "ENGRAM_DATA_DIR": str(tmp_path),
     }
     proc = run_module("services.run", env=env, timeout=60)
-    assert proc.returncode == 2 and "18080, which is also ENGRAM_PORT" in proc.stderr
+    assert proc.returncode == 2 and "ENGRAM_PORT and ENGRAM_METRICS_PORT + 1 are both 18080" in proc.stderr
 
 
 @pytest.mark.parametrize(
