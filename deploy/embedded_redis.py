@@ -184,12 +184,6 @@ class EmbeddedRedis:
             self.process.kill()
             self.process.wait()
 
-    def __enter__(self) -> EmbeddedRedis:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 CLUSTER_SLOTS = 16384
 MAX_CLUSTER_PORT = 65535 - 10000
@@ -396,12 +390,6 @@ class EmbeddedCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-
-    def __enter__(self) -> EmbeddedCluster:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
