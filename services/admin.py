@@ -194,12 +194,6 @@ def run(workers: int | None, port: int | None) -> None:
         os.environ["ENGRAM_WORKERS"] = str(workers)
     if port is not None:
         os.environ["ENGRAM_PORT"] = str(port)
-    for name, value in (
-        ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-    ):
-        os.environ.setdefault(name, value)  # as the Makefile exports them: models load from disk only
     sys.exit(stack.main())
 
 

@@ -521,9 +521,13 @@ def _probes(settings: Settings, workers: int) -> dict[str, str]:
 
 def main() -> int:
     started = time.monotonic()
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # as the Makefile exports them: models load from disk only
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **os.environ,
+    }
     LOG["format"] = logs.log_format(env)
     try:  # every process would refuse a bad variable; say it once, before starting any
         settings = Settings.from_env(env)
