@@ -235,11 +235,11 @@ LOG = {"format": "text"}
 """`ENGRAM_LOG_FORMAT` of this process, set once by `main()`."""
 
 
-def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
-    """One line of the supervisor's own: `engram ◆ message`, or with ENGRAM_LOG_FORMAT=json the JSON
-    object a logger `engram.run` would write."""
+def _say(message: str, *, err: bool = True, level: int = logging.INFO, mark: str = "engram ◆ ") -> None:
+    """One line of the supervisor's own: `engram ◆ message` (a refusal: `engram: message`), or with
+    ENGRAM_LOG_FORMAT=json the JSON object a logger `engram.run` would write."""
     text = (
-        f"engram ◆ {message}"
+        mark + message
         if LOG["format"] == "text"
         else logs.line("json", message, logger="engram.run", level=level)
     )
@@ -247,12 +247,8 @@ def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
 
 
 def _refuse(message: str) -> None:
-    """Why the stack does not start (`engram: ...`, on stderr), in the format of `_say`."""
-    if LOG["format"] == "json":
-        message = logs.line(
-            "json", message.removeprefix("engram: "), logger="engram.run", level=logging.ERROR
-        )
-    print(message, file=sys.stderr, flush=True)
+    """Why the stack does not start (`engram: message`, on stderr)."""
+    _say(message, level=logging.ERROR, mark="engram: ")
 
 
 def _probe_url(host: str, port: int, path: str) -> str:
@@ -430,12 +426,12 @@ def _port_problem(listeners: list[tuple]) -> str | None:
     for name, _, port, hint in listeners:
         if port in seen or port > 65535:
             which = f"{seen[port]} and {name} are both {port}" if port in seen else f"{name} = {port} > 65535"
-            return f"engram: {which}; choose another{hint}"
+            return f"{which}; choose another{hint}"
         seen[port] = name
     for name, host, port, hint in listeners:
         busy = _taken_port(host, port)
         if busy:
-            return f"engram: {name}={port} on {host} is not free ({busy}); choose another{hint}"
+            return f"{name}={port} on {host} is not free ({busy}); choose another{hint}"
     return None
 
 
@@ -470,7 +466,7 @@ def _start_redis(
         server.start()
     except (EmbeddedRedisError, OSError) as exc:
         server.stop()  # one that did not answer in time is still running
-        _refuse(f"engram: cannot start {what}: {exc}")
+        _refuse(f"cannot start {what}: {exc}")
         return None
     env["REDIS_URL"] = server.url
     if isinstance(server, EmbeddedCluster):
@@ -490,25 +486,20 @@ def _services(
 ) -> list[Service]:
     """The consolidators, then the query service, each with its crash budget and `popen` (Service)."""
     base = env.get("ENGRAM_CONSUMER_NAME") or socket.gethostname()
-    plan = []
+
+    def service(name: str, module: str, service_env: dict[str, str]) -> Service:
+        argv = [sys.executable, "-m", module]
+        return Service(name, argv, service_env, CrashBudget(restart_limit, restart_window), popen)
+
+    services = []
     for i in range(workers):
         # worker i: ENGRAM_METRICS_PORT + i, and a consumer name kept across restarts, so a restarted
         # worker reads its predecessor's unacked entries at once instead of after the lease
         worker_env = {**env, "ENGRAM_CONSUMER_NAME": f"{base}-consolidator-{i}"}
         if metrics_port:
             worker_env["ENGRAM_METRICS_PORT"] = str(metrics_port + i)
-        plan.append((f"consolidator-{i}", "services.consolidator", worker_env))
-    plan.append(("query", "services.query", env))
-    return [
-        Service(
-            name,
-            [sys.executable, "-m", module],
-            service_env,
-            CrashBudget(restart_limit, restart_window),
-            popen,
-        )
-        for name, module, service_env in plan
-    ]
+        services.append(service(f"consolidator-{i}", "services.consolidator", worker_env))
+    return [*services, service("query", "services.query", env)]
 
 
 def _probes(settings: Settings, workers: int) -> dict[str, str]:
@@ -539,7 +530,7 @@ def main() -> int:
         cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
         check_bind(settings.host, settings.api_keys)  # ValueError
     except (ConfigError, ValueError) as exc:
-        _refuse(f"engram: {exc}")
+        _refuse(str(exc))
         return 2
     data_root = run_data_dir(env)
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
@@ -548,7 +539,7 @@ def main() -> int:
         _refuse(busy_message(data_root, str(exc)))
         return EXIT_LOCKED
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
-        _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
+        _refuse(f"cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
         return 1
     taken = _port_problem(_listeners(settings, env, redis_port, workers))
     if taken:
