@@ -56,13 +56,13 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
 def check_url(url: str) -> str:
-    """The scheme of `url`; ValueError unless it is redis://, rediss://, unix://, redis+cluster:// or
-    rediss+cluster://."""
+    """The scheme of `url`; ValueError naming REDIS_URL unless it is redis://, rediss://, unix://,
+    redis+cluster:// or rediss+cluster://."""
     scheme = urlsplit(url).scheme
     if scheme not in _CLASSES and scheme not in CLUSTER_SCHEMES:
         raise ValueError(
-            "REDIS_URL must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://, "
-            f"not {scheme!r}"
+            f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// or "
+            "rediss+cluster://"
         )
     return scheme
 
