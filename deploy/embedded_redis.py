@@ -411,26 +411,19 @@ def main(argv: list[str] | None = None) -> int:
         size = args.cluster * (1 + args.replicas)
         ports = list(range(args.port, args.port + size))
         server = EmbeddedCluster(args.dir, args.cluster, args.replicas, ports)
-        what, nodes = "embedded redis cluster", server.nodes
-        shape = f", {args.cluster} primaries, {args.replicas} replica(s) each"
+        what, shape = "embedded redis cluster", f", {args.cluster} primaries, {args.replicas} replica(s) each"
     else:
         server = EmbeddedRedis(port=args.port, data_dir=args.dir, appendfsync=args.appendfsync)
-        what, nodes, shape = "embedded redis", [server], ""
+        what, shape = "embedded redis", ""
     try:
         server.start()
     except EmbeddedRedisError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
         return 1
     print(f"{what} ready at {server.url} (data in {server.data_dir}{shape})", flush=True)
-    stop = {"now": False}
-
-    def _stop(*_):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    while not stop["now"] and all(n.process is not None and n.process.poll() is None for n in nodes):
-        time.sleep(0.2)
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}  # SIGCHLD: a server died, stop the others
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    signal.sigwait(stops)
     server.stop()
     print(f"{what} stopped", flush=True)
     return 0
