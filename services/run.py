@@ -113,12 +113,6 @@ class CrashBudget:
         return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, self.deaths - 1))
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class StderrRelay:
     """Copies a child's stderr to ours and keeps its last bytes, to repeat its last words when it
     exits. A thread always reads: a full pipe would freeze the child."""
@@ -136,7 +130,8 @@ class StderrRelay:
                 self._tail += chunk
                 del self._tail[:-TAIL_BYTES]
                 with contextlib.suppress(OSError):  # our stderr closed: keep draining the child's
-                    _write_all(2, chunk)
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
         except OSError:
             pass
         finally:
