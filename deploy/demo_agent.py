@@ -2,8 +2,8 @@
 
 An agent as production runs them: only the query service, through `engram_episodic.AsyncEngram` with
 an API key. It records five finished episodes (fixed ids `demo-1`..`demo-5`, so a rerun updates them;
-`metadata.demo_run` marks this run's write), waits until each is projected, then recalls and prints the
-experience worth replaying. Used by `docker compose --profile demo up demo-agent` and test_deploy.py.
+`metadata.demo_run` marks this run's write), waiting until they are projected, then recalls and prints
+the experience worth replaying. Used by `docker compose --profile demo up demo-agent` and test_deploy.py.
 
 Environment: `ENGRAM_QUERY_URL` (default `http://127.0.0.1:8080`), `ENGRAM_DEMO_API_KEY`,
 `ENGRAM_DEMO_TIMEOUT` (default `120s`), `ENGRAM_LOG_LEVEL`. Exit codes: 0 recalled; 1 timed out, failed
@@ -20,7 +20,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from engram_episodic import AsyncEngram, EngramError, ResourceNotFound
+from engram_episodic import AsyncEngram, EngramError, WaitTimeout
+from engram_episodic.calls import MAX_WAIT
 from engram_episodic.errors import ConfigError
 from shared.settings import parse_duration
 
@@ -98,16 +99,6 @@ def _config(env: Mapping[str, str]) -> tuple[str, str, float]:
     return url, key, timeout
 
 
-async def _consolidated(memory: AsyncEngram, episode_id: str, run: str) -> bool:
-    try:
-        stored = await memory.get_episode(episode_id)
-    except ResourceNotFound:
-        return False
-    if stored.episode is None:  # accepted, not projected yet (`status: pending`)
-        return False
-    return (stored.episode.metadata or {}).get("demo_run") == run
-
-
 async def main(env: Mapping[str, str]) -> int:
     try:
         url, key, timeout = _config(env)
@@ -124,27 +115,24 @@ async def main(env: Mapping[str, str]) -> int:
 
 
 async def _demo(memory: AsyncEngram, run: str, timeout: float) -> int:
-    ids = [
-        await memory.record(
-            {**episode, "episode_id": f"demo-{i}", "agent_id": "demo-agent", "metadata": {"demo_run": run}}
-        )
+    episodes = [
+        {**episode, "episode_id": f"demo-{i}", "agent_id": "demo-agent", "metadata": {"demo_run": run}}
         for i, episode in enumerate(EPISODES, start=1)
     ]
-    print(f"demo-agent ◆ recorded {len(ids)} episodes (run {run})", flush=True)
     deadline = time.monotonic() + timeout
-    waiting = list(ids)
-    while waiting:
-        waiting = [i for i in waiting if not await _consolidated(memory, i, run)]
-        if waiting and time.monotonic() > deadline:
-            print(
-                f"demo-agent: {len(waiting)} episode(s) not consolidated after {timeout:g}s: "
-                f"{', '.join(waiting)}",
-                file=sys.stderr,
-            )
-            return 1
-        if waiting:
-            await asyncio.sleep(0.25)
-    print(f"demo-agent ◆ all {len(ids)} episodes consolidated", flush=True)
+    # answered once projected (read-your-writes, at most MAX_WAIT a call): again until the deadline
+    while True:
+        try:
+            await memory.publish(episodes, wait=min(MAX_WAIT, max(1.0, deadline - time.monotonic())))
+            break
+        except WaitTimeout as exc:
+            if time.monotonic() >= deadline:
+                print(f"demo-agent: not consolidated after {timeout:g}s: {exc}", file=sys.stderr)
+                return 1
+    print(
+        f"demo-agent ◆ recorded {len(episodes)} episodes (run {run}); all {len(episodes)} episodes consolidated",
+        flush=True,
+    )
     found = await memory.recall(QUESTION, top_k=3)
     print(f"demo-agent ◆ recall {QUESTION!r} → {len(found)} experience(s)", flush=True)
     for hit in found:

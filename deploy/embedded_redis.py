@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -78,9 +78,8 @@ class EmbeddedRedis:
     appendfsync: str = "everysec"
     start_timeout: float = 20.0
     extra_args: list[str] = field(default_factory=list)
-    pass_fds: tuple[int, ...] = ()
-    """Descriptors the server inherits (`make run` passes its data-directory lock, so an orphaned server
-    keeps the directory locked)."""
+    popen: dict[str, Any] = field(default_factory=dict)
+    """More `subprocess.Popen` options (`make run`: its data-directory lock, death with it)."""
     process: subprocess.Popen | None = None
 
     @property
@@ -114,10 +113,10 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self.command(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # it logs to data_dir/redis.log
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
-            pass_fds=self.pass_fds,
+            **self.popen,
         )
         self.wait_ready()
         return self
@@ -178,22 +177,12 @@ class EmbeddedRedis:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
 
     def kill(self) -> None:
         """SIGKILL (fault injection); restart with `start()` to recover from the AOF."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        if self.process is not None and self.process.stderr:
-            self.process.stderr.close()
-
-    def __enter__(self) -> EmbeddedRedis:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 CLUSTER_SLOTS = 16384
@@ -245,8 +234,8 @@ class EmbeddedCluster:
     nodes: list[EmbeddedRedis] = field(default_factory=list)
     joined: list[EmbeddedRedis] = field(default_factory=list)
     """Primaries added by `add_primary` after the start (also in `nodes`, after the replicas)."""
-    pass_fds: tuple[int, ...] = ()
-    """Descriptors every node inherits (`EmbeddedRedis.pass_fds`)."""
+    popen: dict[str, Any] = field(default_factory=dict)
+    """`EmbeddedRedis.popen` of every node."""
 
     @property
     def url(self) -> str:
@@ -290,7 +279,7 @@ class EmbeddedCluster:
             data_dir=self.data_dir / str(port),
             start_timeout=self.start_timeout,
             extra_args=[*options, "--cluster-node-timeout", str(self.node_timeout_ms)],
-            pass_fds=self.pass_fds,
+            popen=self.popen,
         )
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
@@ -402,12 +391,6 @@ class EmbeddedCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> EmbeddedCluster:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -428,26 +411,19 @@ def main(argv: list[str] | None = None) -> int:
         size = args.cluster * (1 + args.replicas)
         ports = list(range(args.port, args.port + size))
         server = EmbeddedCluster(args.dir, args.cluster, args.replicas, ports)
-        what, nodes = "embedded redis cluster", server.nodes
-        shape = f", {args.cluster} primaries, {args.replicas} replica(s) each"
+        what, shape = "embedded redis cluster", f", {args.cluster} primaries, {args.replicas} replica(s) each"
     else:
         server = EmbeddedRedis(port=args.port, data_dir=args.dir, appendfsync=args.appendfsync)
-        what, nodes, shape = "embedded redis", [server], ""
+        what, shape = "embedded redis", ""
     try:
         server.start()
     except EmbeddedRedisError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
         return 1
     print(f"{what} ready at {server.url} (data in {server.data_dir}{shape})", flush=True)
-    stop = {"now": False}
-
-    def _stop(*_):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    while not stop["now"] and all(n.process is not None and n.process.poll() is None for n in nodes):
-        time.sleep(0.2)
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}  # SIGCHLD: a server died, stop the others
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    signal.sigwait(stops)
     server.stop()
     print(f"{what} stopped", flush=True)
     return 0

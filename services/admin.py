@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import redis.asyncio as aioredis
@@ -33,7 +33,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.timeutil import format_instant
-from services import refuse
 from services.consolidator.replay import Progress
 from services.run_lock import run_data_dir
 from shared.partitions import deployment_keys
@@ -62,6 +61,13 @@ CLUSTER_HINT = (
     "REDIS_URL={url} is a Redis Cluster ({error}): use REDIS_URL=redis+cluster://host:port "
     "(next to `ENGRAM_REDIS_CLUSTER=N make run`, set ENGRAM_REDIS_CLUSTER=N here too)"
 )
+
+
+def refuse(command: str, message: str) -> NoReturn:
+    """A configuration error, as `make run` reports one: one line on stderr, exit code 2 (a retry
+    cannot fix it; docs/reliability.md)."""
+    click.echo(f"engram-admin {command}: {message}", err=True)
+    sys.exit(2)
 
 
 def _settings(command: str, **overrides: Any) -> Settings:
@@ -194,12 +200,6 @@ def run(workers: int | None, port: int | None) -> None:
         os.environ["ENGRAM_WORKERS"] = str(workers)
     if port is not None:
         os.environ["ENGRAM_PORT"] = str(port)
-    for name, value in (
-        ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-    ):
-        os.environ.setdefault(name, value)  # as the Makefile exports them: models load from disk only
     sys.exit(stack.main())
 
 

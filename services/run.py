@@ -14,6 +14,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load ends quietly, 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import contextlib
+import ctypes
 import logging
 import os
 import re
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
 from engram_episodic.errors import ConfigError
@@ -32,7 +34,6 @@ from services.run_lock import DataDirBusy, busy_message, lock_data_dir, run_data
 from shared import logs
 from shared.embedding import first_start_work
 from shared.settings import Settings, env_int, parse_duration
-from shared.supervised import SUPERVISOR_PID
 
 GRACE_SECONDS = 15.0
 RESTART_LIMIT = 5
@@ -45,6 +46,25 @@ BACKOFF_MAX = 10.0
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 TAIL_BYTES = 8192
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_us() -> Callable[[], None]:
+    """A `subprocess.Popen` `preexec_fn`: the child gets SIGTERM when this process dies, SIGKILL included
+    (Linux `prctl(PR_SET_PDEATHSIG)`; elsewhere nothing), so a `make run` killed with `kill -9` takes its
+    stack with it: Redis flushes its AOF and lets go of the lock, no worker consumes a next Redis's stream."""
+    parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+    except (OSError, AttributeError):  # not Linux: the orphans stay
+        return lambda: None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # we died between the fork and the prctl: no signal will come
+            os._exit(1)
+
+    return preexec
 
 
 def _taken_port(host: str, port: int) -> str | None:
@@ -93,12 +113,6 @@ class CrashBudget:
         return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, self.deaths - 1))
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class StderrRelay:
     """Copies a child's stderr to ours and keeps its last bytes, to repeat its last words when it
     exits. A thread always reads: a full pipe would freeze the child."""
@@ -116,7 +130,8 @@ class StderrRelay:
                 self._tail += chunk
                 del self._tail[:-TAIL_BYTES]
                 with contextlib.suppress(OSError):  # our stderr closed: keep draining the child's
-                    _write_all(2, chunk)
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
         except OSError:
             pass
         finally:
@@ -160,10 +175,10 @@ class Service:
         argv: list[str],
         env: dict[str, str],
         budget: CrashBudget,
-        pass_fds: tuple[int, ...] = (),
+        popen: dict[str, Any],
     ):
         self.name, self.argv, self.env, self.budget = name, argv, env, budget
-        self.pass_fds = pass_fds  # the data dir's lock: held until the stack's last process is gone
+        self.popen = popen  # the data dir's lock (held until the stack's last process is gone), die_with_us
         self.proc: subprocess.Popen | None = None
         self.relay: StderrRelay | None = None
         self.restarts = 0
@@ -171,29 +186,55 @@ class Service:
         self.started = 0.0  # time.monotonic() of the last start: a short run's death counts (CrashBudget)
 
     def start(self) -> subprocess.Popen:
+        """Start (again); EmbeddedRedisError when a Redis does not come up."""
         # a session of its own: the terminal's Ctrl-C reaches the supervisor alone, which sends SIGTERM
         self.proc = proc = subprocess.Popen(
-            self.argv, env=self.env, stderr=subprocess.PIPE, pass_fds=self.pass_fds, start_new_session=True
+            self.argv, env=self.env, stderr=subprocess.PIPE, start_new_session=True, **self.popen
         )
         self.relay = StderrRelay(proc.stderr)
         self.restart_at = None
         self.started = time.monotonic()
         return proc
 
+    def last_words(self) -> str:
+        """Its last stderr line (after it exited by itself: one killed by a signal said nothing)."""
+        return self.relay.last_line() if self.relay else ""
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.restart_at is None and self.proc.poll() is None
+
+
+class RedisNode(Service):
+    """The embedded Redis, or one node of the embedded cluster, supervised as a service is; restarted
+    from its append-only file (and `nodes.conf`). Already started: it starts before the services."""
+
+    def __init__(self, name: str, server: EmbeddedRedis, budget: CrashBudget):
+        super().__init__(name, [], {}, budget, {})
+        self.server, self.proc, self.started = server, server.process, time.monotonic()
+
+    def start(self) -> subprocess.Popen:
+        self.restart_at, self.started = None, time.monotonic()
+        try:
+            self.server.start()
+        finally:  # also one that died while starting: its death is counted at the next check
+            self.proc = self.server.process
+        assert self.proc is not None
+        return self.proc
+
+    def last_words(self) -> str:
+        return last_words(self.server.log_tail(5))
 
 
 LOG = {"format": "text"}
 """`ENGRAM_LOG_FORMAT` of this process, set once by `main()`."""
 
 
-def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
-    """One line of the supervisor's own: `engram ◆ message`, or with ENGRAM_LOG_FORMAT=json the JSON
-    object a logger `engram.run` would write."""
+def _say(message: str, *, err: bool = True, level: int = logging.INFO, mark: str = "engram ◆ ") -> None:
+    """One line of the supervisor's own: `engram ◆ message` (a refusal: `engram: message`), or with
+    ENGRAM_LOG_FORMAT=json the JSON object a logger `engram.run` would write."""
     text = (
-        f"engram ◆ {message}"
+        mark + message
         if LOG["format"] == "text"
         else logs.line("json", message, logger="engram.run", level=level)
     )
@@ -201,12 +242,8 @@ def _say(message: str, *, err: bool = True, level: int = logging.INFO) -> None:
 
 
 def _refuse(message: str) -> None:
-    """Why the stack does not start (`engram: ...`, on stderr), in the format of `_say`."""
-    if LOG["format"] == "json":
-        message = logs.line(
-            "json", message.removeprefix("engram: "), logger="engram.run", level=logging.ERROR
-        )
-    print(message, file=sys.stderr, flush=True)
+    """Why the stack does not start (`engram: message`, on stderr)."""
+    _say(message, level=logging.ERROR, mark="engram: ")
 
 
 def _probe_url(host: str, port: int, path: str) -> str:
@@ -276,20 +313,11 @@ class Progress(threading.Thread):
             )
 
 
-class RedisProcess:
-    """One embedded redis-server the supervisor watches: its crash budget, restarts and last start."""
-
-    def __init__(self, server: EmbeddedRedis, budget: CrashBudget, name: str = "redis"):
-        self.server, self.budget, self.name = server, budget, name
-        self.restarts = 0
-        self.started = time.monotonic()  # started just before the supervisor (CrashBudget)
-
-
 class Supervisor:
     """Watches the embedded Redis (or every cluster node) and the services until `stop()`; returns
-    the stack's exit code. A dead service is restarted after `CrashBudget.backoff()`, a Redis at once."""
+    the stack's exit code. A dead process is restarted after `CrashBudget.backoff()`."""
 
-    def __init__(self, services: list[Service], redis: list[RedisProcess]):
+    def __init__(self, services: list[Service], redis: list[RedisNode]):
         self.services, self.redis = services, redis
         self.stopping = False
 
@@ -298,86 +326,59 @@ class Supervisor:
 
     def run(self) -> int:
         while not self.stopping:
-            code = None
-            for node in self.redis:
-                code = code if code is not None else self._check_redis(node)
-            for service in self.services:
-                if code is None and not self.stopping:
-                    code = self._check(service)
-            if code is not None:
-                return code
+            for child in [*self.redis, *self.services]:
+                code = None if self.stopping else self._check(child)
+                if code is not None:
+                    return code
             time.sleep(0.2)
         return 0
 
-    def _check_redis(self, node: RedisProcess) -> int | None:
-        server, name = node.server, node.name
-        if server.process is None or server.process.poll() is None:
-            return None
-        # the services reconnect on their own; the AOF (and a cluster node's nodes.conf) brings the data back
-        _say(f"{name} {describe_exit(server.process.returncode)}:\n{server.log_tail(5)}")
-        deaths = node.budget.record(time.monotonic(), node.started)
-        if node.budget.exhausted:
-            _say(
-                f"{name} died {deaths} times in a row, each within {node.budget.window:g}s of its "
-                f"start; stopping the stack"
-            )
-            return 1
-        if server.process.stderr:
-            server.process.stderr.close()
-        node.restarts += 1
-        try:
-            server.start()
-        except EmbeddedRedisError as exc:
-            if server.process is None or server.process.poll() is None:  # alive yet not ours to use
-                _say(f"cannot restart {name}: {exc}; stopping the stack")
-                return 1
-            # died again while starting: a death like the others, counted by the next check
-            node.started = time.monotonic()
-            _say(f"{name} died while restarting (restart {node.restarts}); trying again")
-            return None
-        node.started = time.monotonic()
-        _say(f"{name} restarted on {server.url} (restart {node.restarts}; {_in_a_row(node.budget)})")
-        return None
-
-    def _check(self, service: Service) -> int | None:
+    def _check(self, child: Service) -> int | None:
         now = time.monotonic()
-        if service.restart_at is not None:
-            if now >= service.restart_at:
-                restarted = service.start()
-                service.restarts += 1
-                _say(f"{service.name} restarted (pid {restarted.pid}, restart {service.restarts})")
-            return None
-        proc = service.proc
-        if proc is None:  # never started (a stop came first): nothing to watch
-            return None
-        code = proc.poll()
-        if code is None:
+        if child.restart_at is not None:
+            return self._restart(child) if now >= child.restart_at else None
+        proc = child.proc
+        code = None if proc is None else proc.poll()  # None: running, or never started (a stop came first)
+        if proc is None or code is None:
             return None
         # a process that exited by itself usually said why last; one killed by a signal did not
-        last = service.relay.last_line() if service.relay and code > 0 else ""
+        last = child.last_words() if code > 0 else ""
         said = f": {last}" if last else ""
-        if code == EXIT_CONFIG:
+        if code == EXIT_CONFIG and child not in self.redis:
             _say(
-                f"{service.name} exited with code 2, a configuration error{said} — not restarting it; "
+                f"{child.name} exited with code 2, a configuration error{said} — not restarting it; "
                 f"stopping the stack"
             )
             return EXIT_CONFIG
-        if code == 0:
-            _say(f"{service.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
+        if code == 0 and child not in self.redis:
+            _say(f"{child.name} (pid {proc.pid}) exited with code 0 (stopped by hand?); stopping the stack")
             return 1
-        deaths = service.budget.record(now, service.started)
-        if service.budget.exhausted:
+        deaths = child.budget.record(now, child.started)
+        if child.budget.exhausted:
             _say(
-                f"{service.name} died {deaths} times in a row, each within {service.budget.window:g}s of "
+                f"{child.name} died {deaths} times in a row, each within {child.budget.window:g}s of "
                 f"its start (last: {describe_exit(code)}{said}); stopping the stack"
             )
             return 1
-        delay = service.budget.backoff()
-        service.restart_at = now + delay
+        delay = child.budget.backoff()
+        child.restart_at = now + delay
         _say(
-            f"{service.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {service.restarts + 1} "
-            f"in {delay:g}s ({_in_a_row(service.budget)})"
+            f"{child.name} (pid {proc.pid}) died, {describe_exit(code)}{said} — restart {child.restarts + 1} "
+            f"in {delay:g}s ({_in_a_row(child.budget)})"
         )
+        return None
+
+    def _restart(self, child: Service) -> int | None:
+        child.restarts += 1
+        try:
+            proc = child.start()
+        except EmbeddedRedisError as exc:
+            if child.proc is not None and child.proc.poll() is None:  # alive yet not ours to use
+                _say(f"cannot restart {child.name}: {exc}; stopping the stack")
+                return 1
+            _say(f"{child.name} died while restarting (restart {child.restarts}); trying again")
+            return None
+        _say(f"{child.name} restarted (pid {proc.pid}, restart {child.restarts})")
         return None
 
     def shutdown(self) -> None:
@@ -400,55 +401,32 @@ class Supervisor:
             node.server.stop()
 
 
-def _bind_problem(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
-    """Why the stack cannot listen where it is configured to (the message), or None."""
-    try:
-        check_bind(settings.host, settings.api_keys)
-    except ValueError as exc:
-        return f"engram: {exc}"
-    if not env.get("REDIS_URL") and settings.port == redis_port:
-        return f"engram: ENGRAM_PORT and ENGRAM_REDIS_PORT are both {redis_port}; choose two ports"
-    return _metrics_port_clash(settings, redis_port, workers)
-
-
-def _metrics_port_clash(settings: Settings, redis_port: int, workers: int) -> str | None:
-    """Why a worker cannot serve metrics on ENGRAM_METRICS_PORT + its index (the message), or None."""
-    metrics_port = settings.metrics_port
-    taken = {settings.port: "ENGRAM_PORT", redis_port: "ENGRAM_REDIS_PORT"}
-    for i in range(workers if metrics_port else 0):
-        # say it now, instead of a traceback from whichever process binds second
-        clash = taken.get(metrics_port + i) or ("beyond 65535" if metrics_port + i > 65535 else None)
-        if clash:
-            return (
-                f"engram: worker {i} would serve metrics on ENGRAM_METRICS_PORT + {i} = {metrics_port + i}, "
-                f"which is {'also ' + clash if clash in taken.values() else clash}; with ENGRAM_WORKERS={workers} "
-                f"choose ENGRAM_METRICS_PORT so that {metrics_port}..{metrics_port + workers - 1} is free"
-            )
-    return None
-
-
-def _taken_ports(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> str | None:
-    """Why a port the stack is about to listen on is not free (the message), or None: said up front
-    instead of a traceback after a model loaded."""
-    busy = _taken_port(settings.host, settings.port)
-    if busy:
-        return f"engram: ENGRAM_PORT={settings.port} on {settings.host} is not free ({busy}); choose another"
+def _listeners(settings: Settings, env: Mapping[str, str], redis_port: int, workers: int) -> list[tuple]:
+    """(variable, host, port, what else to do) of every port the stack is about to listen on."""
+    found = [("ENGRAM_PORT", settings.host, settings.port, "")]
     if not env.get("REDIS_URL"):
-        busy = _taken_port("127.0.0.1", redis_port)
-        if busy:
-            return (
-                f"engram: ENGRAM_REDIS_PORT={redis_port} on 127.0.0.1 is not free ({busy}); choose another, "
-                f"or set REDIS_URL to use a Redis that is already running"
-            )
+        redis_hint = ", or set REDIS_URL to use a Redis that is already running"
+        found.append(("ENGRAM_REDIS_PORT", "127.0.0.1", redis_port, redis_hint))
     for i in range(workers if settings.metrics_port else 0):
-        port = settings.metrics_port + i
-        busy = _taken_port(settings.host, port)
+        name = "ENGRAM_METRICS_PORT" + (f" + {i}" if i else "")
+        hint = f" (consolidator-{i}'s /healthz and /metrics), or 0 for none"
+        found.append((name, settings.host, settings.metrics_port + i, hint))
+    return found
+
+
+def _port_problem(listeners: list[tuple]) -> str | None:
+    """Why the stack cannot listen on `listeners` (the message), or None: said up front instead of a
+    traceback after a model loaded."""
+    seen: dict[int, str] = {}
+    for name, _, port, hint in listeners:
+        if port in seen or port > 65535:
+            which = f"{seen[port]} and {name} are both {port}" if port in seen else f"{name} = {port} > 65535"
+            return f"{which}; choose another{hint}"
+        seen[port] = name
+    for name, host, port, hint in listeners:
+        busy = _taken_port(host, port)
         if busy:
-            which = "ENGRAM_METRICS_PORT" + (f" + {i}" if i else "")
-            return (
-                f"engram: {which}={port} on {settings.host} is not free ({busy}); it is consolidator-{i}'s "
-                f"/healthz and /metrics: choose another, or 0 for none"
-            )
+            return f"{name}={port} on {host} is not free ({busy}); choose another{hint}"
     return None
 
 
@@ -462,7 +440,7 @@ def _ensure_master_key(env: dict[str, str], data_root: Path) -> None:
 
 
 def _start_redis(
-    env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, lock_fd: int
+    env: dict[str, str], data_root: Path, cluster_size: int, redis_port: int, popen: dict[str, Any]
 ) -> list[tuple[str, EmbeddedRedis]] | None:
     """Start the embedded Redis, or with `cluster_size` N (`ENGRAM_REDIS_CLUSTER`) a cluster of N
     primaries on ports `redis_port`... (data in `ENGRAM_DATA_DIR/cluster`), unless REDIS_URL is set, and
@@ -472,10 +450,10 @@ def _start_redis(
     server: EmbeddedRedis | EmbeddedCluster
     if cluster_size:
         ports = list(range(redis_port, redis_port + cluster_size))
-        server = EmbeddedCluster(data_root / "cluster", cluster_size, ports=ports, pass_fds=(lock_fd,))
+        server = EmbeddedCluster(data_root / "cluster", cluster_size, ports=ports, popen=popen)
         what = f"the embedded cluster (ENGRAM_REDIS_PORT={redis_port})"
     else:
-        server = EmbeddedRedis(port=redis_port, data_dir=data_root / "redis", pass_fds=(lock_fd,))
+        server = EmbeddedRedis(port=redis_port, data_dir=data_root / "redis", popen=popen)
         what = f"the embedded Redis (ENGRAM_DATA_DIR={data_root}, ENGRAM_REDIS_PORT={redis_port})"
         _say(f"starting redis on port {redis_port} (data in {server.data_dir})", err=False)
     started = time.monotonic()
@@ -483,7 +461,7 @@ def _start_redis(
         server.start()
     except (EmbeddedRedisError, OSError) as exc:
         server.stop()  # one that did not answer in time is still running
-        _refuse(f"engram: cannot start {what}: {exc}")
+        _refuse(f"cannot start {what}: {exc}")
         return None
     env["REDIS_URL"] = server.url
     if isinstance(server, EmbeddedCluster):
@@ -499,31 +477,24 @@ def _services(
     metrics_port: int,
     restart_limit: int,
     restart_window: float,
-    lock_fd: int,
+    popen: dict[str, Any],
 ) -> list[Service]:
-    """The consolidators, then the query service, each with its crash budget, the data dir's lock
-    (`lock_fd`) and this process as their supervisor."""
-    env = {**env, SUPERVISOR_PID: str(os.getpid())}
+    """The consolidators, then the query service, each with its crash budget and `popen` (Service)."""
     base = env.get("ENGRAM_CONSUMER_NAME") or socket.gethostname()
-    plan = []
+
+    def service(name: str, module: str, service_env: dict[str, str]) -> Service:
+        argv = [sys.executable, "-m", module]
+        return Service(name, argv, service_env, CrashBudget(restart_limit, restart_window), popen)
+
+    services = []
     for i in range(workers):
         # worker i: ENGRAM_METRICS_PORT + i, and a consumer name kept across restarts, so a restarted
         # worker reads its predecessor's unacked entries at once instead of after the lease
         worker_env = {**env, "ENGRAM_CONSUMER_NAME": f"{base}-consolidator-{i}"}
         if metrics_port:
             worker_env["ENGRAM_METRICS_PORT"] = str(metrics_port + i)
-        plan.append((f"consolidator-{i}", "services.consolidator", worker_env))
-    plan.append(("query", "services.query", env))
-    return [
-        Service(
-            name,
-            [sys.executable, "-m", module],
-            service_env,
-            CrashBudget(restart_limit, restart_window),
-            (lock_fd,),
-        )
-        for name, module, service_env in plan
-    ]
+        services.append(service(f"consolidator-{i}", "services.consolidator", worker_env))
+    return [*services, service("query", "services.query", env)]
 
 
 def _probes(settings: Settings, workers: int) -> dict[str, str]:
@@ -536,9 +507,13 @@ def _probes(settings: Settings, workers: int) -> dict[str, str]:
 
 def main() -> int:
     started = time.monotonic()
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # as the Makefile exports them: models load from disk only
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **os.environ,
+    }
     LOG["format"] = logs.log_format(env)
     try:  # every process would refuse a bad variable; say it once, before starting any
         settings = Settings.from_env(env)
@@ -548,14 +523,10 @@ def main() -> int:
         window = env.get("ENGRAM_RESTART_WINDOW")
         restart_window = parse_duration(window, name="ENGRAM_RESTART_WINDOW") if window else RESTART_WINDOW
         cluster_size = env_int(env, "ENGRAM_REDIS_CLUSTER", 0, 0, 16)
-    except ConfigError as exc:
-        _refuse(f"engram: {exc}")
+        check_bind(settings.host, settings.api_keys)  # ValueError
+    except (ConfigError, ValueError) as exc:
+        _refuse(str(exc))
         return 2
-    problem = _bind_problem(settings, env, redis_port, workers)
-    if problem:
-        _refuse(problem)
-        return 2
-    metrics_port = settings.metrics_port
     data_root = run_data_dir(env)
     try:  # before the port checks: a second `make run` of this checkout is told so, not "port not free"
         lock_fd = lock_data_dir(data_root)
@@ -563,35 +534,27 @@ def main() -> int:
         _refuse(busy_message(data_root, str(exc)))
         return EXIT_LOCKED
     except OSError as exc:  # e.g. ENGRAM_DATA_DIR under a file
-        _refuse(f"engram: cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
+        _refuse(f"cannot use ENGRAM_DATA_DIR={data_root}: {exc.strerror or exc}")
         return 1
-    taken = _taken_ports(settings, env, redis_port, workers)
+    taken = _port_problem(_listeners(settings, env, redis_port, workers))
     if taken:
         _refuse(taken)
         return 2
     _ensure_master_key(env, data_root)  # after the refusals: a refused start leaves no key behind
     # Ctrl-C from here on stops cleanly (raised during the embedded Redis's start, it left it running)
-    stop_requested = {"now": False}
-
-    def _early_stop(*_):
-        stop_requested["now"] = True
-
-    signal.signal(signal.SIGINT, _early_stop)
-    signal.signal(signal.SIGTERM, _early_stop)
-    servers = _start_redis(env, data_root, cluster_size, redis_port, lock_fd)
-    if servers is None:
-        return 1
-    services = _services(env, workers, metrics_port, restart_limit, restart_window, lock_fd)
-    redis = [RedisProcess(s, CrashBudget(restart_limit, restart_window), name) for name, s in servers]
-    supervisor = Supervisor(services, redis)
-    supervisor.stopping = stop_requested["now"]
+    supervisor = Supervisor([], [])
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
+    popen = {"pass_fds": (lock_fd,), "preexec_fn": die_with_us()}
+    servers = _start_redis(env, data_root, cluster_size, redis_port, popen)
+    if servers is None:
+        return 1
+    supervisor.services = _services(env, workers, settings.metrics_port, restart_limit, restart_window, popen)
+    supervisor.redis = [RedisNode(name, s, CrashBudget(restart_limit, restart_window)) for name, s in servers]
     progress = Progress(started, _probes(settings, workers))
     work = first_start_work(settings)  # before the services start filling the cache
-    code = 0
     try:
-        for service in services:
+        for service in supervisor.services:
             if not supervisor.stopping:
                 service.start()
         if not supervisor.stopping:

@@ -78,6 +78,6 @@ def busy_message(data_dir: Path, holder: str) -> str:
         left = ", ".join(f"pid {pid} {name}" for pid, name in holders(data_dir / LOCK_FILE)) or "?"
         who = f"a process left by a `make run` that is gone (pid {holder or '?'}): {left}"
     return (
-        f"engram: ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
+        f"ENGRAM_DATA_DIR={data_dir} is in use by {who}: two stacks must not share "
         f"{data_dir / 'redis'}. Stop it first, or give this one its own ENGRAM_DATA_DIR (and ports)"
     )

@@ -52,16 +52,17 @@ class HiredisUnixConnection(_HiredisPacking, UnixDomainSocketConnection):
 
 
 _CLASSES = {"redis": HiredisConnection, "rediss": HiredisSSLConnection, "unix": HiredisUnixConnection}
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
 def check_url(url: str) -> str:
-    """The scheme of `url`; ValueError unless it is redis://, rediss://, unix://, redis+cluster:// or
-    rediss+cluster://."""
+    """The scheme of `url`; ValueError naming REDIS_URL unless it is redis://, rediss://, unix://,
+    redis+cluster:// or rediss+cluster://."""
     scheme = urlsplit(url).scheme
     if scheme not in _CLASSES and scheme not in CLUSTER_SCHEMES:
         raise ValueError(
-            "REDIS_URL must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://, "
-            f"not {scheme!r}"
+            f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// or "
+            "rediss+cluster://"
         )
     return scheme
 
@@ -90,12 +91,14 @@ def connect(
     """An asyncio Redis client for `url` (bytes replies, RESP2, retried transport errors).
 
     `url`: redis://, rediss:// or unix:// (redis-py's URL syntax), or redis+cluster:// /
-    rediss+cluster:// for a Redis Cluster (`connect_cluster`; `prefix` and `cluster_search` are used
-    only there). Raises ValueError on another scheme.
+    rediss+cluster:// (any one node; the others are discovered) for redis-py's `RedisCluster` (slot
+    map, MOVED/ASK redirects) with the search routing of `shared.cluster.EngramCluster` by
+    `cluster_search`, its meta hash under `prefix`. Raises ValueError on another scheme.
     """
     scheme = check_url(url)
     if scheme in CLUSTER_SCHEMES:
-        cluster = connect_cluster(url, retries=retries, socket_timeout=socket_timeout)
+        plain = urlsplit(url)._replace(scheme=CLUSTER_SCHEMES[scheme]).geturl()
+        cluster = cast(EngramCluster, EngramCluster.from_url(plain, **_options(retries, socket_timeout)))
         cluster.search, cluster.meta = cluster_search, Keys(prefix).meta
         return cast(aioredis.Redis, cluster)  # the commands Engram uses exist on both
     # types-redis 4.6 (stale stubs, where installed) has neither protocol= nor connection_class=
@@ -130,22 +133,3 @@ async def connected(settings: Target) -> AsyncIterator[aioredis.Redis]:
         yield redis
     finally:
         await redis.aclose()
-
-
-CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-
-
-def connect_cluster(url: str, *, retries: int = 3, socket_timeout: float | None = 10.0) -> EngramCluster:
-    """An asyncio Redis Cluster client (redis-py's `RedisCluster`: slot map, MOVED/ASK redirects, with
-    the search routing of `shared.cluster.EngramCluster`) for `redis+cluster://host:port` (or
-    `rediss+cluster://`): any one node; the others are discovered. Bytes replies, RESP2, retried
-    transport errors, as `connect`. Raises ValueError on another scheme."""
-    parts = urlsplit(url)
-    base = CLUSTER_SCHEMES.get(parts.scheme)
-    if base is None:
-        raise ValueError(
-            f"a cluster URL starts with redis+cluster:// or rediss+cluster://, not {parts.scheme!r}://"
-        )
-    return EngramCluster.from_url(  # type: ignore[return-value]  # from_url is typed as the base class
-        parts._replace(scheme=base).geturl(), **_options(retries, socket_timeout)
-    )

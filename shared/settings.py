@@ -54,11 +54,8 @@ def _check_startup_values(env: Mapping[str, str]) -> None:
     if url:
         try:
             check_url(url)
-        except ValueError:
-            raise ConfigError(
-                f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// "
-                "or rediss+cluster://"
-            ) from None
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     value = env.get("ENGRAM_DEFAULT_NAMESPACE", "default")
     if not value or value != value.strip():
         raise ConfigError(

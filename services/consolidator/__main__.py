@@ -17,28 +17,14 @@ import os
 import signal
 import sys
 
-import click
 import uvloop
 
 from engram_episodic.errors import ConfigError, Conflict
-from services import refuse
 from shared import tracing
-from shared.logs import configure
+from shared.logs import configure, line
 from shared.settings import Settings
-from shared.supervised import follow_supervisor
 
-
-def _settings() -> Settings:
-    try:
-        settings = Settings.from_env(os.environ)
-    except ConfigError as exc:
-        refuse(click.get_current_context().info_name or "run", str(exc))
-    if settings.redis_url is None:
-        raise click.ClickException(
-            "REDIS_URL is not set: start the stack with `make run`, or point "
-            "REDIS_URL at a Redis 8 with the Query Engine"
-        )
-    return settings
+LOGGER = "engram.consolidator"
 
 
 async def _run(settings: Settings) -> int:
@@ -50,7 +36,7 @@ async def _run(settings: Settings) -> int:
     from shared.embedding import loaded_embedder
     from shared.redis_conn import connected
 
-    log = logging.getLogger("engram.consolidator")
+    log = logging.getLogger(LOGGER)
     # one exit stack owns every resource of the process, closed in reverse order however start-up ends
     async with contextlib.AsyncExitStack() as stack:
         metrics = WorkerMetrics()
@@ -104,31 +90,33 @@ async def _run(settings: Settings) -> int:
     return 0
 
 
-@click.group(invoke_without_command=True)
-@click.pass_context
-def cli(ctx: click.Context) -> None:
-    """Engram consolidator: projects the episode stream into RediSearch."""
-    configure(os.environ)
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(run)
-
-
-@cli.command()
-def run() -> None:
-    """Consume the stream until SIGTERM/SIGINT (scale out by running more copies)."""
-    # uvloop: the worker is Python-bound per event; libuv's loop trims the I/O share (bench/perf.py)
-    settings = _settings()
-    if not follow_supervisor(os.environ):  # started by a `make run` that is already gone
-        raise click.ClickException("its `make run` is gone; exiting")
+def main(argv: list[str]) -> int:
+    """Consume the stream until SIGTERM/SIGINT (scale out by running more copies); the exit code (2: a
+    configuration error, said on stderr)."""
+    fmt = configure(os.environ)
+    try:
+        if argv not in ([], ["run"]):
+            raise ConfigError(
+                f"unknown arguments {' '.join(argv)!r}: usage: python -m services.consolidator [run]"
+            )
+        settings = Settings.from_env(os.environ)
+        if settings.redis_url is None:
+            raise ConfigError(
+                "REDIS_URL is not set: start the stack with `make run`, or point "
+                "REDIS_URL at a Redis 8 with the Query Engine"
+            )
+    except ConfigError as exc:
+        print(line(fmt, f"engram consolidator: {exc}", logger=LOGGER, level=logging.ERROR), file=sys.stderr)
+        return 2
     tracing.configure(
         "engram-consolidator", os.environ
     )  # on with OTEL_EXPORTER_OTLP_ENDPOINT and the otel extra
     try:
-        code = uvloop.run(_run(settings))
+        # uvloop: the worker is Python-bound per event; libuv's loop trims the I/O share (bench/perf.py)
+        return uvloop.run(_run(settings))
     finally:
         tracing.shutdown()  # the spans still in the exporter's batch
-    sys.exit(code)
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(main(sys.argv[1:]))

@@ -16,16 +16,12 @@ from services.query.server import serve
 from shared import tracing
 from shared.logs import configure, line
 from shared.settings import Settings
-from shared.supervised import follow_supervisor
 
 log = logging.getLogger("engram.query")
 
 
 def main() -> int:
     fmt = configure(os.environ)
-    if not follow_supervisor(os.environ):  # started by a `make run` that is already gone
-        print(line(fmt, "engram query: its `make run` is gone; exiting", logger=log.name), file=sys.stderr)
-        return 1
     try:
         settings = Settings.from_env(os.environ)
         if not settings.redis_url:

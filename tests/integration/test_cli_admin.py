@@ -173,18 +173,18 @@ async def test_run_starts_the_stack_as_make_run_does(monkeypatch):
     seen: dict[str, str | None] = {}
 
     def fake_main() -> int:  # the supervisor itself is tested in test_run_stack.py
-        seen.update({k: os.environ.get(k) for k in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE")})
+        seen.update({k: os.environ.get(k) for k in ("ENGRAM_WORKERS", "ENGRAM_PORT")})
         return 3
 
     monkeypatch.setattr(services.run, "main", fake_main)
-    for name in ("ENGRAM_WORKERS", "ENGRAM_PORT", "HF_HUB_OFFLINE"):
+    for name in ("ENGRAM_WORKERS", "ENGRAM_PORT"):
         # set first, so that monkeypatch restores the variable's absence after the test: `run`
         # writes these into os.environ, and later tests' stacks would inherit ENGRAM_WORKERS=2
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     out = await invoke("run", "--workers", "2", "--port", "8099")
     assert out.exit_code == 3  # the stack's exit status is the command's
-    assert seen == {"ENGRAM_WORKERS": "2", "ENGRAM_PORT": "8099", "HF_HUB_OFFLINE": "1"}
+    assert seen == {"ENGRAM_WORKERS": "2", "ENGRAM_PORT": "8099"}  # the offline defaults are main()'s
 
 
 def test_no_test_reads_the_checkouts_run_directory(monkeypatch, tmp_path):

@@ -17,7 +17,7 @@ from deploy.embedded_redis import (
     free_cluster_ports,
     slot_ranges,
 )
-from shared.redis_conn import connect_cluster
+from shared.redis_conn import connect
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow  # spawns processes or servers: `make test-fast` skips it
@@ -84,7 +84,7 @@ async def test_the_cluster_client_spreads_keys_and_the_embedded_search_is_shard_
     its slot — and a node's index sees only that node's documents (no coordinator). So every primary
     gets its own index, named with a hash tag of a slot it owns, and a namespace's query goes to the
     primary owning its hash tag's slot."""
-    r = connect_cluster(cluster.url)
+    r = connect(cluster.url)
     prefix = f"t{uuid.uuid4().hex[:8]}:"
     try:
         keys = [f"{prefix}doc:{i}" for i in range(60)]

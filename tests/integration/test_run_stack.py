@@ -114,7 +114,7 @@ def test_run_refuses_a_metrics_port_that_collides_with_another_service(tmp_path)
         "ENGRAM_DATA_DIR": str(tmp_path),
     }
     proc = run_module("services.run", env=env, timeout=60)
-    assert proc.returncode == 2 and "18080, which is also ENGRAM_PORT" in proc.stderr
+    assert proc.returncode == 2 and "ENGRAM_PORT and ENGRAM_METRICS_PORT + 1 are both 18080" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -303,10 +303,13 @@ def _gone(pid: int) -> bool:
         return True
 
 
-async def test_a_killed_make_run_takes_its_services_with_it_and_its_redis_keeps_the_lock(tmp_path):
-    """A `make run` killed with -9 left its consolidator and query service alive; they did not hold the
-    data dir's lock (only Redis did, so the refusal of the next `make run` named Redis alone), and would
-    have consumed the stream of any Redis started next on the same port."""
+async def test_a_killed_make_run_takes_its_whole_stack_with_it_and_the_next_keeps_the_data(tmp_path):
+    """A `make run` killed with -9 left its embedded Redis running with the data dir's lock (the next
+    `make run` was refused until it was found and killed by hand), and before that its consolidator and
+    query service too (they would have consumed the stream of any Redis started next on the port). Each
+    now gets SIGTERM when the supervisor dies: Redis flushes its append-only file and exits."""
+    import redis as sync_redis
+
     from services.run_lock import LOCK_FILE, holders
 
     stack, orphans = Stack(tmp_path / "data").start(), []
@@ -314,29 +317,28 @@ async def test_a_killed_make_run_takes_its_services_with_it_and_its_redis_keeps_
         await wait_until(stack.ready, timeout=60, message="query service ready")
         [worker] = stack.children("services.consolidator")
         [query] = stack.children("services.query")
-        orphans += [worker, query]  # killed in `finally` should they outlive the supervisor
+        [server] = stack.children("redis-server")
+        orphans += [worker, query, server]  # killed in `finally` should they outlive the supervisor
         held = {pid for pid, _ in holders(tmp_path / "data" / LOCK_FILE)}
-        assert {worker, query, stack.proc.pid} <= held, held  # every process of the stack holds it
+        assert {worker, query, server, stack.proc.pid} <= held, held  # every process of the stack holds it
+        sync_redis.Redis(port=stack.redis_port, socket_timeout=2).set("kept", "yes")
 
         os.kill(stack.proc.pid, signal.SIGKILL)
         stack.proc.wait(timeout=30)
         await wait_until(
-            lambda: _gone(worker) and _gone(query),
+            lambda: _gone(worker) and _gone(query) and _gone(server),
             timeout=60,
-            message="the consolidator and the query service stopped with their supervisor",
+            message="Redis, the consolidator and the query service stopped with their supervisor",
         )
-        assert not await ready(stack.url)
-        second = Stack(tmp_path / "data")
-        refused = run_module("services.run", env=second.env, timeout=60)
-        assert refused.returncode == 3, refused.stderr
-        assert "a process left by a `make run` that is gone" in refused.stderr
-        assert "redis-server" in refused.stderr and f"pid {worker} " not in refused.stderr
+        second = Stack(tmp_path / "data", redis_port=stack.redis_port).start()
+        try:
+            await wait_until(second.ready, timeout=60, message="the next make run ready")
+            assert sync_redis.Redis(port=second.redis_port, socket_timeout=2).get("kept") == b"yes"
+            assert second.stop() == 0
+        finally:
+            second.kill()
     finally:
         stack.kill()
-        import redis as sync_redis
-
-        with contextlib.suppress(Exception):
-            sync_redis.Redis(port=stack.redis_port, socket_timeout=2).shutdown(nosave=True)
         for pid in orphans:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -622,8 +624,8 @@ async def test_a_killed_cluster_node_is_restarted_and_the_cluster_keeps_its_data
             )
             port, pid = _owner(base, 3, "default")
             os.kill(pid, signal.SIGKILL)
-            await first.said(f"redis node {port} killed by SIGKILL")
-            await first.said(f"redis node {port} restarted on redis://127.0.0.1:{port}/0 (restart 1;")
+            await first.said(f"redis node {port} (pid {pid}) died, killed by SIGKILL — restart 1 in 0.5s")
+            await first.said(f"redis node {port} restarted (pid ")
             await wait_until(first.ready, timeout=60, message="query service ready after the node's restart")
             await wait_until(recalled(first), timeout=30, message="the episode on the restarted node")
             assert first.stop(timeout=90) == 0, first.output()[-3000:]
