@@ -25,7 +25,7 @@ import contextvars
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, cast
 
 import msgpack
@@ -120,6 +120,17 @@ def base_name(name: str) -> str:
 def is_missing_index(exc: ResponseError) -> bool:
     """Whether RediSearch refused a command because the index does not exist (2.x and 8.x wordings)."""
     return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
+
+
+async def unless_missing(call: Awaitable[Any]) -> Any:
+    """The reply of `call`, a search command, or None when its index does not exist (other
+    ResponseErrors propagate)."""
+    try:
+        return await call
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return None
+        raise
 
 
 def _indexing(info: Any) -> bool:
@@ -428,11 +439,10 @@ class EngramCluster(RedisCluster):
             if not owned:
                 await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
             else:
-                try:
-                    await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
-                except ResponseError as exc:
-                    if not is_missing_index(exc):
-                        raise
+                await unless_missing(
+                    super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
+                )
+
             await super().execute_command("HDEL", self.meta, SHARD + name)
             self._forget(name)
         if not had:
