@@ -51,7 +51,7 @@ SHARD = "ftshard:"
 """Meta-hash field prefix: `ftshard:<namespace's index>` names the node (host:port) it was created on."""
 SETTLE_TIMEOUT = 10.0
 """Seconds a search waits for a namespace's index its node is still building after a slot move,
-before `IndexBuilding`: ~13,000 HNSW episodes at the ~1,300 documents/s measured on 2 cores."""
+before `IndexBuilding`."""
 
 log = logging.getLogger("engram.cluster")
 
@@ -110,11 +110,6 @@ def set_route(namespace: str) -> None:
 def shard_name(index: str, namespace: str) -> str:
     """The name of `index` for `namespace` on a shard-local cluster (a key of the namespace's slot)."""
     return f"{index}:{ns_tag(namespace)}"
-
-
-def base_name(name: str) -> str:
-    """The index a `shard_name` is of."""
-    return _SHARD.sub("", name)
 
 
 def is_missing_index(exc: ResponseError) -> bool:
@@ -186,9 +181,8 @@ class EngramCluster(RedisCluster):
 
     # --- health --------------------------------------------------------------------------------
     async def ping(self, **kwargs: Any) -> bool:
-        """Whether every primary says `cluster_state:ok` (a PING to one node said True while a
-        primary was down); raises ConnectionError or TimeoutError when one cannot be reached. With options
-        (`target_nodes`), redis-py's PING."""
+        """Whether every primary says `cluster_state:ok` (not one node's PING); raises ConnectionError or
+        TimeoutError when one cannot be reached. With options (`target_nodes`), redis-py's PING."""
         if kwargs:
             return await super().ping(**kwargs)
         await self.initialize()  # the slot map, on a client's first command
@@ -275,8 +269,7 @@ class EngramCluster(RedisCluster):
 
     async def _keyed(self, key: Any, args: tuple, kwargs: dict) -> Any:
         """`args` sent to the primary owning `key`'s slot, retried as redis-py retries a command it
-        routes (connection fault, timeout, CLUSTERDOWN, uncovered slot). For XREADGROUP redis-py otherwise asks
-        COMMAND GETKEYS before every call."""
+        routes (connection fault, timeout, CLUSTERDOWN, uncovered slot)."""
         backoff = Backoff(ExponentialBackoff(cap=2.0, base=0.05))  # shared.redis_conn's policy
         while True:
             await self.initialize()  # the refresh the last fault asked for, once due; else nothing
@@ -378,7 +371,7 @@ class EngramCluster(RedisCluster):
         found = []
         for node in self.get_primaries():
             for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
-                if name != index and base_name(name) == index:
+                if name != index and _SHARD.sub("", name) == index:  # a shard_name of `index`
                     found.append((name, node, self._owner(name).name == node.name))
         return found
 
@@ -462,8 +455,7 @@ class EngramClusterPipeline(ClusterPipeline):
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Queue an EVALSHA routed by its keys' slot (redis-py blocks it; Engram's scripts are
-        single-slot: tests/integration/test_key_slots.py). Returns a finished future of the pipeline, since
-        redis-py 8.2 calls this without awaiting; never the pipeline itself, whose await re-initialises it."""
+        single-slot). Returns a finished future of the pipeline (redis-py calls this without awaiting)."""
         self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
         queued: asyncio.Future[EngramClusterPipeline] = asyncio.get_running_loop().create_future()
         queued.set_result(self)
@@ -513,8 +505,7 @@ async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, di
 
 
 COORDINATOR_VERSION = 80000
-"""`MODULE LIST` `ver` (major*10000 + minor*100 + patch) from which search has a coordinator
-(Redis 8.0); the embedded RediSearch is 21005."""
+"""`MODULE LIST` `ver` (major*10000 + minor*100 + patch) from which search has a coordinator (8.0)."""
 
 
 async def check_search(redis: aioredis.Redis) -> None:

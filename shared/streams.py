@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -46,8 +46,7 @@ for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}'
 return ids
 """
 """XADD of every payload in one atomic call, refused before any XADD when KEYS[2] (if given) exists
-or Redis is out of memory (`#!lua`: no `allow-oom`). One script, not MULTI/EXEC: redis-py reads a
-transaction's reply command by command, ~60% of the publisher's CPU per event."""
+or Redis is out of memory (`#!lua`: no `allow-oom`). A script, as a MULTI's replies cost far more CPU."""
 
 
 async def publish(
@@ -173,6 +172,17 @@ async def length(r: aioredis.Redis, stream: str) -> int:
     return int(await r.xlen(stream))
 
 
+async def _in_order(r: aioredis.Redis, steps: Sequence[Callable[[Any], Any]]) -> list[Any]:
+    """The replies of `steps` (each called with the client or a pipeline) run in one MULTI; on a cluster
+    (several slots) one by one, in order, so that a failure leaves a copy too many, never a loss."""
+    if isinstance(r, RedisCluster):
+        return [await step(r) for step in steps]
+    async with r.pipeline(transaction=True) as pipe:
+        for step in steps:
+            step(pipe)
+        return await pipe.execute()
+
+
 async def requeue(
     r: aioredis.Redis,
     stream: str,
@@ -182,20 +192,12 @@ async def requeue(
     original_id: bytes | str | None = None,
 ) -> bytes:
     """Re-publish a dead letter's payload to `stream`, removing it from `dead_stream` and its original
-    entry from `stream`: in one MULTI; on a cluster in that order (a failure leaves a copy too many)."""
-    if isinstance(r, RedisCluster):
-        new_id = await r.xadd(stream, {FIELD: payload})
-        if original_id:
-            await r.xdel(stream, original_id)
-        await r.xdel(dead_stream, dead_id)
-        return new_id
-    async with r.pipeline(transaction=True) as pipe:
-        pipe.xadd(stream, {FIELD: payload})
-        pipe.xdel(dead_stream, dead_id)
-        if original_id:
-            pipe.xdel(stream, original_id)
-        res = await pipe.execute()
-    return res[0]
+    entry from `stream` (`_in_order`); the new id."""
+    steps = [lambda c: c.xadd(stream, {FIELD: payload})]
+    if original_id:
+        steps.append(lambda c: c.xdel(stream, original_id))
+    steps.append(lambda c: c.xdel(dead_stream, dead_id))
+    return (await _in_order(r, steps))[0]
 
 
 def id_tuple(value: bytes | str | None) -> tuple[int, int]:
@@ -316,8 +318,7 @@ class StreamGroup:
 
     async def dead_letter(self, dead_stream: str, entry: Entry, reason: str, consumer: str) -> bytes:
         """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch s),
-        delivery count and source partition (`src`), and XACK the original: in one MULTI; on a cluster
-        (two slots) copy then ack, so a failure between leaves a duplicate, never a loss. Its dead id."""
+        delivery count and source partition (`src`), then XACK the original (`_in_order`). Its dead id."""
         fields: dict[FieldT, EncodableT] = {
             b"e": entry.payload or b"",
             b"sid": entry.stream_id,
@@ -327,15 +328,11 @@ class StreamGroup:
             b"at": repr(time.time()).encode(),
             b"deliveries": str(entry.deliveries).encode(),
         }
-        if isinstance(self.redis, RedisCluster):
-            dead_id = await self.redis.xadd(dead_stream, fields)
-            await self.redis.xack(self.stream, self.group, entry.stream_id)
-            return dead_id
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(dead_stream, fields)
-            pipe.xack(self.stream, self.group, entry.stream_id)
-            res = await pipe.execute()
-        return res[0]
+        steps = [
+            lambda c: c.xadd(dead_stream, fields),
+            lambda c: c.xack(self.stream, self.group, entry.stream_id),
+        ]
+        return (await _in_order(self.redis, steps))[0]
 
     async def settled(self) -> str | None:
         """The stream's last entry id once this group was delivered and acked every entry (a version of
