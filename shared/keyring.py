@@ -33,7 +33,7 @@ from engram_episodic.events import (
     UserForgotten,
 )
 from shared import streams
-from shared.codec import encode, seal, sealable
+from shared.codec import SEALED_FIELDS, encode, seal
 from shared.crypto import DEPLOYMENT_SLOT, DataKey, Deployment, MasterKey, new_data_key, wrapped_master_id
 from shared.keys import Keys
 
@@ -144,7 +144,7 @@ class KeyRing:
             payloads: list[bytes] = []
             destroy: list[tuple[bytes, str]] = []
             for event, user in zip(events, users, strict=True):
-                if not sealable(event):
+                if event.TYPE not in SEALED_FIELDS:
                     payloads.append(encode(event))
                     continue
                 ref = deployment.ref(event.namespace, user)
