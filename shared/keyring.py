@@ -5,7 +5,7 @@ w: wrapped key, t: creation ms by Redis's clock}, and `Keys.deployment_key`) and
 key lookup. The master key never reaches Redis.
 
 - **Publishers** (`KeyRing.publish`) seal each event with the key of its (namespace, user) and check,
-  in the script that XADDs them (`streams.PUBLISH_SEALED_LUA`), that each stored key still has the id
+  in the script that XADDs them (`streams.PUBLISH_LUA`), that each stored key still has the id
   used, or store their fresh proposal (first publisher wins; a loser seals again with the winner's).
   So no event is written with a destroyed key; a `UserForgotten` deletes its user's key in that step.
 - **Consumers** (`prefetch` then `lookup`) fetch a batch's keys in one pipeline and cache them for
