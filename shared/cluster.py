@@ -1,20 +1,9 @@
-"""Search commands on a Redis Cluster: where each `FT.*` command goes (docs/scaling.md, A Redis Cluster).
-
-Keys are cluster-ready (`shared.keys`) and redis-py's `RedisCluster` routes key commands by slot; the
-search commands depend on `ENGRAM_CLUSTER_SEARCH`:
-
-- `shard` (a search module without a coordinator, as the embedded RediSearch 2.10): an index sees only
-  its node's documents and a search loads fields only of documents in the index name's slot, so each
-  namespace gets its own index on its primary (`shard_name`: `<index>:{<tag>}`). `FT.CREATE` records
-  its arguments in the meta hash (`ftcreate:<index>`); a namespace's index is made from them before
-  its first write (`ensure_shards`) and on a node that lacks it. Aliases live in meta (`ftalias:`).
-  After a slot move a search waits for the new owner's index to finish indexing (`settle`, up to
-  `SETTLE_TIMEOUT`, then `IndexBuilding`), and the copy left on the old owner is dropped
-  (`drop_stale`, recorded as `ftshard:<name>`).
-- `coordinator` (Redis 8's Query Engine): Redis distributes and fans out; commands pass unchanged.
-
-The namespace of a search is a context variable (`route`, `set_route`). Only redis-py's public API is
-used (tests/unit/test_cluster_routing.py scans this module).
+"""Search commands on a Redis Cluster: where each `FT.*` command goes (docs/scaling.md, Search: two
+paths). `coordinator` passes them unchanged; `shard` gives each namespace its own index on its primary
+(`shard_name`), made from the FT.CREATE recorded in meta (`ftcreate:`), aliases in meta (`ftalias:`),
+waiting after a slot move for the new owner's index (`settle`) and dropping the copy left behind
+(`drop_stale`). The namespace of a search is a context variable (`route`, `set_route`). Only redis-py's
+public API is used (tests/unit/test_cluster_routing.py scans this module).
 """
 
 from __future__ import annotations
