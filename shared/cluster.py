@@ -226,7 +226,8 @@ class EngramCluster(RedisCluster):
             return await self._resolved(how, command, fresh, args[2:], kwargs)
 
     async def _resolved(self, how: str, command: str, index: str, rest: tuple, kwargs: dict) -> Any:
-        """`command` on `index` (an alias resolved): EXISTS from the record, the rest routed."""
+        """`command` on `index` (an alias resolved): EXISTS from the record; else on the namespace's
+        index on the node owning its slot, once `settle`d, again (up to 3 times) if the slot moved."""
         namespace = _ROUTE.get()
         if how == EXISTS:  # "does the index exist?" (every namespace's is made from it)
             if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
@@ -236,11 +237,6 @@ class EngramCluster(RedisCluster):
             raise RuntimeError(
                 f"{command} on a shard-local cluster needs its namespace (shared.cluster.route)"
             )
-        return await self._routed(command, index, namespace, rest, kwargs)
-
-    async def _routed(self, command: str, index: str, namespace: str, rest: tuple, kwargs: dict) -> Any:
-        """`command` on `namespace`'s index on the node owning its slot, once `settle`d; again (up
-        to 3 times) when the slot moved while it ran."""
         shard = shard_name(index, namespace)
         for _ in range(3):
             node = await self.settle(index, namespace)
