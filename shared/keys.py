@@ -144,23 +144,15 @@ class Keys:
     episode_index_alias = _named("idx:episodes", "The alias queries use: at the live generation's index.")
     facts_index_alias = _named("idx:facts", "The alias fact queries use.")
 
-    def tombstone(self, namespace: str, episode_id: str) -> str:
-        """Marks a forgotten episode so late or replayed events never resurrect it."""
-        return self.tombstone_of(namespace, digest(namespace, episode_id))
+    tombstone = _of_id("tomb", "Marks a forgotten episode so late or replayed events never resurrect it.")
 
     def tombstone_of(self, namespace: str, episode_digest: str) -> str:
         """`tombstone` of an episode known by its `digest(namespace, episode_id)` only (a bulk forget's
         job record keeps digests, not ids)."""
         return f"{self.prefix}tomb:{ns_tag(namespace)}:{episode_digest}"
 
-    dead_letter_refs = _of_id(
-        "deadref",
-        "Hash {stream id: dead-letter id} of an episode's dead-lettered events (a forget deletes both).",
-    )
-    user_dead_letters = _of_id(
-        "deaduser",
-        "Set of a user's episode ids with dead-lettered events (a forget of the user deletes them).",
-    )
+    dead_letter_refs = _of_id("deadref", "Hash {stream id: dead-letter id} of an episode's dead letters.")
+    user_dead_letters = _of_id("deaduser", "Set of a user's episode ids with dead-lettered events.")
     user_tombstone = _of_id("utomb", "Epoch seconds at which a user was forgotten; older events are ignored.")
     agent_tombstone = _of_id(
         "atomb", "Epoch seconds at which an agent was forgotten: no episode of it begun before is written."
