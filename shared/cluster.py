@@ -360,13 +360,6 @@ class EngramCluster(RedisCluster):
                     found.append((name, node, self._owner(name).name == node.name))
         return found
 
-    async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
-        """Every namespace's index of every index in `indexes` exists on its owner (created where
-        missing), without waiting for it to finish indexing."""
-        for index in indexes:
-            for namespace in namespaces:
-                await self.settle(index, namespace, complete=False)
-
     async def drop_stale(self, node: Any, name: str) -> bool:
         """Drop the index `name` left on `node`, a primary no longer owning its slot, as
         `redis-cli --cluster fix` does: `SETSLOT <slot> IMPORTING`, `ASKING` + `FT.DROPINDEX` on one
@@ -475,9 +468,12 @@ class EngramClusterPipeline(ClusterPipeline):
 
 
 async def ensure_shards(redis: aioredis.Redis, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
-    """`EngramCluster.ensure_shards` on a shard-local cluster client; nothing on any other client."""
+    """On a shard-local cluster, every namespace's index of every index in `indexes` exists on its owner
+    (created where missing), without waiting for it to finish indexing; nothing on any other client."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
-        await redis.ensure_shards(list(indexes), list(namespaces))
+        for index in indexes:
+            for namespace in namespaces:
+                await redis.settle(index, namespace, complete=False)
 
 
 async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, dict[str, Any]]]:
