@@ -346,11 +346,6 @@ class EngramCluster(RedisCluster):
                 await self.drop_stale(old, shard)
         return True
 
-    async def shards(self, name: str) -> list[tuple[str, Any]]:
-        """[(namespace's index, its primary), ...] of every namespace's index of `name` (index or
-        alias), from each primary's `FT._LIST`; copies left behind by a slot move are skipped."""
-        return [(shard, node) for shard, node, owned in await self._listed(await self.resolve(name)) if owned]
-
     async def _listed(self, index: str) -> list[tuple[str, Any, bool]]:
         """(namespace's index of `index`, the primary listing it, whether that primary owns its slot)."""
         found = []
@@ -477,11 +472,12 @@ async def ensure_shards(redis: aioredis.Redis, indexes: Iterable[str], namespace
 
 
 async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, dict[str, Any]]]:
-    """Where a search over every namespace of `name` goes: [(index, `execute_command` keyword
-    arguments)]; `name` itself except on a shard-local cluster, where each namespace's index with
-    `target_nodes` its primary."""
+    """Where a search over every namespace of `name` (an index or alias) goes: [(index, `execute_command`
+    keyword arguments)]; `name` itself except on a shard-local cluster, where each namespace's index with
+    `target_nodes` its primary (copies a slot move left behind are skipped)."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
-        return [(shard, {"target_nodes": node}) for shard, node in await redis.shards(name)]
+        listed = await redis._listed(await redis.resolve(name))
+        return [(shard, {"target_nodes": node}) for shard, node, owned in listed if owned]
     return [(name, {})]
 
 
