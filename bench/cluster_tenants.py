@@ -7,7 +7,7 @@ For each count N, a fresh one-primary embedded cluster (it owns every slot, so e
 index lands on it; the same module and code path as a bigger cluster's primary) gets the real
 episode and facts index templates (`Worker.setup`, HNSW, 384 dims), then:
 
-- `FT.CREATE` of every namespace's two indexes (`EngramCluster.ensure_shards`): seconds per create,
+- `FT.CREATE` of every namespace's two indexes (`shared.cluster.ensure_shards`): seconds per create,
   first and last tenth of the namespaces apart (does a create slow down as indexes accumulate?);
 - memory (INFO `used_memory`) per namespace with empty indexes, then with `--per-namespace`
   episodes each (SDK publish + one in-process worker, hashing embedder);
@@ -73,7 +73,7 @@ async def measure(n: int, args: argparse.Namespace, tmp: Path) -> dict:
         creates: list[float] = []
         for ns in namespaces:
             t = time.perf_counter()
-            await redis.ensure_shards(indexes, [ns])  # type: ignore[attr-defined]  # EngramCluster's
+            await search_routing.ensure_shards(redis, indexes, [ns])
             creates.append(time.perf_counter() - t)
         empty = raw.info("memory")["used_memory"]
         tenth = max(1, n // 10)

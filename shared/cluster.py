@@ -1,20 +1,9 @@
-"""Search commands on a Redis Cluster: where each `FT.*` command goes (docs/scaling.md, A Redis Cluster).
-
-Keys are cluster-ready (`shared.keys`) and redis-py's `RedisCluster` routes key commands by slot; the
-search commands depend on `ENGRAM_CLUSTER_SEARCH`:
-
-- `shard` (a search module without a coordinator, as the embedded RediSearch 2.10): an index sees only
-  its node's documents and a search loads fields only of documents in the index name's slot, so each
-  namespace gets its own index on its primary (`shard_name`: `<index>:{<tag>}`). `FT.CREATE` records
-  its arguments in the meta hash (`ftcreate:<index>`); a namespace's index is made from them before
-  its first write (`ensure_shards`) and on a node that lacks it. Aliases live in meta (`ftalias:`).
-  After a slot move a search waits for the new owner's index to finish indexing (`settle`, up to
-  `SETTLE_TIMEOUT`, then `IndexBuilding`), and the copy left on the old owner is dropped
-  (`drop_stale`, recorded as `ftshard:<name>`).
-- `coordinator` (Redis 8's Query Engine): Redis distributes and fans out; commands pass unchanged.
-
-The namespace of a search is a context variable (`route`, `set_route`). Only redis-py's public API is
-used (tests/unit/test_cluster_routing.py scans this module).
+"""Search commands on a Redis Cluster: where each `FT.*` command goes (docs/scaling.md, Search: two
+paths). `coordinator` passes them unchanged; `shard` gives each namespace its own index on its primary
+(`shard_name`), made from the FT.CREATE recorded in meta (`ftcreate:`), aliases in meta (`ftalias:`),
+waiting after a slot move for the new owner's index (`settle`) and dropping the copy left behind
+(`drop_stale`). The namespace of a search is a context variable (`route`, `set_route`). Only redis-py's
+public API is used (tests/unit/test_cluster_routing.py scans this module).
 """
 
 from __future__ import annotations
@@ -25,7 +14,7 @@ import contextvars
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, cast
 
 import msgpack
@@ -51,7 +40,7 @@ SHARD = "ftshard:"
 """Meta-hash field prefix: `ftshard:<namespace's index>` names the node (host:port) it was created on."""
 SETTLE_TIMEOUT = 10.0
 """Seconds a search waits for a namespace's index its node is still building after a slot move,
-before `IndexBuilding`: ~13,000 HNSW episodes at the ~1,300 documents/s measured on 2 cores."""
+before `IndexBuilding`."""
 
 log = logging.getLogger("engram.cluster")
 
@@ -112,14 +101,20 @@ def shard_name(index: str, namespace: str) -> str:
     return f"{index}:{ns_tag(namespace)}"
 
 
-def base_name(name: str) -> str:
-    """The index a `shard_name` is of."""
-    return _SHARD.sub("", name)
-
-
 def is_missing_index(exc: ResponseError) -> bool:
     """Whether RediSearch refused a command because the index does not exist (2.x and 8.x wordings)."""
     return any(phrase in str(exc).lower() for phrase in ("unknown index name", "no such index"))
+
+
+async def unless_missing(call: Awaitable[Any]) -> Any:
+    """The reply of `call`, a search command, or None when its index does not exist (other
+    ResponseErrors propagate)."""
+    try:
+        return await call
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return None
+        raise
 
 
 def _indexing(info: Any) -> bool:
@@ -175,9 +170,8 @@ class EngramCluster(RedisCluster):
 
     # --- health --------------------------------------------------------------------------------
     async def ping(self, **kwargs: Any) -> bool:
-        """Whether every primary says `cluster_state:ok` (a PING to one node said True while a
-        primary was down); raises ConnectionError or TimeoutError when one cannot be reached. With options
-        (`target_nodes`), redis-py's PING."""
+        """Whether every primary says `cluster_state:ok` (not one node's PING); raises ConnectionError or
+        TimeoutError when one cannot be reached. With options (`target_nodes`), redis-py's PING."""
         if kwargs:
             return await super().ping(**kwargs)
         await self.initialize()  # the slot map, on a client's first command
@@ -232,7 +226,8 @@ class EngramCluster(RedisCluster):
             return await self._resolved(how, command, fresh, args[2:], kwargs)
 
     async def _resolved(self, how: str, command: str, index: str, rest: tuple, kwargs: dict) -> Any:
-        """`command` on `index` (an alias resolved): EXISTS from the record, the rest routed."""
+        """`command` on `index` (an alias resolved): EXISTS from the record; else on the namespace's
+        index on the node owning its slot, once `settle`d, again (up to 3 times) if the slot moved."""
         namespace = _ROUTE.get()
         if how == EXISTS:  # "does the index exist?" (every namespace's is made from it)
             if await super().execute_command("HEXISTS", self.meta, TEMPLATE + index):
@@ -242,11 +237,6 @@ class EngramCluster(RedisCluster):
             raise RuntimeError(
                 f"{command} on a shard-local cluster needs its namespace (shared.cluster.route)"
             )
-        return await self._routed(command, index, namespace, rest, kwargs)
-
-    async def _routed(self, command: str, index: str, namespace: str, rest: tuple, kwargs: dict) -> Any:
-        """`command` on `namespace`'s index on the node owning its slot, once `settle`d; again (up
-        to 3 times) when the slot moved while it ran."""
         shard = shard_name(index, namespace)
         for _ in range(3):
             node = await self.settle(index, namespace)
@@ -264,8 +254,7 @@ class EngramCluster(RedisCluster):
 
     async def _keyed(self, key: Any, args: tuple, kwargs: dict) -> Any:
         """`args` sent to the primary owning `key`'s slot, retried as redis-py retries a command it
-        routes (connection fault, timeout, CLUSTERDOWN, uncovered slot). For XREADGROUP redis-py otherwise asks
-        COMMAND GETKEYS before every call."""
+        routes (connection fault, timeout, CLUSTERDOWN, uncovered slot)."""
         backoff = Backoff(ExponentialBackoff(cap=2.0, base=0.05))  # shared.redis_conn's policy
         while True:
             await self.initialize()  # the refresh the last fault asked for, once due; else nothing
@@ -357,26 +346,14 @@ class EngramCluster(RedisCluster):
                 await self.drop_stale(old, shard)
         return True
 
-    async def shards(self, name: str) -> list[tuple[str, Any]]:
-        """[(namespace's index, its primary), ...] of every namespace's index of `name` (index or
-        alias), from each primary's `FT._LIST`; copies left behind by a slot move are skipped."""
-        return [(shard, node) for shard, node, owned in await self._listed(await self.resolve(name)) if owned]
-
     async def _listed(self, index: str) -> list[tuple[str, Any, bool]]:
         """(namespace's index of `index`, the primary listing it, whether that primary owns its slot)."""
         found = []
         for node in self.get_primaries():
             for name in map(_text, await super().execute_command("FT._LIST", target_nodes=node)):
-                if name != index and base_name(name) == index:
+                if name != index and _SHARD.sub("", name) == index:  # a shard_name of `index`
                     found.append((name, node, self._owner(name).name == node.name))
         return found
-
-    async def ensure_shards(self, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
-        """Every namespace's index of every index in `indexes` exists on its owner (created where
-        missing), without waiting for it to finish indexing."""
-        for index in indexes:
-            for namespace in namespaces:
-                await self.settle(index, namespace, complete=False)
 
     async def drop_stale(self, node: Any, name: str) -> bool:
         """Drop the index `name` left on `node`, a primary no longer owning its slot, as
@@ -428,11 +405,10 @@ class EngramCluster(RedisCluster):
             if not owned:
                 await self.drop_stale(node, name)  # a copy its slot left behind (a DROPINDEX is MOVED)
             else:
-                try:
-                    await super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
-                except ResponseError as exc:
-                    if not is_missing_index(exc):
-                        raise
+                await unless_missing(
+                    super().execute_command("FT.DROPINDEX", name, *options, target_nodes=node)
+                )
+
             await super().execute_command("HDEL", self.meta, SHARD + name)
             self._forget(name)
         if not had:
@@ -452,8 +428,7 @@ class EngramClusterPipeline(ClusterPipeline):
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Queue an EVALSHA routed by its keys' slot (redis-py blocks it; Engram's scripts are
-        single-slot: tests/integration/test_key_slots.py). Returns a finished future of the pipeline, since
-        redis-py 8.2 calls this without awaiting; never the pipeline itself, whose await re-initialises it."""
+        single-slot). Returns a finished future of the pipeline (redis-py calls this without awaiting)."""
         self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
         queued: asyncio.Future[EngramClusterPipeline] = asyncio.get_running_loop().create_future()
         queued.set_result(self)
@@ -488,23 +463,26 @@ class EngramClusterPipeline(ClusterPipeline):
 
 
 async def ensure_shards(redis: aioredis.Redis, indexes: Iterable[str], namespaces: Iterable[str]) -> None:
-    """`EngramCluster.ensure_shards` on a shard-local cluster client; nothing on any other client."""
+    """On a shard-local cluster, every namespace's index of every index in `indexes` exists on its owner
+    (created where missing), without waiting for it to finish indexing; nothing on any other client."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
-        await redis.ensure_shards(list(indexes), list(namespaces))
+        for index in indexes:
+            for namespace in namespaces:
+                await redis.settle(index, namespace, complete=False)
 
 
 async def search_targets(redis: aioredis.Redis, name: str) -> list[tuple[str, dict[str, Any]]]:
-    """Where a search over every namespace of `name` goes: [(index, `execute_command` keyword
-    arguments)]; `name` itself except on a shard-local cluster, where each namespace's index with
-    `target_nodes` its primary."""
+    """Where a search over every namespace of `name` (an index or alias) goes: [(index, `execute_command`
+    keyword arguments)]; `name` itself except on a shard-local cluster, where each namespace's index with
+    `target_nodes` its primary (copies a slot move left behind are skipped)."""
     if isinstance(redis, EngramCluster) and redis.search == SEARCH_SHARD:
-        return [(shard, {"target_nodes": node}) for shard, node in await redis.shards(name)]
+        listed = await redis._listed(await redis.resolve(name))
+        return [(shard, {"target_nodes": node}) for shard, node, owned in listed if owned]
     return [(name, {})]
 
 
 COORDINATOR_VERSION = 80000
-"""`MODULE LIST` `ver` (major*10000 + minor*100 + patch) from which search has a coordinator
-(Redis 8.0); the embedded RediSearch is 21005."""
+"""`MODULE LIST` `ver` (major*10000 + minor*100 + patch) from which search has a coordinator (8.0)."""
 
 
 async def check_search(redis: aioredis.Redis) -> None:

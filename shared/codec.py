@@ -44,14 +44,9 @@ CURRENT_VERSION: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPE
 """Each event type's `VERSION` (its class owns it, with its `UPCASTERS`)."""
 
 
-def event_to_data(event: Event) -> dict[str, Any]:
-    """The event's payload as plain data (without type and version)."""
-    return to_plain(event)
-
-
 def encode(event: Event) -> bytes:
     """Serialise an event to its stored envelope (msgpack bytes)."""
-    return _pack(event, event_to_data(event))
+    return _pack(event, to_plain(event))
 
 
 def _pack(event: Event, data: dict[str, Any], **extra: Any) -> bytes:
@@ -64,12 +59,17 @@ def _pack(event: Event, data: dict[str, Any], **extra: Any) -> bytes:
     return msgpack.packb(envelope, use_bin_type=True)
 
 
+def _unpacked(payload: bytes | None) -> dict[str, Any]:
+    """`unpack`, or {} for no or undecodable bytes."""
+    try:
+        return unpack(payload) if payload else {}
+    except DecodeError:
+        return {}
+
+
 def trace_of(payload: bytes | None) -> str | None:
     """The `tp` (traceparent) a stored envelope carries, or None; never raises."""
-    try:
-        tp = unpack(payload).get("tp") if payload else None
-    except DecodeError:
-        return None
+    tp = _unpacked(payload).get("tp")
     return tp if isinstance(tp, str) else None
 
 
@@ -86,10 +86,6 @@ own (`shared.fact_seal`, `encode_sealed_facts`)."""
 KeyLookup = Callable[[bytes, bytes], DataKey | None]
 
 
-def sealable(event: Event) -> bool:
-    return event.TYPE in SEALED_FIELDS
-
-
 def _seal_ad(type_name: str, version: int, data: Mapping[str, Any], ref: bytes, kid: bytes) -> bytes:
     """The associated data of a sealed envelope: every clear field, so none can be altered or the
     ciphertext moved to another entry."""
@@ -99,7 +95,7 @@ def _seal_ad(type_name: str, version: int, data: Mapping[str, Any], ref: bytes, 
 
 def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
     """The sealed envelope of `event` (module docstring) under data key `key`, referenced by `ref`."""
-    data = event_to_data(event)
+    data = to_plain(event)
     secret = {name: data.pop(name) for name in SEALED_FIELDS[event.TYPE] if name in data}
     version = CURRENT_VERSION[event.TYPE]
     sealed = key.seal(
@@ -146,14 +142,6 @@ def _updated_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     }
 
 
-def _forgotten_episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    return {"episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True)}
-
-
-def _forgotten_user_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    return {"user_id": check_id(data.get("user_id"), "user_id", errs, required=True)}
-
-
 def _facts_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     scope, facts, removed = data.get("scope"), data.get("facts", []), data.get("removed", [])
     if (
@@ -175,8 +163,12 @@ _FIELDS: dict[type[Event], Callable[[Mapping[str, Any], Collector], dict[str, An
     EpisodeCompleted: _episode_fields,
     ActionRecorded: _action_fields,
     EpisodeUpdated: _updated_fields,
-    EpisodeForgotten: _forgotten_episode_fields,
-    UserForgotten: _forgotten_user_fields,
+    EpisodeForgotten: lambda data, errs: {
+        "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True)
+    },
+    UserForgotten: lambda data, errs: {
+        "user_id": check_id(data.get("user_id"), "user_id", errs, required=True)
+    },
     FactsConsolidated: _facts_fields,
 }
 """Per event class, the reader of its own fields from (untrusted, already upcast) plain data."""
@@ -249,7 +241,7 @@ def encode_sealed_facts(
 ) -> bytes:
     """The stored envelope of `event` with each fact sealed (`shared.fact_seal`) under the data keys
     `contributors(fact)` names (every user of the fact, or the namespace's key when it has none)."""
-    data = event_to_data(event)  # omits an empty `facts`: a snapshot whose last fact was removed
+    data = to_plain(event)  # omits an empty `facts`: a snapshot whose last fact was removed
     scope_id = str(event.scope.get("scope_id", ""))  # FactScope.to_data's, which open_facts reads back
     if data.get("facts"):
         data["facts"] = [
@@ -269,17 +261,14 @@ def encode_sealed_facts(
 def payload_ref(payload: bytes) -> tuple[bytes, bytes] | None:
     """`sealed_ref` of stored bytes; None for plaintext or undecodable bytes (never raises)."""
     try:
-        return sealed_ref(unpack(payload))
+        return sealed_ref(_unpacked(payload))
     except DecodeError:
         return None
 
 
 def occurred_at(payload: bytes) -> float | None:
     """The clear `occurred_at` of stored bytes, sealed or not (None if unreadable); never raises."""
-    try:
-        data = unpack(payload).get("data")
-    except DecodeError:
-        return None
+    data = _unpacked(payload).get("data")
     return _epoch(data.get("occurred_at")) if isinstance(data, dict) else None
 
 

@@ -1,9 +1,6 @@
-"""Request bodies are taken as sent: both HTTP servers (the query API, the consolidator's operations
-port) refuse a `Content-Encoding` other than `identity` with 415, before any handler reads the body.
-
-aiohttp decoding a body itself failed after the handler had answered, logging a 28-line traceback per
-request on every route (`/healthz` too: an unauthenticated log flood). So both servers run with
-`auto_decompress=False` and `identity_only`; no client of Engram compresses its requests.
+"""Request bodies are taken as sent: both HTTP servers refuse a `Content-Encoding` other than
+`identity` with 415 before any handler reads the body (aiohttp's own decoding, off with
+`auto_decompress=False`, failed after the answer, flooding the log); no Engram client compresses.
 """
 
 from __future__ import annotations

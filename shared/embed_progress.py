@@ -1,9 +1,6 @@
-"""Progress of `shared.embedding_base.Embedder.embed`, for whoever waits on a long call.
-
-A context variable, so it is per task: a consolidator lane (`services.consolidator.worker`) sets a
-callback around its turn, and every forward pass of the embeds that turn makes calls it, whatever
-embedder runs them. Its own module: `shared.embedding` stays within its line budget. Also `held`: a
-file lock that says so when another process holds it (a model unpacked or exported once for all).
+"""Progress of `shared.embedding_base.Embedder.embed`, for whoever waits on a long call: a per-task
+callback (a context variable) every forward pass calls, whatever embedder runs it. Also `held`: a file
+lock that says so when another process holds it (a model unpacked or exported once for all).
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ log = logging.getLogger("engram.embedding")
 def held(path: str, waiting: str, *, timeout: float = -1) -> Iterator[None]:
     """Hold the file lock at `path` (`filelock.FileLock`) within the block; when another process holds
     it, log `waiting` (INFO) first, then wait up to `timeout` seconds (-1: for ever; filelock.Timeout
-    past it). Why: a first `make run` unpacks and exports the model in one process for tens of seconds
-    while the others wait on this lock, and a wait that says nothing looks like a hang."""
+    past it), so that a long wait does not look like a hang."""
     from filelock import FileLock, Timeout
 
     lock = FileLock(path, timeout=timeout)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import reduce
 from typing import Any
 
 import msgpack
@@ -39,11 +40,7 @@ def _ad(namespace: str, event_id: str, scope_id: str, index: int, share: tuple[b
 
 
 def _xor(parts: Sequence[bytes]) -> bytes:
-    out = bytearray(KEY_BYTES)
-    for part in parts:
-        for i, b in enumerate(part):
-            out[i] ^= b
-    return bytes(out)
+    return reduce(lambda a, b: bytes(x ^ y for x, y in zip(a, b, strict=True)), parts, bytes(KEY_BYTES))
 
 
 def seal_fact(

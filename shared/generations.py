@@ -1,18 +1,11 @@
-"""Which projection generations may hold keys, and the one sweep that deletes the others.
+"""Which projection generations may hold keys, and the one sweep that deletes the others
+(docs/reliability.md, Generations).
 
 A generation's keys (`Keys.gen_prefix`) may exist only while it is *live* (`meta.generation`) or
 *building* (`meta.building`, kept alive by the replay's heartbeat `meta.building_beat`, Redis's clock
-in ms). Any other holds text no forget reaches (a forget erases in those two only).
-
-- **Writers check after writing** (`check_writable`): each path that writes into a generation re-reads
-  the meta record after its writes and, when its generation is neither live nor building, sweeps and
-  raises `StaleGeneration` (the caller redoes the work in the live one, or gives up). After, not
-  atomically (the meta record is in another cluster slot than the scripts' keys): a write read as live
-  came before the swap, so the sweep that follows the swap finds it.
-- **One sweep** (`sweep`): deletes every key, index and meta field of such a generation, first
-  declaring a building one abandoned when its heartbeat is older than `BUILD_LEASE_MS`. Run by
-  workers at start and when `due`, by a writer that found its generation stale, and by every replay
-  before it claims its number; a sweep that deleted anything asks for the erasure pass.
+in ms): a forget erases in those two only. Writers re-read the record after writing (`check_writable`,
+not atomic: the meta hash is in another cluster slot; a write read as live came before the swap, so
+the sweep after the swap finds it); `sweep` deletes every other generation.
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ BUILDING_BEAT = "building_beat"
 """Meta-hash field: Redis time (ms) of the building replay's last heartbeat."""
 BUILD_LEASE_MS = 60_000
 """A building generation whose heartbeat is older than this is abandoned (the replay beats every
-`BEAT_SECONDS`; a minute covers a replay stalled by a busy machine)."""
+`BEAT_SECONDS`)."""
 BEAT_SECONDS = 5.0
 ERASURE_PENDING = "erasure_pending"
 """Meta-hash field that asks for the erasure pass (`services.consolidator.erasure.PENDING_FIELD`): a
@@ -198,13 +191,12 @@ async def sweep(r: aioredis.Redis, keys: Keys) -> int:
 async def drop(r: aioredis.Redis, keys: Keys, gen: int, *, keys_too: bool = True) -> int:
     """Drop generation `gen`'s indexes, its keys (unless not `keys_too`) and its meta fields; returns
     the keys deleted. Whatever generation it is: callers decide that it is dead."""
-    from shared.index import drop_index
-
     for name in (keys.episode_index(gen), keys.facts_index(gen)):
-        try:
-            await drop_index(r, name)
+        try:  # FT.DROPINDEX keeps the documents: deleted below
+            await r.execute_command("FT.DROPINDEX", name)
         except ResponseError:  # a missing index is the normal case
             pass
+
     dropped = (
         await _unlink_all(r, r.scan_iter(match=f"{keys.gen_prefix(gen)}*", count=1000)) if keys_too else 0
     )

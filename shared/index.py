@@ -1,14 +1,10 @@
 """The episode index: its schema, its generations, and the queries over it (KNN, BM25, filters, counts).
 
-Besides `shared.facts`, `shared.index_pages` and `shared.cluster`, nothing in services/ or shared/ sends
-FT.*. Episode documents are HASHes under `Keys.episode_doc_prefix(gen)`; the live generation's index is
-reached through the alias `Keys.episode_index_alias`, so a replay swaps it (`FT.ALIASUPDATE`).
-
-Every user-supplied value in a query goes through `escape_tag` or `keyword_query`: TAG fields are
-CASESENSITIVE with the separator U+001F (which validation forbids in values), so `a,b` or `x|y` is one
-exact tag. Escaping backslashes every ASCII non-alphanumeric; non-ASCII needs none (escaping it breaks
-the match). The TAG fields `episode_id`, `user_id` and `session_id` hold keyed digests of the ids
-(`shared.tags`), so a forgotten user's ids do not linger in `FT.TAGVALS`.
+Episode documents are HASHes under `Keys.episode_doc_prefix(gen)`; queries go through the alias
+`Keys.episode_index_alias`, which a replay moves (`FT.ALIASUPDATE`). Every user-supplied value in a
+query goes through `escape_tag` or `keyword_query`; TAG fields are CASESENSITIVE with the separator
+U+001F (which validation forbids), so `a,b` or `x|y` is one exact tag. Ids of people are digested
+(`shared.tags`).
 """
 
 from __future__ import annotations
@@ -29,7 +25,8 @@ from redis.exceptions import ResponseError
 from engram_episodic.errors import Conflict
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict
-from shared.cluster import is_missing_index
+from shared.cluster import is_missing_index as is_missing_index  # re-exported for search callers
+from shared.cluster import unless_missing
 from shared.keys import Keys
 from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
 from shared.replies import as_text
@@ -87,8 +84,8 @@ _TAG_ESCAPES = {code: f"\\{chr(code)}" for code in range(128) if not chr(code).i
 
 
 def escape_tag(value: str) -> str:
-    """Escape a TAG value for use inside `@field:{...}` (DIALECT 2). See module docstring."""
-    return value.translate(_TAG_ESCAPES)  # one C pass: a generator per character was ~3% of query CPU
+    """Escape a TAG value for `@field:{...}` (DIALECT 2): every ASCII non-alphanumeric (non-ASCII needs none)."""
+    return value.translate(_TAG_ESCAPES)
 
 
 def tag_clause(field_name: str, values: str | Iterable[str]) -> str:
@@ -115,12 +112,8 @@ def numeric_clause(field_name: str, lo: float | None, hi: float | None) -> str:
 
 def keyword_query(text: str, scope_query: str | None = None) -> str | None:
     """A BM25 query matching any word of `text` in the text fields (STOPWORDS dropped), or None
-    if it has none.
-
-    With `scope_query`, the scope is repeated in each word's clause with weight 0:
-    `(@fields:w1 (scope)=>{$weight: 0.0;}) | ...`; the plain `scope @fields:(w1 | w2)` let the tag terms
-    dominate the score and scored the union by one matching word (RediSearch 2.10).
-    """
+    if it has none. With `scope_query`, the scope is in each word's clause with weight 0, so that only
+    the words score."""
     terms = [t for t in keyword_terms(text, limit=64 + len(STOPWORDS)) if t not in STOPWORDS][:64]
     if not terms:
         return None
@@ -133,12 +126,9 @@ def keyword_query(text: str, scope_query: str | None = None) -> str | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scope:
-    """Server-side filters of a recall; every result type honours every key.
-
-    `namespace` comes from the server (API key or SDK), never from a request body. Lists mean "any of";
-    ranges are inclusive; times are UTC epoch seconds on `completed_at`. `tags` digests user, session and
-    episode ids for the index queried (`shared.tags`); `episode_tags` are digests as the index holds them.
-    """
+    """Server-side filters of a recall. `namespace` comes from the server (API key or SDK), never a
+    request body. Lists mean "any of"; ranges are inclusive; times are UTC epoch seconds on `completed_at`.
+    `tags` digests ids for the index queried; `episode_tags` are digests as the index holds them."""
 
     namespace: str
     tags: TagCodec
@@ -159,12 +149,8 @@ class Scope:
     clause: str = ""  # a further filter expression ANDed: only Engram's own (`services.query.recall.lists`)
 
     def query(self, *, checked: bool = False) -> str:
-        """The RediSearch filter expression (DIALECT 2) for this scope; "*" when empty.
-
-        `checked` leaves out the namespace and status clauses, for a KNN restricted (`INKEYS`) to documents
-        already found in this scope (`services.query.recall.arms.knn_search`): each intersects a posting list as long as the
-        tenant.
-        """
+        """The RediSearch filter expression (DIALECT 2) for this scope; "*" when empty. `checked` leaves
+        out the namespace and status clauses, for a KNN restricted (`INKEYS`) to documents of this scope."""
         ns, tags = self.namespace, self.tags
         parts = [] if checked else [tag_clause("namespace", ns)]
         if self.status and not checked:
@@ -251,16 +237,9 @@ def episode_schema(params: VectorParams) -> list[Any]:
 
 
 async def index_exists(r: aioredis.Redis, name: str) -> bool:
-    """Whether the index (or alias) `name` exists, by `FT.EXPLAIN name *` (parsed, never run):
-    FT.INFO takes 18–19 ms at 100k documents against ~2 µs, and `/readyz` asks on every probe.
+    """Whether the index (or alias) `name` exists, by `FT.EXPLAIN name *` (far cheaper than FT.INFO).
     ResponseError other than a missing index propagates."""
-    try:
-        await r.execute_command("FT.EXPLAIN", name, "*", "DIALECT", 2)
-        return True
-    except ResponseError as exc:
-        if is_missing_index(exc):
-            return False
-        raise
+    return await unless_missing(r.execute_command("FT.EXPLAIN", name, "*", "DIALECT", 2)) is not None
 
 
 async def create_index(r: aioredis.Redis, name: str, doc_prefix: str, schema: Sequence[Any]) -> None:
@@ -288,11 +267,8 @@ def search_limit() -> tuple[Any, ...]:
 
 async def check_on_timeout(r: aioredis.Redis) -> str:
     """What RediSearch does with a query past its TIMEOUT on `r` (every primary of a cluster):
-    "fail" or "return" (also when the server will not say); read, never set (it is server-wide).
-
-    Under "return" a listing came back with part of its scope and no sign of it (499 of 6,198 episodes), so
-    every search of this process then carries `TIMEOUT 0` (`search_limit`).
-    """
+    "fail" or "return" (also when the server will not say); read, never set (it is server-wide). Under
+    "return" a search would silently answer part of its scope, so every search then carries `TIMEOUT 0`."""
     global _search_limit
     nodes = r.get_primaries() if isinstance(r, RedisCluster) else [None]
     policy = "fail"
@@ -422,7 +398,6 @@ class LiveTags:
     generation is re-read at most every `ttl` seconds, so a `replay` is followed within `ttl`."""
 
     def __init__(self, keys: Keys, tag_key: bytes | None, *, ttl: float = 1.0):
-        self._clock = time.monotonic
         self.keys, self.tag_key, self.ttl = keys, tag_key, ttl
         self._by_gen: dict[int, TagCodec] = {}
         self._live: tuple[float, TagCodec] | None = None
@@ -432,7 +407,7 @@ class LiveTags:
         self._mismatch: dict[int, EmbedderMismatch | None] = {}
 
     async def get(self, r: aioredis.Redis) -> TagCodec:
-        now = self._clock()
+        now = time.monotonic()
         if self._live is not None and now - self._live[0] < self.ttl:
             return self._live[1]
         gen = await current_generation(r, self.keys)
@@ -465,7 +440,6 @@ def episode_fields(
         "namespace": namespace,
         "episode_id": tags.episode(namespace, episode.episode_id),
         "status": status,
-        # orjson: UTF-8 bytes, ~5x faster than json.dumps on the consolidator's hot path
         DOC_FIELD: orjson.dumps(episode_to_dict(episode, include_vector=False)),
     }
     clear = {
@@ -555,8 +529,8 @@ def parse_search(reply: list[Any], *, with_scores: bool = False) -> tuple[int, l
 
 
 async def index_size(r: aioredis.Redis, index: str, **target: Any) -> int:
-    """Documents in `index` by a wildcard count: FT.INFO's num_docs for ~1/8 of Redis's time (2.1–2.8
-    against 18–19 ms at 100k documents). `target`: `execute_command` keyword arguments."""
+    """Documents in `index` by a wildcard count (cheaper than FT.INFO's num_docs). `target`:
+    `execute_command` keyword arguments."""
     reply = await r.execute_command(
         "FT.SEARCH", index, "*", *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2, **target
     )
@@ -604,11 +578,9 @@ async def count(r: aioredis.Redis, index: str, scope: Scope) -> int:
 
 
 async def category_stats(r: aioredis.Redis, index: str, scope: Scope) -> list[dict[str, Any]]:
-    """Per category of the scope: {category, episodes, successes, avg_reward, avg_iterations}.
+    """Per category of the scope: {category, episodes, successes, avg_reward, avg_iterations}; averages
+    are SUM / (documents with the field), None when none has it (AVG would count a missing one as 0)."""
 
-    RediSearch's AVG counts a missing field as 0, so averages are SUM / (documents with the field), None
-    when none has it.
-    """
     sums = {"successes": "@is_success", "sum_reward": "@reward", "n_reward": "@has_reward"}
     sums |= {"sum_iterations": "@iterations", "n_iterations": "@has_iterations"}
     args: list[Any] = ["FT.AGGREGATE", index, scope.query(), *search_limit()]
@@ -652,15 +624,3 @@ async def agent_category_counts(r: aioredis.Redis, index: str, scope: Scope) -> 
         if f.get("agent_id") and f.get("category"):
             out.append((f["agent_id"].decode(), f["category"].decode(), int(f.get("n") or 0)))
     return out
-
-
-async def drop_index(r: aioredis.Redis, name: str) -> bool:
-    """FT.DROPINDEX `name`, keeping its documents (replay deletes a generation's keys itself); False when
-    there was no such index."""
-    try:
-        await r.execute_command("FT.DROPINDEX", name)
-        return True
-    except ResponseError as exc:
-        if is_missing_index(exc):
-            return False
-        raise

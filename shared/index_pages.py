@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
-from shared.index import aggregate_rows, is_missing_index, numeric_clause, search_limit
+from shared.cluster import unless_missing
+from shared.index import aggregate_rows, numeric_clause, search_limit
 
 SUFFIX = re.compile(r"[0-9a-f]{32}")  # the digest every document key ends with (shared.keys)
 
@@ -105,12 +105,9 @@ async def page(
     args += ["SORTBY", 2 * len(keys), *(x for key in keys for x in (key, direction))]
     # one row more than asked: whether there is a next page, without an empty last page to fetch
     args += ["MAX", int(limit) + 1, "DIALECT", 2]
-    try:
-        reply = await r.execute_command(*args)
-    except ResponseError as exc:
-        if is_missing_index(exc):
-            return [], False
-        raise
+    reply = await unless_missing(r.execute_command(*args))
+    if reply is None:
+        return [], False
     rows = []
     for f in aggregate_rows(reply):
         key, value, suffix = f.get("__key"), f.get(sort_field), f.get("k")
@@ -139,14 +136,12 @@ async def every_key(
     holds none. `target` (`target_nodes=` on a cluster, `shared.cluster.search_targets`) goes with the
     aggregate and its cursor reads alike, since a cursor lives on the node that opened it."""
     aggregate = ("FT.AGGREGATE", index, query, *search_limit(), "LOAD", 1, "@__key")
-    try:
-        reply, cursor = await r.execute_command(
-            *aggregate, "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2, **target
-        )
-    except ResponseError as exc:
-        if is_missing_index(exc):
-            return []
-        raise
+    first = await unless_missing(
+        r.execute_command(*aggregate, "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2, **target)
+    )
+    if first is None:
+        return []
+    reply, cursor = first
     keys: list[bytes] = []
     while True:
         keys += [f["__key"] for f in aggregate_rows(reply) if f.get("__key") is not None]

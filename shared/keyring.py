@@ -1,16 +1,9 @@
-"""The data keys of one deployment in Redis: created race-free, cached, destroyed, re-wrapped.
-
-`shared.crypto` makes and wraps keys; this module stores them (`Keys.data_key(ref)` = {k: key id,
-w: wrapped key, t: creation ms by Redis's clock}, and `Keys.deployment_key`) and gives the codec its
-key lookup. The master key never reaches Redis.
-
-- **Publishers** (`KeyRing.publish`) seal each event with the key of its (namespace, user) and check,
-  in the script that XADDs them (`streams.PUBLISH_SEALED_LUA`), that each stored key still has the id
-  used, or store their fresh proposal (first publisher wins; a loser seals again with the winner's).
-  So no event is written with a destroyed key; a `UserForgotten` deletes its user's key in that step.
-- **Consumers** (`prefetch` then `lookup`) fetch a batch's keys in one pipeline and cache them for
-  `ttl` seconds; a key gone or replaced answers None (shredded). A key destroyed elsewhere may stay
-  cached up to `ttl`: the events it opens predate the forget, and tombstones drop them anyway.
+"""The data keys of one deployment in Redis: created race-free, cached, destroyed, re-wrapped
+(docs/reliability.md, Keys). `shared.crypto` makes and wraps keys; this module stores them
+(`Keys.data_key(ref)` = {k: key id, w: wrapped key, t: creation ms by Redis's clock}) and gives the
+codec its key lookup. Publishers check in their XADD script (`streams.PUBLISH_LUA`) that each key
+still has the id sealed with (first proposal wins); consumers cache keys `ttl` seconds (a key
+destroyed elsewhere opens only events that predate the forget, which tombstones drop anyway).
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from engram_episodic.events import (
     UserForgotten,
 )
 from shared import streams
-from shared.codec import encode, seal, sealable
+from shared.codec import SEALED_FIELDS, encode, seal
 from shared.crypto import DEPLOYMENT_SLOT, DataKey, Deployment, MasterKey, new_data_key, wrapped_master_id
 from shared.keys import Keys
 
@@ -103,14 +96,17 @@ class KeyRing:
                     for i in range(self.keys.partitions):
                         pipe.set(self.keys.encrypted_marker(i), "1")
                     await pipe.execute()
-            kid, secret = new_data_key()
-            proposal = self.master.wrap(DEPLOYMENT_SLOT, kid, secret)
-            stored = await redis.register_script(CREATE_LUA)(
-                keys=[self.keys.deployment_key], args=[kid, proposal]
-            )
-            _kid, key = self.master.unwrap(DEPLOYMENT_SLOT, stored)
-            self.deployment = Deployment(key)
+            _kid, secret = await self._create(redis, self.keys.deployment_key, DEPLOYMENT_SLOT)
+            self.deployment = Deployment(secret)
         return self.deployment
+
+    async def _create(self, redis: aioredis.Redis, name: str, slot: bytes) -> tuple[bytes, bytes]:
+        """(kid, key) of the wrapped key of `slot` stored at `name`, created (race-free) unless it exists."""
+        kid, key = new_data_key()
+        stored = await redis.register_script(CREATE_LUA)(
+            keys=[name], args=[kid, self.master.wrap(slot, kid, key)]
+        )
+        return self.master.unwrap(slot, stored)
 
     def ref(self, namespace: str, user_id: str | None) -> bytes:
         assert self.deployment is not None, "load() first"
@@ -144,7 +140,7 @@ class KeyRing:
             payloads: list[bytes] = []
             destroy: list[tuple[bytes, str]] = []
             for event, user in zip(events, users, strict=True):
-                if not sealable(event):
+                if event.TYPE not in SEALED_FIELDS:
                     payloads.append(encode(event))
                     continue
                 ref = deployment.ref(event.namespace, user)
@@ -195,11 +191,7 @@ class KeyRing:
         known = self._known.get(ref)
         if known is not None and time.monotonic() - known[1] <= self.ttl:
             return known[0]
-        kid, key = new_data_key()
-        stored = await redis.register_script(CREATE_LUA)(
-            keys=[self.keys.data_key(ref, namespace)], args=[kid, self.master.wrap(ref, kid, key)]
-        )
-        opened = self.master.open_key(ref, stored)
+        opened = DataKey.from_bytes(*await self._create(redis, self.keys.data_key(ref, namespace), ref))
         self._known[ref] = (opened, time.monotonic())
         return opened
 

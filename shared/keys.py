@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -67,6 +68,21 @@ def partition_of(namespace: str, partitions: int) -> int:
     if partitions == 1:
         return 0
     return int(digest("partition", namespace)[:16], 16) % partitions
+
+
+def _named(suffix: str, doc: str) -> Any:
+    """A key of the deployment's own (no namespace, no generation): the prefix, then `suffix`."""
+    return property(lambda self: self.prefix + suffix, doc=doc)
+
+
+def _of_id(kind: str, doc: str) -> Any:
+    """The key of one id (a user's, an agent's, an episode's...) of a namespace: `<prefix><kind>:<tag>:<digest>`."""
+
+    def key(self: Keys, namespace: str, ident: str) -> str:
+        return f"{self.prefix}{kind}:{ns_tag(namespace)}:{digest(namespace, ident)}"
+
+    key.__doc__ = doc
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,60 +139,25 @@ class Keys:
             return self.deployment_key
         return f"{self.prefix}keys:encrypted:{partition_tag(index, self.partitions)}"
 
-    @property
-    def dead_letters(self) -> str:
-        """Entries the consolidator could not process, with reason and original payload."""
-        return f"{self.prefix}stream:dead"
+    dead_letters = _named("stream:dead", "Entries the consolidator could not process, with their reason.")
+    meta = _named("meta", "Hash: `generation`, and per generation the embedder its index was built with.")
+    episode_index_alias = _named("idx:episodes", "The alias queries use: at the live generation's index.")
+    facts_index_alias = _named("idx:facts", "The alias fact queries use.")
 
-    @property
-    def meta(self) -> str:
-        """Hash: `generation`, and per generation the embedder name/dim the index was built with."""
-        return f"{self.prefix}meta"
-
-    @property
-    def episode_index_alias(self) -> str:
-        """The alias every query uses; FT.ALIASUPDATE points it at the live generation's index."""
-        return f"{self.prefix}idx:episodes"
-
-    @property
-    def facts_index_alias(self) -> str:
-        return f"{self.prefix}idx:facts"
-
-    @property
-    def consolidation_lock_prefix(self) -> str:
-        return f"{self.prefix}lock:consolidate:"
-
-    def tombstone(self, namespace: str, episode_id: str) -> str:
-        """Marks a forgotten episode so late or replayed events never resurrect it."""
-        return self.tombstone_of(namespace, digest(namespace, episode_id))
+    tombstone = _of_id("tomb", "Marks a forgotten episode so late or replayed events never resurrect it.")
 
     def tombstone_of(self, namespace: str, episode_digest: str) -> str:
         """`tombstone` of an episode known by its `digest(namespace, episode_id)` only (a bulk forget's
         job record keeps digests, not ids)."""
         return f"{self.prefix}tomb:{ns_tag(namespace)}:{episode_digest}"
 
-    def dead_letter_refs(self, namespace: str, episode_id: str) -> str:
-        """Hash {stream id: dead-letter id} of an episode's dead-lettered events: forgetting the episode
-        deletes both copies of their data."""
-        return f"{self.prefix}deadref:{ns_tag(namespace)}:{digest(namespace, episode_id)}"
-
-    def user_dead_letters(self, namespace: str, user_id: str) -> str:
-        """Set of a user's episode ids that have dead-lettered events (forgetting the user deletes them,
-        even for an episode that never had a document)."""
-        return f"{self.prefix}deaduser:{ns_tag(namespace)}:{digest(namespace, user_id)}"
-
-    def user_tombstone(self, namespace: str, user_id: str) -> str:
-        """Epoch seconds at which a user was forgotten; older events of theirs are ignored."""
-        return f"{self.prefix}utomb:{ns_tag(namespace)}:{digest(namespace, user_id)}"
-
-    def agent_tombstone(self, namespace: str, agent_id: str) -> str:
-        """Epoch seconds at which an agent's episodes were forgotten (`DELETE /v1/agents/{id}`): an episode
-        of the agent that began no later is never written, also one still in flight then."""
-        return f"{self.prefix}atomb:{ns_tag(namespace)}:{digest(namespace, agent_id)}"
-
-    def session_tombstone(self, namespace: str, session_id: str) -> str:
-        """`agent_tombstone` for a session (`DELETE /v1/sessions/{id}`)."""
-        return f"{self.prefix}stomb:{ns_tag(namespace)}:{digest(namespace, session_id)}"
+    dead_letter_refs = _of_id("deadref", "Hash {stream id: dead-letter id} of an episode's dead letters.")
+    user_dead_letters = _of_id("deaduser", "Set of a user's episode ids with dead-lettered events.")
+    user_tombstone = _of_id("utomb", "Epoch seconds at which a user was forgotten; older events are ignored.")
+    agent_tombstone = _of_id(
+        "atomb", "Epoch seconds at which an agent was forgotten: no episode of it begun before is written."
+    )
+    session_tombstone = _of_id("stomb", "`agent_tombstone` for a session (`DELETE /v1/sessions/{id}`).")
 
     def scope_tombstones(
         self, namespace: str, user_id: str | None, agent_id: str | None, session_id: str | None
@@ -190,38 +171,18 @@ class Keys:
             self.session_tombstone(namespace, session_id or none),
         ]
 
-    @property
-    def deployment_key(self) -> str:
-        """Hash {k, w, t}: the deployment secret wrapped by the master key (shared.crypto)."""
-        return f"{self.prefix}keys:deployment"
+    deployment_key = _named(
+        "keys:deployment", "Hash {k, w, t}: the deployment secret, wrapped (shared.crypto)."
+    )
+    cursor_secret = _named("keys:cursors", "String: the 32 random bytes that sign listing cursors.")
+    data_key_prefix = _named("dek:", "What every `data_key` starts with.")
+    expiry_lock = _named("lock:expiry", "Held (SET NX PX) by the worker sweeping expired episodes.")
+    sweep_lock = _named("lock:sweep", "Held (SET NX PX) by the worker sweeping dead generations.")
+    erasure_lock = _named("lock:erasure", "Held (SET NX PX) by the worker running the erasure pass.")
 
     def forget_job(self, job_id: str) -> str:
         """Hash (with a TTL): a bulk forget's status record (services.query.views.forgetting)."""
         return f"{self.prefix}forgetjob:{job_id}"
-
-    @property
-    def cursor_secret(self) -> str:
-        """String: the 32 random bytes that sign the listing routes' page cursors (services.query.cursors)."""
-        return f"{self.prefix}keys:cursors"
-
-    @property
-    def data_key_prefix(self) -> str:
-        return f"{self.prefix}dek:"
-
-    @property
-    def expiry_lock(self) -> str:
-        """Held (SET NX PX, one expiry interval) by the worker sweeping expired episodes."""
-        return f"{self.prefix}lock:expiry"
-
-    @property
-    def sweep_lock(self) -> str:
-        """Held (SET NX PX) by the worker sweeping dead projection generations (`shared.generations`)."""
-        return f"{self.prefix}lock:sweep"
-
-    @property
-    def erasure_lock(self) -> str:
-        """Held (SET NX PX) by the worker running the erasure housekeeping after forgets."""
-        return f"{self.prefix}lock:erasure"
 
     def data_key(self, ref: bytes, namespace: str | None = None) -> str:
         """Hash {k: key id, w: the wrapped data key, t: creation ms} of the key reference `ref` (an HMAC
@@ -249,7 +210,7 @@ class Keys:
         return f"{self.prefix}factsrecent:{ns_tag(namespace)}:{scope_id}"
 
     def consolidation_lock(self, namespace: str, scope_id: str) -> str:
-        return f"{self.consolidation_lock_prefix}{ns_tag(namespace)}:{scope_id}"
+        return f"{self.prefix}lock:consolidate:{ns_tag(namespace)}:{scope_id}"
 
     # --- per generation -----------------------------------------------------------------------
     def gen_prefix(self, gen: int) -> str:

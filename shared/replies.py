@@ -1,9 +1,6 @@
-"""Redis replies as the types our clients actually receive.
-
-Every connection Engram makes is opened with `decode_responses=False` (`shared.redis_conn`), so replies
-hold `bytes`; redis-py's annotations say `bytes | str` because they cover both settings. These helpers
-narrow a reply once, where it is read, instead of a cast at each use. They also accept `str`, so a
-caller handed a decoding client still gets the right value rather than an AttributeError.
+"""Redis replies as the types our clients receive: `bytes` (`decode_responses=False`,
+`shared.redis_conn`) where redis-py annotates `bytes | str`; narrowed once where read (`str` is
+accepted too, from a decoding client).
 """
 
 from __future__ import annotations

@@ -9,10 +9,8 @@ An exception inside the block completes the episode as a `failure` with the erro
 re-raises. A block left without `complete()` is recorded as `abandoned`. `await client.record({...})`
 publishes an already finished episode in one event.
 
-Publishing is XADD through `shared.streams`. Connection errors are retried with exponential backoff
-until `publish_timeout` seconds have passed; a retried event keeps its `event_id`, so a duplicate the
-retry might create is harmless downstream. When Redis did not accept the event, `PublishError` is
-raised: the SDK never reports success for an event Redis did not acknowledge.
+Connection errors are retried with backoff until `publish_timeout` seconds have passed (a retried event
+keeps its `event_id`); `PublishError` when Redis did not acknowledge the events.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from engram_episodic.drafts import EpisodeDraft, finished_episode
 from engram_episodic.errors import Backpressure, ConfigError, InvalidEpisode, PublishError
 from engram_episodic.events import (
     EVENT_TYPES,
-    Action,
     ActionRecorded,
     Episode,
     EpisodeCompleted,
@@ -250,10 +247,7 @@ class EngramClient:
                     _CHECKED.clear()
                 _CHECKED.add(mark)
         self._resolved = True
-        self._ensure_ring()
-
-    def _ensure_ring(self) -> None:
-        if self._master_key is not None and (self._ring is None or self._ring.keys != self.keys):
+        if self._master_key is not None:
             self._ring = shared_ring(self.keys, self._master_key)
 
     async def _store(self, events: list[Event], payloads: list[bytes]) -> list:
@@ -326,20 +320,8 @@ class EpisodeRecorder:
     def episode_id(self) -> str:
         return self.draft.episode_id
 
-    @property
-    def start(self) -> Episode:
-        return self.draft.start
-
-    @property
-    def actions(self) -> list[Action]:
-        return self.draft.actions
-
-    @property
-    def completed(self) -> Episode | None:
-        return self.draft.completed
-
     async def __aenter__(self) -> EpisodeRecorder:
-        await self._publish(EpisodeStarted, episode=self.start)
+        await self._publish(EpisodeStarted, episode=self.draft.start)
         return self
 
     async def _publish(self, cls: Callable[..., Event], **fields: Any) -> None:
@@ -384,7 +366,7 @@ class EpisodeRecorder:
         return self.draft.completed_with(snapshot)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        if self.completed is not None or self._sent:
+        if self.draft.completed is not None or self._sent:
             return
         outcome, fields = EpisodeDraft.exit_fields(exc_type, exc)
         await self.complete(outcome, **fields)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -38,16 +38,35 @@ class Entry:
 
 
 PUBLISH_LUA = f"""#!lua
-if #KEYS > 1 and redis.call('EXISTS', KEYS[2]) == 1 then
+local m, d = tonumber(ARGV[1]), tonumber(ARGV[2])
+if #KEYS > 1 + m + d and redis.call('EXISTS', KEYS[#KEYS]) == 1 then
   return redis.error_reply('ENCRYPTED the stream is encrypted')
 end
-local ids = {{}}
-for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
-return ids
+for j = 1, m do
+  local cur = redis.call('HGET', KEYS[1 + j], 'k')
+  if cur then
+    if cur ~= ARGV[1 + 2 * j] then return {{0, j, redis.call('HGET', KEYS[1 + j], 'w')}} end
+  elseif ARGV[2 + 2 * j] == '' then return {{0, j, false}} end
+end
+for j = 1, m do
+  if ARGV[2 + 2 * j] ~= '' and redis.call('EXISTS', KEYS[1 + j]) == 0 then
+    local t = redis.call('TIME')
+    redis.call('HSET', KEYS[1 + j], 'k', ARGV[1 + 2 * j], 'w', ARGV[2 + 2 * j],
+               't', t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
+  end
+end
+for j = 1, d do redis.call('DEL', KEYS[1 + m + j]) end
+local out = {{1}}
+for i = 3 + 2 * m, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
+return out
 """
-"""XADD of every payload in one atomic call, refused before any XADD when KEYS[2] (if given) exists
-or Redis is out of memory (`#!lua`: no `allow-oom`). One script, not MULTI/EXEC: redis-py reads a
-transaction's reply command by command, ~60% of the publisher's CPU per event."""
+"""XADD of every payload (ARGV[3 + 2m]...) to KEYS[1] in one atomic call (a script: a MULTI's replies
+cost far more CPU), refused before any XADD when Redis is out of memory (`#!lua`: no `allow-oom`) or
+the key after the others exists (ENCRYPTED). Given m data keys (KEYS[2..], ARGV[1] = m, each with a
+kid and a wrapped proposal), it XADDs only if every one is the key sealed with (same kid); a missing
+one is created from its proposal (first wins), never from b"" (destroyed); the d `destroy` keys
+(ARGV[2] = d) go in the same step. Returns {1, ids...}, or {0, j, stored wrapped key or nil} for the
+first failed check j (nothing written)."""
 
 
 async def publish(
@@ -68,38 +87,12 @@ async def publish(
             raise ResponseError("ENCRYPTED the stream is encrypted")
         unless_exists = None
     keys = [stream] if unless_exists is None else [stream, unless_exists]
-    return list(await r.register_script(PUBLISH_LUA)(keys=keys, args=list(payloads)))
+    return list(await r.register_script(PUBLISH_LUA)(keys=keys, args=[0, 0, *payloads]))[1:]
 
 
 def is_encrypted_refusal(exc: Exception) -> bool:
     """Whether `exc` is PUBLISH_LUA's refusal of `unless_exists`."""
     return str(exc).startswith("ENCRYPTED")
-
-
-PUBLISH_SEALED_LUA = f"""#!lua
-local m, d = tonumber(ARGV[1]), tonumber(ARGV[2])
-for j = 1, m do
-  local cur = redis.call('HGET', KEYS[1 + j], 'k')
-  if cur then
-    if cur ~= ARGV[1 + 2 * j] then return {{0, j, redis.call('HGET', KEYS[1 + j], 'w')}} end
-  elseif ARGV[2 + 2 * j] == '' then return {{0, j, false}} end
-end
-for j = 1, m do
-  if ARGV[2 + 2 * j] ~= '' and redis.call('EXISTS', KEYS[1 + j]) == 0 then
-    local t = redis.call('TIME')
-    redis.call('HSET', KEYS[1 + j], 'k', ARGV[1 + 2 * j], 'w', ARGV[2 + 2 * j],
-               't', t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
-  end
-end
-for j = 1, d do redis.call('DEL', KEYS[1 + m + j]) end
-local out = {{1}}
-for i = 3 + 2 * m, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[1], '*', '{FIELD.decode()}', ARGV[i]) end
-return out
-"""
-"""PUBLISH_LUA for sealed entries: XADD only if every data key sealed with is the one stored (same key
-id); a missing key is created from the publisher's wrapped proposal (first wins), never re-created from
-memory once destroyed; the `destroy` keys are deleted in the same step. Returns {1, ids...}, or
-{0, j, stored wrapped key or nil} for the first failed check j (nothing written)."""
 
 
 async def publish_sealed(
@@ -111,12 +104,12 @@ async def publish_sealed(
 ) -> list:
     """XADD sealed `payloads` in one script call if every `(data key hash, kid, proposal)` check holds
     (proposal b"" = the key must exist with that kid), deleting the `destroy` keys in the same step.
-    Returns the script's reply (PUBLISH_SEALED_LUA)."""
+    Returns the script's reply (PUBLISH_LUA)."""
     args: list = [len(checks), len(destroy)]
     for _key, kid, proposal in checks:
         args += [kid, proposal]
     return list(
-        await r.register_script(PUBLISH_SEALED_LUA)(
+        await r.register_script(PUBLISH_LUA)(
             keys=[stream, *(key for key, _, _ in checks), *destroy], args=args + list(payloads)
         )
     )
@@ -173,6 +166,17 @@ async def length(r: aioredis.Redis, stream: str) -> int:
     return int(await r.xlen(stream))
 
 
+async def _in_order(r: aioredis.Redis, steps: Sequence[Callable[[Any], Any]]) -> list[Any]:
+    """The replies of `steps` (each called with the client or a pipeline) run in one MULTI; on a cluster
+    (several slots) one by one, in order, so that a failure leaves a copy too many, never a loss."""
+    if isinstance(r, RedisCluster):
+        return [await step(r) for step in steps]
+    async with r.pipeline(transaction=True) as pipe:
+        for step in steps:
+            step(pipe)
+        return await pipe.execute()
+
+
 async def requeue(
     r: aioredis.Redis,
     stream: str,
@@ -182,20 +186,12 @@ async def requeue(
     original_id: bytes | str | None = None,
 ) -> bytes:
     """Re-publish a dead letter's payload to `stream`, removing it from `dead_stream` and its original
-    entry from `stream`: in one MULTI; on a cluster in that order (a failure leaves a copy too many)."""
-    if isinstance(r, RedisCluster):
-        new_id = await r.xadd(stream, {FIELD: payload})
-        if original_id:
-            await r.xdel(stream, original_id)
-        await r.xdel(dead_stream, dead_id)
-        return new_id
-    async with r.pipeline(transaction=True) as pipe:
-        pipe.xadd(stream, {FIELD: payload})
-        pipe.xdel(dead_stream, dead_id)
-        if original_id:
-            pipe.xdel(stream, original_id)
-        res = await pipe.execute()
-    return res[0]
+    entry from `stream` (`_in_order`); the new id."""
+    steps = [lambda c: c.xadd(stream, {FIELD: payload})]
+    if original_id:
+        steps.append(lambda c: c.xdel(stream, original_id))
+    steps.append(lambda c: c.xdel(dead_stream, dead_id))
+    return (await _in_order(r, steps))[0]
 
 
 def id_tuple(value: bytes | str | None) -> tuple[int, int]:
@@ -316,8 +312,7 @@ class StreamGroup:
 
     async def dead_letter(self, dead_stream: str, entry: Entry, reason: str, consumer: str) -> bytes:
         """Copy `entry` to `dead_stream` with its `reason` (cut to 2000 bytes), `consumer`, time (epoch s),
-        delivery count and source partition (`src`), and XACK the original: in one MULTI; on a cluster
-        (two slots) copy then ack, so a failure between leaves a duplicate, never a loss. Its dead id."""
+        delivery count and source partition (`src`), then XACK the original (`_in_order`). Its dead id."""
         fields: dict[FieldT, EncodableT] = {
             b"e": entry.payload or b"",
             b"sid": entry.stream_id,
@@ -327,15 +322,11 @@ class StreamGroup:
             b"at": repr(time.time()).encode(),
             b"deliveries": str(entry.deliveries).encode(),
         }
-        if isinstance(self.redis, RedisCluster):
-            dead_id = await self.redis.xadd(dead_stream, fields)
-            await self.redis.xack(self.stream, self.group, entry.stream_id)
-            return dead_id
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(dead_stream, fields)
-            pipe.xack(self.stream, self.group, entry.stream_id)
-            res = await pipe.execute()
-        return res[0]
+        steps = [
+            lambda c: c.xadd(dead_stream, fields),
+            lambda c: c.xack(self.stream, self.group, entry.stream_id),
+        ]
+        return (await _in_order(self.redis, steps))[0]
 
     async def settled(self) -> str | None:
         """The stream's last entry id once this group was delivered and acked every entry (a version of

@@ -1,25 +1,15 @@
 """What the TAG fields of the indexes hold in place of person-identifying ids: keyed digests.
 
-RediSearch keeps every value a TAG field ever held in the field's value list (`FT.TAGVALS`) until the
-index is rebuilt: deleting the documents, and `FT.DEBUG GC_FORCEINVOKE`, leave it there (measured on
-RediSearch 2.10). Raw ids would leave a forgotten user's id and episode ids readable in a live index. The TAG
-fields that hold ids of people or of what they did — `episode_id`, `user_id` and `session_id` of an
-episode, `evidence` (episode ids) and `users` of a fact — therefore hold a digest of the id instead,
-scoped by namespace and by kind of id; queries digest the values they filter on the same way. Results
-never come from those fields (the stored JSON document holds the ids), so nothing reads a digest back.
+RediSearch keeps every value a TAG field ever held (`FT.TAGVALS`) until the index is rebuilt, so the
+fields holding ids of people or of what they did (`episode_id`, `user_id`, `session_id` of an episode;
+`evidence` and `users` of a fact) hold a digest scoped by namespace and kind of id; queries digest
+the values they filter on the same way, and results come from the stored JSON, never a digest.
 
-A generation's mode is chosen when its index is created and recorded in the meta hash
-(`g{gen}:tags`), so every process digests what that generation holds the same way:
-
-- `hmac-v1`, with a master key (encryption on): HMAC-SHA256 under a key derived from the deployment
-  secret (`shared.crypto.Deployment.tag_key`), truncated to 128 bits. Without the master key a digest
-  cannot be computed, so a guessed id cannot be confirmed from a copy of Redis.
-- `blake2b-v1`, without one: BLAKE2b-128 keyed by a constant: pseudonymous, not secret (whoever can
-  read Redis can test a guessed id, as with the key names of `shared.keys`, which use the same kind
-  of digest); the ids themselves are gone from the index all the same.
-
-Agent ids, categories, strategies and outcomes stay in clear (facts group by them with FT.AGGREGATE;
-they name agents and kinds of work, not people), as does the namespace (the tenant).
+A generation's mode is recorded in the meta hash (`g{gen}:tags`) when its index is created:
+- `hmac-v1`, with a master key: HMAC-SHA256 under `shared.crypto.Deployment.tag_key`, truncated to
+  128 bits; without the key a guessed id cannot be confirmed from a copy of Redis.
+- `blake2b-v1`, without one: BLAKE2b-128 keyed by a constant: pseudonymous, not secret.
+Agent ids, categories, strategies, outcomes and the namespace stay in clear (facts group by them).
 """
 
 from __future__ import annotations
@@ -91,13 +81,9 @@ def mode_for(tag_key: bytes | None) -> str:
 def codec(mode: str, tag_key: bytes | None, *, prefix: str = "") -> TagCodec:
     """The codec of a generation recorded with `mode`, for a process holding `tag_key` (None without a
     master key). ConfigError when the generation holds keyed digests and the process has no key."""
-    if mode == MODE_HMAC:
-        if tag_key is None:
-            raise ConfigError(
-                f"the index of this deployment (ENGRAM_PREFIX={prefix!r}) holds keyed digests of ids: "
-                f"set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE"
-            )
-        return TagCodec(MODE_HMAC, tag_key)
-    if mode != MODE_BLAKE2B:
-        raise ValueError(f"unknown TAG digest mode {mode!r}")
-    return BLAKE2B
+    if mode == MODE_HMAC and tag_key is None:
+        raise ConfigError(
+            f"the index of this deployment (ENGRAM_PREFIX={prefix!r}) holds keyed digests of ids: "
+            f"set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE"
+        )
+    return TagCodec(mode, tag_key if mode == MODE_HMAC else None)  # ValueError for an unknown mode

@@ -1,11 +1,6 @@
-"""The episode's tie-break: a number per episode, written by the projection as the SORTABLE NUMERIC
-field `tiebreak` (`shared.index.episode_fields`), that orders episodes of equal value in the recency /
-reward / importance lists (`services.query.recall.lists.top_by`), so those lists' floors narrow at a tie, in
-recall's ranking (`services.query.recall.score.score`) and in the listing (`shared.index_pages.page`).
-
-It depends on the episode id alone, not on the namespace (`tie_tag`): the same episodes stored in two
-namespaces order their exact ties the same way everywhere. A document projected before this (its
-value from the namespace's digest) keeps its old value until a replay; the order stays total."""
+"""The episode's tie-break: a number per episode (SORTABLE NUMERIC field `tiebreak`) that orders
+episodes of equal value in recall's lists and ranking and in the listing (`shared.index_pages.page`).
+It depends on the episode id alone, so exact ties order the same way in every namespace."""
 
 from __future__ import annotations
 
@@ -18,8 +13,6 @@ TIE = b"tie"
 can be matched with a tie-break."""
 
 TIE_FIELD = "tiebreak"
-"""A number per episode (`tie_break`) that orders episodes of equal value in the recency / reward /
-importance lists (`services.query.recall.lists.top_by`), so those lists' floors can be remembered at a tie."""
 TIE_RANGE = 10**12
 """`tie_break`'s values are the integers in [0, TIE_RANGE): a SORTABLE value is returned with 12
 significant digits, which these keep exactly."""
@@ -34,7 +27,6 @@ def tie_tag(tags: TagCodec, episode_id: str) -> str:
 
 def tie_break(episode_tag: str) -> int:
     """The episode's `tiebreak` field: an integer in [0, TIE_RANGE) from BLAKE2b of `tie_tag`, the same
-    on every re-projection and in every namespace. Two of 100k episodes share one with probability ~0.5% (birthday bound
-    n^2 / 2 TIE_RANGE); a list whose boundary falls on such a pair is sorted in full (still exact)."""
+    on every re-projection and in every namespace (a rare shared value only costs a full sort)."""
     digest = hashlib.blake2b(episode_tag.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % TIE_RANGE

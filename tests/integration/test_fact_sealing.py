@@ -11,6 +11,7 @@ import pytest
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
+from engram_episodic.shapes import to_plain
 from services.consolidator.deadletters import list_dead_letters
 from services.consolidator.facts import Consolidator
 from services.consolidator.facts_snapshots import ContributorForgotten
@@ -71,7 +72,7 @@ async def readable(redis, keys: Keys, master: bytes, payloads: list[bytes]) -> l
         except EngramError:  # shredded or unreadable as a whole: its facts may still open one by one
             out += await readable_facts(codec.unpack(p), ring)
             continue
-        out.append(repr(codec.event_to_data(event)))
+        out.append(repr(to_plain(event)))
     return out
 
 

@@ -25,7 +25,7 @@ from shared import partitions as partitions_module
 from shared.facts import FactScope
 from shared.keys import Keys, ns_tag
 from shared.sdk import EngramClient
-from shared.streams import PUBLISH_SEALED_LUA
+from shared.streams import PUBLISH_LUA
 from tests.integration.test_consolidator import drain
 from tests.integration.test_facts import ep, make_worker
 
@@ -151,4 +151,4 @@ async def test_every_projection_forgetting_and_facts_script_is_single_slot(
     if partitions == 1:
         assert publishing
     else:  # the sealed publish, and the start record (layout, partitions), were seen and are single-slot
-        assert {PUBLISH_SEALED_LUA, partitions_module.START_LUA} <= scripts_seen
+        assert {PUBLISH_LUA, partitions_module.START_LUA} <= scripts_seen
