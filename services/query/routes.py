@@ -45,6 +45,14 @@ class Status:
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """One operation of the API. `errors` are completed with the statuses its shape implies (those
+    given replace one of the same code in place): a body or query model → 400; a body → 413 and 415; a
+    body, query model or path parameter → 422; a path parameter that names something looked up
+    (`lookup`; not the scope of a bulk forget) → 404; not public → 401; outside `operations` → 503
+    (start-up, Redis down; appended to the description of a 503 in `errors`). A JSON route names its
+    success body's model (`answer`), any other its OpenAPI response object (`response`), so the
+    document has a schema for every answer (a unit test checks each route of the table gives one)."""
+
     method: str
     path: str
     handler: Handler
@@ -57,6 +65,30 @@ class Route:
     errors: tuple[Status, ...] = ()  # in the order the document lists them
     response: dict[str, Any] | None = None  # the success response's OpenAPI object, if not a JSON object
     answer: type[BaseModel] | None = None  # the success body's model (services.query.answers), if JSON
+    lookup: bool = True
+
+    def __post_init__(self) -> None:
+        implied: list[Status] = []
+        if (
+            self.body is not None or self.query is not None
+        ):  # a long query string is refused before any handler
+            implied.append(MALFORMED)
+        if self.body is not None:
+            implied += [TOO_LARGE, ENCODED]
+        if self.body is not None or self.query is not None or "{" in self.path:
+            implied.append(INVALID)
+        if "{" in self.path and self.lookup:
+            implied.append(NOT_FOUND)
+        if not self.public:
+            implied.append(UNAUTHORIZED)
+        by_code = {s.code: s for s in implied}
+        by_code.update((s.code, s) for s in self.errors)
+        if self.tag != "operations":
+            given = by_code.get(503)
+            by_code[503] = Status(
+                503, UNAVAILABLE if given is None else f"{given.description}; or {UNAVAILABLE}"
+            )
+        object.__setattr__(self, "errors", tuple(by_code.values()))
 
 
 MALFORMED = Status(400, "malformed JSON, or a request line or header longer than the server accepts")
@@ -82,66 +114,11 @@ def _file(description: str, content_type: str) -> dict[str, Any]:
     return {"description": description, "content": {content_type: {"schema": schema}}}
 
 
-def route(
-    method: str,
-    path: str,
-    handler: Handler,
-    summary: str,
-    *,
-    body: type[BaseModel] | dict[str, Any] | None = None,
-    query: type[BaseModel] | None = None,
-    status: int = 200,
-    public: bool = False,
-    tag: str = "memory",
-    errors: tuple[Status, ...] = (),
-    response: dict[str, Any] | None = None,
-    answer: type[BaseModel] | None = None,
-    lookup: bool = True,
-) -> Route:
-    """A Route with the error statuses its shape implies, then `errors` (which replace one of the same
-    code in place): a body or query model → 400; a body → 413 and 415; a body, query model or path parameter →
-    422; a path parameter that names something looked up (`lookup`; not the scope of a bulk forget) →
-    404; not public → 401; outside `operations` → 503 (start-up, Redis down; appended to the description
-    of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
-    response object (`response`), so the document has a schema for every answer (a unit test checks each
-    route of the table gives one)."""
-    implied: list[Status] = []
-    if body is not None or query is not None:  # a long query string is refused before any handler
-        implied.append(MALFORMED)
-    if body is not None:
-        implied += [TOO_LARGE, ENCODED]
-    if body is not None or query is not None or "{" in path:
-        implied.append(INVALID)
-    if "{" in path and lookup:
-        implied.append(NOT_FOUND)
-    if not public:
-        implied.append(UNAUTHORIZED)
-    by_code = {s.code: s for s in implied}
-    by_code.update((s.code, s) for s in errors)
-    if tag != "operations":
-        given = by_code.get(503)
-        by_code[503] = Status(503, UNAVAILABLE if given is None else f"{given.description}; or {UNAVAILABLE}")
-    return Route(
-        method,
-        path,
-        handler,
-        summary,
-        body=body,
-        query=query,
-        status=status,
-        public=public,
-        tag=tag,
-        errors=tuple(by_code.values()),
-        response=response,
-        answer=answer,
-    )
-
-
 # `{id:(?s:.*)}`, not `.+`: an empty id (`DELETE /v1/agents/`) reaches its handler, whose 422 names it (with
 # `.+` no route matched: a bare 404); `(?s:` so that an id holding a decoded newline (%0A) matches too and
 # gets the handler's 422 for control characters, not the router's 404 (`.` stops at a newline)
 ROUTES: tuple[Route, ...] = (
-    route(
+    Route(
         "POST",
         "/v1/recall",
         recall.recall,
@@ -150,7 +127,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(EMBEDDER_DOWN,),
         answer=answers.RecallAnswer,
     ),
-    route(
+    Route(
         "POST",
         "/v1/episodes",
         episodes.ingest,
@@ -161,7 +138,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(NOT_PUBLISHED, LAGGING),
         answer=answers.IngestAnswer,
     ),
-    route(
+    Route(
         "GET",
         "/v1/episodes",
         listing.list_episodes,
@@ -169,14 +146,14 @@ ROUTES: tuple[Route, ...] = (
         query=listing.EpisodeListQuery,
         answer=answers.EpisodePage,
     ),
-    route(
+    Route(
         "GET",
         "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.get_episode,
         "One episode of the caller's namespace",
         answer=answers.EpisodeAnswer,
     ),
-    route(
+    Route(
         "PATCH",
         "/v1/episodes/{episode_id:(?s:.*)}",
         updates.update_episode,
@@ -187,7 +164,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeUpdateAccepted,
     ),
-    route(
+    Route(
         "DELETE",
         "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.delete_episode,
@@ -197,7 +174,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeForgotten,
     ),
-    route(
+    Route(
         "DELETE",
         "/v1/users/{user_id:(?s:.*)}",
         episodes.delete_user,
@@ -208,7 +185,7 @@ ROUTES: tuple[Route, ...] = (
         answer=answers.UserForgotten,
         lookup=False,
     ),
-    route(
+    Route(
         "DELETE",
         "/v1/agents/{agent_id:(?s:.*)}",
         forgetting.forget_agent,
@@ -218,7 +195,7 @@ ROUTES: tuple[Route, ...] = (
         answer=answers.ForgetJobStarted,
         lookup=False,
     ),
-    route(
+    Route(
         "DELETE",
         "/v1/sessions/{session_id:(?s:.*)}",
         forgetting.forget_session,
@@ -228,7 +205,7 @@ ROUTES: tuple[Route, ...] = (
         answer=answers.ForgetJobStarted,
         lookup=False,
     ),
-    route(
+    Route(
         "POST",
         "/v1/forget",
         forgetting.forget_episodes,
@@ -238,14 +215,14 @@ ROUTES: tuple[Route, ...] = (
         errors=(Status(404, "none of the ids is in the caller's namespace"), NOT_PUBLISHED),
         answer=answers.ForgetJobStarted,
     ),
-    route(
+    Route(
         "GET",
         "/v1/forget/{job_id:(?s:.*)}",
         forgetting.forget_job,
         "The status of a bulk forget: pending or done, and how many episodes are erased",
         answer=answers.ForgetJob,
     ),
-    route(
+    Route(
         "POST",
         "/v1/context",
         recall.context,
@@ -254,7 +231,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(EMBEDDER_DOWN,),
         answer=answers.ContextAnswer,
     ),
-    route(
+    Route(
         "GET",
         "/v1/skills",
         insights.skills,
@@ -262,7 +239,7 @@ ROUTES: tuple[Route, ...] = (
         query=models.SkillsQuery,
         answer=answers.SkillsAnswer,
     ),
-    route(
+    Route(
         "POST",
         "/v1/strategy",
         insights.strategy,
@@ -271,7 +248,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(EMBEDDER_DOWN,),
         answer=answers.StrategyAnswer,
     ),
-    route(
+    Route(
         "POST",
         "/v1/suggest",
         insights.suggest,
@@ -280,7 +257,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(EMBEDDER_DOWN,),
         answer=answers.SuggestAnswer,
     ),
-    route(
+    Route(
         "GET",
         "/v1/learning-curve",
         insights.learning_curve,
@@ -288,7 +265,7 @@ ROUTES: tuple[Route, ...] = (
         query=models.LearningCurveQuery,
         answer=answers.LearningCurveAnswer,
     ),
-    route(
+    Route(
         "GET",
         "/healthz",
         operations.healthz,
@@ -297,7 +274,7 @@ ROUTES: tuple[Route, ...] = (
         tag="operations",
         answer=answers.Health,
     ),
-    route(
+    Route(
         "GET",
         "/readyz",
         operations.readyz,
@@ -307,7 +284,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(Status(503, "not ready", problem=False),),
         answer=answers.Readiness,
     ),
-    route(
+    Route(
         "GET",
         "/metrics",
         operations.metrics,
@@ -322,14 +299,14 @@ ROUTES: tuple[Route, ...] = (
             Status(403, "a tenant's API key: metrics span every namespace"),
         ),
     ),
-    route(
+    Route(
         "GET",
         "/v1/summary",
         summary.summary,
         "What the namespace holds: episodes, agents, users, sessions, facts, what expires soonest",
         answer=answers.Summary,
     ),
-    route(
+    Route(
         "GET",
         "/v1/dead-letters",
         deadletters.list_dead_letters,
@@ -338,7 +315,7 @@ ROUTES: tuple[Route, ...] = (
         answer=answers.DeadLetterPage,
     ),
     *(
-        route(
+        Route(
             "POST",
             f"/v1/dead-letters/{verb}",
             handler,
@@ -356,7 +333,7 @@ ROUTES: tuple[Route, ...] = (
             ("discard", deadletters.discard, "Delete the namespace's dead letters named, and their events"),
         )
     ),
-    route(
+    Route(
         "GET",
         "/openapi.json",
         operations.openapi_json,
@@ -365,7 +342,7 @@ ROUTES: tuple[Route, ...] = (
         tag="operations",
         answer=answers.OpenAPIDocument,
     ),
-    route(
+    Route(
         "GET",
         "/docs",
         docs.docs_page,
@@ -374,7 +351,7 @@ ROUTES: tuple[Route, ...] = (
         tag="operations",
         response=_file("an HTML page that loads only this service's own files", "text/html"),
     ),
-    route(
+    Route(
         "GET",
         "/docs/init.js",
         docs.docs_init,
@@ -384,7 +361,7 @@ ROUTES: tuple[Route, ...] = (
         response=_file("JavaScript", "application/javascript"),
     ),
     *(
-        route(
+        Route(
             "GET",
             f"/docs/{name}",
             docs.asset_handler(name),
@@ -396,7 +373,7 @@ ROUTES: tuple[Route, ...] = (
         )
         for name, (_, content_type) in docs.ASSETS.items()
     ),
-    route(
+    Route(
         "GET",
         "/console",
         console.console_page,
@@ -406,7 +383,7 @@ ROUTES: tuple[Route, ...] = (
         response=_file("an HTML page that loads only this service's own files", "text/html"),
     ),
     *(
-        route(
+        Route(
             "GET",
             f"/console/{name}",
             console.asset_handler(name),
@@ -417,7 +394,7 @@ ROUTES: tuple[Route, ...] = (
         )
         for name, (_, content_type) in console.assets().items()
     ),
-    route(
+    Route(
         "POST",
         "/v1/facts/search",
         facts.facts_search,
@@ -427,7 +404,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(EMBEDDER_DOWN,),
         answer=answers.FactsAnswer,
     ),
-    route(
+    Route(
         "GET",
         "/v1/facts",
         listing.list_facts,
@@ -436,7 +413,7 @@ ROUTES: tuple[Route, ...] = (
         tag="facts",
         answer=answers.FactPage,
     ),
-    route(
+    Route(
         "GET",
         "/v1/facts/{fact_id:(?s:.*)}",
         facts.fact_detail,
@@ -444,7 +421,7 @@ ROUTES: tuple[Route, ...] = (
         tag="facts",
         answer=answers.FactDetail,
     ),
-    route(
+    Route(
         "POST",
         "/v1/consolidate",
         facts.consolidate,

@@ -230,7 +230,7 @@ def test_prompt_section_never_exceeds_budget(task, max_chars, n):
 def test_the_public_routes_are_the_probes_the_document_and_the_console():
     from services.query.auth import public_paths
     from services.query.console import assets
-    from services.query.routes import ROUTES, route
+    from services.query.routes import ROUTES, Route
     from services.query.views import operations
 
     assert public_paths(ROUTES) == {
@@ -246,7 +246,7 @@ def test_the_public_routes_are_the_probes_the_document_and_the_console():
         *(f"/console/{name}" for name in assets()),
     }
     with pytest.raises(ValueError, match="fixed path"):
-        public_paths([route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])
+        public_paths([Route("GET", "/v1/x/{x_id}", operations.healthz, "x", public=True)])
 
 
 def test_every_route_documents_its_success_answer():
