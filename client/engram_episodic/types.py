@@ -15,7 +15,7 @@ import functools
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Self, Union, cast, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, Self, Union, cast, get_args, get_origin, get_type_hints
 
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import parse_instant
@@ -64,12 +64,14 @@ def _converter(hint: Any) -> Callable[[Any], Any]:
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool, bool], ...]:
-    """(name, converter, has a default, required: a scalar without default) per field of `cls`."""
+def _fields(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any], bool, bool], ...]:
+    """(name, its key in the answer, converter, has a default, required: a scalar without default) per
+    field of `cls`."""
     hints = get_type_hints(cls, include_extras=True)
     return tuple(
         (
             f.name,
+            cls._WIRE.get(f.name, f.name),
             _converter(hints[f.name]),
             f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
             f.default is dataclasses.MISSING and hints[f.name] in (float, int, str, Instant),
@@ -81,9 +83,10 @@ def _fields(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool, bool], ..
 class _Result:
     """A result read from JSON by its annotations: a scalar without a default is required (KeyError
     when missing); a null or missing field takes its default, or its type's empty value (None, (), {},
-    False); `raw` is the answer itself."""
+    False); `raw` is the answer itself. `_WIRE` names the answer's key of a field called otherwise."""
 
     __slots__ = ()
+    _WIRE: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -91,14 +94,27 @@ class _Result:
 
     @classmethod
     def _read(cls, data: Mapping[str, Any], **given: Any) -> Self:
-        for name, convert, has_default, required in _fields(cast(type, cls)):
+        for name, key, convert, has_default, required in _fields(cast(type, cls)):
             if name == "raw":
                 given.setdefault(name, data)
             elif name not in given:
-                value = data[name] if required else data.get(name)
+                value = data[key] if required else data.get(key)
                 if value is not None or not has_default:
                     given[name] = convert(value)
         return cls(**given)
+
+
+class _Listing(_Result):
+    """A result iterable over its items, the field `_ITEMS` (the answer's `results`)."""
+
+    __slots__ = ()
+    _ITEMS: ClassVar[str] = "results"
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(getattr(self, self._ITEMS))
+
+    def __len__(self) -> int:
+        return len(getattr(self, self._ITEMS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,7 +195,7 @@ class ReplayContext(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Recall(_Result):
+class Recall(_Listing):
     """`POST /v1/recall`: the hits best first, and how they were ranked. Iterable over `results`.
     `similarity_unavailable`: a keyword recall ranked without the embedder (its provider failed), every
     hit's `similarity` None."""
@@ -193,12 +209,6 @@ class Recall(_Result):
     candidates: int = 0
     similarity_unavailable: bool = False
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def __iter__(self) -> Iterator[RecallHit]:
-        return iter(self.results)
-
-    def __len__(self) -> int:
-        return len(self.results)
 
     @property
     def episodes(self) -> tuple[Episode, ...]:
@@ -294,16 +304,13 @@ class SkillProfile(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Skills(_Result):
+class Skills(_Listing):
     """`GET /v1/skills`: a profile per category and the weak ones (success rate below `threshold`)."""
 
     results: tuple[SkillProfile, ...]
     weak: tuple[str, ...]
     threshold: float
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def __iter__(self) -> Iterator[SkillProfile]:
-        return iter(self.results)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,15 +328,12 @@ class CurvePoint(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LearningCurve(_Result):
+class LearningCurve(_Listing):
     """`GET /v1/learning-curve`: points oldest first, rolling over `window` episodes."""
 
     results: tuple[CurvePoint, ...]
     window: int
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def __iter__(self) -> Iterator[CurvePoint]:
-        return iter(self.results)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -416,41 +420,27 @@ class Forgetting(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EpisodePage(_Result):
+class EpisodePage(_Listing):
     """One page of `GET /v1/episodes`: `episodes` in the order asked for; `next_cursor` None on the last."""
 
     episodes: tuple[Episode, ...]
     next_cursor: str | None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def __iter__(self) -> Iterator[Episode]:
-        return iter(self.episodes)
-
-    def __len__(self) -> int:
-        return len(self.episodes)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
-        return cls._read(data, episodes=tuple(map(episode_from_json, data["results"])))
+    _ITEMS = "episodes"
+    _WIRE = {"episodes": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FactPage(_Result):
+class FactPage(_Listing):
     """One page of `GET /v1/facts`; `next_cursor` None on the last."""
 
     facts: tuple[Fact, ...]
     next_cursor: str | None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def __iter__(self) -> Iterator[Fact]:
-        return iter(self.facts)
-
-    def __len__(self) -> int:
-        return len(self.facts)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
-        return cls._read(data, facts=tuple(map(Fact.from_json, data["results"])))
+    _ITEMS = "facts"
+    _WIRE = {"facts": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -500,22 +490,15 @@ class DeadLetter(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeadLetters(_Result):
+class DeadLetters(_Listing):
     """`GET /v1/dead-letters`: the namespace's dead letters, oldest first (at most `limit`), and `total`."""
 
     dead_letters: tuple[DeadLetter, ...]
     total: int
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def __iter__(self) -> Iterator[DeadLetter]:
-        return iter(self.dead_letters)
-
-    def __len__(self) -> int:
-        return len(self.dead_letters)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
-        return cls._read(data, dead_letters=tuple(map(DeadLetter.from_json, data["results"])))
+    _ITEMS = "dead_letters"
+    _WIRE = {"dead_letters": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
