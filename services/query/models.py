@@ -18,7 +18,6 @@ from pydantic import (
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
     PlainValidator,
     WithJsonSchema,
     model_validator,
@@ -100,13 +99,9 @@ OutcomeList = Annotated[
 ]
 
 
-def _instant(value: Any) -> float:
-    return parse_instant(value)  # ValueError carries the reason
-
-
 Instant = Annotated[
     float,
-    PlainValidator(_instant),
+    PlainValidator(parse_instant),  # its ValueError carries the reason
     WithJsonSchema(
         {
             "oneOf": [
@@ -179,10 +174,8 @@ class IntIn:
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(self.validate)
-
-    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        return {"type": "integer", "minimum": self.lo, "maximum": self.hi}
+        schema = core_schema.int_schema(ge=self.lo, le=self.hi)
+        return core_schema.no_info_plain_validator_function(self.validate, json_schema_input_schema=schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +204,8 @@ class FloatIn:
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(self.validate)
-
-    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        return {"type": "number", "minimum": self.lo, "maximum": self.hi}
+        schema = core_schema.float_schema(ge=self.lo, le=self.hi)
+        return core_schema.no_info_plain_validator_function(self.validate, json_schema_input_schema=schema)
 
 
 TopK = Annotated[int, IntIn(1, MAX_TOP_K)]
@@ -244,7 +235,16 @@ QueryText = Annotated[
 
 
 class Model(BaseModel):
+    """A request's body or query parameters (validated strictly: `problems.validate`)."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="after")
+    def _window(self) -> Any:
+        since, until = getattr(self, "since", None), getattr(self, "until", None)
+        if since is not None and until is not None and since > until:
+            raise ValueError("since: must not be later than until")
+        return self
 
 
 class NumRange(Model):
@@ -295,12 +295,6 @@ class FilterIn(ScopeIn):
     importance: NumRange | None = None
     since: Instant | None = Field(None, description="inclusive lower bound on completed_at")
     until: Instant | None = Field(None, description="inclusive upper bound on completed_at")
-
-    @model_validator(mode="after")
-    def _window(self) -> FilterIn:
-        if self.since is not None and self.until is not None and self.since > self.until:
-            raise ValueError("since: must not be later than until")
-        return self
 
 
 class RecallRequest(FilterIn):
@@ -377,14 +371,12 @@ class SuggestRequest(ScopeIn):
 class SkillsQuery(ScopeIn):
     """`GET /v1/skills` query parameters."""
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     threshold: Annotated[float, FloatIn(0.0, 1.0, from_query=True)] = 0.5
 
 
 class LearningCurveQuery(ScopeIn):
     """`GET /v1/learning-curve` query parameters."""
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     category: CategoryStr | None = None
     window: Annotated[int, IntIn(1, 1000, from_query=True)] = 5
     limit: Annotated[int, IntIn(1, 10_000, from_query=True)] = 1000

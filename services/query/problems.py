@@ -158,12 +158,13 @@ def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-def validate(model: type[BaseModel], data: Any):
-    """Validate `data` against `model`, raising Invalid (422) naming each bad field."""
+def validate(model: type[BaseModel], data: Any, strict: bool | None = None):
+    """Validate `data` against `model`, raising Invalid (422) naming each bad field; `strict=False` for
+    query parameters (strings that spell a number or a boolean)."""
     if not isinstance(data, dict):
         raise Invalid([("<root>", "must be a JSON object")])
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except ValidationError as exc:
         raise Invalid(pydantic_errors(exc)) from None
 

@@ -94,7 +94,7 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
             raise Invalid([(key, "must be given once")])
         params[key] = values[0]
     try:
-        return validate(model, params)
+        return validate(model, params, strict=False)
     except Invalid as exc:  # a route without a query model says "not a known query parameter" (routes)
         raise Invalid(
             [

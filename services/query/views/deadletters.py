@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from aiohttp import web
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from engram_episodic.errors import NotFound
 from engram_episodic.timeutil import format_instant
@@ -33,7 +33,6 @@ MAX_IDS = 1000
 class DeadLetterQuery(models.Model):
     """`GET /v1/dead-letters` query parameters."""
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     limit: Annotated[int, models.IntIn(1, 1000, from_query=True)] = Field(
         100, description="dead letters listed, oldest first, 1..1000"
     )

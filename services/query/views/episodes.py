@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from engram_episodic.calls import MAX_WAIT
 from engram_episodic.errors import NotFound
@@ -47,14 +47,14 @@ MAX_INGEST_WAIT = MAX_WAIT  # seconds a ?wait= may hold a request: the client ch
 INGEST_WAIT_POLL = 0.02
 
 
-class IngestQuery(models.Model):
-    """`POST /v1/episodes` query parameters."""
+class WaitQuery(models.Model):
+    """The query parameters of a write (ingest, update, forget)."""
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
         0.0,
-        description="seconds to wait until every episode is projected (recallable); the answer says "
-        "which are (`projected`); 0 answers at once",
+        description="seconds to wait until the consolidator has applied the write: the episodes "
+        "projected (recallable; the answer says which are, `projected`) or erased (`forgotten` says "
+        "whether they were); 0 answers at once",
     )
 
 
@@ -155,7 +155,7 @@ def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
 
 
 async def ingest(request: web.Request) -> web.Response:
-    query: IngestQuery = query_params(request, IngestQuery)
+    query: WaitQuery = query_params(request, WaitQuery)
     received = time.time()
     batch, items = _ingest_items(await read_json(request))
     errs = Collector()
@@ -312,17 +312,6 @@ async def get_episode(request: web.Request) -> web.Response:
     return reply(out)
 
 
-class ForgetQuery(models.Model):
-    """`DELETE /v1/episodes/{episode_id}` and `DELETE /v1/users/{user_id}` query parameters."""
-
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
-        0.0,
-        description="seconds to wait until the consolidator has erased what is forgotten (`forgotten` "
-        "says whether it had); 0 answers at once",
-    )
-
-
 async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
     """Whether the consolidator acked the forget at `stream_id` within `wait` seconds: it erases before
     it acks (`services.consolidator.forgetting`), so acked = gone from every read."""
@@ -337,7 +326,7 @@ async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
 
 async def delete_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")
-    query: ForgetQuery = query_params(request, ForgetQuery)
+    query: WaitQuery = query_params(request, WaitQuery)
     try:
         # accepted but not yet projected counts too: it would be projected after a refused forget
         await stored_or_pending(request, episode_id)
@@ -364,7 +353,7 @@ async def delete_episode(request: web.Request) -> web.Response:
 
 async def delete_user(request: web.Request) -> web.Response:
     user_id = path_id(request, "user_id")
-    query: ForgetQuery = query_params(request, ForgetQuery)
+    query: WaitQuery = query_params(request, WaitQuery)
     ns = ns_of(request)
     event = UserForgotten(namespace=ns, user_id=user_id, occurred_at=time.time())
     [stream_id] = await publisher(request).publish([event])

@@ -61,9 +61,7 @@ class FactsSearchRequest(models.ScopeIn):
     )
 
     @model_validator(mode="after")
-    def _window(self) -> FactsSearchRequest:
-        if self.since is not None and self.until is not None and self.since > self.until:
-            raise ValueError("since: must not be later than until")
+    def _no_session(self) -> FactsSearchRequest:
         if self.session_id is not None:
             raise ValueError("session_id: facts are not kept per session")
         return self

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from aiohttp import web
-from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema
 
 from engram_episodic.shapes import response_shape
 from engram_episodic.timeutil import parse_instant
@@ -52,7 +52,6 @@ Kind = Literal["strategy", "failure_pattern", "best_practice", "preference"]  # 
 
 
 class _Page(models.Model):
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
     order: Literal["desc", "asc"] = Field(
         "desc", description="desc: newest first (default); asc: oldest first"
     )
@@ -63,13 +62,6 @@ class _Page(models.Model):
 
     def filters(self) -> dict[str, Any]:
         return self.model_dump(exclude={"cursor", "limit"}, exclude_none=True)
-
-    @model_validator(mode="after")
-    def _window(self) -> Any:
-        since, until = getattr(self, "since", None), getattr(self, "until", None)
-        if since is not None and until is not None and since > until:
-            raise ValueError("since: must not be later than until")
-        return self
 
 
 class EpisodeListQuery(_Page):

@@ -24,7 +24,7 @@ from engram_episodic.validation import (
 from services.query.appkeys import METRICS
 from services.query.problems import Invalid, read_json
 from services.query.views.common import ns_of, path_id, publisher, query_params, reply
-from services.query.views.episodes import WAIT_EXPIRED, IngestQuery, _projected, stored_or_pending
+from services.query.views.episodes import WAIT_EXPIRED, WaitQuery, _projected, stored_or_pending
 
 
 async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | None, Episode | None]:
@@ -44,7 +44,7 @@ async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | 
 
 async def update_episode(request: web.Request) -> web.Response:
     episode_id = path_id(request, "episode_id")
-    query: IngestQuery = query_params(request, IngestQuery)
+    query: WaitQuery = query_params(request, WaitQuery)
     errs = Collector()
     body = await read_json(request)
     changes = parse_update(body, "", errs)
