@@ -64,7 +64,7 @@ def _converter(hint: Any) -> Callable[[Any], Any]:
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any], bool, bool], ...]:
+def _fields(cls: Any) -> tuple[tuple[str, str, Callable[[Any], Any], bool, bool], ...]:
     """(name, its key in the answer, converter, has a default, required: a scalar without default) per
     field of `cls`."""
     hints = get_type_hints(cls, include_extras=True)

@@ -9,14 +9,15 @@ test checks the registered routes against the document anyway). Lists are answer
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import answers, console, models
-from services.query.problems import Invalid
+from services.query.openapi import PATH_PARAM
+from services.query.problems import Invalid, read_json, validate
 from services.query.views import (
     deadletters,
     docs,
@@ -30,8 +31,9 @@ from services.query.views import (
     summary,
     updates,
 )
+from services.query.views.common import path_id, query_params
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,22 +45,25 @@ class Status:
     problem: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Route:
-    """One operation of the API. `errors` are completed with the statuses its shape implies (those
-    given replace one of the same code in place): a body or query model → 400; a body → 413 and 415; a
-    body, query model or path parameter → 422; a path parameter that names something looked up
-    (`lookup`; not the scope of a bulk forget) → 404; not public → 401; outside `operations` → 503
-    (start-up, Redis down; appended to the description of a 503 in `errors`). A JSON route names its
-    success body's model (`answer`), any other its OpenAPI response object (`response`), so the
-    document has a schema for every answer (a unit test checks each route of the table gives one)."""
+    """One operation of the API, served by `call`: the handler gets each path parameter (a checked id),
+    its `query` (the query string, validated by the model it annotates `query` with) and its `body` (the
+    JSON body, validated by the model it annotates `body` with, unless `body` here is the JSON schema of
+    a body the handler checks itself) as keyword arguments. Its docstring's first paragraph is the
+    operation's summary.
+
+    `errors` are completed with the statuses its shape implies (those given replace one of the same code
+    in place): a body or query model → 400; a body → 413 and 415; a body, query model or path parameter
+    → 422; a path parameter that names something looked up (`lookup`; not the scope of a bulk forget) →
+    404; not public → 401; outside `operations` → 503 (start-up, Redis down; appended to the description
+    of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
+    response object (`response`), so the document has a schema for every answer (a unit test checks each
+    route of the table gives one)."""
 
     method: str
     path: str
     handler: Handler
-    summary: str
-    body: type[BaseModel] | dict[str, Any] | None = None
-    query: type[BaseModel] | None = None
     status: int = 200
     public: bool = False  # no API key needed (services.query.auth); only template-free paths
     tag: str = "memory"
@@ -66,8 +71,27 @@ class Route:
     response: dict[str, Any] | None = None  # the success response's OpenAPI object, if not a JSON object
     answer: type[BaseModel] | None = None  # the success body's model (services.query.answers), if JSON
     lookup: bool = True
+    body: type[BaseModel] | dict[str, Any] | None = None
+    query: type[BaseModel] | None = field(default=None, init=False)
+
+    @property
+    def summary(self) -> str:
+        return " ".join((self.handler.__doc__ or "").strip().split("\n\n")[0].split())
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        kwargs: dict[str, Any] = {name: path_id(request, name) for name in PATH_PARAM.findall(self.path)}
+        if self.query is not None:
+            kwargs["query"] = query_params(request, self.query)
+        if self.body is not None:
+            body = await read_json(request)
+            kwargs["body"] = validate(self.body, body) if isinstance(self.body, type) else body
+        return await self.handler(request, **kwargs)
 
     def __post_init__(self) -> None:
+        hints = get_type_hints(self.handler)
+        if self.body is None and isinstance(body := hints.get("body"), type) and issubclass(body, BaseModel):
+            object.__setattr__(self, "body", body)
+        object.__setattr__(self, "query", hints.get("query"))
         implied: list[Status] = []
         if (
             self.body is not None or self.query is not None
@@ -122,8 +146,6 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/recall",
         recall.recall,
-        "Prioritized recall of the episodes worth replaying",
-        body=models.RecallRequest,
         errors=(EMBEDDER_DOWN,),
         answer=answers.RecallAnswer,
     ),
@@ -131,9 +153,7 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/episodes",
         episodes.ingest,
-        "Ingest one finished episode or a batch {episodes: [...]}",
         body=models.INGEST_SCHEMA,
-        query=episodes.WaitQuery,
         status=202,
         errors=(NOT_PUBLISHED, LAGGING),
         answer=answers.IngestAnswer,
@@ -142,24 +162,19 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/episodes",
         listing.list_episodes,
-        "Every episode of a scope, newest first, page by page (opaque cursor)",
-        query=listing.EpisodeListQuery,
         answer=answers.EpisodePage,
     ),
     Route(
         "GET",
         "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.get_episode,
-        "One episode of the caller's namespace",
         answer=answers.EpisodeAnswer,
     ),
     Route(
         "PATCH",
         "/v1/episodes/{episode_id:(?s:.*)}",
         updates.update_episode,
-        "Change an episode's feedback, outcome, importance or metadata after the fact",
         body=models.UPDATE_SCHEMA,
-        query=episodes.WaitQuery,
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeUpdateAccepted,
@@ -168,8 +183,6 @@ ROUTES: tuple[Route, ...] = (
         "DELETE",
         "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.delete_episode,
-        "Forget one episode",
-        query=episodes.WaitQuery,
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeForgotten,
@@ -178,8 +191,6 @@ ROUTES: tuple[Route, ...] = (
         "DELETE",
         "/v1/users/{user_id:(?s:.*)}",
         episodes.delete_user,
-        "Forget every episode of a user",
-        query=episodes.WaitQuery,
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.UserForgotten,
@@ -189,7 +200,6 @@ ROUTES: tuple[Route, ...] = (
         "DELETE",
         "/v1/agents/{agent_id:(?s:.*)}",
         forgetting.forget_agent,
-        "Forget every episode of an agent (a job: how many, and when done)",
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.ForgetJobStarted,
@@ -199,7 +209,6 @@ ROUTES: tuple[Route, ...] = (
         "DELETE",
         "/v1/sessions/{session_id:(?s:.*)}",
         forgetting.forget_session,
-        "Forget every episode of a session (a job: how many, and when done)",
         status=202,
         errors=(NOT_PUBLISHED,),
         answer=answers.ForgetJobStarted,
@@ -209,8 +218,6 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/forget",
         forgetting.forget_episodes,
-        "Forget a list of episodes by id (a job: how many, and when done)",
-        body=forgetting.ForgetRequest,
         status=202,
         errors=(Status(404, "none of the ids is in the caller's namespace"), NOT_PUBLISHED),
         answer=answers.ForgetJobStarted,
@@ -219,15 +226,12 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/forget/{job_id:(?s:.*)}",
         forgetting.forget_job,
-        "The status of a bulk forget: pending or done, and how many episodes are erased",
         answer=answers.ForgetJob,
     ),
     Route(
         "POST",
         "/v1/context",
         recall.context,
-        "Working memory and a ready prompt section for a task",
-        body=models.ContextRequest,
         errors=(EMBEDDER_DOWN,),
         answer=answers.ContextAnswer,
     ),
@@ -235,16 +239,12 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/skills",
         insights.skills,
-        "Per-category skill profiles and weak categories",
-        query=models.SkillsQuery,
         answer=answers.SkillsAnswer,
     ),
     Route(
         "POST",
         "/v1/strategy",
         insights.strategy,
-        "Adaptive strategy choice for a task",
-        body=models.StrategyRequest,
         errors=(EMBEDDER_DOWN,),
         answer=answers.StrategyAnswer,
     ),
@@ -252,8 +252,6 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/suggest",
         insights.suggest,
-        "Confidence and common failures from similar episodes",
-        body=models.SuggestRequest,
         errors=(EMBEDDER_DOWN,),
         answer=answers.SuggestAnswer,
     ),
@@ -261,15 +259,12 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/learning-curve",
         insights.learning_curve,
-        "Cumulative and rolling reward and success rate",
-        query=models.LearningCurveQuery,
         answer=answers.LearningCurveAnswer,
     ),
     Route(
         "GET",
         "/healthz",
         operations.healthz,
-        "Liveness",
         public=True,
         tag="operations",
         answer=answers.Health,
@@ -278,7 +273,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/readyz",
         operations.readyz,
-        "Readiness: Redis, index and embedder",
         public=True,
         tag="operations",
         errors=(Status(503, "not ready", problem=False),),
@@ -288,7 +282,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/metrics",
         operations.metrics,
-        "Prometheus metrics (ENGRAM_METRICS_KEY when API keys are set)",
         tag="operations",
         response={
             "description": "Prometheus text exposition format",
@@ -303,15 +296,12 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/summary",
         summary.summary,
-        "What the namespace holds: episodes, agents, users, sessions, facts, what expires soonest",
         answer=answers.Summary,
     ),
     Route(
         "GET",
         "/v1/dead-letters",
         deadletters.list_dead_letters,
-        "The namespace's dead letters (events the consolidator gave up on) and why",
-        query=deadletters.DeadLetterQuery,
         answer=answers.DeadLetterPage,
     ),
     *(
@@ -319,25 +309,15 @@ ROUTES: tuple[Route, ...] = (
             "POST",
             f"/v1/dead-letters/{verb}",
             handler,
-            summary,
-            body=deadletters.DeadLetterIds,
             errors=(Status(404, "none of the ids is a dead letter of the caller's namespace"),),
             answer=answers.DeadLettersActed,
         )
-        for verb, handler, summary in (
-            (
-                "redrive",
-                deadletters.redrive,
-                "Publish the namespace's dead letters named again (after a fix)",
-            ),
-            ("discard", deadletters.discard, "Delete the namespace's dead letters named, and their events"),
-        )
+        for verb, handler in (("redrive", deadletters.redrive), ("discard", deadletters.discard))
     ),
     Route(
         "GET",
         "/openapi.json",
         operations.openapi_json,
-        "This OpenAPI 3.1 document",
         public=True,
         tag="operations",
         answer=answers.OpenAPIDocument,
@@ -346,7 +326,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/docs",
         docs.docs_page,
-        "An interactive page of this document (Swagger UI, served offline)",
         public=True,
         tag="operations",
         response=_file("an HTML page that loads only this service's own files", "text/html"),
@@ -355,7 +334,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/docs/init.js",
         docs.docs_init,
-        "The docs page's script",
         public=True,
         tag="operations",
         response=_file("JavaScript", "application/javascript"),
@@ -365,7 +343,6 @@ ROUTES: tuple[Route, ...] = (
             "GET",
             f"/docs/{name}",
             docs.asset_handler(name),
-            f"A file of the docs page ({name}, from swagger-ui-py)",
             public=True,
             tag="operations",
             response=_file("a static file", content_type),
@@ -377,7 +354,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/console",
         console.console_page,
-        "A browser console of this API: overview, episodes, recall playground, facts (served offline)",
         public=True,
         tag="operations",
         response=_file("an HTML page that loads only this service's own files", "text/html"),
@@ -387,7 +363,6 @@ ROUTES: tuple[Route, ...] = (
             "GET",
             f"/console/{name}",
             console.asset_handler(name),
-            f"A file of the console ({name}: its content's digest in the name, cached for a year)",
             public=True,
             tag="operations",
             response=_file("a static file", content_type),
@@ -398,8 +373,6 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/facts/search",
         facts.facts_search,
-        "Search consolidated facts (semantic memory)",
-        body=facts.FactsSearchRequest,
         tag="facts",
         errors=(EMBEDDER_DOWN,),
         answer=answers.FactsAnswer,
@@ -408,8 +381,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/facts",
         listing.list_facts,
-        "Every fact of a scope, newest first, page by page (opaque cursor)",
-        query=listing.FactListQuery,
         tag="facts",
         answer=answers.FactPage,
     ),
@@ -417,7 +388,6 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/facts/{fact_id:(?s:.*)}",
         facts.fact_detail,
-        "One fact with its evidence episodes and history",
         tag="facts",
         answer=answers.FactDetail,
     ),
@@ -425,8 +395,6 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/consolidate",
         facts.consolidate,
-        "Consolidate the namespace's episodes into facts now",
-        body=facts.ConsolidateRequest,
         tag="facts",
         answer=answers.ConsolidateAnswer,
     ),
@@ -436,7 +404,7 @@ ROUTES: tuple[Route, ...] = (
 def add_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None:
     """Register every route of `routes` on `app`'s router."""
     for r in routes:
-        app.router.add_route(r.method, r.path, r.handler)
+        app.router.add_route(r.method, r.path, r.call)
 
 
 def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
@@ -450,7 +418,7 @@ def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
     - query parameters sent to an API route that takes none (`DELETE /v1/agents/a?dry_run=1`) are a 422
       naming each, as on every GET route: a call that forgets must not ignore an option it was sent.
       The operations routes keep ignoring them (`/docs?x`, cache-busting `?v=` on its files)."""
-    no_query = {(r.method, r.handler) for r in routes if r.query is None and r.tag != "operations"}
+    no_query = {(r.method, r.call) for r in routes if r.query is None and r.tag != "operations"}
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -56,6 +56,7 @@ def page() -> str:
 
 
 async def console_page(request: web.Request) -> web.Response:
+    """A browser console of this API: overview, episodes, recall playground, facts (served offline)"""
     return web.Response(
         text=page(),
         content_type="text/html",
@@ -71,4 +72,5 @@ def asset_handler(name: str):
         return web.Response(body=body, content_type=content_type, headers={"Cache-Control": IMMUTABLE})
 
     handler.__name__ = "console_" + name.split(".")[0].replace("-", "_")
+    handler.__doc__ = f"A file of the console ({name}: its content's digest in the name, cached for a year)"
     return handler

@@ -20,8 +20,7 @@ from engram_episodic.timeutil import format_instant
 from services.consolidator import deadletters
 from services.query import models
 from services.query.appkeys import KEYS
-from services.query.problems import read_json, validate
-from services.query.views.common import ns_of, query_params, redis_of, reply
+from services.query.views.common import ns_of, redis_of, reply
 from shared.codec import peek_identity
 
 SCAN = (
@@ -57,8 +56,8 @@ async def _mine(request: web.Request) -> list[tuple[deadletters.DeadLetter, str]
     return out
 
 
-async def list_dead_letters(request: web.Request) -> web.Response:
-    q: DeadLetterQuery = query_params(request, DeadLetterQuery)
+async def list_dead_letters(request: web.Request, query: DeadLetterQuery) -> web.Response:
+    """The namespace's dead letters (events the consolidator gave up on) and why"""
     mine = await _mine(request)
     results = [
         {
@@ -68,7 +67,7 @@ async def list_dead_letters(request: web.Request) -> web.Response:
             "consumer": letter.consumer,
             "at": format_instant(letter.at),
         }
-        for letter, episode_id in mine[: q.limit]
+        for letter, episode_id in mine[: query.limit]
     ]
     return reply({"results": results, "total": len(mine)})
 
@@ -77,10 +76,9 @@ def _acting(verb: str):
     """The handler that re-drives (`verb` "redrive") or discards the caller's dead letters named."""
     act = {"redrive": deadletters.redrive, "discard": deadletters.discard}[verb]
 
-    async def handler(request: web.Request) -> web.Response:
-        req: DeadLetterIds = validate(DeadLetterIds, await read_json(request))
+    async def handler(request: web.Request, body: DeadLetterIds) -> web.Response:
         mine = {letter.dead_id for letter, _ in await _mine(request)}
-        wanted = list(dict.fromkeys(req.ids))
+        wanted = list(dict.fromkeys(body.ids))
         chosen = [i for i in wanted if i in mine]
         if not chosen:
             raise NotFound("none of the ids is a dead letter of this namespace")
@@ -88,6 +86,10 @@ def _acting(verb: str):
         return reply({"done": done, "unknown": [i for i in wanted if i not in mine]})
 
     handler.__name__ = f"{verb}_dead_letters"
+    handler.__doc__ = {
+        "redrive": "Publish the namespace's dead letters named again (after a fix)",
+        "discard": "Delete the namespace's dead letters named, and their events",
+    }[verb]
     return handler
 
 

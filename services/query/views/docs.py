@@ -72,11 +72,13 @@ def _asset(name: str) -> bytes:
 
 
 async def docs_page(request: web.Request) -> web.Response:
+    """An interactive page of this document (Swagger UI, served offline)"""
     # relative asset paths: the page also works behind a proxy that mounts the service under a prefix
     return web.Response(text=PAGE, content_type="text/html", headers={"Content-Security-Policy": CSP})
 
 
 async def docs_init(request: web.Request) -> web.Response:
+    """The docs page's script"""
     return web.Response(
         text=INIT_JS, content_type="application/javascript", headers={"Cache-Control": _CACHE}
     )
@@ -91,4 +93,5 @@ def asset_handler(name: str):
         )
 
     handler.__name__ = "docs_" + name.split(".")[0].replace("-", "_")
+    handler.__doc__ = f"A file of the docs page ({name}, from swagger-ui-py)"
     return handler

@@ -26,13 +26,11 @@ from engram_episodic.validation import Collector, parse_episode
 from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
-from services.query.problems import Invalid, Problem, read_json
+from services.query.problems import Invalid, Problem
 from services.query.views.common import (
     episode_of,
     ns_of,
-    path_id,
     publisher,
-    query_params,
     redis_of,
     reply,
     store_of,
@@ -154,10 +152,10 @@ def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
     return True, items
 
 
-async def ingest(request: web.Request) -> web.Response:
-    query: WaitQuery = query_params(request, WaitQuery)
+async def ingest(request: web.Request, query: WaitQuery, body: Any) -> web.Response:
+    """Ingest one finished episode or a batch {episodes: [...]}"""
     received = time.time()
-    batch, items = _ingest_items(await read_json(request))
+    batch, items = _ingest_items(body)
     errs = Collector()
     episodes = []
     first_index: dict[str, int] = {}
@@ -286,8 +284,8 @@ async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes
         raise
 
 
-async def get_episode(request: web.Request) -> web.Response:
-    episode_id = path_id(request, "episode_id")  # a query string: routes.url_middleware
+async def get_episode(request: web.Request, episode_id: str) -> web.Response:
+    """One episode of the caller's namespace"""
     found = await stored_or_pending(request, episode_id)
     if found is None:
         return reply(
@@ -324,9 +322,8 @@ async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
     return bool(done)
 
 
-async def delete_episode(request: web.Request) -> web.Response:
-    episode_id = path_id(request, "episode_id")
-    query: WaitQuery = query_params(request, WaitQuery)
+async def delete_episode(request: web.Request, episode_id: str, query: WaitQuery) -> web.Response:
+    """Forget one episode"""
     try:
         # accepted but not yet projected counts too: it would be projected after a refused forget
         await stored_or_pending(request, episode_id)
@@ -351,9 +348,8 @@ async def delete_episode(request: web.Request) -> web.Response:
     return reply(out, status=202)
 
 
-async def delete_user(request: web.Request) -> web.Response:
-    user_id = path_id(request, "user_id")
-    query: WaitQuery = query_params(request, WaitQuery)
+async def delete_user(request: web.Request, user_id: str, query: WaitQuery) -> web.Response:
+    """Forget every episode of a user"""
     ns = ns_of(request)
     event = UserForgotten(namespace=ns, user_id=user_id, occurred_at=time.time())
     [stream_id] = await publisher(request).publish([event])

@@ -18,11 +18,9 @@ from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from engram_episodic.errors import NotFound
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
-from engram_episodic.validation import Collector, check_id
 from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS, NAMESPACE, REDIS, TAGS
-from services.query.problems import Invalid, read_json, validate
 from services.query.views.common import embed
 from shared.facts import KINDS, FactQuery, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
@@ -88,40 +86,37 @@ def _fact_json(fact, score: float | None = None) -> dict[str, Any]:
     return out
 
 
-async def facts_search(request: web.Request) -> web.Response:
-    req: FactsSearchRequest = validate(FactsSearchRequest, await read_json(request))
+async def facts_search(request: web.Request, body: FactsSearchRequest) -> web.Response:
+    """Search consolidated facts (semantic memory)"""
     r: aioredis.Redis = request.app[REDIS]
     q = FactQuery(
         namespace=request[NAMESPACE],
         tags=await request.app[TAGS].get(r),
-        agent_id=req.agent_id,
-        user_id=req.user_id,
-        category=req.category or (),
-        kind=req.kind or (),
-        level=req.level,
-        since=req.since,
-        until=req.until,
-        as_of=req.as_of,
-        include_superseded=req.include_superseded,
-        min_confidence=req.min_confidence,
+        agent_id=body.agent_id,
+        user_id=body.user_id,
+        category=body.category or (),
+        kind=body.kind or (),
+        level=body.level,
+        since=body.since,
+        until=body.until,
+        as_of=body.as_of,
+        include_superseded=body.include_superseded,
+        min_confidence=body.min_confidence,
     )
-    vector = await embed(request, req.query) if req.query else None
+    vector = await embed(request, body.query) if body.query else None
     hits = await search_facts(
-        r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=req.top_k
+        r, await live_facts_index(r, request.app[KEYS]), q, vector=vector, top_k=body.top_k
     )
     # a nonsense query would get the top_k facts anyway, some with negative cosines
-    hits = [h for h in hits if h.score is None or h.score >= req.min_similarity]
-    body: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
-    if req.as_of is not None:
-        body["as_of"] = format_instant(req.as_of)
-    return web.json_response(body)
+    hits = [h for h in hits if h.score is None or h.score >= body.min_similarity]
+    out: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
+    if body.as_of is not None:
+        out["as_of"] = format_instant(body.as_of)
+    return web.json_response(out)
 
 
-async def fact_detail(request: web.Request) -> web.Response:
-    errs = Collector()
-    fact_id = check_id(request.match_info["fact_id"], "fact_id", errs, required=True)
-    if errs.errors or fact_id is None:  # None only with an error (required)
-        raise Invalid(errs.errors)
+async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
+    """One fact with its evidence episodes and history"""
     r, keys, ns = request.app[REDIS], request.app[KEYS], request[NAMESPACE]
     fact = await get_fact(r, keys, ns, fact_id)
     if fact is None:
@@ -159,11 +154,11 @@ async def fact_detail(request: web.Request) -> web.Response:
     return web.json_response({"fact": _fact_json(fact), "evidence": evidence, "history": history})
 
 
-async def consolidate(request: web.Request) -> web.Response:
-    req: ConsolidateRequest = validate(ConsolidateRequest, await read_json(request))
+async def consolidate(request: web.Request, body: ConsolidateRequest) -> web.Response:
+    """Consolidate the namespace's episodes into facts now"""
     r = request.app[REDIS]
     results = await request.app[CONSOLIDATE](
-        r, request.app[EMBEDDER], request[NAMESPACE], req.agent_id, req.category, req.all_scopes
+        r, request.app[EMBEDDER], request[NAMESPACE], body.agent_id, body.category, body.all_scopes
     )
     return web.json_response(
         {

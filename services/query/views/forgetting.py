@@ -27,12 +27,10 @@ from engram_episodic.events import EpisodeForgotten
 from engram_episodic.timeutil import format_instant
 from services.query import models
 from services.query.appkeys import KEYS, METRICS, SETTINGS
-from services.query.problems import read_json, validate
 from services.query.store import JOB_TTL, EpisodeStore
 from services.query.views.common import (
     index_of,
     ns_of,
-    path_id,
     publisher,
     redis_of,
     reply,
@@ -112,8 +110,8 @@ async def _status(store: EpisodeStore, job_id: str, ns: str) -> dict[str, Any]:
     }
 
 
-async def forget_agent(request: web.Request) -> web.Response:
-    agent_id = path_id(request, "agent_id")
+async def forget_agent(request: web.Request, agent_id: str) -> web.Response:
+    """Forget every episode of an agent (a job: how many, and when done)"""
     ns = ns_of(request)
     # the forget time first, then the listing: what the index misses (in flight) the write scripts refuse
     await store_of(request).forget_since(request.app[KEYS].agent_tombstone(ns, agent_id))
@@ -121,21 +119,22 @@ async def forget_agent(request: web.Request) -> web.Response:
     return await _start(request, "agent", await _ids_of_scope(request, scope), agent_id=agent_id)
 
 
-async def forget_session(request: web.Request) -> web.Response:
-    session_id = path_id(request, "session_id")
+async def forget_session(request: web.Request, session_id: str) -> web.Response:
+    """Forget every episode of a session (a job: how many, and when done)"""
     ns = ns_of(request)
     await store_of(request).forget_since(request.app[KEYS].session_tombstone(ns, session_id))
     scope = Scope(namespace=ns, tags=await tags_of(request), session_id=session_id, status=None)
     return await _start(request, "session", await _ids_of_scope(request, scope), session_id=session_id)
 
 
-async def forget_episodes(request: web.Request) -> web.Response:
-    """The ids the namespace holds (a document, stored events, dead letters, or accepted and not yet
+async def forget_episodes(request: web.Request, body: ForgetRequest) -> web.Response:
+    """Forget a list of episodes by id (a job: how many, and when done)
+
+    The ids the namespace holds (a document, stored events, dead letters, or accepted and not yet
     projected) are forgotten; those it never had are listed in `unknown`, those forgotten before in
     `already_forgotten` (neither is published)."""
-    req: ForgetRequest = validate(ForgetRequest, await read_json(request))
     r, keys, ns, s = redis_of(request), request.app[KEYS], ns_of(request), request.app[SETTINGS]
-    wanted = list(dict.fromkeys(req.episode_ids))
+    wanted = list(dict.fromkeys(body.episode_ids))
     gone: list[str] = []
     held: list[str] = []
     unsure: list[str] = []
@@ -155,6 +154,6 @@ async def forget_episodes(request: web.Request) -> web.Response:
     return await _start(request, "episodes", held, unknown=unsure, already_forgotten=gone)
 
 
-async def forget_job(request: web.Request) -> web.Response:
-    job_id = path_id(request, "job_id")  # a query string: routes.url_middleware
+async def forget_job(request: web.Request, job_id: str) -> web.Response:
+    """The status of a bulk forget: pending or done, and how many episodes are erased"""
     return reply(await _status(store_of(request), job_id, ns_of(request)))

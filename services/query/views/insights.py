@@ -10,14 +10,12 @@ from engram_episodic.timeutil import format_instant
 from services.query import insights, models
 from services.query import recall as rc
 from services.query.appkeys import FLOORS, SETTINGS
-from services.query.problems import read_json, validate
 from services.query.recall.score import learning_curve as curve
 from services.query.views.common import (
     embed,
     episode_of,
     index_of,
     ns_of,
-    query_params,
     redis_of,
     reply,
     tags_of,
@@ -31,65 +29,67 @@ async def _profiles(request: web.Request, req: Any, threshold: float) -> list[di
     return insights.skill_profiles(rows, threshold)
 
 
-async def skills(request: web.Request) -> web.Response:
-    req: models.SkillsQuery = query_params(request, models.SkillsQuery)
-    profiles = await _profiles(request, req, req.threshold)
+async def skills(request: web.Request, query: models.SkillsQuery) -> web.Response:
+    """Per-category skill profiles and weak categories"""
+    profiles = await _profiles(request, query, query.threshold)
     return reply(
         {
             "results": profiles,
             "weak": [p["category"] for p in profiles if p["weak"]],
-            "threshold": req.threshold,
+            "threshold": query.threshold,
         }
     )
 
 
-async def strategy(request: web.Request) -> web.Response:
-    req: models.StrategyRequest = validate(models.StrategyRequest, await read_json(request))
-    vector = await embed(request, req.task)
+async def strategy(request: web.Request, body: models.StrategyRequest) -> web.Response:
+    """Adaptive strategy choice for a task"""
+    vector = await embed(request, body.task)
     similar = await rc.similar(
         redis_of(request),
         index_of(request),
-        rc.scope_of(ns_of(request), req, await tags_of(request), category=()),
+        rc.scope_of(ns_of(request), body, await tags_of(request), category=()),
         vector,
-        max(req.k, insights.ADVICE_POOL),
-        req.min_similarity,
+        max(body.k, insights.ADVICE_POOL),
+        body.min_similarity,
         graph_ef=request.app[SETTINGS].graph_ef,
     )
     profile = None
-    if req.category:
-        profile = next((p for p in await _profiles(request, req, 0.5) if p["category"] == req.category), None)
+    if body.category:
+        profile = next(
+            (p for p in await _profiles(request, body, 0.5) if p["category"] == body.category), None
+        )
     choice = insights.choose_strategy(
-        [episode_of(c) for c in similar], complexity=req.complexity, category_profile=profile, k=req.k
+        [episode_of(c) for c in similar], complexity=body.complexity, category_profile=profile, k=body.k
     )
     return reply({**choice, "pool": list(insights.STRATEGY_POOL)})
 
 
-async def suggest(request: web.Request) -> web.Response:
-    req: models.SuggestRequest = validate(models.SuggestRequest, await read_json(request))
-    vector = await embed(request, req.task)
+async def suggest(request: web.Request, body: models.SuggestRequest) -> web.Response:
+    """Confidence and common failures from similar episodes"""
+    vector = await embed(request, body.task)
     scope = rc.scope_of(
-        ns_of(request), req, await tags_of(request), category=(req.category,) if req.category else ()
+        ns_of(request), body, await tags_of(request), category=(body.category,) if body.category else ()
     )
     similar = await rc.similar(
         redis_of(request),
         index_of(request),
         scope,
         vector,
-        max(req.k, insights.ADVICE_POOL),
-        req.min_similarity,
+        max(body.k, insights.ADVICE_POOL),
+        body.min_similarity,
         graph_ef=request.app[SETTINGS].graph_ef,
     )
-    return reply(insights.suggestion([episode_of(c) for c in similar], k=req.k))
+    return reply(insights.suggestion([episode_of(c) for c in similar], k=body.k))
 
 
-async def learning_curve(request: web.Request) -> web.Response:
-    req: models.LearningCurveQuery = query_params(request, models.LearningCurveQuery)
-    scope = rc.scope_of(ns_of(request), req, await tags_of(request))
+async def learning_curve(request: web.Request, query: models.LearningCurveQuery) -> web.Response:
+    """Cumulative and rolling reward and success rate"""
+    scope = rc.scope_of(ns_of(request), query, await tags_of(request))
     # the newest `limit` episodes, drawn in time order (oldest first) as the curve reads
-    newest = await rc.latest(redis_of(request), index_of(request), scope, req.limit, request.app[FLOORS])
+    newest = await rc.latest(redis_of(request), index_of(request), scope, query.limit, request.app[FLOORS])
     eps = [c.episode for c in reversed(newest)]
-    points = insights_curve(eps, req.window)
-    return reply({"results": points, "window": req.window})
+    points = insights_curve(eps, query.window)
+    return reply({"results": points, "window": query.window})
 
 
 def insights_curve(eps: list[Any], window: int) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import CURSORS, KEYS
 from services.query.cursors import filters_digest
-from services.query.views.common import index_of, ns_of, query_params, redis_of, reply, store_of, tags_of
+from services.query.views.common import index_of, ns_of, redis_of, reply, store_of, tags_of
 from shared.facts import DOC_FIELD as FACT_DOC
 from shared.facts import Fact, FactQuery, live_facts_index
 from shared.index_pages import Row, page
@@ -132,38 +132,38 @@ def _answer(results: list[Any], q: _Page, nxt: str | None) -> web.Response:
     return reply({"results": results, "next_cursor": nxt, "order": q.order, "limit": q.limit})
 
 
-async def list_episodes(request: web.Request) -> web.Response:
-    q: EpisodeListQuery = query_params(request, EpisodeListQuery)
-    scope = rc.scope_of(ns_of(request), q, await tags_of(request))
+async def list_episodes(request: web.Request, query: EpisodeListQuery) -> web.Response:
+    """Every episode of a scope, newest first, page by page (opaque cursor)"""
+    scope = rc.scope_of(ns_of(request), query, await tags_of(request))
     rows, nxt = await _page(
         request,
         "episodes",
-        q,
+        query,
         index_of(request),
         scope.query(),
         "completed_at",
         TIE_FIELD,
     )
     docs = await _docs(request, rows, "doc")
-    return _answer([response_shape(doc) for _, doc in docs], q, nxt)
+    return _answer([response_shape(doc) for _, doc in docs], query, nxt)
 
 
-async def list_facts(request: web.Request) -> web.Response:
-    q: FactListQuery = query_params(request, FactListQuery)
+async def list_facts(request: web.Request, query: FactListQuery) -> web.Response:
+    """Every fact of a scope, newest first, page by page (opaque cursor)"""
     r, keys = redis_of(request), request.app[KEYS]
     fq = FactQuery(
         namespace=ns_of(request),
         tags=await tags_of(request),
-        agent_id=q.agent_id,
-        user_id=q.user_id,
-        category=(q.category,) if q.category else (),
-        kind=(q.kind,) if q.kind else (),
-        evidence=(q.episode_id,) if q.episode_id else (),
-        since=q.since,
-        until=q.until,
-        include_superseded=q.include_superseded,
+        agent_id=query.agent_id,
+        user_id=query.user_id,
+        category=(query.category,) if query.category else (),
+        kind=(query.kind,) if query.kind else (),
+        evidence=(query.episode_id,) if query.episode_id else (),
+        since=query.since,
+        until=query.until,
+        include_superseded=query.include_superseded,
     )
     index = await live_facts_index(r, keys)
-    rows, nxt = await _page(request, "facts", q, index, fq.query(), "created_at")
+    rows, nxt = await _page(request, "facts", query, index, fq.query(), "created_at")
     docs = await _docs(request, rows, FACT_DOC)
-    return _answer([Fact.from_data(doc).to_json() for _, doc in docs], q, nxt)
+    return _answer([Fact.from_data(doc).to_json() for _, doc in docs], query, nxt)

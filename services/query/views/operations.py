@@ -15,10 +15,12 @@ from shared.index import index_exists
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness"""
     return reply({"status": "ok"})
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Readiness: Redis, index and embedder"""
     checks: dict[str, bool] = {}
     r = request.app.get(REDIS)
     try:  # a probe answers within 2 s: a Redis that hangs (paused, overloaded) is "not ready" too
@@ -80,9 +82,11 @@ async def consolidation(request: web.Request) -> dict[str, int | None]:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus metrics (ENGRAM_METRICS_KEY when API keys are set)"""
     request.app[METRICS].set_consolidation(**await consolidation(request))
     return await request.app[METRICS].handle(request)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
+    """This OpenAPI 3.1 document"""
     return reply(request.app[OPENAPI]())

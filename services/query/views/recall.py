@@ -15,7 +15,7 @@ from aiohttp import web
 from services.query import insights, models
 from services.query import recall as rc
 from services.query.appkeys import FACTS, FLOORS, METRICS, SETTINGS
-from services.query.problems import Invalid, read_json, validate
+from services.query.problems import Invalid
 from services.query.recall.relevance import CONTEXT_FLOOR
 from services.query.views.common import (
     embed,
@@ -86,17 +86,17 @@ def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.Re
     )
 
 
-async def recall(request: web.Request) -> web.Response:
-    req: models.RecallRequest = validate(models.RecallRequest, await read_json(request))
-    params = recall_params(req, request.app[SETTINGS], time.time())
+async def recall(request: web.Request, body: models.RecallRequest) -> web.Response:
+    """Prioritized recall of the episodes worth replaying"""
+    params = recall_params(body, request.app[SETTINGS], time.time())
     start = time.perf_counter()
-    scope = rc.scope_of(ns_of(request), req, await tags_of(request))
-    async with overlapped(embed(request, req.query)) as vector:
-        body = await rc.recall(query_of(request, scope, req.query, vector), params)
+    scope = rc.scope_of(ns_of(request), body, await tags_of(request))
+    async with overlapped(embed(request, body.query)) as vector:
+        answer = await rc.recall(query_of(request, scope, body.query, vector), params)
     metrics = request.app[METRICS]
     metrics.recall_seconds.labels(params.mode).observe(time.perf_counter() - start)
-    metrics.recall_candidates.observe(body["candidates"])
-    return reply(body)
+    metrics.recall_candidates.observe(answer["candidates"])
+    return reply(answer)
 
 
 @contextlib.asynccontextmanager
@@ -114,36 +114,36 @@ async def overlapped(embedding: Coroutine[Any, Any, np.ndarray]) -> AsyncIterato
             task.exception()  # retrieved: a failure the request already answered is not logged again
 
 
-async def context(request: web.Request) -> web.Response:
-    req: models.ContextRequest = validate(models.ContextRequest, await read_json(request))
+async def context(request: web.Request, body: models.ContextRequest) -> web.Response:
+    """Working memory and a ready prompt section for a task"""
     s = request.app[SETTINGS]
     r, index = redis_of(request), index_of(request)
-    scope = rc.scope_of(ns_of(request), req, await tags_of(request), category=())
-    async with overlapped(embed(request, req.task)) as pending:
-        params = context_params(req, s, time.time())
-        recalled = await rc.recall(query_of(request, scope, req.task, pending), params)
+    scope = rc.scope_of(ns_of(request), body, await tags_of(request), category=())
+    async with overlapped(embed(request, body.task)) as pending:
+        params = context_params(body, s, time.time())
+        recalled = await rc.recall(query_of(request, scope, body.task, pending), params)
         # a keyword recall answered without the embedder (`similarity_unavailable`): no facts by cosine
         unavailable = recalled.get("similarity_unavailable", False)
         vector = None if unavailable else await pending
     short_term = await rc.latest(r, index, scope, s.short_term_window, request.app[FLOORS])
     facts = await request.app[FACTS](r, scope, vector, 5) if vector is not None else []
     # a fact is no knowledge of the task below the floor a vector recall applies to episodes
-    floor = CONTEXT_FLOOR["vector"] if req.min_relevance is None else req.min_relevance
+    floor = CONTEXT_FLOOR["vector"] if body.min_relevance is None else body.min_relevance
     facts = [f for f in facts if f.get("score") is None or f["score"] >= floor]
     prompt, truncated = insights.prompt_section(
-        req.task, req.category, recalled["results"], recalled["replay_context"], facts, req.max_chars
+        body.task, body.category, recalled["results"], recalled["replay_context"], facts, body.max_chars
     )
     return reply(
         {
-            "task": req.task,
-            "category": req.category,
+            "task": body.task,
+            "category": body.category,
             "results": recalled["results"],
             "short_term": [rc.episode_json(episode_of(c)) for c in short_term],
             "replay_context": recalled["replay_context"],
             "facts": facts,
             "prompt": prompt,
             "truncated": truncated,
-            "max_chars": req.max_chars,
+            "max_chars": body.max_chars,
             "preset": recalled["preset"],
             **({"similarity_unavailable": True} if unavailable else {}),
         }

@@ -20,6 +20,7 @@ EXPIRING = 10  # the soonest expiring episodes listed
 
 
 async def summary(request: web.Request) -> web.Response:
+    """What the namespace holds: episodes, agents, users, sessions, facts, what expires soonest"""
     r, index, ns = redis_of(request), index_of(request), ns_of(request)
     tags = await tags_of(request)
     now = time.time()

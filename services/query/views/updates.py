@@ -22,8 +22,8 @@ from engram_episodic.validation import (
     parse_update,
 )
 from services.query.appkeys import METRICS
-from services.query.problems import Invalid, read_json
-from services.query.views.common import ns_of, path_id, publisher, query_params, reply
+from services.query.problems import Invalid
+from services.query.views.common import ns_of, publisher, reply
 from services.query.views.episodes import WAIT_EXPIRED, WaitQuery, _projected, stored_or_pending
 
 
@@ -42,11 +42,9 @@ async def _stored_episode(request: web.Request, episode_id: str) -> tuple[str | 
     return (user if isinstance(user, str) else None), episode
 
 
-async def update_episode(request: web.Request) -> web.Response:
-    episode_id = path_id(request, "episode_id")
-    query: WaitQuery = query_params(request, WaitQuery)
+async def update_episode(request: web.Request, episode_id: str, query: WaitQuery, body: Any) -> web.Response:
+    """Change an episode's feedback, outcome, importance or metadata after the fact"""
     errs = Collector()
-    body = await read_json(request)
     changes = parse_update(body, "", errs)
     for field, why in empty_changes(body):
         errs.add(field, why)
