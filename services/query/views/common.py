@@ -31,7 +31,8 @@ from services.query.appkeys import (
 from services.query.problems import Invalid, validate
 from services.query.recall.plan import QueryVector
 from services.query.store import EpisodeStore
-from shared import tracing
+from shared import streams, tracing
+from shared.codec import peek_identity
 from shared.embedding import EmbeddingError
 from shared.index import Scope
 from shared.sdk import EngramClient
@@ -146,6 +147,23 @@ def publisher(request: web.Request, *, backpressure: bool = False) -> EngramClie
         master_key=s.master_key,
         partitions=s.partitions,
     )
+
+
+def group_of(request: web.Request) -> streams.StreamGroup:
+    """The consolidator's consumer group on the partition stream of the caller's namespace."""
+    stream = request.app[KEYS].stream_of(ns_of(request))
+    return streams.StreamGroup(redis_of(request), stream, request.app[SETTINGS].consumer_group)
+
+
+async def accepted_ids(request: web.Request, limit: int = 10_000) -> set[str]:
+    """The ids of the caller's episodes whose events the stream holds and the consolidator has not
+    projected yet (read-your-writes), among the `limit` oldest pending and newest undelivered entries."""
+    ns, out = ns_of(request), set()
+    for payload in await group_of(request).unprojected(limit=limit):
+        identity = peek_identity(payload)
+        if identity is not None and identity[0] == ns:
+            out.add(identity[1])
+    return out
 
 
 def path_id(request: web.Request, name: str) -> str:

@@ -25,22 +25,20 @@ from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.query import models
 from services.query import recall as rc
-from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
+from services.query.appkeys import EMBEDDER, METRICS, SETTINGS
 from services.query.problems import Invalid, Problem
 from services.query.views.common import (
+    accepted_ids,
     episode_of,
+    group_of,
     ns_of,
     publisher,
-    redis_of,
     reply,
     store_of,
 )
-from shared import streams
-from shared.codec import peek_identity
 from shared.index import SearchHit
 
 STATUS_PENDING = "pending"  # accepted into the stream, not yet projected by the consolidator
-PENDING_SCAN = 10_000  # unacked entries a GET of an unknown id looks through (bounds its cost)
 MAX_INGEST_WAIT = MAX_WAIT  # seconds a ?wait= may hold a request: the client checks the same bound
 INGEST_WAIT_POLL = 0.02
 
@@ -70,21 +68,12 @@ async def _projected(
     its entry (after the document write committed) and its episode's event hash holds it (the hash is
     written a step before the document). An event acked but never recorded was dropped or
     dead-lettered: said at once instead of waiting out `wait`."""
-    r, keys, s, store = redis_of(request), request.app[KEYS], request.app[SETTINGS], store_of(request)
+    store, group = store_of(request), group_of(request)
     deadline = time.monotonic() + wait
     why: list[str | None] = [WAIT_TIMEOUT] * len(events)
     while True:
         todo = [i for i, w in enumerate(why) if w == WAIT_TIMEOUT]
-        acked = [False] * len(todo)
-        by_stream: dict[str, list[int]] = {}  # stream ids are per partition: ask each partition's group
-        for j, i in enumerate(todo):
-            by_stream.setdefault(keys.stream_of(events[i].namespace), []).append(j)
-        for stream, js in by_stream.items():
-            got = await streams.StreamGroup(r, stream, s.consumer_group).acked(
-                [stream_ids[todo[j]] for j in js]
-            )
-            for j, ok in zip(js, got, strict=True):
-                acked[j] = ok
+        acked = await group.acked([stream_ids[i] for i in todo])
         found = await store.recorded([events[i] for i in todo])
         dropped = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and not f]
         projected = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and f]
@@ -249,17 +238,6 @@ async def _forgotten(request: web.Request, episode_ids: list[str]) -> set[str]:
     return await store_of(request).forgotten(ns_of(request), episode_ids) if episode_ids else set()
 
 
-async def _accepted_not_projected(request: web.Request, episode_id: str) -> bool:
-    """True when the stream holds an event of this episode that the consolidator has not acked yet."""
-    s, keys, ns = request.app[SETTINGS], request.app[KEYS], ns_of(request)
-    group = streams.StreamGroup(redis_of(request), keys.stream_of(ns), s.consumer_group)
-    for payload in await group.unprojected(limit=PENDING_SCAN):
-        identity = peek_identity(payload)
-        if identity is not None and identity[0] == ns and identity[1] == episode_id:
-            return True
-    return False
-
-
 async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes, bytes | None] | None:
     """The episode's stored fields (`EpisodeStore.stored`), or None while it is accepted but not yet
     projected (read-your-writes: not "never existed"); NotFound otherwise (naming the dead letters when
@@ -271,7 +249,7 @@ async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes
     except NotFound:
         if await store.tombstoned(ns, episode_id):
             raise
-        if await _accepted_not_projected(request, episode_id):
+        if episode_id in await accepted_ids(request):
             return None
     try:
         return await store.stored(ns, episode_id)
@@ -313,9 +291,7 @@ async def get_episode(request: web.Request, episode_id: str) -> web.Response:
 async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
     """Whether the consolidator acked the forget at `stream_id` within `wait` seconds: it erases before
     it acks (`services.consolidator.forgetting`), so acked = gone from every read."""
-    group = streams.StreamGroup(
-        redis_of(request), request.app[KEYS].stream_of(ns_of(request)), request.app[SETTINGS].consumer_group
-    )
+    group = group_of(request)
     deadline = time.monotonic() + wait
     while not (done := (await group.acked([stream_id]))[0]) and time.monotonic() < deadline:
         await asyncio.sleep(INGEST_WAIT_POLL)

@@ -26,9 +26,10 @@ from engram_episodic.errors import NotFound
 from engram_episodic.events import EpisodeForgotten
 from engram_episodic.timeutil import format_instant
 from services.query import models
-from services.query.appkeys import KEYS, METRICS, SETTINGS
+from services.query.appkeys import KEYS, METRICS
 from services.query.store import JOB_TTL, EpisodeStore
 from services.query.views.common import (
+    accepted_ids,
     index_of,
     ns_of,
     publisher,
@@ -37,15 +38,12 @@ from services.query.views.common import (
     store_of,
     tags_of,
 )
-from shared import streams
-from shared.codec import peek_identity
 from shared.index import Scope
 from shared.index_pages import every_key
 from shared.keys import digest
 
 MAX_IDS = 1000  # episode ids per POST /v1/forget
 PUBLISH_CHUNK = 1000  # EpisodeForgotten events per XADD call (one atomic script each)
-PENDING_SCAN = 10_000  # unacked entries looked through for ids accepted but not yet projected
 
 
 class ForgetRequest(models.Model):
@@ -133,7 +131,7 @@ async def forget_episodes(request: web.Request, body: ForgetRequest) -> web.Resp
     The ids the namespace holds (a document, stored events, dead letters, or accepted and not yet
     projected) are forgotten; those it never had are listed in `unknown`, those forgotten before in
     `already_forgotten` (neither is published)."""
-    r, keys, ns, s = redis_of(request), request.app[KEYS], ns_of(request), request.app[SETTINGS]
+    ns = ns_of(request)
     wanted = list(dict.fromkeys(body.episode_ids))
     gone: list[str] = []
     held: list[str] = []
@@ -141,14 +139,9 @@ async def forget_episodes(request: web.Request, body: ForgetRequest) -> web.Resp
     for e, (tomb, has) in zip(wanted, await store_of(request).holdings(ns, wanted), strict=True):
         (gone if tomb else held if has else unsure).append(e)
     if unsure:
-        group = streams.StreamGroup(r, keys.stream_of(ns), s.consumer_group)
-        pending = {
-            identity[:2]
-            for p in await group.unprojected(limit=PENDING_SCAN)
-            if (identity := peek_identity(p))
-        }
-        held += [e for e in unsure if (ns, e) in pending]
-        unsure = [e for e in unsure if (ns, e) not in pending]
+        pending = await accepted_ids(request)
+        held += [e for e in unsure if e in pending]
+        unsure = [e for e in unsure if e not in pending]
     if not held and not gone:
         raise NotFound("none of these episodes is in this namespace")
     return await _start(request, "episodes", held, unknown=unsure, already_forgotten=gone)
