@@ -9,19 +9,17 @@ settings): this module neither imports nor builds the consolidator. Likewise the
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
 from engram_episodic.errors import NotFound
-from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
 from services.query import models
 from services.query import recall as rc
-from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS, NAMESPACE, REDIS, TAGS
-from services.query.views.common import embed
+from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS
+from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
 from shared.facts import KINDS, FactQuery, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
 from shared.index import current_generation, filter_search
@@ -88,10 +86,10 @@ def _fact_json(fact, score: float | None = None) -> dict[str, Any]:
 
 async def facts_search(request: web.Request, body: FactsSearchRequest) -> web.Response:
     """Search consolidated facts (semantic memory)"""
-    r: aioredis.Redis = request.app[REDIS]
+    r = redis_of(request)
     q = FactQuery(
-        namespace=request[NAMESPACE],
-        tags=await request.app[TAGS].get(r),
+        namespace=ns_of(request),
+        tags=await tags_of(request),
         agent_id=body.agent_id,
         user_id=body.user_id,
         category=body.category or (),
@@ -112,12 +110,12 @@ async def facts_search(request: web.Request, body: FactsSearchRequest) -> web.Re
     out: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
     if body.as_of is not None:
         out["as_of"] = format_instant(body.as_of)
-    return web.json_response(out)
+    return reply(out)
 
 
 async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
     """One fact with its evidence episodes and history"""
-    r, keys, ns = request.app[REDIS], request.app[KEYS], request[NAMESPACE]
+    r, keys, ns = redis_of(request), request.app[KEYS], ns_of(request)
     fact = await get_fact(r, keys, ns, fact_id)
     if fact is None:
         raise NotFound(f"no fact {fact_id[:80]!r} in this namespace")
@@ -125,10 +123,10 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
     if fact.evidence:
         _, hits = await filter_search(
             r,
-            keys.episode_index_alias,
+            index_of(request),
             EpisodeScope(
                 namespace=ns,
-                tags=await request.app[TAGS].get(r),
+                tags=await tags_of(request),
                 episode_id=fact.evidence,
                 live_at=time.time(),  # an expired episode is not shown, though the fact still counts it until erased
             ),
@@ -137,10 +135,7 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
             descending=False,
             limit=len(fact.evidence),
         )
-        # decode_hit always sets the episode (Candidate.episode is optional for recall's signal-only ones)
-        evidence = [
-            rc.episode_json(cast(Episode, c.episode)) for c in map(rc.decode_hit, hits) if c is not None
-        ]
+        evidence = [rc.episode_json(episode_of(c)) for c in map(rc.decode_hit, hits) if c is not None]
     history: list[dict[str, Any]] = []
     seen = {fact.fact_id}
     cursor = fact.supersedes
@@ -151,16 +146,16 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
             break
         history.append(_fact_json(older))
         cursor = older.supersedes
-    return web.json_response({"fact": _fact_json(fact), "evidence": evidence, "history": history})
+    return reply({"fact": _fact_json(fact), "evidence": evidence, "history": history})
 
 
 async def consolidate(request: web.Request, body: ConsolidateRequest) -> web.Response:
     """Consolidate the namespace's episodes into facts now"""
-    r = request.app[REDIS]
+    r = redis_of(request)
     results = await request.app[CONSOLIDATE](
-        r, request.app[EMBEDDER], request[NAMESPACE], body.agent_id, body.category, body.all_scopes
+        r, request.app[EMBEDDER], ns_of(request), body.agent_id, body.category, body.all_scopes
     )
-    return web.json_response(
+    return reply(
         {
             "results": [x.to_json() for x in results],
             "summarizer_failures": sum(x.summarizer_failures for x in results),
