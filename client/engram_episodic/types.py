@@ -104,7 +104,14 @@ class _Result:
         return cls(**given)
 
 
-class _Listing(_Result):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Answer(_Result):
+    """A top-level result: `raw` is the answer it was read from."""
+
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+class _Listing(_Answer):
     """A result iterable over its items, the field `_ITEMS` (the answer's `results`)."""
 
     __slots__ = ()
@@ -138,13 +145,12 @@ class Accepted(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class IngestResult(_Result):
+class IngestResult(_Answer):
     """`POST /v1/episodes`: every episode of the request, in request order."""
 
     accepted: int
     results: tuple[Accepted, ...]
     projected: bool | None = None  # with `wait`: every episode projected (recallable) in time
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,7 +214,6 @@ class Recall(_Listing):
     mode: str = ""
     candidates: int = 0
     similarity_unavailable: bool = False
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def episodes(self) -> tuple[Episode, ...]:
@@ -229,7 +234,7 @@ class ContextFact(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Context(_Result):
+class Context(_Answer):
     """`POST /v1/context`: working memory for a task, with `prompt` ready to put before a model call.
     `similarity_unavailable` as in `Recall` (and no facts then)."""
 
@@ -244,11 +249,10 @@ class Context(_Result):
     facts: tuple[ContextFact, ...]
     preset: str | None
     similarity_unavailable: bool = False
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StrategyChoice(_Result):
+class StrategyChoice(_Answer):
     """`POST /v1/strategy`: the strategy to use, the rule that chose it and why."""
 
     strategy: str
@@ -256,11 +260,10 @@ class StrategyChoice(_Result):
     reason: str
     evidence: Mapping[str, Any]
     pool: tuple[str, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Suggestion(_Result):
+class Suggestion(_Answer):
     """`POST /v1/suggest`: confidence (high/medium/low) from similar successes vs failures.
 
     `common_failures`, `failed_action_types` and `successful_strategies` are `(name, count)` pairs,
@@ -275,7 +278,6 @@ class Suggestion(_Result):
     common_failures: tuple[tuple[str, int], ...]
     failed_action_types: tuple[tuple[str, int], ...]
     successful_strategies: tuple[tuple[str, int], ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -310,7 +312,6 @@ class Skills(_Listing):
     results: tuple[SkillProfile, ...]
     weak: tuple[str, ...]
     threshold: float
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,11 +334,10 @@ class LearningCurve(_Listing):
 
     results: tuple[CurvePoint, ...]
     window: int
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Fact(_Result):
+class Fact(_Answer):
     """A semantic-memory fact (docs/architecture.md, "Facts"); `score` is set by search with a query."""
 
     fact_id: str
@@ -363,7 +363,6 @@ class Fact(_Result):
     supersedes: str | None = None
     superseded_by: str | None = None
     score: float | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -386,15 +385,14 @@ class ScopeConsolidation(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Consolidation(_Result):
+class Consolidation(_Answer):
     """`POST /v1/consolidate`: a run per scope."""
 
     results: tuple[ScopeConsolidation, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StoredEpisode(_Result):
+class StoredEpisode(_Answer):
     """`GET /v1/episodes/{id}`: a projected episode, its status and its recall counters.
 
     `status` is `completed`, `draft` (started, not finished) or `pending` (accepted into the stream, not
@@ -405,7 +403,6 @@ class StoredEpisode(_Result):
     status: str = ""
     access_count: int = 0
     last_accessed: Instant | None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,7 +422,6 @@ class EpisodePage(_Listing):
 
     episodes: tuple[Episode, ...]
     next_cursor: str | None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     _ITEMS = "episodes"
     _WIRE = {"episodes": "results"}
@@ -437,7 +433,6 @@ class FactPage(_Listing):
 
     facts: tuple[Fact, ...]
     next_cursor: str | None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     _ITEMS = "facts"
     _WIRE = {"facts": "results"}
@@ -462,7 +457,7 @@ class Expiring(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Summary(_Result):
+class Summary(_Answer):
     """`GET /v1/summary`: what the namespace holds. `episodes` not yet expired; `agents`, `users`,
     `sessions` distinct ids; `facts` current ones; `expiring` the 10 episodes expiring soonest, soonest
     first."""
@@ -473,7 +468,6 @@ class Summary(_Result):
     sessions: int
     facts: int
     expiring: tuple[Expiring, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -495,24 +489,22 @@ class DeadLetters(_Listing):
 
     dead_letters: tuple[DeadLetter, ...]
     total: int
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     _ITEMS = "dead_letters"
     _WIRE = {"dead_letters": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeadLettersActed(_Result):
+class DeadLettersActed(_Answer):
     """A redrive or discard: `done` dead letters re-driven or discarded, the ids that named none of the
     namespace's `unknown`."""
 
     done: int
     unknown: tuple[str, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ForgetJob(_Result):
+class ForgetJob(_Answer):
     """A bulk forget (`DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget`) and its
     status (`GET /v1/forget/{job_id}`): `episodes` it erases, `forgotten` so far, `done` once all are.
     `unknown` / `already_forgotten`: ids of a by-id forget that were not published, in the answer of
@@ -527,7 +519,6 @@ class ForgetJob(_Result):
     expires_at: Instant
     unknown: tuple[str, ...] = ()
     already_forgotten: tuple[str, ...] = ()
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
