@@ -2386,12 +2386,12 @@ export interface operations {
     list_episodes: {
         parameters: {
             query?: {
-                order?: "desc" | "asc";
-                limit?: number;
-                cursor?: string | null;
                 agent_id?: string | null;
                 user_id?: string | null;
                 session_id?: string | null;
+                order?: "desc" | "asc";
+                limit?: number;
+                cursor?: string | null;
                 category?: (string | string[]) | null;
                 outcome?: (("success" | "partial" | "failure" | "abandoned") | ("success" | "partial" | "failure" | "abandoned")[]) | null;
                 since?: string | null;

@@ -151,13 +151,17 @@ class ForgetJobStarted(ForgetJob):
     )
 
 
-class EpisodePage(Answer):
-    """One page of `GET /v1/episodes`."""
-
-    results: list[EpisodeOut]
+class Page(Answer):
+    results: list[Any]
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
     order: Literal["asc", "desc"]
     limit: int
+
+
+class EpisodePage(Page):
+    """One page of `GET /v1/episodes`."""
+
+    results: list[EpisodeOut]
 
 
 # --- recall and working memory ----------------------------------------------------------------------
@@ -391,13 +395,10 @@ class FactsAnswer(Answer):
     results: list[Fact]
 
 
-class FactPage(Answer):
+class FactPage(Page):
     """One page of `GET /v1/facts`."""
 
     results: list[Fact]
-    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
-    order: Literal["asc", "desc"]
-    limit: int
 
 
 class FactDetail(Answer):

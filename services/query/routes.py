@@ -56,8 +56,8 @@ class Route:
     `errors` are completed with the statuses its shape implies (those given replace one of the same code
     in place): a body or query model → 400; a body → 413 and 415; a body, query model or path parameter
     → 422; a path parameter that names something looked up (`lookup`; not the scope of a bulk forget) →
-    404; not public → 401; outside `operations` → 503 (start-up, Redis down; appended to the description
-    of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
+    404; not public → 401; 202 (an event published) → 503 not published; outside `operations` → 503
+    (start-up, Redis down; appended to the description of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
     response object (`response`), so the document has a schema for every answer (a unit test checks each
     route of the table gives one)."""
 
@@ -105,6 +105,8 @@ class Route:
             implied.append(NOT_FOUND)
         if not self.public:
             implied.append(UNAUTHORIZED)
+        if self.status == 202:  # accepted: an event was published
+            implied.append(NOT_PUBLISHED)
         by_code = {s.code: s for s in implied}
         by_code.update((s.code, s) for s in self.errors)
         if self.tag != "operations":
@@ -155,7 +157,7 @@ ROUTES: tuple[Route, ...] = (
         episodes.ingest,
         body=models.INGEST_SCHEMA,
         status=202,
-        errors=(NOT_PUBLISHED, LAGGING),
+        errors=(LAGGING,),
         answer=answers.IngestAnswer,
     ),
     Route(
@@ -176,7 +178,6 @@ ROUTES: tuple[Route, ...] = (
         updates.update_episode,
         body=models.UPDATE_SCHEMA,
         status=202,
-        errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeUpdateAccepted,
     ),
     Route(
@@ -184,7 +185,6 @@ ROUTES: tuple[Route, ...] = (
         "/v1/episodes/{episode_id:(?s:.*)}",
         episodes.delete_episode,
         status=202,
-        errors=(NOT_PUBLISHED,),
         answer=answers.EpisodeForgotten,
     ),
     Route(
@@ -192,7 +192,6 @@ ROUTES: tuple[Route, ...] = (
         "/v1/users/{user_id:(?s:.*)}",
         episodes.delete_user,
         status=202,
-        errors=(NOT_PUBLISHED,),
         answer=answers.UserForgotten,
         lookup=False,
     ),
@@ -201,7 +200,6 @@ ROUTES: tuple[Route, ...] = (
         "/v1/agents/{agent_id:(?s:.*)}",
         forgetting.forget_agent,
         status=202,
-        errors=(NOT_PUBLISHED,),
         answer=answers.ForgetJobStarted,
         lookup=False,
     ),
@@ -210,7 +208,6 @@ ROUTES: tuple[Route, ...] = (
         "/v1/sessions/{session_id:(?s:.*)}",
         forgetting.forget_session,
         status=202,
-        errors=(NOT_PUBLISHED,),
         answer=answers.ForgetJobStarted,
         lookup=False,
     ),
@@ -219,7 +216,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/forget",
         forgetting.forget_episodes,
         status=202,
-        errors=(Status(404, "none of the ids is in the caller's namespace"), NOT_PUBLISHED),
+        errors=(Status(404, "none of the ids is in the caller's namespace"),),
         answer=answers.ForgetJobStarted,
     ),
     Route(

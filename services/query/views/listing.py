@@ -64,12 +64,9 @@ class _Page(models.Model):
         return self.model_dump(exclude={"cursor", "limit"}, exclude_none=True)
 
 
-class EpisodeListQuery(_Page):
+class EpisodeListQuery(_Page, models.ScopeIn):
     """`GET /v1/episodes` query parameters: recall's scope filters, one value each."""
 
-    agent_id: models.IdStr | None = None
-    user_id: models.IdStr | None = None
-    session_id: models.IdStr | None = None
     category: models.TagList | None = None
     outcome: models.OutcomeList | None = None
     since: QueryInstant | None = Field(None, description="inclusive lower bound on completed_at")
