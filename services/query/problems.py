@@ -248,9 +248,7 @@ def _outage(request: web.Request, exc: Exception) -> web.Response | None:
     if isinstance(exc, REDIS_FAULTS):  # an outage (a cluster's too), not a bug: no traceback
         log.warning("redis unavailable ◆ %s %s ◆ %s", request.method, route_of(request), type(exc).__name__)
         return problem(503, "the memory store is unavailable; retry later", headers={"Retry-After": "1"})
-    if isinstance(
-        exc, ConfigError
-    ):  # the deployment's, not the request's: say so, and how to fix it in the log
+    if isinstance(exc, ConfigError):  # the deployment's, not the request's: how to fix it is in the log
         log.error("misconfigured ◆ %s %s ◆ %s", request.method, route_of(request), exc)
         return problem(
             503, "the service is misconfigured; its log says how to fix it", headers={"Retry-After": "5"}

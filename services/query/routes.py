@@ -93,9 +93,7 @@ class Route:
             object.__setattr__(self, "body", body)
         object.__setattr__(self, "query", hints.get("query"))
         implied: list[Status] = []
-        if (
-            self.body is not None or self.query is not None
-        ):  # a long query string is refused before any handler
+        if self.body is not None or self.query is not None:  # a long query string: before any handler
             implied.append(MALFORMED)
         if self.body is not None:
             implied += [TOO_LARGE, ENCODED]

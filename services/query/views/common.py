@@ -122,9 +122,7 @@ async def embed(request: web.Request, text: str):
             vector = await request.app[QUERY_VECTORS].embed(embedder, text, namespace=ns_of(request))
         except (EmbeddingError, ConfigError):
             raise
-        except (
-            Exception
-        ) as exc:  # a model's own fault (torch, onnxruntime): an outage, not a bug of the request
+        except Exception as exc:  # a model's own fault (torch, onnxruntime): an outage, not a bad request
             raise EmbeddingError(f"{embedder.name}: {type(exc).__name__}: {exc}") from exc
     metrics.embed_seconds.observe(time.perf_counter() - start)
     metrics.count_truncations(embedder.truncations)

@@ -23,9 +23,7 @@ from services.query.appkeys import KEYS
 from services.query.views.common import ns_of, redis_of, reply
 from shared.codec import peek_identity
 
-SCAN = (
-    100_000  # dead letters looked through for the caller's (the stream is small unless something is broken)
-)
+SCAN = 100_000  # dead letters looked through for the caller's (few unless something is broken)
 MAX_IDS = 1000
 
 

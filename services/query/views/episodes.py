@@ -181,7 +181,10 @@ async def ingest(request: web.Request, query: WaitQuery, body: Any) -> web.Respo
         if ep is not None:
             episodes.append(ep)
     errs.raise_if_any()  # InvalidEpisode → 422 naming every bad field; nothing is published
-    forgotten = await _forgotten(request, [ep.episode_id for ep in episodes])
+    # a forgotten id is not published again, so no stream (nor its AOF, RDB) holds its text again (an
+    # `engram import` of an export made before the forget); a racing forget the consolidator honours
+    ids = [ep.episode_id for ep in episodes]
+    forgotten = await store_of(request).forgotten(ns_of(request), ids) if ids else set()
     now = time.time()
     events = [
         EpisodeCompleted(
@@ -229,13 +232,6 @@ async def _waited_for(
             if reason is not None:
                 result["reason"] = reason
     return all(result["projected"] for result in results)
-
-
-async def _forgotten(request: web.Request, episode_ids: list[str]) -> set[str]:
-    """The ids among `episode_ids` whose episode was forgotten (tombstoned): they are not published, so
-    the stream, its AOF and RDB never hold a forgotten episode's text again (an `engram import` of an
-    export made before a forget). A forget racing this check is still honoured by the consolidator."""
-    return await store_of(request).forgotten(ns_of(request), episode_ids) if episode_ids else set()
 
 
 async def stored_or_pending(request: web.Request, episode_id: str) -> dict[bytes, bytes | None] | None:

@@ -87,14 +87,10 @@ async def learning_curve(request: web.Request, query: models.LearningCurveQuery)
     scope = rc.scope_of(ns_of(request), query, await tags_of(request))
     # the newest `limit` episodes, drawn in time order (oldest first) as the curve reads
     newest = await rc.latest(redis_of(request), index_of(request), scope, query.limit, request.app[FLOORS])
-    eps = [c.episode for c in reversed(newest)]
-    points = insights_curve(eps, query.window)
-    return reply({"results": points, "window": query.window})
-
-
-def insights_curve(eps: list[Any], window: int) -> list[dict[str, Any]]:
-    points = curve([e.feedback.reward if e.feedback else None for e in eps], [e.outcome for e in eps], window)
+    eps = [episode_of(c) for c in reversed(newest)]
+    rewards = [e.feedback.reward if e.feedback else None for e in eps]
+    points = curve(rewards, [e.outcome for e in eps], query.window)
     for p, e in zip(points, eps, strict=True):
         p["episode_id"] = e.episode_id
         p["completed_at"] = format_instant(e.completed_at)
-    return points
+    return reply({"results": points, "window": query.window})

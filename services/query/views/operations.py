@@ -42,9 +42,8 @@ async def readyz(request: web.Request) -> web.Response:
     body: dict[str, Any] = {"checks": checks}
     # what the consolidator left behind, told here too: informational, never a readiness failure
     body.update(await consolidation(request) if checks["redis"] else {"dead_letters": None, "lag": None})
-    if (
-        checks["index"] and r is not None
-    ):  # rebuilt with another embedder under this process: every search would 409
+    # rebuilt with another embedder under this process: every search would 409
+    if checks["index"] and r is not None:
         try:
             mismatch = await asyncio.wait_for(request.app[TAGS].mismatch(r), 2.0)
         except Exception:
