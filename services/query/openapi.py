@@ -14,7 +14,7 @@ from services.query.answers import NAMED
 if TYPE_CHECKING:  # the type only: the table is handed over, never imported
     from services.query.routes import Route
 
-PATH_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
+_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -48,7 +48,7 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 
 def openapi_path(path: str) -> str:
     """`/v1/episodes/{episode_id:.+}` → `/v1/episodes/{episode_id}`."""
-    return PATH_PARAM.sub(r"{\1}", path)
+    return _PARAM.sub(r"{\1}", path)
 
 
 def _link(schema: Any) -> Any:
@@ -124,7 +124,7 @@ def document(routes: Iterable[Route], schemas: Mapping[str, dict[str, Any]] | No
         }
         params = [
             {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
-            for name in PATH_PARAM.findall(route.path)
+            for name in _PARAM.findall(route.path)
         ]
         if route.query is not None:
             schema = route.query.model_json_schema()

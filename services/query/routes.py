@@ -16,7 +16,6 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import answers, console, models
-from services.query.openapi import PATH_PARAM
 from services.query.problems import Invalid, read_json, validate
 from services.query.views import (
     deadletters,
@@ -79,7 +78,7 @@ class Route:
         return " ".join((self.handler.__doc__ or "").strip().split("\n\n")[0].split())
 
     async def call(self, request: web.Request) -> web.StreamResponse:
-        kwargs: dict[str, Any] = {name: path_id(request, name) for name in PATH_PARAM.findall(self.path)}
+        kwargs: dict[str, Any] = {name: path_id(request, name) for name in request.match_info}
         if self.query is not None:
             kwargs["query"] = query_params(request, self.query)
         if self.body is not None:
