@@ -306,7 +306,10 @@ ROUTES: tuple[Route, ...] = (
             errors=(Status(404, "none of the ids is a dead letter of the caller's namespace"),),
             answer=answers.DeadLettersActed,
         )
-        for verb, handler in (("redrive", deadletters.redrive), ("discard", deadletters.discard))
+        for verb, handler in (
+            ("redrive", deadletters.redrive_dead_letters),
+            ("discard", deadletters.discard_dead_letters),
+        )
     ),
     Route(
         "GET",

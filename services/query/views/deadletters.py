@@ -70,26 +70,22 @@ async def list_dead_letters(request: web.Request, query: DeadLetterQuery) -> web
     return reply({"results": results, "total": len(mine)})
 
 
-def _acting(verb: str):
-    """The handler that re-drives (`verb` "redrive") or discards the caller's dead letters named."""
-    act = {"redrive": deadletters.redrive, "discard": deadletters.discard}[verb]
-
-    async def handler(request: web.Request, body: DeadLetterIds) -> web.Response:
-        mine = {letter.dead_id for letter, _ in await _mine(request)}
-        wanted = list(dict.fromkeys(body.ids))
-        chosen = [i for i in wanted if i in mine]
-        if not chosen:
-            raise NotFound("none of the ids is a dead letter of this namespace")
-        done = await act(redis_of(request), request.app[KEYS], chosen)
-        return reply({"done": done, "unknown": [i for i in wanted if i not in mine]})
-
-    handler.__name__ = f"{verb}_dead_letters"
-    handler.__doc__ = {
-        "redrive": "Publish the namespace's dead letters named again (after a fix)",
-        "discard": "Delete the namespace's dead letters named, and their events",
-    }[verb]
-    return handler
+async def _act(request: web.Request, ids: list[str], act) -> web.Response:
+    """`act` (re-drive or discard) on the caller's dead letters among `ids`; NotFound if none is."""
+    mine = {letter.dead_id for letter, _ in await _mine(request)}
+    wanted = list(dict.fromkeys(ids))
+    chosen = [i for i in wanted if i in mine]
+    if not chosen:
+        raise NotFound("none of the ids is a dead letter of this namespace")
+    done = await act(redis_of(request), request.app[KEYS], chosen)
+    return reply({"done": done, "unknown": [i for i in wanted if i not in mine]})
 
 
-redrive = _acting("redrive")
-discard = _acting("discard")
+async def redrive_dead_letters(request: web.Request, body: DeadLetterIds) -> web.Response:
+    """Publish the namespace's dead letters named again (after a fix)"""
+    return await _act(request, body.ids, deadletters.redrive)
+
+
+async def discard_dead_letters(request: web.Request, body: DeadLetterIds) -> web.Response:
+    """Delete the namespace's dead letters named, and their events"""
+    return await _act(request, body.ids, deadletters.discard)
