@@ -66,11 +66,6 @@ class Candidate:
     """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
     raw_doc: bytes | None = None
     """The document's bytes as the search returned them (decoded only if the candidate wins)."""
-    relevance: float = math.nan
-    """The signal weighted by `w_sim`, in [0, 1]: `services.query.recall.relevance.relevance` of the mode, a function of
-    the query and this episode alone."""
-    keyword: float = 0.0
-    """Keyword relevance (`services.query.recall.relevance.keyword_relevance`); 0 in vector mode."""
     last_accessed: float = math.nan
     access_count: int = 0
 
@@ -126,7 +121,6 @@ class Columns:
     last_accessed: np.ndarray
     access_count: np.ndarray
     cos: np.ndarray
-    keyword: np.ndarray
     relevance: np.ndarray
     tie: np.ndarray
     """The episode's tie-break (`shared.ties.tie_break`)."""
@@ -151,7 +145,6 @@ class Columns:
             last_accessed=_floats([get(b"last_accessed") for get in gets]),
             access_count=np.where(np.isfinite(count), count, 0.0),  # HINCRBY writes it: never inf
             cos=cos,
-            keyword=keyword,
             relevance=relevance.relevances(mode, cos, keyword),
             tie=_floats([get(_TIE) for get in gets]),
         )
@@ -188,8 +181,6 @@ class Columns:
             outcome=self.outcomes[i],
             importance=float(self.importance[i]),
             cos=float(self.cos[i]),
-            relevance=float(self.relevance[i]),
-            keyword=float(self.keyword[i]),
             last_accessed=float(self.last_accessed[i]),
             access_count=int(self.access_count[i]),
         )
@@ -220,7 +211,7 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     the keyword hits' cosines wait for `q.vector`. The idf counts are the namespace's (`q.sizes`
     remembers them; never the request's filters); words of idf < `common_idf` leave the BM25 query only.
 
-    Relevance is `relevance.relevance` of the mode, a function of the query and the episode alone, never
+    Relevance is `relevance.relevances` of the mode, a function of the query and the episode alone, never
     rescaled over the pool (a score must not depend on what else is stored or returned); the depth does
     not depend on top_k, so every top_k is a prefix of the same ranking.
     """
@@ -282,7 +273,7 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     kw_out = relevance.max_keyword_relevance(
         pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
     )
-    pool.outside = relevance.relevance(mode, cos_out, kw_out)
+    pool.outside = float(relevance.relevances(mode, np.array([cos_out]), np.array([kw_out]))[0])
     pool.cands = await _complete(q, pool, lists, set())
     return pool
 

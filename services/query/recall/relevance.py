@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
-from services.query.recall.terms import Memos, field_texts, stemmer
+from services.query.recall.terms import Memos, stemmer
 from shared.keywords import STOPWORDS, words
 
 K1 = 1.2
@@ -122,23 +120,13 @@ def without_terms(text: str, stems: set[str]) -> str:
     return " ".join(w for w, s in zip(words, stemmer().stemWords(words), strict=True) if s not in stems)
 
 
-def episode_terms(
-    fields: Mapping[Any, str | bytes | None], memos: Memos | None = None
-) -> tuple[Mapping[str, float], float]:
-    """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
-    weighted length (stop words not counted). `fields` maps field names (str or bytes) to texts (str or
-    UTF-8 bytes); missing ones count 0. A recall scores its pool with `keyword_relevances` instead."""
-    t = (memos or Memos()).texts_terms(field_texts(fields))
-    return MappingProxyType({s: n * t.scale for s, n in t.tf.items()}), t.length
-
-
 def keyword_relevances(
     terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]], memos: Memos | None = None
 ) -> np.ndarray:
-    """float64[n]: `keyword_relevance(terms, *episode_terms(h))` of each search hit's fields (bytes
-    names), to the last bit: the same IEEE-754 operations in the same order, elementwise (a term an
-    episode lacks adds an exact 0.0; numpy's pairwise `sum` is not used). `memos`: the app's
-    (`Memos`), a fresh one when None. Checked by tests/unit/test_relevance_pool.py."""
+    """float64[n]: the keyword relevance `s / (s + KEYWORD_HALF)` (module docstring) of each search hit's
+    fields (bytes names), the BM25 sum taken term by term in query order (not numpy's pairwise `sum`),
+    so it equals the scalar formula to the last bit (tests/unit/test_relevance_pool.py). `memos`: the
+    app's (`Memos`), a fresh one when None."""
     n = len(hits)
     if not terms or not n:
         return np.zeros(n)
@@ -160,47 +148,15 @@ def keyword_relevances(
     return np.where(s > 0.0, s / (s + KEYWORD_HALF), 0.0)
 
 
-def keyword_score(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
-    """The BM25 score `s` of the module docstring (0 when no query term occurs)."""
-    norm = K1 * (1.0 - B + B * length / LEN_REF)
-    s = 0.0
-    for term, weight in terms.items():
-        f = tf.get(term)
-        if f:
-            s += weight * f * (K1 + 1.0) / (f + norm)
-    return s
-
-
-def keyword_relevance(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
-    """keyword_score mapped into [0, 1): s / (s + KEYWORD_HALF)."""
-    s = keyword_score(terms, tf, length)
-    return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
-
-
 def max_keyword_relevance(terms: Mapping[str, float]) -> float:
-    """An upper bound of keyword_relevance for any episode: every term saturated (s < (K1+1)·sum idf)."""
+    """An upper bound of the keyword relevance of any episode: every term saturated (s < (K1+1)·sum idf)."""
     s = (K1 + 1.0) * sum(terms.values())
     return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
 
 
-def cosine_relevance(cos: float) -> float:
-    """max(0, cos); NaN (no vector) is 0."""
-    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
-
-
-def relevance(mode: str, cos: float, keyword: float) -> float:
-    """The similarity signal of `mode` (vector | keyword | hybrid) for one episode, in [0, 1]."""
-    if mode == "vector":
-        return cosine_relevance(cos)
-    if mode == "keyword":
-        return keyword
-    return HYBRID_VECTOR_WEIGHT * cosine_relevance(cos) + (1.0 - HYBRID_VECTOR_WEIGHT) * keyword
-
-
 def relevances(mode: str, cos: np.ndarray, keyword: np.ndarray) -> np.ndarray:
-    """float64[n]: `relevance(mode, cos[i], keyword[i])` of each row, to the last bit (the same IEEE-754
-    operations elementwise; a cosine that is not finite or not positive gives 0.0, as in
-    `cosine_relevance`)."""
+    """float64[n]: the similarity signal of `mode` (vector | keyword | hybrid) of each row, in [0, 1]:
+    `max(0, cos)` (0 for a NaN cosine: no vector), `keyword`, or their hybrid mix (module docstring)."""
     if mode == "keyword":
         return np.asarray(keyword, dtype=np.float64)
     cos = np.asarray(cos, dtype=np.float64)

@@ -41,7 +41,7 @@ _IS_STOP = STOPWORDS.__contains__
 STEMS_CACHE = 200_000
 """Distinct words whose stem is remembered (~100 bytes each)."""
 TERMS_CACHE = 50_000
-"""Distinct episode texts whose terms are remembered (`Memos.texts_terms`)."""
+"""Distinct episode texts whose terms are remembered (`Memos.hit_terms`)."""
 TERMS_TTL = 60.0
 """Seconds after its last use within which `expire` drops a remembered text or stem (the erasure
 window of the memos; a pool member of a busy namespace is used again well within it)."""
@@ -184,31 +184,18 @@ class Memos:
                 tf[s] = tf.get(s, 0.0) + weight * n
         return Terms(tf, 1.0, length)
 
-    def texts_terms(self, texts: tuple[bytes | None, ...]) -> Terms:
-        """The `Terms` of one episode's text fields (UTF-8 or None, in `FIELD_KEYS` order), remembered."""
+    def hit_terms(self, fields: Mapping[bytes, bytes]) -> Terms:
+        """The `Terms` of a search hit's fields (bytes names and values, as `parse_search` returns them),
+        remembered per distinct texts."""
+        texts = tuple(map(fields.get, _BYTE_NAMES))
         got = self.terms.get(texts)
         return got if got is not None else self.terms.get_or(texts, self._texts_terms)
 
     def _texts_terms(self, texts: tuple[bytes | None, ...]) -> Terms:
         return self.weighted_terms(texts, _WEIGHTS)
 
-    def hit_terms(self, fields: Mapping[bytes, bytes]) -> Terms:
-        """The `Terms` of a search hit's fields (bytes names and values, as `parse_search` returns them)."""
-        return self.texts_terms(tuple(map(fields.get, _BYTE_NAMES)))
-
     def expire(self) -> None:
         """Drop what was not used for TERMS_TTL (`Recent.expire`: within TERMS_TTL + 2·i when called
         every i seconds; the query service calls it every second)."""
         for memo in (self.terms, self.stems, self.folds):
             memo.expire()
-
-
-def field_texts(fields: Mapping[Any, str | bytes | None]) -> tuple[bytes | None, ...]:
-    """The text fields of `fields` (names str or bytes, values str or UTF-8 bytes) in `FIELD_KEYS` order."""
-    texts = []
-    for name, bname, _ in FIELD_KEYS:
-        text = fields.get(name)
-        if text is None:
-            text = fields.get(bname)
-        texts.append(text.encode() if isinstance(text, str) else text)
-    return tuple(texts)
