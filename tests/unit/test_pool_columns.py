@@ -86,14 +86,16 @@ def test_columns_hold_each_hits_fields_as_the_per_hit_reading_did(rows, data):
     assert len(cols) == n
     for i, hit in enumerate(hits):
         want, got = reference_row(hit), cols.candidate(i)
-        assert (got.key, got.raw_doc, got.outcome, got.access_count) == (
+        assert (got.key, got.raw_doc, cols.outcomes[i], got.access_count) == (
             want["key"],
             want["raw_doc"],
             want["outcome"],
             want["access_count"],
         )
-        for name in ("completed_at", "reward", "importance", "last_accessed"):
+        for name in ("completed_at", "last_accessed"):
             assert _bits(getattr(got, name)) == _bits(want[name]), name
+        for name in ("reward", "importance"):
+            assert _bits(float(getattr(cols, name)[i])) == _bits(want[name]), name
         assert _bits(float(cols.relevance[i])) == _bits(ref_relevance(mode, float(cos[i]), float(keyword[i])))
 
 

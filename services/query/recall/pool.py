@@ -58,9 +58,6 @@ class Candidate:
     key: bytes
     episode: Episode | None = None
     completed_at: float = math.nan
-    reward: float = math.nan
-    outcome: str | None = None
-    importance: float = math.nan
     cos: float = math.nan
     doc: dict[str, Any] | None = None
     """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
@@ -79,17 +76,11 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None
     count_raw = field_float(hit.fields, b"access_count")
-    t = episode.completed_at if episode.completed_at is not None else episode.started_at
-    reward = episode.feedback.reward if episode.feedback and episode.feedback.reward is not None else math.nan
     return Candidate(
         key=hit.key,
         episode=episode,
         last_accessed=field_float(hit.fields, b"last_accessed"),
         access_count=0 if math.isnan(count_raw) else int(count_raw),
-        completed_at=float(t) if t is not None else math.nan,
-        reward=reward,
-        outcome=episode.outcome,
-        importance=episode.importance if episode.importance is not None else math.nan,
     )
 
 
@@ -177,9 +168,6 @@ class Columns:
             key=self.keys[i],
             raw_doc=self.raw_docs[i],
             completed_at=float(self.completed_at[i]),
-            reward=float(self.reward[i]),
-            outcome=self.outcomes[i],
-            importance=float(self.importance[i]),
             cos=float(self.cos[i]),
             last_accessed=float(self.last_accessed[i]),
             access_count=int(self.access_count[i]),
