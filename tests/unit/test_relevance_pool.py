@@ -189,7 +189,7 @@ def test_the_unicode_cases_by_hand():
 
 
 def test_field_weights_are_exact_in_products():
-    """The pool scorer sums a stem's counts before weighting (`weighted_terms`): equal to the reference's
+    """The pool scorer sums a stem's counts before weighting (`Memos._texts_terms`): equal to the reference's
     per-word sum only while weight × count is exact, as for integral weights."""
     assert all(float(w).is_integer() and w > 0 for _, w in TEXT_FIELDS)
     assert math.isclose(sum(w for _, _, w in terms.FIELD_KEYS), sum(w for _, w in TEXT_FIELDS))

@@ -1,14 +1,12 @@
 """The recency / reward / importance candidate lists of a recall: the scope's top `depth` episodes by a
 signal, in the order (value, then tie-break), each answered from a remembered floor (the (depth + 1)-th
 of that order) once one is known (`Floors`, one per app), so a recall asks Redis for ~depth + 1
-episodes instead of sorting the whole scope (`/v1/context` p50 at 100k episodes 76.3 → 38.4 ms;
-bench/NOTES.md).
+episodes instead of sorting the whole scope (linear in it).
 
 A floor is a hint, never trusted: every narrowed answer is checked to be the exact top `depth` before
-it is used, so a stale floor costs at most a wider or a second query; floors do not expire, each exact
-answer moves its floor. A whole-scope sort is linear in the scope (102-140 ms of Redis's main thread at
-300,000 episodes), so a scope without a floor is first narrowed from a `hint` (a value near the top of
-the similarity pool) and sorted whole only when that cannot be proven exact.
+it is used, so a stale floor costs at most a wider or a second query; each exact answer moves its
+floor. A scope without a floor is first narrowed from a `hint` (a value near the top of the similarity
+pool) and sorted whole only when that cannot be proven exact.
 """
 
 from __future__ import annotations
@@ -85,8 +83,7 @@ def _at_least(scope: Scope, name: str, floor: float, tie: float = _NO_TIE) -> Sc
 
 def _valued(scope: Scope, name: str) -> Scope:
     """`scope` without the episodes that have no `name` (reward and importance are optional): those
-    score 0 on it, like the lowest value, so a list of them adds nothing, and a scope where none has
-    one (LoCoMo turns, any episode without feedback) answers at once instead of sorting everything."""
+    score 0 on it, like the lowest value, so a list of them adds nothing."""
     if name in ("reward", "importance") and getattr(scope, name) == (None, None):
         narrowed = _at_least(scope, name, -math.inf)
         assert narrowed is not None  # no upper bound
@@ -159,8 +156,7 @@ class Floors:
 
     def hint_for(self, index: str, scope: Scope, name: str, depth: int) -> float | None:
         """A remembered floor of a list of `scope` by `name` at least `depth` deep, as a `top_by` hint
-        for a list of `depth`, or None: `/v1/context`'s 5 newest episodes ride on the floor its
-        recall's recency list (100 deep) left (else a sort of the whole scope, 26.7 ms at 100,000)."""
+        for a list of `depth`, or None (`/v1/context`'s newest episodes ride on its recall's floor)."""
         found = self.deepest.get((index, scope.cache_key(), name))
         return found[1] if found is not None and found[0] >= depth else None
 
@@ -212,7 +208,7 @@ class Floors:
         (importance) list (`_valued`).
 
         The (depth + 1)-th of the order is remembered per (scope, field) and the next query asks only for
-        episodes at or above it (1.2 ms instead of 6.6 ms over 10k episodes). The narrowed answer is used
+        episodes at or above it. The narrowed answer is used
         only when it holds depth + 1 episodes and the depth-th is strictly above the next (then it is the
         exact top depth); otherwise the whole scope is sorted again. At a tie the floor is the value and
         the tie-break. Values equal to 12 significant digits (what the index returns) count as equal.
