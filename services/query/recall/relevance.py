@@ -56,11 +56,8 @@ HYBRID_VECTOR_WEIGHT = 0.5
 MAX_TERMS = 64
 CONTEXT_FLOOR = {"vector": 0.25, "hybrid": 0.15, "keyword": 1e-6}
 """The `min_relevance` of a `/v1/context` request that names none, per recall mode: an episode below it
-is no experience of the task, so it is neither a prompt block nor one of the "similar" episodes the
-summary counts. Chosen on LoCoMo's questions (`bench.relevance_separation`, docs/benchmarks.md
-"Relevance floor"): each keeps at least ~90% of the evidence turns with MiniLM and mpnet, and drops
-most unrelated turns sharing one word with the question. Keyword relevance alone cannot tell those
-apart (one rare shared word scores like the evidence), so the keyword floor only asks for a word."""
+is no experience of the task (chosen on LoCoMo: docs/benchmarks.md "Relevance floor"; keyword
+relevance cannot tell a rare shared word from the evidence, so the keyword floor only asks for a word)."""
 
 
 def _words(text: str) -> list[str]:
@@ -90,17 +87,10 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
     return {stem: idf(n) for stem, n in zip(words, counts, strict=True)}
 
 
-COMMON_IDF = 0.0
-"""The default of `common_terms`' threshold (the setting `Settings.bm25_common_idf` passes its own)."""
-
-
-def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[str]:
+def common_terms(terms: Mapping[str, float], below: float) -> set[str]:
     """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below `below`, the terms the BM25
-    candidate query leaves out (scoring keeps every term): at `below` 0.02 (a word in more than ~4,950
-    of the namespace's episodes) each adds < 0.0022 keyword relevance, yet costs RediSearch a walk of
-    its whole posting list (BM25STD has no top-k pruning). Measured: `bench.common_terms`."""
-    if below <= 0.0:
-        return set()
+    candidate query leaves out (scoring keeps every term): each adds little relevance, yet costs
+    RediSearch a walk of its whole posting list. None for `below` <= 0 (every idf is > 0)."""
     return {stem for stem, weight in terms.items() if weight < below}
 
 

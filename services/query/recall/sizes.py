@@ -18,10 +18,8 @@ COMMON_IDF = 0.02
 """A word whose idf (`services.query.recall.relevance.idf`) is below this is common: in more than ~4,950 of the
 namespace's episodes (`services.query.recall.relevance.common_count`)."""
 COMMON_TTL_FACTOR = 10.0
-"""A common word's count is remembered this many times `df_ttl`: its weight is below COMMON_IDF, and
-1,000 more episodes holding it move that weight by < 0.004 (idf 0.0200 → 0.0167 at 4,950 → 5,950),
-an episode's keyword relevance by < 4e-4, while counting it reads its whole posting list: 30-100 ms
-of Redis per word at a million episodes."""
+"""A common word's count is remembered this many times `df_ttl`: counting it reads its whole posting
+list, while more episodes holding it barely move its weight (already below COMMON_IDF)."""
 
 
 LARGE_SCOPE = 100_000
@@ -32,9 +30,8 @@ MAX_SIZE_TTL = 60.0
 
 def size_ttl(ttl: float, n: int) -> float:
     """How long a count of `n` documents is remembered: `ttl` up to LARGE_SCOPE documents, then in
-    proportion to n, at most MAX_SIZE_TTL (never below `ttl`): counting is linear in the scope (~60 ms
-    of Redis's main thread at a million episodes), while what a count decides (the `auto` preset's 50
-    and 500, the KNN policy's shares) does not move with a few percent more or fewer episodes."""
+    proportion to n, at most MAX_SIZE_TTL (never below `ttl`): counting is linear in the scope, while
+    what a count decides (the `auto` preset, the KNN policy) does not move with a few percent."""
     return max(ttl, min(MAX_SIZE_TTL, ttl * n / LARGE_SCOPE))
 
 
@@ -125,14 +122,10 @@ class ScopeSizes:
         self, r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]
     ) -> list[int]:
         """`shared.index.term_counts` (documents of `scope` matching each word, same order), each word's
-        count remembered for `df_ttl` seconds per (index, scope, word); only the words not remembered
-        are counted (one pipeline). `df_ttl` 0 counts every word every time.
-
-        With `keys`, a count is used only while the namespace's `version` is the one it was counted at.
-
-        Without `keys` a count may lag the namespace by `df_ttl` (a common word's COMMON_TTL_FACTOR ×
-        that); with them, never. The words are held in process memory only, dropped after their TTL at
-        the next call or `expire` (docs/reliability.md "Remaining traces").
+        count remembered for `df_ttl` seconds per (index, scope, word) and, with `keys`, only while the
+        namespace's `version` is the one it was counted at; only the words not remembered are counted
+        (one pipeline). `df_ttl` 0 counts every word every time. A word is dropped after its TTL at the
+        next call or `expire` (docs/reliability.md "Remaining traces").
         """
         if self.df_ttl <= 0:
             return await term_counts(r, index, scope, words)
