@@ -103,7 +103,7 @@ def choose_strategy(
     """
     everything = similar
     similar, changed = current_evidence(similar, k=k)
-    extra = {"changed": changed} if changed else {}
+    extra: dict[str, Any] = {"changed": changed} if changed else {}
     groups: dict[str, list[Episode]] = {}
     for ep in similar:
         name = _approach(ep)
@@ -115,43 +115,32 @@ def choose_strategy(
         rate = successes / len(eps)
         if successes and rate > REUSE_SUCCESS_RATE:
             ranked.append((successes, rate, name, len(eps)))
+    evidence: dict[str, Any] = {"similar_episodes": len(everything)}
     if ranked:
         successes, rate, name, n = max(ranked, key=lambda t: (t[0], t[1]))
-        return {
-            "strategy": name,
-            "rule": "reuse",
-            "reason": f"{successes} of {n} similar episodes using {name!r} succeeded "
-            f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})",
-            "evidence": {"similar_episodes": len(everything), "episodes": n, "successes": successes, **extra},
-        }
-    if category_profile is not None and category_profile.get("weak"):
-        return {
-            "strategy": "defensive",
-            "rule": "weak_category",
-            "reason": f"category {category_profile['category']!r} is weak "
+        rule = "reuse"
+        why = (
+            f"{successes} of {n} similar episodes using {name!r} succeeded "
+            f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})"
+        )
+        evidence |= {"episodes": n, "successes": successes}
+    elif category_profile is not None and category_profile.get("weak"):
+        name, rule = "defensive", "weak_category"
+        why = (
+            f"category {category_profile['category']!r} is weak "
             f"(success rate {category_profile['success_rate']:.0%} over "
-            f"{category_profile['episodes']} episodes)",
-            "evidence": {"similar_episodes": len(everything), **extra},
-        }
-    if complexity is None:
-        return {
-            "strategy": "conservative",
-            "rule": "no_evidence",
-            "reason": "no similar successful strategy, no weak category and no complexity given",
-            "evidence": {"similar_episodes": len(everything), **extra},
-        }
-    if complexity > 0.7:
-        name, why = "iterative", f"complexity {complexity:g} > 0.7"
+            f"{category_profile['episodes']} episodes)"
+        )
+    elif complexity is None:
+        name, rule = "conservative", "no_evidence"
+        why = "no similar successful strategy, no weak category and no complexity given"
+    elif complexity > 0.7:
+        name, rule, why = "iterative", "complexity", f"complexity {complexity:g} > 0.7"
     elif complexity < 0.3:
-        name, why = "exploratory", f"complexity {complexity:g} < 0.3"
+        name, rule, why = "exploratory", "complexity", f"complexity {complexity:g} < 0.3"
     else:
-        name, why = "iterative", f"complexity {complexity:g} is moderate"
-    return {
-        "strategy": name,
-        "rule": "complexity",
-        "reason": why,
-        "evidence": {"similar_episodes": len(everything), **extra},
-    }
+        name, rule, why = "iterative", "complexity", f"complexity {complexity:g} is moderate"
+    return {"strategy": name, "rule": rule, "reason": why, "evidence": evidence | extra}
 
 
 FAILED = ("failure", "abandoned")
