@@ -58,18 +58,14 @@ log = logging.getLogger("engram.query")
 
 
 async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Candidate]:
-    """Fill `doc` of each candidate from its stored document (one pipeline for those without their
-    bytes); drops the ones that vanished or cannot be read (a forget that landed between ranking and
-    loading)."""
-    missing = [c for c in cands if c.raw_doc is None]
-    for c, raw in zip(missing, await store.field([c.key for c in missing], "doc"), strict=True):
-        c.raw_doc = raw
+    """Fill `doc` of each candidate from its stored document (one pipeline); drops the ones that vanished
+    or cannot be read (a forget that landed between ranking and loading)."""
     out = []
-    for c in cands:
-        if c.raw_doc is None:
+    for c, raw in zip(cands, await store.field([c.key for c in cands], "doc"), strict=True):
+        if raw is None:
             continue
         try:
-            doc = orjson.loads(c.raw_doc)
+            doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
             continue

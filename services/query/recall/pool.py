@@ -29,8 +29,9 @@ log = logging.getLogger("engram.query")
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 
 
-# what ranking needs, straight from the index: documents are parsed only for the top_k winners
-SIGNAL_FIELDS = (
+# what ranking needs, straight from the index, without the documents (most hits never win: the
+# winners' are loaded after); no episode_id: the restricted KNN names keys (INKEYS)
+LIGHT_SIGNAL_FIELDS = (
     "completed_at",
     "started_at",
     "reward",
@@ -39,12 +40,7 @@ SIGNAL_FIELDS = (
     "last_accessed",
     "access_count",
     TIE_FIELD,  # equal priority and age: the lists' own order (`services.query.recall.score.score`)
-    "doc",
-)  # no episode_id: the restricted KNN names keys (INKEYS)
-
-
-# the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
-LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
+)
 
 
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
@@ -61,8 +57,6 @@ class Candidate:
     cos: float = math.nan
     doc: dict[str, Any] | None = None
     """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
-    raw_doc: bytes | None = None
-    """The document's bytes as the search returned them (decoded only if the candidate wins)."""
     last_accessed: float = math.nan
     access_count: int = 0
 
@@ -104,7 +98,6 @@ class Columns:
     the ~10 winners need one."""
 
     keys: list[bytes]
-    raw_docs: list[bytes | None]
     outcomes: list[str | None]
     completed_at: np.ndarray
     reward: np.ndarray
@@ -118,7 +111,7 @@ class Columns:
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
-        """The rows of `hits` (SIGNAL_FIELDS returned), with their cosines (float64[n], NaN unknown) and
+        """The rows of `hits` (LIGHT_SIGNAL_FIELDS returned), with their cosines (float64[n], NaN unknown) and
         keyword relevance (float64[n]); relevance is `services.query.recall.relevance.relevances` of `mode`."""
         gets = [h.fields.get for h in hits]
         completed = _floats([get(b"completed_at") for get in gets])
@@ -128,7 +121,6 @@ class Columns:
         count = _floats([get(b"access_count") for get in gets])
         return cls(
             keys=[h.key for h in hits],
-            raw_docs=[get(b"doc") for get in gets],
             outcomes=[o.decode() if o else None for o in (get(b"outcome") for get in gets)],
             completed_at=completed,
             reward=_floats([get(b"reward") for get in gets]),
@@ -157,7 +149,6 @@ class Columns:
         arrays = {name: np.concatenate((getattr(self, name), getattr(other, name))) for name in _ARRAYS}
         return Columns(
             keys=self.keys + other.keys,
-            raw_docs=self.raw_docs + other.raw_docs,
             outcomes=self.outcomes + other.outcomes,
             **arrays,
         )
@@ -166,7 +157,6 @@ class Columns:
         """Row `i` as a Candidate (without its episode: `services.query.recall.load_episodes`)."""
         return Candidate(
             key=self.keys[i],
-            raw_doc=self.raw_docs[i],
             completed_at=float(self.completed_at[i]),
             cos=float(self.cos[i]),
             last_accessed=float(self.last_accessed[i]),
@@ -174,7 +164,7 @@ class Columns:
         )
 
 
-_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes"))
+_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "outcomes"))
 _TIE = TIE_FIELD.encode()
 
 
