@@ -24,7 +24,7 @@ from shared.tags import TagCodec
 QueryVector = np.ndarray | asyncio.Future
 """float32[dim], a query's embedding, or the task computing it (`services.query.views.recall`): the
 searches that need no vector (the `auto` preset's count, the idf counts, BM25) run during the model's
-pass (~20 ms for mpnet's int8 graph on 2 cores), and await the vector where they need it."""
+pass, and await the vector where they need it."""
 
 
 async def vector_of(vector: QueryVector) -> np.ndarray:
