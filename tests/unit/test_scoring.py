@@ -22,7 +22,6 @@ from services.query.recall.score import (
     learning_curve,
     minmax,
     outcome_scores,
-    reach,
     recency_decay,
     replay_context,
     resolve_weights,
@@ -282,8 +281,10 @@ def test_presets():
         assert w.importance == 0.0
         assert w.total == pytest.approx(1.0)
     # recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
-    assert [round(reach(PRESETS[p]), 3) for p in ("early", "normal", "late")] == [0.053, 0.111, 0.176]
-    assert reach(Weights(similarity=0, recency=1, reward=0, outcome=0)) == math.inf
+    reach = [
+        (w.total - w.similarity) / w.similarity for w in (PRESETS[p] for p in ("early", "normal", "late"))
+    ]
+    assert [round(r, 3) for r in reach] == [0.053, 0.111, 0.176]
 
 
 @pytest.mark.parametrize(

@@ -113,15 +113,8 @@ PRESETS: dict[str, Weights] = {
     "late": Weights(similarity=0.85, recency=0.09, reward=0.04, outcome=0.02),
 }
 """The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so they can lift an episode
-over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes about the
-same thing and never lift a weakly similar one over a clearly more relevant one (weights such as
-0.6/0.1/0.2/0.1 reach 0.67: LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50)."""
-
-
-def reach(weights: Weights) -> float:
-    """The largest relevance gap the non-similarity terms can close: (total - w_sim) / w_sim
-    (inf when similarity has no weight: then those terms alone decide)."""
-    return (weights.total - weights.similarity) / weights.similarity if weights.similarity > 0 else math.inf
+over one at most (total - w_sim) / w_sim = 0.05, 0.11 and 0.18 more relevant: they reorder episodes
+about the same thing, never a weakly similar one over a clearly more relevant one."""
 
 
 PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
@@ -147,8 +140,6 @@ def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int
     Raises ValueError for an unknown preset name or a negative scope size.
     """
     if weights is not None:
-        if not isinstance(weights, Weights):
-            raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
         return "custom", weights.normalized()
     name = "auto" if preset is None else preset
     if name == "auto":
@@ -281,8 +272,6 @@ class Scored:
     importance_term: np.ndarray
     priority: np.ndarray
     order: np.ndarray
-    weights: Weights
-    normalize: str
 
     def __len__(self) -> int:
         return int(self.priority.shape[0])
@@ -341,10 +330,6 @@ def score(
     With normalize "none", a candidate's priority never increases as it gets older.
     Raises ValueError for a bad half_life, as_of, normalize or recency_from.
     """
-    if not isinstance(c, Candidates):
-        raise ValueError(f"candidates must be a Candidates, got {type(c).__name__}")
-    if not isinstance(weights, Weights):
-        raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
     _check_half_life(half_life)
     if not _real(as_of):
         raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
@@ -393,8 +378,6 @@ def score(
         importance_term=terms[4],
         priority=priority,
         order=order,
-        weights=weights,
-        normalize=normalize,
     )
     for f in fields(out):
         value = getattr(out, f.name)
