@@ -115,12 +115,9 @@ def _bounded_head(scored: score.Scored, plan: Plan, outside: float) -> list[int]
     """The passing candidates of the similarity pool whose priority is above the most an episode outside
     the similarity lists could score (`w.similarity * outside + (w.total - w.similarity)`, `outside`
     being `Pool.outside`), best first, as indices into `scored`; None when no outsider could pass
-    `min_relevance` / `min_priority` at all.
-
-    With an exact KNN no outsider can rank above the head, so a recall whose top_k all lie in it skips
-    the other lists. Under HNSW the bound is approximate (the graph can miss a closer episode, which
-    only those lists would bring in), so a recall that does fetch them still ranks the head first:
-    every top_k stays a prefix of the same ranking (tests/integration/test_recall_properties.py)."""
+    `min_relevance` / `min_priority` at all. A recall whose top_k all lie in the head skips the other
+    lists; under HNSW the bound is approximate, so a recall that does fetch them still ranks the head
+    first: every top_k stays a prefix of the same ranking."""
     w, p = plan.weights, plan.params
     best_outside = w.similarity * outside + (w.total - w.similarity)
     if best_outside < p.min_priority or outside < p.min_relevance:
