@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import BadHttpMethod, BadStatusLine, HttpProcessingError, LineTooLong
 
-from services.query.problems import problem
+from services.query.problems import problem, route_of
 from shared.logs import RedactCredentials
 
 log = logging.getLogger("engram.query")
@@ -95,12 +95,8 @@ class RouteAccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         route = "<no route>"
         if isinstance(request, web.Request):
-            try:  # a request answered before routing (unparseable) has no match info
-                resource = request.match_info.route.resource
-            except (AssertionError, AttributeError):
-                resource = None
-            if resource is not None:
-                route = resource.canonical
+            with suppress(AssertionError, AttributeError):  # answered before routing: no match info
+                route = route_of(request)
         # probes (a supervisor, a load balancer, `make run` itself) poll every few hundred ms: at DEBUG
         log = self.logger.debug if route in PROBES and response.status != 500 else self.logger.info
         log(
