@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,20 +135,20 @@ async def _tied(ask: _Ask, hits: list[SearchHit], value: float) -> tuple[list[Se
 
 
 class Floors:
-    """The remembered floors of the lists, per (index, scope, field, depth): `floors` → (when, floor
-    value, floor tie-break), and `deepest` per (index, scope, field) → (the deepest list's depth, its
+    """The remembered floors of the lists, per (index, scope, field, depth): `floors` → (floor value,
+    floor tie-break), and `deepest` per (index, scope, field) → (the deepest list's depth, its
     floor), at most FLOORS_CAP (all dropped when full: each is re-found by one sort). One per app
     (`services.query.appkeys.FLOORS`)."""
 
     def __init__(self) -> None:
-        self.floors: dict[tuple[str, str, str, int], tuple[float, float, float]] = {}
+        self.floors: dict[tuple[str, str, str, int], tuple[float, float]] = {}
         self.deepest: dict[tuple[str, str, str], tuple[int, float]] = {}
 
-    def _remember(self, key: tuple[str, str, str, int], now: float, floor: float, tie: float) -> None:
+    def _remember(self, key: tuple[str, str, str, int], floor: float, tie: float) -> None:
         if len(self.floors) >= FLOORS_CAP and key not in self.floors:
             self.floors.clear()
             self.deepest.clear()
-        self.floors[key] = (now, floor, tie)
+        self.floors[key] = (floor, tie)
         index, scope_key, name, depth = key
         if depth >= self.deepest.get((index, scope_key, name), (0, 0.0))[0]:
             self.deepest[(index, scope_key, name)] = (depth, floor)
@@ -160,15 +159,13 @@ class Floors:
         found = self.deepest.get((index, scope.cache_key(), name))
         return found[1] if found is not None and found[0] >= depth else None
 
-    def _moved(
-        self, key: tuple[str, str, str, int], now: float, next_value: float, last_value: float
-    ) -> None:
+    def _moved(self, key: tuple[str, str, str, int], next_value: float, last_value: float) -> None:
         """An exact answer's top depth ends at `last_value` and the (depth + 1)-th holds `next_value`:
         when they differ, the floor moves to that boundary (a floor at a tie stays, still exact)."""
         if last_value > next_value and math.isfinite(next_value):
-            self._remember(key, now, _below(next_value), _NO_TIE)
+            self._remember(key, _below(next_value), _NO_TIE)
 
-    async def _full_sort(self, ask: _Ask, key: tuple[str, str, str, int], now: float) -> list[SearchHit]:
+    async def _full_sort(self, ask: _Ask, key: tuple[str, str, str, int]) -> list[SearchHit]:
         """`top_by` without a floor: the scope sorted by `name`; at a tie between the depth-th and the next
         value, the tied episodes sorted by their tie-break (`_tied`). Remembers the floor it finds."""
         field, depth = ask.name.encode(), ask.depth
@@ -182,13 +179,13 @@ class Floors:
         if field_float(hits[depth - 1].fields, field) > boundary:
             # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"): the stored one may
             # lie just below it, so the floor is a little lower (as exact: the narrowed answer is checked)
-            self._remember(key, now, _below(boundary), _NO_TIE)
+            self._remember(key, _below(boundary), _NO_TIE)
             return sorted(hits[:depth], key=order, reverse=True)
         tied = await _tied(ask, hits, boundary)
         if tied is None:  # no total order at the tie: the sorted answer, remembering nothing
             return sorted(hits, key=order, reverse=True)[:depth]
         out, tie = tied
-        self._remember(key, now, boundary, tie)
+        self._remember(key, boundary, tie)
         return out
 
     async def top_by(
@@ -220,22 +217,21 @@ class Floors:
         field = name.encode()
         scope = _valued(scope, name)
         ask = _Ask(r, index, scope, name, depth, fields)
-        now = time.monotonic()
         cached = self.floors.get(key) if name != "last_accessed" else None
         if cached is None and hint is not None and math.isfinite(hint) and name != "last_accessed":
-            cached = (now, _below(hint), _NO_TIE)
+            cached = (_below(hint), _NO_TIE)
         if cached is not None:
-            narrowed = _at_least(scope, name, cached[1], cached[2])
+            narrowed = _at_least(scope, name, *cached)
             if narrowed is not None:
                 order = _sort_key(field)
-                if cached[2] == _NO_TIE:  # the (depth + 1)-th by value is all it takes
+                if cached[1] == _NO_TIE:  # the (depth + 1)-th by value is all it takes
                     hits = await ask.sorted(narrowed, depth + 1)
                     # Redis picks among equal values at its LIMIT: only a gap in value proves the set
                     if len(hits) == depth + 1:
                         last = field_float(hits[depth - 1].fields, field)
                         boundary = field_float(hits[depth].fields, field)
                         if last > boundary:
-                            self._moved(key, now, boundary, last)
+                            self._moved(key, boundary, last)
                             return sorted(hits[:depth], key=order, reverse=True)
                 else:  # at a tie Redis's sort cannot pick among the tied: every episode above the floor
                     cap = TIED_CAP * (depth + 1)
@@ -247,7 +243,7 @@ class Floors:
                         and order(hits[depth - 1]) > order(hits[depth])
                     ):
                         return hits[:depth]
-        return await self._full_sort(ask, key, now)
+        return await self._full_sort(ask, key)
 
     async def remembered_lists(
         self,
@@ -268,7 +264,6 @@ class Floors:
         sorted by value and tie-break, under `top_by`'s rule (depth + 1 members, the depth-th strictly
         above the next).
         """
-        now = time.monotonic()
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
         narrowed = []
         for name in names:
@@ -276,10 +271,10 @@ class Floors:
             cached = self.floors.get(key)
             if name == "last_accessed" or cached is None:
                 return None
-            sub = _at_least(_valued(scope, name), name, cached[1], cached[2])
+            sub = _at_least(_valued(scope, name), name, *cached)
             if sub is None:
                 return None
-            narrowed.append((key, name.encode(), (cached[1], cached[2]), sub))
+            narrowed.append((key, name.encode(), cached, sub))
         k = 2 * len(names) * (depth + 1)
         hits = await knn_union(r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields)
         if hits is None:
@@ -294,7 +289,7 @@ class Floors:
             lists.append([h for _, h in valued[:depth]])
             moves.append((key, valued[depth][0][0], valued[depth - 1][0][0]))
         for key, boundary, last in moves:  # all lists exact: their boundaries are the scope's
-            self._moved(key, now, boundary, last)
+            self._moved(key, boundary, last)
         return lists
 
 
