@@ -26,6 +26,8 @@ LARGE_SCOPE = 100_000
 """A scope (or index) this large keeps its count longer, in proportion: `ttl` × n / LARGE_SCOPE."""
 MAX_SIZE_TTL = 60.0
 """The longest a count is remembered (seconds)."""
+MAX_SCOPES, MAX_TERMS = 10_000, 100_000
+"""Scope counts and (index, scope, word) counts remembered at most."""
 
 
 def size_ttl(ttl: float, n: int) -> float:
@@ -38,8 +40,8 @@ def size_ttl(ttl: float, n: int) -> float:
 class ScopeSizes:
     """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds (longer for a large
     scope: `size_ttl`), and the document frequency of query words for keyword relevance's idf,
-    remembered for `df_ttl` seconds; at most `max_entries` scopes and `max_terms` (index, scope, word)
-    counts. One per app (`services.query.appkeys.SCOPE_SIZES`).
+    remembered for `df_ttl` seconds; at most MAX_SCOPES and MAX_TERMS of them. One per app
+    (`services.query.appkeys.SCOPE_SIZES`).
 
     With `keys` (the app's), a count is used only while the namespace is as it was when counted
     (`version`), so the same request to an unchanged namespace always answers the same; while its
@@ -49,19 +51,14 @@ class ScopeSizes:
     def __init__(
         self,
         ttl: float = 5.0,
-        max_entries: int = 10_000,
         *,
         df_ttl: float = 0.0,
-        max_terms: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         keys: Keys | None = None,
         group: str = "consolidator",
     ):
         self.keys, self.group = keys, group
-        self.ttl = ttl
-        self.max_entries = max_entries
-        self.df_ttl = df_ttl
-        self.max_terms = max_terms
+        self.ttl, self.df_ttl = ttl, df_ttl
         self._clock = clock  # of the idf counts (seconds, monotonic)
         self._sizes: dict[str, tuple[float, int, str]] = {}  # (when, count, `version`)
         self._indexed: dict[str, tuple[float, int]] = {}
@@ -113,7 +110,7 @@ class ScopeSizes:
             return hit[1]
         n = await count(r, index, scope)
         if version is not None and await self.version(r, scope.namespace) == version:  # not moved meanwhile
-            if len(self._sizes) >= self.max_entries:
+            if len(self._sizes) >= MAX_SCOPES:
                 self._sizes.clear()
             self._sizes[key] = (now, n, version)
         return n
@@ -153,6 +150,6 @@ class ScopeSizes:
                     df[key] = (now, n, version)
                     df.move_to_end(key)
             for df in (self._df, self._common):
-                while len(df) > self.max_terms:
+                while len(df) > MAX_TERMS:
                     df.popitem(last=False)
         return [known[w] for w in words]
