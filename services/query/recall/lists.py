@@ -205,12 +205,11 @@ class Floors:
         (importance) list (`_valued`).
 
         The (depth + 1)-th of the order is remembered per (scope, field) and the next query asks only for
-        episodes at or above it. The narrowed answer is used
-        only when it holds depth + 1 episodes and the depth-th is strictly above the next (then it is the
-        exact top depth); otherwise the whole scope is sorted again. At a tie the floor is the value and
-        the tie-break. Values equal to 12 significant digits (what the index returns) count as equal.
-        Without a floor, `hint` (a value some episode of the scope holds) is tried as one first; it
-        changes what the lists cost, never the lists.
+        episodes at or above it, an answer used only when it holds depth + 1 episodes and the depth-th
+        is strictly above the next (the exact top depth); otherwise the whole scope is sorted again. At a
+        tie the floor is the value and the tie-break. Values equal to 12 significant digits (what the
+        index returns) count as equal. Without a floor, `hint` (a value some episode of the scope holds)
+        is tried as one first; it changes what the lists cost, never the lists.
         """
         key = (index, scope.cache_key(), name, depth)
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)

@@ -1,10 +1,8 @@
 """Absolute relevance of one episode to one query.
 
-Recall ranks by a weighted sum whose similarity signal is `relevance` in [0, 1]. It is not rescaled
-per result set (BM25 over the best BM25 of the candidates, a reciprocal-rank-fusion score over the best
-attainable): that would give an off-topic query sharing one word relevance 1.0, and storing unrelated
-episodes (or another tenant storing anything: RediSearch's BM25 statistics are index-wide) would change
-an episode's score for the same query. Each arm is a fixed function:
+Recall's similarity signal (`relevances`, in [0, 1]) is never rescaled per result set: that would give
+an off-topic query sharing one word relevance 1.0, and storing unrelated episodes would change an
+episode's score for the same query. Each arm is a fixed function:
 
 - vector: `max(0, cos)`, the cosine between the query's and the episode's embeddings.
 - keyword: `s / (s + KEYWORD_HALF)`, a saturating transform of a BM25 score (Robertson & Zaragoza
@@ -17,17 +15,12 @@ an episode's score for the same query. Each arm is a fixed function:
   `tf` and `len` are the episode's own (weighted) term frequency and length; LEN_REF is a fixed
   reference length instead of the index's average; `n(t)` is how many episodes *of the caller's
   namespace* contain the term (`shared.index.term_counts`), against a fixed reference collection of
-  REFERENCE_EPISODES instead of the index's size. So an episode's keyword relevance depends on the
-  query, the episode and how common each query word is among the namespace's episodes: storing
-  episodes that do not contain the query's words changes nothing, nor does anything another
-  namespace stores.
+  REFERENCE_EPISODES instead of the index's size: nothing another namespace stores changes it.
 - hybrid: `HYBRID_VECTOR_WEIGHT · max(0, cos) + (1 - HYBRID_VECTOR_WEIGHT) · keyword`, a convex
   combination of the two absolute values (a query with no word left after stop words is vector-only).
 
-Terms: Unicode words as the index holds them (`shared.keywords.fold_for_search`: NFKC, case and accents
-folded, scripts written without spaces as character pairs), RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
-English stemmer, the algorithm RediSearch stems with), so "groups" matches "group" as in the index.
-The constants were calibrated on LoCoMo (docs/benchmarks.md).
+Terms are the index's (`services.query.recall.terms`). The constants were calibrated on LoCoMo
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
