@@ -65,31 +65,14 @@ def _real(value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Weights:
-    """Non-negative weights of the five signals; the priority lies in [0, total] (normalize "none").
-
-    Raises ValueError naming the field for a value that is not a finite number >= 0, and when every
-    weight is zero.
-    """
+    """Non-negative weights of the five signals, not all zero (`services.query.models.WeightsIn`
+    checks a request's); the priority lies in [0, total] (normalize "none")."""
 
     similarity: float
     recency: float
     reward: float
     outcome: float
     importance: float = 0.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-                raise ValueError(f"weights.{f.name} must be a number, got {value!r}")
-            value = float(value)
-            if not math.isfinite(value) or value < 0.0:
-                raise ValueError(f"weights.{f.name} must be finite and >= 0, got {value!r}")
-            object.__setattr__(self, f.name, value)
-        if self.total == 0.0:
-            raise ValueError(
-                "weights: at least one of similarity, recency, reward, outcome, importance must be > 0"
-            )
 
     @property
     def total(self) -> float:
