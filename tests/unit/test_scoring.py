@@ -168,37 +168,6 @@ def test_results_are_read_only_and_inputs_not_aliased():
         s.priority[0] = 1.0
 
 
-@pytest.mark.parametrize(
-    ("overrides", "field"),
-    [
-        ({"completed_at": [np.nan]}, "completed_at"),
-        ({"completed_at": [[NOW]]}, "completed_at"),
-        ({"cos": [0.1, 0.2]}, "cos"),
-        ({"reward": [math.inf]}, "reward"),
-        ({"outcome_score": [1.5]}, "outcome_score"),
-        ({"outcome_score": [np.nan]}, "outcome_score"),
-        ({"last_accessed": [-math.inf]}, "last_accessed"),
-    ],
-)
-def test_bad_candidates_name_the_field(overrides, field):
-    with pytest.raises(ValueError, match=field):
-        candidates(**overrides)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "word"),
-    [
-        ({"normalize": "zscore"}, "normalize"),
-        ({"recency_from": "created"}, "recency_from"),
-        ({"as_of": math.nan}, "as_of"),
-    ],
-)
-def test_bad_score_arguments(kwargs, word):
-    args = {"half_life": DAY, "as_of": NOW} | kwargs
-    with pytest.raises(ValueError, match=word):
-        score(candidates(), PRESETS["normal"], **args)
-
-
 # --- ordering ----------------------------------------------------------------------------------------
 
 

@@ -35,8 +35,6 @@ from shared.regimes import last_regime
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
 
-NORMALIZE_MODES: tuple[str, ...] = ("none", "minmax")
-RECENCY_FROM: tuple[str, ...] = ("completed", "last_access")
 
 OUTCOME_SCORES: dict[str, float] = {"success": 1.0, "partial": 0.5, "failure": 0.0, "abandoned": 0.0}
 """Outcome -> score; any other value (None, an unknown string) scores 0."""
@@ -158,19 +156,10 @@ def _check_half_life(half_life: float) -> None:
         raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
 
 
-def _array(name: str, value: Any, n: int | None, *, missing: float | None) -> np.ndarray:
-    """Coerce one Candidates field to float64[n]; None becomes `missing` everywhere (or an error)."""
-    if value is None:
-        if missing is None or n is None:
-            raise ValueError(f"candidates.{name} is required")
-        return np.full(n, missing, dtype=np.float64)
-    arr = np.array(value, dtype=np.float64)  # a copy: callers' arrays are never aliased or mutated
-    if arr.ndim != 1:
-        raise ValueError(f"candidates.{name} must be 1-D, got shape {arr.shape}")
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"candidates.{name} has {arr.shape[0]} entries, expected {n}")
-    if np.isinf(arr).any():
-        raise ValueError(f"candidates.{name}[{int(np.flatnonzero(np.isinf(arr))[0])}] is infinite")
+def _array(value: Any, n: int, missing: float) -> np.ndarray:
+    """One Candidates field as a read-only float64[n] copy (callers' arrays are never aliased or
+    mutated); None becomes `missing` everywhere."""
+    arr = np.full(n, missing) if value is None else np.array(value, dtype=np.float64)
     arr.setflags(write=False)
     return arr
 
@@ -179,7 +168,7 @@ def _array(name: str, value: Any, n: int | None, *, missing: float | None) -> np
 class Candidates:
     """The candidates of one recall, as parallel arrays (each becomes a read-only float64[n] copy).
 
-    - completed_at: UTC epoch seconds; required, finite.
+    - completed_at: UTC epoch seconds; required.
     - cos: cosine similarity to the query, in [-1, 1]. None -> 0 for all (keyword-only recall: a caller
       with its own relevance in [0, 1], e.g. a scaled BM25 score, passes that instead). NaN -> 0.
     - last_accessed: UTC epoch seconds of the last recall that returned the episode; NaN = never.
@@ -189,8 +178,7 @@ class Candidates:
     - tie: the episode's tie-break (`shared.ties.tie_break`, the order of equal values in the recency /
       reward / importance lists), higher first among candidates of equal priority and age; NaN = none
       (after every one that has one); None for all: ties stay in candidate order.
-    Raises ValueError naming the field for a wrong shape, a length mismatch, +-inf, a non-finite
-    completed_at or an outcome_score outside [0, 1].
+    All of one length, finite (NaN where said): the pool's columns (`services.query.recall`).
     """
 
     completed_at: np.ndarray
@@ -202,11 +190,8 @@ class Candidates:
     tie: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        completed = _array("completed_at", self.completed_at, None, missing=None)
-        if np.isnan(completed).any():
-            raise ValueError(f"candidates.completed_at[{int(np.flatnonzero(np.isnan(completed))[0])}] is NaN")
-        n = completed.shape[0]
-        object.__setattr__(self, "completed_at", completed)
+        n = len(self.completed_at)
+        object.__setattr__(self, "completed_at", _array(self.completed_at, n, 0.0))
         for name, missing in (
             ("cos", 0.0),
             ("last_accessed", np.nan),
@@ -215,12 +200,7 @@ class Candidates:
             ("importance", np.nan),
             ("tie", np.nan),
         ):
-            object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
-        outcome_score = _filled(self.outcome_score)
-        bad = ~((outcome_score >= 0.0) & (outcome_score <= 1.0))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"candidates.outcome_score[{i}] must be in [0, 1], got {outcome_score[i]!r}")
+            object.__setattr__(self, name, _array(getattr(self, name), n, missing))
 
     def __len__(self) -> int:
         return int(self.completed_at.shape[0])
@@ -311,16 +291,8 @@ def score(
       ascending. Deterministic for equal inputs.
 
     With normalize "none", a candidate's priority never increases as it gets older.
-    Raises ValueError for a bad half_life, as_of, normalize or recency_from.
+    Raises ValueError for a bad half_life (`recency_decay`); the request model checks the others.
     """
-    _check_half_life(half_life)
-    if not _real(as_of):
-        raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
-    if normalize not in NORMALIZE_MODES:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
-    if recency_from not in RECENCY_FROM:
-        raise ValueError(f"recency_from must be one of {', '.join(RECENCY_FROM)}, got {recency_from!r}")
-
     if recency_from == "last_access":
         last_accessed = _filled(c.last_accessed)
         t = np.where(np.isnan(last_accessed), c.completed_at, last_accessed)
