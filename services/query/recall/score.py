@@ -103,8 +103,6 @@ PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
 
 def auto_preset(scope_size: int) -> str:
     """The preset `auto` uses for a scope holding `scope_size` episodes (see AUTO_* thresholds)."""
-    if isinstance(scope_size, bool) or not isinstance(scope_size, int | np.integer) or scope_size < 0:
-        raise ValueError(f"scope_size must be an integer >= 0, got {scope_size!r}")
     if scope_size < AUTO_EARLY_BELOW:
         return "early"
     if scope_size < AUTO_NORMAL_BELOW:
@@ -377,15 +375,8 @@ def replay_context(
     each side of a flip): when it used to work and now fails (or the reverse), its entry describes the
     recent episodes, `changed_at` is when the newest regime began and `earlier_*` describe what was
     dropped (None / 0 when nothing changed). Totals always cover every recalled episode.
-    Raises ValueError when the lengths differ.
     """
     n = len(strategies)
-    if not len(rewards) == len(outcomes) == len(priorities) == n or (times is not None and len(times) != n):
-        raise ValueError(
-            f"replay_context: lengths differ (strategies {n}, rewards {len(rewards)}, "
-            f"outcomes {len(outcomes)}, priorities {len(priorities)}"
-            + (f", times {len(times)})" if times is not None else ")")
-        )
     reward = _rewards_array(rewards)
     success = np.array([o == "success" for o in outcomes], dtype=bool)
     groups: dict[str, list[int]] = {}
@@ -435,13 +426,9 @@ def learning_curve(
     Each point: `{"episode": 1-based position, "reward", "outcome", "cumulative_reward" (sum of the
     rewards so far, missing ones adding 0), "success_rate" (share of "success" among the last `window`
     episodes, or all so far while fewer), "avg_reward" (mean of the present rewards among those, None
-    if none)}`. Raises ValueError for window < 1 or lengths that differ.
+    if none)}`; `window` >= 1 (the request model's bound).
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
     n = len(rewards)
-    if len(outcomes) != n:
-        raise ValueError(f"learning_curve: lengths differ (rewards {n}, outcomes {len(outcomes)})")
     if n == 0:
         return []
     reward = _rewards_array(rewards)
