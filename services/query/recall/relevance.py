@@ -58,15 +58,14 @@ def _words(text: str) -> list[str]:
     return [w for w in words(text) if w not in STOPWORDS]
 
 
-def query_words(text: str, limit: int = MAX_TERMS) -> dict[str, str]:
-    """The query's distinct stems (at most `limit`), each with the first word that gave it."""
+def query_words(text: str) -> dict[str, str]:
+    """The query's distinct stems (at most MAX_TERMS), each with the first word that gave it."""
     words = _words(text)
     out: dict[str, str] = {}
     for word, stem in zip(words, stemmer().stemWords(words), strict=True):
-        if stem not in out:
-            out[stem] = word
-            if len(out) >= limit:
-                break
+        out.setdefault(stem, word)
+        if len(out) >= MAX_TERMS:
+            break
     return out
 
 

@@ -23,8 +23,6 @@ class QueryBatcher:
     """
 
     def __init__(self, embedder: Embedder, max_batch: int = 32):
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
         self.embedder, self.max_batch = embedder, max_batch
         self._waiting: dict[tuple[str, str], list[asyncio.Future[np.ndarray]]] = {}
         self._running = False
