@@ -155,7 +155,7 @@ def test_outcome_scores():
 
 def test_empty_candidate_set():
     s = score(candidates(0), PRESETS["normal"], half_life=DAY, as_of=NOW, normalize="minmax")
-    assert len(s) == 0 and s.order.tolist() == []
+    assert s.priority.size == 0 and s.order.tolist() == []
 
 
 def test_results_are_read_only_and_inputs_not_aliased():

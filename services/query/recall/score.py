@@ -200,9 +200,6 @@ class Candidates:
         ):
             object.__setattr__(self, name, _array(getattr(self, name), n, missing))
 
-    def __len__(self) -> int:
-        return int(self.completed_at.shape[0])
-
 
 def _filled(signal: np.ndarray | None) -> np.ndarray:
     """A Candidates signal once built: __post_init__ replaced every None by a float64[n] array (the
@@ -233,9 +230,6 @@ class Scored:
     importance_term: np.ndarray
     priority: np.ndarray
     order: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.priority.shape[0])
 
     def breakdown(self, i: int) -> dict[str, float]:
         """Candidate i's priority and the term each signal added (for an API's `score_breakdown`)."""
@@ -366,15 +360,12 @@ def replay_context(
     Returns `{"episodes": n, "avg_reward": float | None, "success_rate": float | None, "strategies": [...]}`
     where each strategy entry is `{"strategy", "priority" (the max over its episodes), "episodes",
     "avg_reward" (missing rewards ignored; None if none), "success_rate" (share with outcome
-    "success"), "changed_at", "earlier_episodes", "earlier_success_rate"}`. Strategies are distinct,
-    ordered by priority descending, ties by first appearance; episodes without a strategy count in the
-    totals only. Rates are None when there are no episodes.
+    "success"), "changed_at", "earlier_episodes", "earlier_success_rate"}`, by priority descending,
+    ties by first appearance; episodes without a strategy count in the totals only.
 
     With `times`, a strategy counts its newest regime only, as facts and `/v1/strategy` do
-    (`shared.regimes.last_regime` over its episodes with an outcome, in time order, at least `min_size`
-    each side of a flip): when it used to work and now fails (or the reverse), its entry describes the
-    recent episodes, `changed_at` is when the newest regime began and `earlier_*` describe what was
-    dropped (None / 0 when nothing changed). Totals always cover every recalled episode.
+    (`shared.regimes.last_regime`, at least `min_size` each side of a flip): `changed_at` is when it
+    began and `earlier_*` describe what was dropped (None / 0 when nothing changed).
     """
     n = len(strategies)
     reward = _rewards_array(rewards)
