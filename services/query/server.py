@@ -174,8 +174,8 @@ def serve(
     host: str,
     port: int,
     loop: asyncio.AbstractEventLoop,
-    on_ready: Callable[[], None] | None = None,
-    watch: Callable[[], Awaitable[None]] | None = None,
+    on_ready: Callable[[], None],
+    watch: Callable[[], Awaitable[None]],
 ) -> None:
     """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`;
     the requests in flight then finish (aiohttp's drain), and further signals do not interrupt that.
@@ -195,10 +195,8 @@ def serve(
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
-            if on_ready is not None:
-                on_ready()
-            if watch is not None:
-                await watch()
+            on_ready()
+            await watch()
             await asyncio.Event().wait()  # until a signal raises GracefulExit
         finally:
             await runner.cleanup()
