@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -282,7 +283,7 @@ class Floors:
         for key, field, floor, _ in narrowed:
             order = _sort_key(field)
             valued = [(o, h) for h in hits if (o := order(h)) >= floor]  # each hit's order read once
-            valued.sort(key=_first, reverse=True)
+            valued.sort(key=itemgetter(0), reverse=True)
             if len(valued) < depth + 1 or not valued[depth - 1][0] > valued[depth][0]:
                 return None
             lists.append([h for _, h in valued[:depth]])
@@ -290,7 +291,3 @@ class Floors:
         for key, boundary, last in moves:  # all lists exact: their boundaries are the scope's
             self._moved(key, boundary, last)
         return lists
-
-
-def _first(pair: tuple[Any, SearchHit]) -> Any:
-    return pair[0]
