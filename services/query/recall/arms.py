@@ -175,11 +175,8 @@ async def knn_union(
     return_fields: Sequence[str],
 ) -> list[SearchHit] | None:
     """Every document of any of `scopes`, nearest first, with its cosine distance (`hit.score`), or
-    None when that cannot be proven: the union counted and searched in one transaction (MULTI, so no
-    write falls between).
-
-    `(s1) | (s2) | ...` counted (`LIMIT 0 0`) and as a pre-filtered KNN of `k`: when the count is below
-    `k` and equals the number of hits, every document of the union came back (each has a vector).
+    None when that cannot be proven: the union counted and searched as a KNN of `k` in one transaction
+    (MULTI); a count below `k` equal to the number of hits means every document came back.
     """
     union = " | ".join(f"({s.query()})" for s in scopes)
     q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"

@@ -11,14 +11,13 @@ The priority of a candidate episode is a weighted sum of five signals, each in [
 Sources:
 - Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
   scaling: Park et al. 2023, "Generative Agents: Interactive Simulacra of Human Behavior", section 4.1
-  (retrieval). Their decay is per game hour with factor 0.995; here it is a half-life in seconds.
+  (retrieval); their decay is per game hour, here a half-life in seconds.
 - Replaying past experience by priority rather than uniformly or by recency alone: Schaul et al. 2016,
   "Prioritized Experience Replay"; reward and outcome stand in for their TD-error priority.
 
 Conventions: every array is 1-D with one entry per candidate (`float64[n]` out; `float32[n]` or
-`float64[n]` in). Instants are UTC epoch seconds; ages and half-lives are seconds. Timestamps should
-be float64: float32 cannot represent today's epoch seconds to better than about two minutes.
-Invalid arguments raise ValueError naming the field.
+`float64[n]` in). Instants are UTC epoch seconds (float64: float32 is two minutes coarse); ages and
+half-lives are seconds.
 """
 
 from __future__ import annotations
