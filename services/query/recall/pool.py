@@ -22,7 +22,7 @@ from services.query.recall.arms import bm25_search, knn_search
 from services.query.recall.lists import field_float, number
 from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
 from shared import tracing
-from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, term_counts
+from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit
 
 log = logging.getLogger("engram.query")
 
@@ -185,8 +185,8 @@ class Pool:
 async def similarity_pool(q: Query, plan: Plan) -> Pool:
     """The similarity lists of the plan's mode (KNN, BM25), each its top `plan.depth` hits of the scope
     (pre-filtered), merged in that order, with each member's cosine and relevance. Only the KNN arm and
-    the keyword hits' cosines wait for `q.vector`. The idf counts are the namespace's (`q.sizes`
-    remembers them; never the request's filters); words of idf < `common_idf` leave the BM25 query only.
+    the keyword hits' cosines wait for `q.vector`. The idf counts are the namespace's (`q.sizes`;
+    never the request's filters); words of idf < `common_idf` leave the BM25 query only.
 
     Relevance is `relevance.relevances` of the mode, a function of the query and the episode alone, never
     rescaled over the pool (a score must not depend on what else is stored or returned); the depth does
@@ -216,9 +216,9 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     async def idf() -> dict[str, float]:
         if not words:
             return {}
-        count_terms = q.sizes.term_counts if q.sizes is not None else term_counts
         namespace = Scope(namespace=q.scope.namespace, tags=q.scope.tags)
-        return relevance.query_terms(words, await count_terms(q.r, q.index, namespace, list(words.values())))
+        counts = await q.sizes.term_counts(q.r, q.index, namespace, list(words.values()))
+        return relevance.query_terms(words, counts)
 
     async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
         if "bm25" not in names:
@@ -229,7 +229,7 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
         """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
         bound = relevance.common_count(p.common_idf)  # inf when off; the index's size bounds any namespace's
-        small = q.sizes is not None and bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
+        small = bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
         if "bm25" not in names or bound == math.inf or small:
             terms, hits = await asyncio.gather(idf(), bm25(q.text))
             return terms, set(), hits
