@@ -97,17 +97,11 @@ def choose_strategy(
     everything = similar
     similar, changed = current_evidence(similar, k=k)
     extra: dict[str, Any] = {"changed": changed} if changed else {}
-    groups: dict[str, list[Episode]] = {}
-    for ep in similar:
-        name = _approach(ep)
-        if name:
-            groups.setdefault(name, []).append(ep)
-    ranked = []
-    for name, eps in groups.items():
-        successes = sum(1 for e in eps if e.outcome == "success")
-        rate = successes / len(eps)
-        if successes and rate > REUSE_SUCCESS_RATE:
-            ranked.append((successes, rate, name, len(eps)))
+    used = [(name, ep.outcome == "success") for ep in similar if (name := _approach(ep))]
+    tried, won = Counter(n for n, _ in used), Counter(n for n, ok in used if ok)
+    ranked = [
+        (won[n], won[n] / tried[n], n, tried[n]) for n in tried if won[n] / tried[n] > REUSE_SUCCESS_RATE
+    ]
     evidence: dict[str, Any] = {"similar_episodes": len(everything)}
     if ranked:
         successes, rate, name, n = max(ranked, key=lambda t: (t[0], t[1]))
