@@ -192,21 +192,21 @@ async def _winners(
 ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """The first `top_k` of `order` whose documents load (the next best fill in for vanished ones), and
     their results."""
-    winners = {i: cands.candidate(i) for i in order[:top_k]}  # objects for the winners alone
-    loaded = {id(c) for c in await load_episodes(q.store, list(winners.values()))}
-    if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
-        refill = {i: cands.candidate(i) for i in order[top_k : top_k + (len(winners) - len(loaded))]}
-        loaded |= {id(c) for c in await load_episodes(q.store, list(refill.values()))}
-        winners |= refill
-    picked = [winners[i] for i in order if i in winners and id(winners[i]) in loaded][:top_k]
-    no_cos = [c for c in picked if not math.isfinite(c.cos)]  # keyword mode's
+
+    async def load(rows: list[int]) -> list[tuple[int, Candidate]]:  # objects for the winners alone
+        found = [(i, cands.candidate(i)) for i in rows]
+        kept = {id(c) for c in await load_episodes(q.store, [c for _, c in found])}
+        return [(i, c) for i, c in found if id(c) in kept]
+
+    picked = await load(order[:top_k])
+    if len(picked) < len(order[:top_k]):  # some vanished meanwhile: fill from the next best ones
+        picked += await load(order[top_k : top_k + len(order[:top_k]) - len(picked)])
+    no_cos = [c for _, c in picked if not math.isfinite(c.cos)]  # keyword mode's
     if vector is not None and no_cos:
         for c, cos in zip(no_cos, await q.store.cosines([c.key for c in no_cos], vector), strict=True):
             c.cos = cos
-    index = {id(c): i for i, c in winners.items()}
     results = []
-    for c in picked:
-        i = index[id(c)]
+    for i, c in picked:
         parts = scored.breakdown(i)
         priority = parts.pop("priority")
         results.append(
@@ -222,7 +222,7 @@ async def _winners(
                 "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
             }
         )
-    return picked, results
+    return [c for _, c in picked], results
 
 
 def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[str, Any]:
