@@ -113,9 +113,8 @@ def test_priority_by_hand():
     # 0.4*1   + 0.3*1   + 0      + 0       + 0.5*1   = 0.4 + 0.3 + 0.5
     assert s.priority == pytest.approx([1.04, 0.325, 1.2])
     assert s.similarity.tolist() == [pytest.approx(0.8), 0.0, 1.0]
-    assert s.reward == pytest.approx([0.6, 1.0, 0.0])
-    assert s.outcome.tolist() == [1.0, 0.5, 0.0]
-    assert s.importance == pytest.approx([0.7, 0.0, 1.0])
+    assert s.reward_term == pytest.approx([0.2 * 0.6, 0.2 * 1.0, 0.0])  # clipped, missing 0
+    assert s.outcome_term == pytest.approx([0.1, 0.05, 0.0])
     assert s.similarity_term == pytest.approx([0.32, 0.0, 0.4])
     assert s.recency_term == pytest.approx([0.15, 0.075, 0.3])
     assert s.importance_term == pytest.approx([0.35, 0.0, 0.5])

@@ -210,18 +210,15 @@ def _filled(signal: np.ndarray | None) -> np.ndarray:
 class Scored:
     """Per-candidate signals, weighted terms and priority, each float64[n], plus the ranking.
 
-    Signals are the raw values in [0, 1] (before any min-max scaling): similarity = clip(cos, 0, 1),
-    recency, reward (clipped, missing 0), outcome, importance (/10, missing 0). The `*_term` arrays are
-    weight * signal (after scaling when normalize="minmax") and add up to `priority`. `age` is in
-    seconds, clamped at 0. `order` (int64[n]) lists candidate indices best first.
+    `similarity` (clip(cos, 0, 1)) and `recency` are the raw signals, before any min-max scaling. The
+    `*_term` arrays are weight * signal (reward clipped, importance / 10, missing 0; after scaling when
+    normalize="minmax") and add up to `priority`. `age` is in seconds, clamped at 0. `order` (int64[n])
+    lists candidate indices best first.
     """
 
     age: np.ndarray
     similarity: np.ndarray
     recency: np.ndarray
-    reward: np.ndarray
-    outcome: np.ndarray
-    importance: np.ndarray
     similarity_term: np.ndarray
     recency_term: np.ndarray
     reward_term: np.ndarray
@@ -314,9 +311,6 @@ def score(
         age=age,
         similarity=similarity,
         recency=recency,
-        reward=reward,
-        outcome=outcome,
-        importance=importance,
         similarity_term=terms[0],
         recency_term=terms[1],
         reward_term=terms[2],
