@@ -319,10 +319,8 @@ def score(
         priority=priority,
         order=order,
     )
-    for f in fields(out):
-        value = getattr(out, f.name)
-        if isinstance(value, np.ndarray):
-            value.setflags(write=False)
+    for f in fields(out):  # every field is an array
+        getattr(out, f.name).setflags(write=False)
     return out
 
 
