@@ -123,16 +123,11 @@ async def plan(q: Query, p: RecallParams) -> Plan:
     """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope, a
     count the KNN's `HYBRID_POLICY` then uses too (never counted for the policy alone: a count is a
     filter query as costly as an ad-hoc KNN). Raises ValueError for bad weights or an unknown preset."""
-    policy = None
-    if p.weights is not None:
-        name, weights = resolve_weights(None, Weights(**p.weights), 0)
-    elif p.preset not in (None, "auto"):
-        name, weights = resolve_weights(p.preset, None, 0)
-    else:
-        size = await q.sizes.size(q.r, q.index, q.scope)
-        name, weights = resolve_weights(p.preset, None, size)
-        if size and p.graph_index:
-            policy = hybrid_policy(size, await q.sizes.indexed(q.r, q.index))
+    explicit = Weights(**p.weights) if p.weights is not None else None
+    auto = explicit is None and p.preset in (None, "auto")
+    size = await q.sizes.size(q.r, q.index, q.scope) if auto else 0
+    name, weights = resolve_weights(p.preset, explicit, size)
+    policy = hybrid_policy(size, await q.sizes.indexed(q.r, q.index)) if size and p.graph_index else None
     return Plan(p, name, weights, max(p.depth, p.top_k), policy, arms(p.mode, weights, p.recency_from))
 
 
