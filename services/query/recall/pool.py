@@ -256,12 +256,9 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
 
 
 async def extra_candidates(q: Query, plan: Plan, pool: Pool, names: list[str]) -> Columns:
-    """The recency / reward / importance lists among `names` (`Floors.top_by`), minus what `pool` holds.
+    """The recency / reward / importance lists `names` (`Floors.top_by`), minus what `pool` holds.
     `q.vector` is awaited only outside keyword mode (which needs no cosines, nor that every episode has
     a vector)."""
-    names = [n for n in names if n not in SIMILARITY_ARMS]
-    if not names:
-        return Columns.empty()
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     r, index, scope, depth = q.r, q.index, q.scope, plan.depth
     lists = (
