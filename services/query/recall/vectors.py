@@ -77,7 +77,7 @@ def _answer(waiting: list[asyncio.Future[np.ndarray]], outcome: np.ndarray | Exc
 class QueryVectorCache:
     """The embeddings of the last `size` distinct (namespace, query text) pairs, least recently used
     evicted first (agents repeat queries; on CPU embedding one costs more than the rest of a recall);
-    misses go through a `QueryBatcher` per embedder (`batch` texts per pass at most; 1 embeds each query
+    misses go through the embedder's `QueryBatcher` (`batch` texts per pass at most; 1 embeds each query
     alone). Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared
     across tenants, a hit's speed would tell one tenant what another recently asked. One per service.
     """
@@ -88,13 +88,7 @@ class QueryVectorCache:
         self.hits = 0
         self.misses = 0
         self._vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
-        self._batchers: dict[int, tuple[Embedder, QueryBatcher]] = {}
-
-    def batcher(self, embedder: Embedder) -> QueryBatcher:
-        got = self._batchers.get(id(embedder))
-        if got is None or got[0] is not embedder:
-            got = self._batchers[id(embedder)] = (embedder, QueryBatcher(embedder, max(1, self.batch)))
-        return got[1]
+        self._batcher: QueryBatcher | None = None
 
     async def embed(self, embedder: Embedder, text: str, *, namespace: str) -> np.ndarray:
         """float32[dim] of `text` from `namespace`'s entries, else embedded (raises like `embed_query`)."""
@@ -106,8 +100,10 @@ class QueryVectorCache:
             return hit
         self.misses += 1
         if self.batch > 1:
+            if self._batcher is None or self._batcher.embedder is not embedder:
+                self._batcher = QueryBatcher(embedder, self.batch)
             # a copy: the rows of one pass share memory
-            vector = np.array(await self.batcher(embedder).embed(text, scope=namespace))
+            vector = np.array(await self._batcher.embed(text, scope=namespace))
         else:
             vector = await embed_query(embedder, text)
         if self.size > 0:
