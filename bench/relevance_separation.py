@@ -3,7 +3,7 @@ ones that share a word with the query, on LoCoMo (`python -m bench.relevance_sep
 
 Data: `../shared/data/locomo/locomo7.json` (read by path, as `bench.locomo` does). For every question
 with evidence, computed in-process with the service's own functions (`services.query.recall.relevance`: the query's
-stems, idf from the conversation's document counts, `keyword_relevance` of each turn's terms, the
+stems, idf from the conversation's document counts, `keyword_relevances` of each turn's terms, the
 embedder's cosine, the recall mode's combination):
 - positives: the question's evidence turns;
 - `one-word` negatives: up to 5 random turns (seeded) of other sessions than the evidence's that share
@@ -29,6 +29,7 @@ import numpy as np
 
 from bench.locomo import DEFAULT_DATA, load
 from services.query.recall import relevance as rel
+from services.query.recall.terms import Memos
 from shared.embedding import Embedder, HashingEmbedder, MiniLMEmbedder, MPNetEmbedder
 
 RARE_IDF = 2.5
@@ -52,9 +53,11 @@ def pairs(path: Path, embedder: Embedder, conversations: int | None, seed: int =
     for c in convs:
         vectors = turns[ti : ti + len(c.turns)]
         ti += len(c.turns)
-        terms = [rel.episode_terms({"task": t.text}) for t in c.turns]
+        hits = [{b"task": t.text.encode()} for t in c.turns]
+        memos = Memos()
+        terms = [memos.hit_terms(h).tf for h in hits]
         df: dict[str, int] = {}
-        for tf, _ in terms:
+        for tf in terms:
             for stem in tf:
                 df[stem] = df.get(stem, 0) + 1
         index = {t.dia_id: i for i, t in enumerate(c.turns)}
@@ -66,7 +69,7 @@ def pairs(path: Path, embedder: Embedder, conversations: int | None, seed: int =
             evidence = [index[e] for e in q.evidence if e in index]
             sessions = {c.turns[i].session for i in evidence}
             one, rare = [], []
-            for i, (tf, _) in enumerate(terms):
+            for i, tf in enumerate(terms):
                 shared = [w for s, w in qt.items() if s in tf]
                 if len(shared) == 1 and c.turns[i].session not in sessions:
                     one.append(i)
@@ -75,7 +78,7 @@ def pairs(path: Path, embedder: Embedder, conversations: int | None, seed: int =
             rows.append(
                 {
                     "cos": vectors @ qv,
-                    "kw": np.array([rel.keyword_relevance(qt, tf, n) for tf, n in terms]),
+                    "kw": rel.keyword_relevances(qt, hits, memos),
                     "evidence": evidence,
                     "one-word": rng.sample(one, min(NEGATIVES, len(one))),
                     "rare-word": rng.sample(rare, min(NEGATIVES, len(rare))),

@@ -1,15 +1,6 @@
-"""The query service application: the route table wired to its middlewares, the injected dependencies,
-one cleanup context owning Redis and the embedder.
-
-`make_app(settings)` builds the aiohttp application; `redis=` and `embedder=` inject ready resources
-(tests, benchmarks) which the app then neither creates nor closes; `facts=` and `consolidate=` replace
-the facts provider of `POST /v1/context` and the consolidation of `POST /v1/consolidate`
-(`services.query.providers` builds the real ones). The imports run one way: app → routes → views →
-domain modules, and everything reads its state through `services.query.appkeys`.
-
-Startup loads the embedder and ensures the episode index of the live generation exists and was built with
-this embedder; a mismatch (`Conflict`) fails startup with its message. With `background_start` that
-happens behind an open port (`services.query.startup`).
+"""The query service application (`make_app`): the route table wired to its middlewares, the injected
+dependencies, one cleanup context owning Redis and the embedder. The imports run one way: app → routes
+→ views → domain modules, and everything reads its state through `services.query.appkeys`.
 """
 
 from __future__ import annotations
@@ -88,13 +79,9 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
         # belong to the caller
         async with contextlib.AsyncExitStack() as stack:
             r = redis
-            if r is None:
-                if not settings.redis_url:
-                    raise RuntimeError(
-                        "REDIS_URL is not set; start the stack with `make run` or set REDIS_URL"
-                    )
+            if r is None:  # `python -m services.query` refused to start without a REDIS_URL
                 r = connect(
-                    settings.redis_url, prefix=settings.prefix, cluster_search=settings.cluster_search
+                    settings.redis_url or "", prefix=settings.prefix, cluster_search=settings.cluster_search
                 )  # connects on its first command
                 stack.push_async_callback(r.aclose)
             e = embedder
@@ -206,12 +193,14 @@ def make_app(
     consolidate: Consolidate | None = None,
     background_start: bool = False,
 ) -> web.Application:
-    """The query service. Startup fails (exception) when the index conflicts; it waits for Redis.
+    """The query service. `redis=` and `embedder=` inject ready resources (tests, benchmarks) the app then
+    neither creates nor closes; `facts=` and `consolidate=` replace the providers of `POST /v1/context`
+    and `POST /v1/consolidate` (`services.query.providers`). Start-up loads the embedder and ensures the
+    live episode index exists and was built with it (`Conflict` fails it); it waits for Redis.
 
     With `background_start` (`python -m services.query`) the app serves at once and loads the embedder
-    and the index in a task (`services.query.startup`): `/readyz` lists what is pending and the API
-    answers 503 until it is done; `app[STARTUP].wait()` re-raises a failed start-up. Without it (tests,
-    benchmarks) start-up completes before the first request."""
+    and the index in a task (`services.query.startup`; `app[STARTUP].wait()` re-raises a failed
+    start-up). Without it start-up completes before the first request."""
     metrics = Metrics()
     startup = Startup()
     app = web.Application(

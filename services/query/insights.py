@@ -1,14 +1,9 @@
-"""Pure helpers behind /v1/context, /v1/skills, /v1/strategy and /v1/suggest (no I/O, no LLM).
+"""Pure helpers behind /v1/context, /v1/skills, /v1/strategy and /v1/suggest (no I/O, no LLM), over
+already-fetched episodes (`engram_episodic.events.Episode`).
 
-Inputs are already-fetched episodes (`engram_episodic.events.Episode`) with their cosine to the task, so every
-rule here is unit-testable with hand-made data.
-
-Strategy advice follows the truth as facts do (`shared.regimes`): per strategy, only the newest regime
-of the similar episodes in time order counts — when its outcomes flipped (each side at least
-REGIME_MIN episodes), its older episodes no longer vouch for it (`current_evidence`; `changed` reports
-what was left out). What the agent did is its *approach* (`shared.regimes.approach`): the recorded
-`strategy_used`, else the tools it called. The views pass a pool larger than `k` (ADVICE_POOL) and
-advice keeps the `k` nearest of what still counts.
+Strategy advice follows the truth as facts do (`shared.regimes`): per approach (`shared.regimes.approach`:
+the recorded `strategy_used`, else the tools called), only the newest regime of the similar episodes
+counts (`current_evidence`). The views pass ADVICE_POOL episodes; advice keeps the `k` nearest that count.
 """
 
 from __future__ import annotations
@@ -93,65 +88,46 @@ def choose_strategy(
 ) -> dict[str, Any]:
     """Adaptive strategy choice, first rule that applies:
 
-    1. reuse the approach (`shared.regimes.approach`: strategy, else tools) of similar episodes whose success rate
-       among them is above 0.6 (the one with the most successes, then the highest rate), counting each
-       approach's newest regime only, of the `k` nearest (`current_evidence`: an approach that stopped
-       working is not recommended on its old successes);
+    1. reuse the approach of similar episodes whose success rate among them is above 0.6 (the one with
+       the most successes, then the highest rate), of the `k` nearest that count (`current_evidence`);
     2. `defensive` when the task's category is weak;
     3. by complexity: > 0.7 `iterative`, < 0.3 `exploratory`, otherwise `iterative`;
        unknown complexity: `conservative`.
     """
     everything = similar
     similar, changed = current_evidence(similar, k=k)
-    extra = {"changed": changed} if changed else {}
-    groups: dict[str, list[Episode]] = {}
-    for ep in similar:
-        name = _approach(ep)
-        if name:
-            groups.setdefault(name, []).append(ep)
-    ranked = []
-    for name, eps in groups.items():
-        successes = sum(1 for e in eps if e.outcome == "success")
-        rate = successes / len(eps)
-        if successes and rate > REUSE_SUCCESS_RATE:
-            ranked.append((successes, rate, name, len(eps)))
+    extra: dict[str, Any] = {"changed": changed} if changed else {}
+    used = [(name, ep.outcome == "success") for ep in similar if (name := _approach(ep))]
+    tried, won = Counter(n for n, _ in used), Counter(n for n, ok in used if ok)
+    ranked = [
+        (won[n], won[n] / tried[n], n, tried[n]) for n in tried if won[n] / tried[n] > REUSE_SUCCESS_RATE
+    ]
+    evidence: dict[str, Any] = {"similar_episodes": len(everything)}
     if ranked:
         successes, rate, name, n = max(ranked, key=lambda t: (t[0], t[1]))
-        return {
-            "strategy": name,
-            "rule": "reuse",
-            "reason": f"{successes} of {n} similar episodes using {name!r} succeeded "
-            f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})",
-            "evidence": {"similar_episodes": len(everything), "episodes": n, "successes": successes, **extra},
-        }
-    if category_profile is not None and category_profile.get("weak"):
-        return {
-            "strategy": "defensive",
-            "rule": "weak_category",
-            "reason": f"category {category_profile['category']!r} is weak "
+        rule = "reuse"
+        why = (
+            f"{successes} of {n} similar episodes using {name!r} succeeded "
+            f"(success rate {rate:.0%} > {REUSE_SUCCESS_RATE:.0%})"
+        )
+        evidence |= {"episodes": n, "successes": successes}
+    elif category_profile is not None and category_profile.get("weak"):
+        name, rule = "defensive", "weak_category"
+        why = (
+            f"category {category_profile['category']!r} is weak "
             f"(success rate {category_profile['success_rate']:.0%} over "
-            f"{category_profile['episodes']} episodes)",
-            "evidence": {"similar_episodes": len(everything), **extra},
-        }
-    if complexity is None:
-        return {
-            "strategy": "conservative",
-            "rule": "no_evidence",
-            "reason": "no similar successful strategy, no weak category and no complexity given",
-            "evidence": {"similar_episodes": len(everything), **extra},
-        }
-    if complexity > 0.7:
-        name, why = "iterative", f"complexity {complexity:g} > 0.7"
+            f"{category_profile['episodes']} episodes)"
+        )
+    elif complexity is None:
+        name, rule = "conservative", "no_evidence"
+        why = "no similar successful strategy, no weak category and no complexity given"
+    elif complexity > 0.7:
+        name, rule, why = "iterative", "complexity", f"complexity {complexity:g} > 0.7"
     elif complexity < 0.3:
-        name, why = "exploratory", f"complexity {complexity:g} < 0.3"
+        name, rule, why = "exploratory", "complexity", f"complexity {complexity:g} < 0.3"
     else:
-        name, why = "iterative", f"complexity {complexity:g} is moderate"
-    return {
-        "strategy": name,
-        "rule": "complexity",
-        "reason": why,
-        "evidence": {"similar_episodes": len(everything), **extra},
-    }
+        name, rule, why = "iterative", "complexity", f"complexity {complexity:g} is moderate"
+    return {"strategy": name, "rule": rule, "reason": why, "evidence": evidence | extra}
 
 
 FAILED = ("failure", "abandoned")
@@ -162,9 +138,8 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5, k: int | None = None
 
     confidence: `high` with at least 2 successes and a success share >= 0.7; `medium` with at least one
     success and a share >= 0.4; otherwise `low` (including no evidence at all). Successes, failures and
-    strategies (approaches: `shared.regimes.approach`) count each approach's newest regime, of the `k` nearest that
-    still count (`current_evidence`); `changed` lists the approaches whose outcomes flipped, with what
-    was left out.
+    strategies count the `k` nearest that still count (`current_evidence`); `changed` lists the
+    approaches whose outcomes flipped, with what was left out.
     """
     current, changed = current_evidence(similar, k=k)
     successes = [e for e in current if e.outcome == "success"]
@@ -221,12 +196,10 @@ def prompt_section(
     fact), then one block per recalled episode, best first. `results` are recall results
     (`{"episode": {...}, "priority": ...}`), `facts` the facts provider's, best first.
 
-    The budget is filled by priority across the two sections, not section by section: facts and
-    episodes are taken alternately by rank (fact 1, episode 1, fact 2, episode 2, ...: a fact is a
-    short summary of many episodes, an episode block the detail of one), each while it fits whole;
-    the first that does not fit is cut to the room left (when at least `_MIN_PIECE` characters) and
-    the rest, all of lower rank, are left out. So a small budget holds the best of both sections
-    instead of dropping one whole and leaving its room unused. Each section keeps its own order.
+    The budget is filled by rank across the two sections: facts and episodes alternately (fact 1,
+    episode 1, fact 2, ...), each while it fits whole; the first that does not fit is cut to the room
+    left (when at least `_MIN_PIECE` characters) and the rest are left out, so a small budget holds
+    the best of both. Each section keeps its own order.
     """
     lines = [f"## Relevant experience for: {_clip(task, 300)}"]
     if category:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.consolidator.metrics import summarizer_failures
+from services.query.problems import route_of
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -89,8 +90,7 @@ class Metrics:
         @web.middleware
         async def middleware(request: web.Request, handler) -> web.StreamResponse:
             start = time.perf_counter()
-            resource = request.match_info.route.resource
-            route = resource.canonical if resource is not None else "<unmatched>"
+            route = route_of(request, "<unmatched>")
             status = 500
             try:
                 response = await handler(request)

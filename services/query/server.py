@@ -1,17 +1,11 @@
 """The HTTP server around the app: aiohttp's connection handler with Engram's answers to what it cannot parse.
 
-aiohttp answers a request it cannot parse (a control character in a header, a request line or header
-past 8 KiB, bytes that are not HTTP) before any middleware runs, from `RequestHandler.handle_error`: a
-`text/plain` body quoting the offending bytes, and an ERROR line with a traceback whose message holds
-the raw header line — a valid API key included when the bad byte sits in `Authorization`. aiohttp has
-no hook for these answers (aio-libs/aiohttp#3287), so:
-
-- `ProblemRequestHandler.handle_error` answers an RFC 9457 problem with a fixed, terse detail per kind of
-  error and logs one DEBUG line naming only the kind (the access log records the 400 as usual);
-- `AppRunner` (use it instead of `aiohttp.web.AppRunner`) makes its server build that handler;
-- `serve()` runs an app with it, as `web.run_app` would (which always builds aiohttp's own runner);
-- `RedactCredentials` (shared.logs) strips credentials from whatever aiohttp's loggers still write
-  (defence in depth: a traceback or debug line that quotes a request).
+aiohttp answers a request it cannot parse before any middleware runs, from `RequestHandler.handle_error`:
+a `text/plain` body quoting the offending bytes and an ERROR traceback holding the raw header line (an
+API key when the bad byte sits in `Authorization`), with no hook for it (aio-libs/aiohttp#3287). So
+`ProblemRequestHandler` answers a terse RFC 9457 problem instead, `AppRunner` (use it instead of
+`aiohttp.web.AppRunner`) serves with it, `serve()` runs an app with it as `web.run_app` would, and
+`RedactCredentials` (shared.logs) strips credentials from whatever aiohttp's loggers still write.
 """
 
 from __future__ import annotations
@@ -27,10 +21,8 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import BadHttpMethod, BadStatusLine, HttpProcessingError, LineTooLong
 
-from services.query.problems import problem
-from shared.logs import RedactCredentials, redact
-
-__all__ = ["AppRunner", "RedactCredentials", "RouteAccessLogger", "install_log_redaction", "redact", "serve"]
+from services.query.problems import problem, route_of
+from shared.logs import RedactCredentials
 
 log = logging.getLogger("engram.query")
 
@@ -97,20 +89,14 @@ PROBES = frozenset({"/healthz", "/readyz"})
 
 class RouteAccessLogger(AbstractAccessLogger):
     """The access log line of a request with its route's template instead of its path, and no query
-    string: ids live in paths and queries (`DELETE /v1/users/{user_id}`, `GET
-    /v1/learning-curve?user_id=...`), and aiohttp's default format wrote every forgotten user's id
-    into the log, where erasure cannot reach. A request that matched no route is logged as
-    `<no route>`. Format: `remote "METHOD /route/{template}" status bytes duration_ms`."""
+    string: ids live in paths and queries, where erasure cannot reach a log. A request that matched no
+    route is logged as `<no route>`. Format: `remote "METHOD /route/{template}" status bytes duration_ms`."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         route = "<no route>"
         if isinstance(request, web.Request):
-            try:  # a request answered before routing (unparseable) has no match info
-                resource = request.match_info.route.resource
-            except (AssertionError, AttributeError):
-                resource = None
-            if resource is not None:
-                route = resource.canonical
+            with suppress(AssertionError, AttributeError):  # answered before routing: no match info
+                route = route_of(request)
         # probes (a supervisor, a load balancer, `make run` itself) poll every few hundred ms: at DEBUG
         log = self.logger.debug if route in PROBES and response.status != 500 else self.logger.info
         log(
@@ -154,11 +140,8 @@ class AppRunner(web.AppRunner):
 
 
 def _absorb_signals(loop: asyncio.AbstractEventLoop) -> None:
-    """Once a graceful stop is under way, another SIGINT / SIGTERM must not abort it. Under `make run`
-    a terminal's Ctrl-C is two: the SIGINT reaches the service and the supervisor, which then sends its
-    own SIGTERM; aiohttp's handler raised out of the drain, so every request in flight was dropped, the
-    process exited 1 and logged a destroyed task. A hard stop stays SIGKILL (the supervisor's, after its
-    grace period)."""
+    """Once a graceful stop is under way, another SIGINT / SIGTERM must not abort it (under `make run` a
+    Ctrl-C is two: the terminal's SIGINT and the supervisor's SIGTERM). A hard stop stays SIGKILL."""
 
     def again() -> None:
         log.info("already stopping: requests in flight finish first")
@@ -191,8 +174,8 @@ def serve(
     host: str,
     port: int,
     loop: asyncio.AbstractEventLoop,
-    on_ready: Callable[[], None] | None = None,
-    watch: Callable[[], Awaitable[None]] | None = None,
+    on_ready: Callable[[], None],
+    watch: Callable[[], Awaitable[None]],
 ) -> None:
     """Serve `app` until SIGINT/SIGTERM, like `web.run_app` with its defaults, but with `AppRunner`;
     the requests in flight then finish (aiohttp's drain), and further signals do not interrupt that.
@@ -212,10 +195,8 @@ def serve(
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
-            if on_ready is not None:
-                on_ready()
-            if watch is not None:
-                await watch()
+            on_ready()
+            await watch()
             await asyncio.Event().wait()  # until a signal raises GracefulExit
         finally:
             await runner.cleanup()

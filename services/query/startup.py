@@ -1,13 +1,8 @@
-"""The query service's start-up in the background: the port opens at once, the API waits for it.
-
-`python -m services.query` (`make_app(..., background_start=True)`) serves as soon as its socket is
-bound; loading the embedder (seconds for a model, more on a first start that unpacks it) and opening the
-index (which waits for Redis) run in a task meanwhile. Until both are done `/readyz` answers 503
-listing what is `pending` (`["embedder", "index"]`, then `["index"]`), `/healthz`, `/metrics` and
-`/openapi.json` answer as usual, and every other route answers 503 problem+json with `pending` and
-`Retry-After`, instead of connections being refused for the whole load. A start-up that fails
-(`Conflict`: another embedder's index) fails the process as before: `serve(..., watch=startup.wait)`
-re-raises it.
+"""The query service's start-up in the background (`make_app(..., background_start=True)`): the port
+opens at once while loading the embedder and opening the index run in a task. Until both are done
+`/readyz` answers 503 listing what is `pending`, the operations routes answer as usual, and every other
+route answers 503 problem+json with `pending` and `Retry-After`. A start-up that fails fails the
+process: `serve(..., watch=startup.wait)` re-raises it.
 """
 
 from __future__ import annotations

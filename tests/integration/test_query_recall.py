@@ -156,12 +156,11 @@ async def test_minmax_normalisation(abc):
 
 def keyword_rel(query: str, task: str, counts: dict[str, int]) -> float:
     """services.query.recall.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
-    from services.query.recall.relevance import episode_terms, keyword_relevance, query_terms, query_words
+    from services.query.recall.relevance import keyword_relevances, query_terms, query_words
 
     words = query_words(query)
-    return keyword_relevance(
-        query_terms(words, [counts[w] for w in words.values()]), *episode_terms({"task": task})
-    )
+    terms = query_terms(words, [counts[w] for w in words.values()])
+    return float(keyword_relevances(terms, [{b"task": task.encode()}])[0])
 
 
 async def test_keyword_and_hybrid_modes(make_client, redis, prefix):

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from services.query.recall import lists, pool
+from services.query.recall import pool
 from shared.index import Scope, filter_search
 from shared.keys import Keys
 from shared.tags import BLAKE2B
@@ -53,16 +53,14 @@ async def _keys(redis, index, scope, name, **kw) -> list[bytes]:
 
 @pytest.mark.parametrize("name", ["completed_at", "reward"])
 async def test_a_floor_outlives_any_age_and_moves_with_each_exact_answer(
-    make_client, redis, prefix, calls, monkeypatch, name
+    make_client, redis, prefix, calls, name
 ):
     await make_client()
     index, scope = await _scope(redis, prefix, f"floors-{name}")
     assert await _keys(redis, index, scope, name) == await exact(redis, index, scope, name)
     assert len(calls) == 1 and not _narrowed(calls[0], name)  # no floor yet: the whole scope
     key = next(k for k in FLOORS.floors if k[2] == name)
-    before = FLOORS.floors[key][1]
-    later = lists.time.monotonic() + 86_400.0  # a day on: a floor is a checked hint, not a cache
-    monkeypatch.setattr(lists.time, "monotonic", lambda: later)
+    before = FLOORS.floors[key][0]  # kept however old: a floor is a checked hint, not a cache
     for j in range(3):  # above the boundary: the top depth moves, so must the floor
         await put(
             redis,
@@ -73,7 +71,7 @@ async def test_a_floor_outlives_any_age_and_moves_with_each_exact_answer(
     calls.clear()
     assert await _keys(redis, index, scope, name) == await exact(redis, index, scope, name)
     assert len(calls) == 1 and _narrowed(calls[0], name)
-    assert FLOORS.floors[key][1] > before
+    assert FLOORS.floors[key][0] > before
 
 
 @pytest.mark.parametrize("name", ["completed_at", "reward"])
@@ -107,7 +105,7 @@ async def test_remembered_lists_move_their_floors(make_client, redis, prefix):
     names = ["completed_at", "reward"]
     for name in names:
         await FLOORS.top_by(redis, index, scope, name, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
-    before = {k[2]: v[1] for k, v in FLOORS.floors.items()}
+    before = {k[2]: v[0] for k, v in FLOORS.floors.items()}
     for j in range(3):
         await put(
             redis,
@@ -119,7 +117,7 @@ async def test_remembered_lists_move_their_floors(make_client, redis, prefix):
     got = await FLOORS.remembered_lists(redis, index, scope, query, names, DEPTH, pool.LIGHT_SIGNAL_FIELDS)
     assert got is not None
     assert [[h.key for h in g] for g in got] == [await exact(redis, index, scope, n) for n in names]
-    after = {k[2]: v[1] for k, v in FLOORS.floors.items()}
+    after = {k[2]: v[0] for k, v in FLOORS.floors.items()}
     assert all(after[n] > before[n] for n in names)
 
 

@@ -1,6 +1,6 @@
 """The recall pool as columns (`services.query.recall.pool.Columns`) holds, row for row and to the bit, what
 one object per hit held before it (the reference below is that per-hit reading), and
-`services.query.recall.relevance.relevances` equals the scalar `relevance` of each row. Pure logic: no I/O."""
+`services.query.recall.relevance.relevances` equals the scalar definition of each row. Pure logic: no I/O."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ def reference_row(hit: SearchHit) -> dict[str, object]:
     outcome = get(b"outcome")
     return {
         "key": hit.key,
-        "raw_doc": get(b"doc"),
         "completed_at": completed,
         "reward": _number(get(b"reward")),
         "outcome": outcome.decode() if outcome else None,
@@ -45,6 +44,17 @@ def reference_row(hit: SearchHit) -> dict[str, object]:
         # not finite: 0 (the per-hit reading raised OverflowError on "inf", which HINCRBY never writes)
         "access_count": int(count) if math.isfinite(count) else 0,
     }
+
+
+def ref_relevance(mode: str, cos: float, keyword: float) -> float:
+    """The similarity signal of one row, read off `services.query.recall.relevance`'s docstring."""
+    clipped = max(0.0, cos) if math.isfinite(cos) else 0.0
+    if mode == "vector":
+        return clipped
+    if mode == "keyword":
+        return keyword
+    share = relevance.HYBRID_VECTOR_WEIGHT
+    return share * clipped + (1.0 - share) * keyword
 
 
 def _bits(x: float) -> str:
@@ -75,15 +85,16 @@ def test_columns_hold_each_hits_fields_as_the_per_hit_reading_did(rows, data):
     assert len(cols) == n
     for i, hit in enumerate(hits):
         want, got = reference_row(hit), cols.candidate(i)
-        assert (got.key, got.raw_doc, got.outcome, got.access_count) == (
+        assert (got.key, cols.outcomes[i], got.access_count) == (
             want["key"],
-            want["raw_doc"],
             want["outcome"],
             want["access_count"],
         )
-        for name in ("completed_at", "reward", "importance", "last_accessed"):
+        for name in ("completed_at", "last_accessed"):
             assert _bits(getattr(got, name)) == _bits(want[name]), name
-        assert _bits(got.relevance) == _bits(relevance.relevance(mode, float(cos[i]), float(keyword[i])))
+        for name in ("reward", "importance"):
+            assert _bits(float(getattr(cols, name)[i])) == _bits(want[name]), name
+        assert _bits(float(cols.relevance[i])) == _bits(ref_relevance(mode, float(cos[i]), float(keyword[i])))
 
 
 def test_columns_concatenate_in_order_and_empty_is_neutral():
@@ -117,7 +128,7 @@ def test_relevances_equal_the_scalar_relevance_to_the_bit(mode, pairs):
     cos = np.array([c for c, _ in pairs], dtype=np.float64)
     keyword = np.array([k for _, k in pairs], dtype=np.float64)
     got = relevance.relevances(mode, cos, keyword)
-    want = [relevance.relevance(mode, c, k) for c, k in pairs]
+    want = [ref_relevance(mode, c, k) for c, k in pairs]
     assert [_bits(x) for x in got.tolist()] == [_bits(x) for x in want]
 
 

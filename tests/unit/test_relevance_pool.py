@@ -147,10 +147,10 @@ def test_pool_scorer_equals_the_scalar_formula_to_the_bit(data, hits):
 @given(fields=_fields)
 def test_episode_terms_equal_the_definition(fields):
     tf, length = ref_terms(fields)
-    for named in (fields, {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}):
-        got_tf, got_length = relevance.episode_terms(named)
-        assert dict(got_tf) == tf and got_length == length
-        assert [got_tf[s].hex() for s in tf] == [tf[s].hex() for s in tf]
+    got = terms.Memos().hit_terms(fields)
+    got_tf = {s: n * got.scale for s, n in got.tf.items()}
+    assert got_tf == tf and got.length == length
+    assert [got_tf[s].hex() for s in tf] == [tf[s].hex() for s in tf]
 
 
 # pieces that the folding changes: accents (composed and not), full-width, strokes, scripts written
@@ -183,13 +183,13 @@ def test_the_unicode_cases_by_hand():
     want = [ref_relevance(query, *ref_terms(h)) for h in hits]
     assert relevance.keyword_relevances(query, hits).tolist() == want
     assert want[0] > 0 and want[2] > 0 and want[4] > 0 and want[3] == want[5] == 0.0
-    assert relevance.episode_terms(hits[3]) == ({}, 0.0)
+    assert not terms.Memos().hit_terms(hits[3]).tf and terms.Memos().hit_terms(hits[3]).length == 0.0
     assert relevance.keyword_relevances({}, hits).tolist() == [0.0] * len(hits)
     assert relevance.keyword_relevances(query, []).tolist() == []
 
 
 def test_field_weights_are_exact_in_products():
-    """The pool scorer sums a stem's counts before weighting (`weighted_terms`): equal to the reference's
+    """The pool scorer sums a stem's counts before weighting (`Memos._texts_terms`): equal to the reference's
     per-word sum only while weight × count is exact, as for integral weights."""
     assert all(float(w).is_integer() and w > 0 for _, w in TEXT_FIELDS)
     assert math.isclose(sum(w for _, _, w in terms.FIELD_KEYS), sum(w for _, w in TEXT_FIELDS))

@@ -22,7 +22,6 @@ from services.query.recall.score import (
     learning_curve,
     minmax,
     outcome_scores,
-    reach,
     recency_decay,
     replay_context,
     resolve_weights,
@@ -114,9 +113,8 @@ def test_priority_by_hand():
     # 0.4*1   + 0.3*1   + 0      + 0       + 0.5*1   = 0.4 + 0.3 + 0.5
     assert s.priority == pytest.approx([1.04, 0.325, 1.2])
     assert s.similarity.tolist() == [pytest.approx(0.8), 0.0, 1.0]
-    assert s.reward == pytest.approx([0.6, 1.0, 0.0])
-    assert s.outcome.tolist() == [1.0, 0.5, 0.0]
-    assert s.importance == pytest.approx([0.7, 0.0, 1.0])
+    assert s.reward_term == pytest.approx([0.2 * 0.6, 0.2 * 1.0, 0.0])  # clipped, missing 0
+    assert s.outcome_term == pytest.approx([0.1, 0.05, 0.0])
     assert s.similarity_term == pytest.approx([0.32, 0.0, 0.4])
     assert s.recency_term == pytest.approx([0.15, 0.075, 0.3])
     assert s.importance_term == pytest.approx([0.35, 0.0, 0.5])
@@ -156,7 +154,7 @@ def test_outcome_scores():
 
 def test_empty_candidate_set():
     s = score(candidates(0), PRESETS["normal"], half_life=DAY, as_of=NOW, normalize="minmax")
-    assert len(s) == 0 and s.order.tolist() == []
+    assert s.priority.size == 0 and s.order.tolist() == []
 
 
 def test_results_are_read_only_and_inputs_not_aliased():
@@ -167,37 +165,6 @@ def test_results_are_read_only_and_inputs_not_aliased():
     s = score(c, PRESETS["early"], half_life=DAY, as_of=NOW)
     with pytest.raises(ValueError):
         s.priority[0] = 1.0
-
-
-@pytest.mark.parametrize(
-    ("overrides", "field"),
-    [
-        ({"completed_at": [np.nan]}, "completed_at"),
-        ({"completed_at": [[NOW]]}, "completed_at"),
-        ({"cos": [0.1, 0.2]}, "cos"),
-        ({"reward": [math.inf]}, "reward"),
-        ({"outcome_score": [1.5]}, "outcome_score"),
-        ({"outcome_score": [np.nan]}, "outcome_score"),
-        ({"last_accessed": [-math.inf]}, "last_accessed"),
-    ],
-)
-def test_bad_candidates_name_the_field(overrides, field):
-    with pytest.raises(ValueError, match=field):
-        candidates(**overrides)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "word"),
-    [
-        ({"normalize": "zscore"}, "normalize"),
-        ({"recency_from": "created"}, "recency_from"),
-        ({"as_of": math.nan}, "as_of"),
-    ],
-)
-def test_bad_score_arguments(kwargs, word):
-    args = {"half_life": DAY, "as_of": NOW} | kwargs
-    with pytest.raises(ValueError, match=word):
-        score(candidates(), PRESETS["normal"], **args)
 
 
 # --- ordering ----------------------------------------------------------------------------------------
@@ -282,8 +249,10 @@ def test_presets():
         assert w.importance == 0.0
         assert w.total == pytest.approx(1.0)
     # recency, reward and outcome together close a relevance gap of at most 0.05 / 0.11 / 0.18
-    assert [round(reach(PRESETS[p]), 3) for p in ("early", "normal", "late")] == [0.053, 0.111, 0.176]
-    assert reach(Weights(similarity=0, recency=1, reward=0, outcome=0)) == math.inf
+    reach = [
+        (w.total - w.similarity) / w.similarity for w in (PRESETS[p] for p in ("early", "normal", "late"))
+    ]
+    assert [round(r, 3) for r in reach] == [0.053, 0.111, 0.176]
 
 
 @pytest.mark.parametrize(
@@ -314,36 +283,14 @@ def test_resolve_named_and_custom():
     assert resolve_weights(None, share, 3)[1] == share
 
 
-@pytest.mark.parametrize(("preset", "size"), [("fast", 3), ("Early", 3), ("auto", -1)])
-def test_resolve_rejects_unknown_preset_and_negative_size(preset, size):
-    with pytest.raises(ValueError, match="preset|scope_size"):
-        resolve_weights(preset, None, size)
+@pytest.mark.parametrize("preset", ["fast", "Early"])
+def test_resolve_rejects_unknown_preset(preset):
+    with pytest.raises(ValueError, match="preset"):
+        resolve_weights(preset, None, 3)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "field"),
-    [
-        ({"similarity": -0.1}, "similarity"),
-        ({"recency": math.nan}, "recency"),
-        ({"reward": math.inf}, "reward"),
-        ({"outcome": "0.1"}, "outcome"),
-        ({"importance": True}, "importance"),
-    ],
-)
-def test_invalid_weights_name_the_field(kwargs, field):
-    base = {"similarity": 0.4, "recency": 0.3, "reward": 0.2, "outcome": 0.1}
-    with pytest.raises(ValueError, match=rf"weights\.{field}"):
-        Weights(**(base | kwargs))
-
-
-def test_all_zero_weights_rejected():
-    with pytest.raises(ValueError, match="at least one"):
-        Weights(similarity=0, recency=0, reward=0, outcome=0, importance=0)
-
-
-def test_weights_are_floats_and_frozen():
-    w = Weights(similarity=1, recency=0, reward=0, outcome=0)
-    assert isinstance(w.similarity, float)
+def test_weights_are_frozen():
+    w = Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
     assert w.as_dict() == {
         "similarity": 1.0,
         "recency": 0.0,
@@ -536,19 +483,15 @@ def test_replay_context_counts_each_strategys_newest_regime():
         ["X"] * 4, [1, 1, 0, 0], ["success", "success", "failure", "failure"], [1.0] * 4, [1.0, 2.0, 3.0, 4.0]
     )
     assert ctx["strategies"][0]["episodes"] == 4 and ctx["strategies"][0]["changed_at"] is None
-    with pytest.raises(ValueError, match="times 2"):
-        replay_context(["X"], [1.0], ["success"], [1.0], [1.0, 3.0])
 
 
-def test_replay_context_empty_and_mismatched():
+def test_replay_context_empty():
     assert replay_context([], [], [], []) == {
         "episodes": 0,
         "avg_reward": None,
         "success_rate": None,
         "strategies": [],
     }
-    with pytest.raises(ValueError, match="lengths"):
-        replay_context(["a"], [], ["success"], [1.0])
 
 
 def test_learning_curve_hand_example():
@@ -570,12 +513,8 @@ def test_learning_curve_window_larger_than_history_and_missing_rewards():
     assert [p["cumulative_reward"] for p in curve] == pytest.approx([0.0, 0.0, 0.3])
 
 
-def test_learning_curve_bad_arguments():
+def test_learning_curve_of_nothing():
     assert learning_curve([], []) == []
-    with pytest.raises(ValueError, match="window"):
-        learning_curve([1.0], ["success"], window=0)
-    with pytest.raises(ValueError, match="lengths"):
-        learning_curve([1.0], [])
 
 
 def test_equal_priority_and_age_are_ordered_by_the_tie_break_then_by_position():

@@ -19,20 +19,21 @@ class Clock:
 
 def test_an_entry_not_used_again_is_gone_within_ttl_plus_two_sweeps() -> None:
     clock = Clock()
-    memo: Recent[str, int] = Recent(cap=1_000, ttl=60.0, clock=clock)
     made: list[str] = []
 
     def make(key: str) -> int:
         made.append(key)
         return len(key)
 
+    memo: Recent[str, int] = Recent(make, cap=1_000, ttl=60.0, clock=clock)
+
     for step in range(200):  # a sweep every second; "kept" used every 10 s, "gone" once at 0.5 s
         clock.t = step * 1.0
         if step % 10 == 0:
-            assert memo.get_or("kept", make) == 4
+            assert memo["kept"] == 4
         if step == 0:
             clock.t = 0.5
-            memo.get_or("gone", make)
+            memo["gone"]
         memo.expire()
         if clock.t >= 0.5 + 60.0 + 2.0:
             assert "gone" not in memo and "gone" not in memo.old
@@ -42,30 +43,32 @@ def test_an_entry_not_used_again_is_gone_within_ttl_plus_two_sweeps() -> None:
 
 def test_an_entry_is_remembered_while_it_is_used() -> None:
     clock = Clock()
-    memo: Recent[str, int] = Recent(cap=1_000, ttl=60.0, clock=clock)
-    memo.get_or("a", len)
+    memo: Recent[str, int] = Recent(len, cap=1_000, ttl=60.0, clock=clock)
+    assert memo["a"] == 1
     clock.t = 31.0
     memo.expire()  # rotated: "a" is old now, still answered and moved back
     assert "a" in memo.old
-    assert memo.get_or("a", lambda _: pytest.fail("made again")) == 1
+    memo.make = lambda _: pytest.fail("made again")
+    assert memo["a"] == 1
     assert "a" in memo and "a" not in memo.old
 
 
 def test_expire_after_a_long_pause_drops_both_generations() -> None:
     clock = Clock()
-    memo: Recent[str, int] = Recent(cap=1_000, ttl=60.0, clock=clock)
-    memo.get_or("a", len)
+    memo: Recent[str, int] = Recent(len, cap=1_000, ttl=60.0, clock=clock)
+    assert memo["a"] == 1
     clock.t = 100.0
     memo.expire()
     assert not memo and not memo.old
 
 
 def test_the_memo_never_holds_more_than_its_cap() -> None:
-    memo: Recent[int, int] = Recent(cap=100, ttl=60.0, clock=Clock())
+    memo: Recent[int, int] = Recent(lambda k: k, cap=100, ttl=60.0, clock=Clock())
     for i in range(1_000):
-        memo.get_or(i, lambda k: k)
+        assert memo[i] == i
         assert len(memo) + len(memo.old) <= 100
-    assert memo.get_or(999, lambda _: pytest.fail("made again")) == 999
+    memo.make = lambda _: pytest.fail("made again")
+    assert memo[999] == 999
 
 
 def test_the_memos_expire_drops_a_texts_terms_and_its_stems() -> None:

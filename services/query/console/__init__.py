@@ -2,14 +2,11 @@
 facts, operations), served by the query service itself so `make run` shows it with nothing else installed.
 
 The console is a client of the public HTTP API only: its script sends the API key the user types as the
-`Authorization` header of its own `fetch` calls (kept in memory, or in the tab's session storage when
-asked), never in a URL, a cookie or a log line. The page and its files are public, like `/docs`; every
-datum still needs the key.
-
-The files live in `static/` beside this module (plain ES module, stylesheet; no build step, no CDN). Each
-is served under a name holding a digest of its content (`app.1a2b3c4d5e.js`) with a one-year `immutable`
-Cache-Control, so a browser never mixes a cached file of an older release with a newer page; the page
-itself is `no-cache`. The Content-Security-Policy lets it load nothing but these files.
+`Authorization` header of its own `fetch` calls, never in a URL, a cookie or a log line. The page and
+its files (`static/`, no build step, no CDN) are public; every datum still needs the key. Each file is
+served under a name holding a digest of its content with a one-year `immutable` Cache-Control, so a
+browser never mixes an older release's file with a newer page; the Content-Security-Policy lets the
+page load nothing but these files.
 """
 
 from __future__ import annotations

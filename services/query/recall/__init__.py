@@ -58,18 +58,14 @@ log = logging.getLogger("engram.query")
 
 
 async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Candidate]:
-    """Fill `doc` of each candidate from its stored document (one pipeline for those without their
-    bytes); drops the ones that vanished or cannot be read (a forget that landed between ranking and
-    loading)."""
-    missing = [c for c in cands if c.raw_doc is None]
-    for c, raw in zip(missing, await store.field([c.key for c in missing], "doc"), strict=True):
-        c.raw_doc = raw
+    """Fill `doc` of each candidate from its stored document (one pipeline); drops the ones that vanished
+    or cannot be read (a forget that landed between ranking and loading)."""
     out = []
-    for c in cands:
-        if c.raw_doc is None:
+    for c, raw in zip(cands, await store.field([c.key for c in cands], "doc"), strict=True):
+        if raw is None:
             continue
         try:
-            doc = orjson.loads(c.raw_doc)
+            doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             log.error("unreadable episode document ◆ key=%r ◆ %s", c.key[:80], str(exc)[:200])
             continue
@@ -119,12 +115,9 @@ def _bounded_head(scored: score.Scored, plan: Plan, outside: float) -> list[int]
     """The passing candidates of the similarity pool whose priority is above the most an episode outside
     the similarity lists could score (`w.similarity * outside + (w.total - w.similarity)`, `outside`
     being `Pool.outside`), best first, as indices into `scored`; None when no outsider could pass
-    `min_relevance` / `min_priority` at all.
-
-    With an exact KNN no outsider can rank above the head, so a recall whose top_k all lie in it skips
-    the other lists. Under HNSW the bound is approximate (the graph can miss a closer episode, which
-    only those lists would bring in), so a recall that does fetch them still ranks the head first:
-    every top_k stays a prefix of the same ranking (tests/integration/test_recall_properties.py)."""
+    `min_relevance` / `min_priority` at all. A recall whose top_k all lie in the head skips the other
+    lists; under HNSW the bound is approximate, so a recall that does fetch them still ranks the head
+    first: every top_k stays a prefix of the same ranking."""
     w, p = plan.weights, plan.params
     best_outside = w.similarity * outside + (w.total - w.similarity)
     if best_outside < p.min_priority or outside < p.min_relevance:
@@ -199,21 +192,21 @@ async def _winners(
 ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """The first `top_k` of `order` whose documents load (the next best fill in for vanished ones), and
     their results."""
-    winners = {i: cands.candidate(i) for i in order[:top_k]}  # objects for the winners alone
-    loaded = {id(c) for c in await load_episodes(q.store, list(winners.values()))}
-    if len(loaded) < len(winners):  # some vanished meanwhile: fill from the next best ones
-        refill = {i: cands.candidate(i) for i in order[top_k : top_k + (len(winners) - len(loaded))]}
-        loaded |= {id(c) for c in await load_episodes(q.store, list(refill.values()))}
-        winners |= refill
-    picked = [winners[i] for i in order if i in winners and id(winners[i]) in loaded][:top_k]
-    no_cos = [c for c in picked if not math.isfinite(c.cos)]  # keyword mode's
+
+    async def load(rows: list[int]) -> list[tuple[int, Candidate]]:  # objects for the winners alone
+        found = [(i, cands.candidate(i)) for i in rows]
+        kept = {id(c) for c in await load_episodes(q.store, [c for _, c in found])}
+        return [(i, c) for i, c in found if id(c) in kept]
+
+    picked = await load(order[:top_k])
+    if len(picked) < len(order[:top_k]):  # some vanished meanwhile: fill from the next best ones
+        picked += await load(order[top_k : top_k + len(order[:top_k]) - len(picked)])
+    no_cos = [c for _, c in picked if not math.isfinite(c.cos)]  # keyword mode's
     if vector is not None and no_cos:
         for c, cos in zip(no_cos, await q.store.cosines([c.key for c in no_cos], vector), strict=True):
             c.cos = cos
-    index = {id(c): i for i, c in winners.items()}
     results = []
-    for c in picked:
-        i = index[id(c)]
+    for i, c in picked:
         parts = scored.breakdown(i)
         priority = parts.pop("priority")
         results.append(
@@ -229,7 +222,7 @@ async def _winners(
                 "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
             }
         )
-    return picked, results
+    return [c for _, c in picked], results
 
 
 def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[str, Any]:

@@ -2,10 +2,6 @@
 KNN (`knn_search`), the remembered lists' union (`knn_union`), BM25 (`bm25_search`); and the KNN's
 `HYBRID_POLICY` (`hybrid_policy`) and wider beam (`widened_ef`). The schema, `Scope` and reply parsing
 are `shared.index`'s.
-
-RediSearch answers `(filter)=>[KNN k ...]` ad hoc (scores every document the filter matches: exact,
-linear in the matches) or in batches (walks the HNSW graph, filtering each batch: slower as the filter
-narrows). Its own choice was ad hoc for every filter measured, wrong for broad ones (`hybrid_policy`).
 """
 
 from __future__ import annotations
@@ -44,11 +40,8 @@ def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = Tru
     """The `HYBRID_POLICY` of a pre-filtered KNN whose filter matches `matches` of the `indexed`
     documents of an HNSW index (`graph`): `BATCHES` when the filter keeps at least BATCHES_SHARE of the
     index and BATCHES_MATCHES documents, or at least WIDE_SHARE and WIDE_MATCHES; else None (the
-    module's choice). None for a FLAT index, or when either count is unknown.
-
-    Measured (RediSearch 2.10.5, 384 dims, HNSW M 16, EF_RUNTIME 100, KNN 20): ad hoc costs ~0.3-0.4 µs
-    per matching document; batches ~0.5-0.6 ms when the filter keeps 40-90% of the index, 2.1-2.3 ms at
-    10%, 6-15 ms at 1%. On a FLAT index batches never won.
+    module's choice, ad hoc: exact, linear in the matches, so wrong for broad filters). None for a
+    FLAT index, or when either count is unknown.
     """
     if matches is None or not indexed or not graph:
         return None
@@ -65,11 +58,9 @@ def widened_ef(distances: Sequence[float | None], k: int, ef: int) -> int | None
     first) of its answer under `ef` show its beam was crowded by duplicate vectors; None when it was not.
 
     Identical vectors are separate graph nodes at one distance, so a beam of `max(ef, k)` nodes may hold
-    few distinct points (and a copy never prunes another from a neighbour list: Malkov & Yashunin 2018,
-    Algorithm 4). When fewer than CROWDED_SHARE of the hits have distinct distances, the beam grows by
-    the hits-per-distinct ratio, at most EF_CEILING. A short answer (fewer than `k` hits) is never
-    widened. Measured on 4,120 LoCoMo turns drawn from 300 (HNSW M 16, EF_RUNTIME 100, KNN 100):
-    recall@100 0.847, and 1.000 at EF_RUNTIME 1,500.
+    few distinct points. When fewer than CROWDED_SHARE of the hits have distinct distances, the beam
+    grows by the hits-per-distinct ratio, at most EF_CEILING. A short answer (fewer than `k` hits) is
+    never widened.
     """
     if k <= 0 or len(distances) < k:
         return None
@@ -100,15 +91,12 @@ async def knn_search(
 
     `policy`: `HYBRID_POLICY` (`hybrid_policy`; None lets the module choose). `in_keys`: only those
     documents (`INKEYS`). `prechecked`: `in_keys` are documents of `scope` already, so namespace and
-    status are not filtered again (`Scope.query(checked=True)`: those TAG clauses cost 3x the
-    restricted KNN at 100,000 documents). `graph_ef`: the index is HNSW with that `EF_RUNTIME` (0: FLAT
-    or unknown): an answer crowded by duplicate vectors is asked again (`widened_ef`), unless the policy
-    is the exact `ADHOC_BF`.
+    status are not filtered again (`Scope.query(checked=True)`). `graph_ef`: the index is HNSW with that
+    `EF_RUNTIME` (0: FLAT or unknown): an answer crowded by duplicate vectors is asked again
+    (`widened_ef`), unless the policy is the exact `ADHOC_BF`.
     Raises Conflict when the index holds vectors of another size (rebuilt with another embedder under
-    a running process), ValueError for an unknown policy or `prechecked` without `in_keys`.
+    a running process), ValueError for an unknown policy.
     """
-    if prechecked and not in_keys:
-        raise ValueError("prechecked needs in_keys: the documents already found in the scope")
     if policy is not None and policy not in HYBRID_POLICIES:
         raise ValueError(f"policy must be one of {sorted(HYBRID_POLICIES)}, not {policy!r}")
     where = scope.query(checked=prechecked)
@@ -154,34 +142,19 @@ async def _knn_once(
     return _knn_hits(reply)
 
 
+def _search(index: str, query: str, options: Sequence[Any], fields: Sequence[str], k: int) -> list[Any]:
+    """The FT.SEARCH of `query` with `options` after it: its first `k` hits, each with `fields`."""
+    head = ["FT.SEARCH", index, query, *search_limit(), *options]
+    return [*head, "RETURN", len(fields), *fields, "LIMIT", 0, int(k), "DIALECT", 2]
+
+
 def _knn_command(
     index: str, query: str, restrict: Sequence[Any], blob: bytes, return_fields: Sequence[str], k: int
 ) -> list[Any]:
     """The FT.SEARCH of a KNN `query` (its vector parameter `$BLOB`, its distance `dist`): the `k`
     nearest, nearest first, with `dist` and `return_fields`; `restrict` goes after the query (INKEYS)."""
-    fields = ["dist", *return_fields]
-    return [
-        "FT.SEARCH",
-        index,
-        query,
-        *search_limit(),
-        *restrict,
-        "PARAMS",
-        2,
-        "BLOB",
-        blob,
-        "SORTBY",
-        "dist",
-        "ASC",
-        "RETURN",
-        len(fields),
-        *fields,
-        "LIMIT",
-        0,
-        int(k),
-        "DIALECT",
-        2,
-    ]
+    options = [*restrict, "PARAMS", 2, "BLOB", blob, "SORTBY", "dist", "ASC"]
+    return _search(index, query, options, ["dist", *return_fields], k)
 
 
 def _knn_hits(reply: Any) -> list[SearchHit]:
@@ -202,11 +175,8 @@ async def knn_union(
     return_fields: Sequence[str],
 ) -> list[SearchHit] | None:
     """Every document of any of `scopes`, nearest first, with its cosine distance (`hit.score`), or
-    None when that cannot be proven: the union counted and searched in one transaction (MULTI, so no
-    write falls between).
-
-    `(s1) | (s2) | ...` counted (`LIMIT 0 0`) and as a pre-filtered KNN of `k`: when the count is below
-    `k` and equals the number of hits, every document of the union came back (each has a vector).
+    None when that cannot be proven: the union counted and searched as a KNN of `k` in one transaction
+    (MULTI); a count below `k` equal to the number of hits means every document came back.
     """
     union = " | ".join(f"({s.query()})" for s in scopes)
     q = f"({union})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB AS dist]"
@@ -230,21 +200,5 @@ async def bm25_search(
     q = keyword_query(text, scope.query())
     if q is None:
         return []
-    reply = await r.execute_command(
-        "FT.SEARCH",
-        index,
-        q,
-        *search_limit(),
-        "SCORER",
-        "BM25STD",
-        "WITHSCORES",
-        "RETURN",
-        len(return_fields),
-        *return_fields,
-        "LIMIT",
-        0,
-        int(k),
-        "DIALECT",
-        2,
-    )
+    reply = await r.execute_command(*_search(index, q, ("SCORER", "BM25STD", "WITHSCORES"), return_fields, k))
     return parse_search(reply, with_scores=True)[1]

@@ -1,22 +1,20 @@
 """The recency / reward / importance candidate lists of a recall: the scope's top `depth` episodes by a
 signal, in the order (value, then tie-break), each answered from a remembered floor (the (depth + 1)-th
 of that order) once one is known (`Floors`, one per app), so a recall asks Redis for ~depth + 1
-episodes instead of sorting the whole scope (`/v1/context` p50 at 100k episodes 76.3 → 38.4 ms;
-bench/NOTES.md).
+episodes instead of sorting the whole scope (linear in it).
 
 A floor is a hint, never trusted: every narrowed answer is checked to be the exact top `depth` before
-it is used, so a stale floor costs at most a wider or a second query; floors do not expire, each exact
-answer moves its floor. A whole-scope sort is linear in the scope (102-140 ms of Redis's main thread at
-300,000 episodes), so a scope without a floor is first narrowed from a `hint` (a value near the top of
-the similarity pool) and sorted whole only when that cannot be proven exact.
+it is used, so a stale floor costs at most a wider or a second query; each exact answer moves its
+floor. A scope without a floor is first narrowed from a `hint` (a value near the top of the similarity
+pool) and sorted whole only when that cannot be proven exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -85,8 +83,7 @@ def _at_least(scope: Scope, name: str, floor: float, tie: float = _NO_TIE) -> Sc
 
 def _valued(scope: Scope, name: str) -> Scope:
     """`scope` without the episodes that have no `name` (reward and importance are optional): those
-    score 0 on it, like the lowest value, so a list of them adds nothing, and a scope where none has
-    one (LoCoMo turns, any episode without feedback) answers at once instead of sorting everything."""
+    score 0 on it, like the lowest value, so a list of them adds nothing."""
     if name in ("reward", "importance") and getattr(scope, name) == (None, None):
         narrowed = _at_least(scope, name, -math.inf)
         assert narrowed is not None  # no upper bound
@@ -139,40 +136,37 @@ async def _tied(ask: _Ask, hits: list[SearchHit], value: float) -> tuple[list[Se
 
 
 class Floors:
-    """The remembered floors of the lists, per (index, scope, field, depth): `floors` → (when, floor
-    value, floor tie-break), and `deepest` per (index, scope, field) → (the deepest list's depth, its
+    """The remembered floors of the lists, per (index, scope, field, depth): `floors` → (floor value,
+    floor tie-break), and `deepest` per (index, scope, field) → (the deepest list's depth, its
     floor), at most FLOORS_CAP (all dropped when full: each is re-found by one sort). One per app
     (`services.query.appkeys.FLOORS`)."""
 
     def __init__(self) -> None:
-        self.floors: dict[tuple[str, str, str, int], tuple[float, float, float]] = {}
+        self.floors: dict[tuple[str, str, str, int], tuple[float, float]] = {}
         self.deepest: dict[tuple[str, str, str], tuple[int, float]] = {}
 
-    def _remember(self, key: tuple[str, str, str, int], now: float, floor: float, tie: float) -> None:
+    def _remember(self, key: tuple[str, str, str, int], floor: float, tie: float) -> None:
         if len(self.floors) >= FLOORS_CAP and key not in self.floors:
             self.floors.clear()
             self.deepest.clear()
-        self.floors[key] = (now, floor, tie)
+        self.floors[key] = (floor, tie)
         index, scope_key, name, depth = key
         if depth >= self.deepest.get((index, scope_key, name), (0, 0.0))[0]:
             self.deepest[(index, scope_key, name)] = (depth, floor)
 
     def hint_for(self, index: str, scope: Scope, name: str, depth: int) -> float | None:
         """A remembered floor of a list of `scope` by `name` at least `depth` deep, as a `top_by` hint
-        for a list of `depth`, or None: `/v1/context`'s 5 newest episodes ride on the floor its
-        recall's recency list (100 deep) left (else a sort of the whole scope, 26.7 ms at 100,000)."""
+        for a list of `depth`, or None (`/v1/context`'s newest episodes ride on its recall's floor)."""
         found = self.deepest.get((index, scope.cache_key(), name))
         return found[1] if found is not None and found[0] >= depth else None
 
-    def _moved(
-        self, key: tuple[str, str, str, int], now: float, next_value: float, last_value: float
-    ) -> None:
+    def _moved(self, key: tuple[str, str, str, int], next_value: float, last_value: float) -> None:
         """An exact answer's top depth ends at `last_value` and the (depth + 1)-th holds `next_value`:
         when they differ, the floor moves to that boundary (a floor at a tie stays, still exact)."""
         if last_value > next_value and math.isfinite(next_value):
-            self._remember(key, now, _below(next_value), _NO_TIE)
+            self._remember(key, _below(next_value), _NO_TIE)
 
-    async def _full_sort(self, ask: _Ask, key: tuple[str, str, str, int], now: float) -> list[SearchHit]:
+    async def _full_sort(self, ask: _Ask, key: tuple[str, str, str, int]) -> list[SearchHit]:
         """`top_by` without a floor: the scope sorted by `name`; at a tie between the depth-th and the next
         value, the tied episodes sorted by their tie-break (`_tied`). Remembers the floor it finds."""
         field, depth = ask.name.encode(), ask.depth
@@ -186,13 +180,13 @@ class Floors:
         if field_float(hits[depth - 1].fields, field) > boundary:
             # a SORTABLE value comes back rounded to 12 significant digits ("%.12g"): the stored one may
             # lie just below it, so the floor is a little lower (as exact: the narrowed answer is checked)
-            self._remember(key, now, _below(boundary), _NO_TIE)
+            self._remember(key, _below(boundary), _NO_TIE)
             return sorted(hits[:depth], key=order, reverse=True)
         tied = await _tied(ask, hits, boundary)
         if tied is None:  # no total order at the tie: the sorted answer, remembering nothing
             return sorted(hits, key=order, reverse=True)[:depth]
         out, tie = tied
-        self._remember(key, now, boundary, tie)
+        self._remember(key, boundary, tie)
         return out
 
     async def top_by(
@@ -212,34 +206,32 @@ class Floors:
         (importance) list (`_valued`).
 
         The (depth + 1)-th of the order is remembered per (scope, field) and the next query asks only for
-        episodes at or above it (1.2 ms instead of 6.6 ms over 10k episodes). The narrowed answer is used
-        only when it holds depth + 1 episodes and the depth-th is strictly above the next (then it is the
-        exact top depth); otherwise the whole scope is sorted again. At a tie the floor is the value and
-        the tie-break. Values equal to 12 significant digits (what the index returns) count as equal.
-        Without a floor, `hint` (a value some episode of the scope holds) is tried as one first; it
-        changes what the lists cost, never the lists.
+        episodes at or above it, an answer used only when it holds depth + 1 episodes and the depth-th
+        is strictly above the next (the exact top depth); otherwise the whole scope is sorted again. At a
+        tie the floor is the value and the tie-break. Values equal to 12 significant digits (what the
+        index returns) count as equal. Without a floor, `hint` (a value some episode of the scope holds)
+        is tried as one first; it changes what the lists cost, never the lists.
         """
         key = (index, scope.cache_key(), name, depth)
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
         field = name.encode()
         scope = _valued(scope, name)
         ask = _Ask(r, index, scope, name, depth, fields)
-        now = time.monotonic()
         cached = self.floors.get(key) if name != "last_accessed" else None
         if cached is None and hint is not None and math.isfinite(hint) and name != "last_accessed":
-            cached = (now, _below(hint), _NO_TIE)
+            cached = (_below(hint), _NO_TIE)
         if cached is not None:
-            narrowed = _at_least(scope, name, cached[1], cached[2])
+            narrowed = _at_least(scope, name, *cached)
             if narrowed is not None:
                 order = _sort_key(field)
-                if cached[2] == _NO_TIE:  # the (depth + 1)-th by value is all it takes
+                if cached[1] == _NO_TIE:  # the (depth + 1)-th by value is all it takes
                     hits = await ask.sorted(narrowed, depth + 1)
                     # Redis picks among equal values at its LIMIT: only a gap in value proves the set
                     if len(hits) == depth + 1:
                         last = field_float(hits[depth - 1].fields, field)
                         boundary = field_float(hits[depth].fields, field)
                         if last > boundary:
-                            self._moved(key, now, boundary, last)
+                            self._moved(key, boundary, last)
                             return sorted(hits[:depth], key=order, reverse=True)
                 else:  # at a tie Redis's sort cannot pick among the tied: every episode above the floor
                     cap = TIED_CAP * (depth + 1)
@@ -251,7 +243,7 @@ class Floors:
                         and order(hits[depth - 1]) > order(hits[depth])
                     ):
                         return hits[:depth]
-        return await self._full_sort(ask, key, now)
+        return await self._full_sort(ask, key)
 
     async def remembered_lists(
         self,
@@ -272,7 +264,6 @@ class Floors:
         sorted by value and tie-break, under `top_by`'s rule (depth + 1 members, the depth-th strictly
         above the next).
         """
-        now = time.monotonic()
         fields = fields if TIE_FIELD in fields else (*fields, TIE_FIELD)
         narrowed = []
         for name in names:
@@ -280,10 +271,10 @@ class Floors:
             cached = self.floors.get(key)
             if name == "last_accessed" or cached is None:
                 return None
-            sub = _at_least(_valued(scope, name), name, cached[1], cached[2])
+            sub = _at_least(_valued(scope, name), name, *cached)
             if sub is None:
                 return None
-            narrowed.append((key, name.encode(), (cached[1], cached[2]), sub))
+            narrowed.append((key, name.encode(), cached, sub))
         k = 2 * len(names) * (depth + 1)
         hits = await knn_union(r, index, [sub for *_, sub in narrowed], query_vector, k, return_fields=fields)
         if hits is None:
@@ -292,15 +283,11 @@ class Floors:
         for key, field, floor, _ in narrowed:
             order = _sort_key(field)
             valued = [(o, h) for h in hits if (o := order(h)) >= floor]  # each hit's order read once
-            valued.sort(key=_first, reverse=True)
+            valued.sort(key=itemgetter(0), reverse=True)
             if len(valued) < depth + 1 or not valued[depth - 1][0] > valued[depth][0]:
                 return None
             lists.append([h for _, h in valued[:depth]])
             moves.append((key, valued[depth][0][0], valued[depth - 1][0][0]))
         for key, boundary, last in moves:  # all lists exact: their boundaries are the scope's
-            self._moved(key, now, boundary, last)
+            self._moved(key, boundary, last)
         return lists
-
-
-def _first(pair: tuple[Any, SearchHit]) -> Any:
-    return pair[0]

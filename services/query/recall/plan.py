@@ -18,13 +18,13 @@ from services.query.recall.score import Normalize, RecencyFrom, Weights, resolve
 from services.query.recall.sizes import ScopeSizes
 from services.query.recall.terms import Memos
 from services.query.store import EpisodeStore
-from shared.index import Scope, count
+from shared.index import Scope
 from shared.tags import TagCodec
 
 QueryVector = np.ndarray | asyncio.Future
 """float32[dim], a query's embedding, or the task computing it (`services.query.views.recall`): the
 searches that need no vector (the `auto` preset's count, the idf counts, BM25) run during the model's
-pass (~20 ms for mpnet's int8 graph on 2 cores), and await the vector where they need it."""
+pass, and await the vector where they need it."""
 
 
 async def vector_of(vector: QueryVector) -> np.ndarray:
@@ -67,8 +67,7 @@ def scope_of(namespace: str, req: Any, tags: TagCodec, *, category: tuple[str, .
 @dataclass(frozen=True, slots=True)
 class Query:
     """One recall's inputs: where (`r`, `index`, `scope`), what (`text`, `vector`), the episode store
-    and the app's memories (`sizes`: None counts afresh; `floors`, `memos`: the app's, fresh ones by
-    default)."""
+    and the app's memories (`sizes`; `floors`, `memos`: the app's, fresh ones by default)."""
 
     r: aioredis.Redis
     index: str
@@ -76,7 +75,7 @@ class Query:
     text: str
     vector: QueryVector
     store: EpisodeStore
-    sizes: ScopeSizes | None = None
+    sizes: ScopeSizes
     floors: Floors = field(default_factory=Floors)
     memos: Memos = field(default_factory=Memos)
 
@@ -124,20 +123,11 @@ async def plan(q: Query, p: RecallParams) -> Plan:
     """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope, a
     count the KNN's `HYBRID_POLICY` then uses too (never counted for the policy alone: a count is a
     filter query as costly as an ad-hoc KNN). Raises ValueError for bad weights or an unknown preset."""
-    policy, size = None, None
-    if p.weights is not None:
-        name, weights = resolve_weights(None, Weights(**p.weights), 0)
-    elif p.preset not in (None, "auto"):
-        name, weights = resolve_weights(p.preset, None, 0)
-    else:
-        size = (
-            await q.sizes.size(q.r, q.index, q.scope)
-            if q.sizes is not None
-            else await count(q.r, q.index, q.scope)
-        )
-        name, weights = resolve_weights(p.preset, None, size)
-        if q.sizes is not None and size and p.graph_index:
-            policy = hybrid_policy(size, await q.sizes.indexed(q.r, q.index), graph=True)
+    explicit = Weights(**p.weights) if p.weights is not None else None
+    auto = explicit is None and p.preset in (None, "auto")
+    size = await q.sizes.size(q.r, q.index, q.scope) if auto else 0
+    name, weights = resolve_weights(p.preset, explicit, size)
+    policy = hybrid_policy(size, await q.sizes.indexed(q.r, q.index)) if size and p.graph_index else None
     return Plan(p, name, weights, max(p.depth, p.top_k), policy, arms(p.mode, weights, p.recency_from))
 
 

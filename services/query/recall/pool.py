@@ -22,15 +22,16 @@ from services.query.recall.arms import bm25_search, knn_search
 from services.query.recall.lists import field_float, number
 from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
 from shared import tracing
-from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, term_counts
+from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit
 
 log = logging.getLogger("engram.query")
 
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 
 
-# what ranking needs, straight from the index: documents are parsed only for the top_k winners
-SIGNAL_FIELDS = (
+# what ranking needs, straight from the index, without the documents (most hits never win: the
+# winners' are loaded after); no episode_id: the restricted KNN names keys (INKEYS)
+LIGHT_SIGNAL_FIELDS = (
     "completed_at",
     "started_at",
     "reward",
@@ -39,12 +40,7 @@ SIGNAL_FIELDS = (
     "last_accessed",
     "access_count",
     TIE_FIELD,  # equal priority and age: the lists' own order (`services.query.recall.score.score`)
-    "doc",
-)  # no episode_id: the restricted KNN names keys (INKEYS)
-
-
-# the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
-LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
+)
 
 
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
@@ -58,19 +54,9 @@ class Candidate:
     key: bytes
     episode: Episode | None = None
     completed_at: float = math.nan
-    reward: float = math.nan
-    outcome: str | None = None
-    importance: float = math.nan
     cos: float = math.nan
     doc: dict[str, Any] | None = None
     """The stored document (JSON-decoded) of a recall winner; see `load_episodes`."""
-    raw_doc: bytes | None = None
-    """The document's bytes as the search returned them (decoded only if the candidate wins)."""
-    relevance: float = math.nan
-    """The signal weighted by `w_sim`, in [0, 1]: `services.query.recall.relevance.relevance` of the mode, a function of
-    the query and this episode alone."""
-    keyword: float = 0.0
-    """Keyword relevance (`services.query.recall.relevance.keyword_relevance`); 0 in vector mode."""
     last_accessed: float = math.nan
     access_count: int = 0
 
@@ -84,23 +70,17 @@ def decode_hit(hit: SearchHit) -> Candidate | None:
         log.error("unreadable episode document ◆ key=%r ◆ %s", hit.key[:80], str(exc)[:200])
         return None
     count_raw = field_float(hit.fields, b"access_count")
-    t = episode.completed_at if episode.completed_at is not None else episode.started_at
-    reward = episode.feedback.reward if episode.feedback and episode.feedback.reward is not None else math.nan
     return Candidate(
         key=hit.key,
         episode=episode,
         last_accessed=field_float(hit.fields, b"last_accessed"),
         access_count=0 if math.isnan(count_raw) else int(count_raw),
-        completed_at=float(t) if t is not None else math.nan,
-        reward=reward,
-        outcome=episode.outcome,
-        importance=episode.importance if episode.importance is not None else math.nan,
     )
 
 
 def _floats(raw: list[bytes | None]) -> np.ndarray:
-    """float64[n] of returned values, NaN when absent or not a number (Python's float() per value:
-    numpy's own cast was slower for a pool's ~400 values, 0.086 against 0.063 ms)."""
+    """float64[n] of returned values, NaN when absent or not a number (Python's float() per value: faster
+    than numpy's cast for a pool's few hundred)."""
     nan = math.nan
     try:
         return np.array([nan if v is None else float(v) for v in raw], dtype=np.float64)
@@ -114,11 +94,9 @@ class Columns:
     reads of each hit (`LIGHT_SIGNAL_FIELDS`), its cosine and relevance. `candidate(i)` makes the
     `Candidate` of a row (the winners only). Float columns are float64[n], NaN where the index returned
     nothing (`completed_at` falls back to `started_at`; `access_count` is 0 when absent or not finite).
-    Columns, not an object per hit: ~390 pooled hits cost ~19 µs of Python each as objects, and only
-    the ~10 winners need one."""
+    Columns, not an object per hit: only the winners need one."""
 
     keys: list[bytes]
-    raw_docs: list[bytes | None]
     outcomes: list[str | None]
     completed_at: np.ndarray
     reward: np.ndarray
@@ -126,14 +104,13 @@ class Columns:
     last_accessed: np.ndarray
     access_count: np.ndarray
     cos: np.ndarray
-    keyword: np.ndarray
     relevance: np.ndarray
     tie: np.ndarray
     """The episode's tie-break (`shared.ties.tie_break`)."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
-        """The rows of `hits` (SIGNAL_FIELDS returned), with their cosines (float64[n], NaN unknown) and
+        """The rows of `hits` (LIGHT_SIGNAL_FIELDS returned), with their cosines (float64[n], NaN unknown) and
         keyword relevance (float64[n]); relevance is `services.query.recall.relevance.relevances` of `mode`."""
         gets = [h.fields.get for h in hits]
         completed = _floats([get(b"completed_at") for get in gets])
@@ -143,7 +120,6 @@ class Columns:
         count = _floats([get(b"access_count") for get in gets])
         return cls(
             keys=[h.key for h in hits],
-            raw_docs=[get(b"doc") for get in gets],
             outcomes=[o.decode() if o else None for o in (get(b"outcome") for get in gets)],
             completed_at=completed,
             reward=_floats([get(b"reward") for get in gets]),
@@ -151,7 +127,6 @@ class Columns:
             last_accessed=_floats([get(b"last_accessed") for get in gets]),
             access_count=np.where(np.isfinite(count), count, 0.0),  # HINCRBY writes it: never inf
             cos=cos,
-            keyword=keyword,
             relevance=relevance.relevances(mode, cos, keyword),
             tie=_floats([get(_TIE) for get in gets]),
         )
@@ -173,7 +148,6 @@ class Columns:
         arrays = {name: np.concatenate((getattr(self, name), getattr(other, name))) for name in _ARRAYS}
         return Columns(
             keys=self.keys + other.keys,
-            raw_docs=self.raw_docs + other.raw_docs,
             outcomes=self.outcomes + other.outcomes,
             **arrays,
         )
@@ -182,20 +156,14 @@ class Columns:
         """Row `i` as a Candidate (without its episode: `services.query.recall.load_episodes`)."""
         return Candidate(
             key=self.keys[i],
-            raw_doc=self.raw_docs[i],
             completed_at=float(self.completed_at[i]),
-            reward=float(self.reward[i]),
-            outcome=self.outcomes[i],
-            importance=float(self.importance[i]),
             cos=float(self.cos[i]),
-            relevance=float(self.relevance[i]),
-            keyword=float(self.keyword[i]),
             last_accessed=float(self.last_accessed[i]),
             access_count=int(self.access_count[i]),
         )
 
 
-_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes"))
+_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "outcomes"))
 _TIE = TIE_FIELD.encode()
 
 
@@ -217,10 +185,10 @@ class Pool:
 async def similarity_pool(q: Query, plan: Plan) -> Pool:
     """The similarity lists of the plan's mode (KNN, BM25), each its top `plan.depth` hits of the scope
     (pre-filtered), merged in that order, with each member's cosine and relevance. Only the KNN arm and
-    the keyword hits' cosines wait for `q.vector`. The idf counts are the namespace's (`q.sizes`
-    remembers them; never the request's filters); words of idf < `common_idf` leave the BM25 query only.
+    the keyword hits' cosines wait for `q.vector`. The idf counts are the namespace's (`q.sizes`;
+    never the request's filters); words of idf < `common_idf` leave the BM25 query only.
 
-    Relevance is `relevance.relevance` of the mode, a function of the query and the episode alone, never
+    Relevance is `relevance.relevances` of the mode, a function of the query and the episode alone, never
     rescaled over the pool (a score must not depend on what else is stored or returned); the depth does
     not depend on top_k, so every top_k is a prefix of the same ranking.
     """
@@ -248,9 +216,9 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     async def idf() -> dict[str, float]:
         if not words:
             return {}
-        count_terms = q.sizes.term_counts if q.sizes is not None else term_counts
         namespace = Scope(namespace=q.scope.namespace, tags=q.scope.tags)
-        return relevance.query_terms(words, await count_terms(q.r, q.index, namespace, list(words.values())))
+        counts = await q.sizes.term_counts(q.r, q.index, namespace, list(words.values()))
+        return relevance.query_terms(words, counts)
 
     async def bm25(text: str, dropped: int = 0) -> list[SearchHit]:
         if "bm25" not in names:
@@ -261,7 +229,7 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
         """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
         bound = relevance.common_count(p.common_idf)  # inf when off; the index's size bounds any namespace's
-        small = q.sizes is not None and bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
+        small = bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
         if "bm25" not in names or bound == math.inf or small:
             terms, hits = await asyncio.gather(idf(), bm25(q.text))
             return terms, set(), hits
@@ -282,18 +250,15 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
     kw_out = relevance.max_keyword_relevance(
         pool.terms if len(bm25_hits) >= depth else {t: w for t, w in terms.items() if t in common}
     )
-    pool.outside = relevance.relevance(mode, cos_out, kw_out)
+    pool.outside = float(relevance.relevances(mode, np.array([cos_out]), np.array([kw_out]))[0])
     pool.cands = await _complete(q, pool, lists, set())
     return pool
 
 
 async def extra_candidates(q: Query, plan: Plan, pool: Pool, names: list[str]) -> Columns:
-    """The recency / reward / importance lists among `names` (`Floors.top_by`), minus what `pool` holds.
+    """The recency / reward / importance lists `names` (`Floors.top_by`), minus what `pool` holds.
     `q.vector` is awaited only outside keyword mode (which needs no cosines, nor that every episode has
     a vector)."""
-    names = [n for n in names if n not in SIMILARITY_ARMS]
-    if not names:
-        return Columns.empty()
     fields = POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     r, index, scope, depth = q.r, q.index, q.scope, plan.depth
     lists = (
@@ -317,8 +282,7 @@ _HINTED = ("completed_at", "reward", "importance")
 def _hint(cands: Columns, name: str) -> float | None:
     """The pool's third best value of `name` (`top_by`'s hint for a scope without a floor), or None:
     fewer than three members have one, or the fourth shares it (a floor at a tie needs `top_by`'s own
-    tie-break). The third, not the best: above the best of a ~200-member pool lie too few of the scope
-    (a ~7% chance at 300,000 episodes) to prove the narrowed answer; above the third ~3/200 of it."""
+    tie-break). The third, not the best: above the best too few of the scope lie to prove the answer."""
     if name not in _HINTED or len(cands) < 3:
         return None
     values = getattr(cands, name)

@@ -1,10 +1,8 @@
 """Absolute relevance of one episode to one query.
 
-Recall ranks by a weighted sum whose similarity signal is `relevance` in [0, 1]. It is not rescaled
-per result set (BM25 over the best BM25 of the candidates, a reciprocal-rank-fusion score over the best
-attainable): that would give an off-topic query sharing one word relevance 1.0, and storing unrelated
-episodes (or another tenant storing anything: RediSearch's BM25 statistics are index-wide) would change
-an episode's score for the same query. Each arm is a fixed function:
+Recall's similarity signal (`relevances`, in [0, 1]) is never rescaled per result set: that would give
+an off-topic query sharing one word relevance 1.0, and storing unrelated episodes would change an
+episode's score for the same query. Each arm is a fixed function:
 
 - vector: `max(0, cos)`, the cosine between the query's and the episode's embeddings.
 - keyword: `s / (s + KEYWORD_HALF)`, a saturating transform of a BM25 score (Robertson & Zaragoza
@@ -17,29 +15,22 @@ an episode's score for the same query. Each arm is a fixed function:
   `tf` and `len` are the episode's own (weighted) term frequency and length; LEN_REF is a fixed
   reference length instead of the index's average; `n(t)` is how many episodes *of the caller's
   namespace* contain the term (`shared.index.term_counts`), against a fixed reference collection of
-  REFERENCE_EPISODES instead of the index's size. So an episode's keyword relevance depends on the
-  query, the episode and how common each query word is among the namespace's episodes: storing
-  episodes that do not contain the query's words changes nothing, nor does anything another
-  namespace stores.
+  REFERENCE_EPISODES instead of the index's size: nothing another namespace stores changes it.
 - hybrid: `HYBRID_VECTOR_WEIGHT · max(0, cos) + (1 - HYBRID_VECTOR_WEIGHT) · keyword`, a convex
   combination of the two absolute values (a query with no word left after stop words is vector-only).
 
-Terms: Unicode words as the index holds them (`shared.keywords.fold_for_search`: NFKC, case and accents
-folded, scripts written without spaces as character pairs), RediSearch's stop words dropped, Snowball-stemmed (PyStemmer's
-English stemmer, the algorithm RediSearch stems with), so "groups" matches "group" as in the index.
-The constants were calibrated on LoCoMo (docs/benchmarks.md).
+Terms are the index's (`services.query.recall.terms`). The constants were calibrated on LoCoMo
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
-from services.query.recall.terms import Memos, field_texts, stemmer
+from services.query.recall.terms import Memos, stemmer
 from shared.keywords import STOPWORDS, words
 
 K1 = 1.2
@@ -58,11 +49,8 @@ HYBRID_VECTOR_WEIGHT = 0.5
 MAX_TERMS = 64
 CONTEXT_FLOOR = {"vector": 0.25, "hybrid": 0.15, "keyword": 1e-6}
 """The `min_relevance` of a `/v1/context` request that names none, per recall mode: an episode below it
-is no experience of the task, so it is neither a prompt block nor one of the "similar" episodes the
-summary counts. Chosen on LoCoMo's questions (`bench.relevance_separation`, docs/benchmarks.md
-"Relevance floor"): each keeps at least ~90% of the evidence turns with MiniLM and mpnet, and drops
-most unrelated turns sharing one word with the question. Keyword relevance alone cannot tell those
-apart (one rare shared word scores like the evidence), so the keyword floor only asks for a word."""
+is no experience of the task (chosen on LoCoMo: docs/benchmarks.md "Relevance floor"; keyword
+relevance cannot tell a rare shared word from the evidence, so the keyword floor only asks for a word)."""
 
 
 def _words(text: str) -> list[str]:
@@ -70,15 +58,14 @@ def _words(text: str) -> list[str]:
     return [w for w in words(text) if w not in STOPWORDS]
 
 
-def query_words(text: str, limit: int = MAX_TERMS) -> dict[str, str]:
-    """The query's distinct stems (at most `limit`), each with the first word that gave it."""
+def query_words(text: str) -> dict[str, str]:
+    """The query's distinct stems (at most MAX_TERMS), each with the first word that gave it."""
     words = _words(text)
     out: dict[str, str] = {}
     for word, stem in zip(words, stemmer().stemWords(words), strict=True):
-        if stem not in out:
-            out[stem] = word
-            if len(out) >= limit:
-                break
+        out.setdefault(stem, word)
+        if len(out) >= MAX_TERMS:
+            break
     return out
 
 
@@ -92,17 +79,10 @@ def query_terms(words: Mapping[str, str], counts: Sequence[int]) -> dict[str, fl
     return {stem: idf(n) for stem, n in zip(words, counts, strict=True)}
 
 
-COMMON_IDF = 0.0
-"""The default of `common_terms`' threshold (the setting `Settings.bm25_common_idf` passes its own)."""
-
-
-def common_terms(terms: Mapping[str, float], below: float = COMMON_IDF) -> set[str]:
+def common_terms(terms: Mapping[str, float], below: float) -> set[str]:
     """The stems of `terms` ({stem: idf}, `query_terms`) whose idf is below `below`, the terms the BM25
-    candidate query leaves out (scoring keeps every term): at `below` 0.02 (a word in more than ~4,950
-    of the namespace's episodes) each adds < 0.0022 keyword relevance, yet costs RediSearch a walk of
-    its whole posting list (BM25STD has no top-k pruning). Measured: `bench.common_terms`."""
-    if below <= 0.0:
-        return set()
+    candidate query leaves out (scoring keeps every term): each adds little relevance, yet costs
+    RediSearch a walk of its whole posting list. None for `below` <= 0 (every idf is > 0)."""
     return {stem for stem, weight in terms.items() if weight < below}
 
 
@@ -122,23 +102,13 @@ def without_terms(text: str, stems: set[str]) -> str:
     return " ".join(w for w, s in zip(words, stemmer().stemWords(words), strict=True) if s not in stems)
 
 
-def episode_terms(
-    fields: Mapping[Any, str | bytes | None], memos: Memos | None = None
-) -> tuple[Mapping[str, float], float]:
-    """Weighted term frequencies of an episode's text fields (BM25F: `TEXT_FIELDS` weights) and its
-    weighted length (stop words not counted). `fields` maps field names (str or bytes) to texts (str or
-    UTF-8 bytes); missing ones count 0. A recall scores its pool with `keyword_relevances` instead."""
-    t = (memos or Memos()).texts_terms(field_texts(fields))
-    return MappingProxyType({s: n * t.scale for s, n in t.tf.items()}), t.length
-
-
 def keyword_relevances(
     terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]], memos: Memos | None = None
 ) -> np.ndarray:
-    """float64[n]: `keyword_relevance(terms, *episode_terms(h))` of each search hit's fields (bytes
-    names), to the last bit: the same IEEE-754 operations in the same order, elementwise (a term an
-    episode lacks adds an exact 0.0; numpy's pairwise `sum` is not used). `memos`: the app's
-    (`Memos`), a fresh one when None. Checked by tests/unit/test_relevance_pool.py."""
+    """float64[n]: the keyword relevance `s / (s + KEYWORD_HALF)` (module docstring) of each search hit's
+    fields (bytes names), the BM25 sum taken term by term in query order (not numpy's pairwise `sum`),
+    so it equals the scalar formula to the last bit (tests/unit/test_relevance_pool.py). `memos`: the
+    app's (`Memos`), a fresh one when None."""
     n = len(hits)
     if not terms or not n:
         return np.zeros(n)
@@ -160,47 +130,15 @@ def keyword_relevances(
     return np.where(s > 0.0, s / (s + KEYWORD_HALF), 0.0)
 
 
-def keyword_score(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
-    """The BM25 score `s` of the module docstring (0 when no query term occurs)."""
-    norm = K1 * (1.0 - B + B * length / LEN_REF)
-    s = 0.0
-    for term, weight in terms.items():
-        f = tf.get(term)
-        if f:
-            s += weight * f * (K1 + 1.0) / (f + norm)
-    return s
-
-
-def keyword_relevance(terms: Mapping[str, float], tf: Mapping[str, float], length: float) -> float:
-    """keyword_score mapped into [0, 1): s / (s + KEYWORD_HALF)."""
-    s = keyword_score(terms, tf, length)
-    return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
-
-
 def max_keyword_relevance(terms: Mapping[str, float]) -> float:
-    """An upper bound of keyword_relevance for any episode: every term saturated (s < (K1+1)·sum idf)."""
+    """An upper bound of the keyword relevance of any episode: every term saturated (s < (K1+1)·sum idf)."""
     s = (K1 + 1.0) * sum(terms.values())
     return s / (s + KEYWORD_HALF) if s > 0.0 else 0.0
 
 
-def cosine_relevance(cos: float) -> float:
-    """max(0, cos); NaN (no vector) is 0."""
-    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
-
-
-def relevance(mode: str, cos: float, keyword: float) -> float:
-    """The similarity signal of `mode` (vector | keyword | hybrid) for one episode, in [0, 1]."""
-    if mode == "vector":
-        return cosine_relevance(cos)
-    if mode == "keyword":
-        return keyword
-    return HYBRID_VECTOR_WEIGHT * cosine_relevance(cos) + (1.0 - HYBRID_VECTOR_WEIGHT) * keyword
-
-
 def relevances(mode: str, cos: np.ndarray, keyword: np.ndarray) -> np.ndarray:
-    """float64[n]: `relevance(mode, cos[i], keyword[i])` of each row, to the last bit (the same IEEE-754
-    operations elementwise; a cosine that is not finite or not positive gives 0.0, as in
-    `cosine_relevance`)."""
+    """float64[n]: the similarity signal of `mode` (vector | keyword | hybrid) of each row, in [0, 1]:
+    `max(0, cos)` (0 for a NaN cosine: no vector), `keyword`, or their hybrid mix (module docstring)."""
     if mode == "keyword":
         return np.asarray(keyword, dtype=np.float64)
     cos = np.asarray(cos, dtype=np.float64)

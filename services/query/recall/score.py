@@ -11,14 +11,13 @@ The priority of a candidate episode is a weighted sum of five signals, each in [
 Sources:
 - Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
   scaling: Park et al. 2023, "Generative Agents: Interactive Simulacra of Human Behavior", section 4.1
-  (retrieval). Their decay is per game hour with factor 0.995; here it is a half-life in seconds.
+  (retrieval); their decay is per game hour, here a half-life in seconds.
 - Replaying past experience by priority rather than uniformly or by recency alone: Schaul et al. 2016,
   "Prioritized Experience Replay"; reward and outcome stand in for their TD-error priority.
 
 Conventions: every array is 1-D with one entry per candidate (`float64[n]` out; `float32[n]` or
-`float64[n]` in). Instants are UTC epoch seconds; ages and half-lives are seconds. Timestamps should
-be float64: float32 cannot represent today's epoch seconds to better than about two minutes.
-Invalid arguments raise ValueError naming the field.
+`float64[n]` in). Instants are UTC epoch seconds (float64: float32 is two minutes coarse); ages and
+half-lives are seconds.
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ from shared.regimes import last_regime
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
 
-NORMALIZE_MODES: tuple[str, ...] = ("none", "minmax")
-RECENCY_FROM: tuple[str, ...] = ("completed", "last_access")
 
 OUTCOME_SCORES: dict[str, float] = {"success": 1.0, "partial": 0.5, "failure": 0.0, "abandoned": 0.0}
 """Outcome -> score; any other value (None, an unknown string) scores 0."""
@@ -65,31 +62,14 @@ def _real(value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Weights:
-    """Non-negative weights of the five signals; the priority lies in [0, total] (normalize "none").
-
-    Raises ValueError naming the field for a value that is not a finite number >= 0, and when every
-    weight is zero.
-    """
+    """Non-negative weights of the five signals, not all zero (`services.query.models.WeightsIn`
+    checks a request's); the priority lies in [0, total] (normalize "none")."""
 
     similarity: float
     recency: float
     reward: float
     outcome: float
     importance: float = 0.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-                raise ValueError(f"weights.{f.name} must be a number, got {value!r}")
-            value = float(value)
-            if not math.isfinite(value) or value < 0.0:
-                raise ValueError(f"weights.{f.name} must be finite and >= 0, got {value!r}")
-            object.__setattr__(self, f.name, value)
-        if self.total == 0.0:
-            raise ValueError(
-                "weights: at least one of similarity, recency, reward, outcome, importance must be > 0"
-            )
 
     @property
     def total(self) -> float:
@@ -113,15 +93,8 @@ PRESETS: dict[str, Weights] = {
     "late": Weights(similarity=0.85, recency=0.09, reward=0.04, outcome=0.02),
 }
 """The presets' non-similarity terms hold 5%, 10% and 15% of the weight, so they can lift an episode
-over one at most `reach(preset)` = 0.05, 0.11 and 0.18 more relevant: they reorder episodes about the
-same thing and never lift a weakly similar one over a clearly more relevant one (weights such as
-0.6/0.1/0.2/0.1 reach 0.67: LoCoMo R@5 59 → 45 between `top_k` 5 and the head of `top_k` 50)."""
-
-
-def reach(weights: Weights) -> float:
-    """The largest relevance gap the non-similarity terms can close: (total - w_sim) / w_sim
-    (inf when similarity has no weight: then those terms alone decide)."""
-    return (weights.total - weights.similarity) / weights.similarity if weights.similarity > 0 else math.inf
+over one at most (total - w_sim) / w_sim = 0.05, 0.11 and 0.18 more relevant: they reorder episodes
+about the same thing, never a weakly similar one over a clearly more relevant one."""
 
 
 PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
@@ -129,8 +102,6 @@ PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
 
 def auto_preset(scope_size: int) -> str:
     """The preset `auto` uses for a scope holding `scope_size` episodes (see AUTO_* thresholds)."""
-    if isinstance(scope_size, bool) or not isinstance(scope_size, int | np.integer) or scope_size < 0:
-        raise ValueError(f"scope_size must be an integer >= 0, got {scope_size!r}")
     if scope_size < AUTO_EARLY_BELOW:
         return "early"
     if scope_size < AUTO_NORMAL_BELOW:
@@ -147,8 +118,6 @@ def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int
     Raises ValueError for an unknown preset name or a negative scope size.
     """
     if weights is not None:
-        if not isinstance(weights, Weights):
-            raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
         return "custom", weights.normalized()
     name = "auto" if preset is None else preset
     if name == "auto":
@@ -184,19 +153,10 @@ def _check_half_life(half_life: float) -> None:
         raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
 
 
-def _array(name: str, value: Any, n: int | None, *, missing: float | None) -> np.ndarray:
-    """Coerce one Candidates field to float64[n]; None becomes `missing` everywhere (or an error)."""
-    if value is None:
-        if missing is None or n is None:
-            raise ValueError(f"candidates.{name} is required")
-        return np.full(n, missing, dtype=np.float64)
-    arr = np.array(value, dtype=np.float64)  # a copy: callers' arrays are never aliased or mutated
-    if arr.ndim != 1:
-        raise ValueError(f"candidates.{name} must be 1-D, got shape {arr.shape}")
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"candidates.{name} has {arr.shape[0]} entries, expected {n}")
-    if np.isinf(arr).any():
-        raise ValueError(f"candidates.{name}[{int(np.flatnonzero(np.isinf(arr))[0])}] is infinite")
+def _array(value: Any, n: int, missing: float) -> np.ndarray:
+    """One Candidates field as a read-only float64[n] copy (callers' arrays are never aliased or
+    mutated); None becomes `missing` everywhere."""
+    arr = np.full(n, missing) if value is None else np.array(value, dtype=np.float64)
     arr.setflags(write=False)
     return arr
 
@@ -205,7 +165,7 @@ def _array(name: str, value: Any, n: int | None, *, missing: float | None) -> np
 class Candidates:
     """The candidates of one recall, as parallel arrays (each becomes a read-only float64[n] copy).
 
-    - completed_at: UTC epoch seconds; required, finite.
+    - completed_at: UTC epoch seconds; required.
     - cos: cosine similarity to the query, in [-1, 1]. None -> 0 for all (keyword-only recall: a caller
       with its own relevance in [0, 1], e.g. a scaled BM25 score, passes that instead). NaN -> 0.
     - last_accessed: UTC epoch seconds of the last recall that returned the episode; NaN = never.
@@ -215,8 +175,7 @@ class Candidates:
     - tie: the episode's tie-break (`shared.ties.tie_break`, the order of equal values in the recency /
       reward / importance lists), higher first among candidates of equal priority and age; NaN = none
       (after every one that has one); None for all: ties stay in candidate order.
-    Raises ValueError naming the field for a wrong shape, a length mismatch, +-inf, a non-finite
-    completed_at or an outcome_score outside [0, 1].
+    All of one length, finite (NaN where said): the pool's columns (`services.query.recall`).
     """
 
     completed_at: np.ndarray
@@ -228,11 +187,8 @@ class Candidates:
     tie: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        completed = _array("completed_at", self.completed_at, None, missing=None)
-        if np.isnan(completed).any():
-            raise ValueError(f"candidates.completed_at[{int(np.flatnonzero(np.isnan(completed))[0])}] is NaN")
-        n = completed.shape[0]
-        object.__setattr__(self, "completed_at", completed)
+        n = len(self.completed_at)
+        object.__setattr__(self, "completed_at", _array(self.completed_at, n, 0.0))
         for name, missing in (
             ("cos", 0.0),
             ("last_accessed", np.nan),
@@ -241,15 +197,7 @@ class Candidates:
             ("importance", np.nan),
             ("tie", np.nan),
         ):
-            object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
-        outcome_score = _filled(self.outcome_score)
-        bad = ~((outcome_score >= 0.0) & (outcome_score <= 1.0))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"candidates.outcome_score[{i}] must be in [0, 1], got {outcome_score[i]!r}")
-
-    def __len__(self) -> int:
-        return int(self.completed_at.shape[0])
+            object.__setattr__(self, name, _array(getattr(self, name), n, missing))
 
 
 def _filled(signal: np.ndarray | None) -> np.ndarray:
@@ -262,18 +210,15 @@ def _filled(signal: np.ndarray | None) -> np.ndarray:
 class Scored:
     """Per-candidate signals, weighted terms and priority, each float64[n], plus the ranking.
 
-    Signals are the raw values in [0, 1] (before any min-max scaling): similarity = clip(cos, 0, 1),
-    recency, reward (clipped, missing 0), outcome, importance (/10, missing 0). The `*_term` arrays are
-    weight * signal (after scaling when normalize="minmax") and add up to `priority`. `age` is in
-    seconds, clamped at 0. `order` (int64[n]) lists candidate indices best first.
+    `similarity` (clip(cos, 0, 1)) and `recency` are the raw signals, before any min-max scaling. The
+    `*_term` arrays are weight * signal (reward clipped, importance / 10, missing 0; after scaling when
+    normalize="minmax") and add up to `priority`. `age` is in seconds, clamped at 0. `order` (int64[n])
+    lists candidate indices best first.
     """
 
     age: np.ndarray
     similarity: np.ndarray
     recency: np.ndarray
-    reward: np.ndarray
-    outcome: np.ndarray
-    importance: np.ndarray
     similarity_term: np.ndarray
     recency_term: np.ndarray
     reward_term: np.ndarray
@@ -281,11 +226,6 @@ class Scored:
     importance_term: np.ndarray
     priority: np.ndarray
     order: np.ndarray
-    weights: Weights
-    normalize: str
-
-    def __len__(self) -> int:
-        return int(self.priority.shape[0])
 
     def breakdown(self, i: int) -> dict[str, float]:
         """Candidate i's priority and the term each signal added (for an API's `score_breakdown`)."""
@@ -339,20 +279,8 @@ def score(
       ascending. Deterministic for equal inputs.
 
     With normalize "none", a candidate's priority never increases as it gets older.
-    Raises ValueError for a bad half_life, as_of, normalize or recency_from.
+    Raises ValueError for a bad half_life (`recency_decay`); the request model checks the others.
     """
-    if not isinstance(c, Candidates):
-        raise ValueError(f"candidates must be a Candidates, got {type(c).__name__}")
-    if not isinstance(weights, Weights):
-        raise ValueError(f"weights must be a Weights, got {type(weights).__name__}")
-    _check_half_life(half_life)
-    if not _real(as_of):
-        raise ValueError(f"as_of must be finite UTC epoch seconds, got {as_of!r}")
-    if normalize not in NORMALIZE_MODES:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
-    if recency_from not in RECENCY_FROM:
-        raise ValueError(f"recency_from must be one of {', '.join(RECENCY_FROM)}, got {recency_from!r}")
-
     if recency_from == "last_access":
         last_accessed = _filled(c.last_accessed)
         t = np.where(np.isnan(last_accessed), c.completed_at, last_accessed)
@@ -383,9 +311,6 @@ def score(
         age=age,
         similarity=similarity,
         recency=recency,
-        reward=reward,
-        outcome=outcome,
-        importance=importance,
         similarity_term=terms[0],
         recency_term=terms[1],
         reward_term=terms[2],
@@ -393,13 +318,9 @@ def score(
         importance_term=terms[4],
         priority=priority,
         order=order,
-        weights=weights,
-        normalize=normalize,
     )
-    for f in fields(out):
-        value = getattr(out, f.name)
-        if isinstance(value, np.ndarray):
-            value.setflags(write=False)
+    for f in fields(out):  # every field is an array
+        getattr(out, f.name).setflags(write=False)
     return out
 
 
@@ -430,24 +351,14 @@ def replay_context(
     Returns `{"episodes": n, "avg_reward": float | None, "success_rate": float | None, "strategies": [...]}`
     where each strategy entry is `{"strategy", "priority" (the max over its episodes), "episodes",
     "avg_reward" (missing rewards ignored; None if none), "success_rate" (share with outcome
-    "success"), "changed_at", "earlier_episodes", "earlier_success_rate"}`. Strategies are distinct,
-    ordered by priority descending, ties by first appearance; episodes without a strategy count in the
-    totals only. Rates are None when there are no episodes.
+    "success"), "changed_at", "earlier_episodes", "earlier_success_rate"}`, by priority descending,
+    ties by first appearance; episodes without a strategy count in the totals only.
 
     With `times`, a strategy counts its newest regime only, as facts and `/v1/strategy` do
-    (`shared.regimes.last_regime` over its episodes with an outcome, in time order, at least `min_size`
-    each side of a flip): when it used to work and now fails (or the reverse), its entry describes the
-    recent episodes, `changed_at` is when the newest regime began and `earlier_*` describe what was
-    dropped (None / 0 when nothing changed). Totals always cover every recalled episode.
-    Raises ValueError when the lengths differ.
+    (`shared.regimes.last_regime`, at least `min_size` each side of a flip): `changed_at` is when it
+    began and `earlier_*` describe what was dropped (None / 0 when nothing changed).
     """
     n = len(strategies)
-    if not len(rewards) == len(outcomes) == len(priorities) == n or (times is not None and len(times) != n):
-        raise ValueError(
-            f"replay_context: lengths differ (strategies {n}, rewards {len(rewards)}, "
-            f"outcomes {len(outcomes)}, priorities {len(priorities)}"
-            + (f", times {len(times)})" if times is not None else ")")
-        )
     reward = _rewards_array(rewards)
     success = np.array([o == "success" for o in outcomes], dtype=bool)
     groups: dict[str, list[int]] = {}
@@ -497,13 +408,9 @@ def learning_curve(
     Each point: `{"episode": 1-based position, "reward", "outcome", "cumulative_reward" (sum of the
     rewards so far, missing ones adding 0), "success_rate" (share of "success" among the last `window`
     episodes, or all so far while fewer), "avg_reward" (mean of the present rewards among those, None
-    if none)}`. Raises ValueError for window < 1 or lengths that differ.
+    if none)}`; `window` >= 1 (the request model's bound).
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
     n = len(rewards)
-    if len(outcomes) != n:
-        raise ValueError(f"learning_curve: lengths differ (rewards {n}, outcomes {len(outcomes)})")
     if n == 0:
         return []
     reward = _rewards_array(rewards)

@@ -18,31 +18,30 @@ COMMON_IDF = 0.02
 """A word whose idf (`services.query.recall.relevance.idf`) is below this is common: in more than ~4,950 of the
 namespace's episodes (`services.query.recall.relevance.common_count`)."""
 COMMON_TTL_FACTOR = 10.0
-"""A common word's count is remembered this many times `df_ttl`: its weight is below COMMON_IDF, and
-1,000 more episodes holding it move that weight by < 0.004 (idf 0.0200 → 0.0167 at 4,950 → 5,950),
-an episode's keyword relevance by < 4e-4, while counting it reads its whole posting list: 30-100 ms
-of Redis per word at a million episodes."""
+"""A common word's count is remembered this many times `df_ttl`: counting it reads its whole posting
+list, while more episodes holding it barely move its weight (already below COMMON_IDF)."""
 
 
 LARGE_SCOPE = 100_000
 """A scope (or index) this large keeps its count longer, in proportion: `ttl` × n / LARGE_SCOPE."""
 MAX_SIZE_TTL = 60.0
 """The longest a count is remembered (seconds)."""
+MAX_SCOPES, MAX_TERMS = 10_000, 100_000
+"""Scope counts and (index, scope, word) counts remembered at most."""
 
 
 def size_ttl(ttl: float, n: int) -> float:
     """How long a count of `n` documents is remembered: `ttl` up to LARGE_SCOPE documents, then in
-    proportion to n, at most MAX_SIZE_TTL (never below `ttl`): counting is linear in the scope (~60 ms
-    of Redis's main thread at a million episodes), while what a count decides (the `auto` preset's 50
-    and 500, the KNN policy's shares) does not move with a few percent more or fewer episodes."""
+    proportion to n, at most MAX_SIZE_TTL (never below `ttl`): counting is linear in the scope, while
+    what a count decides (the `auto` preset, the KNN policy) does not move with a few percent."""
     return max(ttl, min(MAX_SIZE_TTL, ttl * n / LARGE_SCOPE))
 
 
 class ScopeSizes:
     """Episode counts per scope for the `auto` preset, remembered for `ttl` seconds (longer for a large
     scope: `size_ttl`), and the document frequency of query words for keyword relevance's idf,
-    remembered for `df_ttl` seconds; at most `max_entries` scopes and `max_terms` (index, scope, word)
-    counts. One per app (`services.query.appkeys.SCOPE_SIZES`).
+    remembered for `df_ttl` seconds; at most MAX_SCOPES and MAX_TERMS of them. One per app
+    (`services.query.appkeys.SCOPE_SIZES`).
 
     With `keys` (the app's), a count is used only while the namespace is as it was when counted
     (`version`), so the same request to an unchanged namespace always answers the same; while its
@@ -52,19 +51,14 @@ class ScopeSizes:
     def __init__(
         self,
         ttl: float = 5.0,
-        max_entries: int = 10_000,
         *,
         df_ttl: float = 0.0,
-        max_terms: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         keys: Keys | None = None,
         group: str = "consolidator",
     ):
         self.keys, self.group = keys, group
-        self.ttl = ttl
-        self.max_entries = max_entries
-        self.df_ttl = df_ttl
-        self.max_terms = max_terms
+        self.ttl, self.df_ttl = ttl, df_ttl
         self._clock = clock  # of the idf counts (seconds, monotonic)
         self._sizes: dict[str, tuple[float, int, str]] = {}  # (when, count, `version`)
         self._indexed: dict[str, tuple[float, int]] = {}
@@ -116,7 +110,7 @@ class ScopeSizes:
             return hit[1]
         n = await count(r, index, scope)
         if version is not None and await self.version(r, scope.namespace) == version:  # not moved meanwhile
-            if len(self._sizes) >= self.max_entries:
+            if len(self._sizes) >= MAX_SCOPES:
                 self._sizes.clear()
             self._sizes[key] = (now, n, version)
         return n
@@ -125,14 +119,10 @@ class ScopeSizes:
         self, r: aioredis.Redis, index: str, scope: Scope, words: Sequence[str]
     ) -> list[int]:
         """`shared.index.term_counts` (documents of `scope` matching each word, same order), each word's
-        count remembered for `df_ttl` seconds per (index, scope, word); only the words not remembered
-        are counted (one pipeline). `df_ttl` 0 counts every word every time.
-
-        With `keys`, a count is used only while the namespace's `version` is the one it was counted at.
-
-        Without `keys` a count may lag the namespace by `df_ttl` (a common word's COMMON_TTL_FACTOR ×
-        that); with them, never. The words are held in process memory only, dropped after their TTL at
-        the next call or `expire` (docs/reliability.md "Remaining traces").
+        count remembered for `df_ttl` seconds per (index, scope, word) and, with `keys`, only while the
+        namespace's `version` is the one it was counted at; only the words not remembered are counted
+        (one pipeline). `df_ttl` 0 counts every word every time. A word is dropped after its TTL at the
+        next call or `expire` (docs/reliability.md "Remaining traces").
         """
         if self.df_ttl <= 0:
             return await term_counts(r, index, scope, words)
@@ -160,6 +150,6 @@ class ScopeSizes:
                     df[key] = (now, n, version)
                     df.move_to_end(key)
             for df in (self._df, self._common):
-                while len(df) > self.max_terms:
+                while len(df) > MAX_TERMS:
                     df.popitem(last=False)
         return [known[w] for w in words]

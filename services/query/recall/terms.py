@@ -3,14 +3,8 @@ the length. Each text field is folded and split into words (`shared.keywords.wor
 tokenizer splits the folded text), stop words dropped, the rest Snowball-stemmed (PyStemmer's English
 stemmer); a stem's term frequency is the sum over fields of the field's weight
 (`shared.index.TEXT_FIELDS`) times its count there, and the length the same sum over every kept word.
-
-Tokenising the pool's texts was a recall's largest Python cost (`bench.recall_cpu --profile`), so:
-ASCII text is lower-cased and split in one `bytes.translate` (the table is built from the same `\\w`
-regex); each distinct word is stemmed once (`Memos.stems`); a one-field text keeps integer counts with
-its weight beside it (`Terms.scale`); terms are remembered per distinct texts (`Memos.terms`).
-
-Erasure: the memos hold episode words in process memory, dropped TERMS_TTL after their last use once
-`Memos.expire` runs (every second, `services.query.app`): docs/reliability.md "What is erased, where, when".
+Tokenising is a recall's largest Python cost, hence the memos (`Memos`), which drop what was not used
+for TERMS_TTL: docs/reliability.md "What is erased, where, when".
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from itertools import filterfalse
 from typing import Any, NamedTuple, TypeVar
@@ -41,7 +35,7 @@ _IS_STOP = STOPWORDS.__contains__
 STEMS_CACHE = 200_000
 """Distinct words whose stem is remembered (~100 bytes each)."""
 TERMS_CACHE = 50_000
-"""Distinct episode texts whose terms are remembered (`Memos.texts_terms`)."""
+"""Distinct episode texts whose terms are remembered (`Memos.hit_terms`)."""
 TERMS_TTL = 60.0
 """Seconds after its last use within which `expire` drops a remembered text or stem (the erasure
 window of the memos; a pool member of a busy namespace is used again well within it)."""
@@ -53,28 +47,23 @@ V = TypeVar("V")
 class Recent(dict[K, V]):
     """A memo bounded by count and by age since last use: two generations, `self` (young) and `old`.
 
-    A look-up misses in `self`, then finds the entry in `old` and moves it back (`get_or`); `rotate`
+    `memo[key]` is the remembered value or `make(key)`, remembered: a miss in `self` finds the entry in
+    `old` and moves it back, else makes it (`__missing__`; a hit is one dict look-up). `rotate`
     (from `expire` once the young generation is `ttl / 2` old, or when it reaches `cap / 2` entries)
-    makes the young generation old and drops the old one. So an entry last used at u is gone by the
-    second rotation after u: within `ttl` + 2·i of u when `expire` is called every i seconds, and the
-    memo never holds more than `cap` entries. A hit in the young generation is one dict
-    look-up, as in the `functools.lru_cache` this replaces, without its linked list.
+    makes the young generation old and drops the old one. So an entry last used at u is gone within
+    `ttl` + 2·i of u when `expire` is called every i seconds, and never more than `cap` are held.
     """
 
-    def __init__(self, cap: int, ttl: float, clock: Any = time.monotonic):
+    def __init__(self, make: Callable[[K], V], cap: int, ttl: float, clock: Any = time.monotonic):
         super().__init__()
-        self.cap, self.ttl, self.clock = cap, ttl, clock
+        self.make, self.cap, self.ttl, self.clock = make, cap, ttl, clock
         self.old: dict[K, V] = {}
         self.born = clock()
 
-    def get_or(self, key: K, make: Any) -> V:
-        """The remembered value of `key`, or `make(key)` remembered."""
-        value = self.get(key)
-        if value is not None:
-            return value
+    def __missing__(self, key: K) -> V:
         value = self.old.pop(key, None)
         if value is None:
-            value = make(key)
+            value = self.make(key)
         if len(self) >= self.cap // 2:
             self.rotate()
         self[key] = value
@@ -100,8 +89,8 @@ class Recent(dict[K, V]):
 
 @lru_cache(maxsize=1)
 def stemmer() -> Any:
-    """PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with. Its own word cache is
-    off: it would keep a forgotten episode's words without end; `Memos` keep stems 60 s at most."""
+    """PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with; its own word cache is
+    off (it would keep a forgotten episode's words without end)."""
     return Stemmer.Stemmer("english", 0)
 
 
@@ -112,20 +101,6 @@ def _stem(word: str) -> str:
 
 def _token_words(token: bytes) -> tuple[str, ...]:
     return tuple(words(token.decode("utf-8", "replace")))
-
-
-class _Stems(Recent[str, str]):
-    """word → stem, filled on first sight."""
-
-    def __missing__(self, word: str) -> str:
-        return self.get_or(word, _stem)
-
-
-class _Folds(Recent[bytes, tuple[str, ...]]):
-    """token → its words (`shared.keywords.words`), filled on first sight."""
-
-    def __missing__(self, token: bytes) -> tuple[str, ...]:
-        return self.get_or(token, _token_words)
 
 
 class Terms(NamedTuple):
@@ -147,9 +122,11 @@ class Memos:
     (distinct texts → `Terms`, TERMS_CACHE), each dropping what was not used for TERMS_TTL (`expire`)."""
 
     def __init__(self, clock: Any = time.monotonic):
-        self.stems = _Stems(STEMS_CACHE, TERMS_TTL, clock)
-        self.folds = _Folds(STEMS_CACHE, TERMS_TTL, clock)
-        self.terms: Recent[tuple[bytes | None, ...], Terms] = Recent(TERMS_CACHE, TERMS_TTL, clock)
+        self.stems: Recent[str, str] = Recent(_stem, STEMS_CACHE, TERMS_TTL, clock)
+        self.folds: Recent[bytes, tuple[str, ...]] = Recent(_token_words, STEMS_CACHE, TERMS_TTL, clock)
+        self.terms: Recent[tuple[bytes | None, ...], Terms] = Recent(
+            self._texts_terms, TERMS_CACHE, TERMS_TTL, clock
+        )
 
     def text_words(self, text: bytes) -> list[str]:
         """The words of one UTF-8 field (invalid bytes replaced) as the index holds them, stop words
@@ -163,14 +140,13 @@ class Memos:
             out += folds(token)
         return out
 
-    def weighted_terms(self, texts: tuple[bytes | None, ...], weights: tuple[float, ...]) -> Terms:
-        """The `Terms` of `texts` with each text's weight from `weights` (same order), not remembered.
-        Counts are summed per field before the weight multiplies them: exact while weight × count is,
-        as for `TEXT_FIELDS`' weights 2 and 1."""
+    def _texts_terms(self, texts: tuple[bytes | None, ...]) -> Terms:
+        """The `Terms` of `texts` (`FIELD_KEYS` order), each weighted by its field. Counts are summed per
+        field before the weight multiplies them: exact while weight × count is, as for weights 2 and 1."""
         stems = self.stems.__getitem__
         found = [
             (Counter(map(stems, filterfalse(_IS_STOP, self.text_words(text)))), weight)
-            for text, weight in zip(texts, weights, strict=True)
+            for text, weight in zip(texts, _WEIGHTS, strict=True)
             if text
         ]
         if len(found) == 1:
@@ -184,31 +160,12 @@ class Memos:
                 tf[s] = tf.get(s, 0.0) + weight * n
         return Terms(tf, 1.0, length)
 
-    def texts_terms(self, texts: tuple[bytes | None, ...]) -> Terms:
-        """The `Terms` of one episode's text fields (UTF-8 or None, in `FIELD_KEYS` order), remembered."""
-        got = self.terms.get(texts)
-        return got if got is not None else self.terms.get_or(texts, self._texts_terms)
-
-    def _texts_terms(self, texts: tuple[bytes | None, ...]) -> Terms:
-        return self.weighted_terms(texts, _WEIGHTS)
-
     def hit_terms(self, fields: Mapping[bytes, bytes]) -> Terms:
-        """The `Terms` of a search hit's fields (bytes names and values, as `parse_search` returns them)."""
-        return self.texts_terms(tuple(map(fields.get, _BYTE_NAMES)))
+        """The `Terms` of a search hit's fields (bytes names and values, as `parse_search` returns them),
+        remembered per distinct texts."""
+        return self.terms[tuple(map(fields.get, _BYTE_NAMES))]
 
     def expire(self) -> None:
-        """Drop what was not used for TERMS_TTL (`Recent.expire`: within TERMS_TTL + 2·i when called
-        every i seconds; the query service calls it every second)."""
+        """Drop what was not used for TERMS_TTL (`Recent.expire`)."""
         for memo in (self.terms, self.stems, self.folds):
             memo.expire()
-
-
-def field_texts(fields: Mapping[Any, str | bytes | None]) -> tuple[bytes | None, ...]:
-    """The text fields of `fields` (names str or bytes, values str or UTF-8 bytes) in `FIELD_KEYS` order."""
-    texts = []
-    for name, bname, _ in FIELD_KEYS:
-        text = fields.get(name)
-        if text is None:
-            text = fields.get(bname)
-        texts.append(text.encode() if isinstance(text, str) else text)
-    return tuple(texts)

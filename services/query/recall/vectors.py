@@ -12,10 +12,9 @@ from shared.embedding import Embedder, EmbedderUnavailable, embed_query
 
 
 class QueryBatcher:
-    """Concurrent query embeddings share forward passes: while one pass runs, the texts that arrive
-    wait, and the next pass embeds all of them (up to `max_batch`, duplicates once). A lone request
-    starts its pass at once, so batching never adds latency when nothing else is waiting. Why: a model
-    embeds a batch much faster than the same texts one by one, and runs one pass at a time anyway.
+    """Concurrent query embeddings share forward passes (a model embeds a batch much faster than its
+    texts one by one): while one pass runs, the texts that arrive wait, and the next pass embeds all of
+    them (up to `max_batch`, duplicates once). A lone request starts its pass at once.
 
     A text's error is answered to its own request only (a failed pass is retried text by text), except
     `EmbedderUnavailable`, which fails every text of the pass at once (alone, each would wait out the
@@ -24,13 +23,9 @@ class QueryBatcher:
     """
 
     def __init__(self, embedder: Embedder, max_batch: int = 32):
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
         self.embedder, self.max_batch = embedder, max_batch
         self._waiting: dict[tuple[str, str], list[asyncio.Future[np.ndarray]]] = {}
         self._running = False
-        self.passes = 0
-        self.texts = 0
 
     async def embed(self, text: str, *, scope: str = "") -> np.ndarray:
         """float32[dim] of `text` (unit norm). Raises like `Embedder.embed`."""
@@ -46,8 +41,6 @@ class QueryBatcher:
             while self._waiting:
                 batch = list(self._waiting)[: self.max_batch]
                 futures = [self._waiting.pop(t) for t in batch]
-                self.passes += 1
-                self.texts += len(batch)
                 try:
                     vectors = list(await self.embedder.embed([text for _, text in batch]))
                 except EmbedderUnavailable as exc:  # the backend, not a text: each alone would wait again
@@ -83,13 +76,10 @@ def _answer(waiting: list[asyncio.Future[np.ndarray]], outcome: np.ndarray | Exc
 
 class QueryVectorCache:
     """The embeddings of the last `size` distinct (namespace, query text) pairs, least recently used
-    evicted first; misses go through a `QueryBatcher` per embedder (`batch` texts per pass at most; 1
-    embeds each query alone).
-
-    Agents repeat queries (the same task to /v1/context and /v1/recall, retries, evaluations), and on
-    CPU a model embedding of one query costs more than the rest of a recall. One per query service.
-    Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared across
-    tenants, a hit's speed would tell one tenant that another recently asked exactly that text.
+    evicted first (agents repeat queries; on CPU embedding one costs more than the rest of a recall);
+    misses go through the embedder's `QueryBatcher` (`batch` texts per pass at most; 1 embeds each query
+    alone). Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared
+    across tenants, a hit's speed would tell one tenant what another recently asked. One per service.
     """
 
     def __init__(self, size: int = 4096, *, batch: int = 32):
@@ -98,13 +88,7 @@ class QueryVectorCache:
         self.hits = 0
         self.misses = 0
         self._vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
-        self._batchers: dict[int, tuple[Embedder, QueryBatcher]] = {}
-
-    def batcher(self, embedder: Embedder) -> QueryBatcher:
-        got = self._batchers.get(id(embedder))
-        if got is None or got[0] is not embedder:
-            got = self._batchers[id(embedder)] = (embedder, QueryBatcher(embedder, max(1, self.batch)))
-        return got[1]
+        self._batcher: QueryBatcher | None = None
 
     async def embed(self, embedder: Embedder, text: str, *, namespace: str) -> np.ndarray:
         """float32[dim] of `text` from `namespace`'s entries, else embedded (raises like `embed_query`)."""
@@ -116,8 +100,10 @@ class QueryVectorCache:
             return hit
         self.misses += 1
         if self.batch > 1:
+            if self._batcher is None or self._batcher.embedder is not embedder:
+                self._batcher = QueryBatcher(embedder, self.batch)
             # a copy: the rows of one pass share memory
-            vector = np.array(await self.batcher(embedder).embed(text, scope=namespace))
+            vector = np.array(await self._batcher.embed(text, scope=namespace))
         else:
             vector = await embed_query(embedder, text)
         if self.size > 0:
