@@ -185,3 +185,75 @@ def last_regime(success: Sequence[bool], strategies: Sequence[Hashable | None] |
     """Where the newest regime starts (0 when the sequence has one regime)."""
     parts = segments(success, strategies, min_size)
     return parts[-1][0] if parts else 0
+
+
+STALE, CURRENT, EVIDENCE = -1, 1, 2
+"""`superseded`'s roles of a row (0: none)."""
+
+
+def _may_stop_working(success: np.ndarray, min_size: int) -> bool:
+    """A cheap necessary condition of a flip whose newer side fails (`segments`' regimes): some split
+    leaves at least `min_size` rows each side, the older part succeeding at least half the time, the
+    newer part less, `FLIP_GAP` apart."""
+    n = len(success)
+    wins = np.concatenate([[0], np.cumsum(success)])
+    i = np.arange(min_size, n - min_size + 1)
+    older, newer = wins[i] / i, (wins[-1] - wins[i]) / (n - i)
+    return bool(np.any((older >= 0.5) & (newer < 0.5) & (older - newer >= FLIP_GAP - _EPS)))
+
+
+def superseded(
+    times: Sequence[float],
+    success: Sequence[bool | None],
+    marks: Sequence[Iterable[Hashable]],
+    key: Sequence[float],
+    min_size: int,
+) -> np.ndarray:
+    """Which rows tell of an approach that stopped working, as int8[n] roles.
+
+    Rows are episodes (any order): `times[i]` their completion (UTC epoch s), `success[i]` True for a
+    success, False for another outcome, None undecided; `marks[i]` what identifies their approach (the
+    strategy, the tools, the words of the solution: any hashables); `key[i]` ranks evidence (higher
+    first, e.g. relevance). For each mark, its decided rows in time order are cut into regimes
+    (`last_regime`); when its newest regime fails (success rate below 1/2) after an older one that
+    worked, and rows without the mark succeeded since that regime began, the mark was superseded:
+
+    - STALE: its successes before the newest regime (what used to work);
+    - CURRENT: the successes since, of rows without the mark (what works now);
+    - EVIDENCE: its newest regime's failure of the highest key (then the newest): why it changed.
+
+    A row both STALE for one mark and CURRENT for another is STALE. All zeros when nothing was
+    superseded, always when fewer than `min_size` rows succeed or fail.
+    """
+    n = len(times)
+    role = np.zeros(n, dtype=np.int8)
+    decided = [i for i in range(n) if success[i] is not None]
+    wins = sum(bool(success[i]) for i in decided)
+    if min_size < 1 or wins < min_size or len(decided) - wins < min_size:
+        return role
+    rows: dict[Hashable, list[int]] = {}
+    for i in sorted(decided, key=lambda i: (times[i], i)):
+        for m in dict.fromkeys(marks[i]):
+            rows.setdefault(m, []).append(i)
+    stale, current, evidence = set(), set(), set()
+    for m in sorted(rows, key=str):
+        idx = rows[m]
+        ok = np.array([bool(success[i]) for i in idx], dtype=bool)
+        if len(idx) < 2 * min_size or not _may_stop_working(ok, min_size):
+            continue
+        start = last_regime(ok.tolist(), None, min_size)
+        if start == 0 or ok[start:].mean() >= 0.5 or not ok[:start].any():
+            continue
+        since = times[idx[start]]
+        holding = set(idx)
+        now = [i for i in decided if success[i] and times[i] >= since and i not in holding]
+        if not now:
+            continue
+        stale.update(i for i, good in zip(idx[:start], ok[:start], strict=True) if good)
+        current.update(now)
+        failed = [i for i, good in zip(idx[start:], ok[start:], strict=True) if not good]
+        evidence.add(max(failed, key=lambda i: (key[i], times[i], -i)))
+    role[list(current)] = CURRENT
+    role[list(evidence)] = EVIDENCE
+    role[list(stale)] = STALE
+    return role

@@ -26,6 +26,7 @@ import orjson
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
+from services.query.insights import REGIME_MIN
 from services.query.recall import score
 from services.query.recall.arms import knn_search
 from services.query.recall.lists import Floors
@@ -50,7 +51,8 @@ from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
 from shared.index import Scope
-from shared.regimes import approach
+from shared.keywords import STOPWORDS, words
+from shared.regimes import approach, superseded
 
 __all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
 
@@ -86,8 +88,30 @@ def episode_json(episode: Episode) -> dict[str, Any]:
     return episode_to_dict(episode, iso=True, include_vector=False)
 
 
+def approach_marks(values: tuple[bytes | None, ...]) -> set[str]:
+    """What identifies a row's approach, of its `APPROACH_FIELDS` values: the strategy, and the words
+    (stop words dropped) of its solution, actions and errors (a failed `pip install` names `pip`)."""
+    strategy, *texts = (v.decode(errors="replace") if v else "" for v in values)
+    marks = {w for text in texts for w in words(text) if w not in STOPWORDS}
+    return marks | {strategy} if strategy else marks
+
+
+def regime_roles(cands: Columns) -> np.ndarray | None:
+    """`shared.regimes.superseded` over the pool's rows (relevance ranks the evidence), or None when
+    fewer than REGIME_MIN rows succeed or fail (no approach can have been superseded)."""
+    success = [None if o is None else o == "success" for o in cands.outcomes]
+    wins = success.count(True)
+    if wins < REGIME_MIN or len(success) - wins - success.count(None) < REGIME_MIN:
+        return None
+    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)
+    key = np.nan_to_num(np.where(np.isfinite(cands.relevance), cands.relevance, cands.cos), nan=0.0)
+    marks = [approach_marks(v) for v in cands.approaches]
+    return superseded(times.tolist(), success, marks, key.tolist(), REGIME_MIN)
+
+
 def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
-    """The priority of the pool's rows (`score.score`)."""
+    """The priority of the pool's rows (`score.score`), the regime term's roles from the pool itself
+    (`regime_roles`)."""
     p = plan.params
     data = score.Candidates(
         completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
@@ -96,6 +120,7 @@ def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
         reward=cands.reward,
         outcome_score=score.outcome_scores(cands.outcomes),
         importance=cands.importance,
+        regime=regime_roles(cands),
         tie=cands.tie,
     )
     with tracing.span("engram.recall.score", candidates=len(cands)):

@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -39,16 +39,20 @@ SIGNAL_FIELDS = (
     "last_accessed",
     "access_count",
     TIE_FIELD,  # equal priority and age: the lists' own order (`services.query.recall.score.score`)
+    "strategy",
     "doc",
 )  # no episode_id: the restricted KNN names keys (INKEYS)
 
+APPROACH_FIELDS = ("strategy", "solution", "action_text", "errors")
+"""Where an episode records its approach (`services.query.recall.approach_marks`)."""
+
 
 # the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
-LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1]
+LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1] + tuple(f for f in APPROACH_FIELDS if f not in SIGNAL_FIELDS)
 
 
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
-POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
+POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS if name not in LIGHT_SIGNAL_FIELDS)
 
 
 @dataclass(slots=True)
@@ -130,6 +134,8 @@ class Columns:
     relevance: np.ndarray
     tie: np.ndarray
     """The episode's tie-break (`shared.ties.tie_break`)."""
+    approaches: list[tuple[bytes | None, ...]] = field(default_factory=list)
+    """The `APPROACH_FIELDS` values of each row."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
@@ -154,6 +160,7 @@ class Columns:
             keyword=keyword,
             relevance=relevance.relevances(mode, cos, keyword),
             tie=_floats([get(_TIE) for get in gets]),
+            approaches=[tuple(get(f) for f in _APPROACH) for get in gets],
         )
 
     @classmethod
@@ -175,6 +182,7 @@ class Columns:
             keys=self.keys + other.keys,
             raw_docs=self.raw_docs + other.raw_docs,
             outcomes=self.outcomes + other.outcomes,
+            approaches=self.approaches + other.approaches,
             **arrays,
         )
 
@@ -195,8 +203,11 @@ class Columns:
         )
 
 
-_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes"))
+_ARRAYS = tuple(
+    f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes", "approaches")
+)
 _TIE = TIE_FIELD.encode()
+_APPROACH = tuple(f.encode() for f in APPROACH_FIELDS)
 
 
 @dataclass(slots=True)

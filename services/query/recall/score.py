@@ -7,6 +7,19 @@ The priority of a candidate episode is a weighted sum of five signals, each in [
              + w_rew * clip(reward, 0, 1)               reward (missing -> 0)
              + w_out * outcome_score                    success 1, partial 0.5, otherwise 0
              + w_imp * importance / 10                  importance 1..10 (missing -> 0)
+             + regime                                   0 unless an approach was superseded (below)
+
+The regime term (`Candidates.regime`, roles from `shared.regimes.superseded`) lets the answer say what
+works now when what used to work stopped: among the candidates, an approach whose successes were
+followed by its failures and by another approach's successes was superseded. Its old successes
+(STALE) count as failures SUPERSEDED_GAP less relevant:
+    regime = -(w_out * outcome + w_rew * reward + w_sim * min(similarity, SUPERSEDED_GAP))
+so they rank below the successes of the approach that replaced them (CURRENT) unless more than
+SUPERSEDED_GAP more relevant; its most relevant recent failure (EVIDENCE) is lifted to the best
+CURRENT priority, by at most w_sim * SUPERSEDED_GAP, and ranks right after that best CURRENT one:
+    regime = min(w_sim * SUPERSEDED_GAP, max(0, max CURRENT priority - priority))
+Every other candidate's regime term is 0, as is every term of a pool where no approach was
+superseded. The priority stays in [0, weights.total].
 
 Sources:
 - Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
@@ -30,7 +43,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from shared.regimes import last_regime
+from shared.regimes import CURRENT, EVIDENCE, STALE, last_regime
 
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
@@ -50,6 +63,11 @@ AUTO_EARLY_BELOW = 50
 AUTO_NORMAL_BELOW = 500
 """`auto` picks `normal` below this many episodes and `late` from here on (our choice: with few
 episodes ages say little; with hundreds, the recent ones reflect the agent's current habits)."""
+
+SUPERSEDED_GAP = 0.25
+"""The relevance a superseded success loses (see the module): more than the relevance separating
+episodes of one task worded a little differently (0.18 in vector mode when 7 words are added to a
+9-word task, 0.03 in hybrid mode for a question about it), far less than separates unrelated tasks."""
 
 _LN2 = math.log(2.0)
 
@@ -212,6 +230,7 @@ class Candidates:
     - reward: any finite number, clipped to [0, 1] when scored; NaN (or None for all) = missing -> 0.
     - outcome_score: in [0, 1], usually from `outcome_scores`; None -> 0 for all.
     - importance: 1..10 (Generative Agents' poignancy scale); NaN = missing -> 0.
+    - regime: roles of `shared.regimes.superseded` (STALE, CURRENT, EVIDENCE; 0 or None: none).
     - tie: the episode's tie-break (`shared.ties.tie_break`, the order of equal values in the recency /
       reward / importance lists), higher first among candidates of equal priority and age; NaN = none
       (after every one that has one); None for all: ties stay in candidate order.
@@ -225,6 +244,7 @@ class Candidates:
     reward: np.ndarray | None = None
     outcome_score: np.ndarray | None = None
     importance: np.ndarray | None = None
+    regime: np.ndarray | None = None
     tie: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -239,6 +259,7 @@ class Candidates:
             ("reward", np.nan),
             ("outcome_score", 0.0),
             ("importance", np.nan),
+            ("regime", 0.0),
             ("tie", np.nan),
         ):
             object.__setattr__(self, name, _array(name, getattr(self, name), n, missing=missing))
@@ -264,7 +285,8 @@ class Scored:
 
     Signals are the raw values in [0, 1] (before any min-max scaling): similarity = clip(cos, 0, 1),
     recency, reward (clipped, missing 0), outcome, importance (/10, missing 0). The `*_term` arrays are
-    weight * signal (after scaling when normalize="minmax") and add up to `priority`. `age` is in
+    weight * signal (after scaling when normalize="minmax"), `regime_term` the module's regime term (0
+    for most); they add up to `priority`. `age` is in
     seconds, clamped at 0. `order` (int64[n]) lists candidate indices best first.
     """
 
@@ -279,6 +301,7 @@ class Scored:
     reward_term: np.ndarray
     outcome_term: np.ndarray
     importance_term: np.ndarray
+    regime_term: np.ndarray
     priority: np.ndarray
     order: np.ndarray
     weights: Weights
@@ -288,8 +311,9 @@ class Scored:
         return int(self.priority.shape[0])
 
     def breakdown(self, i: int) -> dict[str, float]:
-        """Candidate i's priority and the term each signal added (for an API's `score_breakdown`)."""
-        return {
+        """Candidate i's priority and the term each signal added (for an API's `score_breakdown`); the
+        regime term only where it is not 0."""
+        out = {
             "priority": float(self.priority[i]),
             "similarity": float(self.similarity_term[i]),
             "recency": float(self.recency_term[i]),
@@ -297,6 +321,9 @@ class Scored:
             "outcome": float(self.outcome_term[i]),
             "importance": float(self.importance_term[i]),
         }
+        if self.regime_term[i]:
+            out["regime"] = float(self.regime_term[i])
+        return out
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -375,9 +402,13 @@ def score(
         for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance), signals, strict=True)
     )
     priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
+    regime = _regime_term(_filled(c.regime), terms, signals[0], priority, w.similarity)
+    priority = priority + regime
     index = np.arange(priority.shape[0])
     tie = np.nan_to_num(_filled(c.tie), nan=-1.0)  # none: after every tie-break (all are >= 0)
     order = np.lexsort((index, -tie, age, -priority))
+    if regime.any():
+        order = _evidence_second(order, priority, regime, _filled(c.regime))
 
     out = Scored(
         age=age,
@@ -391,6 +422,7 @@ def score(
         reward_term=terms[2],
         outcome_term=terms[3],
         importance_term=terms[4],
+        regime_term=regime,
         priority=priority,
         order=order,
         weights=weights,
@@ -401,6 +433,42 @@ def score(
         if isinstance(value, np.ndarray):
             value.setflags(write=False)
     return out
+
+
+def _regime_term(
+    role: np.ndarray,
+    terms: tuple[np.ndarray, ...],
+    similarity: np.ndarray,
+    priority: np.ndarray,
+    w_sim: float,
+) -> np.ndarray:
+    """float64[n]: the module's regime term of each candidate (0 for every candidate without a role)."""
+    out = np.zeros_like(priority)
+    stale, current, evidence = (role == STALE), (role == CURRENT), (role == EVIDENCE)
+    if not stale.any() and not evidence.any():
+        return out
+    gap = w_sim * SUPERSEDED_GAP
+    out[stale] = -(terms[2][stale] + terms[3][stale] + w_sim * np.minimum(similarity[stale], SUPERSEDED_GAP))
+    if current.any():
+        out[evidence] = np.clip(priority[current].max() - priority[evidence], 0.0, gap)
+    return np.maximum(out, -priority)  # a stale priority is 0 at least, not -1e-17 after rounding
+
+
+def _evidence_second(
+    order: np.ndarray, priority: np.ndarray, regime: np.ndarray, role: np.ndarray
+) -> np.ndarray:
+    """`order` with each lifted EVIDENCE candidate right after the first candidate of its priority (the
+    best CURRENT one it was lifted to, see the module; 1e-12 apart at most: the lift's rounding), so
+    priorities stay non-increasing along the order; one lifted less far keeps its place."""
+    out = [int(i) for i in order]
+    for e in [i for i in out if role[i] == EVIDENCE and regime[i] > 0]:
+        out.remove(e)
+        at = next((k for k, i in enumerate(out) if priority[i] <= priority[e] + 1e-12), len(out))
+        if at == len(out) or abs(priority[out[at]] - priority[e]) > 1e-12:
+            out.insert(at, e)  # not lifted to a level another holds: where it was
+        else:
+            out.insert(at + 1, e)
+    return np.array(out, dtype=order.dtype)
 
 
 def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:

@@ -1,0 +1,127 @@
+"""Recall answers what works now when what used to work stopped (real Redis, through the HTTP API).
+
+Week 1 the agent installs a project's dependencies with one tool and succeeds; week 2 that tool fails
+and another works. The week-1 successes are more numerous and at least as relevant, yet a question
+about the task must lead with the tool that works now, rank the old successes below it and show the
+old tool's recent failures — whether the tool is recorded as the strategy, only as the tool called,
+or only in the solution's words. A namespace where nothing changed ranks as before.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_consolidator import drain
+from tests.integration.test_facts import make_worker, publish
+from tests.integration.test_query_support import make_client  # noqa: F401  (fixture)
+
+DAY = 86400.0
+T0 = 1_750_000_000.0
+TASK = "install the python dependencies of the billing service"
+QUESTION = "how do I install the dependencies"
+COMMANDS = {
+    "pip": "pip install -r requirements.txt",
+    "uv": "uv sync --frozen",
+    "npm": "npm install",
+    "pnpm": "pnpm install --frozen-lockfile",
+}
+
+
+def attempt(i: int, tool: str, ok: bool, at: float, recorded: str) -> dict:
+    """One attempt; week-2 texts carry extra words, so week 1 is nearer to the task."""
+    words = TASK if at < T0 + 3 * DAY else f"{TASK} after the lockfile update on the build host"
+    data: dict = {
+        "episode_id": f"dep-{i}",
+        "task": {"description": words, "category": "setup"},
+        "outcome": "success" if ok else "failure",
+        "completed_at": at,
+        "agent_id": "builder",
+    }
+    if recorded == "strategy":
+        data["strategy_used"] = tool
+    if recorded in ("strategy", "actions"):
+        data["actions"] = [
+            {"action_type": tool, "success": ok, **({} if ok else {"error": "resolution failed"})}
+        ]
+    else:  # the solution's words alone
+        data["solution"] = COMMANDS[tool]
+        if not ok:
+            data["outcome_details"] = "resolution failed"
+    return data
+
+
+def history(old: str, new: str, before: int, failures: int, successes: int, recorded: str) -> list[dict]:
+    """`before` successes of `old`, a week later `failures` of `old` alternating with `successes` of `new`."""
+    week2: list[tuple[str, bool]] = []
+    for j in range(max(failures, successes)):
+        week2 += [(old, False)] if j < failures else []
+        week2 += [(new, True)] if j < successes else []
+    out = [attempt(i, old, True, T0 + i * 60, recorded) for i in range(before)]
+    return out + [attempt(100 + j, t, ok, T0 + 7 * DAY + j * 60, recorded) for j, (t, ok) in enumerate(week2)]
+
+
+def tool_of(result: dict) -> str:
+    ep = result["episode"]
+    if ep.get("strategy_used"):
+        return ep["strategy_used"]
+    if ep.get("actions"):
+        return ep["actions"][0]["action_type"]
+    return ep["solution"].split()[0]
+
+
+def kind(result: dict, old: str) -> str:
+    """ "now" (a success of the new tool), "evidence" (a recent failure of the old), "stale" (its old success)."""
+    ep = result["episode"]
+    if tool_of(result) != old:
+        return "now" if ep["outcome"] == "success" else "other"
+    return "stale" if int(ep["episode_id"].split("-")[1]) < 100 else "evidence"
+
+
+CASES = {
+    "pip-uv-8-4-6": ("pip", "uv", 8, 4, 6),
+    "npm-pnpm-6-3-3": ("npm", "pnpm", 6, 3, 3),
+    "pip-uv-12-5-4": ("pip", "uv", 12, 5, 4),
+}
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "vector"])
+@pytest.mark.parametrize("recorded", ["strategy", "actions", "solution"])
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_recall_leads_with_what_works_now(make_client, settings, redis, case, recorded, mode):  # noqa: F811
+    old, new, before, failures, successes = CASES[case]
+    api = await make_client()
+    await publish(
+        settings, redis, history(old, new, before, failures, successes, recorded), namespace="default"
+    )
+    await drain(make_worker(settings, redis))
+    n = before + failures + successes
+    body = await (await api.post("/v1/recall", json={"query": QUESTION, "top_k": n, "mode": mode})).json()
+    kinds = [kind(r, old) for r in body["results"]]
+    top = kinds[:5]
+    assert top[0] == "now" and "evidence" in top and "stale" not in top, kinds
+    # every old success below every episode of the week that changed it
+    assert kinds.index("stale") == failures + successes and set(kinds[failures + successes :]) == {"stale"}, (
+        kinds
+    )
+    for r in body["results"]:
+        assert sum(r["components"].values()) == pytest.approx(r["priority"], abs=1e-9)
+        assert 0.0 <= r["priority"] <= 1.0
+    context = await (await api.post("/v1/context", json={"task": QUESTION, "top_k": 5})).json()
+    assert [kind(r, old) for r in context["results"]][0] == "now", context["results"]
+    assert "stale" not in [kind(r, old) for r in context["results"]]
+
+
+@pytest.mark.parametrize("recorded", ["strategy", "actions", "solution"])
+async def test_recall_without_a_change_is_unchanged(make_client, settings, redis, recorded):  # noqa: F811
+    """pip keeps working (one failure in week 2), uv works too: no episode gets a regime term."""
+    api = await make_client()
+    eps = [attempt(i, "pip", True, T0 + i * 60, recorded) for i in range(8)]
+    week2 = [("pip", True)] * 3 + [("pip", False)] + [("uv", True)] * 3 + [("pip", True)] * 3
+    eps += [attempt(100 + j, t, ok, T0 + 7 * DAY + j * 60, recorded) for j, (t, ok) in enumerate(week2)]
+    await publish(settings, redis, eps, namespace="default")
+    await drain(make_worker(settings, redis))
+    body = await (await api.post("/v1/recall", json={"query": QUESTION, "top_k": len(eps)})).json()
+    assert all("regime" not in r["components"] for r in body["results"])
+    priorities = [r["priority"] for r in body["results"]]
+    assert priorities == sorted(priorities, reverse=True)
+    assert tool_of(body["results"][0]) == "pip"
