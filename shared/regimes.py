@@ -191,17 +191,6 @@ STALE, CURRENT, EVIDENCE = -1, 1, 2
 """`superseded`'s roles of a row (0: none)."""
 
 
-def _may_stop_working(success: np.ndarray, min_size: int) -> bool:
-    """A cheap necessary condition of a flip whose newer side fails (`segments`' regimes): some split
-    leaves at least `min_size` rows each side, the older part succeeding at least half the time, the
-    newer part less, `FLIP_GAP` apart."""
-    n = len(success)
-    wins = np.concatenate([[0], np.cumsum(success)])
-    i = np.arange(min_size, n - min_size + 1)
-    older, newer = wins[i] / i, (wins[-1] - wins[i]) / (n - i)
-    return bool(np.any((older >= 0.5) & (newer < 0.5) & (older - newer >= FLIP_GAP - _EPS)))
-
-
 def superseded(
     times: Sequence[float],
     success: Sequence[bool | None],
@@ -209,51 +198,40 @@ def superseded(
     key: Sequence[float],
     min_size: int,
 ) -> np.ndarray:
-    """Which rows tell of an approach that stopped working, as int8[n] roles.
+    """Which rows tell of an approach that stopped working, as int8[n] roles (0: none).
 
-    Rows are episodes (any order): `times[i]` their completion (UTC epoch s), `success[i]` True for a
-    success, False for another outcome, None undecided; `marks[i]` what identifies their approach (the
-    strategy, the tools, the words of the solution: any hashables); `key[i]` ranks evidence (higher
-    first, e.g. relevance). For each mark, its decided rows in time order are cut into regimes
-    (`last_regime`); when its newest regime fails (success rate below 1/2) after an older one that
-    worked, and rows without the mark succeeded since that regime began, the mark was superseded:
-
-    - STALE: its successes before the newest regime (what used to work);
-    - CURRENT: the successes since, of rows without the mark (what works now);
-    - EVIDENCE: its newest regime's failure of the highest key (then the newest): why it changed.
-
-    A row both STALE for one mark and CURRENT for another is STALE. All zeros when nothing was
-    superseded, always when fewer than `min_size` rows succeed or fail.
-    """
-    n = len(times)
-    role = np.zeros(n, dtype=np.int8)
-    decided = [i for i in range(n) if success[i] is not None]
-    wins = sum(bool(success[i]) for i in decided)
-    if min_size < 1 or wins < min_size or len(decided) - wins < min_size:
-        return role
+    Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
+    outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
+    the tools, the solution's words), `key[i]` ranks evidence (higher first: relevance). A mark whose
+    decided rows, in time order, end in a regime (`last_regime`) failing more often than not after
+    successes, while rows without it succeeded since that regime began, was superseded:
+    STALE its successes before that regime (what used to work), CURRENT the successes since of rows
+    without it (what works now), EVIDENCE its newest regime's failure of the highest key, then the
+    newest (why it changed). STALE wins over CURRENT (a row superseded for another mark)."""
+    role = np.zeros(len(times), dtype=np.int8)
+    decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
     rows: dict[Hashable, list[int]] = {}
-    for i in sorted(decided, key=lambda i: (times[i], i)):
-        for m in dict.fromkeys(marks[i]):
+    for i in decided:
+        for m in set(marks[i]):
             rows.setdefault(m, []).append(i)
-    stale, current, evidence = set(), set(), set()
+    found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
     for m in sorted(rows, key=str):
         idx = rows[m]
-        ok = np.array([bool(success[i]) for i in idx], dtype=bool)
-        if len(idx) < 2 * min_size or not _may_stop_working(ok, min_size):
+        ok = np.array([bool(success[i]) for i in idx])
+        wins = np.concatenate([[0], np.cumsum(ok)])
+        cut = np.arange(min_size, len(ok) - min_size + 1)  # cheap: could any cut end in a failing run?
+        older, newer = wins[cut] / cut, (wins[-1] - wins[cut]) / (len(ok) - cut)
+        if not np.any((older >= 0.5) & (newer < 0.5) & (older - newer >= FLIP_GAP - _EPS)):
             continue
         start = last_regime(ok.tolist(), None, min_size)
-        if start == 0 or ok[start:].mean() >= 0.5 or not ok[:start].any():
+        mine = set(idx)
+        now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
+        if not start or ok[start:].mean() >= 0.5 or not ok[:start].any() or not now:
             continue
-        since = times[idx[start]]
-        holding = set(idx)
-        now = [i for i in decided if success[i] and times[i] >= since and i not in holding]
-        if not now:
-            continue
-        stale.update(i for i, good in zip(idx[:start], ok[:start], strict=True) if good)
-        current.update(now)
+        found[STALE] += [i for i, good in zip(idx[:start], ok[:start], strict=True) if good]
+        found[CURRENT] += now
         failed = [i for i, good in zip(idx[start:], ok[start:], strict=True) if not good]
-        evidence.add(max(failed, key=lambda i: (key[i], times[i], -i)))
-    role[list(current)] = CURRENT
-    role[list(evidence)] = EVIDENCE
-    role[list(stale)] = STALE
+        found[EVIDENCE].append(max(failed, key=lambda i: (key[i], times[i], -i)))
+    for r in (CURRENT, EVIDENCE, STALE):
+        role[found[r]] = r
     return role

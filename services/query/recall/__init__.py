@@ -88,24 +88,20 @@ def episode_json(episode: Episode) -> dict[str, Any]:
     return episode_to_dict(episode, iso=True, include_vector=False)
 
 
-def approach_marks(values: tuple[bytes | None, ...]) -> set[str]:
-    """What identifies a row's approach, of its `APPROACH_FIELDS` values: the strategy, and the words
-    (stop words dropped) of its solution, actions and errors (a failed `pip install` names `pip`)."""
-    strategy, *texts = (v.decode(errors="replace") if v else "" for v in values)
-    marks = {w for text in texts for w in words(text) if w not in STOPWORDS}
-    return marks | {strategy} if strategy else marks
-
-
 def regime_roles(cands: Columns) -> np.ndarray | None:
-    """`shared.regimes.superseded` over the pool's rows (relevance ranks the evidence), or None when
-    fewer than REGIME_MIN rows succeed or fail (no approach can have been superseded)."""
+    """`shared.regimes.superseded` of the pool's rows, each marked by its strategy and the words of its
+    solution, actions and errors (a failed `pip install` names `pip`), evidence ranked by relevance;
+    None when fewer than REGIME_MIN rows succeed or fail (nothing can have been superseded)."""
     success = [None if o is None else o == "success" for o in cands.outcomes]
-    wins = success.count(True)
-    if wins < REGIME_MIN or len(success) - wins - success.count(None) < REGIME_MIN:
+    if min(success.count(True), success.count(False)) < REGIME_MIN:
         return None
+    marks = [
+        {w for v in texts if v for w in words(v.decode(errors="replace")) if w not in STOPWORDS}
+        | ({strategy.decode(errors="replace")} if strategy else set())
+        for strategy, *texts in cands.approaches
+    ]
+    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
     times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)
-    key = np.nan_to_num(np.where(np.isfinite(cands.relevance), cands.relevance, cands.cos), nan=0.0)
-    marks = [approach_marks(v) for v in cands.approaches]
     return superseded(times.tolist(), success, marks, key.tolist(), REGIME_MIN)
 
 

@@ -39,20 +39,18 @@ SIGNAL_FIELDS = (
     "last_accessed",
     "access_count",
     TIE_FIELD,  # equal priority and age: the lists' own order (`services.query.recall.score.score`)
-    "strategy",
     "doc",
 )  # no episode_id: the restricted KNN names keys (INKEYS)
 
+# where an episode records its approach (`services.query.recall.regime_roles`)
 APPROACH_FIELDS = ("strategy", "solution", "action_text", "errors")
-"""Where an episode records its approach (`services.query.recall.approach_marks`)."""
-
 
 # the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
-LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1] + tuple(f for f in APPROACH_FIELDS if f not in SIGNAL_FIELDS)
+LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1] + APPROACH_FIELDS
 
 
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
-POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS if name not in LIGHT_SIGNAL_FIELDS)
+POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS if name not in APPROACH_FIELDS)
 
 
 @dataclass(slots=True)
@@ -203,9 +201,7 @@ class Columns:
         )
 
 
-_ARRAYS = tuple(
-    f.name for f in fields(Columns) if f.name not in ("keys", "raw_docs", "outcomes", "approaches")
-)
+_ARRAYS = tuple(f.name for f in fields(Columns) if f.type == "np.ndarray")
 _TIE = TIE_FIELD.encode()
 _APPROACH = tuple(f.encode() for f in APPROACH_FIELDS)
 

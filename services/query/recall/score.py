@@ -9,17 +9,12 @@ The priority of a candidate episode is a weighted sum of five signals, each in [
              + w_imp * importance / 10                  importance 1..10 (missing -> 0)
              + regime                                   0 unless an approach was superseded (below)
 
-The regime term (`Candidates.regime`, roles from `shared.regimes.superseded`) lets the answer say what
-works now when what used to work stopped: among the candidates, an approach whose successes were
-followed by its failures and by another approach's successes was superseded. Its old successes
-(STALE) count as failures SUPERSEDED_GAP less relevant:
-    regime = -(w_out * outcome + w_rew * reward + w_sim * min(similarity, SUPERSEDED_GAP))
-so they rank below the successes of the approach that replaced them (CURRENT) unless more than
-SUPERSEDED_GAP more relevant; its most relevant recent failure (EVIDENCE) is lifted to the best
-CURRENT priority, by at most w_sim * SUPERSEDED_GAP, and ranks right after that best CURRENT one:
-    regime = min(w_sim * SUPERSEDED_GAP, max(0, max CURRENT priority - priority))
-Every other candidate's regime term is 0, as is every term of a pool where no approach was
-superseded. The priority stays in [0, weights.total].
+The regime term (roles from `shared.regimes.superseded`) lets the answer say what works now: among
+the candidates, an approach whose successes were followed by its failures and by another approach's
+successes (CURRENT) was superseded. Its old successes (STALE) count as failures SUPERSEDED_GAP less
+relevant, `-(w_out * outcome + w_rew * reward + w_sim * min(similarity, SUPERSEDED_GAP))`; its most
+relevant recent failure (EVIDENCE) is lifted to the best CURRENT priority, by at most
+`w_sim * SUPERSEDED_GAP`, and ranks right after that candidate. Otherwise the term is 0.
 
 Sources:
 - Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
@@ -65,9 +60,8 @@ AUTO_NORMAL_BELOW = 500
 episodes ages say little; with hundreds, the recent ones reflect the agent's current habits)."""
 
 SUPERSEDED_GAP = 0.25
-"""The relevance a superseded success loses (see the module): more than the relevance separating
-episodes of one task worded a little differently (0.18 in vector mode when 7 words are added to a
-9-word task, 0.03 in hybrid mode for a question about it), far less than separates unrelated tasks."""
+"""The relevance a superseded success loses: more than separates episodes of one task worded a little
+apart (0.18 in vector mode for 7 words added to a 9-word task), less than separates unrelated tasks."""
 
 _LN2 = math.log(2.0)
 
@@ -402,13 +396,18 @@ def score(
         for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance), signals, strict=True)
     )
     priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
-    regime = _regime_term(_filled(c.regime), terms, signals[0], priority, w.similarity)
+    role = _filled(c.regime)
+    regime, lifted = _regime(role, terms, signals[0], priority, w.similarity)
     priority = priority + regime
     index = np.arange(priority.shape[0])
     tie = np.nan_to_num(_filled(c.tie), nan=-1.0)  # none: after every tie-break (all are >= 0)
     order = np.lexsort((index, -tie, age, -priority))
-    if regime.any():
-        order = _evidence_second(order, priority, regime, _filled(c.regime))
+    if lifted.any():  # right after the best CURRENT candidate, at its very priority (not one rounded off)
+        best = order[role[order] == CURRENT][0]
+        priority[lifted] = priority[best]
+        lead = np.where(lifted, 1, 2)
+        lead[best] = 0
+        order = np.lexsort((index, -tie, age, lead, -priority))
 
     out = Scored(
         age=age,
@@ -435,40 +434,22 @@ def score(
     return out
 
 
-def _regime_term(
+def _regime(
     role: np.ndarray,
     terms: tuple[np.ndarray, ...],
     similarity: np.ndarray,
     priority: np.ndarray,
     w_sim: float,
-) -> np.ndarray:
-    """float64[n]: the module's regime term of each candidate (0 for every candidate without a role)."""
-    out = np.zeros_like(priority)
+) -> tuple[np.ndarray, np.ndarray]:
+    """The module's regime term (float64[n]) and which EVIDENCE candidates it lifts to the best CURRENT
+    priority (bool[n])."""
+    term = np.zeros_like(priority)
     stale, current, evidence = (role == STALE), (role == CURRENT), (role == EVIDENCE)
-    if not stale.any() and not evidence.any():
-        return out
-    gap = w_sim * SUPERSEDED_GAP
-    out[stale] = -(terms[2][stale] + terms[3][stale] + w_sim * np.minimum(similarity[stale], SUPERSEDED_GAP))
-    if current.any():
-        out[evidence] = np.clip(priority[current].max() - priority[evidence], 0.0, gap)
-    return np.maximum(out, -priority)  # a stale priority is 0 at least, not -1e-17 after rounding
-
-
-def _evidence_second(
-    order: np.ndarray, priority: np.ndarray, regime: np.ndarray, role: np.ndarray
-) -> np.ndarray:
-    """`order` with each lifted EVIDENCE candidate right after the first candidate of its priority (the
-    best CURRENT one it was lifted to, see the module; 1e-12 apart at most: the lift's rounding), so
-    priorities stay non-increasing along the order; one lifted less far keeps its place."""
-    out = [int(i) for i in order]
-    for e in [i for i in out if role[i] == EVIDENCE and regime[i] > 0]:
-        out.remove(e)
-        at = next((k for k, i in enumerate(out) if priority[i] <= priority[e] + 1e-12), len(out))
-        if at == len(out) or abs(priority[out[at]] - priority[e]) > 1e-12:
-            out.insert(at, e)  # not lifted to a level another holds: where it was
-        else:
-            out.insert(at + 1, e)
-    return np.array(out, dtype=order.dtype)
+    term[stale] = -(terms[2][stale] + terms[3][stale] + w_sim * np.minimum(similarity[stale], SUPERSEDED_GAP))
+    lift = priority[current].max(initial=-1.0) - priority
+    lifted = evidence & (lift >= 0) & (lift <= w_sim * SUPERSEDED_GAP)
+    term[evidence] = np.clip(lift[evidence], 0.0, w_sim * SUPERSEDED_GAP) if current.any() else 0.0
+    return np.maximum(term, -priority), lifted  # a stale priority is 0 at least, not -1e-17 by rounding
 
 
 def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:
