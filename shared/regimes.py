@@ -191,6 +191,29 @@ STALE, CURRENT, EVIDENCE = -1, 1, 2
 """`superseded`'s roles of a row (0: none)."""
 
 
+def _likely_flips(tests: list[tuple[int, ...]], ok: np.ndarray, min_size: int) -> tuple[list, int]:
+    """The `tests` (row indices in time order) with a cut ending in a failing run (`superseded`'s shape)
+    whose one-sided Fisher p, times the tests holding `min_size` successes and failures, is at most
+    ALPHA, and that number: every cut of every test at once (one scipy call)."""
+    if not tests:
+        return [], 0
+    flat = np.concatenate([np.asarray(t) for t in tests])
+    size = np.array([len(t) for t in tests])
+    seg, start = np.repeat(np.arange(len(tests)), size), np.cumsum(size) - size
+    cum = np.cumsum(ok[flat])
+    before = cum - (cum[start] - ok[flat][start])[seg]  # wins up to and including each row
+    total = before[start + size - 1]
+    tested = (total >= min_size) & (size - total >= min_size)
+    m, n, total_wins = np.arange(len(flat)) - start[seg] + 1, size[seg], total[seg]  # m: older rows
+    older, newer = before / m, (total_wins - before) / np.maximum(n - m, 1)
+    cut = tested[seg] & (m >= min_size) & (n - m >= min_size) & (older >= 0.5) & (newer < 0.5)
+    cut &= older - newer >= FLIP_GAP - _EPS
+    p, count = np.full(len(tests), np.inf), int(tested.sum())
+    if cut.any():
+        np.minimum.at(p, seg[cut], _fisher(before[cut], m[cut], n[cut], total_wins[cut], True))
+    return [t for t, pt in zip(tests, p, strict=True) if pt < np.inf and pt * count <= ALPHA + _EPS], count
+
+
 def superseded(
     times: Sequence[float],
     success: Sequence[bool | None],
@@ -203,30 +226,34 @@ def superseded(
     Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
     outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
     the tools, the solution's words), `key[i]` ranks evidence (higher first: relevance). A mark whose
-    decided rows, in time order, end in a regime (`last_regime`) failing more often than not after
-    successes, while rows without it succeeded since that regime began, was superseded:
-    STALE its successes before that regime (what used to work), CURRENT the successes since of rows
-    without it (what works now), EVIDENCE its newest regime's failure of the highest key, then the
-    newest (why it changed). STALE wins over CURRENT (a row superseded for another mark)."""
+    decided rows, in time order, end in a regime (`segments`) failing more often than not after one
+    that succeeded, while rows without it succeeded since, was superseded: STALE its successes before
+    that regime (what used to work), CURRENT the successes since of rows without it (what works now),
+    EVIDENCE its newest regime's failure of the highest key, then the newest (why it changed). Marks
+    holding the same rows are one test; the flip's p-value, times the tests (rows sets holding
+    `min_size` successes and failures), is at most ALPHA (Bonferroni: many words, few flips by
+    chance). STALE wins over CURRENT (a row superseded for another mark)."""
     role = np.zeros(len(times), dtype=np.int8)
     decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
     rows: dict[Hashable, list[int]] = {}
     for i in decided:
         for m in set(marks[i]):
             rows.setdefault(m, []).append(i)
+    ok_all = np.array([ok is True for ok in success], dtype=bool)
+    tests = sorted({tuple(idx) for idx in rows.values() if len(idx) >= 2 * min_size})
+    likely, count = _likely_flips(tests, ok_all, min_size)
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
-    for m in sorted(rows, key=str):
-        idx = rows[m]
-        ok = np.array([bool(success[i]) for i in idx])
-        wins = np.concatenate([[0], np.cumsum(ok)])
-        cut = np.arange(min_size, len(ok) - min_size + 1)  # cheap: could any cut end in a failing run?
-        older, newer = wins[cut] / cut, (wins[-1] - wins[cut]) / (len(ok) - cut)
-        if not np.any((older >= 0.5) & (newer < 0.5) & (older - newer >= FLIP_GAP - _EPS)):
+    for idx in likely:
+        ok = ok_all[list(idx)]
+        parts = segments(ok.tolist(), None, min_size)
+        if len(parts) < 2 or ok[parts[-1][0] :].mean() >= 0.5 or ok[slice(*parts[-2])].mean() < 0.5:
             continue
-        start = last_regime(ok.tolist(), None, min_size)
+        (a, start), (_, b) = parts[-2], parts[-1]
+        if flip(ok[a:start], ok[start:b], None, None, min_size)[1] * count > ALPHA + _EPS:
+            continue
         mine = set(idx)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
-        if not start or ok[start:].mean() >= 0.5 or not ok[:start].any() or not now:
+        if not now:
             continue
         found[STALE] += [i for i, good in zip(idx[:start], ok[:start], strict=True) if good]
         found[CURRENT] += now

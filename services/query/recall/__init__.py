@@ -89,20 +89,29 @@ def episode_json(episode: Episode) -> dict[str, Any]:
 
 
 def regime_roles(cands: Columns) -> np.ndarray | None:
-    """`shared.regimes.superseded` of the pool's rows, each marked by its strategy and the words of its
-    solution, actions and errors (a failed `pip install` names `pip`), evidence ranked by relevance;
-    None when fewer than REGIME_MIN rows succeed or fail (nothing can have been superseded)."""
-    success = [None if o is None else o == "success" for o in cands.outcomes]
+    """`shared.regimes.superseded` of the pool's decided rows at most `score.SUPERSEDED_GAP` less
+    relevant than the most relevant (what the term can reorder; the 100 most relevant of them), each
+    marked by its strategy and the words of its solution, actions and errors (a failed `pip install`
+    names `pip`; their first 200 bytes, where the command is named, not a tool's long output),
+    evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
+    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
+    decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
+    if decided.sum() < 2 * REGIME_MIN:
+        return None
+    near = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP))
+    rows = near[np.argsort(-key[near], kind="stable")[:100]].tolist()
+    success = [cands.outcomes[i] == "success" for i in rows]
     if min(success.count(True), success.count(False)) < REGIME_MIN:
         return None
     marks = [
-        {w for v in texts if v for w in words(v.decode(errors="replace")) if w not in STOPWORDS}
+        {w for v in texts if v for w in words(v[:200].decode(errors="ignore")) if w not in STOPWORDS}
         | ({strategy.decode(errors="replace")} if strategy else set())
-        for strategy, *texts in cands.approaches
+        for strategy, *texts in (cands.approaches[i] for i in rows)
     ]
-    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
-    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)
-    return superseded(times.tolist(), success, marks, key.tolist(), REGIME_MIN)
+    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows]
+    role = np.zeros(len(cands.outcomes), dtype=np.int8)
+    role[rows] = superseded(times.tolist(), success, marks, key[rows].tolist(), REGIME_MIN)
+    return role
 
 
 def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
