@@ -244,12 +244,13 @@ def superseded(
     likely, count = _likely_flips(tests, ok_all, min_size)
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
     for idx in likely:
-        ok = ok_all[list(idx)]
-        parts = segments(ok.tolist(), None, min_size)
-        if len(parts) < 2 or ok[parts[-1][0] :].mean() >= 0.5 or ok[slice(*parts[-2])].mean() < 0.5:
-            continue
-        (a, start), (_, b) = parts[-2], parts[-1]
-        if flip(ok[a:start], ok[start:b], None, None, min_size)[1] * count > ALPHA + _EPS:
+        ok: list[bool] = ok_all[list(idx)].tolist()
+        parts = segments(ok, None, min_size)
+        a, start = parts[-2] if len(parts) > 1 else (0, 0)
+        older, newer = ok[a:start], ok[start:]
+        if not older or 2 * sum(newer) >= len(newer) or 2 * sum(older) < len(older):
+            continue  # one regime, or the newest one works, or the one before did not
+        if flip(older, newer, None, None, min_size)[1] * count > ALPHA + _EPS:
             continue
         mine = set(idx)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
