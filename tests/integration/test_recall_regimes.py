@@ -27,7 +27,7 @@ COMMANDS = {
 }
 
 
-def attempt(i: int, tool: str, ok: bool, at: float, recorded: str) -> dict:
+def attempt(i: int, tool: str, ok: bool, at: float, recorded: str, rewarded: bool = False) -> dict:
     """One attempt; week-2 texts carry extra words, so week 1 is nearer to the task."""
     words = TASK if at < T0 + 3 * DAY else f"{TASK} after the lockfile update on the build host"
     data: dict = {
@@ -37,6 +37,8 @@ def attempt(i: int, tool: str, ok: bool, at: float, recorded: str) -> dict:
         "completed_at": at,
         "agent_id": "builder",
     }
+    if rewarded:
+        data["feedback"] = {"reward": 1.0 if ok else 0.0}
     if recorded == "strategy":
         data["strategy_used"] = tool
     if recorded in ("strategy", "actions"):
@@ -50,14 +52,20 @@ def attempt(i: int, tool: str, ok: bool, at: float, recorded: str) -> dict:
     return data
 
 
-def history(old: str, new: str, before: int, failures: int, successes: int, recorded: str) -> list[dict]:
-    """`before` successes of `old`, a week later `failures` of `old` alternating with `successes` of `new`."""
+def history(case: tuple, recorded: str) -> list[dict]:
+    """`before` successes of `old`; a week later `failures` of `old` and `successes` of `new`, alternating
+    (or the failures first)."""
+    old, new, before, failures, successes, alternate, rewarded = case
     week2: list[tuple[str, bool]] = []
     for j in range(max(failures, successes)):
         week2 += [(old, False)] if j < failures else []
         week2 += [(new, True)] if j < successes else []
-    out = [attempt(i, old, True, T0 + i * 60, recorded) for i in range(before)]
-    return out + [attempt(100 + j, t, ok, T0 + 7 * DAY + j * 60, recorded) for j, (t, ok) in enumerate(week2)]
+    if not alternate:
+        week2.sort(key=lambda row: row[1])
+    out = [attempt(i, old, True, T0 + i * 60, recorded, rewarded) for i in range(before)]
+    return out + [
+        attempt(100 + j, t, ok, T0 + 7 * DAY + j * 60, recorded, rewarded) for j, (t, ok) in enumerate(week2)
+    ]
 
 
 def tool_of(result: dict) -> str:
@@ -77,10 +85,11 @@ def kind(result: dict, old: str) -> str:
     return "stale" if int(ep["episode_id"].split("-")[1]) < 100 else "evidence"
 
 
-CASES = {
-    "pip-uv-8-4-6": ("pip", "uv", 8, 4, 6),
-    "npm-pnpm-6-3-3": ("npm", "pnpm", 6, 3, 3),
-    "pip-uv-12-5-4": ("pip", "uv", 12, 5, 4),
+CASES = {  # old tool, new tool, old successes, then old failures, new successes, alternating, rewards
+    "pip-uv-8-4-6": ("pip", "uv", 8, 4, 6, True, False),
+    "npm-pnpm-6-3-3": ("npm", "pnpm", 6, 3, 3, True, False),
+    "pip-uv-12-5-4-rewarded": ("pip", "uv", 12, 5, 4, True, True),
+    "pip-uv-8-4-6-failures-first": ("pip", "uv", 8, 4, 6, False, False),
 }
 
 
@@ -88,11 +97,9 @@ CASES = {
 @pytest.mark.parametrize("recorded", ["strategy", "actions", "solution"])
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_recall_leads_with_what_works_now(make_client, settings, redis, case, recorded, mode):  # noqa: F811
-    old, new, before, failures, successes = CASES[case]
+    old, new, before, failures, successes = CASES[case][:5]
     api = await make_client()
-    await publish(
-        settings, redis, history(old, new, before, failures, successes, recorded), namespace="default"
-    )
+    await publish(settings, redis, history(CASES[case], recorded), namespace="default")
     await drain(make_worker(settings, redis))
     n = before + failures + successes
     body = await (await api.post("/v1/recall", json={"query": QUESTION, "top_k": n, "mode": mode})).json()
