@@ -235,12 +235,18 @@ def superseded(
     chance). STALE wins over CURRENT (a row superseded for another mark)."""
     role = np.zeros(len(times), dtype=np.int8)
     decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
-    rows: dict[Hashable, list[int]] = {}
-    for i in decided:
-        for m in set(marks[i]):
-            rows.setdefault(m, []).append(i)
+    ids: dict[Hashable, int] = {}
+    pairs = [(i, ids.setdefault(m, len(ids))) for i in decided for m in set(marks[i])]
     ok_all = np.array([ok is True for ok in success], dtype=bool)
-    tests = sorted({tuple(idx) for idx in rows.values() if len(idx) >= 2 * min_size})
+    if not pairs:
+        return role
+    row, mark = np.array(pairs).T
+    wins = np.bincount(mark, weights=ok_all[row], minlength=len(ids))
+    fails = np.bincount(mark, minlength=len(ids)) - wins
+    kept = ((wins >= min_size) & (fails >= min_size))[mark]
+    order = np.argsort(mark[kept], kind="stable")  # by mark, each mark's rows still in time order
+    row, mark = row[kept][order], mark[kept][order]
+    tests = sorted({tuple(g.tolist()) for g in np.split(row, np.flatnonzero(np.diff(mark)) + 1) if len(g)})
     likely, count = _likely_flips(tests, ok_all, min_size)
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
     for idx in likely:

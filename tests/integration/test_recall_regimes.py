@@ -64,7 +64,7 @@ def history(case: tuple, recorded: str) -> list[dict]:
         week2.sort(key=lambda row: row[1])
     out = [attempt(i, old, True, T0 + i * 60, recorded, rewarded) for i in range(before)]
     return out + [
-        attempt(100 + j, t, ok, T0 + 7 * DAY + j * 60, recorded, rewarded) for j, (t, ok) in enumerate(week2)
+        attempt(1000 + j, t, ok, T0 + 7 * DAY + j * 60, recorded, rewarded) for j, (t, ok) in enumerate(week2)
     ]
 
 
@@ -82,7 +82,7 @@ def kind(result: dict, old: str) -> str:
     ep = result["episode"]
     if tool_of(result) != old:
         return "now" if ep["outcome"] == "success" else "other"
-    return "stale" if int(ep["episode_id"].split("-")[1]) < 100 else "evidence"
+    return "stale" if int(ep["episode_id"].split("-")[1]) < 1000 else "evidence"
 
 
 CASES = {  # old tool, new tool, old successes, then old failures, new successes, alternating, rewards
@@ -124,7 +124,7 @@ async def test_recall_without_a_change_is_unchanged(make_client, settings, redis
     api = await make_client()
     eps = [attempt(i, "pip", True, T0 + i * 60, recorded) for i in range(8)]
     week2 = [("pip", True)] * 3 + [("pip", False)] + [("uv", True)] * 3 + [("pip", True)] * 3
-    eps += [attempt(100 + j, t, ok, T0 + 7 * DAY + j * 60, recorded) for j, (t, ok) in enumerate(week2)]
+    eps += [attempt(1000 + j, t, ok, T0 + 7 * DAY + j * 60, recorded) for j, (t, ok) in enumerate(week2)]
     await publish(settings, redis, eps, namespace="default")
     await drain(make_worker(settings, redis))
     body = await (await api.post("/v1/recall", json={"query": QUESTION, "top_k": len(eps)})).json()

@@ -88,29 +88,37 @@ def episode_json(episode: Episode) -> dict[str, Any]:
     return episode_to_dict(episode, iso=True, include_vector=False)
 
 
+REGIME_ROWS = 200
+"""The pool's newest rows `regime_roles` reads (its cost is ~0.1 ms a row: their words)."""
+
+
 def regime_roles(cands: Columns) -> np.ndarray | None:
-    """`shared.regimes.superseded` of the pool's decided rows at most `score.SUPERSEDED_GAP` less
-    relevant than the most relevant (what the term can reorder; the 100 most relevant of them), each
+    """`shared.regimes.superseded` of the pool's REGIME_ROWS newest decided rows at most
+    `score.SUPERSEDED_GAP` less relevant than the most relevant (what the term can reorder), each
     marked by its strategy and the words of its solution, actions and errors (a failed `pip install`
-    names `pip`; their first 200 bytes, where the command is named, not a tool's long output),
+    names `pip`; their first 100 bytes, where the command is named, not a tool's long output),
     evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
     key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
     decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
     if decided.sum() < 2 * REGIME_MIN:
         return None
-    near = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP))
-    rows = near[np.argsort(-key[near], kind="stable")[:100]].tolist()
+    rows = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP))
+    rows = rows[np.argsort(-cands.completed_at[rows], kind="stable")[:REGIME_ROWS]].tolist()
     success = [cands.outcomes[i] == "success" for i in rows]
     if min(success.count(True), success.count(False)) < REGIME_MIN:
         return None
-    marks = [
-        {w for v in texts if v for w in words(v[:200].decode(errors="ignore")) if w not in STOPWORDS}
-        | ({strategy.decode(errors="replace")} if strategy else set())
-        for strategy, *texts in (cands.approaches[i] for i in rows)
-    ]
+    marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
+    for i in rows:
+        strategy, *texts = approach = cands.approaches[i]
+        if approach not in marks:
+            found = {w for v in texts if v for w in words(v[:100].decode(errors="ignore"))}
+            marks[approach] = (found - STOPWORDS) | (
+                {strategy.decode(errors="replace")} if strategy else set()
+            )
     times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows]
     role = np.zeros(len(cands.outcomes), dtype=np.int8)
-    role[rows] = superseded(times.tolist(), success, marks, key[rows].tolist(), REGIME_MIN)
+    found_marks = [marks[cands.approaches[i]] for i in rows]
+    role[rows] = superseded(times.tolist(), success, found_marks, key[rows].tolist(), REGIME_MIN)
     return role
 
 
