@@ -4,7 +4,8 @@ Week 1 the agent installs a project's dependencies with one tool and succeeds; w
 and another works. The week-1 successes are more numerous and at least as relevant, yet a question
 about the task must lead with the tool that works now, rank the old successes below it and show the
 old tool's recent failures — whether the tool is recorded as the strategy, only as the tool called,
-or only in the solution's words. A namespace where nothing changed ranks as before.
+or only in the solution's words (a failure's perhaps in its outcome details alone). A namespace where
+nothing changed ranks as before.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def attempt(i: int, tool: str, ok: bool, at: float, recorded: str, rewarded: boo
         data["actions"] = [
             {"action_type": tool, "success": ok, **({} if ok else {"error": "resolution failed"})}
         ]
-    else:  # the solution's words alone
+    elif recorded == "solution" or ok:  # the solution's words alone
         data["solution"] = COMMANDS[tool]
         if not ok:
             data["outcome_details"] = "resolution failed"
+    else:  # "details": a failure names the command in its outcome details only
+        data["outcome_details"] = f"{COMMANDS[tool]} failed: resolution impossible"
     return data
 
 
@@ -74,7 +77,7 @@ def tool_of(result: dict) -> str:
         return ep["strategy_used"]
     if ep.get("actions"):
         return ep["actions"][0]["action_type"]
-    return ep["solution"].split()[0]
+    return (ep.get("solution") or ep["outcome_details"]).split()[0]
 
 
 def kind(result: dict, old: str) -> str:
@@ -95,7 +98,7 @@ CASES = {  # old tool, new tool, old successes, then old failures, new successes
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "vector"])
-@pytest.mark.parametrize("recorded", ["strategy", "actions", "solution"])
+@pytest.mark.parametrize("recorded", ["strategy", "actions", "solution", "details"])
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_recall_leads_with_what_works_now(make_client, settings, redis, case, recorded, mode):  # noqa: F811
     old, new, before, failures, successes = CASES[case][:5]

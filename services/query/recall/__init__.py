@@ -95,9 +95,9 @@ REGIME_ROWS = 200
 def regime_roles(cands: Columns) -> np.ndarray | None:
     """`shared.regimes.superseded` of the pool's REGIME_ROWS newest decided rows at most
     `score.SUPERSEDED_GAP` less relevant than the most relevant (what the term can reorder), each
-    marked by its strategy and the words of its solution, actions and errors (a failed `pip install`
-    names `pip`; their first 100 bytes, where the command is named, not a tool's long output),
-    evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
+    marked by its strategy and the words of its solution, actions, errors and outcome details (a
+    failed `pip install` names `pip`; their first 100 bytes, where the command is named, not a tool's
+    long output), evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
     key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
     decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
     if decided.sum() < 2 * REGIME_MIN:

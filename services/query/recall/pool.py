@@ -43,7 +43,7 @@ SIGNAL_FIELDS = (
 )  # no episode_id: the restricted KNN names keys (INKEYS)
 
 # where an episode records its approach (`services.query.recall.regime_roles`)
-APPROACH_FIELDS = ("strategy", "solution", "action_text", "errors")
+APPROACH_FIELDS = ("strategy", "solution", "action_text", "errors", "outcome_details")
 
 # the candidate pool is fetched without the documents (most hits never win: winners are loaded after)
 LIGHT_SIGNAL_FIELDS = SIGNAL_FIELDS[:-1] + APPROACH_FIELDS
