@@ -10,6 +10,8 @@ nothing changed ranks as before.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tests.integration.test_consolidator import drain
@@ -20,6 +22,7 @@ DAY = 86400.0
 T0 = 1_750_000_000.0
 TASK = "install the python dependencies of the billing service"
 QUESTION = "how do I install the dependencies"
+GREEK = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
 COMMANDS = {
     "pip": "pip install -r requirements.txt",
     "uv": "uv sync --frozen",
@@ -122,6 +125,22 @@ async def test_recall_leads_with_what_works_now(make_client, settings, redis, ca
     context = await (await api.post("/v1/context", json={"task": QUESTION, "top_k": 5})).json()
     assert [kind(r, old) for r in context["results"]][0] == "now", context["results"]
     assert "stale" not in [kind(r, old) for r in context["results"]]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "vector"])
+async def test_recall_after_a_long_history(make_client, settings, redis, mode):  # noqa: F811
+    """400 old successes, each task worded a little differently: more than the pool's similarity lists
+    hold, yet the switch leads."""
+    rng = random.Random(1)
+    eps = history(("pip", "uv", 400, 4, 6, True, False), "actions")
+    for e in eps:
+        e["task"]["description"] += " " + " ".join(rng.sample(GREEK, 2))
+    api = await make_client()
+    await publish(settings, redis, eps, namespace="default")
+    await drain(make_worker(settings, redis))
+    body = await (await api.post("/v1/recall", json={"query": QUESTION, "top_k": 10, "mode": mode})).json()
+    kinds = [kind(r, "pip") for r in body["results"]]
+    assert kinds[0] == "now" and "evidence" in kinds[:5] and "stale" not in kinds, kinds
 
 
 @pytest.mark.parametrize("recorded", ["strategy", "actions", "solution"])
