@@ -185,3 +185,87 @@ def last_regime(success: Sequence[bool], strategies: Sequence[Hashable | None] |
     """Where the newest regime starts (0 when the sequence has one regime)."""
     parts = segments(success, strategies, min_size)
     return parts[-1][0] if parts else 0
+
+
+STALE, CURRENT, EVIDENCE = -1, 1, 2
+"""`superseded`'s roles of a row (0: none)."""
+
+
+def _likely_flips(tests: list[tuple[int, ...]], ok: np.ndarray, min_size: int) -> tuple[list, int]:
+    """The `tests` (row indices in time order) with a cut ending in a failing run (`superseded`'s shape)
+    whose one-sided Fisher p, times the tests holding `min_size` successes and failures, is at most
+    ALPHA, and that number: every cut of every test at once (one scipy call)."""
+    if not tests:
+        return [], 0
+    flat = np.concatenate([np.asarray(t) for t in tests])
+    size = np.array([len(t) for t in tests])
+    seg, start = np.repeat(np.arange(len(tests)), size), np.cumsum(size) - size
+    cum = np.cumsum(ok[flat])
+    before = cum - (cum[start] - ok[flat][start])[seg]  # wins up to and including each row
+    total = before[start + size - 1]
+    tested = (total >= min_size) & (size - total >= min_size)
+    m, n, total_wins = np.arange(len(flat)) - start[seg] + 1, size[seg], total[seg]  # m: older rows
+    older, newer = before / m, (total_wins - before) / np.maximum(n - m, 1)
+    cut = tested[seg] & (m >= min_size) & (n - m >= min_size) & (older >= 0.5) & (newer < 0.5)
+    cut &= older - newer >= FLIP_GAP - _EPS
+    p, count = np.full(len(tests), np.inf), int(tested.sum())
+    if cut.any():
+        np.minimum.at(p, seg[cut], _fisher(before[cut], m[cut], n[cut], total_wins[cut], True))
+    return [t for t, pt in zip(tests, p, strict=True) if pt < np.inf and pt * count <= ALPHA + _EPS], count
+
+
+def superseded(
+    times: Sequence[float],
+    success: Sequence[bool | None],
+    marks: Sequence[Iterable[Hashable]],
+    key: Sequence[float],
+    min_size: int,
+) -> np.ndarray:
+    """Which rows tell of an approach that stopped working, as int8[n] roles (0: none).
+
+    Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
+    outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
+    the tools, the solution's words), `key[i]` ranks evidence (higher first: relevance). A mark whose
+    decided rows, in time order, end in a regime (`segments`) failing more often than not after one
+    that succeeded, while rows without it succeeded since, was superseded: STALE its successes before
+    that regime (what used to work), CURRENT the successes since of rows without it (what works now),
+    EVIDENCE its newest regime's failure of the highest key, then the newest (why it changed). Marks
+    holding the same rows are one test; the flip's p-value, times the tests (rows sets holding
+    `min_size` successes and failures), is at most ALPHA (Bonferroni: many words, few flips by
+    chance). STALE wins over CURRENT (a row superseded for another mark)."""
+    role = np.zeros(len(times), dtype=np.int8)
+    decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
+    ids: dict[Hashable, int] = {}
+    pairs = [(i, ids.setdefault(m, len(ids))) for i in decided for m in set(marks[i])]
+    ok_all = np.array([ok is True for ok in success], dtype=bool)
+    if not pairs:
+        return role
+    row, mark = np.array(pairs).T
+    wins = np.bincount(mark, weights=ok_all[row], minlength=len(ids))
+    fails = np.bincount(mark, minlength=len(ids)) - wins
+    kept = ((wins >= min_size) & (fails >= min_size))[mark]
+    order = np.argsort(mark[kept], kind="stable")  # by mark, each mark's rows still in time order
+    row, mark = row[kept][order], mark[kept][order]
+    tests = sorted({tuple(g.tolist()) for g in np.split(row, np.flatnonzero(np.diff(mark)) + 1) if len(g)})
+    likely, count = _likely_flips(tests, ok_all, min_size)
+    found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
+    for idx in likely:
+        ok: list[bool] = ok_all[list(idx)].tolist()
+        parts = segments(ok, None, min_size)
+        a, start = parts[-2] if len(parts) > 1 else (0, 0)
+        older, newer = ok[a:start], ok[start:]
+        if not older or 2 * sum(newer) >= len(newer) or 2 * sum(older) < len(older):
+            continue  # one regime, or the newest one works, or the one before did not
+        if flip(older, newer, None, None, min_size)[1] * count > ALPHA + _EPS:
+            continue
+        mine = set(idx)
+        now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
+        if not now:
+            continue
+        found[STALE] += [i for i, good in zip(idx[:start], ok[:start], strict=True) if good]
+        found[CURRENT] += now
+        failed = [i for i, good in zip(idx[start:], ok[start:], strict=True) if not good]
+        found[EVIDENCE].append(max(failed, key=lambda i: (key[i], times[i], -i)))
+    for r in (CURRENT, EVIDENCE, STALE):
+        role[found[r]] = r
+    return role

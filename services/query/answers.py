@@ -171,6 +171,10 @@ class Components(Answer):
     reward: float
     outcome: float
     importance: float
+    regime: float | None = Field(
+        None,
+        description="a result's only, where not 0: what the answer's regime term moved it by (docs/api.md)",
+    )
 
 
 class RecallHit(Answer):

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.regimes import flip, last_regime, segments
+from shared.regimes import CURRENT, EVIDENCE, STALE, flip, last_regime, segments, superseded
 
 S, F = True, False
 
@@ -71,3 +71,52 @@ def test_property_regimes_cover_the_sequence_and_neighbours_are_flips(rows, min_
         assert all(b - a >= min_size for a, b in parts)
         for (a, c), (_, b) in zip(parts, parts[1:], strict=False):
             assert flip(ok[a:c], ok[c:b], strategies[a:c], strategies[c:b], min_size)[0]
+
+
+def switch(week1: list[tuple[str, bool]], week2: list[tuple[str, bool]]) -> tuple[list, list, list, list]:
+    """Rows of `superseded` (times, success, marks, key): each tool's words mark its rows."""
+    rows = [(t, ok, 0) for t, ok in week1] + [(t, ok, 1) for t, ok in week2]
+    times = [w * 1000.0 + i for i, (_, _, w) in enumerate(rows)]
+    return times, [ok for _, ok, _ in rows], [{t, "install"} for t, _, _ in rows], [0.5] * len(rows)
+
+
+def test_an_approach_that_stopped_working_is_superseded():
+    """pip: 8 successes, then 4 failures while uv succeeds 6 times."""
+    rows = switch([("pip", S)] * 8, [("pip", F), ("uv", S)] * 4 + [("uv", S)] * 2)
+    role = superseded(*rows, 3).tolist()
+    assert role[:8] == [STALE] * 8  # what used to work
+    assert [r for r, ok in zip(role[8:], rows[1][8:], strict=True) if ok] == [CURRENT] * 6
+    assert role[8:].count(EVIDENCE) == 1 and role[8 + 6] == EVIDENCE  # the newest of equal keys
+    # the evidence is the most relevant failure
+    key = [0.5] * 18
+    key[8] = 0.9
+    assert superseded(rows[0], rows[1], rows[2], key, 3)[8] == EVIDENCE
+    assert superseded(*rows[:3], key, 3).tolist().count(EVIDENCE) == 1
+
+
+def test_nothing_is_superseded_without_a_change_or_an_alternative():
+    def none_of(week1, week2):
+        return not superseded(*switch(week1, week2), 3).any()
+
+    assert none_of([("pip", S)] * 8, [("pip", S)] * 3 + [("pip", F)] + [("uv", S)] * 3 + [("pip", S)] * 3)
+    assert none_of([("pip", S)] * 8, [("pip", F)] * 5)  # it stopped working, nothing else works either
+    assert none_of([("pip", S)] * 8, [("pip", F), ("uv", S)] * 2)  # 2 failures: bad luck, not a regime
+    assert none_of([("pip", S)] * 6, [("pip", F)] * 4 + [("pip", S)] * 6 + [("uv", S)] * 3)  # works again
+    assert none_of([("pip", F)] * 6, [("pip", S), ("uv", F)] * 4)  # the reverse: pip works now
+    assert not superseded([], [], [], [], 3).any()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([True, False, None]), st.sampled_from(["X", "Y", "Z"])), max_size=40)
+)
+def test_property_roles_fit_the_outcomes(rows):
+    success = [ok for ok, _ in rows]
+    role = superseded(list(range(len(rows))), success, [{t} for _, t in rows], [0.0] * len(rows), 3)
+    assert (
+        role.tolist()
+        == superseded(list(range(len(rows))), success, [{t} for _, t in rows], [0.0] * len(rows), 3).tolist()
+    )
+    for r, ok in zip(role, success, strict=True):
+        assert {STALE: ok is True, CURRENT: ok is True, EVIDENCE: ok is False}.get(int(r), True)
+    assert (EVIDENCE in role) == (STALE in role) == (CURRENT in role)

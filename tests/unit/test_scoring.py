@@ -17,6 +17,7 @@ from services.query.recall.score import (
     AUTO_NORMAL_BELOW,
     MINMAX_CONSTANT,
     PRESETS,
+    SUPERSEDED_GAP,
     Candidates,
     Weights,
     learning_curve,
@@ -27,6 +28,7 @@ from services.query.recall.score import (
     resolve_weights,
     score,
 )
+from shared.regimes import CURRENT, EVIDENCE, STALE
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -129,6 +131,41 @@ def test_priority_by_hand():
             "importance": 0.35,
         }
     )
+
+
+def test_superseded_successes_rank_below_what_works_now():
+    """Old successes of a superseded approach (relevance 0.9) below the successes of the approach that
+    replaced it (0.7, 0.7), its most relevant recent failure (0.6) right after the best of those."""
+    w = PRESETS["normal"]
+    c = candidates(
+        6,
+        cos=[0.9, 0.9, 0.7, 0.7, 0.6, 0.5],
+        completed_at=[NOW - 9 * DAY, NOW - 8 * DAY, NOW - DAY, NOW - 2 * DAY, NOW - 3 * DAY, NOW - 4 * DAY],
+        reward=[1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
+        outcome_score=[1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
+        regime=[STALE, STALE, CURRENT, CURRENT, EVIDENCE, 0],
+    )
+    s = score(c, w, half_life=DAY, as_of=NOW)
+    assert s.order.tolist() == [2, 4, 3, 1, 0, 5]  # 0.9 - 0.25 still above an unrelated 0.5
+    assert s.priority[4] == s.priority[2] and s.breakdown(4)["regime"] > 0
+    assert s.regime_term[0] == pytest.approx(-(0.03 + 0.02 + 0.9 * SUPERSEDED_GAP))
+    assert "regime" not in s.breakdown(5) and s.regime_term[5] == 0.0
+    # the lift is bounded: a failure far less relevant stays where it is
+    far = score(
+        candidates(2, cos=[0.9, 0.1], outcome_score=[1.0, 0.0], regime=[CURRENT, EVIDENCE]),
+        w,
+        half_life=DAY,
+        as_of=NOW,
+    )
+    assert far.regime_term[1] == pytest.approx(0.9 * SUPERSEDED_GAP) and far.priority[1] < far.priority[0]
+    # a superseded success far more relevant than what replaced it still ranks first
+    near = score(
+        candidates(2, cos=[0.95, 0.5], outcome_score=[1.0, 1.0], regime=[STALE, CURRENT]),
+        w,
+        half_life=DAY,
+        as_of=NOW,
+    )
+    assert near.order.tolist() == [0, 1]
 
 
 def test_missing_fields_contribute_nothing():
@@ -361,6 +398,9 @@ def test_priority_never_increases_with_age(
 def test_priority_within_bounds_and_order_is_a_ranking(w, n, data, half_life, normalize):
     c = candidates(
         n,
+        regime=data.draw(
+            st.lists(st.sampled_from([0, 0, 0, STALE, CURRENT, EVIDENCE]), min_size=n, max_size=n)
+        ),
         cos=data.draw(st.lists(st.floats(-1.0, 1.0), min_size=n, max_size=n)),
         completed_at=[NOW - a for a in data.draw(st.lists(age_st, min_size=n, max_size=n))],
         reward=data.draw(st.lists(maybe_reward, min_size=n, max_size=n)),
@@ -375,8 +415,15 @@ def test_priority_within_bounds_and_order_is_a_ranking(w, n, data, half_life, no
     ranked = s.priority[s.order]
     assert (np.diff(ranked) <= 0).all()
     assert s.priority == pytest.approx(
-        s.similarity_term + s.recency_term + s.reward_term + s.outcome_term + s.importance_term
+        s.similarity_term
+        + s.recency_term
+        + s.reward_term
+        + s.outcome_term
+        + s.importance_term
+        + s.regime_term
     )
+    assert (s.regime_term >= -(s.reward_term + s.outcome_term + w.similarity * SUPERSEDED_GAP) - 1e-12).all()
+    assert (s.regime_term <= w.similarity * SUPERSEDED_GAP + 1e-12).all()
 
 
 @given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30))

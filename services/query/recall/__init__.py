@@ -26,6 +26,7 @@ import orjson
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_to_dict, response_shape
 from engram_episodic.timeutil import format_instant
+from services.query.insights import REGIME_MIN
 from services.query.recall import score
 from services.query.recall.arms import knn_search
 from services.query.recall.lists import Floors
@@ -50,7 +51,8 @@ from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
 from shared.index import Scope
-from shared.regimes import approach
+from shared.keywords import STOPWORDS, words
+from shared.regimes import approach, superseded
 
 __all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
 
@@ -82,8 +84,38 @@ def episode_json(episode: Episode) -> dict[str, Any]:
     return episode_to_dict(episode, iso=True, include_vector=False)
 
 
+def regime_roles(cands: Columns) -> np.ndarray | None:
+    """`shared.regimes.superseded` of the pool's decided rows at most `score.SUPERSEDED_GAP` less
+    relevant than the most relevant (what the term can reorder; ~0.05 ms a row, their words), each
+    marked by its strategy and the words of its solution, actions, errors and outcome details (a
+    failed `pip install` names `pip`; their first 100 bytes, where the command is named, not a tool's
+    long output), evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
+    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
+    decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
+    if decided.sum() < 2 * REGIME_MIN:
+        return None
+    rows = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP)).tolist()
+    success = [cands.outcomes[i] == "success" for i in rows]
+    if min(success.count(True), success.count(False)) < REGIME_MIN:
+        return None
+    marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
+    for i in rows:
+        strategy, *texts = approach = cands.approaches[i]
+        if approach not in marks:
+            found = {w for v in texts if v for w in words(v[:100].decode(errors="ignore"))}
+            marks[approach] = (found - STOPWORDS) | (
+                {strategy.decode(errors="replace")} if strategy else set()
+            )
+    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows]
+    role = np.zeros(len(cands.outcomes), dtype=np.int8)
+    found_marks = [marks[cands.approaches[i]] for i in rows]
+    role[rows] = superseded(times.tolist(), success, found_marks, key[rows].tolist(), REGIME_MIN)
+    return role
+
+
 def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
-    """The priority of the pool's rows (`score.score`)."""
+    """The priority of the pool's rows (`score.score`), the regime term's roles from the pool itself
+    (`regime_roles`)."""
     p = plan.params
     data = score.Candidates(
         completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
@@ -92,6 +124,7 @@ def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
         reward=cands.reward,
         outcome_score=score.outcome_scores(cands.outcomes),
         importance=cands.importance,
+        regime=regime_roles(cands),
         tie=cands.tie,
     )
     with tracing.span("engram.recall.score", candidates=len(cands)):

@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,9 @@ log = logging.getLogger("engram.query")
 RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_count")
 
 
+# where an episode records its approach (`services.query.recall.regime_roles`)
+APPROACH_FIELDS = ("strategy", "solution", "action_text", "errors", "outcome_details")
+
 # what ranking needs, straight from the index, without the documents (most hits never win: the
 # winners' are loaded after); no episode_id: the restricted KNN names keys (INKEYS)
 LIGHT_SIGNAL_FIELDS = (
@@ -40,11 +43,12 @@ LIGHT_SIGNAL_FIELDS = (
     "last_accessed",
     "access_count",
     TIE_FIELD,  # equal priority and age: the lists' own order (`services.query.recall.score.score`)
+    *APPROACH_FIELDS,
 )
 
 
 # ... and with the text fields where keyword relevance is computed (keyword and hybrid modes)
-POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS)
+POOL_FIELDS = LIGHT_SIGNAL_FIELDS + tuple(name for name, _ in TEXT_FIELDS if name not in APPROACH_FIELDS)
 
 
 @dataclass(slots=True)
@@ -107,6 +111,8 @@ class Columns:
     relevance: np.ndarray
     tie: np.ndarray
     """The episode's tie-break (`shared.ties.tie_break`)."""
+    approaches: list[tuple[bytes | None, ...]] = field(default_factory=list)
+    """The `APPROACH_FIELDS` values of each row."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
@@ -129,6 +135,7 @@ class Columns:
             cos=cos,
             relevance=relevance.relevances(mode, cos, keyword),
             tie=_floats([get(_TIE) for get in gets]),
+            approaches=[tuple(get(f) for f in _APPROACH) for get in gets],
         )
 
     @classmethod
@@ -149,6 +156,7 @@ class Columns:
         return Columns(
             keys=self.keys + other.keys,
             outcomes=self.outcomes + other.outcomes,
+            approaches=self.approaches + other.approaches,
             **arrays,
         )
 
@@ -163,8 +171,9 @@ class Columns:
         )
 
 
-_ARRAYS = tuple(f.name for f in fields(Columns) if f.name not in ("keys", "outcomes"))
+_ARRAYS = tuple(f.name for f in fields(Columns) if f.type == "np.ndarray")
 _TIE = TIE_FIELD.encode()
+_APPROACH = tuple(f.encode() for f in APPROACH_FIELDS)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,14 @@ The priority of a candidate episode is a weighted sum of five signals, each in [
              + w_rew * clip(reward, 0, 1)               reward (missing -> 0)
              + w_out * outcome_score                    success 1, partial 0.5, otherwise 0
              + w_imp * importance / 10                  importance 1..10 (missing -> 0)
+             + regime                                   0 unless an approach was superseded (below)
+
+The regime term (roles from `shared.regimes.superseded`) lets the answer say what works now: among
+the candidates, an approach whose successes were followed by its failures and by another approach's
+successes (CURRENT) was superseded. Its old successes (STALE) count as failures SUPERSEDED_GAP less
+relevant, `-(w_out * outcome + w_rew * reward + w_sim * min(similarity, SUPERSEDED_GAP))`; its most
+relevant recent failure (EVIDENCE) is lifted to the best CURRENT priority, by at most
+`w_sim * SUPERSEDED_GAP`, and ranks right after that candidate. Otherwise the term is 0.
 
 Sources:
 - Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
@@ -29,7 +37,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from shared.regimes import last_regime
+from shared.regimes import CURRENT, EVIDENCE, STALE, last_regime
 
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
@@ -47,6 +55,10 @@ AUTO_EARLY_BELOW = 50
 AUTO_NORMAL_BELOW = 500
 """`auto` picks `normal` below this many episodes and `late` from here on (our choice: with few
 episodes ages say little; with hundreds, the recent ones reflect the agent's current habits)."""
+
+SUPERSEDED_GAP = 0.25
+"""The relevance a superseded success loses: more than separates episodes of one task worded a little
+apart (0.18 in vector mode for 7 words added to a 9-word task), less than separates unrelated tasks."""
 
 _LN2 = math.log(2.0)
 
@@ -172,6 +184,7 @@ class Candidates:
     - reward: any finite number, clipped to [0, 1] when scored; NaN (or None for all) = missing -> 0.
     - outcome_score: in [0, 1], usually from `outcome_scores`; None -> 0 for all.
     - importance: 1..10 (Generative Agents' poignancy scale); NaN = missing -> 0.
+    - regime: roles of `shared.regimes.superseded` (STALE, CURRENT, EVIDENCE; 0 or None: none).
     - tie: the episode's tie-break (`shared.ties.tie_break`, the order of equal values in the recency /
       reward / importance lists), higher first among candidates of equal priority and age; NaN = none
       (after every one that has one); None for all: ties stay in candidate order.
@@ -184,6 +197,7 @@ class Candidates:
     reward: np.ndarray | None = None
     outcome_score: np.ndarray | None = None
     importance: np.ndarray | None = None
+    regime: np.ndarray | None = None
     tie: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -195,6 +209,7 @@ class Candidates:
             ("reward", np.nan),
             ("outcome_score", 0.0),
             ("importance", np.nan),
+            ("regime", 0.0),
             ("tie", np.nan),
         ):
             object.__setattr__(self, name, _array(getattr(self, name), n, missing))
@@ -212,8 +227,8 @@ class Scored:
 
     `similarity` (clip(cos, 0, 1)) and `recency` are the raw signals, before any min-max scaling. The
     `*_term` arrays are weight * signal (reward clipped, importance / 10, missing 0; after scaling when
-    normalize="minmax") and add up to `priority`. `age` is in seconds, clamped at 0. `order` (int64[n])
-    lists candidate indices best first.
+    normalize="minmax"); with `regime_term` (the regime term, 0 for most) they add up to `priority`.
+    `age` is in seconds, clamped at 0. `order` (int64[n]) lists candidate indices best first.
     """
 
     age: np.ndarray
@@ -224,12 +239,14 @@ class Scored:
     reward_term: np.ndarray
     outcome_term: np.ndarray
     importance_term: np.ndarray
+    regime_term: np.ndarray
     priority: np.ndarray
     order: np.ndarray
 
     def breakdown(self, i: int) -> dict[str, float]:
-        """Candidate i's priority and the term each signal added (for an API's `score_breakdown`)."""
-        return {
+        """Candidate i's priority and the term each signal added (for an API's `score_breakdown`); the
+        regime term only where it is not 0."""
+        out = {
             "priority": float(self.priority[i]),
             "similarity": float(self.similarity_term[i]),
             "recency": float(self.recency_term[i]),
@@ -237,6 +254,9 @@ class Scored:
             "outcome": float(self.outcome_term[i]),
             "importance": float(self.importance_term[i]),
         }
+        if self.regime_term[i]:
+            out["regime"] = float(self.regime_term[i])
+        return out
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -303,9 +323,18 @@ def score(
         for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance), signals, strict=True)
     )
     priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
+    role = _filled(c.regime)
+    regime, lifted = _regime(role, terms, signals[0], priority, w.similarity)
+    priority = priority + regime
     index = np.arange(priority.shape[0])
     tie = np.nan_to_num(_filled(c.tie), nan=-1.0)  # none: after every tie-break (all are >= 0)
     order = np.lexsort((index, -tie, age, -priority))
+    if lifted.any():  # right after the best CURRENT candidate, at its very priority (not one rounded off)
+        best = order[role[order] == CURRENT][0]
+        priority[lifted] = priority[best]
+        lead = np.where(lifted, 1, 2)
+        lead[best] = 0
+        order = np.lexsort((index, -tie, age, lead, -priority))
 
     out = Scored(
         age=age,
@@ -316,12 +345,31 @@ def score(
         reward_term=terms[2],
         outcome_term=terms[3],
         importance_term=terms[4],
+        regime_term=regime,
         priority=priority,
         order=order,
     )
     for f in fields(out):  # every field is an array
         getattr(out, f.name).setflags(write=False)
     return out
+
+
+def _regime(
+    role: np.ndarray,
+    terms: tuple[np.ndarray, ...],
+    similarity: np.ndarray,
+    priority: np.ndarray,
+    w_sim: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The module's regime term (float64[n]) and which EVIDENCE candidates it lifts to the best CURRENT
+    priority (bool[n])."""
+    term = np.zeros_like(priority)
+    stale, current, evidence = (role == STALE), (role == CURRENT), (role == EVIDENCE)
+    term[stale] = -(terms[2][stale] + terms[3][stale] + w_sim * np.minimum(similarity[stale], SUPERSEDED_GAP))
+    lift = priority[current].max(initial=-1.0) - priority
+    lifted = evidence & (lift >= 0) & (lift <= w_sim * SUPERSEDED_GAP)
+    term[evidence] = np.clip(lift[evidence], 0.0, w_sim * SUPERSEDED_GAP) if current.any() else 0.0
+    return np.maximum(term, -priority), lifted  # a stale priority is 0 at least, not -1e-17 by rounding
 
 
 def _rewards_array(rewards: Sequence[float | None]) -> np.ndarray:
