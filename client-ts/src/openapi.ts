@@ -877,6 +877,12 @@ export interface components {
             outcome: number;
             /** Importance */
             importance: number;
+            /**
+             * Regime
+             * @description a result's only, where not 0: what the answer's regime term moved it by (docs/api.md)
+             * @default null
+             */
+            regime: number | null;
         } & {
             [key: string]: unknown;
         };
