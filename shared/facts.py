@@ -197,30 +197,6 @@ class Fact:
     """How `text` was written: None (no summariser), "llm" (its rewrite) or "fallback" (it failed: the
     deterministic text until a retry succeeds)."""
 
-    def content(self) -> tuple:
-        """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
-        return (
-            self.kind,
-            self.base_text,
-            self.support,
-            self.successes,
-            self.success_rate,
-            self.avg_reward,
-            self.top_strategies,
-            self.common_failures,
-            self.action_types,
-            self.evidence,
-            self.central,
-            self.agents,
-            self.users,
-            self.categories,
-            self.first_at,
-            self.last_at,
-            self.evidence_since,
-            self.centroid_bytes(),
-            self.confidence,
-        )
-
     def centroid_bytes(self) -> bytes:
         return vector_bytes(self.centroid) if self.centroid else b""
 

@@ -162,11 +162,6 @@ async def dead_letter(
         await delete_dead_letters(redis, keys, namespace, episode_id)
 
 
-async def has_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, episode_id: str) -> bool:
-    """Whether some of the episode's events are dead-lettered (linked to it)."""
-    return bool(await redis.exists(keys.dead_letter_refs(namespace, episode_id)))
-
-
 async def delete_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, episode_id: str) -> None:
     """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
     the links (its id from its user's set too)."""
