@@ -4,7 +4,7 @@ the generation a replay is building beside it (`shared.generations`).
 The projector applies `EpisodeForgotten` and `UserForgotten` in stream order, and erases an episode
 written after its user's forget time (the write scripts report it). Erasing an episode tombstones it,
 XDELs its stream entries and dead letters, deletes its projection and rebuilds the facts whose
-evidence named it (`facts_snapshots.Snapshots.forget`). Erasing a user destroys their data key first
+evidence named it (`facts.Consolidator.forget`). Erasing a user destroys their data key first
 (with a master key). What stays in Redis's files is `erasure`'s, which this marks pending.
 """
 
@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from engram_episodic.errors import DecodeError
 from services.consolidator import deadletters, erasure
-from services.consolidator.facts_snapshots import Snapshots
+from services.consolidator.facts import Consolidator
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import cluster, generations, streams
 from shared.codec import occurred_at, unpack
@@ -71,7 +71,7 @@ class Forgetting:
         self.tags = tags
         self.keyring = keyring
         self._forget_user = redis.register_script(FORGET_USER_LUA)
-        self.snapshots = Snapshots(settings, redis, embedder.dim, tags={gen: tags})
+        self.snapshots = Consolidator(settings, redis, embedder.dim, tags={gen: tags})
         self._facts_due: dict[str, list[str]] = {}  # namespace -> erased episodes, facts not yet rebuilt
 
     async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool | str = True) -> None:
