@@ -46,7 +46,7 @@ from services.consolidator.decoding import BatchResult, Decoder, dead_reason
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
-from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
+from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA
 from shared import cluster, generations, streams, tracing
 from shared.codec import unpack
 from shared.embedding_base import Embedder
@@ -124,7 +124,6 @@ class Projector:
         self.gen = gen
         self.metrics = metrics or WorkerMetrics()
         self._record = redis.register_script(RECORD_LUA)
-        self._write = redis.register_script(WRITE_LUA)
         self._project = redis.register_script(PROJECT_LUA)
         self.forgetting = Forgetting(
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
@@ -297,28 +296,12 @@ class Projector:
         status per fast episode, a reply per recorded event)."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
-            calls = 0
-            chunk_keys: list[str] = []
-            chunk_args: list = []
+            items = []
             for i, ((ns, eid), payloads, f) in enumerate(fast):
-                assert f.episode is not None, "the fast path holds folds that make a document"
                 sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
-                chunk_keys += [
-                    k.tombstone(ns, eid),
-                    k.episode_events(g, ns, eid),
-                    k.episode_stream_ids(g, ns, eid),
-                    k.episode_doc(g, ns, eid),
-                    *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
-                ]
-                chunk_args += [len(payloads), len(sids), repr(f.first_occurred_at)]
-                for event_id, payload in payloads.items():
-                    chunk_args += [event_id, payload]
-                chunk_args += sids
-                chunk_args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
-                if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(fast) - 1 or fast[i + 1][0][0] != ns:
-                    await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
-                    calls += 1
-                    chunk_keys, chunk_args = [], []
+                doc = self._doc_fields(ns, f, vectors.get(i), hashes.get(i))
+                items.append((ns, eid, f, payloads, sids, len(payloads), doc))
+            calls = await self._queue_project(pipe, items)
             for entry, ev in record_only:
                 await self._record(
                     keys=[
@@ -334,6 +317,35 @@ class Projector:
                 with tracing.span("engram.index.write", episodes=len(fast), events=len(record_only)):
                     replies = await pipe.execute()
         return [status for reply in replies[:calls] for status in reply], replies[calls:]
+
+    async def _queue_project(
+        self, pipe, items: list[tuple[str, str, Folded, dict[str, bytes], list[bytes], int, bytes]]
+    ) -> int:
+        """Queue PROJECT_LUA on `pipe` for `items` (namespace, episode id, fold, payloads to record by
+        event id, their stream ids, the event count the hash must hold, document), up to PROJECT_CHUNK
+        consecutive episodes of one namespace per call; returns the calls queued."""
+        k, g = self.keys, self.gen
+        calls = 0
+        chunk_keys: list[str] = []
+        chunk_args: list = []
+        for i, (ns, eid, f, payloads, sids, count, doc) in enumerate(items):
+            assert f.episode is not None, "only folds that make a document are written"
+            chunk_keys += [
+                k.tombstone(ns, eid),
+                k.episode_events(g, ns, eid),
+                k.episode_stream_ids(g, ns, eid),
+                k.episode_doc(g, ns, eid),
+                *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
+            ]
+            chunk_args += [len(payloads), len(sids), count, repr(f.first_occurred_at)]
+            for event_id, payload in payloads.items():
+                chunk_args += [event_id, payload]
+            chunk_args += [*sids, doc]
+            if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(items) - 1 or items[i + 1][0] != ns:
+                await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
+                calls += 1
+                chunk_keys, chunk_args = [], []
+        return calls
 
     async def _embed(
         self, folded: Sequence[tuple[Folded, bytes | None]], known: dict[str, np.ndarray] | None = None
@@ -413,31 +425,18 @@ class Projector:
                 embed_hash,
             )
         folded: list[tuple[str, str, Folded, int, bytes | None]] = []
-        for ns, eid in episodes:
+        for ns, eid in sorted(episodes):  # by namespace: one script call touches one namespace's keys
             events, n, embed_hash = loaded[(ns, eid)]
             folded.append((ns, eid, fold(events), n, embed_hash))
         vectors, hashes = await self._embed([(f, old) for _ns, _eid, f, _n, old in folded], known)
+        writes = [i for i, (_ns, _eid, f, _n, _old) in enumerate(folded) if f.episode is not None]
         async with self.redis.pipeline(transaction=False) as pipe:
-            writes = []
-            for i, (ns, eid, f, n, _old) in enumerate(folded):
-                if f.episode is None:
-                    continue
-                await self._write(
-                    keys=[
-                        k.tombstone(ns, eid),
-                        k.episode_events(g, ns, eid),
-                        k.episode_doc(g, ns, eid),
-                        *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
-                    ],
-                    args=[
-                        n,
-                        repr(f.first_occurred_at),
-                        self._doc_fields(ns, f, vectors.get(i), hashes.get(i)),
-                    ],
-                    client=pipe,
-                )
-                writes.append(i)
-            outcomes = await pipe.execute()
+            items = []
+            for i in writes:
+                ns, eid, f, n, _old = folded[i]
+                items.append((ns, eid, f, {}, [], n, self._doc_fields(ns, f, vectors.get(i), hashes.get(i))))
+            await self._queue_project(pipe, items)
+            outcomes = [status for reply in await pipe.execute() for status in reply]
         retry: list[tuple[str, str]] = []
         for i, status in zip(writes, outcomes, strict=True):
             ns, eid, f, _n, _old = folded[i]
