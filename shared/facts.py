@@ -340,18 +340,8 @@ def fact_fields(fact: Fact, tags: TagCodec) -> dict[EncodableT, EncodableT]:
     for name, values in digested.items():
         if values:
             fields[name] = TAG_SEPARATOR.join(values)
-    numbers = {
-        "support": fact.support,
-        "success_rate": fact.success_rate,
-        "avg_reward": fact.avg_reward,
-        "confidence": fact.confidence,
-        "first_at": fact.first_at,
-        "last_at": fact.last_at,
-        "created_at": fact.created_at,
-        "updated_at": fact.updated_at,
-        "version": fact.version,
-        "superseded_at": fact.superseded_at if fact.superseded_at is not None else OPEN_END,
-    }
+    numbers = {name: getattr(fact, name) for name in FACT_NUMERICS}
+    numbers["superseded_at"] = fact.superseded_at if fact.superseded_at is not None else OPEN_END
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
     if fact.centroid:
         fields[CENTROID_FIELD] = fact.centroid_bytes()
@@ -478,6 +468,17 @@ async def facts_with_evidence(
     return [out[k] for k in sorted(out)]
 
 
+async def index_docs(r: aioredis.Redis, index: str) -> int | None:
+    """Documents in `index` (on a shard-local cluster the sum over every namespace's), None when there
+    is no such index."""
+    try:
+        return sum([await index_size(r, name, **target) for name, target in await search_targets(r, index)])
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return None
+        raise
+
+
 def replay_record(gen: int) -> str:
     """The `meta` field where the replay that built generation `gen` says what it did with the facts
     (JSON: facts, fact_scopes, facts_indexed, facts_reembedded, embedder, dim)."""
@@ -489,13 +490,7 @@ async def facts_state(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     holds, searchable) and, when a replay built the generation, `replay` (its `replay_record`: how many
     facts it carried over, how many it re-embedded for another embedder, how many it could index)."""
     gen = await current_generation(r, keys)
-    indexed = 0
-    try:
-        for name, target in await search_targets(r, keys.facts_index(gen)):
-            indexed += await index_size(r, name, **target)
-    except ResponseError as exc:
-        if not is_missing_index(exc):  # no facts yet: none indexed
-            raise
+    indexed = await index_docs(r, keys.facts_index(gen)) or 0  # no index: no facts yet
     state: dict[str, Any] = {"generation": gen, "indexed": indexed}
     record = await r.hget(keys.meta, replay_record(gen))
     if record:

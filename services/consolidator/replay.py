@@ -31,14 +31,12 @@ from engram_episodic.errors import Conflict
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import generations, streams
-from shared.cluster import search_targets
 from shared.embedding_base import Embedder
-from shared.facts import replay_record
+from shared.facts import index_docs, replay_record
 from shared.index import (
     current_generation,
     ensure_episode_index,
     index_exists,
-    index_size,
     point_alias_at,
 )
 from shared.keyring import KeyRing, deployment_tag_key
@@ -262,7 +260,8 @@ async def _build(
         settings=settings,
         reembed_facts=reembed,
     )
-    progress.phase("snapshot", await _episode_count(redis, keys, old))
+    # the snapshot's size, near enough (None: no index yet, a first replay)
+    progress.phase("snapshot", await index_docs(redis, keys.episode_index(old)) or None)
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(
         redis, keys, old, new, dim, tags, projector.keyring, reembed=projector.reembed_facts
@@ -321,21 +320,5 @@ async def _facts_of(redis: aioredis.Redis, keys: Keys, gen: int) -> dict[str, in
         ids = await redis.hget(key, "ids")
         scopes += 1
         facts += len(json.loads(ids)) if ids else 0
-    indexed = await _index_docs(redis, keys.facts_index(gen)) if facts else 0
+    indexed = await index_docs(redis, keys.facts_index(gen)) if facts else 0
     return {"facts": facts, "fact_scopes": scopes, "facts_indexed": indexed or 0}
-
-
-async def _index_docs(redis: aioredis.Redis, index: str) -> int | None:
-    """Documents in `index` (on a shard-local cluster the sum over every namespace's), None when there
-    is no such index."""
-    try:
-        targets = await search_targets(redis, index)
-        return sum([await index_size(redis, name, **target) for name, target in targets])
-    except ResponseError:
-        return None
-
-
-async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
-    """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None when
-    empty or unknown (no index yet: a first replay)."""
-    return await _index_docs(redis, keys.episode_index(gen)) or None
