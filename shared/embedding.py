@@ -32,6 +32,7 @@ import unicodedata
 from collections.abc import Sequence
 from hashlib import blake2b
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from shared.embedding_openvino import SentenceGraph, is_exported, load_graph
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
+T = TypeVar("T")
 
 
 def _installed(module: str) -> bool:
@@ -83,6 +85,15 @@ _SIGN_BIT = _FID_BITS - 1
 _MAX_ROWS_PER_CALL = 1 << (63 - _FID_BITS)  # rows are packed above the feature id in one int64
 _CACHE_LIMIT = 100_000  # entries per memo dict (all three: at most a few tens of MB); cleared when full
 _CACHE_TOKEN_CHARS = 32  # longer tokens are rarely seen twice: not memoised
+
+
+def _remember(memo: dict[Any, T], key: Any, value: T, keep: bool = True) -> T:
+    """`value`, kept in `memo` under `key` when `keep` (`memo` cleared once it holds _CACHE_LIMIT)."""
+    if keep:
+        if len(memo) >= _CACHE_LIMIT:
+            memo.clear()
+        memo[key] = value
+    return value
 
 
 def _fid(data: bytes) -> int:
@@ -136,47 +147,30 @@ class HashingEmbedder(Embedder):
         self.truncations += sum(cut)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    # the memos: misses only (`_vectorise` looks them up inline); a token longer than
+    # _CACHE_TOKEN_CHARS is rarely seen twice and not kept
     def _word_id(self, word: str) -> int:
-        fid = self._word_ids.get(word)
-        if fid is None:
-            fid = _fid(b"w\x1f" + word.encode("utf-8", "surrogatepass"))
-            if len(word) <= _CACHE_TOKEN_CHARS:
-                if len(self._word_ids) >= _CACHE_LIMIT:
-                    self._word_ids.clear()
-                self._word_ids[word] = fid
-        return fid
+        fid = _fid(b"w\x1f" + word.encode("utf-8", "surrogatepass"))
+        return _remember(self._word_ids, word, fid, len(word) <= _CACHE_TOKEN_CHARS)
 
     def _pair_id(self, pair: tuple[str, str]) -> int:
-        fid = self._pair_ids.get(pair)
-        if fid is None:
-            fid = _fid(f"b\x1f{pair[0]}\x1f{pair[1]}".encode("utf-8", "surrogatepass"))
-            if len(pair[0]) + len(pair[1]) <= _CACHE_TOKEN_CHARS:
-                if len(self._pair_ids) >= _CACHE_LIMIT:
-                    self._pair_ids.clear()
-                self._pair_ids[pair] = fid
-        return fid
+        fid = _fid(f"b\x1f{pair[0]}\x1f{pair[1]}".encode("utf-8", "surrogatepass"))
+        return _remember(self._pair_ids, pair, fid, len(pair[0]) + len(pair[1]) <= _CACHE_TOKEN_CHARS)
 
     def _gram_id(self, gram: str) -> int:
         fid = self._single_gram_ids.get(gram)
         if fid is None:
-            fid = _fid(b"g\x1f" + gram.encode("utf-8", "surrogatepass"))
-            if len(self._single_gram_ids) >= _CACHE_LIMIT:
-                self._single_gram_ids.clear()
-            self._single_gram_ids[gram] = fid
+            fid = _remember(
+                self._single_gram_ids, gram, _fid(b"g\x1f" + gram.encode("utf-8", "surrogatepass"))
+            )
         return fid
 
     def _gram_id_array(self, token: str) -> np.ndarray:
-        ids = self._gram_ids.get(token)
-        if ids is None:
-            marked = f"<{token}>"
-            grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
-            grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
-            ids = np.fromiter(map(self._gram_id, grams), dtype=np.int64, count=len(grams))
-            if len(token) <= _CACHE_TOKEN_CHARS:
-                if len(self._gram_ids) >= _CACHE_LIMIT:
-                    self._gram_ids.clear()
-                self._gram_ids[token] = ids
-        return ids
+        marked = f"<{token}>"
+        grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
+        grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
+        ids = np.fromiter(map(self._gram_id, grams), dtype=np.int64, count=len(grams))
+        return _remember(self._gram_ids, token, ids, len(token) <= _CACHE_TOKEN_CHARS)
 
     def _vectorise(self, texts: list[str]) -> np.ndarray:
         """Prepared texts → float64[n, dim] hashed feature vectors (not yet normalised, never zero)."""
