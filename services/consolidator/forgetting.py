@@ -22,7 +22,8 @@ from shared import cluster, generations, streams
 from shared.codec import occurred_at, unpack
 from shared.embedding_base import Embedder
 from shared.facts import facts_with_evidence
-from shared.index import DOC_FIELD, Scope, filter_search, generation_tags, is_missing_index
+from shared.index import DOC_FIELD, Scope, generation_tags, is_missing_index
+from shared.index_pages import every_key
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes, bytes_list
@@ -188,22 +189,14 @@ class Forgetting:
         await self._forget_user(keys=[key], args=[repr(forgotten_at)])
         stored = await self.redis.get(key)
         cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
-        index = self.keys.episode_index(self.gen)
         scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
+        found = await every_key(self.redis, self.keys.episode_index(self.gen), scope.query())
         ids: list[str] = []
-        seen = 0
-        while True:  # the ids come from the documents: the TAG field holds their digests
-            total, hits = await filter_search(
-                self.redis, index, scope, return_fields=(DOC_FIELD,), offset=seen, limit=500
-            )
-            seen += len(hits)
-            ids += [
-                eid
-                for hit in hits
-                if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None
-            ]
-            if not hits or seen >= total:
-                break
+        for start in range(0, len(found), 500):  # the ids come from the documents (TAGs hold digests)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in found[start : start + 500]:
+                    pipe.hget(key, DOC_FIELD)
+                ids += [eid for raw in await pipe.execute() if (eid := _doc_episode_id(raw)) is not None]
         erased: list[str] = []
         for episode_id in ids:
             first = await self._first_occurred_at(namespace, episode_id)
