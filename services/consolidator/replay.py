@@ -264,7 +264,7 @@ async def _build(
     progress.phase("snapshot", await index_docs(redis, keys.episode_index(old)) or None)
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(
-        redis, keys, old, new, dim, tags, projector.keyring, reembed=projector.reembed_facts
+        redis, keys, old, new, dim, tags, projector.decoder, reembed=projector.reembed_facts
     )
     ends, first_pass = await _passes_before_swap(projector, redis, keys.streams, progress)
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
