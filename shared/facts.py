@@ -237,27 +237,20 @@ class Fact:
             )
         return fact
 
-    def to_json(self, *, iso: bool = True) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The HTTP response form: no centroid, ISO 8601 `Z` times."""
         from engram_episodic.timeutil import format_instant
 
         data = self.to_data()
         data.pop("centroid", None)
         data.pop("base_text", None)
-        if iso:
-            for name in (
-                "first_at",
-                "last_at",
-                "evidence_since",
-                "created_at",
-                "updated_at",
-                "superseded_at",
-            ):
-                if name in data:
-                    data[name] = format_instant(data[name])
+        for name in _TIMES:
+            if name in data:
+                data[name] = format_instant(data[name])
         return data
 
 
+_TIMES = ("first_at", "last_at", "evidence_since", "created_at", "updated_at", "superseded_at")
 _STAT_ROWS = ("top_strategies", "common_failures", "action_types")
 _ID_LISTS = ("evidence", "central", "agents", "users", "categories")
 
