@@ -467,19 +467,15 @@ class Consolidator:
     async def release(self, namespace: str, scope_id: str, token: str) -> None:
         await self._release(keys=[self.keys.consolidation_lock(namespace, scope_id)], args=[token])
 
-    async def publish(self, event: FactsConsolidated) -> str:
-        """XADD `event` into its namespace's partition (after the episodes it condenses); its stream id."""
-        (sid,) = await streams.publish(self.redis, self.keys.stream_of(event.namespace), [encode(event)])
-        return sid.decode() if isinstance(sid, bytes) else str(sid)
-
     async def publish_snapshot(self, event: FactsConsolidated) -> tuple[FactsConsolidated, str, bytes]:
         """(the event as published, its stream id, its stored bytes). With a master key each fact is sealed
         under its users' data keys (the namespace's without users), the XADD checking atomically that
         each is still the one sealed with; ContributorForgotten, writing nothing, when one is gone."""
         ring = self._ring
-        if ring is None:
-            return event, await self.publish(event), encode(event)
         ns = event.namespace
+        if ring is None:  # after the episodes it condenses, in its namespace's partition
+            (sid,) = await streams.publish(self.redis, self.keys.stream_of(ns), [encode(event)])
+            return event, as_text(sid), encode(event)
         users = {u for f in event.facts for u in (f.get("users") or [None])}
         live = await ring.live_keys(self.redis, ns, users)
         if any(u not in live for u in users):
@@ -494,8 +490,7 @@ class Consolidator:
         reply = await streams.publish_sealed(self.redis, self.keys.stream_of(ns), [payload], checks)
         if int(reply[0]) != 1:
             raise ContributorForgotten("a contributor's data key was destroyed while facts were sealed")
-        sid = reply[1]
-        return event, sid.decode() if isinstance(sid, bytes) else str(sid), payload
+        return event, as_text(reply[1]), payload
 
     async def publish_live(
         self,

@@ -22,7 +22,7 @@ from shared import cluster, generations, streams
 from shared.codec import occurred_at, unpack
 from shared.embedding_base import Embedder
 from shared.facts import facts_with_evidence
-from shared.index import DOC_FIELD, Scope, generation_tags, is_missing_index
+from shared.index import DOC_FIELD, Scope, is_missing_index
 from shared.index_pages import every_key
 from shared.keyring import KeyRing
 from shared.keys import Keys
@@ -156,8 +156,7 @@ class Forgetting:
         building = await self._building()
         if building is None or not episode_ids:
             return
-        tag_key = (await self.keyring.load(self.redis)).tag_key if self.keyring is not None else None
-        tags = await generation_tags(self.redis, self.keys, building, tag_key)
+        tags = await self.snapshots.tags(building)
         try:
             affected = await facts_with_evidence(
                 self.redis, self.keys.facts_index(building), namespace, episode_ids, tags
