@@ -397,12 +397,12 @@ async def test_crash_mid_consolidation_keeps_old_facts(seeded, redis):
     async def crash(event):
         raise RuntimeError("killed after computing, before publishing")
 
-    cons.publish = crash
+    cons.publish_snapshot = crash
     with pytest.raises(RuntimeError, match="killed"):
         await cons.consolidate(FactScope("ns"))
     assert await facts(redis, settings) == before
     assert await streams.length(redis, Keys(settings.prefix).stream) == stream_len + 1  # only the episode
-    del cons.publish  # the lease was released: the next run succeeds
+    del cons.publish_snapshot  # the lease was released: the next run succeeds
     assert (await cons.consolidate(FactScope("ns"))).status == "published"
 
 
