@@ -43,6 +43,7 @@ from engram_episodic.events import (
     UserForgotten,
 )
 from services.consolidator.decoding import BatchResult, Decoder, dead_reason
+from services.consolidator.facts_store import apply_snapshot
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
@@ -63,8 +64,8 @@ PROJECT_CHUNK = 32
 """Episodes per fast-path call: amortises the script's fixed cost, each call ~5 ms of Redis time."""
 
 WRITES_IN_FLIGHT = 2
-"""Fast-path pipelines of one process Redis works on at once: with one, Redis sat idle at each hand-over
-between lanes; unchecked, all lanes computed together while it sat idle (make bench, ingest: +8-10%)."""
+"""Fast-path pipelines of one process Redis works on at once: one idles Redis between lanes, more idle
+it while every lane computes."""
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeUpdated)
 
@@ -146,7 +147,10 @@ class Projector:
             await self._apply_episode_events(segment, result)
             segment = []
             try:
-                await self._apply_other(entry, event)
+                with cluster.route(
+                    event.namespace
+                ):  # on a cluster, its searches go to the namespace's primary
+                    await self._apply_other(entry, event)
             except (EngramError, ValueError, TypeError, KeyError) as exc:
                 # content this build cannot apply (e.g. a malformed facts snapshot): dead-letter it alone
                 result.dead.append((entry, dead_reason(exc, sealed)))
@@ -479,10 +483,6 @@ class Projector:
 
     # --- forgetting and other events -----------------------------------------------------------
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
-        with cluster.route(event.namespace):  # on a cluster, its searches go to the namespace's primary
-            await self._apply_other_event(entry, event)
-
-    async def _apply_other_event(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
             # facts: rebuilt once for the batch's forgets (`Forgetting.flush_facts`)
             await self.forgetting.erase_episode(event.namespace, event.episode_id, facts="later")
@@ -491,8 +491,6 @@ class Projector:
         if isinstance(event, UserForgotten):
             await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
-            from services.consolidator.facts_store import apply_snapshot
-
             await apply_snapshot(
                 self.redis,
                 self.keys,
