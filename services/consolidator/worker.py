@@ -266,19 +266,16 @@ class Worker:
                 conflicts.append(exc)
                 halt.set()
                 return
-            except EmbedderUnavailable as exc:
-                delay = embedder_backoff.next()
+            except (EmbedderUnavailable, *TRANSIENT) as exc:
+                down = isinstance(exc, EmbedderUnavailable)
+                delay = (embedder_backoff if down else backoff).next()
                 log.warning(
-                    "worker %s ◆ embedder unavailable (%s); the batch stays pending, read again in %.1fs",
+                    "worker %s ◆ %s unavailable (%s); the batch stays pending, read again in %.1fs",
                     self.name,
+                    "embedder" if down else "redis",
                     str(exc)[:300],
                     delay,
                 )
-                self.own.again()
-                await wait_or_stop(stop, delay)
-            except TRANSIENT as exc:
-                delay = backoff.next()
-                log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
                 self.own.again()
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
