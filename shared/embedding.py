@@ -2,20 +2,9 @@
 
 `HashingEmbedder` (feature hashing, pure numpy: tests and the fallback of `auto`), `MiniLMEmbedder` /
 `MPNetEmbedder` (sentence-transformers weights from installed packages, never downloaded, run by
-OpenVINO) and
-`OpenAIEmbedder` (any server speaking OpenAI's `POST /v1/embeddings`) share one contract (`Embedder`):
-
-- `await embed(texts)` returns `float32[len(texts), dim]` of unit rows (cosine is a dot product); an
-  empty or blank text raises ValueError naming its index (no made-up vector that matches every empty
-  text). A text longer than `max_chars` is embedded from its first `max_chars` characters and counted
-  in `truncations` (the stored episode keeps its whole text). Inputs go in batches of `batch_size`.
-- `name` identifies the vector space: the index records it with `dim` and refuses to mix two (`Conflict`).
-- A failure raises EmbeddingError; EmbedderUnavailable (a subclass) when the backend did not answer
-  (a provider down, slow or refusing connections): the texts were fine, a later call may succeed.
-- `await aclose()` releases sessions and models; embedders are async context managers.
-
-`make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
-The contract and its errors live in `shared.embedding_base` and are importable from here as well.
+OpenVINO) and `OpenAIEmbedder` (any server speaking OpenAI's `POST /v1/embeddings`) keep one contract,
+`shared.embedding_base.Embedder` (its errors importable from here as well). `make_embedder(settings)`
+picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
 """
 
 from __future__ import annotations

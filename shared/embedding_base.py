@@ -1,5 +1,5 @@
-"""The contract every embedder keeps (`Embedder`, described in `shared.embedding`'s docstring) and its
-errors: a leaf the implementations import, so the factory in `shared.embedding` can import them all."""
+"""The contract every embedder keeps (`Embedder`) and its errors: a leaf the implementations import, so
+the factory in `shared.embedding` can import them all."""
 
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ class EmbedderUnavailable(EmbeddingError):
 class Embedder(ABC):
     """Base class of every embedder: validation, truncation, batching and normalisation live here;
     subclasses implement `_embed_batch` for one batch of prepared texts. `name` identifies the vector
-    space, `dim` is the vector length, `max_chars` the input cut-off in characters, `batch_size` the
-    texts per model call or request, `truncations` the texts cut so far."""
+    space (the index records it with `dim` and refuses to mix two: `Conflict`), `dim` is the vector
+    length, `max_chars` the input cut-off in characters (a longer text is embedded from its first
+    `max_chars` and counted in `truncations`), `batch_size` the texts per model call or request.
+    `aclose()` releases sessions and models; embedders are async context managers."""
 
     name: str
     max_chars: int
