@@ -30,7 +30,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
-from engram_episodic.errors import DecodeError, EngramError
+from engram_episodic.errors import EngramError
 from engram_episodic.events import (
     ActionRecorded,
     EpisodeCompleted,
@@ -49,7 +49,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA
 from shared import cluster, generations, streams, tracing
-from shared.codec import unpack
+from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
@@ -453,26 +453,19 @@ class Projector:
     ) -> tuple[str, str] | None:
         """Copy one episode's stored events (another generation's event hash) into this generation,
         unless it is tombstoned; its (namespace, episode_id), read from the clear fields."""
-        for payload in events.values():
-            try:
-                data = unpack(payload).get("data") or {}
-                ns, eid = data["namespace"], data["episode_id"]
-                if not isinstance(ns, str) or not isinstance(eid, str):
-                    continue
-            except (DecodeError, AttributeError, KeyError, TypeError):
-                continue
-            if await self.redis.exists(self.keys.tombstone(ns, eid)):
-                return None
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(
-                    self.keys.episode_events(self.gen, ns, eid),
-                    mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
-                )
-                if stream_ids:
-                    pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
-                await pipe.execute()
-            return ns, eid
-        return None
+        ident = next(filter(None, map(peek_identity, events.values())), None)
+        if ident is None or await self.redis.exists(self.keys.tombstone(ident[0], ident[1])):
+            return None
+        ns, eid = ident[0], ident[1]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                self.keys.episode_events(self.gen, ns, eid),
+                mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
+            )
+            if stream_ids:
+                pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
+            await pipe.execute()
+        return ns, eid
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""
