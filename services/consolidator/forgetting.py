@@ -193,8 +193,8 @@ class Forgetting:
         ids: list[str] = []
         for start in range(0, len(found), 500):  # the ids come from the documents (TAGs hold digests)
             async with self.redis.pipeline(transaction=False) as pipe:
-                for key in found[start : start + 500]:
-                    pipe.hget(key, DOC_FIELD)
+                for doc_key in found[start : start + 500]:
+                    pipe.hget(doc_key, DOC_FIELD)
                 ids += [eid for raw in await pipe.execute() if (eid := _doc_episode_id(raw)) is not None]
         erased: list[str] = []
         for episode_id in ids:

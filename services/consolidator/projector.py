@@ -71,6 +71,7 @@ EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeUpdat
 
 
 MAX_WRITE_ATTEMPTS = 8
+_Write = tuple[str, str, Folded, dict[str, bytes], list[bytes], int, bytes]
 
 
 def _payload(entry: streams.Entry) -> bytes:
@@ -300,7 +301,7 @@ class Projector:
         status per fast episode, a reply per recorded event)."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
-            items = []
+            items: list[_Write] = []
             for i, ((ns, eid), payloads, f) in enumerate(fast):
                 sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
                 doc = self._doc_fields(ns, f, vectors.get(i), hashes.get(i))
@@ -322,9 +323,7 @@ class Projector:
                     replies = await pipe.execute()
         return [status for reply in replies[:calls] for status in reply], replies[calls:]
 
-    async def _queue_project(
-        self, pipe, items: list[tuple[str, str, Folded, dict[str, bytes], list[bytes], int, bytes]]
-    ) -> int:
+    async def _queue_project(self, pipe, items: list[_Write]) -> int:
         """Queue PROJECT_LUA on `pipe` for `items` (namespace, episode id, fold, payloads to record by
         event id, their stream ids, the event count the hash must hold, document), up to PROJECT_CHUNK
         consecutive episodes of one namespace per call; returns the calls queued."""
@@ -435,7 +434,7 @@ class Projector:
         vectors, hashes = await self._embed([(f, old) for _ns, _eid, f, _n, old in folded], known)
         writes = [i for i, (_ns, _eid, f, _n, _old) in enumerate(folded) if f.episode is not None]
         async with self.redis.pipeline(transaction=False) as pipe:
-            items = []
+            items: list[_Write] = []
             for i in writes:
                 ns, eid, f, n, _old = folded[i]
                 items.append((ns, eid, f, {}, [], n, self._doc_fields(ns, f, vectors.get(i), hashes.get(i))))

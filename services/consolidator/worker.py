@@ -55,6 +55,7 @@ EMBEDDER_BACKOFF = (0.5, 30.0)
 so with ENGRAM_MAX_DELIVERIES 5 about half a minute of outage dead-letters it."""
 OWN_PENDING_CHECK_SECONDS = 2.0
 """How often an idle worker looks for entries pending to its name that no lane holds (`OwnPending`)."""
+OUTAGES: tuple[type[Exception], ...] = (EmbedderUnavailable, *TRANSIENT)  # waited out, the batch pending
 SWEEP_CHECK_SECONDS = 5.0  # how often lane 0 asks whether dead generations are to be swept
 
 
@@ -266,7 +267,7 @@ class Worker:
                 conflicts.append(exc)
                 halt.set()
                 return
-            except (EmbedderUnavailable, *TRANSIENT) as exc:
+            except OUTAGES as exc:
                 down = isinstance(exc, EmbedderUnavailable)
                 delay = (embedder_backoff if down else backoff).next()
                 log.warning(
