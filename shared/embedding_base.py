@@ -44,12 +44,6 @@ class Embedder(ABC):
     consolidator then skips that check on its fast path); models leave it False."""
 
     def __init__(self, *, name: str, dim: int | None, max_chars: int, batch_size: int):
-        if dim is not None and dim < 1:
-            raise ValueError(f"dim must be positive, got {dim}")
-        if max_chars < 1:
-            raise ValueError(f"max_chars must be positive, got {max_chars}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.name = name
         self._dim = dim
         self.max_chars = max_chars
