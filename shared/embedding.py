@@ -71,7 +71,6 @@ _WORD = re.compile(f"[{_NO_SPACE_SCRIPTS}]|[^{_SEPARATORS}{_NO_SPACE_SCRIPTS}]+"
 _FID_BITS = 40  # feature id: the top 40 bits of a 64-bit blake2b digest
 _FID_MASK = (1 << _FID_BITS) - 1
 _SIGN_BIT = _FID_BITS - 1
-_MAX_ROWS_PER_CALL = 1 << (63 - _FID_BITS)  # rows are packed above the feature id in one int64
 _CACHE_LIMIT = 100_000  # entries per memo dict (all three: at most a few tens of MB); cleared when full
 _CACHE_TOKEN_CHARS = 32  # longer tokens are rarely seen twice: not memoised
 
@@ -162,10 +161,9 @@ class HashingEmbedder(Embedder):
         return _remember(self._gram_ids, token, ids, len(token) <= _CACHE_TOKEN_CHARS)
 
     def _vectorise(self, texts: list[str]) -> np.ndarray:
-        """Prepared texts → float64[n, dim] hashed feature vectors (not yet normalised, never zero)."""
+        """Prepared texts (at most 2**23: a row is packed above the feature id in one int64) → float64[n,
+        dim] hashed feature vectors (not yet normalised, never zero)."""
         n, dim = len(texts), self.dim
-        if n > _MAX_ROWS_PER_CALL:
-            raise ValueError(f"at most {_MAX_ROWS_PER_CALL} texts per call, got {n}")
         word_ids: list[int] = []
         word_rows: list[int] = []
         gram_arrays: list[np.ndarray] = []
