@@ -35,6 +35,7 @@ from shared.embedding_base import Embedder
 from shared.facts import index_docs, replay_record
 from shared.index import (
     current_generation,
+    embedder_mismatch,
     ensure_episode_index,
     index_exists,
     point_alias_at,
@@ -42,7 +43,7 @@ from shared.index import (
 from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
 from shared.partitions import check_partitions
-from shared.replies import as_text, bytes_list, bytes_map
+from shared.replies import bytes_list, bytes_map
 from shared.settings import Settings
 
 log = logging.getLogger("engram.replay")
@@ -244,11 +245,7 @@ async def _build(
         point_alias=False,
     )
     # facts carry centroids of their generation's embedder: another's are computed again
-    built_with = await redis.hmget(keys.meta, [f"g{old}:embedder", f"g{old}:dim"])
-    reembed = built_with[0] is not None and (as_text(built_with[0]), int(built_with[1] or 0)) != (
-        embedder.name,
-        dim,
-    )
+    reembed = await embedder_mismatch(redis, keys, old, embedder.name, dim) is not None
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
     projector = Projector(
         redis,
