@@ -75,10 +75,10 @@ class Forgetting:
         self.snapshots = Consolidator(settings, redis, embedder.dim, tags={gen: tags})
         self._facts_due: dict[str, list[str]] = {}  # namespace -> erased episodes, facts not yet rebuilt
 
-    async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool | str = True) -> None:
-        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
-        and rebuild the facts whose evidence named it: now (`facts=True`), at the next `flush_facts`
-        (`"later"`: a batch's forgets rebuild each scope once) or not (False)."""
+    async def erase_episode(self, namespace: str, episode_id: str) -> None:
+        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection; the
+        facts whose evidence named it are rebuilt at the next `flush_facts` (a batch's forgets rebuild
+        each scope once)."""
         k, g = self.keys, self.gen
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
@@ -94,10 +94,7 @@ class Forgetting:
                 k.episode_stream_ids(gen, namespace, episode_id),
                 k.episode_doc(gen, namespace, episode_id),
             )
-        if facts == "later":
-            self._facts_due.setdefault(namespace, []).append(episode_id)
-        elif facts:
-            await self.forget_facts(namespace, [episode_id])
+        self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def drop_superseded(self, namespace: str, episode_id: str, event_ids: frozenset[str]) -> None:
         """Delete the events of an episode's earlier users (`Folded.superseded`) from its event hash and
@@ -132,17 +129,14 @@ class Forgetting:
         self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def flush_facts(self) -> None:
-        """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"`. Raises as
-        `forget_facts` does: the batch stays pending and is applied again (erasing is idempotent)."""
+        """Rebuild (or drop), once per namespace, the facts naming episodes erased since the last flush.
+        Raises as `Consolidator.forget` does: the batch stays pending and is applied again (erasing is
+        idempotent)."""
         due, self._facts_due = self._facts_due, {}
         for namespace, episode_ids in due.items():
             with cluster.route(namespace):
-                await self.forget_facts(namespace, episode_ids)
-
-    async def forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`."""
-        await self._forget_facts_in_building(namespace, episode_ids)
-        await self.snapshots.forget(self.gen, namespace, episode_ids)
+                await self._forget_facts_in_building(namespace, episode_ids)
+                await self.snapshots.forget(self.gen, namespace, episode_ids)
 
     async def _building(self) -> int | None:
         """The generation a replay is building beside this one (`shared.generations`), if any."""
@@ -178,8 +172,8 @@ class Forgetting:
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode of `user_id` in `namespace` that began no later than the user's forget
         time (UTC epoch seconds; the latest forget wins); returns the count. A later episode is new
-        activity and kept (the write scripts apply the same rule to episodes written after the forget).
-        With a key ring the user's data key is destroyed first, so every sealed copy is unreadable at
+        activity and kept (the write scripts apply the same rule to episodes written after the forget);
+        their facts are rebuilt at the next `flush_facts`. With a key ring the user's data key is destroyed first, so every sealed copy is unreadable at
         once whatever happens to the rest."""
         if self.keyring is not None:
             await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
@@ -196,13 +190,12 @@ class Forgetting:
                 for doc_key in found[start : start + 500]:
                     pipe.hget(doc_key, DOC_FIELD)
                 ids += [eid for raw in await pipe.execute() if (eid := _doc_episode_id(raw)) is not None]
-        erased: list[str] = []
+        erased = 0
         for episode_id in ids:
             first = await self._first_occurred_at(namespace, episode_id)
-            if first is not None and first > cutoff:
-                continue
-            await self.erase_episode(namespace, episode_id, facts=False)
-            erased.append(episode_id)
+            if first is None or first <= cutoff:
+                await self.erase_episode(namespace, episode_id)
+                erased += 1
         # dead letters of the user's episodes, including ones that never had a document
         await deadletters.delete_user_dead_letters(
             self.redis,
@@ -211,8 +204,7 @@ class Forgetting:
             user_id,
             sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None,
         )
-        await self.forget_facts(namespace, erased)
-        return len(erased)
+        return erased
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
         """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""

@@ -470,6 +470,7 @@ class Projector:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""
         result = BatchResult()
         await self._write_until_settled(episodes, result)
+        await self.forgetting.flush_facts()
         await generations.check_writable(self.redis, self.keys, self.gen)  # as in `apply`
         return result
 
@@ -477,7 +478,7 @@ class Projector:
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
             # facts: rebuilt once for the batch's forgets (`Forgetting.flush_facts`)
-            await self.forgetting.erase_episode(event.namespace, event.episode_id, facts="later")
+            await self.forgetting.erase_episode(event.namespace, event.episode_id)
             return
         await self.forgetting.flush_facts()  # a later event (a snapshot, a user's forget) sees them applied
         if isinstance(event, UserForgotten):
