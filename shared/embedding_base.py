@@ -7,7 +7,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Self, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class Embedder(ABC):
     space (the index records it with `dim` and refuses to mix two: `Conflict`), `dim` is the vector
     length, `max_chars` the input cut-off in characters (a longer text is embedded from its first
     `max_chars` and counted in `truncations`), `batch_size` the texts per model call or request.
-    `aclose()` releases sessions and models; embedders are async context managers."""
+    `aclose()` releases sessions and models."""
 
     name: str
     max_chars: int
@@ -109,12 +109,6 @@ class Embedder(ABC):
     async def aclose(self) -> None:
         """Release what the embedder holds (HTTP session, model). Idempotent; nothing by default."""
         return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.aclose()
 
     def _prepare(self, texts: Sequence[str]) -> tuple[list[str], list[bool]]:
         """Strip, validate and cut each text to `max_chars`; also returns which texts were cut."""
