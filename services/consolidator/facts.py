@@ -147,7 +147,6 @@ class Consolidator:
         self.embedder = embedder
         self._without_shared: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self.runs = 0
-        self.summarizer_failures = 0
 
     async def clustering_rows(self, rows: list[Row]) -> list[Row]:
         """`rows` with `cluster_vector` set on each episode holding text nearly every episode of the scope
@@ -435,7 +434,6 @@ class Consolidator:
                 f = new
             out.append(f)
         if failures:
-            self.summarizer_failures += failures
             log.warning(
                 "facts ◆ summariser failed for %d fact(s); they keep the deterministic text "
                 "(summary=fallback) and are retried on the next run",
