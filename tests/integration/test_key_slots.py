@@ -18,8 +18,7 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from engram_episodic.events import Action, ActionRecorded
-from services.consolidator.facts import Consolidator
-from services.consolidator.facts import RELEASE_LUA
+from services.consolidator.facts import RELEASE_LUA, Consolidator
 from services.consolidator.scripts import FORGET_USER_LUA, PROJECT_LUA, RECORD_LUA
 from shared import partitions as partitions_module
 from shared.facts import FactScope
