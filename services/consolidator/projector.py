@@ -148,9 +148,8 @@ class Projector:
             await self._apply_episode_events(segment, result)
             segment = []
             try:
-                with cluster.route(
-                    event.namespace
-                ):  # on a cluster, its searches go to the namespace's primary
+                # on a cluster, its searches go to the namespace's primary
+                with cluster.route(event.namespace):
                     await self._apply_other(entry, event)
             except (EngramError, ValueError, TypeError, KeyError) as exc:
                 # content this build cannot apply (e.g. a malformed facts snapshot): dead-letter it alone
