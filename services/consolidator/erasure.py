@@ -132,9 +132,7 @@ async def compact(
                 break
         swap_started = time.perf_counter()
         done, detail = await swap(keys=[stream, tmp], args=[last])
-        swap_ms = round(
-            1000 * (time.perf_counter() - swap_started), 2
-        )  # Redis is blocked this long (at most)
+        swap_ms = round(1000 * (time.perf_counter() - swap_started), 2)  # Redis blocked this long at most
         if int(done) == 1:
             after = int(await redis.memory_usage(stream, samples=0) or 0)
             return {
