@@ -206,10 +206,7 @@ async def _applied_horizon(
     redis: aioredis.Redis, stream: str, page: int
 ) -> tuple[tuple[int, int], set[bytes]] | None:
     """(the oldest last-delivered id of all groups of `stream`, every pending id), or None without groups."""
-    try:
-        groups = await redis.xinfo_groups(stream)
-    except ResponseError:
-        return None
+    groups = await streams.groups(redis, stream)
     if not groups:
         return None
     pending: set[bytes] = set()
