@@ -102,16 +102,13 @@ async def _project_range(
 ) -> int:
     """Project the entries with ids in (`after`, `until`] (`after` None: from the first); returns the
     count. The range is fixed, so this ends however fast entries are published meanwhile."""
-    count = 0
-    start = b"-" if after is None else b"(" + after
-    while True:
-        page = await streams.read_range(redis, stream, start, until, count=PAGE)
-        if not page:
-            return count
+    count, start = 0, b"-" if after is None else b"(" + after
+    while page := await streams.read_range(redis, stream, start, until, count=PAGE):
         await projector.apply(page)
         start = b"(" + page[-1].stream_id
         count += len(page)
         progress.advance(len(page))
+    return count
 
 
 async def _passes_before_swap(
