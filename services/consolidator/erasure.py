@@ -118,10 +118,7 @@ async def compact(
     for _attempt in range(attempts):
         await redis.delete(tmp)
         last = "0-0"
-        while True:
-            rows = await streams.read_range_raw(redis, stream, f"({last}", count=page)
-            if not rows:
-                break
+        while rows := await streams.read_range_raw(redis, stream, f"({last}", count=page):
             async with redis.pipeline(transaction=False) as pipe:
                 for sid, fields in rows:
                     pipe.xadd(tmp, cast("dict[FieldT, EncodableT]", fields), id=sid)  # Dict is invariant

@@ -38,7 +38,7 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation, search_limit
+from shared.index import STATUS_COMPLETED, Scope, aggregate_rows, current_generation, search_limit
 from shared.keys import Keys
 from shared.replies import as_bytes
 from shared.tags import TagCodec
@@ -97,9 +97,8 @@ async def load_rows(
         2,
     )
     while True:
-        for raw in reply[1:]:
-            f = dict(zip(raw[::2], raw[1::2], strict=False))
-            key, at = f.get(b"__key"), f.get(b"completed_at")
+        for f in aggregate_rows(reply):
+            key, at = f.get("__key"), f.get("completed_at")
             if key is None or at is None:
                 continue  # deleted between the match and the load
             if len(newest) < limit:
