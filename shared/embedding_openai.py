@@ -97,10 +97,6 @@ class OpenAIEmbedder(Embedder):
         super().__init__(name=f"openai/{model}", dim=dim, max_chars=max_chars, batch_size=batch_size)
         if not model:
             raise ValueError("model must be non-empty")
-        if not (timeout > 0 and math.isfinite(timeout)):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
         self.endpoint = _embeddings_endpoint(url)
         self.model = model
         self.timeout = timeout

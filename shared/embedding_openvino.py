@@ -1,7 +1,6 @@
 """The runtime of the model embedders (MiniLM, MPNet): the model's transformer, converted once into an
 OpenVINO graph, run by OpenVINO's CPU plugin in bfloat16 where the CPU computes it natively
-(AVX512_BF16, AMX), else in float32. Cosine to the torch model on 200 LoCoMo turns (mean / least):
-mpnet 0.99995 / 0.9997, MiniLM 0.99998 / 0.99996 in bfloat16.
+(AVX512_BF16, AMX), else in float32 (cosine to the torch model >= 0.9997).
 
 Export (`ensure_export`, torch): once per model and recipe into `<cache_dir>/<name>-openvino/`, by one
 process while the others wait; later starts read it without importing torch. Inference
@@ -95,19 +94,15 @@ class SentenceGraph:
 
 
 BATCH_OVERHEAD_TOKENS = 64
-"""What one more pass costs, in padded word pieces, for `length_batches`: a pass of few short rows uses
-the matrix units less well (on 256 LoCoMo turns, 0-128: 86-89 ms of CPU a turn, 512: 104)."""
+"""What one more pass costs, in padded word pieces, for `length_batches` (few short rows use the matrix
+units less well)."""
 
 
 def length_batches(lengths: list[int], cap: int, overhead: int = BATCH_OVERHEAD_TOKENS) -> list[range]:
     """Cut texts sorted by length (`lengths`: word pieces, ascending) into consecutive passes of at
     most `cap` texts, minimising the padded size Σ (texts × longest) + `overhead` per pass: an exact
     dynamic programme over the cut points, O(len(lengths) · cap). Returns ranges of positions that
-    cover 0..len(lengths) in order. Raises ValueError when `cap` < 1 or `lengths` is not ascending."""
-    if cap < 1:
-        raise ValueError(f"cap must be positive, got {cap}")
-    if any(a > b for a, b in zip(lengths, lengths[1:], strict=False)):
-        raise ValueError("lengths must be sorted ascending")
+    cover 0..len(lengths) in order."""
     n = len(lengths)
     best = [0] * (n + 1)  # best[j]: least cost of the first j texts
     cut = [0] * (n + 1)  # cut[j]: where the last pass of that best cut begins

@@ -197,30 +197,6 @@ class Fact:
     """How `text` was written: None (no summariser), "llm" (its rewrite) or "fallback" (it failed: the
     deterministic text until a retry succeeds)."""
 
-    def content(self) -> tuple:
-        """Everything derived from the evidence: equal content means re-consolidation changes nothing."""
-        return (
-            self.kind,
-            self.base_text,
-            self.support,
-            self.successes,
-            self.success_rate,
-            self.avg_reward,
-            self.top_strategies,
-            self.common_failures,
-            self.action_types,
-            self.evidence,
-            self.central,
-            self.agents,
-            self.users,
-            self.categories,
-            self.first_at,
-            self.last_at,
-            self.evidence_since,
-            self.centroid_bytes(),
-            self.confidence,
-        )
-
     def centroid_bytes(self) -> bytes:
         return vector_bytes(self.centroid) if self.centroid else b""
 
@@ -261,27 +237,20 @@ class Fact:
             )
         return fact
 
-    def to_json(self, *, iso: bool = True) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The HTTP response form: no centroid, ISO 8601 `Z` times."""
         from engram_episodic.timeutil import format_instant
 
         data = self.to_data()
         data.pop("centroid", None)
         data.pop("base_text", None)
-        if iso:
-            for name in (
-                "first_at",
-                "last_at",
-                "evidence_since",
-                "created_at",
-                "updated_at",
-                "superseded_at",
-            ):
-                if name in data:
-                    data[name] = format_instant(data[name])
+        for name in _TIMES:
+            if name in data:
+                data[name] = format_instant(data[name])
         return data
 
 
+_TIMES = ("first_at", "last_at", "evidence_since", "created_at", "updated_at", "superseded_at")
 _STAT_ROWS = ("top_strategies", "common_failures", "action_types")
 _ID_LISTS = ("evidence", "central", "agents", "users", "categories")
 
@@ -364,18 +333,8 @@ def fact_fields(fact: Fact, tags: TagCodec) -> dict[EncodableT, EncodableT]:
     for name, values in digested.items():
         if values:
             fields[name] = TAG_SEPARATOR.join(values)
-    numbers = {
-        "support": fact.support,
-        "success_rate": fact.success_rate,
-        "avg_reward": fact.avg_reward,
-        "confidence": fact.confidence,
-        "first_at": fact.first_at,
-        "last_at": fact.last_at,
-        "created_at": fact.created_at,
-        "updated_at": fact.updated_at,
-        "version": fact.version,
-        "superseded_at": fact.superseded_at if fact.superseded_at is not None else OPEN_END,
-    }
+    numbers = {name: getattr(fact, name) for name in FACT_NUMERICS}
+    numbers["superseded_at"] = fact.superseded_at if fact.superseded_at is not None else OPEN_END
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
     if fact.centroid:
         fields[CENTROID_FIELD] = fact.centroid_bytes()
@@ -502,6 +461,17 @@ async def facts_with_evidence(
     return [out[k] for k in sorted(out)]
 
 
+async def index_docs(r: aioredis.Redis, index: str) -> int | None:
+    """Documents in `index` (on a shard-local cluster the sum over every namespace's), None when there
+    is no such index."""
+    try:
+        return sum([await index_size(r, name, **target) for name, target in await search_targets(r, index)])
+    except ResponseError as exc:
+        if is_missing_index(exc):
+            return None
+        raise
+
+
 def replay_record(gen: int) -> str:
     """The `meta` field where the replay that built generation `gen` says what it did with the facts
     (JSON: facts, fact_scopes, facts_indexed, facts_reembedded, embedder, dim)."""
@@ -513,13 +483,7 @@ async def facts_state(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     holds, searchable) and, when a replay built the generation, `replay` (its `replay_record`: how many
     facts it carried over, how many it re-embedded for another embedder, how many it could index)."""
     gen = await current_generation(r, keys)
-    indexed = 0
-    try:
-        for name, target in await search_targets(r, keys.facts_index(gen)):
-            indexed += await index_size(r, name, **target)
-    except ResponseError as exc:
-        if not is_missing_index(exc):  # no facts yet: none indexed
-            raise
+    indexed = await index_docs(r, keys.facts_index(gen)) or 0  # no index: no facts yet
     state: dict[str, Any] = {"generation": gen, "indexed": indexed}
     record = await r.hget(keys.meta, replay_record(gen))
     if record:

@@ -162,11 +162,6 @@ async def dead_letter(
         await delete_dead_letters(redis, keys, namespace, episode_id)
 
 
-async def has_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, episode_id: str) -> bool:
-    """Whether some of the episode's events are dead-lettered (linked to it)."""
-    return bool(await redis.exists(keys.dead_letter_refs(namespace, episode_id)))
-
-
 async def delete_dead_letters(redis: aioredis.Redis, keys: Keys, namespace: str, episode_id: str) -> None:
     """XDEL an episode's dead-lettered events from the stream and from the dead letters, and drop
     the links (its id from its user's set too)."""
@@ -197,14 +192,8 @@ async def delete_user_dead_letters(
 async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: bytes) -> int:
     """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
     the ciphertext, so they are found by the key reference) and their original entries."""
-    gone = 0
-    cursor: bytes | str = "-"
-    while True:
-        page = await streams.read_range_raw(redis, keys.dead_letters, cursor, "+", count=500)
-        if cursor != "-":
-            page = [row for row in page if row[0] != cursor]
-        if not page:
-            return gone
+    gone, last = 0, "0-0"
+    while page := await streams.read_range_raw(redis, keys.dead_letters, f"({last}", count=500):
         hits = [
             (dead_id, f.get(b"sid"), f.get(b"e") or b"", f[b"src"])
             for dead_id, f in page
@@ -223,4 +212,5 @@ async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: byt
             if links:
                 await redis.delete(*links)
             gone += len(hits)
-        cursor = page[-1][0]
+        last = page[-1][0].decode()
+    return gone

@@ -24,7 +24,7 @@ from engram_episodic.errors import EngramError
 from shared import generations, streams
 from shared.codec import unpack
 from shared.keys import Keys
-from shared.replies import as_bytes
+from shared.replies import as_text
 
 log = logging.getLogger("engram.erasure")
 
@@ -118,10 +118,7 @@ async def compact(
     for _attempt in range(attempts):
         await redis.delete(tmp)
         last = "0-0"
-        while True:
-            rows = await streams.read_range_raw(redis, stream, f"({last}", count=page)
-            if not rows:
-                break
+        while rows := await streams.read_range_raw(redis, stream, f"({last}", count=page):
             async with redis.pipeline(transaction=False) as pipe:
                 for sid, fields in rows:
                     pipe.xadd(tmp, cast("dict[FieldT, EncodableT]", fields), id=sid)  # Dict is invariant
@@ -132,9 +129,7 @@ async def compact(
                 break
         swap_started = time.perf_counter()
         done, detail = await swap(keys=[stream, tmp], args=[last])
-        swap_ms = round(
-            1000 * (time.perf_counter() - swap_started), 2
-        )  # Redis is blocked this long (at most)
+        swap_ms = round(1000 * (time.perf_counter() - swap_started), 2)  # Redis blocked this long at most
         if int(done) == 1:
             after = int(await redis.memory_usage(stream, samples=0) or 0)
             return {
@@ -204,27 +199,6 @@ async def _rewrite_aof(redis: aioredis.Redis, target: dict, timeout: float) -> b
 FORGET_TYPES = frozenset({"UserForgotten", "EpisodeForgotten"})
 
 
-async def _applied_horizon(
-    redis: aioredis.Redis, stream: str, page: int
-) -> tuple[tuple[int, int], set[bytes]] | None:
-    """(the oldest last-delivered id of all groups of `stream`, every pending id), or None without groups."""
-    try:
-        groups = await redis.xinfo_groups(stream)
-    except ResponseError:
-        return None
-    if not groups:
-        return None
-    pending: set[bytes] = set()
-    for g in groups:
-        start = "-"
-        while rows := await redis.xpending_range(stream, g["name"], min=start, max="+", count=page):
-            # redis-py annotates the id `str | int`; it is the id's bytes (or str when decoding)
-            ids = [as_bytes(cast("bytes | str", r["message_id"])) for r in rows]
-            pending.update(ids)
-            start = "(" + ids[-1].decode()
-    return min(streams.id_tuple(g["last-delivered-id"]) for g in groups), pending
-
-
 def _is_forget(fields: dict) -> bool:
     try:
         return unpack(fields.get(streams.FIELD) or b"").get("type") in FORGET_TYPES
@@ -243,22 +217,18 @@ async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int =
 
 async def _drop_applied_forgets(redis: aioredis.Redis, stream: str, page: int) -> int:
     """`drop_applied_forgets` on one partition `stream`."""
-    applied = await _applied_horizon(redis, stream, page)
-    if applied is None:
-        return 0
-    horizon, pending = applied
-    dropped, last = 0, "-"
-    while True:
-        rows = await streams.read_range_raw(redis, stream, last, count=page)
-        rows = rows[1:] if last != "-" else rows
-        within = [(sid, f) for sid, f in rows if streams.id_tuple(sid) <= horizon]
-        gone = [sid for sid, f in within if sid not in pending and _is_forget(f)]
+    names = [as_text(g["name"]) for g in await streams.groups(redis, stream)]
+    groups = [streams.StreamGroup(redis, stream, name) for name in names]
+    dropped, last = 0, "0-0"
+    while groups and (rows := await streams.read_range_raw(redis, stream, f"({last}", count=page)):
+        forgets = [sid.decode() for sid, fields in rows if _is_forget(fields)]
+        acked = [await g.acked(forgets) for g in groups]
+        gone = [sid for sid, *done in zip(forgets, *acked, strict=True) if all(done)]
         if gone:
             await streams.delete(redis, stream, gone)
             dropped += len(gone)
-        if not rows or len(within) < len(rows):
-            return dropped
         last = rows[-1][0].decode()
+    return dropped
 
 
 async def compact_partitions(redis: aioredis.Redis, keys: Keys) -> dict:

@@ -203,23 +203,7 @@ def build_fact(
         kind = "failure_pattern"
     else:
         kind = "best_practice"
-    first_at, last_at = rows[0].completed_at, rows[-1].completed_at
-    tasks = [t.description for t in (rows[i].episode.task for i in order[:3]) if t]
-    categories = sorted({e.task.category for e in eps if e.task and e.task.category})
-    text = _text(
-        kind,
-        n,
-        successes,
-        avg_reward,
-        strategies,
-        common_failures,
-        action_types,
-        first_at,
-        last_at,
-        tasks,
-        categories,
-    )
-    return Fact(
+    fact = Fact(
         fact_id=fact_id,
         namespace=scope.namespace,
         scope_id=scope.scope_id,
@@ -227,8 +211,8 @@ def build_fact(
         agent_id=scope.agent_id,
         category=scope.category,
         kind=kind,
-        text=text,
-        base_text=text,
+        text="",
+        base_text="",
         support=n,
         successes=successes,
         success_rate=rate,
@@ -240,9 +224,9 @@ def build_fact(
         central=central,
         agents=tuple(sorted({e.agent_id for e in eps if e.agent_id})),
         users=tuple(sorted({e.user_id for e in eps if e.user_id})),
-        categories=tuple(categories),
-        first_at=first_at,
-        last_at=last_at,
+        categories=tuple(sorted({e.task.category for e in eps if e.task and e.task.category})),
+        first_at=rows[0].completed_at,
+        last_at=rows[-1].completed_at,
         evidence_since=evidence_since,
         centroid=tuple(float(x) for x in centroid),
         confidence=confidence,
@@ -251,38 +235,32 @@ def build_fact(
         updated_at=now,
         supersedes=supersedes,
     )
+    text = _text(fact, [t.description for t in (rows[i].episode.task for i in order[:3]) if t])
+    return replace(fact, text=text, base_text=text)
 
 
 _HEAD = {"strategy": "What works", "failure_pattern": "What fails", "best_practice": "Mixed results"}
 
 
-def _text(
-    kind: str,
-    n: int,
-    successes: int,
-    avg_reward: float | None,
-    strategies: list[dict[str, Any]],
-    failures: list[dict[str, Any]],
-    actions: list[dict[str, Any]],
-    first_at: float,
-    last_at: float,
-    tasks: list[str],
-    categories: list[str],
-) -> str:
-    """The deterministic sentence(s) of a fact, at most MAX_TEXT_CHARS."""
+def _text(fact: Fact, tasks: list[str]) -> str:
+    """The deterministic sentence(s) of `fact` (its statistics; `tasks`: the central episodes'), at most
+    MAX_TEXT_CHARS."""
+    n, successes, avg_reward, categories = fact.support, fact.successes, fact.avg_reward, fact.categories
     subject = f'tasks like "{_clip(tasks[0], 100)}"' if tasks else "these tasks"
     if categories:
         subject += f" ({', '.join(_clip(c, 40) for c in categories[:3])})"
-    span = (format_instant(first_at) or "")[:10], (format_instant(last_at) or "")[:10]
+    span = (format_instant(fact.first_at) or "")[:10], (format_instant(fact.last_at) or "")[:10]
     when = f"on {span[0]}" if span[0] == span[1] else f"between {span[0]} and {span[1]}"
     # a best practice with a high success rate but no repeated strategy is not "mixed"
-    head = "What works" if kind == "best_practice" and successes >= 0.7 * n else _HEAD[kind]
+    head = "What works" if fact.kind == "best_practice" and successes >= 0.7 * n else _HEAD[fact.kind]
     parts = [
         f"{head}: for {subject}, {successes} of {n} attempts succeeded ({round(100 * successes / n)}%) "
         f"{when}" + (f", average reward {avg_reward:.2f}." if avg_reward is not None else ".")
     ]
-    if strategies:  # the one that works best first: the text is what an agent follows
-        ranked = sorted(strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"]))
+    if fact.top_strategies:  # the one that works best first: the text is what an agent follows
+        ranked = sorted(
+            fact.top_strategies, key=lambda d: (-d["success_rate"], -d["episodes"], d["strategy"])
+        )
         parts.append(
             "Strategies: "
             + "; ".join(
@@ -290,16 +268,16 @@ def _text(
             )
             + "."
         )
-    if failures:
+    if fact.common_failures:
         parts.append(
             "Failures were: "
-            + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in failures)
+            + "; ".join(f'"{_clip(f["message"], 80)}" ({f["count"]}x)' for f in fact.common_failures)
             + "."
         )
-    if actions:
+    if fact.action_types:
         parts.append(
             "Common actions: "
-            + ", ".join(f"{_clip(a['action_type'], 30)} ({a['count']})" for a in actions)
+            + ", ".join(f"{_clip(a['action_type'], 30)} ({a['count']})" for a in fact.action_types)
             + "."
         )
     return _clip(" ".join(parts), MAX_TEXT_CHARS)

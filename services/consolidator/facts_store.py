@@ -23,6 +23,7 @@ from redis.exceptions import WatchError
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import episode_from_stored
+from services.consolidator.decoding import Decoder
 from shared import cluster, generations
 from shared.codec import encode
 from shared.facts import (
@@ -37,8 +38,7 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, current_generation, search_limit
-from shared.keyring import KeyRing
+from shared.index import STATUS_COMPLETED, Scope, aggregate_rows, current_generation, search_limit
 from shared.keys import Keys
 from shared.replies import as_bytes
 from shared.tags import TagCodec
@@ -97,9 +97,8 @@ async def load_rows(
         2,
     )
     while True:
-        for raw in reply[1:]:
-            f = dict(zip(raw[::2], raw[1::2], strict=False))
-            key, at = f.get(b"__key"), f.get(b"completed_at")
+        for f in aggregate_rows(reply):
+            key, at = f.get("__key"), f.get("completed_at")
             if key is None or at is None:
                 continue  # deleted between the match and the load
             if len(newest) < limit:
@@ -263,15 +262,13 @@ async def import_snapshots(
     new: int,
     dim: int,
     tags: TagCodec,
-    keyring: KeyRing | None = None,
+    decoder: Decoder,
     *,
     reembed: bool = False,
 ) -> int:
     """Replay: project every scope's last applied snapshot of generation `old` (kept with its state, as
-    the stream may be trimmed) into `new` (`reembed` as in `apply_snapshot`); sealed ones opened with
-    `keyring`, a forgotten user's skipped. Returns the scopes imported."""
-    from shared.codec import decode, key_refs, unpack
-
+    the stream may be trimmed) into `new` (`reembed` as in `apply_snapshot`); sealed ones opened by
+    `decoder`, a forgotten user's skipped. Returns the scopes imported."""
     imported = 0
     async for key in redis.scan_iter(match=keys.fact_scope_pattern(old), count=500):
         payload, sids = await redis.hmget(key, ["event", "sids"])
@@ -279,12 +276,7 @@ async def import_snapshots(
             continue
         try:
             raw = as_bytes(payload)
-            if keyring is not None:
-                envelope = unpack(raw)
-                data = envelope.get("data")
-                ns = str(data.get("namespace", "")) if isinstance(data, dict) else ""
-                await keyring.prefetch(redis, [(*r, ns) for r in key_refs(envelope)])
-            event = decode(raw, keyring.lookup if keyring is not None else None)
+            event = decoder.decode(raw, (await decoder.envelopes([raw]))[0])
         except EngramError:
             log.warning("facts ◆ skipped an unreadable (or shredded) stored snapshot of generation %d", old)
             continue

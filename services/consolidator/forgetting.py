@@ -4,7 +4,7 @@ the generation a replay is building beside it (`shared.generations`).
 The projector applies `EpisodeForgotten` and `UserForgotten` in stream order, and erases an episode
 written after its user's forget time (the write scripts report it). Erasing an episode tombstones it,
 XDELs its stream entries and dead letters, deletes its projection and rebuilds the facts whose
-evidence named it (`facts_snapshots.Snapshots.forget`). Erasing a user destroys their data key first
+evidence named it (`facts.Consolidator.forget`). Erasing a user destroys their data key first
 (with a master key). What stays in Redis's files is `erasure`'s, which this marks pending.
 """
 
@@ -16,13 +16,14 @@ from redis.exceptions import ResponseError
 
 from engram_episodic.errors import DecodeError
 from services.consolidator import deadletters, erasure
-from services.consolidator.facts_snapshots import Snapshots
+from services.consolidator.facts import Consolidator
 from services.consolidator.scripts import FORGET_USER_LUA
 from shared import cluster, generations, streams
 from shared.codec import occurred_at, unpack
 from shared.embedding_base import Embedder
 from shared.facts import facts_with_evidence
-from shared.index import DOC_FIELD, Scope, filter_search, generation_tags, is_missing_index
+from shared.index import DOC_FIELD, Scope, is_missing_index
+from shared.index_pages import every_key
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.replies import as_bytes, bytes_list
@@ -71,13 +72,13 @@ class Forgetting:
         self.tags = tags
         self.keyring = keyring
         self._forget_user = redis.register_script(FORGET_USER_LUA)
-        self.snapshots = Snapshots(settings, redis, embedder.dim, tags={gen: tags})
+        self.snapshots = Consolidator(settings, redis, embedder.dim, tags={gen: tags})
         self._facts_due: dict[str, list[str]] = {}  # namespace -> erased episodes, facts not yet rebuilt
 
-    async def erase_episode(self, namespace: str, episode_id: str, *, facts: bool | str = True) -> None:
-        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection
-        and rebuild the facts whose evidence named it: now (`facts=True`), at the next `flush_facts`
-        (`"later"`: a batch's forgets rebuild each scope once) or not (False)."""
+    async def erase_episode(self, namespace: str, episode_id: str) -> None:
+        """Tombstone the episode, XDEL the stream entries holding its data, delete its projection; the
+        facts whose evidence named it are rebuilt at the next `flush_facts` (a batch's forgets rebuild
+        each scope once)."""
         k, g = self.keys, self.gen
         await self.redis.set(k.tombstone(namespace, episode_id), 1)
         await erasure.mark_pending(self.redis, k)  # the AOF still holds its document until rewritten
@@ -93,10 +94,7 @@ class Forgetting:
                 k.episode_stream_ids(gen, namespace, episode_id),
                 k.episode_doc(gen, namespace, episode_id),
             )
-        if facts == "later":
-            self._facts_due.setdefault(namespace, []).append(episode_id)
-        elif facts:
-            await self.forget_facts(namespace, [episode_id])
+        self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def drop_superseded(self, namespace: str, episode_id: str, event_ids: frozenset[str]) -> None:
         """Delete the events of an episode's earlier users (`Folded.superseded`) from its event hash and
@@ -131,17 +129,14 @@ class Forgetting:
         self._facts_due.setdefault(namespace, []).append(episode_id)
 
     async def flush_facts(self) -> None:
-        """Rebuild, once per namespace, the facts naming episodes erased with `facts="later"`. Raises as
-        `forget_facts` does: the batch stays pending and is applied again (erasing is idempotent)."""
+        """Rebuild (or drop), once per namespace, the facts naming episodes erased since the last flush.
+        Raises as `Consolidator.forget` does: the batch stays pending and is applied again (erasing is
+        idempotent)."""
         due, self._facts_due = self._facts_due, {}
         for namespace, episode_ids in due.items():
             with cluster.route(namespace):
-                await self.forget_facts(namespace, episode_ids)
-
-    async def forget_facts(self, namespace: str, episode_ids: list[str]) -> None:
-        """Rebuild (or drop) the facts of `namespace` whose evidence names one of `episode_ids`."""
-        await self._forget_facts_in_building(namespace, episode_ids)
-        await self.snapshots.forget(self.gen, namespace, episode_ids)
+                await self._forget_facts_in_building(namespace, episode_ids)
+                await self.snapshots.forget(self.gen, namespace, episode_ids)
 
     async def _building(self) -> int | None:
         """The generation a replay is building beside this one (`shared.generations`), if any."""
@@ -155,8 +150,7 @@ class Forgetting:
         building = await self._building()
         if building is None or not episode_ids:
             return
-        tag_key = (await self.keyring.load(self.redis)).tag_key if self.keyring is not None else None
-        tags = await generation_tags(self.redis, self.keys, building, tag_key)
+        tags = await self.snapshots.tags(building)
         try:
             affected = await facts_with_evidence(
                 self.redis, self.keys.facts_index(building), namespace, episode_ids, tags
@@ -178,8 +172,8 @@ class Forgetting:
     async def erase_user(self, namespace: str, user_id: str, forgotten_at: float) -> int:
         """Erase every episode of `user_id` in `namespace` that began no later than the user's forget
         time (UTC epoch seconds; the latest forget wins); returns the count. A later episode is new
-        activity and kept (the write scripts apply the same rule to episodes written after the forget).
-        With a key ring the user's data key is destroyed first, so every sealed copy is unreadable at
+        activity and kept (the write scripts apply the same rule to episodes written after the forget);
+        their facts are rebuilt at the next `flush_facts`. With a key ring the user's data key is destroyed first, so every sealed copy is unreadable at
         once whatever happens to the rest."""
         if self.keyring is not None:
             await self.keyring.destroy_user(self.redis, namespace, user_id, forgotten_at)
@@ -188,29 +182,20 @@ class Forgetting:
         await self._forget_user(keys=[key], args=[repr(forgotten_at)])
         stored = await self.redis.get(key)
         cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
-        index = self.keys.episode_index(self.gen)
         scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
+        found = await every_key(self.redis, self.keys.episode_index(self.gen), scope.query())
         ids: list[str] = []
-        seen = 0
-        while True:  # the ids come from the documents: the TAG field holds their digests
-            total, hits = await filter_search(
-                self.redis, index, scope, return_fields=(DOC_FIELD,), offset=seen, limit=500
-            )
-            seen += len(hits)
-            ids += [
-                eid
-                for hit in hits
-                if (eid := _doc_episode_id(hit.fields.get(DOC_FIELD.encode()))) is not None
-            ]
-            if not hits or seen >= total:
-                break
-        erased: list[str] = []
+        for start in range(0, len(found), 500):  # the ids come from the documents (TAGs hold digests)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for doc_key in found[start : start + 500]:
+                    pipe.hget(doc_key, DOC_FIELD)
+                ids += [eid for raw in await pipe.execute() if (eid := _doc_episode_id(raw)) is not None]
+        erased = 0
         for episode_id in ids:
             first = await self._first_occurred_at(namespace, episode_id)
-            if first is not None and first > cutoff:
-                continue
-            await self.erase_episode(namespace, episode_id, facts=False)
-            erased.append(episode_id)
+            if first is None or first <= cutoff:
+                await self.erase_episode(namespace, episode_id)
+                erased += 1
         # dead letters of the user's episodes, including ones that never had a document
         await deadletters.delete_user_dead_letters(
             self.redis,
@@ -219,8 +204,7 @@ class Forgetting:
             user_id,
             sealed_ref=self.keyring.ref(namespace, user_id) if self.keyring is not None else None,
         )
-        await self.forget_facts(namespace, erased)
-        return len(erased)
+        return erased
 
     async def _first_occurred_at(self, namespace: str, episode_id: str) -> float | None:
         """The earliest `occurred_at` among the episode's stored events (None if none can be read)."""

@@ -30,7 +30,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
-from engram_episodic.errors import DecodeError, EngramError
+from engram_episodic.errors import EngramError
 from engram_episodic.events import (
     ActionRecorded,
     EpisodeCompleted,
@@ -43,12 +43,13 @@ from engram_episodic.events import (
     UserForgotten,
 )
 from services.consolidator.decoding import BatchResult, Decoder, dead_reason
+from services.consolidator.facts_store import apply_snapshot
 from services.consolidator.forgetting import Forgetting
 from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
-from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA, WRITE_LUA
+from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA
 from shared import cluster, generations, streams, tracing
-from shared.codec import unpack
+from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
@@ -63,13 +64,14 @@ PROJECT_CHUNK = 32
 """Episodes per fast-path call: amortises the script's fixed cost, each call ~5 ms of Redis time."""
 
 WRITES_IN_FLIGHT = 2
-"""Fast-path pipelines of one process Redis works on at once: with one, Redis sat idle at each hand-over
-between lanes; unchecked, all lanes computed together while it sat idle (make bench, ingest: +8-10%)."""
+"""Fast-path pipelines of one process Redis works on at once: one idles Redis between lanes, more idle
+it while every lane computes."""
 
 EPISODE_EVENTS = (EpisodeStarted, ActionRecorded, EpisodeCompleted, EpisodeUpdated)
 
 
 MAX_WRITE_ATTEMPTS = 8
+_Write = tuple[str, str, Folded, dict[str, bytes], list[bytes], int, bytes]
 
 
 def _payload(entry: streams.Entry) -> bytes:
@@ -124,7 +126,6 @@ class Projector:
         self.gen = gen
         self.metrics = metrics or WorkerMetrics()
         self._record = redis.register_script(RECORD_LUA)
-        self._write = redis.register_script(WRITE_LUA)
         self._project = redis.register_script(PROJECT_LUA)
         self.forgetting = Forgetting(
             redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
@@ -147,7 +148,9 @@ class Projector:
             await self._apply_episode_events(segment, result)
             segment = []
             try:
-                await self._apply_other(entry, event)
+                # on a cluster, its searches go to the namespace's primary
+                with cluster.route(event.namespace):
+                    await self._apply_other(entry, event)
             except (EngramError, ValueError, TypeError, KeyError) as exc:
                 # content this build cannot apply (e.g. a malformed facts snapshot): dead-letter it alone
                 result.dead.append((entry, dead_reason(exc, sealed)))
@@ -297,28 +300,12 @@ class Projector:
         status per fast episode, a reply per recorded event)."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
-            calls = 0
-            chunk_keys: list[str] = []
-            chunk_args: list = []
+            items: list[_Write] = []
             for i, ((ns, eid), payloads, f) in enumerate(fast):
-                assert f.episode is not None, "the fast path holds folds that make a document"
                 sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
-                chunk_keys += [
-                    k.tombstone(ns, eid),
-                    k.episode_events(g, ns, eid),
-                    k.episode_stream_ids(g, ns, eid),
-                    k.episode_doc(g, ns, eid),
-                    *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
-                ]
-                chunk_args += [len(payloads), len(sids), repr(f.first_occurred_at)]
-                for event_id, payload in payloads.items():
-                    chunk_args += [event_id, payload]
-                chunk_args += sids
-                chunk_args.append(self._doc_fields(ns, f, vectors.get(i), hashes.get(i)))
-                if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(fast) - 1 or fast[i + 1][0][0] != ns:
-                    await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
-                    calls += 1
-                    chunk_keys, chunk_args = [], []
+                doc = self._doc_fields(ns, f, vectors.get(i), hashes.get(i))
+                items.append((ns, eid, f, payloads, sids, len(payloads), doc))
+            calls = await self._queue_project(pipe, items)
             for entry, ev in record_only:
                 await self._record(
                     keys=[
@@ -334,6 +321,33 @@ class Projector:
                 with tracing.span("engram.index.write", episodes=len(fast), events=len(record_only)):
                     replies = await pipe.execute()
         return [status for reply in replies[:calls] for status in reply], replies[calls:]
+
+    async def _queue_project(self, pipe, items: list[_Write]) -> int:
+        """Queue PROJECT_LUA on `pipe` for `items` (namespace, episode id, fold, payloads to record by
+        event id, their stream ids, the event count the hash must hold, document), up to PROJECT_CHUNK
+        consecutive episodes of one namespace per call; returns the calls queued."""
+        k, g = self.keys, self.gen
+        calls = 0
+        chunk_keys: list[str] = []
+        chunk_args: list = []
+        for i, (ns, eid, f, payloads, sids, count, doc) in enumerate(items):
+            assert f.episode is not None, "only folds that make a document are written"
+            chunk_keys += [
+                k.tombstone(ns, eid),
+                k.episode_events(g, ns, eid),
+                k.episode_stream_ids(g, ns, eid),
+                k.episode_doc(g, ns, eid),
+                *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
+            ]
+            chunk_args += [len(payloads), len(sids), count, repr(f.first_occurred_at)]
+            for event_id, payload in payloads.items():
+                chunk_args += [event_id, payload]
+            chunk_args += [*sids, doc]
+            if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(items) - 1 or items[i + 1][0] != ns:
+                await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
+                calls += 1
+                chunk_keys, chunk_args = [], []
+        return calls
 
     async def _embed(
         self, folded: Sequence[tuple[Folded, bytes | None]], known: dict[str, np.ndarray] | None = None
@@ -413,31 +427,18 @@ class Projector:
                 embed_hash,
             )
         folded: list[tuple[str, str, Folded, int, bytes | None]] = []
-        for ns, eid in episodes:
+        for ns, eid in sorted(episodes):  # by namespace: one script call touches one namespace's keys
             events, n, embed_hash = loaded[(ns, eid)]
             folded.append((ns, eid, fold(events), n, embed_hash))
         vectors, hashes = await self._embed([(f, old) for _ns, _eid, f, _n, old in folded], known)
+        writes = [i for i, (_ns, _eid, f, _n, _old) in enumerate(folded) if f.episode is not None]
         async with self.redis.pipeline(transaction=False) as pipe:
-            writes = []
-            for i, (ns, eid, f, n, _old) in enumerate(folded):
-                if f.episode is None:
-                    continue
-                await self._write(
-                    keys=[
-                        k.tombstone(ns, eid),
-                        k.episode_events(g, ns, eid),
-                        k.episode_doc(g, ns, eid),
-                        *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
-                    ],
-                    args=[
-                        n,
-                        repr(f.first_occurred_at),
-                        self._doc_fields(ns, f, vectors.get(i), hashes.get(i)),
-                    ],
-                    client=pipe,
-                )
-                writes.append(i)
-            outcomes = await pipe.execute()
+            items: list[_Write] = []
+            for i in writes:
+                ns, eid, f, n, _old = folded[i]
+                items.append((ns, eid, f, {}, [], n, self._doc_fields(ns, f, vectors.get(i), hashes.get(i))))
+            await self._queue_project(pipe, items)
+            outcomes = [status for reply in await pipe.execute() for status in reply]
         retry: list[tuple[str, str]] = []
         for i, status in zip(writes, outcomes, strict=True):
             ns, eid, f, _n, _old = folded[i]
@@ -450,50 +451,38 @@ class Projector:
     ) -> tuple[str, str] | None:
         """Copy one episode's stored events (another generation's event hash) into this generation,
         unless it is tombstoned; its (namespace, episode_id), read from the clear fields."""
-        for payload in events.values():
-            try:
-                data = unpack(payload).get("data") or {}
-                ns, eid = data["namespace"], data["episode_id"]
-                if not isinstance(ns, str) or not isinstance(eid, str):
-                    continue
-            except (DecodeError, AttributeError, KeyError, TypeError):
-                continue
-            if await self.redis.exists(self.keys.tombstone(ns, eid)):
-                return None
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(
-                    self.keys.episode_events(self.gen, ns, eid),
-                    mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
-                )
-                if stream_ids:
-                    pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
-                await pipe.execute()
-            return ns, eid
-        return None
+        ident = next(filter(None, map(peek_identity, events.values())), None)
+        if ident is None or await self.redis.exists(self.keys.tombstone(ident[0], ident[1])):
+            return None
+        ns, eid = ident[0], ident[1]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                self.keys.episode_events(self.gen, ns, eid),
+                mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
+            )
+            if stream_ids:
+                pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
+            await pipe.execute()
+        return ns, eid
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""
         result = BatchResult()
         await self._write_until_settled(episodes, result)
+        await self.forgetting.flush_facts()
         await generations.check_writable(self.redis, self.keys, self.gen)  # as in `apply`
         return result
 
     # --- forgetting and other events -----------------------------------------------------------
     async def _apply_other(self, entry: streams.Entry, event: Event) -> None:
-        with cluster.route(event.namespace):  # on a cluster, its searches go to the namespace's primary
-            await self._apply_other_event(entry, event)
-
-    async def _apply_other_event(self, entry: streams.Entry, event: Event) -> None:
         if isinstance(event, EpisodeForgotten):
             # facts: rebuilt once for the batch's forgets (`Forgetting.flush_facts`)
-            await self.forgetting.erase_episode(event.namespace, event.episode_id, facts="later")
+            await self.forgetting.erase_episode(event.namespace, event.episode_id)
             return
         await self.forgetting.flush_facts()  # a later event (a snapshot, a user's forget) sees them applied
         if isinstance(event, UserForgotten):
             await self.forgetting.erase_user(event.namespace, event.user_id, event.occurred_at)
         elif isinstance(event, FactsConsolidated):
-            from services.consolidator.facts_store import apply_snapshot
-
             await apply_snapshot(
                 self.redis,
                 self.keys,

@@ -31,20 +31,19 @@ from engram_episodic.errors import Conflict
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import generations, streams
-from shared.cluster import search_targets
 from shared.embedding_base import Embedder
-from shared.facts import replay_record
+from shared.facts import index_docs, replay_record
 from shared.index import (
     current_generation,
+    embedder_mismatch,
     ensure_episode_index,
     index_exists,
-    index_size,
     point_alias_at,
 )
 from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
 from shared.partitions import check_partitions
-from shared.replies import as_text, bytes_list, bytes_map
+from shared.replies import bytes_list, bytes_map
 from shared.settings import Settings
 
 log = logging.getLogger("engram.replay")
@@ -103,16 +102,13 @@ async def _project_range(
 ) -> int:
     """Project the entries with ids in (`after`, `until`] (`after` None: from the first); returns the
     count. The range is fixed, so this ends however fast entries are published meanwhile."""
-    count = 0
-    start = b"-" if after is None else b"(" + after
-    while True:
-        page = await streams.read_range(redis, stream, start, until, count=PAGE)
-        if not page:
-            return count
+    count, start = 0, b"-" if after is None else b"(" + after
+    while page := await streams.read_range(redis, stream, start, until, count=PAGE):
         await projector.apply(page)
         start = b"(" + page[-1].stream_id
         count += len(page)
         progress.advance(len(page))
+    return count
 
 
 async def _passes_before_swap(
@@ -246,11 +242,7 @@ async def _build(
         point_alias=False,
     )
     # facts carry centroids of their generation's embedder: another's are computed again
-    built_with = await redis.hmget(keys.meta, [f"g{old}:embedder", f"g{old}:dim"])
-    reembed = built_with[0] is not None and (as_text(built_with[0]), int(built_with[1] or 0)) != (
-        embedder.name,
-        dim,
-    )
+    reembed = await embedder_mismatch(redis, keys, old, embedder.name, dim) is not None
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
     projector = Projector(
         redis,
@@ -262,10 +254,11 @@ async def _build(
         settings=settings,
         reembed_facts=reembed,
     )
-    progress.phase("snapshot", await _episode_count(redis, keys, old))
+    # the snapshot's size, near enough (None: no index yet, a first replay)
+    progress.phase("snapshot", await index_docs(redis, keys.episode_index(old)) or None)
     snapshot = await _import_snapshot(projector, redis, keys, old, progress)
     await import_fact_snapshots(
-        redis, keys, old, new, dim, tags, projector.keyring, reembed=projector.reembed_facts
+        redis, keys, old, new, dim, tags, projector.decoder, reembed=projector.reembed_facts
     )
     ends, first_pass = await _passes_before_swap(projector, redis, keys.streams, progress)
     await point_alias_at(redis, keys.episode_index_alias, keys.episode_index(new))
@@ -321,21 +314,5 @@ async def _facts_of(redis: aioredis.Redis, keys: Keys, gen: int) -> dict[str, in
         ids = await redis.hget(key, "ids")
         scopes += 1
         facts += len(json.loads(ids)) if ids else 0
-    indexed = await _index_docs(redis, keys.facts_index(gen)) if facts else 0
+    indexed = await index_docs(redis, keys.facts_index(gen)) if facts else 0
     return {"facts": facts, "fact_scopes": scopes, "facts_indexed": indexed or 0}
-
-
-async def _index_docs(redis: aioredis.Redis, index: str) -> int | None:
-    """Documents in `index` (on a shard-local cluster the sum over every namespace's), None when there
-    is no such index."""
-    try:
-        targets = await search_targets(redis, index)
-        return sum([await index_size(redis, name, **target) for name, target in targets])
-    except ResponseError:
-        return None
-
-
-async def _episode_count(redis: aioredis.Redis, keys: Keys, gen: int) -> int | None:
-    """Documents in generation `gen`'s episode index (the snapshot's size, near enough), or None when
-    empty or unknown (no index yet: a first replay)."""
-    return await _index_docs(redis, keys.episode_index(gen)) or None

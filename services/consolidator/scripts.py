@@ -1,7 +1,6 @@
 """The Lua scripts of the projection and of a forget time, each one atomic check-and-write: an
 episode's events are recorded and its document written only while its event hash holds exactly the
-events folded and no tombstone applies (`RECORD_LUA`, `WRITE_LUA`, `PROJECT_LUA`, sharing
-`REPLACE_DOC_LUA`); `FORGET_USER_LUA` raises a user's, agent's or session's forget time.
+events folded and no tombstone applies (`RECORD_LUA`, `PROJECT_LUA`, sharing `REPLACE_DOC_LUA`); `FORGET_USER_LUA` raises a user's, agent's or session's forget time.
 """
 
 RECORD_LUA = """
@@ -43,19 +42,6 @@ end
 """True when one of the three scope tombstones at `keys[first..first+2]` (`Keys.scope_tombstones`: the
 user's, the agent's, the session's forget time) is no earlier than `began`, the episode's first event."""
 
-WRITE_LUA = (
-    REPLACE_DOC_LUA
-    + FORGOT_SINCE_LUA
-    + """
-if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
-if forgot_since(KEYS, 4, ARGV[2]) then return -2 end
-if redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
-local was = replace_doc(KEYS[3], ARGV[3])
-if was == 'completed' then return 1 end
-return 2
-"""
-)
-
 PROJECT_LUA = (
     REPLACE_DOC_LUA
     + FORGOT_SINCE_LUA
@@ -67,25 +53,26 @@ for e = 0, #KEYS / 7 - 1 do
   local n, nsids = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   local status
   if redis.call('EXISTS', KEYS[k + 1]) == 1 then status = -1 else
-    for i = a + 3, a + 2 + 2 * n, 2 do redis.call('HSETNX', KEYS[k + 2], ARGV[i], ARGV[i + 1]) end
-    redis.call('SADD', KEYS[k + 3], unpack(ARGV, a + 3 + 2 * n, a + 2 + 2 * n + nsids))
-    if redis.call('HLEN', KEYS[k + 2]) ~= n then status = 0 else
-      if forgot_since(KEYS, k + 5, ARGV[a + 2]) then status = -2 else
-        local was = replace_doc(KEYS[k + 4], ARGV[a + 3 + 2 * n + nsids])
+    for i = a + 4, a + 3 + 2 * n, 2 do redis.call('HSETNX', KEYS[k + 2], ARGV[i], ARGV[i + 1]) end
+    if nsids > 0 then redis.call('SADD', KEYS[k + 3], unpack(ARGV, a + 4 + 2 * n, a + 3 + 2 * n + nsids)) end
+    if redis.call('HLEN', KEYS[k + 2]) ~= tonumber(ARGV[a + 2]) then status = 0 else
+      if forgot_since(KEYS, k + 5, ARGV[a + 3]) then status = -2 else
+        local was = replace_doc(KEYS[k + 4], ARGV[a + 4 + 2 * n + nsids])
         if was == 'completed' then status = 1 else status = 2 end
       end
     end
   end
   out[e + 1] = status
-  a = a + 4 + 2 * n + nsids
+  a = a + 5 + 2 * n + nsids
 end
 return out
 """
 )
-"""The fast path for up to PROJECT_CHUNK episodes. Per episode, KEYS: tombstone, event hash, stream-id
-set, document, the user's, agent's and session's tombstones; ARGV: n events, n stream ids, first
-occurred_at, (event_id, payload) x n, stream ids, the document as one msgpack blob. Returns per episode
--1 (tombstoned: nothing recorded), 0 (recorded, the hash holds other events too: fold the stored set),
+"""Records and writes up to PROJECT_CHUNK episodes (the slow path records nothing, n = 0). Per episode,
+KEYS: tombstone, event hash, stream-id set, document, the user's, agent's and session's tombstones;
+ARGV: n events, n stream ids, the event count folded, first occurred_at, (event_id, payload) x n,
+stream ids, the document as one msgpack blob. Returns per episode -1 (tombstoned: nothing recorded),
+0 (recorded, the hash holds other events than those folded: fold the stored set),
 -2 (recorded; its user, agent or session was forgotten after it began), 1 (document rewritten) or 2
 (document new, or newly completed)."""
 

@@ -3,7 +3,7 @@
 
 It sees the fact's statistics text and the tasks of its most central episodes; the answer is clipped
 to `Settings.summarizer_max_chars`. Any failure keeps the deterministic text (the consolidator marks
-the fact `summary="fallback"` and retries it next run), is logged and counted in `failures` and
+the fact `summary="fallback"` and retries it next run), is logged and counted in
 `engram_summarizer_failures_total{reason}` (`http`, `timeout`, `connection`, `malformed`, `empty`).
 """
 
@@ -53,7 +53,6 @@ class Summarizer:
         self.api_key = api_key
         self.timeout = timeout
         self.max_chars = max_chars
-        self.failures = 0
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
@@ -101,7 +100,6 @@ class Summarizer:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
             if isinstance(exc, TimeoutError):
                 reason = "timeout"
-            self.failures += 1
             if self.failures_metric is not None:
                 self.failures_metric.labels(reason).inc()
             log.warning(

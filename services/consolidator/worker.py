@@ -55,6 +55,7 @@ EMBEDDER_BACKOFF = (0.5, 30.0)
 so with ENGRAM_MAX_DELIVERIES 5 about half a minute of outage dead-letters it."""
 OWN_PENDING_CHECK_SECONDS = 2.0
 """How often an idle worker looks for entries pending to its name that no lane holds (`OwnPending`)."""
+OUTAGES: tuple[type[Exception], ...] = (EmbedderUnavailable, *TRANSIENT)  # waited out, the batch pending
 SWEEP_CHECK_SECONDS = 5.0  # how often lane 0 asks whether dead generations are to be swept
 
 
@@ -163,9 +164,10 @@ class Worker:
         # the live generation this process last swept dead ones under (None: not yet) and when it checked
         self._swept_under: int | None = None
 
-    async def setup(self) -> None:
+    async def setup(self) -> bool:
         """Ensure the consumer group on every partition and the live generation's index (Conflict on
-        another embedder); ConfigError when the deployment records another number of partitions."""
+        another embedder); ConfigError when the deployment records another number of partitions.
+        Returns True (for `until_available`)."""
         await cluster.check_search(self.redis)  # before anything is created
         await check_partitions(
             self.redis,
@@ -174,13 +176,12 @@ class Worker:
             explicit=self.settings.stream_partitions is not None,
         )
         await self.partitions.ensure()
-        if (
-            self.keyring is not None
-        ):  # MasterKeyMismatch (a Conflict) when another master key wrapped the keys
+        if self.keyring is not None:  # MasterKeyMismatch (a Conflict): another master key wrapped them
             await self.keyring.load(self.redis)
         else:  # an encrypted deployment's worker without the master key would dead-letter everything
             await require_plaintext_deployment(self.redis, self.keys)
         await self._projector()
+        return True
 
     async def _projector(self) -> Projector:
         gen = await current_generation(self.redis, self.keys)
@@ -210,10 +211,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, with `settings.in_flight` lanes sharing the consumer name (safe as
         N workers are). A Conflict in a lane stops the others after their batch in hand and is raised."""
-        if (
-            await until_available(self._setup_done, what=f"start of worker {self.name}", log=log, stop=stop)
-            is None
-        ):
+        if await until_available(self.setup, what=f"start of worker {self.name}", log=log, stop=stop) is None:
             return
         log.info(
             "worker %s ◆ consuming %s%s as group %s ◆ %d batch(es) in flight",
@@ -242,10 +240,6 @@ class Worker:
             log.warning("worker %s ◆ could not remove its consumer: %s", self.name, exc)
         log.info("worker %s ◆ stopped ◆ %d processed", self.name, self.processed)
 
-    async def _setup_done(self) -> bool:
-        await self.setup()
-        return True
-
     def _beat(self, lane: int) -> None:
         """`lane` is turning now (`/healthz`: `services.consolidator.health`)."""
         self.lane_beats[lane] = time.monotonic()
@@ -273,19 +267,16 @@ class Worker:
                 conflicts.append(exc)
                 halt.set()
                 return
-            except EmbedderUnavailable as exc:
-                delay = embedder_backoff.next()
+            except OUTAGES as exc:
+                down = isinstance(exc, EmbedderUnavailable)
+                delay = (embedder_backoff if down else backoff).next()
                 log.warning(
-                    "worker %s ◆ embedder unavailable (%s); the batch stays pending, read again in %.1fs",
+                    "worker %s ◆ %s unavailable (%s); the batch stays pending, read again in %.1fs",
                     self.name,
+                    "embedder" if down else "redis",
                     str(exc)[:300],
                     delay,
                 )
-                self.own.again()
-                await wait_or_stop(stop, delay)
-            except TRANSIENT as exc:
-                delay = backoff.next()
-                log.warning("worker %s ◆ redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
                 self.own.again()
                 await wait_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
@@ -508,13 +499,14 @@ class Worker:
             )
             return None
 
+    async def _dead_letter(self, group: streams.StreamGroup, entry: streams.Entry, reason: str) -> None:
+        await deadletters.dead_letter(group, self.keys, entry, reason, consumer=self.name)
+        self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
+        log.warning("worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200])
+
     async def _finish(self, group: streams.StreamGroup, result: BatchResult) -> None:
         for entry, reason in result.dead:
-            await deadletters.dead_letter(group, self.keys, entry, reason, consumer=self.name)
-            self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
-            log.warning(
-                "worker %s ◆ dead-lettered %s ◆ %s", self.name, entry.stream_id.decode(), reason[:200]
-            )
+            await self._dead_letter(group, entry, reason)
         await group.ack(result.ok)
         for sid in result.ok:
             self.last_errors.pop((group.stream, sid), None)
@@ -535,8 +527,7 @@ class Worker:
                     f"{self.last_errors.get((group.stream, entry.stream_id), 'unknown (worker died or timed out)')}"
                 )
                 exhausted = streams.Entry(entry.stream_id, entry.payload, n, stream=group.stream)
-                await deadletters.dead_letter(group, self.keys, exhausted, reason, consumer=self.name)
-                self.metrics.dead_letters.labels("DeliveryLimit").inc()
+                await self._dead_letter(group, exhausted, reason)
             else:
                 keep.append(entry)
         return keep

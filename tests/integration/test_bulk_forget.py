@@ -236,7 +236,7 @@ async def test_an_agent_or_session_forget_also_erases_episodes_still_in_flight(a
 
 async def test_an_episode_begun_before_its_agents_forget_is_refused_on_the_slow_path(api, settings, redis):
     """Its first event (an action) was recorded before the forget, without a document for the index to
-    list; its completion arrives after: the write script (`WRITE_LUA`) refuses and erases it."""
+    list; its completion arrives after: the write script (`PROJECT_LUA`) refuses and erases it."""
     import time
 
     from engram_episodic.events import Action, ActionRecorded, Episode, EpisodeCompleted, Task

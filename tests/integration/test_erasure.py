@@ -279,6 +279,27 @@ async def test_dead_letters_of_sealed_entries_hold_no_plaintext_and_go_with_thei
     assert await redis.xrange(keys.stream) == []
 
 
+async def test_the_erasure_pass_keeps_a_forget_until_every_group_acked_it(settings, redis):
+    """A forget event undelivered, or delivered and pending, may still have to be applied: only once
+    every group acked it does the erasure pass drop it (another group reading the stream included)."""
+    from services.consolidator import erasure
+
+    keys = Keys(settings.prefix)
+    await make_worker(settings, redis).setup()
+    await redis.xgroup_create(keys.stream, "other", id="0")
+    await client_for(settings, redis).forget_episode("gone")
+    assert await erasure.drop_applied_forgets(redis, keys) == 0  # delivered to no group
+    for group in (settings.consumer_group, "other"):
+        await redis.xreadgroup(group, "c", {keys.stream: ">"}, count=10)
+    assert await erasure.drop_applied_forgets(redis, keys) == 0  # pending in both
+    ((sid, _fields),) = await redis.xrange(keys.stream)
+    await redis.xack(keys.stream, settings.consumer_group, sid)
+    assert await erasure.drop_applied_forgets(redis, keys) == 0  # "other" has not acked it
+    await redis.xack(keys.stream, "other", sid)
+    assert await erasure.drop_applied_forgets(redis, keys) == 1
+    assert await redis.xrange(keys.stream) == []
+
+
 async def _sealed_payload(ring: KeyRing, redis, event) -> bytes:
     """The payload the SDK would publish for `event`, read back from a scratch stream."""
     scratch = f"{ring.keys.prefix}scratch"

@@ -13,8 +13,7 @@ from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
 from engram_episodic.shapes import to_plain
 from services.consolidator.deadletters import list_dead_letters
-from services.consolidator.facts import Consolidator
-from services.consolidator.facts_snapshots import ContributorForgotten
+from services.consolidator.facts import Consolidator, ContributorForgotten
 from services.consolidator.facts_store import load_state
 from services.consolidator.replay import replay
 from shared import codec, fact_seal, streams

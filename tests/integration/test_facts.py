@@ -397,12 +397,12 @@ async def test_crash_mid_consolidation_keeps_old_facts(seeded, redis):
     async def crash(event):
         raise RuntimeError("killed after computing, before publishing")
 
-    cons.publish = crash
+    cons.publish_snapshot = crash
     with pytest.raises(RuntimeError, match="killed"):
         await cons.consolidate(FactScope("ns"))
     assert await facts(redis, settings) == before
     assert await streams.length(redis, Keys(settings.prefix).stream) == stream_len + 1  # only the episode
-    del cons.publish  # the lease was released: the next run succeeds
+    del cons.publish_snapshot  # the lease was released: the next run succeeds
     assert (await cons.consolidate(FactScope("ns"))).status == "published"
 
 
@@ -523,7 +523,7 @@ async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis,
     """The projector's forget hook built its Consolidator from default Settings, so a forget-triggered
     rebuild held the scope's lock for the default 30 s lease whatever ENGRAM_LEASE_MS said:
     while the rebuild runs, the lock's PTTL is within the configured lease (2 s in these tests)."""
-    from services.consolidator.facts_snapshots import Snapshots
+    from services.consolidator.facts import Consolidator
 
     settings, worker, cons = seeded
     assert settings.lease_ms < Settings().lease_ms
@@ -532,13 +532,13 @@ async def test_a_forget_rebuilds_facts_under_the_configured_lease(seeded, redis,
     (mig,) = [f for f in await facts(redis, settings) if "mig-0" in f.evidence]
     keys = Keys(settings.prefix)
     held: list[tuple[str, int]] = []
-    rebuild = Snapshots._forget_in_scope
+    rebuild = Consolidator._forget_in_scope
 
     async def spy(consolidator, gen, namespace, scope_id, forgotten):
         held.append((scope_id, await redis.pttl(keys.consolidation_lock(namespace, scope_id))))
         return await rebuild(consolidator, gen, namespace, scope_id, forgotten)
 
-    monkeypatch.setattr(Snapshots, "_forget_in_scope", spy)
+    monkeypatch.setattr(Consolidator, "_forget_in_scope", spy)
     await EngramClient(redis, namespace="ns", prefix=settings.prefix).forget_episode("mig-0")
     await drain(worker)
     assert [scope_id for scope_id, _ in held] == [FactScope("ns").scope_id]
@@ -551,19 +551,19 @@ async def test_forgets_in_one_batch_rebuild_a_fact_once(seeded, redis, monkeypat
     """`DELETE /v1/agents/{id}` of 2,330 episodes in a fact's evidence took 160 s (a
     user's forget of as many: 2 s): every `EpisodeForgotten` rebuilt the scope's facts on its own. The
     batch's forgets now rebuild each scope once, after all of them are erased."""
-    from services.consolidator.facts_snapshots import Snapshots
+    from services.consolidator.facts import Consolidator
 
     settings, worker, cons = seeded
     await cons.consolidate(FactScope("ns"))
     await drain(worker)
     rebuilt: list[tuple[str, tuple[str, ...]]] = []
-    rebuild = Snapshots._forget_in_scope
+    rebuild = Consolidator._forget_in_scope
 
     async def spy(consolidator, gen, namespace, scope_id, forgotten):
         rebuilt.append((scope_id, tuple(sorted(forgotten))))
         return await rebuild(consolidator, gen, namespace, scope_id, forgotten)
 
-    monkeypatch.setattr(Snapshots, "_forget_in_scope", spy)
+    monkeypatch.setattr(Consolidator, "_forget_in_scope", spy)
     client = EngramClient(redis, namespace="ns", prefix=settings.prefix)
     gone = [f"mig-{i}" for i in range(6)]
     for eid in gone:

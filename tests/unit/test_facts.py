@@ -205,9 +205,16 @@ def test_property_any_interleaving_of_publishes_and_consolidations_gives_the_sin
 def test_fact_text_never_calls_a_high_success_rate_mixed():
     from services.consolidator.facts_plan import _text
 
-    text = _text("best_practice", 9, 9, None, [], [], [], 1.7e9, 1.7e9, ["fix the flaky test"], [])
+    def fact(support: int, successes: int) -> Fact:
+        return Fact(
+            **dict(fact_id="f", namespace="ns", scope_id="s", level="namespace", kind="best_practice"),
+            **dict(text="", base_text="", support=support, successes=successes, success_rate=0.0),
+            **dict(first_at=1.7e9, last_at=1.7e9, confidence=0.5, created_at=0.0, updated_at=0.0),
+        )
+
+    text = _text(fact(9, 9), ["fix the flaky test"])
     assert text.startswith("What works:") and "9 of 9" in text
-    assert _text("best_practice", 10, 5, None, [], [], [], 1.7e9, 1.7e9, [], []).startswith("Mixed results:")
+    assert _text(fact(10, 5), []).startswith("Mixed results:")
 
 
 def test_the_planner_imports_neither_redis_nor_asyncio():
