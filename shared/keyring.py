@@ -305,16 +305,6 @@ class KeyRing:
         return counts
 
 
-async def require_plaintext_deployment(redis: aioredis.Redis, keys: Keys) -> None:
-    """For a process without a master key: ConfigError if this deployment's stream is encrypted."""
-    blob = cast(bytes | None, await redis.hget(keys.deployment_key, "w"))  # bytes replies (shared.redis_conn)
-    if blob is not None:
-        raise ConfigError(
-            f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) encrypts its stream with master key "
-            f"{wrapped_master_id(blob)}: set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE"
-        )
-
-
 _RINGS: dict[tuple[Keys, bytes], KeyRing] = {}
 
 

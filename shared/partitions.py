@@ -51,7 +51,7 @@ async def recorded(redis: aioredis.Redis, keys: Keys) -> int | None:
 async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, explicit: bool = True) -> None:
     """Record `LAYOUT`, `sealed` (a master key) and `keys.partitions` where nothing is recorded, else
     require them (`explicit`: P was set, not the topology's default). ConfigError, saying what to do,
-    for another layout, a master key on a plaintext deployment, or another P."""
+    for another layout, a master key on a plaintext deployment, none on an encrypted one, or another P."""
     proposed = keys.partitions
     layout, raw, recorded_sealed = await redis.register_script(START_LUA)(
         keys=[keys.meta], args=[FIELD, proposed, LAYOUT, int(sealed)]
@@ -72,6 +72,13 @@ async def check_partitions(redis: aioredis.Redis, keys: Keys, *, sealed: bool, e
             f"ENGRAM_PREFIX={keys.prefix!r} was started without a master key, so its stream holds plaintext: "
             "a master key applies to a fresh prefix (ENGRAM_PREFIX=<new prefix>; `engram export`, then "
             "`engram import` into it)"
+        )
+    if not sealed and recorded_sealed == b"1":
+        # a process without the key would read every entry as undecodable: a replay would swap in an
+        # empty generation, a worker dead-letter everything, a publisher write plaintext beside sealed
+        raise ConfigError(
+            f"this deployment (ENGRAM_PREFIX={keys.prefix!r}) encrypts its stream: set ENGRAM_MASTER_KEY or "
+            "ENGRAM_MASTER_KEY_FILE (`make run` keeps it in ENGRAM_DATA_DIR/master.key)"
         )
     have = int(raw)
     if have != proposed:

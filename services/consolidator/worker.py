@@ -42,7 +42,7 @@ from shared.index import (
     embedder_setting,
     ensure_episode_index,
 )
-from shared.keyring import KeyRing, require_plaintext_deployment
+from shared.keyring import KeyRing
 from shared.partitions import check_partitions
 from shared.retry import TRANSIENT, Backoff, until_available, wait_or_stop
 from shared.settings import Settings
@@ -178,8 +178,6 @@ class Worker:
         await self.partitions.ensure()
         if self.keyring is not None:  # MasterKeyMismatch (a Conflict): another master key wrapped them
             await self.keyring.load(self.redis)
-        else:  # an encrypted deployment's worker without the master key would dead-letter everything
-            await require_plaintext_deployment(self.redis, self.keys)
         await self._projector()
         return True
 

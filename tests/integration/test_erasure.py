@@ -24,7 +24,7 @@ from shared import streams
 from shared.codec import decode, encode, payload_ref
 from shared.crypto import MasterKey, MasterKeyMismatch, read_master_key_file
 from shared.embedding import HashingEmbedder
-from shared.index import Scope, count
+from shared.index import Scope, count, current_generation
 from shared.keyring import KeyRing
 from shared.keys import Keys
 from shared.redis_conn import connect
@@ -354,8 +354,19 @@ async def test_a_deployment_keeps_the_encryption_it_started_with(settings, seale
     assert await redis.xlen(keys.stream) == length and not await redis.exists(keys.deployment_key)
     encrypted = sealed.with_(prefix=f"{sealed.prefix}enc:")
     await client_for(encrypted, redis).record(episode("sealed", user_id="u"))
+    await drain(make_worker(encrypted, redis))
+    keyless = settings.with_(prefix=encrypted.prefix)
     with pytest.raises(ConfigError, match="ENGRAM_MASTER_KEY"):
-        await make_worker(settings.with_(prefix=encrypted.prefix), redis).setup()
+        await make_worker(keyless, redis).setup()
+    # without the key every entry is undecodable: a replay would swap in an empty generation
+    enc_keys = Keys(encrypted.prefix)
+    generation = await current_generation(redis, enc_keys)
+    with pytest.raises(ConfigError, match="encrypts its stream"):
+        await replay(keyless, redis, HashingEmbedder(keyless.embed_dim))
+    assert await current_generation(redis, enc_keys) == generation
+    assert set(await docs(redis, enc_keys, "ns", master_key=encrypted.master_key)) == {"sealed"}
+    with pytest.raises(ConfigError, match="encrypts its stream"):  # nor is plaintext written beside it
+        await client_for(keyless, redis).record(episode("plain", user_id="u"))
 
 
 async def test_rotate_master_key_rewraps_every_key_and_keeps_the_data_readable(sealed, redis):
@@ -615,13 +626,14 @@ async def test_make_run_generates_a_master_key_and_its_stack_seals_and_shreds(tm
 async def test_a_publisher_without_the_master_key_cannot_write_plaintext_into_an_encrypted_deployment(
     sealed, redis
 ):
-    """Plaintext entries in an encrypted log would escape shredding: the publish script refuses them in
-    the same atomic step as the XADD, so nothing is written, and the error says what to configure."""
+    """Plaintext entries in an encrypted log would escape shredding: the publisher is refused before
+    writing (and the publish script refuses them in the same atomic step as the XADD, should the
+    deployment turn encrypted after that check), and the error says what to configure."""
     keys = Keys(sealed.prefix)
     await client_for(sealed, redis).record(episode("sealed-one"))  # the deployment secret now exists
     before = await redis.xlen(keys.stream)
     plain = EngramClient(redis, namespace="ns", prefix=sealed.prefix)
-    with pytest.raises(ConfigError, match="encrypts its stream: nothing was published"):
+    with pytest.raises(ConfigError, match="encrypts its stream"):
         await plain.record(episode("plain-one", user_id="u"))
     assert await redis.xlen(keys.stream) == before
     # a deployment without encryption takes plaintext publishers as before
