@@ -109,16 +109,22 @@ async def _replay_task(
 ) -> dict[str, int]:
     """Rebuild every projection into a new generation with `settings.embedder`; the replay's
     counts. `keep_embedder` (`replay`): ConfigError, before anything is written, when `settings.embedder`
-    is not the current generation's."""
+    is not the current generation's; otherwise `embedder_changed` (1 or 0) says whether it is."""
     from services.consolidator.replay import replay as do_replay
     from shared.embedding import loaded_embedder
+    from shared.index import current_generation, embedder_mismatch
 
     async with contextlib.AsyncExitStack() as stack:
         redis = await stack.enter_async_context(connected(settings))
         embedder = await loaded_embedder(stack, settings)
         if keep_embedder:
             await _same_embedder(redis, settings, embedder.name, embedder.dim)
-        return await do_replay(settings, redis, embedder, progress)
+        gen = await current_generation(redis, settings.keys)
+        changed = await embedder_mismatch(redis, settings.keys, gen, embedder.name, embedder.dim)
+        return {
+            **await do_replay(settings, redis, embedder, progress),
+            "embedder_changed": int(changed is not None),
+        }
 
 
 async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
@@ -216,6 +222,15 @@ def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any
         bars.close()
     seconds = time.perf_counter() - start
     done = counts["snapshot_episodes"] + counts["entries"]
+    if counts["embedder_changed"]:
+        from shared.index import embedder_setting
+
+        click.echo(
+            "restart the consolidators and the query service with "
+            f"{embedder_setting(settings.embedder, settings.embed_dim)}: until then they pause (/readyz "
+            "says embedder: false)",
+            err=True,
+        )
     if as_json:
         click.echo(json.dumps({**counts, "embedder": settings.embedder, "seconds": round(seconds, 3)}))
         return

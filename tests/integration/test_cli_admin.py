@@ -61,6 +61,7 @@ async def test_replay_and_reindex_draw_progress_and_summarize(settings, redis, m
     assert out.exit_code == 0, out.output
     assert re.search(r"reindex: generation \d+ → \d+ \(hashing\): 12 episodes from the snapshot", out.stdout)
     assert not BAR.search(out.stderr)  # --no-progress: no bar (log lines may be there)
+    assert "restart the consolidators" not in out.stderr  # the same embedder: nothing to restart
     assert await current_generation(redis, keys) == before + 2
 
     # a replay keeps the index's embedder: another one (here another dimension) is refused before
@@ -71,6 +72,15 @@ async def test_replay_and_reindex_draw_progress_and_summarize(settings, redis, m
     assert "replay keeps the index's embedder" in out.output
     assert f"ENGRAM_EMBEDDER=hashing ENGRAM_EMBED_DIM={settings.embed_dim}" in out.output
     assert await current_generation(redis, keys) == before + 2
+
+    # a reindex to another embedder says what the running stack needs (it pauses until then)
+    out = await invoke("reindex", "--embedder", "hashing", "--no-progress", "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["embedder_changed"] == 1
+    assert (
+        f"restart the consolidators and the query service with ENGRAM_EMBEDDER=hashing "
+        f"ENGRAM_EMBED_DIM={settings.embed_dim * 2}" in out.stderr
+    )
 
 
 async def test_dead_letters_and_redrive(settings, redis, monkeypatch):
