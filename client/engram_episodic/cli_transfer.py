@@ -20,6 +20,7 @@ from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import Episode
 from engram_episodic.parts import request_bodies
 from engram_episodic.shapes import episode_to_dict
+from engram_episodic.timeutil import format_instant
 
 IMPORT_BATCH = 500  # episodes per `publish` call (one progress step); it splits them by the body limit
 
@@ -119,6 +120,7 @@ def import_command(
     bars = Bars(enabled=progress, units={"import": "episode"})
     done = 0
     forgotten: list[str] = []  # ids this stack forgot: not published, never stored again
+    expired: list[str] = []  # with --wait: published past their expires_at, so hidden and erased soon
 
     def publish(client: Any) -> int:
         nonlocal done
@@ -128,11 +130,14 @@ def import_command(
                 batch = episodes[start : start + IMPORT_BATCH]
                 try:
                     result = client.publish(batch, wait=wait)
-                except WaitTimeout as exc:  # forgotten ids alone are not a failure of the import
+                except WaitTimeout as exc:  # forgotten or expired ids alone do not stop the import
                     result = exc.result
-                    if result is None or any(not a.projected and not a.forgotten for a in result.results):
+                    if result is None or any(
+                        not a.projected and a.reason not in ("forgotten", "expired") for a in result.results
+                    ):
                         raise
                 forgotten.extend(a.episode_id for a in result.results if a.forgotten)
+                expired.extend(a.episode_id for a in result.results if a.reason == "expired")
                 done += len(batch)
                 bars.advance(len(batch))
         finally:
@@ -150,20 +155,32 @@ def import_command(
                 err=True,
             )
         raise
+    imported = n - len(forgotten) - len(expired)
     if as_json:
-        click.echo(json.dumps({"imported": n - len(forgotten), "forgotten": forgotten}))
-    if forgotten:
-        shown = ", ".join(forgotten[:10]) + (
-            f" and {len(forgotten) - 10} more" if len(forgotten) > 10 else ""
+        click.echo(json.dumps({"imported": imported, "forgotten": forgotten}))
+    if expired:  # published, but hidden at once: not imported, and an error (exit status 1)
+        at = {e.episode_id: (number, e.expires_at) for (number, _), e in zip(lines, episodes, strict=True)}
+        named = [f"{i} ({file.name}:{at[i][0]}, expires_at {format_instant(at[i][1])})" for i in expired]
+        raise click.ClickException(
+            f"imported {imported} of {len(episodes)} episodes; {len(expired)} "
+            f"{'was' if len(expired) == 1 else 'were'} not, as its expires_at had already passed (an expired "
+            f"episode is hidden from every read and erased; give it a later expires_at or none): {_shown(named)}"
+            + (f"; {len(forgotten)} forgotten here before: {_shown(forgotten)}" if forgotten else "")
         )
+    if forgotten:
         click.echo(
-            f"imported {_episodes_n(n - len(forgotten))}; {len(forgotten)} "
+            f"imported {_episodes_n(imported)}; {len(forgotten)} "
             f"{'was' if len(forgotten) == 1 else 'were'} not, as the episode_id was forgotten here before "
-            f"and a forgotten id is never stored again: {shown}",
+            f"and a forgotten id is never stored again: {_shown(forgotten)}",
             err=True,
         )
         return
     click.echo(f"imported {_episodes_n(n)}", err=True)
+
+
+def _shown(items: list[str]) -> str:
+    """The first 10 of `items`, comma-separated, and how many more."""
+    return ", ".join(items[:10]) + (f" and {len(items) - 10} more" if len(items) > 10 else "")
 
 
 def _episodes_n(n: int) -> str:

@@ -286,3 +286,26 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
     one.write_text(json.dumps(batch()[7]), encoding="utf-8")
     out = await run(api, "publish", str(one), key=KEY_A)
     assert "not published ep-7: it was forgotten before" in out.output, out.output
+
+
+async def test_an_import_with_wait_says_once_that_an_expired_episode_was_not_imported(
+    make_client, settings, tmp_path
+):
+    """A line whose expires_at had passed, imported with --wait, printed both "imported 0 of 1 episodes;
+    the error is in the batch" and "accepted, but exp-1: expired": one says nothing went in, the other
+    that it did. Now one message names the episode, its line and its expires_at; the other lines import."""
+    api = await make_client(api_keys={KEY_A: "team-a"})
+    old = {"started_at": 1_700_000_000, "completed_at": 1_700_000_060, "expires_at": 1_700_000_100}
+    lines = [
+        {"episode_id": "live-1", "task": "rotate the keys", "outcome": "success"},
+        {"episode_id": "exp-1", "task": "renew the certificate", "outcome": "success", **old},
+    ]
+    file = tmp_path / "expired.jsonl"
+    file.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    async with running_worker(settings, "importer"):
+        out = await run(api, "import", str(file), "--wait", "20", "--no-progress", key=KEY_A)
+    assert out.exit_code == 1, out.output
+    assert "imported 1 of 2 episodes; 1 was not, as its expires_at had already passed" in out.output
+    assert "expired.jsonl:2, expires_at 2023-11-14T22:15:00Z)" in out.output and "exp-1 (" in out.output
+    assert "error is in the batch" not in out.output and "accepted, but" not in out.output, out.output
+    assert (await api.get("/v1/episodes/live-1", headers=auth(KEY_A))).status == 200
