@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from engram_episodic.calls import MAX_WAIT
+from engram_episodic.calls import MAX_WAIT, Calls
 from engram_episodic.cli_common import call, scope_of, scoped, service_options
 from engram_episodic.cli_transfer import export_command, import_command
 from engram_episodic.hooks.commands import register as register_hooks
@@ -242,12 +242,15 @@ def record(
 @click.pass_context
 def facts(ctx: click.Context, query: str | None, as_json: bool, **options: Any) -> None:
     """Facts (semantic memory) near QUERY, or the most confident ones without it."""
-    found = call(ctx, lambda c: c.search_facts(query, **scope_of(**options)))
-    if as_json:
-        _emit([f.raw for f in found])
+    if as_json:  # the service's answer as it came (`results`, and `as_of` when given), as other commands
+        _emit(call(ctx, lambda c: c.call(Calls.search_facts(query, **scope_of(**options)).as_json())))
         return
+    found = call(ctx, lambda c: c.search_facts(query, **scope_of(**options)))
+    # the level tells apart one fact distilled for the namespace and for an agent's category
     for fact in found:
-        click.echo(f"{fact.kind:16} support {fact.support:4}  {fact.fact_id}  {fact.text[:100]}")
+        click.echo(
+            f"{fact.kind:16} {fact.level:14} support {fact.support:4}  {fact.fact_id}  {fact.text[:100]}"
+        )
     if not found:
         click.echo("no facts in this scope", err=True)
 

@@ -3,6 +3,8 @@ and facts in POST /v1/context."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shared.embedding import EmbedderUnavailable, HashingEmbedder
@@ -136,3 +138,19 @@ async def test_on_demand_consolidation_with_the_embedder_down_is_503(make_client
     assert resp.status == 503, await resp.text()
     assert resp.headers["Retry-After"]
     assert (await (await api.post("/v1/facts/search", json={})).json())["results"] == []
+
+
+async def test_cli_facts_names_each_fact_level_and_prints_the_service_answer(api, settings, redis):
+    """One fact distilled both for the namespace and for agent coder's category showed as two identical
+    lines, and `--json` printed a bare list where the other commands print the service's answer."""
+    from tests.integration.test_query_cli import run
+
+    await seed(settings, redis)
+    assert (await api.post("/v1/consolidate", json={})).status == 200
+    out = await run(api, "facts", "migrate the refunds table schema")
+    assert out.exit_code == 0, out.output
+    levels = {line.split()[1] for line in out.output.splitlines()}
+    assert levels == {"namespace", "agent_category"}, out.output
+    out = await run(api, "facts", "migrate the refunds table schema", "--json")
+    answer = json.loads(out.output)
+    assert isinstance(answer, dict) and {f["level"] for f in answer["results"]} == levels, answer
