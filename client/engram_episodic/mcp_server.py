@@ -154,7 +154,7 @@ def build_server(toolset: Toolset) -> Server:
             ]
         )
 
-    return Server(
+    server = Server(
         SERVER_NAME,
         version=__version__,
         title="Engram episodic memory",
@@ -164,6 +164,32 @@ def build_server(toolset: Toolset) -> Server:
         on_list_resources=list_resources,
         on_read_resource=read_resource,
     )
+    server.middleware.append(explain_invalid_params)
+    return server
+
+
+async def explain_invalid_params(ctx: Any, call_next: Any) -> Any:
+    """Server middleware: an INVALID_PARAMS (-32602) error says in its `data` what is wrong, where the
+    library leaves it empty — params that fail the method's schema (each field and why, not the value
+    sent) and a request before the initialize handshake. Other answers and errors pass unchanged."""
+    try:
+        return await call_next(ctx)
+    except ValidationError as exc:
+        reasons = [
+            f"{'.'.join(map(str, e['loc'])) or 'params'}: "
+            + ("must be an object" if e["type"] in ("dict_type", "model_type") else e["msg"])
+            for e in exc.errors(include_url=False)
+        ]
+        raise MCPError(mt.INVALID_PARAMS, "Invalid request parameters", "; ".join(reasons[:5])) from None
+    except MCPError as exc:
+        if exc.error.code != mt.INVALID_PARAMS or exc.error.data or ctx.method == "initialize":
+            raise
+        # the one empty INVALID_PARAMS left is the library's gate on requests before the handshake
+        raise MCPError(
+            mt.INVALID_PARAMS,
+            exc.error.message,
+            f"initialize first: send the initialize request before {ctx.method}",
+        ) from None
 
 
 # --- the stdio transport ---------------------------------------------------------------------------------

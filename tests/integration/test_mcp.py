@@ -418,3 +418,42 @@ async def test_every_malformed_message_is_answered_and_the_server_reads_on(
     finally:
         proc.stdin.close()
         assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_invalid_params_say_what_is_wrong(tmp_path):
+    """A request before `initialize` and a tools/call whose `arguments` is an array were both answered
+    -32602 "Invalid request parameters" with `"data": ""`: nothing said which was wrong. The service is
+    never reached, so the URL points nowhere."""
+    env = {**os.environ, "ENGRAM_URL": "http://127.0.0.1:9"}
+    with (tmp_path / "mcp.log").open("w") as log:
+        proc = await asyncio.create_subprocess_exec(
+            ENGRAM_SCRIPT,
+            "mcp",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=env,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    async def ask(message: dict) -> dict:
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await proc.stdin.drain()
+        answer = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert answer, (tmp_path / "mcp.log").read_text()
+        return json.loads(answer)
+
+    try:
+        early = await ask({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert early["error"]["code"] == -32602 and early["id"] == 1, early
+        assert early["error"]["data"] == "initialize first: send the initialize request before tools/list"
+        assert "result" in await ask(INIT)
+        call = {"name": "recall_experiences", "arguments": ["the query"]}
+        listed = await ask({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        assert listed["error"]["code"] == -32602 and listed["id"] == 2, listed
+        assert listed["error"]["data"] == "params.arguments: must be an object", listed
+        assert "the query" not in json.dumps(listed), "the answer does not echo what was sent"
+        assert len((await ask({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))["result"]["tools"]) > 0
+    finally:
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
