@@ -119,11 +119,12 @@ def import_command(
     episodes = _prepared(file.name, lines, ctx.obj["max_body_bytes"])
     bars = Bars(enabled=progress, units={"import": "episode"})
     done = 0
+    waited_out = 0  # the batch published, then not all recallable within --wait (the import stops there)
     forgotten: list[str] = []  # ids this stack forgot: not published, never stored again
     expired: list[str] = []  # with --wait: published past their expires_at, so hidden and erased soon
 
     def publish(client: Any) -> int:
-        nonlocal done
+        nonlocal done, waited_out
         bars.phase("import", len(episodes))
         try:
             for start in range(0, len(episodes), IMPORT_BATCH):
@@ -135,6 +136,7 @@ def import_command(
                     if result is None or any(
                         not a.projected and a.reason not in ("forgotten", "expired") for a in result.results
                     ):
+                        waited_out = len(batch) if result is not None else 0
                         raise
                 forgotten.extend(a.episode_id for a in result.results if a.forgotten)
                 expired.extend(a.episode_id for a in result.results if a.reason == "expired")
@@ -150,7 +152,12 @@ def import_command(
         if episodes and done < len(episodes):  # an error names an episode by its place in one request
             first, last = lines[done][0], lines[min(done + IMPORT_BATCH, len(lines)) - 1][0]
             click.echo(
-                f"imported {done} of {len(episodes)} episodes; the error is in the batch of lines "
+                # the service took a batch --wait ran out on: "the error is in the batch" would deny that
+                f"published {done + waited_out} of {len(episodes)} episodes, through line {last} of "
+                f"{file.name}; of lines {first}-{last}, those named below are not recallable; "
+                "importing again is safe"
+                if waited_out
+                else f"imported {done} of {len(episodes)} episodes; the error is in the batch of lines "
                 f"{first}-{last} of {file.name}, part of which may be in too; importing again is safe",
                 err=True,
             )

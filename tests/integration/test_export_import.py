@@ -309,3 +309,17 @@ async def test_an_import_with_wait_says_once_that_an_expired_episode_was_not_imp
     assert "expired.jsonl:2, expires_at 2023-11-14T22:15:00Z)" in out.output and "exp-1 (" in out.output
     assert "error is in the batch" not in out.output and "accepted, but" not in out.output, out.output
     assert (await api.get("/v1/episodes/live-1", headers=auth(KEY_A))).status == 200
+
+
+async def test_an_import_past_its_wait_says_the_batch_was_published(make_client, tmp_path):
+    """With no consolidator running, `--wait` ran out: the import said "imported 0 of 2 episodes; the error
+    is in the batch" beside "accepted, but not projected", though the service had taken both."""
+    api = await make_client(api_keys={KEY_A: "team-a"})
+    file = tmp_path / "slow.jsonl"
+    lines = [{"episode_id": f"slow-{i}", "task": "rotate the keys", "outcome": "success"} for i in range(2)]
+    file.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    out = await run(api, "import", str(file), "--wait", "0.2", "--no-progress", key=KEY_A)
+    assert out.exit_code == 1, out.output
+    assert "published 2 of 2 episodes, through line 2 of" in out.output, out.output
+    assert "accepted, but not projected within 0.2s: slow-0, slow-1" in out.output, out.output
+    assert "error is in the batch" not in out.output, out.output
