@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from engram_episodic.events import Episode
-from engram_episodic.shapes import episode_to_dict, response_shape
+from engram_episodic.shapes import response_shape
 from engram_episodic.timeutil import format_instant
 from services.query.insights import REGIME_MIN
 from services.query.recall import score
@@ -77,11 +76,6 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
         c.doc = doc
         out.append(c)
     return out
-
-
-def episode_json(episode: Episode) -> dict[str, Any]:
-    """The episode in its ingest shape with ISO 8601 timestamps and derived fields (the response form)."""
-    return episode_to_dict(episode, iso=True, include_vector=False)
 
 
 def regime_roles(cands: Columns) -> np.ndarray | None:

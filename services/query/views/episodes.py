@@ -21,6 +21,7 @@ from engram_episodic.events import (
     UserForgotten,
     new_event_id,
 )
+from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.query import models
@@ -276,7 +277,7 @@ async def get_episode(request: web.Request, episode_id: str) -> web.Response:
     if c is None:
         raise Problem(500, "the stored episode is unreadable; it was logged")
     out = {
-        "episode": rc.episode_json(episode_of(c)),
+        "episode": episode_to_dict(episode_of(c), iso=True),
         "status": (found[b"status"] or b"").decode(),
         "access_count": c.access_count,
         "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,

@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
 from engram_episodic.errors import NotFound
+from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from services.query import models
 from services.query import recall as rc
@@ -135,7 +136,9 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
             descending=False,
             limit=len(fact.evidence),
         )
-        evidence = [rc.episode_json(episode_of(c)) for c in map(rc.decode_hit, hits) if c is not None]
+        evidence = [
+            episode_to_dict(episode_of(c), iso=True) for c in map(rc.decode_hit, hits) if c is not None
+        ]
     history: list[dict[str, Any]] = []
     seen = {fact.fact_id}
     cursor = fact.supersedes
