@@ -236,10 +236,13 @@ async def _winners(
     for i, c in picked:
         parts = scored.breakdown(i)
         priority = parts.pop("priority")
+        similarity = None  # the query vector is unknown (`keyword_cosines_vector`)
+        if vector is not None:  # the cosine clipped at 0; 0 without a stored vector
+            similarity = max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0
         results.append(
             {
                 "episode": response_shape(c.doc or {}),
-                "similarity": _similarity(c.cos, vector is not None),
+                "similarity": similarity,
                 "relevance": float(scored.similarity[i]),
                 "recency": float(scored.recency[i]),
                 "age_s": float(scored.age[i]),
@@ -269,14 +272,6 @@ def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[st
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
     return context
-
-
-def _similarity(cos: float, known: bool) -> float | None:
-    """A result's `similarity`: the cosine clipped at 0 (0 without a stored vector), None when the query
-    vector is unknown (`keyword_cosines_vector`)."""
-    if not known:
-        return None
-    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
 
 
 async def keyword_cosines_vector(q: Query) -> np.ndarray | None:
