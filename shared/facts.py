@@ -19,20 +19,17 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 from redis.typing import EncodableT
 
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import Episode
-from shared.cluster import search_targets
+from shared.cluster import search_targets, unless_missing
 from shared.index import (
     TAG_SEPARATOR,
     SearchHit,
     create_index,
     current_generation,
-    index_exists,
     index_size,
-    is_missing_index,
     numeric_clause,
     parse_search,
     point_alias_at,
@@ -299,8 +296,7 @@ async def ensure_facts_index(
 ) -> str:
     """Create generation `gen`'s facts index if missing (FLAT: facts are few); optionally point the alias."""
     name = keys.facts_index(gen)
-    if not await index_exists(r, name):
-        await create_index(r, name, keys.fact_doc_prefix(gen), facts_schema(dim))
+    await create_index(r, name, keys.fact_doc_prefix(gen), facts_schema(dim))
     if point_alias:
         await point_alias_at(r, keys.facts_index_alias, name)
     return name
@@ -432,12 +428,9 @@ async def search_facts(
     else:
         expr, params, limit = q.query(), ["SORTBY", "confidence", "DESC", "RETURN", 2], 10_000
     command = ["FT.SEARCH", index, expr, *search_limit(), *params, DOC_FIELD, CENTROID_FIELD]
-    try:
-        reply = await r.execute_command(*command, "LIMIT", 0, limit, "DIALECT", 2)
-    except ResponseError as exc:
-        if is_missing_index(exc):
-            return []
-        raise
+    reply = await unless_missing(r.execute_command(*command, "LIMIT", 0, limit, "DIALECT", 2))
+    if reply is None:
+        return []
     hits = _decode_hits(parse_search(reply)[1])
     if vector is None:
         hits.sort(key=lambda h: (-h.fact.confidence, -h.fact.support, h.fact.fact_id))
@@ -464,12 +457,11 @@ async def facts_with_evidence(
 async def index_docs(r: aioredis.Redis, index: str) -> int | None:
     """Documents in `index` (on a shard-local cluster the sum over every namespace's), None when there
     is no such index."""
-    try:
+
+    async def total() -> int:
         return sum([await index_size(r, name, **target) for name, target in await search_targets(r, index)])
-    except ResponseError as exc:
-        if is_missing_index(exc):
-            return None
-        raise
+
+    return await unless_missing(total())
 
 
 def replay_record(gen: int) -> str:

@@ -10,7 +10,6 @@ server derives them from Python signatures).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from engram_episodic.cli_common import service_options
 from engram_episodic.client import AsyncEngram
 from engram_episodic.errors import EngramError
 from engram_episodic.tools import TOOL_NAMES, Toolset, ToolSpec, UnknownTool, error_result
+from engram_episodic.validation import is_loopback
 
 try:
     import anyio
@@ -326,15 +326,6 @@ async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
 
 
 # --- running it ---------------------------------------------------------------------------------------
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _utf8(text: str) -> str:
     """`text` (an argument or an environment value) read as the UTF-8 it was given in, whatever the locale.
 
@@ -412,7 +403,7 @@ def command(**args: Any) -> None:
     args = {k: _utf8(v) if isinstance(v, str) else v for k, v in args.items()}  # the environment's too
     if _MISSING is not None:
         raise click.UsageError(MISSING_MCP)
-    if args["transport"] == "streamable-http" and not _is_loopback(args["host"]) and not args["allow_remote"]:
+    if args["transport"] == "streamable-http" and not is_loopback(args["host"]) and not args["allow_remote"]:
         raise click.UsageError(
             f"--host {args['host']} is not loopback: anyone who reaches the endpoint uses the API key; "
             "pass --allow-remote to bind it anyway"

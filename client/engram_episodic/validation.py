@@ -12,6 +12,7 @@ Kept over pydantic and msgspec for its refusals: every bad field at once, each i
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import math
 import re
@@ -238,6 +239,19 @@ def check_tag_value(value: Any, path: str, errs: Collector, *, max_chars: int, r
         errs.add(path, "must not contain control characters")
         return None
     return _without_unicode_problem(value, path, errs)
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1, bracketed or not); False otherwise.
+
+    Other names (`localhost.localdomain`, ...) are False: /etc/hosts may point them anywhere.
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def check_id(value: Any, path: str, errs: Collector, *, required: bool = False) -> str | None:

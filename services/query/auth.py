@@ -8,12 +8,12 @@ in constant time and never logged.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from engram_episodic.validation import is_loopback
 from services.query.appkeys import NAMESPACE
 from services.query.problems import Problem
 from shared import cluster
@@ -112,16 +112,6 @@ def auth_middleware(
         return await handler(request)
 
     return middleware
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, api_keys: dict[str, str]) -> None:

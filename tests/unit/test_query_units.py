@@ -88,6 +88,7 @@ def test_namespace_for_bearer_keys():
 def test_bind_rules():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.com")
+    assert not is_loopback("localhost.localdomain"), "/etc/hosts may point it anywhere"
     check_bind("127.0.0.1", {})
     check_bind("0.0.0.0", {"k": "ns"})
     with pytest.raises(ValueError, match="ENGRAM_API_KEYS"):

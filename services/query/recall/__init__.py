@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from engram_episodic.events import Episode
-from engram_episodic.shapes import episode_to_dict, response_shape
+from engram_episodic.shapes import response_shape
 from engram_episodic.timeutil import format_instant
 from services.query.insights import REGIME_MIN
 from services.query.recall import score
@@ -77,11 +76,6 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
         c.doc = doc
         out.append(c)
     return out
-
-
-def episode_json(episode: Episode) -> dict[str, Any]:
-    """The episode in its ingest shape with ISO 8601 timestamps and derived fields (the response form)."""
-    return episode_to_dict(episode, iso=True, include_vector=False)
 
 
 def regime_roles(cands: Columns) -> np.ndarray | None:
@@ -242,10 +236,13 @@ async def _winners(
     for i, c in picked:
         parts = scored.breakdown(i)
         priority = parts.pop("priority")
+        similarity = None  # the query vector is unknown (`keyword_cosines_vector`)
+        if vector is not None:  # the cosine clipped at 0; 0 without a stored vector
+            similarity = max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0
         results.append(
             {
                 "episode": response_shape(c.doc or {}),
-                "similarity": _similarity(c.cos, vector is not None),
+                "similarity": similarity,
                 "relevance": float(scored.similarity[i]),
                 "recency": float(scored.recency[i]),
                 "age_s": float(scored.age[i]),
@@ -275,14 +272,6 @@ def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[st
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
     return context
-
-
-def _similarity(cos: float, known: bool) -> float | None:
-    """A result's `similarity`: the cosine clipped at 0 (0 without a stored vector), None when the query
-    vector is unknown (`keyword_cosines_vector`)."""
-    if not known:
-        return None
-    return max(0.0, float(cos)) if math.isfinite(cos) else 0.0
 
 
 async def keyword_cosines_vector(q: Query) -> np.ndarray | None:

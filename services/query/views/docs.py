@@ -56,19 +56,11 @@ _CACHE = "public, max-age=86400"
 
 
 @functools.cache
-def _static_dir() -> Path | None:
+def _asset(name: str) -> bytes:
     spec = importlib.util.find_spec("swagger_ui")
     if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "static"
-
-
-@functools.cache
-def _asset(name: str) -> bytes:
-    folder = _static_dir()
-    if folder is None:
         raise Problem(503, "the docs page needs the swagger-ui-py package (pip install swagger-ui-py)")
-    return (folder / ASSETS[name][0]).read_bytes()
+    return (Path(next(iter(spec.submodule_search_locations))) / "static" / ASSETS[name][0]).read_bytes()
 
 
 async def docs_page(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from engram_episodic.events import (
     UserForgotten,
     new_event_id,
 )
+from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from engram_episodic.validation import Collector, parse_episode
 from services.query import models
@@ -276,7 +277,7 @@ async def get_episode(request: web.Request, episode_id: str) -> web.Response:
     if c is None:
         raise Problem(500, "the stored episode is unreadable; it was logged")
     out = {
-        "episode": rc.episode_json(episode_of(c)),
+        "episode": episode_to_dict(episode_of(c), iso=True),
         "status": (found[b"status"] or b"").decode(),
         "access_count": c.access_count,
         "last_accessed": format_instant(c.last_accessed) if math.isfinite(c.last_accessed) else None,
@@ -284,14 +285,21 @@ async def get_episode(request: web.Request, episode_id: str) -> web.Response:
     return reply(out)
 
 
-async def _erased(request: web.Request, stream_id: str, wait: float) -> bool:
-    """Whether the consolidator acked the forget at `stream_id` within `wait` seconds: it erases before
-    it acks (`services.consolidator.forgetting`), so acked = gone from every read."""
-    group = group_of(request)
-    deadline = time.monotonic() + wait
-    while not (done := (await group.acked([stream_id]))[0]) and time.monotonic() < deadline:
-        await asyncio.sleep(INGEST_WAIT_POLL)
-    return bool(done)
+async def _forget(
+    request: web.Request, event: EpisodeForgotten | UserForgotten, out: dict[str, Any], wait: float
+) -> web.Response:
+    """Publish the forget `event`: 202 with `out`, its `event_id` and, when `wait` > 0, `forgotten`:
+    whether the consolidator acked it within `wait` seconds. It erases before it acks
+    (`services.consolidator.forgetting`), so acked = gone from every read."""
+    [stream_id] = await publisher(request).publish([event])
+    request.app[METRICS].published.labels(type(event).__name__).inc()
+    out["event_id"] = event.event_id
+    if wait > 0:
+        group, deadline = group_of(request), time.monotonic() + wait
+        while not (done := (await group.acked([stream_id]))[0]) and time.monotonic() < deadline:
+            await asyncio.sleep(INGEST_WAIT_POLL)
+        out["forgotten"] = bool(done)
+    return reply(out, status=202)
 
 
 async def delete_episode(request: web.Request, episode_id: str, query: WaitQuery) -> web.Response:
@@ -312,23 +320,11 @@ async def delete_episode(request: web.Request, episode_id: str, query: WaitQuery
         if not await store.has_events(ns, episode_id) and not await store.dead_lettered(ns, episode_id):
             raise
     event = EpisodeForgotten(namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time())
-    [stream_id] = await publisher(request).publish([event])
-    request.app[METRICS].published.labels("EpisodeForgotten").inc()
-    out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
-    if query.wait > 0:
-        out["forgotten"] = await _erased(request, stream_id, query.wait)
-    return reply(out, status=202)
+    return await _forget(request, event, {"episode_id": episode_id}, query.wait)
 
 
 async def delete_user(request: web.Request, user_id: str, query: WaitQuery) -> web.Response:
     """Forget every episode of a user"""
-    ns = ns_of(request)
-    event = UserForgotten(namespace=ns, user_id=user_id, occurred_at=time.time())
-    [stream_id] = await publisher(request).publish([event])
-    request.app[METRICS].published.labels("UserForgotten").inc()
-    out: dict[str, Any] = {"user_id": user_id, "event_id": event.event_id}
-    if query.wait > 0:
-        # the projector erases a user's episodes before it acks the event (`Forgetting.erase_user`), so
-        # acked = erased from every read (without it a caller cannot tell when a user forget has applied)
-        out["forgotten"] = await _erased(request, stream_id, query.wait)
-    return reply(out, status=202)
+    # the projector erases a user's episodes before it acks the event (`Forgetting.erase_user`)
+    event = UserForgotten(namespace=ns_of(request), user_id=user_id, occurred_at=time.time())
+    return await _forget(request, event, {"user_id": user_id}, query.wait)

@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
 from engram_episodic.errors import NotFound
+from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
 from services.query import models
 from services.query import recall as rc
@@ -77,13 +78,6 @@ class ConsolidateRequest(models.Model):
         return self
 
 
-def _fact_json(fact, score: float | None = None) -> dict[str, Any]:
-    out = fact.to_json()
-    if score is not None:
-        out["score"] = round(score, 6)
-    return out
-
-
 async def facts_search(request: web.Request, body: FactsSearchRequest) -> web.Response:
     """Search consolidated facts (semantic memory)"""
     r = redis_of(request)
@@ -107,7 +101,8 @@ async def facts_search(request: web.Request, body: FactsSearchRequest) -> web.Re
     )
     # a nonsense query would get the top_k facts anyway, some with negative cosines
     hits = [h for h in hits if h.score is None or h.score >= body.min_similarity]
-    out: dict[str, Any] = {"results": [_fact_json(h.fact, h.score) for h in hits]}
+    results = [h.fact.to_json() | ({} if h.score is None else {"score": round(h.score, 6)}) for h in hits]
+    out: dict[str, Any] = {"results": results}
     if body.as_of is not None:
         out["as_of"] = format_instant(body.as_of)
     return reply(out)
@@ -135,7 +130,9 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
             descending=False,
             limit=len(fact.evidence),
         )
-        evidence = [rc.episode_json(episode_of(c)) for c in map(rc.decode_hit, hits) if c is not None]
+        evidence = [
+            episode_to_dict(episode_of(c), iso=True) for c in map(rc.decode_hit, hits) if c is not None
+        ]
     history: list[dict[str, Any]] = []
     seen = {fact.fact_id}
     cursor = fact.supersedes
@@ -144,9 +141,9 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
         older = await get_fact(r, keys, ns, cursor)
         if older is None:
             break
-        history.append(_fact_json(older))
+        history.append(older.to_json())
         cursor = older.supersedes
-    return reply({"fact": _fact_json(fact), "evidence": evidence, "history": history})
+    return reply({"fact": fact.to_json(), "evidence": evidence, "history": history})
 
 
 async def consolidate(request: web.Request, body: ConsolidateRequest) -> web.Response:

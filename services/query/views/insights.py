@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
 from services.query import insights, models
 from services.query import recall as rc
@@ -29,6 +30,23 @@ async def _profiles(request: web.Request, req: Any, threshold: float) -> list[di
     return insights.skill_profiles(rows, threshold)
 
 
+async def _similar(request: web.Request, body: Any, category: tuple[str, ...]) -> list[Episode]:
+    """The episodes of the caller's scope (within `category`, () for all) nearest to `body.task`, at
+    least `body.min_similarity` alike: up to `body.k` or `insights.ADVICE_POOL`, whichever is more."""
+    vector = await embed(request, body.task)
+    scope = rc.scope_of(ns_of(request), body, await tags_of(request), category=category)
+    similar = await rc.similar(
+        redis_of(request),
+        index_of(request),
+        scope,
+        vector,
+        max(body.k, insights.ADVICE_POOL),
+        body.min_similarity,
+        graph_ef=request.app[SETTINGS].graph_ef,
+    )
+    return [episode_of(c) for c in similar]
+
+
 async def skills(request: web.Request, query: models.SkillsQuery) -> web.Response:
     """Per-category skill profiles and weak categories"""
     profiles = await _profiles(request, query, query.threshold)
@@ -43,43 +61,20 @@ async def skills(request: web.Request, query: models.SkillsQuery) -> web.Respons
 
 async def strategy(request: web.Request, body: models.StrategyRequest) -> web.Response:
     """Adaptive strategy choice for a task"""
-    vector = await embed(request, body.task)
-    similar = await rc.similar(
-        redis_of(request),
-        index_of(request),
-        rc.scope_of(ns_of(request), body, await tags_of(request), category=()),
-        vector,
-        max(body.k, insights.ADVICE_POOL),
-        body.min_similarity,
-        graph_ef=request.app[SETTINGS].graph_ef,
-    )
+    similar = await _similar(request, body, ())
     profile = None
     if body.category:
         profile = next(
             (p for p in await _profiles(request, body, 0.5) if p["category"] == body.category), None
         )
-    choice = insights.choose_strategy(
-        [episode_of(c) for c in similar], complexity=body.complexity, category_profile=profile, k=body.k
-    )
+    choice = insights.choose_strategy(similar, complexity=body.complexity, category_profile=profile, k=body.k)
     return reply({**choice, "pool": list(insights.STRATEGY_POOL)})
 
 
 async def suggest(request: web.Request, body: models.SuggestRequest) -> web.Response:
     """Confidence and common failures from similar episodes"""
-    vector = await embed(request, body.task)
-    scope = rc.scope_of(
-        ns_of(request), body, await tags_of(request), category=(body.category,) if body.category else ()
-    )
-    similar = await rc.similar(
-        redis_of(request),
-        index_of(request),
-        scope,
-        vector,
-        max(body.k, insights.ADVICE_POOL),
-        body.min_similarity,
-        graph_ef=request.app[SETTINGS].graph_ef,
-    )
-    return reply(insights.suggestion([episode_of(c) for c in similar], k=body.k))
+    similar = await _similar(request, body, (body.category,) if body.category else ())
+    return reply(insights.suggestion(similar, k=body.k))
 
 
 async def learning_curve(request: web.Request, query: models.LearningCurveQuery) -> web.Response:

@@ -22,9 +22,9 @@ from services.query import recall as rc
 from services.query.appkeys import CURSORS, KEYS
 from services.query.cursors import filters_digest
 from services.query.views.common import index_of, ns_of, redis_of, reply, store_of, tags_of
-from shared.facts import DOC_FIELD as FACT_DOC
 from shared.facts import Fact, FactQuery, live_facts_index
-from shared.index_pages import Row, page
+from shared.index import DOC_FIELD  # episodes and facts keep their JSON in one field name
+from shared.index_pages import page
 from shared.ties import TIE_FIELD
 
 log = logging.getLogger("engram.query")
@@ -94,7 +94,9 @@ async def _page(
     query: str,
     sort_field: str,
     tie_field: str | None = None,
-) -> tuple[list[Row], str | None]:
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of `index`'s documents matching `query` (each one's stored JSON; one deleted since the
+    page query is left out) and the next page's cursor (None on the last page)."""
     r, cursors = redis_of(request), request.app[CURSORS]
     filters = filters_digest(route, q.filters())
     after = await cursors.decode(r, q.cursor, q.order, filters) if q.cursor is not None else None
@@ -109,20 +111,16 @@ async def _page(
         tie_field=tie_field,
     )
     nxt = await cursors.encode(r, q.order, filters, rows[-1].position) if more else None
-    return rows, nxt
-
-
-async def _docs(request: web.Request, rows: list[Row], field: str) -> list[tuple[Row, dict[str, Any]]]:
-    """Each row's stored JSON (one pipeline); rows deleted since the page query are left out."""
-    out = []
-    for row, raw in zip(rows, await store_of(request).field([row.key for row in rows], field), strict=True):
+    docs = []
+    raws = await store_of(request).field([row.key for row in rows], DOC_FIELD)  # one pipeline
+    for row, raw in zip(rows, raws, strict=True):
         if raw is None:
             continue
         try:
-            out.append((row, orjson.loads(raw)))
+            docs.append(orjson.loads(raw))
         except orjson.JSONDecodeError:
             log.error("unreadable document ◆ key=%r", row.key[:80])
-    return out
+    return docs, nxt
 
 
 def _answer(results: list[Any], q: _Page, nxt: str | None) -> web.Response:
@@ -132,7 +130,7 @@ def _answer(results: list[Any], q: _Page, nxt: str | None) -> web.Response:
 async def list_episodes(request: web.Request, query: EpisodeListQuery) -> web.Response:
     """Every episode of a scope, newest first, page by page (opaque cursor)"""
     scope = rc.scope_of(ns_of(request), query, await tags_of(request))
-    rows, nxt = await _page(
+    docs, nxt = await _page(
         request,
         "episodes",
         query,
@@ -141,8 +139,7 @@ async def list_episodes(request: web.Request, query: EpisodeListQuery) -> web.Re
         "completed_at",
         TIE_FIELD,
     )
-    docs = await _docs(request, rows, "doc")
-    return _answer([response_shape(doc) for _, doc in docs], query, nxt)
+    return _answer([response_shape(doc) for doc in docs], query, nxt)
 
 
 async def list_facts(request: web.Request, query: FactListQuery) -> web.Response:
@@ -161,6 +158,5 @@ async def list_facts(request: web.Request, query: FactListQuery) -> web.Response
         include_superseded=query.include_superseded,
     )
     index = await live_facts_index(r, keys)
-    rows, nxt = await _page(request, "facts", query, index, fq.query(), "created_at")
-    docs = await _docs(request, rows, FACT_DOC)
-    return _answer([Fact.from_data(doc).to_json() for _, doc in docs], query, nxt)
+    docs, nxt = await _page(request, "facts", query, index, fq.query(), "created_at")
+    return _answer([Fact.from_data(doc).to_json() for doc in docs], query, nxt)

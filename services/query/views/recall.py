@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from engram_episodic.shapes import episode_to_dict
 from services.query import insights, models
 from services.query import recall as rc
 from services.query.appkeys import FACTS, FLOORS, METRICS, SETTINGS
@@ -138,7 +139,7 @@ async def context(request: web.Request, body: models.ContextRequest) -> web.Resp
             "task": body.task,
             "category": body.category,
             "results": recalled["results"],
-            "short_term": [rc.episode_json(episode_of(c)) for c in short_term],
+            "short_term": [episode_to_dict(episode_of(c), iso=True) for c in short_term],
             "replay_context": recalled["replay_context"],
             "facts": facts,
             "prompt": prompt,
