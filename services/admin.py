@@ -227,8 +227,8 @@ def _replay(command: str, progress: bool | None, as_json: bool, **overrides: Any
 
         click.echo(
             "restart the consolidators and the query service with "
-            f"{embedder_setting(settings.embedder, settings.embed_dim)}: until then they pause (/readyz "
-            "says embedder: false)",
+            f"{embedder_setting(settings.embedder, settings.embed_dim)} (`make run`: the same before it): "
+            "until then they pause (/readyz says embedder: false)",
             err=True,
         )
     if as_json:

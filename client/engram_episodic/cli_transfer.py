@@ -8,6 +8,7 @@ vector dropped); import publishes the lines back in batches with their own `epis
 from __future__ import annotations
 
 import json
+import time
 from typing import IO, Any
 
 import click
@@ -117,11 +118,21 @@ def import_command(
     """Publish the episodes of a JSONL FILE (as `engram export` writes it; "-" reads stdin), idempotently."""
     lines = _episodes(file)
     episodes = _prepared(file.name, lines, ctx.obj["max_body_bytes"])
+    total = len(episodes)
+    at = {e.episode_id: (number, e.expires_at) for (number, _), e in zip(lines, episodes, strict=True)}
+    # a line past its expires_at is not sent: stored, it would be hidden at once and erased, and as an
+    # upsert it would erase a live copy of the episode too
+    now = time.time()
+    stale = [e.episode_id for e in episodes if e.expires_at is not None and e.expires_at <= now]
+    if stale:
+        past = set(stale)
+        kept = [(line, e) for line, e in zip(lines, episodes, strict=True) if e.episode_id not in past]
+        lines, episodes = [line for line, _ in kept], [e for _, e in kept]
     bars = Bars(enabled=progress, units={"import": "episode"})
     done = 0
     waited_out = 0  # the batch published, then not all recallable within --wait (the import stops there)
     forgotten: list[str] = []  # ids this stack forgot: not published, never stored again
-    expired: list[str] = []  # with --wait: published past their expires_at, so hidden and erased soon
+    expired = list(stale)  # and those the service found expired (its clock; seen with --wait)
 
     def publish(client: Any) -> int:
         nonlocal done, waited_out
@@ -153,25 +164,25 @@ def import_command(
             first, last = lines[done][0], lines[min(done + IMPORT_BATCH, len(lines)) - 1][0]
             click.echo(
                 # the service took a batch --wait ran out on: "the error is in the batch" would deny that
-                f"published {done + waited_out} of {len(episodes)} episodes, through line {last} of "
+                f"published {done + waited_out} of {total} episodes, through line {last} of "
                 f"{file.name}; of lines {first}-{last}, those named below are not recallable; "
                 "importing again is safe"
                 if waited_out
-                else f"imported {done} of {len(episodes)} episodes; the error is in the batch of lines "
+                else f"imported {done} of {total} episodes; the error is in the batch of lines "
                 f"{first}-{last} of {file.name}, part of which may be in too; importing again is safe",
                 err=True,
             )
         raise
-    imported = n - len(forgotten) - len(expired)
+    imported = n - len(forgotten) - (len(expired) - len(stale))
     if as_json:
         click.echo(json.dumps({"imported": imported, "forgotten": forgotten}))
     if expired:  # published, but hidden at once: not imported, and an error (exit status 1)
-        at = {e.episode_id: (number, e.expires_at) for (number, _), e in zip(lines, episodes, strict=True)}
         named = [f"{i} ({file.name}:{at[i][0]}, expires_at {format_instant(at[i][1])})" for i in expired]
+        one = len(expired) == 1
         raise click.ClickException(
-            f"imported {imported} of {len(episodes)} episodes; {len(expired)} "
-            f"{'was' if len(expired) == 1 else 'were'} not, as its expires_at had already passed (an expired "
-            f"episode is hidden from every read and erased; give it a later expires_at or none): {_shown(named)}"
+            f"imported {imported} of {total} episodes; {len(expired)} {'was' if one else 'were'} not, as "
+            f"{'its' if one else 'their'} expires_at had already passed (an expired episode is hidden from "
+            f"every read and erased; give it a later expires_at or none): {_shown(named)}"
             + (f"; {len(forgotten)} forgotten here before: {_shown(forgotten)}" if forgotten else "")
         )
     if forgotten:

@@ -311,6 +311,36 @@ async def test_an_import_with_wait_says_once_that_an_expired_episode_was_not_imp
     assert (await api.get("/v1/episodes/live-1", headers=auth(KEY_A))).status == 200
 
 
+async def test_an_import_never_sends_a_line_past_its_expires_at(make_client, settings, tmp_path):
+    """An expired line sent as an upsert erased the live copy of its episode while the import said it
+    was not imported: such lines are not sent at all, with or without --wait, and named (exit 1)."""
+    api = await make_client(api_keys={KEY_A: "team-a"})
+    old = {"started_at": 1_700_000_000, "completed_at": 1_700_000_060, "expires_at": 1_700_000_100}
+    async with running_worker(settings, "importer"):
+        live = tmp_path / "live.jsonl"
+        live.write_text(
+            json.dumps({"episode_id": "kept-1", "task": "renew the certificate", "outcome": "success"}) + "\n"
+        )
+        out = await run(api, "import", str(live), "--wait", "20", "--no-progress", key=KEY_A)
+        assert out.exit_code == 0, out.output
+        file = tmp_path / "stale.jsonl"
+        lines = [{"episode_id": "kept-1", "task": "renew the certificate", "outcome": "success", **old}]
+        lines += [
+            {"episode_id": f"stale-{i}", "task": "rotate the keys", "outcome": "success", **old}
+            for i in range(2)
+        ]
+        file.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+        for wait in ((), ("--wait", "5")):
+            out = await run(api, "import", str(file), *wait, "--no-progress", "--json", key=KEY_A)
+            assert out.exit_code == 1, out.output
+            assert json.loads(out.stdout) == {"imported": 0, "forgotten": []}, out.output
+            assert (
+                "imported 0 of 3 episodes; 3 were not, as their expires_at had already passed" in out.output
+            )
+            assert (await api.get("/v1/episodes/kept-1", headers=auth(KEY_A))).status == 200
+            assert (await api.get("/v1/episodes/stale-0", headers=auth(KEY_A))).status == 404
+
+
 async def test_an_import_past_its_wait_says_the_batch_was_published(make_client, tmp_path):
     """With no consolidator running, `--wait` ran out: the import said "imported 0 of 2 episodes; the error
     is in the batch" beside "accepted, but not projected", though the service had taken both."""
