@@ -182,8 +182,8 @@ class MasterKey:
         if master_id != self._id:
             raise MasterKeyMismatch(
                 f"a data key in Redis is wrapped by master key {master_id.hex()}, but this process has master "
-                f"key {self.id}: after `rotate-master-key`, restart every process with the new key "
-                f"(ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE)"
+                f"key {self.id}: set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the deployment's key (`make "
+                "run` keeps it in ENGRAM_DATA_DIR/master.key; after `rotate-master-key`, the new one)"
             )
         try:
             key = self._aead.decrypt(blob[_NONCE], blob[_NONCE.stop :], _WRAP_AD + slot + kid)

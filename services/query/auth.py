@@ -115,7 +115,10 @@ def auth_middleware(
 
 
 def check_bind(host: str, api_keys: dict[str, str]) -> None:
-    """Raise ValueError when dev mode (no keys) would listen beyond this machine."""
+    """Raise ValueError when dev mode (no keys) would listen beyond this machine, or for a bracketed
+    address (a URL's form: the socket cannot bind it)."""
+    if host.startswith("["):
+        raise ValueError(f"ENGRAM_HOST={host!r}: give the address without brackets ({host.strip('[]')})")
     if not api_keys and not is_loopback(host):
         raise ValueError(
             f"ENGRAM_HOST={host!r} is not a loopback address and no API keys are configured; "

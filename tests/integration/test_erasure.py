@@ -381,7 +381,10 @@ async def test_rotate_master_key_rewraps_every_key_and_keeps_the_data_readable(s
     assert (await KeyRing(keys, MasterKey(sealed.master_key)).rotate(redis, MasterKey(new_key)))[
         "already"
     ] == 4
-    with pytest.raises(MasterKeyMismatch):  # the old key opens nothing any more
+    # the old key opens nothing any more, and the refusal says which key to configure
+    with pytest.raises(
+        MasterKeyMismatch, match="set ENGRAM_MASTER_KEY or ENGRAM_MASTER_KEY_FILE to the deployment's key"
+    ):
         await make_worker(sealed, redis).setup()
     rotated = sealed.with_(master_key=new_key)
     await drain(make_worker(rotated, redis))

@@ -93,6 +93,9 @@ def test_bind_rules():
     check_bind("0.0.0.0", {"k": "ns"})
     with pytest.raises(ValueError, match="ENGRAM_API_KEYS"):
         check_bind("0.0.0.0", {})
+    for keys in ({}, {"k": "ns"}):  # a URL's bracketed form cannot be bound: refused, not a traceback
+        with pytest.raises(ValueError, match=r"without brackets \(::1\)"):
+            check_bind("[::1]", keys)
 
 
 def test_entry_point_refuses_without_redis_url_or_on_public_host(monkeypatch, capsys):
