@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -112,35 +111,26 @@ async def _replay_task(
     is not the current generation's; otherwise `embedder_changed` (1 or 0) says whether it is."""
     from services.consolidator.replay import replay as do_replay
     from shared.embedding import loaded_embedder
-    from shared.index import current_generation, embedder_mismatch
+    from shared.index import current_generation, embedder_mismatch, embedder_setting
 
     async with contextlib.AsyncExitStack() as stack:
         redis = await stack.enter_async_context(connected(settings))
         embedder = await loaded_embedder(stack, settings)
-        if keep_embedder:
-            await _same_embedder(redis, settings, embedder.name, embedder.dim)
+        name, dim = embedder.name, embedder.dim
         gen = await current_generation(redis, settings.keys)
-        changed = await embedder_mismatch(redis, settings.keys, gen, embedder.name, embedder.dim)
+        other = await embedder_mismatch(redis, settings.keys, gen, name, dim)
+        if keep_embedder and other is not None:
+            # a plain `replay` with ENGRAM_EMBEDDER unset re-embedded a hashing deployment: every recall 409
+            raise ConfigError(
+                f"generation {gen} was built with embedder {other.index_embedder!r} (dim {other.index_dim}) "
+                f"and this replay would embed with {name!r} (dim {dim}): replay keeps the index's embedder — "
+                f"run it with {embedder_setting(other.index_embedder, other.index_dim)}; to change the "
+                "embedder, `reindex --embedder`"
+            )
         return {
             **await do_replay(settings, redis, embedder, progress),
-            "embedder_changed": int(changed is not None),
+            "embedder_changed": int(other is not None),
         }
-
-
-async def _same_embedder(redis: aioredis.Redis, settings: Settings, name: str, dim: int) -> None:
-    """ConfigError when the current generation was built with another embedder than (`name`, `dim`)
-    (a plain `replay` with ENGRAM_EMBEDDER unset re-embedded a hashing deployment: every recall 409)."""
-    from shared.index import current_generation, embedder_mismatch, embedder_setting
-
-    gen = await current_generation(redis, settings.keys)
-    other = await embedder_mismatch(redis, settings.keys, gen, name, dim)
-    if other is not None:
-        raise ConfigError(
-            f"generation {gen} was built with embedder {other.index_embedder!r} (dim {other.index_dim}) and "
-            f"this replay would embed with {name!r} (dim {dim}): replay keeps the index's embedder — run it "
-            f"with {embedder_setting(other.index_embedder, other.index_dim)}; to change the embedder, "
-            "`reindex --embedder`"
-        )
 
 
 async def _dead_letter_rows(settings: Settings, limit: int) -> list[dict[str, Any]]:
