@@ -43,62 +43,32 @@ def runs_tests(command: str, extra: Iterable[str] = ()) -> bool:
     return bool(_RUNNERS.search(command)) or any(e and e in command for e in extra)
 
 
-def _count(pattern: str, text: str) -> int:
-    return sum(int(n) for n in re.findall(pattern, text))
-
-
-def _last(pattern: str, text: str) -> re.Match[str] | None:
+def _tally(pattern: str, text: str, *, every: bool = False) -> tuple[int, int] | None:
+    """Counts from the summary `pattern` matches (the last one, or with `every` all of them summed): its
+    `N passed` tests pass, its `N failed` and `N error(s)` ones fail."""
     found = list(re.finditer(pattern, text, re.M))
-    return found[-1] if found else None
-
-
-def _pytest(text: str) -> tuple[int, int] | None:
-    # `=== 1 failed, 2 passed, 1 error in 0.12s ===` or, with -q, `1 failed, 2 passed in 0.12s`
-    line = _last(r"^[= ]*((?:\d+ \w+(?:, )?)+) in [\d.]+s\b", text)
-    if line is None:
+    if not found:
         return None
-    counts = dict((word, int(n)) for n, word in re.findall(r"(\d+) (\w+)", line.group(1)))
-    passed = counts.get("passed", 0)
-    failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-    return passed, passed + failed
-
-
-def _tally(pattern: str, text: str) -> tuple[int, int] | None:
-    """jest's `Tests: 1 failed, 2 passed, 3 total` or vitest's `Tests  1 failed | 2 passed (3)`."""
-    line = _last(pattern, text)
-    if line is None:
-        return None
-    failed, passed = _count(r"(\d+) failed", line.group(1)), _count(r"(\d+) passed", line.group(1))
-    return passed, passed + failed
-
-
-_jest = functools.partial(_tally, r"^Tests:\s+(.*\d+ total)")
-_vitest = functools.partial(_tally, r"^\s*Tests\s+(.*\(\d+\))")
+    summary = "\n".join(m.group(0) for m in (found if every else found[-1:]))
+    passed = sum(int(n) for n in re.findall(r"(\d+) passed\b", summary))
+    return passed, passed + sum(int(n) for n in re.findall(r"(\d+) (?:failed|errors?)\b", summary))
 
 
 def _mocha(text: str) -> tuple[int, int] | None:
-    passing, failing = _last(r"^\s*(\d+) passing\b", text), _last(r"^\s*(\d+) failing\b", text)
-    if passing is None and failing is None:
+    # `14 passing (30ms)`, then `2 failing` when there are: the last of each
+    found = [re.findall(rf"^\s*(\d+) {word}\b", text, re.M) for word in ("passing", "failing")]
+    if not any(found):
         return None
-    passed, failed = (int(m.group(1)) if m else 0 for m in (passing, failing))
-    return passed, passed + failed
-
-
-def _cargo(text: str) -> tuple[int, int] | None:
-    # one `test result:` line per test binary: summed
-    lines = re.findall(r"^test result: \w+\. (\d+) passed; (\d+) failed", text, re.M)
-    if not lines:
-        return None
-    passed, failed = sum(int(p) for p, _ in lines), sum(int(f) for _, f in lines)
+    passed, failed = (int(counts[-1]) if counts else 0 for counts in found)
     return passed, passed + failed
 
 
 def _maven(text: str) -> tuple[int, int] | None:
     # the last `Tests run:` line is the build's total (each test class prints one before it)
-    line = _last(r"Tests run: (\d+), Failures: (\d+), Errors: (\d+), Skipped: (\d+)\s*$", text)
-    if line is None:
+    lines = re.findall(r"Tests run: (\d+), Failures: (\d+), Errors: (\d+), Skipped: (\d+)\s*$", text, re.M)
+    if not lines:
         return None
-    run, failures, errors, skipped = (int(g) for g in line.groups())
+    run, failures, errors, skipped = (int(g) for g in lines[-1])
     return run - skipped - failures - errors, run - skipped
 
 
@@ -113,7 +83,17 @@ def _go(text: str) -> tuple[int, int] | None:
     return None
 
 
-_PARSERS = (_pytest, _jest, _vitest, _cargo, _maven, _go, _mocha)
+_PARSERS = (  # tried in this order; each gives (passed, total) or None
+    # pytest: `=== 1 failed, 2 passed, 1 error in 0.12s ===` or, with -q, `1 failed, 2 passed in 0.12s`
+    functools.partial(_tally, r"^[= ]*(?:\d+ \w+(?:, )?)+ in [\d.]+s\b"),
+    functools.partial(_tally, r"^Tests:\s+.*\d+ total"),  # jest: `Tests: 1 failed, 2 passed, 3 total`
+    functools.partial(_tally, r"^\s*Tests\s+.*\(\d+\)"),  # vitest: `Tests  1 failed | 2 passed (3)`
+    # cargo: `test result: FAILED. 1 passed; 2 failed; 0 ignored`, one per test binary: summed
+    functools.partial(_tally, r"^test result: \w+\. \d+ passed; \d+ failed", every=True),
+    _maven,
+    _go,
+    _mocha,
+)
 _FAILURE_LINE = re.compile(
     r"^(?:FAILED \S+.*|ERROR \S+.*|--- FAIL: \S+.*|test \S+ \.\.\. FAILED|\s*[✕×] .+|\s*● .+ › .+)$", re.M
 )
