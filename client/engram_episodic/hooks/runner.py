@@ -217,37 +217,29 @@ def _client(url: str, api_key: str | None, timeout: float) -> Engram:
     return Engram(url, api_key=api_key, timeout=max(0.05, timeout), max_retries=0)
 
 
-def send(episode: Mapping[str, Any], url: str, api_key: str | None, timeout: float = PUBLISH_SECONDS) -> bool:
-    """Publish a finished episode; whether it is done with: published, or refused (a 4xx other than
-    408/429 is logged and dropped: sending it again would be refused again). False: send it later."""
-    try:
-        with _client(url, api_key, timeout) as client:
-            client.publish([episode])
-        log.info("published episode %s", episode["episode_id"])
-        return True
-    except (EngramError, OSError, ValueError) as exc:
-        if isinstance(exc, ApiError) and 400 <= exc.status < 500 and exc.status not in (408, 429):
-            log.error("episode %s refused (%s): dropped", episode["episode_id"], exc)
-            return True
-        log.warning("episode %s not published (%s): stays spooled", episode["episode_id"], exc)
-    return False
-
-
-def flush(url: str, api_key: str | None, budget: float) -> int:
-    """Send spooled episodes, oldest first, for at most `budget` seconds, removing each once it is done
-    with; the number sent. A file leaves the spool only after its answer, and the ids are fixed, so one
-    sent twice (its answer lost, the hook killed) is still one episode."""
-    deadline, sent = time.monotonic() + budget, 0
+def flush(url: str, api_key: str | None) -> None:
+    """Send spooled episodes, oldest first, for at most PUBLISH_SECONDS, removing each once it is done
+    with: published, or refused (a 4xx other than 408/429 is logged and dropped: sending it again would
+    be refused again); the first that fails otherwise stays, with those after it. A file leaves the
+    spool only after its answer, and the ids are fixed, so one sent twice (its answer lost, the hook
+    killed) is still one episode."""
+    deadline = time.monotonic() + PUBLISH_SECONDS
     for path in state.spooled():
         left = deadline - time.monotonic()
         if left <= 0.1:
             break
-        episode = state.read_spooled(path)
-        if episode is not None and not send(episode, url, api_key, timeout=left):
-            break
+        episode = state.read(path)
+        if episode is not None:
+            try:
+                with _client(url, api_key, left) as client:
+                    client.publish([episode])
+                log.info("published episode %s", episode["episode_id"])
+            except (EngramError, OSError, ValueError) as exc:
+                if not isinstance(exc, ApiError) or not 400 <= exc.status < 500 or exc.status in (408, 429):
+                    log.warning("episode %s not published (%s): stays spooled", episode["episode_id"], exc)
+                    break
+                log.error("episode %s refused (%s): dropped", episode["episode_id"], exc)
         path.unlink(missing_ok=True)
-        sent += episode is not None
-    return sent
 
 
 def _line(hit_episode: Mapping[str, Any]) -> str:
@@ -346,7 +338,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
                         completed(saved, None, ended_by=f"no end event in {IDLE_SECONDS // 3600:g} h")
                     )
                     saved.clear()
-        flush(url, api_key, PUBLISH_SECONDS)
+        flush(url, api_key)
         return _output(cli, event_name)
     with state.session(cli, event.session_id) as saved:
         if event.kind == "start":
@@ -371,7 +363,7 @@ def handle(cli: str, event_name: str, raw: str, *, url: str, api_key: str | None
     if event.kind == "start" and event.prompt:
         context = context_for(event.prompt, agent_id, url, api_key)
     if finished:
-        flush(url, api_key, PUBLISH_SECONDS)
+        flush(url, api_key)
     return _output(cli, event_name, context)
 
 

@@ -65,17 +65,19 @@ def _write(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _read(path: Path) -> Any:
+def read(path: Path) -> dict[str, Any] | None:
+    """The JSON object in the file at `path`; None when it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def load_config() -> dict[str, Any]:
     """The hooks' configuration (`hooks.json`), {} when there is none or it is unreadable."""
-    data = _read(state_dir() / "hooks.json")
-    return {k: v for k, v in data.items() if k in CONFIG_KEYS} if isinstance(data, dict) else {}
+    data = read(state_dir() / "hooks.json") or {}
+    return {k: v for k, v in data.items() if k in CONFIG_KEYS}
 
 
 def save_config(config: dict[str, Any]) -> Path:
@@ -136,8 +138,7 @@ def session_at(path: Path) -> Iterator[dict[str, Any]]:
     with open(path.parent / ".lock", "a+") as lock:
         if sys.platform != "win32":
             fcntl.flock(lock, fcntl.LOCK_EX)
-        data = _read(path)
-        state: dict[str, Any] = data if isinstance(data, dict) else {}
+        state = read(path) or {}
         yield state
         if state:
             _write(path, state)
@@ -155,8 +156,3 @@ def spool(episode: dict[str, Any]) -> Path:
 def spooled() -> list[Path]:
     """The spooled episodes' files, oldest first."""
     return _files("spool")
-
-
-def read_spooled(path: Path) -> dict[str, Any] | None:
-    data = _read(path)
-    return data if isinstance(data, dict) else None
