@@ -69,7 +69,7 @@ def _plot_options(fn: Any) -> Any:
 
 def _shown(kind: str, found: Any, setting: Any, as_json: bool, plot: bool, out: Path | None) -> bool:
     """Whether `found` (skills or a curve) was shown whole: as JSON, drawn, or said to be empty (not an
-    empty screen; the MCP tools say it too). Drawn with `cli_plot.<kind>_png` (to `out`) or
+    empty screen; the MCP tools say it too). Drawn with `cli_plot.<kind>_figure` (to the PNG `out`) or
     `<kind>_terminal` when `--plot` or `--out` asked for it; `setting` is the plot's second argument (the
     skills' threshold, the curve's window). ClickException when the scope has nothing to plot."""
     results = found.results
@@ -85,7 +85,7 @@ def _shown(kind: str, found: Any, setting: Any, as_json: bool, plot: bool, out: 
     if not results:
         raise click.ClickException("no episodes in this scope: nothing to plot")
     if out is not None:
-        click.echo(f"wrote {getattr(cli_plot, f'{kind}_png')(results, setting, out)}")
+        click.echo(f"wrote {cli_plot.png(getattr(cli_plot, f'{kind}_figure')(results, setting), out)}")
     else:
         click.echo(getattr(cli_plot, f"{kind}_terminal")(results, setting))
     return True

@@ -67,16 +67,6 @@ def curve_figure(points: Sequence[CurvePoint], window: int) -> Any:
     return fig
 
 
-def curve_png(points: Sequence[CurvePoint], window: int, out: Path) -> Path:
-    """Write the learning curve to `out` (PNG, 1200x600 px)."""
-    fig = curve_figure(points, window)
-    try:
-        _save(fig, out)
-    finally:
-        _pyplot().close(fig)
-    return out
-
-
 def curve_terminal(points: Sequence[CurvePoint], window: int) -> str:
     """The learning curve drawn with plotext, as text (the caller echoes it)."""
     plt = _module("plotext")
@@ -100,29 +90,26 @@ def _bars(profiles: Sequence[SkillProfile]) -> tuple[list[str], list[float], lis
     )
 
 
-def skills_png(profiles: Sequence[SkillProfile], threshold: float, out: Path) -> Path:
-    """Write the success rate per category to `out` (PNG): weak categories red and marked, threshold line."""
+def skills_figure(profiles: Sequence[SkillProfile], threshold: float) -> Any:
+    """The success rate per category as a matplotlib Figure (10 in wide at 120 dpi, 0.45 in per
+    category): weak categories red and marked, the threshold a dashed line; the caller closes it."""
     plt = _pyplot()
     names, rates, weak = _bars(profiles)
     fig, ax = plt.subplots(figsize=(10, max(3.0, 0.45 * len(names) + 1.5)), dpi=120)
-    try:
-        ax.barh(names, rates, color=[WEAK_COLOR if w else OK_COLOR for w in weak])
-        ax.axvline(threshold, color="#555555", linestyle="--", label=f"weak below {threshold:.0%}")
-        for y, (rate, is_weak) in enumerate(zip(rates, weak, strict=True)):
-            ax.text(min(rate, 0.98) + 0.01, y, f"{rate:.0%}{'  WEAK' if is_weak else ''}", va="center")
-        for label, is_weak in zip(ax.get_yticklabels(), weak, strict=True):
-            if is_weak:  # a 0% bar has no width: the name says it too
-                label.set_color(WEAK_COLOR)
-                label.set_fontweight("bold")
-        ax.set_xlim(0, 1.15)
-        ax.set_xlabel("success rate")
-        ax.set_title("Success rate per category")
-        ax.legend(loc="lower right")
-        fig.tight_layout()
-        _save(fig, out)
-    finally:
-        plt.close(fig)
-    return out
+    ax.barh(names, rates, color=[WEAK_COLOR if w else OK_COLOR for w in weak])
+    ax.axvline(threshold, color="#555555", linestyle="--", label=f"weak below {threshold:.0%}")
+    for y, (rate, is_weak) in enumerate(zip(rates, weak, strict=True)):
+        ax.text(min(rate, 0.98) + 0.01, y, f"{rate:.0%}{'  WEAK' if is_weak else ''}", va="center")
+    for label, is_weak in zip(ax.get_yticklabels(), weak, strict=True):
+        if is_weak:  # a 0% bar has no width: the name says it too
+            label.set_color(WEAK_COLOR)
+            label.set_fontweight("bold")
+    ax.set_xlim(0, 1.15)
+    ax.set_xlabel("success rate")
+    ax.set_title("Success rate per category")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig
 
 
 def skills_terminal(profiles: Sequence[SkillProfile], threshold: float) -> str:
@@ -138,9 +125,13 @@ def skills_terminal(profiles: Sequence[SkillProfile], threshold: float) -> str:
     return str(plt.build())
 
 
-def _save(fig: Any, out: Path) -> None:
-    """Write the PNG, or say on one line why it cannot be written (a missing directory, no permission)."""
+def png(fig: Any, out: Path) -> Path:
+    """Write the Figure `fig` (of `curve_figure` or `skills_figure`) to `out` as PNG and close it;
+    ClickException saying on one line why it cannot be written (a missing directory, no permission)."""
     try:
         fig.savefig(out, format="png")
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        _pyplot().close(fig)
+    return out
