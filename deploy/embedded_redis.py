@@ -341,7 +341,7 @@ class EmbeddedCluster:
     def add_primary(self, port: int | None = None) -> EmbeddedRedis:
         """Start one more node and join it to the running cluster as a primary owning no slots
         (`CLUSTER MEET`, as `redis-cli --cluster add-node` does); returns it once every node knows it.
-        Give it slots with `migrate_slot`. Errors: EmbeddedRedisError."""
+        Errors: EmbeddedRedisError."""
         port = port if port is not None else free_cluster_ports(1)[0]
         node = self._node(port).start()
         self.nodes.append(node)
@@ -352,40 +352,6 @@ class EmbeddedCluster:
             # until gossip tells it who owns every slot, the new node answers CLUSTERDOWN (MIGRATE too)
             self._wait_ok(clients)
         return node
-
-    def node_id(self, node: EmbeddedRedis) -> str:
-        """The cluster's id of `node` (`CLUSTER MYID`)."""
-        with self._client(node) as c:
-            return c.execute_command("CLUSTER", "MYID").decode()
-
-    def owner(self, slot: int) -> EmbeddedRedis:
-        """The primary owning `slot` (`CLUSTER SLOTS` of the first node). Errors: EmbeddedRedisError."""
-        with self._client(self.nodes[0]) as c:
-            for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
-                if lo <= slot <= hi:
-                    return next(n for n in self.nodes if n.port == int(primary[1]))
-        raise EmbeddedRedisError(f"slot {slot} is not covered")
-
-    def migrate_slot(self, slot: int, destination: EmbeddedRedis, batch: int = 100) -> EmbeddedRedis:
-        """Move `slot` with its keys to the primary `destination`, the steps of
-        `redis-cli --cluster reshard` (https://redis.io/docs/latest/commands/cluster-setslot/): SETSLOT
-        IMPORTING on the destination, MIGRATING on the source, `MIGRATE` the keys in batches, then
-        SETSLOT NODE on every node. Returns the former owner. Errors: EmbeddedRedisError."""
-        source = self.owner(slot)
-        if source is destination:
-            raise EmbeddedRedisError(f"slot {slot} is already on port {destination.port}")
-        src_id, dst_id = self.node_id(source), self.node_id(destination)
-        with self._client(source) as src, self._client(destination) as dst:
-            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
-                src.execute_command("MIGRATE", "127.0.0.1", destination.port, "", 0, 5000, "KEYS", *keys)
-            # the destination first, as redis-cli does, so that it owns the slot before anyone says so
-            for node in [destination, source, *(n for n in self.nodes if n not in (source, destination))]:
-                with self._client(node) as c:
-                    if "master" in c.info("replication").get("role", "master"):
-                        c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-        return source
 
     def stop(self) -> None:
         for node in self.nodes:
