@@ -232,8 +232,6 @@ class EmbeddedCluster:
     node_timeout_ms: int = 2000
     start_timeout: float = 30.0
     nodes: list[EmbeddedRedis] = field(default_factory=list)
-    joined: list[EmbeddedRedis] = field(default_factory=list)
-    """Primaries added by `add_primary` after the start (also in `nodes`, after the replicas)."""
     popen: dict[str, Any] = field(default_factory=dict)
     """`EmbeddedRedis.popen` of every node."""
 
@@ -243,7 +241,7 @@ class EmbeddedCluster:
 
     @property
     def primary_nodes(self) -> list[EmbeddedRedis]:
-        return self.nodes[: self.primaries] + self.joined
+        return self.nodes[: self.primaries]
 
     def start(self) -> EmbeddedCluster:
         total = self.primaries * (1 + self.replicas)
@@ -261,7 +259,7 @@ class EmbeddedCluster:
             )
         try:
             for port in self.ports:
-                self.nodes.append(self._node(port).start())
+                self.nodes.append(self.make_node(port).start())
             if all(formed):  # made before: each node knows its slots and peers from its nodes.conf
                 with self._clients() as clients:
                     self._wait_ok(clients)
@@ -272,7 +270,8 @@ class EmbeddedCluster:
             raise
         return self
 
-    def _node(self, port: int) -> EmbeddedRedis:
+    def make_node(self, port: int) -> EmbeddedRedis:
+        """A node of this cluster on `port` (cluster mode, data in `data_dir/<port>`), not started."""
         options = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
         return EmbeddedRedis(
             port=port,
@@ -301,7 +300,12 @@ class EmbeddedCluster:
                 clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
             for c, (lo, hi) in zip(clients, slot_ranges(self.primaries), strict=False):
                 c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-            self._wait_known(clients, "every node knows every other")
+            nodes = len(clients)
+            self._wait(
+                clients,
+                lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == nodes,
+                "every node knows every other",
+            )
             ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients[: self.primaries]]
             for i, c in enumerate(clients[self.primaries :]):
                 c.execute_command("CLUSTER", "REPLICATE", ids[i % self.primaries])
@@ -312,12 +316,6 @@ class EmbeddedCluster:
                     lambda c: c.info("replication").get("connected_slaves", 0) >= self.replicas,
                     "every primary has its replicas",
                 )
-
-    def _wait_known(self, clients: list[redis.Redis], what: str) -> None:
-        """Until every node lists every node in `CLUSTER NODES`."""
-        self._wait(
-            clients, lambda c: len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients), what
-        )
 
     def _wait_ok(self, clients: list[redis.Redis]) -> None:
         """Until every node says `cluster_state:ok`."""
@@ -337,55 +335,6 @@ class EmbeddedCluster:
             f"the local cluster did not reach {what} within {self.start_timeout}s:\n"
             + "\n".join(n.log_tail(5) for n in self.nodes)
         )
-
-    def add_primary(self, port: int | None = None) -> EmbeddedRedis:
-        """Start one more node and join it to the running cluster as a primary owning no slots
-        (`CLUSTER MEET`, as `redis-cli --cluster add-node` does); returns it once every node knows it.
-        Give it slots with `migrate_slot`. Errors: EmbeddedRedisError."""
-        port = port if port is not None else free_cluster_ports(1)[0]
-        node = self._node(port).start()
-        self.nodes.append(node)
-        self.joined.append(node)
-        with self._clients() as clients:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
-            self._wait_known(clients, "every node knows the new one")
-            # until gossip tells it who owns every slot, the new node answers CLUSTERDOWN (MIGRATE too)
-            self._wait_ok(clients)
-        return node
-
-    def node_id(self, node: EmbeddedRedis) -> str:
-        """The cluster's id of `node` (`CLUSTER MYID`)."""
-        with self._client(node) as c:
-            return c.execute_command("CLUSTER", "MYID").decode()
-
-    def owner(self, slot: int) -> EmbeddedRedis:
-        """The primary owning `slot` (`CLUSTER SLOTS` of the first node). Errors: EmbeddedRedisError."""
-        with self._client(self.nodes[0]) as c:
-            for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
-                if lo <= slot <= hi:
-                    return next(n for n in self.nodes if n.port == int(primary[1]))
-        raise EmbeddedRedisError(f"slot {slot} is not covered")
-
-    def migrate_slot(self, slot: int, destination: EmbeddedRedis, batch: int = 100) -> EmbeddedRedis:
-        """Move `slot` with its keys to the primary `destination`, the steps of
-        `redis-cli --cluster reshard` (https://redis.io/docs/latest/commands/cluster-setslot/): SETSLOT
-        IMPORTING on the destination, MIGRATING on the source, `MIGRATE` the keys in batches, then
-        SETSLOT NODE on every node. Returns the former owner. Errors: EmbeddedRedisError."""
-        source = self.owner(slot)
-        if source is destination:
-            raise EmbeddedRedisError(f"slot {slot} is already on port {destination.port}")
-        src_id, dst_id = self.node_id(source), self.node_id(destination)
-        with self._client(source) as src, self._client(destination) as dst:
-            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
-                src.execute_command("MIGRATE", "127.0.0.1", destination.port, "", 0, 5000, "KEYS", *keys)
-            # the destination first, as redis-cli does, so that it owns the slot before anyone says so
-            for node in [destination, source, *(n for n in self.nodes if n not in (source, destination))]:
-                with self._client(node) as c:
-                    if "master" in c.info("replication").get("role", "master"):
-                        c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-        return source
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -420,19 +420,12 @@ class EngramCluster(RedisCluster):
 
 
 class EngramClusterPipeline(ClusterPipeline):
-    """A cluster pipeline that can queue Engram's scripts; its search commands run one by one
-    through `EngramCluster` (mixed with key commands: RuntimeError)."""
+    """A cluster pipeline that loads Engram's scripts on every primary before it runs (redis-py
+    queues their EVALSHA by its keys' slot); its search commands run one by one through `EngramCluster`
+    (mixed with key commands: RuntimeError)."""
 
     _searches: list[tuple[tuple, dict]] | None = None
     _others = 0
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """Queue an EVALSHA routed by its keys' slot (redis-py blocks it; Engram's scripts are
-        single-slot). Returns a finished future of the pipeline (redis-py calls this without awaiting)."""
-        self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
-        queued: asyncio.Future[EngramClusterPipeline] = asyncio.get_running_loop().create_future()
-        queued.set_result(self)
-        return queued
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         command = _text(args[0]).upper() if args else ""

@@ -1,10 +1,8 @@
 """The only place that makes Redis connections.
 
 Transport faults are retried by redis-py with exponential backoff. RESP2 is pinned: the RediSearch
-reply parsing in `shared.index` expects its flat arrays.
-
-Commands are packed by hiredis (redis-py's `HiredisRespSerializer`, as its sync client does) through
-the pool's `connection_class`: packing in Python was a fifth of the consolidator's CPU (bench/perf.py).
+reply parsing in `shared.index` expects its flat arrays. redis-py (>= 8.2) packs commands with hiredis
+on asyncio connections too: packing in Python was a fifth of the consolidator's CPU (bench/perf.py).
 """
 
 from __future__ import annotations
@@ -15,43 +13,14 @@ from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry  # the sync Retry makes redis-py >= 8.2 warn (an error under pytest)
 from redis.backoff import ExponentialBackoff
-from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined, unused-ignore]  # stale types-redis 4.6 lacks it
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
 from shared.cluster import SEARCH_SHARD, EngramCluster
 from shared.keys import Keys
 
-_PLAIN = (bytes, str, int, float)
-_HIREDIS = HiredisRespSerializer()
-
-
-class _HiredisPacking:
-    """Mixin for redis-py asyncio connections packing with hiredis. Arguments whose encoding could
-    differ from redis-py's `Encoder` (bools, float subclasses such as numpy's, anything not
-    bytes/str/int/float) take redis-py's Python packer."""
-
-    def pack_command(self, *args):
-        if all(type(arg) in _PLAIN for arg in args):
-            return _HIREDIS.pack(*args)
-        return super().pack_command(*args)  # type: ignore[misc]
-
-
-class HiredisConnection(_HiredisPacking, Connection):
-    """TCP connection packed by hiredis."""
-
-
-class HiredisSSLConnection(_HiredisPacking, SSLConnection):
-    """TLS connection packed by hiredis."""
-
-
-class HiredisUnixConnection(_HiredisPacking, UnixDomainSocketConnection):
-    """Unix-socket connection packed by hiredis."""
-
-
-_CLASSES = {"redis": HiredisConnection, "rediss": HiredisSSLConnection, "unix": HiredisUnixConnection}
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
@@ -59,7 +28,7 @@ def check_url(url: str) -> str:
     """The scheme of `url`; ValueError naming REDIS_URL unless it is redis://, rediss://, unix://,
     redis+cluster:// or rediss+cluster://."""
     scheme = urlsplit(url).scheme
-    if scheme not in _CLASSES and scheme not in CLUSTER_SCHEMES:
+    if scheme not in PLAIN_SCHEMES and scheme not in CLUSTER_SCHEMES:
         raise ValueError(
             f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// or "
             "rediss+cluster://"
@@ -101,13 +70,9 @@ def connect(
         cluster = cast(EngramCluster, EngramCluster.from_url(plain, **_options(retries, socket_timeout)))
         cluster.search, cluster.meta = cluster_search, Keys(prefix).meta
         return cast(aioredis.Redis, cluster)  # the commands Engram uses exist on both
-    # types-redis 4.6 (stale stubs, where installed) has neither protocol= nor connection_class=
+    # types-redis 4.6 (stale stubs, where installed) has no protocol=
     return aioredis.Redis.from_url(  # type: ignore[call-overload, unused-ignore]
-        url,
-        health_check_interval=15,
-        max_connections=max_connections,
-        connection_class=_CLASSES[scheme],
-        **_options(retries, socket_timeout),
+        url, health_check_interval=15, max_connections=max_connections, **_options(retries, socket_timeout)
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 import redis as syncredis
 from redis.crc import key_slot
 
-from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis
+from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, free_cluster_ports
 from services.consolidator.facts import Consolidator
 from services.consolidator.replay import replay
 from services.query.app import make_app
@@ -23,6 +23,7 @@ from shared.redis_conn import connect
 from shared.sdk import EngramClient
 from shared.settings import Settings
 from shared.tags import BLAKE2B
+from tests.helpers import wait_until
 from tests.integration.test_consolidator import drain, make_worker
 from tests.integration.test_facts import ep
 
@@ -49,6 +50,58 @@ def index_names(node: EmbeddedRedis, namespace: str) -> list[str]:
         return sorted(n.decode() for n in c.execute_command("FT._LIST") if ns_tag(namespace) in n.decode())
     finally:
         c.close()
+
+
+async def add_primary(cluster: EmbeddedCluster) -> EmbeddedRedis:
+    """Start one more node and join it to `cluster` as a primary owning no slots (`CLUSTER MEET`, as
+    `redis-cli --cluster add-node` does); returns it once every node knows it and says
+    `cluster_state:ok` (until gossip tells the new node who owns every slot, it answers CLUSTERDOWN)."""
+    node = cluster.make_node(free_cluster_ports(1)[0]).start()
+    cluster.nodes.append(node)  # stopped with the others
+    with syncredis.Redis(port=cluster.nodes[0].port, socket_timeout=5) as c:
+        c.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+
+    def joined(n: EmbeddedRedis) -> bool:
+        with syncredis.Redis(port=n.port, socket_timeout=5) as c:
+            known = len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(cluster.nodes)
+            return known and b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
+
+    await wait_until(lambda: all(map(joined, cluster.nodes)), timeout=30, message="the new node joined")
+    return node
+
+
+def owner(cluster: EmbeddedCluster, slot: int) -> EmbeddedRedis:
+    """The primary owning `slot` (`CLUSTER SLOTS` of the first node)."""
+    with syncredis.Redis(port=cluster.nodes[0].port, socket_timeout=5) as c:
+        return next(
+            n
+            for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS")
+            if lo <= slot <= hi
+            for n in cluster.nodes
+            if n.port == int(primary[1])
+        )
+
+
+def migrate_slot(cluster: EmbeddedCluster, slot: int, destination: EmbeddedRedis) -> EmbeddedRedis:
+    """Move `slot` with its keys to the primary `destination`, the steps of `redis-cli --cluster
+    reshard` (https://redis.io/docs/latest/commands/cluster-setslot/): SETSLOT IMPORTING on the
+    destination, MIGRATING on the source, `MIGRATE` the keys in batches, then SETSLOT NODE on every
+    primary, the destination first (it owns the slot before anyone says so). Returns the former owner."""
+    source = owner(cluster, slot)
+    assert source is not destination
+    with (
+        syncredis.Redis(port=source.port, socket_timeout=5) as src,
+        syncredis.Redis(port=destination.port, socket_timeout=5) as dst,
+    ):
+        src_id, dst_id = (c.execute_command("CLUSTER", "MYID").decode() for c in (src, dst))
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", "127.0.0.1", destination.port, "", 0, 5000, "KEYS", *keys)
+    for node in [destination, source, *(n for n in cluster.nodes if n not in (source, destination))]:
+        with syncredis.Redis(port=node.port, socket_timeout=5) as c:
+            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    return source
 
 
 def keys_in_slot(node: EmbeddedRedis, slot: int) -> int:
@@ -87,7 +140,7 @@ async def test_a_joined_primary_takes_a_namespace_and_nothing_stale_is_left(grow
         cons = Consolidator(s, redis, s.embed_dim)
         assert (await cons.consolidate(FactScope(MOVING))).status != "busy"
         await drain(worker)
-        old = grown.owner(slot)
+        old = owner(grown, slot)
         assert index_names(old, MOVING)  # its episode and facts indexes live on the owner
 
         # a query service started before the join: its slot map says the namespace is on `old`
@@ -96,8 +149,8 @@ async def test_a_joined_primary_takes_a_namespace_and_nothing_stale_is_left(grow
         api = s.with_(api_keys={"k-moving": MOVING, "k-staying": STAYING})
         http = await aiohttp_client(make_app(api, redis=reader, embedder=HashingEmbedder(s.embed_dim)))
 
-        joined = grown.add_primary()
-        assert grown.migrate_slot(slot, joined) is old
+        joined = await add_primary(grown)
+        assert migrate_slot(grown, slot, joined) is old
         assert keys_in_slot(old, slot) == 0 and keys_in_slot(joined, slot) > 3 * EPISODES
 
         # a search that may not wait is refused while the new owner indexes the moved documents in the
@@ -170,10 +223,10 @@ async def test_a_stale_copy_on_a_former_owner_is_dropped_by_dropindex(grown):
         )
         with cluster.route(ns):
             await redis.execute_command("FT.SEARCH", "stale:idx", "*", "LIMIT", 0, 0)  # created on the owner
-        old = grown.owner(slot)
+        old = owner(grown, slot)
         target = next(n for n in grown.primary_nodes if n is not old)
         # move the slot with a client that never searches again, so nothing drops the copy on the way
-        grown.migrate_slot(slot, target)
+        migrate_slot(grown, slot, target)
         assert index_names(old, ns) == ["stale:idx:" + ns_tag(ns)]
         c = syncredis.Redis(port=old.port, socket_timeout=5)
         try:
