@@ -43,10 +43,14 @@ from engram_episodic.calls import (
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
+    BadRequest,
     ConnectionFailed,
     InvalidRequest,
+    RateLimited,
     ResourceNotFound,
-    api_error,
+    ServerError,
+    ServiceUnavailable,
+    Unauthorized,
 )
 from engram_episodic.events import Episode
 from engram_episodic.options import (
@@ -84,14 +88,28 @@ def _retry_after(response: httpx.Response) -> float | None:
             return None
 
 
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: ResourceNotFound,
+    413: BadRequest,
+    422: BadRequest,
+    429: RateLimited,
+    503: ServiceUnavailable,
+}
+
+
 def _problem(response: httpx.Response) -> ApiError:
+    """The ApiError subclass of an error answer's status (ServerError for another 5xx, else ApiError)."""
     try:
         body = response.json()
     except ValueError:
         body = None
     if not isinstance(body, dict):
         body = {"detail": response.text[:500]}
-    return api_error(response.status_code, body, retry_after=_retry_after(response))
+    status = response.status_code
+    kind = _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
+    return kind(status, body, retry_after=_retry_after(response))
 
 
 @functools.cache
@@ -221,7 +239,13 @@ class _Base(Generic[H]):
                     ) from exc
                 sent = not isinstance(exc, _NOT_SENT)
                 if not retry or (sent and not (isinstance(exc, _LOST) and call.idempotent)):
-                    raise self._failed(exc, lost) from exc
+                    what = "no answer from" if sent else "cannot reach"
+                    note = "; an earlier attempt's answer was lost, so it may have been applied"
+                    raise ConnectionFailed(
+                        f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ")
+                        + (note if lost and not sent else ""),
+                        maybe_applied=sent or lost,
+                    ) from exc
                 lost = lost or sent
                 await self._sleep(self._wait(attempt))
             else:
@@ -270,19 +294,6 @@ class _Base(Generic[H]):
             if time.monotonic() > deadline:
                 raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
             await self._sleep(interval)
-
-    def _failed(self, exc: Exception, earlier_lost: bool) -> ConnectionFailed:
-        sent = not isinstance(exc, _NOT_SENT)
-        what = "no answer from" if sent else "cannot reach"
-        note = (
-            "; an earlier attempt's answer was lost, so it may have been applied"
-            if earlier_lost and not sent
-            else ""
-        )
-        return ConnectionFailed(
-            f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ") + note,
-            maybe_applied=sent or earlier_lost,
-        )
 
 
 def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
