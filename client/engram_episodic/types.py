@@ -20,8 +20,6 @@ from engram_episodic.events import Episode
 from engram_episodic.timeutil import parse_instant
 from engram_episodic.validation import parse_episode
 
-# Fields the service adds to an episode it answers with; derived, never part of the model.
-_DERIVED = ("duration_s",)
 _EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__)
 Instant = Annotated[float, "UTC epoch seconds; an ISO 8601 string on the wire"]
 Counts = tuple[tuple[str, int], ...]  # (name, count) pairs; annotated with the key of the name in a row
@@ -35,7 +33,7 @@ def episode_from_json(data: Mapping[str, Any]) -> Episode:
     hold more actions than one input, so the per-input bound is off). Raises InvalidEpisode when the
     answer is not an episode.
     """
-    known = {k: v for k, v in data.items() if k in _EPISODE_FIELDS and k not in _DERIVED}
+    known = {k: v for k, v in data.items() if k in _EPISODE_FIELDS}
     episode = parse_episode(known, max_actions=None)
     assert episode is not None  # parse_episode raises rather than return None without a collector
     return episode
