@@ -169,12 +169,6 @@ def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResul
     )
 
 
-def _late(results: list[IngestResult], first: Accepted) -> Accepted:
-    """`first` (an episode's first part) not projected, with the reason of a part that was not."""
-    reasons = [a.reason for r in results for a in r.results if a.episode_id == first.episode_id and a.reason]
-    return dataclasses.replace(first, projected=False, reason=reasons[0] if reasons else first.reason)
-
-
 def joined(results: list[IngestResult]) -> IngestResult:
     """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: every episode
     once, in the order of its first part (the first parts go first, so that is the list's order);
@@ -182,14 +176,17 @@ def joined(results: list[IngestResult]) -> IngestResult:
     (None without `wait`)."""
     if len(results) == 1:
         return results[0]
-    late = {a.episode_id for r in results for a in r.results if a.projected is False}
-    first: dict[str, Accepted] = {}
-    for result in results:
-        for a in result.results:
-            first.setdefault(a.episode_id, _late(results, a) if a.episode_id in late else a)
+    parts: dict[str, list[Accepted]] = {}
+    for a in (a for r in results for a in r.results):
+        parts.setdefault(a.episode_id, []).append(a)
+    accepted = tuple(
+        dataclasses.replace(p[0], projected=False, reason=next((a.reason for a in p if a.reason), None))
+        if any(a.projected is False for a in p)
+        else p[0]
+        for p in parts.values()
+    )
     flags = [r.projected for r in results]
     projected = None if any(f is None for f in flags) else all(flags)
-    accepted = tuple(first.values())
     return dataclasses.replace(results[0], accepted=len(accepted), results=accepted, projected=projected)
 
 

@@ -43,10 +43,14 @@ from engram_episodic.calls import (
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
     ApiError,
+    BadRequest,
     ConnectionFailed,
     InvalidRequest,
+    RateLimited,
     ResourceNotFound,
-    api_error,
+    ServerError,
+    ServiceUnavailable,
+    Unauthorized,
 )
 from engram_episodic.events import Episode
 from engram_episodic.options import (
@@ -62,13 +66,13 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 T = TypeVar("T")
 P = ParamSpec("P")
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
-C = TypeVar("C")
+C = TypeVar("C", bound="_Base[Any]")
 
 
 # --- the retry rule, shared ------------------------------------------------------------------------------
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _LOST = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-_UNSENDABLE = (httpx.TransportError, httpx.InvalidURL, UnicodeEncodeError)  # what `_after_error` takes
+_UNSENDABLE = (httpx.TransportError, httpx.InvalidURL, UnicodeEncodeError)  # what `_attempts` takes
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -84,14 +88,28 @@ def _retry_after(response: httpx.Response) -> float | None:
             return None
 
 
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: ResourceNotFound,
+    413: BadRequest,
+    422: BadRequest,
+    429: RateLimited,
+    503: ServiceUnavailable,
+}
+
+
 def _problem(response: httpx.Response) -> ApiError:
+    """The ApiError subclass of an error answer's status (ServerError for another 5xx, else ApiError)."""
     try:
         body = response.json()
     except ValueError:
         body = None
     if not isinstance(body, dict):
         body = {"detail": response.text[:500]}
-    return api_error(response.status_code, body, retry_after=_retry_after(response))
+    status = response.status_code
+    kind = _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
+    return kind(status, body, retry_after=_retry_after(response))
 
 
 @functools.cache
@@ -103,10 +121,14 @@ def _tls() -> ssl.SSLContext:
 
 
 class _Base(Generic[H]):
-    """What both clients share: configuration, the request, the answer, the retry decision. `H` is the
-    httpx client type (httpx.Client or httpx.AsyncClient), `_HTTP` the one made when none is given."""
+    """What both clients share: configuration, the request, the answer, and the work of every call as
+    coroutines, which `Engram._run` runs to their end and `AsyncEngram` awaits. `H` is the httpx client
+    type (httpx.Client or httpx.AsyncClient), `_HTTP` the one made when none is given."""
 
     _HTTP: type[H]
+    # the I/O of the shared coroutines, one per client: the sync client's never suspends (`Engram._run`)
+    _request: Callable[[dict[str, Any]], Coroutine[Any, Any, httpx.Response]]
+    _sleep: Callable[[float], Coroutine[Any, Any, None]]
 
     def __init__(
         self,
@@ -201,43 +223,77 @@ class _Base(Generic[H]):
         backoff = min(self.max_retry_wait, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
         return min(self.max_retry_wait, hinted if hinted is not None else backoff)
 
-    def _decide(
-        self, call: Call[Any], attempt: int, response: httpx.Response | None, exc: Exception | None
-    ) -> float | None:
-        """Seconds to wait before another attempt, or None to stop (then the caller raises or reads)."""
-        if attempt >= self.max_retries:
-            return None
-        if response is not None:
-            return self._wait(attempt, response) if response.status_code in (429, 503) else None
-        if isinstance(exc, _NOT_SENT) or (isinstance(exc, _LOST) and call.idempotent):
-            return self._wait(attempt)
-        return None
+    async def _attempts(self, call: Call[T]) -> T:
+        """Send one request with the retry rule of the module docstring and read its answer. Raises
+        InvalidRequest for a request httpx cannot send, ConnectionFailed when the rule says stop."""
+        attempt = 0
+        lost = False  # an attempt was sent and its answer lost: it may have been applied
+        while True:
+            retry = attempt < self.max_retries
+            try:
+                response = await self._request(self._request_args(call))
+            except _UNSENDABLE as exc:
+                if not isinstance(exc, httpx.TransportError):  # an argument httpx cannot put on the wire
+                    raise InvalidRequest(
+                        [("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")]
+                    ) from exc
+                sent = not isinstance(exc, _NOT_SENT)
+                if not retry or (sent and not (isinstance(exc, _LOST) and call.idempotent)):
+                    what = "no answer from" if sent else "cannot reach"
+                    note = "; an earlier attempt's answer was lost, so it may have been applied"
+                    raise ConnectionFailed(
+                        f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ")
+                        + (note if lost and not sent else ""),
+                        maybe_applied=sent or lost,
+                    ) from exc
+                lost = lost or sent
+                await self._sleep(self._wait(attempt))
+            else:
+                if not retry or response.status_code not in (429, 503):
+                    return self._read(call, response, lost)
+                await self._sleep(self._wait(attempt, response))
+            attempt += 1
 
-    def _after_error(self, call: Call[Any], attempt: int, lost: bool, exc: Exception) -> tuple[float, bool]:
-        """After an attempt that raised `exc` (no answer): (seconds to wait before the next attempt,
-        whether an attempt's answer was lost so far). Raises InvalidRequest for a request httpx cannot
-        send, ConnectionFailed when the retry rule says stop."""
-        if not isinstance(exc, httpx.TransportError):  # an argument httpx cannot put on the wire
-            raise InvalidRequest(
-                [("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")]
-            ) from exc
-        delay = self._decide(call, attempt, None, exc)
-        if delay is None:
-            raise self._failed(exc, lost) from exc
-        return delay, lost or not isinstance(exc, _NOT_SENT)
+    async def _send_all(
+        self,
+        prepared: list[Episode],
+        calls: list[Call[IngestResult]],
+        wait: float | None,
+        recorded: str | None = None,
+    ) -> IngestResult:
+        """Send the requests of `prepared` in order; after a 413 naming a smaller limit than
+        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent).
+        `wait`, `recorded`: as `calls._waited`."""
+        with _naming_ids(prepared):
+            try:
+                return _waited(joined([await self._attempts(call) for call in calls]), wait, recorded)
+            except ApiError as exc:
+                if not self._adopt_limit(exc):
+                    raise
+            _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
+            return _waited(joined([await self._attempts(call) for call in calls]), wait, recorded)
 
-    def _failed(self, exc: Exception, earlier_lost: bool) -> ConnectionFailed:
-        sent = not isinstance(exc, _NOT_SENT)
-        what = "no answer from" if sent else "cannot reach"
-        note = (
-            "; an earlier attempt's answer was lost, so it may have been applied"
-            if earlier_lost and not sent
-            else ""
-        )
-        return ConnectionFailed(
-            f"{what} {self.base_url}: {type(exc).__name__}: {exc}".rstrip(": ") + note,
-            maybe_applied=sent or earlier_lost,
-        )
+    async def _record(
+        self, episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None
+    ) -> str:
+        """`record`: the id of the episode published."""
+        prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
+        await self._send_all([prepared], calls, wait, prepared.episode_id)
+        return prepared.episode_id
+
+    async def _recallable(self, episode_id: str, timeout: float, interval: float) -> StoredEpisode:
+        """`wait_until_recallable`: the episode once stored and completed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = await self._attempts(Calls.get_episode(episode_id))
+                if found.status == "completed":
+                    return found
+            except ResourceNotFound:
+                pass
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
+            await self._sleep(interval)
 
 
 def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
@@ -281,22 +337,23 @@ class Engram(_Base[httpx.Client]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` (a coroutine of `_Base`) run to its end here: the sync client's I/O never suspends it."""
+        try:
+            work.send(None)
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError("the sync client's work awaited an event loop")
+
+    async def _request(self, args: dict[str, Any]) -> httpx.Response:
+        return self._http.request(**args)
+
+    async def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
     def call(self, call: Call[T]) -> T:
         """Send one request (with the retry rule of the module docstring) and read its answer."""
-        attempt = 0
-        lost = False  # an attempt was sent and its answer lost: it may have been applied
-        delay: float | None
-        while True:
-            try:
-                response = self._http.request(**self._request_args(call))
-            except _UNSENDABLE as exc:
-                delay, lost = self._after_error(call, attempt, lost, exc)
-            else:
-                delay = self._decide(call, attempt, response, None)
-                if delay is None:
-                    return self._read(call, response, lost)
-            time.sleep(delay)
-            attempt += 1
+        return self._run(self._attempts(call))
 
     # memory ------------------------------------------------------------------------------------------
     recall = _sent(Calls.recall)
@@ -327,28 +384,7 @@ class Engram(_Base[httpx.Client]):
         `record(episode_id=that, ...)` again is the same episode, never a copy. EpisodeForgotten: that
         episode_id was forgotten before, and nothing was published (with or without `wait`).
         """
-        prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        self._send_all([prepared], calls, wait, prepared.episode_id)
-        return prepared.episode_id
-
-    def _send_all(
-        self,
-        prepared: list[Episode],
-        calls: list[Call[IngestResult]],
-        wait: float | None,
-        recorded: str | None = None,
-    ) -> IngestResult:
-        """Send the requests of `prepared` in order; after a 413 naming a smaller limit than
-        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent).
-        `wait`, `recorded`: as `calls._waited`."""
-        with _naming_ids(prepared):
-            try:
-                return _waited(joined([self.call(call) for call in calls]), wait, recorded)
-            except ApiError as exc:
-                if not self._adopt_limit(exc):
-                    raise
-            _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
-            return _waited(joined([self.call(call) for call in calls]), wait, recorded)
+        return self._run(self._record(episode, fields, wait))
 
     def publish(
         self, episodes: Iterable[Episode | Mapping[str, Any]], *, wait: float | None = None
@@ -361,7 +397,7 @@ class Engram(_Base[httpx.Client]):
         leave the first parts applied. A failure names the ids it used (`exc.episode_ids`): publishing
         the same episodes again is safe (each is the same episode, never a copy)."""
         prepared, calls = Calls.publish(episodes, wait, self.max_body_bytes)
-        return self._send_all(prepared, calls, wait)
+        return self._run(self._send_all(prepared, calls, wait))
 
     def episode(
         self,
@@ -400,17 +436,7 @@ class Engram(_Base[httpx.Client]):
 
         For an id published again, the previous version counts: use `record(..., wait=S)` to wait for
         the new one."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                found = self.get_episode(episode_id)
-                if found.status == "completed":
-                    return found
-            except ResourceNotFound:
-                pass
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
-            time.sleep(interval)
+        return self._run(self._recallable(episode_id, timeout, interval))
 
     update_episode = _sent(Calls.update_episode)
     forget_episode = _sent(Calls.forget_episode)
@@ -440,23 +466,18 @@ class _OpenEpisode(Generic[C]):
     def episode_id(self) -> str:
         return self.draft.episode_id
 
-    def _send(
-        self, outcome: str, fields: Mapping[str, Any], max_body_bytes: int
-    ) -> tuple[Episode, list[Call[IngestResult]]]:
-        """The completion and the requests that publish it: every action recorded, in parts when they
-        do not fit one request (`Calls.publish`)."""
+    async def _complete(self, outcome: str, fields: Mapping[str, Any]) -> Episode:
+        """Publish the completion: every action recorded, in parts when they do not fit one request."""
         snapshot = self.draft.completion(outcome, keep_actions=None, **fields)
         self.sent = True
-        _, calls = Calls.publish([snapshot], max_body_bytes=max_body_bytes)
-        return snapshot, calls
+        _, calls = Calls.publish([snapshot], max_body_bytes=self.client.max_body_bytes)
+        await self.client._send_all([snapshot], calls, None)
+        return self.draft.completed_with(snapshot)
 
-    def _on_exit(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None
-    ) -> tuple[str, dict] | None:
-        """The completion the block's exit should publish, or None."""
+    async def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        """Publish the completion the block's exit calls for: none after `complete()` was sent."""
         if self.draft.completed is None and not self.sent:
-            return EpisodeDraft.exit_fields(exc_type, exc)
-        return None
+            await self._complete(*EpisodeDraft.exit_fields(exc_type, exc))
 
 
 def _on_draft(method: Callable[Concatenate[EpisodeDraft, P], T]) -> Callable[Concatenate[Any, P], T]:
@@ -479,17 +500,13 @@ class HttpEpisode(_OpenEpisode[Engram]):
 
         If publishing fails, the error says whether it may have been applied (and names the id), and
         leaving the block does not publish a `failure` over it; call `complete` again to retry."""
-        snapshot, calls = self._send(outcome, fields, self.client.max_body_bytes)
-        self.client._send_all([snapshot], calls, None)
-        return self.draft.completed_with(snapshot)
+        return self.client._run(self._complete(outcome, fields))
 
     def __enter__(self) -> HttpEpisode:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        pending = self._on_exit(exc_type, exc)
-        if pending is not None:
-            self.complete(pending[0], **pending[1])
+        return self.client._run(self._exit(exc_type, exc))
 
 
 # --- async -------------------------------------------------------------------------------------------
@@ -497,8 +514,8 @@ def _coroutine(
     method: Callable[Concatenate[Any, P], T],
 ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
     """A sync client's (or episode's) `method` as the coroutine method of the async one, with its
-    signature and docstring. Only for a method that returns what `self.call` or `self._send_all` returns
-    (an awaitable on the async class, awaited here) or does no I/O: a body that used an answer would get
+    signature and docstring. Only for a method that returns what `self.call` or `self._run` returns (an
+    awaitable on the async class, awaited here) or does no I/O: a body that used an answer would get
     the coroutine instead."""
 
     @functools.wraps(method)
@@ -525,22 +542,20 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @staticmethod
+    def _run(work: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        """`work` itself, for the method that asked to await (`_coroutine`)."""
+        return work
+
+    async def _request(self, args: dict[str, Any]) -> httpx.Response:
+        return await self._http.request(**args)
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
     async def call(self, call: Call[T]) -> T:
         """Send one request (with the retry rule of the module docstring) and read its answer."""
-        attempt = 0
-        lost = False  # an attempt was sent and its answer lost: it may have been applied
-        delay: float | None
-        while True:
-            try:
-                response = await self._http.request(**self._request_args(call))
-            except _UNSENDABLE as exc:
-                delay, lost = self._after_error(call, attempt, lost, exc)
-            else:
-                delay = self._decide(call, attempt, response, None)
-                if delay is None:
-                    return self._read(call, response, lost)
-            await asyncio.sleep(delay)
-            attempt += 1
+        return await self._attempts(call)
 
     recall = _coroutine(Engram.recall)
     context = _coroutine(Engram.context)
@@ -551,10 +566,12 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     search_facts = _coroutine(Engram.search_facts)
     get_fact = _coroutine(Engram.get_fact)
     consolidate = _coroutine(Engram.consolidate)
+    record = _coroutine(Engram.record)
     publish = _coroutine(Engram.publish)
     list_episodes = _coroutine(Engram.list_episodes)
     list_facts = _coroutine(Engram.list_facts)
     get_episode = _coroutine(Engram.get_episode)
+    wait_until_recallable = _coroutine(Engram.wait_until_recallable)
     update_episode = _coroutine(Engram.update_episode)
     forget_episode = _coroutine(Engram.forget_episode)
     forget_user = _coroutine(Engram.forget_user)
@@ -567,36 +584,6 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
     dead_letters = _coroutine(Engram.dead_letters)
     redrive_dead_letters = _coroutine(Engram.redrive_dead_letters)
     discard_dead_letters = _coroutine(Engram.discard_dead_letters)
-
-    async def record(
-        self,
-        episode: Episode | Mapping[str, Any] | None = None,
-        /,
-        *,
-        wait: float | None = None,
-        **fields: Any,
-    ) -> str:
-        """See `Engram.record`."""
-        prepared, calls = Calls.record_parts(episode, fields, wait, self.max_body_bytes)
-        await self._send_all([prepared], calls, wait, prepared.episode_id)
-        return prepared.episode_id
-
-    async def _send_all(
-        self,
-        prepared: list[Episode],
-        calls: list[Call[IngestResult]],
-        wait: float | None,
-        recorded: str | None = None,
-    ) -> IngestResult:
-        """See `Engram._send_all`."""
-        with _naming_ids(prepared):
-            try:
-                return _waited(joined([await self.call(call) for call in calls]), wait, recorded)
-            except ApiError as exc:
-                if not self._adopt_limit(exc):
-                    raise
-            _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
-            return _waited(joined([await self.call(call) for call in calls]), wait, recorded)
 
     def episode(
         self,
@@ -619,40 +606,13 @@ class AsyncEngram(_Base[httpx.AsyncClient]):
                 return
             options["cursor"] = page.next_cursor
 
-    async def wait_until_recallable(
-        self, episode_id: str, *, timeout: float = 30.0, interval: float = 0.1
-    ) -> StoredEpisode:
-        """See `Engram.wait_until_recallable`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                found = await self.get_episode(episode_id)
-                if found.status == "completed":
-                    return found
-            except ResourceNotFound:
-                pass
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"episode {episode_id!r} not recallable after {timeout:g}s")
-            await asyncio.sleep(interval)
-
 
 class AsyncHttpEpisode(_OpenEpisode[AsyncEngram]):
     """An open episode recorded over HTTP with `AsyncEngram` (see `Engram.episode`)."""
 
     action = _coroutine(HttpEpisode.action)
-
-    async def complete(self, outcome: str, **fields: Any) -> Episode:
-        """See `HttpEpisode.complete`."""
-        snapshot, calls = self._send(outcome, fields, self.client.max_body_bytes)
-        await self.client._send_all([snapshot], calls, None)
-        return self.draft.completed_with(snapshot)
+    complete = _coroutine(HttpEpisode.complete)
+    __aexit__ = _coroutine(HttpEpisode.__exit__)
 
     async def __aenter__(self) -> AsyncHttpEpisode:
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        pending = self._on_exit(exc_type, exc)
-        if pending is not None:
-            await self.complete(pending[0], **pending[1])

@@ -155,20 +155,3 @@ class ServiceUnavailable(ApiError):
 
 class ServerError(ApiError):
     """Any other 5xx answer."""
-
-
-_BY_STATUS: dict[int, type[ApiError]] = {
-    400: BadRequest,
-    401: Unauthorized,
-    404: ResourceNotFound,
-    413: BadRequest,
-    422: BadRequest,
-    429: RateLimited,
-    503: ServiceUnavailable,
-}
-
-
-def api_error(status: int, body: dict, *, retry_after: float | None = None) -> ApiError:
-    """The ApiError subclass for `status` (ServerError for other 5xx, ApiError otherwise)."""
-    cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
-    return cls(status, body, retry_after=retry_after)

@@ -1,11 +1,10 @@
 """Typed results of the query service's HTTP API: frozen dataclasses built from its JSON answers.
 
 Every class mirrors one response schema of `GET /openapi.json` and has `from_json(data)`, read by its
-annotations (`_Result`); every
-instant is UTC epoch seconds (float), as inside Engram (the wire carries ISO 8601 `Z` strings).
-Episodes come back as `engram_episodic.events.Episode`, the same class agents build and publish, so
-an episode read from recall can be re-published as it is. Each top-level result keeps the answer it
-was built from in `raw` (the full JSON, for fields a newer server adds).
+annotations (`_Result`); every instant is UTC epoch seconds (float), as inside Engram (the wire carries
+ISO 8601 `Z` strings). Episodes come back as `engram_episodic.events.Episode`, the same class agents
+build and publish, so an episode read from recall can be re-published as it is. Each result keeps the
+JSON it was built from in `raw` (for fields a newer server adds).
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ from engram_episodic.events import Episode
 from engram_episodic.timeutil import parse_instant
 from engram_episodic.validation import parse_episode
 
-# Fields the service adds to an episode it answers with; derived, never part of the model.
-_DERIVED = ("duration_s",)
 _EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__)
 Instant = Annotated[float, "UTC epoch seconds; an ISO 8601 string on the wire"]
+Counts = tuple[tuple[str, int], ...]  # (name, count) pairs; annotated with the key of the name in a row
 
 
 def episode_from_json(data: Mapping[str, Any]) -> Episode:
@@ -35,7 +33,7 @@ def episode_from_json(data: Mapping[str, Any]) -> Episode:
     hold more actions than one input, so the per-input bound is off). Raises InvalidEpisode when the
     answer is not an episode.
     """
-    known = {k: v for k, v in data.items() if k in _EPISODE_FIELDS and k not in _DERIVED}
+    known = {k: v for k, v in data.items() if k in _EPISODE_FIELDS}
     episode = parse_episode(known, max_actions=None)
     assert episode is not None  # parse_episode raises rather than return None without a collector
     return episode
@@ -44,8 +42,10 @@ def episode_from_json(data: Mapping[str, Any]) -> Episode:
 def _converter(hint: Any) -> Callable[[Any], Any]:
     """How a JSON value becomes a field annotated `hint` (null or missing: see `_Result.from_json`)."""
     origin, args = get_origin(hint), get_args(hint)
-    if origin is Annotated:
-        return parse_instant
+    if origin is Annotated:  # an Instant, or Counts and the key of each row's name
+        if args[0] is float:
+            return parse_instant
+        return lambda v: tuple((row[args[1]], int(row["count"])) for row in v or ())
     if origin in (Union, types.UnionType):  # `X | None`; an empty string is None too
         inner = _converter(next(a for a in args if a is not type(None)))
         return lambda v: None if v is None or v == "" else inner(v)
@@ -66,27 +66,30 @@ def _converter(hint: Any) -> Callable[[Any], Any]:
 @functools.cache
 def _fields(cls: Any) -> tuple[tuple[str, str, Callable[[Any], Any], bool, bool], ...]:
     """(name, its key in the answer, converter, has a default, required: a scalar without default) per
-    field of `cls`."""
+    field of `cls` but `raw`."""
     hints = get_type_hints(cls, include_extras=True)
     return tuple(
         (
             f.name,
-            cls._WIRE.get(f.name, f.name),
+            "results" if f.name == cls._ITEMS else f.name,
             _converter(hints[f.name]),
             f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
             f.default is dataclasses.MISSING and hints[f.name] in (float, int, str, Instant),
         )
         for f in dataclasses.fields(cls)
+        if f.name != "raw"
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Result:
     """A result read from JSON by its annotations: a scalar without a default is required (KeyError
     when missing); a null or missing field takes its default, or its type's empty value (None, (), {},
-    False); `raw` is the answer itself. `_WIRE` names the answer's key of a field called otherwise."""
+    False); `raw` is the JSON it was read from. The field `_ITEMS` (a listing's items) is the answer's
+    `results`."""
 
-    __slots__ = ()
-    _WIRE: ClassVar[Mapping[str, str]] = {}
+    _ITEMS: ClassVar[str] = "results"
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -95,27 +98,17 @@ class _Result:
     @classmethod
     def _read(cls, data: Mapping[str, Any], **given: Any) -> Self:
         for name, key, convert, has_default, required in _fields(cast(type, cls)):
-            if name == "raw":
-                given.setdefault(name, data)
-            elif name not in given:
+            if name not in given:
                 value = data[key] if required else data.get(key)
                 if value is not None or not has_default:
                     given[name] = convert(value)
-        return cls(**given)
+        return cls(raw=data, **given)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Answer(_Result):
-    """A top-level result: `raw` is the answer it was read from."""
-
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-
-class _Listing(_Answer):
-    """A result iterable over its items, the field `_ITEMS` (the answer's `results`)."""
+class _Listing(_Result):
+    """A result iterable over its items, the field `_ITEMS`."""
 
     __slots__ = ()
-    _ITEMS: ClassVar[str] = "results"
 
     def __iter__(self) -> Iterator[Any]:
         return iter(getattr(self, self._ITEMS))
@@ -145,7 +138,7 @@ class Accepted(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class IngestResult(_Answer):
+class IngestResult(_Result):
     """`POST /v1/episodes`: every episode of the request, in request order."""
 
     accepted: int
@@ -234,7 +227,7 @@ class ContextFact(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Context(_Answer):
+class Context(_Result):
     """`POST /v1/context`: working memory for a task, with `prompt` ready to put before a model call.
     `similarity_unavailable` as in `Recall` (and no facts then)."""
 
@@ -252,7 +245,7 @@ class Context(_Answer):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StrategyChoice(_Answer):
+class StrategyChoice(_Result):
     """`POST /v1/strategy`: the strategy to use, the rule that chose it and why."""
 
     strategy: str
@@ -263,7 +256,7 @@ class StrategyChoice(_Answer):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Suggestion(_Answer):
+class Suggestion(_Result):
     """`POST /v1/suggest`: confidence (high/medium/low) from similar successes vs failures.
 
     `common_failures`, `failed_action_types` and `successful_strategies` are `(name, count)` pairs,
@@ -275,21 +268,9 @@ class Suggestion(_Answer):
     successes: int
     failures: int
     success_share: float | None
-    common_failures: tuple[tuple[str, int], ...]
-    failed_action_types: tuple[tuple[str, int], ...]
-    successful_strategies: tuple[tuple[str, int], ...]
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
-        def pairs(name: str, key: str) -> tuple[tuple[str, int], ...]:
-            return tuple((row[key], int(row["count"])) for row in data.get(name) or ())
-
-        return cls._read(
-            data,
-            common_failures=pairs("common_failures", "message"),
-            failed_action_types=pairs("failed_action_types", "action_type"),
-            successful_strategies=pairs("successful_strategies", "strategy"),
-        )
+    common_failures: Annotated[Counts, "message"]
+    failed_action_types: Annotated[Counts, "action_type"]
+    successful_strategies: Annotated[Counts, "strategy"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,7 +318,7 @@ class LearningCurve(_Listing):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Fact(_Answer):
+class Fact(_Result):
     """A semantic-memory fact (docs/architecture.md, "Facts"); `score` is set by search with a query."""
 
     fact_id: str
@@ -385,14 +366,14 @@ class ScopeConsolidation(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Consolidation(_Answer):
+class Consolidation(_Result):
     """`POST /v1/consolidate`: a run per scope."""
 
     results: tuple[ScopeConsolidation, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StoredEpisode(_Answer):
+class StoredEpisode(_Result):
     """`GET /v1/episodes/{id}`: a projected episode, its status and its recall counters.
 
     `status` is `completed`, `draft` (started, not finished) or `pending` (accepted into the stream, not
@@ -424,7 +405,6 @@ class EpisodePage(_Listing):
     next_cursor: str | None
 
     _ITEMS = "episodes"
-    _WIRE = {"episodes": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -435,7 +415,6 @@ class FactPage(_Listing):
     next_cursor: str | None
 
     _ITEMS = "facts"
-    _WIRE = {"facts": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -457,7 +436,7 @@ class Expiring(_Result):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Summary(_Answer):
+class Summary(_Result):
     """`GET /v1/summary`: what the namespace holds. `episodes` not yet expired; `agents`, `users`,
     `sessions` distinct ids; `facts` current ones; `expiring` the 10 episodes expiring soonest, soonest
     first."""
@@ -491,11 +470,10 @@ class DeadLetters(_Listing):
     total: int
 
     _ITEMS = "dead_letters"
-    _WIRE = {"dead_letters": "results"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeadLettersActed(_Answer):
+class DeadLettersActed(_Result):
     """A redrive or discard: `done` dead letters re-driven or discarded, the ids that named none of the
     namespace's `unknown`."""
 
@@ -504,7 +482,7 @@ class DeadLettersActed(_Answer):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ForgetJob(_Answer):
+class ForgetJob(_Result):
     """A bulk forget (`DELETE /v1/agents/{id}`, `DELETE /v1/sessions/{id}`, `POST /v1/forget`) and its
     status (`GET /v1/forget/{job_id}`): `episodes` it erases, `forgotten` so far, `done` once all are.
     `unknown` / `already_forgotten`: ids of a by-id forget that were not published, in the answer of

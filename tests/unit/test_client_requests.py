@@ -9,6 +9,7 @@ import pytest
 
 from engram_episodic import AsyncEngram, Engram, InvalidEpisode
 from engram_episodic.calls import MAX_WAIT, Calls, _wait
+from engram_episodic.types import FactPage, IngestResult, Suggestion
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: a request that got this far would fail differently
 ID_METHODS = [
@@ -99,3 +100,19 @@ def test_a_route_method_shows_its_own_parameters_and_answer() -> None:
         shown = inspect.signature(memory.recall)
         assert list(shown.parameters) == ["query", "options"] and shown.return_annotation == "Recall"
         assert str(inspect.signature(memory.update_episode)).endswith("-> 'Updated'")
+
+
+def test_every_result_keeps_the_json_it_was_read_from() -> None:
+    """`raw` holds what a newer service adds, on nested results too; a listing's items are its `results`."""
+    answer = {"accepted": 1, "results": [{"episode_id": "e1", "event_id": "1-0", "added_later": 1}]}
+    result = IngestResult.from_json(answer)
+    assert result.raw is answer and result.results[0].raw["added_later"] == 1
+    page = FactPage.from_json({"results": [{"fact_id": "f1", "kind": "strategy", "text": "t"}]})
+    assert [f.fact_id for f in page] == ["f1"] and page.next_cursor is None
+
+
+def test_a_suggestion_reads_its_counts_by_each_list_s_own_key() -> None:
+    counts = {"common_failures": [{"message": "timeout", "count": 2}], "failed_action_types": None}
+    shown = {"confidence": "low", "similar": 2, "successes": 0, "failures": 2, "success_share": 0.0}
+    suggestion = Suggestion.from_json({**shown, **counts})
+    assert suggestion.common_failures == (("timeout", 2),) and suggestion.failed_action_types == ()
