@@ -290,13 +290,8 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
         data = _open(type_name, version, data, envelope["x"], keys)
     elif type_name == "FactsConsolidated":
         data = fact_seal.open_facts(data, keys)
-    upcasters = EVENT_TYPES[type_name].UPCASTERS
-    while version < current:
-        upcaster = upcasters.get(version)
-        if upcaster is None:
-            raise UnknownSchemaVersion(f"no upcaster for {type_name} v{version}")
-        data = upcaster(data)
-        version += 1
+    for v in range(version, current):  # every class has an upcaster from each older version
+        data = EVENT_TYPES[type_name].UPCASTERS[v](data)
     return event_from_data(type_name, data)
 
 
