@@ -17,6 +17,7 @@ authentication `Unreadable` (a DecodeError).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,9 +41,6 @@ from engram_episodic.validation import Collector, check_id, parse_action, parse_
 from shared import fact_seal, tracing
 from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
-CURRENT_VERSION: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPES.items()}
-"""Each event type's `VERSION` (its class owns it, with its `UPCASTERS`)."""
-
 
 def encode(event: Event) -> bytes:
     """Serialise an event to its stored envelope (msgpack bytes)."""
@@ -52,7 +50,7 @@ def encode(event: Event) -> bytes:
 def _pack(event: Event, data: dict[str, Any], **extra: Any) -> bytes:
     """The stored envelope of `event` with payload `data`, and the current span's W3C traceparent under
     `tp` when tracing is on (outside the associated data: not personal; a changed one only mislinks)."""
-    envelope = {"type": event.TYPE, "v": CURRENT_VERSION[event.TYPE], "data": data, **extra}
+    envelope = {"type": event.TYPE, "v": event.VERSION, "data": data, **extra}
     tp = tracing.traceparent()
     if tp is not None:
         envelope["tp"] = tp
@@ -97,37 +95,16 @@ def seal(event: Event, ref: bytes, key: DataKey) -> bytes:
     """The sealed envelope of `event` (module docstring) under data key `key`, referenced by `ref`."""
     data = to_plain(event)
     secret = {name: data.pop(name) for name in SEALED_FIELDS[event.TYPE] if name in data}
-    version = CURRENT_VERSION[event.TYPE]
-    sealed = key.seal(
-        msgpack.packb(secret, use_bin_type=True), _seal_ad(event.TYPE, version, data, ref, key.kid)
-    )
+    ad = _seal_ad(event.TYPE, event.VERSION, data, ref, key.kid)
+    sealed = key.seal(msgpack.packb(secret, use_bin_type=True), ad)
     return _pack(event, data, x={"r": ref, "k": key.kid, "c": sealed})
 
 
-def _base(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    out["event_id"] = check_id(data.get("event_id"), "event_id", errs, required=True)
-    out["namespace"] = check_id(data.get("namespace"), "namespace", errs, required=True)
-    occurred = data.get("occurred_at")
-    if isinstance(occurred, bool) or not isinstance(occurred, int | float) or occurred != occurred:
-        errs.add("occurred_at", "must be epoch seconds")
-    out["occurred_at"] = float(occurred) if isinstance(occurred, int | float) else 0.0
-    return out
-
-
 def _episode_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    episode_id = check_id(data.get("episode_id"), "episode_id", errs, required=True)
     episode = parse_episode(data.get("episode"), "episode", errs, require_task=True)
-    if episode is not None and episode.episode_id != episode_id:
+    if episode is not None and episode.episode_id != data.get("episode_id"):
         errs.add("episode.episode_id", "must equal the event's episode_id")
-    return {"episode_id": episode_id, "episode": episode}
-
-
-def _action_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
-    return {
-        "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
-        "action": parse_action(data.get("action"), "action", errs),
-    }
+    return {"episode": episode}
 
 
 def _updated_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
@@ -135,11 +112,7 @@ def _updated_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
     if data.get("clear_expiry") is True:
         given["expires_at"] = None  # parse_update's form of clearing it
     changes = parse_update(given, "", errs)
-    return {
-        "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True),
-        "user_id": check_id(data.get("user_id"), "user_id", errs),
-        **(changes or {}),
-    }
+    return {"user_id": check_id(data.get("user_id"), "user_id", errs), **(changes or {})}
 
 
 def _facts_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
@@ -161,17 +134,16 @@ def _facts_fields(data: Mapping[str, Any], errs: Collector) -> dict[str, Any]:
 _FIELDS: dict[type[Event], Callable[[Mapping[str, Any], Collector], dict[str, Any]]] = {
     EpisodeStarted: _episode_fields,
     EpisodeCompleted: _episode_fields,
-    ActionRecorded: _action_fields,
+    ActionRecorded: lambda data, errs: {"action": parse_action(data.get("action"), "action", errs)},
     EpisodeUpdated: _updated_fields,
-    EpisodeForgotten: lambda data, errs: {
-        "episode_id": check_id(data.get("episode_id"), "episode_id", errs, required=True)
-    },
+    EpisodeForgotten: lambda data, errs: {},
     UserForgotten: lambda data, errs: {
         "user_id": check_id(data.get("user_id"), "user_id", errs, required=True)
     },
     FactsConsolidated: _facts_fields,
 }
-"""Per event class, the reader of its own fields from (untrusted, already upcast) plain data."""
+"""Per event class, the reader of its own fields (beyond `EpisodeEvent`'s) from (untrusted, already
+upcast) plain data."""
 
 
 def event_from_data(type_name: str, data: Mapping[str, Any]) -> Event:
@@ -179,8 +151,13 @@ def event_from_data(type_name: str, data: Mapping[str, Any]) -> Event:
     if not isinstance(data, Mapping):
         raise InvalidEpisode([("data", "must be a map")])
     errs = Collector()
-    base = _base(data, errs)
     cls = EVENT_TYPES[type_name]
+    ids = [f.name for f in dataclasses.fields(cls) if f.name in ("event_id", "namespace", "episode_id")]
+    base: dict[str, Any] = {name: check_id(data.get(name), name, errs, required=True) for name in ids}
+    occurred = data.get("occurred_at")
+    if isinstance(occurred, bool) or not isinstance(occurred, int | float) or occurred != occurred:
+        errs.add("occurred_at", "must be epoch seconds")
+    base["occurred_at"] = float(occurred) if isinstance(occurred, int | float) else 0.0
     fields = _FIELDS[cls](data, errs)
     errs.raise_if_any()
     return cls(**base, **fields)
@@ -188,13 +165,18 @@ def event_from_data(type_name: str, data: Mapping[str, Any]) -> Event:
 
 def unpack(payload: bytes) -> dict[str, Any]:
     """The envelope map of stored bytes (not yet checked beyond being a map); DecodeError otherwise."""
+    return _map(payload, "not a msgpack envelope", "envelope must be a map with type, v and data")
+
+
+def _map(payload: bytes, undecodable: str, not_a_map: str) -> dict[str, Any]:
+    """The msgpack map `payload` holds; DecodeError `undecodable: <msgpack's error>` or `not_a_map`."""
     try:
-        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+        out = msgpack.unpackb(payload, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises a zoo of types for garbage; all mean "undecodable"
-        raise DecodeError(f"not a msgpack envelope: {type(exc).__name__}") from None
-    if not isinstance(envelope, dict):
-        raise DecodeError("envelope must be a map with type, v and data")
-    return envelope
+        raise DecodeError(f"{undecodable}: {type(exc).__name__}") from None
+    if not isinstance(out, dict):
+        raise DecodeError(not_a_map)
+    return out
 
 
 def sealed_ref(envelope: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
@@ -296,7 +278,7 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
         raise UnknownEventType(f"unknown event type {str(type_name)[:64]!r}")
     if isinstance(version, bool) or not isinstance(version, int):
         raise DecodeError("envelope version must be an integer")
-    current = CURRENT_VERSION[type_name]
+    current = EVENT_TYPES[type_name].VERSION
     if version < 1 or version > current:
         raise UnknownSchemaVersion(
             f"{type_name} v{version} is not supported (this build reads v1..v{current})"
@@ -308,13 +290,8 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
         data = _open(type_name, version, data, envelope["x"], keys)
     elif type_name == "FactsConsolidated":
         data = fact_seal.open_facts(data, keys)
-    upcasters = EVENT_TYPES[type_name].UPCASTERS
-    while version < current:
-        upcaster = upcasters.get(version)
-        if upcaster is None:
-            raise UnknownSchemaVersion(f"no upcaster for {type_name} v{version}")
-        data = upcaster(data)
-        version += 1
+    for v in range(version, current):  # every class has an upcaster from each older version
+        data = EVENT_TYPES[type_name].UPCASTERS[v](data)
     return event_from_data(type_name, data)
 
 
@@ -332,12 +309,7 @@ def _open(
     if key is None:
         raise KeyDestroyed("the entry's data key was destroyed (its user or episode was forgotten)")
     plain = key.open(x["c"], _seal_ad(type_name, version, data, x["r"], x["k"]))
-    try:
-        secret = msgpack.unpackb(plain, raw=False, strict_map_key=True)
-    except Exception as exc:
-        raise DecodeError(f"sealed part is not msgpack: {type(exc).__name__}") from None
-    if not isinstance(secret, dict):
-        raise DecodeError("sealed part must be a map")
+    secret = _map(plain, "sealed part is not msgpack", "sealed part must be a map")
     opened = dict(data)
     for name in SEALED_FIELDS[type_name]:  # only the sealed fields: the clear ones are authenticated as AD
         if name in secret:
@@ -349,8 +321,7 @@ def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] |
     """(namespace, episode_id, user_id, occurred_at) of an envelope that may not decode (a dead
     letter), or None when it names no valid episode; never raises. Finds the data a forget must delete."""
     try:
-        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-        data = envelope.get("data") if isinstance(envelope, dict) else None
+        data = _unpacked(payload).get("data")
         if not isinstance(data, dict):
             return None
         errs = Collector()

@@ -277,10 +277,7 @@ class EngramClient:
         `engram_episodic.drafts.finished_episode`: InvalidEpisode naming bad fields) as one
         `EpisodeCompleted`; returns its `episode_id`."""
         episode = finished_episode(episode)
-        event = EpisodeCompleted(
-            namespace=self.namespace, episode_id=episode.episode_id, occurred_at=time.time(), episode=episode
-        )
-        await self.publish([event])
+        await self._emit(EpisodeCompleted, episode_id=episode.episode_id, episode=episode)
         return episode.episode_id
 
     def episode(
@@ -296,13 +293,15 @@ class EngramClient:
 
     async def forget_episode(self, episode_id: str) -> str:
         """Publish `EpisodeForgotten`; returns the event id."""
-        event = EpisodeForgotten(namespace=self.namespace, episode_id=episode_id, occurred_at=time.time())
-        await self.publish([event])
-        return event.event_id
+        return await self._emit(EpisodeForgotten, episode_id=episode_id)
 
     async def forget_user(self, user_id: str) -> str:
-        """Publish `UserForgotten` for every episode of `user_id` in this namespace."""
-        event = UserForgotten(namespace=self.namespace, user_id=user_id, occurred_at=time.time())
+        """Publish `UserForgotten` for every episode of `user_id` in this namespace; returns the event id."""
+        return await self._emit(UserForgotten, user_id=user_id)
+
+    async def _emit(self, cls: Callable[..., Event], **fields: Any) -> str:
+        """Publish one event of `cls` in this namespace, occurring now; returns its event id."""
+        event = cls(namespace=self.namespace, occurred_at=time.time(), **fields)
         await self.publish([event])
         return event.event_id
 
@@ -321,34 +320,20 @@ class EpisodeRecorder:
         return self.draft.episode_id
 
     async def __aenter__(self) -> EpisodeRecorder:
-        await self._publish(EpisodeStarted, episode=self.draft.start)
+        await self.client._emit(EpisodeStarted, episode_id=self.episode_id, episode=self.draft.start)
         return self
 
-    async def _publish(self, cls: Callable[..., Event], **fields: Any) -> None:
-        event = cls(
-            namespace=self.client.namespace, episode_id=self.episode_id, occurred_at=time.time(), **fields
-        )
-        await self.client.publish([event])
-
-    async def action(
-        self,
-        action_type: str,
-        *,
-        input: str | None = None,
-        output: str | None = None,
-        success: bool | None = None,
-        error: str | None = None,
-        timestamp: float | None = None,
-    ) -> str:
-        """Publish one `ActionRecorded`; returns its event id (also the action's `action_id`).
+    async def action(self, action_type: str, **fields: Any) -> str:
+        """Publish one `ActionRecorded` of the action `EpisodeDraft.action` builds (`fields`: input,
+        output, success, error, timestamp); returns its event id (also the action's `action_id`).
 
         The action is kept by the draft only once Redis took it, so a failed publish can be retried."""
-        act = self.draft.action(
-            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
-        )
+        act = self.draft.action(action_type, **fields)
         try:
             # draft.action always sets action_id (a fresh event id); Action types it optional
-            await self._publish(ActionRecorded, event_id=cast(str, act.action_id), action=act)
+            await self.client._emit(
+                ActionRecorded, episode_id=self.episode_id, event_id=cast(str, act.action_id), action=act
+            )
         except BaseException:
             self.draft.actions.remove(act)
             raise
@@ -362,7 +347,7 @@ class EpisodeRecorder:
         """
         snapshot = self.draft.completion(outcome, **fields)
         self._sent = True  # a completion Redis may have stored is never overwritten by the block's exit
-        await self._publish(EpisodeCompleted, episode=snapshot)
+        await self.client._emit(EpisodeCompleted, episode_id=self.episode_id, episode=snapshot)
         return self.draft.completed_with(snapshot)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

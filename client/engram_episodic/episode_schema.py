@@ -1,10 +1,10 @@
 """The JSON Schema (2020-12, as OpenAPI 3.1 embeds it) of an episode: what `validation.parse_episode`
 accepts, as agents send it, and the form the service answers with.
 
-It is built from what the validator is built from: the fields of the dataclasses (`Episode`, `Task`,
-`Action`, `Feedback`, the very sets `parse_episode` checks unknown fields against) and the limits of
-`engram_episodic.validation`. A field added to a dataclass without a schema here fails at import, so the
-document cannot silently lag the validator; a test runs samples through both and compares verdicts.
+It is built from the validator's own checks (`engram_episodic.validation.EPISODE_FIELDS` and those of
+the task, an action, feedback): each field's `Tag`, `Text` or `Number` carries its limits, so the document
+cannot lag the validator. A field of a dataclass without a check fails at import; a test runs samples
+through both and compares verdicts.
 
 What a schema cannot say is left to the server's 422 (named in `description`): a lone surrogate,
 `tests_passed` above `tests_total`, `completed_at` before `started_at`, `context` past 64 KiB as
@@ -14,21 +14,35 @@ compact UTF-8 JSON, a vector of the wrong dimension or that rounds to zero in fl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from engram_episodic.events import OUTCOMES, Action, Episode, Feedback, Task
 from engram_episodic.timeutil import MAX_SECONDS, MIN_SECONDS
 from engram_episodic.validation import (
+    ACTION_FIELDS,
     DURATION_PATTERN,
+    EPISODE_FIELDS,
+    FEEDBACK_FIELDS,
     FLOAT32_MAX,
     MAX_ACTIONS,
-    MAX_ID_CHARS,
     MAX_JSON_BYTES,
-    MAX_TAG_CHARS,
     MAX_TEXT_CHARS,
     MAX_TTL,
     MAX_VECTOR_DIM,
-    TEXT_FIELDS,
+    TASK_FIELDS,
+    Check,
+    Number,
+    Tag,
+    Text,
+    check_bool,
+    check_instant,
+    check_json_object,
+    check_outcome,
+    parse_actions,
+    parse_feedback,
+    parse_task,
+    parse_vector,
 )
 
 # `check_tag_value`: no control character (Unicode Cc) anywhere, no whitespace at either end (RediSearch
@@ -43,30 +57,6 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     if isinstance(kind, str):
         return {**schema, "type": [kind, "null"]}
     return {"anyOf": [schema, {"type": "null"}]}
-
-
-def tag(max_chars: int, description: str | None = None) -> dict[str, Any]:
-    """A TAG value of 1..`max_chars` characters (ids: 256; category, strategy, action type: 128)."""
-    out: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": TAG_PATTERN}
-    if description:
-        out["description"] = description
-    return out
-
-
-def _text(description: str | None = None, *, required: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "string", "maxLength": MAX_TEXT_CHARS}
-    if required:
-        out.update(minLength=1, pattern=r"\S")  # not empty or blank
-    if description:
-        out["description"] = description
-    return out
-
-
-def _number(lo: float, hi: float, *, integer: bool = False, description: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "integer" if integer else "number", "minimum": lo, "maximum": hi}
-    if description:
-        out["description"] = description
-    return out
 
 
 def instant(*, response: bool) -> dict[str, Any]:
@@ -84,15 +74,6 @@ def instant(*, response: bool) -> dict[str, Any]:
                 "description": "UTC epoch seconds (years 1..9999)",
             },
         ]
-    }
-
-
-def _json_object(description: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": True,
-        "description": f"{description}; at most {MAX_JSON_BYTES:,} bytes as compact UTF-8 JSON, nested at most "
-        "32 levels, integers within 64 bits, finite numbers",
     }
 
 
@@ -114,25 +95,91 @@ def _derived(description: str) -> dict[str, Any]:
     return {"type": ["number", "null"], "readOnly": True, "description": f"{description} (ignored on input)"}
 
 
+_DESCRIPTIONS = {
+    "Task.description": "what the agent was asked to do",
+    "Task.category": "default `unknown`",
+    "Feedback.reward": "recall clips it to [0, 1]",
+    "Feedback.tests_passed": "at most tests_total",
+    "Episode.episode_id": "default: a new UUID; re-publishing the same id replaces the episode",
+    "Episode.context": "what the agent saw",
+    "Episode.metadata": "free-form labels",
+    "Episode.completed_at": "default: when the service accepted it",
+    "Episode.expires_at": "hidden from every read after it, then erased (docs/api.md, 'Expiry')",
+    "Episode.vector": "your own embedding, of the index's dimension (not the zero vector)",
+}
+"""The words of a field's schema (`Class.field`) beyond what its check says."""
+
+
+def _value_schema(
+    check: Check, *, response: bool, refs: Mapping[str, str] | None = None, description: str | None = None
+) -> dict[str, Any]:
+    """The JSON schema of the values other than null that a field's `check` accepts; the task, actions
+    and feedback as `$ref`s to `refs[name]` when given; KeyError for a check no schema states."""
+
+    def nested(name: str, build: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+        return {"$ref": refs[name]} if refs is not None else build(response=response)
+
+    out: dict[str, Any]
+    if isinstance(check, Tag):  # `check_tag_value`
+        out = {"type": "string", "minLength": 1, "maxLength": check.max_chars, "pattern": TAG_PATTERN}
+    elif isinstance(check, Text):
+        blank = {"minLength": 1, "pattern": r"\S"} if check.required else {}  # refuses empty or blank
+        out = {"type": "string", "maxLength": MAX_TEXT_CHARS, **blank}
+    elif isinstance(check, Number):
+        out = {"type": "integer" if check.integer else "number", "minimum": check.lo, "maximum": check.hi}
+    elif check is check_instant:
+        out = instant(response=response)
+    elif check in (check_bool, check_outcome):
+        out = {"type": "boolean"} if check is check_bool else {"type": "string", "enum": list(OUTCOMES)}
+    elif check is check_json_object:
+        out = {"type": "object", "additionalProperties": True}
+        description = (
+            f"{description}; at most {MAX_JSON_BYTES:,} bytes as compact UTF-8 JSON, nested at most 32 levels, "
+            "integers within 64 bits, finite numbers"
+        )
+    elif check is parse_task:
+        out = nested("Task", task_schema)
+        if not response:  # or a plain description
+            plain = _value_schema(
+                TASK_FIELDS["description"], response=False, description="a plain description"
+            )
+            out = {"oneOf": [out, plain]}
+    elif check is parse_actions:
+        out = {"type": "array", "maxItems": MAX_ACTIONS, "items": nested("Action", action_schema)}
+    elif check is parse_feedback:
+        out = nested("Feedback", feedback_schema)
+    elif check is parse_vector:
+        bound = {"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX}
+        out = {"type": "array", "minItems": 1, "maxItems": MAX_VECTOR_DIM, "items": bound}
+    else:
+        raise KeyError(f"no schema for the check {check!r}")
+    return {**out, "description": description} if description else out
+
+
 def _object(
     cls: type,
-    properties: dict[str, dict[str, Any]],
-    required: tuple[str, ...],
+    checks: Mapping[str, Check],
     *,
+    response: bool,
+    required: tuple[str, ...],
+    title: str,
+    refs: Mapping[str, str] | None = None,
     extra: dict[str, dict[str, Any]] | None = None,
     description: str | None = None,
-    title: str | None = None,
 ) -> dict[str, Any]:
-    """The object schema of a dataclass: one property per field, in field order (KeyError for a field
-    without one), then the derived `extra` fields; unknown fields refused, as `parse_episode` does."""
-    props = {f.name: properties[f.name] for f in dataclasses.fields(cls)}
-    unknown = set(properties) - set(props)
-    if unknown:
-        raise KeyError(f"schema for fields {cls.__name__} does not have: {sorted(unknown)}")
+    """The object schema of a dataclass: one property per field, in field order, from its check
+    (nullable in a request unless required), then the derived `extra` fields; unknown fields refused,
+    as `parse_episode` does."""
+    props: dict[str, dict[str, Any]] = {}
+    for f in dataclasses.fields(cls):
+        check = checks[f.name]
+        words = _DESCRIPTIONS.get(f"{cls.__name__}.{f.name}")
+        schema = _value_schema(check, response=response, refs=refs, description=words)
+        optional = not (response or f.name in required or getattr(check, "required", False))
+        props[f.name] = _nullable(schema) if optional else schema
     props.update(extra or {})
     out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
-    if title:
-        out["title"] = title
+    out["title"] = title
     if description:
         out["description"] = description
     if required:
@@ -140,51 +187,24 @@ def _object(
     return out
 
 
-def _opt(schema: dict[str, Any], response: bool) -> dict[str, Any]:
-    return schema if response else _nullable(schema)
-
-
 def task_schema(*, response: bool = False) -> dict[str, Any]:
+    required = ("description", "category") if response else ("description",)
     return _object(
-        Task,
-        {
-            "description": _text("what the agent was asked to do", required=True),
-            "category": tag(MAX_TAG_CHARS, "default `unknown`"),
-            "complexity": _opt(_number(0, 1), response),
-        },
-        ("description", "category") if response else ("description",),
-        title="TaskOut" if response else "Task",
+        Task, TASK_FIELDS, response=response, required=required, title="TaskOut" if response else "Task"
     )
 
 
 def action_schema(*, response: bool = False) -> dict[str, Any]:
-    return _object(
-        Action,
-        {
-            "action_type": tag(MAX_TAG_CHARS),
-            "input": _opt(_text(), response),
-            "output": _opt(_text(), response),
-            "timestamp": _opt(instant(response=response), response),
-            "success": _opt({"type": "boolean"}, response),
-            "error": _opt(_text(), response),
-            "action_id": _opt(tag(MAX_ID_CHARS), response),
-        },
-        ("action_type",),
-        title="ActionOut" if response else "Action",
-    )
+    title = "ActionOut" if response else "Action"
+    return _object(Action, ACTION_FIELDS, response=response, required=("action_type",), title=title)
 
 
 def feedback_schema(*, response: bool = False) -> dict[str, Any]:
-    count = _number(0, 1e9, integer=True)
     return _object(
         Feedback,
-        {
-            "reward": _opt(_number(-1e6, 1e6, description="recall clips it to [0, 1]"), response),
-            "message": _opt(_text(), response),
-            "tests_passed": _opt({**count, "description": "at most tests_total"}, response),
-            "tests_total": _opt(count, response),
-        },
-        (),
+        FEEDBACK_FIELDS,
+        response=response,
+        required=(),
         extra={"pass_rate": _derived("tests_passed / tests_total")},
         title="FeedbackOut" if response else "Feedback",
     )
@@ -206,60 +226,12 @@ def episode_schema(
 
     `refs` maps `Task`, `Action`, `Feedback` to `$ref` targets (the OpenAPI document's components);
     without it the sub-schemas are inlined."""
-
-    def sub(name: str, build: Any) -> dict[str, Any]:
-        if refs is not None:
-            return {"$ref": refs[name]}
-        return build(response=response)
-
-    task = sub("Task", task_schema)
-    if not response:
-        task = {"oneOf": [task, _text("a plain description", required=True)]}
-    ident = tag(MAX_ID_CHARS)
-    properties: dict[str, dict[str, Any]] = {
-        "episode_id": tag(
-            MAX_ID_CHARS, "default: a new UUID; re-publishing the same id replaces the episode"
-        ),
-        "agent_id": _opt(ident, response),
-        "user_id": _opt(ident, response),
-        "session_id": _opt(ident, response),
-        "task": task,
-        "context": _opt(_json_object("what the agent saw"), response),
-        **{name: _opt(_text(), response) for name in TEXT_FIELDS},
-        "actions": _opt(
-            {"type": "array", "maxItems": MAX_ACTIONS, "items": sub("Action", action_schema)}, response
-        ),
-        "feedback": _opt(sub("Feedback", feedback_schema), response),
-        "outcome": {"type": "string", "enum": list(OUTCOMES)},
-        "importance": _opt(_number(1, 10), response),
-        "strategy_used": _opt(tag(MAX_TAG_CHARS), response),
-        "iterations": _opt(_number(0, 1e9, integer=True), response),
-        "started_at": _opt(instant(response=response), response),
-        "completed_at": _opt(
-            {**instant(response=response), "description": "default: when the service accepted it"}, response
-        ),
-        "metadata": _opt(_json_object("free-form labels"), response),
-        "expires_at": _opt(
-            {
-                **instant(response=response),
-                "description": "hidden from every read after it, then erased (docs/api.md, 'Expiry')",
-            },
-            response,
-        ),
-        "vector": _nullable(
-            {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": MAX_VECTOR_DIM,
-                "items": {"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX},
-                "description": "your own embedding, of the index's dimension (not the zero vector)",
-            }
-        ),
-    }
     schema = _object(
         Episode,
-        properties,
-        (RESPONSE_REQUIRED[:2] if draft else RESPONSE_REQUIRED) if response else ("task", "outcome"),
+        EPISODE_FIELDS,
+        response=response,
+        required=(RESPONSE_REQUIRED[:2] if draft else RESPONSE_REQUIRED) if response else ("task", "outcome"),
+        refs=refs,
         extra={
             "duration_s": _derived("completed_at - started_at, seconds"),
             **({} if response else {"ttl": ttl_schema("expires_at as a duration after completed_at")}),

@@ -4,7 +4,9 @@ One function per shape; each collects `(path, reason)` pairs instead of stopping
 a client fixes a batch in one round trip. The same builders decode stream entries (shared.codec), so an
 event that passed the HTTP edge and one read back from Redis obey the same rules.
 
-The limits (the MAX_* constants below) are documented in docs/api.md, 'The episode model'.
+Each field's check (`Tag`, `Text`, `Number`, ... in TASK_FIELDS, ACTION_FIELDS, FEEDBACK_FIELDS and
+EPISODE_FIELDS) holds its limits; `engram_episodic.episode_schema` builds the JSON Schema from the same
+checks. The limits are documented in docs/api.md, 'The episode model'.
 
 Kept over pydantic and msgspec for its refusals: every bad field at once, each in words that name the fix.
 """
@@ -18,7 +20,9 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, overload
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any
 
 from engram_episodic.errors import InvalidEpisode
 from engram_episodic.events import OUTCOMES, UPDATABLE, Action, Episode, Feedback, Task
@@ -36,7 +40,6 @@ MAX_VECTOR_DIM = 8192
 MAX_JSON_DEPTH = 32
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack (the stored form) can hold
 
-_EPISODE_FIELDS = frozenset(Episode.__dataclass_fields__) | {"duration_s", "ttl"}
 DURATION_PATTERN = r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$"
 _DURATION = re.compile(DURATION_PATTERN)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -84,8 +87,8 @@ def _times(
     """(started_at, completed_at) of an episode, UTC epoch seconds; completed_at `default_completed_at`
     when not given. A start after the completion names the field that was sent (`started_at` when the
     completion is the default)."""
-    started_at = _instant(value.get("started_at"), _join(path, "started_at"), errs)
-    completed_at = _instant(value.get("completed_at"), _join(path, "completed_at"), errs)
+    started_at = check_instant(value.get("started_at"), _join(path, "started_at"), errs)
+    completed_at = check_instant(value.get("completed_at"), _join(path, "completed_at"), errs)
     if value.get("completed_at") is None:
         completed_at = default_completed_at
     if started_at is not None and completed_at is not None and completed_at < started_at:
@@ -101,7 +104,7 @@ def _times(
 
 def _expiry(value: Mapping[str, Any], path: str, errs: Collector, base: float | None) -> float | None:
     """`expires_at` (an instant) or `ttl` (a duration from `base`, else from now), not both."""
-    expires_at = _instant(value.get("expires_at"), _join(path, "expires_at"), errs)
+    expires_at = check_instant(value.get("expires_at"), _join(path, "expires_at"), errs)
     ttl = _ttl(value.get("ttl"), _join(path, "ttl"), errs)
     if value.get("expires_at") is not None and value.get("ttl") is not None:
         errs.add(_join(path, "ttl"), "give expires_at or ttl, not both")
@@ -258,51 +261,73 @@ def check_id(value: Any, path: str, errs: Collector, *, required: bool = False) 
     return check_tag_value(value, path, errs, max_chars=MAX_ID_CHARS, required=required)
 
 
-def _text(value: Any, path: str, errs: Collector, *, required: bool = False) -> str | None:
-    value = _string(value, path, errs, required=required)
-    if value is None:
-        return None
-    if required and not value.strip():
-        errs.add(path, "must not be empty or blank")
-        return None
-    if len(value) > MAX_TEXT_CHARS:
-        errs.add(path, f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
-        return None
-    return _without_unicode_problem(value, path, errs)
+Check = Callable[[Any, str, Collector], Any]  # (value, its path, errs) → its value, or None: null or refused
 
 
-@overload
-def _number(
-    value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: Literal[False] = False
-) -> float | None: ...
-@overload
-def _number(
-    value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: Literal[True]
-) -> int | None: ...
-def _number(
-    value: Any, path: str, errs: Collector, *, lo: float, hi: float, integer: bool = False
-) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        errs.add(path, f"must be a number, not {json_kind(value)}")
-        return None
-    if isinstance(value, int) and not -(2**53) <= value <= 2**53:  # beyond exact floats (and float())
-        errs.add(path, f"must be between {lo:g} and {hi:g} (got an integer of {len(str(abs(value)))} digits)")
-        return None
-    if not math.isfinite(value):
-        errs.add(path, "must be finite (NaN and infinity are rejected)")
-        return None
-    if integer and not float(value).is_integer():
-        errs.add(path, "must be an integer")
-        return None
-    if not lo <= value <= hi:
-        errs.add(path, f"must be between {lo:g} and {hi:g} (got {value:g})")
-        return None
-    return int(value) if integer else float(value)
+@dataclass(frozen=True)
+class Tag:
+    """A TAG value (`check_tag_value`) of at most `max_chars` characters."""
+
+    max_chars: int
+    required: bool = False
+
+    def __call__(self, value: Any, path: str, errs: Collector) -> str | None:
+        return check_tag_value(value, path, errs, max_chars=self.max_chars, required=self.required)
 
 
-def _instant(value: Any, path: str, errs: Collector) -> float | None:
+@dataclass(frozen=True)
+class Text:
+    """Free text of at most MAX_TEXT_CHARS characters; `required`: present and not blank."""
+
+    required: bool = False
+
+    def __call__(self, value: Any, path: str, errs: Collector) -> str | None:
+        value = _string(value, path, errs, required=self.required)
+        if value is None:
+            return None
+        if self.required and not value.strip():
+            errs.add(path, "must not be empty or blank")
+            return None
+        if len(value) > MAX_TEXT_CHARS:
+            errs.add(path, f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
+            return None
+        return _without_unicode_problem(value, path, errs)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite number in [`lo`, `hi`]; an int with `integer` (an integral float is taken)."""
+
+    lo: float
+    hi: float
+    integer: bool = False
+
+    def __call__(self, value: Any, path: str, errs: Collector) -> float | None:
+        lo, hi = self.lo, self.hi
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errs.add(path, f"must be a number, not {json_kind(value)}")
+            return None
+        if isinstance(value, int) and not -(2**53) <= value <= 2**53:  # beyond exact floats (and float())
+            errs.add(
+                path, f"must be between {lo:g} and {hi:g} (got an integer of {len(str(abs(value)))} digits)"
+            )
+            return None
+        if not math.isfinite(value):
+            errs.add(path, "must be finite (NaN and infinity are rejected)")
+            return None
+        if self.integer and not float(value).is_integer():
+            errs.add(path, "must be an integer")
+            return None
+        if not lo <= value <= hi:
+            errs.add(path, f"must be between {lo:g} and {hi:g} (got {value:g})")
+            return None
+        return int(value) if self.integer else float(value)
+
+
+def check_instant(value: Any, path: str, errs: Collector) -> float | None:
+    """An instant (`timeutil.parse_instant`) as UTC epoch seconds."""
     if value is None:
         return None
     try:
@@ -312,7 +337,8 @@ def _instant(value: Any, path: str, errs: Collector) -> float | None:
         return None
 
 
-def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | None:
+def check_json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | None:
+    """A JSON object storable as it is (`json_problem`) of at most MAX_JSON_BYTES (`json_size`); a copy."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -333,7 +359,7 @@ def _json_object(value: Any, path: str, errs: Collector) -> dict[str, Any] | Non
     return json.loads(json.dumps(value, ensure_ascii=False))  # a copy: the caller's object stays its own
 
 
-def _bool(value: Any, path: str, errs: Collector) -> bool | None:
+def check_bool(value: Any, path: str, errs: Collector) -> bool | None:
     if value is None:
         return None
     if not isinstance(value, bool):
@@ -342,10 +368,34 @@ def _bool(value: Any, path: str, errs: Collector) -> bool | None:
     return value
 
 
-def _unknown(obj: Mapping[str, Any], allowed: frozenset[str], path: str, errs: Collector) -> None:
+def check_outcome(value: Any, path: str, errs: Collector) -> str | None:
+    if value is not None and value not in OUTCOMES:
+        errs.add(path, f"must be one of {', '.join(OUTCOMES)}")
+        return None
+    return value
+
+
+def _unknown(obj: Mapping[str, Any], allowed: AbstractSet[str], path: str, errs: Collector) -> None:
     for key in obj:
         if key not in allowed:
             errs.add(_join(path, str(key)), "is not a known field")
+
+
+def _checked(
+    value: Mapping[str, Any], checks: Mapping[str, Check], path: str, errs: Collector, **defaults: Any
+) -> dict[str, Any]:
+    """Each field of `checks` in `value` (`defaults` for an absent one) through its check, in order."""
+    return {
+        name: check(value.get(name, defaults.get(name)), _join(path, name), errs)
+        for name, check in checks.items()
+    }
+
+
+TASK_FIELDS: dict[str, Check] = {
+    "description": Text(required=True),
+    "category": Tag(MAX_TAG_CHARS, required=True),
+    "complexity": Number(0, 1),
+}
 
 
 def parse_task(value: Any, path: str, errs: Collector) -> Task | None:
@@ -358,39 +408,52 @@ def parse_task(value: Any, path: str, errs: Collector) -> Task | None:
     if not isinstance(value, Mapping):
         errs.add(path, "must be an object with a description, or a string")
         return None
-    _unknown(value, frozenset({"description", "category", "complexity"}), path, errs)
-    description = _text(value.get("description"), _join(path, "description"), errs, required=True)
-    category = check_tag_value(
-        value.get("category", "unknown"),
-        _join(path, "category"),
-        errs,
-        max_chars=MAX_TAG_CHARS,
-        required=True,
-    )
-    complexity = _number(value.get("complexity"), _join(path, "complexity"), errs, lo=0.0, hi=1.0)
-    if description is None or category is None:
-        return None
-    return Task(description=description, category=category, complexity=complexity)
+    _unknown(value, TASK_FIELDS.keys(), path, errs)
+    fields = _checked(value, TASK_FIELDS, path, errs, category="unknown")
+    return None if fields["description"] is None or fields["category"] is None else Task(**fields)
 
 
-_ACTION_FIELDS: tuple[tuple[str, Callable[[Any, str, Collector], Any]], ...] = (
-    ("action_type", functools.partial(check_tag_value, max_chars=MAX_TAG_CHARS, required=True)),
-    ("action_id", check_id),
-    ("input", _text),
-    ("output", _text),
-    ("timestamp", _instant),
-    ("success", _bool),
-    ("error", _text),
-)
+ACTION_FIELDS: dict[str, Check] = {
+    "action_type": Tag(MAX_TAG_CHARS, required=True),
+    "action_id": Tag(MAX_ID_CHARS),
+    "input": Text(),
+    "output": Text(),
+    "timestamp": check_instant,
+    "success": check_bool,
+    "error": Text(),
+}
 
 
 def parse_action(value: Any, path: str, errs: Collector) -> Action | None:
     if not isinstance(value, Mapping):
         errs.add(path, "must be an object")
         return None
-    _unknown(value, frozenset(Action.__dataclass_fields__), path, errs)
-    fields = {name: check(value.get(name), _join(path, name), errs) for name, check in _ACTION_FIELDS}
+    _unknown(value, ACTION_FIELDS.keys(), path, errs)
+    fields = _checked(value, ACTION_FIELDS, path, errs)
     return None if fields["action_type"] is None else Action(**fields)
+
+
+def parse_actions(
+    value: Any, path: str, errs: Collector, *, max_actions: int | None = MAX_ACTIONS
+) -> tuple[Action, ...]:
+    """A list of at most `max_actions` actions (None: any number); () for null or with errors added."""
+    value = [] if value is None else value  # 0, false, "" are no list either
+    if not isinstance(value, list | tuple):
+        errs.add(path, "must be a list")
+        return ()
+    if max_actions is not None and len(value) > max_actions:
+        errs.add(path, f"must hold at most {max_actions} actions")
+        return ()
+    actions = (parse_action(raw, _join(path, i), errs) for i, raw in enumerate(value))
+    return tuple(a for a in actions if a is not None)
+
+
+FEEDBACK_FIELDS: dict[str, Check] = {
+    "reward": Number(-1e6, 1e6),
+    "message": Text(),
+    "tests_passed": Number(0, 1e9, integer=True),
+    "tests_total": Number(0, 1e9, integer=True),
+}
 
 
 def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
@@ -399,17 +462,8 @@ def parse_feedback(value: Any, path: str, errs: Collector) -> Feedback | None:
     if not isinstance(value, Mapping):
         errs.add(path, "must be an object")
         return None
-    _unknown(value, frozenset({"reward", "message", "tests_passed", "tests_total", "pass_rate"}), path, errs)
-    fb = Feedback(
-        reward=_number(value.get("reward"), _join(path, "reward"), errs, lo=-1e6, hi=1e6),
-        message=_text(value.get("message"), _join(path, "message"), errs),
-        tests_passed=_number(
-            value.get("tests_passed"), _join(path, "tests_passed"), errs, lo=0, hi=1e9, integer=True
-        ),
-        tests_total=_number(
-            value.get("tests_total"), _join(path, "tests_total"), errs, lo=0, hi=1e9, integer=True
-        ),
-    )
+    _unknown(value, FEEDBACK_FIELDS.keys() | {"pass_rate"}, path, errs)  # pass_rate: derived, ignored
+    fb = Feedback(**_checked(value, FEEDBACK_FIELDS, path, errs))
     if fb.tests_passed is not None and fb.tests_total is not None and fb.tests_passed > fb.tests_total:
         errs.add(_join(path, "tests_passed"), "must not exceed tests_total")
     return fb
@@ -443,6 +497,35 @@ def parse_vector(value: Any, path: str, errs: Collector) -> tuple[float, ...] | 
     return tuple(out)
 
 
+_EPISODE_HEAD: dict[str, Check] = {
+    "episode_id": Tag(MAX_ID_CHARS, required=True),
+    "agent_id": Tag(MAX_ID_CHARS),
+    "user_id": Tag(MAX_ID_CHARS),
+    "session_id": Tag(MAX_ID_CHARS),
+    "task": parse_task,
+    **{name: Text() for name in TEXT_FIELDS},
+    "actions": parse_actions,
+    "outcome": check_outcome,
+    "strategy_used": Tag(MAX_TAG_CHARS),
+}
+_EPISODE_TAIL: dict[str, Check] = {
+    "context": check_json_object,
+    "metadata": check_json_object,
+    "feedback": parse_feedback,
+    "importance": Number(1, 10),
+    "iterations": Number(0, 1e9, integer=True),
+    "vector": parse_vector,
+}
+EPISODE_FIELDS: dict[str, Check] = {
+    **_EPISODE_HEAD,
+    **dict.fromkeys(("started_at", "completed_at", "expires_at"), check_instant),
+    **_EPISODE_TAIL,
+}
+"""The check of each field of an episode, in the order `parse_episode` names their errors (the instants
+are checked together: `_times`, `_expiry`); `engram_episodic.episode_schema` is built from these."""
+_EPISODE_INPUT = EPISODE_FIELDS.keys() | {"duration_s", "ttl"}  # duration_s: derived, ignored
+
+
 def parse_episode(
     value: Any,
     path: str = "",
@@ -474,77 +557,25 @@ def parse_episode(
             errs.raise_if_any()
         return None
     before = len(errs.errors)
-    _unknown(value, _EPISODE_FIELDS, path, errs)
-    episode_id = check_id(
-        value.get("episode_id", default_episode_id), _join(path, "episode_id"), errs, required=True
-    )
-    ids = {
-        name: check_id(value.get(name), _join(path, name), errs)
-        for name in ("agent_id", "user_id", "session_id")
+    _unknown(value, _EPISODE_INPUT, path, errs)
+    head: dict[str, Check] = {
+        **_EPISODE_HEAD,
+        "actions": functools.partial(parse_actions, max_actions=max_actions),
     }
-    task = (
-        parse_task(value.get("task"), _join(path, "task"), errs)
-        if require_task or value.get("task") is not None
-        else None
-    )
-    texts = {name: _text(value.get(name), _join(path, name), errs) for name in TEXT_FIELDS}
-    raw_actions = value.get("actions")
-    raw_actions = [] if raw_actions is None else raw_actions  # 0, false, "" are no list either
-    actions: list[Action] = []
-    if not isinstance(raw_actions, list | tuple):
-        errs.add(_join(path, "actions"), "must be a list")
-    elif max_actions is not None and len(raw_actions) > max_actions:
-        errs.add(_join(path, "actions"), f"must hold at most {max_actions} actions")
-    else:
-        for i, raw in enumerate(raw_actions):
-            act = parse_action(raw, _join(_join(path, "actions"), i), errs)
-            if act is not None:
-                actions.append(act)
-    outcome = value.get("outcome")
-    if outcome is not None and outcome not in OUTCOMES:
-        errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
-        outcome = None
-    strategy = check_tag_value(
-        value.get("strategy_used"),
-        _join(path, "strategy_used"),
-        errs,
-        max_chars=MAX_TAG_CHARS,
-        required=False,
-    )
+    if not require_task and value.get("task") is None:
+        del head["task"]
+    fields = _checked(value, head, path, errs, episode_id=default_episode_id)
     started_at, completed_at = _times(value, path, errs, default_completed_at)
     expires_at = _expiry(value, path, errs, completed_at if completed_at is not None else started_at)
     latest = max((t for t in (started_at, completed_at) if t is not None), default=None)
     if expires_at is not None and latest is not None and expires_at <= latest:
         errs.add(_join(path, "expires_at"), "must be after the episode's started_at and completed_at")
-    context = _json_object(value.get("context"), _join(path, "context"), errs)
-    metadata = _json_object(value.get("metadata"), _join(path, "metadata"), errs)
-    feedback = parse_feedback(value.get("feedback"), _join(path, "feedback"), errs)
-    importance = _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10)
-    iterations = _number(value.get("iterations"), _join(path, "iterations"), errs, lo=0, hi=1e9, integer=True)
-    vector = parse_vector(value.get("vector"), _join(path, "vector"), errs)
-    # episode_id is None only with an error added (it is required); the test narrows it for the checker
-    if len(errs.errors) > before or episode_id is None:
+    fields.update(_checked(value, _EPISODE_TAIL, path, errs))
+    if len(errs.errors) > before:
         if own:
             errs.raise_if_any()
         return None
-    return Episode(
-        episode_id=episode_id,
-        task=task,
-        actions=tuple(actions),
-        outcome=outcome,
-        strategy_used=strategy,
-        started_at=started_at,
-        completed_at=completed_at,
-        expires_at=expires_at,
-        context=context,
-        metadata=metadata,
-        feedback=feedback,
-        importance=importance,
-        iterations=iterations,
-        vector=vector,
-        **ids,
-        **texts,
-    )
+    return Episode(**fields, started_at=started_at, completed_at=completed_at, expires_at=expires_at)
 
 
 def episode_problems(episode: Episode) -> list[tuple[str, str]]:
@@ -562,6 +593,12 @@ def episode_problems(episode: Episode) -> list[tuple[str, str]]:
         episode_to_dict(episode, include_vector=False), "", errs, require_task=False, max_actions=None
     )
     return errs.errors
+
+
+_UPDATE_FIELDS = {
+    name: EPISODE_FIELDS[name]
+    for name in ("outcome", "feedback", "outcome_details", "importance", "metadata")
+}
 
 
 def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> dict[str, Any] | None:
@@ -583,18 +620,9 @@ def parse_update(value: Any, path: str = "", errs: Collector | None = None) -> d
         clear = any(n in value for n in expiry) and all(value.get(n) is None for n in expiry)
         if not clear and not any(value.get(name) is not None for name in (*UPDATABLE, "ttl")):
             errs.add(path, f"must change at least one of {', '.join(UPDATABLE)} (or ttl)")
-        outcome = value.get("outcome")
-        if outcome is not None and outcome not in OUTCOMES:
-            errs.add(_join(path, "outcome"), f"must be one of {', '.join(OUTCOMES)}")
-        out = {
-            "feedback": parse_feedback(value.get("feedback"), _join(path, "feedback"), errs),
-            "outcome": outcome,
-            "outcome_details": _text(value.get("outcome_details"), _join(path, "outcome_details"), errs),
-            "importance": _number(value.get("importance"), _join(path, "importance"), errs, lo=1, hi=10),
-            "metadata": _json_object(value.get("metadata"), _join(path, "metadata"), errs),
-            "expires_at": _expiry(value, path, errs, None),  # a ttl counts from now
-            "clear_expiry": True if clear else None,
-        }
+        out = _checked(value, _UPDATE_FIELDS, path, errs)
+        out["expires_at"] = _expiry(value, path, errs, None)  # a ttl counts from now
+        out["clear_expiry"] = True if clear else None
     if len(errs.errors) > before:
         if own:
             errs.raise_if_any()

@@ -31,7 +31,7 @@ from engram_episodic.events import (
     UserForgotten,
 )
 from engram_episodic.shapes import episode_to_dict
-from shared.codec import CURRENT_VERSION, decode, encode
+from shared.codec import decode, encode
 
 FUZZ = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "150"))
 ids = st.text(min_size=1, max_size=40).filter(
@@ -126,7 +126,7 @@ def test_round_trip_every_event_type(event):
     decoded = decode(encode(event))
     assert type(decoded) is type(event)
     assert decoded == event
-    assert msgpack.unpackb(encode(event))["v"] == CURRENT_VERSION[event.TYPE] == type(event).VERSION
+    assert msgpack.unpackb(encode(event))["v"] == type(event).VERSION
 
 
 def test_upcast_v1_flat_episode():
@@ -149,7 +149,7 @@ def test_upcast_v1_flat_episode():
         },
     }
     event = decode(msgpack.packb(v1))
-    assert type(event).VERSION == CURRENT_VERSION["EpisodeCompleted"] == 2
+    assert type(event).VERSION == 2
     assert event.episode.task == Task(description="migrate schema", category="architecture")
     assert event.episode.feedback.reward == 0.8
 
@@ -294,8 +294,8 @@ def test_one_version_per_event_and_old_entries_with_a_schema_version_field_still
     the class holds it. Entries written while events carried `schema_version` still decode."""
     from engram_episodic.events import EVENT_TYPES, EpisodeEvent
 
-    for name, cls in EVENT_TYPES.items():
-        assert CURRENT_VERSION[name] == cls.VERSION and set(cls.UPCASTERS) == set(range(1, cls.VERSION))
+    for cls in EVENT_TYPES.values():
+        assert set(cls.UPCASTERS) == set(range(1, cls.VERSION))
         assert "schema_version" not in {f.name for f in dataclasses.fields(cls)}
     assert all(
         issubclass(EVENT_TYPES[n], EpisodeEvent)
