@@ -323,12 +323,22 @@ class EpisodeRecorder:
         await self.client._emit(EpisodeStarted, episode_id=self.episode_id, episode=self.draft.start)
         return self
 
-    async def action(self, action_type: str, **fields: Any) -> str:
-        """Publish one `ActionRecorded` of the action `EpisodeDraft.action` builds (`fields`: input,
-        output, success, error, timestamp); returns its event id (also the action's `action_id`).
+    async def action(
+        self,
+        action_type: str,
+        *,
+        input: str | None = None,
+        output: str | None = None,
+        success: bool | None = None,
+        error: str | None = None,
+        timestamp: float | None = None,
+    ) -> str:
+        """Publish one `ActionRecorded`; returns its event id (also the action's `action_id`).
 
         The action is kept by the draft only once Redis took it, so a failed publish can be retried."""
-        act = self.draft.action(action_type, **fields)
+        act = self.draft.action(
+            action_type, input=input, output=output, success=success, error=error, timestamp=timestamp
+        )
         try:
             # draft.action always sets action_id (a fresh event id); Action types it optional
             await self.client._emit(
