@@ -17,7 +17,6 @@ from aiohttp import web
 
 from services.query.answers import SCHEMAS
 from services.query.appkeys import (
-    CONSOLIDATE,
     CURSORS,
     EMBEDDER,
     FACTS,
@@ -32,7 +31,6 @@ from services.query.appkeys import (
     STARTUP,
     TAGS,
     TERMS,
-    Consolidate,
     FactsProvider,
     OpenAPIDocument,
 )
@@ -47,7 +45,7 @@ from services.query.problems import (
     route_of,
     utf8_url_middleware,
 )
-from services.query.providers import consolidation, facts_provider
+from services.query.providers import facts_provider
 from services.query.recall.lists import Floors
 from services.query.recall.sizes import ScopeSizes
 from services.query.recall.terms import Memos
@@ -190,13 +188,12 @@ def make_app(
     redis: aioredis.Redis | None = None,
     embedder: Embedder | None = None,
     facts: FactsProvider | None = None,
-    consolidate: Consolidate | None = None,
     background_start: bool = False,
 ) -> web.Application:
     """The query service. `redis=` and `embedder=` inject ready resources (tests, benchmarks) the app then
-    neither creates nor closes; `facts=` and `consolidate=` replace the providers of `POST /v1/context`
-    and `POST /v1/consolidate` (`services.query.providers`). Start-up loads the embedder and ensures the
-    live episode index exists and was built with it (`Conflict` fails it); it waits for Redis.
+    neither creates nor closes; `facts=` replaces the facts provider of `POST /v1/context`
+    (`services.query.providers`). Start-up loads the embedder and ensures the live episode index exists
+    and was built with it (`Conflict` fails it); it waits for Redis.
 
     With `background_start` (`python -m services.query`) the app serves at once and loads the embedder
     and the index in a task (`services.query.startup`; `app[STARTUP].wait()` re-raises a failed
@@ -226,7 +223,6 @@ def make_app(
     app[KEYS] = keys
     app[METRICS] = metrics
     app[FACTS] = facts if facts is not None else facts_provider(keys)
-    app[CONSOLIDATE] = consolidate if consolidate is not None else consolidation(settings, metrics)
     app[OPENAPI] = openapi_document
     app[SCOPE_SIZES] = ScopeSizes(
         df_ttl=settings.idf_cache_ttl or 0.0, keys=keys, group=settings.consumer_group
