@@ -32,7 +32,8 @@ from shared.settings import Settings
 
 
 def _params(s: Settings, top_k: int, depth: int, mode: str, **choices: Any) -> rc.RecallParams:
-    """The settings' part of a recall's choices: the index kind and `common_idf`."""
+    """The settings' part of a recall's choices: the index kind and `common_idf`. Invalid (422) when the
+    depth, given or defaulted, is below `top_k`, given or defaulted."""
     if depth < top_k:
         raise Invalid([("candidates", "must be at least top_k")])
     return rc.RecallParams(
