@@ -42,8 +42,6 @@ from services.query.problems import (
     BODY_TIMEOUT,
     MAX_BODY_BYTES,
     problems_middleware,
-    route_of,
-    utf8_url_middleware,
 )
 from services.query.providers import facts_provider
 from services.query.recall.lists import Floors
@@ -52,7 +50,7 @@ from services.query.recall.terms import Memos
 from services.query.recall.vectors import QueryVectorCache
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.startup import Startup, startup_gate
-from shared import cluster, tracing
+from shared import cluster
 from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
 from shared.embedding_base import dim_when_answering
@@ -161,27 +159,6 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-@web.middleware
-async def traced(request: web.Request, handler) -> web.StreamResponse:
-    """A server span per request when tracing is on (shared.tracing), named by the route's template (ids
-    live in paths: never the path itself)."""
-    if not tracing.enabled():
-        return await handler(request)
-    route = route_of(request)
-    with tracing.span(
-        f"{request.method} {route}",
-        kind="server",
-        **{"http.request.method": request.method, "http.route": route},
-    ) as current:
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            current.set_attribute("http.response.status_code", exc.status)
-            raise
-        current.set_attribute("http.response.status_code", response.status)
-        return response
-
-
 def make_app(
     settings: Settings,
     *,
@@ -203,11 +180,9 @@ def make_app(
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
-            traced,
             metrics.middleware(),
             identity_only,  # 415 for a compressed body, before anything reads it (shared.content_coding)
             problems_middleware,
-            utf8_url_middleware,
             url_middleware(ROUTES),
             auth_middleware(
                 settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES

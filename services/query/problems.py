@@ -338,14 +338,3 @@ def non_utf8_escape(raw: str) -> str | None:
         except UnicodeDecodeError:
             return run.group(0)[:24]
     return None
-
-
-@web.middleware
-async def utf8_url_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """400 for a URL whose percent-escapes are not UTF-8 (`non_utf8_escape`), before any route reads it."""
-    bad = non_utf8_escape(request.raw_path)
-    if bad is not None:
-        raise Problem(
-            400, f"the URL has percent-escapes that are not UTF-8 ({bad}); ids and values are UTF-8"
-        )
-    return await handler(request)

@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import answers, console, models
-from services.query.problems import Invalid, read_json, validate
+from services.query.problems import Invalid, Problem, non_utf8_escape, read_json, validate
 from services.query.views import (
     deadletters,
     docs,
@@ -377,8 +377,9 @@ def add_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None
 
 
 def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
-    """Middleware of what the route table says about a URL, before any handler reads it:
+    """Middleware of what a URL may be and what the route table says about it, before any handler reads it:
 
+    - a URL whose percent-escapes are not UTF-8 (`problems.non_utf8_escape`) is a 400.
     - a path with a trailing slash that no route of its method matches, where the path without the slash
       is one (`/docs/`, `POST /v1/recall/`), answers 308 to it: 308 keeps the method and the body, and the
       `Location` is relative (`../docs`) so a proxy's path prefix is kept (the docs page's own links are
@@ -391,6 +392,11 @@ def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        bad = non_utf8_escape(request.raw_path)
+        if bad is not None:
+            raise Problem(
+                400, f"the URL has percent-escapes that are not UTF-8 ({bad}); ids and values are UTF-8"
+            )
         info = request.match_info
         if info.http_exception is not None:  # 404 or 405: no route of this method matches the path
             raw = request.raw_path.partition("?")[0]
