@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from services.query.answers import FactBrief
 from services.query.appkeys import FactsProvider
 from shared.facts import FactQuery, live_facts_index, search_facts
 from shared.index import Scope
@@ -15,7 +16,7 @@ from shared.keys import Keys
 
 
 def facts_provider(keys: Keys) -> FactsProvider:
-    """The facts of `/v1/context`: current only, each text once."""
+    """The facts of `/v1/context`: current only, each text once, each the fields of `answers.FactBrief`."""
 
     async def provider(
         r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int
@@ -37,17 +38,8 @@ def facts_provider(keys: Keys) -> FactsProvider:
             if h.fact.text in seen or (h.score is not None and h.score < 0.0):
                 continue
             seen.add(h.fact.text)
-            out.append(
-                {
-                    "fact_id": h.fact.fact_id,
-                    "kind": h.fact.kind,
-                    "text": h.fact.text,
-                    "support": h.fact.support,
-                    "success_rate": h.fact.success_rate,
-                    "confidence": h.fact.confidence,
-                    "score": round(h.score, 6) if h.score is not None else None,
-                }
-            )
+            brief = {name: getattr(h.fact, name) for name in FactBrief.model_fields if name != "score"}
+            out.append(brief | {"score": round(h.score, 6) if h.score is not None else None})
         return out[:k]
 
     return provider
