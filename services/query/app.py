@@ -17,7 +17,6 @@ from aiohttp import web
 
 from services.query.answers import SCHEMAS
 from services.query.appkeys import (
-    CONSOLIDATE,
     CURSORS,
     EMBEDDER,
     FACTS,
@@ -32,7 +31,6 @@ from services.query.appkeys import (
     STARTUP,
     TAGS,
     TERMS,
-    Consolidate,
     FactsProvider,
     OpenAPIDocument,
 )
@@ -44,17 +42,15 @@ from services.query.problems import (
     BODY_TIMEOUT,
     MAX_BODY_BYTES,
     problems_middleware,
-    route_of,
-    utf8_url_middleware,
 )
-from services.query.providers import consolidation, facts_provider
+from services.query.providers import facts_provider
 from services.query.recall.lists import Floors
 from services.query.recall.sizes import ScopeSizes
 from services.query.recall.terms import Memos
 from services.query.recall.vectors import QueryVectorCache
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.startup import Startup, startup_gate
-from shared import cluster, tracing
+from shared import cluster
 from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
 from shared.embedding_base import dim_when_answering
@@ -163,40 +159,18 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-@web.middleware
-async def traced(request: web.Request, handler) -> web.StreamResponse:
-    """A server span per request when tracing is on (shared.tracing), named by the route's template (ids
-    live in paths: never the path itself)."""
-    if not tracing.enabled():
-        return await handler(request)
-    route = route_of(request)
-    with tracing.span(
-        f"{request.method} {route}",
-        kind="server",
-        **{"http.request.method": request.method, "http.route": route},
-    ) as current:
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            current.set_attribute("http.response.status_code", exc.status)
-            raise
-        current.set_attribute("http.response.status_code", response.status)
-        return response
-
-
 def make_app(
     settings: Settings,
     *,
     redis: aioredis.Redis | None = None,
     embedder: Embedder | None = None,
     facts: FactsProvider | None = None,
-    consolidate: Consolidate | None = None,
     background_start: bool = False,
 ) -> web.Application:
     """The query service. `redis=` and `embedder=` inject ready resources (tests, benchmarks) the app then
-    neither creates nor closes; `facts=` and `consolidate=` replace the providers of `POST /v1/context`
-    and `POST /v1/consolidate` (`services.query.providers`). Start-up loads the embedder and ensures the
-    live episode index exists and was built with it (`Conflict` fails it); it waits for Redis.
+    neither creates nor closes; `facts=` replaces the facts provider of `POST /v1/context`
+    (`services.query.providers`). Start-up loads the embedder and ensures the live episode index exists
+    and was built with it (`Conflict` fails it); it waits for Redis.
 
     With `background_start` (`python -m services.query`) the app serves at once and loads the embedder
     and the index in a task (`services.query.startup`; `app[STARTUP].wait()` re-raises a failed
@@ -206,11 +180,9 @@ def make_app(
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
-            traced,
             metrics.middleware(),
             identity_only,  # 415 for a compressed body, before anything reads it (shared.content_coding)
             problems_middleware,
-            utf8_url_middleware,
             url_middleware(ROUTES),
             auth_middleware(
                 settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
@@ -226,7 +198,6 @@ def make_app(
     app[KEYS] = keys
     app[METRICS] = metrics
     app[FACTS] = facts if facts is not None else facts_provider(keys)
-    app[CONSOLIDATE] = consolidate if consolidate is not None else consolidation(settings, metrics)
     app[OPENAPI] = openapi_document
     app[SCOPE_SIZES] = ScopeSizes(
         df_ttl=settings.idf_cache_ttl or 0.0, keys=keys, group=settings.consumer_group

@@ -7,7 +7,7 @@ it. The classes of the service's own objects are named for the type checker only
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +20,6 @@ from shared.keys import Keys
 from shared.settings import Settings
 
 if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
-    from services.consolidator.facts import RunResult
     from services.query.cursors import Cursors
     from services.query.metrics import Metrics
     from services.query.recall.lists import Floors
@@ -31,11 +30,6 @@ if TYPE_CHECKING:  # types only: this module stays a leaf of the import graph
 
 # (redis, episode scope, query vector, k) → the top facts of `POST /v1/context`
 FactsProvider = Callable[[aioredis.Redis, Scope, np.ndarray, int], Awaitable[list[dict[str, Any]]]]
-# (redis, the live index's embedder, namespace, agent_id, category, all_scopes) → one result per scope
-# run, for `POST /v1/consolidate`
-Consolidate = Callable[
-    [aioredis.Redis, Embedder, str, str | None, str | None, bool], Awaitable[Sequence["RunResult"]]
-]
 OpenAPIDocument = Callable[[], dict[str, Any]]
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -45,7 +39,6 @@ EMBEDDER = web.AppKey("embedder", Embedder)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 # a Callable alias is no class to pass as the type
 FACTS: web.AppKey[FactsProvider] = web.AppKey("facts")
-CONSOLIDATE: web.AppKey[Consolidate] = web.AppKey("consolidate")
 OPENAPI: web.AppKey[OpenAPIDocument] = web.AppKey("openapi")
 SCOPE_SIZES: web.AppKey[ScopeSizes] = web.AppKey("scope_sizes")
 QUERY_VECTORS: web.AppKey[QueryVectorCache] = web.AppKey("query_vectors")

@@ -11,6 +11,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.consolidator.metrics import summarizer_failures
 from services.query.problems import route_of
+from shared import tracing
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -87,21 +88,30 @@ class Metrics:
         self.lag.set(math.nan if lag is None else lag)
 
     def middleware(self):
+        """Middleware counting and timing each request by its route's template, within a server span
+        named by it when tracing is on (`shared.tracing`): ids live in paths, never the path itself."""
+
         @web.middleware
         async def middleware(request: web.Request, handler) -> web.StreamResponse:
-            start = time.perf_counter()
-            route = route_of(request, "<unmatched>")
-            status = 500
-            try:
-                response = await handler(request)
-                status = response.status
-                return response
-            except web.HTTPException as exc:
-                status = exc.status
-                raise
-            finally:
-                self.requests.labels(route, request.method, str(status)).inc()
-                self.request_seconds.labels(route).observe(time.perf_counter() - start)
+            route, method = route_of(request), request.method
+            status: int | None = None  # None: the handler raised (counted as a 500)
+            with tracing.span(
+                f"{method} {route}", kind="server", **{"http.request.method": method, "http.route": route}
+            ) as span:
+                start = time.perf_counter()
+                try:
+                    response = await handler(request)
+                    status = response.status
+                    return response
+                except web.HTTPException as exc:
+                    status = exc.status
+                    raise
+                finally:
+                    if span is not None and status is not None:
+                        span.set_attribute("http.response.status_code", status)
+                    counted = route_of(request, "<unmatched>")
+                    self.requests.labels(counted, method, str(status or 500)).inc()
+                    self.request_seconds.labels(counted).observe(time.perf_counter() - start)
 
         return middleware
 

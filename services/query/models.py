@@ -322,12 +322,6 @@ class RecallRequest(FilterIn):
     recency_from: Literal["completed", "last_access"] = "completed"
     touch: bool = False
 
-    @model_validator(mode="after")
-    def _candidates(self) -> RecallRequest:
-        if self.candidates is not None and self.top_k is not None and self.candidates < self.top_k:
-            raise ValueError("candidates: must be at least top_k")
-        return self
-
 
 class ContextRequest(ScopeIn):
     """`POST /v1/context`: working memory for a task, with a prompt section of at most `max_chars`."""

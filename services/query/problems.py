@@ -129,14 +129,15 @@ _SIZES = {
 """pydantic's length errors ("List should have at least 1 item after validation, not 0")."""
 
 
-def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    """(field, reason) pairs: `reward.gt: is not a known field`, `top_k: must be an integer between ...`."""
+def pydantic_errors(exc: ValidationError, unknown: str = "field") -> list[tuple[str, str]]:
+    """(field, reason) pairs: `reward.gt: is not a known field` (`unknown` names what an extra one is not),
+    `top_k: must be an integer between ...`."""
     out = []
     for err in exc.errors(include_url=False):
         field = _loc(tuple(err.get("loc", ())))
         reason = str(err.get("msg", "is invalid"))
         if err.get("type") == "extra_forbidden":
-            reason = "is not a known field"
+            reason = f"is not a known {unknown}"
         elif err.get("type") == "missing":
             reason = "is required"
         elif err.get("type") == "model_type":  # "a valid dictionary or instance of NumRange": no class names
@@ -158,15 +159,15 @@ def pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-def validate(model: type[BaseModel], data: Any, strict: bool | None = None):
-    """Validate `data` against `model`, raising Invalid (422) naming each bad field; `strict=False` for
-    query parameters (strings that spell a number or a boolean)."""
+def validate(model: type[BaseModel], data: Any, strict: bool | None = None, unknown: str = "field"):
+    """Validate `data` against `model`, raising Invalid (422) naming each bad field (an extra one "is not
+    a known `unknown`"); `strict=False` for query parameters (strings that spell a number or a boolean)."""
     if not isinstance(data, dict):
         raise Invalid([("<root>", "must be a JSON object")])
     try:
         return model.model_validate(data, strict=strict)
     except ValidationError as exc:
-        raise Invalid(pydantic_errors(exc)) from None
+        raise Invalid(pydantic_errors(exc, unknown)) from None
 
 
 def _reject_constant(name: str) -> Any:
@@ -312,11 +313,9 @@ def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
 async def problems_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _to_problem(request, exc)
     except Exception as exc:
+        if isinstance(exc, web.HTTPException) and exc.status < 400:
+            raise  # a redirect is an answer, not a problem
         try:
             return _to_problem(request, exc)
         except Exception:  # a fault while mapping must still not crash the request
@@ -339,14 +338,3 @@ def non_utf8_escape(raw: str) -> str | None:
         except UnicodeDecodeError:
             return run.group(0)[:24]
     return None
-
-
-@web.middleware
-async def utf8_url_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """400 for a URL whose percent-escapes are not UTF-8 (`non_utf8_escape`), before any route reads it."""
-    bad = non_utf8_escape(request.raw_path)
-    if bad is not None:
-        raise Problem(
-            400, f"the URL has percent-escapes that are not UTF-8 ({bad}); ids and values are UTF-8"
-        )
-    return await handler(request)

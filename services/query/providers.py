@@ -1,29 +1,22 @@
-"""The dependencies `make_app` injects into the views, built once per app: `facts_provider(keys)`, the
-`FACTS` of `POST /v1/context`, and `consolidation(settings, metrics)`, the `CONSOLIDATE` of
-`POST /v1/consolidate` (the query service's one use of the consolidator; `make_app(consolidate=...)`
-takes another)."""
+"""The facts provider `make_app` injects into the views, built once per app: `facts_provider(keys)`, the
+`FACTS` of `POST /v1/context` (`make_app(facts=...)` takes another)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
 
-from services.consolidator.facts import Consolidator, RunResult
-from services.consolidator.summarizer import Summarizer
-from services.query.appkeys import Consolidate, FactsProvider
-from services.query.metrics import Metrics
-from shared.embedding import Embedder
-from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
+from services.query.answers import FactBrief
+from services.query.appkeys import FactsProvider
+from shared.facts import FactQuery, live_facts_index, search_facts
 from shared.index import Scope
 from shared.keys import Keys
-from shared.settings import Settings
 
 
 def facts_provider(keys: Keys) -> FactsProvider:
-    """The facts of `/v1/context`: current only, each text once."""
+    """The facts of `/v1/context`: current only, each text once, each the fields of `answers.FactBrief`."""
 
     async def provider(
         r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int
@@ -45,47 +38,8 @@ def facts_provider(keys: Keys) -> FactsProvider:
             if h.fact.text in seen or (h.score is not None and h.score < 0.0):
                 continue
             seen.add(h.fact.text)
-            out.append(
-                {
-                    "fact_id": h.fact.fact_id,
-                    "kind": h.fact.kind,
-                    "text": h.fact.text,
-                    "support": h.fact.support,
-                    "success_rate": h.fact.success_rate,
-                    "confidence": h.fact.confidence,
-                    "score": round(h.score, 6) if h.score is not None else None,
-                }
-            )
+            brief = {name: getattr(h.fact, name) for name in FactBrief.model_fields if name != "score"}
+            out.append(brief | {"score": round(h.score, 6) if h.score is not None else None})
         return out[:k]
 
     return provider
-
-
-def consolidation(settings: Settings, metrics: Metrics) -> Consolidate:
-    """Consolidate on demand: one (agent_id, category) scope, or the namespace scope and, with
-    `all_scopes`, every (agent, category) scope of the namespace. A summarizer (when configured) lives
-    for one call."""
-
-    async def consolidate(
-        r: aioredis.Redis,
-        embedder: Embedder,
-        namespace: str,
-        agent_id: str | None,
-        category: str | None,
-        all_scopes: bool,
-    ) -> Sequence[RunResult]:
-        summarizer = Summarizer.from_settings(settings, failures_metric=metrics.summarizer_failures)
-        cons = Consolidator(settings, r, embedder.dim, summarizer=summarizer, embedder=embedder)
-        try:
-            if agent_id is not None:
-                scopes = [FactScope(namespace, agent_id, category)]
-            elif all_scopes:
-                scopes = await cons.scopes_of(namespace)
-            else:
-                scopes = [FactScope(namespace)]
-            return [await cons.consolidate(s) for s in scopes]
-        finally:
-            if summarizer is not None:
-                await summarizer.aclose()
-
-    return consolidate

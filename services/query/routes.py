@@ -8,7 +8,7 @@ test checks the registered routes against the document anyway). Lists are answer
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from services.query import answers, console, models
-from services.query.problems import Invalid, read_json, validate
+from services.query.problems import Invalid, Problem, non_utf8_escape, read_json, validate
 from services.query.views import (
     deadletters,
     docs,
@@ -30,9 +30,7 @@ from services.query.views import (
     summary,
     updates,
 )
-from services.query.views.common import path_id, query_params
-
-Handler = Callable[..., Awaitable[web.StreamResponse]]
+from services.query.views.common import Handler, path_id, query_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +54,9 @@ class Route:
     in place): a body or query model → 400; a body → 413 and 415; a body, query model or path parameter
     → 422; a path parameter that names something looked up (`lookup`; not the scope of a bulk forget) →
     404; not public → 401; 202 (an event published) → 503 not published; outside `operations` → 503
-    (start-up, Redis down; appended to the description of a 503 in `errors`). A JSON route names its success body's model (`answer`), any other its OpenAPI
-    response object (`response`), so the document has a schema for every answer (a unit test checks each
-    route of the table gives one)."""
+    (start-up, Redis down; appended to the description of a 503 in `errors`). A JSON route names its
+    success body's model (`answer`), any other documented one its OpenAPI response object (`response`),
+    so the document has a schema for every answer (a unit test checks each such route gives one)."""
 
     method: str
     path: str
@@ -130,11 +128,11 @@ UNAVAILABLE = (
 )
 
 
-def _file(description: str, content_type: str) -> dict[str, Any]:
-    """The OpenAPI response object of a non-JSON success answer (a page, a script, an image)."""
-    text = content_type.startswith("text/") or content_type.endswith("javascript")
-    schema: dict[str, Any] = {"type": "string"} if text else {"type": "string", "contentEncoding": "binary"}
-    return {"description": description, "content": {content_type: {"schema": schema}}}
+HTML_PAGE = {
+    "description": "an HTML page that loads only this service's own files",
+    "content": {"text/html": {"schema": {"type": "string"}}},
+}
+"""The success response object of `GET /docs` and `GET /console`."""
 
 
 # `{id:(?s:.*)}`, not `.+`: an empty id (`DELETE /v1/agents/`) reaches its handler, whose 422 names it (with
@@ -325,27 +323,7 @@ ROUTES: tuple[Route, ...] = (
         docs.docs_page,
         public=True,
         tag="operations",
-        response=_file("an HTML page that loads only this service's own files", "text/html"),
-    ),
-    Route(
-        "GET",
-        "/docs/init.js",
-        docs.docs_init,
-        public=True,
-        tag="operations",
-        response=_file("JavaScript", "application/javascript"),
-    ),
-    *(
-        Route(
-            "GET",
-            f"/docs/{name}",
-            docs.asset_handler(name),
-            public=True,
-            tag="operations",
-            response=_file("a static file", content_type),
-            errors=(Status(503, "the swagger-ui-py package is not installed"),),
-        )
-        for name, (_, content_type) in docs.ASSETS.items()
+        response=HTML_PAGE,
     ),
     Route(
         "GET",
@@ -353,18 +331,12 @@ ROUTES: tuple[Route, ...] = (
         console.console_page,
         public=True,
         tag="operations",
-        response=_file("an HTML page that loads only this service's own files", "text/html"),
+        response=HTML_PAGE,
     ),
+    # the pages' own files: served, but no operations of the API (the document leaves them out)
     *(
-        Route(
-            "GET",
-            f"/console/{name}",
-            console.asset_handler(name),
-            public=True,
-            tag="operations",
-            response=_file("a static file", content_type),
-        )
-        for name, (_, content_type) in console.assets().items()
+        Route("GET", path, handler, public=True, tag="operations")
+        for path, handler in (docs.files() | console.files()).items()
     ),
     Route(
         "POST",
@@ -405,8 +377,9 @@ def add_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None
 
 
 def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
-    """Middleware of what the route table says about a URL, before any handler reads it:
+    """Middleware of what a URL may be and what the route table says about it, before any handler reads it:
 
+    - a URL whose percent-escapes are not UTF-8 (`problems.non_utf8_escape`) is a 400.
     - a path with a trailing slash that no route of its method matches, where the path without the slash
       is one (`/docs/`, `POST /v1/recall/`), answers 308 to it: 308 keeps the method and the body, and the
       `Location` is relative (`../docs`) so a proxy's path prefix is kept (the docs page's own links are
@@ -419,6 +392,11 @@ def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        bad = non_utf8_escape(request.raw_path)
+        if bad is not None:
+            raise Problem(
+                400, f"the URL has percent-escapes that are not UTF-8 ({bad}); ids and values are UTF-8"
+            )
         info = request.match_info
         if info.http_exception is not None:  # 404 or 405: no route of this method matches the path
             raw = request.raw_path.partition("?")[0]

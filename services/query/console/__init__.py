@@ -17,6 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from services.query.views.common import Handler, file_handler
+
 STATIC = Path(__file__).resolve().parent / "static"
 TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 # own files only; `data:` for the icon; the script sets inline styles through the CSSOM (bar widths)
@@ -61,13 +63,9 @@ async def console_page(request: web.Request) -> web.Response:
     )
 
 
-def asset_handler(name: str):
-    """The handler of `/console/<name>`, a hashed name of `assets()`."""
-    body, content_type = assets()[name]
-
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type=content_type, headers={"Cache-Control": IMMUTABLE})
-
-    handler.__name__ = "console_" + name.split(".")[0].replace("-", "_")
-    handler.__doc__ = f"A file of the console ({name}: its content's digest in the name, cached for a year)"
-    return handler
+def files() -> dict[str, Handler]:
+    """`/console/<hashed name>` → its handler, the file cached for a year: its name changes with it."""
+    return {
+        f"/console/{name}": file_handler(body, content_type, IMMUTABLE)
+        for name, (body, content_type) in assets().items()
+    }

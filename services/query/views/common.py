@@ -4,6 +4,7 @@ the query embedding and the stream publisher."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import orjson
@@ -38,6 +39,8 @@ from shared.index import Scope
 from shared.sdk import EngramClient
 from shared.tags import TagCodec
 
+Handler = Callable[..., Awaitable[web.StreamResponse]]
+
 
 def reply(data: Any, status: int = 200) -> web.Response:
     # orjson: the response encoding was ~10% of a recall's CPU with the stdlib encoder (bench/perf.py)
@@ -46,6 +49,17 @@ def reply(data: Any, status: int = 200) -> web.Response:
         status=status,
         content_type="application/json",
     )
+
+
+def file_handler(body: bytes | Callable[[], bytes], content_type: str, cache: str) -> Handler:
+    """The handler of a page's own file (a script, a stylesheet, an icon): `body`, or what it returns on
+    each request (cache it), with its Content-Type (and charset, if any) and Cache-Control."""
+    headers = {"Content-Type": content_type, "Cache-Control": cache}
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body() if callable(body) else body, headers=headers)
+
+    return handler
 
 
 def ns_of(request: web.Request) -> str:
@@ -94,15 +108,8 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
         if len(values) > 1:
             raise Invalid([(key, "must be given once")])
         params[key] = values[0]
-    try:
-        return validate(model, params, strict=False)
-    except Invalid as exc:  # a route without a query model says "not a known query parameter" (routes)
-        raise Invalid(
-            [
-                (f, "is not a known query parameter" if r == "is not a known field" else r)
-                for f, r in exc.errors
-            ]
-        ) from None
+    # "not a known query parameter", as a route without a query model says (routes.url_middleware)
+    return validate(model, params, strict=False, unknown="query parameter")
 
 
 async def embed(request: web.Request, text: str):

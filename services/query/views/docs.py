@@ -16,11 +16,12 @@ from pathlib import Path
 from aiohttp import web
 
 from services.query.problems import Problem
+from services.query.views.common import Handler, file_handler
 
-ASSETS = {  # the page's files: path under /docs/ → (file of the package, content type)
-    "swagger-ui.css": ("swagger-ui.css", "text/css"),
-    "swagger-ui-bundle.js": ("swagger-ui-bundle.js", "application/javascript"),
-    "favicon-32x32.png": ("favicon-32x32.png", "image/png"),
+ASSETS = {  # the swagger-ui-py files the page loads (its `static/`) → content type
+    "swagger-ui.css": "text/css",
+    "swagger-ui-bundle.js": "application/javascript",
+    "favicon-32x32.png": "image/png",
 }
 INIT_JS = """window.onload = function () {
   window.ui = SwaggerUIBundle({
@@ -60,7 +61,7 @@ def _asset(name: str) -> bytes:
     spec = importlib.util.find_spec("swagger_ui")
     if spec is None or not spec.submodule_search_locations:
         raise Problem(503, "the docs page needs the swagger-ui-py package (pip install swagger-ui-py)")
-    return (Path(next(iter(spec.submodule_search_locations))) / "static" / ASSETS[name][0]).read_bytes()
+    return (Path(next(iter(spec.submodule_search_locations))) / "static" / name).read_bytes()
 
 
 async def docs_page(request: web.Request) -> web.Response:
@@ -69,21 +70,10 @@ async def docs_page(request: web.Request) -> web.Response:
     return web.Response(text=PAGE, content_type="text/html", headers={"Content-Security-Policy": CSP})
 
 
-async def docs_init(request: web.Request) -> web.Response:
-    """The docs page's script"""
-    return web.Response(
-        text=INIT_JS, content_type="application/javascript", headers={"Cache-Control": _CACHE}
-    )
-
-
-def asset_handler(name: str):
-    """The handler of `/docs/<name>`, one of ASSETS."""
-
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response(
-            body=_asset(name), content_type=ASSETS[name][1], headers={"Cache-Control": _CACHE}
-        )
-
-    handler.__name__ = "docs_" + name.split(".")[0].replace("-", "_")
-    handler.__doc__ = f"A file of the docs page ({name}, from swagger-ui-py)"
-    return handler
+def files() -> dict[str, Handler]:
+    """`/docs/<name>` → its handler: the page's script, and the swagger-ui-py files it loads (a 503 without
+    the package), each cached for a day."""
+    out = {"/docs/init.js": file_handler(INIT_JS.encode, "application/javascript; charset=utf-8", _CACHE)}
+    for name, content_type in ASSETS.items():
+        out[f"/docs/{name}"] = file_handler(functools.partial(_asset, name), content_type, _CACHE)
+    return out

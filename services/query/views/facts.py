@@ -1,9 +1,8 @@
 """Semantic memory over HTTP: search facts, read one with its evidence, consolidate on demand.
 
-`POST /v1/consolidate` runs the function `make_app` installed under `CONSOLIDATE`
-(`services.query.providers.consolidation`: a Consolidator with the optional summarizer, built from the
-settings): this module neither imports nor builds the consolidator. Likewise the facts of
-`POST /v1/context` come from the provider under `FACTS` (`services.query.providers.facts_provider`).
+`POST /v1/consolidate` runs a `Consolidator` (with the optional summarizer) in this process, under the
+same per-scope lease as the workers. The facts of `POST /v1/context` come from the provider under
+`FACTS` (`services.query.providers.facts_provider`).
 """
 
 from __future__ import annotations
@@ -17,11 +16,13 @@ from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from engram_episodic.errors import NotFound
 from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
+from services.consolidator.facts import Consolidator
+from services.consolidator.summarizer import Summarizer
 from services.query import models
 from services.query import recall as rc
-from services.query.appkeys import CONSOLIDATE, EMBEDDER, KEYS
+from services.query.appkeys import EMBEDDER, KEYS, METRICS, SETTINGS
 from services.query.views.common import embed, episode_of, index_of, ns_of, redis_of, reply, tags_of
-from shared.facts import KINDS, FactQuery, get_fact, live_facts_index, search_facts
+from shared.facts import KINDS, FactQuery, FactScope, get_fact, live_facts_index, search_facts
 from shared.index import Scope as EpisodeScope
 from shared.index import current_generation, filter_search
 
@@ -148,10 +149,20 @@ async def fact_detail(request: web.Request, fact_id: str) -> web.Response:
 
 async def consolidate(request: web.Request, body: ConsolidateRequest) -> web.Response:
     """Consolidate the namespace's episodes into facts now"""
-    r = redis_of(request)
-    results = await request.app[CONSOLIDATE](
-        r, request.app[EMBEDDER], ns_of(request), body.agent_id, body.category, body.all_scopes
-    )
+    r, s, embedder, ns = redis_of(request), request.app[SETTINGS], request.app[EMBEDDER], ns_of(request)
+    summarizer = Summarizer.from_settings(s, failures_metric=request.app[METRICS].summarizer_failures)
+    cons = Consolidator(s, r, embedder.dim, summarizer=summarizer, embedder=embedder)
+    try:
+        if body.agent_id is not None:
+            scopes = [FactScope(ns, body.agent_id, body.category)]
+        elif body.all_scopes:
+            scopes = await cons.scopes_of(ns)
+        else:
+            scopes = [FactScope(ns)]
+        results = [await cons.consolidate(scope) for scope in scopes]
+    finally:  # a summarizer lives for one call
+        if summarizer is not None:
+            await summarizer.aclose()
     return reply(
         {
             "results": [x.to_json() for x in results],

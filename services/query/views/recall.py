@@ -31,29 +31,18 @@ from services.query.views.common import (
 from shared.settings import Settings
 
 
-def _params(s: Settings, top_k: int, depth: int, mode: str, **choices: Any) -> rc.RecallParams:
-    """The settings' part of a recall's choices: the index kind and `common_idf`."""
+def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.RecallParams:
+    """`POST /v1/recall`: the request's choices, the settings' defaults for the rest, and the settings'
+    index kind and `common_idf`. Invalid (422) when the depth, given or defaulted, is below `top_k`,
+    given or defaulted."""
+    top_k = req.top_k or s.default_top_k
+    depth = req.candidates or max(s.recall_candidates, top_k)  # never from top_k alone: top_k only cuts
     if depth < top_k:
         raise Invalid([("candidates", "must be at least top_k")])
     return rc.RecallParams(
         top_k=top_k,
         depth=depth,
-        mode=mode,
-        graph_index=s.vector_algorithm == "HNSW",
-        graph_ef=s.graph_ef,
-        common_idf=s.bm25_common_idf,
-        **choices,
-    )
-
-
-def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.RecallParams:
-    """`POST /v1/recall`: the request's choices, the settings' defaults for the rest."""
-    top_k = req.top_k or s.default_top_k
-    return _params(
-        s,
-        top_k,
-        req.candidates or max(s.recall_candidates, top_k),  # never from top_k alone: top_k only cuts
-        req.mode or s.recall_mode,
+        mode=req.mode or s.recall_mode,
         preset=req.preset,
         weights=req.weights.model_dump() if req.weights else None,
         half_life=req.half_life or s.half_life,
@@ -63,28 +52,25 @@ def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.Reca
         touch_now=now if req.touch else None,
         min_relevance=req.min_relevance,
         min_priority=req.min_priority,
+        graph_index=s.vector_algorithm == "HNSW",
+        graph_ef=s.graph_ef,
+        common_idf=s.bm25_common_idf,
     )
 
 
 def context_params(req: models.ContextRequest, s: Settings, now: float) -> rc.RecallParams:
-    """`POST /v1/context`: the settings' mode and the auto preset, as of now, touching nothing; without
-    a `min_relevance`, the mode's floor (`relevance.CONTEXT_FLOOR`)."""
-    top_k = req.top_k or s.default_top_k
-    return _params(
-        s,
-        top_k,
-        max(s.recall_candidates, top_k),
-        s.recall_mode,
-        preset=None,
-        weights=None,
-        half_life=req.half_life or s.half_life,
-        as_of=now,
-        normalize="none",
-        recency_from="completed",
-        touch_now=None,
-        min_relevance=CONTEXT_FLOOR[s.recall_mode] if req.min_relevance is None else req.min_relevance,
+    """`POST /v1/context`: the recall of the task with every other choice left to the settings (their
+    mode, the auto preset, as of now, touching nothing); without a `min_relevance`, the mode's floor
+    (`relevance.CONTEXT_FLOOR`)."""
+    floor = CONTEXT_FLOOR[s.recall_mode] if req.min_relevance is None else req.min_relevance
+    recall = models.RecallRequest(
+        query=req.task,
+        top_k=req.top_k,
+        half_life=req.half_life,
+        min_relevance=floor,
         min_priority=req.min_priority,
     )
+    return recall_params(recall, s, now)
 
 
 async def recall(request: web.Request, body: models.RecallRequest) -> web.Response:
