@@ -92,7 +92,6 @@ class RunResult:
     status: str  # "published", "unchanged", "busy"
     facts: int = 0
     removed: int = 0
-    seq: int = 0
     summarizer_failures: int = 0
     """Facts whose summary failed in this run (they keep the deterministic text, retried next run)."""
 
@@ -353,9 +352,7 @@ class Consolidator:
             facts, failures = await self._summarise(facts, state.facts, rows, now)
             if planned is None and facts == list(state.facts):
                 await self._reset(scope, counter)
-                return RunResult(
-                    scope, "unchanged", facts=len(state.facts), seq=state.seq, summarizer_failures=failures
-                )
+                return RunResult(scope, "unchanged", facts=len(state.facts), summarizer_failures=failures)
             # nothing is written before this succeeds
             event, sid, payload = await self.publish_live(
                 scope,
@@ -384,7 +381,6 @@ class Consolidator:
                 "published",
                 facts=len(event.facts),
                 removed=len(event.removed),
-                seq=state.seq + 1,
                 summarizer_failures=failures,
             )
         finally:

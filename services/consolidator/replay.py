@@ -223,7 +223,6 @@ async def _build(
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
     projector = Projector(
         redis,
-        keys,
         embedder,
         new,
         keyring=KeyRing.from_settings(settings),

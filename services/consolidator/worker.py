@@ -196,7 +196,6 @@ class Worker:
             )
             self.projector = Projector(
                 self.redis,
-                self.keys,
                 self.embedder,
                 gen,
                 self.metrics,
