@@ -54,9 +54,7 @@ async def one_side(url: str, events: list, master_key: bytes | None) -> dict[str
         )
         ring = KeyRing(keys, client._ring.master) if master_key is not None else None
         # nothing here is forgotten: the default settings (for this prefix) are never read
-        projector = Projector(
-            r, keys, embedder, 1, keyring=ring, tags=tags, settings=Settings(prefix=keys.prefix)
-        )
+        projector = Projector(r, embedder, 1, keyring=ring, tags=tags, settings=Settings(prefix=keys.prefix))
         entries = await streams.read_range(r, keys.stream, count=len(events) + 10)
         cpu = time.process_time()
         for start in range(0, len(entries), 256):

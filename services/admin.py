@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -32,7 +31,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engram_episodic.cli_progress import Bars, progress_option
 from engram_episodic.errors import ConfigError, Conflict
 from engram_episodic.timeutil import format_instant
-from services.consolidator.replay import Progress
 from services.run_lock import run_data_dir
 from shared.partitions import deployment_keys
 from shared.redis_conn import connected
@@ -104,7 +102,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 async def _replay_task(
-    settings: Settings, progress: Progress | None = None, *, keep_embedder: bool
+    settings: Settings, progress: Bars | None = None, *, keep_embedder: bool
 ) -> dict[str, int]:
     """Rebuild every projection into a new generation with `settings.embedder`; the replay's
     counts. `keep_embedder` (`replay`): ConfigError, before anything is written, when `settings.embedder`
@@ -163,8 +161,7 @@ async def _on_dead_letters(
     verb: str,
     settings: Settings,
     ids: list[str] | None,
-    on_start: Callable[[int], None] | None = None,
-    on_each: Callable[[], None] | None = None,
+    progress: Bars | None = None,
 ) -> tuple[int, list[str]]:
     """`deadletters.redrive` or `.discard`, by `verb`, on the dead letters `ids` (None: all) →
     (how many, the ids that name no dead letter)."""
@@ -177,7 +174,7 @@ async def _on_dead_letters(
         if ids is not None:
             known = {d.dead_id for d in await deadletters.list_dead_letters(redis, keys, limit=1_000_000)}
             unknown = [i for i in ids if i not in known]
-        n = await act(redis, keys, ids, on_start=on_start, on_each=on_each)
+        n = await act(redis, keys, ids, progress)
     return n, unknown
 
 
@@ -297,13 +294,7 @@ def _dead_letter_command(verb: str, did: str, key: str, doc: str):
         try:
             n, unknown = run_admin(
                 verb,
-                _on_dead_letters(
-                    verb,
-                    _settings(verb),
-                    None if all_ else list(ids),
-                    on_start=lambda total: bars.phase(verb, total),
-                    on_each=lambda: bars.advance(1),
-                ),
+                _on_dead_letters(verb, _settings(verb), None if all_ else list(ids), bars),
             )
         finally:
             bars.close()

@@ -37,19 +37,14 @@ _PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.Conte
 )
 
 
-@contextlib.contextmanager
-def reporting_progress(callback: Callable[[], None]) -> Iterator[None]:
-    """Within the block (this task, and the tasks it starts), `callback()` runs after each forward pass
-    of `Embedder.embed` (every `batch_size` texts): a consolidator lane embedding a large batch counts
-    as turning for its health check while passes complete, and as stuck once they stop."""
-    token = _PROGRESS.set(callback)
-    try:
-        yield
-    finally:
-        _PROGRESS.reset(token)
+def report_passes(callback: Callable[[], None]) -> None:
+    """From now on in the calling task (and the tasks it starts), `callback()` runs after each forward
+    pass of `Embedder.embed` (every `batch_size` texts): a consolidator lane embedding a large batch
+    counts as turning for its health check while passes complete, and as stuck once they stop."""
+    _PROGRESS.set(callback)
 
 
 def passed() -> None:
-    """One forward pass done: the callback of `reporting_progress`, if any, runs."""
+    """One forward pass done: the callback of `report_passes`, if any, runs."""
     if (callback := _PROGRESS.get()) is not None:
         callback()

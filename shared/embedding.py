@@ -128,12 +128,9 @@ class HashingEmbedder(Embedder):
         prepared, cut = self._prepare(texts)
         if not prepared:
             return np.zeros((0, self.dim), dtype=np.float32)
-        parts = []
-        for start in range(0, len(prepared), self.batch_size):
-            chunk = prepared[start : start + self.batch_size]
-            parts.append(self._unit_rows(self._vectorise(chunk), range(start, start + len(chunk))))
+        vectors = self._unit_rows(self._vectorise(prepared), range(len(prepared)))  # rows are independent
         self.truncations += sum(cut)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return vectors
 
     # the memos: misses only (`_vectorise` looks them up inline); a token longer than
     # _CACHE_TOKEN_CHARS is rarely seen twice and not kept
@@ -464,25 +461,19 @@ def make_embedder(settings: Settings, *, role: str = "document") -> Embedder:
             cache_dir=settings.model_cache,
         )
     if choice == "openai":
-        if not settings.openai_url:
-            raise ConfigError(
-                "ENGRAM_EMBEDDER=openai needs ENGRAM_OPENAI_URL (e.g. https://api.openai.com "
-                "or http://127.0.0.1:8000 for a local server)"
-            )
         from shared.embedding_openai import OpenAIEmbedder  # aiohttp: only this embedder needs it
 
-        url, name, key, timeout = (
-            settings.openai_url,
-            settings.openai_model,
-            settings.openai_api_key,
-            settings.openai_timeout,
-        )
-        # a query's caller is waiting: one retry, then a 503 with Retry-After (services.query.problems)
-        # rather than 4 attempts of up to `openai_timeout` (30 s) each; a worker has time
-        retries = 1 if role == "query" else 3
-        try:
+        try:  # no URL (Settings.from_env refuses it first) is not an http(s) URL either
             return OpenAIEmbedder(
-                url, name, key, timeout=timeout, max_chars=max_chars, batch_size=batch_size, retries=retries
+                settings.openai_url or "",
+                settings.openai_model,
+                settings.openai_api_key,
+                timeout=settings.openai_timeout,
+                max_chars=max_chars,
+                batch_size=batch_size,
+                # a query's caller is waiting: one retry, then a 503 with Retry-After
+                # (services.query.problems) rather than 4 attempts of up to `openai_timeout` (30 s) each
+                retries=1 if role == "query" else 3,
             )
         except ValueError as exc:
             raise ConfigError(f"ENGRAM_OPENAI_URL: {exc}") from None

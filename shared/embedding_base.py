@@ -131,16 +131,10 @@ class Embedder(ABC):
         return prepared, cut
 
     def _unit_rows(self, vectors: Any, rows: Sequence[int]) -> np.ndarray:
-        """Check the shape and values of the batch for texts[rows] and L2-normalise it → float32[n, dim]."""
+        """The batch for texts[rows] (float[len(rows), dim]: `_embed_batch` checks what a server sends; a
+        model's shape is its own) L2-normalised → float32[n, dim]; EmbeddingError for a zero or
+        non-finite row."""
         array = np.asarray(vectors, dtype=np.float32)
-        if array.ndim != 2 or array.shape[0] != len(rows):
-            raise EmbeddingError(
-                f"{self.name}: expected {len(rows)} vectors, got an array of shape {array.shape}"
-            )
-        if self._dim is not None and array.shape[1] != self._dim:
-            raise EmbeddingError(
-                f"{self.name}: expected vectors of dimension {self._dim}, got {array.shape[1]}"
-            )
         norms = np.linalg.norm(array, axis=1, keepdims=True)
         bad = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] == 0))
         if bad.size:

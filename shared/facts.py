@@ -306,29 +306,19 @@ def fact_fields(fact: Fact, tags: TagCodec) -> dict[EncodableT, EncodableT]:
     """The HASH fields of a fact document: tags (`evidence` and `users` digested with `tags`, as the
     episode index's ids are: `shared.tags`), numerics, text, centroid and the full JSON `doc`."""
     fields: dict[EncodableT, EncodableT] = {
-        "namespace": fact.namespace,
-        "fact_id": fact.fact_id,
-        "scope_id": fact.scope_id,
-        "level": fact.level,
-        "kind": fact.kind,
-        "status": fact.status,
         "text": fact.text,
         DOC_FIELD: json.dumps(
             {k: v for k, v in fact.to_data().items() if k != "centroid"}, ensure_ascii=False
         ),
     }
-    for name in ("supersedes", "superseded_by"):
-        if getattr(fact, name):
-            fields[name] = getattr(fact, name)
     digested = {
         "evidence": tags.episodes(fact.namespace, fact.evidence),
         "users": tags.users(fact.namespace, fact.users),
-        "agents": fact.agents,
-        "categories": fact.categories,
     }
-    for name, values in digested.items():
-        if values:
-            fields[name] = TAG_SEPARATOR.join(values)
+    for name in FACT_TAGS:  # a list is one TAG value joined; an empty one or None is left out
+        value = digested.get(name, getattr(fact, name))
+        if value:
+            fields[name] = value if isinstance(value, str) else TAG_SEPARATOR.join(value)
     numbers = {name: getattr(fact, name) for name in FACT_NUMERICS}
     numbers["superseded_at"] = fact.superseded_at if fact.superseded_at is not None else OPEN_END
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})

@@ -10,7 +10,8 @@ import click
 
 
 class Bars:
-    """`services.consolidator.replay.Progress` drawn with tqdm: one bar per phase, rate and ETA."""
+    """Where a long run (a replay, a redrive) reports how far it is: one tqdm bar per phase, with the
+    rate and the ETA (`enabled=False`: none)."""
 
     def __init__(self, *, enabled: bool | None, units: dict[str, str] | None = None):
         from tqdm import tqdm

@@ -73,7 +73,6 @@ async def _run(settings: Settings) -> int:
             embedder.dim,
             summarizer=summarizer,
             embedder=embedder,
-            background=True,
             backlogged=lambda: worker is not None and worker.backlogged,
         )
         stack.push_async_callback(facts.aclose)

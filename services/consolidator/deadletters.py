@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
+from engram_episodic.cli_progress import Bars
 from shared import streams
 from shared.codec import payload_ref, peek_identity
 from shared.keys import Keys
@@ -70,20 +71,19 @@ async def _each(
     redis: aioredis.Redis,
     keys: Keys,
     dead_ids: list[str] | None,
-    on_start: Callable[[int], None] | None,
-    on_each: Callable[[], None] | None,
+    progress: Bars | None,
+    phase: str,
     act: Callable[[DeadLetter], Awaitable[object]],
 ) -> int:
-    """`act` on the dead letters `dead_ids` names (None: all), oldest first; `on_start(n)` hears how
-    many, `on_each()` each one done (a progress bar). Returns how many."""
+    """`act` on the dead letters `dead_ids` names (None: all), oldest first, each one a unit of the
+    `progress` phase `phase` (the command). Returns how many."""
     letters = await list_dead_letters(redis, keys, limit=1_000_000)
     chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
-    if on_start is not None:
-        on_start(len(chosen))
+    progress = progress or Bars(enabled=False)
+    progress.phase(phase, len(chosen))
     for letter in chosen:
         await act(letter)
-        if on_each is not None:
-            on_each()
+        progress.advance(1)
     return len(chosen)
 
 
@@ -91,8 +91,7 @@ async def redrive(
     redis: aioredis.Redis,
     keys: Keys,
     dead_ids: list[str] | None = None,
-    on_start: Callable[[int], None] | None = None,
-    on_each: Callable[[], None] | None = None,
+    progress: Bars | None = None,
 ) -> int:
     """Publish dead letters' original payloads again (new stream ids, into the partition they came
     from) and remove them and their original (acked) entries (`_each` for the arguments)."""
@@ -106,15 +105,14 @@ async def redrive(
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
 
-    return await _each(redis, keys, dead_ids, on_start, on_each, one)
+    return await _each(redis, keys, dead_ids, progress, "redrive", one)
 
 
 async def discard(
     redis: aioredis.Redis,
     keys: Keys,
     dead_ids: list[str] | None = None,
-    on_start: Callable[[int], None] | None = None,
-    on_each: Callable[[], None] | None = None,
+    progress: Bars | None = None,
 ) -> int:
     """Delete dead letters no fix will make projectable, their original (acked) entries and the
     episode's link to them (its user's too once it has no other); nothing is published, as a forget
@@ -135,7 +133,7 @@ async def discard(
                 if user_id is not None:
                     await redis.srem(keys.user_dead_letters(namespace, user_id), episode_id)
 
-    return await _each(redis, keys, dead_ids, on_start, on_each, one)
+    return await _each(redis, keys, dead_ids, progress, "discard", one)
 
 
 async def dead_letter(

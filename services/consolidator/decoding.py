@@ -23,6 +23,7 @@ from services.consolidator.projection import Folded
 from shared import streams
 from shared.codec import decode, decode_envelope, is_sealed, key_refs, unpack
 from shared.crypto import KeyDestroyed
+from shared.embedding_base import Embedder
 from shared.keyring import KeyRing
 
 log = logging.getLogger("engram.consolidator")
@@ -45,22 +46,15 @@ def dead_reason(exc: Exception, sealed: bool) -> str:
 
 
 class Decoder:
-    """Opens payloads with `keyring` (None: plaintext stream); an episode's own vector must have `dim`
-    dimensions (those of the index of embedder `embedder_name`)."""
+    """Opens payloads with `keyring` (None: plaintext stream); an episode's own vector must have the
+    dimensions of `embedder` (the index's)."""
 
     def __init__(
-        self,
-        redis: aioredis.Redis,
-        keyring: KeyRing | None,
-        *,
-        dim: int,
-        embedder_name: str,
-        metrics: WorkerMetrics,
+        self, redis: aioredis.Redis, keyring: KeyRing | None, embedder: Embedder, *, metrics: WorkerMetrics
     ):
         self.redis = redis
         self.keyring = keyring
-        self.dim = dim
-        self.embedder_name = embedder_name
+        self.embedder = embedder
         self.metrics = metrics
 
     def events(
@@ -138,13 +132,13 @@ class Decoder:
         if not isinstance(event, EpisodeStarted | EpisodeCompleted):
             return
         episode = event.episode
-        if episode.vector is not None and len(episode.vector) != self.dim:
+        if episode.vector is not None and len(episode.vector) != self.embedder.dim:
             raise InvalidEpisode(
                 [
                     (
                         "episode.vector",
                         f"has {len(episode.vector)} dimensions; the index "
-                        f"({self.embedder_name}) expects {self.dim}",
+                        f"({self.embedder.name}) expects {self.embedder.dim}",
                     )
                 ]
             )

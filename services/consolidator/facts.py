@@ -92,7 +92,6 @@ class RunResult:
     status: str  # "published", "unchanged", "busy"
     facts: int = 0
     removed: int = 0
-    seq: int = 0
     summarizer_failures: int = 0
     """Facts whose summary failed in this run (they keep the deterministic text, retried next run)."""
 
@@ -111,7 +110,7 @@ class Consolidator:
     `POST /v1/consolidate`, one per projector for forgets. `dim` is the facts index's vector size,
     `tags` known generations' TAG digests; snapshots are sealed per contributor with
     `settings.master_key`. `embedder` (the live index's) embeds episodes without the text their scope
-    shares (`clustering_rows`; without one, stored vectors are compared). With `background=True` runs
+    shares (`clustering_rows`; without one, stored vectors are compared). Triggered runs (`on_batch`)
     are tasks, one at a time per scope (`aclose()` waits for them), deferred for at most
     `facts_min_interval` s while `backlogged()` (a burst is still arriving)."""
 
@@ -123,7 +122,6 @@ class Consolidator:
         *,
         summarizer: Summarizer | None = None,
         embedder: Embedder | None = None,
-        background: bool = False,
         backlogged: Callable[[], bool] | None = None,
         tags: Mapping[int, TagCodec] | None = None,
     ):
@@ -137,7 +135,6 @@ class Consolidator:
         self._ring: KeyRing | None = (
             shared_ring(self.keys, settings.master_key) if settings.master_key is not None else None
         )
-        self.background = background
         self._backlogged = backlogged or (lambda: False)
         self._tasks: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
@@ -187,8 +184,8 @@ class Consolidator:
         return out
 
     # --- triggers ------------------------------------------------------------------------------
-    async def on_batch(self, result: BatchResult) -> list[RunResult]:
-        """Worker hook: count newly completed episodes per scope; consolidate scopes past a threshold."""
+    async def on_batch(self, result: BatchResult) -> None:
+        """Worker hook: count newly completed episodes per scope; schedule the scopes past a threshold."""
         touched: dict[str, tuple[FactScope, int, float]] = {}
         for namespace, folded in result.completed:
             ep = folded.episode
@@ -200,22 +197,22 @@ class Consolidator:
             for s in scopes:
                 _, n, imp = touched.get(s.scope_id, (s, 0, 0.0))
                 touched[s.scope_id] = (s, n + 1, imp + float(ep.importance or 0.0))
-        return await self.count(list(touched.values()))
+        await self.count(list(touched.values()))
 
-    async def count(self, increments: list[tuple[FactScope, int, float]]) -> list[RunResult]:
+    async def count(self, increments: list[tuple[FactScope, int, float]]) -> None:
+        """Add to the scopes' trigger counters; a background run for each scope past a threshold."""
         if not increments:
-            return []
+            return
         async with self.redis.pipeline(transaction=False) as pipe:
             for s, n, imp in increments:
                 pipe.hincrby(self.keys.scope_counter(s.namespace, s.scope_id), "completed", n)
                 pipe.hincrbyfloat(self.keys.scope_counter(s.namespace, s.scope_id), "importance", imp)
             totals = await pipe.execute()
-        out = []
         for i, (s, _, _) in enumerate(increments):
             completed, importance = int(totals[2 * i]), float(totals[2 * i + 1])
             if self._reached(completed, importance):
                 # INFO once per scheduled run; the triggers a pending run absorbs are DEBUG
-                pending = self.background and s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
+                pending = s.scope_id in self._tasks and not self._tasks[s.scope_id].done()
                 log.log(
                     logging.DEBUG if pending else logging.INFO,
                     "facts ◆ trigger %s ◆ %d completed ◆ importance %.1f",
@@ -223,11 +220,7 @@ class Consolidator:
                     completed,
                     importance,
                 )
-                if self.background:
-                    self._schedule(s)
-                else:
-                    out.append(await self.consolidate(s))
-        return out
+                self._schedule(s)
 
     def _schedule(self, scope: FactScope) -> None:
         running = self._tasks.get(scope.scope_id)
@@ -359,9 +352,7 @@ class Consolidator:
             facts, failures = await self._summarise(facts, state.facts, rows, now)
             if planned is None and facts == list(state.facts):
                 await self._reset(scope, counter)
-                return RunResult(
-                    scope, "unchanged", facts=len(state.facts), seq=state.seq, summarizer_failures=failures
-                )
+                return RunResult(scope, "unchanged", facts=len(state.facts), summarizer_failures=failures)
             # nothing is written before this succeeds
             event, sid, payload = await self.publish_live(
                 scope,
@@ -390,7 +381,6 @@ class Consolidator:
                 "published",
                 facts=len(event.facts),
                 removed=len(event.removed),
-                seq=state.seq + 1,
                 summarizer_failures=failures,
             )
         finally:

@@ -25,7 +25,6 @@ from shared.facts import facts_with_evidence
 from shared.index import DOC_FIELD, Scope, is_missing_index
 from shared.index_pages import every_key
 from shared.keyring import KeyRing
-from shared.keys import Keys
 from shared.replies import as_bytes, bytes_list
 from shared.settings import Settings
 from shared.tags import TagCodec
@@ -58,7 +57,6 @@ class Forgetting:
     def __init__(
         self,
         redis: aioredis.Redis,
-        keys: Keys,
         embedder: Embedder,
         gen: int,
         *,
@@ -67,7 +65,7 @@ class Forgetting:
         settings: Settings,
     ):
         self.redis = redis
-        self.keys = keys
+        self.keys = settings.keys
         self.gen = gen
         self.tags = tags
         self.keyring = keyring

@@ -53,7 +53,6 @@ from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
-from shared.keys import Keys
 from shared.settings import Settings
 from shared.tags import TagCodec
 
@@ -107,7 +106,6 @@ class Projector:
     def __init__(
         self,
         redis: aioredis.Redis,
-        keys: Keys,
         embedder: Embedder,
         gen: int,
         metrics: WorkerMetrics | None = None,
@@ -121,19 +119,15 @@ class Projector:
         self.reembed_facts = reembed_facts
         self.tags = tags
         self.keyring = keyring
-        self.keys = keys
+        self.keys = settings.keys
         self.embedder = embedder
         self.gen = gen
         self.metrics = metrics or WorkerMetrics()
         self._record = redis.register_script(RECORD_LUA)
         self._project = redis.register_script(PROJECT_LUA)
-        self.forgetting = Forgetting(
-            redis, keys, embedder, gen, tags=tags, keyring=keyring, settings=settings
-        )
+        self.forgetting = Forgetting(redis, embedder, gen, tags=tags, keyring=keyring, settings=settings)
         self._write_turns = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        self.decoder = Decoder(
-            redis, keyring, dim=embedder.dim, embedder_name=embedder.name, metrics=self.metrics
-        )
+        self.decoder = Decoder(redis, keyring, embedder, metrics=self.metrics)
 
     # --- entry point ----------------------------------------------------------------------------
     async def apply(self, entries: Sequence[streams.Entry]) -> BatchResult:

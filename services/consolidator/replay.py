@@ -22,11 +22,11 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from engram_episodic.cli_progress import Bars
 from engram_episodic.errors import Conflict
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
@@ -43,29 +43,11 @@ from shared.index import (
 from shared.keyring import KeyRing, deployment_tag_key
 from shared.keys import Keys
 from shared.partitions import check_partitions
-from shared.replies import bytes_list, bytes_map
+from shared.replies import as_bytes, bytes_list, bytes_map
 from shared.settings import Settings
 
 log = logging.getLogger("engram.replay")
 PAGE = 500
-
-
-class Progress(Protocol):
-    """Where a long run reports how far it is (the `engram` command line draws a bar from it)."""
-
-    def phase(self, name: str, total: int | None) -> None:
-        """A new phase begins, of about `total` units (None: unknown)."""
-
-    def advance(self, n: int) -> None:
-        """`n` more units of the current phase are done."""
-
-
-class NoProgress:
-    def phase(self, name: str, total: int | None) -> None:
-        pass
-
-    def advance(self, n: int) -> None:
-        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +62,10 @@ class Tip:
 async def _tip(redis: aioredis.Redis, stream: str) -> Tip:
     """The partition's `Tip` now (`0-0` and zeros for a stream that does not exist yet)."""
     try:
-        info = await redis.execute_command("XINFO", "STREAM", stream)
+        info = await redis.xinfo_stream(stream)
     except ResponseError:  # no such key: nothing published to this partition yet
         return Tip(b"0-0", 0, 0)
-    fields = dict(zip(info[::2], info[1::2], strict=False))
-    last = fields.get(b"last-generated-id") or b"0-0"
-    return Tip(
-        last if isinstance(last, bytes) else str(last).encode(),
-        int(fields.get(b"entries-added") or 0),
-        int(fields.get(b"length") or 0),
-    )
+    return Tip(as_bytes(info["last-generated-id"]), int(info["entries-added"]), int(info["length"]))
 
 
 async def _project_range(
@@ -98,7 +74,7 @@ async def _project_range(
     stream: str,
     after: bytes | None,
     until: bytes,
-    progress: Progress,
+    progress: Bars,
 ) -> int:
     """Project the entries with ids in (`after`, `until`] (`after` None: from the first); returns the
     count. The range is fixed, so this ends however fast entries are published meanwhile."""
@@ -112,7 +88,7 @@ async def _project_range(
 
 
 async def _passes_before_swap(
-    projector: Projector, redis: aioredis.Redis, partitions: Sequence[str], progress: Progress
+    projector: Projector, redis: aioredis.Redis, partitions: Sequence[str], progress: Bars
 ) -> tuple[dict[str, Tip], int]:
     """Project every partition up to its `Tip` fixed before the pass, again up to a new one while that
     pass would be at most half the last (and over a page), so it ends however fast the ingest; returns
@@ -137,7 +113,7 @@ async def _passes_before_swap(
 
 
 async def _import_snapshot(
-    projector: Projector, redis: aioredis.Redis, keys: Keys, old: int, progress: Progress
+    projector: Projector, redis: aioredis.Redis, keys: Keys, old: int, progress: Bars
 ) -> int:
     """Copy and re-fold every episode event hash of generation `old`; returns episodes imported."""
     prefix = f"{keys.gen_prefix(old)}evs:"
@@ -156,7 +132,7 @@ async def _import_snapshot(
     return imported + await _refold(projector, batch, progress)
 
 
-async def _refold(projector: Projector, batch: list[tuple[str, str]], progress: Progress) -> int:
+async def _refold(projector: Projector, batch: list[tuple[str, str]], progress: Bars) -> int:
     if batch:
         await projector.refold(batch)
     progress.advance(len(batch))
@@ -167,17 +143,18 @@ async def replay(
     settings: Settings,
     redis: aioredis.Redis,
     embedder: Embedder,
-    progress: Progress | None = None,
+    progress: Bars | None = None,
 ) -> dict[str, int]:
     """Build a new generation from the snapshot and the stream, swap it in, drop the old one. The new
     number is claimed above every one used before and recorded as building, with a heartbeat, until the
     swap (forgets erase in it too); an interrupted replay drops it. ReplayRunning (a Conflict) while
     another replay builds.
 
-    `progress` hears the phases `snapshot`, `stream`, `catch-up` and `drop`. Returns counts:
+    `progress` (a bar each, none by default) hears the phases `snapshot`, `stream`, `catch-up` and
+    `drop`. Returns counts:
     from_generation, generation, snapshot_episodes, entries (both passes), caught_up (the second),
     dropped_keys, facts, fact_scopes, facts_indexed (searchable) and facts_reembedded."""
-    progress = progress or NoProgress()
+    progress = progress or Bars(enabled=False)
     keys = settings.keys
     await check_partitions(
         redis, keys, sealed=settings.master_key is not None, explicit=settings.stream_partitions is not None
@@ -221,7 +198,7 @@ async def _build(
     settings: Settings,
     redis: aioredis.Redis,
     embedder: Embedder,
-    progress: Progress,
+    progress: Bars,
     keys: Keys,
     old: int,
     new: int,
@@ -246,7 +223,6 @@ async def _build(
     # sealed events are opened with the deployment's keys; a forgotten user's (key destroyed) yield nothing
     projector = Projector(
         redis,
-        keys,
         embedder,
         new,
         keyring=KeyRing.from_settings(settings),

@@ -35,20 +35,14 @@ async def trim(
     redis: aioredis.Redis, keys: Keys, *, retention_seconds: float, now: float | None = None
 ) -> int:
     """XTRIM MINID each partition at min(what every group still needs there, now - retention). Returns
-    entries removed (all partitions). `trimmed_before` in meta records the cut of a single stream, or,
-    partitioned, the cut of each trimmed partition (`trimmed_before:<i>`)."""
+    entries removed (all partitions)."""
     cutoff = (int(((now if now is not None else time.time()) - retention_seconds) * 1000), 0)
     removed = 0
-    for i, stream in enumerate(keys.streams):
+    for stream in keys.streams:
         safe = await safe_trim_id(redis, stream)
         if safe is None:
             continue
         ms, seq = min(safe, cutoff)
-        if ms <= 0:
-            continue
-        n = await streams.trim_before(redis, stream, f"{ms}-{seq}")
-        if n:
-            field = "trimmed_before" if keys.partitions == 1 else f"trimmed_before:{i}"
-            await redis.hset(keys.meta, field, f"{ms}-{seq}")
-        removed += n
+        if ms > 0:
+            removed += await streams.trim_before(redis, stream, f"{ms}-{seq}")
     return removed

@@ -32,7 +32,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import Projector
 from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
-from shared.embed_progress import reporting_progress
+from shared.embed_progress import report_passes
 from shared.embedding_base import Embedder, EmbedderUnavailable
 from shared.generations import StaleGeneration
 from shared.index import (
@@ -196,7 +196,6 @@ class Worker:
             )
             self.projector = Projector(
                 self.redis,
-                self.keys,
                 self.embedder,
                 gen,
                 self.metrics,
@@ -247,12 +246,11 @@ class Worker:
     ) -> None:
         backoff = Backoff()
         embedder_backoff = Backoff(ExponentialBackoff(cap=EMBEDDER_BACKOFF[1], base=EMBEDDER_BACKOFF[0]))
+        report_passes(lambda: self._beat(lane))  # each forward pass of a long embedding is a turn too
         while not stop.is_set() and not halt.is_set():
             self._beat(lane)
             try:
-                # each forward pass of a long embedding counts as the lane turning
-                with reporting_progress(lambda: self._beat(lane)):
-                    await self.turn()
+                await self.turn()
                 backoff.reset()
                 embedder_backoff.reset()
                 self._resume()

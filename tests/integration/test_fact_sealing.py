@@ -306,7 +306,7 @@ async def test_a_background_run_raced_by_a_forget_runs_again_without_that_user(s
     for e in planted():
         await client.record(e)
     await drain(make_worker(s, redis))
-    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    cons = Consolidator(s, redis, s.embed_dim)
     real, calls = cons.publish_snapshot, []
 
     async def forget_first(event):  # the race, for real: alice's key is destroyed before the XADD

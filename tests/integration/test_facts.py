@@ -320,6 +320,7 @@ async def test_trigger_fires_at_the_completed_count(settings, redis):
     assert cons.runs == 0 and not await facts(redis, s)
     await publish(s, redis, [ep("mig", 4, agent="solo")])
     await drain(worker)
+    await cons.wait_idle()
     assert cons.runs == 2  # the namespace scope and the (agent, category) scope both reached 5
     assert [f.support for f in await facts(redis, s)] == [5, 5]
     counter = await redis.hgetall(Keys(s.prefix).scope_counter("ns", FactScope("ns").scope_id))
@@ -330,7 +331,7 @@ async def test_background_trigger_does_not_hold_the_projection(settings, redis):
     """In the consolidator process, triggered runs are background tasks; they still happen, once per
     scope even when triggers pile up while a run is in progress."""
     s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=0.05)
-    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    cons = Consolidator(s, redis, s.embed_dim)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await publish(s, redis, [ep("mig", i, agent="solo") for i in range(6)])
     await drain(worker)
@@ -350,7 +351,7 @@ async def test_background_run_defers_to_the_projection_backlog(settings, redis):
         polls += 1
         return busy
 
-    cons = Consolidator(s, redis, s.embed_dim, background=True, backlogged=backlogged)
+    cons = Consolidator(s, redis, s.embed_dim, backlogged=backlogged)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await publish(s, redis, [ep("mig", i, agent="solo") for i in range(6)])
     await drain(worker)
@@ -364,7 +365,7 @@ async def test_background_run_defers_to_the_projection_backlog(settings, redis):
 async def test_background_run_defers_at_most_the_min_interval(settings, redis):
     """A backlog that never clears delays facts by `facts_min_interval`, not forever."""
     s = settings.with_(facts_every=2, facts_importance_threshold=1e9, facts_min_interval=0.3)
-    cons = Consolidator(s, redis, s.embed_dim, background=True, backlogged=lambda: True)
+    cons = Consolidator(s, redis, s.embed_dim, backlogged=lambda: True)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await publish(s, redis, [ep("mig", i, agent="solo") for i in range(6)])
     await drain(worker)
@@ -382,6 +383,7 @@ async def test_trigger_fires_at_the_importance_threshold(settings, redis):
     assert cons.runs == 0  # 18 < 20
     await publish(s, redis, no_agent[3:])
     await drain(worker)
+    await cons.wait_idle()
     assert cons.runs == 1
     assert [f.support for f in await facts(redis, s)] == [4]
 
@@ -472,8 +474,8 @@ async def test_background_runs_keep_the_interval_across_workers(settings, redis)
         return cons
 
     await make_worker(s, redis).setup()  # the episode index the runs read
-    a = counting(Consolidator(s, redis, s.embed_dim, background=True), "a")
-    b = counting(Consolidator(s, redis, s.embed_dim, background=True), "b")
+    a = counting(Consolidator(s, redis, s.embed_dim), "a")
+    b = counting(Consolidator(s, redis, s.embed_dim), "b")
     await redis.hincrby(counter, "completed", 2)
     a._schedule(scope)
     await a.wait_idle()
@@ -502,7 +504,7 @@ async def test_triggers_absorbed_by_a_pending_run_log_at_debug(settings, redis, 
     s = settings.with_(
         facts_every=2, facts_importance_threshold=1e9, facts_min_interval=60, batch_size=1, in_flight=1
     )
-    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    cons = Consolidator(s, redis, s.embed_dim)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await worker.setup()
     for scope in (FactScope("ns"), FactScope("ns", "solo", "mig")):  # each run waits: keep it pending

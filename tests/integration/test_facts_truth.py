@@ -52,7 +52,7 @@ async def test_concurrent_publishes_with_consolidation_meanwhile_give_the_single
         )
         for i in range(50)
     ]
-    cons = Consolidator(s, redis, s.embed_dim, background=True)
+    cons = Consolidator(s, redis, s.embed_dim)
     worker = make_worker(s, redis, on_batch=cons.on_batch)
     await worker.setup()
     stop = asyncio.Event()

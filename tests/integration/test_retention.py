@@ -78,8 +78,6 @@ async def test_each_partition_is_trimmed_by_what_its_group_still_needs(settings,
     assert {stream: await redis.xlen(stream) for stream in keys.streams} == {
         stream: 2 if stream == held else 0 for stream in keys.streams
     }
-    trimmed = [i for i in range(4) if await redis.hexists(keys.meta, f"trimmed_before:{i}")]
-    assert trimmed == sorted({keys.partition(ns) for ns in namespaces})
     # a replay rebuilds every namespace from the snapshots and what the partitions still hold
     worker.settings = s.with_(lease_ms=10)
     await drain(worker)
