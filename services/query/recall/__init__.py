@@ -78,20 +78,21 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
     return out
 
 
-def regime_roles(cands: Columns) -> np.ndarray | None:
+def regime_roles(cands: Columns) -> np.ndarray:
     """`shared.regimes.superseded` of the pool's decided rows at most `score.SUPERSEDED_GAP` less
     relevant than the most relevant (what the term can reorder; ~0.05 ms a row, their words), each
     marked by its strategy and the words of its solution, actions, errors and outcome details (a
     failed `pip install` names `pip`; their first 100 bytes, where the command is named, not a tool's
-    long output), evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
-    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
+    long output), evidence ranked by relevance; all 0 when fewer than REGIME_MIN of them succeed or fail."""
+    key = cands.relevance
+    role = np.zeros(len(cands.outcomes), dtype=np.int8)
     decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
     if decided.sum() < 2 * REGIME_MIN:
-        return None
+        return role
     rows = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP)).tolist()
     success = [cands.outcomes[i] == "success" for i in rows]
     if min(success.count(True), success.count(False)) < REGIME_MIN:
-        return None
+        return role
     marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
     for i in rows:
         strategy, *texts = approach = cands.approaches[i]
@@ -101,7 +102,6 @@ def regime_roles(cands: Columns) -> np.ndarray | None:
                 {strategy.decode(errors="replace")} if strategy else set()
             )
     times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows]
-    role = np.zeros(len(cands.outcomes), dtype=np.int8)
     found_marks = [marks[cands.approaches[i]] for i in rows]
     role[rows] = superseded(times.tolist(), success, found_marks, key[rows].tolist(), REGIME_MIN)
     return role
@@ -113,7 +113,7 @@ def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
     p = plan.params
     data = score.Candidates(
         completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
-        cos=np.where(np.isfinite(cands.relevance), cands.relevance, cands.cos),
+        cos=cands.relevance,
         last_accessed=cands.last_accessed,
         reward=cands.reward,
         outcome_score=score.outcome_scores(cands.outcomes),
