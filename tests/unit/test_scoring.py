@@ -320,12 +320,6 @@ def test_resolve_named_and_custom():
     assert resolve_weights(None, share, 3)[1] == share
 
 
-@pytest.mark.parametrize("preset", ["fast", "Early"])
-def test_resolve_rejects_unknown_preset(preset):
-    with pytest.raises(ValueError, match="preset"):
-        resolve_weights(preset, None, 3)
-
-
 def test_weights_are_frozen():
     w = Weights(similarity=1.0, recency=0.0, reward=0.0, outcome=0.0)
     assert w.as_dict() == {

@@ -163,9 +163,8 @@ def _ranked(scored: score.Scored, head: list[int], p: RecallParams) -> list[int]
 
 
 async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
-    """The `POST /v1/recall` response body (see the module docstring). Raises ValueError for bad
-    weights or preset, EmbeddingError when the embedder fails outside keyword mode, Conflict when the
-    index holds vectors of another size."""
+    """The `POST /v1/recall` response body (see the module docstring). Raises EmbeddingError when the
+    embedder fails outside keyword mode, Conflict when the index holds vectors of another size."""
     pl = await plan(q, params)
     p, w = params, pl.weights
     pool = await similarity_pool(q, pl)

@@ -81,13 +81,6 @@ class Weights:
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def normalized(self) -> Weights:
-        """The same weights divided by their total: a priority in [0, 1], the same ranking."""
-        total = self.total
-        if total == 1.0:
-            return self
-        return Weights(**{f.name: getattr(self, f.name) / total for f in fields(self)})
-
 
 PRESETS: dict[str, Weights] = {
     "early": Weights(similarity=0.95, recency=0.01, reward=0.03, outcome=0.01),
@@ -99,35 +92,23 @@ over one at most (total - w_sim) / w_sim = 0.05, 0.11 and 0.18 more relevant: th
 about the same thing, never a weakly similar one over a clearly more relevant one."""
 
 
-PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
-
-
-def auto_preset(scope_size: int) -> str:
-    """The preset `auto` uses for a scope holding `scope_size` episodes (see AUTO_* thresholds)."""
-    if scope_size < AUTO_EARLY_BELOW:
-        return "early"
-    if scope_size < AUTO_NORMAL_BELOW:
-        return "normal"
-    return "late"
-
-
 def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int) -> tuple[str, Weights]:
     """The weights to score with and the name to report.
 
     Explicit `weights` win over any preset: ("custom", weights divided by their total, so that every
-    priority lies in [0, 1] whatever scale the caller used). Otherwise `preset` (None means "auto")
-    names one of PRESETS, or "auto", which picks by `scope_size` and reports e.g. "auto:normal".
-    Raises ValueError for an unknown preset name or a negative scope size.
+    priority lies in [0, 1] whatever scale the caller used). Otherwise `preset` names one of PRESETS;
+    "auto" (or None) picks by `scope_size` (the AUTO_* thresholds) and reports e.g. "auto:normal".
+    The request model checks the preset's name.
     """
     if weights is not None:
-        return "custom", weights.normalized()
-    name = "auto" if preset is None else preset
-    if name == "auto":
-        chosen = auto_preset(scope_size)
-        return f"auto:{chosen}", PRESETS[chosen]
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {preset!r}")
-    return name, PRESETS[name]
+        total = weights.total
+        return "custom", Weights(**{name: value / total for name, value in weights.as_dict().items()})
+    if preset is not None and preset != "auto":
+        return preset, PRESETS[preset]
+    chosen = (
+        "early" if scope_size < AUTO_EARLY_BELOW else "normal" if scope_size < AUTO_NORMAL_BELOW else "late"
+    )
+    return f"auto:{chosen}", PRESETS[chosen]
 
 
 def outcome_scores(outcomes: Sequence[str | None]) -> np.ndarray:
