@@ -168,8 +168,13 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     pl = await plan(q, params)
     p, w = params, pl.weights
     pool = await similarity_pool(q, pl)
-    # the winners' cosines need it in keyword mode too, where it is all that needs it
-    vector = await vector_of(q.vector) if p.mode != "keyword" else await keyword_cosines_vector(q)
+    try:  # the winners' cosines need it in keyword mode too, where it is all that needs it
+        vector: np.ndarray | None = await vector_of(q.vector)
+    except EmbeddingError as exc:  # keyword mode ranks by words alone: it answers without, not a 503
+        if p.mode != "keyword":
+            raise
+        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
+        vector = None
     cands = pool.cands
     extra = [n for n in pl.arms if n not in SIMILARITY_ARMS]
     scored = None
@@ -235,7 +240,7 @@ async def _winners(
     for i, c in picked:
         parts = scored.breakdown(i)
         priority = parts.pop("priority")
-        similarity = None  # the query vector is unknown (`keyword_cosines_vector`)
+        similarity = None  # the query vector is unknown (a keyword recall without the embedder)
         if vector is not None:  # the cosine clipped at 0; 0 without a stored vector
             similarity = max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0
         results.append(
@@ -271,17 +276,6 @@ def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[st
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
     return context
-
-
-async def keyword_cosines_vector(q: Query) -> np.ndarray | None:
-    """The query vector of a keyword recall, or None when the embedder failed (EmbeddingError, logged
-    once): keyword mode ranks by words alone and needs the vector only for the winners' `similarity`,
-    so it answers without it (`similarity_unavailable`) instead of a 503."""
-    try:
-        return await vector_of(q.vector)
-    except EmbeddingError as exc:
-        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
-        return None
 
 
 async def similar(
