@@ -28,7 +28,7 @@ from engram_episodic.shapes import episode_to_dict
 from shared.cluster import is_missing_index as is_missing_index  # re-exported for search callers
 from shared.cluster import unless_missing
 from shared.keys import Keys
-from shared.keywords import STOPWORDS, fold_for_search, keyword_terms
+from shared.keywords import STOPWORDS, fold_for_search, words
 from shared.replies import as_text
 from shared.tags import TagCodec, codec, mode_for
 from shared.ties import TIE_FIELD, tie_break, tie_tag
@@ -114,7 +114,7 @@ def keyword_query(text: str, scope_query: str | None = None) -> str | None:
     """A BM25 query matching any word of `text` in the text fields (STOPWORDS dropped), or None
     if it has none. With `scope_query`, the scope is in each word's clause with weight 0, so that only
     the words score."""
-    terms = [t for t in keyword_terms(text, limit=64 + len(STOPWORDS)) if t not in STOPWORDS][:64]
+    terms = [t for t in dict.fromkeys(words(text)) if t not in STOPWORDS][:64]
     if not terms:
         return None
     fields = "|".join(name for name, _ in TEXT_FIELDS)

@@ -69,8 +69,7 @@ def fold_for_search(text: str) -> str:
         return text.lower()
     folded = _ACCENTS.sub("", unicodedata.normalize("NFKD", text).casefold())
     folded = unicodedata.normalize("NFKC", folded)
-    if _LETTER.search(folded) is not None:
-        folded = _LETTER.sub(lambda m: _LETTERS[m.group(0)], folded)
+    folded = _LETTER.sub(lambda m: _LETTERS[m.group(0)], folded)
     return _UNSPACED.sub(_pairs, _NON_WORD.sub(" ", folded))
 
 
@@ -80,17 +79,6 @@ def words(text: str) -> list[str]:
     if text.isascii():
         return _ASCII_WORD.findall(text.lower())
     return fold_for_search(text).split()
-
-
-def keyword_terms(text: str, limit: int = 64) -> list[str]:
-    """`words(text)` de-duplicated in order, at most `limit`."""
-    seen: dict[str, None] = {}
-    for word in words(text):
-        if word not in seen:
-            seen[word] = None
-        if len(seen) >= limit:
-            break
-    return list(seen)
 
 
 # RediSearch's default stop words (the index is created without STOPWORDS, so these apply). They are

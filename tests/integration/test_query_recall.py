@@ -157,10 +157,11 @@ async def test_minmax_normalisation(abc):
 def keyword_rel(query: str, task: str, counts: dict[str, int]) -> float:
     """services.query.recall.relevance's keyword relevance of a task-only episode, by hand: idf from `counts`."""
     from services.query.recall.relevance import keyword_relevances, query_terms, query_words
+    from services.query.recall.terms import Memos
 
     words = query_words(query)
     terms = query_terms(words, [counts[w] for w in words.values()])
-    return float(keyword_relevances(terms, [{b"task": task.encode()}])[0])
+    return float(keyword_relevances(terms, [{b"task": task.encode()}], Memos())[0])
 
 
 async def test_keyword_and_hybrid_modes(make_client, redis, prefix):
@@ -689,7 +690,7 @@ async def test_the_query_service_forgets_episode_words_it_no_longer_uses(
         words = [k[2] for k in sizes._df]
         return (
             any(b"zanzibarian" in (t or b"") for k in texts for t in k)
-            or "zanzibarian" in stems
+            or b"zanzibarian" in stems
             or ("quokka" in words)
         )
 

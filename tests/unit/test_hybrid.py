@@ -43,13 +43,8 @@ def test_the_thresholds_are_inclusive():
     assert hybrid_policy(BATCHES_MATCHES - 1, int(BATCHES_MATCHES / BATCHES_SHARE)) is None
 
 
-@pytest.mark.parametrize(("matches", "indexed"), [(None, 100), (50, None), (50, 0)])
-def test_unknown_counts_leave_the_choice_to_the_module(matches, indexed):
-    assert hybrid_policy(matches, indexed) is None
-
-
-def test_a_flat_index_never_runs_in_batches():
-    assert hybrid_policy(90_000, 100_000, graph=False) is None
+def test_an_empty_index_leaves_the_choice_to_the_module():
+    assert hybrid_policy(50, 0) is None
 
 
 def test_an_answer_of_distinct_vectors_is_not_widened():

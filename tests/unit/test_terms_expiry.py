@@ -78,17 +78,17 @@ def test_the_memos_expire_drops_a_texts_terms_and_its_stems() -> None:
     got = memos.hit_terms({b"task": text})
     assert "quokka" in got.tf
     key = next(k for k in memos.terms if text in k)
-    assert "quokkas" in memos.stems
+    assert b"quokkas" in memos.stems
     clock.t += terms.TERMS_TTL / 2
     memos.expire()
     clock.t += terms.TERMS_TTL / 2
     memos.expire()
     assert key not in memos.terms and key not in memos.terms.old
-    assert "quokkas" not in memos.stems and "quokkas" not in memos.stems.old
+    assert b"quokkas" not in memos.stems and b"quokkas" not in memos.stems.old
     assert memos.hit_terms({b"task": text}) == got  # made again, the same
 
 
 def test_the_stemmer_keeps_no_words_of_its_own() -> None:
     # PyStemmer caches every word it stems for the life of the process unless told not to: a forgotten
     # episode's words would outlive the memos' window there
-    assert terms.stemmer().maxCacheSize == 0
+    assert terms.STEMMER.maxCacheSize == 0

@@ -78,20 +78,21 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
     return out
 
 
-def regime_roles(cands: Columns) -> np.ndarray | None:
+def regime_roles(cands: Columns) -> np.ndarray:
     """`shared.regimes.superseded` of the pool's decided rows at most `score.SUPERSEDED_GAP` less
     relevant than the most relevant (what the term can reorder; ~0.05 ms a row, their words), each
     marked by its strategy and the words of its solution, actions, errors and outcome details (a
     failed `pip install` names `pip`; their first 100 bytes, where the command is named, not a tool's
-    long output), evidence ranked by relevance; None when fewer than REGIME_MIN of them succeed or fail."""
-    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
+    long output), evidence ranked by relevance; all 0 when fewer than REGIME_MIN of them succeed or fail."""
+    key = cands.relevance
+    role = np.zeros(len(cands.outcomes), dtype=np.int8)
     decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
     if decided.sum() < 2 * REGIME_MIN:
-        return None
+        return role
     rows = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP)).tolist()
     success = [cands.outcomes[i] == "success" for i in rows]
     if min(success.count(True), success.count(False)) < REGIME_MIN:
-        return None
+        return role
     marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
     for i in rows:
         strategy, *texts = approach = cands.approaches[i]
@@ -101,7 +102,6 @@ def regime_roles(cands: Columns) -> np.ndarray | None:
                 {strategy.decode(errors="replace")} if strategy else set()
             )
     times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows]
-    role = np.zeros(len(cands.outcomes), dtype=np.int8)
     found_marks = [marks[cands.approaches[i]] for i in rows]
     role[rows] = superseded(times.tolist(), success, found_marks, key[rows].tolist(), REGIME_MIN)
     return role
@@ -113,7 +113,7 @@ def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
     p = plan.params
     data = score.Candidates(
         completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
-        cos=np.where(np.isfinite(cands.relevance), cands.relevance, cands.cos),
+        cos=cands.relevance,
         last_accessed=cands.last_accessed,
         reward=cands.reward,
         outcome_score=score.outcome_scores(cands.outcomes),
@@ -163,14 +163,18 @@ def _ranked(scored: score.Scored, head: list[int], p: RecallParams) -> list[int]
 
 
 async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
-    """The `POST /v1/recall` response body (see the module docstring). Raises ValueError for bad
-    weights or preset, EmbeddingError when the embedder fails outside keyword mode, Conflict when the
-    index holds vectors of another size."""
+    """The `POST /v1/recall` response body (see the module docstring). Raises EmbeddingError when the
+    embedder fails outside keyword mode, Conflict when the index holds vectors of another size."""
     pl = await plan(q, params)
     p, w = params, pl.weights
     pool = await similarity_pool(q, pl)
-    # the winners' cosines need it in keyword mode too, where it is all that needs it
-    vector = await vector_of(q.vector) if p.mode != "keyword" else await keyword_cosines_vector(q)
+    try:  # the winners' cosines need it in keyword mode too, where it is all that needs it
+        vector: np.ndarray | None = await vector_of(q.vector)
+    except EmbeddingError as exc:  # keyword mode ranks by words alone: it answers without, not a 503
+        if p.mode != "keyword":
+            raise
+        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
+        vector = None
     cands = pool.cands
     extra = [n for n in pl.arms if n not in SIMILARITY_ARMS]
     scored = None
@@ -236,7 +240,7 @@ async def _winners(
     for i, c in picked:
         parts = scored.breakdown(i)
         priority = parts.pop("priority")
-        similarity = None  # the query vector is unknown (`keyword_cosines_vector`)
+        similarity = None  # the query vector is unknown (a keyword recall without the embedder)
         if vector is not None:  # the cosine clipped at 0; 0 without a stored vector
             similarity = max(0.0, float(c.cos)) if math.isfinite(c.cos) else 0.0
         results.append(
@@ -272,17 +276,6 @@ def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[st
         if entry["changed_at"] is not None:
             entry["changed_at"] = format_instant(entry["changed_at"])
     return context
-
-
-async def keyword_cosines_vector(q: Query) -> np.ndarray | None:
-    """The query vector of a keyword recall, or None when the embedder failed (EmbeddingError, logged
-    once): keyword mode ranks by words alone and needs the vector only for the winners' `similarity`,
-    so it answers without it (`similarity_unavailable`) instead of a 503."""
-    try:
-        return await vector_of(q.vector)
-    except EmbeddingError as exc:
-        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
-        return None
 
 
 async def similar(

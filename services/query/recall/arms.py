@@ -34,16 +34,16 @@ WIDE_SHARE = 0.05
 WIDE_MATCHES = 20_000
 CROWDED_SHARE = 0.5
 EF_CEILING = 4096
+_BLOB_SIZE = re.compile(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)")
 
 
-def hybrid_policy(matches: int | None, indexed: int | None, *, graph: bool = True) -> str | None:
+def hybrid_policy(matches: int, indexed: int) -> str | None:
     """The `HYBRID_POLICY` of a pre-filtered KNN whose filter matches `matches` of the `indexed`
-    documents of an HNSW index (`graph`): `BATCHES` when the filter keeps at least BATCHES_SHARE of the
-    index and BATCHES_MATCHES documents, or at least WIDE_SHARE and WIDE_MATCHES; else None (the
-    module's choice, ad hoc: exact, linear in the matches, so wrong for broad filters). None for a
-    FLAT index, or when either count is unknown.
+    documents of an HNSW index: `BATCHES` when the filter keeps at least BATCHES_SHARE of the index and
+    BATCHES_MATCHES documents, or at least WIDE_SHARE and WIDE_MATCHES; else None (the module's choice,
+    ad hoc: exact, linear in the matches, so wrong for broad filters), as for an empty index.
     """
-    if matches is None or not indexed or not graph:
+    if not indexed:
         return None
     share = matches / indexed
     if (share >= BATCHES_SHARE and matches >= BATCHES_MATCHES) or (
@@ -100,46 +100,34 @@ async def knn_search(
     if policy is not None and policy not in HYBRID_POLICIES:
         raise ValueError(f"policy must be one of {sorted(HYBRID_POLICIES)}, not {policy!r}")
     where = scope.query(checked=prechecked)
-    hits = await _knn_once(r, index, where, query_vector, k, return_fields, ef_runtime, in_keys, policy)
+    restrict = ["INKEYS", len(in_keys), *in_keys] if in_keys else []
+    blob = vector_bytes(query_vector)
+
+    async def walk(ef_runtime: int | None) -> list[SearchHit]:
+        ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
+        if policy is not None and where != "*":  # no filter, no hybrid query: the module refuses a policy
+            ef += f" HYBRID_POLICY {policy}"
+        q = f"({where})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
+        try:
+            reply = await r.execute_command(*_knn_command(index, q, restrict, blob, return_fields, k))
+        except ResponseError as exc:  # an index rebuilt with another embedder: say so, not a 500 per request
+            expected = _BLOB_SIZE.search(str(exc))
+            if expected is None:
+                raise
+            raise Conflict(
+                f"the index {index} now holds vectors of {int(expected.group(2)) // 4} dimensions "
+                f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
+                f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER"
+            ) from None
+        return _knn_hits(reply)
+
+    hits = await walk(ef_runtime)
     if graph_ef and policy != "ADHOC_BF":
         wider = widened_ef([h.score for h in hits], k, ef_runtime or graph_ef)
         if wider is not None:
             with tracing.span("engram.recall.knn_widened", ef=wider, distinct=len({h.score for h in hits})):
-                hits = await _knn_once(
-                    r, index, where, query_vector, k, return_fields, wider, in_keys, policy
-                )
+                hits = await walk(wider)
     return hits
-
-
-async def _knn_once(
-    r: aioredis.Redis,
-    index: str,
-    where: str,
-    query_vector: np.ndarray,
-    k: int,
-    return_fields: Sequence[str],
-    ef_runtime: int | None,
-    in_keys: Sequence[bytes | str],
-    policy: str | None,
-) -> list[SearchHit]:
-    ef = f" EF_RUNTIME {int(ef_runtime)}" if ef_runtime else ""
-    if policy is not None and where != "*":  # no filter, no hybrid query: the module refuses a policy
-        ef += f" HYBRID_POLICY {policy}"
-    q = f"({where})=>[KNN {int(k)} @{VECTOR_FIELD} $BLOB{ef} AS dist]"
-    blob = vector_bytes(query_vector)
-    restrict = ["INKEYS", len(in_keys), *in_keys] if in_keys else []
-    try:
-        reply = await r.execute_command(*_knn_command(index, q, restrict, blob, return_fields, k))
-    except ResponseError as exc:  # an index rebuilt with another embedder: say so, not a 500 per request
-        expected = re.search(r"blob size \((\d+)\) does not match index's expected size \((\d+)\)", str(exc))
-        if expected is None:
-            raise
-        raise Conflict(
-            f"the index {index} now holds vectors of {int(expected.group(2)) // 4} dimensions "
-            f"and this process embeds {len(blob) // 4}: the index was rebuilt with another embedder "
-            f"(`reindex`); restart this service with the index's ENGRAM_EMBEDDER"
-        ) from None
-    return _knn_hits(reply)
 
 
 def _search(index: str, query: str, options: Sequence[Any], fields: Sequence[str], k: int) -> list[Any]:

@@ -122,7 +122,7 @@ class Plan:
 async def plan(q: Query, p: RecallParams) -> Plan:
     """Explicit weights win; else the preset; `auto` (the default) counts the episodes in the scope, a
     count the KNN's `HYBRID_POLICY` then uses too (never counted for the policy alone: a count is a
-    filter query as costly as an ad-hoc KNN). Raises ValueError for bad weights or an unknown preset."""
+    filter query as costly as an ad-hoc KNN). The request model checks the weights and the preset."""
     explicit = Weights(**p.weights) if p.weights is not None else None
     auto = explicit is None and p.preset in (None, "auto")
     size = await q.sizes.size(q.r, q.index, q.scope) if auto else 0

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from services.query.recall.terms import Memos, stemmer
+from services.query.recall.terms import STEMMER, Memos
 from shared.keywords import STOPWORDS, words
 
 K1 = 1.2
@@ -53,16 +53,17 @@ is no experience of the task (chosen on LoCoMo: docs/benchmarks.md "Relevance fl
 relevance cannot tell a rare shared word from the evidence, so the keyword floor only asks for a word)."""
 
 
-def _words(text: str) -> list[str]:
-    """Terms as the index holds them (`shared.keywords.words`), stop words dropped."""
-    return [w for w in words(text) if w not in STOPWORDS]
+def _stemmed(text: str) -> list[tuple[str, str]]:
+    """(word, stem) of each of `text`'s words as the index holds them (`shared.keywords.words`), stop
+    words dropped."""
+    kept = [w for w in words(text) if w not in STOPWORDS]
+    return list(zip(kept, STEMMER.stemWords(kept), strict=True))
 
 
 def query_words(text: str) -> dict[str, str]:
     """The query's distinct stems (at most MAX_TERMS), each with the first word that gave it."""
-    words = _words(text)
     out: dict[str, str] = {}
-    for word, stem in zip(words, stemmer().stemWords(words), strict=True):
+    for word, stem in _stemmed(text):
         out.setdefault(stem, word)
         if len(out) >= MAX_TERMS:
             break
@@ -98,31 +99,24 @@ def without_terms(text: str, stems: set[str]) -> str:
     """`text`'s words (as `query_words` sees them) without those whose stem is in `stems`, space-joined:
     the BM25 candidate query of a text whose common terms are dropped (every word, not only the first
     of each stem, so the kept terms match as in the full query)."""
-    words = _words(text)
-    return " ".join(w for w, s in zip(words, stemmer().stemWords(words), strict=True) if s not in stems)
+    return " ".join(w for w, s in _stemmed(text) if s not in stems)
 
 
 def keyword_relevances(
-    terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]], memos: Memos | None = None
+    terms: Mapping[str, float], hits: Sequence[Mapping[bytes, bytes]], memos: Memos
 ) -> np.ndarray:
     """float64[n]: the keyword relevance `s / (s + KEYWORD_HALF)` (module docstring) of each search hit's
     fields (bytes names), the BM25 sum taken term by term in query order (not numpy's pairwise `sum`),
     so it equals the scalar formula to the last bit (tests/unit/test_relevance_pool.py). `memos`: the
-    app's (`Memos`), a fresh one when None."""
+    app's (`Memos`)."""
     n = len(hits)
     if not terms or not n:
         return np.zeros(n)
-    hit_terms = (memos or Memos()).hit_terms
     stems = list(terms)
     zeros = [0] * len(stems)
-    rows, scale, length = [], [], []
-    for fields in hits:
-        t = hit_terms(fields)
-        rows.append(list(map(t.tf.get, stems, zeros)))
-        scale.append(t.scale)
-        length.append(t.length)
-    tf = np.array(rows, dtype=np.float64) * np.array(scale)[:, None]
-    norm = K1 * (1.0 - B + B * np.array(length, dtype=np.float64) / LEN_REF)
+    found = [memos.hit_terms(fields) for fields in hits]
+    tf = np.array([list(map(t.tf.get, stems, zeros)) for t in found], dtype=np.float64)
+    norm = K1 * (1.0 - B + B * np.array([t.length for t in found], dtype=np.float64) / LEN_REF)
     s = np.zeros(n)
     for j, weight in enumerate(terms.values()):
         f = tf[:, j]
@@ -139,12 +133,11 @@ def max_keyword_relevance(terms: Mapping[str, float]) -> float:
 def relevances(mode: str, cos: np.ndarray, keyword: np.ndarray) -> np.ndarray:
     """float64[n]: the similarity signal of `mode` (vector | keyword | hybrid) of each row, in [0, 1]:
     `max(0, cos)` (0 for a NaN cosine: no vector), `keyword`, or their hybrid mix (module docstring)."""
+    keyword = np.asarray(keyword, dtype=np.float64)
     if mode == "keyword":
-        return np.asarray(keyword, dtype=np.float64)
+        return keyword
     cos = np.asarray(cos, dtype=np.float64)
     clipped = np.where(np.isfinite(cos) & (cos > 0.0), cos, 0.0)
     if mode == "vector":
         return clipped
-    return HYBRID_VECTOR_WEIGHT * clipped + (1.0 - HYBRID_VECTOR_WEIGHT) * np.asarray(
-        keyword, dtype=np.float64
-    )
+    return HYBRID_VECTOR_WEIGHT * clipped + (1.0 - HYBRID_VECTOR_WEIGHT) * keyword

@@ -23,8 +23,7 @@ Sources:
 - Replaying past experience by priority rather than uniformly or by recency alone: Schaul et al. 2016,
   "Prioritized Experience Replay"; reward and outcome stand in for their TD-error priority.
 
-Conventions: every array is 1-D with one entry per candidate (`float64[n]` out; `float32[n]` or
-`float64[n]` in). Instants are UTC epoch seconds (float64: float32 is two minutes coarse); ages and
+Conventions: every array is 1-D with one entry per candidate (`float64[n]`). Instants are UTC epoch seconds (float64: float32 is two minutes coarse); ages and
 half-lives are seconds.
 """
 
@@ -33,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 
@@ -63,15 +62,6 @@ apart (0.18 in vector mode for 7 words added to a 9-word task), less than separa
 _LN2 = math.log(2.0)
 
 
-def _real(value: Any) -> bool:
-    """A finite number (numpy's too), not a bool."""
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, int | float | np.integer | np.floating)
-        and math.isfinite(value)
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Weights:
     """Non-negative weights of the five signals, not all zero (`services.query.models.WeightsIn`
@@ -91,13 +81,6 @@ class Weights:
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def normalized(self) -> Weights:
-        """The same weights divided by their total: a priority in [0, 1], the same ranking."""
-        total = self.total
-        if total == 1.0:
-            return self
-        return Weights(**{f.name: getattr(self, f.name) / total for f in fields(self)})
-
 
 PRESETS: dict[str, Weights] = {
     "early": Weights(similarity=0.95, recency=0.01, reward=0.03, outcome=0.01),
@@ -109,35 +92,23 @@ over one at most (total - w_sim) / w_sim = 0.05, 0.11 and 0.18 more relevant: th
 about the same thing, never a weakly similar one over a clearly more relevant one."""
 
 
-PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
-
-
-def auto_preset(scope_size: int) -> str:
-    """The preset `auto` uses for a scope holding `scope_size` episodes (see AUTO_* thresholds)."""
-    if scope_size < AUTO_EARLY_BELOW:
-        return "early"
-    if scope_size < AUTO_NORMAL_BELOW:
-        return "normal"
-    return "late"
-
-
 def resolve_weights(preset: str | None, weights: Weights | None, scope_size: int) -> tuple[str, Weights]:
     """The weights to score with and the name to report.
 
     Explicit `weights` win over any preset: ("custom", weights divided by their total, so that every
-    priority lies in [0, 1] whatever scale the caller used). Otherwise `preset` (None means "auto")
-    names one of PRESETS, or "auto", which picks by `scope_size` and reports e.g. "auto:normal".
-    Raises ValueError for an unknown preset name or a negative scope size.
+    priority lies in [0, 1] whatever scale the caller used). Otherwise `preset` names one of PRESETS;
+    "auto" (or None) picks by `scope_size` (the AUTO_* thresholds) and reports e.g. "auto:normal".
+    The request model checks the preset's name.
     """
     if weights is not None:
-        return "custom", weights.normalized()
-    name = "auto" if preset is None else preset
-    if name == "auto":
-        chosen = auto_preset(scope_size)
-        return f"auto:{chosen}", PRESETS[chosen]
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}, got {preset!r}")
-    return name, PRESETS[name]
+        total = weights.total
+        return "custom", Weights(**{name: value / total for name, value in weights.as_dict().items()})
+    if preset is not None and preset != "auto":
+        return preset, PRESETS[preset]
+    chosen = (
+        "early" if scope_size < AUTO_EARLY_BELOW else "normal" if scope_size < AUTO_NORMAL_BELOW else "late"
+    )
+    return f"auto:{chosen}", PRESETS[chosen]
 
 
 def outcome_scores(outcomes: Sequence[str | None]) -> np.ndarray:
@@ -149,76 +120,31 @@ def outcome_scores(outcomes: Sequence[str | None]) -> np.ndarray:
     )
 
 
-def recency_decay(age: np.ndarray | float, half_life: float) -> np.ndarray:
-    """float64[n]: exp(-ln 2 * age / half_life), 1 at age 0, 0.5 at one half-life.
-
-    `age` and `half_life` are seconds. Negative ages (instants in the future) are clamped to 0, so the
-    value never exceeds 1. Raises ValueError unless half_life is finite and > 0.
-    """
-    _check_half_life(half_life)
-    age = np.maximum(np.asarray(age, dtype=np.float64), 0.0)
-    return np.exp(-_LN2 * age / float(half_life))
-
-
-def _check_half_life(half_life: float) -> None:
-    if not _real(half_life) or half_life <= 0:
-        raise ValueError(f"half_life must be a finite number of seconds > 0, got {half_life!r}")
-
-
-def _array(value: Any, n: int, missing: float) -> np.ndarray:
-    """One Candidates field as a read-only float64[n] copy (callers' arrays are never aliased or
-    mutated); None becomes `missing` everywhere."""
-    arr = np.full(n, missing) if value is None else np.array(value, dtype=np.float64)
-    arr.setflags(write=False)
-    return arr
-
-
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Candidates:
-    """The candidates of one recall, as parallel arrays (each becomes a read-only float64[n] copy).
+    """The candidates of one recall, as parallel float64[n] arrays (`score` reads them, never writes).
 
-    - completed_at: UTC epoch seconds; required.
-    - cos: cosine similarity to the query, in [-1, 1]. None -> 0 for all (keyword-only recall: a caller
-      with its own relevance in [0, 1], e.g. a scaled BM25 score, passes that instead). NaN -> 0.
+    - completed_at: UTC epoch seconds.
+    - cos: similarity to the query, in [-1, 1] (the pool's relevance, in [0, 1]); NaN -> 0.
     - last_accessed: UTC epoch seconds of the last recall that returned the episode; NaN = never.
-    - reward: any finite number, clipped to [0, 1] when scored; NaN (or None for all) = missing -> 0.
-    - outcome_score: in [0, 1], usually from `outcome_scores`; None -> 0 for all.
+    - reward: any finite number, clipped to [0, 1] when scored; NaN = missing -> 0.
+    - outcome_score: in [0, 1], from `outcome_scores`.
     - importance: 1..10 (Generative Agents' poignancy scale); NaN = missing -> 0.
-    - regime: roles of `shared.regimes.superseded` (STALE, CURRENT, EVIDENCE; 0 or None: none).
+    - regime: roles of `shared.regimes.superseded` (STALE, CURRENT, EVIDENCE; 0: none).
     - tie: the episode's tie-break (`shared.ties.tie_break`, the order of equal values in the recency /
       reward / importance lists), higher first among candidates of equal priority and age; NaN = none
-      (after every one that has one); None for all: ties stay in candidate order.
+      (after every one that has one).
     All of one length, finite (NaN where said): the pool's columns (`services.query.recall`).
     """
 
     completed_at: np.ndarray
-    cos: np.ndarray | None = None
-    last_accessed: np.ndarray | None = None
-    reward: np.ndarray | None = None
-    outcome_score: np.ndarray | None = None
-    importance: np.ndarray | None = None
-    regime: np.ndarray | None = None
-    tie: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.completed_at)
-        object.__setattr__(self, "completed_at", _array(self.completed_at, n, 0.0))
-        for name, missing in (
-            ("cos", 0.0),
-            ("last_accessed", np.nan),
-            ("reward", np.nan),
-            ("outcome_score", 0.0),
-            ("importance", np.nan),
-            ("regime", 0.0),
-            ("tie", np.nan),
-        ):
-            object.__setattr__(self, name, _array(getattr(self, name), n, missing))
-
-
-def _filled(signal: np.ndarray | None) -> np.ndarray:
-    """A Candidates signal once built: __post_init__ replaced every None by a float64[n] array (the
-    fields are Optional for the constructor's sake only)."""
-    return cast(np.ndarray, signal)
+    cos: np.ndarray
+    last_accessed: np.ndarray
+    reward: np.ndarray
+    outcome_score: np.ndarray
+    importance: np.ndarray
+    regime: np.ndarray
+    tie: np.ndarray
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -286,7 +212,7 @@ def score(
 ) -> Scored:
     """Score and rank candidates by the priority in the module docstring (vectorised, O(n log n)).
 
-    - half_life: seconds (> 0). as_of: UTC epoch seconds the ages are measured from (a recall's `as_of`).
+    - half_life: seconds, finite and > 0 (as the request model and settings check). as_of: UTC epoch seconds the ages are measured from (a recall's `as_of`).
     - recency_from "completed": age = as_of - completed_at; "last_access": as_of - last_accessed, falling
       back to completed_at for candidates never accessed (last_accessed NaN).
     - Ages are clamped at 0: an instant after `as_of` (clock skew, or recall "as of" a past date) counts
@@ -299,22 +225,19 @@ def score(
       ascending. Deterministic for equal inputs.
 
     With normalize "none", a candidate's priority never increases as it gets older.
-    Raises ValueError for a bad half_life (`recency_decay`); the request model checks the others.
     """
     if recency_from == "last_access":
-        last_accessed = _filled(c.last_accessed)
-        t = np.where(np.isnan(last_accessed), c.completed_at, last_accessed)
+        t = np.where(np.isnan(c.last_accessed), c.completed_at, c.last_accessed)
     else:
         t = c.completed_at
     age = np.maximum(float(as_of) - t, 0.0)
 
-    similarity = np.clip(np.nan_to_num(_filled(c.cos), nan=0.0), 0.0, 1.0)
-    recency = recency_decay(age, half_life)
-    reward = np.clip(np.nan_to_num(_filled(c.reward), nan=0.0), 0.0, 1.0)
-    outcome = _filled(c.outcome_score).copy()
-    importance = np.clip(np.nan_to_num(_filled(c.importance), nan=0.0) / 10.0, 0.0, 1.0)
+    similarity = np.clip(np.nan_to_num(c.cos, nan=0.0), 0.0, 1.0)
+    recency = np.exp(-_LN2 * age / float(half_life))
+    reward = np.clip(np.nan_to_num(c.reward, nan=0.0), 0.0, 1.0)
+    importance = np.clip(np.nan_to_num(c.importance, nan=0.0) / 10.0, 0.0, 1.0)
 
-    signals: tuple[np.ndarray, ...] = (similarity, recency, reward, outcome, importance)
+    signals: tuple[np.ndarray, ...] = (similarity, recency, reward, c.outcome_score, importance)
     if normalize == "minmax":
         signals = tuple(minmax(s) for s in signals)
     w = weights
@@ -323,11 +246,11 @@ def score(
         for wi, s in zip((w.similarity, w.recency, w.reward, w.outcome, w.importance), signals, strict=True)
     )
     priority = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
-    role = _filled(c.regime)
+    role = c.regime
     regime, lifted = _regime(role, terms, signals[0], priority, w.similarity)
     priority = priority + regime
     index = np.arange(priority.shape[0])
-    tie = np.nan_to_num(_filled(c.tie), nan=-1.0)  # none: after every tie-break (all are >= 0)
+    tie = np.nan_to_num(c.tie, nan=-1.0)  # none: after every tie-break (all are >= 0)
     order = np.lexsort((index, -tie, age, -priority))
     if lifted.any():  # right after the best CURRENT candidate, at its very priority (not one rounded off)
         best = order[role[order] == CURRENT][0]

@@ -9,12 +9,10 @@ for TERMS_TTL: docs/reliability.md "What is erased, where, when".
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from functools import lru_cache
-from itertools import filterfalse
+from itertools import chain
 from typing import Any, NamedTuple, TypeVar
 
 import Stemmer  # PyStemmer: Snowball in C
@@ -22,18 +20,14 @@ import Stemmer  # PyStemmer: Snowball in C
 from shared.index import TEXT_FIELDS
 from shared.keywords import STOPWORDS, words
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-FIELD_KEYS = tuple((name, name.encode(), weight) for name, weight in TEXT_FIELDS)
-"""(name, name as bytes, weight) of each text field, in `TEXT_FIELDS` order."""
-_BYTE_NAMES = tuple(b for _, b, _ in FIELD_KEYS)
+_BYTE_NAMES = tuple(name.encode() for name, _ in TEXT_FIELDS)
 # ASCII bytes → the folded text with every non-word byte a space; bytes of UTF-8 sequences unchanged
 _ASCII_WORDS = bytes(
-    i if i >= 128 else ord(ch.lower()) if _WORD.fullmatch(ch) else ord(" ")
+    i if i >= 128 else ord(ch.lower()) if ch.isalnum() or ch == "_" else ord(" ")
     for i, ch in ((i, chr(i)) for i in range(256))
 )
-_IS_STOP = STOPWORDS.__contains__
 STEMS_CACHE = 200_000
-"""Distinct words whose stem is remembered (~100 bytes each)."""
+"""Distinct pieces of text whose stems are remembered (~100 bytes each)."""
 TERMS_CACHE = 50_000
 """Distinct episode texts whose terms are remembered (`Memos.hit_terms`)."""
 TERMS_TTL = 60.0
@@ -79,86 +73,63 @@ class Recent(dict[K, V]):
         """`rotate` if the young generation is `ttl / 2` old; both dropped if it is `ttl` old (nothing
         was used since, or `expire` was not called for that long)."""
         age = self.clock() - self.born
-        if age >= self.ttl:
-            self.old = {}
-            self.clear()
-            self.born = self.clock()
-        elif age >= self.ttl / 2:
+        if age >= self.ttl / 2:
             self.rotate()
+            if age >= self.ttl:
+                self.old = {}
 
 
-@lru_cache(maxsize=1)
-def stemmer() -> Any:
-    """PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with; its own word cache is
-    off (it would keep a forgotten episode's words without end)."""
-    return Stemmer.Stemmer("english", 0)
+STEMMER = Stemmer.Stemmer("english", 0)
+"""PyStemmer's English (Snowball) stemmer, the algorithm RediSearch stems with; its own word cache is
+off (it would keep a forgotten episode's words without end)."""
 
 
-def _stem(word: str) -> str:
-    stem: str = stemmer().stemWord(word)
-    return stem
-
-
-def _token_words(token: bytes) -> tuple[str, ...]:
-    return tuple(words(token.decode("utf-8", "replace")))
+def _piece_stems(piece: bytes) -> tuple[str, ...]:
+    """The stems of a piece of UTF-8 text (invalid bytes replaced) without ASCII spaces or punctuation,
+    stop words dropped: an ASCII piece is one word, a non-ASCII one folds into words (`words`)."""
+    if piece.isascii():  # one word, lower-cased already
+        word = piece.decode()
+        return () if word in STOPWORDS else (STEMMER.stemWord(word),)
+    return tuple(STEMMER.stemWord(w) for w in words(piece.decode("utf-8", "replace")) if w not in STOPWORDS)
 
 
 class Terms(NamedTuple):
-    """An episode's terms: `tf[stem] * scale` is the stem's weighted term frequency, `length` the
-    weighted length (stop words not counted). `scale` is a one-field text's weight (its counts are
-    integers), 1.0 for texts of several fields (their counts already weighted). Shared: never mutate."""
+    """An episode's terms: `tf[stem]` is the stem's weighted term frequency, `length` the weighted
+    length (stop words not counted). Shared: never mutate."""
 
     tf: Mapping[str, float]
-    scale: float
     length: float
-
-
-_WEIGHTS = tuple(w for _, _, w in FIELD_KEYS)
 
 
 class Memos:
     """The memos of episode words, one per query service (`services.query.appkeys.TERMS`): `stems`
-    (word → stem, at most STEMS_CACHE), `folds` (non-ASCII token → words, STEMS_CACHE) and `terms`
-    (distinct texts → `Terms`, TERMS_CACHE), each dropping what was not used for TERMS_TTL (`expire`)."""
+    (a piece of text → its stems, `_piece_stems`, at most STEMS_CACHE) and `terms` (distinct texts →
+    `Terms`, TERMS_CACHE), each dropping what was not used for TERMS_TTL (`expire`)."""
 
     def __init__(self, clock: Any = time.monotonic):
-        self.stems: Recent[str, str] = Recent(_stem, STEMS_CACHE, TERMS_TTL, clock)
-        self.folds: Recent[bytes, tuple[str, ...]] = Recent(_token_words, STEMS_CACHE, TERMS_TTL, clock)
+        self.stems: Recent[bytes, tuple[str, ...]] = Recent(_piece_stems, STEMS_CACHE, TERMS_TTL, clock)
         self.terms: Recent[tuple[bytes | None, ...], Terms] = Recent(
             self._texts_terms, TERMS_CACHE, TERMS_TTL, clock
         )
 
-    def text_words(self, text: bytes) -> list[str]:
-        """The words of one UTF-8 field (invalid bytes replaced) as the index holds them, stop words
-        kept. Non-ASCII text is cut at ASCII spaces and punctuation first, each piece folded once
-        (`folds`): folding never joins or moves characters across those, so the words are `words(text)`'s."""
-        if text.isascii():
-            return text.translate(_ASCII_WORDS).decode("ascii").split()
-        out: list[str] = []
-        folds = self.folds.__getitem__
-        for token in text.translate(_ASCII_WORDS).split():
-            out += folds(token)
-        return out
+    def text_stems(self, text: bytes) -> Counter[str]:
+        """The stems of one UTF-8 field and their counts, as the index holds its words: the text cut at
+        ASCII spaces and punctuation (in C), each piece's stems from `stems`. Folding never joins or
+        moves characters across those cuts, so the words are `words(text)`'s."""
+        return Counter(chain.from_iterable(map(self.stems.__getitem__, text.translate(_ASCII_WORDS).split())))
 
     def _texts_terms(self, texts: tuple[bytes | None, ...]) -> Terms:
-        """The `Terms` of `texts` (`FIELD_KEYS` order), each weighted by its field. Counts are summed per
+        """The `Terms` of `texts` (`TEXT_FIELDS` order), each weighted by its field. Counts are summed per
         field before the weight multiplies them: exact while weight × count is, as for weights 2 and 1."""
-        stems = self.stems.__getitem__
-        found = [
-            (Counter(map(stems, filterfalse(_IS_STOP, self.text_words(text)))), weight)
-            for text, weight in zip(texts, _WEIGHTS, strict=True)
-            if text
-        ]
-        if len(found) == 1:
-            counts, weight = found[0]
-            return Terms(counts, weight, weight * counts.total())
         tf: dict[str, float] = {}
         length = 0.0
-        for counts, weight in found:  # in field order, as the weighted sum was always taken
-            length += weight * counts.total()
-            for s, n in counts.items():
-                tf[s] = tf.get(s, 0.0) + weight * n
-        return Terms(tf, 1.0, length)
+        for text, (_, weight) in zip(texts, TEXT_FIELDS, strict=True):
+            if text:
+                counts = self.text_stems(text)
+                length += weight * counts.total()
+                for stem, n in counts.items():
+                    tf[stem] = tf.get(stem, 0.0) + weight * n
+        return Terms(tf, length)
 
     def hit_terms(self, fields: Mapping[bytes, bytes]) -> Terms:
         """The `Terms` of a search hit's fields (bytes names and values, as `parse_search` returns them),
@@ -167,5 +138,5 @@ class Memos:
 
     def expire(self) -> None:
         """Drop what was not used for TERMS_TTL (`Recent.expire`)."""
-        for memo in (self.terms, self.stems, self.folds):
+        for memo in (self.terms, self.stems):
             memo.expire()

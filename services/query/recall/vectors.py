@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from shared.embedding import Embedder, EmbedderUnavailable, embed_query
+from shared.embedding import Embedder, EmbedderUnavailable
 
 
 class QueryBatcher:
@@ -77,35 +77,27 @@ def _answer(waiting: list[asyncio.Future[np.ndarray]], outcome: np.ndarray | Exc
 class QueryVectorCache:
     """The embeddings of the last `size` distinct (namespace, query text) pairs, least recently used
     evicted first (agents repeat queries; on CPU embedding one costs more than the rest of a recall);
-    misses go through the embedder's `QueryBatcher` (`batch` texts per pass at most; 1 embeds each query
-    alone). Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared
+    misses go through the embedder's `QueryBatcher` (`batch` texts per pass at most). Vectors are returned read-only. `size` 0 disables it. Entries are per namespace: shared
     across tenants, a hit's speed would tell one tenant what another recently asked. One per service.
     """
 
     def __init__(self, size: int = 4096, *, batch: int = 32):
         self.size = size
         self.batch = batch
-        self.hits = 0
-        self.misses = 0
         self._vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._batcher: QueryBatcher | None = None
 
     async def embed(self, embedder: Embedder, text: str, *, namespace: str) -> np.ndarray:
-        """float32[dim] of `text` from `namespace`'s entries, else embedded (raises like `embed_query`)."""
+        """float32[dim] of `text` from `namespace`'s entries, else embedded (raises like `Embedder.embed`)."""
         key = (namespace, text)
         hit = self._vectors.get(key)
         if hit is not None:
             self._vectors.move_to_end(key)
-            self.hits += 1
             return hit
-        self.misses += 1
-        if self.batch > 1:
-            if self._batcher is None or self._batcher.embedder is not embedder:
-                self._batcher = QueryBatcher(embedder, self.batch)
-            # a copy: the rows of one pass share memory
-            vector = np.array(await self._batcher.embed(text, scope=namespace))
-        else:
-            vector = await embed_query(embedder, text)
+        if self._batcher is None or self._batcher.embedder is not embedder:
+            self._batcher = QueryBatcher(embedder, self.batch)
+        # a copy: the rows of one pass share memory
+        vector = np.array(await self._batcher.embed(text, scope=namespace))
         if self.size > 0:
             vector.setflags(write=False)
             self._vectors[key] = vector
