@@ -61,7 +61,7 @@ from engram_episodic.types import (
     Summary,
     Updated,
 )
-from engram_episodic.validation import empty_changes, json_kind, parse_update
+from engram_episodic.validation import empty_changes, json_kind, parse_update, repeated_id
 
 T = TypeVar("T")
 MAX_WAIT = 30.0
@@ -345,16 +345,9 @@ class Calls:
         if not prepared:
             raise InvalidEpisode([("episodes", "must hold at least one episode")])
         first: dict[str, int] = {}
-        for i, e in enumerate(prepared):
-            if e.episode_id in first:  # the service refuses it too: which one would win is a coin toss
-                errors.append(
-                    (
-                        f"episodes[{i}].episode_id",
-                        f"repeats episodes[{first[e.episode_id]}].episode_id ({e.episode_id!r}); "
-                        "send one version of an episode",
-                    )
-                )
-            first.setdefault(e.episode_id, i)
+        for i, e in enumerate(prepared):  # the service refuses a repeat too, within one request
+            if repeat := repeated_id(first, i, e.episode_id):
+                errors.append((f"episodes[{i}].episode_id", f"{repeat}; send one version of an episode"))
         if errors:
             raise InvalidEpisode(errors)
         bodies = request_bodies([episode_to_dict(e) for e in prepared], max_bytes=max_body_bytes)

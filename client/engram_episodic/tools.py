@@ -224,9 +224,9 @@ _PLANS: dict[str, Callable[[dict[str, Any]], Plan]] = {
     ),
 }
 TOOLS: tuple[ToolSpec, ...] = tuple(ToolSpec(**t, plan=_PLANS[t["name"]]) for t in _DATA["tools"])
-RECALL, CONTEXT, RECORD, SUGGEST, FACTS, FORGET, SKILLS, CURVE = TOOLS
 TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in TOOLS)
 _BY_NAME = {t.name: t for t in TOOLS}
+RECORD, SUGGEST = _BY_NAME["record_episode"], _BY_NAME["suggest_approach"]
 # Arguments checked with the service's TAG rule (no control characters, no padding) besides the schema.
 _TAG_ARGS = frozenset(_DATA["tag_arguments"])
 

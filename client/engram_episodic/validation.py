@@ -578,6 +578,17 @@ def parse_episode(
     return Episode(**fields, started_at=started_at, completed_at=completed_at, expires_at=expires_at)
 
 
+def repeated_id(first: dict[str, int], index: int, episode_id: str) -> str | None:
+    """Why episodes[`index`] may not go in one request with the episodes before it: "repeats
+    episodes[j].episode_id ('id')" when `first` (episode id -> index of its first episode, updated here)
+    holds its id; else None. Both would carry the same `occurred_at`, so which one the episode ends up as
+    would be a coin toss between their random event ids."""
+    if episode_id in first:
+        return f"repeats episodes[{first[episode_id]}].episode_id ({episode_id!r})"
+    first[episode_id] = index
+    return None
+
+
 def episode_problems(episode: Episode) -> list[tuple[str, str]]:
     """What the episode model refuses in a built episode, as (field path, reason) pairs; empty when
     nothing: `parse_episode` of its stored form, without the per-input action bound (an episode

@@ -34,8 +34,6 @@ _OURS = re.compile(r"\bhook (?:claude-code|gemini-cli) \w+$")
 class Target:
     """Where a CLI keeps its hooks and its MCP servers, for one scope (`project` or `user`)."""
 
-    cli: str
-    scope: str
     hooks_file: Path
     mcp_file: Path
 
@@ -52,8 +50,8 @@ def target(cli: str, scope: str, project: Path, home: Path) -> Target:
     base = project if scope == "project" else home
     if cli == "claude-code":
         mcp = project / ".mcp.json" if scope == "project" else home / ".claude.json"
-        return Target(cli, scope, base / ".claude" / "settings.json", mcp)
-    return Target(cli, scope, base / ".gemini" / "settings.json", base / ".gemini" / "settings.json")
+        return Target(base / ".claude" / "settings.json", mcp)
+    return Target(base / ".gemini" / "settings.json", base / ".gemini" / "settings.json")
 
 
 def _is_ours(hook: Any) -> bool:

@@ -23,7 +23,7 @@ from engram_episodic.events import (
 )
 from engram_episodic.shapes import episode_to_dict
 from engram_episodic.timeutil import format_instant
-from engram_episodic.validation import Collector, parse_episode
+from engram_episodic.validation import Collector, parse_episode, repeated_id
 from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, METRICS, SETTINGS
@@ -153,17 +153,9 @@ async def ingest(request: web.Request, query: WaitQuery, body: Any) -> web.Respo
         path = f"episodes[{i}]" if batch else ""
         # completed_at defaults to the receive time, before a ttl is counted from it
         ep = parse_episode(item, path, errs, default_episode_id=new_event_id(), default_completed_at=received)
-        if ep is not None and ep.episode_id in first_index:
-            # both would carry the same occurred_at, so which one the episode ends up as would be a coin
-            # toss between their random event ids: refuse, naming both
-            errs.add(
-                f"{path}.episode_id",
-                f"repeats episodes[{first_index[ep.episode_id]}].episode_id "
-                f"({ep.episode_id!r}); send one version of an episode per request",
-            )
+        if ep is not None and (repeat := repeated_id(first_index, i, ep.episode_id)):
+            errs.add(f"{path}.episode_id", f"{repeat}; send one version of an episode per request")
             ep = None
-        elif ep is not None:
-            first_index[ep.episode_id] = i
         if isinstance(item, dict) and item.get("outcome") is None:
             errs.add(f"{path}.outcome" if path else "outcome", "is required for a finished episode")
             ep = None
