@@ -6,6 +6,7 @@ cosines and relevance (`similarity_pool`, `extra_candidates`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -17,11 +18,13 @@ import numpy as np
 from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored
+from services.query.insights import REGIME_MIN
 from services.query.recall import relevance
 from services.query.recall.arms import bm25_search, knn_search
 from services.query.recall.lists import field_float, number
 from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
-from shared import tracing
+from services.query.recall.score import SUPERSEDED_GAP
+from shared import keywords, regimes, tracing
 from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit
 
 log = logging.getLogger("engram.query")
@@ -327,3 +330,60 @@ async def _complete(q: Query, pool: Pool, lists: list[list[SearchHit]], known: s
     keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in found], q.memos)
     cosines = np.array([cos.get(h.key, math.nan) for h in found], dtype=np.float64)
     return Columns.of_hits(found, cosines, keywords, pool.mode)
+
+
+def regime_rows(
+    cands: Columns,
+) -> tuple[list[int], list[float], list[bool], list[set[str]], list[float]] | None:
+    """The pool's decided rows at most `SUPERSEDED_GAP` less relevant than the most relevant (what the
+    regime term can reorder) as `shared.regimes` reads them: rows, completion times (UTC epoch s, 0
+    unknown), successes, marks (the strategy; the words of the first 100 bytes of the solution, actions,
+    errors, outcome details: a failed `pip install` names `pip` there) and relevance (~0.05 ms a row);
+    None when fewer than REGIME_MIN succeed or fail."""
+    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
+    decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
+    if decided.sum() < 2 * REGIME_MIN:
+        return None
+    rows = np.flatnonzero(decided & (key >= key[decided].max() - SUPERSEDED_GAP)).tolist()
+    success = [cands.outcomes[i] == "success" for i in rows]
+    if min(success.count(True), success.count(False)) < REGIME_MIN:
+        return None
+    marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
+    for i in rows:
+        strategy, *texts = approach = cands.approaches[i]
+        if approach not in marks:
+            found = {w for v in texts if v for w in keywords.words(v[:100].decode(errors="ignore"))}
+            marks[approach] = (found - keywords.STOPWORDS) | (
+                {strategy.decode(errors="replace")} if strategy else set()
+            )
+    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows].tolist()
+    return rows, times, success, [marks[cands.approaches[i]] for i in rows], key[rows].tolist()
+
+
+async def successor_candidates(q: Query, plan: Plan, pool: Pool, cands: Columns) -> Columns:
+    """When an approach of the similarity pool stopped working (`shared.regimes.flips` of its
+    `regime_rows`, whatever `top_k`): the plan's similarity lists of the scope's episodes completed
+    since it began failing (top `plan.depth` each) minus `cands` (the pool so far); else no rows, no
+    search. What replaced it was done since, maybe outside lists its old successes fill."""
+    if (found := regime_rows(pool.cands)) is None:
+        return Columns.empty()
+    flipped = regimes.flips(*found[1:4], REGIME_MIN)[0]
+    since = min((found[1][idx[start]] for idx, start in flipped), default=None)
+    scope, fields = q.scope, POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
+    if since is None or (scope.until is not None and since > scope.until):
+        return Columns.empty()
+    recent = dataclasses.replace(scope, since=max(since, scope.since or since))
+    common = relevance.common_terms(pool.terms, plan.params.common_idf)  # as the BM25 arm searched
+    text = relevance.without_terms(q.text, common) if 0 < len(common) < len(pool.terms) else q.text
+
+    async def arm(name: str) -> list[SearchHit]:
+        with tracing.span("engram.recall.successors", arm=name, depth=plan.depth):
+            if name == "bm25":
+                return await bm25_search(q.r, q.index, recent, text, plan.depth, return_fields=fields)
+            vector, ef = await vector_of(q.vector), plan.params.graph_ef
+            return await knn_search(
+                q.r, q.index, recent, vector, plan.depth, return_fields=fields, graph_ef=ef
+            )
+
+    lists = await asyncio.gather(*(arm(n) for n in plan.arms if n in SIMILARITY_ARMS))
+    return await _complete(q, pool, list(lists), set(cands.keys))
