@@ -239,15 +239,18 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
             return await bm25_search(q.r, q.index, q.scope, text, depth, return_fields=fields)
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
-        """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
+        """The idf, then the BM25 arm without the common terms unless all are (both at once when the
+        index is too small to hold one; again if the idf shows one: the answer never depends on it)."""
         bound = relevance.common_count(p.common_idf)  # inf when off; the index's size bounds any namespace's
-        small = bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
-        if "bm25" not in names or bound == math.inf or small:
+        hits, ns = None, q.scope.namespace
+        if "bm25" not in names or bound == math.inf or await q.sizes.indexed(q.r, q.index, ns) <= bound:
             terms, hits = await asyncio.gather(idf(), bm25(q.text))
-            return terms, set(), hits
-        terms = await idf()
-        common = relevance.common_terms(terms, p.common_idf)
+        else:
+            terms = await idf()
+        common = relevance.common_terms(terms, p.common_idf) if "bm25" in names else set()
         common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
+        if hits is not None and not common:
+            return terms, common, hits
         text = relevance.without_terms(q.text, common) if common else q.text
         return terms, common, await bm25(text, len(common))
 
