@@ -257,8 +257,10 @@ def superseded(
     marks: Sequence[Iterable[Hashable]],
     key: Sequence[float],
     min_size: int,
+    flipped: tuple[list[tuple[tuple[int, ...], int]], list[int]] | None = None,
 ) -> np.ndarray:
-    """Which rows tell of an approach that stopped working, as int8[n] roles (0: none).
+    """Which rows tell of an approach that stopped working, as int8[n] roles (0: none); `flipped`:
+    `flips` of these arguments when known.
 
     Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
     outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
@@ -271,9 +273,9 @@ def superseded(
     `min_size` successes and failures), is at most ALPHA (Bonferroni: many words, few flips by
     chance). STALE wins over CURRENT (a row superseded for another mark)."""
     role = np.zeros(len(times), dtype=np.int8)
-    flipped, decided = flips(times, success, marks, min_size)
+    flipping, decided = flipped or flips(times, success, marks, min_size)
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
-    for idx, start in flipped:
+    for idx, start in flipping:
         ok = [success[i] is True for i in idx]
         mine = set(idx)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]

@@ -45,7 +45,7 @@ from services.query.recall.pool import (
     Columns,
     decode_hit,
     extra_candidates,
-    regime_rows,
+    regime_flips,
     similarity_pool,
     successor_candidates,
 )
@@ -81,13 +81,14 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
 
 
 def regime_roles(cands: Columns) -> np.ndarray | None:
-    """`shared.regimes.superseded` of the pool's `regime_rows` (evidence ranked by relevance), as roles
+    """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance), as roles
     per row; None when there are too few of them."""
-    found = regime_rows(cands)
+    found, flipped, decided = regime_flips(cands)
     if found is None:
         return None
+    rows, times, success, marks, key = found
     role = np.zeros(len(cands.outcomes), dtype=np.int8)
-    role[found[0]] = superseded(*found[1:], REGIME_MIN)
+    role[rows] = superseded(times, success, marks, key, REGIME_MIN, (flipped, decided))
     return role
 
 

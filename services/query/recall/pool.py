@@ -116,6 +116,8 @@ class Columns:
     """The episode's tie-break (`shared.ties.tie_break`)."""
     approaches: list[tuple[bytes | None, ...]] = field(default_factory=list)
     """The `APPROACH_FIELDS` values of each row."""
+    regime: tuple[Any, ...] | None = field(default=None, init=False)
+    """`regime_flips` of these rows once computed (a pool is tested once, for its search and its score)."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
@@ -363,14 +365,20 @@ def regime_rows(
     return rows, times, success, [marks[cands.approaches[i]] for i in rows], key[rows].tolist()
 
 
+def regime_flips(cands: Columns) -> tuple[Any, list[tuple[tuple[int, ...], int]], list[int]]:
+    """`regime_rows` of `cands` and their `shared.regimes.flips` (none without rows), computed once."""
+    if cands.regime is None:
+        found = regime_rows(cands)
+        cands.regime = (found, *(regimes.flips(*found[1:4], REGIME_MIN) if found else ([], [])))
+    return cands.regime
+
+
 async def successor_candidates(q: Query, plan: Plan, pool: Pool, cands: Columns) -> Columns:
     """When an approach of the similarity pool stopped working (`shared.regimes.flips` of its
     `regime_rows`, whatever `top_k`): the plan's similarity lists of the scope's episodes completed
     since it began failing (top `plan.depth` each) minus `cands` (the pool so far); else no rows, no
     search. What replaced it was done since, maybe outside lists its old successes fill."""
-    if (found := regime_rows(pool.cands)) is None:
-        return Columns.empty()
-    flipped = regimes.flips(*found[1:4], REGIME_MIN)[0]
+    found, flipped, _ = regime_flips(pool.cands)
     since = min((found[1][idx[start]] for idx, start in flipped), default=None)
     scope, fields = q.scope, POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     if since is None or (scope.until is not None and since > scope.until):
