@@ -244,8 +244,8 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
         """The idf, then the BM25 arm without the common terms unless all are (both at once when the
         index is too small to hold one; again if the idf shows one: the answer never depends on it)."""
         bound = relevance.common_count(p.common_idf)  # inf when off; the index's size bounds any namespace's
-        hits, ns = None, q.scope.namespace
-        if "bm25" not in names or bound == math.inf or await q.sizes.indexed(q.r, q.index, ns) <= bound:
+        hits = None
+        if "bm25" not in names or bound == math.inf or await q.sizes.indexed(q.r, q.index, None) <= bound:
             terms, hits = await asyncio.gather(idf(), bm25(q.text))
         else:
             terms = await idf()

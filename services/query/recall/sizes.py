@@ -91,10 +91,12 @@ class ScopeSizes:
             while df and now - next(iter(df.values()))[0] >= ttl:
                 df.popitem(last=False)
 
-    async def indexed(self, r: aioredis.Redis, index: str, namespace: str) -> int:
+    async def indexed(self, r: aioredis.Redis, index: str, namespace: str | None) -> int:
         """Documents in the whole index (`shared.index.index_size`), remembered per `namespace` as `size`
         is: what a recall of the namespace decides by it (the KNN's policy) moves only when the
-        namespace does or the count expires, not with each write to another namespace."""
+        namespace does or the count expires, not with each write to another namespace. Without a
+        namespace, for an estimate no answer depends on, remembered `ttl` seconds whatever is written
+        (the count reads the whole index, and a namespace being written is never settled)."""
         return await self._remembered(r, (index, namespace), namespace, lambda: index_size(r, index))
 
     async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
@@ -102,17 +104,17 @@ class ScopeSizes:
         return await self._remembered(r, scope.cache_key(), scope.namespace, lambda: count(r, index, scope))
 
     async def _remembered(
-        self, r: aioredis.Redis, key: Any, ns: str, fresh: Callable[[], Awaitable[int]]
+        self, r: aioredis.Redis, key: Any, ns: str | None, fresh: Callable[[], Awaitable[int]]
     ) -> int:
-        """The count remembered under `key` while `ns`'s `version` is the one it was counted at and it
-        is younger than `size_ttl`; else `fresh()`, remembered unless `ns` moved meanwhile."""
+        """The count remembered under `key` while `ns`'s `version` is the one it was counted at (any,
+        `ns` None) and it is younger than `size_ttl`; else `fresh()`, remembered unless `ns` moved."""
         now = time.monotonic()
-        version = await self.version(r, ns)
+        version = await self.version(r, ns) if ns is not None else ""
         hit = self._sizes.get(key)
         if hit is not None and hit[2] == version and now - hit[0] < size_ttl(self.ttl, hit[1]):
             return hit[1]
         n = await fresh()
-        if version is not None and await self.version(r, ns) == version:  # not moved meanwhile
+        if version is not None and (ns is None or await self.version(r, ns) == version):  # not moved
             if len(self._sizes) >= MAX_SCOPES:
                 self._sizes.clear()
             self._sizes[key] = (now, n, version)
