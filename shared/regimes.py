@@ -214,14 +214,53 @@ def _likely_flips(tests: list[tuple[int, ...]], ok: np.ndarray, min_size: int) -
     return [t for t, pt in zip(tests, p, strict=True) if pt < np.inf and pt * count <= ALPHA + _EPS], count
 
 
+def flips(
+    times: Sequence[float],
+    success: Sequence[bool | None],
+    marks: Sequence[Iterable[Hashable]],
+    min_size: int,
+) -> tuple[list[tuple[tuple[int, ...], int]], list[int]]:
+    """The marks whose decided rows, in time order, end in a failing regime after a succeeding one
+    (`superseded`'s test, its arguments), each as (its rows in time order, where its newest regime
+    starts among them); and the decided rows in time order."""
+    decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
+    ids: dict[Hashable, int] = {}
+    pairs = [(i, ids.setdefault(m, len(ids))) for i in decided for m in set(marks[i])]
+    ok_all = np.array([ok is True for ok in success], dtype=bool)
+    if not pairs:
+        return [], decided
+    row, mark = np.array(pairs).T
+    wins = np.bincount(mark, weights=ok_all[row], minlength=len(ids))
+    fails = np.bincount(mark, minlength=len(ids)) - wins
+    kept = ((wins >= min_size) & (fails >= min_size))[mark]
+    order = np.argsort(mark[kept], kind="stable")  # by mark, each mark's rows still in time order
+    row, mark = row[kept][order], mark[kept][order]
+    tests = sorted({tuple(g.tolist()) for g in np.split(row, np.flatnonzero(np.diff(mark)) + 1) if len(g)})
+    likely, count = _likely_flips(tests, ok_all, min_size)
+    out = []
+    for idx in likely:
+        ok: list[bool] = ok_all[list(idx)].tolist()
+        parts = segments(ok, None, min_size)
+        a, start = parts[-2] if len(parts) > 1 else (0, 0)
+        older, newer = ok[a:start], ok[start:]
+        if not older or 2 * sum(newer) >= len(newer) or 2 * sum(older) < len(older):
+            continue  # one regime, or the newest one works, or the one before did not
+        if flip(older, newer, None, None, min_size)[1] * count > ALPHA + _EPS:
+            continue
+        out.append((idx, start))
+    return out, decided
+
+
 def superseded(
     times: Sequence[float],
     success: Sequence[bool | None],
     marks: Sequence[Iterable[Hashable]],
     key: Sequence[float],
     min_size: int,
+    flipped: tuple[list[tuple[tuple[int, ...], int]], list[int]] | None = None,
 ) -> np.ndarray:
-    """Which rows tell of an approach that stopped working, as int8[n] roles (0: none).
+    """Which rows tell of an approach that stopped working, as int8[n] roles (0: none); `flipped`:
+    `flips` of these arguments when known.
 
     Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
     outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
@@ -234,30 +273,10 @@ def superseded(
     `min_size` successes and failures), is at most ALPHA (Bonferroni: many words, few flips by
     chance). STALE wins over CURRENT (a row superseded for another mark)."""
     role = np.zeros(len(times), dtype=np.int8)
-    decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
-    ids: dict[Hashable, int] = {}
-    pairs = [(i, ids.setdefault(m, len(ids))) for i in decided for m in set(marks[i])]
-    ok_all = np.array([ok is True for ok in success], dtype=bool)
-    if not pairs:
-        return role
-    row, mark = np.array(pairs).T
-    wins = np.bincount(mark, weights=ok_all[row], minlength=len(ids))
-    fails = np.bincount(mark, minlength=len(ids)) - wins
-    kept = ((wins >= min_size) & (fails >= min_size))[mark]
-    order = np.argsort(mark[kept], kind="stable")  # by mark, each mark's rows still in time order
-    row, mark = row[kept][order], mark[kept][order]
-    tests = sorted({tuple(g.tolist()) for g in np.split(row, np.flatnonzero(np.diff(mark)) + 1) if len(g)})
-    likely, count = _likely_flips(tests, ok_all, min_size)
+    flipping, decided = flipped or flips(times, success, marks, min_size)
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
-    for idx in likely:
-        ok: list[bool] = ok_all[list(idx)].tolist()
-        parts = segments(ok, None, min_size)
-        a, start = parts[-2] if len(parts) > 1 else (0, 0)
-        older, newer = ok[a:start], ok[start:]
-        if not older or 2 * sum(newer) >= len(newer) or 2 * sum(older) < len(older):
-            continue  # one regime, or the newest one works, or the one before did not
-        if flip(older, newer, None, None, min_size)[1] * count > ALPHA + _EPS:
-            continue
+    for idx, start in flipping:
+        ok = [success[i] is True for i in idx]
         mine = set(idx)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
         if not now:

@@ -6,7 +6,8 @@
 2. `pool.py` `similarity_pool`: the KNN and BM25 arms (`arms.py`, filtered by the whole scope) beside
    the model's pass, each member's cosine and relevance (`relevance.py`, `terms.py`).
 3. `pool.py` `extra_candidates`: when an episode outside those lists could still rank (`_bounded_head`),
-   the recency / reward / importance lists join the pool (`lists.py`: from remembered floors, exact).
+   the recency / reward / importance lists join the pool (`lists.py`: from remembered floors, exact);
+   `successor_candidates`: when the pool shows an approach failing, the similarity lists since then.
 4. `score.py` `score` ranks the pool; `min_relevance` / `min_priority` drop what is below them.
 5. `recall` (here) loads the `top_k` winners from the episode store (`services.query.store`), answers
    every signal and weighted term, the replay context of what worked, and stamps their access.
@@ -44,13 +45,14 @@ from services.query.recall.pool import (
     Columns,
     decode_hit,
     extra_candidates,
+    regime_flips,
     similarity_pool,
+    successor_candidates,
 )
 from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
 from shared.index import Scope
-from shared.keywords import STOPWORDS, words
 from shared.regimes import approach, superseded
 
 __all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
@@ -79,31 +81,14 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
 
 
 def regime_roles(cands: Columns) -> np.ndarray:
-    """`shared.regimes.superseded` of the pool's decided rows at most `score.SUPERSEDED_GAP` less
-    relevant than the most relevant (what the term can reorder; ~0.05 ms a row, their words), each
-    marked by its strategy and the words of its solution, actions, errors and outcome details (a
-    failed `pip install` names `pip`; their first 100 bytes, where the command is named, not a tool's
-    long output), evidence ranked by relevance; all 0 when fewer than REGIME_MIN of them succeed or fail."""
-    key = cands.relevance
+    """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance), as roles
+    per row (int8[n]); all 0 when there are too few of them."""
     role = np.zeros(len(cands.outcomes), dtype=np.int8)
-    decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
-    if decided.sum() < 2 * REGIME_MIN:
+    found, flipped, decided = regime_flips(cands)
+    if found is None:
         return role
-    rows = np.flatnonzero(decided & (key >= key[decided].max() - score.SUPERSEDED_GAP)).tolist()
-    success = [cands.outcomes[i] == "success" for i in rows]
-    if min(success.count(True), success.count(False)) < REGIME_MIN:
-        return role
-    marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
-    for i in rows:
-        strategy, *texts = approach = cands.approaches[i]
-        if approach not in marks:
-            found = {w for v in texts if v for w in words(v[:100].decode(errors="ignore"))}
-            marks[approach] = (found - STOPWORDS) | (
-                {strategy.decode(errors="replace")} if strategy else set()
-            )
-    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows]
-    found_marks = [marks[cands.approaches[i]] for i in rows]
-    role[rows] = superseded(times.tolist(), success, found_marks, key[rows].tolist(), REGIME_MIN)
+    rows, times, success, marks, key = found
+    role[rows] = superseded(times, success, marks, key, REGIME_MIN, (flipped, decided))
     return role
 
 
@@ -188,6 +173,9 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     if extra:
         cands = cands + await extra_candidates(q, pl, pool, extra)
         scored = None
+    successors = await successor_candidates(q, pl, pool, cands)
+    if len(successors):  # the regime term may demote the head: all rank afresh
+        cands, scored, head = cands + successors, None, []
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
     if len(cands):

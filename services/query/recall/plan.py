@@ -127,7 +127,8 @@ async def plan(q: Query, p: RecallParams) -> Plan:
     auto = explicit is None and p.preset in (None, "auto")
     size = await q.sizes.size(q.r, q.index, q.scope) if auto else 0
     name, weights = resolve_weights(p.preset, explicit, size)
-    policy = hybrid_policy(size, await q.sizes.indexed(q.r, q.index)) if size and p.graph_index else None
+    indexed = await q.sizes.indexed(q.r, q.index, q.scope.namespace) if size and p.graph_index else 0
+    policy = hybrid_policy(size, indexed)  # None without a count
     return Plan(p, name, weights, max(p.depth, p.top_k), policy, arms(p.mode, weights, p.recency_from))
 
 

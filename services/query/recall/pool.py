@@ -6,6 +6,7 @@ cosines and relevance (`similarity_pool`, `extra_candidates`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -17,11 +18,13 @@ import numpy as np
 from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored
+from services.query.insights import REGIME_MIN
 from services.query.recall import relevance
 from services.query.recall.arms import bm25_search, knn_search
 from services.query.recall.lists import field_float, number
 from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
-from shared import tracing
+from services.query.recall.score import SUPERSEDED_GAP
+from shared import keywords, regimes, tracing
 from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit
 
 log = logging.getLogger("engram.query")
@@ -113,6 +116,8 @@ class Columns:
     """The episode's tie-break (`shared.ties.tie_break`)."""
     approaches: list[tuple[bytes | None, ...]] = field(default_factory=list)
     """The `APPROACH_FIELDS` values of each row."""
+    regime: tuple[Any, ...] | None = field(default=None, init=False)
+    """`regime_flips` of these rows once computed (a pool is tested once, for its search and its score)."""
 
     @classmethod
     def of_hits(cls, hits: list[SearchHit], cos: np.ndarray, keyword: np.ndarray, mode: str) -> Columns:
@@ -236,15 +241,18 @@ async def similarity_pool(q: Query, plan: Plan) -> Pool:
             return await bm25_search(q.r, q.index, q.scope, text, depth, return_fields=fields)
 
     async def keyword() -> tuple[dict[str, float], set[str], list[SearchHit]]:
-        """The idf, then the BM25 arm without the common terms unless all are (at once if none can be)."""
+        """The idf, then the BM25 arm without the common terms unless all are (both at once when the
+        index is too small to hold one; again if the idf shows one: the answer never depends on it)."""
         bound = relevance.common_count(p.common_idf)  # inf when off; the index's size bounds any namespace's
-        small = bound < math.inf and await q.sizes.indexed(q.r, q.index) <= bound
-        if "bm25" not in names or bound == math.inf or small:
+        hits = None
+        if "bm25" not in names or bound == math.inf or await q.sizes.indexed(q.r, q.index, None) <= bound:
             terms, hits = await asyncio.gather(idf(), bm25(q.text))
-            return terms, set(), hits
-        terms = await idf()
-        common = relevance.common_terms(terms, p.common_idf)
+        else:
+            terms = await idf()
+        common = relevance.common_terms(terms, p.common_idf) if "bm25" in names else set()
         common = common if len(common) < len(terms) else set()  # none rarer to search by: the full query
+        if hits is not None and not common:
+            return terms, common, hits
         text = relevance.without_terms(q.text, common) if common else q.text
         return terms, common, await bm25(text, len(common))
 
@@ -327,3 +335,66 @@ async def _complete(q: Query, pool: Pool, lists: list[list[SearchHit]], known: s
     keywords = relevance.keyword_relevances(pool.terms, [h.fields for h in found], q.memos)
     cosines = np.array([cos.get(h.key, math.nan) for h in found], dtype=np.float64)
     return Columns.of_hits(found, cosines, keywords, pool.mode)
+
+
+def regime_rows(
+    cands: Columns,
+) -> tuple[list[int], list[float], list[bool], list[set[str]], list[float]] | None:
+    """The pool's decided rows at most `SUPERSEDED_GAP` less relevant than the most relevant (what the
+    regime term can reorder) as `shared.regimes` reads them: rows, completion times (UTC epoch s, 0
+    unknown), successes, marks (the strategy; the words of the first 100 bytes of the solution, actions,
+    errors, outcome details: a failed `pip install` names `pip` there) and relevance (~0.05 ms a row);
+    None when fewer than REGIME_MIN succeed or fail."""
+    key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
+    decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
+    if decided.sum() < 2 * REGIME_MIN:
+        return None
+    rows = np.flatnonzero(decided & (key >= key[decided].max() - SUPERSEDED_GAP)).tolist()
+    success = [cands.outcomes[i] == "success" for i in rows]
+    if min(success.count(True), success.count(False)) < REGIME_MIN:
+        return None
+    marks: dict[tuple[bytes | None, ...], set[str]] = {}  # episodes of one task often share their texts
+    for i in rows:
+        strategy, *texts = approach = cands.approaches[i]
+        if approach not in marks:
+            found = {w for v in texts if v for w in keywords.words(v[:100].decode(errors="ignore"))}
+            marks[approach] = (found - keywords.STOPWORDS) | (
+                {strategy.decode(errors="replace")} if strategy else set()
+            )
+    times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows].tolist()
+    return rows, times, success, [marks[cands.approaches[i]] for i in rows], key[rows].tolist()
+
+
+def regime_flips(cands: Columns) -> tuple[Any, list[tuple[tuple[int, ...], int]], list[int]]:
+    """`regime_rows` of `cands` and their `shared.regimes.flips` (none without rows), computed once."""
+    if cands.regime is None:
+        found = regime_rows(cands)
+        cands.regime = (found, *(regimes.flips(*found[1:4], REGIME_MIN) if found else ([], [])))
+    return cands.regime
+
+
+async def successor_candidates(q: Query, plan: Plan, pool: Pool, cands: Columns) -> Columns:
+    """When an approach of the similarity pool stopped working (`shared.regimes.flips` of its
+    `regime_rows`, whatever `top_k`): the plan's similarity lists of the scope's episodes completed
+    since it began failing (top `plan.depth` each) minus `cands` (the pool so far); else no rows, no
+    search. What replaced it was done since, maybe outside lists its old successes fill."""
+    found, flipped, _ = regime_flips(pool.cands)
+    since = min((found[1][idx[start]] for idx, start in flipped), default=None)
+    scope, fields = q.scope, POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
+    if since is None or (scope.until is not None and since > scope.until):
+        return Columns.empty()
+    recent = dataclasses.replace(scope, since=max(since, scope.since or since))
+    common = relevance.common_terms(pool.terms, plan.params.common_idf)  # as the BM25 arm searched
+    text = relevance.without_terms(q.text, common) if 0 < len(common) < len(pool.terms) else q.text
+
+    async def arm(name: str) -> list[SearchHit]:
+        with tracing.span("engram.recall.successors", arm=name, depth=plan.depth):
+            if name == "bm25":
+                return await bm25_search(q.r, q.index, recent, text, plan.depth, return_fields=fields)
+            vector, ef = await vector_of(q.vector), plan.params.graph_ef
+            return await knn_search(
+                q.r, q.index, recent, vector, plan.depth, return_fields=fields, graph_ef=ef
+            )
+
+    lists = await asyncio.gather(*(arm(n) for n in plan.arms if n in SIMILARITY_ARMS))
+    return await _complete(q, pool, list(lists), set(cands.keys))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -44,8 +45,8 @@ class ScopeSizes:
     (`services.query.appkeys.SCOPE_SIZES`).
 
     With `keys` (the app's), a count is used only while the namespace is as it was when counted
-    (`version`), so the same request to an unchanged namespace always answers the same; while its
-    events are still being projected nothing is remembered.
+    (`version`; the index's size too, per namespace), so the same request to an unchanged namespace
+    always answers the same; while its events are still being projected nothing is remembered.
     """
 
     def __init__(
@@ -60,8 +61,8 @@ class ScopeSizes:
         self.keys, self.group = keys, group
         self.ttl, self.df_ttl = ttl, df_ttl
         self._clock = clock  # of the idf counts (seconds, monotonic)
-        self._sizes: dict[str, tuple[float, int, str]] = {}  # (when, count, `version`)
-        self._indexed: dict[str, tuple[float, int]] = {}
+        # (when, count, `version`) per scope key, and per (index, namespace) of the index's size
+        self._sizes: dict[Any, tuple[float, int, str]] = {}
         # insertion order is age order (a refreshed entry is re-inserted), so expiry pops from the front;
         # the counts of common words (COMMON_IDF) apart, as they are kept COMMON_TTL_FACTOR times longer
         self._df: OrderedDict[tuple[str, str, str], tuple[float, int, str]] = OrderedDict()
@@ -90,26 +91,30 @@ class ScopeSizes:
             while df and now - next(iter(df.values()))[0] >= ttl:
                 df.popitem(last=False)
 
-    async def indexed(self, r: aioredis.Redis, index: str) -> int:
-        """Documents in the whole index (`shared.index.index_size`), remembered for `ttl` seconds."""
-        now = time.monotonic()
-        hit = self._indexed.get(index)
-        if hit is not None and now - hit[0] < size_ttl(self.ttl, hit[1]):
-            return hit[1]
-        n = await index_size(r, index)
-        self._indexed[index] = (now, n)
-        return n
+    async def indexed(self, r: aioredis.Redis, index: str, namespace: str | None) -> int:
+        """Documents in the whole index (`shared.index.index_size`), remembered per `namespace` as `size`
+        is: what a recall of the namespace decides by it (the KNN's policy) moves only when the
+        namespace does or the count expires, not with each write to another namespace. Without a
+        namespace, for an estimate no answer depends on, remembered `ttl` seconds whatever is written
+        (the count reads the whole index, and a namespace being written is never settled)."""
+        return await self._remembered(r, (index, namespace), namespace, lambda: index_size(r, index))
 
     async def size(self, r: aioredis.Redis, index: str, scope: Scope) -> int:
         """Episodes of `scope` (`shared.index.count`), remembered as the class docstring says."""
-        key = scope.cache_key()
+        return await self._remembered(r, scope.cache_key(), scope.namespace, lambda: count(r, index, scope))
+
+    async def _remembered(
+        self, r: aioredis.Redis, key: Any, ns: str | None, fresh: Callable[[], Awaitable[int]]
+    ) -> int:
+        """The count remembered under `key` while `ns`'s `version` is the one it was counted at (any,
+        `ns` None) and it is younger than `size_ttl`; else `fresh()`, remembered unless `ns` moved."""
         now = time.monotonic()
-        version = await self.version(r, scope.namespace)
+        version = await self.version(r, ns) if ns is not None else ""
         hit = self._sizes.get(key)
         if hit is not None and hit[2] == version and now - hit[0] < size_ttl(self.ttl, hit[1]):
             return hit[1]
-        n = await count(r, index, scope)
-        if version is not None and await self.version(r, scope.namespace) == version:  # not moved meanwhile
+        n = await fresh()
+        if version is not None and (ns is None or await self.version(r, ns) == version):  # not moved
             if len(self._sizes) >= MAX_SCOPES:
                 self._sizes.clear()
             self._sizes[key] = (now, n, version)
