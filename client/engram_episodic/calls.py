@@ -61,7 +61,13 @@ from engram_episodic.types import (
     Summary,
     Updated,
 )
-from engram_episodic.validation import empty_changes, json_kind, parse_update, repeated_id
+from engram_episodic.validation import (
+    empty_changes,
+    json_kind,
+    parse_update,
+    repeated_id,
+    unicode_problem,
+)
 
 T = TypeVar("T")
 MAX_WAIT = 30.0
@@ -157,6 +163,33 @@ class Call(Generic[T]):
     def as_json(self) -> Call[Any]:
         """The same request answering the service's JSON as it came (dicts and lists), unparsed."""
         return dataclasses.replace(self, parse=lambda data: data)
+
+
+def text_errors(call: Call[Any]) -> list[tuple[str, str]]:
+    """Every query parameter and body field of `call` holding text with no UTF-8 form (a lone surrogate,
+    which is what Python makes of a command line's invalid bytes), as `(field, reason)` named as the
+    service names them (`agent_id`, `category[1]`, `metadata.note`) with its reason; [] when none does.
+    A key that is not valid Unicode is named by the object holding it (`<query>`, `<body>` at the top)."""
+    errors: list[tuple[str, str]] = []
+    for name, value in (call.params or {}).items():
+        if unicode_problem(name):
+            errors.append(("<query>", "has a parameter name that is not valid Unicode text"))
+        elif why := unicode_problem(value):
+            errors.append((name, why))
+    stack: list[tuple[Any, str]] = [(call.body, "")]  # depth-first without recursion, in the body's order
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if why := unicode_problem(item):
+                errors.append((path or "<body>", why))
+        elif isinstance(item, Mapping):
+            if any(not isinstance(k, str) or unicode_problem(k) for k in item):
+                errors.append((path or "<body>", "has a key that is not valid Unicode text"))
+            named = [(v, f"{path}.{k}" if path else str(k)) for k, v in item.items()]
+            stack.extend(reversed(named))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(item)]))
+    return errors
 
 
 def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResult]:

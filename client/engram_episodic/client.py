@@ -39,6 +39,7 @@ from engram_episodic.calls import (
     _naming_ids,
     _waited,
     joined,
+    text_errors,
 )
 from engram_episodic.drafts import EpisodeDraft
 from engram_episodic.errors import (
@@ -225,7 +226,8 @@ class _Base(Generic[H]):
 
     async def _attempts(self, call: Call[T]) -> T:
         """Send one request with the retry rule of the module docstring and read its answer. Raises
-        InvalidRequest for a request httpx cannot send, ConnectionFailed when the rule says stop."""
+        InvalidRequest for a request that cannot be sent (naming each query parameter or body field
+        holding text with no UTF-8 form: `calls.text_errors`), ConnectionFailed when the rule says stop."""
         attempt = 0
         lost = False  # an attempt was sent and its answer lost: it may have been applied
         while True:
@@ -234,6 +236,10 @@ class _Base(Generic[H]):
                 response = await self._request(self._request_args(call))
             except _UNSENDABLE as exc:
                 if not isinstance(exc, httpx.TransportError):  # an argument httpx cannot put on the wire
+                    # the encoder's position counts into the serialized request: name the field instead
+                    named = text_errors(call) if isinstance(exc, UnicodeEncodeError) else []
+                    if named:
+                        raise InvalidRequest(named) from None
                     raise InvalidRequest(
                         [("request", f"cannot be sent: {type(exc).__name__}: {str(exc)[:200]}")]
                     ) from exc

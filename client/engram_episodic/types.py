@@ -196,8 +196,8 @@ class ReplayContext(_Result):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recall(_Listing):
     """`POST /v1/recall`: the hits best first, and how they were ranked. Iterable over `results`.
-    `similarity_unavailable`: a keyword recall ranked without the embedder (its provider failed), every
-    hit's `similarity` None."""
+    `similarity_unavailable`: a keyword recall ranked without the query's vector (the embedder's
+    provider failed, or the live index holds another embedder's vectors), every hit's `similarity` None."""
 
     results: tuple[RecallHit, ...]
     replay_context: ReplayContext

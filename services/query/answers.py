@@ -181,7 +181,7 @@ class RecallHit(Answer):
     episode: EpisodeOut
     similarity: float | None = Field(
         description="cosine to the query, at least 0; null when it could not be computed (a keyword recall "
-        "while the embedder is unavailable: `similarity_unavailable`)"
+        "without the query's vector: `similarity_unavailable`)"
     )
     relevance: float = Field(description="the relevance recall ranked by (0..1)")
     recency: float = Field(description="decay factor 0..1")
@@ -225,8 +225,9 @@ class RecallAnswer(Answer):
     min_priority: float
     similarity_unavailable: bool = Field(
         False,
-        description="present (true) only when a keyword-mode recall answered without the embedder (its "
-        "provider failed): ranked by words alone, every `similarity` null; other modes answer 503 then",
+        description="present (true) only when a keyword-mode recall answered without the query's vector "
+        "(the embedder's provider failed, or the index was rebuilt with another embedder): ranked by words "
+        "alone, every `similarity` null; other modes answer 503 or 409 then",
     )
 
 
@@ -254,8 +255,9 @@ class ContextAnswer(Answer):
     similarity_unavailable: bool = Field(
         False,
         description="present (true) only when the keyword-mode recall (ENGRAM_RECALL_MODE=keyword) "
-        "answered without the embedder (its provider failed): ranked by words alone, every `similarity` "
-        "null and no facts; other modes answer 503 then",
+        "answered without the query's vector (the embedder's provider failed, or the index was rebuilt "
+        "with another embedder): ranked by words alone, every `similarity` null and no facts; other modes "
+        "answer 503 or 409 then",
     )
 
 

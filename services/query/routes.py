@@ -116,6 +116,11 @@ MALFORMED = Status(400, "malformed JSON, or a request line or header longer than
 TOO_LARGE = Status(413, "body too large")
 ENCODED = Status(415, "a Content-Encoding other than identity: bodies are taken as sent, never decoded")
 EMBEDDER_DOWN = Status(503, "the embedder is unavailable (its provider failed or timed out; Retry-After)")
+EMBEDDER_CHANGED = Status(
+    409,
+    "the live index was rebuilt with another embedder under this process (`reindex --embedder`): a search "
+    "that needs the query's vector until it is restarted with that one (keyword mode answers without it)",
+)
 INVALID = Status(422, "invalid fields, each named in `errors`")
 NOT_FOUND = Status(404, "not in the caller's namespace")
 UNAUTHORIZED = Status(401, "missing or invalid API key")
@@ -143,7 +148,7 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/recall",
         recall.recall,
-        errors=(EMBEDDER_DOWN,),
+        errors=(EMBEDDER_CHANGED, EMBEDDER_DOWN),
         answer=answers.RecallAnswer,
     ),
     Route(
@@ -224,7 +229,7 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/context",
         recall.context,
-        errors=(EMBEDDER_DOWN,),
+        errors=(EMBEDDER_CHANGED, EMBEDDER_DOWN),
         answer=answers.ContextAnswer,
     ),
     Route(
@@ -237,14 +242,14 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/strategy",
         insights.strategy,
-        errors=(EMBEDDER_DOWN,),
+        errors=(EMBEDDER_CHANGED, EMBEDDER_DOWN),
         answer=answers.StrategyAnswer,
     ),
     Route(
         "POST",
         "/v1/suggest",
         insights.suggest,
-        errors=(EMBEDDER_DOWN,),
+        errors=(EMBEDDER_CHANGED, EMBEDDER_DOWN),
         answer=answers.SuggestAnswer,
     ),
     Route(
@@ -343,7 +348,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/facts/search",
         facts.facts_search,
         tag="facts",
-        errors=(EMBEDDER_DOWN,),
+        errors=(EMBEDDER_CHANGED, EMBEDDER_DOWN),
         answer=answers.FactsAnswer,
     ),
     Route(

@@ -461,6 +461,58 @@ async def test_an_index_rebuilt_with_another_embedder_is_not_ready_and_refuses_s
     assert (await api.post("/v1/recall", json={"query": "q"})).status == 200
 
 
+NEEDS_THE_VECTOR = (
+    ("/v1/recall", {"query": "flaky migration", "mode": "vector"}),
+    ("/v1/recall", {"query": "flaky migration", "mode": "hybrid"}),
+    ("/v1/context", {"task": "flaky migration"}),  # the service's mode: hybrid
+    ("/v1/strategy", {"task": "flaky migration"}),
+    ("/v1/suggest", {"task": "flaky migration"}),
+    ("/v1/facts/search", {"query": "flaky migration"}),
+)
+
+
+async def test_keyword_recall_answers_without_the_cosines_after_a_reindex_to_another_embedder(
+    make_client, redis, prefix, settings
+):
+    """Keyword recall ranks by words alone: with the live index rebuilt with another embedder under this
+    process it answers 200 without the cosines (`similarity_unavailable`, every `similarity` null), as
+    while the embedder is down, and so does `/v1/context` under ENGRAM_RECALL_MODE=keyword (no facts);
+    every search that needs the query's vector answers 409 naming the setting to restart with."""
+    api = await make_client()
+    keyword_service = await make_client(recall_mode="keyword")
+    await put(redis, prefix, "default", episode("e1", task="fix the flaky migration test"))
+    await redis.hset(
+        Keys(prefix).meta,
+        mapping={"generation": 2, "g2:embedder": "minilm-l6-v2", "g2:dim": settings.embed_dim},
+    )
+
+    async def refused():  # each service follows the live generation within a second (LiveTags)
+        statuses = [
+            (await c.post("/v1/recall", json={"query": "q", "mode": "vector"})).status
+            for c in (api, keyword_service)
+        ]
+        return statuses == [409, 409]
+
+    await wait_until(refused, message="both services see the other embedder's index")
+    for path, payload in NEEDS_THE_VECTOR:
+        resp = await api.post(path, json=payload)
+        body = await resp.json()
+        assert resp.status == 409 and "ENGRAM_EMBEDDER=minilm" in body["detail"], (path, payload, body)
+    resp = await api.post("/v1/recall", json={"query": "migration flaky", "mode": "keyword"})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["similarity_unavailable"] is True and body["mode"] == "keyword"
+    assert [r["episode"]["episode_id"] for r in body["results"]] == ["e1"]
+    assert body["results"][0]["similarity"] is None and body["results"][0]["relevance"] > 0
+    resp = await keyword_service.post("/v1/context", json={"task": "flaky migration"})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["similarity_unavailable"] is True and body["facts"] == []
+    assert [r["similarity"] for r in body["results"]] == [None]
+    resp = await api.post("/v1/facts/search", json={})  # no query, nothing to embed
+    assert resp.status == 200 and (await resp.json())["results"] == []
+
+
 async def test_openapi_documents_exactly_the_routes(api):
     from services.query.openapi import PAGE_FILES, openapi_path
 

@@ -41,6 +41,68 @@ async def test_the_async_client_refuses_the_same_ids(method: str, field: str) ->
         assert too_long.value.errors[0][0] == "request" and "URL too long" in str(too_long.value)
 
 
+LONE = "\udcff"  # what a command line's invalid UTF-8 byte 0xFF becomes (surrogateescape)
+TEXT_CALLS = [
+    # (method, positional arguments, keyword arguments, the field named, the surrogate's position in it)
+    ("recall", ("a" + LONE,), {}, "query", 1),
+    ("recall", ("q",), {"agent_id": "ag" + LONE}, "agent_id", 2),
+    ("recall", ("q",), {"category": ["ok", LONE + "x"]}, "category[1]", 0),
+    ("context", (LONE,), {}, "task", 0),
+    ("context", ("t",), {"category": "c" + LONE}, "category", 1),
+    ("strategy", ("t" + LONE,), {}, "task", 1),
+    ("suggest", ("t",), {"session_id": "s" + LONE}, "session_id", 1),
+    ("search_facts", ("deploy " + LONE,), {}, "query", 7),
+    ("search_facts", (), {"kind": ["k" + LONE]}, "kind[0]", 1),
+    ("skills", (), {"user_id": LONE}, "user_id", 0),
+    ("learning_curve", (), {"category": "c" + LONE}, "category", 1),
+    ("list_episodes", (), {"agent_id": "a" + LONE}, "agent_id", 1),
+    ("list_episodes", (), {"cursor": LONE}, "cursor", 0),
+    ("list_facts", (), {"episode_id": "e" + LONE}, "episode_id", 1),
+    ("consolidate", (), {"agent_id": "a" + LONE}, "agent_id", 1),
+    ("forget_episodes", (["e1", "e" + LONE],), {}, "episode_ids[1]", 1),
+    ("redrive_dead_letters", ([LONE],), {}, "ids[0]", 0),
+    ("discard_dead_letters", (["1-0" + LONE],), {}, "ids[0]", 3),
+]
+
+
+def lone_at(at: int) -> str:
+    return f"must be valid Unicode text (a lone surrogate at character {at})"
+
+
+@pytest.mark.parametrize(("method", "args", "kwargs", "field", "at"), TEXT_CALLS)
+def test_a_lone_surrogate_in_any_text_names_its_field(method, args, kwargs, field, at) -> None:
+    """A string with no UTF-8 form, in a body or a query parameter, is refused naming the parameter or
+    the body path (as the service and `record` do), before anything is sent."""
+    with Engram(NOWHERE, max_retries=0) as memory, pytest.raises(InvalidEpisode) as refused:
+        getattr(memory, method)(*args, **kwargs)
+    assert refused.value.errors == [(field, lone_at(at))]
+
+
+@pytest.mark.parametrize(("method", "args", "kwargs", "field", "at"), TEXT_CALLS)
+async def test_the_async_client_names_the_same_fields(method, args, kwargs, field, at) -> None:
+    async with AsyncEngram(NOWHERE, max_retries=0) as memory:
+        with pytest.raises(InvalidEpisode) as refused:
+            await getattr(memory, method)(*args, **kwargs)
+        assert refused.value.errors == [(field, lone_at(at))]
+
+
+async def test_every_field_with_a_lone_surrogate_is_named_in_one_error() -> None:
+    reason = lone_at(0)
+    with Engram(NOWHERE, max_retries=0) as memory, pytest.raises(InvalidEpisode) as refused:
+        memory.recall(LONE, agent_id=LONE, weights={"recency": 1.0}, category=[LONE])
+    assert refused.value.errors == [("query", reason), ("agent_id", reason), ("category[0]", reason)]
+    with Engram(NOWHERE, max_retries=0) as memory, pytest.raises(InvalidEpisode) as refused:
+        memory.recall("q", weights={"recency" + LONE: 1.0})
+    assert refused.value.errors == [("weights", "has a key that is not valid Unicode text")]
+    with Engram(NOWHERE, max_retries=0) as memory, pytest.raises(InvalidEpisode) as refused:
+        list(memory.iter_episodes(session_id=LONE))
+    assert refused.value.errors == [("session_id", reason)]
+    async with AsyncEngram(NOWHERE, max_retries=0) as memory:
+        with pytest.raises(InvalidEpisode) as refused:
+            [e async for e in memory.iter_episodes(outcome=LONE)]
+        assert refused.value.errors == [("outcome", reason)]
+
+
 WAITING_CALLS = [
     ("record", lambda m, wait: m.record(task="t", outcome="success", wait=wait)),
     ("publish", lambda m, wait: m.publish([{"task": "t", "outcome": "success"}], wait=wait)),

@@ -52,7 +52,7 @@ from services.query.recall.pool import (
 from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
-from shared.index import Scope
+from shared.index import EmbedderMismatch, Scope
 from shared.regimes import approach, superseded
 
 __all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
@@ -148,17 +148,20 @@ def _ranked(scored: score.Scored, head: list[int], p: RecallParams) -> list[int]
 
 
 async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
-    """The `POST /v1/recall` response body (see the module docstring). Raises EmbeddingError when the
-    embedder fails outside keyword mode, Conflict when the index holds vectors of another size."""
+    """The `POST /v1/recall` response body (see the module docstring). Outside keyword mode, raises
+    EmbeddingError when the embedder fails and Conflict (EmbedderMismatch among them) when the index
+    holds another embedder's vectors; keyword mode answers without the cosines then
+    (`similarity_unavailable`)."""
     pl = await plan(q, params)
     p, w = params, pl.weights
     pool = await similarity_pool(q, pl)
     try:  # the winners' cosines need it in keyword mode too, where it is all that needs it
         vector: np.ndarray | None = await vector_of(q.vector)
-    except EmbeddingError as exc:  # keyword mode ranks by words alone: it answers without, not a 503
+    except (EmbeddingError, EmbedderMismatch) as exc:  # keyword mode ranks by words alone: not a 503/409
         if p.mode != "keyword":
             raise
-        log.warning("keyword recall without cosines: the embedder is unavailable ◆ %s", str(exc)[:300])
+        why = "the embedder is unavailable" if isinstance(exc, EmbeddingError) else "another embedder's index"
+        log.warning("keyword recall without cosines: %s ◆ %s", why, str(exc)[:300])
         vector = None
     cands = pool.cands
     extra = [n for n in pl.arms if n not in SIMILARITY_ARMS]

@@ -115,7 +115,8 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
 async def embed(request: web.Request, text: str):
     """`text`'s query vector (float32[dim]). Raises EmbedderMismatch (409) when the live index was
     rebuilt with another embedder under this process (`reindex --embedder`): its vectors are another
-    model's, and this process must be restarted with that one (`/readyz` says so too). Raises
+    model's, and this process must be restarted with that one (`/readyz` says so too); a keyword recall
+    answers without the vector then (`services.query.recall.recall`). Raises
     EmbeddingError when the embedder fails, whatever it raised (a provider's 5xx or timeout after its
     retries, a local model's own exception): `services.query.problems` answers it 503 with Retry-After."""
     mismatch = await request.app[TAGS].mismatch(redis_of(request))

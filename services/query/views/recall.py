@@ -109,7 +109,7 @@ async def context(request: web.Request, body: models.ContextRequest) -> web.Resp
     async with overlapped(embed(request, body.task)) as pending:
         params = context_params(body, s, time.time())
         recalled = await rc.recall(query_of(request, scope, body.task, pending), params)
-        # a keyword recall answered without the embedder (`similarity_unavailable`): no facts by cosine
+        # a keyword recall answered without the query's vector (`similarity_unavailable`): no facts by cosine
         unavailable = recalled.get("similarity_unavailable", False)
         vector = None if unavailable else await pending
     short_term = await rc.latest(r, index, scope, s.short_term_window, request.app[FLOORS])
