@@ -892,7 +892,7 @@ export interface components {
             episode: components["schemas"]["EpisodeOut"];
             /**
              * Similarity
-             * @description cosine to the query, at least 0; null when it could not be computed (a keyword recall while the embedder is unavailable: `similarity_unavailable`)
+             * @description cosine to the query, at least 0; null when it could not be computed (a keyword recall without the query's vector: `similarity_unavailable`)
              */
             similarity: number | null;
             /**
@@ -1002,7 +1002,7 @@ export interface components {
             min_priority: number;
             /**
              * Similarity Unavailable
-             * @description present (true) only when a keyword-mode recall answered without the embedder (its provider failed): ranked by words alone, every `similarity` null; other modes answer 503 then
+             * @description present (true) only when a keyword-mode recall answered without the query's vector (the embedder's provider failed, or the index was rebuilt with another embedder): ranked by words alone, every `similarity` null; other modes answer 503 or 409 then
              * @default false
              */
             similarity_unavailable: boolean;
@@ -1422,7 +1422,7 @@ export interface components {
             preset: string | null;
             /**
              * Similarity Unavailable
-             * @description present (true) only when the keyword-mode recall (ENGRAM_RECALL_MODE=keyword) answered without the embedder (its provider failed): ranked by words alone, every `similarity` null and no facts; other modes answer 503 then
+             * @description present (true) only when the keyword-mode recall (ENGRAM_RECALL_MODE=keyword) answered without the query's vector (the embedder's provider failed, or the index was rebuilt with another embedder): ranked by words alone, every `similarity` null and no facts; other modes answer 503 or 409 then
              * @default false
              */
             similarity_unavailable: boolean;
@@ -2351,6 +2351,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description the live index was rebuilt with another embedder under this process (`reindex --embedder`): a search that needs the query's vector until it is restarted with that one (keyword mode answers without it) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description body too large */
             413: {
                 headers: {
@@ -3145,6 +3154,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description the live index was rebuilt with another embedder under this process (`reindex --embedder`): a search that needs the query's vector until it is restarted with that one (keyword mode answers without it) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description body too large */
             413: {
                 headers: {
@@ -3284,6 +3302,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description the live index was rebuilt with another embedder under this process (`reindex --embedder`): a search that needs the query's vector until it is restarted with that one (keyword mode answers without it) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description body too large */
             413: {
                 headers: {
@@ -3355,6 +3382,15 @@ export interface operations {
             };
             /** @description missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the live index was rebuilt with another embedder under this process (`reindex --embedder`): a search that needs the query's vector until it is restarted with that one (keyword mode answers without it) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3911,6 +3947,15 @@ export interface operations {
             };
             /** @description missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the live index was rebuilt with another embedder under this process (`reindex --embedder`): a search that needs the query's vector until it is restarted with that one (keyword mode answers without it) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
