@@ -341,6 +341,12 @@ class EmbeddedCluster:
             node.stop()
 
 
+def _exited(server: EmbeddedRedis | EmbeddedCluster) -> bool:
+    """Whether a server (a node of the cluster) has exited; a paused one has not."""
+    nodes = server.nodes if isinstance(server, EmbeddedCluster) else [server]
+    return any(node.process is None or node.process.poll() is not None for node in nodes)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=6379)
@@ -372,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{what} ready at {server.url} (data in {server.data_dir}{shape})", flush=True)
     stops = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}  # SIGCHLD: a server died, stop the others
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    signal.sigwait(stops)
+    # SIGCHLD also comes when a server is paused (SIGSTOP, a debugger) or continued: only an exit counts
+    while not _exited(server) and signal.sigwait(stops) == signal.SIGCHLD:
+        pass
     server.stop()
     print(f"{what} stopped", flush=True)
     return 0

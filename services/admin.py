@@ -260,8 +260,10 @@ def reindex(embedder: str, progress: bool | None, as_json: bool) -> None:
 
 
 @click.command("dead-letters")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000))
-@json_option
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000), help="List the oldest N."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the dead letters as a JSON list.")
 def dead_letters(limit: int, as_json: bool) -> None:
     """List dead letters, oldest first: the events the consolidator gave up on, with the reason."""
     rows = run_admin("dead-letters", _dead_letter_rows(_settings("dead-letters"), limit))
@@ -281,7 +283,9 @@ def _dead_letter_command(verb: str, did: str, key: str, doc: str):
 
     @click.command(verb, help=doc)
     @click.argument("ids", nargs=-1)
-    @click.option("--all", "all_", is_flag=True, help=f"{did.capitalize()} every dead letter.")
+    @click.option(
+        "--all", "all_", is_flag=True, help=f"{verb.capitalize()} every dead letter (instead of naming IDS)."
+    )
     @progress_option
     @json_option
     def command(ids: tuple[str, ...], all_: bool, progress: bool | None, as_json: bool) -> None:

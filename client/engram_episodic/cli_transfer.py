@@ -185,14 +185,14 @@ def import_command(
             f"every read and erased; give it a later expires_at or none): {_shown(named)}"
             + (f"; {len(forgotten)} forgotten here before: {_shown(forgotten)}" if forgotten else "")
         )
-    if forgotten:
+    if forgotten:  # not imported either: exit status 1, as `engram publish` and `engram record` do
         click.echo(
             f"imported {_episodes_n(imported)}; {len(forgotten)} "
             f"{'was' if len(forgotten) == 1 else 'were'} not, as the episode_id was forgotten here before "
             f"and a forgotten id is never stored again: {_shown(forgotten)}",
             err=True,
         )
-        return
+        raise SystemExit(1)
     click.echo(f"imported {_episodes_n(n)}", err=True)
 
 

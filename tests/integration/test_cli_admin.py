@@ -166,6 +166,22 @@ def test_python_m_services_admin_and_engram_admin_are_one_command_line():
     assert project["scripts"] == {"engram-admin": "services.admin:main"}
 
 
+def test_the_dead_letter_commands_help_says_what_each_option_does():
+    """`redrive --help` described --all as "Re-driven every dead letter." (the summary's past participle),
+    `discard --help` as "Discarded …", and `dead-letters --json` as printing a summary."""
+    runner = CliRunner()
+
+    def options(*args: str) -> str:
+        out = runner.invoke(cli, [*args, "--help"], terminal_width=200)
+        assert out.exit_code == 0, out.output
+        return " ".join(out.stdout.split("Options:")[1].split())
+
+    assert "--all Redrive every dead letter (instead of naming IDS)." in options("redrive")
+    assert "--all Discard every dead letter (instead of naming IDS)." in options("discard")
+    listing = options("dead-letters")
+    assert "--json Print the dead letters as a JSON list." in listing and "--limit" in listing
+
+
 def test_the_admin_defaults_follow_make_run(tmp_path):
     env = server_env({"ENGRAM_REDIS_PORT": "6400", "ENGRAM_DATA_DIR": str(tmp_path)})
     assert env["REDIS_URL"] == "redis://127.0.0.1:6400/0" and "ENGRAM_MASTER_KEY_FILE" not in env

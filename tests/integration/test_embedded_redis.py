@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import redis as sync_redis
 
@@ -59,3 +67,67 @@ def test_a_cluster_of_other_ports_or_size_in_the_data_dir_is_refused_before_star
     with pytest.raises(EmbeddedRedisError, match=f"nodes.conf only under {ports[0]}.*remove"):
         cluster.start()
     assert cluster.nodes == []
+
+
+def _running_after(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether `proc` is still running `seconds` from now (False as soon as it exits)."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _standalone(data_dir: Path) -> Iterator[tuple[subprocess.Popen, sync_redis.Redis, int]]:
+    """`python -m deploy.embedded_redis` on a free port, once ready: (its process, a client of its server,
+    the server's pid). Whatever is still running on leaving is killed."""
+    port = free_port()
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "deploy.embedded_redis", "--port", str(port), "--dir", str(data_dir)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    client = sync_redis.Redis(port=port, socket_timeout=5)
+    pid = None
+    try:
+        assert "embedded redis ready" in wrapper.stdout.readline(), wrapper.stderr.read()
+        pid = int(client.info("server")["process_id"])
+        yield wrapper, client, pid
+    finally:
+        client.close()
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        if pid is not None:  # its own session: not killed with the wrapper
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_paused_server_is_not_taken_for_one_that_exited(tmp_path):
+    """`python -m deploy.embedded_redis` stops when its server exits, told by SIGCHLD; SIGCHLD also comes
+    when the server is paused (`kill -STOP`) or continued, and a pause SIGTERMed the server, which shut
+    down once continued ("embedded redis stopped"). A paused server now stays, and answers when continued."""
+    with _standalone(tmp_path) as (wrapper, client, pid):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert _running_after(wrapper, 2)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert _running_after(wrapper, 2), wrapper.stdout.read()  # a SIGTERM sent while paused lands now
+        assert client.ping() and int(client.info("server")["process_id"]) == pid
+        wrapper.terminate()
+        assert wrapper.wait(timeout=30) == 0
+        assert "embedded redis stopped" in wrapper.stdout.read()
+        with pytest.raises(ProcessLookupError):  # the server went with it
+            os.kill(pid, 0)
+
+
+def test_a_server_that_exits_ends_its_wrapper(tmp_path):
+    """A server killed under `python -m deploy.embedded_redis` is not left for dead: the wrapper exits."""
+    with _standalone(tmp_path) as (wrapper, _, pid):
+        os.kill(pid, signal.SIGKILL)
+        assert wrapper.wait(timeout=30) == 0
+        assert "embedded redis stopped" in wrapper.stdout.read()

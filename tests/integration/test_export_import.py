@@ -228,7 +228,8 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
 ):
     """Export, forget two episodes, import the export back: it said "imported 12 episodes", the
     two went back into the stream (text and all) and the consolidator dropped them unseen. The import
-    now says which episodes were forgotten and publishes nothing of them."""
+    now says which episodes were forgotten, publishes nothing of them, and exits 1 (it exited 0) as
+    `engram publish` does: an episode of the file is not in the stack."""
     api = await make_client(api_keys={KEY_A: "team-a"})
     await api.post("/v1/episodes", json={"episodes": batch()}, headers=auth(KEY_A))
     await drain(settings, redis)
@@ -247,7 +248,7 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
         return [ident[1] for e in entries if e.payload and (ident := peek_identity(e.payload))]
 
     out = await run(api, "import", str(file), key=KEY_A)
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 1, out.output
     assert "imported 10 episodes; 2 were not, as the episode_id was forgotten here before" in out.output
     assert "ep-3, ep-7" in out.output
     assert sorted(await published_since()) == sorted(f"ep-{i}" for i in range(12) if i not in (3, 7))
@@ -255,12 +256,12 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes(b"\xef\xbb\xbf" + "\n".join(file.read_text().splitlines()[3:4]).encode())
     out = await run(api, "import", str(bom), "--json", key=KEY_A)
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 1, out.output
     assert json.loads(out.stdout) == {"imported": 0, "forgotten": ["ep-3"]}
     assert "imported 0 episodes; 1 was not, as the episode_id was forgotten" in out.output
     async with running_worker(settings, "importer"):  # --wait: the two are not a timeout of the import
         out = await run(api, "import", str(file), "--wait", "20", key=KEY_A)
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 1, out.output
     assert "imported 10 episodes; 2 were not" in out.output
     assert {"ep-3", "ep-7"}.isdisjoint(await published_since()) and len(await published_since()) == 20
 

@@ -290,29 +290,42 @@ async def test_backpressure_is_the_lag_of_the_publishers_partition(redis, prefix
 async def test_the_documented_stream_sdk_example_publishes_with_make_runs_key(
     redis, prefix, redis_url, tmp_path
 ):
-    """docs/architecture.md "Publishing next to Redis", run as written (this test's Redis, prefix and a
-    master key file put in): make run seals its stream, so the example passes the key (a copy
-    without it is refused)."""
+    """docs/architecture.md "Publishing next to Redis", run as written (this test's Redis and prefix put
+    in): make run seals its stream, so the example passes the key, read where that make run keeps it —
+    for a stack on another ENGRAM_REDIS_PORT, `.run/redis-<port>/master.key` (the example once read
+    `.run/master.key` whatever the port)."""
     import asyncio
+    import os
     import sys
     from pathlib import Path
 
     from shared.crypto import generate_master_key_file
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "architecture.md").read_text()
     start = doc.index("### Publishing next to Redis")
     code = doc[doc.index("```python\n", start) + len("```python\n") :]
     code = code[: code.index("\n```")]
-    key = generate_master_key_file(tmp_path / "master.key")
+    (tmp_path / ".run" / "redis-16379").mkdir(parents=True)
+    generate_master_key_file(tmp_path / ".run" / "redis-16379" / "master.key")
     for documented, actual in (
-        ('"redis://127.0.0.1:6390/0"', repr(redis_url)),
-        ('".run/master.key"', repr(str(key))),
+        ('f"redis://127.0.0.1:{port}/0"', repr(redis_url)),
         ('namespace="default",', f'namespace="default", prefix={prefix!r},'),
     ):
         assert documented in code, documented
         code = code.replace(documented, actual)
+    # a second stack's environment, in a checkout (tmp_path) where make run kept its data
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_DATA_DIR", "ENGRAM_MASTER_KEY_FILE")}
+    env["ENGRAM_REDIS_PORT"] = "16379"
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "client"), env.get("PYTHONPATH", "")])
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        sys.executable,
+        "-c",
+        code,
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
