@@ -59,7 +59,7 @@ class RedisWatch:
         started = loop.time()
         timer = loop.call_later(self.probe_after, self._suspect)
         try:
-            async with asyncio.timeout(started + self.bound if self.hung else None) as deadline:
+            async with asyncio.timeout_at(started + self.bound if self.hung else None) as deadline:
                 self._running[deadline] = started
                 try:
                     return await call()

@@ -97,8 +97,9 @@ async def test_every_request_to_a_hung_redis_is_a_503_within_the_bound(
     aiohttp_client, settings, private_redis
 ):
     """Redis paused (SIGSTOP: the socket open, nothing answering) under concurrent ingest, recall,
-    summary and forget requests: each answers 503 with Retry-After within the bound, however many there
-    are and however many commands each sends, and the service answers 200 again once Redis resumes."""
+    summary and forget requests, then more once the hang is known: each answers 503 with Retry-After
+    within the bound, however many there are and however many commands each sends, and the service
+    answers 200 again once Redis resumes."""
     from services.query.app import make_app
     from services.query.watch import BOUND
 
@@ -123,6 +124,8 @@ async def test_every_request_to_a_hung_redis_is_a_503_within_the_bound(
     os.kill(private_redis.process.pid, signal.SIGSTOP)
     try:
         answers = await asyncio.gather(*(timed(*call) for call in calls))
+        # and requests that arrive once Redis is known to hang: the same bound, not the old one
+        answers += await asyncio.gather(*(timed(*call) for call in calls[:4]))
     finally:
         os.kill(private_redis.process.pid, signal.SIGCONT)
     for what, status, retry_after, seconds in answers:
