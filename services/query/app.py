@@ -50,6 +50,7 @@ from services.query.recall.terms import Memos
 from services.query.recall.vectors import QueryVectorCache
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.startup import Startup, startup_gate
+from services.query.watch import RedisWatch, watch_middleware
 from shared import cluster
 from shared.content_coding import identity_only
 from shared.embedding import Embedder, make_embedder
@@ -67,7 +68,9 @@ log = logging.getLogger("engram.query")
 openapi_document: OpenAPIDocument = functools.cache(functools.partial(document, ROUTES, SCHEMAS))
 
 
-def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, background: bool):
+def _resources(
+    redis: aioredis.Redis | None, embedder: Embedder | None, watch: RedisWatch, *, background: bool
+):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         startup = app[STARTUP]
@@ -89,6 +92,8 @@ def _resources(redis: aioredis.Redis | None, embedder: Embedder | None, *, backg
             app[REDIS] = r
             app[EMBEDDER] = e
             app[TAGS] = tags
+            watch.redis = r
+            stack.push_async_callback(watch.aclose)
 
             async def load() -> None:
                 await e.load()
@@ -177,6 +182,7 @@ def make_app(
     start-up). Without it start-up completes before the first request."""
     metrics = Metrics()
     startup = Startup()
+    watch = RedisWatch()
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
@@ -188,6 +194,7 @@ def make_app(
                 settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
             ),
             startup_gate(startup, frozenset(r.path for r in ROUTES if r.tag == "operations")),
+            watch_middleware(watch),  # a Redis that hangs: 503 within `watch.bound` s (services.query.watch)
         ],
     )
     keys = settings.keys
@@ -206,6 +213,6 @@ def make_app(
     app[QUERY_VECTORS] = QueryVectorCache(settings.query_cache, batch=settings.query_batch)
     app[FLOORS] = Floors()
     app[TERMS] = Memos()
-    app.cleanup_ctx.append(_resources(redis, embedder, background=background_start))
+    app.cleanup_ctx.append(_resources(redis, embedder, watch, background=background_start))
     add_routes(app)
     return app

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,73 @@ async def test_readiness_and_503_while_redis_is_away_then_recovery(aiohttp_clien
     await wait_until(lambda: _status(client, "/readyz", 200), timeout=30, message="ready again")
     resp = await client.post("/v1/recall", json={"query": "anything"})
     assert resp.status == 200, await resp.text()
+
+
+HUNG_LIMIT = 10.0
+"""Seconds a request may take to answer 503 while Redis hangs: `watch.BOUND` (5 s) with room for a loaded
+machine; before the watch, three concurrent requests took 40 s and a recall 160 s."""
+
+
+async def test_every_request_to_a_hung_redis_is_a_503_within_the_bound(
+    aiohttp_client, settings, private_redis
+):
+    """Redis paused (SIGSTOP: the socket open, nothing answering) under concurrent ingest, recall,
+    summary and forget requests, then more once the hang is known: each answers 503 with Retry-After
+    within the bound, however many there are and however many commands each sends, and the service
+    answers 200 again once Redis resumes."""
+    from services.query.app import make_app
+    from services.query.watch import BOUND
+
+    s = settings.with_(redis_url=private_redis.url)
+    client = await aiohttp_client(make_app(s, embedder=HashingEmbedder(s.embed_dim)))
+    assert (await client.post("/v1/episodes", json=episode("before"))).status == 202
+    assert (await client.post("/v1/recall", json={"query": "a task"})).status == 200
+
+    async def timed(method: str, path: str, body: dict | None) -> tuple[str, int, str | None, float]:
+        began = time.monotonic()
+        resp = await client.request(method, path, json=body)
+        await resp.read()
+        return f"{method} {path}", resp.status, resp.headers.get("Retry-After"), time.monotonic() - began
+
+    calls = [
+        ("POST", "/v1/episodes", episode("paused")),
+        ("POST", "/v1/recall", {"query": "a task"}),
+        ("GET", "/v1/summary", None),
+        ("DELETE", "/v1/users/someone", None),
+    ] * 3
+    assert private_redis.process is not None
+    os.kill(private_redis.process.pid, signal.SIGSTOP)
+    try:
+        answers = await asyncio.gather(*(timed(*call) for call in calls))
+        # and requests that arrive once Redis is known to hang: the same bound, not the old one
+        answers += await asyncio.gather(*(timed(*call) for call in calls[:4]))
+    finally:
+        os.kill(private_redis.process.pid, signal.SIGCONT)
+    for what, status, retry_after, seconds in answers:
+        assert status == 503 and retry_after == "1", (what, status, retry_after)
+        assert BOUND - 0.5 < seconds < HUNG_LIMIT, (what, seconds)
+
+    async def recalls() -> bool:
+        return (await client.post("/v1/recall", json={"query": "a task"})).status == 200
+
+    await wait_until(recalls, timeout=15, message="recall to answer 200 once Redis resumes")
+
+
+async def test_a_slow_command_on_a_redis_that_answers_is_not_cut(redis):
+    """A command that waits in Redis (a BLPOP here, as a long search on the Query Engine's threads)
+    while Redis answers PING runs past the bound; the call's own errors pass through unchanged."""
+    from services.query.watch import RedisWatch
+
+    watch = RedisWatch(probe_after=0.1, hang=0.3)
+    watch.redis = redis
+    try:
+        began = time.monotonic()
+        assert await watch.run(lambda: redis.blpop(["engram-test:never-pushed"], timeout=1.5)) is None
+        assert time.monotonic() - began >= 1.4 and not watch.hung
+        with pytest.raises(TimeoutError):  # a builtin TimeoutError of the call is not a hung Redis
+            await watch.run(lambda: asyncio.wait_for(asyncio.Event().wait(), 0.01))
+    finally:
+        await watch.aclose()
 
 
 async def _status(client, path: str, want: int) -> bool:
