@@ -24,6 +24,9 @@ REGIME_MIN = 3
 """Episodes each side of a flip of one strategy's outcomes (as ENGRAM_FACTS_MIN_CLUSTER's default)."""
 ADVICE_POOL = 100
 """Similar episodes /v1/strategy and /v1/suggest read to find each approach's newest regime (at least k)."""
+ADVICE_SEARCHES = 5
+"""Searches of ADVICE_POOL that advice makes at most, each among the episodes completed after the newest
+the one before found: a change of approach is seen behind up to ~400 alike older episodes."""
 
 
 def _approach(ep: Episode) -> str | None:

@@ -2,9 +2,9 @@
 
 Week 1 the agent installs dependencies with `pip` and succeeds; week 2 `pip` fails and `uv` works.
 The old episodes are the nearest to the task (their text is the task's own words), so the `k` nearest
-alone are all week 1: /v1/strategy and /v1/suggest must still name `uv`, whether the tool is recorded
-as the strategy or only as the tool the agent called (`actions[].action_type`). A run of successes
-with no change must not be reported as one.
+alone are all week 1 (with 300 of them, so are the first search's 100): /v1/strategy and /v1/suggest
+must still name `uv`, whether the tool is recorded as the strategy or only as the tool the agent
+called (`actions[].action_type`). A run of successes with no change must not be reported as one.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def episode(i: int, tool: str, ok: bool, at: float, *, as_strategy: bool) -> dic
 def weeks(old: list[tuple[str, bool]], new: list[tuple[str, bool]], *, as_strategy: bool) -> list[dict]:
     out = [episode(i, t, ok, T0 + i * 60, as_strategy=as_strategy) for i, (t, ok) in enumerate(old)]
     return out + [
-        episode(100 + j, t, ok, T0 + 7 * DAY + j * 60, as_strategy=as_strategy)
+        episode(10_000 + j, t, ok, T0 + 7 * DAY + j * 60, as_strategy=as_strategy)
         for j, (t, ok) in enumerate(new)
     ]
 
@@ -60,6 +60,8 @@ def interleaved(failures: int, successes: int) -> list[tuple[str, bool]]:
 SWITCHES = {
     "8-then-4-failing": ([("pip", True)] * 8, interleaved(4, 6)),
     "6-then-3-failing": ([("pip", True)] * 6, interleaved(3, 3)),
+    # more alike old successes than one search of advice reads (insights.ADVICE_POOL)
+    "300-then-4-failing": ([("pip", True)] * 300, interleaved(4, 5)),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -32,18 +33,32 @@ async def _profiles(request: web.Request, req: Any, threshold: float) -> list[di
 
 async def _similar(request: web.Request, body: Any, category: tuple[str, ...]) -> list[Episode]:
     """The episodes of the caller's scope (within `category`, () for all) nearest to `body.task`, at
-    least `body.min_similarity` alike: up to `body.k` or `insights.ADVICE_POOL`, whichever is more."""
+    least `body.min_similarity` alike, most alike first: up to `body.k` or `insights.ADVICE_POOL`,
+    whichever is more; while a search fills that, the nearest completed after the newest it found are
+    searched too (at most `insights.ADVICE_SEARCHES` searches). Hundreds of alike old episodes would
+    otherwise hide the newer ones, whose outcomes tell that an approach stopped working
+    (`insights.current_evidence`)."""
     vector = await embed(request, body.task)
     scope = rc.scope_of(ns_of(request), body, await tags_of(request), category=category)
-    similar = await rc.similar(
-        redis_of(request),
-        index_of(request),
-        scope,
-        vector,
-        max(body.k, insights.ADVICE_POOL),
-        body.min_similarity,
-        graph_ef=request.app[SETTINGS].graph_ef,
-    )
+    n = max(body.k, insights.ADVICE_POOL)
+    found: dict[bytes, rc.Candidate] = {}
+    for _ in range(insights.ADVICE_SEARCHES):
+        batch = await rc.similar(
+            redis_of(request),
+            index_of(request),
+            scope,
+            vector,
+            n,
+            body.min_similarity,
+            graph_ef=request.app[SETTINGS].graph_ef,
+        )
+        fresh = [c for c in batch if c.key not in found]
+        found.update((c.key, c) for c in fresh)
+        if len(batch) < n or not fresh:
+            break
+        newest = max(episode_of(c).completed_at or 0.0 for c in fresh)
+        scope = replace(scope, since=max(newest, scope.since or newest))
+    similar = sorted(found.values(), key=lambda c: -c.cos)
     return [episode_of(c) for c in similar]
 
 
