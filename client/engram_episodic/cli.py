@@ -176,6 +176,8 @@ def publish(ctx: click.Context, file: Any, wait: float | None, as_json: bool) ->
     except json.JSONDecodeError as exc:
         hint = " (one episode per line is JSONL: `engram import` reads it)" if exc.msg == "Extra data" else ""
         raise click.ClickException(f"{file.name} is not JSON: {exc}{hint}") from None
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{file.name} is not UTF-8 ({exc.reason})") from None
     if isinstance(body, dict) and set(body) == {"episodes"}:
         episodes = body["episodes"]
     else:

@@ -110,7 +110,12 @@ def _prepared(name: str, lines: list[tuple[int, dict[str, Any]]], max_body_bytes
     "--wait", type=click.FloatRange(0, MAX_WAIT), help="Seconds to wait until each batch is recallable."
 )
 @progress_option
-@click.option("--json", "as_json", is_flag=True, help='Print {"imported": n, "forgotten": [ids]} on stdout.')
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print {"imported": n, "forgotten": [ids], "expired": [ids]} on stdout.',
+)
 @click.pass_context
 def import_command(
     ctx: click.Context, file: IO[bytes], wait: float | None, progress: bool | None, as_json: bool
@@ -175,7 +180,7 @@ def import_command(
         raise
     imported = n - len(forgotten) - (len(expired) - len(stale))
     if as_json:
-        click.echo(json.dumps({"imported": imported, "forgotten": forgotten}))
+        click.echo(json.dumps({"imported": imported, "forgotten": forgotten, "expired": expired}))
     if expired:  # published, but hidden at once: not imported, and an error (exit status 1)
         named = [f"{i} ({file.name}:{at[i][0]}, expires_at {format_instant(at[i][1])})" for i in expired]
         one = len(expired) == 1
@@ -186,13 +191,11 @@ def import_command(
             + (f"; {len(forgotten)} forgotten here before: {_shown(forgotten)}" if forgotten else "")
         )
     if forgotten:  # not imported either: exit status 1, as `engram publish` and `engram record` do
-        click.echo(
+        raise click.ClickException(
             f"imported {_episodes_n(imported)}; {len(forgotten)} "
             f"{'was' if len(forgotten) == 1 else 'were'} not, as the episode_id was forgotten here before "
-            f"and a forgotten id is never stored again: {_shown(forgotten)}",
-            err=True,
+            f"and a forgotten id is never stored again: {_shown(forgotten)}"
         )
-        raise SystemExit(1)
     click.echo(f"imported {_episodes_n(n)}", err=True)
 
 

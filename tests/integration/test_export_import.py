@@ -257,7 +257,7 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
     bom.write_bytes(b"\xef\xbb\xbf" + "\n".join(file.read_text().splitlines()[3:4]).encode())
     out = await run(api, "import", str(bom), "--json", key=KEY_A)
     assert out.exit_code == 1, out.output
-    assert json.loads(out.stdout) == {"imported": 0, "forgotten": ["ep-3"]}
+    assert json.loads(out.stdout) == {"imported": 0, "forgotten": ["ep-3"], "expired": []}
     assert "imported 0 episodes; 1 was not, as the episode_id was forgotten" in out.output
     async with running_worker(settings, "importer"):  # --wait: the two are not a timeout of the import
         out = await run(api, "import", str(file), "--wait", "20", key=KEY_A)
@@ -287,6 +287,10 @@ async def test_a_forgotten_episode_id_is_not_published_again_by_an_import_or_a_p
     one.write_text(json.dumps(batch()[7]), encoding="utf-8")
     out = await run(api, "publish", str(one), key=KEY_A)
     assert "not published ep-7: it was forgotten before" in out.output, out.output
+    latin1 = tmp_path / "latin1.json"  # a file that is not UTF-8: one line naming it, no traceback
+    latin1.write_bytes(b'{"episode_id": "bad\xff", "task": "x", "outcome": "success"}')
+    out = await run(api, "publish", str(latin1), key=KEY_A)
+    assert out.exit_code == 1 and "latin1.json is not UTF-8 (invalid start byte)" in out.output, out.output
 
 
 async def test_an_import_with_wait_says_once_that_an_expired_episode_was_not_imported(
@@ -334,7 +338,11 @@ async def test_an_import_never_sends_a_line_past_its_expires_at(make_client, set
         for wait in ((), ("--wait", "5")):
             out = await run(api, "import", str(file), *wait, "--no-progress", "--json", key=KEY_A)
             assert out.exit_code == 1, out.output
-            assert json.loads(out.stdout) == {"imported": 0, "forgotten": []}, out.output
+            assert json.loads(out.stdout) == {
+                "imported": 0,
+                "forgotten": [],
+                "expired": ["kept-1", "stale-0", "stale-1"],
+            }, out.output
             assert (
                 "imported 0 of 3 episodes; 3 were not, as their expires_at had already passed" in out.output
             )
