@@ -14,7 +14,6 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load ends quietly, 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import contextlib
-import ctypes
 import logging
 import os
 import re
@@ -23,11 +22,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError
+from deploy.embedded_redis import EmbeddedCluster, EmbeddedRedis, EmbeddedRedisError, die_with_us
 from engram_episodic.errors import ConfigError
 from services.query.auth import check_bind
 from services.run_lock import DataDirBusy, busy_message, lock_data_dir, run_data_dir
@@ -46,27 +45,6 @@ BACKOFF_MAX = 10.0
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 TAIL_BYTES = 8192
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_us() -> Callable[[], None]:
-    """A `subprocess.Popen` `preexec_fn`: the child gets SIGTERM when this process dies, SIGKILL included
-    (Linux `prctl(PR_SET_PDEATHSIG)`; elsewhere nothing), so a `make run` killed with `kill -9` takes its
-    stack with it: Redis flushes its AOF and lets go of the lock, no worker consumes a next Redis's stream."""
-    parent = os.getpid()
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
-    except (OSError, AttributeError):  # not Linux: the orphans stay
-        return lambda: None
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # we died between the fork and the prctl: no signal will come
-            os._exit(1)
-
-    return preexec
-
-
 def _taken_port(host: str, port: int) -> str | None:
     """Why `host:port` cannot be bound now (e.g. "Address already in use"), or None when it can."""
     try:

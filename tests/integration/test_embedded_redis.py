@@ -14,6 +14,7 @@ import pytest
 import redis as sync_redis
 
 from deploy.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow  # spawns servers: `make test-fast` skips it
 
@@ -131,3 +132,21 @@ def test_a_server_that_exits_ends_its_wrapper(tmp_path):
         os.kill(pid, signal.SIGKILL)
         assert wrapper.wait(timeout=30) == 0
         assert "embedded redis stopped" in wrapper.stdout.read()
+
+
+async def test_a_server_goes_with_the_process_that_started_it(tmp_path):
+    """A process killed with -9 (a test run, a script) left its embedded Redis running, holding its port
+    and data directory; the server now gets SIGTERM when its starter dies, and exits."""
+    with _standalone(tmp_path) as (wrapper, _, pid):
+        wrapper.kill()
+        wrapper.wait()
+        await wait_until(lambda: not _alive(pid), timeout=30, message="the server stopped with its starter")
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie of a reaped parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
