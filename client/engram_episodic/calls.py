@@ -203,10 +203,8 @@ def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResul
 
 
 def joined(results: list[IngestResult]) -> IngestResult:
-    """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: every episode
-    once, in the order of its first part (the first parts go first, so that is the list's order);
-    an episode is `projected` only if each of its parts was, the whole only if every request's was
-    (None without `wait`)."""
+    """One `IngestResult` of the requests `Calls.publish` made: every episode once, in the list's order,
+    `projected` only if each of its parts was, the whole only if every request's was (None without `wait`)."""
     if len(results) == 1:
         return results[0]
     parts: dict[str, list[Accepted]] = {}
@@ -358,11 +356,8 @@ class Calls:
         wait: float | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> tuple[list[Episode], list[Call[IngestResult]]]:
-        """The episodes validated, and the requests that publish them (`parts.request_bodies`): one when
-        they fit one request (at most 1,000 episodes, 1,000 actions each, `max_body_bytes` of JSON),
-        else parts in order, each episode whole once the last request carrying it is folded; sending
-        them all again changes nothing. Raises InvalidEpisode naming every bad field, or the field or
-        action too large for one request."""
+        """The episodes validated, and the requests that publish them (`parts.request_bodies`). Raises
+        InvalidEpisode naming every bad field, or the field or action too large for one request."""
         if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
             raise InvalidEpisode([("episodes", "must be a list of episodes")])
         prepared, errors = [], []
