@@ -80,7 +80,6 @@ class WaitTimeout(EngramError, TimeoutError):
     `episode_ids` names the episodes), or it never will be (forgotten before, dead-lettered, expired).
     `result`: the whole ingest's answer (each episode's `projected` and `reason`)."""
 
-    episode_ids: tuple[str, ...] = ()
     result: IngestResult | None = None
 
 
@@ -91,7 +90,7 @@ def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
     try:
         yield
     except EngramError as exc:
-        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
+        exc.episode_ids = tuple(e.episode_id for e in episodes)
         raise
 
 
