@@ -7,10 +7,9 @@ arguments and sends it (`engram_episodic.client`, which callers import `Call` an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, Unpack
@@ -81,17 +80,6 @@ class WaitTimeout(EngramError, TimeoutError):
     `result`: the whole ingest's answer (each episode's `projected` and `reason`)."""
 
     result: IngestResult | None = None
-
-
-@contextlib.contextmanager
-def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
-    """Around a record/publish (or an HTTP episode's completion): an EngramError leaving the block is
-    re-raised naming the episode ids it used (`exc.episode_ids`), with which a retry is harmless."""
-    try:
-        yield
-    except EngramError as exc:
-        exc.episode_ids = tuple(e.episode_id for e in episodes)
-        raise
 
 
 def _wire(value: Any, name: str) -> Any:

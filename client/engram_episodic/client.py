@@ -36,7 +36,6 @@ from engram_episodic.calls import (
     Call,
     Calls,
     WaitTimeout,
-    _naming_ids,
     _waited,
     joined,
     text_errors,
@@ -46,6 +45,7 @@ from engram_episodic.errors import (
     ApiError,
     BadRequest,
     ConnectionFailed,
+    EngramError,
     InvalidRequest,
     RateLimited,
     ResourceNotFound,
@@ -267,8 +267,9 @@ class _Base(Generic[H]):
         recorded: str | None = None,
     ) -> IngestResult:
         """Send the requests of `prepared` in order, again split by a smaller limit a 413 names (the same
-        episodes: idempotent). `wait`, `recorded`: as `calls._waited`."""
-        with _naming_ids(prepared):
+        episodes: idempotent). `wait`, `recorded`: as `calls._waited`. An EngramError names the episode
+        ids used (`exc.episode_ids`), with which a retry is harmless."""
+        try:
             try:
                 return _waited(joined([await self._attempts(call) for call in calls]), wait, recorded)
             except ApiError as exc:
@@ -276,6 +277,9 @@ class _Base(Generic[H]):
                     raise
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
             return _waited(joined([await self._attempts(call) for call in calls]), wait, recorded)
+        except EngramError as exc:
+            exc.episode_ids = tuple(e.episode_id for e in prepared)
+            raise
 
     async def _record(
         self, episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None
