@@ -203,10 +203,6 @@ class Recall(_Listing):
     candidates: int = 0
     similarity_unavailable: bool = False
 
-    @property
-    def episodes(self) -> tuple[Episode, ...]:
-        return tuple(h.episode for h in self.results)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContextFact(_Result):
