@@ -127,12 +127,9 @@ def _path(value: str, name: str) -> str:
         raise InvalidRequest([(name, "must be a non-empty string")])
     if value in (".", ".."):
         return value.replace(".", "%2E")
-    try:
-        return quote(value, safe="")
-    except UnicodeEncodeError as exc:  # a lone surrogate has no UTF-8 form, so no URL can carry it
-        raise InvalidRequest(
-            [(name, f"must be valid Unicode text (a lone surrogate at character {exc.start})")]
-        ) from None
+    if why := unicode_problem(value):  # a lone surrogate has no UTF-8 form, so no URL can carry it
+        raise InvalidRequest([(name, why)])
+    return quote(value, safe="")
 
 
 # --- one request, described once for both clients -------------------------------------------------------
