@@ -7,10 +7,9 @@ arguments and sends it (`engram_episodic.client`, which callers import `Call` an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, Unpack
@@ -80,19 +79,7 @@ class WaitTimeout(EngramError, TimeoutError):
     `episode_ids` names the episodes), or it never will be (forgotten before, dead-lettered, expired).
     `result`: the whole ingest's answer (each episode's `projected` and `reason`)."""
 
-    episode_ids: tuple[str, ...] = ()
     result: IngestResult | None = None
-
-
-@contextlib.contextmanager
-def _naming_ids(episodes: Iterable[Episode]) -> Iterator[None]:
-    """Around a record/publish (or an HTTP episode's completion): an EngramError leaving the block is
-    re-raised naming the episode ids it used (`exc.episode_ids`), with which a retry is harmless."""
-    try:
-        yield
-    except EngramError as exc:
-        exc.episode_ids = tuple(e.episode_id for e in episodes)  # type: ignore[attr-defined]
-        raise
 
 
 def _wire(value: Any, name: str) -> Any:
@@ -140,12 +127,9 @@ def _path(value: str, name: str) -> str:
         raise InvalidRequest([(name, "must be a non-empty string")])
     if value in (".", ".."):
         return value.replace(".", "%2E")
-    try:
-        return quote(value, safe="")
-    except UnicodeEncodeError as exc:  # a lone surrogate has no UTF-8 form, so no URL can carry it
-        raise InvalidRequest(
-            [(name, f"must be valid Unicode text (a lone surrogate at character {exc.start})")]
-        ) from None
+    if why := unicode_problem(value):  # a lone surrogate has no UTF-8 form, so no URL can carry it
+        raise InvalidRequest([(name, why)])
+    return quote(value, safe="")
 
 
 # --- one request, described once for both clients -------------------------------------------------------
@@ -203,10 +187,8 @@ def _post_episodes(body: dict[str, Any], wait: float | None) -> Call[IngestResul
 
 
 def joined(results: list[IngestResult]) -> IngestResult:
-    """One `IngestResult` of the requests `Calls.publish` made for one list of episodes: every episode
-    once, in the order of its first part (the first parts go first, so that is the list's order);
-    an episode is `projected` only if each of its parts was, the whole only if every request's was
-    (None without `wait`)."""
+    """One `IngestResult` of the requests `Calls.publish` made: every episode once, in the list's order,
+    `projected` only if each of its parts was, the whole only if every request's was (None without `wait`)."""
     if len(results) == 1:
         return results[0]
     parts: dict[str, list[Accepted]] = {}
@@ -358,11 +340,8 @@ class Calls:
         wait: float | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> tuple[list[Episode], list[Call[IngestResult]]]:
-        """The episodes validated, and the requests that publish them (`parts.request_bodies`): one when
-        they fit one request (at most 1,000 episodes, 1,000 actions each, `max_body_bytes` of JSON),
-        else parts in order, each episode whole once the last request carrying it is folded; sending
-        them all again changes nothing. Raises InvalidEpisode naming every bad field, or the field or
-        action too large for one request."""
+        """The episodes validated, and the requests that publish them (`parts.request_bodies`). Raises
+        InvalidEpisode naming every bad field, or the field or action too large for one request."""
         if isinstance(episodes, str | bytes | Mapping | Episode) or not isinstance(episodes, Iterable):
             raise InvalidEpisode([("episodes", "must be a list of episodes")])
         prepared, errors = [], []

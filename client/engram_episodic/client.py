@@ -36,7 +36,6 @@ from engram_episodic.calls import (
     Call,
     Calls,
     WaitTimeout,
-    _naming_ids,
     _waited,
     joined,
     text_errors,
@@ -46,6 +45,7 @@ from engram_episodic.errors import (
     ApiError,
     BadRequest,
     ConnectionFailed,
+    EngramError,
     InvalidRequest,
     RateLimited,
     ResourceNotFound,
@@ -122,9 +122,8 @@ def _tls() -> ssl.SSLContext:
 
 
 class _Base(Generic[H]):
-    """What both clients share: configuration, the request, the answer, and the work of every call as
-    coroutines, which `Engram._run` runs to their end and `AsyncEngram` awaits. `H` is the httpx client
-    type (httpx.Client or httpx.AsyncClient), `_HTTP` the one made when none is given."""
+    """What both clients share: configuration, and the work of every call as coroutines, which
+    `Engram._run` runs to their end and `AsyncEngram` awaits. `H`: httpx.Client or httpx.AsyncClient."""
 
     _HTTP: type[H]
     # the I/O of the shared coroutines, one per client: the sync client's never suspends (`Engram._run`)
@@ -183,8 +182,8 @@ class _Base(Generic[H]):
         return cls(**{**config, **kwargs})
 
     def _adopt_limit(self, exc: ApiError) -> bool:
-        """True when `exc` is a 413 naming a smaller body limit than `max_body_bytes` (the service's
-        ENGRAM_MAX_BODY_BYTES): the client takes it, for a second try of the call and every later one."""
+        """Take the smaller body limit a 413 `exc` names (the service's ENGRAM_MAX_BODY_BYTES) as
+        `max_body_bytes`; whether it did."""
         limit = exc.body.get("max_body_bytes") if exc.status == 413 else None
         if isinstance(limit, int) and not isinstance(limit, bool) and 1024 <= limit < self.max_body_bytes:
             self.max_body_bytes = limit
@@ -267,10 +266,10 @@ class _Base(Generic[H]):
         wait: float | None,
         recorded: str | None = None,
     ) -> IngestResult:
-        """Send the requests of `prepared` in order; after a 413 naming a smaller limit than
-        `max_body_bytes`, take it and send them again split by it (the same episodes: idempotent).
-        `wait`, `recorded`: as `calls._waited`."""
-        with _naming_ids(prepared):
+        """Send the requests of `prepared` in order, again split by a smaller limit a 413 names (the same
+        episodes: idempotent). `wait`, `recorded`: as `calls._waited`. An EngramError names the episode
+        ids used (`exc.episode_ids`), with which a retry is harmless."""
+        try:
             try:
                 return _waited(joined([await self._attempts(call) for call in calls]), wait, recorded)
             except ApiError as exc:
@@ -278,6 +277,9 @@ class _Base(Generic[H]):
                     raise
             _, calls = Calls.publish(prepared, wait, self.max_body_bytes)
             return _waited(joined([await self._attempts(call) for call in calls]), wait, recorded)
+        except EngramError as exc:
+            exc.episode_ids = tuple(e.episode_id for e in prepared)
+            raise
 
     async def _record(
         self, episode: Episode | Mapping[str, Any] | None, fields: Mapping[str, Any], wait: float | None
@@ -303,8 +305,7 @@ class _Base(Generic[H]):
 
 
 def _sent(route: Callable[P, Call[T]]) -> Callable[Concatenate[Any, P], T]:
-    """A client method that sends the request `route` (a `Calls` method) describes and returns its answer
-    (an awaitable of it on `AsyncEngram`, through `self.call`), with the route's signature and docstring."""
+    """A client method sending what `route` (a `Calls` method) describes, with its signature and docstring."""
 
     @functools.wraps(route)
     def send(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -459,9 +460,8 @@ class Engram(_Base[httpx.Client]):
 
 
 class _OpenEpisode(Generic[C]):
-    """What the sync and async HTTP episodes share: the client, the draft, and the rule that a completion
-    once sent (perhaps applied) is never overwritten by the block's exit (a success whose answer was lost
-    must not be rewritten as a failure)."""
+    """What the sync and async HTTP episodes share. A completion once sent (perhaps applied) is never
+    overwritten by the block's exit: a success whose answer was lost must not become a failure."""
 
     def __init__(self, client: C, draft: EpisodeDraft):
         self.client = client
@@ -519,10 +519,9 @@ class HttpEpisode(_OpenEpisode[Engram]):
 def _coroutine(
     method: Callable[Concatenate[Any, P], T],
 ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
-    """A sync client's (or episode's) `method` as the coroutine method of the async one, with its
-    signature and docstring. Only for a method that returns what `self.call` or `self._run` returns (an
-    awaitable on the async class, awaited here) or does no I/O: a body that used an answer would get
-    the coroutine instead."""
+    """A sync client's (or episode's) `method` as the async one's coroutine method. Only for a method
+    that returns what `self.call` or `self._run` returns, or does no I/O: a body that used an answer
+    would get the coroutine instead."""
 
     @functools.wraps(method)
     async def run(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:

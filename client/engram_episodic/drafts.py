@@ -24,14 +24,11 @@ def finished_episode(
     max_actions: int | None = MAX_ACTIONS,
     **fields: Any,
 ) -> Episode:
-    """A finished episode ready to publish: validated, with ids and `completed_at` fixed client-side.
+    """A finished episode ready to publish: validated, its `episode_id` (generated when missing) and
+    `completed_at` (default now) fixed here, so publishing it again is the same episode, never a copy.
 
-    `episode` is an Episode, a JSON-shaped dict, or None with the fields as keyword arguments (they
-    override the dict's). A missing `episode_id` is generated, `completed_at` defaults to now (UTC epoch
-    seconds), so publishing the result again (a retry) is idempotent in effect: the same episode, and
-    actions without an `action_id` de-duplicate by content in the fold, never a copy. Raises InvalidEpisode naming
-    every bad field, and when `outcome` is missing. `max_actions`: as `parse_episode` (None: an episode
-    read back may hold more than one request carries; `Calls.publish` sends those in parts).
+    `episode` is an Episode, a JSON-shaped dict, or None; `fields` override its fields. Raises
+    InvalidEpisode naming every bad field, and when `outcome` is missing. `max_actions`: as `parse_episode`.
     """
     if isinstance(episode, Episode):
         data = episode_to_dict(episode)  # an Episode built in code skipped validation
@@ -123,12 +120,9 @@ class EpisodeDraft:
         return act
 
     def completion(self, outcome: str, *, keep_actions: int | None = MAX_ACTIONS, **fields: Any) -> Episode:
-        """The final snapshot to publish, with the last `keep_actions` actions (None: all of them).
-
-        The stream SDK keeps MAX_ACTIONS (one event's bound): it published every action on its own and
-        the consolidator merges them by `action_id`, so an episode of more actions still completes whole
-        there. The HTTP clients keep all and publish them in parts (`Calls.publish`). `fields` may set
-        any Episode field. Raises InvalidEpisode, also when the episode was already completed.
+        """The final snapshot to publish, with the last `keep_actions` actions (None: all of them; the
+        stream SDK keeps one event's bound, having published each action on its own). `fields`: any
+        Episode field. Raises InvalidEpisode, also when the episode was already completed.
         """
         if self.completed is not None:
             raise InvalidEpisode([("outcome", "episode already completed")])

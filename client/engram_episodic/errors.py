@@ -10,6 +10,8 @@ from __future__ import annotations
 class EngramError(Exception):
     """Base class of every error Engram raises on purpose."""
 
+    episode_ids: tuple[str, ...] = ()  # a failed record/publish: the ids a retry reuses (never copies)
+
 
 class ConfigError(EngramError):
     """A setting read from the environment is missing or malformed (names the variable)."""
@@ -62,7 +64,7 @@ class EpisodeForgotten(EngramError):
             f"{episode_id}: this episode_id was forgotten before, so nothing was published; a forgotten "
             "episode_id is never stored again (record it under a new one)"
         )
-        self.episode_ids: tuple[str, ...] = (episode_id,)
+        self.episode_ids = (episode_id,)
 
 
 class PublishError(EngramError):
@@ -104,7 +106,6 @@ class ConnectionFailed(EngramError):
     def __init__(self, message: str, *, maybe_applied: bool = False):
         super().__init__(message)
         self.maybe_applied = maybe_applied
-        self.episode_ids: tuple[str, ...] = ()  # record/publish: the ids to retry with (no duplicates)
 
 
 class ApiError(EngramError):
@@ -127,7 +128,6 @@ class ApiError(EngramError):
         )
         self.retry_after = retry_after
         self.maybe_applied = False  # True when an earlier attempt of this call was sent and its answer lost
-        self.episode_ids: tuple[str, ...] = ()  # record/publish: the ids to retry with (no duplicates)
         lines = [f"{status} {self.title}" + (f": {self.detail}" if self.detail else "")]
         lines += [f"{field}: {reason}" for field, reason in self.errors]
         super().__init__("; ".join(lines))

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -24,7 +25,7 @@ from typing import Any, Literal
 from engram_episodic.calls import joined
 from engram_episodic.client import AsyncEngram, Call, Calls, Engram
 from engram_episodic.errors import ApiError, EngramError, InvalidEpisode
-from engram_episodic.schema_check import check as check_schema
+from engram_episodic.timeutil import parse_instant
 from engram_episodic.tool_results import (
     ToolArgumentError,
     ToolError,
@@ -40,8 +41,15 @@ from engram_episodic.tool_results import (
     render_skills,
     render_suggestion,
 )
-from engram_episodic.validation import MAX_ID_CHARS, MAX_TAG_CHARS, Collector, check_tag_value, json_kind
-from engram_episodic.validation import _join as join_path
+from engram_episodic.validation import (
+    MAX_ID_CHARS,
+    MAX_TAG_CHARS,
+    Collector,
+    check_tag_value,
+    json_kind,
+    unicode_problem,
+)
+from engram_episodic.validation import _join as join
 
 # The tools' names, descriptions, argument schemas and MCP hints: one data file, read by this module and
 # written into the TypeScript client (client-ts/scripts/gen_tools.py), so the two clients cannot drift.
@@ -280,21 +288,122 @@ def parse_arguments(tool: str, arguments: Mapping[str, Any] | str | bytes | None
     return dict(arguments)
 
 
-def _check_tags(args: Mapping[str, Any], path: str, errs: Collector) -> None:
-    for key, value in args.items():
-        here = join_path(path, key)
-        if key in _TAG_ARGS and isinstance(value, str):
-            check_tag_value(
-                value,
-                here,
-                errs,
-                max_chars=MAX_ID_CHARS if key.endswith("_id") else MAX_TAG_CHARS,
-                required=True,
-            )
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, Mapping):
-                    _check_tags(item, join_path(here, i), errs)
+def _fmt(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _check(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> Any:
+    """Check `value` against `schema`, the subset of JSON Schema tools.json uses (objects without extra
+    keys, required keys, types, enums, string lengths, date-time strings, number bounds, list sizes,
+    unique items), adding every problem to `errs` as (path, reason) in words a model can act on; returns
+    the value normalised (integral floats of integer fields as ints, nulls of optional properties
+    dropped), or None where it failed. `path` names `value` in the messages ("" for the arguments)."""
+    kind = schema.get("type")
+    if "enum" in schema and value not in schema["enum"]:
+        errs.add(path, "must be one of " + ", ".join(map(str, schema["enum"])))
+        return None
+    if kind == "object":
+        return _check_object(schema, value, path, errs)
+    if kind == "array":
+        return _check_array(schema, value, path, errs)
+    if kind == "string":
+        return _check_string(schema, value, path, errs)
+    if kind in ("integer", "number"):
+        return _check_number(schema, value, path, errs, integer=kind == "integer")
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            errs.add(path, f"must be true or false, not {_json_type(value)}")
+            return None
+        return value
+    return value
+
+
+def _check_object(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> dict[str, Any] | None:
+    if not isinstance(value, Mapping):
+        errs.add(path, f"must be an object, not {_json_type(value)}")
+        return None
+    props: Mapping[str, Any] = schema.get("properties", {})
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in props:
+            errs.add(join(path, str(key)), "is not a known field")
+        elif item is not None:  # null for an optional argument means "not given"
+            checked = _check(props[key], item, join(path, key), errs)
+            if key in _TAG_ARGS and isinstance(checked, str):  # the service's rule for TAG values too
+                max_chars = MAX_ID_CHARS if key.endswith("_id") else MAX_TAG_CHARS
+                checked = check_tag_value(checked, join(path, key), errs, max_chars=max_chars, required=True)
+            if checked is not None:
+                out[key] = checked
+    for key in schema.get("required", ()):
+        if value.get(key) is None:
+            errs.add(join(path, key), "is required")
+    return out
+
+
+def _check_array(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> list[Any] | None:
+    if not isinstance(value, list | tuple):
+        errs.add(path, f"must be a list, not {_json_type(value)}")
+        return None
+    if len(value) < schema.get("minItems", 0):
+        errs.add(path, f"must hold at least {schema['minItems']} item(s)")
+        return None
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        errs.add(path, f"must hold at most {schema['maxItems']} items")
+        return None
+    items = [_check(schema.get("items", {}), v, join(path, i), errs) for i, v in enumerate(value)]
+    if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True, default=repr) for v in value}) < len(
+        value
+    ):
+        errs.add(path, "must not repeat a value")
+        return None
+    return items
+
+
+def _check_string(schema: Mapping[str, Any], value: Any, path: str, errs: Collector) -> str | None:
+    if not isinstance(value, str):
+        errs.add(path, f"must be a string, not {_json_type(value)}")
+        return None
+    if len(value) < schema.get("minLength", 0):
+        errs.add(path, "must not be empty")
+        return None
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        errs.add(path, f"must be at most {schema['maxLength']} characters (got {len(value)})")
+        return None
+    if problem := unicode_problem(value):  # JSON's "\ud800" decodes, but no request can carry it
+        errs.add(path, problem)
+        return None
+    if schema.get("format") == "date-time":
+        try:
+            parse_instant(value)
+        except ValueError as exc:
+            errs.add(path, str(exc))
+            return None
+    return value
+
+
+def _check_number(
+    schema: Mapping[str, Any], value: Any, path: str, errs: Collector, *, integer: bool
+) -> int | float | None:
+    lo, hi = schema.get("minimum", -math.inf), schema.get("maximum", math.inf)
+    what = "an integer" if integer else "a number"
+    bounds = f" between {_fmt(lo)} and {_fmt(hi)}" if math.isfinite(lo) and math.isfinite(hi) else ""
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if ok and integer and isinstance(value, float):
+        ok = math.isfinite(value) and value.is_integer()
+    if ok and not math.isfinite(value):
+        errs.add(path, "must be finite (NaN and infinity are rejected)")
+        return None
+    if not ok or not lo <= value <= hi:
+        errs.add(path, f"must be {what}{bounds}" + ("" if ok else f", not {_json_type(value)}"))
+        return None
+    return int(value) if integer else value
+
+
+def _json_type(value: Any) -> str:
+    """`validation.json_kind`, a number with its value (a model reads which number it sent)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"the number {value!r}"[:60]
+    return json_kind(value)
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any] | str | bytes | None) -> dict[str, Any]:
@@ -307,8 +416,7 @@ def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any] | str | bytes |
     """
     raw = parse_arguments(spec.name, arguments)
     errs = Collector()
-    checked = check_schema(spec.parameters, raw, "", errs)
-    _check_tags(checked, "", errs)  # on the values that passed the schema
+    checked = _check(spec.parameters, raw, "", errs)
     if errs.errors:
         raise ToolArgumentError(spec.name, errs.errors)
     return checked

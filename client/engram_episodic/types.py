@@ -26,13 +26,8 @@ Counts = tuple[tuple[str, int], ...]  # (name, count) pairs; annotated with the 
 
 
 def episode_from_json(data: Mapping[str, Any]) -> Episode:
-    """An Episode from the service's response form (ISO 8601 times, derived fields).
-
-    Derived fields (`duration_s`, `feedback.pass_rate`) and fields this client does not know are
-    dropped; the rest is validated by the same `parse_episode` the service uses (stored episodes may
-    hold more actions than one input, so the per-input bound is off). Raises InvalidEpisode when the
-    answer is not an episode.
-    """
+    """An Episode from the service's response form, through `parse_episode` without the per-input action
+    bound; fields this client does not know are dropped. Raises InvalidEpisode."""
     known = {k: v for k, v in data.items() if k in _EPISODE_FIELDS}
     episode = parse_episode(known, max_actions=None)
     assert episode is not None  # parse_episode raises rather than return None without a collector
@@ -207,10 +202,6 @@ class Recall(_Listing):
     mode: str = ""
     candidates: int = 0
     similarity_unavailable: bool = False
-
-    @property
-    def episodes(self) -> tuple[Episode, ...]:
-        return tuple(h.episode for h in self.results)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

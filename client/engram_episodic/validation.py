@@ -1,14 +1,7 @@
-"""Untrusted JSON-shaped input → valid domain objects, or InvalidEpisode naming every bad field.
-
-One function per shape; each collects `(path, reason)` pairs instead of stopping at the first error, so
-a client fixes a batch in one round trip. The same builders decode stream entries (shared.codec), so an
-event that passed the HTTP edge and one read back from Redis obey the same rules.
-
-Each field's check (`Tag`, `Text`, `Number`, ... in TASK_FIELDS, ACTION_FIELDS, FEEDBACK_FIELDS and
-EPISODE_FIELDS) holds its limits; `engram_episodic.episode_schema` builds the JSON Schema from the same
-checks. The limits are documented in docs/api.md, 'The episode model'.
-
-Kept over pydantic and msgspec for its refusals: every bad field at once, each in words that name the fix.
+"""Untrusted JSON-shaped input → valid domain objects, or InvalidEpisode naming every bad field at once
+(`(path, reason)` pairs), in words that name the fix: why it is kept over pydantic and msgspec. The same
+builders decode stream entries (shared.codec). Each field's check (`Tag`, `Text`, `Number`, ...) holds
+its limits (docs/api.md, 'The episode model'); `engram_episodic.episode_schema` reads them from there.
 """
 
 from __future__ import annotations
@@ -536,18 +529,12 @@ def parse_episode(
     max_actions: int | None = MAX_ACTIONS,
     default_completed_at: float | None = None,
 ) -> Episode | None:
-    """Build an Episode from JSON-shaped input (the HTTP body, or a decoded stream payload).
+    """Build an Episode from JSON-shaped input (the HTTP body, or a decoded stream payload). With `errs`
+    given, errors are added to it and None returned on failure; without, InvalidEpisode is raised.
 
-    Timestamps may be epoch seconds or ISO 8601 with an offset. `duration_s` and
-    `feedback.pass_rate` are derived and ignored on input. With `errs` given, errors are added to it
-    and None returned on failure; without, InvalidEpisode is raised.
-
-    `default_completed_at` (UTC epoch seconds) is a finished episode's `completed_at` when the input
-    has none (the receive time, the client's now): a `ttl` counts from it, as from a given one.
-
-    `max_actions` bounds one input (a request, an event). A stored document is read with None: an
-    episode accumulates the actions of all its events, so it may hold more than one input may carry
-    (a bound on stored documents would make an episode of 1,001 `ActionRecorded` unreadable).
+    `default_completed_at` (UTC epoch seconds): `completed_at` when the input has none; a `ttl` counts
+    from it. `max_actions` bounds one input (a request, an event); None for a stored document, which
+    accumulates the actions of all its events.
     """
     own = errs is None
     errs = errs or Collector()
@@ -590,14 +577,12 @@ def repeated_id(first: dict[str, int], index: int, episode_id: str) -> str | Non
 
 
 def episode_problems(episode: Episode) -> list[tuple[str, str]]:
-    """What the episode model refuses in a built episode, as (field path, reason) pairs; empty when
-    nothing: `parse_episode` of its stored form, without the per-input action bound (an episode
-    accumulates the actions of all its events) and with the task optional (a draft may have none yet).
+    """What the episode model refuses in a built episode, as (field path, reason) pairs: `parse_episode`
+    of its stored form, without the per-input action bound and with the task optional (a draft).
 
-    Each event is checked alone at ingest, but a combination can break a rule no single event breaks:
-    `tests_passed` raised past a stored `tests_total`, metadata merged past 64 KiB, an `expires_at`
-    before the stored `completed_at`. The fold and `PATCH /v1/episodes/{id}` keep only episodes with
-    none, so what a client reads back it can also parse, export and publish again."""
+    A combination of events can break a rule no single event breaks (`tests_passed` raised past a
+    stored `tests_total`, metadata merged past 64 KiB); the fold and `PATCH` keep only episodes with
+    none, so what a client reads back it can also parse and publish again."""
     errs = Collector()
     # the vector is left out: no merge changes one, and checking 768 floats per fold step is not free
     parse_episode(
