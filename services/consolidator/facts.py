@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
 from services.consolidator.facts_plan import (
+    ENGLISH_MODELS,
     build_fact,
     default_distance,
     plan,
@@ -341,6 +342,7 @@ class Consolidator:
                 min_cluster=self.settings.facts_min_cluster,
                 distance=distance,
                 now=now,
+                lexical=await self.embedder_name(gen) in ENGLISH_MODELS,
             )
             facts, removed = planned if planned is not None else (list(state.facts), [])
             # history the plan kept as it was may name a user whose forget is pending
@@ -399,8 +401,12 @@ class Consolidator:
         the live index was built with (`default_distance`)."""
         if self.settings.facts_distance is not None:
             return self.settings.facts_distance
+        return default_distance(await self.embedder_name(gen))
+
+    async def embedder_name(self, gen: int) -> str | None:
+        """The name of the embedder generation `gen` of the index was built with (None if unrecorded)."""
         name = await self.redis.hget(self.keys.meta, f"g{gen}:embedder")
-        return default_distance(as_text(name) if name else None)
+        return as_text(name) if name else None
 
     async def _summarise(
         self, facts: list[Fact], previous: list[Fact], rows: Sequence[Row], now: float

@@ -4,8 +4,9 @@ loop; docs/architecture.md "Facts" says why each choice).
 Clustering: `AgglomerativeClustering(metric="cosine", linkage="average", distance_threshold=d)` over
 the unit vectors (or `Row.cluster_vector`: the embedding without the text the scope's episodes share,
 `shared_sentences`); `d` is `ENGRAM_FACTS_DISTANCE`, else `DEFAULT_DISTANCE` of the live index's
-embedder. Clusters smaller than `ENGRAM_FACTS_MIN_CLUSTER` yield no fact; centroids are those of the
-stored vectors.
+embedder. A pair where either episode is written in a language the embedder does not model (`unmodelled`)
+is compared on its words as well (`cluster`). Clusters smaller than `ENGRAM_FACTS_MIN_CLUSTER` yield no
+fact; centroids are those of the stored vectors.
 
 Facts are a function of the episodes (`derive`): each cluster's time-ordered evidence is cut into
 regimes (`shared.regimes`), the newest one the current fact, each older one a fact it superseded.
@@ -101,9 +102,62 @@ def without_shared(episode: Episode, shared: frozenset[str]) -> str | None:
     return "\n".join(p for p in [task, *(" ".join(n) for n in notes)] if p).strip() or None
 
 
+# --- text the embedder does not model (docs/architecture.md "Facts", "Languages") -----------------
+_WORD = re.compile(r"[^\W\d_]+")
+_ENGLISH = frozenset(  # function words no German, French, Spanish or Dutch word is spelt as
+    "the to and or for with from by at into about after before under are were be been being has have do does "
+    "did would should could can may might must it its this that these those there here their they them we us "
+    "our you your my he she his him not yes if then than but only just very too all any each every some more "
+    "most other such what when where which who why how up out off again".split()
+)
+LEXICAL_WEIGHT = 0.6
+"""The lexical distance's share when either text is `unmodelled` (MiniLM, `tests/unit/test_facts_families.py`):
+on its scopes 0.55 left French, Spanish and Dutch facts mixing topics, 0.65 split a German topic (5 of 8);
+on 48 other scopes per language, mixed / split: 0.5 25 / 12, 0.6 19 / 16, 0.7 4 / 23 (docs/architecture.md)."""
+ENGLISH_MODELS = frozenset({"mpnet-base-v2", "minilm-l6-v2"})
+"""The embedders whose scopes compare `unmodelled` text by its words too (`derive(lexical=True)`)."""
+
+
+def unmodelled(text: str) -> bool:
+    """Whether `text` is in a language the English embedders (MiniLM, mpnet) do not model, whose unrelated
+    texts they place close together: 8 or more words (runs of letters), under 3% of them English function
+    words (English task texts and notes measured 5% or more, German/French/Spanish/Dutch ones 0%)."""
+    words = [w.lower() for w in _WORD.findall(text)]
+    return len(words) >= 8 and sum(w in _ENGLISH for w in words) < 0.03 * len(words)
+
+
+def lexical_distances(texts: Sequence[str]) -> np.ndarray:
+    """1 − the cosine of the sets of character 4-grams of each text's words of 4 or more letters (padded
+    with a space: compounds and inflections share them, most function words have none), float[n, n]."""
+    from scipy.sparse import csr_matrix  # scikit-learn's dependency
+
+    grams = [
+        {f" {w} "[i : i + 4] for w in _WORD.findall(t.lower()) if len(w) >= 4 for i in range(len(w) - 1)}
+        for t in texts
+    ]
+    vocab = {g: k for k, g in enumerate(sorted(set().union(*grams)))}
+    rows = [i for i, gs in enumerate(grams) for _ in gs]
+    m = csr_matrix(
+        (np.ones(len(rows)), (rows, [vocab[g] for gs in grams for g in gs])), shape=(len(texts), len(vocab))
+    )
+    norms = np.sqrt(np.maximum([len(gs) for gs in grams], 1))
+    return 1.0 - (m @ m.T).toarray() / np.outer(norms, norms)
+
+
+def clustering_texts(episodes: Sequence[Episode]) -> list[str]:
+    """Per episode, its task and notes without the sentences the scope shares (`shared_sentences`)."""
+    shared = shared_sentences(episodes)
+    notes = [[s for n in _notes(e) for s in _sentences(n) if s not in shared] for e in episodes]
+    return [
+        " ".join([e.task.description if e.task else "", *ns]) for e, ns in zip(episodes, notes, strict=True)
+    ]
+
+
 # --- clustering and statistics (pure) -------------------------------------------------------------
-def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
-    """Row indices grouped by average-linkage clustering on cosine distance, by smallest index."""
+def cluster(vectors: np.ndarray, distance: float, texts: Sequence[str] | None = None) -> list[list[int]]:
+    """Row indices grouped by average-linkage clustering on cosine distance, by smallest index. With
+    `texts` (`clustering_texts`), a pair where either text is `unmodelled` is at (1 − LEXICAL_WEIGHT) x
+    its cosine distance + LEXICAL_WEIGHT x its `lexical_distances`; with none, the vectors alone decide."""
     n = len(vectors)
     if n == 0:
         return []
@@ -112,9 +166,18 @@ def cluster(vectors: np.ndarray, distance: float) -> list[list[int]]:
     # imported here: scikit-learn was 2.7 s of every process's start, which may never cluster
     from sklearn.cluster import AgglomerativeClustering
 
+    flagged = np.array([unmodelled(t) for t in texts or ()], dtype=bool)
+    metric, data = "cosine", vectors
+    if flagged.any():
+        unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        d = 1.0 - unit @ unit.T
+        lexical = (1 - LEXICAL_WEIGHT) * d + LEXICAL_WEIGHT * lexical_distances(texts or ())
+        d = np.where(flagged[:, None] | flagged, lexical, d)
+        np.fill_diagonal(d, 0.0)
+        metric, data = "precomputed", np.clip(d, 0.0, 2.0)
     labels = AgglomerativeClustering(
-        n_clusters=None, metric="cosine", linkage="average", distance_threshold=distance
-    ).fit_predict(vectors)
+        n_clusters=None, metric=metric, linkage="average", distance_threshold=distance
+    ).fit_predict(data)
     groups: dict[int, list[int]] = {}
     for i, label in enumerate(labels):
         groups.setdefault(int(label), []).append(i)
@@ -293,14 +356,18 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
     return [rows[a:b] for a, b in segments(success, strategies, min_size)]
 
 
-def derive(rows: Sequence[Row], *, min_cluster: int, distance: float) -> list[list[list[Row]]]:
+def derive(
+    rows: Sequence[Row], *, min_cluster: int, distance: float, lexical: bool = False
+) -> list[list[list[Row]]]:
     """Per cluster of at least `min_cluster` episodes (by oldest episode), its regimes oldest first (the
-    newest the current fact): a function of the episodes alone, no previous state, no clock."""
+    newest the current fact): a function of the episodes alone, no previous state, no clock. `lexical`:
+    compare `unmodelled` text by its words too (the index's embedder is one of ENGLISH_MODELS)."""
     rows = by_completion(rows)
     if not rows:
         return []
     vectors = np.stack([r.vector if r.cluster_vector is None else r.cluster_vector for r in rows])
-    groups = [[rows[i] for i in g] for g in cluster(vectors, distance)]
+    texts = clustering_texts([r.episode for r in rows]) if lexical else None
+    groups = [[rows[i] for i in g] for g in cluster(vectors, distance, texts)]
     return [regimes(g, min_cluster) for g in groups if len(g) >= min_cluster]
 
 
@@ -312,11 +379,12 @@ def plan(
     min_cluster: int,
     distance: float,
     now: float,
+    lexical: bool = False,
 ) -> tuple[list[Fact], list[str]] | None:
     """The scope's next facts (current and history) and removed ids; None when nothing changes. What
     they say is `derive(rows)`; the previous facts only lend ids, versions, creation times and summarised
     texts (module docstring, "Stable ids")."""
-    derived = derive(rows, min_cluster=min_cluster, distance=distance)
+    derived = derive(rows, min_cluster=min_cluster, distance=distance, lexical=lexical)
     items = [(gi, k, part) for gi, parts in enumerate(derived) for k, part in enumerate(parts)]
     last = {gi: len(parts) - 1 for gi, parts in enumerate(derived)}
     prev = {f.fact_id: f for f in previous}

@@ -13,6 +13,7 @@ from services.consolidator.worker import Worker
 from shared import streams
 from shared.embedding import HashingEmbedder
 from shared.facts import FactQuery, FactScope, live_facts_index, search_facts
+from shared.index import current_generation
 from shared.keys import Keys
 from shared.sdk import EngramClient
 from shared.settings import Settings
@@ -647,3 +648,56 @@ async def test_an_episode_re_published_under_another_user_leaves_the_first_users
     assert not await facts(redis, s, user_id="user-a", include_superseded=True)
     docs = [await redis.hget(k, "doc") async for k in redis.scan_iter(match=f"{s.prefix}*fact:*")]
     assert not any(b"user-a" in d for d in docs if d)
+
+
+GERMAN = {
+    "tisch": (
+        "im Restaurant angerufen und eine Bestätigungsnummer erhalten",
+        [
+            "Reserviere einen Tisch für vier Personen beim Italiener am Freitagabend",
+            "Finde ein Restaurant mit veganen Gerichten und reserviere einen Tisch",
+            "Buche einen Tisch in einem Sushi-Lokal für Samstagabend",
+            "Reserviere ein Mittagessen für das sechsköpfige Team nächsten Dienstag",
+        ],
+    ),
+    "zug": (
+        "der ICE um 6:30 kostet 29,90 mit Sparpreis",
+        [
+            "Finde den günstigsten Zug von Berlin nach München am nächsten Montag",
+            "Prüfe, ob der Zug um 8:15 nach Köln Verspätung hat",
+            "Kaufe eine Bahnfahrkarte nach Wien für die Konferenz",
+            "Finde eine Nachtzugverbindung nach Amsterdam",
+        ],
+    ),
+}
+
+
+async def test_an_english_model_s_scope_in_german_is_also_compared_by_its_words(settings, redis):
+    """German episodes an English model places together (here: one vector for all) make one fact; with
+    the index recorded as built by MiniLM their words count too and each topic makes a fact of its own."""
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9, facts_distance=0.5)
+    vector = [1.0] + [0.0] * (s.embed_dim - 1)
+    episodes = [
+        {
+            **ep("mig", k, at=T0 + (2 * i + k) * HOUR),
+            "episode_id": f"{topic}-{i}",
+            "task": {"description": task, "category": "errands"},
+            "solution": note,
+            "vector": vector,
+        }
+        for k, (topic, (note, tasks)) in enumerate(GERMAN.items())
+        for i, task in enumerate(tasks)
+    ]
+    await publish(s, redis, episodes)
+    await drain(make_worker(s, redis))
+    cons = Consolidator(s, redis, s.embed_dim)
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    assert [len(f.evidence) for f in await facts(redis, s, level="namespace")] == [8]
+    keys = Keys(s.prefix)
+    await redis.hset(keys.meta, f"g{await current_generation(redis, keys)}:embedder", "minilm-l6-v2")
+    assert (await cons.consolidate(FactScope("ns"))).status == "published"
+    found = await facts(redis, s, level="namespace")
+    assert [sorted(f.evidence) for f in found] == [
+        [f"tisch-{i}" for i in range(4)],
+        [f"zug-{i}" for i in range(4)],
+    ]

@@ -10,9 +10,12 @@ from engram_episodic.events import Action, Episode, Feedback, Task
 from services.consolidator.facts_plan import (
     build_fact,
     cluster,
+    clustering_texts,
     derive,
+    lexical_distances,
     plan,
     shared_sentences,
+    unmodelled,
     without_shared,
 )
 from shared.facts import Fact, FactScope, Row
@@ -301,3 +304,81 @@ def test_clustering_compares_the_cluster_vector_when_set():
     # facts' centroids stay those of the stored vectors
     fact = build_fact(SCOPE, apart[:3], fact_id="f", now=0.0)
     assert np.allclose(fact.centroid, build_fact(SCOPE, rows[:3], fact_id="f", now=0.0).centroid)
+
+
+GERMAN = {
+    "restaurant": (
+        [
+            "Reserviere einen Tisch für vier Personen beim Italiener am Freitagabend",
+            "Finde ein Restaurant mit veganen Gerichten und reserviere einen Tisch",
+            "Buche einen Tisch in einem Sushi-Lokal für Samstagabend",
+        ],
+        "im Restaurant angerufen und eine Bestätigungsnummer erhalten",
+    ),
+    "train": (
+        [
+            "Finde den günstigsten Zug von Berlin nach München am nächsten Montag",
+            "Prüfe, ob der Zug um 8:15 nach Köln Verspätung hat",
+            "Kaufe eine Bahnfahrkarte nach Wien für die Konferenz",
+        ],
+        "der ICE um 6:30 kostet 29,90 mit Sparpreis",
+    ),
+}
+ENGLISH = {
+    "restaurant": (
+        [
+            "Book a table for four at an Italian restaurant on Friday evening",
+            "Find a restaurant with vegan options and book a table",
+            "Book a table at a sushi place for Saturday night",
+        ],
+        "called the restaurant and got a confirmation number",
+    ),
+    "train": (
+        [
+            "Find the cheapest train from Berlin to Munich next Monday",
+            "Check whether the 8:15 train to Cologne is delayed",
+            "Buy a rail ticket to Vienna for the conference",
+        ],
+        "the ICE at 6:30 costs 29.90 with a saver fare",
+    ),
+}
+
+
+def test_text_the_embedder_does_not_model_is_compared_by_its_words_too():
+    # an English model places unrelated German texts close together: alike vectors, two topics in words
+    rows = [row(f"r{i}", 0, at=float(i)) for i in range(6)]
+
+    def written(topics: dict[str, tuple[list[str], str]]) -> list[Row]:
+        texts = [(task, note) for tasks, note in topics.values() for task in tasks]
+        return [
+            replace(r, episode=replace(r.episode, task=Task(description=t), solution=n))
+            for r, (t, n) in zip(rows, texts, strict=True)
+        ]
+
+    german, english = written(GERMAN), written(ENGLISH)
+    assert all(unmodelled(t) for t in clustering_texts([r.episode for r in german]))
+    assert len(derive(german, min_cluster=3, distance=0.5)) == 1  # the vectors alone
+    groups = derive(german, min_cluster=3, distance=0.5, lexical=True)
+    assert sorted(sorted(r.episode_id for p in g for r in p) for g in groups) == [
+        ["r0", "r1", "r2"],
+        ["r3", "r4", "r5"],
+    ]
+    # English text is the embedder's: its vectors alone decide, as they do without texts
+    assert not any(unmodelled(t) for t in clustering_texts([r.episode for r in english]))
+    assert len(derive(english, min_cluster=3, distance=0.5, lexical=True)) == 1
+    vectors = np.stack([r.vector for r in english])
+    texts = clustering_texts([r.episode for r in english])
+    assert cluster(vectors, 0.5, texts) == cluster(vectors, 0.5) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_unmodelled_needs_enough_words_and_lexical_distances_share_compounds():
+    assert unmodelled("Finde den günstigsten Zug von Berlin nach München am nächsten Montag")
+    assert not unmodelled("Find the cheapest train from Berlin to Munich next Monday")
+    assert not unmodelled("Zug nach München")  # too few words to tell: the vector decides
+    assert not unmodelled("")
+    d = lexical_distances(
+        ["Das Lasagnerezept skalieren", "Das Chili-Rezept einkaufen", "Zug nach Wien", "1 2 3"]
+    )
+    assert d.shape == (4, 4) and np.allclose(np.diag(d)[:3], 0.0)
+    assert d[0, 1] < d[0, 2] == 1.0  # "rezept" is in both compounds; "das" is too short to count
+    assert d[3, 0] == d[3, 3] == 1.0  # a text without a word of 4 letters shares nothing

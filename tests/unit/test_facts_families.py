@@ -1,22 +1,26 @@
 """Facts on generated families of everyday topics x shared agent boilerplate x language (MiniLM).
 
-Each topic has five task texts and three notes, in English and in German; an episode is one task, one
-note and, with boilerplate, the same closing text every episode of the scope carries ("Task completed.
-I followed the user's instructions step by step..."). Clustered as the consolidator clusters: the
-stored vector (the embedding of `shared.index.embedding_text`), or for an episode holding text the
-scope shares the embedding of its text without it (`Consolidator.clustering_rows`), at the calibrated
-default.
+Each topic has five task texts and three notes, in English, German, French, Spanish and Dutch; an
+episode is one task, one note and, with boilerplate, the same closing text every episode of the scope
+carries ("Task completed. I followed the user's instructions step by step..."). Clustered as the
+consolidator clusters: the stored vector (the embedding of `shared.index.embedding_text`), or for an
+episode holding text the scope shares the embedding of its text without it
+(`Consolidator.clustering_rows`), and the words of text the embedder does not model
+(`facts_plan.unmodelled`, `clustering_texts`), at the calibrated default.
 
 Measured on these 12 scopes of 4-6 topics x 3-5 episodes (scopes holding a fact that mixes topics;
 topics with a fact of their own of 60), comparing whole-episode vectors: English 0 (58), English +
 boilerplate 12 (13), German 11 (22), German + boilerplate 12 (0). Leaving the shared text out gives
-each boilerplate condition the figures of its plain one: English + boilerplate 0 (58), German +
-boilerplate 11 (22). Known limit (xfail below): German. MiniLM and mpnet are English models, and a
-language the embedder was not trained on raises the similarity of unrelated episodes towards that of
-one topic; a lexical guard on the scope's distinctive words or 4-grams that separates them also splits
-one-topic scopes whose episodes share no distinctive word (docs/architecture.md "Facts"). A lower
-ENGRAM_FACTS_DISTANCE (0.6 with MiniLM) separates German topics without boilerplate at some cost to
-English.
+each boilerplate condition the figures of its plain one. MiniLM is an English model and places
+unrelated texts of another language nearly as close as one topic's: on vectors alone German 11 (22),
+French 12 (9), Spanish 12 (8), Dutch 12 (10). Comparing a pair where either text is unmodelled at
+0.4 x cosine distance + 0.6 x the distance of their words' character 4-grams: German 0 (43), French
+0 (48), Spanish 0 (46), Dutch 1 (50: the known limit, xfail below), each with or without boilerplate;
+English scopes have no unmodelled text and keep exactly their clusters (0 (58)). One topic alone (8
+episodes) keeps a fact of 6 or more in every language (smallest largest fact: English 8, German 7,
+French 6, Spanish 6, Dutch 8). English topics plus one topic in another language: no mixed fact before
+or after (54-56 of 60 topics with a fact of their own, 56-57 before). On 48 other scopes per language
+(docs/architecture.md "Facts") 19 of 192 still mix topics and 16 of 96 one-topic scopes split below 6.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ import numpy as np
 import pytest
 
 from engram_episodic.events import Episode, Task
-from services.consolidator.facts_plan import DEFAULT_DISTANCE, cluster, shared_sentences, without_shared
+from services.consolidator.facts_plan import (
+    DEFAULT_DISTANCE,
+    cluster,
+    clustering_texts,
+    shared_sentences,
+    unmodelled,
+    without_shared,
+)
 from shared.index import embedding_text
 
 pytestmark = pytest.mark.slow
@@ -59,6 +70,42 @@ TOPICS: dict[str, dict[str, list[str]]] = {
             "numpy festgepinnt und die Pakete neu installiert",
             "pip aktualisiert und dann die Requirements installiert",
         ],
+        "fr": [
+            "Installe les dépendances Python du service de facturation",
+            "Crée l'environnement virtuel et installe les requirements du service de facturation",
+            "Installe les paquets Python manquants pour que les tests du service de facturation passent",
+            "Fais fonctionner les requirements Python du service de facturation sur le nouvel ordinateur portable",
+            "Corrige l'échec de l'installation des dépendances du service de facturation",
+        ],
+        "note_fr": [
+            "lancé pip install -r requirements.txt dans un venv tout neuf",
+            "épinglé numpy et réinstallé les paquets",
+            "mis à jour pip puis installé les requirements",
+        ],
+        "es": [
+            "Instala las dependencias de Python del servicio de facturación",
+            "Configura el entorno virtual e instala los requisitos del servicio de facturación",
+            "Instala los paquetes de Python que faltan para que pasen las pruebas del servicio de facturación",
+            "Haz funcionar los requisitos de Python del servicio de facturación en el portátil nuevo",
+            "Soluciona el fallo de instalación de las dependencias del servicio de facturación",
+        ],
+        "note_es": [
+            "ejecuté pip install -r requirements.txt en un venv nuevo",
+            "fijé la versión de numpy y reinstalé los paquetes",
+            "actualicé pip y luego instalé los requisitos",
+        ],
+        "nl": [
+            "Installeer de Python-afhankelijkheden van de factureringsdienst",
+            "Zet de virtuele omgeving op en installeer de requirements van de factureringsdienst",
+            "Installeer ontbrekende Python-pakketten zodat de tests van de factureringsdienst draaien",
+            "Krijg de Python-requirements van de factureringsdienst werkend op de nieuwe laptop",
+            "Los de mislukte installatie van de afhankelijkheden van de factureringsdienst op",
+        ],
+        "note_nl": [
+            "pip install -r requirements.txt uitgevoerd in een verse venv",
+            "numpy vastgepind en de pakketten opnieuw geïnstalleerd",
+            "pip bijgewerkt en daarna de requirements geïnstalleerd",
+        ],
     },
     "invoice": {
         "en": [
@@ -84,6 +131,42 @@ TOPICS: dict[str, dict[str, list[str]]] = {
             "Rechnungstabelle nach Kundennummer abgefragt, neueste zuerst",
             "Konto im Abrechnungsportal geöffnet und letzte Rechnung gelesen",
             "die Rechnung betrug 42,50 EUR vom 3. März",
+        ],
+        "fr": [
+            "Retrouve la dernière facture du client",
+            "Trouve la facture la plus récente du client 4711",
+            "Indique au client le montant de sa dernière facture",
+            "Récupère la facture la plus récente pour le compte de l'appelant",
+            "Vérifie quand la facture précédente du client a été émise",
+        ],
+        "note_fr": [
+            "interrogé la table des factures par numéro de client, la plus récente d'abord",
+            "ouvert le compte dans le portail de facturation et lu la dernière facture",
+            "la facture était de 42,50 EUR datée du 3 mars",
+        ],
+        "es": [
+            "Busca la última factura del cliente",
+            "Encuentra la factura más reciente del cliente 4711",
+            "Dile al cliente el importe de su última factura",
+            "Recupera la factura más reciente de la cuenta de quien llama",
+            "Comprueba cuándo se emitió la factura anterior del cliente",
+        ],
+        "note_es": [
+            "consulté la tabla de facturas por número de cliente, la más reciente primero",
+            "abrí la cuenta en el portal de facturación y leí la última factura",
+            "la factura era de 42,50 EUR con fecha del 3 de marzo",
+        ],
+        "nl": [
+            "Zoek de laatste factuur van de klant op",
+            "Vind de meest recente factuur van klant 4711",
+            "Vertel de klant het bedrag van zijn laatste factuur",
+            "Haal de nieuwste factuur op voor het account van de beller",
+            "Controleer wanneer de vorige factuur van de klant is uitgegeven",
+        ],
+        "note_nl": [
+            "de facturentabel op klantnummer bevraagd, nieuwste eerst",
+            "het account in het factureringsportaal geopend en de laatste factuur gelezen",
+            "de factuur was 42,50 EUR van 3 maart",
         ],
     },
     "restaurant": {
@@ -111,6 +194,42 @@ TOPICS: dict[str, dict[str, list[str]]] = {
             "über das Online-Reservierungsformular gebucht",
             "um 20 Uhr war alles voll, 19:30 gebucht",
         ],
+        "fr": [
+            "Réserve une table pour quatre dans un restaurant italien vendredi soir",
+            "Réserve un dîner pour deux près du bureau demain à 19 heures",
+            "Trouve un restaurant avec des plats végétaliens et réserve une table",
+            "Fais une réservation pour le déjeuner de l'équipe de six mardi prochain",
+            "Réserve une table dans un restaurant de sushis pour samedi soir",
+        ],
+        "note_fr": [
+            "appelé le restaurant et obtenu un numéro de confirmation",
+            "réservé avec le formulaire de réservation en ligne",
+            "le restaurant était complet à 20 heures, réservé à 19h30",
+        ],
+        "es": [
+            "Reserva una mesa para cuatro en un restaurante italiano el viernes por la noche",
+            "Reserva una cena para dos cerca de la oficina mañana a las 19",
+            "Encuentra un restaurante con opciones veganas y reserva una mesa",
+            "Haz una reserva de almuerzo para el equipo de seis el próximo martes",
+            "Reserva una mesa en un sitio de sushi para el sábado por la noche",
+        ],
+        "note_es": [
+            "llamé al restaurante y conseguí un número de confirmación",
+            "reservé con el formulario de reservas en línea",
+            "el restaurante estaba lleno a las 20, reservé a las 19:30",
+        ],
+        "nl": [
+            "Reserveer een tafel voor vier bij een Italiaans restaurant op vrijdagavond",
+            "Reserveer morgen om 19 uur een diner voor twee bij het kantoor",
+            "Vind een restaurant met veganistische gerechten en reserveer een tafel",
+            "Maak een lunchreservering voor het team van zes volgende dinsdag",
+            "Reserveer een tafel bij een sushizaak voor zaterdagavond",
+        ],
+        "note_nl": [
+            "het restaurant gebeld en een bevestigingsnummer gekregen",
+            "gereserveerd via het online reserveringsformulier",
+            "om 20 uur was het vol, om 19:30 gereserveerd",
+        ],
     },
     "plants": {
         "en": [
@@ -136,6 +255,42 @@ TOPICS: dict[str, dict[str, list[str]]] = {
             "Ficus wöchentlich gießen, Orchideen alle zehn Tage",
             "das Basilikum wurde zu viel gegossen, Erde trocknen lassen",
             "Tomaten brauchen bei Hitze täglich Wasser",
+        ],
+        "fr": [
+            "Établis un calendrier d'arrosage pour les plantes d'intérieur",
+            "Rappelle-moi quand arroser le ficus et les orchidées",
+            "Trouve pourquoi les feuilles du basilic jaunissent",
+            "Prévois à quelle fréquence arroser les tomates du balcon en été",
+            "Rempote la monstera et choisis le bon terreau",
+        ],
+        "note_fr": [
+            "arroser le ficus chaque semaine et les orchidées tous les dix jours",
+            "le basilic était trop arrosé, laisser sécher la terre",
+            "les tomates ont besoin d'eau tous les jours par temps chaud",
+        ],
+        "es": [
+            "Haz un calendario de riego para las plantas de interior",
+            "Recuérdame cuándo regar el ficus y las orquídeas",
+            "Averigua por qué las hojas de la albahaca se ponen amarillas",
+            "Planifica cada cuánto regar los tomates del balcón en verano",
+            "Trasplanta la monstera y elige la tierra adecuada",
+        ],
+        "note_es": [
+            "regar el ficus cada semana y las orquídeas cada diez días",
+            "la albahaca tenía demasiada agua, dejar secar la tierra",
+            "los tomates necesitan agua a diario cuando hace calor",
+        ],
+        "nl": [
+            "Maak een gietschema voor de kamerplanten",
+            "Herinner me wanneer ik de ficus en de orchideeën water moet geven",
+            "Zoek uit waarom de bladeren van de basilicum geel worden",
+            "Plan hoe vaak de balkontomaten in de zomer water krijgen",
+            "Verpot de monstera en kies de juiste potgrond",
+        ],
+        "note_nl": [
+            "de ficus wekelijks water geven, de orchideeën om de tien dagen",
+            "de basilicum kreeg te veel water, laat de grond opdrogen",
+            "tomaten hebben bij warm weer dagelijks water nodig",
         ],
     },
     "train": {
@@ -163,6 +318,42 @@ TOPICS: dict[str, dict[str, list[str]]] = {
             "Fahrradstellplätze im IC reserviert",
             "der Zug hat 10 Minuten Verspätung",
         ],
+        "fr": [
+            "Trouve le train le moins cher de Berlin à Munich lundi prochain",
+            "Prépare un voyage en train vers Hambourg avec un vélo",
+            "Vérifie si le train de 8h15 pour Cologne est en retard",
+            "Achète un billet de train pour Vienne pour la conférence",
+            "Trouve une correspondance en train de nuit vers Amsterdam",
+        ],
+        "note_fr": [
+            "l'ICE de 6h30 coûte 29,90 avec un tarif réduit",
+            "places vélo réservées dans l'IC",
+            "le train a 10 minutes de retard",
+        ],
+        "es": [
+            "Encuentra el tren más barato de Berlín a Múnich el próximo lunes",
+            "Planifica un viaje en tren a Hamburgo con bicicleta",
+            "Comprueba si el tren de las 8:15 a Colonia va con retraso",
+            "Compra un billete de tren a Viena para la conferencia",
+            "Encuentra una conexión en tren nocturno a Ámsterdam",
+        ],
+        "note_es": [
+            "el ICE de las 6:30 cuesta 29,90 con tarifa ahorro",
+            "plazas para bicicleta reservadas en el IC",
+            "el tren lleva 10 minutos de retraso",
+        ],
+        "nl": [
+            "Vind de goedkoopste trein van Berlijn naar München volgende maandag",
+            "Plan een treinreis naar Hamburg met een fiets",
+            "Controleer of de trein van 8:15 naar Keulen vertraging heeft",
+            "Koop een treinkaartje naar Wenen voor de conferentie",
+            "Vind een nachttreinverbinding naar Amsterdam",
+        ],
+        "note_nl": [
+            "de ICE van 6:30 kost 29,90 met een voordeeltarief",
+            "fietsplaatsen gereserveerd in de IC",
+            "de trein heeft 10 minuten vertraging",
+        ],
     },
     "recipe": {
         "en": [
@@ -189,6 +380,42 @@ TOPICS: dict[str, dict[str, list[str]]] = {
             "alle Zutaten verdreifacht und zwei Bleche verwendet",
             "Apfelmus statt Eier verwenden",
         ],
+        "fr": [
+            "Convertis la recette des crêpes des tasses en grammes",
+            "Adapte la recette des lasagnes pour douze personnes",
+            "Trouve un substitut aux œufs dans le pain à la banane",
+            "Calcule le temps de cuisson pour un moule à gâteau plus petit",
+            "Fais une liste de courses pour la recette du chili",
+        ],
+        "note_fr": [
+            "une tasse de farine fait 120 grammes",
+            "triplé chaque ingrédient et utilisé deux plaques",
+            "utiliser de la compote de pommes au lieu des œufs",
+        ],
+        "es": [
+            "Convierte la receta de tortitas de tazas a gramos",
+            "Ajusta la receta de lasaña para doce personas",
+            "Encuentra un sustituto del huevo en el pan de plátano",
+            "Calcula el tiempo de horneado para un molde de tarta más pequeño",
+            "Haz una lista de la compra para la receta de chili",
+        ],
+        "note_es": [
+            "una taza de harina son 120 gramos",
+            "tripliqué cada ingrediente y usé dos bandejas",
+            "usar puré de manzana en lugar de huevos",
+        ],
+        "nl": [
+            "Reken het pannenkoekenrecept om van kopjes naar grammen",
+            "Schaal het lasagnerecept op voor twaalf personen",
+            "Vind een vervanger voor eieren in het bananenbrood",
+            "Bereken de baktijd voor een kleinere taartvorm",
+            "Maak een boodschappenlijst voor het chilirecept",
+        ],
+        "note_nl": [
+            "een kopje bloem is 120 gram",
+            "alle ingrediënten verdrievoudigd en twee bakplaten gebruikt",
+            "appelmoes gebruiken in plaats van eieren",
+        ],
     },
 }
 BOILERPLATE = {
@@ -198,25 +425,41 @@ BOILERPLATE = {
     "de": "Aufgabe erledigt. Ich habe die Anweisungen des Nutzers Schritt für Schritt befolgt, jedes "
     "Zwischenergebnis geprüft, das Endergebnis sorgfältig verifiziert und dem Nutzer eine kurze "
     "Zusammenfassung gegeben. Es sind derzeit keine weiteren Schritte erforderlich.",
+    "fr": "Tâche terminée. J'ai suivi les instructions de l'utilisateur étape par étape, vérifié chaque "
+    "résultat intermédiaire, contrôlé soigneusement le résultat final et envoyé à l'utilisateur un "
+    "court résumé. Aucune autre action n'est nécessaire pour le moment.",
+    "es": "Tarea completada. Seguí las instrucciones del usuario paso a paso, comprobé cada resultado "
+    "intermedio, verifiqué el resultado final con cuidado y envié al usuario un breve resumen. No se "
+    "requiere ninguna otra acción por ahora.",
+    "nl": "Taak voltooid. Ik heb de instructies van de gebruiker stap voor stap gevolgd, elk "
+    "tussenresultaat gecontroleerd, het eindresultaat zorgvuldig geverifieerd en de gebruiker een "
+    "korte samenvatting gestuurd. Er is op dit moment geen verdere actie nodig.",
 }
-CONDITIONS = [("en", False), ("en", True), ("de", False), ("de", True)]
-IDS = ["english", "english-boilerplate", "german", "german-boilerplate"]
-CHAINED = pytest.mark.xfail(strict=True, reason="non-English text chains topics (module docstring)")
+LANGS = ["en", "de", "fr", "es", "nl"]
+NAMES = {"en": "english", "de": "german", "fr": "french", "es": "spanish", "nl": "dutch"}
+CONDITIONS = [(lang, b) for lang in LANGS for b in (False, True)]
+IDS = [NAMES[lang] + ("-boilerplate" if b else "") for lang, b in CONDITIONS]
+STILL_MIXED = pytest.mark.xfail(
+    strict=True, reason="Dutch: 1 of 12 scopes mixes two topics (module docstring)"
+)
 
 
-def scope(topics: list[str], per_topic: int, lang: str, boilerplate: bool, seed: int):
-    """(topic labels, episodes) of one scope, shuffled."""
+def scope(
+    topics: list[str], per_topic: int, lang: str, boilerplate: bool, seed: int, last: str | None = None
+):
+    """(topic labels, episodes) of one scope, shuffled; the last topic written in `last` if given."""
     rng = random.Random(seed)
     out = []
     for t in topics:
+        written = last if last is not None and t == topics[-1] else lang
         for i in range(per_topic):
             out.append(
                 (
                     t,
                     Episode(
                         episode_id=f"{t}-{i}",
-                        task=Task(description=TOPICS[t][lang][i % 5]),
-                        solution=rng.choice(TOPICS[t][f"note_{lang}"]),
+                        task=Task(description=TOPICS[t][written][i % 5]),
+                        solution=rng.choice(TOPICS[t][f"note_{written}"]),
                         result=BOILERPLATE[lang] if boilerplate else None,
                         outcome="success",
                         completed_at=float(len(out)),
@@ -225,6 +468,11 @@ def scope(topics: list[str], per_topic: int, lang: str, boilerplate: bool, seed:
             )
     rng.shuffle(out)
     return [t for t, _ in out], [e for _, e in out]
+
+
+def mixed_facts(labels: list[str], groups: list[list[int]]) -> list[list[str]]:
+    """The topics of every group of 3 or more (a fact) that holds more than one topic."""
+    return [sorted({labels[i] for i in g}) for g in groups if len(g) >= 3 and len({labels[i] for i in g}) > 1]
 
 
 @pytest.fixture(scope="module")
@@ -257,14 +505,14 @@ def vectors():
 def test_one_topic_alone_is_one_fact(vectors, lang, boilerplate):
     for n, topic in enumerate(TOPICS):
         _, episodes = scope([topic], 8, lang, boilerplate, seed=n)
-        groups = cluster(vectors(episodes), DEFAULT_DISTANCE["minilm-l6-v2"])
+        groups = cluster(vectors(episodes), DEFAULT_DISTANCE["minilm-l6-v2"], clustering_texts(episodes))
         assert max(map(len, groups)) >= 6, (topic, [len(g) for g in groups])
 
 
 @pytest.mark.parametrize(
     ("lang", "boilerplate"),
     [
-        pytest.param(*c, id=i, marks=() if c[0] == "en" else CHAINED)
+        pytest.param(*c, id=i, marks=STILL_MIXED if c[0] == "nl" else ())
         for c, i in zip(CONDITIONS, IDS, strict=True)
     ],
 )
@@ -273,7 +521,31 @@ def test_unrelated_topics_never_share_a_fact(vectors, lang, boilerplate):
     for s in range(12):
         rng = random.Random(s)
         labels, episodes = scope(rng.sample(sorted(TOPICS), 4 + s % 3), 3 + s % 3, lang, boilerplate, seed=s)
-        for g in cluster(vectors(episodes), DEFAULT_DISTANCE["minilm-l6-v2"]):
-            if len(g) >= 3 and len({labels[i] for i in g}) > 1:
-                mixed.append(sorted({labels[i] for i in g}))
+        groups = cluster(vectors(episodes), DEFAULT_DISTANCE["minilm-l6-v2"], clustering_texts(episodes))
+        mixed += mixed_facts(labels, groups)
+    assert mixed == []
+
+
+@pytest.mark.parametrize("boilerplate", [False, True], ids=["plain", "boilerplate"])
+def test_english_scopes_cluster_as_their_vectors_alone_do(vectors, boilerplate):
+    """No English episode reads as unmodelled text, so the words never change an English scope's facts."""
+    scopes = [scope([t], 8, "en", boilerplate, seed=n)[1] for n, t in enumerate(TOPICS)]
+    for s in range(12):
+        topics = random.Random(s).sample(sorted(TOPICS), 4 + s % 3)
+        scopes.append(scope(topics, 3 + s % 3, "en", boilerplate, seed=s)[1])
+    for episodes in scopes:
+        v = vectors(episodes)
+        assert not any(map(unmodelled, clustering_texts(episodes)))
+        d = DEFAULT_DISTANCE["minilm-l6-v2"]
+        assert cluster(v, d, clustering_texts(episodes)) == cluster(v, d)
+
+
+@pytest.mark.parametrize("other", LANGS[1:], ids=[NAMES[x] for x in LANGS[1:]])
+def test_a_topic_in_another_language_shares_no_fact_with_english_ones(vectors, other):
+    mixed = []
+    for s in range(12):
+        topics = random.Random(100 + s).sample(sorted(TOPICS), 4 + s % 3)
+        labels, episodes = scope(topics, 3 + s % 3, "en", False, seed=s, last=other)
+        groups = cluster(vectors(episodes), DEFAULT_DISTANCE["minilm-l6-v2"], clustering_texts(episodes))
+        mixed += mixed_facts(labels, groups)
     assert mixed == []
