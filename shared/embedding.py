@@ -26,10 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from engram_episodic.errors import ConfigError
-from shared.embed_progress import held
 from shared.embedding_base import Embedder, EmbeddingError, dim_when_answering
 from shared.embedding_base import EmbedderUnavailable as EmbedderUnavailable  # the contract, from here too
-from shared.embedding_openvino import SentenceGraph, is_exported, load_graph
+from shared.embedding_openvino import SentenceGraph, held, is_exported, load_graph
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
@@ -200,7 +199,6 @@ class MiniLMEmbedder(Embedder):
     empty texts.
     """
 
-    MAX_TOKENS = 256
     DIM = 384
     NAME = "minilm-l6-v2"
     INSTALL_HINT = (
@@ -302,7 +300,6 @@ class MPNetEmbedder(MiniLMEmbedder):
     Raises ConfigError when the packages are missing, EmbeddingError when the parts are incomplete.
     """
 
-    MAX_TOKENS = 384
     DIM = 768
     NAME = "mpnet-base-v2"
     INSTALL_HINT = (

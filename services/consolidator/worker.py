@@ -32,8 +32,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import Projector
 from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
-from shared.embed_progress import report_passes
-from shared.embedding_base import Embedder, EmbedderUnavailable
+from shared.embedding_base import Embedder, EmbedderUnavailable, report_passes
 from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
