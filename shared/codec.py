@@ -13,12 +13,27 @@ into `x: {r: key ref (16 bytes), k: key id (16), c: AES-256-GCM of their msgpack
 `namespace`, `occurred_at` and `episode_id`. Decoding one needs a key lookup `(ref, kid) -> DataKey |
 None`: None is `KeyDestroyed` (the user was forgotten), no lookup `SealedEntry`, a failed
 authentication `Unreadable` (a DecodeError).
+
+Sealed facts (`encode_sealed_facts`): a fact of a `FactsConsolidated` mixes several users' episodes,
+so destroying any one contributor's key must make it unreadable: each fact is sealed with a fresh
+content key K, the XOR of one random 32-byte share per contributor (n-of-n secret sharing: any share
+missing leaves K uniformly random), each share sealed under its contributor's data key (AES-256-GCM).
+A fact with no user has one share under the namespace's key.
+
+Stored form of one fact: `{"z": {"s": [[ref (16), kid (16), sealed share], ...], "c": sealed msgpack of
+the fact}}`; associated data binds each ciphertext to (namespace, event id, scope id, position) and a
+share's to its (ref, kid). The event's `scope` and `removed` stay in clear (routing, sequence check).
+
+Its errors: `KeyDestroyed` (a contributor was forgotten), `SealedEntry` (no key lookup), `Unreadable`
+(authentication failed), `DecodeError` (malformed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import reduce
 from typing import Any
 
 import msgpack
@@ -38,8 +53,8 @@ from engram_episodic.events import (
 )
 from engram_episodic.shapes import to_plain
 from engram_episodic.validation import Collector, check_id, parse_action, parse_episode, parse_update
-from shared import fact_seal, tracing
-from shared.crypto import KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
+from shared import tracing
+from shared.crypto import KEY_BYTES, KID_BYTES, REF_BYTES, DataKey, KeyDestroyed, SealedEntry
 
 
 def encode(event: Event) -> bytes:
@@ -79,7 +94,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "UserForgotten": ("user_id",),
 }
 """The fields a sealed envelope encrypts, per event type; FactsConsolidated seals each fact on its
-own (`shared.fact_seal`, `encode_sealed_facts`)."""
+own (`encode_sealed_facts`)."""
 
 KeyLookup = Callable[[bytes, bytes], DataKey | None]
 
@@ -198,12 +213,12 @@ def sealed_ref(envelope: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
 
 def key_refs(envelope: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
     """Every (key ref, key id) decoding `envelope` needs: its own sealed ref, and for a sealed
-    `FactsConsolidated` the refs of every fact's shares (`shared.fact_seal`); [] for plaintext.
+    `FactsConsolidated` the refs of every fact's shares (`share_refs`); [] for plaintext.
     DecodeError if malformed."""
     ref = sealed_ref(envelope)
     own = [ref] if ref is not None else []
     if envelope.get("type") == "FactsConsolidated":
-        return own + fact_seal.facts_refs(envelope.get("data"))
+        return own + facts_refs(envelope.get("data"))
     return own
 
 
@@ -215,19 +230,19 @@ def is_sealed(envelope: Mapping[str, Any] | None) -> bool:
         return True
     data = envelope.get("data")
     facts = data.get("facts") if isinstance(data, Mapping) else None
-    return isinstance(facts, list | tuple) and any(fact_seal.is_sealed(f) for f in facts)
+    return isinstance(facts, list | tuple) and any(_fact_sealed(f) for f in facts)
 
 
 def encode_sealed_facts(
     event: FactsConsolidated, contributors: Callable[[Mapping[str, Any]], Sequence[tuple[bytes, DataKey]]]
 ) -> bytes:
-    """The stored envelope of `event` with each fact sealed (`shared.fact_seal`) under the data keys
+    """The stored envelope of `event` with each fact sealed (`seal_fact`) under the data keys
     `contributors(fact)` names (every user of the fact, or the namespace's key when it has none)."""
     data = to_plain(event)  # omits an empty `facts`: a snapshot whose last fact was removed
     scope_id = str(event.scope.get("scope_id", ""))  # FactScope.to_data's, which open_facts reads back
     if data.get("facts"):
         data["facts"] = [
-            fact_seal.seal_fact(
+            seal_fact(
                 f,
                 contributors(f),
                 namespace=event.namespace,
@@ -289,7 +304,7 @@ def decode_envelope(envelope: dict[str, Any], keys: KeyLookup | None = None) -> 
     if ref is not None:
         data = _open(type_name, version, data, envelope["x"], keys)
     elif type_name == "FactsConsolidated":
-        data = fact_seal.open_facts(data, keys)
+        data = open_facts(data, keys)
     for v in range(version, current):  # every class has an upcaster from each older version
         data = EVENT_TYPES[type_name].UPCASTERS[v](data)
     return event_from_data(type_name, data)
@@ -336,3 +351,125 @@ def peek_identity(payload: bytes) -> tuple[str, str, str | None, float | None] |
         return ns, eid, user, _epoch(data.get("occurred_at"))
     except Exception:  # a dead letter can be any bytes at all
         return None
+
+
+# --- sealed facts ---------------------------------------------------------------------------------
+SEALED_KEY = "z"
+"""The key of a sealed fact (a plaintext fact is the fact's own map, which has no such key)."""
+
+_NO_KID = b"\x00" * KID_BYTES  # a content key has no id of its own: it lives only in this entry
+
+
+def _fact_ad(
+    namespace: str, event_id: str, scope_id: str, index: int, share: tuple[bytes, bytes] | None
+) -> bytes:
+    return msgpack.packb(
+        ["engram/fact/v1", namespace, event_id, scope_id, index, *(share or ())], use_bin_type=True
+    )
+
+
+def _xor(parts: Sequence[bytes]) -> bytes:
+    return reduce(lambda a, b: bytes(x ^ y for x, y in zip(a, b, strict=True)), parts, bytes(KEY_BYTES))
+
+
+def seal_fact(
+    fact: Mapping[str, Any],
+    contributors: Sequence[tuple[bytes, DataKey]],
+    *,
+    namespace: str,
+    event_id: str,
+    scope_id: str,
+    index: int,
+) -> dict[str, Any]:
+    """The sealed form of `fact` (plain data) needing every (ref, data key) of `contributors` (≥ 1)."""
+    if not contributors:
+        raise ValueError("a sealed fact needs at least one contributor key")
+    shares = [os.urandom(KEY_BYTES) for _ in contributors]
+    content = DataKey.from_bytes(_NO_KID, _xor(shares))
+    sealed_shares = [
+        [ref, key.kid, key.seal(share, _fact_ad(namespace, event_id, scope_id, index, (ref, key.kid)))]
+        for (ref, key), share in zip(contributors, shares, strict=True)
+    ]
+    body = content.seal(
+        msgpack.packb(dict(fact), use_bin_type=True), _fact_ad(namespace, event_id, scope_id, index, None)
+    )
+    return {SEALED_KEY: {"s": sealed_shares, "c": body}}
+
+
+def _fact_sealed(fact: Any) -> bool:
+    return isinstance(fact, Mapping) and SEALED_KEY in fact
+
+
+def share_refs(fact: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """(ref, kid) of every share of a sealed fact; DecodeError if malformed."""
+    z = fact.get(SEALED_KEY)
+    if not isinstance(z, Mapping) or not isinstance(z.get("s"), list) or not isinstance(z.get("c"), bytes):
+        raise DecodeError("a sealed fact must hold z: {s: [[ref, kid, share], ...], c: bytes}")
+    out = []
+    for share in z["s"]:
+        if (
+            not isinstance(share, list)
+            or len(share) != 3
+            or not all(isinstance(p, bytes) for p in share)
+            or len(share[0]) != REF_BYTES
+            or len(share[1]) != KID_BYTES
+        ):
+            raise DecodeError("a sealed fact's share must be [ref (16 bytes), kid (16 bytes), bytes]")
+        out.append((share[0], share[1]))
+    if not out:
+        raise DecodeError("a sealed fact has no share")
+    return out
+
+
+def open_fact(
+    fact: Mapping[str, Any],
+    keys: KeyLookup | None,
+    *,
+    namespace: str,
+    event_id: str,
+    scope_id: str,
+    index: int,
+) -> dict[str, Any]:
+    """The plain fact of `seal_fact(...)` (see the module docstring for the errors)."""
+    refs = share_refs(fact)
+    if keys is None:
+        raise SealedEntry("the facts are encrypted and this process has no master key")
+    shares = []
+    for (ref, kid), share in zip(refs, fact[SEALED_KEY]["s"], strict=True):
+        key = keys(ref, kid)
+        if key is None:
+            raise KeyDestroyed("a data key of the fact's contributors was destroyed (a user was forgotten)")
+        shares.append(key.open(share[2], _fact_ad(namespace, event_id, scope_id, index, (ref, kid))))
+    if any(len(s) != KEY_BYTES for s in shares):
+        raise DecodeError("a sealed fact's share is not a key share")
+    content = DataKey.from_bytes(_NO_KID, _xor(shares))
+    plain = content.open(fact[SEALED_KEY]["c"], _fact_ad(namespace, event_id, scope_id, index, None))
+    return _map(plain, "sealed fact is not msgpack", "a sealed fact must be a map")
+
+
+def open_facts(data: Mapping[str, Any], keys: KeyLookup | None) -> dict[str, Any]:
+    """`data` of a FactsConsolidated envelope with every sealed fact opened (plaintext ones as they
+    are); raises as `open_fact` — a snapshot is a scope's whole state, so it opens whole or not at all."""
+    facts = data.get("facts")
+    if not isinstance(facts, list | tuple) or not any(_fact_sealed(f) for f in facts):
+        return dict(data)
+    scope = data.get("scope")
+    scope_id = scope.get("scope_id") if isinstance(scope, Mapping) else None
+    namespace, event_id = data.get("namespace"), data.get("event_id")
+    if not isinstance(scope_id, str) or not isinstance(namespace, str) or not isinstance(event_id, str):
+        raise DecodeError("sealed facts need the event's namespace, event_id and scope.scope_id")
+    opened = [
+        open_fact(f, keys, namespace=namespace, event_id=event_id, scope_id=scope_id, index=i)
+        if _fact_sealed(f)
+        else f
+        for i, f in enumerate(facts)
+    ]
+    return {**data, "facts": opened}
+
+
+def facts_refs(data: Any) -> list[tuple[bytes, bytes]]:
+    """Every (ref, kid) the sealed facts of a FactsConsolidated envelope's `data` need (else [])."""
+    facts = data.get("facts") if isinstance(data, Mapping) else None
+    if not isinstance(facts, list | tuple):
+        return []
+    return [ref for f in facts if _fact_sealed(f) for ref in share_refs(f)]

@@ -12,22 +12,13 @@ ACCEPTED = frozenset({"", "identity"})
 """The request `Content-Encoding` values taken (absent, empty or `identity`, in any case)."""
 
 
-def refused_coding(request: web.BaseRequest) -> str | None:
-    """The request's `Content-Encoding` (every header of that name, joined as RFC 9110 §5.3 allows) when
-    any coding of it is not one of ACCEPTED, else None."""
-    values = request.headers.getall(hdrs.CONTENT_ENCODING, [])
-    value = ", ".join(values)
-    if all(coding.strip().lower() in ACCEPTED for coding in value.split(",")):
-        return None
-    return value
-
-
 @web.middleware
 async def identity_only(request: web.Request, handler) -> web.StreamResponse:
-    """415 problem+json naming the header, with `Accept-Encoding: identity`, for a refused
-    Content-Encoding (`refused_coding`); otherwise the handler's answer."""
-    coding = refused_coding(request)
-    if coding is None:
+    """415 problem+json naming the header (every `Content-Encoding` of the request, joined as RFC 9110
+    §5.3 allows), with `Accept-Encoding: identity`, when any coding of it is not one of ACCEPTED;
+    otherwise the handler's answer."""
+    coding = ", ".join(request.headers.getall(hdrs.CONTENT_ENCODING, []))
+    if all(part.strip().lower() in ACCEPTED for part in coding.split(",")):
         return await handler(request)
     body = {
         "type": "about:blank",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
@@ -21,19 +22,16 @@ import unicodedata
 from collections.abc import Sequence
 from hashlib import blake2b
 from pathlib import Path
-from typing import Any, TypeVar
 
 import numpy as np
 
 from engram_episodic.errors import ConfigError
-from shared.embed_progress import held
 from shared.embedding_base import Embedder, EmbeddingError, dim_when_answering
 from shared.embedding_base import EmbedderUnavailable as EmbedderUnavailable  # the contract, from here too
-from shared.embedding_openvino import SentenceGraph, is_exported, load_graph
+from shared.embedding_openvino import SentenceGraph, held, is_exported, load_graph
 from shared.settings import Settings
 
 log = logging.getLogger("engram.embedding")
-T = TypeVar("T")
 
 
 def _installed(module: str) -> bool:
@@ -71,22 +69,38 @@ _WORD = re.compile(f"[{_NO_SPACE_SCRIPTS}]|[^{_SEPARATORS}{_NO_SPACE_SCRIPTS}]+"
 _FID_BITS = 40  # feature id: the top 40 bits of a 64-bit blake2b digest
 _FID_MASK = (1 << _FID_BITS) - 1
 _SIGN_BIT = _FID_BITS - 1
-_CACHE_LIMIT = 100_000  # entries per memo dict (all three: at most a few tens of MB); cleared when full
-_CACHE_TOKEN_CHARS = 32  # longer tokens are rarely seen twice: not memoised
-
-
-def _remember(memo: dict[Any, T], key: Any, value: T, keep: bool = True) -> T:
-    """`value`, kept in `memo` under `key` when `keep` (`memo` cleared once it holds _CACHE_LIMIT)."""
-    if keep:
-        if len(memo) >= _CACHE_LIMIT:
-            memo.clear()
-        memo[key] = value
-    return value
+_CACHE_LIMIT = 100_000  # entries per memo (all four: at most a few tens of MB), least recent dropped
 
 
 def _fid(data: bytes) -> int:
     """A stable 40-bit feature id (blake2b; Python's hash() is salted per process)."""
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little") >> (64 - _FID_BITS)
+
+
+# Feature ids of a word, a word pair, an n-gram and a token's n-grams, memoised for every embedder of
+# the process (they do not depend on `dim`): this loop is most of the consolidator's CPU with hashing.
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
+def _word_fid(word: str) -> int:
+    return _fid(b"w\x1f" + word.encode("utf-8", "surrogatepass"))
+
+
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
+def _pair_fid(first: str, second: str) -> int:
+    return _fid(f"b\x1f{first}\x1f{second}".encode("utf-8", "surrogatepass"))
+
+
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
+def _gram_fid(gram: str) -> int:
+    return _fid(b"g\x1f" + gram.encode("utf-8", "surrogatepass"))
+
+
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
+def _gram_fids(token: str) -> np.ndarray:
+    """int64[n-grams] of `token`: its 3-grams and 4-grams with `<` `>` marking its ends."""
+    marked = f"<{token}>"
+    grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
+    grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
+    return np.fromiter(map(_gram_fid, grams), dtype=np.int64, count=len(grams))
 
 
 class HashingEmbedder(Embedder):
@@ -104,7 +118,7 @@ class HashingEmbedder(Embedder):
     Learning" (ICML). NFKC makes NFC/NFD and full-width/half-width spellings embed identically.
 
     It captures shared wording, not meaning (synonyms with no shared letters are not close): for tests
-    and as an offline fallback. Feature ids are memoised (bounded dicts) and a batch is folded with one
+    and as an offline fallback. Feature ids are memoised (LRU, per process) and a batch is folded with one
     `np.unique` and one `np.bincount`, on the calling thread (~3 ms for 64 short texts).
 
     `embed_sync(texts)` is the same computation without a coroutine (benchmarks, property tests).
@@ -115,10 +129,6 @@ class HashingEmbedder(Embedder):
 
     def __init__(self, dim: int = 384, *, max_chars: int = 2000, batch_size: int = 256):
         super().__init__(name="hashing-v1", dim=dim, max_chars=max_chars, batch_size=batch_size)
-        self._word_ids: dict[str, int] = {}
-        self._pair_ids: dict[tuple[str, str], int] = {}
-        self._gram_ids: dict[str, np.ndarray] = {}  # token -> ids of its n-grams
-        self._single_gram_ids: dict[str, int] = {}  # n-gram -> id (long tokens share n-grams, not tokens)
 
     async def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, Sequence[bool]]:
         return self._vectorise(texts), (False,) * len(texts)
@@ -132,31 +142,6 @@ class HashingEmbedder(Embedder):
         self.truncations += sum(cut)
         return vectors
 
-    # the memos: misses only (`_vectorise` looks them up inline); a token longer than
-    # _CACHE_TOKEN_CHARS is rarely seen twice and not kept
-    def _word_id(self, word: str) -> int:
-        fid = _fid(b"w\x1f" + word.encode("utf-8", "surrogatepass"))
-        return _remember(self._word_ids, word, fid, len(word) <= _CACHE_TOKEN_CHARS)
-
-    def _pair_id(self, pair: tuple[str, str]) -> int:
-        fid = _fid(f"b\x1f{pair[0]}\x1f{pair[1]}".encode("utf-8", "surrogatepass"))
-        return _remember(self._pair_ids, pair, fid, len(pair[0]) + len(pair[1]) <= _CACHE_TOKEN_CHARS)
-
-    def _gram_id(self, gram: str) -> int:
-        fid = self._single_gram_ids.get(gram)
-        if fid is None:
-            fid = _remember(
-                self._single_gram_ids, gram, _fid(b"g\x1f" + gram.encode("utf-8", "surrogatepass"))
-            )
-        return fid
-
-    def _gram_id_array(self, token: str) -> np.ndarray:
-        marked = f"<{token}>"
-        grams = [marked[i : i + 3] for i in range(len(marked) - 2)]
-        grams += [marked[i : i + 4] for i in range(len(marked) - 3)]
-        ids = np.fromiter(map(self._gram_id, grams), dtype=np.int64, count=len(grams))
-        return _remember(self._gram_ids, token, ids, len(token) <= _CACHE_TOKEN_CHARS)
-
     def _vectorise(self, texts: list[str]) -> np.ndarray:
         """Prepared texts (at most 2**23: a row is packed above the feature id in one int64) → float64[n,
         dim] hashed feature vectors (not yet normalised, never zero)."""
@@ -166,22 +151,16 @@ class HashingEmbedder(Embedder):
         gram_arrays: list[np.ndarray] = []
         gram_rows: list[int] = []
         fallback: list[int] = []
-        # the memo lookups are inlined (bound .get, misses only through the methods): this loop is most
-        # of the consolidator's CPU with the hashing embedder
-        word_get, pair_get, gram_get = self._word_ids.get, self._pair_ids.get, self._gram_ids.get
         for row, text in enumerate(texts):
             norm = unicodedata.normalize("NFKC", text).casefold()
             words = _WORD.findall(norm)
             tokens = _TOKEN.findall(norm)
             if not tokens:  # only punctuation, e.g. "???": the text itself is the one token
                 words = tokens = [norm.strip() or norm]
-            ids = [word_get(w) or self._word_id(w) for w in words]
-            ids += [pair_get(pair) or self._pair_id(pair) for pair in zip(words, words[1:], strict=False)]
+            ids = [*map(_word_fid, words), *map(_pair_fid, words, words[1:])]
             word_ids += ids
             word_rows += [row] * len(ids)
-            for token in tokens:
-                grams = gram_get(token)
-                gram_arrays.append(grams if grams is not None else self._gram_id_array(token))
+            gram_arrays += map(_gram_fids, tokens)
             gram_rows += [row] * len(tokens)
             fallback.append(ids[0])
         lengths = np.fromiter((a.size for a in gram_arrays), dtype=np.int64, count=len(gram_arrays))
@@ -220,7 +199,6 @@ class MiniLMEmbedder(Embedder):
     empty texts.
     """
 
-    MAX_TOKENS = 256
     DIM = 384
     NAME = "minilm-l6-v2"
     INSTALL_HINT = (
@@ -322,7 +300,6 @@ class MPNetEmbedder(MiniLMEmbedder):
     Raises ConfigError when the packages are missing, EmbeddingError when the parts are incomplete.
     """
 
-    MAX_TOKENS = 384
     DIM = 768
     NAME = "mpnet-base-v2"
     INSTALL_HINT = (

@@ -1,20 +1,32 @@
 """The contract every embedder keeps (`Embedder`) and its errors: a leaf the implementations import, so
-the factory in `shared.embedding` can import them all."""
+the factory in `shared.embedding` can import them all. Also the progress of `Embedder.embed` for
+whoever waits on a long call: a per-task callback (a context variable) every forward pass calls."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
 
 from engram_episodic.errors import EngramError
-from shared.embed_progress import passed
 
 log = logging.getLogger("engram.embedding")
+
+_PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "engram_embed_progress", default=None
+)
+
+
+def report_passes(callback: Callable[[], None]) -> None:
+    """From now on in the calling task (and the tasks it starts), `callback()` runs after each forward
+    pass of `Embedder.embed` (every `batch_size` texts): a consolidator lane embedding a large batch
+    counts as turning for its health check while passes complete, and as stuck once they stop."""
+    _PROGRESS.set(callback)
 
 
 class EmbeddingError(EngramError):
@@ -88,7 +100,8 @@ class Embedder(ABC):
             out[list(rows)] = unit
             for i, model_cut in zip(rows, window_cut, strict=True):
                 cut[i] = cut[i] or bool(model_cut)
-            passed()
+            if (progress := _PROGRESS.get()) is not None:
+                progress()
         self.truncations += sum(cut)  # counted once the whole call succeeded: a retried call counts once
         return cast(np.ndarray, out)  # set by the first batch (n > 0)
 

@@ -25,12 +25,29 @@ from typing import Any, cast
 
 import numpy as np
 
-from shared.embed_progress import held
-
 log = logging.getLogger("engram.embedding")
 
 RECIPE = "engram-openvino-1"  # bump when the export changes: caches export again
 GRAPH = "model.xml"  # OpenVINO's form of the graph, its weights in float32 in model.bin
+
+
+@contextlib.contextmanager
+def held(path: str, waiting: str, *, timeout: float = -1) -> Iterator[None]:
+    """Hold the file lock at `path` (`filelock.FileLock`) within the block; when another process holds
+    it, log `waiting` (INFO) first, then wait up to `timeout` seconds (-1: for ever; filelock.Timeout
+    past it), so that a long wait does not look like a hang (a model unpacked or exported once for all)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(path, timeout=timeout)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info(waiting)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class SentenceGraph:

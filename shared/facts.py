@@ -12,7 +12,6 @@ searched through `Keys.facts_index_alias`; a fact is valid from `created_at` unt
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -31,6 +30,7 @@ from shared.index import (
     current_generation,
     index_size,
     numeric_clause,
+    numeric_text,
     parse_search,
     point_alias_at,
     search_limit,
@@ -359,7 +359,7 @@ class FactQuery:
         parts = [tag_clause("namespace", self.namespace)]
         if self.as_of is not None:
             parts.append(numeric_clause("created_at", None, self.as_of))
-            parts.append(f"@superseded_at:[({_num(self.as_of)} +inf]")
+            parts.append(f"@superseded_at:[({numeric_text(self.as_of)} +inf]")
         elif not self.include_superseded:
             parts.append(tag_clause("status", STATUS_CURRENT))
         if self.agent_id is not None:
@@ -381,10 +381,6 @@ class FactQuery:
         if self.min_confidence is not None:
             parts.append(numeric_clause("confidence", self.min_confidence, None))
         return " ".join(parts)
-
-
-def _num(x: float) -> str:
-    return repr(float(x)) if math.isfinite(x) else ("+inf" if x > 0 else "-inf")
 
 
 @dataclass(slots=True)

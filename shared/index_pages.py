@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,25 +129,35 @@ async def page(
     return rows, more
 
 
-async def every_key(
-    r: aioredis.Redis, index: str, query: str, *, batch: int = 1000, **target: Any
-) -> list[bytes]:
-    """The key of every document of `query` (`FT.AGGREGATE ... WITHCURSOR`, `batch` per read), in no
-    particular order; a document without any SORTABLE field (a draft) is found too. A missing index
-    holds none. `target` (`target_nodes=` on a cluster, `shared.cluster.search_targets`) goes with the
-    aggregate and its cursor reads alike, since a cursor lives on the node that opened it."""
-    aggregate = ("FT.AGGREGATE", index, query, *search_limit(), "LOAD", 1, "@__key")
-    first = await unless_missing(
-        r.execute_command(*aggregate, "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2, **target)
+async def cursor_pages(
+    r: aioredis.Redis, index: str, query: str, fields: Sequence[str], *, batch: int, **target: Any
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """The documents of `query` as pages of rows ({name: raw value} of the loaded `fields`, e.g.
+    `@__key`), `batch` per read (`FT.AGGREGATE ... WITHCURSOR`, then `FT.CURSOR READ`), in no
+    particular order; a document without any SORTABLE field (a draft) is found too. `target`
+    (`target_nodes=` on a cluster, `shared.cluster.search_targets`) goes with every read, since a cursor
+    lives on the node that opened it. ResponseError for a missing index."""
+    aggregate = ("FT.AGGREGATE", index, query, *search_limit(), "LOAD", len(fields), *fields)
+    reply, cursor = await r.execute_command(
+        *aggregate, "WITHCURSOR", "COUNT", int(batch), "DIALECT", 2, **target
     )
-    if first is None:
-        return []
-    reply, cursor = first
-    keys: list[bytes] = []
     while True:
-        keys += [f["__key"] for f in aggregate_rows(reply) if f.get("__key") is not None]
+        yield aggregate_rows(reply)
         if not int(cursor):
-            return keys
+            return
         reply, cursor = await r.execute_command(
             "FT.CURSOR", "READ", index, cursor, "COUNT", int(batch), **target
         )
+
+
+async def every_key(
+    r: aioredis.Redis, index: str, query: str, *, batch: int = 1000, **target: Any
+) -> list[bytes]:
+    """The key of every document of `query` (`cursor_pages`); a missing index holds none."""
+    pages = cursor_pages(r, index, query, ["@__key"], batch=batch, **target)
+    keys: list[bytes] = []
+    rows = await unless_missing(anext(pages))
+    while rows is not None:
+        keys += [f["__key"] for f in rows if f.get("__key") is not None]
+        rows = await anext(pages, None)
+    return keys

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Protocol, cast
+from typing import cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -19,21 +19,7 @@ from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
 from shared.cluster import SEARCH_SHARD, EngramCluster
 from shared.keys import Keys
-
-PLAIN_SCHEMES = ("redis", "rediss", "unix")
-CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-
-
-def check_url(url: str) -> str:
-    """The scheme of `url`; ValueError naming REDIS_URL unless it is redis://, rediss://, unix://,
-    redis+cluster:// or rediss+cluster://."""
-    scheme = urlsplit(url).scheme
-    if scheme not in PLAIN_SCHEMES and scheme not in CLUSTER_SCHEMES:
-        raise ValueError(
-            f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// or "
-            "rediss+cluster://"
-        )
-    return scheme
+from shared.settings import CLUSTER_SCHEMES, Settings, check_url
 
 
 def _options(retries: int, socket_timeout: float | None) -> dict:
@@ -76,19 +62,8 @@ def connect(
     )
 
 
-class Target(Protocol):
-    """Where `connected` connects: `shared.settings.Settings` (which imports this module, so not named)."""
-
-    @property
-    def redis_url(self) -> str | None: ...
-    @property
-    def prefix(self) -> str: ...
-    @property
-    def cluster_search(self) -> str: ...
-
-
 @contextlib.asynccontextmanager
-async def connected(settings: Target) -> AsyncIterator[aioredis.Redis]:
+async def connected(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     """`connect` to `settings.redis_url` (its prefix and cluster search), closed on leaving however the
     block ends. ValueError when REDIS_URL is not set."""
     if settings.redis_url is None:

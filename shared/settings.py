@@ -13,11 +13,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from engram_episodic.errors import ConfigError
 from engram_episodic.validation import Collector, check_id
 from shared.keys import CLUSTER_PARTITIONS, MAX_PARTITIONS, Keys
-from shared.redis_conn import check_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -35,6 +35,22 @@ def parse_duration(text: str, name: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"{name}={text!r} must be a positive duration")
     return seconds
+
+
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def check_url(url: str) -> str:
+    """The scheme of `url`; ValueError naming REDIS_URL unless it is redis://, rediss://, unix://,
+    redis+cluster:// or rediss+cluster://."""
+    scheme = urlsplit(url).scheme
+    if scheme not in PLAIN_SCHEMES and scheme not in CLUSTER_SCHEMES:
+        raise ValueError(
+            f"REDIS_URL={url[:60]!r} must start with redis://, rediss://, unix://, redis+cluster:// or "
+            "rediss+cluster://"
+        )
+    return scheme
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -489,13 +489,3 @@ class Partitions:
     async def retire_consumer(self, consumer: str) -> bool:
         """`StreamGroup.retire_consumer` on every partition; True if removed from any of them."""
         return any(await asyncio.gather(*(g.retire_consumer(consumer) for g in self.groups)))
-
-
-def totals(rows: Sequence[dict[str, int]]) -> dict[str, int]:
-    """{pending, lag, consumers} of partitions' `StreamGroup.info` rows: sums of pending and lag; the
-    most consumers any partition lists (a worker is a consumer of every partition it read)."""
-    return {
-        "pending": sum(r["pending"] for r in rows),
-        "lag": sum(r["lag"] for r in rows),
-        "consumers": max(r["consumers"] for r in rows),
-    }

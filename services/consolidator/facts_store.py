@@ -38,7 +38,8 @@ from shared.facts import (
     fact_fields,
     fact_from_doc,
 )
-from shared.index import STATUS_COMPLETED, Scope, aggregate_rows, current_generation, search_limit
+from shared.index import STATUS_COMPLETED, Scope, current_generation
+from shared.index_pages import cursor_pages
 from shared.keys import Keys
 from shared.replies import as_bytes
 from shared.tags import TagCodec
@@ -81,23 +82,8 @@ async def load_rows(
     )
     page = page or PAGE
     newest: list[tuple[float, bytes]] = []  # a min-heap of (completed_at, key)
-    reply, cursor = await r.execute_command(
-        "FT.AGGREGATE",
-        index,
-        filters.query(),
-        *search_limit(),
-        "LOAD",
-        2,
-        "@__key",
-        "@completed_at",
-        "WITHCURSOR",
-        "COUNT",
-        page,
-        "DIALECT",
-        2,
-    )
-    while True:
-        for f in aggregate_rows(reply):
+    async for rows in cursor_pages(r, index, filters.query(), ["@__key", "@completed_at"], batch=page):
+        for f in rows:
             key, at = f.get("__key"), f.get("completed_at")
             if key is None or at is None:
                 continue  # deleted between the match and the load
@@ -105,9 +91,6 @@ async def load_rows(
                 heapq.heappush(newest, (float(at), key))
             elif (float(at), key) > newest[0]:
                 heapq.heapreplace(newest, (float(at), key))
-        if not int(cursor):
-            break
-        reply, cursor = await r.execute_command("FT.CURSOR", "READ", index, cursor, "COUNT", page)
     return await _completed_rows(r, [key for _, key in sorted(newest, reverse=True)], page)
 
 

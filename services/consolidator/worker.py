@@ -32,8 +32,7 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projector import Projector
 from shared import cluster, generations, streams, tracing
 from shared.codec import trace_of
-from shared.embed_progress import report_passes
-from shared.embedding_base import Embedder, EmbedderUnavailable
+from shared.embedding_base import Embedder, EmbedderUnavailable, report_passes
 from shared.generations import StaleGeneration
 from shared.index import (
     EmbedderMismatch,
@@ -528,14 +527,11 @@ class Worker:
                 keep.append(entry)
         return keep
 
-    async def refresh_lag(self) -> dict[str, int]:
-        """Set the lag and pending gauges (per partition too when several); returns the sums {pending,
-        lag, consumers}."""
+    async def refresh_lag(self) -> None:
+        """Set the lag and pending gauges: sums over the partitions, and per partition when several."""
         rows = await self.partitions.each()
-        info = streams.totals(rows)
-        self.metrics.lag.set(info["lag"])
-        self.metrics.pending.set(info["pending"])
+        self.metrics.lag.set(sum(row["lag"] for row in rows))
+        self.metrics.pending.set(sum(row["pending"] for row in rows))
         if len(rows) > 1:  # P <= 256 label values (shared.keys.MAX_PARTITIONS)
             for i, row in enumerate(rows):
                 self.metrics.partition_lag.labels(str(i)).set(row["lag"])
-        return info

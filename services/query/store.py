@@ -1,6 +1,6 @@
 """The episode store: every read the query service makes of episode documents, their vectors, event
 hashes, tombstones, dead-letter refs and forget jobs, the access stamp of recalled episodes, and the
-counts of `GET /v1/summary` (`distinct`, `facts_total`). The
+count of distinct values of `GET /v1/summary` (`distinct`). The
 keys are `shared.keys.Keys`'; the documents are written by the consolidator alone (never re-validated
 here). Replies are bytes (`decode_responses=False`, `shared.redis_conn`).
 """
@@ -210,16 +210,3 @@ async def distinct(r: Any, index: str, query: str, field: str) -> int:
     )
     rows = aggregate_rows(reply_)
     return int(rows[0].get("n") or 0) if rows else 0
-
-
-async def facts_total(r: Any, index: str, query: str) -> int:
-    """Current facts of `query` in `index` (0 when the live generation has no facts index yet)."""
-    try:
-        reply_ = await r.execute_command(
-            "FT.SEARCH", index, query, *search_limit(), "NOCONTENT", "LIMIT", 0, 0, "DIALECT", 2
-        )
-    except Exception as exc:  # noqa: BLE001 - only a missing index is an empty answer
-        if "no such index" in str(exc).lower() or "unknown index" in str(exc).lower():
-            return 0
-        raise
-    return int(reply_[0])

@@ -16,7 +16,7 @@ from services.consolidator.deadletters import list_dead_letters
 from services.consolidator.facts import Consolidator, ContributorForgotten
 from services.consolidator.facts_store import load_state
 from services.consolidator.replay import replay
-from shared import codec, fact_seal, streams
+from shared import codec, streams
 from shared.crypto import MasterKey
 from shared.embedding import HashingEmbedder
 from shared.facts import FactScope
@@ -83,7 +83,7 @@ async def readable_facts(envelope: dict, ring: KeyRing) -> list[str]:
     out = []
     for i, f in enumerate(data.get("facts", [])):
         try:
-            opened = fact_seal.open_fact(
+            opened = codec.open_fact(
                 f,
                 ring.lookup,
                 namespace=data["namespace"],

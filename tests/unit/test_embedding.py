@@ -601,7 +601,7 @@ def test_a_lock_held_by_another_process_is_waited_for_aloud(tmp_path, caplog):
 
     from filelock import FileLock
 
-    from shared.embed_progress import held
+    from shared.embedding_openvino import held
 
     other = FileLock(str(tmp_path / "x.lock"))  # a lock of its own file descriptor: another holder
     other.acquire()

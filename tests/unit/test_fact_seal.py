@@ -1,4 +1,4 @@
-"""Sealing a fact under the keys of all its contributors (`shared.fact_seal`): pure, no Redis."""
+"""Sealing a fact under the keys of all its contributors (`shared.codec`): pure, no Redis."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from engram_episodic.errors import DecodeError
 from engram_episodic.events import FactsConsolidated
-from shared import codec, fact_seal
+from shared import codec
 from shared.crypto import DataKey, KeyDestroyed, SealedEntry, Unreadable, new_data_key
 
 # Markers long enough that random ciphertext cannot hold them by chance (a 2-byte id did: ~1 in 200).
@@ -32,34 +32,34 @@ def lookup_of(contributors, missing=()):
 
 def test_a_sealed_fact_opens_with_every_contributor_key_and_holds_no_plaintext():
     contributors = keys(3)
-    sealed = fact_seal.seal_fact(FACT, contributors, **WHERE)
+    sealed = codec.seal_fact(FACT, contributors, **WHERE)
     packed = msgpack.packb(sealed)
     assert b"ALICE" not in packed and b"alice" not in packed and b"fact-id-marker" not in packed
-    assert fact_seal.open_fact(sealed, lookup_of(contributors), **WHERE) == FACT
-    assert fact_seal.share_refs(sealed) == [(ref, key.kid) for ref, key in contributors]
+    assert codec.open_fact(sealed, lookup_of(contributors), **WHERE) == FACT
+    assert codec.share_refs(sealed) == [(ref, key.kid) for ref, key in contributors]
 
 
 @pytest.mark.parametrize("gone", [0, 1, 2])
 def test_destroying_any_one_contributor_key_makes_the_fact_unreadable(gone):
     contributors = keys(3)
-    sealed = fact_seal.seal_fact(FACT, contributors, **WHERE)
+    sealed = codec.seal_fact(FACT, contributors, **WHERE)
     with pytest.raises(KeyDestroyed):
-        fact_seal.open_fact(sealed, lookup_of(contributors, missing={gone}), **WHERE)
+        codec.open_fact(sealed, lookup_of(contributors, missing={gone}), **WHERE)
     with pytest.raises(SealedEntry):
-        fact_seal.open_fact(sealed, None, **WHERE)
+        codec.open_fact(sealed, None, **WHERE)
 
 
 def test_the_other_contributors_keys_alone_do_not_open_the_fact():
     """A contributor's key replaced by another of the same id (what an attacker holding every other
     key could try) fails authentication of its share: the fact never opens in part."""
     contributors = keys(2)
-    sealed = fact_seal.seal_fact(FACT, contributors, **WHERE)
+    sealed = codec.seal_fact(FACT, contributors, **WHERE)
     impostor = (
         contributors[0],
         (contributors[1][0], DataKey.from_bytes(contributors[1][1].kid, os.urandom(32))),
     )
     with pytest.raises(Unreadable):
-        fact_seal.open_fact(sealed, lookup_of(list(impostor)), **WHERE)
+        codec.open_fact(sealed, lookup_of(list(impostor)), **WHERE)
 
 
 @pytest.mark.parametrize(
@@ -67,9 +67,9 @@ def test_the_other_contributors_keys_alone_do_not_open_the_fact():
 )
 def test_a_sealed_fact_moved_to_another_entry_or_position_does_not_open(field, value):
     contributors = keys(2)
-    sealed = fact_seal.seal_fact(FACT, contributors, **WHERE)
+    sealed = codec.seal_fact(FACT, contributors, **WHERE)
     with pytest.raises(Unreadable):
-        fact_seal.open_fact(sealed, lookup_of(contributors), **{**WHERE, field: value})
+        codec.open_fact(sealed, lookup_of(contributors), **{**WHERE, field: value})
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_a_sealed_fact_moved_to_another_entry_or_position_does_not_open(field, v
 )
 def test_a_malformed_sealed_fact_is_a_decode_error(bad):
     with pytest.raises(DecodeError):
-        fact_seal.open_fact(bad, lambda r, k: None, **WHERE)
+        codec.open_fact(bad, lambda r, k: None, **WHERE)
 
 
 def test_a_sealed_snapshot_round_trips_through_the_codec_and_names_its_keys():

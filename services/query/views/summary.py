@@ -11,10 +11,11 @@ from aiohttp import web
 
 from engram_episodic.timeutil import format_instant
 from services.query.appkeys import KEYS
-from services.query.store import distinct, facts_total
+from services.query.store import distinct
 from services.query.views.common import index_of, ns_of, redis_of, reply, tags_of
+from shared.cluster import unless_missing
 from shared.facts import FactQuery, live_facts_index
-from shared.index import Scope, filter_search, numeric_clause
+from shared.index import Scope, filter_search, index_size, numeric_clause
 
 EXPIRING = 10  # the soonest expiring episodes listed
 
@@ -42,7 +43,8 @@ async def summary(request: web.Request) -> web.Response:
                 {"episode_id": doc["episode_id"], "expires_at": format_instant(doc["expires_at"])}
             )
     facts_index = await live_facts_index(r, request.app[KEYS])
-    facts = await facts_total(r, facts_index, FactQuery(namespace=ns, tags=tags).query())
+    # no facts index yet in the live generation: no facts
+    facts = await unless_missing(index_size(r, facts_index, FactQuery(namespace=ns, tags=tags).query())) or 0
     return reply(
         {
             "episodes": total,
