@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -136,7 +135,6 @@ class Consolidator:
         self._backlogged = backlogged or (lambda: False)
         self._tasks: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
-        self._last_run: dict[str, float] = {}
         self._closing = asyncio.Event()
         self.summarizer = summarizer
         self.embedder = embedder
@@ -233,8 +231,7 @@ class Consolidator:
         sid = scope.scope_id
         recent = self.keys.facts_recent(scope.namespace, sid)
         while not self._closing.is_set():
-            wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
-            wait = max(wait, await self.redis.pttl(recent) / 1000.0)
+            wait = await self.redis.pttl(recent) / 1000.0  # -0.002 when no run is recent
             # closing: the counter was not reset, so the scope is picked up again later
             if wait > 0 and (
                 await wait_or_stop(self._closing, wait) or not await self._still_triggered(scope)
@@ -246,7 +243,6 @@ class Consolidator:
             if self._closing.is_set():
                 return
             self._again.discard(sid)
-            self._last_run[sid] = time.monotonic()
             await self.redis.set(recent, b"1", px=max(1, int(self.settings.facts_min_interval * 1000)))
             try:
                 await self.consolidate(scope)
