@@ -272,12 +272,12 @@ class Consolidator:
         while pending := [t for t in self._tasks.values() if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def aclose(self, grace: float = 20.0) -> None:
-        """Let running consolidations finish within `grace` seconds, then cancel the rest (the lease
+    async def aclose(self) -> None:
+        """Let running consolidations finish within 20 seconds, then cancel the rest (the lease
         and the unchanged counter make the next run pick the scope up again)."""
         self._closing.set()
         try:
-            await asyncio.wait_for(self.wait_idle(), grace)
+            await asyncio.wait_for(self.wait_idle(), 20.0)
         except TimeoutError:
             for task in self._tasks.values():
                 task.cancel()
