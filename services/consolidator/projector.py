@@ -28,7 +28,6 @@ from typing import cast
 import msgpack
 import numpy as np
 import redis.asyncio as aioredis
-from redis.typing import EncodableT
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import (
@@ -49,7 +48,6 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA
 from shared import cluster, generations, streams, tracing
-from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
@@ -425,25 +423,6 @@ class Projector:
             if await self._written(ns, eid, f, status, result):
                 retry.append((ns, eid))
         return retry
-
-    async def import_snapshot(
-        self, events: dict[bytes, bytes], stream_ids: set[bytes]
-    ) -> tuple[str, str] | None:
-        """Copy one episode's stored events (another generation's event hash) into this generation,
-        unless it is tombstoned; its (namespace, episode_id), read from the clear fields."""
-        ident = next(filter(None, map(peek_identity, events.values())), None)
-        if ident is None or await self.redis.exists(self.keys.tombstone(ident[0], ident[1])):
-            return None
-        ns, eid = ident[0], ident[1]
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                self.keys.episode_events(self.gen, ns, eid),
-                mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
-            )
-            if stream_ids:
-                pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
-            await pipe.execute()
-        return ns, eid
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""

@@ -20,17 +20,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT
 
 from engram_episodic.cli_progress import Bars
 from engram_episodic.errors import Conflict
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import generations, streams
+from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.facts import index_docs, replay_record
 from shared.index import (
@@ -115,17 +118,27 @@ async def _passes_before_swap(
 async def _import_snapshot(
     projector: Projector, redis: aioredis.Redis, keys: Keys, old: int, progress: Bars
 ) -> int:
-    """Copy and re-fold every episode event hash of generation `old`; returns episodes imported."""
+    """Copy every episode event hash of generation `old` (with its stream ids) into the projector's,
+    unless the episode is tombstoned, and re-fold them; returns episodes imported."""
     prefix = f"{keys.gen_prefix(old)}evs:"
     batch: list[tuple[str, str]] = []
     imported = 0
     async for key in redis.scan_iter(match=f"{prefix}*", count=500):
-        digest = key.decode()[len(prefix) :]
         events = bytes_map(await redis.hgetall(key))
-        sids = set(bytes_list(await redis.smembers(keys.episode_stream_ids_of(old, digest))))
-        ident = await projector.import_snapshot(events, sids)
-        if ident is not None:
-            batch.append(ident)
+        ident = next(filter(None, map(peek_identity, events.values())), None)  # read from the clear fields
+        if ident is None or await redis.exists(keys.tombstone(ident[0], ident[1])):
+            continue
+        ns, eid = ident[0], ident[1]
+        sids = bytes_list(await redis.smembers(keys.episode_stream_ids_of(old, key.decode()[len(prefix) :])))
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                keys.episode_events(projector.gen, ns, eid),
+                mapping=cast("Mapping[EncodableT, EncodableT]", events),
+            )
+            if sids:
+                pipe.sadd(keys.episode_stream_ids(projector.gen, ns, eid), *sids)
+            await pipe.execute()
+        batch.append((ns, eid))
         if len(batch) >= PAGE:
             imported += await _refold(projector, batch, progress)
             batch = []
