@@ -2,10 +2,6 @@
 facts (see shared.facts), publishes them under the scope's lease and rebuilds the facts whose evidence
 was forgotten (`forget`, for the projector's `Forgetting`).
 
-A run reads the scope's rows and applied facts (`facts_store`), plans the next facts (`facts_plan`, in
-a thread), has the summariser rewrite new ones (a failure keeps the deterministic text, marked
-`summary="fallback"`, retried next run) and publishes them under the scope's lease.
-
 Facts are events: a `FactsConsolidated` holds a scope's whole state with a per-scope sequence number; it
 is published first, then projected (`facts_store.apply_snapshot`), so nothing is written before the
 stream has it. A lease (`SET NX PX`, `ENGRAM_LEASE_MS`) per scope lets one process write it at a time.

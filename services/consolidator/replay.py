@@ -1,18 +1,7 @@
 """Rebuild every projection into a fresh generation and swap it in (`replay`, and `reindex` with
-another embedder; docs/architecture.md, Replay). The events come from each episode's event hash in the
-live generation (the snapshot) and from the stream; folding is idempotent by `event_id`.
-
-1. generation n+1 gets its own index;
-2. the snapshot is copied and re-folded, each facts scope's last snapshot imported, then the stream is
-   projected (the workers' Projector) up to each partition's last id fixed before the pass (`Tip`),
-   again from there while a pass is at most half the last (`_passes_before_swap`);
-3. the aliases and `meta.generation` move to n+1 (`generations.finish`); workers switch on their
-   next batch;
-4. a catch-up pass projects the entries between the mark before and after the switch;
-5. the old generation is dropped.
-
-Into another embedder's generation facts get centroids computed again (`facts_store.apply_snapshot`);
-the counts are recorded in `meta` (`shared.facts.replay_record`).
+another embedder; the steps: docs/architecture.md, Replay). The events come from each episode's event
+hash in the live generation (the snapshot) and from the stream; folding is idempotent by `event_id`.
+The counts are recorded in `meta` (`shared.facts.replay_record`).
 """
 
 from __future__ import annotations
