@@ -68,30 +68,23 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
 
 
 async def _each(
-    redis: aioredis.Redis,
-    keys: Keys,
-    dead_ids: list[str] | None,
+    letters: list[DeadLetter],
     progress: Bars | None,
     phase: str,
     act: Callable[[DeadLetter], Awaitable[object]],
 ) -> int:
-    """`act` on the dead letters `dead_ids` names (None: all), oldest first, each one a unit of the
-    `progress` phase `phase` (the command). Returns how many."""
-    letters = await list_dead_letters(redis, keys, limit=1_000_000)
-    chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
+    """`act` on each of `letters` (as `list_dead_letters` read them), each one a unit of the `progress`
+    phase `phase` (the command). Returns how many."""
     progress = progress or Bars(enabled=False)
-    progress.phase(phase, len(chosen))
-    for letter in chosen:
+    progress.phase(phase, len(letters))
+    for letter in letters:
         await act(letter)
         progress.advance(1)
-    return len(chosen)
+    return len(letters)
 
 
 async def redrive(
-    redis: aioredis.Redis,
-    keys: Keys,
-    dead_ids: list[str] | None = None,
-    progress: Bars | None = None,
+    redis: aioredis.Redis, keys: Keys, letters: list[DeadLetter], progress: Bars | None = None
 ) -> int:
     """Publish dead letters' original payloads again (new stream ids, into the partition they came
     from) and remove them and their original (acked) entries (`_each` for the arguments)."""
@@ -105,21 +98,16 @@ async def redrive(
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
 
-    return await _each(redis, keys, dead_ids, progress, "redrive", one)
+    return await _each(letters, progress, "redrive", one)
 
 
 async def discard(
-    redis: aioredis.Redis,
-    keys: Keys,
-    dead_ids: list[str] | None = None,
-    progress: Bars | None = None,
+    redis: aioredis.Redis, keys: Keys, letters: list[DeadLetter], progress: Bars | None = None
 ) -> int:
     """Delete dead letters no fix will make projectable, their original (acked) entries and the
     episode's link to them (its user's too once it has no other); nothing is published, as a forget
     would leave them (`_each` for the arguments)."""
-    return await _each(
-        redis, keys, dead_ids, progress, "discard", lambda letter: _discard(redis, keys, letter)
-    )
+    return await _each(letters, progress, "discard", lambda letter: _discard(redis, keys, letter))
 
 
 async def _discard(redis: aioredis.Redis, keys: Keys, letter: DeadLetter) -> None:
