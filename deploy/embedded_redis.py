@@ -189,14 +189,14 @@ class EmbeddedRedis:
             return ""
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM to our own process (the AOF flushed), SIGKILL after `timeout` seconds; never a SHUTDOWN
+    def stop(self) -> None:
+        """SIGTERM to our own process (the AOF flushed), SIGKILL after 10 seconds; never a SHUTDOWN
         sent to the port, which reaches whichever server answers there."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.terminate()
         try:
-            self.process.wait(timeout=timeout)
+            self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -252,7 +252,6 @@ class EmbeddedCluster:
     primaries: int = 3
     replicas: int = 0
     ports: list[int] = field(default_factory=list)
-    node_timeout_ms: int = 2000
     start_timeout: float = 30.0
     nodes: list[EmbeddedRedis] = field(default_factory=list)
     popen: dict[str, Any] = field(default_factory=dict)
@@ -300,7 +299,7 @@ class EmbeddedCluster:
             port=port,
             data_dir=self.data_dir / str(port),
             start_timeout=self.start_timeout,
-            extra_args=[*options, "--cluster-node-timeout", str(self.node_timeout_ms)],
+            extra_args=[*options, "--cluster-node-timeout", "2000"],
             popen=self.popen,
         )
 
@@ -374,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=6379)
     parser.add_argument("--dir", type=Path, default=Path(".run/redis"))
-    parser.add_argument("--appendfsync", choices=("everysec", "always", "no"), default="everysec")
     parser.add_argument(
         "--cluster",
         type=int,
@@ -391,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         server = EmbeddedCluster(args.dir, args.cluster, args.replicas, ports)
         what, shape = "embedded redis cluster", f", {args.cluster} primaries, {args.replicas} replica(s) each"
     else:
-        server = EmbeddedRedis(port=args.port, data_dir=args.dir, appendfsync=args.appendfsync)
+        server = EmbeddedRedis(port=args.port, data_dir=args.dir)
         what, shape = "embedded redis", ""
     try:
         server.start()

@@ -170,12 +170,11 @@ async def _on_dead_letters(
     act = {"redrive": deadletters.redrive, "discard": deadletters.discard}[verb]
     async with connected(settings) as redis:
         keys = await deployment_keys(redis, settings.keys, explicit=settings.stream_partitions is not None)
-        unknown: list[str] = []
+        letters = await deadletters.list_dead_letters(redis, keys, limit=1_000_000)
         if ids is not None:
-            known = {d.dead_id for d in await deadletters.list_dead_letters(redis, keys, limit=1_000_000)}
-            unknown = [i for i in ids if i not in known]
-        n = await act(redis, keys, ids, progress)
-    return n, unknown
+            letters = [d for d in letters if d.dead_id in ids]
+        n = await act(redis, keys, letters, progress)
+    return n, [i for i in ids or [] if i not in {d.dead_id for d in letters}]
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

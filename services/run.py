@@ -115,9 +115,9 @@ class StderrRelay:
         finally:
             self._pipe.close()
 
-    def last_line(self, timeout: float = 1.0) -> str:
-        """The child's last non-blank stderr line (after it exited: waits up to `timeout` for the rest)."""
-        self._thread.join(timeout)
+    def last_line(self) -> str:
+        """The child's last non-blank stderr line (after it exited: waits up to 1 s for the rest)."""
+        self._thread.join(1.0)
         return last_words(bytes(self._tail).decode(errors="replace"))
 
 
@@ -374,7 +374,7 @@ class Supervisor:
                 proc.wait()
         for service in self.services:
             if service.relay is not None:
-                service.relay.last_line(timeout=1.0)  # let the last words through before ours
+                service.relay.last_line()  # let the last words through before ours
         for node in self.redis:
             node.server.stop()
 

@@ -68,30 +68,23 @@ async def list_dead_letters(redis: aioredis.Redis, keys: Keys, *, limit: int = 1
 
 
 async def _each(
-    redis: aioredis.Redis,
-    keys: Keys,
-    dead_ids: list[str] | None,
+    letters: list[DeadLetter],
     progress: Bars | None,
     phase: str,
     act: Callable[[DeadLetter], Awaitable[object]],
 ) -> int:
-    """`act` on the dead letters `dead_ids` names (None: all), oldest first, each one a unit of the
-    `progress` phase `phase` (the command). Returns how many."""
-    letters = await list_dead_letters(redis, keys, limit=1_000_000)
-    chosen = [d for d in letters if dead_ids is None or d.dead_id in dead_ids]
+    """`act` on each of `letters` (as `list_dead_letters` read them), each one a unit of the `progress`
+    phase `phase` (the command). Returns how many."""
     progress = progress or Bars(enabled=False)
-    progress.phase(phase, len(chosen))
-    for letter in chosen:
+    progress.phase(phase, len(letters))
+    for letter in letters:
         await act(letter)
         progress.advance(1)
-    return len(chosen)
+    return len(letters)
 
 
 async def redrive(
-    redis: aioredis.Redis,
-    keys: Keys,
-    dead_ids: list[str] | None = None,
-    progress: Bars | None = None,
+    redis: aioredis.Redis, keys: Keys, letters: list[DeadLetter], progress: Bars | None = None
 ) -> int:
     """Publish dead letters' original payloads again (new stream ids, into the partition they came
     from) and remove them and their original (acked) entries (`_each` for the arguments)."""
@@ -105,35 +98,32 @@ async def redrive(
         if ident is not None and letter.stream_id:  # both ids it linked are gone
             await redis.hdel(keys.dead_letter_refs(ident[0], ident[1]), letter.stream_id)
 
-    return await _each(redis, keys, dead_ids, progress, "redrive", one)
+    return await _each(letters, progress, "redrive", one)
 
 
 async def discard(
-    redis: aioredis.Redis,
-    keys: Keys,
-    dead_ids: list[str] | None = None,
-    progress: Bars | None = None,
+    redis: aioredis.Redis, keys: Keys, letters: list[DeadLetter], progress: Bars | None = None
 ) -> int:
     """Delete dead letters no fix will make projectable, their original (acked) entries and the
     episode's link to them (its user's too once it has no other); nothing is published, as a forget
     would leave them (`_each` for the arguments)."""
+    return await _each(letters, progress, "discard", lambda letter: _discard(redis, keys, letter))
 
-    async def one(letter: DeadLetter) -> None:
-        await streams.delete(redis, keys.dead_letters, [letter.dead_id])
-        if letter.stream_id:
-            await streams.delete(redis, letter.source, [letter.stream_id])
-        ident = peek_identity(letter.payload) if letter.payload else None
-        if ident is not None and letter.stream_id:
-            namespace, episode_id, user_id, _ = ident
-            refs_key = keys.dead_letter_refs(namespace, episode_id)
-            await redis.hdel(refs_key, letter.stream_id)
-            left = set(await redis.hkeys(refs_key)) - {DEAD_REF_USER}
-            if not left:  # the episode has no dead letter left: neither it nor its user link to any
-                await redis.delete(refs_key)
-                if user_id is not None:
-                    await redis.srem(keys.user_dead_letters(namespace, user_id), episode_id)
 
-    return await _each(redis, keys, dead_ids, progress, "discard", one)
+async def _discard(redis: aioredis.Redis, keys: Keys, letter: DeadLetter) -> None:
+    await streams.delete(redis, keys.dead_letters, [letter.dead_id])
+    if letter.stream_id:
+        await streams.delete(redis, letter.source, [letter.stream_id])
+    ident = peek_identity(letter.payload) if letter.payload else None
+    if ident is not None and letter.stream_id:
+        namespace, episode_id, user_id, _ = ident
+        refs_key = keys.dead_letter_refs(namespace, episode_id)
+        await redis.hdel(refs_key, letter.stream_id)
+        left = set(await redis.hkeys(refs_key)) - {DEAD_REF_USER}
+        if not left:  # the episode has no dead letter left: neither it nor its user link to any
+            await redis.delete(refs_key)
+            if user_id is not None:
+                await redis.srem(keys.user_dead_letters(namespace, user_id), episode_id)
 
 
 async def dead_letter(
@@ -187,28 +177,9 @@ async def delete_user_dead_letters(
         await delete_sealed_dead_letters(redis, keys, sealed_ref)
 
 
-async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: bytes) -> int:
-    """XDEL the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
-    the ciphertext, so they are found by the key reference) and their original entries."""
-    gone, last = 0, "0-0"
-    while page := await streams.read_range_raw(redis, keys.dead_letters, f"({last}", count=500):
-        hits = [
-            (dead_id, f.get(b"sid"), f.get(b"e") or b"", f[b"src"])
-            for dead_id, f in page
-            if (payload_ref(f.get(b"e") or b"") or (None,))[0] == ref
-        ]
-        if hits:
-            await streams.delete(redis, keys.dead_letters, [d for d, _, _, _ in hits])
-            originals = [streams.Entry(s, None, stream=src.decode()) for _, s, _payload, src in hits if s]
-            await streams.delete_entries(redis, originals)
-            # and the episode's link to them (named in clear by the envelope), which outlived them
-            links = {
-                keys.dead_letter_refs(ident[0], ident[1])
-                for _, _, payload, _ in hits
-                if (ident := peek_identity(payload)) is not None
-            }
-            if links:
-                await redis.delete(*links)
-            gone += len(hits)
-        last = page[-1][0].decode()
-    return gone
+async def delete_sealed_dead_letters(redis: aioredis.Redis, keys: Keys, ref: bytes) -> None:
+    """Discard the dead letters sealed with the key `ref` (a forgotten user's: their user_id is inside
+    the ciphertext, so they are found by the key reference) as `discard` does."""
+    for letter in await list_dead_letters(redis, keys, limit=1_000_000):
+        if (payload_ref(letter.payload) or (None,))[0] == ref:
+            await _discard(redis, keys, letter)

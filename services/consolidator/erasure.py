@@ -101,7 +101,6 @@ async def compact(
     keys: Keys,
     *,
     page: int = 1000,
-    attempts: int = 3,
     stream: str | None = None,
 ) -> dict:
     """Rewrite `stream` (default: the episode stream; also each partition and the dead-letter stream) so
@@ -115,7 +114,7 @@ async def compact(
     before = int(await redis.memory_usage(stream, samples=0) or 0)
     swap = redis.register_script(SWAP_LUA)
     why = "no attempt"
-    for _attempt in range(attempts):
+    for _attempt in range(3):  # a stream that lost an entry meanwhile is copied again
         await redis.delete(tmp)
         last = "0-0"
         while rows := await streams.read_range_raw(redis, stream, f"({last}", count=page):
@@ -157,21 +156,21 @@ async def mark_pending(redis: aioredis.Redis, keys: Keys) -> None:
     await redis.hset(keys.meta, PENDING_FIELD, repr(time.time()))
 
 
-async def rewrite_aof(redis: aioredis.Redis, *, timeout: float = 300.0) -> bool:
+async def rewrite_aof(redis: aioredis.Redis) -> bool:
     """BGREWRITEAOF and wait for a rewrite that *started after this call* (one running forked before
     the forget); on a cluster, every primary in turn. False when AOF is off or a rewrite failed;
-    TimeoutError past `timeout` seconds."""
+    TimeoutError past 300 seconds."""
     if isinstance(redis, RedisCluster):
-        return all([await _rewrite_aof(redis, {"target_nodes": n}, timeout) for n in redis.get_primaries()])
-    return await _rewrite_aof(redis, {}, timeout)
+        return all([await _rewrite_aof(redis, {"target_nodes": n}) for n in redis.get_primaries()])
+    return await _rewrite_aof(redis, {})
 
 
-async def _rewrite_aof(redis: aioredis.Redis, target: dict, timeout: float) -> bool:
+async def _rewrite_aof(redis: aioredis.Redis, target: dict) -> bool:
     """`rewrite_aof` on one server (`target`: redis-py's `target_nodes` on a cluster, else empty)."""
     info = await redis.info("persistence", **target)
     if not int(info.get("aof_enabled", 0)):
         return False
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + 300.0
     while True:
         before = int((await redis.info("persistence", **target)).get("aof_rewrites", 0))
         try:
@@ -206,21 +205,21 @@ def _is_forget(fields: dict) -> bool:
         return False
 
 
-async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys, *, page: int = 1000) -> int:
+async def drop_applied_forgets(redis: aioredis.Redis, keys: Keys) -> int:
     """XDEL the forget events every group has acked (they name the user or episode, under a key never
     destroyed; the tombstones they left keep the data from coming back). Skipped while a replay builds
     (its catch-up may still read them). Returns how many were dropped."""
     if (await generations.writable(redis, keys))[1] is not None:
         return 0
-    return sum([await _drop_applied_forgets(redis, stream, page) for stream in keys.streams])
+    return sum([await _drop_applied_forgets(redis, stream) for stream in keys.streams])
 
 
-async def _drop_applied_forgets(redis: aioredis.Redis, stream: str, page: int) -> int:
+async def _drop_applied_forgets(redis: aioredis.Redis, stream: str) -> int:
     """`drop_applied_forgets` on one partition `stream`."""
     names = [as_text(g["name"]) for g in await streams.groups(redis, stream)]
     groups = [streams.StreamGroup(redis, stream, name) for name in names]
     dropped, last = 0, "0-0"
-    while groups and (rows := await streams.read_range_raw(redis, stream, f"({last}", count=page)):
+    while groups and (rows := await streams.read_range_raw(redis, stream, f"({last}", count=1000)):
         forgets = [sid.decode() for sid, fields in rows if _is_forget(fields)]
         acked = [await g.acked(forgets) for g in groups]
         gone = [sid for sid, *done in zip(forgets, *acked, strict=True) if all(done)]

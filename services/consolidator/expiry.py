@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 
-import orjson
 import redis.asyncio as aioredis
 
 from engram_episodic.events import EpisodeForgotten
+from services.consolidator.forgetting import documents_ids
 from shared.cluster import search_targets
 from shared.index import numeric_clause
 from shared.index_pages import every_key
@@ -37,19 +36,7 @@ async def expired(r: aioredis.Redis, keys: Keys, now: float) -> dict[str, list[s
         found += await every_key(r, index, query, **target)
         if len(found) >= MAX_PER_SWEEP:
             break
-    out: dict[str, list[str]] = defaultdict(list)
-    for start in range(0, min(len(found), MAX_PER_SWEEP), 1000):
-        async with r.pipeline(transaction=False) as pipe:
-            for key in found[start : start + 1000]:
-                pipe.hmget(key, ["namespace", "doc"])
-            rows = await pipe.execute()
-        for ns, doc in rows:
-            if ns is None or doc is None:
-                continue  # erased meanwhile
-            eid = orjson.loads(doc).get("episode_id")
-            if isinstance(eid, str):
-                out[ns.decode()].append(eid)
-    return dict(out)
+    return await documents_ids(r, found[:MAX_PER_SWEEP])
 
 
 async def sweep(r: aioredis.Redis, settings: Settings, *, now: float | None = None) -> int:

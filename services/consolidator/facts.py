@@ -2,10 +2,6 @@
 facts (see shared.facts), publishes them under the scope's lease and rebuilds the facts whose evidence
 was forgotten (`forget`, for the projector's `Forgetting`).
 
-A run reads the scope's rows and applied facts (`facts_store`), plans the next facts (`facts_plan`, in
-a thread), has the summariser rewrite new ones (a failure keeps the deterministic text, marked
-`summary="fallback"`, retried next run) and publishes them under the scope's lease.
-
 Facts are events: a `FactsConsolidated` holds a scope's whole state with a per-scope sequence number; it
 is published first, then projected (`facts_store.apply_snapshot`), so nothing is written before the
 stream has it. A lease (`SET NX PX`, `ENGRAM_LEASE_MS`) per scope lets one process write it at a time.
@@ -20,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
@@ -78,8 +74,6 @@ CLUSTER_TEXT_CACHE = 8192
 
 PUBLISH_TRIES = 5
 """Snapshots `publish_live` builds while forgets keep destroying contributors' keys meanwhile."""
-
-RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 class ContributorForgotten(EngramError):
@@ -130,7 +124,6 @@ class Consolidator:
         self.redis = redis
         self.keys = settings.keys
         self.dim = dim
-        self._release = redis.register_script(RELEASE_LUA)
         self._tags = dict(tags or {})  # generation -> its TAG digests, as `tags(gen)` reads them
         # the process's one ring of the deployment (its key cache is shared with the other users)
         self._ring: KeyRing | None = (
@@ -139,7 +132,6 @@ class Consolidator:
         self._backlogged = backlogged or (lambda: False)
         self._tasks: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
-        self._last_run: dict[str, float] = {}
         self._closing = asyncio.Event()
         self.summarizer = summarizer
         self.embedder = embedder
@@ -236,8 +228,7 @@ class Consolidator:
         sid = scope.scope_id
         recent = self.keys.facts_recent(scope.namespace, sid)
         while not self._closing.is_set():
-            wait = self._last_run.get(sid, -math.inf) + self.settings.facts_min_interval - time.monotonic()
-            wait = max(wait, await self.redis.pttl(recent) / 1000.0)
+            wait = await self.redis.pttl(recent) / 1000.0  # -0.002 when no run is recent
             # closing: the counter was not reset, so the scope is picked up again later
             if wait > 0 and (
                 await wait_or_stop(self._closing, wait) or not await self._still_triggered(scope)
@@ -249,7 +240,6 @@ class Consolidator:
             if self._closing.is_set():
                 return
             self._again.discard(sid)
-            self._last_run[sid] = time.monotonic()
             await self.redis.set(recent, b"1", px=max(1, int(self.settings.facts_min_interval * 1000)))
             try:
                 await self.consolidate(scope)
@@ -279,12 +269,12 @@ class Consolidator:
         while pending := [t for t in self._tasks.values() if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def aclose(self, grace: float = 20.0) -> None:
-        """Let running consolidations finish within `grace` seconds, then cancel the rest (the lease
+    async def aclose(self) -> None:
+        """Let running consolidations finish within 20 seconds, then cancel the rest (the lease
         and the unchanged counter make the next run pick the scope up again)."""
         self._closing.set()
         try:
-            await asyncio.wait_for(self.wait_idle(), grace)
+            await asyncio.wait_for(self.wait_idle(), 20.0)
         except TimeoutError:
             for task in self._tasks.values():
                 task.cancel()
@@ -306,87 +296,85 @@ class Consolidator:
     async def consolidate(self, scope: FactScope, *, now: float | None = None) -> RunResult:
         """Consolidate one scope under its lease; publishes a snapshot when anything changed."""
         with cluster.route(scope.namespace):  # on a cluster, its searches go to the namespace's primary
-            return await self._consolidate(scope, now=now)
+            try:
+                async with self.lease(scope.namespace, scope.scope_id):
+                    return await self._consolidate(scope, now=now)
+            except LockError:  # another process holds the scope's lease
+                return RunResult(scope, "busy")
 
     async def _consolidate(self, scope: FactScope, *, now: float | None = None) -> RunResult:
-        token = await self.acquire(scope.namespace, scope.scope_id)
-        if token is None:
-            return RunResult(scope, "busy")
-        try:
-            counter = bytes_map(
-                await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id))
+        counter = bytes_map(
+            await self.redis.hgetall(self.keys.scope_counter(scope.namespace, scope.scope_id))
+        )
+        gen = await current_generation(self.redis, self.keys)
+        state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
+        tags = await self.tags(gen)
+        rows = await self.clustering_rows(
+            await self.sealable(
+                scope.namespace,
+                await load_rows(
+                    self.redis,
+                    self.keys.episode_index_alias,
+                    scope,
+                    self.settings.facts_max_episodes,
+                    tags,
+                ),
             )
-            gen = await current_generation(self.redis, self.keys)
-            state = await load_state(self.redis, self.keys, gen, scope.namespace, scope.scope_id)
-            tags = await self.tags(gen)
-            rows = await self.clustering_rows(
-                await self.sealable(
-                    scope.namespace,
-                    await load_rows(
-                        self.redis,
-                        self.keys.episode_index_alias,
-                        scope,
-                        self.settings.facts_max_episodes,
-                        tags,
-                    ),
-                )
-            )
-            now = time.time() if now is None else now
-            distance = await self.distance(gen)
-            # clustering is CPU-bound: a thread keeps the event loop (and the projection) responsive
-            planned = await asyncio.to_thread(
-                plan,
-                scope,
-                rows,
-                state.facts,
-                min_cluster=self.settings.facts_min_cluster,
-                distance=distance,
-                now=now,
-                lexical=await self.embedder_name(gen) in ENGLISH_MODELS,
-            )
-            facts, removed = planned if planned is not None else (list(state.facts), [])
-            # history the plan kept as it was may name a user whose forget is pending
-            facts, dropped = await self.without_gone(
-                scope, gen, facts, set(), min_cluster=self.settings.facts_min_cluster, now=now
-            )
-            removed = [*removed, *dropped]
-            # new and changed facts, and those whose summary fell back on an earlier run
-            facts, failures = await self._summarise(facts, state.facts, rows, now)
-            if planned is None and facts == list(state.facts):
-                await self._reset(scope, counter)
-                return RunResult(scope, "unchanged", facts=len(state.facts), summarizer_failures=failures)
-            # nothing is written before this succeeds
-            event, sid, payload = await self.publish_live(
-                scope,
-                gen,
-                state.seq + 1,
-                facts,
-                removed,
-                min_cluster=self.settings.facts_min_cluster,
-                now=now,
-            )
-            try:
-                await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
-            except StaleGeneration:  # a replay swapped generations meanwhile: the workers project the
-                pass  # published snapshot into the live one (the stale copy was swept)
+        )
+        now = time.time() if now is None else now
+        distance = await self.distance(gen)
+        # clustering is CPU-bound: a thread keeps the event loop (and the projection) responsive
+        planned = await asyncio.to_thread(
+            plan,
+            scope,
+            rows,
+            state.facts,
+            min_cluster=self.settings.facts_min_cluster,
+            distance=distance,
+            now=now,
+            lexical=await self.embedder_name(gen) in ENGLISH_MODELS,
+        )
+        facts, removed = planned if planned is not None else (list(state.facts), [])
+        # history the plan kept as it was may name a user whose forget is pending
+        facts, dropped = await self.without_gone(
+            scope, gen, facts, set(), min_cluster=self.settings.facts_min_cluster, now=now
+        )
+        removed = [*removed, *dropped]
+        # new and changed facts, and those whose summary fell back on an earlier run
+        facts, failures = await self._summarise(facts, state.facts, rows, now)
+        if planned is None and facts == list(state.facts):
             await self._reset(scope, counter)
-            self.runs += 1
-            log.info(
-                "facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed",
-                scope.scope_id[:12],
-                state.seq + 1,
-                len(event.facts),
-                len(event.removed),
-            )
-            return RunResult(
-                scope,
-                "published",
-                facts=len(event.facts),
-                removed=len(event.removed),
-                summarizer_failures=failures,
-            )
-        finally:
-            await self.release(scope.namespace, scope.scope_id, token)
+            return RunResult(scope, "unchanged", facts=len(state.facts), summarizer_failures=failures)
+        # nothing is written before this succeeds
+        event, sid, payload = await self.publish_live(
+            scope,
+            gen,
+            state.seq + 1,
+            facts,
+            removed,
+            min_cluster=self.settings.facts_min_cluster,
+            now=now,
+        )
+        try:
+            await apply_snapshot(self.redis, self.keys, gen, event, sid, self.dim, tags, payload=payload)
+        except StaleGeneration:  # a replay swapped generations meanwhile: the workers project the
+            pass  # published snapshot into the live one (the stale copy was swept)
+        await self._reset(scope, counter)
+        self.runs += 1
+        log.info(
+            "facts ◆ scope %s ◆ seq %d ◆ %d facts ◆ %d removed",
+            scope.scope_id[:12],
+            state.seq + 1,
+            len(event.facts),
+            len(event.removed),
+        )
+        return RunResult(
+            scope,
+            "published",
+            facts=len(event.facts),
+            removed=len(event.removed),
+            summarizer_failures=failures,
+        )
 
     async def _reset(self, scope: FactScope, counter: dict[bytes, bytes]) -> None:
         """Subtract what this run consumed (increments made meanwhile still count)."""
@@ -445,21 +433,16 @@ class Consolidator:
             got = self._tags[gen] = await generation_tags(self.redis, self.keys, gen, tag_key)
         return got
 
-    async def acquire(self, namespace: str, scope_id: str, *, wait: float = 0.0) -> str | None:
-        """The scope's lease token, polling up to `wait` seconds; None while another process holds it."""
-        token = uuid.uuid4().hex
-        deadline = time.monotonic() + wait
-        while True:
-            if await self.redis.set(
-                self.keys.consolidation_lock(namespace, scope_id), token, nx=True, px=self.settings.lease_ms
-            ):
-                return token
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(0.05)
-
-    async def release(self, namespace: str, scope_id: str, token: str) -> None:
-        await self._release(keys=[self.keys.consolidation_lock(namespace, scope_id)], args=[token])
+    def lease(self, namespace: str, scope_id: str, *, wait: float = 0.0) -> Lock:
+        """The scope's lease for ENGRAM_LEASE_MS (redis-py's Lock): entering it polls up to `wait`
+        seconds, LockError while another process holds it; leaving it after it ran out is no error."""
+        return self.redis.lock(
+            self.keys.consolidation_lock(namespace, scope_id),
+            timeout=self.settings.lease_ms / 1000,
+            sleep=0.05,
+            blocking_timeout=wait,
+            raise_on_release_error=False,
+        )
 
     async def publish_snapshot(self, event: FactsConsolidated) -> tuple[FactsConsolidated, str, bytes]:
         """(the event as published, its stream id, its stored bytes). With a master key each fact is sealed
@@ -590,13 +573,13 @@ class Consolidator:
         for f in affected:
             by_scope.setdefault(f.scope_id, []).append(f)
         for scope_id in sorted(by_scope):
-            token = await self.acquire(namespace, scope_id, wait=self.settings.lease_ms / 1000)
-            if token is None:
-                raise RuntimeError(f"facts scope {scope_id[:12]} stayed locked; the forget will be retried")
             try:
-                await self._forget_in_scope(gen, namespace, scope_id, set(episode_ids))
-            finally:
-                await self.release(namespace, scope_id, token)
+                async with self.lease(namespace, scope_id, wait=self.settings.lease_ms / 1000):
+                    await self._forget_in_scope(gen, namespace, scope_id, set(episode_ids))
+            except LockError:
+                raise RuntimeError(
+                    f"facts scope {scope_id[:12]} stayed locked; the forget will be retried"
+                ) from None
         return len(affected)
 
     async def _forget_in_scope(self, gen: int, namespace: str, scope_id: str, forgotten: set[str]) -> None:

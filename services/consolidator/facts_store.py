@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.exceptions import WatchError
 
 from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import FactsConsolidated
@@ -201,38 +200,35 @@ async def apply_snapshot(
             return False
         facts = await reembedded(r, keys, gen, facts)
     sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
-    async with r.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                await pipe.watch(state_key)
-                cur_seq, cur_ids, cur_sids = await pipe.hmget(state_key, ["seq", "ids", "sids"])
-                if int(cur_seq or 0) >= seq:
-                    await pipe.unwatch()
-                    return False
-                old_ids = set(json.loads(cur_ids) if cur_ids else [])
-                sids = (json.loads(cur_sids) if cur_sids else []) + ([sid] if sid else [])
-                new_ids = [f.fact_id for f in facts]
-                pipe.multi()
-                for fid in sorted(old_ids - set(new_ids)):
-                    pipe.delete(keys.fact_doc(gen, scope.namespace, fid))
-                for f in facts:
-                    pipe.delete(keys.fact_doc(gen, scope.namespace, f.fact_id))
-                    pipe.hset(keys.fact_doc(gen, scope.namespace, f.fact_id), mapping=fact_fields(f, tags))
-                pipe.hset(
-                    state_key,
-                    mapping={
-                        "seq": seq,
-                        "ids": json.dumps(new_ids),
-                        "sids": json.dumps(sids),
-                        "namespace": scope.namespace,
-                        "event": payload if payload is not None else encode(event),
-                        "min_cluster": event.scope.get("min_cluster", ""),
-                    },
-                )
-                await pipe.execute()
-                break
-            except WatchError:
-                continue
+
+    async def write(pipe) -> bool:  # redis-py runs it again when the WATCH fails
+        cur_seq, cur_ids, cur_sids = await pipe.hmget(state_key, ["seq", "ids", "sids"])
+        if int(cur_seq or 0) >= seq:
+            return False
+        old_ids = set(json.loads(cur_ids) if cur_ids else [])
+        sids = (json.loads(cur_sids) if cur_sids else []) + ([sid] if sid else [])
+        new_ids = [f.fact_id for f in facts]
+        pipe.multi()
+        for fid in sorted(old_ids - set(new_ids)):
+            pipe.delete(keys.fact_doc(gen, scope.namespace, fid))
+        for f in facts:
+            pipe.delete(keys.fact_doc(gen, scope.namespace, f.fact_id))
+            pipe.hset(keys.fact_doc(gen, scope.namespace, f.fact_id), mapping=fact_fields(f, tags))
+        pipe.hset(
+            state_key,
+            mapping={
+                "seq": seq,
+                "ids": json.dumps(new_ids),
+                "sids": json.dumps(sids),
+                "namespace": scope.namespace,
+                "event": payload if payload is not None else encode(event),
+                "min_cluster": event.scope.get("min_cluster", ""),
+            },
+        )
+        return True
+
+    if not await r.transaction(write, state_key, value_from_callable=True):
+        return False
     # written into a generation a replay dropped meanwhile: swept here (StaleGeneration)
     await generations.check_writable(r, keys, gen)
     return True

@@ -10,6 +10,9 @@ evidence named it (`facts.Consolidator.forget`). Erasing a user destroys their d
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
+
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -37,6 +40,20 @@ def _doc_episode_id(raw: bytes | None) -> str | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return eid if isinstance(eid, str) else None
+
+
+async def documents_ids(r: aioredis.Redis, doc_keys: Sequence[bytes]) -> dict[str, list[str]]:
+    """{namespace: [episode_id, ...]} of the documents `doc_keys` (their TAGs hold digests: the ids come
+    from the documents), 1000 per pipeline; erased or unreadable ones skipped."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for start in range(0, len(doc_keys), 1000):
+        async with r.pipeline(transaction=False) as pipe:
+            for key in doc_keys[start : start + 1000]:
+                pipe.hmget(key, ["namespace", DOC_FIELD])
+            for ns, doc in await pipe.execute():
+                if ns is not None and (eid := _doc_episode_id(doc)) is not None:
+                    out[ns.decode()].append(eid)
+    return dict(out)
 
 
 def _event_id(payload: bytes | None) -> str | None:
@@ -182,14 +199,8 @@ class Forgetting:
         cutoff = max(forgotten_at, float(stored)) if stored is not None else forgotten_at
         scope = Scope(namespace=namespace, tags=self.tags, user_id=user_id, status=None)
         found = await every_key(self.redis, self.keys.episode_index(self.gen), scope.query())
-        ids: list[str] = []
-        for start in range(0, len(found), 500):  # the ids come from the documents (TAGs hold digests)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for doc_key in found[start : start + 500]:
-                    pipe.hget(doc_key, DOC_FIELD)
-                ids += [eid for raw in await pipe.execute() if (eid := _doc_episode_id(raw)) is not None]
         erased = 0
-        for episode_id in ids:
+        for episode_id in (await documents_ids(self.redis, found)).get(namespace, []):
             first = await self._first_occurred_at(namespace, episode_id)
             if first is None or first <= cutoff:
                 await self.erase_episode(namespace, episode_id)

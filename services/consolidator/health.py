@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -34,15 +33,15 @@ PING_TIMEOUT = 2.0
 
 class Health:
     """What `/healthz` reports of one consolidator process. `worker` is set once the worker exists
-    (before it, the process is loading its embedder). Times are `clock()` seconds (monotonic)."""
+    (before it, the process is loading its embedder). Times are `time.monotonic()` seconds."""
 
-    def __init__(self, *, stall: float, clock: Callable[[], float] = time.monotonic):
-        self.stall, self.clock = stall, clock
+    def __init__(self, *, stall: float):
+        self.stall = stall
         self.worker: Worker | None = None
 
     def report(self, redis_ok: bool) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body) for the worker's state now and a PING result (see the module docstring)."""
-        now = self.clock()
+        now = time.monotonic()
         w = self.worker
         beats = list(w.lane_beats.values()) if w is not None else []
         loop_age = round(now - min(beats), 3) if beats else None

@@ -28,7 +28,6 @@ from typing import cast
 import msgpack
 import numpy as np
 import redis.asyncio as aioredis
-from redis.typing import EncodableT
 
 from engram_episodic.errors import EngramError
 from engram_episodic.events import (
@@ -49,7 +48,6 @@ from services.consolidator.metrics import WorkerMetrics
 from services.consolidator.projection import Folded, fold
 from services.consolidator.scripts import PROJECT_LUA, RECORD_LUA
 from shared import cluster, generations, streams, tracing
-from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.index import STATUS_COMPLETED, embedding_text, episode_fields
 from shared.keyring import KeyRing
@@ -180,7 +178,12 @@ class Projector:
             fast, moved = await self._without_documents(fast)
             record_only += [item for ident in moved for item in by_episode[ident]]
         vectors, hashes = await self._embed([(f, None) for _, _, f in fast])
-        statuses, record_replies = await self._send(fast, by_episode, vectors, hashes, record_only)
+        items: list[_Write] = []
+        for i, ((ns, eid), payloads, f) in enumerate(fast):
+            sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
+            doc = self._doc_fields(ns, f, vectors.get(i), hashes.get(i))
+            items.append((ns, eid, f, payloads, sids, len(payloads), doc))
+        statuses, record_replies = await self._send(items, record_only)
         tombstoned: list[streams.Entry] = []
         counted: Counter[tuple[str, str]] = Counter()  # labels().inc() per event was ~2% of a worker's CPU
         pending = await self._settle_fast(fast, statuses, by_episode, result, counted, tombstoned)
@@ -282,24 +285,34 @@ class Projector:
         return keep, moved
 
     async def _send(
-        self,
-        fast: list[tuple[tuple[str, str], dict[str, bytes], Folded]],
-        by_episode: dict[tuple[str, str], list[tuple[streams.Entry, EpisodeEvent]]],
-        vectors: dict[int, np.ndarray],
-        hashes: dict[int, str],
-        record_only: list[tuple[streams.Entry, EpisodeEvent]],
+        self, items: list[_Write], record_only: list[tuple[streams.Entry, EpisodeEvent]]
     ) -> tuple[list[int], list]:
-        """One pipeline, sent in one of the WRITES_IN_FLIGHT turns: PROJECT_LUA for the fast episodes (up
-        to PROJECT_CHUNK of one namespace per call), RECORD_LUA for each slow-path event. Returns (a
-        status per fast episode, a reply per recorded event)."""
+        """One pipeline, sent in one of the WRITES_IN_FLIGHT turns: PROJECT_LUA for `items` (namespace,
+        episode id, fold, payloads to record by event id, their stream ids, the event count the hash must
+        hold, document), up to PROJECT_CHUNK consecutive episodes of one namespace per call, and RECORD_LUA
+        for each event of `record_only`. Returns (a status per item, a reply per recorded event)."""
         k, g = self.keys, self.gen
         async with self.redis.pipeline(transaction=False) as pipe:
-            items: list[_Write] = []
-            for i, ((ns, eid), payloads, f) in enumerate(fast):
-                sids = [entry.stream_id for entry, _ in by_episode[(ns, eid)]]
-                doc = self._doc_fields(ns, f, vectors.get(i), hashes.get(i))
-                items.append((ns, eid, f, payloads, sids, len(payloads), doc))
-            calls = await self._queue_project(pipe, items)
+            calls = 0
+            chunk_keys: list[str] = []
+            chunk_args: list = []
+            for i, (ns, eid, f, payloads, sids, count, doc) in enumerate(items):
+                assert f.episode is not None, "only folds that make a document are written"
+                chunk_keys += [
+                    k.tombstone(ns, eid),
+                    k.episode_events(g, ns, eid),
+                    k.episode_stream_ids(g, ns, eid),
+                    k.episode_doc(g, ns, eid),
+                    *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
+                ]
+                chunk_args += [len(payloads), len(sids), count, repr(f.first_occurred_at)]
+                for event_id, payload in payloads.items():
+                    chunk_args += [event_id, payload]
+                chunk_args += [*sids, doc]
+                if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(items) - 1 or items[i + 1][0] != ns:
+                    await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
+                    calls += 1
+                    chunk_keys, chunk_args = [], []
             for entry, ev in record_only:
                 await self._record(
                     keys=[
@@ -312,36 +325,9 @@ class Projector:
                     client=pipe,
                 )
             async with self._write_turns:
-                with tracing.span("engram.index.write", episodes=len(fast), events=len(record_only)):
+                with tracing.span("engram.index.write", episodes=len(items), events=len(record_only)):
                     replies = await pipe.execute()
         return [status for reply in replies[:calls] for status in reply], replies[calls:]
-
-    async def _queue_project(self, pipe, items: list[_Write]) -> int:
-        """Queue PROJECT_LUA on `pipe` for `items` (namespace, episode id, fold, payloads to record by
-        event id, their stream ids, the event count the hash must hold, document), up to PROJECT_CHUNK
-        consecutive episodes of one namespace per call; returns the calls queued."""
-        k, g = self.keys, self.gen
-        calls = 0
-        chunk_keys: list[str] = []
-        chunk_args: list = []
-        for i, (ns, eid, f, payloads, sids, count, doc) in enumerate(items):
-            assert f.episode is not None, "only folds that make a document are written"
-            chunk_keys += [
-                k.tombstone(ns, eid),
-                k.episode_events(g, ns, eid),
-                k.episode_stream_ids(g, ns, eid),
-                k.episode_doc(g, ns, eid),
-                *k.scope_tombstones(ns, f.episode.user_id, f.episode.agent_id, f.episode.session_id),
-            ]
-            chunk_args += [len(payloads), len(sids), count, repr(f.first_occurred_at)]
-            for event_id, payload in payloads.items():
-                chunk_args += [event_id, payload]
-            chunk_args += [*sids, doc]
-            if len(chunk_keys) == 7 * PROJECT_CHUNK or i == len(items) - 1 or items[i + 1][0] != ns:
-                await self._project(keys=chunk_keys, args=chunk_args, client=pipe)
-                calls += 1
-                chunk_keys, chunk_args = [], []
-        return calls
 
     async def _embed(
         self, folded: Sequence[tuple[Folded, bytes | None]], known: dict[str, np.ndarray] | None = None
@@ -426,38 +412,17 @@ class Projector:
             folded.append((ns, eid, fold(events), n, embed_hash))
         vectors, hashes = await self._embed([(f, old) for _ns, _eid, f, _n, old in folded], known)
         writes = [i for i, (_ns, _eid, f, _n, _old) in enumerate(folded) if f.episode is not None]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            items: list[_Write] = []
-            for i in writes:
-                ns, eid, f, n, _old = folded[i]
-                items.append((ns, eid, f, {}, [], n, self._doc_fields(ns, f, vectors.get(i), hashes.get(i))))
-            await self._queue_project(pipe, items)
-            outcomes = [status for reply in await pipe.execute() for status in reply]
+        items: list[_Write] = []
+        for i in writes:
+            ns, eid, f, n, _old = folded[i]
+            items.append((ns, eid, f, {}, [], n, self._doc_fields(ns, f, vectors.get(i), hashes.get(i))))
+        outcomes, _ = await self._send(items, [])
         retry: list[tuple[str, str]] = []
         for i, status in zip(writes, outcomes, strict=True):
             ns, eid, f, _n, _old = folded[i]
             if await self._written(ns, eid, f, status, result):
                 retry.append((ns, eid))
         return retry
-
-    async def import_snapshot(
-        self, events: dict[bytes, bytes], stream_ids: set[bytes]
-    ) -> tuple[str, str] | None:
-        """Copy one episode's stored events (another generation's event hash) into this generation,
-        unless it is tombstoned; its (namespace, episode_id), read from the clear fields."""
-        ident = next(filter(None, map(peek_identity, events.values())), None)
-        if ident is None or await self.redis.exists(self.keys.tombstone(ident[0], ident[1])):
-            return None
-        ns, eid = ident[0], ident[1]
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                self.keys.episode_events(self.gen, ns, eid),
-                mapping=cast("Mapping[EncodableT, EncodableT]", events),  # Mapping's key is invariant
-            )
-            if stream_ids:
-                pipe.sadd(self.keys.episode_stream_ids(self.gen, ns, eid), *stream_ids)
-            await pipe.execute()
-        return ns, eid
 
     async def refold(self, episodes: list[tuple[str, str]]) -> BatchResult:
         """Fold and write these episodes from their stored events (replay from the snapshot)."""

@@ -1,18 +1,7 @@
 """Rebuild every projection into a fresh generation and swap it in (`replay`, and `reindex` with
-another embedder; docs/architecture.md, Replay). The events come from each episode's event hash in the
-live generation (the snapshot) and from the stream; folding is idempotent by `event_id`.
-
-1. generation n+1 gets its own index;
-2. the snapshot is copied and re-folded, each facts scope's last snapshot imported, then the stream is
-   projected (the workers' Projector) up to each partition's last id fixed before the pass (`Tip`),
-   again from there while a pass is at most half the last (`_passes_before_swap`);
-3. the aliases and `meta.generation` move to n+1 (`generations.finish`); workers switch on their
-   next batch;
-4. a catch-up pass projects the entries between the mark before and after the switch;
-5. the old generation is dropped.
-
-Into another embedder's generation facts get centroids computed again (`facts_store.apply_snapshot`);
-the counts are recorded in `meta` (`shared.facts.replay_record`).
+another embedder; the steps: docs/architecture.md, Replay). The events come from each episode's event
+hash in the live generation (the snapshot) and from the stream; folding is idempotent by `event_id`.
+The counts are recorded in `meta` (`shared.facts.replay_record`).
 """
 
 from __future__ import annotations
@@ -20,17 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT
 
 from engram_episodic.cli_progress import Bars
 from engram_episodic.errors import Conflict
 from services.consolidator.facts_store import import_snapshots as import_fact_snapshots
 from services.consolidator.projector import Projector
 from shared import generations, streams
+from shared.codec import peek_identity
 from shared.embedding_base import Embedder
 from shared.facts import index_docs, replay_record
 from shared.index import (
@@ -115,17 +107,27 @@ async def _passes_before_swap(
 async def _import_snapshot(
     projector: Projector, redis: aioredis.Redis, keys: Keys, old: int, progress: Bars
 ) -> int:
-    """Copy and re-fold every episode event hash of generation `old`; returns episodes imported."""
+    """Copy every episode event hash of generation `old` (with its stream ids) into the projector's,
+    unless the episode is tombstoned, and re-fold them; returns episodes imported."""
     prefix = f"{keys.gen_prefix(old)}evs:"
     batch: list[tuple[str, str]] = []
     imported = 0
     async for key in redis.scan_iter(match=f"{prefix}*", count=500):
-        digest = key.decode()[len(prefix) :]
         events = bytes_map(await redis.hgetall(key))
-        sids = set(bytes_list(await redis.smembers(keys.episode_stream_ids_of(old, digest))))
-        ident = await projector.import_snapshot(events, sids)
-        if ident is not None:
-            batch.append(ident)
+        ident = next(filter(None, map(peek_identity, events.values())), None)  # read from the clear fields
+        if ident is None or await redis.exists(keys.tombstone(ident[0], ident[1])):
+            continue
+        ns, eid = ident[0], ident[1]
+        sids = bytes_list(await redis.smembers(keys.episode_stream_ids_of(old, key.decode()[len(prefix) :])))
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                keys.episode_events(projector.gen, ns, eid),
+                mapping=cast("Mapping[EncodableT, EncodableT]", events),
+            )
+            if sids:
+                pipe.sadd(keys.episode_stream_ids(projector.gen, ns, eid), *sids)
+            await pipe.execute()
+        batch.append((ns, eid))
         if len(batch) >= PAGE:
             imported += await _refold(projector, batch, progress)
             batch = []

@@ -1,13 +1,8 @@
-"""The consolidator loop (docs/architecture.md, The consolidator). Each turn of a lane
-(`settings.in_flight` lanes per process, `Worker.run`):
-1. entries pending to this consumer name that no lane holds (`OwnPending`), else `XAUTOCLAIM` of
-   entries idle longer than the lease; those delivered more than `max_deliveries` times are
-   dead-lettered with the last error;
-2. `XREADGROUP >` up to the free capacity of the batch;
-3. `Projector.apply`, then `XACK` only what was written; a failing batch is retried entry by entry.
-A transport failure or an unavailable embedder (`EmbedderUnavailable`) leaves the whole batch pending,
-read again after a backoff (each read a delivery). Another embedder's index (`EmbedderMismatch`) is
-exit 2 at start, and later pauses the lanes until the index matches again.
+"""The consolidator loop (docs/architecture.md, The consolidator): `settings.in_flight` lanes per
+process, each turn reading (`Worker.turn`), projecting and acking only what was written. A transport
+failure or an unavailable embedder (`EmbedderUnavailable`) leaves the whole batch pending, read again
+after a backoff (each read a delivery). Another embedder's index (`EmbedderMismatch`) is exit 2 at
+start, and later pauses the lanes until the index matches again.
 """
 
 from __future__ import annotations
@@ -374,7 +369,9 @@ class Worker:
             log.warning("worker %s ◆ erasure housekeeping failed: %s", self.name, exc)
 
     async def turn(self) -> int:
-        """One reclaim/read/project/ack cycle; returns how many entries it handled."""
+        """One cycle; returns how many entries it handled. Reads this consumer's own pending entries
+        (`OwnPending`), else entries idle past the lease (`XAUTOCLAIM`; past `max_deliveries` they are
+        dead-lettered), filled up with new ones (`XREADGROUP`); a failing batch is retried entry by entry."""
         s = self.settings
         projector = await self._projector()
         held: set[tuple[str, bytes]] = set()  # this turn's entries, in `own.in_hand` until it ends

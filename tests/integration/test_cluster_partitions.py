@@ -137,7 +137,7 @@ async def test_ingest_spreads_over_every_primary_and_is_projected_once(
     (letter,) = await list_dead_letters(redis, keys)
     assert letter.source == keys.stream_of(bad)
     before = await redis.xlen(keys.stream_of(bad))
-    assert await redrive(redis, keys) == 1
+    assert await redrive(redis, keys, await list_dead_letters(redis, keys)) == 1
     assert await redis.xlen(keys.stream_of(bad)) == before  # the original deleted, the copy back in place
     assert not await list_dead_letters(redis, keys)
 

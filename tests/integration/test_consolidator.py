@@ -302,7 +302,7 @@ async def test_poison_entries_go_to_dead_letters_and_the_good_ones_are_indexed(s
     assert "importance" in dead[2].reason and dead[0].payload == undecodable
     assert (await streams.StreamGroup(redis, keys.stream, settings.consumer_group).info())["pending"] == 0
     # re-drive after a "fix": the undecodable one fails again and comes back with a new id
-    assert await redrive(redis, keys, [dead[0].dead_id]) == 1
+    assert await redrive(redis, keys, [dead[0]]) == 1
     await drain(worker)
     again = await list_dead_letters(redis, keys)
     assert len(again) == 3 and again[-1].payload == undecodable
@@ -389,7 +389,7 @@ async def test_redrive_moves_the_entry_instead_of_copying_it(settings, redis):
     await client.record(episode("rd", solution="ONCE-ONLY", vector=[0.1] * 3, user_id="ru"))
     await drain(make_worker(settings, redis))
     (letter,) = await list_dead_letters(redis, keys)
-    assert await redrive(redis, keys) == 1
+    assert await redrive(redis, keys, await list_dead_letters(redis, keys)) == 1
     copies = [sid for sid, f in await redis.xrange(keys.stream) if b"ONCE-ONLY" in f[b"e"]]
     assert len(copies) == 1 and await list_dead_letters(redis, keys) == []
     assert letter.stream_id.encode() not in await redis.hkeys(

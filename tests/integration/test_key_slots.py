@@ -14,11 +14,12 @@ import random
 import time
 
 import pytest
+from redis.asyncio.lock import Lock
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from engram_episodic.events import Action, ActionRecorded
-from services.consolidator.facts import RELEASE_LUA, Consolidator
+from services.consolidator.facts import Consolidator
 from services.consolidator.scripts import FORGET_USER_LUA, PROJECT_LUA, RECORD_LUA
 from shared import partitions as partitions_module
 from shared.facts import FactScope
@@ -146,7 +147,7 @@ async def test_every_projection_forgetting_and_facts_script_is_single_slot(
         slots = {key_slot(name.encode()) for name in names}
         assert len(slots) == 1, (script[:120], names)
     # the fast path, the slow path's record and write, forgetting a user, the facts lease
-    assert {PROJECT_LUA, RECORD_LUA, FORGET_USER_LUA, RELEASE_LUA} <= scripts_seen
+    assert {PROJECT_LUA, RECORD_LUA, FORGET_USER_LUA, Lock.LUA_RELEASE_SCRIPT} <= scripts_seen
     if partitions == 1:
         assert publishing
     else:  # the sealed publish, and the start record (layout, partitions), were seen and are single-slot

@@ -72,13 +72,13 @@ async def list_dead_letters(request: web.Request, query: DeadLetterQuery) -> web
 
 async def _act(request: web.Request, ids: list[str], act) -> web.Response:
     """`act` (re-drive or discard) on the caller's dead letters among `ids`; NotFound if none is."""
-    mine = {letter.dead_id for letter, _ in await _mine(request)}
     wanted = list(dict.fromkeys(ids))
-    chosen = [i for i in wanted if i in mine]
+    chosen = [letter for letter, _ in await _mine(request) if letter.dead_id in wanted]
     if not chosen:
         raise NotFound("none of the ids is a dead letter of this namespace")
     done = await act(redis_of(request), request.app[KEYS], chosen)
-    return reply({"done": done, "unknown": [i for i in wanted if i not in mine]})
+    found = {letter.dead_id for letter in chosen}
+    return reply({"done": done, "unknown": [i for i in wanted if i not in found]})
 
 
 async def redrive_dead_letters(request: web.Request, body: DeadLetterIds) -> web.Response:
