@@ -485,13 +485,15 @@ class Consolidator:
         PUBLISH_TRIES such races in a row."""
         for _ in range(PUBLISH_TRIES - 1):
             try:
-                return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), now))
+                return await self.publish_snapshot(
+                    self._event(scope, seq, facts, list(removed), min_cluster, now)
+                )
             except ContributorForgotten:
                 facts, dropped = await self.without_gone(
                     scope, gen, facts, set(), min_cluster=min_cluster, now=now
                 )
                 removed = [*removed, *dropped]
-        return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), now))
+        return await self.publish_snapshot(self._event(scope, seq, facts, list(removed), min_cluster, now))
 
     async def without_gone(
         self,
@@ -550,12 +552,18 @@ class Consolidator:
         return [r for r in rows if r.episode.user_id is None or r.episode.user_id in live]
 
     def _event(
-        self, scope: FactScope, seq: int, facts: list[Fact], removed: Sequence[str], now: float
+        self,
+        scope: FactScope,
+        seq: int,
+        facts: list[Fact],
+        removed: Sequence[str],
+        min_cluster: int,
+        now: float,
     ) -> FactsConsolidated:
         return FactsConsolidated(
             namespace=scope.namespace,
             occurred_at=now,
-            scope={**scope.to_data(), "seq": str(seq), "min_cluster": str(self.settings.facts_min_cluster)},
+            scope={**scope.to_data(), "seq": str(seq), "min_cluster": str(min_cluster)},
             facts=tuple(f.to_data() for f in facts),
             removed=tuple(removed),
         )

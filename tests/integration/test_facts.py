@@ -312,6 +312,24 @@ async def test_forgetting_a_user_removes_their_evidence_from_facts(settings, red
     assert docs and not any(b"mig-0" in d or b"doc-1" in d or b"user-a" in d for d in docs)
 
 
+async def test_a_forget_keeps_the_scope_s_minimum_when_the_setting_changed(settings, redis):
+    """A forget rebuilds a scope's facts at the minimum its snapshot was built with, and records that
+    minimum again: a later ENGRAM_FACTS_MIN_CLUSTER counts for new runs, not for erasing (a fact of 3
+    built at 3 stays after two forgets by a worker now set to 5)."""
+    s = settings.with_(facts_every=10_000, facts_importance_threshold=1e9, facts_min_cluster=3)
+    client = await publish(s, redis, [ep("mig", i) for i in range(5)])
+    await drain(make_worker(s, redis))
+    await Consolidator(s, redis, s.embed_dim).consolidate(FactScope("ns"))
+    later = s.with_(facts_min_cluster=5)
+    worker = make_worker(later, redis)
+    await drain(worker)
+    for gone in ("mig-0", "mig-1"):
+        await client.forget_episode(gone)
+        await drain(worker)
+    (fact,) = await facts(redis, s)
+    assert fact.evidence == ("mig-2", "mig-3", "mig-4") and fact.support == 3
+
+
 async def test_trigger_fires_at_the_completed_count(settings, redis):
     s = settings.with_(facts_every=5, facts_importance_threshold=1e9)
     cons = Consolidator(s, redis, s.embed_dim)
