@@ -125,12 +125,10 @@ def flip(
     groups: list[tuple[list[bool], list[bool]]] = [(list(older), list(newer))]
     if older_strategies is not None and newer_strategies is not None:
         by: dict[Hashable, tuple[list[bool], list[bool]]] = {}
-        for ok, s in zip(older, older_strategies, strict=True):
-            if s is not None:
-                by.setdefault(s, ([], []))[0].append(ok)
-        for ok, s in zip(newer, newer_strategies, strict=True):
-            if s is not None:
-                by.setdefault(s, ([], []))[1].append(ok)
+        for side, (oks, names) in enumerate(((older, older_strategies), (newer, newer_strategies))):
+            for ok, s in zip(oks, names, strict=True):
+                if s is not None:
+                    by.setdefault(s, ([], []))[side].append(ok)
         groups += [by[s] for s in sorted(by, key=str)]
     found, best_p, best_gap = False, 2.0, 0.0
     for a, b in groups:

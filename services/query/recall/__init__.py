@@ -81,10 +81,9 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
 
 
 async def regime_roles(q: Query, cands: Columns, listed: int) -> np.ndarray:
-    """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance), as roles
-    per row (int8[n]); all 0 when there are too few of them. A success since an approach began failing
-    is of its task (may be CURRENT) when at most `score.SUPERSEDED_GAP` less relevant than the most
-    relevant decided row, else when its vector is `score.KIN_SIMILARITY` alike one of those failures."""
+    """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance) as int8[n]
+    roles, 0 without a flip. A success since an approach began failing is of its task (may be CURRENT)
+    within `score.SUPERSEDED_GAP` of the best relevance or `score.KIN_SIMILARITY` alike such a failure."""
     role = np.zeros(len(cands.outcomes), dtype=np.int8)
     found, flipped, decided = regime_flips(cands, listed)
     if found is None or not flipped:

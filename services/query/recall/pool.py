@@ -375,12 +375,11 @@ def regime_flips(cands: Columns, listed: int) -> tuple[Any, list[tuple[tuple[int
 
 
 async def regime_candidates(q: Query, plan: Plan, pool: Pool) -> None:
-    """Add to `pool.cands` what its similarity lists may miss of what works now (whatever `top_k`). When
-    episodes alike may lie outside them (`Pool.outside`), the pool holds REGIME_MIN successes and shows
-    no change (`regime_flips`): the episodes that did not succeed since its newest decided one, which
-    hundreds of alike old successes may hide (advice reads past them too). Then, when an approach
-    stopped working, the episodes completed since it began failing. Each a search of the plan's lists
-    (top `plan.depth`), minus the pool; none otherwise."""
+    """Add to `pool.cands` what its lists may miss of what works now (whatever `top_k`). When alike ones
+    may lie outside (`Pool.outside`) and its REGIME_MIN successes show no change (`regime_flips`): the
+    episodes that did not succeed since its newest decided one (alike old successes may hide them;
+    advice reads past them too). Then, when an approach stopped working, those completed since it began
+    failing. Each a search of the plan's lists (top `plan.depth`) minus the pool; none otherwise."""
     cands, failed = pool.cands, "-" + tag_clause("outcome", "success")
     times = cands.completed_at[[o is not None for o in cands.outcomes]]
     alike_outside = pool.outside > 0 and cands.outcomes.count("success") >= REGIME_MIN
@@ -398,9 +397,8 @@ async def _since(q: Query, plan: Plan, pool: Pool, since: float, span: str, clau
     scope, fields = q.scope, POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
     if scope.until is not None and since > scope.until:
         return Columns.empty()
-    recent = dataclasses.replace(
-        scope, since=max(since, scope.since or since), clause=f"{scope.clause} {clause}".strip()
-    )
+    clause = f"{scope.clause} {clause}".strip()
+    recent = dataclasses.replace(scope, since=max(since, scope.since or since), clause=clause)
     common = relevance.common_terms(pool.terms, plan.params.common_idf)  # as the BM25 arm searched
     text = relevance.without_terms(q.text, common) if 0 < len(common) < len(pool.terms) else q.text
 

@@ -292,8 +292,7 @@ def _regime(
     priority (bool[n])."""
     term = np.zeros_like(priority)
     stale, current, evidence = (role == STALE), (role == CURRENT), (role == EVIDENCE)
-    up = max(0.0, priority[stale].max(initial=0.0) - priority[current].max(initial=0.0))
-    term[current] = up  # what replaced the old approach takes its best success's place
+    term[current] = up = max(0.0, priority[stale].max(initial=0.0) - priority[current].max(initial=0.0))
     term[stale] = -(terms[2][stale] + terms[3][stale] + w_sim * np.minimum(similarity[stale], SUPERSEDED_GAP))
     lift, most = (priority + term)[current].max(initial=-1.0) - priority, up + w_sim * SUPERSEDED_GAP
     lifted = evidence & (lift >= 0) & (lift <= most)
