@@ -16,7 +16,8 @@ strategy per cut.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -124,12 +125,10 @@ def flip(
     groups: list[tuple[list[bool], list[bool]]] = [(list(older), list(newer))]
     if older_strategies is not None and newer_strategies is not None:
         by: dict[Hashable, tuple[list[bool], list[bool]]] = {}
-        for ok, s in zip(older, older_strategies, strict=True):
-            if s is not None:
-                by.setdefault(s, ([], []))[0].append(ok)
-        for ok, s in zip(newer, newer_strategies, strict=True):
-            if s is not None:
-                by.setdefault(s, ([], []))[1].append(ok)
+        for side, (oks, names) in enumerate(((older, older_strategies), (newer, newer_strategies))):
+            for ok, s in zip(oks, names, strict=True):
+                if s is not None:
+                    by.setdefault(s, ([], []))[side].append(ok)
         groups += [by[s] for s in sorted(by, key=str)]
     found, best_p, best_gap = False, 2.0, 0.0
     for a, b in groups:
@@ -185,6 +184,17 @@ def last_regime(success: Sequence[bool], strategies: Sequence[Hashable | None] |
     """Where the newest regime starts (0 when the sequence has one regime)."""
     parts = segments(success, strategies, min_size)
     return parts[-1][0] if parts else 0
+
+
+def newest_regimes(
+    names: Sequence[Hashable | None], order: Sequence[Any], success: Sequence[bool | None], min_size: int
+) -> dict[Hashable | None, tuple[list[int], int]]:
+    """Per name of `names` (None too), its decided rows (`success[i]` not None) sorted by `order[i]` (the
+    completion time, then a tie-break) and where its newest regime starts among them (`last_regime`)."""
+    rows: dict[Hashable | None, list[int]] = {}
+    for i in sorted((i for i, ok in enumerate(success) if ok is not None), key=order.__getitem__):
+        rows.setdefault(names[i], []).append(i)
+    return {n: (r, last_regime([bool(success[i]) for i in r], None, min_size)) for n, r in rows.items()}
 
 
 STALE, CURRENT, EVIDENCE = -1, 1, 2
@@ -258,9 +268,10 @@ def superseded(
     key: Sequence[float],
     min_size: int,
     flipped: tuple[list[tuple[tuple[int, ...], int]], list[int]] | None = None,
+    unrelated: Collection[int] = (),
 ) -> np.ndarray:
     """Which rows tell of an approach that stopped working, as int8[n] roles (0: none); `flipped`:
-    `flips` of these arguments when known.
+    `flips` of these arguments when known; `unrelated`: rows of another task, never CURRENT.
 
     Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
     outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
@@ -277,7 +288,7 @@ def superseded(
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
     for idx, start in flipping:
         ok = [success[i] is True for i in idx]
-        mine = set(idx)
+        mine = set(idx) | set(unrelated)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
         if not now:
             continue

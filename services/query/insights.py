@@ -15,7 +15,7 @@ from typing import Any
 
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
-from shared.regimes import approach, last_regime
+from shared.regimes import approach, newest_regimes
 
 STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 REUSE_SUCCESS_RATE = 0.6
@@ -43,21 +43,18 @@ def current_evidence(
 ) -> tuple[list[Episode], list[dict[str, Any]]]:
     """The similar episodes that still count (input order kept, the first `k` when given) and what
     changed: per approach (`shared.regimes.approach`; episodes without one form their own group), its decided episodes
-    in time order are cut at their last flip (`shared.regimes.last_regime`) and the older ones are
-    dropped. `changed` has one row per approach whose outcomes flipped:
+    in time order are cut at their last flip (`shared.regimes.newest_regimes`, as recall's replay
+    context cuts them) and the older ones are dropped. `changed` has one row per approach whose outcomes flipped:
     `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
-    groups: dict[str | None, list[Episode]] = {}
-    for ep in similar:
-        if ep.outcome is not None:
-            groups.setdefault(_approach(ep), []).append(ep)
+    ok = [None if ep.outcome is None else ep.outcome == "success" for ep in similar]
+    regimes = newest_regimes(list(map(_approach, similar)), list(map(_when, similar)), ok, min_size)
     dropped: set[str] = set()
     changed = []
-    for name in sorted(groups, key=lambda s: (s is None, s or "")):
-        eps = sorted(groups[name], key=_when)
-        start = last_regime([e.outcome == "success" for e in eps], None, min_size)
+    for name in sorted(regimes, key=lambda s: (s is None, str(s or ""))):
+        rows, start = regimes[name]
         if start == 0:
             continue
-        older, newer = eps[:start], eps[start:]
+        older, newer = [similar[i] for i in rows[:start]], [similar[i] for i in rows[start:]]
         dropped.update(e.episode_id for e in older)
         changed.append(
             {

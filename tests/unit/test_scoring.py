@@ -156,14 +156,16 @@ def test_superseded_successes_rank_below_what_works_now():
         as_of=NOW,
     )
     assert far.regime_term[1] == pytest.approx(0.9 * SUPERSEDED_GAP) and far.priority[1] < far.priority[0]
-    # a superseded success far more relevant than what replaced it still ranks first
+    # what replaced a superseded success takes its place, however less relevant (the pool found it of
+    # the same task), and no more: an unrelated episode above both stays above
     near = score(
-        candidates(2, cos=[0.95, 0.5], outcome_score=[1.0, 1.0], regime=[STALE, CURRENT]),
+        candidates(3, cos=[0.95, 0.5, 0.99], outcome_score=[1.0, 1.0, 0.0], regime=[STALE, CURRENT, 0]),
         w,
         half_life=DAY,
         as_of=NOW,
     )
-    assert near.order.tolist() == [0, 1]
+    assert near.order.tolist() == [2, 1, 0]
+    assert near.priority[1] == pytest.approx(near.priority[0] - near.regime_term[0])
 
 
 def test_missing_fields_contribute_nothing():
@@ -417,7 +419,10 @@ def test_priority_within_bounds_and_order_is_a_ranking(w, n, data, half_life, no
         + s.regime_term
     )
     assert (s.regime_term >= -(s.reward_term + s.outcome_term + w.similarity * SUPERSEDED_GAP) - 1e-12).all()
-    assert (s.regime_term <= w.similarity * SUPERSEDED_GAP + 1e-12).all()
+    # the term lifts none above the best priority without it: CURRENT to the best STALE, EVIDENCE to
+    # the best CURRENT
+    assert s.priority.max(initial=0.0) <= (s.priority - s.regime_term).max(initial=0.0) + 1e-12
+    assert (s.regime_term[c.regime == CURRENT] >= 0.0).all()
 
 
 @given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30))

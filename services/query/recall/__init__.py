@@ -7,7 +7,7 @@
    the model's pass, each member's cosine and relevance (`relevance.py`, `terms.py`).
 3. `pool.py` `extra_candidates`: when an episode outside those lists could still rank (`_bounded_head`),
    the recency / reward / importance lists join the pool (`lists.py`: from remembered floors, exact);
-   `successor_candidates`: when the pool shows an approach failing, the similarity lists since then.
+   before them, `regime_candidates`: the failures alike old successes hide, what replaced an approach.
 4. `score.py` `score` ranks the pool; `min_relevance` / `min_priority` drop what is below them.
 5. `recall` (here) loads the `top_k` winners from the episode store (`services.query.store`), answers
    every signal and weighted term, the replay context of what worked, and stamps their access.
@@ -45,14 +45,14 @@ from services.query.recall.pool import (
     Columns,
     decode_hit,
     extra_candidates,
+    regime_candidates,
     regime_flips,
     similarity_pool,
-    successor_candidates,
 )
 from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
-from shared.index import EmbedderMismatch, Scope
+from shared.index import VECTOR_FIELD, EmbedderMismatch, Scope
 from shared.regimes import approach, superseded
 
 __all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
@@ -80,21 +80,33 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
     return out
 
 
-def regime_roles(cands: Columns) -> np.ndarray:
-    """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance), as roles
-    per row (int8[n]); all 0 when there are too few of them."""
+async def regime_roles(q: Query, cands: Columns, listed: int) -> np.ndarray:
+    """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance) as int8[n]
+    roles, 0 without a flip. A success since an approach began failing is of its task (may be CURRENT)
+    within `score.SUPERSEDED_GAP` of the best relevance or `score.KIN_SIMILARITY` alike such a failure."""
     role = np.zeros(len(cands.outcomes), dtype=np.int8)
-    found, flipped, decided = regime_flips(cands)
-    if found is None:
+    found, flipped, decided = regime_flips(cands, listed)
+    if found is None or not flipped:
         return role
     rows, times, success, marks, key = found
-    role[rows] = superseded(times, success, marks, key, REGIME_MIN, (flipped, decided))
+    since, near = min(times[idx[start]] for idx, start in flipped), max(key) - score.SUPERSEDED_GAP
+    far = [i for i in decided if success[i] and times[i] >= since and key[i] < near]
+    unrelated: set[int] = set()
+    if far:  # read the vectors of these and of the failures since (one pipeline, ~1.5 kB each)
+        failed = sorted({i for idx, start in flipped for i in idx[start:] if not success[i]})
+        blobs = await q.store.field([cands.keys[rows[i]] for i in far + failed], VECTOR_FIELD)
+        size = max(map(len, filter(None, blobs)), default=0)  # a missing or odd one: a zero vector
+        m = np.array([np.frombuffer(b if b and len(b) == size else bytes(size), np.float32) for b in blobs])
+        m = m.astype(np.float64) / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+        alike = (m[: len(far)] @ m[len(far) :].T).max(axis=1)  # to the nearest failure
+        unrelated = {i for i, a in zip(far, alike, strict=True) if a < score.KIN_SIMILARITY}
+    role[rows] = superseded(times, success, marks, key, REGIME_MIN, (flipped, decided), unrelated)
     return role
 
 
-def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
+async def score_candidates(q: Query, cands: Columns, plan: Plan, listed: int) -> score.Scored:
     """The priority of the pool's rows (`score.score`), the regime term's roles from the pool itself
-    (`regime_roles`)."""
+    (`regime_roles`; the first `listed` rows are of the similarity lists)."""
     p = plan.params
     data = score.Candidates(
         completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
@@ -103,7 +115,7 @@ def score_candidates(cands: Columns, plan: Plan) -> score.Scored:
         reward=cands.reward,
         outcome_score=score.outcome_scores(cands.outcomes),
         importance=cands.importance,
-        regime=regime_roles(cands),
+        regime=await regime_roles(q, cands, listed),
         tie=cands.tie,
     )
     with tracing.span("engram.recall.score", candidates=len(cands)):
@@ -155,6 +167,8 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     pl = await plan(q, params)
     p, w = params, pl.weights
     pool = await similarity_pool(q, pl)
+    await regime_candidates(q, pl, pool)
+    listed = len(pool.cands)  # the extra lists' rows come after these
     try:  # the winners' cosines need it in keyword mode too, where it is all that needs it
         vector: np.ndarray | None = await vector_of(q.vector)
     except (EmbeddingError, EmbedderMismatch) as exc:  # keyword mode ranks by words alone: not a 503/409
@@ -168,7 +182,7 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     scored = None
     head: list[int] = []  # pool indices ranked from the similarity lists alone (see `_bounded_head`)
     if extra and len(cands) and p.normalize == "none":
-        scored = score_candidates(cands, pl)
+        scored = await score_candidates(q, cands, pl, listed)
         bounded = _bounded_head(scored, pl, pool.outside)
         head = bounded or []
         if bounded is None or len(bounded) >= p.top_k:
@@ -176,14 +190,11 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     if extra:
         cands = cands + await extra_candidates(q, pl, pool, extra)
         scored = None
-    successors = await successor_candidates(q, pl, pool, cands)
-    if len(successors):  # the regime term may demote the head: all rank afresh
-        cands, scored, head = cands + successors, None, []
     results: list[dict[str, Any]] = []
     chosen: list[Candidate] = []
     if len(cands):
         if scored is None:
-            scored = score_candidates(cands, pl)
+            scored = await score_candidates(q, cands, pl, listed)
         chosen, results = await _winners(q, scored, cands, _ranked(scored, head, p), p.top_k, vector)
     if p.touch_now is not None:
         await q.store.touch([c.key for c in chosen], p.touch_now)

@@ -25,7 +25,7 @@ from services.query.recall.lists import field_float, number
 from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
 from services.query.recall.score import SUPERSEDED_GAP
 from shared import keywords, regimes, tracing
-from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit
+from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, tag_clause
 
 log = logging.getLogger("engram.query")
 
@@ -338,18 +338,19 @@ async def _complete(q: Query, pool: Pool, lists: list[list[SearchHit]], known: s
 
 
 def regime_rows(
-    cands: Columns,
+    cands: Columns, listed: int
 ) -> tuple[list[int], list[float], list[bool], list[set[str]], list[float]] | None:
-    """The pool's decided rows at most `SUPERSEDED_GAP` less relevant than the most relevant (what the
-    regime term can reorder) as `shared.regimes` reads them: rows, completion times (UTC epoch s, 0
-    unknown), successes, marks (the strategy; the words of the first 100 bytes of the solution, actions,
-    errors, outcome details: a failed `pip install` names `pip` there) and relevance (~0.05 ms a row);
-    None when fewer than REGIME_MIN succeed or fail."""
+    """The pool's decided rows of the similarity lists (its first `listed`, as advice reads them) or at most
+    `SUPERSEDED_GAP` less relevant than the most relevant, as `shared.regimes` reads them: rows, completion
+    times (UTC epoch s, 0 unknown), successes, marks (the strategy; the words of the first 100 bytes of the
+    solution, actions, errors, outcome details: a failed `pip install` names `pip` there) and relevance
+    (~0.05 ms a row); None when fewer than REGIME_MIN succeed or fail."""
     key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
     decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
     if decided.sum() < 2 * REGIME_MIN:
         return None
-    rows = np.flatnonzero(decided & (key >= key[decided].max() - SUPERSEDED_GAP)).tolist()
+    near = (np.arange(len(key)) < listed) | (key >= key[decided].max() - SUPERSEDED_GAP)
+    rows = np.flatnonzero(decided & near).tolist()
     success = [cands.outcomes[i] == "success" for i in rows]
     if min(success.count(True), success.count(False)) < REGIME_MIN:
         return None
@@ -365,30 +366,44 @@ def regime_rows(
     return rows, times, success, [marks[cands.approaches[i]] for i in rows], key[rows].tolist()
 
 
-def regime_flips(cands: Columns) -> tuple[Any, list[tuple[tuple[int, ...], int]], list[int]]:
+def regime_flips(cands: Columns, listed: int) -> tuple[Any, list[tuple[tuple[int, ...], int]], list[int]]:
     """`regime_rows` of `cands` and their `shared.regimes.flips` (none without rows), computed once."""
     if cands.regime is None:
-        found = regime_rows(cands)
+        found = regime_rows(cands, listed)
         cands.regime = (found, *(regimes.flips(*found[1:4], REGIME_MIN) if found else ([], [])))
     return cands.regime
 
 
-async def successor_candidates(q: Query, plan: Plan, pool: Pool, cands: Columns) -> Columns:
-    """When an approach of the similarity pool stopped working (`shared.regimes.flips` of its
-    `regime_rows`, whatever `top_k`): the plan's similarity lists of the scope's episodes completed
-    since it began failing (top `plan.depth` each) minus `cands` (the pool so far); else no rows, no
-    search. What replaced it was done since, maybe outside lists its old successes fill."""
-    found, flipped, _ = regime_flips(pool.cands)
-    since = min((found[1][idx[start]] for idx, start in flipped), default=None)
+async def regime_candidates(q: Query, plan: Plan, pool: Pool) -> None:
+    """Add to `pool.cands` what its lists may miss of what works now (whatever `top_k`). When alike ones
+    may lie outside (`Pool.outside`) and its REGIME_MIN successes show no change (`regime_flips`): the
+    episodes that did not succeed since its newest decided one (alike old successes may hide them;
+    advice reads past them too). Then, when an approach stopped working, those completed since it began
+    failing. Each a search of the plan's lists (top `plan.depth`) minus the pool; none otherwise."""
+    cands, failed = pool.cands, "-" + tag_clause("outcome", "success")
+    times = cands.completed_at[[o is not None for o in cands.outcomes]]
+    alike_outside = pool.outside > 0 and cands.outcomes.count("success") >= REGIME_MIN
+    if alike_outside and np.isfinite(times).any() and not regime_flips(cands, len(cands))[1]:
+        pool.cands += await _since(q, plan, pool, float(np.nanmax(times)), "engram.recall.failures", failed)
+    found, flipped, _ = regime_flips(pool.cands, len(pool.cands))
+    if flipped:
+        since = min(found[1][idx[start]] for idx, start in flipped)
+        pool.cands += await _since(q, plan, pool, since, "engram.recall.successors")
+
+
+async def _since(q: Query, plan: Plan, pool: Pool, since: float, span: str, clause: str = "") -> Columns:
+    """The plan's similarity lists (top `plan.depth` each) of the scope's episodes completed at or after
+    `since` (UTC epoch s) and matching `clause` (a filter expression), minus the pool."""
     scope, fields = q.scope, POOL_FIELDS if pool.mode != "vector" else LIGHT_SIGNAL_FIELDS
-    if since is None or (scope.until is not None and since > scope.until):
+    if scope.until is not None and since > scope.until:
         return Columns.empty()
-    recent = dataclasses.replace(scope, since=max(since, scope.since or since))
+    clause = f"{scope.clause} {clause}".strip()
+    recent = dataclasses.replace(scope, since=max(since, scope.since or since), clause=clause)
     common = relevance.common_terms(pool.terms, plan.params.common_idf)  # as the BM25 arm searched
     text = relevance.without_terms(q.text, common) if 0 < len(common) < len(pool.terms) else q.text
 
     async def arm(name: str) -> list[SearchHit]:
-        with tracing.span("engram.recall.successors", arm=name, depth=plan.depth):
+        with tracing.span(span, arm=name, depth=plan.depth):
             if name == "bm25":
                 return await bm25_search(q.r, q.index, recent, text, plan.depth, return_fields=fields)
             vector, ef = await vector_of(q.vector), plan.params.graph_ef
@@ -397,4 +412,4 @@ async def successor_candidates(q: Query, plan: Plan, pool: Pool, cands: Columns)
             )
 
     lists = await asyncio.gather(*(arm(n) for n in plan.arms if n in SIMILARITY_ARMS))
-    return await _complete(q, pool, list(lists), set(cands.keys))
+    return await _complete(q, pool, list(lists), set(pool.cands.keys))

@@ -10,11 +10,12 @@ The priority of a candidate episode is a weighted sum of five signals, each in [
              + regime                                   0 unless an approach was superseded (below)
 
 The regime term (roles from `shared.regimes.superseded`) lets the answer say what works now: among
-the candidates, an approach whose successes were followed by its failures and by another approach's
-successes (CURRENT) was superseded. Its old successes (STALE) count as failures SUPERSEDED_GAP less
-relevant, `-(w_out * outcome + w_rew * reward + w_sim * min(similarity, SUPERSEDED_GAP))`; its most
-relevant recent failure (EVIDENCE) is lifted to the best CURRENT priority, by at most
-`w_sim * SUPERSEDED_GAP`, and ranks right after that candidate. Otherwise the term is 0.
+the candidates, an approach whose successes were followed by its failures and by successes of the same
+task without it (CURRENT) was superseded. CURRENT candidates rise together until the best reaches the
+best old success's priority; the old successes (STALE) count as failures SUPERSEDED_GAP less relevant,
+`-(w_out * outcome + w_rew * reward + w_sim * min(similarity, SUPERSEDED_GAP))`; the most relevant recent
+failure (EVIDENCE) rises to the best CURRENT priority, by at most w_sim * SUPERSEDED_GAP more than they
+did, and ranks right after it. Otherwise the term is 0.
 
 Sources:
 - Recency decay, importance and relevance as a weighted sum, and the optional per-signal min-max
@@ -36,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared.regimes import CURRENT, EVIDENCE, STALE, last_regime
+from shared.regimes import CURRENT, EVIDENCE, STALE, newest_regimes
 
 Normalize = Literal["none", "minmax"]
 RecencyFrom = Literal["completed", "last_access"]
@@ -58,6 +59,9 @@ episodes ages say little; with hundreds, the recent ones reflect the agent's cur
 SUPERSEDED_GAP = 0.25
 """The relevance a superseded success loses: more than separates episodes of one task worded a little
 apart (0.18 in vector mode for 7 words added to a 9-word task), less than separates unrelated tasks."""
+KIN_SIMILARITY = 1.0 - 2 * SUPERSEDED_GAP
+"""A success since an approach began failing, far less relevant than that, is of the same task when this
+alike (cosine) to one of its failures: 0.5-0.6 for a rewording (hashing embedder), 0.3-0.45 unrelated."""
 
 _LN2 = math.log(2.0)
 
@@ -288,10 +292,11 @@ def _regime(
     priority (bool[n])."""
     term = np.zeros_like(priority)
     stale, current, evidence = (role == STALE), (role == CURRENT), (role == EVIDENCE)
+    term[current] = up = max(0.0, priority[stale].max(initial=0.0) - priority[current].max(initial=0.0))
     term[stale] = -(terms[2][stale] + terms[3][stale] + w_sim * np.minimum(similarity[stale], SUPERSEDED_GAP))
-    lift = priority[current].max(initial=-1.0) - priority
-    lifted = evidence & (lift >= 0) & (lift <= w_sim * SUPERSEDED_GAP)
-    term[evidence] = np.clip(lift[evidence], 0.0, w_sim * SUPERSEDED_GAP) if current.any() else 0.0
+    lift, most = (priority + term)[current].max(initial=-1.0) - priority, up + w_sim * SUPERSEDED_GAP
+    lifted = evidence & (lift >= 0) & (lift <= most)
+    term[evidence] = np.clip(lift[evidence], 0.0, most) if current.any() else 0.0
     return np.maximum(term, -priority), lifted  # a stale priority is 0 at least, not -1e-17 by rounding
 
 
@@ -326,7 +331,7 @@ def replay_context(
     ties by first appearance; episodes without a strategy count in the totals only.
 
     With `times`, a strategy counts its newest regime only, as facts and `/v1/strategy` do
-    (`shared.regimes.last_regime`, at least `min_size` each side of a flip): `changed_at` is when it
+    (`shared.regimes.newest_regimes`, at least `min_size` each side of a flip): `changed_at` is when it
     began and `earlier_*` describe what was dropped (None / 0 when nothing changed).
     """
     n = len(strategies)
@@ -336,20 +341,14 @@ def replay_context(
     for i, s in enumerate(strategies):
         if s is not None:
             groups.setdefault(s, []).append(i)
+    order = [(t if t is not None else -math.inf, i) for i, t in enumerate(times or ())]
+    decided = [None if times is None or o is None else o == "success" for o in outcomes]
+    regimes = newest_regimes(strategies, order, decided, min_size)
     entries: list[dict[str, Any]] = []
     for s, idx in groups.items():
-        earlier: list[int] = []
-        changed_at = None
-        if times is not None:
-            decided = sorted(
-                (i for i in idx if outcomes[i] is not None),
-                key=lambda i: (times[i] if times[i] is not None else -math.inf, i),
-            )
-            start = last_regime([bool(success[i]) for i in decided], None, min_size) if decided else 0
-            if start:
-                earlier = decided[:start]
-                changed_at = times[decided[start]]
-                idx = [i for i in idx if i not in set(earlier)]
+        rows, start = regimes.get(s, ([], 0))
+        earlier, changed_at = rows[:start], times[rows[start]] if start and times else None
+        idx = [i for i in idx if i not in set(earlier)]
         entries.append(
             {
                 "strategy": s,
