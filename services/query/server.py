@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -139,30 +138,18 @@ class AppRunner(web.AppRunner):
         )
 
 
-def _absorb_signals(loop: asyncio.AbstractEventLoop) -> None:
-    """Once a graceful stop is under way, another SIGINT / SIGTERM must not abort it (under `make run` a
-    Ctrl-C is two: the terminal's SIGINT and the supervisor's SIGTERM). A hard stop stays SIGKILL."""
-
-    def again() -> None:
-        log.info("already stopping: requests in flight finish first")
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with suppress(NotImplementedError, RuntimeError, ValueError):  # no handlers here (Windows, a thread)
-            loop.add_signal_handler(sig, again)
-
-
 def _run(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
     """Run `task` (serve's main) to its end: the first SIGINT / SIGTERM (aiohttp's GracefulExit) cancels
-    its wait, so it drains and cleans up; later ones, including a second signal already queued before
-    the handlers were replaced, are absorbed (`_absorb_signals`). What the task raises propagates."""
+    its wait, so it drains and cleans up; later ones do not interrupt that (under `make run` a Ctrl-C is
+    two: the terminal's SIGINT and the supervisor's SIGTERM; a hard stop stays SIGKILL). What the task
+    raises propagates."""
     stopping = False
     while not task.done():
         try:
             loop.run_until_complete(task)
         except (web.GracefulExit, KeyboardInterrupt):
-            if not stopping:
+            if not stopping:  # a later signal must not cancel the cleanup the first one started
                 stopping = True
-                _absorb_signals(loop)
                 task.cancel()
         except asyncio.CancelledError:
             return
