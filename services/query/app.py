@@ -43,13 +43,13 @@ from services.query.problems import (
     MAX_BODY_BYTES,
     problems_middleware,
 )
-from services.query.providers import facts_provider
 from services.query.recall.lists import Floors
 from services.query.recall.sizes import ScopeSizes
 from services.query.recall.terms import Memos
 from services.query.recall.vectors import QueryVectorCache
 from services.query.routes import ROUTES, add_routes, url_middleware
 from services.query.startup import Startup, startup_gate
+from services.query.views.recall import facts_provider
 from services.query.watch import RedisWatch, watch_middleware
 from shared import cluster
 from shared.content_coding import identity_only
@@ -174,7 +174,7 @@ def make_app(
 ) -> web.Application:
     """The query service. `redis=` and `embedder=` inject ready resources (tests, benchmarks) the app then
     neither creates nor closes; `facts=` replaces the facts provider of `POST /v1/context`
-    (`services.query.providers`). Start-up loads the embedder and ensures the live episode index exists
+    (`services.query.views.recall.facts_provider`). Start-up loads the embedder and ensures the live episode index exists
     and was built with it (`Conflict` fails it); it waits for Redis.
 
     With `background_start` (`python -m services.query`) the app serves at once and loads the embedder

@@ -2,7 +2,7 @@
 
 `POST /v1/consolidate` runs a `Consolidator` (with the optional summarizer) in this process, under the
 same per-scope lease as the workers. The facts of `POST /v1/context` come from the provider under
-`FACTS` (`services.query.providers.facts_provider`).
+`FACTS` (`services.query.views.recall.facts_provider`).
 """
 
 from __future__ import annotations
