@@ -47,7 +47,7 @@ INGEST_WAIT_POLL = 0.02
 class WaitQuery(models.Model):
     """The query parameters of a write (ingest, update, forget)."""
 
-    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
+    wait: Annotated[float, models.Bounded(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
         0.0,
         description="seconds to wait until the consolidator has applied the write: the episodes "
         "projected (recallable; the answer says which are, `projected`) or erased (`forgotten` says "
