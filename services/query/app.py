@@ -191,7 +191,10 @@ def make_app(
             problems_middleware,
             url_middleware(ROUTES),
             auth_middleware(
-                settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
+                settings.api_keys,
+                settings.default_namespace,
+                settings.metrics_key,
+                public=frozenset(r.path for r in ROUTES if r.public),
             ),
             startup_gate(startup, frozenset(r.path for r in ROUTES if r.tag == "operations")),
             watch_middleware(watch),  # a Redis that hangs: 503 within `watch.bound` s (services.query.watch)
