@@ -24,7 +24,7 @@ import msgpack
 import orjson
 import redis.asyncio as aioredis
 
-from engram_episodic.errors import InvalidRequest
+from services.query.problems import Invalid
 from shared.index_pages import SUFFIX, Position
 from shared.keys import Keys
 
@@ -69,10 +69,10 @@ class Cursors:
         return f"{_b64(body)}.{_b64(tag)}"
 
     async def decode(self, r: aioredis.Redis, cursor: str, order: str, filters: str) -> Position:
-        """The position `cursor` names; InvalidRequest naming `cursor` for anything else."""
+        """The position `cursor` names; Invalid naming `cursor` for anything else."""
 
-        def bad(reason: str) -> InvalidRequest:
-            return InvalidRequest([("cursor", reason)])
+        def bad(reason: str) -> Invalid:
+            return Invalid([("cursor", reason)])
 
         if len(cursor) > MAX_CURSOR_CHARS or cursor.count(".") != 1:
             raise bad("is not a cursor this service issued")

@@ -1,9 +1,9 @@
 """RFC 9457 problem details: every error the API returns, mapped in one place.
 
-Views raise domain errors (`engram_episodic.errors`; `InvalidRequest` is a 422 with `errors: [{field,
-reason}]`) or aiohttp's HTTP exceptions; `problems_middleware` turns each into `application/problem+json`.
-Anything else is logged with its traceback and answered with a 500 problem: the service keeps running
-and the client never sees internals.
+Views raise domain errors (`engram_episodic.errors`), `Invalid` (a 422 with `errors: [{field, reason}]`) or
+aiohttp's HTTP exceptions; `problems_middleware` turns each into `application/problem+json`. Anything
+else is logged with its traceback and answered with a 500 problem: the service keeps running and the
+client never sees internals.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -22,15 +23,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import ResponseError
 
-from engram_episodic.errors import (
-    Backpressure,
-    ConfigError,
-    Conflict,
-    InvalidEpisode,
-    InvalidRequest,
-    NotFound,
-    PublishError,
-)
+from engram_episodic.errors import Backpressure, ConfigError, Conflict, InvalidEpisode, NotFound, PublishError
 from engram_episodic.validation import json_kind, json_problem
 from shared.embedding import EmbeddingError
 from shared.index import SEARCH_TIMEOUT
@@ -54,6 +47,14 @@ _TITLES = {
     500: "Internal server error",
     503: "Service unavailable",
 }
+
+
+class Invalid(Exception):
+    """A 422: the request is well-formed JSON but violates the API's rules."""
+
+    def __init__(self, errors: Iterable[tuple[str, str]]):
+        self.errors = [(f or "<root>", r) for f, r in errors]
+        super().__init__("; ".join(f"{f}: {r}" for f, r in self.errors))
 
 
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
@@ -159,14 +160,14 @@ def pydantic_errors(exc: ValidationError, unknown: str = "field") -> list[tuple[
 
 
 def validate(model: type[BaseModel], data: Any, strict: bool | None = None, unknown: str = "field"):
-    """Validate `data` against `model`, raising InvalidRequest (422) naming each bad field (an extra one "is not
+    """Validate `data` against `model`, raising Invalid (422) naming each bad field (an extra one "is not
     a known `unknown`"); `strict=False` for query parameters (strings that spell a number or a boolean)."""
     if not isinstance(data, dict):
-        raise InvalidRequest([("<root>", "must be a JSON object")])
+        raise Invalid([("<root>", "must be a JSON object")])
     try:
         return model.model_validate(data, strict=strict)
     except ValidationError as exc:
-        raise InvalidRequest(pydantic_errors(exc, unknown)) from None
+        raise Invalid(pydantic_errors(exc, unknown)) from None
 
 
 def _reject_constant(name: str) -> Any:
@@ -197,7 +198,7 @@ async def read_json(request: web.Request) -> Any:
     # rejected here, once, for every route, naming where they are
     problem = json_problem(body, max_depth=64)
     if problem is not None:
-        raise InvalidRequest([(problem[0] or "<body>", problem[1])])
+        raise Invalid([(problem[0] or "<body>", problem[1])])
     return body
 
 
@@ -269,9 +270,8 @@ def _outage(request: web.Request, exc: Exception) -> web.Response | None:
 
 
 def _to_problem(request: web.Request, exc: Exception) -> web.StreamResponse:
-    if isinstance(exc, InvalidEpisode):  # InvalidRequest too
-        errors = [(field or "<root>", reason) for field, reason in exc.errors]
-        return problem(422, "the request has invalid fields", errors=errors)
+    if isinstance(exc, Invalid | InvalidEpisode):
+        return problem(422, "the request has invalid fields", errors=exc.errors)
     if isinstance(exc, Problem):
         return problem(exc.status, exc.detail, headers=exc.headers, **exc.extra)
     if isinstance(exc, NotFound):

@@ -15,9 +15,8 @@ from typing import Any, get_type_hints
 from aiohttp import web
 from pydantic import BaseModel
 
-from engram_episodic.errors import InvalidRequest
 from services.query import answers, console, models
-from services.query.problems import Problem, non_utf8_escape, read_json, validate
+from services.query.problems import Invalid, Problem, non_utf8_escape, read_json, validate
 from services.query.views import (
     deadletters,
     docs,
@@ -414,9 +413,7 @@ def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:
                     raise web.HTTPPermanentRedirect(f"../{last}" + (f"?{query}" if query else ""))
             return await handler(request)
         if request.query and (request.method, info.handler) in no_query:
-            raise InvalidRequest(
-                [(key, "is not a known query parameter") for key in dict.fromkeys(request.query)]
-            )
+            raise Invalid([(key, "is not a known query parameter") for key in dict.fromkeys(request.query)])
         return await handler(request)
 
     return check

@@ -2,7 +2,7 @@
 validator behind POST /v1/episodes, and the event decoder fed near-valid envelopes.
 
 The property is always the same: any input gives either a valid object or a *typed* error naming the
-bad field (`InvalidRequest` → 422, `InvalidEpisode` → 422, `DecodeError` → dead letter), never another
+bad field (`Invalid` → 422, `InvalidEpisode` → 422, `DecodeError` → dead letter), never another
 exception. `ENGRAM_FUZZ_EXAMPLES` sets the examples per property (small in `make test`, 2000 in
 `make fuzz`).
 """
@@ -17,11 +17,11 @@ import msgpack
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engram_episodic.errors import EngramError, InvalidEpisode, InvalidRequest
+from engram_episodic.errors import EngramError, InvalidEpisode
 from engram_episodic.events import Episode, EpisodeCompleted, Feedback, Task, UserForgotten
 from engram_episodic.validation import parse_episode
 from services.query import models
-from services.query.problems import validate
+from services.query.problems import Invalid, validate
 from services.query.views.facts import ConsolidateRequest, FactsSearchRequest
 from shared.codec import decode, encode
 
@@ -103,8 +103,8 @@ def near_valid(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-def assert_typed_422(exc: InvalidRequest) -> None:
-    assert exc.errors, "an InvalidRequest must name at least one field"
+def assert_typed_422(exc: Invalid) -> None:
+    assert exc.errors, "an Invalid must name at least one field"
     for field, reason in exc.errors:
         assert isinstance(field, str) and field and isinstance(reason, str) and reason
 
@@ -112,7 +112,7 @@ def assert_typed_422(exc: InvalidRequest) -> None:
 def check_model(model, data: Any) -> None:
     try:
         obj = validate(model, data)
-    except InvalidRequest as exc:
+    except Invalid as exc:
         assert_typed_422(exc)
         return
     assert isinstance(obj, model)

@@ -6,17 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engram_episodic.errors import InvalidRequest
 from engram_episodic.events import Action, Episode, Feedback, Task
 from services.query import __main__ as entry
 from services.query.auth import check_bind, is_loopback, namespace_for
 from services.query.insights import choose_strategy, prompt_section, skill_profiles, suggestion
 from services.query.models import RecallRequest
 from services.query.openapi import openapi_path
-from services.query.problems import validate
+from services.query.problems import Invalid, validate
 
 
-def fields_of(exc: InvalidRequest) -> dict[str, str]:
+def fields_of(exc: Invalid) -> dict[str, str]:
     return dict(exc.errors)
 
 
@@ -59,7 +58,7 @@ def test_recall_request_defaults_and_parsing():
     ],
 )
 def test_recall_request_errors_name_the_field(body, field, reason):
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(Invalid) as info:
         validate(RecallRequest, body)
     assert fields_of(info.value)[field] == reason
 

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from pydantic import BaseModel
 
-from engram_episodic.errors import ConfigError, InvalidRequest
+from engram_episodic.errors import ConfigError
 from engram_episodic.events import Episode
 from engram_episodic.validation import Collector, check_id
 from services.query import recall as rc
@@ -29,7 +29,7 @@ from services.query.appkeys import (
     TAGS,
     TERMS,
 )
-from services.query.problems import validate
+from services.query.problems import Invalid, validate
 from services.query.recall.plan import QueryVector
 from services.query.store import EpisodeStore
 from shared import streams, tracing
@@ -103,10 +103,10 @@ def query_params(request: web.Request, model: type[BaseModel]) -> Any:
     params: dict[str, str] = {}
     for key in request.query:
         if not key:  # "?=x": pydantic would name it "<root>", as if the whole query were wrong
-            raise InvalidRequest([("<query>", "has a parameter without a name")])
+            raise Invalid([("<query>", "has a parameter without a name")])
         values = request.query.getall(key)
         if len(values) > 1:
-            raise InvalidRequest([(key, "must be given once")])
+            raise Invalid([(key, "must be given once")])
         params[key] = values[0]
     # "not a known query parameter", as a route without a query model says (routes.url_middleware)
     return validate(model, params, strict=False, unknown="query parameter")
@@ -176,7 +176,7 @@ def path_id(request: web.Request, name: str) -> str:
     errs = Collector()
     value = check_id(request.match_info[name], name, errs, required=True)
     if errs.errors:
-        raise InvalidRequest(errs.errors)
+        raise Invalid(errs.errors)
     return value  # type: ignore[return-value]
 
 

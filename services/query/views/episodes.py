@@ -13,7 +13,7 @@ from aiohttp import web
 from pydantic import Field
 
 from engram_episodic.calls import MAX_WAIT
-from engram_episodic.errors import InvalidRequest, NotFound
+from engram_episodic.errors import NotFound
 from engram_episodic.events import (
     EpisodeCompleted,
     EpisodeEvent,
@@ -27,7 +27,7 @@ from engram_episodic.validation import Collector, parse_episode, repeated_id
 from services.query import models
 from services.query import recall as rc
 from services.query.appkeys import EMBEDDER, METRICS, SETTINGS
-from services.query.problems import Problem
+from services.query.problems import Invalid, Problem
 from services.query.views.common import (
     accepted_ids,
     episode_of,
@@ -130,17 +130,15 @@ def _future(ep: Any, path: str, errs: Collector, limit: float, now: float) -> bo
 
 
 def _ingest_items(body: Any) -> tuple[bool, list[Any]]:
-    """Whether an ingest body is a batch (`{"episodes": [...]}`), and its episodes; InvalidRequest for a bad batch."""
+    """Whether an ingest body is a batch (`{"episodes": [...]}`), and its episodes; Invalid for a bad batch."""
     if not (isinstance(body, dict) and "episodes" in body):
         return False, [body]
     extra = [k for k in body if k != "episodes"]
     if extra:
-        raise InvalidRequest(
-            [(k, 'is not a known field (send one episode, or {"episodes": [...]})') for k in extra]
-        )
+        raise Invalid([(k, 'is not a known field (send one episode, or {"episodes": [...]})') for k in extra])
     items = body["episodes"]
     if not isinstance(items, list) or not items or len(items) > models.MAX_BATCH:
-        raise InvalidRequest([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
+        raise Invalid([("episodes", f"must be a list of 1..{models.MAX_BATCH} episodes")])
     return True, items
 
 

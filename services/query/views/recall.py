@@ -14,12 +14,12 @@ import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from engram_episodic.errors import InvalidRequest
 from engram_episodic.shapes import episode_to_dict
 from services.query import insights, models
 from services.query import recall as rc
 from services.query.answers import FactBrief
 from services.query.appkeys import FACTS, FLOORS, METRICS, SETTINGS, FactsProvider
+from services.query.problems import Invalid
 from services.query.recall.relevance import CONTEXT_FLOOR
 from services.query.views.common import (
     embed,
@@ -39,12 +39,12 @@ from shared.settings import Settings
 
 def recall_params(req: models.RecallRequest, s: Settings, now: float) -> rc.RecallParams:
     """`POST /v1/recall`: the request's choices, the settings' defaults for the rest, and the settings'
-    index kind and `common_idf`. InvalidRequest (422) when the depth, given or defaulted, is below `top_k`,
+    index kind and `common_idf`. Invalid (422) when the depth, given or defaulted, is below `top_k`,
     given or defaulted."""
     top_k = req.top_k or s.default_top_k
     depth = req.candidates or max(s.recall_candidates, top_k)  # never from top_k alone: top_k only cuts
     if depth < top_k:
-        raise InvalidRequest([("candidates", "must be at least top_k")])
+        raise Invalid([("candidates", "must be at least top_k")])
     return rc.RecallParams(
         top_k=top_k,
         depth=depth,

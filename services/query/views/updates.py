@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from engram_episodic.errors import InvalidRequest, NotFound
+from engram_episodic.errors import NotFound
 from engram_episodic.events import Episode, EpisodeUpdated, updated
 from engram_episodic.validation import (
     Collector,
@@ -22,6 +22,7 @@ from engram_episodic.validation import (
     parse_update,
 )
 from services.query.appkeys import METRICS
+from services.query.problems import Invalid
 from services.query.views.common import ns_of, publisher, reply
 from services.query.views.episodes import WAIT_EXPIRED, WaitQuery, _projected, stored_or_pending
 
@@ -55,9 +56,7 @@ async def update_episode(request: web.Request, episode_id: str, query: WaitQuery
     )
     if stored is not None and (problems := episode_problems(updated(stored, event))):
         # each field was valid alone; merged with the stored episode it is not (the fold would skip it)
-        raise InvalidRequest(
-            [(path, f"{reason} once merged with the stored episode") for path, reason in problems]
-        )
+        raise Invalid([(path, f"{reason} once merged with the stored episode") for path, reason in problems])
     [stream_id] = await publisher(request).publish([event])
     request.app[METRICS].published.labels("EpisodeUpdated").inc()
     out: dict[str, Any] = {"episode_id": episode_id, "event_id": event.event_id}
@@ -74,7 +73,7 @@ async def update_episode(request: web.Request, episode_id: str, query: WaitQuery
 
 
 async def _applied(request: web.Request, event: EpisodeUpdated) -> None:
-    """Raise InvalidRequest (422) when the projected episode refuses `event` once merged: the fold skipped it.
+    """Raise Invalid (422) when the projected episode refuses `event` once merged: the fold skipped it.
     That happens when the episode was not projected yet as the change arrived (nothing to check it
     against), or when two changes raced and each was valid alone; the event stays in the log without
     effect (a replay skips it again). An episode gone meanwhile (forgotten, expired) says nothing."""
@@ -83,7 +82,7 @@ async def _applied(request: web.Request, event: EpisodeUpdated) -> None:
     except NotFound:
         return
     if now is not None and (problems := episode_problems(updated(now, event))):
-        raise InvalidRequest(
+        raise Invalid(
             [
                 (path, f"{reason} once merged with the stored episode; this change was not applied")
                 for path, reason in problems
