@@ -134,8 +134,8 @@ def _resources(
                 )
 
             if background:
-                startup.run(load)
-                stack.push_async_callback(startup.stop)
+                startup.task = asyncio.create_task(load(), name="query-startup")
+                stack.push_async_callback(_cancel, startup.task)
             else:
                 await load()
             sweeper = asyncio.create_task(_sweep(app[TERMS], app[SCOPE_SIZES]), name="engram.query.sweep")
@@ -159,8 +159,10 @@ async def _sweep(memos: Memos, sizes: ScopeSizes) -> None:
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for its end; what it raised is not raised again here (a failed start-up
+    is raised where it is awaited: `Startup.wait`)."""
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
 
 
