@@ -47,7 +47,7 @@ from services.query.recall.lists import Floors
 from services.query.recall.sizes import ScopeSizes
 from services.query.recall.terms import Memos
 from services.query.recall.vectors import QueryVectorCache
-from services.query.routes import ROUTES, add_routes, url_middleware
+from services.query.routes import ROUTES, url_middleware
 from services.query.startup import Startup, startup_gate
 from services.query.views.recall import facts_provider
 from services.query.watch import RedisWatch, watch_middleware
@@ -219,5 +219,6 @@ def make_app(
     app[FLOORS] = Floors()
     app[TERMS] = Memos()
     app.cleanup_ctx.append(_resources(redis, embedder, watch, background=background_start))
-    add_routes(app)
+    for r in ROUTES:
+        app.router.add_route(r.method, r.path, r.call)
     return app
