@@ -76,14 +76,13 @@ async def _projected(
         todo = [i for i, w in enumerate(why) if w == WAIT_TIMEOUT]
         acked = await group.acked([stream_ids[i] for i in todo])
         found = await store.recorded([events[i] for i in todo])
-        dropped = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and not f]
-        projected = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and f]
-        # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps the
-        # stored fields a re-post would make invalid)
-        for i, expired in zip(projected, await store.expired([events[i] for i in projected]), strict=True):
-            why[i] = WAIT_EXPIRED if expired else None
-        for i in dropped:
-            why[i] = await _dropped(request, events[i], stream_ids[i])
+        for i, ok, (recorded, expired) in zip(todo, acked, found, strict=True):
+            if ok and recorded:
+                # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps
+                # the stored fields a re-post would make invalid)
+                why[i] = WAIT_EXPIRED if expired else None
+            elif ok:
+                why[i] = await _dropped(request, events[i], stream_ids[i])
         if all(w != WAIT_TIMEOUT for w in why) or time.monotonic() >= deadline:
             return why
         await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
