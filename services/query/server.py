@@ -98,23 +98,17 @@ class RouteAccessLogger(AbstractAccessLogger):
                 route = route_of(request)
         # probes (a supervisor, a load balancer, `make run` itself) poll every few hundred ms: at DEBUG
         log = self.logger.debug if route in PROBES and response.status != 500 else self.logger.info
+        fields = {
+            "remote": request.remote,
+            "method": request.method,
+            "route": route,
+            "status": response.status,
+            "bytes": response.body_length,
+            "duration_ms": round(time * 1000, 1),
+        }
+        # the facts are fields of their own too, for ENGRAM_LOG_FORMAT=json (the text format drops them)
         log(
-            '%s "%s %s" %d %d %.1fms',
-            request.remote,
-            request.method,
-            route,
-            response.status,
-            response.body_length,
-            time * 1000,
-            # the same facts as fields of their own for ENGRAM_LOG_FORMAT=json (the text format drops them)
-            extra={
-                "remote": request.remote,
-                "method": request.method,
-                "route": route,
-                "status": response.status,
-                "bytes": response.body_length,
-                "duration_ms": round(time * 1000, 1),
-            },
+            '%(remote)s "%(method)s %(route)s" %(status)d %(bytes)d %(duration_ms).1fms', fields, extra=fields
         )
 
 
