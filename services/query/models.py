@@ -170,6 +170,7 @@ class Bounded:
         self, source: type, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
         integer = source is int
+        schema: core_schema.CoreSchema
         if integer:
             what, spelling = f"an integer between {self.lo} and {self.hi}", _QUERY_INT
             schema = core_schema.int_schema(ge=int(self.lo), le=int(self.hi))
