@@ -104,12 +104,6 @@ class EpisodeStore:
             return bool(await self.r.exists(refs))
         return bool(await self.r.hexists(refs, stream_id))
 
-    async def has_events(self, ns: str, episode_id: str) -> bool:
-        """Whether the live generation holds stored events of the episode (a draft, a document not yet
-        written)."""
-        gen = await current_generation(self.r, self.keys)
-        return bool(await self.r.exists(self.keys.episode_events(gen, ns, episode_id)))
-
     async def recorded(self, events: Sequence[Any]) -> list[tuple[bool, bool]]:
         """Per event (`namespace`, `episode_id`, `event_id`): whether its episode's event hash holds it,
         and whether its episode's document is past its `expires_at` (hidden from every read)."""

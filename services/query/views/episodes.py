@@ -299,16 +299,16 @@ async def delete_episode(request: web.Request, episode_id: str, query: WaitQuery
         # accepted but not yet projected counts too: it would be projected after a refused forget
         await stored_or_pending(request, episode_id)
     except NotFound:
-        # no document, but the namespace may still hold its data: stored events of a draft or of an
-        # episode not yet written, or dead letters, which a forget must reach too
-        store, ns = store_of(request), ns_of(request)
-        if await store.tombstoned(ns, episode_id):
+        # no readable document, but the namespace may still hold its data: stored events of a draft or
+        # of an episode not yet written, or dead letters, which a forget must reach too
+        [(tombstoned, held)] = await store_of(request).holdings(ns_of(request), [episode_id])
+        if tombstoned:
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
             again: dict[str, Any] = {"episode_id": episode_id, "event_id": None, "already_forgotten": True}
             if query.wait > 0:  # the tombstone is written by the erase: nothing left to wait for
                 again["forgotten"] = True
             return reply(again, status=202)
-        if not await store.has_events(ns, episode_id) and not await store.dead_lettered(ns, episode_id):
+        if not held:
             raise
     event = EpisodeForgotten(namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time())
     return await _forget(request, event, {"episode_id": episode_id}, query.wait)
