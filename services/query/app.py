@@ -43,13 +43,13 @@ from services.query.problems import (
     MAX_BODY_BYTES,
     problems_middleware,
 )
-from services.query.providers import facts_provider
 from services.query.recall.lists import Floors
 from services.query.recall.sizes import ScopeSizes
 from services.query.recall.terms import Memos
 from services.query.recall.vectors import QueryVectorCache
-from services.query.routes import ROUTES, add_routes, url_middleware
+from services.query.routes import ROUTES, url_middleware
 from services.query.startup import Startup, startup_gate
+from services.query.views.recall import facts_provider
 from services.query.watch import RedisWatch, watch_middleware
 from shared import cluster
 from shared.content_coding import identity_only
@@ -134,8 +134,8 @@ def _resources(
                 )
 
             if background:
-                startup.run(load)
-                stack.push_async_callback(startup.stop)
+                startup.task = asyncio.create_task(load(), name="query-startup")
+                stack.push_async_callback(_cancel, startup.task)
             else:
                 await load()
             sweeper = asyncio.create_task(_sweep(app[TERMS], app[SCOPE_SIZES]), name="engram.query.sweep")
@@ -159,8 +159,10 @@ async def _sweep(memos: Memos, sizes: ScopeSizes) -> None:
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for its end; what it raised is not raised again here (a failed start-up
+    is raised where it is awaited: `Startup.wait`)."""
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
 
 
@@ -174,7 +176,7 @@ def make_app(
 ) -> web.Application:
     """The query service. `redis=` and `embedder=` inject ready resources (tests, benchmarks) the app then
     neither creates nor closes; `facts=` replaces the facts provider of `POST /v1/context`
-    (`services.query.providers`). Start-up loads the embedder and ensures the live episode index exists
+    (`services.query.views.recall.facts_provider`). Start-up loads the embedder and ensures the live episode index exists
     and was built with it (`Conflict` fails it); it waits for Redis.
 
     With `background_start` (`python -m services.query`) the app serves at once and loads the embedder
@@ -191,7 +193,10 @@ def make_app(
             problems_middleware,
             url_middleware(ROUTES),
             auth_middleware(
-                settings.api_keys, settings.default_namespace, settings.metrics_key, routes=ROUTES
+                settings.api_keys,
+                settings.default_namespace,
+                settings.metrics_key,
+                public=frozenset(r.path for r in ROUTES if r.public),
             ),
             startup_gate(startup, frozenset(r.path for r in ROUTES if r.tag == "operations")),
             watch_middleware(watch),  # a Redis that hangs: 503 within `watch.bound` s (services.query.watch)
@@ -214,5 +219,6 @@ def make_app(
     app[FLOORS] = Floors()
     app[TERMS] = Memos()
     app.cleanup_ctx.append(_resources(redis, embedder, watch, background=background_start))
-    add_routes(app)
+    for r in ROUTES:
+        app.router.add_route(r.method, r.path, r.call)
     return app

@@ -8,8 +8,6 @@ in constant time and never logged.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -17,9 +15,6 @@ from engram_episodic.validation import is_loopback
 from services.query.appkeys import NAMESPACE
 from services.query.problems import Problem
 from shared import cluster
-
-if TYPE_CHECKING:  # the type only: make_app hands the table over
-    from services.query.routes import Route
 
 METRICS_PATH = "/metrics"  # every namespace's traffic: with API keys, only ENGRAM_METRICS_KEY reads it
 
@@ -55,28 +50,17 @@ def namespace_for(api_keys: dict[str, str], header: str | None) -> str | None:
     return namespace
 
 
-def public_paths(routes: Iterable[Route]) -> frozenset[str]:
-    """The paths of the routes marked `public`. A public route has a fixed path (ValueError otherwise):
-    the request's path then matches it exactly, whatever the method (a wrong one still answers 405
-    without a key)."""
-    paths = {r.path for r in routes if r.public}
-    templated = sorted(p for p in paths if "{" in p)
-    if templated:
-        raise ValueError(f"a public route needs a fixed path: {templated}")
-    return frozenset(paths)
-
-
 def auth_middleware(
     api_keys: dict[str, str],
     default_namespace: str,
     metrics_key: str | None = None,
     *,
-    routes: Iterable[Route],
+    public: frozenset[str],
 ):
     """Sets request[NAMESPACE] from the Bearer key (401 without a known one), or the default namespace
-    in dev mode; a request for a public route of `routes` passes without either. With API keys,
+    in dev mode; a request whose path is one of `public` (the fixed paths of the public routes) passes
+    without either, whatever its method (a wrong one still answers 405 without a key). With API keys,
     `/metrics` takes `metrics_key` only: its totals span every namespace."""
-    public = public_paths(routes)
 
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:

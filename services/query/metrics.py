@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.consolidator.metrics import summarizer_failures
 from services.query.problems import route_of
@@ -82,11 +80,6 @@ class Metrics:
         self.embed_truncations.inc(max(0, total - self._truncations_seen))
         self._truncations_seen = max(self._truncations_seen, total)
 
-    def set_consolidation(self, *, dead_letters: int | None, lag: int | None) -> None:
-        """Set the stream gauges; None (Redis did not answer) reads as NaN."""
-        self.dead_letters.set(math.nan if dead_letters is None else dead_letters)
-        self.lag.set(math.nan if lag is None else lag)
-
     def middleware(self):
         """Middleware counting and timing each request by its route's template, within a server span
         named by it when tracing is on (`shared.tracing`): ids live in paths, never the path itself."""
@@ -114,7 +107,3 @@ class Metrics:
                     self.request_seconds.labels(counted).observe(time.perf_counter() - start)
 
         return middleware
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -150,69 +150,54 @@ Duration = Annotated[
 # float() also take surrounding whitespace, "1_000", and any script's digits ("１", "١٠"), and int()
 # failed on "²" with a message naming Python; the documented schema is a number, nothing else. At most
 # 20 characters for an int: int() refuses thousands of digits, again with Python's message.
-_QUERY_INT = re.compile(r"-?[0-9]+", re.ASCII)
+_QUERY_INT = re.compile(r"-[0-9]{1,19}|[0-9]{1,20}", re.ASCII)
 _QUERY_NUMBER = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
-class IntIn:
-    """`Annotated[int, IntIn(lo, hi)]`: an integer field in [lo, hi] whose error states the allowed
-    range, so a caller knows what to send. `from_query`: also accept the decimal string of one (query parameters are
-    strings; JSON bodies are not). Pydantic metadata (a validator and its JSON schema)."""
-
-    lo: int
-    hi: int
-    from_query: bool = False
-
-    def validate(self, value: Any) -> int:
-        if self.from_query and isinstance(value, str) and len(value) <= 20 and _QUERY_INT.fullmatch(value):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not self.lo <= value <= self.hi:
-            raise ValueError(f"must be an integer between {self.lo} and {self.hi}")
-        return value
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        schema = core_schema.int_schema(ge=self.lo, le=self.hi)
-        return core_schema.no_info_plain_validator_function(self.validate, json_schema_input_schema=schema)
-
-
-@dataclass(frozen=True, slots=True)
-class FloatIn:
-    """`Annotated[float, FloatIn(lo, hi)]`: a finite number in [lo, hi] (ints accepted, booleans not);
-    `from_query` as for IntIn."""
+class Bounded:
+    """`Annotated[int, Bounded(lo, hi)]`, `Annotated[float, Bounded(lo, hi)]`: a number of the annotated
+    type in [lo, hi] (a float is finite and may be sent as an int; a boolean is neither) whose error
+    states the range, so a caller knows what to send. `from_query`: also accept the decimal string of
+    one (query parameters are strings; JSON bodies are not). Pydantic metadata (a validator and its JSON
+    schema)."""
 
     lo: float
     hi: float
     from_query: bool = False
 
-    def validate(self, value: Any) -> float:
-        if self.from_query and isinstance(value, str):
-            if not _QUERY_NUMBER.fullmatch(value):
-                raise ValueError(f"must be a number between {self.lo:g} and {self.hi:g}")
-            value = float(value)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or not self.lo <= value <= self.hi
-        ):
-            raise ValueError(f"must be a number between {self.lo:g} and {self.hi:g}")
-        return float(value)
-
     def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
+        self, source: type, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        schema = core_schema.float_schema(ge=self.lo, le=self.hi)
-        return core_schema.no_info_plain_validator_function(self.validate, json_schema_input_schema=schema)
+        integer = source is int
+        schema: core_schema.CoreSchema
+        if integer:
+            what, spelling = f"an integer between {self.lo} and {self.hi}", _QUERY_INT
+            schema = core_schema.int_schema(ge=int(self.lo), le=int(self.hi))
+        else:
+            what, spelling = f"a number between {self.lo:g} and {self.hi:g}", _QUERY_NUMBER
+            schema = core_schema.float_schema(ge=self.lo, le=self.hi)
+
+        def validate(value: Any) -> Any:
+            if self.from_query and isinstance(value, str) and spelling.fullmatch(value):
+                value = source(value)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int if integer else int | float)
+                or not (integer or math.isfinite(value))
+                or not self.lo <= value <= self.hi
+            ):
+                raise ValueError(f"must be {what}")
+            return source(value)
+
+        return core_schema.no_info_plain_validator_function(validate, json_schema_input_schema=schema)
 
 
-TopK = Annotated[int, IntIn(1, MAX_TOP_K)]
-Relevance = Annotated[float, FloatIn(0.0, 1.0)]
-CandidateCount = Annotated[int, IntIn(1, MAX_CANDIDATES)]
-Finite = Annotated[float, FloatIn(-1e12, 1e12)]
-NonNegative = Annotated[float, FloatIn(0.0, 1e6)]
+TopK = Annotated[int, Bounded(1, MAX_TOP_K)]
+Relevance = Annotated[float, Bounded(0.0, 1.0)]
+CandidateCount = Annotated[int, Bounded(1, MAX_CANDIDATES)]
+Finite = Annotated[float, Bounded(-1e12, 1e12)]
+NonNegative = Annotated[float, Bounded(0.0, 1e6)]
 
 
 def _query_text(value: Any) -> str:
@@ -331,7 +316,7 @@ class ContextRequest(ScopeIn):
         None, description="named in the prompt section's header; not a filter"
     )
     top_k: TopK | None = None
-    max_chars: Annotated[int, IntIn(200, 200_000)] = 4000
+    max_chars: Annotated[int, Bounded(200, 200_000)] = 4000
     half_life: Duration | None = None
     min_relevance: Relevance | None = Field(
         None,
@@ -348,9 +333,9 @@ class StrategyRequest(ScopeIn):
     category: CategoryStr | None = Field(
         None, description="picks the skill profile the rule weighs (weak_category); not a filter"
     )
-    complexity: Annotated[float, FloatIn(0.0, 1.0)] | None = None
-    k: Annotated[int, IntIn(1, 100)] = 10
-    min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
+    complexity: Annotated[float, Bounded(0.0, 1.0)] | None = None
+    k: Annotated[int, Bounded(1, 100)] = 10
+    min_similarity: Annotated[float, Bounded(-1.0, 1.0)] = 0.3
 
 
 class SuggestRequest(ScopeIn):
@@ -358,22 +343,22 @@ class SuggestRequest(ScopeIn):
 
     task: QueryText
     category: CategoryStr | None = Field(None, description="a filter: only episodes of this task category")
-    k: Annotated[int, IntIn(1, 100)] = 10
-    min_similarity: Annotated[float, FloatIn(-1.0, 1.0)] = 0.3
+    k: Annotated[int, Bounded(1, 100)] = 10
+    min_similarity: Annotated[float, Bounded(-1.0, 1.0)] = 0.3
 
 
 class SkillsQuery(ScopeIn):
     """`GET /v1/skills` query parameters."""
 
-    threshold: Annotated[float, FloatIn(0.0, 1.0, from_query=True)] = 0.5
+    threshold: Annotated[float, Bounded(0.0, 1.0, from_query=True)] = 0.5
 
 
 class LearningCurveQuery(ScopeIn):
     """`GET /v1/learning-curve` query parameters."""
 
     category: CategoryStr | None = None
-    window: Annotated[int, IntIn(1, 1000, from_query=True)] = 5
-    limit: Annotated[int, IntIn(1, 10_000, from_query=True)] = 1000
+    window: Annotated[int, Bounded(1, 1000, from_query=True)] = 5
+    limit: Annotated[int, Bounded(1, 10_000, from_query=True)] = 1000
 
 
 MAX_BATCH = 1000

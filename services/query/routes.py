@@ -1,7 +1,7 @@
 """The route table: the one list of the API, each `Route` with its handler (`services.query.views`),
 request models, success status, whether it is public and its documented error statuses.
 
-`make_app` registers it (`add_routes`), hands it to the auth middleware (which reads `public`) and to
+`make_app` registers it, gives its `public` paths to the auth middleware and hands it to
 `services.query.openapi.document` (which documents every field), so the three cannot drift apart (a
 test checks the registered routes against the document anyway). Lists are answered under `results`.
 """
@@ -373,12 +373,6 @@ ROUTES: tuple[Route, ...] = (
         answer=answers.ConsolidateAnswer,
     ),
 )
-
-
-def add_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None:
-    """Register every route of `routes` on `app`'s router."""
-    for r in routes:
-        app.router.add_route(r.method, r.path, r.call)
 
 
 def url_middleware(routes: tuple[Route, ...] = ROUTES) -> Callable:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -99,23 +98,17 @@ class RouteAccessLogger(AbstractAccessLogger):
                 route = route_of(request)
         # probes (a supervisor, a load balancer, `make run` itself) poll every few hundred ms: at DEBUG
         log = self.logger.debug if route in PROBES and response.status != 500 else self.logger.info
+        fields = {
+            "remote": request.remote,
+            "method": request.method,
+            "route": route,
+            "status": response.status,
+            "bytes": response.body_length,
+            "duration_ms": round(time * 1000, 1),
+        }
+        # the facts are fields of their own too, for ENGRAM_LOG_FORMAT=json (the text format drops them)
         log(
-            '%s "%s %s" %d %d %.1fms',
-            request.remote,
-            request.method,
-            route,
-            response.status,
-            response.body_length,
-            time * 1000,
-            # the same facts as fields of their own for ENGRAM_LOG_FORMAT=json (the text format drops them)
-            extra={
-                "remote": request.remote,
-                "method": request.method,
-                "route": route,
-                "status": response.status,
-                "bytes": response.body_length,
-                "duration_ms": round(time * 1000, 1),
-            },
+            '%(remote)s "%(method)s %(route)s" %(status)d %(bytes)d %(duration_ms).1fms', fields, extra=fields
         )
 
 
@@ -139,30 +132,18 @@ class AppRunner(web.AppRunner):
         )
 
 
-def _absorb_signals(loop: asyncio.AbstractEventLoop) -> None:
-    """Once a graceful stop is under way, another SIGINT / SIGTERM must not abort it (under `make run` a
-    Ctrl-C is two: the terminal's SIGINT and the supervisor's SIGTERM). A hard stop stays SIGKILL."""
-
-    def again() -> None:
-        log.info("already stopping: requests in flight finish first")
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with suppress(NotImplementedError, RuntimeError, ValueError):  # no handlers here (Windows, a thread)
-            loop.add_signal_handler(sig, again)
-
-
 def _run(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
     """Run `task` (serve's main) to its end: the first SIGINT / SIGTERM (aiohttp's GracefulExit) cancels
-    its wait, so it drains and cleans up; later ones, including a second signal already queued before
-    the handlers were replaced, are absorbed (`_absorb_signals`). What the task raises propagates."""
+    its wait, so it drains and cleans up; later ones do not interrupt that (under `make run` a Ctrl-C is
+    two: the terminal's SIGINT and the supervisor's SIGTERM; a hard stop stays SIGKILL). What the task
+    raises propagates."""
     stopping = False
     while not task.done():
         try:
             loop.run_until_complete(task)
         except (web.GracefulExit, KeyboardInterrupt):
-            if not stopping:
+            if not stopping:  # a later signal must not cancel the cleanup the first one started
                 stopping = True
-                _absorb_signals(loop)
                 task.cancel()
         except asyncio.CancelledError:
             return

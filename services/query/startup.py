@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -23,10 +22,10 @@ RETRY_AFTER_SECONDS = 2
 
 class Startup:
     """What start-up still has to do (`pending`, in order) and the task doing it (None: not started,
-    or run inline). Times are `time.monotonic()` seconds."""
+    or run inline; make_app's cleanup cancels it). Times are `time.monotonic()` seconds."""
 
-    def __init__(self, pending: Iterable[str] = ("embedder", "index")):
-        self.pending: list[str] = list(pending)
+    def __init__(self) -> None:
+        self.pending = ["embedder", "index"]
         self.task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
 
@@ -39,21 +38,10 @@ class Startup:
         with contextlib.suppress(ValueError):
             self.pending.remove(component)
 
-    def run(self, load: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Start `load()` in the background (`wait` re-raises what it raises)."""
-        self.task = asyncio.create_task(load(), name="query-startup")
-
     async def wait(self) -> None:
         """Return once start-up succeeded (at once when it ran inline); re-raise its exception."""
         if self.task is not None:
             await asyncio.shield(self.task)
-
-    async def stop(self) -> None:
-        """Cancel a start-up still in progress and wait for it (app cleanup)."""
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
 
 
 def startup_gate(startup: Startup, open_paths: frozenset[str]) -> Callable:

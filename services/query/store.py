@@ -104,29 +104,20 @@ class EpisodeStore:
             return bool(await self.r.exists(refs))
         return bool(await self.r.hexists(refs, stream_id))
 
-    async def has_events(self, ns: str, episode_id: str) -> bool:
-        """Whether the live generation holds stored events of the episode (a draft, a document not yet
-        written)."""
-        gen = await current_generation(self.r, self.keys)
-        return bool(await self.r.exists(self.keys.episode_events(gen, ns, episode_id)))
-
-    async def recorded(self, events: Sequence[Any]) -> list[bool]:
-        """Whether each event (`namespace`, `episode_id`, `event_id`) is in its episode's event hash."""
-        gen = await current_generation(self.r, self.keys)
-        calls = [
-            ("hexists", (self.keys.episode_events(gen, e.namespace, e.episode_id), e.event_id))
-            for e in events
-        ]
-        return [bool(f) for f in await self._each(calls)]
-
-    async def expired(self, events: Sequence[Any]) -> list[bool]:
-        """Whether each event's episode document is past its `expires_at` (hidden from every read)."""
-        gen = await current_generation(self.r, self.keys)
-        calls = [
-            ("hget", (self.keys.episode_doc(gen, e.namespace, e.episode_id), "expires_at")) for e in events
-        ]
+    async def recorded(self, events: Sequence[Any]) -> list[tuple[bool, bool]]:
+        """Per event (`namespace`, `episode_id`, `event_id`): whether its episode's event hash holds it,
+        and whether its episode's document is past its `expires_at` (hidden from every read)."""
+        gen, k = await current_generation(self.r, self.keys), self.keys
+        calls: list[tuple[str, tuple[Any, ...]]] = []
+        for e in events:
+            calls += [
+                ("hexists", (k.episode_events(gen, e.namespace, e.episode_id), e.event_id)),
+                ("hget", (k.episode_doc(gen, e.namespace, e.episode_id), "expires_at")),
+            ]
         found, now = await self._each(calls), time.time()
-        return [t is not None and float(t) <= now for t in found]
+        return [
+            (bool(f), t is not None and float(t) <= now) for f, t in zip(found[::2], found[1::2], strict=True)
+        ]
 
     async def superseded(self, ns: str, episode_id: str, stream_id: str) -> bool:
         """The event at `stream_id` left the stream while the episode's document stays: the episode was

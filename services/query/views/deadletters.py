@@ -30,7 +30,7 @@ MAX_IDS = 1000
 class DeadLetterQuery(models.Model):
     """`GET /v1/dead-letters` query parameters."""
 
-    limit: Annotated[int, models.IntIn(1, 1000, from_query=True)] = Field(
+    limit: Annotated[int, models.Bounded(1, 1000, from_query=True)] = Field(
         100, description="dead letters listed, oldest first, 1..1000"
     )
 

@@ -47,7 +47,7 @@ INGEST_WAIT_POLL = 0.02
 class WaitQuery(models.Model):
     """The query parameters of a write (ingest, update, forget)."""
 
-    wait: Annotated[float, models.FloatIn(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
+    wait: Annotated[float, models.Bounded(0.0, MAX_INGEST_WAIT, from_query=True)] = Field(
         0.0,
         description="seconds to wait until the consolidator has applied the write: the episodes "
         "projected (recallable; the answer says which are, `projected`) or erased (`forgotten` says "
@@ -76,14 +76,13 @@ async def _projected(
         todo = [i for i, w in enumerate(why) if w == WAIT_TIMEOUT]
         acked = await group.acked([stream_ids[i] for i in todo])
         found = await store.recorded([events[i] for i in todo])
-        dropped = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and not f]
-        projected = [i for i, ok, f in zip(todo, acked, found, strict=True) if ok and f]
-        # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps the
-        # stored fields a re-post would make invalid)
-        for i, expired in zip(projected, await store.expired([events[i] for i in projected]), strict=True):
-            why[i] = WAIT_EXPIRED if expired else None
-        for i in dropped:
-            why[i] = await _dropped(request, events[i], stream_ids[i])
+        for i, ok, (recorded, expired) in zip(todo, acked, found, strict=True):
+            if ok and recorded:
+                # projected, but hidden: an expired episode posted again keeps its expiry (the fold keeps
+                # the stored fields a re-post would make invalid)
+                why[i] = WAIT_EXPIRED if expired else None
+            elif ok:
+                why[i] = await _dropped(request, events[i], stream_ids[i])
         if all(w != WAIT_TIMEOUT for w in why) or time.monotonic() >= deadline:
             return why
         await asyncio.sleep(min(INGEST_WAIT_POLL, max(0.0, deadline - time.monotonic())))
@@ -300,16 +299,16 @@ async def delete_episode(request: web.Request, episode_id: str, query: WaitQuery
         # accepted but not yet projected counts too: it would be projected after a refused forget
         await stored_or_pending(request, episode_id)
     except NotFound:
-        # no document, but the namespace may still hold its data: stored events of a draft or of an
-        # episode not yet written, or dead letters, which a forget must reach too
-        store, ns = store_of(request), ns_of(request)
-        if await store.tombstoned(ns, episode_id):
+        # no readable document, but the namespace may still hold its data: stored events of a draft or
+        # of an episode not yet written, or dead letters, which a forget must reach too
+        [(tombstoned, held)] = await store_of(request).holdings(ns_of(request), [episode_id])
+        if tombstoned:
             # forgotten already: DELETE is idempotent (a client repeating it after a lost answer got a 404)
             again: dict[str, Any] = {"episode_id": episode_id, "event_id": None, "already_forgotten": True}
             if query.wait > 0:  # the tombstone is written by the erase: nothing left to wait for
                 again["forgotten"] = True
             return reply(again, status=202)
-        if not await store.has_events(ns, episode_id) and not await store.dead_lettered(ns, episode_id):
+        if not held:
             raise
     event = EpisodeForgotten(namespace=ns_of(request), episode_id=episode_id, occurred_at=time.time())
     return await _forget(request, event, {"episode_id": episode_id}, query.wait)

@@ -2,7 +2,7 @@
 
 `POST /v1/consolidate` runs a `Consolidator` (with the optional summarizer) in this process, under the
 same per-scope lease as the workers. The facts of `POST /v1/context` come from the provider under
-`FACTS` (`services.query.providers.facts_provider`).
+`FACTS` (`services.query.views.recall.facts_provider`).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class FactsSearchRequest(models.ScopeIn):
     )
     top_k: models.TopK = 10
     include_superseded: bool = False
-    min_confidence: Annotated[float, models.FloatIn(0.0, 1.0)] | None = None
-    min_similarity: Annotated[float, models.FloatIn(-1.0, 1.0)] = Field(
+    min_confidence: Annotated[float, models.Bounded(0.0, 1.0)] | None = None
+    min_similarity: Annotated[float, models.Bounded(-1.0, 1.0)] = Field(
         0.0,
         description="with a query: leave out facts whose cosine with it is below this (the default 0 "
         "drops the ones pointing away from it; -1 keeps every fact)",

@@ -55,7 +55,7 @@ class _Page(models.Model):
     order: Literal["desc", "asc"] = Field(
         "desc", description="desc: newest first (default); asc: oldest first"
     )
-    limit: Annotated[int, models.IntIn(1, MAX_LIMIT, from_query=True)] = Field(
+    limit: Annotated[int, models.Bounded(1, MAX_LIMIT, from_query=True)] = Field(
         DEFAULT_LIMIT, description=f"results per page, 1..{MAX_LIMIT}"
     )
     cursor: str | None = Field(None, description="`next_cursor` of the previous page (same filters, order)")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.query.appkeys import EMBEDDER, KEYS, METRICS, OPENAPI, REDIS, SETTINGS, STARTUP, TAGS
 from services.query.views.common import index_of, reply
@@ -82,8 +85,10 @@ async def consolidation(request: web.Request) -> dict[str, int | None]:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus metrics (ENGRAM_METRICS_KEY when API keys are set)"""
-    request.app[METRICS].set_consolidation(**await consolidation(request))
-    return await request.app[METRICS].handle(request)
+    m, stream = request.app[METRICS], await consolidation(request)
+    for gauge, value in ((m.dead_letters, stream["dead_letters"]), (m.lag, stream["lag"])):
+        gauge.set(math.nan if value is None else value)  # NaN: Redis did not answer
+    return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def openapi_json(request: web.Request) -> web.Response:

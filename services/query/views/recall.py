@@ -1,5 +1,6 @@
 """`POST /v1/recall` and `POST /v1/context` (working memory): each builds one `RecallParams` from its
-request model and the settings, then calls `services.query.recall.recall`."""
+request model and the settings, then calls `services.query.recall.recall`; the context's facts come from
+the provider under `FACTS` (`facts_provider`, unless `make_app(facts=...)` gave another)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import numpy as np
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from engram_episodic.shapes import episode_to_dict
 from services.query import insights, models
 from services.query import recall as rc
-from services.query.appkeys import FACTS, FLOORS, METRICS, SETTINGS
+from services.query.answers import FactBrief
+from services.query.appkeys import FACTS, FLOORS, METRICS, SETTINGS, FactsProvider
 from services.query.problems import Invalid
 from services.query.recall.relevance import CONTEXT_FLOOR
 from services.query.views.common import (
@@ -28,6 +31,9 @@ from services.query.views.common import (
     reply,
     tags_of,
 )
+from shared.facts import FactQuery, live_facts_index, search_facts
+from shared.index import Scope
+from shared.keys import Keys
 from shared.settings import Settings
 
 
@@ -99,6 +105,36 @@ async def overlapped(embedding: Coroutine[Any, Any, np.ndarray]) -> AsyncIterato
             task.cancel()
         elif not task.cancelled():
             task.exception()  # retrieved: a failure the request already answered is not logged again
+
+
+def facts_provider(keys: Keys) -> FactsProvider:
+    """The facts of `/v1/context`: current only, each text once, each the fields of `answers.FactBrief`."""
+
+    async def provider(
+        r: aioredis.Redis, scope: Scope, query_vector: np.ndarray, k: int
+    ) -> list[dict[str, Any]]:
+        q = FactQuery(
+            namespace=scope.namespace,
+            tags=scope.tags,
+            agent_id=scope.agent_id,
+            user_id=scope.user_id,
+            category=scope.category,
+        )
+        # the namespace scope and an (agent, category) scope holding the same episodes give the same
+        # fact twice (same text): read twice as deep, keep each text once (the better-scored), then cut
+        hits = await search_facts(r, await live_facts_index(r, keys), q, vector=query_vector, top_k=2 * k)
+        seen: set[str] = set()
+        out = []
+        for h in hits:
+            # a fact pointing away from the task is no context for it (`/v1/facts/search`'s default)
+            if h.fact.text in seen or (h.score is not None and h.score < 0.0):
+                continue
+            seen.add(h.fact.text)
+            brief = {name: getattr(h.fact, name) for name in FactBrief.model_fields if name != "score"}
+            out.append(brief | {"score": round(h.score, 6) if h.score is not None else None})
+        return out[:k]
+
+    return provider
 
 
 async def context(request: web.Request, body: models.ContextRequest) -> web.Response:
