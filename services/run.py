@@ -45,6 +45,8 @@ BACKOFF_MAX = 10.0
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 TAIL_BYTES = 8192
+
+
 def _taken_port(host: str, port: int) -> str | None:
     """Why `host:port` cannot be bound now (e.g. "Address already in use"), or None when it can."""
     try:
