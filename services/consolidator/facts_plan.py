@@ -110,6 +110,14 @@ _ENGLISH = frozenset(  # function words no German, French, Spanish or Dutch word
     "our you your my he she his him not yes if then than but only just very too all any each every some more "
     "most other such what when where which who why how up out off again".split()
 )
+# German, French, Spanish, Dutch (a few Italian, Portuguese) function words; terse English holds none,
+# though "die", "de" or "la" can be an English word or name: `unmodelled` needs two
+_OTHER = frozenset(
+    "der die das und nicht ein eine einen einem einer dem des auf von zum zur bei nach wie oder ich sie wir sind "
+    "wurde werden auch noch über dann wann warum zu für le la les du une dans avec pour sur qui que sont été être "
+    "el los las del una por para cada cuando más está de het een voor niet naar bij zijn wordt ook wanneer "
+    "waarom heeft hebben il della che gli sono nel alla não uma".split()
+)
 LEXICAL_WEIGHT = 0.6
 """The lexical distance's share when either text is `unmodelled` (MiniLM, `tests/unit/test_facts_families.py`):
 on its scopes 0.55 left French, Spanish and Dutch facts mixing topics, 0.65 split a German topic (5 of 8);
@@ -121,9 +129,15 @@ ENGLISH_MODELS = frozenset({"mpnet-base-v2", "minilm-l6-v2"})
 def unmodelled(text: str) -> bool:
     """Whether `text` is in a language the English embedders (MiniLM, mpnet) do not model, whose unrelated
     texts they place close together: 8 or more words (runs of letters), under 3% of them English function
-    words (English task texts and notes measured 5% or more, German/French/Spanish/Dutch ones 0%)."""
+    words (English task texts and notes measured 5% or more, German/French/Spanish/Dutch ones 0%) and 2 or
+    more function words of another language (`_OTHER`: 2 to 11 in every German/French/Spanish/Dutch text
+    measured, none in terse English task titles and notes, which hold no English function word either)."""
     words = [w.lower() for w in _WORD.findall(text)]
-    return len(words) >= 8 and sum(w in _ENGLISH for w in words) < 0.03 * len(words)
+    return (
+        len(words) >= 8
+        and sum(w in _ENGLISH for w in words) < 0.03 * len(words)
+        and sum(w in _OTHER for w in words) >= 2
+    )
 
 
 def lexical_distances(texts: Sequence[str]) -> np.ndarray:

@@ -371,9 +371,13 @@ def test_text_the_embedder_does_not_model_is_compared_by_its_words_too():
     assert cluster(vectors, 0.5, texts) == cluster(vectors, 0.5) == [[0, 1, 2, 3, 4, 5]]
 
 
-def test_unmodelled_needs_enough_words_and_lexical_distances_share_compounds():
+def test_unmodelled_needs_words_of_another_language_and_lexical_distances_share_compounds():
     assert unmodelled("Finde den günstigsten Zug von Berlin nach München am nächsten Montag")
     assert not unmodelled("Find the cheapest train from Berlin to Munich next Monday")
+    assert unmodelled("Trouve la facture la plus récente du client 4711")
+    # terse English has no English function word, and none of another language either
+    assert not unmodelled("Rotate expired TLS certificate on api gateway nginx reload certbot renew")
+    assert not unmodelled("Book flight Berlin Lisbon next Tuesday morning window seat confirmed")
     assert not unmodelled("Zug nach München")  # too few words to tell: the vector decides
     assert not unmodelled("")
     d = lexical_distances(

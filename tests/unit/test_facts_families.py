@@ -16,9 +16,15 @@ unrelated texts of another language nearly as close as one topic's: on vectors a
 French 12 (9), Spanish 12 (8), Dutch 12 (10). Comparing a pair where either text is unmodelled at
 0.4 x cosine distance + 0.6 x the distance of their words' character 4-grams: German 0 (43), French
 0 (48), Spanish 0 (46), Dutch 1 (50: the known limit, xfail below), each with or without boilerplate;
-English scopes have no unmodelled text and keep exactly their clusters (0 (58)). One topic alone (8
-episodes) keeps a fact of 6 or more in every language (smallest largest fact: English 8, German 7,
-French 6, Spanish 6, Dutch 8). English topics plus one topic in another language: no mixed fact before
+English scopes have no unmodelled text and keep exactly their clusters (0 (58)). Terse English agent
+texts (`TERSE`: CI, dependencies, deploys, certificates, migrations, travel; no articles, tool names)
+hold no English function word either: by that alone 67 of the 248 texts of their 12 scopes read as
+unmodelled and gave 1 (44), a one-topic scope's largest fact 5 of 8, where the vectors give 0 (52) and 7.
+An unmodelled text also needs 2 function words of another language (every German, French, Spanish and
+Dutch text here has 2 to 11, no terse English one has any), so terse English clusters as its vectors do
+and the other languages' figures are unchanged. One topic alone (8 episodes) keeps a fact of 6 or
+more in every language (smallest largest fact: English 8, terse English 7, German 7, French 6, Spanish
+6, Dutch 8). English topics plus one topic in another language: no mixed fact before
 or after (54-56 of 60 topics with a fact of their own, 56-57 before). On 48 other scopes per language
 (docs/architecture.md "Facts") 19 of 192 still mix topics and 16 of 96 one-topic scopes split below 6.
 """
@@ -418,6 +424,92 @@ TOPICS: dict[str, dict[str, list[str]]] = {
         ],
     },
 }
+TERSE: dict[str, dict[str, list[str]]] = {  # terse English agent texts: no articles, tool names
+    "ci": {
+        "terse": [
+            "Fix flaky login test timeout in auth service CI pipeline",
+            "Quarantine intermittent checkout e2e spec failing on GitHub Actions",
+            "Cypress signup test flaky again, raise wait timeout",
+            "Investigate random red builds, jest snapshot mismatch",
+            "Stabilise websocket reconnect integration test race condition",
+        ],
+        "note_terse": [
+            "pytest --count=20 reproduced 3/20 failures",
+            "added explicit wait for login button, 50 green runs",
+            "marked flaky, ticket filed for root cause",
+        ],
+    },
+    "deps": {
+        "terse": [
+            "Bump lodash version resolve npm audit warnings frontend repo",
+            "Upgrade React 17 to 18 in dashboard app",
+            "Patch axios CVE, regenerate package-lock",
+            "Merge Renovate batch: minor dependency updates web client",
+            "Drop unused moment.js, switch to date-fns",
+        ],
+        "note_terse": [
+            "npm audit fix, 0 vulnerabilities",
+            "yarn upgrade-interactive --latest, build green",
+            "bundle size down 120 KB",
+        ],
+    },
+    "deploy": {
+        "terse": [
+            "Deploy billing service v2.3 staging cluster rollout health checks passed",
+            "Roll back payments-api prod release after 5xx spike",
+            "kubectl rollout restart deployment payments-api namespace prod after configmap change",
+            "Scale worker deployment to 10 replicas for Black Friday traffic",
+            "Helm upgrade ingress-nginx chart 4.8 on production",
+        ],
+        "note_terse": [
+            "kubectl rollout status: successfully rolled out",
+            "helm rollback payments-api 41, error rate back to baseline",
+            "pods Ready 10/10, HPA max raised",
+        ],
+    },
+    "certs": {
+        "terse": [
+            "Rotate expired TLS certificate on api gateway nginx reload",
+            "Renew Let's Encrypt cert for docs site, certbot cron broken",
+            "Replace self-signed cert on internal Grafana with corporate CA",
+            "SSL certificate for shop.example.com expires in 7 days",
+            "Configure cert-manager ClusterIssuer for wildcard domain",
+        ],
+        "note_terse": [
+            "certbot renew --dry-run OK, nginx -s reload",
+            "openssl s_client shows new expiry 2027-03-01",
+            "cert-manager Certificate Ready=True",
+        ],
+    },
+    "migration": {
+        "terse": [
+            "Migrate users table add index on email column ran alembic upgrade",
+            "Write migration renaming orders.status column to state",
+            "Backfill null created_at rows in audit_log table",
+            "Postgres 14 to 16 major upgrade, read replica first",
+            "Drop deprecated sessions table after data export",
+        ],
+        "note_terse": [
+            "alembic upgrade head, 2.1M rows, 40 s lock",
+            "pg_dump backup taken before migrating",
+            "EXPLAIN shows index scan, query 800 ms to 4 ms",
+        ],
+    },
+    "travel": {
+        "terse": [
+            "Book flight Berlin Lisbon next Tuesday morning window seat confirmed",
+            "Hotel in Lisbon 3 nights near conference venue under 150 EUR",
+            "Online check-in TAP flight, download boarding pass",
+            "Lisbon airport transfer, arrival 10:40, taxi or metro",
+            "Cancel rental car booking for Lisbon trip, request refund",
+        ],
+        "note_terse": [
+            "booked TP 541, seat 14A, 189 EUR",
+            "confirmation emailed, added to calendar",
+            "boarding pass saved to wallet",
+        ],
+    },
+}
 BOILERPLATE = {
     "en": "Task completed. I followed the user's instructions step by step, checked every intermediate "
     "result, verified the final outcome carefully and reported back to the user with a short summary of "
@@ -449,6 +541,7 @@ def scope(
 ):
     """(topic labels, episodes) of one scope, shuffled; the last topic written in `last` if given."""
     rng = random.Random(seed)
+    table = TERSE if lang == "terse" else TOPICS
     out = []
     for t in topics:
         written = last if last is not None and t == topics[-1] else lang
@@ -458,9 +551,9 @@ def scope(
                     t,
                     Episode(
                         episode_id=f"{t}-{i}",
-                        task=Task(description=TOPICS[t][written][i % 5]),
-                        solution=rng.choice(TOPICS[t][f"note_{written}"]),
-                        result=BOILERPLATE[lang] if boilerplate else None,
+                        task=Task(description=table[t][written][i % 5]),
+                        solution=rng.choice(table[t][f"note_{written}"]),
+                        result=BOILERPLATE["en" if lang == "terse" else lang] if boilerplate else None,
                         outcome="success",
                         completed_at=float(len(out)),
                     ),
@@ -549,3 +642,19 @@ def test_a_topic_in_another_language_shares_no_fact_with_english_ones(vectors, o
         groups = cluster(vectors(episodes), DEFAULT_DISTANCE["minilm-l6-v2"], clustering_texts(episodes))
         mixed += mixed_facts(labels, groups)
     assert mixed == []
+
+
+@pytest.mark.parametrize("boilerplate", [False, True], ids=["plain", "boilerplate"])
+def test_terse_english_clusters_as_its_vectors_alone_do(vectors, boilerplate):
+    """Terse agent texts hold no English function word but none of another language either: none reads as
+    unmodelled, so their facts are the vectors' (judged by English function words alone: 1 of 12 scopes
+    mixed, 44 of 60 topics with a fact of their own instead of 52, a one-topic scope's largest fact 5 of 8)."""
+    scopes = [scope([t], 8, "terse", boilerplate, seed=n)[1] for n, t in enumerate(TERSE)]
+    for s in range(12):
+        topics = random.Random(s).sample(sorted(TERSE), 4 + s % 3)
+        scopes.append(scope(topics, 3 + s % 3, "terse", boilerplate, seed=s)[1])
+    d = DEFAULT_DISTANCE["minilm-l6-v2"]
+    for episodes in scopes:
+        v, texts = vectors(episodes), clustering_texts(episodes)
+        assert not any(map(unmodelled, texts))
+        assert cluster(v, d, texts) == cluster(v, d)
