@@ -133,18 +133,32 @@ def best_split(
     if min_size < 1 or n < 2 * min_size:
         return None
     ok = np.asarray(success, dtype=bool)
-    members = _members(strategies, n, min_size)
+    members, lowest = _members(strategies, n, min_size), np.inf
     for j, member in enumerate(members):
         p, gap, t = _splits(ok, member, min_size)
         p = np.where(p <= 1.0, p * max(1, t) * len(members), np.inf)  # 2.0: no split there
+        lowest, p = min(lowest, p.min()), _tied(p)
         if j == 0:  # what the merge below would make of it against no split at all
             best_p, best_gap = p, gap
             continue
         better = (p < best_p) | ((p == best_p) & (gap > best_gap))
         best_p, best_gap = np.where(better, p, best_p), np.where(better, gap, best_gap)
-    if best_p.min() > SCAN_ALPHA + _EPS:
+    if lowest > SCAN_ALPHA + _EPS:
         return None
     return int(np.lexsort((np.arange(n + 1), -best_gap, best_p))[0])
+
+
+def _tied(p: np.ndarray) -> np.ndarray:
+    """`p` (float64[]) to 9 decimals of its binary mantissa (~1e-9 relative): p-values equal but for
+    rounding rank as ties, so the rules' next criterion decides, not the last bits of a sum."""
+    mantissa, exponent = np.frexp(p)
+    return np.ldexp(np.round(mantissa, 9), exponent)
+
+
+def _tied_one(p: float) -> float:
+    """`_tied` of one p-value."""
+    mantissa, exponent = math.frexp(p)
+    return math.ldexp(round(mantissa, 9), exponent)
 
 
 def flip(
@@ -163,7 +177,7 @@ def flip(
                 if s is not None:
                     by.setdefault(s, ([], []))[side].append(ok)
         groups += [by[s] for s in sorted(by, key=str)]
-    found, best_p, best_gap = False, 2.0, 0.0
+    found, best_p, best_gap, best_tied = False, 2.0, 0.0, 2.0
     for a, b in groups:
         if len(a) < min_size or len(b) < min_size:
             continue
@@ -171,8 +185,9 @@ def flip(
         gap = abs(ra - rb)
         p = _fisher_one(sum(a), len(a), len(a) + len(b), sum(a) + sum(b), ra > rb) if gap > _EPS else 1.0
         found |= (ra >= 0.5) != (rb >= 0.5) and gap >= FLIP_GAP - _EPS and p <= ALPHA + _EPS
-        if p < best_p or (p == best_p and gap > best_gap):
-            best_p, best_gap = p, gap
+        tied = _tied_one(p)
+        if tied < best_tied or (tied == best_tied and gap > best_gap):
+            best_p, best_gap, best_tied = p, gap, tied
     return found, best_p, best_gap
 
 
@@ -205,8 +220,8 @@ def segments(
             a, c, b = bounds[j - 1], bounds[j], bounds[j + 1]
             (oa, sa), (ob, sb) = part(a, c), part(c, b)
             is_flip, p, gap = flip(oa, ob, sa, sb, min_size)
-            if not is_flip and (weakest is None or (-p, gap, j) < weakest[0]):
-                weakest = ((-p, gap, j), j)
+            if not is_flip and (weakest is None or (-_tied_one(p), gap, j) < weakest[0]):
+                weakest = ((-_tied_one(p), gap, j), j)
         if weakest is None:
             break
         del bounds[weakest[1]]

@@ -55,6 +55,12 @@ def test_the_fisher_tails_are_scipys_hypergeometric_tails():
     assert np.allclose(_fisher([4, 0, 2], [4, 0, 3], [8, 6, 6], [4, 0, 6], True), [1 / 70, 1.0, 1.0], 1e-12)
 
 
+def test_equal_p_values_are_ranked_by_the_difference():
+    """0 of 4 then 13 of 16, and 1 of 6 then 12 of 14, are both p = 7/969: the larger difference cuts."""
+    ok = [F] * 4 + [S, F] + [S] * 8 + [F] * 2 + [S] * 4
+    assert segments(ok, None, 4) == [(0, 4), (4, 20)]
+
+
 def test_a_strategy_flip_while_the_overall_rate_holds():
     """X: 5 successes, then 5 failures while Y succeeds 5 times (100% then 50% overall)."""
     ok = [S] * 5 + [F, S] * 5
