@@ -17,7 +17,7 @@ strategy per cut.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -312,10 +312,9 @@ def superseded(
     key: Sequence[float],
     min_size: int,
     flipped: tuple[list[tuple[tuple[int, ...], int]], list[int]] | None = None,
-    unrelated: Collection[int] = (),
 ) -> np.ndarray:
     """Which rows tell of an approach that stopped working, as int8[n] roles (0: none); `flipped`:
-    `flips` of these arguments when known; `unrelated`: rows of another task, never CURRENT.
+    `flips` of these arguments when known.
 
     Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
     outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
@@ -332,7 +331,7 @@ def superseded(
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
     for idx, start in flipping:
         ok = [success[i] is True for i in idx]
-        mine = set(idx) | set(unrelated)
+        mine = set(idx)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
         if not now:
             continue
