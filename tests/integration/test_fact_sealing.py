@@ -287,7 +287,7 @@ async def test_a_snapshot_naming_a_user_forgotten_meanwhile_is_not_published(sea
     state = await load_state(redis, keys, gen, "ns", FactScope("ns").scope_id)
     await client.forget_user("alice")  # destroys alice's key now; not applied
     length = sum([await redis.xlen(s) for s in keys.streams])
-    event = cons._event(FactScope("ns"), state.seq + 1, state.facts, [], T0)
+    event = cons._event(FactScope("ns"), state.seq + 1, state.facts, [], 3, T0)
     with pytest.raises(ContributorForgotten):
         await cons.publish_snapshot(event)
     assert sum([await redis.xlen(s) for s in keys.streams]) == length
