@@ -16,7 +16,8 @@ strategy per cut.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Iterable, Sequence
+import math
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,9 +49,10 @@ def _splits(
     fewer than `min_size` selected rows), the rates' difference, and how many distinct splits of the
     selected rows were tested (for the scan's correction)."""
     n = len(success)
-    sel = np.ones(n, dtype=bool) if member is None else member
-    count = np.concatenate([[0], np.cumsum(sel)])
-    wins = np.concatenate([[0], np.cumsum(success & sel)])
+    count, wins = np.arange(n + 1), np.zeros(n + 1, dtype=np.int64)
+    if member is not None:
+        np.cumsum(member, out=count[1:])
+    np.cumsum(success if member is None else success & member, out=wins[1:])
     total, total_wins = int(count[-1]), int(wins[-1])
     before, after = count, total - count
     older = wins / np.maximum(before, 1)
@@ -64,15 +66,44 @@ def _splits(
     return p, gap, max(0, total - 2 * min_size + 1)
 
 
-def _fisher(k, m, total: int, total_wins: int, down) -> np.ndarray:
-    """One-sided Fisher exact p: of `total` rows with `total_wins` successes, `m` fall in the older part,
-    `k` of them successes; the chance of at least that many (`down`: the rate fell) or at most."""
-    # imported here: scipy.stats was ~2 s of every process's start (-X importtime), before the port opened
-    from scipy.stats import hypergeom
-
-    return np.where(
-        down, hypergeom.sf(np.asarray(k) - 1, total, total_wins, m), hypergeom.cdf(k, total, total_wins, m)
+def _fisher(k, m, total, total_wins, down) -> np.ndarray:
+    """One-sided Fisher exact p (float64, broadcast shape of the int arguments): of `total` rows with
+    `total_wins` successes, `m` fall in the older part, `k` of them successes; the chance of at least that
+    many (`down`: the rate fell) or at most. The hypergeometric tail summed exactly over its support from
+    a log-factorial table (scipy.stats' per-call checks cost ~1 ms, about all of a recall's regime test)."""
+    k, m, total, wins = (np.asarray(v, dtype=np.int64) for v in (k, m, total, total_wins))
+    fails = total - wins
+    lo, hi = np.maximum(m - fails, 0), np.minimum(wins, m)  # the support of k
+    first, last = np.where(down, np.maximum(k, lo), lo), np.where(down, hi, np.minimum(k, hi))
+    lf = _log_factorials(int(total.max(initial=0)))[0]
+    j = first[..., None] + np.arange(int((last - first).max(initial=-1)) + 1)  # the tail's k, padded
+    inside, j = j <= last[..., None], np.minimum(j, hi[..., None])  # (first >= lo)
+    log_pmf = (lf[wins] + lf[fails] + lf[m] + lf[total - m] - lf[total])[..., None] - (
+        lf[j] + lf[wins[..., None] - j] + lf[m[..., None] - j] + lf[(fails - m)[..., None] + j]
     )
+    return np.minimum(np.exp(log_pmf, where=inside, out=np.zeros(j.shape)).sum(axis=-1), 1.0)
+
+
+def _fisher_one(k: int, m: int, total: int, total_wins: int, down: bool) -> float:
+    """`_fisher` of one split in plain Python (numpy's per-call cost would be most of it)."""
+    lf, fails = _log_factorials(total)[1], total - total_wins
+    lo, hi = max(m - fails, 0), min(total_wins, m)
+    c = lf[total_wins] + lf[fails] + lf[m] + lf[total - m] - lf[total]
+    tail = range(max(k, lo), hi + 1) if down else range(lo, min(k, hi) + 1)
+    pmf = (math.exp(c - (lf[j] + lf[total_wins - j] + lf[m - j] + lf[fails - m + j])) for j in tail)
+    return min(1.0, sum(pmf))
+
+
+_LOG_FACTORIALS: list[tuple[np.ndarray, list[float]]] = [(np.zeros(1), [0.0])]
+
+
+def _log_factorials(n: int) -> tuple[np.ndarray, list[float]]:
+    """log(i!) for i = 0..n at least, as float64[] and as a list (each within an ulp or so; grown on
+    demand, then kept)."""
+    if len(_LOG_FACTORIALS[0][1]) <= n:
+        table = [math.lgamma(i + 1.0) for i in range(max(n + 1, 256))]
+        _LOG_FACTORIALS[0] = (np.array(table), table)
+    return _LOG_FACTORIALS[0]
 
 
 def _members(strategies: Sequence[Hashable | None] | None, n: int, min_size: int) -> list[np.ndarray | None]:
@@ -102,16 +133,32 @@ def best_split(
     if min_size < 1 or n < 2 * min_size:
         return None
     ok = np.asarray(success, dtype=bool)
-    best_p, best_gap = np.full(n + 1, np.inf), np.zeros(n + 1)
-    members = _members(strategies, n, min_size)
-    for member in members:
+    members, lowest = _members(strategies, n, min_size), np.inf
+    for j, member in enumerate(members):
         p, gap, t = _splits(ok, member, min_size)
         p = np.where(p <= 1.0, p * max(1, t) * len(members), np.inf)  # 2.0: no split there
+        lowest, p = min(lowest, p.min()), _tied(p)
+        if j == 0:  # what the merge below would make of it against no split at all
+            best_p, best_gap = p, gap
+            continue
         better = (p < best_p) | ((p == best_p) & (gap > best_gap))
         best_p, best_gap = np.where(better, p, best_p), np.where(better, gap, best_gap)
-    if best_p.min() > SCAN_ALPHA + _EPS:
+    if lowest > SCAN_ALPHA + _EPS:
         return None
     return int(np.lexsort((np.arange(n + 1), -best_gap, best_p))[0])
+
+
+def _tied(p: np.ndarray) -> np.ndarray:
+    """`p` (float64[]) to 9 decimals of its binary mantissa (~1e-9 relative): p-values equal but for
+    rounding rank as ties, so the rules' next criterion decides, not the last bits of a sum."""
+    mantissa, exponent = np.frexp(p)
+    return np.ldexp(np.round(mantissa, 9), exponent)
+
+
+def _tied_one(p: float) -> float:
+    """`_tied` of one p-value."""
+    mantissa, exponent = math.frexp(p)
+    return math.ldexp(round(mantissa, 9), exponent)
 
 
 def flip(
@@ -130,16 +177,17 @@ def flip(
                 if s is not None:
                     by.setdefault(s, ([], []))[side].append(ok)
         groups += [by[s] for s in sorted(by, key=str)]
-    found, best_p, best_gap = False, 2.0, 0.0
+    found, best_p, best_gap, best_tied = False, 2.0, 0.0, 2.0
     for a, b in groups:
         if len(a) < min_size or len(b) < min_size:
             continue
         ra, rb = sum(a) / len(a), sum(b) / len(b)
         gap = abs(ra - rb)
-        p = float(_fisher(sum(a), len(a), len(a) + len(b), sum(a) + sum(b), ra > rb)) if gap > _EPS else 1.0
+        p = _fisher_one(sum(a), len(a), len(a) + len(b), sum(a) + sum(b), ra > rb) if gap > _EPS else 1.0
         found |= (ra >= 0.5) != (rb >= 0.5) and gap >= FLIP_GAP - _EPS and p <= ALPHA + _EPS
-        if p < best_p or (p == best_p and gap > best_gap):
-            best_p, best_gap = p, gap
+        tied = _tied_one(p)
+        if tied < best_tied or (tied == best_tied and gap > best_gap):
+            best_p, best_gap, best_tied = p, gap, tied
     return found, best_p, best_gap
 
 
@@ -172,8 +220,8 @@ def segments(
             a, c, b = bounds[j - 1], bounds[j], bounds[j + 1]
             (oa, sa), (ob, sb) = part(a, c), part(c, b)
             is_flip, p, gap = flip(oa, ob, sa, sb, min_size)
-            if not is_flip and (weakest is None or (-p, gap, j) < weakest[0]):
-                weakest = ((-p, gap, j), j)
+            if not is_flip and (weakest is None or (-_tied_one(p), gap, j) < weakest[0]):
+                weakest = ((-_tied_one(p), gap, j), j)
         if weakest is None:
             break
         del bounds[weakest[1]]
@@ -204,7 +252,7 @@ STALE, CURRENT, EVIDENCE = -1, 1, 2
 def _likely_flips(tests: list[tuple[int, ...]], ok: np.ndarray, min_size: int) -> tuple[list, int]:
     """The `tests` (row indices in time order) with a cut ending in a failing run (`superseded`'s shape)
     whose one-sided Fisher p, times the tests holding `min_size` successes and failures, is at most
-    ALPHA, and that number: every cut of every test at once (one scipy call)."""
+    ALPHA, and that number: every cut of every test at once (one `_fisher` call)."""
     if not tests:
         return [], 0
     flat = np.concatenate([np.asarray(t) for t in tests])
@@ -234,18 +282,14 @@ def flips(
     (`superseded`'s test, its arguments), each as (its rows in time order, where its newest regime
     starts among them); and the decided rows in time order."""
     decided = sorted((i for i, ok in enumerate(success) if ok is not None), key=lambda i: (times[i], i))
-    ids: dict[Hashable, int] = {}
-    pairs = [(i, ids.setdefault(m, len(ids))) for i in decided for m in set(marks[i])]
-    ok_all = np.array([ok is True for ok in success], dtype=bool)
-    if not pairs:
-        return [], decided
-    row, mark = np.array(pairs).T
-    wins = np.bincount(mark, weights=ok_all[row], minlength=len(ids))
-    fails = np.bincount(mark, minlength=len(ids)) - wins
-    kept = ((wins >= min_size) & (fails >= min_size))[mark]
-    order = np.argsort(mark[kept], kind="stable")  # by mark, each mark's rows still in time order
-    row, mark = row[kept][order], mark[kept][order]
-    tests = sorted({tuple(g.tolist()) for g in np.split(row, np.flatnonzero(np.diff(mark)) + 1) if len(g)})
+    good = [ok is True for ok in success]
+    rows: dict[Hashable, list[int]] = {}  # per mark, its decided rows in time order
+    for i in decided:
+        for m in set(marks[i]):
+            rows.setdefault(m, []).append(i)
+    tested = (r for r in rows.values() if min_size <= sum(map(good.__getitem__, r)) <= len(r) - min_size)
+    tests = sorted({tuple(r) for r in tested})
+    ok_all = np.array(good, dtype=bool)
     likely, count = _likely_flips(tests, ok_all, min_size)
     out = []
     for idx in likely:
@@ -268,10 +312,9 @@ def superseded(
     key: Sequence[float],
     min_size: int,
     flipped: tuple[list[tuple[tuple[int, ...], int]], list[int]] | None = None,
-    unrelated: Collection[int] = (),
 ) -> np.ndarray:
     """Which rows tell of an approach that stopped working, as int8[n] roles (0: none); `flipped`:
-    `flips` of these arguments when known; `unrelated`: rows of another task, never CURRENT.
+    `flips` of these arguments when known.
 
     Rows are episodes: `times[i]` their completion (UTC epoch s), `success[i]` True, False (another
     outcome) or None (undecided), `marks[i]` what identifies their approach (hashables: the strategy,
@@ -288,7 +331,7 @@ def superseded(
     found: dict[int, list[int]] = {STALE: [], CURRENT: [], EVIDENCE: []}
     for idx, start in flipping:
         ok = [success[i] is True for i in idx]
-        mine = set(idx) | set(unrelated)
+        mine = set(idx)
         now = [i for i in decided if success[i] and times[i] >= times[idx[start]] and i not in mine]
         if not now:
             continue

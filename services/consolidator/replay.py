@@ -163,13 +163,17 @@ async def replay(
     )
     await generations.sweep(redis, keys)  # leftovers of an interrupted replay, of late writers
     old = await current_generation(redis, keys)
-    new = await generations.claim(redis, keys)  # ReplayRunning while another one builds
-    heartbeat = asyncio.create_task(_heartbeat(redis, keys, new))
+    # a task, so that an interrupt arriving while its reply is on the way still learns the number
+    claim = asyncio.ensure_future(generations.claim(redis, keys))  # ReplayRunning while another builds
+    heartbeat: asyncio.Task | None = None
     try:
+        new = await asyncio.shield(claim)
+        heartbeat = asyncio.create_task(_heartbeat(redis, keys, new))
         return await _build(settings, redis, embedder, progress, keys, old, new)
     except BaseException as exc:
         # interrupted (Ctrl-C, an error): the partial generation holds copies of the data that no
         # forget would reach once its lease ran out; give it up and delete it now
+        new = await asyncio.shield(claim)  # raises what the claim raised: nothing to give up then
         await asyncio.shield(_abandon(redis, keys, new))
         if isinstance(exc, generations.StaleGeneration) and exc.gen == new:
             raise Conflict(
@@ -179,7 +183,8 @@ async def replay(
             ) from None
         raise
     finally:
-        heartbeat.cancel()
+        if heartbeat is not None:
+            heartbeat.cancel()
 
 
 async def _heartbeat(redis: aioredis.Redis, keys: Keys, gen: int) -> None:

@@ -24,6 +24,10 @@ REGIME_MIN = 3
 """Episodes each side of a flip of one strategy's outcomes (as ENGRAM_FACTS_MIN_CLUSTER's default)."""
 ADVICE_POOL = 100
 """Similar episodes /v1/strategy and /v1/suggest read to find each approach's newest regime (at least k)."""
+MIN_SIMILARITY = 0.3
+"""The cosine to the task from which an episode is experience of it: advice's `min_similarity` default,
+and recall's population for what works now (`services.query.recall.pool.regime_rows`). An episode this
+alike is at least as relevant as `/v1/context`'s floors (vector 0.25; hybrid 0.15, half the cosine)."""
 ADVICE_SEARCHES = 5
 """Searches of ADVICE_POOL that advice makes at most, each among the episodes completed after the newest
 the one before found: a change of approach is seen behind up to ~400 alike older episodes."""
@@ -42,17 +46,18 @@ def current_evidence(
     similar: Sequence[Episode], *, min_size: int = REGIME_MIN, k: int | None = None
 ) -> tuple[list[Episode], list[dict[str, Any]]]:
     """The similar episodes that still count (input order kept, the first `k` when given) and what
-    changed: per approach (`shared.regimes.approach`; episodes without one form their own group), its decided episodes
-    in time order are cut at their last flip (`shared.regimes.newest_regimes`, as recall's replay
-    context cuts them) and the older ones are dropped. `changed` has one row per approach whose outcomes flipped:
+    changed: per approach (`shared.regimes.approach`), its decided episodes in time order are cut at
+    their last flip (`shared.regimes.newest_regimes`, as recall's replay context cuts them) and the older
+    ones are dropped; episodes without an approach are never cut. `changed` has one row per approach
+    whose outcomes flipped:
     `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
     ok = [None if ep.outcome is None else ep.outcome == "success" for ep in similar]
     regimes = newest_regimes(list(map(_approach, similar)), list(map(_when, similar)), ok, min_size)
     dropped: set[str] = set()
     changed = []
-    for name in sorted(regimes, key=lambda s: (s is None, str(s or ""))):
+    for name in sorted(regimes, key=str):
         rows, start = regimes[name]
-        if start == 0:
+        if start == 0 or name is None:  # no approach recorded: no strategy whose change to report
             continue
         older, newer = [similar[i] for i in rows[:start]], [similar[i] for i in rows[start:]]
         dropped.update(e.episode_id for e in older)

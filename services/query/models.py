@@ -29,6 +29,7 @@ from engram_episodic.errors import ConfigError
 from engram_episodic.events import OUTCOMES
 from engram_episodic.timeutil import parse_instant
 from engram_episodic.validation import MAX_ID_CHARS, MAX_TAG_CHARS, Collector, check_tag_value
+from services.query.insights import MIN_SIMILARITY
 from shared.settings import parse_duration
 
 MAX_TOP_K = 100
@@ -335,7 +336,7 @@ class StrategyRequest(ScopeIn):
     )
     complexity: Annotated[float, Bounded(0.0, 1.0)] | None = None
     k: Annotated[int, Bounded(1, 100)] = 10
-    min_similarity: Annotated[float, Bounded(-1.0, 1.0)] = 0.3
+    min_similarity: Annotated[float, Bounded(-1.0, 1.0)] = MIN_SIMILARITY
 
 
 class SuggestRequest(ScopeIn):
@@ -344,7 +345,7 @@ class SuggestRequest(ScopeIn):
     task: QueryText
     category: CategoryStr | None = Field(None, description="a filter: only episodes of this task category")
     k: Annotated[int, Bounded(1, 100)] = 10
-    min_similarity: Annotated[float, Bounded(-1.0, 1.0)] = 0.3
+    min_similarity: Annotated[float, Bounded(-1.0, 1.0)] = MIN_SIMILARITY
 
 
 class SkillsQuery(ScopeIn):

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from engram_episodic.events import Action, Episode, Feedback, Task
 from services.query import __main__ as entry
 from services.query.auth import check_bind, is_loopback, namespace_for
-from services.query.insights import choose_strategy, prompt_section, skill_profiles, suggestion
+from services.query.insights import (
+    choose_strategy,
+    current_evidence,
+    prompt_section,
+    skill_profiles,
+    suggestion,
+)
 from services.query.models import RecallRequest
 from services.query.openapi import openapi_path
 from services.query.problems import Invalid, validate
@@ -143,6 +149,16 @@ def test_choose_strategy_rules_in_order():
     assert choose_strategy([], complexity=0.29, category_profile=None)["strategy"] == "exploratory"
     assert choose_strategy([], complexity=0.5, category_profile={"weak": False})["strategy"] == "iterative"
     assert choose_strategy([], complexity=None, category_profile=None)["strategy"] == "conservative"
+
+
+def test_advice_reports_no_change_of_an_episode_without_an_approach():
+    """Episodes that record neither a strategy nor a tool (the solution's words alone): their outcomes
+    flip, but there is no approach to name, so nothing is cut and no `null` strategy is reported."""
+    at = [ep(i, "success" if i < 8 else "failure", completed_at=1000.0 + i) for i in range(14)]
+    kept, changed = current_evidence(at)
+    assert changed == [] and len(kept) == 14
+    assert "changed" not in choose_strategy(at, complexity=None, category_profile=None)["evidence"]
+    assert suggestion(at)["changed"] == []
 
 
 def test_suggestion_confidence_levels():

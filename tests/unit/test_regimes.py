@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import hypergeom
 
-from shared.regimes import CURRENT, EVIDENCE, STALE, flip, last_regime, segments, superseded
+from shared.regimes import (
+    CURRENT,
+    EVIDENCE,
+    STALE,
+    _fisher,
+    _fisher_one,
+    flip,
+    last_regime,
+    segments,
+    superseded,
+)
 
 S, F = True, False
 
@@ -21,6 +33,32 @@ def test_outcome_flips_and_bad_luck():
     assert segments([], None, 3) == [] and segments([S, F], None, 3) == [(0, 2)]
     # a real change that does not make the old advice wrong (90% -> 60%) is no flip
     assert len(segments([S] * 9 + [F] + [S, S, F, S, F] * 4, None, 3)) == 1
+
+
+def test_the_fisher_tails_are_scipys_hypergeometric_tails():
+    """Every (total, total_wins, m) of up to 12 rows and a spread of larger ones (110: a recall's pool),
+    at every k of the support, both directions: within 1e-9 of scipy, relative."""
+    grid = [(t, w, m) for t in range(1, 13) for w in range(t + 1) for m in range(t + 1)]
+    grid += [
+        (t, w, m) for t in (40, 110, 333) for w in range(0, t + 1, t // 10) for m in range(0, t + 1, t // 10)
+    ]
+    worst = 0.0
+    for total, wins, m in grid:
+        k = np.arange(max(0, m - (total - wins)), min(wins, m) + 1)  # support bounds included
+        for down in (True, False):
+            ref = hypergeom.sf(k - 1, total, wins, m) if down else hypergeom.cdf(k, total, wins, m)
+            one = [_fisher_one(int(i), m, total, wins, down) for i in k]
+            for got in (_fisher(k, m, total, wins, down), np.array(one)):
+                worst = max(worst, float((np.abs(got - ref) / ref).max()))
+    assert worst < 1e-9
+    assert abs(_fisher_one(3, 3, 6, 3, True) - 0.05) < 1e-15  # 3 of 3, then 0 of 3: 1 / C(6, 3)
+    assert np.allclose(_fisher([4, 0, 2], [4, 0, 3], [8, 6, 6], [4, 0, 6], True), [1 / 70, 1.0, 1.0], 1e-12)
+
+
+def test_equal_p_values_are_ranked_by_the_difference():
+    """0 of 4 then 13 of 16, and 1 of 6 then 12 of 14, are both p = 7/969: the larger difference cuts."""
+    ok = [F] * 4 + [S, F] + [S] * 8 + [F] * 2 + [S] * 4
+    assert segments(ok, None, 4) == [(0, 4), (4, 20)]
 
 
 def test_a_strategy_flip_while_the_overall_rate_holds():

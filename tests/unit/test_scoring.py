@@ -531,6 +531,22 @@ def test_replay_context_counts_each_strategys_newest_regime():
     assert ctx["strategies"][0]["episodes"] == 4 and ctx["strategies"][0]["changed_at"] is None
 
 
+def test_replay_context_counts_the_successes_the_pool_shows_superseded_as_earlier():
+    """Three old X successes answered without the failures that superseded them (`top_k` cut them):
+    the pool's roles say X stopped working at `since`, so X is no proven strategy; Y still is."""
+    since = 7 * 86400.0
+    args = (["X", "X", "X", "Y"], [1.0, 1.0, 1.0, 1.0], ["success"] * 4, [0.9, 0.8, 0.7, 0.95])
+    times = [0.0, 3600.0, 7200.0, since + 60]
+    plain = replay_context(*args, times)
+    assert plain["strategies"][1]["success_rate"] == 1.0  # the answered hits alone: X worked
+    ctx = replay_context(*args, times, stale=[True, True, True, False], since=since)
+    x, y = ctx["strategies"][1], ctx["strategies"][0]
+    assert (x["strategy"], x["episodes"], x["success_rate"], x["avg_reward"]) == ("X", 0, None, None)
+    assert (x["earlier_episodes"], x["earlier_success_rate"], x["changed_at"]) == (3, 1.0, since)
+    assert (y["strategy"], y["episodes"], y["success_rate"], y["changed_at"]) == ("Y", 1, 1.0, None)
+    assert ctx["episodes"] == 4 and ctx["success_rate"] == 1.0  # totals: everything answered
+
+
 def test_replay_context_empty():
     assert replay_context([], [], [], []) == {
         "episodes": 0,

@@ -52,8 +52,8 @@ from services.query.recall.pool import (
 from services.query.store import EpisodeStore
 from shared import tracing
 from shared.embedding import EmbeddingError
-from shared.index import VECTOR_FIELD, EmbedderMismatch, Scope
-from shared.regimes import approach, superseded
+from shared.index import EmbedderMismatch, Scope
+from shared.regimes import STALE, approach, superseded
 
 __all__ = ["RETURN_FIELDS", "Candidate", "Query", "RecallParams", "decode_hit", "recall", "scope_of"]
 
@@ -80,34 +80,29 @@ async def load_episodes(store: EpisodeStore, cands: list[Candidate]) -> list[Can
     return out
 
 
-async def regime_roles(q: Query, cands: Columns, listed: int) -> np.ndarray:
+def regime_roles(cands: Columns, listed: int, mode: str) -> tuple[np.ndarray, float | None]:
     """`shared.regimes.superseded` of the pool's `regime_flips` (evidence ranked by relevance) as int8[n]
-    roles, 0 without a flip. A success since an approach began failing is of its task (may be CURRENT)
-    within `score.SUPERSEDED_GAP` of the best relevance or `score.KIN_SIMILARITY` alike such a failure."""
+    roles, 0 without a flip, and when the first superseded approach began failing (UTC epoch s; None
+    without a flip). The rows are the decided episodes that are experience of the task in `mode`
+    (`pool.experience`, as advice reads them): a success among them completed since an approach began
+    failing is of its task (may be CURRENT), whatever its wording."""
     role = np.zeros(len(cands.outcomes), dtype=np.int8)
-    found, flipped, decided = regime_flips(cands, listed)
+    found, flipped, decided = regime_flips(cands, listed, mode)
     if found is None or not flipped:
-        return role
+        return role, None
     rows, times, success, marks, key = found
-    since, near = min(times[idx[start]] for idx, start in flipped), max(key) - score.SUPERSEDED_GAP
-    far = [i for i in decided if success[i] and times[i] >= since and key[i] < near]
-    unrelated: set[int] = set()
-    if far:  # read the vectors of these and of the failures since (one pipeline, ~1.5 kB each)
-        failed = sorted({i for idx, start in flipped for i in idx[start:] if not success[i]})
-        blobs = await q.store.field([cands.keys[rows[i]] for i in far + failed], VECTOR_FIELD)
-        size = max(map(len, filter(None, blobs)), default=0)  # a missing or odd one: a zero vector
-        m = np.array([np.frombuffer(b if b and len(b) == size else bytes(size), np.float32) for b in blobs])
-        m = m.astype(np.float64) / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
-        alike = (m[: len(far)] @ m[len(far) :].T).max(axis=1)  # to the nearest failure
-        unrelated = {i for i, a in zip(far, alike, strict=True) if a < score.KIN_SIMILARITY}
-    role[rows] = superseded(times, success, marks, key, REGIME_MIN, (flipped, decided), unrelated)
-    return role
+    role[rows] = superseded(times, success, marks, key, REGIME_MIN, (flipped, decided))
+    return role, min(times[idx[start]] for idx, start in flipped)
 
 
-async def score_candidates(q: Query, cands: Columns, plan: Plan, listed: int) -> score.Scored:
+def score_candidates(
+    cands: Columns, plan: Plan, listed: int, mode: str
+) -> tuple[score.Scored, np.ndarray, float | None]:
     """The priority of the pool's rows (`score.score`), the regime term's roles from the pool itself
-    (`regime_roles`; the first `listed` rows are of the similarity lists)."""
+    (`regime_roles` in `mode`; the first `listed` rows are of the similarity lists), and those roles with
+    when the superseded approach began failing."""
     p = plan.params
+    roles, since = regime_roles(cands, listed, mode)
     data = score.Candidates(
         completed_at=np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0),
         cos=cands.relevance,
@@ -115,11 +110,11 @@ async def score_candidates(q: Query, cands: Columns, plan: Plan, listed: int) ->
         reward=cands.reward,
         outcome_score=score.outcome_scores(cands.outcomes),
         importance=cands.importance,
-        regime=await regime_roles(q, cands, listed),
+        regime=roles,
         tie=cands.tie,
     )
     with tracing.span("engram.recall.score", candidates=len(cands)):
-        return score.score(
+        scored = score.score(
             data,
             plan.weights,
             half_life=p.half_life,
@@ -127,6 +122,7 @@ async def score_candidates(q: Query, cands: Columns, plan: Plan, listed: int) ->
             normalize=p.normalize,
             recency_from=p.recency_from,
         )
+    return scored, roles, since
 
 
 def _passing(scored: score.Scored, p: RecallParams) -> np.ndarray:
@@ -180,9 +176,10 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     cands = pool.cands
     extra = [n for n in pl.arms if n not in SIMILARITY_ARMS]
     scored = None
+    roles, since = np.zeros(0, dtype=np.int8), None
     head: list[int] = []  # pool indices ranked from the similarity lists alone (see `_bounded_head`)
     if extra and len(cands) and p.normalize == "none":
-        scored = await score_candidates(q, cands, pl, listed)
+        scored, roles, since = score_candidates(cands, pl, listed, pool.mode)
         bounded = _bounded_head(scored, pl, pool.outside)
         head = bounded or []
         if bounded is None or len(bounded) >= p.top_k:
@@ -194,7 +191,7 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
     chosen: list[Candidate] = []
     if len(cands):
         if scored is None:
-            scored = await score_candidates(q, cands, pl, listed)
+            scored, roles, since = score_candidates(cands, pl, listed, pool.mode)
         chosen, results = await _winners(q, scored, cands, _ranked(scored, head, p), p.top_k, vector)
     if p.touch_now is not None:
         await q.store.touch([c.key for c in chosen], p.touch_now)
@@ -203,7 +200,7 @@ async def recall(q: Query, params: RecallParams) -> dict[str, Any]:
             result["last_accessed"] = format_instant(p.touch_now)
     body: dict[str, Any] = {
         "results": results,
-        "replay_context": _replay_context(chosen, [r["priority"] for r in results]),
+        "replay_context": _replay_context(chosen, [r["priority"] for r in results], cands, roles, since),
         "as_of": format_instant(p.as_of),
         "weights": w.as_dict(),
         "preset": pl.preset,
@@ -261,9 +258,13 @@ async def _winners(
     return [c for _, c in picked], results
 
 
-def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[str, Any]:
-    """`score.replay_context` of the answered episodes, `changed_at` as ISO 8601."""
+def _replay_context(
+    chosen: list[Candidate], priorities: list[float], cands: Columns, roles: np.ndarray, since: float | None
+) -> dict[str, Any]:
+    """`score.replay_context` of the answered episodes, `changed_at` as ISO 8601; the successes the pool
+    shows superseded (`roles` of `cands`' rows, STALE) count as earlier ones, whatever `top_k` cut."""
     docs = [c.doc or {} for c in chosen]
+    old = {cands.keys[i] for i in np.flatnonzero(roles == STALE)} if len(roles) else set()
     context = score.replay_context(
         [
             approach(d.get("strategy_used"), (a.get("action_type") for a in d.get("actions") or ()))
@@ -273,6 +274,8 @@ def _replay_context(chosen: list[Candidate], priorities: list[float]) -> dict[st
         [d.get("outcome") for d in docs],
         priorities,
         [c.completed_at if math.isfinite(c.completed_at) else None for c in chosen],
+        stale=[c.key in old for c in chosen],
+        since=since,
     )
     for entry in context["strategies"]:
         if entry["changed_at"] is not None:

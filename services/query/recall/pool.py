@@ -18,7 +18,7 @@ import numpy as np
 from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored
-from services.query.insights import REGIME_MIN
+from services.query.insights import MIN_SIMILARITY, REGIME_MIN
 from services.query.recall import relevance
 from services.query.recall.arms import bm25_search, knn_search
 from services.query.recall.lists import field_float, number
@@ -337,16 +337,26 @@ async def _complete(q: Query, pool: Pool, lists: list[list[SearchHit]], known: s
     return Columns.of_hits(found, cosines, keywords, pool.mode)
 
 
+def experience(cands: Columns, mode: str) -> np.ndarray:
+    """bool[n]: the rows that are experience of the task, as advice reads them: a cosine to the query of
+    at least `insights.MIN_SIMILARITY`; in keyword mode (no cosines), a query word
+    (`relevance.CONTEXT_FLOOR`). Never below the floor `/v1/context` applies in that mode."""
+    if mode == "keyword":
+        return np.nan_to_num(cands.relevance) >= relevance.CONTEXT_FLOOR["keyword"]
+    return np.nan_to_num(cands.cos, nan=-1.0) >= MIN_SIMILARITY
+
+
 def regime_rows(
-    cands: Columns, listed: int
+    cands: Columns, listed: int, mode: str
 ) -> tuple[list[int], list[float], list[bool], list[set[str]], list[float]] | None:
-    """The pool's decided rows of the similarity lists (its first `listed`, as advice reads them) or at most
-    `SUPERSEDED_GAP` less relevant than the most relevant, as `shared.regimes` reads them: rows, completion
-    times (UTC epoch s, 0 unknown), successes, marks (the strategy; the words of the first 100 bytes of the
-    solution, actions, errors, outcome details: a failed `pip install` names `pip` there) and relevance
-    (~0.05 ms a row); None when fewer than REGIME_MIN succeed or fail."""
+    """The pool's decided rows that are experience of the task (`experience` in `mode`) of the similarity
+    lists (its first `listed`, as advice reads them) or at most `SUPERSEDED_GAP` less relevant than the
+    most relevant, as `shared.regimes` reads them: rows, completion times (UTC epoch s, 0 unknown),
+    successes, marks (the strategy; the words of the first 100 bytes of the solution, actions, errors,
+    outcome details: a failed `pip install` names `pip` there) and relevance (~0.05 ms a row); None when
+    fewer than REGIME_MIN succeed or fail."""
     key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
-    decided = np.array([o is not None for o in cands.outcomes], dtype=bool)
+    decided = np.array([o is not None for o in cands.outcomes], dtype=bool) & experience(cands, mode)
     if decided.sum() < 2 * REGIME_MIN:
         return None
     near = (np.arange(len(key)) < listed) | (key >= key[decided].max() - SUPERSEDED_GAP)
@@ -366,10 +376,12 @@ def regime_rows(
     return rows, times, success, [marks[cands.approaches[i]] for i in rows], key[rows].tolist()
 
 
-def regime_flips(cands: Columns, listed: int) -> tuple[Any, list[tuple[tuple[int, ...], int]], list[int]]:
+def regime_flips(
+    cands: Columns, listed: int, mode: str
+) -> tuple[Any, list[tuple[tuple[int, ...], int]], list[int]]:
     """`regime_rows` of `cands` and their `shared.regimes.flips` (none without rows), computed once."""
     if cands.regime is None:
-        found = regime_rows(cands, listed)
+        found = regime_rows(cands, listed, mode)
         cands.regime = (found, *(regimes.flips(*found[1:4], REGIME_MIN) if found else ([], [])))
     return cands.regime
 
@@ -383,9 +395,9 @@ async def regime_candidates(q: Query, plan: Plan, pool: Pool) -> None:
     cands, failed = pool.cands, "-" + tag_clause("outcome", "success")
     times = cands.completed_at[[o is not None for o in cands.outcomes]]
     alike_outside = pool.outside > 0 and cands.outcomes.count("success") >= REGIME_MIN
-    if alike_outside and np.isfinite(times).any() and not regime_flips(cands, len(cands))[1]:
+    if alike_outside and np.isfinite(times).any() and not regime_flips(cands, len(cands), pool.mode)[1]:
         pool.cands += await _since(q, plan, pool, float(np.nanmax(times)), "engram.recall.failures", failed)
-    found, flipped, _ = regime_flips(pool.cands, len(pool.cands))
+    found, flipped, _ = regime_flips(pool.cands, len(pool.cands), pool.mode)
     if flipped:
         since = min(found[1][idx[start]] for idx, start in flipped)
         pool.cands += await _since(q, plan, pool, since, "engram.recall.successors")

@@ -59,9 +59,7 @@ episodes ages say little; with hundreds, the recent ones reflect the agent's cur
 SUPERSEDED_GAP = 0.25
 """The relevance a superseded success loses: more than separates episodes of one task worded a little
 apart (0.18 in vector mode for 7 words added to a 9-word task), less than separates unrelated tasks."""
-KIN_SIMILARITY = 1.0 - 2 * SUPERSEDED_GAP
-"""A success since an approach began failing, far less relevant than that, is of the same task when this
-alike (cosine) to one of its failures: 0.5-0.6 for a rewording (hashing embedder), 0.3-0.45 unrelated."""
+
 
 _LN2 = math.log(2.0)
 
@@ -320,6 +318,8 @@ def replay_context(
     times: Sequence[float | None] | None = None,
     *,
     min_size: int = 3,
+    stale: Sequence[bool] | None = None,
+    since: float | None = None,
 ) -> dict[str, Any]:
     """What the recalled episodes say worked: the strategies to replay, best first.
 
@@ -332,7 +332,10 @@ def replay_context(
 
     With `times`, a strategy counts its newest regime only, as facts and `/v1/strategy` do
     (`shared.regimes.newest_regimes`, at least `min_size` each side of a flip): `changed_at` is when it
-    began and `earlier_*` describe what was dropped (None / 0 when nothing changed).
+    began and `earlier_*` describe what was dropped (None / 0 when nothing changed). `stale[i]`: episode i
+    is a success of an approach the whole pool shows superseded since `since` (the regime term's STALE
+    role): it counts as earlier too, so a strategy of such successes alone has 0 `episodes` and a None
+    `success_rate`, whatever `top_k` cut.
     """
     n = len(strategies)
     reward = _rewards_array(rewards)
@@ -348,14 +351,18 @@ def replay_context(
     for s, idx in groups.items():
         rows, start = regimes.get(s, ([], 0))
         earlier, changed_at = rows[:start], times[rows[start]] if start and times else None
-        idx = [i for i in idx if i not in set(earlier)]
+        old = [i for i in idx if stale and stale[i] and i not in set(earlier)]
+        if old and changed_at is None:
+            changed_at = since
+        earlier = sorted([*earlier, *old])
+        kept = [i for i in idx if i not in set(earlier)]
         entries.append(
             {
                 "strategy": s,
                 "priority": max(float(priorities[i]) for i in idx),
-                "episodes": len(idx),
-                "avg_reward": _mean_or_none(reward[idx]),
-                "success_rate": float(success[idx].mean()),
+                "episodes": len(kept),
+                "avg_reward": _mean_or_none(reward[kept]),
+                "success_rate": float(success[kept].mean()) if kept else None,
                 "changed_at": changed_at,
                 "earlier_episodes": len(earlier),
                 "earlier_success_rate": float(success[earlier].mean()) if earlier else None,
