@@ -31,9 +31,9 @@ from redis.exceptions import LockError
 from engram_episodic.errors import EngramError
 from engram_episodic.events import FactsConsolidated
 from services.consolidator.facts_plan import (
-    ENGLISH_MODELS,
     build_fact,
     default_distance,
+    lexical_weight,
     plan,
     shared_sentences,
     without_shared,
@@ -332,7 +332,7 @@ class Consolidator:
             min_cluster=self.settings.facts_min_cluster,
             distance=distance,
             now=now,
-            lexical=await self.embedder_name(gen) in ENGLISH_MODELS,
+            lexical=lexical_weight(await self.embedder_name(gen)),
         )
         facts, removed = planned if planned is not None else (list(state.facts), [])
         # history the plan kept as it was may name a user whose forget is pending

@@ -118,12 +118,20 @@ _OTHER = frozenset(
     "el los las del una por para cada cuando más está de het een voor niet naar bij zijn wordt ook wanneer "
     "waarom heeft hebben il della che gli sono nel alla não uma".split()
 )
-LEXICAL_WEIGHT = 0.6
-"""The lexical distance's share when either text is `unmodelled` (MiniLM, `tests/unit/test_facts_families.py`):
-on its scopes 0.55 left French, Spanish and Dutch facts mixing topics, 0.65 split a German topic (5 of 8);
-on 48 other scopes per language, mixed / split: 0.5 25 / 12, 0.6 19 / 16, 0.7 4 / 23 (docs/architecture.md)."""
-ENGLISH_MODELS = frozenset({"mpnet-base-v2", "minilm-l6-v2"})
-"""The embedders whose scopes compare `unmodelled` text by its words too (`derive(lexical=True)`)."""
+LEXICAL_WEIGHT = {"mpnet-base-v2": 0.75, "minilm-l6-v2": 0.6}
+"""The lexical distance's share, per English embedder, when either text of a pair is `unmodelled`
+(`cluster`); an embedder not listed (hashing, `openai/...`) compares vectors alone. Measured on the
+scopes of `tests/unit/test_facts_families.py` (docs/architecture.md "Facts"), chosen for no fact
+mixing two topics first, then fewest topics split below a fact. MiniLM: 0.55 left French, Spanish and Dutch
+facts mixing topics, 0.65 split a German topic (5 of 8); on 48 other scopes per language, mixed / split:
+0.5 25 / 12, 0.6 19 / 16, 0.7 4 / 23. mpnet: 0.6 and 0.65 left French and Dutch facts mixing topics
+(2 and 2 of 12), 0.7 Dutch (2); on 48 other scopes per language, mixed of 192 / split of 96: 0.6 26 / 9,
+0.7 21 / 13, 0.75 9 / 20, 0.8 3 / 29."""
+
+
+def lexical_weight(embedder: str | None) -> float | None:
+    """LEXICAL_WEIGHT of the embedder the index was built with; None (vectors alone) if not listed."""
+    return LEXICAL_WEIGHT.get(embedder or "")
 
 
 def unmodelled(text: str) -> bool:
@@ -168,10 +176,15 @@ def clustering_texts(episodes: Sequence[Episode]) -> list[str]:
 
 
 # --- clustering and statistics (pure) -------------------------------------------------------------
-def cluster(vectors: np.ndarray, distance: float, texts: Sequence[str] | None = None) -> list[list[int]]:
+def cluster(
+    vectors: np.ndarray, distance: float, texts: Sequence[str] | None = None, weight: float | None = None
+) -> list[list[int]]:
     """Row indices grouped by average-linkage clustering on cosine distance, by smallest index. With
-    `texts` (`clustering_texts`), a pair where either text is `unmodelled` is at (1 − LEXICAL_WEIGHT) x
-    its cosine distance + LEXICAL_WEIGHT x its `lexical_distances`; with none, the vectors alone decide."""
+    `texts` (`clustering_texts`, one per row) and `weight` (LEXICAL_WEIGHT of the embedder), a pair where
+    either text is `unmodelled` is at (1 − weight) x its cosine distance + weight x its
+    `lexical_distances`; with neither, the vectors alone decide. Raises ValueError for one without the other."""
+    if (texts is None) != (weight is None):
+        raise ValueError("cluster: texts and weight go together")
     n = len(vectors)
     if n == 0:
         return []
@@ -185,7 +198,8 @@ def cluster(vectors: np.ndarray, distance: float, texts: Sequence[str] | None = 
     if flagged.any():
         unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         d = 1.0 - unit @ unit.T
-        lexical = (1 - LEXICAL_WEIGHT) * d + LEXICAL_WEIGHT * lexical_distances(texts or ())
+        w = weight or 0.0
+        lexical = (1 - w) * d + w * lexical_distances(texts or ())
         d = np.where(flagged[:, None] | flagged, lexical, d)
         np.fill_diagonal(d, 0.0)
         metric, data = "precomputed", np.clip(d, 0.0, 2.0)
@@ -371,17 +385,18 @@ def regimes(rows: Sequence[Row], min_size: int) -> list[list[Row]]:
 
 
 def derive(
-    rows: Sequence[Row], *, min_cluster: int, distance: float, lexical: bool = False
+    rows: Sequence[Row], *, min_cluster: int, distance: float, lexical: float | None = None
 ) -> list[list[list[Row]]]:
     """Per cluster of at least `min_cluster` episodes (by oldest episode), its regimes oldest first (the
     newest the current fact): a function of the episodes alone, no previous state, no clock. `lexical`:
-    compare `unmodelled` text by its words too (the index's embedder is one of ENGLISH_MODELS)."""
+    the share of the words' distance for `unmodelled` text (`lexical_weight` of the index's embedder;
+    None: the vectors alone)."""
     rows = by_completion(rows)
     if not rows:
         return []
     vectors = np.stack([r.vector if r.cluster_vector is None else r.cluster_vector for r in rows])
-    texts = clustering_texts([r.episode for r in rows]) if lexical else None
-    groups = [[rows[i] for i in g] for g in cluster(vectors, distance, texts)]
+    texts = clustering_texts([r.episode for r in rows]) if lexical is not None else None
+    groups = [[rows[i] for i in g] for g in cluster(vectors, distance, texts, lexical)]
     return [regimes(g, min_cluster) for g in groups if len(g) >= min_cluster]
 
 
@@ -393,7 +408,7 @@ def plan(
     min_cluster: int,
     distance: float,
     now: float,
-    lexical: bool = False,
+    lexical: float | None = None,
 ) -> tuple[list[Fact], list[str]] | None:
     """The scope's next facts (current and history) and removed ids; None when nothing changes. What
     they say is `derive(rows)`; the previous facts only lend ids, versions, creation times and summarised

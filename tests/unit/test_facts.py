@@ -5,14 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from engram_episodic.events import Action, Episode, Feedback, Task
 from services.consolidator.facts_plan import (
+    LEXICAL_WEIGHT,
     build_fact,
     cluster,
     clustering_texts,
     derive,
     lexical_distances,
+    lexical_weight,
     plan,
     shared_sentences,
     unmodelled,
@@ -358,17 +361,26 @@ def test_text_the_embedder_does_not_model_is_compared_by_its_words_too():
     german, english = written(GERMAN), written(ENGLISH)
     assert all(unmodelled(t) for t in clustering_texts([r.episode for r in german]))
     assert len(derive(german, min_cluster=3, distance=0.5)) == 1  # the vectors alone
-    groups = derive(german, min_cluster=3, distance=0.5, lexical=True)
+    groups = derive(german, min_cluster=3, distance=0.5, lexical=LEXICAL_WEIGHT["minilm-l6-v2"])
     assert sorted(sorted(r.episode_id for p in g for r in p) for g in groups) == [
         ["r0", "r1", "r2"],
         ["r3", "r4", "r5"],
     ]
     # English text is the embedder's: its vectors alone decide, as they do without texts
     assert not any(unmodelled(t) for t in clustering_texts([r.episode for r in english]))
-    assert len(derive(english, min_cluster=3, distance=0.5, lexical=True)) == 1
+    assert len(derive(english, min_cluster=3, distance=0.5, lexical=LEXICAL_WEIGHT["minilm-l6-v2"])) == 1
     vectors = np.stack([r.vector for r in english])
     texts = clustering_texts([r.episode for r in english])
-    assert cluster(vectors, 0.5, texts) == cluster(vectors, 0.5) == [[0, 1, 2, 3, 4, 5]]
+    weight = LEXICAL_WEIGHT["minilm-l6-v2"]
+    assert cluster(vectors, 0.5, texts, weight) == cluster(vectors, 0.5) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_each_english_embedder_has_its_own_lexical_weight_and_others_compare_vectors_alone():
+    assert lexical_weight("minilm-l6-v2") == 0.6 and lexical_weight("mpnet-base-v2") == 0.75
+    assert lexical_weight("hashing-v1") is None and lexical_weight("openai/text-embedding-3-small") is None
+    assert lexical_weight(None) is None
+    with pytest.raises(ValueError, match="texts and weight"):
+        cluster(np.eye(3), 0.5, ["a", "b", "c"])
 
 
 def test_unmodelled_needs_words_of_another_language_and_lexical_distances_share_compounds():
