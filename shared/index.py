@@ -463,8 +463,19 @@ def episode_fields(
         "expires_at": episode.expires_at,
     }
     fields.update({k: repr(float(v)) for k, v in numbers.items() if v is not None})
-    texts = {
-        "task": task.description if task else None,
+    texts = episode_texts(episode)
+    fields.update({k: fold_for_search(v) for k, v in texts.items() if v})
+    if vector is not None:
+        fields[VECTOR_FIELD] = vector_bytes(vector)
+    return fields
+
+
+def episode_texts(episode: Episode) -> dict[str, str | None]:
+    """The episode's text fields as indexed (before `fold_for_search`), None where it has none: `task`,
+    `solution`, `observation`, `thoughts`, `action_text` (the action, then each action's type, input,
+    output), `result`, `outcome_details`, `feedback_message`, `errors` (the actions' errors)."""
+    return {
+        "task": episode.task.description if episode.task else None,
         "solution": episode.solution,
         "observation": episode.observation,
         "thoughts": episode.thoughts,
@@ -478,13 +489,9 @@ def episode_fields(
         or None,
         "result": episode.result,
         "outcome_details": episode.outcome_details,
-        "feedback_message": fb.message if fb else None,
+        "feedback_message": episode.feedback.message if episode.feedback else None,
         "errors": " ".join(a.error for a in episode.actions if a.error) or None,
     }
-    fields.update({k: fold_for_search(v) for k, v in texts.items() if v})
-    if vector is not None:
-        fields[VECTOR_FIELD] = vector_bytes(vector)
-    return fields
 
 
 def embedding_text(episode: Episode) -> str:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.keywords import STOPWORDS, words
+
 FLIP_GAP = 0.5
 """Two runs' success rates must differ by at least this much (and lie on either side of 50%)."""
 ALPHA = 0.05
@@ -39,6 +41,21 @@ def approach(strategy: str | None, action_types: Iterable[str | None]) -> str | 
     if strategy:
         return strategy
     return " + ".join(dict.fromkeys(t for t in action_types if t)) or None
+
+
+MARK_BYTES = 100
+"""Of each text, the first bytes whose words mark an approach (the tool is named early; ~0.05 ms a row)."""
+
+
+def marks(strategy: str | None, texts: Iterable[bytes | None]) -> list[str]:
+    """What marks an episode's approach for `flips`, distinct, in order: its strategy, then the words
+    (`shared.keywords.words`, stop words left out) of the first MARK_BYTES of each of its texts as
+    indexed (`fold_for_search`, UTF-8; a failed `pip install` names `pip` there)."""
+    found = [strategy] if strategy else []
+    found += (
+        w for v in texts if v for w in words(v[:MARK_BYTES].decode(errors="ignore")) if w not in STOPWORDS
+    )
+    return list(dict.fromkeys(found))
 
 
 def _splits(

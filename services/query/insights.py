@@ -2,8 +2,8 @@
 already-fetched episodes (`engram_episodic.events.Episode`).
 
 Strategy advice follows the truth as facts do (`shared.regimes`): per approach (`shared.regimes.approach`:
-the recorded `strategy_used`, else the tools called), only the newest regime of the similar episodes
-counts (`current_evidence`). The views pass ADVICE_POOL episodes; advice keeps the `k` nearest that count.
+the recorded `strategy_used`, else the tools called, else the words of the texts that flipped as recall
+finds them: `text_approaches`), only the newest regime of the similar episodes counts (`current_evidence`). The views pass ADVICE_POOL episodes; advice keeps the `k` nearest that count.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 
 from engram_episodic.events import Episode
 from engram_episodic.timeutil import format_instant
-from shared.regimes import approach, newest_regimes
+from shared.index import episode_texts
+from shared.keywords import fold_for_search
+from shared.regimes import approach, flips, marks, newest_regimes
 
 STRATEGY_POOL: tuple[str, ...] = ("conservative", "exploratory", "defensive", "iterative", "example_driven")
 REUSE_SUCCESS_RATE = 0.6
@@ -42,17 +44,70 @@ def _when(ep: Episode) -> tuple[float, str]:
     return (at if at is not None else 0.0, ep.episode_id)
 
 
+MARKED_TEXTS = ("solution", "action_text", "errors", "outcome_details")
+"""The texts (`shared.index.episode_texts`) whose words mark an approach, as recall reads them
+(`services.query.recall.pool.APPROACH_FIELDS` after the strategy)."""
+
+
+def text_approaches(
+    similar: Sequence[Episode], ok: Sequence[bool | None], min_size: int = REGIME_MIN
+) -> list[str | None]:
+    """Per episode of `similar`, the approach its texts name (None if none): among the episodes with
+    neither a strategy nor a tool, the marks (`shared.regimes.marks`) whose outcomes flipped, by the test
+    recall applies (`shared.regimes.flips`, corrected for every mark tested). Those of a flip are named by
+    its mark the newest of them names first; the episodes carrying the mark that every success since
+    carries and none of them does (the first the newest success names) are named by it: what works now.
+    `ok[i]`: episode i succeeded (None: undecided)."""
+    out: list[str | None] = [None] * len(similar)
+    rows = [i for i, ep in enumerate(similar) if _approach(ep) is None]
+    if len(rows) < 2 * min_size:
+        return out
+    found = []
+    for i in rows:
+        texts = episode_texts(similar[i])
+        found.append(marks(None, (fold_for_search(v).encode() for f in MARKED_TEXTS if (v := texts[f]))))
+    times = [_when(similar[i])[0] for i in rows]
+    flipped, decided = flips(times, [ok[i] for i in rows], found, min_size)
+    carriers: dict[str, set[int]] = {}  # per mark, the decided rows (of `rows`) carrying it, as `flips`
+    for r in decided:
+        for m in found[r]:
+            carriers.setdefault(m, set()).add(r)
+    for idx, start in flipped:
+        mine = set(idx)
+        old = next((m for m in found[idx[-1]] if carriers[m] == mine), None)
+        since = [r for r in decided if ok[rows[r]] and r not in mine and times[r] >= times[idx[start]]]
+        if old is None or not since:
+            continue
+        shared = (m for m in found[since[-1]] if all(m in found[r] for r in since) and not carriers[m] & mine)
+        new = next(shared, None)
+        for name, named in ((old, mine), (new, carriers[new] - mine if new else set())):
+            for r in named:
+                out[rows[r]] = out[rows[r]] or name
+    return out
+
+
 def current_evidence(
     similar: Sequence[Episode], *, min_size: int = REGIME_MIN, k: int | None = None
 ) -> tuple[list[Episode], list[dict[str, Any]]]:
     """The similar episodes that still count (input order kept, the first `k` when given) and what
-    changed: per approach (`shared.regimes.approach`), its decided episodes in time order are cut at
-    their last flip (`shared.regimes.newest_regimes`, as recall's replay context cuts them) and the older
-    ones are dropped; episodes without an approach are never cut. `changed` has one row per approach
+    changed: per approach (`shared.regimes.approach`, else `text_approaches`), its decided episodes in
+    time order are cut at their last flip (`shared.regimes.newest_regimes`, as recall's replay context
+    cuts them) and the older ones are dropped; episodes without an approach are never cut. `changed` has one row per approach
     whose outcomes flipped:
     `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
+    kept, changed, _ = _evidence(similar, min_size, k)
+    return kept, changed
+
+
+def _evidence(
+    similar: Sequence[Episode], min_size: int = REGIME_MIN, k: int | None = None
+) -> tuple[list[Episode], list[dict[str, Any]], dict[str, str]]:
+    """`current_evidence`, and the approach of each episode that has one, by episode id."""
     ok = [None if ep.outcome is None else ep.outcome == "success" for ep in similar]
-    regimes = newest_regimes(list(map(_approach, similar)), list(map(_when, similar)), ok, min_size)
+    names = [
+        _approach(ep) or t for ep, t in zip(similar, text_approaches(similar, ok, min_size), strict=True)
+    ]
+    regimes = newest_regimes(names, list(map(_when, similar)), ok, min_size)
     dropped: set[str] = set()
     changed = []
     for name in sorted(regimes, key=str):
@@ -72,7 +127,8 @@ def current_evidence(
             }
         )
     kept = [e for e in similar if e.episode_id not in dropped]
-    return (kept if k is None else kept[:k]), changed
+    named = {e.episode_id: n for e, n in zip(similar, names, strict=True) if n}
+    return (kept if k is None else kept[:k]), changed, named
 
 
 def skill_profiles(rows: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
@@ -100,9 +156,9 @@ def choose_strategy(
        unknown complexity: `conservative`.
     """
     everything = similar
-    similar, changed = current_evidence(similar, k=k)
+    similar, changed, named = _evidence(similar, k=k)
     extra: dict[str, Any] = {"changed": changed} if changed else {}
-    used = [(name, ep.outcome == "success") for ep in similar if (name := _approach(ep))]
+    used = [(name, ep.outcome == "success") for ep in similar if (name := named.get(ep.episode_id))]
     tried, won = Counter(n for n, _ in used), Counter(n for n, ok in used if ok)
     ranked = [
         (won[n], won[n] / tried[n], n, tried[n]) for n in tried if won[n] / tried[n] > REUSE_SUCCESS_RATE
@@ -146,7 +202,7 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5, k: int | None = None
     strategies count the `k` nearest that still count (`current_evidence`); `changed` lists the
     approaches whose outcomes flipped, with what was left out.
     """
-    current, changed = current_evidence(similar, k=k)
+    current, changed, named = _evidence(similar, k=k)
     successes = [e for e in current if e.outcome == "success"]
     failures = [e for e in current if e.outcome in FAILED]
     decided = len(successes) + len(failures)
@@ -168,7 +224,7 @@ def suggestion(similar: Sequence[Episode], *, top: int = 5, k: int | None = None
         # once per episode, in a stable order (ties in most_common keep first appearance)
         messages.update(list(dict.fromkeys(t.strip()[:300] for t in texts if t and t.strip())))
         action_types.update(list(dict.fromkeys(a.action_type for a in ep.actions if a.success is not True)))
-    strategies = Counter(name for name in map(_approach, successes) if name)
+    strategies = Counter(name for ep in successes if (name := named.get(ep.episode_id)))
     return {
         "confidence": confidence,
         "similar": len(similar),

@@ -125,3 +125,41 @@ async def test_the_fact_of_the_old_tool_is_superseded(make_client, settings, red
     (now,) = [f for f in found if f["status"] == "current"]
     assert sorted(before["evidence"]) == sorted(f"dep-{i}" for i in range(len(old)))
     assert now["supersedes"] == before["fact_id"] and len(now["evidence"]) == len(new)
+
+
+def described(i: int, solution: str, ok: bool, at: float) -> dict:
+    """An attempt recorded by its solution text alone: no strategy, no actions."""
+    return {
+        "episode_id": f"dep-{i}",
+        "task": {"description": TASK, "category": "setup"},
+        "outcome": "success" if ok else "failure",
+        "completed_at": at,
+        "agent_id": "builder",
+        "solution": solution,
+    }
+
+
+async def test_advice_reads_the_tool_named_only_in_the_solution(make_client, settings, redis):  # noqa: F811
+    """6 successes of `pip install`, then 4 failures of it alternating with 4 successes of `uv sync`."""
+    api = await make_client()
+    pip_ok, pip_broke = (
+        "ran pip install -r requirements.txt",
+        "tried pip install but it broke: ResolutionImpossible",
+    )
+    old = [described(i, pip_ok, True, T0 + i * 60) for i in range(6)]
+    new = [
+        described(
+            10_000 + j,
+            *(("ran uv sync with the lockfile", True) if j % 2 else (pip_broke, False)),
+            T0 + 7 * DAY + j * 60,
+        )
+        for j in range(8)
+    ]
+    await publish(settings, redis, old + new, namespace="default")
+    await drain(make_worker(settings, redis))
+    choice, tip = await advice(api)
+    assert (choice["strategy"], choice["rule"]) == ("uv", "reuse"), choice
+    assert [c["strategy"] for c in choice["evidence"]["changed"]] == ["pip"]
+    assert tip["successful_strategies"] == [{"strategy": "uv", "count": 4}], tip
+    (changed,) = tip["changed"]
+    assert (changed["strategy"], changed["earlier_successes"], changed["successes"]) == ("pip", 6, 0)

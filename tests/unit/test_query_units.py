@@ -15,6 +15,7 @@ from services.query.insights import (
     prompt_section,
     skill_profiles,
     suggestion,
+    text_approaches,
 )
 from services.query.models import RecallRequest
 from services.query.openapi import openapi_path
@@ -159,6 +160,28 @@ def test_advice_reports_no_change_of_an_episode_without_an_approach():
     assert changed == [] and len(kept) == 14
     assert "changed" not in choose_strategy(at, complexity=None, category_profile=None)["evidence"]
     assert suggestion(at)["changed"] == []
+
+
+def solution_only(pip_failures: int) -> list[Episode]:
+    """6 pip successes, then `pip_failures` pip failures alternating with 4 uv successes (text only)."""
+    old = [ep(i, "success", solution="ran pip install -r requirements.txt", completed_at=i) for i in range(6)]
+    broke, uv = "tried pip install but it broke: ResolutionImpossible", "ran uv sync with the lockfile"
+    new = [ep(100 + j, "failure", solution=broke, completed_at=100 + 2 * j) for j in range(pip_failures)]
+    new += [ep(200 + j, "success", solution=uv, completed_at=101 + 2 * j) for j in range(4)]
+    return old + new
+
+
+def test_the_solution_text_names_the_approach_that_changed_and_what_works_now():
+    similar = solution_only(4)
+    ok = [e.outcome == "success" for e in similar]
+    assert text_approaches(similar, ok) == ["pip"] * 10 + ["uv"] * 4
+    # one pip failure: no flip, so no text names an approach and advice is as without the texts
+    assert (
+        text_approaches(solution_only(1), [e.outcome == "success" for e in solution_only(1)]) == [None] * 11
+    )
+    # a recorded strategy is never read from the texts
+    tagged = [ep(i, e.outcome, "iterative", solution=e.solution) for i, e in enumerate(similar[:6])]
+    assert text_approaches(tagged + similar[6:], ok) == [None] * 14
 
 
 def test_suggestion_confidence_levels():

@@ -18,13 +18,13 @@ import numpy as np
 from engram_episodic.errors import EngramError
 from engram_episodic.events import Episode
 from engram_episodic.shapes import episode_from_stored
-from services.query.insights import MIN_SIMILARITY, REGIME_MIN
+from services.query.insights import MARKED_TEXTS, MIN_SIMILARITY, REGIME_MIN
 from services.query.recall import relevance
 from services.query.recall.arms import bm25_search, knn_search
 from services.query.recall.lists import field_float, number
 from services.query.recall.plan import SIMILARITY_ARMS, Plan, Query, vector_of
 from services.query.recall.score import SUPERSEDED_GAP
-from shared import keywords, regimes, tracing
+from shared import regimes, tracing
 from shared.index import TEXT_FIELDS, TIE_FIELD, Scope, SearchHit, tag_clause
 
 log = logging.getLogger("engram.query")
@@ -33,7 +33,7 @@ RETURN_FIELDS = ("episode_id", "doc", "completed_at", "last_accessed", "access_c
 
 
 # where an episode records its approach (`services.query.recall.regime_roles`)
-APPROACH_FIELDS = ("strategy", "solution", "action_text", "errors", "outcome_details")
+APPROACH_FIELDS = ("strategy", *MARKED_TEXTS)
 
 # what ranking needs, straight from the index, without the documents (most hits never win: the
 # winners' are loaded after); no episode_id: the restricted KNN names keys (INKEYS)
@@ -352,8 +352,8 @@ def regime_rows(
     """The pool's decided rows that are experience of the task (`experience` in `mode`) of the similarity
     lists (its first `listed`, as advice reads them) or at most `SUPERSEDED_GAP` less relevant than the
     most relevant, as `shared.regimes` reads them: rows, completion times (UTC epoch s, 0 unknown),
-    successes, marks (the strategy; the words of the first 100 bytes of the solution, actions, errors,
-    outcome details: a failed `pip install` names `pip` there) and relevance (~0.05 ms a row); None when
+    successes, marks (`shared.regimes.marks` of the strategy and the solution, actions, errors, outcome
+    details) and relevance (~0.05 ms a row); None when
     fewer than REGIME_MIN succeed or fail."""
     key = np.where(np.isfinite(cands.relevance), cands.relevance, np.nan_to_num(cands.cos))
     decided = np.array([o is not None for o in cands.outcomes], dtype=bool) & experience(cands, mode)
@@ -368,9 +368,8 @@ def regime_rows(
     for i in rows:
         strategy, *texts = approach = cands.approaches[i]
         if approach not in marks:
-            found = {w for v in texts if v for w in keywords.words(v[:100].decode(errors="ignore"))}
-            marks[approach] = (found - keywords.STOPWORDS) | (
-                {strategy.decode(errors="replace")} if strategy else set()
+            marks[approach] = set(
+                regimes.marks(strategy.decode(errors="replace") if strategy else None, texts)
             )
     times = np.where(np.isfinite(cands.completed_at), cands.completed_at, 0.0)[rows].tolist()
     return rows, times, success, [marks[cands.approaches[i]] for i in rows], key[rows].tolist()
