@@ -45,7 +45,7 @@ def test_every_production_module_is_within_its_budget():
     )
 
 
-TOTAL = 28_440
+TOTAL = 28_300
 """All production modules together (28,338 lines when set). The aim is 24,000 with every route, command
 and documented behaviour kept: lower this as code goes; raising it needs the reason in the commit."""
 
