@@ -661,16 +661,22 @@ def test_three_topics_of_five_episodes_each_keep_facts_apart(request, model, lan
     assert without <= 8, without
 
 
-@pytest.mark.parametrize("boilerplate", [False, True], ids=["plain", "boilerplate"])
-def test_english_scopes_cluster_as_their_vectors_alone_do(model, boilerplate):
-    """No English episode reads as unmodelled text, so the words never change an English scope's facts."""
-    scopes = [scope([t], 8, "en", boilerplate, seed=n)[1] for n, t in enumerate(TOPICS)]
+def assert_clusters_as_vectors_alone(model, table: dict, lang: str, boilerplate: bool) -> None:
+    """One-topic scopes of each topic of `table` and 12 mixed ones: no text reads as unmodelled, and the
+    clusters are the vectors' alone."""
+    scopes = [scope([t], 8, lang, boilerplate, seed=n)[1] for n, t in enumerate(table)]
     for s in range(12):
-        topics = random.Random(s).sample(sorted(TOPICS), 4 + s % 3)
-        scopes.append(scope(topics, 3 + s % 3, "en", boilerplate, seed=s)[1])
+        topics = random.Random(s).sample(sorted(table), 4 + s % 3)
+        scopes.append(scope(topics, 3 + s % 3, lang, boilerplate, seed=s)[1])
     for episodes in scopes:
         assert not any(map(unmodelled, clustering_texts(episodes)))
         assert model.cluster(episodes) == cluster(model.embed(episodes), model.distance)
+
+
+@pytest.mark.parametrize("boilerplate", [False, True], ids=["plain", "boilerplate"])
+def test_english_scopes_cluster_as_their_vectors_alone_do(model, boilerplate):
+    """No English episode reads as unmodelled text, so the words never change an English scope's facts."""
+    assert_clusters_as_vectors_alone(model, TOPICS, "en", boilerplate)
 
 
 @pytest.mark.parametrize("other", LANGS[1:], ids=[NAMES[x] for x in LANGS[1:]])
@@ -689,10 +695,4 @@ def test_terse_english_clusters_as_its_vectors_alone_do(model, boilerplate):
     unmodelled, so their facts are the vectors' (judged by English function words alone, MiniLM: 1 of 12
     scopes mixed, 44 of 60 topics with a fact of their own instead of 52, a one-topic scope's largest fact
     5 of 8)."""
-    scopes = [scope([t], 8, "terse", boilerplate, seed=n)[1] for n, t in enumerate(TERSE)]
-    for s in range(12):
-        topics = random.Random(s).sample(sorted(TERSE), 4 + s % 3)
-        scopes.append(scope(topics, 3 + s % 3, "terse", boilerplate, seed=s)[1])
-    for episodes in scopes:
-        assert not any(map(unmodelled, clustering_texts(episodes)))
-        assert model.cluster(episodes) == cluster(model.embed(episodes), model.distance)
+    assert_clusters_as_vectors_alone(model, TERSE, "terse", boilerplate)
