@@ -3,7 +3,8 @@ already-fetched episodes (`engram_episodic.events.Episode`).
 
 Strategy advice follows the truth as facts do (`shared.regimes`): per approach (`shared.regimes.approach`:
 the recorded `strategy_used`, else the tools called, else the words of the texts that flipped as recall
-finds them: `text_approaches`), only the newest regime of the similar episodes counts (`current_evidence`). The views pass ADVICE_POOL episodes; advice keeps the `k` nearest that count.
+finds them: `text_approaches`), only the newest regime of the similar episodes counts
+(`current_evidence`). The views pass ADVICE_POOL episodes; advice keeps the `k` nearest that count.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def current_evidence(
     """The similar episodes that still count (input order kept, the first `k` when given) and what
     changed: per approach (`shared.regimes.approach`, else `text_approaches`), its decided episodes in
     time order are cut at their last flip (`shared.regimes.newest_regimes`, as recall's replay context
-    cuts them) and the older ones are dropped; episodes without an approach are never cut. `changed` has one row per approach
-    whose outcomes flipped:
+    cuts them) and the older ones are dropped; episodes without an approach are never cut. `changed` has
+    one row per approach whose outcomes flipped:
     `{strategy, since, episodes, successes, earlier_episodes, earlier_successes}`."""
     kept, changed, _ = _evidence(similar, min_size, k)
     return kept, changed
