@@ -2,9 +2,8 @@
 already-fetched episodes (`engram_episodic.events.Episode`).
 
 Strategy advice follows the truth as facts do (`shared.regimes`): per approach (`shared.regimes.approach`:
-the recorded `strategy_used`, else the tools called, else the words of the texts that flipped as recall
-finds them: `text_approaches`), only the newest regime of the similar episodes counts
-(`current_evidence`). The views pass ADVICE_POOL episodes; advice keeps the `k` nearest that count.
+`strategy_used`, else the tools called, else the flipped words of the texts: `text_approaches`), only the
+newest regime counts (`current_evidence`). Views pass ADVICE_POOL episodes; advice keeps the `k` nearest.
 """
 
 from __future__ import annotations
